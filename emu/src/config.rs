@@ -1,0 +1,342 @@
+//! The environment, read once at the first `init` (see `docs/EMULATION.md` for every variable).
+
+use crate::rng;
+use std::ffi::{CStr, CString};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+pub(crate) const MAX_DEVICES: usize = 16;
+pub(crate) const MAX_NSOCKS: u32 = 8;
+pub(crate) const MAX_NTHREADS: u32 = 16;
+pub(crate) const MAX_SOCKETS: u32 = 64;
+/// `src_off` is a u32: the bounce buffer must stay below 4 GiB.
+pub(crate) const MAX_BOUNCE_PAGES: u32 = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HostRecv {
+    Bounce,
+    Direct,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fragments {
+    Page,
+    Odd,
+}
+
+/// A device-wide pacing clock shared by every send comm on the device (`RATE_GBPS`).
+#[derive(Debug)]
+pub(crate) struct Pacer {
+    bytes_per_sec: f64,
+    next_free: Mutex<Option<Instant>>,
+}
+
+impl Pacer {
+    /// Reserve `len` bytes of wire time; returns when the reservation ends (the chunk may be
+    /// written then), or `None` when unlimited.
+    pub(crate) fn reserve(&self, len: u64) -> Option<Instant> {
+        if self.bytes_per_sec <= 0.0 {
+            return None;
+        }
+        let dur = Duration::from_secs_f64(len as f64 / self.bytes_per_sec);
+        let now = Instant::now();
+        let mut next = self.next_free.lock().unwrap_or_else(|e| e.into_inner());
+        let start = match *next {
+            Some(t) if t > now => t,
+            _ => now,
+        };
+        let end = start + dur;
+        *next = Some(end);
+        Some(end)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Device {
+    pub(crate) index: usize,
+    pub(crate) addr: IpAddr,
+    pub(crate) ifname: &'static CStr,
+    pub(crate) rate_gbps: f64,
+    pub(crate) delay: Duration,
+    pub(crate) fail_after: Option<u64>,
+    pub(crate) fragments: Fragments,
+    pub(crate) pacer: Pacer,
+}
+
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub(crate) devices: Vec<Device>,
+    pub(crate) nsocks: u32,
+    pub(crate) nthreads: u32,
+    pub(crate) chunk_size: u32,
+    pub(crate) host_recv: HostRecv,
+    pub(crate) bounce_pages: u32,
+    pub(crate) seed: u64,
+    pub(crate) flow_wait: Duration,
+    pub(crate) conn_retry: u32,
+}
+
+impl Config {
+    pub(crate) fn summary(&self) -> String {
+        let mut s = format!(
+            "tcpxemu: {} device(s), {}x{} data sockets per comm, NCCL_DYNAMIC_CHUNK_SIZE={}, \
+             host receive={}, bounce pages={}, seed={:#x}, flow-steering wait={}us, connection retry={}",
+            self.devices.len(),
+            self.nsocks,
+            self.nthreads,
+            self.chunk_size,
+            match self.host_recv {
+                HostRecv::Bounce => "bounce",
+                HostRecv::Direct => "direct",
+            },
+            self.bounce_pages,
+            self.seed,
+            self.flow_wait.as_micros(),
+            self.conn_retry
+        );
+        for d in &self.devices {
+            s.push_str(&format!(
+                "; dev{} {} {} rate={}Gbps delay={}us fail_after={} fragments={}",
+                d.index,
+                d.ifname.to_string_lossy(),
+                d.addr,
+                d.rate_gbps,
+                d.delay.as_micros(),
+                d.fail_after
+                    .map(|b| b.to_string())
+                    .unwrap_or_else(|| "off".into()),
+                match d.fragments {
+                    Fragments::Page => "page",
+                    Fragments::Odd => "odd",
+                }
+            ));
+        }
+        s
+    }
+}
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+
+pub(crate) fn get() -> Option<&'static Config> {
+    CONFIG.get()
+}
+
+/// Read the environment on the first call; later calls return the same configuration and no
+/// warnings. The second value lists the warnings to log.
+pub(crate) fn init_from_env() -> (&'static Config, Vec<String>) {
+    let mut warnings = Vec::new();
+    let mut fresh = false;
+    let cfg = CONFIG.get_or_init(|| {
+        fresh = true;
+        from_env(&mut warnings)
+    });
+    if !fresh {
+        warnings.clear();
+    }
+    (cfg, warnings)
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+fn parse<T: std::str::FromStr>(name: &str, raw: Option<String>, default: T, w: &mut Vec<String>) -> T {
+    match raw {
+        None => default,
+        Some(v) => match v.parse::<T>() {
+            Ok(x) => x,
+            Err(_) => {
+                w.push(format!("tcpxemu: cannot parse {name}={v:?}; using the default"));
+                default
+            }
+        },
+    }
+}
+
+/// `TCPXEMU_DEV<n>_<NAME>`, else `TCPXEMU_<NAME>`: the variable name used and its value.
+fn knob(dev: usize, name: &str) -> (String, Option<String>) {
+    let per = format!("TCPXEMU_DEV{dev}_{name}");
+    if let Some(v) = var(&per) {
+        return (per, Some(v));
+    }
+    let global = format!("TCPXEMU_{name}");
+    let v = var(&global);
+    (global, v)
+}
+
+fn parse_fragments(name: &str, raw: Option<String>, w: &mut Vec<String>) -> Fragments {
+    match raw.as_deref() {
+        None | Some("page") => Fragments::Page,
+        Some("odd") => Fragments::Odd,
+        Some(other) => {
+            w.push(format!(
+                "tcpxemu: {name}={other:?} is neither page nor odd; using page"
+            ));
+            Fragments::Page
+        }
+    }
+}
+
+fn from_env(w: &mut Vec<String>) -> Config {
+    let mut ndev: usize = parse("TCPXEMU_DEVICES", var("TCPXEMU_DEVICES"), 1, w);
+    if !(1..=MAX_DEVICES).contains(&ndev) {
+        w.push(format!(
+            "tcpxemu: TCPXEMU_DEVICES={ndev} is outside 1..={MAX_DEVICES}; clamping"
+        ));
+        ndev = ndev.clamp(1, MAX_DEVICES);
+    }
+    let addrs: Vec<String> = var("TCPXEMU_ADDRS")
+        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+        .unwrap_or_default();
+    let names: Vec<String> = var("TCPXEMU_IFNAMES")
+        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+        .unwrap_or_default();
+    if !addrs.is_empty() && addrs.len() != ndev {
+        w.push(format!(
+            "tcpxemu: TCPXEMU_ADDRS has {} entries for {ndev} devices; the rest use 127.0.0.(1+dev)",
+            addrs.len()
+        ));
+    }
+    let mut devices = Vec::with_capacity(ndev);
+    for d in 0..ndev {
+        let default_addr = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 1 + d as u8));
+        let addr = match addrs.get(d).filter(|s| !s.is_empty()) {
+            None => default_addr,
+            Some(s) => s
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse()
+                .unwrap_or_else(|_| {
+                    w.push(format!(
+                        "tcpxemu: TCPXEMU_ADDRS entry {s:?} is not an IP address; dev{d} uses {default_addr}"
+                    ));
+                    default_addr
+                }),
+        };
+        let name = names
+            .get(d)
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .unwrap_or_else(|| format!("tcpxemu{d}"));
+        let name = CString::new(name).unwrap_or_else(|_| CString::from(c"tcpxemu"));
+        let ifname: &'static CStr = Box::leak(name.into_boxed_c_str());
+
+        let (n, raw) = knob(d, "RATE_GBPS");
+        let mut rate_gbps: f64 = parse(&n, raw, 0.0, w);
+        if !rate_gbps.is_finite() || rate_gbps < 0.0 {
+            w.push(format!("tcpxemu: {n}={rate_gbps} is invalid; no rate limit"));
+            rate_gbps = 0.0;
+        }
+        let (n, raw) = knob(d, "DELAY_US");
+        let delay = Duration::from_micros(parse(&n, raw, 0u64, w));
+        let (n, raw) = knob(d, "FAIL_AFTER_BYTES");
+        let fail_after = match raw {
+            None => None,
+            Some(v) => match v.parse::<u64>() {
+                Ok(b) => Some(b),
+                Err(_) => {
+                    w.push(format!("tcpxemu: cannot parse {n}={v:?}; no injected failure"));
+                    None
+                }
+            },
+        };
+        let (n, raw) = knob(d, "FRAGMENTS");
+        let fragments = parse_fragments(&n, raw, w);
+        devices.push(Device {
+            index: d,
+            addr,
+            ifname,
+            rate_gbps,
+            delay,
+            fail_after,
+            fragments,
+            pacer: Pacer {
+                bytes_per_sec: rate_gbps * 1e9 / 8.0,
+                next_free: Mutex::new(None),
+            },
+        });
+    }
+
+    let mut nsocks: u32 = parse("NCCL_NSOCKS_PERTHREAD", var("NCCL_NSOCKS_PERTHREAD"), 1, w);
+    if !(1..=MAX_NSOCKS).contains(&nsocks) {
+        w.push(format!(
+            "tcpxemu: NCCL_NSOCKS_PERTHREAD={nsocks} is outside 1..={MAX_NSOCKS}; clamping"
+        ));
+        nsocks = nsocks.clamp(1, MAX_NSOCKS);
+    }
+    let mut nthreads: u32 = parse("NCCL_SOCKET_NTHREADS", var("NCCL_SOCKET_NTHREADS"), 1, w);
+    if !(1..=MAX_NTHREADS).contains(&nthreads) {
+        w.push(format!(
+            "tcpxemu: NCCL_SOCKET_NTHREADS={nthreads} is outside 1..={MAX_NTHREADS}; clamping"
+        ));
+        nthreads = nthreads.clamp(1, MAX_NTHREADS);
+    }
+    if nsocks * nthreads > MAX_SOCKETS {
+        w.push(format!(
+            "tcpxemu: {nsocks}x{nthreads} sockets per comm exceeds {MAX_SOCKETS}; using {MAX_SOCKETS}"
+        ));
+    }
+    let chunk_size: u32 = parse("NCCL_DYNAMIC_CHUNK_SIZE", var("NCCL_DYNAMIC_CHUNK_SIZE"), 0, w);
+    if chunk_size == 0 {
+        w.push("NCCL_DYNAMIC_CHUNK_SIZE is 0: sends will never complete; set it to 524288".to_string());
+    }
+    let host_recv = match var("TCPXEMU_HOST_RECV").as_deref() {
+        None | Some("bounce") => HostRecv::Bounce,
+        Some("direct") => HostRecv::Direct,
+        Some(other) => {
+            w.push(format!(
+                "tcpxemu: TCPXEMU_HOST_RECV={other:?} is neither bounce nor direct; using bounce"
+            ));
+            HostRecv::Bounce
+        }
+    };
+    let mut bounce_pages: u32 = parse("TCPXEMU_BOUNCE_PAGES", var("TCPXEMU_BOUNCE_PAGES"), 16384, w);
+    if !(1..=MAX_BOUNCE_PAGES).contains(&bounce_pages) {
+        w.push(format!(
+            "tcpxemu: TCPXEMU_BOUNCE_PAGES={bounce_pages} is outside 1..={MAX_BOUNCE_PAGES}; clamping"
+        ));
+        bounce_pages = bounce_pages.clamp(1, MAX_BOUNCE_PAGES);
+    }
+    let seed = match var("TCPXEMU_SEED") {
+        None => rng::entropy(),
+        Some(v) => {
+            let parsed = match v.strip_prefix("0x") {
+                Some(hex) => u64::from_str_radix(hex, 16).ok(),
+                None => v.parse().ok(),
+            };
+            parsed.unwrap_or_else(|| {
+                w.push(format!(
+                    "tcpxemu: cannot parse TCPXEMU_SEED={v:?}; using a random seed"
+                ));
+                rng::entropy()
+            })
+        }
+    };
+    let flow_wait = Duration::from_micros(parse(
+        "NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS",
+        var("NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS"),
+        0u64,
+        w,
+    ));
+    let conn_retry = parse(
+        "NCCL_GPUDIRECTTCPX_CONNECTION_RETRY",
+        var("NCCL_GPUDIRECTTCPX_CONNECTION_RETRY"),
+        3u32,
+        w,
+    );
+    Config {
+        devices,
+        nsocks,
+        nthreads,
+        chunk_size,
+        host_recv,
+        bounce_pages,
+        seed,
+        flow_wait,
+        conn_retry,
+    }
+}

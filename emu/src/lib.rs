@@ -1,0 +1,49 @@
+//! tcpxemu: an emulation of the GPUDirect-TCPX NCCL net plugin over plain TCP.
+//!
+//! The cdylib (`libnccl_net_tcpxemu.so`) exports exactly one symbol, [`ncclNetPlugin_v7`], an
+//! `ncclNet_v7_t` that behaves like Google's `nccl-plugin-gpudirecttcpx`, traps included (see
+//! `reference/TCPX_PLUGIN_ABI.md` §1–§3 and §7, and `docs/EMULATION.md`). The rlib lets a Rust
+//! program (the daemon's built-in emulation, the tests) reach the same table in-process through
+//! [`plugin_table`].
+//!
+//! Layout:
+//! - [`abi`]: the shared `#[repr(C)]` mirror of the v7 ABI (one text with the daemon).
+//! - `config`: the environment, read once at the first `init`.
+//! - `log`: the NCCL logger (C variadic, called with `"%s"`) and an optional Rust hook.
+//! - `memory`: the unpack ring, the bounce-page pool and the device-handle storage.
+//! - `wire`: the listen handle, the socket hellos and the control header.
+//! - `sockio`, `sync`, `rng`: socket calls (`MSG_NOSIGNAL`), comm health and queues, a PRNG.
+//! - `listen`, `connect`, `send`, `recv`: the comms and their helper threads.
+//! - `ffi`: the 19 table entries, each behind `catch_unwind`.
+
+#[path = "../../src/net/abi.rs"]
+pub mod abi;
+
+#[macro_use]
+mod log;
+
+mod config;
+mod connect;
+mod ffi;
+mod listen;
+mod memory;
+mod recv;
+mod rng;
+mod send;
+mod sockio;
+mod sync;
+mod wire;
+
+pub use log::{LogHook, set_log_hook};
+
+/// The name this plugin reports in its table (`ncclNet_v7_t::name`).
+pub const PLUGIN_NAME: &std::ffi::CStr = c"tcpxemu_v7";
+
+/// The plugin table, exported for `dlopen`/`dlsym` as NCCL loads net plugins.
+#[unsafe(no_mangle)]
+pub static ncclNetPlugin_v7: abi::ncclNet_v7_t = ffi::TABLE;
+
+/// The same table for in-process use (the daemon's built-in emulation, tests).
+pub fn plugin_table() -> &'static abi::ncclNet_v7_t {
+    &ncclNetPlugin_v7
+}

@@ -1,0 +1,577 @@
+//! The receive comm: a ctrl reader queues the sender's headers, `test` matches them FIFO to
+//! posted receives and hands chunk tasks to one thread per data socket, which land the bytes in
+//! shuffled bounce pages (with a fragment list in the unpack ring) or, in direct mode, straight
+//! in the destination.
+
+use crate::abi::{self, MAX_REQUESTS, NET_UNPACK_MAX_SLICE_PAGES, SLICE_PAGE_SIZE, loadMeta, ncclResult_t};
+use crate::config::{Config, Device, Fragments, HostRecv};
+use crate::listen::Group;
+use crate::memory::{BouncePool, HandleMemory, RingMemory};
+use crate::rng::{self, SplitMix64};
+use crate::sockio;
+use crate::sync::{Health, TaskQueue, lock};
+use crate::wire::{self, HEADER_LEN, Header};
+use std::collections::VecDeque;
+use std::io;
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+/// Fragments per `readv`.
+const BATCH: usize = 64;
+
+/// The destination of a direct-mode receive.
+#[derive(Debug, Clone, Copy)]
+struct DstPtr(*mut u8);
+// SAFETY: NCCL's contract keeps the destination alive until the receive is consumed;
+// closeRecv joins every socket thread before returning.
+unsafe impl Send for DstPtr {}
+
+#[derive(Debug)]
+struct RecvTask {
+    q: usize,
+    size: u32,
+    posted: u32,
+    chunk: u32,
+    start: u64,
+    dst: DstPtr,
+}
+
+/// Per-slot progress, written by the socket threads.
+struct SlotShared {
+    bytes: AtomicU64,
+    frags: AtomicU32,
+    pages: Box<[AtomicU32]>,
+}
+
+struct RecvShared {
+    health: Health,
+    ctrl: TcpStream,
+    data: Vec<TcpStream>,
+    queues: Vec<TaskQueue<RecvTask>>,
+    headers: Mutex<VecDeque<Header>>,
+    ctrl_eof: AtomicBool,
+    ring: RingMemory,
+    pool: BouncePool,
+    slots: Vec<SlotShared>,
+    mode: HostRecv,
+    fragments: Fragments,
+    label: String,
+}
+
+impl RecvShared {
+    fn shutdown_all(&self) {
+        let _ = self.ctrl.shutdown(Shutdown::Both);
+        for s in &self.data {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    fn socket_error(&self, e: &io::Error) {
+        if self.health.closing() {
+            return;
+        }
+        if sockio::is_peer_closed(e) {
+            self.peer_closed();
+        } else {
+            self.health.fail(
+                abi::NCCL_SYSTEM_ERROR,
+                format!("tcpxemu: {} data read failed: {e}", self.label),
+            );
+        }
+    }
+
+    fn peer_closed(&self) {
+        self.health.fail(
+            abi::NCCL_REMOTE_ERROR,
+            format!("tcpxemu: Connection closed by remote peer ({})", self.label),
+        );
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Free,
+    Posted,
+    Done,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RecvReq {
+    status: Status,
+    posted: u32,
+    size: u32,
+    dst: *mut u8,
+}
+
+struct RecvState {
+    tail: u64,
+    matched: u64,
+    done: u64,
+    head: u64,
+    chunk_counter: u64,
+    reqs: [RecvReq; MAX_REQUESTS],
+}
+
+pub(crate) struct RecvComm {
+    shared: Arc<RecvShared>,
+    handle: HandleMemory,
+    has_devcomm: bool,
+    state: Mutex<RecvState>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl RecvComm {
+    pub(crate) fn new(
+        group: Group,
+        dev: &'static Device,
+        cfg: &Config,
+        has_devcomm: bool,
+        salt: u64,
+    ) -> io::Result<RecvComm> {
+        let Group { ctrl, data, peer, .. } = group;
+        let n = data.len();
+        let ring = RingMemory::new()?;
+        let pool = BouncePool::new(cfg.bounce_pages, rng::derive(cfg.seed, salt))?;
+        let handle = HandleMemory::new(&ring, &pool);
+        let shared = Arc::new(RecvShared {
+            health: Health::default(),
+            ctrl,
+            data,
+            queues: (0..n).map(|_| TaskQueue::new()).collect(),
+            headers: Mutex::new(VecDeque::with_capacity(4 * MAX_REQUESTS)),
+            ctrl_eof: AtomicBool::new(false),
+            ring,
+            pool,
+            slots: (0..MAX_REQUESTS)
+                .map(|_| SlotShared {
+                    bytes: AtomicU64::new(0),
+                    frags: AtomicU32::new(0),
+                    pages: (0..NET_UNPACK_MAX_SLICE_PAGES)
+                        .map(|_| AtomicU32::new(0))
+                        .collect(),
+                })
+                .collect(),
+            mode: cfg.host_recv,
+            fragments: dev.fragments,
+            label: crate::send::label(dev, peer),
+        });
+        let comm = RecvComm {
+            shared: shared.clone(),
+            handle,
+            has_devcomm,
+            state: Mutex::new(RecvState {
+                tail: 0,
+                matched: 0,
+                done: 0,
+                head: 0,
+                chunk_counter: 0,
+                reqs: [RecvReq {
+                    status: Status::Free,
+                    posted: 0,
+                    size: 0,
+                    dst: std::ptr::null_mut(),
+                }; MAX_REQUESTS],
+            }),
+            threads: Mutex::new(Vec::with_capacity(n + 1)),
+        };
+        let spawned = (|| -> io::Result<()> {
+            let mut threads = lock(&comm.threads);
+            let sh = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("tcpxemu-rctl".into())
+                    .spawn(move || ctrl_reader(&sh))?,
+            );
+            for me in 0..n {
+                let sh = shared.clone();
+                let rng = rng::derive(cfg.seed, salt.wrapping_mul(131).wrapping_add(me as u64 + 1));
+                threads.push(
+                    std::thread::Builder::new()
+                        .name(format!("tcpxemu-rx{me}"))
+                        .spawn(move || data_thread(&sh, me, rng))?,
+                );
+            }
+            Ok(())
+        })();
+        if let Err(e) = spawned {
+            comm.close();
+            return Err(e);
+        }
+        info!(
+            "tcpxemu: recv comm ready ({}, {} data socket(s), {} receive, ring {:p}, bounce {:p})",
+            shared.label,
+            n,
+            match shared.mode {
+                HostRecv::Bounce => "bounce",
+                HostRecv::Direct => "direct",
+            },
+            shared.ring.meta(),
+            shared.pool.base()
+        );
+        Ok(comm)
+    }
+
+    pub(crate) fn label(&self) -> &str {
+        &self.shared.label
+    }
+
+    /// The `unpackNetDeviceHandle` the device handle points at.
+    pub(crate) fn unpack_handle(&self) -> *mut abi::unpackNetDeviceHandle {
+        self.handle.ptr()
+    }
+
+    /// Post a receive of `size` bytes at `dst`; returns its slot (= its ring index q).
+    pub(crate) fn irecv(&self, dst: *mut u8, size: u32) -> Result<usize, ncclResult_t> {
+        let sh = &*self.shared;
+        if let Some((code, msg)) = sh.health.failure() {
+            warn!("{msg}");
+            return Err(code);
+        }
+        if sh.mode == HostRecv::Bounce && !self.has_devcomm {
+            warn!(
+                "tcpxemu: irecv on a comm whose accept got no device-handle storage (recvDevComm \
+                 was NULL): the fragment list cannot be published; the real plugin crashes on the \
+                 first CUDA receive here ({})",
+                sh.label
+            );
+            return Err(abi::NCCL_INTERNAL_ERROR);
+        }
+        let mut st = lock(&self.state);
+        if st.tail - st.head >= MAX_REQUESTS as u64 {
+            warn!(
+                "tcpxemu: unable to allocate requests ({}: {} receives not yet consumed)",
+                sh.label, MAX_REQUESTS
+            );
+            return Err(abi::NCCL_INTERNAL_ERROR);
+        }
+        let q = (st.tail % MAX_REQUESTS as u64) as usize;
+        sh.ring.reset_cnt(q);
+        sh.slots[q].bytes.store(0, Ordering::Relaxed);
+        sh.slots[q].frags.store(0, Ordering::Relaxed);
+        st.reqs[q] = RecvReq {
+            status: Status::Posted,
+            posted: size,
+            size: 0,
+            dst,
+        };
+        st.tail += 1;
+        if sh.mode == HostRecv::Direct {
+            info!(
+                "tcpxemu: requested receive on host mem buffer ({} bytes, {})",
+                size, sh.label
+            );
+        }
+        trace!(
+            "tcpxemu: irecv seq {} size {} q {} ({})",
+            st.tail - 1,
+            size,
+            q,
+            sh.label
+        );
+        Ok(q)
+    }
+
+    /// Match queued headers to posted receives, FIFO, and queue their chunk tasks.
+    fn match_headers(&self, st: &mut RecvState) -> Result<(), ncclResult_t> {
+        let sh = &*self.shared;
+        let mut headers = lock(&sh.headers);
+        while st.matched < st.tail {
+            let Some(h) = headers.pop_front() else { break };
+            if h.seq != st.matched {
+                sh.health.fail(
+                    abi::NCCL_INTERNAL_ERROR,
+                    format!(
+                        "tcpxemu: protocol error: control header seq {} where {} was expected ({})",
+                        h.seq, st.matched, sh.label
+                    ),
+                );
+                return Err(abi::NCCL_INTERNAL_ERROR);
+            }
+            let q = (st.matched % MAX_REQUESTS as u64) as usize;
+            let r = &mut st.reqs[q];
+            if h.size > r.posted {
+                warn!(
+                    "tcpxemu: receiver adopting sender's size {} > posted {} ({})",
+                    h.size, r.posted, sh.label
+                );
+            }
+            r.size = h.size;
+            let (posted, dst) = (r.posted, r.dst);
+            let n = wire::nchunks(h.size, h.chunk);
+            let nsocks = sh.queues.len();
+            for (me, tq) in sh.queues.iter().enumerate() {
+                if wire::first_chunk_for(st.chunk_counter, me, nsocks) < n {
+                    tq.push(RecvTask {
+                        q,
+                        size: h.size,
+                        posted,
+                        chunk: h.chunk,
+                        start: st.chunk_counter,
+                        dst: DstPtr(dst),
+                    });
+                }
+            }
+            st.chunk_counter += n;
+            st.matched += 1;
+        }
+        Ok(())
+    }
+
+    /// Test receive slot `q`: `Ok(true)` when every byte is in place (`cnt[q]` published).
+    pub(crate) fn test(&self, q: usize) -> Result<bool, ncclResult_t> {
+        let sh = &*self.shared;
+        let mut st = lock(&self.state);
+        if !(st.done < st.tail
+            && q == (st.done % MAX_REQUESTS as u64) as usize
+            && st.reqs[q].status == Status::Posted)
+        {
+            warn!(
+                "tcpxemu: test called with invalid request (recv slot {q}; the oldest in-flight is {}; {})",
+                if st.done < st.tail {
+                    ((st.done % MAX_REQUESTS as u64) as usize).to_string()
+                } else {
+                    "none".to_string()
+                },
+                sh.label
+            );
+            return Err(abi::NCCL_INTERNAL_ERROR);
+        }
+        // Read EOF before draining: the reader queues every header before it flags EOF.
+        let eof = sh.ctrl_eof.load(Ordering::Acquire);
+        if !sh.health.stop() {
+            self.match_headers(&mut st)?;
+        }
+        let matched = st.matched > st.done;
+        let r = st.reqs[q];
+        if matched && sh.slots[q].bytes.load(Ordering::Acquire) >= u64::from(r.size) {
+            let frags = sh.slots[q].frags.load(Ordering::Acquire);
+            if sh.mode == HostRecv::Bounce {
+                sh.ring.publish_cnt(q, u64::from(frags));
+            }
+            st.reqs[q].status = Status::Done;
+            st.done += 1;
+            trace!(
+                "tcpxemu: recv seq {} done ({} bytes, {} fragments, q {}, {})",
+                st.done - 1,
+                r.size,
+                frags,
+                q,
+                sh.label
+            );
+            return Ok(true);
+        }
+        if let Some((code, msg)) = sh.health.failure() {
+            warn!("tcpxemu: test: {msg}");
+            return Err(code);
+        }
+        if !matched && eof {
+            sh.peer_closed();
+            return Err(abi::NCCL_REMOTE_ERROR);
+        }
+        Ok(false)
+    }
+
+    /// Release a completed receive: recycle its pages, advance head, free the slot.
+    pub(crate) fn consumed(&self, q: usize) -> Result<(), ncclResult_t> {
+        let sh = &*self.shared;
+        let mut st = lock(&self.state);
+        if st.reqs[q].status != Status::Done {
+            warn!(
+                "tcpxemu: irecvConsumed called with invalid request (slot {q} is not a completed \
+                 receive; {})",
+                sh.label
+            );
+            return Err(abi::NCCL_INTERNAL_ERROR);
+        }
+        let head_q = (st.head % MAX_REQUESTS as u64) as usize;
+        if head_q != q {
+            warn!(
+                "tcpxemu: unexpected q_idx {q} in irecvConsumed (ring head is {head_q}; {})",
+                sh.label
+            );
+            return Err(abi::NCCL_INTERNAL_ERROR);
+        }
+        let slot = &sh.slots[q];
+        let n = (slot.frags.load(Ordering::Acquire) as usize).min(NET_UNPACK_MAX_SLICE_PAGES);
+        if n > 0 {
+            sh.pool
+                .give_back((0..n).map(|i| slot.pages[i].load(Ordering::Relaxed)));
+        }
+        st.reqs[q].status = Status::Free;
+        st.head += 1;
+        Ok(())
+    }
+
+    pub(crate) fn close(&self) {
+        let sh = &*self.shared;
+        sh.health.begin_close();
+        for q in &sh.queues {
+            q.wake();
+        }
+        sh.pool.wake_all();
+        sh.shutdown_all();
+        let threads: Vec<_> = lock(&self.threads).drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+fn ctrl_reader(sh: &RecvShared) {
+    let fd = sh.ctrl.as_raw_fd();
+    loop {
+        let mut b = [0u8; HEADER_LEN];
+        if let Err(e) = sockio::recv_exact(fd, b.as_mut_ptr(), b.len()) {
+            if !sh.health.closing() {
+                if !sockio::is_peer_closed(&e) {
+                    warn!("tcpxemu: control read failed: {e} ({})", sh.label);
+                }
+                sh.ctrl_eof.store(true, Ordering::Release);
+            }
+            return;
+        }
+        match Header::decode(&b) {
+            Ok(h) => lock(&sh.headers).push_back(h),
+            Err(why) => {
+                sh.health.fail(
+                    abi::NCCL_INTERNAL_ERROR,
+                    format!(
+                        "tcpxemu: protocol error on the control socket: {why} ({})",
+                        sh.label
+                    ),
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// One fragment's shape: (offset inside its page, length).
+fn fragment_shape(mode: Fragments, rng: &mut SplitMix64, remaining: u64) -> (u32, u32) {
+    let page = SLICE_PAGE_SIZE as u64;
+    match mode {
+        Fragments::Page => (0, remaining.min(page) as u32),
+        Fragments::Odd => {
+            let want = if rng.below(16) == 0 {
+                rng.range_incl(1, 64)
+            } else {
+                rng.range_incl(page / 2 + 1, page)
+            };
+            let len = want.min(remaining);
+            let off = rng.below(page - len + 1);
+            (off as u32, len as u32)
+        }
+    }
+}
+
+fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64) {
+    let fd = sh.data[me].as_raw_fd();
+    let nsocks = sh.queues.len();
+    let mut scratch = vec![0u8; 64 * 1024];
+    let mut pages = [0u32; BATCH];
+    let mut metas = [loadMeta::default(); BATCH];
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; BATCH];
+    let stop = || sh.health.stop();
+    while let Some(t) = sh.queues[me].pop(&sh.health) {
+        let slot = &sh.slots[t.q];
+        let total = wire::nchunks(t.size, t.chunk);
+        let mut k = wire::first_chunk_for(t.start, me, nsocks);
+        while k < total {
+            let off = k * u64::from(t.chunk);
+            let len = (u64::from(t.size) - off).min(u64::from(t.chunk));
+            match sh.mode {
+                HostRecv::Direct => {
+                    let land = len.min(u64::from(t.posted).saturating_sub(off));
+                    if land > 0 {
+                        // SAFETY: off + land ≤ posted, inside the destination irecv checked
+                        // against its memory handle.
+                        let p = unsafe { t.dst.0.add(off as usize) };
+                        if let Err(e) = sockio::recv_exact(fd, p, land as usize) {
+                            sh.socket_error(&e);
+                            return;
+                        }
+                    }
+                    let mut rest = (len - land) as usize;
+                    while rest > 0 {
+                        let n = rest.min(scratch.len());
+                        if let Err(e) = sockio::recv_exact(fd, scratch.as_mut_ptr(), n) {
+                            sh.socket_error(&e);
+                            return;
+                        }
+                        rest -= n;
+                    }
+                    slot.bytes.fetch_add(len, Ordering::Release);
+                }
+                HostRecv::Bounce => {
+                    let mut pos = off;
+                    let end = off + len;
+                    while pos < end {
+                        let remaining = end - pos;
+                        let per = match sh.fragments {
+                            Fragments::Page => SLICE_PAGE_SIZE as u64,
+                            Fragments::Odd => (SLICE_PAGE_SIZE / 2) as u64,
+                        };
+                        let want = (remaining.div_ceil(per) as usize).clamp(1, BATCH);
+                        let got = sh.pool.take(&mut pages[..want], &stop);
+                        if got == 0 {
+                            return;
+                        }
+                        let mut used = 0;
+                        let mut bytes = 0u64;
+                        while used < got && pos < end {
+                            let (in_page, flen) = fragment_shape(sh.fragments, &mut rng, end - pos);
+                            let page = pages[used];
+                            // SAFETY: in_page + flen ≤ 4096, inside page `page` of the pool.
+                            let base = unsafe { sh.pool.page_ptr(page).add(in_page as usize) };
+                            iov[used] = libc::iovec {
+                                iov_base: base.cast(),
+                                iov_len: flen as usize,
+                            };
+                            metas[used] = loadMeta {
+                                src_off: page * SLICE_PAGE_SIZE as u32 + in_page,
+                                len: flen,
+                                dst_off: pos,
+                            };
+                            pos += u64::from(flen);
+                            bytes += u64::from(flen);
+                            used += 1;
+                        }
+                        if used < got {
+                            sh.pool.give_back(pages[used..got].iter().copied());
+                        }
+                        if let Err(e) = sockio::readv_all(fd, &mut iov[..used]) {
+                            sh.pool.give_back(pages[..used].iter().copied());
+                            sh.socket_error(&e);
+                            return;
+                        }
+                        for i in 0..used {
+                            let idx = slot.frags.fetch_add(1, Ordering::AcqRel) as usize;
+                            if idx >= NET_UNPACK_MAX_SLICE_PAGES {
+                                sh.pool.give_back(pages[i..used].iter().copied());
+                                sh.health.fail(
+                                    abi::NCCL_INTERNAL_ERROR,
+                                    format!(
+                                        "tcpxemu: request too many pages: a {}-byte receive needs more \
+                                         than {} fragments (the real plugin exits the process here; {})",
+                                        t.size, NET_UNPACK_MAX_SLICE_PAGES, sh.label
+                                    ),
+                                );
+                                return;
+                            }
+                            sh.ring.write_entry(t.q, idx, metas[i]);
+                            slot.pages[idx].store(pages[i], Ordering::Relaxed);
+                        }
+                        slot.bytes.fetch_add(bytes, Ordering::Release);
+                    }
+                }
+            }
+            k += nsocks as u64;
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! The send comm: requests are recorded by `isend` and dispatched only inside `test`; one
+//! helper thread per data socket writes its share of the chunks; a ctrl watcher notices the
+//! peer going away.
+
+use crate::abi::{self, MAX_REQUESTS, ncclResult_t};
+use crate::config::Device;
+use crate::connect::Connected;
+use crate::sockio;
+use crate::sync::{Health, TaskQueue, lock};
+use crate::wire::{self, Header};
+use std::io;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// The caller's buffer, read by a socket thread until the request is done (or the comm closes
+/// and joins its threads).
+#[derive(Debug, Clone, Copy)]
+struct SrcPtr(*const u8);
+// SAFETY: NCCL's contract keeps the buffer alive and unmodified until test reports the send
+// done; closeSend joins every socket thread before returning.
+unsafe impl Send for SrcPtr {}
+
+#[derive(Debug)]
+struct SendTask {
+    slot: usize,
+    data: SrcPtr,
+    size: u32,
+    chunk: u32,
+    start: u64,
+}
+
+struct SendShared {
+    health: Health,
+    ctrl: TcpStream,
+    data: Vec<TcpStream>,
+    queues: Vec<TaskQueue<SendTask>>,
+    written: [AtomicU64; MAX_REQUESTS],
+    sent: AtomicU64,
+    peer_gone: AtomicBool,
+    dev: &'static Device,
+    label: String,
+}
+
+impl SendShared {
+    fn shutdown_all(&self) {
+        let _ = self.ctrl.shutdown(Shutdown::Both);
+        for s in &self.data {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    fn socket_error(&self, what: &str, e: &io::Error) {
+        if self.health.closing() {
+            return;
+        }
+        if sockio::is_peer_closed(e) || self.peer_gone.load(Ordering::Acquire) {
+            self.health.fail(
+                abi::NCCL_REMOTE_ERROR,
+                format!(
+                    "tcpxemu: Connection closed by remote peer ({}, {what}: {e})",
+                    self.label
+                ),
+            );
+        } else {
+            self.health.fail(
+                abi::NCCL_SYSTEM_ERROR,
+                format!("tcpxemu: {} {what} failed: {e}", self.label),
+            );
+        }
+    }
+
+    fn peer_closed(&self) {
+        self.health.fail(
+            abi::NCCL_REMOTE_ERROR,
+            format!("tcpxemu: Connection closed by remote peer ({})", self.label),
+        );
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SendReq {
+    data: *const u8,
+    size: u32,
+    posted_at: Instant,
+}
+
+struct SendState {
+    posted: u64,
+    dispatched: u64,
+    freed: u64,
+    chunk_counter: u64,
+    reqs: [SendReq; MAX_REQUESTS],
+}
+
+pub(crate) struct SendComm {
+    shared: Arc<SendShared>,
+    state: Mutex<SendState>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    chunk: u32,
+}
+
+impl SendComm {
+    pub(crate) fn new(conn: Connected, dev: &'static Device, chunk: u32) -> io::Result<SendComm> {
+        let Connected { ctrl, data, peer } = conn;
+        let n = data.len();
+        let shared = Arc::new(SendShared {
+            health: Health::default(),
+            ctrl,
+            data,
+            queues: (0..n).map(|_| TaskQueue::new()).collect(),
+            written: std::array::from_fn(|_| AtomicU64::new(0)),
+            sent: AtomicU64::new(0),
+            peer_gone: AtomicBool::new(false),
+            dev,
+            label: label(dev, peer),
+        });
+        let comm = SendComm {
+            shared: shared.clone(),
+            state: Mutex::new(SendState {
+                posted: 0,
+                dispatched: 0,
+                freed: 0,
+                chunk_counter: 0,
+                reqs: [SendReq {
+                    data: std::ptr::null(),
+                    size: 0,
+                    posted_at: Instant::now(),
+                }; MAX_REQUESTS],
+            }),
+            threads: Mutex::new(Vec::with_capacity(n + 1)),
+            chunk,
+        };
+        let spawned = (|| -> io::Result<()> {
+            let mut threads = lock(&comm.threads);
+            let sh = shared.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("tcpxemu-sctl".into())
+                    .spawn(move || ctrl_watcher(&sh))?,
+            );
+            for me in 0..n {
+                let sh = shared.clone();
+                threads.push(
+                    std::thread::Builder::new()
+                        .name(format!("tcpxemu-tx{me}"))
+                        .spawn(move || data_thread(&sh, me))?,
+                );
+            }
+            Ok(())
+        })();
+        if let Err(e) = spawned {
+            comm.close();
+            return Err(e);
+        }
+        info!(
+            "tcpxemu: send comm ready ({}, {} data socket(s))",
+            shared.label, n
+        );
+        Ok(comm)
+    }
+
+    pub(crate) fn label(&self) -> &str {
+        &self.shared.label
+    }
+
+    /// Record a send; returns its slot.
+    pub(crate) fn isend(&self, data: *const u8, size: u32) -> Result<usize, ncclResult_t> {
+        if let Some((code, msg)) = self.shared.health.failure() {
+            warn!("{msg}");
+            return Err(code);
+        }
+        let mut st = lock(&self.state);
+        if st.posted - st.freed >= MAX_REQUESTS as u64 {
+            warn!(
+                "tcpxemu: unable to allocate requests ({}: {} sends outstanding)",
+                self.shared.label, MAX_REQUESTS
+            );
+            return Err(abi::NCCL_INTERNAL_ERROR);
+        }
+        let slot = (st.posted % MAX_REQUESTS as u64) as usize;
+        st.reqs[slot] = SendReq {
+            data,
+            size,
+            posted_at: Instant::now(),
+        };
+        self.shared.written[slot].store(0, Ordering::Relaxed);
+        st.posted += 1;
+        trace!(
+            "tcpxemu: isend seq {} size {} slot {} ({})",
+            st.posted - 1,
+            size,
+            slot,
+            self.shared.label
+        );
+        Ok(slot)
+    }
+
+    /// Send every recorded request whose delay has elapsed, in order.
+    fn dispatch(&self, st: &mut SendState) {
+        let sh = &*self.shared;
+        let now = Instant::now();
+        while st.dispatched < st.posted && !sh.health.stop() {
+            let slot = (st.dispatched % MAX_REQUESTS as u64) as usize;
+            let r = st.reqs[slot];
+            if r.size > 0 && self.chunk == 0 {
+                // The real plugin's default chunk size: nothing ever goes out.
+                break;
+            }
+            if now < r.posted_at + sh.dev.delay {
+                break;
+            }
+            if sh.peer_gone.load(Ordering::Acquire) {
+                sh.peer_closed();
+                return;
+            }
+            let h = Header {
+                chunk: self.chunk,
+                seq: st.dispatched,
+                size: r.size,
+            }
+            .encode();
+            if let Err(e) = sockio::send_all(sh.ctrl.as_raw_fd(), h.as_ptr(), h.len()) {
+                sh.socket_error("control header", &e);
+                return;
+            }
+            let n = wire::nchunks(r.size, self.chunk);
+            let nsocks = sh.queues.len();
+            for (me, q) in sh.queues.iter().enumerate() {
+                if wire::first_chunk_for(st.chunk_counter, me, nsocks) < n {
+                    q.push(SendTask {
+                        slot,
+                        data: SrcPtr(r.data),
+                        size: r.size,
+                        chunk: self.chunk,
+                        start: st.chunk_counter,
+                    });
+                }
+            }
+            st.chunk_counter += n;
+            st.dispatched += 1;
+        }
+    }
+
+    /// Test `slot`: `Ok(true)` when done (the slot is freed).
+    pub(crate) fn test(&self, slot: usize) -> Result<bool, ncclResult_t> {
+        let sh = &*self.shared;
+        let mut st = lock(&self.state);
+        if !(st.freed < st.posted && slot == (st.freed % MAX_REQUESTS as u64) as usize) {
+            warn!(
+                "tcpxemu: test called with invalid request (send slot {slot}; the oldest in-flight is {}; {})",
+                if st.freed < st.posted {
+                    ((st.freed % MAX_REQUESTS as u64) as usize).to_string()
+                } else {
+                    "none".to_string()
+                },
+                sh.label
+            );
+            return Err(abi::NCCL_INTERNAL_ERROR);
+        }
+        self.dispatch(&mut st);
+        let r = st.reqs[slot];
+        if st.dispatched > st.freed && sh.written[slot].load(Ordering::Acquire) >= u64::from(r.size) {
+            trace!(
+                "tcpxemu: send seq {} done ({} bytes, {})",
+                st.freed, r.size, sh.label
+            );
+            st.freed += 1;
+            return Ok(true);
+        }
+        if let Some((code, msg)) = sh.health.failure() {
+            warn!("tcpxemu: test: {msg}");
+            return Err(code);
+        }
+        Ok(false)
+    }
+
+    /// Stop the helpers (sockets shut down so blocked calls return) and join them.
+    pub(crate) fn close(&self) {
+        let sh = &*self.shared;
+        sh.health.begin_close();
+        for q in &sh.queues {
+            q.wake();
+        }
+        sh.shutdown_all();
+        let threads: Vec<_> = lock(&self.threads).drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+pub(crate) fn label(dev: &Device, peer: SocketAddr) -> String {
+    format!("dev{} {} <-> {}", dev.index, dev.ifname.to_string_lossy(), peer)
+}
+
+/// The receiver never writes on ctrl after the ack: EOF there means it went away.
+fn ctrl_watcher(sh: &SendShared) {
+    let mut b = [0u8; 64];
+    loop {
+        // SAFETY: `b` is a live local buffer of the given length.
+        let n = unsafe { libc::recv(sh.ctrl.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), 0) };
+        if n > 0 {
+            continue;
+        }
+        if n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+            continue;
+        }
+        if !sh.health.closing() {
+            sh.peer_gone.store(true, Ordering::Release);
+        }
+        return;
+    }
+}
+
+fn data_thread(sh: &SendShared, me: usize) {
+    let fd = sh.data[me].as_raw_fd();
+    let nsocks = sh.queues.len() as u64;
+    while let Some(t) = sh.queues[me].pop(&sh.health) {
+        let total = wire::nchunks(t.size, t.chunk);
+        let mut k = wire::first_chunk_for(t.start, me, nsocks as usize);
+        while k < total {
+            if sh.health.stop() {
+                return;
+            }
+            if sh.peer_gone.load(Ordering::Acquire) {
+                sh.peer_closed();
+                return;
+            }
+            let off = k * u64::from(t.chunk);
+            let len = (u64::from(t.size) - off).min(u64::from(t.chunk));
+            if let Some(end) = sh.dev.pacer.reserve(len) {
+                if !sh.health.sleep_until(end) {
+                    return;
+                }
+            }
+            let mut n = len;
+            let mut trip = None;
+            if let Some(limit) = sh.dev.fail_after {
+                let prev = sh.sent.fetch_add(len, Ordering::AcqRel);
+                if prev + len >= limit {
+                    n = limit.saturating_sub(prev).min(len);
+                    trip = Some(limit);
+                }
+            }
+            if n > 0 {
+                // SAFETY: off + n ≤ size, inside the caller's registered buffer (checked by isend).
+                let p = unsafe { t.data.0.add(off as usize) };
+                if let Err(e) = sockio::send_all(fd, p, n as usize) {
+                    sh.socket_error("data write", &e);
+                    return;
+                }
+            }
+            if let Some(limit) = trip {
+                sh.health.fail(
+                    abi::NCCL_SYSTEM_ERROR,
+                    format!(
+                        "tcpxemu: injected connection failure after {limit} bytes ({})",
+                        sh.label
+                    ),
+                );
+                sh.shutdown_all();
+                return;
+            }
+            sh.written[t.slot].fetch_add(len, Ordering::Release);
+            k += nsocks;
+        }
+    }
+}

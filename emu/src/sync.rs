@@ -1,0 +1,125 @@
+//! Comm health (closing / failed), closing-aware sleeps and the per-socket task queues.
+
+use crate::abi::ncclResult_t;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Lock, ignoring poison: a panicking helper must not take the caller's thread down with it.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Whether a comm is closing or has failed, and why it failed.
+#[derive(Debug, Default)]
+pub(crate) struct Health {
+    closing: AtomicBool,
+    failed: AtomicBool,
+    why: Mutex<Option<(ncclResult_t, String)>>,
+    m: Mutex<()>,
+    cv: Condvar,
+}
+
+impl Health {
+    /// Record the comm's first failure (logged as a WARN). Ignored once closing: errors caused by
+    /// our own shutdown are not failures.
+    pub(crate) fn fail(&self, code: ncclResult_t, msg: String) -> bool {
+        if self.closing() {
+            return false;
+        }
+        let mut why = lock(&self.why);
+        if why.is_some() {
+            return false;
+        }
+        warn!("{msg}");
+        *why = Some((code, msg));
+        self.failed.store(true, Ordering::Release);
+        drop(why);
+        let _g = lock(&self.m);
+        self.cv.notify_all();
+        true
+    }
+
+    pub(crate) fn failure(&self) -> Option<(ncclResult_t, String)> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        lock(&self.why).clone()
+    }
+
+    pub(crate) fn closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// Helper threads stop when the comm closes or fails.
+    pub(crate) fn stop(&self) -> bool {
+        self.closing() || self.failed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn begin_close(&self) {
+        self.closing.store(true, Ordering::Release);
+        let _g = lock(&self.m);
+        self.cv.notify_all();
+    }
+
+    /// Sleep until `deadline`; false when the comm stopped first.
+    pub(crate) fn sleep_until(&self, deadline: Instant) -> bool {
+        let mut g = lock(&self.m);
+        loop {
+            if self.stop() {
+                return false;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return true;
+            }
+            let step = (deadline - now).min(Duration::from_millis(50));
+            g = self.cv.wait_timeout(g, step).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+}
+
+/// A FIFO of tasks for one socket thread. Preallocated for the 16 requests a comm can hold.
+#[derive(Debug)]
+pub(crate) struct TaskQueue<T> {
+    q: Mutex<VecDeque<T>>,
+    cv: Condvar,
+}
+
+impl<T> TaskQueue<T> {
+    pub(crate) fn new() -> TaskQueue<T> {
+        TaskQueue {
+            q: Mutex::new(VecDeque::with_capacity(crate::abi::MAX_REQUESTS * 2)),
+            cv: Condvar::new(),
+        }
+    }
+
+    pub(crate) fn push(&self, t: T) {
+        lock(&self.q).push_back(t);
+        self.cv.notify_one();
+    }
+
+    /// The next task, or `None` once the comm stops.
+    pub(crate) fn pop(&self, health: &Health) -> Option<T> {
+        let mut q = lock(&self.q);
+        loop {
+            if health.stop() {
+                return None;
+            }
+            if let Some(t) = q.pop_front() {
+                return Some(t);
+            }
+            q = self
+                .cv
+                .wait_timeout(q, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    pub(crate) fn wake(&self) {
+        let _q = lock(&self.q);
+        self.cv.notify_all();
+    }
+}

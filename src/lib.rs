@@ -1,0 +1,5 @@
+//! tcpxd: move GPU and host buffers between nodes over GPUDirect-TCPX.
+
+pub mod conformance;
+pub mod logging;
+pub mod net;

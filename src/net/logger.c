@@ -1,0 +1,21 @@
+/* The variadic ncclDebugLogger_t the plugin calls. Stable Rust cannot define a C-variadic function,
+ * so this shim formats the message with vsnprintf and hands the finished string to Rust. */
+#include <stdarg.h>
+#include <stdio.h>
+
+extern void tcpxd_plugin_log_sink(int level, unsigned long flags, const char *file, int line,
+                                  const char *msg);
+
+void tcpxd_plugin_logger(int level, unsigned long flags, const char *file, int line,
+                         const char *fmt, ...) {
+  char buf[2048];
+  va_list ap;
+  if (fmt == NULL) {
+    buf[0] = '\0';
+  } else {
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+  }
+  tcpxd_plugin_log_sink(level, flags, file, line, buf);
+}

@@ -1,0 +1,169 @@
+//! Memory that can be registered with the plugin. A registration keeps its region alive, and so
+//! does every request posted on it, so the plugin never touches freed memory.
+
+use std::alloc::Layout;
+use std::ptr::NonNull;
+
+use super::abi;
+use super::error::{NetError, NetResult};
+
+/// Alignment of daemon-allocated regions: a page, as CUDA `regMr` on TCPX demands.
+pub const REGION_ALIGN: usize = 4096;
+
+/// Where a region's bytes live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemType {
+    Host,
+    Cuda,
+}
+
+impl MemType {
+    /// The `regMr` type constant.
+    pub fn nccl_ptr_type(self) -> i32 {
+        match self {
+            MemType::Host => abi::NCCL_PTR_HOST,
+            MemType::Cuda => abi::NCCL_PTR_CUDA,
+        }
+    }
+}
+
+/// A contiguous range of memory the plugin may read or write while requests are in flight.
+pub trait Region: Send + Sync + 'static {
+    fn as_ptr(&self) -> *mut u8;
+    fn len(&self) -> usize;
+    fn mem_type(&self) -> MemType;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Page-aligned, zero-initialised host memory.
+///
+/// The plugin writes into it from its own threads while a receive is in flight, so its bytes are
+/// only ever accessed through explicit copies ([`HostRegion::read`], [`HostRegion::write`]), never
+/// through references that could alias such a write.
+pub struct HostRegion {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the region is plain memory owned by this value; all access goes through raw copies.
+unsafe impl Send for HostRegion {}
+// SAFETY: as above; concurrent copies into disjoint ranges are the caller's (and the engine's) rule.
+unsafe impl Sync for HostRegion {}
+
+impl HostRegion {
+    pub fn new(len: usize) -> NetResult<HostRegion> {
+        let layout = Self::layout(len)?;
+        // SAFETY: the layout has a non-zero size (at least one page).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(ptr).ok_or_else(|| {
+            NetError::InvalidArgument(format!("could not allocate {len} bytes of host memory"))
+        })?;
+        Ok(HostRegion { ptr, len })
+    }
+
+    fn layout(len: usize) -> NetResult<Layout> {
+        Layout::from_size_align(len.max(1).next_multiple_of(REGION_ALIGN), REGION_ALIGN)
+            .map_err(|_| NetError::InvalidArgument(format!("host region of {len} bytes is too large")))
+    }
+
+    fn check(&self, offset: usize, len: usize) -> NetResult<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(NetError::InvalidArgument(format!(
+                "range {offset}+{len} is outside the {}-byte region",
+                self.len
+            ))),
+        }
+    }
+
+    /// Copies `dst.len()` bytes starting at `offset` out of the region.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> NetResult<()> {
+        self.check(offset, dst.len())?;
+        // SAFETY: the range was bounds-checked; `dst` is a distinct Rust buffer.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(offset), dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Copies `src` into the region at `offset`.
+    pub fn write(&self, offset: usize, src: &[u8]) -> NetResult<()> {
+        self.check(offset, src.len())?;
+        // SAFETY: the range was bounds-checked; `src` is a distinct Rust buffer.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len()) };
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `offset` into a new vector.
+    pub fn to_vec(&self, offset: usize, len: usize) -> NetResult<Vec<u8>> {
+        let mut v = vec![0u8; len];
+        self.read(offset, &mut v)?;
+        Ok(v)
+    }
+}
+
+impl Region for HostRegion {
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn mem_type(&self) -> MemType {
+        MemType::Host
+    }
+}
+
+impl Drop for HostRegion {
+    fn drop(&mut self) {
+        let layout = Self::layout(self.len).expect("layout was valid at allocation");
+        // SAFETY: allocated in `new` with this very layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+    }
+}
+
+/// Copies `len` bytes from `src` to `dst` if every source byte is readable by this process,
+/// without risking a fault: device memory and unmapped addresses return `false`.
+pub(super) fn probe_copy(src: *const u8, dst: &mut [u8]) -> bool {
+    if src.is_null() {
+        return false;
+    }
+    let local = libc::iovec {
+        iov_base: dst.as_mut_ptr().cast(),
+        iov_len: dst.len(),
+    };
+    let remote = libc::iovec {
+        iov_base: src as *mut libc::c_void,
+        iov_len: dst.len(),
+    };
+    // SAFETY: process_vm_readv on our own pid copies through the kernel, which reports EFAULT for
+    // addresses the CPU cannot read instead of faulting; `local` is a valid Rust buffer.
+    let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+    n == dst.len() as isize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_region_is_page_aligned_zeroed_and_bounds_checked() {
+        let r = HostRegion::new(10_000).unwrap();
+        assert_eq!(r.as_ptr() as usize % REGION_ALIGN, 0);
+        assert_eq!(r.to_vec(0, 10_000).unwrap(), vec![0u8; 10_000]);
+        r.write(9_990, &[7u8; 10]).unwrap();
+        assert_eq!(r.to_vec(9_990, 10).unwrap(), vec![7u8; 10]);
+        assert!(r.write(9_991, &[7u8; 10]).is_err());
+        assert!(r.read(usize::MAX, &mut [0u8; 2]).is_err());
+    }
+
+    #[test]
+    fn probe_copy_refuses_unreadable_addresses() {
+        let src = [1u8, 2, 3, 4];
+        let mut dst = [0u8; 4];
+        assert!(probe_copy(src.as_ptr(), &mut dst));
+        assert_eq!(dst, src);
+        assert!(!probe_copy(std::ptr::null(), &mut dst));
+        assert!(!probe_copy(0x10 as *const u8, &mut dst));
+    }
+}

@@ -1,0 +1,145 @@
+//! The unpack ring of a receive comm (§2 of the ABI): where each completed receive's fragments
+//! sit in the bounce buffer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::abi::{self, loadMeta, ncclNetDeviceHandle_v7_t, netUnpackMeta, unpackNetDeviceHandle};
+use super::error::{NetError, NetResult};
+use super::memory::probe_copy;
+
+/// A view of the plugin's `netUnpackMeta` and bounce buffer, valid while its recv comm is open.
+#[derive(Debug)]
+pub struct UnpackRing {
+    meta: *const netUnpackMeta,
+    bounce: *const u8,
+    bounce_host_readable: bool,
+}
+
+impl UnpackRing {
+    /// Reads the 24-byte `unpackNetDeviceHandle` a device handle points at.
+    ///
+    /// The real plugin keeps that handle in device memory; reading it from the host then needs a
+    /// CUDA copy, which this function reports as an error rather than faulting. The emulation in
+    /// host-bounce mode keeps it in host memory.
+    pub(super) fn from_device_handle(dh: &ncclNetDeviceHandle_v7_t) -> NetResult<UnpackRing> {
+        if dh.netDeviceType != abi::NCCL_NET_DEVICE_UNPACK {
+            return Err(NetError::Ring(format!(
+                "device handle type is {}, not NCCL_NET_DEVICE_UNPACK",
+                dh.netDeviceType
+            )));
+        }
+        if dh.handle.is_null() || dh.size < std::mem::size_of::<unpackNetDeviceHandle>() {
+            return Err(NetError::Ring(format!(
+                "device handle points at {:p} with size {} (expected a 24-byte unpackNetDeviceHandle)",
+                dh.handle, dh.size
+            )));
+        }
+        let mut raw = [0u8; std::mem::size_of::<unpackNetDeviceHandle>()];
+        if !probe_copy(dh.handle as *const u8, &mut raw) {
+            return Err(NetError::Ring(
+                "the unpackNetDeviceHandle lives in device memory; reading it needs the CUDA data path"
+                    .into(),
+            ));
+        }
+        // SAFETY: `raw` holds the 24 bytes of an `unpackNetDeviceHandle` (plain data).
+        let h: unpackNetDeviceHandle = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
+        let mut probe = [0u8; 16];
+        if !probe_copy(h.meta as *const u8, &mut probe) {
+            return Err(NetError::Ring(format!(
+                "the unpack ring at {:p} is not readable from the host",
+                h.meta
+            )));
+        }
+        let bounce_host_readable = probe_copy(h.bounce_buf as *const u8, &mut probe[..1]);
+        Ok(UnpackRing {
+            meta: h.meta,
+            bounce: h.bounce_buf as *const u8,
+            bounce_host_readable,
+        })
+    }
+
+    /// The ring's address (as a device kernel would use it under unified addressing).
+    pub fn meta_ptr(&self) -> *const netUnpackMeta {
+        self.meta
+    }
+
+    /// The bounce buffer's address.
+    pub fn bounce_ptr(&self) -> *const u8 {
+        self.bounce
+    }
+
+    /// Whether the bounce buffer is host memory (the emulation's host mode) rather than GPU memory.
+    pub fn bounce_is_host_readable(&self) -> bool {
+        self.bounce_host_readable
+    }
+
+    /// The fragment count the plugin published for slot `q` (acquire-ordered).
+    pub fn count(&self, q: usize) -> NetResult<usize> {
+        if q >= abi::NCCL_NET_DEVICE_UNPACK_MAX_QUEUE_DEPTH {
+            return Err(NetError::Ring(format!("slot {q} is outside the 16-slot ring")));
+        }
+        // SAFETY: `meta` is the plugin's live ring (checked readable at accept); `cnt[q]` is an
+        // 8-aligned u64 the plugin publishes with a release store.
+        let cnt = unsafe {
+            let p = std::ptr::addr_of!((*self.meta).cnt[q]) as *mut u64;
+            AtomicU64::from_ptr(p).load(Ordering::Acquire)
+        };
+        if cnt as usize > abi::NET_UNPACK_MAX_SLICE_PAGES {
+            return Err(NetError::Ring(format!(
+                "slot {q} claims {cnt} fragments (at most {})",
+                abi::NET_UNPACK_MAX_SLICE_PAGES
+            )));
+        }
+        Ok(cnt as usize)
+    }
+
+    /// The fragment list of slot `q`, as published.
+    pub fn fragments(&self, q: usize) -> NetResult<&[loadMeta]> {
+        let cnt = self.count(q)?;
+        // SAFETY: the first `cnt` entries of `mem[q]` were written before `cnt[q]` was published
+        // (acquire above); they stay untouched until the request is consumed, and the returned
+        // slice borrows the ring, which lives as long as its recv comm.
+        Ok(unsafe {
+            std::slice::from_raw_parts(std::ptr::addr_of!((*self.meta).mem[q]).cast::<loadMeta>(), cnt)
+        })
+    }
+
+    /// Host unpack: copies every fragment of slot `q` from the bounce buffer to `dst + dst_off`,
+    /// refusing any fragment that would land outside `dst_len` bytes. Returns the bytes copied.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of `dst_len` bytes that nothing else accesses meanwhile.
+    pub(super) unsafe fn gather_host(&self, q: usize, dst: *mut u8, dst_len: usize) -> NetResult<usize> {
+        if !self.bounce_host_readable {
+            return Err(NetError::Ring(
+                "the bounce buffer is GPU memory; the host unpacker cannot read it".into(),
+            ));
+        }
+        let frags = self.fragments(q)?;
+        let mut total = 0usize;
+        for f in frags {
+            let end = f.dst_off.checked_add(u64::from(f.len));
+            if end.is_none_or(|e| e > dst_len as u64) {
+                return Err(NetError::Ring(format!(
+                    "fragment {}+{} lands outside the {dst_len}-byte receive (sender sent more than was posted)",
+                    f.dst_off, f.len
+                )));
+            }
+            // SAFETY: the source is inside the plugin's host bounce buffer (a fragment the plugin
+            // published); the destination range was just bounds-checked against the caller's buffer.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.bounce.add(f.src_off as usize),
+                    dst.add(f.dst_off as usize),
+                    f.len as usize,
+                )
+            };
+            total += f.len as usize;
+        }
+        Ok(total)
+    }
+}
+
+// SAFETY: the ring is the plugin's memory for the comm's lifetime; the view only reads it and is
+// owned by (and used alongside) its `RecvComm`.
+unsafe impl Send for UnpackRing {}

@@ -1,0 +1,27 @@
+//! Shared by the integration tests: where the emulation plugin was built.
+
+use std::path::PathBuf;
+
+/// The emulation plugin built alongside the tests (`cargo test`/`cargo nextest run` build every
+/// workspace member), or the plugin named by `TCPXD_TEST_PLUGIN`.
+pub fn emulation_plugin_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("TCPXD_TEST_PLUGIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test binary>
+    let deps = exe.parent().expect("deps dir");
+    let profile = deps.parent().expect("profile dir");
+    for candidate in [
+        profile.join("libnccl_net_tcpxemu.so"),
+        deps.join("libnccl_net_tcpxemu.so"),
+    ] {
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!(
+        "libnccl_net_tcpxemu.so not found next to {}; build it with `cargo build -p tcpxemu`",
+        exe.display()
+    );
+}
