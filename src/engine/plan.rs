@@ -1,0 +1,185 @@
+//! Chunk plans: how a transfer's ranges are cut into plugin requests and spread over lanes.
+//!
+//! Sender and receiver compute the same plan from the same inputs (range lengths, chunk size,
+//! first lane, lane count), so an offer needs to carry only those.
+
+/// Default chunk size: GCP's `NCCL_DYNAMIC_CHUNK_SIZE`, 512 KiB.
+pub const DEFAULT_CHUNK_BYTES: u32 = 512 * 1024;
+/// Largest chunk: one plugin request must stay ≤ 4 MiB (2048 fragments of at most 4 KiB, 2 per page).
+pub const MAX_CHUNK_BYTES: u32 = 4 * 1024 * 1024;
+/// Smallest chunk accepted in configuration or offers.
+pub const MIN_CHUNK_BYTES: u32 = 4096;
+
+/// Where the chunk size comes from: `UCCL_TCPX_CHUNK_BYTES`, else `NCCL_P2P_NET_CHUNKSIZE`, else
+/// the default; the value must lie in `MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES`.
+pub fn chunk_bytes_from_env(
+    uccl_tcpx_chunk_bytes: Option<&str>,
+    nccl_p2p_net_chunksize: Option<&str>,
+) -> Result<u32, String> {
+    let (name, value) = match (uccl_tcpx_chunk_bytes, nccl_p2p_net_chunksize) {
+        (Some(v), _) => ("UCCL_TCPX_CHUNK_BYTES", v),
+        (None, Some(v)) => ("NCCL_P2P_NET_CHUNKSIZE", v),
+        (None, None) => return Ok(DEFAULT_CHUNK_BYTES),
+    };
+    let parsed: u64 = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{name}={value:?} is not a number of bytes"))?;
+    check_chunk_bytes(parsed).map_err(|e| format!("{name}: {e}"))
+}
+
+/// Checks a chunk size against the limits.
+pub fn check_chunk_bytes(bytes: u64) -> Result<u32, String> {
+    if (u64::from(MIN_CHUNK_BYTES)..=u64::from(MAX_CHUNK_BYTES)).contains(&bytes) {
+        Ok(bytes as u32)
+    } else {
+        Err(format!(
+            "chunk size {bytes} is outside {MIN_CHUNK_BYTES}..={MAX_CHUNK_BYTES} bytes"
+        ))
+    }
+}
+
+/// One plugin request's worth of a transfer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Chunk {
+    /// Index of the range (entry) this chunk belongs to.
+    pub range: u32,
+    /// Offset of the chunk inside its range.
+    pub offset: u64,
+    pub len: u32,
+    /// Lane index.
+    pub lane: u32,
+}
+
+/// Iterates the chunks of `range_lengths` cut at `chunk_bytes`, the k-th on lane
+/// `(first_lane + k) % lanes`. Allocation-free; both sides run the same iterator.
+#[derive(Debug, Clone)]
+pub struct ChunkPlan<'a> {
+    ranges: &'a [u64],
+    chunk_bytes: u64,
+    lanes: u32,
+    range: usize,
+    offset: u64,
+    lane: u32,
+}
+
+impl<'a> ChunkPlan<'a> {
+    /// `lanes` and `chunk_bytes` must be positive (checked by the caller's validation).
+    pub fn new(range_lengths: &'a [u64], chunk_bytes: u32, first_lane: u32, lanes: u32) -> ChunkPlan<'a> {
+        assert!(
+            lanes > 0 && chunk_bytes > 0,
+            "a plan needs lanes and a chunk size"
+        );
+        ChunkPlan {
+            ranges: range_lengths,
+            chunk_bytes: u64::from(chunk_bytes),
+            lanes,
+            range: 0,
+            offset: 0,
+            lane: first_lane % lanes,
+        }
+    }
+
+    /// Number of chunks the plan yields.
+    pub fn count(range_lengths: &[u64], chunk_bytes: u32) -> u64 {
+        range_lengths
+            .iter()
+            .map(|&l| l.div_ceil(u64::from(chunk_bytes)))
+            .sum()
+    }
+}
+
+impl Iterator for ChunkPlan<'_> {
+    type Item = Chunk;
+
+    fn next(&mut self) -> Option<Chunk> {
+        while self.range < self.ranges.len() && self.offset >= self.ranges[self.range] {
+            self.range += 1;
+            self.offset = 0;
+        }
+        let total = *self.ranges.get(self.range)?;
+        let len = (total - self.offset).min(self.chunk_bytes);
+        let chunk = Chunk {
+            range: self.range as u32,
+            offset: self.offset,
+            len: len as u32,
+            lane: self.lane,
+        };
+        self.offset += len;
+        self.lane = (self.lane + 1) % self.lanes;
+        Some(chunk)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuts_ranges_and_rotates_lanes_across_them() {
+        let chunks: Vec<Chunk> = ChunkPlan::new(&[10, 4, 0, 7], 4, 1, 3).collect();
+        let got: Vec<(u32, u64, u32, u32)> = chunks
+            .iter()
+            .map(|c| (c.range, c.offset, c.len, c.lane))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0, 0, 4, 1),
+                (0, 4, 4, 2),
+                (0, 8, 2, 0),
+                (1, 0, 4, 1),
+                (3, 0, 4, 2),
+                (3, 4, 3, 0)
+            ]
+        );
+        assert_eq!(ChunkPlan::count(&[10, 4, 0, 7], 4), 6);
+    }
+
+    #[test]
+    fn covers_every_byte_exactly_once() {
+        let ranges = [1u64, 4095, 4096, 4097, 3 * 524288 + 5];
+        for chunk in [4096u32, 524288, MAX_CHUNK_BYTES] {
+            let mut covered = vec![0u64; ranges.len()];
+            for c in ChunkPlan::new(&ranges, chunk, 0, 4) {
+                assert!(c.len > 0 && c.len <= chunk);
+                assert_eq!(
+                    c.offset, covered[c.range as usize],
+                    "chunks of a range are contiguous and ordered"
+                );
+                covered[c.range as usize] += u64::from(c.len);
+            }
+            assert_eq!(covered, ranges);
+            assert_eq!(
+                ChunkPlan::new(&ranges, chunk, 0, 4).count() as u64,
+                ChunkPlan::count(&ranges, chunk)
+            );
+        }
+    }
+
+    #[test]
+    fn first_lane_wraps_and_single_lane_works() {
+        let lanes: Vec<u32> = ChunkPlan::new(&[12], 4, 7, 4).map(|c| c.lane).collect();
+        assert_eq!(lanes, vec![3, 0, 1]);
+        assert!(ChunkPlan::new(&[9], 4, 5, 1).all(|c| c.lane == 0));
+        assert_eq!(ChunkPlan::new(&[], 4, 0, 1).count(), 0);
+    }
+
+    #[test]
+    fn chunk_size_comes_from_the_environment_in_order() {
+        assert_eq!(chunk_bytes_from_env(None, None), Ok(DEFAULT_CHUNK_BYTES));
+        assert_eq!(chunk_bytes_from_env(Some("1048576"), Some("65536")), Ok(1 << 20));
+        assert_eq!(chunk_bytes_from_env(None, Some("65536")), Ok(65536));
+        let e = chunk_bytes_from_env(Some("8388608"), None).unwrap_err();
+        assert!(
+            e.contains("UCCL_TCPX_CHUNK_BYTES") && e.contains("4194304"),
+            "{e}"
+        );
+        assert!(
+            chunk_bytes_from_env(None, Some("lots"))
+                .unwrap_err()
+                .contains("NCCL_P2P_NET_CHUNKSIZE")
+        );
+        assert!(check_chunk_bytes(4095).is_err());
+    }
+}

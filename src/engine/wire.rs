@@ -1,0 +1,72 @@
+//! Control-stream messages as the engine sees them (the peer layer converts them to and from
+//! `tcpxd.v1.PeerMessage`). See proto/tcpxd/v1/peer.proto for the protocol.
+
+use super::error::Code;
+
+/// A buffer range on the node that receives the message, as the sender claims it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteRange {
+    pub buffer_id: u64,
+    pub access_key: [u8; 16],
+    pub offset: u64,
+    pub length: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Offer {
+    pub offer_id: u64,
+    pub read_id: u64,
+    pub chunk_bytes: u32,
+    pub first_lane: u32,
+    pub ranges: Vec<RemoteRange>,
+    pub notification: Vec<u8>,
+    pub deadline_ms: u64,
+}
+
+/// A READ's source range (the holder's buffer) and destination (the reader's buffer).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadPair {
+    pub source: RemoteRange,
+    pub dest: RemoteRange,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerMsg {
+    Offer(Offer),
+    Accept {
+        offer_id: u64,
+    },
+    Reject {
+        offer_id: u64,
+        code: Code,
+        message: String,
+        range_index: u32,
+    },
+    Done {
+        offer_id: u64,
+    },
+    Failed {
+        offer_id: u64,
+        code: Code,
+        message: String,
+    },
+    CancelOffer {
+        offer_id: u64,
+        code: Code,
+        message: String,
+    },
+    ReadRequest {
+        read_id: u64,
+        pairs: Vec<ReadPair>,
+        deadline_ms: u64,
+    },
+    ReadReject {
+        read_id: u64,
+        code: Code,
+        message: String,
+        range_index: u32,
+    },
+    CancelRead {
+        read_id: u64,
+    },
+}
