@@ -1,7 +1,12 @@
 //! tcpxd: move GPU and host buffers between nodes over GPUDirect-TCPX.
 
 pub mod api;
+pub mod buffers;
+pub mod config;
 pub mod conformance;
+pub mod daemon;
 pub mod engine;
 pub mod logging;
 pub mod net;
+pub mod peers;
+pub mod poller;

@@ -1,3 +1,5 @@
 //! The gRPC layer: generated code, the client service and the peer service.
 
+pub mod peer_service;
 pub mod proto;
+pub mod service;

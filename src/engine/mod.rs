@@ -446,6 +446,13 @@ impl Engine {
         self.transfers.len()
     }
 
+    /// Ids of the transfers not yet finished, oldest first.
+    pub fn active_transfer_ids(&self) -> Vec<TransferId> {
+        let mut ids: Vec<TransferId> = self.transfers.keys().copied().collect();
+        ids.sort();
+        ids
+    }
+
     /// Requests posted to the plugin across all lanes (sends, receives).
     pub fn posted(&self) -> (usize, usize) {
         self.peers.iter().fold((0, 0), |(s, r), p| {

@@ -1,3 +1,5 @@
+#![allow(dead_code)] // each test binary uses a different part of the shared helpers
+
 //! Shared by the integration tests: where the emulation plugin was built.
 
 use std::path::PathBuf;
@@ -25,3 +27,4 @@ pub fn emulation_plugin_path() -> PathBuf {
         exe.display()
     );
 }
+pub mod daemons;

@@ -1,0 +1,414 @@
+//! Buffers clients register: their memory, access keys and descriptors, and the byte-level
+//! operations (fill, read, checksum) that let a person check a transfer with grpcurl alone.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::engine::{Code, EngineError};
+use crate::net::{HostRegion, Region};
+
+/// Largest range `ReadBuffer` returns.
+pub const MAX_READ_BYTES: u64 = 1 << 20;
+/// Largest repeated pattern `FillBuffer` takes.
+pub const MAX_REPEAT_BYTES: usize = 1 << 20;
+/// Longest label.
+pub const MAX_LABEL_BYTES: usize = 128;
+
+/// Where a buffer's memory lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufferKind {
+    Host,
+}
+
+/// A registered buffer.
+pub struct BufferEntry {
+    pub id: u64,
+    pub kind: BufferKind,
+    pub size: u64,
+    pub label: String,
+    pub key: [u8; 16],
+    pub region: Arc<HostRegion>,
+}
+
+impl std::fmt::Debug for BufferEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The key is a secret: never printed.
+        f.debug_struct("BufferEntry")
+            .field("id", &self.id)
+            .field("kind", &self.kind)
+            .field("size", &self.size)
+            .field("label", &self.label)
+            .finish()
+    }
+}
+
+impl BufferEntry {
+    pub fn region_dyn(&self) -> Arc<dyn Region> {
+        self.region.clone()
+    }
+}
+
+/// What another node needs to address a buffer: `tcpxd1:<node>:<buffer id>:<size>:<key hex>`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Descriptor {
+    pub node_id: String,
+    pub buffer_id: u64,
+    pub size: u64,
+    pub key: [u8; 16],
+}
+
+impl std::fmt::Debug for Descriptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Descriptor({}:{}, {} bytes)",
+            self.node_id, self.buffer_id, self.size
+        )
+    }
+}
+
+const DESCRIPTOR_PREFIX: &str = "tcpxd1";
+
+impl Descriptor {
+    pub fn encode(&self) -> String {
+        format!(
+            "{DESCRIPTOR_PREFIX}:{}:{}:{}:{}",
+            self.node_id,
+            self.buffer_id,
+            self.size,
+            hex::encode(self.key)
+        )
+    }
+
+    /// Parses a descriptor; the error names what is malformed (never echoing the key).
+    pub fn parse(field: &str, s: &str) -> Result<Descriptor, EngineError> {
+        let bad = |why: &str| EngineError::invalid(format!("{field}: malformed descriptor: {why}"));
+        let parts: Vec<&str> = s.split(':').collect();
+        if parts.len() != 5 || parts[0] != DESCRIPTOR_PREFIX {
+            return Err(bad("expected tcpxd1:<node>:<buffer id>:<size>:<32 hex digits>"));
+        }
+        if crate::config::check_node_id(parts[1]).is_err() {
+            return Err(bad("invalid node id"));
+        }
+        let buffer_id = parts[2].parse().map_err(|_| bad("buffer id is not a number"))?;
+        let size = parts[3].parse().map_err(|_| bad("size is not a number"))?;
+        let raw = hex::decode(parts[4]).map_err(|_| bad("access key is not hex"))?;
+        let key: [u8; 16] = raw.try_into().map_err(|_| bad("access key is not 16 bytes"))?;
+        Ok(Descriptor {
+            node_id: parts[1].to_string(),
+            buffer_id,
+            size,
+            key,
+        })
+    }
+}
+
+/// The buffers of this daemon. The poller keeps its own copy of each entry it uses.
+pub struct BufferRegistry {
+    node_id: String,
+    max_buffer_bytes: u64,
+    next_id: AtomicU64,
+    map: Mutex<HashMap<u64, Arc<BufferEntry>>>,
+}
+
+impl BufferRegistry {
+    pub fn new(node_id: &str, max_buffer_bytes: u64) -> BufferRegistry {
+        BufferRegistry {
+            node_id: node_id.to_string(),
+            max_buffer_bytes,
+            next_id: AtomicU64::new(1),
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Allocates a host buffer (not yet visible: [`BufferRegistry::publish`] makes it so once
+    /// the poller knows it).
+    pub fn allocate_host(&self, size: u64, label: &str) -> Result<Arc<BufferEntry>, EngineError> {
+        if size == 0 || size > self.max_buffer_bytes {
+            return Err(EngineError::invalid(format!(
+                "host.size: {size} bytes is outside 1..={} (max_buffer_bytes)",
+                self.max_buffer_bytes
+            )));
+        }
+        if label.len() > MAX_LABEL_BYTES {
+            return Err(EngineError::invalid(format!(
+                "label: {} bytes exceed the limit of {MAX_LABEL_BYTES}",
+                label.len()
+            )));
+        }
+        let len = usize::try_from(size)
+            .map_err(|_| EngineError::invalid("host.size: too large for this machine"))?;
+        let region = HostRegion::new(len).map_err(|e| {
+            EngineError::new(
+                Code::ResourceExhausted,
+                format!("host.size: cannot allocate {size} bytes: {e}"),
+            )
+        })?;
+        Ok(Arc::new(BufferEntry {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            kind: BufferKind::Host,
+            size,
+            label: label.to_string(),
+            key: rand::random(),
+            region: Arc::new(region),
+        }))
+    }
+
+    /// Makes a buffer visible. A non-empty label names one buffer only: a second registration
+    /// under the same label is refused with ALREADY_EXISTS.
+    pub fn publish(&self, entry: Arc<BufferEntry>) -> Result<(), EngineError> {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if !entry.label.is_empty()
+            && let Some(other) = map.values().find(|b| b.label == entry.label)
+        {
+            return Err(EngineError::new(
+                Code::AlreadyExists,
+                format!(
+                    "label: buffer {} is already registered as {:?}",
+                    other.id, entry.label
+                ),
+            ));
+        }
+        map.insert(entry.id, entry);
+        Ok(())
+    }
+
+    pub fn remove(&self, id: u64) -> Option<Arc<BufferEntry>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).remove(&id)
+    }
+
+    pub fn get(&self, id: u64) -> Result<Arc<BufferEntry>, EngineError> {
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| EngineError::not_found(format!("buffer_id: buffer {id} does not exist")))
+    }
+
+    pub fn list(&self) -> Vec<Arc<BufferEntry>> {
+        let mut v: Vec<_> = self
+            .map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by_key(|b| b.id);
+        v
+    }
+
+    pub fn descriptor(&self, b: &BufferEntry) -> Descriptor {
+        Descriptor {
+            node_id: self.node_id.clone(),
+            buffer_id: b.id,
+            size: b.size,
+            key: b.key,
+        }
+    }
+}
+
+/// Resolves `(offset, length)` against a buffer; `length == 0` with `zero_means_rest` means
+/// "to the end".
+pub fn resolve_range(
+    b: &BufferEntry,
+    offset: u64,
+    length: u64,
+    zero_means_rest: bool,
+) -> Result<(u64, u64), EngineError> {
+    let length = if length == 0 && zero_means_rest {
+        b.size.checked_sub(offset).ok_or_else(|| {
+            EngineError::invalid(format!(
+                "offset: {offset} is past the end of buffer {} ({} bytes)",
+                b.id, b.size
+            ))
+        })?
+    } else {
+        length
+    };
+    match offset.checked_add(length) {
+        None => Err(EngineError::invalid(format!(
+            "offset + length: {offset} + {length} overflows 64 bits"
+        ))),
+        Some(end) if end > b.size => Err(EngineError::invalid(format!(
+            "offset + length: range {offset}..{end} is past the end of buffer {} ({} bytes)",
+            b.id, b.size
+        ))),
+        Some(_) => Ok((offset, length)),
+    }
+}
+
+/// The fill patterns.
+#[derive(Debug, Clone)]
+pub enum Pattern {
+    Byte(u8),
+    /// Byte `i` of the buffer depends only on the seed and on `i`.
+    Seed(u64),
+    Repeat(Vec<u8>),
+}
+
+/// The seeded pattern's bytes for buffer positions `pos..pos + out.len()`.
+pub fn seeded_bytes(seed: u64, pos: u64, out: &mut [u8]) {
+    // One 8-byte word per aligned position group: byte p is byte (p % 8) of word p / 8.
+    let mut i = 0;
+    while i < out.len() {
+        let p = pos + i as u64;
+        let word = splitmix(seed ^ (p >> 3)).to_le_bytes();
+        let start = (p & 7) as usize;
+        let take = (8 - start).min(out.len() - i);
+        out[i..i + take].copy_from_slice(&word[start..start + take]);
+        i += take;
+    }
+}
+
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+const SCRATCH: usize = 1 << 20;
+
+/// Fills `[offset, offset + length)` of the buffer.
+pub fn fill(b: &BufferEntry, offset: u64, length: u64, pattern: &Pattern) -> Result<(), EngineError> {
+    let mut scratch = vec![0u8; SCRATCH.min(length as usize)];
+    let mut pos = offset;
+    let end = offset + length;
+    while pos < end {
+        let n = ((end - pos) as usize).min(SCRATCH);
+        let chunk = &mut scratch[..n];
+        match pattern {
+            Pattern::Byte(v) => chunk.fill(*v),
+            Pattern::Seed(seed) => seeded_bytes(*seed, pos, chunk),
+            Pattern::Repeat(rep) => {
+                for (i, c) in chunk.iter_mut().enumerate() {
+                    *c = rep[((pos - offset) as usize + i) % rep.len()];
+                }
+            }
+        }
+        b.region
+            .write(pos as usize, chunk)
+            .map_err(|e| EngineError::new(Code::Internal, e.to_string()))?;
+        pos += n as u64;
+    }
+    Ok(())
+}
+
+/// CRC-32C of `[offset, offset + length)`.
+pub fn checksum(b: &BufferEntry, offset: u64, length: u64) -> Result<u32, EngineError> {
+    let mut scratch = vec![0u8; SCRATCH.min(length as usize)];
+    let mut crc = 0u32;
+    let mut pos = offset;
+    let end = offset + length;
+    while pos < end {
+        let n = ((end - pos) as usize).min(SCRATCH);
+        b.region
+            .read(pos as usize, &mut scratch[..n])
+            .map_err(|e| EngineError::new(Code::Internal, e.to_string()))?;
+        crc = crc32c::crc32c_append(crc, &scratch[..n]);
+        pos += n as u64;
+    }
+    Ok(crc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptors_round_trip_and_malformed_ones_are_named() {
+        let d = Descriptor {
+            node_id: "node-a.1".into(),
+            buffer_id: 42,
+            size: 1 << 30,
+            key: [0xAB; 16],
+        };
+        let s = d.encode();
+        assert_eq!(Descriptor::parse("remote_descriptor", &s).unwrap(), d);
+        for bad in [
+            "",
+            "tcpxd2:a:1:2:abababababababababababababababab",
+            "tcpxd1:a:x:2:abababababababababababababababab",
+            "tcpxd1:a:1:-2:abababababababababababababababab",
+            "tcpxd1:a:1:2:zz",
+            "tcpxd1:a:1:2:abab",
+            "tcpxd1:a b:1:2:abababababababababababababababab",
+            "tcpxd1:a:1:2:abababababababababababababababab:extra",
+        ] {
+            let e = Descriptor::parse("remote_descriptor", bad).unwrap_err();
+            assert_eq!(e.code, Code::InvalidArgument);
+            assert!(
+                e.message.starts_with("remote_descriptor: malformed descriptor"),
+                "{e}"
+            );
+            assert!(!e.message.contains("abababab"), "the key never appears in errors");
+        }
+        assert!(!format!("{d:?}").contains("ab"), "Debug hides the key");
+    }
+
+    #[test]
+    fn fill_checksum_and_ranges() {
+        let reg = BufferRegistry::new("n", 1 << 30);
+        let b = reg.allocate_host(3 * SCRATCH as u64 + 17, "x").unwrap();
+        fill(&b, 0, b.size, &Pattern::Seed(7)).unwrap();
+        let mut expect = vec![0u8; b.size as usize];
+        seeded_bytes(7, 0, &mut expect);
+        assert_eq!(b.region.to_vec(0, b.size as usize).unwrap(), expect);
+        assert_eq!(checksum(&b, 0, b.size).unwrap(), crc32c::crc32c(&expect));
+        // Sub-ranges of the seeded pattern depend only on position.
+        let mut part = vec![0u8; 100];
+        seeded_bytes(7, 5000, &mut part);
+        assert_eq!(part, expect[5000..5100]);
+        fill(&b, 10, 5, &Pattern::Repeat(vec![1, 2])).unwrap();
+        assert_eq!(b.region.to_vec(10, 5).unwrap(), vec![1, 2, 1, 2, 1]);
+        fill(&b, 0, 3, &Pattern::Byte(9)).unwrap();
+        assert_eq!(b.region.to_vec(0, 3).unwrap(), vec![9, 9, 9]);
+        assert_eq!(resolve_range(&b, 10, 0, true).unwrap(), (10, b.size - 10));
+        assert!(resolve_range(&b, b.size + 1, 0, true).is_err());
+        assert!(
+            resolve_range(&b, 1, u64::MAX, false)
+                .unwrap_err()
+                .message
+                .contains("overflows")
+        );
+        assert!(
+            resolve_range(&b, 1, b.size, false)
+                .unwrap_err()
+                .message
+                .contains("past the end")
+        );
+    }
+
+    #[test]
+    fn allocation_limits() {
+        let reg = BufferRegistry::new("n", 1 << 20);
+        assert_eq!(reg.allocate_host(0, "").unwrap_err().code, Code::InvalidArgument);
+        assert!(
+            reg.allocate_host((1 << 20) + 1, "")
+                .unwrap_err()
+                .message
+                .contains("max_buffer_bytes")
+        );
+        assert!(
+            reg.allocate_host(1, &"x".repeat(129))
+                .unwrap_err()
+                .message
+                .contains("label")
+        );
+        let a = reg.allocate_host(10, "").unwrap();
+        let b = reg.allocate_host(10, "").unwrap();
+        assert_ne!(a.id, b.id);
+        assert_ne!(a.key, b.key);
+        assert!(reg.get(a.id).is_err(), "not visible before publish");
+        reg.publish(a.clone()).unwrap();
+        assert_eq!(reg.get(a.id).unwrap().id, a.id);
+        let named = reg.allocate_host(10, "kv-cache").unwrap();
+        reg.publish(named).unwrap();
+        let again = reg.allocate_host(10, "kv-cache").unwrap();
+        assert_eq!(reg.publish(again).unwrap_err().code, Code::AlreadyExists);
+        assert_eq!(reg.list().len(), 2);
+        assert!(reg.remove(a.id).is_some());
+    }
+}

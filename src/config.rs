@@ -1,0 +1,477 @@
+//! The daemon's configuration: a TOML file, then the environment, then command-line flags, each
+//! overriding the one before (docs/CONFIG.md lists every setting with its default).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use serde::Deserialize;
+
+use crate::engine::plan;
+
+/// Where a setting may come from, highest precedence last.
+#[derive(Debug, Clone, Default, Args)]
+pub struct DaemonArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "TCPXD_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// This node's id (letters, digits, '.', '_', '-'; unique in the cluster). Default: hostname.
+    #[arg(long, env = "TCPXD_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Unix socket of the client API.
+    #[arg(long, env = "TCPXD_API_SOCKET", value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+    /// Optional TCP address of the client API (e.g. 127.0.0.1:50051).
+    #[arg(long, env = "TCPXD_API_TCP", value_name = "ADDR")]
+    pub api_tcp: Option<SocketAddr>,
+    /// TCP address of the peer service (port 0: any free port).
+    #[arg(long, env = "TCPXD_PEER_LISTEN", value_name = "ADDR")]
+    pub peer_listen: Option<SocketAddr>,
+    /// The TCPX net plugin (libnccl-net.so).
+    #[arg(long, env = "TCPXD_PLUGIN", value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
+    /// Use the emulation plugin linked into tcpxd instead of a plugin file (tests, demos).
+    #[arg(long, env = "TCPXD_BUILTIN_EMULATION")]
+    pub builtin_emulation: bool,
+    /// Data lanes per plugin device, in each direction of each peer.
+    #[arg(long, env = "TCPXD_LANES_PER_DEVICE")]
+    pub lanes_per_device: Option<u32>,
+    /// Chunk size of transfers this node sends (4096..=4194304). Also read from
+    /// UCCL_TCPX_CHUNK_BYTES, then NCCL_P2P_NET_CHUNKSIZE.
+    #[arg(long, env = "TCPXD_CHUNK_BYTES")]
+    pub chunk_bytes: Option<u64>,
+    /// Default transfer deadline in seconds, when a request carries none.
+    #[arg(long, env = "TCPXD_DEFAULT_TIMEOUT_S")]
+    pub default_timeout_s: Option<u64>,
+    /// Seconds SIGTERM waits for in-flight transfers before failing them.
+    #[arg(long, env = "TCPXD_SHUTDOWN_GRACE_S")]
+    pub shutdown_grace_s: Option<u64>,
+    /// Write a JSON file with the node id and bound addresses once serving.
+    #[arg(long, env = "TCPXD_READY_FILE", value_name = "PATH")]
+    pub ready_file: Option<PathBuf>,
+}
+
+/// The TOML file: every field optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub node_id: Option<String>,
+    #[serde(default)]
+    pub api: FileApi,
+    #[serde(default)]
+    pub peer: FilePeer,
+    #[serde(default)]
+    pub plugin: FilePlugin,
+    #[serde(default)]
+    pub transfer: FileTransfer,
+    #[serde(default)]
+    pub shutdown: FileShutdown,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileApi {
+    pub socket: Option<PathBuf>,
+    pub socket_mode: Option<String>,
+    pub tcp: Option<SocketAddr>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilePeer {
+    pub listen: Option<SocketAddr>,
+    pub connect_timeout_s: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilePlugin {
+    pub path: Option<PathBuf>,
+    pub builtin_emulation: Option<bool>,
+    pub lanes_per_device: Option<u32>,
+    pub devices: Option<Vec<i32>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileTransfer {
+    pub chunk_bytes: Option<u64>,
+    pub send_window: Option<usize>,
+    pub recv_window: Option<usize>,
+    pub default_timeout_s: Option<u64>,
+    pub max_buffer_bytes: Option<u64>,
+    pub finished_retention_s: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileShutdown {
+    pub grace_s: Option<u64>,
+}
+
+/// Which plugin to drive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PluginChoice {
+    Path(PathBuf),
+    BuiltinEmulation,
+}
+
+/// The resolved configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub node_id: String,
+    pub api_socket: PathBuf,
+    pub api_socket_mode: u32,
+    pub api_tcp: Option<SocketAddr>,
+    pub peer_listen: SocketAddr,
+    pub peer_connect_timeout: Duration,
+    pub plugin: PluginChoice,
+    pub lanes_per_device: u32,
+    pub devices: Option<Vec<i32>>,
+    pub chunk_bytes: u32,
+    pub send_window: usize,
+    pub recv_window: usize,
+    pub default_timeout: Duration,
+    pub max_buffer_bytes: u64,
+    pub finished_retention: Duration,
+    pub shutdown_grace: Duration,
+    pub ready_file: Option<PathBuf>,
+}
+
+pub const DEFAULT_API_SOCKET: &str = "/run/tcpxd/tcpxd.sock";
+pub const DEFAULT_PEER_LISTEN: &str = "0.0.0.0:50052";
+pub const DEFAULT_PLUGIN: &str = "/usr/local/tcpx/lib64/libnccl-net.so";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The environment variables a setting falls back to, as a lookup function (tests pass a map).
+pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+impl Config {
+    /// Resolves file < environment < flags. `args` already merges flags over their `TCPXD_*`
+    /// variables (clap); `env` is consulted for the UCCL/NCCL chunk-size variables.
+    pub fn resolve(args: &DaemonArgs, env: EnvLookup<'_>) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => load_file(path)?,
+            None => FileConfig::default(),
+        };
+        let node_id = args
+            .node_id
+            .clone()
+            .or(file.node_id)
+            .or_else(|| hostname().ok())
+            .ok_or_else(|| ConfigError::Invalid("node_id: not set and the hostname is unreadable".into()))?;
+        check_node_id(&node_id)?;
+        let plugin = if args.builtin_emulation
+            || (file.plugin.builtin_emulation == Some(true) && args.plugin.is_none())
+        {
+            PluginChoice::BuiltinEmulation
+        } else {
+            PluginChoice::Path(
+                args.plugin
+                    .clone()
+                    .or(file.plugin.path)
+                    .unwrap_or_else(|| PathBuf::from(DEFAULT_PLUGIN)),
+            )
+        };
+        let chunk_bytes = match args.chunk_bytes {
+            Some(v) => {
+                plan::check_chunk_bytes(v).map_err(|e| ConfigError::Invalid(format!("--chunk-bytes: {e}")))?
+            }
+            None => {
+                let from_env =
+                    env("UCCL_TCPX_CHUNK_BYTES").is_some() || env("NCCL_P2P_NET_CHUNKSIZE").is_some();
+                match (from_env, file.transfer.chunk_bytes) {
+                    (false, Some(v)) => plan::check_chunk_bytes(v)
+                        .map_err(|e| ConfigError::Invalid(format!("transfer.chunk_bytes: {e}")))?,
+                    _ => plan::chunk_bytes_from_env(
+                        env("UCCL_TCPX_CHUNK_BYTES").as_deref(),
+                        env("NCCL_P2P_NET_CHUNKSIZE").as_deref(),
+                    )
+                    .map_err(ConfigError::Invalid)?,
+                }
+            }
+        };
+        let lanes_per_device = args
+            .lanes_per_device
+            .or(file.plugin.lanes_per_device)
+            .unwrap_or(2);
+        if !(1..=16).contains(&lanes_per_device) {
+            return Err(ConfigError::Invalid(format!(
+                "lanes_per_device: {lanes_per_device} is outside 1..=16"
+            )));
+        }
+        let send_window = file.transfer.send_window.unwrap_or(12);
+        let recv_window = file.transfer.recv_window.unwrap_or(16);
+        if !(1..=16).contains(&send_window) || !(1..=16).contains(&recv_window) {
+            return Err(ConfigError::Invalid(
+                "transfer.send_window and transfer.recv_window must lie in 1..=16 (the plugin's 16 slots)"
+                    .into(),
+            ));
+        }
+        let socket_mode = match file.api.socket_mode.as_deref() {
+            None => 0o660,
+            Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
+                .ok()
+                .filter(|m| *m <= 0o777)
+                .ok_or_else(|| {
+                    ConfigError::Invalid(format!("api.socket_mode: {m:?} is not an octal mode"))
+                })?,
+        };
+        let default_timeout_s = args
+            .default_timeout_s
+            .or(file.transfer.default_timeout_s)
+            .unwrap_or(600);
+        if default_timeout_s == 0 {
+            return Err(ConfigError::Invalid(
+                "default_timeout_s must be at least 1".into(),
+            ));
+        }
+        Ok(Config {
+            node_id,
+            api_socket: args
+                .api_socket
+                .clone()
+                .or(file.api.socket)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_API_SOCKET)),
+            api_socket_mode: socket_mode,
+            api_tcp: args.api_tcp.or(file.api.tcp),
+            peer_listen: args
+                .peer_listen
+                .or(file.peer.listen)
+                .unwrap_or_else(|| DEFAULT_PEER_LISTEN.parse().expect("valid default")),
+            peer_connect_timeout: Duration::from_secs(file.peer.connect_timeout_s.unwrap_or(30)),
+            plugin,
+            lanes_per_device,
+            devices: file.plugin.devices,
+            chunk_bytes,
+            send_window,
+            recv_window,
+            default_timeout: Duration::from_secs(default_timeout_s),
+            max_buffer_bytes: file.transfer.max_buffer_bytes.unwrap_or(64 << 30),
+            finished_retention: Duration::from_secs(file.transfer.finished_retention_s.unwrap_or(300)),
+            shutdown_grace: Duration::from_secs(
+                args.shutdown_grace_s.or(file.shutdown.grace_s).unwrap_or(30),
+            ),
+            ready_file: args.ready_file.clone(),
+        })
+    }
+}
+
+fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// Node ids go into descriptors (`tcpxd1:<node>:…`), so they are restricted to a safe alphabet.
+pub fn check_node_id(id: &str) -> Result<(), ConfigError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(format!(
+            "node_id {id:?}: use 1 to 128 letters, digits, '.', '_' or '-'"
+        )))
+    }
+}
+
+fn hostname() -> std::io::Result<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")?;
+    Ok(name.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    fn write_toml(text: &str) -> PathBuf {
+        let path = std::env::temp_dir().join(format!(
+            "tcpxd-config-{}-{}.toml",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn defaults() {
+        let args = DaemonArgs {
+            node_id: Some("n1".into()),
+            ..Default::default()
+        };
+        let c = Config::resolve(&args, &env_of(&[])).unwrap();
+        assert_eq!(c.api_socket, PathBuf::from(DEFAULT_API_SOCKET));
+        assert_eq!(c.api_socket_mode, 0o660);
+        assert_eq!(c.plugin, PluginChoice::Path(PathBuf::from(DEFAULT_PLUGIN)));
+        assert_eq!(c.chunk_bytes, plan::DEFAULT_CHUNK_BYTES);
+        assert_eq!((c.send_window, c.recv_window), (12, 16));
+        assert_eq!(c.shutdown_grace, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn file_then_environment_then_flags() {
+        let path = write_toml(
+            r#"
+            node_id = "from-file"
+            [api]
+            socket = "/tmp/file.sock"
+            socket_mode = "0600"
+            [transfer]
+            chunk_bytes = 1048576
+            [plugin]
+            lanes_per_device = 3
+            "#,
+        );
+        let args = DaemonArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        };
+        let c = Config::resolve(&args, &env_of(&[])).unwrap();
+        assert_eq!(c.node_id, "from-file");
+        assert_eq!(c.api_socket, PathBuf::from("/tmp/file.sock"));
+        assert_eq!(c.api_socket_mode, 0o600);
+        assert_eq!(c.chunk_bytes, 1 << 20);
+        assert_eq!(c.lanes_per_device, 3);
+        // The environment's chunk size beats the file's.
+        let c = Config::resolve(&args, &env_of(&[("NCCL_P2P_NET_CHUNKSIZE", "65536")])).unwrap();
+        assert_eq!(c.chunk_bytes, 65536);
+        // Flags (clap merges TCPXD_* variables into them) beat both.
+        let args = DaemonArgs {
+            config: Some(path.clone()),
+            node_id: Some("from-flag".into()),
+            chunk_bytes: Some(262144),
+            lanes_per_device: Some(1),
+            ..Default::default()
+        };
+        let c = Config::resolve(&args, &env_of(&[("UCCL_TCPX_CHUNK_BYTES", "65536")])).unwrap();
+        assert_eq!(c.node_id, "from-flag");
+        assert_eq!(c.chunk_bytes, 262144);
+        assert_eq!(c.lanes_per_device, 1);
+        std::fs::remove_file(path).ok();
+    }
+
+    #[test]
+    fn bad_values_name_the_setting() {
+        let bad = |args: DaemonArgs, env: &[(&str, &str)], words: &str| {
+            let e = Config::resolve(&args, &env_of(env)).unwrap_err().to_string();
+            assert!(e.contains(words), "{e} should mention {words}");
+        };
+        let base = || DaemonArgs {
+            node_id: Some("n".into()),
+            ..Default::default()
+        };
+        bad(
+            DaemonArgs {
+                node_id: Some("a:b".into()),
+                ..Default::default()
+            },
+            &[],
+            "node_id",
+        );
+        bad(
+            DaemonArgs {
+                chunk_bytes: Some(8 << 20),
+                ..base()
+            },
+            &[],
+            "--chunk-bytes",
+        );
+        bad(
+            base(),
+            &[("UCCL_TCPX_CHUNK_BYTES", "12")],
+            "UCCL_TCPX_CHUNK_BYTES",
+        );
+        bad(
+            DaemonArgs {
+                lanes_per_device: Some(0),
+                ..base()
+            },
+            &[],
+            "lanes_per_device",
+        );
+        let path = write_toml("[transfer]\nsend_window = 17\n");
+        bad(
+            DaemonArgs {
+                config: Some(path.clone()),
+                ..base()
+            },
+            &[],
+            "send_window",
+        );
+        let unknown = write_toml("[transfer]\nchunk = 1\n");
+        bad(
+            DaemonArgs {
+                config: Some(unknown.clone()),
+                ..base()
+            },
+            &[],
+            "unknown field",
+        );
+        bad(
+            DaemonArgs {
+                config: Some("/nonexistent/tcpxd.toml".into()),
+                ..base()
+            },
+            &[],
+            "/nonexistent/tcpxd.toml",
+        );
+        std::fs::remove_file(path).ok();
+        std::fs::remove_file(unknown).ok();
+    }
+
+    #[test]
+    fn builtin_emulation_is_only_chosen_when_named() {
+        let args = DaemonArgs {
+            node_id: Some("n".into()),
+            builtin_emulation: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            Config::resolve(&args, &env_of(&[])).unwrap().plugin,
+            PluginChoice::BuiltinEmulation
+        );
+        let path = write_toml("[plugin]\nbuiltin_emulation = true\n");
+        let args = DaemonArgs {
+            node_id: Some("n".into()),
+            config: Some(path.clone()),
+            plugin: Some("/opt/libnccl-net.so".into()),
+            ..Default::default()
+        };
+        // A plugin path on the command line beats the file's emulation switch.
+        assert_eq!(
+            Config::resolve(&args, &env_of(&[])).unwrap().plugin,
+            PluginChoice::Path("/opt/libnccl-net.so".into())
+        );
+        std::fs::remove_file(path).ok();
+    }
+}

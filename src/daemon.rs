@@ -1,0 +1,285 @@
+//! Assembling a daemon: the poller thread, the client API (unix socket, optional TCP) with
+//! reflection and health, the peer service on TCP, and an orderly shutdown that drains
+//! in-flight transfers for a grace period.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+
+use crate::api::peer_service::PeerService;
+use crate::api::proto::{self, peer::tcpxd_peer_server::TcpxdPeerServer, v1::tcpxd_server::TcpxdServer};
+use crate::api::service::{ClientService, DaemonState};
+use crate::buffers::BufferRegistry;
+use crate::config::Config;
+use crate::engine::EngineConfig;
+use crate::net::Plugin;
+use crate::peers::{MAX_CONTROL_MESSAGE, Peers};
+use crate::poller::{Command, DrainReport, PollerConfig, PollerHandle};
+
+/// Largest client request (a 4096-entry batch with a 1 MiB notification, 1 MiB reads).
+const MAX_API_MESSAGE: usize = 16 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("device {0} is not one of the plugin's devices (it has {1})")]
+    NoSuchDevice(i32, usize),
+    #[error("the plugin reports no devices")]
+    NoDevices,
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another daemon already listens on {0}")]
+    SocketInUse(PathBuf),
+    #[error("gRPC reflection: {0}")]
+    Reflection(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
+    let what = what.into();
+    move |source| DaemonError::Io { what, source }
+}
+
+/// A daemon serving in this process.
+pub struct RunningDaemon {
+    pub node_id: String,
+    pub api_socket: PathBuf,
+    pub api_tcp: Option<SocketAddr>,
+    pub peer_addr: SocketAddr,
+    state: Arc<DaemonState>,
+    poller: Option<PollerHandle>,
+    stop_servers: watch::Sender<bool>,
+    servers: Vec<JoinHandle<Result<(), tonic::transport::Error>>>,
+    health: tonic_health::server::HealthReporter,
+    grace: Duration,
+}
+
+/// Starts a daemon: binds every listener and serves. The plugin is already loaded and initialised.
+pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, DaemonError> {
+    let ndev = plugin.devices().len();
+    if ndev == 0 {
+        return Err(DaemonError::NoDevices);
+    }
+    let devices = match &cfg.devices {
+        Some(list) => {
+            for &d in list {
+                if d < 0 || d as usize >= ndev {
+                    return Err(DaemonError::NoSuchDevice(d, ndev));
+                }
+            }
+            list.clone()
+        }
+        None => (0..ndev as i32).collect(),
+    };
+    let (notify_tx, _) = broadcast::channel(4096);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let poller = PollerHandle::start(
+        plugin,
+        PollerConfig {
+            engine: EngineConfig {
+                chunk_bytes: cfg.chunk_bytes,
+                send_window: cfg.send_window,
+                recv_window: cfg.recv_window,
+                ..EngineConfig::default()
+            },
+            devices,
+            lanes_per_device: cfg.lanes_per_device,
+            connect_timeout: cfg.peer_connect_timeout,
+        },
+        notify_tx.clone(),
+    )
+    .map_err(io("starting the poller thread"))?;
+    let state = Arc::new(DaemonState {
+        node_id: cfg.node_id.clone(),
+        buffers: BufferRegistry::new(&cfg.node_id, cfg.max_buffer_bytes),
+        poller: poller.sender(),
+        peers: Peers::new(&cfg.node_id, poller.sender(), cfg.peer_connect_timeout),
+        notifications: notify_tx,
+        transfers: Mutex::new(HashMap::new()),
+        default_timeout: cfg.default_timeout,
+        finished_retention: cfg.finished_retention,
+        stopping: stop_rx.clone(),
+    });
+    let stopped = move |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let mut servers = Vec::new();
+
+    // Peer service.
+    let peer_listener = tokio::net::TcpListener::bind(cfg.peer_listen)
+        .await
+        .map_err(io(format!("binding the peer service to {}", cfg.peer_listen)))?;
+    let peer_addr = peer_listener.local_addr().map_err(io("peer listener address"))?;
+    let peer_svc = TcpxdPeerServer::new(PeerService { state: state.clone() })
+        .max_decoding_message_size(MAX_CONTROL_MESSAGE)
+        .max_encoding_message_size(MAX_CONTROL_MESSAGE);
+    servers.push(tokio::spawn(
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .add_service(peer_svc)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(peer_listener), stopped(stop_rx.clone())),
+    ));
+
+    // Client API: the service, reflection and health, on a unix socket and optionally TCP.
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    health.set_serving::<TcpxdServer<ClientService>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| DaemonError::Reflection(e.to_string()))?;
+    let api = || {
+        tonic::transport::Server::builder()
+            .add_service(
+                TcpxdServer::new(ClientService { state: state.clone() })
+                    .max_decoding_message_size(MAX_API_MESSAGE)
+                    .max_encoding_message_size(MAX_API_MESSAGE),
+            )
+            .add_service(reflection.clone())
+            .add_service(health_svc.clone())
+    };
+    let unix = bind_unix(&cfg.api_socket, cfg.api_socket_mode).await?;
+    servers.push(tokio::spawn(api().serve_with_incoming_shutdown(
+        UnixListenerStream::new(unix),
+        stopped(stop_rx.clone()),
+    )));
+    let api_tcp = match cfg.api_tcp {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(io(format!("binding the client API to {addr}")))?;
+            let bound = l.local_addr().map_err(io("API listener address"))?;
+            servers.push(tokio::spawn(api().serve_with_incoming_shutdown(
+                TcpListenerStream::new(l),
+                stopped(stop_rx.clone()),
+            )));
+            Some(bound)
+        }
+        None => None,
+    };
+
+    // Forget finished transfers after their retention.
+    let prune = state.clone();
+    let mut prune_stop = stop_rx.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(10));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => prune.prune_finished(Instant::now()),
+                _ = prune_stop.wait_for(|s| *s) => return,
+            }
+        }
+    });
+
+    tracing::info!(
+        node = %cfg.node_id,
+        api = %cfg.api_socket.display(),
+        api_tcp = ?api_tcp,
+        peer = %peer_addr,
+        chunk_bytes = cfg.chunk_bytes,
+        "tcpxd serving"
+    );
+    Ok(RunningDaemon {
+        node_id: cfg.node_id.clone(),
+        api_socket: cfg.api_socket.clone(),
+        api_tcp,
+        peer_addr,
+        state,
+        poller: Some(poller),
+        stop_servers: stop_tx,
+        servers,
+        health,
+        grace: cfg.shutdown_grace,
+    })
+}
+
+/// Binds the API's unix socket: creates its directory, replaces a stale socket file (refusing
+/// one a live daemon still answers on), and sets its mode.
+async fn bind_unix(path: &Path, mode: u32) -> Result<tokio::net::UnixListener, DaemonError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(DaemonError::Io {
+                what: format!("{} exists and is not a socket", path.display()),
+                source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+            });
+        }
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return Err(DaemonError::SocketInUse(path.to_path_buf()));
+        }
+        std::fs::remove_file(path).map_err(io(format!("removing the stale socket {}", path.display())))?;
+    }
+    let l = tokio::net::UnixListener::bind(path).map_err(io(format!("binding {}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(io(format!("setting the mode of {}", path.display())))?;
+    Ok(l)
+}
+
+impl RunningDaemon {
+    pub fn state(&self) -> &Arc<DaemonState> {
+        &self.state
+    }
+
+    /// Stops accepting transfers, lets in-flight ones finish for the grace period, fails the
+    /// rest with UNAVAILABLE, then stops serving.
+    pub async fn shutdown(mut self) -> DrainReport {
+        self.health.set_not_serving::<TcpxdServer<ClientService>>().await;
+        let deadline = Instant::now() + self.grace;
+        let (tx, rx) = oneshot::channel();
+        let report = if self
+            .state
+            .poller
+            .send(Command::Drain { deadline, reply: tx })
+            .is_ok()
+        {
+            rx.await.unwrap_or(DrainReport {
+                finished_in_grace: 0,
+                failed_at_deadline: 0,
+            })
+        } else {
+            DrainReport {
+                finished_in_grace: 0,
+                failed_at_deadline: 0,
+            }
+        };
+        // Give watchers a moment to read the final statuses.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = self.stop_servers.send(true);
+        for s in self.servers.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
+        }
+        let _ = std::fs::remove_file(&self.api_socket);
+        if let Some(p) = self.poller.take() {
+            let _ = tokio::task::spawn_blocking(move || p.join()).await;
+        }
+        tracing::info!(
+            finished = report.finished_in_grace,
+            failed = report.failed_at_deadline,
+            "tcpxd stopped"
+        );
+        report
+    }
+}
+
+/// The JSON a `--ready-file` receives once the daemon serves.
+pub fn ready_json(d: &RunningDaemon) -> String {
+    serde_json::json!({
+        "node_id": d.node_id,
+        "api_socket": d.api_socket,
+        "api_tcp": d.api_tcp.map(|a| a.to_string()),
+        "peer_address": d.peer_addr.to_string(),
+        "pid": std::process::id(),
+    })
+    .to_string()
+}

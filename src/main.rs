@@ -1,0 +1,99 @@
+//! tcpxd: the per-node transfer daemon.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tcpxd::config::{Config, DaemonArgs, PluginChoice};
+use tcpxd::daemon;
+use tcpxd::net::{NetError, Plugin};
+
+#[derive(Parser)]
+#[command(
+    name = "tcpxd",
+    version,
+    about = "Moves GPU and host buffers between nodes over GPUDirect-TCPX",
+    long_about = "Moves GPU and host buffers between nodes over GPUDirect-TCPX.\n\nSettings come from a TOML file (--config), then TCPXD_* environment variables, then flags; each overrides the one before. See docs/CONFIG.md."
+)]
+struct Cli {
+    #[command(flatten)]
+    args: DaemonArgs,
+}
+
+fn main() -> ExitCode {
+    tcpxd::logging::init("info");
+    let cli = Cli::parse();
+    let cfg = match Config::resolve(&cli.args, &|k| std::env::var(k).ok()) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!("configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // The plugin is loaded before any other thread exists: it may set NCCL_DYNAMIC_CHUNK_SIZE.
+    let plugin = match &cfg.plugin {
+        PluginChoice::BuiltinEmulation => {
+            tracing::warn!("using the built-in emulation plugin (TCP over the emulated NICs), as requested");
+            Plugin::builtin_emulation()
+        }
+        PluginChoice::Path(p) => Plugin::load(p),
+    };
+    let plugin = match plugin {
+        Ok(p) => p,
+        Err(e @ NetError::FileMissing { .. }) => {
+            tracing::error!(
+                "{e}. Install Google's nccl-plugin-gpudirecttcpx and point --plugin (or TCPXD_PLUGIN, or plugin.path) at its libnccl-net.so; on GKE it is staged under /var/lib/tcpx/lib64, often mounted noexec, so copy it to an executable directory such as /usr/local/tcpx/lib64. For a test set-up without TCPX hardware, pass --builtin-emulation explicitly."
+            );
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            tracing::error!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!("starting the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        let d = match daemon::start(&cfg, plugin).await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!("{e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        if let Some(path) = &cfg.ready_file {
+            let tmp = path.with_extension("tmp");
+            let written =
+                std::fs::write(&tmp, daemon::ready_json(&d)).and_then(|_| std::fs::rename(&tmp, path));
+            if let Err(e) = written {
+                tracing::error!("writing the ready file {}: {e}", path.display());
+            }
+        }
+        wait_for_signal().await;
+        tracing::info!(
+            "shutting down: draining in-flight transfers for up to {:?}",
+            cfg.shutdown_grace
+        );
+        d.shutdown().await;
+        ExitCode::SUCCESS
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot watch SIGTERM: {e}");
+            return std::future::pending().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT"),
+    }
+}

@@ -1,0 +1,687 @@
+//! Peers: the handshake (both sides), the ordered control stream of each peer, and conversions
+//! between the engine's control messages and `tcpxd.peer.v1`.
+//!
+//! The daemon a client asks to `ConnectPeer` (the caller) opens listening comms for the lanes the
+//! callee will send on, calls `Handshake` with their handles, gets the callee's handles back and
+//! connects to them, then opens the `Control` stream (first message: `Hello` with the session id).
+//! The callee does the mirror image inside its `Handshake` handler. A peer is up once every lane
+//! in both directions is connected.
+
+use std::collections::HashMap;
+use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::api::proto::peer as pb;
+use crate::api::proto::peer::tcpxd_peer_client::TcpxdPeerClient;
+use crate::engine::{Code, Offer, PeerIdx, PeerMsg, ReadPair, RemoteRange};
+use crate::net::ConnectHandle;
+use crate::poller::{Command, LaneHandleInfo, PeerChannels, PeerLink};
+
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Largest control message (a 4096-range offer with a 1 MiB notification fits easily).
+pub const MAX_CONTROL_MESSAGE: usize = 8 << 20;
+
+/// What the API shows of a peer.
+#[derive(Debug, Clone)]
+pub struct PeerInfo {
+    pub node_id: String,
+    pub address: String,
+    pub idx: PeerIdx,
+    pub lanes: u32,
+    pub link: watch::Receiver<PeerLink>,
+}
+
+/// A callee-side peer waiting for its control stream.
+struct PendingSession {
+    idx: PeerIdx,
+    node_id: String,
+    outbound: mpsc::UnboundedReceiver<PeerMsg>,
+    answer: mpsc::WeakUnboundedSender<PeerMsg>,
+}
+
+/// All peers of this daemon.
+pub struct Peers {
+    node_id: String,
+    poller: std_mpsc::Sender<Command>,
+    connect_timeout: Duration,
+    by_node: Mutex<HashMap<String, PeerInfo>>,
+    sessions: Arc<Mutex<HashMap<u64, PendingSession>>>,
+    /// Serialises ConnectPeer calls so two calls for one address make one peer.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+fn unavailable_poller() -> Status {
+    Status::unavailable("the daemon is shutting down")
+}
+
+async fn ask<T>(
+    poller: &std_mpsc::Sender<Command>,
+    make: impl FnOnce(oneshot::Sender<T>) -> Command,
+) -> Result<T, Status> {
+    let (tx, rx) = oneshot::channel();
+    poller.send(make(tx)).map_err(|_| unavailable_poller())?;
+    rx.await.map_err(|_| unavailable_poller())
+}
+
+impl Peers {
+    pub fn new(node_id: &str, poller: std_mpsc::Sender<Command>, connect_timeout: Duration) -> Peers {
+        Peers {
+            node_id: node_id.to_string(),
+            poller,
+            connect_timeout,
+            by_node: Mutex::new(HashMap::new()),
+            sessions: Arc::new(Mutex::new(HashMap::new())),
+            connecting: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn list(&self) -> Vec<PeerInfo> {
+        let mut v: Vec<PeerInfo> = self
+            .by_node
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+        v
+    }
+
+    /// The peer for a node id, if connected (in any state).
+    pub fn by_node(&self, node: &str) -> Option<PeerInfo> {
+        self.by_node
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(node)
+            .cloned()
+    }
+
+    fn usable(info: &PeerInfo) -> bool {
+        !matches!(*info.link.borrow(), PeerLink::Failed(_))
+    }
+
+    /// Caller side of `ConnectPeer`.
+    pub async fn connect(&self, address: &str) -> Result<PeerInfo, Status> {
+        let _guard = self.connecting.lock().await;
+        if let Some(p) = self
+            .list()
+            .into_iter()
+            .find(|p| p.address == address && Self::usable(p))
+        {
+            return self.wait_up(p).await;
+        }
+        let uri = if address.contains("://") {
+            address.to_string()
+        } else {
+            format!("http://{address}")
+        };
+        let endpoint = tonic::transport::Endpoint::from_shared(uri)
+            .map_err(|e| {
+                Status::invalid_argument(format!("address: {address:?} is not a valid host:port ({e})"))
+            })?
+            .connect_timeout(self.connect_timeout);
+        let channel = endpoint.connect().await.map_err(|e| {
+            Status::unavailable(format!(
+                "address: cannot reach a tcpxd peer service at {address}: {e}"
+            ))
+        })?;
+        let mut client = TcpxdPeerClient::new(channel)
+            .max_decoding_message_size(MAX_CONTROL_MESSAGE)
+            .max_encoding_message_size(MAX_CONTROL_MESSAGE);
+
+        let (prepared, lanes) = ask(&self.poller, |reply| Command::PrepareLanes { reply })
+            .await?
+            .map_err(|e| Status::internal(format!("opening lanes: {e}")))?;
+        // Until CompletePeer takes them, the prepared listens are closed on any early return.
+        let guard = PreparedGuard {
+            poller: self.poller.clone(),
+            prepared: Some(prepared),
+        };
+        let resp = client
+            .handshake(pb::HandshakeRequest {
+                protocol_version: PROTOCOL_VERSION,
+                node_id: self.node_id.clone(),
+                lanes: lanes.iter().map(lane_to_pb).collect(),
+            })
+            .await
+            .map_err(|s| Status::new(s.code(), format!("handshake with {address}: {}", s.message())))?
+            .into_inner();
+        if resp.protocol_version != PROTOCOL_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "{address} speaks peer protocol {}, this daemon {PROTOCOL_VERSION}",
+                resp.protocol_version
+            )));
+        }
+        crate::config::check_node_id(&resp.node_id)
+            .map_err(|e| Status::failed_precondition(format!("{address} sent a bad node id: {e}")))?;
+        if resp.node_id == self.node_id {
+            return Err(Status::invalid_argument(format!(
+                "address: {address} is this daemon itself (node {})",
+                self.node_id
+            )));
+        }
+        if resp.session_id == 0 || self.by_node(&resp.node_id).is_some_and(|p| Self::usable(&p)) {
+            // Already paired with that node: use the existing pairing.
+            return match self.by_node(&resp.node_id).filter(Self::usable) {
+                Some(p) => self.wait_up(p).await,
+                None => Err(Status::unavailable(format!(
+                    "{address} (node {}) reports an existing pairing this daemon does not have; retry",
+                    resp.node_id
+                ))),
+            };
+        }
+        let remote = lanes_from_pb(&resp.lanes).map_err(Status::failed_precondition)?;
+        guard.defuse();
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        let answer = control_tx.downgrade();
+        let (link_tx, link_rx) = watch::channel(PeerLink::Connecting);
+        let idx = ask(&self.poller, |reply| Command::CompletePeer {
+            prepared,
+            node_id: resp.node_id.clone(),
+            remote: remote.clone(),
+            channels: PeerChannels {
+                control: control_tx,
+                link: link_tx,
+            },
+            reply,
+        })
+        .await?
+        .map_err(|e| Status::unavailable(format!("connecting lanes to {}: {e}", resp.node_id)))?;
+        let info = PeerInfo {
+            node_id: resp.node_id.clone(),
+            address: address.to_string(),
+            idx,
+            lanes: remote.len() as u32,
+            link: link_rx,
+        };
+        self.by_node
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(info.node_id.clone(), info.clone());
+
+        // The control stream: Hello, then whatever the poller sends this peer.
+        let hello = pb::PeerMessage {
+            body: Some(pb::peer_message::Body::Hello(pb::Hello {
+                session_id: resp.session_id,
+                node_id: self.node_id.clone(),
+            })),
+        };
+        let outbound =
+            tokio_stream::once(hello).chain(UnboundedReceiverStream::new(control_rx).map(|m| msg_to_pb(&m)));
+        let inbound = match client.control(outbound).await {
+            Ok(r) => r.into_inner(),
+            Err(s) => {
+                let why = format!("control stream to {}: {}", info.node_id, s.message());
+                let _ = self.poller.send(Command::PeerDown {
+                    peer: idx,
+                    reason: why.clone(),
+                });
+                return Err(Status::unavailable(why));
+            }
+        };
+        spawn_inbound(self.poller.clone(), answer, idx, info.node_id.clone(), inbound);
+        self.wait_up(info).await
+    }
+
+    async fn wait_up(&self, info: PeerInfo) -> Result<PeerInfo, Status> {
+        let mut link = info.link.clone();
+        let wait = async {
+            loop {
+                match &*link.borrow_and_update() {
+                    PeerLink::Up => return Ok(()),
+                    PeerLink::Failed(why) => {
+                        return Err(Status::unavailable(format!("peer {}: {why}", info.node_id)));
+                    }
+                    PeerLink::Connecting => {}
+                }
+                if link.changed().await.is_err() {
+                    return Err(unavailable_poller());
+                }
+            }
+        };
+        match tokio::time::timeout(self.connect_timeout + Duration::from_secs(1), wait).await {
+            Ok(r) => r.map(|_| info),
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "peer {}: lanes not connected within {:?}",
+                info.node_id, self.connect_timeout
+            ))),
+        }
+    }
+
+    /// Callee side of `Handshake`.
+    pub async fn handshake(
+        &self,
+        req: pb::HandshakeRequest,
+        from: String,
+    ) -> Result<pb::HandshakeResponse, Status> {
+        if req.protocol_version != PROTOCOL_VERSION {
+            return Err(Status::failed_precondition(format!(
+                "protocol_version: {} is not supported (this daemon speaks {PROTOCOL_VERSION})",
+                req.protocol_version
+            )));
+        }
+        crate::config::check_node_id(&req.node_id).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        if req.node_id == self.node_id {
+            return Err(Status::invalid_argument(
+                "node_id: a daemon cannot peer with itself",
+            ));
+        }
+        let remote = lanes_from_pb(&req.lanes).map_err(Status::invalid_argument)?;
+        if self.by_node(&req.node_id).is_some_and(|p| Self::usable(&p)) {
+            // Already paired (the caller reached us by another address, or both sides called):
+            // keep the working pairing; session 0 and no lanes tell the caller to use it.
+            return Ok(pb::HandshakeResponse {
+                protocol_version: PROTOCOL_VERSION,
+                node_id: self.node_id.clone(),
+                lanes: Vec::new(),
+                session_id: 0,
+            });
+        }
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        let answer = control_tx.downgrade();
+        let (link_tx, link_rx) = watch::channel(PeerLink::Connecting);
+        let (idx, mine) = ask(&self.poller, |reply| Command::AcceptPeer {
+            node_id: req.node_id.clone(),
+            remote: remote.clone(),
+            channels: PeerChannels {
+                control: control_tx,
+                link: link_tx,
+            },
+            reply,
+        })
+        .await?
+        .map_err(|e| Status::unavailable(format!("setting up lanes: {e}")))?;
+        let session_id: u64 = rand::random();
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            session_id,
+            PendingSession {
+                idx,
+                node_id: req.node_id.clone(),
+                outbound: control_rx,
+                answer,
+            },
+        );
+        let previous = self.by_node.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            req.node_id.clone(),
+            PeerInfo {
+                node_id: req.node_id.clone(),
+                address: from,
+                idx,
+                lanes: remote.len() as u32,
+                link: link_rx,
+            },
+        );
+        if let Some(old) = previous {
+            // A node reconnecting replaces its old pairing, which fails whatever still used it.
+            let _ = self.poller.send(Command::PeerDown {
+                peer: old.idx,
+                reason: "the peer connected again".into(),
+            });
+        }
+        // The caller must open its control stream before the lanes' timeout.
+        let (poller, sessions, timeout) = (self.poller.clone(), self.sessions.clone(), self.connect_timeout);
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            let expired = sessions
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&session_id)
+                .is_some();
+            if expired {
+                let _ = poller.send(Command::PeerDown {
+                    peer: idx,
+                    reason: "the peer never opened its control stream".into(),
+                });
+            }
+        });
+        Ok(pb::HandshakeResponse {
+            protocol_version: PROTOCOL_VERSION,
+            node_id: self.node_id.clone(),
+            lanes: mine.iter().map(lane_to_pb).collect(),
+            session_id,
+        })
+    }
+
+    /// Callee side of `Control`: binds the stream to its handshake by the Hello's session id.
+    pub async fn control(
+        &self,
+        req: Request<Streaming<pb::PeerMessage>>,
+    ) -> Result<Response<UnboundedReceiverStream<Result<pb::PeerMessage, Status>>>, Status> {
+        let mut inbound = req.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("control stream ended before its Hello"))?;
+        let Some(pb::peer_message::Body::Hello(hello)) = first.body else {
+            return Err(Status::invalid_argument(
+                "the first control message must be a Hello",
+            ));
+        };
+        let session = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&hello.session_id)
+            .ok_or_else(|| Status::permission_denied("unknown or used session id"))?;
+        if session.node_id != hello.node_id {
+            let _ = self.poller.send(Command::PeerDown {
+                peer: session.idx,
+                reason: "control stream Hello named another node".into(),
+            });
+            return Err(Status::permission_denied(
+                "the Hello names another node than the handshake",
+            ));
+        }
+        spawn_inbound(
+            self.poller.clone(),
+            session.answer,
+            session.idx,
+            session.node_id.clone(),
+            inbound,
+        );
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut outbound = session.outbound;
+        tokio::spawn(async move {
+            while let Some(m) = outbound.recv().await {
+                if tx.send(Ok(msg_to_pb(&m))).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(UnboundedReceiverStream::new(rx)))
+    }
+}
+
+/// Closes prepared listening comms unless the handshake got far enough to use them.
+struct PreparedGuard {
+    poller: std_mpsc::Sender<Command>,
+    prepared: Option<u64>,
+}
+
+impl PreparedGuard {
+    fn defuse(mut self) {
+        self.prepared = None;
+    }
+}
+
+impl Drop for PreparedGuard {
+    fn drop(&mut self) {
+        if let Some(prepared) = self.prepared.take() {
+            let _ = self.poller.send(Command::DropPrepared { prepared });
+        }
+    }
+}
+
+/// Forwards a peer's inbound control messages to the poller, in order; a broken stream or a
+/// malformed message fails the peer. Refusals of malformed requests go back through a weak
+/// handle on the peer's outbound channel, so this task never keeps that stream open.
+fn spawn_inbound(
+    poller: std_mpsc::Sender<Command>,
+    answer: mpsc::WeakUnboundedSender<PeerMsg>,
+    idx: PeerIdx,
+    node: String,
+    mut inbound: Streaming<pb::PeerMessage>,
+) {
+    tokio::spawn(async move {
+        let reason = loop {
+            match inbound.message().await {
+                Ok(Some(m)) => match msg_from_pb(m) {
+                    Ok(Some(msg)) => {
+                        if poller.send(Command::Message { peer: idx, msg }).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(Malformed::Answer(reply)) => {
+                        // A refusal naming the malformed field, straight back to the peer (the
+                        // engine never saw the request, so nothing was posted).
+                        if let Some(answer) = answer.upgrade() {
+                            let _ = answer.send(reply);
+                        }
+                    }
+                    Err(Malformed::Fatal(why)) => break format!("malformed control message: {why}"),
+                },
+                Ok(None) => break "control stream closed by the peer".to_string(),
+                Err(s) => break format!("control stream failed: {}", s.message()),
+            }
+        };
+        tracing::warn!(peer = %node, "{reason}");
+        let _ = poller.send(Command::PeerDown { peer: idx, reason });
+    });
+}
+
+fn lane_to_pb(l: &LaneHandleInfo) -> pb::LaneHandle {
+    pb::LaneHandle {
+        lane: l.lane,
+        device: l.device,
+        handle: l.handle.0.to_vec(),
+    }
+}
+
+fn lanes_from_pb(lanes: &[pb::LaneHandle]) -> Result<Vec<LaneHandleInfo>, String> {
+    if lanes.is_empty() || lanes.len() > 64 {
+        return Err(format!("lanes: {} lanes (1 to 64 allowed)", lanes.len()));
+    }
+    lanes
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            if l.lane as usize != i {
+                return Err(format!("lanes[{i}].lane: expected {i}, got {}", l.lane));
+            }
+            let handle =
+                ConnectHandle::from_bytes(&l.handle).map_err(|e| format!("lanes[{i}].handle: {e}"))?;
+            Ok(LaneHandleInfo {
+                lane: l.lane,
+                device: l.device,
+                handle,
+            })
+        })
+        .collect()
+}
+
+fn range_to_pb(r: &RemoteRange) -> pb::RemoteRange {
+    pb::RemoteRange {
+        buffer_id: r.buffer_id,
+        access_key: r.access_key.to_vec(),
+        offset: r.offset,
+        length: r.length,
+    }
+}
+
+fn range_from_pb(field: &str, r: Option<&pb::RemoteRange>) -> Result<RemoteRange, String> {
+    let r = r.ok_or_else(|| format!("{field}: missing"))?;
+    let access_key: [u8; 16] = r
+        .access_key
+        .as_slice()
+        .try_into()
+        .map_err(|_| format!("{field}.access_key: {} bytes, expected 16", r.access_key.len()))?;
+    Ok(RemoteRange {
+        buffer_id: r.buffer_id,
+        access_key,
+        offset: r.offset,
+        length: r.length,
+    })
+}
+
+/// Engine message → wire.
+pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
+    use pb::peer_message::Body;
+    let body = match m {
+        PeerMsg::Offer(o) => Body::Offer(pb::Offer {
+            offer_id: o.offer_id,
+            read_id: o.read_id,
+            chunk_bytes: o.chunk_bytes,
+            first_lane: o.first_lane,
+            ranges: o.ranges.iter().map(range_to_pb).collect(),
+            notification: o.notification.clone(),
+            deadline_ms: o.deadline_ms,
+        }),
+        PeerMsg::Accept { offer_id } => Body::Accept(pb::Accept { offer_id: *offer_id }),
+        PeerMsg::Reject {
+            offer_id,
+            code,
+            message,
+            range_index,
+        } => Body::Reject(pb::Reject {
+            offer_id: *offer_id,
+            code: *code as i32,
+            message: message.clone(),
+            range_index: *range_index,
+        }),
+        PeerMsg::Done { offer_id } => Body::Done(pb::Done { offer_id: *offer_id }),
+        PeerMsg::Failed {
+            offer_id,
+            code,
+            message,
+        } => Body::Failed(pb::Failed {
+            offer_id: *offer_id,
+            code: *code as i32,
+            message: message.clone(),
+        }),
+        PeerMsg::CancelOffer {
+            offer_id,
+            code,
+            message,
+        } => Body::CancelOffer(pb::CancelOffer {
+            offer_id: *offer_id,
+            code: *code as i32,
+            message: message.clone(),
+        }),
+        PeerMsg::ReadRequest {
+            read_id,
+            pairs,
+            deadline_ms,
+        } => Body::ReadRequest(pb::ReadRequest {
+            read_id: *read_id,
+            pairs: pairs
+                .iter()
+                .map(|p| pb::ReadPair {
+                    source: Some(range_to_pb(&p.source)),
+                    dest: Some(range_to_pb(&p.dest)),
+                })
+                .collect(),
+            deadline_ms: *deadline_ms,
+        }),
+        PeerMsg::ReadReject {
+            read_id,
+            code,
+            message,
+            range_index,
+        } => Body::ReadReject(pb::ReadReject {
+            read_id: *read_id,
+            code: *code as i32,
+            message: message.clone(),
+            range_index: *range_index,
+        }),
+        PeerMsg::CancelRead { read_id } => Body::CancelRead(pb::CancelRead { read_id: *read_id }),
+    };
+    pb::PeerMessage { body: Some(body) }
+}
+
+/// Why an inbound message could not be handed to the engine.
+#[derive(Debug)]
+pub enum Malformed {
+    /// Answer the peer with this refusal (an offer or read request with a bad field).
+    Answer(PeerMsg),
+    /// The peer broke the protocol.
+    Fatal(String),
+}
+
+/// Wire → engine message. `Ok(None)`: nothing for the engine (a heartbeat).
+pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
+    use pb::peer_message::Body;
+    let body = m
+        .body
+        .ok_or_else(|| Malformed::Fatal("message without a body".into()))?;
+    Ok(Some(match body {
+        Body::Hello(_) => return Err(Malformed::Fatal("a second Hello".into())),
+        Body::Heartbeat(_) => return Ok(None),
+        Body::Offer(o) => {
+            let ranges: Result<Vec<RemoteRange>, String> = o
+                .ranges
+                .iter()
+                .enumerate()
+                .map(|(i, r)| range_from_pb(&format!("ranges[{i}]"), Some(r)))
+                .collect();
+            match ranges {
+                Ok(ranges) => PeerMsg::Offer(Offer {
+                    offer_id: o.offer_id,
+                    read_id: o.read_id,
+                    chunk_bytes: o.chunk_bytes,
+                    first_lane: o.first_lane,
+                    ranges,
+                    notification: o.notification,
+                    deadline_ms: o.deadline_ms,
+                }),
+                Err(why) => {
+                    return Err(Malformed::Answer(PeerMsg::Reject {
+                        offer_id: o.offer_id,
+                        code: Code::InvalidArgument,
+                        message: why,
+                        range_index: 0,
+                    }));
+                }
+            }
+        }
+        Body::Accept(a) => PeerMsg::Accept { offer_id: a.offer_id },
+        Body::Reject(r) => PeerMsg::Reject {
+            offer_id: r.offer_id,
+            code: Code::from_i32(r.code),
+            message: r.message,
+            range_index: r.range_index,
+        },
+        Body::Done(d) => PeerMsg::Done { offer_id: d.offer_id },
+        Body::Failed(f) => PeerMsg::Failed {
+            offer_id: f.offer_id,
+            code: Code::from_i32(f.code),
+            message: f.message,
+        },
+        Body::CancelOffer(c) => PeerMsg::CancelOffer {
+            offer_id: c.offer_id,
+            code: Code::from_i32(c.code),
+            message: c.message,
+        },
+        Body::ReadRequest(r) => {
+            let pairs: Result<Vec<ReadPair>, String> = r
+                .pairs
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    Ok(ReadPair {
+                        source: range_from_pb(&format!("pairs[{i}].source"), p.source.as_ref())?,
+                        dest: range_from_pb(&format!("pairs[{i}].dest"), p.dest.as_ref())?,
+                    })
+                })
+                .collect();
+            match pairs {
+                Ok(pairs) => PeerMsg::ReadRequest {
+                    read_id: r.read_id,
+                    pairs,
+                    deadline_ms: r.deadline_ms,
+                },
+                Err(why) => {
+                    return Err(Malformed::Answer(PeerMsg::ReadReject {
+                        read_id: r.read_id,
+                        code: Code::InvalidArgument,
+                        message: why,
+                        range_index: 0,
+                    }));
+                }
+            }
+        }
+        Body::ReadReject(r) => PeerMsg::ReadReject {
+            read_id: r.read_id,
+            code: Code::from_i32(r.code),
+            message: r.message,
+            range_index: r.range_index,
+        },
+        Body::CancelRead(c) => PeerMsg::CancelRead { read_id: c.read_id },
+    }))
+}

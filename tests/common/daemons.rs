@@ -1,0 +1,195 @@
+//! In-process daemons on the built-in emulation plugin, each with its own poller, API and peer
+//! service, for integration tests.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tcpxd::api::proto::v1::tcpxd_client::TcpxdClient;
+use tcpxd::config::{Config, DaemonArgs};
+use tcpxd::daemon::{self, RunningDaemon};
+use tcpxd::net::Plugin;
+use tonic::transport::Channel;
+
+pub struct TestDaemon {
+    pub daemon: RunningDaemon,
+    pub client: TcpxdClient<Channel>,
+    pub dir: PathBuf,
+}
+
+pub fn plugin() -> Arc<Plugin> {
+    Plugin::builtin_emulation().expect("built-in emulation")
+}
+
+/// Starts a daemon named `node` with TCP and unix-socket APIs on loopback.
+pub async fn start(node: &str, extra: impl FnOnce(&mut DaemonArgs)) -> TestDaemon {
+    let dir = std::env::temp_dir().join(format!(
+        "tcpxd-test-{}-{node}-{}",
+        std::process::id(),
+        rand_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut args = DaemonArgs {
+        node_id: Some(node.to_string()),
+        api_socket: Some(dir.join("api.sock")),
+        api_tcp: Some("127.0.0.1:0".parse().unwrap()),
+        peer_listen: Some("127.0.0.1:0".parse().unwrap()),
+        builtin_emulation: true,
+        shutdown_grace_s: Some(5),
+        ..Default::default()
+    };
+    extra(&mut args);
+    let cfg = Config::resolve(&args, &|_| None).expect("config");
+    let daemon = daemon::start(&cfg, plugin()).await.expect("daemon starts");
+    let client = TcpxdClient::connect(format!("http://{}", daemon.api_tcp.unwrap()))
+        .await
+        .expect("client connects")
+        .max_decoding_message_size(16 << 20);
+    TestDaemon { daemon, client, dir }
+}
+
+fn rand_suffix() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+impl TestDaemon {
+    pub fn peer_addr(&self) -> String {
+        self.daemon.peer_addr.to_string()
+    }
+
+    pub async fn stop(self) {
+        self.daemon.shutdown().await;
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+use tcpxd::api::proto::v1 as pb;
+
+pub type Client = TcpxdClient<Channel>;
+
+pub async fn host_buffer(c: &mut Client, size: u64, label: &str) -> pb::Buffer {
+    c.register_buffer(pb::RegisterBufferRequest {
+        source: Some(pb::register_buffer_request::Source::Host(pb::HostAllocation {
+            size,
+        })),
+        label: label.to_string(),
+    })
+    .await
+    .expect("register")
+    .into_inner()
+}
+
+pub async fn fill_seed(c: &mut Client, id: u64, offset: u64, length: u64, seed: u64) {
+    c.fill_buffer(pb::FillBufferRequest {
+        buffer_id: id,
+        offset,
+        length,
+        pattern: Some(pb::fill_buffer_request::Pattern::Seed(seed)),
+    })
+    .await
+    .expect("fill");
+}
+
+pub async fn crc(c: &mut Client, id: u64, offset: u64, length: u64) -> u32 {
+    c.checksum_buffer(pb::ChecksumBufferRequest {
+        buffer_id: id,
+        offset,
+        length,
+    })
+    .await
+    .expect("checksum")
+    .into_inner()
+    .crc32c
+}
+
+pub fn write_entry(
+    local: &pb::Buffer,
+    loff: u64,
+    remote: &pb::Buffer,
+    roff: u64,
+    len: u64,
+) -> pb::WriteEntry {
+    pb::WriteEntry {
+        local_buffer_id: local.id,
+        local_offset: loff,
+        remote_descriptor: remote.descriptor.clone(),
+        remote_offset: roff,
+        length: len,
+    }
+}
+
+pub fn read_entry(remote: &pb::Buffer, roff: u64, local: &pb::Buffer, loff: u64, len: u64) -> pb::ReadEntry {
+    pb::ReadEntry {
+        remote_descriptor: remote.descriptor.clone(),
+        remote_offset: roff,
+        local_buffer_id: local.id,
+        local_offset: loff,
+        length: len,
+    }
+}
+
+pub async fn write(c: &mut Client, e: pb::WriteEntry, note: &[u8]) -> Result<u64, tonic::Status> {
+    c.write(pb::WriteRequest {
+        entry: Some(e),
+        notification: note.to_vec(),
+        timeout_ms: 120_000,
+    })
+    .await
+    .map(|r| r.into_inner().transfer_id)
+}
+
+pub async fn read(c: &mut Client, e: pb::ReadEntry) -> Result<u64, tonic::Status> {
+    c.read(pb::ReadRequest {
+        entry: Some(e),
+        timeout_ms: 120_000,
+    })
+    .await
+    .map(|r| r.into_inner().transfer_id)
+}
+
+pub async fn wait(c: &mut Client, id: u64) -> pb::TransferEvent {
+    c.wait_transfer(pb::WaitTransferRequest { transfer_id: id })
+        .await
+        .expect("wait")
+        .into_inner()
+}
+
+/// Waits for a transfer and asserts it succeeded.
+pub async fn wait_ok(c: &mut Client, id: u64) -> pb::TransferEvent {
+    let e = wait(c, id).await;
+    assert_eq!(e.status_code, 0, "transfer {id} failed: {}", e.status_message);
+    e
+}
+
+pub async fn connect(a: &mut TestDaemon, b: &TestDaemon) -> pb::Peer {
+    let addr = b.peer_addr();
+    a.client
+        .connect_peer(pb::ConnectPeerRequest { address: addr })
+        .await
+        .expect("connect peer")
+        .into_inner()
+}
+
+/// Polls GetStats until nothing is in flight or queued on any lane (or fails after 10 s).
+pub async fn assert_lanes_drain(c: &mut Client) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let s = c
+            .get_stats(pb::GetStatsRequest {})
+            .await
+            .expect("stats")
+            .into_inner();
+        let busy: u32 = s
+            .peers
+            .iter()
+            .flat_map(|p| &p.lanes)
+            .map(|l| l.sends_in_flight + l.recvs_in_flight + l.sends_queued + l.recvs_queued)
+            .sum();
+        if busy == 0 && s.active_transfers == 0 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "lanes never drained: {s:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

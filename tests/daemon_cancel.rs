@@ -1,0 +1,196 @@
+//! Cancellation, deadlines and shutdown draining, over an emulated NIC slowed to 1 Gbit/s so
+//! transfers are still in flight when they are stopped. Every test checks that the lanes drain
+//! back to zero and that the next transfer is byte-exact (the zero-length chunks that keep both
+//! sides in step did their job).
+
+mod common;
+
+use std::time::Duration;
+
+use common::daemons::{self, *};
+use tcpxd::api::proto::v1 as pb;
+
+const MIB: u64 = 1 << 20;
+
+fn slow_nic() {
+    // SAFETY: each test runs in its own process (nextest) and sets the variable before the
+    // emulation is initialised and before any other thread reads the environment.
+    unsafe { std::env::set_var("TCPXEMU_RATE_GBPS", "1") };
+    tcpxd::logging::init("warn");
+}
+
+async fn next_transfer_is_exact(a: &mut TestDaemon, src: &pb::Buffer, dst: &pb::Buffer) {
+    let id = write(&mut a.client, write_entry(src, 0, dst, 0, MIB), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_write_mid_flight_frees_every_slot() {
+    slow_nic();
+    let mut a = daemons::start("cancel-a", |_| {}).await;
+    let mut b = daemons::start("cancel-b", |_| {}).await;
+    connect(&mut a, &b).await;
+    let src = host_buffer(&mut a.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
+    fill_seed(&mut a.client, src.id, 0, 0, 3).await;
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"never")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let r = a
+        .client
+        .cancel(pb::CancelRequest { transfer_id: id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.cancelled);
+    let e = wait(&mut a.client, id).await;
+    assert_eq!(
+        e.status_code,
+        tonic::Code::Cancelled as i32,
+        "{}",
+        e.status_message
+    );
+    assert!(e.bytes_done < 128 * MIB);
+    // A second cancel reports the transfer already ended.
+    let r = a
+        .client
+        .cancel(pb::CancelRequest { transfer_id: id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!r.cancelled);
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+    next_transfer_is_exact(&mut a, &src, &dst).await;
+    assert_eq!(
+        crc(&mut a.client, src.id, 0, MIB).await,
+        crc(&mut b.client, dst.id, 0, MIB).await
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
+    slow_nic();
+    let mut a = daemons::start("dl-a", |_| {}).await;
+    let mut b = daemons::start("dl-b", |_| {}).await;
+    connect(&mut a, &b).await;
+    let src = host_buffer(&mut a.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
+    fill_seed(&mut b.client, dst.id, 0, 0, 11).await;
+    // READ cancelled mid-flight.
+    let id = read(&mut a.client, read_entry(&dst, 0, &src, 0, 128 * MIB))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(
+        a.client
+            .cancel(pb::CancelRequest { transfer_id: id })
+            .await
+            .unwrap()
+            .into_inner()
+            .cancelled
+    );
+    assert_eq!(
+        wait(&mut a.client, id).await.status_code,
+        tonic::Code::Cancelled as i32
+    );
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+    // WRITE whose deadline (from timeout_ms) passes mid-flight.
+    let id = a
+        .client
+        .write(pb::WriteRequest {
+            entry: Some(write_entry(&src, 0, &dst, 0, 128 * MIB)),
+            notification: vec![],
+            timeout_ms: 200,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .transfer_id;
+    let e = wait(&mut a.client, id).await;
+    assert_eq!(
+        e.status_code,
+        tonic::Code::DeadlineExceeded as i32,
+        "{}",
+        e.status_message
+    );
+    // The gRPC deadline of the call bounds the transfer just the same.
+    let mut req = tonic::Request::new(pb::WriteRequest {
+        entry: Some(write_entry(&src, 0, &dst, 0, 128 * MIB)),
+        notification: vec![],
+        timeout_ms: 0,
+    });
+    req.set_timeout(Duration::from_millis(300));
+    let id = a.client.write(req).await.unwrap().into_inner().transfer_id;
+    let e = wait(&mut a.client, id).await;
+    assert_eq!(
+        e.status_code,
+        tonic::Code::DeadlineExceeded as i32,
+        "{}",
+        e.status_message
+    );
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+    fill_seed(&mut a.client, src.id, 0, MIB, 12).await;
+    next_transfer_is_exact(&mut a, &src, &dst).await;
+    assert_eq!(
+        crc(&mut a.client, src.id, 0, MIB).await,
+        crc(&mut b.client, dst.id, 0, MIB).await
+    );
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_drains_within_grace_and_fails_the_rest() {
+    slow_nic();
+    // Grace long enough: the transfer in flight finishes.
+    let mut a = daemons::start("grace-a", |args| args.shutdown_grace_s = Some(20)).await;
+    let mut b = daemons::start("grace-b", |_| {}).await;
+    connect(&mut a, &b).await;
+    let src = host_buffer(&mut a.client, 32 * MIB, "").await;
+    let dst = host_buffer(&mut b.client, 32 * MIB, "").await;
+    fill_seed(&mut a.client, src.id, 0, 0, 21).await;
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 32 * MIB), b"")
+        .await
+        .unwrap();
+    let mut watcher = a.client.clone();
+    let waiter = tokio::spawn(async move { wait(&mut watcher, id).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let report = a.daemon.shutdown().await;
+    assert_eq!(report.finished_in_grace, 1);
+    assert_eq!(report.failed_at_deadline, 0);
+    assert_eq!(waiter.await.unwrap().status_code, 0);
+    assert_eq!(crc(&mut b.client, dst.id, 0, 32 * MIB).await, {
+        // The source daemon is gone; recompute the seeded pattern's checksum locally.
+        let mut v = vec![0u8; (32 * MIB) as usize];
+        tcpxd::buffers::seeded_bytes(21, 0, &mut v);
+        crc32c::crc32c(&v)
+    });
+    b.stop().await;
+
+    // Grace too short: the transfer fails with UNAVAILABLE, and says why.
+    let mut a = daemons::start("grace2-a", |args| args.shutdown_grace_s = Some(0)).await;
+    let mut b = daemons::start("grace2-b", |_| {}).await;
+    connect(&mut a, &b).await;
+    let src = host_buffer(&mut a.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"")
+        .await
+        .unwrap();
+    let mut watcher = a.client.clone();
+    let waiter = tokio::spawn(async move { wait(&mut watcher, id).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let report = a.daemon.shutdown().await;
+    assert_eq!(report.failed_at_deadline, 1);
+    let e = waiter.await.unwrap();
+    assert_eq!(e.status_code, tonic::Code::Unavailable as i32);
+    assert!(e.status_message.contains("shutting down"), "{}", e.status_message);
+    b.stop().await;
+}
