@@ -2,6 +2,8 @@
 
 pub mod api;
 pub mod buffers;
+pub mod cli;
+pub mod client;
 pub mod config;
 pub mod conformance;
 pub mod daemon;

@@ -242,7 +242,8 @@ enum RecvLaneState {
 struct SendLane {
     device: i32,
     state: SendLaneState,
-    handles: HashMap<u64, MemHandle>,
+    /// Registrations by (buffer, window).
+    handles: HashMap<(u64, u64), MemHandle>,
     /// Posts the plugin could not take yet, in order.
     deferred: VecDeque<(u64, u64, u32)>,
     tag: i32,
@@ -251,7 +252,8 @@ struct SendLane {
 struct RecvLane {
     device: i32,
     state: RecvLaneState,
-    handles: HashMap<u64, MemHandle>,
+    /// Registrations by (buffer, window).
+    handles: HashMap<(u64, u64), MemHandle>,
     /// Posted receives in order: request and posted length.
     posted: VecDeque<(RequestId, u32)>,
     deferred: VecDeque<(u64, u64, u32)>,
@@ -388,10 +390,10 @@ impl Poller {
                     self.buffers.remove(&id);
                     for p in &mut self.peers {
                         for l in &mut p.send {
-                            l.handles.remove(&id);
+                            l.handles.retain(|(b, _), _| *b != id);
                         }
                         for l in &mut p.recv {
-                            l.handles.remove(&id);
+                            l.handles.retain(|(b, _), _| *b != id);
                         }
                     }
                 }
@@ -888,22 +890,42 @@ fn shutting_down() -> EngineError {
     EngineError::new(Code::Unavailable, "the daemon is shutting down; no new transfers")
 }
 
+/// Buffers are registered in overlapping windows, because `regMr` takes an `int` size: window
+/// `k` starts at `k * WINDOW_STRIDE` and is `WINDOW_STRIDE + MAX_CHUNK_BYTES` long (or up to the
+/// buffer's end), so every chunk (at most 4 MiB) lies inside the window its offset falls in.
+const WINDOW_STRIDE: u64 = 1 << 30;
+const WINDOW_LEN: u64 = WINDOW_STRIDE + crate::engine::MAX_CHUNK_BYTES as u64;
+
+/// The registration covering `[offset, offset + len)` of a buffer on one comm (made on first
+/// use) and the offset inside it.
 fn handle_for<'a>(
-    handles: &'a mut HashMap<u64, MemHandle>,
+    handles: &'a mut HashMap<(u64, u64), MemHandle>,
     buffers: &HashMap<u64, Arc<BufferEntry>>,
     buffer: u64,
+    offset: u64,
     register: impl FnOnce(Arc<dyn crate::net::Region>) -> Result<MemHandle, crate::net::NetError>,
-) -> Result<&'a MemHandle, String> {
-    match handles.entry(buffer) {
-        std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+) -> Result<(&'a MemHandle, u64), String> {
+    let window = offset / WINDOW_STRIDE;
+    let start = window * WINDOW_STRIDE;
+    let mh = match handles.entry((buffer, window)) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(v) => {
             let entry = buffers
                 .get(&buffer)
                 .ok_or_else(|| format!("buffer {buffer} vanished"))?;
-            let mh = register(entry.region_dyn()).map_err(|e| e.to_string())?;
-            Ok(v.insert(mh))
+            let len = WINDOW_LEN.min(entry.size - start);
+            let region: Arc<dyn crate::net::Region> = if start == 0 && len == entry.size {
+                entry.region_dyn()
+            } else {
+                Arc::new(
+                    crate::net::RegionWindow::new(entry.region_dyn(), start as usize, len as usize)
+                        .map_err(|e| e.to_string())?,
+                )
+            };
+            v.insert(register(region).map_err(|e| e.to_string())?)
         }
-    }
+    };
+    Ok((mh, offset - start))
 }
 
 /// Posts deferred sends in order while the plugin takes them.
@@ -912,10 +934,10 @@ fn post_sends(l: &mut SendLane, buffers: &HashMap<u64, Arc<BufferEntry>>) -> Res
         return Ok(());
     };
     while let Some(&(buffer, offset, len)) = l.deferred.front() {
-        let mh = handle_for(&mut l.handles, buffers, buffer, |r| comm.register(r))?;
+        let (mh, at) = handle_for(&mut l.handles, buffers, buffer, offset, |r| comm.register(r))?;
         l.tag = l.tag.wrapping_add(1) & 0x7fff_ffff;
         match comm
-            .isend(mh, offset as usize, len as usize, l.tag)
+            .isend(mh, at as usize, len as usize, l.tag)
             .map_err(|e| e.to_string())?
         {
             Some(_) => {
@@ -933,10 +955,10 @@ fn post_recvs(l: &mut RecvLane, buffers: &HashMap<u64, Arc<BufferEntry>>) -> Res
         return Ok(());
     };
     while let Some(&(buffer, offset, len)) = l.deferred.front() {
-        let mh = handle_for(&mut l.handles, buffers, buffer, |r| comm.register(r))?;
+        let (mh, at) = handle_for(&mut l.handles, buffers, buffer, offset, |r| comm.register(r))?;
         l.tag = l.tag.wrapping_add(1) & 0x7fff_ffff;
         match comm
-            .irecv(mh, offset as usize, len as usize, l.tag)
+            .irecv(mh, at as usize, len as usize, l.tag)
             .map_err(|e| e.to_string())?
         {
             Some(id) => {

@@ -316,3 +316,50 @@ async fn connecting_again_or_from_the_other_side_reuses_the_pairing() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffers_over_2_gib_work_across_registration_windows() {
+    // regMr takes an int size, so the poller registers big buffers in overlapping windows. The
+    // memory is mapped lazily: only the ranges touched here cost RAM.
+    tcpxd::logging::init("warn");
+    let mut a = daemons::start("big-a", |_| {}).await;
+    let mut b = daemons::start("big-b", |_| {}).await;
+    connect(&mut a, &b).await;
+    let gib = 1u64 << 30;
+    let src = host_buffer(&mut a.client, 3 * gib, "").await;
+    let dst = host_buffer(&mut b.client, 3 * gib, "").await;
+    for (soff, doff, len) in [
+        (2 * gib - 3 * MIB - 5, 2 * gib + MIB + 7, 16 * MIB), // source straddles 2 GiB
+        (gib - MIB, 3 * gib - 8 * MIB, 8 * MIB), // source straddles 1 GiB, destination at the end
+        (3 * gib - 4096, gib - 2048, 4096),      // the last page, across a boundary
+    ] {
+        fill_seed(&mut a.client, src.id, soff, len, soff).await;
+        let id = write(&mut a.client, write_entry(&src, soff, &dst, doff, len), b"")
+            .await
+            .unwrap();
+        wait_ok(&mut a.client, id).await;
+        assert_eq!(
+            crc(&mut a.client, src.id, soff, len).await,
+            crc(&mut b.client, dst.id, doff, len).await
+        );
+        let back = host_buffer(&mut a.client, len, "").await;
+        let id = read(&mut a.client, read_entry(&dst, doff, &back, 0, len))
+            .await
+            .unwrap();
+        wait_ok(&mut a.client, id).await;
+        assert_eq!(
+            crc(&mut a.client, back.id, 0, len).await,
+            crc(&mut a.client, src.id, soff, len).await
+        );
+    }
+    let peers = a
+        .client
+        .list_peers(pb::ListPeersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .peers;
+    assert_eq!(peers[0].state, pb::PeerState::Up as i32);
+    a.stop().await;
+    b.stop().await;
+}

@@ -5,12 +5,15 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use tcpxd::cli::args::{ClientCommand, GlobalOpts};
 use tcpxd::conformance;
 use tcpxd::net::Plugin;
 
 #[derive(Parser)]
 #[command(name = "tcpxctl", version, about = "Command-line companion of tcpxd")]
 struct Cli {
+    #[command(flatten)]
+    global: GlobalOpts,
     #[command(subcommand)]
     command: Command,
 }
@@ -19,6 +22,8 @@ struct Cli {
 enum Command {
     /// Check that a net plugin behaves as GPUDirect-TCPX does (run it on an A3 node before tcpxd).
     Conformance(ConformanceArgs),
+    #[command(flatten)]
+    Client(ClientCommand),
 }
 
 #[derive(Args)]
@@ -58,8 +63,28 @@ fn main() -> ExitCode {
     tcpxd::logging::init("warn");
     let cli = Cli::parse();
     match cli.command {
-        Command::Conformance(args) => run_conformance(args),
+        Command::Conformance(mut args) => {
+            // `tcpxctl --json conformance` means the same as `tcpxctl conformance --json`.
+            args.json |= cli.global.json;
+            run_conformance(args)
+        }
+        Command::Client(command) => run_client(&cli.global, command),
     }
+}
+
+fn run_client(global: &GlobalOpts, command: ClientCommand) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tcpxctl: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(tcpxd::cli::commands::run(global, command))
 }
 
 fn run_conformance(args: ConformanceArgs) -> ExitCode {
@@ -91,5 +116,125 @@ fn run_conformance(args: ConformanceArgs) -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("tcpxctl").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn conformance_keeps_its_flags() {
+        let cli = parse(&["conformance", "--builtin-emulation", "--json", "--device", "1"]).unwrap();
+        let Command::Conformance(args) = cli.command else {
+            panic!("not conformance");
+        };
+        assert!(args.json && args.builtin_emulation);
+        assert_eq!(args.devices, vec![1]);
+        let cli = parse(&["--json", "conformance", "--plugin", "/x.so"]).unwrap();
+        assert!(cli.global.json);
+        assert!(parse(&["conformance"]).is_err());
+    }
+
+    #[test]
+    fn global_options_anywhere() {
+        let cli = parse(&["--endpoint", "unix:/a.sock", "buffer", "list", "--json"]).unwrap();
+        assert_eq!(cli.global.endpoint, "unix:/a.sock");
+        assert!(cli.global.json);
+        let cli = parse(&["buffer", "list", "--endpoint", "h:1"]).unwrap();
+        assert_eq!(cli.global.endpoint, "h:1");
+    }
+
+    #[test]
+    fn write_arguments() {
+        let cli = parse(&[
+            "write",
+            "--local",
+            "3:4K",
+            "--remote",
+            "tcpxd1:node-b:7:00ff",
+            "--remote-offset",
+            "1M",
+            "--length",
+            "1GiB",
+            "--notify",
+            "hi",
+            "--timeout",
+            "2.5",
+            "--no-wait",
+        ])
+        .unwrap();
+        let Command::Client(ClientCommand::Write(w)) = cli.command else {
+            panic!("not write");
+        };
+        assert_eq!((w.local.buffer_id, w.local.offset), (3, 4096));
+        assert_eq!(w.remote, "tcpxd1:node-b:7:00ff");
+        assert_eq!(w.remote_offset, 1 << 20);
+        assert_eq!(w.length, 1 << 30);
+        assert_eq!(w.notify.as_deref(), Some("hi"));
+        assert_eq!(w.wait.timeout, Some(Duration::from_millis(2500)));
+        assert!(w.wait.no_wait);
+        assert!(
+            parse(&["write", "--local", "3", "--remote", "d"]).is_err(),
+            "--length needed"
+        );
+        assert!(parse(&["write", "--local", "d:x", "--remote", "d", "--length", "1"]).is_err());
+    }
+
+    #[test]
+    fn buffer_arguments() {
+        let cli = parse(&["buffer", "register", "--host", "1G", "--label", "kv"]).unwrap();
+        let Command::Client(ClientCommand::Buffer(tcpxd::cli::args::BufferCommand::Register(r))) =
+            cli.command
+        else {
+            panic!("not register");
+        };
+        assert_eq!(r.host, Some(1 << 30));
+        assert_eq!(r.label, "kv");
+        assert!(parse(&["buffer", "register", "--cuda", "0", "1M"]).is_ok());
+        assert!(parse(&["buffer", "register"]).is_err());
+        assert!(parse(&["buffer", "register", "--host", "1M", "--cuda", "0", "1M"]).is_err());
+        assert!(parse(&["buffer", "fill", "1", "--seed", "42"]).is_ok());
+        assert!(parse(&["buffer", "fill", "1", "--repeat", "0xdeadbeef", "--offset", "4K"]).is_ok());
+        assert!(parse(&["buffer", "fill", "1"]).is_err(), "a pattern is required");
+        assert!(parse(&["buffer", "fill", "1", "--byte", "1", "--seed", "2"]).is_err());
+        assert!(parse(&["buffer", "fill", "1", "--byte", "256"]).is_err());
+        assert!(parse(&["buffer", "read", "1", "--length", "64"]).is_ok());
+        assert!(parse(&["buffer", "read", "1"]).is_err(), "--length needed");
+        assert!(parse(&["buffer", "checksum", "1"]).is_ok());
+    }
+
+    #[test]
+    fn other_subcommands() {
+        for args in [
+            &["peer", "connect", "10.0.0.2:50052"][..],
+            &["peer", "list"],
+            &["read", "--remote", "d", "--local", "2:0", "--length", "4K"],
+            &["watch", "7"],
+            &["wait", "7"],
+            &["cancel", "7"],
+            &["subscribe", "--count", "1"],
+            &["stats", "--watch", "1"],
+            &["demo"],
+            &["demo", "--size", "64M", "--chunk-bytes", "512K", "--keep-dir"],
+        ] {
+            parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        }
+        let cli = parse(&["demo"]).unwrap();
+        let Command::Client(ClientCommand::Demo(d)) = cli.command else {
+            panic!("not demo");
+        };
+        assert_eq!(d.size, 1 << 30);
+        assert_eq!(d.ready_timeout, Duration::from_secs(30));
     }
 }

@@ -1,7 +1,6 @@
 //! Memory that can be registered with the plugin. A registration keeps its region alive, and so
 //! does every request posted on it, so the plugin never touches freed memory.
 
-use std::alloc::Layout;
 use std::ptr::NonNull;
 
 use super::abi;
@@ -37,7 +36,7 @@ pub trait Region: Send + Sync + 'static {
     }
 }
 
-/// Page-aligned, zero-initialised host memory.
+/// Page-aligned, zero-initialised host memory (an anonymous mapping).
 ///
 /// The plugin writes into it from its own threads while a receive is in flight, so its bytes are
 /// only ever accessed through explicit copies ([`HostRegion::read`], [`HostRegion::write`]), never
@@ -53,19 +52,35 @@ unsafe impl Send for HostRegion {}
 unsafe impl Sync for HostRegion {}
 
 impl HostRegion {
+    /// Maps `len` bytes of anonymous memory: page-aligned and zero-filled lazily by the kernel,
+    /// so a large buffer costs RAM only where it is written.
     pub fn new(len: usize) -> NetResult<HostRegion> {
-        let layout = Self::layout(len)?;
-        // SAFETY: the layout has a non-zero size (at least one page).
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(ptr).ok_or_else(|| {
-            NetError::InvalidArgument(format!("could not allocate {len} bytes of host memory"))
-        })?;
+        let map_len = Self::map_len(len)?;
+        // SAFETY: an anonymous private mapping with no address hint; the result is checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(NetError::InvalidArgument(format!(
+                "could not map {len} bytes of host memory: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>()).expect("mmap never returns NULL on success");
         Ok(HostRegion { ptr, len })
     }
 
-    fn layout(len: usize) -> NetResult<Layout> {
-        Layout::from_size_align(len.max(1).next_multiple_of(REGION_ALIGN), REGION_ALIGN)
-            .map_err(|_| NetError::InvalidArgument(format!("host region of {len} bytes is too large")))
+    fn map_len(len: usize) -> NetResult<usize> {
+        len.max(1)
+            .checked_next_multiple_of(REGION_ALIGN)
+            .ok_or_else(|| NetError::InvalidArgument(format!("host region of {len} bytes is too large")))
     }
 
     fn check(&self, offset: usize, len: usize) -> NetResult<()> {
@@ -116,9 +131,42 @@ impl Region for HostRegion {
 
 impl Drop for HostRegion {
     fn drop(&mut self) {
-        let layout = Self::layout(self.len).expect("layout was valid at allocation");
-        // SAFETY: allocated in `new` with this very layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        let map_len = Self::map_len(self.len).expect("valid at mapping");
+        // SAFETY: the mapping was created in `new` with this length and is unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), map_len) };
+    }
+}
+
+/// A window of another region: what `regMr` registers when a buffer is larger than its `int`
+/// size allows (2 GiB − 1 bytes). Keeps the parent alive.
+pub struct RegionWindow {
+    parent: std::sync::Arc<dyn Region>,
+    offset: usize,
+    len: usize,
+}
+
+impl RegionWindow {
+    pub fn new(parent: std::sync::Arc<dyn Region>, offset: usize, len: usize) -> NetResult<RegionWindow> {
+        match offset.checked_add(len) {
+            Some(end) if end <= parent.len() => Ok(RegionWindow { parent, offset, len }),
+            _ => Err(NetError::InvalidArgument(format!(
+                "window {offset}+{len} is outside the {}-byte region",
+                parent.len()
+            ))),
+        }
+    }
+}
+
+impl Region for RegionWindow {
+    fn as_ptr(&self) -> *mut u8 {
+        // SAFETY: `offset + len <= parent.len()` was checked at construction.
+        unsafe { self.parent.as_ptr().add(self.offset) }
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn mem_type(&self) -> MemType {
+        self.parent.mem_type()
     }
 }
 
@@ -155,6 +203,16 @@ mod tests {
         assert_eq!(r.to_vec(9_990, 10).unwrap(), vec![7u8; 10]);
         assert!(r.write(9_991, &[7u8; 10]).is_err());
         assert!(r.read(usize::MAX, &mut [0u8; 2]).is_err());
+    }
+
+    #[test]
+    fn windows_stay_inside_their_region() {
+        let r: std::sync::Arc<dyn Region> = std::sync::Arc::new(HostRegion::new(8192).unwrap());
+        let w = RegionWindow::new(r.clone(), 4096, 4096).unwrap();
+        assert_eq!(w.as_ptr() as usize, r.as_ptr() as usize + 4096);
+        assert_eq!(w.len(), 4096);
+        assert!(RegionWindow::new(r.clone(), 4097, 4096).is_err());
+        assert!(RegionWindow::new(r, usize::MAX, 2).is_err());
     }
 
     #[test]

@@ -20,6 +20,6 @@ pub use comm::{
     SendComm, loopback_pair,
 };
 pub use error::{NetError, NetResult};
-pub use memory::{HostRegion, MemType, REGION_ALIGN, Region};
+pub use memory::{HostRegion, MemType, REGION_ALIGN, Region, RegionWindow};
 pub use plugin::{DEFAULT_DYNAMIC_CHUNK_SIZE, DeviceProperties, Plugin, PluginSource};
 pub use ring::UnpackRing;

@@ -1,0 +1,539 @@
+//! How tcpxctl prints things: tables, hexdumps, and the API's messages as text and as JSON.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::api::proto::v1::{
+    Buffer, BufferKind, LaneStats, Notification, Peer, PeerState, Stats, TransferEvent, TransferState,
+};
+use crate::client::{code_number_name, format_bytes, format_duration, format_rate};
+
+/// A plain text table: a header row and left-aligned columns separated by two spaces.
+#[derive(Debug, Default)]
+pub struct Table {
+    rows: Vec<Vec<String>>,
+    indent: usize,
+}
+
+impl Table {
+    pub fn new<I, S>(header: I) -> Table
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Table {
+            rows: vec![header.into_iter().map(Into::into).collect()],
+            indent: 0,
+        }
+    }
+
+    /// Indents every line by `n` spaces.
+    pub fn indent(mut self, n: usize) -> Table {
+        self.indent = n;
+        self
+    }
+
+    pub fn row<I, S>(&mut self, cells: I)
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.rows.push(cells.into_iter().map(Into::into).collect());
+    }
+
+    /// Whether only the header is there.
+    pub fn is_empty(&self) -> bool {
+        self.rows.len() <= 1
+    }
+}
+
+impl std::fmt::Display for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let columns = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let mut widths = vec![0usize; columns];
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate() {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        for row in &self.rows {
+            let mut line = " ".repeat(self.indent);
+            for (i, cell) in row.iter().enumerate() {
+                if i + 1 == row.len() {
+                    line.push_str(cell);
+                } else {
+                    let pad = widths[i] - cell.chars().count();
+                    line.push_str(cell);
+                    line.push_str(&" ".repeat(pad + 2));
+                }
+            }
+            writeln!(f, "{}", line.trim_end())?;
+        }
+        Ok(())
+    }
+}
+
+/// A hexdump as `xxd` prints it: `00000010: 0001 0203 ...  ................`, with offsets
+/// starting at `base` (the range's offset in the buffer).
+pub fn hexdump(data: &[u8], base: u64) -> String {
+    let mut out = String::with_capacity(data.len() * 4 + 16);
+    for (i, line) in data.chunks(16).enumerate() {
+        let _ = write!(out, "{:08x}: ", base + (i as u64) * 16);
+        let mut hex = String::with_capacity(40);
+        for (j, b) in line.iter().enumerate() {
+            let _ = write!(hex, "{b:02x}");
+            if j % 2 == 1 {
+                hex.push(' ');
+            }
+        }
+        // 16 bytes take 32 digits and 8 spaces; pad short lines so the text column lines up.
+        let _ = write!(out, "{hex:<40} ");
+        out.extend(line.iter().map(|&b| {
+            if b.is_ascii_graphic() || b == b' ' {
+                b as char
+            } else {
+                '.'
+            }
+        }));
+        out.push('\n');
+    }
+    out
+}
+
+/// A notification payload as text when it is printable UTF-8, else `None`.
+pub fn printable_text(payload: &[u8]) -> Option<&str> {
+    let s = std::str::from_utf8(payload).ok()?;
+    s.chars()
+        .all(|c| !c.is_control() || c == '\n' || c == '\t')
+        .then_some(s)
+}
+
+pub fn kind_name(kind: i32) -> &'static str {
+    match BufferKind::try_from(kind) {
+        Ok(BufferKind::Host) => "host",
+        Ok(BufferKind::Cuda) => "cuda",
+        Ok(BufferKind::CudaIpc) => "cuda-ipc",
+        _ => "unspecified",
+    }
+}
+
+pub fn peer_state_name(state: i32) -> &'static str {
+    match PeerState::try_from(state) {
+        Ok(PeerState::Connecting) => "CONNECTING",
+        Ok(PeerState::Up) => "UP",
+        Ok(PeerState::Failed) => "FAILED",
+        _ => "UNSPECIFIED",
+    }
+}
+
+pub fn transfer_state_name(state: i32) -> &'static str {
+    match TransferState::try_from(state) {
+        Ok(TransferState::Offered) => "OFFERED",
+        Ok(TransferState::Running) => "RUNNING",
+        Ok(TransferState::Finished) => "FINISHED",
+        _ => "UNSPECIFIED",
+    }
+}
+
+/// `4096 (4.00 KiB)`.
+pub fn size_with_units(bytes: u64) -> String {
+    if bytes < 1024 {
+        format!("{bytes} B")
+    } else {
+        format!("{bytes} ({})", format_bytes(bytes))
+    }
+}
+
+pub fn buffer_json(b: &Buffer) -> Value {
+    let mut v = json!({
+        "id": b.id,
+        "kind": kind_name(b.kind),
+        "size": b.size,
+        "label": b.label,
+        "descriptor": b.descriptor,
+        "active_transfers": b.active_transfers,
+    });
+    if matches!(
+        BufferKind::try_from(b.kind),
+        Ok(BufferKind::Cuda | BufferKind::CudaIpc)
+    ) {
+        v["device"] = json!(b.device);
+        v["cuda_ipc_handle"] = json!(hex::encode(&b.cuda_ipc_handle));
+    }
+    v
+}
+
+/// A buffer as `key: value` lines.
+pub fn buffer_text(b: &Buffer) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "id:          {}", b.id);
+    let _ = writeln!(out, "kind:        {}", kind_name(b.kind));
+    let _ = writeln!(out, "size:        {}", size_with_units(b.size));
+    if !b.label.is_empty() {
+        let _ = writeln!(out, "label:       {}", b.label);
+    }
+    if matches!(
+        BufferKind::try_from(b.kind),
+        Ok(BufferKind::Cuda | BufferKind::CudaIpc)
+    ) {
+        let _ = writeln!(out, "device:      {}", b.device);
+        if !b.cuda_ipc_handle.is_empty() {
+            let _ = writeln!(out, "ipc handle:  {}", hex::encode(&b.cuda_ipc_handle));
+        }
+    }
+    let _ = writeln!(out, "transfers:   {}", b.active_transfers);
+    let _ = writeln!(out, "descriptor:  {}", b.descriptor);
+    out
+}
+
+pub fn buffers_table(buffers: &[Buffer]) -> Table {
+    let mut t = Table::new(["ID", "KIND", "SIZE", "BYTES", "TRANSFERS", "LABEL"]);
+    for b in buffers {
+        t.row([
+            b.id.to_string(),
+            kind_name(b.kind).to_string(),
+            format_bytes(b.size),
+            b.size.to_string(),
+            b.active_transfers.to_string(),
+            b.label.clone(),
+        ]);
+    }
+    t
+}
+
+pub fn peer_json(p: &Peer) -> Value {
+    json!({
+        "node_id": p.node_id,
+        "address": p.address,
+        "state": peer_state_name(p.state),
+        "error": p.error,
+        "lanes": p.lanes,
+    })
+}
+
+pub fn peers_table(peers: &[Peer]) -> Table {
+    let mut t = Table::new(["NODE", "ADDRESS", "STATE", "LANES", "ERROR"]);
+    for p in peers {
+        t.row([
+            p.node_id.clone(),
+            p.address.clone(),
+            peer_state_name(p.state).to_string(),
+            p.lanes.to_string(),
+            p.error.clone(),
+        ]);
+    }
+    t
+}
+
+/// The time a finished transfer took: the daemon's `elapsed_us`, else what the client saw.
+pub fn transfer_elapsed(ev: &TransferEvent, observed: Duration) -> Duration {
+    if ev.elapsed_us > 0 {
+        Duration::from_micros(ev.elapsed_us)
+    } else {
+        observed
+    }
+}
+
+pub fn event_json(ev: &TransferEvent, elapsed: Duration) -> Value {
+    let mut v = json!({
+        "transfer_id": ev.transfer_id,
+        "state": transfer_state_name(ev.state),
+        "bytes_done": ev.bytes_done,
+        "total_bytes": ev.total_bytes,
+        "elapsed_us": ev.elapsed_us,
+    });
+    if ev.state == TransferState::Finished as i32 {
+        v["status_code"] = json!(ev.status_code);
+        v["status"] = json!(code_number_name(ev.status_code));
+        v["status_message"] = json!(ev.status_message);
+        v["entries"] = ev
+            .entries
+            .iter()
+            .map(|e| {
+                json!({
+                    "code": e.code,
+                    "status": code_number_name(e.code),
+                    "message": e.message,
+                })
+            })
+            .collect();
+        let secs = elapsed.as_secs_f64();
+        if ev.status_code == 0 && secs > 0.0 {
+            v["seconds"] = json!(secs);
+            v["bytes_per_second"] = json!(ev.total_bytes as f64 / secs);
+        }
+    }
+    v
+}
+
+/// One line for a finished transfer: `transfer 7: OK, 1.00 GiB in 0.512 s (2.10 GB/s)`.
+pub fn event_summary(ev: &TransferEvent, elapsed: Duration) -> String {
+    if ev.status_code == 0 {
+        format!(
+            "transfer {}: OK, {} in {} ({})",
+            ev.transfer_id,
+            format_bytes(ev.total_bytes),
+            format_duration(elapsed),
+            format_rate(ev.total_bytes, elapsed)
+        )
+    } else {
+        format!(
+            "transfer {}: {} after {} of {} in {}",
+            ev.transfer_id,
+            code_number_name(ev.status_code),
+            format_bytes(ev.bytes_done),
+            format_bytes(ev.total_bytes),
+            format_duration(elapsed)
+        )
+    }
+}
+
+pub fn notification_json(n: &Notification) -> Value {
+    let mut v = json!({
+        "from_node": n.from_node,
+        "transfer_id": n.transfer_id,
+        "buffer_ids": n.buffer_ids,
+        "payload_hex": hex::encode(&n.payload),
+    });
+    if let Some(text) = printable_text(&n.payload) {
+        v["payload_text"] = json!(text);
+    }
+    v
+}
+
+/// `from demo-a transfer 7 (buffers 3): hello`.
+pub fn notification_text(n: &Notification) -> String {
+    let buffers: Vec<String> = n.buffer_ids.iter().map(u64::to_string).collect();
+    let payload = match printable_text(&n.payload) {
+        Some(text) => text.to_string(),
+        None => format!("0x{}", hex::encode(&n.payload)),
+    };
+    format!(
+        "from {} transfer {} (buffers {}): {}",
+        n.from_node,
+        n.transfer_id,
+        if buffers.is_empty() {
+            "-".to_string()
+        } else {
+            buffers.join(",")
+        },
+        payload
+    )
+}
+
+fn lane_json(l: &LaneStats) -> Value {
+    json!({
+        "lane": l.lane,
+        "device": l.device,
+        "bytes_sent": l.bytes_sent,
+        "bytes_received": l.bytes_received,
+        "chunks_sent": l.chunks_sent,
+        "chunks_received": l.chunks_received,
+        "sends_in_flight": l.sends_in_flight,
+        "recvs_in_flight": l.recvs_in_flight,
+        "sends_queued": l.sends_queued,
+        "recvs_queued": l.recvs_queued,
+    })
+}
+
+pub fn stats_json(s: &Stats) -> Value {
+    json!({
+        "node_id": s.node_id,
+        "active_transfers": s.active_transfers,
+        "buffers": s.buffers,
+        "buffer_bytes": s.buffer_bytes,
+        "peers": s.peers.iter().map(|p| json!({
+            "node_id": p.node_id,
+            "state": peer_state_name(p.state),
+            "transfers_started": p.transfers_started,
+            "transfers_ok": p.transfers_ok,
+            "transfers_failed": p.transfers_failed,
+            "lanes": p.lanes.iter().map(lane_json).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Stats as text: a node line, then per peer a line and a lane table. With `previous` (the
+/// last snapshot and the time since it), lanes get send/receive rates.
+pub fn stats_text(s: &Stats, previous: Option<(&Stats, Duration)>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "node {}: {} active transfer(s), {} buffer(s) holding {}",
+        s.node_id,
+        s.active_transfers,
+        s.buffers,
+        format_bytes(s.buffer_bytes)
+    );
+    if s.peers.is_empty() {
+        let _ = writeln!(out, "no peers");
+    }
+    for p in &s.peers {
+        let _ = writeln!(
+            out,
+            "\npeer {} {}: {} started, {} ok, {} failed",
+            p.node_id,
+            peer_state_name(p.state),
+            p.transfers_started,
+            p.transfers_ok,
+            p.transfers_failed
+        );
+        let prev_peer = previous.and_then(|(prev, dt)| {
+            prev.peers
+                .iter()
+                .find(|q| q.node_id == p.node_id)
+                .map(|q| (q, dt))
+        });
+        let mut header = vec![
+            "LANE",
+            "DEVICE",
+            "SENT",
+            "RECEIVED",
+            "CHUNKS S/R",
+            "IN FLIGHT S/R",
+            "QUEUED S/R",
+        ];
+        if prev_peer.is_some() {
+            header.extend(["SEND RATE", "RECV RATE"]);
+        }
+        let mut t = Table::new(header).indent(2);
+        for l in &p.lanes {
+            let mut row = vec![
+                l.lane.to_string(),
+                l.device.to_string(),
+                format_bytes(l.bytes_sent),
+                format_bytes(l.bytes_received),
+                format!("{}/{}", l.chunks_sent, l.chunks_received),
+                format!("{}/{}", l.sends_in_flight, l.recvs_in_flight),
+                format!("{}/{}", l.sends_queued, l.recvs_queued),
+            ];
+            if let Some((prev, dt)) = prev_peer {
+                let before = prev.lanes.iter().find(|q| q.lane == l.lane);
+                let sent = l.bytes_sent - before.map_or(0, |q| q.bytes_sent.min(l.bytes_sent));
+                let recv = l.bytes_received - before.map_or(0, |q| q.bytes_received.min(l.bytes_received));
+                row.push(format_rate(sent, dt));
+                row.push(format_rate(recv, dt));
+            }
+            t.row(row);
+        }
+        if t.is_empty() {
+            let _ = writeln!(out, "  no lanes");
+        } else {
+            let _ = write!(out, "{t}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::proto::v1::{EntryStatus, PeerStats};
+
+    #[test]
+    fn hexdump_like_xxd() {
+        let data: Vec<u8> = (0u8..20).chain(*b"AB c").collect();
+        let dump = hexdump(&data, 0x100);
+        let lines: Vec<&str> = dump.lines().collect();
+        assert_eq!(
+            lines[0],
+            "00000100: 0001 0203 0405 0607 0809 0a0b 0c0d 0e0f  ................"
+        );
+        assert_eq!(
+            lines[1],
+            "00000110: 1011 1213 4142 2063                      ....AB c"
+        );
+        assert_eq!(lines.len(), 2);
+        assert_eq!(hexdump(&[], 0), "");
+        assert_eq!(
+            hexdump(&[0x41], 0),
+            "00000000: 41                                       A\n"
+        );
+    }
+
+    #[test]
+    fn table_aligns() {
+        let mut t = Table::new(["A", "LONGER", "C"]);
+        t.row(["1234", "x", ""]);
+        t.row(["5", "yy", "z"]);
+        assert_eq!(t.to_string(), "A     LONGER  C\n1234  x\n5     yy      z\n");
+        assert!(!t.is_empty());
+        assert!(Table::new(["X"]).is_empty());
+    }
+
+    #[test]
+    fn payloads() {
+        assert_eq!(printable_text(b"hello world\n"), Some("hello world\n"));
+        assert_eq!(printable_text(b"\x00\x01"), None);
+        assert_eq!(printable_text(&[0xff, 0xfe]), None);
+        let n = Notification {
+            from_node: "a".into(),
+            transfer_id: 7,
+            payload: vec![0, 1],
+            buffer_ids: vec![3, 4],
+        };
+        assert_eq!(notification_text(&n), "from a transfer 7 (buffers 3,4): 0x0001");
+        assert_eq!(notification_json(&n)["payload_hex"], "0001");
+        assert!(notification_json(&n).get("payload_text").is_none());
+    }
+
+    #[test]
+    fn events() {
+        let ev = TransferEvent {
+            transfer_id: 7,
+            state: TransferState::Finished as i32,
+            bytes_done: 1 << 30,
+            total_bytes: 1 << 30,
+            status_code: 0,
+            status_message: String::new(),
+            entries: vec![EntryStatus {
+                code: 0,
+                message: String::new(),
+            }],
+            elapsed_us: 500_000,
+        };
+        let el = transfer_elapsed(&ev, Duration::from_secs(9));
+        assert_eq!(el, Duration::from_millis(500));
+        assert_eq!(
+            event_summary(&ev, el),
+            "transfer 7: OK, 1.00 GiB in 0.500 s (2.15 GB/s)"
+        );
+        let j = event_json(&ev, el);
+        assert_eq!(j["status"], "OK");
+        assert_eq!(j["state"], "FINISHED");
+        let failed = TransferEvent {
+            status_code: 4,
+            bytes_done: 0,
+            ..ev
+        };
+        assert!(event_summary(&failed, el).contains("DEADLINE_EXCEEDED"));
+    }
+
+    #[test]
+    fn stats_render() {
+        let lane = LaneStats {
+            lane: 0,
+            device: 1,
+            bytes_sent: 2 << 30,
+            ..Default::default()
+        };
+        let s = Stats {
+            node_id: "a".into(),
+            peers: vec![PeerStats {
+                node_id: "b".into(),
+                state: PeerState::Up as i32,
+                lanes: vec![lane],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut prev = s.clone();
+        prev.peers[0].lanes[0].bytes_sent = 1 << 30;
+        let text = stats_text(&s, Some((&prev, Duration::from_secs(1))));
+        assert!(text.contains("peer b UP"), "{text}");
+        assert!(text.contains("1.07 GB/s"), "{text}");
+        assert_eq!(stats_json(&s)["peers"][0]["lanes"][0]["bytes_sent"], 2u64 << 30);
+    }
+}

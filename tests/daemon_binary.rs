@@ -1,0 +1,127 @@
+//! The tcpxd binary itself: start-up with a ready file, the API socket's mode, SIGTERM, and the
+//! message when the TCPX plugin is missing (never a silent fallback to the emulation).
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tcpxd::api::proto::v1 as pb;
+use tcpxd::api::proto::v1::tcpxd_client::TcpxdClient;
+
+fn temp_dir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("tcpxd-bin-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+async fn unix_client(path: std::path::PathBuf) -> TcpxdClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Endpoint::from_static("http://[::]:0")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .expect("connect over the unix socket");
+    TcpxdClient::new(channel)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_serves_on_its_socket_and_stops_on_sigterm() {
+    let dir = temp_dir("run");
+    let sock = dir.join("api.sock");
+    let ready = dir.join("ready.json");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tcpxd"))
+        .args([
+            "--node-id",
+            "bin-a",
+            "--builtin-emulation",
+            "--peer-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--api-socket")
+        .arg(&sock)
+        .arg("--ready-file")
+        .arg(&ready)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tcpxd starts");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "no ready file");
+        assert!(child.try_wait().unwrap().is_none(), "tcpxd exited early");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let info: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&ready).unwrap()).unwrap();
+    assert_eq!(info["node_id"], "bin-a");
+    assert!(info["peer_address"].as_str().unwrap().starts_with("127.0.0.1:"));
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660, "the API socket is group-accessible only");
+
+    let mut c = unix_client(sock.clone()).await;
+    let b = c
+        .register_buffer(pb::RegisterBufferRequest {
+            source: Some(pb::register_buffer_request::Source::Host(pb::HostAllocation {
+                size: 4096,
+            })),
+            label: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(b.descriptor.starts_with("tcpxd1:bin-a:"));
+
+    // SAFETY: sending SIGTERM to the child we spawned.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "tcpxd ignored SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(!sock.exists(), "the socket is removed on exit");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn a_missing_plugin_is_named_with_the_fix_and_never_replaced_silently() {
+    let dir = temp_dir("missing");
+    let out = Command::new(env!("CARGO_BIN_EXE_tcpxd"))
+        .args(["--node-id", "bin-b", "--plugin", "/nonexistent/libnccl-net.so"])
+        .arg("--api-socket")
+        .arg(dir.join("api.sock"))
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for words in [
+        "/nonexistent/libnccl-net.so",
+        "does not exist",
+        "--plugin",
+        "noexec",
+        "--builtin-emulation",
+    ] {
+        assert!(err.contains(words), "stderr should mention {words:?}: {err}");
+    }
+    assert!(!dir.join("api.sock").exists(), "nothing was served");
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[test]
+fn bad_configuration_exits_with_a_named_setting() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tcpxd"))
+        .args(["--node-id", "has:colon", "--builtin-emulation"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("node_id"));
+}
