@@ -82,6 +82,8 @@ pub struct FileApi {
 pub struct FilePeer {
     pub listen: Option<SocketAddr>,
     pub connect_timeout_s: Option<u64>,
+    pub heartbeat_interval_ms: Option<u64>,
+    pub heartbeat_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -126,6 +128,8 @@ pub struct Config {
     pub api_tcp: Option<SocketAddr>,
     pub peer_listen: SocketAddr,
     pub peer_connect_timeout: Duration,
+    pub heartbeat_interval: Duration,
+    pub heartbeat_timeout: Duration,
     pub plugin: PluginChoice,
     pub lanes_per_device: u32,
     pub devices: Option<Vec<i32>>,
@@ -227,6 +231,13 @@ impl Config {
                     ConfigError::Invalid(format!("api.socket_mode: {m:?} is not an octal mode"))
                 })?,
         };
+        let heartbeat_interval_ms = file.peer.heartbeat_interval_ms.unwrap_or(1000);
+        let heartbeat_timeout_ms = file.peer.heartbeat_timeout_ms.unwrap_or(10_000);
+        if heartbeat_interval_ms == 0 || heartbeat_timeout_ms <= heartbeat_interval_ms {
+            return Err(ConfigError::Invalid(format!(
+                "peer.heartbeat_timeout_ms ({heartbeat_timeout_ms}) must exceed peer.heartbeat_interval_ms ({heartbeat_interval_ms}), which must be positive"
+            )));
+        }
         let default_timeout_s = args
             .default_timeout_s
             .or(file.transfer.default_timeout_s)
@@ -250,6 +261,8 @@ impl Config {
                 .or(file.peer.listen)
                 .unwrap_or_else(|| DEFAULT_PEER_LISTEN.parse().expect("valid default")),
             peer_connect_timeout: Duration::from_secs(file.peer.connect_timeout_s.unwrap_or(30)),
+            heartbeat_interval: Duration::from_millis(heartbeat_interval_ms),
+            heartbeat_timeout: Duration::from_millis(heartbeat_timeout_ms),
             plugin,
             lanes_per_device,
             devices: file.plugin.devices,

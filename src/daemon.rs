@@ -102,7 +102,15 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         node_id: cfg.node_id.clone(),
         buffers: BufferRegistry::new(&cfg.node_id, cfg.max_buffer_bytes),
         poller: poller.sender(),
-        peers: Peers::new(&cfg.node_id, poller.sender(), cfg.peer_connect_timeout),
+        peers: Peers::new(
+            &cfg.node_id,
+            poller.sender(),
+            cfg.peer_connect_timeout,
+            crate::peers::Heartbeat {
+                interval: cfg.heartbeat_interval,
+                timeout: cfg.heartbeat_timeout,
+            },
+        ),
         notifications: notify_tx,
         transfers: Mutex::new(HashMap::new()),
         default_timeout: cfg.default_timeout,

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::api::proto::peer as pb;
@@ -26,6 +26,57 @@ use crate::poller::{Command, LaneHandleInfo, PeerChannels, PeerLink};
 pub const PROTOCOL_VERSION: u32 = 1;
 /// Largest control message (a 4096-range offer with a 1 MiB notification fits easily).
 pub const MAX_CONTROL_MESSAGE: usize = 8 << 20;
+
+/// Liveness on the control stream: each side sends a heartbeat whenever its stream has been
+/// quiet for `interval`; a stream silent for `timeout` fails its peer.
+#[derive(Debug, Clone, Copy)]
+pub struct Heartbeat {
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+impl Default for Heartbeat {
+    fn default() -> Self {
+        Heartbeat {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Pumps a peer's outbound control messages, plus heartbeats while it is quiet, into a stream
+/// that ends when the poller drops the peer's channel.
+fn spawn_outbound(
+    first: Option<pb::PeerMessage>,
+    mut control: mpsc::UnboundedReceiver<PeerMsg>,
+    interval: Duration,
+) -> mpsc::Receiver<Result<pb::PeerMessage, Status>> {
+    let (tx, rx) = mpsc::channel(256);
+    tokio::spawn(async move {
+        if let Some(m) = first
+            && tx.send(Ok(m)).await.is_err()
+        {
+            return;
+        }
+        let mut seq = 0u64;
+        loop {
+            let msg = match tokio::time::timeout(interval, control.recv()).await {
+                Ok(Some(m)) => msg_to_pb(&m),
+                Ok(None) => return,
+                Err(_) => {
+                    seq += 1;
+                    pb::PeerMessage {
+                        body: Some(pb::peer_message::Body::Heartbeat(pb::Heartbeat { seq })),
+                    }
+                }
+            };
+            if tx.send(Ok(msg)).await.is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
 
 /// What the API shows of a peer.
 #[derive(Debug, Clone)]
@@ -50,6 +101,7 @@ pub struct Peers {
     node_id: String,
     poller: std_mpsc::Sender<Command>,
     connect_timeout: Duration,
+    heartbeat: Heartbeat,
     by_node: Mutex<HashMap<String, PeerInfo>>,
     sessions: Arc<Mutex<HashMap<u64, PendingSession>>>,
     /// Serialises ConnectPeer calls so two calls for one address make one peer.
@@ -70,11 +122,17 @@ async fn ask<T>(
 }
 
 impl Peers {
-    pub fn new(node_id: &str, poller: std_mpsc::Sender<Command>, connect_timeout: Duration) -> Peers {
+    pub fn new(
+        node_id: &str,
+        poller: std_mpsc::Sender<Command>,
+        connect_timeout: Duration,
+        heartbeat: Heartbeat,
+    ) -> Peers {
         Peers {
             node_id: node_id.to_string(),
             poller,
             connect_timeout,
+            heartbeat,
             by_node: Mutex::new(HashMap::new()),
             sessions: Arc::new(Mutex::new(HashMap::new())),
             connecting: tokio::sync::Mutex::new(()),
@@ -212,8 +270,9 @@ impl Peers {
                 node_id: self.node_id.clone(),
             })),
         };
-        let outbound =
-            tokio_stream::once(hello).chain(UnboundedReceiverStream::new(control_rx).map(|m| msg_to_pb(&m)));
+        // The caller's request stream carries bare messages: the pump never yields an error.
+        let outbound = ReceiverStream::new(spawn_outbound(Some(hello), control_rx, self.heartbeat.interval))
+            .filter_map(|m| m.ok());
         let inbound = match client.control(outbound).await {
             Ok(r) => r.into_inner(),
             Err(s) => {
@@ -225,7 +284,14 @@ impl Peers {
                 return Err(Status::unavailable(why));
             }
         };
-        spawn_inbound(self.poller.clone(), answer, idx, info.node_id.clone(), inbound);
+        spawn_inbound(
+            self.poller.clone(),
+            answer,
+            idx,
+            info.node_id.clone(),
+            inbound,
+            self.heartbeat.timeout,
+        );
         self.wait_up(info).await
     }
 
@@ -352,7 +418,7 @@ impl Peers {
     pub async fn control(
         &self,
         req: Request<Streaming<pb::PeerMessage>>,
-    ) -> Result<Response<UnboundedReceiverStream<Result<pb::PeerMessage, Status>>>, Status> {
+    ) -> Result<Response<ReceiverStream<Result<pb::PeerMessage, Status>>>, Status> {
         let mut inbound = req.into_inner();
         let first = inbound
             .message()
@@ -384,17 +450,13 @@ impl Peers {
             session.idx,
             session.node_id.clone(),
             inbound,
+            self.heartbeat.timeout,
         );
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut outbound = session.outbound;
-        tokio::spawn(async move {
-            while let Some(m) = outbound.recv().await {
-                if tx.send(Ok(msg_to_pb(&m))).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Response::new(UnboundedReceiverStream::new(rx)))
+        Ok(Response::new(ReceiverStream::new(spawn_outbound(
+            None,
+            session.outbound,
+            self.heartbeat.interval,
+        ))))
     }
 }
 
@@ -427,10 +489,14 @@ fn spawn_inbound(
     idx: PeerIdx,
     node: String,
     mut inbound: Streaming<pb::PeerMessage>,
+    silence: Duration,
 ) {
     tokio::spawn(async move {
         let reason = loop {
-            match inbound.message().await {
+            let Ok(next) = tokio::time::timeout(silence, inbound.message()).await else {
+                break format!("no control message or heartbeat for {silence:?}");
+            };
+            match next {
                 Ok(Some(m)) => match msg_from_pb(m) {
                     Ok(Some(msg)) => {
                         if poller.send(Command::Message { peer: idx, msg }).is_err() {

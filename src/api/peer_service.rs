@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::proto::peer as pb;
@@ -24,7 +24,7 @@ impl pb::tcpxd_peer_server::TcpxdPeer for PeerService {
         Ok(Response::new(resp))
     }
 
-    type ControlStream = UnboundedReceiverStream<Result<pb::PeerMessage, Status>>;
+    type ControlStream = ReceiverStream<Result<pb::PeerMessage, Status>>;
 
     async fn control(
         &self,
