@@ -179,6 +179,7 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
             entries: vec![good(1); 4097],
             notification: vec![],
             timeout_ms: 0,
+            ready_event_ipc_handle: Vec::new(),
         })
         .await,
         Code::InvalidArgument,

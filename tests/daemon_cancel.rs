@@ -108,6 +108,7 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
             entry: Some(write_entry(&src, 0, &dst, 0, 128 * MIB)),
             notification: vec![],
             timeout_ms: 200,
+            ready_event_ipc_handle: Vec::new(),
         })
         .await
         .unwrap()
@@ -125,6 +126,7 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
         entry: Some(write_entry(&src, 0, &dst, 0, 128 * MIB)),
         notification: vec![],
         timeout_ms: 0,
+        ready_event_ipc_handle: Vec::new(),
     });
     req.set_timeout(Duration::from_millis(300));
     let id = a.client.write(req).await.unwrap().into_inner().transfer_id;

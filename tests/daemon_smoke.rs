@@ -47,6 +47,7 @@ async fn write_between_two_daemons() {
             }),
             notification: vec![],
             timeout_ms: 30_000,
+            ready_event_ipc_handle: Vec::new(),
         })
         .await
         .unwrap()

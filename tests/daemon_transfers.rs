@@ -91,6 +91,7 @@ async fn read_pulls_remote_bytes_and_batches_report_per_entry() {
             entries,
             notification: vec![],
             timeout_ms: 60_000,
+            ready_event_ipc_handle: Vec::new(),
         })
         .await
         .unwrap()

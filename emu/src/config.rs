@@ -19,6 +19,15 @@ pub(crate) enum HostRecv {
     Direct,
 }
 
+/// Where the bounce buffer lives (`TCPXEMU_BOUNCE`, resolved at init).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bounce {
+    /// Host memory (no CUDA here, or `TCPXEMU_BOUNCE=host`).
+    Host,
+    /// Device memory through the CUDA driver API.
+    Cuda,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fragments {
     Page,
@@ -71,6 +80,13 @@ pub(crate) struct Config {
     pub(crate) nthreads: u32,
     pub(crate) chunk_size: u32,
     pub(crate) host_recv: HostRecv,
+    pub(crate) bounce: Bounce,
+    /// Why `bounce` is what it is (for the init line and the CUDA-in-host-mode error).
+    pub(crate) bounce_why: String,
+    /// `TCPXEMU_CUDA_DEVICE`: whose primary context to use when no context is current.
+    pub(crate) cuda_device: i32,
+    /// Set when `init` must fail (`TCPXEMU_BOUNCE=cuda` without CUDA); every later call fails.
+    pub(crate) init_error: Option<String>,
     pub(crate) bounce_pages: u32,
     pub(crate) seed: u64,
     pub(crate) flow_wait: Duration,
@@ -81,14 +97,21 @@ impl Config {
     pub(crate) fn summary(&self) -> String {
         let mut s = format!(
             "tcpxemu: {} device(s), {}x{} data sockets per comm, NCCL_DYNAMIC_CHUNK_SIZE={}, \
-             host receive={}, bounce pages={}, seed={:#x}, flow-steering wait={}us, connection retry={}",
+             bounce={} ({}), host receive={}, bounce pages={}, seed={:#x}, flow-steering wait={}us, \
+             connection retry={}",
             self.devices.len(),
             self.nsocks,
             self.nthreads,
             self.chunk_size,
-            match self.host_recv {
-                HostRecv::Bounce => "bounce",
-                HostRecv::Direct => "direct",
+            match self.bounce {
+                Bounce::Host => "host",
+                Bounce::Cuda => "cuda",
+            },
+            self.bounce_why,
+            match (self.bounce, self.host_recv) {
+                (Bounce::Cuda, _) => "direct (CUDA mode)",
+                (Bounce::Host, HostRecv::Bounce) => "bounce",
+                (Bounce::Host, HostRecv::Direct) => "direct",
             },
             self.bounce_pages,
             self.seed,
@@ -294,6 +317,60 @@ fn from_env(w: &mut Vec<String>) -> Config {
             HostRecv::Bounce
         }
     };
+    let mut cuda_device: i32 = parse("TCPXEMU_CUDA_DEVICE", var("TCPXEMU_CUDA_DEVICE"), 0, w);
+    if cuda_device < 0 {
+        w.push(format!(
+            "tcpxemu: TCPXEMU_CUDA_DEVICE={cuda_device} is negative; using 0"
+        ));
+        cuda_device = 0;
+    }
+    let want = match var("TCPXEMU_BOUNCE").as_deref() {
+        None | Some("auto") => "auto",
+        Some("host") => "host",
+        Some("cuda") => "cuda",
+        Some(other) => {
+            w.push(format!(
+                "tcpxemu: TCPXEMU_BOUNCE={other:?} is none of auto, host, cuda; using auto"
+            ));
+            "auto"
+        }
+    };
+    let mut init_error = None;
+    let (bounce, bounce_why) = if want == "host" {
+        (Bounce::Host, "TCPXEMU_BOUNCE=host".to_string())
+    } else {
+        match crate::cuda::probe() {
+            Ok(n) => {
+                if cuda_device >= n {
+                    w.push(format!(
+                        "tcpxemu: TCPXEMU_CUDA_DEVICE={cuda_device} but there are {n} CUDA device(s); using 0"
+                    ));
+                    cuda_device = 0;
+                }
+                (
+                    Bounce::Cuda,
+                    format!(
+                        "TCPXEMU_BOUNCE={want}: {n} CUDA device(s); without a current context, \
+                         device {cuda_device}'s primary context"
+                    ),
+                )
+            }
+            Err(why) if want == "cuda" => {
+                init_error = Some(format!(
+                    "tcpxemu: TCPXEMU_BOUNCE=cuda but the CUDA mode cannot run here: {why}"
+                ));
+                (Bounce::Host, format!("CUDA unavailable: {why}"))
+            }
+            Err(why) => (Bounce::Host, format!("TCPXEMU_BOUNCE=auto: {why}")),
+        }
+    };
+    if bounce == Bounce::Cuda && host_recv == HostRecv::Bounce && var("TCPXEMU_HOST_RECV").is_some() {
+        w.push(
+            "tcpxemu: TCPXEMU_HOST_RECV=bounce is ignored in CUDA mode: receives into host memory are \
+             direct there, as in the real plugin (TCPXEMU_BOUNCE=host keeps host bounce pages)"
+                .to_string(),
+        );
+    }
     let mut bounce_pages: u32 = parse("TCPXEMU_BOUNCE_PAGES", var("TCPXEMU_BOUNCE_PAGES"), 16384, w);
     if !(1..=MAX_BOUNCE_PAGES).contains(&bounce_pages) {
         w.push(format!(
@@ -334,6 +411,10 @@ fn from_env(w: &mut Vec<String>) -> Config {
         nthreads,
         chunk_size,
         host_recv,
+        bounce,
+        bounce_why,
+        cuda_device,
+        init_error,
         bounce_pages,
         seed,
         flow_wait,

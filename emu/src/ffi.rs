@@ -4,14 +4,16 @@
 use crate::abi::{
     self, MAX_REQUESTS, ncclDebugLogger_t, ncclNetDeviceHandle_v7_t, ncclNetProperties_v7_t, ncclResult_t,
 };
-use crate::config::{self, Config, Device};
+use crate::config::{self, Bounce, Config, Device};
 use crate::connect::{self, Poll};
+use crate::cuda::{self, Ctx};
 use crate::listen::{AcceptPoll, ListenComm};
 use crate::recv::RecvComm;
 use crate::send::SendComm;
 use std::ffi::{c_int, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const SEND_MAGIC: u64 = u64::from_le_bytes(*b"TXEMsend");
@@ -57,6 +59,8 @@ struct Mr {
     mtype: c_int,
     base: usize,
     size: usize,
+    /// CUDA memory: the context it was registered under (kept alive while registered).
+    ctx: Option<Arc<Ctx>>,
 }
 
 impl Mr {
@@ -77,9 +81,26 @@ fn guard(name: &str, f: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
 }
 
 fn cfg() -> Result<&'static Config, ncclResult_t> {
-    config::get().ok_or_else(|| {
+    let cfg = config::get().ok_or_else(|| {
         warn!("tcpxemu: plugin used before init");
         abi::NCCL_INTERNAL_ERROR
+    })?;
+    if let Some(e) = &cfg.init_error {
+        warn!("tcpxemu: plugin used after a failed init ({e})");
+        return Err(abi::NCCL_SYSTEM_ERROR);
+    }
+    Ok(cfg)
+}
+
+/// CUDA mode: the context to work in (the caller's current one, else the configured device's
+/// primary context). `None` in host mode.
+fn cuda_ctx(cfg: &Config, what: &str) -> Result<Option<Arc<Ctx>>, ncclResult_t> {
+    if cfg.bounce != Bounce::Cuda {
+        return Ok(None);
+    }
+    Ctx::current_or_primary(cfg.cuda_device).map(Some).map_err(|e| {
+        warn!("tcpxemu: {what}: no usable CUDA context: {e}");
+        abi::NCCL_UNHANDLED_CUDA_ERROR
     })
 }
 
@@ -166,6 +187,10 @@ unsafe extern "C" fn init(log_fn: ncclDebugLogger_t) -> ncclResult_t {
         let (cfg, warnings) = config::init_from_env();
         for w in warnings {
             warn!("{w}");
+        }
+        if let Some(e) = &cfg.init_error {
+            warn!("{e}");
+            return abi::NCCL_SYSTEM_ERROR;
         }
         info!("{}", cfg.summary());
         abi::NCCL_SUCCESS
@@ -290,7 +315,8 @@ unsafe extern "C" fn connect(
                 }
                 Poll::Ready(conn) => {
                     let peer = conn.peer;
-                    let c = SendComm::new(conn, d, cfg.chunk_size).map_err(|e| {
+                    let ctx = cuda_ctx(cfg, "connect")?;
+                    let c = SendComm::new(conn, d, cfg.chunk_size, ctx.as_ref()).map_err(|e| {
                         warn!("tcpxemu: connect to {peer}: cannot start the send comm: {e}");
                         abi::NCCL_SYSTEM_ERROR
                     })?;
@@ -335,10 +361,13 @@ unsafe extern "C" fn accept(
                 unsafe { *recv_dev_comm }
             };
             let salt = COMM_SEQ.fetch_add(1, Ordering::Relaxed);
-            let rc = RecvComm::new(group, lb.comm.dev, cfg, !storage.is_null(), salt).map_err(|e| {
-                warn!("tcpxemu: accept: cannot set up the receive comm: {e}");
-                abi::NCCL_SYSTEM_ERROR
-            })?;
+            let ctx = cuda_ctx(cfg, "accept")?;
+            let rc = RecvComm::new(group, lb.comm.dev, cfg, !storage.is_null(), salt, ctx.as_ref()).map_err(
+                |e| {
+                    warn!("tcpxemu: accept: cannot set up the receive comm: {e}");
+                    abi::NCCL_SYSTEM_ERROR
+                },
+            )?;
             if storage.is_null() {
                 info!(
                     "tcpxemu: accept got no device-handle storage (recvDevComm NULL); bounce \
@@ -373,41 +402,69 @@ unsafe extern "C" fn reg_mr(
 ) -> ncclResult_t {
     guard("regMr", || {
         ok_or((|| {
+            let cfg = cfg()?;
             // SAFETY: by contract a comm pointer from connect/accept.
             unsafe { comm_ref(comm, "regMr") }?;
             if mhandle.is_null() || size < 0 {
                 warn!("tcpxemu: regMr: NULL mhandle or negative size {size}");
                 return Err(abi::NCCL_INVALID_ARGUMENT);
             }
-            match mtype {
-                abi::NCCL_PTR_HOST => {}
-                abi::NCCL_PTR_CUDA => {
-                    if data as usize % abi::SLICE_PAGE_SIZE != 0 {
-                        warn!("tcpxemu: regMr: data not aligned ({data:p} is not 4096-aligned)");
-                    } else {
-                        warn!(
-                            "tcpxemu: regMr: CUDA memory ({data:p}, {size} bytes) needs the GPU build \
-                             of the emulation, which this version does not have; use NCCL_PTR_HOST buffers"
-                        );
-                    }
-                    return Err(abi::NCCL_INTERNAL_ERROR);
-                }
+            let ctx = match mtype {
+                abi::NCCL_PTR_HOST => None,
+                abi::NCCL_PTR_CUDA => Some(reg_cuda(cfg, data, size)?),
                 other => {
                     warn!("tcpxemu: regMr: unsupported memory type {other:#x}");
                     return Err(abi::NCCL_INVALID_ARGUMENT);
                 }
-            }
+            };
             let m = Box::into_raw(Box::new(Mr {
                 magic: MR_MAGIC,
                 mtype,
                 base: data as usize,
                 size: size as usize,
+                ctx,
             }));
             // SAFETY: non-NULL out-parameter.
             unsafe { *mhandle = m.cast() };
             Ok(())
         })())
     })
+}
+
+/// `regMr(NCCL_PTR_CUDA)`: 4096-aligned device memory, in CUDA mode only.
+fn reg_cuda(cfg: &Config, data: *mut c_void, size: c_int) -> Result<Arc<Ctx>, ncclResult_t> {
+    if data as usize % abi::SLICE_PAGE_SIZE != 0 {
+        warn!("tcpxemu: regMr: data not aligned ({data:p} is not 4096-aligned)");
+        return Err(abi::NCCL_INTERNAL_ERROR);
+    }
+    if cfg.bounce != Bounce::Cuda {
+        warn!(
+            "tcpxemu: regMr: CUDA memory ({data:p}, {size} bytes) needs the CUDA mode of the emulation, \
+             but this process runs in host mode ({}); use NCCL_PTR_HOST buffers, or run where libcuda \
+             and a CUDA device are present (TCPXEMU_BOUNCE=auto or cuda)",
+            cfg.bounce_why
+        );
+        return Err(abi::NCCL_INTERNAL_ERROR);
+    }
+    let ctx = cuda_ctx(cfg, "regMr")?.ok_or(abi::NCCL_INTERNAL_ERROR)?;
+    if size > 0 {
+        let kind = cuda::memory_type(&ctx, data as u64);
+        if !matches!(
+            kind,
+            Ok(cuda::MemoryType::Device) | Ok(cuda::MemoryType::Other(4))
+        ) {
+            warn!(
+                "tcpxemu: regMr: {data:p} ({size} bytes) registered as NCCL_PTR_CUDA is not CUDA device \
+                 memory ({})",
+                match kind {
+                    Ok(k) => format!("memory type {k:?}"),
+                    Err(e) => e,
+                }
+            );
+            return Err(abi::NCCL_SYSTEM_ERROR);
+        }
+    }
+    Ok(ctx)
 }
 
 unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> ncclResult_t {
@@ -459,7 +516,7 @@ unsafe extern "C" fn isend(
                 );
                 return Err(abi::NCCL_INVALID_ARGUMENT);
             }
-            let slot = c.isend(data as *const u8, size as u32)?;
+            let slot = c.isend(data as *const u8, size as u32, m.mtype == abi::NCCL_PTR_CUDA)?;
             // SAFETY: non-NULL out-parameter; the slot lives as long as the comm.
             unsafe { *request = (&cb.slots[slot] as *const ReqSlot).cast_mut().cast() };
             Ok(())
@@ -519,8 +576,7 @@ unsafe extern "C" fn irecv(
                 );
                 return Err(abi::NCCL_INVALID_ARGUMENT);
             }
-            debug_assert_eq!(m.mtype, abi::NCCL_PTR_HOST);
-            let q = c.irecv(dst.cast(), size as u32)?;
+            let q = c.irecv(dst.cast(), size as u32, m.mtype == abi::NCCL_PTR_CUDA)?;
             // SAFETY: non-NULL out-parameter; the slot lives as long as the comm.
             unsafe { *request = (&cb.slots[q] as *const ReqSlot).cast_mut().cast() };
             Ok(())

@@ -10,7 +10,9 @@
 //! - [`abi`]: the shared `#[repr(C)]` mirror of the v7 ABI (one text with the daemon).
 //! - `config`: the environment, read once at the first `init`.
 //! - `log`: the NCCL logger (C variadic, called with `"%s"`) and an optional Rust hook.
-//! - `memory`: the unpack ring, the bounce-page pool and the device-handle storage.
+//! - `memory`: the unpack ring, the bounce-page pool, the device-handle storage and the pinned
+//!   staging of the CUDA mode.
+//! - `cuda`: the CUDA driver API (loaded at run time; probed before first use), contexts.
 //! - `wire`: the listen handle, the socket hellos and the control header.
 //! - `sockio`, `sync`, `rng`: socket calls (`MSG_NOSIGNAL`), comm health and queues, a PRNG.
 //! - `listen`, `connect`, `send`, `recv`: the comms and their helper threads.
@@ -24,6 +26,7 @@ mod log;
 
 mod config;
 mod connect;
+mod cuda;
 mod ffi;
 mod listen;
 mod memory;

@@ -1,19 +1,28 @@
-//! Memory a receive comm hands to its consumer: the unpack ring, the bounce pages and the
-//! 24-byte `unpackNetDeviceHandle`.
+//! Memory a receive comm hands to its consumer — the unpack ring, the bounce pages and the
+//! 24-byte `unpackNetDeviceHandle` — and the pinned staging the socket threads use in CUDA mode.
 //!
-//! In this host-only version all three live in host memory. The types are the seams for the GPU
-//! version (see `docs/EMULATION.md`, "CUDA bounce buffer"): `BouncePool` would own device memory
-//! and host staging pages (sockets read into staging, then a copy to the device page),
-//! `RingMemory` would come from `cuMemHostAlloc(DEVICEMAP)`, and `HandleMemory` from `cuMemAlloc`.
+//! Host mode: all three live in host memory (anonymous mappings and a box).
+//! CUDA mode (`docs/EMULATION.md`, "CUDA mode"): the ring is host-mapped pinned memory
+//! (`cuMemHostAlloc(DEVICEMAP | PORTABLE)`; the plugin writes it through the host pointer, the
+//! handle carries the device pointer), the bounce pages are device memory (`cuMemAlloc`), and the
+//! handle itself is device memory. Socket threads read into [`RecvStaging`] and upload to the
+//! pages; senders of device memory download through [`SendStaging`]. Every CUDA call lives in
+//! `cuda.rs`; `recv.rs` and `send.rs` only see these types.
 
 use crate::abi::{
     NET_UNPACK_MAX_SLICE_PAGES, SLICE_PAGE_SIZE, loadMeta, netUnpackMeta, unpackNetDeviceHandle,
 };
+use crate::cuda::{self, Ctx, DeviceMem, Pinned, Stream};
 use crate::rng::SplitMix64;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
+
+/// A CUDA failure as an `io::Error` (for the constructors, whose callers log and map it).
+fn cuda_err(what: &str, e: String) -> io::Error {
+    io::Error::other(format!("{what}: {e}"))
+}
 
 /// An anonymous private mapping: zeroed, page-aligned, and untouched pages cost nothing.
 #[derive(Debug)]
@@ -56,22 +65,66 @@ impl Drop for Mapping {
     }
 }
 
+#[derive(Debug)]
+enum RingBacking {
+    Host(#[allow(dead_code)] Mapping),
+    Pinned(#[allow(dead_code)] Pinned),
+}
+
 /// The `netUnpackMeta` ring (524416 bytes, zeroed, page- hence 16-aligned).
 #[derive(Debug)]
 pub(crate) struct RingMemory {
-    map: Mapping,
+    /// Keeps the memory alive.
+    _backing: RingBacking,
+    /// Where the plugin writes (and a host consumer reads).
+    host: *mut netUnpackMeta,
+    /// What the `unpackNetDeviceHandle.meta` field says (equal to `host` in host mode and under
+    /// unified addressing).
+    device: *mut netUnpackMeta,
 }
 
+// SAFETY: the pointers address memory owned by `_backing`; access to the bytes is coordinated
+// through atomics and the slot protocol (see `write_entry`).
+unsafe impl Send for RingMemory {}
+// SAFETY: as above.
+unsafe impl Sync for RingMemory {}
+
 impl RingMemory {
+    fn len() -> usize {
+        std::mem::size_of::<netUnpackMeta>().next_multiple_of(SLICE_PAGE_SIZE)
+    }
+
+    /// Host mode: an anonymous mapping.
     pub(crate) fn new() -> io::Result<RingMemory> {
-        let len = std::mem::size_of::<netUnpackMeta>().next_multiple_of(SLICE_PAGE_SIZE);
+        let map = Mapping::new(Self::len())?;
+        let p: *mut netUnpackMeta = map.ptr.cast();
         Ok(RingMemory {
-            map: Mapping::new(len)?,
+            _backing: RingBacking::Host(map),
+            host: p,
+            device: p,
         })
     }
 
+    /// CUDA mode: `cuMemHostAlloc(DEVICEMAP | PORTABLE)`, zeroed.
+    pub(crate) fn new_cuda(ctx: &Arc<Ctx>) -> io::Result<RingMemory> {
+        let pinned = Pinned::new(ctx, Self::len(), true).map_err(|e| cuda_err("unpack ring", e))?;
+        let host: *mut netUnpackMeta = pinned.host().cast();
+        let device = pinned.device() as usize as *mut netUnpackMeta;
+        Ok(RingMemory {
+            _backing: RingBacking::Pinned(pinned),
+            host,
+            device,
+        })
+    }
+
+    /// The host view: where the plugin writes.
     pub(crate) fn meta(&self) -> *mut netUnpackMeta {
-        self.map.ptr.cast()
+        self.host
+    }
+
+    /// The pointer published in `unpackNetDeviceHandle.meta`.
+    pub(crate) fn meta_device(&self) -> *mut netUnpackMeta {
+        self.device
     }
 
     fn cnt(&self, q: usize) -> &AtomicU64 {
@@ -107,19 +160,25 @@ struct PoolState {
     warned: bool,
 }
 
-/// The bounce buffer: `npages` pages of 4 KiB, handed out in shuffled order.
+#[derive(Debug)]
+enum PoolBacking {
+    Host(Mapping),
+    Device(DeviceMem),
+}
+
+/// The bounce buffer: `npages` pages of 4 KiB, handed out in shuffled order. Host memory in
+/// host mode, device memory in CUDA mode (then only [`RecvStaging::upload`] writes it).
 pub(crate) struct BouncePool {
-    map: Mapping,
+    mem: PoolBacking,
     npages: u32,
     state: Mutex<PoolState>,
     cv: Condvar,
 }
 
 impl BouncePool {
-    pub(crate) fn new(npages: u32, rng: SplitMix64) -> io::Result<BouncePool> {
-        let map = Mapping::new(npages as usize * SLICE_PAGE_SIZE)?;
-        Ok(BouncePool {
-            map,
+    fn with(mem: PoolBacking, npages: u32, rng: SplitMix64) -> BouncePool {
+        BouncePool {
+            mem,
             npages,
             state: Mutex::new(PoolState {
                 free: (0..npages).collect(),
@@ -127,17 +186,57 @@ impl BouncePool {
                 warned: false,
             }),
             cv: Condvar::new(),
-        })
+        }
     }
 
+    /// Host mode: an anonymous mapping.
+    pub(crate) fn new(npages: u32, rng: SplitMix64) -> io::Result<BouncePool> {
+        let map = Mapping::new(npages as usize * SLICE_PAGE_SIZE)?;
+        Ok(Self::with(PoolBacking::Host(map), npages, rng))
+    }
+
+    /// CUDA mode: `cuMemAlloc`, 4096-aligned.
+    pub(crate) fn new_cuda(ctx: &Arc<Ctx>, npages: u32, rng: SplitMix64) -> io::Result<BouncePool> {
+        let mem = DeviceMem::new(ctx, npages as usize * SLICE_PAGE_SIZE, SLICE_PAGE_SIZE)
+            .map_err(|e| cuda_err("bounce buffer", e))?;
+        Ok(Self::with(PoolBacking::Device(mem), npages, rng))
+    }
+
+    /// Does the pool live in device memory?
+    pub(crate) fn is_device(&self) -> bool {
+        matches!(self.mem, PoolBacking::Device(_))
+    }
+
+    /// The pointer published in `unpackNetDeviceHandle.bounce_buf` (a device address in CUDA
+    /// mode).
     pub(crate) fn base(&self) -> *mut u8 {
-        self.map.ptr
+        match &self.mem {
+            PoolBacking::Host(m) => m.ptr,
+            PoolBacking::Device(d) => d.addr() as usize as *mut u8,
+        }
     }
 
-    pub(crate) fn page_ptr(&self, page: u32) -> *mut u8 {
-        assert!(page < self.npages);
-        // SAFETY: page < npages, so the offset stays inside the mapping.
-        unsafe { self.map.ptr.add(page as usize * SLICE_PAGE_SIZE) }
+    /// Host mode: the host address of `page` (None in CUDA mode, where pages are device memory).
+    pub(crate) fn host_page(&self, page: u32) -> Option<*mut u8> {
+        match &self.mem {
+            PoolBacking::Host(m) if page < self.npages => {
+                // SAFETY: page < npages, so the offset stays inside the mapping.
+                Some(unsafe { m.ptr.add(page as usize * SLICE_PAGE_SIZE) })
+            }
+            _ => None,
+        }
+    }
+
+    /// CUDA mode: the device address of byte `src_off` of the pool, if `len` bytes fit there.
+    fn device_addr(&self, src_off: u32, len: u32) -> Option<u64> {
+        match &self.mem {
+            PoolBacking::Device(d)
+                if u64::from(src_off) + u64::from(len) <= u64::from(self.npages) * SLICE_PAGE_SIZE as u64 =>
+            {
+                Some(d.addr() + u64::from(src_off))
+            }
+            _ => None,
+        }
     }
 
     /// Take up to `out.len()` random free pages; waits while none is free. Returns 0 only when
@@ -189,11 +288,18 @@ impl BouncePool {
     }
 }
 
+#[derive(Debug)]
+enum HandleBacking {
+    Host(*mut unpackNetDeviceHandle),
+    Device(DeviceMem),
+}
+
 /// Storage for the 24-byte `unpackNetDeviceHandle` the device handle points at. The consumer
-/// (NCCL) owns its `head` field and may write it, so it is kept behind a raw pointer.
+/// (NCCL) owns its `head` field and may write it, so it is kept behind a raw pointer (host mode)
+/// or in device memory that only the consumer touches after creation (CUDA mode).
 #[derive(Debug)]
 pub(crate) struct HandleMemory {
-    h: *mut unpackNetDeviceHandle,
+    mem: HandleBacking,
 }
 
 // SAFETY: the handle is plain memory owned by this value and only read or written by the
@@ -203,24 +309,196 @@ unsafe impl Send for HandleMemory {}
 unsafe impl Sync for HandleMemory {}
 
 impl HandleMemory {
-    pub(crate) fn new(ring: &RingMemory, pool: &BouncePool) -> HandleMemory {
-        HandleMemory {
-            h: Box::into_raw(Box::new(unpackNetDeviceHandle {
-                meta: ring.meta(),
-                bounce_buf: pool.base().cast(),
-                head: u64::MAX,
-            })),
+    fn contents(ring: &RingMemory, pool: &BouncePool) -> unpackNetDeviceHandle {
+        unpackNetDeviceHandle {
+            meta: ring.meta_device(),
+            bounce_buf: pool.base().cast(),
+            head: u64::MAX,
         }
     }
 
+    /// Host mode: a box.
+    pub(crate) fn new(ring: &RingMemory, pool: &BouncePool) -> HandleMemory {
+        HandleMemory {
+            mem: HandleBacking::Host(Box::into_raw(Box::new(Self::contents(ring, pool)))),
+        }
+    }
+
+    /// CUDA mode: `cuMemAlloc` + `cuMemcpyHtoD` of the 24 bytes.
+    pub(crate) fn new_cuda(ctx: &Arc<Ctx>, ring: &RingMemory, pool: &BouncePool) -> io::Result<HandleMemory> {
+        let h = Self::contents(ring, pool);
+        let len = std::mem::size_of::<unpackNetDeviceHandle>();
+        let mem = DeviceMem::new(ctx, len, 16).map_err(|e| cuda_err("device handle", e))?;
+        // SAFETY: `h` is a plain #[repr(C)] struct of three 8-byte fields (no padding); viewing
+        // its bytes is sound.
+        let bytes =
+            unsafe { std::slice::from_raw_parts((&h as *const unpackNetDeviceHandle).cast::<u8>(), len) };
+        mem.write(0, bytes).map_err(|e| cuda_err("device handle", e))?;
+        Ok(HandleMemory {
+            mem: HandleBacking::Device(mem),
+        })
+    }
+
+    /// What the device handle's `handle` field gets (a device address in CUDA mode).
     pub(crate) fn ptr(&self) -> *mut unpackNetDeviceHandle {
-        self.h
+        match &self.mem {
+            HandleBacking::Host(h) => *h,
+            HandleBacking::Device(d) => d.addr() as usize as *mut unpackNetDeviceHandle,
+        }
     }
 }
 
 impl Drop for HandleMemory {
     fn drop(&mut self) {
-        // SAFETY: `h` came from Box::into_raw in `new` and is freed exactly once, here.
-        drop(unsafe { Box::from_raw(self.h) });
+        if let HandleBacking::Host(h) = self.mem {
+            // SAFETY: `h` came from Box::into_raw in `new` and is freed exactly once, here.
+            drop(unsafe { Box::from_raw(h) });
+        }
+    }
+}
+
+/// Bytes of staging per receive batch: 64 fragments of at most one page each.
+pub(crate) const RECV_STAGING: usize = 64 * SLICE_PAGE_SIZE;
+/// Bytes per staged piece of a device-memory send (two pieces in flight).
+pub(crate) const SEND_PIECE: usize = 256 * 1024;
+
+/// A receive socket thread's pinned staging buffer and stream (CUDA mode), allocated once at
+/// comm creation.
+pub(crate) struct RecvStaging {
+    buf: Pinned,
+    stream: Stream,
+}
+
+impl RecvStaging {
+    pub(crate) fn new(ctx: &Arc<Ctx>) -> io::Result<RecvStaging> {
+        let buf = Pinned::new(ctx, RECV_STAGING, false).map_err(|e| cuda_err("receive staging", e))?;
+        let stream = Stream::new(ctx).map_err(|e| cuda_err("receive stream", e))?;
+        Ok(RecvStaging { buf, stream })
+    }
+
+    /// Make the comm's context current on this (helper) thread for as long as the guard lives.
+    pub(crate) fn bind(&self) -> Result<cuda::Bound, String> {
+        cuda::bind(self.stream.ctx())
+    }
+
+    /// Where byte `off` of the staging buffer is, if `len` bytes fit from there.
+    pub(crate) fn at(&self, off: usize, len: usize) -> Option<*mut u8> {
+        if off.checked_add(len)? > self.buf.len() {
+            return None;
+        }
+        // SAFETY: off + len ≤ the allocation's length.
+        Some(unsafe { self.buf.host().add(off) })
+    }
+
+    /// Copy the staged fragments — `frags[i]` occupies the staging bytes right after
+    /// `frags[i-1]`, from offset 0 — to their pages (`src_off`) of the device pool, and wait
+    /// until every byte is there. Adjacent fragments that are adjacent in the pool too go in one
+    /// copy.
+    pub(crate) fn upload(&self, pool: &BouncePool, frags: &[loadMeta]) -> Result<(), String> {
+        let mut staged = 0usize;
+        // (pool address, staging offset, length) of the copy being assembled.
+        let mut run: Option<(u64, usize, usize)> = None;
+        let issue = |r: (u64, usize, usize)| -> Result<(), String> {
+            let src = self
+                .at(r.1, r.2)
+                .ok_or_else(|| format!("staged bytes {}+{} exceed the staging buffer", r.1, r.2))?;
+            // SAFETY: `src` is pinned staging memory and the destination lies inside the pool's
+            // device allocation (checked by device_addr); neither is touched until the stream
+            // is synchronised below.
+            unsafe { self.stream.htod(r.0, src, r.2) }
+        };
+        for f in frags {
+            let dst = pool
+                .device_addr(f.src_off, f.len)
+                .ok_or_else(|| format!("fragment at {}+{} lies outside the device pool", f.src_off, f.len))?;
+            let len = f.len as usize;
+            run = match run {
+                Some((d, so, l)) if d + l as u64 == dst && so + l == staged => Some((d, so, l + len)),
+                Some(r) => {
+                    if let Err(e) = issue(r) {
+                        let _ = self.stream.sync();
+                        return Err(e);
+                    }
+                    Some((dst, staged, len))
+                }
+                None => Some((dst, staged, len)),
+            };
+            staged += len;
+        }
+        if let Some(r) = run {
+            if let Err(e) = issue(r) {
+                let _ = self.stream.sync();
+                return Err(e);
+            }
+        }
+        self.stream.sync()
+    }
+}
+
+/// Why a staged send stopped.
+#[derive(Debug)]
+pub(crate) enum StageError {
+    Cuda(String),
+    Io(io::Error),
+}
+
+/// A send socket thread's two pinned pieces and stream (CUDA mode), allocated once at comm
+/// creation.
+pub(crate) struct SendStaging {
+    bufs: [Pinned; 2],
+    stream: Stream,
+}
+
+impl SendStaging {
+    pub(crate) fn new(ctx: &Arc<Ctx>) -> io::Result<SendStaging> {
+        let a = Pinned::new(ctx, SEND_PIECE, false).map_err(|e| cuda_err("send staging", e))?;
+        let b = Pinned::new(ctx, SEND_PIECE, false).map_err(|e| cuda_err("send staging", e))?;
+        let stream = Stream::new(ctx).map_err(|e| cuda_err("send stream", e))?;
+        Ok(SendStaging { bufs: [a, b], stream })
+    }
+
+    pub(crate) fn bind(&self) -> Result<cuda::Bound, String> {
+        cuda::bind(self.stream.ctx())
+    }
+
+    /// Send `len` bytes of device memory at `src`: piece by piece, each downloaded into pinned
+    /// memory (the next piece's copy overlaps the current piece's `write`).
+    pub(crate) fn send_device(
+        &self,
+        src: u64,
+        len: usize,
+        mut write: impl FnMut(*const u8, usize) -> io::Result<()>,
+    ) -> Result<(), StageError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let pieces = len.div_ceil(SEND_PIECE);
+        let piece = |i: usize| (i * SEND_PIECE, (len - i * SEND_PIECE).min(SEND_PIECE));
+        let fetch = |i: usize| -> Result<(), String> {
+            let (off, n) = piece(i);
+            // SAFETY: the destination is one of our pinned pieces (n ≤ SEND_PIECE), not read
+            // again before the stream is synchronised; the source is the caller's registered
+            // device range, alive and unmodified until the send completes (NCCL's contract).
+            unsafe { self.stream.dtoh(self.bufs[i % 2].host(), src + off as u64, n) }
+        };
+        fetch(0).map_err(StageError::Cuda)?;
+        self.stream.sync().map_err(StageError::Cuda)?;
+        for i in 0..pieces {
+            if i + 1 < pieces {
+                if let Err(e) = fetch(i + 1) {
+                    let _ = self.stream.sync();
+                    return Err(StageError::Cuda(e));
+                }
+            }
+            let (_, n) = piece(i);
+            if let Err(e) = write(self.bufs[i % 2].host(), n) {
+                let _ = self.stream.sync();
+                return Err(StageError::Io(e));
+            }
+            if i + 1 < pieces {
+                self.stream.sync().map_err(StageError::Cuda)?;
+            }
+        }
+        Ok(())
     }
 }

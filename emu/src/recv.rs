@@ -1,12 +1,17 @@
 //! The receive comm: a ctrl reader queues the sender's headers, `test` matches them FIFO to
 //! posted receives and hands chunk tasks to one thread per data socket, which land the bytes in
-//! shuffled bounce pages (with a fragment list in the unpack ring) or, in direct mode, straight
-//! in the destination.
+//! shuffled bounce pages (with a fragment list in the unpack ring) or, for direct receives,
+//! straight in the destination.
+//!
+//! Which receives bounce: in host mode, host-memory receives (unless `TCPXEMU_HOST_RECV=direct`);
+//! in CUDA mode, CUDA-memory receives (device bounce pages, reached through pinned staging) while
+//! host-memory receives are direct, as in the real plugin.
 
 use crate::abi::{self, MAX_REQUESTS, NET_UNPACK_MAX_SLICE_PAGES, SLICE_PAGE_SIZE, loadMeta, ncclResult_t};
 use crate::config::{Config, Device, Fragments, HostRecv};
+use crate::cuda::Ctx;
 use crate::listen::Group;
-use crate::memory::{BouncePool, HandleMemory, RingMemory};
+use crate::memory::{BouncePool, HandleMemory, RecvStaging, RingMemory};
 use crate::rng::{self, SplitMix64};
 use crate::sockio;
 use crate::sync::{Health, TaskQueue, lock};
@@ -22,7 +27,16 @@ use std::thread::JoinHandle;
 /// Fragments per `readv`.
 const BATCH: usize = 64;
 
-/// The destination of a direct-mode receive.
+/// Where a receive's bytes land.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Landing {
+    /// A plain receive into the destination; `cnt[q]` stays 0.
+    Direct,
+    /// Shuffled bounce pages (host or device, as the pool is) plus a fragment list.
+    Bounce,
+}
+
+/// The destination of a direct receive.
 #[derive(Debug, Clone, Copy)]
 struct DstPtr(*mut u8);
 // SAFETY: NCCL's contract keeps the destination alive until the receive is consumed;
@@ -37,6 +51,7 @@ struct RecvTask {
     chunk: u32,
     start: u64,
     dst: DstPtr,
+    landing: Landing,
 }
 
 /// Per-slot progress, written by the socket threads.
@@ -56,7 +71,8 @@ struct RecvShared {
     ring: RingMemory,
     pool: BouncePool,
     slots: Vec<SlotShared>,
-    mode: HostRecv,
+    /// What receives into host memory do.
+    host_landing: Landing,
     fragments: Fragments,
     label: String,
 }
@@ -104,6 +120,7 @@ struct RecvReq {
     posted: u32,
     size: u32,
     dst: *mut u8,
+    landing: Landing,
 }
 
 struct RecvState {
@@ -130,12 +147,32 @@ impl RecvComm {
         cfg: &Config,
         has_devcomm: bool,
         salt: u64,
+        cuda: Option<&Arc<Ctx>>,
     ) -> io::Result<RecvComm> {
         let Group { ctrl, data, peer, .. } = group;
         let n = data.len();
-        let ring = RingMemory::new()?;
-        let pool = BouncePool::new(cfg.bounce_pages, rng::derive(cfg.seed, salt))?;
-        let handle = HandleMemory::new(&ring, &pool);
+        let pool_rng = rng::derive(cfg.seed, salt);
+        let (ring, pool, handle, mut stagings, host_landing) = match cuda {
+            None => {
+                let ring = RingMemory::new()?;
+                let pool = BouncePool::new(cfg.bounce_pages, pool_rng)?;
+                let handle = HandleMemory::new(&ring, &pool);
+                let host_landing = match cfg.host_recv {
+                    HostRecv::Bounce => Landing::Bounce,
+                    HostRecv::Direct => Landing::Direct,
+                };
+                (ring, pool, handle, Vec::new(), host_landing)
+            }
+            Some(ctx) => {
+                let ring = RingMemory::new_cuda(ctx)?;
+                let pool = BouncePool::new_cuda(ctx, cfg.bounce_pages, pool_rng)?;
+                let handle = HandleMemory::new_cuda(ctx, &ring, &pool)?;
+                let stagings = (0..n)
+                    .map(|_| RecvStaging::new(ctx))
+                    .collect::<io::Result<Vec<_>>>()?;
+                (ring, pool, handle, stagings, Landing::Direct)
+            }
+        };
         let shared = Arc::new(RecvShared {
             health: Health::default(),
             ctrl,
@@ -154,7 +191,7 @@ impl RecvComm {
                         .collect(),
                 })
                 .collect(),
-            mode: cfg.host_recv,
+            host_landing,
             fragments: dev.fragments,
             label: crate::send::label(dev, peer),
         });
@@ -173,6 +210,7 @@ impl RecvComm {
                     posted: 0,
                     size: 0,
                     dst: std::ptr::null_mut(),
+                    landing: Landing::Direct,
                 }; MAX_REQUESTS],
             }),
             threads: Mutex::new(Vec::with_capacity(n + 1)),
@@ -185,13 +223,15 @@ impl RecvComm {
                     .name("tcpxemu-rctl".into())
                     .spawn(move || ctrl_reader(&sh))?,
             );
+            let mut stagings = stagings.drain(..);
             for me in 0..n {
                 let sh = shared.clone();
                 let rng = rng::derive(cfg.seed, salt.wrapping_mul(131).wrapping_add(me as u64 + 1));
+                let staging = stagings.next();
                 threads.push(
                     std::thread::Builder::new()
                         .name(format!("tcpxemu-rx{me}"))
-                        .spawn(move || data_thread(&sh, me, rng))?,
+                        .spawn(move || data_thread(&sh, me, rng, staging))?,
                 );
             }
             Ok(())
@@ -201,15 +241,22 @@ impl RecvComm {
             return Err(e);
         }
         info!(
-            "tcpxemu: recv comm ready ({}, {} data socket(s), {} receive, ring {:p}, bounce {:p})",
+            "tcpxemu: recv comm ready ({}, {} data socket(s), host-memory receives {}, ring {:p} \
+             (device view {:p}), bounce {:p} in {} memory{})",
             shared.label,
             n,
-            match shared.mode {
-                HostRecv::Bounce => "bounce",
-                HostRecv::Direct => "direct",
+            match shared.host_landing {
+                Landing::Bounce => "bounce",
+                Landing::Direct => "direct",
             },
             shared.ring.meta(),
-            shared.pool.base()
+            shared.ring.meta_device(),
+            shared.pool.base(),
+            if shared.pool.is_device() { "device" } else { "host" },
+            match cuda {
+                Some(c) => format!(", CUDA device {} context {:#x}", c.device(), c.raw()),
+                None => String::new(),
+            }
         );
         Ok(comm)
     }
@@ -223,14 +270,27 @@ impl RecvComm {
         self.handle.ptr()
     }
 
-    /// Post a receive of `size` bytes at `dst`; returns its slot (= its ring index q).
-    pub(crate) fn irecv(&self, dst: *mut u8, size: u32) -> Result<usize, ncclResult_t> {
+    /// Post a receive of `size` bytes at `dst` (CUDA memory when `cuda_mem`); returns its slot
+    /// (= its ring index q).
+    pub(crate) fn irecv(&self, dst: *mut u8, size: u32, cuda_mem: bool) -> Result<usize, ncclResult_t> {
         let sh = &*self.shared;
         if let Some((code, msg)) = sh.health.failure() {
             warn!("{msg}");
             return Err(code);
         }
-        if sh.mode == HostRecv::Bounce && !self.has_devcomm {
+        let landing = if cuda_mem {
+            if !sh.pool.is_device() {
+                warn!(
+                    "tcpxemu: irecv into CUDA memory on a comm without a device bounce buffer ({})",
+                    sh.label
+                );
+                return Err(abi::NCCL_INTERNAL_ERROR);
+            }
+            Landing::Bounce
+        } else {
+            sh.host_landing
+        };
+        if landing == Landing::Bounce && !self.has_devcomm {
             warn!(
                 "tcpxemu: irecv on a comm whose accept got no device-handle storage (recvDevComm \
                  was NULL): the fragment list cannot be published; the real plugin crashes on the \
@@ -256,9 +316,10 @@ impl RecvComm {
             posted: size,
             size: 0,
             dst,
+            landing,
         };
         st.tail += 1;
-        if sh.mode == HostRecv::Direct {
+        if landing == Landing::Direct {
             info!(
                 "tcpxemu: requested receive on host mem buffer ({} bytes, {})",
                 size, sh.label
@@ -299,7 +360,7 @@ impl RecvComm {
                 );
             }
             r.size = h.size;
-            let (posted, dst) = (r.posted, r.dst);
+            let (posted, dst, landing) = (r.posted, r.dst, r.landing);
             let n = wire::nchunks(h.size, h.chunk);
             let nsocks = sh.queues.len();
             for (me, tq) in sh.queues.iter().enumerate() {
@@ -311,6 +372,7 @@ impl RecvComm {
                         chunk: h.chunk,
                         start: st.chunk_counter,
                         dst: DstPtr(dst),
+                        landing,
                     });
                 }
             }
@@ -348,7 +410,7 @@ impl RecvComm {
         let r = st.reqs[q];
         if matched && sh.slots[q].bytes.load(Ordering::Acquire) >= u64::from(r.size) {
             let frags = sh.slots[q].frags.load(Ordering::Acquire);
-            if sh.mode == HostRecv::Bounce {
+            if r.landing == Landing::Bounce {
                 sh.ring.publish_cnt(q, u64::from(frags));
             }
             st.reqs[q].status = Status::Done;
@@ -467,7 +529,23 @@ fn fragment_shape(mode: Fragments, rng: &mut SplitMix64, remaining: u64) -> (u32
     }
 }
 
-fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64) {
+/// One data socket's reader. `staging` (CUDA mode) receives bounce fragments before they are
+/// uploaded to the device pages; the thread binds the comm's context for its whole life.
+fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<RecvStaging>) {
+    let _bound = match staging.as_ref().map(RecvStaging::bind) {
+        None => None,
+        Some(Ok(b)) => Some(b),
+        Some(Err(e)) => {
+            sh.health.fail(
+                abi::NCCL_UNHANDLED_CUDA_ERROR,
+                format!(
+                    "tcpxemu: cannot make the CUDA context current on a receive thread: {e} ({})",
+                    sh.label
+                ),
+            );
+            return;
+        }
+    };
     let fd = sh.data[me].as_raw_fd();
     let nsocks = sh.queues.len();
     let mut scratch = vec![0u8; 64 * 1024];
@@ -485,8 +563,8 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64) {
         while k < total {
             let off = k * u64::from(t.chunk);
             let len = (u64::from(t.size) - off).min(u64::from(t.chunk));
-            match sh.mode {
-                HostRecv::Direct => {
+            match t.landing {
+                Landing::Direct => {
                     let land = len.min(u64::from(t.posted).saturating_sub(off));
                     if land > 0 {
                         // SAFETY: off + land ≤ posted, inside the destination irecv checked
@@ -508,7 +586,7 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64) {
                     }
                     slot.bytes.fetch_add(len, Ordering::Release);
                 }
-                HostRecv::Bounce => {
+                Landing::Bounce => {
                     let mut pos = off;
                     let end = off + len;
                     while pos < end {
@@ -527,8 +605,26 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64) {
                         while used < got && pos < end {
                             let (in_page, flen) = fragment_shape(sh.fragments, &mut rng, end - pos);
                             let page = pages[used];
-                            // SAFETY: in_page + flen ≤ 4096, inside page `page` of the pool.
-                            let base = unsafe { sh.pool.page_ptr(page).add(in_page as usize) };
+                            // Host pool: straight into the page. Device pool: packed into the
+                            // staging buffer (≤ 64 fragments of ≤ 4096 bytes fit), uploaded below.
+                            let land = match &staging {
+                                Some(s) => s.at(bytes as usize, flen as usize),
+                                None => sh.pool.host_page(page).map(|p| {
+                                    // SAFETY: in_page + flen ≤ 4096, inside page `page` of the pool.
+                                    unsafe { p.add(in_page as usize) }
+                                }),
+                            };
+                            let Some(base) = land else {
+                                sh.pool.give_back(pages[..got].iter().copied());
+                                sh.health.fail(
+                                    abi::NCCL_INTERNAL_ERROR,
+                                    format!(
+                                        "tcpxemu: internal error: no landing place for a fragment ({})",
+                                        sh.label
+                                    ),
+                                );
+                                return;
+                            };
                             iov[used] = libc::iovec {
                                 iov_base: base.cast(),
                                 iov_len: flen as usize,
@@ -549,6 +645,21 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64) {
                             sh.pool.give_back(pages[..used].iter().copied());
                             sh.socket_error(&e);
                             return;
+                        }
+                        // Every byte reaches the device before any entry is appended.
+                        if let Some(s) = &staging {
+                            if let Err(e) = s.upload(&sh.pool, &metas[..used]) {
+                                sh.pool.give_back(pages[..used].iter().copied());
+                                sh.health.fail(
+                                    abi::NCCL_UNHANDLED_CUDA_ERROR,
+                                    format!(
+                                        "tcpxemu: copying received bytes to the device bounce buffer failed: \
+                                         {e} ({})",
+                                        sh.label
+                                    ),
+                                );
+                                return;
+                            }
                         }
                         for i in 0..used {
                             let idx = slot.frags.fetch_add(1, Ordering::AcqRel) as usize;

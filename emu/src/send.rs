@@ -1,10 +1,13 @@
 //! The send comm: requests are recorded by `isend` and dispatched only inside `test`; one
 //! helper thread per data socket writes its share of the chunks; a ctrl watcher notices the
-//! peer going away.
+//! peer going away. In CUDA mode each writer owns pinned staging and a stream, through which
+//! it reads sends from CUDA memory (device → pinned → socket).
 
 use crate::abi::{self, MAX_REQUESTS, ncclResult_t};
 use crate::config::Device;
 use crate::connect::Connected;
+use crate::cuda::Ctx;
+use crate::memory::{SendStaging, StageError};
 use crate::sockio;
 use crate::sync::{Health, TaskQueue, lock};
 use crate::wire::{self, Header};
@@ -31,6 +34,8 @@ struct SendTask {
     size: u32,
     chunk: u32,
     start: u64,
+    /// The source is CUDA memory (staged through pinned memory).
+    cuda: bool,
 }
 
 struct SendShared {
@@ -85,6 +90,7 @@ impl SendShared {
 struct SendReq {
     data: *const u8,
     size: u32,
+    cuda: bool,
     posted_at: Instant,
 }
 
@@ -101,12 +107,25 @@ pub(crate) struct SendComm {
     state: Mutex<SendState>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     chunk: u32,
+    /// CUDA mode: sends from CUDA memory are possible.
+    cuda: bool,
 }
 
 impl SendComm {
-    pub(crate) fn new(conn: Connected, dev: &'static Device, chunk: u32) -> io::Result<SendComm> {
+    pub(crate) fn new(
+        conn: Connected,
+        dev: &'static Device,
+        chunk: u32,
+        cuda: Option<&Arc<Ctx>>,
+    ) -> io::Result<SendComm> {
         let Connected { ctrl, data, peer } = conn;
         let n = data.len();
+        let stagings = match cuda {
+            None => Vec::new(),
+            Some(ctx) => (0..n)
+                .map(|_| SendStaging::new(ctx))
+                .collect::<io::Result<Vec<_>>>()?,
+        };
         let shared = Arc::new(SendShared {
             health: Health::default(),
             ctrl,
@@ -128,11 +147,13 @@ impl SendComm {
                 reqs: [SendReq {
                     data: std::ptr::null(),
                     size: 0,
+                    cuda: false,
                     posted_at: Instant::now(),
                 }; MAX_REQUESTS],
             }),
             threads: Mutex::new(Vec::with_capacity(n + 1)),
             chunk,
+            cuda: cuda.is_some(),
         };
         let spawned = (|| -> io::Result<()> {
             let mut threads = lock(&comm.threads);
@@ -142,12 +163,14 @@ impl SendComm {
                     .name("tcpxemu-sctl".into())
                     .spawn(move || ctrl_watcher(&sh))?,
             );
+            let mut stagings = stagings.into_iter();
             for me in 0..n {
                 let sh = shared.clone();
+                let staging = stagings.next();
                 threads.push(
                     std::thread::Builder::new()
                         .name(format!("tcpxemu-tx{me}"))
-                        .spawn(move || data_thread(&sh, me))?,
+                        .spawn(move || data_thread(&sh, me, staging))?,
                 );
             }
             Ok(())
@@ -157,8 +180,13 @@ impl SendComm {
             return Err(e);
         }
         info!(
-            "tcpxemu: send comm ready ({}, {} data socket(s))",
-            shared.label, n
+            "tcpxemu: send comm ready ({}, {} data socket(s){})",
+            shared.label,
+            n,
+            match cuda {
+                Some(c) => format!(", CUDA device {} context {:#x}", c.device(), c.raw()),
+                None => String::new(),
+            }
         );
         Ok(comm)
     }
@@ -167,11 +195,18 @@ impl SendComm {
         &self.shared.label
     }
 
-    /// Record a send; returns its slot.
-    pub(crate) fn isend(&self, data: *const u8, size: u32) -> Result<usize, ncclResult_t> {
+    /// Record a send (from CUDA memory when `cuda_mem`); returns its slot.
+    pub(crate) fn isend(&self, data: *const u8, size: u32, cuda_mem: bool) -> Result<usize, ncclResult_t> {
         if let Some((code, msg)) = self.shared.health.failure() {
             warn!("{msg}");
             return Err(code);
+        }
+        if cuda_mem && !self.cuda {
+            warn!(
+                "tcpxemu: isend from CUDA memory on a comm without CUDA staging ({})",
+                self.shared.label
+            );
+            return Err(abi::NCCL_INTERNAL_ERROR);
         }
         let mut st = lock(&self.state);
         if st.posted - st.freed >= MAX_REQUESTS as u64 {
@@ -185,6 +220,7 @@ impl SendComm {
         st.reqs[slot] = SendReq {
             data,
             size,
+            cuda: cuda_mem,
             posted_at: Instant::now(),
         };
         self.shared.written[slot].store(0, Ordering::Relaxed);
@@ -237,6 +273,7 @@ impl SendComm {
                         size: r.size,
                         chunk: self.chunk,
                         start: st.chunk_counter,
+                        cuda: r.cuda,
                     });
                 }
             }
@@ -316,7 +353,23 @@ fn ctrl_watcher(sh: &SendShared) {
     }
 }
 
-fn data_thread(sh: &SendShared, me: usize) {
+/// One data socket's writer. `staging` (CUDA mode) reads CUDA sources; the thread binds the
+/// comm's context for its whole life.
+fn data_thread(sh: &SendShared, me: usize, staging: Option<SendStaging>) {
+    let _bound = match staging.as_ref().map(SendStaging::bind) {
+        None => None,
+        Some(Ok(b)) => Some(b),
+        Some(Err(e)) => {
+            sh.health.fail(
+                abi::NCCL_UNHANDLED_CUDA_ERROR,
+                format!(
+                    "tcpxemu: cannot make the CUDA context current on a send thread: {e} ({})",
+                    sh.label
+                ),
+            );
+            return;
+        }
+    };
     let fd = sh.data[me].as_raw_fd();
     let nsocks = sh.queues.len() as u64;
     while let Some(t) = sh.queues[me].pop(&sh.health) {
@@ -346,7 +399,38 @@ fn data_thread(sh: &SendShared, me: usize) {
                     trip = Some(limit);
                 }
             }
-            if n > 0 {
+            if n > 0 && t.cuda {
+                let Some(stage) = &staging else {
+                    sh.health.fail(
+                        abi::NCCL_INTERNAL_ERROR,
+                        format!(
+                            "tcpxemu: internal error: a CUDA send without staging ({})",
+                            sh.label
+                        ),
+                    );
+                    return;
+                };
+                // off + n ≤ size, inside the caller's registered device range (checked by isend).
+                let src = t.data.0 as u64 + off;
+                let sent = stage.send_device(src, n as usize, |p, len| sockio::send_all(fd, p, len));
+                match sent {
+                    Ok(()) => {}
+                    Err(StageError::Io(e)) => {
+                        sh.socket_error("data write", &e);
+                        return;
+                    }
+                    Err(StageError::Cuda(e)) => {
+                        sh.health.fail(
+                            abi::NCCL_UNHANDLED_CUDA_ERROR,
+                            format!(
+                                "tcpxemu: copying a send from CUDA memory to pinned staging failed: {e} ({})",
+                                sh.label
+                            ),
+                        );
+                        return;
+                    }
+                }
+            } else if n > 0 {
                 // SAFETY: off + n ≤ size, inside the caller's registered buffer (checked by isend).
                 let p = unsafe { t.data.0.add(off as usize) };
                 if let Err(e) = sockio::send_all(fd, p, n as usize) {

@@ -1,4 +1,6 @@
 //! Direct host receives (TCPXEMU_HOST_RECV=direct): the real plugin's host-memory behaviour.
+//! `TCPXEMU_BOUNCE` is left at auto: host mode here, CUDA mode on a GPU machine, where host
+//! receives are direct as well.
 
 mod common;
 use common::*;
@@ -22,6 +24,26 @@ fn direct_roundtrip_lands_in_destination() {
     let info = logs_matching("requested receive on host mem buffer");
     assert!(info.len() >= 5);
     assert!(info.iter().all(|(level, _)| *level == abi::NCCL_LOG_INFO));
+}
+
+#[test]
+fn auto_picks_host_mode_without_cuda() {
+    env();
+    // SAFETY: probing for the driver library only (as the plugin does); dropped at once.
+    let have_cuda = unsafe { libloading::Library::new("libcuda.so.1") }.is_ok();
+    if !have_cuda {
+        assert!(logs_contain(
+            "bounce=host (TCPXEMU_BOUNCE=auto: libcuda.so.1 cannot be loaded"
+        ));
+        // CUDA registration fails clearly in host mode.
+        let p = pair(0);
+        let mut mh = std::ptr::null_mut();
+        // SAFETY: regMr only records (or rejects) the range; nothing is dereferenced.
+        let rc =
+            unsafe { (t().regMr.unwrap())(p.recv, 0x20000 as *mut _, 4096, abi::NCCL_PTR_CUDA, &mut mh) };
+        assert_eq!(rc, abi::NCCL_INTERNAL_ERROR);
+        assert!(logs_contain("needs the CUDA mode of the emulation"));
+    }
 }
 
 #[test]

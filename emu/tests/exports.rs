@@ -41,7 +41,11 @@ fn dlopen_and_round_trip() {
     // SAFETY: set before the dlopen'ed copy reads it; the only other test in this process
     // touches the environment through std (Command::spawn), which takes the same env lock, and
     // no C code in this process reads it concurrently.
-    unsafe { std::env::set_var("NCCL_DYNAMIC_CHUNK_SIZE", "524288") };
+    unsafe {
+        std::env::set_var("NCCL_DYNAMIC_CHUNK_SIZE", "524288");
+        // The round trip gathers host bounce pages: keep host mode on CUDA machines too.
+        std::env::set_var("TCPXEMU_BOUNCE", "host");
+    }
     // SAFETY: loading our own cdylib; its initialisers are Rust statics only.
     let h = unsafe { libc::dlopen(so.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     assert!(!h.is_null(), "dlopen failed");

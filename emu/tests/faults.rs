@@ -15,6 +15,7 @@ fn env() {
         ("TCPXEMU_DEV2_RATE_GBPS", "2"),
         ("TCPXEMU_DEV3_DELAY_US", "300000"),
         ("NCCL_GPUDIRECTTCPX_CONNECTION_RETRY", "2"),
+        ("TCPXEMU_BOUNCE", "host"),
     ]);
 }
 

@@ -9,6 +9,7 @@ fn env() {
     setup(&[
         ("NCCL_DYNAMIC_CHUNK_SIZE", ""),
         ("NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS", "200000"),
+        ("TCPXEMU_BOUNCE", "host"),
     ]);
 }
 

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 
 use super::proto::v1 as pb;
 use crate::buffers::{self, BufferEntry, BufferRegistry, Descriptor, Pattern};
-use crate::engine::{self, EngineError, Outcome, ReadSpec, RemoteRange, TransferId, WriteSpec};
+use crate::engine::{self, EngineError, EntrySpec, Outcome, RemoteRange, TransferId};
 use crate::peers::Peers;
 use crate::poller::{Command, NotificationEvent, PeerLink, Phase, TransferStatus};
 
@@ -240,31 +240,13 @@ impl ClientService {
         let st = &self.state;
         let deadline = st.deadline(&req, req.get_ref().timeout_ms);
         let r = req.into_inner();
-        if r.entries.is_empty() {
-            return Err(Status::invalid_argument(
-                "entries: at least one entry is required",
-            ));
-        }
-        let mut specs = Vec::with_capacity(r.entries.len());
-        let mut total = 0u64;
-        for (i, e) in r.entries.iter().enumerate() {
-            if e.length == 0 {
-                return Err(Status::invalid_argument(format!(
-                    "entries[{i}].length: must be at least 1 byte"
-                )));
-            }
-            st.buffers
-                .get(e.local_buffer_id)
-                .map_err(|err| Status::not_found(format!("{}: {}", local_offset_field(i), err.message)))?;
-            let (peer, remote) = st.remote(i, &e.remote_descriptor, e.remote_offset, e.length)?;
-            total = total.saturating_add(e.length);
-            specs.push(WriteSpec {
-                local_buffer: e.local_buffer_id,
-                local_offset: e.local_offset,
-                peer,
-                remote,
-            });
-        }
+        let (specs, total) = st.entry_specs(r.entries.iter().map(|e| EntryFields {
+            local_buffer: e.local_buffer_id,
+            local_offset: e.local_offset,
+            remote_descriptor: &e.remote_descriptor,
+            remote_offset: e.remote_offset,
+            length: e.length,
+        }))?;
         let (id, rx) = st
             .ask(|reply| Command::Write {
                 specs,
@@ -284,31 +266,13 @@ impl ClientService {
         let st = &self.state;
         let deadline = st.deadline(&req, req.get_ref().timeout_ms);
         let r = req.into_inner();
-        if r.entries.is_empty() {
-            return Err(Status::invalid_argument(
-                "entries: at least one entry is required",
-            ));
-        }
-        let mut specs = Vec::with_capacity(r.entries.len());
-        let mut total = 0u64;
-        for (i, e) in r.entries.iter().enumerate() {
-            if e.length == 0 {
-                return Err(Status::invalid_argument(format!(
-                    "entries[{i}].length: must be at least 1 byte"
-                )));
-            }
-            st.buffers
-                .get(e.local_buffer_id)
-                .map_err(|err| Status::not_found(format!("{}: {}", local_offset_field(i), err.message)))?;
-            let (peer, remote) = st.remote(i, &e.remote_descriptor, e.remote_offset, e.length)?;
-            total = total.saturating_add(e.length);
-            specs.push(ReadSpec {
-                peer,
-                remote,
-                local_buffer: e.local_buffer_id,
-                local_offset: e.local_offset,
-            });
-        }
+        let (specs, total) = st.entry_specs(r.entries.iter().map(|e| EntryFields {
+            local_buffer: e.local_buffer_id,
+            local_offset: e.local_offset,
+            remote_descriptor: &e.remote_descriptor,
+            remote_offset: e.remote_offset,
+            length: e.length,
+        }))?;
         let (id, rx) = st
             .ask(|reply| Command::Read {
                 specs,
@@ -318,6 +282,51 @@ impl ClientService {
             .await?
             .map_err(status)?;
         Ok(Response::new(st.started(id, rx, total)))
+    }
+}
+
+/// The fields WriteEntry and ReadEntry share.
+struct EntryFields<'a> {
+    local_buffer: u64,
+    local_offset: u64,
+    remote_descriptor: &'a str,
+    remote_offset: u64,
+    length: u64,
+}
+
+impl DaemonState {
+    /// Checks what the API layer can (non-empty, lengths, local buffers, descriptors, peers) and
+    /// builds the engine's entries; the engine checks bounds and limits. Returns the total bytes.
+    fn entry_specs<'a>(
+        &self,
+        entries: impl ExactSizeIterator<Item = EntryFields<'a>>,
+    ) -> Result<(Vec<EntrySpec>, u64), Status> {
+        if entries.len() == 0 {
+            return Err(Status::invalid_argument(
+                "entries: at least one entry is required",
+            ));
+        }
+        let mut specs = Vec::with_capacity(entries.len());
+        let mut total = 0u64;
+        for (i, e) in entries.enumerate() {
+            if e.length == 0 {
+                return Err(Status::invalid_argument(format!(
+                    "entries[{i}].length: must be at least 1 byte"
+                )));
+            }
+            self.buffers
+                .get(e.local_buffer)
+                .map_err(|err| Status::not_found(format!("{}: {}", local_offset_field(i), err.message)))?;
+            let (peer, remote) = self.remote(i, e.remote_descriptor, e.remote_offset, e.length)?;
+            total = total.saturating_add(e.length);
+            specs.push(EntrySpec {
+                local_buffer: e.local_buffer,
+                local_offset: e.local_offset,
+                peer,
+                remote,
+            });
+        }
+        Ok((specs, total))
     }
 }
 
@@ -509,6 +518,7 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
             entries: r.entry.into_iter().collect(),
             notification: r.notification,
             timeout_ms: r.timeout_ms,
+            ready_event_ipc_handle: r.ready_event_ipc_handle,
         });
         if req.get_ref().entries.is_empty() {
             return Err(Status::invalid_argument("entry: required"));

@@ -490,6 +490,7 @@ async fn write(client: &mut TcpxdClient<Channel>, json: bool, args: WriteArgs) -
         }),
         notification: args.notify.clone().map(String::into_bytes).unwrap_or_default(),
         timeout_ms: timeout_ms(&args.wait),
+        ready_event_ipc_handle: Vec::new(),
     });
     let deadline = apply_timeout(&mut request, &args.wait);
     let started = client.write(request).await.map_err(rpc("write"))?.into_inner();

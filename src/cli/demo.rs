@@ -475,6 +475,7 @@ async fn transfer_and_check(
             }),
             notification: Vec::new(),
             timeout_ms: 0,
+            ready_event_ipc_handle: Vec::new(),
         })
         .await
         .map_err(DemoError::rpc(format!("write {} -> {}", a.node_id, b.node_id)))?

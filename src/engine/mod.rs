@@ -78,23 +78,20 @@ pub enum TransferKind {
     Read,
 }
 
-/// One entry of a WRITE: `length` bytes of a local buffer into a peer's buffer.
+/// One entry of a transfer: `remote.length` bytes between a local buffer and a peer's buffer
+/// (from local to remote for a WRITE, from remote to local for a READ).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WriteSpec {
+pub struct EntrySpec {
     pub local_buffer: u64,
     pub local_offset: u64,
     pub peer: PeerIdx,
     pub remote: RemoteRange,
 }
 
-/// One entry of a READ: `remote.length` bytes of a peer's buffer into a local buffer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReadSpec {
-    pub peer: PeerIdx,
-    pub remote: RemoteRange,
-    pub local_buffer: u64,
-    pub local_offset: u64,
-}
+/// An entry of a WRITE.
+pub type WriteSpec = EntrySpec;
+/// An entry of a READ.
+pub type ReadSpec = EntrySpec;
 
 /// How a transfer (or one entry of it) ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -518,6 +515,35 @@ impl Engine {
         Ok(())
     }
 
+    /// Validates a transfer's entries against local buffers, limits and peers; returns the total
+    /// bytes. Field names in errors are the API's (`entries[i].…`).
+    fn check_entries(&self, specs: &[EntrySpec], notification: usize) -> EngineResult<u64> {
+        self.check_common(specs.len(), notification)?;
+        let mut total = 0u64;
+        for (i, s) in specs.iter().enumerate() {
+            if s.remote.length == 0 {
+                return Err(EngineError::invalid(format!(
+                    "entries[{i}].length: must be at least 1 byte"
+                )));
+            }
+            self.check_local(
+                &format!("entries[{i}].local_buffer_id"),
+                s.local_buffer,
+                s.local_offset,
+                s.remote.length,
+            )?;
+            if range_end(s.remote.offset, s.remote.length).is_none() {
+                return Err(EngineError::invalid(format!(
+                    "entries[{i}].remote_offset: {} + length {} overflows 64 bits",
+                    s.remote.offset, s.remote.length
+                )));
+            }
+            self.live_peer(&format!("entries[{i}].remote_descriptor"), s.peer)?;
+            total += s.remote.length;
+        }
+        Ok(total)
+    }
+
     fn new_transfer(
         &mut self,
         kind: TransferKind,
@@ -554,38 +580,10 @@ impl Engine {
         deadline: Instant,
         now: Instant,
     ) -> EngineResult<TransferId> {
-        self.check_common(specs.len(), notification.len())?;
-        let mut total = 0u64;
-        for (i, s) in specs.iter().enumerate() {
-            if s.remote.length == 0 {
-                return Err(EngineError::invalid(format!(
-                    "entries[{i}].length: must be at least 1 byte"
-                )));
-            }
-            self.check_local(
-                &format!("entries[{i}].local_buffer_id"),
-                s.local_buffer,
-                s.local_offset,
-                s.remote.length,
-            )?;
-            if range_end(s.remote.offset, s.remote.length).is_none() {
-                return Err(EngineError::invalid(format!(
-                    "entries[{i}].remote_offset: {} + length {} overflows 64 bits",
-                    s.remote.offset, s.remote.length
-                )));
-            }
-            self.live_peer(&format!("entries[{i}].remote_descriptor"), s.peer)?;
-            total += s.remote.length;
-        }
+        let total = self.check_entries(&specs, notification.len())?;
         let id = self.new_transfer(TransferKind::Write, total, specs.len(), deadline);
         // One offer per peer, ranges in entry order.
-        let mut by_peer: Vec<(PeerIdx, Vec<usize>)> = Vec::new();
-        for (i, s) in specs.iter().enumerate() {
-            match by_peer.iter_mut().find(|(p, _)| *p == s.peer) {
-                Some((_, v)) => v.push(i),
-                None => by_peer.push((s.peer, vec![i])),
-            }
-        }
+        let by_peer = group_by_peer(&specs);
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
         for (peer, idxs) in by_peer {
             let offer_id = self.next_offer;
@@ -680,39 +678,10 @@ impl Engine {
         deadline: Instant,
         now: Instant,
     ) -> EngineResult<TransferId> {
-        self.check_common(specs.len(), 0)?;
-        let mut total = 0u64;
-        for (i, s) in specs.iter().enumerate() {
-            if s.remote.length == 0 {
-                return Err(EngineError::invalid(format!(
-                    "entries[{i}].length: must be at least 1 byte"
-                )));
-            }
-            self.check_local(
-                &format!("entries[{i}].local_buffer_id"),
-                s.local_buffer,
-                s.local_offset,
-                s.remote.length,
-            )?;
-            if range_end(s.remote.offset, s.remote.length).is_none() {
-                return Err(EngineError::invalid(format!(
-                    "entries[{i}].remote_offset: {} + length {} overflows 64 bits",
-                    s.remote.offset, s.remote.length
-                )));
-            }
-            self.live_peer(&format!("entries[{i}].remote_descriptor"), s.peer)?;
-            total += s.remote.length;
-        }
+        let total = self.check_entries(&specs, 0)?;
         let id = self.new_transfer(TransferKind::Read, total, specs.len(), deadline);
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
-        let mut by_peer: Vec<(PeerIdx, Vec<usize>)> = Vec::new();
-        for (i, s) in specs.iter().enumerate() {
-            match by_peer.iter_mut().find(|(p, _)| *p == s.peer) {
-                Some((_, v)) => v.push(i),
-                None => by_peer.push((s.peer, vec![i])),
-            }
-        }
-        for (peer, idxs) in by_peer {
+        for (peer, idxs) in group_by_peer(&specs) {
             let read_id = self.next_read;
             self.next_read += 1;
             let pairs: Vec<ReadPair> = idxs
@@ -1553,6 +1522,18 @@ impl Engine {
             }
         }
     }
+}
+
+/// Entry indices grouped by peer, peers in order of first appearance, entries in order.
+fn group_by_peer(specs: &[EntrySpec]) -> Vec<(PeerIdx, Vec<usize>)> {
+    let mut by_peer: Vec<(PeerIdx, Vec<usize>)> = Vec::new();
+    for (i, s) in specs.iter().enumerate() {
+        match by_peer.iter_mut().find(|(p, _)| *p == s.peer) {
+            Some((_, v)) => v.push(i),
+            None => by_peer.push((s.peer, vec![i])),
+        }
+    }
+    by_peer
 }
 
 fn check_bounds(field: &str, buffer: u64, size: u64, offset: u64, len: u64) -> EngineResult<()> {

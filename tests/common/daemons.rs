@@ -134,6 +134,7 @@ pub async fn write(c: &mut Client, e: pb::WriteEntry, note: &[u8]) -> Result<u64
         entry: Some(e),
         notification: note.to_vec(),
         timeout_ms: 120_000,
+        ready_event_ipc_handle: Vec::new(),
     })
     .await
     .map(|r| r.into_inner().transfer_id)

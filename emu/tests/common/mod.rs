@@ -16,6 +16,11 @@ static LOGS: Mutex<Vec<(i32, String)>> = Mutex::new(Vec::new());
 static SETUP: Once = Once::new();
 
 fn hook(level: i32, msg: &str) {
+    // TCPXEMU_TEST_ECHO=1: print WARN and INFO lines as they come (for runs on other machines).
+    static ECHO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ECHO.get_or_init(|| std::env::var_os("TCPXEMU_TEST_ECHO").is_some()) && level <= abi::NCCL_LOG_INFO {
+        eprintln!("[plugin {level}] {msg}");
+    }
     LOGS.lock()
         .unwrap_or_else(|e| e.into_inner())
         .push((level, msg.to_string()));
@@ -276,10 +281,56 @@ pub fn consumed(p: &Pair, req: *mut c_void) -> ncclResult_t {
     unsafe { (t().irecvConsumed.unwrap())(p.recv, 1, req) }
 }
 
-/// The unpack handle accept filled in.
+/// Did `init` pick the CUDA mode (TCPXEMU_BOUNCE=auto on a machine with a GPU)?
+pub fn cuda_mode() -> bool {
+    logs_contain("bounce=cuda (")
+}
+
+/// `len` bytes of device memory at `addr`, copied device-to-host with device 0's primary
+/// context current for the copy (CUDA mode only).
+pub fn read_device(addr: u64, len: usize) -> Vec<u8> {
+    use cudarc::driver::sys;
+    static PRIMARY: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let ctx = *PRIMARY.get_or_init(|| {
+        let mut dev: sys::CUdevice = 0;
+        let mut ctx: sys::CUcontext = ptr::null_mut();
+        // SAFETY: the plugin's init ran cuInit (CUDA mode); out-parameters on the stack.
+        unsafe {
+            assert_eq!(sys::cuDeviceGet(&mut dev, 0), sys::CUresult::CUDA_SUCCESS);
+            assert_eq!(
+                sys::cuDevicePrimaryCtxRetain(&mut ctx, dev),
+                sys::CUresult::CUDA_SUCCESS
+            );
+        }
+        ctx as usize
+    }) as sys::CUcontext;
+    let mut out = vec![0u8; len];
+    let mut prev: sys::CUcontext = ptr::null_mut();
+    // SAFETY: a retained context made current for the copy, then the previous one restored;
+    // `addr..addr+len` is device memory the plugin keeps alive (the comm is open).
+    unsafe {
+        assert_eq!(sys::cuCtxGetCurrent(&mut prev), sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuCtxSetCurrent(ctx), sys::CUresult::CUDA_SUCCESS);
+        let r = sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), addr, len);
+        sys::cuCtxSetCurrent(prev);
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuMemcpyDtoH");
+    }
+    out
+}
+
+/// The unpack handle accept filled in: host memory in host mode, device memory (read
+/// device-to-host, as a consumer must) in CUDA mode.
 pub fn unpack_handle(p: &Pair) -> unpackNetDeviceHandle {
     assert!(!p.dev_handle.handle.is_null());
-    // SAFETY: host memory in this build; the plugin keeps it alive until closeRecv.
+    if cuda_mode() {
+        let b = read_device(
+            p.dev_handle.handle as u64,
+            std::mem::size_of::<unpackNetDeviceHandle>(),
+        );
+        // SAFETY: 24 bytes of a #[repr(C)] struct of three 8-byte fields.
+        return unsafe { ptr::read_unaligned(b.as_ptr().cast()) };
+    }
+    // SAFETY: host memory in host mode; the plugin keeps it alive until closeRecv.
     unsafe { ptr::read(p.dev_handle.handle as *const unpackNetDeviceHandle) }
 }
 
@@ -304,6 +355,10 @@ pub fn fragments(p: &Pair, q: usize) -> Vec<loadMeta> {
 /// Gather the bounce fragments of slot `q` into `dst` (entries with dst_off beyond `dst` are
 /// skipped, as a careful consumer must). Returns the fragment list.
 pub fn gather(p: &Pair, q: usize, dst: &mut [u8]) -> Vec<loadMeta> {
+    assert!(
+        !cuda_mode(),
+        "common::gather reads host bounce pages (host mode only; tests/cuda.rs gathers from the device)"
+    );
     let h = unpack_handle(p);
     let frags = fragments(p, q);
     for f in &frags {

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Starts two daemons on the built-in emulation (CUDA mode where a GPU exists) and runs the tensor
+# example between them. TCPXD: the tcpxd binary (default target/release/tcpxd).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+tcpxd="${TCPXD:-$here/../target/release/tcpxd}"
+dir="$(mktemp -d)"
+cleanup() { kill -TERM "${pa:-}" "${pb:-}" 2>/dev/null || true; wait 2>/dev/null || true; }
+trap cleanup EXIT
+"$tcpxd" --node-id ex-a --builtin-emulation --api-socket "$dir/a.sock" --peer-listen 127.0.0.1:0 \
+  --ready-file "$dir/a.ready" 2>"$dir/a.log" & pa=$!
+"$tcpxd" --node-id ex-b --builtin-emulation --api-socket "$dir/b.sock" --peer-listen 127.0.0.1:0 \
+  --ready-file "$dir/b.ready" 2>"$dir/b.log" & pb=$!
+for _ in $(seq 200); do [ -s "$dir/a.ready" ] && [ -s "$dir/b.ready" ] && break; sleep 0.05; done
+peer_b=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['peer_address'])" "$dir/b.ready")
+python3 "$here/tensor_transfer.py" --a "unix:$dir/a.sock" --b "unix:$dir/b.sock" --b-peer "$peer_b" "$@" \
+  || { echo "--- daemon logs"; tail -20 "$dir/a.log" "$dir/b.log"; exit 1; }
