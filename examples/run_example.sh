@@ -14,4 +14,4 @@ trap cleanup EXIT
 for _ in $(seq 200); do [ -s "$dir/a.ready" ] && [ -s "$dir/b.ready" ] && break; sleep 0.05; done
 peer_b=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['peer_address'])" "$dir/b.ready")
 python3 "$here/tensor_transfer.py" --a "unix:$dir/a.sock" --b "unix:$dir/b.sock" --b-peer "$peer_b" "$@" \
-  || { echo "--- daemon logs"; tail -20 "$dir/a.log" "$dir/b.log"; exit 1; }
+  || { echo "--- daemon logs"; tail -n 30 "$dir/a.log" "$dir/b.log"; exit 1; }

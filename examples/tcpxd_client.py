@@ -38,7 +38,9 @@ class Tcpxd:
     """client.Call(**fields) for every unary method; streaming ones return an iterator."""
 
     def __init__(self, endpoint, timeout=120.0):
-        self.channel = grpc.insecure_channel(endpoint)
+        # Over a unix socket grpc-python would send the socket path as the HTTP/2 :authority,
+        # which servers built on hyper (tcpxd) reject as malformed: name a plain authority.
+        self.channel = grpc.insecure_channel(endpoint, options=[("grpc.default_authority", "localhost")])
         self.timeout = timeout
         for m in _SERVICE.methods:
             req, resp = GetMessageClass(m.input_type), GetMessageClass(m.output_type)

@@ -24,9 +24,27 @@ def ipc_view(t):
     """(device, 64-byte IPC handle of the allocation, offset of t's bytes in it, size in bytes)."""
     assert t.is_cuda and t.is_contiguous()
     shared = t.untyped_storage()._share_cuda_()
-    device, handle, _storage_bytes, storage_offset = shared[0], shared[1], shared[2], shared[3]
+    device, handle, _storage_bytes, storage_offset = shared[0], bytes(shared[1]), shared[2], shared[3]
     offset = storage_offset + t.storage_offset() * t.element_size()
-    return device, bytes(handle), offset, t.numel() * t.element_size()
+    return device, cuda_ipc_mem_handle(handle), offset, t.numel() * t.element_size()
+
+
+def cuda_ipc_mem_handle(handle):
+    """The 64-byte cudaIpcMemHandle_t inside PyTorch's shared handle.
+
+    Recent PyTorch prefixes it with a version byte and an allocation-type byte: 'c' for memory
+    from cudaMalloc (what tcpxd imports), 'e' for expandable segments (not an IPC memory handle).
+    """
+    if len(handle) == 64:
+        return handle
+    if len(handle) == 66 and handle[1:2] == b"c":
+        return handle[2:]
+    if len(handle) == 66 and handle[1:2] == b"e":
+        sys.exit(
+            "the tensor lives in an expandable segment (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), "
+            "which has no cudaIpcMemHandle_t; tcpxd imports memory from cudaMalloc"
+        )
+    sys.exit(f"unrecognised PyTorch IPC handle ({len(handle)} bytes)")
 
 
 def main():

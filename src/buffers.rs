@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::engine::{Code, EngineError};
-use crate::net::{HostRegion, Region};
+use crate::gpu::{DeviceRegion, Gpu, IpcExport, Stream};
+use crate::net::{HostRegion, REGION_ALIGN, Region};
 
 /// Largest range `ReadBuffer` returns.
 pub const MAX_READ_BYTES: u64 = 1 << 20;
@@ -19,6 +20,22 @@ pub const MAX_LABEL_BYTES: usize = 128;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BufferKind {
     Host,
+    /// Daemon-allocated CUDA memory (clients map it through its IPC handle).
+    Cuda,
+    /// A client's CUDA allocation imported from its IPC handle.
+    CudaIpc,
+}
+
+/// A buffer's memory.
+pub enum BufferMemory {
+    Host(Arc<HostRegion>),
+    Cuda {
+        region: Arc<DeviceRegion>,
+        /// For daemon-allocated memory: the handle clients open.
+        export: Option<IpcExport>,
+        /// For imported memory: the handle it came from (to refuse importing it twice).
+        imported_from: Option<[u8; 64]>,
+    },
 }
 
 /// A registered buffer.
@@ -28,7 +45,7 @@ pub struct BufferEntry {
     pub size: u64,
     pub label: String,
     pub key: [u8; 16],
-    pub region: Arc<HostRegion>,
+    pub memory: BufferMemory,
 }
 
 impl std::fmt::Debug for BufferEntry {
@@ -45,7 +62,34 @@ impl std::fmt::Debug for BufferEntry {
 
 impl BufferEntry {
     pub fn region_dyn(&self) -> Arc<dyn Region> {
-        self.region.clone()
+        match &self.memory {
+            BufferMemory::Host(r) => r.clone(),
+            BufferMemory::Cuda { region, .. } => region.clone(),
+        }
+    }
+
+    /// The GPU holding the buffer, for CUDA buffers.
+    pub fn gpu(&self) -> Option<&Arc<Gpu>> {
+        match &self.memory {
+            BufferMemory::Host(_) => None,
+            BufferMemory::Cuda { region, .. } => Some(region.gpu()),
+        }
+    }
+
+    /// The device memory, for CUDA buffers.
+    pub fn device_region(&self) -> Option<&Arc<DeviceRegion>> {
+        match &self.memory {
+            BufferMemory::Host(_) => None,
+            BufferMemory::Cuda { region, .. } => Some(region),
+        }
+    }
+
+    /// The IPC handle clients open, for daemon-allocated CUDA buffers.
+    pub fn ipc_export(&self) -> Option<&IpcExport> {
+        match &self.memory {
+            BufferMemory::Cuda { export, .. } => export.as_ref(),
+            BufferMemory::Host(_) => None,
+        }
     }
 }
 
@@ -110,6 +154,7 @@ pub struct BufferRegistry {
     max_buffer_bytes: u64,
     next_id: AtomicU64,
     map: Mutex<HashMap<u64, Arc<BufferEntry>>>,
+    gpus: Mutex<HashMap<u32, Arc<Gpu>>>,
 }
 
 impl BufferRegistry {
@@ -119,15 +164,14 @@ impl BufferRegistry {
             max_buffer_bytes,
             next_id: AtomicU64::new(1),
             map: Mutex::new(HashMap::new()),
+            gpus: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Allocates a host buffer (not yet visible: [`BufferRegistry::publish`] makes it so once
-    /// the poller knows it).
-    pub fn allocate_host(&self, size: u64, label: &str) -> Result<Arc<BufferEntry>, EngineError> {
+    fn check_new(&self, field: &str, size: u64, label: &str) -> Result<(), EngineError> {
         if size == 0 || size > self.max_buffer_bytes {
             return Err(EngineError::invalid(format!(
-                "host.size: {size} bytes is outside 1..={} (max_buffer_bytes)",
+                "{field}: {size} bytes is outside 1..={} (max_buffer_bytes)",
                 self.max_buffer_bytes
             )));
         }
@@ -137,6 +181,128 @@ impl BufferRegistry {
                 label.len()
             )));
         }
+        Ok(())
+    }
+
+    fn entry(&self, kind: BufferKind, size: u64, label: &str, memory: BufferMemory) -> Arc<BufferEntry> {
+        Arc::new(BufferEntry {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            kind,
+            size,
+            label: label.to_string(),
+            key: rand::random(),
+            memory,
+        })
+    }
+
+    /// The GPU `device` (opened once), or why there is none.
+    pub fn gpu(&self, field: &str, device: u32) -> Result<Arc<Gpu>, EngineError> {
+        let unavailable = |why: String| EngineError::new(Code::FailedPrecondition, format!("{field}: {why}"));
+        if !crate::gpu::driver_available() {
+            return Err(unavailable(
+                "no CUDA driver on this machine (libcuda.so.1 not found): CUDA buffers need a GPU".into(),
+            ));
+        }
+        let mut gpus = self.gpus.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(g) = gpus.get(&device) {
+            return Ok(g.clone());
+        }
+        let count = Gpu::device_count().map_err(|e| unavailable(e.to_string()))?;
+        if device as usize >= count {
+            return Err(EngineError::invalid(format!(
+                "{field}: device {device} does not exist (this machine has {count} GPUs)"
+            )));
+        }
+        let g = Gpu::open(device as usize).map_err(|e| unavailable(e.to_string()))?;
+        gpus.insert(device, g.clone());
+        Ok(g)
+    }
+
+    /// Allocates CUDA memory on `device` and exports its IPC handle.
+    pub fn allocate_cuda(
+        &self,
+        device: u32,
+        size: u64,
+        label: &str,
+    ) -> Result<Arc<BufferEntry>, EngineError> {
+        self.check_new("cuda.size", size, label)?;
+        let gpu = self.gpu("cuda.device", device)?;
+        let region = gpu.alloc(size as usize).map_err(|e| {
+            EngineError::new(
+                Code::ResourceExhausted,
+                format!("cuda.size: cannot allocate {size} bytes: {e}"),
+            )
+        })?;
+        let export = region
+            .export_ipc()
+            .map_err(|e| EngineError::new(Code::Internal, format!("exporting the IPC handle: {e}")))?;
+        Ok(self.entry(
+            BufferKind::Cuda,
+            size,
+            label,
+            BufferMemory::Cuda {
+                region: Arc::new(region),
+                export: Some(export),
+                imported_from: None,
+            },
+        ))
+    }
+
+    /// Imports a client's CUDA allocation from its IPC handle.
+    pub fn import_cuda(
+        &self,
+        device: u32,
+        handle: &[u8],
+        offset: u64,
+        size: u64,
+        label: &str,
+    ) -> Result<Arc<BufferEntry>, EngineError> {
+        self.check_new("cuda_ipc.size", size, label)?;
+        let handle: [u8; 64] = handle.try_into().map_err(|_| {
+            EngineError::invalid(format!(
+                "cuda_ipc.ipc_handle: {} bytes, expected 64",
+                handle.len()
+            ))
+        })?;
+        if let Some(other) = self.list().into_iter().find(|b| match &b.memory {
+            BufferMemory::Cuda { imported_from, .. } => imported_from.as_ref() == Some(&handle),
+            BufferMemory::Host(_) => false,
+        }) {
+            return Err(EngineError::new(
+                Code::AlreadyExists,
+                format!(
+                    "cuda_ipc.ipc_handle: this allocation is already imported as buffer {}",
+                    other.id
+                ),
+            ));
+        }
+        let gpu = self.gpu("cuda_ipc.device", device)?;
+        let region = gpu
+            .import_ipc(&handle, offset, size as usize)
+            .map_err(|e| EngineError::invalid(format!("cuda_ipc: cannot import the handle: {e}")))?;
+        if region.device_ptr() % REGION_ALIGN as u64 != 0 {
+            return Err(EngineError::invalid(format!(
+                "cuda_ipc.offset: the buffer starts at {:#x}, which is not 4 KiB-aligned; TCPX registers \
+                 only 4 KiB-aligned GPU memory (allocate the tensor on its own, or at an aligned offset)",
+                region.device_ptr()
+            )));
+        }
+        Ok(self.entry(
+            BufferKind::CudaIpc,
+            size,
+            label,
+            BufferMemory::Cuda {
+                region: Arc::new(region),
+                export: None,
+                imported_from: Some(handle),
+            },
+        ))
+    }
+
+    /// Allocates a host buffer (not yet visible: [`BufferRegistry::publish`] makes it so once
+    /// the poller knows it).
+    pub fn allocate_host(&self, size: u64, label: &str) -> Result<Arc<BufferEntry>, EngineError> {
+        self.check_new("host.size", size, label)?;
         let len = usize::try_from(size)
             .map_err(|_| EngineError::invalid("host.size: too large for this machine"))?;
         let region = HostRegion::new(len).map_err(|e| {
@@ -145,14 +311,12 @@ impl BufferRegistry {
                 format!("host.size: cannot allocate {size} bytes: {e}"),
             )
         })?;
-        Ok(Arc::new(BufferEntry {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            kind: BufferKind::Host,
+        Ok(self.entry(
+            BufferKind::Host,
             size,
-            label: label.to_string(),
-            key: rand::random(),
-            region: Arc::new(region),
-        }))
+            label,
+            BufferMemory::Host(Arc::new(region)),
+        ))
     }
 
     /// Makes a buffer visible. A non-empty label names one buffer only: a second registration
@@ -271,46 +435,87 @@ fn splitmix(x: u64) -> u64 {
 
 const SCRATCH: usize = 1 << 20;
 
-/// Fills `[offset, offset + length)` of the buffer.
-pub fn fill(b: &BufferEntry, offset: u64, length: u64, pattern: &Pattern) -> Result<(), EngineError> {
-    let mut scratch = vec![0u8; SCRATCH.min(length as usize)];
-    let mut pos = offset;
-    let end = offset + length;
-    while pos < end {
-        let n = ((end - pos) as usize).min(SCRATCH);
-        let chunk = &mut scratch[..n];
-        match pattern {
-            Pattern::Byte(v) => chunk.fill(*v),
-            Pattern::Seed(seed) => seeded_bytes(*seed, pos, chunk),
-            Pattern::Repeat(rep) => {
-                for (i, c) in chunk.iter_mut().enumerate() {
-                    *c = rep[((pos - offset) as usize + i) % rep.len()];
-                }
+fn pattern_bytes(pattern: &Pattern, origin: u64, pos: u64, out: &mut [u8]) {
+    match pattern {
+        Pattern::Byte(v) => out.fill(*v),
+        Pattern::Seed(seed) => seeded_bytes(*seed, pos, out),
+        Pattern::Repeat(rep) => {
+            for (i, c) in out.iter_mut().enumerate() {
+                *c = rep[((pos - origin) as usize + i) % rep.len()];
             }
         }
-        b.region
-            .write(pos as usize, chunk)
-            .map_err(|e| EngineError::new(Code::Internal, e.to_string()))?;
-        pos += n as u64;
     }
-    Ok(())
+}
+
+fn gpu_error(e: crate::gpu::GpuError) -> EngineError {
+    EngineError::new(Code::Internal, format!("GPU: {e}"))
+}
+
+/// Fills `[offset, offset + length)` of the buffer.
+pub fn fill(b: &BufferEntry, offset: u64, length: u64, pattern: &Pattern) -> Result<(), EngineError> {
+    match &b.memory {
+        BufferMemory::Host(region) => {
+            let mut scratch = vec![0u8; SCRATCH.min(length as usize)];
+            let mut pos = offset;
+            let end = offset + length;
+            while pos < end {
+                let n = ((end - pos) as usize).min(SCRATCH);
+                pattern_bytes(pattern, offset, pos, &mut scratch[..n]);
+                region
+                    .write(pos as usize, &scratch[..n])
+                    .map_err(|e| EngineError::new(Code::Internal, e.to_string()))?;
+                pos += n as u64;
+            }
+            Ok(())
+        }
+        BufferMemory::Cuda { region, .. } => {
+            let stream = Stream::new(region.gpu()).map_err(gpu_error)?;
+            region
+                .fill_with(&stream, offset, length, |pos, out| {
+                    pattern_bytes(pattern, offset, pos, out)
+                })
+                .map_err(gpu_error)
+        }
+    }
+}
+
+/// Copies `len` bytes at `offset` out of the buffer.
+pub fn read(b: &BufferEntry, offset: u64, len: u64) -> Result<Vec<u8>, EngineError> {
+    match &b.memory {
+        BufferMemory::Host(region) => region
+            .to_vec(offset as usize, len as usize)
+            .map_err(|e| EngineError::new(Code::Internal, e.to_string())),
+        BufferMemory::Cuda { region, .. } => {
+            let mut out = vec![0u8; len as usize];
+            region.read(offset, &mut out).map_err(gpu_error)?;
+            Ok(out)
+        }
+    }
 }
 
 /// CRC-32C of `[offset, offset + length)`.
 pub fn checksum(b: &BufferEntry, offset: u64, length: u64) -> Result<u32, EngineError> {
-    let mut scratch = vec![0u8; SCRATCH.min(length as usize)];
-    let mut crc = 0u32;
-    let mut pos = offset;
-    let end = offset + length;
-    while pos < end {
-        let n = ((end - pos) as usize).min(SCRATCH);
-        b.region
-            .read(pos as usize, &mut scratch[..n])
-            .map_err(|e| EngineError::new(Code::Internal, e.to_string()))?;
-        crc = crc32c::crc32c_append(crc, &scratch[..n]);
-        pos += n as u64;
+    match &b.memory {
+        BufferMemory::Host(region) => {
+            let mut scratch = vec![0u8; SCRATCH.min(length as usize)];
+            let mut crc = 0u32;
+            let mut pos = offset;
+            let end = offset + length;
+            while pos < end {
+                let n = ((end - pos) as usize).min(SCRATCH);
+                region
+                    .read(pos as usize, &mut scratch[..n])
+                    .map_err(|e| EngineError::new(Code::Internal, e.to_string()))?;
+                crc = crc32c::crc32c_append(crc, &scratch[..n]);
+                pos += n as u64;
+            }
+            Ok(crc)
+        }
+        BufferMemory::Cuda { region, .. } => {
+            let stream = Stream::new(region.gpu()).map_err(gpu_error)?;
+            region.crc32c(&stream, offset, length).map_err(gpu_error)
+        }
     }
-    Ok(crc)
 }
 
 #[cfg(test)]
@@ -355,16 +560,16 @@ mod tests {
         fill(&b, 0, b.size, &Pattern::Seed(7)).unwrap();
         let mut expect = vec![0u8; b.size as usize];
         seeded_bytes(7, 0, &mut expect);
-        assert_eq!(b.region.to_vec(0, b.size as usize).unwrap(), expect);
+        assert_eq!(read(&b, 0, b.size).unwrap(), expect);
         assert_eq!(checksum(&b, 0, b.size).unwrap(), crc32c::crc32c(&expect));
         // Sub-ranges of the seeded pattern depend only on position.
         let mut part = vec![0u8; 100];
         seeded_bytes(7, 5000, &mut part);
         assert_eq!(part, expect[5000..5100]);
         fill(&b, 10, 5, &Pattern::Repeat(vec![1, 2])).unwrap();
-        assert_eq!(b.region.to_vec(10, 5).unwrap(), vec![1, 2, 1, 2, 1]);
+        assert_eq!(read(&b, 10, 5).unwrap(), vec![1, 2, 1, 2, 1]);
         fill(&b, 0, 3, &Pattern::Byte(9)).unwrap();
-        assert_eq!(b.region.to_vec(0, 3).unwrap(), vec![9, 9, 9]);
+        assert_eq!(read(&b, 0, 3).unwrap(), vec![9, 9, 9]);
         assert_eq!(resolve_range(&b, 10, 0, true).unwrap(), (10, b.size - 10));
         assert!(resolve_range(&b, b.size + 1, 0, true).is_err());
         assert!(

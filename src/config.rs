@@ -99,6 +99,7 @@ pub struct FilePlugin {
 #[serde(deny_unknown_fields)]
 pub struct FileTransfer {
     pub chunk_bytes: Option<u64>,
+    pub unpack_impl: Option<String>,
     pub send_window: Option<usize>,
     pub recv_window: Option<usize>,
     pub default_timeout_s: Option<u64>,
@@ -134,6 +135,7 @@ pub struct Config {
     pub lanes_per_device: u32,
     pub devices: Option<Vec<i32>>,
     pub chunk_bytes: u32,
+    pub unpack_impl: crate::unpack::UnpackImpl,
     pub send_window: usize,
     pub recv_window: usize,
     pub default_timeout: Duration,
@@ -214,6 +216,12 @@ impl Config {
                 "lanes_per_device: {lanes_per_device} is outside 1..=16"
             )));
         }
+        let unpack_impl = match env("UCCL_TCPX_UNPACK_IMPL").or(file.transfer.unpack_impl) {
+            None => crate::unpack::UnpackImpl::default(),
+            Some(v) => v.parse().map_err(|e| {
+                ConfigError::Invalid(format!("UCCL_TCPX_UNPACK_IMPL / transfer.unpack_impl: {e}"))
+            })?,
+        };
         let send_window = file.transfer.send_window.unwrap_or(12);
         let recv_window = file.transfer.recv_window.unwrap_or(16);
         if !(1..=16).contains(&send_window) || !(1..=16).contains(&recv_window) {
@@ -267,6 +275,7 @@ impl Config {
             lanes_per_device,
             devices: file.plugin.devices,
             chunk_bytes,
+            unpack_impl,
             send_window,
             recv_window,
             default_timeout: Duration::from_secs(default_timeout_s),

@@ -85,6 +85,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
     let poller = PollerHandle::start(
         plugin,
         PollerConfig {
+            unpack_impl: cfg.unpack_impl,
             engine: EngineConfig {
                 chunk_bytes: cfg.chunk_bytes,
                 send_window: cfg.send_window,

@@ -21,7 +21,9 @@ use crate::engine::{
     Action, Code, Engine, EngineConfig, EngineError, Outcome, PeerCounters, PeerIdx, PeerMsg, ReadSpec,
     TransferId, WriteSpec,
 };
+use crate::gpu::Gpu;
 use crate::net::{ConnectHandle, Connector, ListenComm, MemHandle, Plugin, RecvComm, RequestId, SendComm};
+use crate::unpack::{Ticket, UnpackImpl, UnpackJob, Unpacker};
 
 /// One lane's listening side, as exchanged in the handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,6 +168,8 @@ pub enum Command {
 #[derive(Debug, Clone)]
 pub struct PollerConfig {
     pub engine: EngineConfig,
+    /// How receives into GPU memory are unpacked (`UCCL_TCPX_UNPACK_IMPL`).
+    pub unpack_impl: UnpackImpl,
     pub devices: Vec<i32>,
     pub lanes_per_device: u32,
     pub connect_timeout: Duration,
@@ -185,6 +189,7 @@ impl PollerHandle {
         notifications: broadcast::Sender<NotificationEvent>,
     ) -> std::io::Result<PollerHandle> {
         let (tx, rx) = mpsc::channel();
+        let unpack_impl = cfg.unpack_impl;
         let thread = std::thread::Builder::new()
             .name("tcpxd-poller".into())
             .spawn(move || {
@@ -201,6 +206,8 @@ impl PollerHandle {
                     notifications,
                     drain: None,
                     finished_in_grace: 0,
+                    stages: HashMap::new(),
+                    unpack_impl,
                 }
                 .run()
             })?;
@@ -254,10 +261,50 @@ struct RecvLane {
     state: RecvLaneState,
     /// Registrations by (buffer, window).
     handles: HashMap<(u64, u64), MemHandle>,
-    /// Posted receives in order: request and posted length.
-    posted: VecDeque<(RequestId, u32)>,
+    /// Posted receives in ring order.
+    posted: VecDeque<Posted>,
+    /// Completed receives being unpacked, in ring order; consumed from the front once ready.
+    landing: VecDeque<Landing>,
     deferred: VecDeque<(u64, u64, u32)>,
     tag: i32,
+}
+
+/// A posted receive: where its bytes go.
+#[derive(Debug, Clone, Copy)]
+struct Posted {
+    id: RequestId,
+    len: u32,
+    buffer: u64,
+    offset: u64,
+}
+
+/// A completed receive waiting for its unpack before `irecvConsumed`.
+#[derive(Debug)]
+struct Landing {
+    id: RequestId,
+    wait: Wait,
+}
+
+#[derive(Debug)]
+enum Wait {
+    /// Unpacked (or nothing to unpack), with the outcome.
+    Ready(Result<(), String>),
+    /// In batch `batch` of GPU `gpu`'s unpacker.
+    Gpu { gpu: usize, batch: u64 },
+}
+
+/// The unpack stage of one GPU: its unpacker and the batches in flight, oldest first.
+struct GpuStage {
+    gpu: Arc<Gpu>,
+    unpacker: Box<dyn Unpacker>,
+    /// The batch number receives pushed during this pass belong to.
+    next_batch: u64,
+    pushed: bool,
+    in_flight: VecDeque<(u64, Option<Ticket>)>,
+    /// Every batch up to this one has finished.
+    done_upto: u64,
+    /// A batch that failed on the GPU, and why: its receives (and later ones) fail.
+    failed: Option<(u64, String)>,
 }
 
 struct PeerSlot {
@@ -283,6 +330,9 @@ struct Poller {
     notifications: broadcast::Sender<NotificationEvent>,
     drain: Option<(Instant, Reply<DrainReport>)>,
     finished_in_grace: usize,
+    /// Unpack stages by GPU ordinal, made when the first receive into that GPU completes.
+    stages: HashMap<usize, GpuStage>,
+    unpack_impl: UnpackImpl,
 }
 
 /// Plugin completions gathered during a pass, applied to the engine afterwards.
@@ -369,7 +419,9 @@ impl Poller {
                 SendLaneState::Closed => false,
             }) || p.recv.iter().any(|l| match &l.state {
                 RecvLaneState::Accepting(..) => true,
-                RecvLaneState::Ready(c) => c.outstanding() > 0 || !l.deferred.is_empty(),
+                RecvLaneState::Ready(c) => {
+                    c.outstanding() > 0 || !l.deferred.is_empty() || !l.landing.is_empty()
+                }
                 RecvLaneState::Closed => false,
             })
         })
@@ -552,6 +604,7 @@ impl Poller {
                 state: RecvLaneState::Accepting(l, deadline),
                 handles: HashMap::new(),
                 posted: VecDeque::new(),
+                landing: VecDeque::new(),
                 deferred: VecDeque::new(),
                 tag: 0,
             })
@@ -734,6 +787,7 @@ impl Poller {
                         l.handles.clear();
                         l.deferred.clear();
                         l.posted.clear();
+                        l.landing.clear();
                         l.state = RecvLaneState::Closed;
                     }
                     tracing::warn!(peer = %p.node_id, "peer failed: {reason}");
@@ -749,15 +803,22 @@ impl Poller {
 
     /// Tests the head of every comm; completes, unpacks and consumes what finished.
     fn test_lanes(&mut self) -> bool {
+        let Poller {
+            peers,
+            buffers,
+            stages,
+            unpack_impl,
+            ..
+        } = self;
         let mut events = Vec::new();
-        for (pi, p) in self.peers.iter_mut().enumerate() {
+        for (pi, p) in peers.iter_mut().enumerate() {
             if p.failed {
                 continue;
             }
             let peer = PeerIdx(pi as u32);
             for (li, l) in p.send.iter_mut().enumerate() {
                 if !l.deferred.is_empty()
-                    && let Err(why) = post_sends(l, &self.buffers)
+                    && let Err(why) = post_sends(l, buffers)
                 {
                     events.push(Completion::Failed(peer, format!("lane {li} send: {why}")));
                     continue;
@@ -776,9 +837,10 @@ impl Poller {
                     }
                 }
             }
+            // Completed receives start their unpack, in ring order.
             for (li, l) in p.recv.iter_mut().enumerate() {
                 if !l.deferred.is_empty()
-                    && let Err(why) = post_recvs(l, &self.buffers)
+                    && let Err(why) = post_recvs(l, buffers)
                 {
                     events.push(Completion::Failed(peer, format!("lane {li} receive: {why}")));
                     continue;
@@ -786,22 +848,12 @@ impl Poller {
                 let RecvLaneState::Ready(comm) = &mut l.state else {
                     continue;
                 };
-                while let Some(&(id, len)) = l.posted.front() {
-                    match comm.test(id) {
+                while let Some(&posted) = l.posted.front() {
+                    match comm.test(posted.id) {
                         Ok(Some(_)) => {
-                            // Host unpack, then (and only then) return the pages.
-                            let landed = match comm.unpack_host(id) {
-                                Ok(n) if n == 0 || n == len as usize => Ok(()),
-                                Ok(n) => Err(format!("chunk landed {n} of {len} bytes")),
-                                Err(e) => Err(e.to_string()),
-                            };
-                            if let Err(e) = comm.consume(id) {
-                                events
-                                    .push(Completion::Failed(peer, format!("lane {li} irecvConsumed: {e}")));
-                                break;
-                            }
+                            let wait = start_unpack(comm, &posted, buffers, stages, *unpack_impl);
                             l.posted.pop_front();
-                            events.push(Completion::RecvConsumed(peer, li as u32, landed));
+                            l.landing.push_back(Landing { id: posted.id, wait });
                         }
                         Ok(None) => break,
                         Err(e) => {
@@ -809,6 +861,37 @@ impl Poller {
                             break;
                         }
                     }
+                }
+            }
+        }
+        // One batch of GPU work per GPU for everything pushed in this pass; then what finished.
+        for stage in stages.values_mut() {
+            stage.advance();
+        }
+        // Consume what is unpacked, in ring order: only now are the pages returned.
+        for (pi, p) in peers.iter_mut().enumerate() {
+            if p.failed {
+                continue;
+            }
+            let peer = PeerIdx(pi as u32);
+            for (li, l) in p.recv.iter_mut().enumerate() {
+                let RecvLaneState::Ready(comm) = &mut l.state else {
+                    continue;
+                };
+                while let Some(front) = l.landing.front() {
+                    let result = match &front.wait {
+                        Wait::Ready(r) => r.clone(),
+                        Wait::Gpu { gpu, batch } => match stages.get(gpu).and_then(|s| s.outcome(*batch)) {
+                            Some(r) => r,
+                            None => break,
+                        },
+                    };
+                    if let Err(e) = comm.consume(front.id) {
+                        events.push(Completion::Failed(peer, format!("lane {li} irecvConsumed: {e}")));
+                        break;
+                    }
+                    l.landing.pop_front();
+                    events.push(Completion::RecvConsumed(peer, li as u32, result));
                 }
             }
         }
@@ -913,6 +996,10 @@ fn handle_for<'a>(
             let entry = buffers
                 .get(&buffer)
                 .ok_or_else(|| format!("buffer {buffer} vanished"))?;
+            // The plugin registers CUDA memory in the context current on this thread.
+            if let Some(gpu) = entry.gpu() {
+                gpu.bind_to_thread().map_err(|e| e.to_string())?;
+            }
             let len = WINDOW_LEN.min(entry.size - start);
             let region: Arc<dyn crate::net::Region> = if start == 0 && len == entry.size {
                 entry.region_dyn()
@@ -963,10 +1050,144 @@ fn post_recvs(l: &mut RecvLane, buffers: &HashMap<u64, Arc<BufferEntry>>) -> Res
         {
             Some(id) => {
                 l.deferred.pop_front();
-                l.posted.push_back((id, len));
+                l.posted.push_back(Posted {
+                    id,
+                    len,
+                    buffer,
+                    offset,
+                });
             }
             None => break,
         }
     }
     Ok(())
+}
+
+/// Starts unpacking a completed receive: nothing to do when the plugin received in place (or
+/// the chunk was sent empty), a host gather for host destinations, a push into the GPU's
+/// unpacker for CUDA destinations.
+fn start_unpack(
+    comm: &RecvComm,
+    posted: &Posted,
+    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    stages: &mut HashMap<usize, GpuStage>,
+    unpack_impl: UnpackImpl,
+) -> Wait {
+    let (ring, q) = match comm.completed(posted.id) {
+        Ok(v) => v,
+        Err(e) => return Wait::Ready(Err(e.to_string())),
+    };
+    let frags = match ring.fragments(q) {
+        Ok(f) => f,
+        Err(e) => return Wait::Ready(Err(e.to_string())),
+    };
+    if frags.is_empty() {
+        return Wait::Ready(Ok(()));
+    }
+    let landed: u64 = frags.iter().map(|f| u64::from(f.len)).sum();
+    if landed != u64::from(posted.len) {
+        return Wait::Ready(Err(format!("chunk landed {landed} of {} bytes", posted.len)));
+    }
+    let Some(entry) = buffers.get(&posted.buffer) else {
+        return Wait::Ready(Err(format!("buffer {} vanished", posted.buffer)));
+    };
+    let Some(region) = entry.device_region() else {
+        return Wait::Ready(comm.unpack_host(posted.id).map(|_| ()).map_err(|e| e.to_string()));
+    };
+    let ordinal = region.gpu().ordinal();
+    let stage = match stages.entry(ordinal) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            match GpuStage::new(region.gpu().clone(), unpack_impl) {
+                Ok(s) => v.insert(s),
+                Err(e) => return Wait::Ready(Err(format!("GPU {ordinal} unpack stage: {e}"))),
+            }
+        }
+    };
+    let job = (|| -> Result<(), String> {
+        stage.gpu.bind_to_thread().map_err(|e| e.to_string())?;
+        let dst = region
+            .subspan(posted.offset, u64::from(posted.len))
+            .map_err(|e| e.to_string())?;
+        let list = ring.fragment_list(q).map_err(|e| e.to_string())?;
+        let job = UnpackJob {
+            frags: list,
+            bounce: ring.bounce_span(frags),
+            dst,
+        };
+        stage.unpacker.push(&job).map_err(|e| e.to_string())
+    })();
+    match job {
+        Ok(()) => {
+            stage.pushed = true;
+            Wait::Gpu {
+                gpu: ordinal,
+                batch: stage.next_batch,
+            }
+        }
+        Err(e) => Wait::Ready(Err(e)),
+    }
+}
+
+impl GpuStage {
+    fn new(gpu: Arc<Gpu>, imp: UnpackImpl) -> Result<GpuStage, String> {
+        gpu.bind_to_thread().map_err(|e| e.to_string())?;
+        let unpacker = imp.build(&gpu).map_err(|e| e.to_string())?;
+        Ok(GpuStage {
+            gpu,
+            unpacker,
+            next_batch: 1,
+            pushed: false,
+            in_flight: VecDeque::new(),
+            done_upto: 0,
+            failed: None,
+        })
+    }
+
+    /// Submits this pass's batch (if anything was pushed) and retires finished batches.
+    fn advance(&mut self) {
+        if self.gpu.bind_to_thread().is_err() {
+            return;
+        }
+        if self.pushed {
+            self.pushed = false;
+            let batch = self.next_batch;
+            self.next_batch += 1;
+            match self.unpacker.submit() {
+                Ok(ticket) => self.in_flight.push_back((batch, ticket)),
+                Err(e) => self.fail(batch, e.to_string()),
+            }
+        }
+        while let Some((batch, ticket)) = self.in_flight.front() {
+            let batch = *batch;
+            let done = match ticket {
+                None => Ok(true),
+                Some(t) => self.unpacker.is_done(t),
+            };
+            match done {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) => self.fail(batch, e.to_string()),
+            }
+            self.done_upto = batch;
+            self.in_flight.pop_front();
+        }
+    }
+
+    fn fail(&mut self, batch: u64, why: String) {
+        tracing::error!(gpu = self.gpu.ordinal(), batch, "unpack failed: {why}");
+        if self.failed.is_none() {
+            self.failed = Some((batch, why));
+        }
+    }
+
+    /// The outcome of a batch's receives, once it finished.
+    fn outcome(&self, batch: u64) -> Option<Result<(), String>> {
+        if let Some((failed, why)) = &self.failed
+            && batch >= *failed
+        {
+            return Some(Err(format!("unpack on GPU {}: {why}", self.gpu.ordinal())));
+        }
+        (batch <= self.done_upto).then_some(Ok(()))
+    }
 }

@@ -271,18 +271,35 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
         Code::InvalidArgument,
         "source",
     );
+    if !tcpxd::gpu::driver_available() {
+        expect_err(
+            "CUDA on a machine without a GPU",
+            ac.register_buffer(pb::RegisterBufferRequest {
+                source: Some(pb::register_buffer_request::Source::Cuda(pb::CudaAllocation {
+                    device: 0,
+                    size: 4096,
+                })),
+                label: String::new(),
+            })
+            .await,
+            Code::FailedPrecondition,
+            "no CUDA driver",
+        );
+    }
     expect_err(
-        "CUDA without the GPU path",
+        "IPC handle of the wrong length",
         ac.register_buffer(pb::RegisterBufferRequest {
-            source: Some(pb::register_buffer_request::Source::Cuda(pb::CudaAllocation {
+            source: Some(pb::register_buffer_request::Source::CudaIpc(pb::CudaIpcImport {
                 device: 0,
+                ipc_handle: vec![0; 10],
+                offset: 0,
                 size: 4096,
             })),
             label: String::new(),
         })
         .await,
-        Code::FailedPrecondition,
-        "source.cuda",
+        Code::InvalidArgument,
+        "cuda_ipc.ipc_handle",
     );
     expect_err(
         "duplicate registration of a label",

@@ -13,7 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::proto::v1 as pb;
-use crate::buffers::{self, BufferEntry, BufferRegistry, Descriptor, Pattern};
+use crate::buffers::{self, BufferEntry, BufferKind, BufferRegistry, Descriptor, Pattern};
 use crate::engine::{self, EngineError, EntrySpec, Outcome, RemoteRange, TransferId};
 use crate::peers::Peers;
 use crate::poller::{Command, NotificationEvent, PeerLink, Phase, TransferStatus};
@@ -76,12 +76,17 @@ impl DaemonState {
     fn buffer_pb(&self, b: &BufferEntry) -> pb::Buffer {
         pb::Buffer {
             id: b.id,
-            kind: pb::BufferKind::Host as i32,
+            kind: match b.kind {
+                BufferKind::Host => pb::BufferKind::Host,
+                BufferKind::Cuda => pb::BufferKind::Cuda,
+                BufferKind::CudaIpc => pb::BufferKind::CudaIpc,
+            } as i32,
             size: b.size,
             label: b.label.clone(),
             descriptor: self.buffers.descriptor(b).encode(),
-            cuda_ipc_handle: Vec::new(),
-            device: 0,
+            cuda_ipc_handle: b.ipc_export().map(|e| e.handle.to_vec()).unwrap_or_default(),
+            cuda_ipc_offset: b.ipc_export().map(|e| e.offset).unwrap_or(0),
+            device: b.gpu().map(|g| g.ordinal() as u32).unwrap_or(0),
             active_transfers: 0,
         }
     }
@@ -247,6 +252,10 @@ impl ClientService {
             remote_offset: e.remote_offset,
             length: e.length,
         }))?;
+        if !r.ready_event_ipc_handle.is_empty() {
+            st.wait_ready_event(&r.ready_event_ipc_handle, &specs, deadline)
+                .await?;
+        }
         let (id, rx) = st
             .ask(|reply| Command::Write {
                 specs,
@@ -282,6 +291,46 @@ impl ClientService {
             .await?
             .map_err(status)?;
         Ok(Response::new(st.started(id, rx, total)))
+    }
+}
+
+impl DaemonState {
+    /// Orders a write after the client's GPU work: waits (without holding a runtime thread) for
+    /// the client's IPC event, on the GPU of the first CUDA source buffer.
+    async fn wait_ready_event(
+        &self,
+        handle: &[u8],
+        specs: &[EntrySpec],
+        deadline: Instant,
+    ) -> Result<(), Status> {
+        let handle: [u8; 64] = handle.try_into().map_err(|_| {
+            Status::invalid_argument(format!(
+                "ready_event_ipc_handle: {} bytes, expected 64",
+                handle.len()
+            ))
+        })?;
+        let gpu = specs
+            .iter()
+            .find_map(|s| {
+                self.buffers
+                    .get(s.local_buffer)
+                    .ok()
+                    .and_then(|b| b.gpu().cloned())
+            })
+            .ok_or_else(|| {
+                Status::invalid_argument("ready_event_ipc_handle: no entry reads from a CUDA buffer")
+            })?;
+        let done = tokio::task::spawn_blocking(move || crate::gpu::wait_ipc_event(&gpu, &handle, deadline))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::invalid_argument(format!("ready_event_ipc_handle: {e}")))?;
+        if done {
+            Ok(())
+        } else {
+            Err(Status::deadline_exceeded(
+                "the client's ready event did not complete before the transfer's deadline",
+            ))
+        }
     }
 }
 
@@ -352,15 +401,23 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                     .map_err(|e| Status::internal(e.to_string()))?
                     .map_err(status)?
             }
-            Some(pb::register_buffer_request::Source::Cuda(_)) => {
-                return Err(Status::failed_precondition(
-                    "source.cuda: CUDA buffers need the GPU data path, which this build does not have yet; register host buffers",
-                ));
+            Some(pb::register_buffer_request::Source::Cuda(c)) => {
+                let (label, state) = (r.label.clone(), self.state.clone());
+                tokio::task::spawn_blocking(move || state.buffers.allocate_cuda(c.device, c.size, &label))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?
+                    .map_err(status)?
             }
-            Some(pb::register_buffer_request::Source::CudaIpc(_)) => {
-                return Err(Status::failed_precondition(
-                    "source.cuda_ipc: importing CUDA IPC handles needs the GPU data path, which this build does not have yet",
-                ));
+            Some(pb::register_buffer_request::Source::CudaIpc(c)) => {
+                let (label, state) = (r.label.clone(), self.state.clone());
+                tokio::task::spawn_blocking(move || {
+                    state
+                        .buffers
+                        .import_cuda(c.device, &c.ipc_handle, c.offset, c.size, &label)
+                })
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(status)?
             }
             None => {
                 return Err(Status::invalid_argument(
@@ -473,10 +530,10 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
             )));
         }
         let (offset, length) = buffers::resolve_range(&b, r.offset, r.length, false).map_err(status)?;
-        let data = b
-            .region
-            .to_vec(offset as usize, length as usize)
-            .map_err(|e| Status::internal(e.to_string()))?;
+        let data = tokio::task::spawn_blocking(move || buffers::read(&b, offset, length))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(status)?;
         Ok(Response::new(pb::ReadBufferResponse { data }))
     }
 

@@ -848,6 +848,18 @@ impl RecvComm {
         self.unpack_ring()?.fragments(slot.q)
     }
 
+    /// The completed receive's ring slot, destination and posted size, with the ring.
+    pub fn completed(&self, id: RequestId) -> NetResult<(&UnpackRing, usize)> {
+        let slot = &self.slots[self.position(id)?];
+        if !slot.done {
+            return Err(NetError::OutOfOrder {
+                id: id.0,
+                expected: "a completed receive",
+            });
+        }
+        Ok((self.unpack_ring()?, slot.q))
+    }
+
     /// Host unpack of a completed receive: gathers its fragments from a host bounce buffer into
     /// its destination. Returns the bytes copied (0 when the plugin received in place).
     pub fn unpack_host(&self, id: RequestId) -> NetResult<usize> {

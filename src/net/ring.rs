@@ -35,11 +35,14 @@ impl UnpackRing {
             )));
         }
         let mut raw = [0u8; std::mem::size_of::<unpackNetDeviceHandle>()];
+        // The emulation in host mode keeps the handle in host memory; the real plugin (and the
+        // emulation in CUDA mode) in device memory, read with a device-to-host copy.
         if !probe_copy(dh.handle as *const u8, &mut raw) {
-            return Err(NetError::Ring(
-                "the unpackNetDeviceHandle lives in device memory; reading it needs the CUDA data path"
-                    .into(),
-            ));
+            crate::gpu::read_any_device(dh.handle as u64, &mut raw).map_err(|e| {
+                NetError::Ring(format!(
+                    "reading the unpackNetDeviceHandle from device memory: {e}"
+                ))
+            })?;
         }
         // SAFETY: `raw` holds the 24 bytes of an `unpackNetDeviceHandle` (plain data).
         let h: unpackNetDeviceHandle = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
@@ -71,6 +74,32 @@ impl UnpackRing {
     /// Whether the bounce buffer is host memory (the emulation's host mode) rather than GPU memory.
     pub fn bounce_is_host_readable(&self) -> bool {
         self.bounce_host_readable
+    }
+
+    /// The fragment list of slot `q` for the GPU unpacker: the host view plus the device view of
+    /// the same host-mapped ring memory, so a kernel can read it in place.
+    pub fn fragment_list(&self, q: usize) -> NetResult<crate::gpu::FragmentList<'_>> {
+        let frags = self.fragments(q)?;
+        let dev = frags.as_ptr() as u64;
+        // SAFETY: the ring is the plugin's host-mapped `netUnpackMeta` (cuMemHostAlloc with
+        // DEVICEMAP; under unified addressing its device address equals the host one); slot `q`
+        // is not rewritten before the request is consumed, which the poller does only after the
+        // batch this list goes into has finished.
+        Ok(unsafe { crate::gpu::FragmentList::mapped(frags, dev) })
+    }
+
+    /// The part of the GPU bounce buffer the given fragments touch (the ABI does not report the
+    /// bounce buffer's size, so the span ends at the furthest fragment).
+    pub fn bounce_span(&self, frags: &[loadMeta]) -> crate::gpu::DeviceSpan {
+        let end = frags
+            .iter()
+            .map(|f| u64::from(f.src_off) + u64::from(f.len))
+            .max()
+            .unwrap_or(0);
+        // SAFETY: the bounce buffer is the plugin's device memory, alive while the comm is open
+        // (the poller consumes, and so releases pages, only after the unpack finished); every
+        // fragment the plugin published lies inside it.
+        unsafe { crate::gpu::DeviceSpan::from_raw(self.bounce as u64, end) }
     }
 
     /// The fragment count the plugin published for slot `q` (acquire-ordered).

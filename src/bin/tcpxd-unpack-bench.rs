@@ -1,0 +1,533 @@
+//! `tcpxd-unpack-bench`: times the unpack implementations against one contiguous device-to-device
+//! copy of the same bytes (the ceiling), for batches of 1, 4 and 16 chunks of 512 KiB made of
+//! shuffled 4 KiB fragments. GPU times come from CUDA events (warm-up, then the median of the
+//! timed iterations). Sources rotate through a 256 MiB bounce buffer and destinations through
+//! 8 sets, so the L2 (50 MiB on an H200) does not hold them. Prints a table and one JSON line per
+//! row (also appended to `--out`). Reports only: nothing here asserts a speed.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Parser;
+use tcpxd::gpu::{DeviceRegion, Event, FragmentList, Gpu, PinnedRegion, Stream};
+use tcpxd::net::abi::loadMeta;
+use tcpxd::unpack::{FragSource, KernelUnpacker, UnpackImpl, UnpackJob, Unpacker};
+
+#[derive(Parser, Debug)]
+#[command(name = "tcpxd-unpack-bench", about = "Time the GPU unpack implementations")]
+struct Args {
+    /// CUDA device ordinal.
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    /// Timed iterations per row (the median is reported).
+    #[arg(long, default_value_t = 100)]
+    iters: usize,
+    /// Untimed iterations first.
+    #[arg(long, default_value_t = 10)]
+    warmup: usize,
+    /// Bounce buffer size in MiB.
+    #[arg(long, default_value_t = 256)]
+    bounce_mib: usize,
+    /// Chunk size in KiB.
+    #[arg(long, default_value_t = 512)]
+    chunk_kib: usize,
+    /// Batch sizes (chunks per batch), comma-separated.
+    #[arg(long, default_value = "1,4,16", value_delimiter = ',')]
+    chunks: Vec<usize>,
+    /// Fewer iterations for the slow implementations (d2d, host).
+    #[arg(long, default_value_t = 30)]
+    slow_iters: usize,
+    /// Append the JSON lines to this file.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+    /// Batches per steady-state (pipelined) measurement (0: skip).
+    #[arg(long, default_value_t = 64)]
+    pipeline: usize,
+    /// Also time the checksum kernel over this many MiB (0: skip).
+    #[arg(long, default_value_t = 1024)]
+    checksum_mib: usize,
+}
+
+const PAGE: usize = 4096;
+
+/// How the unpacker is handed each fragment list.
+#[derive(Debug, Clone, Copy)]
+enum Lists {
+    /// The host-mapped ring (as the plugin's netUnpackMeta).
+    Mapped,
+    /// A host slice only.
+    Host,
+    /// Already in device memory (no real mode: the floor of the kernel alone).
+    Resident,
+}
+const DST_SETS: usize = 8;
+
+struct Setup {
+    gpu: Arc<Gpu>,
+    bounce: DeviceRegion,
+    /// Per bounce window (one chunk of pages), its shuffled fragment list.
+    lists: PinnedRegion,
+    /// A device copy of `lists`.
+    lists_dev: DeviceRegion,
+    frags_per_chunk: usize,
+    windows: usize,
+    chunk: usize,
+    dsts: DeviceRegion,
+    max_chunks: usize,
+}
+
+struct Row {
+    name: String,
+    chunks: usize,
+    bytes: u64,
+    median_us: f64,
+    min_us: f64,
+    p90_us: f64,
+}
+
+fn rng(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+impl Setup {
+    fn new(a: &Args) -> Result<Setup, Box<dyn std::error::Error>> {
+        let gpu = Gpu::open(a.device)?;
+        let chunk = a.chunk_kib * 1024;
+        let bounce_len = a.bounce_mib << 20;
+        let windows = bounce_len / chunk;
+        let frags_per_chunk = chunk / PAGE;
+        let stream = Stream::new(&gpu)?;
+        let bounce = gpu.alloc(bounce_len)?;
+        let mut seed = 0x1234_5678_9abc_def1u64;
+        bounce.fill_with(&stream, 0, bounce_len as u64, |_, c| {
+            for w in c.chunks_mut(8) {
+                let v = rng(&mut seed).to_le_bytes();
+                w.copy_from_slice(&v[..w.len()]);
+            }
+        })?;
+        let mut lists = gpu.alloc_pinned(windows * frags_per_chunk * 16)?;
+        {
+            let all = lists.typed_mut::<loadMeta>(0, windows * frags_per_chunk)?;
+            for w in 0..windows {
+                let l = &mut all[w * frags_per_chunk..(w + 1) * frags_per_chunk];
+                // Page i of the chunk comes from a shuffled page of window w, and the list is in
+                // shuffled (arrival) order.
+                let mut perm: Vec<usize> = (0..frags_per_chunk).collect();
+                for i in (1..perm.len()).rev() {
+                    perm.swap(i, (rng(&mut seed) % (i as u64 + 1)) as usize);
+                }
+                for (i, f) in l.iter_mut().enumerate() {
+                    *f = loadMeta {
+                        src_off: (w * chunk + perm[i] * PAGE) as u32,
+                        len: PAGE as u32,
+                        dst_off: (i * PAGE) as u64,
+                    };
+                }
+                for i in (1..l.len()).rev() {
+                    l.swap(i, (rng(&mut seed) % (i as u64 + 1)) as usize);
+                }
+            }
+        }
+        let lists_dev = gpu.alloc(lists.len())?;
+        stream.copy_h2d(&lists_dev, 0, &lists, 0, lists.len() as u64)?;
+        stream.synchronize()?;
+        let max_chunks = a.chunks.iter().copied().max().unwrap_or(16);
+        let dsts = gpu.alloc(DST_SETS * max_chunks * chunk)?;
+        Ok(Setup {
+            gpu,
+            bounce,
+            lists,
+            lists_dev,
+            frags_per_chunk,
+            windows,
+            chunk,
+            dsts,
+            max_chunks,
+        })
+    }
+
+    fn window(&self, iter: usize, chunks: usize, c: usize) -> usize {
+        (iter * chunks + c) % self.windows
+    }
+
+    fn dst_off(&self, iter: usize, c: usize) -> u64 {
+        (((iter % DST_SETS) * self.max_chunks + c) * self.chunk) as u64
+    }
+
+    /// Checks chunk `c` of iteration `iter` landed (page i of the chunk = its source page).
+    fn verify(
+        &self,
+        stream: &Stream,
+        iter: usize,
+        chunks: usize,
+        c: usize,
+    ) -> Result<bool, Box<dyn std::error::Error>> {
+        let w = self.window(iter, chunks, c);
+        let list = self
+            .lists
+            .typed::<loadMeta>(w * self.frags_per_chunk * 16, self.frags_per_chunk)?;
+        let mut got = vec![0u8; self.chunk];
+        self.dsts.read_into(stream, self.dst_off(iter, c), &mut got)?;
+        let mut src = vec![0u8; self.chunk];
+        self.bounce.read_into(stream, (w * self.chunk) as u64, &mut src)?;
+        Ok(list.iter().all(|f| {
+            let s = f.src_off as usize - w * self.chunk;
+            let d = f.dst_off as usize;
+            got[d..d + PAGE] == src[s..s + PAGE]
+        }))
+    }
+}
+
+fn stats(name: &str, chunks: usize, bytes: u64, mut us: Vec<f64>) -> Row {
+    us.sort_by(|a, b| a.total_cmp(b));
+    let pick = |q: f64| us[((us.len() - 1) as f64 * q).round() as usize];
+    Row {
+        name: name.to_string(),
+        chunks,
+        bytes,
+        median_us: pick(0.5),
+        min_us: us[0],
+        p90_us: pick(0.9),
+    }
+}
+
+fn time_unpacker(
+    s: &Setup,
+    u: &mut dyn Unpacker,
+    label: &str,
+    chunks: usize,
+    warmup: usize,
+    iters: usize,
+    lists: Lists,
+) -> Result<Row, Box<dyn std::error::Error>> {
+    let start = Event::timing(&s.gpu)?;
+    let end = Event::timing(&s.gpu)?;
+    let mut times = Vec::with_capacity(iters);
+    let mut last = 0;
+    for it in 0..warmup + iters {
+        u.stream().record(&start)?;
+        push_batch(s, u, it, chunks, lists)?;
+        let t = u.submit()?.ok_or("no ticket")?;
+        u.stream().record(&end)?;
+        end.synchronize()?;
+        if !u.is_done(&t)? {
+            return Err("event done but ticket not".into());
+        }
+        if it >= warmup {
+            times.push(f64::from(start.elapsed_ms(&end)?) * 1000.0);
+        }
+        last = it;
+    }
+    let stream = Stream::new(&s.gpu)?;
+    for c in [0, chunks - 1] {
+        if !s.verify(&stream, last, chunks, c)? {
+            return Err(format!("{label}: wrong bytes in chunk {c}").into());
+        }
+    }
+    Ok(stats(label, chunks, (chunks * s.chunk) as u64, times))
+}
+
+fn time_contiguous(
+    s: &Setup,
+    chunks: usize,
+    warmup: usize,
+    iters: usize,
+) -> Result<Row, Box<dyn std::error::Error>> {
+    let stream = Stream::new(&s.gpu)?;
+    let start = Event::timing(&s.gpu)?;
+    let end = Event::timing(&s.gpu)?;
+    let bytes = (chunks * s.chunk) as u64;
+    let mut times = Vec::with_capacity(iters);
+    for it in 0..warmup + iters {
+        let w = (it * chunks) % (s.windows - chunks + 1);
+        stream.record(&start)?;
+        stream.copy_d2d(&s.dsts, s.dst_off(it, 0), &s.bounce, (w * s.chunk) as u64, bytes)?;
+        stream.record(&end)?;
+        end.synchronize()?;
+        if it >= warmup {
+            times.push(f64::from(start.elapsed_ms(&end)?) * 1000.0);
+        }
+    }
+    Ok(stats("contiguous-d2d", chunks, bytes, times))
+}
+
+fn push_batch(
+    s: &Setup,
+    u: &mut dyn Unpacker,
+    it: usize,
+    chunks: usize,
+    lists: Lists,
+) -> Result<(), Box<dyn std::error::Error>> {
+    for c in 0..chunks {
+        let w = s.window(it, chunks, c);
+        let off = w * s.frags_per_chunk * 16;
+        let host = s.lists.typed::<loadMeta>(off, s.frags_per_chunk)?;
+        let frags = match lists {
+            Lists::Mapped => FragmentList::from_pinned(&s.lists, off, s.frags_per_chunk)?,
+            Lists::Host => FragmentList::host(host),
+            Lists::Resident => FragmentList::from_device(host, &s.lists_dev, off as u64)?,
+        };
+        u.push(&UnpackJob {
+            frags,
+            bounce: s.bounce.span(),
+            dst: s.dsts.subspan(s.dst_off(it, c), s.chunk as u64)?,
+        })?;
+    }
+    Ok(())
+}
+
+const PIPE_REPS: usize = 7;
+
+fn pipelined(
+    s: &Setup,
+    u: &mut dyn Unpacker,
+    label: &str,
+    chunks: usize,
+    batches: usize,
+    lists: Lists,
+) -> Result<Row, Box<dyn std::error::Error>> {
+    let start = Event::timing(&s.gpu)?;
+    let end = Event::timing(&s.gpu)?;
+    let mut per_batch = Vec::new();
+    for rep in 0..=PIPE_REPS {
+        u.stream().record(&start)?;
+        for b in 0..batches {
+            push_batch(s, u, rep * batches + b, chunks, lists)?;
+            u.submit()?;
+        }
+        u.stream().record(&end)?;
+        end.synchronize()?;
+        if rep > 0 {
+            per_batch.push(f64::from(start.elapsed_ms(&end)?) * 1000.0 / batches as f64);
+        }
+    }
+    Ok(stats(label, chunks, (chunks * s.chunk) as u64, per_batch))
+}
+
+fn pipelined_contiguous(s: &Setup, chunks: usize, batches: usize) -> Result<Row, Box<dyn std::error::Error>> {
+    let stream = Stream::new(&s.gpu)?;
+    let start = Event::timing(&s.gpu)?;
+    let end = Event::timing(&s.gpu)?;
+    let bytes = (chunks * s.chunk) as u64;
+    let mut per_batch = Vec::new();
+    for rep in 0..=PIPE_REPS {
+        stream.record(&start)?;
+        for b in 0..batches {
+            let it = rep * batches + b;
+            let w = (it * chunks) % (s.windows - chunks + 1);
+            stream.copy_d2d(&s.dsts, s.dst_off(it, 0), &s.bounce, (w * s.chunk) as u64, bytes)?;
+        }
+        stream.record(&end)?;
+        end.synchronize()?;
+        if rep > 0 {
+            per_batch.push(f64::from(start.elapsed_ms(&end)?) * 1000.0 / batches as f64);
+        }
+    }
+    Ok(stats("contiguous-d2d/pipe", chunks, bytes, per_batch))
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let a = Args::parse();
+    let s = Setup::new(&a)?;
+    let kernels = s.gpu.kernels()?;
+    println!(
+        "device {}: {} (cc {}.{}, {} SMs); kernels: {:?}",
+        a.device,
+        s.gpu.name(),
+        s.gpu.compute_capability().0,
+        s.gpu.compute_capability().1,
+        s.gpu.sm_count(),
+        kernels.source()
+    );
+    println!(
+        "bounce {} MiB, chunks of {} KiB = {} fragments of 4 KiB, {} warm-up + {} timed iterations (d2d/host: {})",
+        a.bounce_mib, a.chunk_kib, s.frags_per_chunk, a.warmup, a.iters, a.slow_iters
+    );
+
+    let mut rows: Vec<Row> = Vec::new();
+    for &chunks in &a.chunks {
+        rows.push(time_contiguous(&s, chunks, a.warmup, a.iters)?);
+        let variants: [(&str, UnpackImpl, Lists, u32); 7] = [
+            (
+                "kernel-params",
+                UnpackImpl::Kernel(FragSource::Params),
+                Lists::Mapped,
+                1,
+            ),
+            (
+                "kernel-device",
+                UnpackImpl::Kernel(FragSource::DeviceCopy),
+                Lists::Mapped,
+                1,
+            ),
+            (
+                "kernel-mapped",
+                UnpackImpl::Kernel(FragSource::Mapped),
+                Lists::Mapped,
+                1,
+            ),
+            (
+                "kernel-hostlist",
+                UnpackImpl::Kernel(FragSource::Mapped),
+                Lists::Host,
+                1,
+            ),
+            (
+                "kernel-resident",
+                UnpackImpl::Kernel(FragSource::Mapped),
+                Lists::Resident,
+                1,
+            ),
+            ("d2d", UnpackImpl::D2d, Lists::Mapped, 1),
+            ("host", UnpackImpl::Host, Lists::Mapped, 1),
+        ];
+        for (label, imp, mapped, fpw) in variants {
+            let iters = if matches!(imp, UnpackImpl::D2d | UnpackImpl::Host) {
+                a.slow_iters
+            } else {
+                a.iters
+            };
+            let row = match imp {
+                UnpackImpl::Kernel(src) => {
+                    let mut k = KernelUnpacker::new(&s.gpu, src)?;
+                    k.set_frags_per_warp(fpw);
+                    time_unpacker(&s, &mut k, label, chunks, a.warmup, iters, mapped)?
+                }
+                other => {
+                    let mut u = other.build(&s.gpu)?;
+                    time_unpacker(&s, u.as_mut(), label, chunks, a.warmup.min(3), iters, mapped)?
+                }
+            };
+            rows.push(row);
+        }
+    }
+
+    // Steady state: `--pipeline` batches submitted back to back (as the poller does while
+    // receives keep completing), time per batch.
+    if a.pipeline > 0 {
+        for &chunks in &a.chunks {
+            rows.push(pipelined_contiguous(&s, chunks, a.pipeline)?);
+            for (label, src, lists) in [
+                ("kernel-params/pipe", FragSource::Params, Lists::Mapped),
+                ("kernel-device/pipe", FragSource::DeviceCopy, Lists::Mapped),
+                ("kernel-mapped/pipe", FragSource::Mapped, Lists::Mapped),
+                ("kernel-resident/pipe", FragSource::Mapped, Lists::Resident),
+            ] {
+                let mut k = KernelUnpacker::new(&s.gpu, src)?;
+                rows.push(pipelined(&s, &mut k, label, chunks, a.pipeline, lists)?);
+            }
+        }
+    }
+
+    let mut out = match &a.out {
+        Some(p) => Some(std::fs::OpenOptions::new().create(true).append(true).open(p)?),
+        None => None,
+    };
+    println!();
+    println!(
+        "{:<20} {:>6} {:>10} {:>10} {:>10} {:>9} {:>12}",
+        "impl", "chunks", "median_us", "p90_us", "GB/s", "x contig", "vs kernel"
+    );
+    for r in &rows {
+        let contig_name = if r.name.ends_with("/pipe") {
+            "contiguous-d2d/pipe"
+        } else {
+            "contiguous-d2d"
+        };
+        let kernel_name = if r.name.ends_with("/pipe") {
+            "kernel-params/pipe"
+        } else {
+            "kernel-params"
+        };
+        let contig = rows
+            .iter()
+            .find(|c| c.name == contig_name && c.chunks == r.chunks)
+            .map_or(f64::NAN, |c| c.median_us);
+        let kernel = rows
+            .iter()
+            .find(|c| c.name == kernel_name && c.chunks == r.chunks)
+            .map_or(f64::NAN, |c| c.median_us);
+        let gbps = r.bytes as f64 / (r.median_us * 1e3);
+        println!(
+            "{:<20} {:>6} {:>10.1} {:>10.1} {:>10.1} {:>9.2} {:>11.1}x",
+            r.name,
+            r.chunks,
+            r.median_us,
+            r.p90_us,
+            gbps,
+            r.median_us / contig,
+            r.median_us / kernel
+        );
+        let json = serde_json::json!({
+            "bench": "unpack",
+            "device": s.gpu.name(),
+            "impl": r.name,
+            "chunks": r.chunks,
+            "chunk_bytes": s.chunk,
+            "bytes": r.bytes,
+            "median_us": r.median_us,
+            "min_us": r.min_us,
+            "p90_us": r.p90_us,
+            "gbps": gbps,
+            "ratio_to_contiguous": r.median_us / contig,
+            "ratio_to_kernel": r.median_us / kernel,
+        });
+        if let Some(f) = out.as_mut() {
+            writeln!(f, "{json}")?;
+        }
+        eprintln!("{json}");
+    }
+
+    if a.checksum_mib > 0 {
+        let stream = Stream::new(&s.gpu)?;
+        let len = (a.checksum_mib as u64) << 20;
+        let r = s.gpu.alloc(len as usize)?;
+        r.fill_with(&stream, 0, len, |pos, c| {
+            for (i, b) in c.iter_mut().enumerate() {
+                *b = ((pos + i as u64).wrapping_mul(0x9E37_79B9) >> 13) as u8;
+            }
+        })?;
+        let mut kernel_ms = Vec::new();
+        let mut crc = 0;
+        for _ in 0..5 {
+            let t = Instant::now();
+            crc = r.crc32c(&stream, 0, len)?;
+            kernel_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        kernel_ms.sort_by(|a, b| a.total_cmp(b));
+        let host_len = len.min(256 << 20);
+        let t = Instant::now();
+        let host_crc = r.crc32c_via_host(&stream, 0, host_len)?;
+        let host_ms = t.elapsed().as_secs_f64() * 1e3;
+        let check = r.crc32c(&stream, 0, host_len)? == host_crc;
+        let gib = len as f64 / (1u64 << 30) as f64;
+        let host_gib = host_len as f64 / (1u64 << 30) as f64;
+        println!();
+        println!(
+            "checksum: kernel {:.2} ms per GiB (median of 5 over {} MiB, crc {crc:#010x}); D2H + host crc32c {:.1} ms per GiB; agree: {check}",
+            kernel_ms[2] / gib,
+            a.checksum_mib,
+            host_ms / host_gib
+        );
+        let json = serde_json::json!({
+            "bench": "checksum", "device": s.gpu.name(), "bytes": len,
+            "kernel_ms_per_gib": kernel_ms[2] / gib, "via_host_ms_per_gib": host_ms / host_gib, "agree": check,
+        });
+        if let Some(f) = out.as_mut() {
+            writeln!(f, "{json}")?;
+        }
+        eprintln!("{json}");
+    }
+    Ok(())
+}

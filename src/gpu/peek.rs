@@ -1,0 +1,79 @@
+//! Reading a few bytes of device memory whose owner is not known in advance (the plugin's
+//! `unpackNetDeviceHandle`, which it allocates on the device current at accept time).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::sys;
+
+use super::{Gpu, GpuError, GpuResult};
+
+fn gpus() -> &'static Mutex<HashMap<usize, Arc<Gpu>>> {
+    static GPUS: OnceLock<Mutex<HashMap<usize, Arc<Gpu>>>> = OnceLock::new();
+    GPUS.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Copies `out.len()` bytes from device address `ptr` (on whichever device owns it).
+pub fn read_any_device(ptr: u64, out: &mut [u8]) -> GpuResult<()> {
+    super::driver().map_err(|e| GpuError::InvalidArgument(e.to_string()))?;
+    // Any context will do to ask which device owns the address.
+    let first = open(0)?;
+    first.bind_to_thread()?;
+    let mut ordinal: i32 = 0;
+    // SAFETY: the attribute is a plain int written through the pointer we pass; the driver
+    // reports an unknown address as an error instead of dereferencing it.
+    let rc = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut i32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return Err(GpuError::InvalidArgument(format!(
+            "{ptr:#x} is not device memory known to CUDA ({rc:?})"
+        )));
+    }
+    open(ordinal as usize)?.read_device(ptr, out)
+}
+
+fn open(ordinal: usize) -> GpuResult<Arc<Gpu>> {
+    let mut map = gpus().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(g) = map.get(&ordinal) {
+        return Ok(g.clone());
+    }
+    let g = Gpu::open(ordinal)?;
+    map.insert(ordinal, g.clone());
+    Ok(g)
+}
+
+/// Waits until the CUDA event behind an IPC event handle (recorded by a client process) has
+/// completed, or `deadline` passes (`Ok(false)`). Polls without blocking a thread in the driver.
+pub fn wait_ipc_event(gpu: &Gpu, handle: &[u8; 64], deadline: std::time::Instant) -> GpuResult<bool> {
+    gpu.bind_to_thread()?;
+    let mut h = sys::CUipcEventHandle { reserved: [0; 64] };
+    for (d, s) in h.reserved.iter_mut().zip(handle) {
+        *d = *s as std::ffi::c_char;
+    }
+    let mut event: sys::CUevent = std::ptr::null_mut();
+    // SAFETY: `event` receives a new event handle, destroyed below.
+    let rc = unsafe { sys::cuIpcOpenEventHandle(&mut event, h) };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return Err(GpuError::InvalidArgument(format!("cuIpcOpenEventHandle: {rc:?}")));
+    }
+    let result = loop {
+        // SAFETY: `event` is the live event opened above.
+        let q = unsafe { sys::cuEventQuery(event) };
+        match q {
+            sys::CUresult::CUDA_SUCCESS => break Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+            sys::CUresult::CUDA_ERROR_NOT_READY => break Ok(false),
+            other => break Err(GpuError::InvalidArgument(format!("cuEventQuery: {other:?}"))),
+        }
+    };
+    // SAFETY: destroying the event opened above, once.
+    unsafe { sys::cuEventDestroy_v2(event) };
+    result
+}

@@ -1,0 +1,380 @@
+//! Unpacking: copying each completed receive's fragments from the plugin's GPU bounce buffer to
+//! the destination, as one batch of GPU work per poller pass, and telling without blocking when
+//! a batch has finished (only then may the poller call `irecvConsumed`).
+//!
+//! The poller's use, per pass:
+//! 1. [`Unpacker::push`] every receive that completed (in ring order),
+//! 2. [`Unpacker::submit`] once: the batch is launched asynchronously and a [`Ticket`] returned,
+//! 3. on later passes [`Unpacker::is_done`] with the oldest ticket; once done, consume that
+//!    batch's receives in ring order.
+//!
+//! Every implementation runs on one stream of its own, so batches finish in submission order: a
+//! ticket that is done means every earlier ticket is done too.
+//!
+//! Three implementations, picked by `UCCL_TCPX_UNPACK_IMPL` ([`UnpackImpl`]):
+//! [`KernelUnpacker`] (`kernel`, the default: one kernel launch per batch; `kernel-params`,
+//! `kernel-device` and `kernel-mapped` pick where it reads the fragment lists, see
+//! [`FragSource`]), [`D2dUnpacker`] (`d2d`: one device-to-device copy per fragment) and
+//! [`HostUnpacker`] (`host`: through pinned host memory; a debug fallback). Measurements:
+//! docs/GPU.md.
+
+mod d2d;
+mod host;
+mod kernel;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub use d2d::D2dUnpacker;
+pub use host::HostUnpacker;
+pub use kernel::{FragSource, KernelUnpacker};
+
+pub use crate::gpu::FragmentList;
+use crate::gpu::{DeviceSpan, Event, Gpu, GpuError, GpuResult, Stream};
+use crate::net::abi::NET_UNPACK_MAX_SLICE_PAGES;
+
+/// The environment variable that picks the implementation.
+pub const UNPACK_IMPL_ENV: &str = "UCCL_TCPX_UNPACK_IMPL";
+
+/// Errors of the unpack stage.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpackError {
+    /// A fragment would read or write out of bounds; nothing of the job was queued.
+    #[error("fragment {index} of {count} (src_off {src_off}, len {len}, dst_off {dst_off}) {reason}")]
+    Fragment {
+        index: usize,
+        count: usize,
+        src_off: u32,
+        len: u32,
+        dst_off: u64,
+        reason: String,
+    },
+    /// More fragments than one TCPX request can carry.
+    #[error("{count} fragments in one receive (at most {NET_UNPACK_MAX_SLICE_PAGES})")]
+    TooManyFragments { count: usize },
+    /// The kernel's own bounds guard skipped a fragment (the host checks should have caught it).
+    #[error("the unpack kernel skipped out-of-bounds fragment {fragment} of task {task}")]
+    DeviceRejected { task: u32, fragment: u32 },
+    /// A ticket this unpacker never issued.
+    #[error("unknown unpack ticket {0:?}")]
+    UnknownTicket(Ticket),
+    /// An unknown `UCCL_TCPX_UNPACK_IMPL` value.
+    #[error(
+        "unknown unpack implementation {0:?} (kernel, kernel-params, kernel-device, kernel-mapped, d2d or host)"
+    )]
+    UnknownImpl(String),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+}
+
+/// One completed receive to unpack: fragments from `bounce` to `dst` (`dst_off` relative to
+/// `dst`'s byte 0, refused past `dst.len()`).
+#[derive(Debug, Clone, Copy)]
+pub struct UnpackJob<'a> {
+    pub frags: FragmentList<'a>,
+    pub bounce: DeviceSpan,
+    pub dst: DeviceSpan,
+}
+
+/// A submitted batch. Tickets of one unpacker complete in the order they were issued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket {
+    unpacker: u32,
+    seq: u64,
+}
+
+impl Ticket {
+    /// The batch's sequence number (1, 2, ... per unpacker).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+}
+
+/// The unpack stage, behind which the three implementations sit.
+pub trait Unpacker: Send {
+    fn name(&self) -> &'static str;
+    /// Queues one completed receive for this pass. Validates every fragment against `dst.len()`
+    /// and `bounce.len()` first (the error names the fragment; nothing of a refused job is
+    /// queued).
+    fn push(&mut self, job: &UnpackJob<'_>) -> Result<(), UnpackError>;
+    /// Launches everything queued since the last submit as one batch (asynchronously) and
+    /// returns its ticket; `None` when nothing needed GPU work (empty receives only), in which
+    /// case what was pushed is already complete.
+    fn submit(&mut self) -> Result<Option<Ticket>, UnpackError>;
+    /// Non-blocking: has that batch (and so every earlier one) finished on the GPU?
+    fn is_done(&mut self, t: &Ticket) -> Result<bool, UnpackError>;
+    /// Blocks until that batch has finished (tests, shutdown).
+    fn wait(&mut self, t: &Ticket) -> Result<(), UnpackError>;
+    /// The stream the batches run on (to order other work after them, or time them).
+    fn stream(&self) -> &Stream;
+}
+
+/// Which unpacker to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnpackImpl {
+    Kernel(FragSource),
+    D2d,
+    Host,
+}
+
+impl Default for UnpackImpl {
+    fn default() -> Self {
+        UnpackImpl::Kernel(FragSource::default())
+    }
+}
+
+impl std::str::FromStr for UnpackImpl {
+    type Err = UnpackError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "kernel" => Ok(UnpackImpl::Kernel(FragSource::default())),
+            "kernel-mapped" => Ok(UnpackImpl::Kernel(FragSource::Mapped)),
+            "kernel-device" => Ok(UnpackImpl::Kernel(FragSource::DeviceCopy)),
+            "kernel-params" => Ok(UnpackImpl::Kernel(FragSource::Params)),
+            "d2d" => Ok(UnpackImpl::D2d),
+            "host" => Ok(UnpackImpl::Host),
+            _ => Err(UnpackError::UnknownImpl(s.to_string())),
+        }
+    }
+}
+
+impl UnpackImpl {
+    /// From `UCCL_TCPX_UNPACK_IMPL` (the kernel when unset).
+    pub fn from_env() -> Result<UnpackImpl, UnpackError> {
+        match std::env::var(UNPACK_IMPL_ENV) {
+            Ok(v) => v.parse(),
+            Err(_) => Ok(UnpackImpl::default()),
+        }
+    }
+
+    /// Builds the unpacker (its stream, events and staging are all allocated here, once).
+    pub fn build(self, gpu: &Arc<Gpu>) -> Result<Box<dyn Unpacker>, UnpackError> {
+        let u: Box<dyn Unpacker> = match self {
+            UnpackImpl::Kernel(src) => Box::new(KernelUnpacker::new(gpu, src)?),
+            UnpackImpl::D2d => Box::new(D2dUnpacker::new(gpu)?),
+            UnpackImpl::Host => Box::new(HostUnpacker::new(gpu)?),
+        };
+        tracing::info!(unpacker = u.name(), gpu = gpu.ordinal(), "unpack stage ready");
+        Ok(u)
+    }
+}
+
+/// Checks a job: at most 2048 fragments, each inside `bounce` and `dst`. Returns the bytes.
+pub(crate) fn validate(job: &UnpackJob<'_>) -> Result<u64, UnpackError> {
+    let frags = job.frags.as_slice();
+    if frags.len() > NET_UNPACK_MAX_SLICE_PAGES {
+        return Err(UnpackError::TooManyFragments { count: frags.len() });
+    }
+    let mut total = 0u64;
+    for (index, f) in frags.iter().enumerate() {
+        let len = u64::from(f.len);
+        let bad = |reason: String| UnpackError::Fragment {
+            index,
+            count: frags.len(),
+            src_off: f.src_off,
+            len: f.len,
+            dst_off: f.dst_off,
+            reason,
+        };
+        if f.dst_off.checked_add(len).is_none_or(|e| e > job.dst.len()) {
+            return Err(bad(format!(
+                "lands outside the {}-byte destination (the sender sent more than was posted)",
+                job.dst.len()
+            )));
+        }
+        if u64::from(f.src_off) + len > job.bounce.len() {
+            return Err(bad(format!(
+                "reads outside the {}-byte bounce buffer",
+                job.bounce.len()
+            )));
+        }
+        total += len;
+    }
+    Ok(total)
+}
+
+static NEXT_UNPACKER_ID: AtomicU32 = AtomicU32::new(1);
+
+fn next_unpacker_id() -> u32 {
+    NEXT_UNPACKER_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A ring of completion events, one per batch in flight. Batches run on one stream, so they
+/// complete in order; a slot's event is only re-recorded once its batch is done.
+pub(crate) struct BatchEvents {
+    id: u32,
+    events: Vec<Event>,
+    seqs: Vec<u64>,
+    next: u64,
+    done_upto: u64,
+    stalls: u64,
+}
+
+impl BatchEvents {
+    pub(crate) fn new(gpu: &Arc<Gpu>, slots: usize) -> GpuResult<BatchEvents> {
+        let events = (0..slots)
+            .map(|_| Event::new(gpu))
+            .collect::<GpuResult<Vec<_>>>()?;
+        Ok(BatchEvents {
+            id: next_unpacker_id(),
+            seqs: vec![0; events.len()],
+            events,
+            next: 1,
+            done_upto: 0,
+            stalls: 0,
+        })
+    }
+
+    pub(crate) fn slots(&self) -> usize {
+        self.events.len()
+    }
+
+    /// The slot the next batch will use, once its previous batch is done (waits if not:
+    /// back-pressure when more batches are in flight than there are slots).
+    pub(crate) fn reserve(&mut self) -> GpuResult<usize> {
+        let slot = (self.next % self.slots() as u64) as usize;
+        let prev = self.seqs[slot];
+        if prev > self.done_upto {
+            if !self.events[slot].is_done()? {
+                self.stalls += 1;
+                tracing::debug!(
+                    stalls = self.stalls,
+                    "unpack: every batch slot is in flight; waiting"
+                );
+                self.events[slot].synchronize()?;
+            }
+            self.done_upto = prev;
+        }
+        Ok(slot)
+    }
+
+    /// Records the next batch's event after the work queued on `stream`.
+    pub(crate) fn record(&mut self, stream: &Stream) -> GpuResult<Ticket> {
+        let slot = (self.next % self.slots() as u64) as usize;
+        stream.record(&self.events[slot])?;
+        self.seqs[slot] = self.next;
+        let t = Ticket {
+            unpacker: self.id,
+            seq: self.next,
+        };
+        self.next += 1;
+        Ok(t)
+    }
+
+    /// The slot a ticket's batch used, if it still holds it.
+    pub(crate) fn slot_of(&self, t: &Ticket) -> Option<usize> {
+        let slot = (t.seq % self.slots() as u64) as usize;
+        (self.seqs[slot] == t.seq).then_some(slot)
+    }
+
+    fn known(&self, t: &Ticket) -> Result<(), UnpackError> {
+        if t.unpacker != self.id || t.seq == 0 || t.seq >= self.next {
+            return Err(UnpackError::UnknownTicket(*t));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn is_done(&mut self, t: &Ticket) -> Result<bool, UnpackError> {
+        self.known(t)?;
+        if t.seq <= self.done_upto {
+            return Ok(true);
+        }
+        match self.slot_of(t) {
+            // Overwritten: a slot is reused only after its batch completed.
+            None => Ok(true),
+            Some(slot) => {
+                let done = self.events[slot].is_done()?;
+                if done {
+                    self.done_upto = t.seq;
+                }
+                Ok(done)
+            }
+        }
+    }
+
+    pub(crate) fn wait(&mut self, t: &Ticket) -> Result<(), UnpackError> {
+        self.known(t)?;
+        if t.seq <= self.done_upto {
+            return Ok(());
+        }
+        if let Some(slot) = self.slot_of(t) {
+            self.events[slot].synchronize()?;
+        }
+        self.done_upto = self.done_upto.max(t.seq);
+        Ok(())
+    }
+
+    /// How often a batch had to wait for a free slot.
+    pub(crate) fn stalls(&self) -> u64 {
+        self.stalls
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::abi::loadMeta;
+
+    fn span(len: u64) -> DeviceSpan {
+        DeviceSpan::for_validation_tests(0x1000_0000, len)
+    }
+
+    fn lm(src_off: u32, len: u32, dst_off: u64) -> loadMeta {
+        loadMeta {
+            src_off,
+            len,
+            dst_off,
+        }
+    }
+
+    #[test]
+    fn validation_names_the_fragment() {
+        let frags = [lm(0, 4096, 0), lm(4096, 4096, 4096), lm(8192, 10, 8190)];
+        let job = UnpackJob {
+            frags: FragmentList::host(&frags[..2]),
+            bounce: span(1 << 20),
+            dst: span(8192),
+        };
+        assert_eq!(validate(&job).unwrap(), 8192);
+        let job = UnpackJob {
+            frags: FragmentList::host(&frags),
+            ..job
+        };
+        let e = validate(&job).unwrap_err().to_string();
+        assert!(e.contains("fragment 2 of 3"), "{e}");
+        assert!(e.contains("8192-byte destination"), "{e}");
+        let wrap = [lm(0, 16, u64::MAX - 4)];
+        let job = UnpackJob {
+            frags: FragmentList::host(&wrap),
+            ..job
+        };
+        assert!(validate(&job).is_err());
+        let src = [lm(u32::MAX, 16, 0)];
+        let job = UnpackJob {
+            frags: FragmentList::host(&src),
+            ..job
+        };
+        assert!(validate(&job).unwrap_err().to_string().contains("bounce"));
+        let many = vec![lm(0, 1, 0); NET_UNPACK_MAX_SLICE_PAGES + 1];
+        let job = UnpackJob {
+            frags: FragmentList::host(&many),
+            ..job
+        };
+        assert!(matches!(
+            validate(&job),
+            Err(UnpackError::TooManyFragments { .. })
+        ));
+    }
+
+    #[test]
+    fn impl_names_parse() {
+        assert_eq!("kernel".parse::<UnpackImpl>().unwrap(), UnpackImpl::default());
+        assert_eq!("D2D".parse::<UnpackImpl>().unwrap(), UnpackImpl::D2d);
+        assert_eq!("host".parse::<UnpackImpl>().unwrap(), UnpackImpl::Host);
+        assert_eq!(
+            "kernel-device".parse::<UnpackImpl>().unwrap(),
+            UnpackImpl::Kernel(FragSource::DeviceCopy)
+        );
+        assert!("gpu".parse::<UnpackImpl>().is_err());
+    }
+}
