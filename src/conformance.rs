@@ -9,9 +9,76 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::gpu::{DeviceRegion, Gpu};
 use crate::net::{
     self, HostRegion, MemHandle, NetError, Plugin, RecvComm, RecvCompletion, Region, RequestId, SendComm, abi,
 };
+use crate::unpack::{UnpackImpl, UnpackJob, Unpacker};
+
+/// Where the suite's test buffers live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestMemory {
+    /// Host memory (`NCCL_PTR_HOST` registrations).
+    Host,
+    /// GPU memory on this CUDA device (`NCCL_PTR_CUDA`): received bytes are gathered from the
+    /// plugin's GPU bounce buffer by the unpack kernel.
+    Cuda(usize),
+}
+
+/// A test buffer in host or GPU memory.
+#[derive(Clone)]
+enum TestBuf {
+    Host(Arc<HostRegion>),
+    Cuda(Arc<DeviceRegion>),
+}
+
+impl TestBuf {
+    fn new(mem: &MemCtx, len: usize) -> Result<TestBuf, String> {
+        match mem {
+            MemCtx::Host => Ok(TestBuf::Host(Arc::new(
+                HostRegion::new(len).map_err(|e| e.to_string())?,
+            ))),
+            MemCtx::Cuda(gpu) => Ok(TestBuf::Cuda(Arc::new(
+                gpu.alloc(len).map_err(|e| e.to_string())?,
+            ))),
+        }
+    }
+
+    fn region(&self) -> Arc<dyn Region> {
+        match self {
+            TestBuf::Host(r) => r.clone(),
+            TestBuf::Cuda(r) => r.clone(),
+        }
+    }
+
+    fn write(&self, offset: usize, data: &[u8]) -> Result<(), String> {
+        match self {
+            TestBuf::Host(r) => r.write(offset, data).map_err(|e| e.to_string()),
+            TestBuf::Cuda(r) => r.write(offset as u64, data).map_err(|e| e.to_string()),
+        }
+    }
+
+    fn to_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>, String> {
+        match self {
+            TestBuf::Host(r) => r.to_vec(offset, len).map_err(|e| e.to_string()),
+            TestBuf::Cuda(r) => {
+                let mut v = vec![0u8; len];
+                r.read(offset as u64, &mut v).map_err(|e| e.to_string())?;
+                Ok(v)
+            }
+        }
+    }
+}
+
+/// A GPU and the unpacker a case gathers CUDA receives with.
+type GpuUnpacker = (Arc<Gpu>, std::sync::Mutex<Box<dyn Unpacker>>);
+
+/// The memory side of a case: nothing for host memory, the GPU for CUDA memory.
+#[derive(Clone)]
+enum MemCtx {
+    Host,
+    Cuda(Arc<Gpu>),
+}
 
 /// What to run and how long to wait.
 #[derive(Debug, Clone)]
@@ -26,6 +93,8 @@ pub struct Options {
     pub wraparound_requests: usize,
     /// Only cases whose name contains this string.
     pub filter: Option<String>,
+    /// Where the test buffers live.
+    pub memory: TestMemory,
 }
 
 impl Default for Options {
@@ -36,6 +105,7 @@ impl Default for Options {
             case_timeout: Duration::from_secs(120),
             wraparound_requests: 3000,
             filter: None,
+            memory: TestMemory::Host,
         }
     }
 }
@@ -135,6 +205,26 @@ pub fn run(plugin: &Arc<Plugin>, opts: &Options) -> Report {
         .devices
         .clone()
         .unwrap_or_else(|| plugin.devices().iter().map(|d| d.dev).collect());
+    let mem = match opts.memory {
+        TestMemory::Host => MemCtx::Host,
+        TestMemory::Cuda(device) => match Gpu::open(device) {
+            Ok(gpu) => MemCtx::Cuda(gpu),
+            Err(e) => {
+                cases.push(CaseResult {
+                    name: "cuda_memory",
+                    dev: None,
+                    passed: false,
+                    detail: format!("GPU {device}: {e}"),
+                    elapsed: Duration::ZERO,
+                });
+                return Report {
+                    plugin: plugin.name().to_string(),
+                    source: plugin.source().to_string(),
+                    cases,
+                };
+            }
+        },
+    };
     for dev in devices {
         for &(name, case) in DEVICE_CASES {
             if !wanted(name) {
@@ -144,6 +234,7 @@ pub fn run(plugin: &Arc<Plugin>, opts: &Options) -> Report {
                 plugin: plugin.clone(),
                 dev,
                 opts: opts.clone(),
+                mem: mem.clone(),
             };
             let start = Instant::now();
             let (passed, detail) = run_with_watchdog(ctx, case, opts.case_timeout);
@@ -190,26 +281,36 @@ struct Ctx {
     plugin: Arc<Plugin>,
     dev: i32,
     opts: Options,
+    mem: MemCtx,
 }
 
 /// A connected send/recv comm pair on one device, with a registered host region on each side.
 struct Pair {
     send: SendComm,
     recv: RecvComm,
-    src: Arc<HostRegion>,
-    dst: Arc<HostRegion>,
+    src: TestBuf,
+    dst: TestBuf,
     smh: MemHandle,
     rmh: MemHandle,
+    /// For CUDA memory: the GPU unpacker gathering received fragments.
+    unpacker: Option<GpuUnpacker>,
 }
 
 impl Ctx {
     fn pair(&self, region_len: usize) -> Result<Pair, String> {
         let (send, recv) = net::loopback_pair(&self.plugin, self.dev, self.opts.connect_timeout)
             .map_err(|e| e.to_string())?;
-        let src = Arc::new(HostRegion::new(region_len).map_err(|e| e.to_string())?);
-        let dst = Arc::new(HostRegion::new(region_len).map_err(|e| e.to_string())?);
-        let smh = send.register(src.clone()).map_err(|e| e.to_string())?;
-        let rmh = recv.register(dst.clone()).map_err(|e| e.to_string())?;
+        let src = TestBuf::new(&self.mem, region_len)?;
+        let dst = TestBuf::new(&self.mem, region_len)?;
+        let smh = send.register(src.region()).map_err(|e| e.to_string())?;
+        let rmh = recv.register(dst.region()).map_err(|e| e.to_string())?;
+        let unpacker = match &self.mem {
+            MemCtx::Host => None,
+            MemCtx::Cuda(gpu) => {
+                let u = UnpackImpl::default().build(gpu).map_err(|e| e.to_string())?;
+                Some((gpu.clone(), std::sync::Mutex::new(u)))
+            }
+        };
         Ok(Pair {
             send,
             recv,
@@ -217,6 +318,7 @@ impl Ctx {
             dst,
             smh,
             rmh,
+            unpacker,
         })
     }
 }
@@ -290,7 +392,28 @@ fn land_and_check(p: &Pair, c: RecvCompletion, offset: usize, expect: &[u8]) -> 
                 expect.len()
             ));
         }
-        p.recv.unpack_host(c.id).map_err(err("host unpack"))?;
+        match (&p.unpacker, &p.dst) {
+            (Some((gpu, unpacker)), TestBuf::Cuda(dst)) => {
+                gpu.bind_to_thread().map_err(|e| e.to_string())?;
+                let (ring, q) = p.recv.completed(c.id).map_err(err("completed receive"))?;
+                let frags = ring.fragments(q).map_err(err("fragment list"))?;
+                let job = UnpackJob {
+                    frags: ring.fragment_list(q).map_err(err("fragment list"))?,
+                    bounce: ring.bounce_span(frags),
+                    dst: dst
+                        .subspan(offset as u64, expect.len() as u64)
+                        .map_err(|e| e.to_string())?,
+                };
+                let mut u = unpacker.lock().unwrap_or_else(|e| e.into_inner());
+                u.push(&job).map_err(|e| format!("GPU unpack: {e}"))?;
+                if let Some(t) = u.submit().map_err(|e| format!("GPU unpack: {e}"))? {
+                    u.wait(&t).map_err(|e| format!("GPU unpack: {e}"))?;
+                }
+            }
+            _ => {
+                p.recv.unpack_host(c.id).map_err(err("host unpack"))?;
+            }
+        }
     }
     let got = p.dst.to_vec(offset, expect.len()).map_err(|e| e.to_string())?;
     if let Some(i) = got.iter().zip(expect).position(|(a, b)| a != b) {
@@ -493,15 +616,15 @@ fn case_host_registration(ctx: &Ctx) -> Result<String, String> {
     // A second registration of the same memory on each side, dropped (deregistered) at once.
     let again = p
         .send
-        .register(p.src.clone())
+        .register(p.src.region())
         .map_err(err("second regMr on the send comm"))?;
     drop(again);
     let again = p
         .recv
-        .register(p.dst.clone())
+        .register(p.dst.region())
         .map_err(err("second regMr on the recv comm"))?;
     drop(again);
-    let small: Arc<dyn Region> = Arc::new(HostRegion::new(1).map_err(|e| e.to_string())?);
+    let small: Arc<dyn Region> = TestBuf::new(&ctx.mem, 1)?.region();
     let small_mh = p.send.register(small).map_err(err("regMr of a 1-byte region"))?;
     drop(small_mh);
     let mut p = p;

@@ -54,6 +54,11 @@ struct ConformanceArgs {
     /// Requests streamed through one comm pair in the ring wrap-around case.
     #[arg(long, default_value_t = 3000)]
     wraparound_requests: usize,
+    /// Use buffers in the memory of this CUDA device (NCCL_PTR_CUDA registrations; received
+    /// bytes gathered from the plugin's GPU bounce buffer by the unpack kernel) instead of host
+    /// memory.
+    #[arg(long, value_name = "DEVICE")]
+    cuda: Option<usize>,
     /// Print JSON lines (one per case) instead of the table.
     #[arg(long)]
     json: bool,
@@ -105,6 +110,10 @@ fn run_conformance(args: ConformanceArgs) -> ExitCode {
         case_timeout: Duration::from_secs(args.case_timeout_secs),
         wraparound_requests: args.wraparound_requests,
         filter: args.filter,
+        memory: match args.cuda {
+            Some(device) => conformance::TestMemory::Cuda(device),
+            None => conformance::TestMemory::Host,
+        },
     };
     let report = conformance::run(&plugin, &opts);
     if args.json {
