@@ -544,6 +544,25 @@ impl Engine {
         Ok(total)
     }
 
+    /// Records one peer's share of a transfer (an offer id or a read id).
+    fn add_part(&mut self, id: TransferId, part: u64, peer: PeerIdx) {
+        let t = self.transfers.get_mut(&id).expect("just created");
+        t.parts.push(part);
+        t.pending_parts += 1;
+        t.peers.push(peer);
+        self.peers[peer.0 as usize].transfers_started += 1;
+    }
+
+    /// The first progress event of a new transfer.
+    fn announce(&mut self, id: TransferId, total: u64) {
+        self.actions.push_back(Action::Progress {
+            transfer: id,
+            bytes_done: 0,
+            total,
+            running: false,
+        });
+    }
+
     fn new_transfer(
         &mut self,
         kind: TransferKind,
@@ -607,18 +626,9 @@ impl Engine {
                 deadline_ms,
             );
             self.actions.push_back(Action::Control { peer, msg });
-            let t = self.transfers.get_mut(&id).expect("just created");
-            t.parts.push(offer_id);
-            t.pending_parts += 1;
-            t.peers.push(peer);
-            self.peers[peer.0 as usize].transfers_started += 1;
+            self.add_part(id, offer_id, peer);
         }
-        self.actions.push_back(Action::Progress {
-            transfer: id,
-            bytes_done: 0,
-            total,
-            running: false,
-        });
+        self.announce(id, total);
         Ok(id)
     }
 
@@ -718,18 +728,9 @@ impl Engine {
                     cancelled: false,
                 },
             );
-            let t = self.transfers.get_mut(&id).expect("just created");
-            t.parts.push(read_id);
-            t.pending_parts += 1;
-            t.peers.push(peer);
-            self.peers[peer.0 as usize].transfers_started += 1;
+            self.add_part(id, read_id, peer);
         }
-        self.actions.push_back(Action::Progress {
-            transfer: id,
-            bytes_done: 0,
-            total,
-            running: false,
-        });
+        self.announce(id, total);
         Ok(id)
     }
 
