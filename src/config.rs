@@ -472,6 +472,23 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_example_config_is_valid() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy/tcpxd.toml");
+        let args = DaemonArgs {
+            config: Some(path),
+            node_id: Some("example".into()),
+            ..Default::default()
+        };
+        let c = Config::resolve(&args, &env_of(&[])).expect("deploy/tcpxd.toml parses and validates");
+        assert_eq!(c.api_socket, PathBuf::from("/run/tcpxd/tcpxd.sock"));
+        assert_eq!(
+            c.plugin,
+            PluginChoice::Path("/usr/local/tcpx/lib64/libnccl-net.so".into())
+        );
+        assert_eq!(c.shutdown_grace, Duration::from_secs(30));
+    }
+
+    #[test]
     fn builtin_emulation_is_only_chosen_when_named() {
         let args = DaemonArgs {
             node_id: Some("n".into()),

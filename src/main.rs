@@ -73,14 +73,52 @@ fn main() -> ExitCode {
                 tracing::error!("writing the ready file {}: {e}", path.display());
             }
         }
+        systemd_ready(&d);
         wait_for_signal().await;
         tracing::info!(
             "shutting down: draining in-flight transfers for up to {:?}",
             cfg.shutdown_grace
         );
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
         d.shutdown().await;
         ExitCode::SUCCESS
     })
+}
+
+/// Under systemd (`Type=notify`): reports readiness, and when the unit sets `WatchdogSec=`, pings
+/// the watchdog at half its period for as long as the poller thread answers. A wedged poller stops
+/// the pings and systemd restarts the daemon. Outside systemd these are no-ops.
+fn systemd_ready(d: &daemon::RunningDaemon) {
+    let status = format!("serving node {} (peer service {})", d.node_id, d.peer_addr);
+    if let Err(e) = sd_notify::notify(&[
+        sd_notify::NotifyState::Ready,
+        sd_notify::NotifyState::Status(&status),
+    ]) {
+        tracing::warn!("systemd readiness notification failed: {e}");
+    }
+    let Some(period) = sd_notify::watchdog_enabled() else {
+        return;
+    };
+    let poller = d.state().poller.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period / 2);
+        loop {
+            tick.tick().await;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            if poller.send(tcpxd::poller::Command::Stats { reply: tx }).is_err() {
+                return;
+            }
+            match tokio::time::timeout(period / 2, rx).await {
+                Ok(Ok(_)) => {
+                    let _ = sd_notify::notify(&[sd_notify::NotifyState::Watchdog]);
+                }
+                _ => tracing::error!(
+                    "the poller did not answer within {:?}: withholding the watchdog ping",
+                    period / 2
+                ),
+            }
+        }
+    });
 }
 
 async fn wait_for_signal() {

@@ -125,3 +125,51 @@ fn bad_configuration_exits_with_a_named_setting() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("node_id"));
 }
+
+#[test]
+fn tells_systemd_it_is_ready_pings_the_watchdog_and_says_when_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = temp_dir("notify");
+    let notify = dir.join("notify.sock");
+    let sock = UnixDatagram::bind(&notify).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tcpxd"))
+        .args([
+            "--node-id",
+            "bin-n",
+            "--builtin-emulation",
+            "--peer-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--api-socket")
+        .arg(dir.join("api.sock"))
+        .env("NOTIFY_SOCKET", &notify)
+        .env("WATCHDOG_USEC", "200000")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut buf = [0u8; 512];
+    let mut seen = Vec::new();
+    let mut recv = |seen: &mut Vec<String>| {
+        let n = sock.recv(&mut buf).expect("a notification");
+        seen.push(String::from_utf8_lossy(&buf[..n]).to_string());
+    };
+    recv(&mut seen);
+    assert!(seen[0].contains("READY=1"), "{seen:?}");
+    assert!(seen[0].contains("STATUS=serving node bin-n"), "{seen:?}");
+    // Watchdog pings follow at half the 200 ms period.
+    recv(&mut seen);
+    recv(&mut seen);
+    assert!(seen[1..].iter().all(|m| m.contains("WATCHDOG=1")), "{seen:?}");
+    // SAFETY: sending SIGTERM to the child we spawned.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !seen.last().unwrap().contains("STOPPING=1") {
+        assert!(Instant::now() < deadline, "no STOPPING=1: {seen:?}");
+        recv(&mut seen);
+    }
+    assert!(child.wait().unwrap().success());
+    std::fs::remove_dir_all(dir).ok();
+}
