@@ -154,7 +154,6 @@ pub struct BufferRegistry {
     max_buffer_bytes: u64,
     next_id: AtomicU64,
     map: Mutex<HashMap<u64, Arc<BufferEntry>>>,
-    gpus: Mutex<HashMap<u32, Arc<Gpu>>>,
 }
 
 impl BufferRegistry {
@@ -164,7 +163,6 @@ impl BufferRegistry {
             max_buffer_bytes,
             next_id: AtomicU64::new(1),
             map: Mutex::new(HashMap::new()),
-            gpus: Mutex::new(HashMap::new()),
         }
     }
 
@@ -203,19 +201,13 @@ impl BufferRegistry {
                 "no CUDA driver on this machine (libcuda.so.1 not found): CUDA buffers need a GPU".into(),
             ));
         }
-        let mut gpus = self.gpus.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(g) = gpus.get(&device) {
-            return Ok(g.clone());
-        }
         let count = Gpu::device_count().map_err(|e| unavailable(e.to_string()))?;
         if device as usize >= count {
             return Err(EngineError::invalid(format!(
                 "{field}: device {device} does not exist (this machine has {count} GPUs)"
             )));
         }
-        let g = Gpu::open(device as usize).map_err(|e| unavailable(e.to_string()))?;
-        gpus.insert(device, g.clone());
-        Ok(g)
+        crate::gpu::shared(device as usize).map_err(|e| unavailable(e.to_string()))
     }
 
     /// Allocates CUDA memory on `device` and exports its IPC handle.

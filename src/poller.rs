@@ -208,6 +208,7 @@ impl PollerHandle {
                     finished_in_grace: 0,
                     stages: HashMap::new(),
                     unpack_impl,
+                    completions: Vec::new(),
                 }
                 .run()
             })?;
@@ -333,6 +334,8 @@ struct Poller {
     /// Unpack stages by GPU ordinal, made when the first receive into that GPU completes.
     stages: HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
+    /// Scratch for the completions gathered during a pass.
+    completions: Vec<Completion>,
 }
 
 /// Plugin completions gathered during a pass, applied to the engine afterwards.
@@ -628,7 +631,8 @@ impl Poller {
 
     /// Drives non-blocking connects and accepts of lanes being set up.
     fn drive_setup(&mut self) -> bool {
-        let mut events = Vec::new();
+        // Reused every pass: no allocation on the hot path once it has grown.
+        let mut events = std::mem::take(&mut self.completions);
         let now = Instant::now();
         for (pi, p) in self.peers.iter_mut().enumerate() {
             if p.failed {
@@ -667,7 +671,8 @@ impl Poller {
             }
         }
         let progressed = !events.is_empty();
-        self.apply(events);
+        self.apply(&mut events);
+        self.completions = events;
         for p in &mut self.peers {
             if !p.up
                 && !p.failed
@@ -682,8 +687,8 @@ impl Poller {
         progressed
     }
 
-    fn apply(&mut self, events: Vec<Completion>) {
-        for e in events {
+    fn apply(&mut self, events: &mut Vec<Completion>) {
+        for e in events.drain(..) {
             match e {
                 Completion::SendDone(p, l) => self.engine.send_done(p, l),
                 Completion::RecvConsumed(p, l, r) => self.engine.recv_consumed(p, l, r),
@@ -810,7 +815,8 @@ impl Poller {
             unpack_impl,
             ..
         } = self;
-        let mut events = Vec::new();
+        // Reused every pass: no allocation on the hot path once it has grown.
+        let mut events = std::mem::take(&mut self.completions);
         for (pi, p) in peers.iter_mut().enumerate() {
             if p.failed {
                 continue;
@@ -896,7 +902,8 @@ impl Poller {
             }
         }
         let progressed = !events.is_empty();
-        self.apply(events);
+        self.apply(&mut events);
+        self.completions = events;
         progressed
     }
 

@@ -245,13 +245,7 @@ impl ClientService {
         let st = &self.state;
         let deadline = st.deadline(&req, req.get_ref().timeout_ms);
         let r = req.into_inner();
-        let (specs, total) = st.entry_specs(r.entries.iter().map(|e| EntryFields {
-            local_buffer: e.local_buffer_id,
-            local_offset: e.local_offset,
-            remote_descriptor: &e.remote_descriptor,
-            remote_offset: e.remote_offset,
-            length: e.length,
-        }))?;
+        let (specs, total) = st.entry_specs(r.entries.iter().map(EntryFields::from))?;
         if !r.ready_event_ipc_handle.is_empty() {
             st.wait_ready_event(&r.ready_event_ipc_handle, &specs, deadline)
                 .await?;
@@ -275,13 +269,7 @@ impl ClientService {
         let st = &self.state;
         let deadline = st.deadline(&req, req.get_ref().timeout_ms);
         let r = req.into_inner();
-        let (specs, total) = st.entry_specs(r.entries.iter().map(|e| EntryFields {
-            local_buffer: e.local_buffer_id,
-            local_offset: e.local_offset,
-            remote_descriptor: &e.remote_descriptor,
-            remote_offset: e.remote_offset,
-            length: e.length,
-        }))?;
+        let (specs, total) = st.entry_specs(r.entries.iter().map(EntryFields::from))?;
         let (id, rx) = st
             .ask(|reply| Command::Read {
                 specs,
@@ -341,6 +329,30 @@ struct EntryFields<'a> {
     remote_descriptor: &'a str,
     remote_offset: u64,
     length: u64,
+}
+
+impl<'a> From<&'a pb::WriteEntry> for EntryFields<'a> {
+    fn from(e: &'a pb::WriteEntry) -> Self {
+        EntryFields {
+            local_buffer: e.local_buffer_id,
+            local_offset: e.local_offset,
+            remote_descriptor: &e.remote_descriptor,
+            remote_offset: e.remote_offset,
+            length: e.length,
+        }
+    }
+}
+
+impl<'a> From<&'a pb::ReadEntry> for EntryFields<'a> {
+    fn from(e: &'a pb::ReadEntry) -> Self {
+        EntryFields {
+            local_buffer: e.local_buffer_id,
+            local_offset: e.local_offset,
+            remote_descriptor: &e.remote_descriptor,
+            remote_offset: e.remote_offset,
+            length: e.length,
+        }
+    }
 }
 
 impl DaemonState {

@@ -434,10 +434,6 @@ impl Engine {
         })
     }
 
-    pub fn peer_count(&self) -> usize {
-        self.peers.len()
-    }
-
     /// Transfers not yet finished.
     pub fn active_transfers(&self) -> usize {
         self.transfers.len()

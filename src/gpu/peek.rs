@@ -17,7 +17,7 @@ fn gpus() -> &'static Mutex<HashMap<usize, Arc<Gpu>>> {
 pub fn read_any_device(ptr: u64, out: &mut [u8]) -> GpuResult<()> {
     super::driver().map_err(|e| GpuError::InvalidArgument(e.to_string()))?;
     // Any context will do to ask which device owns the address.
-    let first = open(0)?;
+    let first = shared(0)?;
     first.bind_to_thread()?;
     let mut ordinal: i32 = 0;
     // SAFETY: the attribute is a plain int written through the pointer we pass; the driver
@@ -34,10 +34,12 @@ pub fn read_any_device(ptr: u64, out: &mut [u8]) -> GpuResult<()> {
             "{ptr:#x} is not device memory known to CUDA ({rc:?})"
         )));
     }
-    open(ordinal as usize)?.read_device(ptr, out)
+    shared(ordinal as usize)?.read_device(ptr, out)
 }
 
-fn open(ordinal: usize) -> GpuResult<Arc<Gpu>> {
+/// The process's handle for GPU `ordinal`, opened on first use and shared afterwards (one
+/// retained primary context per device for the whole daemon).
+pub fn shared(ordinal: usize) -> GpuResult<Arc<Gpu>> {
     let mut map = gpus().lock().unwrap_or_else(|e| e.into_inner());
     if let Some(g) = map.get(&ordinal) {
         return Ok(g.clone());

@@ -118,13 +118,6 @@ pub fn lines_since(mark: u64) -> Vec<String> {
     since.iter().rev().take(4).rev().map(|l| l.text.clone()).collect()
 }
 
-/// The most recent `n` lines the plugin logged (any level but trace), oldest first.
-pub fn recent_lines(n: usize) -> Vec<PluginLine> {
-    let recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
-    let skip = recent.lines.len().saturating_sub(n);
-    recent.lines.iter().skip(skip).cloned().collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
