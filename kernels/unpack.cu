@@ -26,8 +26,16 @@ struct __align__(16) UnpackTask {
     u64 dst;         // device address of the destination's byte 0
     u64 dst_len;     // bytes writable from `dst`
     u32 count;       // fragments
-    u32 pad;
+    u32 format;      // how `frags` is encoded: FMT_META, FMT_PAGE32 or FMT_PACKED12
 };
+
+// List encodings. FMT_META: the plugin's 16-byte loadMeta (the ring itself). The compact ones
+// are written by the host into pinned staging (fewer bytes to cross PCIe): FMT_PAGE32 is one u32
+// per whole 4 KiB page, (src_off / 4096) << 12 | (dst_off / 4096); FMT_PACKED12 is three u32
+// (src_off, len, dst_off) for destinations under 4 GiB.
+#define FMT_META 0
+#define FMT_PAGE32 1
+#define FMT_PACKED12 2
 
 // Tuning knobs (kernels/tune_unpack.cu sweeps them; the defaults are what tcpxd ships, and
 // WARPS_PER_BLOCK must match UNPACK_WARPS_PER_BLOCK in src/gpu/launch.rs).
@@ -133,9 +141,61 @@ __device__ __forceinline__ void copy_fragment(const u8* src, u8* dst, u32 len, u
 
 // `err` (host-mapped) receives 1 + (task << 12 | fragment) of a fragment that would read or write
 // out of bounds; such fragments are skipped. The host validates first, so this is a guard only.
+__device__ __forceinline__ u32 load_u32_volatile(const u32* p) {
+    u32 v;
+    asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+// Compact lists: each round, the block's first WARPS_PER_BLOCK threads fetch the round's entries
+// together (one small coalesced read, which matters when the list is read across PCIe), then each
+// warp copies one fragment.
+__device__ __forceinline__ void unpack_compact(const UnpackTask& t, u32* err) {
+    __shared__ u32 s_src[WARPS_PER_BLOCK];
+    __shared__ u32 s_len[WARPS_PER_BLOCK];
+    __shared__ u32 s_dst[WARPS_PER_BLOCK];
+    const u32 lane = threadIdx.x & 31;
+    const u32 warp = threadIdx.x >> 5;
+    const u32* list = (const u32*)t.frags;
+    for (u32 base = blockIdx.x * WARPS_PER_BLOCK; base < t.count; base += gridDim.x * WARPS_PER_BLOCK) {
+        const u32 i = base + threadIdx.x;
+        if (threadIdx.x < WARPS_PER_BLOCK && i < t.count) {
+            if (t.format == FMT_PAGE32) {
+                const u32 e = load_u32_volatile(list + i);
+                s_src[threadIdx.x] = (e >> 12) << 12;
+                s_len[threadIdx.x] = 4096;
+                s_dst[threadIdx.x] = (e & 0xfff) << 12;
+            } else {
+                s_src[threadIdx.x] = load_u32_volatile(list + 3 * i);
+                s_len[threadIdx.x] = load_u32_volatile(list + 3 * i + 1);
+                s_dst[threadIdx.x] = load_u32_volatile(list + 3 * i + 2);
+            }
+        }
+        __syncthreads();
+        const u32 f = base + warp;
+        if (f < t.count) {
+            const u32 src_off = s_src[warp], len = s_len[warp], dst_off = s_dst[warp];
+            if (len != 0) {
+                const bool dst_ok = (u64)dst_off + len <= t.dst_len;
+                const bool src_ok = (u64)src_off + len <= t.bounce_len;
+                if (!dst_ok || !src_ok) {
+                    if (lane == 0) *(volatile u32*)err = 1u + ((blockIdx.y << 12) | (f & 0xfff));
+                } else {
+                    copy_fragment((const u8*)(t.bounce + src_off), (u8*)(t.dst + dst_off), len, lane);
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
 template <int N>
 __device__ __forceinline__ void unpack_body(const TaskArray<N>& tasks, u32* err) {
     const UnpackTask& t = tasks.t[blockIdx.y];
+    if (t.format != FMT_META) {
+        unpack_compact(t, err);
+        return;
+    }
     const u32 lane = threadIdx.x & 31;
     const u32 warps = gridDim.x * WARPS_PER_BLOCK;
     const LoadMeta* frags = (const LoadMeta*)t.frags;
@@ -211,4 +271,32 @@ __device__ __forceinline__ void unpack_inline_body(const InlineParams<T, F>& p, 
 extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
     tcpxd_unpack_inline_small(const __grid_constant__ InlineParams<4, 256> p, u32* err) {
     unpack_inline_body<4, 256>(p, err);
+}
+
+// Whole-page lists inline: up to 16 receives and 2048 FMT_PAGE32 entries (8832 bytes of
+// parameters, which needs the CUDA 12.1+ large-parameter launch). A 16 × 512 KiB batch of whole
+// pages needs no upload and no read of host memory before its copies start.
+template <int T, int F>
+struct InlinePages {
+    InlineTask t[T];
+    u32 m[F];
+};
+
+extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
+    tcpxd_unpack_inline_pages(const __grid_constant__ InlinePages<16, 2048> p, u32* err) {
+    const InlineTask& t = p.t[blockIdx.y];
+    const u32 lane = threadIdx.x & 31;
+    const u32 warps = gridDim.x * WARPS_PER_BLOCK;
+    for (u32 f = blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5); f < t.count; f += warps) {
+        const u32 e = p.m[t.first + f];
+        const u32 src_off = (e >> 12) << 12;
+        const u32 dst_off = (e & 0xfff) << 12;
+        const bool dst_ok = (u64)dst_off + 4096 <= t.dst_len;
+        const bool src_ok = (u64)src_off + 4096 <= t.bounce_len;
+        if (!dst_ok || !src_ok) {
+            if (lane == 0) *(volatile u32*)err = 1u + ((blockIdx.y << 12) | (f & 0xfff));
+            continue;
+        }
+        copy_fragment((const u8*)(t.bounce + src_off), (u8*)(t.dst + dst_off), 4096, lane);
+    }
 }

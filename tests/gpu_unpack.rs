@@ -14,10 +14,12 @@ use tcpxd::unpack::{FragSource, Ticket, UnpackError, UnpackImpl, UnpackJob, Unpa
 
 const POISON: u8 = 0xA5;
 const RING_SLOT_BYTES: usize = 2048 * 16;
-const IMPLS: [UnpackImpl; 5] = [
+const IMPLS: [UnpackImpl; 7] = [
     UnpackImpl::Kernel(FragSource::Mapped),
     UnpackImpl::Kernel(FragSource::DeviceCopy),
     UnpackImpl::Kernel(FragSource::Params),
+    UnpackImpl::Kernel(FragSource::PackedMapped),
+    UnpackImpl::Kernel(FragSource::PackedDevice),
     UnpackImpl::D2d,
     UnpackImpl::Host,
 ];

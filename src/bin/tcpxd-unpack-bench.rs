@@ -84,6 +84,16 @@ struct Row {
     median_us: f64,
     min_us: f64,
     p90_us: f64,
+    /// Median host (CPU) time of the batch's `push`es and `submit`.
+    host_us: Option<f64>,
+    /// Median GPU time from the last `push` to the batch done (the latency left once a pass
+    /// has handed over its last receive).
+    tail_us: Option<f64>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
 }
 
 fn rng(state: &mut u64) -> u64 {
@@ -192,6 +202,8 @@ fn stats(name: &str, chunks: usize, bytes: u64, mut us: Vec<f64>) -> Row {
         median_us: pick(0.5),
         min_us: us[0],
         p90_us: pick(0.9),
+        host_us: None,
+        tail_us: None,
     }
 }
 
@@ -205,13 +217,21 @@ fn time_unpacker(
     lists: Lists,
 ) -> Result<Row, Box<dyn std::error::Error>> {
     let start = Event::timing(&s.gpu)?;
+    let mid = Event::timing(&s.gpu)?;
     let end = Event::timing(&s.gpu)?;
     let mut times = Vec::with_capacity(iters);
+    let mut host = Vec::with_capacity(iters);
+    let mut tail = Vec::with_capacity(iters);
     let mut last = 0;
     for it in 0..warmup + iters {
         u.stream().record(&start)?;
+        let t0 = Instant::now();
         push_batch(s, u, it, chunks, lists)?;
+        let t1 = Instant::now();
+        u.stream().record(&mid)?;
+        let t2 = Instant::now();
         let t = u.submit()?.ok_or("no ticket")?;
+        let t3 = Instant::now();
         u.stream().record(&end)?;
         end.synchronize()?;
         if !u.is_done(&t)? {
@@ -219,6 +239,8 @@ fn time_unpacker(
         }
         if it >= warmup {
             times.push(f64::from(start.elapsed_ms(&end)?) * 1000.0);
+            tail.push(f64::from(mid.elapsed_ms(&end)?) * 1000.0);
+            host.push(((t1 - t0) + (t3 - t2)).as_secs_f64() * 1e6);
         }
         last = it;
     }
@@ -228,7 +250,10 @@ fn time_unpacker(
             return Err(format!("{label}: wrong bytes in chunk {c}").into());
         }
     }
-    Ok(stats(label, chunks, (chunks * s.chunk) as u64, times))
+    let mut row = stats(label, chunks, (chunks * s.chunk) as u64, times);
+    row.host_us = Some(median(host));
+    row.tail_us = Some(median(tail));
+    Ok(row)
 }
 
 fn time_contiguous(
@@ -358,7 +383,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut rows: Vec<Row> = Vec::new();
     for &chunks in &a.chunks {
         rows.push(time_contiguous(&s, chunks, a.warmup, a.iters)?);
-        let variants: [(&str, UnpackImpl, Lists, u32); 7] = [
+        let variants: [(&str, UnpackImpl, Lists, u32); 9] = [
+            (
+                "kernel-packed-mapped",
+                UnpackImpl::Kernel(FragSource::PackedMapped),
+                Lists::Mapped,
+                1,
+            ),
+            (
+                "kernel-packed-device",
+                UnpackImpl::Kernel(FragSource::PackedDevice),
+                Lists::Mapped,
+                1,
+            ),
             (
                 "kernel-params",
                 UnpackImpl::Kernel(FragSource::Params),
@@ -420,6 +457,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             rows.push(pipelined_contiguous(&s, chunks, a.pipeline)?);
             for (label, src, lists) in [
                 ("kernel-params/pipe", FragSource::Params, Lists::Mapped),
+                (
+                    "kernel-packed-mapped/pipe",
+                    FragSource::PackedMapped,
+                    Lists::Mapped,
+                ),
+                (
+                    "kernel-packed-device/pipe",
+                    FragSource::PackedDevice,
+                    Lists::Mapped,
+                ),
                 ("kernel-device/pipe", FragSource::DeviceCopy, Lists::Mapped),
                 ("kernel-mapped/pipe", FragSource::Mapped, Lists::Mapped),
                 ("kernel-resident/pipe", FragSource::Mapped, Lists::Resident),
@@ -436,8 +483,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     println!();
     println!(
-        "{:<20} {:>6} {:>10} {:>10} {:>10} {:>9} {:>12}",
-        "impl", "chunks", "median_us", "p90_us", "GB/s", "x contig", "vs kernel"
+        "{:<24} {:>6} {:>10} {:>10} {:>10} {:>9} {:>12} {:>8} {:>8}",
+        "impl", "chunks", "median_us", "p90_us", "GB/s", "x contig", "vs kernel", "host_us", "tail_us"
     );
     for r in &rows {
         let contig_name = if r.name.ends_with("/pipe") {
@@ -446,9 +493,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "contiguous-d2d"
         };
         let kernel_name = if r.name.ends_with("/pipe") {
-            "kernel-params/pipe"
+            "kernel-packed-mapped/pipe"
         } else {
-            "kernel-params"
+            "kernel-packed-mapped"
         };
         let contig = rows
             .iter()
@@ -459,15 +506,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .find(|c| c.name == kernel_name && c.chunks == r.chunks)
             .map_or(f64::NAN, |c| c.median_us);
         let gbps = r.bytes as f64 / (r.median_us * 1e3);
+        let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
         println!(
-            "{:<20} {:>6} {:>10.1} {:>10.1} {:>10.1} {:>9.2} {:>11.1}x",
+            "{:<24} {:>6} {:>10.1} {:>10.1} {:>10.1} {:>9.2} {:>11.1}x {:>8} {:>8}",
             r.name,
             r.chunks,
             r.median_us,
             r.p90_us,
             gbps,
             r.median_us / contig,
-            r.median_us / kernel
+            r.median_us / kernel,
+            opt(r.host_us),
+            opt(r.tail_us)
         );
         let json = serde_json::json!({
             "bench": "unpack",
@@ -482,6 +532,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "gbps": gbps,
             "ratio_to_contiguous": r.median_us / contig,
             "ratio_to_kernel": r.median_us / kernel,
+            "host_us": r.host_us,
+            "tail_us": r.tail_us,
         });
         if let Some(f) = out.as_mut() {
             writeln!(f, "{json}")?;

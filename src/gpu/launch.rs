@@ -24,10 +24,80 @@ pub struct UnpackTask {
     dst: u64,
     dst_len: u64,
     count: u32,
-    pad: u32,
+    format: u32,
 }
 
 const _: () = assert!(size_of::<UnpackTask>() == 48);
+
+/// How a task's fragment list is encoded (`FMT_*` in kernels/unpack.cu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum ListFormat {
+    /// The plugin's 16-byte `loadMeta` entries (the ring itself, or a copy).
+    Meta = 0,
+    /// One u32 per whole 4 KiB page: `(src_off / 4096) << 12 | dst_off / 4096` (source offsets
+    /// under 4 GiB, destination offsets under 16 MiB, every fragment a whole aligned page).
+    Page32 = 1,
+    /// Three u32 per fragment (src_off, len, dst_off): destinations under 4 GiB.
+    Packed12 = 2,
+}
+
+impl ListFormat {
+    /// Bytes per fragment.
+    pub fn entry_bytes(self) -> usize {
+        match self {
+            ListFormat::Meta => 16,
+            ListFormat::Page32 => 4,
+            ListFormat::Packed12 => 12,
+        }
+    }
+
+    /// The most compact encoding that holds every fragment of `frags` going into a
+    /// `dst_len`-byte destination (fragments already validated against it).
+    pub fn choose(frags: &[loadMeta], dst_len: u64) -> ListFormat {
+        const PAGE: u32 = 4096;
+        let page32 = frags.iter().all(|f| {
+            f.len == PAGE
+                && f.src_off % PAGE == 0
+                && f.dst_off % u64::from(PAGE) == 0
+                && f.dst_off < (1 << 24)
+        });
+        if page32 {
+            ListFormat::Page32
+        } else if dst_len <= u64::from(u32::MAX) {
+            ListFormat::Packed12
+        } else {
+            ListFormat::Meta
+        }
+    }
+
+    /// Writes `frags` in this encoding into `out` (at least `frags.len() * entry_bytes()`
+    /// bytes); the caller chose the format with [`ListFormat::choose`].
+    pub fn encode(self, frags: &[loadMeta], out: &mut [u8]) {
+        match self {
+            ListFormat::Meta => {
+                for (o, f) in out.chunks_exact_mut(16).zip(frags) {
+                    o[..4].copy_from_slice(&f.src_off.to_le_bytes());
+                    o[4..8].copy_from_slice(&f.len.to_le_bytes());
+                    o[8..].copy_from_slice(&f.dst_off.to_le_bytes());
+                }
+            }
+            ListFormat::Page32 => {
+                for (o, f) in out.chunks_exact_mut(4).zip(frags) {
+                    let e = (f.src_off >> 12) << 12 | (f.dst_off >> 12) as u32;
+                    o.copy_from_slice(&e.to_le_bytes());
+                }
+            }
+            ListFormat::Packed12 => {
+                for (o, f) in out.chunks_exact_mut(12).zip(frags) {
+                    o[..4].copy_from_slice(&f.src_off.to_le_bytes());
+                    o[4..8].copy_from_slice(&f.len.to_le_bytes());
+                    o[8..].copy_from_slice(&(f.dst_off as u32).to_le_bytes());
+                }
+            }
+        }
+    }
+}
 
 impl UnpackTask {
     /// `count` fragments read from `frags` (device-visible), copied from `bounce` into `dst`.
@@ -46,7 +116,32 @@ impl UnpackTask {
             dst: dst.ptr(),
             dst_len: dst.len(),
             count,
-            pad: 0,
+            format: ListFormat::Meta as u32,
+        })
+    }
+
+    /// As [`UnpackTask::new`], for a list in `format` (see [`ListFormat`]).
+    pub fn with_format(
+        list: DeviceSpan,
+        count: u32,
+        format: ListFormat,
+        bounce: DeviceSpan,
+        dst: DeviceSpan,
+    ) -> GpuResult<UnpackTask> {
+        if u64::from(count) * format.entry_bytes() as u64 > list.len() {
+            return Err(GpuError::InvalidArgument(format!(
+                "{count} fragments do not fit a {}-byte list",
+                list.len()
+            )));
+        }
+        Ok(UnpackTask {
+            frags: list.ptr(),
+            bounce: bounce.ptr(),
+            bounce_len: bounce.len(),
+            dst: dst.ptr(),
+            dst_len: dst.len(),
+            count,
+            format: format as u32,
         })
     }
 
@@ -289,5 +384,196 @@ impl Gpu {
         let result = unsafe { self.launch(kernels.unpack_inline_small, grid, block, stream, &mut params) };
         batch.clear();
         result
+    }
+}
+
+/// Receives and whole-page entries one page-inline launch carries at most (8832 bytes of
+/// parameters: CUDA 12.1+).
+pub const INLINE_PAGES_MAX_TASKS: usize = 16;
+pub const INLINE_PAGES_MAX_FRAGS: usize = 2048;
+
+#[repr(C)]
+struct InlinePages<const T: usize, const F: usize> {
+    t: [InlineTask; T],
+    m: [u32; F],
+}
+
+const _: () = assert!(size_of::<InlinePages<INLINE_PAGES_MAX_TASKS, INLINE_PAGES_MAX_FRAGS>>() == 8832);
+
+/// Receives made only of whole 4 KiB pages ([`ListFormat::Page32`]) whose lists travel in the
+/// kernel's parameters: up to 16 receives and 2048 pages, so a batch of sixteen 512 KiB chunks
+/// needs neither an upload nor a read of host memory. Allocated once; filled by
+/// [`InlinePagesBatch::push`], emptied by [`Gpu::launch_unpack_inline_pages`].
+pub struct InlinePagesBatch {
+    params: Box<InlinePages<INLINE_PAGES_MAX_TASKS, INLINE_PAGES_MAX_FRAGS>>,
+    tasks: usize,
+    frags: usize,
+    max_count: u32,
+}
+
+impl std::fmt::Debug for InlinePagesBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InlinePagesBatch")
+            .field("tasks", &self.tasks)
+            .field("frags", &self.frags)
+            .finish()
+    }
+}
+
+impl Default for InlinePagesBatch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl InlinePagesBatch {
+    pub fn new() -> InlinePagesBatch {
+        InlinePagesBatch {
+            params: Box::new(InlinePages {
+                t: [InlineTask::default(); INLINE_PAGES_MAX_TASKS],
+                m: [0; INLINE_PAGES_MAX_FRAGS],
+            }),
+            tasks: 0,
+            frags: 0,
+            max_count: 0,
+        }
+    }
+
+    /// Whether `n` more receives holding `frags` pages in all still fit.
+    pub fn has_room(&self, n: usize, frags: usize) -> bool {
+        self.tasks + n <= INLINE_PAGES_MAX_TASKS && self.frags + frags <= INLINE_PAGES_MAX_FRAGS
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tasks == 0
+    }
+
+    /// Adds a receive whose fragments are all whole pages ([`ListFormat::choose`] said
+    /// `Page32`); refused otherwise, or when it does not fit.
+    pub fn push(&mut self, frags: &[loadMeta], bounce: DeviceSpan, dst: DeviceSpan) -> GpuResult<()> {
+        if !self.has_room(1, frags.len()) || ListFormat::choose(frags, dst.len()) != ListFormat::Page32 {
+            return Err(GpuError::InvalidArgument(format!(
+                "{} fragments do not fit the page-inline batch ({} receives, {} pages queued)",
+                frags.len(),
+                self.tasks,
+                self.frags
+            )));
+        }
+        let out = &mut self.params.m[self.frags..self.frags + frags.len()];
+        for (o, f) in out.iter_mut().zip(frags) {
+            *o = (f.src_off >> 12) << 12 | (f.dst_off >> 12) as u32;
+        }
+        self.params.t[self.tasks] = InlineTask {
+            bounce: bounce.ptr(),
+            bounce_len: bounce.len(),
+            dst: dst.ptr(),
+            dst_len: dst.len(),
+            first: self.frags as u32,
+            count: frags.len() as u32,
+        };
+        self.tasks += 1;
+        self.frags += frags.len();
+        self.max_count = self.max_count.max(frags.len() as u32);
+        Ok(())
+    }
+
+    pub fn max_count(&self) -> u32 {
+        self.max_count
+    }
+
+    fn clear(&mut self) {
+        self.tasks = 0;
+        self.frags = 0;
+        self.max_count = 0;
+    }
+}
+
+impl Gpu {
+    /// Launches the page-inline unpack kernel over `batch` and empties the batch. Errors are
+    /// reported as by [`Gpu::launch_unpack`].
+    pub fn launch_unpack_inline_pages(
+        &self,
+        kernels: &Kernels,
+        stream: &Stream,
+        batch: &mut InlinePagesBatch,
+        blocks_per_task: u32,
+        err: &PinnedRegion,
+        err_off: usize,
+    ) -> GpuResult<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        err.check(err_off as u64, 4)?;
+        if err_off % 4 != 0 {
+            return Err(GpuError::InvalidArgument("unaligned error word".into()));
+        }
+        let mut err_ptr = err.device_ptr() + err_off as u64;
+        let grid = (blocks_per_task.clamp(1, 65_535), batch.tasks as u32);
+        let block = UNPACK_WARPS_PER_BLOCK * 32;
+        let mut params = [
+            (&mut *batch.params as *mut InlinePages<INLINE_PAGES_MAX_TASKS, INLINE_PAGES_MAX_FRAGS>)
+                .cast::<c_void>(),
+            (&mut err_ptr as *mut u64).cast::<c_void>(),
+        ];
+        // SAFETY: the parameters match `tcpxd_unpack_inline_pages(InlinePages<16, 2048>, u32*)`
+        // (size asserted above); addresses come from DeviceSpans and every entry is
+        // bounds-checked in the kernel; the error word is in live pinned memory. The driver
+        // copies the parameter block at launch.
+        let result = unsafe { self.launch(kernels.unpack_inline_pages, grid, block, stream, &mut params) };
+        batch.clear();
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lm(src_off: u32, len: u32, dst_off: u64) -> loadMeta {
+        loadMeta {
+            src_off,
+            len,
+            dst_off,
+        }
+    }
+
+    #[test]
+    fn whole_pages_use_four_bytes_a_fragment() {
+        let frags = [
+            lm(8192, 4096, 4096),
+            lm(0, 4096, 0),
+            lm(0xFFFF_F000, 4096, 0xFF_F000),
+        ];
+        let f = ListFormat::choose(&frags, 1 << 40);
+        assert_eq!(f, ListFormat::Page32);
+        let mut out = vec![0u8; 12];
+        f.encode(&frags, &mut out);
+        let e: Vec<u32> = out
+            .chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(e, vec![2 << 12 | 1, 0, 0xF_FFFF << 12 | 0xFFF]);
+    }
+
+    #[test]
+    fn partial_or_unaligned_pages_fall_back() {
+        // A short page, an unaligned source, a destination past 16 MiB.
+        for bad in [lm(0, 100, 0), lm(12, 4096, 0), lm(0, 4096, 16 << 20)] {
+            let frags = [lm(0, 4096, 4096), bad];
+            assert_eq!(ListFormat::choose(&frags, 64 << 20), ListFormat::Packed12);
+            assert_eq!(ListFormat::choose(&frags, 8 << 30), ListFormat::Meta);
+        }
+        let frags = [lm(7, 9, 3), lm(4096, 1, 0xFFFF_FFF0)];
+        let mut out = vec![0u8; 24];
+        ListFormat::Packed12.encode(&frags, &mut out);
+        let e: Vec<u32> = out
+            .chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(e, vec![7, 9, 3, 4096, 1, 0xFFFF_FFF0]);
+        let mut out = vec![0u8; 32];
+        ListFormat::Meta.encode(&frags, &mut out);
+        assert_eq!(&out[16..20], &4096u32.to_le_bytes());
+        assert_eq!(&out[24..32], &0xFFFF_FFF0u64.to_le_bytes());
     }
 }

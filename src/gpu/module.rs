@@ -35,6 +35,7 @@ pub struct Kernels {
     pub(crate) unpack_8: sys::CUfunction,
     pub(crate) unpack_64: sys::CUfunction,
     pub(crate) unpack_inline_small: sys::CUfunction,
+    pub(crate) unpack_inline_pages: sys::CUfunction,
     pub(crate) crc32c_blocks: sys::CUfunction,
     source: KernelSource,
 }
@@ -125,12 +126,14 @@ pub(crate) fn load(gpu: &Gpu) -> GpuResult<Kernels> {
         unpack_8: std::ptr::null_mut(),
         unpack_64: std::ptr::null_mut(),
         unpack_inline_small: std::ptr::null_mut(),
+        unpack_inline_pages: std::ptr::null_mut(),
         crc32c_blocks: std::ptr::null_mut(),
         source,
     };
     k.unpack_8 = function(modules[0], "tcpxd_unpack_8")?;
     k.unpack_64 = function(modules[0], "tcpxd_unpack_64")?;
     k.unpack_inline_small = function(modules[0], "tcpxd_unpack_inline_small")?;
+    k.unpack_inline_pages = function(modules[0], "tcpxd_unpack_inline_pages")?;
     k.crc32c_blocks = function(modules[1], "tcpxd_crc32c_blocks")?;
     match &k.source {
         KernelSource::EmbeddedPtx => tracing::info!(

@@ -3,18 +3,20 @@
 //!
 //! The task descriptors travel as a kernel parameter (copied by the launch itself), so the only
 //! memory a batch needs is for fragment lists that the kernel cannot read in place: those are
-//! staged in a pinned, preallocated ring of per-batch slots (`SLOTS` × 16384 fragments), and in
-//! [`FragSource::DeviceCopy`] mode uploaded with one H2D copy per launch into a device mirror of
-//! that ring ([`FragSource::Params`], the default, puts the lists of a small launch — up to 4
-//! receives and 256 fragments — in the kernel's parameter block instead). Nothing is allocated
-//! after construction.
+//! staged in a pinned, preallocated ring of per-batch slots (`SLOTS` × 16384 fragments). The
+//! default, [`FragSource::PackedMapped`], re-encodes each list compactly there (4 bytes per whole
+//! 4 KiB page, else 12) and the kernel reads it through the host mapping, a block's entries in
+//! one coalesced read. [`FragSource::DeviceCopy`] uploads the 16-byte lists with one H2D copy per
+//! launch into a device mirror of the ring, [`FragSource::Params`] puts them in the kernel's
+//! parameter block when they fit. Nothing is allocated after construction.
 
 use std::sync::Arc;
 
 use super::{BatchEvents, Ticket, UnpackError, UnpackJob, Unpacker, validate};
 use crate::gpu::{
-    DeviceRegion, DeviceSpan, Gpu, INLINE_MAX_FRAGS, INLINE_MAX_TASKS, InlineBatch, Kernels, PinnedRegion,
-    Stream, UNPACK_MAX_TASKS_PER_LAUNCH, UNPACK_WARPS_PER_BLOCK, UnpackTask,
+    DeviceRegion, DeviceSpan, Gpu, INLINE_MAX_FRAGS, INLINE_MAX_TASKS, INLINE_PAGES_MAX_FRAGS,
+    INLINE_PAGES_MAX_TASKS, InlineBatch, InlinePagesBatch, Kernels, ListFormat, PinnedRegion, Stream,
+    UNPACK_MAX_TASKS_PER_LAUNCH, UNPACK_WARPS_PER_BLOCK, UnpackTask,
 };
 use crate::net::abi::loadMeta;
 
@@ -36,9 +38,17 @@ pub enum FragSource {
     DeviceCopy,
     /// As DeviceCopy, except that a launch whose lists fit the kernel's parameter block (at
     /// most 4 receives and 256 fragments: one or two 512 KiB chunks) carries them there and
-    /// needs no upload. The default: the fastest here at every batch size (docs/GPU.md).
-    #[default]
+    /// needs no upload; so does a launch of up to 16 receives of whole pages (8.8 KiB block).
     Params,
+    /// Lists re-encoded compactly at `push` ([`ListFormat`]: 4 bytes per whole page, else 12)
+    /// into pinned staging and read by the kernel through its host mapping, a block's entries
+    /// in one coalesced read: no copy-engine work at all. The default: the fastest or level with
+    /// the fastest at 4 and 16 chunks per batch on the H200 VM (docs/GPU.md), and the closest to
+    /// NCCL's in-place reads of the ring, with a quarter of the bytes to cross PCIe.
+    #[default]
+    PackedMapped,
+    /// As `PackedMapped`, with the compact lists uploaded by one H2D copy per launch.
+    PackedDevice,
 }
 
 pub struct KernelUnpacker {
@@ -63,8 +73,10 @@ pub struct KernelUnpacker {
     max_count: u32,
     /// Params mode: the staged receives of the next launch (first staged entry, count, bounce,
     /// destination), and the parameter block they go into when they fit.
-    pending: Vec<(usize, usize, DeviceSpan, DeviceSpan)>,
+    pending: Vec<(usize, usize, DeviceSpan, DeviceSpan, bool)>,
     inline: InlineBatch,
+    /// Params mode: launches of up to 16 whole-page receives carry their lists here.
+    inline_pages: InlinePagesBatch,
     frags_per_warp: u32,
     launched: bool,
     /// The last batch closed internally (slot full) since the last submit.
@@ -78,8 +90,10 @@ impl KernelUnpacker {
         let kernels = gpu.kernels()?;
         let staging = gpu.alloc_pinned(SLOTS * SLOT_FRAGS * META)?;
         let mirror = match source {
-            FragSource::DeviceCopy | FragSource::Params => Some(gpu.alloc(SLOTS * SLOT_FRAGS * META)?),
-            FragSource::Mapped => None,
+            FragSource::DeviceCopy | FragSource::Params | FragSource::PackedDevice => {
+                Some(gpu.alloc(SLOTS * SLOT_FRAGS * META)?)
+            }
+            FragSource::Mapped | FragSource::PackedMapped => None,
         };
         Ok(KernelUnpacker {
             gpu: gpu.clone(),
@@ -97,6 +111,7 @@ impl KernelUnpacker {
             max_count: 0,
             pending: Vec::with_capacity(UNPACK_MAX_TASKS_PER_LAUNCH),
             inline: InlineBatch::new(),
+            inline_pages: InlinePagesBatch::new(),
             frags_per_warp: 1,
             launched: false,
             unticketed: None,
@@ -149,20 +164,50 @@ impl KernelUnpacker {
             .clamp(1, MAX_BLOCKS_PER_TASK)
     }
 
-    /// Params mode: launches the pending receives with their lists in the kernel parameters
-    /// when they all fit; returns false (nothing done) when they do not.
-    fn try_launch_inline(&mut self, slot: usize) -> Result<bool, UnpackError> {
-        let fits = self.pending.len() == self.tasks.len()
+    /// Whether the pending receives (all staged, none uploaded) fit one inline launch.
+    fn fits_inline(&self) -> bool {
+        self.pending.len() == self.tasks.len()
             && self.pending.len() <= INLINE_MAX_TASKS
-            && self.used - self.uploaded <= INLINE_MAX_FRAGS
+            && self.pending.iter().map(|p| p.1).sum::<usize>() <= INLINE_MAX_FRAGS
             && self
                 .pending
                 .iter()
-                .all(|&(_, n, _, dst)| InlineBatch::accepts(dst, n));
-        if !fits {
-            return Ok(false);
+                .all(|&(_, n, _, dst, _)| InlineBatch::accepts(dst, n))
+    }
+
+    /// Whether the pending receives fit one page-inline launch (all whole pages).
+    fn fits_inline_pages(&self) -> bool {
+        self.pending.len() == self.tasks.len()
+            && self.pending.len() <= INLINE_PAGES_MAX_TASKS
+            && self.pending.iter().map(|p| p.1).sum::<usize>() <= INLINE_PAGES_MAX_FRAGS
+            && self.pending.iter().all(|p| p.4)
+    }
+
+    /// Params mode: launches the pending receives with their lists in the kernel parameters
+    /// when they all fit; returns false (nothing done) when they do not.
+    fn try_launch_inline(&mut self, slot: usize) -> Result<bool, UnpackError> {
+        if !self.fits_inline() {
+            if !self.fits_inline_pages() {
+                return Ok(false);
+            }
+            for &(first, n, bounce, dst, _) in &self.pending {
+                let base = slot * SLOT_FRAGS + first;
+                self.inline_pages
+                    .push(self.staging.typed::<loadMeta>(base * META, n)?, bounce, dst)?;
+            }
+            let blocks = self.blocks_for(self.inline_pages.max_count());
+            self.gpu.launch_unpack_inline_pages(
+                &self.kernels,
+                &self.stream,
+                &mut self.inline_pages,
+                blocks,
+                &self.errs,
+                slot * 4,
+            )?;
+            self.uploaded = self.used;
+            return Ok(true);
         }
-        for &(first, n, bounce, dst) in &self.pending {
+        for &(first, n, bounce, dst, _) in &self.pending {
             let base = slot * SLOT_FRAGS + first;
             self.inline
                 .push(self.staging.typed::<loadMeta>(base * META, n)?, bounce, dst)?;
@@ -236,6 +281,8 @@ impl Unpacker for KernelUnpacker {
             FragSource::Mapped => "kernel-mapped",
             FragSource::DeviceCopy => "kernel-device",
             FragSource::Params => "kernel-params",
+            FragSource::PackedMapped => "kernel-packed-mapped",
+            FragSource::PackedDevice => "kernel-packed-device",
         }
     }
 
@@ -249,7 +296,15 @@ impl Unpacker for KernelUnpacker {
             (FragSource::Mapped, Some(span)) => Some(span),
             _ => None,
         };
-        if in_place.is_none() && self.open.is_some() && self.used + count > SLOT_FRAGS {
+        let packed = matches!(self.source, FragSource::PackedMapped | FragSource::PackedDevice);
+        let format = if packed {
+            ListFormat::choose(job.frags.as_slice(), job.dst.len())
+        } else {
+            ListFormat::Meta
+        };
+        // Staging is counted in 16-byte units (one loadMeta each).
+        let units = (count * format.entry_bytes()).div_ceil(META);
+        if in_place.is_none() && self.open.is_some() && self.used + units > SLOT_FRAGS {
             if let Some(t) = self.close_batch()? {
                 self.unticketed = Some(t);
             }
@@ -262,21 +317,33 @@ impl Unpacker for KernelUnpacker {
             Some(span) => span,
             None => {
                 let first = slot * SLOT_FRAGS + self.used;
-                self.staging
-                    .typed_mut::<loadMeta>(first * META, count)?
-                    .copy_from_slice(job.frags.as_slice());
-                self.used += count;
+                if packed {
+                    let out = self.staging.typed_mut::<u8>(first * META, units * META)?;
+                    format.encode(job.frags.as_slice(), out);
+                } else {
+                    self.staging
+                        .typed_mut::<loadMeta>(first * META, count)?
+                        .copy_from_slice(job.frags.as_slice());
+                }
+                self.used += units;
                 let view = match &self.mirror {
                     Some(m) => m.span(),
                     None => self.staging.span(),
                 };
-                view.sub((first * META) as u64, (count * META) as u64)?
+                view.sub((first * META) as u64, (units * META) as u64)?
             }
         };
-        self.tasks
-            .push(UnpackTask::new(frags, count as u32, job.bounce, job.dst)?);
+        self.tasks.push(UnpackTask::with_format(
+            frags,
+            count as u32,
+            format,
+            job.bounce,
+            job.dst,
+        )?);
         if self.source == FragSource::Params {
-            self.pending.push((self.used - count, count, job.bounce, job.dst));
+            let pages = ListFormat::choose(job.frags.as_slice(), job.dst.len()) == ListFormat::Page32;
+            self.pending
+                .push((self.used - count, count, job.bounce, job.dst, pages));
         }
         self.max_count = self.max_count.max(count as u32);
         Ok(())

@@ -12,8 +12,9 @@
 //! ticket that is done means every earlier ticket is done too.
 //!
 //! Three implementations, picked by `UCCL_TCPX_UNPACK_IMPL` ([`UnpackImpl`]):
-//! [`KernelUnpacker`] (`kernel`, the default: one kernel launch per batch; `kernel-params`,
-//! `kernel-device` and `kernel-mapped` pick where it reads the fragment lists, see
+//! [`KernelUnpacker`] (`kernel`, the default: one kernel launch per batch;
+//! `kernel-packed-mapped` (the default), `kernel-packed-device`, `kernel-params`,
+//! `kernel-device` and `kernel-mapped` pick where and how it reads the fragment lists, see
 //! [`FragSource`]), [`D2dUnpacker`] (`d2d`: one device-to-device copy per fragment) and
 //! [`HostUnpacker`] (`host`: through pinned host memory; a debug fallback). Measurements:
 //! docs/GPU.md.
@@ -60,7 +61,7 @@ pub enum UnpackError {
     UnknownTicket(Ticket),
     /// An unknown `UCCL_TCPX_UNPACK_IMPL` value.
     #[error(
-        "unknown unpack implementation {0:?} (kernel, kernel-params, kernel-device, kernel-mapped, d2d or host)"
+        "unknown unpack implementation {0:?} (kernel, kernel-packed-mapped, kernel-packed-device, kernel-params, kernel-device, kernel-mapped, d2d or host)"
     )]
     UnknownImpl(String),
     #[error(transparent)]
@@ -131,6 +132,8 @@ impl std::str::FromStr for UnpackImpl {
             "kernel-mapped" => Ok(UnpackImpl::Kernel(FragSource::Mapped)),
             "kernel-device" => Ok(UnpackImpl::Kernel(FragSource::DeviceCopy)),
             "kernel-params" => Ok(UnpackImpl::Kernel(FragSource::Params)),
+            "kernel-packed-mapped" => Ok(UnpackImpl::Kernel(FragSource::PackedMapped)),
+            "kernel-packed-device" => Ok(UnpackImpl::Kernel(FragSource::PackedDevice)),
             "d2d" => Ok(UnpackImpl::D2d),
             "host" => Ok(UnpackImpl::Host),
             _ => Err(UnpackError::UnknownImpl(s.to_string())),
@@ -164,6 +167,19 @@ pub(crate) fn validate(job: &UnpackJob<'_>) -> Result<u64, UnpackError> {
     let frags = job.frags.as_slice();
     if frags.len() > NET_UNPACK_MAX_SLICE_PAGES {
         return Err(UnpackError::TooManyFragments { count: frags.len() });
+    }
+    // Fast path: one branch-free pass over the list (the poller validates every receive); the
+    // slow pass below runs only to name the offending fragment.
+    let (dst_end, src_end, total) = frags.iter().fold((0u64, 0u64, 0u64), |(d, s, t), f| {
+        let len = u64::from(f.len);
+        (
+            d.max(f.dst_off.saturating_add(len)),
+            s.max(u64::from(f.src_off) + len),
+            t + len,
+        )
+    });
+    if dst_end <= job.dst.len() && src_end <= job.bounce.len() {
+        return Ok(total);
     }
     let mut total = 0u64;
     for (index, f) in frags.iter().enumerate() {
