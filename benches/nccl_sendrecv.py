@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""NCCL send/recv between two GPUs of one host, one process per GPU (PyTorch), timed like
+`tcpxctl bench transfer`: per message size, warm-up, then iterations with per-message latency
+(CUDA events on the receiver), and the bytes of the last message checked on the receiver.
+
+Two network set-ups (NVLink, P2P and shared memory are always off, so bytes cross a network):
+
+  --net socket   NCCL's own TCP sockets over loopback (NCCL_NET=Socket).
+  --net plugin   The emulation plugin as NCCL's net plugin (NCCL_NET_PLUGIN), TCPX-style: CUDA
+                 bounce pages + NCCL's unpack kernel when NCCL enables GPUDirect for it, else host
+                 buffers. Every checked byte is a conformance check of the emulation under NCCL.
+
+Prints a table (nixlbench-like columns) and writes JSON lines (--out). Reports only.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper().replace("IB", "").replace("B", "")
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if s and s[-1] in mult:
+        return int(float(s[:-1]) * mult[s[-1]])
+    return int(s)
+
+
+def fmt_size(n: int) -> str:
+    for unit, v in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= v and n % v == 0:
+            return f"{n // v}{unit}"
+    return str(n)
+
+
+def worker(rank: int, args, env: dict, port: int, q):
+    os.environ.update(env)
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        device_id=torch.device("cuda", rank),
+    )
+    rows = []
+    peer = 1 - rank
+    max_size = max(args.sizes)
+    buf = torch.empty(max_size, dtype=torch.uint8, device="cuda")
+    # One tiny exchange first so the connection set-up is not in any timing.
+    t = torch.ones(1, device="cuda")
+    if rank == 0:
+        dist.send(t, 1)
+    else:
+        dist.recv(t, 0)
+    torch.cuda.synchronize()
+    for size in args.sizes:
+        view = buf[:size]
+        lat = []
+        total = args.warmup + args.iters
+        for it in range(total):
+            last = it == total - 1
+            if rank == 0 and last:
+                # The checked message: a pattern that depends on the size.
+                g = torch.arange(size, dtype=torch.int64, device="cuda")
+                view.copy_(((g * 131 + size) % 251).to(torch.uint8))
+            if args.sync_each:
+                dist.barrier(device_ids=[rank])
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            if rank == 0:
+                dist.send(view, peer)
+            else:
+                dist.recv(view, peer)
+            end.record()
+            end.synchronize()
+            if it >= args.warmup:
+                lat.append(start.elapsed_time(end) * 1000.0)  # µs
+        ok = True
+        if rank == 1:
+            g = torch.arange(size, dtype=torch.int64, device="cuda")
+            expect = ((g * 131 + size) % 251).to(torch.uint8)
+            ok = bool(torch.equal(view, expect))
+        # Steady-state bandwidth: `iters` messages back to back, one timing around all of them.
+        dist.barrier(device_ids=[rank])
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(args.iters):
+            if rank == 0:
+                dist.send(view, peer)
+            else:
+                dist.recv(view, peer)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        if rank == 1:
+            lat.sort()
+            pick = lambda q: lat[min(len(lat) - 1, int(round((len(lat) - 1) * q)))]
+            rows.append(
+                {
+                    "harness": f"nccl-{args.net}",
+                    "op": "send/recv",
+                    "block_bytes": size,
+                    "batch": 1,
+                    "iters": args.iters,
+                    "gbps": size * args.iters / wall / 1e9,
+                    "avg_us": sum(lat) / len(lat),
+                    "p50_us": pick(0.5),
+                    "p99_us": pick(0.99),
+                    "verified": ok,
+                }
+            )
+    dist.barrier(device_ids=[rank])
+    dist.destroy_process_group()
+    if rank == 1:
+        q.put(rows)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--net", choices=["socket", "plugin"], required=True)
+    ap.add_argument("--plugin", help="path to libnccl_net_tcpxemu.so (--net plugin)")
+    ap.add_argument("--sizes", default="4K,16K,64K,256K,1M,4M,16M,64M,256M")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--sockets", type=int, default=4, help="data sockets per connection (both nets)")
+    ap.add_argument("--sync-each", action="store_true", help="barrier before each timed message")
+    ap.add_argument("--out", help="append JSON lines here")
+    args = ap.parse_args()
+    args.sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+
+    env = {
+        "NCCL_P2P_DISABLE": "1",
+        "NCCL_SHM_DISABLE": "1",
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NCCL_IB_DISABLE": "1",
+        # GCP's TCPX settings (TCPX needs the Simple protocol: received bytes must go through
+        # NCCL's unpack, which only Simple does); both nets use them so they compare.
+        "NCCL_PROTO": "Simple",
+        "NCCL_ALGO": "Ring",
+        "NCCL_P2P_NET_CHUNKSIZE": "524288",
+        "NCCL_BUFFSIZE": "4194304",
+        "NCCL_NSOCKS_PERTHREAD": str(args.sockets),
+        "NCCL_SOCKET_NTHREADS": "1",
+        "NCCL_DEBUG": os.environ.get("NCCL_DEBUG", "INFO"),
+        "NCCL_DEBUG_SUBSYS": os.environ.get("NCCL_DEBUG_SUBSYS", "INIT,NET"),
+    }
+    if args.net == "socket":
+        env.update({"NCCL_NET": "Socket", "NCCL_SOCKET_IFNAME": "lo"})
+    else:
+        if not args.plugin or not os.path.exists(args.plugin):
+            sys.exit("--net plugin needs --plugin PATH to libnccl_net_tcpxemu.so")
+        # NCCL finds plugins as libnccl-net-<name>.so on the library path: link ours under that name.
+        d = os.path.join(os.environ.get("TMPDIR", "/tmp"), "tcpxd-nccl-plugin")
+        os.makedirs(d, exist_ok=True)
+        link = os.path.join(d, "libnccl-net-tcpxemu.so")
+        if os.path.lexists(link):
+            os.unlink(link)
+        os.symlink(os.path.abspath(args.plugin), link)
+        env.update(
+            {
+                "NCCL_NET_PLUGIN": "tcpxemu",
+                "NCCL_NET": "tcpxemu_v7",  # fail rather than fall back to sockets
+                "LD_LIBRARY_PATH": d + ":" + os.environ.get("LD_LIBRARY_PATH", ""),
+                "NCCL_DYNAMIC_CHUNK_SIZE": "524288",
+                "NCCL_NET_GDR_LEVEL": "SYS",
+                "NCCL_SOCKET_IFNAME": "lo",
+            }
+        )
+    # The plugin and NCCL read the environment at load: set it before the workers start.
+    os.environ.update(env)
+
+    import torch.multiprocessing as mp
+
+    port = 29500 + (os.getpid() % 1000)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(r, args, env, port, q)) for r in range(2)]
+    for p in procs:
+        p.start()
+    rows = q.get(timeout=1800)
+    for p in procs:
+        p.join(timeout=60)
+    bad = [p.exitcode for p in procs if p.exitcode != 0]
+    print()
+    print(f"{'harness':<14} {'block':>6} {'batch':>5} {'GB/s':>8} {'avg_us':>10} {'p50_us':>10} {'p99_us':>10} {'bytes ok':>8}")
+    for r in rows:
+        print(
+            f"{r['harness']:<14} {fmt_size(r['block_bytes']):>6} {r['batch']:>5} {r['gbps']:>8.2f} "
+            f"{r['avg_us']:>10.1f} {r['p50_us']:>10.1f} {r['p99_us']:>10.1f} {str(r['verified']):>8}"
+        )
+    if args.out:
+        with open(args.out, "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    if bad or not all(r["verified"] for r in rows):
+        sys.exit(f"failed: exit codes {bad}, verified {[r['verified'] for r in rows]}")
+
+
+if __name__ == "__main__":
+    main()
