@@ -10,6 +10,7 @@ pub mod daemon;
 pub mod engine;
 pub mod gpu;
 pub mod logging;
+pub mod metrics;
 pub mod net;
 pub mod peers;
 pub mod poller;
