@@ -7,6 +7,7 @@ pub mod client;
 pub mod config;
 pub mod conformance;
 pub mod daemon;
+pub mod doctor;
 pub mod engine;
 pub mod gpu;
 pub mod logging;
