@@ -471,7 +471,10 @@ pub async fn serve<F, Fut>(
                 }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
+            // A client that never finishes its request headers is dropped.
             if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
                 .serve_connection(io, svc)
                 .await
             {
