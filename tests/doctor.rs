@@ -231,5 +231,13 @@ fn the_table_names_every_check_and_its_fix() {
         "{text}"
     );
     assert!(text.contains(" fail"), "{text}");
+    // docs/OPERATIONS.md explains every check.
+    let ops = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/OPERATIONS.md")).unwrap();
+    for name in tcpxd::doctor::CHECK_NAMES {
+        assert!(
+            ops.contains(&format!("| `{name}` |")),
+            "docs/OPERATIONS.md does not explain {name}"
+        );
+    }
     std::fs::remove_dir_all(&dir).ok();
 }

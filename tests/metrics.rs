@@ -87,8 +87,27 @@ async fn a_transfer_moves_the_scraped_counters_and_stats_agree() {
     daemons::assert_lanes_drain(&mut a.client).await;
     daemons::assert_lanes_drain(&mut b.client).await;
 
-    let sa = samples(&http_get(a_metrics, "/metrics").await.1);
-    let sb = samples(&http_get(b_metrics, "/metrics").await.1);
+    let page = http_get(a_metrics, "/metrics").await.1;
+    let page_b = http_get(b_metrics, "/metrics").await.1;
+    // docs/OPERATIONS.md lists every series the endpoints serve.
+    let ops = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/OPERATIONS.md")).unwrap();
+    let mut families: Vec<&str> = page
+        .lines()
+        .chain(page_b.lines())
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    families.sort();
+    families.dedup();
+    assert!(families.len() >= 15, "{families:?}");
+    for f in &families {
+        assert!(
+            ops.contains(&format!("`{f}`")),
+            "docs/OPERATIONS.md does not list {f}"
+        );
+    }
+    let sa = samples(&page);
+    let sb = samples(&page_b);
     let ok_write = ["op=\"write\"", "status=\"ok\""];
     assert_eq!(sum(&sa, "tcpxd_transfers_total", &ok_write), 1.0);
     assert_eq!(sum(&sa, "tcpxd_transfer_bytes_total", &ok_write), SIZE as f64);
