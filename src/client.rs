@@ -127,6 +127,12 @@ pub fn endpoint_from_env() -> String {
 /// Connects to a daemon's client API. The connection is made eagerly, so a daemon that is not
 /// there is reported here, with the endpoint named.
 pub async fn connect(endpoint: &str) -> Result<TcpxdClient<Channel>, ClientError> {
+    Ok(TcpxdClient::new(connect_channel(endpoint).await?))
+}
+
+/// Connects to a daemon's client API endpoint and returns the channel (for other services on
+/// it, such as gRPC health).
+pub async fn connect_channel(endpoint: &str) -> Result<Channel, ClientError> {
     let parsed = Endpoint::parse(endpoint)?;
     let connected = match parsed {
         Endpoint::Unix(path) => {
@@ -151,12 +157,11 @@ pub async fn connect(endpoint: &str) -> Result<TcpxdClient<Channel>, ClientError
             ep.connect_timeout(TCP_CONNECT_TIMEOUT).connect().await
         }
     };
-    let channel = connected.map_err(|source| ClientError::Connect {
+    connected.map_err(|source| ClientError::Connect {
         endpoint: endpoint.to_string(),
         reason: error_chain(&source),
         source,
-    })?;
-    Ok(TcpxdClient::new(channel))
+    })
 }
 
 /// An error and its sources on one line (`a: b: c`), skipping a source that repeats its parent.

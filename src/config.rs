@@ -47,6 +47,9 @@ pub struct DaemonArgs {
     /// Seconds SIGTERM waits for in-flight transfers before failing them.
     #[arg(long, env = "TCPXD_SHUTDOWN_GRACE_S")]
     pub shutdown_grace_s: Option<u64>,
+    /// Serve Prometheus metrics over HTTP at this address (GET /metrics). Default: off.
+    #[arg(long, env = "TCPXD_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
     /// Write a JSON file with the node id and bound addresses once serving.
     #[arg(long, env = "TCPXD_READY_FILE", value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
@@ -67,6 +70,14 @@ pub struct FileConfig {
     pub transfer: FileTransfer,
     #[serde(default)]
     pub shutdown: FileShutdown,
+    #[serde(default)]
+    pub metrics: FileMetrics,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileMetrics {
+    pub listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -143,6 +154,8 @@ pub struct Config {
     pub finished_retention: Duration,
     pub shutdown_grace: Duration,
     pub ready_file: Option<PathBuf>,
+    /// Where the Prometheus endpoint listens; `None`: no endpoint.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 pub const DEFAULT_API_SOCKET: &str = "/run/tcpxd/tcpxd.sock";
@@ -285,6 +298,7 @@ impl Config {
                 args.shutdown_grace_s.or(file.shutdown.grace_s).unwrap_or(30),
             ),
             ready_file: args.ready_file.clone(),
+            metrics_listen: args.metrics_listen.or(file.metrics.listen),
         })
     }
 }

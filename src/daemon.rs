@@ -55,6 +55,8 @@ pub struct RunningDaemon {
     pub api_socket: PathBuf,
     pub api_tcp: Option<SocketAddr>,
     pub peer_addr: SocketAddr,
+    /// Where the Prometheus endpoint serves, when enabled.
+    pub metrics_addr: Option<SocketAddr>,
     state: Arc<DaemonState>,
     poller: Option<PollerHandle>,
     stop_servers: watch::Sender<bool>,
@@ -80,6 +82,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         }
         None => (0..ndev as i32).collect(),
     };
+    let metrics = Arc::new(crate::metrics::Metrics::new());
     let (notify_tx, _) = broadcast::channel(4096);
     let (stop_tx, stop_rx) = watch::channel(false);
     let poller = PollerHandle::start(
@@ -95,6 +98,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             devices,
             lanes_per_device: cfg.lanes_per_device,
             connect_timeout: cfg.peer_connect_timeout,
+            metrics: metrics.clone(),
         },
         notify_tx.clone(),
     )
@@ -117,6 +121,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         default_timeout: cfg.default_timeout,
         finished_retention: cfg.finished_retention,
         stopping: stop_rx.clone(),
+        metrics,
     });
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -176,6 +181,27 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         None => None,
     };
 
+    // Prometheus metrics over HTTP.
+    let metrics_addr = match cfg.metrics_listen {
+        Some(addr) => {
+            let l = crate::metrics::bind(addr)
+                .await
+                .map_err(io(format!("binding the metrics endpoint to {addr}")))?;
+            let bound = l.local_addr().map_err(io("metrics listener address"))?;
+            let st = state.clone();
+            tokio::spawn(crate::metrics::serve(
+                l,
+                move || {
+                    let st = st.clone();
+                    async move { st.render_metrics().await.map_err(|s| s.message().to_string()) }
+                },
+                stop_rx.clone(),
+            ));
+            Some(bound)
+        }
+        None => None,
+    };
+
     // Forget finished transfers after their retention.
     let prune = state.clone();
     let mut prune_stop = stop_rx.clone();
@@ -194,6 +220,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         api = %cfg.api_socket.display(),
         api_tcp = ?api_tcp,
         peer = %peer_addr,
+        metrics = ?metrics_addr,
         chunk_bytes = cfg.chunk_bytes,
         "tcpxd serving"
     );
@@ -202,6 +229,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         api_socket: cfg.api_socket.clone(),
         api_tcp,
         peer_addr,
+        metrics_addr,
         state,
         poller: Some(poller),
         stop_servers: stop_tx,
@@ -288,6 +316,7 @@ pub fn ready_json(d: &RunningDaemon) -> String {
         "api_socket": d.api_socket,
         "api_tcp": d.api_tcp.map(|a| a.to_string()),
         "peer_address": d.peer_addr.to_string(),
+        "metrics": d.metrics_addr.map(|a| a.to_string()),
         "pid": std::process::id(),
     })
     .to_string()

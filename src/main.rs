@@ -14,14 +14,33 @@ use tcpxd::net::{NetError, Plugin};
     about = "Moves GPU and host buffers between nodes over GPUDirect-TCPX",
     long_about = "Moves GPU and host buffers between nodes over GPUDirect-TCPX.\n\nSettings come from a TOML file (--config), then TCPXD_* environment variables, then flags; each overrides the one before. See docs/CONFIG.md."
 )]
+#[command(args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(flatten)]
     args: DaemonArgs,
+    #[command(subcommand)]
+    command: Option<Sub>,
+}
+
+#[derive(clap::Subcommand)]
+enum Sub {
+    /// Check this node's set-up for GPUDirect-TCPX and tcpxd: each check ok, warn or fail with a
+    /// one-line fix; exits 1 when any check fails. See docs/OPERATIONS.md.
+    Doctor(tcpxd::doctor::DoctorArgs),
 }
 
 fn main() -> ExitCode {
-    tcpxd::logging::init("info");
     let cli = Cli::parse();
+    if let Some(Sub::Doctor(args)) = &cli.command {
+        // The report goes to stdout; only warnings (e.g. the plugin's) to stderr.
+        tcpxd::logging::init("warn");
+        return if tcpxd::doctor::main(args) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
+    tcpxd::logging::init("info");
     let cfg = match Config::resolve(&cli.args, &|k| std::env::var(k).ok()) {
         Ok(c) => c,
         Err(e) => {

@@ -22,6 +22,7 @@ use crate::engine::{
     TransferId, WriteSpec,
 };
 use crate::gpu::Gpu;
+use crate::metrics::{Meter, Op};
 use crate::net::{ConnectHandle, Connector, ListenComm, MemHandle, Plugin, RecvComm, RequestId, SendComm};
 use crate::unpack::{Ticket, UnpackImpl, UnpackJob, Unpacker};
 
@@ -173,6 +174,8 @@ pub struct PollerConfig {
     pub devices: Vec<i32>,
     pub lanes_per_device: u32,
     pub connect_timeout: Duration,
+    /// Where transfer, unpack and plugin-error events are counted.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// The running poller thread.
@@ -190,6 +193,7 @@ impl PollerHandle {
     ) -> std::io::Result<PollerHandle> {
         let (tx, rx) = mpsc::channel();
         let unpack_impl = cfg.unpack_impl;
+        let meter = Meter::new(cfg.metrics.clone());
         let thread = std::thread::Builder::new()
             .name("tcpxd-poller".into())
             .spawn(move || {
@@ -209,6 +213,7 @@ impl PollerHandle {
                     stages: HashMap::new(),
                     unpack_impl,
                     completions: Vec::new(),
+                    meter,
                 }
                 .run()
             })?;
@@ -284,6 +289,9 @@ struct Posted {
 struct Landing {
     id: RequestId,
     wait: Wait,
+    /// When the plugin reported the receive complete, and when its data was in place.
+    landed: Instant,
+    unpacked: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -336,6 +344,7 @@ struct Poller {
     unpack_impl: UnpackImpl,
     /// Scratch for the completions gathered during a pass.
     completions: Vec<Completion>,
+    meter: Meter,
 }
 
 /// Plugin completions gathered during a pass, applied to the engine afterwards.
@@ -502,8 +511,9 @@ impl Poller {
                     return;
                 }
                 let now = Instant::now();
+                let total = specs.iter().map(|s| s.remote.length).sum();
                 let r = self.engine.start_write(specs, notification, deadline, now);
-                let _ = reply.send(r.map(|id| (id, self.track(id))));
+                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total))));
             }
             Command::Read {
                 specs,
@@ -515,8 +525,9 @@ impl Poller {
                     return;
                 }
                 let now = Instant::now();
+                let total = specs.iter().map(|s| s.remote.length).sum();
                 let r = self.engine.start_read(specs, deadline, now);
-                let _ = reply.send(r.map(|id| (id, self.track(id))));
+                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total))));
             }
             Command::Cancel { id, reply } => {
                 let _ = reply.send(self.engine.cancel(id, Code::Cancelled, "cancelled by the client"));
@@ -532,7 +543,8 @@ impl Poller {
         }
     }
 
-    fn track(&mut self, id: TransferId) -> watch::Receiver<TransferStatus> {
+    fn track(&mut self, id: TransferId, op: Op, total: u64) -> watch::Receiver<TransferStatus> {
+        self.meter.started(id, op, total);
         let (tx, rx) = watch::channel(TransferStatus {
             phase: Phase::Offered,
             bytes_done: 0,
@@ -634,6 +646,7 @@ impl Poller {
         // Reused every pass: no allocation on the hot path once it has grown.
         let mut events = std::mem::take(&mut self.completions);
         let now = Instant::now();
+        let meter = &self.meter;
         for (pi, p) in self.peers.iter_mut().enumerate() {
             if p.failed {
                 continue;
@@ -650,7 +663,10 @@ impl Poller {
                             events.push(Completion::Failed(peer, format!("lane {li}: connect timed out")))
                         }
                         Ok(None) => {}
-                        Err(e) => events.push(Completion::Failed(peer, format!("lane {li}: {e}"))),
+                        Err(e) => {
+                            meter.metrics.plugin_error(&e);
+                            events.push(Completion::Failed(peer, format!("lane {li}: {e}")))
+                        }
                     }
                 }
             }
@@ -665,7 +681,10 @@ impl Poller {
                             events.push(Completion::Failed(peer, format!("lane {li}: accept timed out")))
                         }
                         Ok(None) => {}
-                        Err(e) => events.push(Completion::Failed(peer, format!("lane {li}: {e}"))),
+                        Err(e) => {
+                            meter.metrics.plugin_error(&e);
+                            events.push(Completion::Failed(peer, format!("lane {li}: {e}")))
+                        }
                     }
                 }
             }
@@ -755,6 +774,7 @@ impl Poller {
                 }
                 Action::Finished { transfer, outcome } => {
                     if let Some(tx) = self.transfers.remove(&transfer) {
+                        self.meter.finished(transfer, &outcome, tx.borrow().bytes_done);
                         if self.drain.is_some() && outcome.code == Code::Ok {
                             self.finished_in_grace += 1;
                         }
@@ -813,6 +833,7 @@ impl Poller {
             buffers,
             stages,
             unpack_impl,
+            meter,
             ..
         } = self;
         // Reused every pass: no allocation on the hot path once it has grown.
@@ -837,6 +858,7 @@ impl Poller {
                         Ok(true) => events.push(Completion::SendDone(peer, li as u32)),
                         Ok(false) => break,
                         Err(e) => {
+                            meter.metrics.plugin_error(&e);
                             events.push(Completion::Failed(peer, format!("lane {li} send: {e}")));
                             break;
                         }
@@ -857,12 +879,20 @@ impl Poller {
                 while let Some(&posted) = l.posted.front() {
                     match comm.test(posted.id) {
                         Ok(Some(_)) => {
+                            let landed = Instant::now();
                             let wait = start_unpack(comm, &posted, buffers, stages, *unpack_impl);
+                            let unpacked = matches!(wait, Wait::Ready(_)).then(Instant::now);
                             l.posted.pop_front();
-                            l.landing.push_back(Landing { id: posted.id, wait });
+                            l.landing.push_back(Landing {
+                                id: posted.id,
+                                wait,
+                                landed,
+                                unpacked,
+                            });
                         }
                         Ok(None) => break,
                         Err(e) => {
+                            meter.metrics.plugin_error(&e);
                             events.push(Completion::Failed(peer, format!("lane {li} receive: {e}")));
                             break;
                         }
@@ -893,9 +923,14 @@ impl Poller {
                         },
                     };
                     if let Err(e) = comm.consume(front.id) {
+                        meter.metrics.plugin_error(&e);
                         events.push(Completion::Failed(peer, format!("lane {li} irecvConsumed: {e}")));
                         break;
                     }
+                    let now = Instant::now();
+                    let kind = if front.unpacked.is_some() { "host" } else { "gpu" };
+                    let unpack = front.unpacked.unwrap_or(now) - front.landed;
+                    meter.metrics.recv_consumed(kind, unpack, now - front.landed);
                     l.landing.pop_front();
                     events.push(Completion::RecvConsumed(peer, li as u32, result));
                 }

@@ -3,3 +3,4 @@
 pub mod peer_service;
 pub mod proto;
 pub mod service;
+pub mod stats;

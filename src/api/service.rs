@@ -35,10 +35,12 @@ pub struct DaemonState {
     pub finished_retention: Duration,
     /// Becomes true when the daemon stops serving: long-lived streams end.
     pub stopping: watch::Receiver<bool>,
+    /// The Prometheus series (also behind GetStats).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl DaemonState {
-    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
+    pub(crate) async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
         self.poller
             .send(make(tx))
@@ -746,6 +748,8 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                                 recvs_in_flight: r.posted as u32,
                                 sends_queued: s.queued as u32,
                                 recvs_queued: r.queued as u32,
+                                send_window_full: s.window_full,
+                                recv_window_full: r.window_full,
                             }
                         })
                         .collect(),
@@ -758,6 +762,7 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
             active_transfers: snap.active_transfers as u32,
             buffers: buffers.len() as u32,
             buffer_bytes: buffers.iter().map(|b| b.size).sum(),
+            ..crate::api::stats::event_stats(&self.state.metrics.summary())
         }))
     }
 }

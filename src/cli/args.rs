@@ -52,8 +52,11 @@ pub enum ClientCommand {
     Cancel(TransferIdArgs),
     /// Print notifications other nodes attach to transfers into this node's buffers.
     Subscribe(SubscribeArgs),
-    /// Counters per peer and lane.
+    /// Counters per peer and lane, and transfer totals and latencies.
     Stats(StatsArgs),
+    /// Ask the daemon's gRPC health service whether the client API serves (exit 0 when SERVING,
+    /// 1 otherwise): for readiness probes.
+    Health,
     /// Start two local daemons on the emulation plugin and move data between them.
     #[command(after_help = SIZE_HELP)]
     Demo(DemoArgs),

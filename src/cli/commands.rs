@@ -145,6 +145,9 @@ pub enum CliError {
     Io { what: String, source: std::io::Error },
     #[error("{0}")]
     Usage(String),
+    /// The health service answered, but not SERVING.
+    #[error("{0}")]
+    NotServing(String),
     #[error("demo failed: {0}")]
     Demo(DemoError),
     #[error("interrupted")]
@@ -222,6 +225,9 @@ async fn execute(global: &GlobalOpts, command: ClientCommand) -> Result<(), CliE
     if let ClientCommand::Demo(args) = command {
         return demo(global, args).await;
     }
+    if let ClientCommand::Health = command {
+        return health(global).await;
+    }
     let mut client = connect(&global.endpoint)
         .await
         .map_err(|source| CliError::Connect { source })?;
@@ -298,7 +304,7 @@ async fn execute(global: &GlobalOpts, command: ClientCommand) -> Result<(), CliE
         }
         ClientCommand::Subscribe(args) => subscribe(&mut client, json, args).await,
         ClientCommand::Stats(args) => stats(&mut client, json, args).await,
-        ClientCommand::Demo(_) => unreachable!("handled above"),
+        ClientCommand::Demo(_) | ClientCommand::Health => unreachable!("handled above"),
     }
 }
 
@@ -685,6 +691,37 @@ async fn stats(client: &mut TcpxdClient<Channel>, json: bool, args: StatsArgs) -
             out!("{text}");
         }
         previous = Some((s, now));
+    }
+}
+
+/// `tcpxctl health`: the gRPC health status of the client API service.
+async fn health(global: &GlobalOpts) -> Result<(), CliError> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    const SERVICE: &str = "tcpxd.v1.Tcpxd";
+    let channel = crate::client::connect_channel(&global.endpoint)
+        .await
+        .map_err(|source| CliError::Connect { source })?;
+    let r = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: SERVICE.into(),
+        })
+        .await
+        .map_err(rpc("health check"))?
+        .into_inner();
+    let status = ServingStatus::try_from(r.status).unwrap_or(ServingStatus::Unknown);
+    if global.json {
+        print_json(&json!({"service": SERVICE, "status": status.as_str_name()}))?;
+    } else {
+        outln!("{SERVICE}: {}", status.as_str_name());
+    }
+    if status == ServingStatus::Serving {
+        Ok(())
+    } else {
+        Err(CliError::NotServing(format!(
+            "{SERVICE} is {}",
+            status.as_str_name()
+        )))
     }
 }
 

@@ -6,7 +6,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::api::proto::v1::{
-    Buffer, BufferKind, LaneStats, Notification, Peer, PeerState, Stats, TransferEvent, TransferState,
+    Buffer, BufferKind, Histogram, LaneStats, Notification, Peer, PeerState, Stats, TransferEvent,
+    TransferState,
 };
 use crate::client::{code_number_name, format_bytes, format_duration, format_rate};
 
@@ -335,6 +336,8 @@ fn lane_json(l: &LaneStats) -> Value {
         "recvs_in_flight": l.recvs_in_flight,
         "sends_queued": l.sends_queued,
         "recvs_queued": l.recvs_queued,
+        "send_window_full": l.send_window_full,
+        "recv_window_full": l.recv_window_full,
     })
 }
 
@@ -352,7 +355,120 @@ pub fn stats_json(s: &Stats) -> Value {
             "transfers_failed": p.transfers_failed,
             "lanes": p.lanes.iter().map(lane_json).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
+        "transfer_totals": s.transfer_totals.iter().map(|t| json!({
+            "op": t.op, "status": t.status, "transfers": t.transfers, "bytes": t.bytes,
+        })).collect::<Vec<_>>(),
+        "latency": s.latency.iter().map(|l| json!({
+            "op": l.op, "size_class": l.size_class, "histogram": hist_json(l.histogram.as_ref()),
+        })).collect::<Vec<_>>(),
+        "unpack": s.unpack.iter().map(|u| json!({
+            "kind": u.kind, "histogram": hist_json(u.histogram.as_ref()),
+        })).collect::<Vec<_>>(),
+        "recv_to_consume": hist_json(s.recv_to_consume.as_ref()),
+        "plugin_errors": s.plugin_errors.iter().map(|e| json!({"code": e.code, "count": e.count}))
+            .collect::<Vec<_>>(),
     })
+}
+
+fn hist_json(h: Option<&Histogram>) -> Value {
+    let Some(h) = h else { return Value::Null };
+    json!({
+        "count": h.count,
+        "sum_seconds": h.sum_seconds,
+        "p50_le_seconds": quantile_bound(h, 0.5),
+        "p99_le_seconds": quantile_bound(h, 0.99),
+        "buckets": h.upper_bounds.iter().zip(&h.cumulative_counts)
+            .map(|(le, n)| json!({"le": le, "count": n})).collect::<Vec<_>>(),
+    })
+}
+
+/// The upper bound of the bucket holding quantile `q` (`None` when empty or above every bound).
+pub fn quantile_bound(h: &Histogram, q: f64) -> Option<f64> {
+    if h.count == 0 {
+        return None;
+    }
+    let rank = (q * h.count as f64).ceil().max(1.0) as u64;
+    h.upper_bounds
+        .iter()
+        .zip(&h.cumulative_counts)
+        .find(|(_, n)| **n >= rank)
+        .map(|(le, _)| *le)
+}
+
+fn format_seconds(s: f64) -> String {
+    if s < 1e-3 {
+        format!("{:.0} µs", s * 1e6)
+    } else if s < 1.0 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+/// One histogram as "n, mean m, p50 ≤ a, p99 ≤ b".
+fn hist_text(h: &Histogram) -> String {
+    if h.count == 0 {
+        return "none".into();
+    }
+    let bound = |q| {
+        quantile_bound(h, q).map_or("> last bucket".to_string(), |b| {
+            format!("≤ {}", format_seconds(b))
+        })
+    };
+    format!(
+        "{} × mean {}, p50 {}, p99 {}",
+        h.count,
+        format_seconds(h.sum_seconds / h.count as f64),
+        bound(0.5),
+        bound(0.99)
+    )
+}
+
+/// The event series (what this node's transfers did) as text lines.
+fn events_text(s: &Stats) -> String {
+    let mut out = String::new();
+    if !s.transfer_totals.is_empty() {
+        let _ = writeln!(
+            out,
+            "
+transfers started here:"
+        );
+        for t in &s.transfer_totals {
+            let _ = writeln!(
+                out,
+                "  {:<5} {:<18} {:>8} transfer(s) {:>12}",
+                t.op,
+                t.status,
+                t.transfers,
+                format_bytes(t.bytes)
+            );
+        }
+    }
+    if !s.latency.is_empty() {
+        let _ = writeln!(out, "latency (successful transfers):");
+        for l in &s.latency {
+            if let Some(h) = &l.histogram {
+                let _ = writeln!(out, "  {:<5} {:<9} {}", l.op, l.size_class, hist_text(h));
+            }
+        }
+    }
+    for u in &s.unpack {
+        if let Some(h) = &u.histogram {
+            let _ = writeln!(out, "unpack ({}): {}", u.kind, hist_text(h));
+        }
+    }
+    if let Some(h) = s.recv_to_consume.as_ref().filter(|h| h.count > 0) {
+        let _ = writeln!(out, "receive done -> consumed: {}", hist_text(h));
+    }
+    if !s.plugin_errors.is_empty() {
+        let list: Vec<String> = s
+            .plugin_errors
+            .iter()
+            .map(|e| format!("{} {}", e.code, e.count))
+            .collect();
+        let _ = writeln!(out, "plugin errors: {}", list.join(", "));
+    }
+    out
 }
 
 /// Stats as text: a node line, then per peer a line and a lane table. With `previous` (the
@@ -394,6 +510,7 @@ pub fn stats_text(s: &Stats, previous: Option<(&Stats, Duration)>) -> String {
             "CHUNKS S/R",
             "IN FLIGHT S/R",
             "QUEUED S/R",
+            "WINDOW FULL S/R",
         ];
         if prev_peer.is_some() {
             header.extend(["SEND RATE", "RECV RATE"]);
@@ -408,6 +525,7 @@ pub fn stats_text(s: &Stats, previous: Option<(&Stats, Duration)>) -> String {
                 format!("{}/{}", l.chunks_sent, l.chunks_received),
                 format!("{}/{}", l.sends_in_flight, l.recvs_in_flight),
                 format!("{}/{}", l.sends_queued, l.recvs_queued),
+                format!("{}/{}", l.send_window_full, l.recv_window_full),
             ];
             if let Some((prev, dt)) = prev_peer {
                 let before = prev.lanes.iter().find(|q| q.lane == l.lane);
@@ -424,6 +542,7 @@ pub fn stats_text(s: &Stats, previous: Option<(&Stats, Duration)>) -> String {
             let _ = write!(out, "{t}");
         }
     }
+    out.push_str(&events_text(s));
     out
 }
 
@@ -535,5 +654,44 @@ mod tests {
         assert!(text.contains("peer b UP"), "{text}");
         assert!(text.contains("1.07 GB/s"), "{text}");
         assert_eq!(stats_json(&s)["peers"][0]["lanes"][0]["bytes_sent"], 2u64 << 30);
+        assert!(text.contains("WINDOW FULL S/R"), "{text}");
+    }
+
+    #[test]
+    fn stats_events_render() {
+        use crate::api::proto::v1::{LatencyStats, TransferTotals};
+        let h = Histogram {
+            count: 4,
+            sum_seconds: 0.004,
+            upper_bounds: vec![0.0005, 0.001, 0.0025],
+            cumulative_counts: vec![1, 3, 4],
+        };
+        assert_eq!(quantile_bound(&h, 0.5), Some(0.001));
+        assert_eq!(quantile_bound(&h, 0.99), Some(0.0025));
+        let s = Stats {
+            node_id: "a".into(),
+            transfer_totals: vec![TransferTotals {
+                op: "write".into(),
+                status: "ok".into(),
+                transfers: 4,
+                bytes: 4 << 20,
+            }],
+            latency: vec![LatencyStats {
+                op: "write".into(),
+                size_class: "1m_16m".into(),
+                histogram: Some(h.clone()),
+            }],
+            recv_to_consume: Some(h),
+            ..Default::default()
+        };
+        let text = stats_text(&s, None);
+        assert!(text.contains("write ok"), "{text}");
+        assert!(
+            text.contains("4 × mean 1.0 ms, p50 ≤ 1.0 ms, p99 ≤ 2.5 ms"),
+            "{text}"
+        );
+        let j = stats_json(&s);
+        assert_eq!(j["transfer_totals"][0]["bytes"], 4u64 << 20);
+        assert_eq!(j["latency"][0]["histogram"]["p50_le_seconds"], 0.001);
     }
 }

@@ -150,6 +150,8 @@ pub struct LaneCounters {
     pub chunks: u64,
     pub posted: usize,
     pub queued: usize,
+    /// Times the lane's window filled while chunks still waited for a slot.
+    pub window_full: u64,
 }
 
 /// Per-peer counters.
@@ -188,6 +190,9 @@ struct Lane {
     posted: VecDeque<Item>,
     bytes: u64,
     chunks: u64,
+    window_full: u64,
+    /// The window is full and chunks wait (counted once per episode in `window_full`).
+    stalled: bool,
 }
 
 impl Lane {
@@ -197,6 +202,7 @@ impl Lane {
             chunks: self.chunks,
             posted: self.posted.len(),
             queued: self.queue.len(),
+            window_full: self.window_full,
         }
     }
 }
@@ -1518,6 +1524,20 @@ impl Engine {
                 });
             }
         }
+        for l in p.send.iter_mut().chain(p.recv.iter_mut()) {
+            l.note_window();
+        }
+    }
+}
+
+impl Lane {
+    /// Counts the start of each stretch in which the window is full and chunks wait.
+    fn note_window(&mut self) {
+        let stalled = self.ready && !self.queue.is_empty();
+        if stalled && !self.stalled {
+            self.window_full += 1;
+        }
+        self.stalled = stalled;
     }
 }
 

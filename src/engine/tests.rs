@@ -458,9 +458,15 @@ fn windows_bound_posted_requests() {
     assert_eq!(c0.send[0].queued, 256 - 12);
     assert_eq!(c1.recv[0].posted, 16);
     assert_eq!(c1.recv[0].queued, 256 - 16);
+    // One stretch of a full window with chunks waiting, on each side.
+    assert_eq!((c0.send[0].window_full, c1.recv[0].window_full), (1, 1));
     s.hold_data = false;
     s.run();
     assert_eq!(s.outcome(0, t).code, Code::Ok);
+    let c0 = s.nodes[0].eng.peer_counters(P).unwrap();
+    let c1 = s.nodes[1].eng.peer_counters(P).unwrap();
+    // The stretch lasted until the queue emptied: still one.
+    assert_eq!((c0.send[0].window_full, c1.recv[0].window_full), (1, 1));
     assert!(s.same((0, 1, 0), (1, 2, 0), 1 << 20));
     s.assert_idle();
 }
