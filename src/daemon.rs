@@ -42,6 +42,10 @@ pub enum DaemonError {
     SocketInUse(PathBuf),
     #[error("gRPC reflection: {0}")]
     Reflection(String),
+    #[error("api.tcp {0}: the TCP listener requires a bearer token (api.token_file)")]
+    TcpWithoutToken(SocketAddr),
+    #[error(transparent)]
+    Auth(#[from] crate::auth::AuthError),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -80,6 +84,22 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         }
         None => (0..ndev as i32).collect(),
     };
+    // Secrets are read once, here; only their files' paths are ever logged.
+    let secret = cfg
+        .peer_secret_file
+        .as_deref()
+        .map(crate::auth::ClusterSecret::load)
+        .transpose()?;
+    let token = cfg
+        .api_token_file
+        .as_deref()
+        .map(crate::auth::ApiToken::load)
+        .transpose()?;
+    if secret.is_none() {
+        tracing::warn!(
+            "peers are not authenticated: set peer.secret_file (the same secret on every node) or keep the peer port on a trusted network"
+        );
+    }
     let (notify_tx, _) = broadcast::channel(4096);
     let (stop_tx, stop_rx) = watch::channel(false);
     let poller = PollerHandle::start(
@@ -111,7 +131,8 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
                 interval: cfg.heartbeat_interval,
                 timeout: cfg.heartbeat_timeout,
             },
-        ),
+        )
+        .with_secret(secret),
         notifications: notify_tx,
         transfers: Mutex::new(HashMap::new()),
         default_timeout: cfg.default_timeout,
@@ -128,6 +149,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         .await
         .map_err(io(format!("binding the peer service to {}", cfg.peer_listen)))?;
     let peer_addr = peer_listener.local_addr().map_err(io("peer listener address"))?;
+    state.peers.set_listen_port(peer_addr.port());
     let peer_svc = TcpxdPeerServer::new(PeerService { state: state.clone() })
         .max_decoding_message_size(MAX_CONTROL_MESSAGE)
         .max_encoding_message_size(MAX_CONTROL_MESSAGE);
@@ -161,19 +183,33 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         UnixListenerStream::new(unix),
         stopped(stop_rx.clone()),
     )));
-    let api_tcp = match cfg.api_tcp {
-        Some(addr) => {
+    let api_tcp = match (cfg.api_tcp, token) {
+        (Some(addr), Some(token)) => {
             let l = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(io(format!("binding the client API to {addr}")))?;
             let bound = l.local_addr().map_err(io("API listener address"))?;
-            servers.push(tokio::spawn(api().serve_with_incoming_shutdown(
+            // Every call on TCP (the API, reflection, health) must carry the bearer token.
+            let gate = tonic::service::InterceptorLayer::new(move |req: tonic::Request<()>| {
+                token.check(&req).map(|_| req)
+            });
+            let tcp_api = tonic::transport::Server::builder()
+                .layer(gate)
+                .add_service(
+                    TcpxdServer::new(ClientService { state: state.clone() })
+                        .max_decoding_message_size(MAX_API_MESSAGE)
+                        .max_encoding_message_size(MAX_API_MESSAGE),
+                )
+                .add_service(reflection.clone())
+                .add_service(health_svc.clone());
+            servers.push(tokio::spawn(tcp_api.serve_with_incoming_shutdown(
                 TcpListenerStream::new(l),
                 stopped(stop_rx.clone()),
             )));
             Some(bound)
         }
-        None => None,
+        (Some(addr), None) => return Err(DaemonError::TcpWithoutToken(addr)),
+        (None, _) => None,
     };
 
     // Forget finished transfers after their retention.

@@ -245,6 +245,8 @@ impl ClientService {
         let st = &self.state;
         let deadline = st.deadline(&req, req.get_ref().timeout_ms);
         let r = req.into_inner();
+        st.revive_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
+            .await?;
         let (specs, total) = st.entry_specs(r.entries.iter().map(EntryFields::from))?;
         if !r.ready_event_ipc_handle.is_empty() {
             st.wait_ready_event(&r.ready_event_ipc_handle, &specs, deadline)
@@ -269,6 +271,8 @@ impl ClientService {
         let st = &self.state;
         let deadline = st.deadline(&req, req.get_ref().timeout_ms);
         let r = req.into_inner();
+        st.revive_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
+            .await?;
         let (specs, total) = st.entry_specs(r.entries.iter().map(EntryFields::from))?;
         let (id, rx) = st
             .ask(|reply| Command::Read {
@@ -283,6 +287,25 @@ impl ClientService {
 }
 
 impl DaemonState {
+    /// Dials again, first, the failed peers the entries' descriptors name (bad descriptors are
+    /// left for the entry checks to report).
+    async fn revive_peers<'a>(
+        &self,
+        descriptors: impl Iterator<Item = &'a str>,
+        deadline: Instant,
+    ) -> Result<(), Status> {
+        let mut nodes: Vec<String> = Vec::new();
+        for d in descriptors {
+            if let Ok(d) = Descriptor::parse("remote_descriptor", d)
+                && !nodes.contains(&d.node_id)
+            {
+                nodes.push(d.node_id);
+            }
+        }
+        let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        self.peers.revive(&nodes, deadline).await
+    }
+
     /// Orders a write after the client's GPU work: waits (without holding a runtime thread) for
     /// the client's IPC event, on the GPU of the first CUDA source buffer.
     async fn wait_ready_event(
