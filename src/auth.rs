@@ -228,6 +228,46 @@ impl Challenges {
     }
 }
 
+/// Mutual TLS on the peer service: this node's certificate and key, and the cluster CA that
+/// signed every node's certificate. Both directions require a certificate from that CA.
+#[derive(Clone)]
+pub struct PeerTls {
+    pub server: tonic::transport::ServerTlsConfig,
+    pub client: tonic::transport::ClientTlsConfig,
+}
+
+impl std::fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerTls(<redacted>)")
+    }
+}
+
+impl PeerTls {
+    /// Reads the PEM files (their content is checked when the listener and connections start).
+    pub fn load(cert: &Path, key: &Path, ca: &Path) -> Result<PeerTls, AuthError> {
+        let read = |what: &'static str, p: &Path| {
+            std::fs::read(p).map_err(|source| AuthError::Read {
+                what,
+                path: p.to_path_buf(),
+                source,
+            })
+        };
+        let identity = tonic::transport::Identity::from_pem(
+            read("peer.tls_cert_file", cert)?,
+            read("peer.tls_key_file", key)?,
+        );
+        let ca = tonic::transport::Certificate::from_pem(read("peer.tls_ca_file", ca)?);
+        Ok(PeerTls {
+            server: tonic::transport::ServerTlsConfig::new()
+                .identity(identity.clone())
+                .client_ca_root(ca.clone()),
+            client: tonic::transport::ClientTlsConfig::new()
+                .identity(identity)
+                .ca_certificate(ca),
+        })
+    }
+}
+
 /// The client API's bearer token (TCP listener only).
 #[derive(Clone)]
 pub struct ApiToken(Vec<u8>);

@@ -92,6 +92,9 @@ pub struct FilePeer {
     pub heartbeat_interval_ms: Option<u64>,
     pub heartbeat_timeout_ms: Option<u64>,
     pub secret_file: Option<PathBuf>,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -138,8 +141,10 @@ pub struct Config {
     /// The bearer token's file (the token itself is read at start-up, never kept here).
     pub api_token_file: Option<PathBuf>,
     pub peer_listen: SocketAddr,
-    /// The cluster secret's file; `None`: peers are not authenticated.
+    /// The cluster secret's file; `None`: peers are not authenticated by a secret.
     pub peer_secret_file: Option<PathBuf>,
+    /// Mutual TLS on the peer service: (certificate, key, CA) PEM files.
+    pub peer_tls: Option<(PathBuf, PathBuf, PathBuf)>,
     pub peer_connect_timeout: Duration,
     pub heartbeat_interval: Duration,
     pub heartbeat_timeout: Duration,
@@ -285,6 +290,20 @@ impl Config {
                     .into(),
             ));
         }
+        let peer_tls = match (
+            file.peer.tls_cert_file,
+            file.peer.tls_key_file,
+            file.peer.tls_ca_file,
+        ) {
+            (Some(c), Some(k), Some(a)) => Some((c, k, a)),
+            (None, None, None) => None,
+            _ => {
+                return Err(ConfigError::Invalid(
+                    "peer.tls_cert_file, peer.tls_key_file and peer.tls_ca_file: set all three or none"
+                        .into(),
+                ));
+            }
+        };
         Ok(Config {
             node_id,
             api_socket: args
@@ -296,6 +315,7 @@ impl Config {
             api_tcp,
             api_token_file,
             peer_secret_file: args.peer_secret_file.clone().or(file.peer.secret_file),
+            peer_tls,
             peer_listen: args
                 .peer_listen
                 .or(file.peer.listen)

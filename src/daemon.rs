@@ -44,6 +44,8 @@ pub enum DaemonError {
     Reflection(String),
     #[error("api.tcp {0}: the TCP listener requires a bearer token (api.token_file)")]
     TcpWithoutToken(SocketAddr),
+    #[error("peer service TLS: {0}")]
+    Tls(String),
     #[error(transparent)]
     Auth(#[from] crate::auth::AuthError),
 }
@@ -95,9 +97,13 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         .as_deref()
         .map(crate::auth::ApiToken::load)
         .transpose()?;
-    if secret.is_none() {
+    let tls = match &cfg.peer_tls {
+        Some((cert, key, ca)) => Some(crate::auth::PeerTls::load(cert, key, ca)?),
+        None => None,
+    };
+    if secret.is_none() && tls.is_none() {
         tracing::warn!(
-            "peers are not authenticated: set peer.secret_file (the same secret on every node) or keep the peer port on a trusted network"
+            "peers are not authenticated: set peer.secret_file (the same secret on every node) and/or peer.tls_* (mutual TLS), or keep the peer port on a trusted network"
         );
     }
     let (notify_tx, _) = broadcast::channel(4096);
@@ -132,7 +138,8 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
                 timeout: cfg.heartbeat_timeout,
             },
         )
-        .with_secret(secret),
+        .with_secret(secret)
+        .with_tls(tls.as_ref().map(|t| t.client.clone())),
         notifications: notify_tx,
         transfers: Mutex::new(HashMap::new()),
         default_timeout: cfg.default_timeout,
@@ -153,9 +160,14 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
     let peer_svc = TcpxdPeerServer::new(PeerService { state: state.clone() })
         .max_decoding_message_size(MAX_CONTROL_MESSAGE)
         .max_encoding_message_size(MAX_CONTROL_MESSAGE);
+    let mut peer_server = tonic::transport::Server::builder().tcp_nodelay(true);
+    if let Some(t) = &tls {
+        peer_server = peer_server
+            .tls_config(t.server.clone())
+            .map_err(|e| DaemonError::Tls(e.to_string()))?;
+    }
     servers.push(tokio::spawn(
-        tonic::transport::Server::builder()
-            .tcp_nodelay(true)
+        peer_server
             .add_service(peer_svc)
             .serve_with_incoming_shutdown(TcpListenerStream::new(peer_listener), stopped(stop_rx.clone())),
     ));

@@ -121,6 +121,8 @@ pub struct Peers {
     /// The cluster secret peers must prove; `None`: peers are not authenticated.
     secret: Option<ClusterSecret>,
     challenges: Challenges,
+    /// Mutual TLS to peers (their service requires it too).
+    tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 fn unavailable_poller() -> Status {
@@ -154,12 +156,19 @@ impl Peers {
             listen_port: AtomicU16::new(0),
             secret: None,
             challenges: Challenges::new(connect_timeout),
+            tls: None,
         }
     }
 
     /// Requires peers to prove this cluster secret (both directions).
     pub fn with_secret(mut self, secret: Option<ClusterSecret>) -> Peers {
         self.secret = secret;
+        self
+    }
+
+    /// Dials peers over mutual TLS.
+    pub fn with_tls(mut self, tls: Option<tonic::transport::ClientTlsConfig>) -> Peers {
+        self.tls = tls;
         self
     }
 
@@ -253,16 +262,21 @@ impl Peers {
         {
             return self.wait_up(p).await;
         }
-        let uri = if address.contains("://") {
-            address.to_string()
-        } else {
-            format!("http://{address}")
+        let uri = match (address.split_once("://"), &self.tls) {
+            (Some(_), _) => address.to_string(),
+            (None, Some(_)) => format!("https://{address}"),
+            (None, None) => format!("http://{address}"),
         };
-        let endpoint = tonic::transport::Endpoint::from_shared(uri)
+        let mut endpoint = tonic::transport::Endpoint::from_shared(uri)
             .map_err(|e| {
                 Status::invalid_argument(format!("address: {address:?} is not a valid host:port ({e})"))
             })?
             .connect_timeout(self.connect_timeout);
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| Status::invalid_argument(format!("address: {address:?}: TLS: {e}")))?;
+        }
         let channel = endpoint.connect().await.map_err(|e| {
             Status::unavailable(format!(
                 "address: cannot reach a tcpxd peer service at {address}: {e}"
@@ -280,7 +294,7 @@ impl Peers {
                         node_id: self.node_id.clone(),
                     })
                     .await
-                    .map_err(|s| Status::new(s.code(), format!("challenge from {address}: {}", s.message())))?
+                    .map_err(|s| remote_error(s, &format!("challenge from {address}")))?
                     .into_inner();
                 let server: [u8; NONCE_BYTES] = ch.server_nonce.as_slice().try_into().map_err(|_| {
                     Status::unauthenticated(format!(
@@ -315,7 +329,7 @@ impl Peers {
         let resp = client
             .handshake(req)
             .await
-            .map_err(|s| Status::new(s.code(), format!("handshake with {address}: {}", s.message())))?
+            .map_err(|s| remote_error(s, &format!("handshake with {address}")))?
             .into_inner();
         if let Some((secret, server, client_nonce)) = &auth
             && !secret.check(
@@ -665,6 +679,16 @@ impl Peers {
             self.heartbeat.interval,
         ))))
     }
+}
+
+/// A peer call's error, prefixed: the peer's own refusals keep their code; a connection that
+/// broke underneath (a TLS or protocol mismatch shows as CANCELLED or UNKNOWN) is UNAVAILABLE.
+fn remote_error(s: Status, what: &str) -> Status {
+    let code = match s.code() {
+        tonic::Code::Cancelled | tonic::Code::Unknown => tonic::Code::Unavailable,
+        c => c,
+    };
+    Status::new(code, format!("{what}: {}", s.message()))
 }
 
 /// Closes prepared listening comms unless the handshake got far enough to use them.
