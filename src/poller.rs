@@ -108,6 +108,12 @@ pub enum Command {
         id: u64,
         reply: Reply<Result<(), EngineError>>,
     },
+    /// Replaces a buffer's access key: offers naming the old one are refused from now on.
+    RekeyBuffer {
+        id: u64,
+        key: [u8; 16],
+        reply: Reply<Result<(), EngineError>>,
+    },
     /// Initiator side: open listening comms for the lanes the peer will send on.
     PrepareLanes {
         reply: Reply<Result<(u64, Vec<LaneHandleInfo>), String>>,
@@ -433,11 +439,14 @@ impl Poller {
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::AddBuffer { entry, reply } => {
-                let r = self.engine.add_buffer(entry.id, entry.size, entry.key);
+                let r = self.engine.add_buffer(entry.id, entry.size, entry.key());
                 if r.is_ok() {
                     self.buffers.insert(entry.id, entry);
                 }
                 let _ = reply.send(r);
+            }
+            Command::RekeyBuffer { id, key, reply } => {
+                let _ = reply.send(self.engine.rekey_buffer(id, key));
             }
             Command::RemoveBuffer { id, reply } => {
                 let r = self.engine.remove_buffer(id);

@@ -317,6 +317,44 @@ async fn forged_and_revoked_access_keys_never_change_a_byte() {
     }
     assert_eq!(crc(&mut b.client, dst.id, 0, 0).await, before);
 
+    // Re-keyed: the old descriptor (which was right until now) is refused; the new one works.
+    let rekeyed = b
+        .client
+        .rekey_buffer(pb::RekeyBufferRequest { buffer_id: dst.id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(rekeyed.descriptor, dst.descriptor);
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, MIB), b"")
+        .await
+        .expect("started locally");
+    let end = wait(&mut a.client, id).await;
+    assert_eq!(
+        end.status_code,
+        Code::PermissionDenied as i32,
+        "{}",
+        end.status_message
+    );
+    assert_eq!(
+        crc(&mut b.client, dst.id, 0, 0).await,
+        before,
+        "a revoked key changed bytes"
+    );
+    let id = write(&mut a.client, write_entry(&src, 0, &rekeyed, 0, MIB), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+    assert_eq!(
+        crc(&mut b.client, dst.id, 0, 0).await,
+        crc(&mut a.client, src.id, 0, 0).await
+    );
+    let e = b
+        .client
+        .rekey_buffer(pb::RekeyBufferRequest { buffer_id: 999 })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+
     // Released: the old descriptor (right key) is refused; a new buffer never sees its bytes.
     b.client
         .release_buffer(pb::ReleaseBufferRequest { buffer_id: dst.id })

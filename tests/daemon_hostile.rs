@@ -1041,6 +1041,13 @@ async fn hostile_client_requests_are_refused_and_change_nothing() {
         );
         check(
             &mut n,
+            &format!("rekey {id}"),
+            ac.rekey_buffer(pb::RekeyBufferRequest { buffer_id: id }).await,
+            Code::NotFound,
+            "buffer_id",
+        );
+        check(
+            &mut n,
             &format!("describe {id}"),
             ac.describe_buffer(pb::DescribeBufferRequest { buffer_id: id })
                 .await,

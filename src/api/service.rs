@@ -491,6 +491,23 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
         Ok(Response::new(pb::ReleaseBufferResponse {}))
     }
 
+    async fn rekey_buffer(
+        &self,
+        req: Request<pb::RekeyBufferRequest>,
+    ) -> Result<Response<pb::Buffer>, Status> {
+        let id = req.into_inner().buffer_id;
+        let b = self.state.buffers.get(id).map_err(status)?;
+        let key: [u8; 16] = rand::random();
+        // The engine checks offers: once it has the new key, the old one is dead.
+        self.state
+            .ask(|reply| Command::RekeyBuffer { id, key, reply })
+            .await?
+            .map_err(status)?;
+        b.set_key(key);
+        tracing::info!(buffer = id, "buffer re-keyed");
+        Ok(Response::new(self.state.buffer_pb(&b)))
+    }
+
     async fn describe_buffer(
         &self,
         req: Request<pb::DescribeBufferRequest>,

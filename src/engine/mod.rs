@@ -344,6 +344,17 @@ impl Engine {
         Ok(())
     }
 
+    /// Replaces a buffer's access key. Offers and reads already accepted keep going; every
+    /// later one must carry the new key.
+    pub fn rekey_buffer(&mut self, id: u64, key: [u8; 16]) -> EngineResult<()> {
+        let b = self
+            .buffers
+            .get_mut(&id)
+            .ok_or_else(|| EngineError::not_found(format!("buffer_id: buffer {id} does not exist")))?;
+        b.key = key;
+        Ok(())
+    }
+
     /// Forgets a buffer; refused while transfers use it.
     pub fn remove_buffer(&mut self, id: u64) -> EngineResult<()> {
         let b = self
