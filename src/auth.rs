@@ -56,6 +56,16 @@ pub enum AuthError {
 
 /// Reads a secret file: its content less surrounding whitespace, at least 16 bytes.
 fn read_secret(what: &'static str, path: &Path) -> Result<Vec<u8>, AuthError> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(meta) = std::fs::metadata(path)
+        && meta.permissions().mode() & 0o077 != 0
+    {
+        tracing::warn!(
+            file = %path.display(),
+            "{what} is readable by other users (mode {:o}); chmod 0600 it",
+            meta.permissions().mode() & 0o777
+        );
+    }
     let raw = std::fs::read(path).map_err(|source| AuthError::Read {
         what,
         path: path.to_path_buf(),

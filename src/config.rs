@@ -524,8 +524,26 @@ mod tests {
             &[],
             "/nonexistent/tcpxd.toml",
         );
+        let half_tls = write_toml("[peer]\ntls_cert_file = \"/x.crt\"\n");
+        bad(
+            DaemonArgs {
+                config: Some(half_tls.clone()),
+                ..base()
+            },
+            &[],
+            "peer.tls_key_file",
+        );
+        bad(
+            DaemonArgs {
+                api_tcp: Some("127.0.0.1:0".parse().unwrap()),
+                ..base()
+            },
+            &[],
+            "api.token_file",
+        );
         std::fs::remove_file(path).ok();
         std::fs::remove_file(unknown).ok();
+        std::fs::remove_file(half_tls).ok();
     }
 
     #[test]

@@ -373,3 +373,39 @@ async fn forged_and_revoked_access_keys_never_change_a_byte() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcpxctl_sends_the_token_from_its_file() {
+    tcpxd::logging::init("error");
+    let d = daemons::start("auth-ctl", |_| {}).await;
+    let endpoint = d.daemon.api_tcp.unwrap().to_string();
+    let token = d.dir.join("token");
+    let wrong = secret_file("ctl-wrong", b"not-the-token-0123456789");
+    let run = move |file: Option<&std::path::Path>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tcpxctl"));
+        cmd.args(["--endpoint", &endpoint, "--json", "stats"])
+            .env_remove("TCPXD_API_TOKEN_FILE");
+        if let Some(f) = file {
+            cmd.env("TCPXD_API_TOKEN_FILE", f);
+        }
+        cmd.output().expect("tcpxctl runs")
+    };
+    let out = tokio::task::spawn_blocking({
+        let token = token.clone();
+        move || (run(Some(&token)), run(None), run(Some(&wrong)))
+    })
+    .await
+    .unwrap();
+    let (ok, none, bad) = out;
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    for (what, o) in [("no token", none), ("wrong token", bad)] {
+        assert!(!o.status.success(), "{what}: tcpxctl succeeded");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("bearer token"), "{what}: {err}");
+        assert!(
+            !err.contains("not-the-token"),
+            "{what}: the token is never printed: {err}"
+        );
+    }
+    d.stop().await;
+}
