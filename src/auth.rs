@@ -35,7 +35,7 @@ type HmacSha256 = Hmac<Sha256>;
 pub const NONCE_BYTES: usize = 32;
 /// Shortest secret or token accepted.
 pub const MIN_SECRET_BYTES: usize = 16;
-/// Most challenges outstanding at once; past that, new ones are refused until old ones expire.
+/// Most challenges outstanding at once; past that, issuing one drops the oldest.
 pub const MAX_CHALLENGES: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
@@ -213,19 +213,23 @@ impl Challenges {
         }
     }
 
-    /// A new challenge, or RESOURCE_EXHAUSTED while too many are outstanding.
-    pub fn issue(&self) -> Result<[u8; NONCE_BYTES], Status> {
+    /// A new challenge. Past `MAX_CHALLENGES` outstanding, the oldest is dropped: a flood of
+    /// challenge requests costs bounded memory and cannot lock real peers out (their handshake
+    /// follows their challenge within milliseconds).
+    pub fn issue(&self) -> [u8; NONCE_BYTES] {
         let now = Instant::now();
         let mut issued = self.issued.lock().unwrap_or_else(|e| e.into_inner());
         issued.retain(|_, expires| *expires > now);
-        if issued.len() >= MAX_CHALLENGES {
-            return Err(Status::resource_exhausted(format!(
-                "challenge: {MAX_CHALLENGES} handshakes are already outstanding; retry later"
-            )));
+        while issued.len() >= MAX_CHALLENGES {
+            let oldest = issued.iter().min_by_key(|(_, e)| **e).map(|(n, _)| *n);
+            match oldest {
+                Some(n) => issued.remove(&n),
+                None => break,
+            };
         }
         let n = nonce();
         issued.insert(n, now + self.ttl);
-        Ok(n)
+        n
     }
 
     /// Uses up a challenge: true when this daemon issued it, unused and unexpired.
@@ -344,14 +348,23 @@ mod tests {
     #[test]
     fn challenges_are_single_use() {
         let c = Challenges::new(Duration::from_secs(30));
-        let n = c.issue().unwrap();
+        let n = c.issue();
         assert!(c.take(&n));
         assert!(!c.take(&n), "a used challenge is refused");
         assert!(!c.take(&nonce()), "an unknown challenge is refused");
         assert!(!c.take(&n[..16]));
         let expired = Challenges::new(Duration::ZERO);
-        let n = expired.issue().unwrap();
+        let n = expired.issue();
         assert!(!expired.take(&n), "an expired challenge is refused");
+        // A flood keeps memory bounded and the newest challenges usable.
+        let first = c.issue();
+        let mut last = first;
+        for _ in 0..MAX_CHALLENGES {
+            last = c.issue();
+        }
+        assert!(c.issued.lock().unwrap().len() <= MAX_CHALLENGES);
+        assert!(!c.take(&first), "the oldest was dropped");
+        assert!(c.take(&last));
     }
 
     #[test]

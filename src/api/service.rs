@@ -294,12 +294,10 @@ impl DaemonState {
         descriptors: impl Iterator<Item = &'a str>,
         deadline: Instant,
     ) -> Result<(), Status> {
-        let mut nodes: Vec<String> = Vec::new();
+        let mut nodes: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         for d in descriptors {
-            if let Ok(d) = Descriptor::parse("remote_descriptor", d)
-                && !nodes.contains(&d.node_id)
-            {
-                nodes.push(d.node_id);
+            if let Ok(d) = Descriptor::parse("remote_descriptor", d) {
+                nodes.insert(d.node_id);
             }
         }
         let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
