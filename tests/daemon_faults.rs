@@ -258,6 +258,24 @@ async fn a_slow_peer_completes_slowly_but_exactly_and_queued_transfers_cancel() 
     assert!(r.cancelled);
     let e = wait(&mut sc, queued).await;
     assert_eq!(e.status_code, Code::Cancelled as i32, "{}", e.status_message);
+    // Another one's deadline passes while it waits behind the long one.
+    let expiring = sc
+        .write(pb::WriteRequest {
+            entry: Some(write_entry(&src, 0, &dst, 0, 4 * MIB)),
+            timeout_ms: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .transfer_id;
+    let e = wait(&mut sc, expiring).await;
+    assert_eq!(
+        e.status_code,
+        Code::DeadlineExceeded as i32,
+        "{}",
+        e.status_message
+    );
     wait_ok(&mut sc, long).await;
     assert_eq!(
         crc(&mut f.client, dst.id, 0, 0).await,

@@ -150,3 +150,36 @@ async fn sigkilled_peers_fail_their_transfers_fast_and_come_back() {
     assert_eq!(stats.active_transfers, 0);
     c.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_daemon_restarts_clean_on_its_own_socket_and_port() {
+    tcpxd::logging::init("error");
+    let dir = std::env::temp_dir().join(format!("tcpxd-restart-{}", std::process::id()));
+    let port = procs::free_port();
+    let mut d = procs::spawn_in(dir.clone(), "restart-a", port, "", &[]).await;
+    let mut c = d.client().await;
+    let b = host_buffer(&mut c, MIB, "before").await;
+    // SIGKILL leaves the API socket file behind; the restart replaces it and binds the same port.
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    assert!(dir.join("api.sock").exists(), "a killed daemon leaves its socket");
+    let d = procs::spawn_in(dir.clone(), "restart-a", port, "", &[]).await;
+    assert_eq!(d.peer_addr, format!("127.0.0.1:{port}"));
+    let mut c = d.client().await;
+    let list = c
+        .list_buffers(pb::ListBuffersRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        list.buffers.is_empty(),
+        "nothing survives a restart: {:?}",
+        list.buffers
+    );
+    let stats = c.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
+    assert!(stats.peers.is_empty() && stats.active_transfers == 0, "{stats:?}");
+    let again = host_buffer(&mut c, MIB, "after").await;
+    assert_ne!(again.descriptor, b.descriptor, "old descriptors do not come back");
+    drop(d);
+    std::fs::remove_dir_all(dir).ok();
+}

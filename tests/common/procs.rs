@@ -32,8 +32,20 @@ pub async fn spawn(node: &str, peer_port: u16, config: &str, env: &[(&str, &str)
         std::process::id(),
         rand::random::<u32>()
     ));
+    spawn_in(dir, node, peer_port, config, env).await
+}
+
+/// As [`spawn`], in a given directory (its API socket is `<dir>/api.sock`).
+pub async fn spawn_in(
+    dir: PathBuf,
+    node: &str,
+    peer_port: u16,
+    config: &str,
+    env: &[(&str, &str)],
+) -> ProcDaemon {
     std::fs::create_dir_all(&dir).unwrap();
     let ready = dir.join("ready.json");
+    std::fs::remove_file(&ready).ok();
     let cfg = dir.join("tcpxd.toml");
     std::fs::write(&cfg, config).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tcpxd"));
