@@ -585,7 +585,9 @@ impl Peers {
         from: &str,
     ) -> Result<([u8; NONCE_BYTES], [u8; NONCE_BYTES]), Status> {
         let refuse = |why: &str| {
-            tracing::warn!(from = %from, node = %req.node_id.escape_debug(), "refused a handshake: {why}");
+            // The claimed node id is unchecked input: bounded and escaped in the log.
+            let node: String = req.node_id.chars().take(128).collect();
+            tracing::warn!(from = %from, node = %node.escape_debug(), "refused a handshake: {why}");
             Status::unauthenticated(format!("handshake refused: {why}"))
         };
         if req.server_nonce.is_empty() && req.proof.is_empty() {
@@ -878,6 +880,9 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             range_index: *range_index,
         }),
         PeerMsg::CancelRead { read_id } => Body::CancelRead(pb::CancelRead { read_id: *read_id }),
+        PeerMsg::Goodbye { reason } => Body::Goodbye(pb::Goodbye {
+            reason: reason.clone(),
+        }),
     };
     pb::PeerMessage { body: Some(body) }
 }
@@ -980,5 +985,8 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
             range_index: r.range_index,
         },
         Body::CancelRead(c) => PeerMsg::CancelRead { read_id: c.read_id },
+        Body::Goodbye(g) => PeerMsg::Goodbye {
+            reason: g.reason.chars().take(4096).collect(),
+        },
     }))
 }

@@ -790,7 +790,11 @@ impl Poller {
                 Action::ClosePeer { peer, reason } => {
                     let p = &mut self.peers[peer.0 as usize];
                     p.failed = true;
-                    // Ends the outbound control stream (its receiver sees the channel close).
+                    // Tells the peer why, then ends the outbound control stream (its pump sees
+                    // the channel close after sending what was queued).
+                    let _ = p.control.send(PeerMsg::Goodbye {
+                        reason: reason.clone(),
+                    });
                     p.control = tokio::sync::mpsc::unbounded_channel().0;
                     for l in &mut p.send {
                         l.handles.clear();

@@ -780,6 +780,9 @@ impl Engine {
                 range_index,
             } => self.on_read_reject(peer, read_id, code, &message, range_index),
             PeerMsg::CancelRead { read_id } => self.on_cancel_read(peer, read_id),
+            PeerMsg::Goodbye { reason } => {
+                self.peer_failed(peer, &format!("the peer ended the pairing: {reason}"))
+            }
         }
     }
 
