@@ -20,6 +20,65 @@ use tonic::transport::Channel;
 const MIB: u64 = 1 << 20;
 const SIZE: u64 = 4 * MIB;
 
+/// Sends raw bytes as a request message and reads the reply as raw bytes: truncated and
+/// malformed protobuf, which no generated client can produce.
+#[derive(Clone, Default)]
+struct RawCodec;
+struct RawCoder;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCoder;
+    type Decoder = RawCoder;
+    fn encoder(&mut self) -> RawCoder {
+        RawCoder
+    }
+    fn decoder(&mut self) -> RawCoder {
+        RawCoder
+    }
+}
+
+impl tonic::codec::Encoder for RawCoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(&mut self, item: Vec<u8>, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        use bytes_buf::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCoder {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use bytes_buf::Buf;
+        let mut v = vec![0; src.remaining()];
+        src.copy_to_slice(&mut v);
+        Ok(Some(v))
+    }
+}
+
+mod bytes_buf {
+    pub use prost::bytes::{Buf, BufMut};
+}
+
+/// A unary call with raw request bytes.
+async fn raw_unary(channel: Channel, path: &str, body: Vec<u8>) -> Result<Vec<u8>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    grpc.unary(
+        tonic::Request::new(body),
+        tonic::codegen::http::uri::PathAndQuery::try_from(path.to_string()).unwrap(),
+        RawCodec,
+    )
+    .await
+    .map(|r| r.into_inner())
+}
+
 /// The hostile daemon's settings: generous peer timeouts, since the fake peer never connects
 /// its data lanes and speaks slowly.
 fn patient_config(tag: &str) -> std::path::PathBuf {
@@ -263,6 +322,68 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
         raw.challenge(ppb::ChallengeRequest::default()).await,
         Code::FailedPrecondition,
         "without a cluster secret",
+    );
+
+    // Truncated and malformed protobuf on both services: refused, nothing registered or paired.
+    let malformed: [(&str, Vec<u8>); 5] = [
+        ("a truncated varint", vec![0x08, 0xff]),
+        ("a length past the end", vec![0x12, 0x40, b'a']),
+        ("a truncated nested message", vec![0x1a, 0x10, 0x08]),
+        ("an invalid wire type", vec![0x0f]),
+        ("field number 0", vec![0x00, 0x01]),
+    ];
+    let peer_channel = Channel::from_shared(format!("http://{}", b.peer_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    for (what, body) in &malformed {
+        for path in [
+            "/tcpxd.peer.v1.TcpxdPeer/Handshake",
+            "/tcpxd.peer.v1.TcpxdPeer/Challenge",
+        ] {
+            n += 1;
+            let e = raw_unary(peer_channel.clone(), path, body.clone())
+                .await
+                .expect_err(what);
+            assert_eq!(e.code(), Code::Internal, "{path} with {what}: {}", e.message());
+            assert!(
+                e.message().contains("decode"),
+                "{path} with {what}: {}",
+                e.message()
+            );
+        }
+        for path in [
+            "/tcpxd.v1.Tcpxd/Write",
+            "/tcpxd.v1.Tcpxd/RegisterBuffer",
+            "/tcpxd.v1.Tcpxd/ConnectPeer",
+        ] {
+            n += 1;
+            let api = daemons::unix_channel(b.daemon.api_socket.clone()).await;
+            let e = raw_unary(api, path, body.clone()).await.expect_err(what);
+            assert_eq!(e.code(), Code::Internal, "{path} with {what}: {}", e.message());
+        }
+    }
+    // HandshakeRequest's field 2 is the node id: a string must be UTF-8.
+    n += 1;
+    let e = raw_unary(
+        peer_channel.clone(),
+        "/tcpxd.peer.v1.TcpxdPeer/Handshake",
+        vec![0x12, 0x02, 0xff, 0xfe],
+    )
+    .await
+    .expect_err("a node id that is not UTF-8");
+    assert_eq!(e.code(), Code::Internal, "{}", e.message());
+    assert_eq!(
+        b.client
+            .list_buffers(pb::ListBuffersRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .buffers
+            .len(),
+        2,
+        "a malformed request registered nothing"
     );
 
     // ---- Control stream openings -----------------------------------------------------------
