@@ -889,6 +889,7 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
         }
     }
 
+    eprintln!("{n} peer-service cases");
     assert!(n >= 150, "{n} peer-service cases");
     assert_eq!(
         snapshot(&mut [&mut b.client]).await,
@@ -1334,6 +1335,7 @@ async fn hostile_client_requests_are_refused_and_change_nothing() {
         assert!(e.message().contains("address"), "connect {addr}: {}", e.message());
     }
 
+    eprintln!("{n} client cases");
     assert!(n >= 130, "{n} client cases");
     assert_eq!(
         snapshot(&mut [&mut a.client, &mut b.client]).await,
