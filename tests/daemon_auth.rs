@@ -407,5 +407,29 @@ async fn tcpxctl_sends_the_token_from_its_file() {
             "{what}: the token is never printed: {err}"
         );
     }
+    // `tcpxctl buffer rekey` hands out a new descriptor (over the unix socket: no token).
+    let mut c = d.client.clone();
+    let b = host_buffer(&mut c, 4096, "k").await;
+    let sock = d.daemon.api_socket.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tcpxctl"))
+            .arg("--endpoint")
+            .arg(format!("unix:{}", sock.display()))
+            .args(["--json", "buffer", "rekey", &b.id.to_string()])
+            .output()
+            .expect("tcpxctl runs")
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let fresh = c
+        .describe_buffer(pb::DescribeBufferRequest { buffer_id: b.id })
+        .await
+        .unwrap()
+        .into_inner()
+        .descriptor;
+    assert_ne!(fresh, b.descriptor);
+    assert_eq!(v["descriptor"], fresh.as_str(), "{v}");
     d.stop().await;
 }

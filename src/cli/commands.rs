@@ -105,6 +105,19 @@ async fn buffer(client: &mut ApiClient, json: bool, cmd: BufferCommand) -> Resul
             }
             Ok(())
         }
+        BufferCommand::Rekey(args) => {
+            let b = client
+                .rekey_buffer(crate::api::proto::v1::RekeyBufferRequest { buffer_id: args.id })
+                .await
+                .map_err(rpc(format!("re-keying buffer {}", args.id)))?
+                .into_inner();
+            if json {
+                print_json(&buffer_json(&b))?;
+            } else {
+                out!("{}", buffer_text(&b));
+            }
+            Ok(())
+        }
         BufferCommand::Release(args) => {
             client
                 .release_buffer(ReleaseBufferRequest { buffer_id: args.id })
