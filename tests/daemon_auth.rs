@@ -433,3 +433,89 @@ async fn tcpxctl_sends_the_token_from_its_file() {
     assert_eq!(v["descriptor"], fresh.as_str(), "{v}");
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_reaches_the_logs() {
+    tcpxd::logging::init("error");
+    let dir = std::env::temp_dir().join(format!("tcpxd-nolog-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = "log-secret-0123456789abcdef";
+    let wrong = "log-wrong-secret-0123456789";
+    let token = "log-token-0123456789abcdef";
+    let (sf, wf, tf) = (dir.join("secret"), dir.join("wrong"), dir.join("token"));
+    std::fs::write(&sf, secret).unwrap();
+    std::fs::write(&wf, wrong).unwrap();
+    std::fs::write(&tf, token).unwrap();
+    let cfg = |secret: &std::path::Path| {
+        format!(
+            "[api]\ntcp = \"127.0.0.1:0\"\ntoken_file = {:?}\n[peer]\nsecret_file = {:?}\n",
+            tf.display().to_string(),
+            secret.display().to_string()
+        )
+    };
+    let verbose = [("RUST_LOG", "trace"), ("UCCL_TCPX_DEBUG", "1")];
+    let p1 = common::procs::spawn("nolog-1", 0, &cfg(&sf), &verbose).await;
+    let p2 = common::procs::spawn("nolog-2", 0, &cfg(&sf), &verbose).await;
+    let p3 = common::procs::spawn("nolog-3", 0, &cfg(&wf), &verbose).await;
+    let (mut c1, mut c2, mut c3) = (p1.client().await, p2.client().await, p3.client().await);
+    c1.connect_peer(pb::ConnectPeerRequest {
+        address: p2.peer_addr.clone(),
+    })
+    .await
+    .expect("the right secret pairs");
+    c3.connect_peer(pb::ConnectPeerRequest {
+        address: p1.peer_addr.clone(),
+    })
+    .await
+    .expect_err("a wrong secret is refused");
+    let x = host_buffer(&mut c1, MIB, "x").await;
+    let y = host_buffer(&mut c2, MIB, "y").await;
+    let id = write(&mut c1, write_entry(&x, 0, &y, 0, MIB), b"").await.unwrap();
+    wait_ok(&mut c1, id).await;
+    let mut forged = write_entry(&x, 0, &y, 0, MIB);
+    let last = if y.descriptor.ends_with('0') { '1' } else { '0' };
+    forged.remote_descriptor = format!("{}{last}", &y.descriptor[..y.descriptor.len() - 1]);
+    let id = write(&mut c1, forged, b"").await.unwrap();
+    assert_ne!(wait(&mut c1, id).await.status_code, 0);
+    // The TCP API, with a wrong and a right token.
+    let info: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p1.dir().join("ready.json")).unwrap()).unwrap();
+    let channel =
+        tonic::transport::Channel::from_shared(format!("http://{}", info["api_tcp"].as_str().unwrap()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    for t in ["log-token-wrong-0123456789", token] {
+        let v: tonic::metadata::MetadataValue<_> = format!("Bearer {t}").parse().unwrap();
+        let mut c = TcpxdClient::with_interceptor(channel.clone(), move |mut r: tonic::Request<()>| {
+            r.metadata_mut().insert("authorization", v.clone());
+            Ok(r)
+        });
+        let _ = c.list_buffers(pb::ListBuffersRequest {}).await;
+    }
+    let key = y.descriptor.rsplit(':').next().unwrap().to_string();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let logs: Vec<(String, String)> = [&p1, &p2, &p3]
+        .iter()
+        .map(|p| (p.node.clone(), p.log()))
+        .collect();
+    assert!(
+        logs.iter().any(|(_, l)| l.contains("refused a handshake")),
+        "the logs are verbose enough to matter: {:?}",
+        logs.iter().map(|(n, l)| (n, l.len())).collect::<Vec<_>>()
+    );
+    for (node, log) in &logs {
+        for (what, s) in [
+            ("the secret", secret),
+            ("the wrong secret", wrong),
+            ("the token", token),
+            ("the wrong token", "log-token-wrong"),
+            ("an access key", key.as_str()),
+        ] {
+            assert!(!log.contains(s), "{node} logged {what}");
+        }
+    }
+    drop((p1, p2, p3));
+    std::fs::remove_dir_all(dir).ok();
+}

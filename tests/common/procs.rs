@@ -60,7 +60,8 @@ pub async fn spawn_in(
         .arg(&cfg)
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit());
+        // The daemon's log, for tests that read it (`log()`).
+        .stderr(std::fs::File::create(dir.join("tcpxd.log")).expect("log file"));
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -103,6 +104,11 @@ impl ProcDaemon {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// What the daemon logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("tcpxd.log")).unwrap_or_default()
     }
 }
 
