@@ -44,8 +44,21 @@ pub struct BufferEntry {
     pub kind: BufferKind,
     pub size: u64,
     pub label: String,
-    pub key: [u8; 16],
+    /// The access key; replaced by `RekeyBuffer` (old descriptors stop working).
+    key: Mutex<[u8; 16]>,
     pub memory: BufferMemory,
+}
+
+impl BufferEntry {
+    /// The current access key.
+    pub fn key(&self) -> [u8; 16] {
+        *self.key.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Replaces the access key.
+    pub fn set_key(&self, key: [u8; 16]) {
+        *self.key.lock().unwrap_or_else(|e| e.into_inner()) = key;
+    }
 }
 
 impl std::fmt::Debug for BufferEntry {
@@ -188,7 +201,7 @@ impl BufferRegistry {
             kind,
             size,
             label: label.to_string(),
-            key: rand::random(),
+            key: Mutex::new(rand::random()),
             memory,
         })
     }
@@ -360,7 +373,7 @@ impl BufferRegistry {
             node_id: self.node_id.clone(),
             buffer_id: b.id,
             size: b.size,
-            key: b.key,
+            key: b.key(),
         }
     }
 }
@@ -597,7 +610,7 @@ mod tests {
         let a = reg.allocate_host(10, "").unwrap();
         let b = reg.allocate_host(10, "").unwrap();
         assert_ne!(a.id, b.id);
-        assert_ne!(a.key, b.key);
+        assert_ne!(a.key(), b.key());
         assert!(reg.get(a.id).is_err(), "not visible before publish");
         reg.publish(a.clone()).unwrap();
         assert_eq!(reg.get(a.id).unwrap().id, a.id);

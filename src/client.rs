@@ -7,6 +7,9 @@
 //! * TCP: `http://host:port`, `https://host:port` or a bare `host:port` (taken as `http://`).
 //!
 //! The default is [`DEFAULT_ENDPOINT`]; [`endpoint_from_env`] reads `TCPXD_ENDPOINT` first.
+//!
+//! A daemon's TCP listener requires a bearer token: calls over TCP carry the token read from the
+//! file named by `TCPXD_API_TOKEN_FILE` (the same setting the daemon reads).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -14,6 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Uri};
 
 use crate::api::proto::v1::tcpxd_client::TcpxdClient;
@@ -24,6 +29,31 @@ pub const DEFAULT_ENDPOINT: &str = "unix:/run/tcpxd/tcpxd.sock";
 /// The environment variable that overrides [`DEFAULT_ENDPOINT`].
 pub const ENDPOINT_ENV: &str = "TCPXD_ENDPOINT";
 
+/// The file holding the bearer token for TCP endpoints.
+pub const TOKEN_FILE_ENV: &str = "TCPXD_API_TOKEN_FILE";
+
+/// Puts the bearer token, when there is one, on every call.
+#[derive(Clone, Default)]
+pub struct BearerToken(Option<MetadataValue<Ascii>>);
+
+impl fmt::Debug for BearerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("BearerToken(<redacted>)")
+    }
+}
+
+impl tonic::service::Interceptor for BearerToken {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A client of a daemon's API, as [`connect`] makes it.
+pub type ApiClient = TcpxdClient<InterceptedService<Channel, BearerToken>>;
+
 /// How long a TCP connect may take before [`connect`] gives up.
 const TCP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -33,6 +63,9 @@ pub enum ClientError {
     /// The endpoint string is not one of the accepted forms.
     #[error("invalid endpoint {endpoint:?}: {reason}")]
     InvalidEndpoint { endpoint: String, reason: String },
+    /// The token file named by `TCPXD_API_TOKEN_FILE` is unusable.
+    #[error("{endpoint}: {reason}")]
+    Token { endpoint: String, reason: String },
     /// The endpoint parsed but the connection failed.
     #[error("cannot connect to {endpoint}: {reason}")]
     Connect {
@@ -47,7 +80,9 @@ impl ClientError {
     /// The endpoint the error is about.
     pub fn endpoint(&self) -> &str {
         match self {
-            ClientError::InvalidEndpoint { endpoint, .. } | ClientError::Connect { endpoint, .. } => endpoint,
+            ClientError::InvalidEndpoint { endpoint, .. }
+            | ClientError::Connect { endpoint, .. }
+            | ClientError::Token { endpoint, .. } => endpoint,
         }
     }
 }
@@ -126,14 +161,28 @@ pub fn endpoint_from_env() -> String {
 
 /// Connects to a daemon's client API. The connection is made eagerly, so a daemon that is not
 /// there is reported here, with the endpoint named.
-pub async fn connect(endpoint: &str) -> Result<TcpxdClient<Channel>, ClientError> {
-    Ok(TcpxdClient::new(connect_channel(endpoint).await?))
+pub async fn connect(endpoint: &str) -> Result<ApiClient, ClientError> {
+    let (channel, token) = connect_channel(endpoint).await?;
+    Ok(TcpxdClient::with_interceptor(channel, token))
 }
 
-/// Connects to a daemon's client API endpoint and returns the channel (for other services on
-/// it, such as gRPC health).
-pub async fn connect_channel(endpoint: &str) -> Result<Channel, ClientError> {
+/// Connects to a daemon's client API endpoint and returns the channel with the bearer token
+/// that must go on every call over TCP (for other services on it, such as gRPC health).
+pub async fn connect_channel(endpoint: &str) -> Result<(Channel, BearerToken), ClientError> {
     let parsed = Endpoint::parse(endpoint)?;
+    let mut token = BearerToken::default();
+    if let (Endpoint::Tcp(_), Some(path)) = (&parsed, std::env::var_os(TOKEN_FILE_ENV)) {
+        let bad = |reason: String| ClientError::Token {
+            endpoint: endpoint.to_string(),
+            reason,
+        };
+        let t = crate::auth::ApiToken::load(std::path::Path::new(&path))
+            .map_err(|e| bad(format!("{TOKEN_FILE_ENV}: {e}")))?;
+        token = BearerToken(Some(
+            t.header_value()
+                .map_err(|e| bad(format!("{TOKEN_FILE_ENV}: {e}")))?,
+        ));
+    }
     let connected = match parsed {
         Endpoint::Unix(path) => {
             let path = Arc::new(path);
@@ -157,11 +206,12 @@ pub async fn connect_channel(endpoint: &str) -> Result<Channel, ClientError> {
             ep.connect_timeout(TCP_CONNECT_TIMEOUT).connect().await
         }
     };
-    connected.map_err(|source| ClientError::Connect {
+    let channel = connected.map_err(|source| ClientError::Connect {
         endpoint: endpoint.to_string(),
         reason: error_chain(&source),
         source,
-    })
+    })?;
+    Ok((channel, token))
 }
 
 /// An error and its sources on one line (`a: b: c`), skipping a source that repeats its parent.

@@ -22,9 +22,15 @@ pub struct DaemonArgs {
     /// Unix socket of the client API.
     #[arg(long, env = "TCPXD_API_SOCKET", value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
-    /// Optional TCP address of the client API (e.g. 127.0.0.1:50051).
+    /// Optional TCP address of the client API (e.g. 127.0.0.1:50051); needs --api-token-file.
     #[arg(long, env = "TCPXD_API_TCP", value_name = "ADDR")]
     pub api_tcp: Option<SocketAddr>,
+    /// File holding the bearer token the client API's TCP listener requires (16+ bytes).
+    #[arg(long, env = "TCPXD_API_TOKEN_FILE", value_name = "PATH")]
+    pub api_token_file: Option<PathBuf>,
+    /// File holding the cluster secret peers prove to each other (16+ bytes; same on every node).
+    #[arg(long, env = "TCPXD_PEER_SECRET_FILE", value_name = "PATH")]
+    pub peer_secret_file: Option<PathBuf>,
     /// TCP address of the peer service (port 0: any free port).
     #[arg(long, env = "TCPXD_PEER_LISTEN", value_name = "ADDR")]
     pub peer_listen: Option<SocketAddr>,
@@ -86,6 +92,7 @@ pub struct FileApi {
     pub socket: Option<PathBuf>,
     pub socket_mode: Option<String>,
     pub tcp: Option<SocketAddr>,
+    pub token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -95,6 +102,10 @@ pub struct FilePeer {
     pub connect_timeout_s: Option<u64>,
     pub heartbeat_interval_ms: Option<u64>,
     pub heartbeat_timeout_ms: Option<u64>,
+    pub secret_file: Option<PathBuf>,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -138,7 +149,13 @@ pub struct Config {
     pub api_socket: PathBuf,
     pub api_socket_mode: u32,
     pub api_tcp: Option<SocketAddr>,
+    /// The bearer token's file (the token itself is read at start-up, never kept here).
+    pub api_token_file: Option<PathBuf>,
     pub peer_listen: SocketAddr,
+    /// The cluster secret's file; `None`: peers are not authenticated by a secret.
+    pub peer_secret_file: Option<PathBuf>,
+    /// Mutual TLS on the peer service: (certificate, key, CA) PEM files.
+    pub peer_tls: Option<(PathBuf, PathBuf, PathBuf)>,
     pub peer_connect_timeout: Duration,
     pub heartbeat_interval: Duration,
     pub heartbeat_timeout: Duration,
@@ -161,6 +178,10 @@ pub struct Config {
 pub const DEFAULT_API_SOCKET: &str = "/run/tcpxd/tcpxd.sock";
 pub const DEFAULT_PEER_LISTEN: &str = "0.0.0.0:50052";
 pub const DEFAULT_PLUGIN: &str = "/usr/local/tcpx/lib64/libnccl-net.so";
+/// A quiet control stream sends a heartbeat this often.
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 500;
+/// A control stream silent this long fails its peer: the bound on noticing a dead peer.
+pub const DEFAULT_HEARTBEAT_TIMEOUT_MS: u64 = 3000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -252,8 +273,14 @@ impl Config {
                     ConfigError::Invalid(format!("api.socket_mode: {m:?} is not an octal mode"))
                 })?,
         };
-        let heartbeat_interval_ms = file.peer.heartbeat_interval_ms.unwrap_or(1000);
-        let heartbeat_timeout_ms = file.peer.heartbeat_timeout_ms.unwrap_or(10_000);
+        let heartbeat_interval_ms = file
+            .peer
+            .heartbeat_interval_ms
+            .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL_MS);
+        let heartbeat_timeout_ms = file
+            .peer
+            .heartbeat_timeout_ms
+            .unwrap_or(DEFAULT_HEARTBEAT_TIMEOUT_MS);
         if heartbeat_interval_ms == 0 || heartbeat_timeout_ms <= heartbeat_interval_ms {
             return Err(ConfigError::Invalid(format!(
                 "peer.heartbeat_timeout_ms ({heartbeat_timeout_ms}) must exceed peer.heartbeat_interval_ms ({heartbeat_interval_ms}), which must be positive"
@@ -268,6 +295,28 @@ impl Config {
                 "default_timeout_s must be at least 1".into(),
             ));
         }
+        let api_tcp = args.api_tcp.or(file.api.tcp);
+        let api_token_file = args.api_token_file.clone().or(file.api.token_file);
+        if api_tcp.is_some() && api_token_file.is_none() {
+            return Err(ConfigError::Invalid(
+                "api.tcp / --api-tcp: the TCP listener requires a bearer token: set api.token_file / --api-token-file"
+                    .into(),
+            ));
+        }
+        let peer_tls = match (
+            file.peer.tls_cert_file,
+            file.peer.tls_key_file,
+            file.peer.tls_ca_file,
+        ) {
+            (Some(c), Some(k), Some(a)) => Some((c, k, a)),
+            (None, None, None) => None,
+            _ => {
+                return Err(ConfigError::Invalid(
+                    "peer.tls_cert_file, peer.tls_key_file and peer.tls_ca_file: set all three or none"
+                        .into(),
+                ));
+            }
+        };
         Ok(Config {
             node_id,
             api_socket: args
@@ -276,7 +325,10 @@ impl Config {
                 .or(file.api.socket)
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_API_SOCKET)),
             api_socket_mode: socket_mode,
-            api_tcp: args.api_tcp.or(file.api.tcp),
+            api_tcp,
+            api_token_file,
+            peer_secret_file: args.peer_secret_file.clone().or(file.peer.secret_file),
+            peer_tls,
             peer_listen: args
                 .peer_listen
                 .or(file.peer.listen)
@@ -372,6 +424,11 @@ mod tests {
         assert_eq!(c.chunk_bytes, plan::DEFAULT_CHUNK_BYTES);
         assert_eq!((c.send_window, c.recv_window), (12, 16));
         assert_eq!(c.shutdown_grace, Duration::from_secs(30));
+        assert!(
+            c.heartbeat_timeout <= Duration::from_secs(3),
+            "a dead peer is noticed within 3 s"
+        );
+        assert!(c.heartbeat_interval * 3 <= c.heartbeat_timeout);
     }
 
     #[test]
@@ -481,8 +538,26 @@ mod tests {
             &[],
             "/nonexistent/tcpxd.toml",
         );
+        let half_tls = write_toml("[peer]\ntls_cert_file = \"/x.crt\"\n");
+        bad(
+            DaemonArgs {
+                config: Some(half_tls.clone()),
+                ..base()
+            },
+            &[],
+            "peer.tls_key_file",
+        );
+        bad(
+            DaemonArgs {
+                api_tcp: Some("127.0.0.1:0".parse().unwrap()),
+                ..base()
+            },
+            &[],
+            "api.token_file",
+        );
         std::fs::remove_file(path).ok();
         std::fs::remove_file(unknown).ok();
+        std::fs::remove_file(half_tls).ok();
     }
 
     #[test]

@@ -42,6 +42,12 @@ pub enum DaemonError {
     SocketInUse(PathBuf),
     #[error("gRPC reflection: {0}")]
     Reflection(String),
+    #[error("api.tcp {0}: the TCP listener requires a bearer token (api.token_file)")]
+    TcpWithoutToken(SocketAddr),
+    #[error("peer service TLS: {0}")]
+    Tls(String),
+    #[error(transparent)]
+    Auth(#[from] crate::auth::AuthError),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -83,6 +89,26 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         None => (0..ndev as i32).collect(),
     };
     let metrics = Arc::new(crate::metrics::Metrics::new());
+    // Secrets are read once, here; only their files' paths are ever logged.
+    let secret = cfg
+        .peer_secret_file
+        .as_deref()
+        .map(crate::auth::ClusterSecret::load)
+        .transpose()?;
+    let token = cfg
+        .api_token_file
+        .as_deref()
+        .map(crate::auth::ApiToken::load)
+        .transpose()?;
+    let tls = match &cfg.peer_tls {
+        Some((cert, key, ca)) => Some(crate::auth::PeerTls::load(cert, key, ca)?),
+        None => None,
+    };
+    if secret.is_none() && tls.is_none() {
+        tracing::warn!(
+            "peers are not authenticated: set peer.secret_file (the same secret on every node) and/or peer.tls_* (mutual TLS), or keep the peer port on a trusted network"
+        );
+    }
     let (notify_tx, _) = broadcast::channel(4096);
     let (stop_tx, stop_rx) = watch::channel(false);
     let poller = PollerHandle::start(
@@ -115,7 +141,9 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
                 interval: cfg.heartbeat_interval,
                 timeout: cfg.heartbeat_timeout,
             },
-        ),
+        )
+        .with_secret(secret)
+        .with_tls(tls.as_ref().map(|t| t.client.clone())),
         notifications: notify_tx,
         transfers: Mutex::new(HashMap::new()),
         default_timeout: cfg.default_timeout,
@@ -133,12 +161,18 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         .await
         .map_err(io(format!("binding the peer service to {}", cfg.peer_listen)))?;
     let peer_addr = peer_listener.local_addr().map_err(io("peer listener address"))?;
+    state.peers.set_listen_port(peer_addr.port());
     let peer_svc = TcpxdPeerServer::new(PeerService { state: state.clone() })
         .max_decoding_message_size(MAX_CONTROL_MESSAGE)
         .max_encoding_message_size(MAX_CONTROL_MESSAGE);
+    let mut peer_server = tonic::transport::Server::builder().tcp_nodelay(true);
+    if let Some(t) = &tls {
+        peer_server = peer_server
+            .tls_config(t.server.clone())
+            .map_err(|e| DaemonError::Tls(e.to_string()))?;
+    }
     servers.push(tokio::spawn(
-        tonic::transport::Server::builder()
-            .tcp_nodelay(true)
+        peer_server
             .add_service(peer_svc)
             .serve_with_incoming_shutdown(TcpListenerStream::new(peer_listener), stopped(stop_rx.clone())),
     ));
@@ -166,19 +200,33 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         UnixListenerStream::new(unix),
         stopped(stop_rx.clone()),
     )));
-    let api_tcp = match cfg.api_tcp {
-        Some(addr) => {
+    let api_tcp = match (cfg.api_tcp, token) {
+        (Some(addr), Some(token)) => {
             let l = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(io(format!("binding the client API to {addr}")))?;
             let bound = l.local_addr().map_err(io("API listener address"))?;
-            servers.push(tokio::spawn(api().serve_with_incoming_shutdown(
+            // Every call on TCP (the API, reflection, health) must carry the bearer token.
+            let gate = tonic::service::InterceptorLayer::new(move |req: tonic::Request<()>| {
+                token.check(&req).map(|_| req)
+            });
+            let tcp_api = tonic::transport::Server::builder()
+                .layer(gate)
+                .add_service(
+                    TcpxdServer::new(ClientService { state: state.clone() })
+                        .max_decoding_message_size(MAX_API_MESSAGE)
+                        .max_encoding_message_size(MAX_API_MESSAGE),
+                )
+                .add_service(reflection.clone())
+                .add_service(health_svc.clone());
+            servers.push(tokio::spawn(tcp_api.serve_with_incoming_shutdown(
                 TcpListenerStream::new(l),
                 stopped(stop_rx.clone()),
             )));
             Some(bound)
         }
-        None => None,
+        (Some(addr), None) => return Err(DaemonError::TcpWithoutToken(addr)),
+        (None, _) => None,
     };
 
     // Prometheus metrics over HTTP.

@@ -8,6 +8,8 @@
 //! in both directions is connected.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,6 +21,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::api::proto::peer as pb;
 use crate::api::proto::peer::tcpxd_peer_client::TcpxdPeerClient;
+use crate::auth::{
+    self, Challenges, ClusterSecret, NONCE_BYTES, ProofOf, accept_fields, handshake_fields, hello_fields,
+};
 use crate::engine::{Code, Offer, PeerIdx, PeerMsg, ReadPair, RemoteRange};
 use crate::net::ConnectHandle;
 use crate::poller::{Command, LaneHandleInfo, PeerChannels, PeerLink};
@@ -38,8 +43,8 @@ pub struct Heartbeat {
 impl Default for Heartbeat {
     fn default() -> Self {
         Heartbeat {
-            interval: Duration::from_secs(1),
-            timeout: Duration::from_secs(10),
+            interval: Duration::from_millis(crate::config::DEFAULT_HEARTBEAT_INTERVAL_MS),
+            timeout: Duration::from_millis(crate::config::DEFAULT_HEARTBEAT_TIMEOUT_MS),
         }
     }
 }
@@ -86,6 +91,9 @@ pub struct PeerInfo {
     pub idx: PeerIdx,
     pub lanes: u32,
     pub link: watch::Receiver<PeerLink>,
+    /// Where this daemon can reach the peer's service again (the caller side knows the address
+    /// it dialled; the callee side the caller's address with the port its handshake announced).
+    pub dial: Option<String>,
 }
 
 /// A callee-side peer waiting for its control stream.
@@ -94,6 +102,8 @@ struct PendingSession {
     node_id: String,
     outbound: mpsc::UnboundedReceiver<PeerMsg>,
     answer: mpsc::WeakUnboundedSender<PeerMsg>,
+    /// With a cluster secret: the handshake's (server, client) nonces, for the Hello's proof.
+    nonces: Option<([u8; NONCE_BYTES], [u8; NONCE_BYTES])>,
 }
 
 /// All peers of this daemon.
@@ -106,6 +116,13 @@ pub struct Peers {
     sessions: Arc<Mutex<HashMap<u64, PendingSession>>>,
     /// Serialises ConnectPeer calls so two calls for one address make one peer.
     connecting: tokio::sync::Mutex<()>,
+    /// The port of this daemon's peer service, announced in handshakes (0 until bound).
+    listen_port: AtomicU16,
+    /// The cluster secret peers must prove; `None`: peers are not authenticated.
+    secret: Option<ClusterSecret>,
+    challenges: Challenges,
+    /// Mutual TLS to peers (their service requires it too).
+    tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 fn unavailable_poller() -> Status {
@@ -136,7 +153,78 @@ impl Peers {
             by_node: Mutex::new(HashMap::new()),
             sessions: Arc::new(Mutex::new(HashMap::new())),
             connecting: tokio::sync::Mutex::new(()),
+            listen_port: AtomicU16::new(0),
+            secret: None,
+            challenges: Challenges::new(connect_timeout),
+            tls: None,
         }
+    }
+
+    /// Requires peers to prove this cluster secret (both directions).
+    pub fn with_secret(mut self, secret: Option<ClusterSecret>) -> Peers {
+        self.secret = secret;
+        self
+    }
+
+    /// Dials peers over mutual TLS.
+    pub fn with_tls(mut self, tls: Option<tonic::transport::ClientTlsConfig>) -> Peers {
+        self.tls = tls;
+        self
+    }
+
+    /// Callee side of `Challenge`.
+    pub fn challenge(&self) -> Result<pb::ChallengeResponse, Status> {
+        if self.secret.is_none() {
+            return Err(Status::failed_precondition(
+                "challenge: this daemon runs without a cluster secret (peer.secret_file); the two daemons' settings differ",
+            ));
+        }
+        Ok(pb::ChallengeResponse {
+            server_nonce: self.challenges.issue().to_vec(),
+        })
+    }
+
+    /// Records the port the peer service listens on, for handshakes to announce.
+    pub fn set_listen_port(&self, port: u16) {
+        self.listen_port.store(port, Ordering::Relaxed);
+    }
+
+    /// Reconnects, before a transfer uses them, the named peers that failed and can be dialled
+    /// again: the next use of a peer after it went down pairs anew, transparently. A peer that
+    /// cannot be reached fails the call with UNAVAILABLE naming it.
+    pub async fn revive(&self, nodes: &[&str], deadline: std::time::Instant) -> Result<(), Status> {
+        for &node in nodes {
+            let Some(p) = self.by_node(node) else { continue };
+            let why = match &*p.link.borrow() {
+                PeerLink::Failed(why) => why.clone(),
+                _ => continue,
+            };
+            let Some(addr) = p.dial.clone() else { continue };
+            let budget = deadline.saturating_duration_since(std::time::Instant::now());
+            tracing::info!(peer = %node, address = %addr, "reconnecting to a failed peer");
+            let again = tokio::time::timeout(budget, self.connect(&addr)).await;
+            let got = match again {
+                Ok(Ok(info)) => info,
+                Ok(Err(s)) => {
+                    return Err(Status::unavailable(format!(
+                        "peer {node} is down ({why}); reconnecting to {addr} failed: {}",
+                        s.message()
+                    )));
+                }
+                Err(_) => {
+                    return Err(Status::unavailable(format!(
+                        "peer {node} is down ({why}); reconnecting to {addr} did not finish before the deadline"
+                    )));
+                }
+            };
+            if got.node_id != node {
+                return Err(Status::unavailable(format!(
+                    "peer {node} is down ({why}); {addr} now answers as node {}",
+                    got.node_id
+                )));
+            }
+        }
+        Ok(())
     }
 
     pub fn list(&self) -> Vec<PeerInfo> {
@@ -174,16 +262,21 @@ impl Peers {
         {
             return self.wait_up(p).await;
         }
-        let uri = if address.contains("://") {
-            address.to_string()
-        } else {
-            format!("http://{address}")
+        let uri = match (address.split_once("://"), &self.tls) {
+            (Some(_), _) => address.to_string(),
+            (None, Some(_)) => format!("https://{address}"),
+            (None, None) => format!("http://{address}"),
         };
-        let endpoint = tonic::transport::Endpoint::from_shared(uri)
+        let mut endpoint = tonic::transport::Endpoint::from_shared(uri)
             .map_err(|e| {
                 Status::invalid_argument(format!("address: {address:?} is not a valid host:port ({e})"))
             })?
             .connect_timeout(self.connect_timeout);
+        if let Some(tls) = &self.tls {
+            endpoint = endpoint
+                .tls_config(tls.clone())
+                .map_err(|e| Status::invalid_argument(format!("address: {address:?}: TLS: {e}")))?;
+        }
         let channel = endpoint.connect().await.map_err(|e| {
             Status::unavailable(format!(
                 "address: cannot reach a tcpxd peer service at {address}: {e}"
@@ -193,6 +286,26 @@ impl Peers {
             .max_decoding_message_size(MAX_CONTROL_MESSAGE)
             .max_encoding_message_size(MAX_CONTROL_MESSAGE);
 
+        // With a secret: the callee's challenge first, so the handshake can prove the secret.
+        let auth = match &self.secret {
+            Some(secret) => {
+                let ch = client
+                    .challenge(pb::ChallengeRequest {
+                        node_id: self.node_id.clone(),
+                    })
+                    .await
+                    .map_err(|s| remote_error(s, &format!("challenge from {address}")))?
+                    .into_inner();
+                let server: [u8; NONCE_BYTES] = ch.server_nonce.as_slice().try_into().map_err(|_| {
+                    Status::unauthenticated(format!(
+                        "{address} sent a {}-byte challenge, expected {NONCE_BYTES}",
+                        ch.server_nonce.len()
+                    ))
+                })?;
+                Some((secret, server, auth::nonce()))
+            }
+            None => None,
+        };
         let (prepared, lanes) = ask(&self.poller, |reply| Command::PrepareLanes { reply })
             .await?
             .map_err(|e| Status::internal(format!("opening lanes: {e}")))?;
@@ -201,15 +314,35 @@ impl Peers {
             poller: self.poller.clone(),
             prepared: Some(prepared),
         };
+        let mut req = pb::HandshakeRequest {
+            protocol_version: PROTOCOL_VERSION,
+            node_id: self.node_id.clone(),
+            lanes: lanes.iter().map(lane_to_pb).collect(),
+            listen_port: self.listen_port.load(Ordering::Relaxed) as u32,
+            ..Default::default()
+        };
+        if let Some((secret, server, client_nonce)) = &auth {
+            req.proof = secret.prove(ProofOf::Handshake, &handshake_fields(server, client_nonce, &req));
+            req.server_nonce = server.to_vec();
+            req.client_nonce = client_nonce.to_vec();
+        }
         let resp = client
-            .handshake(pb::HandshakeRequest {
-                protocol_version: PROTOCOL_VERSION,
-                node_id: self.node_id.clone(),
-                lanes: lanes.iter().map(lane_to_pb).collect(),
-            })
+            .handshake(req)
             .await
-            .map_err(|s| Status::new(s.code(), format!("handshake with {address}: {}", s.message())))?
+            .map_err(|s| remote_error(s, &format!("handshake with {address}")))?
             .into_inner();
+        if let Some((secret, server, client_nonce)) = &auth
+            && !secret.check(
+                ProofOf::Accept,
+                &accept_fields(server, client_nonce, &resp),
+                &resp.proof,
+            )
+        {
+            tracing::warn!(address = %address, "refused a peer: its answer does not prove the cluster secret");
+            return Err(Status::unauthenticated(format!(
+                "handshake with {address}: the answer does not prove the cluster secret"
+            )));
+        }
         if resp.protocol_version != PROTOCOL_VERSION {
             return Err(Status::failed_precondition(format!(
                 "{address} speaks peer protocol {}, this daemon {PROTOCOL_VERSION}",
@@ -257,6 +390,7 @@ impl Peers {
             idx,
             lanes: remote.len() as u32,
             link: link_rx,
+            dial: Some(address.to_string()),
         };
         self.by_node
             .lock()
@@ -268,6 +402,13 @@ impl Peers {
             body: Some(pb::peer_message::Body::Hello(pb::Hello {
                 session_id: resp.session_id,
                 node_id: self.node_id.clone(),
+                proof: match &auth {
+                    Some((secret, server, client_nonce)) => secret.prove(
+                        ProofOf::Hello,
+                        &hello_fields(server, client_nonce, resp.session_id, &self.node_id),
+                    ),
+                    None => Vec::new(),
+                },
             })),
         };
         // The caller's request stream carries bare messages: the pump never yields an error.
@@ -332,6 +473,16 @@ impl Peers {
                 req.protocol_version
             )));
         }
+        // Authentication before anything else: an unauthenticated caller learns and opens nothing.
+        let nonces = match &self.secret {
+            Some(secret) => Some(self.authenticate(secret, &req, &from)?),
+            None => None,
+        };
+        let answer_proof = |resp: &mut pb::HandshakeResponse| {
+            if let (Some(secret), Some((server, client_nonce))) = (&self.secret, &nonces) {
+                resp.proof = secret.prove(ProofOf::Accept, &accept_fields(server, client_nonce, resp));
+            }
+        };
         crate::config::check_node_id(&req.node_id).map_err(|e| Status::invalid_argument(e.to_string()))?;
         if req.node_id == self.node_id {
             return Err(Status::invalid_argument(
@@ -339,15 +490,22 @@ impl Peers {
             ));
         }
         let remote = lanes_from_pb(&req.lanes).map_err(Status::invalid_argument)?;
+        let dial = match (from.parse::<SocketAddr>(), u16::try_from(req.listen_port)) {
+            (Ok(a), Ok(port)) if port != 0 => Some(SocketAddr::new(a.ip(), port).to_string()),
+            _ => None,
+        };
         if self.by_node(&req.node_id).is_some_and(|p| Self::usable(&p)) {
             // Already paired (the caller reached us by another address, or both sides called):
             // keep the working pairing; session 0 and no lanes tell the caller to use it.
-            return Ok(pb::HandshakeResponse {
+            let mut resp = pb::HandshakeResponse {
                 protocol_version: PROTOCOL_VERSION,
                 node_id: self.node_id.clone(),
                 lanes: Vec::new(),
                 session_id: 0,
-            });
+                proof: Vec::new(),
+            };
+            answer_proof(&mut resp);
+            return Ok(resp);
         }
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let answer = control_tx.downgrade();
@@ -371,6 +529,7 @@ impl Peers {
                 node_id: req.node_id.clone(),
                 outbound: control_rx,
                 answer,
+                nonces,
             },
         );
         let previous = self.by_node.lock().unwrap_or_else(|e| e.into_inner()).insert(
@@ -381,6 +540,7 @@ impl Peers {
                 idx,
                 lanes: remote.len() as u32,
                 link: link_rx,
+                dial,
             },
         );
         if let Some(old) = previous {
@@ -406,12 +566,59 @@ impl Peers {
                 });
             }
         });
-        Ok(pb::HandshakeResponse {
+        let mut resp = pb::HandshakeResponse {
             protocol_version: PROTOCOL_VERSION,
             node_id: self.node_id.clone(),
             lanes: mine.iter().map(lane_to_pb).collect(),
             session_id,
-        })
+            proof: Vec::new(),
+        };
+        answer_proof(&mut resp);
+        Ok(resp)
+    }
+
+    /// Checks a handshake's proof of the cluster secret; returns its (server, client) nonces.
+    fn authenticate(
+        &self,
+        secret: &ClusterSecret,
+        req: &pb::HandshakeRequest,
+        from: &str,
+    ) -> Result<([u8; NONCE_BYTES], [u8; NONCE_BYTES]), Status> {
+        let refuse = |why: &str| {
+            // The claimed node id is unchecked input: bounded and escaped in the log.
+            let node: String = req.node_id.chars().take(128).collect();
+            tracing::warn!(from = %from, node = %node.escape_debug(), "refused a handshake: {why}");
+            Status::unauthenticated(format!("handshake refused: {why}"))
+        };
+        if req.server_nonce.is_empty() && req.proof.is_empty() {
+            return Err(refuse(
+                "this daemon requires peers to prove the cluster secret (peer.secret_file)",
+            ));
+        }
+        if !self.challenges.take(&req.server_nonce) {
+            return Err(refuse(
+                "server_nonce: not a challenge this daemon issued, or one already used or expired (a replayed handshake?)",
+            ));
+        }
+        let server: [u8; NONCE_BYTES] = req
+            .server_nonce
+            .as_slice()
+            .try_into()
+            .expect("taken: right length");
+        let client_nonce: [u8; NONCE_BYTES] = req.client_nonce.as_slice().try_into().map_err(|_| {
+            refuse(&format!(
+                "client_nonce: {} bytes, expected {NONCE_BYTES}",
+                req.client_nonce.len()
+            ))
+        })?;
+        if !secret.check(
+            ProofOf::Handshake,
+            &handshake_fields(&server, &client_nonce, req),
+            &req.proof,
+        ) {
+            return Err(refuse("proof: does not prove the cluster secret"));
+        }
+        Ok((server, client_nonce))
     }
 
     /// Callee side of `Control`: binds the stream to its handshake by the Hello's session id.
@@ -435,6 +642,22 @@ impl Peers {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&hello.session_id)
             .ok_or_else(|| Status::permission_denied("unknown or used session id"))?;
+        if let (Some(secret), Some((server, client_nonce))) = (&self.secret, &session.nonces)
+            && !secret.check(
+                ProofOf::Hello,
+                &hello_fields(server, client_nonce, hello.session_id, &hello.node_id),
+                &hello.proof,
+            )
+        {
+            tracing::warn!(peer = %session.node_id, "refused a control stream: its Hello does not prove the cluster secret");
+            let _ = self.poller.send(Command::PeerDown {
+                peer: session.idx,
+                reason: "the control stream's Hello did not prove the cluster secret".into(),
+            });
+            return Err(Status::unauthenticated(
+                "proof: the Hello does not prove the cluster secret",
+            ));
+        }
         if session.node_id != hello.node_id {
             let _ = self.poller.send(Command::PeerDown {
                 peer: session.idx,
@@ -458,6 +681,16 @@ impl Peers {
             self.heartbeat.interval,
         ))))
     }
+}
+
+/// A peer call's error, prefixed: the peer's own refusals keep their code; a connection that
+/// broke underneath (a TLS or protocol mismatch shows as CANCELLED or UNKNOWN) is UNAVAILABLE.
+fn remote_error(s: Status, what: &str) -> Status {
+    let code = match s.code() {
+        tonic::Code::Cancelled | tonic::Code::Unknown => tonic::Code::Unavailable,
+        c => c,
+    };
+    Status::new(code, format!("{what}: {}", s.message()))
 }
 
 /// Closes prepared listening comms unless the handshake got far enough to use them.
@@ -647,6 +880,9 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             range_index: *range_index,
         }),
         PeerMsg::CancelRead { read_id } => Body::CancelRead(pb::CancelRead { read_id: *read_id }),
+        PeerMsg::Goodbye { reason } => Body::Goodbye(pb::Goodbye {
+            reason: reason.clone(),
+        }),
     };
     pb::PeerMessage { body: Some(body) }
 }
@@ -749,5 +985,8 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
             range_index: r.range_index,
         },
         Body::CancelRead(c) => PeerMsg::CancelRead { read_id: c.read_id },
+        Body::Goodbye(g) => PeerMsg::Goodbye {
+            reason: g.reason.chars().take(4096).collect(),
+        },
     }))
 }

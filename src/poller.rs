@@ -109,6 +109,12 @@ pub enum Command {
         id: u64,
         reply: Reply<Result<(), EngineError>>,
     },
+    /// Replaces a buffer's access key: offers naming the old one are refused from now on.
+    RekeyBuffer {
+        id: u64,
+        key: [u8; 16],
+        reply: Reply<Result<(), EngineError>>,
+    },
     /// Initiator side: open listening comms for the lanes the peer will send on.
     PrepareLanes {
         reply: Reply<Result<(u64, Vec<LaneHandleInfo>), String>>,
@@ -442,11 +448,14 @@ impl Poller {
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::AddBuffer { entry, reply } => {
-                let r = self.engine.add_buffer(entry.id, entry.size, entry.key);
+                let r = self.engine.add_buffer(entry.id, entry.size, entry.key());
                 if r.is_ok() {
                     self.buffers.insert(entry.id, entry);
                 }
                 let _ = reply.send(r);
+            }
+            Command::RekeyBuffer { id, key, reply } => {
+                let _ = reply.send(self.engine.rekey_buffer(id, key));
             }
             Command::RemoveBuffer { id, reply } => {
                 let r = self.engine.remove_buffer(id);
@@ -801,7 +810,11 @@ impl Poller {
                 Action::ClosePeer { peer, reason } => {
                     let p = &mut self.peers[peer.0 as usize];
                     p.failed = true;
-                    // Ends the outbound control stream (its receiver sees the channel close).
+                    // Tells the peer why, then ends the outbound control stream (its pump sees
+                    // the channel close after sending what was queued).
+                    let _ = p.control.send(PeerMsg::Goodbye {
+                        reason: reason.clone(),
+                    });
                     p.control = tokio::sync::mpsc::unbounded_channel().0;
                     for l in &mut p.send {
                         l.handles.clear();

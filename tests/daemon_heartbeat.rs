@@ -61,6 +61,7 @@ async fn idle_pairings_stay_up_and_silent_peers_fail() {
                 device: 0,
                 handle: listen.handle().0.to_vec(),
             }],
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -69,6 +70,7 @@ async fn idle_pairings_stay_up_and_silent_peers_fail() {
         body: Some(peer_pb::peer_message::Body::Hello(peer_pb::Hello {
             session_id: resp.session_id,
             node_id: "hb-silent".into(),
+            proof: Vec::new(),
         })),
     };
     let (keep_open, rx) = tokio::sync::mpsc::channel::<peer_pb::PeerMessage>(1);

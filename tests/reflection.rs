@@ -112,11 +112,7 @@ async fn call(
 async fn a_generic_client_lists_services_and_calls_methods_without_stubs() {
     tcpxd::logging::init("warn");
     let d = daemons::start("reflect-a", |_| {}).await;
-    let channel = Channel::from_shared(format!("http://{}", d.daemon.api_tcp.unwrap()))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
+    let channel = daemons::unix_channel(d.daemon.api_socket.clone()).await;
 
     let MessageResponse::ListServicesResponse(list) =
         reflect(channel.clone(), MessageRequest::ListServices(String::new())).await

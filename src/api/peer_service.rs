@@ -15,6 +15,13 @@ pub struct PeerService {
 
 #[tonic::async_trait]
 impl pb::tcpxd_peer_server::TcpxdPeer for PeerService {
+    async fn challenge(
+        &self,
+        _: Request<pb::ChallengeRequest>,
+    ) -> Result<Response<pb::ChallengeResponse>, Status> {
+        self.state.peers.challenge().map(Response::new)
+    }
+
     async fn handshake(
         &self,
         req: Request<pb::HandshakeRequest>,

@@ -247,6 +247,8 @@ impl ClientService {
         let st = &self.state;
         let deadline = st.deadline(&req, req.get_ref().timeout_ms);
         let r = req.into_inner();
+        st.revive_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
+            .await?;
         let (specs, total) = st.entry_specs(r.entries.iter().map(EntryFields::from))?;
         if !r.ready_event_ipc_handle.is_empty() {
             st.wait_ready_event(&r.ready_event_ipc_handle, &specs, deadline)
@@ -271,6 +273,8 @@ impl ClientService {
         let st = &self.state;
         let deadline = st.deadline(&req, req.get_ref().timeout_ms);
         let r = req.into_inner();
+        st.revive_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
+            .await?;
         let (specs, total) = st.entry_specs(r.entries.iter().map(EntryFields::from))?;
         let (id, rx) = st
             .ask(|reply| Command::Read {
@@ -285,6 +289,23 @@ impl ClientService {
 }
 
 impl DaemonState {
+    /// Dials again, first, the failed peers the entries' descriptors name (bad descriptors are
+    /// left for the entry checks to report).
+    async fn revive_peers<'a>(
+        &self,
+        descriptors: impl Iterator<Item = &'a str>,
+        deadline: Instant,
+    ) -> Result<(), Status> {
+        let mut nodes: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        for d in descriptors {
+            if let Ok(d) = Descriptor::parse("remote_descriptor", d) {
+                nodes.insert(d.node_id);
+            }
+        }
+        let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        self.peers.revive(&nodes, deadline).await
+    }
+
     /// Orders a write after the client's GPU work: waits (without holding a runtime thread) for
     /// the client's IPC event, on the GPU of the first CUDA source buffer.
     async fn wait_ready_event(
@@ -468,6 +489,23 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
         self.state.buffers.remove(id);
         tracing::info!(buffer = id, "buffer released");
         Ok(Response::new(pb::ReleaseBufferResponse {}))
+    }
+
+    async fn rekey_buffer(
+        &self,
+        req: Request<pb::RekeyBufferRequest>,
+    ) -> Result<Response<pb::Buffer>, Status> {
+        let id = req.into_inner().buffer_id;
+        let b = self.state.buffers.get(id).map_err(status)?;
+        let key: [u8; 16] = rand::random();
+        // The engine checks offers: once it has the new key, the old one is dead.
+        self.state
+            .ask(|reply| Command::RekeyBuffer { id, key, reply })
+            .await?
+            .map_err(status)?;
+        b.set_key(key);
+        tracing::info!(buffer = id, "buffer re-keyed");
+        Ok(Response::new(self.state.buffer_pb(&b)))
     }
 
     async fn describe_buffer(

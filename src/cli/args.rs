@@ -74,6 +74,8 @@ pub enum BufferCommand {
     Describe(BufferIdArgs),
     /// Release a buffer (fails while transfers use it).
     Release(BufferIdArgs),
+    /// Give a buffer a new access key: every descriptor handed out before stops working.
+    Rekey(BufferIdArgs),
     /// Fill a range with a byte, a seeded pseudo-random stream or a repeated hex pattern.
     #[command(after_help = SIZE_HELP)]
     Fill(FillArgs),

@@ -6,10 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tonic::Status;
-use tonic::transport::Channel;
 
 use crate::api::proto::v1::register_buffer_request::Source;
-use crate::api::proto::v1::tcpxd_client::TcpxdClient;
 use crate::api::proto::v1::{
     CancelRequest, ChecksumBufferRequest, ConnectPeerRequest, CudaAllocation, DescribeBufferRequest,
     FillBufferRequest, GetStatsRequest, HostAllocation, ListBuffersRequest, ListPeersRequest,
@@ -26,6 +24,7 @@ use crate::cli::output::{
     notification_text, peer_json, peers_table, stats_json, stats_text, transfer_elapsed,
 };
 use crate::cli::transfer::{FollowOptions, follow_transfer};
+use crate::client::ApiClient;
 use crate::client::{
     ClientError, Endpoint, code_and_message, code_number_name, connect, format_bytes, status_line,
 };
@@ -74,7 +73,7 @@ macro_rules! out {
     };
 }
 
-async fn buffer(client: &mut TcpxdClient<Channel>, json: bool, cmd: BufferCommand) -> Result<(), CliError> {
+async fn buffer(client: &mut ApiClient, json: bool, cmd: BufferCommand) -> Result<(), CliError> {
     match cmd {
         BufferCommand::Register(args) => register(client, json, args).await,
         BufferCommand::List => {
@@ -98,6 +97,19 @@ async fn buffer(client: &mut TcpxdClient<Channel>, json: bool, cmd: BufferComman
                 .describe_buffer(DescribeBufferRequest { buffer_id: args.id })
                 .await
                 .map_err(rpc(format!("describing buffer {}", args.id)))?
+                .into_inner();
+            if json {
+                print_json(&buffer_json(&b))?;
+            } else {
+                out!("{}", buffer_text(&b));
+            }
+            Ok(())
+        }
+        BufferCommand::Rekey(args) => {
+            let b = client
+                .rekey_buffer(crate::api::proto::v1::RekeyBufferRequest { buffer_id: args.id })
+                .await
+                .map_err(rpc(format!("re-keying buffer {}", args.id)))?
                 .into_inner();
             if json {
                 print_json(&buffer_json(&b))?;
@@ -177,7 +189,7 @@ fn connect_hint(e: &ClientError) -> &'static str {
             }
             _ => " (is tcpxd running and serving there? see --endpoint / TCPXD_ENDPOINT)",
         },
-        ClientError::InvalidEndpoint { .. } => "",
+        ClientError::InvalidEndpoint { .. } | ClientError::Token { .. } => "",
     }
 }
 
@@ -308,7 +320,7 @@ async fn execute(global: &GlobalOpts, command: ClientCommand) -> Result<(), CliE
     }
 }
 
-async fn register(client: &mut TcpxdClient<Channel>, json: bool, args: RegisterArgs) -> Result<(), CliError> {
+async fn register(client: &mut ApiClient, json: bool, args: RegisterArgs) -> Result<(), CliError> {
     let cuda = args.cuda().map_err(CliError::Usage)?;
     let source = match (args.host, cuda) {
         (Some(size), _) => Source::Host(HostAllocation { size }),
@@ -331,7 +343,7 @@ async fn register(client: &mut TcpxdClient<Channel>, json: bool, args: RegisterA
     Ok(())
 }
 
-async fn fill(client: &mut TcpxdClient<Channel>, json: bool, args: FillArgs) -> Result<(), CliError> {
+async fn fill(client: &mut ApiClient, json: bool, args: FillArgs) -> Result<(), CliError> {
     let (pattern, text) = match (args.pattern.byte, args.pattern.seed, args.pattern.repeat) {
         (Some(b), _, _) => (
             fill_buffer_request::Pattern::Byte(u32::from(b)),
@@ -366,11 +378,7 @@ async fn fill(client: &mut TcpxdClient<Channel>, json: bool, args: FillArgs) -> 
     Ok(())
 }
 
-async fn read_buffer(
-    client: &mut TcpxdClient<Channel>,
-    json: bool,
-    args: BufferReadArgs,
-) -> Result<(), CliError> {
+async fn read_buffer(client: &mut ApiClient, json: bool, args: BufferReadArgs) -> Result<(), CliError> {
     if args.length == 0 {
         return Err(CliError::Usage("--length must be at least 1 byte".into()));
     }
@@ -444,7 +452,7 @@ async fn read_buffer(
     Ok(())
 }
 
-async fn checksum(client: &mut TcpxdClient<Channel>, json: bool, args: ChecksumArgs) -> Result<(), CliError> {
+async fn checksum(client: &mut ApiClient, json: bool, args: ChecksumArgs) -> Result<(), CliError> {
     let r = client
         .checksum_buffer(ChecksumBufferRequest {
             buffer_id: args.id,
@@ -485,7 +493,7 @@ fn timeout_ms(wait: &WaitOpts) -> u64 {
         .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1))
 }
 
-async fn write(client: &mut TcpxdClient<Channel>, json: bool, args: WriteArgs) -> Result<(), CliError> {
+async fn write(client: &mut ApiClient, json: bool, args: WriteArgs) -> Result<(), CliError> {
     let mut request = tonic::Request::new(WriteRequest {
         entry: Some(WriteEntry {
             local_buffer_id: args.local.buffer_id,
@@ -503,7 +511,7 @@ async fn write(client: &mut TcpxdClient<Channel>, json: bool, args: WriteArgs) -
     after_start(client, json, "write", started, &args.wait, deadline).await
 }
 
-async fn read(client: &mut TcpxdClient<Channel>, json: bool, args: ReadArgs) -> Result<(), CliError> {
+async fn read(client: &mut ApiClient, json: bool, args: ReadArgs) -> Result<(), CliError> {
     let mut request = tonic::Request::new(ReadRequest {
         entry: Some(ReadEntry {
             remote_descriptor: args.remote.clone(),
@@ -520,7 +528,7 @@ async fn read(client: &mut TcpxdClient<Channel>, json: bool, args: ReadArgs) -> 
 }
 
 async fn after_start(
-    client: &mut TcpxdClient<Channel>,
+    client: &mut ApiClient,
     json: bool,
     what: &str,
     started: TransferStarted,
@@ -552,7 +560,7 @@ async fn after_start(
 
 /// Follows a transfer with a progress bar; Ctrl-C cancels it.
 async fn follow(
-    client: &mut TcpxdClient<Channel>,
+    client: &mut ApiClient,
     json: bool,
     what: &str,
     transfer_id: u64,
@@ -614,11 +622,7 @@ fn report_finished(what: &str, json: bool, ev: &TransferEvent, observed: Duratio
     })
 }
 
-async fn subscribe(
-    client: &mut TcpxdClient<Channel>,
-    json: bool,
-    args: SubscribeArgs,
-) -> Result<(), CliError> {
+async fn subscribe(client: &mut ApiClient, json: bool, args: SubscribeArgs) -> Result<(), CliError> {
     let mut stream = client
         .subscribe(SubscribeRequest {})
         .await
@@ -649,7 +653,7 @@ async fn subscribe(
     }
 }
 
-async fn stats(client: &mut TcpxdClient<Channel>, json: bool, args: StatsArgs) -> Result<(), CliError> {
+async fn stats(client: &mut ApiClient, json: bool, args: StatsArgs) -> Result<(), CliError> {
     use std::io::IsTerminal as _;
     let Some(every) = args.watch else {
         let s = client
@@ -699,10 +703,10 @@ async fn health(global: &GlobalOpts) -> Result<(), CliError> {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
     const SERVICE: &str = "tcpxd.v1.Tcpxd";
-    let channel = crate::client::connect_channel(&global.endpoint)
+    let (channel, token) = crate::client::connect_channel(&global.endpoint)
         .await
         .map_err(|source| CliError::Connect { source })?;
-    let r = HealthClient::new(channel)
+    let r = HealthClient::with_interceptor(channel, token)
         .check(HealthCheckRequest {
             service: SERVICE.into(),
         })

@@ -23,16 +23,15 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tonic::Status;
-use tonic::transport::Channel;
 
 use crate::api::proto::v1::register_buffer_request::Source;
-use crate::api::proto::v1::tcpxd_client::TcpxdClient;
 use crate::api::proto::v1::{
     ChecksumBufferRequest, ConnectPeerRequest, FillBufferRequest, HostAllocation, ListPeersRequest,
     PeerState, ReadEntry, ReadRequest, RegisterBufferRequest, WriteEntry, WriteRequest, fill_buffer_request,
 };
 use crate::cli::output::transfer_elapsed;
 use crate::cli::transfer::{FollowOptions, follow_transfer};
+use crate::client::ApiClient;
 use crate::client::{
     ClientError, code_and_message, code_number_name, connect, format_bytes, format_duration, format_rate,
     status_line,
@@ -521,7 +520,7 @@ fn step(opts: &DemoOptions, line: &str) {
 }
 
 async fn register(
-    client: &mut TcpxdClient<Channel>,
+    client: &mut ApiClient,
     size: u64,
     label: &str,
     node: &str,
@@ -539,11 +538,7 @@ async fn register(
         )))
 }
 
-async fn checksum(
-    client: &mut TcpxdClient<Channel>,
-    buffer_id: u64,
-    node: &str,
-) -> Result<(u32, u64), DemoError> {
+async fn checksum(client: &mut ApiClient, buffer_id: u64, node: &str) -> Result<(u32, u64), DemoError> {
     let r = client
         .checksum_buffer(ChecksumBufferRequest {
             buffer_id,
@@ -575,11 +570,7 @@ fn compare(
     })
 }
 
-async fn connect_peer(
-    client: &mut TcpxdClient<Channel>,
-    a: &ReadyInfo,
-    b: &ReadyInfo,
-) -> Result<(), DemoError> {
+async fn connect_peer(client: &mut ApiClient, a: &ReadyInfo, b: &ReadyInfo) -> Result<(), DemoError> {
     let what = format!("connecting {} to {} at {}", a.node_id, b.node_id, b.peer_address);
     let peer = client
         .connect_peer(ConnectPeerRequest {
@@ -626,7 +617,7 @@ async fn connect_peer(
 }
 
 async fn finish(
-    client: &mut TcpxdClient<Channel>,
+    client: &mut ApiClient,
     transfer_id: u64,
     size: u64,
     what: &str,

@@ -3,11 +3,10 @@
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use crate::api::proto::v1::tcpxd_client::TcpxdClient;
 use crate::api::proto::v1::{TransferEvent, TransferState, WaitTransferRequest, WatchRequest};
+use crate::client::ApiClient;
 
 /// How to follow a transfer.
 #[derive(Debug, Clone, Default)]
@@ -51,7 +50,7 @@ pub fn progress_bar(total: u64, label: &str, enabled: bool) -> ProgressBar {
 /// Follows a transfer until it finishes. Returns the final event whatever its status; an `Err`
 /// means the daemon could not be asked (or the transfer is unknown).
 pub async fn follow_transfer(
-    client: &mut TcpxdClient<Channel>,
+    client: &mut ApiClient,
     transfer_id: u64,
     total_bytes: u64,
     opts: &FollowOptions,
@@ -80,7 +79,7 @@ pub async fn follow_transfer(
 }
 
 async fn watch_until_finished(
-    client: &mut TcpxdClient<Channel>,
+    client: &mut ApiClient,
     transfer_id: u64,
     bar: &ProgressBar,
 ) -> Result<TransferEvent, Status> {

@@ -350,6 +350,17 @@ impl Engine {
         Ok(())
     }
 
+    /// Replaces a buffer's access key. Offers and reads already accepted keep going; every
+    /// later one must carry the new key.
+    pub fn rekey_buffer(&mut self, id: u64, key: [u8; 16]) -> EngineResult<()> {
+        let b = self
+            .buffers
+            .get_mut(&id)
+            .ok_or_else(|| EngineError::not_found(format!("buffer_id: buffer {id} does not exist")))?;
+        b.key = key;
+        Ok(())
+    }
+
     /// Forgets a buffer; refused while transfers use it.
     pub fn remove_buffer(&mut self, id: u64) -> EngineResult<()> {
         let b = self
@@ -775,6 +786,9 @@ impl Engine {
                 range_index,
             } => self.on_read_reject(peer, read_id, code, &message, range_index),
             PeerMsg::CancelRead { read_id } => self.on_cancel_read(peer, read_id),
+            PeerMsg::Goodbye { reason } => {
+                self.peer_failed(peer, &format!("the peer ended the pairing: {reason}"))
+            }
         }
     }
 

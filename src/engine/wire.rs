@@ -69,4 +69,9 @@ pub enum PeerMsg {
     CancelRead {
         read_id: u64,
     },
+    /// The sender failed the pairing, for this reason (its last message on the stream): the
+    /// receiver fails it too and reports the sender's reason, e.g. its plugin's words.
+    Goodbye {
+        reason: String,
+    },
 }

@@ -20,7 +20,31 @@ pub fn plugin() -> Arc<Plugin> {
     Plugin::builtin_emulation().expect("built-in emulation")
 }
 
-/// Starts a daemon named `node` with TCP and unix-socket APIs on loopback.
+/// The bearer token of every test daemon's TCP API.
+pub const TEST_TOKEN: &str = "test-token-0123456789abcdef";
+
+/// A client over a daemon's unix socket.
+pub async fn unix_client(path: PathBuf) -> TcpxdClient<Channel> {
+    TcpxdClient::new(unix_channel(path).await).max_decoding_message_size(16 << 20)
+}
+
+/// A channel to a daemon's unix socket.
+pub async fn unix_channel(path: PathBuf) -> Channel {
+    tonic::transport::Endpoint::from_static("http://[::]:0")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                    tokio::net::UnixStream::connect(path).await?,
+                ))
+            }
+        }))
+        .await
+        .expect("connect over the unix socket")
+}
+
+/// Starts a daemon named `node` with unix-socket and TCP (token `TEST_TOKEN`) APIs on loopback;
+/// its `client` uses the unix socket.
 pub async fn start(node: &str, extra: impl FnOnce(&mut DaemonArgs)) -> TestDaemon {
     let dir = std::env::temp_dir().join(format!(
         "tcpxd-test-{}-{node}-{}",
@@ -28,10 +52,12 @@ pub async fn start(node: &str, extra: impl FnOnce(&mut DaemonArgs)) -> TestDaemo
         rand_suffix()
     ));
     std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("token"), TEST_TOKEN).unwrap();
     let mut args = DaemonArgs {
         node_id: Some(node.to_string()),
         api_socket: Some(dir.join("api.sock")),
         api_tcp: Some("127.0.0.1:0".parse().unwrap()),
+        api_token_file: Some(dir.join("token")),
         peer_listen: Some("127.0.0.1:0".parse().unwrap()),
         builtin_emulation: true,
         shutdown_grace_s: Some(5),
@@ -40,10 +66,7 @@ pub async fn start(node: &str, extra: impl FnOnce(&mut DaemonArgs)) -> TestDaemo
     extra(&mut args);
     let cfg = Config::resolve(&args, &|_| None).expect("config");
     let daemon = daemon::start(&cfg, plugin()).await.expect("daemon starts");
-    let client = TcpxdClient::connect(format!("http://{}", daemon.api_tcp.unwrap()))
-        .await
-        .expect("client connects")
-        .max_decoding_message_size(16 << 20);
+    let client = unix_client(daemon.api_socket.clone()).await;
     TestDaemon { daemon, client, dir }
 }
 

@@ -28,3 +28,4 @@ pub fn emulation_plugin_path() -> PathBuf {
     );
 }
 pub mod daemons;
+pub mod procs;

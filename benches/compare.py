@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""One run, four harnesses, the same message sizes, on a host with two GPUs:
+
+  nccl-socket  NCCL send/recv between the GPUs over NCCL's own TCP sockets (loopback)
+  nccl-plugin  NCCL send/recv with the emulation plugin as NCCL's net plugin (bytes checked)
+  raw          the raw plugin bench: the daemon's chunking, windows and unpack, no daemon, no gRPC
+  daemon       two tcpxd daemons (one per GPU) on the emulation plugin, `tcpxctl bench transfer`
+
+P2P, SHM and NVLink are off everywhere, every harness uses 4 data sockets per connection, and the
+emulation plugin is in its CUDA mode (GPU bounce pages + unpack) wherever GPU buffers are used.
+Prints one table with the ratios daemon/raw and daemon/nccl-plugin and writes every row as JSON
+lines to --out. Reports only: nothing here asserts a speed.
+
+  python3 benches/compare.py --bin target/release --sizes 4K,64K,1M,4M,16M,64M,256M
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HARNESSES = ["nccl-socket", "nccl-plugin", "raw", "daemon"]
+
+
+def fmt_size(n: int) -> str:
+    for unit, v in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= v and n % v == 0:
+            return f"{n // v}{unit}"
+    return str(n)
+
+
+def run(name, cmd, env, log_dir, timeout):
+    log = os.path.join(log_dir, f"{name}.log")
+    print(f"== {name}: {' '.join(cmd)}", flush=True)
+    t0 = time.time()
+    with open(log, "w") as f:
+        try:
+            rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    print(f"   {name}: rc={rc} in {time.time() - t0:.0f} s (log {log})", flush=True)
+    return rc
+
+
+def load(path, harness):
+    rows = {}
+    if not os.path.exists(path):
+        return rows
+    for line in open(path):
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if r.get("harness") == harness or (harness.startswith("nccl") and r.get("harness") == harness):
+            rows[int(r["block_bytes"])] = r
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default="target/release", help="folder with tcpxd, tcpxctl and libnccl_net_tcpxemu.so")
+    ap.add_argument("--sizes", default="4K,64K,1M,4M,16M,64M,256M")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--op", default="write", choices=["write", "read"])
+    ap.add_argument("--only", default=",".join(HARNESSES), help="comma list of harnesses to run")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per harness")
+    ap.add_argument("--out", default="compare.jsonl")
+    ap.add_argument("--logs", default=".", help="folder for each harness's log")
+    args = ap.parse_args()
+
+    bin_dir = os.path.abspath(args.bin)
+    plugin = os.path.join(bin_dir, "libnccl_net_tcpxemu.so")
+    tcpxctl = os.path.join(bin_dir, "tcpxctl")
+    tcpxd = os.path.join(bin_dir, "tcpxd")
+    only = [h for h in args.only.split(",") if h]
+    os.makedirs(args.logs, exist_ok=True)
+    out = os.path.abspath(args.out)
+    if os.path.exists(out):
+        os.unlink(out)
+
+    env = dict(os.environ)
+    env.update(
+        {
+            # Never NVLink multicast on shared hosts; the rest makes every harness cross a network.
+            "NCCL_NVLS_ENABLE": "0",
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1",
+            "NCCL_NSOCKS_PERTHREAD": "4",
+            "NCCL_SOCKET_NTHREADS": "1",
+            "NCCL_DYNAMIC_CHUNK_SIZE": "524288",
+            "TCPXEMU_BOUNCE": "cuda",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    common = ["--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup)]
+    results = {}
+    if "nccl-socket" in only:
+        results["nccl-socket"] = run(
+            "nccl-socket",
+            [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "socket", "--out", out] + common,
+            env, args.logs, args.timeout,
+        )
+    if "nccl-plugin" in only:
+        results["nccl-plugin"] = run(
+            "nccl-plugin",
+            [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "plugin", "--plugin", plugin, "--out", out]
+            + common,
+            env, args.logs, args.timeout,
+        )
+    if "raw" in only:
+        results["raw"] = run(
+            "raw",
+            [tcpxctl, "bench", "raw", "--op", args.op, "--memory", "cuda", "--device", "0", "--peer-device", "1",
+             "--plugin", plugin, "--out", out] + common,
+            env, args.logs, args.timeout,
+        )
+    if "daemon" in only:
+        results["daemon"] = run(
+            "daemon",
+            [tcpxctl, "bench", "transfer", "--local-demo", "--daemon", tcpxd, "--op", args.op, "--memory", "cuda",
+             "--device", "0", "--peer-device", "1", "--out", out] + common,
+            env, args.logs, args.timeout,
+        )
+
+    rows = {h: load(out, h) for h in HARNESSES}
+    sizes = sorted({s for r in rows.values() for s in r})
+    print()
+    print(f"Message sizes {args.sizes}; {args.op.upper()} for the daemon and raw harnesses, send/recv for NCCL;")
+    print("GB/s of back-to-back messages; latency p50 in µs. ratio columns: daemon GB/s over the other's.")
+    head = f"{'block':>6}"
+    for h in HARNESSES:
+        head += f" {h + ' GB/s':>17} {'p50':>8}"
+    head += f" {'daemon/raw':>11} {'daemon/nccl-plugin':>19}"
+    print(head)
+    summary = []
+    for s in sizes:
+        line = f"{fmt_size(s):>6}"
+        for h in HARNESSES:
+            r = rows[h].get(s)
+            line += f" {r['gbps']:>17.2f} {r['p50_us']:>8.0f}" if r else f" {'-':>17} {'-':>8}"
+        d, raw, nccl = rows["daemon"].get(s), rows["raw"].get(s), rows["nccl-plugin"].get(s)
+        r1 = d["gbps"] / raw["gbps"] if d and raw and raw["gbps"] else None
+        r2 = d["gbps"] / nccl["gbps"] if d and nccl and nccl["gbps"] else None
+        line += f" {r1:>11.2f}" if r1 is not None else f" {'-':>11}"
+        line += f" {r2:>19.2f}" if r2 is not None else f" {'-':>19}"
+        print(line)
+        summary.append({"block_bytes": s, "daemon_over_raw": r1, "daemon_over_nccl_plugin": r2})
+    with open(out, "a") as f:
+        for r in summary:
+            f.write(json.dumps({"harness": "ratios", **r}) + "\n")
+    failed = {h: rc for h, rc in results.items() if rc != 0}
+    if failed:
+        print(f"harnesses that failed: {failed} (see their logs)")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+//! Mutual TLS on the peer service, with certificates generated at test time (rcgen): nodes with
+//! certificates from the cluster CA pair and move bytes; a certificate from another CA, a plain
+//! (non-TLS) peer, and a TLS peer against a plain daemon are all refused and pair nothing.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::daemons::{self, *};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use tcpxd::api::proto::v1 as pb;
+
+const MIB: u64 = 1 << 20;
+
+struct Ca(CertifiedIssuer<'static, KeyPair>);
+
+impl Ca {
+    fn new() -> Ca {
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        Ca(CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap())
+    }
+
+    /// Writes `<dir>/<name>.{crt,key}` for a loopback node and `<dir>/<name>.ca` with this CA;
+    /// returns the TOML lines that configure them.
+    fn node(&self, dir: &Path, name: &str) -> String {
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+            .unwrap()
+            .signed_by(&key, &self.0)
+            .unwrap();
+        let (c, k, a) = (
+            dir.join(format!("{name}.crt")),
+            dir.join(format!("{name}.key")),
+            dir.join(format!("{name}.ca")),
+        );
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        std::fs::write(&a, self.0.pem()).unwrap();
+        format!(
+            "[peer]\ntls_cert_file = {c:?}\ntls_key_file = {k:?}\ntls_ca_file = {a:?}\n",
+            c = c.display().to_string(),
+            k = k.display().to_string(),
+            a = a.display().to_string()
+        )
+    }
+}
+
+fn config(dir: &Path, name: &str, toml: &str) -> PathBuf {
+    let p = dir.join(format!("{name}.toml"));
+    std::fs::write(&p, toml).unwrap();
+    p
+}
+
+async fn peers_of(c: &mut Client) -> usize {
+    c.list_peers(pb::ListPeersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .peers
+        .len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_peers_with_a_certificate_from_the_cluster_ca_pair() {
+    tcpxd::logging::init("error");
+    let dir = std::env::temp_dir().join(format!("tcpxd-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, rogue) = (Ca::new(), Ca::new());
+    let ca_cfg = config(&dir, "a", &ca.node(&dir, "a"));
+    let cb_cfg = config(&dir, "b", &ca.node(&dir, "b"));
+    let rogue_cfg = config(&dir, "r", &rogue.node(&dir, "r"));
+    let mut a = daemons::start("tls-a", |x| x.config = Some(ca_cfg.clone())).await;
+    let mut b = daemons::start("tls-b", |x| x.config = Some(cb_cfg.clone())).await;
+    let mut r = daemons::start("tls-r", |x| x.config = Some(rogue_cfg.clone())).await;
+    let mut plain = daemons::start("tls-plain", |_| {}).await;
+
+    let refused = [
+        ("rogue → a", &mut r, a.peer_addr()),
+        ("plain → a", &mut plain, a.peer_addr()),
+    ];
+    for (what, from, to) in refused {
+        let e = from
+            .client
+            .connect_peer(pb::ConnectPeerRequest { address: to })
+            .await
+            .expect_err(what);
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{what}: {}", e.message());
+    }
+    for (what, to) in [("a → rogue", r.peer_addr()), ("a → plain", plain.peer_addr())] {
+        let e = a
+            .client
+            .connect_peer(pb::ConnectPeerRequest { address: to })
+            .await
+            .expect_err(what);
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{what}: {}", e.message());
+    }
+    for c in [&mut a.client, &mut r.client, &mut plain.client] {
+        assert_eq!(peers_of(c).await, 0, "a refused peer paired nothing");
+    }
+
+    connect(&mut a, &b).await;
+    let x = host_buffer(&mut a.client, 8 * MIB, "x").await;
+    let y = host_buffer(&mut b.client, 8 * MIB, "y").await;
+    fill_seed(&mut a.client, x.id, 0, 0, 9).await;
+    let id = write(&mut a.client, write_entry(&x, 0, &y, 0, 8 * MIB), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+    assert_eq!(
+        crc(&mut b.client, y.id, 0, 0).await,
+        crc(&mut a.client, x.id, 0, 0).await
+    );
+    // And the other way, over the callee's side of the same TLS pairing.
+    let id = read(&mut a.client, read_entry(&y, 0, &x, 0, MIB)).await.unwrap();
+    wait_ok(&mut a.client, id).await;
+
+    for d in [a, b, r, plain] {
+        d.stop().await;
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
