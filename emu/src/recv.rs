@@ -24,8 +24,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-/// Fragments per `readv`.
-const BATCH: usize = 64;
+/// Fragments per receive call into host bounce pages: 128 pages, one 512 KiB
+/// `NCCL_DYNAMIC_CHUNK_SIZE` chunk per `recvmsg` in page mode.
+const BATCH: usize = 128;
+/// Fragments per receive call in CUDA mode (what one socket thread's pinned staging holds).
+const STAGED_BATCH: usize = crate::memory::RECV_STAGING / SLICE_PAGE_SIZE;
 
 /// Where a receive's bytes land.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -595,7 +598,8 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<
                             Fragments::Page => SLICE_PAGE_SIZE as u64,
                             Fragments::Odd => (SLICE_PAGE_SIZE / 2) as u64,
                         };
-                        let want = (remaining.div_ceil(per) as usize).clamp(1, BATCH);
+                        let want = (remaining.div_ceil(per) as usize)
+                            .clamp(1, if staging.is_some() { STAGED_BATCH } else { BATCH });
                         let got = sh.pool.take(&mut pages[..want], &stop);
                         if got == 0 {
                             return;
@@ -661,8 +665,10 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<
                                 return;
                             }
                         }
+                        // One atomic step per batch reserves `used` consecutive entries.
+                        let first = slot.frags.fetch_add(used as u32, Ordering::AcqRel) as usize;
                         for i in 0..used {
-                            let idx = slot.frags.fetch_add(1, Ordering::AcqRel) as usize;
+                            let idx = first + i;
                             if idx >= NET_UNPACK_MAX_SLICE_PAGES {
                                 sh.pool.give_back(pages[i..used].iter().copied());
                                 sh.health.fail(

@@ -197,6 +197,23 @@ struct Outcome {
     msgs: u64,
     bytes: u64,
     secs: f64,
+    /// CPU seconds (user + system, every thread of the process) spent while streaming.
+    cpu: f64,
+    /// Context switches (voluntary + involuntary) while streaming.
+    switches: u64,
+}
+
+/// (CPU seconds, context switches) of this process so far.
+fn usage() -> (f64, u64) {
+    // SAFETY: an all-zero rusage is valid; getrusage fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_SELF and a live out-pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    (
+        tv(ru.ru_utime) + tv(ru.ru_stime),
+        (ru.ru_nvcsw + ru.ru_nivcsw) as u64,
+    )
 }
 
 fn main() -> ExitCode {
@@ -232,8 +249,8 @@ fn main() -> ExitCode {
         None => None,
     };
     println!(
-        "{:<14} {:>7} {:>10} {:>9} {:>10} {:>8}",
-        "mode", "sockets", "msg_bytes", "GB/s", "us/msg", "msgs"
+        "{:<14} {:>7} {:>10} {:>9} {:>10} {:>8} {:>9} {:>9}",
+        "mode", "sockets", "msg_bytes", "GB/s", "us/msg", "msgs", "cpu_s/GB", "csw/msg"
     );
     let mut failed = false;
     for &mode in &o.modes {
@@ -272,6 +289,8 @@ fn main() -> ExitCode {
                         msgs: v.first()?.parse().ok()?,
                         bytes: v.get(1)?.parse().ok()?,
                         secs: v.get(2)?.parse().ok()?,
+                        cpu: v.get(3)?.parse().ok()?,
+                        switches: v.get(4)?.parse().ok()?,
                     })
                 });
                 let Some(r) = parsed.filter(|_| out.status.success()) else {
@@ -287,20 +306,24 @@ fn main() -> ExitCode {
                 };
                 let gbps = r.bytes as f64 / r.secs / 1e9;
                 let us = r.secs * 1e6 / r.msgs as f64;
+                let cpu_gb = r.cpu / (r.bytes as f64 / 1e9);
+                let csw = r.switches as f64 / r.msgs as f64;
                 println!(
-                    "{:<14} {:>7} {:>10} {:>9.3} {:>10.1} {:>8}",
+                    "{:<14} {:>7} {:>10} {:>9.3} {:>10.1} {:>8} {:>9.3} {:>9.1}",
                     mode.name(),
                     socks,
                     msg,
                     gbps,
                     us,
-                    r.msgs
+                    r.msgs,
+                    cpu_gb,
+                    csw
                 );
                 if let Some(f) = json.as_mut() {
                     let line = format!(
                         "{{\"bench\":\"tcpxemu\",\"mode\":\"{}\",\"sockets\":{socks},\"msg_bytes\":{msg},\
                          \"window\":{},\"chunk\":{},\"msgs\":{},\"bytes\":{},\"secs\":{:.6},\"gbps\":{:.4},\
-                         \"us_per_msg\":{:.2},\"poll\":\"{}\",\"verified\":true}}",
+                         \"us_per_msg\":{:.2},\"cpu_s_per_gb\":{:.4},\"csw_per_msg\":{:.2},\"poll\":\"{}\",\"verified\":true}}",
                         mode.name(),
                         o.window,
                         o.chunk,
@@ -309,6 +332,8 @@ fn main() -> ExitCode {
                         r.secs,
                         gbps,
                         us,
+                        cpu_gb,
+                        csw,
                         o.poll.name()
                     );
                     if let Err(e) = writeln!(f, "{line}") {
@@ -359,7 +384,10 @@ fn pattern(buf: &mut [u8], salt: u64) {
 fn child(args: &[String]) -> ExitCode {
     match run_case(args) {
         Ok(r) => {
-            println!("RESULT {} {} {:.9}", r.msgs, r.bytes, r.secs);
+            println!(
+                "RESULT {} {} {:.9} {:.6} {}",
+                r.msgs, r.bytes, r.secs, r.cpu, r.switches
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -453,6 +481,7 @@ fn run_case(args: &[String]) -> Result<Outcome, String> {
     };
 
     let (src_p, smh_p, sc_p) = (P(src.as_mut_ptr().cast()), P(smh), P(sc));
+    let (cpu0, csw0) = usage();
     let began = Instant::now();
     let sender = std::thread::spawn(move || -> Result<(), String> {
         let (src_p, smh_p, sc_p) = (src_p, smh_p, sc_p);
@@ -545,6 +574,7 @@ fn run_case(args: &[String]) -> Result<Outcome, String> {
         .join()
         .map_err(|_| "the send thread panicked".to_string())?;
     let secs = began.elapsed().as_secs_f64();
+    let (cpu1, csw1) = usage();
     recv_result?;
     send_result?;
 
@@ -565,6 +595,8 @@ fn run_case(args: &[String]) -> Result<Outcome, String> {
         msgs,
         bytes: msgs * msg as u64,
         secs,
+        cpu: cpu1 - cpu0,
+        switches: csw1 - csw0,
     })
 }
 
