@@ -88,6 +88,9 @@ pub(crate) struct Config {
     /// Set when `init` must fail (`TCPXEMU_BOUNCE=cuda` without CUDA); every later call fails.
     pub(crate) init_error: Option<String>,
     pub(crate) bounce_pages: u32,
+    /// `TCPXEMU_HOST_BLOCK_PAGES`: pages per pool block in host mode (1: every page drawn at
+    /// random; >1: the CUDA mode's block allocation, exercised without a GPU).
+    pub(crate) host_block_pages: u32,
     pub(crate) seed: u64,
     pub(crate) flow_wait: Duration,
     pub(crate) conn_retry: u32,
@@ -378,6 +381,13 @@ fn from_env(w: &mut Vec<String>) -> Config {
         ));
         bounce_pages = bounce_pages.clamp(1, MAX_BOUNCE_PAGES);
     }
+    let mut host_block_pages: u32 = parse("TCPXEMU_HOST_BLOCK_PAGES", var("TCPXEMU_HOST_BLOCK_PAGES"), 1, w);
+    if !(1..=64).contains(&host_block_pages) {
+        w.push(format!(
+            "tcpxemu: TCPXEMU_HOST_BLOCK_PAGES={host_block_pages} is outside 1..=64; clamping"
+        ));
+        host_block_pages = host_block_pages.clamp(1, 64);
+    }
     let seed = match var("TCPXEMU_SEED") {
         None => rng::entropy(),
         Some(v) => {
@@ -416,6 +426,7 @@ fn from_env(w: &mut Vec<String>) -> Config {
         cuda_device,
         init_error,
         bounce_pages,
+        host_block_pages,
         seed,
         flow_wait,
         conn_retry,

@@ -5,8 +5,9 @@
 //! CUDA mode (`docs/EMULATION.md`, "CUDA mode"): the ring is host-mapped pinned memory
 //! (`cuMemHostAlloc(DEVICEMAP | PORTABLE)`; the plugin writes it through the host pointer, the
 //! handle carries the device pointer), the bounce pages are device memory (`cuMemAlloc`), and the
-//! handle itself is device memory. Socket threads read into [`RecvStaging`] and upload to the
-//! pages; senders of device memory download through [`SendStaging`]. Every CUDA call lives in
+//! handle itself is device memory, mirrored page for page in pinned host memory: socket threads
+//! land bytes in the mirror and upload whole blocks with [`RecvStaging`]; senders of device
+//! memory download through [`SendStaging`]. Every CUDA call lives in
 //! `cuda.rs`; `recv.rs` and `send.rs` only see these types.
 
 use crate::abi::{
@@ -155,6 +156,7 @@ impl RingMemory {
 }
 
 struct PoolState {
+    /// Free blocks (see [`BouncePool`]).
     free: Vec<u32>,
     rng: SplitMix64,
     warned: bool,
@@ -163,25 +165,44 @@ struct PoolState {
 #[derive(Debug)]
 enum PoolBacking {
     Host(Mapping),
-    Device(DeviceMem),
+    /// The device pages and their page-for-page pinned host mirror, where socket threads land
+    /// the bytes before one copy per run of blocks uploads them.
+    Device {
+        dev: DeviceMem,
+        mirror: Pinned,
+    },
 }
 
+/// Pages per block in CUDA mode: a block (64 KiB) is the unit of allocation and of the
+/// host → device copy, and the pages inside the blocks a batch takes are shuffled.
+pub(crate) const CUDA_BLOCK_PAGES: u32 = 16;
+
 /// The bounce buffer: `npages` pages of 4 KiB, handed out in shuffled order. Host memory in
-/// host mode, device memory in CUDA mode (then only [`RecvStaging::upload`] writes it).
+/// host mode, device memory in CUDA mode (written only by [`RecvStaging::upload`], from the
+/// pinned mirror).
+///
+/// The free list holds *blocks* of `block` consecutive pages (the last one may be shorter),
+/// taken at random (`swap_remove`). Host mode: `block` is 1 (unless `TCPXEMU_HOST_BLOCK_PAGES`
+/// says otherwise), so every page is drawn at random.
+/// CUDA mode: `block` is [`CUDA_BLOCK_PAGES`]; the socket thread shuffles the pages of the
+/// blocks it took before shaping fragments, so fragment lists stay unordered while each block
+/// needs one copy instead of sixteen.
 pub(crate) struct BouncePool {
     mem: PoolBacking,
     npages: u32,
+    block: u32,
     state: Mutex<PoolState>,
     cv: Condvar,
 }
 
 impl BouncePool {
-    fn with(mem: PoolBacking, npages: u32, rng: SplitMix64) -> BouncePool {
+    fn with(mem: PoolBacking, npages: u32, block: u32, rng: SplitMix64) -> BouncePool {
         BouncePool {
             mem,
             npages,
+            block,
             state: Mutex::new(PoolState {
-                free: (0..npages).collect(),
+                free: (0..npages.div_ceil(block)).collect(),
                 rng,
                 warned: false,
             }),
@@ -189,22 +210,40 @@ impl BouncePool {
         }
     }
 
-    /// Host mode: an anonymous mapping.
-    pub(crate) fn new(npages: u32, rng: SplitMix64) -> io::Result<BouncePool> {
+    /// Host mode: an anonymous mapping; `block` pages per block (1 unless a test asks for the
+    /// CUDA mode's blocks).
+    pub(crate) fn new(npages: u32, block: u32, rng: SplitMix64) -> io::Result<BouncePool> {
         let map = Mapping::new(npages as usize * SLICE_PAGE_SIZE)?;
-        Ok(Self::with(PoolBacking::Host(map), npages, rng))
+        Ok(Self::with(PoolBacking::Host(map), npages, block.max(1), rng))
     }
 
-    /// CUDA mode: `cuMemAlloc`, 4096-aligned.
+    /// CUDA mode: `cuMemAlloc`, 4096-aligned, plus a pinned host mirror of the same size.
     pub(crate) fn new_cuda(ctx: &Arc<Ctx>, npages: u32, rng: SplitMix64) -> io::Result<BouncePool> {
-        let mem = DeviceMem::new(ctx, npages as usize * SLICE_PAGE_SIZE, SLICE_PAGE_SIZE)
-            .map_err(|e| cuda_err("bounce buffer", e))?;
-        Ok(Self::with(PoolBacking::Device(mem), npages, rng))
+        let len = npages as usize * SLICE_PAGE_SIZE;
+        let dev = DeviceMem::new(ctx, len, SLICE_PAGE_SIZE).map_err(|e| cuda_err("bounce buffer", e))?;
+        let mirror = Pinned::new(ctx, len, false).map_err(|e| cuda_err("bounce buffer host mirror", e))?;
+        Ok(Self::with(
+            PoolBacking::Device { dev, mirror },
+            npages,
+            CUDA_BLOCK_PAGES,
+            rng,
+        ))
     }
 
     /// Does the pool live in device memory?
     pub(crate) fn is_device(&self) -> bool {
-        matches!(self.mem, PoolBacking::Device(_))
+        matches!(self.mem, PoolBacking::Device { .. })
+    }
+
+    /// Pages per block (1 in host mode).
+    pub(crate) fn block_pages(&self) -> u32 {
+        self.block
+    }
+
+    /// The pages of `block`.
+    pub(crate) fn block_range(&self, block: u32) -> std::ops::Range<u32> {
+        let first = block.saturating_mul(self.block).min(self.npages);
+        first..first.saturating_add(self.block).min(self.npages)
     }
 
     /// The pointer published in `unpackNetDeviceHandle.bounce_buf` (a device address in CUDA
@@ -212,34 +251,42 @@ impl BouncePool {
     pub(crate) fn base(&self) -> *mut u8 {
         match &self.mem {
             PoolBacking::Host(m) => m.ptr,
-            PoolBacking::Device(d) => d.addr() as usize as *mut u8,
+            PoolBacking::Device { dev, .. } => dev.addr() as usize as *mut u8,
         }
     }
 
-    /// Host mode: the host address of `page` (None in CUDA mode, where pages are device memory).
+    /// Where a socket thread lands the bytes of `page`: the page itself in host mode, its
+    /// pinned mirror in CUDA mode (uploaded with [`RecvStaging::upload`]).
     pub(crate) fn host_page(&self, page: u32) -> Option<*mut u8> {
+        if page >= self.npages {
+            return None;
+        }
+        let base = match &self.mem {
+            PoolBacking::Host(m) => m.ptr,
+            PoolBacking::Device { mirror, .. } => mirror.host(),
+        };
+        // SAFETY: page < npages, so the offset stays inside the mapping (or the mirror, which
+        // has the pool's size).
+        Some(unsafe { base.add(page as usize * SLICE_PAGE_SIZE) })
+    }
+
+    /// CUDA mode: (device address, mirror address, bytes) of pages `pages`, if they exist.
+    fn device_run(&self, pages: std::ops::Range<u32>) -> Option<(u64, *const u8, usize)> {
         match &self.mem {
-            PoolBacking::Host(m) if page < self.npages => {
-                // SAFETY: page < npages, so the offset stays inside the mapping.
-                Some(unsafe { m.ptr.add(page as usize * SLICE_PAGE_SIZE) })
+            PoolBacking::Device { dev, mirror } if pages.start < pages.end && pages.end <= self.npages => {
+                let off = pages.start as usize * SLICE_PAGE_SIZE;
+                let len = (pages.end - pages.start) as usize * SLICE_PAGE_SIZE;
+                if off + len > mirror.len() {
+                    return None;
+                }
+                // SAFETY: off + len ≤ the mirror's length (checked above).
+                Some((dev.addr() + off as u64, unsafe { mirror.host().add(off) }, len))
             }
             _ => None,
         }
     }
 
-    /// CUDA mode: the device address of byte `src_off` of the pool, if `len` bytes fit there.
-    fn device_addr(&self, src_off: u32, len: u32) -> Option<u64> {
-        match &self.mem {
-            PoolBacking::Device(d)
-                if u64::from(src_off) + u64::from(len) <= u64::from(self.npages) * SLICE_PAGE_SIZE as u64 =>
-            {
-                Some(d.addr() + u64::from(src_off))
-            }
-            _ => None,
-        }
-    }
-
-    /// Take up to `out.len()` random free pages; waits while none is free. Returns 0 only when
+    /// Take up to `out.len()` random free blocks; waits while none is free. Returns 0 only when
     /// `stop()` says to give up.
     pub(crate) fn take(&self, out: &mut [u32], stop: &dyn Fn() -> bool) -> usize {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -272,11 +319,12 @@ impl BouncePool {
         }
     }
 
-    /// Return pages to the pool.
-    pub(crate) fn give_back(&self, pages: impl Iterator<Item = u32>) {
+    /// Return blocks to the pool.
+    pub(crate) fn give_back(&self, blocks: impl Iterator<Item = u32>) {
+        let nblocks = self.npages.div_ceil(self.block);
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let before = st.free.len();
-        st.free.extend(pages.filter(|&p| p < self.npages));
+        st.free.extend(blocks.filter(|&b| b < nblocks));
         if st.free.len() != before {
             self.cv.notify_all();
         }
@@ -357,23 +405,19 @@ impl Drop for HandleMemory {
     }
 }
 
-/// Bytes of staging per receive batch: 64 fragments of at most one page each.
-pub(crate) const RECV_STAGING: usize = 64 * SLICE_PAGE_SIZE;
 /// Bytes per staged piece of a device-memory send (two pieces in flight).
 pub(crate) const SEND_PIECE: usize = 256 * 1024;
 
-/// A receive socket thread's pinned staging buffer and stream (CUDA mode), allocated once at
-/// comm creation.
+/// A receive socket thread's stream (CUDA mode), created once at comm creation. The thread
+/// lands bytes in the pool's pinned mirror and uploads whole blocks from there.
 pub(crate) struct RecvStaging {
-    buf: Pinned,
     stream: Stream,
 }
 
 impl RecvStaging {
     pub(crate) fn new(ctx: &Arc<Ctx>) -> io::Result<RecvStaging> {
-        let buf = Pinned::new(ctx, RECV_STAGING, false).map_err(|e| cuda_err("receive staging", e))?;
         let stream = Stream::new(ctx).map_err(|e| cuda_err("receive stream", e))?;
-        Ok(RecvStaging { buf, stream })
+        Ok(RecvStaging { stream })
     }
 
     /// Make the comm's context current on this (helper) thread for as long as the guard lives.
@@ -381,55 +425,30 @@ impl RecvStaging {
         cuda::bind(self.stream.ctx())
     }
 
-    /// Where byte `off` of the staging buffer is, if `len` bytes fit from there.
-    pub(crate) fn at(&self, off: usize, len: usize) -> Option<*mut u8> {
-        if off.checked_add(len)? > self.buf.len() {
-            return None;
-        }
-        // SAFETY: off + len ≤ the allocation's length.
-        Some(unsafe { self.buf.host().add(off) })
-    }
-
-    /// Copy the staged fragments — `frags[i]` occupies the staging bytes right after
-    /// `frags[i-1]`, from offset 0 — to their pages (`src_off`) of the device pool, and wait
-    /// until every byte is there. Adjacent fragments that are adjacent in the pool too go in one
-    /// copy.
-    pub(crate) fn upload(&self, pool: &BouncePool, frags: &[loadMeta]) -> Result<(), String> {
-        let mut staged = 0usize;
-        // (pool address, staging offset, length) of the copy being assembled.
-        let mut run: Option<(u64, usize, usize)> = None;
-        let issue = |r: (u64, usize, usize)| -> Result<(), String> {
-            let src = self
-                .at(r.1, r.2)
-                .ok_or_else(|| format!("staged bytes {}+{} exceed the staging buffer", r.1, r.2))?;
-            // SAFETY: `src` is pinned staging memory and the destination lies inside the pool's
-            // device allocation (checked by device_addr); neither is touched until the stream
-            // is synchronised below.
-            unsafe { self.stream.htod(r.0, src, r.2) }
-        };
-        for f in frags {
-            let dst = pool
-                .device_addr(f.src_off, f.len)
-                .ok_or_else(|| format!("fragment at {}+{} lies outside the device pool", f.src_off, f.len))?;
-            let len = f.len as usize;
-            run = match run {
-                Some((d, so, l)) if d + l as u64 == dst && so + l == staged => Some((d, so, l + len)),
-                Some(r) => {
-                    if let Err(e) = issue(r) {
-                        let _ = self.stream.sync();
-                        return Err(e);
-                    }
-                    Some((dst, staged, len))
-                }
-                None => Some((dst, staged, len)),
+    /// Copy `blocks` (sorted ascending, owned by the calling thread, their bytes in the pool's
+    /// pinned mirror) to the same offsets of the device pool — one `cuMemcpyHtoDAsync` per run
+    /// of adjacent blocks — and wait until every byte is there.
+    pub(crate) fn upload(&self, pool: &BouncePool, blocks: &[u32]) -> Result<(), String> {
+        let mut i = 0;
+        while i < blocks.len() {
+            let mut j = i + 1;
+            while j < blocks.len() && blocks[j] == blocks[j - 1] + 1 {
+                j += 1;
+            }
+            let pages = pool.block_range(blocks[i]).start..pool.block_range(blocks[j - 1]).end;
+            let Some((dst, src, len)) = pool.device_run(pages.clone()) else {
+                let _ = self.stream.sync();
+                return Err(format!("pages {pages:?} lie outside the device pool"));
             };
-            staged += len;
-        }
-        if let Some(r) = run {
-            if let Err(e) = issue(r) {
+            // SAFETY: `src` is the pinned mirror of these pages and `dst` the same pages of the
+            // pool's device allocation (checked by device_run). The calling thread owns the
+            // blocks: nobody writes their mirror bytes or reads their device bytes until the
+            // stream is synchronised below and the entries are published.
+            if let Err(e) = unsafe { self.stream.htod(dst, src, len) } {
                 let _ = self.stream.sync();
                 return Err(e);
             }
+            i = j;
         }
         self.stream.sync()
     }

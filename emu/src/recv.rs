@@ -4,7 +4,7 @@
 //! straight in the destination.
 //!
 //! Which receives bounce: in host mode, host-memory receives (unless `TCPXEMU_HOST_RECV=direct`);
-//! in CUDA mode, CUDA-memory receives (device bounce pages, reached through pinned staging) while
+//! in CUDA mode, CUDA-memory receives (device bounce pages, reached through a pinned mirror) while
 //! host-memory receives are direct, as in the real plugin.
 
 use crate::abi::{self, MAX_REQUESTS, NET_UNPACK_MAX_SLICE_PAGES, SLICE_PAGE_SIZE, loadMeta, ncclResult_t};
@@ -24,8 +24,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-/// Fragments per `readv`.
-const BATCH: usize = 64;
+/// Fragments per receive call into host bounce pages: 128 pages, one 512 KiB
+/// `NCCL_DYNAMIC_CHUNK_SIZE` chunk per `recvmsg` in page mode.
+const BATCH: usize = 128;
+/// Pages of the blocks one batch may take (a batch's last block may be partly used).
+const BATCH_PAGES: usize = BATCH + crate::memory::CUDA_BLOCK_PAGES as usize;
 
 /// Where a receive's bytes land.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +61,9 @@ struct RecvTask {
 struct SlotShared {
     bytes: AtomicU64,
     frags: AtomicU32,
-    pages: Box<[AtomicU32]>,
+    /// Pool blocks the request holds (pages in host mode), returned at `irecvConsumed`.
+    nblocks: AtomicU32,
+    blocks: Box<[AtomicU32]>,
 }
 
 struct RecvShared {
@@ -155,7 +160,7 @@ impl RecvComm {
         let (ring, pool, handle, mut stagings, host_landing) = match cuda {
             None => {
                 let ring = RingMemory::new()?;
-                let pool = BouncePool::new(cfg.bounce_pages, pool_rng)?;
+                let pool = BouncePool::new(cfg.bounce_pages, cfg.host_block_pages, pool_rng)?;
                 let handle = HandleMemory::new(&ring, &pool);
                 let host_landing = match cfg.host_recv {
                     HostRecv::Bounce => Landing::Bounce,
@@ -186,7 +191,8 @@ impl RecvComm {
                 .map(|_| SlotShared {
                     bytes: AtomicU64::new(0),
                     frags: AtomicU32::new(0),
-                    pages: (0..NET_UNPACK_MAX_SLICE_PAGES)
+                    nblocks: AtomicU32::new(0),
+                    blocks: (0..NET_UNPACK_MAX_SLICE_PAGES)
                         .map(|_| AtomicU32::new(0))
                         .collect(),
                 })
@@ -311,6 +317,7 @@ impl RecvComm {
         sh.ring.reset_cnt(q);
         sh.slots[q].bytes.store(0, Ordering::Relaxed);
         sh.slots[q].frags.store(0, Ordering::Relaxed);
+        sh.slots[q].nblocks.store(0, Ordering::Relaxed);
         st.reqs[q] = RecvReq {
             status: Status::Posted,
             posted: size,
@@ -457,10 +464,10 @@ impl RecvComm {
             return Err(abi::NCCL_INTERNAL_ERROR);
         }
         let slot = &sh.slots[q];
-        let n = (slot.frags.load(Ordering::Acquire) as usize).min(NET_UNPACK_MAX_SLICE_PAGES);
+        let n = (slot.nblocks.load(Ordering::Acquire) as usize).min(NET_UNPACK_MAX_SLICE_PAGES);
         if n > 0 {
             sh.pool
-                .give_back((0..n).map(|i| slot.pages[i].load(Ordering::Relaxed)));
+                .give_back((0..n).map(|i| slot.blocks[i].load(Ordering::Relaxed)));
         }
         st.reqs[q].status = Status::Free;
         st.head += 1;
@@ -529,8 +536,8 @@ fn fragment_shape(mode: Fragments, rng: &mut SplitMix64, remaining: u64) -> (u32
     }
 }
 
-/// One data socket's reader. `staging` (CUDA mode) receives bounce fragments before they are
-/// uploaded to the device pages; the thread binds the comm's context for its whole life.
+/// One data socket's reader. `staging` (CUDA mode) is the stream that uploads the pinned
+/// mirror's blocks to the device pages; the thread binds the comm's context for its whole life.
 fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<RecvStaging>) {
     let _bound = match staging.as_ref().map(RecvStaging::bind) {
         None => None,
@@ -549,7 +556,9 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<
     let fd = sh.data[me].as_raw_fd();
     let nsocks = sh.queues.len();
     let mut scratch = vec![0u8; 64 * 1024];
-    let mut pages = [0u32; BATCH];
+    let mut blocks = [0u32; BATCH];
+    let mut pages = [0u32; BATCH_PAGES];
+    let bp = sh.pool.block_pages().max(1) as usize;
     let mut metas = [loadMeta::default(); BATCH];
     let mut iov = [libc::iovec {
         iov_base: std::ptr::null_mut(),
@@ -596,26 +605,40 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<
                             Fragments::Odd => (SLICE_PAGE_SIZE / 2) as u64,
                         };
                         let want = (remaining.div_ceil(per) as usize).clamp(1, BATCH);
-                        let got = sh.pool.take(&mut pages[..want], &stop);
+                        let got = sh.pool.take(&mut blocks[..want.div_ceil(bp)], &stop);
                         if got == 0 {
                             return;
                         }
+                        // The pages of the blocks taken; with several pages per block (CUDA
+                        // mode) they are shuffled, so fragment lists stay unordered.
+                        let mut npages = 0;
+                        for &b in &blocks[..got] {
+                            for pg in sh.pool.block_range(b) {
+                                if npages < BATCH_PAGES {
+                                    pages[npages] = pg;
+                                    npages += 1;
+                                }
+                            }
+                        }
+                        if bp > 1 {
+                            for i in (1..npages).rev() {
+                                let j = rng.below(i as u64 + 1) as usize;
+                                pages.swap(i, j);
+                            }
+                        }
                         let mut used = 0;
                         let mut bytes = 0u64;
-                        while used < got && pos < end {
+                        while used < npages.min(BATCH) && pos < end {
                             let (in_page, flen) = fragment_shape(sh.fragments, &mut rng, end - pos);
                             let page = pages[used];
-                            // Host pool: straight into the page. Device pool: packed into the
-                            // staging buffer (≤ 64 fragments of ≤ 4096 bytes fit), uploaded below.
-                            let land = match &staging {
-                                Some(s) => s.at(bytes as usize, flen as usize),
-                                None => sh.pool.host_page(page).map(|p| {
-                                    // SAFETY: in_page + flen ≤ 4096, inside page `page` of the pool.
-                                    unsafe { p.add(in_page as usize) }
-                                }),
-                            };
+                            // Host pool: straight into the page. Device pool: into the page's
+                            // pinned mirror, uploaded below.
+                            let land = sh.pool.host_page(page).map(|p| {
+                                // SAFETY: in_page + flen ≤ 4096, inside page `page` (or its mirror).
+                                unsafe { p.add(in_page as usize) }
+                            });
                             let Some(base) = land else {
-                                sh.pool.give_back(pages[..got].iter().copied());
+                                sh.pool.give_back(blocks[..got].iter().copied());
                                 sh.health.fail(
                                     abi::NCCL_INTERNAL_ERROR,
                                     format!(
@@ -638,18 +661,40 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<
                             bytes += u64::from(flen);
                             used += 1;
                         }
-                        if used < got {
-                            sh.pool.give_back(pages[used..got].iter().copied());
+                        // Keep the blocks holding a used page (first, in order); return the rest.
+                        let kept = if bp == 1 {
+                            // One page per block: blocks[i] is pages[i], the first `used` are used.
+                            used
+                        } else {
+                            let mut keep = [false; BATCH];
+                            for &pg in &pages[..used] {
+                                let b = pg / bp as u32;
+                                if let Some(i) = blocks[..got].iter().position(|&x| x == b) {
+                                    keep[i] = true;
+                                }
+                            }
+                            let mut kept = 0;
+                            for (i, k) in keep.iter().enumerate().take(got) {
+                                if *k {
+                                    blocks.swap(kept, i);
+                                    kept += 1;
+                                }
+                            }
+                            kept
+                        };
+                        if kept < got {
+                            sh.pool.give_back(blocks[kept..got].iter().copied());
                         }
                         if let Err(e) = sockio::readv_all(fd, &mut iov[..used]) {
-                            sh.pool.give_back(pages[..used].iter().copied());
+                            sh.pool.give_back(blocks[..kept].iter().copied());
                             sh.socket_error(&e);
                             return;
                         }
                         // Every byte reaches the device before any entry is appended.
                         if let Some(s) = &staging {
-                            if let Err(e) = s.upload(&sh.pool, &metas[..used]) {
-                                sh.pool.give_back(pages[..used].iter().copied());
+                            blocks[..kept].sort_unstable();
+                            if let Err(e) = s.upload(&sh.pool, &blocks[..kept]) {
+                                sh.pool.give_back(blocks[..kept].iter().copied());
                                 sh.health.fail(
                                     abi::NCCL_UNHANDLED_CUDA_ERROR,
                                     format!(
@@ -661,10 +706,18 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<
                                 return;
                             }
                         }
-                        for i in 0..used {
-                            let idx = slot.frags.fetch_add(1, Ordering::AcqRel) as usize;
+                        // One atomic step each reserves consecutive block and entry indices.
+                        let first_block = slot.nblocks.fetch_add(kept as u32, Ordering::AcqRel) as usize;
+                        for (i, &b) in blocks[..kept].iter().enumerate() {
+                            match slot.blocks.get(first_block + i) {
+                                Some(cell) => cell.store(b, Ordering::Relaxed),
+                                None => sh.pool.give_back(std::iter::once(b)),
+                            }
+                        }
+                        let first = slot.frags.fetch_add(used as u32, Ordering::AcqRel) as usize;
+                        for (i, meta) in metas[..used].iter().enumerate() {
+                            let idx = first + i;
                             if idx >= NET_UNPACK_MAX_SLICE_PAGES {
-                                sh.pool.give_back(pages[i..used].iter().copied());
                                 sh.health.fail(
                                     abi::NCCL_INTERNAL_ERROR,
                                     format!(
@@ -675,8 +728,7 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<
                                 );
                                 return;
                             }
-                            sh.ring.write_entry(t.q, idx, metas[i]);
-                            slot.pages[idx].store(pages[i], Ordering::Relaxed);
+                            sh.ring.write_entry(t.q, idx, *meta);
                         }
                         slot.bytes.fetch_add(bytes, Ordering::Release);
                     }

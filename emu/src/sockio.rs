@@ -31,7 +31,8 @@ pub(crate) fn send_all(fd: RawFd, mut buf: *const u8, mut len: usize) -> io::Res
 pub(crate) fn recv_exact(fd: RawFd, mut buf: *mut u8, mut len: usize) -> io::Result<()> {
     while len > 0 {
         // SAFETY: the caller guarantees `buf..buf+len` is writable for the duration of the call.
-        let n = unsafe { libc::recv(fd, buf.cast(), len, 0) };
+        // MSG_WAITALL: one call for the whole range unless a signal or an error interrupts it.
+        let n = unsafe { libc::recv(fd, buf.cast(), len, libc::MSG_WAITALL) };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
@@ -50,8 +51,9 @@ pub(crate) fn recv_exact(fd: RawFd, mut buf: *mut u8, mut len: usize) -> io::Res
     Ok(())
 }
 
-/// Fill every iovec completely (one `readv` per batch, more after partial reads). The iovecs
-/// are consumed (advanced) on the way.
+/// Fill every iovec completely: one `recvmsg(MSG_WAITALL)` per batch (the kernel copies as
+/// bytes arrive and returns once all are in), more after a partial return (signal, error). The
+/// iovecs are consumed (advanced) on the way.
 pub(crate) fn readv_all(fd: RawFd, iov: &mut [libc::iovec]) -> io::Result<()> {
     let mut first = 0;
     while first < iov.len() {
@@ -59,10 +61,14 @@ pub(crate) fn readv_all(fd: RawFd, iov: &mut [libc::iovec]) -> io::Result<()> {
             first += 1;
             continue;
         }
-        let rest = &iov[first..];
+        let rest = &mut iov[first..];
+        // SAFETY: an all-zero msghdr is valid (no name, no control data).
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = rest.as_mut_ptr();
+        msg.msg_iovlen = rest.len() as _;
         // SAFETY: every iovec in `rest` describes writable memory the caller owns (bounce pages
-        // or the destination), and `rest.len()` ≤ 64 < IOV_MAX.
-        let n = unsafe { libc::readv(fd, rest.as_ptr(), rest.len() as libc::c_int) };
+        // or the destination), and `rest.len()` ≤ IOV_MAX (callers pass at most 256).
+        let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_WAITALL) };
         if n < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
