@@ -1,6 +1,7 @@
 //! tcpxd: move GPU and host buffers between nodes over GPUDirect-TCPX.
 
 pub mod api;
+pub mod bench;
 pub mod buffers;
 pub mod cli;
 pub mod client;

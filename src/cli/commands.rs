@@ -42,7 +42,7 @@ fn print_json(v: &serde_json::Value) -> Result<(), CliError> {
 }
 
 /// Writes to stdout; a closed pipe (`tcpxctl ... | head`) ends the command quietly.
-fn emit(text: &str) -> Result<(), CliError> {
+pub(crate) fn emit(text: &str) -> Result<(), CliError> {
     let mut stdout = std::io::stdout().lock();
     stdout
         .write_all(text.as_bytes())
@@ -147,6 +147,8 @@ pub enum CliError {
     Usage(String),
     #[error("demo failed: {0}")]
     Demo(DemoError),
+    #[error("bench failed: {0}")]
+    Bench(String),
     #[error("interrupted")]
     Interrupted,
     /// stdout was closed (`| head`): not an error worth a message.
@@ -221,6 +223,9 @@ pub async fn run(global: &GlobalOpts, command: ClientCommand) -> ExitCode {
 async fn execute(global: &GlobalOpts, command: ClientCommand) -> Result<(), CliError> {
     if let ClientCommand::Demo(args) = command {
         return demo(global, args).await;
+    }
+    if let ClientCommand::Bench(cmd) = command {
+        return crate::cli::bench::run(global, cmd).await;
     }
     let mut client = connect(&global.endpoint)
         .await
@@ -298,7 +303,7 @@ async fn execute(global: &GlobalOpts, command: ClientCommand) -> Result<(), CliE
         }
         ClientCommand::Subscribe(args) => subscribe(&mut client, json, args).await,
         ClientCommand::Stats(args) => stats(&mut client, json, args).await,
-        ClientCommand::Demo(_) => unreachable!("handled above"),
+        ClientCommand::Demo(_) | ClientCommand::Bench(_) => unreachable!("handled above"),
     }
 }
 
