@@ -346,9 +346,10 @@ enum Completion {
     Failed(PeerIdx, String),
 }
 
-const SPINS_BEFORE_YIELD: u32 = 64;
-const YIELDS_BEFORE_NAP: u32 = 256;
-const NAP: Duration = Duration::from_micros(50);
+/// The poller's idling while requests are in flight (the raw bench idles the same way).
+pub(crate) const SPINS_BEFORE_YIELD: u32 = 64;
+pub(crate) const YIELDS_BEFORE_NAP: u32 = 256;
+pub(crate) const NAP: Duration = Duration::from_micros(50);
 const PARK_MAX: Duration = Duration::from_secs(1);
 
 impl Poller {

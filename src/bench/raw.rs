@@ -8,7 +8,8 @@
 //!   lane; buffers registered in the poller's overlapping 1 GiB windows;
 //! - completion: only the head of each comm is tested; a completed receive is unpacked (the host
 //!   gather for host memory, the GPU unpacker for CUDA memory, one batch per pass) and consumed
-//!   (`irecvConsumed`) in ring order once its unpack finished.
+//!   (`irecvConsumed`) in ring order once its unpack finished;
+//! - idling: the poller's (spin, then yield, then 50 µs naps while a pass makes no progress).
 //!
 //! The sender and the receiver run on two threads. A transfer's latency runs from the moment the
 //! sender starts posting its chunks to the moment the receiver consumed the last one. Plugin
@@ -26,11 +27,9 @@ use crate::buffers::seeded_bytes;
 use crate::engine::ChunkPlan;
 use crate::gpu::{DeviceRegion, Gpu};
 use crate::net::{HostRegion, MemHandle, Plugin, RecvComm, Region, RegionWindow, RequestId, SendComm};
-use crate::poller::{WINDOW_LEN, WINDOW_STRIDE};
+use crate::poller::{NAP, SPINS_BEFORE_YIELD, WINDOW_LEN, WINDOW_STRIDE, YIELDS_BEFORE_NAP};
 use crate::unpack::{Ticket, UnpackImpl, UnpackJob, Unpacker};
 
-/// Spins before yielding, when a pass made no progress (the poller's first stage of idling).
-const SPINS_BEFORE_YIELD: u32 = 64;
 /// Bytes verified or filled per step.
 const PIECE: usize = 16 << 20;
 
@@ -185,12 +184,16 @@ impl Shared {
     }
 }
 
+/// Idles as the poller does while requests are in flight: spin, then yield, then nap, so the
+/// two threads leave the plugin's own threads the same CPU the daemon leaves them.
 fn backoff(idle: &mut u32) {
     *idle = idle.saturating_add(1);
     if *idle < SPINS_BEFORE_YIELD {
         std::hint::spin_loop();
-    } else {
+    } else if *idle < YIELDS_BEFORE_NAP {
         std::thread::yield_now();
+    } else {
+        std::thread::sleep(NAP);
     }
 }
 
