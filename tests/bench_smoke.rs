@@ -236,3 +236,30 @@ fn raw_bench_on_cuda_memory() {
     assert_eq!(rows.len(), 3);
     assert!(rows.iter().all(|r| r.verified));
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bench_transfer_on_cuda_memory_with_the_raw_bench() {
+    let out = tcpxctl(&[
+        "bench",
+        "transfer",
+        "--raw",
+        "--cuda",
+        "0",
+        "--sizes",
+        "4K,64K,1M",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--daemon",
+        env!("CARGO_BIN_EXE_tcpxd"),
+        "--json",
+    ]);
+    let rows = json_lines(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(rows.len(), 6);
+    for r in &rows {
+        assert_eq!(r["memory"], "cuda:0", "{r}");
+        assert_eq!(r["verified"], true, "{r}");
+    }
+}

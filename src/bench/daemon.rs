@@ -45,6 +45,8 @@ pub enum DaemonBenchError {
     },
     #[error("{0}")]
     Peer(String),
+    #[error("interrupted; the bench's buffers were released")]
+    Interrupted,
 }
 
 fn rpc(what: impl Into<String>) -> impl FnOnce(Status) -> DaemonBenchError {
@@ -128,12 +130,15 @@ pub async fn ensure_peer(
     }
 }
 
-/// Runs the daemon bench between an already connected pair (see [`ensure_peer`]).
+/// Runs the daemon bench between an already connected pair (see [`ensure_peer`]). When `stop`
+/// completes first (Ctrl-C), the run ends with [`DaemonBenchError::Interrupted`] after releasing
+/// its buffers.
 pub async fn run_daemon_bench(
     pair: &mut DaemonPair,
     workload: &Workload,
     lanes: Option<u32>,
     progress: &indicatif::ProgressBar,
+    stop: impl std::future::Future<Output = ()>,
 ) -> Result<Vec<BenchRow>, DaemonBenchError> {
     workload.validate().map_err(DaemonBenchError::BadOption)?;
     let bytes = workload.buffer_bytes();
@@ -154,7 +159,23 @@ pub async fn run_daemon_bench(
             return Err(e);
         }
     };
-    let outcome = run_sizes(pair, workload, lanes, progress, &local, &remote).await;
+    let outcome = tokio::select! {
+        r = run_sizes(pair, workload, lanes, progress, &local, &remote) => r,
+        () = stop => Err(DaemonBenchError::Interrupted),
+    };
+    if matches!(outcome, Err(DaemonBenchError::Interrupted)) {
+        // A transfer cut short still holds the buffers until it ends (its deadline at worst).
+        let (mut a, mut b) = (pair.a.clone(), pair.b.clone());
+        for _ in 0..50 {
+            let busy = |s: Result<tonic::Response<crate::api::proto::v1::Stats>, Status>| {
+                s.map(|s| s.into_inner().active_transfers > 0).unwrap_or(false)
+            };
+            if !busy(a.get_stats(GetStatsRequest {}).await) && !busy(b.get_stats(GetStatsRequest {}).await) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     // Released whatever happened; a release failure is worth knowing only if the run succeeded.
     let r1 = release(&mut pair.a, local.id).await;
     let r2 = release(&mut pair.b, remote.id).await;

@@ -279,13 +279,21 @@ async fn transfer_rows(
                 b,
                 chunk_bytes: None,
             };
-            let bench = async {
-                let (_, lanes) = ensure_peer(&mut pair, args.peer_address.as_deref()).await?;
-                run_daemon_bench(&mut pair, w, Some(lanes), &bar).await
-            };
-            tokio::select! {
-                r = bench => r.map_err(|e| CliError::Bench(e.to_string()))?,
+            let (_, lanes) = tokio::select! {
+                r = ensure_peer(&mut pair, args.peer_address.as_deref()) => r.map_err(|e| CliError::Bench(e.to_string()))?,
                 _ = tokio::signal::ctrl_c() => return Err(CliError::Interrupted),
+            };
+            let interrupted = async {
+                let _ = tokio::signal::ctrl_c().await;
+            };
+            match run_daemon_bench(&mut pair, w, Some(lanes), &bar, interrupted).await {
+                Ok(rows) => rows,
+                Err(crate::bench::daemon::DaemonBenchError::Interrupted) => {
+                    bar.finish_and_clear();
+                    eprintln!("tcpxctl: interrupted; the bench's buffers were released");
+                    return Err(CliError::Interrupted);
+                }
+                Err(e) => return Err(CliError::Bench(e.to_string())),
             }
         }
         None => local_daemons_bench(args, w, &bar).await?,
@@ -345,7 +353,8 @@ async fn local_daemons_bench(
         let (_, lanes) = ensure_peer(&mut pair, None)
             .await
             .map_err(|e| CliError::Bench(e.to_string()))?;
-        match run_daemon_bench(&mut pair, w, Some(lanes), bar).await {
+        // Ctrl-C is handled around this flow: the daemons are stopped, their buffers with them.
+        match run_daemon_bench(&mut pair, w, Some(lanes), bar, std::future::pending()).await {
             Ok(rows) => Ok(rows),
             // A failed RPC is often a daemon that died: say so, with its log.
             Err(e) => Err(match daemons.explain_exit() {
