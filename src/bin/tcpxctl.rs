@@ -78,11 +78,17 @@ fn main() -> ExitCode {
 }
 
 fn run_client(global: &GlobalOpts, command: ClientCommand) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    // The benchmarks time single RPCs: one thread keeps the response's wake-up on the thread
+    // that waits for it (no hand-over between workers inside the measured latency).
+    let runtime = if matches!(command, ClientCommand::Bench(_)) {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("tcpxctl: cannot start the async runtime: {e}");
