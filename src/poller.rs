@@ -361,9 +361,10 @@ enum Completion {
     Failed(PeerIdx, String),
 }
 
-const SPINS_BEFORE_YIELD: u32 = 64;
-const YIELDS_BEFORE_NAP: u32 = 256;
-const NAP: Duration = Duration::from_micros(50);
+/// The poller's idling while requests are in flight (the raw bench idles the same way).
+pub(crate) const SPINS_BEFORE_YIELD: u32 = 64;
+pub(crate) const YIELDS_BEFORE_NAP: u32 = 256;
+pub(crate) const NAP: Duration = Duration::from_micros(50);
 const PARK_MAX: Duration = Duration::from_secs(1);
 
 impl Poller {
@@ -1031,8 +1032,8 @@ fn shutting_down() -> EngineError {
 /// Buffers are registered in overlapping windows, because `regMr` takes an `int` size: window
 /// `k` starts at `k * WINDOW_STRIDE` and is `WINDOW_STRIDE + MAX_CHUNK_BYTES` long (or up to the
 /// buffer's end), so every chunk (at most 4 MiB) lies inside the window its offset falls in.
-const WINDOW_STRIDE: u64 = 1 << 30;
-const WINDOW_LEN: u64 = WINDOW_STRIDE + crate::engine::MAX_CHUNK_BYTES as u64;
+pub const WINDOW_STRIDE: u64 = 1 << 30;
+pub const WINDOW_LEN: u64 = WINDOW_STRIDE + crate::engine::MAX_CHUNK_BYTES as u64;
 
 /// The registration covering `[offset, offset + len)` of a buffer on one comm (made on first
 /// use) and the offset inside it.

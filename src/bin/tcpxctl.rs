@@ -78,11 +78,17 @@ fn main() -> ExitCode {
 }
 
 fn run_client(global: &GlobalOpts, command: ClientCommand) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    // The benchmarks time single RPCs: one thread keeps the response's wake-up on the thread
+    // that waits for it (no hand-over between workers inside the measured latency).
+    let runtime = if matches!(command, ClientCommand::Bench(_)) {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    };
+    let runtime = match runtime {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("tcpxctl: cannot start the async runtime: {e}");
@@ -236,9 +242,32 @@ mod tests {
             &["stats", "--watch", "1"],
             &["demo"],
             &["demo", "--size", "64M", "--chunk-bytes", "512K", "--keep-dir"],
+            &["bench", "transfer"],
+            &[
+                "bench",
+                "transfer",
+                "--peer-endpoint",
+                "h:1",
+                "--peer-address",
+                "h:2",
+                "--op",
+                "read",
+            ],
+            &[
+                "bench", "transfer", "--raw", "--cuda", "0", "--min", "1M", "--max", "1G", "--step", "2",
+            ],
+            &[
+                "bench", "raw", "--sizes", "4K,1M", "--batch", "4", "--iters", "5", "--out", "x.jsonl",
+            ],
+            &[
+                "bench", "raw", "--plugin", "/x.so", "--device", "0", "--device", "1",
+            ],
         ] {
             parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
         }
+        assert!(parse(&["bench", "raw", "--sizes", "4K", "--min", "8K"]).is_err());
+        assert!(parse(&["bench", "transfer", "--peer-address", "h:2"]).is_err());
+        assert!(parse(&["bench", "raw", "--op", "copy"]).is_err());
         let cli = parse(&["demo"]).unwrap();
         let Command::Client(ClientCommand::Demo(d)) = cli.command else {
             panic!("not demo");

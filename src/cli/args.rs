@@ -60,6 +60,9 @@ pub enum ClientCommand {
     /// Start two local daemons on the emulation plugin and move data between them.
     #[command(after_help = SIZE_HELP)]
     Demo(DemoArgs),
+    /// Measure transfers: through two daemons, or through the plugin directly.
+    #[command(subcommand)]
+    Bench(crate::cli::bench::BenchCommand),
 }
 
 /// Sizes accept K, M, G and T suffixes; all are 1024-based (K = KB = KiB = 1024 bytes).

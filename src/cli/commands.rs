@@ -41,7 +41,7 @@ fn print_json(v: &serde_json::Value) -> Result<(), CliError> {
 }
 
 /// Writes to stdout; a closed pipe (`tcpxctl ... | head`) ends the command quietly.
-fn emit(text: &str) -> Result<(), CliError> {
+pub(crate) fn emit(text: &str) -> Result<(), CliError> {
     let mut stdout = std::io::stdout().lock();
     stdout
         .write_all(text.as_bytes())
@@ -162,6 +162,8 @@ pub enum CliError {
     NotServing(String),
     #[error("demo failed: {0}")]
     Demo(DemoError),
+    #[error("bench failed: {0}")]
+    Bench(String),
     #[error("interrupted")]
     Interrupted,
     /// stdout was closed (`| head`): not an error worth a message.
@@ -240,6 +242,9 @@ async fn execute(global: &GlobalOpts, command: ClientCommand) -> Result<(), CliE
     if let ClientCommand::Health = command {
         return health(global).await;
     }
+    if let ClientCommand::Bench(cmd) = command {
+        return crate::cli::bench::run(global, cmd).await;
+    }
     let mut client = connect(&global.endpoint)
         .await
         .map_err(|source| CliError::Connect { source })?;
@@ -316,7 +321,9 @@ async fn execute(global: &GlobalOpts, command: ClientCommand) -> Result<(), CliE
         }
         ClientCommand::Subscribe(args) => subscribe(&mut client, json, args).await,
         ClientCommand::Stats(args) => stats(&mut client, json, args).await,
-        ClientCommand::Demo(_) | ClientCommand::Health => unreachable!("handled above"),
+        ClientCommand::Demo(_) | ClientCommand::Health | ClientCommand::Bench(_) => {
+            unreachable!("handled above")
+        }
     }
 }
 

@@ -362,7 +362,7 @@ pub async fn run_demo(opts: &DemoOptions) -> Result<DemoReport, DemoError> {
 }
 
 /// Removes what the demo made: the whole directory if it created it, else its own files.
-fn remove_dir(dir: &Path, created: bool) {
+pub(crate) fn remove_dir(dir: &Path, created: bool) {
     if created {
         let _ = std::fs::remove_dir_all(dir);
     } else {
@@ -570,7 +570,11 @@ fn compare(
     })
 }
 
-async fn connect_peer(client: &mut ApiClient, a: &ReadyInfo, b: &ReadyInfo) -> Result<(), DemoError> {
+pub(crate) async fn connect_peer(
+    client: &mut ApiClient,
+    a: &ReadyInfo,
+    b: &ReadyInfo,
+) -> Result<(), DemoError> {
     let what = format!("connecting {} to {} at {}", a.node_id, b.node_id, b.peer_address);
     let peer = client
         .connect_peer(ConnectPeerRequest {
@@ -655,13 +659,13 @@ async fn finish(
 }
 
 /// SIGINT and SIGTERM as a future.
-struct Signals {
+pub(crate) struct Signals {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
 }
 
 impl Signals {
-    fn new() -> Result<Signals, DemoError> {
+    pub(crate) fn new() -> Result<Signals, DemoError> {
         use tokio::signal::unix::{SignalKind, signal};
         let io = |source| DemoError::Io {
             what: "installing the signal handlers".to_string(),
@@ -673,7 +677,7 @@ impl Signals {
         })
     }
 
-    async fn recv(&mut self) -> &'static str {
+    pub(crate) async fn recv(&mut self) -> &'static str {
         tokio::select! {
             _ = self.int.recv() => "SIGINT",
             _ = self.term.recv() => "SIGTERM",
@@ -691,20 +695,26 @@ struct Daemon {
 }
 
 /// The demo's children. Dropping it stops them (SIGTERM, then SIGKILL after the grace period).
-struct Daemons {
+pub(crate) struct Daemons {
     list: Vec<Daemon>,
     verbose: bool,
 }
 
 impl Daemons {
-    fn new(verbose: bool) -> Daemons {
+    pub(crate) fn new(verbose: bool) -> Daemons {
         Daemons {
             list: Vec::new(),
             verbose,
         }
     }
 
-    fn spawn(&mut self, daemon: &Path, node: &str, dir: &Path, opts: &DemoOptions) -> Result<(), DemoError> {
+    pub(crate) fn spawn(
+        &mut self,
+        daemon: &Path,
+        node: &str,
+        dir: &Path,
+        opts: &DemoOptions,
+    ) -> Result<(), DemoError> {
         let socket = dir.join(format!("{node}.sock"));
         let ready_file = dir.join(format!("{node}.ready"));
         let log = dir.join(format!("{node}.log"));
@@ -769,7 +779,7 @@ impl Daemons {
     }
 
     /// Waits until every daemon wrote a parseable ready file; fails early if one exits.
-    async fn wait_ready(&mut self, timeout: Duration) -> Result<[ReadyInfo; 2], DemoError> {
+    pub(crate) async fn wait_ready(&mut self, timeout: Duration) -> Result<[ReadyInfo; 2], DemoError> {
         let deadline = Instant::now() + timeout;
         let mut ready: Vec<Option<ReadyInfo>> = vec![None; self.list.len()];
         loop {
@@ -817,7 +827,7 @@ impl Daemons {
     }
 
     /// If a daemon has exited on its own, the error that says so (with its log).
-    fn explain_exit(&mut self) -> Option<DemoError> {
+    pub(crate) fn explain_exit(&mut self) -> Option<DemoError> {
         for d in &mut self.list {
             if d.status.is_none() {
                 if let Ok(Some(status)) = d.child.try_wait() {
@@ -889,7 +899,7 @@ impl Daemons {
     }
 
     /// SIGTERM, wait up to `grace`, SIGKILL.
-    async fn stop(&mut self, grace: Duration) -> Vec<DaemonExit> {
+    pub(crate) async fn stop(&mut self, grace: Duration) -> Vec<DaemonExit> {
         self.terminate();
         let deadline = Instant::now() + grace;
         while !self.reap() && Instant::now() < deadline {

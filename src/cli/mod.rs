@@ -3,6 +3,7 @@
 //! dispatches, so integration tests can drive the same code (notably [`demo::run_demo`]).
 
 pub mod args;
+pub mod bench;
 pub mod commands;
 pub mod demo;
 pub mod output;
