@@ -54,8 +54,8 @@ def load(path, harness):
             r = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if r.get("harness") == harness or (harness.startswith("nccl") and r.get("harness") == harness):
-            rows[int(r["block_bytes"])] = r
+        if r.get("harness") == harness:
+            rows[int(r["block_size"])] = r
     return rows
 
 
@@ -114,15 +114,14 @@ def main():
     if "raw" in only:
         results["raw"] = run(
             "raw",
-            [tcpxctl, "bench", "raw", "--op", args.op, "--memory", "cuda", "--device", "0", "--peer-device", "1",
-             "--plugin", plugin, "--out", out] + common,
+            [tcpxctl, "bench", "raw", "--op", args.op, "--cuda", "0", "--plugin", plugin, "--out", out] + common,
             env, args.logs, args.timeout,
         )
     if "daemon" in only:
         results["daemon"] = run(
             "daemon",
-            [tcpxctl, "bench", "transfer", "--local-demo", "--daemon", tcpxd, "--op", args.op, "--memory", "cuda",
-             "--device", "0", "--peer-device", "1", "--out", out] + common,
+            [tcpxctl, "bench", "transfer", "--daemon", tcpxd, "--op", args.op, "--cuda", "0", "--peer-cuda", "1",
+             "--out", out] + common,
             env, args.logs, args.timeout,
         )
 
@@ -130,7 +129,9 @@ def main():
     sizes = sorted({s for r in rows.values() for s in r})
     print()
     print(f"Message sizes {args.sizes}; {args.op.upper()} for the daemon and raw harnesses, send/recv for NCCL;")
-    print("GB/s of back-to-back messages; latency p50 in µs. ratio columns: daemon GB/s over the other's.")
+    print("GB/s of one message (transfer) at a time, as tcpxctl bench measures; p50 latency in µs;")
+    print("the raw bench runs both sides on GPU 0 (one process), the daemons and NCCL GPU 0 -> GPU 1.")
+    print("ratio columns: daemon GB/s over the other's.")
     head = f"{'block':>6}"
     for h in HARNESSES:
         head += f" {h + ' GB/s':>17} {'p50':>8}"
@@ -141,10 +142,10 @@ def main():
         line = f"{fmt_size(s):>6}"
         for h in HARNESSES:
             r = rows[h].get(s)
-            line += f" {r['gbps']:>17.2f} {r['p50_us']:>8.0f}" if r else f" {'-':>17} {'-':>8}"
+            line += f" {r['gb_per_s']:>17.2f} {r['p50_lat_us']:>8.0f}" if r else f" {'-':>17} {'-':>8}"
         d, raw, nccl = rows["daemon"].get(s), rows["raw"].get(s), rows["nccl-plugin"].get(s)
-        r1 = d["gbps"] / raw["gbps"] if d and raw and raw["gbps"] else None
-        r2 = d["gbps"] / nccl["gbps"] if d and nccl and nccl["gbps"] else None
+        r1 = d["gb_per_s"] / raw["gb_per_s"] if d and raw and raw["gb_per_s"] else None
+        r2 = d["gb_per_s"] / nccl["gb_per_s"] if d and nccl and nccl["gb_per_s"] else None
         line += f" {r1:>11.2f}" if r1 is not None else f" {'-':>11}"
         line += f" {r2:>19.2f}" if r2 is not None else f" {'-':>19}"
         print(line)

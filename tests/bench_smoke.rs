@@ -12,8 +12,11 @@ use tcpxd::bench::{Harness, Memory, Op, Workload};
 
 const SIZES: [u64; 3] = [4096, 64 << 10, 1 << 20];
 
+/// The tcpxctl built with the tests, or `TCPXD_TEST_TCPXCTL` (test binaries copied to another
+/// machine, such as the GPU host, run the tcpxctl copied beside them).
 fn tcpxctl(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_tcpxctl"))
+    let exe = std::env::var_os("TCPXD_TEST_TCPXCTL").unwrap_or_else(|| env!("CARGO_BIN_EXE_tcpxctl").into());
+    let out = Command::new(exe)
         .args(args)
         .env("TCPXD_ENDPOINT", "unix:/nonexistent/tcpxd.sock")
         .output()
