@@ -12,6 +12,11 @@ use tcpxd::bench::{Harness, Memory, Op, Workload};
 
 const SIZES: [u64; 3] = [4096, 64 << 10, 1 << 20];
 
+/// The tcpxd built with the tests, or `TCPXD_TEST_TCPXD` (as for tcpxctl below).
+fn tcpxd_path() -> String {
+    std::env::var("TCPXD_TEST_TCPXD").unwrap_or_else(|_| env!("CARGO_BIN_EXE_tcpxd").to_string())
+}
+
 /// The tcpxctl built with the tests, or `TCPXD_TEST_TCPXCTL` (test binaries copied to another
 /// machine, such as the GPU host, run the tcpxctl copied beside them).
 fn tcpxctl(args: &[&str]) -> Output {
@@ -257,7 +262,7 @@ fn bench_transfer_on_cuda_memory_with_the_raw_bench() {
         "--warmup",
         "1",
         "--daemon",
-        env!("CARGO_BIN_EXE_tcpxd"),
+        &tcpxd_path(),
         "--json",
     ]);
     let rows = json_lines(&String::from_utf8_lossy(&out.stdout));

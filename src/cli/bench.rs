@@ -324,6 +324,11 @@ async fn local_daemons_bench(
         progress: false,
         handle_signals: true,
         extra_daemon_args: vec!["--lanes-per-device".into(), lanes_per_device.to_string()],
+        // One daemon per GPU: each keeps its emulated bounce buffers on its own GPU.
+        emulation_cuda_devices: match (w.memory, w.peer_memory) {
+            (Memory::Cuda(a), Some(Memory::Cuda(b))) => vec![a, b],
+            _ => Vec::new(),
+        },
         ..DemoOptions::default()
     };
     let fail = |e: crate::cli::demo::DemoError| CliError::Bench(e.to_string());

@@ -746,7 +746,7 @@ async fn demo(global: &GlobalOpts, args: DemoArgs) -> Result<(), CliError> {
         ready_timeout: args.ready_timeout,
         progress: !global.json,
         handle_signals: true,
-        extra_daemon_args: Vec::new(),
+        ..DemoOptions::default()
     };
     let report = run_demo(&opts).await.map_err(CliError::Demo)?;
     if global.json {

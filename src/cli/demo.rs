@@ -74,6 +74,9 @@ pub struct DemoOptions {
     pub handle_signals: bool,
     /// Extra arguments for both daemons (after the standard ones).
     pub extra_daemon_args: Vec<String>,
+    /// Per daemon (in spawn order): the CUDA device its built-in emulation keeps its bounce
+    /// buffers on (`TCPXEMU_CUDA_DEVICE`), so each daemon owns one GPU.
+    pub emulation_cuda_devices: Vec<u32>,
 }
 
 impl Default for DemoOptions {
@@ -88,6 +91,7 @@ impl Default for DemoOptions {
             progress: false,
             handle_signals: false,
             extra_daemon_args: Vec::new(),
+            emulation_cuda_devices: Vec::new(),
         }
     }
 }
@@ -756,6 +760,9 @@ impl Daemons {
             cmd.arg("--chunk-bytes").arg(chunk.to_string());
         }
         cmd.args(&opts.extra_daemon_args);
+        if let Some(d) = opts.emulation_cuda_devices.get(self.list.len()) {
+            cmd.env("TCPXEMU_CUDA_DEVICE", d.to_string());
+        }
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }

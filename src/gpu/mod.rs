@@ -37,7 +37,7 @@ pub use launch::{
 pub use memory::plain::Plain;
 pub use memory::{DeviceRegion, DeviceSpan, FragmentList, IpcExport, PinnedRegion};
 pub use module::{KernelSource, Kernels};
-pub use peek::{read_any_device, shared, wait_ipc_event};
+pub use peek::{device_of, enable_peer_access, read_any_device, shared, wait_ipc_event};
 pub use stream::{Event, EventPool, Stream, StreamPool};
 
 pub(crate) use error::check;

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys;
 
+use super::error::check;
 use super::{Gpu, GpuError, GpuResult};
 
 fn gpus() -> &'static Mutex<HashMap<usize, Arc<Gpu>>> {
@@ -35,6 +36,55 @@ pub fn read_any_device(ptr: u64, out: &mut [u8]) -> GpuResult<()> {
         )));
     }
     shared(ordinal as usize)?.read_device(ptr, out)
+}
+
+/// The ordinal of the GPU that owns device address `ptr`.
+pub fn device_of(ptr: u64) -> GpuResult<usize> {
+    super::driver().map_err(|e| GpuError::InvalidArgument(e.to_string()))?;
+    shared(0)?.bind_to_thread()?;
+    let mut ordinal: i32 = 0;
+    // SAFETY: as in `read_any_device`: a plain int written through our pointer; an unknown
+    // address is reported as an error, never dereferenced.
+    let rc = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut i32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return Err(GpuError::InvalidArgument(format!(
+            "{ptr:#x} is not device memory known to CUDA ({rc:?})"
+        )));
+    }
+    Ok(ordinal as usize)
+}
+
+/// Lets kernels running on `gpu` read and write memory of GPU `peer` (`cuCtxEnablePeerAccess`;
+/// already enabled is fine). An error when the two devices cannot reach each other.
+pub fn enable_peer_access(gpu: &Gpu, peer: usize) -> GpuResult<()> {
+    if peer == gpu.ordinal {
+        return Ok(());
+    }
+    let other = shared(peer)?;
+    let mut can: i32 = 0;
+    // SAFETY: writes one int; both device handles are live.
+    check("cuDeviceCanAccessPeer", unsafe {
+        sys::cuDeviceCanAccessPeer(&mut can, gpu.dev, other.dev)
+    })?;
+    if can == 0 {
+        return Err(GpuError::InvalidArgument(format!(
+            "GPU {} cannot access GPU {peer}'s memory (no peer access between them)",
+            gpu.ordinal
+        )));
+    }
+    gpu.bind_to_thread()?;
+    // SAFETY: `other.ctx` is a retained primary context; the call only records the mapping.
+    let rc = unsafe { sys::cuCtxEnablePeerAccess(other.ctx, 0) };
+    match rc {
+        sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+        other => check("cuCtxEnablePeerAccess", other),
+    }
 }
 
 /// The process's handle for GPU `ordinal`, opened on first use and shared afterwards (one
