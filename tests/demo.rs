@@ -14,6 +14,11 @@ async fn the_demo_moves_data_both_ways_between_two_daemon_processes() {
     .await
     .expect("demo succeeds");
     assert_eq!(report.size, 64 << 20);
+    // Both daemons served metrics; A started the write and the read, both of size bytes.
+    assert_eq!(report.metrics.len(), 2, "{:?}", report.metrics);
+    let a = &report.metrics[0];
+    assert_eq!(a.transfers_ok, 2.0, "{a:?}");
+    assert_eq!(a.bytes_ok, 2.0 * report.size as f64, "{a:?}");
     assert_ne!(report.write_transfer_id, 0);
     assert!(report.kept_dir.is_none(), "the temp dir is removed after success");
 }

@@ -127,6 +127,64 @@ pub struct ReadyInfo {
     pub node_id: String,
     pub api_socket: String,
     pub peer_address: String,
+    /// The Prometheus endpoint (`host:port`), when the daemon serves one.
+    #[serde(default)]
+    pub metrics: Option<String>,
+}
+
+/// What the demo read from a daemon's Prometheus endpoint after the transfers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricsScrape {
+    pub node_id: String,
+    pub url: String,
+    /// Sums over `tcpxd_transfers_total{status="ok"}` and `tcpxd_transfer_bytes_total{status="ok"}`.
+    pub transfers_ok: f64,
+    pub bytes_ok: f64,
+}
+
+/// Reads `http://addr/metrics` (plain HTTP/1.0, the daemon's own listener) and sums the
+/// successful transfers and their bytes.
+pub async fn scrape_metrics(node_id: &str, addr: &str) -> Result<MetricsScrape, DemoError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let url = format!("http://{addr}/metrics");
+    let io = |what: &str| {
+        let what = format!("{what} {url}");
+        move |source| DemoError::Io { what, source }
+    };
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(io("connecting to"))?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .await
+            .map_err(io("asking"))?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).await.map_err(io("reading"))?;
+        Ok::<_, DemoError>(body)
+    };
+    let body = tokio::time::timeout(Duration::from_secs(10), fetch)
+        .await
+        .map_err(|_| DemoError::BadOption(format!("{url} did not answer within 10 s")))??;
+    if !body.starts_with("HTTP/1.") || !body.lines().next().is_some_and(|l| l.contains(" 200")) {
+        return Err(DemoError::BadOption(format!(
+            "{url} answered {:?}",
+            body.lines().next().unwrap_or("")
+        )));
+    }
+    let sum = |family: &str| -> f64 {
+        body.lines()
+            .filter(|l| {
+                l.starts_with(family) && l[family.len()..].starts_with('{') && l.contains("status=\"ok\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    Ok(MetricsScrape {
+        node_id: node_id.to_string(),
+        url,
+        transfers_ok: sum("tcpxd_transfers_total"),
+        bytes_ok: sum("tcpxd_transfer_bytes_total"),
+    })
 }
 
 /// How a daemon ended when the demo stopped it.
@@ -175,6 +233,8 @@ pub struct DemoReport {
     pub kept_dir: Option<PathBuf>,
     /// How the daemons stopped.
     pub daemon_exits: Vec<DaemonExit>,
+    /// Each daemon's Prometheus endpoint, scraped after the transfers.
+    pub metrics: Vec<MetricsScrape>,
 }
 
 impl DemoReport {
@@ -207,6 +267,12 @@ impl DemoReport {
             "crc32c": format!("{:08x}", self.crc32c),
             "checksums_match": true,
             "kept_dir": self.kept_dir.as_ref().map(|d| d.display().to_string()),
+            "metrics": self.metrics.iter().map(|m| json!({
+                "node_id": m.node_id,
+                "url": m.url,
+                "transfers_ok": m.transfers_ok,
+                "bytes_ok": m.bytes_ok,
+            })).collect::<Vec<_>>(),
             "daemons": self.daemon_exits.iter().map(|e| json!({
                 "node_id": e.node,
                 "exit": e.describe(),
@@ -243,6 +309,13 @@ impl std::fmt::Display for DemoReport {
             format_duration(self.read_time),
             format_rate(self.size, self.read_time)
         )?;
+        for m in &self.metrics {
+            writeln!(
+                f,
+                "  metrics {} ({}): {} transfers ok, {} bytes",
+                m.url, m.node_id, m.transfers_ok, m.bytes_ok
+            )?;
+        }
         write!(f, "  crc32c {:08x}: checksums match", self.crc32c)?;
         if let Some(dir) = &self.kept_dir {
             write!(f, "\n  kept {}", dir.display())?;
@@ -403,9 +476,21 @@ async fn demo_flow(
     );
 
     let result = transfer_and_check(opts, &info_a, &info_b).await;
+    let result = match result {
+        Ok(moved) => {
+            let mut scrapes = Vec::new();
+            for info in [&info_a, &info_b] {
+                if let Some(addr) = &info.metrics {
+                    scrapes.push(scrape_metrics(&info.node_id, addr).await?);
+                }
+            }
+            Ok((moved, scrapes))
+        }
+        Err(e) => Err(e),
+    };
     // A failed RPC is often a daemon that died: say so, with its log.
     match result {
-        Ok((write, read, crc)) => Ok(DemoReport {
+        Ok(((write, read, crc), metrics)) => Ok(DemoReport {
             size: opts.size,
             nodes: [info_a, info_b],
             write_time: write.1,
@@ -415,6 +500,7 @@ async fn demo_flow(
             crc32c: crc,
             kept_dir: None,
             daemon_exits: Vec::new(),
+            metrics,
         }),
         Err(e) => Err(daemons.explain_exit().unwrap_or(e)),
     }
@@ -755,7 +841,9 @@ impl Daemons {
             .arg("--peer-listen")
             .arg("127.0.0.1:0")
             .arg("--ready-file")
-            .arg(&ready_file);
+            .arg(&ready_file)
+            .arg("--metrics-listen")
+            .arg("127.0.0.1:0");
         if let Some(chunk) = opts.chunk_bytes {
             cmd.arg("--chunk-bytes").arg(chunk.to_string());
         }
