@@ -177,7 +177,7 @@ pub async fn scrape_metrics(node_id: &str, addr: &str) -> Result<MetricsScrape, 
                 l.starts_with(family) && l[family.len()..].starts_with('{') && l.contains("status=\"ok\"")
             })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+            .fold(0.0, |a, b| a + b)
     };
     Ok(MetricsScrape {
         node_id: node_id.to_string(),
