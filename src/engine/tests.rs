@@ -938,3 +938,93 @@ fn multi_peer_batches_report_per_entry_status() {
     assert_eq!(cancels, 1, "the other peer's offer is withdrawn");
     let _ = t;
 }
+
+/// Steps until a receive on `receiver` has landed and waits for its unpack to finish (the
+/// poller's "unpacking" stage: received, not yet consumed); false if the transfer ended first.
+fn step_until_unpacking(s: &mut Sim, receiver: usize) -> bool {
+    for _ in 0..10_000 {
+        if s.wires[1 - receiver].iter().any(|w| w.recv_done_pending > 0) {
+            return true;
+        }
+        if !s.step() {
+            return false;
+        }
+    }
+    false
+}
+
+#[test]
+fn cancel_and_deadline_while_receives_are_unpacking_drain_both_sides() {
+    // (write or read, cancel or deadline): the receiving side holds a landed chunk in its
+    // unpack stage when the transfer ends; the unpack still finishes, the chunk is consumed,
+    // and every slot, window and buffer use comes back to zero on both nodes.
+    for (case, (read, by_deadline)) in [(false, false), (false, true), (true, false), (true, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut s = Sim::new(2, small_chunks(), 60 + case as u64);
+        let len = 256 * 1024;
+        s.buffer(0, 1, len, if read { 0 } else { 1 });
+        s.buffer(1, 2, len, if read { 5 } else { 0 });
+        let now = s.now;
+        let deadline = now + Duration::from_millis(if by_deadline { 50 } else { 60_000 });
+        let remote = RemoteRange {
+            buffer_id: 2,
+            access_key: key(2),
+            offset: 0,
+            length: len as u64,
+        };
+        let t = if read {
+            s.nodes[0]
+                .eng
+                .start_read(
+                    vec![ReadSpec {
+                        local_buffer: 1,
+                        local_offset: 0,
+                        peer: P,
+                        remote,
+                    }],
+                    deadline,
+                    now,
+                )
+                .unwrap()
+        } else {
+            s.nodes[0]
+                .eng
+                .start_write(
+                    vec![WriteSpec {
+                        local_buffer: 1,
+                        local_offset: 0,
+                        peer: P,
+                        remote,
+                    }],
+                    vec![],
+                    deadline,
+                    now,
+                )
+                .unwrap()
+        };
+        let receiver = if read { 0 } else { 1 };
+        assert!(
+            step_until_unpacking(&mut s, receiver),
+            "case {case}: a chunk lands"
+        );
+        if by_deadline {
+            s.nodes[0].eng.tick(deadline);
+        } else {
+            assert!(
+                s.nodes[0]
+                    .eng
+                    .cancel(t, Code::Cancelled, "cancelled by the client")
+            );
+        }
+        s.run();
+        let want = if by_deadline {
+            Code::DeadlineExceeded
+        } else {
+            Code::Cancelled
+        };
+        assert_eq!(s.outcome(0, t).code, want, "case {case}");
+        s.assert_idle();
+    }
+}
