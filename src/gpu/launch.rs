@@ -2,6 +2,8 @@
 
 use std::ffi::c_void;
 
+use cudarc::driver::sys;
+
 use super::error::{GpuError, GpuResult};
 use super::memory::{DeviceSpan, PinnedRegion};
 use super::stream::Stream;
@@ -40,6 +42,11 @@ pub enum ListFormat {
     Page32 = 1,
     /// Three u32 per fragment (src_off, len, dst_off): destinations under 4 GiB.
     Packed12 = 2,
+}
+
+/// A whole-page fragment as its `ListFormat::Page32` entry.
+fn page32(f: &loadMeta) -> u32 {
+    (f.src_off >> 12) << 12 | (f.dst_off >> 12) as u32
 }
 
 impl ListFormat {
@@ -84,8 +91,7 @@ impl ListFormat {
             }
             ListFormat::Page32 => {
                 for (o, f) in out.chunks_exact_mut(4).zip(frags) {
-                    let e = (f.src_off >> 12) << 12 | (f.dst_off >> 12) as u32;
-                    o.copy_from_slice(&e.to_le_bytes());
+                    o.copy_from_slice(&page32(f).to_le_bytes());
                 }
             }
             ListFormat::Packed12 => {
@@ -366,22 +372,22 @@ impl Gpu {
         if batch.is_empty() {
             return Ok(());
         }
-        err.check(err_off as u64, 4)?;
-        if err_off % 4 != 0 {
-            return Err(GpuError::InvalidArgument("unaligned error word".into()));
-        }
-        let mut err_ptr = err.device_ptr() + err_off as u64;
-        let grid = (blocks_per_task.clamp(1, 65_535), batch.tasks as u32);
-        let block = UNPACK_WARPS_PER_BLOCK * 32;
-        let mut params = [
-            (&mut batch.params as *mut InlineParams<INLINE_MAX_TASKS, INLINE_MAX_FRAGS>).cast::<c_void>(),
-            (&mut err_ptr as *mut u64).cast::<c_void>(),
-        ];
-        // SAFETY: the parameters match `tcpxd_unpack_inline_small(InlineParams<4, 256>, u32*)`
-        // (size asserted above); addresses come from DeviceSpans and every entry is
-        // bounds-checked in the kernel; the error word is in live pinned memory. The driver
-        // copies the parameter block at launch.
-        let result = unsafe { self.launch(kernels.unpack_inline_small, grid, block, stream, &mut params) };
+        let params =
+            (&mut batch.params as *mut InlineParams<INLINE_MAX_TASKS, INLINE_MAX_FRAGS>).cast::<c_void>();
+        // SAFETY: `params` is `tcpxd_unpack_inline_small`'s `InlineParams<4, 256>` (size asserted
+        // above), live for the call; its addresses come from DeviceSpans and every entry is
+        // bounds-checked in the kernel.
+        let result = unsafe {
+            self.launch_inline(
+                kernels.unpack_inline_small,
+                stream,
+                params,
+                batch.tasks,
+                blocks_per_task,
+                err,
+                err_off,
+            )
+        };
         batch.clear();
         result
     }
@@ -461,7 +467,7 @@ impl InlinePagesBatch {
         }
         let out = &mut self.params.m[self.frags..self.frags + frags.len()];
         for (o, f) in out.iter_mut().zip(frags) {
-            *o = (f.src_off >> 12) << 12 | (f.dst_off >> 12) as u32;
+            *o = page32(f);
         }
         self.params.t[self.tasks] = InlineTask {
             bounce: bounce.ptr(),
@@ -503,25 +509,56 @@ impl Gpu {
         if batch.is_empty() {
             return Ok(());
         }
+        let params = (&mut *batch.params as *mut InlinePages<INLINE_PAGES_MAX_TASKS, INLINE_PAGES_MAX_FRAGS>)
+            .cast::<c_void>();
+        // SAFETY: `params` is `tcpxd_unpack_inline_pages`'s `InlinePages<16, 2048>` (size asserted
+        // above), live for the call; its addresses come from DeviceSpans and every entry is
+        // bounds-checked in the kernel.
+        let result = unsafe {
+            self.launch_inline(
+                kernels.unpack_inline_pages,
+                stream,
+                params,
+                batch.tasks,
+                blocks_per_task,
+                err,
+                err_off,
+            )
+        };
+        batch.clear();
+        result
+    }
+}
+
+impl Gpu {
+    /// The shared tail of the inline launches: checks the error word, then launches `func` with
+    /// (`params`, error pointer) on a grid of `blocks_per_task` × `tasks` blocks.
+    ///
+    /// # Safety
+    /// `params` must point at the parameter struct `func` takes, alive for the call (the driver
+    /// copies it at launch), and every address in it must stay valid until the work completes.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch_inline(
+        &self,
+        func: sys::CUfunction,
+        stream: &Stream,
+        params: *mut c_void,
+        tasks: usize,
+        blocks_per_task: u32,
+        err: &PinnedRegion,
+        err_off: usize,
+    ) -> GpuResult<()> {
         err.check(err_off as u64, 4)?;
         if err_off % 4 != 0 {
             return Err(GpuError::InvalidArgument("unaligned error word".into()));
         }
         let mut err_ptr = err.device_ptr() + err_off as u64;
-        let grid = (blocks_per_task.clamp(1, 65_535), batch.tasks as u32);
+        let grid = (blocks_per_task.clamp(1, 65_535), tasks as u32);
         let block = UNPACK_WARPS_PER_BLOCK * 32;
-        let mut params = [
-            (&mut *batch.params as *mut InlinePages<INLINE_PAGES_MAX_TASKS, INLINE_PAGES_MAX_FRAGS>)
-                .cast::<c_void>(),
-            (&mut err_ptr as *mut u64).cast::<c_void>(),
-        ];
-        // SAFETY: the parameters match `tcpxd_unpack_inline_pages(InlinePages<16, 2048>, u32*)`
-        // (size asserted above); addresses come from DeviceSpans and every entry is
-        // bounds-checked in the kernel; the error word is in live pinned memory. The driver
-        // copies the parameter block at launch.
-        let result = unsafe { self.launch(kernels.unpack_inline_pages, grid, block, stream, &mut params) };
-        batch.clear();
-        result
+        let mut args = [params, (&mut err_ptr as *mut u64).cast::<c_void>()];
+        // SAFETY: the caller vouches for `params`; the error word is inside a live pinned
+        // allocation (checked above).
+        unsafe { self.launch(func, grid, block, stream, &mut args) }
     }
 }
 

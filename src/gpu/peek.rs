@@ -16,26 +16,7 @@ fn gpus() -> &'static Mutex<HashMap<usize, Arc<Gpu>>> {
 
 /// Copies `out.len()` bytes from device address `ptr` (on whichever device owns it).
 pub fn read_any_device(ptr: u64, out: &mut [u8]) -> GpuResult<()> {
-    super::driver().map_err(|e| GpuError::InvalidArgument(e.to_string()))?;
-    // Any context will do to ask which device owns the address.
-    let first = shared(0)?;
-    first.bind_to_thread()?;
-    let mut ordinal: i32 = 0;
-    // SAFETY: the attribute is a plain int written through the pointer we pass; the driver
-    // reports an unknown address as an error instead of dereferencing it.
-    let rc = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut ordinal as *mut i32).cast(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            ptr,
-        )
-    };
-    if rc != sys::CUresult::CUDA_SUCCESS {
-        return Err(GpuError::InvalidArgument(format!(
-            "{ptr:#x} is not device memory known to CUDA ({rc:?})"
-        )));
-    }
-    shared(ordinal as usize)?.read_device(ptr, out)
+    shared(device_of(ptr)?)?.read_device(ptr, out)
 }
 
 /// The ordinal of the GPU that owns device address `ptr`.
