@@ -320,8 +320,8 @@ struct GpuStage {
     done_upto: u64,
     /// A batch that failed on the GPU, and why: its receives (and later ones) fail.
     failed: Option<(u64, String)>,
-    /// Per bounce buffer (its address): whether this GPU can read it (see `reach_bounce`).
-    bounce_reach: HashMap<u64, Result<(), String>>,
+    /// Per other GPU holding bounce buffers: whether this GPU can read them (`reach_bounce`).
+    peer_reach: HashMap<usize, Result<(), String>>,
 }
 
 struct PeerSlot {
@@ -1163,8 +1163,8 @@ fn start_unpack(
         }
     };
     let job = (|| -> Result<(), String> {
+        stage.reach_bounce(ring.bounce_device())?;
         let bounce = ring.bounce_span(frags);
-        stage.reach_bounce(bounce.ptr())?;
         stage.gpu.bind_to_thread().map_err(|e| e.to_string())?;
         let dst = region
             .subspan(posted.offset, u64::from(posted.len))
@@ -1190,26 +1190,30 @@ fn start_unpack(
 }
 
 impl GpuStage {
-    /// Checks, once per bounce buffer, that this GPU's unpacker can read it: the plugin's
-    /// bounce buffer lives on the GPU that was current when its comm was accepted, which need
-    /// not be this one. Another GPU's buffer needs peer access; without it the receive fails
-    /// with this reason instead of an illegal address that would poison the whole context.
-    fn reach_bounce(&mut self, bounce: u64) -> Result<(), String> {
+    /// Checks, once per GPU the plugin keeps bounce buffers on, that this GPU's unpacker can
+    /// read them: another GPU's memory needs peer access, and without it the receive fails with
+    /// this reason instead of an illegal address that would poison the whole context.
+    fn reach_bounce(&mut self, bounce_device: Option<usize>) -> Result<(), String> {
         let ordinal = self.gpu.ordinal();
+        let Some(dev) = bounce_device else {
+            return Err(format!(
+                "the receive lands in GPU {ordinal} but CUDA cannot tell which GPU holds the plugin's bounce buffer"
+            ));
+        };
+        if dev == ordinal {
+            return Ok(());
+        }
         let gpu = self.gpu.clone();
-        self.bounce_reach
-            .entry(bounce)
+        self.peer_reach
+            .entry(dev)
             .or_insert_with(|| {
-                let dev = crate::gpu::device_of(bounce).map_err(|e| e.to_string())?;
                 crate::gpu::enable_peer_access(&gpu, dev).map_err(|e| {
                     format!(
                         "the receive lands in GPU {ordinal} but the plugin's bounce buffer is on GPU {dev}: {e}; \
                          give each GPU its own lanes (for the emulation: TCPXEMU_CUDA_DEVICE per daemon)"
                     )
                 })?;
-                if dev != ordinal {
-                    tracing::info!(gpu = ordinal, bounce_gpu = dev, "unpack reads the bounce buffer over peer access");
-                }
+                tracing::info!(gpu = ordinal, bounce_gpu = dev, "unpack reads the bounce buffer over peer access");
                 Ok(())
             })
             .clone()
@@ -1226,7 +1230,7 @@ impl GpuStage {
             in_flight: VecDeque::new(),
             done_upto: 0,
             failed: None,
-            bounce_reach: HashMap::new(),
+            peer_reach: HashMap::new(),
         })
     }
 

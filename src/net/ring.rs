@@ -13,6 +13,8 @@ pub struct UnpackRing {
     meta: *const netUnpackMeta,
     bounce: *const u8,
     bounce_host_readable: bool,
+    /// The GPU holding the bounce buffer (device memory only; `None` when CUDA cannot say).
+    bounce_device: Option<usize>,
 }
 
 impl UnpackRing {
@@ -54,10 +56,18 @@ impl UnpackRing {
             )));
         }
         let bounce_host_readable = probe_copy(h.bounce_buf as *const u8, &mut probe[..1]);
+        // The plugin allocates the bounce buffer on whichever GPU was current at accept (with
+        // TCPX: the one RxDM serves for the NIC); receives into other GPUs need peer access.
+        let bounce_device = if bounce_host_readable {
+            None
+        } else {
+            crate::gpu::device_of(h.bounce_buf as u64).ok()
+        };
         Ok(UnpackRing {
             meta: h.meta,
             bounce: h.bounce_buf as *const u8,
             bounce_host_readable,
+            bounce_device,
         })
     }
 
@@ -69,6 +79,11 @@ impl UnpackRing {
     /// The bounce buffer's address.
     pub fn bounce_ptr(&self) -> *const u8 {
         self.bounce
+    }
+
+    /// The GPU holding the bounce buffer, when it is device memory CUDA knows.
+    pub fn bounce_device(&self) -> Option<usize> {
+        self.bounce_device
     }
 
     /// Whether the bounce buffer is host memory (the emulation's host mode) rather than GPU memory.
