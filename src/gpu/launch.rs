@@ -1,6 +1,7 @@
 //! Safe launch of the unpack kernel (`kernels/unpack.cu`).
 
 use std::ffi::c_void;
+use std::ops::Range;
 
 use cudarc::driver::sys;
 
@@ -257,22 +258,62 @@ struct InlineParams<const T: usize, const F: usize> {
 
 const _: () = assert!(size_of::<InlineParams<INLINE_MAX_TASKS, INLINE_MAX_FRAGS>>() == 3232);
 
-/// Receives whose fragment lists travel inside the kernel's parameters (no upload before the
-/// launch). Allocated once; filled by [`InlineBatch::push`], emptied by
-/// [`Gpu::launch_unpack_inline`].
-pub struct InlineBatch {
-    params: InlineParams<INLINE_MAX_TASKS, INLINE_MAX_FRAGS>,
+/// What an inline batch holds so far: receives, entries, the largest receive.
+#[derive(Debug, Default, Clone, Copy)]
+struct InlineFill {
     tasks: usize,
     frags: usize,
     max_count: u32,
 }
 
+impl InlineFill {
+    fn has_room(&self, tasks: usize, frags: usize, max_tasks: usize, max_frags: usize) -> bool {
+        self.tasks + tasks <= max_tasks && self.frags + frags <= max_frags
+    }
+
+    /// Counts in a receive of `count` entries: its task slot, its descriptor and the range of
+    /// its entries.
+    fn add(
+        &mut self,
+        bounce: DeviceSpan,
+        dst: DeviceSpan,
+        count: usize,
+    ) -> (usize, InlineTask, Range<usize>) {
+        let slot = self.tasks;
+        let first = self.frags;
+        let task = InlineTask {
+            bounce: bounce.ptr(),
+            bounce_len: bounce.len(),
+            dst: dst.ptr(),
+            dst_len: dst.len(),
+            first: first as u32,
+            count: count as u32,
+        };
+        self.tasks += 1;
+        self.frags += count;
+        self.max_count = self.max_count.max(count as u32);
+        (slot, task, first..first + count)
+    }
+
+    fn refusal(&self, what: &str, count: usize) -> GpuError {
+        GpuError::InvalidArgument(format!(
+            "{count} fragments do not fit the {what} ({} receives, {} fragments queued)",
+            self.tasks, self.frags
+        ))
+    }
+}
+
+/// Receives whose fragment lists travel inside the kernel's parameters (no upload before the
+/// launch). Allocated once; filled by [`InlineBatch::push`], emptied by
+/// [`Gpu::launch_unpack_inline`].
+pub struct InlineBatch {
+    params: InlineParams<INLINE_MAX_TASKS, INLINE_MAX_FRAGS>,
+    fill: InlineFill,
+}
+
 impl std::fmt::Debug for InlineBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("InlineBatch")
-            .field("tasks", &self.tasks)
-            .field("frags", &self.frags)
-            .finish()
+        f.debug_struct("InlineBatch").field("fill", &self.fill).finish()
     }
 }
 
@@ -289,9 +330,7 @@ impl InlineBatch {
                 t: [InlineTask::default(); INLINE_MAX_TASKS],
                 m: [PackedMeta::default(); INLINE_MAX_FRAGS],
             },
-            tasks: 0,
-            frags: 0,
-            max_count: 0,
+            fill: InlineFill::default(),
         }
     }
 
@@ -302,28 +341,22 @@ impl InlineBatch {
 
     /// Whether a receive of `count` fragments still fits this batch.
     pub fn has_room(&self, count: usize) -> bool {
-        self.tasks < INLINE_MAX_TASKS && self.frags + count <= INLINE_MAX_FRAGS
+        self.fill.has_room(1, count, INLINE_MAX_TASKS, INLINE_MAX_FRAGS)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.tasks == 0
+        self.fill.tasks == 0
     }
 
     /// Adds a receive (the caller checked [`InlineBatch::accepts`] and
     /// [`InlineBatch::has_room`]; refused otherwise).
     pub fn push(&mut self, frags: &[loadMeta], bounce: DeviceSpan, dst: DeviceSpan) -> GpuResult<()> {
         if !Self::accepts(dst, frags.len()) || !self.has_room(frags.len()) {
-            return Err(GpuError::InvalidArgument(format!(
-                "{} fragments do not fit the inline batch ({} receives, {} fragments queued)",
-                frags.len(),
-                self.tasks,
-                self.frags
-            )));
+            return Err(self.fill.refusal("inline batch", frags.len()));
         }
-        for (d, f) in self.params.m[self.frags..self.frags + frags.len()]
-            .iter_mut()
-            .zip(frags)
-        {
+        let (slot, task, entries) = self.fill.add(bounce, dst, frags.len());
+        self.params.t[slot] = task;
+        for (d, f) in self.params.m[entries].iter_mut().zip(frags) {
             // Entries past 32 bits would not be in `dst` (validated) — clamp into an
             // out-of-bounds value the kernel rejects rather than wrapping.
             *d = PackedMeta {
@@ -332,29 +365,16 @@ impl InlineBatch {
                 dst_off: u32::try_from(f.dst_off).unwrap_or(u32::MAX),
             };
         }
-        self.params.t[self.tasks] = InlineTask {
-            bounce: bounce.ptr(),
-            bounce_len: bounce.len(),
-            dst: dst.ptr(),
-            dst_len: dst.len(),
-            first: self.frags as u32,
-            count: frags.len() as u32,
-        };
-        self.tasks += 1;
-        self.frags += frags.len();
-        self.max_count = self.max_count.max(frags.len() as u32);
         Ok(())
     }
 
     /// The largest receive queued (fragments), to size the grid.
     pub fn max_count(&self) -> u32 {
-        self.max_count
+        self.fill.max_count
     }
 
     fn clear(&mut self) {
-        self.tasks = 0;
-        self.frags = 0;
-        self.max_count = 0;
+        self.fill = InlineFill::default();
     }
 }
 
@@ -382,7 +402,7 @@ impl Gpu {
                 kernels.unpack_inline_small,
                 stream,
                 params,
-                batch.tasks,
+                batch.fill.tasks,
                 blocks_per_task,
                 err,
                 err_off,
@@ -412,16 +432,13 @@ const _: () = assert!(size_of::<InlinePages<INLINE_PAGES_MAX_TASKS, INLINE_PAGES
 /// [`InlinePagesBatch::push`], emptied by [`Gpu::launch_unpack_inline_pages`].
 pub struct InlinePagesBatch {
     params: Box<InlinePages<INLINE_PAGES_MAX_TASKS, INLINE_PAGES_MAX_FRAGS>>,
-    tasks: usize,
-    frags: usize,
-    max_count: u32,
+    fill: InlineFill,
 }
 
 impl std::fmt::Debug for InlinePagesBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InlinePagesBatch")
-            .field("tasks", &self.tasks)
-            .field("frags", &self.frags)
+            .field("fill", &self.fill)
             .finish()
     }
 }
@@ -439,58 +456,40 @@ impl InlinePagesBatch {
                 t: [InlineTask::default(); INLINE_PAGES_MAX_TASKS],
                 m: [0; INLINE_PAGES_MAX_FRAGS],
             }),
-            tasks: 0,
-            frags: 0,
-            max_count: 0,
+            fill: InlineFill::default(),
         }
     }
 
     /// Whether `n` more receives holding `frags` pages in all still fit.
     pub fn has_room(&self, n: usize, frags: usize) -> bool {
-        self.tasks + n <= INLINE_PAGES_MAX_TASKS && self.frags + frags <= INLINE_PAGES_MAX_FRAGS
+        self.fill
+            .has_room(n, frags, INLINE_PAGES_MAX_TASKS, INLINE_PAGES_MAX_FRAGS)
     }
 
     pub fn is_empty(&self) -> bool {
-        self.tasks == 0
+        self.fill.tasks == 0
     }
 
     /// Adds a receive whose fragments are all whole pages ([`ListFormat::choose`] said
     /// `Page32`); refused otherwise, or when it does not fit.
     pub fn push(&mut self, frags: &[loadMeta], bounce: DeviceSpan, dst: DeviceSpan) -> GpuResult<()> {
         if !self.has_room(1, frags.len()) || ListFormat::choose(frags, dst.len()) != ListFormat::Page32 {
-            return Err(GpuError::InvalidArgument(format!(
-                "{} fragments do not fit the page-inline batch ({} receives, {} pages queued)",
-                frags.len(),
-                self.tasks,
-                self.frags
-            )));
+            return Err(self.fill.refusal("page-inline batch", frags.len()));
         }
-        let out = &mut self.params.m[self.frags..self.frags + frags.len()];
-        for (o, f) in out.iter_mut().zip(frags) {
+        let (slot, task, entries) = self.fill.add(bounce, dst, frags.len());
+        self.params.t[slot] = task;
+        for (o, f) in self.params.m[entries].iter_mut().zip(frags) {
             *o = page32(f);
         }
-        self.params.t[self.tasks] = InlineTask {
-            bounce: bounce.ptr(),
-            bounce_len: bounce.len(),
-            dst: dst.ptr(),
-            dst_len: dst.len(),
-            first: self.frags as u32,
-            count: frags.len() as u32,
-        };
-        self.tasks += 1;
-        self.frags += frags.len();
-        self.max_count = self.max_count.max(frags.len() as u32);
         Ok(())
     }
 
     pub fn max_count(&self) -> u32 {
-        self.max_count
+        self.fill.max_count
     }
 
     fn clear(&mut self) {
-        self.tasks = 0;
-        self.frags = 0;
-        self.max_count = 0;
+        self.fill = InlineFill::default();
     }
 }
 
@@ -519,7 +518,7 @@ impl Gpu {
                 kernels.unpack_inline_pages,
                 stream,
                 params,
-                batch.tasks,
+                batch.fill.tasks,
                 blocks_per_task,
                 err,
                 err_off,
