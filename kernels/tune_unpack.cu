@@ -86,7 +86,7 @@ int main() {
     };
     auto launch = [&](int it, int chunks) {
         TaskArray<64> t = tasks_for(it, chunks);
-        tcpxd_unpack_64<<<dim3(blocks, chunks), WARPS_PER_BLOCK * 32, 0, st>>>(t, err);
+        tcpxd_unpack_64<<<dim3(blocks, chunks), WARPS_PER_BLOCK * 32, 0, st>>>(t, err, Signal{0, 0, 0});
     };
     auto contig = [&](int it, int chunks) {
         int w = (it * chunks) % (windows - chunks + 1);

@@ -147,6 +147,31 @@ __device__ __forceinline__ u32 load_u32_volatile(const u32* p) {
     return v;
 }
 
+// Completion without a CUDA event: the last block of a batch's final launch stores the batch's
+// sequence number into `done` (a host-mapped u64 the host polls with a plain load) once every block
+// of the launch has finished its stores. `counter` (device memory, zero between launches) counts
+// finished blocks; launches of one unpacker run one after another on its stream, so one counter
+// serves them all. done == 0: not the batch's last launch, no signal.
+struct Signal {
+    u64 done;
+    u64 counter;
+    u64 value;
+};
+
+__device__ __forceinline__ void signal_done(const Signal& s) {
+    if (s.done == 0) return;
+    __threadfence();  // this thread's stores, device-wide, before the block is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32* counter = (u32*)s.counter;
+        if (atomicAdd(counter, 1u) == gridDim.x * gridDim.y - 1) {
+            *(volatile u32*)counter = 0;  // for the next launch (it starts after this one ends)
+            __threadfence_system();        // every block's stores before the host sees `value`
+            asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(s.done), "l"(s.value) : "memory");
+        }
+    }
+}
+
 // Compact lists: each round, the block's first WARPS_PER_BLOCK threads fetch the round's entries
 // together (one small coalesced read, which matters when the list is read across PCIe), then each
 // warp copies one fragment.
@@ -213,13 +238,21 @@ __device__ __forceinline__ void unpack_body(const TaskArray<N>& tasks, u32* err)
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
-    tcpxd_unpack_8(const __grid_constant__ TaskArray<8> tasks, u32* err) {
+    tcpxd_unpack_8(const __grid_constant__ TaskArray<8> tasks, u32* err, const Signal sig) {
     unpack_body<8>(tasks, err);
+    signal_done(sig);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
-    tcpxd_unpack_64(const __grid_constant__ TaskArray<64> tasks, u32* err) {
+    tcpxd_unpack_16(const __grid_constant__ TaskArray<16> tasks, u32* err, const Signal sig) {
+    unpack_body<16>(tasks, err);
+    signal_done(sig);
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
+    tcpxd_unpack_64(const __grid_constant__ TaskArray<64> tasks, u32* err, const Signal sig) {
     unpack_body<64>(tasks, err);
+    signal_done(sig);
 }
 
 // ---- fragment lists inline in the kernel parameters ------------------------------------------
@@ -269,8 +302,9 @@ __device__ __forceinline__ void unpack_inline_body(const InlineParams<T, F>& p, 
 
 // 4 tasks, 256 entries: 3232 bytes, under the classic 4 KiB parameter limit.
 extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
-    tcpxd_unpack_inline_small(const __grid_constant__ InlineParams<4, 256> p, u32* err) {
+    tcpxd_unpack_inline_small(const __grid_constant__ InlineParams<4, 256> p, u32* err, const Signal sig) {
     unpack_inline_body<4, 256>(p, err);
+    signal_done(sig);
 }
 
 // Whole-page lists inline: up to 16 receives and 2048 FMT_PAGE32 entries (8832 bytes of
@@ -282,8 +316,7 @@ struct InlinePages {
     u32 m[F];
 };
 
-extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
-    tcpxd_unpack_inline_pages(const __grid_constant__ InlinePages<16, 2048> p, u32* err) {
+__device__ __forceinline__ void unpack_inline_pages_body(const InlinePages<16, 2048>& p, u32* err) {
     const InlineTask& t = p.t[blockIdx.y];
     const u32 lane = threadIdx.x & 31;
     const u32 warps = gridDim.x * WARPS_PER_BLOCK;
@@ -299,4 +332,10 @@ extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
         }
         copy_fragment((const u8*)(t.bounce + src_off), (u8*)(t.dst + dst_off), 4096, lane);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
+    tcpxd_unpack_inline_pages(const __grid_constant__ InlinePages<16, 2048> p, u32* err, const Signal sig) {
+    unpack_inline_pages_body(p, err);
+    signal_done(sig);
 }

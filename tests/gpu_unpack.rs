@@ -372,6 +372,69 @@ fn gpu_unpack_ring_wrap_around() {
     }
 }
 
+/// More batches in flight than an unpacker has completion slots (16), nothing waited for until
+/// the last is submitted, and batches of more receives than one launch carries (64): every byte
+/// lands, every ticket reads done once the last does, and the slots are reused only after their
+/// batch finished (the kernel unpacker's signal word and back-pressure).
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
+fn gpu_unpack_more_batches_in_flight_than_slots() {
+    let fx = Fixture::new(9, 64 << 20);
+    let gpu = fx.gpu.clone();
+    for imp in IMPLS {
+        let mut u = imp.build(&gpu).unwrap();
+        let mut rng = Rng(19);
+        // 40 batches of 2 receives, then one of 70 and one of 130 small receives.
+        let sizes: Vec<usize> = std::iter::repeat_n(2, 40).chain([70, 130]).collect();
+        let dst_len = 16 * 4096u64;
+        let receives: usize = sizes.iter().sum();
+        let dst = gpu.alloc(receives * dst_len as usize).unwrap();
+        let mut expect = vec![POISON; dst.len()];
+        dst.write(0, &expect).unwrap();
+        let mut lists = Vec::new();
+        let mut tickets = Vec::new();
+        let mut job = 0u64;
+        for &n in &sizes {
+            for _ in 0..n {
+                let spec = if job % 3 == 0 {
+                    random_pieces(&mut rng, 64 << 20, dst_len, 4096)
+                } else {
+                    shuffled_pages(&mut rng, 64 << 20, 16)
+                };
+                let base = job * dst_len;
+                for f in &spec.frags {
+                    let s = f.src_off as usize;
+                    let d = (base + f.dst_off) as usize;
+                    expect[d..d + f.len as usize].copy_from_slice(&fx.bounce_host[s..s + f.len as usize]);
+                }
+                lists.push(spec.frags);
+                u.push(&UnpackJob {
+                    frags: FragmentList::host(lists.last().unwrap()),
+                    bounce: fx.bounce.span(),
+                    dst: dst.subspan(base, dst_len).unwrap(),
+                })
+                .unwrap();
+                job += 1;
+            }
+            tickets.push(u.submit().unwrap().expect("work was queued"));
+        }
+        let last = *tickets.last().unwrap();
+        u.wait(&last).unwrap();
+        for t in &tickets {
+            assert!(
+                u.is_done(t).unwrap(),
+                "{}: batch {} not done after the last",
+                u.name(),
+                t.seq()
+            );
+        }
+        assert!(tickets.windows(2).all(|w| w[0].seq() < w[1].seq()));
+        let mut got = vec![0u8; dst.len()];
+        dst.read_into(&fx.stream, 0, &mut got).unwrap();
+        compare(u.name(), &got, &expect);
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
 fn gpu_unpack_rejects_a_fragment_past_dst_len() {
@@ -424,6 +487,19 @@ fn gpu_unpack_unknown_ticket_is_an_error() {
     assert!(matches!(b.is_done(&t), Err(UnpackError::UnknownTicket(_))));
     a.wait(&t).unwrap();
     assert!(a.is_done(&t).unwrap());
+    // The same for the kernel unpacker (its tickets come from its completion word).
+    let mut k = UnpackImpl::default().build(&gpu).unwrap();
+    k.push(&UnpackJob {
+        frags: FragmentList::host(&frags),
+        bounce: fx.bounce.span(),
+        dst: dst.span(),
+    })
+    .unwrap();
+    let kt = k.submit().unwrap().unwrap();
+    assert!(matches!(k.is_done(&t), Err(UnpackError::UnknownTicket(_))));
+    assert!(matches!(a.is_done(&kt), Err(UnpackError::UnknownTicket(_))));
+    k.wait(&kt).unwrap();
+    assert!(k.is_done(&kt).unwrap());
 }
 
 #[test]

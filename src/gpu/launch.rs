@@ -16,6 +16,75 @@ pub const UNPACK_MAX_TASKS_PER_LAUNCH: usize = 64;
 /// Warps per block of the unpack kernel (256 threads).
 pub const UNPACK_WARPS_PER_BLOCK: u32 = 8;
 const SMALL_LAUNCH: usize = 8;
+const MEDIUM_LAUNCH: usize = 16;
+
+/// `struct Signal` of kernels/unpack.cu: how a launch reports its completion without a CUDA
+/// event. The last block to finish stores `value` into the host-mapped u64 at `done`, after
+/// every block's stores; `counter` is a device u32, zero between launches, that the blocks count
+/// themselves on (the last one puts it back to zero). `done == 0`: no signal.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LaunchSignal {
+    done: u64,
+    counter: u64,
+    value: u64,
+}
+
+const _: () = assert!(size_of::<LaunchSignal>() == 24);
+
+impl LaunchSignal {
+    /// No signal (a launch that is not its batch's last).
+    pub const NONE: LaunchSignal = LaunchSignal {
+        done: 0,
+        counter: 0,
+        value: 0,
+    };
+
+    /// Store `value` into the u64 at byte `done_off` of `done` (host-mapped, 8-byte aligned)
+    /// when the launch finishes, counting blocks in the u32 at `counter` (device memory, zero).
+    pub fn new(
+        done: &PinnedRegion,
+        done_off: usize,
+        counter: DeviceSpan,
+        value: u64,
+    ) -> GpuResult<LaunchSignal> {
+        done.check(done_off as u64, 8)?;
+        if done_off % 8 != 0 || counter.len() < 4 || counter.ptr() % 4 != 0 {
+            return Err(GpuError::InvalidArgument(
+                "a launch signal needs an aligned 8-byte done word and a 4-byte counter".into(),
+            ));
+        }
+        Ok(LaunchSignal {
+            done: done.device_ptr() + done_off as u64,
+            counter: counter.ptr(),
+            value,
+        })
+    }
+
+    pub fn is_none(&self) -> bool {
+        self.done == 0
+    }
+}
+
+/// Where a launch reports: the u32 at byte `err_off` of `err` receives an out-of-bounds
+/// fragment the kernel skipped, and `signal` says how it signals completion.
+#[derive(Debug, Clone, Copy)]
+pub struct LaunchReport<'a> {
+    pub err: &'a PinnedRegion,
+    pub err_off: usize,
+    pub signal: LaunchSignal,
+}
+
+impl LaunchReport<'_> {
+    /// The device address of the error word (checked to lie in `err`, aligned).
+    fn err_ptr(&self) -> GpuResult<u64> {
+        self.err.check(self.err_off as u64, 4)?;
+        if self.err_off % 4 != 0 {
+            return Err(GpuError::InvalidArgument("unaligned error word".into()));
+        }
+        Ok(self.err.device_ptr() + self.err_off as u64)
+    }
+}
 
 /// One receive for the unpack kernel: `struct UnpackTask` of kernels/unpack.cu.
 #[repr(C, align(16))]
@@ -77,6 +146,31 @@ impl ListFormat {
         } else {
             ListFormat::Meta
         }
+    }
+
+    /// [`ListFormat::choose`] and the unpack stage's bounds check in one branch-free pass over
+    /// the list (the poller does this for every receive): the format, and whether every fragment
+    /// lies inside `dst_len` and `bounce_len` (the same test as `unpack::validate`'s fast path).
+    pub fn scan(frags: &[loadMeta], dst_len: u64, bounce_len: u64) -> (ListFormat, bool) {
+        let (dst_end, src_end, not_page) = frags.iter().fold((0u64, 0u64, 0u64), |(d, s, p), f| {
+            let len = u64::from(f.len);
+            (
+                d.max(f.dst_off.saturating_add(len)),
+                s.max(u64::from(f.src_off) + len),
+                p | u64::from(f.len ^ 4096)
+                    | u64::from(f.src_off & 0xfff)
+                    | (f.dst_off & 0xfff)
+                    | (f.dst_off >> 24),
+            )
+        });
+        let format = if not_page == 0 {
+            ListFormat::Page32
+        } else if dst_len <= u64::from(u32::MAX) {
+            ListFormat::Packed12
+        } else {
+            ListFormat::Meta
+        };
+        (format, dst_end <= dst_len && src_end <= bounce_len)
     }
 
     /// Writes `frags` in this encoding into `out` (at least `frags.len() * entry_bytes()`
@@ -173,8 +267,7 @@ impl Gpu {
         stream: &Stream,
         tasks: &[UnpackTask],
         blocks_per_task: u32,
-        err: &PinnedRegion,
-        err_off: usize,
+        report: LaunchReport<'_>,
     ) -> GpuResult<()> {
         if tasks.is_empty() {
             return Ok(());
@@ -185,13 +278,13 @@ impl Gpu {
                 tasks.len()
             )));
         }
-        err.check(err_off as u64, 4)?;
-        if err_off % 4 != 0 {
-            return Err(GpuError::InvalidArgument("unaligned error word".into()));
-        }
-        let mut err_ptr = err.device_ptr() + err_off as u64;
+        let mut err_ptr = report.err_ptr()?;
+        let mut signal = report.signal;
         let grid = (blocks_per_task.clamp(1, 65_535), tasks.len() as u32);
         let block = UNPACK_WARPS_PER_BLOCK * 32;
+        let err_arg = (&mut err_ptr as *mut u64).cast::<c_void>();
+        let signal_arg = (&mut signal as *mut LaunchSignal).cast::<c_void>();
+        // The smallest parameter block that holds the tasks (the driver copies it per launch).
         if tasks.len() <= SMALL_LAUNCH {
             let mut arr = TaskArray::<SMALL_LAUNCH> {
                 t: [UnpackTask::default(); SMALL_LAUNCH],
@@ -199,13 +292,27 @@ impl Gpu {
             arr.t[..tasks.len()].copy_from_slice(tasks);
             let mut params = [
                 (&mut arr as *mut TaskArray<SMALL_LAUNCH>).cast::<c_void>(),
-                (&mut err_ptr as *mut u64).cast::<c_void>(),
+                err_arg,
+                signal_arg,
             ];
-            // SAFETY: the parameters match `tcpxd_unpack_8(TaskArray<8>, u32*)` (layout asserted
-            // above); every address the kernel uses comes from a DeviceSpan (valid until the work
-            // completes by that type's contract) and is bounds-checked in the kernel; the error
-            // word is inside a live pinned allocation (checked). Parameters are copied at launch.
+            // SAFETY: the parameters match `tcpxd_unpack_8(TaskArray<8>, u32*, Signal)` (layouts
+            // asserted above); every address the kernel uses comes from a DeviceSpan (valid until
+            // the work completes by that type's contract) and is bounds-checked in the kernel; the
+            // error and done words are inside live pinned allocations (checked). Parameters are
+            // copied at launch.
             unsafe { self.launch(kernels.unpack_8, grid, block, stream, &mut params) }
+        } else if tasks.len() <= MEDIUM_LAUNCH {
+            let mut arr = TaskArray::<MEDIUM_LAUNCH> {
+                t: [UnpackTask::default(); MEDIUM_LAUNCH],
+            };
+            arr.t[..tasks.len()].copy_from_slice(tasks);
+            let mut params = [
+                (&mut arr as *mut TaskArray<MEDIUM_LAUNCH>).cast::<c_void>(),
+                err_arg,
+                signal_arg,
+            ];
+            // SAFETY: as above, for `tcpxd_unpack_16(TaskArray<16>, u32*, Signal)`.
+            unsafe { self.launch(kernels.unpack_16, grid, block, stream, &mut params) }
         } else {
             let mut arr = TaskArray::<UNPACK_MAX_TASKS_PER_LAUNCH> {
                 t: [UnpackTask::default(); UNPACK_MAX_TASKS_PER_LAUNCH],
@@ -213,9 +320,10 @@ impl Gpu {
             arr.t[..tasks.len()].copy_from_slice(tasks);
             let mut params = [
                 (&mut arr as *mut TaskArray<UNPACK_MAX_TASKS_PER_LAUNCH>).cast::<c_void>(),
-                (&mut err_ptr as *mut u64).cast::<c_void>(),
+                err_arg,
+                signal_arg,
             ];
-            // SAFETY: as above, for `tcpxd_unpack_64(TaskArray<64>, u32*)`.
+            // SAFETY: as above, for `tcpxd_unpack_64(TaskArray<64>, u32*, Signal)`.
             unsafe { self.launch(kernels.unpack_64, grid, block, stream, &mut params) }
         }
     }
@@ -386,8 +494,7 @@ impl Gpu {
         stream: &Stream,
         batch: &mut InlineBatch,
         blocks_per_task: u32,
-        err: &PinnedRegion,
-        err_off: usize,
+        report: LaunchReport<'_>,
     ) -> GpuResult<()> {
         if batch.is_empty() {
             return Ok(());
@@ -404,8 +511,7 @@ impl Gpu {
                 params,
                 batch.fill.tasks,
                 blocks_per_task,
-                err,
-                err_off,
+                report,
             )
         };
         batch.clear();
@@ -502,8 +608,7 @@ impl Gpu {
         stream: &Stream,
         batch: &mut InlinePagesBatch,
         blocks_per_task: u32,
-        err: &PinnedRegion,
-        err_off: usize,
+        report: LaunchReport<'_>,
     ) -> GpuResult<()> {
         if batch.is_empty() {
             return Ok(());
@@ -520,8 +625,7 @@ impl Gpu {
                 params,
                 batch.fill.tasks,
                 blocks_per_task,
-                err,
-                err_off,
+                report,
             )
         };
         batch.clear();
@@ -531,12 +635,11 @@ impl Gpu {
 
 impl Gpu {
     /// The shared tail of the inline launches: checks the error word, then launches `func` with
-    /// (`params`, error pointer) on a grid of `blocks_per_task` × `tasks` blocks.
+    /// (`params`, error pointer, signal) on a grid of `blocks_per_task` × `tasks` blocks.
     ///
     /// # Safety
     /// `params` must point at the parameter struct `func` takes, alive for the call (the driver
     /// copies it at launch), and every address in it must stay valid until the work completes.
-    #[allow(clippy::too_many_arguments)]
     unsafe fn launch_inline(
         &self,
         func: sys::CUfunction,
@@ -544,19 +647,19 @@ impl Gpu {
         params: *mut c_void,
         tasks: usize,
         blocks_per_task: u32,
-        err: &PinnedRegion,
-        err_off: usize,
+        report: LaunchReport<'_>,
     ) -> GpuResult<()> {
-        err.check(err_off as u64, 4)?;
-        if err_off % 4 != 0 {
-            return Err(GpuError::InvalidArgument("unaligned error word".into()));
-        }
-        let mut err_ptr = err.device_ptr() + err_off as u64;
+        let mut err_ptr = report.err_ptr()?;
         let grid = (blocks_per_task.clamp(1, 65_535), tasks as u32);
         let block = UNPACK_WARPS_PER_BLOCK * 32;
-        let mut args = [params, (&mut err_ptr as *mut u64).cast::<c_void>()];
+        let mut signal = report.signal;
+        let mut args = [
+            params,
+            (&mut err_ptr as *mut u64).cast::<c_void>(),
+            (&mut signal as *mut LaunchSignal).cast::<c_void>(),
+        ];
         // SAFETY: the caller vouches for `params`; the error word is inside a live pinned
-        // allocation (checked above).
+        // allocation (checked above), and so is the signal's done word (LaunchSignal::new).
         unsafe { self.launch(func, grid, block, stream, &mut args) }
     }
 }
@@ -589,6 +692,53 @@ mod tests {
             .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
             .collect();
         assert_eq!(e, vec![2 << 12 | 1, 0, 0xF_FFFF << 12 | 0xFFF]);
+    }
+
+    #[test]
+    fn scan_agrees_with_choose_and_the_bounds() {
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for round in 0..2000 {
+            let n = (next() % 40) as usize;
+            let frags: Vec<loadMeta> = (0..n)
+                .map(|_| {
+                    let r = next();
+                    if round % 3 == 0 {
+                        // Mostly whole pages, sometimes one off by a little.
+                        let off = if r % 17 == 0 { r as u32 % 4096 } else { 0 };
+                        lm(
+                            ((r >> 8) as u32 % 512) * 4096 + off,
+                            4096,
+                            ((r >> 20) % 4200) * 4096,
+                        )
+                    } else {
+                        lm(
+                            (r >> 32) as u32 % (1 << 21),
+                            (r % 9000) as u32,
+                            (r >> 12) % (1 << 25),
+                        )
+                    }
+                })
+                .collect();
+            for (dst_len, bounce_len) in [(1u64 << 24, 1u64 << 21), (1 << 25, 1 << 22), (8 << 30, 1 << 22)] {
+                let (format, in_bounds) = ListFormat::scan(&frags, dst_len, bounce_len);
+                assert_eq!(format, ListFormat::choose(&frags, dst_len));
+                let by_hand = frags.iter().all(|f| {
+                    f.dst_off
+                        .checked_add(u64::from(f.len))
+                        .is_some_and(|e| e <= dst_len)
+                        && u64::from(f.src_off) + u64::from(f.len) <= bounce_len
+                });
+                assert_eq!(in_bounds, by_hand, "{frags:?}");
+            }
+        }
+        let wrap = [lm(0, 16, u64::MAX - 4)];
+        assert!(!ListFormat::scan(&wrap, u64::MAX - 1, 1 << 20).1);
     }
 
     #[test]

@@ -572,6 +572,22 @@ impl PinnedRegion {
         Ok(())
     }
 
+    /// Volatile read of the u64 at byte `offset` (a word GPU work may have written; an aligned
+    /// 8-byte load, so never torn).
+    pub fn load_u64(&self, offset: usize) -> GpuResult<u64> {
+        let v = self.typed::<u64>(offset, 1)?;
+        // SAFETY: an aligned, in-bounds u64 of this allocation.
+        Ok(unsafe { std::ptr::read_volatile(v.as_ptr()) })
+    }
+
+    /// Volatile write of the u64 at byte `offset`.
+    pub fn store_u64(&self, offset: usize, value: u64) -> GpuResult<()> {
+        let v = self.typed::<u64>(offset, 1)?;
+        // SAFETY: as for `store_u32`.
+        unsafe { std::ptr::write_volatile(v.as_ptr() as *mut u64, value) };
+        Ok(())
+    }
+
     /// Reinterprets `count` elements of plain data at byte `offset` as a slice of `T`.
     pub fn typed<T: plain::Plain>(&self, offset: usize, count: usize) -> GpuResult<&[T]> {
         let bytes = count

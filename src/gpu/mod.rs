@@ -32,7 +32,8 @@ pub use crc::{crc32c_fold_blocks, shift_4096};
 pub use error::{GpuError, GpuResult};
 pub use launch::{
     INLINE_MAX_FRAGS, INLINE_MAX_TASKS, INLINE_PAGES_MAX_FRAGS, INLINE_PAGES_MAX_TASKS, InlineBatch,
-    InlinePagesBatch, ListFormat, UNPACK_MAX_TASKS_PER_LAUNCH, UNPACK_WARPS_PER_BLOCK, UnpackTask,
+    InlinePagesBatch, LaunchReport, LaunchSignal, ListFormat, UNPACK_MAX_TASKS_PER_LAUNCH,
+    UNPACK_WARPS_PER_BLOCK, UnpackTask,
 };
 pub use memory::plain::Plain;
 pub use memory::{DeviceRegion, DeviceSpan, FragmentList, IpcExport, PinnedRegion};

@@ -33,6 +33,7 @@ pub struct Kernels {
     ctx: sys::CUcontext,
     modules: [sys::CUmodule; 2],
     pub(crate) unpack_8: sys::CUfunction,
+    pub(crate) unpack_16: sys::CUfunction,
     pub(crate) unpack_64: sys::CUfunction,
     pub(crate) unpack_inline_small: sys::CUfunction,
     pub(crate) unpack_inline_pages: sys::CUfunction,
@@ -124,6 +125,7 @@ pub(crate) fn load(gpu: &Gpu) -> GpuResult<Kernels> {
         ctx: gpu.ctx,
         modules,
         unpack_8: std::ptr::null_mut(),
+        unpack_16: std::ptr::null_mut(),
         unpack_64: std::ptr::null_mut(),
         unpack_inline_small: std::ptr::null_mut(),
         unpack_inline_pages: std::ptr::null_mut(),
@@ -131,6 +133,7 @@ pub(crate) fn load(gpu: &Gpu) -> GpuResult<Kernels> {
         source,
     };
     k.unpack_8 = function(modules[0], "tcpxd_unpack_8")?;
+    k.unpack_16 = function(modules[0], "tcpxd_unpack_16")?;
     k.unpack_64 = function(modules[0], "tcpxd_unpack_64")?;
     k.unpack_inline_small = function(modules[0], "tcpxd_unpack_inline_small")?;
     k.unpack_inline_pages = function(modules[0], "tcpxd_unpack_inline_pages")?;

@@ -59,6 +59,18 @@ impl Stream {
         })
     }
 
+    /// Non-blocking: has everything queued on the stream finished? (An error of the stream's
+    /// work, such as a faulted kernel, comes back as the error.)
+    pub fn is_idle(&self) -> GpuResult<bool> {
+        self.gpu.bind_to_thread()?;
+        // SAFETY: a live stream.
+        match unsafe { sys::cuStreamQuery(self.raw) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            code => check("cuStreamQuery", code).map(|_| false),
+        }
+    }
+
     /// Records `event` after the work queued so far.
     pub fn record(&self, event: &Event) -> GpuResult<()> {
         self.gpu.bind_to_thread()?;

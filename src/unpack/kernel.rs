@@ -1,5 +1,12 @@
 //! The kernel unpacker: one launch of `kernels/unpack.cu` per batch (up to 64 receives per
-//! launch; more make more launches on the same stream), an event per batch.
+//! launch; more make more launches on the same stream).
+//!
+//! A batch's completion is signalled by the kernel itself, not by a CUDA event: the last block of
+//! the batch's final launch stores the batch's sequence number into a host-mapped word after
+//! every block's stores ([`Completions`]). So a batch costs one driver call (the launch), and
+//! asking whether it is done is one load from host memory. A stream that goes idle without the
+//! signal (a faulted kernel) is caught by querying the stream, at most once a millisecond while
+//! a batch is outstanding.
 //!
 //! The task descriptors travel as a kernel parameter (copied by the launch itself), so the only
 //! memory a batch needs is for fragment lists that the kernel cannot read in place: those are
@@ -11,14 +18,15 @@
 //! parameter block when they fit. Nothing is allocated after construction.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use super::{BatchEvents, Ticket, UnpackError, UnpackJob, Unpacker, validate};
+use super::{Ticket, UnpackError, UnpackJob, Unpacker, next_unpacker_id, validate};
 use crate::gpu::{
     DeviceRegion, DeviceSpan, Gpu, INLINE_MAX_FRAGS, INLINE_MAX_TASKS, INLINE_PAGES_MAX_FRAGS,
-    INLINE_PAGES_MAX_TASKS, InlineBatch, InlinePagesBatch, Kernels, ListFormat, PinnedRegion, Stream,
-    UNPACK_MAX_TASKS_PER_LAUNCH, UNPACK_WARPS_PER_BLOCK, UnpackTask,
+    INLINE_PAGES_MAX_TASKS, InlineBatch, InlinePagesBatch, Kernels, LaunchReport, LaunchSignal, ListFormat,
+    PinnedRegion, Stream, UNPACK_MAX_TASKS_PER_LAUNCH, UNPACK_WARPS_PER_BLOCK, UnpackTask,
 };
-use crate::net::abi::loadMeta;
+use crate::net::abi::{NET_UNPACK_MAX_SLICE_PAGES, loadMeta};
 
 /// Batches in flight before `submit` waits for the oldest.
 const SLOTS: usize = 16;
@@ -51,12 +59,150 @@ pub enum FragSource {
     PackedDevice,
 }
 
+/// How often, at most, an outstanding batch's stream is queried for errors.
+const HEALTH_EVERY: Duration = Duration::from_millis(1);
+
+/// Batch completion through the kernel's signal (`signal_done` in kernels/unpack.cu): batch n's
+/// final launch stores n into `word` when it ends. Batches run in order on one stream, so the
+/// word only grows and a batch is done once the word has reached it.
+struct Completions {
+    id: u32,
+    /// The batch each slot holds (0: none yet).
+    seqs: [u64; SLOTS],
+    next: u64,
+    done_upto: u64,
+    stalls: u64,
+    /// 8 bytes, host-mapped: the newest batch that finished.
+    word: PinnedRegion,
+    /// A device u32 the blocks of a signalling launch count themselves on.
+    counter: DeviceRegion,
+    last_health: Instant,
+}
+
+impl Completions {
+    fn new(gpu: &Arc<Gpu>) -> Result<Completions, UnpackError> {
+        Ok(Completions {
+            id: next_unpacker_id(),
+            seqs: [0; SLOTS],
+            next: 1,
+            done_upto: 0,
+            stalls: 0,
+            word: gpu.alloc_pinned(8)?,
+            counter: gpu.alloc(4)?,
+            last_health: Instant::now(),
+        })
+    }
+
+    /// The signal the next batch's final launch carries.
+    fn signal(&self) -> Result<LaunchSignal, UnpackError> {
+        Ok(LaunchSignal::new(&self.word, 0, self.counter.span(), self.next)?)
+    }
+
+    /// The next batch has been launched into `slot` with [`Completions::signal`].
+    fn issue(&mut self, slot: usize) -> Ticket {
+        self.seqs[slot] = self.next;
+        let t = Ticket {
+            unpacker: self.id,
+            seq: self.next,
+        };
+        self.next += 1;
+        t
+    }
+
+    fn known(&self, t: &Ticket) -> Result<(), UnpackError> {
+        if t.unpacker != self.id || t.seq == 0 || t.seq >= self.next {
+            return Err(UnpackError::UnknownTicket(*t));
+        }
+        Ok(())
+    }
+
+    fn slot_of(&self, t: &Ticket) -> Option<usize> {
+        let slot = (t.seq % SLOTS as u64) as usize;
+        (self.seqs[slot] == t.seq).then_some(slot)
+    }
+
+    /// Reads the word; true once batch `seq` finished.
+    fn reached(&mut self, seq: u64) -> Result<bool, UnpackError> {
+        if seq <= self.done_upto {
+            return Ok(true);
+        }
+        let done = self.word.load_u64(0)?;
+        self.done_upto = self.done_upto.max(done.min(self.next - 1));
+        Ok(seq <= self.done_upto)
+    }
+
+    /// The stream finished everything: batch `seq` must have signalled (allow the store a
+    /// moment to land), or the kernel died without it.
+    fn settle(&mut self, seq: u64) -> Result<bool, UnpackError> {
+        for _ in 0..1000 {
+            if self.reached(seq)? {
+                return Ok(true);
+            }
+            std::hint::spin_loop();
+        }
+        Err(UnpackError::NoSignal {
+            batch: seq,
+            signalled: self.done_upto,
+        })
+    }
+
+    /// Non-blocking. Queries the stream (a driver call) only when the word says not yet and
+    /// the last query is older than [`HEALTH_EVERY`].
+    fn poll(&mut self, seq: u64, stream: &Stream) -> Result<bool, UnpackError> {
+        if self.reached(seq)? {
+            return Ok(true);
+        }
+        if self.last_health.elapsed() < HEALTH_EVERY {
+            return Ok(false);
+        }
+        self.last_health = Instant::now();
+        if stream.is_idle()? {
+            return self.settle(seq);
+        }
+        Ok(false)
+    }
+
+    /// Blocks until batch `seq` finished.
+    fn wait(&mut self, seq: u64, stream: &Stream) -> Result<(), UnpackError> {
+        let mut spins = 0u32;
+        while !self.reached(seq)? {
+            if stream.is_idle()? {
+                self.settle(seq)?;
+                return Ok(());
+            }
+            spins += 1;
+            if spins > 64 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        Ok(())
+    }
+
+    /// The slot the next batch will use, once the batch that held it finished (waits if not:
+    /// back-pressure when more batches are in flight than there are slots).
+    fn reserve(&mut self, stream: &Stream) -> Result<usize, UnpackError> {
+        let slot = (self.next % SLOTS as u64) as usize;
+        let prev = self.seqs[slot];
+        if prev > 0 && !self.reached(prev)? {
+            self.stalls += 1;
+            tracing::debug!(
+                stalls = self.stalls,
+                "unpack: every batch slot is in flight; waiting"
+            );
+            self.wait(prev, stream)?;
+        }
+        Ok(slot)
+    }
+}
+
 pub struct KernelUnpacker {
     gpu: Arc<Gpu>,
     kernels: Arc<Kernels>,
     stream: Stream,
     source: FragSource,
-    events: BatchEvents,
+    done: Completions,
     /// SLOTS × SLOT_FRAGS staged fragment lists.
     staging: PinnedRegion,
     /// The device mirror of `staging` (DeviceCopy only).
@@ -100,7 +246,7 @@ impl KernelUnpacker {
             kernels,
             stream: Stream::new(gpu)?,
             source,
-            events: BatchEvents::new(gpu, SLOTS)?,
+            done: Completions::new(gpu)?,
             staging,
             mirror,
             errs: gpu.alloc_pinned(SLOTS * 4)?,
@@ -131,7 +277,7 @@ impl KernelUnpacker {
 
     /// How often a batch waited for a free slot (more than 16 batches in flight).
     pub fn stalls(&self) -> u64 {
-        self.events.stalls()
+        self.done.stalls
     }
 
     fn check_err_word(&mut self, slot: usize) -> Result<Option<UnpackError>, UnpackError> {
@@ -146,7 +292,7 @@ impl KernelUnpacker {
         if let Some(slot) = self.open {
             return Ok(slot);
         }
-        let slot = self.events.reserve()?;
+        let slot = self.done.reserve(&self.stream)?;
         if let Some(e) = self.check_err_word(slot)? {
             self.sticky.get_or_insert(e);
         }
@@ -185,7 +331,7 @@ impl KernelUnpacker {
 
     /// Params mode: launches the pending receives with their lists in the kernel parameters
     /// when they all fit; returns false (nothing done) when they do not.
-    fn try_launch_inline(&mut self, slot: usize) -> Result<bool, UnpackError> {
+    fn try_launch_inline(&mut self, slot: usize, signal: LaunchSignal) -> Result<bool, UnpackError> {
         if !self.fits_inline() {
             if !self.fits_inline_pages() {
                 return Ok(false);
@@ -201,8 +347,11 @@ impl KernelUnpacker {
                 &self.stream,
                 &mut self.inline_pages,
                 blocks,
-                &self.errs,
-                slot * 4,
+                LaunchReport {
+                    err: &self.errs,
+                    err_off: slot * 4,
+                    signal,
+                },
             )?;
             self.uploaded = self.used;
             return Ok(true);
@@ -218,21 +367,26 @@ impl KernelUnpacker {
             &self.stream,
             &mut self.inline,
             blocks,
-            &self.errs,
-            slot * 4,
+            LaunchReport {
+                err: &self.errs,
+                err_off: slot * 4,
+                signal,
+            },
         )?;
         self.uploaded = self.used;
         Ok(true)
     }
 
-    fn launch_pending(&mut self) -> Result<(), UnpackError> {
+    /// Launches the pending tasks; `signal` is the batch's completion signal when this is its
+    /// final launch, else [`LaunchSignal::NONE`].
+    fn launch_pending(&mut self, signal: LaunchSignal) -> Result<(), UnpackError> {
         let Some(slot) = self.open else {
             return Ok(());
         };
         if self.tasks.is_empty() {
             return Ok(());
         }
-        let inline = self.source == FragSource::Params && self.try_launch_inline(slot)?;
+        let inline = self.source == FragSource::Params && self.try_launch_inline(slot, signal)?;
         self.pending.clear();
         if inline {
             self.tasks.clear();
@@ -252,8 +406,11 @@ impl KernelUnpacker {
             &self.stream,
             &self.tasks,
             blocks,
-            &self.errs,
-            slot * 4,
+            LaunchReport {
+                err: &self.errs,
+                err_off: slot * 4,
+                signal,
+            },
         )?;
         self.tasks.clear();
         self.max_count = 0;
@@ -261,14 +418,23 @@ impl KernelUnpacker {
         Ok(())
     }
 
-    /// Launches what is pending and records the batch's event; `None` if the batch launched
-    /// nothing.
+    /// Launches what is pending as the batch's final launch, carrying its completion signal;
+    /// `None` if the batch has nothing to run.
     fn close_batch(&mut self) -> Result<Option<Ticket>, UnpackError> {
-        self.launch_pending()?;
-        if self.open.is_none() || !self.launched {
+        let Some(slot) = self.open else {
             return Ok(None);
+        };
+        if self.tasks.is_empty() {
+            if !self.launched {
+                return Ok(None);
+            }
+            // Everything already went out in full launches: one empty task carries the signal.
+            self.tasks.push(UnpackTask::default());
+            self.pending.clear();
         }
-        let t = self.events.record(&self.stream)?;
+        let signal = self.done.signal()?;
+        self.launch_pending(signal)?;
+        let t = self.done.issue(slot);
         self.open = None;
         self.launched = false;
         Ok(Some(t))
@@ -287,20 +453,26 @@ impl Unpacker for KernelUnpacker {
     }
 
     fn push(&mut self, job: &UnpackJob<'_>) -> Result<(), UnpackError> {
-        validate(job)?;
         let count = job.frags.len();
+        let packed = matches!(self.source, FragSource::PackedMapped | FragSource::PackedDevice);
+        let format = if packed && count <= NET_UNPACK_MAX_SLICE_PAGES {
+            // The bounds check and the choice of encoding in one pass; `validate` runs only to
+            // name the offending fragment.
+            let (format, in_bounds) = ListFormat::scan(job.frags.as_slice(), job.dst.len(), job.bounce.len());
+            if !in_bounds {
+                validate(job)?;
+            }
+            format
+        } else {
+            validate(job)?;
+            ListFormat::Meta
+        };
         if count == 0 {
             return Ok(());
         }
         let in_place = match (self.source, job.frags.device_span()) {
             (FragSource::Mapped, Some(span)) => Some(span),
             _ => None,
-        };
-        let packed = matches!(self.source, FragSource::PackedMapped | FragSource::PackedDevice);
-        let format = if packed {
-            ListFormat::choose(job.frags.as_slice(), job.dst.len())
-        } else {
-            ListFormat::Meta
         };
         // Staging is counted in 16-byte units (one loadMeta each).
         let units = (count * format.entry_bytes()).div_ceil(META);
@@ -311,7 +483,7 @@ impl Unpacker for KernelUnpacker {
         }
         let slot = self.open_batch()?;
         if self.tasks.len() == UNPACK_MAX_TASKS_PER_LAUNCH {
-            self.launch_pending()?;
+            self.launch_pending(LaunchSignal::NONE)?;
         }
         let frags: DeviceSpan = match in_place {
             Some(span) => span,
@@ -356,13 +528,14 @@ impl Unpacker for KernelUnpacker {
     }
 
     fn is_done(&mut self, t: &Ticket) -> Result<bool, UnpackError> {
-        if !self.events.is_done(t)? {
+        self.done.known(t)?;
+        if !self.done.poll(t.seq, &self.stream)? {
             return Ok(false);
         }
         if let Some(e) = self.sticky.take() {
             return Err(e);
         }
-        if let Some(slot) = self.events.slot_of(t) {
+        if let Some(slot) = self.done.slot_of(t) {
             if let Some(e) = self.check_err_word(slot)? {
                 self.errs.store_u32(slot * 4, 0)?;
                 return Err(e);
@@ -372,7 +545,8 @@ impl Unpacker for KernelUnpacker {
     }
 
     fn wait(&mut self, t: &Ticket) -> Result<(), UnpackError> {
-        self.events.wait(t)?;
+        self.done.known(t)?;
+        self.done.wait(t.seq, &self.stream)?;
         self.is_done(t).map(|_| ())
     }
 

@@ -56,6 +56,11 @@ pub enum UnpackError {
     /// The kernel's own bounds guard skipped a fragment (the host checks should have caught it).
     #[error("the unpack kernel skipped out-of-bounds fragment {fragment} of task {task}")]
     DeviceRejected { task: u32, fragment: u32 },
+    /// The unpack stream went idle without the kernel's completion signal for a batch.
+    #[error(
+        "the unpack stream finished without the kernel signalling batch {batch} (last signalled: {signalled})"
+    )]
+    NoSignal { batch: u64, signalled: u64 },
     /// A ticket this unpacker never issued.
     #[error("unknown unpack ticket {0:?}")]
     UnknownTicket(Ticket),
@@ -211,7 +216,7 @@ pub(crate) fn validate(job: &UnpackJob<'_>) -> Result<u64, UnpackError> {
 
 static NEXT_UNPACKER_ID: AtomicU32 = AtomicU32::new(1);
 
-fn next_unpacker_id() -> u32 {
+pub(crate) fn next_unpacker_id() -> u32 {
     NEXT_UNPACKER_ID.fetch_add(1, Ordering::Relaxed)
 }
 
@@ -318,11 +323,6 @@ impl BatchEvents {
         }
         self.done_upto = self.done_upto.max(t.seq);
         Ok(())
-    }
-
-    /// How often a batch had to wait for a free slot.
-    pub(crate) fn stalls(&self) -> u64 {
-        self.stalls
     }
 }
 
