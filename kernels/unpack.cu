@@ -88,14 +88,23 @@ __device__ __forceinline__ uint4 load_nc<uint4>(const uint4* p) {
 }
 #endif
 
+// Source loads. A launched kernel reads the bounce buffer through the read-only cache (its lines
+// cannot go stale within one launch); the persistent grid outlives many batches while the NIC
+// (or the emulation) rewrites bounce pages, so it reads with ld.global.cg (L2 only, coherent).
+template <bool CG, typename T>
+__device__ __forceinline__ T load_src(const T* p) {
+    if (CG) return __ldcg(p);
+    return load_nc(p);
+}
+
 // Warp-cooperative copy of `len` bytes where `src` and `dst` agree modulo sizeof(T): byte head
 // until aligned, then T-wide words (UNROLL loads in flight per lane), then a byte tail.
-template <typename T>
+template <typename T, bool CG = false>
 __device__ __forceinline__ void copy_words(const u8* src, u8* dst, u32 len, u32 lane) {
     const u32 w = sizeof(T);
     u32 head = (u32)((w - ((u64)src & (w - 1))) & (w - 1));
     if (head > len) head = len;
-    if (lane < head) dst[lane] = src[lane];
+    if (lane < head) dst[lane] = load_src<CG>(src + lane);
     src += head;
     dst += head;
     len -= head;
@@ -106,7 +115,7 @@ __device__ __forceinline__ void copy_words(const u8* src, u8* dst, u32 len, u32 
     for (; i + 32 * (UNROLL - 1) < n; i += 32 * UNROLL) {
         T v[UNROLL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) v[u] = load_nc(s + i + 32 * u);
+        for (int u = 0; u < UNROLL; u++) v[u] = load_src<CG>(s + i + 32 * u);
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) d[i + 32 * u] = v[u];
     }
@@ -115,27 +124,28 @@ __device__ __forceinline__ void copy_words(const u8* src, u8* dst, u32 len, u32 
         T v[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++)
-            if (i + 32 * u < n) v[u] = load_nc(s + i + 32 * u);
+            if (i + 32 * u < n) v[u] = load_src<CG>(s + i + 32 * u);
 #pragma unroll
         for (int u = 0; u < UNROLL; u++)
             if (i + 32 * u < n) d[i + 32 * u] = v[u];
     }
     const u32 done = n * w;
-    if (lane < len - done) dst[done + lane] = src[done + lane];
+    if (lane < len - done) dst[done + lane] = load_src<CG>(src + done + lane);
 }
 
+template <bool CG = false>
 __device__ __forceinline__ void copy_fragment(const u8* src, u8* dst, u32 len, u32 lane) {
     const u64 phase = (u64)src ^ (u64)dst;
     if ((phase & 15) == 0) {
-        copy_words<uint4>(src, dst, len, lane);
+        copy_words<uint4, CG>(src, dst, len, lane);
     } else if ((phase & 7) == 0) {
-        copy_words<u64>(src, dst, len, lane);
+        copy_words<u64, CG>(src, dst, len, lane);
     } else if ((phase & 3) == 0) {
-        copy_words<u32>(src, dst, len, lane);
+        copy_words<u32, CG>(src, dst, len, lane);
     } else if ((phase & 1) == 0) {
-        copy_words<u16>(src, dst, len, lane);
+        copy_words<u16, CG>(src, dst, len, lane);
     } else {
-        for (u32 i = lane; i < len; i += 32) dst[i] = src[i];
+        for (u32 i = lane; i < len; i += 32) dst[i] = load_src<CG>(src + i);
     }
 }
 
@@ -338,4 +348,264 @@ extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
     tcpxd_unpack_inline_pages(const __grid_constant__ InlinePages<16, 2048> p, u32* err, const Signal sig) {
     unpack_inline_pages_body(p, err);
     signal_done(sig);
+}
+// ---- persistent mode ---------------------------------------------------------------------------
+// One grid stays resident while batches keep coming: the host writes each batch's descriptor into
+// pinned host memory and posts it by storing its sequence number last; no driver call per batch.
+// Block 0 is the leader and copies nothing of the data: it polls the next descriptor over the host
+// mapping, copies it and the batch's fragment lists into device memory, announces the batch
+// (`go`) and goes on to the next, so lists cross PCIe ahead of the copies. Blocks 1.. take their
+// share of each announced batch's work units (a unit is WARPS_PER_BLOCK fragments of one receive,
+// one per warp) and the last to finish stores the batch's number into the host-mapped `done`
+// word. After `linger_ns` without a new batch the leader ends the grid and says where it stopped
+// (`exited`); the host launches a grid again for the next batch (or, if the two crossed, when it
+// finds the batch untaken). Layouts must match src/gpu/persist.rs.
+
+#define PERSIST_QUEUE 16
+#define PERSIST_MAX_TASKS 64
+#define PERSIST_STOP 0xffffffffu
+#define EPOCH_SHIFT 40
+#define SEQ_MASK ((1ull << EPOCH_SHIFT) - 1)
+// Units whose fragment entries a block fetches together.
+#define PERSIST_ROUND 4
+
+struct __align__(16) PersistDesc {
+    u64 seq;         // the batch's number once posted (written last by the host)
+    u32 ntasks;      // receives; PERSIST_STOP: leave
+    u32 units;       // work units in all
+    u64 err;         // device address of the batch's error word
+    u64 list_src;    // the batch's encoded lists: host-mapped address,
+    u64 list_dst;    // where the leader copies them (the tasks' `frags` point there),
+    u32 list_bytes;  // and their size (a multiple of 16)
+    u32 pad0;
+    u32 unit_first[PERSIST_MAX_TASKS + 1];  // first unit of each receive (prefix sums)
+    u32 pad[3];
+    UnpackTask tasks[PERSIST_MAX_TASKS];
+};
+
+struct PersistParams {
+    u64 queue;      // PersistDesc[PERSIST_QUEUE], host-mapped (the host writes them)
+    u64 scratch;    // PersistDesc[PERSIST_QUEUE], device memory (the leader copies each batch here)
+    u64 ctl;        // device: u64 go, u64 stop, u32 counters[PERSIST_QUEUE]
+    u64 done;       // host-mapped u64: the newest finished batch
+    u64 exited;     // host-mapped u64: epoch << 40 | the first batch this grid did not take
+    u64 first_seq;  // the first batch this grid takes
+    u64 epoch;      // tags this launch's go/stop/exited values
+    u64 linger_ns;
+};
+
+__device__ __forceinline__ u64 globaltimer_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ u64 ld_acquire_sys(const u64* p) {
+    u64 v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ uint4 ld_volatile_v4(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ void st_volatile_u64(u64 addr, u64 v) {
+    asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(addr), "l"(v) : "memory");
+}
+
+// Fetches fragment `f` of a list in device memory (L2, coherent) as (src_off, len, dst_off).
+__device__ __forceinline__ void fetch_entry(u64 frags, u32 format, u32 f, u32& src, u32& len, u64& dst) {
+    if (format == FMT_PAGE32) {
+        const u32 e = __ldcg((const u32*)frags + f);
+        src = (e >> 12) << 12;
+        len = 4096;
+        dst = (u64)(e & 0xfff) << 12;
+    } else if (format == FMT_PACKED12) {
+        const u32* l = (const u32*)frags + 3 * f;
+        src = __ldcg(l);
+        len = __ldcg(l + 1);
+        dst = __ldcg(l + 2);
+    } else {
+        const u64* l = (const u64*)frags + 2 * f;
+        const u64 a = __ldcg(l);
+        src = (u32)a;
+        len = (u32)(a >> 32);
+        dst = __ldcg(l + 1);
+    }
+}
+
+// The leader: stages batches into device memory ahead of the workers until the linger runs out
+// or a stop descriptor comes.
+__device__ void persist_lead(const PersistParams& p, volatile u64* go, volatile u64* stop) {
+    __shared__ int s_posted;
+    const u64 tag = p.epoch << EPOCH_SHIFT;
+    for (u64 seq = p.first_seq;; seq++) {
+        const u32 q = (u32)(seq % PERSIST_QUEUE);
+        const PersistDesc* hd = (const PersistDesc*)p.queue + q;
+        PersistDesc* dd = (PersistDesc*)p.scratch + q;
+        if (threadIdx.x == 0) {
+            const u64 t0 = globaltimer_ns();
+            int posted = 0;
+            for (;;) {
+                if (ld_acquire_sys(&hd->seq) == seq) {
+                    posted = 1;
+                    break;
+                }
+                if (globaltimer_ns() - t0 > p.linger_ns) break;
+            }
+            s_posted = posted;
+        }
+        __syncthreads();
+        const int posted = s_posted;
+        if (posted) {
+            const uint4* src = (const uint4*)hd;
+            uint4* dst = (uint4*)dd;
+            for (u32 i = threadIdx.x; i < sizeof(PersistDesc) / 16; i += blockDim.x) dst[i] = ld_volatile_v4(src + i);
+            __syncthreads();
+            const volatile PersistDesc* vd = dd;
+            const u32 ntasks = vd->ntasks;
+            if (ntasks != PERSIST_STOP) {
+                const uint4* ls = (const uint4*)vd->list_src;
+                uint4* ld = (uint4*)vd->list_dst;
+                const u32 n = vd->list_bytes / 16;
+                for (u32 i = threadIdx.x; i < n; i += blockDim.x) ld[i] = ld_volatile_v4(ls + i);
+            }
+            __threadfence();
+            __syncthreads();
+            if (ntasks != PERSIST_STOP) {
+                if (threadIdx.x == 0) *go = tag | seq;
+                continue;
+            }
+        }
+        if (threadIdx.x == 0) {
+            *stop = tag | seq;
+            __threadfence_system();
+            st_volatile_u64(p.exited, tag | seq);
+        }
+        return;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
+    tcpxd_unpack_persistent(const PersistParams p) {
+    __shared__ int s_state;
+    __shared__ u32 s_ntasks, s_units;
+    __shared__ u64 s_err;
+    __shared__ u32 s_first[PERSIST_MAX_TASKS + 1];
+    __shared__ u32 s_task[PERSIST_ROUND];
+    __shared__ u32 s_src[PERSIST_ROUND * WARPS_PER_BLOCK];
+    __shared__ u32 s_len[PERSIST_ROUND * WARPS_PER_BLOCK];
+    __shared__ u64 s_dst[PERSIST_ROUND * WARPS_PER_BLOCK];
+    volatile u64* go = (volatile u64*)p.ctl;
+    volatile u64* stop = go + 1;
+    if (blockIdx.x == 0) {
+        persist_lead(p, go, stop);
+        return;
+    }
+    u32* counters = (u32*)(p.ctl + 16);
+    const u32 lane = threadIdx.x & 31;
+    const u32 warp = threadIdx.x >> 5;
+    const u32 worker = blockIdx.x - 1, workers = gridDim.x - 1;
+
+    for (u64 seq = p.first_seq;; seq++) {
+        const u32 q = (u32)(seq % PERSIST_QUEUE);
+        const PersistDesc* dd = (const PersistDesc*)p.scratch + q;
+        // Wait for the leader to announce `seq`, or to stop at or before it.
+        if (threadIdx.x == 0) {
+            int st;
+            for (;;) {
+                const u64 g = *go;
+                if ((g >> EPOCH_SHIFT) == p.epoch && (g & SEQ_MASK) >= seq) {
+                    st = 1;
+                    break;
+                }
+                const u64 s = *stop;
+                if ((s >> EPOCH_SHIFT) == p.epoch && (s & SEQ_MASK) <= seq) {
+                    st = 0;
+                    break;
+                }
+                __nanosleep(64);
+            }
+            __threadfence();
+            s_state = st;
+            if (st) {
+                s_ntasks = __ldcg(&dd->ntasks);
+                s_units = __ldcg(&dd->units);
+                s_err = __ldcg(&dd->err);
+            }
+        }
+        __syncthreads();
+        if (s_state == 0) return;
+        const u32 ntasks = s_ntasks, units = s_units;
+        u32* err = (u32*)s_err;
+        for (u32 i = threadIdx.x; i <= ntasks; i += blockDim.x) s_first[i] = __ldcg(&dd->unit_first[i]);
+        __syncthreads();
+
+        for (u32 base = worker; base < units; base += PERSIST_ROUND * workers) {
+            // The round's entries, together: thread r * WARPS_PER_BLOCK + w takes fragment w of
+            // the round's unit r.
+            if (threadIdx.x < PERSIST_ROUND * WARPS_PER_BLOCK) {
+                const u32 r = threadIdx.x / WARPS_PER_BLOCK, w = threadIdx.x % WARPS_PER_BLOCK;
+                const u32 u = base + r * workers;
+                u32 src = 0, len = 0, task = 0;
+                u64 dst = 0;
+                if (u < units) {
+                    u32 lo = 0, hi = ntasks;  // the last receive whose first unit is <= u
+                    while (hi - lo > 1) {
+                        const u32 mid = (lo + hi) / 2;
+                        if (s_first[mid] <= u) lo = mid; else hi = mid;
+                    }
+                    task = lo;
+                    const UnpackTask& t = dd->tasks[task];
+                    const u32 f = (u - s_first[task]) * WARPS_PER_BLOCK + w;
+                    if (f < __ldcg(&t.count)) fetch_entry(__ldcg(&t.frags), __ldcg(&t.format), f, src, len, dst);
+                }
+                s_src[threadIdx.x] = src;
+                s_len[threadIdx.x] = len;
+                s_dst[threadIdx.x] = dst;
+                if (w == 0) s_task[r] = task;
+            }
+            __syncthreads();
+            for (u32 r = 0; r < PERSIST_ROUND; r++) {
+                const u32 u = base + r * workers;
+                if (u >= units) break;
+                const u32 i = r * WARPS_PER_BLOCK + warp;
+                const u32 len = s_len[i];
+                if (len == 0) continue;
+                const u32 task = s_task[r];
+                const UnpackTask& t = dd->tasks[task];
+                const u64 bounce = __ldcg(&t.bounce), bounce_len = __ldcg(&t.bounce_len);
+                const u64 dstp = __ldcg(&t.dst), dst_len = __ldcg(&t.dst_len);
+                const u32 src_off = s_src[i];
+                const u64 dst_off = s_dst[i];
+                const bool dst_ok = dst_off <= dst_len && (u64)len <= dst_len - dst_off;
+                const bool src_ok = (u64)src_off + len <= bounce_len;
+                if (!dst_ok || !src_ok) {
+                    const u32 f = (u - s_first[task]) * WARPS_PER_BLOCK + warp;
+                    if (lane == 0) *(volatile u32*)err = 1u + ((task << 12) | (f & 0xfff));
+                    continue;
+                }
+                copy_fragment<true>((const u8*)(bounce + src_off), (u8*)(dstp + dst_off), len, lane);
+            }
+            __syncthreads();
+        }
+
+        // Count this block done with `seq`; the last one tells the host.
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            if (atomicAdd(&counters[q], 1u) == workers - 1) {
+                *(volatile u32*)&counters[q] = 0;
+                __threadfence_system();
+                st_volatile_u64(p.done, seq);
+                __threadfence_system();
+            }
+        }
+        __syncthreads();
+    }
 }

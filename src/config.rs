@@ -122,6 +122,10 @@ pub struct FilePlugin {
 pub struct FileTransfer {
     pub chunk_bytes: Option<u64>,
     pub unpack_impl: Option<String>,
+    /// `kernel-persistent` only: how long the grid waits for a new batch (µs).
+    pub unpack_linger_us: Option<u64>,
+    /// `kernel-persistent` only: worker blocks (0: one per multiprocessor).
+    pub unpack_blocks: Option<u32>,
     pub send_window: Option<usize>,
     pub recv_window: Option<usize>,
     pub default_timeout_s: Option<u64>,
@@ -250,11 +254,23 @@ impl Config {
                 "lanes_per_device: {lanes_per_device} is outside 1..=16"
             )));
         }
-        let unpack_impl = match env("UCCL_TCPX_UNPACK_IMPL").or(file.transfer.unpack_impl) {
-            None => crate::unpack::UnpackImpl::default(),
-            Some(v) => v.parse().map_err(|e| {
-                ConfigError::Invalid(format!("UCCL_TCPX_UNPACK_IMPL / transfer.unpack_impl: {e}"))
-            })?,
+        // The environment beats the file, setting by setting.
+        let unpack_impl = {
+            use crate::unpack::{PERSIST_BLOCKS_ENV, PERSIST_LINGER_ENV, UNPACK_IMPL_ENV, UnpackImpl};
+            let t = &file.transfer;
+            UnpackImpl::from_lookup(|k| {
+                env(k).or_else(|| match k {
+                    UNPACK_IMPL_ENV => t.unpack_impl.clone(),
+                    PERSIST_LINGER_ENV => t.unpack_linger_us.map(|v| v.to_string()),
+                    PERSIST_BLOCKS_ENV => t.unpack_blocks.map(|v| v.to_string()),
+                    _ => None,
+                })
+            })
+            .map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "UCCL_TCPX_UNPACK_IMPL / transfer.unpack_impl (unpack_linger_us, unpack_blocks): {e}"
+                ))
+            })?
         };
         let send_window = file.transfer.send_window.unwrap_or(12);
         let recv_window = file.transfer.recv_window.unwrap_or(16);
@@ -470,6 +486,42 @@ mod tests {
         assert_eq!(c.node_id, "from-flag");
         assert_eq!(c.chunk_bytes, 262144);
         assert_eq!(c.lanes_per_device, 1);
+        std::fs::remove_file(path).ok();
+    }
+
+    #[test]
+    fn persistent_unpack_settings_from_the_file_and_the_environment() {
+        let path = write_toml(
+            r#"
+            node_id = "n"
+            [transfer]
+            unpack_impl = "kernel-persistent"
+            unpack_linger_us = 1000
+            unpack_blocks = 8
+            "#,
+        );
+        let args = DaemonArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        };
+        let grid = |c: Config| match c.unpack_impl {
+            crate::unpack::UnpackImpl::Persistent(g) => (g.blocks, g.linger),
+            other => panic!("{other:?}"),
+        };
+        let c = Config::resolve(&args, &env_of(&[])).unwrap();
+        assert_eq!(grid(c), (8, std::time::Duration::from_millis(1)));
+        let c = Config::resolve(&args, &env_of(&[("TCPXD_UNPACK_BLOCKS", "0")])).unwrap();
+        assert_eq!(grid(c), (0, std::time::Duration::from_millis(1)));
+        let e = Config::resolve(&args, &env_of(&[("TCPXD_UNPACK_LINGER_US", "soon")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("TCPXD_UNPACK_LINGER_US") && e.contains("unpack_linger_us"),
+            "{e}"
+        );
+        // The launch modes take no grid settings.
+        let c = Config::resolve(&args, &env_of(&[("UCCL_TCPX_UNPACK_IMPL", "kernel")])).unwrap();
+        assert_eq!(c.unpack_impl, crate::unpack::UnpackImpl::default());
         std::fs::remove_file(path).ok();
     }
 

@@ -7,14 +7,19 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tcpxd::gpu::{DeviceRegion, FragmentList, Gpu, GpuError, PinnedRegion, Stream};
+use tcpxd::gpu::{DeviceRegion, FragmentList, Gpu, GpuError, PersistConfig, PinnedRegion, Stream};
 use tcpxd::net::Region;
 use tcpxd::net::abi::loadMeta;
 use tcpxd::unpack::{FragSource, Ticket, UnpackError, UnpackImpl, UnpackJob, Unpacker};
 
 const POISON: u8 = 0xA5;
 const RING_SLOT_BYTES: usize = 2048 * 16;
-const IMPLS: [UnpackImpl; 7] = [
+const PERSISTENT: PersistConfig = PersistConfig {
+    blocks: 0,
+    linger: Duration::from_micros(200),
+};
+const IMPLS: [UnpackImpl; 8] = [
+    UnpackImpl::Persistent(PERSISTENT),
     UnpackImpl::Kernel(FragSource::Mapped),
     UnpackImpl::Kernel(FragSource::DeviceCopy),
     UnpackImpl::Kernel(FragSource::Params),
@@ -433,6 +438,135 @@ fn gpu_unpack_more_batches_in_flight_than_slots() {
         dst.read_into(&fx.stream, 0, &mut got).unwrap();
         compare(u.name(), &got, &expect);
     }
+}
+
+/// The persistent grid leaves after its linger and a new one is launched for the next batch;
+/// with a linger of 1 µs grids leave between (and while) batches are posted, so batches and
+/// departing grids cross, and every batch must still be taken exactly once.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
+fn gpu_unpack_persistent_grid_leaves_and_comes_back() {
+    let fx = Fixture::new(10, 64 << 20);
+    let gpu = fx.gpu.clone();
+    for (linger_us, blocks, batches) in [(200u64, 0u32, 6usize), (1, 0, 200), (1, 3, 100), (50_000, 0, 50)] {
+        let mut u = tcpxd::unpack::KernelUnpacker::persistent(
+            &gpu,
+            PersistConfig {
+                blocks,
+                linger: Duration::from_micros(linger_us),
+            },
+        )
+        .unwrap();
+        let mut rng = Rng(20 + linger_us);
+        let dst_len = 32 * 4096u64;
+        let dst = gpu.alloc(batches * dst_len as usize).unwrap();
+        let mut expect = vec![POISON; dst.len()];
+        dst.write(0, &expect).unwrap();
+        let mut lists = Vec::new();
+        let mut last = None;
+        for b in 0..batches {
+            let spec = if b % 2 == 0 {
+                shuffled_pages(&mut rng, 64 << 20, 32)
+            } else {
+                random_pieces(&mut rng, 64 << 20, dst_len, 4096)
+            };
+            let base = b as u64 * dst_len;
+            for f in &spec.frags {
+                let s = f.src_off as usize;
+                let d = (base + f.dst_off) as usize;
+                expect[d..d + f.len as usize].copy_from_slice(&fx.bounce_host[s..s + f.len as usize]);
+            }
+            lists.push(spec.frags);
+            u.push(&UnpackJob {
+                frags: FragmentList::host(lists.last().unwrap()),
+                bounce: fx.bounce.span(),
+                dst: dst.subspan(base, dst_len).unwrap(),
+            })
+            .unwrap();
+            let t = u.submit().unwrap().unwrap();
+            last = Some(t);
+            // Long linger: wait for each batch, then idle past the 200 µs linger (a new grid
+            // each time); short ones: keep several in flight.
+            if linger_us == 200 {
+                finish(&mut u, Some(t));
+                std::thread::sleep(Duration::from_millis(5));
+            } else if b % 7 == 6 {
+                finish(&mut u, Some(t));
+            }
+        }
+        finish(&mut u, last);
+        let launches = u.grid_launches().unwrap();
+        // Dropping asks the (possibly still resident) grid to leave and waits for it.
+        drop(u);
+        let mut got = vec![0u8; dst.len()];
+        dst.read_into(&fx.stream, 0, &mut got).unwrap();
+        compare("kernel-persistent", &got, &expect);
+        eprintln!("linger {linger_us} µs, {batches} batches: {launches} grid launches");
+        match linger_us {
+            200 => assert_eq!(launches, batches as u64, "one grid per isolated batch"),
+            50_000 => assert_eq!(launches, 1, "one grid for a burst within its linger"),
+            _ => assert!(launches >= 1),
+        }
+    }
+}
+
+/// A resident grid must not read bounce pages from a cache that outlived the batch: the same
+/// pages are rewritten between batches (as the NIC does) and each batch must see the new bytes.
+/// The copies go through preallocated pinned buffers on a stream of their own: freeing memory
+/// synchronizes the whole device, which would wait for the grid to linger out and make every
+/// round start a fresh grid (with fresh caches), proving nothing.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
+fn gpu_unpack_persistent_grid_sees_rewritten_bounce_pages() {
+    let fx = Fixture::new(11, 1 << 20);
+    let gpu = fx.gpu.clone();
+    let mut u = tcpxd::unpack::KernelUnpacker::persistent(
+        &gpu,
+        PersistConfig {
+            blocks: 0,
+            linger: Duration::from_millis(500),
+        },
+    )
+    .unwrap();
+    let pages = 64u64;
+    let bytes = (pages * 4096) as usize;
+    let frags: Vec<loadMeta> = (0..pages)
+        .map(|i| lm(i * 4096, 4096, (pages - 1 - i) * 4096))
+        .collect();
+    let dst = gpu.alloc(bytes).unwrap();
+    let up = gpu.alloc_pinned(bytes).unwrap();
+    let down = gpu.alloc_pinned(bytes).unwrap();
+    let copies = Stream::new(&gpu).unwrap();
+    let mut rng = Rng(33);
+    for round in 0..20 {
+        let content = rng.bytes(bytes);
+        up.write(0, &content).unwrap();
+        copies.copy_h2d(&fx.bounce, 0, &up, 0, bytes as u64).unwrap();
+        copies.synchronize().unwrap();
+        u.push(&UnpackJob {
+            frags: FragmentList::host(&frags),
+            bounce: fx.bounce.span(),
+            dst: dst.span(),
+        })
+        .unwrap();
+        let t = u.submit().unwrap();
+        finish(&mut u, t);
+        copies.copy_d2h(&down, 0, &dst, 0, bytes as u64).unwrap();
+        copies.synchronize().unwrap();
+        let mut got = vec![0u8; bytes];
+        down.read(0, &mut got).unwrap();
+        let mut expect = vec![0u8; bytes];
+        for f in &frags {
+            let (s, d) = (f.src_off as usize, f.dst_off as usize);
+            expect[d..d + 4096].copy_from_slice(&content[s..s + 4096]);
+        }
+        compare(&format!("round {round}"), &got, &expect);
+    }
+    assert_eq!(
+        u.grid_launches(),
+        Some(1),
+        "the grid stayed resident across the rounds"
+    );
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
-use tcpxd::gpu::{DeviceRegion, Event, FragmentList, Gpu, PinnedRegion, Stream};
+use tcpxd::gpu::{DeviceRegion, Event, FragmentList, Gpu, PersistConfig, PinnedRegion, Stream};
 use tcpxd::net::abi::loadMeta;
 use tcpxd::unpack::{FragSource, KernelUnpacker, UnpackImpl, UnpackJob, Unpacker};
 
@@ -44,6 +44,9 @@ struct Args {
     /// Batches per steady-state (pipelined) measurement (0: skip).
     #[arg(long, default_value_t = 64)]
     pipeline: usize,
+    /// Only the rows whose name contains this (the contiguous copy always runs).
+    #[arg(long)]
+    only: Option<String>,
     /// Also time the checksum kernel over this many MiB (0: skip).
     #[arg(long, default_value_t = 1024)]
     checksum_mib: usize,
@@ -185,11 +188,29 @@ impl Setup {
         self.dsts.read_into(stream, self.dst_off(iter, c), &mut got)?;
         let mut src = vec![0u8; self.chunk];
         self.bounce.read_into(stream, (w * self.chunk) as u64, &mut src)?;
-        Ok(list.iter().all(|f| {
-            let s = f.src_off as usize - w * self.chunk;
-            let d = f.dst_off as usize;
-            got[d..d + PAGE] == src[s..s + PAGE]
-        }))
+        let bad: Vec<usize> = list
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| {
+                let s = f.src_off as usize - w * self.chunk;
+                let d = f.dst_off as usize;
+                got[d..d + PAGE] != src[s..s + PAGE]
+            })
+            .map(|(i, _)| i)
+            .collect();
+        if !bad.is_empty() {
+            let zero = bad
+                .iter()
+                .filter(|&&i| got[list[i].dst_off as usize..][..PAGE].iter().all(|&b| b == 0))
+                .count();
+            eprintln!(
+                "iteration {iter} chunk {c}: {} of {} pages wrong ({zero} all zero), list positions {:?}",
+                bad.len(),
+                list.len(),
+                &bad[..bad.len().min(16)]
+            );
+        }
+        Ok(bad.is_empty())
     }
 }
 
@@ -222,9 +243,12 @@ fn time_unpacker(
     let mut times = Vec::with_capacity(iters);
     let mut host = Vec::with_capacity(iters);
     let mut last = 0;
+    // A persistent grid occupies its stream, so events on it would wait for the grid to leave:
+    // its times are host-clock times (first push to `is_done`), which include everything.
+    let persistent = u.name() == "kernel-persistent";
     // GPU time: events around the pushes and the submit (nothing else between them, so the
     // host's share delays the GPU exactly as in the poller).
-    for it in 0..warmup + iters {
+    for it in (0..warmup + iters).filter(|_| !persistent) {
         u.stream().record(&start)?;
         let t0 = Instant::now();
         push_batch(s, u, it, chunks, lists)?;
@@ -242,7 +266,7 @@ fn time_unpacker(
         last = it;
     }
     let stream = Stream::new(&s.gpu)?;
-    for c in [0, chunks - 1] {
+    for c in [0, chunks - 1].into_iter().filter(|_| !persistent) {
         if !s.verify(&stream, last, chunks, c)? {
             return Err(format!("{label}: wrong bytes in chunk {c}").into());
         }
@@ -253,12 +277,25 @@ fn time_unpacker(
         let t0 = Instant::now();
         push_batch(s, u, it, chunks, lists)?;
         let t = u.submit()?.ok_or("no ticket")?;
+        let t1 = Instant::now();
         while !u.is_done(&t)? {
             std::hint::spin_loop();
         }
         if it >= warmup {
             wall.push(t0.elapsed().as_secs_f64() * 1e6);
+            if persistent {
+                host.push((t1 - t0).as_secs_f64() * 1e6);
+            }
         }
+        last = it;
+    }
+    if persistent {
+        for c in [0, chunks - 1] {
+            if !s.verify(&stream, last, chunks, c)? {
+                return Err(format!("{label}: wrong bytes in chunk {c}").into());
+            }
+        }
+        times = wall.clone();
     }
     let mut row = stats(label, chunks, (chunks * s.chunk) as u64, times);
     row.host_us = Some(median(host));
@@ -343,6 +380,25 @@ fn pipelined(
     let start = Event::timing(&s.gpu)?;
     let end = Event::timing(&s.gpu)?;
     let mut per_batch = Vec::new();
+    if u.name() == "kernel-persistent" {
+        // Host clock (see time_unpacker): first push to the last batch seen done.
+        for rep in 0..=PIPE_REPS {
+            let t0 = Instant::now();
+            let mut last = None;
+            for b in 0..batches {
+                push_batch(s, u, rep * batches + b, chunks, lists)?;
+                last = u.submit()?;
+            }
+            let last = last.ok_or("no ticket")?;
+            while !u.is_done(&last)? {
+                std::hint::spin_loop();
+            }
+            if rep > 0 {
+                per_batch.push(t0.elapsed().as_secs_f64() * 1e6 / batches as f64);
+            }
+        }
+        return Ok(stats(label, chunks, (chunks * s.chunk) as u64, per_batch));
+    }
     for rep in 0..=PIPE_REPS {
         u.stream().record(&start)?;
         for b in 0..batches {
@@ -408,7 +464,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut rows: Vec<Row> = Vec::new();
     for &chunks in &a.chunks {
         rows.push(time_contiguous(&s, chunks, a.warmup, a.iters)?);
-        let variants: [(&str, UnpackImpl, Lists, u32); 9] = [
+        let variants: [(&str, UnpackImpl, Lists, u32); 11] = [
+            (
+                "kernel-persistent",
+                UnpackImpl::Persistent(PersistConfig::default()),
+                Lists::Mapped,
+                1,
+            ),
+            (
+                "kernel-persistent-2x",
+                UnpackImpl::Persistent(PersistConfig {
+                    blocks: 2 * s.gpu.sm_count(),
+                    ..PersistConfig::default()
+                }),
+                Lists::Mapped,
+                1,
+            ),
             (
                 "kernel-packed-mapped",
                 UnpackImpl::Kernel(FragSource::PackedMapped),
@@ -455,12 +526,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ("host", UnpackImpl::Host, Lists::Mapped, 1),
         ];
         for (label, imp, mapped, fpw) in variants {
+            if a.only.as_deref().is_some_and(|o| !label.contains(o)) {
+                continue;
+            }
             let iters = if matches!(imp, UnpackImpl::D2d | UnpackImpl::Host) {
                 a.slow_iters
             } else {
                 a.iters
             };
             let row = match imp {
+                UnpackImpl::Persistent(config) => {
+                    let mut k = KernelUnpacker::persistent(&s.gpu, config)?;
+                    let mut row =
+                        time_unpacker(&s, &mut k, "kernel-persistent", chunks, a.warmup, iters, mapped)?;
+                    row.name = label.to_string();
+                    eprintln!("{label}: {:?} grid launches", k.grid_launches());
+                    row
+                }
                 UnpackImpl::Kernel(src) => {
                     let mut k = KernelUnpacker::new(&s.gpu, src)?;
                     k.set_frags_per_warp(fpw);
@@ -498,6 +580,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ] {
                 let mut k = KernelUnpacker::new(&s.gpu, src)?;
                 rows.push(pipelined(&s, &mut k, label, chunks, a.pipeline, lists)?);
+            }
+            for (label, blocks) in [
+                ("kernel-persistent/pipe", 0),
+                ("kernel-persistent-2x/pipe", 2 * s.gpu.sm_count()),
+            ] {
+                let mut k = KernelUnpacker::persistent(
+                    &s.gpu,
+                    PersistConfig {
+                        blocks,
+                        ..PersistConfig::default()
+                    },
+                )?;
+                rows.push(pipelined(&s, &mut k, label, chunks, a.pipeline, Lists::Mapped)?);
             }
         }
     }

@@ -572,6 +572,11 @@ impl PinnedRegion {
         Ok(())
     }
 
+    /// The host address of byte 0 (for the gpu module's own structured writes).
+    pub(super) fn host_ptr(&self) -> *mut u8 {
+        self.host
+    }
+
     /// Volatile read of the u64 at byte `offset` (a word GPU work may have written; an aligned
     /// 8-byte load, so never torn).
     pub fn load_u64(&self, offset: usize) -> GpuResult<u64> {

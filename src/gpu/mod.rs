@@ -21,6 +21,7 @@ mod module;
 mod nvrtc;
 mod ops;
 mod peek;
+mod persist;
 mod stream;
 
 use std::ffi::{c_int, c_void};
@@ -39,6 +40,7 @@ pub use memory::plain::Plain;
 pub use memory::{DeviceRegion, DeviceSpan, FragmentList, IpcExport, PinnedRegion};
 pub use module::{KernelSource, Kernels};
 pub use peek::{device_of, enable_peer_access, read_any_device, shared, wait_ipc_event};
+pub use persist::{PERSIST_MAX_TASKS, PERSIST_QUEUE, PersistConfig, PersistentGrid, PostedLists};
 pub use stream::{Event, EventPool, Stream, StreamPool};
 
 pub(crate) use error::check;

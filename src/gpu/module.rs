@@ -37,6 +37,7 @@ pub struct Kernels {
     pub(crate) unpack_64: sys::CUfunction,
     pub(crate) unpack_inline_small: sys::CUfunction,
     pub(crate) unpack_inline_pages: sys::CUfunction,
+    pub(crate) unpack_persistent: sys::CUfunction,
     pub(crate) crc32c_blocks: sys::CUfunction,
     source: KernelSource,
 }
@@ -129,6 +130,7 @@ pub(crate) fn load(gpu: &Gpu) -> GpuResult<Kernels> {
         unpack_64: std::ptr::null_mut(),
         unpack_inline_small: std::ptr::null_mut(),
         unpack_inline_pages: std::ptr::null_mut(),
+        unpack_persistent: std::ptr::null_mut(),
         crc32c_blocks: std::ptr::null_mut(),
         source,
     };
@@ -137,6 +139,7 @@ pub(crate) fn load(gpu: &Gpu) -> GpuResult<Kernels> {
     k.unpack_64 = function(modules[0], "tcpxd_unpack_64")?;
     k.unpack_inline_small = function(modules[0], "tcpxd_unpack_inline_small")?;
     k.unpack_inline_pages = function(modules[0], "tcpxd_unpack_inline_pages")?;
+    k.unpack_persistent = function(modules[0], "tcpxd_unpack_persistent")?;
     k.crc32c_blocks = function(modules[1], "tcpxd_crc32c_blocks")?;
     match &k.source {
         KernelSource::EmbeddedPtx => tracing::info!(

@@ -26,6 +26,7 @@ use crate::gpu::{
     INLINE_PAGES_MAX_TASKS, InlineBatch, InlinePagesBatch, Kernels, LaunchReport, LaunchSignal, ListFormat,
     PinnedRegion, Stream, UNPACK_MAX_TASKS_PER_LAUNCH, UNPACK_WARPS_PER_BLOCK, UnpackTask,
 };
+use crate::gpu::{PersistConfig, PersistentGrid, PostedLists};
 use crate::net::abi::{NET_UNPACK_MAX_SLICE_PAGES, loadMeta};
 
 /// Batches in flight before `submit` waits for the oldest.
@@ -147,27 +148,56 @@ impl Completions {
     }
 
     /// Non-blocking. Queries the stream (a driver call) only when the word says not yet and
-    /// the last query is older than [`HEALTH_EVERY`].
-    fn poll(&mut self, seq: u64, stream: &Stream) -> Result<bool, UnpackError> {
+    /// the last query is older than [`HEALTH_EVERY`]. With a persistent grid, first makes sure
+    /// a grid will take the batch (one load of host memory).
+    fn poll(
+        &mut self,
+        seq: u64,
+        stream: &Stream,
+        mut grid: Option<&mut PersistentGrid>,
+    ) -> Result<bool, UnpackError> {
         if self.reached(seq)? {
             return Ok(true);
+        }
+        if let Some(g) = grid.as_deref_mut() {
+            g.revive(stream)?;
         }
         if self.last_health.elapsed() < HEALTH_EVERY {
             return Ok(false);
         }
         self.last_health = Instant::now();
-        if stream.is_idle()? {
-            return self.settle(seq);
+        self.idle_check(seq, stream, grid)
+    }
+
+    /// The stream says whether the kernels are still running: idle with the batch unsignalled is
+    /// an error, unless a persistent grid left without taking it (then it is relaunched).
+    fn idle_check(
+        &mut self,
+        seq: u64,
+        stream: &Stream,
+        grid: Option<&mut PersistentGrid>,
+    ) -> Result<bool, UnpackError> {
+        if !stream.is_idle()? {
+            return Ok(false);
         }
-        Ok(false)
+        if let Some(g) = grid {
+            if g.revive(stream)? {
+                return Ok(false);
+            }
+        }
+        self.settle(seq)
     }
 
     /// Blocks until batch `seq` finished.
-    fn wait(&mut self, seq: u64, stream: &Stream) -> Result<(), UnpackError> {
+    fn wait(
+        &mut self,
+        seq: u64,
+        stream: &Stream,
+        mut grid: Option<&mut PersistentGrid>,
+    ) -> Result<(), UnpackError> {
         let mut spins = 0u32;
         while !self.reached(seq)? {
-            if stream.is_idle()? {
-                self.settle(seq)?;
+            if self.idle_check(seq, stream, grid.as_deref_mut())? {
                 return Ok(());
             }
             spins += 1;
@@ -182,7 +212,7 @@ impl Completions {
 
     /// The slot the next batch will use, once the batch that held it finished (waits if not:
     /// back-pressure when more batches are in flight than there are slots).
-    fn reserve(&mut self, stream: &Stream) -> Result<usize, UnpackError> {
+    fn reserve(&mut self, stream: &Stream, grid: Option<&mut PersistentGrid>) -> Result<usize, UnpackError> {
         let slot = (self.next % SLOTS as u64) as usize;
         let prev = self.seqs[slot];
         if prev > 0 && !self.reached(prev)? {
@@ -191,7 +221,7 @@ impl Completions {
                 stalls = self.stalls,
                 "unpack: every batch slot is in flight; waiting"
             );
-            self.wait(prev, stream)?;
+            self.wait(prev, stream, grid)?;
         }
         Ok(slot)
     }
@@ -227,6 +257,8 @@ pub struct KernelUnpacker {
     launched: bool,
     /// The last batch closed internally (slot full) since the last submit.
     unticketed: Option<Ticket>,
+    /// Persistent mode: batches are posted to a resident grid instead of launched.
+    grid: Option<PersistentGrid>,
     /// An error found in a slot's error word after its ticket was gone.
     sticky: Option<UnpackError>,
 }
@@ -262,7 +294,25 @@ impl KernelUnpacker {
             launched: false,
             unticketed: None,
             sticky: None,
+            grid: None,
         })
+    }
+
+    /// The persistent mode (`kernel-persistent`): compact lists, as `PackedMapped`, but each
+    /// batch is posted to a grid that stays resident while batches keep coming
+    /// (src/gpu/persist.rs) instead of launched; its leader block copies the lists into device
+    /// memory ahead of the copies.
+    pub fn persistent(gpu: &Arc<Gpu>, config: PersistConfig) -> Result<KernelUnpacker, UnpackError> {
+        let mut u = KernelUnpacker::new(gpu, FragSource::PackedMapped)?;
+        // The leader copies each batch's lists here before the workers read them.
+        u.mirror = Some(gpu.alloc(SLOTS * SLOT_FRAGS * META)?);
+        u.grid = Some(PersistentGrid::new(gpu, config, &u.done.word, 0)?);
+        Ok(u)
+    }
+
+    /// Persistent mode: grids launched so far (`None` in the launch modes).
+    pub fn grid_launches(&self) -> Option<u64> {
+        self.grid.as_ref().map(PersistentGrid::launches)
     }
 
     pub fn source(&self) -> FragSource {
@@ -292,7 +342,7 @@ impl KernelUnpacker {
         if let Some(slot) = self.open {
             return Ok(slot);
         }
-        let slot = self.done.reserve(&self.stream)?;
+        let slot = self.done.reserve(&self.stream, self.grid.as_mut())?;
         if let Some(e) = self.check_err_word(slot)? {
             self.sticky.get_or_insert(e);
         }
@@ -428,12 +478,32 @@ impl KernelUnpacker {
             if !self.launched {
                 return Ok(None);
             }
-            // Everything already went out in full launches: one empty task carries the signal.
+            // Everything already went out in full launches: one empty task carries the signal
+            // (never in persistent mode, whose batches are never launched in parts).
             self.tasks.push(UnpackTask::default());
             self.pending.clear();
         }
-        let signal = self.done.signal()?;
-        self.launch_pending(signal)?;
+        if let Some(grid) = self.grid.as_mut() {
+            let base = (slot * SLOT_FRAGS * META) as u64;
+            let lists = PostedLists {
+                src: self.staging.device_ptr() + base,
+                dst: self.mirror.as_ref().map_or(0, |m| m.device_ptr()) + base,
+                bytes: (self.used * META) as u64,
+            };
+            grid.post(
+                &self.stream,
+                self.done.next,
+                &self.tasks,
+                lists,
+                &self.errs,
+                slot * 4,
+            )?;
+            self.tasks.clear();
+            self.max_count = 0;
+        } else {
+            let signal = self.done.signal()?;
+            self.launch_pending(signal)?;
+        }
         let t = self.done.issue(slot);
         self.open = None;
         self.launched = false;
@@ -443,6 +513,9 @@ impl KernelUnpacker {
 
 impl Unpacker for KernelUnpacker {
     fn name(&self) -> &'static str {
+        if self.grid.is_some() {
+            return "kernel-persistent";
+        }
         match self.source {
             FragSource::Mapped => "kernel-mapped",
             FragSource::DeviceCopy => "kernel-device",
@@ -476,7 +549,11 @@ impl Unpacker for KernelUnpacker {
         };
         // Staging is counted in 16-byte units (one loadMeta each).
         let units = (count * format.entry_bytes()).div_ceil(META);
-        if in_place.is_none() && self.open.is_some() && self.used + units > SLOT_FRAGS {
+        let staging_full = in_place.is_none() && self.used + units > SLOT_FRAGS;
+        // A posted batch carries at most 64 receives: the persistent mode closes the batch
+        // there, the launch modes launch the 64 and go on.
+        let tasks_full = self.tasks.len() == UNPACK_MAX_TASKS_PER_LAUNCH;
+        if self.open.is_some() && (staging_full || (tasks_full && self.grid.is_some())) {
             if let Some(t) = self.close_batch()? {
                 self.unticketed = Some(t);
             }
@@ -529,7 +606,7 @@ impl Unpacker for KernelUnpacker {
 
     fn is_done(&mut self, t: &Ticket) -> Result<bool, UnpackError> {
         self.done.known(t)?;
-        if !self.done.poll(t.seq, &self.stream)? {
+        if !self.done.poll(t.seq, &self.stream, self.grid.as_mut())? {
             return Ok(false);
         }
         if let Some(e) = self.sticky.take() {
@@ -546,11 +623,30 @@ impl Unpacker for KernelUnpacker {
 
     fn wait(&mut self, t: &Ticket) -> Result<(), UnpackError> {
         self.done.known(t)?;
-        self.done.wait(t.seq, &self.stream)?;
+        self.done.wait(t.seq, &self.stream, self.grid.as_mut())?;
         self.is_done(t).map(|_| ())
     }
 
     fn stream(&self) -> &Stream {
         &self.stream
+    }
+}
+
+impl Drop for KernelUnpacker {
+    fn drop(&mut self) {
+        let Some(grid) = self.grid.as_mut() else {
+            return;
+        };
+        // The grid reads this value's queue and staging: let every batch finish, then ask the
+        // grid to leave and wait for it, before any of them is freed.
+        let last = self.done.next - 1;
+        if last > 0 {
+            if let Err(e) = self.done.wait(last, &self.stream, Some(&mut *grid)) {
+                tracing::warn!("unpack: dropping with batch {last} unfinished: {e}");
+            }
+        }
+        if let Err(e) = grid.stop(&self.stream) {
+            tracing::warn!("unpack: stopping the persistent grid: {e}");
+        }
     }
 }

@@ -66,12 +66,24 @@ pub enum UnpackError {
     UnknownTicket(Ticket),
     /// An unknown `UCCL_TCPX_UNPACK_IMPL` value.
     #[error(
-        "unknown unpack implementation {0:?} (kernel, kernel-packed-mapped, kernel-packed-device, kernel-params, kernel-device, kernel-mapped, d2d or host)"
+        "unknown unpack implementation {0:?} (kernel, kernel-persistent, kernel-packed-mapped, kernel-packed-device, kernel-params, kernel-device, kernel-mapped, d2d or host)"
     )]
     UnknownImpl(String),
+    /// A bad value of one of the unpack stage's environment settings.
+    #[error("{name}={value:?}: {why}")]
+    BadSetting {
+        name: &'static str,
+        value: String,
+        why: String,
+    },
     #[error(transparent)]
     Gpu(#[from] GpuError),
 }
+
+/// The persistent grid's linger in microseconds (`kernel-persistent` only).
+pub const PERSIST_LINGER_ENV: &str = "TCPXD_UNPACK_LINGER_US";
+/// The persistent grid's worker blocks (`kernel-persistent` only; 0: one per multiprocessor).
+pub const PERSIST_BLOCKS_ENV: &str = "TCPXD_UNPACK_BLOCKS";
 
 /// One completed receive to unpack: fragments from `bounce` to `dst` (`dst_off` relative to
 /// `dst`'s byte 0, refused past `dst.len()`).
@@ -119,6 +131,8 @@ pub trait Unpacker: Send {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnpackImpl {
     Kernel(FragSource),
+    /// The kernel on a grid that stays resident while batches come (`kernel-persistent`).
+    Persistent(crate::gpu::PersistConfig),
     D2d,
     Host,
 }
@@ -139,6 +153,7 @@ impl std::str::FromStr for UnpackImpl {
             "kernel-params" => Ok(UnpackImpl::Kernel(FragSource::Params)),
             "kernel-packed-mapped" => Ok(UnpackImpl::Kernel(FragSource::PackedMapped)),
             "kernel-packed-device" => Ok(UnpackImpl::Kernel(FragSource::PackedDevice)),
+            "kernel-persistent" => Ok(UnpackImpl::Persistent(crate::gpu::PersistConfig::default())),
             "d2d" => Ok(UnpackImpl::D2d),
             "host" => Ok(UnpackImpl::Host),
             _ => Err(UnpackError::UnknownImpl(s.to_string())),
@@ -147,18 +162,46 @@ impl std::str::FromStr for UnpackImpl {
 }
 
 impl UnpackImpl {
-    /// From `UCCL_TCPX_UNPACK_IMPL` (the kernel when unset).
+    /// From `UCCL_TCPX_UNPACK_IMPL` (the kernel when unset), and for `kernel-persistent`
+    /// `TCPXD_UNPACK_LINGER_US` and `TCPXD_UNPACK_BLOCKS`.
     pub fn from_env() -> Result<UnpackImpl, UnpackError> {
-        match std::env::var(UNPACK_IMPL_ENV) {
-            Ok(v) => v.parse(),
-            Err(_) => Ok(UnpackImpl::default()),
+        Self::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// As [`UnpackImpl::from_env`], reading settings through `get`.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<UnpackImpl, UnpackError> {
+        let imp = match get(UNPACK_IMPL_ENV) {
+            Some(v) => v.parse()?,
+            None => UnpackImpl::default(),
+        };
+        let UnpackImpl::Persistent(mut config) = imp else {
+            return Ok(imp);
+        };
+        let number = |name: &'static str, max: u64| -> Result<Option<u64>, UnpackError> {
+            let Some(v) = get(name) else { return Ok(None) };
+            match v.trim().parse::<u64>() {
+                Ok(n) if n <= max => Ok(Some(n)),
+                _ => Err(UnpackError::BadSetting {
+                    name,
+                    value: v,
+                    why: format!("a whole number from 0 to {max}"),
+                }),
+            }
+        };
+        if let Some(us) = number(PERSIST_LINGER_ENV, 10_000_000)? {
+            config.linger = std::time::Duration::from_micros(us);
         }
+        if let Some(b) = number(PERSIST_BLOCKS_ENV, 65_534)? {
+            config.blocks = b as u32;
+        }
+        Ok(UnpackImpl::Persistent(config))
     }
 
     /// Builds the unpacker (its stream, events and staging are all allocated here, once).
     pub fn build(self, gpu: &Arc<Gpu>) -> Result<Box<dyn Unpacker>, UnpackError> {
         let u: Box<dyn Unpacker> = match self {
             UnpackImpl::Kernel(src) => Box::new(KernelUnpacker::new(gpu, src)?),
+            UnpackImpl::Persistent(config) => Box::new(KernelUnpacker::persistent(gpu, config)?),
             UnpackImpl::D2d => Box::new(D2dUnpacker::new(gpu)?),
             UnpackImpl::Host => Box::new(HostUnpacker::new(gpu)?),
         };
@@ -380,6 +423,47 @@ mod tests {
             validate(&job),
             Err(UnpackError::TooManyFragments { .. })
         ));
+    }
+
+    #[test]
+    fn persistent_settings_come_from_the_environment() {
+        use std::collections::HashMap;
+        let env = |pairs: &[(&str, &str)]| {
+            let m: HashMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            move |k: &str| m.get(k).cloned()
+        };
+        assert_eq!(UnpackImpl::from_lookup(env(&[])).unwrap(), UnpackImpl::default());
+        // The grid settings are ignored by the launch modes.
+        assert_eq!(
+            UnpackImpl::from_lookup(env(&[(PERSIST_LINGER_ENV, "junk")])).unwrap(),
+            UnpackImpl::default()
+        );
+        let got = UnpackImpl::from_lookup(env(&[
+            (UNPACK_IMPL_ENV, "kernel-persistent"),
+            (PERSIST_LINGER_ENV, "1000"),
+            (PERSIST_BLOCKS_ENV, "16"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            got,
+            UnpackImpl::Persistent(crate::gpu::PersistConfig {
+                blocks: 16,
+                linger: std::time::Duration::from_millis(1),
+            })
+        );
+        let e = UnpackImpl::from_lookup(env(&[
+            (UNPACK_IMPL_ENV, "kernel-persistent"),
+            (PERSIST_BLOCKS_ENV, "-1"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("TCPXD_UNPACK_BLOCKS") && e.contains("0 to 65534"),
+            "{e}"
+        );
     }
 
     #[test]
