@@ -182,6 +182,22 @@ __device__ __forceinline__ void signal_done(const Signal& s) {
     }
 }
 
+// Programmatic dependent launch (sm_90): a launch may start while the previous one on its stream
+// finishes, fetch its fragment lists (a round trip over PCIe) and only then wait for the previous
+// grid to complete (and its stores to be visible) before copying. Without such a launch both are
+// no-ops.
+__device__ __forceinline__ void allow_next_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Compact lists: each round, the block's first WARPS_PER_BLOCK threads fetch the round's entries
 // together (one small coalesced read, which matters when the list is read across PCIe), then each
 // warp copies one fragment.
@@ -192,6 +208,7 @@ __device__ __forceinline__ void unpack_compact(const UnpackTask& t, u32* err) {
     const u32 lane = threadIdx.x & 31;
     const u32 warp = threadIdx.x >> 5;
     const u32* list = (const u32*)t.frags;
+    bool waited = false;
     for (u32 base = blockIdx.x * WARPS_PER_BLOCK; base < t.count; base += gridDim.x * WARPS_PER_BLOCK) {
         const u32 i = base + threadIdx.x;
         if (threadIdx.x < WARPS_PER_BLOCK && i < t.count) {
@@ -207,6 +224,10 @@ __device__ __forceinline__ void unpack_compact(const UnpackTask& t, u32* err) {
             }
         }
         __syncthreads();
+        if (!waited) {
+            wait_for_previous_grid();
+            waited = true;
+        }
         const u32 f = base + warp;
         if (f < t.count) {
             const u32 src_off = s_src[warp], len = s_len[warp], dst_off = s_dst[warp];
@@ -226,11 +247,14 @@ __device__ __forceinline__ void unpack_compact(const UnpackTask& t, u32* err) {
 
 template <int N>
 __device__ __forceinline__ void unpack_body(const TaskArray<N>& tasks, u32* err) {
+    allow_next_launch();
     const UnpackTask& t = tasks.t[blockIdx.y];
     if (t.format != FMT_META) {
         unpack_compact(t, err);
+        wait_for_previous_grid();  // a block with no round still orders its signal after it
         return;
     }
+    wait_for_previous_grid();
     const u32 lane = threadIdx.x & 31;
     const u32 warps = gridDim.x * WARPS_PER_BLOCK;
     const LoadMeta* frags = (const LoadMeta*)t.frags;

@@ -464,7 +464,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut rows: Vec<Row> = Vec::new();
     for &chunks in &a.chunks {
         rows.push(time_contiguous(&s, chunks, a.warmup, a.iters)?);
-        let variants: [(&str, UnpackImpl, Lists, u32); 11] = [
+        let variants: [(&str, UnpackImpl, Lists, u32); 12] = [
+            (
+                "kernel-packed-mapped-serial",
+                UnpackImpl::Kernel(FragSource::PackedMapped),
+                Lists::Mapped,
+                1,
+            ),
             (
                 "kernel-persistent",
                 UnpackImpl::Persistent(PersistConfig::default()),
@@ -546,6 +552,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 UnpackImpl::Kernel(src) => {
                     let mut k = KernelUnpacker::new(&s.gpu, src)?;
                     k.set_frags_per_warp(fpw);
+                    // `-serial`: without the programmatic dependent launch.
+                    k.set_overlap(!label.ends_with("-serial"));
                     time_unpacker(&s, &mut k, label, chunks, a.warmup, iters, mapped)?
                 }
                 other => {
@@ -563,6 +571,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for &chunks in &a.chunks {
             rows.push(pipelined_contiguous(&s, chunks, a.pipeline)?);
             for (label, src, lists) in [
+                (
+                    "kernel-packed-mapped-serial/pipe",
+                    FragSource::PackedMapped,
+                    Lists::Mapped,
+                ),
                 ("kernel-params/pipe", FragSource::Params, Lists::Mapped),
                 (
                     "kernel-packed-mapped/pipe",
@@ -579,6 +592,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ("kernel-resident/pipe", FragSource::Mapped, Lists::Resident),
             ] {
                 let mut k = KernelUnpacker::new(&s.gpu, src)?;
+                k.set_overlap(!label.contains("-serial"));
                 rows.push(pipelined(&s, &mut k, label, chunks, a.pipeline, lists)?);
             }
             for (label, blocks) in [

@@ -67,12 +67,15 @@ impl LaunchSignal {
 }
 
 /// Where a launch reports: the u32 at byte `err_off` of `err` receives an out-of-bounds
-/// fragment the kernel skipped, and `signal` says how it signals completion.
+/// fragment the kernel skipped, and `signal` says how it signals completion. `overlap`: launch
+/// it as a programmatic dependent launch (the `tcpxd_unpack_*` task kernels fetch their lists
+/// while the previous grid finishes, then wait for it; [`Gpu::launch_unpack`] only).
 #[derive(Debug, Clone, Copy)]
 pub struct LaunchReport<'a> {
     pub err: &'a PinnedRegion,
     pub err_off: usize,
     pub signal: LaunchSignal,
+    pub overlap: bool,
 }
 
 impl LaunchReport<'_> {
@@ -300,7 +303,13 @@ impl Gpu {
             // the work completes by that type's contract) and is bounds-checked in the kernel; the
             // error and done words are inside live pinned allocations (checked). Parameters are
             // copied at launch.
-            unsafe { self.launch(kernels.unpack_8, grid, block, stream, &mut params) }
+            unsafe {
+                if report.overlap {
+                    self.launch_overlapped(kernels.unpack_8, grid, block, stream, &mut params)
+                } else {
+                    self.launch(kernels.unpack_8, grid, block, stream, &mut params)
+                }
+            }
         } else if tasks.len() <= MEDIUM_LAUNCH {
             let mut arr = TaskArray::<MEDIUM_LAUNCH> {
                 t: [UnpackTask::default(); MEDIUM_LAUNCH],
@@ -312,7 +321,13 @@ impl Gpu {
                 signal_arg,
             ];
             // SAFETY: as above, for `tcpxd_unpack_16(TaskArray<16>, u32*, Signal)`.
-            unsafe { self.launch(kernels.unpack_16, grid, block, stream, &mut params) }
+            unsafe {
+                if report.overlap {
+                    self.launch_overlapped(kernels.unpack_16, grid, block, stream, &mut params)
+                } else {
+                    self.launch(kernels.unpack_16, grid, block, stream, &mut params)
+                }
+            }
         } else {
             let mut arr = TaskArray::<UNPACK_MAX_TASKS_PER_LAUNCH> {
                 t: [UnpackTask::default(); UNPACK_MAX_TASKS_PER_LAUNCH],
@@ -324,7 +339,13 @@ impl Gpu {
                 signal_arg,
             ];
             // SAFETY: as above, for `tcpxd_unpack_64(TaskArray<64>, u32*, Signal)`.
-            unsafe { self.launch(kernels.unpack_64, grid, block, stream, &mut params) }
+            unsafe {
+                if report.overlap {
+                    self.launch_overlapped(kernels.unpack_64, grid, block, stream, &mut params)
+                } else {
+                    self.launch(kernels.unpack_64, grid, block, stream, &mut params)
+                }
+            }
         }
     }
 }

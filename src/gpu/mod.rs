@@ -264,6 +264,47 @@ impl Gpu {
     }
 }
 
+impl Gpu {
+    /// As [`Gpu::launch`], as a programmatic dependent launch (sm_90): the grid may start while
+    /// the previous one on `stream` finishes; the kernel itself waits (`griddepcontrol.wait`)
+    /// before touching anything the previous grid wrote.
+    ///
+    /// # Safety
+    /// As for [`Gpu::launch`]; and `f` must wait for the previous grid before any access that
+    /// depends on it.
+    pub(crate) unsafe fn launch_overlapped(
+        &self,
+        f: sys::CUfunction,
+        grid: (u32, u32),
+        block: u32,
+        stream: &Stream,
+        params: &mut [*mut c_void],
+    ) -> GpuResult<()> {
+        self.bind_to_thread()?;
+        // SAFETY: a plain-data union of attribute values; zero is a valid bit pattern.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: stream.raw(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: the caller vouches for the parameters and for the kernel's wait; `config` and
+        // its one attribute live across the call.
+        check("cuLaunchKernelEx", unsafe {
+            sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut())
+        })
+    }
+}
+
 impl Drop for Gpu {
     fn drop(&mut self) {
         // The modules go first, while the context still exists.

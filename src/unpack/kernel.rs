@@ -259,6 +259,8 @@ pub struct KernelUnpacker {
     unticketed: Option<Ticket>,
     /// Persistent mode: batches are posted to a resident grid instead of launched.
     grid: Option<PersistentGrid>,
+    /// Launch task kernels as programmatic dependent launches (on sm_90 and later).
+    overlap: bool,
     /// An error found in a slot's error word after its ticket was gone.
     sticky: Option<UnpackError>,
 }
@@ -295,6 +297,7 @@ impl KernelUnpacker {
             unticketed: None,
             sticky: None,
             grid: None,
+            overlap: gpu.compute_capability() >= (9, 0),
         })
     }
 
@@ -308,6 +311,12 @@ impl KernelUnpacker {
         u.mirror = Some(gpu.alloc(SLOTS * SLOT_FRAGS * META)?);
         u.grid = Some(PersistentGrid::new(gpu, config, &u.done.word, 0)?);
         Ok(u)
+    }
+
+    /// Whether launches overlap the previous grid's tail (programmatic dependent launch; on by
+    /// default on sm_90 and later).
+    pub fn set_overlap(&mut self, on: bool) {
+        self.overlap = on && self.gpu.compute_capability() >= (9, 0);
     }
 
     /// Persistent mode: grids launched so far (`None` in the launch modes).
@@ -401,6 +410,7 @@ impl KernelUnpacker {
                     err: &self.errs,
                     err_off: slot * 4,
                     signal,
+                    overlap: false,
                 },
             )?;
             self.uploaded = self.used;
@@ -421,6 +431,7 @@ impl KernelUnpacker {
                 err: &self.errs,
                 err_off: slot * 4,
                 signal,
+                overlap: self.overlap,
             },
         )?;
         self.uploaded = self.used;
@@ -460,6 +471,7 @@ impl KernelUnpacker {
                 err: &self.errs,
                 err_off: slot * 4,
                 signal,
+                overlap: self.overlap,
             },
         )?;
         self.tasks.clear();
