@@ -44,7 +44,8 @@ struct Args {
     /// Batches per steady-state (pipelined) measurement (0: skip).
     #[arg(long, default_value_t = 64)]
     pipeline: usize,
-    /// Only the rows whose name contains this (the contiguous copy always runs).
+    /// Only the rows whose name contains this (the contiguous copy always runs), single and
+    /// back to back.
     #[arg(long)]
     only: Option<String>,
     /// Also time the checksum kernel over this many MiB (0: skip).
@@ -591,6 +592,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ("kernel-mapped/pipe", FragSource::Mapped, Lists::Mapped),
                 ("kernel-resident/pipe", FragSource::Mapped, Lists::Resident),
             ] {
+                if a.only.as_deref().is_some_and(|o| !label.contains(o)) {
+                    continue;
+                }
                 let mut k = KernelUnpacker::new(&s.gpu, src)?;
                 k.set_overlap(!label.contains("-serial"));
                 rows.push(pipelined(&s, &mut k, label, chunks, a.pipeline, lists)?);
@@ -599,6 +603,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ("kernel-persistent/pipe", 0),
                 ("kernel-persistent-2x/pipe", 2 * s.gpu.sm_count()),
             ] {
+                if a.only.as_deref().is_some_and(|o| !label.contains(o)) {
+                    continue;
+                }
                 let mut k = KernelUnpacker::persistent(
                     &s.gpu,
                     PersistConfig {

@@ -176,6 +176,41 @@ impl ListFormat {
         (format, dst_end <= dst_len && src_end <= bounce_len)
     }
 
+    /// [`ListFormat::scan`] and [`ListFormat::encode`] in one pass for the common case: writes
+    /// the whole-page encoding while checking, and re-encodes only when the list turns out not
+    /// to be whole pages. `out` must hold the largest encoding (`frags.len() * 16` bytes).
+    /// Out of bounds: what `out` holds is unspecified.
+    pub fn scan_encode(
+        frags: &[loadMeta],
+        dst_len: u64,
+        bounce_len: u64,
+        out: &mut [u8],
+    ) -> (ListFormat, bool) {
+        let (mut dst_end, mut src_end, mut not_page) = (0u64, 0u64, 0u64);
+        for (o, f) in out.chunks_exact_mut(4).zip(frags) {
+            let len = u64::from(f.len);
+            dst_end = dst_end.max(f.dst_off.saturating_add(len));
+            src_end = src_end.max(u64::from(f.src_off) + len);
+            not_page |= u64::from(f.len ^ 4096)
+                | u64::from(f.src_off & 0xfff)
+                | (f.dst_off & 0xfff)
+                | (f.dst_off >> 24);
+            o.copy_from_slice(&page32(f).to_le_bytes());
+        }
+        let in_bounds = dst_end <= dst_len && src_end <= bounce_len;
+        let format = if not_page == 0 {
+            ListFormat::Page32
+        } else if dst_len <= u64::from(u32::MAX) {
+            ListFormat::Packed12
+        } else {
+            ListFormat::Meta
+        };
+        if format != ListFormat::Page32 && in_bounds {
+            format.encode(frags, out);
+        }
+        (format, in_bounds)
+    }
+
     /// Writes `frags` in this encoding into `out` (at least `frags.len() * entry_bytes()`
     /// bytes); the caller chose the format with [`ListFormat::choose`].
     pub fn encode(self, frags: &[loadMeta], out: &mut [u8]) {
@@ -749,6 +784,16 @@ mod tests {
             for (dst_len, bounce_len) in [(1u64 << 24, 1u64 << 21), (1 << 25, 1 << 22), (8 << 30, 1 << 22)] {
                 let (format, in_bounds) = ListFormat::scan(&frags, dst_len, bounce_len);
                 assert_eq!(format, ListFormat::choose(&frags, dst_len));
+                let mut fused = vec![0u8; frags.len() * 16];
+                assert_eq!(
+                    ListFormat::scan_encode(&frags, dst_len, bounce_len, &mut fused),
+                    (format, in_bounds)
+                );
+                if in_bounds {
+                    let mut apart = vec![0u8; frags.len() * format.entry_bytes()];
+                    format.encode(&frags, &mut apart);
+                    assert_eq!(&fused[..apart.len()], &apart[..]);
+                }
                 let by_hand = frags.iter().all(|f| {
                     f.dst_off
                         .checked_add(u64::from(f.len))

@@ -540,6 +540,41 @@ impl Unpacker for KernelUnpacker {
     fn push(&mut self, job: &UnpackJob<'_>) -> Result<(), UnpackError> {
         let count = job.frags.len();
         let packed = matches!(self.source, FragSource::PackedMapped | FragSource::PackedDevice);
+        // The common case, an open batch with room for this list in any encoding: the bounds
+        // check, the choice of encoding and the whole-page encoding in one pass over the list.
+        if let Some(slot) = self.open.filter(|_| {
+            packed
+                && (1..=NET_UNPACK_MAX_SLICE_PAGES).contains(&count)
+                && self.used + count <= SLOT_FRAGS
+                && self.tasks.len() < UNPACK_MAX_TASKS_PER_LAUNCH
+        }) {
+            let first = slot * SLOT_FRAGS + self.used;
+            let out = self.staging.typed_mut::<u8>(first * META, count * META)?;
+            let (format, in_bounds) =
+                ListFormat::scan_encode(job.frags.as_slice(), job.dst.len(), job.bounce.len(), out);
+            if !in_bounds {
+                // Names the offending fragment; nothing is queued (the bytes written past
+                // `used` are not part of any task).
+                validate(job)?;
+                format.encode(job.frags.as_slice(), out);
+            }
+            let units = (count * format.entry_bytes()).div_ceil(META);
+            self.used += units;
+            let view = match &self.mirror {
+                Some(m) => m.span(),
+                None => self.staging.span(),
+            };
+            let frags = view.sub((first * META) as u64, (units * META) as u64)?;
+            self.tasks.push(UnpackTask::with_format(
+                frags,
+                count as u32,
+                format,
+                job.bounce,
+                job.dst,
+            )?);
+            self.max_count = self.max_count.max(count as u32);
+            return Ok(());
+        }
         let format = if packed && count <= NET_UNPACK_MAX_SLICE_PAGES {
             // The bounds check and the choice of encoding in one pass; `validate` runs only to
             // name the offending fragment.
