@@ -198,13 +198,14 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 #endif
 }
 
-// Compact lists: each round, the block's first WARPS_PER_BLOCK threads fetch the round's entries
-// together (one small coalesced read, which matters when the list is read across PCIe), then each
-// warp copies one fragment.
-__device__ __forceinline__ void unpack_compact(const UnpackTask& t, u32* err) {
+// Each round, the block's first WARPS_PER_BLOCK threads fetch the round's entries together (one
+// small coalesced read, which matters when the list is read across PCIe: the ring in place, or a
+// compact copy of it), then each warp copies one fragment. The first fetch happens before the
+// wait for the previous grid, so with overlapping launches it leaves the critical path.
+__device__ __forceinline__ void unpack_rounds(const UnpackTask& t, u32* err) {
     __shared__ u32 s_src[WARPS_PER_BLOCK];
     __shared__ u32 s_len[WARPS_PER_BLOCK];
-    __shared__ u32 s_dst[WARPS_PER_BLOCK];
+    __shared__ u64 s_dst[WARPS_PER_BLOCK];
     const u32 lane = threadIdx.x & 31;
     const u32 warp = threadIdx.x >> 5;
     const u32* list = (const u32*)t.frags;
@@ -216,11 +217,16 @@ __device__ __forceinline__ void unpack_compact(const UnpackTask& t, u32* err) {
                 const u32 e = load_u32_volatile(list + i);
                 s_src[threadIdx.x] = (e >> 12) << 12;
                 s_len[threadIdx.x] = 4096;
-                s_dst[threadIdx.x] = (e & 0xfff) << 12;
-            } else {
+                s_dst[threadIdx.x] = (u64)(e & 0xfff) << 12;
+            } else if (t.format == FMT_PACKED12) {
                 s_src[threadIdx.x] = load_u32_volatile(list + 3 * i);
                 s_len[threadIdx.x] = load_u32_volatile(list + 3 * i + 1);
                 s_dst[threadIdx.x] = load_u32_volatile(list + 3 * i + 2);
+            } else {
+                const LoadMeta m = load_meta((const LoadMeta*)t.frags + i);
+                s_src[threadIdx.x] = m.src_off;
+                s_len[threadIdx.x] = m.len;
+                s_dst[threadIdx.x] = m.dst_off;
             }
         }
         __syncthreads();
@@ -230,9 +236,10 @@ __device__ __forceinline__ void unpack_compact(const UnpackTask& t, u32* err) {
         }
         const u32 f = base + warp;
         if (f < t.count) {
-            const u32 src_off = s_src[warp], len = s_len[warp], dst_off = s_dst[warp];
+            const u32 src_off = s_src[warp], len = s_len[warp];
+            const u64 dst_off = s_dst[warp];
             if (len != 0) {
-                const bool dst_ok = (u64)dst_off + len <= t.dst_len;
+                const bool dst_ok = dst_off <= t.dst_len && (u64)len <= t.dst_len - dst_off;
                 const bool src_ok = (u64)src_off + len <= t.bounce_len;
                 if (!dst_ok || !src_ok) {
                     if (lane == 0) *(volatile u32*)err = 1u + ((blockIdx.y << 12) | (f & 0xfff));
@@ -248,27 +255,8 @@ __device__ __forceinline__ void unpack_compact(const UnpackTask& t, u32* err) {
 template <int N>
 __device__ __forceinline__ void unpack_body(const TaskArray<N>& tasks, u32* err) {
     allow_next_launch();
-    const UnpackTask& t = tasks.t[blockIdx.y];
-    if (t.format != FMT_META) {
-        unpack_compact(t, err);
-        wait_for_previous_grid();  // a block with no round still orders its signal after it
-        return;
-    }
-    wait_for_previous_grid();
-    const u32 lane = threadIdx.x & 31;
-    const u32 warps = gridDim.x * WARPS_PER_BLOCK;
-    const LoadMeta* frags = (const LoadMeta*)t.frags;
-    for (u32 f = blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5); f < t.count; f += warps) {
-        const LoadMeta m = load_meta(frags + f);
-        if (m.len == 0) continue;
-        const bool dst_ok = m.dst_off <= t.dst_len && (u64)m.len <= t.dst_len - m.dst_off;
-        const bool src_ok = (u64)m.src_off <= t.bounce_len && (u64)m.len <= t.bounce_len - m.src_off;
-        if (!dst_ok || !src_ok) {
-            if (lane == 0) *(volatile u32*)err = 1u + ((blockIdx.y << 12) | (f & 0xfff));
-            continue;
-        }
-        copy_fragment((const u8*)(t.bounce + m.src_off), (u8*)(t.dst + m.dst_off), m.len, lane);
-    }
+    unpack_rounds(tasks.t[blockIdx.y], err);
+    wait_for_previous_grid();  // a block with no round still orders its signal after it
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
