@@ -20,7 +20,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Ticket, UnpackError, UnpackJob, Unpacker, next_unpacker_id, validate};
+use super::{Ticket, TicketBook, UnpackError, UnpackJob, Unpacker, validate};
 use crate::gpu::{
     DeviceRegion, DeviceSpan, Gpu, INLINE_MAX_FRAGS, INLINE_MAX_TASKS, INLINE_PAGES_MAX_FRAGS,
     INLINE_PAGES_MAX_TASKS, InlineBatch, InlinePagesBatch, Kernels, LaunchReport, LaunchSignal, ListFormat,
@@ -67,12 +67,7 @@ const HEALTH_EVERY: Duration = Duration::from_millis(1);
 /// final launch stores n into `word` when it ends. Batches run in order on one stream, so the
 /// word only grows and a batch is done once the word has reached it.
 struct Completions {
-    id: u32,
-    /// The batch each slot holds (0: none yet).
-    seqs: [u64; SLOTS],
-    next: u64,
-    done_upto: u64,
-    stalls: u64,
+    book: TicketBook,
     /// 8 bytes, host-mapped: the newest batch that finished.
     word: PinnedRegion,
     /// A device u32 the blocks of a signalling launch count themselves on.
@@ -83,11 +78,7 @@ struct Completions {
 impl Completions {
     fn new(gpu: &Arc<Gpu>) -> Result<Completions, UnpackError> {
         Ok(Completions {
-            id: next_unpacker_id(),
-            seqs: [0; SLOTS],
-            next: 1,
-            done_upto: 0,
-            stalls: 0,
+            book: TicketBook::new(SLOTS),
             word: gpu.alloc_pinned(8)?,
             counter: gpu.alloc(4)?,
             last_health: Instant::now(),
@@ -96,40 +87,21 @@ impl Completions {
 
     /// The signal the next batch's final launch carries.
     fn signal(&self) -> Result<LaunchSignal, UnpackError> {
-        Ok(LaunchSignal::new(&self.word, 0, self.counter.span(), self.next)?)
-    }
-
-    /// The next batch has been launched into `slot` with [`Completions::signal`].
-    fn issue(&mut self, slot: usize) -> Ticket {
-        self.seqs[slot] = self.next;
-        let t = Ticket {
-            unpacker: self.id,
-            seq: self.next,
-        };
-        self.next += 1;
-        t
-    }
-
-    fn known(&self, t: &Ticket) -> Result<(), UnpackError> {
-        if t.unpacker != self.id || t.seq == 0 || t.seq >= self.next {
-            return Err(UnpackError::UnknownTicket(*t));
-        }
-        Ok(())
-    }
-
-    fn slot_of(&self, t: &Ticket) -> Option<usize> {
-        let slot = (t.seq % SLOTS as u64) as usize;
-        (self.seqs[slot] == t.seq).then_some(slot)
+        Ok(LaunchSignal::new(
+            &self.word,
+            0,
+            self.counter.span(),
+            self.book.next_seq(),
+        )?)
     }
 
     /// Reads the word; true once batch `seq` finished.
     fn reached(&mut self, seq: u64) -> Result<bool, UnpackError> {
-        if seq <= self.done_upto {
+        if self.book.is_known_done(seq) {
             return Ok(true);
         }
-        let done = self.word.load_u64(0)?;
-        self.done_upto = self.done_upto.max(done.min(self.next - 1));
-        Ok(seq <= self.done_upto)
+        self.book.mark_done(self.word.load_u64(0)?);
+        Ok(self.book.is_known_done(seq))
     }
 
     /// The stream finished everything: batch `seq` must have signalled (allow the store a
@@ -143,7 +115,7 @@ impl Completions {
         }
         Err(UnpackError::NoSignal {
             batch: seq,
-            signalled: self.done_upto,
+            signalled: self.book.done_upto(),
         })
     }
 
@@ -213,14 +185,9 @@ impl Completions {
     /// The slot the next batch will use, once the batch that held it finished (waits if not:
     /// back-pressure when more batches are in flight than there are slots).
     fn reserve(&mut self, stream: &Stream, grid: Option<&mut PersistentGrid>) -> Result<usize, UnpackError> {
-        let slot = (self.next % SLOTS as u64) as usize;
-        let prev = self.seqs[slot];
-        if prev > 0 && !self.reached(prev)? {
-            self.stalls += 1;
-            tracing::debug!(
-                stalls = self.stalls,
-                "unpack: every batch slot is in flight; waiting"
-            );
+        let (slot, prev) = self.book.next_slot();
+        if !self.reached(prev)? {
+            self.book.stalled();
             self.wait(prev, stream, grid)?;
         }
         Ok(slot)
@@ -336,7 +303,7 @@ impl KernelUnpacker {
 
     /// How often a batch waited for a free slot (more than 16 batches in flight).
     pub fn stalls(&self) -> u64 {
-        self.done.stalls
+        self.done.book.stalls()
     }
 
     fn check_err_word(&mut self, slot: usize) -> Result<Option<UnpackError>, UnpackError> {
@@ -361,6 +328,36 @@ impl KernelUnpacker {
         self.uploaded = 0;
         self.launched = false;
         Ok(slot)
+    }
+
+    /// Counts `units` staged 16-byte units at staging index `first` as used; their device view
+    /// (the mirror's when there is one, else the pinned staging's own mapping).
+    fn take_staged(&mut self, first: usize, units: usize) -> Result<DeviceSpan, UnpackError> {
+        self.used += units;
+        let view = match &self.mirror {
+            Some(m) => m.span(),
+            None => self.staging.span(),
+        };
+        Ok(view.sub((first * META) as u64, (units * META) as u64)?)
+    }
+
+    /// Queues a receive whose list (in `format`) the kernel will read at `frags`.
+    fn add_task(
+        &mut self,
+        frags: DeviceSpan,
+        count: usize,
+        format: ListFormat,
+        job: &UnpackJob<'_>,
+    ) -> Result<(), UnpackError> {
+        self.tasks.push(UnpackTask::with_format(
+            frags,
+            count as u32,
+            format,
+            job.bounce,
+            job.dst,
+        )?);
+        self.max_count = self.max_count.max(count as u32);
+        Ok(())
     }
 
     fn blocks_for(&self, max_count: u32) -> u32 {
@@ -504,7 +501,7 @@ impl KernelUnpacker {
             };
             grid.post(
                 &self.stream,
-                self.done.next,
+                self.done.book.next_seq(),
                 &self.tasks,
                 lists,
                 &self.errs,
@@ -516,7 +513,7 @@ impl KernelUnpacker {
             let signal = self.done.signal()?;
             self.launch_pending(signal)?;
         }
-        let t = self.done.issue(slot);
+        let t = self.done.book.issue();
         self.open = None;
         self.launched = false;
         Ok(Some(t))
@@ -558,22 +555,8 @@ impl Unpacker for KernelUnpacker {
                 validate(job)?;
                 format.encode(job.frags.as_slice(), out);
             }
-            let units = (count * format.entry_bytes()).div_ceil(META);
-            self.used += units;
-            let view = match &self.mirror {
-                Some(m) => m.span(),
-                None => self.staging.span(),
-            };
-            let frags = view.sub((first * META) as u64, (units * META) as u64)?;
-            self.tasks.push(UnpackTask::with_format(
-                frags,
-                count as u32,
-                format,
-                job.bounce,
-                job.dst,
-            )?);
-            self.max_count = self.max_count.max(count as u32);
-            return Ok(());
+            let frags = self.take_staged(first, (count * format.entry_bytes()).div_ceil(META))?;
+            return self.add_task(frags, count, format, job);
         }
         let format = if packed && count <= NET_UNPACK_MAX_SLICE_PAGES {
             // The bounds check and the choice of encoding in one pass; `validate` runs only to
@@ -621,28 +604,15 @@ impl Unpacker for KernelUnpacker {
                         .typed_mut::<loadMeta>(first * META, count)?
                         .copy_from_slice(job.frags.as_slice());
                 }
-                self.used += units;
-                let view = match &self.mirror {
-                    Some(m) => m.span(),
-                    None => self.staging.span(),
-                };
-                view.sub((first * META) as u64, (units * META) as u64)?
+                self.take_staged(first, units)?
             }
         };
-        self.tasks.push(UnpackTask::with_format(
-            frags,
-            count as u32,
-            format,
-            job.bounce,
-            job.dst,
-        )?);
         if self.source == FragSource::Params {
             let pages = ListFormat::choose(job.frags.as_slice(), job.dst.len()) == ListFormat::Page32;
             self.pending
                 .push((self.used - count, count, job.bounce, job.dst, pages));
         }
-        self.max_count = self.max_count.max(count as u32);
-        Ok(())
+        self.add_task(frags, count, format, job)
     }
 
     fn submit(&mut self) -> Result<Option<Ticket>, UnpackError> {
@@ -652,14 +622,14 @@ impl Unpacker for KernelUnpacker {
     }
 
     fn is_done(&mut self, t: &Ticket) -> Result<bool, UnpackError> {
-        self.done.known(t)?;
+        self.done.book.known(t)?;
         if !self.done.poll(t.seq, &self.stream, self.grid.as_mut())? {
             return Ok(false);
         }
         if let Some(e) = self.sticky.take() {
             return Err(e);
         }
-        if let Some(slot) = self.done.slot_of(t) {
+        if let Some(slot) = self.done.book.slot_of(t) {
             if let Some(e) = self.check_err_word(slot)? {
                 self.errs.store_u32(slot * 4, 0)?;
                 return Err(e);
@@ -669,7 +639,7 @@ impl Unpacker for KernelUnpacker {
     }
 
     fn wait(&mut self, t: &Ticket) -> Result<(), UnpackError> {
-        self.done.known(t)?;
+        self.done.book.known(t)?;
         self.done.wait(t.seq, &self.stream, self.grid.as_mut())?;
         self.is_done(t).map(|_| ())
     }
@@ -686,7 +656,7 @@ impl Drop for KernelUnpacker {
         };
         // The grid reads this value's queue and staging: let every batch finish, then ask the
         // grid to leave and wait for it, before any of them is freed.
-        let last = self.done.next - 1;
+        let last = self.done.book.last_seq();
         if last > 0 {
             if let Err(e) = self.done.wait(last, &self.stream, Some(&mut *grid)) {
                 tracing::warn!("unpack: dropping with batch {last} unfinished: {e}");

@@ -259,19 +259,102 @@ pub(crate) fn validate(job: &UnpackJob<'_>) -> Result<u64, UnpackError> {
 
 static NEXT_UNPACKER_ID: AtomicU32 = AtomicU32::new(1);
 
-pub(crate) fn next_unpacker_id() -> u32 {
-    NEXT_UNPACKER_ID.fetch_add(1, Ordering::Relaxed)
-}
-
-/// A ring of completion events, one per batch in flight. Batches run on one stream, so they
-/// complete in order; a slot's event is only re-recorded once its batch is done.
-pub(crate) struct BatchEvents {
+/// The batches one unpacker has issued: which batch each of its slots holds, the next batch's
+/// number, and how far batches are known to be done. Batches run on one stream, so they complete
+/// in issue order, and a slot is reused only once the batch holding it is done. How completion
+/// is observed (an event per slot, or the kernel's done word) is the owner's business.
+pub(crate) struct TicketBook {
     id: u32,
-    events: Vec<Event>,
     seqs: Vec<u64>,
     next: u64,
     done_upto: u64,
     stalls: u64,
+}
+
+impl TicketBook {
+    pub(crate) fn new(slots: usize) -> TicketBook {
+        TicketBook {
+            id: NEXT_UNPACKER_ID.fetch_add(1, Ordering::Relaxed),
+            seqs: vec![0; slots],
+            next: 1,
+            done_upto: 0,
+            stalls: 0,
+        }
+    }
+
+    /// The number the next batch will get.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.next
+    }
+
+    /// The newest batch issued (0: none).
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.next - 1
+    }
+
+    /// The slot the next batch will use, and the batch holding it now (0: none).
+    pub(crate) fn next_slot(&self) -> (usize, u64) {
+        let slot = (self.next % self.seqs.len() as u64) as usize;
+        (slot, self.seqs[slot])
+    }
+
+    /// The next batch has been issued into its slot.
+    pub(crate) fn issue(&mut self) -> Ticket {
+        let (slot, _) = self.next_slot();
+        self.seqs[slot] = self.next;
+        let t = Ticket {
+            unpacker: self.id,
+            seq: self.next,
+        };
+        self.next += 1;
+        t
+    }
+
+    pub(crate) fn known(&self, t: &Ticket) -> Result<(), UnpackError> {
+        if t.unpacker != self.id || t.seq == 0 || t.seq >= self.next {
+            return Err(UnpackError::UnknownTicket(*t));
+        }
+        Ok(())
+    }
+
+    /// The slot a ticket's batch used, if it still holds it.
+    pub(crate) fn slot_of(&self, t: &Ticket) -> Option<usize> {
+        let slot = (t.seq % self.seqs.len() as u64) as usize;
+        (self.seqs[slot] == t.seq).then_some(slot)
+    }
+
+    /// Whether batch `seq` is known to be done.
+    pub(crate) fn is_known_done(&self, seq: u64) -> bool {
+        seq <= self.done_upto
+    }
+
+    /// Batch `seq` (and so every earlier one) is done; clamped to what was issued.
+    pub(crate) fn mark_done(&mut self, seq: u64) {
+        self.done_upto = self.done_upto.max(seq.min(self.last_seq()));
+    }
+
+    pub(crate) fn done_upto(&self) -> u64 {
+        self.done_upto
+    }
+
+    /// Counts a wait for a free slot.
+    pub(crate) fn stalled(&mut self) {
+        self.stalls += 1;
+        tracing::debug!(
+            stalls = self.stalls,
+            "unpack: every batch slot is in flight; waiting"
+        );
+    }
+
+    pub(crate) fn stalls(&self) -> u64 {
+        self.stalls
+    }
+}
+
+/// A ring of completion events, one per batch in flight (the d2d and host unpackers).
+pub(crate) struct BatchEvents {
+    book: TicketBook,
+    events: Vec<Event>,
 }
 
 impl BatchEvents {
@@ -280,76 +363,44 @@ impl BatchEvents {
             .map(|_| Event::new(gpu))
             .collect::<GpuResult<Vec<_>>>()?;
         Ok(BatchEvents {
-            id: next_unpacker_id(),
-            seqs: vec![0; events.len()],
+            book: TicketBook::new(events.len()),
             events,
-            next: 1,
-            done_upto: 0,
-            stalls: 0,
         })
-    }
-
-    pub(crate) fn slots(&self) -> usize {
-        self.events.len()
     }
 
     /// The slot the next batch will use, once its previous batch is done (waits if not:
     /// back-pressure when more batches are in flight than there are slots).
     pub(crate) fn reserve(&mut self) -> GpuResult<usize> {
-        let slot = (self.next % self.slots() as u64) as usize;
-        let prev = self.seqs[slot];
-        if prev > self.done_upto {
+        let (slot, prev) = self.book.next_slot();
+        if !self.book.is_known_done(prev) {
             if !self.events[slot].is_done()? {
-                self.stalls += 1;
-                tracing::debug!(
-                    stalls = self.stalls,
-                    "unpack: every batch slot is in flight; waiting"
-                );
+                self.book.stalled();
                 self.events[slot].synchronize()?;
             }
-            self.done_upto = prev;
+            self.book.mark_done(prev);
         }
         Ok(slot)
     }
 
     /// Records the next batch's event after the work queued on `stream`.
     pub(crate) fn record(&mut self, stream: &Stream) -> GpuResult<Ticket> {
-        let slot = (self.next % self.slots() as u64) as usize;
+        let (slot, _) = self.book.next_slot();
         stream.record(&self.events[slot])?;
-        self.seqs[slot] = self.next;
-        let t = Ticket {
-            unpacker: self.id,
-            seq: self.next,
-        };
-        self.next += 1;
-        Ok(t)
-    }
-
-    /// The slot a ticket's batch used, if it still holds it.
-    pub(crate) fn slot_of(&self, t: &Ticket) -> Option<usize> {
-        let slot = (t.seq % self.slots() as u64) as usize;
-        (self.seqs[slot] == t.seq).then_some(slot)
-    }
-
-    fn known(&self, t: &Ticket) -> Result<(), UnpackError> {
-        if t.unpacker != self.id || t.seq == 0 || t.seq >= self.next {
-            return Err(UnpackError::UnknownTicket(*t));
-        }
-        Ok(())
+        Ok(self.book.issue())
     }
 
     pub(crate) fn is_done(&mut self, t: &Ticket) -> Result<bool, UnpackError> {
-        self.known(t)?;
-        if t.seq <= self.done_upto {
+        self.book.known(t)?;
+        if self.book.is_known_done(t.seq) {
             return Ok(true);
         }
-        match self.slot_of(t) {
+        match self.book.slot_of(t) {
             // Overwritten: a slot is reused only after its batch completed.
             None => Ok(true),
             Some(slot) => {
                 let done = self.events[slot].is_done()?;
                 if done {
-                    self.done_upto = t.seq;
+                    self.book.mark_done(t.seq);
                 }
                 Ok(done)
             }
@@ -357,14 +408,14 @@ impl BatchEvents {
     }
 
     pub(crate) fn wait(&mut self, t: &Ticket) -> Result<(), UnpackError> {
-        self.known(t)?;
-        if t.seq <= self.done_upto {
+        self.book.known(t)?;
+        if self.book.is_known_done(t.seq) {
             return Ok(());
         }
-        if let Some(slot) = self.slot_of(t) {
+        if let Some(slot) = self.book.slot_of(t) {
             self.events[slot].synchronize()?;
         }
-        self.done_upto = self.done_upto.max(t.seq);
+        self.book.mark_done(t.seq);
         Ok(())
     }
 }
