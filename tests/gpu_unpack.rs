@@ -175,11 +175,7 @@ fn run_batch(fx: &Fixture, u: &mut dyn Unpacker, specs: &[Spec], bounce_off: u64
             dst: dst.subspan(offsets[j], s.dst_len).unwrap(),
         })
         .unwrap();
-        for f in &s.frags {
-            let src = (bounce_off + u64::from(f.src_off)) as usize;
-            let d = (offsets[j] + f.dst_off) as usize;
-            expect[d..d + f.len as usize].copy_from_slice(&fx.bounce_host[src..src + f.len as usize]);
-        }
+        gather(&mut expect, offsets[j], &fx.bounce_host, bounce_off, &s.frags);
     }
     let t = u.submit().unwrap();
     finish(u, t);
@@ -208,6 +204,15 @@ fn compare(name: &str, got: &[u8], expect: &[u8]) {
             "{name}: {bad} bytes differ, the first at {i} (got {:#04x}, expected {:#04x})",
             got[i], expect[i]
         );
+    }
+}
+
+/// The host reference: `frags` gathered from `src` (at `src_base`) into `expect` (at `dst_base`).
+fn gather(expect: &mut [u8], dst_base: u64, src: &[u8], src_base: u64, frags: &[loadMeta]) {
+    for f in frags {
+        let s = (src_base + u64::from(f.src_off)) as usize;
+        let d = (dst_base + f.dst_off) as usize;
+        expect[d..d + f.len as usize].copy_from_slice(&src[s..s + f.len as usize]);
     }
 }
 
@@ -355,11 +360,7 @@ fn gpu_unpack_ring_wrap_around() {
                     dst: dst.subspan(base, dst_len).unwrap(),
                 })
                 .unwrap();
-                for f in &spec.frags {
-                    let s = f.src_off as usize;
-                    let d = (base + f.dst_off) as usize;
-                    expect[d..d + f.len as usize].copy_from_slice(&fx.bounce_host[s..s + f.len as usize]);
-                }
+                gather(&mut expect, base, &fx.bounce_host, 0, &spec.frags);
                 slots.push(slot);
                 job += 1;
             }
@@ -407,11 +408,7 @@ fn gpu_unpack_more_batches_in_flight_than_slots() {
                     shuffled_pages(&mut rng, 64 << 20, 16)
                 };
                 let base = job * dst_len;
-                for f in &spec.frags {
-                    let s = f.src_off as usize;
-                    let d = (base + f.dst_off) as usize;
-                    expect[d..d + f.len as usize].copy_from_slice(&fx.bounce_host[s..s + f.len as usize]);
-                }
+                gather(&mut expect, base, &fx.bounce_host, 0, &spec.frags);
                 lists.push(spec.frags);
                 u.push(&UnpackJob {
                     frags: FragmentList::host(lists.last().unwrap()),
@@ -471,11 +468,7 @@ fn gpu_unpack_persistent_grid_leaves_and_comes_back() {
                 random_pieces(&mut rng, 64 << 20, dst_len, 4096)
             };
             let base = b as u64 * dst_len;
-            for f in &spec.frags {
-                let s = f.src_off as usize;
-                let d = (base + f.dst_off) as usize;
-                expect[d..d + f.len as usize].copy_from_slice(&fx.bounce_host[s..s + f.len as usize]);
-            }
+            gather(&mut expect, base, &fx.bounce_host, 0, &spec.frags);
             lists.push(spec.frags);
             u.push(&UnpackJob {
                 frags: FragmentList::host(lists.last().unwrap()),
@@ -556,10 +549,7 @@ fn gpu_unpack_persistent_grid_sees_rewritten_bounce_pages() {
         let mut got = vec![0u8; bytes];
         down.read(0, &mut got).unwrap();
         let mut expect = vec![0u8; bytes];
-        for f in &frags {
-            let (s, d) = (f.src_off as usize, f.dst_off as usize);
-            expect[d..d + 4096].copy_from_slice(&content[s..s + 4096]);
-        }
+        gather(&mut expect, 0, &content, 0, &frags);
         compare(&format!("round {round}"), &got, &expect);
     }
     assert_eq!(

@@ -60,10 +60,6 @@ impl LaunchSignal {
             value,
         })
     }
-
-    pub fn is_none(&self) -> bool {
-        self.done == 0
-    }
 }
 
 /// Where a launch reports: the u32 at byte `err_off` of `err` receives an out-of-bounds

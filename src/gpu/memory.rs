@@ -585,14 +585,6 @@ impl PinnedRegion {
         Ok(unsafe { std::ptr::read_volatile(v.as_ptr()) })
     }
 
-    /// Volatile write of the u64 at byte `offset`.
-    pub fn store_u64(&self, offset: usize, value: u64) -> GpuResult<()> {
-        let v = self.typed::<u64>(offset, 1)?;
-        // SAFETY: as for `store_u32`.
-        unsafe { std::ptr::write_volatile(v.as_ptr() as *mut u64, value) };
-        Ok(())
-    }
-
     /// Reinterprets `count` elements of plain data at byte `offset` as a slice of `T`.
     pub fn typed<T: plain::Plain>(&self, offset: usize, count: usize) -> GpuResult<&[T]> {
         let bytes = count

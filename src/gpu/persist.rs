@@ -181,10 +181,6 @@ impl PersistentGrid {
         self.launches
     }
 
-    pub fn blocks(&self) -> u32 {
-        self.blocks
-    }
-
     /// Posts batch `seq` (the next after the last posted; its slot's previous batch must have
     /// finished): `tasks` (at most [`PERSIST_MAX_TASKS`]), whose fragment lists the leader copies
     /// from `lists.src` to `lists.dst` first; errors reported into the u32 at byte `err_off` of

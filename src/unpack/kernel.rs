@@ -26,7 +26,7 @@ use crate::gpu::{
     INLINE_PAGES_MAX_TASKS, InlineBatch, InlinePagesBatch, Kernels, LaunchReport, LaunchSignal, ListFormat,
     PinnedRegion, Stream, UNPACK_MAX_TASKS_PER_LAUNCH, UNPACK_WARPS_PER_BLOCK, UnpackTask,
 };
-use crate::gpu::{PersistConfig, PersistentGrid, PostedLists};
+use crate::gpu::{PERSIST_MAX_TASKS, PERSIST_QUEUE, PersistConfig, PersistentGrid, PostedLists};
 use crate::net::abi::{NET_UNPACK_MAX_SLICE_PAGES, loadMeta};
 
 /// Batches in flight before `submit` waits for the oldest.
@@ -34,6 +34,10 @@ const SLOTS: usize = 16;
 /// Fragments one batch can stage (8 full receives); a larger batch is split transparently.
 const SLOT_FRAGS: usize = 8 * 2048;
 const META: usize = size_of::<loadMeta>();
+// A persistent batch is closed where a launch would be split (64 receives), and its queue slot
+// is free exactly when the unpacker's batch slot is (`reserve` waits for both).
+const _: () = assert!(PERSIST_MAX_TASKS == UNPACK_MAX_TASKS_PER_LAUNCH);
+const _: () = assert!(PERSIST_QUEUE == SLOTS);
 /// Cap on blocks per task (a 2048-fragment receive gets 256 blocks: one warp per fragment).
 const MAX_BLOCKS_PER_TASK: u32 = 256;
 
