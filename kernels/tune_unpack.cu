@@ -63,6 +63,17 @@ int main() {
         for (int i = fpc - 1; i > 0; i--) std::swap(h[(size_t)w * fpc + i], h[(size_t)w * fpc + rand() % (i + 1)]);
     }
     CK(cudaMemcpy(lists, h.data(), h.size() * sizeof(LoadMeta), cudaMemcpyHostToDevice));
+    // The same lists in host-mapped memory (as the plugin's ring), and the host-mapped done word
+    // the production launches write.
+    LoadMeta* hlists;
+    CK(cudaHostAlloc((void**)&hlists, h.size() * sizeof(LoadMeta), cudaHostAllocMapped));
+    memcpy(hlists, h.data(), h.size() * sizeof(LoadMeta));
+    u64* done;
+    CK(cudaHostAlloc((void**)&done, 8, cudaHostAllocMapped));
+    *done = 0;
+    u64 seq = 1;
+    const char* mode_env = getenv("TUNE_MODES");
+    const bool modes = mode_env != nullptr && atoi(mode_env) != 0;
     cudaStream_t st;
     CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaEvent_t a, b;
@@ -86,13 +97,82 @@ int main() {
     };
     auto launch = [&](int it, int chunks) {
         TaskArray<64> t = tasks_for(it, chunks);
-        tcpxd_unpack_64<<<dim3(blocks, chunks), WARPS_PER_BLOCK * 32, 0, st>>>(t, err, Signal{0, 0, 0});
+        tcpxd_unpack_64<<<dim3(blocks, chunks), WARPS_PER_BLOCK * 32, 0, st>>>(t, err, Signal{0, 0});
+    };
+    // TUNE_MODES=1: the production variants. mapped: lists read from host memory; sig: counter,
+    // exact totals and done word; pdl: programmatic dependent launch.
+    // sig: 0 none, 1 the production launch: the previous batch's number stored (signal_previous).
+    auto launch_mode = [&](int it, int chunks, bool mapped, int sig, bool pdl) {
+        TaskArray<16> t;
+        memset(&t, 0, sizeof t);
+        TaskArray<64> full = tasks_for(it, chunks);
+        for (int c = 0; c < chunks; c++) {
+            t.t[c] = full.t[c];
+            if (mapped) t.t[c].frags = (u64)hlists + (t.t[c].frags - (u64)lists);
+        }
+        Signal sg{0, 0};
+        if (sig) sg = Signal{(u64)done, seq++};
+        cudaLaunchConfig_t cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.gridDim = dim3(blocks, chunks);
+        cfg.blockDim = dim3(WARPS_PER_BLOCK * 32);
+        cfg.stream = st;
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr.val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = &attr;
+        cfg.numAttrs = pdl ? 1 : 0;
+        CK(cudaLaunchKernelEx(&cfg, tcpxd_unpack_16, t, err, sg));
     };
     auto contig = [&](int it, int chunks) {
         int w = (it * chunks) % (windows - chunks + 1);
         CK(cudaMemcpyAsync(dst + (size_t)(it % sets) * max_chunks * chunk, bounce + (size_t)w * chunk,
                            chunks * chunk, cudaMemcpyDeviceToDevice, st));
     };
+    if (modes) {
+        const int chunks = 16;
+        auto time_op = [&](auto op, float& single_us, float& pipe_us) {
+            std::vector<float> single, pipe;
+            for (int it = 0; it < 210; it++) {
+                CK(cudaEventRecord(a, st));
+                op(it);
+                CK(cudaEventRecord(b, st));
+                CK(cudaEventSynchronize(b));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, a, b));
+                if (it >= 10) single.push_back(ms * 1000);
+            }
+            for (int rep = 0; rep < 8; rep++) {
+                CK(cudaEventRecord(a, st));
+                for (int k = 0; k < 64; k++) op(rep * 64 + k);
+                CK(cudaEventRecord(b, st));
+                CK(cudaEventSynchronize(b));
+                float ms;
+                CK(cudaEventElapsedTime(&ms, a, b));
+                if (rep > 0) pipe.push_back(ms * 1000 / 64);
+            }
+            single_us = median(single);
+            pipe_us = median(pipe);
+        };
+        float cs, cp;
+        time_op([&](int it) { contig(it, chunks); }, cs, cp);
+        printf("%-14s contig              %6.1f us (pipe %5.1f)\n", VARIANT, cs, cp);
+        const char* only = getenv("TUNE_ONLY_PDL");
+        for (int m = 0; m < 8; m++) {
+            bool mapped = m & 1, pdl = m & 2;
+            int sig = m >> 2;
+            if (only && !pdl) continue;
+            float ks, kp;
+            time_op([&](int it) { launch_mode(it, chunks, mapped, sig, pdl); }, ks, kp);
+            CK(cudaStreamSynchronize(st));
+            u32 e;
+            CK(cudaMemcpy(&e, err, 4, cudaMemcpyDeviceToHost));
+            printf("%-14s lists=%-6s sig=%d pdl=%d %6.1f us (pipe %5.1f) | x%.2f (pipe x%.2f) %s%s\n", VARIANT,
+                   mapped ? "mapped" : "device", sig, pdl, ks, kp, ks / cs, kp / cp, e == 0 ? "ok" : "ERR",
+                   sig && *(volatile u64*)done + 1 != seq ? " (done word behind)" : "");
+        }
+        return 0;
+    }
     for (int chunks : {1, 4, 16}) {
         float res[4];
         for (int mode = 0; mode < 2; mode++) {

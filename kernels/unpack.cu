@@ -157,29 +157,21 @@ __device__ __forceinline__ u32 load_u32_volatile(const u32* p) {
     return v;
 }
 
-// Completion without a CUDA event: the last block of a batch's final launch stores the batch's
-// sequence number into `done` (a host-mapped u64 the host polls with a plain load) once every block
-// of the launch has finished its stores. `counter` (device memory, zero between launches) counts
-// finished blocks; launches of one unpacker run one after another on its stream, so one counter
-// serves them all. done == 0: not the batch's last launch, no signal.
+// Completion without a CUDA event or any cross-block traffic: every launch carries the number of
+// the newest batch issued before it, and its block (0, 0) stores that number into `done` (a
+// host-mapped u64 the host polls with a plain load) once the previous grids on the stream have
+// completed, which is when that batch has: batch n is reported done by the first launch after
+// it. The newest batch, which no launch follows yet, is seen done by the host asking the stream
+// (idle means finished). value == 0: nothing to report.
 struct Signal {
     u64 done;
-    u64 counter;
     u64 value;
 };
 
-__device__ __forceinline__ void signal_done(const Signal& s) {
-    if (s.done == 0) return;
-    __threadfence();  // this thread's stores, device-wide, before the block is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        u32* counter = (u32*)s.counter;
-        if (atomicAdd(counter, 1u) == gridDim.x * gridDim.y - 1) {
-            *(volatile u32*)counter = 0;  // for the next launch (it starts after this one ends)
-            __threadfence_system();        // every block's stores before the host sees `value`
-            asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(s.done), "l"(s.value) : "memory");
-        }
-    }
+// Call after the previous grid has completed (wait_for_previous_grid, or a plain launch).
+__device__ __forceinline__ void signal_previous(const Signal& s) {
+    if (s.value != 0 && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(s.done), "l"(s.value) : "memory");
 }
 
 // Programmatic dependent launch (sm_90): a launch may start while the previous one on its stream
@@ -209,16 +201,17 @@ __device__ __forceinline__ void unpack_rounds(const UnpackTask& t, u32* err) {
     const u32 lane = threadIdx.x & 31;
     const u32 warp = threadIdx.x >> 5;
     const u32* list = (const u32*)t.frags;
+    const u32 format = t.format;
     bool waited = false;
     for (u32 base = blockIdx.x * WARPS_PER_BLOCK; base < t.count; base += gridDim.x * WARPS_PER_BLOCK) {
         const u32 i = base + threadIdx.x;
         if (threadIdx.x < WARPS_PER_BLOCK && i < t.count) {
-            if (t.format == FMT_PAGE32) {
+            if (format == FMT_PAGE32) {
                 const u32 e = load_u32_volatile(list + i);
                 s_src[threadIdx.x] = (e >> 12) << 12;
                 s_len[threadIdx.x] = 4096;
                 s_dst[threadIdx.x] = (u64)(e & 0xfff) << 12;
-            } else if (t.format == FMT_PACKED12) {
+            } else if (format == FMT_PACKED12) {
                 s_src[threadIdx.x] = load_u32_volatile(list + 3 * i);
                 s_len[threadIdx.x] = load_u32_volatile(list + 3 * i + 1);
                 s_dst[threadIdx.x] = load_u32_volatile(list + 3 * i + 2);
@@ -253,28 +246,26 @@ __device__ __forceinline__ void unpack_rounds(const UnpackTask& t, u32* err) {
 }
 
 template <int N>
-__device__ __forceinline__ void unpack_body(const TaskArray<N>& tasks, u32* err) {
+__device__ __forceinline__ void unpack_body(const TaskArray<N>& tasks, u32* err, const Signal& sig) {
     allow_next_launch();
     unpack_rounds(tasks.t[blockIdx.y], err);
-    wait_for_previous_grid();  // a block with no round still orders its signal after it
+    wait_for_previous_grid();  // a block with no round still waits before it signals
+    signal_previous(sig);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
     tcpxd_unpack_8(const __grid_constant__ TaskArray<8> tasks, u32* err, const Signal sig) {
-    unpack_body<8>(tasks, err);
-    signal_done(sig);
+    unpack_body<8>(tasks, err, sig);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
     tcpxd_unpack_16(const __grid_constant__ TaskArray<16> tasks, u32* err, const Signal sig) {
-    unpack_body<16>(tasks, err);
-    signal_done(sig);
+    unpack_body<16>(tasks, err, sig);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
     tcpxd_unpack_64(const __grid_constant__ TaskArray<64> tasks, u32* err, const Signal sig) {
-    unpack_body<64>(tasks, err);
-    signal_done(sig);
+    unpack_body<64>(tasks, err, sig);
 }
 
 // ---- fragment lists inline in the kernel parameters ------------------------------------------
@@ -325,8 +316,8 @@ __device__ __forceinline__ void unpack_inline_body(const InlineParams<T, F>& p, 
 // 4 tasks, 256 entries: 3232 bytes, under the classic 4 KiB parameter limit.
 extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
     tcpxd_unpack_inline_small(const __grid_constant__ InlineParams<4, 256> p, u32* err, const Signal sig) {
+    signal_previous(sig);  // a plain launch: the previous grids have completed
     unpack_inline_body<4, 256>(p, err);
-    signal_done(sig);
 }
 
 // Whole-page lists inline: up to 16 receives and 2048 FMT_PAGE32 entries (8832 bytes of
@@ -358,8 +349,8 @@ __device__ __forceinline__ void unpack_inline_pages_body(const InlinePages<16, 2
 
 extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
     tcpxd_unpack_inline_pages(const __grid_constant__ InlinePages<16, 2048> p, u32* err, const Signal sig) {
+    signal_previous(sig);  // a plain launch: the previous grids have completed
     unpack_inline_pages_body(p, err);
-    signal_done(sig);
 }
 // ---- persistent mode ---------------------------------------------------------------------------
 // One grid stays resident while batches keep coming: the host writes each batch's descriptor into

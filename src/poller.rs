@@ -304,8 +304,35 @@ struct Landing {
 enum Wait {
     /// Unpacked (or nothing to unpack), with the outcome.
     Ready(Result<(), String>),
-    /// In batch `batch` of GPU `gpu`'s unpacker.
-    Gpu { gpu: usize, batch: u64 },
+    /// In batch `batch` of GPU `gpu`'s unpacker; `len` bytes posted.
+    Gpu {
+        gpu: usize,
+        batch: u64,
+        len: u32,
+        check: ListCheck,
+    },
+}
+
+/// The host's check of a receive's fragment list (bounds, and adding up to the posted size).
+#[derive(Debug)]
+enum ListCheck {
+    /// Done by the unpacker at `push`.
+    Passed,
+    /// The unpacker reads the list in place on the GPU (`Unpacker::checks_on_device`): the
+    /// poller checks it after the pass's `submit`, while the GPU copies.
+    Pending,
+    Failed(String),
+}
+
+/// How a batch of GPU unpacks ended, for its receives.
+#[derive(Debug)]
+enum BatchEnd {
+    Unpacked,
+    /// The unpack stage failed (this batch and every later one).
+    Failed(String),
+    /// The kernel's bounds guard skipped a fragment of some receive of the batch (a list read in
+    /// place; logged when found): the receive's own host check says whether it was this one.
+    Rejected,
 }
 
 /// The unpack stage of one GPU: its unpacker and the batches in flight, oldest first.
@@ -320,6 +347,8 @@ struct GpuStage {
     done_upto: u64,
     /// A batch that failed on the GPU, and why: its receives (and later ones) fail.
     failed: Option<(u64, String)>,
+    /// Batches with a rejected receive (`BatchEnd::Rejected`), recent ones only.
+    rejected: std::collections::BTreeSet<u64>,
     /// Per other GPU holding bounce buffers: whether this GPU can read them (`reach_bounce`).
     peer_reach: HashMap<usize, Result<(), String>>,
 }
@@ -854,6 +883,7 @@ impl Poller {
         } = self;
         // Reused every pass: no allocation on the hot path once it has grown.
         let mut events = std::mem::take(&mut self.completions);
+        let mut pending_checks = 0usize;
         for (pi, p) in peers.iter_mut().enumerate() {
             if p.failed {
                 continue;
@@ -897,6 +927,13 @@ impl Poller {
                         Ok(Some(_)) => {
                             let landed = Instant::now();
                             let wait = start_unpack(comm, &posted, buffers, stages, *unpack_impl);
+                            if let Wait::Gpu {
+                                check: ListCheck::Pending,
+                                ..
+                            } = wait
+                            {
+                                pending_checks += 1;
+                            }
                             let unpacked = matches!(wait, Wait::Ready(_)).then(Instant::now);
                             l.posted.pop_front();
                             l.landing.push_back(Landing {
@@ -920,6 +957,29 @@ impl Poller {
         for stage in stages.values_mut() {
             stage.advance();
         }
+        // Lists the GPU reads in place are checked now, while it copies.
+        if pending_checks > 0 {
+            for p in peers.iter_mut().filter(|p| !p.failed) {
+                for l in &mut p.recv {
+                    let RecvLaneState::Ready(comm) = &l.state else {
+                        continue;
+                    };
+                    for landing in &mut l.landing {
+                        if let Wait::Gpu { len, check, .. } = &mut landing.wait
+                            && matches!(check, ListCheck::Pending)
+                        {
+                            *check = match check_list(comm, landing.id, *len) {
+                                Ok(()) => ListCheck::Passed,
+                                Err(why) => {
+                                    tracing::warn!("{why}");
+                                    ListCheck::Failed(why)
+                                }
+                            };
+                        }
+                    }
+                }
+            }
+        }
         // Consume what is unpacked, in ring order: only now are the pages returned.
         for (pi, p) in peers.iter_mut().enumerate() {
             if p.failed {
@@ -933,10 +993,23 @@ impl Poller {
                 while let Some(front) = l.landing.front() {
                     let result = match &front.wait {
                         Wait::Ready(r) => r.clone(),
-                        Wait::Gpu { gpu, batch } => match stages.get(gpu).and_then(|s| s.outcome(*batch)) {
-                            Some(r) => r,
-                            None => break,
-                        },
+                        Wait::Gpu {
+                            gpu,
+                            batch,
+                            len,
+                            check,
+                        } => {
+                            match (stages.get(gpu).and_then(|s| s.outcome(*batch)), check) {
+                                (None, _) => break,
+                                (Some(BatchEnd::Failed(why)), _) => Err(why),
+                                (Some(_), ListCheck::Failed(why)) => Err(why.clone()),
+                                (Some(BatchEnd::Unpacked), ListCheck::Passed) => Ok(()),
+                                // Not checked yet (cannot happen: checks run in the pass that
+                                // pushes), or the GPU rejected something in its batch: the
+                                // receive's own check decides.
+                                (Some(_), _) => check_list(comm, front.id, *len),
+                            }
+                        }
                     };
                     if let Err(e) = comm.consume(front.id) {
                         meter.metrics.plugin_error(&e);
@@ -1142,16 +1215,19 @@ fn start_unpack(
     if frags.is_empty() {
         return Wait::Ready(Ok(()));
     }
-    let landed: u64 = frags.iter().map(|f| u64::from(f.len)).sum();
-    if landed != u64::from(posted.len) {
-        return Wait::Ready(Err(format!("chunk landed {landed} of {} bytes", posted.len)));
-    }
     let Some(entry) = buffers.get(&posted.buffer) else {
         return Wait::Ready(Err(format!("buffer {} vanished", posted.buffer)));
     };
     let Some(region) = entry.device_region() else {
+        let landed: u64 = frags.iter().map(|f| u64::from(f.len)).sum();
+        if landed != u64::from(posted.len) {
+            return Wait::Ready(Err(format!("chunk landed {landed} of {} bytes", posted.len)));
+        }
         return Wait::Ready(comm.unpack_host(posted.id).map(|_| ()).map_err(|e| e.to_string()));
     };
+    // From here the list is checked (bounds, and adding up to the posted size: `exact`) by the
+    // unpacker at `push`, or, for the ring read in place on the GPU, by the poller after the
+    // pass's `submit` (`ListCheck::Pending`).
     let ordinal = region.gpu().ordinal();
     let stage = match stages.entry(ordinal) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -1162,7 +1238,8 @@ fn start_unpack(
             }
         }
     };
-    let job = (|| -> Result<(), String> {
+    let in_place = stage.unpacker.checks_on_device();
+    let job = (|| -> Result<bool, String> {
         stage.reach_bounce(ring.bounce_device())?;
         let bounce = ring.bounce_span(frags);
         stage.gpu.bind_to_thread().map_err(|e| e.to_string())?;
@@ -1170,23 +1247,45 @@ fn start_unpack(
             .subspan(posted.offset, u64::from(posted.len))
             .map_err(|e| e.to_string())?;
         let list = ring.fragment_list(q).map_err(|e| e.to_string())?;
+        let pending = in_place && list.device_span().is_some();
         let job = UnpackJob {
             frags: list,
             bounce,
             dst,
+            exact: true,
         };
-        stage.unpacker.push(&job).map_err(|e| e.to_string())
+        stage.unpacker.push(&job).map_err(|e| e.to_string())?;
+        Ok(pending)
     })();
     match job {
-        Ok(()) => {
+        Ok(pending) => {
             stage.pushed = true;
             Wait::Gpu {
                 gpu: ordinal,
                 batch: stage.next_batch,
+                len: posted.len,
+                check: if pending {
+                    ListCheck::Pending
+                } else {
+                    ListCheck::Passed
+                },
             }
         }
         Err(e) => Wait::Ready(Err(e)),
     }
+}
+
+/// The host's check of a completed receive's list (still in the ring: not consumed yet) against
+/// the bounce buffer and the posted size. For lists the GPU reads in place it runs after the
+/// launch; a receive whose batch the GPU rejected part of fails only if its own list is bad
+/// (the kernel skips only out-of-bounds fragments, so the others were unpacked whole).
+fn check_list(comm: &RecvComm, id: RequestId, len: u32) -> Result<(), String> {
+    let (ring, q) = comm.completed(id).map_err(|e| format!("unpack: {e}"))?;
+    let frags = ring.fragments(q).map_err(|e| format!("unpack: {e}"))?;
+    let bounce_len = ring.bounce_span(frags).len();
+    crate::unpack::validate_list(frags, bounce_len, u64::from(len), true)
+        .map(|_| ())
+        .map_err(|e| format!("unpack: {e}"))
 }
 
 impl GpuStage {
@@ -1230,6 +1329,7 @@ impl GpuStage {
             in_flight: VecDeque::new(),
             done_upto: 0,
             failed: None,
+            rejected: std::collections::BTreeSet::new(),
             peer_reach: HashMap::new(),
         })
     }
@@ -1257,10 +1357,21 @@ impl GpuStage {
             match done {
                 Ok(true) => {}
                 Ok(false) => break,
+                Err(e) if e.is_data() => {
+                    tracing::warn!(gpu = self.gpu.ordinal(), batch, "unpack rejected a receive: {e}");
+                    self.rejected.insert(batch);
+                }
                 Err(e) => self.fail(batch, e.to_string()),
             }
             self.done_upto = batch;
             self.in_flight.pop_front();
+        }
+        // A finished batch's receives are consumed within a pass or two.
+        while let Some(&b) = self.rejected.first() {
+            if b + 1024 >= self.done_upto {
+                break;
+            }
+            self.rejected.pop_first();
         }
     }
 
@@ -1272,12 +1383,22 @@ impl GpuStage {
     }
 
     /// The outcome of a batch's receives, once it finished.
-    fn outcome(&self, batch: u64) -> Option<Result<(), String>> {
+    fn outcome(&self, batch: u64) -> Option<BatchEnd> {
         if let Some((failed, why)) = &self.failed
             && batch >= *failed
         {
-            return Some(Err(format!("unpack on GPU {}: {why}", self.gpu.ordinal())));
+            return Some(BatchEnd::Failed(format!(
+                "unpack on GPU {}: {why}",
+                self.gpu.ordinal()
+            )));
         }
-        (batch <= self.done_upto).then_some(Ok(()))
+        if batch > self.done_upto {
+            return None;
+        }
+        Some(if self.rejected.contains(&batch) {
+            BatchEnd::Rejected
+        } else {
+            BatchEnd::Unpacked
+        })
     }
 }

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use tcpxd::gpu::{DeviceRegion, FragmentList, Gpu, GpuError, PersistConfig, PinnedRegion, Stream};
 use tcpxd::net::Region;
 use tcpxd::net::abi::loadMeta;
-use tcpxd::unpack::{FragSource, Ticket, UnpackError, UnpackImpl, UnpackJob, Unpacker};
+use tcpxd::unpack::{
+    FragSource, Ticket, UnpackError, UnpackImpl, UnpackJob, Unpacker, validate, validate_list,
+};
 
 const POISON: u8 = 0xA5;
 const RING_SLOT_BYTES: usize = 2048 * 16;
@@ -173,6 +175,7 @@ fn run_batch(fx: &Fixture, u: &mut dyn Unpacker, specs: &[Spec], bounce_off: u64
             frags,
             bounce,
             dst: dst.subspan(offsets[j], s.dst_len).unwrap(),
+            exact: false,
         })
         .unwrap();
         gather(&mut expect, offsets[j], &fx.bounce_host, bounce_off, &s.frags);
@@ -358,6 +361,7 @@ fn gpu_unpack_ring_wrap_around() {
                     frags: FragmentList::from_pinned(&fx.ring, slot_off, spec.frags.len()).unwrap(),
                     bounce: fx.bounce.span(),
                     dst: dst.subspan(base, dst_len).unwrap(),
+                    exact: false,
                 })
                 .unwrap();
                 gather(&mut expect, base, &fx.bounce_host, 0, &spec.frags);
@@ -414,6 +418,7 @@ fn gpu_unpack_more_batches_in_flight_than_slots() {
                     frags: FragmentList::host(lists.last().unwrap()),
                     bounce: fx.bounce.span(),
                     dst: dst.subspan(base, dst_len).unwrap(),
+                    exact: false,
                 })
                 .unwrap();
                 job += 1;
@@ -474,6 +479,7 @@ fn gpu_unpack_persistent_grid_leaves_and_comes_back() {
                 frags: FragmentList::host(lists.last().unwrap()),
                 bounce: fx.bounce.span(),
                 dst: dst.subspan(base, dst_len).unwrap(),
+                exact: false,
             })
             .unwrap();
             let t = u.submit().unwrap().unwrap();
@@ -540,6 +546,7 @@ fn gpu_unpack_persistent_grid_sees_rewritten_bounce_pages() {
             frags: FragmentList::host(&frags),
             bounce: fx.bounce.span(),
             dst: dst.span(),
+            exact: false,
         })
         .unwrap();
         let t = u.submit().unwrap();
@@ -573,6 +580,7 @@ fn gpu_unpack_rejects_a_fragment_past_dst_len() {
                 frags: FragmentList::host(&frags),
                 bounce: fx.bounce.span(),
                 dst: dst.subspan(0, 3 * 4096).unwrap(),
+                exact: false,
             })
             .unwrap_err();
         assert!(
@@ -592,6 +600,221 @@ fn gpu_unpack_rejects_a_fragment_past_dst_len() {
     });
 }
 
+/// Writes `frags` into slot `slot` of the fixture's ring (as the plugin does) and returns the
+/// list with its device view, as the poller hands it over.
+fn ring_list<'a>(ring: &'a PinnedRegion, slot_off: usize, frags: &[loadMeta]) -> FragmentList<'a> {
+    let raw: Vec<u8> = frags
+        .iter()
+        .flat_map(|f| {
+            let mut b = [0u8; 16];
+            b[..4].copy_from_slice(&f.src_off.to_le_bytes());
+            b[4..8].copy_from_slice(&f.len.to_le_bytes());
+            b[8..].copy_from_slice(&f.dst_off.to_le_bytes());
+            b
+        })
+        .collect();
+    ring.write(slot_off, &raw).unwrap();
+    FragmentList::from_pinned(ring, slot_off, frags.len()).unwrap()
+}
+
+/// Polls a batch to its end: Ok, or the error `is_done` reported.
+fn outcome(u: &mut dyn Unpacker, t: Ticket) -> Result<(), UnpackError> {
+    let start = Instant::now();
+    loop {
+        if u.is_done(&t)? {
+            return Ok(());
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{}: batch never finished",
+            u.name()
+        );
+        std::hint::spin_loop();
+    }
+}
+
+/// An exact job whose fragments do not add up to its destination is refused at `push` by every
+/// implementation that reads the list on the host; the one that reads the ring in place leaves
+/// the check to its caller after `submit` (`validate`, as the poller does).
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
+fn gpu_unpack_exact_jobs_must_add_up() {
+    let fx = Fixture::new(10, 4 << 20);
+    let short = [lm(0, 4096, 4096), lm(8192, 4000, 0)];
+    let dst = fx.gpu.alloc(8192).unwrap();
+    for_each_impl(|u| {
+        let job = UnpackJob {
+            frags: ring_list(&fx.ring, 0, &short),
+            bounce: fx.bounce.span(),
+            dst: dst.span(),
+            exact: true,
+        };
+        match u.push(&job) {
+            Err(e) => {
+                assert!(!u.checks_on_device(), "{}", u.name());
+                assert!(
+                    matches!(
+                        e,
+                        UnpackError::Short {
+                            landed: 8096,
+                            expected: 8192
+                        }
+                    ),
+                    "{}: {e}",
+                    u.name()
+                );
+                assert!(
+                    u.submit().unwrap().is_none(),
+                    "{}: a refused job queued work",
+                    u.name()
+                );
+            }
+            Ok(()) => {
+                assert!(u.checks_on_device(), "{}: accepted a short exact job", u.name());
+                let t = u.submit().unwrap().unwrap();
+                let e = validate(&job).unwrap_err();
+                assert!(
+                    matches!(
+                        e,
+                        UnpackError::Short {
+                            landed: 8096,
+                            expected: 8192
+                        }
+                    ),
+                    "{e}"
+                );
+                assert!(e.is_data());
+                // The GPU copied what there was (nothing out of bounds).
+                outcome(u, t).unwrap();
+            }
+        }
+        // The same list, not exact: accepted, and the gap left alone.
+        u.push(&UnpackJob { exact: false, ..job }).unwrap();
+        if let Some(t) = u.submit().unwrap() {
+            outcome(u, t).unwrap();
+        }
+    });
+}
+
+/// The ring read in place (`kernel-mapped`): the host reads nothing before the launch, so the
+/// kernel's guard is what keeps a bad list out of bounds. Only the bad receives are affected:
+/// the others in the same batch are unpacked whole, the host check after `submit` names what
+/// was wrong (the out-of-bounds fragment, the short list), and the next batch is fine.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
+fn gpu_unpack_in_place_rejections_touch_only_the_bad_receives() {
+    let fx = Fixture::new(11, 4 << 20);
+    let mut u = UnpackImpl::Kernel(FragSource::Mapped).build(&fx.gpu).unwrap();
+    assert!(u.checks_on_device());
+    let mut rng = Rng(23);
+    let dst_len = 8 * 4096u64;
+    let stride = dst_len + 4096;
+    let good0 = shuffled_pages(&mut rng, 4 << 20, 8).frags;
+    let mut past = shuffled_pages(&mut rng, 4 << 20, 8).frags;
+    let bad_index = past.iter().position(|f| f.dst_off == 7 * 4096).unwrap();
+    past[bad_index].dst_off = 7 * 4096 + 100; // its last 100 bytes past the destination
+    let mut short = shuffled_pages(&mut rng, 4 << 20, 8).frags;
+    let dropped = short.pop().unwrap();
+    let good3 = shuffled_pages(&mut rng, 4 << 20, 8).frags;
+    let lists = [&good0, &past, &short, &good3];
+    let dst = fx.gpu.alloc(4 * stride as usize).unwrap();
+    let mut expect = vec![POISON; dst.len()];
+    dst.write(0, &expect).unwrap();
+    for (j, frags) in lists.iter().enumerate() {
+        u.push(&UnpackJob {
+            frags: ring_list(&fx.ring, j * RING_SLOT_BYTES, frags),
+            bounce: fx.bounce.span(),
+            dst: dst.subspan(j as u64 * stride, dst_len).unwrap(),
+            exact: true,
+        })
+        .unwrap();
+        // What the kernel must have copied: everything but the out-of-bounds fragment.
+        let copied: Vec<loadMeta> = frags
+            .iter()
+            .filter(|f| f.dst_off + u64::from(f.len) <= dst_len)
+            .copied()
+            .collect();
+        gather(&mut expect, j as u64 * stride, &fx.bounce_host, 0, &copied);
+    }
+    let t = u.submit().unwrap().unwrap();
+    let e = outcome(u.as_mut(), t).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            UnpackError::DeviceRejected { task: 1, fragment } if fragment as usize == bad_index
+        ),
+        "{e}"
+    );
+    assert!(e.is_data());
+    let mut got = vec![0u8; dst.len()];
+    dst.read_into(&fx.stream, 0, &mut got).unwrap();
+    compare("in place, batch with bad receives", &got, &expect);
+    // The host check names each receive's fault (the poller's `check_list`).
+    let bounce_len = fx.bounce.len() as u64;
+    assert_eq!(validate_list(&good0, bounce_len, dst_len, true).unwrap(), dst_len);
+    assert!(matches!(
+        validate_list(&past, bounce_len, dst_len, true),
+        Err(UnpackError::Fragment { index, .. }) if index == bad_index
+    ));
+    assert!(matches!(
+        validate_list(&short, bounce_len, dst_len, true),
+        Err(UnpackError::Short { landed, expected }) if landed == dst_len - u64::from(dropped.len) && expected == dst_len
+    ));
+    assert_eq!(validate_list(&good3, bounce_len, dst_len, true).unwrap(), dst_len);
+    // Nothing sticks: the next batch is fine.
+    dst.write(0, &vec![POISON; dst.len()]).unwrap();
+    let mut expect = vec![POISON; dst.len()];
+    u.push(&UnpackJob {
+        frags: ring_list(&fx.ring, 0, &good3),
+        bounce: fx.bounce.span(),
+        dst: dst.subspan(0, dst_len).unwrap(),
+        exact: true,
+    })
+    .unwrap();
+    gather(&mut expect, 0, &fx.bounce_host, 0, &good3);
+    let t = u.submit().unwrap().unwrap();
+    outcome(u.as_mut(), t).unwrap();
+    dst.read_into(&fx.stream, 0, &mut got).unwrap();
+    compare("in place, the batch after", &got, &expect);
+}
+
+/// Receives read in place, more than one launch holds (64): launches of 64, 64 and 2, each
+/// reporting the batches before it, and every byte right, round after round.
+#[test]
+#[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
+fn gpu_unpack_in_place_across_launches() {
+    let fx = Fixture::new(12, 16 << 20);
+    let mut u = UnpackImpl::Kernel(FragSource::Mapped).build(&fx.gpu).unwrap();
+    let receives = 130usize;
+    let pages = 16u64;
+    let dst_len = pages * 4096;
+    let lists_mem = fx.gpu.alloc_pinned(receives * pages as usize * 16).unwrap();
+    let dst = fx.gpu.alloc(receives * dst_len as usize).unwrap();
+    for round in 0..3u64 {
+        let mut rng = Rng(29 + round);
+        let mut expect = vec![POISON; dst.len()];
+        dst.write(0, &expect).unwrap();
+        for j in 0..receives {
+            let frags = shuffled_pages(&mut rng, 16 << 20, pages).frags;
+            let off = j * pages as usize * 16;
+            u.push(&UnpackJob {
+                frags: ring_list(&lists_mem, off, &frags),
+                bounce: fx.bounce.span(),
+                dst: dst.subspan(j as u64 * dst_len, dst_len).unwrap(),
+                exact: true,
+            })
+            .unwrap();
+            gather(&mut expect, j as u64 * dst_len, &fx.bounce_host, 0, &frags);
+        }
+        let t = u.submit().unwrap().unwrap();
+        assert_eq!(t.seq(), round + 1);
+        outcome(u.as_mut(), t).unwrap();
+        let mut got = vec![0u8; dst.len()];
+        dst.read_into(&fx.stream, 0, &mut got).unwrap();
+        compare(&format!("130 receives, round {round}"), &got, &expect);
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
 fn gpu_unpack_unknown_ticket_is_an_error() {
@@ -605,6 +828,7 @@ fn gpu_unpack_unknown_ticket_is_an_error() {
         frags: FragmentList::host(&frags),
         bounce: fx.bounce.span(),
         dst: dst.span(),
+        exact: false,
     })
     .unwrap();
     let t = a.submit().unwrap().unwrap();
@@ -617,6 +841,7 @@ fn gpu_unpack_unknown_ticket_is_an_error() {
         frags: FragmentList::host(&frags),
         bounce: fx.bounce.span(),
         dst: dst.span(),
+        exact: false,
     })
     .unwrap();
     let kt = k.submit().unwrap().unwrap();

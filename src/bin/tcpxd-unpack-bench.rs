@@ -12,7 +12,7 @@ use std::time::Instant;
 use clap::Parser;
 use tcpxd::gpu::{DeviceRegion, Event, FragmentList, Gpu, PersistConfig, PinnedRegion, Stream};
 use tcpxd::net::abi::loadMeta;
-use tcpxd::unpack::{FragSource, KernelUnpacker, UnpackImpl, UnpackJob, Unpacker};
+use tcpxd::unpack::{FragSource, KernelUnpacker, UnpackImpl, UnpackJob, Unpacker, validate_list};
 
 #[derive(Parser, Debug)]
 #[command(name = "tcpxd-unpack-bench", about = "Time the GPU unpack implementations")]
@@ -254,6 +254,7 @@ fn time_unpacker(
         let t0 = Instant::now();
         push_batch(s, u, it, chunks, lists)?;
         let t = u.submit()?.ok_or("no ticket")?;
+        check_batch(s, u, it, chunks)?;
         let t1 = Instant::now();
         u.stream().record(&end)?;
         end.synchronize()?;
@@ -278,6 +279,7 @@ fn time_unpacker(
         let t0 = Instant::now();
         push_batch(s, u, it, chunks, lists)?;
         let t = u.submit()?.ok_or("no ticket")?;
+        check_batch(s, u, it, chunks)?;
         let t1 = Instant::now();
         while !u.is_done(&t)? {
             std::hint::spin_loop();
@@ -343,6 +345,25 @@ fn time_contiguous(
     Ok(row)
 }
 
+/// What the poller does after `submit` when the unpacker reads the lists in place: checks every
+/// list (bounds, and adding up to the chunk) while the GPU copies.
+fn check_batch(
+    s: &Setup,
+    u: &dyn Unpacker,
+    it: usize,
+    chunks: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    if !u.checks_on_device() {
+        return Ok(());
+    }
+    for c in 0..chunks {
+        let off = s.window(it, chunks, c) * s.frags_per_chunk * 16;
+        let frags = s.lists.typed::<loadMeta>(off, s.frags_per_chunk)?;
+        validate_list(frags, s.bounce.len() as u64, s.chunk as u64, true)?;
+    }
+    Ok(())
+}
+
 fn push_batch(
     s: &Setup,
     u: &mut dyn Unpacker,
@@ -363,6 +384,7 @@ fn push_batch(
             frags,
             bounce: s.bounce.span(),
             dst: s.dsts.subspan(s.dst_off(it, c), s.chunk as u64)?,
+            exact: true,
         })?;
     }
     Ok(())
@@ -389,6 +411,7 @@ fn pipelined(
             for b in 0..batches {
                 push_batch(s, u, rep * batches + b, chunks, lists)?;
                 last = u.submit()?;
+                check_batch(s, u, rep * batches + b, chunks)?;
             }
             let last = last.ok_or("no ticket")?;
             while !u.is_done(&last)? {
@@ -405,6 +428,7 @@ fn pipelined(
         for b in 0..batches {
             push_batch(s, u, rep * batches + b, chunks, lists)?;
             u.submit()?;
+            check_batch(s, u, rep * batches + b, chunks)?;
         }
         u.stream().record(&end)?;
         end.synchronize()?;
@@ -467,8 +491,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rows.push(time_contiguous(&s, chunks, a.warmup, a.iters)?);
         let variants: [(&str, UnpackImpl, Lists, u32); 12] = [
             (
-                "kernel-packed-mapped-serial",
-                UnpackImpl::Kernel(FragSource::PackedMapped),
+                "kernel-mapped-serial",
+                UnpackImpl::Kernel(FragSource::Mapped),
                 Lists::Mapped,
                 1,
             ),
@@ -572,11 +596,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for &chunks in &a.chunks {
             rows.push(pipelined_contiguous(&s, chunks, a.pipeline)?);
             for (label, src, lists) in [
-                (
-                    "kernel-packed-mapped-serial/pipe",
-                    FragSource::PackedMapped,
-                    Lists::Mapped,
-                ),
+                ("kernel-mapped-serial/pipe", FragSource::Mapped, Lists::Mapped),
                 ("kernel-params/pipe", FragSource::Params, Lists::Mapped),
                 (
                     "kernel-packed-mapped/pipe",
@@ -634,9 +654,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "contiguous-d2d"
         };
         let kernel_name = if r.name.ends_with("/pipe") {
-            "kernel-packed-mapped/pipe"
+            "kernel-mapped/pipe"
         } else {
-            "kernel-packed-mapped"
+            "kernel-mapped"
         };
         let contig = rows
             .iter()

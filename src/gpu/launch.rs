@@ -18,45 +18,36 @@ pub const UNPACK_WARPS_PER_BLOCK: u32 = 8;
 const SMALL_LAUNCH: usize = 8;
 const MEDIUM_LAUNCH: usize = 16;
 
-/// `struct Signal` of kernels/unpack.cu: how a launch reports its completion without a CUDA
-/// event. The last block to finish stores `value` into the host-mapped u64 at `done`, after
-/// every block's stores; `counter` is a device u32, zero between launches, that the blocks count
-/// themselves on (the last one puts it back to zero). `done == 0`: no signal.
+/// `struct Signal` of kernels/unpack.cu: how launches report completion without a CUDA event or
+/// any cross-block traffic. Every launch carries `value`, the number of the newest batch issued
+/// before it, and its first block stores that into the host-mapped u64 at `done` once the
+/// previous grids on the stream have completed: batch n is reported done by the first launch
+/// after it. (The newest batch, which nothing follows yet, is seen done by asking the stream.)
+/// `value == 0`: nothing to report.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LaunchSignal {
     done: u64,
-    counter: u64,
     value: u64,
 }
 
-const _: () = assert!(size_of::<LaunchSignal>() == 24);
+const _: () = assert!(size_of::<LaunchSignal>() == 16);
 
 impl LaunchSignal {
-    /// No signal (a launch that is not its batch's last).
-    pub const NONE: LaunchSignal = LaunchSignal {
-        done: 0,
-        counter: 0,
-        value: 0,
-    };
+    /// Reports nothing.
+    pub const NONE: LaunchSignal = LaunchSignal { done: 0, value: 0 };
 
     /// Store `value` into the u64 at byte `done_off` of `done` (host-mapped, 8-byte aligned)
-    /// when the launch finishes, counting blocks in the u32 at `counter` (device memory, zero).
-    pub fn new(
-        done: &PinnedRegion,
-        done_off: usize,
-        counter: DeviceSpan,
-        value: u64,
-    ) -> GpuResult<LaunchSignal> {
+    /// once the grids before this launch have completed.
+    pub fn new(done: &PinnedRegion, done_off: usize, value: u64) -> GpuResult<LaunchSignal> {
         done.check(done_off as u64, 8)?;
-        if done_off % 8 != 0 || counter.len() < 4 || counter.ptr() % 4 != 0 {
+        if done_off % 8 != 0 {
             return Err(GpuError::InvalidArgument(
-                "a launch signal needs an aligned 8-byte done word and a 4-byte counter".into(),
+                "a launch signal needs an aligned 8-byte done word".into(),
             ));
         }
         Ok(LaunchSignal {
             done: done.device_ptr() + done_off as u64,
-            counter: counter.ptr(),
             value,
         })
     }
@@ -113,6 +104,17 @@ pub enum ListFormat {
     Packed12 = 2,
 }
 
+/// What [`ListFormat::scan`] found in one pass over a list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListScan {
+    /// The most compact encoding that holds the list.
+    pub format: ListFormat,
+    /// Every fragment lies inside the destination and the bounce buffer.
+    pub in_bounds: bool,
+    /// The fragments' lengths added up.
+    pub total: u64,
+}
+
 /// A whole-page fragment as its `ListFormat::Page32` entry.
 fn page32(f: &loadMeta) -> u32 {
     (f.src_off >> 12) << 12 | (f.dst_off >> 12) as u32
@@ -148,41 +150,46 @@ impl ListFormat {
     }
 
     /// [`ListFormat::choose`] and the unpack stage's bounds check in one branch-free pass over
-    /// the list (the poller does this for every receive): the format, and whether every fragment
-    /// lies inside `dst_len` and `bounce_len` (the same test as `unpack::validate`'s fast path).
-    pub fn scan(frags: &[loadMeta], dst_len: u64, bounce_len: u64) -> (ListFormat, bool) {
-        let (dst_end, src_end, not_page) = frags.iter().fold((0u64, 0u64, 0u64), |(d, s, p), f| {
-            let len = u64::from(f.len);
-            (
-                d.max(f.dst_off.saturating_add(len)),
-                s.max(u64::from(f.src_off) + len),
-                p | u64::from(f.len ^ 4096)
-                    | u64::from(f.src_off & 0xfff)
-                    | (f.dst_off & 0xfff)
-                    | (f.dst_off >> 24),
-            )
-        });
-        let format = if not_page == 0 {
+    /// the list (the poller does this for every receive): the format, whether every fragment
+    /// lies inside `dst_len` and `bounce_len` (the same test as `unpack::validate`'s fast path),
+    /// and the bytes in all.
+    pub fn scan(frags: &[loadMeta], dst_len: u64, bounce_len: u64) -> ListScan {
+        let (dst_end, src_end, not_page, total) =
+            frags.iter().fold((0u64, 0u64, 0u64, 0u64), |(d, s, p, t), f| {
+                let len = u64::from(f.len);
+                (
+                    d.max(f.dst_off.saturating_add(len)),
+                    s.max(u64::from(f.src_off) + len),
+                    p | u64::from(f.len ^ 4096)
+                        | u64::from(f.src_off & 0xfff)
+                        | (f.dst_off & 0xfff)
+                        | (f.dst_off >> 24),
+                    t + len,
+                )
+            });
+        ListScan {
+            format: Self::pick(not_page, dst_len),
+            in_bounds: dst_end <= dst_len && src_end <= bounce_len,
+            total,
+        }
+    }
+
+    fn pick(not_page: u64, dst_len: u64) -> ListFormat {
+        if not_page == 0 {
             ListFormat::Page32
         } else if dst_len <= u64::from(u32::MAX) {
             ListFormat::Packed12
         } else {
             ListFormat::Meta
-        };
-        (format, dst_end <= dst_len && src_end <= bounce_len)
+        }
     }
 
     /// [`ListFormat::scan`] and [`ListFormat::encode`] in one pass for the common case: writes
     /// the whole-page encoding while checking, and re-encodes only when the list turns out not
     /// to be whole pages. `out` must hold the largest encoding (`frags.len() * 16` bytes).
     /// Out of bounds: what `out` holds is unspecified.
-    pub fn scan_encode(
-        frags: &[loadMeta],
-        dst_len: u64,
-        bounce_len: u64,
-        out: &mut [u8],
-    ) -> (ListFormat, bool) {
-        let (mut dst_end, mut src_end, mut not_page) = (0u64, 0u64, 0u64);
+    pub fn scan_encode(frags: &[loadMeta], dst_len: u64, bounce_len: u64, out: &mut [u8]) -> ListScan {
+        let (mut dst_end, mut src_end, mut not_page, mut total) = (0u64, 0u64, 0u64, 0u64);
         for (o, f) in out.chunks_exact_mut(4).zip(frags) {
             let len = u64::from(f.len);
             dst_end = dst_end.max(f.dst_off.saturating_add(len));
@@ -191,20 +198,18 @@ impl ListFormat {
                 | u64::from(f.src_off & 0xfff)
                 | (f.dst_off & 0xfff)
                 | (f.dst_off >> 24);
+            total += len;
             o.copy_from_slice(&page32(f).to_le_bytes());
         }
-        let in_bounds = dst_end <= dst_len && src_end <= bounce_len;
-        let format = if not_page == 0 {
-            ListFormat::Page32
-        } else if dst_len <= u64::from(u32::MAX) {
-            ListFormat::Packed12
-        } else {
-            ListFormat::Meta
+        let scan = ListScan {
+            format: Self::pick(not_page, dst_len),
+            in_bounds: dst_end <= dst_len && src_end <= bounce_len,
+            total,
         };
-        if format != ListFormat::Page32 && in_bounds {
-            format.encode(frags, out);
+        if scan.format != ListFormat::Page32 && scan.in_bounds {
+            scan.format.encode(frags, out);
         }
-        (format, in_bounds)
+        scan
     }
 
     /// Writes `frags` in this encoding into `out` (at least `frags.len() * entry_bytes()`
@@ -778,12 +783,14 @@ mod tests {
                 })
                 .collect();
             for (dst_len, bounce_len) in [(1u64 << 24, 1u64 << 21), (1 << 25, 1 << 22), (8 << 30, 1 << 22)] {
-                let (format, in_bounds) = ListFormat::scan(&frags, dst_len, bounce_len);
+                let scan = ListFormat::scan(&frags, dst_len, bounce_len);
+                let (format, in_bounds) = (scan.format, scan.in_bounds);
                 assert_eq!(format, ListFormat::choose(&frags, dst_len));
+                assert_eq!(scan.total, frags.iter().map(|f| u64::from(f.len)).sum::<u64>());
                 let mut fused = vec![0u8; frags.len() * 16];
                 assert_eq!(
                     ListFormat::scan_encode(&frags, dst_len, bounce_len, &mut fused),
-                    (format, in_bounds)
+                    scan
                 );
                 if in_bounds {
                     let mut apart = vec![0u8; frags.len() * format.entry_bytes()];
@@ -800,7 +807,7 @@ mod tests {
             }
         }
         let wrap = [lm(0, 16, u64::MAX - 4)];
-        assert!(!ListFormat::scan(&wrap, u64::MAX - 1, 1 << 20).1);
+        assert!(!ListFormat::scan(&wrap, u64::MAX - 1, 1 << 20).in_bounds);
     }
 
     #[test]

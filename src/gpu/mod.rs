@@ -33,13 +33,13 @@ pub use crc::{crc32c_fold_blocks, shift_4096};
 pub use error::{GpuError, GpuResult};
 pub use launch::{
     INLINE_MAX_FRAGS, INLINE_MAX_TASKS, INLINE_PAGES_MAX_FRAGS, INLINE_PAGES_MAX_TASKS, InlineBatch,
-    InlinePagesBatch, LaunchReport, LaunchSignal, ListFormat, UNPACK_MAX_TASKS_PER_LAUNCH,
+    InlinePagesBatch, LaunchReport, LaunchSignal, ListFormat, ListScan, UNPACK_MAX_TASKS_PER_LAUNCH,
     UNPACK_WARPS_PER_BLOCK, UnpackTask,
 };
 pub use memory::plain::Plain;
 pub use memory::{DeviceRegion, DeviceSpan, FragmentList, IpcExport, PinnedRegion};
 pub use module::{KernelSource, Kernels};
-pub use peek::{device_of, enable_peer_access, read_any_device, shared, wait_ipc_event};
+pub use peek::{allocation_extent, device_of, enable_peer_access, read_any_device, shared, wait_ipc_event};
 pub use persist::{PERSIST_MAX_TASKS, PERSIST_QUEUE, PersistConfig, PersistentGrid, PostedLists};
 pub use stream::{Event, EventPool, Stream, StreamPool};
 

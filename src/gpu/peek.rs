@@ -41,6 +41,14 @@ pub fn device_of(ptr: u64) -> GpuResult<usize> {
     Ok(ordinal as usize)
 }
 
+/// The bytes from `ptr` to the end of the device allocation holding it (`cuMemGetAddressRange`
+/// on its GPU): how far a kernel may read from the plugin's bounce buffer, which the ABI does
+/// not size.
+pub fn allocation_extent(ptr: u64) -> GpuResult<u64> {
+    let (base, len) = shared(device_of(ptr)?)?.allocation_range(ptr)?;
+    Ok(base + len - ptr)
+}
+
 /// Lets kernels running on `gpu` read and write memory of GPU `peer` (`cuCtxEnablePeerAccess`;
 /// already enabled is fine). An error when the two devices cannot reach each other.
 pub fn enable_peer_access(gpu: &Gpu, peer: usize) -> GpuResult<()> {

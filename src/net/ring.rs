@@ -15,6 +15,8 @@ pub struct UnpackRing {
     bounce_host_readable: bool,
     /// The GPU holding the bounce buffer (device memory only; `None` when CUDA cannot say).
     bounce_device: Option<usize>,
+    /// Bytes from the bounce buffer's start to the end of its allocation, when CUDA can say.
+    bounce_len: Option<u64>,
 }
 
 impl UnpackRing {
@@ -63,11 +65,13 @@ impl UnpackRing {
         } else {
             crate::gpu::device_of(h.bounce_buf as u64).ok()
         };
+        let bounce_len = bounce_device.and_then(|_| crate::gpu::allocation_extent(h.bounce_buf as u64).ok());
         Ok(UnpackRing {
             meta: h.meta,
             bounce: h.bounce_buf as *const u8,
             bounce_host_readable,
             bounce_device,
+            bounce_len,
         })
     }
 
@@ -103,17 +107,21 @@ impl UnpackRing {
         Ok(unsafe { crate::gpu::FragmentList::mapped(frags, dev) })
     }
 
-    /// The part of the GPU bounce buffer the given fragments touch (the ABI does not report the
-    /// bounce buffer's size, so the span ends at the furthest fragment).
+    /// The GPU bounce buffer as far as fragments may read: to the end of its allocation when
+    /// CUDA can tell (no pass over the list), else (the ABI does not size it) to the end of the
+    /// furthest of the given fragments.
     pub fn bounce_span(&self, frags: &[loadMeta]) -> crate::gpu::DeviceSpan {
-        let end = frags
-            .iter()
-            .map(|f| u64::from(f.src_off) + u64::from(f.len))
-            .max()
-            .unwrap_or(0);
+        let end = self.bounce_len.unwrap_or_else(|| {
+            frags
+                .iter()
+                .map(|f| u64::from(f.src_off) + u64::from(f.len))
+                .max()
+                .unwrap_or(0)
+        });
         // SAFETY: the bounce buffer is the plugin's device memory, alive while the comm is open
-        // (the poller consumes, and so releases pages, only after the unpack finished); every
-        // fragment the plugin published lies inside it.
+        // (the poller consumes, and so releases pages, only after the unpack finished); the span
+        // ends inside its allocation (CUDA's own range), or at a fragment the plugin published,
+        // which lies inside it.
         unsafe { crate::gpu::DeviceSpan::from_raw(self.bounce as u64, end) }
     }
 

@@ -1,26 +1,29 @@
 //! The kernel unpacker: one launch of `kernels/unpack.cu` per batch (up to 64 receives per
 //! launch; more make more launches on the same stream).
 //!
-//! A batch's completion is signalled by the kernel itself, not by a CUDA event: the last block of
-//! the batch's final launch stores the batch's sequence number into a host-mapped word after
-//! every block's stores ([`Completions`]). So a batch costs one driver call (the launch), and
-//! asking whether it is done is one load from host memory. A stream that goes idle without the
-//! signal (a faulted kernel) is caught by querying the stream, at most once a millisecond while
-//! a batch is outstanding.
+//! A batch's completion is signalled by the kernels, not by a CUDA event, and without any
+//! traffic between blocks: every launch carries the number of the newest batch issued before
+//! it, and its first block stores that into a host-mapped word once the grids before it have
+//! completed ([`Completions`]). The newest batch, which nothing follows yet, is seen done by
+//! querying the stream. So a batch costs one driver call (its launch), and asking whether an
+//! older batch is done is one load from host memory. A faulted kernel shows in the stream query
+//! (made at most once a millisecond while older batches are outstanding).
 //!
-//! The task descriptors travel as a kernel parameter (copied by the launch itself), so the only
-//! memory a batch needs is for fragment lists that the kernel cannot read in place: those are
-//! staged in a pinned, preallocated ring of per-batch slots (`SLOTS` × 16384 fragments). The
-//! default, [`FragSource::PackedMapped`], re-encodes each list compactly there (4 bytes per whole
-//! 4 KiB page, else 12) and the kernel reads it through the host mapping, a block's entries in
-//! one coalesced read. [`FragSource::DeviceCopy`] uploads the 16-byte lists with one H2D copy per
-//! launch into a device mirror of the ring, [`FragSource::Params`] puts them in the kernel's
-//! parameter block when they fit. Nothing is allocated after construction.
+//! The task descriptors travel as a kernel parameter (copied by the launch itself). The
+//! default, [`FragSource::Mapped`], reads each fragment list in place from the plugin's
+//! host-mapped ring and reads nothing of it on the host before the launch: the kernel's bounds
+//! guard keeps a bad list from reading or writing out of bounds, and the caller checks the lists
+//! after `submit`, while the GPU copies ([`Unpacker::checks_on_device`]). Lists the kernel cannot
+//! read in place are staged in a pinned, preallocated ring of per-batch slots (`SLOTS` × 16384
+//! fragments): [`FragSource::PackedMapped`] re-encodes each list compactly there (4 bytes per
+//! whole 4 KiB page, else 12), [`FragSource::DeviceCopy`] uploads the 16-byte lists with one
+//! H2D copy per launch into a device mirror of the ring, [`FragSource::Params`] puts them in the
+//! kernel's parameter block when they fit. Nothing is allocated after construction.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Ticket, TicketBook, UnpackError, UnpackJob, Unpacker, validate};
+use super::{Ticket, TicketBook, UnpackError, UnpackJob, Unpacker, exact_total, validate};
 use crate::gpu::{
     DeviceRegion, DeviceSpan, Gpu, INLINE_MAX_FRAGS, INLINE_MAX_TASKS, INLINE_PAGES_MAX_FRAGS,
     INLINE_PAGES_MAX_TASKS, InlineBatch, InlinePagesBatch, Kernels, LaunchReport, LaunchSignal, ListFormat,
@@ -44,8 +47,13 @@ const MAX_BLOCKS_PER_TASK: u32 = 256;
 /// Where the kernel reads the fragment lists from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FragSource {
-    /// In place, through the host mapping of the ring (lists without a device view are staged
-    /// in pinned memory and read through its mapping).
+    /// In place, through the host mapping of the ring, a block's entries in one coalesced read,
+    /// with nothing of the list read on the host before the launch: the kernel's bounds guard
+    /// keeps a bad list in bounds and the caller checks the list after `submit`
+    /// ([`Unpacker::checks_on_device`]). NCCL's design, and the default: the fastest at 1, 4 and
+    /// 16 chunks per batch, single or back to back, on the H200 (docs/GPU.md). Lists without a
+    /// device view are checked at `push`, staged in pinned memory and read through its mapping.
+    #[default]
     Mapped,
     /// From a device copy: every list is staged and uploaded with one H2D copy per launch.
     DeviceCopy,
@@ -53,12 +61,10 @@ pub enum FragSource {
     /// most 4 receives and 256 fragments: one or two 512 KiB chunks) carries them there and
     /// needs no upload; so does a launch of up to 16 receives of whole pages (8.8 KiB block).
     Params,
-    /// Lists re-encoded compactly at `push` ([`ListFormat`]: 4 bytes per whole page, else 12)
-    /// into pinned staging and read by the kernel through its host mapping, a block's entries
-    /// in one coalesced read: no copy-engine work at all. The default: the fastest or level with
-    /// the fastest at 4 and 16 chunks per batch on the H200 VM (docs/GPU.md), and the closest to
-    /// NCCL's in-place reads of the ring, with a quarter of the bytes to cross PCIe.
-    #[default]
+    /// Lists checked and re-encoded compactly at `push` ([`ListFormat`]: 4 bytes per whole page,
+    /// else 12) into pinned staging and read by the kernel through its host mapping, a block's
+    /// entries in one coalesced read: a quarter of the bytes across PCIe, for a pass over each
+    /// list on the host before the launch.
     PackedMapped,
     /// As `PackedMapped`, with the compact lists uploaded by one H2D copy per launch.
     PackedDevice,
@@ -67,15 +73,18 @@ pub enum FragSource {
 /// How often, at most, an outstanding batch's stream is queried for errors.
 const HEALTH_EVERY: Duration = Duration::from_millis(1);
 
-/// Batch completion through the kernel's signal (`signal_done` in kernels/unpack.cu): batch n's
-/// final launch stores n into `word` when it ends. Batches run in order on one stream, so the
-/// word only grows and a batch is done once the word has reached it.
+/// Batch completion through the kernels' signal (`signal_previous` in kernels/unpack.cu): every
+/// launch carries the number of the newest batch issued before it and stores it into `word` once
+/// the grids before it have completed. Batches run in order on one stream, so the word only grows
+/// and a batch is done once the word has reached it; the newest batch, which no launch follows
+/// yet, is done when the stream is idle (one query). The persistent grid stores each batch's
+/// number itself when the batch is finished.
 struct Completions {
     book: TicketBook,
-    /// 8 bytes, host-mapped: the newest batch that finished.
+    /// 8 bytes, host-mapped: the newest batch known finished.
     word: PinnedRegion,
-    /// A device u32 the blocks of a signalling launch count themselves on.
-    counter: DeviceRegion,
+    /// Persistent mode: the word is the grid's, and an idle stream means a grid that left.
+    persistent: bool,
     last_health: Instant,
 }
 
@@ -84,19 +93,14 @@ impl Completions {
         Ok(Completions {
             book: TicketBook::new(SLOTS),
             word: gpu.alloc_pinned(8)?,
-            counter: gpu.alloc(4)?,
+            persistent: false,
             last_health: Instant::now(),
         })
     }
 
-    /// The signal the next batch's final launch carries.
+    /// What every launch carries: the newest batch issued so far, to report once it is done.
     fn signal(&self) -> Result<LaunchSignal, UnpackError> {
-        Ok(LaunchSignal::new(
-            &self.word,
-            0,
-            self.counter.span(),
-            self.book.next_seq(),
-        )?)
+        Ok(LaunchSignal::new(&self.word, 0, self.book.last_seq())?)
     }
 
     /// Reads the word; true once batch `seq` finished.
@@ -108,9 +112,14 @@ impl Completions {
         Ok(self.book.is_known_done(seq))
     }
 
-    /// The stream finished everything: batch `seq` must have signalled (allow the store a
-    /// moment to land), or the kernel died without it.
+    /// The stream finished everything: in launch mode every batch issued is done; a persistent
+    /// grid must have signalled batch `seq` (allow the store a moment to land), or it died
+    /// without it.
     fn settle(&mut self, seq: u64) -> Result<bool, UnpackError> {
+        if !self.persistent {
+            self.book.mark_done(self.book.last_seq());
+            return Ok(true);
+        }
         for _ in 0..1000 {
             if self.reached(seq)? {
                 return Ok(true);
@@ -123,9 +132,10 @@ impl Completions {
         })
     }
 
-    /// Non-blocking. Queries the stream (a driver call) only when the word says not yet and
-    /// the last query is older than [`HEALTH_EVERY`]. With a persistent grid, first makes sure
-    /// a grid will take the batch (one load of host memory).
+    /// Non-blocking. Queries the stream (a driver call) only when the word says not yet, and
+    /// then only for the newest batch (nothing follows it to report it) or once per
+    /// [`HEALTH_EVERY`] (a faulted kernel). With a persistent grid, first makes sure a grid will
+    /// take the batch (one load of host memory).
     fn poll(
         &mut self,
         seq: u64,
@@ -138,7 +148,8 @@ impl Completions {
         if let Some(g) = grid.as_deref_mut() {
             g.revive(stream)?;
         }
-        if self.last_health.elapsed() < HEALTH_EVERY {
+        let newest = !self.persistent && seq == self.book.last_seq();
+        if !newest && self.last_health.elapsed() < HEALTH_EVERY {
             return Ok(false);
         }
         self.last_health = Instant::now();
@@ -281,6 +292,7 @@ impl KernelUnpacker {
         // The leader copies each batch's lists here before the workers read them.
         u.mirror = Some(gpu.alloc(SLOTS * SLOT_FRAGS * META)?);
         u.grid = Some(PersistentGrid::new(gpu, config, &u.done.word, 0)?);
+        u.done.persistent = true;
         Ok(u)
     }
 
@@ -439,9 +451,9 @@ impl KernelUnpacker {
         Ok(true)
     }
 
-    /// Launches the pending tasks; `signal` is the batch's completion signal when this is its
-    /// final launch, else [`LaunchSignal::NONE`].
-    fn launch_pending(&mut self, signal: LaunchSignal) -> Result<(), UnpackError> {
+    /// Launches the pending tasks (each launch reports the batches issued before it done).
+    fn launch_pending(&mut self) -> Result<(), UnpackError> {
+        let signal = self.done.signal()?;
         let Some(slot) = self.open else {
             return Ok(());
         };
@@ -487,14 +499,8 @@ impl KernelUnpacker {
         let Some(slot) = self.open else {
             return Ok(None);
         };
-        if self.tasks.is_empty() {
-            if !self.launched {
-                return Ok(None);
-            }
-            // Everything already went out in full launches: one empty task carries the signal
-            // (never in persistent mode, whose batches are never launched in parts).
-            self.tasks.push(UnpackTask::default());
-            self.pending.clear();
+        if self.tasks.is_empty() && !self.launched {
+            return Ok(None);
         }
         if let Some(grid) = self.grid.as_mut() {
             let base = (slot * SLOT_FRAGS * META) as u64;
@@ -514,8 +520,7 @@ impl KernelUnpacker {
             self.tasks.clear();
             self.max_count = 0;
         } else {
-            let signal = self.done.signal()?;
-            self.launch_pending(signal)?;
+            self.launch_pending()?;
         }
         let t = self.done.book.issue();
         self.open = None;
@@ -540,6 +545,21 @@ impl Unpacker for KernelUnpacker {
 
     fn push(&mut self, job: &UnpackJob<'_>) -> Result<(), UnpackError> {
         let count = job.frags.len();
+        // The ring read in place: nothing of the list is read on the host before the launch
+        // (the kernel bounds-checks every fragment; the caller validates after `submit`).
+        if let Some(span) = job.frags.device_span().filter(|_| self.checks_on_device()) {
+            if count > NET_UNPACK_MAX_SLICE_PAGES {
+                return Err(UnpackError::TooManyFragments { count });
+            }
+            if count == 0 {
+                return Ok(());
+            }
+            self.open_batch()?;
+            if self.tasks.len() == UNPACK_MAX_TASKS_PER_LAUNCH {
+                self.launch_pending()?;
+            }
+            return self.add_task(span, count, ListFormat::Meta, job);
+        }
         let packed = matches!(self.source, FragSource::PackedMapped | FragSource::PackedDevice);
         // The common case, an open batch with room for this list in any encoding: the bounds
         // check, the choice of encoding and the whole-page encoding in one pass over the list.
@@ -551,25 +571,27 @@ impl Unpacker for KernelUnpacker {
         }) {
             let first = slot * SLOT_FRAGS + self.used;
             let out = self.staging.typed_mut::<u8>(first * META, count * META)?;
-            let (format, in_bounds) =
-                ListFormat::scan_encode(job.frags.as_slice(), job.dst.len(), job.bounce.len(), out);
-            if !in_bounds {
+            let scan = ListFormat::scan_encode(job.frags.as_slice(), job.dst.len(), job.bounce.len(), out);
+            let format = scan.format;
+            if !scan.in_bounds {
                 // Names the offending fragment; nothing is queued (the bytes written past
                 // `used` are not part of any task).
                 validate(job)?;
                 format.encode(job.frags.as_slice(), out);
             }
+            exact_total(job, scan.total)?;
             let frags = self.take_staged(first, (count * format.entry_bytes()).div_ceil(META))?;
             return self.add_task(frags, count, format, job);
         }
         let format = if packed && count <= NET_UNPACK_MAX_SLICE_PAGES {
             // The bounds check and the choice of encoding in one pass; `validate` runs only to
             // name the offending fragment.
-            let (format, in_bounds) = ListFormat::scan(job.frags.as_slice(), job.dst.len(), job.bounce.len());
-            if !in_bounds {
+            let scan = ListFormat::scan(job.frags.as_slice(), job.dst.len(), job.bounce.len());
+            if !scan.in_bounds {
                 validate(job)?;
             }
-            format
+            exact_total(job, scan.total)?;
+            scan.format
         } else {
             validate(job)?;
             ListFormat::Meta
@@ -594,7 +616,7 @@ impl Unpacker for KernelUnpacker {
         }
         let slot = self.open_batch()?;
         if self.tasks.len() == UNPACK_MAX_TASKS_PER_LAUNCH {
-            self.launch_pending(LaunchSignal::NONE)?;
+            self.launch_pending()?;
         }
         let frags: DeviceSpan = match in_place {
             Some(span) => span,
@@ -650,6 +672,10 @@ impl Unpacker for KernelUnpacker {
 
     fn stream(&self) -> &Stream {
         &self.stream
+    }
+
+    fn checks_on_device(&self) -> bool {
+        self.source == FragSource::Mapped && self.grid.is_none()
     }
 }
 

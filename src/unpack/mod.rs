@@ -4,7 +4,8 @@
 //!
 //! The poller's use, per pass:
 //! 1. [`Unpacker::push`] every receive that completed (in ring order),
-//! 2. [`Unpacker::submit`] once: the batch is launched asynchronously and a [`Ticket`] returned,
+//! 2. [`Unpacker::submit`] once: the batch is launched asynchronously and a [`Ticket`] returned;
+//!    where [`Unpacker::checks_on_device`], [`validate`] each list then, while the GPU copies,
 //! 3. on later passes [`Unpacker::is_done`] with the oldest ticket; once done, consume that
 //!    batch's receives in ring order.
 //!
@@ -13,11 +14,11 @@
 //!
 //! Three implementations, picked by `UCCL_TCPX_UNPACK_IMPL` ([`UnpackImpl`]):
 //! [`KernelUnpacker`] (`kernel`, the default: one kernel launch per batch;
-//! `kernel-packed-mapped` (the default), `kernel-packed-device`, `kernel-params`,
-//! `kernel-device` and `kernel-mapped` pick where and how it reads the fragment lists, see
-//! [`FragSource`]), [`D2dUnpacker`] (`d2d`: one device-to-device copy per fragment) and
-//! [`HostUnpacker`] (`host`: through pinned host memory; a debug fallback). Measurements:
-//! docs/GPU.md.
+//! `kernel-mapped` (the default: the ring read in place), `kernel-packed-mapped`,
+//! `kernel-packed-device`, `kernel-params` and `kernel-device` pick where and how it reads the
+//! fragment lists, see [`FragSource`]; `kernel-persistent` keeps a grid resident),
+//! [`D2dUnpacker`] (`d2d`: one device-to-device copy per fragment) and [`HostUnpacker`] (`host`:
+//! through pinned host memory; a debug fallback). Measurements: docs/GPU.md.
 
 mod d2d;
 mod host;
@@ -32,7 +33,7 @@ pub use kernel::{FragSource, KernelUnpacker};
 
 pub use crate::gpu::FragmentList;
 use crate::gpu::{DeviceSpan, Event, Gpu, GpuError, GpuResult, Stream};
-use crate::net::abi::NET_UNPACK_MAX_SLICE_PAGES;
+use crate::net::abi::{NET_UNPACK_MAX_SLICE_PAGES, loadMeta};
 
 /// The environment variable that picks the implementation.
 pub const UNPACK_IMPL_ENV: &str = "UCCL_TCPX_UNPACK_IMPL";
@@ -53,12 +54,18 @@ pub enum UnpackError {
     /// More fragments than one TCPX request can carry.
     #[error("{count} fragments in one receive (at most {NET_UNPACK_MAX_SLICE_PAGES})")]
     TooManyFragments { count: usize },
-    /// The kernel's own bounds guard skipped a fragment (the host checks should have caught it).
-    #[error("the unpack kernel skipped out-of-bounds fragment {fragment} of task {task}")]
-    DeviceRejected { task: u32, fragment: u32 },
-    /// The unpack stream went idle without the kernel's completion signal for a batch.
+    /// The fragments of an exact job do not add up to its destination's size.
     #[error(
-        "the unpack stream finished without the kernel signalling batch {batch} (last signalled: {signalled})"
+        "the fragments add up to {landed} bytes, the receive was posted for {expected} (the sender sent a different size)"
+    )]
+    Short { landed: u64, expected: u64 },
+    /// The kernel's own bounds guard skipped a fragment: a list read in place, which the host
+    /// did not check before the launch (or a host check that missed it).
+    #[error("the unpack kernel skipped out-of-bounds fragment {fragment} of task {task} in this batch")]
+    DeviceRejected { task: u32, fragment: u32 },
+    /// The unpack stream went idle without the persistent grid's completion signal for a batch.
+    #[error(
+        "the unpack stream finished without the persistent grid signalling batch {batch} (last signalled: {signalled})"
     )]
     NoSignal { batch: u64, signalled: u64 },
     /// A ticket this unpacker never issued.
@@ -85,6 +92,21 @@ pub const PERSIST_LINGER_ENV: &str = "TCPXD_UNPACK_LINGER_US";
 /// The persistent grid's worker blocks (`kernel-persistent` only; 0: one per multiprocessor).
 pub const PERSIST_BLOCKS_ENV: &str = "TCPXD_UNPACK_BLOCKS";
 
+impl UnpackError {
+    /// Whether the error belongs to the batch's data (a fragment list that was out of bounds or
+    /// did not add up) rather than to the unpack stage: the batch's other receives were unpacked,
+    /// and later batches are unaffected.
+    pub fn is_data(&self) -> bool {
+        matches!(
+            self,
+            UnpackError::Fragment { .. }
+                | UnpackError::TooManyFragments { .. }
+                | UnpackError::Short { .. }
+                | UnpackError::DeviceRejected { .. }
+        )
+    }
+}
+
 /// One completed receive to unpack: fragments from `bounce` to `dst` (`dst_off` relative to
 /// `dst`'s byte 0, refused past `dst.len()`).
 #[derive(Debug, Clone, Copy)]
@@ -92,6 +114,10 @@ pub struct UnpackJob<'a> {
     pub frags: FragmentList<'a>,
     pub bounce: DeviceSpan,
     pub dst: DeviceSpan,
+    /// The fragments must fill `dst` exactly: their lengths add up to `dst.len()` (a receive of
+    /// a known size, as the poller's are; [`UnpackError::Short`] otherwise). Off, the fragments
+    /// may leave parts of `dst` unwritten.
+    pub exact: bool,
 }
 
 /// A submitted batch. Tickets of one unpacker complete in the order they were issued.
@@ -112,8 +138,8 @@ impl Ticket {
 pub trait Unpacker: Send {
     fn name(&self) -> &'static str;
     /// Queues one completed receive for this pass. Validates every fragment against `dst.len()`
-    /// and `bounce.len()` first (the error names the fragment; nothing of a refused job is
-    /// queued).
+    /// and `bounce.len()` first, and an exact job's total (the error names the fragment;
+    /// nothing of a refused job is queued); except where [`Unpacker::checks_on_device`].
     fn push(&mut self, job: &UnpackJob<'_>) -> Result<(), UnpackError>;
     /// Launches everything queued since the last submit as one batch (asynchronously) and
     /// returns its ticket; `None` when nothing needed GPU work (empty receives only), in which
@@ -125,6 +151,17 @@ pub trait Unpacker: Send {
     fn wait(&mut self, t: &Ticket) -> Result<(), UnpackError>;
     /// The stream the batches run on (to order other work after them, or time them).
     fn stream(&self) -> &Stream;
+    /// Whether `push` leaves a list that has a device view unread, so that nothing of it is read
+    /// on the host before the launch: the kernel reads it in place and checks every fragment's
+    /// bounds itself, skipping any that is out (then `is_done` fails the batch with
+    /// [`UnpackError::DeviceRejected`], naming the task; the batch's other receives are
+    /// unpacked whole). The caller then runs [`validate`] on each such job after `submit`,
+    /// while the GPU copies, and must not trust a receive that fails it: that check is the one
+    /// that names the bad fragment, and the only one of an exact job's total. Lists without a
+    /// device view are checked at `push` as always.
+    fn checks_on_device(&self) -> bool {
+        false
+    }
 }
 
 /// Which unpacker to build.
@@ -210,9 +247,20 @@ impl UnpackImpl {
     }
 }
 
-/// Checks a job: at most 2048 fragments, each inside `bounce` and `dst`. Returns the bytes.
-pub(crate) fn validate(job: &UnpackJob<'_>) -> Result<u64, UnpackError> {
-    let frags = job.frags.as_slice();
+/// Checks a job: at most 2048 fragments, each inside `bounce` and `dst`, and for an exact job
+/// adding up to `dst.len()`. Returns the bytes.
+pub fn validate(job: &UnpackJob<'_>) -> Result<u64, UnpackError> {
+    validate_list(job.frags.as_slice(), job.bounce.len(), job.dst.len(), job.exact)
+}
+
+/// [`validate`] for a list alone: fragments read from a `bounce_len`-byte bounce buffer into a
+/// `dst_len`-byte destination (`exact`: filling it).
+pub fn validate_list(
+    frags: &[loadMeta],
+    bounce_len: u64,
+    dst_len: u64,
+    exact: bool,
+) -> Result<u64, UnpackError> {
     if frags.len() > NET_UNPACK_MAX_SLICE_PAGES {
         return Err(UnpackError::TooManyFragments { count: frags.len() });
     }
@@ -226,8 +274,8 @@ pub(crate) fn validate(job: &UnpackJob<'_>) -> Result<u64, UnpackError> {
             t + len,
         )
     });
-    if dst_end <= job.dst.len() && src_end <= job.bounce.len() {
-        return Ok(total);
+    if dst_end <= dst_len && src_end <= bounce_len {
+        return exact_sum(total, dst_len, exact);
     }
     let mut total = 0u64;
     for (index, f) in frags.iter().enumerate() {
@@ -240,19 +288,34 @@ pub(crate) fn validate(job: &UnpackJob<'_>) -> Result<u64, UnpackError> {
             dst_off: f.dst_off,
             reason,
         };
-        if f.dst_off.checked_add(len).is_none_or(|e| e > job.dst.len()) {
+        if f.dst_off.checked_add(len).is_none_or(|e| e > dst_len) {
             return Err(bad(format!(
                 "lands outside the {}-byte destination (the sender sent more than was posted)",
-                job.dst.len()
+                dst_len
             )));
         }
-        if u64::from(f.src_off) + len > job.bounce.len() {
+        if u64::from(f.src_off) + len > bounce_len {
             return Err(bad(format!(
                 "reads outside the {}-byte bounce buffer",
-                job.bounce.len()
+                bounce_len
             )));
         }
         total += len;
+    }
+    exact_sum(total, dst_len, exact)
+}
+
+/// `total`, unless the job is exact and `total` is not its destination's size.
+pub(crate) fn exact_total(job: &UnpackJob<'_>, total: u64) -> Result<u64, UnpackError> {
+    exact_sum(total, job.dst.len(), job.exact)
+}
+
+fn exact_sum(total: u64, dst_len: u64, exact: bool) -> Result<u64, UnpackError> {
+    if exact && total != dst_len {
+        return Err(UnpackError::Short {
+            landed: total,
+            expected: dst_len,
+        });
     }
     Ok(total)
 }
@@ -444,6 +507,7 @@ mod tests {
             frags: FragmentList::host(&frags[..2]),
             bounce: span(1 << 20),
             dst: span(8192),
+            exact: false,
         };
         assert_eq!(validate(&job).unwrap(), 8192);
         let job = UnpackJob {
@@ -474,6 +538,59 @@ mod tests {
             validate(&job),
             Err(UnpackError::TooManyFragments { .. })
         ));
+    }
+
+    #[test]
+    fn exact_jobs_must_add_up_to_the_destination() {
+        let frags = [lm(0, 4096, 4096), lm(8192, 4000, 0)];
+        let job = UnpackJob {
+            frags: FragmentList::host(&frags),
+            bounce: span(1 << 20),
+            dst: span(8192),
+            exact: false,
+        };
+        // Not exact: a gap is allowed.
+        assert_eq!(validate(&job).unwrap(), 8096);
+        let exact = UnpackJob { exact: true, ..job };
+        let e = validate(&exact).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                UnpackError::Short {
+                    landed: 8096,
+                    expected: 8192
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.is_data());
+        assert!(
+            e.to_string().contains("8096 bytes") && e.to_string().contains("8192"),
+            "{e}"
+        );
+        let full = [lm(0, 4096, 4096), lm(8192, 4096, 0)];
+        let exact = UnpackJob {
+            frags: FragmentList::host(&full),
+            ..exact
+        };
+        assert_eq!(validate(&exact).unwrap(), 8192);
+        // Out of bounds is named first, even when the total is also wrong.
+        let past = [lm(0, 4096, 8000)];
+        let exact = UnpackJob {
+            frags: FragmentList::host(&past),
+            ..exact
+        };
+        assert!(matches!(
+            validate(&exact),
+            Err(UnpackError::Fragment { index: 0, .. })
+        ));
+        assert!(
+            !UnpackError::NoSignal {
+                batch: 1,
+                signalled: 0
+            }
+            .is_data()
+        );
     }
 
     #[test]
