@@ -70,6 +70,8 @@ int main() {
     memcpy(hlists, h.data(), h.size() * sizeof(LoadMeta));
     u64* done;
     CK(cudaHostAlloc((void**)&done, 8, cudaHostAllocMapped));
+    u32* sums;
+    CK(cudaHostAlloc((void**)&sums, 64 * 256 * 4, cudaHostAllocMapped));
     *done = 0;
     u64 seq = 1;
     const char* mode_env = getenv("TUNE_MODES");
@@ -97,11 +99,12 @@ int main() {
     };
     auto launch = [&](int it, int chunks) {
         TaskArray<64> t = tasks_for(it, chunks);
-        tcpxd_unpack_64<<<dim3(blocks, chunks), WARPS_PER_BLOCK * 32, 0, st>>>(t, err, Signal{0, 0});
+        tcpxd_unpack_64<<<dim3(blocks, chunks), WARPS_PER_BLOCK * 32, 0, st>>>(t, err, Signal{0, 0, 0});
     };
     // TUNE_MODES=1: the production variants. mapped: lists read from host memory; sig: counter,
     // exact totals and done word; pdl: programmatic dependent launch.
-    // sig: 0 none, 1 the production launch: the previous batch's number stored (signal_previous).
+    // sig: 0 none, 1 the production launch: the previous batch's number stored (signal_previous),
+    // each block's sum of lengths stored.
     auto launch_mode = [&](int it, int chunks, bool mapped, int sig, bool pdl) {
         TaskArray<16> t;
         memset(&t, 0, sizeof t);
@@ -111,7 +114,7 @@ int main() {
             if (mapped) t.t[c].frags = (u64)hlists + (t.t[c].frags - (u64)lists);
         }
         Signal sg{0, 0};
-        if (sig) sg = Signal{(u64)done, seq++};
+        if (sig) sg = Signal{(u64)done, seq++, (u64)sums};
         cudaLaunchConfig_t cfg;
         memset(&cfg, 0, sizeof cfg);
         cfg.gridDim = dim3(blocks, chunks);

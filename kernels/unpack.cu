@@ -163,9 +163,15 @@ __device__ __forceinline__ u32 load_u32_volatile(const u32* p) {
 // completed, which is when that batch has: batch n is reported done by the first launch after
 // it. The newest batch, which no launch follows yet, is seen done by the host asking the stream
 // (idle means finished). value == 0: nothing to report.
+//
+// `sums` (host-mapped u32 per block of this launch, 0: none): each task kernel block stores the
+// lengths of the entries it fetched, added up (saturated to 2^32 - 1), at blockIdx.y * gridDim.x +
+// blockIdx.x, so that the host can tell, once the batch is done, whether each list adds up to
+// its receive's size without reading the lists itself.
 struct Signal {
     u64 done;
     u64 value;
+    u64 sums;
 };
 
 // Call after the previous grid has completed (wait_for_previous_grid, or a plain launch).
@@ -194,7 +200,8 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 // small coalesced read, which matters when the list is read across PCIe: the ring in place, or a
 // compact copy of it), then each warp copies one fragment. The first fetch happens before the
 // wait for the previous grid, so with overlapping launches it leaves the critical path.
-__device__ __forceinline__ void unpack_rounds(const UnpackTask& t, u32* err) {
+// Returns the lengths of the entries this thread fetched (threads 0..WARPS_PER_BLOCK-1), added up.
+__device__ __forceinline__ u64 unpack_rounds(const UnpackTask& t, u32* err) {
     __shared__ u32 s_src[WARPS_PER_BLOCK];
     __shared__ u32 s_len[WARPS_PER_BLOCK];
     __shared__ u64 s_dst[WARPS_PER_BLOCK];
@@ -203,6 +210,7 @@ __device__ __forceinline__ void unpack_rounds(const UnpackTask& t, u32* err) {
     const u32* list = (const u32*)t.frags;
     const u32 format = t.format;
     bool waited = false;
+    u64 fetched = 0;
     for (u32 base = blockIdx.x * WARPS_PER_BLOCK; base < t.count; base += gridDim.x * WARPS_PER_BLOCK) {
         const u32 i = base + threadIdx.x;
         if (threadIdx.x < WARPS_PER_BLOCK && i < t.count) {
@@ -221,6 +229,7 @@ __device__ __forceinline__ void unpack_rounds(const UnpackTask& t, u32* err) {
                 s_len[threadIdx.x] = m.len;
                 s_dst[threadIdx.x] = m.dst_off;
             }
+            fetched += s_len[threadIdx.x];
         }
         __syncthreads();
         if (!waited) {
@@ -243,13 +252,23 @@ __device__ __forceinline__ void unpack_rounds(const UnpackTask& t, u32* err) {
         }
         __syncthreads();
     }
+    return fetched;
 }
 
 template <int N>
 __device__ __forceinline__ void unpack_body(const TaskArray<N>& tasks, u32* err, const Signal& sig) {
     allow_next_launch();
-    unpack_rounds(tasks.t[blockIdx.y], err);
+    u64 fetched = unpack_rounds(tasks.t[blockIdx.y], err);
     wait_for_previous_grid();  // a block with no round still waits before it signals
+    if (sig.sums != 0 && threadIdx.x < 32) {
+        // The fetching threads are the first WARPS_PER_BLOCK lanes of warp 0.
+        for (u32 o = 16; o > 0; o >>= 1) fetched += __shfl_down_sync(0xffffffffu, fetched, o);
+        if (threadIdx.x == 0) {
+            const u32 v = fetched > 0xffffffffull ? 0xffffffffu : (u32)fetched;
+            const u64 at = sig.sums + 4ull * (blockIdx.y * gridDim.x + blockIdx.x);
+            asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(at), "r"(v) : "memory");
+        }
+    }
     signal_previous(sig);
 }
 

@@ -407,13 +407,7 @@ fn land_and_check(p: &Pair, c: RecvCompletion, offset: usize, expect: &[u8]) -> 
                 };
                 let mut u = unpacker.lock().unwrap_or_else(|e| e.into_inner());
                 u.push(&job).map_err(|e| format!("GPU unpack: {e}"))?;
-                let t = u.submit().map_err(|e| format!("GPU unpack: {e}"))?;
-                if u.checks_on_device() {
-                    // The list was read in place on the GPU: the host's check comes after the
-                    // launch, as in the poller.
-                    crate::unpack::validate(&job).map_err(|e| format!("GPU unpack: {e}"))?;
-                }
-                if let Some(t) = t {
+                if let Some(t) = u.submit().map_err(|e| format!("GPU unpack: {e}"))? {
                     u.wait(&t).map_err(|e| format!("GPU unpack: {e}"))?;
                 }
             }

@@ -305,23 +305,7 @@ enum Wait {
     /// Unpacked (or nothing to unpack), with the outcome.
     Ready(Result<(), String>),
     /// In batch `batch` of GPU `gpu`'s unpacker; `len` bytes posted.
-    Gpu {
-        gpu: usize,
-        batch: u64,
-        len: u32,
-        check: ListCheck,
-    },
-}
-
-/// The host's check of a receive's fragment list (bounds, and adding up to the posted size).
-#[derive(Debug)]
-enum ListCheck {
-    /// Done by the unpacker at `push`.
-    Passed,
-    /// The unpacker reads the list in place on the GPU (`Unpacker::checks_on_device`): the
-    /// poller checks it after the pass's `submit`, while the GPU copies.
-    Pending,
-    Failed(String),
+    Gpu { gpu: usize, batch: u64, len: u32 },
 }
 
 /// How a batch of GPU unpacks ended, for its receives.
@@ -330,8 +314,9 @@ enum BatchEnd {
     Unpacked,
     /// The unpack stage failed (this batch and every later one).
     Failed(String),
-    /// The kernel's bounds guard skipped a fragment of some receive of the batch (a list read in
-    /// place; logged when found): the receive's own host check says whether it was this one.
+    /// The kernel found a list read in place out of bounds (and skipped the fragment) or not
+    /// adding up, in some receive of the batch (logged when found): the receive's own host check
+    /// says whether it was this one.
     Rejected,
 }
 
@@ -883,7 +868,6 @@ impl Poller {
         } = self;
         // Reused every pass: no allocation on the hot path once it has grown.
         let mut events = std::mem::take(&mut self.completions);
-        let mut pending_checks = 0usize;
         for (pi, p) in peers.iter_mut().enumerate() {
             if p.failed {
                 continue;
@@ -927,13 +911,6 @@ impl Poller {
                         Ok(Some(_)) => {
                             let landed = Instant::now();
                             let wait = start_unpack(comm, &posted, buffers, stages, *unpack_impl);
-                            if let Wait::Gpu {
-                                check: ListCheck::Pending,
-                                ..
-                            } = wait
-                            {
-                                pending_checks += 1;
-                            }
                             let unpacked = matches!(wait, Wait::Ready(_)).then(Instant::now);
                             l.posted.pop_front();
                             l.landing.push_back(Landing {
@@ -957,29 +934,6 @@ impl Poller {
         for stage in stages.values_mut() {
             stage.advance();
         }
-        // Lists the GPU reads in place are checked now, while it copies.
-        if pending_checks > 0 {
-            for p in peers.iter_mut().filter(|p| !p.failed) {
-                for l in &mut p.recv {
-                    let RecvLaneState::Ready(comm) = &l.state else {
-                        continue;
-                    };
-                    for landing in &mut l.landing {
-                        if let Wait::Gpu { len, check, .. } = &mut landing.wait
-                            && matches!(check, ListCheck::Pending)
-                        {
-                            *check = match check_list(comm, landing.id, *len) {
-                                Ok(()) => ListCheck::Passed,
-                                Err(why) => {
-                                    tracing::warn!("{why}");
-                                    ListCheck::Failed(why)
-                                }
-                            };
-                        }
-                    }
-                }
-            }
-        }
         // Consume what is unpacked, in ring order: only now are the pages returned.
         for (pi, p) in peers.iter_mut().enumerate() {
             if p.failed {
@@ -993,21 +947,14 @@ impl Poller {
                 while let Some(front) = l.landing.front() {
                     let result = match &front.wait {
                         Wait::Ready(r) => r.clone(),
-                        Wait::Gpu {
-                            gpu,
-                            batch,
-                            len,
-                            check,
-                        } => {
-                            match (stages.get(gpu).and_then(|s| s.outcome(*batch)), check) {
-                                (None, _) => break,
-                                (Some(BatchEnd::Failed(why)), _) => Err(why),
-                                (Some(_), ListCheck::Failed(why)) => Err(why.clone()),
-                                (Some(BatchEnd::Unpacked), ListCheck::Passed) => Ok(()),
-                                // Not checked yet (cannot happen: checks run in the pass that
-                                // pushes), or the GPU rejected something in its batch: the
-                                // receive's own check decides.
-                                (Some(_), _) => check_list(comm, front.id, *len),
+                        Wait::Gpu { gpu, batch, len } => {
+                            match stages.get(gpu).and_then(|s| s.outcome(*batch)) {
+                                None => break,
+                                Some(BatchEnd::Unpacked) => Ok(()),
+                                Some(BatchEnd::Failed(why)) => Err(why),
+                                // The GPU rejected something in this batch: the receive's own list
+                                // decides (still in the ring: not consumed yet).
+                                Some(BatchEnd::Rejected) => check_list(comm, front.id, *len),
                             }
                         }
                     };
@@ -1225,9 +1172,9 @@ fn start_unpack(
         }
         return Wait::Ready(comm.unpack_host(posted.id).map(|_| ()).map_err(|e| e.to_string()));
     };
-    // From here the list is checked (bounds, and adding up to the posted size: `exact`) by the
-    // unpacker at `push`, or, for the ring read in place on the GPU, by the poller after the
-    // pass's `submit` (`ListCheck::Pending`).
+    // From here the unpacker checks the list (bounds, and adding up to the posted size:
+    // `exact`): on the host at `push`, or, for the ring read in place, on the GPU, reported when
+    // the batch is done (`BatchEnd::Rejected`).
     let ordinal = region.gpu().ordinal();
     let stage = match stages.entry(ordinal) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -1238,8 +1185,7 @@ fn start_unpack(
             }
         }
     };
-    let in_place = stage.unpacker.checks_on_device();
-    let job = (|| -> Result<bool, String> {
+    let job = (|| -> Result<(), String> {
         stage.reach_bounce(ring.bounce_device())?;
         let bounce = ring.bounce_span(frags);
         stage.gpu.bind_to_thread().map_err(|e| e.to_string())?;
@@ -1247,28 +1193,21 @@ fn start_unpack(
             .subspan(posted.offset, u64::from(posted.len))
             .map_err(|e| e.to_string())?;
         let list = ring.fragment_list(q).map_err(|e| e.to_string())?;
-        let pending = in_place && list.device_span().is_some();
         let job = UnpackJob {
             frags: list,
             bounce,
             dst,
             exact: true,
         };
-        stage.unpacker.push(&job).map_err(|e| e.to_string())?;
-        Ok(pending)
+        stage.unpacker.push(&job).map_err(|e| e.to_string())
     })();
     match job {
-        Ok(pending) => {
+        Ok(()) => {
             stage.pushed = true;
             Wait::Gpu {
                 gpu: ordinal,
                 batch: stage.next_batch,
                 len: posted.len,
-                check: if pending {
-                    ListCheck::Pending
-                } else {
-                    ListCheck::Passed
-                },
             }
         }
         Err(e) => Wait::Ready(Err(e)),
@@ -1276,9 +1215,9 @@ fn start_unpack(
 }
 
 /// The host's check of a completed receive's list (still in the ring: not consumed yet) against
-/// the bounce buffer and the posted size. For lists the GPU reads in place it runs after the
-/// launch; a receive whose batch the GPU rejected part of fails only if its own list is bad
-/// (the kernel skips only out-of-bounds fragments, so the others were unpacked whole).
+/// the bounce buffer and the posted size, for the receives of a batch the GPU rejected part of:
+/// only a receive whose own list is bad fails, named (the kernel skips only out-of-bounds
+/// fragments, so the others were unpacked whole).
 fn check_list(comm: &RecvComm, id: RequestId, len: u32) -> Result<(), String> {
     let (ring, q) = comm.completed(id).map_err(|e| format!("unpack: {e}"))?;
     let frags = ring.fragments(q).map_err(|e| format!("unpack: {e}"))?;

@@ -633,9 +633,9 @@ fn outcome(u: &mut dyn Unpacker, t: Ticket) -> Result<(), UnpackError> {
     }
 }
 
-/// An exact job whose fragments do not add up to its destination is refused at `push` by every
-/// implementation that reads the list on the host; the one that reads the ring in place leaves
-/// the check to its caller after `submit` (`validate`, as the poller does).
+/// An exact job whose fragments do not add up to its destination is refused by every
+/// implementation: at `push` where the host reads the list, at `is_done` where the kernel reads
+/// the ring in place (and adds the lengths up itself).
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
 fn gpu_unpack_exact_jobs_must_add_up() {
@@ -651,7 +651,7 @@ fn gpu_unpack_exact_jobs_must_add_up() {
         };
         match u.push(&job) {
             Err(e) => {
-                assert!(!u.checks_on_device(), "{}", u.name());
+                assert_ne!(u.name(), "kernel-mapped");
                 assert!(
                     matches!(
                         e,
@@ -670,13 +670,14 @@ fn gpu_unpack_exact_jobs_must_add_up() {
                 );
             }
             Ok(()) => {
-                assert!(u.checks_on_device(), "{}: accepted a short exact job", u.name());
+                assert_eq!(u.name(), "kernel-mapped", "accepted a short exact job");
                 let t = u.submit().unwrap().unwrap();
-                let e = validate(&job).unwrap_err();
+                let e = outcome(u, t).unwrap_err();
                 assert!(
                     matches!(
                         e,
-                        UnpackError::Short {
+                        UnpackError::DeviceShort {
+                            task: 0,
                             landed: 8096,
                             expected: 8192
                         }
@@ -684,8 +685,8 @@ fn gpu_unpack_exact_jobs_must_add_up() {
                     "{e}"
                 );
                 assert!(e.is_data());
-                // The GPU copied what there was (nothing out of bounds).
-                outcome(u, t).unwrap();
+                // What names it on the host (the poller's `check_list`).
+                assert!(matches!(validate(&job), Err(UnpackError::Short { .. })));
             }
         }
         // The same list, not exact: accepted, and the gap left alone.
@@ -697,15 +698,15 @@ fn gpu_unpack_exact_jobs_must_add_up() {
 }
 
 /// The ring read in place (`kernel-mapped`): the host reads nothing before the launch, so the
-/// kernel's guard is what keeps a bad list out of bounds. Only the bad receives are affected:
-/// the others in the same batch are unpacked whole, the host check after `submit` names what
-/// was wrong (the out-of-bounds fragment, the short list), and the next batch is fine.
+/// kernel's guard is what keeps a bad list out of bounds, and the kernel's sums of lengths are
+/// what catch a short one. Only the bad receives are affected: the others in the same batch are
+/// unpacked whole, the host check of each list names what was wrong (the out-of-bounds
+/// fragment, the short list), and the next batch is fine.
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
 fn gpu_unpack_in_place_rejections_touch_only_the_bad_receives() {
     let fx = Fixture::new(11, 4 << 20);
     let mut u = UnpackImpl::Kernel(FragSource::Mapped).build(&fx.gpu).unwrap();
-    assert!(u.checks_on_device());
     let mut rng = Rng(23);
     let dst_len = 8 * 4096u64;
     let stride = dst_len + 4096;
@@ -761,6 +762,23 @@ fn gpu_unpack_in_place_rejections_touch_only_the_bad_receives() {
         Err(UnpackError::Short { landed, expected }) if landed == dst_len - u64::from(dropped.len) && expected == dst_len
     ));
     assert_eq!(validate_list(&good3, bounce_len, dst_len, true).unwrap(), dst_len);
+    // The short list alone in a batch, after a good one: found by the kernel's sums.
+    for (j, frags) in [&good0, &short].iter().enumerate() {
+        u.push(&UnpackJob {
+            frags: ring_list(&fx.ring, j * RING_SLOT_BYTES, frags),
+            bounce: fx.bounce.span(),
+            dst: dst.subspan(j as u64 * stride, dst_len).unwrap(),
+            exact: true,
+        })
+        .unwrap();
+    }
+    let t = u.submit().unwrap().unwrap();
+    let e = outcome(u.as_mut(), t).unwrap_err();
+    assert!(
+        matches!(e, UnpackError::DeviceShort { task: 1, landed, expected }
+            if landed == dst_len - u64::from(dropped.len) && expected == dst_len),
+        "{e}"
+    );
     // Nothing sticks: the next batch is fine.
     dst.write(0, &vec![POISON; dst.len()]).unwrap();
     let mut expect = vec![POISON; dst.len()];
@@ -779,7 +797,8 @@ fn gpu_unpack_in_place_rejections_touch_only_the_bad_receives() {
 }
 
 /// Receives read in place, more than one launch holds (64): launches of 64, 64 and 2, each
-/// reporting the batches before it, and every byte right, round after round.
+/// reporting the batches before it, and every byte right, round after round; a short receive in
+/// the second launch is named by its place in the batch.
 #[test]
 #[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
 fn gpu_unpack_in_place_across_launches() {
@@ -791,11 +810,15 @@ fn gpu_unpack_in_place_across_launches() {
     let lists_mem = fx.gpu.alloc_pinned(receives * pages as usize * 16).unwrap();
     let dst = fx.gpu.alloc(receives * dst_len as usize).unwrap();
     for round in 0..3u64 {
+        let short_at = (round == 1).then_some(100usize);
         let mut rng = Rng(29 + round);
         let mut expect = vec![POISON; dst.len()];
         dst.write(0, &expect).unwrap();
         for j in 0..receives {
-            let frags = shuffled_pages(&mut rng, 16 << 20, pages).frags;
+            let mut frags = shuffled_pages(&mut rng, 16 << 20, pages).frags;
+            if Some(j) == short_at {
+                frags.pop();
+            }
             let off = j * pages as usize * 16;
             u.push(&UnpackJob {
                 frags: ring_list(&lists_mem, off, &frags),
@@ -808,7 +831,16 @@ fn gpu_unpack_in_place_across_launches() {
         }
         let t = u.submit().unwrap().unwrap();
         assert_eq!(t.seq(), round + 1);
-        outcome(u.as_mut(), t).unwrap();
+        match short_at {
+            None => outcome(u.as_mut(), t).unwrap(),
+            Some(j) => {
+                let e = outcome(u.as_mut(), t).unwrap_err();
+                assert!(
+                    matches!(e, UnpackError::DeviceShort { task, .. } if task as usize == j),
+                    "{e}"
+                );
+            }
+        }
         let mut got = vec![0u8; dst.len()];
         dst.read_into(&fx.stream, 0, &mut got).unwrap();
         compare(&format!("130 receives, round {round}"), &got, &expect);

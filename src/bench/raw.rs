@@ -664,9 +664,6 @@ impl RecvSide {
     fn pass(&mut self) -> Result<u64, String> {
         self.posted_any = false;
         let mut consumed = 0u64;
-        // Receives whose lists the GPU reads in place: checked after the submit, as the poller.
-        let mut unchecked: Vec<(usize, RequestId, u32)> = Vec::new();
-        let in_place = self.stage.as_ref().is_some_and(|s| s.unpacker.checks_on_device());
         for (li, (comm, l)) in self.comms.iter_mut().zip(self.lanes.iter_mut()).enumerate() {
             while comm.outstanding() < self.window
                 && let Some(&(at, len)) = l.queue.front()
@@ -693,9 +690,6 @@ impl RecvSide {
                     Some(_) => {
                         let wait = start_unpack(comm, &posted, &self.dst, self.stage.as_mut())
                             .map_err(|e| format!("lane {li} unpack: {e}"))?;
-                        if in_place && matches!(wait, Wait::Gpu(_)) {
-                            unchecked.push((li, posted.id, posted.len));
-                        }
                         l.posted.pop_front();
                         l.landing.push_back((posted.id, wait));
                     }
@@ -705,12 +699,6 @@ impl RecvSide {
         }
         if let Some(stage) = self.stage.as_mut() {
             stage.advance()?;
-        }
-        for (li, id, len) in unchecked {
-            let (ring, q) = self.comms[li].completed(id).map_err(|e| e.to_string())?;
-            let frags = ring.fragments(q).map_err(|e| e.to_string())?;
-            crate::unpack::validate_list(frags, ring.bounce_span(frags).len(), u64::from(len), true)
-                .map_err(|e| format!("lane {li} unpack: {e}"))?;
         }
         for (li, (comm, l)) in self.comms.iter_mut().zip(self.lanes.iter_mut()).enumerate() {
             while let Some(&(id, wait)) = l.landing.front() {
@@ -752,8 +740,8 @@ fn start_unpack(
                 .map(|_| Wait::Ready)
                 .map_err(|e| e.to_string())
         }
-        // The unpacker checks the list against the posted size (`exact`), on the host at
-        // `push` or, for the ring read in place, on the GPU.
+        // The unpacker checks the list against the posted size (`exact`): on the host at
+        // `push`, or, for the ring read in place, the kernel adds the lengths up.
         (Mem::Cuda(region), Some(stage)) => {
             let job = UnpackJob {
                 frags: ring.fragment_list(q).map_err(|e| e.to_string())?,

@@ -12,7 +12,7 @@ use std::time::Instant;
 use clap::Parser;
 use tcpxd::gpu::{DeviceRegion, Event, FragmentList, Gpu, PersistConfig, PinnedRegion, Stream};
 use tcpxd::net::abi::loadMeta;
-use tcpxd::unpack::{FragSource, KernelUnpacker, UnpackImpl, UnpackJob, Unpacker, validate_list};
+use tcpxd::unpack::{FragSource, KernelUnpacker, UnpackImpl, UnpackJob, Unpacker};
 
 #[derive(Parser, Debug)]
 #[command(name = "tcpxd-unpack-bench", about = "Time the GPU unpack implementations")]
@@ -254,7 +254,6 @@ fn time_unpacker(
         let t0 = Instant::now();
         push_batch(s, u, it, chunks, lists)?;
         let t = u.submit()?.ok_or("no ticket")?;
-        check_batch(s, u, it, chunks)?;
         let t1 = Instant::now();
         u.stream().record(&end)?;
         end.synchronize()?;
@@ -279,7 +278,6 @@ fn time_unpacker(
         let t0 = Instant::now();
         push_batch(s, u, it, chunks, lists)?;
         let t = u.submit()?.ok_or("no ticket")?;
-        check_batch(s, u, it, chunks)?;
         let t1 = Instant::now();
         while !u.is_done(&t)? {
             std::hint::spin_loop();
@@ -345,25 +343,6 @@ fn time_contiguous(
     Ok(row)
 }
 
-/// What the poller does after `submit` when the unpacker reads the lists in place: checks every
-/// list (bounds, and adding up to the chunk) while the GPU copies.
-fn check_batch(
-    s: &Setup,
-    u: &dyn Unpacker,
-    it: usize,
-    chunks: usize,
-) -> Result<(), Box<dyn std::error::Error>> {
-    if !u.checks_on_device() {
-        return Ok(());
-    }
-    for c in 0..chunks {
-        let off = s.window(it, chunks, c) * s.frags_per_chunk * 16;
-        let frags = s.lists.typed::<loadMeta>(off, s.frags_per_chunk)?;
-        validate_list(frags, s.bounce.len() as u64, s.chunk as u64, true)?;
-    }
-    Ok(())
-}
-
 fn push_batch(
     s: &Setup,
     u: &mut dyn Unpacker,
@@ -411,7 +390,6 @@ fn pipelined(
             for b in 0..batches {
                 push_batch(s, u, rep * batches + b, chunks, lists)?;
                 last = u.submit()?;
-                check_batch(s, u, rep * batches + b, chunks)?;
             }
             let last = last.ok_or("no ticket")?;
             while !u.is_done(&last)? {
@@ -428,7 +406,6 @@ fn pipelined(
         for b in 0..batches {
             push_batch(s, u, rep * batches + b, chunks, lists)?;
             u.submit()?;
-            check_batch(s, u, rep * batches + b, chunks)?;
         }
         u.stream().record(&end)?;
         end.synchronize()?;

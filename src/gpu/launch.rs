@@ -23,19 +23,26 @@ const MEDIUM_LAUNCH: usize = 16;
 /// before it, and its first block stores that into the host-mapped u64 at `done` once the
 /// previous grids on the stream have completed: batch n is reported done by the first launch
 /// after it. (The newest batch, which nothing follows yet, is seen done by asking the stream.)
-/// `value == 0`: nothing to report.
+/// `value == 0`: nothing to report. `sums` (host-mapped, 0: none): the task kernels' blocks store
+/// the lengths of the list entries each fetched, added up, one u32 per block
+/// ([`LaunchSignal::with_sums`]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LaunchSignal {
     done: u64,
     value: u64,
+    sums: u64,
 }
 
-const _: () = assert!(size_of::<LaunchSignal>() == 16);
+const _: () = assert!(size_of::<LaunchSignal>() == 24);
 
 impl LaunchSignal {
     /// Reports nothing.
-    pub const NONE: LaunchSignal = LaunchSignal { done: 0, value: 0 };
+    pub const NONE: LaunchSignal = LaunchSignal {
+        done: 0,
+        value: 0,
+        sums: 0,
+    };
 
     /// Store `value` into the u64 at byte `done_off` of `done` (host-mapped, 8-byte aligned)
     /// once the grids before this launch have completed.
@@ -49,6 +56,23 @@ impl LaunchSignal {
         Ok(LaunchSignal {
             done: done.device_ptr() + done_off as u64,
             value,
+            sums: 0,
+        })
+    }
+
+    /// This signal, with the task kernels' blocks storing their sums of fragment lengths into
+    /// the u32s from byte `offset` of `sums` (host-mapped): block x of task y at entry
+    /// `y * blocks_per_task + x`. `entries`: how many the launch may write (checked).
+    pub fn with_sums(self, sums: &PinnedRegion, offset: usize, entries: usize) -> GpuResult<LaunchSignal> {
+        sums.check(offset as u64, (entries * 4) as u64)?;
+        if offset % 4 != 0 {
+            return Err(GpuError::InvalidArgument(
+                "launch sums need 4-byte alignment".into(),
+            ));
+        }
+        Ok(LaunchSignal {
+            sums: sums.device_ptr() + offset as u64,
+            ..self
         })
     }
 }

@@ -11,9 +11,10 @@
 //!
 //! The task descriptors travel as a kernel parameter (copied by the launch itself). The
 //! default, [`FragSource::Mapped`], reads each fragment list in place from the plugin's
-//! host-mapped ring and reads nothing of it on the host before the launch: the kernel's bounds
-//! guard keeps a bad list from reading or writing out of bounds, and the caller checks the lists
-//! after `submit`, while the GPU copies ([`Unpacker::checks_on_device`]). Lists the kernel cannot
+//! host-mapped ring and reads nothing of it on the host at all: the kernel's bounds guard keeps a
+//! bad list from reading or writing out of bounds, and each block stores the lengths it read,
+//! added up, into host-mapped memory, which the unpacker compares with the receive's size once
+//! the batch is done (`UnpackJob::exact`). Lists the kernel cannot
 //! read in place are staged in a pinned, preallocated ring of per-batch slots (`SLOTS` × 16384
 //! fragments): [`FragSource::PackedMapped`] re-encodes each list compactly there (4 bytes per
 //! whole 4 KiB page, else 12), [`FragSource::DeviceCopy`] uploads the 16-byte lists with one
@@ -43,16 +44,38 @@ const _: () = assert!(PERSIST_MAX_TASKS == UNPACK_MAX_TASKS_PER_LAUNCH);
 const _: () = assert!(PERSIST_QUEUE == SLOTS);
 /// Cap on blocks per task (a 2048-fragment receive gets 256 blocks: one warp per fragment).
 const MAX_BLOCKS_PER_TASK: u32 = 256;
+/// Per-block sums of fragment lengths one batch's launches can store (`FragSource::Mapped`):
+/// four full launches (64 receives × 256 blocks each); a batch that would need more is split.
+const SUMS_PER_SLOT: usize = 4 * UNPACK_MAX_TASKS_PER_LAUNCH * MAX_BLOCKS_PER_TASK as usize;
+/// The most sums one launch stores.
+const SUMS_PER_LAUNCH: usize = UNPACK_MAX_TASKS_PER_LAUNCH * MAX_BLOCKS_PER_TASK as usize;
+
+/// An exact receive read in place: where its blocks' sums of lengths are (`first`, `blocks`
+/// entries of its slot), and what they must add up to.
+#[derive(Debug, Clone, Copy)]
+struct SumCheck {
+    task: u32,
+    first: usize,
+    blocks: u32,
+    expected: u64,
+}
+
+/// What is left to check of the batch in a slot once it is done.
+#[derive(Debug, Default)]
+struct SlotChecks {
+    seq: u64,
+    sums: Vec<SumCheck>,
+}
 
 /// Where the kernel reads the fragment lists from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FragSource {
     /// In place, through the host mapping of the ring, a block's entries in one coalesced read,
-    /// with nothing of the list read on the host before the launch: the kernel's bounds guard
-    /// keeps a bad list in bounds and the caller checks the list after `submit`
-    /// ([`Unpacker::checks_on_device`]). NCCL's design, and the default: the fastest at 1, 4 and
-    /// 16 chunks per batch, single or back to back, on the H200 (docs/GPU.md). Lists without a
-    /// device view are checked at `push`, staged in pinned memory and read through its mapping.
+    /// with nothing of the list read on the host: the kernel's bounds guard keeps a bad list in
+    /// bounds and its per-block sums of lengths show one that does not add up, both reported by
+    /// `is_done`. NCCL's design, and the default: the fastest at 1, 4 and 16 chunks per batch,
+    /// single or back to back, on the H200 (docs/GPU.md). Lists without a device view are
+    /// checked at `push`, staged in pinned memory and read through its mapping.
     #[default]
     Mapped,
     /// From a device copy: every list is staged and uploaded with one H2D copy per launch.
@@ -221,6 +244,18 @@ pub struct KernelUnpacker {
     mirror: Option<DeviceRegion>,
     /// One error word per slot.
     errs: PinnedRegion,
+    /// `Mapped`: SLOTS × SUMS_PER_SLOT u32, the kernels' per-block sums of fragment lengths.
+    sums: Option<PinnedRegion>,
+    /// Sums used in the open slot, and the receives of the open batch already launched.
+    sums_used: usize,
+    batch_tasks: u32,
+    /// Per pending task: the size its list must add up to (an exact receive read in place).
+    expect: Vec<Option<u64>>,
+    /// Per slot: the batch in it and its exact receives' sums, checked once it is done.
+    checks: Vec<SlotChecks>,
+    /// Batches up to this one are checked; errors found, by batch, not yet reported.
+    verified: u64,
+    errors: std::collections::VecDeque<(u64, UnpackError)>,
     /// The open batch's slot, if any.
     open: Option<usize>,
     /// Fragments staged in the open slot, and how many of those are already uploaded.
@@ -243,8 +278,6 @@ pub struct KernelUnpacker {
     grid: Option<PersistentGrid>,
     /// Launch task kernels as programmatic dependent launches (on sm_90 and later).
     overlap: bool,
-    /// An error found in a slot's error word after its ticket was gone.
-    sticky: Option<UnpackError>,
 }
 
 impl KernelUnpacker {
@@ -266,6 +299,16 @@ impl KernelUnpacker {
             staging,
             mirror,
             errs: gpu.alloc_pinned(SLOTS * 4)?,
+            sums: match source {
+                FragSource::Mapped => Some(gpu.alloc_pinned(SLOTS * SUMS_PER_SLOT * 4)?),
+                _ => None,
+            },
+            sums_used: 0,
+            batch_tasks: 0,
+            expect: Vec::with_capacity(UNPACK_MAX_TASKS_PER_LAUNCH),
+            checks: (0..SLOTS).map(|_| SlotChecks::default()).collect(),
+            verified: 0,
+            errors: std::collections::VecDeque::new(),
             open: None,
             used: 0,
             uploaded: 0,
@@ -277,7 +320,6 @@ impl KernelUnpacker {
             frags_per_warp: 1,
             launched: false,
             unticketed: None,
-            sticky: None,
             grid: None,
             overlap: gpu.compute_capability() >= (9, 0),
         })
@@ -322,12 +364,52 @@ impl KernelUnpacker {
         self.done.book.stalls()
     }
 
-    fn check_err_word(&mut self, slot: usize) -> Result<Option<UnpackError>, UnpackError> {
+    /// Checks what the kernels left for batch `seq` (done): its slot's error word (a fragment
+    /// the bounds guard skipped) and its exact receives' sums of lengths. Errors are kept by
+    /// batch until `is_done` reports them.
+    fn verify(&mut self, seq: u64) -> Result<(), UnpackError> {
+        let slot = (seq % SLOTS as u64) as usize;
+        if self.checks[slot].seq != seq {
+            return Ok(()); // no batch of that number holds the slot (never issued there)
+        }
         let v = self.errs.load_u32(slot * 4)?;
-        Ok((v != 0).then(|| UnpackError::DeviceRejected {
-            task: (v - 1) >> 12,
-            fragment: (v - 1) & 0xfff,
-        }))
+        if v != 0 {
+            self.errs.store_u32(slot * 4, 0)?;
+            let e = UnpackError::DeviceRejected {
+                task: (v - 1) >> 12,
+                fragment: (v - 1) & 0xfff,
+            };
+            self.errors.push_back((seq, e));
+        }
+        let mut checks = std::mem::take(&mut self.checks[slot].sums);
+        if let Some(sums) = &self.sums {
+            for c in &checks {
+                let mut landed = 0u64;
+                for b in 0..c.blocks as usize {
+                    landed += u64::from(sums.load_u32((slot * SUMS_PER_SLOT + c.first + b) * 4)?);
+                }
+                if landed != c.expected {
+                    let e = UnpackError::DeviceShort {
+                        task: c.task,
+                        landed,
+                        expected: c.expected,
+                    };
+                    self.errors.push_back((seq, e));
+                }
+            }
+        }
+        checks.clear();
+        self.checks[slot].sums = checks;
+        Ok(())
+    }
+
+    /// [`KernelUnpacker::verify`] for every batch up to `seq` (all done) not checked yet.
+    fn verify_upto(&mut self, seq: u64) -> Result<(), UnpackError> {
+        while self.verified < seq {
+            self.verify(self.verified + 1)?;
+            self.verified += 1;
+        }
+        Ok(())
     }
 
     fn open_batch(&mut self) -> Result<usize, UnpackError> {
@@ -335,13 +417,19 @@ impl KernelUnpacker {
             return Ok(slot);
         }
         let slot = self.done.reserve(&self.stream, self.grid.as_mut())?;
-        if let Some(e) = self.check_err_word(slot)? {
-            self.sticky.get_or_insert(e);
-        }
+        // The batch that held the slot is done: check it before its words are reused.
+        let (_, prev) = self.done.book.next_slot();
+        self.verify_upto(prev)?;
         self.errs.store_u32(slot * 4, 0)?;
+        self.checks[slot] = SlotChecks {
+            seq: self.done.book.next_seq(),
+            sums: std::mem::take(&mut self.checks[slot].sums),
+        };
         self.open = Some(slot);
         self.used = 0;
         self.uploaded = 0;
+        self.sums_used = 0;
+        self.batch_tasks = 0;
         self.launched = false;
         Ok(slot)
     }
@@ -372,6 +460,7 @@ impl KernelUnpacker {
             job.bounce,
             job.dst,
         )?);
+        self.expect.push(None);
         self.max_count = self.max_count.max(count as u32);
         Ok(())
     }
@@ -464,6 +553,7 @@ impl KernelUnpacker {
         self.pending.clear();
         if inline {
             self.tasks.clear();
+            self.expect.clear();
             self.max_count = 0;
             self.launched = true;
             return Ok(());
@@ -475,6 +565,29 @@ impl KernelUnpacker {
             self.uploaded = self.used;
         }
         let blocks = self.blocks_for(self.max_count);
+        let mut signal = signal;
+        if let Some(sums) = self
+            .sums
+            .as_ref()
+            .filter(|_| self.expect.iter().any(Option::is_some))
+        {
+            // The exact receives read in place: their blocks' sums of lengths, checked once the
+            // batch is done.
+            let entries = self.tasks.len() * blocks as usize;
+            debug_assert!(self.sums_used + entries <= SUMS_PER_SLOT);
+            signal = signal.with_sums(sums, (slot * SUMS_PER_SLOT + self.sums_used) * 4, entries)?;
+            for (i, e) in self.expect.iter().enumerate() {
+                if let Some(expected) = *e {
+                    self.checks[slot].sums.push(SumCheck {
+                        task: self.batch_tasks + i as u32,
+                        first: self.sums_used + i * blocks as usize,
+                        blocks,
+                        expected,
+                    });
+                }
+            }
+            self.sums_used += entries;
+        }
         self.gpu.launch_unpack(
             &self.kernels,
             &self.stream,
@@ -487,7 +600,9 @@ impl KernelUnpacker {
                 overlap: self.overlap,
             },
         )?;
+        self.batch_tasks += self.tasks.len() as u32;
         self.tasks.clear();
+        self.expect.clear();
         self.max_count = 0;
         self.launched = true;
         Ok(())
@@ -518,6 +633,7 @@ impl KernelUnpacker {
                 slot * 4,
             )?;
             self.tasks.clear();
+            self.expect.clear();
             self.max_count = 0;
         } else {
             self.launch_pending()?;
@@ -547,18 +663,36 @@ impl Unpacker for KernelUnpacker {
         let count = job.frags.len();
         // The ring read in place: nothing of the list is read on the host before the launch
         // (the kernel bounds-checks every fragment; the caller validates after `submit`).
-        if let Some(span) = job.frags.device_span().filter(|_| self.checks_on_device()) {
+        if let Some(span) = job
+            .frags
+            .device_span()
+            .filter(|_| self.source == FragSource::Mapped)
+        {
             if count > NET_UNPACK_MAX_SLICE_PAGES {
                 return Err(UnpackError::TooManyFragments { count });
             }
             if count == 0 {
-                return Ok(());
+                return exact_total(job, 0).map(|_| ());
             }
             self.open_batch()?;
             if self.tasks.len() == UNPACK_MAX_TASKS_PER_LAUNCH {
-                self.launch_pending()?;
+                // Launch these 64 and go on, unless the batch's sums would not have room for
+                // the next launch as well: then these 64 end the batch.
+                if self.sums_used + 2 * SUMS_PER_LAUNCH > SUMS_PER_SLOT {
+                    if let Some(t) = self.close_batch()? {
+                        self.unticketed = Some(t);
+                    }
+                    self.open_batch()?;
+                } else {
+                    self.launch_pending()?;
+                }
             }
-            return self.add_task(span, count, ListFormat::Meta, job);
+            self.add_task(span, count, ListFormat::Meta, job)?;
+            if job.exact {
+                // The kernel adds the lengths up (the host reads nothing of the list).
+                *self.expect.last_mut().expect("just added") = Some(job.dst.len());
+            }
+            return Ok(());
         }
         let packed = matches!(self.source, FragSource::PackedMapped | FragSource::PackedDevice);
         // The common case, an open batch with room for this list in any encoding: the bounds
@@ -609,7 +743,8 @@ impl Unpacker for KernelUnpacker {
         // A posted batch carries at most 64 receives: the persistent mode closes the batch
         // there, the launch modes launch the 64 and go on.
         let tasks_full = self.tasks.len() == UNPACK_MAX_TASKS_PER_LAUNCH;
-        if self.open.is_some() && (staging_full || (tasks_full && self.grid.is_some())) {
+        let sums_full = self.sums_used + 2 * SUMS_PER_LAUNCH > SUMS_PER_SLOT;
+        if self.open.is_some() && (staging_full || (tasks_full && (self.grid.is_some() || sums_full))) {
             if let Some(t) = self.close_batch()? {
                 self.unticketed = Some(t);
             }
@@ -652,16 +787,21 @@ impl Unpacker for KernelUnpacker {
         if !self.done.poll(t.seq, &self.stream, self.grid.as_mut())? {
             return Ok(false);
         }
-        if let Some(e) = self.sticky.take() {
-            return Err(e);
-        }
-        if let Some(slot) = self.done.book.slot_of(t) {
-            if let Some(e) = self.check_err_word(slot)? {
-                self.errs.store_u32(slot * 4, 0)?;
-                return Err(e);
+        // This batch and every one before it are done: report what their checks found (the
+        // batches closed inside this one's `submit` come before it and report with it).
+        self.verify_upto(t.seq)?;
+        let mut found = None;
+        while let Some((seq, _)) = self.errors.front() {
+            if *seq > t.seq {
+                break;
             }
+            let (_, e) = self.errors.pop_front().expect("front");
+            found.get_or_insert(e);
         }
-        Ok(true)
+        match found {
+            Some(e) => Err(e),
+            None => Ok(true),
+        }
     }
 
     fn wait(&mut self, t: &Ticket) -> Result<(), UnpackError> {
@@ -672,10 +812,6 @@ impl Unpacker for KernelUnpacker {
 
     fn stream(&self) -> &Stream {
         &self.stream
-    }
-
-    fn checks_on_device(&self) -> bool {
-        self.source == FragSource::Mapped && self.grid.is_none()
     }
 }
 

@@ -4,8 +4,7 @@
 //!
 //! The poller's use, per pass:
 //! 1. [`Unpacker::push`] every receive that completed (in ring order),
-//! 2. [`Unpacker::submit`] once: the batch is launched asynchronously and a [`Ticket`] returned;
-//!    where [`Unpacker::checks_on_device`], [`validate`] each list then, while the GPU copies,
+//! 2. [`Unpacker::submit`] once: the batch is launched asynchronously and a [`Ticket`] returned,
 //! 3. on later passes [`Unpacker::is_done`] with the oldest ticket; once done, consume that
 //!    batch's receives in ring order.
 //!
@@ -63,6 +62,12 @@ pub enum UnpackError {
     /// did not check before the launch (or a host check that missed it).
     #[error("the unpack kernel skipped out-of-bounds fragment {fragment} of task {task} in this batch")]
     DeviceRejected { task: u32, fragment: u32 },
+    /// The lengths the kernel read of an exact receive's list (read in place, not on the host)
+    /// do not add up to its size; `task` counts the batch's receives in push order.
+    #[error(
+        "the fragments of receive {task} of this batch add up to {landed} bytes, the receive was posted for {expected} (the sender sent a different size)"
+    )]
+    DeviceShort { task: u32, landed: u64, expected: u64 },
     /// The unpack stream went idle without the persistent grid's completion signal for a batch.
     #[error(
         "the unpack stream finished without the persistent grid signalling batch {batch} (last signalled: {signalled})"
@@ -103,6 +108,7 @@ impl UnpackError {
                 | UnpackError::TooManyFragments { .. }
                 | UnpackError::Short { .. }
                 | UnpackError::DeviceRejected { .. }
+                | UnpackError::DeviceShort { .. }
         )
     }
 }
@@ -139,7 +145,12 @@ pub trait Unpacker: Send {
     fn name(&self) -> &'static str;
     /// Queues one completed receive for this pass. Validates every fragment against `dst.len()`
     /// and `bounce.len()` first, and an exact job's total (the error names the fragment;
-    /// nothing of a refused job is queued); except where [`Unpacker::checks_on_device`].
+    /// nothing of a refused job is queued). The exception is a list the kernel unpacker reads
+    /// in place (`kernel-mapped`, a list with a device view): nothing of it is read on the host,
+    /// the kernel skips any fragment out of bounds and adds the lengths up, and `is_done` fails
+    /// the batch ([`UnpackError::DeviceRejected`], [`UnpackError::DeviceShort`]; the batch's
+    /// other receives are unpacked whole). Who wants the receive named runs [`validate`] on the
+    /// batch's lists then (before consuming them).
     fn push(&mut self, job: &UnpackJob<'_>) -> Result<(), UnpackError>;
     /// Launches everything queued since the last submit as one batch (asynchronously) and
     /// returns its ticket; `None` when nothing needed GPU work (empty receives only), in which
@@ -151,17 +162,6 @@ pub trait Unpacker: Send {
     fn wait(&mut self, t: &Ticket) -> Result<(), UnpackError>;
     /// The stream the batches run on (to order other work after them, or time them).
     fn stream(&self) -> &Stream;
-    /// Whether `push` leaves a list that has a device view unread, so that nothing of it is read
-    /// on the host before the launch: the kernel reads it in place and checks every fragment's
-    /// bounds itself, skipping any that is out (then `is_done` fails the batch with
-    /// [`UnpackError::DeviceRejected`], naming the task; the batch's other receives are
-    /// unpacked whole). The caller then runs [`validate`] on each such job after `submit`,
-    /// while the GPU copies, and must not trust a receive that fails it: that check is the one
-    /// that names the bad fragment, and the only one of an exact job's total. Lists without a
-    /// device view are checked at `push` as always.
-    fn checks_on_device(&self) -> bool {
-        false
-    }
 }
 
 /// Which unpacker to build.
