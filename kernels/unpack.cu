@@ -174,10 +174,13 @@ struct Signal {
     u64 sums;
 };
 
-// Call after the previous grid has completed (wait_for_previous_grid, or a plain launch).
+// Call after the previous grid has completed (wait_for_previous_grid, or a plain launch), as early
+// as possible: the host learns of the batch then. A release store at system scope: what the
+// previous grids stored into host memory (error words, sums), which this thread now observes, is
+// visible to the host before the number that tells it to look.
 __device__ __forceinline__ void signal_previous(const Signal& s) {
     if (s.value != 0 && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
-        asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(s.done), "l"(s.value) : "memory");
+        asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(s.done), "l"(s.value) : "memory");
 }
 
 // Programmatic dependent launch (sm_90): a launch may start while the previous one on its stream
@@ -201,7 +204,9 @@ __device__ __forceinline__ void wait_for_previous_grid() {
 // compact copy of it), then each warp copies one fragment. The first fetch happens before the
 // wait for the previous grid, so with overlapping launches it leaves the critical path.
 // Returns the lengths of the entries this thread fetched (threads 0..WARPS_PER_BLOCK-1), added up.
-__device__ __forceinline__ u64 unpack_rounds(const UnpackTask& t, u32* err) {
+// Signals (signal_previous) right after its wait for the previous grid; `waited` says whether it
+// got there (a block with no round does not).
+__device__ __forceinline__ u64 unpack_rounds(const UnpackTask& t, u32* err, const Signal& sig, bool& waited) {
     __shared__ u32 s_src[WARPS_PER_BLOCK];
     __shared__ u32 s_len[WARPS_PER_BLOCK];
     __shared__ u64 s_dst[WARPS_PER_BLOCK];
@@ -209,7 +214,6 @@ __device__ __forceinline__ u64 unpack_rounds(const UnpackTask& t, u32* err) {
     const u32 warp = threadIdx.x >> 5;
     const u32* list = (const u32*)t.frags;
     const u32 format = t.format;
-    bool waited = false;
     u64 fetched = 0;
     for (u32 base = blockIdx.x * WARPS_PER_BLOCK; base < t.count; base += gridDim.x * WARPS_PER_BLOCK) {
         const u32 i = base + threadIdx.x;
@@ -234,6 +238,7 @@ __device__ __forceinline__ u64 unpack_rounds(const UnpackTask& t, u32* err) {
         __syncthreads();
         if (!waited) {
             wait_for_previous_grid();
+            signal_previous(sig);
             waited = true;
         }
         const u32 f = base + warp;
@@ -258,8 +263,13 @@ __device__ __forceinline__ u64 unpack_rounds(const UnpackTask& t, u32* err) {
 template <int N>
 __device__ __forceinline__ void unpack_body(const TaskArray<N>& tasks, u32* err, const Signal& sig) {
     allow_next_launch();
-    u64 fetched = unpack_rounds(tasks.t[blockIdx.y], err);
-    wait_for_previous_grid();  // a block with no round still waits before it signals
+    bool waited = false;
+    u64 fetched = unpack_rounds(tasks.t[blockIdx.y], err, sig, waited);
+    if (!waited) {
+        // A block with no round still waits before it stores anything, and signals.
+        wait_for_previous_grid();
+        signal_previous(sig);
+    }
     if (sig.sums != 0 && threadIdx.x < 32) {
         // The fetching threads are the first WARPS_PER_BLOCK lanes of warp 0.
         for (u32 o = 16; o > 0; o >>= 1) fetched += __shfl_down_sync(0xffffffffu, fetched, o);
@@ -269,7 +279,6 @@ __device__ __forceinline__ void unpack_body(const TaskArray<N>& tasks, u32* err,
             asm volatile("st.volatile.global.u32 [%0], %1;" ::"l"(at), "r"(v) : "memory");
         }
     }
-    signal_previous(sig);
 }
 
 extern "C" __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)

@@ -121,9 +121,12 @@ impl Completions {
         })
     }
 
-    /// What every launch carries: the newest batch issued so far, to report once it is done.
+    /// What every launch carries: the newest batch issued so far, to report once it is done
+    /// (nothing when the host already knows it is: a batch on an idle stream).
     fn signal(&self) -> Result<LaunchSignal, UnpackError> {
-        Ok(LaunchSignal::new(&self.word, 0, self.book.last_seq())?)
+        let last = self.book.last_seq();
+        let value = if self.book.is_known_done(last) { 0 } else { last };
+        Ok(LaunchSignal::new(&self.word, 0, value)?)
     }
 
     /// Reads the word; true once batch `seq` finished.
