@@ -4,6 +4,9 @@
 // through 256 MiB). Build one binary per knob setting, e.g.
 //   nvcc -O3 -arch=sm_90 -DUNPACK_LOAD=2 -DVARIANT='"ldg-l2pf"' -o tune kernels/tune_unpack.cu
 // and run it; each prints one line per batch size. Checks the bytes of the last batch.
+// TUNE_MODES=1 instead times the production launch variants at 16 chunks: lists in device or
+// host-mapped memory, with or without the completion signal and per-block sums, with or without
+// programmatic dependent launch (TUNE_ONLY_PDL=1: only with).
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
