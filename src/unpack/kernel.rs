@@ -415,6 +415,27 @@ impl KernelUnpacker {
         Ok(())
     }
 
+    /// The open batch's slot, with room for one more receive that stages `units` 16-byte units:
+    /// the open batch is closed first (its ticket kept for `submit`) when its staging is used
+    /// up, or when it holds 64 pending receives and cannot take another launch (persistent mode
+    /// posts at most 64; the in-place sums hold four launches); otherwise 64 pending receives
+    /// are launched and the batch goes on.
+    fn room_for(&mut self, units: usize) -> Result<usize, UnpackError> {
+        let staging_full = self.used + units > SLOT_FRAGS;
+        let tasks_full = self.tasks.len() == UNPACK_MAX_TASKS_PER_LAUNCH;
+        let sums_full = self.sums_used + 2 * SUMS_PER_LAUNCH > SUMS_PER_SLOT;
+        if self.open.is_some() && (staging_full || (tasks_full && (self.grid.is_some() || sums_full))) {
+            if let Some(t) = self.close_batch()? {
+                self.unticketed = Some(t);
+            }
+        }
+        let slot = self.open_batch()?;
+        if self.tasks.len() == UNPACK_MAX_TASKS_PER_LAUNCH {
+            self.launch_pending()?;
+        }
+        Ok(slot)
+    }
+
     fn open_batch(&mut self) -> Result<usize, UnpackError> {
         if let Some(slot) = self.open {
             return Ok(slot);
@@ -664,8 +685,8 @@ impl Unpacker for KernelUnpacker {
 
     fn push(&mut self, job: &UnpackJob<'_>) -> Result<(), UnpackError> {
         let count = job.frags.len();
-        // The ring read in place: nothing of the list is read on the host before the launch
-        // (the kernel bounds-checks every fragment; the caller validates after `submit`).
+        // The ring read in place: nothing of the list is read on the host (the kernel
+        // bounds-checks every fragment and adds the lengths up; `is_done` reports).
         if let Some(span) = job
             .frags
             .device_span()
@@ -677,19 +698,7 @@ impl Unpacker for KernelUnpacker {
             if count == 0 {
                 return exact_total(job, 0).map(|_| ());
             }
-            self.open_batch()?;
-            if self.tasks.len() == UNPACK_MAX_TASKS_PER_LAUNCH {
-                // Launch these 64 and go on, unless the batch's sums would not have room for
-                // the next launch as well: then these 64 end the batch.
-                if self.sums_used + 2 * SUMS_PER_LAUNCH > SUMS_PER_SLOT {
-                    if let Some(t) = self.close_batch()? {
-                        self.unticketed = Some(t);
-                    }
-                    self.open_batch()?;
-                } else {
-                    self.launch_pending()?;
-                }
-            }
+            self.room_for(0)?;
             self.add_task(span, count, ListFormat::Meta, job)?;
             if job.exact {
                 // The kernel adds the lengths up (the host reads nothing of the list).
@@ -736,41 +745,20 @@ impl Unpacker for KernelUnpacker {
         if count == 0 {
             return Ok(());
         }
-        let in_place = match (self.source, job.frags.device_span()) {
-            (FragSource::Mapped, Some(span)) => Some(span),
-            _ => None,
-        };
-        // Staging is counted in 16-byte units (one loadMeta each).
+        // Staged (lists read in place returned above); counted in 16-byte units (one loadMeta
+        // each).
         let units = (count * format.entry_bytes()).div_ceil(META);
-        let staging_full = in_place.is_none() && self.used + units > SLOT_FRAGS;
-        // A posted batch carries at most 64 receives: the persistent mode closes the batch
-        // there, the launch modes launch the 64 and go on.
-        let tasks_full = self.tasks.len() == UNPACK_MAX_TASKS_PER_LAUNCH;
-        let sums_full = self.sums_used + 2 * SUMS_PER_LAUNCH > SUMS_PER_SLOT;
-        if self.open.is_some() && (staging_full || (tasks_full && (self.grid.is_some() || sums_full))) {
-            if let Some(t) = self.close_batch()? {
-                self.unticketed = Some(t);
-            }
+        let slot = self.room_for(units)?;
+        let first = slot * SLOT_FRAGS + self.used;
+        if packed {
+            let out = self.staging.typed_mut::<u8>(first * META, units * META)?;
+            format.encode(job.frags.as_slice(), out);
+        } else {
+            self.staging
+                .typed_mut::<loadMeta>(first * META, count)?
+                .copy_from_slice(job.frags.as_slice());
         }
-        let slot = self.open_batch()?;
-        if self.tasks.len() == UNPACK_MAX_TASKS_PER_LAUNCH {
-            self.launch_pending()?;
-        }
-        let frags: DeviceSpan = match in_place {
-            Some(span) => span,
-            None => {
-                let first = slot * SLOT_FRAGS + self.used;
-                if packed {
-                    let out = self.staging.typed_mut::<u8>(first * META, units * META)?;
-                    format.encode(job.frags.as_slice(), out);
-                } else {
-                    self.staging
-                        .typed_mut::<loadMeta>(first * META, count)?
-                        .copy_from_slice(job.frags.as_slice());
-                }
-                self.take_staged(first, units)?
-            }
-        };
+        let frags = self.take_staged(first, units)?;
         if self.source == FragSource::Params {
             let pages = ListFormat::choose(job.frags.as_slice(), job.dst.len()) == ListFormat::Page32;
             self.pending
