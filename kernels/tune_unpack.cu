@@ -135,33 +135,34 @@ int main() {
         CK(cudaMemcpyAsync(dst + (size_t)(it % sets) * max_chunks * chunk, bounce + (size_t)w * chunk,
                            chunks * chunk, cudaMemcpyDeviceToDevice, st));
     };
+    // Single launches (`singles`, the first 10 untimed), then 7 rounds of 64 back to back: medians.
+    auto time_op = [&](auto op, int singles, float& single_us, float& pipe_us) {
+        std::vector<float> single, pipe;
+        for (int it = 0; it < singles; it++) {
+            CK(cudaEventRecord(a, st));
+            op(it);
+            CK(cudaEventRecord(b, st));
+            CK(cudaEventSynchronize(b));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            if (it >= 10) single.push_back(ms * 1000);
+        }
+        for (int rep = 0; rep < 8; rep++) {
+            CK(cudaEventRecord(a, st));
+            for (int k = 0; k < 64; k++) op(rep * 64 + k);
+            CK(cudaEventRecord(b, st));
+            CK(cudaEventSynchronize(b));
+            float ms;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            if (rep > 0) pipe.push_back(ms * 1000 / 64);
+        }
+        single_us = median(single);
+        pipe_us = median(pipe);
+    };
     if (modes) {
         const int chunks = 16;
-        auto time_op = [&](auto op, float& single_us, float& pipe_us) {
-            std::vector<float> single, pipe;
-            for (int it = 0; it < 210; it++) {
-                CK(cudaEventRecord(a, st));
-                op(it);
-                CK(cudaEventRecord(b, st));
-                CK(cudaEventSynchronize(b));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, a, b));
-                if (it >= 10) single.push_back(ms * 1000);
-            }
-            for (int rep = 0; rep < 8; rep++) {
-                CK(cudaEventRecord(a, st));
-                for (int k = 0; k < 64; k++) op(rep * 64 + k);
-                CK(cudaEventRecord(b, st));
-                CK(cudaEventSynchronize(b));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, a, b));
-                if (rep > 0) pipe.push_back(ms * 1000 / 64);
-            }
-            single_us = median(single);
-            pipe_us = median(pipe);
-        };
         float cs, cp;
-        time_op([&](int it) { contig(it, chunks); }, cs, cp);
+        time_op([&](int it) { contig(it, chunks); }, 210, cs, cp);
         printf("%-14s contig              %6.1f us (pipe %5.1f)\n", VARIANT, cs, cp);
         const char* only = getenv("TUNE_ONLY_PDL");
         for (int m = 0; m < 8; m++) {
@@ -169,7 +170,7 @@ int main() {
             int sig = m >> 2;
             if (only && !pdl) continue;
             float ks, kp;
-            time_op([&](int it) { launch_mode(it, chunks, mapped, sig, pdl); }, ks, kp);
+            time_op([&](int it) { launch_mode(it, chunks, mapped, sig, pdl); }, 210, ks, kp);
             CK(cudaStreamSynchronize(st));
             u32 e;
             CK(cudaMemcpy(&e, err, 4, cudaMemcpyDeviceToHost));
@@ -183,27 +184,7 @@ int main() {
         float res[4];
         for (int mode = 0; mode < 2; mode++) {
             auto op = [&](int it) { mode == 0 ? launch(it, chunks) : contig(it, chunks); };
-            std::vector<float> single, pipe;
-            for (int it = 0; it < 110; it++) {
-                CK(cudaEventRecord(a, st));
-                op(it);
-                CK(cudaEventRecord(b, st));
-                CK(cudaEventSynchronize(b));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, a, b));
-                if (it >= 10) single.push_back(ms * 1000);
-            }
-            for (int rep = 0; rep < 8; rep++) {
-                CK(cudaEventRecord(a, st));
-                for (int k = 0; k < 64; k++) op(rep * 64 + k);
-                CK(cudaEventRecord(b, st));
-                CK(cudaEventSynchronize(b));
-                float ms;
-                CK(cudaEventElapsedTime(&ms, a, b));
-                if (rep > 0) pipe.push_back(ms * 1000 / 64);
-            }
-            res[mode * 2] = median(single);
-            res[mode * 2 + 1] = median(pipe);
+            time_op(op, 110, res[mode * 2], res[mode * 2 + 1]);
         }
         // Check the last kernel batch of this size.
         int it = 7 * 64 + 63;

@@ -363,13 +363,7 @@ impl Gpu {
             // the work completes by that type's contract) and is bounds-checked in the kernel; the
             // error and done words are inside live pinned allocations (checked). Parameters are
             // copied at launch.
-            unsafe {
-                if report.overlap {
-                    self.launch_overlapped(kernels.unpack_8, grid, block, stream, &mut params)
-                } else {
-                    self.launch(kernels.unpack_8, grid, block, stream, &mut params)
-                }
-            }
+            unsafe { self.launch(kernels.unpack_8, grid, block, stream, &mut params, report.overlap) }
         } else if tasks.len() <= MEDIUM_LAUNCH {
             let mut arr = TaskArray::<MEDIUM_LAUNCH> {
                 t: [UnpackTask::default(); MEDIUM_LAUNCH],
@@ -382,11 +376,14 @@ impl Gpu {
             ];
             // SAFETY: as above, for `tcpxd_unpack_16(TaskArray<16>, u32*, Signal)`.
             unsafe {
-                if report.overlap {
-                    self.launch_overlapped(kernels.unpack_16, grid, block, stream, &mut params)
-                } else {
-                    self.launch(kernels.unpack_16, grid, block, stream, &mut params)
-                }
+                self.launch(
+                    kernels.unpack_16,
+                    grid,
+                    block,
+                    stream,
+                    &mut params,
+                    report.overlap,
+                )
             }
         } else {
             let mut arr = TaskArray::<UNPACK_MAX_TASKS_PER_LAUNCH> {
@@ -400,11 +397,14 @@ impl Gpu {
             ];
             // SAFETY: as above, for `tcpxd_unpack_64(TaskArray<64>, u32*, Signal)`.
             unsafe {
-                if report.overlap {
-                    self.launch_overlapped(kernels.unpack_64, grid, block, stream, &mut params)
-                } else {
-                    self.launch(kernels.unpack_64, grid, block, stream, &mut params)
-                }
+                self.launch(
+                    kernels.unpack_64,
+                    grid,
+                    block,
+                    stream,
+                    &mut params,
+                    report.overlap,
+                )
             }
         }
     }
@@ -741,7 +741,7 @@ impl Gpu {
         ];
         // SAFETY: the caller vouches for `params`; the error word is inside a live pinned
         // allocation (checked above), and so is the signal's done word (LaunchSignal::new).
-        unsafe { self.launch(func, grid, block, stream, &mut args) }
+        unsafe { self.launch(func, grid, block, stream, &mut args, false) }
     }
 }
 

@@ -229,12 +229,15 @@ impl Gpu {
         Ok(k)
     }
 
-    /// Launches `f` on `stream`.
+    /// Launches `f` on `stream`; with `overlap`, as a programmatic dependent launch (sm_90): the
+    /// grid may start while the previous one on `stream` finishes, and the kernel itself waits
+    /// (`griddepcontrol.wait`) before touching anything the previous grid wrote.
     ///
     /// # Safety
     /// `params` must match the kernel's parameter list (one pointer per parameter, each to a
     /// value of the parameter's type and size), and every address the kernel dereferences must be
-    /// valid for its accesses until the launch completes.
+    /// valid for its accesses until the launch completes. With `overlap`, `f` must wait for the
+    /// previous grid before any access that depends on it.
     pub(crate) unsafe fn launch(
         &self,
         f: sys::CUfunction,
@@ -242,43 +245,7 @@ impl Gpu {
         block: u32,
         stream: &Stream,
         params: &mut [*mut c_void],
-    ) -> GpuResult<()> {
-        self.bind_to_thread()?;
-        // SAFETY: the caller vouches for the parameters; the grid and block are plain numbers
-        // the driver validates.
-        check("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(
-                f,
-                grid.0,
-                grid.1,
-                1,
-                block,
-                1,
-                1,
-                0,
-                stream.raw(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        })
-    }
-}
-
-impl Gpu {
-    /// As [`Gpu::launch`], as a programmatic dependent launch (sm_90): the grid may start while
-    /// the previous one on `stream` finishes; the kernel itself waits (`griddepcontrol.wait`)
-    /// before touching anything the previous grid wrote.
-    ///
-    /// # Safety
-    /// As for [`Gpu::launch`]; and `f` must wait for the previous grid before any access that
-    /// depends on it.
-    pub(crate) unsafe fn launch_overlapped(
-        &self,
-        f: sys::CUfunction,
-        grid: (u32, u32),
-        block: u32,
-        stream: &Stream,
-        params: &mut [*mut c_void],
+        overlap: bool,
     ) -> GpuResult<()> {
         self.bind_to_thread()?;
         // SAFETY: a plain-data union of attribute values; zero is a valid bit pattern.
@@ -295,10 +262,11 @@ impl Gpu {
             sharedMemBytes: 0,
             hStream: stream.raw(),
             attrs: &mut attr,
-            numAttrs: 1,
+            numAttrs: u32::from(overlap),
         };
-        // SAFETY: the caller vouches for the parameters and for the kernel's wait; `config` and
-        // its one attribute live across the call.
+        // SAFETY: the caller vouches for the parameters (and, overlapping, for the kernel's
+        // wait); the grid and block are plain numbers the driver validates; `config` and its
+        // attribute live across the call.
         check("cuLaunchKernelEx", unsafe {
             sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut())
         })

@@ -108,7 +108,7 @@ impl DeviceRegion {
             // SAFETY: the parameters match `tcpxd_crc32c_blocks(const u8*, u64, u32*)`; the kernel
             // reads `n` bytes of this region (bounds-checked above) and writes `nblocks` u32 into
             // `out`, which holds `max_blocks >= nblocks`. Both outlive the synchronize below.
-            unsafe { gpu.launch(kernels.crc32c_blocks, (grid, 1), 256, stream, &mut params)? };
+            unsafe { gpu.launch(kernels.crc32c_blocks, (grid, 1), 256, stream, &mut params, false)? };
             stream.copy_d2h(&host, 0, &out, 0, nblocks * 4)?;
             stream.synchronize()?;
             let blocks = host.typed::<u32>(0, nblocks as usize)?;

@@ -315,6 +315,7 @@ impl PersistentGrid {
                 UNPACK_WARPS_PER_BLOCK * 32,
                 stream,
                 &mut args,
+                false,
             )?
         };
         self.resident = true;
