@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Starts two daemons on the built-in emulation (CUDA mode where a GPU exists) and runs the tensor
-# example between them. TCPXD: the tcpxd binary (default target/release/tcpxd).
+# Starts two daemons on the built-in emulation (CUDA mode where a GPU exists) and runs an example
+# between them: `run_example.sh [tensor|host] [--mib N]` (default: tensor).
+# TCPXD: the tcpxd binary (default target/release/tcpxd). Needs `pip install ./python`.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+which=tensor
+case "${1:-}" in tensor|host) which=$1; shift ;; esac
 tcpxd="${TCPXD:-$here/../target/release/tcpxd}"
 dir="$(mktemp -d)"
 cleanup() { kill -TERM "${pa:-}" "${pb:-}" 2>/dev/null || true; wait 2>/dev/null || true; }
@@ -13,5 +16,5 @@ trap cleanup EXIT
   --ready-file "$dir/b.ready" 2>"$dir/b.log" & pb=$!
 for _ in $(seq 200); do [ -s "$dir/a.ready" ] && [ -s "$dir/b.ready" ] && break; sleep 0.05; done
 peer_b=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['peer_address'])" "$dir/b.ready")
-python3 "$here/tensor_transfer.py" --a "unix:$dir/a.sock" --b "unix:$dir/b.sock" --b-peer "$peer_b" "$@" \
+python3 "$here/${which}_transfer.py" --a "unix:$dir/a.sock" --b "unix:$dir/b.sock" --b-peer "$peer_b" "$@" \
   || { echo "--- daemon logs"; tail -n 30 "$dir/a.log" "$dir/b.log"; exit 1; }

@@ -187,10 +187,18 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
     // Client API: the service, reflection and health, on a unix socket and optionally TCP.
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<TcpxdServer<ClientService>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // Reflection on both `grpc.reflection.v1` and `v1alpha` (which Python's
+    // ProtoReflectionDescriptorDatabase and many older tools still ask for).
+    let reflection_builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = reflection_builder()
         .build_v1()
+        .map_err(|e| DaemonError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = reflection_builder()
+        .build_v1alpha()
         .map_err(|e| DaemonError::Reflection(e.to_string()))?;
     let api = || {
         tonic::transport::Server::builder()
@@ -200,6 +208,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
                     .max_encoding_message_size(MAX_API_MESSAGE),
             )
             .add_service(reflection.clone())
+            .add_service(reflection_v1alpha.clone())
             .add_service(health_svc.clone())
     };
     let unix = bind_unix(&cfg.api_socket, cfg.api_socket_mode).await?;
@@ -225,6 +234,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
                         .max_encoding_message_size(MAX_API_MESSAGE),
                 )
                 .add_service(reflection.clone())
+                .add_service(reflection_v1alpha.clone())
                 .add_service(health_svc.clone());
             servers.push(tokio::spawn(
                 tcp_api.serve_with_incoming_shutdown(nodelay(l), stopped(stop_rx.clone())),

@@ -1,4 +1,4 @@
-//! examples/tcpxd_v1.binpb (the descriptor set the Python example loads) stays in step with
+//! python/src/tcpxd/tcpxd_v1.binpb (the descriptor set the Python package loads) stays in step with
 //! proto/tcpxd/v1/tcpxd.proto. `TCPXD_BLESS=1 cargo test --test descriptor` rewrites it from the
 //! compiled proto (protox, as build.rs compiles it; source info dropped, as `make_descriptor.sh`
 //! would produce with grpc_tools).
@@ -25,7 +25,7 @@ fn fields(m: &MessageDescriptor) -> Vec<(u32, String, String, bool)> {
 }
 
 #[test]
-fn the_python_examples_descriptor_set_matches_the_proto() {
+fn the_python_packages_descriptor_set_matches_the_proto() {
     let mut fds = prost_types::FileDescriptorSet::decode(tcpxd::api::proto::FILE_DESCRIPTOR_SET).unwrap();
     fds.file.retain(|f| f.name() == "tcpxd/v1/tcpxd.proto");
     assert_eq!(fds.file.len(), 1);
@@ -33,14 +33,14 @@ fn the_python_examples_descriptor_set_matches_the_proto() {
         f.source_code_info = None;
     }
     let want = fds.encode_to_vec();
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/tcpxd_v1.binpb");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/src/tcpxd/tcpxd_v1.binpb");
     if std::env::var("TCPXD_BLESS").is_ok_and(|v| v == "1") {
         std::fs::write(&path, &want).unwrap();
     }
     let shipped = std::fs::read(&path).unwrap();
     let a = DescriptorPool::decode(want.as_slice()).unwrap();
-    let b = DescriptorPool::decode(shipped.as_slice()).expect("examples/tcpxd_v1.binpb decodes");
-    let stale = "examples/tcpxd_v1.binpb is stale: regenerate it (TCPXD_BLESS=1 cargo test --test descriptor, or examples/make_descriptor.sh)";
+    let b = DescriptorPool::decode(shipped.as_slice()).expect("python/src/tcpxd/tcpxd_v1.binpb decodes");
+    let stale = "python/src/tcpxd/tcpxd_v1.binpb is stale: regenerate it (TCPXD_BLESS=1 cargo test --test descriptor, or python/make_descriptor.sh)";
     assert_eq!(a.all_messages().count(), b.all_messages().count(), "{stale}");
     for m in a.all_messages() {
         let n = b

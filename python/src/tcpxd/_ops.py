@@ -1,0 +1,292 @@
+"""What the sync and asyncio clients share: endpoints, request building, results."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import grpc
+
+from . import _proto
+from .errors import InvalidArgument, from_status
+
+#: The daemon's default API socket.
+DEFAULT_ENDPOINT = "unix:/run/tcpxd/tcpxd.sock"
+#: Largest client message the daemon accepts (src/daemon.rs MAX_API_MESSAGE).
+MAX_MESSAGE = 16 << 20
+#: ReadBuffer's and FillBuffer's largest range per call.
+MAX_SMALL_IO = 1 << 20
+
+BufferLike = Any  # a tcpxd Buffer / AsyncBuffer, or a buffer id (int)
+RemoteLike = Any  # a descriptor string, or anything with a `.descriptor`
+
+
+def resolve_endpoint(endpoint: Optional[str]) -> str:
+    """`endpoint`, else $TCPXD_ENDPOINT, else the daemon's default socket."""
+    return endpoint or os.environ.get("TCPXD_ENDPOINT") or DEFAULT_ENDPOINT
+
+
+def is_unix(endpoint: str) -> bool:
+    return endpoint.startswith("unix:") or endpoint.startswith("unix-abstract:")
+
+
+def resolve_token(endpoint: str, token: Optional[str], token_file: Optional[str]) -> Optional[str]:
+    """The API token for a TCP endpoint: `token`, else the file `token_file`, else the file named by
+    $TCPXD_API_TOKEN_FILE (as tcpxctl reads it). Unix sockets need none."""
+    if token:
+        return token.strip()
+    if is_unix(endpoint):
+        return None
+    path = token_file or os.environ.get("TCPXD_API_TOKEN_FILE")
+    if path:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    return None
+
+
+def channel_options() -> List[Tuple[str, Any]]:
+    return [
+        ("grpc.max_send_message_length", MAX_MESSAGE),
+        ("grpc.max_receive_message_length", MAX_MESSAGE),
+    ]
+
+
+def metadata(token: Optional[str]) -> Optional[Tuple[Tuple[str, str], ...]]:
+    return (("authorization", f"Bearer {token}"),) if token else None
+
+
+@dataclass(frozen=True)
+class WriteOp:
+    """One entry of a write batch: `length` bytes of `local` (at `local_offset`) into `remote`."""
+
+    local: BufferLike
+    remote: RemoteLike
+    length: Optional[int] = None
+    local_offset: int = 0
+    remote_offset: int = 0
+
+
+@dataclass(frozen=True)
+class ReadOp:
+    """One entry of a read batch: `length` bytes of `remote` (at `remote_offset`) into `local`."""
+
+    remote: RemoteLike
+    local: BufferLike
+    length: Optional[int] = None
+    remote_offset: int = 0
+    local_offset: int = 0
+
+
+@dataclass(frozen=True)
+class TransferResult:
+    """A transfer that finished OK."""
+
+    transfer_id: int
+    total_bytes: int
+    bytes_done: int
+    elapsed_us: int
+    #: Per-entry (code, message), in request order (all 0 for a successful transfer).
+    entries: List[Tuple[int, str]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Notification:
+    """A notification another node attached to a transfer into this node's buffers."""
+
+    from_node: str
+    transfer_id: int
+    payload: bytes
+    buffer_ids: List[int]
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What DescribeNode says about a daemon."""
+
+    node_id: str
+    peer_addresses: List[str]
+    version: str
+    raw: Any = None
+
+
+def buffer_id(b: BufferLike) -> int:
+    return int(b.id) if hasattr(b, "id") else int(b)
+
+
+def descriptor(r: RemoteLike) -> str:
+    return str(r.descriptor) if hasattr(r, "descriptor") else str(r)
+
+
+def _length(length: Optional[int], local: BufferLike, local_offset: int, what: str) -> int:
+    if length is not None:
+        return int(length)
+    size = getattr(local, "size", None)
+    if size is None:
+        raise InvalidArgument(f"{what}.length: give a length when the local buffer is a bare id")
+    return int(size) - int(local_offset)
+
+
+def event_handle(ready_event: Any) -> bytes:
+    """The 64-byte IPC handle of a ready event: bytes as they are, or a
+    torch.cuda.Event(interprocess=True) (its `ipc_handle()`)."""
+    if ready_event is None:
+        return b""
+    if isinstance(ready_event, (bytes, bytearray, memoryview)):
+        return bytes(ready_event)
+    if hasattr(ready_event, "ipc_handle"):
+        try:
+            return bytes(ready_event.ipc_handle())
+        except RuntimeError as e:
+            raise InvalidArgument(
+                f"ready_event: {e} (create it with torch.cuda.Event(interprocess=True) and record it first)"
+            ) from None
+    raise InvalidArgument(
+        f"ready_event: expected bytes or a torch.cuda.Event(interprocess=True), got {type(ready_event).__name__}"
+    )
+
+
+def write_entry(op: WriteOp) -> Any:
+    return _proto.message("WriteEntry")(
+        local_buffer_id=buffer_id(op.local),
+        local_offset=op.local_offset,
+        remote_descriptor=descriptor(op.remote),
+        remote_offset=op.remote_offset,
+        length=_length(op.length, op.local, op.local_offset, "write"),
+    )
+
+
+def read_entry(op: ReadOp) -> Any:
+    return _proto.message("ReadEntry")(
+        remote_descriptor=descriptor(op.remote),
+        remote_offset=op.remote_offset,
+        local_buffer_id=buffer_id(op.local),
+        local_offset=op.local_offset,
+        length=_length(op.length, op.local, op.local_offset, "read"),
+    )
+
+
+def timeout_ms(timeout: Optional[float]) -> int:
+    return 0 if timeout is None else max(1, int(timeout * 1000))
+
+
+def _maybe_wait(name: str, fields: dict, wait: bool) -> dict:
+    if wait and _proto.has_field(name, "wait"):
+        fields["wait"] = True
+    return fields
+
+
+def write_request(op: WriteOp, notification: bytes, ready_event: Any, timeout: Optional[float], wait: bool) -> Any:
+    f = dict(
+        entry=write_entry(op),
+        notification=bytes(notification or b""),
+        timeout_ms=timeout_ms(timeout),
+        ready_event_ipc_handle=event_handle(ready_event),
+    )
+    return _proto.message("WriteRequest")(**_maybe_wait("WriteRequest", f, wait))
+
+
+def read_request(op: ReadOp, timeout: Optional[float], wait: bool) -> Any:
+    f = dict(entry=read_entry(op), timeout_ms=timeout_ms(timeout))
+    return _proto.message("ReadRequest")(**_maybe_wait("ReadRequest", f, wait))
+
+
+def write_batch_request(
+    ops: Sequence[WriteOp], notification: bytes, ready_event: Any, timeout: Optional[float], wait: bool
+) -> Any:
+    f = dict(
+        entries=[write_entry(o) for o in ops],
+        notification=bytes(notification or b""),
+        timeout_ms=timeout_ms(timeout),
+        ready_event_ipc_handle=event_handle(ready_event),
+    )
+    return _proto.message("WriteBatchRequest")(**_maybe_wait("WriteBatchRequest", f, wait))
+
+
+def read_batch_request(ops: Sequence[ReadOp], timeout: Optional[float], wait: bool) -> Any:
+    f = dict(entries=[read_entry(o) for o in ops], timeout_ms=timeout_ms(timeout))
+    return _proto.message("ReadBatchRequest")(**_maybe_wait("ReadBatchRequest", f, wait))
+
+
+def final_event(started: Any) -> Optional[Any]:
+    """The final TransferEvent a `wait` call carried, if the daemon sent one."""
+    if "final" in started.DESCRIPTOR.fields_by_name and started.HasField("final"):
+        return started.final
+    return None
+
+
+def result(event: Any) -> TransferResult:
+    """A finished transfer's result; raises the exception of its status when it did not succeed."""
+    if event.status_code != 0:
+        raise from_status(event.status_code, event.status_message, event=event)
+    return TransferResult(
+        transfer_id=event.transfer_id,
+        total_bytes=event.total_bytes,
+        bytes_done=event.bytes_done,
+        elapsed_us=event.elapsed_us,
+        entries=[(e.code, e.message) for e in event.entries],
+    )
+
+
+def notification(n: Any) -> Notification:
+    return Notification(
+        from_node=n.from_node, transfer_id=n.transfer_id, payload=bytes(n.payload), buffer_ids=list(n.buffer_ids)
+    )
+
+
+def node_info(m: Any) -> NodeInfo:
+    addrs = list(getattr(m, "peer_addresses", []))
+    return NodeInfo(node_id=m.node_id, peer_addresses=addrs, version=getattr(m, "version", ""), raw=m)
+
+
+def kind_name(kind: int) -> str:
+    name = _proto.enum_value("BufferKind", kind)
+    return name.replace("BUFFER_KIND_", "").lower()
+
+
+def host_register(size: int, label: str) -> Any:
+    return _proto.message("RegisterBufferRequest")(host=_proto.message("HostAllocation")(size=size), label=label)
+
+
+def cuda_register(size: int, device: int, label: str) -> Any:
+    return _proto.message("RegisterBufferRequest")(
+        cuda=_proto.message("CudaAllocation")(device=device, size=size), label=label
+    )
+
+
+def ipc_register(handle: bytes, offset: int, size: int, device: int, label: str) -> Any:
+    return _proto.message("RegisterBufferRequest")(
+        cuda_ipc=_proto.message("CudaIpcImport")(device=device, ipc_handle=bytes(handle), offset=offset, size=size),
+        label=label,
+    )
+
+
+def fill_requests(buffer: int, offset: int, data: Union[bytes, bytearray, memoryview]) -> List[Any]:
+    """FillBuffer requests writing `data` at `offset`, at most 1 MiB each."""
+    mv = memoryview(bytes(data))
+    out = []
+    for pos in range(0, len(mv), MAX_SMALL_IO):
+        chunk = mv[pos : pos + MAX_SMALL_IO]
+        out.append(
+            _proto.message("FillBufferRequest")(
+                buffer_id=buffer, offset=offset + pos, length=len(chunk), repeat=bytes(chunk)
+            )
+        )
+    return out
+
+
+def read_ranges(offset: int, length: int) -> List[Tuple[int, int]]:
+    return [(p, min(MAX_SMALL_IO, offset + length - p)) for p in range(offset, offset + length, MAX_SMALL_IO)]
+
+
+def fill_pattern(buffer: int, offset: int, length: int, byte: Optional[int], seed: Optional[int]) -> Any:
+    F = _proto.message("FillBufferRequest")
+    if (byte is None) == (seed is None):
+        raise InvalidArgument("fill: give exactly one of byte= or seed=")
+    if byte is not None:
+        return F(buffer_id=buffer, offset=offset, length=length, byte=byte)
+    return F(buffer_id=buffer, offset=offset, length=length, seed=seed)
+
+
+def ensure_grpc_code(e: BaseException) -> bool:
+    return isinstance(e, grpc.RpcError)

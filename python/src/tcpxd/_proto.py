@@ -1,0 +1,83 @@
+"""The API's message classes, built at run time from the descriptor set shipped in the package.
+
+`tcpxd_v1.binpb` is the compiled `proto/tcpxd/v1/tcpxd.proto` (tests/descriptor.rs keeps it in step
+with the proto, python/tests/test_interop.py with what the daemon's reflection serves), so no
+generated code has to match the installed protobuf runtime.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Any, Dict
+
+from google.protobuf import descriptor_pb2, descriptor_pool
+from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
+
+try:  # protobuf >= 4.21
+    from google.protobuf.message_factory import GetMessageClass as _get_class
+except ImportError:  # pragma: no cover - older protobuf
+    from google.protobuf.message_factory import MessageFactory
+
+    _factory = MessageFactory()
+
+    def _get_class(desc: Any) -> Any:
+        return _factory.GetPrototype(desc)
+
+
+PACKAGE = "tcpxd.v1"
+SERVICE = "tcpxd.v1.Tcpxd"
+
+
+def descriptor_set_bytes() -> bytes:
+    """The serialized FileDescriptorSet shipped in the package."""
+    return resources.files("tcpxd").joinpath("tcpxd_v1.binpb").read_bytes()
+
+
+@functools.lru_cache(maxsize=None)
+def _pool() -> descriptor_pool.DescriptorPool:
+    pool = descriptor_pool.DescriptorPool()
+    for f in descriptor_pb2.FileDescriptorSet.FromString(descriptor_set_bytes()).file:
+        pool.Add(f)
+    return pool
+
+
+@functools.lru_cache(maxsize=None)
+def message(name: str) -> Any:
+    """The class of `tcpxd.v1.<name>` (e.g. `message("WriteRequest")`)."""
+    return _get_class(_pool().FindMessageTypeByName(f"{PACKAGE}.{name}"))
+
+
+def service() -> ServiceDescriptor:
+    return _pool().FindServiceByName(SERVICE)
+
+
+def has_method(name: str) -> bool:
+    return any(m.name == name for m in service().methods)
+
+
+def method(name: str) -> MethodDescriptor:
+    return service().methods_by_name[name]
+
+
+def has_field(msg: str, field: str) -> bool:
+    return field in message(msg).DESCRIPTOR.fields_by_name
+
+
+def enum_value(enum: str, value: int) -> str:
+    """The name of a value of enum `tcpxd.v1.<enum>`."""
+    e = _pool().FindEnumTypeByName(f"{PACKAGE}.{enum}")
+    v = e.values_by_number.get(value)
+    return v.name if v is not None else str(value)
+
+
+def path(name: str) -> str:
+    """The gRPC method path of `name`."""
+    return f"/{SERVICE}/{name}"
+
+
+def codecs(name: str) -> Dict[str, Any]:
+    """Serializer and deserializer for the method `name` (grpcio's generic stubs)."""
+    m = method(name)
+    req, resp = _get_class(m.input_type), _get_class(m.output_type)
+    return {"request_serializer": req.SerializeToString, "response_deserializer": resp.FromString}

@@ -1,0 +1,386 @@
+"""The asyncio client (grpc.aio): the same calls as tcpxd.Client, as coroutines."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any, AsyncIterator, Dict, List, Optional, Sequence
+
+import grpc
+import grpc.aio
+
+from . import _ops, _proto, _tensor
+from ._ops import BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp
+from .client import DEFAULT_CALL_TIMEOUT
+from .errors import TcpxdError, from_rpc_error, from_status
+
+
+class AsyncBuffer:
+    """A buffer registered with a daemon. `async with` releases it."""
+
+    def __init__(self, client: "AsyncClient", msg: Any, keepalive: Any = None):
+        self._client = client
+        self._keepalive = keepalive
+        self._update(msg)
+        self.released = False
+
+    def _update(self, msg: Any) -> None:
+        self.id: int = msg.id
+        self.kind: str = _ops.kind_name(msg.kind)
+        self.size: int = msg.size
+        self.label: str = msg.label
+        self.descriptor: str = msg.descriptor
+        self.device: int = msg.device
+
+    def __repr__(self) -> str:
+        return f"AsyncBuffer(id={self.id}, kind={self.kind}, size={self.size}, label={self.label!r})"
+
+    async def release(self) -> None:
+        if not self.released:
+            await self._client._unary("ReleaseBuffer", _proto.message("ReleaseBufferRequest")(buffer_id=self.id))
+            self.released = True
+            self._keepalive = None
+
+    async def rekey(self) -> str:
+        self._update(await self._client._unary("RekeyBuffer", _proto.message("RekeyBufferRequest")(buffer_id=self.id)))
+        return self.descriptor
+
+    async def write_bytes(self, data: bytes, offset: int = 0) -> None:
+        for req in _ops.fill_requests(self.id, offset, data):
+            await self._client._unary("FillBuffer", req)
+
+    async def read_bytes(self, offset: int = 0, length: Optional[int] = None) -> bytes:
+        length = self.size - offset if length is None else length
+        R = _proto.message("ReadBufferRequest")
+        parts = [
+            (await self._client._unary("ReadBuffer", R(buffer_id=self.id, offset=o, length=n))).data
+            for o, n in _ops.read_ranges(offset, length)
+        ]
+        return b"".join(parts)
+
+    async def fill(self, *, byte: Optional[int] = None, seed: Optional[int] = None, offset: int = 0, length: int = 0) -> None:
+        await self._client._unary("FillBuffer", _ops.fill_pattern(self.id, offset, length, byte, seed))
+
+    async def checksum(self, offset: int = 0, length: int = 0) -> int:
+        R = _proto.message("ChecksumBufferRequest")
+        return (await self._client._unary("ChecksumBuffer", R(buffer_id=self.id, offset=offset, length=length))).crc32c
+
+    async def __aenter__(self) -> "AsyncBuffer":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.release()
+
+
+class AsyncTransfer:
+    """A transfer started without waiting: `await t.result()`, `await t.cancel()`; also awaitable."""
+
+    def __init__(self, client: "AsyncClient", started: Any):
+        self._client = client
+        self.id: int = started.transfer_id
+        self.total_bytes: int = started.total_bytes
+        self._final: Optional[Any] = _ops.final_event(started)
+
+    async def result(self, timeout: Optional[float] = None) -> TransferResult:
+        if self._final is None:
+            req = _proto.message("WaitTransferRequest")(transfer_id=self.id)
+            self._final = await self._client._unary("WaitTransfer", req, timeout=timeout)
+        return _ops.result(self._final)
+
+    def __await__(self) -> Any:
+        return self.result().__await__()
+
+    async def cancel(self) -> bool:
+        return await self._client.cancel(self.id)
+
+
+class AsyncSubscription:
+    """`async for n in sub`: notifications in the order their transfers completed."""
+
+    def __init__(self, call: Any):
+        self._call = call
+        self._closed = False
+
+    def __aiter__(self) -> AsyncIterator[Notification]:
+        return self._iter()
+
+    async def _iter(self) -> AsyncIterator[Notification]:
+        try:
+            async for n in self._call:
+                yield _ops.notification(n)
+        except grpc.RpcError as e:
+            if self._closed:
+                return
+            raise from_rpc_error(e) from None
+
+    async def next(self, timeout: Optional[float] = None) -> Notification:
+        try:
+            n = await asyncio.wait_for(self._call.read(), timeout)
+        except asyncio.TimeoutError:
+            raise from_status(4, f"no notification within {timeout} s") from None
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        if n is grpc.aio.EOF:
+            raise TcpxdError("the subscription ended")
+        return _ops.notification(n)
+
+    def close(self) -> None:
+        self._closed = True
+        self._call.cancel()
+
+    async def __aenter__(self) -> "AsyncSubscription":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class AsyncSession:
+    """Many transfers in flight on one stream: each submit returns an asyncio.Future resolved when
+    that transfer finishes. `async with client.session() as s: r = await s.write(...)`."""
+
+    def __init__(self, client: "AsyncClient", timeout: Optional[float]):
+        self._client = client
+        self._q: "asyncio.Queue[Any]" = asyncio.Queue()
+        self._pending: Dict[int, asyncio.Future] = {}
+        self._tags = itertools.count(1)
+        self._closed = False
+        self._call = client._stub("Session", "stream_stream")(self._requests(), timeout=timeout, metadata=client._metadata)
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def _requests(self) -> AsyncIterator[Any]:
+        while True:
+            item = await self._q.get()
+            if item is None:
+                return
+            yield item
+
+    def _submit(self, **op: Any) -> "asyncio.Future[Any]":
+        if self._closed:
+            raise TcpxdError("the session is closed")
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        tag = next(self._tags)
+        self._pending[tag] = fut
+        fut.tag = tag  # type: ignore[attr-defined]
+        self._q.put_nowait(_proto.message("SessionRequest")(tag=tag, **op))
+        return fut
+
+    def write(
+        self,
+        local: BufferLike,
+        remote: RemoteLike,
+        length: Optional[int] = None,
+        *,
+        local_offset: int = 0,
+        remote_offset: int = 0,
+        notification: bytes = b"",
+        ready_event: Any = None,
+        timeout: Optional[float] = None,
+    ) -> "asyncio.Future[TransferResult]":
+        op = WriteOp(local, remote, length, local_offset, remote_offset)
+        return self._submit(write=_ops.write_request(op, notification, ready_event, timeout, False))
+
+    def read(
+        self,
+        remote: RemoteLike,
+        local: BufferLike,
+        length: Optional[int] = None,
+        *,
+        remote_offset: int = 0,
+        local_offset: int = 0,
+        timeout: Optional[float] = None,
+    ) -> "asyncio.Future[TransferResult]":
+        op = ReadOp(remote, local, length, remote_offset, local_offset)
+        return self._submit(read=_ops.read_request(op, timeout, False))
+
+    def write_batch(
+        self, ops: Sequence[WriteOp], *, notification: bytes = b"", ready_event: Any = None, timeout: Optional[float] = None
+    ) -> "asyncio.Future[TransferResult]":
+        return self._submit(write_batch=_ops.write_batch_request(ops, notification, ready_event, timeout, False))
+
+    def read_batch(self, ops: Sequence[ReadOp], *, timeout: Optional[float] = None) -> "asyncio.Future[TransferResult]":
+        return self._submit(read_batch=_ops.read_batch_request(ops, timeout, False))
+
+    def cancel(self, fut: "asyncio.Future[Any]") -> "asyncio.Future[bool]":
+        return self._submit(cancel_tag=fut.tag)  # type: ignore[attr-defined]
+
+    async def _read(self) -> None:
+        err: TcpxdError = TcpxdError("the session ended with transfers unfinished")
+        try:
+            async for ev in self._call:
+                fut = self._pending.pop(ev.tag, None)
+                if fut is None or fut.done():
+                    continue
+                kind = ev.WhichOneof("event")
+                if kind == "finished":
+                    try:
+                        fut.set_result(_ops.result(ev.finished))
+                    except TcpxdError as e:
+                        fut.set_exception(e)
+                elif kind == "refused":
+                    fut.set_exception(from_status(ev.refused.code, ev.refused.message))
+                elif kind == "cancelled":
+                    fut.set_result(ev.cancelled.cancelled)
+        except grpc.RpcError as e:
+            err = from_rpc_error(e)
+        left, self._pending = self._pending, {}
+        for fut in left.values():
+            if not fut.done():
+                fut.set_exception(err)
+
+    async def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._q.put_nowait(None)
+        await self._reader
+
+    async def __aenter__(self) -> "AsyncSession":
+        return self
+
+    async def __aexit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:
+            self._call.cancel()
+        await self.close()
+
+
+class AsyncClient:
+    """tcpxd.Client for asyncio. Use `async with AsyncClient(...) as c:` or `await c.close()`."""
+
+    def __init__(
+        self,
+        endpoint: Optional[str] = None,
+        *,
+        token: Optional[str] = None,
+        token_file: Optional[str] = None,
+        timeout: float = DEFAULT_CALL_TIMEOUT,
+    ):
+        self.endpoint = _ops.resolve_endpoint(endpoint)
+        self._metadata = _ops.metadata(_ops.resolve_token(self.endpoint, token, token_file))
+        self._channel = grpc.aio.insecure_channel(self.endpoint, options=_ops.channel_options())
+        self.timeout = timeout
+        self._stubs: Dict[str, Any] = {}
+
+    def _stub(self, name: str, kind: str) -> Any:
+        s = self._stubs.get(name)
+        if s is None:
+            s = getattr(self._channel, kind)(_proto.path(name), **_proto.codecs(name))
+            self._stubs[name] = s
+        return s
+
+    async def _unary(self, name: str, req: Any, timeout: Optional[float] = -1.0) -> Any:
+        t = self.timeout if timeout == -1.0 else timeout
+        try:
+            return await self._stub(name, "unary_unary")(req, timeout=t, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    # -- buffers
+
+    async def register_host(self, size: int, label: str = "") -> AsyncBuffer:
+        return AsyncBuffer(self, await self._unary("RegisterBuffer", _ops.host_register(size, label)))
+
+    async def allocate_cuda(self, size: int, device: int = 0, label: str = "") -> AsyncBuffer:
+        return AsyncBuffer(self, await self._unary("RegisterBuffer", _ops.cuda_register(size, device, label)))
+
+    async def register_cuda_ipc(
+        self, ipc_handle: bytes, size: int, *, offset: int = 0, device: int = 0, label: str = ""
+    ) -> AsyncBuffer:
+        msg = await self._unary("RegisterBuffer", _ops.ipc_register(ipc_handle, offset, size, device, label))
+        return AsyncBuffer(self, msg)
+
+    async def register_tensor(self, tensor: Any, label: str = "") -> AsyncBuffer:
+        device, handle, offset, size = _tensor.cuda_ipc_view(tensor)
+        msg = await self._unary("RegisterBuffer", _ops.ipc_register(handle, offset, size, device, label))
+        return AsyncBuffer(self, msg, keepalive=tensor)
+
+    async def list_buffers(self) -> List[Any]:
+        return list((await self._unary("ListBuffers", _proto.message("ListBuffersRequest")())).buffers)
+
+    # -- peers and node
+
+    async def connect_peer(self, address: str) -> Any:
+        return await self._unary("ConnectPeer", _proto.message("ConnectPeerRequest")(address=address))
+
+    async def list_peers(self) -> List[Any]:
+        return list((await self._unary("ListPeers", _proto.message("ListPeersRequest")())).peers)
+
+    async def describe_node(self) -> NodeInfo:
+        return _ops.node_info(await self._unary("DescribeNode", _proto.message("DescribeNodeRequest")()))
+
+    async def stats(self) -> Any:
+        return await self._unary("GetStats", _proto.message("GetStatsRequest")())
+
+    # -- transfers
+
+    async def _start(self, name: str, req: Any, timeout: Optional[float], wait: bool) -> Any:
+        t = AsyncTransfer(self, await self._unary(name, req, timeout=timeout))
+        return await t.result() if wait else t
+
+    async def write(
+        self,
+        local: BufferLike,
+        remote: RemoteLike,
+        length: Optional[int] = None,
+        *,
+        local_offset: int = 0,
+        remote_offset: int = 0,
+        notification: bytes = b"",
+        ready_event: Any = None,
+        timeout: Optional[float] = None,
+        wait: bool = True,
+    ) -> Any:
+        req = _ops.write_request(WriteOp(local, remote, length, local_offset, remote_offset), notification, ready_event, timeout, wait)
+        return await self._start("Write", req, timeout, wait)
+
+    async def read(
+        self,
+        remote: RemoteLike,
+        local: BufferLike,
+        length: Optional[int] = None,
+        *,
+        remote_offset: int = 0,
+        local_offset: int = 0,
+        timeout: Optional[float] = None,
+        wait: bool = True,
+    ) -> Any:
+        req = _ops.read_request(ReadOp(remote, local, length, remote_offset, local_offset), timeout, wait)
+        return await self._start("Read", req, timeout, wait)
+
+    async def write_batch(
+        self,
+        ops: Sequence[WriteOp],
+        *,
+        notification: bytes = b"",
+        ready_event: Any = None,
+        timeout: Optional[float] = None,
+        wait: bool = True,
+    ) -> Any:
+        req = _ops.write_batch_request(ops, notification, ready_event, timeout, wait)
+        return await self._start("WriteBatch", req, timeout, wait)
+
+    async def read_batch(self, ops: Sequence[ReadOp], *, timeout: Optional[float] = None, wait: bool = True) -> Any:
+        return await self._start("ReadBatch", _ops.read_batch_request(ops, timeout, wait), timeout, wait)
+
+    async def cancel(self, transfer_id: int) -> bool:
+        return (await self._unary("Cancel", _proto.message("CancelRequest")(transfer_id=transfer_id))).cancelled
+
+    def session(self, timeout: Optional[float] = None) -> AsyncSession:
+        """Call inside a running event loop."""
+        return AsyncSession(self, timeout)
+
+    async def subscribe(self) -> AsyncSubscription:
+        call = self._stub("Subscribe", "unary_stream")(_proto.message("SubscribeRequest")(), metadata=self._metadata)
+        try:
+            await call.initial_metadata()
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return AsyncSubscription(call)

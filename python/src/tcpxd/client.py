@@ -1,0 +1,452 @@
+"""The synchronous client."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import queue
+import threading
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import grpc
+
+from . import _ops, _proto, _tensor
+from ._ops import BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp
+from .errors import TcpxdError, from_rpc_error, from_status
+
+#: Deadline of calls that are not transfers (registration, peers, ...), in seconds.
+DEFAULT_CALL_TIMEOUT = 60.0
+
+
+class Buffer:
+    """A buffer registered with a daemon. A context manager: leaving it releases the buffer."""
+
+    def __init__(self, client: "Client", msg: Any, keepalive: Any = None):
+        self._client = client
+        self._keepalive = keepalive  # e.g. the tensor whose memory the daemon imported
+        self._update(msg)
+        self.released = False
+
+    def _update(self, msg: Any) -> None:
+        self.id: int = msg.id
+        self.kind: str = _ops.kind_name(msg.kind)
+        self.size: int = msg.size
+        self.label: str = msg.label
+        #: What another node needs to address this buffer (give it to its writers and readers).
+        self.descriptor: str = msg.descriptor
+        self.device: int = msg.device
+
+    def __repr__(self) -> str:
+        return f"Buffer(id={self.id}, kind={self.kind}, size={self.size}, label={self.label!r})"
+
+    def release(self) -> None:
+        """Releases the buffer (its descriptor stops working). Idempotent."""
+        if not self.released:
+            self._client._unary("ReleaseBuffer", _proto.message("ReleaseBufferRequest")(buffer_id=self.id))
+            self.released = True
+            self._keepalive = None
+
+    def rekey(self) -> str:
+        """A new access key: every descriptor handed out before stops working. Returns the new one."""
+        self._update(self._client._unary("RekeyBuffer", _proto.message("RekeyBufferRequest")(buffer_id=self.id)))
+        return self.descriptor
+
+    def write_bytes(self, data: bytes, offset: int = 0) -> None:
+        """Copies `data` into the buffer at `offset` (through the API: for small data and tests)."""
+        for req in _ops.fill_requests(self.id, offset, data):
+            self._client._unary("FillBuffer", req)
+
+    def read_bytes(self, offset: int = 0, length: Optional[int] = None) -> bytes:
+        """The buffer's bytes `[offset, offset + length)` (default: to the end), through the API."""
+        length = self.size - offset if length is None else length
+        R = _proto.message("ReadBufferRequest")
+        return b"".join(
+            self._client._unary("ReadBuffer", R(buffer_id=self.id, offset=o, length=n)).data
+            for o, n in _ops.read_ranges(offset, length)
+        )
+
+    def fill(self, *, byte: Optional[int] = None, seed: Optional[int] = None, offset: int = 0, length: int = 0) -> None:
+        """Fills `[offset, offset + length)` (0: to the end) with a byte or a seeded pseudo-random stream."""
+        self._client._unary("FillBuffer", _ops.fill_pattern(self.id, offset, length, byte, seed))
+
+    def checksum(self, offset: int = 0, length: int = 0) -> int:
+        """CRC-32C of `[offset, offset + length)` (0: to the end), computed by the daemon."""
+        R = _proto.message("ChecksumBufferRequest")
+        return self._client._unary("ChecksumBuffer", R(buffer_id=self.id, offset=offset, length=length)).crc32c
+
+    def __enter__(self) -> "Buffer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class Transfer:
+    """A transfer started without waiting: `result()` waits for it, `cancel()` stops it."""
+
+    def __init__(self, client: "Client", started: Any):
+        self._client = client
+        self.id: int = started.transfer_id
+        self.total_bytes: int = started.total_bytes
+        self._final: Optional[Any] = _ops.final_event(started)
+
+    def result(self, timeout: Optional[float] = None) -> TransferResult:
+        """Waits until the bytes landed; raises the exception of the transfer's status if it failed
+        (tcpxd.DeadlineExceeded when `timeout` passes first; the transfer goes on)."""
+        if self._final is None:
+            req = _proto.message("WaitTransferRequest")(transfer_id=self.id)
+            self._final = self._client._unary("WaitTransfer", req, timeout=timeout)
+        return _ops.result(self._final)
+
+    def cancel(self) -> bool:
+        """Cancels the transfer on both sides; False when it had already ended."""
+        return self._client.cancel(self.id)
+
+    def events(self) -> Iterator[Any]:
+        """The transfer's progress events (tcpxd.v1.TransferEvent), ending with the final one."""
+        call = self._client._stream("Watch", _proto.message("WatchRequest")(transfer_id=self.id))
+        try:
+            for ev in call:
+                yield ev
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+
+class Subscription:
+    """Notifications, in the order their transfers completed. Iterate it; `close()` ends it."""
+
+    def __init__(self, call: Any):
+        self._call = call
+
+    def __iter__(self) -> Iterator[Notification]:
+        try:
+            for n in self._call:
+                yield _ops.notification(n)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.CANCELLED and self._closed:
+                return
+            raise from_rpc_error(e) from None
+
+    _closed = False
+
+    def next(self, timeout: Optional[float] = None) -> Notification:
+        """The next notification; tcpxd.DeadlineExceeded when none comes within `timeout` seconds."""
+        box: "queue.Queue[Any]" = queue.Queue()
+
+        def take() -> None:
+            try:
+                box.put(_ops.notification(next(self._call)))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                box.put(e)
+
+        threading.Thread(target=take, daemon=True).start()
+        try:
+            got = box.get(timeout=timeout)
+        except queue.Empty:
+            self.close()
+            raise from_status(4, f"no notification within {timeout} s") from None
+        if isinstance(got, grpc.RpcError):
+            raise from_rpc_error(got) from None
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def close(self) -> None:
+        self._closed = True
+        self._call.cancel()
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Session:
+    """Many transfers in flight on one stream (the Session RPC): each submit returns a
+    concurrent.futures.Future resolved when that transfer finishes, in completion order.
+    `close()` (or leaving the `with` block) waits for the unfinished ones."""
+
+    def __init__(self, client: "Client", timeout: Optional[float]):
+        self._client = client
+        self._q: "queue.Queue[Any]" = queue.Queue()
+        self._pending: Dict[int, concurrent.futures.Future] = {}
+        self._lock = threading.Lock()
+        self._tags = itertools.count(1)
+        self._closed = False
+        self._call = client._stream_stream("Session", self._requests(), timeout=timeout)
+        self._reader = threading.Thread(target=self._read, name="tcpxd-session", daemon=True)
+        self._reader.start()
+
+    def _requests(self) -> Iterator[Any]:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            yield item
+
+    def _submit(self, **op: Any) -> concurrent.futures.Future:
+        if self._closed:
+            raise TcpxdError("the session is closed")
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            tag = next(self._tags)
+            self._pending[tag] = fut
+        fut.tag = tag  # type: ignore[attr-defined]
+        self._q.put(_proto.message("SessionRequest")(tag=tag, **op))
+        return fut
+
+    def write(
+        self,
+        local: BufferLike,
+        remote: RemoteLike,
+        length: Optional[int] = None,
+        *,
+        local_offset: int = 0,
+        remote_offset: int = 0,
+        notification: bytes = b"",
+        ready_event: Any = None,
+        timeout: Optional[float] = None,
+    ) -> "concurrent.futures.Future[TransferResult]":
+        op = WriteOp(local, remote, length, local_offset, remote_offset)
+        return self._submit(write=_ops.write_request(op, notification, ready_event, timeout, False))
+
+    def read(
+        self,
+        remote: RemoteLike,
+        local: BufferLike,
+        length: Optional[int] = None,
+        *,
+        remote_offset: int = 0,
+        local_offset: int = 0,
+        timeout: Optional[float] = None,
+    ) -> "concurrent.futures.Future[TransferResult]":
+        op = ReadOp(remote, local, length, remote_offset, local_offset)
+        return self._submit(read=_ops.read_request(op, timeout, False))
+
+    def write_batch(
+        self, ops: Sequence[WriteOp], *, notification: bytes = b"", ready_event: Any = None, timeout: Optional[float] = None
+    ) -> "concurrent.futures.Future[TransferResult]":
+        return self._submit(write_batch=_ops.write_batch_request(ops, notification, ready_event, timeout, False))
+
+    def read_batch(self, ops: Sequence[ReadOp], *, timeout: Optional[float] = None) -> "concurrent.futures.Future[TransferResult]":
+        return self._submit(read_batch=_ops.read_batch_request(ops, timeout, False))
+
+    def cancel(self, fut: concurrent.futures.Future) -> "concurrent.futures.Future[bool]":
+        """Cancels the transfer behind `fut` (it then fails with tcpxd.Cancelled); the returned
+        future says whether it was still unfinished."""
+        return self._submit(cancel_tag=fut.tag)  # type: ignore[attr-defined]
+
+    def _read(self) -> None:
+        try:
+            for ev in self._call:
+                with self._lock:
+                    fut = self._pending.pop(ev.tag, None)
+                if fut is None:
+                    continue
+                kind = ev.WhichOneof("event")
+                if kind == "finished":
+                    try:
+                        fut.set_result(_ops.result(ev.finished))
+                    except TcpxdError as e:
+                        fut.set_exception(e)
+                elif kind == "refused":
+                    fut.set_exception(from_status(ev.refused.code, ev.refused.message))
+                elif kind == "cancelled":
+                    fut.set_result(ev.cancelled.cancelled)
+            err: TcpxdError = TcpxdError("the session ended with transfers unfinished")
+        except grpc.RpcError as e:
+            err = from_rpc_error(e)
+        with self._lock:
+            left, self._pending = self._pending, {}
+        for fut in left.values():
+            fut.set_exception(err)
+
+    def close(self) -> None:
+        """Half-closes the stream: the daemon finishes what is in flight, then the stream ends."""
+        if not self._closed:
+            self._closed = True
+            self._q.put(None)
+        self._reader.join()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:
+            self._call.cancel()  # the caller failed: cancel the in-flight transfers
+        self.close()
+
+
+class Client:
+    """A connection to one tcpxd daemon.
+
+    `endpoint`: "unix:/path" or "host:port" (default: $TCPXD_ENDPOINT, else
+    unix:/run/tcpxd/tcpxd.sock). A TCP endpoint sends the API token (`token`, the file `token_file`,
+    else the file $TCPXD_API_TOKEN_FILE names). `timeout`: the deadline, in seconds, of calls that
+    are not transfers. A context manager: leaving it closes the channel."""
+
+    def __init__(
+        self,
+        endpoint: Optional[str] = None,
+        *,
+        token: Optional[str] = None,
+        token_file: Optional[str] = None,
+        timeout: float = DEFAULT_CALL_TIMEOUT,
+    ):
+        self.endpoint = _ops.resolve_endpoint(endpoint)
+        self._metadata = _ops.metadata(_ops.resolve_token(self.endpoint, token, token_file))
+        self._channel = grpc.insecure_channel(self.endpoint, options=_ops.channel_options())
+        self.timeout = timeout
+        self._stubs: Dict[str, Callable[..., Any]] = {}
+
+    # -- plumbing
+
+    def _stub(self, name: str, kind: str) -> Callable[..., Any]:
+        s = self._stubs.get(name)
+        if s is None:
+            s = getattr(self._channel, kind)(_proto.path(name), **_proto.codecs(name))
+            self._stubs[name] = s
+        return s
+
+    def _unary(self, name: str, req: Any, timeout: Optional[float] = -1.0) -> Any:
+        t = self.timeout if timeout == -1.0 else timeout
+        try:
+            return self._stub(name, "unary_unary")(req, timeout=t, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+
+    def _stream(self, name: str, req: Any, timeout: Optional[float] = None) -> Any:
+        return self._stub(name, "unary_stream")(req, timeout=timeout, metadata=self._metadata)
+
+    def _stream_stream(self, name: str, reqs: Iterator[Any], timeout: Optional[float] = None) -> Any:
+        return self._stub(name, "stream_stream")(reqs, timeout=timeout, metadata=self._metadata)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- buffers
+
+    def register_host(self, size: int, label: str = "") -> Buffer:
+        """A host buffer the daemon allocates (populated at registration)."""
+        return Buffer(self, self._unary("RegisterBuffer", _ops.host_register(size, label)))
+
+    def allocate_cuda(self, size: int, device: int = 0, label: str = "") -> Buffer:
+        """A CUDA buffer the daemon allocates on GPU `device`."""
+        return Buffer(self, self._unary("RegisterBuffer", _ops.cuda_register(size, device, label)))
+
+    def register_cuda_ipc(self, ipc_handle: bytes, size: int, *, offset: int = 0, device: int = 0, label: str = "") -> Buffer:
+        """CUDA memory of another process, by its 64-byte cudaIpcMemHandle_t (offset and size of the range)."""
+        return Buffer(self, self._unary("RegisterBuffer", _ops.ipc_register(ipc_handle, offset, size, device, label)))
+
+    def register_tensor(self, tensor: Any, label: str = "") -> Buffer:
+        """A PyTorch CUDA tensor's own memory, imported by the daemon by IPC handle (no copy). The
+        buffer keeps the tensor alive until released; release it before freeing the tensor's memory."""
+        device, handle, offset, size = _tensor.cuda_ipc_view(tensor)
+        msg = self._unary("RegisterBuffer", _ops.ipc_register(handle, offset, size, device, label))
+        return Buffer(self, msg, keepalive=tensor)
+
+    def describe_buffer(self, buffer: BufferLike) -> Any:
+        return self._unary("DescribeBuffer", _proto.message("DescribeBufferRequest")(buffer_id=_ops.buffer_id(buffer)))
+
+    def list_buffers(self) -> List[Any]:
+        return list(self._unary("ListBuffers", _proto.message("ListBuffersRequest")()).buffers)
+
+    # -- peers and node
+
+    def connect_peer(self, address: str) -> Any:
+        """Connects to another daemon's peer address (not needed for descriptors carrying one)."""
+        return self._unary("ConnectPeer", _proto.message("ConnectPeerRequest")(address=address))
+
+    def list_peers(self) -> List[Any]:
+        return list(self._unary("ListPeers", _proto.message("ListPeersRequest")()).peers)
+
+    def describe_node(self) -> NodeInfo:
+        """The daemon's node id, peer address(es), version, plugin, devices and GPUs."""
+        return _ops.node_info(self._unary("DescribeNode", _proto.message("DescribeNodeRequest")()))
+
+    def stats(self) -> Any:
+        return self._unary("GetStats", _proto.message("GetStatsRequest")())
+
+    # -- transfers
+
+    def _start(self, name: str, req: Any, timeout: Optional[float], wait: bool) -> Any:
+        started = self._unary(name, req, timeout=timeout)
+        t = Transfer(self, started)
+        return t.result() if wait else t
+
+    def write(
+        self,
+        local: BufferLike,
+        remote: RemoteLike,
+        length: Optional[int] = None,
+        *,
+        local_offset: int = 0,
+        remote_offset: int = 0,
+        notification: bytes = b"",
+        ready_event: Any = None,
+        timeout: Optional[float] = None,
+        wait: bool = True,
+    ) -> Any:
+        """WRITE `length` bytes (default: the rest of `local`) from `local` into the remote buffer a
+        descriptor names. `ready_event` (a torch.cuda.Event(interprocess=True), or its IPC handle)
+        orders the send after the GPU work recorded before it. With `wait` (default) returns a
+        TransferResult once the bytes landed; else a Transfer to wait on or cancel. `timeout`
+        (seconds) is the transfer's deadline (default: the daemon's)."""
+        req = _ops.write_request(WriteOp(local, remote, length, local_offset, remote_offset), notification, ready_event, timeout, wait)
+        return self._start("Write", req, timeout, wait)
+
+    def read(
+        self,
+        remote: RemoteLike,
+        local: BufferLike,
+        length: Optional[int] = None,
+        *,
+        remote_offset: int = 0,
+        local_offset: int = 0,
+        timeout: Optional[float] = None,
+        wait: bool = True,
+    ) -> Any:
+        """READ `length` bytes (default: the rest of `local`) of a remote buffer into `local`."""
+        req = _ops.read_request(ReadOp(remote, local, length, remote_offset, local_offset), timeout, wait)
+        return self._start("Read", req, timeout, wait)
+
+    def write_batch(
+        self,
+        ops: Sequence[WriteOp],
+        *,
+        notification: bytes = b"",
+        ready_event: Any = None,
+        timeout: Optional[float] = None,
+        wait: bool = True,
+    ) -> Any:
+        """Several WRITE entries as one transfer (one id; per-entry statuses in the result)."""
+        return self._start("WriteBatch", _ops.write_batch_request(ops, notification, ready_event, timeout, wait), timeout, wait)
+
+    def read_batch(self, ops: Sequence[ReadOp], *, timeout: Optional[float] = None, wait: bool = True) -> Any:
+        """Several READ entries as one transfer."""
+        return self._start("ReadBatch", _ops.read_batch_request(ops, timeout, wait), timeout, wait)
+
+    def cancel(self, transfer_id: int) -> bool:
+        """Cancels a transfer on both sides; False when it had already ended."""
+        return self._unary("Cancel", _proto.message("CancelRequest")(transfer_id=transfer_id)).cancelled
+
+    def session(self, timeout: Optional[float] = None) -> Session:
+        """A stream for many transfers in flight (`timeout` bounds the whole session)."""
+        return Session(self, timeout)
+
+    def subscribe(self) -> Subscription:
+        """Notifications other nodes attach to transfers into this node's buffers. Returns once the
+        subscription is in place: notifications of transfers finishing after that are delivered."""
+        call = self._stream("Subscribe", _proto.message("SubscribeRequest")())
+        try:
+            call.initial_metadata()  # the daemon answers headers once it has subscribed
+        except grpc.RpcError as e:
+            raise from_rpc_error(e) from None
+        return Subscription(call)

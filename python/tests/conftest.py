@@ -1,0 +1,135 @@
+"""Fixtures: two real tcpxd daemons on the built-in emulation plugin, unix API sockets in a temp dir.
+
+The daemon binary: $TCPXD_BIN, else the newer of target/debug/tcpxd and target/release/tcpxd (the
+README's test command builds target/debug/tcpxd first). GPU tests (`-m gpu`) need torch with CUDA
+and are skipped, reported as not run, without them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tcpxd_bin() -> Path:
+    env = os.environ.get("TCPXD_BIN")
+    if env:
+        return Path(env)
+    found = [p for p in (ROOT / "target/debug/tcpxd", ROOT / "target/release/tcpxd") if p.exists()]
+    if not found:
+        pytest.fail("no tcpxd binary: run `cargo build` (or set TCPXD_BIN)")
+    return max(found, key=lambda p: p.stat().st_mtime)
+
+
+@dataclass
+class Daemon:
+    node_id: str
+    socket: str
+    peer_address: str
+    ready: Dict[str, object]
+    proc: subprocess.Popen
+    log: Path
+
+    @property
+    def endpoint(self) -> str:
+        return f"unix:{self.socket}"
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def start_daemon(dir: Path, name: str, extra: Optional[List[str]] = None, env: Optional[Dict[str, str]] = None) -> Daemon:
+    sock, ready, log = dir / f"{name}.sock", dir / f"{name}.ready", dir / f"{name}.log"
+    args = [
+        str(tcpxd_bin()),
+        "--node-id", name,
+        "--builtin-emulation",
+        "--api-socket", str(sock),
+        "--peer-listen", "127.0.0.1:0",
+        "--ready-file", str(ready),
+    ] + (extra or [])
+    e = dict(os.environ)
+    e.setdefault("RUST_LOG", "warn")
+    e.update(env or {})
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(log, "wb"), env=e)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if ready.exists() and ready.stat().st_size > 0:
+            info = json.loads(ready.read_text())
+            return Daemon(name, str(sock), str(info["peer_address"]), info, proc, log)
+        if proc.poll() is not None:
+            raise RuntimeError(f"tcpxd {name} exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
+        time.sleep(0.02)
+    proc.kill()
+    raise RuntimeError(f"tcpxd {name} did not become ready:\n{log.read_text(errors='replace')}")
+
+
+def stop_daemon(d: Daemon) -> None:
+    if d.proc.poll() is None:
+        d.proc.terminate()
+        try:
+            d.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            d.proc.kill()
+            d.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def tmp_root() -> Iterator[Path]:
+    # Short paths: a unix socket path must fit in 108 bytes.
+    d = Path(tempfile.mkdtemp(prefix="tcpxd-py-"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def daemons(tmp_root: Path) -> Iterator[tuple]:
+    """Two daemons, a and b (not connected: descriptors or connect_peer connect them)."""
+    a = start_daemon(tmp_root, "pa")
+    b = start_daemon(tmp_root, "pb")
+    yield a, b
+    for d in (a, b):
+        stop_daemon(d)
+
+
+@pytest.fixture(scope="session")
+def peered(daemons: tuple) -> tuple:
+    """The two daemons with a connected to b (and b to a)."""
+    import tcpxd
+
+    a, b = daemons
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        ca.connect_peer(b.peer_address)
+        cb.connect_peer(a.peer_address)
+    return a, b
+
+
+def _has_gpu() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="GPU test: needs PyTorch with CUDA and a GPU (run with -m gpu on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,217 @@
+"""The sync client against two real daemons: host buffers, write/read/batch, notifications,
+cancel, deadlines, and bad input raising the exception of its gRPC code."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+import tcpxd
+from conftest import start_daemon, stop_daemon
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def clients(peered):
+    a, b = peered
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        yield ca, cb
+
+
+def pattern(n: int, salt: int = 0) -> bytes:
+    return bytes((i * 131 + salt) % 251 for i in range(n))
+
+
+def test_endpoint_default_comes_from_the_environment(monkeypatch, peered):
+    a, _ = peered
+    monkeypatch.setenv("TCPXD_ENDPOINT", a.endpoint)
+    with tcpxd.Client() as c:
+        assert c.endpoint == a.endpoint
+        c.list_buffers()
+    monkeypatch.delenv("TCPXD_ENDPOINT")
+    assert tcpxd.Client().endpoint == tcpxd.DEFAULT_ENDPOINT == "unix:/run/tcpxd/tcpxd.sock"
+
+
+def test_host_buffer_bytes_round_trip_and_release(clients):
+    ca, _ = clients
+    data = pattern(3 * MIB + 17)
+    with ca.register_host(4 * MIB, label="rt") as buf:
+        assert (buf.kind, buf.size, buf.label) == ("host", 4 * MIB, "rt")
+        buf.write_bytes(data, offset=5)
+        assert buf.read_bytes(5, len(data)) == data
+        ids = [b.id for b in ca.list_buffers()]
+        assert buf.id in ids
+    assert buf.released
+    assert buf.id not in [b.id for b in ca.list_buffers()]
+
+
+def test_write_then_read_back_is_byte_exact(clients):
+    ca, cb = clients
+    data = pattern(2 * MIB, 7)
+    with ca.register_host(2 * MIB) as src, cb.register_host(2 * MIB) as dst, ca.register_host(2 * MIB) as back:
+        src.write_bytes(data)
+        r = ca.write(src, dst)
+        assert isinstance(r, tcpxd.TransferResult) and r.total_bytes == 2 * MIB and r.bytes_done == 2 * MIB
+        assert dst.read_bytes() == data
+        assert dst.checksum() == src.checksum()
+        # READ: the remote buffer (by descriptor string) into a local one, at offsets.
+        r = ca.read(dst.descriptor, back, MIB, remote_offset=MIB, local_offset=0)
+        assert r.total_bytes == MIB
+        assert back.read_bytes(0, MIB) == data[MIB:]
+
+
+def test_batches_move_every_entry(clients):
+    ca, cb = clients
+    with ca.register_host(MIB) as src, cb.register_host(MIB) as dst, ca.register_host(MIB) as back:
+        src.fill(seed=11)
+        ops = [tcpxd.WriteOp(src, dst, 4096, local_offset=i * 8192, remote_offset=i * 4096) for i in range(16)]
+        r = ca.write_batch(ops, notification=b"batch")
+        assert r.total_bytes == 16 * 4096 and [c for c, _ in r.entries] == [0] * 16
+        s = src.read_bytes()
+        got = dst.read_bytes(0, 16 * 4096)
+        assert got == b"".join(s[i * 8192 : i * 8192 + 4096] for i in range(16))
+        rops = [tcpxd.ReadOp(dst, back, 4096, remote_offset=i * 4096, local_offset=(15 - i) * 4096) for i in range(16)]
+        ca.read_batch(rops)
+        assert back.read_bytes(0, 16 * 4096) == b"".join(got[(15 - i) * 4096 : (16 - i) * 4096] for i in range(16))
+
+
+def test_unwaited_transfers_are_futures(clients):
+    ca, cb = clients
+    with ca.register_host(MIB) as src, cb.register_host(8 * MIB) as dst:
+        src.fill(byte=0x5A)
+        ts = [ca.write(src, dst, remote_offset=i * MIB, wait=False) for i in range(8)]
+        assert len({t.id for t in ts}) == 8
+        for t in ts:
+            assert t.result(timeout=30).bytes_done == MIB
+        assert dst.read_bytes(7 * MIB, 16) == b"\x5a" * 16
+        # A finished transfer cannot be cancelled any more.
+        assert ts[0].cancel() is False
+        events = list(ts[0].events())
+        assert events[-1].status_code == 0
+
+
+def test_notifications_arrive_through_subscribe(clients):
+    ca, cb = clients
+    with cb.subscribe() as sub, ca.register_host(MIB) as src, cb.register_host(MIB) as dst:
+        ca.write(src, dst, 4096, notification=b"landed-1")
+        ca.write_batch([tcpxd.WriteOp(src, dst, 4096, remote_offset=8192)], notification=b"landed-2")
+        n1, n2 = sub.next(timeout=10), sub.next(timeout=10)
+        assert (n1.payload, n2.payload) == (b"landed-1", b"landed-2")
+        assert n1.from_node == "pa" and n1.buffer_ids == [dst.id]
+        with pytest.raises(tcpxd.DeadlineExceeded):
+            sub.next(timeout=0.2)
+
+
+def test_bad_input_raises_the_exception_of_its_code(clients):
+    ca, cb = clients
+    with pytest.raises(tcpxd.InvalidArgument) as e:
+        ca.register_host(0)
+    assert "size" in e.value.message and e.value.code.name == "INVALID_ARGUMENT"
+    with ca.register_host(MIB) as src, cb.register_host(MIB) as dst:
+        with pytest.raises(tcpxd.InvalidArgument, match="descriptor"):
+            ca.write(src, "tcpxd1:nonsense", 16)
+        with pytest.raises(tcpxd.InvalidArgument, match="past the end"):
+            ca.write(src, dst, 2 * MIB)
+        with pytest.raises(tcpxd.NotFound):
+            ca.write(987654, dst, 16)
+        # A wrong key: the descriptor with another key is refused by the remote side.
+        head, key = dst.descriptor.rsplit(":", 1)
+        forged = f"{head}:{'0' * len(key) if key != '0' * len(key) else '1' * len(key)}"
+        with pytest.raises(tcpxd.PermissionDenied) as pd:
+            ca.write(src, forged, 16)
+        assert pd.value.message
+        # Rekeying makes the old descriptor fail the same way.
+        old = dst.descriptor
+        dst.rekey()
+        with pytest.raises(tcpxd.PermissionDenied):
+            ca.write(src, old, 16)
+        ca.write(src, dst, 16)
+    with pytest.raises(tcpxd.NotFound):
+        ca.cancel(123456789)
+    assert issubclass(tcpxd.PermissionDenied, tcpxd.TcpxdError)
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_root):
+    """Two connected daemons whose emulated NICs run at 1 Gbit/s: transfers stay in flight."""
+    env = {"TCPXEMU_RATE_GBPS": "1"}
+    a = start_daemon(tmp_root, "sa", env=env)
+    b = start_daemon(tmp_root, "sb", env=env)
+    with tcpxd.Client(a.endpoint) as ca:
+        ca.connect_peer(b.peer_address)
+    yield a, b
+    for d in (a, b):
+        stop_daemon(d)
+
+
+def test_cancel_stops_a_transfer_on_both_sides(slow):
+    a, b = slow
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        with ca.register_host(128 * MIB) as src, cb.register_host(128 * MIB) as dst:
+            t = ca.write(src, dst, wait=False)
+            time.sleep(0.15)
+            assert t.cancel() is True
+            with pytest.raises(tcpxd.Cancelled) as e:
+                t.result()
+            assert e.value.event.bytes_done < 128 * MIB
+            # The lanes are usable again: the next transfer is byte-exact.
+            src.write_bytes(pattern(MIB, 3))
+            ca.write(src, dst, MIB)
+            assert dst.read_bytes(0, MIB) == pattern(MIB, 3)
+
+
+def test_deadline_fails_a_transfer_with_deadline_exceeded(slow):
+    a, b = slow
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        with ca.register_host(128 * MIB) as src, cb.register_host(128 * MIB) as dst:
+            t0 = time.monotonic()
+            with pytest.raises(tcpxd.DeadlineExceeded):
+                ca.write(src, dst, timeout=0.2)
+            assert time.monotonic() - t0 < 5
+            # Unwaited with a deadline: the result says so too.
+            t = ca.write(src, dst, timeout=0.2, wait=False)
+            with pytest.raises(tcpxd.DeadlineExceeded):
+                t.result()
+            ca.write(src, dst, MIB, timeout=30)
+
+
+def test_threads_share_one_client(clients):
+    ca, cb = clients
+    with ca.register_host(8 * MIB) as src, cb.register_host(8 * MIB) as dst:
+        src.fill(seed=5)
+        errors = []
+
+        def worker(i: int) -> None:
+            try:
+                for _ in range(4):
+                    ca.write(src, dst, MIB, local_offset=i * MIB, remote_offset=i * MIB)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        ts = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert not errors
+        assert dst.checksum() == src.checksum()
+
+
+def test_tcp_endpoint_sends_the_api_token(tmp_root):
+    token_file = tmp_root / "token"
+    token_file.write_text("s3cret-token-for-the-python-test\n")
+    os.chmod(token_file, 0o600)
+    d = start_daemon(tmp_root, "tok", extra=["--api-tcp", "127.0.0.1:0", "--api-token-file", str(token_file)])
+    try:
+        addr = str(d.ready["api_tcp"])
+        with tcpxd.Client(addr, token_file=str(token_file)) as c:
+            assert c.list_buffers() == []
+        with tcpxd.Client(addr, token="wrong-token-wrong-token") as c:
+            with pytest.raises(tcpxd.Unauthenticated):
+                c.list_buffers()
+    finally:
+        stop_daemon(d)

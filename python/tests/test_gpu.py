@@ -1,0 +1,81 @@
+"""Tensors in, tensors out (run on a GPU machine: `python3 -m pytest -m gpu python/tests`).
+
+Skipped, reported as not run, without PyTorch with CUDA. The daemons run the built-in emulation in
+its CUDA mode where a GPU exists (received bytes land in a GPU bounce buffer and the unpack kernel
+gathers them)."""
+
+from __future__ import annotations
+
+import pytest
+
+import tcpxd
+
+pytestmark = pytest.mark.gpu
+MIB = 1 << 20
+
+
+@pytest.fixture
+def torch():
+    import torch
+
+    torch.cuda.set_device(0)
+    return torch
+
+
+@pytest.fixture
+def clients(peered):
+    a, b = peered
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        yield ca, cb
+
+
+def test_tensor_in_tensor_out_byte_exact_with_ready_events(torch, clients):
+    ca, cb = clients
+    n = 64 * MIB
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        src = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda:0")
+        ready = tcpxd.ready_event(stream)  # recorded after the work that produced src
+    dst = torch.zeros(n, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    with ca.register_tensor(src, label="src") as sb, cb.register_tensor(dst, label="dst") as db:
+        assert (sb.kind, sb.size) == ("cuda_ipc", n)
+        r = ca.write(sb, db, ready_event=ready, notification=b"tensor")
+        assert r.bytes_done == n
+        assert torch.equal(dst, src)
+        # READ it back into a third tensor, at an offset of a larger one.
+        back = torch.zeros(n + 4096, dtype=torch.uint8, device="cuda:0")
+        with ca.register_tensor(back) as bb:
+            ca.read(db, bb, n, local_offset=4096)
+        assert torch.equal(back[4096:], src)
+
+
+def test_tensor_views_and_dtypes(torch, clients):
+    ca, cb = clients
+    base = torch.arange(1 << 20, dtype=torch.float32, device="cuda:0")
+    view = base[4096:8192]  # a view: the descriptor covers only its bytes
+    out = torch.zeros(4096, dtype=torch.float32, device="cuda:0")
+    torch.cuda.synchronize()
+    with ca.register_tensor(view) as vb, cb.register_tensor(out) as ob:
+        assert vb.size == 4096 * 4
+        ca.write(vb, ob)
+    assert torch.equal(out, view)
+
+
+def test_daemon_cuda_buffer_and_host_buffer_mix(torch, clients):
+    ca, cb = clients
+    src = torch.randint(0, 256, (4 * MIB,), dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    with ca.register_tensor(src) as sb, cb.allocate_cuda(4 * MIB) as gpu, cb.register_host(4 * MIB) as host:
+        ca.write_batch([tcpxd.WriteOp(sb, gpu), tcpxd.WriteOp(sb, host)])
+        expect = src.cpu().numpy().tobytes()
+        assert host.read_bytes() == expect
+        assert gpu.checksum() == host.checksum()
+
+
+def test_cpu_tensor_is_refused_clearly(torch, clients):
+    ca, _ = clients
+    with pytest.raises(tcpxd.InvalidArgument, match="CPU tensor"):
+        ca.register_tensor(torch.zeros(16))
+    with pytest.raises(tcpxd.InvalidArgument, match="contiguous"):
+        ca.register_tensor(torch.zeros((64, 64), device="cuda:0").t())
