@@ -81,6 +81,14 @@ impl BufferEntry {
         }
     }
 
+    /// The host memory, for host buffers.
+    pub fn host_region(&self) -> Option<&Arc<HostRegion>> {
+        match &self.memory {
+            BufferMemory::Host(r) => Some(r),
+            BufferMemory::Cuda { .. } => None,
+        }
+    }
+
     /// The GPU holding the buffer, for CUDA buffers.
     pub fn gpu(&self) -> Option<&Arc<Gpu>> {
         match &self.memory {
@@ -310,7 +318,8 @@ impl BufferRegistry {
         self.check_new("host.size", size, label)?;
         let len = usize::try_from(size)
             .map_err(|_| EngineError::invalid("host.size: too large for this machine"))?;
-        let region = HostRegion::new(len).map_err(|e| {
+        // Populated now: no transfer into or out of it page-faults later.
+        let region = HostRegion::populated(len).map_err(|e| {
             EngineError::new(
                 Code::ResourceExhausted,
                 format!("host.size: cannot allocate {size} bytes: {e}"),
@@ -556,6 +565,14 @@ mod tests {
             assert!(!e.message.contains("abababab"), "the key never appears in errors");
         }
         assert!(!format!("{d:?}").contains("ab"), "Debug hides the key");
+    }
+
+    #[test]
+    fn host_buffers_are_resident_once_registered() {
+        let reg = BufferRegistry::new("n", 1 << 30);
+        let b = reg.allocate_host(64 << 20, "").unwrap();
+        let (resident, pages) = b.host_region().unwrap().resident_pages().unwrap();
+        assert_eq!(resident, pages, "every page is in RAM before the first transfer");
     }
 
     #[test]
