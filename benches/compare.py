@@ -12,6 +12,11 @@ Prints one table with the ratios daemon/raw and daemon/nccl-plugin and writes ev
 lines to --out. Reports only: nothing here asserts a speed.
 
   python3 benches/compare.py --bin target/release --sizes 4K,64K,1M,4M,16M,64M,256M
+  python3 benches/compare.py --concurrency 8 --sizes 64K,1M,4M   # 8 transfers in flight
+
+--concurrency N keeps N transfers in flight in every harness: the daemon bench on one Session,
+the raw bench as a queue of the same depth, NCCL as groups of N send/recv. GB/s then counts the
+N transfers (over the wall time for raw and daemon, over the groups' time for NCCL).
 """
 
 import argparse
@@ -66,6 +71,7 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--op", default="write", choices=["write", "read"])
+    ap.add_argument("--concurrency", type=int, default=1, help="transfers in flight in every harness")
     ap.add_argument("--only", default=",".join(HARNESSES), help="comma list of harnesses to run")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per harness")
     ap.add_argument("--out", default="compare.jsonl")
@@ -96,7 +102,12 @@ def main():
             "PYTHONUNBUFFERED": "1",
         }
     )
-    common = ["--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup)]
+    if args.concurrency < 1:
+        sys.exit("--concurrency must be at least 1")
+    common = [
+        "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup),
+        "--concurrency", str(args.concurrency),
+    ]
     results = {}
     if "nccl-socket" in only:
         results["nccl-socket"] = run(
@@ -129,12 +140,15 @@ def main():
     sizes = sorted({s for r in rows.values() for s in r})
     print()
     print(f"Message sizes {args.sizes}; {args.op.upper()} for the daemon and raw harnesses, send/recv for NCCL;")
-    print("GB/s of one message (transfer) at a time, as tcpxctl bench measures; p50 latency in µs;")
+    if args.concurrency == 1:
+        print("GB/s of one message (transfer) at a time, as tcpxctl bench measures; p50/p99 latency in µs;")
+    else:
+        print(f"GB/s with {args.concurrency} messages (transfers) in flight; p50/p99 latency in µs;")
     print("the raw bench runs both sides on GPU 0 (one process), the daemons and NCCL GPU 0 -> GPU 1.")
     print("ratio columns: daemon GB/s over the other's.")
     head = f"{'block':>6}"
     for h in HARNESSES:
-        head += f" {h + ' GB/s':>17} {'p50':>8}"
+        head += f" {h + ' GB/s':>17} {'p50':>8} {'p99':>8}"
     head += f" {'daemon/raw':>11} {'daemon/nccl-plugin':>19}"
     print(head)
     summary = []
@@ -142,14 +156,20 @@ def main():
         line = f"{fmt_size(s):>6}"
         for h in HARNESSES:
             r = rows[h].get(s)
-            line += f" {r['gb_per_s']:>17.2f} {r['p50_lat_us']:>8.0f}" if r else f" {'-':>17} {'-':>8}"
+            line += (
+                f" {r['gb_per_s']:>17.2f} {r['p50_lat_us']:>8.0f} {r['p99_lat_us']:>8.0f}"
+                if r
+                else f" {'-':>17} {'-':>8} {'-':>8}"
+            )
         d, raw, nccl = rows["daemon"].get(s), rows["raw"].get(s), rows["nccl-plugin"].get(s)
         r1 = d["gb_per_s"] / raw["gb_per_s"] if d and raw and raw["gb_per_s"] else None
         r2 = d["gb_per_s"] / nccl["gb_per_s"] if d and nccl and nccl["gb_per_s"] else None
         line += f" {r1:>11.2f}" if r1 is not None else f" {'-':>11}"
         line += f" {r2:>19.2f}" if r2 is not None else f" {'-':>19}"
         print(line)
-        summary.append({"block_bytes": s, "daemon_over_raw": r1, "daemon_over_nccl_plugin": r2})
+        summary.append(
+            {"block_bytes": s, "concurrency": args.concurrency, "daemon_over_raw": r1, "daemon_over_nccl_plugin": r2}
+        )
     with open(out, "a") as f:
         for r in summary:
             f.write(json.dumps({"harness": "ratios", **r}) + "\n")

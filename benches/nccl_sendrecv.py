@@ -10,6 +10,10 @@ Two network set-ups (NVLink, P2P and shared memory are always off, so bytes cros
                  bounce pages + NCCL's unpack kernel when NCCL enables GPUDirect for it, else host
                  buffers. Every checked byte is a conformance check of the emulation under NCCL.
 
+With --concurrency N, each timed step is a group of N messages in flight at once (one
+batch_isend_irecv of N ops on N distinct ranges), like `tcpxctl bench transfer --concurrency N`:
+the latency is the group's, GB/s counts the N messages.
+
 Prints a table (nixlbench-like columns) and writes JSON lines (--out). Reports only.
 """
 
@@ -51,7 +55,8 @@ def worker(rank: int, args, env: dict, port: int, q):
     rows = []
     peer = 1 - rank
     max_size = max(args.sizes)
-    buf = torch.empty(max_size, dtype=torch.uint8, device="cuda")
+    depth = args.concurrency
+    buf = torch.empty(max_size * depth, dtype=torch.uint8, device="cuda")
     # One tiny exchange first so the connection set-up is not in any timing.
     t = torch.ones(1, device="cuda")
     if rank == 0:
@@ -59,32 +64,42 @@ def worker(rank: int, args, env: dict, port: int, q):
     else:
         dist.recv(t, 0)
     torch.cuda.synchronize()
+    def step(size):
+        """One timed step: one message, or a group of `depth` messages in flight at once."""
+        if depth == 1:
+            if rank == 0:
+                dist.send(buf[:size], peer)
+            else:
+                dist.recv(buf[:size], peer)
+            return
+        fn = dist.isend if rank == 0 else dist.irecv
+        ops = [dist.P2POp(fn, buf[j * size : (j + 1) * size], peer) for j in range(depth)]
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+
     for size in args.sizes:
-        view = buf[:size]
+        view = buf[: size * depth]
         lat = []
         total = args.warmup + args.iters
         for it in range(total):
             last = it == total - 1
             if rank == 0 and last:
-                # The checked message: a pattern that depends on the size.
-                g = torch.arange(size, dtype=torch.int64, device="cuda")
+                # The checked message(s): a pattern that depends on the size.
+                g = torch.arange(size * depth, dtype=torch.int64, device="cuda")
                 view.copy_(((g * 131 + size) % 251).to(torch.uint8))
             if args.sync_each:
                 dist.barrier(device_ids=[rank])
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
-            if rank == 0:
-                dist.send(view, peer)
-            else:
-                dist.recv(view, peer)
+            step(size)
             end.record()
             end.synchronize()
             if it >= args.warmup:
                 lat.append(start.elapsed_time(end) * 1000.0)  # µs
         ok = True
         if rank == 1:
-            g = torch.arange(size, dtype=torch.int64, device="cuda")
+            g = torch.arange(size * depth, dtype=torch.int64, device="cuda")
             expect = ((g * 131 + size) % 251).to(torch.uint8)
             ok = bool(torch.equal(view, expect))
         # Steady-state bandwidth: `iters` messages back to back, one timing around all of them.
@@ -92,10 +107,7 @@ def worker(rank: int, args, env: dict, port: int, q):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(args.iters):
-            if rank == 0:
-                dist.send(view, peer)
-            else:
-                dist.recv(view, peer)
+            step(size)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
         if rank == 1:
@@ -109,11 +121,12 @@ def worker(rank: int, args, env: dict, port: int, q):
                     "memory": "cuda:0->cuda:1",
                     "block_size": size,
                     "batch_size": 1,
+                    "concurrency": depth,
                     "iterations": args.iters,
                     "warmup": args.warmup,
                     # One message at a time (as tcpxctl bench measures), and back to back.
-                    "gb_per_s": size * len(lat) / (sum(lat) / 1e6) / 1e9,
-                    "stream_gb_per_s": size * args.iters / wall / 1e9,
+                    "gb_per_s": size * depth * len(lat) / (sum(lat) / 1e6) / 1e9,
+                    "stream_gb_per_s": size * depth * args.iters / wall / 1e9,
                     "avg_lat_us": sum(lat) / len(lat),
                     "p50_lat_us": pick(0.5),
                     "p99_lat_us": pick(0.99),
@@ -137,9 +150,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--sockets", type=int, default=4, help="data sockets per connection (both nets)")
     ap.add_argument("--sync-each", action="store_true", help="barrier before each timed message")
+    ap.add_argument("--concurrency", type=int, default=1, help="messages in flight per timed step (a group)")
     ap.add_argument("--out", help="append JSON lines here")
     args = ap.parse_args()
     args.sizes = [parse_size(s) for s in args.sizes.split(",") if s]
+    if args.concurrency < 1:
+        sys.exit("--concurrency must be at least 1")
 
     env = {
         "NCCL_P2P_DISABLE": "1",

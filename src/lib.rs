@@ -12,6 +12,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod engine;
 pub mod gpu;
+pub mod idle;
 pub mod logging;
 pub mod metrics;
 pub mod net;

@@ -187,6 +187,7 @@ fn raw_options(memory: Memory) -> RawOptions {
             batch: 3,
             iterations: 3,
             warmup: 1,
+            concurrency: 1,
         },
         plugin: None,
         chunk_bytes: 64 << 10,

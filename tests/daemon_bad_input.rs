@@ -180,6 +180,7 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
             notification: vec![],
             timeout_ms: 0,
             ready_event_ipc_handle: Vec::new(),
+            wait: false,
         })
         .await,
         Code::InvalidArgument,

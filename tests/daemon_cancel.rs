@@ -109,6 +109,7 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
             notification: vec![],
             timeout_ms: 200,
             ready_event_ipc_handle: Vec::new(),
+            wait: false,
         })
         .await
         .unwrap()
@@ -127,6 +128,7 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
         notification: vec![],
         timeout_ms: 0,
         ready_event_ipc_handle: Vec::new(),
+        wait: false,
     });
     req.set_timeout(Duration::from_millis(300));
     let id = a.client.write(req).await.unwrap().into_inner().transfer_id;

@@ -48,6 +48,7 @@ async fn write_between_two_daemons() {
             notification: vec![],
             timeout_ms: 30_000,
             ready_event_ipc_handle: Vec::new(),
+            wait: false,
         })
         .await
         .unwrap()

@@ -68,6 +68,7 @@ async fn read_pulls_remote_bytes_and_batches_report_per_entry() {
         .read_batch(pb::ReadBatchRequest {
             entries,
             timeout_ms: 60_000,
+            wait: false,
         })
         .await
         .unwrap()
@@ -92,6 +93,7 @@ async fn read_pulls_remote_bytes_and_batches_report_per_entry() {
             notification: vec![],
             timeout_ms: 60_000,
             ready_event_ipc_handle: Vec::new(),
+            wait: false,
         })
         .await
         .unwrap()

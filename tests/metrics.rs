@@ -198,6 +198,7 @@ async fn a_transfer_with_a_tiny_deadline_is_counted_by_its_status() {
             notification: Vec::new(),
             timeout_ms: 1,
             ready_event_ipc_handle: Vec::new(),
+            wait: false,
         })
         .await
         .map(|r| r.into_inner().transfer_id);

@@ -3,4 +3,6 @@
 pub mod peer_service;
 pub mod proto;
 pub mod service;
+pub mod session;
 pub mod stats;
+pub mod transfers;

@@ -1,5 +1,6 @@
 //! The client service (`tcpxd.v1.Tcpxd`): validates requests, hands them to the poller and maps
-//! every error to a gRPC status once, here.
+//! every error to a gRPC status once, here. Buffers, peers and stats are served here; transfers
+//! (starting, waiting) in `transfers`, the streaming session in `session`.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -13,8 +14,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use super::proto::v1 as pb;
-use crate::buffers::{self, BufferEntry, BufferKind, BufferRegistry, Descriptor, Pattern};
-use crate::engine::{self, EngineError, EntrySpec, Outcome, RemoteRange, TransferId};
+use super::session;
+use super::transfers::{self, event, try_as_batch};
+use crate::buffers::{self, BufferEntry, BufferKind, BufferRegistry, Pattern};
+use crate::engine::{self, EngineError, TransferId};
 use crate::peers::Peers;
 use crate::poller::{Command, NotificationEvent, PeerLink, Phase, TransferStatus};
 
@@ -92,143 +95,6 @@ impl DaemonState {
             active_transfers: 0,
         }
     }
-
-    /// Resolves a descriptor to a connected peer and checks the range against its size.
-    fn remote(
-        &self,
-        i: usize,
-        descriptor: &str,
-        offset: u64,
-        length: u64,
-    ) -> Result<(engine::PeerIdx, RemoteRange), Status> {
-        let field = format!("entries[{i}].remote_descriptor");
-        let d = Descriptor::parse(&field, descriptor).map_err(status)?;
-        if d.node_id == self.node_id {
-            return Err(Status::invalid_argument(format!(
-                "{field}: names a buffer of this node ({}); transfers go between nodes",
-                self.node_id
-            )));
-        }
-        match offset.checked_add(length) {
-            None => {
-                return Err(Status::invalid_argument(format!(
-                    "entries[{i}].remote_offset: {offset} + length {length} overflows 64 bits"
-                )));
-            }
-            Some(end) if end > d.size => {
-                return Err(Status::invalid_argument(format!(
-                    "entries[{i}].remote_offset: range {offset}..{end} is past the end of the remote buffer ({} bytes)",
-                    d.size
-                )));
-            }
-            Some(_) => {}
-        }
-        let peer = self.peers.by_node(&d.node_id).ok_or_else(|| {
-            Status::not_found(format!(
-                "{field}: node {} is not a connected peer (call ConnectPeer with its address first)",
-                d.node_id
-            ))
-        })?;
-        if let PeerLink::Failed(why) = &*peer.link.borrow() {
-            return Err(Status::unavailable(format!(
-                "{field}: peer {} failed: {why}",
-                d.node_id
-            )));
-        }
-        Ok((
-            peer.idx,
-            RemoteRange {
-                buffer_id: d.buffer_id,
-                access_key: d.key,
-                offset,
-                length,
-            },
-        ))
-    }
-
-    /// The transfer's deadline: the call's gRPC deadline, else `timeout_ms`, else the default.
-    fn deadline<T>(&self, req: &Request<T>, timeout_ms: u64) -> Instant {
-        let budget = grpc_timeout(req)
-            .or((timeout_ms > 0).then(|| Duration::from_millis(timeout_ms)))
-            .unwrap_or(self.default_timeout);
-        engine::deadline_after(Instant::now(), budget)
-    }
-
-    fn started(
-        &self,
-        id: TransferId,
-        rx: watch::Receiver<TransferStatus>,
-        total: u64,
-    ) -> pb::TransferStarted {
-        self.transfers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.0, rx);
-        pb::TransferStarted {
-            transfer_id: id.0,
-            total_bytes: total,
-        }
-    }
-}
-
-/// Parses the `grpc-timeout` header ("<digits><H|M|S|m|u|n>").
-pub fn grpc_timeout<T>(req: &Request<T>) -> Option<Duration> {
-    let v = req.metadata().get("grpc-timeout")?.to_str().ok()?;
-    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
-    let n: u64 = num.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.saturating_mul(3600)),
-        "M" => Duration::from_secs(n.saturating_mul(60)),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
-fn event(id: u64, s: &TransferStatus) -> pb::TransferEvent {
-    let (status_code, status_message, entries) = match &s.outcome {
-        Some(Outcome {
-            code,
-            message,
-            entries,
-            ..
-        }) => (
-            *code as i32,
-            message.clone(),
-            entries
-                .iter()
-                .map(|(c, m)| pb::EntryStatus {
-                    code: *c as i32,
-                    message: m.clone(),
-                })
-                .collect(),
-        ),
-        None => (0, String::new(), Vec::new()),
-    };
-    pb::TransferEvent {
-        transfer_id: id,
-        state: match s.phase {
-            Phase::Offered => pb::TransferState::Offered,
-            Phase::Running => pb::TransferState::Running,
-            Phase::Finished => pb::TransferState::Finished,
-        } as i32,
-        bytes_done: s.bytes_done,
-        total_bytes: s.total,
-        status_code,
-        status_message,
-        entries,
-        elapsed_us: s
-            .finished_at
-            .unwrap_or_else(Instant::now)
-            .duration_since(s.started)
-            .as_micros() as u64,
-    }
-}
-
-fn local_offset_field(i: usize) -> String {
-    format!("entries[{i}].local_buffer_id")
 }
 
 /// The client service.
@@ -238,187 +104,6 @@ pub struct ClientService {
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::TransferEvent, Status>> + Send>>;
 type NotificationStream = Pin<Box<dyn Stream<Item = Result<pb::Notification, Status>> + Send>>;
-
-impl ClientService {
-    async fn write(
-        &self,
-        req: Request<pb::WriteBatchRequest>,
-    ) -> Result<Response<pb::TransferStarted>, Status> {
-        let st = &self.state;
-        let deadline = st.deadline(&req, req.get_ref().timeout_ms);
-        let r = req.into_inner();
-        st.revive_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
-            .await?;
-        let (specs, total) = st.entry_specs(r.entries.iter().map(EntryFields::from))?;
-        if !r.ready_event_ipc_handle.is_empty() {
-            st.wait_ready_event(&r.ready_event_ipc_handle, &specs, deadline)
-                .await?;
-        }
-        let (id, rx) = st
-            .ask(|reply| Command::Write {
-                specs,
-                notification: r.notification,
-                deadline,
-                reply,
-            })
-            .await?
-            .map_err(status)?;
-        Ok(Response::new(st.started(id, rx, total)))
-    }
-
-    async fn read(
-        &self,
-        req: Request<pb::ReadBatchRequest>,
-    ) -> Result<Response<pb::TransferStarted>, Status> {
-        let st = &self.state;
-        let deadline = st.deadline(&req, req.get_ref().timeout_ms);
-        let r = req.into_inner();
-        st.revive_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
-            .await?;
-        let (specs, total) = st.entry_specs(r.entries.iter().map(EntryFields::from))?;
-        let (id, rx) = st
-            .ask(|reply| Command::Read {
-                specs,
-                deadline,
-                reply,
-            })
-            .await?
-            .map_err(status)?;
-        Ok(Response::new(st.started(id, rx, total)))
-    }
-}
-
-impl DaemonState {
-    /// Dials again, first, the failed peers the entries' descriptors name (bad descriptors are
-    /// left for the entry checks to report).
-    async fn revive_peers<'a>(
-        &self,
-        descriptors: impl Iterator<Item = &'a str>,
-        deadline: Instant,
-    ) -> Result<(), Status> {
-        let mut nodes: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-        for d in descriptors {
-            if let Ok(d) = Descriptor::parse("remote_descriptor", d) {
-                nodes.insert(d.node_id);
-            }
-        }
-        let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
-        self.peers.revive(&nodes, deadline).await
-    }
-
-    /// Orders a write after the client's GPU work: waits (without holding a runtime thread) for
-    /// the client's IPC event, on the GPU of the first CUDA source buffer.
-    async fn wait_ready_event(
-        &self,
-        handle: &[u8],
-        specs: &[EntrySpec],
-        deadline: Instant,
-    ) -> Result<(), Status> {
-        let handle: [u8; 64] = handle.try_into().map_err(|_| {
-            Status::invalid_argument(format!(
-                "ready_event_ipc_handle: {} bytes, expected 64",
-                handle.len()
-            ))
-        })?;
-        let gpu = specs
-            .iter()
-            .find_map(|s| {
-                self.buffers
-                    .get(s.local_buffer)
-                    .ok()
-                    .and_then(|b| b.gpu().cloned())
-            })
-            .ok_or_else(|| {
-                Status::invalid_argument("ready_event_ipc_handle: no entry reads from a CUDA buffer")
-            })?;
-        let done = tokio::task::spawn_blocking(move || crate::gpu::wait_ipc_event(&gpu, &handle, deadline))
-            .await
-            .map_err(|e| Status::internal(e.to_string()))?
-            .map_err(|e| Status::invalid_argument(format!("ready_event_ipc_handle: {e}")))?;
-        if done {
-            Ok(())
-        } else {
-            Err(Status::deadline_exceeded(
-                "the client's ready event did not complete before the transfer's deadline",
-            ))
-        }
-    }
-}
-
-/// The fields WriteEntry and ReadEntry share.
-struct EntryFields<'a> {
-    local_buffer: u64,
-    local_offset: u64,
-    remote_descriptor: &'a str,
-    remote_offset: u64,
-    length: u64,
-}
-
-impl<'a> From<&'a pb::WriteEntry> for EntryFields<'a> {
-    fn from(e: &'a pb::WriteEntry) -> Self {
-        EntryFields {
-            local_buffer: e.local_buffer_id,
-            local_offset: e.local_offset,
-            remote_descriptor: &e.remote_descriptor,
-            remote_offset: e.remote_offset,
-            length: e.length,
-        }
-    }
-}
-
-impl<'a> From<&'a pb::ReadEntry> for EntryFields<'a> {
-    fn from(e: &'a pb::ReadEntry) -> Self {
-        EntryFields {
-            local_buffer: e.local_buffer_id,
-            local_offset: e.local_offset,
-            remote_descriptor: &e.remote_descriptor,
-            remote_offset: e.remote_offset,
-            length: e.length,
-        }
-    }
-}
-
-impl DaemonState {
-    /// Checks what the API layer can (non-empty, lengths, local buffers, descriptors, peers) and
-    /// builds the engine's entries; the engine checks bounds and limits. Returns the total bytes.
-    fn entry_specs<'a>(
-        &self,
-        entries: impl ExactSizeIterator<Item = EntryFields<'a>>,
-    ) -> Result<(Vec<EntrySpec>, u64), Status> {
-        if entries.len() == 0 {
-            return Err(Status::invalid_argument(
-                "entries: at least one entry is required",
-            ));
-        }
-        let mut specs = Vec::with_capacity(entries.len());
-        let mut total = 0u64;
-        for (i, e) in entries.enumerate() {
-            if e.length == 0 {
-                return Err(Status::invalid_argument(format!(
-                    "entries[{i}].length: must be at least 1 byte"
-                )));
-            }
-            self.buffers
-                .get(e.local_buffer)
-                .map_err(|err| Status::not_found(format!("{}: {}", local_offset_field(i), err.message)))?;
-            let (peer, remote) = self.remote(i, e.remote_descriptor, e.remote_offset, e.length)?;
-            total = total.saturating_add(e.length);
-            specs.push(EntrySpec {
-                local_buffer: e.local_buffer,
-                local_offset: e.local_offset,
-                peer,
-                remote,
-            });
-        }
-        Ok((specs, total))
-    }
-}
-
-/// Re-wraps a single-entry request as a batch, keeping its metadata (deadline).
-fn as_batch<T, U>(req: Request<T>, f: impl FnOnce(T) -> U) -> Request<U> {
-    let (meta, ext, inner) = req.into_parts();
-    Request::from_parts(meta, ext, f(inner))
-}
 
 #[tonic::async_trait]
 impl pb::tcpxd_server::Tcpxd for ClientService {
@@ -623,41 +308,41 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
     }
 
     async fn write(&self, req: Request<pb::WriteRequest>) -> Result<Response<pb::TransferStarted>, Status> {
-        let req = as_batch(req, |r| pb::WriteBatchRequest {
-            entries: r.entry.into_iter().collect(),
-            notification: r.notification,
-            timeout_ms: r.timeout_ms,
-            ready_event_ipc_handle: r.ready_event_ipc_handle,
-        });
-        if req.get_ref().entries.is_empty() {
-            return Err(Status::invalid_argument("entry: required"));
-        }
-        ClientService::write(self, req).await
+        let req = try_as_batch(req, transfers::write_batch)?;
+        self.state.write_call(req).await
     }
 
     async fn read(&self, req: Request<pb::ReadRequest>) -> Result<Response<pb::TransferStarted>, Status> {
-        let req = as_batch(req, |r| pb::ReadBatchRequest {
-            entries: r.entry.into_iter().collect(),
-            timeout_ms: r.timeout_ms,
-        });
-        if req.get_ref().entries.is_empty() {
-            return Err(Status::invalid_argument("entry: required"));
-        }
-        ClientService::read(self, req).await
+        let req = try_as_batch(req, transfers::read_batch)?;
+        self.state.read_call(req).await
     }
 
     async fn write_batch(
         &self,
         req: Request<pb::WriteBatchRequest>,
     ) -> Result<Response<pb::TransferStarted>, Status> {
-        ClientService::write(self, req).await
+        self.state.write_call(req).await
     }
 
     async fn read_batch(
         &self,
         req: Request<pb::ReadBatchRequest>,
     ) -> Result<Response<pb::TransferStarted>, Status> {
-        ClientService::read(self, req).await
+        self.state.read_call(req).await
+    }
+
+    type SessionStream = session::EventStream;
+
+    async fn session(
+        &self,
+        req: Request<tonic::Streaming<pb::SessionRequest>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let deadline = transfers::grpc_timeout(&req).map(|t| engine::deadline_after(Instant::now(), t));
+        Ok(Response::new(session::start(
+            self.state.clone(),
+            deadline,
+            req.into_inner(),
+        )))
     }
 
     type WatchStream = EventStream;

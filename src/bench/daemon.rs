@@ -3,23 +3,27 @@
 //!
 //! Daemon A (`--endpoint`) issues every transfer: a WRITE moves A's local buffer into B's, a READ
 //! moves B's buffer into A's. Each side's buffer is registered once (largest block size × batch
-//! size), the source filled once with a seeded pattern. Per block size: the destination range is
-//! zeroed, the warm-up and measured transfers run one after the other (`Write`/`Read` for a batch
-//! of 1, `WriteBatch`/`ReadBatch` with `batch` entries otherwise, block `i` at offset
-//! `i × size`), then the source and destination ranges are checksummed (CRC-32C) once. A
-//! transfer's latency runs from just before the start RPC to the reply of `WaitTransfer` (the
-//! API's completion path with no polling). The buffers are released at the end, whatever happened.
+//! size × concurrency), the source filled once with a seeded pattern. Per block size: the
+//! destination range is zeroed, then one `Session` stream carries the warm-up and measured
+//! transfers (`write`/`read` for a batch of 1, `write_batch`/`read_batch` with `batch` entries
+//! otherwise), `concurrency` of them in flight at once: transfer `k` uses slot
+//! `k % concurrency`, block `i` of it at offset `(slot × batch + i) × size` on both sides. Then
+//! the source and destination ranges are checksummed (CRC-32C) once. A transfer's latency runs
+//! from just before its request is handed to the stream to the arrival of its `finished` event
+//! (one client round trip, no polling). The buffers are released at the end, whatever happened.
 
 use std::time::{Duration, Instant};
 
 use tonic::Status;
 
 use crate::api::proto::v1::register_buffer_request::Source;
+use crate::api::proto::v1::session_event::Event;
+use crate::api::proto::v1::session_request::Op as SessionOp;
 use crate::api::proto::v1::{
     ChecksumBufferRequest, ConnectPeerRequest, CudaAllocation, FillBufferRequest, GetStatsRequest,
     HostAllocation, ListPeersRequest, PeerState, ReadBatchRequest, ReadEntry, ReadRequest,
-    RegisterBufferRequest, ReleaseBufferRequest, WaitTransferRequest, WriteBatchRequest, WriteEntry,
-    WriteRequest, fill_buffer_request,
+    RegisterBufferRequest, ReleaseBufferRequest, SessionRequest, TransferEvent, WriteBatchRequest,
+    WriteEntry, WriteRequest, fill_buffer_request,
 };
 use crate::bench::{BenchRow, Harness, LatencyStats, Memory, Op, SEED, Workload};
 use crate::client::ApiClient;
@@ -209,7 +213,7 @@ async fn run_sizes(
     let mut rows = Vec::new();
     for &size in &w.sizes {
         progress.set_message(crate::client::format_bytes(size));
-        let span = size * u64::from(w.batch);
+        let span = size * u64::from(w.batch) * u64::from(w.slots());
         let (dst_client, dst_id, dst_name) = match w.op {
             Op::Write => (&mut pair.b, remote.id, "the remote buffer"),
             Op::Read => (&mut pair.a, local.id, "the local buffer"),
@@ -223,45 +227,10 @@ async fn run_sizes(
             dst_name,
         )
         .await?;
-        let request = TransferRequest::new(w.op, w.batch, size, local.id, &remote.descriptor);
-        let mut latencies = Vec::with_capacity(w.iterations as usize);
-        for i in 0..(w.warmup + w.iterations) {
-            let req = request.clone();
-            let t0 = Instant::now();
-            let id = req.start(&mut pair.a).await?;
-            let ev = pair
-                .a
-                .wait_transfer(WaitTransferRequest { transfer_id: id })
-                .await
-                .map_err(rpc(format!("waiting for transfer {id}")))?
-                .into_inner();
-            let elapsed = t0.elapsed();
-            if ev.status_code != 0 {
-                let entries = ev
-                    .entries
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, e)| e.code != 0)
-                    .take(4)
-                    .map(|(i, e)| {
-                        format!(
-                            "\n  entries[{i}]: {}",
-                            code_and_message(&code_number_name(e.code), &e.message)
-                        )
-                    })
-                    .collect();
-                return Err(DaemonBenchError::Transfer {
-                    what: format!("{} of {} × {size} bytes (transfer {id})", w.op.name(), w.batch),
-                    code: ev.status_code,
-                    message: ev.status_message,
-                    entries,
-                });
-            }
-            if i >= w.warmup {
-                latencies.push(elapsed);
-            }
-            progress.inc(1);
-        }
+        let slots: Vec<SessionOp> = (0..w.slots())
+            .map(|slot| slot_op(w.op, w.batch, size, slot, local.id, &remote.descriptor))
+            .collect();
+        let (latencies, wall) = run_session(&mut pair.a, w, size, &slots, progress).await?;
         let a = checksum(&mut pair.a, local.id, span, "the local buffer").await?;
         let b = checksum(&mut pair.b, remote.id, span, "the remote buffer").await?;
         rows.push(BenchRow {
@@ -273,6 +242,8 @@ async fn run_sizes(
             iterations: w.iterations,
             warmup: w.warmup,
             latency: LatencyStats::from_samples(&latencies),
+            concurrency: w.concurrency,
+            wall,
             verified: a == b,
             chunk_bytes: pair.chunk_bytes,
             lanes,
@@ -281,66 +252,154 @@ async fn run_sizes(
     Ok(rows)
 }
 
-/// One transfer's start request, built once per size and cloned per iteration (outside the
-/// timed part).
-#[derive(Clone)]
-enum TransferRequest {
-    Write(WriteRequest),
-    Read(ReadRequest),
-    WriteBatch(WriteBatchRequest),
-    ReadBatch(ReadBatchRequest),
+/// The session request of one slot: its blocks at `(slot × batch + i) × size` on both sides.
+/// Built once per size and cloned per transfer (outside the timed part).
+fn slot_op(op: Op, batch: u32, size: u64, slot: u32, local: u64, descriptor: &str) -> SessionOp {
+    let base = u64::from(slot) * u64::from(batch);
+    let write = |i: u64| WriteEntry {
+        local_buffer_id: local,
+        local_offset: (base + i) * size,
+        remote_descriptor: descriptor.to_string(),
+        remote_offset: (base + i) * size,
+        length: size,
+    };
+    let read = |i: u64| ReadEntry {
+        remote_descriptor: descriptor.to_string(),
+        remote_offset: (base + i) * size,
+        local_buffer_id: local,
+        local_offset: (base + i) * size,
+        length: size,
+    };
+    match (op, batch) {
+        (Op::Write, 1) => SessionOp::Write(WriteRequest {
+            entry: Some(write(0)),
+            ..WriteRequest::default()
+        }),
+        (Op::Read, 1) => SessionOp::Read(ReadRequest {
+            entry: Some(read(0)),
+            ..ReadRequest::default()
+        }),
+        (Op::Write, n) => SessionOp::WriteBatch(WriteBatchRequest {
+            entries: (0..u64::from(n)).map(write).collect(),
+            ..WriteBatchRequest::default()
+        }),
+        (Op::Read, n) => SessionOp::ReadBatch(ReadBatchRequest {
+            entries: (0..u64::from(n)).map(read).collect(),
+            ..ReadBatchRequest::default()
+        }),
+    }
 }
 
-impl TransferRequest {
-    fn new(op: Op, batch: u32, size: u64, local: u64, descriptor: &str) -> TransferRequest {
-        let write = |i: u64| WriteEntry {
-            local_buffer_id: local,
-            local_offset: i * size,
-            remote_descriptor: descriptor.to_string(),
-            remote_offset: i * size,
-            length: size,
-        };
-        let read = |i: u64| ReadEntry {
-            remote_descriptor: descriptor.to_string(),
-            remote_offset: i * size,
-            local_buffer_id: local,
-            local_offset: i * size,
-            length: size,
-        };
-        match (op, batch) {
-            (Op::Write, 1) => TransferRequest::Write(WriteRequest {
-                entry: Some(write(0)),
-                ..WriteRequest::default()
-            }),
-            (Op::Read, 1) => TransferRequest::Read(ReadRequest {
-                entry: Some(read(0)),
-                timeout_ms: 0,
-            }),
-            (Op::Write, n) => TransferRequest::WriteBatch(WriteBatchRequest {
-                entries: (0..u64::from(n)).map(write).collect(),
-                ..WriteBatchRequest::default()
-            }),
-            (Op::Read, n) => TransferRequest::ReadBatch(ReadBatchRequest {
-                entries: (0..u64::from(n)).map(read).collect(),
-                timeout_ms: 0,
-            }),
-        }
-    }
-
-    /// Starts the transfer; its id.
-    async fn start(self, client: &mut ApiClient) -> Result<u64, DaemonBenchError> {
-        let r = match self {
-            TransferRequest::Write(r) => client.write(r).await.map_err(rpc("starting a WRITE"))?,
-            TransferRequest::Read(r) => client.read(r).await.map_err(rpc("starting a READ"))?,
-            TransferRequest::WriteBatch(r) => client
-                .write_batch(r)
-                .await
-                .map_err(rpc("starting a WRITE batch"))?,
-            TransferRequest::ReadBatch(r) => {
-                client.read_batch(r).await.map_err(rpc("starting a READ batch"))?
+/// Runs one size's transfers on one session, `concurrency` in flight. Returns the measured
+/// latencies and the wall time from the first measured start to the last measured end.
+async fn run_session(
+    client: &mut ApiClient,
+    w: &Workload,
+    size: u64,
+    slots: &[SessionOp],
+    progress: &indicatif::ProgressBar,
+) -> Result<(Vec<Duration>, Duration), DaemonBenchError> {
+    let total = w.warmup + w.iterations;
+    let depth = w.concurrency.max(1);
+    let (tx, rx) = tokio::sync::mpsc::channel(depth as usize + 1);
+    let mut events = client
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(rpc("opening a Session"))?
+        .into_inner();
+    let what = |k: u32| format!("{} {k} of {} × {size} bytes", w.op.name(), w.batch);
+    // Start times by transfer (transfer k has tag k + 1).
+    let mut started: Vec<Option<Instant>> = vec![None; total as usize];
+    let mut latencies = Vec::with_capacity(w.iterations as usize);
+    let (mut next, mut done) = (0u32, 0u32);
+    let (mut first, mut last) = (None, None);
+    while done < total {
+        while next < total && next - done < depth {
+            let op = slots[next as usize % slots.len()].clone();
+            let now = Instant::now();
+            started[next as usize] = Some(now);
+            if next == w.warmup {
+                first = Some(now);
             }
-        };
-        Ok(r.into_inner().transfer_id)
+            let request = SessionRequest {
+                tag: u64::from(next) + 1,
+                op: Some(op),
+            };
+            if tx.send(request).await.is_err() {
+                return Err(DaemonBenchError::Rpc {
+                    what: what(next),
+                    status: Status::unavailable("the session closed"),
+                });
+            }
+            next += 1;
+        }
+        let ev = events
+            .message()
+            .await
+            .map_err(rpc("the Session stream"))?
+            .ok_or_else(|| DaemonBenchError::Rpc {
+                what: "the Session stream".into(),
+                status: Status::unavailable("the daemon ended the session early"),
+            })?;
+        let end = Instant::now();
+        let k = ev.tag.wrapping_sub(1) as u32;
+        let t0 = started
+            .get_mut(k as usize)
+            .and_then(Option::take)
+            .ok_or_else(|| DaemonBenchError::Peer(format!("the session answered unknown tag {}", ev.tag)))?;
+        match ev.event {
+            Some(Event::Finished(t)) if t.status_code == 0 => {}
+            Some(Event::Finished(t)) => return Err(transfer_failed(what(k), t)),
+            Some(Event::Refused(st)) => {
+                return Err(DaemonBenchError::Transfer {
+                    what: what(k),
+                    code: st.code,
+                    message: st.message,
+                    entries: String::new(),
+                });
+            }
+            other => {
+                return Err(DaemonBenchError::Peer(format!(
+                    "the session answered tag {} with {other:?}",
+                    ev.tag
+                )));
+            }
+        }
+        if k >= w.warmup {
+            latencies.push(end - t0);
+            last = Some(end);
+        }
+        done += 1;
+        progress.inc(1);
+    }
+    // Half-closed with nothing in flight: the daemon ends the stream.
+    drop(tx);
+    let wall = match (first, last) {
+        (Some(f), Some(l)) => l - f,
+        _ => Duration::ZERO,
+    };
+    Ok((latencies, wall))
+}
+
+fn transfer_failed(what: String, ev: TransferEvent) -> DaemonBenchError {
+    let entries = ev
+        .entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.code != 0)
+        .take(4)
+        .map(|(i, e)| {
+            format!(
+                "\n  entries[{i}]: {}",
+                code_and_message(&code_number_name(e.code), &e.message)
+            )
+        })
+        .collect();
+    DaemonBenchError::Transfer {
+        what: format!("{what} (transfer {})", ev.transfer_id),
+        code: ev.status_code,
+        message: ev.status_message,
+        entries,
     }
 }
 

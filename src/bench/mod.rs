@@ -93,12 +93,24 @@ pub struct Workload {
     pub iterations: u32,
     /// Unmeasured transfers per size before the measured ones.
     pub warmup: u32,
+    /// Transfers in flight at once (a queue depth): transfer `k` uses slot `k % concurrency`,
+    /// its own range of `batch × size` bytes at `slot × batch × size` on both sides.
+    pub concurrency: u32,
 }
+
+/// Most transfers a run keeps in flight.
+pub const MAX_CONCURRENCY: u32 = 64;
 
 impl Workload {
     /// Bytes each side's buffer needs.
     pub fn buffer_bytes(&self) -> u64 {
-        self.sizes.iter().copied().max().unwrap_or(0) * u64::from(self.batch)
+        self.sizes.iter().copied().max().unwrap_or(0) * u64::from(self.batch) * u64::from(self.slots())
+    }
+
+    /// Slots the transfers of one size use: each its own range (fewer than `concurrency` when
+    /// a size runs fewer transfers).
+    pub fn slots(&self) -> u32 {
+        self.concurrency.clamp(1, (self.warmup + self.iterations).max(1))
     }
 
     /// Checks the limits; the message names the option at fault.
@@ -118,15 +130,21 @@ impl Workload {
         if self.iterations == 0 {
             return Err("--iters: at least one measured iteration is needed".into());
         }
+        if !(1..=MAX_CONCURRENCY).contains(&self.concurrency) {
+            return Err(format!(
+                "--concurrency: {} is outside 1..={MAX_CONCURRENCY}",
+                self.concurrency
+            ));
+        }
         let need = self
             .sizes
             .iter()
-            .map(|&s| s.checked_mul(u64::from(self.batch)))
+            .map(|&s| s.checked_mul(u64::from(self.batch) * u64::from(self.slots())))
             .try_fold(0u64, |m, s| s.map(|s| m.max(s)));
         match need {
             Some(n) if n <= MAX_BUFFER_BYTES => Ok(()),
             _ => Err(format!(
-                "--max × --batch: each side's buffer would exceed {} (largest block size × batch size)",
+                "--max × --batch × --concurrency: each side's buffer would exceed {} (largest block size × batch size × transfers in flight)",
                 format_bytes(MAX_BUFFER_BYTES)
             )),
         }
@@ -204,6 +222,11 @@ pub struct BenchRow {
     pub iterations: u32,
     pub warmup: u32,
     pub latency: LatencyStats,
+    /// Transfers in flight at once.
+    pub concurrency: u32,
+    /// Wall time of the measured transfers, from the first one's start to the last one's end
+    /// (with one in flight: about the sum of the latencies).
+    pub wall: Duration,
     /// Whether the destination held the source's bytes after the size's iterations.
     pub verified: bool,
     /// Chunk size and lanes when the harness knows them.
@@ -217,9 +240,14 @@ impl BenchRow {
         self.block_size * u64::from(self.batch_size)
     }
 
-    /// Decimal GB/s over the measured transfers, back to back.
+    /// Decimal GB/s over the measured transfers: back to back with one in flight (the sum of
+    /// their latencies), over the wall time with several.
     pub fn gbps(&self) -> f64 {
-        let secs = self.latency.total.as_secs_f64();
+        let secs = if self.concurrency > 1 {
+            self.wall.as_secs_f64()
+        } else {
+            self.latency.total.as_secs_f64()
+        };
         if secs <= 0.0 {
             return 0.0;
         }
@@ -234,6 +262,7 @@ impl BenchRow {
             "memory": self.memory.name(),
             "block_size": self.block_size,
             "batch_size": self.batch_size,
+            "concurrency": self.concurrency,
             "iterations": self.iterations,
             "warmup": self.warmup,
             "bytes_per_transfer": self.bytes_per_transfer(),
@@ -258,6 +287,7 @@ pub fn rows_table(rows: &[BenchRow]) -> Table {
         "memory",
         "block size",
         "batch",
+        "in flight",
         "GB/s",
         "avg lat (us)",
         "p50 (us)",
@@ -272,6 +302,7 @@ pub fn rows_table(rows: &[BenchRow]) -> Table {
             r.memory.name(),
             format_bytes(r.block_size),
             r.batch_size.to_string(),
+            r.concurrency.to_string(),
             format!("{:.3}", r.gbps()),
             us(r.latency.avg),
             us(r.latency.p50),
@@ -356,12 +387,20 @@ mod tests {
             iterations: 4,
             warmup: 1,
             latency: LatencyStats::from_samples(&[Duration::from_millis(1); 4]),
+            concurrency: 1,
+            wall: Duration::from_millis(5),
             verified: true,
             chunk_bytes: Some(512 << 10),
             lanes: Some(2),
         };
         // 2 MiB per transfer in 1 ms: 2.097152 GB/s.
         assert!((row.gbps() - 2.097152).abs() < 1e-9);
+        // Several in flight: over the wall time (4 × 2 MiB in 5 ms).
+        let deep = BenchRow {
+            concurrency: 4,
+            ..row.clone()
+        };
+        assert!((deep.gbps() - 4.0 * 2.097152 / 5.0).abs() < 1e-9);
         let v: Value = serde_json::from_str(rows_json_lines(std::slice::from_ref(&row)).trim()).unwrap();
         assert_eq!(v["harness"], "raw");
         assert_eq!(v["block_size"], 1 << 20);
@@ -380,9 +419,31 @@ mod tests {
             batch: 4,
             iterations: 2,
             warmup: 0,
+            concurrency: 1,
         };
         assert_eq!(w.buffer_bytes(), 4 << 20);
         assert!(w.validate().is_ok());
+        // Each transfer in flight has its own range (as many as the size runs transfers).
+        let deep = Workload {
+            concurrency: 8,
+            ..w.clone()
+        };
+        assert_eq!((deep.slots(), deep.buffer_bytes()), (2, 8 << 20));
+        let deep = Workload {
+            concurrency: 8,
+            iterations: 20,
+            ..w.clone()
+        };
+        assert_eq!(deep.buffer_bytes(), 32 << 20);
+        assert!(
+            Workload {
+                concurrency: 0,
+                ..w.clone()
+            }
+            .validate()
+            .unwrap_err()
+            .contains("--concurrency")
+        );
         assert!(
             Workload {
                 batch: 0,

@@ -71,6 +71,10 @@ pub struct WorkloadArgs {
     /// Unmeasured transfers per block size before the measured ones.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub warmup: u32,
+    /// Transfers in flight at once, as a queue depth (each on its own range; the daemon bench
+    /// submits them on one Session). GB/s is then over the wall time.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub concurrency: u32,
     /// Also append the rows to FILE as JSON lines (one object per block size).
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
@@ -94,6 +98,7 @@ impl WorkloadArgs {
             batch: self.batch,
             iterations: self.iters,
             warmup: self.warmup,
+            concurrency: self.concurrency,
         };
         w.validate()?;
         Ok(w)
@@ -389,19 +394,22 @@ async fn local_daemons_bench(
     outcome
 }
 
-/// Raw and daemon rows of the same op, memory, block and batch size, paired: GB/s, the ratio and
-/// p50 latencies. `None` unless both harnesses ran.
+/// Raw and daemon rows of the same op, memory, block size, batch size and concurrency, paired:
+/// GB/s, the ratio, p50 and p99 latencies. `None` unless both harnesses ran.
 pub fn side_by_side(rows: &[BenchRow]) -> Option<Table> {
     let raw: Vec<&BenchRow> = rows.iter().filter(|r| r.harness == Harness::Raw).collect();
     let mut t = Table::new([
         "op",
         "block size",
         "batch",
+        "in flight",
         "raw GB/s",
         "daemon GB/s",
         "daemon/raw",
         "raw p50 (us)",
         "daemon p50 (us)",
+        "raw p99 (us)",
+        "daemon p99 (us)",
     ]);
     for d in rows.iter().filter(|r| r.harness == Harness::Daemon) {
         let Some(r) = raw.iter().find(|r| {
@@ -409,6 +417,7 @@ pub fn side_by_side(rows: &[BenchRow]) -> Option<Table> {
                 && r.memory == d.memory
                 && r.block_size == d.block_size
                 && r.batch_size == d.batch_size
+                && r.concurrency == d.concurrency
         }) else {
             continue;
         };
@@ -422,11 +431,14 @@ pub fn side_by_side(rows: &[BenchRow]) -> Option<Table> {
             d.op.name().to_string(),
             format_bytes(d.block_size),
             d.batch_size.to_string(),
+            d.concurrency.to_string(),
             format!("{:.3}", r.gbps()),
             format!("{:.3}", d.gbps()),
             ratio,
             us(r.latency.p50),
             us(d.latency.p50),
+            us(r.latency.p99),
+            us(d.latency.p99),
         ]);
     }
     (!t.is_empty()).then_some(t)
@@ -450,6 +462,7 @@ mod tests {
             batch: 1,
             iters: 100,
             warmup: 10,
+            concurrency: 1,
             out: None,
         };
         let w = args.workload().unwrap();

@@ -512,8 +512,13 @@ async fn write(client: &mut ApiClient, json: bool, args: WriteArgs) -> Result<()
         notification: args.notify.clone().map(String::into_bytes).unwrap_or_default(),
         timeout_ms: timeout_ms(&args.wait),
         ready_event_ipc_handle: Vec::new(),
+        wait: one_call(json, &args.wait),
     });
     let deadline = apply_timeout(&mut request, &args.wait);
+    if request.get_ref().wait {
+        let mut caller = client.clone();
+        return waited(client, caller.write(request), json, "write", deadline).await;
+    }
     let started = client.write(request).await.map_err(rpc("write"))?.into_inner();
     after_start(client, json, "write", started, &args.wait, deadline).await
 }
@@ -528,10 +533,67 @@ async fn read(client: &mut ApiClient, json: bool, args: ReadArgs) -> Result<(), 
             length: args.length,
         }),
         timeout_ms: timeout_ms(&args.wait),
+        wait: one_call(json, &args.wait),
     });
     let deadline = apply_timeout(&mut request, &args.wait);
+    if request.get_ref().wait {
+        let mut caller = client.clone();
+        return waited(client, caller.read(request), json, "read", deadline).await;
+    }
     let started = client.read(request).await.map_err(rpc("read"))?.into_inner();
     after_start(client, json, "read", started, &args.wait, deadline).await
+}
+
+/// Whether to start and wait in one call (`wait`): whenever the caller waits and no progress bar
+/// is drawn (the bar needs Watch's progress events).
+fn one_call(json: bool, wait: &WaitOpts) -> bool {
+    use std::io::IsTerminal as _;
+    !wait.no_wait && (json || !std::io::stderr().is_terminal())
+}
+
+/// Runs a transfer call made with `wait`: one round trip, the final event in the answer. Ctrl-C
+/// drops the call, which makes the daemon cancel the transfer.
+async fn waited(
+    client: &mut ApiClient,
+    call: impl std::future::Future<Output = Result<tonic::Response<TransferStarted>, Status>>,
+    json: bool,
+    what: &str,
+    client_deadline: Option<Duration>,
+) -> Result<(), CliError> {
+    let start = Instant::now();
+    let call = async {
+        match client_deadline {
+            Some(limit) => tokio::time::timeout(limit, call).await.unwrap_or_else(|_| {
+                Err(Status::deadline_exceeded(format!(
+                    "the {what} did not finish within {:.1} s (client-side limit)",
+                    limit.as_secs_f64()
+                )))
+            }),
+            None => call.await,
+        }
+    };
+    let started = tokio::select! {
+        r = call => r.map_err(rpc(what))?.into_inner(),
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("tcpxctl: interrupted; the daemon cancels the {what}");
+            return Err(CliError::Interrupted);
+        }
+    };
+    match started.r#final {
+        Some(ev) => report_finished(what, json, &ev, start.elapsed()),
+        // A daemon that predates `wait` answered at once: follow the transfer instead.
+        None => {
+            follow(
+                client,
+                json,
+                what,
+                started.transfer_id,
+                started.total_bytes,
+                client_deadline,
+            )
+            .await
+        }
+    }
 }
 
 async fn after_start(

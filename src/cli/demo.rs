@@ -565,6 +565,7 @@ async fn transfer_and_check(
             notification: Vec::new(),
             timeout_ms: 0,
             ready_event_ipc_handle: Vec::new(),
+            wait: false,
         })
         .await
         .map_err(DemoError::rpc(format!("write {} -> {}", a.node_id, b.node_id)))?
@@ -589,6 +590,7 @@ async fn transfer_and_check(
                 length: size,
             }),
             timeout_ms: 0,
+            wait: false,
         })
         .await
         .map_err(DemoError::rpc(format!("read {} -> {}", b.node_id, a.node_id)))?

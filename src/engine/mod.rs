@@ -487,6 +487,14 @@ impl Engine {
             })
     }
 
+    /// True when no posted request carries a transfer's bytes: the poller then has nothing to
+    /// test and parks on its command channel (commands and control messages wake it).
+    pub fn lanes_idle(&self) -> bool {
+        self.peers
+            .iter()
+            .all(|p| p.send.iter().chain(&p.recv).all(|l| l.posted.is_empty()))
+    }
+
     fn live_peer(&self, field: &str, peer: PeerIdx) -> EngineResult<&Peer> {
         let p = self
             .peers

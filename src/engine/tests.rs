@@ -315,6 +315,7 @@ impl Sim {
     fn assert_idle(&self) {
         for n in &self.nodes {
             assert!(n.eng.is_idle(), "engine not idle: {:?}", n.eng.peer_counters(P));
+            assert!(n.eng.lanes_idle(), "a request is still posted");
             assert_eq!(n.eng.posted(), (0, 0), "slots not back to zero");
             for id in n.bufs.keys() {
                 assert_eq!(n.eng.buffer_users(*id), Some(0), "buffer {id} still in use");
@@ -460,6 +461,8 @@ fn windows_bound_posted_requests() {
     assert_eq!(c1.recv[0].queued, 256 - 16);
     // One stretch of a full window with chunks waiting, on each side.
     assert_eq!((c0.send[0].window_full, c1.recv[0].window_full), (1, 1));
+    // Requests carrying the transfer's bytes are posted: the poller must keep testing them.
+    assert!(!s.nodes[0].eng.lanes_idle() && !s.nodes[1].eng.lanes_idle());
     s.hold_data = false;
     s.run();
     assert_eq!(s.outcome(0, t).code, Code::Ok);

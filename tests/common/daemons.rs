@@ -158,6 +158,7 @@ pub async fn write(c: &mut Client, e: pb::WriteEntry, note: &[u8]) -> Result<u64
         notification: note.to_vec(),
         timeout_ms: 120_000,
         ready_event_ipc_handle: Vec::new(),
+        wait: false,
     })
     .await
     .map(|r| r.into_inner().transfer_id)
@@ -167,6 +168,7 @@ pub async fn read(c: &mut Client, e: pb::ReadEntry) -> Result<u64, tonic::Status
     c.read(pb::ReadRequest {
         entry: Some(e),
         timeout_ms: 120_000,
+        wait: false,
     })
     .await
     .map(|r| r.into_inner().transfer_id)

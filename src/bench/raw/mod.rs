@@ -9,10 +9,14 @@
 //! - completion: only the head of each comm is tested; a completed receive is unpacked (the host
 //!   gather for host memory, the GPU unpacker for CUDA memory, one batch per pass) and consumed
 //!   (`irecvConsumed`) in ring order once its unpack finished;
-//! - idling: the poller's (spin, then yield, then 50 µs naps while a pass makes no progress).
+//! - idling: the poller's (`crate::idle`: spin, then yield, then 50 µs naps once no pass made
+//!   progress for 2 ms).
 //!
 //! The sender and the receiver run on two threads. A transfer's latency runs from the moment the
-//! sender starts posting its chunks to the moment the receiver consumed the last one. Plugin
+//! sender starts posting its chunks to the moment the receiver consumed the last one. With a
+//! concurrency of N the sender keeps N transfers in flight (transfer `k` on its own range, slot
+//! `k % N`), starting the next as soon as the receiver finished one, as the daemon bench's
+//! session does; the receiver posts a transfer's receives once the sender started it. Plugin
 //! level, a READ is the peer's send: the raw READ rows measure the same path as WRITE and exist
 //! so both harnesses can be compared row by row.
 
@@ -26,9 +30,15 @@ use crate::bench::{BenchRow, Harness, LatencyStats, Memory, SEED, Workload};
 use crate::buffers::seeded_bytes;
 use crate::engine::ChunkPlan;
 use crate::gpu::{DeviceRegion, Gpu};
-use crate::net::{HostRegion, MemHandle, Plugin, RecvComm, Region, RegionWindow, RequestId, SendComm};
-use crate::poller::{NAP, SPINS_BEFORE_YIELD, WINDOW_LEN, WINDOW_STRIDE, YIELDS_BEFORE_NAP};
-use crate::unpack::{Ticket, UnpackImpl, UnpackJob, Unpacker};
+use crate::net::{HostRegion, MemHandle, Plugin, Region, RegionWindow};
+use crate::poller::{WINDOW_LEN, WINDOW_STRIDE};
+use crate::unpack::UnpackImpl;
+
+mod recv;
+mod send;
+
+use recv::{GpuStage, RecvLane, RecvSide};
+use send::SendSide;
 
 /// Bytes verified or filled per step.
 const PIECE: usize = 16 << 20;
@@ -154,15 +164,38 @@ struct Job {
     /// Warm-up plus measured transfers.
     transfers: u32,
     warmup: u32,
+    /// Transfers in flight at most.
+    depth: u32,
+    /// Ranges the transfers rotate over: transfer `k` of the job moves slot `k % slots`, at
+    /// `slot × batch × size` on both sides.
+    slots: u32,
 }
 
-/// State both threads share.
+impl Job {
+    fn iterations(&self) -> u32 {
+        self.transfers - self.warmup
+    }
+
+    /// Where the `k`-th transfer of the job starts in both buffers.
+    fn slot_base(&self, k: u32) -> u64 {
+        u64::from(k % self.slots) * self.ranges.len() as u64 * self.size
+    }
+}
+
+/// Start times kept per transfer, by transfer number modulo this (twice the deepest queue).
+const T0_RING: usize = 2 * crate::bench::MAX_CONCURRENCY as usize;
+
+/// State both threads share. Transfers are numbered from 1 across the whole run.
 struct Shared {
     base: Instant,
-    /// When the sender began posting the current transfer (ns since `base`).
-    t0: AtomicU64,
-    /// Transfers each side has started (the rendezvous before each transfer).
-    started: [AtomicU64; 2],
+    /// When the sender began posting transfer `n` (ns since `base`), at `n % T0_RING`.
+    t0: Vec<AtomicU64>,
+    /// Transfers the sender has started (their chunks are planned): the receiver plans up to
+    /// this one.
+    started: AtomicU64,
+    /// Transfers the receiver has finished (every chunk consumed): the sender keeps
+    /// `started - done` within the job's depth.
+    done: AtomicU64,
     abort: AtomicBool,
     lanes: u32,
     chunk_bytes: u32,
@@ -170,30 +203,13 @@ struct Shared {
 }
 
 impl Shared {
-    /// Waits until the other side has started transfer `n` too (or the run aborted).
-    fn rendezvous(&self, me: usize, n: u64) -> Result<(), String> {
-        self.started[me].store(n, Ordering::Release);
-        let mut idle = 0u32;
-        while self.started[1 - me].load(Ordering::Acquire) < n {
-            if self.abort.load(Ordering::Acquire) {
-                return Err("the other side stopped".into());
-            }
-            backoff(&mut idle);
-        }
-        Ok(())
+    fn set_t0(&self, n: u64, at: Instant) {
+        self.t0[n as usize % T0_RING]
+            .store(at.duration_since(self.base).as_nanos() as u64, Ordering::Release);
     }
-}
 
-/// Idles as the poller does while requests are in flight: spin, then yield, then nap, so the
-/// two threads leave the plugin's own threads the same CPU the daemon leaves them.
-fn backoff(idle: &mut u32) {
-    *idle = idle.saturating_add(1);
-    if *idle < SPINS_BEFORE_YIELD {
-        std::hint::spin_loop();
-    } else if *idle < YIELDS_BEFORE_NAP {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(NAP);
+    fn t0(&self, n: u64) -> Instant {
+        self.base + Duration::from_nanos(self.t0[n as usize % T0_RING].load(Ordering::Acquire))
     }
 }
 
@@ -291,8 +307,9 @@ pub fn run_raw(opts: &RawOptions, progress: &indicatif::ProgressBar) -> Result<V
 
     let shared = Arc::new(Shared {
         base: Instant::now(),
-        t0: AtomicU64::new(0),
-        started: [AtomicU64::new(0), AtomicU64::new(0)],
+        t0: (0..T0_RING).map(|_| AtomicU64::new(0)).collect(),
+        started: AtomicU64::new(0),
+        done: AtomicU64::new(0),
         abort: AtomicBool::new(false),
         lanes,
         chunk_bytes: opts.chunk_bytes,
@@ -301,7 +318,7 @@ pub fn run_raw(opts: &RawOptions, progress: &indicatif::ProgressBar) -> Result<V
     let (send_jobs, send_rx) = mpsc::channel::<Job>();
     let (recv_jobs, recv_rx) = mpsc::channel::<Job>();
     let (send_done_tx, send_done) = mpsc::channel::<Result<(), String>>();
-    let (recv_done_tx, recv_done) = mpsc::channel::<Result<Vec<Duration>, String>>();
+    let (recv_done_tx, recv_done) = mpsc::channel::<Result<(Vec<Duration>, Duration), String>>();
     let sender = {
         let shared = shared.clone();
         let gpu = gpu.clone();
@@ -364,6 +381,7 @@ pub fn run_raw(opts: &RawOptions, progress: &indicatif::ProgressBar) -> Result<V
                     dst,
                     stage,
                     posted_any: false,
+                    consumed: Vec::new(),
                 };
                 let mut n = 0u64;
                 while let Ok(job) = recv_rx.recv() {
@@ -380,7 +398,7 @@ pub fn run_raw(opts: &RawOptions, progress: &indicatif::ProgressBar) -> Result<V
     let mut rows = Vec::new();
     let outcome = (|| -> Result<(), RawError> {
         for &size in &w.sizes {
-            let span = size * u64::from(w.batch);
+            let span = size * u64::from(w.batch) * u64::from(w.slots());
             progress.set_message(crate::client::format_bytes(size));
             zero(&dst, span).map_err(|why| RawError::Verify { size, why })?;
             let job = Job {
@@ -388,6 +406,8 @@ pub fn run_raw(opts: &RawOptions, progress: &indicatif::ProgressBar) -> Result<V
                 ranges: vec![size; w.batch as usize],
                 transfers: w.warmup + w.iterations,
                 warmup: w.warmup,
+                depth: w.concurrency,
+                slots: w.slots(),
             };
             let lost = |side| RawError::Transfer {
                 side,
@@ -399,7 +419,7 @@ pub fn run_raw(opts: &RawOptions, progress: &indicatif::ProgressBar) -> Result<V
             let sent = send_done.recv().map_err(|_| lost("sender"))?;
             let received = recv_done.recv().map_err(|_| lost("receiver"))?;
             // The side that failed first says why; the other only saw the abort.
-            let latencies = match (sent, received) {
+            let (latencies, wall) = match (sent, received) {
                 (Ok(()), Ok(l)) => l,
                 (Err(why), _) if !why.contains("the other side stopped") => {
                     return Err(RawError::Transfer {
@@ -426,6 +446,8 @@ pub fn run_raw(opts: &RawOptions, progress: &indicatif::ProgressBar) -> Result<V
                 iterations: w.iterations,
                 warmup: w.warmup,
                 latency: LatencyStats::from_samples(&latencies),
+                concurrency: w.concurrency,
+                wall,
                 verified: true,
                 chunk_bytes: Some(opts.chunk_bytes),
                 lanes: Some(lanes),
@@ -484,329 +506,25 @@ fn verify(src: &Mem, dst: &Mem, len: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// The chunks of one transfer, queued per lane as (buffer offset, length); advances the first
-/// lane as the engine does (the next transfer starts where this one ended).
-fn plan_into(job: &Job, shared: &Shared, next_lane: &mut u32, mut push: impl FnMut(usize, u64, u32)) -> u64 {
+/// The chunks of the job's `k`-th transfer, queued per lane as (buffer offset, length); advances
+/// the first lane as the engine does (the next transfer starts where this one ended).
+fn plan_into(
+    job: &Job,
+    k: u32,
+    shared: &Shared,
+    next_lane: &mut u32,
+    mut push: impl FnMut(usize, u64, u32),
+) -> u64 {
     let mut count = 0u64;
+    let base = job.slot_base(k);
     for c in ChunkPlan::new(&job.ranges, shared.chunk_bytes, *next_lane, shared.lanes) {
-        push(c.lane as usize, u64::from(c.range) * job.size + c.offset, c.len);
+        push(
+            c.lane as usize,
+            base + u64::from(c.range) * job.size + c.offset,
+            c.len,
+        );
         count += 1;
     }
     *next_lane = ((u64::from(*next_lane) + count) % u64::from(shared.lanes)) as u32;
     count
-}
-
-struct SendSide {
-    comms: Vec<SendComm>,
-    handles: Vec<Vec<MemHandle>>,
-    queues: Vec<VecDeque<(u64, u32)>>,
-    tags: Vec<i32>,
-    window: usize,
-    next_lane: u32,
-}
-
-impl SendSide {
-    fn run(&mut self, shared: &Shared, job: &Job, n: &mut u64) -> Result<(), String> {
-        for _ in 0..job.transfers {
-            *n += 1;
-            shared.rendezvous(0, *n)?;
-            let t0 = Instant::now();
-            shared.t0.store(
-                t0.duration_since(shared.base).as_nanos() as u64,
-                Ordering::Release,
-            );
-            let queues = &mut self.queues;
-            plan_into(job, shared, &mut self.next_lane, |lane, at, len| {
-                queues[lane].push_back((at, len))
-            });
-            let mut idle = 0u32;
-            let mut last_progress = Instant::now();
-            loop {
-                let mut progressed = false;
-                let mut busy = false;
-                for (li, comm) in self.comms.iter_mut().enumerate() {
-                    let q = &mut self.queues[li];
-                    while comm.outstanding() < self.window
-                        && let Some(&(at, len)) = q.front()
-                    {
-                        let (mh, off) = window(&self.handles[li], at);
-                        self.tags[li] = self.tags[li].wrapping_add(1) & 0x7fff_ffff;
-                        match comm
-                            .isend(mh, off, len as usize, self.tags[li])
-                            .map_err(|e| format!("lane {li} isend: {e}"))?
-                        {
-                            Some(_) => {
-                                q.pop_front();
-                                progressed = true;
-                            }
-                            None => break,
-                        }
-                    }
-                    while let Some(id) = comm.oldest() {
-                        if comm.test(id).map_err(|e| format!("lane {li} send: {e}"))? {
-                            progressed = true;
-                        } else {
-                            break;
-                        }
-                    }
-                    busy |= comm.outstanding() > 0 || !q.is_empty();
-                }
-                if !busy {
-                    break;
-                }
-                if progressed {
-                    idle = 0;
-                    last_progress = Instant::now();
-                    continue;
-                }
-                if shared.abort.load(Ordering::Acquire) {
-                    return Err("the other side stopped".into());
-                }
-                if idle > SPINS_BEFORE_YIELD && last_progress.elapsed() > shared.stall {
-                    return Err(format!(
-                        "no send completed for {:.0} s",
-                        shared.stall.as_secs_f64()
-                    ));
-                }
-                backoff(&mut idle);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A posted receive: where its bytes go.
-#[derive(Debug, Clone, Copy)]
-struct Posted {
-    id: RequestId,
-    len: u32,
-    offset: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Wait {
-    Ready,
-    /// In this batch of the GPU stage.
-    Gpu(u64),
-}
-
-#[derive(Default)]
-struct RecvLane {
-    queue: VecDeque<(u64, u32)>,
-    posted: VecDeque<Posted>,
-    landing: VecDeque<(RequestId, Wait)>,
-    tag: i32,
-}
-
-struct RecvSide {
-    comms: Vec<RecvComm>,
-    handles: Vec<Vec<MemHandle>>,
-    lanes: Vec<RecvLane>,
-    window: usize,
-    next_lane: u32,
-    dst: Mem,
-    stage: Option<GpuStage>,
-    /// Whether the last pass posted a receive.
-    posted_any: bool,
-}
-
-impl RecvSide {
-    fn run(
-        &mut self,
-        shared: &Shared,
-        job: &Job,
-        n: &mut u64,
-        bar: &indicatif::ProgressBar,
-    ) -> Result<Vec<Duration>, String> {
-        let mut latencies = Vec::with_capacity(job.transfers as usize);
-        for i in 0..job.transfers {
-            *n += 1;
-            shared.rendezvous(1, *n)?;
-            let lanes = &mut self.lanes;
-            let mut left = plan_into(job, shared, &mut self.next_lane, |lane, at, len| {
-                lanes[lane].queue.push_back((at, len))
-            });
-            let mut idle = 0u32;
-            let mut last_progress = Instant::now();
-            while left > 0 {
-                let consumed = self.pass()?;
-                if consumed > 0 || self.posted_any {
-                    left -= consumed;
-                    idle = 0;
-                    last_progress = Instant::now();
-                    continue;
-                }
-                if shared.abort.load(Ordering::Acquire) {
-                    return Err("the other side stopped".into());
-                }
-                if idle > SPINS_BEFORE_YIELD && last_progress.elapsed() > shared.stall {
-                    return Err(format!(
-                        "no receive completed for {:.0} s",
-                        shared.stall.as_secs_f64()
-                    ));
-                }
-                backoff(&mut idle);
-            }
-            let end = Instant::now();
-            let t0 = shared.base + Duration::from_nanos(shared.t0.load(Ordering::Acquire));
-            if i >= job.warmup {
-                latencies.push(end.saturating_duration_since(t0));
-            }
-            bar.inc(1);
-        }
-        Ok(latencies)
-    }
-}
-
-impl RecvSide {
-    /// One poller-like pass: post what the window allows, test heads, unpack, consume in ring
-    /// order. Returns the receives consumed.
-    fn pass(&mut self) -> Result<u64, String> {
-        self.posted_any = false;
-        let mut consumed = 0u64;
-        for (li, (comm, l)) in self.comms.iter_mut().zip(self.lanes.iter_mut()).enumerate() {
-            while comm.outstanding() < self.window
-                && let Some(&(at, len)) = l.queue.front()
-            {
-                let (mh, off) = window(&self.handles[li], at);
-                l.tag = l.tag.wrapping_add(1) & 0x7fff_ffff;
-                match comm
-                    .irecv(mh, off, len as usize, l.tag)
-                    .map_err(|e| format!("lane {li} irecv: {e}"))?
-                {
-                    Some(id) => {
-                        l.queue.pop_front();
-                        l.posted.push_back(Posted { id, len, offset: at });
-                        self.posted_any = true;
-                    }
-                    None => break,
-                }
-            }
-            while let Some(&posted) = l.posted.front() {
-                match comm
-                    .test(posted.id)
-                    .map_err(|e| format!("lane {li} receive: {e}"))?
-                {
-                    Some(_) => {
-                        let wait = start_unpack(comm, &posted, &self.dst, self.stage.as_mut())
-                            .map_err(|e| format!("lane {li} unpack: {e}"))?;
-                        l.posted.pop_front();
-                        l.landing.push_back((posted.id, wait));
-                    }
-                    None => break,
-                }
-            }
-        }
-        if let Some(stage) = self.stage.as_mut() {
-            stage.advance()?;
-        }
-        for (li, (comm, l)) in self.comms.iter_mut().zip(self.lanes.iter_mut()).enumerate() {
-            while let Some(&(id, wait)) = l.landing.front() {
-                if let Wait::Gpu(batch) = wait
-                    && !self.stage.as_ref().is_some_and(|s| s.done(batch))
-                {
-                    break;
-                }
-                comm.consume(id)
-                    .map_err(|e| format!("lane {li} irecvConsumed: {e}"))?;
-                l.landing.pop_front();
-                consumed += 1;
-            }
-        }
-        Ok(consumed)
-    }
-}
-
-/// As the poller's `start_unpack`: nothing when the plugin received in place, the host gather
-/// for host memory, a push into the GPU stage for CUDA memory.
-fn start_unpack(
-    comm: &RecvComm,
-    posted: &Posted,
-    dst: &Mem,
-    stage: Option<&mut GpuStage>,
-) -> Result<Wait, String> {
-    let (ring, q) = comm.completed(posted.id).map_err(|e| e.to_string())?;
-    let frags = ring.fragments(q).map_err(|e| e.to_string())?;
-    if frags.is_empty() {
-        return Ok(Wait::Ready);
-    }
-    match (dst, stage) {
-        (Mem::Host(_), _) => {
-            let landed: u64 = frags.iter().map(|f| u64::from(f.len)).sum();
-            if landed != u64::from(posted.len) {
-                return Err(format!("chunk landed {landed} of {} bytes", posted.len));
-            }
-            comm.unpack_host(posted.id)
-                .map(|_| Wait::Ready)
-                .map_err(|e| e.to_string())
-        }
-        // The unpacker checks the list against the posted size (`exact`): on the host at
-        // `push`, or, for the ring read in place, the kernel adds the lengths up.
-        (Mem::Cuda(region), Some(stage)) => {
-            let job = UnpackJob {
-                frags: ring.fragment_list(q).map_err(|e| e.to_string())?,
-                bounce: ring.bounce_span(frags),
-                dst: region
-                    .subspan(posted.offset, u64::from(posted.len))
-                    .map_err(|e| e.to_string())?,
-                exact: true,
-            };
-            stage.unpacker.push(&job).map_err(|e| e.to_string())?;
-            stage.pushed = true;
-            Ok(Wait::Gpu(stage.next_batch))
-        }
-        (Mem::Cuda(_), None) => Err("no GPU unpack stage".into()),
-    }
-}
-
-/// The poller's GPU unpack stage, for one GPU: one batch per pass.
-struct GpuStage {
-    gpu: Arc<Gpu>,
-    unpacker: Box<dyn Unpacker>,
-    next_batch: u64,
-    pushed: bool,
-    in_flight: VecDeque<(u64, Option<Ticket>)>,
-    done_upto: u64,
-}
-
-impl GpuStage {
-    fn new(gpu: Arc<Gpu>, imp: UnpackImpl) -> Result<GpuStage, String> {
-        gpu.bind_to_thread().map_err(|e| e.to_string())?;
-        let unpacker = imp.build(&gpu).map_err(|e| e.to_string())?;
-        Ok(GpuStage {
-            gpu,
-            unpacker,
-            next_batch: 1,
-            pushed: false,
-            in_flight: VecDeque::new(),
-            done_upto: 0,
-        })
-    }
-
-    fn advance(&mut self) -> Result<(), String> {
-        self.gpu.bind_to_thread().map_err(|e| e.to_string())?;
-        if self.pushed {
-            self.pushed = false;
-            let batch = self.next_batch;
-            self.next_batch += 1;
-            let ticket = self.unpacker.submit().map_err(|e| e.to_string())?;
-            self.in_flight.push_back((batch, ticket));
-        }
-        while let Some((batch, ticket)) = self.in_flight.front() {
-            let done = match ticket {
-                None => true,
-                Some(t) => self.unpacker.is_done(t).map_err(|e| e.to_string())?,
-            };
-            if !done {
-                break;
-            }
-            self.done_upto = *batch;
-            self.in_flight.pop_front();
-        }
-        Ok(())
-    }
-
-    fn done(&self, batch: u64) -> bool {
-        batch <= self.done_upto
-    }
 }

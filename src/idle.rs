@@ -1,0 +1,89 @@
+//! How a thread that polls the plugin waits when a pass made no progress while requests carrying
+//! bytes are in flight: it spins a little, then yields the CPU at every pass (so the plugin's own
+//! threads run), and naps only once nothing has progressed for [`STALL_BEFORE_NAP`] — a stalled
+//! peer, not a transfer in flight. The daemon's poller naps on its command channel (a command or
+//! control message ends the nap at once) and parks there outright when nothing is in flight; the
+//! raw bench idles with the same [`Backoff`].
+
+use std::time::{Duration, Instant};
+
+/// Passes that spin before the thread starts yielding.
+pub const SPINS_BEFORE_YIELD: u32 = 64;
+/// How long passes without progress yield before the thread naps.
+pub const STALL_BEFORE_NAP: Duration = Duration::from_millis(2);
+/// One nap, once stalled.
+pub const NAP: Duration = Duration::from_micros(50);
+
+/// What one idle step did, or asks the caller to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Spun (a CPU hint); poll again.
+    Spun,
+    /// Yielded the CPU; poll again.
+    Yielded,
+    /// Stalled: sleep this long (or until woken), then poll again.
+    Nap(Duration),
+}
+
+/// The idle state of a polling loop between two passes that made progress.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    spins: u32,
+    /// When the current stretch without progress began (taken once spinning is over).
+    since: Option<Instant>,
+}
+
+impl Backoff {
+    pub fn new() -> Backoff {
+        Backoff::default()
+    }
+
+    /// A pass made progress (or the loop was woken with work): start over.
+    pub fn reset(&mut self) {
+        self.spins = 0;
+        self.since = None;
+    }
+
+    /// One pass made no progress while requests are in flight.
+    pub fn step(&mut self) -> Step {
+        if self.spins < SPINS_BEFORE_YIELD {
+            self.spins += 1;
+            std::hint::spin_loop();
+            return Step::Spun;
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if since.elapsed() < STALL_BEFORE_NAP {
+            std::thread::yield_now();
+            Step::Yielded
+        } else {
+            Step::Nap(NAP)
+        }
+    }
+
+    /// [`Backoff::step`] for loops with nothing to wake them: naps with a plain sleep.
+    pub fn step_or_sleep(&mut self) {
+        if let Step::Nap(d) = self.step() {
+            std::thread::sleep(d);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spins_then_yields_then_naps_only_after_a_stall() {
+        let mut b = Backoff::new();
+        for _ in 0..SPINS_BEFORE_YIELD {
+            assert_eq!(b.step(), Step::Spun);
+        }
+        // Within the stall allowance: yields, never naps.
+        assert_eq!(b.step(), Step::Yielded);
+        std::thread::sleep(STALL_BEFORE_NAP + Duration::from_millis(1));
+        assert_eq!(b.step(), Step::Nap(NAP));
+        // Progress starts over.
+        b.reset();
+        assert_eq!(b.step(), Step::Spun);
+    }
+}

@@ -1,0 +1,250 @@
+//! The poller's unpack stage: starting the unpack of a completed receive (nothing, a host gather,
+//! or a push into the GPU's unpacker) and the GPU unpacker's batches, one per pass.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use crate::buffers::BufferEntry;
+use crate::gpu::Gpu;
+use crate::net::{RecvComm, RequestId};
+use crate::unpack::{Ticket, UnpackImpl, UnpackJob, Unpacker};
+
+use super::Posted;
+
+#[derive(Debug)]
+pub(super) enum Wait {
+    /// Unpacked (or nothing to unpack), with the outcome.
+    Ready(Result<(), String>),
+    /// In batch `batch` of GPU `gpu`'s unpacker; `len` bytes posted.
+    Gpu { gpu: usize, batch: u64, len: u32 },
+}
+
+/// How a batch of GPU unpacks ended, for its receives.
+#[derive(Debug)]
+pub(super) enum BatchEnd {
+    Unpacked,
+    /// The unpack stage failed (this batch and every later one).
+    Failed(String),
+    /// The kernel found a list read in place out of bounds (and skipped the fragment) or not
+    /// adding up, in some receive of the batch (logged when found): the receive's own host check
+    /// says whether it was this one.
+    Rejected,
+}
+
+/// The unpack stage of one GPU: its unpacker and the batches in flight, oldest first.
+pub(super) struct GpuStage {
+    gpu: Arc<Gpu>,
+    unpacker: Box<dyn Unpacker>,
+    /// The batch number receives pushed during this pass belong to.
+    next_batch: u64,
+    pushed: bool,
+    in_flight: VecDeque<(u64, Option<Ticket>)>,
+    /// Every batch up to this one has finished.
+    done_upto: u64,
+    /// A batch that failed on the GPU, and why: its receives (and later ones) fail.
+    failed: Option<(u64, String)>,
+    /// Batches with a rejected receive (`BatchEnd::Rejected`), recent ones only.
+    rejected: std::collections::BTreeSet<u64>,
+    /// Per other GPU holding bounce buffers: whether this GPU can read them (`reach_bounce`).
+    peer_reach: HashMap<usize, Result<(), String>>,
+}
+/// Starts unpacking a completed receive: nothing to do when the plugin received in place (or
+/// the chunk was sent empty), a host gather for host destinations, a push into the GPU's
+/// unpacker for CUDA destinations.
+pub(super) fn start_unpack(
+    comm: &RecvComm,
+    posted: &Posted,
+    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    stages: &mut HashMap<usize, GpuStage>,
+    unpack_impl: UnpackImpl,
+) -> Wait {
+    let (ring, q) = match comm.completed(posted.id) {
+        Ok(v) => v,
+        Err(e) => return Wait::Ready(Err(e.to_string())),
+    };
+    let frags = match ring.fragments(q) {
+        Ok(f) => f,
+        Err(e) => return Wait::Ready(Err(e.to_string())),
+    };
+    if frags.is_empty() {
+        return Wait::Ready(Ok(()));
+    }
+    let Some(entry) = buffers.get(&posted.buffer) else {
+        return Wait::Ready(Err(format!("buffer {} vanished", posted.buffer)));
+    };
+    let Some(region) = entry.device_region() else {
+        let landed: u64 = frags.iter().map(|f| u64::from(f.len)).sum();
+        if landed != u64::from(posted.len) {
+            return Wait::Ready(Err(format!("chunk landed {landed} of {} bytes", posted.len)));
+        }
+        return Wait::Ready(comm.unpack_host(posted.id).map(|_| ()).map_err(|e| e.to_string()));
+    };
+    // From here the unpacker checks the list (bounds, and adding up to the posted size:
+    // `exact`): on the host at `push`, or, for the ring read in place, on the GPU, reported when
+    // the batch is done (`BatchEnd::Rejected`).
+    let ordinal = region.gpu().ordinal();
+    let stage = match stages.entry(ordinal) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            match GpuStage::new(region.gpu().clone(), unpack_impl) {
+                Ok(s) => v.insert(s),
+                Err(e) => return Wait::Ready(Err(format!("GPU {ordinal} unpack stage: {e}"))),
+            }
+        }
+    };
+    let job = (|| -> Result<(), String> {
+        stage.reach_bounce(ring.bounce_device())?;
+        let bounce = ring.bounce_span(frags);
+        stage.gpu.bind_to_thread().map_err(|e| e.to_string())?;
+        let dst = region
+            .subspan(posted.offset, u64::from(posted.len))
+            .map_err(|e| e.to_string())?;
+        let list = ring.fragment_list(q).map_err(|e| e.to_string())?;
+        let job = UnpackJob {
+            frags: list,
+            bounce,
+            dst,
+            exact: true,
+        };
+        stage.unpacker.push(&job).map_err(|e| e.to_string())
+    })();
+    match job {
+        Ok(()) => {
+            stage.pushed = true;
+            Wait::Gpu {
+                gpu: ordinal,
+                batch: stage.next_batch,
+                len: posted.len,
+            }
+        }
+        Err(e) => Wait::Ready(Err(e)),
+    }
+}
+
+/// The host's check of a completed receive's list (still in the ring: not consumed yet) against
+/// the bounce buffer and the posted size, for the receives of a batch the GPU rejected part of:
+/// only a receive whose own list is bad fails, named (the kernel skips only out-of-bounds
+/// fragments, so the others were unpacked whole).
+pub(super) fn check_list(comm: &RecvComm, id: RequestId, len: u32) -> Result<(), String> {
+    let (ring, q) = comm.completed(id).map_err(|e| format!("unpack: {e}"))?;
+    let frags = ring.fragments(q).map_err(|e| format!("unpack: {e}"))?;
+    let bounce_len = ring.bounce_span(frags).len();
+    crate::unpack::validate_list(frags, bounce_len, u64::from(len), true)
+        .map(|_| ())
+        .map_err(|e| format!("unpack: {e}"))
+}
+
+impl GpuStage {
+    /// Checks, once per GPU the plugin keeps bounce buffers on, that this GPU's unpacker can
+    /// read them: another GPU's memory needs peer access, and without it the receive fails with
+    /// this reason instead of an illegal address that would poison the whole context.
+    fn reach_bounce(&mut self, bounce_device: Option<usize>) -> Result<(), String> {
+        let ordinal = self.gpu.ordinal();
+        let Some(dev) = bounce_device else {
+            return Err(format!(
+                "the receive lands in GPU {ordinal} but CUDA cannot tell which GPU holds the plugin's bounce buffer"
+            ));
+        };
+        if dev == ordinal {
+            return Ok(());
+        }
+        let gpu = self.gpu.clone();
+        self.peer_reach
+            .entry(dev)
+            .or_insert_with(|| {
+                crate::gpu::enable_peer_access(&gpu, dev).map_err(|e| {
+                    format!(
+                        "the receive lands in GPU {ordinal} but the plugin's bounce buffer is on GPU {dev}: {e}; \
+                         give each GPU its own lanes (for the emulation: TCPXEMU_CUDA_DEVICE per daemon)"
+                    )
+                })?;
+                tracing::info!(gpu = ordinal, bounce_gpu = dev, "unpack reads the bounce buffer over peer access");
+                Ok(())
+            })
+            .clone()
+    }
+
+    fn new(gpu: Arc<Gpu>, imp: UnpackImpl) -> Result<GpuStage, String> {
+        gpu.bind_to_thread().map_err(|e| e.to_string())?;
+        let unpacker = imp.build(&gpu).map_err(|e| e.to_string())?;
+        Ok(GpuStage {
+            gpu,
+            unpacker,
+            next_batch: 1,
+            pushed: false,
+            in_flight: VecDeque::new(),
+            done_upto: 0,
+            failed: None,
+            rejected: std::collections::BTreeSet::new(),
+            peer_reach: HashMap::new(),
+        })
+    }
+
+    /// Submits this pass's batch (if anything was pushed) and retires finished batches.
+    pub(super) fn advance(&mut self) {
+        if self.gpu.bind_to_thread().is_err() {
+            return;
+        }
+        if self.pushed {
+            self.pushed = false;
+            let batch = self.next_batch;
+            self.next_batch += 1;
+            match self.unpacker.submit() {
+                Ok(ticket) => self.in_flight.push_back((batch, ticket)),
+                Err(e) => self.fail(batch, e.to_string()),
+            }
+        }
+        while let Some((batch, ticket)) = self.in_flight.front() {
+            let batch = *batch;
+            let done = match ticket {
+                None => Ok(true),
+                Some(t) => self.unpacker.is_done(t),
+            };
+            match done {
+                Ok(true) => {}
+                Ok(false) => break,
+                Err(e) if e.is_data() => {
+                    tracing::warn!(gpu = self.gpu.ordinal(), batch, "unpack rejected a receive: {e}");
+                    self.rejected.insert(batch);
+                }
+                Err(e) => self.fail(batch, e.to_string()),
+            }
+            self.done_upto = batch;
+            self.in_flight.pop_front();
+        }
+        // A finished batch's receives are consumed within a pass or two.
+        while let Some(&b) = self.rejected.first() {
+            if b + 1024 >= self.done_upto {
+                break;
+            }
+            self.rejected.pop_first();
+        }
+    }
+
+    fn fail(&mut self, batch: u64, why: String) {
+        tracing::error!(gpu = self.gpu.ordinal(), batch, "unpack failed: {why}");
+        if self.failed.is_none() {
+            self.failed = Some((batch, why));
+        }
+    }
+
+    /// The outcome of a batch's receives, once it finished.
+    pub(super) fn outcome(&self, batch: u64) -> Option<BatchEnd> {
+        if let Some((failed, why)) = &self.failed
+            && batch >= *failed
+        {
+            return Some(BatchEnd::Failed(format!(
+                "unpack on GPU {}: {why}",
+                self.gpu.ordinal()
+            )));
+        }
+        if batch > self.done_upto {
+            return None;
+        }
+        Some(if self.rejected.contains(&batch) {
+            BatchEnd::Rejected
+        } else {
+            BatchEnd::Unpacked
+        })
+    }
+}

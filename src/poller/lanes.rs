@@ -1,0 +1,417 @@
+//! The poller's passes over the lanes: connecting them, executing the engine's actions (posting
+//! sends and receives as the windows allow), testing the head of each comm, and consuming
+//! completed receives in ring order once unpacked.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::gpu_stage::{BatchEnd, Wait, check_list, start_unpack};
+use super::{Completion, Landing, Phase, Poller, Posted, RecvLane, RecvLaneState, SendLane, SendLaneState};
+use crate::buffers::BufferEntry;
+use crate::engine::{Action, Code, PeerIdx, PeerMsg};
+use crate::net::MemHandle;
+use crate::poller::{NotificationEvent, PeerLink};
+
+impl Poller {
+    /// Drives non-blocking connects and accepts of lanes being set up.
+    pub(super) fn drive_setup(&mut self) -> bool {
+        // Reused every pass: no allocation on the hot path once it has grown.
+        let mut events = std::mem::take(&mut self.completions);
+        let now = Instant::now();
+        let meter = &self.meter;
+        for (pi, p) in self.peers.iter_mut().enumerate() {
+            if p.failed {
+                continue;
+            }
+            let peer = PeerIdx(pi as u32);
+            for (li, l) in p.send.iter_mut().enumerate() {
+                if let SendLaneState::Connecting(c, deadline) = &mut l.state {
+                    match c.step() {
+                        Ok(Some(comm)) => {
+                            l.state = SendLaneState::Ready(comm);
+                            events.push(Completion::LaneReady(peer, li as u32, true));
+                        }
+                        Ok(None) if now > *deadline => {
+                            events.push(Completion::Failed(peer, format!("lane {li}: connect timed out")))
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            meter.metrics.plugin_error(&e);
+                            events.push(Completion::Failed(peer, format!("lane {li}: {e}")))
+                        }
+                    }
+                }
+            }
+            for (li, l) in p.recv.iter_mut().enumerate() {
+                if let RecvLaneState::Accepting(listen, deadline) = &mut l.state {
+                    match listen.accept_step() {
+                        Ok(Some(comm)) => {
+                            l.state = RecvLaneState::Ready(comm);
+                            events.push(Completion::LaneReady(peer, li as u32, false));
+                        }
+                        Ok(None) if now > *deadline => {
+                            events.push(Completion::Failed(peer, format!("lane {li}: accept timed out")))
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            meter.metrics.plugin_error(&e);
+                            events.push(Completion::Failed(peer, format!("lane {li}: {e}")))
+                        }
+                    }
+                }
+            }
+        }
+        let progressed = !events.is_empty();
+        self.apply(&mut events);
+        self.completions = events;
+        for p in &mut self.peers {
+            if !p.up
+                && !p.failed
+                && p.send.iter().all(|l| matches!(l.state, SendLaneState::Ready(_)))
+                && p.recv.iter().all(|l| matches!(l.state, RecvLaneState::Ready(_)))
+            {
+                p.up = true;
+                tracing::info!(peer = %p.node_id, "peer up");
+                let _ = p.link.send(PeerLink::Up);
+            }
+        }
+        progressed
+    }
+
+    fn apply(&mut self, events: &mut Vec<Completion>) {
+        for e in events.drain(..) {
+            match e {
+                Completion::SendDone(p, l) => self.engine.send_done(p, l),
+                Completion::RecvConsumed(p, l, r) => self.engine.recv_consumed(p, l, r),
+                Completion::LaneReady(p, l, send) => self.engine.lane_ready(p, l, send),
+                Completion::Failed(p, why) => {
+                    tracing::warn!(peer = %self.peers[p.0 as usize].node_id, "{why}");
+                    self.engine.peer_failed(p, &why)
+                }
+            }
+        }
+    }
+
+    /// Executes the engine's actions. Returns whether there were any.
+    pub(super) fn run_actions(&mut self) -> bool {
+        let mut any = false;
+        let mut failures = Vec::new();
+        while let Some(a) = self.engine.poll_action() {
+            any = true;
+            match a {
+                Action::Control { peer, msg } => {
+                    let _ = self.peers[peer.0 as usize].control.send(msg);
+                }
+                Action::PostSend {
+                    peer,
+                    lane,
+                    buffer,
+                    offset,
+                    len,
+                } => {
+                    let l = &mut self.peers[peer.0 as usize].send[lane as usize];
+                    l.deferred.push_back((buffer, offset, len));
+                    if let Err(why) = post_sends(l, &self.buffers) {
+                        failures.push((peer, format!("lane {lane} send: {why}")));
+                    }
+                }
+                Action::PostRecv {
+                    peer,
+                    lane,
+                    buffer,
+                    offset,
+                    len,
+                } => {
+                    let l = &mut self.peers[peer.0 as usize].recv[lane as usize];
+                    l.deferred.push_back((buffer, offset, len));
+                    if let Err(why) = post_recvs(l, &self.buffers) {
+                        failures.push((peer, format!("lane {lane} receive: {why}")));
+                    }
+                }
+                Action::Progress {
+                    transfer,
+                    bytes_done,
+                    total,
+                    running,
+                } => {
+                    if let Some(tx) = self.transfers.get(&transfer) {
+                        tx.send_modify(|s| {
+                            s.bytes_done = bytes_done;
+                            s.total = total;
+                            if running && s.phase == Phase::Offered {
+                                s.phase = Phase::Running;
+                            }
+                        });
+                    }
+                }
+                Action::Finished { transfer, outcome } => {
+                    if let Some(tx) = self.transfers.remove(&transfer) {
+                        self.meter.finished(transfer, &outcome, tx.borrow().bytes_done);
+                        if self.drain.is_some() && outcome.code == Code::Ok {
+                            self.finished_in_grace += 1;
+                        }
+                        tx.send_modify(|s| {
+                            s.phase = Phase::Finished;
+                            s.outcome = Some(outcome);
+                            s.finished_at = Some(Instant::now());
+                        });
+                    }
+                }
+                Action::Notify {
+                    peer,
+                    offer_id,
+                    payload,
+                    buffers,
+                } => {
+                    let _ = self.notifications.send(NotificationEvent {
+                        from_node: self.peers[peer.0 as usize].node_id.clone(),
+                        offer_id,
+                        payload,
+                        buffers,
+                    });
+                }
+                Action::ClosePeer { peer, reason } => {
+                    let p = &mut self.peers[peer.0 as usize];
+                    p.failed = true;
+                    // Tells the peer why, then ends the outbound control stream (its pump sees
+                    // the channel close after sending what was queued).
+                    let _ = p.control.send(PeerMsg::Goodbye {
+                        reason: reason.clone(),
+                    });
+                    p.control = tokio::sync::mpsc::unbounded_channel().0;
+                    for l in &mut p.send {
+                        l.handles.clear();
+                        l.deferred.clear();
+                        l.state = SendLaneState::Closed;
+                    }
+                    for l in &mut p.recv {
+                        l.handles.clear();
+                        l.deferred.clear();
+                        l.posted.clear();
+                        l.landing.clear();
+                        l.state = RecvLaneState::Closed;
+                    }
+                    tracing::warn!(peer = %p.node_id, "peer failed: {reason}");
+                    let _ = p.link.send(PeerLink::Failed(reason));
+                }
+            }
+        }
+        for (p, why) in failures {
+            self.engine.peer_failed(p, &why);
+        }
+        any
+    }
+
+    /// Tests the head of every comm; completes, unpacks and consumes what finished.
+    pub(super) fn test_lanes(&mut self) -> bool {
+        let Poller {
+            peers,
+            buffers,
+            stages,
+            unpack_impl,
+            meter,
+            ..
+        } = self;
+        // Reused every pass: no allocation on the hot path once it has grown.
+        let mut events = std::mem::take(&mut self.completions);
+        for (pi, p) in peers.iter_mut().enumerate() {
+            if p.failed {
+                continue;
+            }
+            let peer = PeerIdx(pi as u32);
+            for (li, l) in p.send.iter_mut().enumerate() {
+                if !l.deferred.is_empty()
+                    && let Err(why) = post_sends(l, buffers)
+                {
+                    events.push(Completion::Failed(peer, format!("lane {li} send: {why}")));
+                    continue;
+                }
+                let SendLaneState::Ready(comm) = &mut l.state else {
+                    continue;
+                };
+                while let Some(id) = comm.oldest() {
+                    match comm.test(id) {
+                        Ok(true) => events.push(Completion::SendDone(peer, li as u32)),
+                        Ok(false) => break,
+                        Err(e) => {
+                            meter.metrics.plugin_error(&e);
+                            events.push(Completion::Failed(peer, format!("lane {li} send: {e}")));
+                            break;
+                        }
+                    }
+                }
+            }
+            // Completed receives start their unpack, in ring order.
+            for (li, l) in p.recv.iter_mut().enumerate() {
+                if !l.deferred.is_empty()
+                    && let Err(why) = post_recvs(l, buffers)
+                {
+                    events.push(Completion::Failed(peer, format!("lane {li} receive: {why}")));
+                    continue;
+                }
+                let RecvLaneState::Ready(comm) = &mut l.state else {
+                    continue;
+                };
+                while let Some(&posted) = l.posted.front() {
+                    match comm.test(posted.id) {
+                        Ok(Some(_)) => {
+                            let landed = Instant::now();
+                            let wait = start_unpack(comm, &posted, buffers, stages, *unpack_impl);
+                            let unpacked = matches!(wait, Wait::Ready(_)).then(Instant::now);
+                            l.posted.pop_front();
+                            l.landing.push_back(Landing {
+                                id: posted.id,
+                                wait,
+                                landed,
+                                unpacked,
+                            });
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            meter.metrics.plugin_error(&e);
+                            events.push(Completion::Failed(peer, format!("lane {li} receive: {e}")));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        // One batch of GPU work per GPU for everything pushed in this pass; then what finished.
+        for stage in stages.values_mut() {
+            stage.advance();
+        }
+        // Consume what is unpacked, in ring order: only now are the pages returned.
+        for (pi, p) in peers.iter_mut().enumerate() {
+            if p.failed {
+                continue;
+            }
+            let peer = PeerIdx(pi as u32);
+            for (li, l) in p.recv.iter_mut().enumerate() {
+                let RecvLaneState::Ready(comm) = &mut l.state else {
+                    continue;
+                };
+                while let Some(front) = l.landing.front() {
+                    let result = match &front.wait {
+                        Wait::Ready(r) => r.clone(),
+                        Wait::Gpu { gpu, batch, len } => {
+                            match stages.get(gpu).and_then(|s| s.outcome(*batch)) {
+                                None => break,
+                                Some(BatchEnd::Unpacked) => Ok(()),
+                                Some(BatchEnd::Failed(why)) => Err(why),
+                                // The GPU rejected something in this batch: the receive's own list
+                                // decides (still in the ring: not consumed yet).
+                                Some(BatchEnd::Rejected) => check_list(comm, front.id, *len),
+                            }
+                        }
+                    };
+                    if let Err(e) = comm.consume(front.id) {
+                        meter.metrics.plugin_error(&e);
+                        events.push(Completion::Failed(peer, format!("lane {li} irecvConsumed: {e}")));
+                        break;
+                    }
+                    let now = Instant::now();
+                    let kind = if front.unpacked.is_some() { "host" } else { "gpu" };
+                    let unpack = front.unpacked.unwrap_or(now) - front.landed;
+                    meter.metrics.recv_consumed(kind, unpack, now - front.landed);
+                    l.landing.pop_front();
+                    events.push(Completion::RecvConsumed(peer, li as u32, result));
+                }
+            }
+        }
+        let progressed = !events.is_empty();
+        self.apply(&mut events);
+        self.completions = events;
+        progressed
+    }
+}
+
+/// Buffers are registered in overlapping windows, because `regMr` takes an `int` size: window
+/// `k` starts at `k * WINDOW_STRIDE` and is `WINDOW_STRIDE + MAX_CHUNK_BYTES` long (or up to the
+/// buffer's end), so every chunk (at most 4 MiB) lies inside the window its offset falls in.
+pub const WINDOW_STRIDE: u64 = 1 << 30;
+pub const WINDOW_LEN: u64 = WINDOW_STRIDE + crate::engine::MAX_CHUNK_BYTES as u64;
+
+/// The registration covering `[offset, offset + len)` of a buffer on one comm (made on first
+/// use) and the offset inside it.
+fn handle_for<'a>(
+    handles: &'a mut HashMap<(u64, u64), MemHandle>,
+    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    buffer: u64,
+    offset: u64,
+    register: impl FnOnce(Arc<dyn crate::net::Region>) -> Result<MemHandle, crate::net::NetError>,
+) -> Result<(&'a MemHandle, u64), String> {
+    let window = offset / WINDOW_STRIDE;
+    let start = window * WINDOW_STRIDE;
+    let mh = match handles.entry((buffer, window)) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            let entry = buffers
+                .get(&buffer)
+                .ok_or_else(|| format!("buffer {buffer} vanished"))?;
+            // The plugin registers CUDA memory in the context current on this thread.
+            if let Some(gpu) = entry.gpu() {
+                gpu.bind_to_thread().map_err(|e| e.to_string())?;
+            }
+            let len = WINDOW_LEN.min(entry.size - start);
+            let region: Arc<dyn crate::net::Region> = if start == 0 && len == entry.size {
+                entry.region_dyn()
+            } else {
+                Arc::new(
+                    crate::net::RegionWindow::new(entry.region_dyn(), start as usize, len as usize)
+                        .map_err(|e| e.to_string())?,
+                )
+            };
+            v.insert(register(region).map_err(|e| e.to_string())?)
+        }
+    };
+    Ok((mh, offset - start))
+}
+
+/// Posts deferred sends in order while the plugin takes them.
+fn post_sends(l: &mut SendLane, buffers: &HashMap<u64, Arc<BufferEntry>>) -> Result<(), String> {
+    let SendLaneState::Ready(comm) = &mut l.state else {
+        return Ok(());
+    };
+    while let Some(&(buffer, offset, len)) = l.deferred.front() {
+        let (mh, at) = handle_for(&mut l.handles, buffers, buffer, offset, |r| comm.register(r))?;
+        l.tag = l.tag.wrapping_add(1) & 0x7fff_ffff;
+        match comm
+            .isend(mh, at as usize, len as usize, l.tag)
+            .map_err(|e| e.to_string())?
+        {
+            Some(_) => {
+                l.deferred.pop_front();
+            }
+            None => break,
+        }
+    }
+    Ok(())
+}
+
+/// Posts deferred receives in order while the plugin takes them.
+fn post_recvs(l: &mut RecvLane, buffers: &HashMap<u64, Arc<BufferEntry>>) -> Result<(), String> {
+    let RecvLaneState::Ready(comm) = &mut l.state else {
+        return Ok(());
+    };
+    while let Some(&(buffer, offset, len)) = l.deferred.front() {
+        let (mh, at) = handle_for(&mut l.handles, buffers, buffer, offset, |r| comm.register(r))?;
+        l.tag = l.tag.wrapping_add(1) & 0x7fff_ffff;
+        match comm
+            .irecv(mh, at as usize, len as usize, l.tag)
+            .map_err(|e| e.to_string())?
+        {
+            Some(id) => {
+                l.deferred.pop_front();
+                l.posted.push_back(Posted {
+                    id,
+                    len,
+                    buffer,
+                    offset,
+                });
+            }
+            None => break,
+        }
+    }
+    Ok(())
+}
