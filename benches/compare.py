@@ -75,6 +75,8 @@ def main():
     ap.add_argument("--only", default=",".join(HARNESSES), help="comma list of harnesses to run")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per harness")
     ap.add_argument("--out", default="compare.jsonl")
+    ap.add_argument("--same-gpu", action="store_true",
+                    help="a host with one GPU: NCCL's two ranks and both daemons on GPU 0 (still over the network path)")
     ap.add_argument("--logs", default=".", help="folder for each harness's log")
     args = ap.parse_args()
 
@@ -108,18 +110,20 @@ def main():
         "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup),
         "--concurrency", str(args.concurrency),
     ]
+    same_gpu = ["--same-gpu"] if args.same_gpu else []
+    peer_cuda = "0" if args.same_gpu else "1"
     results = {}
     if "nccl-socket" in only:
         results["nccl-socket"] = run(
             "nccl-socket",
-            [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "socket", "--out", out] + common,
+            [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "socket", "--out", out] + common + same_gpu,
             env, args.logs, args.timeout,
         )
     if "nccl-plugin" in only:
         results["nccl-plugin"] = run(
             "nccl-plugin",
             [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "plugin", "--plugin", plugin, "--out", out]
-            + common,
+            + common + same_gpu,
             env, args.logs, args.timeout,
         )
     if "raw" in only:
@@ -131,7 +135,7 @@ def main():
     if "daemon" in only:
         results["daemon"] = run(
             "daemon",
-            [tcpxctl, "bench", "transfer", "--daemon", tcpxd, "--op", args.op, "--cuda", "0", "--peer-cuda", "1",
+            [tcpxctl, "bench", "transfer", "--daemon", tcpxd, "--op", args.op, "--cuda", "0", "--peer-cuda", peer_cuda,
              "--out", out] + common,
             env, args.logs, args.timeout,
         )
@@ -144,7 +148,10 @@ def main():
         print("GB/s of one message (transfer) at a time, as tcpxctl bench measures; p50/p99 latency in µs;")
     else:
         print(f"GB/s with {args.concurrency} messages (transfers) in flight; p50/p99 latency in µs;")
-    print("the raw bench runs both sides on GPU 0 (one process), the daemons and NCCL GPU 0 -> GPU 1.")
+    if args.same_gpu:
+        print("every harness runs both sides on GPU 0 (--same-gpu), through the network path all the same.")
+    else:
+        print("the raw bench runs both sides on GPU 0 (one process), the daemons and NCCL GPU 0 -> GPU 1.")
     print("ratio columns: daemon GB/s over the other's.")
     head = f"{'block':>6}"
     for h in HARNESSES:

@@ -41,16 +41,21 @@ def fmt_size(n: int) -> str:
 
 def worker(rank: int, args, env: dict, port: int, q):
     os.environ.update(env)
+    gpu = 0 if args.same_gpu else rank
+    if args.same_gpu:
+        # Both ranks on one GPU: a host id of its own per rank makes NCCL see two nodes (its
+        # duplicate-GPU check compares host hash and bus id), so the traffic takes the net plugin.
+        os.environ["NCCL_HOSTID"] = f"tcpxd-bench-rank{rank}"
     import torch
     import torch.distributed as dist
 
-    torch.cuda.set_device(rank)
+    torch.cuda.set_device(gpu)
     dist.init_process_group(
         "nccl",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=2,
-        device_id=torch.device("cuda", rank),
+        device_id=torch.device("cuda", gpu),
     )
     rows = []
     peer = 1 - rank
@@ -88,7 +93,7 @@ def worker(rank: int, args, env: dict, port: int, q):
                 g = torch.arange(size * depth, dtype=torch.int64, device="cuda")
                 view.copy_(((g * 131 + size) % 251).to(torch.uint8))
             if args.sync_each:
-                dist.barrier(device_ids=[rank])
+                dist.barrier(device_ids=[gpu])
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
@@ -103,7 +108,7 @@ def worker(rank: int, args, env: dict, port: int, q):
             expect = ((g * 131 + size) % 251).to(torch.uint8)
             ok = bool(torch.equal(view, expect))
         # Steady-state bandwidth: `iters` messages back to back, one timing around all of them.
-        dist.barrier(device_ids=[rank])
+        dist.barrier(device_ids=[gpu])
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(args.iters):
@@ -118,7 +123,7 @@ def worker(rank: int, args, env: dict, port: int, q):
                     # The fields of `tcpxctl bench` rows, so the tables line up.
                     "harness": f"nccl-{args.net}",
                     "op": "send/recv",
-                    "memory": "cuda:0->cuda:1",
+                    "memory": "cuda:0->cuda:0" if args.same_gpu else "cuda:0->cuda:1",
                     "block_size": size,
                     "batch_size": 1,
                     "concurrency": depth,
@@ -135,7 +140,7 @@ def worker(rank: int, args, env: dict, port: int, q):
                     "verified": ok,
                 }
             )
-    dist.barrier(device_ids=[rank])
+    dist.barrier(device_ids=[gpu])
     dist.destroy_process_group()
     if rank == 1:
         q.put(rows)
@@ -152,6 +157,8 @@ def main():
     ap.add_argument("--sync-each", action="store_true", help="barrier before each timed message")
     ap.add_argument("--concurrency", type=int, default=1, help="messages in flight per timed step (a group)")
     ap.add_argument("--out", help="append JSON lines here")
+    ap.add_argument("--same-gpu", action="store_true",
+                    help="both ranks on GPU 0 (a host with one GPU), each with its own NCCL_HOSTID")
     args = ap.parse_args()
     args.sizes = [parse_size(s) for s in args.sizes.split(",") if s]
     if args.concurrency < 1:
