@@ -15,6 +15,6 @@ trap cleanup EXIT
 "$tcpxd" --node-id ex-b --builtin-emulation --api-socket "$dir/b.sock" --peer-listen 127.0.0.1:0 \
   --ready-file "$dir/b.ready" 2>"$dir/b.log" & pb=$!
 for _ in $(seq 200); do [ -s "$dir/a.ready" ] && [ -s "$dir/b.ready" ] && break; sleep 0.05; done
-peer_b=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['peer_address'])" "$dir/b.ready")
-python3 "$here/${which}_transfer.py" --a "unix:$dir/a.sock" --b "unix:$dir/b.sock" --b-peer "$peer_b" "$@" \
+# No --b-peer: B's descriptors carry its peer address, and A pairs with B on the first write.
+python3 "$here/${which}_transfer.py" --a "unix:$dir/a.sock" --b "unix:$dir/b.sock" "$@" \
   || { echo "--- daemon logs"; tail -n 30 "$dir/a.log" "$dir/b.log"; exit 1; }

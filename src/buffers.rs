@@ -114,44 +114,68 @@ impl BufferEntry {
     }
 }
 
-/// What another node needs to address a buffer: `tcpxd1:<node>:<buffer id>:<size>:<key hex>`.
+/// What another node needs to address a buffer and reach its daemon:
+/// `tcpxd1:<node>:<buffer id>:<size>:<key hex>[@<peer address>[,<peer address>…]]`. The
+/// addresses (the daemon's `peer.advertise`) let a daemon that never met this node pair with it on
+/// first use; a descriptor without them (from an older daemon) still parses.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Descriptor {
     pub node_id: String,
     pub buffer_id: u64,
     pub size: u64,
     pub key: [u8; 16],
+    /// Where the node's peer service can be dialled (host:port each); may be empty.
+    pub addresses: Vec<String>,
 }
 
 impl std::fmt::Debug for Descriptor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "Descriptor({}:{}, {} bytes)",
-            self.node_id, self.buffer_id, self.size
+            "Descriptor({}:{}, {} bytes, at {:?})",
+            self.node_id, self.buffer_id, self.size, self.addresses
         )
     }
 }
 
 const DESCRIPTOR_PREFIX: &str = "tcpxd1";
+/// The longest descriptor accepted (5 fixed fields and 8 longest addresses fit).
+pub const MAX_DESCRIPTOR_BYTES: usize = 2560;
 
 impl Descriptor {
     pub fn encode(&self) -> String {
-        format!(
+        let mut s = format!(
             "{DESCRIPTOR_PREFIX}:{}:{}:{}:{}",
             self.node_id,
             self.buffer_id,
             self.size,
             hex::encode(self.key)
-        )
+        );
+        if !self.addresses.is_empty() {
+            s.push('@');
+            s.push_str(&self.addresses.join(","));
+        }
+        s
     }
 
     /// Parses a descriptor; the error names what is malformed (never echoing the key).
     pub fn parse(field: &str, s: &str) -> Result<Descriptor, EngineError> {
         let bad = |why: &str| EngineError::invalid(format!("{field}: malformed descriptor: {why}"));
-        let parts: Vec<&str> = s.split(':').collect();
+        if s.len() > MAX_DESCRIPTOR_BYTES {
+            return Err(EngineError::invalid(format!(
+                "{field}: {} bytes, over the limit of {MAX_DESCRIPTOR_BYTES} for a descriptor",
+                s.len()
+            )));
+        }
+        let (head, addresses) = match s.split_once('@') {
+            Some((head, tail)) => (head, Some(tail)),
+            None => (s, None),
+        };
+        let parts: Vec<&str> = head.split(':').collect();
         if parts.len() != 5 || parts[0] != DESCRIPTOR_PREFIX {
-            return Err(bad("expected tcpxd1:<node>:<buffer id>:<size>:<32 hex digits>"));
+            return Err(bad(
+                "expected tcpxd1:<node>:<buffer id>:<size>:<32 hex digits>[@<host:port>,…]",
+            ));
         }
         if crate::config::check_node_id(parts[1]).is_err() {
             return Err(bad("invalid node id"));
@@ -160,11 +184,17 @@ impl Descriptor {
         let size = parts[3].parse().map_err(|_| bad("size is not a number"))?;
         let raw = hex::decode(parts[4]).map_err(|_| bad("access key is not hex"))?;
         let key: [u8; 16] = raw.try_into().map_err(|_| bad("access key is not 16 bytes"))?;
+        let addresses: Vec<String> = match addresses {
+            None => Vec::new(),
+            Some(tail) => tail.split(',').map(str::to_string).collect(),
+        };
+        crate::advertise::check_peer_addresses("peer address", &addresses).map_err(|why| bad(&why))?;
         Ok(Descriptor {
             node_id: parts[1].to_string(),
             buffer_id,
             size,
             key,
+            addresses,
         })
     }
 }
@@ -172,6 +202,8 @@ impl Descriptor {
 /// The buffers of this daemon. The poller keeps its own copy of each entry it uses.
 pub struct BufferRegistry {
     node_id: String,
+    /// The peer addresses every descriptor carries (`peer.advertise`).
+    advertise: Vec<String>,
     max_buffer_bytes: u64,
     next_id: AtomicU64,
     map: Mutex<HashMap<u64, Arc<BufferEntry>>>,
@@ -181,10 +213,17 @@ impl BufferRegistry {
     pub fn new(node_id: &str, max_buffer_bytes: u64) -> BufferRegistry {
         BufferRegistry {
             node_id: node_id.to_string(),
+            advertise: Vec::new(),
             max_buffer_bytes,
             next_id: AtomicU64::new(1),
             map: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Descriptors carry these peer addresses (checked by the caller).
+    pub fn with_advertise(mut self, addresses: Vec<String>) -> BufferRegistry {
+        self.advertise = addresses;
+        self
     }
 
     fn check_new(&self, field: &str, size: u64, label: &str) -> Result<(), EngineError> {
@@ -383,6 +422,7 @@ impl BufferRegistry {
             buffer_id: b.id,
             size: b.size,
             key: b.key(),
+            addresses: self.advertise.clone(),
         }
     }
 }
@@ -543,9 +583,25 @@ mod tests {
             buffer_id: 42,
             size: 1 << 30,
             key: [0xAB; 16],
+            addresses: Vec::new(),
         };
         let s = d.encode();
         assert_eq!(Descriptor::parse("remote_descriptor", &s).unwrap(), d);
+        // With peer addresses: they round-trip, and the old form above still parses.
+        let with = Descriptor {
+            addresses: vec![
+                "10.0.0.2:50052".into(),
+                "[fd00::2]:50052".into(),
+                "node-a:7".into(),
+            ],
+            ..d.clone()
+        };
+        let w = with.encode();
+        assert!(
+            w.starts_with(&s) && w.ends_with("@10.0.0.2:50052,[fd00::2]:50052,node-a:7"),
+            "{w}"
+        );
+        assert_eq!(Descriptor::parse("remote_descriptor", &w).unwrap(), with);
         for bad in [
             "",
             "tcpxd2:a:1:2:abababababababababababababababab",
@@ -555,6 +611,13 @@ mod tests {
             "tcpxd1:a:1:2:abab",
             "tcpxd1:a b:1:2:abababababababababababababababab",
             "tcpxd1:a:1:2:abababababababababababababababab:extra",
+            "tcpxd1:a:1:2:abababababababababababababababab@",
+            "tcpxd1:a:1:2:abababababababababababababababab@10.0.0.2",
+            "tcpxd1:a:1:2:abababababababababababababababab@10.0.0.2:0",
+            "tcpxd1:a:1:2:abababababababababababababababab@0.0.0.0:5",
+            "tcpxd1:a:1:2:abababababababababababababababab@h:1,,h:2",
+            "tcpxd1:a:1:2:abababababababababababababababab@h:1@h:2",
+            "tcpxd1:a:1:2:abababababababababababababababab@h:1,h:2,h:3,h:4,h:5,h:6,h:7,h:8,h:9",
         ] {
             let e = Descriptor::parse("remote_descriptor", bad).unwrap_err();
             assert_eq!(e.code, Code::InvalidArgument);
@@ -565,6 +628,14 @@ mod tests {
             assert!(!e.message.contains("abababab"), "the key never appears in errors");
         }
         assert!(!format!("{d:?}").contains("ab"), "Debug hides the key");
+        let long = format!("{s}@{}:1", "a".repeat(4000));
+        let e = Descriptor::parse("entries[3].remote_descriptor", &long).unwrap_err();
+        assert!(
+            e.message.starts_with("entries[3].remote_descriptor: ") && e.message.contains("limit of 2560"),
+            "{e}"
+        );
+        let e = Descriptor::parse("f", &format!("{s}@h:1,x y:2")).unwrap_err();
+        assert!(e.message.contains("peer address[1]"), "{e}");
     }
 
     #[test]

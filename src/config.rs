@@ -34,6 +34,16 @@ pub struct DaemonArgs {
     /// TCP address of the peer service (port 0: any free port).
     #[arg(long, env = "TCPXD_PEER_LISTEN", value_name = "ADDR")]
     pub peer_listen: Option<SocketAddr>,
+    /// Where other nodes reach the peer service, host:port (repeat, or comma-separate, for
+    /// several); descriptors carry it. Default: the --peer-listen address (for a wildcard one,
+    /// the hostname's non-loopback addresses).
+    #[arg(
+        long,
+        env = "TCPXD_PEER_ADVERTISE",
+        value_name = "HOST:PORT",
+        value_delimiter = ','
+    )]
+    pub peer_advertise: Vec<String>,
     /// The TCPX net plugin (libnccl-net.so).
     #[arg(long, env = "TCPXD_PLUGIN", value_name = "PATH")]
     pub plugin: Option<PathBuf>,
@@ -99,6 +109,7 @@ pub struct FileApi {
 #[serde(deny_unknown_fields)]
 pub struct FilePeer {
     pub listen: Option<SocketAddr>,
+    pub advertise: Option<Vec<String>>,
     pub connect_timeout_s: Option<u64>,
     pub heartbeat_interval_ms: Option<u64>,
     pub heartbeat_timeout_ms: Option<u64>,
@@ -156,6 +167,9 @@ pub struct Config {
     /// The bearer token's file (the token itself is read at start-up, never kept here).
     pub api_token_file: Option<PathBuf>,
     pub peer_listen: SocketAddr,
+    /// `peer.advertise`: the peer addresses descriptors carry (checked); empty: derived from
+    /// the bound peer address at start-up (`advertise::advertised`).
+    pub peer_advertise: Vec<String>,
     /// The cluster secret's file; `None`: peers are not authenticated by a secret.
     pub peer_secret_file: Option<PathBuf>,
     /// Mutual TLS on the peer service: (certificate, key, CA) PEM files.
@@ -333,8 +347,16 @@ impl Config {
                 ));
             }
         };
+        let peer_advertise = if args.peer_advertise.is_empty() {
+            file.peer.advertise.unwrap_or_default()
+        } else {
+            args.peer_advertise.clone()
+        };
+        crate::advertise::check_peer_addresses("peer.advertise", &peer_advertise)
+            .map_err(ConfigError::Invalid)?;
         Ok(Config {
             node_id,
+            peer_advertise,
             api_socket: args
                 .api_socket
                 .clone()
@@ -398,7 +420,8 @@ pub fn check_node_id(id: &str) -> Result<(), ConfigError> {
     }
 }
 
-fn hostname() -> std::io::Result<String> {
+/// This machine's hostname.
+pub fn hostname() -> std::io::Result<String> {
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname")?;
     Ok(name.trim().to_string())
 }
@@ -486,6 +509,22 @@ mod tests {
         assert_eq!(c.node_id, "from-flag");
         assert_eq!(c.chunk_bytes, 262144);
         assert_eq!(c.lanes_per_device, 1);
+        std::fs::remove_file(path).ok();
+        // peer.advertise: the flag (or TCPXD_PEER_ADVERTISE) beats the file.
+        let path = write_toml("[peer]\nadvertise = [\"10.0.0.2:50052\"]\n");
+        let args = DaemonArgs {
+            config: Some(path.clone()),
+            node_id: Some("n".into()),
+            ..Default::default()
+        };
+        let c = Config::resolve(&args, &env_of(&[])).unwrap();
+        assert_eq!(c.peer_advertise, ["10.0.0.2:50052"]);
+        let args = DaemonArgs {
+            peer_advertise: vec!["a.example:1".into(), "[fd00::1]:2".into()],
+            ..args
+        };
+        let c = Config::resolve(&args, &env_of(&[])).unwrap();
+        assert_eq!(c.peer_advertise, ["a.example:1", "[fd00::1]:2"]);
         std::fs::remove_file(path).ok();
     }
 
@@ -607,9 +646,27 @@ mod tests {
             &[],
             "api.token_file",
         );
+        let wildcard = write_toml("[peer]\nadvertise = [\"10.0.0.2:50052\", \"0.0.0.0:50052\"]\n");
+        bad(
+            DaemonArgs {
+                config: Some(wildcard.clone()),
+                ..base()
+            },
+            &[],
+            "peer.advertise[1]",
+        );
+        bad(
+            DaemonArgs {
+                peer_advertise: vec!["node-a".into()],
+                ..base()
+            },
+            &[],
+            "peer.advertise[0]",
+        );
         std::fs::remove_file(path).ok();
         std::fs::remove_file(unknown).ok();
         std::fs::remove_file(half_tls).ok();
+        std::fs::remove_file(wildcard).ok();
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub enum DaemonError {
     Tls(String),
     #[error(transparent)]
     Auth(#[from] crate::auth::AuthError),
+    #[error("{0}")]
+    Advertise(String),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -61,6 +63,8 @@ pub struct RunningDaemon {
     pub api_socket: PathBuf,
     pub api_tcp: Option<SocketAddr>,
     pub peer_addr: SocketAddr,
+    /// The peer addresses descriptors carry (`peer.advertise`, else derived from `peer_addr`).
+    pub peer_addresses: Vec<String>,
     /// Where the Prometheus endpoint serves, when enabled.
     pub metrics_addr: Option<SocketAddr>,
     state: Arc<DaemonState>,
@@ -116,6 +120,25 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             "peers are not authenticated: set peer.secret_file (the same secret on every node) and/or peer.tls_* (mutual TLS), or keep the peer port on a trusted network"
         );
     }
+    // The peer service's listener first: descriptors carry the address it is bound to (port 0
+    // picks one) unless peer.advertise says otherwise.
+    let peer_listener = tokio::net::TcpListener::bind(cfg.peer_listen)
+        .await
+        .map_err(io(format!("binding the peer service to {}", cfg.peer_listen)))?;
+    let peer_addr = peer_listener.local_addr().map_err(io("peer listener address"))?;
+    let peer_addresses = crate::advertise::advertised(
+        &cfg.peer_advertise,
+        peer_addr,
+        &crate::config::hostname().unwrap_or_default(),
+    )
+    .map_err(DaemonError::Advertise)?;
+    let node = crate::api::node::NodeFacts::new(
+        &plugin,
+        &devices,
+        peer_addresses.clone(),
+        cfg.lanes_per_device,
+        cfg.chunk_bytes,
+    );
     let (notify_tx, _) = broadcast::channel(4096);
     let (stop_tx, stop_rx) = watch::channel(false);
     let poller = PollerHandle::start(
@@ -138,7 +161,8 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
     .map_err(io("starting the poller thread"))?;
     let state = Arc::new(DaemonState {
         node_id: cfg.node_id.clone(),
-        buffers: BufferRegistry::new(&cfg.node_id, cfg.max_buffer_bytes),
+        buffers: BufferRegistry::new(&cfg.node_id, cfg.max_buffer_bytes)
+            .with_advertise(peer_addresses.clone()),
         poller: poller.sender(),
         peers: Peers::new(
             &cfg.node_id,
@@ -157,6 +181,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         finished_retention: cfg.finished_retention,
         stopping: stop_rx.clone(),
         metrics,
+        node,
     });
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
@@ -164,10 +189,6 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
     let mut servers = Vec::new();
 
     // Peer service.
-    let peer_listener = tokio::net::TcpListener::bind(cfg.peer_listen)
-        .await
-        .map_err(io(format!("binding the peer service to {}", cfg.peer_listen)))?;
-    let peer_addr = peer_listener.local_addr().map_err(io("peer listener address"))?;
     state.peers.set_listen_port(peer_addr.port());
     let peer_svc = TcpxdPeerServer::new(PeerService { state: state.clone() })
         .max_decoding_message_size(MAX_CONTROL_MESSAGE)
@@ -284,6 +305,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         api = %cfg.api_socket.display(),
         api_tcp = ?api_tcp,
         peer = %peer_addr,
+        advertise = ?peer_addresses,
         metrics = ?metrics_addr,
         chunk_bytes = cfg.chunk_bytes,
         "tcpxd serving"
@@ -293,6 +315,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         api_socket: cfg.api_socket.clone(),
         api_tcp,
         peer_addr,
+        peer_addresses,
         metrics_addr,
         state,
         poller: Some(poller),
@@ -380,6 +403,7 @@ pub fn ready_json(d: &RunningDaemon) -> String {
         "api_socket": d.api_socket,
         "api_tcp": d.api_tcp.map(|a| a.to_string()),
         "peer_address": d.peer_addr.to_string(),
+        "peer_addresses": d.peer_addresses,
         "metrics": d.metrics_addr.map(|a| a.to_string()),
         "pid": std::process::id(),
     })

@@ -1,5 +1,6 @@
 //! tcpxd: move GPU and host buffers between nodes over GPUDirect-TCPX.
 
+pub mod advertise;
 pub mod api;
 pub mod auth;
 pub mod bench;

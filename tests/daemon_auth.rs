@@ -289,7 +289,13 @@ async fn forged_and_revoked_access_keys_never_change_a_byte() {
     let before = crc(&mut b.client, dst.id, 0, 0).await;
 
     // Every single-bit flip of the key's first and last hex digit, and an all-zero key.
-    let (head, key) = dst.descriptor.rsplit_once(':').unwrap();
+    let (head, key) = dst
+        .descriptor
+        .split('@')
+        .next()
+        .unwrap()
+        .rsplit_once(':')
+        .unwrap();
     let mut forged_keys = vec!["0".repeat(32)];
     for pos in [0, 31] {
         for bit in [1u8, 2, 4, 8] {
@@ -473,8 +479,9 @@ async fn no_secret_reaches_the_logs() {
     let id = write(&mut c1, write_entry(&x, 0, &y, 0, MIB), b"").await.unwrap();
     wait_ok(&mut c1, id).await;
     let mut forged = write_entry(&x, 0, &y, 0, MIB);
-    let last = if y.descriptor.ends_with('0') { '1' } else { '0' };
-    forged.remote_descriptor = format!("{}{last}", &y.descriptor[..y.descriptor.len() - 1]);
+    let bare = y.descriptor.split('@').next().unwrap();
+    let last = if bare.ends_with('0') { '1' } else { '0' };
+    forged.remote_descriptor = format!("{}{last}", &bare[..bare.len() - 1]);
     let id = write(&mut c1, forged, b"").await.unwrap();
     assert_ne!(wait(&mut c1, id).await.status_code, 0);
     // The TCP API, with a wrong and a right token.
@@ -494,7 +501,15 @@ async fn no_secret_reaches_the_logs() {
         });
         let _ = c.list_buffers(pb::ListBuffersRequest {}).await;
     }
-    let key = y.descriptor.rsplit(':').next().unwrap().to_string();
+    let key = y
+        .descriptor
+        .split('@')
+        .next()
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_string();
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let logs: Vec<(String, String)> = [&p1, &p2, &p3]
         .iter()

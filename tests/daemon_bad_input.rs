@@ -140,7 +140,8 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
         "entries[0].remote_descriptor",
     );
     let mut e = good(10);
-    e.remote_descriptor = far.descriptor.clone();
+    // Without its peer addresses (an older daemon's descriptor): nothing to connect to.
+    e.remote_descriptor = far.descriptor.split('@').next().unwrap().to_string();
     expect_err(
         "descriptor of an unconnected node",
         write(ac, e, b"").await,
@@ -189,7 +190,8 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
 
     // ---- WRITE, refused by the remote (the offer is rejected, nothing posted) --------------
     let forged_key = {
-        let mut parts: Vec<String> = dst.descriptor.split(':').map(String::from).collect();
+        let bare = dst.descriptor.split('@').next().unwrap();
+        let mut parts: Vec<String> = bare.split(':').map(String::from).collect();
         parts[4] = "00".repeat(16);
         parts.join(":")
     };

@@ -119,7 +119,7 @@ def test_bad_input_raises_the_exception_of_its_code(clients):
         with pytest.raises(tcpxd.NotFound):
             ca.write(987654, dst, 16)
         # A wrong key: the descriptor with another key is refused by the remote side.
-        head, key = dst.descriptor.rsplit(":", 1)
+        head, key = dst.descriptor.split("@")[0].rsplit(":", 1)
         forged = f"{head}:{'0' * len(key) if key != '0' * len(key) else '1' * len(key)}"
         with pytest.raises(tcpxd.PermissionDenied) as pd:
             ca.write(src, forged, 16)

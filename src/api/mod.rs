@@ -1,5 +1,7 @@
 //! The gRPC layer: generated code, the client service and the peer service.
 
+pub mod dial;
+pub mod node;
 pub mod peer_service;
 pub mod proto;
 pub mod service;

@@ -40,6 +40,8 @@ pub struct DaemonState {
     pub stopping: watch::Receiver<bool>,
     /// The Prometheus series (also behind GetStats).
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// What DescribeNode reports.
+    pub node: super::node::NodeFacts,
 }
 
 impl DaemonState {
@@ -305,6 +307,15 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
     ) -> Result<Response<pb::ListPeersResponse>, Status> {
         let peers = self.state.peers.list().iter().map(peer_pb).collect();
         Ok(Response::new(pb::ListPeersResponse { peers }))
+    }
+
+    async fn describe_node(
+        &self,
+        _: Request<pb::DescribeNodeRequest>,
+    ) -> Result<Response<pb::NodeDescription>, Status> {
+        Ok(Response::new(
+            self.state.node.describe(&self.state.node_id).await?,
+        ))
     }
 
     async fn write(&self, req: Request<pb::WriteRequest>) -> Result<Response<pb::TransferStarted>, Status> {

@@ -45,7 +45,7 @@ impl DaemonState {
         }
         let peer = self.peers.by_node(&d.node_id).ok_or_else(|| {
             Status::not_found(format!(
-                "{field}: node {} is not a connected peer (call ConnectPeer with its address first)",
+                "{field}: node {} is not a connected peer and the descriptor carries no peer address (a descriptor from an older daemon: call ConnectPeer with the node's peer address first)",
                 d.node_id
             ))
         })?;
@@ -102,7 +102,7 @@ impl DaemonState {
         r: pb::WriteBatchRequest,
         deadline: Instant,
     ) -> Result<Started, Status> {
-        self.revive_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
+        self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
             .await?;
         let (specs, total) = self.entry_specs(r.entries.iter().map(EntryFields::from))?;
         if !r.ready_event_ipc_handle.is_empty() {
@@ -127,7 +127,7 @@ impl DaemonState {
         r: pb::ReadBatchRequest,
         deadline: Instant,
     ) -> Result<Started, Status> {
-        self.revive_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
+        self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
             .await?;
         let (specs, total) = self.entry_specs(r.entries.iter().map(EntryFields::from))?;
         let (id, rx) = self
@@ -296,23 +296,6 @@ fn local_offset_field(i: usize) -> String {
 }
 
 impl DaemonState {
-    /// Dials again, first, the failed peers the entries' descriptors name (bad descriptors are
-    /// left for the entry checks to report).
-    async fn revive_peers<'a>(
-        &self,
-        descriptors: impl Iterator<Item = &'a str>,
-        deadline: Instant,
-    ) -> Result<(), Status> {
-        let mut nodes: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-        for d in descriptors {
-            if let Ok(d) = Descriptor::parse("remote_descriptor", d) {
-                nodes.insert(d.node_id);
-            }
-        }
-        let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
-        self.peers.revive(&nodes, deadline).await
-    }
-
     /// Orders a write after the client's GPU work: waits (without holding a runtime thread) for
     /// the client's IPC event, on the GPU of the first CUDA source buffer.
     async fn wait_ready_event(

@@ -38,6 +38,9 @@ pub enum ClientCommand {
     /// Connect to and list peer daemons.
     #[command(subcommand)]
     Peer(PeerCommand),
+    /// Describe the daemon's node: id, the peer addresses its descriptors carry, version,
+    /// plugin, network devices, GPUs.
+    Describe,
     /// WRITE a local range into a remote buffer, and follow it to the end.
     #[command(after_help = SIZE_HELP)]
     Write(WriteArgs),

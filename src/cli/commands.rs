@@ -282,6 +282,7 @@ async fn execute(global: &GlobalOpts, command: ClientCommand) -> Result<(), CliE
             }
             Ok(())
         }
+        ClientCommand::Describe => crate::cli::node::describe(&mut client, json).await,
         ClientCommand::Write(args) => write(&mut client, json, args).await,
         ClientCommand::Read(args) => read(&mut client, json, args).await,
         ClientCommand::Watch(args) => {

@@ -6,5 +6,6 @@ pub mod args;
 pub mod bench;
 pub mod commands;
 pub mod demo;
+pub mod node;
 pub mod output;
 pub mod transfer;

@@ -19,11 +19,8 @@
 //! - **Failure.** A failed peer fails every transfer that touches it, with the peer named, and its
 //!   queues are dropped.
 
-mod completion;
 pub mod error;
-mod inbound;
 pub mod plan;
-mod start;
 pub mod wire;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -516,6 +513,1042 @@ impl Engine {
             ));
         }
         Ok(p)
+    }
+
+    // ---- starting transfers -------------------------------------------------------------------
+
+    fn check_common(&self, entries: usize, notification: usize) -> EngineResult<()> {
+        if entries == 0 {
+            return Err(EngineError::invalid("entries: at least one entry is required"));
+        }
+        if entries > self.cfg.max_entries {
+            return Err(EngineError::invalid(format!(
+                "entries: {entries} entries exceed the limit of {}",
+                self.cfg.max_entries
+            )));
+        }
+        if notification > self.cfg.max_notification {
+            return Err(EngineError::invalid(format!(
+                "notification: {notification} bytes exceed the limit of {} bytes",
+                self.cfg.max_notification
+            )));
+        }
+        Ok(())
+    }
+
+    /// Validates a transfer's entries against local buffers, limits and peers; returns the total
+    /// bytes. Field names in errors are the API's (`entries[i].…`).
+    fn check_entries(&self, specs: &[EntrySpec], notification: usize) -> EngineResult<u64> {
+        self.check_common(specs.len(), notification)?;
+        let mut total = 0u64;
+        for (i, s) in specs.iter().enumerate() {
+            if s.remote.length == 0 {
+                return Err(EngineError::invalid(format!(
+                    "entries[{i}].length: must be at least 1 byte"
+                )));
+            }
+            self.check_local(
+                &format!("entries[{i}].local_buffer_id"),
+                s.local_buffer,
+                s.local_offset,
+                s.remote.length,
+            )?;
+            if range_end(s.remote.offset, s.remote.length).is_none() {
+                return Err(EngineError::invalid(format!(
+                    "entries[{i}].remote_offset: {} + length {} overflows 64 bits",
+                    s.remote.offset, s.remote.length
+                )));
+            }
+            self.live_peer(&format!("entries[{i}].remote_descriptor"), s.peer)?;
+            total += s.remote.length;
+        }
+        Ok(total)
+    }
+
+    /// Records one peer's share of a transfer (an offer id or a read id).
+    fn add_part(&mut self, id: TransferId, part: u64, peer: PeerIdx) {
+        let t = self.transfers.get_mut(&id).expect("just created");
+        t.parts.push(part);
+        t.pending_parts += 1;
+        t.peers.push(peer);
+        self.peers[peer.0 as usize].transfers_started += 1;
+    }
+
+    /// The first progress event of a new transfer.
+    fn announce(&mut self, id: TransferId, total: u64) {
+        self.actions.push_back(Action::Progress {
+            transfer: id,
+            bytes_done: 0,
+            total,
+            running: false,
+        });
+    }
+
+    fn new_transfer(
+        &mut self,
+        kind: TransferKind,
+        total: u64,
+        entries: usize,
+        deadline: Instant,
+    ) -> TransferId {
+        let id = TransferId(self.next_transfer);
+        self.next_transfer += 1;
+        self.transfers.insert(
+            id,
+            Transfer {
+                kind,
+                total,
+                done_bytes: 0,
+                entries: vec![None; entries],
+                pending_parts: 0,
+                parts: Vec::new(),
+                deadline,
+                running: false,
+                peers: Vec::new(),
+            },
+        );
+        self.deadlines.insert((deadline, id));
+        id
+    }
+
+    /// Starts a WRITE. Validates everything local (buffers, bounds, peers, limits) first: on error
+    /// nothing changed.
+    pub fn start_write(
+        &mut self,
+        specs: Vec<WriteSpec>,
+        notification: Vec<u8>,
+        deadline: Instant,
+        now: Instant,
+    ) -> EngineResult<TransferId> {
+        let total = self.check_entries(&specs, notification.len())?;
+        let id = self.new_transfer(TransferKind::Write, total, specs.len(), deadline);
+        // One offer per peer, ranges in entry order.
+        let by_peer = group_by_peer(&specs);
+        let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
+        for (peer, idxs) in by_peer {
+            let offer_id = self.next_offer;
+            self.next_offer += 1;
+            let lengths: Vec<u64> = idxs.iter().map(|&i| specs[i].remote.length).collect();
+            let sources: Vec<(u64, u64)> = idxs
+                .iter()
+                .map(|&i| (specs[i].local_buffer, specs[i].local_offset))
+                .collect();
+            let ranges: Vec<RemoteRange> = idxs.iter().map(|&i| specs[i].remote.clone()).collect();
+            let msg = self.make_offer(
+                peer,
+                offer_id,
+                0,
+                Some(id),
+                idxs,
+                sources,
+                lengths,
+                ranges,
+                notification.clone(),
+                deadline_ms,
+            );
+            self.actions.push_back(Action::Control { peer, msg });
+            self.add_part(id, offer_id, peer);
+        }
+        self.announce(id, total);
+        Ok(id)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn make_offer(
+        &mut self,
+        peer: PeerIdx,
+        offer_id: u64,
+        read_id: u64,
+        transfer: Option<TransferId>,
+        entries: Vec<usize>,
+        sources: Vec<(u64, u64)>,
+        lengths: Vec<u64>,
+        ranges: Vec<RemoteRange>,
+        notification: Vec<u8>,
+        deadline_ms: u64,
+    ) -> PeerMsg {
+        let lanes = self.peers[peer.0 as usize].send.len() as u32;
+        let first_lane = self.peers[peer.0 as usize].next_lane % lanes;
+        let chunks = ChunkPlan::count(&lengths, self.cfg.chunk_bytes);
+        self.peers[peer.0 as usize].next_lane = ((u64::from(first_lane) + chunks) % u64::from(lanes)) as u32;
+        for &(b, _) in &sources {
+            self.use_buffer(b);
+        }
+        self.out_offers.insert(
+            offer_id,
+            OutOffer {
+                peer,
+                transfer,
+                read_id,
+                entries,
+                sources,
+                lengths,
+                chunk_bytes: self.cfg.chunk_bytes,
+                first_lane,
+                accepted: false,
+                cancelled: false,
+                unfinished: 0,
+                done: false,
+            },
+        );
+        PeerMsg::Offer(Offer {
+            offer_id,
+            read_id,
+            chunk_bytes: self.cfg.chunk_bytes,
+            first_lane,
+            ranges,
+            notification,
+            deadline_ms,
+        })
+    }
+
+    /// Starts a READ: asks each peer holding data for an offer into our buffers.
+    pub fn start_read(
+        &mut self,
+        specs: Vec<ReadSpec>,
+        deadline: Instant,
+        now: Instant,
+    ) -> EngineResult<TransferId> {
+        let total = self.check_entries(&specs, 0)?;
+        let id = self.new_transfer(TransferKind::Read, total, specs.len(), deadline);
+        let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
+        for (peer, idxs) in group_by_peer(&specs) {
+            let read_id = self.next_read;
+            self.next_read += 1;
+            let pairs: Vec<ReadPair> = idxs
+                .iter()
+                .map(|&i| {
+                    let s = &specs[i];
+                    ReadPair {
+                        source: s.remote.clone(),
+                        dest: RemoteRange {
+                            buffer_id: s.local_buffer,
+                            access_key: self.buffers[&s.local_buffer].key,
+                            offset: s.local_offset,
+                            length: s.remote.length,
+                        },
+                    }
+                })
+                .collect();
+            self.actions.push_back(Action::Control {
+                peer,
+                msg: PeerMsg::ReadRequest {
+                    read_id,
+                    pairs: pairs.clone(),
+                    deadline_ms,
+                },
+            });
+            self.reads.insert(
+                read_id,
+                ReadPart {
+                    peer,
+                    transfer: id,
+                    entries: idxs,
+                    pairs,
+                    offer: None,
+                    cancelled: false,
+                },
+            );
+            self.add_part(id, read_id, peer);
+        }
+        self.announce(id, total);
+        Ok(id)
+    }
+
+    // ---- control messages from peers ----------------------------------------------------------
+
+    /// Handles one control message from a peer, in stream order.
+    pub fn on_message(&mut self, peer: PeerIdx, msg: PeerMsg, now: Instant) {
+        if self.peers.get(peer.0 as usize).is_none_or(|p| p.failed.is_some()) {
+            return;
+        }
+        match msg {
+            PeerMsg::Offer(offer) => self.on_offer(peer, offer),
+            PeerMsg::Accept { offer_id } => self.on_accept(peer, offer_id),
+            PeerMsg::Reject {
+                offer_id,
+                code,
+                message,
+                range_index,
+            } => self.on_reject(peer, offer_id, code, &message, range_index),
+            PeerMsg::Done { offer_id } => self.on_done(peer, offer_id),
+            PeerMsg::Failed {
+                offer_id,
+                code,
+                message,
+            } => self.on_remote_failed(peer, offer_id, code, &message),
+            PeerMsg::CancelOffer {
+                offer_id,
+                code,
+                message,
+            } => self.on_cancel_offer(peer, offer_id, code, &message),
+            PeerMsg::ReadRequest {
+                read_id,
+                pairs,
+                deadline_ms,
+            } => self.on_read_request(peer, read_id, pairs, deadline_ms, now),
+            PeerMsg::ReadReject {
+                read_id,
+                code,
+                message,
+                range_index,
+            } => self.on_read_reject(peer, read_id, code, &message, range_index),
+            PeerMsg::CancelRead { read_id } => self.on_cancel_read(peer, read_id),
+            PeerMsg::Goodbye { reason } => {
+                self.peer_failed(peer, &format!("the peer ended the pairing: {reason}"))
+            }
+        }
+    }
+
+    /// Checks a range of one of our buffers as a peer claims it.
+    fn check_claimed(&self, i: usize, r: &RemoteRange) -> Result<(), (Code, String)> {
+        let b = self.buffers.get(&r.buffer_id).ok_or_else(|| {
+            (
+                Code::NotFound,
+                format!("ranges[{i}]: buffer {} does not exist", r.buffer_id),
+            )
+        })?;
+        if !keys_equal(&b.key, &r.access_key) {
+            return Err((
+                Code::PermissionDenied,
+                format!("ranges[{i}]: wrong access key for buffer {}", r.buffer_id),
+            ));
+        }
+        if r.length == 0 {
+            return Err((
+                Code::InvalidArgument,
+                format!("ranges[{i}]: length must be at least 1 byte"),
+            ));
+        }
+        check_bounds(&format!("ranges[{i}]"), r.buffer_id, b.size, r.offset, r.length)
+            .map_err(|e| (e.code, e.message))
+    }
+
+    fn on_offer(&mut self, peer: PeerIdx, offer: Offer) {
+        let reject = |code: Code, message: String, range_index: u32| PeerMsg::Reject {
+            offer_id: offer.offer_id,
+            code,
+            message,
+            range_index,
+        };
+        let lanes = self.peers[peer.0 as usize].recv.len() as u32;
+        let verdict: Result<(), (Code, String, u32)> = (|| {
+            if self.in_offers.contains_key(&(peer, offer.offer_id)) {
+                return Err((
+                    Code::AlreadyExists,
+                    format!("offer {} is already active", offer.offer_id),
+                    0,
+                ));
+            }
+            plan::check_chunk_bytes(u64::from(offer.chunk_bytes))
+                .map_err(|e| (Code::InvalidArgument, e, 0))?;
+            if lanes == 0 || offer.first_lane >= lanes {
+                return Err((
+                    Code::InvalidArgument,
+                    format!("first_lane {} is not below the {lanes} lanes", offer.first_lane),
+                    0,
+                ));
+            }
+            if offer.ranges.is_empty() || offer.ranges.len() > self.cfg.max_entries {
+                return Err((
+                    Code::InvalidArgument,
+                    format!(
+                        "{} ranges (1 to {} allowed)",
+                        offer.ranges.len(),
+                        self.cfg.max_entries
+                    ),
+                    0,
+                ));
+            }
+            if offer.notification.len() > self.cfg.max_notification {
+                return Err((
+                    Code::InvalidArgument,
+                    format!(
+                        "notification of {} bytes exceeds {}",
+                        offer.notification.len(),
+                        self.cfg.max_notification
+                    ),
+                    0,
+                ));
+            }
+            for (i, r) in offer.ranges.iter().enumerate() {
+                self.check_claimed(i, r).map_err(|(c, m)| (c, m, i as u32))?;
+            }
+            if offer.read_id != 0 {
+                let read = self.reads.get(&offer.read_id).filter(|r| r.peer == peer);
+                let Some(read) = read else {
+                    return Err((Code::NotFound, format!("read {} is unknown", offer.read_id), 0));
+                };
+                if read.cancelled || read.offer.is_some() {
+                    return Err((
+                        Code::Cancelled,
+                        format!("read {} is no longer waiting", offer.read_id),
+                        0,
+                    ));
+                }
+                let asked: Vec<&RemoteRange> = read.pairs.iter().map(|p| &p.dest).collect();
+                if asked.len() != offer.ranges.len() || asked.iter().zip(&offer.ranges).any(|(a, b)| *a != b)
+                {
+                    return Err((
+                        Code::InvalidArgument,
+                        format!("offer does not match read {}", offer.read_id),
+                        0,
+                    ));
+                }
+            }
+            Ok(())
+        })();
+        if let Err((code, message, idx)) = verdict {
+            self.actions.push_back(Action::Control {
+                peer,
+                msg: reject(code, message, idx),
+            });
+            return;
+        }
+        let lengths: Vec<u64> = offer.ranges.iter().map(|r| r.length).collect();
+        let dests: Vec<(u64, u64)> = offer.ranges.iter().map(|r| (r.buffer_id, r.offset)).collect();
+        for &(b, _) in &dests {
+            self.use_buffer(b);
+        }
+        let mut chunks_total = 0u64;
+        let p = &mut self.peers[peer.0 as usize];
+        for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, lanes) {
+            let (b, off) = dests[c.range as usize];
+            p.recv[c.lane as usize].queue.push_back(Item {
+                offer: offer.offer_id,
+                buffer: b,
+                offset: off + c.offset,
+                len: c.len,
+            });
+            chunks_total += 1;
+        }
+        let read = (offer.read_id != 0).then_some(offer.read_id);
+        if let Some(rid) = read {
+            let r = self.reads.get_mut(&rid).expect("checked");
+            r.offer = Some(offer.offer_id);
+            let t = r.transfer;
+            self.set_running(t);
+        }
+        self.in_offers.insert(
+            (peer, offer.offer_id),
+            InOffer {
+                read,
+                dests,
+                chunks_total,
+                chunks_done: 0,
+                bytes_done: 0,
+                discard: false,
+                failed: false,
+                notification: offer.notification,
+            },
+        );
+        self.actions.push_back(Action::Control {
+            peer,
+            msg: PeerMsg::Accept {
+                offer_id: offer.offer_id,
+            },
+        });
+        self.pump(peer);
+    }
+
+    fn set_running(&mut self, id: TransferId) {
+        if let Some(t) = self.transfers.get_mut(&id)
+            && !t.running
+        {
+            t.running = true;
+            self.actions.push_back(Action::Progress {
+                transfer: id,
+                bytes_done: t.done_bytes,
+                total: t.total,
+                running: true,
+            });
+        }
+    }
+
+    fn on_accept(&mut self, peer: PeerIdx, offer_id: u64) {
+        let Some(o) = self
+            .out_offers
+            .get_mut(&offer_id)
+            .filter(|o| o.peer == peer && !o.accepted)
+        else {
+            return;
+        };
+        o.accepted = true;
+        let lanes = self.peers[peer.0 as usize].send.len() as u32;
+        let p = &mut self.peers[peer.0 as usize];
+        let mut n = 0u64;
+        for c in ChunkPlan::new(&o.lengths, o.chunk_bytes, o.first_lane, lanes) {
+            let (b, off) = o.sources[c.range as usize];
+            p.send[c.lane as usize].queue.push_back(Item {
+                offer: offer_id,
+                buffer: b,
+                offset: off + c.offset,
+                // A cancelled offer still meets every posted receive, with nothing in it.
+                len: if o.cancelled { 0 } else { c.len },
+            });
+            n += 1;
+        }
+        o.unfinished = n;
+        if let Some(t) = o.transfer {
+            self.set_running(t);
+        }
+        self.pump(peer);
+    }
+
+    fn on_reject(&mut self, peer: PeerIdx, offer_id: u64, code: Code, message: &str, range_index: u32) {
+        let Some(o) = self
+            .out_offers
+            .get(&offer_id)
+            .filter(|o| o.peer == peer && !o.accepted)
+        else {
+            return;
+        };
+        let entry = o.entries.get(range_index as usize).copied();
+        let transfer = o.transfer;
+        self.drop_out_offer(offer_id);
+        if let Some(t) = transfer {
+            let node = self.peers[peer.0 as usize].node_id.clone();
+            let msg = match entry {
+                Some(e) => format!("entries[{e}]: node {node} refused: {message}"),
+                None => format!("node {node} refused: {message}"),
+            };
+            self.fail_transfer(t, code, &msg, entry);
+        }
+    }
+
+    fn on_done(&mut self, peer: PeerIdx, offer_id: u64) {
+        let Some(o) = self
+            .out_offers
+            .get_mut(&offer_id)
+            .filter(|o| o.peer == peer && o.accepted)
+        else {
+            return;
+        };
+        o.done = true;
+        let transfer = o.transfer;
+        let finished = o.unfinished == 0;
+        let entries = o.entries.clone();
+        if finished {
+            self.drop_out_offer(offer_id);
+        }
+        if let Some(t) = transfer {
+            if let Some(tr) = self.transfers.get_mut(&t) {
+                for e in entries {
+                    tr.entries[e] = Some((Code::Ok, String::new()));
+                }
+            }
+            self.part_done(t);
+        }
+    }
+
+    fn on_remote_failed(&mut self, peer: PeerIdx, offer_id: u64, code: Code, message: &str) {
+        let Some(o) = self.out_offers.get(&offer_id).filter(|o| o.peer == peer) else {
+            return;
+        };
+        let transfer = o.transfer;
+        self.cancel_out_offer(offer_id, None);
+        if let Some(t) = transfer {
+            let node = self.peers[peer.0 as usize].node_id.clone();
+            self.fail_transfer(
+                t,
+                code,
+                &format!("node {node} failed the transfer: {message}"),
+                None,
+            );
+        }
+    }
+
+    fn on_cancel_offer(&mut self, peer: PeerIdx, offer_id: u64, code: Code, message: &str) {
+        let Some(o) = self.in_offers.get_mut(&(peer, offer_id)) else {
+            return;
+        };
+        o.discard = true;
+        let read = o.read;
+        if let Some(rid) = read
+            && let Some(r) = self.reads.get(&rid)
+        {
+            let t = r.transfer;
+            let node = self.peers[peer.0 as usize].node_id.clone();
+            self.fail_transfer(
+                t,
+                code,
+                &format!("node {node} gave up serving the read: {message}"),
+                None,
+            );
+        }
+    }
+
+    fn on_read_request(
+        &mut self,
+        peer: PeerIdx,
+        read_id: u64,
+        pairs: Vec<ReadPair>,
+        deadline_ms: u64,
+        _now: Instant,
+    ) {
+        let verdict: Result<(), (Code, String, u32)> = (|| {
+            if pairs.is_empty() || pairs.len() > self.cfg.max_entries {
+                return Err((
+                    Code::InvalidArgument,
+                    format!("{} ranges (1 to {} allowed)", pairs.len(), self.cfg.max_entries),
+                    0,
+                ));
+            }
+            for (i, p) in pairs.iter().enumerate() {
+                self.check_claimed(i, &p.source)
+                    .map_err(|(c, m)| (c, m, i as u32))?;
+                if p.dest.length != p.source.length {
+                    return Err((
+                        Code::InvalidArgument,
+                        format!("ranges[{i}]: source and destination lengths differ"),
+                        i as u32,
+                    ));
+                }
+            }
+            Ok(())
+        })();
+        if let Err((code, message, range_index)) = verdict {
+            self.actions.push_back(Action::Control {
+                peer,
+                msg: PeerMsg::ReadReject {
+                    read_id,
+                    code,
+                    message,
+                    range_index,
+                },
+            });
+            return;
+        }
+        let offer_id = self.next_offer;
+        self.next_offer += 1;
+        let lengths: Vec<u64> = pairs.iter().map(|p| p.source.length).collect();
+        let sources: Vec<(u64, u64)> = pairs
+            .iter()
+            .map(|p| (p.source.buffer_id, p.source.offset))
+            .collect();
+        let ranges: Vec<RemoteRange> = pairs.into_iter().map(|p| p.dest).collect();
+        let entries = (0..ranges.len()).collect();
+        let msg = self.make_offer(
+            peer,
+            offer_id,
+            read_id,
+            None,
+            entries,
+            sources,
+            lengths,
+            ranges,
+            Vec::new(),
+            deadline_ms,
+        );
+        self.actions.push_back(Action::Control { peer, msg });
+    }
+
+    fn on_read_reject(&mut self, peer: PeerIdx, read_id: u64, code: Code, message: &str, range_index: u32) {
+        let Some(r) = self.reads.get(&read_id).filter(|r| r.peer == peer) else {
+            return;
+        };
+        let entry = r.entries.get(range_index as usize).copied();
+        let t = r.transfer;
+        self.reads.remove(&read_id);
+        let node = self.peers[peer.0 as usize].node_id.clone();
+        let msg = match entry {
+            Some(e) => format!("entries[{e}]: node {node} refused: {message}"),
+            None => format!("node {node} refused: {message}"),
+        };
+        self.fail_transfer(t, code, &msg, entry);
+    }
+
+    fn on_cancel_read(&mut self, peer: PeerIdx, read_id: u64) {
+        // Our offer serving that read (made when the request came) stops sending real bytes.
+        let offer = self.out_offers.iter().find_map(|(&id, o)| {
+            (o.peer == peer && o.transfer.is_none() && o.read_id == read_id).then_some(id)
+        });
+        if let Some(id) = offer {
+            self.cancel_out_offer(id, Some((Code::Cancelled, "the reader cancelled".to_string())));
+        }
+    }
+
+    // ---- plugin completions (from the poller) -------------------------------------------------
+
+    /// The oldest posted send on a lane completed.
+    pub fn send_done(&mut self, peer: PeerIdx, lane: u32) {
+        let Some(l) = self
+            .peers
+            .get_mut(peer.0 as usize)
+            .and_then(|p| p.send.get_mut(lane as usize))
+        else {
+            return;
+        };
+        let Some(item) = l.posted.pop_front() else {
+            return;
+        };
+        l.bytes += u64::from(item.len);
+        l.chunks += 1;
+        if let Some(o) = self.out_offers.get_mut(&item.offer) {
+            o.unfinished -= 1;
+            let (transfer, finished) = (o.transfer, o.unfinished == 0 && (o.done || o.cancelled));
+            if finished {
+                self.drop_out_offer(item.offer);
+            }
+            if let Some(t) = transfer {
+                self.add_progress(t, u64::from(item.len));
+            }
+        }
+        self.pump(peer);
+    }
+
+    /// The oldest posted receive on a lane was unpacked and consumed (`Err`: its unpack failed).
+    pub fn recv_consumed(&mut self, peer: PeerIdx, lane: u32, result: Result<(), String>) {
+        let Some(l) = self
+            .peers
+            .get_mut(peer.0 as usize)
+            .and_then(|p| p.recv.get_mut(lane as usize))
+        else {
+            return;
+        };
+        let Some(item) = l.posted.pop_front() else {
+            return;
+        };
+        l.bytes += u64::from(item.len);
+        l.chunks += 1;
+        let key = (peer, item.offer);
+        if let Some(o) = self.in_offers.get_mut(&key) {
+            o.chunks_done += 1;
+            if let Err(why) = result
+                && !o.discard
+            {
+                o.discard = true;
+                o.failed = true;
+                let offer_id = item.offer;
+                self.actions.push_back(Action::Control {
+                    peer,
+                    msg: PeerMsg::Failed {
+                        offer_id,
+                        code: Code::Internal,
+                        message: why.clone(),
+                    },
+                });
+                if let Some(t) = o.read.and_then(|r| self.reads.get(&r)).map(|r| r.transfer) {
+                    self.fail_transfer(t, Code::Internal, &format!("unpack failed: {why}"), None);
+                }
+            }
+            let Some(o) = self.in_offers.get_mut(&key) else {
+                return;
+            };
+            if !o.discard {
+                o.bytes_done += u64::from(item.len);
+            }
+            let (read, discard) = (o.read, o.discard);
+            if !discard && let Some(t) = read.and_then(|r| self.reads.get(&r)).map(|r| r.transfer) {
+                self.add_progress(t, u64::from(item.len));
+            }
+            if self.in_offers[&key].chunks_done == self.in_offers[&key].chunks_total {
+                self.finish_in_offer(peer, item.offer);
+            }
+        }
+        self.pump(peer);
+    }
+
+    fn finish_in_offer(&mut self, peer: PeerIdx, offer_id: u64) {
+        let o = self.in_offers.remove(&(peer, offer_id)).expect("present");
+        for &(b, _) in &o.dests {
+            self.unuse_buffer(b);
+        }
+        if o.discard {
+            if let Some(rid) = o.read {
+                self.reads.remove(&rid);
+            }
+            return;
+        }
+        self.actions.push_back(Action::Control {
+            peer,
+            msg: PeerMsg::Done { offer_id },
+        });
+        if !o.notification.is_empty() {
+            self.actions.push_back(Action::Notify {
+                peer,
+                offer_id,
+                payload: o.notification,
+                buffers: o.dests.iter().map(|d| d.0).collect(),
+            });
+        }
+        if let Some(rid) = o.read
+            && let Some(r) = self.reads.remove(&rid)
+        {
+            self.part_done(r.transfer);
+        }
+    }
+
+    /// The lane (or control stream) of a peer failed: every transfer touching it fails.
+    pub fn peer_failed(&mut self, peer: PeerIdx, reason: &str) {
+        let Some(p) = self.peers.get_mut(peer.0 as usize) else {
+            return;
+        };
+        if p.failed.is_some() {
+            return;
+        }
+        p.failed = Some(reason.to_string());
+        let node = p.node_id.clone();
+        for l in p.send.iter_mut().chain(p.recv.iter_mut()) {
+            l.queue.clear();
+            l.posted.clear();
+            l.ready = false;
+        }
+        let msg = format!("peer {node} failed: {reason}");
+        let outs: Vec<u64> = self
+            .out_offers
+            .iter()
+            .filter(|(_, o)| o.peer == peer)
+            .map(|(&id, _)| id)
+            .collect();
+        let mut hit: Vec<TransferId> = Vec::new();
+        for id in outs {
+            if let Some(t) = self.out_offers[&id].transfer {
+                hit.push(t);
+            }
+            self.drop_out_offer(id);
+        }
+        let ins: Vec<u64> = self
+            .in_offers
+            .keys()
+            .filter(|(p, _)| *p == peer)
+            .map(|&(_, id)| id)
+            .collect();
+        for id in ins {
+            let o = self.in_offers.remove(&(peer, id)).expect("present");
+            for &(b, _) in &o.dests {
+                self.unuse_buffer(b);
+            }
+        }
+        let reads: Vec<u64> = self
+            .reads
+            .iter()
+            .filter(|(_, r)| r.peer == peer)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in reads {
+            hit.push(self.reads.remove(&id).expect("present").transfer);
+        }
+        for t in hit {
+            self.fail_transfer(t, Code::Unavailable, &msg, None);
+        }
+        self.actions.push_back(Action::ClosePeer {
+            peer,
+            reason: reason.to_string(),
+        });
+    }
+
+    // ---- cancellation and time ----------------------------------------------------------------
+
+    /// Cancels a transfer. `false` when it already ended (or never existed).
+    pub fn cancel(&mut self, id: TransferId, code: Code, message: &str) -> bool {
+        if !self.transfers.contains_key(&id) {
+            return false;
+        }
+        self.fail_transfer(id, code, message, None);
+        true
+    }
+
+    /// Fails every transfer whose deadline passed.
+    pub fn tick(&mut self, now: Instant) {
+        while let Some(&(when, id)) = self.deadlines.first() {
+            if when > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            if self.transfers.contains_key(&id) {
+                self.fail_transfer(id, Code::DeadlineExceeded, "the transfer's deadline passed", None);
+            }
+        }
+    }
+
+    /// The next deadline, for the driver's sleep.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.first().map(|&(t, _)| t)
+    }
+
+    /// Ends a transfer with an error; stops its parts on both sides (slots drain normally).
+    fn fail_transfer(&mut self, id: TransferId, code: Code, message: &str, entry: Option<usize>) {
+        let Some(mut t) = self.transfers.remove(&id) else {
+            return;
+        };
+        self.deadlines.remove(&(t.deadline, id));
+        for part in std::mem::take(&mut t.parts) {
+            match t.kind {
+                TransferKind::Write => {
+                    if self.out_offers.contains_key(&part) {
+                        self.cancel_out_offer(part, Some((code, message.to_string())));
+                    }
+                }
+                TransferKind::Read => {
+                    if let Some(r) = self.reads.get_mut(&part) {
+                        r.cancelled = true;
+                        let (peer, offer) = (r.peer, r.offer);
+                        self.actions.push_back(Action::Control {
+                            peer,
+                            msg: PeerMsg::CancelRead { read_id: part },
+                        });
+                        match offer.and_then(|o| self.in_offers.get_mut(&(peer, o))) {
+                            // Data already agreed on keeps coming; it is discarded.
+                            Some(o) => o.discard = true,
+                            None => {
+                                self.reads.remove(&part);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for p in &t.peers {
+            self.peers[p.0 as usize].transfers_failed += 1;
+        }
+        let entries = (0..t.entries.len())
+            .map(|i| match (&t.entries[i], entry) {
+                (Some(s), _) => s.clone(),
+                (None, Some(e)) if e == i => (code, message.to_string()),
+                (None, Some(_)) => (
+                    Code::Aborted,
+                    format!("not completed: another entry failed: {message}"),
+                ),
+                (None, None) => (code, message.to_string()),
+            })
+            .collect();
+        self.actions.push_back(Action::Finished {
+            transfer: id,
+            outcome: Outcome {
+                code,
+                message: message.to_string(),
+                entries,
+            },
+        });
+    }
+
+    /// Stops an offer we made: unaccepted, it is withdrawn; accepted, its remaining chunks go out
+    /// empty. The peer is told unless `notify` is `None`.
+    fn cancel_out_offer(&mut self, offer_id: u64, notify: Option<(Code, String)>) {
+        let Some(o) = self.out_offers.get_mut(&offer_id) else {
+            return;
+        };
+        if o.cancelled {
+            return;
+        }
+        o.cancelled = true;
+        let peer = o.peer;
+        if let Some((code, message)) = notify {
+            self.actions.push_back(Action::Control {
+                peer,
+                msg: PeerMsg::CancelOffer {
+                    offer_id,
+                    code,
+                    message,
+                },
+            });
+        }
+        let o = &self.out_offers[&offer_id];
+        if o.accepted {
+            let p = &mut self.peers[peer.0 as usize];
+            for l in &mut p.send {
+                for item in l.queue.iter_mut().filter(|i| i.offer == offer_id) {
+                    item.len = 0;
+                }
+            }
+            if o.unfinished == 0 {
+                self.drop_out_offer(offer_id);
+            }
+        }
+        // Unaccepted: kept until the peer's Accept (then sent empty) or Reject arrives.
+    }
+
+    fn drop_out_offer(&mut self, offer_id: u64) {
+        if let Some(o) = self.out_offers.remove(&offer_id) {
+            for &(b, _) in &o.sources {
+                self.unuse_buffer(b);
+            }
+        }
+    }
+
+    fn add_progress(&mut self, id: TransferId, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        if let Some(t) = self.transfers.get_mut(&id) {
+            t.done_bytes += bytes;
+            self.actions.push_back(Action::Progress {
+                transfer: id,
+                bytes_done: t.done_bytes,
+                total: t.total,
+                running: t.running,
+            });
+        }
+    }
+
+    fn part_done(&mut self, id: TransferId) {
+        let Some(t) = self.transfers.get_mut(&id) else {
+            return;
+        };
+        t.pending_parts -= 1;
+        if t.pending_parts > 0 {
+            return;
+        }
+        let t = self.transfers.remove(&id).expect("present");
+        self.deadlines.remove(&(t.deadline, id));
+        for p in &t.peers {
+            self.peers[p.0 as usize].transfers_ok += 1;
+        }
+        self.actions.push_back(Action::Progress {
+            transfer: id,
+            bytes_done: t.total,
+            total: t.total,
+            running: true,
+        });
+        self.actions.push_back(Action::Finished {
+            transfer: id,
+            outcome: Outcome {
+                code: Code::Ok,
+                message: String::new(),
+                entries: vec![(Code::Ok, String::new()); t.entries.len()],
+            },
+        });
+    }
+
+    /// Posts what the windows allow on every lane of a peer.
+    fn pump(&mut self, peer: PeerIdx) {
+        let (send_window, recv_window) = (self.cfg.send_window, self.cfg.recv_window);
+        let Some(p) = self.peers.get_mut(peer.0 as usize) else {
+            return;
+        };
+        if p.failed.is_some() {
+            return;
+        }
+        for (lane, l) in p.send.iter_mut().enumerate() {
+            while l.ready && l.posted.len() < send_window {
+                let Some(item) = l.queue.pop_front() else { break };
+                l.posted.push_back(item);
+                self.actions.push_back(Action::PostSend {
+                    peer,
+                    lane: lane as u32,
+                    buffer: item.buffer,
+                    offset: item.offset,
+                    len: item.len,
+                });
+            }
+        }
+        for (lane, l) in p.recv.iter_mut().enumerate() {
+            while l.ready && l.posted.len() < recv_window {
+                let Some(item) = l.queue.pop_front() else { break };
+                l.posted.push_back(item);
+                self.actions.push_back(Action::PostRecv {
+                    peer,
+                    lane: lane as u32,
+                    buffer: item.buffer,
+                    offset: item.offset,
+                    len: item.len,
+                });
+            }
+        }
+        for l in p.send.iter_mut().chain(p.recv.iter_mut()) {
+            l.note_window();
+        }
     }
 }
 

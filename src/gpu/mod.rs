@@ -94,6 +94,75 @@ pub fn driver_available() -> bool {
     driver().is_ok()
 }
 
+/// What `DescribeNode` reports of a CUDA device (read without creating a context).
+#[derive(Debug, Clone)]
+pub struct GpuSummary {
+    pub ordinal: usize,
+    pub name: String,
+    pub pci_bus_id: String,
+    pub total_memory: u64,
+    pub compute_capability: (i32, i32),
+}
+
+/// Every CUDA device of the machine; empty when there is no driver.
+pub fn list_devices() -> GpuResult<Vec<GpuSummary>> {
+    if driver().is_err() {
+        return Ok(Vec::new());
+    }
+    let count = Gpu::device_count()?;
+    let mut out = Vec::with_capacity(count);
+    for ordinal in 0..count {
+        let mut dev: sys::CUdevice = 0;
+        // SAFETY: writes one device handle; the ordinal is below the device count.
+        check("cuDeviceGet", unsafe {
+            sys::cuDeviceGet(&mut dev, ordinal as c_int)
+        })?;
+        let text =
+            |f: &dyn Fn(&mut [std::ffi::c_char]) -> sys::CUresult, what: &'static str| -> GpuResult<String> {
+                let mut buf = [0 as std::ffi::c_char; 256];
+                check(what, f(&mut buf))?;
+                // SAFETY: the driver wrote a NUL-terminated string into the zeroed buffer.
+                Ok(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+                    .to_string_lossy()
+                    .into_owned())
+            };
+        let name = text(
+            // SAFETY: writes at most `len` bytes (NUL included) into the buffer it is given.
+            &|b| unsafe { sys::cuDeviceGetName(b.as_mut_ptr(), b.len() as c_int, dev) },
+            "cuDeviceGetName",
+        )?;
+        let pci_bus_id = text(
+            // SAFETY: writes at most `len` bytes (NUL included) into the buffer it is given.
+            &|b| unsafe { sys::cuDeviceGetPCIBusId(b.as_mut_ptr(), b.len() as c_int, dev) },
+            "cuDeviceGetPCIBusId",
+        )?;
+        let mut total: usize = 0;
+        // SAFETY: writes one size_t for a valid device.
+        check("cuDeviceTotalMem", unsafe {
+            sys::cuDeviceTotalMem_v2(&mut total, dev)
+        })?;
+        let attr = |a: sys::CUdevice_attribute| -> GpuResult<i32> {
+            let mut v: c_int = 0;
+            // SAFETY: writes one int for a valid device.
+            check("cuDeviceGetAttribute", unsafe {
+                sys::cuDeviceGetAttribute(&mut v, a, dev)
+            })?;
+            Ok(v)
+        };
+        out.push(GpuSummary {
+            ordinal,
+            name,
+            pci_bus_id,
+            total_memory: total as u64,
+            compute_capability: (
+                attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ),
+        });
+    }
+    Ok(out)
+}
+
 /// One CUDA device, with its primary context retained for as long as this value lives.
 pub struct Gpu {
     ordinal: usize,

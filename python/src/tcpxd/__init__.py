@@ -9,6 +9,8 @@ Guide: docs/PYTHON.md. Errors are tcpxd.TcpxdError subclasses named after gRPC c
 
 from ._ops import (
     DEFAULT_ENDPOINT,
+    GpuDevice,
+    NetDevice,
     NodeInfo,
     Notification,
     ReadOp,
@@ -56,8 +58,10 @@ __all__ = [
     "DataLoss",
     "DeadlineExceeded",
     "FailedPrecondition",
+    "GpuDevice",
     "Internal",
     "InvalidArgument",
+    "NetDevice",
     "NodeInfo",
     "NotFound",
     "Notification",

@@ -101,12 +101,48 @@ class Notification:
 
 
 @dataclass(frozen=True)
+class NetDevice:
+    """A network device (NIC) the daemon's plugin drives for data lanes."""
+
+    index: int
+    name: str
+    pci_path: str
+    speed_mbps: int
+    host_memory: bool
+    cuda_memory: bool
+    #: Received CUDA data lands in a bounce buffer the daemon unpacks (TCPX's devmem-tcp).
+    unpack: bool
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """A CUDA device of the daemon's machine."""
+
+    ordinal: int
+    name: str
+    pci_bus_id: str
+    total_memory_bytes: int
+    compute_capability: Tuple[int, int]
+
+
+@dataclass(frozen=True)
 class NodeInfo:
-    """What DescribeNode says about a daemon."""
+    """What DescribeNode says about a daemon: hand `node_id` and `peer_addresses` (which every
+    descriptor of this node carries already) to whoever needs to reach it."""
 
     node_id: str
+    #: Where other daemons reach this one's peer service (host:port each).
     peer_addresses: List[str]
     version: str
+    plugin_name: str = ""
+    #: The plugin's file, or "built-in emulation".
+    plugin_path: str = ""
+    devices: List[NetDevice] = field(default_factory=list)
+    gpus: List[GpuDevice] = field(default_factory=list)
+    lanes_per_device: int = 0
+    chunk_bytes: int = 0
+    peer_protocol_version: int = 0
+    #: The tcpxd.v1.NodeDescription message itself.
     raw: Any = None
 
 
@@ -235,8 +271,28 @@ def notification(n: Any) -> Notification:
 
 
 def node_info(m: Any) -> NodeInfo:
-    addrs = list(getattr(m, "peer_addresses", []))
-    return NodeInfo(node_id=m.node_id, peer_addresses=addrs, version=getattr(m, "version", ""), raw=m)
+    return NodeInfo(
+        node_id=m.node_id,
+        peer_addresses=list(m.peer_addresses),
+        version=m.version,
+        plugin_name=m.plugin_name,
+        plugin_path=m.plugin_path,
+        devices=[
+            NetDevice(d.index, d.name, d.pci_path, d.speed_mbps, d.host_memory, d.cuda_memory, d.unpack)
+            for d in m.devices
+        ],
+        gpus=[
+            GpuDevice(
+                g.ordinal, g.name, g.pci_bus_id, g.total_memory_bytes,
+                (g.compute_capability_major, g.compute_capability_minor),
+            )
+            for g in m.gpus
+        ],
+        lanes_per_device=m.lanes_per_device,
+        chunk_bytes=m.chunk_bytes,
+        peer_protocol_version=m.peer_protocol_version,
+        raw=m,
+    )
 
 
 def kind_name(kind: int) -> str:

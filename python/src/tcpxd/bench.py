@@ -1,12 +1,14 @@
 """`python -m tcpxd.bench`: what the Python client costs, next to `tcpxctl bench transfer` on the same
 daemons in the same run.
 
-Measures, through the package (one call per transfer: `Client.write`, which waits in the same call
-when the daemon supports it): the p50/p99 latency of 4 KiB WRITEs from host memory, and the GB/s of
-1 GiB WRITEs from host memory and (with --tensor, on a GPU) from a PyTorch CUDA tensor into a tensor
-of the other daemon. Then runs `tcpxctl bench transfer` against the same two daemons for the same
-sizes and prints the ratios (python ÷ tcpxctl). Without --endpoint it starts two local daemons on
-the built-in emulation.
+Each round measures, through the package (one call per transfer: `Client.write`, which waits in the
+same call), the p50/p99 latency of 4 KiB WRITEs from host memory, then `tcpxctl bench transfer` on
+the same two daemons for the same size; then the GB/s of large WRITEs (default 1 GiB) from host
+memory, then tcpxctl's for that size; with --tensor, PyTorch CUDA tensor into tensor against
+tcpxctl's `--cuda 0`. It prints the medians over the rounds and the median per-round ratios (python
+÷ tcpxctl) against the targets (4 KiB p50 ≤ 1.5x, large GB/s ≥ 0.95x). Without --endpoint it
+starts two local daemons on the built-in emulation. The daemons are paired by the first write (a
+descriptor carries its daemon's peer address): no ConnectPeer.
 """
 
 from __future__ import annotations
@@ -101,27 +103,34 @@ def tensor_big(a: Client, b: Client, size: int, iters: int) -> float:
     return g
 
 
-def tcpxctl_rows(tcpxctl: str, ea: str, eb: str, sizes: str, iters: int, cuda: bool) -> List[Dict[str, Any]]:
+def tcpxctl_row(tcpxctl: str, ea: str, eb: str, size: int, iters: int, warmup: int, cuda: bool) -> Dict[str, Any]:
+    """One `tcpxctl bench transfer` row: `iters` WRITEs of `size` bytes from A to B."""
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "rows.jsonl"
-        cmd = [tcpxctl, "bench", "transfer", "--endpoint", ea, "--peer-endpoint", eb, "--sizes", sizes,
-               "--iters", str(iters), "--warmup", "10", "--out", str(out)]
+        cmd = [tcpxctl, "bench", "transfer", "--endpoint", ea, "--peer-endpoint", eb, "--sizes", str(size),
+               "--iters", str(iters), "--warmup", str(warmup), "--out", str(out)]
         if cuda:
             cmd += ["--cuda", "0"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-        return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+        return next(r for r in rows if r["block_size"] == size)
+
+
+def _median(xs: List[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
 
 
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m tcpxd.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--endpoint", help="sending daemon (default: start two local daemons)")
-    ap.add_argument("--peer-endpoint", help="receiving daemon (already connected to --endpoint's)")
+    ap.add_argument("--peer-endpoint", help="receiving daemon (its descriptors reach it: no connect needed)")
     ap.add_argument("--tcpxd", help="tcpxd binary for local daemons (default: target/release, target/debug, PATH)")
     ap.add_argument("--tcpxctl", help="tcpxctl binary for the comparison (default: as --tcpxd); 'none' skips it")
-    ap.add_argument("--iters", type=int, default=1000, help="measured 4 KiB writes")
+    ap.add_argument("--iters", type=int, default=1000, help="measured 4 KiB writes per round")
     ap.add_argument("--big", type=int, default=1024, help="size of the large writes, MiB")
-    ap.add_argument("--big-iters", type=int, default=5)
-    ap.add_argument("--tensor", action="store_true", help="also 1 GiB tensor writes (needs torch and a GPU)")
+    ap.add_argument("--big-iters", type=int, default=5, help="measured large writes per round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds, each python then tcpxctl; medians reported")
+    ap.add_argument("--tensor", action="store_true", help="also large tensor writes (needs torch and a GPU)")
     ap.add_argument("--json", help="append the results to this file as one JSON line")
     args = ap.parse_args(argv)
 
@@ -141,41 +150,56 @@ def main(argv: Optional[List[str]] = None) -> None:
             pb, rb = _start(tcpxd, tmp, "bench-b")
             procs = [pa, pb]
             ea, eb = f"unix:{ra['api_socket']}", f"unix:{rb['api_socket']}"
-            with Client(ea) as c:
-                c.connect_peer(str(rb["peer_address"]))
-        big = args.big * MIB
-        res: Dict[str, Any] = {"endpoint": ea, "peer_endpoint": eb}
-        with Client(ea) as a, Client(eb) as b:
-            res["python_4k"] = small_writes(a, b, 4 * KIB, args.iters, 50)
-            res["python_host_big_gbps"] = host_big(a, b, big, args.big_iters)
-            if args.tensor:
-                res["python_tensor_big_gbps"] = tensor_big(a, b, big, args.big_iters)
         tcpxctl = None if args.tcpxctl == "none" else _find("tcpxctl", args.tcpxctl)
+        big = args.big * MIB
+        res: Dict[str, Any] = {"endpoint": ea, "peer_endpoint": eb, "rounds": []}
+        with Client(ea) as a, Client(eb) as b:
+            # The first write pairs the daemons (B's descriptors carry its peer address).
+            with a.register_host(4 * KIB) as s, b.register_host(4 * KIB) as d:
+                a.write(s, d.descriptor)
+            for _ in range(args.rounds):
+                r: Dict[str, Any] = {"python_4k": small_writes(a, b, 4 * KIB, args.iters, 50)}
+                if tcpxctl:
+                    r["tcpxctl_4k"] = tcpxctl_row(tcpxctl, ea, eb, 4 * KIB, args.iters, 50, False)
+                r["python_host_big_gbps"] = host_big(a, b, big, args.big_iters)
+                if tcpxctl:
+                    r["tcpxctl_host_big"] = tcpxctl_row(tcpxctl, ea, eb, big, args.big_iters, 1, False)
+                if args.tensor:
+                    r["python_tensor_big_gbps"] = tensor_big(a, b, big, args.big_iters)
+                    if tcpxctl:
+                        r["tcpxctl_cuda_big"] = tcpxctl_row(tcpxctl, ea, eb, big, args.big_iters, 1, True)
+                res["rounds"].append(r)
+        rounds = res["rounds"]
+        p50 = _median([r["python_4k"]["p50_us"] for r in rounds])
+        p99 = _median([r["python_4k"]["p99_us"] for r in rounds])
+        hg = _median([r["python_host_big_gbps"] for r in rounds])
+        res.update(python_4k_p50_us=p50, python_4k_p99_us=p99, python_host_big_gbps=hg)
+        print(f"{args.rounds} rounds; medians over rounds ({args.iters} 4 KiB writes, {args.big_iters} x {args.big} MiB a round)")
+        print(f"python  4 KiB write   p50 {p50:8.1f} us   p99 {p99:8.1f} us")
+        print(f"python  {args.big} MiB write host    {hg:.3f} GB/s")
+        if args.tensor:
+            tg = _median([r["python_tensor_big_gbps"] for r in rounds])
+            res["python_tensor_big_gbps"] = tg
+            print(f"python  {args.big} MiB write tensor  {tg:.3f} GB/s")
         if tcpxctl:
-            sizes = f"4K,{big}"
-            rows = tcpxctl_rows(tcpxctl, ea, eb, sizes, args.iters, False)
-            res["tcpxctl_4k_p50_us"] = next(r["p50_lat_us"] for r in rows if r["block_size"] == 4 * KIB)
-            res["tcpxctl_4k_p99_us"] = next(r["p99_lat_us"] for r in rows if r["block_size"] == 4 * KIB)
-            res["tcpxctl_host_big_gbps"] = next(r["gb_per_s"] for r in rows if r["block_size"] == big)
+            c50 = _median([r["tcpxctl_4k"]["p50_lat_us"] for r in rounds])
+            c99 = _median([r["tcpxctl_4k"]["p99_lat_us"] for r in rounds])
+            cg = _median([r["tcpxctl_host_big"]["gb_per_s"] for r in rounds])
+            # Ratios per round (python and tcpxctl side by side in time), then their median.
+            r50 = _median([r["python_4k"]["p50_us"] / r["tcpxctl_4k"]["p50_lat_us"] for r in rounds])
+            rg = _median([r["python_host_big_gbps"] / r["tcpxctl_host_big"]["gb_per_s"] for r in rounds])
+            res.update(tcpxctl_4k_p50_us=c50, tcpxctl_4k_p99_us=c99, tcpxctl_host_big_gbps=cg,
+                       ratio_4k_p50=r50, ratio_host_big_gbps=rg)
+            print(f"tcpxctl 4 KiB write   p50 {c50:8.1f} us   p99 {c99:8.1f} us")
+            print(f"tcpxctl {args.big} MiB write host    {cg:.3f} GB/s")
+            print(f"ratio   4 KiB p50 python/tcpxctl {r50:.2f}x (target <= 1.5x): {'met' if r50 <= 1.5 else 'MISSED'}")
+            print(f"ratio   {args.big} MiB GB/s python/tcpxctl {rg:.3f}x (target >= 0.95x): {'met' if rg >= 0.95 else 'MISSED'}")
             if args.tensor:
-                rows = tcpxctl_rows(tcpxctl, ea, eb, str(big), args.big_iters, True)
-                res["tcpxctl_cuda_big_gbps"] = rows[0]["gb_per_s"]
-        p = res["python_4k"]
-        print(f"python  4 KiB write   p50 {p['p50_us']:8.1f} us   p99 {p['p99_us']:8.1f} us   ({args.iters} writes)")
-        print(f"python  {args.big} MiB write host    {res['python_host_big_gbps']:.3f} GB/s")
-        if "python_tensor_big_gbps" in res:
-            print(f"python  {args.big} MiB write tensor  {res['python_tensor_big_gbps']:.3f} GB/s")
-        if "tcpxctl_4k_p50_us" in res:
-            print(f"tcpxctl 4 KiB write   p50 {res['tcpxctl_4k_p50_us']:8.1f} us   p99 {res['tcpxctl_4k_p99_us']:8.1f} us")
-            print(f"tcpxctl {args.big} MiB write host    {res['tcpxctl_host_big_gbps']:.3f} GB/s")
-            r50 = p["p50_us"] / res["tcpxctl_4k_p50_us"]
-            rg = res["python_host_big_gbps"] / res["tcpxctl_host_big_gbps"]
-            res["ratio_4k_p50"], res["ratio_host_big_gbps"] = r50, rg
-            print(f"ratio   4 KiB p50 python/tcpxctl {r50:.2f}x (target <= 1.5x); {args.big} MiB GB/s {rg:.2f}x")
-            if "tcpxctl_cuda_big_gbps" in res:
-                rt = res["python_tensor_big_gbps"] / res["tcpxctl_cuda_big_gbps"]
-                res["ratio_tensor_big_gbps"] = rt
-                print(f"tcpxctl {args.big} MiB write cuda    {res['tcpxctl_cuda_big_gbps']:.3f} GB/s; tensor/cuda {rt:.2f}x (target >= 0.95x)")
+                ct = _median([r["tcpxctl_cuda_big"]["gb_per_s"] for r in rounds])
+                rt = _median([r["python_tensor_big_gbps"] / r["tcpxctl_cuda_big"]["gb_per_s"] for r in rounds])
+                res.update(tcpxctl_cuda_big_gbps=ct, ratio_tensor_big_gbps=rt)
+                print(f"tcpxctl {args.big} MiB write cuda    {ct:.3f} GB/s")
+                print(f"ratio   {args.big} MiB GB/s tensor/cuda {rt:.3f}x (target >= 0.95x): {'met' if rt >= 0.95 else 'MISSED'}")
         if args.json:
             with open(args.json, "a", encoding="utf-8") as f:
                 f.write(json.dumps(res) + "\n")

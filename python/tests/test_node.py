@@ -1,0 +1,103 @@
+"""A descriptor is all a client needs: DescribeNode, and transfers to another daemon's descriptor
+with no connect_peer call (the daemon connects on first use)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+
+import pytest
+
+import tcpxd
+from conftest import start_daemon, stop_daemon
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def strangers(tmp_root):
+    """Two daemons that have never met (no connect_peer from either side)."""
+    a = start_daemon(tmp_root, "na")
+    b = start_daemon(tmp_root, "nb")
+    yield a, b
+    for d in (a, b):
+        stop_daemon(d)
+
+
+def test_describe_node_says_how_to_reach_the_node(strangers):
+    a, _ = strangers
+    with tcpxd.Client(a.endpoint) as c:
+        n = c.describe_node()
+        assert isinstance(n, tcpxd.NodeInfo)
+        assert n.node_id == "na"
+        assert n.peer_addresses == [a.peer_address] == a.ready["peer_addresses"]
+        assert n.version and n.plugin_name and n.plugin_path == "built-in emulation"
+        assert n.devices and all(isinstance(d, tcpxd.NetDevice) and d.host_memory for d in n.devices)
+        assert all(isinstance(g, tcpxd.GpuDevice) for g in n.gpus)
+        assert n.lanes_per_device >= 1 and n.chunk_bytes >= 4096 and n.peer_protocol_version >= 1
+        with c.register_host(4096) as buf:
+            assert buf.descriptor.endswith("@" + ",".join(n.peer_addresses))
+
+
+def test_a_write_to_another_daemons_descriptor_needs_no_connect_peer(strangers):
+    a, b = strangers
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        assert ca.list_peers() == [] and cb.list_peers() == []
+        with ca.register_host(4 * MIB) as src, cb.register_host(4 * MIB) as dst, ca.register_host(MIB) as back:
+            src.fill(seed=9)
+            # Eight writes at once, all of them first uses: one pairing, every byte lands.
+            errors = []
+
+            def one(i: int) -> None:
+                try:
+                    ca.write(src, dst.descriptor, MIB // 2, local_offset=i * MIB // 2, remote_offset=i * MIB // 2)
+                except Exception as e:  # noqa: BLE001 - reported below
+                    errors.append(e)
+
+            ts = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            assert not errors, errors
+            assert dst.checksum() == src.checksum()
+            assert [p.node_id for p in ca.list_peers()] == ["nb"]
+            assert [p.node_id for p in cb.list_peers()] == ["na"]
+            assert [p.node_id for p in ca.stats().peers] == ["nb"], "one pairing"
+            # The other way round, a READ through a's descriptor.
+            cb.read(src.descriptor, dst, MIB, remote_offset=MIB)
+            ca.read(dst.descriptor, back, MIB)
+            assert back.read_bytes() == src.read_bytes(MIB, MIB)
+
+
+def test_an_unreachable_descriptor_address_raises_unavailable_naming_it(strangers):
+    a, b = strangers
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    closed = f"127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        with ca.register_host(MIB) as src, cb.register_host(MIB) as dst:
+            head = dst.descriptor.split("@")[0].replace(":nb:", ":nowhere:", 1)
+            with pytest.raises(tcpxd.Unavailable) as e:
+                ca.write(src, f"{head}@{closed}", 4096)
+            assert closed in e.value.message and "remote_descriptor" in e.value.message
+            with pytest.raises(tcpxd.InvalidArgument, match=r"peer address\[0\]"):
+                ca.write(src, f"{head}@0.0.0.0:50052", 4096)
+
+
+def test_asyncio_client_describes_and_writes_by_descriptor(strangers):
+    a, b = strangers
+
+    async def go() -> None:
+        async with tcpxd.AsyncClient(a.endpoint) as ca, tcpxd.AsyncClient(b.endpoint) as cb:
+            n = await cb.describe_node()
+            assert n.node_id == "nb" and n.peer_addresses == [b.peer_address]
+            async with await ca.register_host(MIB) as src, await cb.register_host(MIB) as dst:
+                await src.fill(byte=0x3C)
+                r = await ca.write(src, dst.descriptor)
+                assert r.bytes_done == MIB
+                assert await dst.checksum() == await src.checksum()
+
+    asyncio.run(go())

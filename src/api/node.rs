@@ -1,0 +1,98 @@
+//! `DescribeNode`: what a client hands out so that other nodes can reach this one (node id, the
+//! advertised peer addresses every descriptor carries), and what the node runs (version, plugin,
+//! network devices, GPUs).
+
+use tokio::sync::OnceCell;
+use tonic::Status;
+
+use super::proto::v1 as pb;
+use crate::net::{Plugin, PluginSource};
+
+/// What the daemon knows of itself, gathered at start-up (GPUs on first ask).
+pub struct NodeFacts {
+    pub peer_addresses: Vec<String>,
+    pub plugin_name: String,
+    pub plugin_path: String,
+    pub devices: Vec<pb::NetDevice>,
+    pub lanes_per_device: u32,
+    pub chunk_bytes: u32,
+    gpus: OnceCell<Vec<pb::GpuDevice>>,
+}
+
+impl NodeFacts {
+    /// `devices`: the plugin devices the daemon uses for lanes.
+    pub fn new(
+        plugin: &Plugin,
+        devices: &[i32],
+        peer_addresses: Vec<String>,
+        lanes_per_device: u32,
+        chunk_bytes: u32,
+    ) -> NodeFacts {
+        NodeFacts {
+            peer_addresses,
+            plugin_name: plugin.name().to_string(),
+            plugin_path: match plugin.source() {
+                PluginSource::Library(p) => p.display().to_string(),
+                PluginSource::InProcess(_) => "built-in emulation".to_string(),
+            },
+            devices: plugin
+                .devices()
+                .iter()
+                .filter(|d| devices.contains(&d.dev))
+                .map(|d| pb::NetDevice {
+                    index: d.dev,
+                    name: d.name.clone(),
+                    pci_path: d.pci_path.clone().unwrap_or_default(),
+                    speed_mbps: d.speed_mbps,
+                    host_memory: d.supports_host(),
+                    cuda_memory: d.supports_cuda(),
+                    unpack: d.uses_unpack(),
+                })
+                .collect(),
+            lanes_per_device,
+            chunk_bytes,
+            gpus: OnceCell::new(),
+        }
+    }
+
+    /// The CUDA devices, read once (the driver's first use can take a while: off the runtime).
+    async fn gpus(&self) -> Result<Vec<pb::GpuDevice>, Status> {
+        self.gpus
+            .get_or_try_init(|| async {
+                let list = tokio::task::spawn_blocking(crate::gpu::list_devices)
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?
+                    .map_err(|e| Status::internal(format!("listing CUDA devices: {e}")))?;
+                Ok::<_, Status>(
+                    list.into_iter()
+                        .map(|g| pb::GpuDevice {
+                            ordinal: g.ordinal as u32,
+                            name: g.name,
+                            pci_bus_id: g.pci_bus_id,
+                            total_memory_bytes: g.total_memory,
+                            compute_capability_major: g.compute_capability.0.max(0) as u32,
+                            compute_capability_minor: g.compute_capability.1.max(0) as u32,
+                        })
+                        .collect(),
+                )
+            })
+            .await
+            .cloned()
+    }
+
+    /// The `DescribeNode` answer.
+    pub async fn describe(&self, node_id: &str) -> Result<pb::NodeDescription, Status> {
+        Ok(pb::NodeDescription {
+            node_id: node_id.to_string(),
+            peer_addresses: self.peer_addresses.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            plugin_name: self.plugin_name.clone(),
+            plugin_path: self.plugin_path.clone(),
+            devices: self.devices.clone(),
+            gpus: self.gpus().await?,
+            lanes_per_device: self.lanes_per_device,
+            chunk_bytes: self.chunk_bytes,
+            peer_protocol_version: crate::peers::PROTOCOL_VERSION,
+        })
+    }
+}
