@@ -1,0 +1,387 @@
+//! Plugin completions (sends done, receives consumed), peer failures, cancellation, deadlines,
+//! and posting what the windows allow.
+
+use super::*;
+
+impl Engine {
+    /// The oldest posted send on a lane completed.
+    pub fn send_done(&mut self, peer: PeerIdx, lane: u32) {
+        let Some(l) = self
+            .peers
+            .get_mut(peer.0 as usize)
+            .and_then(|p| p.send.get_mut(lane as usize))
+        else {
+            return;
+        };
+        let Some(item) = l.posted.pop_front() else {
+            return;
+        };
+        l.bytes += u64::from(item.len);
+        l.chunks += 1;
+        if let Some(o) = self.out_offers.get_mut(&item.offer) {
+            o.unfinished -= 1;
+            let (transfer, finished) = (o.transfer, o.unfinished == 0 && (o.done || o.cancelled));
+            if finished {
+                self.drop_out_offer(item.offer);
+            }
+            if let Some(t) = transfer {
+                self.add_progress(t, u64::from(item.len));
+            }
+        }
+        self.pump(peer);
+    }
+
+    /// The oldest posted receive on a lane was unpacked and consumed (`Err`: its unpack failed).
+    pub fn recv_consumed(&mut self, peer: PeerIdx, lane: u32, result: Result<(), String>) {
+        let Some(l) = self
+            .peers
+            .get_mut(peer.0 as usize)
+            .and_then(|p| p.recv.get_mut(lane as usize))
+        else {
+            return;
+        };
+        let Some(item) = l.posted.pop_front() else {
+            return;
+        };
+        l.bytes += u64::from(item.len);
+        l.chunks += 1;
+        let key = (peer, item.offer);
+        if let Some(o) = self.in_offers.get_mut(&key) {
+            o.chunks_done += 1;
+            if let Err(why) = result
+                && !o.discard
+            {
+                o.discard = true;
+                o.failed = true;
+                let offer_id = item.offer;
+                self.actions.push_back(Action::Control {
+                    peer,
+                    msg: PeerMsg::Failed {
+                        offer_id,
+                        code: Code::Internal,
+                        message: why.clone(),
+                    },
+                });
+                if let Some(t) = o.read.and_then(|r| self.reads.get(&r)).map(|r| r.transfer) {
+                    self.fail_transfer(t, Code::Internal, &format!("unpack failed: {why}"), None);
+                }
+            }
+            let Some(o) = self.in_offers.get_mut(&key) else {
+                return;
+            };
+            if !o.discard {
+                o.bytes_done += u64::from(item.len);
+            }
+            let (read, discard) = (o.read, o.discard);
+            if !discard && let Some(t) = read.and_then(|r| self.reads.get(&r)).map(|r| r.transfer) {
+                self.add_progress(t, u64::from(item.len));
+            }
+            if self.in_offers[&key].chunks_done == self.in_offers[&key].chunks_total {
+                self.finish_in_offer(peer, item.offer);
+            }
+        }
+        self.pump(peer);
+    }
+
+    pub(super) fn finish_in_offer(&mut self, peer: PeerIdx, offer_id: u64) {
+        let o = self.in_offers.remove(&(peer, offer_id)).expect("present");
+        for &(b, _) in &o.dests {
+            self.unuse_buffer(b);
+        }
+        if o.discard {
+            if let Some(rid) = o.read {
+                self.reads.remove(&rid);
+            }
+            return;
+        }
+        self.actions.push_back(Action::Control {
+            peer,
+            msg: PeerMsg::Done { offer_id },
+        });
+        if !o.notification.is_empty() {
+            self.actions.push_back(Action::Notify {
+                peer,
+                offer_id,
+                payload: o.notification,
+                buffers: o.dests.iter().map(|d| d.0).collect(),
+            });
+        }
+        if let Some(rid) = o.read
+            && let Some(r) = self.reads.remove(&rid)
+        {
+            self.part_done(r.transfer);
+        }
+    }
+
+    /// The lane (or control stream) of a peer failed: every transfer touching it fails.
+    pub fn peer_failed(&mut self, peer: PeerIdx, reason: &str) {
+        let Some(p) = self.peers.get_mut(peer.0 as usize) else {
+            return;
+        };
+        if p.failed.is_some() {
+            return;
+        }
+        p.failed = Some(reason.to_string());
+        let node = p.node_id.clone();
+        for l in p.send.iter_mut().chain(p.recv.iter_mut()) {
+            l.queue.clear();
+            l.posted.clear();
+            l.ready = false;
+        }
+        let msg = format!("peer {node} failed: {reason}");
+        let outs: Vec<u64> = self
+            .out_offers
+            .iter()
+            .filter(|(_, o)| o.peer == peer)
+            .map(|(&id, _)| id)
+            .collect();
+        let mut hit: Vec<TransferId> = Vec::new();
+        for id in outs {
+            if let Some(t) = self.out_offers[&id].transfer {
+                hit.push(t);
+            }
+            self.drop_out_offer(id);
+        }
+        let ins: Vec<u64> = self
+            .in_offers
+            .keys()
+            .filter(|(p, _)| *p == peer)
+            .map(|&(_, id)| id)
+            .collect();
+        for id in ins {
+            let o = self.in_offers.remove(&(peer, id)).expect("present");
+            for &(b, _) in &o.dests {
+                self.unuse_buffer(b);
+            }
+        }
+        let reads: Vec<u64> = self
+            .reads
+            .iter()
+            .filter(|(_, r)| r.peer == peer)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in reads {
+            hit.push(self.reads.remove(&id).expect("present").transfer);
+        }
+        for t in hit {
+            self.fail_transfer(t, Code::Unavailable, &msg, None);
+        }
+        self.actions.push_back(Action::ClosePeer {
+            peer,
+            reason: reason.to_string(),
+        });
+    }
+
+    // ---- cancellation and time ----------------------------------------------------------------
+
+    /// Cancels a transfer. `false` when it already ended (or never existed).
+    pub fn cancel(&mut self, id: TransferId, code: Code, message: &str) -> bool {
+        if !self.transfers.contains_key(&id) {
+            return false;
+        }
+        self.fail_transfer(id, code, message, None);
+        true
+    }
+
+    /// Fails every transfer whose deadline passed.
+    pub fn tick(&mut self, now: Instant) {
+        while let Some(&(when, id)) = self.deadlines.first() {
+            if when > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            if self.transfers.contains_key(&id) {
+                self.fail_transfer(id, Code::DeadlineExceeded, "the transfer's deadline passed", None);
+            }
+        }
+    }
+
+    /// The next deadline, for the driver's sleep.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.first().map(|&(t, _)| t)
+    }
+
+    /// Ends a transfer with an error; stops its parts on both sides (slots drain normally).
+    pub(super) fn fail_transfer(&mut self, id: TransferId, code: Code, message: &str, entry: Option<usize>) {
+        let Some(mut t) = self.transfers.remove(&id) else {
+            return;
+        };
+        self.deadlines.remove(&(t.deadline, id));
+        for part in std::mem::take(&mut t.parts) {
+            match t.kind {
+                TransferKind::Write => {
+                    if self.out_offers.contains_key(&part) {
+                        self.cancel_out_offer(part, Some((code, message.to_string())));
+                    }
+                }
+                TransferKind::Read => {
+                    if let Some(r) = self.reads.get_mut(&part) {
+                        r.cancelled = true;
+                        let (peer, offer) = (r.peer, r.offer);
+                        self.actions.push_back(Action::Control {
+                            peer,
+                            msg: PeerMsg::CancelRead { read_id: part },
+                        });
+                        match offer.and_then(|o| self.in_offers.get_mut(&(peer, o))) {
+                            // Data already agreed on keeps coming; it is discarded.
+                            Some(o) => o.discard = true,
+                            None => {
+                                self.reads.remove(&part);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for p in &t.peers {
+            self.peers[p.0 as usize].transfers_failed += 1;
+        }
+        let entries = (0..t.entries.len())
+            .map(|i| match (&t.entries[i], entry) {
+                (Some(s), _) => s.clone(),
+                (None, Some(e)) if e == i => (code, message.to_string()),
+                (None, Some(_)) => (
+                    Code::Aborted,
+                    format!("not completed: another entry failed: {message}"),
+                ),
+                (None, None) => (code, message.to_string()),
+            })
+            .collect();
+        self.actions.push_back(Action::Finished {
+            transfer: id,
+            outcome: Outcome {
+                code,
+                message: message.to_string(),
+                entries,
+            },
+        });
+    }
+
+    /// Stops an offer we made: unaccepted, it is withdrawn; accepted, its remaining chunks go out
+    /// empty. The peer is told unless `notify` is `None`.
+    pub(super) fn cancel_out_offer(&mut self, offer_id: u64, notify: Option<(Code, String)>) {
+        let Some(o) = self.out_offers.get_mut(&offer_id) else {
+            return;
+        };
+        if o.cancelled {
+            return;
+        }
+        o.cancelled = true;
+        let peer = o.peer;
+        if let Some((code, message)) = notify {
+            self.actions.push_back(Action::Control {
+                peer,
+                msg: PeerMsg::CancelOffer {
+                    offer_id,
+                    code,
+                    message,
+                },
+            });
+        }
+        let o = &self.out_offers[&offer_id];
+        if o.accepted {
+            let p = &mut self.peers[peer.0 as usize];
+            for l in &mut p.send {
+                for item in l.queue.iter_mut().filter(|i| i.offer == offer_id) {
+                    item.len = 0;
+                }
+            }
+            if o.unfinished == 0 {
+                self.drop_out_offer(offer_id);
+            }
+        }
+        // Unaccepted: kept until the peer's Accept (then sent empty) or Reject arrives.
+    }
+
+    pub(super) fn drop_out_offer(&mut self, offer_id: u64) {
+        if let Some(o) = self.out_offers.remove(&offer_id) {
+            for &(b, _) in &o.sources {
+                self.unuse_buffer(b);
+            }
+        }
+    }
+
+    pub(super) fn add_progress(&mut self, id: TransferId, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        if let Some(t) = self.transfers.get_mut(&id) {
+            t.done_bytes += bytes;
+            self.actions.push_back(Action::Progress {
+                transfer: id,
+                bytes_done: t.done_bytes,
+                total: t.total,
+                running: t.running,
+            });
+        }
+    }
+
+    pub(super) fn part_done(&mut self, id: TransferId) {
+        let Some(t) = self.transfers.get_mut(&id) else {
+            return;
+        };
+        t.pending_parts -= 1;
+        if t.pending_parts > 0 {
+            return;
+        }
+        let t = self.transfers.remove(&id).expect("present");
+        self.deadlines.remove(&(t.deadline, id));
+        for p in &t.peers {
+            self.peers[p.0 as usize].transfers_ok += 1;
+        }
+        self.actions.push_back(Action::Progress {
+            transfer: id,
+            bytes_done: t.total,
+            total: t.total,
+            running: true,
+        });
+        self.actions.push_back(Action::Finished {
+            transfer: id,
+            outcome: Outcome {
+                code: Code::Ok,
+                message: String::new(),
+                entries: vec![(Code::Ok, String::new()); t.entries.len()],
+            },
+        });
+    }
+
+    /// Posts what the windows allow on every lane of a peer.
+    pub(super) fn pump(&mut self, peer: PeerIdx) {
+        let (send_window, recv_window) = (self.cfg.send_window, self.cfg.recv_window);
+        let Some(p) = self.peers.get_mut(peer.0 as usize) else {
+            return;
+        };
+        if p.failed.is_some() {
+            return;
+        }
+        for (lane, l) in p.send.iter_mut().enumerate() {
+            while l.ready && l.posted.len() < send_window {
+                let Some(item) = l.queue.pop_front() else { break };
+                l.posted.push_back(item);
+                self.actions.push_back(Action::PostSend {
+                    peer,
+                    lane: lane as u32,
+                    buffer: item.buffer,
+                    offset: item.offset,
+                    len: item.len,
+                });
+            }
+        }
+        for (lane, l) in p.recv.iter_mut().enumerate() {
+            while l.ready && l.posted.len() < recv_window {
+                let Some(item) = l.queue.pop_front() else { break };
+                l.posted.push_back(item);
+                self.actions.push_back(Action::PostRecv {
+                    peer,
+                    lane: lane as u32,
+                    buffer: item.buffer,
+                    offset: item.offset,
+                    len: item.len,
+                });
+            }
+        }
+        for l in p.send.iter_mut().chain(p.recv.iter_mut()) {
+            l.note_window();
+        }
+    }
+}

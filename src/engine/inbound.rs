@@ -1,0 +1,431 @@
+//! Control messages from peers, in stream order: offers, accepts, rejects, completions,
+//! cancellations and read requests.
+
+use super::*;
+
+impl Engine {
+    /// Handles one control message from a peer, in stream order.
+    pub fn on_message(&mut self, peer: PeerIdx, msg: PeerMsg, now: Instant) {
+        if self.peers.get(peer.0 as usize).is_none_or(|p| p.failed.is_some()) {
+            return;
+        }
+        match msg {
+            PeerMsg::Offer(offer) => self.on_offer(peer, offer),
+            PeerMsg::Accept { offer_id } => self.on_accept(peer, offer_id),
+            PeerMsg::Reject {
+                offer_id,
+                code,
+                message,
+                range_index,
+            } => self.on_reject(peer, offer_id, code, &message, range_index),
+            PeerMsg::Done { offer_id } => self.on_done(peer, offer_id),
+            PeerMsg::Failed {
+                offer_id,
+                code,
+                message,
+            } => self.on_remote_failed(peer, offer_id, code, &message),
+            PeerMsg::CancelOffer {
+                offer_id,
+                code,
+                message,
+            } => self.on_cancel_offer(peer, offer_id, code, &message),
+            PeerMsg::ReadRequest {
+                read_id,
+                pairs,
+                deadline_ms,
+            } => self.on_read_request(peer, read_id, pairs, deadline_ms, now),
+            PeerMsg::ReadReject {
+                read_id,
+                code,
+                message,
+                range_index,
+            } => self.on_read_reject(peer, read_id, code, &message, range_index),
+            PeerMsg::CancelRead { read_id } => self.on_cancel_read(peer, read_id),
+            PeerMsg::Goodbye { reason } => {
+                self.peer_failed(peer, &format!("the peer ended the pairing: {reason}"))
+            }
+        }
+    }
+
+    /// Checks a range of one of our buffers as a peer claims it.
+    pub(super) fn check_claimed(&self, i: usize, r: &RemoteRange) -> Result<(), (Code, String)> {
+        let b = self.buffers.get(&r.buffer_id).ok_or_else(|| {
+            (
+                Code::NotFound,
+                format!("ranges[{i}]: buffer {} does not exist", r.buffer_id),
+            )
+        })?;
+        if !keys_equal(&b.key, &r.access_key) {
+            return Err((
+                Code::PermissionDenied,
+                format!("ranges[{i}]: wrong access key for buffer {}", r.buffer_id),
+            ));
+        }
+        if r.length == 0 {
+            return Err((
+                Code::InvalidArgument,
+                format!("ranges[{i}]: length must be at least 1 byte"),
+            ));
+        }
+        check_bounds(&format!("ranges[{i}]"), r.buffer_id, b.size, r.offset, r.length)
+            .map_err(|e| (e.code, e.message))
+    }
+
+    pub(super) fn on_offer(&mut self, peer: PeerIdx, offer: Offer) {
+        let reject = |code: Code, message: String, range_index: u32| PeerMsg::Reject {
+            offer_id: offer.offer_id,
+            code,
+            message,
+            range_index,
+        };
+        let lanes = self.peers[peer.0 as usize].recv.len() as u32;
+        let verdict: Result<(), (Code, String, u32)> = (|| {
+            if self.in_offers.contains_key(&(peer, offer.offer_id)) {
+                return Err((
+                    Code::AlreadyExists,
+                    format!("offer {} is already active", offer.offer_id),
+                    0,
+                ));
+            }
+            plan::check_chunk_bytes(u64::from(offer.chunk_bytes))
+                .map_err(|e| (Code::InvalidArgument, e, 0))?;
+            if lanes == 0 || offer.first_lane >= lanes {
+                return Err((
+                    Code::InvalidArgument,
+                    format!("first_lane {} is not below the {lanes} lanes", offer.first_lane),
+                    0,
+                ));
+            }
+            if offer.ranges.is_empty() || offer.ranges.len() > self.cfg.max_entries {
+                return Err((
+                    Code::InvalidArgument,
+                    format!(
+                        "{} ranges (1 to {} allowed)",
+                        offer.ranges.len(),
+                        self.cfg.max_entries
+                    ),
+                    0,
+                ));
+            }
+            if offer.notification.len() > self.cfg.max_notification {
+                return Err((
+                    Code::InvalidArgument,
+                    format!(
+                        "notification of {} bytes exceeds {}",
+                        offer.notification.len(),
+                        self.cfg.max_notification
+                    ),
+                    0,
+                ));
+            }
+            for (i, r) in offer.ranges.iter().enumerate() {
+                self.check_claimed(i, r).map_err(|(c, m)| (c, m, i as u32))?;
+            }
+            if offer.read_id != 0 {
+                let read = self.reads.get(&offer.read_id).filter(|r| r.peer == peer);
+                let Some(read) = read else {
+                    return Err((Code::NotFound, format!("read {} is unknown", offer.read_id), 0));
+                };
+                if read.cancelled || read.offer.is_some() {
+                    return Err((
+                        Code::Cancelled,
+                        format!("read {} is no longer waiting", offer.read_id),
+                        0,
+                    ));
+                }
+                let asked: Vec<&RemoteRange> = read.pairs.iter().map(|p| &p.dest).collect();
+                if asked.len() != offer.ranges.len() || asked.iter().zip(&offer.ranges).any(|(a, b)| *a != b)
+                {
+                    return Err((
+                        Code::InvalidArgument,
+                        format!("offer does not match read {}", offer.read_id),
+                        0,
+                    ));
+                }
+            }
+            Ok(())
+        })();
+        if let Err((code, message, idx)) = verdict {
+            self.actions.push_back(Action::Control {
+                peer,
+                msg: reject(code, message, idx),
+            });
+            return;
+        }
+        let lengths: Vec<u64> = offer.ranges.iter().map(|r| r.length).collect();
+        let dests: Vec<(u64, u64)> = offer.ranges.iter().map(|r| (r.buffer_id, r.offset)).collect();
+        for &(b, _) in &dests {
+            self.use_buffer(b);
+        }
+        let mut chunks_total = 0u64;
+        let p = &mut self.peers[peer.0 as usize];
+        for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, lanes) {
+            let (b, off) = dests[c.range as usize];
+            p.recv[c.lane as usize].queue.push_back(Item {
+                offer: offer.offer_id,
+                buffer: b,
+                offset: off + c.offset,
+                len: c.len,
+            });
+            chunks_total += 1;
+        }
+        let read = (offer.read_id != 0).then_some(offer.read_id);
+        if let Some(rid) = read {
+            let r = self.reads.get_mut(&rid).expect("checked");
+            r.offer = Some(offer.offer_id);
+            let t = r.transfer;
+            self.set_running(t);
+        }
+        self.in_offers.insert(
+            (peer, offer.offer_id),
+            InOffer {
+                read,
+                dests,
+                chunks_total,
+                chunks_done: 0,
+                bytes_done: 0,
+                discard: false,
+                failed: false,
+                notification: offer.notification,
+            },
+        );
+        self.actions.push_back(Action::Control {
+            peer,
+            msg: PeerMsg::Accept {
+                offer_id: offer.offer_id,
+            },
+        });
+        self.pump(peer);
+    }
+
+    pub(super) fn set_running(&mut self, id: TransferId) {
+        if let Some(t) = self.transfers.get_mut(&id)
+            && !t.running
+        {
+            t.running = true;
+            self.actions.push_back(Action::Progress {
+                transfer: id,
+                bytes_done: t.done_bytes,
+                total: t.total,
+                running: true,
+            });
+        }
+    }
+
+    pub(super) fn on_accept(&mut self, peer: PeerIdx, offer_id: u64) {
+        let Some(o) = self
+            .out_offers
+            .get_mut(&offer_id)
+            .filter(|o| o.peer == peer && !o.accepted)
+        else {
+            return;
+        };
+        o.accepted = true;
+        let lanes = self.peers[peer.0 as usize].send.len() as u32;
+        let p = &mut self.peers[peer.0 as usize];
+        let mut n = 0u64;
+        for c in ChunkPlan::new(&o.lengths, o.chunk_bytes, o.first_lane, lanes) {
+            let (b, off) = o.sources[c.range as usize];
+            p.send[c.lane as usize].queue.push_back(Item {
+                offer: offer_id,
+                buffer: b,
+                offset: off + c.offset,
+                // A cancelled offer still meets every posted receive, with nothing in it.
+                len: if o.cancelled { 0 } else { c.len },
+            });
+            n += 1;
+        }
+        o.unfinished = n;
+        if let Some(t) = o.transfer {
+            self.set_running(t);
+        }
+        self.pump(peer);
+    }
+
+    pub(super) fn on_reject(
+        &mut self,
+        peer: PeerIdx,
+        offer_id: u64,
+        code: Code,
+        message: &str,
+        range_index: u32,
+    ) {
+        let Some(o) = self
+            .out_offers
+            .get(&offer_id)
+            .filter(|o| o.peer == peer && !o.accepted)
+        else {
+            return;
+        };
+        let entry = o.entries.get(range_index as usize).copied();
+        let transfer = o.transfer;
+        self.drop_out_offer(offer_id);
+        if let Some(t) = transfer {
+            let node = self.peers[peer.0 as usize].node_id.clone();
+            let msg = match entry {
+                Some(e) => format!("entries[{e}]: node {node} refused: {message}"),
+                None => format!("node {node} refused: {message}"),
+            };
+            self.fail_transfer(t, code, &msg, entry);
+        }
+    }
+
+    pub(super) fn on_done(&mut self, peer: PeerIdx, offer_id: u64) {
+        let Some(o) = self
+            .out_offers
+            .get_mut(&offer_id)
+            .filter(|o| o.peer == peer && o.accepted)
+        else {
+            return;
+        };
+        o.done = true;
+        let transfer = o.transfer;
+        let finished = o.unfinished == 0;
+        let entries = o.entries.clone();
+        if finished {
+            self.drop_out_offer(offer_id);
+        }
+        if let Some(t) = transfer {
+            if let Some(tr) = self.transfers.get_mut(&t) {
+                for e in entries {
+                    tr.entries[e] = Some((Code::Ok, String::new()));
+                }
+            }
+            self.part_done(t);
+        }
+    }
+
+    pub(super) fn on_remote_failed(&mut self, peer: PeerIdx, offer_id: u64, code: Code, message: &str) {
+        let Some(o) = self.out_offers.get(&offer_id).filter(|o| o.peer == peer) else {
+            return;
+        };
+        let transfer = o.transfer;
+        self.cancel_out_offer(offer_id, None);
+        if let Some(t) = transfer {
+            let node = self.peers[peer.0 as usize].node_id.clone();
+            self.fail_transfer(
+                t,
+                code,
+                &format!("node {node} failed the transfer: {message}"),
+                None,
+            );
+        }
+    }
+
+    pub(super) fn on_cancel_offer(&mut self, peer: PeerIdx, offer_id: u64, code: Code, message: &str) {
+        let Some(o) = self.in_offers.get_mut(&(peer, offer_id)) else {
+            return;
+        };
+        o.discard = true;
+        let read = o.read;
+        if let Some(rid) = read
+            && let Some(r) = self.reads.get(&rid)
+        {
+            let t = r.transfer;
+            let node = self.peers[peer.0 as usize].node_id.clone();
+            self.fail_transfer(
+                t,
+                code,
+                &format!("node {node} gave up serving the read: {message}"),
+                None,
+            );
+        }
+    }
+
+    pub(super) fn on_read_request(
+        &mut self,
+        peer: PeerIdx,
+        read_id: u64,
+        pairs: Vec<ReadPair>,
+        deadline_ms: u64,
+        _now: Instant,
+    ) {
+        let verdict: Result<(), (Code, String, u32)> = (|| {
+            if pairs.is_empty() || pairs.len() > self.cfg.max_entries {
+                return Err((
+                    Code::InvalidArgument,
+                    format!("{} ranges (1 to {} allowed)", pairs.len(), self.cfg.max_entries),
+                    0,
+                ));
+            }
+            for (i, p) in pairs.iter().enumerate() {
+                self.check_claimed(i, &p.source)
+                    .map_err(|(c, m)| (c, m, i as u32))?;
+                if p.dest.length != p.source.length {
+                    return Err((
+                        Code::InvalidArgument,
+                        format!("ranges[{i}]: source and destination lengths differ"),
+                        i as u32,
+                    ));
+                }
+            }
+            Ok(())
+        })();
+        if let Err((code, message, range_index)) = verdict {
+            self.actions.push_back(Action::Control {
+                peer,
+                msg: PeerMsg::ReadReject {
+                    read_id,
+                    code,
+                    message,
+                    range_index,
+                },
+            });
+            return;
+        }
+        let offer_id = self.next_offer;
+        self.next_offer += 1;
+        let lengths: Vec<u64> = pairs.iter().map(|p| p.source.length).collect();
+        let sources: Vec<(u64, u64)> = pairs
+            .iter()
+            .map(|p| (p.source.buffer_id, p.source.offset))
+            .collect();
+        let ranges: Vec<RemoteRange> = pairs.into_iter().map(|p| p.dest).collect();
+        let entries = (0..ranges.len()).collect();
+        let msg = self.make_offer(
+            peer,
+            offer_id,
+            read_id,
+            None,
+            entries,
+            sources,
+            lengths,
+            ranges,
+            Vec::new(),
+            deadline_ms,
+        );
+        self.actions.push_back(Action::Control { peer, msg });
+    }
+
+    pub(super) fn on_read_reject(
+        &mut self,
+        peer: PeerIdx,
+        read_id: u64,
+        code: Code,
+        message: &str,
+        range_index: u32,
+    ) {
+        let Some(r) = self.reads.get(&read_id).filter(|r| r.peer == peer) else {
+            return;
+        };
+        let entry = r.entries.get(range_index as usize).copied();
+        let t = r.transfer;
+        self.reads.remove(&read_id);
+        let node = self.peers[peer.0 as usize].node_id.clone();
+        let msg = match entry {
+            Some(e) => format!("entries[{e}]: node {node} refused: {message}"),
+            None => format!("node {node} refused: {message}"),
+        };
+        self.fail_transfer(t, code, &msg, entry);
+    }
+
+    pub(super) fn on_cancel_read(&mut self, peer: PeerIdx, read_id: u64) {
+        // Our offer serving that read (made when the request came) stops sending real bytes.
+        let offer = self.out_offers.iter().find_map(|(&id, o)| {
+            (o.peer == peer && o.transfer.is_none() && o.read_id == read_id).then_some(id)
+        });
+        if let Some(id) = offer {
+            self.cancel_out_offer(id, Some((Code::Cancelled, "the reader cancelled".to_string())));
+        }
+    }
+}

@@ -1,0 +1,244 @@
+//! Starting transfers: validating a WRITE or READ against local buffers, peers and limits, and
+//! making the offers and read requests that carry it to the peers.
+
+use super::*;
+
+impl Engine {
+    pub(super) fn check_common(&self, entries: usize, notification: usize) -> EngineResult<()> {
+        if entries == 0 {
+            return Err(EngineError::invalid("entries: at least one entry is required"));
+        }
+        if entries > self.cfg.max_entries {
+            return Err(EngineError::invalid(format!(
+                "entries: {entries} entries exceed the limit of {}",
+                self.cfg.max_entries
+            )));
+        }
+        if notification > self.cfg.max_notification {
+            return Err(EngineError::invalid(format!(
+                "notification: {notification} bytes exceed the limit of {} bytes",
+                self.cfg.max_notification
+            )));
+        }
+        Ok(())
+    }
+
+    /// Validates a transfer's entries against local buffers, limits and peers; returns the total
+    /// bytes. Field names in errors are the API's (`entries[i].…`).
+    pub(super) fn check_entries(&self, specs: &[EntrySpec], notification: usize) -> EngineResult<u64> {
+        self.check_common(specs.len(), notification)?;
+        let mut total = 0u64;
+        for (i, s) in specs.iter().enumerate() {
+            if s.remote.length == 0 {
+                return Err(EngineError::invalid(format!(
+                    "entries[{i}].length: must be at least 1 byte"
+                )));
+            }
+            self.check_local(
+                &format!("entries[{i}].local_buffer_id"),
+                s.local_buffer,
+                s.local_offset,
+                s.remote.length,
+            )?;
+            if range_end(s.remote.offset, s.remote.length).is_none() {
+                return Err(EngineError::invalid(format!(
+                    "entries[{i}].remote_offset: {} + length {} overflows 64 bits",
+                    s.remote.offset, s.remote.length
+                )));
+            }
+            self.live_peer(&format!("entries[{i}].remote_descriptor"), s.peer)?;
+            total += s.remote.length;
+        }
+        Ok(total)
+    }
+
+    /// Records one peer's share of a transfer (an offer id or a read id).
+    pub(super) fn add_part(&mut self, id: TransferId, part: u64, peer: PeerIdx) {
+        let t = self.transfers.get_mut(&id).expect("just created");
+        t.parts.push(part);
+        t.pending_parts += 1;
+        t.peers.push(peer);
+        self.peers[peer.0 as usize].transfers_started += 1;
+    }
+
+    /// The first progress event of a new transfer.
+    pub(super) fn announce(&mut self, id: TransferId, total: u64) {
+        self.actions.push_back(Action::Progress {
+            transfer: id,
+            bytes_done: 0,
+            total,
+            running: false,
+        });
+    }
+
+    pub(super) fn new_transfer(
+        &mut self,
+        kind: TransferKind,
+        total: u64,
+        entries: usize,
+        deadline: Instant,
+    ) -> TransferId {
+        let id = TransferId(self.next_transfer);
+        self.next_transfer += 1;
+        self.transfers.insert(
+            id,
+            Transfer {
+                kind,
+                total,
+                done_bytes: 0,
+                entries: vec![None; entries],
+                pending_parts: 0,
+                parts: Vec::new(),
+                deadline,
+                running: false,
+                peers: Vec::new(),
+            },
+        );
+        self.deadlines.insert((deadline, id));
+        id
+    }
+
+    /// Starts a WRITE. Validates everything local (buffers, bounds, peers, limits) first: on error
+    /// nothing changed.
+    pub fn start_write(
+        &mut self,
+        specs: Vec<WriteSpec>,
+        notification: Vec<u8>,
+        deadline: Instant,
+        now: Instant,
+    ) -> EngineResult<TransferId> {
+        let total = self.check_entries(&specs, notification.len())?;
+        let id = self.new_transfer(TransferKind::Write, total, specs.len(), deadline);
+        // One offer per peer, ranges in entry order.
+        let by_peer = group_by_peer(&specs);
+        let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
+        for (peer, idxs) in by_peer {
+            let offer_id = self.next_offer;
+            self.next_offer += 1;
+            let lengths: Vec<u64> = idxs.iter().map(|&i| specs[i].remote.length).collect();
+            let sources: Vec<(u64, u64)> = idxs
+                .iter()
+                .map(|&i| (specs[i].local_buffer, specs[i].local_offset))
+                .collect();
+            let ranges: Vec<RemoteRange> = idxs.iter().map(|&i| specs[i].remote.clone()).collect();
+            let msg = self.make_offer(
+                peer,
+                offer_id,
+                0,
+                Some(id),
+                idxs,
+                sources,
+                lengths,
+                ranges,
+                notification.clone(),
+                deadline_ms,
+            );
+            self.actions.push_back(Action::Control { peer, msg });
+            self.add_part(id, offer_id, peer);
+        }
+        self.announce(id, total);
+        Ok(id)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn make_offer(
+        &mut self,
+        peer: PeerIdx,
+        offer_id: u64,
+        read_id: u64,
+        transfer: Option<TransferId>,
+        entries: Vec<usize>,
+        sources: Vec<(u64, u64)>,
+        lengths: Vec<u64>,
+        ranges: Vec<RemoteRange>,
+        notification: Vec<u8>,
+        deadline_ms: u64,
+    ) -> PeerMsg {
+        let lanes = self.peers[peer.0 as usize].send.len() as u32;
+        let first_lane = self.peers[peer.0 as usize].next_lane % lanes;
+        let chunks = ChunkPlan::count(&lengths, self.cfg.chunk_bytes);
+        self.peers[peer.0 as usize].next_lane = ((u64::from(first_lane) + chunks) % u64::from(lanes)) as u32;
+        for &(b, _) in &sources {
+            self.use_buffer(b);
+        }
+        self.out_offers.insert(
+            offer_id,
+            OutOffer {
+                peer,
+                transfer,
+                read_id,
+                entries,
+                sources,
+                lengths,
+                chunk_bytes: self.cfg.chunk_bytes,
+                first_lane,
+                accepted: false,
+                cancelled: false,
+                unfinished: 0,
+                done: false,
+            },
+        );
+        PeerMsg::Offer(Offer {
+            offer_id,
+            read_id,
+            chunk_bytes: self.cfg.chunk_bytes,
+            first_lane,
+            ranges,
+            notification,
+            deadline_ms,
+        })
+    }
+
+    /// Starts a READ: asks each peer holding data for an offer into our buffers.
+    pub fn start_read(
+        &mut self,
+        specs: Vec<ReadSpec>,
+        deadline: Instant,
+        now: Instant,
+    ) -> EngineResult<TransferId> {
+        let total = self.check_entries(&specs, 0)?;
+        let id = self.new_transfer(TransferKind::Read, total, specs.len(), deadline);
+        let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
+        for (peer, idxs) in group_by_peer(&specs) {
+            let read_id = self.next_read;
+            self.next_read += 1;
+            let pairs: Vec<ReadPair> = idxs
+                .iter()
+                .map(|&i| {
+                    let s = &specs[i];
+                    ReadPair {
+                        source: s.remote.clone(),
+                        dest: RemoteRange {
+                            buffer_id: s.local_buffer,
+                            access_key: self.buffers[&s.local_buffer].key,
+                            offset: s.local_offset,
+                            length: s.remote.length,
+                        },
+                    }
+                })
+                .collect();
+            self.actions.push_back(Action::Control {
+                peer,
+                msg: PeerMsg::ReadRequest {
+                    read_id,
+                    pairs: pairs.clone(),
+                    deadline_ms,
+                },
+            });
+            self.reads.insert(
+                read_id,
+                ReadPart {
+                    peer,
+                    transfer: id,
+                    entries: idxs,
+                    pairs,
+                    offer: None,
+                    cancelled: false,
+                },
+            );
+            self.add_part(id, read_id, peer);
+        }
+        self.announce(id, total);
+        Ok(id)
+    }
+}
