@@ -215,3 +215,23 @@ def test_tcp_endpoint_sends_the_api_token(tmp_root):
                 c.list_buffers()
     finally:
         stop_daemon(d)
+
+
+def test_waiting_transfers_take_one_round_trip(clients, monkeypatch):
+    """write()/read() and the batch forms ask the daemon to `wait`: one call, no WaitTransfer."""
+    ca, cb = clients
+    calls = []
+    unary = tcpxd.Client._unary
+
+    def counting(self, name, req, timeout=-1.0):
+        calls.append(name)
+        return unary(self, name, req, timeout)
+
+    with ca.register_host(MIB) as src, cb.register_host(MIB) as dst:
+        monkeypatch.setattr(tcpxd.Client, "_unary", counting)
+        ca.write(src, dst, 4096)
+        ca.read(dst, src, 4096)
+        ca.write_batch([tcpxd.WriteOp(src, dst, 4096)])
+        ca.read_batch([tcpxd.ReadOp(dst, src, 4096)])
+        monkeypatch.setattr(tcpxd.Client, "_unary", unary)
+    assert calls == ["Write", "Read", "WriteBatch", "ReadBatch"]

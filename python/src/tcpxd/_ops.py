@@ -246,7 +246,7 @@ def read_batch_request(ops: Sequence[ReadOp], timeout: Optional[float], wait: bo
 
 def final_event(started: Any) -> Optional[Any]:
     """The final TransferEvent a `wait` call carried, if the daemon sent one."""
-    if "final" in started.DESCRIPTOR.fields_by_name and started.HasField("final"):
+    if _proto.has_field("TransferStarted", "final") and started.HasField("final"):
         return started.final
     return None
 

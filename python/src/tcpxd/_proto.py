@@ -60,6 +60,7 @@ def method(name: str) -> MethodDescriptor:
     return service().methods_by_name[name]
 
 
+@functools.lru_cache(maxsize=None)
 def has_field(msg: str, field: str) -> bool:
     return field in message(msg).DESCRIPTOR.fields_by_name
 
