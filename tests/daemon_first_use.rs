@@ -335,5 +335,40 @@ async fn advertised_addresses_come_from_the_configuration() {
         a.daemon.peer_addresses,
         ["node-adv.example:50052", "10.1.2.3:50052"]
     );
+    // tcpxctl describe shows the same (JSON and text).
+    let endpoint = format!("unix:{}", a.daemon.api_socket.display());
+    let run = |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_tcpxctl"))
+                .args(args)
+                .output()
+                .expect("tcpxctl runs")
+        })
+    };
+    let out = run(vec![
+        "--endpoint".into(),
+        endpoint.clone(),
+        "--json".into(),
+        "describe".into(),
+    ])
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["node_id"], "fu-adv");
+    assert_eq!(
+        v["peer_addresses"],
+        serde_json::json!(["node-adv.example:50052", "10.1.2.3:50052"])
+    );
+    assert_eq!(v["plugin_path"], "built-in emulation");
+    assert!(v["devices"].as_array().is_some_and(|d| !d.is_empty()), "{v}");
+    let out = run(vec!["--endpoint".into(), endpoint, "describe".into()])
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("peer addresses  node-adv.example:50052, 10.1.2.3:50052"),
+        "{text}"
+    );
     a.stop().await;
 }

@@ -72,6 +72,28 @@ def small_writes(a: Client, b: Client, size: int, iters: int, warmup: int) -> Di
     return {"p50_us": _pct(lat, 50) * 1e6, "p99_us": _pct(lat, 99) * 1e6, "avg_us": statistics.mean(lat) * 1e6}
 
 
+def noop_calls(a: Client, iters: int) -> Dict[str, float]:
+    """The gRPC floor: p50 of a call that does nothing in the daemon (DescribeBuffer), and the
+    client process's CPU time and voluntary context switches per call (grpcio's own cost)."""
+    import resource
+
+    from . import _proto
+
+    with a.register_host(4 * KIB) as buf:
+        req = _proto.message("DescribeBufferRequest")(buffer_id=buf.id)
+        for _ in range(50):
+            a._unary("DescribeBuffer", req)
+        lat = []
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            a._unary("DescribeBuffer", req)
+            lat.append(time.perf_counter() - t0)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / iters
+    return {"p50_us": _pct(lat, 50) * 1e6, "cpu_us": cpu * 1e6, "vcsw": (r1.ru_nvcsw - r0.ru_nvcsw) / iters}
+
+
 def big_write(a: Client, src: Any, dst_descriptor: str, size: int, iters: int) -> float:
     a.write(src, dst_descriptor, size)  # warm-up
     t0 = time.perf_counter()
@@ -158,7 +180,8 @@ def main(argv: Optional[List[str]] = None) -> None:
             with a.register_host(4 * KIB) as s, b.register_host(4 * KIB) as d:
                 a.write(s, d.descriptor)
             for _ in range(args.rounds):
-                r: Dict[str, Any] = {"python_4k": small_writes(a, b, 4 * KIB, args.iters, 50)}
+                r: Dict[str, Any] = {"python_noop": noop_calls(a, args.iters)}
+                r["python_4k"] = small_writes(a, b, 4 * KIB, args.iters, 50)
                 if tcpxctl:
                     r["tcpxctl_4k"] = tcpxctl_row(tcpxctl, ea, eb, 4 * KIB, args.iters, 50, False)
                 r["python_host_big_gbps"] = host_big(a, b, big, args.big_iters)
@@ -175,6 +198,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         hg = _median([r["python_host_big_gbps"] for r in rounds])
         res.update(python_4k_p50_us=p50, python_4k_p99_us=p99, python_host_big_gbps=hg)
         print(f"{args.rounds} rounds; medians over rounds ({args.iters} 4 KiB writes, {args.big_iters} x {args.big} MiB a round)")
+        noop = _median([r["python_noop"]["p50_us"] for r in rounds])
+        cpu = _median([r["python_noop"]["cpu_us"] for r in rounds])
+        vcsw = _median([r["python_noop"]["vcsw"] for r in rounds])
+        res.update(python_noop_p50_us=noop, python_noop_cpu_us=cpu, python_noop_vcsw=vcsw)
+        print(f"python  no-op call    p50 {noop:8.1f} us   (DescribeBuffer; grpcio: {cpu:.0f} us client CPU, {vcsw:.1f} context switches a call)")
         print(f"python  4 KiB write   p50 {p50:8.1f} us   p99 {p99:8.1f} us")
         print(f"python  {args.big} MiB write host    {hg:.3f} GB/s")
         if args.tensor:
