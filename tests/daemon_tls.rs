@@ -120,3 +120,53 @@ async fn only_peers_with_a_certificate_from_the_cluster_ca_pair() {
     }
     std::fs::remove_dir_all(dir).ok();
 }
+
+/// A descriptor alone pairs two daemons over mutual TLS (issue #15 point 3), and a daemon with
+/// another CA's certificate is refused on first use as on ConnectPeer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_use_of_a_descriptor_pairs_over_tls_and_refuses_other_cas() {
+    tcpxd::logging::init("error");
+    let dir = std::env::temp_dir().join(format!("tcpxd-tls-fu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, rogue) = (Ca::new(), Ca::new());
+    let ca_cfg = config(&dir, "a", &ca.node(&dir, "a"));
+    let cb_cfg = config(&dir, "b", &ca.node(&dir, "b"));
+    let rogue_cfg = config(&dir, "r", &rogue.node(&dir, "r"));
+    let mut a = daemons::start("tlsfu-a", |x| x.config = Some(ca_cfg.clone())).await;
+    let mut b = daemons::start("tlsfu-b", |x| x.config = Some(cb_cfg.clone())).await;
+    let mut r = daemons::start("tlsfu-r", |x| x.config = Some(rogue_cfg.clone())).await;
+    let x = host_buffer(&mut a.client, 4 * MIB, "x").await;
+    fill_seed(&mut a.client, x.id, 0, 0, 13).await;
+
+    // Both directions against the rogue: UNAVAILABLE naming the address, nothing paired.
+    let z = host_buffer(&mut r.client, 4 * MIB, "z").await;
+    let e = write(&mut a.client, write_entry(&x, 0, &z, 0, MIB), b"")
+        .await
+        .expect_err("a → rogue's descriptor");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{}", e.message());
+    assert!(e.message().contains(&r.peer_addr()), "{}", e.message());
+    let e = write(&mut r.client, write_entry(&z, 0, &x, 0, MIB), b"")
+        .await
+        .expect_err("rogue → a's descriptor");
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{}", e.message());
+    for c in [&mut a.client, &mut r.client] {
+        assert_eq!(peers_of(c).await, 0, "a refused peer paired nothing");
+    }
+
+    // Same CA: b's descriptor is all a needs.
+    let y = host_buffer(&mut b.client, 4 * MIB, "y").await;
+    let id = write(&mut a.client, write_entry(&x, 0, &y, 0, 4 * MIB), b"")
+        .await
+        .expect("a → b's descriptor over TLS");
+    wait_ok(&mut a.client, id).await;
+    assert_eq!(
+        crc(&mut b.client, y.id, 0, 0).await,
+        crc(&mut a.client, x.id, 0, 0).await
+    );
+    assert_eq!(peers_of(&mut a.client).await, 1);
+
+    for d in [a, b, r] {
+        d.stop().await;
+    }
+    std::fs::remove_dir_all(dir).ok();
+}
