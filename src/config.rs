@@ -57,6 +57,11 @@ pub struct DaemonArgs {
     /// UCCL_TCPX_CHUNK_BYTES, then NCCL_P2P_NET_CHUNKSIZE.
     #[arg(long, env = "TCPXD_CHUNK_BYTES")]
     pub chunk_bytes: Option<u64>,
+    /// How this node receives: `eager` (receive credits kept posted; a WRITE's data follows its
+    /// header with no round trip) or `rendezvous` (offer, accept, then the data). Senders follow
+    /// the receiver's choice.
+    #[arg(long, env = "TCPXD_TRANSFER_PROTOCOL", value_name = "eager|rendezvous")]
+    pub transfer_protocol: Option<String>,
     /// Default transfer deadline in seconds, when a request carries none.
     #[arg(long, env = "TCPXD_DEFAULT_TIMEOUT_S")]
     pub default_timeout_s: Option<u64>,
@@ -132,6 +137,7 @@ pub struct FilePlugin {
 #[serde(deny_unknown_fields)]
 pub struct FileTransfer {
     pub chunk_bytes: Option<u64>,
+    pub protocol: Option<String>,
     pub unpack_impl: Option<String>,
     /// `kernel-persistent` only: how long the grid waits for a new batch (µs).
     pub unpack_linger_us: Option<u64>,
@@ -148,6 +154,29 @@ pub struct FileTransfer {
 #[serde(deny_unknown_fields)]
 pub struct FileShutdown {
     pub grace_s: Option<u64>,
+}
+
+/// How a node receives (docs/CONFIG.md, `transfer.protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferProtocol {
+    /// Receive credits kept posted on every lane; data follows its header with no round trip.
+    Eager,
+    /// Offer, accept, then the data: receives are posted into the destination itself.
+    Rendezvous,
+}
+
+impl TransferProtocol {
+    pub const DEFAULT: TransferProtocol = TransferProtocol::Rendezvous;
+
+    pub fn parse(field: &str, v: &str) -> Result<TransferProtocol, ConfigError> {
+        match v.trim() {
+            "eager" => Ok(TransferProtocol::Eager),
+            "rendezvous" => Ok(TransferProtocol::Rendezvous),
+            other => Err(ConfigError::Invalid(format!(
+                "{field}: {other:?} is neither \"eager\" nor \"rendezvous\""
+            ))),
+        }
+    }
 }
 
 /// Which plugin to drive.
@@ -181,6 +210,8 @@ pub struct Config {
     pub lanes_per_device: u32,
     pub devices: Option<Vec<i32>>,
     pub chunk_bytes: u32,
+    /// How this node receives (`transfer.protocol`).
+    pub protocol: TransferProtocol,
     pub unpack_impl: crate::unpack::UnpackImpl,
     pub send_window: usize,
     pub recv_window: usize,
@@ -286,6 +317,11 @@ impl Config {
                 ))
             })?
         };
+        let protocol = match (&args.transfer_protocol, &file.transfer.protocol) {
+            (Some(v), _) => TransferProtocol::parse("--transfer-protocol", v)?,
+            (None, Some(v)) => TransferProtocol::parse("transfer.protocol", v)?,
+            (None, None) => TransferProtocol::DEFAULT,
+        };
         let send_window = file.transfer.send_window.unwrap_or(12);
         let recv_window = file.transfer.recv_window.unwrap_or(16);
         if !(1..=16).contains(&send_window) || !(1..=16).contains(&recv_window) {
@@ -378,6 +414,7 @@ impl Config {
             lanes_per_device,
             devices: file.plugin.devices,
             chunk_bytes,
+            protocol,
             unpack_impl,
             send_window,
             recv_window,

@@ -149,6 +149,8 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
                 chunk_bytes: cfg.chunk_bytes,
                 send_window: cfg.send_window,
                 recv_window: cfg.recv_window,
+                eager: cfg.protocol == crate::config::TransferProtocol::Eager,
+                credits: cfg.recv_window as u32,
                 ..EngineConfig::default()
             },
             devices,

@@ -544,6 +544,7 @@ mod tests {
                         posted: 1,
                         queued: 3,
                         window_full: 4,
+                        ..LaneCounters::default()
                     }],
                     recv: vec![LaneCounters::default()],
                 },

@@ -28,7 +28,7 @@ use crate::engine::{Code, Offer, PeerIdx, PeerMsg, ReadPair, RemoteRange};
 use crate::net::ConnectHandle;
 use crate::poller::{Command, LaneHandleInfo, PeerChannels, PeerLink};
 
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest control message (a 4096-range offer with a 1 MiB notification fits easily).
 pub const MAX_CONTROL_MESSAGE: usize = 8 << 20;
 
@@ -812,16 +812,25 @@ fn range_from_pb(field: &str, r: Option<&pb::RemoteRange>) -> Result<RemoteRange
 /// Engine message → wire.
 pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
     use pb::peer_message::Body;
+    let offer = |o: &Offer| pb::Offer {
+        offer_id: o.offer_id,
+        read_id: o.read_id,
+        chunk_bytes: o.chunk_bytes,
+        first_lane: o.first_lane,
+        ranges: o.ranges.iter().map(range_to_pb).collect(),
+        notification: o.notification.clone(),
+        deadline_ms: o.deadline_ms,
+    };
     let body = match m {
-        PeerMsg::Offer(o) => Body::Offer(pb::Offer {
-            offer_id: o.offer_id,
-            read_id: o.read_id,
-            chunk_bytes: o.chunk_bytes,
-            first_lane: o.first_lane,
-            ranges: o.ranges.iter().map(range_to_pb).collect(),
-            notification: o.notification.clone(),
-            deadline_ms: o.deadline_ms,
+        PeerMsg::ReceiveMode { credits, chunk_bytes } => Body::ReceiveMode(pb::ReceiveMode {
+            credits: *credits,
+            chunk_bytes: *chunk_bytes,
         }),
+        PeerMsg::Credits { returned } => Body::Credits(pb::Credits {
+            returned: returned.clone(),
+        }),
+        PeerMsg::Header(o) => Body::Header(offer(o)),
+        PeerMsg::Offer(o) => Body::Offer(offer(o)),
         PeerMsg::Accept { offer_id } => Body::Accept(pb::Accept { offer_id: *offer_id }),
         PeerMsg::Reject {
             offer_id,
@@ -905,6 +914,30 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
     Ok(Some(match body {
         Body::Hello(_) => return Err(Malformed::Fatal("a second Hello".into())),
         Body::Heartbeat(_) => return Ok(None),
+        Body::ReceiveMode(m) => PeerMsg::ReceiveMode {
+            credits: m.credits,
+            chunk_bytes: m.chunk_bytes,
+        },
+        Body::Credits(c) => PeerMsg::Credits { returned: c.returned },
+        Body::Header(o) => {
+            // Its data may be on its way already: a header the engine cannot read breaks the
+            // order of every lane, so it fails the pairing instead of a refusal.
+            let ranges: Result<Vec<RemoteRange>, String> = o
+                .ranges
+                .iter()
+                .enumerate()
+                .map(|(i, r)| range_from_pb(&format!("header.ranges[{i}]"), Some(r)))
+                .collect();
+            PeerMsg::Header(Offer {
+                offer_id: o.offer_id,
+                read_id: o.read_id,
+                chunk_bytes: o.chunk_bytes,
+                first_lane: o.first_lane,
+                ranges: ranges.map_err(Malformed::Fatal)?,
+                notification: o.notification,
+                deadline_ms: o.deadline_ms,
+            })
+        }
         Body::Offer(o) => {
             let ranges: Result<Vec<RemoteRange>, String> = o
                 .ranges

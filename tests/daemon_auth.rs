@@ -104,7 +104,7 @@ async fn only_peers_proving_the_cluster_secret_pair() {
         .server_nonce;
     let client_nonce = auth::nonce();
     let mut req = peer_pb::HandshakeRequest {
-        protocol_version: 1,
+        protocol_version: tcpxd::peers::PROTOCOL_VERSION,
         node_id: "auth-raw".into(),
         lanes: vec![peer_pb::LaneHandle {
             lane: 0,

@@ -54,7 +54,7 @@ async fn idle_pairings_stay_up_and_silent_peers_fail() {
         .unwrap();
     let resp = fake
         .handshake(peer_pb::HandshakeRequest {
-            protocol_version: 1,
+            protocol_version: tcpxd::peers::PROTOCOL_VERSION,
             node_id: "hb-silent".into(),
             lanes: vec![peer_pb::LaneHandle {
                 lane: 0,

@@ -161,7 +161,7 @@ async fn fake_peer(addr: &str, node: &str) -> FakePeer {
     let mut raw = TcpxdPeerClient::connect(format!("http://{addr}")).await.unwrap();
     let resp = raw
         .handshake(ppb::HandshakeRequest {
-            protocol_version: 1,
+            protocol_version: tcpxd::peers::PROTOCOL_VERSION,
             node_id: node.into(),
             lanes: vec![ppb::LaneHandle {
                 lane: 0,
@@ -178,6 +178,13 @@ async fn fake_peer(addr: &str, node: &str) -> FakePeer {
         session_id: resp.session_id,
         node_id: node.into(),
         proof: Vec::new(),
+    })))
+    .await
+    .unwrap();
+    // It receives by rendezvous (it never posts a receive anyway).
+    tx.send(msg(ppb::peer_message::Body::ReceiveMode(ppb::ReceiveMode {
+        credits: 0,
+        chunk_bytes: 0,
     })))
     .await
     .unwrap();
@@ -203,7 +210,11 @@ impl FakePeer {
                 .expect("stream intact")
                 .expect("stream open");
             match m.body {
-                Some(ppb::peer_message::Body::Heartbeat(_)) => continue,
+                Some(
+                    ppb::peer_message::Body::Heartbeat(_)
+                    | ppb::peer_message::Body::ReceiveMode(_)
+                    | ppb::peer_message::Body::Credits(_),
+                ) => continue,
                 Some(b) => return b,
                 None => panic!("a message without a body"),
             }
@@ -224,7 +235,13 @@ enum Ctl {
 async fn hostile_peer_messages_are_refused_and_change_nothing() {
     tcpxd::logging::init("error");
     let cfg = patient_config("b");
-    let mut b = daemons::start("host-b", |a| a.config = Some(cfg.clone())).await;
+    // Offers are the rendezvous protocol's (an eager daemon refuses them all alike); eager
+    // headers have their own test below.
+    let mut b = daemons::start("host-b", |a| {
+        a.config = Some(cfg.clone());
+        a.transfer_protocol = Some("rendezvous".into());
+    })
+    .await;
     let dst = host_buffer(&mut b.client, SIZE, "dst").await;
     let other = host_buffer(&mut b.client, MIB, "other").await;
     fill_seed(&mut b.client, dst.id, 0, 0, 1).await;
@@ -243,13 +260,13 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
     };
     let good_handle = listen.handle().0.to_vec();
     let good = ppb::HandshakeRequest {
-        protocol_version: 1,
+        protocol_version: tcpxd::peers::PROTOCOL_VERSION,
         node_id: "host-x".into(),
         lanes: vec![lane(0, good_handle.clone())],
         ..Default::default()
     };
     let mut cases: Vec<(String, ppb::HandshakeRequest, Code, &str)> = Vec::new();
-    for v in [0, 2, 7, u32::MAX] {
+    for v in [0, 1, 3, 7, u32::MAX] {
         cases.push((
             format!("protocol {v}"),
             ppb::HandshakeRequest {

@@ -484,6 +484,10 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                                 recvs_queued: r.queued as u32,
                                 send_window_full: s.window_full,
                                 recv_window_full: r.window_full,
+                                send_credits: s.credits,
+                                send_credit_limit: s.credit_limit,
+                                recv_credits: r.credits,
+                                recv_credit_limit: r.credit_limit,
                             }
                         })
                         .collect(),

@@ -33,18 +33,27 @@ impl Engine {
 
     /// The oldest posted receive on a lane was unpacked and consumed (`Err`: its unpack failed).
     pub fn recv_consumed(&mut self, peer: PeerIdx, lane: u32, result: Result<(), String>) {
-        let Some(l) = self
-            .peers
-            .get_mut(peer.0 as usize)
-            .and_then(|p| p.recv.get_mut(lane as usize))
-        else {
+        let item = if self.cfg.eager {
+            self.eager_consumed(peer, lane)
+        } else {
+            self.peers
+                .get_mut(peer.0 as usize)
+                .and_then(|p| p.recv.get_mut(lane as usize))
+                .and_then(|l| l.posted.pop_front())
+                .map(|i| (i.offer, i.len))
+        };
+        let Some((offer_id, len)) = item else {
             return;
         };
-        let Some(item) = l.posted.pop_front() else {
-            return;
-        };
-        l.bytes += u64::from(item.len);
+        let l = &mut self.peers[peer.0 as usize].recv[lane as usize];
+        l.bytes += u64::from(len);
         l.chunks += 1;
+        let item = Item {
+            offer: offer_id,
+            buffer: 0,
+            offset: 0,
+            len,
+        };
         let key = (peer, item.offer);
         if let Some(o) = self.in_offers.get_mut(&key) {
             o.chunks_done += 1;
@@ -123,10 +132,16 @@ impl Engine {
         }
         p.failed = Some(reason.to_string());
         let node = p.node_id.clone();
+        p.waiting.clear();
         for l in p.send.iter_mut().chain(p.recv.iter_mut()) {
             l.queue.clear();
             l.posted.clear();
             l.ready = false;
+            l.credits = 0;
+            l.targets.clear();
+            l.landed.clear();
+            l.unpacking.clear();
+            l.returned = 0;
         }
         let msg = format!("peer {node} failed: {reason}");
         let outs: Vec<u64> = self
@@ -185,6 +200,7 @@ impl Engine {
 
     /// Fails every transfer whose deadline passed.
     pub fn tick(&mut self, now: Instant) {
+        self.check_orphans(now);
         while let Some(&(when, id)) = self.deadlines.first() {
             if when > now {
                 break;
@@ -198,7 +214,11 @@ impl Engine {
 
     /// The next deadline, for the driver's sleep.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines.first().map(|&(t, _)| t)
+        let transfers = self.deadlines.first().map(|&(t, _)| t);
+        match (transfers, self.next_orphan_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Ends a transfer with an error; stops its parts on both sides (slots drain normally).
@@ -266,8 +286,14 @@ impl Engine {
         if o.cancelled {
             return;
         }
-        o.cancelled = true;
         let peer = o.peer;
+        if o.msg.is_some() {
+            // Never sent (the peer's receive mode is not known yet): the peer knows nothing of it.
+            self.peers[peer.0 as usize].waiting.retain(|&id| id != offer_id);
+            self.drop_out_offer(offer_id);
+            return;
+        }
+        o.cancelled = true;
         if let Some((code, message)) = notify {
             self.actions.push_back(Action::Control {
                 peer,
@@ -354,9 +380,14 @@ impl Engine {
         if p.failed.is_some() {
             return;
         }
+        // Eager: a send also needs a credit (a receive the peer posted for it).
+        let eager = p.remote.is_some_and(|(credits, _)| credits > 0);
         for (lane, l) in p.send.iter_mut().enumerate() {
-            while l.ready && l.posted.len() < send_window {
+            while l.ready && l.posted.len() < send_window && (!eager || l.credits > 0) {
                 let Some(item) = l.queue.pop_front() else { break };
+                if eager {
+                    l.credits -= 1;
+                }
                 l.posted.push_back(item);
                 self.actions.push_back(Action::PostSend {
                     peer,

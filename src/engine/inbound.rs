@@ -10,6 +10,9 @@ impl Engine {
             return;
         }
         match msg {
+            PeerMsg::ReceiveMode { credits, chunk_bytes } => self.on_receive_mode(peer, credits, chunk_bytes),
+            PeerMsg::Credits { returned } => self.on_credits(peer, returned),
+            PeerMsg::Header(offer) => self.on_header(peer, offer),
             PeerMsg::Offer(offer) => self.on_offer(peer, offer),
             PeerMsg::Accept { offer_id } => self.on_accept(peer, offer_id),
             PeerMsg::Reject {
@@ -71,6 +74,47 @@ impl Engine {
             .map_err(|e| (e.code, e.message))
     }
 
+    /// What an offer or header rests on alone (its notification, keys and bounds, the READ it
+    /// claims to serve): `Err` refuses that one transfer.
+    pub(super) fn check_incoming(&self, peer: PeerIdx, offer: &Offer) -> Result<(), (Code, String, u32)> {
+        if offer.notification.len() > self.cfg.max_notification {
+            return Err((
+                Code::InvalidArgument,
+                format!(
+                    "notification of {} bytes exceeds {}",
+                    offer.notification.len(),
+                    self.cfg.max_notification
+                ),
+                0,
+            ));
+        }
+        for (i, r) in offer.ranges.iter().enumerate() {
+            self.check_claimed(i, r).map_err(|(c, m)| (c, m, i as u32))?;
+        }
+        if offer.read_id != 0 {
+            let read = self.reads.get(&offer.read_id).filter(|r| r.peer == peer);
+            let Some(read) = read else {
+                return Err((Code::NotFound, format!("read {} is unknown", offer.read_id), 0));
+            };
+            if read.cancelled || read.offer.is_some() {
+                return Err((
+                    Code::Cancelled,
+                    format!("read {} is no longer waiting", offer.read_id),
+                    0,
+                ));
+            }
+            let asked: Vec<&RemoteRange> = read.pairs.iter().map(|p| &p.dest).collect();
+            if asked.len() != offer.ranges.len() || asked.iter().zip(&offer.ranges).any(|(a, b)| *a != b) {
+                return Err((
+                    Code::InvalidArgument,
+                    format!("offer does not match read {}", offer.read_id),
+                    0,
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn on_offer(&mut self, peer: PeerIdx, offer: Offer) {
         let reject = |code: Code, message: String, range_index: u32| PeerMsg::Reject {
             offer_id: offer.offer_id,
@@ -80,6 +124,15 @@ impl Engine {
         };
         let lanes = self.peers[peer.0 as usize].recv.len() as u32;
         let verdict: Result<(), (Code, String, u32)> = (|| {
+            if self.cfg.eager {
+                // Nothing was posted for it: refusing keeps every lane in step.
+                return Err((
+                    Code::FailedPrecondition,
+                    "this node receives eagerly (its ReceiveMode said so): send a header, not an offer"
+                        .into(),
+                    0,
+                ));
+            }
             if self.in_offers.contains_key(&(peer, offer.offer_id)) {
                 return Err((
                     Code::AlreadyExists,
@@ -107,43 +160,7 @@ impl Engine {
                     0,
                 ));
             }
-            if offer.notification.len() > self.cfg.max_notification {
-                return Err((
-                    Code::InvalidArgument,
-                    format!(
-                        "notification of {} bytes exceeds {}",
-                        offer.notification.len(),
-                        self.cfg.max_notification
-                    ),
-                    0,
-                ));
-            }
-            for (i, r) in offer.ranges.iter().enumerate() {
-                self.check_claimed(i, r).map_err(|(c, m)| (c, m, i as u32))?;
-            }
-            if offer.read_id != 0 {
-                let read = self.reads.get(&offer.read_id).filter(|r| r.peer == peer);
-                let Some(read) = read else {
-                    return Err((Code::NotFound, format!("read {} is unknown", offer.read_id), 0));
-                };
-                if read.cancelled || read.offer.is_some() {
-                    return Err((
-                        Code::Cancelled,
-                        format!("read {} is no longer waiting", offer.read_id),
-                        0,
-                    ));
-                }
-                let asked: Vec<&RemoteRange> = read.pairs.iter().map(|p| &p.dest).collect();
-                if asked.len() != offer.ranges.len() || asked.iter().zip(&offer.ranges).any(|(a, b)| *a != b)
-                {
-                    return Err((
-                        Code::InvalidArgument,
-                        format!("offer does not match read {}", offer.read_id),
-                        0,
-                    ));
-                }
-            }
-            Ok(())
+            self.check_incoming(peer, &offer)
         })();
         if let Err((code, message, idx)) = verdict {
             self.actions.push_back(Action::Control {
@@ -213,14 +230,24 @@ impl Engine {
     }
 
     pub(super) fn on_accept(&mut self, peer: PeerIdx, offer_id: u64) {
-        let Some(o) = self
+        if !self
             .out_offers
-            .get_mut(&offer_id)
-            .filter(|o| o.peer == peer && !o.accepted)
-        else {
+            .get(&offer_id)
+            .is_some_and(|o| o.peer == peer && !o.accepted && !o.eager)
+        {
+            return;
+        }
+        self.queue_sends(offer_id);
+    }
+
+    /// Queues an offer's sends on its lanes, in plan order (after its accept, or at once for an
+    /// eager header).
+    pub(super) fn queue_sends(&mut self, offer_id: u64) {
+        let Some(o) = self.out_offers.get_mut(&offer_id) else {
             return;
         };
         o.accepted = true;
+        let peer = o.peer;
         let lanes = self.peers[peer.0 as usize].send.len() as u32;
         let p = &mut self.peers[peer.0 as usize];
         let mut n = 0u64;
@@ -253,13 +280,18 @@ impl Engine {
         let Some(o) = self
             .out_offers
             .get(&offer_id)
-            .filter(|o| o.peer == peer && !o.accepted)
+            .filter(|o| o.peer == peer && (o.eager || !o.accepted))
         else {
             return;
         };
         let entry = o.entries.get(range_index as usize).copied();
         let transfer = o.transfer;
-        self.drop_out_offer(offer_id);
+        if o.eager {
+            // The receiver discards what was sent; the rest goes out empty, keeping lanes in step.
+            self.cancel_out_offer(offer_id, None);
+        } else {
+            self.drop_out_offer(offer_id);
+        }
         if let Some(t) = transfer {
             let node = self.peers[peer.0 as usize].node_id.clone();
             let msg = match entry {
@@ -382,7 +414,7 @@ impl Engine {
             .collect();
         let ranges: Vec<RemoteRange> = pairs.into_iter().map(|p| p.dest).collect();
         let entries = (0..ranges.len()).collect();
-        let msg = self.make_offer(
+        self.make_offer(
             peer,
             offer_id,
             read_id,
@@ -394,7 +426,6 @@ impl Engine {
             Vec::new(),
             deadline_ms,
         );
-        self.actions.push_back(Action::Control { peer, msg });
     }
 
     pub(super) fn on_read_reject(

@@ -20,6 +20,7 @@
 //!   queues are dropped.
 
 mod completion;
+pub mod credits;
 pub mod error;
 mod inbound;
 pub mod plan;
@@ -46,6 +47,16 @@ pub struct EngineConfig {
     pub max_entries: usize,
     /// Notification bytes per transfer.
     pub max_notification: usize,
+    /// How this node receives: eager (credit receives of `chunk_bytes` kept posted on every
+    /// lane, destinations decided when the header arrives) or rendezvous (offer, accept, then
+    /// receives posted into the destination). Announced to each peer at pairing; the sender
+    /// follows the receiver's mode.
+    pub eager: bool,
+    /// Credit receives per lane in eager mode (1..=recv_window).
+    pub credits: u32,
+    /// How long data may wait in its bounce pages for its header before the peer is failed
+    /// (an honest sender writes the header before it posts the sends).
+    pub header_timeout: Duration,
 }
 
 impl Default for EngineConfig {
@@ -56,6 +67,9 @@ impl Default for EngineConfig {
             recv_window: 16,
             max_entries: 4096,
             max_notification: 1 << 20,
+            eager: false,
+            credits: 16,
+            header_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -118,6 +132,20 @@ pub enum Action {
         offset: u64,
         len: u32,
     },
+    /// Post one credit receive on a lane: `len` bytes into the lane's landing slots (eager
+    /// mode; where the bytes go is decided by a later `Land`).
+    PostCredit { peer: PeerIdx, lane: u32, len: u32 },
+    /// The oldest completed credit receive of a lane that has no destination yet belongs to
+    /// this chunk: unpack its `len` bytes into `buffer` at `offset`, or (`buffer: None`, a
+    /// rejected or cancelled transfer) consume it without unpacking. Then report
+    /// `recv_consumed`.
+    Land {
+        peer: PeerIdx,
+        lane: u32,
+        buffer: Option<u64>,
+        offset: u64,
+        len: u32,
+    },
     /// Post one receive on a lane (the window has room).
     PostRecv {
         peer: PeerIdx,
@@ -155,6 +183,12 @@ pub struct LaneCounters {
     pub queued: usize,
     /// Times the lane's window filled while chunks still waited for a slot.
     pub window_full: u64,
+    /// Eager mode. Send lanes: credits held (sends the peer's posted receives can still
+    /// take). Receive lanes: credit receives posted and holding no data.
+    pub credits: u32,
+    /// Eager mode: the credits per lane announced at pairing (the peer's for send lanes, ours
+    /// for receive lanes); 0 for rendezvous.
+    pub credit_limit: u32,
 }
 
 /// Per-peer counters.
@@ -186,11 +220,31 @@ struct Item {
     len: u32,
 }
 
+/// Where one announced eager chunk goes: `dest` (buffer, offset), or nowhere (discarded).
+#[derive(Debug, Clone, Copy)]
+struct Target {
+    offer: u64,
+    dest: Option<(u64, u64)>,
+    len: u32,
+}
+
 #[derive(Debug, Default)]
 struct Lane {
     ready: bool,
     queue: VecDeque<Item>,
     posted: VecDeque<Item>,
+    /// Eager. Send lanes: credits held. Receive lanes: credit receives posted and holding no
+    /// data (with `landed` and `unpacking`: every receive posted on the lane).
+    credits: u32,
+    /// Eager receive lanes: chunks announced by headers whose data has not completed yet, in
+    /// lane order.
+    targets: VecDeque<Target>,
+    /// Eager receive lanes: completed receives waiting for their header (when each landed).
+    landed: VecDeque<Instant>,
+    /// Eager receive lanes: chunks handed to the driver (`Land`) and not yet consumed.
+    unpacking: VecDeque<Target>,
+    /// Eager receive lanes: credits re-posted and not yet returned to the peer.
+    returned: u32,
     bytes: u64,
     chunks: u64,
     window_full: u64,
@@ -203,9 +257,11 @@ impl Lane {
         LaneCounters {
             bytes: self.bytes,
             chunks: self.chunks,
-            posted: self.posted.len(),
-            queued: self.queue.len(),
+            posted: self.posted.len() + self.landed.len() + self.unpacking.len(),
+            queued: self.queue.len() + self.targets.len(),
             window_full: self.window_full,
+            credits: self.credits,
+            credit_limit: 0,
         }
     }
 }
@@ -217,6 +273,11 @@ struct Peer {
     send: Vec<Lane>,
     recv: Vec<Lane>,
     next_lane: u32,
+    /// How the peer receives, from its `ReceiveMode` (`None` until it arrived): credits per lane
+    /// (0: rendezvous) and the largest chunk its credit receives take.
+    remote: Option<(u32, u32)>,
+    /// Offers waiting for the peer's `ReceiveMode`, in order.
+    waiting: Vec<u64>,
     transfers_started: u64,
     transfers_ok: u64,
     transfers_failed: u64,
@@ -236,6 +297,10 @@ struct OutOffer {
     lengths: Vec<u64>,
     chunk_bytes: u32,
     first_lane: u32,
+    /// The message, kept until it is sent (the peer's receive mode decides offer or header).
+    msg: Option<Offer>,
+    /// Sent as an eager header: the sends go out within credits, no accept.
+    eager: bool,
     accepted: bool,
     /// Remaining chunks go out with zero length.
     cancelled: bool,
@@ -336,6 +401,10 @@ impl Engine {
 
     /// The next thing the driver must do.
     pub fn poll_action(&mut self) -> Option<Action> {
+        if self.actions.is_empty() {
+            // Credits go back once per batch of actions, after the receives were re-posted.
+            self.flush_credits();
+        }
         self.actions.pop_front()
     }
 
@@ -419,10 +488,13 @@ impl Engine {
             send: (0..send_lanes).map(|_| Lane::default()).collect(),
             recv: (0..recv_lanes).map(|_| Lane::default()).collect(),
             next_lane: 0,
+            remote: None,
+            waiting: Vec::new(),
             transfers_started: 0,
             transfers_ok: 0,
             transfers_failed: 0,
         });
+        self.announce_mode(idx);
         idx
     }
 
@@ -436,6 +508,9 @@ impl Engine {
             let lanes = if send { &mut p.send } else { &mut p.recv };
             if let Some(l) = lanes.get_mut(lane as usize) {
                 l.ready = true;
+                if !send {
+                    self.post_credits(peer, lane);
+                }
             }
         }
         self.pump(peer);
@@ -449,8 +524,26 @@ impl Engine {
             transfers_started: p.transfers_started,
             transfers_ok: p.transfers_ok,
             transfers_failed: p.transfers_failed,
-            send: p.send.iter().map(Lane::counters).collect(),
-            recv: p.recv.iter().map(Lane::counters).collect(),
+            send: p
+                .send
+                .iter()
+                .map(|l| LaneCounters {
+                    credit_limit: p.remote.filter(|_| p.failed.is_none()).map_or(0, |r| r.0),
+                    ..l.counters()
+                })
+                .collect(),
+            recv: p
+                .recv
+                .iter()
+                .map(|l| LaneCounters {
+                    credit_limit: if self.cfg.eager && p.failed.is_none() {
+                        self.cfg.credits
+                    } else {
+                        0
+                    },
+                    ..l.counters()
+                })
+                .collect(),
         })
     }
 
@@ -466,12 +559,17 @@ impl Engine {
         ids
     }
 
-    /// Requests posted to the plugin across all lanes (sends, receives).
+    /// Requests posted to the plugin across all lanes that carry a transfer's bytes (sends,
+    /// receives): eager credit receives still waiting for data are not counted.
     pub fn posted(&self) -> (usize, usize) {
         self.peers.iter().fold((0, 0), |(s, r), p| {
             (
                 s + p.send.iter().map(|l| l.posted.len()).sum::<usize>(),
-                r + p.recv.iter().map(|l| l.posted.len()).sum::<usize>(),
+                r + p
+                    .recv
+                    .iter()
+                    .map(|l| l.posted.len() + l.landed.len() + l.unpacking.len())
+                    .sum::<usize>(),
             )
         })
     }
@@ -483,19 +581,25 @@ impl Engine {
             && self.in_offers.is_empty()
             && self.reads.is_empty()
             && self.peers.iter().all(|p| {
-                p.send
-                    .iter()
-                    .chain(&p.recv)
-                    .all(|l| l.queue.is_empty() && l.posted.is_empty())
+                p.send.iter().chain(&p.recv).all(|l| {
+                    l.queue.is_empty()
+                        && l.posted.is_empty()
+                        && l.targets.is_empty()
+                        && l.landed.is_empty()
+                        && l.unpacking.is_empty()
+                })
             })
     }
 
-    /// True when no posted request carries a transfer's bytes: the poller then has nothing to
-    /// test and parks on its command channel (commands and control messages wake it).
+    /// True when no posted request carries a transfer's bytes and no header announced data still
+    /// to come: the poller then has nothing to test and parks on its command channel (commands
+    /// and control messages, headers included, wake it). Idle credit receives do not count.
     pub fn lanes_idle(&self) -> bool {
-        self.peers
-            .iter()
-            .all(|p| p.send.iter().chain(&p.recv).all(|l| l.posted.is_empty()))
+        self.peers.iter().all(|p| {
+            p.send.iter().chain(&p.recv).all(|l| {
+                l.posted.is_empty() && l.targets.is_empty() && l.landed.is_empty() && l.unpacking.is_empty()
+            })
+        })
     }
 
     fn live_peer(&self, field: &str, peer: PeerIdx) -> EngineResult<&Peer> {

@@ -121,7 +121,7 @@ impl Engine {
                 .map(|&i| (specs[i].local_buffer, specs[i].local_offset))
                 .collect();
             let ranges: Vec<RemoteRange> = idxs.iter().map(|&i| specs[i].remote.clone()).collect();
-            let msg = self.make_offer(
+            self.make_offer(
                 peer,
                 offer_id,
                 0,
@@ -133,13 +133,14 @@ impl Engine {
                 notification.clone(),
                 deadline_ms,
             );
-            self.actions.push_back(Action::Control { peer, msg });
             self.add_part(id, offer_id, peer);
         }
         self.announce(id, total);
         Ok(id)
     }
 
+    /// Records an offer this node makes and sends it, or keeps it until the peer's receive mode
+    /// is known.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn make_offer(
         &mut self,
@@ -153,11 +154,7 @@ impl Engine {
         ranges: Vec<RemoteRange>,
         notification: Vec<u8>,
         deadline_ms: u64,
-    ) -> PeerMsg {
-        let lanes = self.peers[peer.0 as usize].send.len() as u32;
-        let first_lane = self.peers[peer.0 as usize].next_lane % lanes;
-        let chunks = ChunkPlan::count(&lengths, self.cfg.chunk_bytes);
-        self.peers[peer.0 as usize].next_lane = ((u64::from(first_lane) + chunks) % u64::from(lanes)) as u32;
+    ) {
         for &(b, _) in &sources {
             self.use_buffer(b);
         }
@@ -171,22 +168,70 @@ impl Engine {
                 sources,
                 lengths,
                 chunk_bytes: self.cfg.chunk_bytes,
-                first_lane,
+                first_lane: 0,
+                msg: Some(Offer {
+                    offer_id,
+                    read_id,
+                    chunk_bytes: 0,
+                    first_lane: 0,
+                    ranges,
+                    notification,
+                    deadline_ms,
+                }),
+                eager: false,
                 accepted: false,
                 cancelled: false,
                 unfinished: 0,
                 done: false,
             },
         );
-        PeerMsg::Offer(Offer {
-            offer_id,
-            read_id,
-            chunk_bytes: self.cfg.chunk_bytes,
-            first_lane,
-            ranges,
-            notification,
-            deadline_ms,
-        })
+        let p = &mut self.peers[peer.0 as usize];
+        if p.remote.is_some() {
+            self.send_offer(offer_id);
+        } else {
+            p.waiting.push(offer_id);
+        }
+    }
+
+    /// Sends a recorded offer as the peer receives: an offer (rendezvous), or a header followed
+    /// at once by its sends (eager, chunks no larger than the peer's credit receives).
+    pub(super) fn send_offer(&mut self, offer_id: u64) {
+        let Some(o) = self.out_offers.get_mut(&offer_id) else {
+            return;
+        };
+        let Some(mut msg) = o.msg.take() else {
+            return;
+        };
+        let peer = o.peer;
+        let p = &mut self.peers[peer.0 as usize];
+        let (credits, credit_bytes) = p.remote.expect("the peer's receive mode is known");
+        let eager = credits > 0;
+        let chunk_bytes = if eager {
+            self.cfg.chunk_bytes.min(credit_bytes)
+        } else {
+            self.cfg.chunk_bytes
+        };
+        let lanes = p.send.len() as u32;
+        let first_lane = p.next_lane % lanes;
+        let chunks = ChunkPlan::count(&o.lengths, chunk_bytes);
+        p.next_lane = ((u64::from(first_lane) + chunks) % u64::from(lanes)) as u32;
+        o.chunk_bytes = chunk_bytes;
+        o.first_lane = first_lane;
+        o.eager = eager;
+        msg.chunk_bytes = chunk_bytes;
+        msg.first_lane = first_lane;
+        if eager {
+            self.actions.push_back(Action::Control {
+                peer,
+                msg: PeerMsg::Header(msg),
+            });
+            self.queue_sends(offer_id);
+        } else {
+            self.actions.push_back(Action::Control {
+                peer,
+                msg: PeerMsg::Offer(msg),
+            });
+        }
     }
 
     /// Starts a READ: asks each peer holding data for an offer into our buffers.

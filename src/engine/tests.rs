@@ -3,12 +3,35 @@
 //! asserts the sender never sends more than the receiver posted. Events (control messages, send
 //! completions, receive completions) are delivered in a seeded random order.
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::*;
 
+mod eager;
+
 const P: PeerIdx = PeerIdx(0);
+/// The buffer id the simulator gives credit receives (their bytes wait for a `Land`).
+const LANDING: u64 = u64::MAX;
+
+thread_local! {
+    /// The receive mode `Sim::new` gives both engines (see `both`).
+    static EAGER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs a test under both receive protocols: rendezvous, then eager.
+fn both(test: fn()) {
+    for eager in [false, true] {
+        EAGER.with(|e| e.set(eager));
+        test();
+    }
+    EAGER.with(|e| e.set(false));
+}
+
+fn eager_now() -> bool {
+    EAGER.with(|e| e.get())
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Post {
@@ -25,6 +48,12 @@ struct LaneSim {
     recv_done_pending: usize,
     /// Results to report for the receiver's next completions (an unpack failure, say).
     recv_results: VecDeque<Result<(), String>>,
+    /// Whether each completed receive not yet reported was a credit receive, in order.
+    done_credit: VecDeque<bool>,
+    /// Bytes of completed credit receives, waiting for their `Land` (the bounce pages).
+    held: VecDeque<Vec<u8>>,
+    /// Credit receives landed and waiting to be reported consumed.
+    consume_pending: usize,
 }
 
 struct Node {
@@ -54,7 +83,8 @@ fn key(n: u8) -> [u8; 16] {
 }
 
 impl Sim {
-    fn new(lanes: u32, cfg: EngineConfig, seed: u64) -> Sim {
+    fn new(lanes: u32, mut cfg: EngineConfig, seed: u64) -> Sim {
+        cfg.eager |= eager_now();
         let mk = |name: &str, other: &str| {
             let mut eng = Engine::new(cfg.clone());
             let p = eng.add_peer(other, lanes, lanes);
@@ -73,7 +103,7 @@ impl Sim {
                 progress: HashMap::new(),
             }
         };
-        Sim {
+        let mut sim = Sim {
             nodes: [mk("a", "node-b"), mk("b", "node-a")],
             ctrl: [VecDeque::new(), VecDeque::new()],
             wires: [
@@ -84,7 +114,16 @@ impl Sim {
             now: Instant::now(),
             cfg,
             hold_data: false,
+        };
+        // Pairing: each side's ReceiveMode (and credit receives) before any transfer.
+        sim.drain();
+        for i in 0..2 {
+            while let Some(msg) = sim.ctrl[i].pop_front() {
+                sim.nodes[i].eng.on_message(P, msg, sim.now);
+            }
         }
+        sim.drain();
+        sim
     }
 
     fn rand(&mut self, n: usize) -> usize {
@@ -139,6 +178,32 @@ impl Sim {
                     } => self.wires[1 - i][lane as usize]
                         .recvs
                         .push_back(Post { buffer, offset, len }),
+                    Action::PostCredit { lane, len, .. } => {
+                        self.wires[1 - i][lane as usize].recvs.push_back(Post {
+                            buffer: LANDING,
+                            offset: 0,
+                            len,
+                        })
+                    }
+                    Action::Land {
+                        lane,
+                        buffer,
+                        offset,
+                        len,
+                        ..
+                    } => {
+                        let w = &mut self.wires[1 - i][lane as usize];
+                        let data = w.held.pop_front().expect("a Land with no landed receive");
+                        w.consume_pending += 1;
+                        if let Some(b) = buffer {
+                            // An emptied chunk (its sender cancelled) brings nothing.
+                            if !data.is_empty() {
+                                assert_eq!(data.len(), len as usize, "a chunk landed with another size");
+                                let dst = self.nodes[i].bufs.get_mut(&b).expect("Land into a known buffer");
+                                dst[offset as usize..][..data.len()].copy_from_slice(&data);
+                            }
+                        }
+                    }
                     Action::Progress {
                         transfer,
                         bytes_done,
@@ -168,6 +233,7 @@ impl Sim {
                     "send window exceeded: {}",
                     l.posted
                 );
+                assert!(l.credits <= l.credit_limit, "more credits held than granted");
             }
             for l in &c.recv {
                 assert!(
@@ -189,13 +255,21 @@ impl Sim {
                     w.recvs.pop_front();
                     w.send_done_pending += 1;
                     w.recv_done_pending += 1;
+                    w.done_credit.push_back(r.buffer == LANDING);
                     assert!(
                         s.len <= r.len,
                         "sender sent {} bytes into a {}-byte receive: orders disagree",
                         s.len,
                         r.len
                     );
-                    if s.len > 0 {
+                    if r.buffer == LANDING {
+                        let src = if s.len > 0 {
+                            self.nodes[from].bufs[&s.buffer][s.offset as usize..][..s.len as usize].to_vec()
+                        } else {
+                            Vec::new()
+                        };
+                        self.wires[from][lane].held.push_back(src);
+                    } else if s.len > 0 {
                         assert_eq!(
                             s.len, r.len,
                             "a live chunk met a receive of another size: orders disagree"
@@ -206,6 +280,12 @@ impl Sim {
                         dst[r.offset as usize..][..s.len as usize].copy_from_slice(&src);
                     }
                 }
+                // Eager: every send the sender posted finds a receive posted for it (credits).
+                let eager = self.nodes[1 - from].eng.config().eager;
+                assert!(
+                    !eager || self.wires[from][lane].sends.is_empty(),
+                    "a send was posted with no credit receive to meet it"
+                );
             }
         }
     }
@@ -228,6 +308,9 @@ impl Sim {
                 if w.recv_done_pending > 0 {
                     events.push((2, i, lane));
                 }
+                if w.consume_pending > 0 {
+                    events.push((3, i, lane));
+                }
             }
         }
         if events.is_empty() {
@@ -243,9 +326,20 @@ impl Sim {
                 self.wires[i][lane].send_done_pending -= 1;
                 self.nodes[i].eng.send_done(P, lane as u32);
             }
-            _ => {
+            2 => {
                 let w = &mut self.wires[i][lane];
                 w.recv_done_pending -= 1;
+                if w.done_credit.pop_front().expect("tracked") {
+                    // Eager: it landed; it is consumed after its Land.
+                    self.nodes[1 - i].eng.recv_landed(P, lane as u32, self.now);
+                } else {
+                    let result = w.recv_results.pop_front().unwrap_or(Ok(()));
+                    self.nodes[1 - i].eng.recv_consumed(P, lane as u32, result);
+                }
+            }
+            _ => {
+                let w = &mut self.wires[i][lane];
+                w.consume_pending -= 1;
                 let result = w.recv_results.pop_front().unwrap_or(Ok(()));
                 self.nodes[1 - i].eng.recv_consumed(P, lane as u32, result);
             }
@@ -323,11 +417,35 @@ impl Sim {
         }
         for w in self.wires.iter().flatten() {
             assert!(
-                w.sends.is_empty() && w.recvs.is_empty(),
+                w.sends.is_empty() && w.recvs.iter().all(|r| r.buffer == LANDING),
                 "a post never met its partner"
             );
+            assert!(
+                w.held.is_empty() && w.consume_pending == 0,
+                "a landed chunk was never consumed"
+            );
+        }
+        // Every credit is back: held by the sender, posted again by the receiver.
+        for n in &self.nodes {
+            let c = n.eng.peer_counters(P).unwrap();
+            for l in c.send.iter().chain(&c.recv) {
+                assert_eq!(l.credits, l.credit_limit, "credits not back: {c:?}");
+            }
         }
     }
+}
+
+/// The peer's pairing message (it receives by rendezvous); this engine's own is dropped.
+fn rendezvous_peer(eng: &mut Engine, p: PeerIdx) {
+    eng.on_message(
+        p,
+        PeerMsg::ReceiveMode {
+            credits: 0,
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+        },
+        Instant::now(),
+    );
+    while eng.poll_action().is_some() {}
 }
 
 fn small_chunks() -> EngineConfig {
@@ -339,6 +457,10 @@ fn small_chunks() -> EngineConfig {
 
 #[test]
 fn write_lands_byte_exact_and_completes_after_done() {
+    both(write_lands_byte_exact_and_completes_after_done_in_mode);
+}
+
+fn write_lands_byte_exact_and_completes_after_done_in_mode() {
     let mut s = Sim::new(2, small_chunks(), 1);
     s.buffer(0, 1, 100_000, 7);
     s.buffer(1, 2, 200_000, 0);
@@ -362,6 +484,10 @@ fn write_lands_byte_exact_and_completes_after_done() {
 
 #[test]
 fn write_completes_only_when_the_receiver_reports_done() {
+    both(write_completes_only_when_the_receiver_reports_done_in_mode);
+}
+
+fn write_completes_only_when_the_receiver_reports_done_in_mode() {
     let mut s = Sim::new(1, small_chunks(), 2);
     s.buffer(0, 1, 8192, 1);
     s.buffer(1, 2, 8192, 0);
@@ -392,6 +518,10 @@ fn write_completes_only_when_the_receiver_reports_done() {
 
 #[test]
 fn read_pulls_remote_bytes() {
+    both(read_pulls_remote_bytes_in_mode);
+}
+
+fn read_pulls_remote_bytes_in_mode() {
     let mut s = Sim::new(3, small_chunks(), 3);
     s.buffer(0, 1, 50_000, 0);
     s.buffer(1, 9, 60_000, 33);
@@ -405,6 +535,10 @@ fn read_pulls_remote_bytes() {
 
 #[test]
 fn concurrent_transfers_in_both_directions_share_lanes_in_one_order() {
+    both(concurrent_transfers_in_both_directions_share_lanes_in_one_order_in_mode);
+}
+
+fn concurrent_transfers_in_both_directions_share_lanes_in_one_order_in_mode() {
     for seed in 1..=25 {
         let mut s = Sim::new(3, small_chunks(), seed);
         for id in 1..=6 {
@@ -441,6 +575,11 @@ fn concurrent_transfers_in_both_directions_share_lanes_in_one_order() {
 
 #[test]
 fn windows_bound_posted_requests() {
+    // Rendezvous counters (the eager ones: `eager_sends_stay_within_credits`).
+    windows_bound_posted_requests_in_mode();
+}
+
+fn windows_bound_posted_requests_in_mode() {
     let cfg = EngineConfig {
         chunk_bytes: MIN_CHUNK_BYTES,
         send_window: 12,
@@ -476,6 +615,10 @@ fn windows_bound_posted_requests() {
 
 #[test]
 fn a_bad_access_key_is_refused_and_changes_nothing() {
+    both(a_bad_access_key_is_refused_and_changes_nothing_in_mode);
+}
+
+fn a_bad_access_key_is_refused_and_changes_nothing_in_mode() {
     let mut s = Sim::new(2, small_chunks(), 5);
     s.buffer(0, 1, 8192, 1);
     s.buffer(1, 2, 8192, 0);
@@ -509,6 +652,10 @@ fn a_bad_access_key_is_refused_and_changes_nothing() {
 
 #[test]
 fn remote_bounds_unknown_buffers_and_bad_offers_are_refused() {
+    both(remote_bounds_unknown_buffers_and_bad_offers_are_refused_in_mode);
+}
+
+fn remote_bounds_unknown_buffers_and_bad_offers_are_refused_in_mode() {
     let mut s = Sim::new(1, small_chunks(), 6);
     s.buffer(0, 1, 8192, 1);
     s.buffer(1, 2, 4096, 0);
@@ -525,6 +672,7 @@ fn remote_bounds_unknown_buffers_and_bad_offers_are_refused() {
     // A hand-made offer with a bad chunk size and lane.
     let mut eng = Engine::new(EngineConfig::default());
     let p = eng.add_peer("x", 1, 1);
+    rendezvous_peer(&mut eng, p);
     eng.add_buffer(5, 100, key(5)).unwrap();
     for (chunk, lane) in [(100u32, 0u32), (4096, 3)] {
         eng.on_message(
@@ -563,8 +711,13 @@ fn remote_bounds_unknown_buffers_and_bad_offers_are_refused() {
 
 #[test]
 fn local_validation_names_the_field_and_changes_nothing() {
+    both(local_validation_names_the_field_and_changes_nothing_in_mode);
+}
+
+fn local_validation_names_the_field_and_changes_nothing_in_mode() {
     let mut eng = Engine::new(EngineConfig::default());
     let p = eng.add_peer("b", 1, 1);
+    rendezvous_peer(&mut eng, p);
     eng.lane_ready(p, 0, true);
     eng.add_buffer(1, 1000, key(1)).unwrap();
     let now = Instant::now();
@@ -646,6 +799,10 @@ fn local_validation_names_the_field_and_changes_nothing() {
 
 #[test]
 fn cancel_before_accept_and_midway_drains_every_slot() {
+    both(cancel_before_accept_and_midway_drains_every_slot_in_mode);
+}
+
+fn cancel_before_accept_and_midway_drains_every_slot_in_mode() {
     for stage in 0..3 {
         let mut s = Sim::new(2, small_chunks(), 10 + stage);
         s.buffer(0, 1, 256 * 1024, 1);
@@ -685,6 +842,10 @@ fn cancel_before_accept_and_midway_drains_every_slot() {
 
 #[test]
 fn cancelling_a_read_drains_both_sides() {
+    both(cancelling_a_read_drains_both_sides_in_mode);
+}
+
+fn cancelling_a_read_drains_both_sides_in_mode() {
     for stage in 0..3 {
         let mut s = Sim::new(2, small_chunks(), 20 + stage);
         s.buffer(0, 1, 128 * 1024, 0);
@@ -702,6 +863,10 @@ fn cancelling_a_read_drains_both_sides() {
 
 #[test]
 fn deadlines_fail_transfers_at_tick() {
+    both(deadlines_fail_transfers_at_tick_in_mode);
+}
+
+fn deadlines_fail_transfers_at_tick_in_mode() {
     let mut s = Sim::new(1, small_chunks(), 30);
     s.buffer(0, 1, 65536, 1);
     s.buffer(1, 2, 65536, 0);
@@ -740,6 +905,10 @@ fn deadlines_fail_transfers_at_tick() {
 
 #[test]
 fn a_failed_peer_fails_every_transfer_touching_it() {
+    both(a_failed_peer_fails_every_transfer_touching_it_in_mode);
+}
+
+fn a_failed_peer_fails_every_transfer_touching_it_in_mode() {
     let mut s = Sim::new(2, small_chunks(), 40);
     s.buffer(0, 1, 65536, 1);
     s.buffer(1, 2, 65536, 0);
@@ -791,6 +960,10 @@ fn a_failed_peer_fails_every_transfer_touching_it() {
 
 #[test]
 fn an_unpack_failure_fails_the_write_and_still_drains() {
+    both(an_unpack_failure_fails_the_write_and_still_drains_in_mode);
+}
+
+fn an_unpack_failure_fails_the_write_and_still_drains_in_mode() {
     let mut s = Sim::new(1, small_chunks(), 50);
     s.buffer(0, 1, 40_000, 1);
     s.buffer(1, 2, 40_000, 0);
@@ -812,6 +985,10 @@ fn an_unpack_failure_fails_the_write_and_still_drains() {
 
 #[test]
 fn buffers_in_use_cannot_be_released() {
+    both(buffers_in_use_cannot_be_released_in_mode);
+}
+
+fn buffers_in_use_cannot_be_released_in_mode() {
     let mut s = Sim::new(1, small_chunks(), 60);
     s.buffer(0, 1, 65536, 1);
     s.buffer(1, 2, 65536, 0);
@@ -827,6 +1004,10 @@ fn buffers_in_use_cannot_be_released() {
 
 #[test]
 fn notifications_follow_their_data_in_completion_order() {
+    both(notifications_follow_their_data_in_completion_order_in_mode);
+}
+
+fn notifications_follow_their_data_in_completion_order_in_mode() {
     let mut s = Sim::new(1, small_chunks(), 70);
     s.buffer(0, 1, 65536, 1);
     s.buffer(1, 2, 65536, 0);
@@ -865,11 +1046,16 @@ fn notifications_follow_their_data_in_completion_order() {
 
 #[test]
 fn multi_peer_batches_report_per_entry_status() {
+    both(multi_peer_batches_report_per_entry_status_in_mode);
+}
+
+fn multi_peer_batches_report_per_entry_status_in_mode() {
     // Node 0 with two peers: peer 0 accepts, peer 1 refuses (bad key).
     let mut eng = Engine::new(small_chunks());
     let good = eng.add_peer("good", 1, 1);
     let bad = eng.add_peer("bad", 1, 1);
     for p in [good, bad] {
+        rendezvous_peer(&mut eng, p);
         eng.lane_ready(p, 0, true);
         eng.lane_ready(p, 0, false);
     }
@@ -958,6 +1144,10 @@ fn step_until_unpacking(s: &mut Sim, receiver: usize) -> bool {
 
 #[test]
 fn cancel_and_deadline_while_receives_are_unpacking_drain_both_sides() {
+    both(cancel_and_deadline_while_receives_are_unpacking_drain_both_sides_in_mode);
+}
+
+fn cancel_and_deadline_while_receives_are_unpacking_drain_both_sides_in_mode() {
     // (write or read, cancel or deadline): the receiving side holds a landed chunk in its
     // unpack stage when the transfer ends; the unpack still finishes, the chunk is consumed,
     // and every slot, window and buffer use comes back to zero on both nodes.

@@ -32,6 +32,20 @@ pub struct ReadPair {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PeerMsg {
+    /// How the sender of this message receives (its first message on the stream): `credits`
+    /// receives of `chunk_bytes` kept posted on each lane (eager), or 0 credits (rendezvous).
+    ReceiveMode {
+        credits: u32,
+        chunk_bytes: u32,
+    },
+    /// Credits returned, per lane (`returned[i]` receives re-posted on lane i since the last
+    /// message).
+    Credits {
+        returned: Vec<u32>,
+    },
+    /// An eager transfer's header: the same fields as an offer, but the sends are already
+    /// posted (within credits); the receiver answers only `Done`, `Reject` or `Failed`.
+    Header(Offer),
     Offer(Offer),
     Accept {
         offer_id: u64,

@@ -884,6 +884,91 @@ impl RecvComm {
         unsafe { ring.gather_host(slot.q, slot.region.as_ptr().add(slot.offset), slot.len) }
     }
 
+    /// Eager landing on the host: copies a completed receive's `len` bytes to `dst` at `dst_off`
+    /// (a range the caller validated), wherever the plugin put them: gathered from the bounce
+    /// pages of its fragment list, or, for a direct receive (no fragments), from the posted
+    /// range itself, which is then zeroed so that a later receive that brings nothing (an
+    /// emptied chunk) can never hand these bytes on. Returns the bytes copied.
+    pub fn land_host(&self, id: RequestId, dst: &dyn Region, dst_off: usize, len: usize) -> NetResult<usize> {
+        let slot = self.completed_slot(id)?;
+        if dst.mem_type() != super::memory::MemType::Host {
+            return Err(NetError::Ring("land_host needs a host destination".into()));
+        }
+        if dst_off.checked_add(len).is_none_or(|end| end > dst.len()) {
+            return Err(NetError::InvalidArgument(format!(
+                "landing {dst_off}+{len} is outside the {}-byte destination",
+                dst.len()
+            )));
+        }
+        let ring = self.unpack_ring()?;
+        if ring.count(slot.q)? > 0 {
+            // SAFETY: `dst_off + len` lies inside the caller's host region (checked above), which
+            // nothing else touches while the receive lands; the plugin finished writing.
+            return unsafe { ring.gather_host(slot.q, dst.as_ptr().add(dst_off), len) };
+        }
+        self.with_direct(slot, len, |src| {
+            // SAFETY: the destination range was checked above and does not overlap the posted
+            // range (another region); `src` is the posted range the plugin finished writing.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr().add(dst_off), len) };
+            Ok(())
+        })?;
+        Ok(len)
+    }
+
+    /// A completed direct receive (no fragments) of host memory: calls `f` with the first `len`
+    /// bytes of its posted range, then zeroes them (see [`RecvComm::land_host`]). For copying
+    /// such bytes into GPU memory.
+    pub fn land_direct(
+        &self,
+        id: RequestId,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> Result<(), String>,
+    ) -> NetResult<()> {
+        let slot = self.completed_slot(id)?;
+        if self.unpack_ring()?.count(slot.q)? > 0 {
+            return Err(NetError::Ring(
+                "the receive landed in bounce pages, not in place".into(),
+            ));
+        }
+        self.with_direct(slot, len, f)
+    }
+
+    fn completed_slot(&self, id: RequestId) -> NetResult<&RecvSlot> {
+        let slot = &self.slots[self.position(id)?];
+        if !slot.done {
+            return Err(NetError::OutOfOrder {
+                id: id.0,
+                expected: "a completed receive",
+            });
+        }
+        Ok(slot)
+    }
+
+    fn with_direct(
+        &self,
+        slot: &RecvSlot,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> Result<(), String>,
+    ) -> NetResult<()> {
+        if len > slot.len {
+            return Err(NetError::InvalidArgument(format!(
+                "{len} bytes asked of a {}-byte receive",
+                slot.len
+            )));
+        }
+        if slot.region.mem_type() != super::memory::MemType::Host {
+            return Err(NetError::Ring("the posted range is not host memory".into()));
+        }
+        // SAFETY: the posted range (`slot.offset`, at least `len` bytes) lies in the slot's host
+        // region, which the slot keeps alive; `test` reported the receive done, so the plugin no
+        // longer writes it, and nothing else does until the request is consumed.
+        let src = unsafe { std::slice::from_raw_parts(slot.region.as_ptr().add(slot.offset), len) };
+        f(src).map_err(NetError::Ring)?;
+        // SAFETY: as above; the borrow `src` ended with `f`.
+        unsafe { std::ptr::write_bytes(slot.region.as_ptr().add(slot.offset), 0, len) };
+        Ok(())
+    }
+
     /// Returns the oldest completed receive's pages to the plugin (`irecvConsumed`), freeing its
     /// slot. Call only after its unpack has finished.
     pub fn consume(&mut self, id: RequestId) -> NetResult<()> {

@@ -9,10 +9,21 @@ use crate::gpu::Gpu;
 use crate::net::{RecvComm, RequestId};
 use crate::unpack::{Ticket, UnpackImpl, UnpackJob, Unpacker};
 
-use super::Posted;
+/// Where a completed receive's bytes go.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Dest {
+    pub buffer: u64,
+    pub offset: u64,
+    pub len: u32,
+    /// Eager: the receive was posted into the lane's landing slots, not into `buffer`, so the
+    /// bytes are copied there even when the plugin received them in place (a direct receive).
+    pub staged: bool,
+}
 
 #[derive(Debug)]
 pub(super) enum Wait {
+    /// An eager credit receive completed before its header: the destination is not known yet.
+    Header,
     /// Unpacked (or nothing to unpack), with the outcome.
     Ready(Result<(), String>),
     /// In batch `batch` of GPU `gpu`'s unpacker; `len` bytes posted.
@@ -50,15 +61,18 @@ pub(super) struct GpuStage {
 }
 /// Starts unpacking a completed receive: nothing to do when the plugin received in place (or
 /// the chunk was sent empty), a host gather for host destinations, a push into the GPU's
-/// unpacker for CUDA destinations.
+/// unpacker for CUDA destinations. A staged (eager) receive that the plugin received in place,
+/// into the landing slot, is copied to its destination (a staging copy: synchronous for GPU
+/// memory).
 pub(super) fn start_unpack(
     comm: &RecvComm,
-    posted: &Posted,
+    id: RequestId,
+    posted: Dest,
     buffers: &HashMap<u64, Arc<BufferEntry>>,
     stages: &mut HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
 ) -> Wait {
-    let (ring, q) = match comm.completed(posted.id) {
+    let (ring, q) = match comm.completed(id) {
         Ok(v) => v,
         Err(e) => return Wait::Ready(Err(e.to_string())),
     };
@@ -66,19 +80,32 @@ pub(super) fn start_unpack(
         Ok(f) => f,
         Err(e) => return Wait::Ready(Err(e.to_string())),
     };
-    if frags.is_empty() {
+    if frags.is_empty() && !posted.staged {
         return Wait::Ready(Ok(()));
     }
     let Some(entry) = buffers.get(&posted.buffer) else {
         return Wait::Ready(Err(format!("buffer {} vanished", posted.buffer)));
     };
+    let (offset, len) = (posted.offset as usize, posted.len as usize);
     let Some(region) = entry.device_region() else {
         let landed: u64 = frags.iter().map(|f| u64::from(f.len)).sum();
-        if landed != u64::from(posted.len) {
+        if !frags.is_empty() && landed != u64::from(posted.len) {
             return Wait::Ready(Err(format!("chunk landed {landed} of {} bytes", posted.len)));
         }
-        return Wait::Ready(comm.unpack_host(posted.id).map(|_| ()).map_err(|e| e.to_string()));
+        let r = if posted.staged {
+            comm.land_host(id, &*entry.region_dyn(), offset, len)
+        } else {
+            comm.unpack_host(id)
+        };
+        return Wait::Ready(r.map(|_| ()).map_err(|e| e.to_string()));
     };
+    if frags.is_empty() {
+        // Staged and received in place (host landing slots): a synchronous copy to the GPU.
+        let r = comm.land_direct(id, len, |src| {
+            region.write(posted.offset, src).map_err(|e| e.to_string())
+        });
+        return Wait::Ready(r.map_err(|e| e.to_string()));
+    }
     // From here the unpacker checks the list (bounds, and adding up to the posted size:
     // `exact`): on the host at `push`, or, for the ring read in place, on the GPU, reported when
     // the batch is done (`BatchEnd::Rejected`).

@@ -6,8 +6,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::gpu_stage::{BatchEnd, Wait, check_list, start_unpack};
-use super::{Completion, Landing, Phase, Poller, Posted, RecvLane, RecvLaneState, SendLane, SendLaneState};
+use super::gpu_stage::{BatchEnd, Dest, Wait, check_list, start_unpack};
+use super::{
+    Completion, LANDING, Landing, Phase, Poller, Posted, RecvLane, RecvLaneState, SendLane, SendLaneState,
+};
 use crate::buffers::BufferEntry;
 use crate::engine::{Action, Code, PeerIdx, PeerMsg};
 use crate::net::MemHandle;
@@ -84,6 +86,7 @@ impl Poller {
             match e {
                 Completion::SendDone(p, l) => self.engine.send_done(p, l),
                 Completion::RecvConsumed(p, l, r) => self.engine.recv_consumed(p, l, r),
+                Completion::Landed(p, l) => self.engine.recv_landed(p, l, Instant::now()),
                 Completion::LaneReady(p, l, send) => self.engine.lane_ready(p, l, send),
                 Completion::Failed(p, why) => {
                     tracing::warn!(peer = %self.peers[p.0 as usize].node_id, "{why}");
@@ -127,6 +130,62 @@ impl Poller {
                     l.deferred.push_back((buffer, offset, len));
                     if let Err(why) = post_recvs(l, &self.buffers) {
                         failures.push((peer, format!("lane {lane} receive: {why}")));
+                    }
+                }
+                Action::PostCredit { peer, lane, len } => {
+                    let credits = u64::from(self.cfg.engine.credits);
+                    let l = &mut self.peers[peer.0 as usize].recv[lane as usize];
+                    let r = landing_slots(l, credits, len).and_then(|()| {
+                        let slot = l.credit_seq % credits;
+                        l.credit_seq += 1;
+                        l.deferred.push_back((LANDING, slot * u64::from(len), len));
+                        post_recvs(l, &self.buffers)
+                    });
+                    if let Err(why) = r {
+                        failures.push((peer, format!("lane {lane} credit receive: {why}")));
+                    }
+                }
+                Action::Land {
+                    peer,
+                    lane,
+                    buffer,
+                    offset,
+                    len,
+                } => {
+                    let l = &mut self.peers[peer.0 as usize].recv[lane as usize];
+                    let RecvLaneState::Ready(comm) = &mut l.state else {
+                        continue;
+                    };
+                    // The oldest completed credit receive still waiting for its header.
+                    let Some(landing) = l.landing.iter_mut().find(|x| matches!(x.wait, Wait::Header)) else {
+                        failures.push((
+                            peer,
+                            format!("lane {lane}: a chunk landed with no completed receive"),
+                        ));
+                        continue;
+                    };
+                    landing.wait = match buffer {
+                        // Refused or cancelled: consumed without unpacking.
+                        None => Wait::Ready(Ok(())),
+                        Some(buffer) => {
+                            let dest = Dest {
+                                buffer,
+                                offset,
+                                len,
+                                staged: true,
+                            };
+                            start_unpack(
+                                comm,
+                                landing.id,
+                                dest,
+                                &self.buffers,
+                                &mut self.stages,
+                                self.unpack_impl,
+                            )
+                        }
+                    };
+                    if matches!(landing.wait, Wait::Ready(_)) {
+                        landing.unpacked = Some(Instant::now());
                     }
                 }
                 Action::Progress {
@@ -187,6 +246,7 @@ impl Poller {
                     }
                     for l in &mut p.recv {
                         l.handles.clear();
+                        l.landing_slots = None;
                         l.deferred.clear();
                         l.posted.clear();
                         l.landing.clear();
@@ -257,7 +317,19 @@ impl Poller {
                     match comm.test(posted.id) {
                         Ok(Some(_)) => {
                             let landed = Instant::now();
-                            let wait = start_unpack(comm, &posted, buffers, stages, *unpack_impl);
+                            let wait = if posted.buffer == LANDING {
+                                // Eager: where it goes comes with its header (`Action::Land`).
+                                events.push(Completion::Landed(peer, li as u32));
+                                Wait::Header
+                            } else {
+                                let dest = Dest {
+                                    buffer: posted.buffer,
+                                    offset: posted.offset,
+                                    len: posted.len,
+                                    staged: false,
+                                };
+                                start_unpack(comm, posted.id, dest, buffers, stages, *unpack_impl)
+                            };
                             let unpacked = matches!(wait, Wait::Ready(_)).then(Instant::now);
                             l.posted.pop_front();
                             l.landing.push_back(Landing {
@@ -293,6 +365,7 @@ impl Poller {
                 };
                 while let Some(front) = l.landing.front() {
                     let result = match &front.wait {
+                        Wait::Header => break,
                         Wait::Ready(r) => r.clone(),
                         Wait::Gpu { gpu, batch, len } => {
                             match stages.get(gpu).and_then(|s| s.outcome(*batch)) {
@@ -395,7 +468,11 @@ fn post_recvs(l: &mut RecvLane, buffers: &HashMap<u64, Arc<BufferEntry>>) -> Res
         return Ok(());
     };
     while let Some(&(buffer, offset, len)) = l.deferred.front() {
-        let (mh, at) = handle_for(&mut l.handles, buffers, buffer, offset, |r| comm.register(r))?;
+        let (mh, at) = match (&l.landing_slots, buffer) {
+            (Some(mh), LANDING) => (mh, offset),
+            (None, LANDING) => return Err("credit receive without landing slots".into()),
+            _ => handle_for(&mut l.handles, buffers, buffer, offset, |r| comm.register(r))?,
+        };
         l.tag = l.tag.wrapping_add(1) & 0x7fff_ffff;
         match comm
             .irecv(mh, at as usize, len as usize, l.tag)
@@ -413,5 +490,24 @@ fn post_recvs(l: &mut RecvLane, buffers: &HashMap<u64, Arc<BufferEntry>>) -> Res
             None => break,
         }
     }
+    Ok(())
+}
+
+/// Makes an eager lane's landing slots on first use: `credits` slots of `len` bytes of host
+/// memory, populated, registered on the lane's comm. A credit receive posted into one lands in
+/// bounce pages (emulation host mode) or in the slot itself (direct receives: host memory on the
+/// real plugin, `TCPXEMU_HOST_RECV=direct`), and is copied to its destination once its header
+/// said where.
+fn landing_slots(l: &mut RecvLane, credits: u64, len: u32) -> Result<(), String> {
+    if l.landing_slots.is_some() {
+        return Ok(());
+    }
+    let RecvLaneState::Ready(comm) = &l.state else {
+        return Err("the lane is not connected".into());
+    };
+    let bytes = credits * u64::from(len);
+    let region = crate::net::HostRegion::populated(bytes as usize).map_err(|e| e.to_string())?;
+    let mh = comm.register(Arc::new(region)).map_err(|e| e.to_string())?;
+    l.landing_slots = Some(mh);
     Ok(())
 }

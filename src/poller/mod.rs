@@ -286,7 +286,14 @@ struct RecvLane {
     landing: VecDeque<Landing>,
     deferred: VecDeque<(u64, u64, u32)>,
     tag: i32,
+    /// Eager: the landing slots credit receives are posted into (host memory, registered on
+    /// this comm once), and how many credit receives were posted so far (slot `n % credits`).
+    landing_slots: Option<MemHandle>,
+    credit_seq: u64,
 }
+
+/// The buffer id of a credit receive's landing slot (no client buffer has it).
+pub(super) const LANDING: u64 = u64::MAX;
 
 /// A posted receive: where its bytes go.
 #[derive(Debug, Clone, Copy)]
@@ -342,6 +349,8 @@ struct Poller {
 enum Completion {
     SendDone(PeerIdx, u32),
     RecvConsumed(PeerIdx, u32, Result<(), String>),
+    /// An eager credit receive completed (its destination comes with its header).
+    Landed(PeerIdx, u32),
     LaneReady(PeerIdx, u32, bool),
     Failed(PeerIdx, String),
 }
@@ -610,6 +619,8 @@ impl Poller {
                 landing: VecDeque::new(),
                 deferred: VecDeque::new(),
                 tag: 0,
+                landing_slots: None,
+                credit_seq: 0,
             })
             .collect::<Vec<_>>();
         let idx = self

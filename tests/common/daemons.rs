@@ -61,6 +61,8 @@ pub async fn start(node: &str, extra: impl FnOnce(&mut DaemonArgs)) -> TestDaemo
         peer_listen: Some("127.0.0.1:0".parse().unwrap()),
         builtin_emulation: true,
         shutdown_grace_s: Some(5),
+        // The whole suite runs under either protocol: TCPXD_TRANSFER_PROTOCOL=eager|rendezvous.
+        transfer_protocol: std::env::var("TCPXD_TRANSFER_PROTOCOL").ok(),
         ..Default::default()
     };
     extra(&mut args);
@@ -197,7 +199,8 @@ pub async fn connect(a: &mut TestDaemon, b: &TestDaemon) -> pb::Peer {
         .into_inner()
 }
 
-/// Polls GetStats until nothing is in flight or queued on any lane (or fails after 10 s).
+/// Polls GetStats until nothing is in flight or queued on any lane and every eager credit is
+/// back (held by the sender, posted again by the receiver), or fails after 10 s.
 pub async fn assert_lanes_drain(c: &mut Client) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
@@ -210,7 +213,14 @@ pub async fn assert_lanes_drain(c: &mut Client) {
             .peers
             .iter()
             .flat_map(|p| &p.lanes)
-            .map(|l| l.sends_in_flight + l.recvs_in_flight + l.sends_queued + l.recvs_queued)
+            .map(|l| {
+                l.sends_in_flight
+                    + l.recvs_in_flight
+                    + l.sends_queued
+                    + l.recvs_queued
+                    + (l.send_credit_limit - l.send_credits.min(l.send_credit_limit))
+                    + (l.recv_credit_limit - l.recv_credits.min(l.recv_credit_limit))
+            })
             .sum();
         if busy == 0 && s.active_transfers == 0 {
             return;

@@ -1,0 +1,371 @@
+//! The eager protocol: a WRITE with no round trip before the data.
+//!
+//! - **Receive mode.** Each side's first message to a peer says how it receives
+//!   ([`PeerMsg::ReceiveMode`]): `credits` receives of `chunk_bytes` kept posted on every lane
+//!   (eager), or none (rendezvous: offer, accept, then receives into the destination). The
+//!   sender follows the receiver's mode; a transfer started before the mode is known waits for it.
+//! - **Credits.** An eager receiver posts `credits` receives on each lane into landing slots
+//!   whose destination is not known yet. The sender holds the same count per lane and spends one
+//!   per send, never more than the receiver posted, each chunk at most `chunk_bytes` (the posted
+//!   size). The receiver re-posts a receive as soon as it consumed one and returns the credit
+//!   ([`PeerMsg::Credits`], batched at the end of each action batch).
+//! - **Header, then data, no wait.** The sender writes the transfer's header
+//!   ([`PeerMsg::Header`]: ranges, keys, chunk size, first lane) on the ordered control stream
+//!   and posts its sends at once. The receiver maps the k-th completed receive on lane L to the
+//!   k-th chunk headers announced for L; data that completes before its header waits in its
+//!   bounce pages (at most `credits` per lane, and at most `header_timeout`).
+//! - **Validation at unpack time.** The receiver checks keys and bounds when the header
+//!   arrives. An accepted transfer's chunks are unpacked into the destination ([`Action::Land`]
+//!   with a buffer); a rejected one's are consumed without unpacking (`Land` with none), its
+//!   sender gets `Reject` with the reason, and every credit comes back. A header whose chunk plan
+//!   cannot be trusted (chunk larger than the credit receives, bad lane, too many chunks,
+//!   duplicate id, a header to a rendezvous receiver) breaks the lane order for every later
+//!   transfer: the pairing fails.
+
+use super::*;
+
+/// The most chunks one header may announce (512 GiB at the smallest chunk size): bounds the
+/// receiver's bookkeeping for a header it rejects.
+pub const MAX_HEADER_CHUNKS: u64 = 1 << 27;
+
+/// Requests the plugin holds per comm: no receiver can post more credits than this.
+pub const PLUGIN_REQUESTS: u32 = 16;
+
+impl Engine {
+    /// The first message to a new peer: how this node receives.
+    pub(super) fn announce_mode(&mut self, peer: PeerIdx) {
+        let credits = if self.cfg.eager { self.cfg.credits } else { 0 };
+        self.actions.push_back(Action::Control {
+            peer,
+            msg: PeerMsg::ReceiveMode {
+                credits,
+                chunk_bytes: self.cfg.chunk_bytes,
+            },
+        });
+    }
+
+    /// An eager receive lane became ready: post its credit receives.
+    pub(super) fn post_credits(&mut self, peer: PeerIdx, lane: u32) {
+        if !self.cfg.eager {
+            return;
+        }
+        let (n, len) = (self.cfg.credits, self.cfg.chunk_bytes);
+        let Some(l) = self.peers[peer.0 as usize].recv.get_mut(lane as usize) else {
+            return;
+        };
+        if l.credits > 0 || !l.landed.is_empty() || !l.unpacking.is_empty() {
+            // Already posted (a second ready event).
+            return;
+        }
+        l.credits = n;
+        for _ in 0..n {
+            self.actions.push_back(Action::PostCredit { peer, lane, len });
+        }
+    }
+
+    /// Fails the pairing: the peer broke the protocol in a way that loses the lane order.
+    fn violation(&mut self, peer: PeerIdx, why: String) {
+        self.peer_failed(peer, &format!("protocol violation: {why}"));
+    }
+
+    pub(super) fn on_receive_mode(&mut self, peer: PeerIdx, credits: u32, chunk_bytes: u32) {
+        let p = &self.peers[peer.0 as usize];
+        if p.remote.is_some() {
+            return self.violation(peer, "a second ReceiveMode".into());
+        }
+        if credits > PLUGIN_REQUESTS {
+            return self.violation(
+                peer,
+                format!("{credits} credits per lane (the plugin posts at most {PLUGIN_REQUESTS})"),
+            );
+        }
+        if credits > 0
+            && let Err(e) = plan::check_chunk_bytes(u64::from(chunk_bytes))
+        {
+            return self.violation(peer, format!("ReceiveMode: {e}"));
+        }
+        let p = &mut self.peers[peer.0 as usize];
+        p.remote = Some((credits, chunk_bytes));
+        for l in &mut p.send {
+            l.credits = credits;
+        }
+        for id in std::mem::take(&mut p.waiting) {
+            self.send_offer(id);
+        }
+        self.pump(peer);
+    }
+
+    pub(super) fn on_credits(&mut self, peer: PeerIdx, returned: Vec<u32>) {
+        let p = &self.peers[peer.0 as usize];
+        let Some((limit, _)) = p.remote.filter(|r| r.0 > 0) else {
+            return self.violation(peer, "credits from a peer that receives by rendezvous".into());
+        };
+        if returned.len() != p.send.len() {
+            return self.violation(
+                peer,
+                format!(
+                    "credits for {} lanes, the pairing has {}",
+                    returned.len(),
+                    p.send.len()
+                ),
+            );
+        }
+        for (lane, (&n, l)) in returned.iter().zip(&p.send).enumerate() {
+            if u64::from(l.credits) + u64::from(n) > u64::from(limit) {
+                return self.violation(
+                    peer,
+                    format!(
+                        "lane {lane}: {n} credits returned with {} held of {limit}",
+                        l.credits
+                    ),
+                );
+            }
+        }
+        let p = &mut self.peers[peer.0 as usize];
+        for (l, n) in p.send.iter_mut().zip(returned) {
+            l.credits += n;
+        }
+        self.pump(peer);
+    }
+
+    /// An eager header: the data is already on its way (or here).
+    pub(super) fn on_header(&mut self, peer: PeerIdx, offer: Offer) {
+        if !self.cfg.eager {
+            return self.violation(
+                peer,
+                format!(
+                    "header of transfer {} sent to a node that receives by rendezvous",
+                    offer.offer_id
+                ),
+            );
+        }
+        let lanes = self.peers[peer.0 as usize].recv.len() as u32;
+        // What the chunk plan rests on: if any of it is wrong, the k-th receive of a lane can no
+        // longer be matched to its chunk, for this transfer and every later one.
+        let plan: Result<(), String> = (|| {
+            plan::check_chunk_bytes(u64::from(offer.chunk_bytes))?;
+            if offer.chunk_bytes > self.cfg.chunk_bytes {
+                return Err(format!(
+                    "chunk_bytes {} exceeds the {}-byte credit receives",
+                    offer.chunk_bytes, self.cfg.chunk_bytes
+                ));
+            }
+            if lanes == 0 || offer.first_lane >= lanes {
+                return Err(format!(
+                    "first_lane {} is not below the {lanes} lanes",
+                    offer.first_lane
+                ));
+            }
+            if offer.ranges.is_empty() || offer.ranges.len() > self.cfg.max_entries {
+                return Err(format!(
+                    "{} ranges (1 to {} allowed)",
+                    offer.ranges.len(),
+                    self.cfg.max_entries
+                ));
+            }
+            let chunks = offer
+                .ranges
+                .iter()
+                .try_fold(0u64, |n, r| {
+                    n.checked_add(r.length.div_ceil(u64::from(offer.chunk_bytes)))
+                })
+                .filter(|&n| n <= MAX_HEADER_CHUNKS);
+            if chunks.is_none() {
+                return Err(format!("more than {MAX_HEADER_CHUNKS} chunks in one transfer"));
+            }
+            if self.in_offers.contains_key(&(peer, offer.offer_id)) {
+                return Err(format!("transfer {} is already active", offer.offer_id));
+            }
+            Ok(())
+        })();
+        if let Err(why) = plan {
+            return self.violation(peer, format!("header of transfer {}: {why}", offer.offer_id));
+        }
+        // What only this transfer rests on: refused, its chunks are consumed without unpacking.
+        let verdict = self.check_incoming(peer, &offer);
+        let lengths: Vec<u64> = offer.ranges.iter().map(|r| r.length).collect();
+        let accepted = verdict.is_ok();
+        let dests: Vec<(u64, u64)> = if accepted {
+            offer.ranges.iter().map(|r| (r.buffer_id, r.offset)).collect()
+        } else {
+            Vec::new()
+        };
+        for &(b, _) in &dests {
+            self.use_buffer(b);
+        }
+        let mut chunks_total = 0u64;
+        let p = &mut self.peers[peer.0 as usize];
+        for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, lanes) {
+            let dest = dests.get(c.range as usize).map(|&(b, off)| (b, off + c.offset));
+            p.recv[c.lane as usize].targets.push_back(Target {
+                offer: offer.offer_id,
+                dest,
+                len: c.len,
+            });
+            chunks_total += 1;
+        }
+        let read = (offer.read_id != 0).then_some(offer.read_id);
+        match verdict {
+            Ok(()) => {
+                if let Some(rid) = read {
+                    let r = self.reads.get_mut(&rid).expect("checked");
+                    r.offer = Some(offer.offer_id);
+                    let t = r.transfer;
+                    self.set_running(t);
+                }
+            }
+            Err((code, message, range_index)) => {
+                self.actions.push_back(Action::Control {
+                    peer,
+                    msg: PeerMsg::Reject {
+                        offer_id: offer.offer_id,
+                        code,
+                        message: message.clone(),
+                        range_index,
+                    },
+                });
+                // Our READ this header claims to serve fails with the reason.
+                if let Some(r) = read
+                    .and_then(|rid| self.reads.get(&rid))
+                    .filter(|r| r.peer == peer)
+                    && r.offer.is_none()
+                    && !r.cancelled
+                {
+                    let (t, entry) = (r.transfer, r.entries.get(range_index as usize).copied());
+                    let node = self.peers[peer.0 as usize].node_id.clone();
+                    self.fail_transfer(
+                        t,
+                        code,
+                        &format!("node {node} sent data this node refused: {message}"),
+                        entry,
+                    );
+                }
+            }
+        }
+        if chunks_total > 0 {
+            self.in_offers.insert(
+                (peer, offer.offer_id),
+                InOffer {
+                    read: if accepted { read } else { None },
+                    dests,
+                    chunks_total,
+                    chunks_done: 0,
+                    bytes_done: 0,
+                    discard: !accepted,
+                    failed: !accepted,
+                    notification: offer.notification,
+                },
+            );
+        }
+        for lane in 0..lanes {
+            self.match_landed(peer, lane);
+        }
+    }
+
+    /// The oldest credit receive of an eager lane without data completed.
+    pub fn recv_landed(&mut self, peer: PeerIdx, lane: u32, now: Instant) {
+        let Some(l) = self
+            .peers
+            .get_mut(peer.0 as usize)
+            .filter(|p| p.failed.is_none())
+            .and_then(|p| p.recv.get_mut(lane as usize))
+        else {
+            return;
+        };
+        if l.credits == 0 {
+            // The driver reported more completions than credits posted: a driver bug, never
+            // the peer's doing (the plugin cannot complete a receive nobody posted).
+            debug_assert!(false, "recv_landed without a posted credit");
+            return;
+        }
+        l.credits -= 1;
+        l.landed.push_back(now);
+        self.match_landed(peer, lane);
+    }
+
+    /// Pairs landed receives with announced chunks, in lane order.
+    fn match_landed(&mut self, peer: PeerIdx, lane: u32) {
+        let p = &mut self.peers[peer.0 as usize];
+        let l = &mut p.recv[lane as usize];
+        while !l.landed.is_empty() && !l.targets.is_empty() {
+            l.landed.pop_front();
+            let t = l.targets.pop_front().expect("checked");
+            l.unpacking.push_back(t);
+            // A transfer cancelled or failed since its header came: nothing lands.
+            let keep = self.in_offers.get(&(peer, t.offer)).is_some_and(|o| !o.discard);
+            let dest = t.dest.filter(|_| keep);
+            self.actions.push_back(Action::Land {
+                peer,
+                lane,
+                buffer: dest.map(|d| d.0),
+                offset: dest.map_or(0, |d| d.1),
+                len: t.len,
+            });
+        }
+    }
+
+    /// An eager lane's oldest chunk handed to the driver was consumed: its credit receive is
+    /// posted again and the credit goes back to the peer. Returns the chunk's transfer and
+    /// length.
+    pub(super) fn eager_consumed(&mut self, peer: PeerIdx, lane: u32) -> Option<(u64, u32)> {
+        let len = self.cfg.chunk_bytes;
+        let l = self.peers.get_mut(peer.0 as usize)?.recv.get_mut(lane as usize)?;
+        let t = l.unpacking.pop_front()?;
+        l.credits += 1;
+        l.returned += 1;
+        self.actions.push_back(Action::PostCredit { peer, lane, len });
+        Some((t.offer, t.len))
+    }
+
+    /// One `Credits` message per peer with credits to return.
+    pub(super) fn flush_credits(&mut self) {
+        for (i, p) in self.peers.iter_mut().enumerate() {
+            if p.failed.is_some() || p.recv.iter().all(|l| l.returned == 0) {
+                continue;
+            }
+            let returned = p
+                .recv
+                .iter_mut()
+                .map(|l| std::mem::take(&mut l.returned))
+                .collect();
+            self.actions.push_back(Action::Control {
+                peer: PeerIdx(i as u32),
+                msg: PeerMsg::Credits { returned },
+            });
+        }
+    }
+
+    /// The earliest moment data that is waiting for its header fails its peer.
+    pub(super) fn next_orphan_deadline(&self) -> Option<Instant> {
+        self.peers
+            .iter()
+            .filter(|p| p.failed.is_none())
+            .flat_map(|p| &p.recv)
+            .filter_map(|l| l.landed.front())
+            .min()
+            .map(|&t| t + self.cfg.header_timeout)
+    }
+
+    /// Fails each peer whose data waited for its header past `header_timeout`.
+    pub(super) fn check_orphans(&mut self, now: Instant) {
+        let timeout = self.cfg.header_timeout;
+        let late: Vec<(PeerIdx, usize)> = self
+            .peers
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.failed.is_none())
+            .filter_map(|(i, p)| {
+                p.recv
+                    .iter()
+                    .position(|l| l.landed.front().is_some_and(|&t| t + timeout <= now))
+                    .map(|lane| (PeerIdx(i as u32), lane))
+            })
+            .collect();
+        for (peer, lane) in late {
+            self.violation(
+                peer,
+                format!("data on lane {lane} waited {timeout:?} for its header"),
+            );
+        }
+    }
+}
