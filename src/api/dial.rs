@@ -4,13 +4,17 @@
 //! as `ConnectPeer` does (cluster secret, mutual TLS) and concurrent first uses make one pairing.
 
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tonic::{Code, Status};
 
 use super::service::DaemonState;
 use crate::buffers::Descriptor;
 use crate::poller::PeerLink;
+
+/// The longest a first use waits for an address to accept a TCP connection before it asks
+/// `Peers::connect` (which pairs one node at a time) to dial it.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A node named by a transfer's descriptors: the first entry naming it and its addresses.
 struct Named {
@@ -65,6 +69,28 @@ impl DaemonState {
         let mut tried = Vec::new();
         for a in &named.addresses {
             let budget = deadline.saturating_duration_since(Instant::now());
+            // An address that does not take a TCP connection fails here, costing only this
+            // call: Peers::connect pairs one node at a time, and an unroutable address would
+            // hold every other pairing for its connect timeout.
+            match tokio::time::timeout(
+                budget.min(PROBE_TIMEOUT),
+                tokio::net::TcpStream::connect(a.as_str()),
+            )
+            .await
+            {
+                Ok(Ok(_probe)) => {}
+                Ok(Err(e)) => {
+                    tried.push(format!("{a}: cannot reach a tcpxd peer service there: {e}"));
+                    continue;
+                }
+                Err(_) => {
+                    tried.push(format!(
+                        "{a}: no TCP connection within {:?}",
+                        budget.min(PROBE_TIMEOUT)
+                    ));
+                    continue;
+                }
+            }
             tracing::info!(peer = %node, address = %a, "connecting to a node named by a descriptor");
             match tokio::time::timeout(budget, self.peers.connect(a)).await {
                 Ok(Ok(info)) if info.node_id == node => return Ok(()),
