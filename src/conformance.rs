@@ -15,6 +15,8 @@ use crate::net::{
 };
 use crate::unpack::{UnpackImpl, UnpackJob, Unpacker};
 
+mod nccl;
+
 /// Where the suite's test buffers live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TestMemory {
@@ -195,6 +197,20 @@ pub fn run(plugin: &Arc<Plugin>, opts: &Options) -> Report {
         };
         cases.push(CaseResult {
             name: "properties",
+            dev: None,
+            passed,
+            detail,
+            elapsed: start.elapsed(),
+        });
+    }
+    if wanted("nccl_pat") {
+        let start = Instant::now();
+        let (passed, detail) = match nccl::check_pat(plugin) {
+            Ok(d) => (true, d),
+            Err(e) => (false, e),
+        };
+        cases.push(CaseResult {
+            name: "nccl_pat",
             dev: None,
             passed,
             detail,

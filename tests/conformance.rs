@@ -12,6 +12,9 @@ fn emulation_conforms_when_loaded_by_path() {
     // thread reads the environment while it is written; the plugin is not loaded yet.
     unsafe {
         std::env::remove_var("NCCL_DYNAMIC_CHUNK_SIZE");
+        std::env::remove_var("NCCL_PAT_ENABLE");
+        std::env::remove_var("NCCL_ALGO");
+        std::env::remove_var("TCPXEMU_PAT_GUARD");
         std::env::set_var("TCPXEMU_DEVICES", "2");
         std::env::set_var("TCPXEMU_DEV1_FRAGMENTS", "odd");
         std::env::set_var("NCCL_NSOCKS_PERTHREAD", "2");
@@ -26,6 +29,11 @@ fn emulation_conforms_when_loaded_by_path() {
         "the loader must set NCCL_DYNAMIC_CHUNK_SIZE before init when it is unset"
     );
     assert_eq!(plugin.devices().len(), 2);
+    assert_eq!(
+        std::env::var("NCCL_PAT_ENABLE").as_deref(),
+        Ok("0"),
+        "the emulation's init turns NCCL's PAT algorithm off when nobody chose (issue #14)"
+    );
     let report = conformance::run(&plugin, &Options::default());
     println!("{report}");
     let failed: Vec<String> = report
@@ -33,6 +41,7 @@ fn emulation_conforms_when_loaded_by_path() {
         .map(|c| format!("{} (dev {:?}): {}", c.name, c.dev, c.detail))
         .collect();
     assert!(report.passed(), "conformance failures:\n{}", failed.join("\n"));
-    // Every per-device case ran on both devices, plus the properties case.
-    assert_eq!(report.cases.len(), 1 + 2 * 11);
+    // Every per-device case ran on both devices, plus the two global cases.
+    assert_eq!(report.cases.len(), 2 + 2 * 11);
+    assert!(report.cases.iter().any(|c| c.name == "nccl_pat" && c.passed));
 }

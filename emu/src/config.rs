@@ -150,17 +150,22 @@ pub(crate) fn get() -> Option<&'static Config> {
 
 /// Read the environment on the first call; later calls return the same configuration and no
 /// warnings. The second value lists the warnings to log.
-pub(crate) fn init_from_env() -> (&'static Config, Vec<String>) {
+///
+/// The first call also applies the PAT guard (`nccl.rs`); its log lines come third.
+pub(crate) fn init_from_env() -> (&'static Config, Vec<String>, crate::nccl::Lines) {
     let mut warnings = Vec::new();
+    let mut nccl = Vec::new();
     let mut fresh = false;
     let cfg = CONFIG.get_or_init(|| {
         fresh = true;
+        nccl = crate::nccl::guard_pat();
         from_env(&mut warnings)
     });
     if !fresh {
         warnings.clear();
+        nccl.clear();
     }
-    (cfg, warnings)
+    (cfg, warnings, nccl)
 }
 
 fn var(name: &str) -> Option<String> {

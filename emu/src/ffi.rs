@@ -184,9 +184,16 @@ fn ok_or(r: Result<(), ncclResult_t>) -> ncclResult_t {
 unsafe extern "C" fn init(log_fn: ncclDebugLogger_t) -> ncclResult_t {
     guard("init", || {
         crate::log::set_logger(log_fn);
-        let (cfg, warnings) = config::init_from_env();
+        let (cfg, warnings, nccl) = config::init_from_env();
         for w in warnings {
             warn!("{w}");
+        }
+        for (level, line) in nccl {
+            if level == abi::NCCL_LOG_WARN {
+                warn!("{line}");
+            } else {
+                info!("{line}");
+            }
         }
         if let Some(e) = &cfg.init_error {
             warn!("{e}");

@@ -16,6 +16,7 @@
 //! - `wire`: the listen handle, the socket hellos and the control header.
 //! - `sockio`, `sync`, `rng`: socket calls (`MSG_NOSIGNAL`), comm health and queues, a PRNG.
 //! - `listen`, `connect`, `send`, `recv`: the comms and their helper threads.
+//! - `nccl`: the PAT guard (keeps NCCL 2.24+ off an algorithm that ignores device unpack).
 //! - `ffi`: the 19 table entries, each behind `catch_unwind`.
 
 #[path = "../../src/net/abi.rs"]
@@ -30,6 +31,7 @@ mod cuda;
 mod ffi;
 mod listen;
 mod memory;
+mod nccl;
 mod recv;
 mod rng;
 mod send;
