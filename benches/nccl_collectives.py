@@ -149,11 +149,28 @@ def run_rank(rank, gpu, args, port):
     import torch
     import torch.distributed as dist
 
-    torch.cuda.set_device(gpu)
-    dev = torch.device("cuda", gpu)
-    dist.init_process_group(
-        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=NRANKS, device_id=dev
-    )
+    if args.backend == "gloo":  # a CPU dry run of this script's own logic (no NCCL, no GPU)
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=NRANKS)
+
+        def sync():
+            pass
+
+        def barrier():
+            dist.barrier()
+    else:
+        torch.cuda.set_device(gpu)
+        dev = torch.device("cuda", gpu)
+        dist.init_process_group(
+            "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=NRANKS, device_id=dev
+        )
+
+        def sync():
+            torch.cuda.synchronize()
+
+        def barrier():
+            dist.barrier(device_ids=[dev.index])
+
     n = NRANKS
     peer = 1 - rank
 
@@ -216,14 +233,14 @@ def run_rank(rank, gpu, args, port):
     # Connections and first-use costs outside every figure.
     t = torch.ones(1, device=dev)
     dist.all_reduce(t)
-    torch.cuda.synchronize()
+    sync()
     for op in args.ops:
         for count in op_counts(op, args.counts):
             fn, expect, idem, nbytes, out, timed = make(op, count)
             if not (op == "broadcast" and rank == 0):
                 out.fill_(float("nan"))  # poison: an element nobody wrote compares unequal
             got = fn()
-            torch.cuda.synchronize()
+            sync()
             bad = wrong(got, expect)
             first_bad = None
             if bad:
@@ -234,16 +251,22 @@ def run_rank(rank, gpu, args, port):
                 iters = max(2, min(args.iters, int(args.budget_bytes // max(nbytes, 1))))
                 for _ in range(args.warmup):
                     timed()
-                dist.barrier(device_ids=[dev.index])
-                torch.cuda.synchronize()
-                s = torch.cuda.Event(enable_timing=True)
-                e = torch.cuda.Event(enable_timing=True)
-                s.record()
-                for _ in range(iters):
-                    timed()
-                e.record()
-                e.synchronize()
-                us = s.elapsed_time(e) * 1000.0 / iters
+                barrier()
+                sync()
+                if dev.type == "cuda":
+                    s = torch.cuda.Event(enable_timing=True)
+                    e = torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    for _ in range(iters):
+                        timed()
+                    e.record()
+                    e.synchronize()
+                    us = s.elapsed_time(e) * 1000.0 / iters
+                else:
+                    t0 = time.perf_counter()
+                    for _ in range(iters):
+                        timed()
+                    us = (time.perf_counter() - t0) * 1e6 / iters
                 if idem:
                     bad += wrong(out, expect)
             rows.append(
@@ -258,7 +281,7 @@ def run_rank(rank, gpu, args, port):
                 }
             )
             del fn, expect, out, timed, got
-    dist.barrier(device_ids=[dev.index])
+    barrier()
     dist.destroy_process_group()
     return rows
 
@@ -425,6 +448,8 @@ def main():
     ap.add_argument("--debug-subsys", default="INIT,NET,TUNING")
     ap.add_argument("--out-dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "nccl-collectives"))
     ap.add_argument("--json-out", help="append one JSON line per (config, op, size)")
+    ap.add_argument("--backend", default="nccl", choices=["nccl", "gloo"],
+                    help="gloo: a CPU dry run of the script itself (tests; no NCCL, no GPU)")
     args = ap.parse_args()
     args.ops = [o for o in args.only.split(",") if o]
     for o in args.ops:
