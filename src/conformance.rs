@@ -180,6 +180,7 @@ const DEVICE_CASES: &[(&str, CaseFn)] = &[
     ("test_order", case_test_order),
     ("consume_order", case_consume_order),
     ("ring_wraparound", case_ring_wraparound),
+    ("nccl_ring", nccl::case_ring_traffic),
     ("close_outstanding", case_close_outstanding),
     ("peer_close", case_peer_close),
     ("dead_listener", case_dead_listener),

@@ -1,6 +1,9 @@
-//! Conformance cases about the plugin under NCCL rather than under tcpxd.
+//! Conformance cases about the plugin under NCCL rather than under tcpxd (issue #14).
 //!
-//! `nccl_pat`: NCCL 2.24 and later lost the guard that keeps its PAT algorithm away from
+//! `nccl_ring` (per device): the traffic of NCCL's Simple-protocol ring collectives, which
+//! send/recv never produces — see [`case_ring_traffic`].
+//!
+//! `nccl_pat` (global): NCCL 2.24 and later lost the guard that keeps its PAT algorithm away from
 //! device-unpack net plugins (`comm->netDeviceType` is never assigned, so `ncclPatEnable`'s
 //! `!= NCCL_NET_DEVICE_HOST` test never fires). At one GPU per NCCL node — which includes one host
 //! whose GPUs cannot use P2P or SHM — AllGather and ReduceScatter then run PAT, whose primitives
@@ -44,6 +47,172 @@ fn verdict(pat: Option<&str>, algo: Option<&str>) -> Result<String, String> {
         pat.map(|v| format!("{v:?}")).unwrap_or_else(|| "unset".into()),
         algo.map(|v| format!("is {v:?}"))
             .unwrap_or_else(|| "is unset".into()),
+    ))
+}
+
+/// Bytes of one Simple-protocol slice of NCCL's ring collectives (2 steps of 512 KiB with 4 MiB
+/// buffers: `proxyOp->nbytes = stepSize*sliceSteps`): every receive is posted this large.
+const SLICE: usize = 1 << 20;
+/// Receives NCCL keeps posted ahead per connection (`NCCL_STEPS / sliceSteps`), and sends.
+const DEPTH: usize = 4;
+/// Slices per connection: six laps of the 16-slot unpack ring.
+const SLICES: usize = 96;
+
+/// What a two-rank ring sends per slice: tiny and zero-byte slices (small counts; the empty
+/// second slice of a chunk), odd sizes, full and half slices.
+fn slice_size(i: usize) -> usize {
+    const LAP: [usize; 16] = [
+        4,
+        0,
+        0,
+        0,
+        12,
+        0,
+        SLICE,
+        SLICE / 2,
+        999_983,
+        0,
+        68,
+        4096,
+        4097,
+        SLICE - 1,
+        262_148,
+        0,
+    ];
+    LAP[i % LAP.len()]
+}
+
+/// One direction of the ring: a connection and where its slices stand.
+struct Lane {
+    p: super::Pair,
+    seed: u64,
+    sends_posted: usize,
+    sends_done: usize,
+    send_ids: std::collections::VecDeque<crate::net::RequestId>,
+    recvs_posted: usize,
+    pending: std::collections::VecDeque<(crate::net::RequestId, usize)>,
+    unconsumed: std::collections::VecDeque<(crate::net::RecvCompletion, usize)>,
+    consumed: usize,
+    fragments: usize,
+}
+
+impl Lane {
+    fn expect(&self, i: usize) -> Vec<u8> {
+        super::pattern(self.seed << 32 | i as u64, slice_size(i))
+    }
+
+    /// One pass of NCCL's proxy over this connection, then its kernel's consumption, which
+    /// lags: a completed receive is unpacked and released only once the next one completed too
+    /// (or nothing else is pending).
+    fn step(&mut self) -> Result<(), String> {
+        use super::err;
+        while self.recvs_posted < SLICES && self.recvs_posted < self.consumed + DEPTH {
+            let i = self.recvs_posted;
+            let off = (i % DEPTH) * SLICE;
+            self.p.dst.write(off, &vec![0xEE; SLICE])?;
+            match self
+                .p
+                .recv
+                .irecv(&self.p.rmh, off, SLICE, 1)
+                .map_err(err("irecv"))?
+            {
+                Some(id) => self.pending.push_back((id, i)),
+                None => break,
+            }
+            self.recvs_posted += 1;
+        }
+        while self.sends_posted < SLICES && self.sends_posted < self.sends_done + DEPTH {
+            let i = self.sends_posted;
+            let off = (i % DEPTH) * SLICE;
+            self.p.src.write(off, &self.expect(i))?;
+            match self
+                .p
+                .send
+                .isend(&self.p.smh, off, slice_size(i), 0)
+                .map_err(err("isend"))?
+            {
+                Some(id) => self.send_ids.push_back(id),
+                None => break,
+            }
+            self.sends_posted += 1;
+        }
+        if let Some(&id) = self.send_ids.front() {
+            if self.p.send.test(id).map_err(err("send test"))? {
+                self.send_ids.pop_front();
+                self.sends_done += 1;
+            }
+        }
+        if let Some(&(id, i)) = self.pending.front() {
+            if let Some(c) = self.p.recv.test(id).map_err(err("recv test"))? {
+                self.pending.pop_front();
+                self.unconsumed.push_back((c, i));
+            }
+        }
+        if self.unconsumed.len() >= 2 || (self.pending.is_empty() && !self.unconsumed.is_empty()) {
+            if let Some((c, i)) = self.unconsumed.pop_front() {
+                let landed = super::land_and_check(&self.p, c, (i % DEPTH) * SLICE, &self.expect(i))
+                    .map_err(|e| format!("slice {i} ({} bytes): {e}", slice_size(i)))?;
+                self.fragments += landed.fragments;
+                self.p.recv.consume(c.id).map_err(err("irecvConsumed"))?;
+                self.consumed += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn finished(&self) -> bool {
+        self.consumed == SLICES && self.sends_done == SLICES
+    }
+}
+
+/// The `nccl_ring` case: the traffic of NCCL's Simple-protocol ring collectives between two
+/// ranks, which send/recv (and the other cases) never produce: two connections, one per
+/// direction, driven from one thread as NCCL's proxy drives them; every receive posted as a
+/// 1 MiB slice into the slot of a 4 MiB buffer, up to 4 ahead, while the sender sends what the
+/// slice holds (0 bytes to 1 MiB, odd sizes, several chunks); each fragment list read by the
+/// consumer's own receive count, after the next receive completed, then released in order.
+pub(super) fn case_ring_traffic(ctx: &super::Ctx) -> Result<String, String> {
+    let start = std::time::Instant::now();
+    let mut lanes = Vec::with_capacity(2);
+    for seed in 1..=2u64 {
+        lanes.push(Lane {
+            p: ctx.pair(DEPTH * SLICE)?,
+            seed,
+            sends_posted: 0,
+            sends_done: 0,
+            send_ids: Default::default(),
+            recvs_posted: 0,
+            pending: Default::default(),
+            unconsumed: Default::default(),
+            consumed: 0,
+            fragments: 0,
+        });
+    }
+    let deadline = start + ctx.opts.case_timeout.mul_f32(0.8);
+    while !lanes.iter().all(Lane::finished) {
+        if std::time::Instant::now() > deadline {
+            let at: Vec<String> = lanes
+                .iter()
+                .map(|l| format!("{} sent, {} consumed", l.sends_done, l.consumed))
+                .collect();
+            return Err(format!("ring traffic not done in time ({})", at.join("; ")));
+        }
+        for l in &mut lanes {
+            l.step()?;
+        }
+        std::thread::yield_now();
+    }
+    for l in &lanes {
+        super::expect_empty(&l.p)?;
+    }
+    let bytes: usize = (0..SLICES).map(slice_size).sum::<usize>() * lanes.len();
+    Ok(format!(
+        "{} slices each way ({} MB in all), receives posted as 1 MiB slices {DEPTH} ahead, released one \
+         completion late; {} fragments, every byte in place, slots back to zero, {:.1?}",
+        SLICES,
+        bytes / 1_000_000,
+        lanes.iter().map(|l| l.fragments).sum::<usize>(),
+        start.elapsed()
     ))
 }
 
