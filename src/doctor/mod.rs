@@ -7,6 +7,7 @@
 //! [`Runner`]; the memlock limit through an injectable function. The daemon's own paths (the plugin
 //! file, the API socket) are used as given: the doctor loads and binds them.
 
+mod advertise;
 mod lanes;
 mod plugin;
 mod system;
@@ -220,6 +221,9 @@ pub struct Target {
     pub api_socket: PathBuf,
     /// TCP addresses the daemon would listen on, with what they are for.
     pub tcp: Vec<(&'static str, SocketAddr)>,
+    /// The peer service's address and `peer.advertise` (what descriptors will carry).
+    pub peer_listen: SocketAddr,
+    pub peer_advertise: Vec<String>,
 }
 
 impl Target {
@@ -235,6 +239,8 @@ impl Target {
             plugin: cfg.plugin.clone(),
             api_socket: cfg.api_socket.clone(),
             tcp,
+            peer_listen: cfg.peer_listen,
+            peer_advertise: cfg.peer_advertise.clone(),
         }
     }
 }
@@ -340,6 +346,7 @@ pub fn run(host: &Host, target: &Target) -> Report {
     checks.push(lane_check);
     checks.push(system::check_memlock(host));
     checks.push(system::check_ports(target));
+    checks.push(advertise::check_advertise(host, target));
     Report {
         checks,
         lane_plan: plan,
@@ -408,6 +415,7 @@ pub const CHECK_NAMES: &[&str] = &[
     "lanes",
     "memlock",
     "ports",
+    "peer.advertise",
 ];
 
 /// Reads a small text file, trimmed.

@@ -1029,6 +1029,8 @@ mod tests {
             plugin: crate::config::PluginChoice::BuiltinEmulation,
             api_socket: sock,
             tcp,
+            peer_listen: "127.0.0.1:0".parse().unwrap(),
+            peer_advertise: Vec::new(),
         };
         let sock = root.0.join("run/tcpxd/tcpxd.sock");
         let c = check_ports(&target(sock.clone(), vec![("peer service", free_addr)]));
