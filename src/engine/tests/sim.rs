@@ -1,0 +1,468 @@
+//! The simulator the engine tests run on: two engines wired back to back through a simulated
+//! plugin (see the parent module's documentation).
+
+use std::cell::Cell;
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use super::super::*;
+
+pub(super) const P: PeerIdx = PeerIdx(0);
+/// The buffer id the simulator gives credit receives (their bytes wait for a `Land`).
+pub(super) const LANDING: u64 = u64::MAX;
+
+thread_local! {
+    /// The receive mode `Sim::new` gives both engines (see `both`).
+    pub(super) static EAGER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs a test under both receive protocols: rendezvous, then eager.
+pub(super) fn both(test: fn()) {
+    for eager in [false, true] {
+        EAGER.with(|e| e.set(eager));
+        test();
+    }
+    EAGER.with(|e| e.set(false));
+}
+
+pub(super) fn eager_now() -> bool {
+    EAGER.with(|e| e.get())
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Post {
+    pub(super) buffer: u64,
+    pub(super) offset: u64,
+    pub(super) len: u32,
+}
+
+#[derive(Default)]
+pub(super) struct LaneSim {
+    pub(super) sends: VecDeque<Post>,
+    pub(super) recvs: VecDeque<Post>,
+    pub(super) send_done_pending: usize,
+    pub(super) recv_done_pending: usize,
+    /// Results to report for the receiver's next completions (an unpack failure, say).
+    pub(super) recv_results: VecDeque<Result<(), String>>,
+    /// Whether each completed receive not yet reported was a credit receive, in order.
+    pub(super) done_credit: VecDeque<bool>,
+    /// Bytes of completed credit receives, waiting for their `Land` (the bounce pages).
+    pub(super) held: VecDeque<Vec<u8>>,
+    /// Credit receives landed and waiting to be reported consumed.
+    pub(super) consume_pending: usize,
+}
+
+pub(super) struct Node {
+    pub(super) eng: Engine,
+    pub(super) bufs: HashMap<u64, Vec<u8>>,
+    pub(super) finished: HashMap<TransferId, Outcome>,
+    pub(super) notes: Vec<(u64, Vec<u8>)>,
+    pub(super) closed: Vec<String>,
+    pub(super) progress: HashMap<TransferId, u64>,
+}
+
+pub(super) struct Sim {
+    pub(super) nodes: [Node; 2],
+    /// Control messages in flight to node i.
+    pub(super) ctrl: [VecDeque<PeerMsg>; 2],
+    /// Data lanes carrying bytes from node i.
+    pub(super) wires: [Vec<LaneSim>; 2],
+    pub(super) rng: u64,
+    pub(super) now: Instant,
+    pub(super) cfg: EngineConfig,
+    /// Deliver control messages only (to stop data at a chosen stage).
+    pub(super) hold_data: bool,
+}
+
+pub(super) fn key(n: u8) -> [u8; 16] {
+    [n; 16]
+}
+
+impl Sim {
+    pub(super) fn new(lanes: u32, mut cfg: EngineConfig, seed: u64) -> Sim {
+        cfg.eager |= eager_now();
+        let mk = |name: &str, other: &str| {
+            let mut eng = Engine::new(cfg.clone());
+            let p = eng.add_peer(other, lanes, lanes);
+            assert_eq!(p, P);
+            for l in 0..lanes {
+                eng.lane_ready(P, l, true);
+                eng.lane_ready(P, l, false);
+            }
+            let _ = name;
+            Node {
+                eng,
+                bufs: HashMap::new(),
+                finished: HashMap::new(),
+                notes: Vec::new(),
+                closed: Vec::new(),
+                progress: HashMap::new(),
+            }
+        };
+        let mut sim = Sim {
+            nodes: [mk("a", "node-b"), mk("b", "node-a")],
+            ctrl: [VecDeque::new(), VecDeque::new()],
+            wires: [
+                (0..lanes).map(|_| LaneSim::default()).collect(),
+                (0..lanes).map(|_| LaneSim::default()).collect(),
+            ],
+            rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            now: Instant::now(),
+            cfg,
+            hold_data: false,
+        };
+        // Pairing: each side's ReceiveMode (and credit receives) before any transfer.
+        sim.drain();
+        for i in 0..2 {
+            while let Some(msg) = sim.ctrl[i].pop_front() {
+                sim.nodes[i].eng.on_message(P, msg, sim.now);
+            }
+        }
+        sim.drain();
+        sim
+    }
+
+    pub(super) fn rand(&mut self, n: usize) -> usize {
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        (self.rng % n as u64) as usize
+    }
+
+    pub(super) fn buffer(&mut self, node: usize, id: u64, size: usize, fill: u8) {
+        self.nodes[node]
+            .eng
+            .add_buffer(id, size as u64, key(id as u8))
+            .unwrap();
+        // `fill` 0 gives zeros (a clean destination); anything else a recognisable pattern.
+        let data: Vec<u8> = (0..size)
+            .map(|i| {
+                if fill == 0 {
+                    0
+                } else {
+                    fill.wrapping_add((i % 251) as u8)
+                }
+            })
+            .collect();
+        self.nodes[node].bufs.insert(id, data);
+    }
+
+    /// Executes every pending action of both engines.
+    pub(super) fn drain(&mut self) {
+        for i in 0..2 {
+            while let Some(a) = self.nodes[i].eng.poll_action() {
+                match a {
+                    Action::Control { peer, msg } => {
+                        assert_eq!(peer, P);
+                        self.ctrl[1 - i].push_back(msg);
+                    }
+                    Action::PostSend {
+                        lane,
+                        buffer,
+                        offset,
+                        len,
+                        ..
+                    } => self.wires[i][lane as usize]
+                        .sends
+                        .push_back(Post { buffer, offset, len }),
+                    Action::PostRecv {
+                        lane,
+                        buffer,
+                        offset,
+                        len,
+                        ..
+                    } => self.wires[1 - i][lane as usize]
+                        .recvs
+                        .push_back(Post { buffer, offset, len }),
+                    Action::PostCredit { lane, len, .. } => {
+                        self.wires[1 - i][lane as usize].recvs.push_back(Post {
+                            buffer: LANDING,
+                            offset: 0,
+                            len,
+                        })
+                    }
+                    Action::Land {
+                        lane,
+                        buffer,
+                        offset,
+                        len,
+                        ..
+                    } => {
+                        let w = &mut self.wires[1 - i][lane as usize];
+                        let data = w.held.pop_front().expect("a Land with no landed receive");
+                        w.consume_pending += 1;
+                        if let Some(b) = buffer {
+                            // An emptied chunk (its sender cancelled) brings nothing.
+                            if !data.is_empty() {
+                                assert_eq!(data.len(), len as usize, "a chunk landed with another size");
+                                let dst = self.nodes[i].bufs.get_mut(&b).expect("Land into a known buffer");
+                                dst[offset as usize..][..data.len()].copy_from_slice(&data);
+                            }
+                        }
+                    }
+                    Action::Progress {
+                        transfer,
+                        bytes_done,
+                        total,
+                        ..
+                    } => {
+                        assert!(bytes_done <= total);
+                        let prev = self.nodes[i].progress.insert(transfer, bytes_done).unwrap_or(0);
+                        assert!(bytes_done >= prev, "progress never goes back");
+                    }
+                    Action::Finished { transfer, outcome } => {
+                        assert!(
+                            self.nodes[i].finished.insert(transfer, outcome).is_none(),
+                            "finished twice"
+                        );
+                    }
+                    Action::Notify {
+                        payload, offer_id, ..
+                    } => self.nodes[i].notes.push((offer_id, payload)),
+                    Action::ClosePeer { reason, .. } => self.nodes[i].closed.push(reason),
+                }
+            }
+            let c = self.nodes[i].eng.peer_counters(P).unwrap();
+            for l in &c.send {
+                assert!(
+                    l.posted <= self.cfg.send_window,
+                    "send window exceeded: {}",
+                    l.posted
+                );
+                assert!(l.credits <= l.credit_limit, "more credits held than granted");
+            }
+            for l in &c.recv {
+                assert!(
+                    l.posted <= self.cfg.recv_window,
+                    "recv window exceeded: {}",
+                    l.posted
+                );
+            }
+        }
+        // The plugin matches heads FIFO and moves the bytes.
+        for from in 0..2 {
+            for lane in 0..self.wires[from].len() {
+                loop {
+                    let w = &mut self.wires[from][lane];
+                    let (Some(s), Some(r)) = (w.sends.front().copied(), w.recvs.front().copied()) else {
+                        break;
+                    };
+                    w.sends.pop_front();
+                    w.recvs.pop_front();
+                    w.send_done_pending += 1;
+                    w.recv_done_pending += 1;
+                    w.done_credit.push_back(r.buffer == LANDING);
+                    assert!(
+                        s.len <= r.len,
+                        "sender sent {} bytes into a {}-byte receive: orders disagree",
+                        s.len,
+                        r.len
+                    );
+                    if r.buffer == LANDING {
+                        let src = if s.len > 0 {
+                            self.nodes[from].bufs[&s.buffer][s.offset as usize..][..s.len as usize].to_vec()
+                        } else {
+                            Vec::new()
+                        };
+                        self.wires[from][lane].held.push_back(src);
+                    } else if s.len > 0 {
+                        assert_eq!(
+                            s.len, r.len,
+                            "a live chunk met a receive of another size: orders disagree"
+                        );
+                        let src =
+                            self.nodes[from].bufs[&s.buffer][s.offset as usize..][..s.len as usize].to_vec();
+                        let dst = self.nodes[1 - from].bufs.get_mut(&r.buffer).unwrap();
+                        dst[r.offset as usize..][..s.len as usize].copy_from_slice(&src);
+                    }
+                }
+                // Eager: every send the sender posted finds a receive posted for it (credits).
+                let eager = self.nodes[1 - from].eng.config().eager;
+                assert!(
+                    !eager || self.wires[from][lane].sends.is_empty(),
+                    "a send was posted with no credit receive to meet it"
+                );
+            }
+        }
+    }
+
+    /// Delivers one random pending event; false when none is left.
+    pub(super) fn step(&mut self) -> bool {
+        self.drain();
+        let mut events: Vec<(u8, usize, usize)> = Vec::new();
+        for i in 0..2 {
+            if !self.ctrl[i].is_empty() {
+                events.push((0, i, 0));
+            }
+            if self.hold_data {
+                continue;
+            }
+            for (lane, w) in self.wires[i].iter().enumerate() {
+                if w.send_done_pending > 0 {
+                    events.push((1, i, lane));
+                }
+                if w.recv_done_pending > 0 {
+                    events.push((2, i, lane));
+                }
+                if w.consume_pending > 0 {
+                    events.push((3, i, lane));
+                }
+            }
+        }
+        if events.is_empty() {
+            return false;
+        }
+        let (kind, i, lane) = events[self.rand(events.len())];
+        match kind {
+            0 => {
+                let msg = self.ctrl[i].pop_front().unwrap();
+                self.nodes[i].eng.on_message(P, msg, self.now);
+            }
+            1 => {
+                self.wires[i][lane].send_done_pending -= 1;
+                self.nodes[i].eng.send_done(P, lane as u32);
+            }
+            2 => {
+                let w = &mut self.wires[i][lane];
+                w.recv_done_pending -= 1;
+                if w.done_credit.pop_front().expect("tracked") {
+                    // Eager: it landed; it is consumed after its Land.
+                    self.nodes[1 - i].eng.recv_landed(P, lane as u32, self.now);
+                } else {
+                    let result = w.recv_results.pop_front().unwrap_or(Ok(()));
+                    self.nodes[1 - i].eng.recv_consumed(P, lane as u32, result);
+                }
+            }
+            _ => {
+                let w = &mut self.wires[i][lane];
+                w.consume_pending -= 1;
+                let result = w.recv_results.pop_front().unwrap_or(Ok(()));
+                self.nodes[1 - i].eng.recv_consumed(P, lane as u32, result);
+            }
+        }
+        self.drain();
+        true
+    }
+
+    pub(super) fn run(&mut self) {
+        let mut n = 0;
+        while self.step() {
+            n += 1;
+            assert!(n < 1_000_000, "no quiescence");
+        }
+    }
+
+    pub(super) fn write(
+        &mut self,
+        from: usize,
+        local: u64,
+        loff: u64,
+        remote: u64,
+        roff: u64,
+        len: u64,
+    ) -> TransferId {
+        let spec = WriteSpec {
+            local_buffer: local,
+            local_offset: loff,
+            peer: P,
+            remote: RemoteRange {
+                buffer_id: remote,
+                access_key: key(remote as u8),
+                offset: roff,
+                length: len,
+            },
+        };
+        let deadline = self.now + Duration::from_secs(60);
+        self.nodes[from]
+            .eng
+            .start_write(vec![spec], b"note".to_vec(), deadline, self.now)
+            .unwrap()
+    }
+
+    pub(super) fn read(
+        &mut self,
+        at: usize,
+        remote: u64,
+        roff: u64,
+        local: u64,
+        loff: u64,
+        len: u64,
+    ) -> TransferId {
+        let spec = ReadSpec {
+            peer: P,
+            remote: RemoteRange {
+                buffer_id: remote,
+                access_key: key(remote as u8),
+                offset: roff,
+                length: len,
+            },
+            local_buffer: local,
+            local_offset: loff,
+        };
+        let deadline = self.now + Duration::from_secs(60);
+        self.nodes[at]
+            .eng
+            .start_read(vec![spec], deadline, self.now)
+            .unwrap()
+    }
+
+    pub(super) fn outcome(&self, node: usize, t: TransferId) -> &Outcome {
+        self.nodes[node]
+            .finished
+            .get(&t)
+            .unwrap_or_else(|| panic!("transfer {t} not finished"))
+    }
+
+    pub(super) fn same(&self, a: (usize, u64, u64), b: (usize, u64, u64), len: u64) -> bool {
+        self.nodes[a.0].bufs[&a.1][a.2 as usize..][..len as usize]
+            == self.nodes[b.0].bufs[&b.1][b.2 as usize..][..len as usize]
+    }
+
+    pub(super) fn assert_idle(&self) {
+        for n in &self.nodes {
+            assert!(n.eng.is_idle(), "engine not idle: {:?}", n.eng.peer_counters(P));
+            assert!(n.eng.lanes_idle(), "a request is still posted");
+            assert_eq!(n.eng.posted(), (0, 0), "slots not back to zero");
+            for id in n.bufs.keys() {
+                assert_eq!(n.eng.buffer_users(*id), Some(0), "buffer {id} still in use");
+            }
+        }
+        for w in self.wires.iter().flatten() {
+            assert!(
+                w.sends.is_empty() && w.recvs.iter().all(|r| r.buffer == LANDING),
+                "a post never met its partner"
+            );
+            assert!(
+                w.held.is_empty() && w.consume_pending == 0,
+                "a landed chunk was never consumed"
+            );
+        }
+        // Every credit is back: held by the sender, posted again by the receiver.
+        for n in &self.nodes {
+            let c = n.eng.peer_counters(P).unwrap();
+            for l in c.send.iter().chain(&c.recv) {
+                assert_eq!(l.credits, l.credit_limit, "credits not back: {c:?}");
+            }
+        }
+    }
+}
+
+/// The peer's pairing message (it receives by rendezvous); this engine's own is dropped.
+pub(super) fn rendezvous_peer(eng: &mut Engine, p: PeerIdx) {
+    eng.on_message(
+        p,
+        PeerMsg::ReceiveMode {
+            credits: 0,
+            chunk_bytes: DEFAULT_CHUNK_BYTES,
+        },
+        Instant::now(),
+    );
+    while eng.poll_action().is_some() {}
+}
+
+pub(super) fn small_chunks() -> EngineConfig {
+    EngineConfig {
+        chunk_bytes: MIN_CHUNK_BYTES,
+        ..EngineConfig::default()
+    }
+}
