@@ -20,7 +20,19 @@ impl Engine {
         l.chunks += 1;
         if let Some(o) = self.out_offers.get_mut(&item.offer) {
             o.unfinished -= 1;
+            // Every send done: the plugin no longer reads the sources, which may be released
+            // before `Done` comes (a READ's reader finishes first; its client may release at once).
+            let sent = o.unfinished == 0 && !o.sent;
+            o.sent |= sent;
+            let sources: Vec<u64> = if sent {
+                o.sources.iter().map(|s| s.0).collect()
+            } else {
+                Vec::new()
+            };
             let (transfer, finished) = (o.transfer, o.unfinished == 0 && (o.done || o.cancelled));
+            for b in sources {
+                self.unuse_buffer(b);
+            }
             if finished {
                 self.drop_out_offer(item.offer);
             }
@@ -320,7 +332,9 @@ impl Engine {
     }
 
     pub(super) fn drop_out_offer(&mut self, offer_id: u64) {
-        if let Some(o) = self.out_offers.remove(&offer_id) {
+        if let Some(o) = self.out_offers.remove(&offer_id)
+            && !o.sent
+        {
             for &(b, _) in &o.sources {
                 self.unuse_buffer(b);
             }

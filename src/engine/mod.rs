@@ -307,6 +307,9 @@ struct OutOffer {
     /// Chunks queued or posted and not yet reported sent.
     unfinished: u64,
     done: bool,
+    /// Every send completed: the source buffers are free again (released before `Done`, so a
+    /// client that releases them right after its transfer ended is not refused).
+    sent: bool,
 }
 
 /// An offer this node accepted (it receives the data).

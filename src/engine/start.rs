@@ -183,6 +183,7 @@ impl Engine {
                 cancelled: false,
                 unfinished: 0,
                 done: false,
+                sent: false,
             },
         );
         let p = &mut self.peers[peer.0 as usize];

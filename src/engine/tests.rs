@@ -561,6 +561,35 @@ fn buffers_in_use_cannot_be_released_in_mode() {
 }
 
 #[test]
+fn a_source_is_free_once_its_sends_completed_before_done() {
+    both(a_source_is_free_once_its_sends_completed_before_done_in_mode);
+}
+
+fn a_source_is_free_once_its_sends_completed_before_done_in_mode() {
+    let mut s = Sim::new(2, small_chunks(), 61);
+    s.buffer(0, 1, 65536, 0);
+    s.buffer(1, 9, 65536, 5);
+    let t = s.read(0, 9, 0, 1, 0, 65536);
+    while !s.nodes[0].finished.contains_key(&t) {
+        assert!(s.step(), "the read never finished");
+    }
+    // The reader is done; the holder sees its last sends complete, but not the reader's Done yet.
+    for lane in 0..2 {
+        while s.wires[1][lane].send_done_pending > 0 {
+            s.wires[1][lane].send_done_pending -= 1;
+            s.nodes[1].eng.send_done(P, lane as u32);
+        }
+    }
+    s.nodes[1]
+        .eng
+        .remove_buffer(9)
+        .expect("the holder's source is free once sent");
+    s.run();
+    assert_eq!(s.outcome(0, t).code, Code::Ok);
+    assert!(s.nodes.iter().all(|n| n.eng.is_idle()));
+}
+
+#[test]
 fn notifications_follow_their_data_in_completion_order() {
     both(notifications_follow_their_data_in_completion_order_in_mode);
 }
