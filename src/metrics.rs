@@ -319,6 +319,16 @@ fn snapshot_registry(snap: &StatsSnapshot, buffers: usize, buffer_bytes: u64) ->
         "Chunks waiting for a window slot, per lane",
         lane_labels,
     );
+    let credits = gauge(
+        "tcpxd_lane_credits",
+        "Eager credits: held for sending (direction send), credit receives posted without data (recv)",
+        lane_labels,
+    );
+    let credit_limit = gauge(
+        "tcpxd_lane_credit_limit",
+        "Eager credits per lane announced at pairing (0: rendezvous)",
+        lane_labels,
+    );
     let peer_state = gauge(
         "tcpxd_peer_state",
         "1 for each peer's current state (connecting, up, failed)",
@@ -360,6 +370,10 @@ fn snapshot_registry(snap: &StatsSnapshot, buffers: usize, buffer_bytes: u64) ->
                 window_full.with_label_values(&labels).inc_by(l.window_full);
                 in_flight.with_label_values(&labels).add(l.posted as i64);
                 queued.with_label_values(&labels).add(l.queued as i64);
+                credits.with_label_values(&labels).add(i64::from(l.credits));
+                credit_limit
+                    .with_label_values(&labels)
+                    .add(i64::from(l.credit_limit));
             }
         }
         for (result, v) in [
@@ -544,7 +558,8 @@ mod tests {
                         posted: 1,
                         queued: 3,
                         window_full: 4,
-                        ..LaneCounters::default()
+                        credits: 5,
+                        credit_limit: 16,
                     }],
                     recv: vec![LaneCounters::default()],
                 },
@@ -567,6 +582,8 @@ mod tests {
             "tcpxd_lane_window_full_total{direction=\"send\",lane=\"0\",peer=\"b\"} 4",
             "tcpxd_lane_in_flight{direction=\"send\",lane=\"0\",peer=\"b\"} 1",
             "tcpxd_lane_queued{direction=\"send\",lane=\"0\",peer=\"b\"} 3",
+            "tcpxd_lane_credits{direction=\"send\",lane=\"0\",peer=\"b\"} 5",
+            "tcpxd_lane_credit_limit{direction=\"send\",lane=\"0\",peer=\"b\"} 16",
             "tcpxd_peer_state{peer=\"b\",state=\"up\"} 1",
             "tcpxd_peer_state{peer=\"b\",state=\"failed\"} 0",
             "tcpxd_peer_transfers_total{peer=\"b\",result=\"ok\"} 1",
