@@ -915,22 +915,21 @@ impl RecvComm {
         Ok(len)
     }
 
-    /// A completed direct receive (no fragments) of host memory: calls `f` with the first `len`
-    /// bytes of its posted range, then zeroes them (see [`RecvComm::land_host`]). For copying
-    /// such bytes into GPU memory.
-    pub fn land_direct(
-        &self,
-        id: RequestId,
-        len: usize,
-        f: impl FnOnce(&[u8]) -> Result<(), String>,
-    ) -> NetResult<()> {
+    /// As [`RecvComm::land_host`], into a Rust buffer (`dst.len()` bytes): a host staging copy on
+    /// the way to GPU memory. Returns the bytes copied.
+    pub fn land_into(&self, id: RequestId, dst: &mut [u8]) -> NetResult<usize> {
         let slot = self.completed_slot(id)?;
-        if self.unpack_ring()?.count(slot.q)? > 0 {
-            return Err(NetError::Ring(
-                "the receive landed in bounce pages, not in place".into(),
-            ));
+        let ring = self.unpack_ring()?;
+        let len = dst.len();
+        if ring.count(slot.q)? > 0 {
+            // SAFETY: `dst` is an exclusive Rust slice of `len` bytes; the plugin finished writing.
+            return unsafe { ring.gather_host(slot.q, dst.as_mut_ptr(), len) };
         }
-        self.with_direct(slot, len, f)
+        self.with_direct(slot, len, |src| {
+            dst.copy_from_slice(src);
+            Ok(())
+        })?;
+        Ok(len)
     }
 
     fn completed_slot(&self, id: RequestId) -> NetResult<&RecvSlot> {

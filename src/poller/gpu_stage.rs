@@ -99,12 +99,16 @@ pub(super) fn start_unpack(
         };
         return Wait::Ready(r.map(|_| ()).map_err(|e| e.to_string()));
     };
-    if frags.is_empty() {
-        // Staged and received in place (host landing slots): a synchronous copy to the GPU.
-        let r = comm.land_direct(id, len, |src| {
-            region.write(posted.offset, src).map_err(|e| e.to_string())
-        });
-        return Wait::Ready(r.map_err(|e| e.to_string()));
+    if posted.staged && (frags.is_empty() || ring.bounce_is_host_readable()) {
+        // Staged in host memory (received in place into the landing slot, or into host bounce
+        // pages): a synchronous copy to the GPU through a host staging buffer.
+        let mut staging = vec![0u8; len];
+        let r = match comm.land_into(id, &mut staging) {
+            Ok(n) if n == len => region.write(posted.offset, &staging).map_err(|e| e.to_string()),
+            Ok(n) => Err(format!("chunk landed {n} of {len} bytes")),
+            Err(e) => Err(e.to_string()),
+        };
+        return Wait::Ready(r);
     }
     // From here the unpacker checks the list (bounds, and adding up to the posted size:
     // `exact`): on the host at `push`, or, for the ring read in place, on the GPU, reported when
