@@ -396,9 +396,10 @@ async fn a_receiver_killed_during_an_eager_write_fails_it_within_the_bound() {
         "{}",
         end.status_message
     );
-    // The bound, plus room for a loaded 2-core machine to schedule the detection.
+    // Within 3 s (issue #13): a killed process's sockets close at once, so this does not even
+    // wait for the heartbeat bound.
     assert!(
-        took < bound + Duration::from_secs(2),
+        took < Duration::from_secs(3).min(bound),
         "failed {took:?} after the kill"
     );
     assert_lanes_drain(&mut ac).await;
