@@ -198,3 +198,61 @@ async fn shutdown_drains_within_grace_and_fails_the_rest() {
     assert!(e.status_message.contains("shutting down"), "{}", e.status_message);
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_a_buffer_waits_for_the_transfers_that_use_it() {
+    slow_nic();
+    let mut a = daemons::start("release-a", |_| {}).await;
+    let mut b = daemons::start("release-b", |_| {}).await;
+    connect(&mut a, &b).await;
+    let src = host_buffer(&mut a.client, 32 * MIB, "").await;
+    let dst = host_buffer(&mut b.client, 32 * MIB, "").await;
+    fill_seed(&mut a.client, src.id, 0, 0, 9).await;
+    // 32 MiB at 1 Gbit/s: about 270 ms in flight when both sides release their buffers.
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 32 * MIB), b"")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let t0 = std::time::Instant::now();
+    b.client
+        .release_buffer(pb::ReleaseBufferRequest { buffer_id: dst.id })
+        .await
+        .expect("the receiver's release waits for the transfer instead of refusing");
+    a.client
+        .release_buffer(pb::ReleaseBufferRequest { buffer_id: src.id })
+        .await
+        .expect("the sender's release waits too");
+    assert!(t0.elapsed() > Duration::from_millis(20), "{:?}", t0.elapsed());
+    // The transfer ended before either buffer went away: it completed.
+    let e = wait(&mut a.client, id).await;
+    assert_eq!(e.status_code, 0, "{}", e.status_message);
+    assert_eq!(e.bytes_done, 32 * MIB);
+    // Gone now: a second release names the buffer.
+    let err = b
+        .client
+        .release_buffer(pb::ReleaseBufferRequest { buffer_id: dst.id })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound);
+    assert!(err.message().contains("buffer_id"), "{}", err.message());
+
+    // A deadline shorter than the transfer: FAILED_PRECONDITION, and the buffer stays usable.
+    let src = host_buffer(&mut a.client, 64 * MIB, "").await;
+    let dst = host_buffer(&mut b.client, 64 * MIB, "").await;
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 64 * MIB), b"")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut req = tonic::Request::new(pb::ReleaseBufferRequest { buffer_id: dst.id });
+    req.metadata_mut().insert("grpc-timeout", "100m".parse().unwrap());
+    let err = b.client.release_buffer(req).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("in use"), "{}", err.message());
+    wait_ok(&mut a.client, id).await;
+    assert_eq!(
+        crc(&mut a.client, src.id, 0, 0).await,
+        crc(&mut b.client, dst.id, 0, 0).await
+    );
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+}

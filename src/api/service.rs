@@ -22,6 +22,10 @@ use crate::peers::Peers;
 use crate::poller::{Command, NotificationEvent, PeerLink, Phase, TransferStatus};
 
 /// Maps an engine error to a gRPC status (the codes are the same numbers).
+/// How long `ReleaseBuffer` waits for the transfers using a buffer to end when the call carries
+/// no deadline of its own.
+pub const RELEASE_WAIT: Duration = Duration::from_secs(10);
+
 pub fn status(e: EngineError) -> Status {
     Status::new(tonic::Code::from_i32(e.code as i32), e.message)
 }
@@ -167,12 +171,28 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
         &self,
         req: Request<pb::ReleaseBufferRequest>,
     ) -> Result<Response<pb::ReleaseBufferResponse>, Status> {
+        // Transfers that still use the buffer get until the call's deadline (else
+        // RELEASE_WAIT) to end: a transfer that just failed on one side (a deadline, a cancel)
+        // is still being torn down on the other, and its receives may still land.
+        let wait = transfers::grpc_timeout(&req).map_or(RELEASE_WAIT, transfers::answer_within);
+        let deadline = Instant::now() + wait;
         let id = req.into_inner().buffer_id;
         self.state.buffers.get(id).map_err(status)?;
-        self.state
-            .ask(|reply| Command::RemoveBuffer { id, reply })
-            .await?
-            .map_err(status)?;
+        let mut pause = Duration::from_micros(200);
+        loop {
+            match self
+                .state
+                .ask(|reply| Command::RemoveBuffer { id, reply })
+                .await?
+            {
+                Ok(()) => break,
+                Err(e) if e.code == engine::Code::FailedPrecondition && Instant::now() < deadline => {
+                    tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
+                    pause = (pause * 2).min(Duration::from_millis(20));
+                }
+                Err(e) => return Err(status(e)),
+            }
+        }
         self.state.buffers.remove(id);
         tracing::info!(buffer = id, "buffer released");
         Ok(Response::new(pb::ReleaseBufferResponse {}))
@@ -348,7 +368,8 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
         &self,
         req: Request<tonic::Streaming<pb::SessionRequest>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
-        let deadline = transfers::grpc_timeout(&req).map(|t| engine::deadline_after(Instant::now(), t));
+        let deadline = transfers::grpc_timeout(&req)
+            .map(|t| engine::deadline_after(Instant::now(), transfers::answer_within(t)));
         Ok(Response::new(session::start(
             self.state.clone(),
             deadline,
