@@ -314,6 +314,17 @@ impl Engine {
         let transfer = o.transfer;
         let finished = o.unfinished == 0;
         let entries = o.entries.clone();
+        // The receiver holds every byte: the plugin reads the sources no more, even where this
+        // node has not yet seen its last sends complete, so the client may release them now.
+        let sources: Vec<u64> = if o.sent {
+            Vec::new()
+        } else {
+            o.sources.iter().map(|s| s.0).collect()
+        };
+        o.sent = true;
+        for b in sources {
+            self.unuse_buffer(b);
+        }
         if finished {
             self.drop_out_offer(offer_id);
         }
