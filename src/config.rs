@@ -166,7 +166,7 @@ pub enum TransferProtocol {
 }
 
 impl TransferProtocol {
-    pub const DEFAULT: TransferProtocol = TransferProtocol::Eager;
+    pub const DEFAULT: TransferProtocol = TransferProtocol::Rendezvous;
 
     pub fn parse(field: &str, v: &str) -> Result<TransferProtocol, ConfigError> {
         match v.trim() {
