@@ -14,13 +14,17 @@ pub fn emulation_plugin_path() -> PathBuf {
     // target/<profile>/deps/<test binary>
     let deps = exe.parent().expect("deps dir");
     let profile = deps.parent().expect("profile dir");
-    for candidate in [
+    // Both copies exist after a workspace build; a build of one package refreshes only the one in
+    // deps/, so the newer of the two is the current plugin.
+    let newest = [
         profile.join("libnccl_net_tcpxemu.so"),
         deps.join("libnccl_net_tcpxemu.so"),
-    ] {
-        if candidate.exists() {
-            return candidate;
-        }
+    ]
+    .into_iter()
+    .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+    .max_by_key(|(modified, _)| *modified);
+    if let Some((_, p)) = newest {
+        return p;
     }
     panic!(
         "libnccl_net_tcpxemu.so not found next to {}; build it with `cargo build -p tcpxemu`",
