@@ -890,7 +890,6 @@ impl RecvComm {
     /// range itself, which is then zeroed so that a later receive that brings nothing (an
     /// emptied chunk) can never hand these bytes on. Returns the bytes copied.
     pub fn land_host(&self, id: RequestId, dst: &dyn Region, dst_off: usize, len: usize) -> NetResult<usize> {
-        let slot = self.completed_slot(id)?;
         if dst.mem_type() != super::memory::MemType::Host {
             return Err(NetError::Ring("land_host needs a host destination".into()));
         }
@@ -900,19 +899,11 @@ impl RecvComm {
                 dst.len()
             )));
         }
-        let ring = self.unpack_ring()?;
-        if ring.count(slot.q)? > 0 {
-            // SAFETY: `dst_off + len` lies inside the caller's host region (checked above), which
-            // nothing else touches while the receive lands; the plugin finished writing.
-            return unsafe { ring.gather_host(slot.q, dst.as_ptr().add(dst_off), len) };
-        }
-        self.with_direct(slot, len, |src| {
-            // SAFETY: the destination range was checked above and does not overlap the posted
-            // range (another region); `src` is the posted range the plugin finished writing.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.as_ptr().add(dst_off), len) };
-            Ok(())
-        })?;
-        Ok(len)
+        // SAFETY: `dst_off + len` lies inside the caller's host region (checked above), which
+        // nothing else touches while the receive lands, and does not overlap the posted range
+        // (the landing slots are another region).
+        let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_ptr().add(dst_off), len) };
+        self.land_into(id, dst)
     }
 
     /// As [`RecvComm::land_host`], into a Rust buffer (`dst.len()` bytes): a host staging copy on

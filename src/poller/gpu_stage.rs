@@ -58,6 +58,9 @@ pub(super) struct GpuStage {
     rejected: std::collections::BTreeSet<u64>,
     /// Per other GPU holding bounce buffers: whether this GPU can read them (`reach_bounce`).
     peer_reach: HashMap<usize, Result<(), String>>,
+    /// Eager receives staged in host memory pass through here on their way to this GPU (grown
+    /// to the largest chunk once, then reused).
+    staging: Vec<u8>,
 }
 /// Starts unpacking a completed receive: nothing to do when the plugin received in place (or
 /// the chunk was sent empty), a host gather for host destinations, a push into the GPU's
@@ -99,20 +102,6 @@ pub(super) fn start_unpack(
         };
         return Wait::Ready(r.map(|_| ()).map_err(|e| e.to_string()));
     };
-    if posted.staged && (frags.is_empty() || ring.bounce_is_host_readable()) {
-        // Staged in host memory (received in place into the landing slot, or into host bounce
-        // pages): a synchronous copy to the GPU through a host staging buffer.
-        let mut staging = vec![0u8; len];
-        let r = match comm.land_into(id, &mut staging) {
-            Ok(n) if n == len => region.write(posted.offset, &staging).map_err(|e| e.to_string()),
-            Ok(n) => Err(format!("chunk landed {n} of {len} bytes")),
-            Err(e) => Err(e.to_string()),
-        };
-        return Wait::Ready(r);
-    }
-    // From here the unpacker checks the list (bounds, and adding up to the posted size:
-    // `exact`): on the host at `push`, or, for the ring read in place, on the GPU, reported when
-    // the batch is done (`BatchEnd::Rejected`).
     let ordinal = region.gpu().ordinal();
     let stage = match stages.entry(ordinal) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
@@ -123,6 +112,23 @@ pub(super) fn start_unpack(
             }
         }
     };
+    if posted.staged && (frags.is_empty() || ring.bounce_is_host_readable()) {
+        // Staged in host memory (received in place into the landing slot, or into host bounce
+        // pages): a synchronous copy to the GPU through the stage's host staging buffer.
+        if stage.staging.len() < len {
+            stage.staging.resize(len, 0);
+        }
+        let staging = &mut stage.staging[..len];
+        let r = match comm.land_into(id, staging) {
+            Ok(n) if n == len => region.write(posted.offset, staging).map_err(|e| e.to_string()),
+            Ok(n) => Err(format!("chunk landed {n} of {len} bytes")),
+            Err(e) => Err(e.to_string()),
+        };
+        return Wait::Ready(r);
+    }
+    // From here the unpacker checks the list (bounds, and adding up to the posted size:
+    // `exact`): on the host at `push`, or, for the ring read in place, on the GPU, reported when
+    // the batch is done (`BatchEnd::Rejected`).
     let job = (|| -> Result<(), String> {
         stage.reach_bounce(ring.bounce_device())?;
         let bounce = ring.bounce_span(frags);
@@ -208,6 +214,7 @@ impl GpuStage {
             failed: None,
             rejected: std::collections::BTreeSet::new(),
             peer_reach: HashMap::new(),
+            staging: Vec::new(),
         })
     }
 
