@@ -84,7 +84,7 @@ fn slice_size(i: usize) -> usize {
 
 /// One direction of the ring: a connection and where its slices stand.
 struct Lane {
-    p: super::Pair,
+    p: super::harness::Pair,
     seed: u64,
     sends_posted: usize,
     sends_done: usize,
@@ -98,14 +98,14 @@ struct Lane {
 
 impl Lane {
     fn expect(&self, i: usize) -> Vec<u8> {
-        super::pattern(self.seed << 32 | i as u64, slice_size(i))
+        super::harness::pattern(self.seed << 32 | i as u64, slice_size(i))
     }
 
     /// One pass of NCCL's proxy over this connection, then its kernel's consumption, which
     /// lags: a completed receive is unpacked and released only once the next one completed too
     /// (or nothing else is pending).
     fn step(&mut self) -> Result<(), String> {
-        use super::err;
+        use super::harness::err;
         while self.recvs_posted < SLICES && self.recvs_posted < self.consumed + DEPTH {
             let i = self.recvs_posted;
             let off = (i % DEPTH) * SLICE;
@@ -150,7 +150,7 @@ impl Lane {
         }
         if self.unconsumed.len() >= 2 || (self.pending.is_empty() && !self.unconsumed.is_empty()) {
             if let Some((c, i)) = self.unconsumed.pop_front() {
-                let landed = super::land_and_check(&self.p, c, (i % DEPTH) * SLICE, &self.expect(i))
+                let landed = super::harness::land_and_check(&self.p, c, (i % DEPTH) * SLICE, &self.expect(i))
                     .map_err(|e| format!("slice {i} ({} bytes): {e}", slice_size(i)))?;
                 self.fragments += landed.fragments;
                 self.p.recv.consume(c.id).map_err(err("irecvConsumed"))?;
@@ -171,7 +171,7 @@ impl Lane {
 /// 1 MiB slice into the slot of a 4 MiB buffer, up to 4 ahead, while the sender sends what the
 /// slice holds (0 bytes to 1 MiB, odd sizes, several chunks); each fragment list read by the
 /// consumer's own receive count, after the next receive completed, then released in order.
-pub(super) fn case_ring_traffic(ctx: &super::Ctx) -> Result<String, String> {
+pub(super) fn case_ring_traffic(ctx: &super::harness::Ctx) -> Result<String, String> {
     let start = std::time::Instant::now();
     let mut lanes = Vec::with_capacity(2);
     for seed in 1..=2u64 {
@@ -203,7 +203,7 @@ pub(super) fn case_ring_traffic(ctx: &super::Ctx) -> Result<String, String> {
         std::thread::yield_now();
     }
     for l in &lanes {
-        super::expect_empty(&l.p)?;
+        super::harness::expect_empty(&l.p)?;
     }
     let bytes: usize = (0..SLICES).map(slice_size).sum::<usize>() * lanes.len();
     Ok(format!(
