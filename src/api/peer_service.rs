@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::proto::peer as pb;
@@ -31,7 +30,7 @@ impl pb::tcpxd_peer_server::TcpxdPeer for PeerService {
         Ok(Response::new(resp))
     }
 
-    type ControlStream = ReceiverStream<Result<pb::PeerMessage, Status>>;
+    type ControlStream = crate::peers::OutboundResponse;
 
     async fn control(
         &self,

@@ -137,6 +137,7 @@ impl Session {
     }
 
     async fn finished(&mut self, tag: u64, event: pb::TransferEvent) -> Result<(), Gone> {
+        tracing::trace!(target: "tcpxd::hop", hop = "api.out", id = event.transfer_id);
         self.open.remove(&tag);
         self.send(tag, Event::Finished(event)).await
     }

@@ -104,6 +104,7 @@ impl DaemonState {
         r: pb::WriteBatchRequest,
         deadline: Instant,
     ) -> Result<Started, Status> {
+        tracing::trace!(target: "tcpxd::hop", hop = "api.in");
         self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
             .await?;
         let (specs, total) = self.entry_specs(r.entries.iter().map(EntryFields::from))?;
@@ -129,6 +130,7 @@ impl DaemonState {
         r: pb::ReadBatchRequest,
         deadline: Instant,
     ) -> Result<Started, Status> {
+        tracing::trace!(target: "tcpxd::hop", hop = "api.in");
         self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
             .await?;
         let (specs, total) = self.entry_specs(r.entries.iter().map(EntryFields::from))?;
@@ -178,6 +180,7 @@ impl DaemonState {
         } else {
             None
         };
+        tracing::trace!(target: "tcpxd::hop", hop = "api.out", id = transfer_id);
         Ok(Response::new(pb::TransferStarted {
             transfer_id,
             total_bytes,
@@ -203,6 +206,7 @@ pub(crate) async fn finished(
         .await
         .map_err(|_| Status::unavailable("the daemon stopped before the transfer finished"))?
         .clone();
+    tracing::trace!(target: "tcpxd::hop", hop = "api.woken", id = id.0);
     Ok(event(id.0, &s))
 }
 

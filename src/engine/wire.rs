@@ -89,3 +89,25 @@ pub enum PeerMsg {
         reason: String,
     },
 }
+
+impl PeerMsg {
+    /// The message's kind and the transfer it is about (an offer or read id; 0 for none), for the
+    /// hop trace (`RUST_LOG=tcpxd::hop=trace`).
+    pub fn label(&self) -> (&'static str, u64) {
+        match self {
+            PeerMsg::ReceiveMode { .. } => ("receive_mode", 0),
+            PeerMsg::Credits { .. } => ("credits", 0),
+            PeerMsg::Header(o) => ("header", o.offer_id),
+            PeerMsg::Offer(o) => ("offer", o.offer_id),
+            PeerMsg::Accept { offer_id } => ("accept", *offer_id),
+            PeerMsg::Reject { offer_id, .. } => ("reject", *offer_id),
+            PeerMsg::Done { offer_id } => ("done", *offer_id),
+            PeerMsg::Failed { offer_id, .. } => ("failed", *offer_id),
+            PeerMsg::CancelOffer { offer_id, .. } => ("cancel_offer", *offer_id),
+            PeerMsg::ReadRequest { read_id, .. } => ("read_request", *read_id),
+            PeerMsg::ReadReject { read_id, .. } => ("read_reject", *read_id),
+            PeerMsg::CancelRead { read_id } => ("cancel_read", *read_id),
+            PeerMsg::Goodbye { .. } => ("goodbye", 0),
+        }
+    }
+}

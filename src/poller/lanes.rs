@@ -104,6 +104,8 @@ impl Poller {
             any = true;
             match a {
                 Action::Control { peer, msg } => {
+                    let (kind, id) = msg.label();
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.out", kind, id);
                     let _ = self.peers[peer.0 as usize].control.send(msg);
                 }
                 Action::PostSend {
@@ -205,6 +207,7 @@ impl Poller {
                     }
                 }
                 Action::Finished { transfer, outcome } => {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.finished", id = transfer.0);
                     if let Some(tx) = self.transfers.remove(&transfer) {
                         self.meter.finished(transfer, &outcome, tx.borrow().bytes_done);
                         if self.drain.is_some() && outcome.code == Code::Ok {
@@ -319,6 +322,7 @@ impl Poller {
                             let landed = Instant::now();
                             let wait = if posted.buffer == LANDING {
                                 // Eager: where it goes comes with its header (`Action::Land`).
+                                tracing::trace!(target: "tcpxd::hop", hop = "poller.landed", lane = li);
                                 events.push(Completion::Landed(peer, li as u32));
                                 Wait::Header
                             } else {

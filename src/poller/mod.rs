@@ -6,9 +6,10 @@
 //! Each pass it: takes commands, drives connect/accept of lanes being set up, executes the
 //! engine's actions (posting sends and receives as the windows allow), tests only the head of
 //! each comm, unpacks completed receives (host unpacker) and consumes them in ring order, and
-//! checks deadlines. With no request carrying bytes in flight it parks on the command channel
-//! (no CPU; a command or a peer's control message wakes it at once); with bytes in flight it
-//! spins, then yields at every pass, and naps only after a stall of 2 ms (`crate::idle`).
+//! checks deadlines. With bytes in flight it spins, then yields at every pass, and naps only after
+//! a stall of 2 ms; with nothing in flight it keeps doing so for 1 ms after its last progress
+//! (traffic flowing: the next transfer finds it awake), then parks on the command channel (no CPU;
+//! a command or a peer's control message wakes it at once). See `crate::idle`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -22,7 +23,7 @@ use crate::engine::{
     Code, Engine, EngineConfig, EngineError, Outcome, PeerCounters, PeerIdx, PeerMsg, ReadSpec, TransferId,
     WriteSpec,
 };
-use crate::idle::{Backoff, Step};
+use crate::idle::{Backoff, LINGER, Step};
 use crate::metrics::{Meter, Op};
 use crate::net::{ConnectHandle, Connector, ListenComm, MemHandle, Plugin, RecvComm, RequestId, SendComm};
 use crate::unpack::UnpackImpl;
@@ -362,6 +363,8 @@ impl Poller {
     fn run(mut self) {
         tracing::debug!("poller started");
         let mut backoff = Backoff::new();
+        // The last pass (or command) that made progress: the poller lingers after it.
+        let mut last_progress = Instant::now();
         loop {
             let mut progressed = false;
             loop {
@@ -384,11 +387,12 @@ impl Poller {
             }
             if progressed {
                 backoff.reset();
+                last_progress = Instant::now();
                 continue;
             }
-            let wait = if self.busy() {
-                // Bytes in flight: spin and yield; nap only once stalled (a command still
-                // ends the nap at once).
+            let wait = if self.busy() || last_progress.elapsed() < LINGER {
+                // Bytes in flight, or traffic a moment ago: spin and yield; nap only once
+                // stalled (a command still ends the nap at once).
                 match backoff.step() {
                     Step::Nap(d) => d,
                     Step::Spun | Step::Yielded => continue,
@@ -407,6 +411,7 @@ impl Poller {
             match self.rx.recv_timeout(wait) {
                 Ok(cmd) => {
                     backoff.reset();
+                    last_progress = Instant::now();
                     self.handle(cmd)
                 }
                 Err(RecvTimeoutError::Timeout) => {}
@@ -510,6 +515,9 @@ impl Poller {
                 let now = Instant::now();
                 let total = specs.iter().map(|s| s.remote.length).sum();
                 let r = self.engine.start_write(specs, notification, deadline, now);
+                if let Ok(id) = &r {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write", id = id.0);
+                }
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total))));
             }
             Command::Read {
@@ -524,12 +532,19 @@ impl Poller {
                 let now = Instant::now();
                 let total = specs.iter().map(|s| s.remote.length).sum();
                 let r = self.engine.start_read(specs, deadline, now);
+                if let Ok(id) = &r {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read", id = id.0);
+                }
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total))));
             }
             Command::Cancel { id, reply } => {
                 let _ = reply.send(self.engine.cancel(id, Code::Cancelled, "cancelled by the client"));
             }
-            Command::Message { peer, msg } => self.engine.on_message(peer, msg, Instant::now()),
+            Command::Message { peer, msg } => {
+                let (kind, id) = msg.label();
+                tracing::trace!(target: "tcpxd::hop", hop = "poller.in", kind, id);
+                self.engine.on_message(peer, msg, Instant::now())
+            }
             Command::PeerDown { peer, reason } => self.engine.peer_failed(peer, &reason),
             Command::Stats { reply } => {
                 let _ = reply.send(self.stats());

@@ -15,8 +15,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::api::proto::peer as pb;
@@ -24,9 +22,14 @@ use crate::api::proto::peer::tcpxd_peer_client::TcpxdPeerClient;
 use crate::auth::{
     self, Challenges, ClusterSecret, NONCE_BYTES, ProofOf, accept_fields, handshake_fields, hello_fields,
 };
-use crate::engine::{Code, Offer, PeerIdx, PeerMsg, ReadPair, RemoteRange};
+use crate::engine::{PeerIdx, PeerMsg};
 use crate::net::ConnectHandle;
 use crate::poller::{Command, LaneHandleInfo, PeerChannels, PeerLink};
+
+mod control;
+
+pub use control::{Malformed, OutboundResponse, msg_from_pb, msg_to_pb};
+use control::{Outbound, spawn_inbound};
 
 pub const PROTOCOL_VERSION: u32 = 2;
 /// Largest control message (a 4096-range offer with a 1 MiB notification fits easily).
@@ -49,41 +52,6 @@ impl Default for Heartbeat {
     }
 }
 
-/// Pumps a peer's outbound control messages, plus heartbeats while it is quiet, into a stream
-/// that ends when the poller drops the peer's channel.
-fn spawn_outbound(
-    first: Option<pb::PeerMessage>,
-    mut control: mpsc::UnboundedReceiver<PeerMsg>,
-    interval: Duration,
-) -> mpsc::Receiver<Result<pb::PeerMessage, Status>> {
-    let (tx, rx) = mpsc::channel(256);
-    tokio::spawn(async move {
-        if let Some(m) = first
-            && tx.send(Ok(m)).await.is_err()
-        {
-            return;
-        }
-        let mut seq = 0u64;
-        loop {
-            let msg = match tokio::time::timeout(interval, control.recv()).await {
-                Ok(Some(m)) => msg_to_pb(&m),
-                Ok(None) => return,
-                Err(_) => {
-                    seq += 1;
-                    pb::PeerMessage {
-                        body: Some(pb::peer_message::Body::Heartbeat(pb::Heartbeat { seq })),
-                    }
-                }
-            };
-            if tx.send(Ok(msg)).await.is_err() {
-                return;
-            }
-        }
-    });
-    rx
-}
-
-/// What the API shows of a peer.
 #[derive(Debug, Clone)]
 pub struct PeerInfo {
     pub node_id: String,
@@ -412,8 +380,7 @@ impl Peers {
             })),
         };
         // The caller's request stream carries bare messages: the pump never yields an error.
-        let outbound = ReceiverStream::new(spawn_outbound(Some(hello), control_rx, self.heartbeat.interval))
-            .filter_map(|m| m.ok());
+        let outbound = Outbound::new(Some(hello), control_rx, self.heartbeat.interval);
         let inbound = match client.control(outbound).await {
             Ok(r) => r.into_inner(),
             Err(s) => {
@@ -625,7 +592,7 @@ impl Peers {
     pub async fn control(
         &self,
         req: Request<Streaming<pb::PeerMessage>>,
-    ) -> Result<Response<ReceiverStream<Result<pb::PeerMessage, Status>>>, Status> {
+    ) -> Result<Response<OutboundResponse>, Status> {
         let mut inbound = req.into_inner();
         let first = inbound
             .message()
@@ -675,7 +642,7 @@ impl Peers {
             inbound,
             self.heartbeat.timeout,
         );
-        Ok(Response::new(ReceiverStream::new(spawn_outbound(
+        Ok(Response::new(OutboundResponse(Outbound::new(
             None,
             session.outbound,
             self.heartbeat.interval,
@@ -713,48 +680,6 @@ impl Drop for PreparedGuard {
     }
 }
 
-/// Forwards a peer's inbound control messages to the poller, in order; a broken stream or a
-/// malformed message fails the peer. Refusals of malformed requests go back through a weak
-/// handle on the peer's outbound channel, so this task never keeps that stream open.
-fn spawn_inbound(
-    poller: std_mpsc::Sender<Command>,
-    answer: mpsc::WeakUnboundedSender<PeerMsg>,
-    idx: PeerIdx,
-    node: String,
-    mut inbound: Streaming<pb::PeerMessage>,
-    silence: Duration,
-) {
-    tokio::spawn(async move {
-        let reason = loop {
-            let Ok(next) = tokio::time::timeout(silence, inbound.message()).await else {
-                break format!("no control message or heartbeat for {silence:?}");
-            };
-            match next {
-                Ok(Some(m)) => match msg_from_pb(m) {
-                    Ok(Some(msg)) => {
-                        if poller.send(Command::Message { peer: idx, msg }).is_err() {
-                            return;
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(Malformed::Answer(reply)) => {
-                        // A refusal naming the malformed field, straight back to the peer (the
-                        // engine never saw the request, so nothing was posted).
-                        if let Some(answer) = answer.upgrade() {
-                            let _ = answer.send(reply);
-                        }
-                    }
-                    Err(Malformed::Fatal(why)) => break format!("malformed control message: {why}"),
-                },
-                Ok(None) => break "control stream closed by the peer".to_string(),
-                Err(s) => break format!("control stream failed: {}", s.message()),
-            }
-        };
-        tracing::warn!(peer = %node, "{reason}");
-        let _ = poller.send(Command::PeerDown { peer: idx, reason });
-    });
-}
-
 fn lane_to_pb(l: &LaneHandleInfo) -> pb::LaneHandle {
     pb::LaneHandle {
         lane: l.lane,
@@ -783,243 +708,4 @@ fn lanes_from_pb(lanes: &[pb::LaneHandle]) -> Result<Vec<LaneHandleInfo>, String
             })
         })
         .collect()
-}
-
-fn range_to_pb(r: &RemoteRange) -> pb::RemoteRange {
-    pb::RemoteRange {
-        buffer_id: r.buffer_id,
-        access_key: r.access_key.to_vec(),
-        offset: r.offset,
-        length: r.length,
-    }
-}
-
-fn range_from_pb(field: &str, r: Option<&pb::RemoteRange>) -> Result<RemoteRange, String> {
-    let r = r.ok_or_else(|| format!("{field}: missing"))?;
-    let access_key: [u8; 16] = r
-        .access_key
-        .as_slice()
-        .try_into()
-        .map_err(|_| format!("{field}.access_key: {} bytes, expected 16", r.access_key.len()))?;
-    Ok(RemoteRange {
-        buffer_id: r.buffer_id,
-        access_key,
-        offset: r.offset,
-        length: r.length,
-    })
-}
-
-/// Engine message → wire.
-pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
-    use pb::peer_message::Body;
-    let offer = |o: &Offer| pb::Offer {
-        offer_id: o.offer_id,
-        read_id: o.read_id,
-        chunk_bytes: o.chunk_bytes,
-        first_lane: o.first_lane,
-        ranges: o.ranges.iter().map(range_to_pb).collect(),
-        notification: o.notification.clone(),
-        deadline_ms: o.deadline_ms,
-    };
-    let body = match m {
-        PeerMsg::ReceiveMode { credits, chunk_bytes } => Body::ReceiveMode(pb::ReceiveMode {
-            credits: *credits,
-            chunk_bytes: *chunk_bytes,
-        }),
-        PeerMsg::Credits { returned } => Body::Credits(pb::Credits {
-            returned: returned.clone(),
-        }),
-        PeerMsg::Header(o) => Body::Header(offer(o)),
-        PeerMsg::Offer(o) => Body::Offer(offer(o)),
-        PeerMsg::Accept { offer_id } => Body::Accept(pb::Accept { offer_id: *offer_id }),
-        PeerMsg::Reject {
-            offer_id,
-            code,
-            message,
-            range_index,
-        } => Body::Reject(pb::Reject {
-            offer_id: *offer_id,
-            code: *code as i32,
-            message: message.clone(),
-            range_index: *range_index,
-        }),
-        PeerMsg::Done { offer_id } => Body::Done(pb::Done { offer_id: *offer_id }),
-        PeerMsg::Failed {
-            offer_id,
-            code,
-            message,
-        } => Body::Failed(pb::Failed {
-            offer_id: *offer_id,
-            code: *code as i32,
-            message: message.clone(),
-        }),
-        PeerMsg::CancelOffer {
-            offer_id,
-            code,
-            message,
-        } => Body::CancelOffer(pb::CancelOffer {
-            offer_id: *offer_id,
-            code: *code as i32,
-            message: message.clone(),
-        }),
-        PeerMsg::ReadRequest {
-            read_id,
-            pairs,
-            deadline_ms,
-        } => Body::ReadRequest(pb::ReadRequest {
-            read_id: *read_id,
-            pairs: pairs
-                .iter()
-                .map(|p| pb::ReadPair {
-                    source: Some(range_to_pb(&p.source)),
-                    dest: Some(range_to_pb(&p.dest)),
-                })
-                .collect(),
-            deadline_ms: *deadline_ms,
-        }),
-        PeerMsg::ReadReject {
-            read_id,
-            code,
-            message,
-            range_index,
-        } => Body::ReadReject(pb::ReadReject {
-            read_id: *read_id,
-            code: *code as i32,
-            message: message.clone(),
-            range_index: *range_index,
-        }),
-        PeerMsg::CancelRead { read_id } => Body::CancelRead(pb::CancelRead { read_id: *read_id }),
-        PeerMsg::Goodbye { reason } => Body::Goodbye(pb::Goodbye {
-            reason: reason.clone(),
-        }),
-    };
-    pb::PeerMessage { body: Some(body) }
-}
-
-/// Why an inbound message could not be handed to the engine.
-#[derive(Debug)]
-pub enum Malformed {
-    /// Answer the peer with this refusal (an offer or read request with a bad field).
-    Answer(PeerMsg),
-    /// The peer broke the protocol.
-    Fatal(String),
-}
-
-/// Wire → engine message. `Ok(None)`: nothing for the engine (a heartbeat).
-pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
-    use pb::peer_message::Body;
-    let body = m
-        .body
-        .ok_or_else(|| Malformed::Fatal("message without a body".into()))?;
-    Ok(Some(match body {
-        Body::Hello(_) => return Err(Malformed::Fatal("a second Hello".into())),
-        Body::Heartbeat(_) => return Ok(None),
-        Body::ReceiveMode(m) => PeerMsg::ReceiveMode {
-            credits: m.credits,
-            chunk_bytes: m.chunk_bytes,
-        },
-        Body::Credits(c) => PeerMsg::Credits { returned: c.returned },
-        Body::Header(o) => {
-            // Its data may be on its way already: a header the engine cannot read breaks the
-            // order of every lane, so it fails the pairing instead of a refusal.
-            let ranges: Result<Vec<RemoteRange>, String> = o
-                .ranges
-                .iter()
-                .enumerate()
-                .map(|(i, r)| range_from_pb(&format!("header.ranges[{i}]"), Some(r)))
-                .collect();
-            PeerMsg::Header(Offer {
-                offer_id: o.offer_id,
-                read_id: o.read_id,
-                chunk_bytes: o.chunk_bytes,
-                first_lane: o.first_lane,
-                ranges: ranges.map_err(Malformed::Fatal)?,
-                notification: o.notification,
-                deadline_ms: o.deadline_ms,
-            })
-        }
-        Body::Offer(o) => {
-            let ranges: Result<Vec<RemoteRange>, String> = o
-                .ranges
-                .iter()
-                .enumerate()
-                .map(|(i, r)| range_from_pb(&format!("ranges[{i}]"), Some(r)))
-                .collect();
-            match ranges {
-                Ok(ranges) => PeerMsg::Offer(Offer {
-                    offer_id: o.offer_id,
-                    read_id: o.read_id,
-                    chunk_bytes: o.chunk_bytes,
-                    first_lane: o.first_lane,
-                    ranges,
-                    notification: o.notification,
-                    deadline_ms: o.deadline_ms,
-                }),
-                Err(why) => {
-                    return Err(Malformed::Answer(PeerMsg::Reject {
-                        offer_id: o.offer_id,
-                        code: Code::InvalidArgument,
-                        message: why,
-                        range_index: 0,
-                    }));
-                }
-            }
-        }
-        Body::Accept(a) => PeerMsg::Accept { offer_id: a.offer_id },
-        Body::Reject(r) => PeerMsg::Reject {
-            offer_id: r.offer_id,
-            code: Code::from_i32(r.code),
-            message: r.message,
-            range_index: r.range_index,
-        },
-        Body::Done(d) => PeerMsg::Done { offer_id: d.offer_id },
-        Body::Failed(f) => PeerMsg::Failed {
-            offer_id: f.offer_id,
-            code: Code::from_i32(f.code),
-            message: f.message,
-        },
-        Body::CancelOffer(c) => PeerMsg::CancelOffer {
-            offer_id: c.offer_id,
-            code: Code::from_i32(c.code),
-            message: c.message,
-        },
-        Body::ReadRequest(r) => {
-            let pairs: Result<Vec<ReadPair>, String> = r
-                .pairs
-                .iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    Ok(ReadPair {
-                        source: range_from_pb(&format!("pairs[{i}].source"), p.source.as_ref())?,
-                        dest: range_from_pb(&format!("pairs[{i}].dest"), p.dest.as_ref())?,
-                    })
-                })
-                .collect();
-            match pairs {
-                Ok(pairs) => PeerMsg::ReadRequest {
-                    read_id: r.read_id,
-                    pairs,
-                    deadline_ms: r.deadline_ms,
-                },
-                Err(why) => {
-                    return Err(Malformed::Answer(PeerMsg::ReadReject {
-                        read_id: r.read_id,
-                        code: Code::InvalidArgument,
-                        message: why,
-                        range_index: 0,
-                    }));
-                }
-            }
-        }
-        Body::ReadReject(r) => PeerMsg::ReadReject {
-            read_id: r.read_id,
-            code: Code::from_i32(r.code),
-            message: r.message,
-            range_index: r.range_index,
-        },
-        Body::CancelRead(c) => PeerMsg::CancelRead { read_id: c.read_id },
-        Body::Goodbye(g) => PeerMsg::Goodbye {
-            reason: g.reason.chars().take(4096).collect(),
-        },
-    }))
 }

@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Splits one-at-a-time transfers between two daemons on one host into hops, from the daemons'
+hop trace (`RUST_LOG=tcpxd::hop=trace`; both logs share the host's clock).
+
+    RUST_LOG=tcpxd::hop=trace tcpxctl bench transfer --sizes 4K --iters 300 --warmup 30 --keep-dir
+    python3 benches/hops.py /tmp/tcpxd-bench-PID/bench-a.log /tmp/tcpxd-bench-PID/bench-b.log
+
+A is the daemon that issues the transfers (WRITE, eager or rendezvous; or READ), B its peer. For
+each transfer of A the script finds, by the transfer id the control messages carry, the events
+on both sides, and prints the p50 / p90 of each step between consecutive events (µs), and their
+sum against A's own span (the client's call arriving → its answer leaving). The trace itself
+costs a few µs per event (one write to the log per event): read the split, not the sum.
+"""
+
+import argparse
+import datetime as dt
+import re
+import statistics
+import sys
+from collections import Counter, defaultdict
+
+LINE = re.compile(r"^(\S+)\s+TRACE\s+.*?tcpxd::hop:\s*(.*)$")
+FIELD = re.compile(r'(\w+)=("([^"]*)"|\S+)')
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def parse(path):
+    """(t_us, fields) per hop event, in file order."""
+    out = []
+    with open(path, errors="replace") as f:
+        for raw in f:
+            m = LINE.match(ANSI.sub("", raw.rstrip("\n")))
+            if not m:
+                continue
+            t = dt.datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp() * 1e6
+            fields = {k: (q if q is not None and v.startswith('"') else v) for k, v, q in FIELD.findall(m.group(2))}
+            out.append((t, fields))
+    return out
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, int(round(p / 100 * len(xs) + 0.5)) - 1))]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("a_log")
+    ap.add_argument("b_log")
+    ap.add_argument("--skip", type=int, default=10, help="transfers to leave out at the start (warm-up)")
+    args = ap.parse_args()
+    a, b = parse(args.a_log), parse(args.b_log)
+    if not a or not b:
+        sys.exit("no hop events: run the daemons with RUST_LOG=tcpxd::hop=trace")
+
+    # A's transfers: the API's arrival (no id yet) is the last api.in before the poller took it.
+    by_id = defaultdict(list)
+    last_api_in = None
+    for t, f in a:
+        hop, ident = f.get("hop"), f.get("id")
+        if hop == "api.in":
+            last_api_in = t
+            continue
+        if hop == "poller.cmd" and last_api_in is not None:
+            by_id[ident].append(("A api.in", last_api_in))
+        if ident is None or ident == "0":
+            continue
+        label = f"A {hop}" + (f" {f['kind']}" if "kind" in f and hop != "poller.cmd" else "")
+        by_id[ident].append((label, t))
+    # B's events about A's transfer ids (B's own ids for READs it serves are the read id).
+    last_landed = None
+    for t, f in b:
+        hop, ident = f.get("hop"), f.get("id")
+        if hop == "poller.landed":
+            last_landed = t
+            continue
+        if ident is None or ident == "0":
+            continue
+        if ident in by_id:
+            label = f"B {hop}" + (f" {f['kind']}" if "kind" in f else "")
+            if hop == "poller.in" and f.get("kind") in ("header", "offer") and last_landed is not None:
+                by_id[ident].append(("B poller.landed (last before)", last_landed))
+            by_id[ident].append((label, t))
+
+    ids = sorted(by_id, key=lambda i: int(i))[args.skip:]
+    seqs = {i: sorted(by_id[i], key=lambda e: e[1]) for i in ids}
+    # The most common order of events is the one split; transfers in another order are counted.
+    common = Counter(tuple(l for l, _ in ev) for ev in seqs.values() if any(l == "A api.out" for l, _ in ev))
+    if not common:
+        sys.exit("no complete transfer found in the logs")
+    order = list(common.most_common(1)[0][0])
+    steps = defaultdict(list)
+    spans = []
+    for ev in seqs.values():
+        if [l for l, _ in ev] != order:
+            continue
+        spans.append(dict(ev)["A api.out"] - dict(ev)["A api.in"])
+        for (l0, t_0), (l1, t_1) in zip(ev, ev[1:]):
+            steps[(l0, l1)].append(t_1 - t_0)
+    if not spans:
+        sys.exit("no complete transfer found in the logs")
+    print(f"{len(spans)} of {len(ids)} transfers (after --skip {args.skip}) in the most common order of events")
+    print(f"{'step':64} {'p50 µs':>8} {'p90 µs':>8}")
+    total = 0.0
+    for l0, l1 in zip(order, order[1:]):
+        xs = steps[(l0, l1)]
+        total += statistics.median(xs)
+        print(f"{l0 + '  →  ' + l1:64} {statistics.median(xs):8.1f} {pct(xs, 90):8.1f}")
+    print(f"{'sum of the step medians':64} {total:8.1f}")
+    print(f"{'A api.in → A api.out (median)':64} {statistics.median(spans):8.1f} {pct(spans, 90):8.1f}")
+
+
+if __name__ == "__main__":
+    main()
