@@ -372,3 +372,45 @@ async fn advertised_addresses_come_from_the_configuration() {
     );
     a.stop().await;
 }
+
+/// Pairing with one node never waits on another node's handshake: an address that accepts TCP
+/// connections and then says nothing (a hung daemon, a wrong port) holds up only the callers that
+/// named it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_address_holds_up_no_other_pairing() {
+    tcpxd::logging::init("error");
+    let mut a = daemons::start("hung-a", |_| {}).await;
+    let b = daemons::start("hung-b", |_| {}).await;
+
+    // Accepts and holds every connection, answering nothing.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap().to_string();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let mut stuck = a.client.clone();
+    let hung = tokio::spawn(async move {
+        stuck
+            .connect_peer(pb::ConnectPeerRequest { address: silent_addr })
+            .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!hung.is_finished(), "the silent address answered");
+
+    let peer = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        a.client.connect_peer(pb::ConnectPeerRequest {
+            address: b.peer_addr(),
+        }),
+    )
+    .await
+    .expect("pairing with b waited on the hung address")
+    .expect("connect b")
+    .into_inner();
+    assert_eq!(peer.node_id, "hung-b");
+    hung.abort();
+    holder.abort();
+}

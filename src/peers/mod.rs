@@ -82,8 +82,9 @@ pub struct Peers {
     heartbeat: Heartbeat,
     by_node: Mutex<HashMap<String, PeerInfo>>,
     sessions: Arc<Mutex<HashMap<u64, PendingSession>>>,
-    /// Serialises ConnectPeer calls so two calls for one address make one peer.
-    connecting: tokio::sync::Mutex<()>,
+    /// One lock per address being connected: two calls for one address make one peer, and a
+    /// handshake that hangs on one address holds up no other.
+    connecting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The port of this daemon's peer service, announced in handshakes (0 until bound).
     listen_port: AtomicU16,
     /// The cluster secret peers must prove; `None`: peers are not authenticated.
@@ -120,7 +121,7 @@ impl Peers {
             heartbeat,
             by_node: Mutex::new(HashMap::new()),
             sessions: Arc::new(Mutex::new(HashMap::new())),
-            connecting: tokio::sync::Mutex::new(()),
+            connecting: Mutex::new(HashMap::new()),
             listen_port: AtomicU16::new(0),
             secret: None,
             challenges: Challenges::new(connect_timeout),
@@ -222,7 +223,26 @@ impl Peers {
 
     /// Caller side of `ConnectPeer`.
     pub async fn connect(&self, address: &str) -> Result<PeerInfo, Status> {
-        let _guard = self.connecting.lock().await;
+        let lock = self
+            .connecting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(address.to_string())
+            .or_default()
+            .clone();
+        let result = {
+            let _guard = lock.lock().await;
+            self.connect_locked(address).await
+        };
+        // The last caller for this address drops its lock entry (the map holds one reference).
+        let mut map = self.connecting.lock().unwrap_or_else(|e| e.into_inner());
+        if map.get(address).is_some_and(|l| Arc::strong_count(l) == 2) {
+            map.remove(address);
+        }
+        result
+    }
+
+    async fn connect_locked(&self, address: &str) -> Result<PeerInfo, Status> {
         if let Some(p) = self
             .list()
             .into_iter()
