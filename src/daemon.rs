@@ -139,6 +139,13 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         cfg.lanes_per_device,
         cfg.chunk_bytes,
     );
+    // Experimental (issue #13): keep an async worker awake while traffic flows.
+    let warmth = std::env::var("TCPXD_RUNTIME_SPIN")
+        .is_ok_and(|v| v == "1")
+        .then(crate::idle::Warmth::new);
+    if let Some(w) = &warmth {
+        tokio::spawn(w.clone().keep_warm());
+    }
     let (notify_tx, _) = broadcast::channel(4096);
     let (stop_tx, stop_rx) = watch::channel(false);
     let poller = PollerHandle::start(
@@ -157,6 +164,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             lanes_per_device: cfg.lanes_per_device,
             connect_timeout: cfg.peer_connect_timeout,
             metrics: metrics.clone(),
+            warmth: warmth.clone(),
         },
         notify_tx.clone(),
     )

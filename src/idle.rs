@@ -6,6 +6,8 @@
 //! for [`LINGER`]: while traffic flows it keeps polling between transfers, so the next command,
 //! control message or eager receive finds it awake. The raw bench idles with the same [`Backoff`].
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Passes that spin before the thread starts yielding.
@@ -70,6 +72,64 @@ impl Backoff {
     pub fn step_or_sleep(&mut self) {
         if let Step::Nap(d) = self.step() {
             std::thread::sleep(d);
+        }
+    }
+}
+
+/// Keeps one async worker awake while the poller has traffic, so a peer's control message or a
+/// client's next call is read by a running thread instead of waking a parked one (on a VM each
+/// such wake-up is an interrupt to the hypervisor, tens of µs). The poller calls
+/// [`Warmth::touch`] on every pass that made progress; [`Warmth::keep_warm`], a task on the
+/// runtime, yields in a loop until [`LINGER`] has passed without a touch, then sleeps until the
+/// next one. A yielding task makes its worker poll the I/O driver without blocking, so with one
+/// worker (`TCPXD_RUNTIME_WORKERS=1`) every socket event is picked up at once; with several,
+/// another worker may hold the driver and the gain is smaller. Costs one core while traffic
+/// flows, nothing when idle.
+#[derive(Debug)]
+pub struct Warmth {
+    epoch: Instant,
+    last_ns: AtomicU64,
+    asleep: AtomicBool,
+    wake: tokio::sync::Notify,
+}
+
+impl Warmth {
+    pub fn new() -> Arc<Warmth> {
+        Arc::new(Warmth {
+            epoch: Instant::now(),
+            last_ns: AtomicU64::new(0),
+            asleep: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Traffic now: keeps (or gets) the worker awake for [`LINGER`].
+    pub fn touch(&self) {
+        self.last_ns
+            .store(self.epoch.elapsed().as_nanos() as u64, Ordering::SeqCst);
+        if self.asleep.load(Ordering::SeqCst) && self.asleep.swap(false, Ordering::SeqCst) {
+            self.wake.notify_one();
+        }
+    }
+
+    fn recent(&self) -> bool {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        now.saturating_sub(self.last_ns.load(Ordering::SeqCst)) < LINGER.as_nanos() as u64
+    }
+
+    /// The task that keeps a worker awake; runs until the runtime stops.
+    pub async fn keep_warm(self: Arc<Warmth>) {
+        loop {
+            while self.recent() {
+                tokio::task::yield_now().await;
+            }
+            self.asleep.store(true, Ordering::SeqCst);
+            // A touch between the check and the flag: it saw no sleeper, so look again.
+            if self.recent() {
+                self.asleep.store(false, Ordering::SeqCst);
+                continue;
+            }
+            self.wake.notified().await;
         }
     }
 }

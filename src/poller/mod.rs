@@ -190,6 +190,8 @@ pub struct PollerConfig {
     pub connect_timeout: Duration,
     /// Where transfer, unpack and plugin-error events are counted.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Told of every pass that made progress, to keep an async worker awake meanwhile.
+    pub warmth: Option<Arc<crate::idle::Warmth>>,
 }
 
 /// The running poller thread.
@@ -388,6 +390,9 @@ impl Poller {
             if progressed {
                 backoff.reset();
                 last_progress = Instant::now();
+                if let Some(w) = &self.cfg.warmth {
+                    w.touch();
+                }
                 continue;
             }
             let wait = if self.busy() || last_progress.elapsed() < LINGER {
@@ -412,6 +417,9 @@ impl Poller {
                 Ok(cmd) => {
                     backoff.reset();
                     last_progress = Instant::now();
+                    if let Some(w) = &self.cfg.warmth {
+                        w.touch();
+                    }
                     self.handle(cmd)
                 }
                 Err(RecvTimeoutError::Timeout) => {}
