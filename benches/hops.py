@@ -13,6 +13,7 @@ costs a few µs per event (one write to the log per event): read the split, not 
 """
 
 import argparse
+import bisect
 import datetime as dt
 import re
 import statistics
@@ -56,6 +57,7 @@ def main():
     # A's transfers: the API's arrival (no id yet) is the last api.in before the poller took it.
     by_id = defaultdict(list)
     last_api_in = None
+    loose = []  # events without a transfer id: placed by time below
     for t, f in a:
         hop, ident = f.get("hop"), f.get("id")
         if hop == "api.in":
@@ -64,23 +66,34 @@ def main():
         if hop == "poller.cmd" and last_api_in is not None:
             by_id[ident].append(("A api.in", last_api_in))
         if ident is None or ident == "0":
+            loose.append(("A " + hop, t))
             continue
         label = f"A {hop}" + (f" {f['kind']}" if "kind" in f and hop != "poller.cmd" else "")
         by_id[ident].append((label, t))
-    # B's events about A's transfer ids (B's own ids for READs it serves are the read id).
-    last_landed = None
+    # B's events about A's transfer ids (for a READ, the read id A sent).
     for t, f in b:
         hop, ident = f.get("hop"), f.get("id")
-        if hop == "poller.landed":
-            last_landed = t
-            continue
         if ident is None or ident == "0":
+            loose.append(("B " + hop, t))
             continue
         if ident in by_id:
             label = f"B {hop}" + (f" {f['kind']}" if "kind" in f else "")
-            if hop == "poller.in" and f.get("kind") in ("header", "offer") and last_landed is not None:
-                by_id[ident].append(("B poller.landed (last before)", last_landed))
             by_id[ident].append((label, t))
+    # One transfer at a time: an event without an id belongs to the transfer whose window (A's
+    # api.in to api.out) holds it; its first such event of each kind is kept.
+    windows = []
+    for i, ev in by_id.items():
+        d = dict(ev)
+        if "A api.in" in d and "A api.out" in d:
+            windows.append((d["A api.in"], d["A api.out"], i))
+    windows.sort()
+    starts = [w[0] for w in windows]
+    for label, t in loose:
+        k = bisect.bisect_right(starts, t) - 1
+        if k >= 0 and windows[k][0] <= t <= windows[k][1]:
+            i = windows[k][2]
+            if label not in {l for l, _ in by_id[i]}:
+                by_id[i].append((label, t))
 
     ids = sorted(by_id, key=lambda i: int(i))[args.skip:]
     seqs = {i: sorted(by_id[i], key=lambda e: e[1]) for i in ids}

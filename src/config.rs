@@ -8,6 +8,8 @@ use std::time::Duration;
 use clap::Args;
 use serde::Deserialize;
 
+use crate::idle::Spin;
+
 use crate::engine::plan;
 
 /// Where a setting may come from, highest precedence last.
@@ -62,6 +64,13 @@ pub struct DaemonArgs {
     /// the receiver's choice.
     #[arg(long, env = "TCPXD_TRANSFER_PROTOCOL", value_name = "eager|rendezvous")]
     pub transfer_protocol: Option<String>,
+    /// Whether the poller and one async worker keep polling between transfers while traffic
+    /// flows: `auto` (on with 8 or more CPUs), `on`, `off` (docs/CONFIG.md, `runtime.spin`).
+    #[arg(long, env = "TCPXD_SPIN", value_name = "auto|on|off")]
+    pub spin: Option<String>,
+    /// Async worker threads (0: one when spinning, else one per CPU).
+    #[arg(long, env = "TCPXD_ASYNC_WORKERS")]
+    pub async_workers: Option<usize>,
     /// Default transfer deadline in seconds, when a request carries none.
     #[arg(long, env = "TCPXD_DEFAULT_TIMEOUT_S")]
     pub default_timeout_s: Option<u64>,
@@ -93,6 +102,15 @@ pub struct FileConfig {
     pub shutdown: FileShutdown,
     #[serde(default)]
     pub metrics: FileMetrics,
+    #[serde(default)]
+    pub runtime: FileRuntime,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRuntime {
+    pub spin: Option<String>,
+    pub async_workers: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -222,6 +240,11 @@ pub struct Config {
     pub ready_file: Option<PathBuf>,
     /// Where the Prometheus endpoint listens; `None`: no endpoint.
     pub metrics_listen: Option<SocketAddr>,
+    /// Whether the poller lingers and an async worker stays awake while traffic flows (resolved:
+    /// `auto` is decided here).
+    pub spin: bool,
+    /// Async worker threads for the runtime (resolved: never 0).
+    pub async_workers: usize,
 }
 
 pub const DEFAULT_API_SOCKET: &str = "/run/tcpxd/tcpxd.sock";
@@ -321,6 +344,22 @@ impl Config {
             (Some(v), _) => TransferProtocol::parse("--transfer-protocol", v)?,
             (None, Some(v)) => TransferProtocol::parse("transfer.protocol", v)?,
             (None, None) => TransferProtocol::DEFAULT,
+        };
+        let spin = match (&args.spin, &file.runtime.spin) {
+            (Some(v), _) => Spin::parse("--spin", v)?,
+            (None, Some(v)) => Spin::parse("runtime.spin", v)?,
+            (None, None) => Spin::Auto,
+        }
+        .resolve(crate::idle::cpus());
+        let async_workers = match args.async_workers.or(file.runtime.async_workers) {
+            Some(n) if n > 1024 => {
+                return Err(ConfigError::Invalid(format!(
+                    "runtime.async_workers: {n} (0 to 1024 allowed)"
+                )));
+            }
+            Some(n) if n > 0 => n,
+            _ if spin => 1,
+            _ => crate::idle::cpus(),
         };
         let send_window = file.transfer.send_window.unwrap_or(12);
         let recv_window = file.transfer.recv_window.unwrap_or(16);
@@ -426,6 +465,8 @@ impl Config {
             ),
             ready_file: args.ready_file.clone(),
             metrics_listen: args.metrics_listen.or(file.metrics.listen),
+            spin,
+            async_workers,
         })
     }
 }
@@ -505,6 +546,46 @@ mod tests {
             "a dead peer is noticed within 3 s"
         );
         assert!(c.heartbeat_interval * 3 <= c.heartbeat_timeout);
+    }
+
+    #[test]
+    fn spin_and_async_workers() {
+        let cfg = |file: &str, args: DaemonArgs| {
+            let path = write_toml(file);
+            let args = DaemonArgs {
+                node_id: Some("n".into()),
+                config: Some(path.clone()),
+                ..args
+            };
+            let r = Config::resolve(&args, &env_of(&[]));
+            std::fs::remove_file(path).unwrap();
+            r
+        };
+        // Auto follows the machine; with spinning one worker, without one per CPU.
+        let c = cfg("", DaemonArgs::default()).unwrap();
+        assert_eq!(c.spin, crate::idle::cpus() >= crate::idle::SPIN_AUTO_CPUS);
+        assert_eq!(c.async_workers, if c.spin { 1 } else { crate::idle::cpus() });
+        let c = cfg("[runtime]\nspin = \"on\"\n", DaemonArgs::default()).unwrap();
+        assert!(c.spin);
+        assert_eq!(c.async_workers, 1);
+        let c = cfg(
+            "[runtime]\nspin = \"on\"\nasync_workers = 3\n",
+            DaemonArgs::default(),
+        )
+        .unwrap();
+        assert_eq!(c.async_workers, 3);
+        // The flag beats the file.
+        let flag = DaemonArgs {
+            spin: Some("off".into()),
+            ..Default::default()
+        };
+        let c = cfg("[runtime]\nspin = \"on\"\n", flag).unwrap();
+        assert!(!c.spin);
+        // Bad values name the setting.
+        let e = cfg("[runtime]\nspin = \"sometimes\"\n", DaemonArgs::default()).unwrap_err();
+        assert!(e.to_string().contains("runtime.spin"), "{e}");
+        let e = cfg("[runtime]\nasync_workers = 100000\n", DaemonArgs::default()).unwrap_err();
+        assert!(e.to_string().contains("runtime.async_workers"), "{e}");
     }
 
     #[test]

@@ -139,10 +139,8 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         cfg.lanes_per_device,
         cfg.chunk_bytes,
     );
-    // Experimental (issue #13): keep an async worker awake while traffic flows.
-    let warmth = std::env::var("TCPXD_RUNTIME_SPIN")
-        .is_ok_and(|v| v == "1")
-        .then(crate::idle::Warmth::new);
+    // runtime.spin: an async worker kept awake while traffic flows (the poller lingers too).
+    let warmth = cfg.spin.then(crate::idle::Warmth::new);
     if let Some(w) = &warmth {
         tokio::spawn(w.clone().keep_warm());
     }
@@ -318,6 +316,8 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         advertise = ?peer_addresses,
         metrics = ?metrics_addr,
         chunk_bytes = cfg.chunk_bytes,
+        spin = cfg.spin,
+        async_workers = cfg.async_workers,
         "tcpxd serving"
     );
     Ok(RunningDaemon {

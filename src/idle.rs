@@ -76,13 +76,53 @@ impl Backoff {
     }
 }
 
+/// Whether a daemon keeps polling between transfers (`runtime.spin`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spin {
+    /// On with [`SPIN_AUTO_CPUS`] CPUs or more: a machine with cores to spare.
+    Auto,
+    On,
+    Off,
+}
+
+/// `Spin::Auto` turns spinning on from this many CPUs up: below it (a 2-core VM running both
+/// daemons of a test, say) the spinning threads would take the CPU from the work they wait for.
+pub const SPIN_AUTO_CPUS: usize = 8;
+
+impl Spin {
+    pub fn parse(field: &str, v: &str) -> Result<Spin, crate::config::ConfigError> {
+        match v {
+            "auto" => Ok(Spin::Auto),
+            "on" | "true" | "1" => Ok(Spin::On),
+            "off" | "false" | "0" => Ok(Spin::Off),
+            other => Err(crate::config::ConfigError::Invalid(format!(
+                "{field}: {other:?} is not auto, on or off"
+            ))),
+        }
+    }
+
+    /// On or off for a machine with `cpus` CPUs.
+    pub fn resolve(self, cpus: usize) -> bool {
+        match self {
+            Spin::Auto => cpus >= SPIN_AUTO_CPUS,
+            Spin::On => true,
+            Spin::Off => false,
+        }
+    }
+}
+
+/// The CPUs this process may run on.
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// Keeps one async worker awake while the poller has traffic, so a peer's control message or a
 /// client's next call is read by a running thread instead of waking a parked one (on a VM each
 /// such wake-up is an interrupt to the hypervisor, tens of µs). The poller calls
 /// [`Warmth::touch`] on every pass that made progress; [`Warmth::keep_warm`], a task on the
 /// runtime, yields in a loop until [`LINGER`] has passed without a touch, then sleeps until the
 /// next one. A yielding task makes its worker poll the I/O driver without blocking, so with one
-/// worker (`TCPXD_RUNTIME_WORKERS=1`) every socket event is picked up at once; with several,
+/// worker (`runtime.async_workers`, 1 when spinning) every socket event is picked up at once; with several,
 /// another worker may hold the driver and the gain is smaller. Costs one core while traffic
 /// flows, nothing when idle.
 #[derive(Debug)]

@@ -69,16 +69,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    // Experimental (issue #13): the number of async workers.
-    if let Some(n) = std::env::var("TCPXD_RUNTIME_WORKERS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|n| *n > 0)
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cfg.async_workers)
+        .enable_all()
+        .build()
     {
-        builder.worker_threads(n);
-    }
-    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!("starting the async runtime: {e}");

@@ -29,9 +29,20 @@ fn usage(pid: u32) -> (f64, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_paired_daemon_costs_under_a_few_percent_of_a_core_and_keeps_its_rss() {
+    idle_cost(&[("TCPXD_SPIN", "off")]).await;
+}
+
+/// With `runtime.spin` on the poller and one async worker keep polling while traffic flows, and
+/// eager credits stay posted on every lane: once the traffic stops, both park all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spinning_daemon_with_posted_credits_parks_when_idle() {
+    idle_cost(&[("TCPXD_SPIN", "on"), ("TCPXD_TRANSFER_PROTOCOL", "eager")]).await;
+}
+
+async fn idle_cost(env: &[(&str, &str)]) {
     tcpxd::logging::init("warn");
-    let a = procs::spawn("idle-a", 0, "", &[]).await;
-    let b = procs::spawn("idle-b", 0, "", &[]).await;
+    let a = procs::spawn("idle-a", 0, "", env).await;
+    let b = procs::spawn("idle-b", 0, "", env).await;
     let mut ac = a.client().await;
     let mut bc = b.client().await;
     ac.connect_peer(pb::ConnectPeerRequest {
@@ -66,7 +77,7 @@ async fn an_idle_paired_daemon_costs_under_a_few_percent_of_a_core_and_keeps_its
         let share = (cpu1 - cpu0) / wall * 100.0;
         let grew = rss1 as i64 - rss0 as i64;
         println!(
-            "idle daemon {}: {share:.2}% of a core over {wall:.1} s; RSS {} KiB -> {} KiB ({grew:+} bytes)",
+            "idle daemon {} ({env:?}): {share:.2}% of a core over {wall:.1} s; RSS {} KiB -> {} KiB ({grew:+} bytes)",
             ["a", "b"][i],
             rss0 >> 10,
             rss1 >> 10

@@ -13,7 +13,7 @@ use crate::buffers::Descriptor;
 use crate::poller::PeerLink;
 
 /// The longest a first use waits for an address to accept a TCP connection before it asks
-/// `Peers::connect` (which pairs one node at a time) to dial it.
+/// `Peers::connect` to dial it.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A node named by a transfer's descriptors: the first entry naming it and its addresses.
@@ -70,8 +70,7 @@ impl DaemonState {
         for a in &named.addresses {
             let budget = deadline.saturating_duration_since(Instant::now());
             // An address that does not take a TCP connection fails here, costing only this
-            // call: Peers::connect pairs one node at a time, and an unroutable address would
-            // hold every other pairing for its connect timeout.
+            // call, not a pairing's connect timeout (30 s by default).
             match tokio::time::timeout(
                 budget.min(PROBE_TIMEOUT),
                 tokio::net::TcpStream::connect(a.as_str()),

@@ -83,8 +83,9 @@ pub struct Peers {
     by_node: Mutex<HashMap<String, PeerInfo>>,
     sessions: Arc<Mutex<HashMap<u64, PendingSession>>>,
     /// One lock per address being connected: two calls for one address make one peer, and a
-    /// handshake that hangs on one address holds up no other.
-    connecting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// handshake that hangs on one address holds up no other (an entry lives while a call holds
+    /// or waits for it).
+    connecting: DialMap,
     /// The port of this daemon's peer service, announced in handshakes (0 until bound).
     listen_port: AtomicU16,
     /// The cluster secret peers must prove; `None`: peers are not authenticated.
@@ -121,7 +122,7 @@ impl Peers {
             heartbeat,
             by_node: Mutex::new(HashMap::new()),
             sessions: Arc::new(Mutex::new(HashMap::new())),
-            connecting: Mutex::new(HashMap::new()),
+            connecting: Arc::new(Mutex::new(HashMap::new())),
             listen_port: AtomicU16::new(0),
             secret: None,
             challenges: Challenges::new(connect_timeout),
@@ -223,23 +224,17 @@ impl Peers {
 
     /// Caller side of `ConnectPeer`.
     pub async fn connect(&self, address: &str) -> Result<PeerInfo, Status> {
-        let lock = self
-            .connecting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(address.to_string())
-            .or_default()
-            .clone();
-        let result = {
-            let _guard = lock.lock().await;
-            self.connect_locked(address).await
-        };
-        // The last caller for this address drops its lock entry (the map holds one reference).
-        let mut map = self.connecting.lock().unwrap_or_else(|e| e.into_inner());
-        if map.get(address).is_some_and(|l| Arc::strong_count(l) == 2) {
-            map.remove(address);
-        }
-        result
+        let slot = DialSlot::take(&self.connecting, address);
+        let _guard = slot.lock.lock().await;
+        self.connect_locked(address).await
+    }
+
+    /// A peer call's answer within the connect timeout: a peer that takes the connection and
+    /// never answers fails the pairing instead of holding it forever.
+    async fn bounded<T>(&self, what: &str, call: impl std::future::Future<Output = T>) -> Result<T, Status> {
+        tokio::time::timeout(self.connect_timeout, call)
+            .await
+            .map_err(|_| Status::unavailable(format!("{what}: no answer within {:?}", self.connect_timeout)))
     }
 
     async fn connect_locked(&self, address: &str) -> Result<PeerInfo, Status> {
@@ -277,11 +272,14 @@ impl Peers {
         // With a secret: the callee's challenge first, so the handshake can prove the secret.
         let auth = match &self.secret {
             Some(secret) => {
-                let ch = client
-                    .challenge(pb::ChallengeRequest {
-                        node_id: self.node_id.clone(),
-                    })
-                    .await
+                let ch = self
+                    .bounded(
+                        &format!("challenge from {address}"),
+                        client.challenge(pb::ChallengeRequest {
+                            node_id: self.node_id.clone(),
+                        }),
+                    )
+                    .await?
                     .map_err(|s| remote_error(s, &format!("challenge from {address}")))?
                     .into_inner();
                 let server: [u8; NONCE_BYTES] = ch.server_nonce.as_slice().try_into().map_err(|_| {
@@ -314,9 +312,9 @@ impl Peers {
             req.server_nonce = server.to_vec();
             req.client_nonce = client_nonce.to_vec();
         }
-        let resp = client
-            .handshake(req)
-            .await
+        let resp = self
+            .bounded(&format!("handshake with {address}"), client.handshake(req))
+            .await?
             .map_err(|s| remote_error(s, &format!("handshake with {address}")))?
             .into_inner();
         if let Some((secret, server, client_nonce)) = &auth
@@ -401,7 +399,14 @@ impl Peers {
         };
         // The caller's request stream carries bare messages: the pump never yields an error.
         let outbound = Outbound::new(Some(hello), control_rx, self.heartbeat.interval);
-        let inbound = match client.control(outbound).await {
+        let opened = self
+            .bounded(
+                &format!("control stream to {}", info.node_id),
+                client.control(outbound),
+            )
+            .await
+            .and_then(|r| r);
+        let inbound = match opened {
             Ok(r) => r.into_inner(),
             Err(s) => {
                 let why = format!("control stream to {}: {}", info.node_id, s.message());
@@ -667,6 +672,43 @@ impl Peers {
             session.outbound,
             self.heartbeat.interval,
         ))))
+    }
+}
+
+/// Addresses being dialled, each with the lock its calls take in turn.
+type DialMap = Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>;
+
+/// One address's place in `Peers::connecting`: its lock, and the entry removed when the last call
+/// holding or waiting for it goes (cancelled calls included).
+struct DialSlot {
+    map: DialMap,
+    address: String,
+    lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl DialSlot {
+    fn take(map: &DialMap, address: &str) -> DialSlot {
+        let lock = map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(address.to_string())
+            .or_default()
+            .clone();
+        DialSlot {
+            map: map.clone(),
+            address: address.to_string(),
+            lock,
+        }
+    }
+}
+
+impl Drop for DialSlot {
+    fn drop(&mut self) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        // The map's reference and this one: nobody else holds or waits for this address.
+        if Arc::strong_count(&self.lock) == 2 {
+            map.remove(&self.address);
+        }
     }
 }
 

@@ -115,6 +115,7 @@ impl Poller {
                     offset,
                     len,
                 } => {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.isend", lane);
                     let l = &mut self.peers[peer.0 as usize].send[lane as usize];
                     l.deferred.push_back((buffer, offset, len));
                     if let Err(why) = post_sends(l, &self.buffers) {
@@ -295,7 +296,10 @@ impl Poller {
                 };
                 while let Some(id) = comm.oldest() {
                     match comm.test(id) {
-                        Ok(true) => events.push(Completion::SendDone(peer, li as u32)),
+                        Ok(true) => {
+                            tracing::trace!(target: "tcpxd::hop", hop = "poller.sent", lane = li);
+                            events.push(Completion::SendDone(peer, li as u32))
+                        }
                         Ok(false) => break,
                         Err(e) => {
                             meter.metrics.plugin_error(&e);
@@ -326,6 +330,7 @@ impl Poller {
                                 events.push(Completion::Landed(peer, li as u32));
                                 Wait::Header
                             } else {
+                                tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li);
                                 let dest = Dest {
                                     buffer: posted.buffer,
                                     offset: posted.offset,

@@ -7,9 +7,9 @@
 //! engine's actions (posting sends and receives as the windows allow), tests only the head of
 //! each comm, unpacks completed receives (host unpacker) and consumes them in ring order, and
 //! checks deadlines. With bytes in flight it spins, then yields at every pass, and naps only after
-//! a stall of 2 ms; with nothing in flight it keeps doing so for 1 ms after its last progress
-//! (traffic flowing: the next transfer finds it awake), then parks on the command channel (no CPU;
-//! a command or a peer's control message wakes it at once). See `crate::idle`.
+//! a stall of 2 ms; with nothing in flight it parks on the command channel (no CPU; a command or a
+//! peer's control message wakes it at once), after lingering 1 ms since its last progress when
+//! `runtime.spin` is on (traffic flowing: the next transfer finds it awake). See `crate::idle`.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -190,7 +190,8 @@ pub struct PollerConfig {
     pub connect_timeout: Duration,
     /// Where transfer, unpack and plugin-error events are counted.
     pub metrics: Arc<crate::metrics::Metrics>,
-    /// Told of every pass that made progress, to keep an async worker awake meanwhile.
+    /// `runtime.spin`: keep polling for [`LINGER`] after the last progress before parking, and
+    /// tell this of every pass that made progress (it keeps an async worker awake meanwhile).
     pub warmth: Option<Arc<crate::idle::Warmth>>,
 }
 
@@ -395,7 +396,8 @@ impl Poller {
                 }
                 continue;
             }
-            let wait = if self.busy() || last_progress.elapsed() < LINGER {
+            let lingering = self.cfg.warmth.is_some() && last_progress.elapsed() < LINGER;
+            let wait = if self.busy() || lingering {
                 // Bytes in flight, or traffic a moment ago: spin and yield; nap only once
                 // stalled (a command still ends the nap at once).
                 match backoff.step() {
