@@ -91,6 +91,10 @@ pub(crate) struct Config {
     /// `TCPXEMU_HOST_BLOCK_PAGES`: pages per pool block in host mode (1: every page drawn at
     /// random; >1: the CUDA mode's block allocation, exercised without a GPU).
     pub(crate) host_block_pages: u32,
+    /// `TCPXEMU_BOUNCE_POPULATE`: host mode, fault the bounce pages in when the receive comm is
+    /// made (by its socket threads, before their first receive), as the real plugin's bounce
+    /// buffer is backed from accept on; off, each page faults on its first receive.
+    pub(crate) bounce_populate: bool,
     pub(crate) seed: u64,
     pub(crate) flow_wait: Duration,
     pub(crate) conn_retry: u32,
@@ -100,7 +104,7 @@ impl Config {
     pub(crate) fn summary(&self) -> String {
         let mut s = format!(
             "tcpxemu: {} device(s), {}x{} data sockets per comm, NCCL_DYNAMIC_CHUNK_SIZE={}, \
-             bounce={} ({}), host receive={}, bounce pages={}, seed={:#x}, flow-steering wait={}us, \
+             bounce={} ({}), host receive={}, bounce pages={}{}, seed={:#x}, flow-steering wait={}us, \
              connection retry={}",
             self.devices.len(),
             self.nsocks,
@@ -117,6 +121,11 @@ impl Config {
                 (Bounce::Host, HostRecv::Direct) => "direct",
             },
             self.bounce_pages,
+            match (self.bounce, self.bounce_populate) {
+                (Bounce::Host, true) => " (populated)",
+                (Bounce::Host, false) => " (faulted on first use)",
+                (Bounce::Cuda, _) => "",
+            },
             self.seed,
             self.flow_wait.as_micros(),
             self.conn_retry
@@ -393,6 +402,16 @@ fn from_env(w: &mut Vec<String>) -> Config {
         ));
         host_block_pages = host_block_pages.clamp(1, 64);
     }
+    let bounce_populate = match var("TCPXEMU_BOUNCE_POPULATE").as_deref() {
+        None | Some("1") => true,
+        Some("0") => false,
+        Some(other) => {
+            w.push(format!(
+                "tcpxemu: TCPXEMU_BOUNCE_POPULATE={other:?} is neither 0 nor 1; using 1"
+            ));
+            true
+        }
+    };
     let seed = match var("TCPXEMU_SEED") {
         None => rng::entropy(),
         Some(v) => {
@@ -432,6 +451,7 @@ fn from_env(w: &mut Vec<String>) -> Config {
         init_error,
         bounce_pages,
         host_block_pages,
+        bounce_populate,
         seed,
         flow_wait,
         conn_retry,

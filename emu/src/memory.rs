@@ -230,6 +230,35 @@ impl BouncePool {
         ))
     }
 
+    /// Host mode: faults in part `part` of `parts` (consecutive page ranges) with
+    /// `MADV_POPULATE_WRITE`, so receives never take a page fault in the pool. The pages'
+    /// contents are untouched (already present pages stay as they are), so it is safe while
+    /// receives land in the pool. Device memory is resident already: nothing to do. Returns the
+    /// pages populated.
+    pub(crate) fn populate_part(&self, part: usize, parts: usize) -> io::Result<u32> {
+        let PoolBacking::Host(map) = &self.mem else {
+            return Ok(0);
+        };
+        let parts = parts.max(1) as u64;
+        let n = u64::from(self.npages);
+        let first = n * part as u64 / parts;
+        let end = n * (part as u64 + 1) / parts;
+        if first >= end {
+            return Ok(0);
+        }
+        let off = first as usize * SLICE_PAGE_SIZE;
+        let len = (end - first) as usize * SLICE_PAGE_SIZE;
+        debug_assert!(off + len <= map.len);
+        // SAFETY: the range is whole pages inside the live mapping (first < end ≤ npages, and
+        // the mapping holds npages pages); MADV_POPULATE_WRITE only faults pages in, writing
+        // no byte, so receives landing in these pages meanwhile are unaffected.
+        let rc = unsafe { libc::madvise(map.ptr.add(off).cast(), len, libc::MADV_POPULATE_WRITE) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok((end - first) as u32)
+    }
+
     /// Does the pool live in device memory?
     pub(crate) fn is_device(&self) -> bool {
         matches!(self.mem, PoolBacking::Device { .. })

@@ -78,6 +78,9 @@ struct RecvShared {
     slots: Vec<SlotShared>,
     /// What receives into host memory do.
     host_landing: Landing,
+    /// Host mode with bounce receives: the socket threads fault the pool in before their first
+    /// receive (`TCPXEMU_BOUNCE_POPULATE`).
+    populate: bool,
     fragments: Fragments,
     label: String,
 }
@@ -198,6 +201,7 @@ impl RecvComm {
                 })
                 .collect(),
             host_landing,
+            populate: cuda.is_none() && cfg.bounce_populate && host_landing == Landing::Bounce,
             fragments: dev.fragments,
             label: crate::send::label(dev, peer),
         });
@@ -555,6 +559,22 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<
     };
     let fd = sh.data[me].as_raw_fd();
     let nsocks = sh.queues.len();
+    if sh.populate {
+        // Each socket thread faults in its share of the pool, off the accept path; a receive
+        // that comes sooner takes whatever page is drawn (populating never writes a byte).
+        let started = std::time::Instant::now();
+        match sh.pool.populate_part(me, nsocks) {
+            Ok(pages) => trace!(
+                "tcpxemu: {pages} bounce pages populated in {:?} ({}, socket {me})",
+                started.elapsed(),
+                sh.label
+            ),
+            Err(e) => info!(
+                "tcpxemu: bounce pages not populated ({e}); they fault on first use ({}, socket {me})",
+                sh.label
+            ),
+        }
+    }
     let mut scratch = vec![0u8; 64 * 1024];
     let mut blocks = [0u32; BATCH];
     let mut pages = [0u32; BATCH_PAGES];
