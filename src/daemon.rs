@@ -139,13 +139,13 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         cfg.lanes_per_device,
         cfg.chunk_bytes,
     );
+    let (notify_tx, _) = broadcast::channel(4096);
+    let (stop_tx, stop_rx) = watch::channel(false);
     // runtime.spin: an async worker kept awake while traffic flows (the poller lingers too).
     let warmth = cfg.spin.then(crate::idle::Warmth::new);
     if let Some(w) = &warmth {
-        tokio::spawn(w.clone().keep_warm());
+        tokio::spawn(w.clone().keep_warm(stop_rx.clone()));
     }
-    let (notify_tx, _) = broadcast::channel(4096);
-    let (stop_tx, stop_rx) = watch::channel(false);
     let poller = PollerHandle::start(
         plugin,
         PollerConfig {

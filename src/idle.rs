@@ -157,8 +157,8 @@ impl Warmth {
         now.saturating_sub(self.last_ns.load(Ordering::SeqCst)) < LINGER.as_nanos() as u64
     }
 
-    /// The task that keeps a worker awake; runs until the runtime stops.
-    pub async fn keep_warm(self: Arc<Warmth>) {
+    /// The task that keeps a worker awake; ends when `stop` turns true (the daemon stopping).
+    pub async fn keep_warm(self: Arc<Warmth>, mut stop: tokio::sync::watch::Receiver<bool>) {
         loop {
             while self.recent() {
                 tokio::task::yield_now().await;
@@ -169,7 +169,10 @@ impl Warmth {
                 self.asleep.store(false, Ordering::SeqCst);
                 continue;
             }
-            self.wake.notified().await;
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
         }
     }
 }
@@ -177,6 +180,54 @@ impl Warmth {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Waits (bounded) until `f` holds.
+    async fn until(f: impl Fn() -> bool) -> bool {
+        let end = Instant::now() + Duration::from_secs(5);
+        while !f() {
+            if Instant::now() > end {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        true
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_warm_worker_sleeps_when_untouched_wakes_on_a_touch_and_ends_with_the_daemon() {
+        let w = Warmth::new();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(w.clone().keep_warm(stopped));
+        // Never touched: it goes to sleep.
+        assert!(until(|| w.asleep.load(Ordering::SeqCst)).await);
+        // A touch wakes it; with no more touches it sleeps again after the linger.
+        w.touch();
+        assert!(!w.asleep.load(Ordering::SeqCst));
+        assert!(until(|| w.asleep.load(Ordering::SeqCst)).await);
+        // The daemon stopping ends the task.
+        stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("keep_warm ended")
+            .unwrap();
+    }
+
+    #[test]
+    fn spin_settings_parse_and_auto_follows_the_cpus() {
+        assert_eq!(Spin::parse("f", "auto").unwrap(), Spin::Auto);
+        assert_eq!(Spin::parse("f", "on").unwrap(), Spin::On);
+        assert_eq!(Spin::parse("f", "off").unwrap(), Spin::Off);
+        assert!(
+            Spin::parse("runtime.spin", "maybe")
+                .unwrap_err()
+                .to_string()
+                .contains("runtime.spin")
+        );
+        assert!(!Spin::Auto.resolve(2));
+        assert!(Spin::Auto.resolve(SPIN_AUTO_CPUS));
+        assert!(Spin::On.resolve(1));
+        assert!(!Spin::Off.resolve(64));
+    }
 
     #[test]
     fn spins_then_yields_then_naps_only_after_a_stall() {
