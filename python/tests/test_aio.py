@@ -57,3 +57,35 @@ def test_async_errors_are_the_same_exceptions(peered):
                 await ca.cancel(424242)
 
     run(main())
+
+
+def test_async_waited_transfers_ride_the_own_stream(peered, monkeypatch):
+    """Waited transfers without a timeout go on the client's own Session stream; concurrent ones
+    (the stream busy) and ones with a timeout are unary calls; all finish byte-exact."""
+    a, b = peered
+    calls = []
+    unary = tcpxd.AsyncClient._unary
+
+    async def counting(self, name, req, timeout=-1.0):
+        calls.append(name)
+        return await unary(self, name, req, timeout)
+
+    async def main():
+        async with tcpxd.AsyncClient(a.endpoint) as ca, tcpxd.AsyncClient(b.endpoint) as cb:
+            async with await ca.register_host(8 * MIB) as src, await cb.register_host(8 * MIB) as dst:
+                await src.fill(seed=3)
+                monkeypatch.setattr(tcpxd.AsyncClient, "_unary", counting)
+                await ca.write(src, dst, MIB)
+                await ca.read(dst, src, 4096, local_offset=MIB)
+                assert calls == []
+                await asyncio.gather(*(ca.write(src, dst, MIB, local_offset=i * MIB, remote_offset=i * MIB) for i in range(8)))
+                assert 1 <= len(calls) <= 7 and set(calls) == {"Write"}
+                await ca.write(src, dst, 4096, timeout=30)
+                monkeypatch.setattr(tcpxd.AsyncClient, "_unary", unary)
+                assert await dst.checksum() == await src.checksum()
+                with pytest.raises(tcpxd.InvalidArgument, match="past the end"):
+                    await ca.write(src, dst, 16 * MIB)
+                ca._own._call.cancel()  # ended while idle: the next transfer reopens it
+                await ca.write(src, dst, 4096)
+
+    run(main())

@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from grpc._cython import cygrpc
 
 import tcpxd
 from conftest import start_daemon, stop_daemon
@@ -15,10 +16,11 @@ from conftest import start_daemon, stop_daemon
 MIB = 1 << 20
 
 
-@pytest.fixture
-def clients(peered):
+@pytest.fixture(params=[True, False], ids=["stream", "unary"])
+def clients(peered, request):
+    """Clients whose waited transfers ride their own Session stream (the default), or unary calls."""
     a, b = peered
-    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+    with tcpxd.Client(a.endpoint, stream=request.param) as ca, tcpxd.Client(b.endpoint, stream=request.param) as cb:
         yield ca, cb
 
 
@@ -218,7 +220,8 @@ def test_tcp_endpoint_sends_the_api_token(tmp_root):
 
 
 def test_waiting_transfers_take_one_round_trip(clients, monkeypatch):
-    """write()/read() and the batch forms ask the daemon to `wait`: one call, no WaitTransfer."""
+    """write()/read() and the batch forms take one round trip each, no WaitTransfer: a request on
+    the client's own Session stream, or (stream=False, or with a timeout) a unary call with `wait`."""
     ca, cb = clients
     calls = []
     unary = tcpxd.Client._unary
@@ -229,9 +232,109 @@ def test_waiting_transfers_take_one_round_trip(clients, monkeypatch):
 
     with ca.register_host(MIB) as src, cb.register_host(MIB) as dst:
         monkeypatch.setattr(tcpxd.Client, "_unary", counting)
+        tags = ca._own._tag if ca._own else 0
         ca.write(src, dst, 4096)
         ca.read(dst, src, 4096)
         ca.write_batch([tcpxd.WriteOp(src, dst, 4096)])
         ca.read_batch([tcpxd.ReadOp(dst, src, 4096)])
+        ca.write(src, dst, 4096, timeout=30)  # a deadline: always the unary call (gRPC deadline)
         monkeypatch.setattr(tcpxd.Client, "_unary", unary)
-    assert calls == ["Write", "Read", "WriteBatch", "ReadBatch"]
+    if ca._own:
+        assert calls == ["Write"] and ca._own._tag - tags == 4
+    else:
+        assert calls == ["Write", "Read", "WriteBatch", "ReadBatch", "Write"]
+
+
+def test_own_stream_recovers_and_falls_back(clients):
+    """The client's own stream: ended while idle, it is reopened; busy (another thread's transfer),
+    the caller makes the unary call; closed, transfers still work through unary calls."""
+    ca, cb = clients
+    if ca._own is None:
+        pytest.skip("stream=False")
+    with ca.register_host(MIB) as src, cb.register_host(MIB) as dst:
+        src.fill(seed=9)
+        ca.write(src, dst)
+        first = ca._own._call
+        first.cancel(cygrpc.StatusCode.unavailable, "test")  # as if the daemon went away while idle
+        ca.write(src, dst, 4096)  # not sent on the dead stream: a unary call
+        ca.write(src, dst, 4096)
+        assert ca._own._call is not None and ca._own._call is not first
+        assert ca._own._lock.acquire(blocking=False)  # another thread's transfer holds it
+        try:
+            tags = ca._own._tag
+            r = ca.write(src, dst, 4096)
+            assert r.bytes_done == 4096 and ca._own._tag == tags
+        finally:
+            ca._own._lock.release()
+        ca._own.close()
+        assert ca._own._call is None
+        ca.write(src, dst)
+        assert dst.checksum() == src.checksum()
+
+
+def test_failure_on_the_own_stream_raises_and_the_next_transfer_works(slow):
+    """A transfer whose stream fails while it waits raises the stream's status; the daemon cancels
+    it (as for a unary caller that went away) and the next transfer opens a new stream."""
+    a, b = slow
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        with ca.register_host(128 * MIB) as src, cb.register_host(128 * MIB) as dst:
+            ca.write(src, dst, 4096)
+            call = ca._own._call
+            threading.Timer(0.15, call.cancel, (cygrpc.StatusCode.cancelled, "test")).start()
+            with pytest.raises(tcpxd.Cancelled):
+                ca.write(src, dst)
+            src.write_bytes(pattern(MIB, 5))
+            ca.write(src, dst, MIB)
+            assert ca._own._call is not call
+            assert dst.read_bytes(0, MIB) == pattern(MIB, 5)
+
+
+def test_closing_the_client_ends_a_transfer_waiting_on_its_stream(slow):
+    """close() does not wait for another thread's transfer on the client's own stream: the
+    transfer ends Cancelled (as a unary call does when its channel closes)."""
+    a, b = slow
+    with tcpxd.Client(b.endpoint) as cb, cb.register_host(128 * MIB) as dst:
+        ca = tcpxd.Client(a.endpoint)
+        src = ca.register_host(128 * MIB)
+        ca.write(src, dst, 4096)
+        got = []
+
+        def writer() -> None:
+            try:
+                ca.write(src, dst)
+            except tcpxd.TcpxdError as e:
+                got.append(e)
+
+        t = threading.Thread(target=writer)
+        t.start()
+        time.sleep(0.15)
+        ca.close()
+        t.join(30)
+        assert not t.is_alive() and len(got) == 1 and isinstance(got[0], tcpxd.Cancelled)
+
+
+def test_an_interrupted_wait_on_the_own_stream_cancels_the_transfer(slow):
+    """Ctrl-C while write() waits on the client's own stream: KeyboardInterrupt, the daemon cancels
+    the transfer (as for a unary call that goes away), and the client's next transfer works."""
+    import _thread
+
+    a, b = slow
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        with ca.register_host(128 * MIB) as src, cb.register_host(128 * MIB) as dst:
+            ca.write(src, dst, 4096)
+
+            def cancelled() -> int:
+                return sum(t.transfers for t in ca.stats().transfer_totals if t.status == "cancelled")
+
+            before = cancelled()
+            threading.Timer(0.15, _thread.interrupt_main).start()
+            with pytest.raises(KeyboardInterrupt):
+                ca.write(src, dst)
+            for _ in range(100):
+                if cancelled() > before:
+                    break
+                time.sleep(0.05)
+            assert cancelled() == before + 1
+            src.write_bytes(pattern(MIB, 6))
+            ca.write(src, dst, MIB)
+            assert dst.read_bytes(0, MIB) == pattern(MIB, 6)

@@ -11,7 +11,7 @@ import grpc.aio
 
 from . import _ops, _proto, _tensor
 from ._ops import BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp
-from .client import DEFAULT_CALL_TIMEOUT
+from .client import DEFAULT_CALL_TIMEOUT, SESSION_FIELD
 from .errors import TcpxdError, from_rpc_error, from_status
 
 
@@ -243,6 +243,72 @@ class AsyncSession:
         await self.close()
 
 
+class _AsyncOwnStream:
+    """tcpxd.client._OwnStream for asyncio: the client's own `Session` stream for waited transfers
+    without `timeout`, one at a time (a coroutine that finds it busy makes the unary call)."""
+
+    def __init__(self, client: "AsyncClient"):
+        self._client = client
+        self._busy = False
+        self._call: Any = None
+        self._tag = 0
+        self._closed = False
+
+    async def run(self, field: str, req: Any) -> Optional[TransferResult]:
+        """The transfer's result (or its exception); None when the unary call should be made."""
+        if self._busy or self._closed:
+            return None
+        self._busy = True
+        try:
+            ev = await self._exchange(field, req)
+        finally:
+            self._busy = False
+        if ev is None:
+            return None
+        if ev.WhichOneof("event") == "refused":
+            raise from_status(ev.refused.code, ev.refused.message)
+        return _ops.result(ev.finished)
+
+    async def _exchange(self, field: str, req: Any) -> Any:
+        if self._call is not None and self._call.done():
+            self._drop(cancel=False)  # ended while idle (the daemon restarted or drained)
+        if self._call is None:
+            self._call = self._client._stub("Session", "stream_stream")(metadata=self._client._metadata)
+        self._tag += 1
+        tag = self._tag
+        try:
+            await self._call.write(_proto.message("SessionRequest")(tag=tag, **{field: req}))
+        except (grpc.RpcError, asyncio.InvalidStateError):
+            self._drop(cancel=True)  # the stream is gone: the daemon cancels anything it read
+            return None
+        try:
+            while True:
+                ev = await self._call.read()
+                if ev is grpc.aio.EOF:
+                    self._drop(cancel=False)  # the daemon (draining) never read the request
+                    return None
+                if ev.tag == tag:
+                    return ev
+        except grpc.RpcError as e:
+            self._drop(cancel=False)
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:  # a daemon without Session: unary calls
+                self._closed = True
+                return None
+            raise from_rpc_error(e) from None
+        except BaseException:
+            self._drop(cancel=True)  # e.g. the task was cancelled: the daemon cancels the transfer
+            raise
+
+    def _drop(self, cancel: bool) -> None:
+        if cancel and self._call is not None:
+            self._call.cancel()
+        self._call = None
+
+    def close(self) -> None:
+        self._closed = True
+        self._drop(cancel=True)
+
+
 class AsyncClient:
     """tcpxd.Client for asyncio. Use `async with AsyncClient(...) as c:` or `await c.close()`."""
 
@@ -253,12 +319,14 @@ class AsyncClient:
         token: Optional[str] = None,
         token_file: Optional[str] = None,
         timeout: float = DEFAULT_CALL_TIMEOUT,
+        stream: bool = True,
     ):
         self.endpoint = _ops.resolve_endpoint(endpoint)
         self._metadata = _ops.metadata(_ops.resolve_token(self.endpoint, token, token_file))
         self._channel = grpc.aio.insecure_channel(self.endpoint, options=_ops.channel_options())
         self.timeout = timeout
         self._stubs: Dict[str, Any] = {}
+        self._own = _AsyncOwnStream(self) if stream and _proto.has_method("Session") else None
 
     def _stub(self, name: str, kind: str) -> Any:
         s = self._stubs.get(name)
@@ -275,6 +343,8 @@ class AsyncClient:
             raise from_rpc_error(e) from None
 
     async def close(self) -> None:
+        if self._own is not None:
+            self._own.close()
         await self._channel.close()
 
     async def __aenter__(self) -> "AsyncClient":
@@ -322,6 +392,10 @@ class AsyncClient:
     # -- transfers
 
     async def _start(self, name: str, req: Any, timeout: Optional[float], wait: bool) -> Any:
+        if wait and timeout is None and self._own is not None:
+            r = await self._own.run(SESSION_FIELD[name], req)  # `wait` means nothing in a session
+            if r is not None:
+                return r
         t = AsyncTransfer(self, await self._unary(name, req, timeout=timeout))
         return await t.result() if wait else t
 
