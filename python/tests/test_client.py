@@ -338,3 +338,30 @@ def test_an_interrupted_wait_on_the_own_stream_cancels_the_transfer(slow):
             src.write_bytes(pattern(MIB, 6))
             ca.write(src, dst, MIB)
             assert dst.read_bytes(0, MIB) == pattern(MIB, 6)
+
+
+def test_own_stream_and_sessions_share_one_client(clients):
+    """Waited transfers on the client's own stream while a session of the same client carries
+    others from another thread: both finish, byte-exact."""
+    ca, cb = clients
+    with ca.register_host(2 * MIB) as src, cb.register_host(2 * MIB) as dst:
+        src.fill(seed=21)
+        errors = []
+
+        def session_writes() -> None:
+            try:
+                with ca.session() as s:
+                    for _ in range(20):
+                        futs = [s.write(src, dst, 65536, local_offset=MIB + i * 65536, remote_offset=MIB + i * 65536) for i in range(16)]
+                        [f.result(timeout=30) for f in futs]
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        t = threading.Thread(target=session_writes)
+        t.start()
+        for i in range(200):
+            ca.write(src, dst, 4096, local_offset=(i % 256) * 4096, remote_offset=(i % 256) * 4096)
+        ca.write(src, dst, MIB)
+        t.join(60)
+        assert not t.is_alive() and not errors
+        assert dst.checksum() == src.checksum()
