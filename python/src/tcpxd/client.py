@@ -343,9 +343,9 @@ class _OwnStream:
             args = (cygrpc.PropagationConstants.GRPC_PROPAGATE_DEFAULTS, _proto.path("Session").encode(),
                     None, None, md, None, ops, cygrpc.build_census_context())
             try:
-                self._call = channel.segregated_call(*args, None)  # grpcio >= 1.62: registered-call handle
+                self._call = channel.segregated_call(*args, None)  # newer grpcio: a registered-call handle
             except TypeError:
-                self._call = channel.segregated_call(*args)
+                self._call = channel.segregated_call(*args)  # e.g. grpcio 1.60 (tested)
         except (AttributeError, TypeError):  # not the cygrpc this was written against: unary calls
             self._closed = True
             return False
