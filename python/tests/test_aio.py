@@ -89,3 +89,39 @@ def test_async_waited_transfers_ride_the_own_stream(peered, monkeypatch):
                 await ca.write(src, dst, 4096)
 
     run(main())
+
+
+def test_async_cancelled_wait_on_the_own_stream_cancels_the_transfer(tmp_root):
+    """A task cancelled while its write waits on the client's own stream: the daemon cancels the
+    transfer (as for a unary caller that went away) and the next write works."""
+    from conftest import start_daemon, stop_daemon
+
+    env = {"TCPXEMU_RATE_GBPS": "1"}
+    a, b = start_daemon(tmp_root, "aca", env=env), start_daemon(tmp_root, "acb", env=env)
+
+    async def main():
+        async with tcpxd.AsyncClient(a.endpoint) as ca, tcpxd.AsyncClient(b.endpoint) as cb:
+            src, dst = await ca.register_host(128 * MIB), await cb.register_host(128 * MIB)
+            await ca.write(src, dst, 4096)
+            t = asyncio.ensure_future(ca.write(src, dst))
+            await asyncio.sleep(0.15)
+            t.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await t
+
+            async def cancelled() -> int:
+                return sum(x.transfers for x in (await ca.stats()).transfer_totals if x.status == "cancelled")
+
+            for _ in range(100):
+                if await cancelled():
+                    break
+                await asyncio.sleep(0.05)
+            assert await cancelled() == 1
+            r = await ca.write(src, dst, MIB)
+            assert r.bytes_done == MIB and ca._own._call is not None
+
+    try:
+        run(main())
+    finally:
+        stop_daemon(a)
+        stop_daemon(b)
