@@ -2,9 +2,11 @@
 //! bytes are in flight: it spins a little, then yields the CPU at every pass (so the plugin's own
 //! threads run), and naps only once nothing has progressed for [`STALL_BEFORE_NAP`] — a stalled
 //! peer, not a transfer in flight. The daemon's poller naps on its command channel (a command or
-//! control message ends the nap at once) and parks there outright once nothing has been in flight
-//! for [`LINGER`]: while traffic flows it keeps polling between transfers, so the next command,
-//! control message or eager receive finds it awake. The raw bench idles with the same [`Backoff`].
+//! control message ends the nap at once) and parks there outright when nothing is in flight — with
+//! `runtime.spin` on ([`Spin`]), only once nothing has been in flight for [`LINGER`]: while traffic
+//! flows it keeps polling between transfers, so the next command, control message or eager receive
+//! finds it awake, and [`Warmth`] keeps an async worker awake as long. The raw bench idles with the
+//! same [`Backoff`].
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -122,9 +124,9 @@ pub fn cpus() -> usize {
 /// [`Warmth::touch`] on every pass that made progress; [`Warmth::keep_warm`], a task on the
 /// runtime, yields in a loop until [`LINGER`] has passed without a touch, then sleeps until the
 /// next one. A yielding task makes its worker poll the I/O driver without blocking, so with one
-/// worker (`runtime.async_workers`, 1 when spinning) every socket event is picked up at once; with several,
-/// another worker may hold the driver and the gain is smaller. Costs one core while traffic
-/// flows, nothing when idle.
+/// worker (`runtime.async_workers`, 1 when spinning) every socket event is picked up at once;
+/// with several, another worker may hold the driver and the gain is smaller. Costs one core while
+/// traffic flows, nothing when idle.
 #[derive(Debug)]
 pub struct Warmth {
     epoch: Instant,
