@@ -314,7 +314,7 @@ async fn run_session(
     let (mut next, mut done) = (0u32, 0u32);
     let (mut first, mut last) = (None, None);
     while done < total {
-        while next < total && next - done < depth {
+        while next < total && super::may_start(next, next - done, depth, w.warmup) {
             let op = slots[next as usize % slots.len()].clone();
             let now = Instant::now();
             started[next as usize] = Some(now);

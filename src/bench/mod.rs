@@ -101,6 +101,16 @@ pub struct Workload {
 /// Most transfers a run keeps in flight.
 pub const MAX_CONCURRENCY: u32 = 64;
 
+/// Whether a harness may start transfer `next` of a size (0-based, warm-up first) while
+/// `in_flight` earlier ones are unfinished: at most `depth` in flight, and the first measured
+/// transfer only once every one of the `warmup` transfers has finished. Without the second rule
+/// a queue deeper than the warm-up (8 in flight, 5 warm-up) starts measured transfers together
+/// with the first warm-up ones, so they carry every one-time cost of the run's start (a GPU
+/// unpack stage built on first use, its kernels compiled by NVRTC: 75–80 ms on the H100).
+pub fn may_start(next: u32, in_flight: u32, depth: u32, warmup: u32) -> bool {
+    in_flight < depth.max(1) && (next != warmup || in_flight == 0)
+}
+
 impl Workload {
     /// Bytes each side's buffer needs.
     pub fn buffer_bytes(&self) -> u64 {
@@ -361,6 +371,38 @@ mod tests {
         assert!(size_steps(0, 1, 2).is_err());
         assert!(size_steps(8, 4, 2).is_err());
         assert!(size_steps(4, 8, 1).is_err());
+    }
+
+    /// A queue of `concurrency` transfers finishing in order, admitted by [`may_start`]: no
+    /// measured transfer starts while a warm-up one is unfinished, the depth is kept, and every
+    /// transfer starts (issue #13, the 64 KiB "stall" with 8 in flight and 5 warm-up).
+    #[test]
+    fn measured_transfers_start_after_the_warm_up() {
+        for (concurrency, warmup) in [(8, 5), (8, 0), (8, 8), (8, 10), (1, 5), (3, 1), (64, 63)] {
+            let total = warmup + 20;
+            let (mut next, mut done, mut deepest) = (0u32, 0u32, 0u32);
+            while done < total {
+                while next < total && may_start(next, next - done, concurrency, warmup) {
+                    if next == warmup {
+                        assert_eq!(
+                            done, warmup,
+                            "{concurrency}/{warmup}: measured start with warm-ups in flight"
+                        );
+                    }
+                    next += 1;
+                    deepest = deepest.max(next - done);
+                }
+                assert!(
+                    next > done,
+                    "{concurrency}/{warmup}: nothing in flight, nothing started"
+                );
+                done += 1;
+            }
+            assert_eq!(next, total);
+            // The warm-up and the measured transfers each fill the queue as far as they go.
+            let depth = concurrency.min(warmup).max(concurrency.min(20));
+            assert_eq!(deepest, depth, "{concurrency}/{warmup}: depth not reached");
+        }
     }
 
     #[test]

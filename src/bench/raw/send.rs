@@ -26,8 +26,16 @@ impl SendSide {
         let mut last_progress = Instant::now();
         loop {
             let mut progressed = false;
-            // Start transfers while fewer than `depth` are unfinished.
-            while issued < job.transfers && *n - shared.done.load(Ordering::Acquire) < u64::from(job.depth) {
+            // Start transfers while fewer than `depth` are unfinished, the first measured one
+            // only once the warm-up ones have finished.
+            while issued < job.transfers
+                && crate::bench::may_start(
+                    issued,
+                    (*n - shared.done.load(Ordering::Acquire)) as u32,
+                    job.depth,
+                    job.warmup,
+                )
+            {
                 *n += 1;
                 shared.set_t0(*n, Instant::now());
                 let queues = &mut self.queues;
