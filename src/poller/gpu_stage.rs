@@ -67,6 +67,23 @@ pub(super) struct GpuStage {
 /// unpacker for CUDA destinations. A staged (eager) receive that the plugin received in place,
 /// into the landing slot, is copied to its destination (a staging copy: synchronous for GPU
 /// memory).
+/// The unpack stage of `gpu`, built on first use: its stream, events and unpacker (whose kernels
+/// may be compiled then, tens of ms). The poller builds it when the GPU's first buffer is
+/// registered, so no transfer pays for it.
+pub(super) fn stage_for<'a>(
+    stages: &'a mut HashMap<usize, GpuStage>,
+    gpu: &Arc<Gpu>,
+    unpack_impl: UnpackImpl,
+) -> Result<&'a mut GpuStage, String> {
+    let ordinal = gpu.ordinal();
+    match stages.entry(ordinal) {
+        std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+        std::collections::hash_map::Entry::Vacant(v) => GpuStage::new(gpu.clone(), unpack_impl)
+            .map(|s| v.insert(s))
+            .map_err(|e| format!("GPU {ordinal} unpack stage: {e}")),
+    }
+}
+
 pub(super) fn start_unpack(
     comm: &RecvComm,
     id: RequestId,
@@ -103,14 +120,9 @@ pub(super) fn start_unpack(
         return Wait::Ready(r.map(|_| ()).map_err(|e| e.to_string()));
     };
     let ordinal = region.gpu().ordinal();
-    let stage = match stages.entry(ordinal) {
-        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-        std::collections::hash_map::Entry::Vacant(v) => {
-            match GpuStage::new(region.gpu().clone(), unpack_impl) {
-                Ok(s) => v.insert(s),
-                Err(e) => return Wait::Ready(Err(format!("GPU {ordinal} unpack stage: {e}"))),
-            }
-        }
+    let stage = match stage_for(stages, region.gpu(), unpack_impl) {
+        Ok(s) => s,
+        Err(e) => return Wait::Ready(Err(e)),
     };
     if posted.staged && (frags.is_empty() || ring.bounce_is_host_readable()) {
         // Staged in host memory (received in place into the landing slot, or into host bounce

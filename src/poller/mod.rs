@@ -452,10 +452,18 @@ impl Poller {
         match cmd {
             Command::AddBuffer { entry, reply } => {
                 let r = self.engine.add_buffer(entry.id, entry.size, entry.key());
+                let gpu = entry.device_region().map(|region| region.gpu().clone());
                 if r.is_ok() {
                     self.buffers.insert(entry.id, entry);
                 }
                 let _ = reply.send(r);
+                // The GPU's unpack stage now, not in its first transfer (a failure here is
+                // reported again by the first receive that needs the stage).
+                if let Some(gpu) = gpu
+                    && let Err(e) = gpu_stage::stage_for(&mut self.stages, &gpu, self.unpack_impl)
+                {
+                    tracing::warn!("{e}");
+                }
             }
             Command::RekeyBuffer { id, key, reply } => {
                 let _ = reply.send(self.engine.rekey_buffer(id, key));
