@@ -451,19 +451,20 @@ impl Poller {
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::AddBuffer { entry, reply } => {
+                // A GPU's unpack stage is built with its first buffer, before the registration
+                // answers: its kernels may take ~0.1 s to compile (NVRTC), which the first
+                // transfer would otherwise wait for. A failure here is reported again by the
+                // first receive that needs the stage; sends from the buffer still work.
+                if let Some(region) = entry.device_region()
+                    && let Err(e) = gpu_stage::stage_for(&mut self.stages, region.gpu(), self.unpack_impl)
+                {
+                    tracing::warn!("{e}");
+                }
                 let r = self.engine.add_buffer(entry.id, entry.size, entry.key());
-                let gpu = entry.device_region().map(|region| region.gpu().clone());
                 if r.is_ok() {
                     self.buffers.insert(entry.id, entry);
                 }
                 let _ = reply.send(r);
-                // The GPU's unpack stage now, not in its first transfer (a failure here is
-                // reported again by the first receive that needs the stage).
-                if let Some(gpu) = gpu
-                    && let Err(e) = gpu_stage::stage_for(&mut self.stages, &gpu, self.unpack_impl)
-                {
-                    tracing::warn!("{e}");
-                }
             }
             Command::RekeyBuffer { id, key, reply } => {
                 let _ = reply.send(self.engine.rekey_buffer(id, key));
