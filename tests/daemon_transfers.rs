@@ -42,6 +42,50 @@ async fn writes_from_one_byte_to_256_mib_land_byte_exact() {
     b.stop().await;
 }
 
+/// `runtime.spin` on (the poller lingers, an async worker is kept awake) whatever the machine:
+/// writes and reads of every shape land byte-exact and every lane drains, under both protocols.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spinning_daemons_move_bytes_exactly_under_both_protocols() {
+    tcpxd::logging::init("warn");
+    for protocol in ["rendezvous", "eager"] {
+        let spin = |args: &mut tcpxd::config::DaemonArgs| {
+            args.spin = Some("on".into());
+            args.transfer_protocol = Some(protocol.into());
+        };
+        let mut a = daemons::start("spin-a", spin).await;
+        let mut b = daemons::start("spin-b", spin).await;
+        connect(&mut a, &b).await;
+        let x = host_buffer(&mut a.client, 16 * MIB, "").await;
+        let y = host_buffer(&mut b.client, 8 * MIB, "").await;
+        fill_seed(&mut a.client, x.id, 0, 0, 5).await;
+        for (k, len) in [1u64, 4096, 65536 + 7, 3 * MIB].into_iter().enumerate() {
+            let off = k as u64 * 4099;
+            let id = write(&mut a.client, write_entry(&x, off, &y, off + 1, len), b"")
+                .await
+                .unwrap();
+            assert_eq!(wait_ok(&mut a.client, id).await.bytes_done, len);
+            assert_eq!(
+                crc(&mut a.client, x.id, off, len).await,
+                crc(&mut b.client, y.id, off + 1, len).await,
+                "{protocol}: {len} bytes written differ"
+            );
+            let id = read(&mut a.client, read_entry(&y, off + 1, &x, 8 * MIB, len))
+                .await
+                .unwrap();
+            wait_ok(&mut a.client, id).await;
+            assert_eq!(
+                crc(&mut a.client, x.id, 8 * MIB, len).await,
+                crc(&mut a.client, x.id, off, len).await,
+                "{protocol}: {len} bytes read back differ"
+            );
+        }
+        assert_lanes_drain(&mut a.client).await;
+        assert_lanes_drain(&mut b.client).await;
+        a.stop().await;
+        b.stop().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_pulls_remote_bytes_and_batches_report_per_entry() {
     tcpxd::logging::init("warn");

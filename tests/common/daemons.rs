@@ -61,8 +61,10 @@ pub async fn start(node: &str, extra: impl FnOnce(&mut DaemonArgs)) -> TestDaemo
         peer_listen: Some("127.0.0.1:0".parse().unwrap()),
         builtin_emulation: true,
         shutdown_grace_s: Some(5),
-        // The whole suite runs under either protocol: TCPXD_TRANSFER_PROTOCOL=eager|rendezvous.
+        // The whole suite runs under either protocol: TCPXD_TRANSFER_PROTOCOL=eager|rendezvous,
+        // and with spinning on or off: TCPXD_SPIN=on|off (unset: auto, off on a 2-core machine).
         transfer_protocol: std::env::var("TCPXD_TRANSFER_PROTOCOL").ok(),
+        spin: std::env::var("TCPXD_SPIN").ok(),
         ..Default::default()
     };
     extra(&mut args);
