@@ -341,7 +341,8 @@ struct Poller {
     notifications: broadcast::Sender<NotificationEvent>,
     drain: Option<(Instant, Reply<DrainReport>)>,
     finished_in_grace: usize,
-    /// Unpack stages by GPU ordinal, made when the first receive into that GPU completes.
+    /// Unpack stages by GPU ordinal, made when the GPU's first buffer is registered (or by its first
+    /// receive, if that failed).
     stages: HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
     /// Scratch for the completions gathered during a pass.
