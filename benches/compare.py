@@ -17,6 +17,13 @@ lines to --out. Reports only: nothing here asserts a speed.
 --concurrency N keeps N transfers in flight in every harness: the daemon bench on one Session,
 the raw bench as a queue of the same depth, NCCL as groups of N send/recv. GB/s then counts the
 N transfers (over the wall time for raw and daemon, over the groups' time for NCCL).
+
+NCCL's rows time the receiving rank's stream around each recv. Left free-running, the sending
+rank starts its next send as soon as its own send completed, so the next message is often in the
+receiver's bounce pages before its timer starts, and the row times little more than the unpack.
+Each timed NCCL message (or group) therefore starts after a barrier of both ranks (`--sync-each`
+of nccl_sendrecv.py), so the row is one message's way from the sender's GPU to the receiver's;
+`--nccl-free-running` gives the old rows.
 """
 
 import argparse
@@ -78,6 +85,8 @@ def main():
     ap.add_argument("--same-gpu", action="store_true",
                     help="a host with one GPU: NCCL's two ranks and both daemons on GPU 0 (still over the network path)")
     ap.add_argument("--logs", default=".", help="folder for each harness's log")
+    ap.add_argument("--nccl-free-running", action="store_true",
+                    help="time NCCL without a barrier before each message (the sender runs ahead)")
     args = ap.parse_args()
 
     bin_dir = os.path.abspath(args.bin)
@@ -111,19 +120,20 @@ def main():
         "--concurrency", str(args.concurrency),
     ]
     same_gpu = ["--same-gpu"] if args.same_gpu else []
+    nccl_sync = [] if args.nccl_free_running else ["--sync-each"]
     peer_cuda = "0" if args.same_gpu else "1"
     results = {}
     if "nccl-socket" in only:
         results["nccl-socket"] = run(
             "nccl-socket",
-            [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "socket", "--out", out] + common + same_gpu,
+            [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "socket", "--out", out] + common + same_gpu + nccl_sync,
             env, args.logs, args.timeout,
         )
     if "nccl-plugin" in only:
         results["nccl-plugin"] = run(
             "nccl-plugin",
             [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "plugin", "--plugin", plugin, "--out", out]
-            + common + same_gpu,
+            + common + same_gpu + nccl_sync,
             env, args.logs, args.timeout,
         )
     if "raw" in only:
@@ -152,6 +162,10 @@ def main():
         print("every harness runs both sides on GPU 0 (--same-gpu), through the network path all the same.")
     else:
         print("the raw bench runs both sides on GPU 0 (one process), the daemons and NCCL GPU 0 -> GPU 1.")
+    if args.nccl_free_running:
+        print("NCCL free-running: its sender runs ahead, so its rows time little more than the receiver's unpack.")
+    else:
+        print("NCCL: a barrier of both ranks before each timed message (its row is one message's way, sender to receiver).")
     print("ratio columns: daemon GB/s over the other's.")
     head = f"{'block':>6}"
     for h in HARNESSES:
