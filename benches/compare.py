@@ -13,24 +13,28 @@ lines to --out. Reports only: nothing here asserts a speed.
 
   python3 benches/compare.py --bin target/release --sizes 4K,64K,1M,4M,16M,64M,256M
   python3 benches/compare.py --concurrency 8 --sizes 64K,1M,4M   # 8 transfers in flight
+  python3 benches/compare.py --same-gpu --mps                     # a host with one GPU
 
 --concurrency N keeps N transfers in flight in every harness: the daemon bench on one Session,
 the raw bench as a queue of the same depth, NCCL as groups of N send/recv. GB/s then counts the
 N transfers (over the wall time for raw and daemon, over the groups' time for NCCL).
 
-NCCL's rows time the receiving rank's stream around each recv. Left free-running, the sending
-rank starts its next send as soon as its own send completed, so the next message is often in the
-receiver's bounce pages before its timer starts, and the row times little more than the unpack.
-Each timed NCCL message (or group) therefore starts after a barrier of both ranks (`--sync-each`
-of nccl_sendrecv.py), so the row is one message's way from the sender's GPU to the receiver's;
-`--nccl-free-running` gives the old rows.
+NCCL's rows are timed as a daemon WRITE completes: the sending rank times each message (or group)
+until a 1-byte reply from the receiver says it landed (`--ack` of nccl_sendrecv.py). Timed at the
+receiver instead (`--nccl-free-running`, the old rows), the sender runs ahead: its send completes
+once the plugin took the bytes, so the next message is often in the receiver's bounce pages before
+the receiver's timer starts, and the row times little more than the unpack (4 KiB: 14-19 µs on
+one H100, with or without a barrier before each message).
 """
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -55,6 +59,32 @@ def run(name, cmd, env, log_dir, timeout):
             rc = "timeout"
     print(f"   {name}: rc={rc} in {time.time() - t0:.0f} s (log {log})", flush=True)
     return rc
+
+
+@contextlib.contextmanager
+def mps(on, env):
+    """A private CUDA MPS control daemon for this run only (its pipe and log folders in a fresh
+    temporary folder, passed to every harness through `env`), quit at the end. With two processes
+    on one GPU and no MPS, the GPU time-slices their contexts (~2.4 ms quanta on an H100), and
+    NCCL's kernels, which spin while they wait, pay a quantum per message."""
+    if not on:
+        yield
+        return
+    ctl = shutil.which("nvidia-cuda-mps-control")
+    if ctl is None:
+        sys.exit("--mps: nvidia-cuda-mps-control is not on PATH")
+    root = tempfile.mkdtemp(prefix="tcpxd-mps-")
+    env["CUDA_MPS_PIPE_DIRECTORY"] = os.path.join(root, "pipe")
+    env["CUDA_MPS_LOG_DIRECTORY"] = os.path.join(root, "log")
+    for d in (env["CUDA_MPS_PIPE_DIRECTORY"], env["CUDA_MPS_LOG_DIRECTORY"]):
+        os.makedirs(d)
+    subprocess.run([ctl, "-d"], env=env, check=True)
+    print(f"== MPS control daemon started (pipe {env['CUDA_MPS_PIPE_DIRECTORY']})", flush=True)
+    try:
+        yield
+    finally:
+        subprocess.run([ctl], input=b"quit\n", env=env, check=False)
+        print("== MPS control daemon quit", flush=True)
 
 
 def load(path, harness):
@@ -85,8 +115,11 @@ def main():
     ap.add_argument("--same-gpu", action="store_true",
                     help="a host with one GPU: NCCL's two ranks and both daemons on GPU 0 (still over the network path)")
     ap.add_argument("--logs", default=".", help="folder for each harness's log")
+    ap.add_argument("--mps", action="store_true",
+                    help="run every harness under a private CUDA MPS control daemon (with --same-gpu: "
+                    "else NCCL's two ranks time-slice the GPU)")
     ap.add_argument("--nccl-free-running", action="store_true",
-                    help="time NCCL without a barrier before each message (the sender runs ahead)")
+                    help="time NCCL at the receiver, with no reply (the sender runs ahead; the old rows)")
     args = ap.parse_args()
 
     bin_dir = os.path.abspath(args.bin)
@@ -120,35 +153,36 @@ def main():
         "--concurrency", str(args.concurrency),
     ]
     same_gpu = ["--same-gpu"] if args.same_gpu else []
-    nccl_sync = [] if args.nccl_free_running else ["--sync-each"]
+    nccl_timing = [] if args.nccl_free_running else ["--ack"]
     peer_cuda = "0" if args.same_gpu else "1"
     results = {}
-    if "nccl-socket" in only:
-        results["nccl-socket"] = run(
-            "nccl-socket",
-            [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "socket", "--out", out] + common + same_gpu + nccl_sync,
-            env, args.logs, args.timeout,
-        )
-    if "nccl-plugin" in only:
-        results["nccl-plugin"] = run(
-            "nccl-plugin",
-            [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "plugin", "--plugin", plugin, "--out", out]
-            + common + same_gpu + nccl_sync,
-            env, args.logs, args.timeout,
-        )
-    if "raw" in only:
-        results["raw"] = run(
-            "raw",
-            [tcpxctl, "bench", "raw", "--op", args.op, "--cuda", "0", "--plugin", plugin, "--out", out] + common,
-            env, args.logs, args.timeout,
-        )
-    if "daemon" in only:
-        results["daemon"] = run(
-            "daemon",
-            [tcpxctl, "bench", "transfer", "--daemon", tcpxd, "--op", args.op, "--cuda", "0", "--peer-cuda", peer_cuda,
-             "--out", out] + common,
-            env, args.logs, args.timeout,
-        )
+    with mps(args.mps, env):
+        if "nccl-socket" in only:
+            results["nccl-socket"] = run(
+                "nccl-socket",
+                [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "socket", "--out", out] + common + same_gpu + nccl_timing,
+                env, args.logs, args.timeout,
+            )
+        if "nccl-plugin" in only:
+            results["nccl-plugin"] = run(
+                "nccl-plugin",
+                [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "plugin", "--plugin", plugin, "--out", out]
+                + common + same_gpu + nccl_timing,
+                env, args.logs, args.timeout,
+            )
+        if "raw" in only:
+            results["raw"] = run(
+                "raw",
+                [tcpxctl, "bench", "raw", "--op", args.op, "--cuda", "0", "--plugin", plugin, "--out", out] + common,
+                env, args.logs, args.timeout,
+            )
+        if "daemon" in only:
+            results["daemon"] = run(
+                "daemon",
+                [tcpxctl, "bench", "transfer", "--daemon", tcpxd, "--op", args.op, "--cuda", "0", "--peer-cuda", peer_cuda,
+                 "--out", out] + common,
+                env, args.logs, args.timeout,
+            )
 
     rows = {h: load(out, h) for h in HARNESSES}
     sizes = sorted({s for r in rows.values() for s in r})
@@ -159,13 +193,14 @@ def main():
     else:
         print(f"GB/s with {args.concurrency} messages (transfers) in flight; p50/p99 latency in µs;")
     if args.same_gpu:
-        print("every harness runs both sides on GPU 0 (--same-gpu), through the network path all the same.")
+        print("every harness runs both sides on GPU 0 (--same-gpu), through the network path all the same"
+              + (", under MPS." if args.mps else "; no MPS: NCCL's ranks time-slice the GPU (use --mps)."))
     else:
         print("the raw bench runs both sides on GPU 0 (one process), the daemons and NCCL GPU 0 -> GPU 1.")
     if args.nccl_free_running:
-        print("NCCL free-running: its sender runs ahead, so its rows time little more than the receiver's unpack.")
+        print("NCCL timed at the receiver: its sender runs ahead, so its rows time little more than the unpack.")
     else:
-        print("NCCL: a barrier of both ranks before each timed message (its row is one message's way, sender to receiver).")
+        print("NCCL timed at the sender until a 1-byte reply says the message landed (as a daemon WRITE completes).")
     print("ratio columns: daemon GB/s over the other's.")
     head = f"{'block':>6}"
     for h in HARNESSES:

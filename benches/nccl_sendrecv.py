@@ -61,6 +61,8 @@ def worker(rank: int, args, env: dict, port: int, q):
     peer = 1 - rank
     max_size = max(args.sizes)
     depth = args.concurrency
+    # Without --ack the receiver times each recv; with it the sender times send + reply.
+    reporter = 0 if args.ack else 1
     buf = torch.empty(max_size * depth, dtype=torch.uint8, device="cuda")
     # One tiny exchange first so the connection set-up is not in any timing.
     t = torch.ones(1, device="cuda")
@@ -69,18 +71,26 @@ def worker(rank: int, args, env: dict, port: int, q):
     else:
         dist.recv(t, 0)
     torch.cuda.synchronize()
+    ack = torch.zeros(1, dtype=torch.uint8, device="cuda")
+
     def step(size):
-        """One timed step: one message, or a group of `depth` messages in flight at once."""
+        """One timed step: one message, or a group of `depth` messages in flight at once; with
+        --ack, then a 1-byte reply from the receiver once the message(s) landed."""
         if depth == 1:
             if rank == 0:
                 dist.send(buf[:size], peer)
             else:
                 dist.recv(buf[:size], peer)
-            return
-        fn = dist.isend if rank == 0 else dist.irecv
-        ops = [dist.P2POp(fn, buf[j * size : (j + 1) * size], peer) for j in range(depth)]
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
+        else:
+            fn = dist.isend if rank == 0 else dist.irecv
+            ops = [dist.P2POp(fn, buf[j * size : (j + 1) * size], peer) for j in range(depth)]
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+        if args.ack:
+            if rank == 0:
+                dist.recv(ack, peer)
+            else:
+                dist.send(ack, peer)
 
     for size in args.sizes:
         view = buf[: size * depth]
@@ -107,6 +117,11 @@ def worker(rank: int, args, env: dict, port: int, q):
             g = torch.arange(size * depth, dtype=torch.int64, device="cuda")
             expect = ((g * 131 + size) % 251).to(torch.uint8)
             ok = bool(torch.equal(view, expect))
+        if args.ack:
+            # The sender reports (its timer saw the reply): it learns the receiver's check.
+            flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device="cuda")
+            dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+            ok = bool(flag.item())
         # Steady-state bandwidth: `iters` messages back to back, one timing around all of them.
         dist.barrier(device_ids=[gpu])
         torch.cuda.synchronize()
@@ -115,7 +130,7 @@ def worker(rank: int, args, env: dict, port: int, q):
             step(size)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-        if rank == 1:
+        if rank == reporter:
             lat.sort()
             pick = lambda q: lat[min(len(lat) - 1, int(round((len(lat) - 1) * q)))]
             rows.append(
@@ -142,7 +157,7 @@ def worker(rank: int, args, env: dict, port: int, q):
             )
     dist.barrier(device_ids=[gpu])
     dist.destroy_process_group()
-    if rank == 1:
+    if rank == reporter:
         q.put(rows)
 
 
@@ -155,6 +170,10 @@ def main():
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--sockets", type=int, default=4, help="data sockets per connection (both nets)")
     ap.add_argument("--sync-each", action="store_true", help="barrier before each timed message")
+    ap.add_argument("--ack", action="store_true",
+                    help="the sender times each message (group) until a 1-byte reply from the receiver "
+                    "says it landed, as a daemon WRITE completes; without it the receiver times its recv, "
+                    "and a sender that runs ahead makes that little more than the unpack")
     ap.add_argument("--concurrency", type=int, default=1, help="messages in flight per timed step (a group)")
     ap.add_argument("--out", help="append JSON lines here")
     ap.add_argument("--same-gpu", action="store_true",
