@@ -22,9 +22,8 @@
 //! kernel's parameter block when they fit. Nothing is allocated after construction.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use super::{Ticket, TicketBook, UnpackError, UnpackJob, Unpacker, exact_total, validate};
+use super::{Ticket, UnpackError, UnpackJob, Unpacker, exact_total, validate};
 use crate::gpu::{
     DeviceRegion, DeviceSpan, Gpu, INLINE_MAX_FRAGS, INLINE_MAX_TASKS, INLINE_PAGES_MAX_FRAGS,
     INLINE_PAGES_MAX_TASKS, InlineBatch, InlinePagesBatch, Kernels, LaunchReport, LaunchSignal, ListFormat,
@@ -32,6 +31,9 @@ use crate::gpu::{
 };
 use crate::gpu::{PERSIST_MAX_TASKS, PERSIST_QUEUE, PersistConfig, PersistentGrid, PostedLists};
 use crate::net::abi::{NET_UNPACK_MAX_SLICE_PAGES, loadMeta};
+
+mod completions;
+use completions::Completions;
 
 /// Batches in flight before `submit` waits for the oldest.
 const SLOTS: usize = 16;
@@ -91,148 +93,6 @@ pub enum FragSource {
     PackedMapped,
     /// As `PackedMapped`, with the compact lists uploaded by one H2D copy per launch.
     PackedDevice,
-}
-
-/// How often, at most, an outstanding batch's stream is queried for errors.
-const HEALTH_EVERY: Duration = Duration::from_millis(1);
-
-/// Batch completion through the kernels' signal (`signal_previous` in kernels/unpack.cu): every
-/// launch carries the number of the newest batch issued before it and stores it into `word` once
-/// the grids before it have completed. Batches run in order on one stream, so the word only grows
-/// and a batch is done once the word has reached it; the newest batch, which no launch follows
-/// yet, is done when the stream is idle (one query). The persistent grid stores each batch's
-/// number itself when the batch is finished.
-struct Completions {
-    book: TicketBook,
-    /// 8 bytes, host-mapped: the newest batch known finished.
-    word: PinnedRegion,
-    /// Persistent mode: the word is the grid's, and an idle stream means a grid that left.
-    persistent: bool,
-    last_health: Instant,
-}
-
-impl Completions {
-    fn new(gpu: &Arc<Gpu>) -> Result<Completions, UnpackError> {
-        Ok(Completions {
-            book: TicketBook::new(SLOTS),
-            word: gpu.alloc_pinned(8)?,
-            persistent: false,
-            last_health: Instant::now(),
-        })
-    }
-
-    /// What every launch carries: the newest batch issued so far, to report once it is done
-    /// (nothing when the host already knows it is: a batch on an idle stream).
-    fn signal(&self) -> Result<LaunchSignal, UnpackError> {
-        let last = self.book.last_seq();
-        let value = if self.book.is_known_done(last) { 0 } else { last };
-        Ok(LaunchSignal::new(&self.word, 0, value)?)
-    }
-
-    /// Reads the word; true once batch `seq` finished.
-    fn reached(&mut self, seq: u64) -> Result<bool, UnpackError> {
-        if self.book.is_known_done(seq) {
-            return Ok(true);
-        }
-        self.book.mark_done(self.word.load_u64(0)?);
-        Ok(self.book.is_known_done(seq))
-    }
-
-    /// The stream finished everything: in launch mode every batch issued is done; a persistent
-    /// grid must have signalled batch `seq` (allow the store a moment to land), or it died
-    /// without it.
-    fn settle(&mut self, seq: u64) -> Result<bool, UnpackError> {
-        if !self.persistent {
-            self.book.mark_done(self.book.last_seq());
-            return Ok(true);
-        }
-        for _ in 0..1000 {
-            if self.reached(seq)? {
-                return Ok(true);
-            }
-            std::hint::spin_loop();
-        }
-        Err(UnpackError::NoSignal {
-            batch: seq,
-            signalled: self.book.done_upto(),
-        })
-    }
-
-    /// Non-blocking. Queries the stream (a driver call) only when the word says not yet, and
-    /// then only for the newest batch (nothing follows it to report it) or once per
-    /// [`HEALTH_EVERY`] (a faulted kernel). With a persistent grid, first makes sure a grid will
-    /// take the batch (one load of host memory).
-    fn poll(
-        &mut self,
-        seq: u64,
-        stream: &Stream,
-        mut grid: Option<&mut PersistentGrid>,
-    ) -> Result<bool, UnpackError> {
-        if self.reached(seq)? {
-            return Ok(true);
-        }
-        if let Some(g) = grid.as_deref_mut() {
-            g.revive(stream)?;
-        }
-        let newest = !self.persistent && seq == self.book.last_seq();
-        if !newest && self.last_health.elapsed() < HEALTH_EVERY {
-            return Ok(false);
-        }
-        self.last_health = Instant::now();
-        self.idle_check(seq, stream, grid)
-    }
-
-    /// The stream says whether the kernels are still running: idle with the batch unsignalled is
-    /// an error, unless a persistent grid left without taking it (then it is relaunched).
-    fn idle_check(
-        &mut self,
-        seq: u64,
-        stream: &Stream,
-        grid: Option<&mut PersistentGrid>,
-    ) -> Result<bool, UnpackError> {
-        if !stream.is_idle()? {
-            return Ok(false);
-        }
-        if let Some(g) = grid {
-            if g.revive(stream)? {
-                return Ok(false);
-            }
-        }
-        self.settle(seq)
-    }
-
-    /// Blocks until batch `seq` finished.
-    fn wait(
-        &mut self,
-        seq: u64,
-        stream: &Stream,
-        mut grid: Option<&mut PersistentGrid>,
-    ) -> Result<(), UnpackError> {
-        let mut spins = 0u32;
-        while !self.reached(seq)? {
-            if self.idle_check(seq, stream, grid.as_deref_mut())? {
-                return Ok(());
-            }
-            spins += 1;
-            if spins > 64 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-        Ok(())
-    }
-
-    /// The slot the next batch will use, once the batch that held it finished (waits if not:
-    /// back-pressure when more batches are in flight than there are slots).
-    fn reserve(&mut self, stream: &Stream, grid: Option<&mut PersistentGrid>) -> Result<usize, UnpackError> {
-        let (slot, prev) = self.book.next_slot();
-        if !self.reached(prev)? {
-            self.book.stalled();
-            self.wait(prev, stream, grid)?;
-        }
-        Ok(slot)
-    }
 }
 
 pub struct KernelUnpacker {
