@@ -5,8 +5,13 @@
 //! accepted transfer waits for its final status. Half-closing the request side lets the in-flight
 //! transfers finish before the stream ends OK; a client that goes away (the request stream fails
 //! or the event stream is dropped) gets its in-flight transfers cancelled on both sides.
+//!
+//! The same logic serves two transports: the gRPC stream (`start`) and the framed local session
+//! on the API unix socket (`super::local`), each supplying its request side ([`Requests`]) and its
+//! event side ([`Events`]).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
@@ -31,47 +36,114 @@ pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status
 /// requests until the client catches up.
 const EVENT_QUEUE: usize = 256;
 
-/// Starts serving one session; `deadline` is the stream's own (its gRPC deadline), if any.
+/// Starts serving one gRPC session; `deadline` is the stream's own (its gRPC deadline), if any.
 pub fn start(
     state: Arc<DaemonState>,
     deadline: Option<Instant>,
     requests: Streaming<pb::SessionRequest>,
 ) -> EventStream {
-    let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-    let session = Session {
-        state,
-        deadline,
-        tx,
-        open: HashMap::new(),
-        waiting: JoinSet::new(),
-    };
-    tokio::spawn(session.run(requests));
+    let (mut tx, rx) = mpsc::channel(EVENT_QUEUE);
+    tokio::spawn(async move {
+        let mut requests = requests;
+        serve(state, deadline, &mut requests, &mut tx).await
+    });
     Box::pin(ReceiverStream::new(rx))
 }
 
-struct Session {
+/// What a session's request side yields next.
+pub enum Incoming {
+    Request(pb::SessionRequest),
+    /// The client half-closed: no more requests; the open ones finish, then the session ends.
+    HalfClosed,
+    /// The client went away: the open transfers are cancelled.
+    Gone,
+    /// The client broke the transport's rules (a frame over the limit, one that does not
+    /// decode): answered with one refusal under tag 0, then the session ends as for `Gone`.
+    Broken(Status),
+}
+
+/// A session's request side.
+pub trait Requests: Send {
+    /// The next request, or why there is none.
+    fn next(&mut self) -> impl Future<Output = Incoming> + Send;
+}
+
+/// A session's event side.
+pub trait Events: Send {
+    /// Hands one event to the client; `Err` when the client is gone.
+    fn send(&mut self, event: pb::SessionEvent) -> impl Future<Output = Result<(), Gone>> + Send;
+
+    /// Resolves when the client is known to be gone though nothing is being sent. `reading`:
+    /// whether the request side is still open (a transport that learns of the client's going
+    /// from its request side only needs to watch once that side has ended).
+    fn gone(&mut self, reading: bool) -> impl Future<Output = ()> + Send;
+}
+
+/// The session ended early: the client went away.
+#[derive(Debug)]
+pub struct Gone;
+
+impl Requests for Streaming<pb::SessionRequest> {
+    async fn next(&mut self) -> Incoming {
+        match self.message().await {
+            Ok(Some(req)) => Incoming::Request(req),
+            Ok(None) => Incoming::HalfClosed,
+            Err(status) => {
+                tracing::debug!("session: the client went away: {status}");
+                Incoming::Gone
+            }
+        }
+    }
+}
+
+impl Events for mpsc::Sender<Result<pb::SessionEvent, Status>> {
+    async fn send(&mut self, event: pb::SessionEvent) -> Result<(), Gone> {
+        mpsc::Sender::send(self, Ok(event)).await.map_err(|_| Gone)
+    }
+
+    async fn gone(&mut self, _reading: bool) {
+        self.closed().await
+    }
+}
+
+/// Serves one session to its end: `Ok` once the request side has ended (half-close, or the
+/// daemon draining) and every open request has had its event; `Err(Gone)` when the client went
+/// away (its open transfers are cancelled on both sides).
+pub async fn serve<R: Requests, E: Events>(
     state: Arc<DaemonState>,
     deadline: Option<Instant>,
-    tx: mpsc::Sender<Result<pb::SessionEvent, Status>>,
+    requests: &mut R,
+    events: &mut E,
+) -> Result<(), Gone> {
+    let session = Session {
+        state,
+        deadline,
+        events,
+        open: HashMap::new(),
+        waiting: JoinSet::new(),
+    };
+    session.run(requests).await
+}
+
+struct Session<'e, E> {
+    state: Arc<DaemonState>,
+    deadline: Option<Instant>,
+    events: &'e mut E,
     /// Unfinished transfers by tag.
     open: HashMap<u64, TransferId>,
     /// One task per open transfer, ending with its tag and final event.
     waiting: JoinSet<(u64, pb::TransferEvent)>,
 }
 
-/// Why the session stopped early: the client went away.
-struct Gone;
-
 /// What the session does next.
 enum Next {
     Gone,
     Finished(u64, pb::TransferEvent),
-    Request(pb::SessionRequest),
-    HalfClosed,
+    Incoming(Incoming),
 }
 
-impl Session {
-    async fn run(mut self, mut requests: Streaming<pb::SessionRequest>) {
+impl<E: Events> Session<'_, E> {
+    async fn run<R: Requests>(mut self, requests: &mut R) -> Result<(), Gone> {
         let mut reading = true;
         let mut stopping = self.state.stopping.clone();
         let ended = loop {
@@ -80,30 +152,29 @@ impl Session {
             }
             let next = tokio::select! {
                 biased;
-                _ = self.tx.closed() => Next::Gone,
+                _ = self.events.gone(reading) => Next::Gone,
                 Some(done) = self.waiting.join_next(), if !self.waiting.is_empty() => match done {
                     Ok((tag, event)) => Next::Finished(tag, event),
                     // The waiting tasks never panic; a runtime shutting down aborts them.
                     Err(_) => Next::Gone,
                 },
-                next = requests.message(), if reading => match next {
-                    Ok(Some(req)) => Next::Request(req),
-                    Ok(None) => Next::HalfClosed,
-                    Err(status) => {
-                        tracing::debug!("session: the client went away: {status}");
-                        Next::Gone
-                    }
-                },
+                next = requests.next(), if reading => Next::Incoming(next),
                 // The daemon drains: no new requests; the open ones end as the drain decides.
-                _ = stopping.wait_for(|s| *s), if reading => Next::HalfClosed,
+                _ = stopping.wait_for(|s| *s), if reading => Next::Incoming(Incoming::HalfClosed),
             };
             let step = match next {
-                Next::Gone => Err(Gone),
+                Next::Gone | Next::Incoming(Incoming::Gone) => Err(Gone),
                 Next::Finished(tag, event) => self.finished(tag, event).await,
-                Next::Request(req) => self.request(req).await,
-                Next::HalfClosed => {
+                Next::Incoming(Incoming::Request(req)) => self.request(req).await,
+                Next::Incoming(Incoming::HalfClosed) => {
                     reading = false;
                     Ok(())
+                }
+                Next::Incoming(Incoming::Broken(status)) => {
+                    tracing::debug!("session: closing a client that broke the framing: {status}");
+                    // Whether or not the refusal reaches the client, the session ends here.
+                    let _ = self.refuse(0, status).await;
+                    Err(Gone)
                 }
             };
             if let Err(gone) = step {
@@ -113,6 +184,7 @@ impl Session {
         if ended.is_err() {
             self.cancel_all();
         }
+        ended
     }
 
     fn cancel_all(&mut self) {
@@ -128,12 +200,12 @@ impl Session {
         self.waiting.abort_all();
     }
 
-    async fn send(&self, tag: u64, event: Event) -> Result<(), Gone> {
+    async fn send(&mut self, tag: u64, event: Event) -> Result<(), Gone> {
         let ev = pb::SessionEvent {
             tag,
             event: Some(event),
         };
-        self.tx.send(Ok(ev)).await.map_err(|_| Gone)
+        self.events.send(ev).await
     }
 
     async fn finished(&mut self, tag: u64, event: pb::TransferEvent) -> Result<(), Gone> {
@@ -142,7 +214,7 @@ impl Session {
         self.send(tag, Event::Finished(event)).await
     }
 
-    async fn refuse(&self, tag: u64, status: Status) -> Result<(), Gone> {
+    async fn refuse(&mut self, tag: u64, status: Status) -> Result<(), Gone> {
         let refused = pb::EntryStatus {
             code: status.code() as i32,
             message: status.message().to_string(),
@@ -217,7 +289,7 @@ impl Session {
         self.state.start_read(r, deadline).await
     }
 
-    async fn cancel(&self, tag: u64, target: u64) -> Result<(), Gone> {
+    async fn cancel(&mut self, tag: u64, target: u64) -> Result<(), Gone> {
         let Some(&id) = self.open.get(&target) else {
             return self
                 .refuse(
