@@ -1,5 +1,5 @@
 //! Assembling a daemon: the poller thread, the client API (unix socket, optional TCP) with
-//! reflection and health, the peer service on TCP, and an orderly shutdown that drains
+//! reflection and health (the unix socket also speaking the framed local session), the peer service on TCP, and an orderly shutdown that drains
 //! in-flight transfers for a grace period.
 
 use std::collections::HashMap;
@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 
 use crate::api::peer_service::PeerService;
 use crate::api::proto::{self, peer::tcpxd_peer_server::TcpxdPeerServer, v1::tcpxd_server::TcpxdServer};
@@ -240,11 +239,18 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             .add_service(reflection_v1alpha.clone())
             .add_service(health_svc.clone())
     };
+    // The unix socket also speaks the framed local session: its accept path tells the two apart
+    // by each connection's first bytes and hands tonic the gRPC ones.
     let unix = bind_unix(&cfg.api_socket, cfg.api_socket_mode).await?;
-    servers.push(tokio::spawn(api().serve_with_incoming_shutdown(
-        UnixListenerStream::new(unix),
-        stopped(stop_rx.clone()),
-    )));
+    let (grpc_incoming, accepting) =
+        crate::api::local::listener::listen(unix, state.clone(), stop_rx.clone());
+    servers.push(tokio::spawn(async move {
+        accepting.await;
+        Ok(())
+    }));
+    servers.push(tokio::spawn(
+        api().serve_with_incoming_shutdown(grpc_incoming, stopped(stop_rx.clone())),
+    ));
     let api_tcp = match (cfg.api_tcp, token) {
         (Some(addr), Some(token)) => {
             let l = tokio::net::TcpListener::bind(addr)

@@ -93,6 +93,7 @@ impl NodeFacts {
             lanes_per_device: self.lanes_per_device,
             chunk_bytes: self.chunk_bytes,
             peer_protocol_version: crate::peers::PROTOCOL_VERSION,
+            local_session: super::local::frame::PROTOCOL.to_string(),
         })
     }
 }
