@@ -361,6 +361,7 @@ async fn advertised_addresses_come_from_the_configuration() {
         serde_json::json!(["node-adv.example:50052", "10.1.2.3:50052"])
     );
     assert_eq!(v["plugin_path"], "built-in emulation");
+    assert_eq!(v["local_session"], "TCPXD/1");
     assert!(v["devices"].as_array().is_some_and(|d| !d.is_empty()), "{v}");
     let out = run(vec!["--endpoint".into(), endpoint, "describe".into()])
         .await

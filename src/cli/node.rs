@@ -33,6 +33,7 @@ pub fn node_json(n: &NodeDescription) -> Value {
         "lanes_per_device": n.lanes_per_device,
         "chunk_bytes": n.chunk_bytes,
         "peer_protocol_version": n.peer_protocol_version,
+        "local_session": n.local_session,
         "devices": n.devices.iter().map(|d| json!({
             "index": d.index,
             "name": d.name,
