@@ -195,7 +195,7 @@ impl Engine {
         }
         let mut chunks_total = 0u64;
         let p = &mut self.peers[peer.0 as usize];
-        for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, lanes) {
+        for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, 0..lanes) {
             let dest = dests.get(c.range as usize).map(|&(b, off)| (b, off + c.offset));
             p.recv[c.lane as usize].targets.push_back(Target {
                 offer: offer.offer_id,

@@ -176,7 +176,7 @@ impl Engine {
         }
         let mut chunks_total = 0u64;
         let p = &mut self.peers[peer.0 as usize];
-        for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, lanes) {
+        for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, 0..lanes) {
             let (b, off) = dests[c.range as usize];
             p.recv[c.lane as usize].queue.push_back(Item {
                 offer: offer.offer_id,
@@ -251,7 +251,7 @@ impl Engine {
         let lanes = self.peers[peer.0 as usize].send.len() as u32;
         let p = &mut self.peers[peer.0 as usize];
         let mut n = 0u64;
-        for c in ChunkPlan::new(&o.lengths, o.chunk_bytes, o.first_lane, lanes) {
+        for c in ChunkPlan::new(&o.lengths, o.chunk_bytes, o.first_lane, 0..lanes) {
             let (b, off) = o.sources[c.range as usize];
             p.send[c.lane as usize].queue.push_back(Item {
                 offer: offer_id,

@@ -1,7 +1,10 @@
 //! Chunk plans: how a transfer's ranges are cut into plugin requests and spread over lanes.
 //!
 //! Sender and receiver compute the same plan from the same inputs (range lengths, chunk size,
-//! first lane, lane count), so an offer needs to carry only those.
+//! first lane, and the lane range the transfer's protocol uses), so an offer needs to carry only
+//! those.
+
+use std::ops::Range;
 
 /// Default chunk size: GCP's `NCCL_DYNAMIC_CHUNK_SIZE`, 512 KiB.
 pub const DEFAULT_CHUNK_BYTES: u32 = 512 * 1024;
@@ -51,32 +54,44 @@ pub struct Chunk {
     pub lane: u32,
 }
 
-/// Iterates the chunks of `range_lengths` cut at `chunk_bytes`, the k-th on lane
-/// `(first_lane + k) % lanes`. Allocation-free; both sides run the same iterator.
+/// Iterates the chunks of `range_lengths` cut at `chunk_bytes` over the lanes `lanes` (a range
+/// of lane indices: all of a peer's lanes, or only its eager or its rendezvous ones), the k-th
+/// chunk on lane `lanes.start + (first_lane - lanes.start + k) % lanes.len()`. `first_lane` is a
+/// lane index (not an offset into the range). Allocation-free; both sides run the same iterator.
 #[derive(Debug, Clone)]
 pub struct ChunkPlan<'a> {
     ranges: &'a [u64],
     chunk_bytes: u64,
+    base: u32,
     lanes: u32,
     range: usize,
     offset: u64,
+    /// Offset of the next chunk's lane inside the range.
     lane: u32,
 }
 
 impl<'a> ChunkPlan<'a> {
-    /// `lanes` and `chunk_bytes` must be positive (checked by the caller's validation).
-    pub fn new(range_lengths: &'a [u64], chunk_bytes: u32, first_lane: u32, lanes: u32) -> ChunkPlan<'a> {
+    /// `lanes` must not be empty, `chunk_bytes` positive, and `first_lane` inside `lanes`
+    /// (checked by the caller's validation; one outside is taken modulo the range's length).
+    pub fn new(
+        range_lengths: &'a [u64],
+        chunk_bytes: u32,
+        first_lane: u32,
+        lanes: Range<u32>,
+    ) -> ChunkPlan<'a> {
+        let count = lanes.end.saturating_sub(lanes.start);
         assert!(
-            lanes > 0 && chunk_bytes > 0,
+            count > 0 && chunk_bytes > 0,
             "a plan needs lanes and a chunk size"
         );
         ChunkPlan {
             ranges: range_lengths,
             chunk_bytes: u64::from(chunk_bytes),
-            lanes,
+            base: lanes.start,
+            lanes: count,
             range: 0,
             offset: 0,
-            lane: first_lane % lanes,
+            lane: first_lane.saturating_sub(lanes.start) % count,
         }
     }
 
@@ -103,7 +118,7 @@ impl Iterator for ChunkPlan<'_> {
             range: self.range as u32,
             offset: self.offset,
             len: len as u32,
-            lane: self.lane,
+            lane: self.base + self.lane,
         };
         self.offset += len;
         self.lane = (self.lane + 1) % self.lanes;
@@ -117,7 +132,7 @@ mod tests {
 
     #[test]
     fn cuts_ranges_and_rotates_lanes_across_them() {
-        let chunks: Vec<Chunk> = ChunkPlan::new(&[10, 4, 0, 7], 4, 1, 3).collect();
+        let chunks: Vec<Chunk> = ChunkPlan::new(&[10, 4, 0, 7], 4, 1, 0..3).collect();
         let got: Vec<(u32, u64, u32, u32)> = chunks
             .iter()
             .map(|c| (c.range, c.offset, c.len, c.lane))
@@ -141,7 +156,7 @@ mod tests {
         let ranges = [1u64, 4095, 4096, 4097, 3 * 524288 + 5];
         for chunk in [4096u32, 524288, MAX_CHUNK_BYTES] {
             let mut covered = vec![0u64; ranges.len()];
-            for c in ChunkPlan::new(&ranges, chunk, 0, 4) {
+            for c in ChunkPlan::new(&ranges, chunk, 0, 0..4) {
                 assert!(c.len > 0 && c.len <= chunk);
                 assert_eq!(
                     c.offset, covered[c.range as usize],
@@ -151,7 +166,7 @@ mod tests {
             }
             assert_eq!(covered, ranges);
             assert_eq!(
-                ChunkPlan::new(&ranges, chunk, 0, 4).count() as u64,
+                ChunkPlan::new(&ranges, chunk, 0, 0..4).count() as u64,
                 ChunkPlan::count(&ranges, chunk)
             );
         }
@@ -159,10 +174,24 @@ mod tests {
 
     #[test]
     fn first_lane_wraps_and_single_lane_works() {
-        let lanes: Vec<u32> = ChunkPlan::new(&[12], 4, 7, 4).map(|c| c.lane).collect();
+        let lanes: Vec<u32> = ChunkPlan::new(&[12], 4, 7, 0..4).map(|c| c.lane).collect();
         assert_eq!(lanes, vec![3, 0, 1]);
-        assert!(ChunkPlan::new(&[9], 4, 5, 1).all(|c| c.lane == 0));
-        assert_eq!(ChunkPlan::new(&[], 4, 0, 1).count(), 0);
+        assert!(ChunkPlan::new(&[9], 4, 5, 0..1).all(|c| c.lane == 0));
+        assert_eq!(ChunkPlan::new(&[], 4, 0, 0..1).count(), 0);
+    }
+
+    #[test]
+    fn a_lane_range_keeps_every_chunk_inside_it() {
+        // Lanes 4..7 of a peer (say its eager ones): the rotation starts at first_lane and wraps
+        // inside the range, never onto lanes 0..4.
+        let lanes: Vec<u32> = ChunkPlan::new(&[20], 4, 5, 4..7).map(|c| c.lane).collect();
+        assert_eq!(lanes, vec![5, 6, 4, 5, 6]);
+        assert!(ChunkPlan::new(&[9], 4, 6, 6..7).all(|c| c.lane == 6));
+        // Both sides of a pairing run the same plan from the same inputs.
+        let a: Vec<Chunk> = ChunkPlan::new(&[7, 13], 4, 2, 0..3).collect();
+        let b: Vec<Chunk> = ChunkPlan::new(&[7, 13], 4, 2, 0..3).collect();
+        assert_eq!(a, b);
+        assert!(a.iter().all(|c| c.lane < 3));
     }
 
     #[test]

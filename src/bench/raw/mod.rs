@@ -517,7 +517,7 @@ fn plan_into(
 ) -> u64 {
     let mut count = 0u64;
     let base = job.slot_base(k);
-    for c in ChunkPlan::new(&job.ranges, shared.chunk_bytes, *next_lane, shared.lanes) {
+    for c in ChunkPlan::new(&job.ranges, shared.chunk_bytes, *next_lane, 0..shared.lanes) {
         push(
             c.lane as usize,
             base + u64::from(c.range) * job.size + c.offset,
