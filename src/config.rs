@@ -12,6 +12,12 @@ use crate::idle::Spin;
 
 use crate::engine::plan;
 
+mod protocol;
+
+pub use protocol::{
+    DEFAULT_EAGER_LANES, MAX_EAGER_LANES, MAX_EAGER_MAX_BYTES, ProtocolSettings, TransferProtocol,
+};
+
 /// Where a setting may come from, highest precedence last.
 #[derive(Debug, Clone, Default, Args)]
 pub struct DaemonArgs {
@@ -60,10 +66,17 @@ pub struct DaemonArgs {
     #[arg(long, env = "TCPXD_CHUNK_BYTES")]
     pub chunk_bytes: Option<u64>,
     /// How this node receives: `eager` (receive credits kept posted; a WRITE's data follows its
-    /// header with no round trip) or `rendezvous` (offer, accept, then the data). Senders follow
-    /// the receiver's choice.
-    #[arg(long, env = "TCPXD_TRANSFER_PROTOCOL", value_name = "eager|rendezvous")]
+    /// header with no round trip), `rendezvous` (offer, accept, then the data) or `auto` (eager
+    /// lanes for small transfers, rendezvous lanes for large ones, chosen per transfer). Senders
+    /// follow the receiver's choice.
+    #[arg(long, env = "TCPXD_TRANSFER_PROTOCOL", value_name = "eager|rendezvous|auto")]
     pub transfer_protocol: Option<String>,
+    /// `auto`: eager lanes per plugin device, opened in addition to the rendezvous lanes (1..=4).
+    #[arg(long, env = "TCPXD_EAGER_LANES")]
+    pub eager_lanes: Option<u32>,
+    /// `auto`: transfers of at most this many bytes towards this node go eager (1..=1073741824).
+    #[arg(long, env = "TCPXD_EAGER_MAX_BYTES")]
+    pub eager_max_bytes: Option<u64>,
     /// Whether the poller and one async worker keep polling between transfers while traffic
     /// flows: `auto` (on with 8 or more CPUs), `on`, `off` (docs/CONFIG.md, `runtime.spin`).
     #[arg(long, env = "TCPXD_SPIN", value_name = "auto|on|off")]
@@ -156,6 +169,8 @@ pub struct FilePlugin {
 pub struct FileTransfer {
     pub chunk_bytes: Option<u64>,
     pub protocol: Option<String>,
+    pub eager_lanes: Option<u32>,
+    pub eager_max_bytes: Option<u64>,
     pub unpack_impl: Option<String>,
     /// `kernel-persistent` only: how long the grid waits for a new batch (µs).
     pub unpack_linger_us: Option<u64>,
@@ -172,29 +187,6 @@ pub struct FileTransfer {
 #[serde(deny_unknown_fields)]
 pub struct FileShutdown {
     pub grace_s: Option<u64>,
-}
-
-/// How a node receives (docs/CONFIG.md, `transfer.protocol`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TransferProtocol {
-    /// Receive credits kept posted on every lane; data follows its header with no round trip.
-    Eager,
-    /// Offer, accept, then the data: receives are posted into the destination itself.
-    Rendezvous,
-}
-
-impl TransferProtocol {
-    pub const DEFAULT: TransferProtocol = TransferProtocol::Rendezvous;
-
-    pub fn parse(field: &str, v: &str) -> Result<TransferProtocol, ConfigError> {
-        match v.trim() {
-            "eager" => Ok(TransferProtocol::Eager),
-            "rendezvous" => Ok(TransferProtocol::Rendezvous),
-            other => Err(ConfigError::Invalid(format!(
-                "{field}: {other:?} is neither \"eager\" nor \"rendezvous\""
-            ))),
-        }
-    }
 }
 
 /// Which plugin to drive.
@@ -230,6 +222,10 @@ pub struct Config {
     pub chunk_bytes: u32,
     /// How this node receives (`transfer.protocol`).
     pub protocol: TransferProtocol,
+    /// `auto`: eager lanes per device (`transfer.eager_lanes`).
+    pub eager_lanes: u32,
+    /// `auto`: the largest transfer sent to this node eagerly (`transfer.eager_max_bytes`).
+    pub eager_max_bytes: u64,
     pub unpack_impl: crate::unpack::UnpackImpl,
     pub send_window: usize,
     pub recv_window: usize,
@@ -340,11 +336,7 @@ impl Config {
                 ))
             })?
         };
-        let protocol = match (&args.transfer_protocol, &file.transfer.protocol) {
-            (Some(v), _) => TransferProtocol::parse("--transfer-protocol", v)?,
-            (None, Some(v)) => TransferProtocol::parse("transfer.protocol", v)?,
-            (None, None) => TransferProtocol::DEFAULT,
-        };
+        let protocol = protocol::resolve(args, &file.transfer)?;
         let spin = match (&args.spin, &file.runtime.spin) {
             (Some(v), _) => Spin::parse("--spin", v)?,
             (None, Some(v)) => Spin::parse("runtime.spin", v)?,
@@ -453,7 +445,9 @@ impl Config {
             lanes_per_device,
             devices: file.plugin.devices,
             chunk_bytes,
-            protocol,
+            protocol: protocol.protocol,
+            eager_lanes: protocol.eager_lanes,
+            eager_max_bytes: protocol.eager_max_bytes,
             unpack_impl,
             send_window,
             recv_window,

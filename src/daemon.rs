@@ -153,12 +153,20 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
                 chunk_bytes: cfg.chunk_bytes,
                 send_window: cfg.send_window,
                 recv_window: cfg.recv_window,
-                eager: cfg.protocol == crate::config::TransferProtocol::Eager,
+                protocol: cfg.protocol.engine(),
                 credits: cfg.recv_window as u32,
+                eager_max_bytes: cfg.eager_max_bytes,
+                // Set by the poller from its devices (`eager_lanes_per_device`).
+                eager_lanes: 0,
                 ..EngineConfig::default()
             },
             devices,
             lanes_per_device: cfg.lanes_per_device,
+            eager_lanes_per_device: if cfg.protocol == crate::config::TransferProtocol::Auto {
+                cfg.eager_lanes
+            } else {
+                0
+            },
             connect_timeout: cfg.peer_connect_timeout,
             metrics: metrics.clone(),
             warmth: warmth.clone(),

@@ -340,6 +340,12 @@ fn snapshot_registry(snap: &StatsSnapshot, buffers: usize, buffer_bytes: u64) ->
         "Transfers this node started with a peer, by result: started, ok, failed",
         &["peer", "result"],
     );
+    let peer_protocol = counter_vec(
+        &r,
+        "tcpxd_peer_protocol_total",
+        "Transfers with a peer by the protocol they went by (eager header or rendezvous offer): sent by this node, or received from the peer",
+        &["peer", "direction", "protocol"],
+    );
     let single = |name: &str, help: &str, v: i64| {
         let g = IntGauge::new(name, help).expect("valid metric");
         g.set(v);
@@ -382,6 +388,14 @@ fn snapshot_registry(snap: &StatsSnapshot, buffers: usize, buffer_bytes: u64) ->
             ("failed", p.counters.transfers_failed),
         ] {
             peer_transfers.with_label_values(&[peer, result]).inc_by(v);
+        }
+        for (dir, protocol, v) in [
+            ("sent", "eager", p.counters.sent_eager),
+            ("sent", "rendezvous", p.counters.sent_rendezvous),
+            ("received", "eager", p.counters.received_eager),
+            ("received", "rendezvous", p.counters.received_rendezvous),
+        ] {
+            peer_protocol.with_label_values(&[peer, dir, protocol]).inc_by(v);
         }
     }
     for (peer, link) in states {
@@ -552,6 +566,10 @@ mod tests {
                     transfers_started: 2,
                     transfers_ok: 1,
                     transfers_failed: 1,
+                    sent_eager: 6,
+                    sent_rendezvous: 7,
+                    received_eager: 8,
+                    received_rendezvous: 9,
                     send: vec![LaneCounters {
                         bytes: 1 << 20,
                         chunks: 2,
@@ -585,6 +603,8 @@ mod tests {
             "tcpxd_lane_credits{direction=\"send\",lane=\"0\",peer=\"b\"} 5",
             "tcpxd_lane_credit_limit{direction=\"send\",lane=\"0\",peer=\"b\"} 16",
             "tcpxd_peer_state{peer=\"b\",state=\"up\"} 1",
+            "tcpxd_peer_protocol_total{direction=\"sent\",peer=\"b\",protocol=\"eager\"} 6",
+            "tcpxd_peer_protocol_total{direction=\"received\",peer=\"b\",protocol=\"rendezvous\"} 9",
             "tcpxd_peer_state{peer=\"b\",state=\"failed\"} 0",
             "tcpxd_peer_transfers_total{peer=\"b\",result=\"ok\"} 1",
             "tcpxd_active_transfers 1",

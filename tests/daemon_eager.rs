@@ -452,6 +452,7 @@ mod hostile {
             Body::ReceiveMode(ppb::ReceiveMode {
                 credits: 0,
                 chunk_bytes: 0,
+                ..Default::default()
             }),
         ] {
             tx.send(msg(body)).await.unwrap();

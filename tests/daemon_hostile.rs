@@ -185,6 +185,7 @@ async fn fake_peer(addr: &str, node: &str) -> FakePeer {
     tx.send(msg(ppb::peer_message::Body::ReceiveMode(ppb::ReceiveMode {
         credits: 0,
         chunk_bytes: 0,
+        ..Default::default()
     })))
     .await
     .unwrap();
@@ -266,7 +267,7 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
         ..Default::default()
     };
     let mut cases: Vec<(String, ppb::HandshakeRequest, Code, &str)> = Vec::new();
-    for v in [0, 1, 3, 7, u32::MAX] {
+    for v in [0, 1, 2, 4, 7, u32::MAX] {
         cases.push((
             format!("protocol {v}"),
             ppb::HandshakeRequest {

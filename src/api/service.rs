@@ -483,6 +483,10 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                     transfers_started: p.counters.transfers_started,
                     transfers_ok: p.counters.transfers_ok,
                     transfers_failed: p.counters.transfers_failed,
+                    sent_eager: p.counters.sent_eager,
+                    sent_rendezvous: p.counters.sent_rendezvous,
+                    received_eager: p.counters.received_eager,
+                    received_rendezvous: p.counters.received_rendezvous,
                     lanes: (0..lanes)
                         .map(|i| {
                             let s = p.counters.send.get(i).cloned().unwrap_or_default();

@@ -45,7 +45,7 @@ impl Engine {
 
     /// The oldest posted receive on a lane was unpacked and consumed (`Err`: its unpack failed).
     pub fn recv_consumed(&mut self, peer: PeerIdx, lane: u32, result: Result<(), String>) {
-        let item = if self.cfg.eager {
+        let item = if self.recv_lane_is_eager(peer, lane) {
             self.eager_consumed(peer, lane)
         } else {
             self.peers
@@ -394,9 +394,10 @@ impl Engine {
         if p.failed.is_some() {
             return;
         }
-        // Eager: a send also needs a credit (a receive the peer posted for it).
-        let eager = p.remote.is_some_and(|(credits, _)| credits > 0);
+        // On the peer's eager lanes a send also needs a credit (a receive it posted for it).
+        let (_, eager_lanes) = p.send_split();
         for (lane, l) in p.send.iter_mut().enumerate() {
+            let eager = eager_lanes.contains(&(lane as u32));
             while l.ready && l.posted.len() < send_window && (!eager || l.credits > 0) {
                 let Some(item) = l.queue.pop_front() else { break };
                 if eager {

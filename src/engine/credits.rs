@@ -2,8 +2,16 @@
 //!
 //! - **Receive mode.** Each side's first message to a peer says how it receives
 //!   ([`PeerMsg::ReceiveMode`]): `credits` receives of `chunk_bytes` kept posted on every lane
-//!   (eager), or none (rendezvous: offer, accept, then receives into the destination). The
-//!   sender follows the receiver's mode; a transfer started before the mode is known waits for it.
+//!   (eager), on its last lanes only (auto: from `eager_first_lane` on), or none (rendezvous:
+//!   offer, accept, then receives into the destination). The sender follows the receiver's mode;
+//!   a transfer started before the mode is known waits for it.
+//! - **Lanes split by protocol (auto).** A lane is one plugin comm, matched FIFO: a credit receive
+//!   standing on a lane would swallow the data of a rendezvous transfer sent on it. So an auto
+//!   receiver keeps credits only on its eager lanes (`transfer.eager_lanes` per device, opened in
+//!   addition to the `lanes_per_device` rendezvous lanes) and rendezvous transfers use the
+//!   others. The sender picks per transfer: at most the receiver's `eager_max_bytes` in total →
+//!   a header, chunks planned over the eager lanes; larger → offer and accept, chunks planned over
+//!   the rendezvous lanes. Each protocol rotates its transfers' first lane over its own lanes.
 //! - **Credits.** An eager receiver posts `credits` receives on each lane into landing slots
 //!   whose destination is not known yet. The sender holds the same count per lane and spends one
 //!   per send, never more than the receiver posted, each chunk at most `chunk_bytes` (the posted
@@ -34,23 +42,43 @@ pub const PLUGIN_REQUESTS: u32 = 16;
 impl Engine {
     /// The first message to a new peer: how this node receives.
     pub(super) fn announce_mode(&mut self, peer: PeerIdx) {
-        let credits = if self.cfg.eager { self.cfg.credits } else { 0 };
-        self.actions.push_back(Action::Control {
-            peer,
-            msg: PeerMsg::ReceiveMode {
-                credits,
+        let p = &self.peers[peer.0 as usize];
+        let (rendezvous, eager) = p.recv_split();
+        let credit_bytes = p.credit_bytes;
+        let msg = if eager.is_empty() {
+            PeerMsg::ReceiveMode {
+                credits: 0,
                 chunk_bytes: self.cfg.chunk_bytes,
-            },
-        });
+                eager_first_lane: 0,
+                eager_max_bytes: 0,
+            }
+        } else if rendezvous.is_empty() {
+            // Every lane eager: the form an eager node has always sent.
+            PeerMsg::ReceiveMode {
+                credits: self.cfg.credits,
+                chunk_bytes: self.cfg.chunk_bytes,
+                eager_first_lane: 0,
+                eager_max_bytes: 0,
+            }
+        } else {
+            PeerMsg::ReceiveMode {
+                credits: self.cfg.credits,
+                chunk_bytes: credit_bytes,
+                eager_first_lane: eager.start,
+                eager_max_bytes: self.cfg.eager_max_bytes,
+            }
+        };
+        self.actions.push_back(Action::Control { peer, msg });
     }
 
-    /// An eager receive lane became ready: post its credit receives.
+    /// A receive lane became ready: post its credit receives if it is an eager lane.
     pub(super) fn post_credits(&mut self, peer: PeerIdx, lane: u32) {
-        if !self.cfg.eager {
+        if !self.recv_lane_is_eager(peer, lane) {
             return;
         }
-        let (n, len) = (self.cfg.credits, self.cfg.chunk_bytes);
-        let Some(l) = self.peers[peer.0 as usize].recv.get_mut(lane as usize) else {
+        let p = &mut self.peers[peer.0 as usize];
+        let (n, len) = (self.cfg.credits, p.credit_bytes);
+        let Some(l) = p.recv.get_mut(lane as usize) else {
             return;
         };
         if l.credits > 0 || !l.landed.is_empty() || !l.unpacking.is_empty() {
@@ -68,8 +96,16 @@ impl Engine {
         self.peer_failed(peer, &format!("protocol violation: {why}"));
     }
 
-    pub(super) fn on_receive_mode(&mut self, peer: PeerIdx, credits: u32, chunk_bytes: u32) {
+    pub(super) fn on_receive_mode(
+        &mut self,
+        peer: PeerIdx,
+        credits: u32,
+        chunk_bytes: u32,
+        eager_first_lane: u32,
+        eager_max_bytes: u64,
+    ) {
         let p = &self.peers[peer.0 as usize];
+        let lanes = p.send.len() as u32;
         if p.remote.is_some() {
             return self.violation(peer, "a second ReceiveMode".into());
         }
@@ -84,10 +120,31 @@ impl Engine {
         {
             return self.violation(peer, format!("ReceiveMode: {e}"));
         }
+        if eager_first_lane > 0 && (credits == 0 || eager_first_lane >= lanes) {
+            // No eager lane left, or eager lanes without credits: the plan of either protocol
+            // would rest on lanes that do not exist.
+            return self.violation(
+                peer,
+                format!(
+                    "ReceiveMode: eager_first_lane {eager_first_lane} with {credits} credits and {lanes} lanes"
+                ),
+            );
+        }
+        let eager_from = if credits > 0 { eager_first_lane } else { lanes };
+        let eager_max = if eager_max_bytes == 0 {
+            u64::MAX
+        } else {
+            eager_max_bytes
+        };
         let p = &mut self.peers[peer.0 as usize];
-        p.remote = Some((credits, chunk_bytes));
-        for l in &mut p.send {
-            l.credits = credits;
+        p.remote = Some(RemoteMode {
+            credits,
+            chunk_bytes,
+            eager_from,
+            eager_max,
+        });
+        for (i, l) in p.send.iter_mut().enumerate() {
+            l.credits = if i as u32 >= eager_from { credits } else { 0 };
         }
         for id in std::mem::take(&mut p.waiting) {
             self.send_offer(id);
@@ -97,7 +154,7 @@ impl Engine {
 
     pub(super) fn on_credits(&mut self, peer: PeerIdx, returned: Vec<u32>) {
         let p = &self.peers[peer.0 as usize];
-        let Some((limit, _)) = p.remote.filter(|r| r.0 > 0) else {
+        let Some(remote) = p.remote.filter(|r| r.credits > 0) else {
             return self.violation(peer, "credits from a peer that receives by rendezvous".into());
         };
         if returned.len() != p.send.len() {
@@ -111,6 +168,12 @@ impl Engine {
             );
         }
         for (lane, (&n, l)) in returned.iter().zip(&p.send).enumerate() {
+            // Its rendezvous lanes (auto) grant none.
+            let limit = if lane as u32 >= remote.eager_from {
+                remote.credits
+            } else {
+                0
+            };
             if u64::from(l.credits) + u64::from(n) > u64::from(limit) {
                 return self.violation(
                     peer,
@@ -130,7 +193,9 @@ impl Engine {
 
     /// An eager header: the data is already on its way (or here).
     pub(super) fn on_header(&mut self, peer: PeerIdx, offer: Offer) {
-        if !self.cfg.eager {
+        let (_, lanes) = self.peers[peer.0 as usize].recv_split();
+        let credit_bytes = self.peers[peer.0 as usize].credit_bytes;
+        if lanes.is_empty() {
             return self.violation(
                 peer,
                 format!(
@@ -139,21 +204,20 @@ impl Engine {
                 ),
             );
         }
-        let lanes = self.peers[peer.0 as usize].recv.len() as u32;
         // What the chunk plan rests on: if any of it is wrong, the k-th receive of a lane can no
         // longer be matched to its chunk, for this transfer and every later one.
         let plan: Result<(), String> = (|| {
             plan::check_chunk_bytes(u64::from(offer.chunk_bytes))?;
-            if offer.chunk_bytes > self.cfg.chunk_bytes {
+            if offer.chunk_bytes > credit_bytes {
                 return Err(format!(
-                    "chunk_bytes {} exceeds the {}-byte credit receives",
-                    offer.chunk_bytes, self.cfg.chunk_bytes
+                    "chunk_bytes {} exceeds the {credit_bytes}-byte credit receives",
+                    offer.chunk_bytes
                 ));
             }
-            if lanes == 0 || offer.first_lane >= lanes {
+            if !lanes.contains(&offer.first_lane) {
                 return Err(format!(
-                    "first_lane {} is not below the {lanes} lanes",
-                    offer.first_lane
+                    "first_lane {} is not one of the eager lanes {}..{}",
+                    offer.first_lane, lanes.start, lanes.end
                 ));
             }
             if offer.ranges.is_empty() || offer.ranges.len() > self.cfg.max_entries {
@@ -195,7 +259,8 @@ impl Engine {
         }
         let mut chunks_total = 0u64;
         let p = &mut self.peers[peer.0 as usize];
-        for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, 0..lanes) {
+        p.received_eager += 1;
+        for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, lanes.clone()) {
             let dest = dests.get(c.range as usize).map(|&(b, off)| (b, off + c.offset));
             p.recv[c.lane as usize].targets.push_back(Target {
                 offer: offer.offer_id,
@@ -257,7 +322,7 @@ impl Engine {
                 },
             );
         }
-        for lane in 0..lanes {
+        for lane in lanes {
             self.match_landed(peer, lane);
         }
     }
@@ -308,8 +373,9 @@ impl Engine {
     /// posted again and the credit goes back to the peer. Returns the chunk's transfer and
     /// length.
     pub(super) fn eager_consumed(&mut self, peer: PeerIdx, lane: u32) -> Option<(u64, u32)> {
-        let len = self.cfg.chunk_bytes;
-        let l = self.peers.get_mut(peer.0 as usize)?.recv.get_mut(lane as usize)?;
+        let p = self.peers.get_mut(peer.0 as usize)?;
+        let len = p.credit_bytes;
+        let l = p.recv.get_mut(lane as usize)?;
         let t = l.unpacking.pop_front()?;
         l.credits += 1;
         l.returned += 1;

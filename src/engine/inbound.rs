@@ -10,7 +10,12 @@ impl Engine {
             return;
         }
         match msg {
-            PeerMsg::ReceiveMode { credits, chunk_bytes } => self.on_receive_mode(peer, credits, chunk_bytes),
+            PeerMsg::ReceiveMode {
+                credits,
+                chunk_bytes,
+                eager_first_lane,
+                eager_max_bytes,
+            } => self.on_receive_mode(peer, credits, chunk_bytes, eager_first_lane, eager_max_bytes),
             PeerMsg::Credits { returned } => self.on_credits(peer, returned),
             PeerMsg::Header(offer) => self.on_header(peer, offer),
             PeerMsg::Offer(offer) => self.on_offer(peer, offer),
@@ -122,9 +127,9 @@ impl Engine {
             message,
             range_index,
         };
-        let lanes = self.peers[peer.0 as usize].recv.len() as u32;
+        let (lanes, _) = self.peers[peer.0 as usize].recv_split();
         let verdict: Result<(), (Code, String, u32)> = (|| {
-            if self.cfg.eager {
+            if lanes.is_empty() {
                 // Nothing was posted for it: refusing keeps every lane in step.
                 return Err((
                     Code::FailedPrecondition,
@@ -142,10 +147,13 @@ impl Engine {
             }
             plan::check_chunk_bytes(u64::from(offer.chunk_bytes))
                 .map_err(|e| (Code::InvalidArgument, e, 0))?;
-            if lanes == 0 || offer.first_lane >= lanes {
+            if !lanes.contains(&offer.first_lane) {
                 return Err((
                     Code::InvalidArgument,
-                    format!("first_lane {} is not below the {lanes} lanes", offer.first_lane),
+                    format!(
+                        "first_lane {} is not below the {} rendezvous lanes",
+                        offer.first_lane, lanes.end
+                    ),
                     0,
                 ));
             }
@@ -176,7 +184,8 @@ impl Engine {
         }
         let mut chunks_total = 0u64;
         let p = &mut self.peers[peer.0 as usize];
-        for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, 0..lanes) {
+        p.received_rendezvous += 1;
+        for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, lanes) {
             let (b, off) = dests[c.range as usize];
             p.recv[c.lane as usize].queue.push_back(Item {
                 offer: offer.offer_id,
@@ -248,10 +257,9 @@ impl Engine {
         };
         o.accepted = true;
         let peer = o.peer;
-        let lanes = self.peers[peer.0 as usize].send.len() as u32;
         let p = &mut self.peers[peer.0 as usize];
         let mut n = 0u64;
-        for c in ChunkPlan::new(&o.lengths, o.chunk_bytes, o.first_lane, 0..lanes) {
+        for c in ChunkPlan::new(&o.lengths, o.chunk_bytes, o.first_lane, o.lanes.clone()) {
             let (b, off) = o.sources[c.range as usize];
             p.send[c.lane as usize].queue.push_back(Item {
                 offer: offer_id,

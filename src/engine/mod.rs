@@ -5,6 +5,10 @@
 //! control message, report progress or a final status, deliver a notification). It decides
 //! everything the plugin's rules depend on:
 //!
+//! - **Protocol per transfer.** A receiver announces at pairing which of its lanes keep eager
+//!   credits and up to what size it wants transfers eager (`ReceiveMode`); the sender picks eager
+//!   or rendezvous for each transfer from that alone, and plans its chunks over the lanes of the
+//!   protocol it picked (see [`credits`]).
 //! - **Order.** Tags are ignored by TCPX: the k-th send on a comm meets the k-th receive. A
 //!   receiver appends an offer's receives to its lane queues when it accepts the offer; the sender
 //!   appends the sends when the accept arrives. Offers and accepts travel on one ordered stream,
@@ -28,11 +32,25 @@ mod start;
 pub mod wire;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::ops::Range;
 use std::time::{Duration, Instant};
 
 pub use error::{Code, EngineError, EngineResult};
 pub use plan::{Chunk, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
 pub use wire::{Offer, PeerMsg, ReadPair, RemoteRange};
+
+/// How this node receives (`transfer.protocol`), announced to each peer at pairing; senders
+/// follow it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Offer, accept, then receives posted into the destination, on every lane.
+    Rendezvous,
+    /// Credit receives of `chunk_bytes` kept posted on every lane; every transfer is eager.
+    Eager,
+    /// The last `eager_lanes` receive lanes of each peer keep credits; transfers of at most
+    /// `eager_max_bytes` go eager over those, larger ones by rendezvous over the others.
+    Auto,
+}
 
 /// Limits and sizes.
 #[derive(Debug, Clone)]
@@ -47,13 +65,18 @@ pub struct EngineConfig {
     pub max_entries: usize,
     /// Notification bytes per transfer.
     pub max_notification: usize,
-    /// How this node receives: eager (credit receives of `chunk_bytes` kept posted on every
-    /// lane, destinations decided when the header arrives) or rendezvous (offer, accept, then
-    /// receives posted into the destination). Announced to each peer at pairing; the sender
-    /// follows the receiver's mode.
-    pub eager: bool,
-    /// Credit receives per lane in eager mode (1..=recv_window).
+    /// How this node receives: eager (credit receives of `chunk_bytes` kept posted on a lane,
+    /// destinations decided when the header arrives), rendezvous (offer, accept, then receives
+    /// posted into the destination), or auto (both, on separate lanes, chosen per transfer by
+    /// size). Announced to each peer at pairing; the sender follows the receiver's mode.
+    pub protocol: Protocol,
+    /// Credit receives per eager lane (1..=recv_window).
     pub credits: u32,
+    /// Auto: how many of each peer's receive lanes (the last ones) keep credits; the others
+    /// carry rendezvous transfers. With no lane left for rendezvous every lane is eager.
+    pub eager_lanes: u32,
+    /// Auto: the largest transfer (its total bytes towards this node) senders send eagerly.
+    pub eager_max_bytes: u64,
     /// How long data may wait in its bounce pages for its header before the peer is failed
     /// (an honest sender writes the header before it posts the sends).
     pub header_timeout: Duration,
@@ -67,12 +90,18 @@ impl Default for EngineConfig {
             recv_window: 16,
             max_entries: 4096,
             max_notification: 1 << 20,
-            eager: false,
+            protocol: Protocol::Rendezvous,
             credits: 16,
+            eager_lanes: 1,
+            eager_max_bytes: DEFAULT_EAGER_MAX_BYTES,
             header_timeout: Duration::from_secs(5),
         }
     }
 }
+
+/// `transfer.eager_max_bytes`' default: transfers up to 64 KiB go eager under `auto` (measured:
+/// eager wins for small transfers, rendezvous from 1-4 MiB up; docs/BENCHMARKS.md).
+pub const DEFAULT_EAGER_MAX_BYTES: u64 = 64 * 1024;
 
 /// Index of a peer in the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -199,6 +228,13 @@ pub struct PeerCounters {
     pub transfers_started: u64,
     pub transfers_ok: u64,
     pub transfers_failed: u64,
+    /// Transfers (offers: a WRITE's share, or the data of a peer's READ) this node sent to the
+    /// peer as eager headers, and as rendezvous offers: the per-transfer choice.
+    pub sent_eager: u64,
+    pub sent_rendezvous: u64,
+    /// Headers and offers the peer sent this node (those whose chunk plan was sound).
+    pub received_eager: u64,
+    pub received_rendezvous: u64,
     pub send: Vec<LaneCounters>,
     pub recv: Vec<LaneCounters>,
 }
@@ -266,21 +302,64 @@ impl Lane {
     }
 }
 
+/// How a peer receives, from its `ReceiveMode`.
+#[derive(Debug, Clone, Copy)]
+struct RemoteMode {
+    /// Credits per eager lane (0: rendezvous on every lane).
+    credits: u32,
+    /// The largest chunk its credit receives take.
+    chunk_bytes: u32,
+    /// Our send lanes from this one on are its eager lanes (the lane count: none).
+    eager_from: u32,
+    /// The largest transfer it wants eager (when it has rendezvous lanes too).
+    eager_max: u64,
+}
+
 #[derive(Debug)]
 struct Peer {
     node_id: String,
     failed: Option<String>,
     send: Vec<Lane>,
     recv: Vec<Lane>,
+    /// Where the next transfer's chunks start, as an offset inside the rendezvous lanes and
+    /// inside the eager lanes (each protocol rotates over its own lanes).
     next_lane: u32,
-    /// How the peer receives, from its `ReceiveMode` (`None` until it arrived): credits per lane
-    /// (0: rendezvous) and the largest chunk its credit receives take.
-    remote: Option<(u32, u32)>,
+    next_eager_lane: u32,
+    /// Our receive lanes from this one on keep credits (the lane count: none).
+    eager_from: u32,
+    /// The size of our credit receives towards this peer: `chunk_bytes`, or with lanes split
+    /// (auto) only as large as the largest eager transfer needs (`eager_max_bytes` rounded up to
+    /// 4 KiB), so the landing slots of an eager lane take 16 x 64 KiB by default, not 16 x 512 KiB.
+    credit_bytes: u32,
+    /// How the peer receives (`None` until its `ReceiveMode` arrived).
+    remote: Option<RemoteMode>,
     /// Offers waiting for the peer's `ReceiveMode`, in order.
     waiting: Vec<u64>,
     transfers_started: u64,
     transfers_ok: u64,
     transfers_failed: u64,
+    sent_eager: u64,
+    sent_rendezvous: u64,
+    received_eager: u64,
+    received_rendezvous: u64,
+}
+
+impl Peer {
+    /// This node's receive lanes that carry rendezvous transfers, and those that keep credits.
+    fn recv_split(&self) -> (Range<u32>, Range<u32>) {
+        let n = self.recv.len() as u32;
+        (0..self.eager_from, self.eager_from..n)
+    }
+
+    /// Our send lanes towards the peer's rendezvous receives, and towards its credits (both
+    /// empty until its `ReceiveMode` came).
+    fn send_split(&self) -> (Range<u32>, Range<u32>) {
+        let n = self.send.len() as u32;
+        match self.remote {
+            Some(r) => (0..r.eager_from, r.eager_from..n),
+            None => (0..0, 0..0),
+        }
+    }
 }
 
 /// An offer this node made (it sends the data).
@@ -297,6 +376,8 @@ struct OutOffer {
     lengths: Vec<u64>,
     chunk_bytes: u32,
     first_lane: u32,
+    /// The lanes its chunk plan rotates over (its protocol's lanes).
+    lanes: Range<u32>,
     /// The message, kept until it is sent (the peer's receive mode decides offer or header).
     msg: Option<Offer>,
     /// Sent as an eager header: the sends go out within credits, no accept.
@@ -485,17 +566,36 @@ impl Engine {
     /// Adds a peer with `send_lanes` lanes towards it and `recv_lanes` from it (not ready yet).
     pub fn add_peer(&mut self, node_id: &str, send_lanes: u32, recv_lanes: u32) -> PeerIdx {
         let idx = PeerIdx(self.peers.len() as u32);
+        let eager_from = match self.cfg.protocol {
+            Protocol::Rendezvous => recv_lanes,
+            Protocol::Eager => 0,
+            Protocol::Auto => recv_lanes.saturating_sub(self.cfg.eager_lanes),
+        };
+        let credit_bytes = if eager_from > 0 && eager_from < recv_lanes {
+            let needed =
+                self.cfg.eager_max_bytes.div_ceil(u64::from(MIN_CHUNK_BYTES)) * u64::from(MIN_CHUNK_BYTES);
+            needed.min(u64::from(self.cfg.chunk_bytes)) as u32
+        } else {
+            self.cfg.chunk_bytes
+        };
         self.peers.push(Peer {
             node_id: node_id.to_string(),
             failed: None,
             send: (0..send_lanes).map(|_| Lane::default()).collect(),
             recv: (0..recv_lanes).map(|_| Lane::default()).collect(),
             next_lane: 0,
+            next_eager_lane: 0,
+            eager_from,
+            credit_bytes,
             remote: None,
             waiting: Vec::new(),
             transfers_started: 0,
             transfers_ok: 0,
             transfers_failed: 0,
+            sent_eager: 0,
+            sent_rendezvous: 0,
+            received_eager: 0,
+            received_rendezvous: 0,
         });
         self.announce_mode(idx);
         idx
@@ -503,6 +603,13 @@ impl Engine {
 
     pub fn peer_node(&self, peer: PeerIdx) -> Option<&str> {
         self.peers.get(peer.0 as usize).map(|p| p.node_id.as_str())
+    }
+
+    /// Whether a receive lane from a peer keeps credits (this node's protocol and lane split).
+    pub fn recv_lane_is_eager(&self, peer: PeerIdx, lane: u32) -> bool {
+        self.peers
+            .get(peer.0 as usize)
+            .is_some_and(|p| p.recv_split().1.contains(&lane))
     }
 
     /// A lane's comm is ready: sends (`send == true`) or receives can be posted.
@@ -521,25 +628,39 @@ impl Engine {
 
     pub fn peer_counters(&self, peer: PeerIdx) -> Option<PeerCounters> {
         let p = self.peers.get(peer.0 as usize)?;
+        let live = p.failed.is_none();
+        let (_, send_eager) = p.send_split();
+        let (_, recv_eager) = p.recv_split();
+        let remote_credits = p.remote.map_or(0, |r| r.credits);
         Some(PeerCounters {
             node_id: p.node_id.clone(),
             failed: p.failed.clone(),
             transfers_started: p.transfers_started,
             transfers_ok: p.transfers_ok,
             transfers_failed: p.transfers_failed,
+            sent_eager: p.sent_eager,
+            sent_rendezvous: p.sent_rendezvous,
+            received_eager: p.received_eager,
+            received_rendezvous: p.received_rendezvous,
             send: p
                 .send
                 .iter()
-                .map(|l| LaneCounters {
-                    credit_limit: p.remote.filter(|_| p.failed.is_none()).map_or(0, |r| r.0),
+                .enumerate()
+                .map(|(i, l)| LaneCounters {
+                    credit_limit: if live && send_eager.contains(&(i as u32)) {
+                        remote_credits
+                    } else {
+                        0
+                    },
                     ..l.counters()
                 })
                 .collect(),
             recv: p
                 .recv
                 .iter()
-                .map(|l| LaneCounters {
-                    credit_limit: if self.cfg.eager && p.failed.is_none() {
+                .enumerate()
+                .map(|(i, l)| LaneCounters {
+                    credit_limit: if live && recv_eager.contains(&(i as u32)) {
                         self.cfg.credits
                     } else {
                         0

@@ -169,6 +169,7 @@ impl Engine {
                 lengths,
                 chunk_bytes: self.cfg.chunk_bytes,
                 first_lane: 0,
+                lanes: 0..0,
                 msg: Some(Offer {
                     offer_id,
                     read_id,
@@ -195,7 +196,9 @@ impl Engine {
     }
 
     /// Sends a recorded offer as the peer receives: an offer (rendezvous), or a header followed
-    /// at once by its sends (eager, chunks no larger than the peer's credit receives).
+    /// at once by its sends (eager, chunks no larger than the peer's credit receives). With a
+    /// peer that has lanes of both kinds (auto), the transfer's total size picks: at most the
+    /// peer's `eager_max_bytes` goes eager.
     pub(super) fn send_offer(&mut self, offer_id: u64) {
         let Some(o) = self.out_offers.get_mut(&offer_id) else {
             return;
@@ -205,19 +208,30 @@ impl Engine {
         };
         let peer = o.peer;
         let p = &mut self.peers[peer.0 as usize];
-        let (credits, credit_bytes) = p.remote.expect("the peer's receive mode is known");
-        let eager = credits > 0;
+        let remote = p.remote.expect("the peer's receive mode is known");
+        let (rendezvous_lanes, eager_lanes) = p.send_split();
+        let total = o.lengths.iter().fold(0u64, |a, &l| a.saturating_add(l));
+        let eager = choose_eager(&rendezvous_lanes, &eager_lanes, total, remote.eager_max);
         let chunk_bytes = if eager {
-            self.cfg.chunk_bytes.min(credit_bytes)
+            self.cfg.chunk_bytes.min(remote.chunk_bytes)
         } else {
             self.cfg.chunk_bytes
         };
-        let lanes = p.send.len() as u32;
-        let first_lane = p.next_lane % lanes;
+        let (lanes, rotor) = if eager {
+            p.sent_eager += 1;
+            (eager_lanes, &mut p.next_eager_lane)
+        } else {
+            p.sent_rendezvous += 1;
+            (rendezvous_lanes, &mut p.next_lane)
+        };
+        let count = lanes.end - lanes.start;
+        let at = *rotor % count;
         let chunks = ChunkPlan::count(&o.lengths, chunk_bytes);
-        p.next_lane = ((u64::from(first_lane) + chunks) % u64::from(lanes)) as u32;
+        *rotor = ((u64::from(at) + chunks) % u64::from(count)) as u32;
+        let first_lane = lanes.start + at;
         o.chunk_bytes = chunk_bytes;
         o.first_lane = first_lane;
+        o.lanes = lanes;
         o.eager = eager;
         msg.chunk_bytes = chunk_bytes;
         msg.first_lane = first_lane;
@@ -287,4 +301,11 @@ impl Engine {
         self.announce(id, total);
         Ok(id)
     }
+}
+
+/// The per-transfer choice, from the receiver's announcement alone (both sides could compute it):
+/// eager when the receiver has eager lanes and either no rendezvous lanes (an eager node) or the
+/// transfer's `total` bytes are at most its `eager_max`.
+pub(super) fn choose_eager(rendezvous: &Range<u32>, eager: &Range<u32>, total: u64, eager_max: u64) -> bool {
+    !eager.is_empty() && (rendezvous.is_empty() || total <= eager_max)
 }

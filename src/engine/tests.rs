@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 
+mod auto;
 mod eager;
 mod sim;
 
@@ -15,7 +16,7 @@ use sim::*;
 
 #[test]
 fn write_lands_byte_exact_and_completes_after_done() {
-    both(write_lands_byte_exact_and_completes_after_done_in_mode);
+    every_mode(write_lands_byte_exact_and_completes_after_done_in_mode);
 }
 
 fn write_lands_byte_exact_and_completes_after_done_in_mode() {
@@ -42,7 +43,7 @@ fn write_lands_byte_exact_and_completes_after_done_in_mode() {
 
 #[test]
 fn write_completes_only_when_the_receiver_reports_done() {
-    both(write_completes_only_when_the_receiver_reports_done_in_mode);
+    every_mode(write_completes_only_when_the_receiver_reports_done_in_mode);
 }
 
 fn write_completes_only_when_the_receiver_reports_done_in_mode() {
@@ -76,7 +77,7 @@ fn write_completes_only_when_the_receiver_reports_done_in_mode() {
 
 #[test]
 fn read_pulls_remote_bytes() {
-    both(read_pulls_remote_bytes_in_mode);
+    every_mode(read_pulls_remote_bytes_in_mode);
 }
 
 fn read_pulls_remote_bytes_in_mode() {
@@ -93,7 +94,7 @@ fn read_pulls_remote_bytes_in_mode() {
 
 #[test]
 fn concurrent_transfers_in_both_directions_share_lanes_in_one_order() {
-    both(concurrent_transfers_in_both_directions_share_lanes_in_one_order_in_mode);
+    every_mode(concurrent_transfers_in_both_directions_share_lanes_in_one_order_in_mode);
 }
 
 fn concurrent_transfers_in_both_directions_share_lanes_in_one_order_in_mode() {
@@ -173,7 +174,7 @@ fn windows_bound_posted_requests_in_mode() {
 
 #[test]
 fn a_bad_access_key_is_refused_and_changes_nothing() {
-    both(a_bad_access_key_is_refused_and_changes_nothing_in_mode);
+    every_mode(a_bad_access_key_is_refused_and_changes_nothing_in_mode);
 }
 
 fn a_bad_access_key_is_refused_and_changes_nothing_in_mode() {
@@ -210,7 +211,7 @@ fn a_bad_access_key_is_refused_and_changes_nothing_in_mode() {
 
 #[test]
 fn remote_bounds_unknown_buffers_and_bad_offers_are_refused() {
-    both(remote_bounds_unknown_buffers_and_bad_offers_are_refused_in_mode);
+    every_mode(remote_bounds_unknown_buffers_and_bad_offers_are_refused_in_mode);
 }
 
 fn remote_bounds_unknown_buffers_and_bad_offers_are_refused_in_mode() {
@@ -269,7 +270,7 @@ fn remote_bounds_unknown_buffers_and_bad_offers_are_refused_in_mode() {
 
 #[test]
 fn local_validation_names_the_field_and_changes_nothing() {
-    both(local_validation_names_the_field_and_changes_nothing_in_mode);
+    every_mode(local_validation_names_the_field_and_changes_nothing_in_mode);
 }
 
 fn local_validation_names_the_field_and_changes_nothing_in_mode() {
@@ -357,7 +358,7 @@ fn local_validation_names_the_field_and_changes_nothing_in_mode() {
 
 #[test]
 fn cancel_before_accept_and_midway_drains_every_slot() {
-    both(cancel_before_accept_and_midway_drains_every_slot_in_mode);
+    every_mode(cancel_before_accept_and_midway_drains_every_slot_in_mode);
 }
 
 fn cancel_before_accept_and_midway_drains_every_slot_in_mode() {
@@ -400,7 +401,7 @@ fn cancel_before_accept_and_midway_drains_every_slot_in_mode() {
 
 #[test]
 fn cancelling_a_read_drains_both_sides() {
-    both(cancelling_a_read_drains_both_sides_in_mode);
+    every_mode(cancelling_a_read_drains_both_sides_in_mode);
 }
 
 fn cancelling_a_read_drains_both_sides_in_mode() {
@@ -421,7 +422,7 @@ fn cancelling_a_read_drains_both_sides_in_mode() {
 
 #[test]
 fn deadlines_fail_transfers_at_tick() {
-    both(deadlines_fail_transfers_at_tick_in_mode);
+    every_mode(deadlines_fail_transfers_at_tick_in_mode);
 }
 
 fn deadlines_fail_transfers_at_tick_in_mode() {
@@ -463,7 +464,7 @@ fn deadlines_fail_transfers_at_tick_in_mode() {
 
 #[test]
 fn a_failed_peer_fails_every_transfer_touching_it() {
-    both(a_failed_peer_fails_every_transfer_touching_it_in_mode);
+    every_mode(a_failed_peer_fails_every_transfer_touching_it_in_mode);
 }
 
 fn a_failed_peer_fails_every_transfer_touching_it_in_mode() {
@@ -518,7 +519,7 @@ fn a_failed_peer_fails_every_transfer_touching_it_in_mode() {
 
 #[test]
 fn an_unpack_failure_fails_the_write_and_still_drains() {
-    both(an_unpack_failure_fails_the_write_and_still_drains_in_mode);
+    every_mode(an_unpack_failure_fails_the_write_and_still_drains_in_mode);
 }
 
 fn an_unpack_failure_fails_the_write_and_still_drains_in_mode() {
@@ -543,7 +544,7 @@ fn an_unpack_failure_fails_the_write_and_still_drains_in_mode() {
 
 #[test]
 fn buffers_in_use_cannot_be_released() {
-    both(buffers_in_use_cannot_be_released_in_mode);
+    every_mode(buffers_in_use_cannot_be_released_in_mode);
 }
 
 fn buffers_in_use_cannot_be_released_in_mode() {
@@ -562,7 +563,7 @@ fn buffers_in_use_cannot_be_released_in_mode() {
 
 #[test]
 fn a_source_is_free_once_its_sends_completed_before_done() {
-    both(a_source_is_free_once_its_sends_completed_before_done_in_mode);
+    every_mode(a_source_is_free_once_its_sends_completed_before_done_in_mode);
 }
 
 fn a_source_is_free_once_its_sends_completed_before_done_in_mode() {
@@ -591,7 +592,7 @@ fn a_source_is_free_once_its_sends_completed_before_done_in_mode() {
 
 #[test]
 fn notifications_follow_their_data_in_completion_order() {
-    both(notifications_follow_their_data_in_completion_order_in_mode);
+    every_mode(notifications_follow_their_data_in_completion_order_in_mode);
 }
 
 fn notifications_follow_their_data_in_completion_order_in_mode() {
@@ -633,7 +634,7 @@ fn notifications_follow_their_data_in_completion_order_in_mode() {
 
 #[test]
 fn multi_peer_batches_report_per_entry_status() {
-    both(multi_peer_batches_report_per_entry_status_in_mode);
+    every_mode(multi_peer_batches_report_per_entry_status_in_mode);
 }
 
 fn multi_peer_batches_report_per_entry_status_in_mode() {
@@ -731,7 +732,7 @@ fn step_until_unpacking(s: &mut Sim, receiver: usize) -> bool {
 
 #[test]
 fn cancel_and_deadline_while_receives_are_unpacking_drain_both_sides() {
-    both(cancel_and_deadline_while_receives_are_unpacking_drain_both_sides_in_mode);
+    every_mode(cancel_and_deadline_while_receives_are_unpacking_drain_both_sides_in_mode);
 }
 
 fn cancel_and_deadline_while_receives_are_unpacking_drain_both_sides_in_mode() {

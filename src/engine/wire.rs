@@ -33,10 +33,16 @@ pub struct ReadPair {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PeerMsg {
     /// How the sender of this message receives (its first message on the stream): `credits`
-    /// receives of `chunk_bytes` kept posted on each lane (eager), or 0 credits (rendezvous).
+    /// receives of `chunk_bytes` kept posted on each of its eager lanes, or 0 credits
+    /// (rendezvous on every lane). Its eager lanes are those from `eager_first_lane` on (0: every
+    /// lane); with lanes left for rendezvous (`eager_first_lane` > 0) it wants transfers of at
+    /// most `eager_max_bytes` (0: any size) eager and larger ones by rendezvous on lanes
+    /// `0..eager_first_lane`. Both new fields are 0 in the form of an eager or rendezvous node.
     ReceiveMode {
         credits: u32,
         chunk_bytes: u32,
+        eager_first_lane: u32,
+        eager_max_bytes: u64,
     },
     /// Credits returned, per lane (`returned[i]` receives re-posted on lane i since the last
     /// message).

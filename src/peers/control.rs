@@ -172,9 +172,16 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
         deadline_ms: o.deadline_ms,
     };
     let body = match m {
-        PeerMsg::ReceiveMode { credits, chunk_bytes } => Body::ReceiveMode(pb::ReceiveMode {
+        PeerMsg::ReceiveMode {
+            credits,
+            chunk_bytes,
+            eager_first_lane,
+            eager_max_bytes,
+        } => Body::ReceiveMode(pb::ReceiveMode {
             credits: *credits,
             chunk_bytes: *chunk_bytes,
+            eager_first_lane: *eager_first_lane,
+            eager_max_bytes: *eager_max_bytes,
         }),
         PeerMsg::Credits { returned } => Body::Credits(pb::Credits {
             returned: returned.clone(),
@@ -267,6 +274,8 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
         Body::ReceiveMode(m) => PeerMsg::ReceiveMode {
             credits: m.credits,
             chunk_bytes: m.chunk_bytes,
+            eager_first_lane: m.eager_first_lane,
+            eager_max_bytes: m.eager_max_bytes,
         },
         Body::Credits(c) => PeerMsg::Credits { returned: c.returned },
         Body::Header(o) => {

@@ -31,7 +31,10 @@ mod control;
 pub use control::{Malformed, OutboundResponse, msg_from_pb, msg_to_pb};
 use control::{Outbound, spawn_inbound};
 
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: `ReceiveMode` may split the lanes (auto: eager lanes and rendezvous lanes on one pairing),
+/// which a protocol-2 sender would misread (it would plan eager chunks over every lane), so the
+/// two refuse to pair.
+pub const PROTOCOL_VERSION: u32 = 3;
 /// Largest control message (a 4096-range offer with a 1 MiB notification fits easily).
 pub const MAX_CONTROL_MESSAGE: usize = 8 << 20;
 

@@ -5,7 +5,10 @@
 use super::*;
 
 fn eager(cfg: EngineConfig) -> EngineConfig {
-    EngineConfig { eager: true, ..cfg }
+    EngineConfig {
+        protocol: Protocol::Eager,
+        ..cfg
+    }
 }
 
 fn sends_posted(s: &Sim, from: usize) -> usize {
@@ -237,6 +240,8 @@ fn cancel_and_deadlines_free_every_credit_and_slot_on_both_sides() {
 const MODE: PeerMsg = PeerMsg::ReceiveMode {
     credits: 16,
     chunk_bytes: 4096,
+    eager_first_lane: 0,
+    eager_max_bytes: 0,
 };
 
 /// An eager receiver with one 2-lane peer (whose own mode is eager), buffer 5 (8192 bytes,
@@ -435,11 +440,15 @@ fn credits_and_modes_that_break_the_rules_fail_the_pairing() {
     let too_many = PeerMsg::ReceiveMode {
         credits: 17,
         chunk_bytes: 4096,
+        eager_first_lane: 0,
+        eager_max_bytes: 0,
     };
     assert!(closed(&fresh(small_chunks(), too_many)).is_some_and(|w| w.contains("17 credits")));
     let tiny = PeerMsg::ReceiveMode {
         credits: 4,
         chunk_bytes: 10,
+        eager_first_lane: 0,
+        eager_max_bytes: 0,
     };
     assert!(closed(&fresh(small_chunks(), tiny)).is_some_and(|w| w.contains("outside")));
     // A header to a node that receives by rendezvous: its data would meet the wrong receives.

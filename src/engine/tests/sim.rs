@@ -12,21 +12,34 @@ pub(super) const P: PeerIdx = PeerIdx(0);
 pub(super) const LANDING: u64 = u64::MAX;
 
 thread_local! {
-    /// The receive mode `Sim::new` gives both engines (see `both`).
-    pub(super) static EAGER: Cell<bool> = const { Cell::new(false) };
+    /// The receive protocol `Sim::new` gives both engines (see `every_mode`).
+    pub(super) static MODE: Cell<Protocol> = const { Cell::new(Protocol::Rendezvous) };
 }
 
-/// Runs a test under both receive protocols: rendezvous, then eager.
-pub(super) fn both(test: fn()) {
-    for eager in [false, true] {
-        EAGER.with(|e| e.set(eager));
+/// Under `auto` in `every_mode`: the scenarios' transfers (a few bytes to 90 KB) fall on both
+/// sides of this limit, so each scenario mixes eager and rendezvous transfers on one pairing.
+pub(super) const SIM_EAGER_MAX: u64 = 16 * 1024;
+
+/// Runs a test under every receive protocol: rendezvous, eager, then auto.
+pub(super) fn every_mode(test: fn()) {
+    for mode in [Protocol::Rendezvous, Protocol::Eager, Protocol::Auto] {
+        MODE.with(|m| m.set(mode));
         test();
     }
-    EAGER.with(|e| e.set(false));
+    MODE.with(|m| m.set(Protocol::Rendezvous));
 }
 
-pub(super) fn eager_now() -> bool {
-    EAGER.with(|e| e.get())
+pub(super) fn mode_now() -> Protocol {
+    MODE.with(|m| m.get())
+}
+
+/// The receive lanes a node with this configuration opens towards its peer, given the
+/// rendezvous (or eager-mode) lane count: auto adds its eager lanes after those.
+pub(super) fn recv_lanes(lanes: u32, cfg: &EngineConfig) -> u32 {
+    match cfg.protocol {
+        Protocol::Auto => lanes + cfg.eager_lanes,
+        _ => lanes,
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -79,17 +92,33 @@ pub(super) fn key(n: u8) -> [u8; 16] {
 }
 
 impl Sim {
+    /// Two engines of the configuration `cfg`, under the protocol `every_mode` runs (unless
+    /// `cfg` names one other than rendezvous), `lanes` lanes each way (plus the eager lanes of
+    /// auto).
     pub(super) fn new(lanes: u32, mut cfg: EngineConfig, seed: u64) -> Sim {
-        cfg.eager |= eager_now();
-        let mk = |name: &str, other: &str| {
-            let mut eng = Engine::new(cfg.clone());
-            let p = eng.add_peer(other, lanes, lanes);
+        if cfg.protocol == Protocol::Rendezvous {
+            cfg.protocol = mode_now();
+            if cfg.protocol == Protocol::Auto {
+                cfg.eager_max_bytes = SIM_EAGER_MAX;
+            }
+        }
+        Sim::pair(lanes, [cfg.clone(), cfg], seed)
+    }
+
+    /// Two engines of their own configurations (a mixed pair: say an auto node and an eager
+    /// one). Node i's receive lanes are the other's send lanes.
+    pub(super) fn pair(lanes: u32, cfgs: [EngineConfig; 2], seed: u64) -> Sim {
+        let recv = [recv_lanes(lanes, &cfgs[0]), recv_lanes(lanes, &cfgs[1])];
+        let mk = |i: usize, other: &str| {
+            let mut eng = Engine::new(cfgs[i].clone());
+            let p = eng.add_peer(other, recv[1 - i], recv[i]);
             assert_eq!(p, P);
-            for l in 0..lanes {
+            for l in 0..recv[1 - i] {
                 eng.lane_ready(P, l, true);
+            }
+            for l in 0..recv[i] {
                 eng.lane_ready(P, l, false);
             }
-            let _ = name;
             Node {
                 eng,
                 bufs: HashMap::new(),
@@ -100,15 +129,16 @@ impl Sim {
             }
         };
         let mut sim = Sim {
-            nodes: [mk("a", "node-b"), mk("b", "node-a")],
+            nodes: [mk(0, "node-b"), mk(1, "node-a")],
             ctrl: [VecDeque::new(), VecDeque::new()],
+            // Lanes carrying bytes from node i: the other's receive lanes.
             wires: [
-                (0..lanes).map(|_| LaneSim::default()).collect(),
-                (0..lanes).map(|_| LaneSim::default()).collect(),
+                (0..recv[1]).map(|_| LaneSim::default()).collect(),
+                (0..recv[0]).map(|_| LaneSim::default()).collect(),
             ],
             rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
             now: Instant::now(),
-            cfg,
+            cfg: cfgs[0].clone(),
             hold_data: false,
         };
         // Pairing: each side's ReceiveMode (and credit receives) before any transfer.
@@ -276,8 +306,9 @@ impl Sim {
                         dst[r.offset as usize..][..s.len as usize].copy_from_slice(&src);
                     }
                 }
-                // Eager: every send the sender posted finds a receive posted for it (credits).
-                let eager = self.nodes[1 - from].eng.config().eager;
+                // Eager lanes: every send the sender posted finds a receive posted for it
+                // (credits).
+                let eager = self.nodes[1 - from].eng.recv_lane_is_eager(P, lane as u32);
                 assert!(
                     !eager || self.wires[from][lane].sends.is_empty(),
                     "a send was posted with no credit receive to meet it"
@@ -454,6 +485,8 @@ pub(super) fn rendezvous_peer(eng: &mut Engine, p: PeerIdx) {
         PeerMsg::ReceiveMode {
             credits: 0,
             chunk_bytes: DEFAULT_CHUNK_BYTES,
+            eager_first_lane: 0,
+            eager_max_bytes: 0,
         },
         Instant::now(),
     );
