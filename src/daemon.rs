@@ -31,6 +31,16 @@ pub enum DaemonError {
     NoSuchDevice(i32, usize),
     #[error("the plugin reports no devices")]
     NoDevices,
+    #[error(
+        "{devices} devices x ({per_device} lanes per device: plugin.lanes_per_device{eager}) make {lanes} lanes per peer; a pairing carries at most {max}"
+    )]
+    TooManyLanes {
+        devices: usize,
+        per_device: u32,
+        eager: &'static str,
+        lanes: usize,
+        max: usize,
+    },
     #[error("{what}: {source}")]
     Io {
         what: String,
@@ -98,6 +108,19 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         }
         None => (0..ndev as i32).collect(),
     };
+    // The handshake carries at most MAX_LANES lanes: refuse here rather than at every pairing.
+    let auto = cfg.protocol == crate::config::TransferProtocol::Auto;
+    let per_device = cfg.lanes_per_device + if auto { cfg.eager_lanes } else { 0 };
+    let lanes = devices.len() * per_device as usize;
+    if lanes > crate::peers::MAX_LANES {
+        return Err(DaemonError::TooManyLanes {
+            devices: devices.len(),
+            per_device,
+            eager: if auto { " + transfer.eager_lanes" } else { "" },
+            lanes,
+            max: crate::peers::MAX_LANES,
+        });
+    }
     let metrics = Arc::new(crate::metrics::Metrics::new());
     // Secrets are read once, here; only their files' paths are ever logged.
     let secret = cfg
@@ -162,11 +185,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             },
             devices,
             lanes_per_device: cfg.lanes_per_device,
-            eager_lanes_per_device: if cfg.protocol == crate::config::TransferProtocol::Auto {
-                cfg.eager_lanes
-            } else {
-                0
-            },
+            eager_lanes_per_device: if auto { cfg.eager_lanes } else { 0 },
             connect_timeout: cfg.peer_connect_timeout,
             metrics: metrics.clone(),
             warmth: warmth.clone(),

@@ -263,3 +263,49 @@ async fn cancelling_mixed_transfers_gives_every_credit_and_slot_back() {
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_lanes_than_a_pairing_carries_are_refused_at_start_naming_the_settings() {
+    tcpxd::logging::init("error");
+    let dir = std::env::temp_dir().join(format!("tcpxd-auto-lanes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("tcpxd.toml");
+    // 4 devices (device 0 four times) x (16 + 4 eager) = 80 lanes > 64.
+    std::fs::write(
+        &file,
+        "[plugin]\ndevices = [0, 0, 0, 0]\nlanes_per_device = 16\n[transfer]\nprotocol = \"auto\"\neager_lanes = 4\n",
+    )
+    .unwrap();
+    let args = tcpxd::config::DaemonArgs {
+        node_id: Some("too-many".into()),
+        config: Some(file.clone()),
+        api_socket: Some(dir.join("api.sock")),
+        peer_listen: Some("127.0.0.1:0".parse().unwrap()),
+        builtin_emulation: true,
+        ..Default::default()
+    };
+    let cfg = tcpxd::config::Config::resolve(&args, &|_| None).expect("config");
+    let e = match tcpxd::daemon::start(&cfg, daemons::plugin()).await {
+        Ok(_) => panic!("80 lanes accepted"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("80 lanes")
+            && e.contains("plugin.lanes_per_device + transfer.eager_lanes")
+            && e.contains("at most 64"),
+        "{e}"
+    );
+    // The same lanes without auto's eager lanes: 64, accepted.
+    std::fs::write(
+        &file,
+        "[plugin]\ndevices = [0, 0, 0, 0]\nlanes_per_device = 16\n[transfer]\nprotocol = \"auto\"\neager_lanes = 4\n"
+            .replace("\"auto\"", "\"rendezvous\""),
+    )
+    .unwrap();
+    let cfg = tcpxd::config::Config::resolve(&args, &|_| None).expect("config");
+    let d = tcpxd::daemon::start(&cfg, daemons::plugin())
+        .await
+        .expect("64 lanes start");
+    d.shutdown().await;
+    std::fs::remove_dir_all(&dir).ok();
+}

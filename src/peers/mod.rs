@@ -35,6 +35,8 @@ use control::{Outbound, spawn_inbound};
 /// which a protocol-2 sender would misread (it would plan eager chunks over every lane), so the
 /// two refuse to pair.
 pub const PROTOCOL_VERSION: u32 = 3;
+/// The most lanes one direction of a pairing may have (a handshake with more is refused).
+pub const MAX_LANES: usize = 64;
 /// Largest control message (a 4096-range offer with a 1 MiB notification fits easily).
 pub const MAX_CONTROL_MESSAGE: usize = 8 << 20;
 
@@ -754,8 +756,8 @@ fn lane_to_pb(l: &LaneHandleInfo) -> pb::LaneHandle {
 }
 
 fn lanes_from_pb(lanes: &[pb::LaneHandle]) -> Result<Vec<LaneHandleInfo>, String> {
-    if lanes.is_empty() || lanes.len() > 64 {
-        return Err(format!("lanes: {} lanes (1 to 64 allowed)", lanes.len()));
+    if lanes.is_empty() || lanes.len() > MAX_LANES {
+        return Err(format!("lanes: {} lanes (1 to {MAX_LANES} allowed)", lanes.len()));
     }
     lanes
         .iter()
