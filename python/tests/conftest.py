@@ -118,6 +118,21 @@ def peered(daemons: tuple) -> tuple:
     return a, b
 
 
+@pytest.fixture(scope="session")
+def slow(tmp_root: Path) -> Iterator[tuple]:
+    """Two connected daemons whose emulated NICs run at 1 Gbit/s: transfers stay in flight."""
+    import tcpxd
+
+    env = {"TCPXEMU_RATE_GBPS": "1"}
+    a = start_daemon(tmp_root, "sa", env=env)
+    b = start_daemon(tmp_root, "sb", env=env)
+    with tcpxd.Client(a.endpoint) as ca:
+        ca.connect_peer(b.peer_address)
+    yield a, b
+    for d in (a, b):
+        stop_daemon(d)
+
+
 def _has_gpu() -> bool:
     try:
         import torch

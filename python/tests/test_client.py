@@ -16,11 +16,16 @@ from conftest import start_daemon, stop_daemon
 MIB = 1 << 20
 
 
-@pytest.fixture(params=[True, False], ids=["stream", "unary"])
+#: The ways waited transfers go: the daemon's local session (the default on a unix socket), the
+#: client's own gRPC Session stream, unary gRPC calls.
+PATHS = {"local": {}, "stream": {"local": False}, "unary": {"local": False, "stream": False}}
+
+
+@pytest.fixture(params=list(PATHS))
 def clients(peered, request):
-    """Clients whose waited transfers ride their own Session stream (the default), or unary calls."""
+    """Clients whose waited transfers take each path in turn."""
     a, b = peered
-    with tcpxd.Client(a.endpoint, stream=request.param) as ca, tcpxd.Client(b.endpoint, stream=request.param) as cb:
+    with tcpxd.Client(a.endpoint, **PATHS[request.param]) as ca, tcpxd.Client(b.endpoint, **PATHS[request.param]) as cb:
         yield ca, cb
 
 
@@ -137,19 +142,6 @@ def test_bad_input_raises_the_exception_of_its_code(clients):
     assert issubclass(tcpxd.PermissionDenied, tcpxd.TcpxdError)
 
 
-@pytest.fixture(scope="module")
-def slow(tmp_root):
-    """Two connected daemons whose emulated NICs run at 1 Gbit/s: transfers stay in flight."""
-    env = {"TCPXEMU_RATE_GBPS": "1"}
-    a = start_daemon(tmp_root, "sa", env=env)
-    b = start_daemon(tmp_root, "sb", env=env)
-    with tcpxd.Client(a.endpoint) as ca:
-        ca.connect_peer(b.peer_address)
-    yield a, b
-    for d in (a, b):
-        stop_daemon(d)
-
-
 def test_cancel_stops_a_transfer_on_both_sides(slow):
     a, b = slow
     with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
@@ -220,8 +212,9 @@ def test_tcp_endpoint_sends_the_api_token(tmp_root):
 
 
 def test_waiting_transfers_take_one_round_trip(clients, monkeypatch):
-    """write()/read() and the batch forms take one round trip each, no WaitTransfer: a request on
-    the client's own Session stream, or (stream=False, or with a timeout) a unary call with `wait`."""
+    """write()/read() and the batch forms take one round trip each, no WaitTransfer: a frame on the
+    local session (no gRPC call at all, with a timeout too), a request on the client's own Session
+    stream, or (stream=False, or with a timeout) a unary call with `wait`."""
     ca, cb = clients
     calls = []
     unary = tcpxd.Client._unary
@@ -237,9 +230,11 @@ def test_waiting_transfers_take_one_round_trip(clients, monkeypatch):
         ca.read(dst, src, 4096)
         ca.write_batch([tcpxd.WriteOp(src, dst, 4096)])
         ca.read_batch([tcpxd.ReadOp(dst, src, 4096)])
-        ca.write(src, dst, 4096, timeout=30)  # a deadline: always the unary call (gRPC deadline)
+        ca.write(src, dst, 4096, timeout=30)  # a deadline: the unary call on gRPC (its deadline)
         monkeypatch.setattr(tcpxd.Client, "_unary", unary)
-    if ca._own:
+    if ca._local:
+        assert calls == [] and ca._waited_path() == "local session"
+    elif ca._own:
         assert calls == ["Write"] and ca._own._tag - tags == 4
     else:
         assert calls == ["Write", "Read", "WriteBatch", "ReadBatch", "Write"]
@@ -249,8 +244,8 @@ def test_own_stream_recovers_and_falls_back(clients):
     """The client's own stream: ended while idle, it is reopened; busy (another thread's transfer),
     the caller makes the unary call; closed, transfers still work through unary calls."""
     ca, cb = clients
-    if ca._own is None:
-        pytest.skip("stream=False")
+    if ca._local or ca._own is None:
+        pytest.skip("not the own stream")
     with ca.register_host(MIB) as src, cb.register_host(MIB) as dst:
         src.fill(seed=9)
         ca.write(src, dst)
@@ -276,7 +271,7 @@ def test_failure_on_the_own_stream_raises_and_the_next_transfer_works(slow):
     """A transfer whose stream fails while it waits raises the stream's status; the daemon cancels
     it (as for a unary caller that went away) and the next transfer opens a new stream."""
     a, b = slow
-    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+    with tcpxd.Client(a.endpoint, local=False) as ca, tcpxd.Client(b.endpoint) as cb:
         with ca.register_host(128 * MIB) as src, cb.register_host(128 * MIB) as dst:
             ca.write(src, dst, 4096)
             call = ca._own._call
@@ -289,12 +284,13 @@ def test_failure_on_the_own_stream_raises_and_the_next_transfer_works(slow):
             assert dst.read_bytes(0, MIB) == pattern(MIB, 5)
 
 
-def test_closing_the_client_ends_a_transfer_waiting_on_its_stream(slow):
-    """close() does not wait for another thread's transfer on the client's own stream: the
-    transfer ends Cancelled (as a unary call does when its channel closes)."""
+@pytest.mark.parametrize("path", ["local", "stream"])
+def test_closing_the_client_ends_a_transfer_waiting_on_it(slow, path):
+    """close() does not wait for another thread's transfer on the client's local session or own
+    stream: the transfer ends Cancelled (as a unary call does when its channel closes)."""
     a, b = slow
     with tcpxd.Client(b.endpoint) as cb, cb.register_host(128 * MIB) as dst:
-        ca = tcpxd.Client(a.endpoint)
+        ca = tcpxd.Client(a.endpoint, **PATHS[path])
         src = ca.register_host(128 * MIB)
         ca.write(src, dst, 4096)
         got = []
@@ -319,7 +315,7 @@ def test_an_interrupted_wait_on_the_own_stream_cancels_the_transfer(slow):
     import _thread
 
     a, b = slow
-    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+    with tcpxd.Client(a.endpoint, local=False) as ca, tcpxd.Client(b.endpoint) as cb:
         with ca.register_host(128 * MIB) as src, cb.register_host(128 * MIB) as dst:
             ca.write(src, dst, 4096)
 
@@ -341,8 +337,8 @@ def test_an_interrupted_wait_on_the_own_stream_cancels_the_transfer(slow):
 
 
 def test_own_stream_and_sessions_share_one_client(clients):
-    """Waited transfers on the client's own stream while a session of the same client carries
-    others from another thread: both finish, byte-exact."""
+    """Waited transfers (on each path) while a session of the same client carries others from
+    another thread: both finish, byte-exact."""
     ca, cb = clients
     with ca.register_host(2 * MIB) as src, cb.register_host(2 * MIB) as dst:
         src.fill(seed=21)

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 import grpc
 from grpc._cython import cygrpc  # the segregated call of _OwnStream (grpcio's own layer)
 
-from . import _ops, _proto, _tensor
+from . import _local, _ops, _proto, _tensor
 from ._ops import BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp
 from .errors import TcpxdError, from_rpc_error, from_status
 
@@ -433,10 +433,13 @@ class Client:
     `endpoint`: "unix:/path" or "host:port" (default: $TCPXD_ENDPOINT, else
     unix:/run/tcpxd/tcpxd.sock). A TCP endpoint sends the API token (`token`, the file `token_file`,
     else the file $TCPXD_API_TOKEN_FILE names). `timeout`: the deadline, in seconds, of calls that
-    are not transfers. `stream` (default True): `write()`, `read()` and the batch forms with `wait`
-    and no `timeout` go as requests on one Session stream the client keeps open (faster than a
-    unary call each); False makes every transfer its own unary call. A context manager: leaving it
-    closes the channel."""
+    are not transfers. `local` (default True): on a `unix:` endpoint, `write()`, `read()` and the
+    batch forms with `wait` go over the daemon's local session (the Session RPC framed plainly on
+    its unix socket, without gRPC: one connection per thread in flight, kept for reuse) when the
+    daemon speaks it, which the first transfer finds out; False, or a TCP endpoint, or an older
+    daemon: gRPC. `stream` (default True): on gRPC, those with no `timeout` go as requests on one
+    Session stream the client keeps open (faster than a unary call each); False makes every
+    transfer its own unary call. A context manager: leaving it closes the channel."""
 
     def __init__(
         self,
@@ -446,6 +449,7 @@ class Client:
         token_file: Optional[str] = None,
         timeout: float = DEFAULT_CALL_TIMEOUT,
         stream: bool = True,
+        local: bool = True,
     ):
         self.endpoint = _ops.resolve_endpoint(endpoint)
         self._metadata = _ops.metadata(_ops.resolve_token(self.endpoint, token, token_file))
@@ -453,6 +457,8 @@ class Client:
         self.timeout = timeout
         self._stubs: Dict[str, Callable[..., Any]] = {}
         self._own: Optional[_OwnStream] = _OwnStream(self) if stream and _proto.has_method("Session") else None
+        path = _local.socket_path(self.endpoint) if local else None
+        self._local: Optional[_local.LocalSessions] = _local.LocalSessions(path) if path else None
 
     # -- plumbing
 
@@ -476,7 +482,15 @@ class Client:
     def _stream_stream(self, name: str, reqs: Iterator[Any], timeout: Optional[float] = None) -> Any:
         return self._stub(name, "stream_stream")(reqs, timeout=timeout, metadata=self._metadata)
 
+    def _waited_path(self) -> str:
+        """How waited transfers go (after the first one): "local session", "own stream" or "unary"."""
+        if self._local is not None and self._local.available:
+            return "local session"
+        return "own stream" if self._own is not None and not self._own._closed else "unary"
+
     def close(self) -> None:
+        if self._local is not None:
+            self._local.close()
         if self._own is not None:
             self._own.close()
         self._channel.close()
@@ -533,8 +547,13 @@ class Client:
     # -- transfers
 
     def _start(self, name: str, req: Any, timeout: Optional[float], wait: bool) -> Any:
+        # `wait` means nothing in a session; the request's `timeout_ms` is its deadline there.
+        if wait and self._local is not None:
+            r = self._local.run(SESSION_FIELD[name], req, timeout)
+            if r is not None:
+                return r
         if wait and timeout is None and self._own is not None:
-            r = self._own.run(SESSION_FIELD[name], req)  # `wait` means nothing in a session
+            r = self._own.run(SESSION_FIELD[name], req)
             if r is not None:
                 return r
         started = self._unary(name, req, timeout=timeout)

@@ -1,0 +1,311 @@
+"""The daemon's local session: the `Session` RPC framed plainly on its API unix socket.
+
+For a local client, grpcio's per-call work costs more than a small transfer. The daemon's API unix
+socket also speaks the `Session` RPC without HTTP/2 (docs/API.md, "The framed local session"): the
+client sends the 8-byte preface `TCPXD/1\\n`, the daemon answers with the same 8 bytes, then each
+side sends frames of a 4-byte big-endian length and that many bytes of protobuf (`SessionRequest`
+from the client, `SessionEvent` from the daemon), with the semantics of the `Session` RPC. A daemon
+that predates it does not answer the preface (an HTTP/2 server sends its SETTINGS, or closes).
+
+What the sync client uses: a pool of such connections, one per transfer in flight (threads each get
+their own, reused after). A waited transfer is one frame out and one back on the caller's thread:
+no helper thread, no HTTP/2. The asyncio client's form (asyncio streams) is tcpxd.aio's
+_AsyncLocalSessions.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import weakref
+from typing import Any, List, Optional, Set, Union
+
+from . import _ops, _proto
+from ._ops import TransferResult
+from .errors import Cancelled, DeadlineExceeded, TcpxdError, Unavailable, from_status
+
+#: What both sides send first.
+PREFACE = b"TCPXD/1\n"
+#: The largest frame the daemon takes; a larger request goes through gRPC (16 MiB messages).
+MAX_FRAME = 4 << 20
+#: How long connecting and the preface exchange may take before the client uses gRPC instead.
+HANDSHAKE_TIMEOUT = 5.0
+#: How long past a transfer's `timeout=` the client waits for the daemon's answer (which says
+#: DEADLINE_EXCEEDED itself) before closing the connection (which cancels the transfer).
+BACKSTOP = 1.0
+
+HEADER = struct.Struct(">I")
+
+
+def socket_path(endpoint: str) -> Optional[str]:
+    """The filesystem path of a `unix:` endpoint (gRPC's `unix:path` and `unix:///path` forms);
+    None for anything else (TCP, `unix-abstract:`)."""
+    if not endpoint.startswith("unix:"):
+        return None
+    path = endpoint[len("unix:") :]
+    if path.startswith("//"):  # unix://<authority>/path: gRPC takes only an empty authority
+        path = path[2:]
+    return path or None
+
+
+def request_frame(tag: int, field: str, req: Any) -> Optional[bytes]:
+    """The frame of a `SessionRequest` carrying `req` in its `field`; None when it is too large."""
+    body = _proto.message("SessionRequest")(tag=tag, **{field: req}).SerializeToString()
+    if len(body) > MAX_FRAME:
+        return None
+    return HEADER.pack(len(body)) + body
+
+
+def frame_length(header: Union[bytes, bytearray]) -> int:
+    """The length a frame's 4-byte header says; raises when it is past any the daemon sends."""
+    (n,) = HEADER.unpack(header)
+    if n > _ops.MAX_MESSAGE:
+        raise TcpxdError(f"local session: the daemon sent a {n}-byte frame (the limit is {_ops.MAX_MESSAGE})")
+    return int(n)
+
+
+def answer(ev: Any, tag: int) -> TransferResult:
+    """The result the daemon's event for request `tag` says; raises its exception otherwise."""
+    kind = ev.WhichOneof("event")
+    if kind == "refused":  # with tag 0: the frame itself (too large, undecodable)
+        raise from_status(ev.refused.code, ev.refused.message)
+    if ev.tag != tag or kind != "finished":
+        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to request {tag}")
+    return _ops.result(ev.finished)
+
+
+class Gone(Exception):
+    """The connection ended before the daemon answered; `sent`: whether the request went out."""
+
+    def __init__(self, sent: bool):
+        super().__init__()
+        self.sent = sent
+
+
+class Connection:
+    """One framed session with the daemon, carrying one transfer at a time on the caller's thread."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._buf = bytearray(64 << 10)
+        self._tag = 0
+        self._timeout: Optional[float] = None  # the socket's, set only when it changes
+
+    def exchange(self, field: str, req: Any, timeout: Optional[float]) -> Optional[Any]:
+        """Sends one request and returns the daemon's event (a SessionEvent); None when the request
+        is too large for a frame. Raises Gone when the connection ended unanswered, socket.timeout
+        when `timeout` (plus BACKSTOP) passed."""
+        self._tag += 1
+        frame = request_frame(self._tag, field, req)
+        if frame is None:
+            return None
+        wait = None if timeout is None else timeout + BACKSTOP
+        if wait != self._timeout:
+            self.sock.settimeout(wait)
+            self._timeout = wait
+        try:
+            self.sock.sendall(frame)
+        except (BrokenPipeError, ConnectionResetError):
+            raise Gone(sent=False) from None
+        return self._receive()
+
+    @property
+    def tag(self) -> int:
+        """The tag of the last request."""
+        return self._tag
+
+    def _receive(self) -> Any:
+        have = self._fill(HEADER.size, 0)
+        end = HEADER.size + frame_length(self._buf[: HEADER.size])
+        if end > len(self._buf):
+            self._buf.extend(bytes(end - len(self._buf)))
+        have = self._fill(end, have)
+        if have != end:  # one request, one event: anything more is not this protocol
+            raise TcpxdError(f"local session: {have - end} bytes after the daemon's answer")
+        with memoryview(self._buf) as view:
+            return _proto.message("SessionEvent").FromString(view[HEADER.size : end])
+
+    def _fill(self, need: int, have: int) -> int:
+        """Receives until `need` bytes are in the buffer; returns how many there are."""
+        with memoryview(self._buf) as view:
+            while have < need:
+                try:
+                    got = self.sock.recv_into(view[have:])
+                except ConnectionResetError:
+                    got = 0
+                if got == 0:
+                    raise Gone(sent=True)
+                have += got
+        return have
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def shutdown(self) -> None:
+        """Wakes whoever waits on it (the daemon cancels its transfer); close() still follows."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def handshake(path: str) -> Optional[Connection]:
+    """A new framed session with the daemon at `path`; None when nothing listens there (the gRPC
+    call says why). Raises NotLocal when the daemon does not speak it."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(HANDSHAKE_TIMEOUT)
+        try:
+            sock.connect(path)
+        except OSError:
+            sock.close()
+            return None
+        try:
+            sock.sendall(PREFACE)
+            got = b""
+            while len(got) < len(PREFACE):
+                part = sock.recv(len(PREFACE) - len(got))
+                if not part:
+                    break
+                got += part
+        except OSError as e:  # socket.timeout included: it waits for more of an HTTP/2 preface
+            raise NotLocal(f"{type(e).__name__}: {e}") from None
+        if got != PREFACE:
+            raise NotLocal(f"answered {got!r}")
+        sock.settimeout(None)
+        return Connection(sock)
+    except BaseException:
+        sock.close()
+        raise
+
+
+class NotLocal(Exception):
+    """The daemon does not speak the local session (it predates it)."""
+
+
+_pools: "weakref.WeakSet[LocalSessions]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for pool in list(_pools):
+        pool._forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class LocalSessions:
+    """A client's local sessions: decides once whether the daemon speaks them, keeps the idle
+    connections, and runs waited transfers over one (a new one when every other is busy)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        #: None until the first connection answered or not; False: the client uses gRPC.
+        self.available: Optional[bool] = None
+        self._lock = threading.Lock()
+        self._idle: List[Connection] = []
+        self._busy: Set[Connection] = set()
+        self._closed = False
+        _pools.add(self)
+
+    def run(self, field: str, req: Any, timeout: Optional[float]) -> Optional[TransferResult]:
+        """The transfer's result (or its exception); None when it should go through gRPC."""
+        reused = True
+        while True:
+            conn = self._take()
+            if conn is None:
+                conn, reused = self._open(), False
+                if conn is None:
+                    return None
+            try:
+                ev = conn.exchange(field, req, timeout)
+            except Gone as e:
+                self._drop(conn)
+                if self._closed:
+                    raise Cancelled("the client was closed while the transfer waited") from None
+                if not e.sent and reused:
+                    continue  # an idle connection the daemon had closed (it restarted): a new one
+                # Unanswered: the daemon cancels what it had started, or it drains and never read
+                # the request: the gRPC call gets its own answer.
+                return None
+            except socket.timeout:
+                self._drop(conn)  # closing it cancels the transfer in the daemon
+                raise DeadlineExceeded(
+                    f"no answer from the daemon {BACKSTOP} s past the transfer's timeout of {timeout} s "
+                    "(the transfer was cancelled)"
+                ) from None
+            except OSError as e:
+                self._drop(conn)
+                raise Unavailable(f"local session with {self.path}: {e}") from None
+            except BaseException:
+                self._drop(conn)  # e.g. KeyboardInterrupt: the daemon cancels the transfer
+                raise
+            if ev is None:
+                self._give_back(conn)
+                return None  # too large for a frame
+            if ev.tag == conn.tag:
+                self._give_back(conn)
+            else:
+                self._drop(conn)  # tag 0: the daemon refused the frame and closes the connection
+            return answer(ev, conn.tag)
+
+    def _take(self) -> Optional[Connection]:
+        with self._lock:
+            if self._closed or not self._idle:
+                return None
+            conn = self._idle.pop()
+            self._busy.add(conn)
+            return conn
+
+    def _open(self) -> Optional[Connection]:
+        if self.available is False or self._closed:
+            return None
+        try:
+            conn = handshake(self.path)
+        except NotLocal:
+            self.available = False
+            return None
+        if conn is None:
+            return None
+        self.available = True
+        with self._lock:
+            if not self._closed:
+                self._busy.add(conn)
+                return conn
+        conn.close()
+        return None
+
+    def _give_back(self, conn: Connection) -> None:
+        with self._lock:
+            self._busy.discard(conn)
+            if not self._closed:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def _drop(self, conn: Connection) -> None:
+        with self._lock:
+            self._busy.discard(conn)
+        conn.close()
+
+    def _forget(self) -> None:
+        """In a forked child: the parent's connections are not this process's to use."""
+        for conn in self._idle + list(self._busy):
+            conn.close()  # this process's descriptor only: the parent's connection stays open
+        self._idle, self._busy = [], set()
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Closes the idle connections; a transfer waiting on a busy one ends Cancelled (the
+        daemon cancels it)."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            busy = list(self._busy)
+        for conn in idle:
+            conn.close()
+        for conn in busy:
+            conn.shutdown()
