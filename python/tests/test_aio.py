@@ -71,7 +71,7 @@ def test_async_waited_transfers_ride_the_own_stream(peered, monkeypatch):
         return await unary(self, name, req, timeout)
 
     async def main():
-        async with tcpxd.AsyncClient(a.endpoint) as ca, tcpxd.AsyncClient(b.endpoint) as cb:
+        async with tcpxd.AsyncClient(a.endpoint, local=False) as ca, tcpxd.AsyncClient(b.endpoint) as cb:
             async with await ca.register_host(8 * MIB) as src, await cb.register_host(8 * MIB) as dst:
                 await src.fill(seed=3)
                 monkeypatch.setattr(tcpxd.AsyncClient, "_unary", counting)
@@ -91,16 +91,17 @@ def test_async_waited_transfers_ride_the_own_stream(peered, monkeypatch):
     run(main())
 
 
-def test_async_cancelled_wait_on_the_own_stream_cancels_the_transfer(tmp_root):
-    """A task cancelled while its write waits on the client's own stream: the daemon cancels the
-    transfer (as for a unary caller that went away) and the next write works."""
+@pytest.mark.parametrize("local", [True, False], ids=["local", "stream"])
+def test_async_cancelled_wait_cancels_the_transfer(tmp_root, local):
+    """A task cancelled while its write waits on the local session or the client's own stream:
+    the daemon cancels the transfer (as for a unary caller that went away) and the next write works."""
     from conftest import start_daemon, stop_daemon
 
     env = {"TCPXEMU_RATE_GBPS": "1"}
-    a, b = start_daemon(tmp_root, "aca", env=env), start_daemon(tmp_root, "acb", env=env)
+    a, b = start_daemon(tmp_root, f"aca{local:d}", env=env), start_daemon(tmp_root, f"acb{local:d}", env=env)
 
     async def main():
-        async with tcpxd.AsyncClient(a.endpoint) as ca, tcpxd.AsyncClient(b.endpoint) as cb:
+        async with tcpxd.AsyncClient(a.endpoint, local=local) as ca, tcpxd.AsyncClient(b.endpoint) as cb:
             src, dst = await ca.register_host(128 * MIB), await cb.register_host(128 * MIB)
             await ca.write(src, dst, 4096)
             t = asyncio.ensure_future(ca.write(src, dst))
@@ -118,10 +119,78 @@ def test_async_cancelled_wait_on_the_own_stream_cancels_the_transfer(tmp_root):
                 await asyncio.sleep(0.05)
             assert await cancelled() == 1
             r = await ca.write(src, dst, MIB)
-            assert r.bytes_done == MIB and ca._own._call is not None
+            assert r.bytes_done == MIB
+            if local:
+                assert ca._waited_path() == "local session"
+            else:
+                assert ca._own._call is not None
 
     try:
         run(main())
     finally:
         stop_daemon(a)
         stop_daemon(b)
+
+
+def test_async_local_session(peered, slow, monkeypatch):
+    """Waited transfers over the daemon's local session (asyncio streams): byte-exact, concurrent
+    ones on connections of their own, refusals and deadlines as exceptions; no gRPC transfer call."""
+    a, b = peered
+    calls = []
+    unary = tcpxd.AsyncClient._unary
+
+    async def counting(self, name, req, timeout=-1.0):
+        if name in ("Write", "Read", "WriteBatch", "ReadBatch", "WaitTransfer"):
+            calls.append(name)
+        return await unary(self, name, req, timeout)
+
+    monkeypatch.setattr(tcpxd.AsyncClient, "_unary", counting)
+
+    async def main():
+        async with tcpxd.AsyncClient(a.endpoint) as ca, tcpxd.AsyncClient(b.endpoint) as cb:
+            async with await ca.register_host(8 * MIB) as src, await cb.register_host(8 * MIB) as dst:
+                await src.fill(seed=13)
+                r = await ca.write(src, dst, MIB)
+                assert r.bytes_done == MIB and ca._waited_path() == "local session"
+                await ca.read(dst, src, 4096, local_offset=MIB, timeout=30)
+                await asyncio.gather(*(ca.write(src, dst, MIB, local_offset=i * MIB, remote_offset=i * MIB) for i in range(8)))
+                assert 2 <= len(ca._local._idle) <= 8
+                await ca.write_batch([tcpxd.WriteOp(src, dst, 4096, local_offset=i * 4096, remote_offset=i * 4096) for i in range(4)])
+                await ca.read_batch([tcpxd.ReadOp(dst, src, 4096)])
+                assert await dst.checksum() == await src.checksum()
+                with pytest.raises(tcpxd.InvalidArgument, match="past the end"):
+                    await ca.write(src, dst, 16 * MIB)
+        sa, sb = slow
+        async with tcpxd.AsyncClient(sa.endpoint) as ca, tcpxd.AsyncClient(sb.endpoint) as cb:
+            async with await ca.register_host(128 * MIB) as src, await cb.register_host(128 * MIB) as dst:
+                with pytest.raises(tcpxd.DeadlineExceeded):
+                    await ca.write(src, dst, timeout=0.2)
+                for _ in range(200):
+                    if (await ca.stats()).active_transfers == 0:
+                        break
+                    await asyncio.sleep(0.05)
+                assert (await ca.stats()).active_transfers == 0
+        assert calls == []
+
+    run(main())
+
+
+def test_async_falls_back_when_the_daemon_predates_it(peered, tmp_root):
+    from fakes import OldDaemon
+
+    a, b = peered
+    old = OldDaemon(tmp_root / "aold.sock", a.socket, b"")
+
+    async def main():
+        async with tcpxd.AsyncClient(old.endpoint) as ca, tcpxd.AsyncClient(b.endpoint) as cb:
+            async with await ca.register_host(MIB) as src, await cb.register_host(MIB) as dst:
+                await src.fill(seed=14)
+                for _ in range(3):
+                    await ca.write(src, dst)
+                assert old.prefaces == 1 and ca._waited_path() == "own stream"
+                assert await dst.checksum() == await src.checksum()
+
+    try:
+        run(main())
+    finally:
+        old.close()

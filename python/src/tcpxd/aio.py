@@ -1,18 +1,19 @@
-"""The asyncio client (grpc.aio): the same calls as tcpxd.Client, as coroutines."""
+"""The asyncio client (grpc.aio, and asyncio streams for the daemon's local session): the same calls
+as tcpxd.Client, as coroutines."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, AsyncIterator, Dict, List, Optional, Sequence
+from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Set
 
 import grpc
 import grpc.aio
 
-from . import _ops, _proto, _tensor
+from . import _local, _ops, _proto, _tensor
 from ._ops import BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp
 from .client import DEFAULT_CALL_TIMEOUT, SESSION_FIELD
-from .errors import TcpxdError, from_rpc_error, from_status
+from .errors import Cancelled, DeadlineExceeded, TcpxdError, Unavailable, from_rpc_error, from_status
 
 
 class AsyncBuffer:
@@ -309,8 +310,151 @@ class _AsyncOwnStream:
         self._drop(cancel=True)
 
 
+class _AsyncConnection:
+    """tcpxd._local.Connection on asyncio streams: one transfer at a time."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+        self.tag = 0
+
+    async def exchange(self, field: str, req: Any, timeout: Optional[float]) -> Optional[Any]:
+        """The daemon's event for the request; None when it is too large for a frame. Raises
+        _local.Gone when the connection ended unanswered, asyncio.TimeoutError when `timeout`
+        (plus BACKSTOP) passed."""
+        self.tag += 1
+        frame = _local.request_frame(self.tag, field, req)
+        if frame is None:
+            return None
+        try:
+            self.writer.write(frame)
+            await self.writer.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            raise _local.Gone(sent=False) from None
+        if timeout is None:
+            return await self._receive()
+        return await asyncio.wait_for(self._receive(), timeout + _local.BACKSTOP)
+
+    async def _receive(self) -> Any:
+        try:
+            n = _local.frame_length(await self.reader.readexactly(_local.HEADER.size))
+            body = await self.reader.readexactly(n)
+        except (asyncio.IncompleteReadError, ConnectionResetError):
+            raise _local.Gone(sent=True) from None
+        return _proto.message("SessionEvent").FromString(body)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def _handshake(path: str) -> Optional[_AsyncConnection]:
+    """tcpxd._local.handshake with asyncio streams."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), _local.HANDSHAKE_TIMEOUT)
+    except (OSError, asyncio.TimeoutError):
+        return None
+    try:
+        writer.write(_local.PREFACE)
+        got = await asyncio.wait_for(reader.readexactly(len(_local.PREFACE)), _local.HANDSHAKE_TIMEOUT)
+    except asyncio.IncompleteReadError as e:
+        writer.close()
+        raise _local.NotLocal(f"answered {e.partial!r}") from None
+    except (OSError, asyncio.TimeoutError) as e:
+        writer.close()
+        raise _local.NotLocal(f"{type(e).__name__}: {e}") from None
+    except BaseException:
+        writer.close()
+        raise
+    if got != _local.PREFACE:
+        writer.close()
+        raise _local.NotLocal(f"answered {got!r}")
+    return _AsyncConnection(reader, writer)
+
+
+class _AsyncLocalSessions:
+    """tcpxd._local.LocalSessions for asyncio: a connection per waited transfer in flight, idle
+    ones kept for reuse; a cancelled task closes its connection (the daemon cancels the transfer)."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.available: Optional[bool] = None
+        self._idle: List[_AsyncConnection] = []
+        self._busy: Set[_AsyncConnection] = set()
+        self._closed = False
+
+    async def run(self, field: str, req: Any, timeout: Optional[float]) -> Optional[TransferResult]:
+        """The transfer's result (or its exception); None when it should go through gRPC."""
+        while True:
+            conn, reused = self._take(), True
+            if conn is None:
+                conn, reused = await self._open(), False
+                if conn is None:
+                    return None
+            self._busy.add(conn)
+            try:
+                ev = await conn.exchange(field, req, timeout)
+            except _local.Gone as e:
+                self._drop(conn)
+                if self._closed:
+                    raise Cancelled("the client was closed while the transfer waited") from None
+                if not e.sent and reused:
+                    continue
+                return None
+            except asyncio.TimeoutError:
+                self._drop(conn)
+                raise DeadlineExceeded(
+                    f"no answer from the daemon {_local.BACKSTOP} s past the transfer's timeout of {timeout} s "
+                    "(the transfer was cancelled)"
+                ) from None
+            except OSError as e:
+                self._drop(conn)
+                raise Unavailable(f"local session with {self.path}: {e}") from None
+            except BaseException:
+                self._drop(conn)  # e.g. the task was cancelled: the daemon cancels the transfer
+                raise
+            if self._closed or (ev is not None and ev.tag != conn.tag):
+                self._drop(conn)  # tag 0: the daemon refused the frame and closes the connection
+            else:
+                self._busy.discard(conn)
+                self._idle.append(conn)
+            return None if ev is None else _local.answer(ev, conn.tag)
+
+    def _take(self) -> Optional[_AsyncConnection]:
+        while self._idle and not self._closed:
+            conn = self._idle.pop()
+            if not conn.reader.at_eof():
+                return conn
+            conn.close()  # the daemon closed it while idle (it restarted)
+        return None
+
+    async def _open(self) -> Optional[_AsyncConnection]:
+        if self.available is False or self._closed:
+            return None
+        try:
+            conn = await _handshake(self.path)
+        except _local.NotLocal:
+            self.available = False
+            return None
+        if conn is not None:
+            self.available = True
+        return conn
+
+    def _drop(self, conn: _AsyncConnection) -> None:
+        self._busy.discard(conn)
+        conn.close()
+
+    async def close(self) -> None:
+        """Closes every connection: a transfer waiting on one ends Cancelled."""
+        self._closed = True
+        conns, self._idle = self._idle + list(self._busy), []
+        for conn in conns:
+            conn.close()
+        await asyncio.gather(*(c.writer.wait_closed() for c in conns), return_exceptions=True)
+
+
 class AsyncClient:
-    """tcpxd.Client for asyncio. Use `async with AsyncClient(...) as c:` or `await c.close()`."""
+    """tcpxd.Client for asyncio (the same options). Use `async with AsyncClient(...) as c:` or
+    `await c.close()`. On the daemon's local session, waited transfers in flight at once each take
+    a connection of their own; on gRPC, concurrent ones past the first make unary calls."""
 
     def __init__(
         self,
@@ -320,6 +464,7 @@ class AsyncClient:
         token_file: Optional[str] = None,
         timeout: float = DEFAULT_CALL_TIMEOUT,
         stream: bool = True,
+        local: bool = True,
     ):
         self.endpoint = _ops.resolve_endpoint(endpoint)
         self._metadata = _ops.metadata(_ops.resolve_token(self.endpoint, token, token_file))
@@ -327,6 +472,8 @@ class AsyncClient:
         self.timeout = timeout
         self._stubs: Dict[str, Any] = {}
         self._own = _AsyncOwnStream(self) if stream and _proto.has_method("Session") else None
+        path = _local.socket_path(self.endpoint) if local else None
+        self._local: Optional[_AsyncLocalSessions] = _AsyncLocalSessions(path) if path else None
 
     def _stub(self, name: str, kind: str) -> Any:
         s = self._stubs.get(name)
@@ -342,7 +489,15 @@ class AsyncClient:
         except grpc.RpcError as e:
             raise from_rpc_error(e) from None
 
+    def _waited_path(self) -> str:
+        """How waited transfers go (after the first one): "local session", "own stream" or "unary"."""
+        if self._local is not None and self._local.available:
+            return "local session"
+        return "own stream" if self._own is not None and not self._own._closed else "unary"
+
     async def close(self) -> None:
+        if self._local is not None:
+            await self._local.close()
         if self._own is not None:
             self._own.close()
         await self._channel.close()
@@ -392,8 +547,13 @@ class AsyncClient:
     # -- transfers
 
     async def _start(self, name: str, req: Any, timeout: Optional[float], wait: bool) -> Any:
+        # `wait` means nothing in a session; the request's `timeout_ms` is its deadline there.
+        if wait and self._local is not None:
+            r = await self._local.run(SESSION_FIELD[name], req, timeout)
+            if r is not None:
+                return r
         if wait and timeout is None and self._own is not None:
-            r = await self._own.run(SESSION_FIELD[name], req)  # `wait` means nothing in a session
+            r = await self._own.run(SESSION_FIELD[name], req)
             if r is not None:
                 return r
         t = AsyncTransfer(self, await self._unary(name, req, timeout=timeout))
