@@ -1,10 +1,12 @@
 """`python -m tcpxd.bench`: what the Python client costs, next to `tcpxctl bench transfer` on the same
 daemons in the same run.
 
-Each round measures, through the package (one round trip per transfer: `Client.write`, a request on
-the client's own Session stream), the p50/p99 latency of 4 KiB WRITEs from host memory, the same
-with `Client(stream=False)` (one unary `Write` call with `wait` each), then `tcpxctl bench transfer`
-on the same two daemons for the same size; then the GB/s of large WRITEs (default 1 GiB) from host
+Each round measures, through the package (one round trip per transfer), the p50/p99 latency of
+4 KiB WRITEs from host memory with `Client.write` as it comes (the daemon's local session on a unix
+socket that speaks it: one frame each way, no gRPC), then the same with `Client(local=False)` (a
+request on the client's own gRPC Session stream) and `Client(local=False, stream=False)` (a unary
+`Write` with `wait` each), then `tcpxctl bench transfer` on the same two daemons for the same size;
+each line names the path its client took. Then the GB/s of large WRITEs (default 1 GiB) from host
 memory, then tcpxctl's for that size; with --tensor, PyTorch CUDA tensor into tensor against
 tcpxctl's `--cuda 0`. It prints the medians over the rounds and the median per-round ratios (python
 ÷ tcpxctl) against the targets (4 KiB p50 ≤ 1.5x, large GB/s ≥ 0.95x). Without --endpoint it
@@ -28,6 +30,13 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import Client, _tensor
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+
+#: What each path a client's waited transfers take (Client._waited_path()) is.
+PATH_NAMES = {
+    "local session": "the daemon's local session, framed on its unix socket",
+    "own stream": "a request on the client's own gRPC Session stream",
+    "unary": "a unary gRPC Write with wait",
+}
 
 
 def _find(name: str, explicit: Optional[str]) -> Optional[str]:
@@ -176,13 +185,18 @@ def main(argv: Optional[List[str]] = None) -> None:
         tcpxctl = None if args.tcpxctl == "none" else _find("tcpxctl", args.tcpxctl)
         big = args.big * MIB
         res: Dict[str, Any] = {"endpoint": ea, "peer_endpoint": eb, "rounds": []}
-        with Client(ea) as a, Client(eb) as b, Client(ea, stream=False) as au:
-            # The first write pairs the daemons (B's descriptors carry its peer address).
+        with Client(ea) as a, Client(eb) as b, Client(ea, local=False) as ao, Client(ea, local=False, stream=False) as au:
+            # The first write pairs the daemons (B's descriptors carry its peer address) and tells
+            # each client which path its waited transfers take.
             with a.register_host(4 * KIB) as s, b.register_host(4 * KIB) as d:
-                a.write(s, d.descriptor)
+                for c in (a, ao, au):
+                    c.write(s.id, d.descriptor, 4 * KIB)
+            paths = {"python_4k": a._waited_path(), "python_4k_stream": ao._waited_path(), "python_4k_unary": au._waited_path()}
+            res["paths"] = paths
             for _ in range(args.rounds):
                 r: Dict[str, Any] = {"python_noop": noop_calls(a, args.iters)}
                 r["python_4k"] = small_writes(a, b, 4 * KIB, args.iters, 50)
+                r["python_4k_stream"] = small_writes(ao, b, 4 * KIB, args.iters, 50)
                 r["python_4k_unary"] = small_writes(au, b, 4 * KIB, args.iters, 50)
                 if tcpxctl:
                     r["tcpxctl_4k"] = tcpxctl_row(tcpxctl, ea, eb, 4 * KIB, args.iters, 50, False)
@@ -205,11 +219,14 @@ def main(argv: Optional[List[str]] = None) -> None:
         vcsw = _median([r["python_noop"]["vcsw"] for r in rounds])
         res.update(python_noop_p50_us=noop, python_noop_cpu_us=cpu, python_noop_vcsw=vcsw)
         print(f"python  no-op call    p50 {noop:8.1f} us   (DescribeBuffer; grpcio: {cpu:.0f} us client CPU, {vcsw:.1f} context switches a call)")
+        o50 = _median([r["python_4k_stream"]["p50_us"] for r in rounds])
+        o99 = _median([r["python_4k_stream"]["p99_us"] for r in rounds])
         u50 = _median([r["python_4k_unary"]["p50_us"] for r in rounds])
         u99 = _median([r["python_4k_unary"]["p99_us"] for r in rounds])
-        res.update(python_4k_unary_p50_us=u50, python_4k_unary_p99_us=u99)
-        print(f"python  4 KiB write   p50 {p50:8.1f} us   p99 {p99:8.1f} us   (Client.write: the client's own Session stream)")
-        print(f"python  4 KiB write   p50 {u50:8.1f} us   p99 {u99:8.1f} us   (Client(stream=False): unary Write with wait)")
+        res.update(python_4k_stream_p50_us=o50, python_4k_stream_p99_us=o99, python_4k_unary_p50_us=u50, python_4k_unary_p99_us=u99)
+        print(f"python  4 KiB write   p50 {p50:8.1f} us   p99 {p99:8.1f} us   (Client.write: {PATH_NAMES[paths['python_4k']]})")
+        print(f"python  4 KiB write   p50 {o50:8.1f} us   p99 {o99:8.1f} us   (Client(local=False): {PATH_NAMES[paths['python_4k_stream']]})")
+        print(f"python  4 KiB write   p50 {u50:8.1f} us   p99 {u99:8.1f} us   (Client(local=False, stream=False): {PATH_NAMES[paths['python_4k_unary']]})")
         print(f"python  {args.big} MiB write host    {hg:.3f} GB/s")
         if args.tensor:
             tg = _median([r["python_tensor_big_gbps"] for r in rounds])
@@ -226,9 +243,11 @@ def main(argv: Optional[List[str]] = None) -> None:
                        ratio_4k_p50=r50, ratio_host_big_gbps=rg)
             print(f"tcpxctl 4 KiB write   p50 {c50:8.1f} us   p99 {c99:8.1f} us")
             print(f"tcpxctl {args.big} MiB write host    {cg:.3f} GB/s")
+            ro = _median([r["python_4k_stream"]["p50_us"] / r["tcpxctl_4k"]["p50_lat_us"] for r in rounds])
             ru = _median([r["python_4k_unary"]["p50_us"] / r["tcpxctl_4k"]["p50_lat_us"] for r in rounds])
-            res["ratio_4k_unary_p50"] = ru
-            print(f"ratio   4 KiB p50 python/tcpxctl {r50:.2f}x (target <= 1.5x): {'met' if r50 <= 1.5 else 'MISSED'}   (unary Write: {ru:.2f}x)")
+            res.update(ratio_4k_stream_p50=ro, ratio_4k_unary_p50=ru)
+            print(f"ratio   4 KiB p50 python/tcpxctl {r50:.2f}x (target <= 1.5x): {'met' if r50 <= 1.5 else 'MISSED'}"
+                  f"   ({paths['python_4k']}; own stream {ro:.2f}x, unary {ru:.2f}x)")
             print(f"ratio   {args.big} MiB GB/s python/tcpxctl {rg:.3f}x (target >= 0.95x): {'met' if rg >= 0.95 else 'MISSED'}")
             if args.tensor:
                 ct = _median([r["tcpxctl_cuda_big"]["gb_per_s"] for r in rounds])
