@@ -142,6 +142,9 @@ class NodeInfo:
     lanes_per_device: int = 0
     chunk_bytes: int = 0
     peer_protocol_version: int = 0
+    #: "TCPXD/1" when the API unix socket also speaks the framed local session (docs/API.md);
+    #: empty on older daemons. The client finds out for itself (docs/PYTHON.md).
+    local_session: str = ""
     #: The tcpxd.v1.NodeDescription message itself.
     raw: Any = None
 
@@ -291,6 +294,7 @@ def node_info(m: Any) -> NodeInfo:
         lanes_per_device=m.lanes_per_device,
         chunk_bytes=m.chunk_bytes,
         peer_protocol_version=m.peer_protocol_version,
+        local_session=m.local_session,
         raw=m,
     )
 
