@@ -4,6 +4,7 @@ a TCP endpoint, a daemon that predates it)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import struct
@@ -270,3 +271,27 @@ def test_a_request_too_large_for_a_frame_goes_through_grpc(peered, monkeypatch):
             assert calls == ["Write"]
             ca.write(src, dst, 16, notification=b"small", timeout=30)
             assert calls == ["Write"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_opens_its_own_connection(peered):
+    """A child forked with the client's connections idle (a DataLoader worker, say) does not share
+    them with its parent: its first transfer opens its own; the parent's stays the parent's."""
+    a, b = peered
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        with ca.register_host(MIB) as src, cb.register_host(MIB) as dst:
+            ca.write(src, dst, 4096)
+            (mine,) = ca._local._idle
+            pid = os.fork()
+            if pid == 0:  # the child: report through the exit status only
+                code = 1
+                try:
+                    if not ca._local._idle:
+                        ca.write(src, dst, 4096, remote_offset=4096)
+                        code = 0 if len(ca._local._idle) == 1 and ca._local._idle[0] is not mine else 3
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+            ca.write(src, dst, 4096)
+            assert ca._local._idle == [mine]
