@@ -60,6 +60,15 @@ def test_endpoints_that_have_a_local_session():
         assert c._local is None
 
 
+def test_no_daemon_is_not_an_older_daemon(tmp_root):
+    """Nothing listening: the transfer fails as gRPC says (Unavailable), and the client asks the
+    next daemon there again rather than remembering it as one without the local session."""
+    with tcpxd.Client(f"unix:{tmp_root / 'nobody.sock'}") as c:
+        with pytest.raises(tcpxd.Unavailable):
+            c.write(1, "tcpxd1:n:2:16:" + "0" * 32, 16)
+        assert c._local is not None and c._local.available is None
+
+
 def test_the_daemon_answers_the_preface_and_says_so(daemons):
     a, _ = daemons
     conn = _local.handshake(a.socket)
