@@ -16,7 +16,7 @@ pub enum TransferProtocol {
 }
 
 impl TransferProtocol {
-    pub const DEFAULT: TransferProtocol = TransferProtocol::Rendezvous;
+    pub const DEFAULT: TransferProtocol = TransferProtocol::Auto;
 
     pub fn parse(field: &str, v: &str) -> Result<TransferProtocol, ConfigError> {
         match v.trim() {
