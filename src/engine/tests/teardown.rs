@@ -1,0 +1,190 @@
+//! Tearing transfers down: cancel (before the accept, midway, of a READ), deadlines, a failed peer
+//! and a failed unpack; each drains every slot on both sides.
+
+use super::*;
+
+#[test]
+fn cancel_before_accept_and_midway_drains_every_slot() {
+    every_mode(cancel_before_accept_and_midway_drains_every_slot_in_mode);
+}
+
+fn cancel_before_accept_and_midway_drains_every_slot_in_mode() {
+    for stage in 0..3 {
+        let mut s = Sim::new(2, small_chunks(), 10 + stage);
+        s.buffer(0, 1, 256 * 1024, 1);
+        s.buffer(1, 2, 256 * 1024, 0);
+        let t = s.write(0, 1, 0, 2, 0, 256 * 1024);
+        match stage {
+            0 => {} // before the offer is even delivered
+            1 => {
+                s.drain();
+                let m = s.ctrl[1].pop_front().unwrap();
+                s.nodes[1].eng.on_message(P, m, s.now); // accepted, accept in flight
+            }
+            _ => {
+                for _ in 0..40 {
+                    s.step(); // some chunks moved
+                }
+            }
+        }
+        assert!(
+            s.nodes[0]
+                .eng
+                .cancel(t, Code::Cancelled, "cancelled by the client")
+        );
+        assert!(
+            !s.nodes[0].eng.cancel(t, Code::Cancelled, "again"),
+            "a second cancel is a no-op"
+        );
+        s.run();
+        assert_eq!(s.outcome(0, t).code, Code::Cancelled);
+        assert!(
+            s.nodes[1].notes.is_empty(),
+            "no notification for a cancelled write (stage {stage})"
+        );
+        s.assert_idle();
+    }
+}
+
+#[test]
+fn cancelling_a_read_drains_both_sides() {
+    every_mode(cancelling_a_read_drains_both_sides_in_mode);
+}
+
+fn cancelling_a_read_drains_both_sides_in_mode() {
+    for stage in 0..3 {
+        let mut s = Sim::new(2, small_chunks(), 20 + stage);
+        s.buffer(0, 1, 128 * 1024, 0);
+        s.buffer(1, 2, 128 * 1024, 5);
+        let t = s.read(0, 2, 0, 1, 0, 128 * 1024);
+        for _ in 0..(stage * 15) {
+            s.step();
+        }
+        assert!(s.nodes[0].eng.cancel(t, Code::Cancelled, "stop"));
+        s.run();
+        assert_eq!(s.outcome(0, t).code, Code::Cancelled);
+        s.assert_idle();
+    }
+}
+
+#[test]
+fn deadlines_fail_transfers_at_tick() {
+    every_mode(deadlines_fail_transfers_at_tick_in_mode);
+}
+
+fn deadlines_fail_transfers_at_tick_in_mode() {
+    let mut s = Sim::new(1, small_chunks(), 30);
+    s.buffer(0, 1, 65536, 1);
+    s.buffer(1, 2, 65536, 0);
+    let spec = WriteSpec {
+        local_buffer: 1,
+        local_offset: 0,
+        peer: P,
+        remote: RemoteRange {
+            buffer_id: 2,
+            access_key: key(2),
+            offset: 0,
+            length: 65536,
+        },
+    };
+    let now = s.now;
+    let t = s.nodes[0]
+        .eng
+        .start_write(vec![spec], vec![], now + Duration::from_millis(50), now)
+        .unwrap();
+    for _ in 0..5 {
+        s.step();
+    }
+    assert_eq!(
+        s.nodes[0].eng.next_deadline(),
+        Some(now + Duration::from_millis(50))
+    );
+    s.nodes[0].eng.tick(now + Duration::from_millis(49));
+    s.drain();
+    assert!(!s.nodes[0].finished.contains_key(&t));
+    s.nodes[0].eng.tick(now + Duration::from_millis(50));
+    s.run();
+    assert_eq!(s.outcome(0, t).code, Code::DeadlineExceeded);
+    assert_eq!(s.nodes[0].eng.next_deadline(), None);
+    s.assert_idle();
+}
+
+#[test]
+fn a_failed_peer_fails_every_transfer_touching_it() {
+    every_mode(a_failed_peer_fails_every_transfer_touching_it_in_mode);
+}
+
+fn a_failed_peer_fails_every_transfer_touching_it_in_mode() {
+    let mut s = Sim::new(2, small_chunks(), 40);
+    s.buffer(0, 1, 65536, 1);
+    s.buffer(1, 2, 65536, 0);
+    let w = s.write(0, 1, 0, 2, 0, 65536);
+    let r = s.read(0, 2, 0, 1, 0, 1000);
+    for _ in 0..10 {
+        s.step();
+    }
+    s.nodes[0]
+        .eng
+        .peer_failed(P, "lane 1: Connection closed by remote peer");
+    s.drain();
+    for t in [w, r] {
+        let o = s.outcome(0, t);
+        assert_eq!(o.code, Code::Unavailable);
+        assert!(
+            o.message.contains("peer node-b failed") && o.message.contains("Connection closed"),
+            "{}",
+            o.message
+        );
+    }
+    assert_eq!(s.nodes[0].closed.len(), 1);
+    assert!(s.nodes[0].eng.is_idle());
+    assert_eq!(s.nodes[0].eng.posted(), (0, 0));
+    s.nodes[0].eng.remove_buffer(1).expect("no user is left");
+    // New work towards the failed peer is refused up front.
+    s.buffer(0, 3, 10, 0);
+    let e = s.nodes[0]
+        .eng
+        .start_write(
+            vec![WriteSpec {
+                local_buffer: 3,
+                local_offset: 0,
+                peer: P,
+                remote: RemoteRange {
+                    buffer_id: 2,
+                    access_key: key(2),
+                    offset: 0,
+                    length: 1,
+                },
+            }],
+            vec![],
+            s.now + Duration::from_secs(1),
+            s.now,
+        )
+        .unwrap_err();
+    assert_eq!(e.code, Code::Unavailable);
+}
+
+#[test]
+fn an_unpack_failure_fails_the_write_and_still_drains() {
+    every_mode(an_unpack_failure_fails_the_write_and_still_drains_in_mode);
+}
+
+fn an_unpack_failure_fails_the_write_and_still_drains_in_mode() {
+    let mut s = Sim::new(1, small_chunks(), 50);
+    s.buffer(0, 1, 40_000, 1);
+    s.buffer(1, 2, 40_000, 0);
+    s.wires[0][0]
+        .recv_results
+        .push_back(Err("fragment past the posted size".into()));
+    let t = s.write(0, 1, 0, 2, 0, 40_000);
+    s.run();
+    let o = s.outcome(0, t);
+    assert_eq!(o.code, Code::Internal);
+    assert!(
+        o.message.contains("fragment past the posted size"),
+        "{}",
+        o.message
+    );
+    assert!(s.nodes[1].notes.is_empty());
+    s.assert_idle();
+}
