@@ -10,7 +10,9 @@ that predates it does not answer the preface (an HTTP/2 server sends its SETTING
 What the sync client uses: a pool of such connections, one per transfer in flight (threads each get
 their own, reused after). A waited transfer is one frame out and one back on the caller's thread:
 no helper thread, no HTTP/2. The asyncio client's form (asyncio streams) is tcpxd.aio's
-_AsyncLocalSessions.
+_AsyncLocalSessions. `Client.session()` takes a connection of its own (LocalSessions.connect) for
+its many requests in flight, sent from any thread, the events read by its reader thread
+(Connection.events).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import socket
 import struct
 import threading
 import weakref
-from typing import Any, List, Optional, Set, Union
+from typing import Any, Iterator, List, Optional, Set, Union
 
 from . import _ops, _proto
 from ._ops import TransferResult
@@ -52,7 +54,12 @@ def socket_path(endpoint: str) -> Optional[str]:
 
 def request_frame(tag: int, field: str, req: Any) -> Optional[bytes]:
     """The frame of a `SessionRequest` carrying `req` in its `field`; None when it is too large."""
-    body = _proto.message("SessionRequest")(tag=tag, **{field: req}).SerializeToString()
+    return frame(_proto.message("SessionRequest")(tag=tag, **{field: req}))
+
+
+def frame(msg: Any) -> Optional[bytes]:
+    """The frame of a `SessionRequest`; None when it is over the daemon's limit (MAX_FRAME)."""
+    body = msg.SerializeToString()
     if len(body) > MAX_FRAME:
         return None
     return HEADER.pack(len(body)) + body
@@ -140,8 +147,40 @@ class Connection:
                 have += got
         return have
 
+    def events(self) -> Iterator[Any]:
+        """The daemon's events (SessionEvent), as they come, until it closes the connection: the
+        reading side of a connection carrying many requests at once (tcpxd.client.Session)."""
+        buf = bytearray()
+        chunk = bytearray(64 << 10)
+        decode = _proto.message("SessionEvent").FromString
+        with memoryview(chunk) as view:
+            while True:
+                try:
+                    got = self.sock.recv_into(view)
+                except ConnectionResetError:
+                    got = 0
+                if got == 0:
+                    return
+                buf += view[:got]
+                start = 0
+                while len(buf) - start >= HEADER.size:
+                    end = start + HEADER.size + frame_length(buf[start : start + HEADER.size])
+                    if len(buf) < end:
+                        break
+                    yield decode(bytes(buf[start + HEADER.size : end]))
+                    start = end
+                if start:
+                    del buf[:start]
+
     def close(self) -> None:
         self.sock.close()
+
+    def half_close(self) -> None:
+        """Sends no more: the daemon finishes what is in flight, then closes the connection."""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
 
     def shutdown(self) -> None:
         """Wakes whoever waits on it (the daemon cancels its transfer); close() still follows."""
@@ -260,7 +299,9 @@ class LocalSessions:
             self._busy.add(conn)
             return conn
 
-    def _open(self) -> Optional[Connection]:
+    def connect(self) -> Optional[Connection]:
+        """A new connection of the client's own (not the pool's: tcpxd.client.Session takes one);
+        None when the client uses gRPC (an older daemon, found out once; nothing listening)."""
         if self.available is False or self._closed:
             return None
         try:
@@ -268,9 +309,14 @@ class LocalSessions:
         except NotLocal:
             self.available = False
             return None
+        if conn is not None:
+            self.available = True
+        return conn
+
+    def _open(self) -> Optional[Connection]:
+        conn = self.connect()
         if conn is None:
             return None
-        self.available = True
         with self._lock:
             if not self._closed:
                 self._busy.add(conn)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import weakref
 from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Set
 
 import grpc
@@ -12,7 +13,7 @@ import grpc.aio
 
 from . import _local, _ops, _proto, _tensor
 from ._ops import BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp
-from .client import DEFAULT_CALL_TIMEOUT, SESSION_FIELD
+from .client import DEFAULT_CALL_TIMEOUT, SESSION_FIELD, local_end, settle, too_large
 from .errors import Cancelled, DeadlineExceeded, TcpxdError, Unavailable, from_rpc_error, from_status
 
 
@@ -138,7 +139,11 @@ class AsyncSubscription:
 
 class AsyncSession:
     """Many transfers in flight on one stream: each submit returns an asyncio.Future resolved when
-    that transfer finishes. `async with client.session() as s: r = await s.write(...)`."""
+    that transfer finishes. `async with client.session() as s: r = await s.write(...)`.
+
+    As tcpxd.Session: a connection of the daemon's local session of its own where the client's
+    `local` rules allow it (asyncio streams; its reader task connects first, requests submitted
+    meanwhile wait in the queue), else the `Session` RPC."""
 
     def __init__(self, client: "AsyncClient", timeout: Optional[float]):
         self._client = client
@@ -146,8 +151,25 @@ class AsyncSession:
         self._pending: Dict[int, asyncio.Future] = {}
         self._tags = itertools.count(1)
         self._closed = False
-        self._call = client._stub("Session", "stream_stream")(self._requests(), timeout=timeout, metadata=client._metadata)
+        self._timeout = timeout
+        self._call: Any = None
+        self._conn: Optional[_AsyncConnection] = None
+        self._why: Optional[str] = None  # "cancelled", "expired", "client closed": why the client ended it
+        if client._local is not None and client._local.available is not False:
+            client._sessions.add(self)
+            self._reader = asyncio.ensure_future(self._run_local())
+        else:
+            self._start_grpc()
+
+    def _start_grpc(self) -> None:
+        self._call = self._client._stub("Session", "stream_stream")(
+            self._requests(), timeout=self._timeout, metadata=self._client._metadata)
         self._reader = asyncio.ensure_future(self._read())
+
+    @property
+    def path(self) -> str:
+        """How the session reaches the daemon: "local session" or "grpc" (once its reader connected)."""
+        return "local session" if self._conn is not None else "grpc"
 
     async def _requests(self) -> AsyncIterator[Any]:
         while True:
@@ -209,25 +231,93 @@ class AsyncSession:
         err: TcpxdError = TcpxdError("the session ended with transfers unfinished")
         try:
             async for ev in self._call:
-                fut = self._pending.pop(ev.tag, None)
-                if fut is None or fut.done():
-                    continue
-                kind = ev.WhichOneof("event")
-                if kind == "finished":
-                    try:
-                        fut.set_result(_ops.result(ev.finished))
-                    except TcpxdError as e:
-                        fut.set_exception(e)
-                elif kind == "refused":
-                    fut.set_exception(from_status(ev.refused.code, ev.refused.message))
-                elif kind == "cancelled":
-                    fut.set_result(ev.cancelled.cancelled)
+                self._dispatch(ev)
         except grpc.RpcError as e:
             err = from_rpc_error(e)
+        except asyncio.CancelledError:
+            if self._why is None:
+                raise  # this task was cancelled, not the call
+            err = local_end(None, self._why, self._closed, self._client.endpoint, self._timeout)  # the call was
+        self._end(err)
+
+    def _dispatch(self, ev: Any) -> None:
+        fut = self._pending.pop(ev.tag, None)
+        if fut is not None and not fut.done():
+            settle(fut, ev)
+
+    def _end(self, err: TcpxdError) -> None:
         left, self._pending = self._pending, {}
         for fut in left.values():
             if not fut.done():
                 fut.set_exception(err)
+
+    async def _run_local(self) -> None:
+        local = self._client._local
+        assert local is not None
+        conn = await local._open() if self._why is None else None
+        if conn is None:  # an older daemon (found out once), nothing listening: the Session RPC
+            self._client._sessions.discard(self)
+            self._start_grpc()
+            if self._why is not None:
+                self._call.cancel()
+            await self._reader
+            return
+        self._conn = conn
+        if self._why is not None:
+            conn.writer.transport.abort()
+        timer = None
+        if self._timeout is not None:
+            timer = asyncio.get_running_loop().call_later(self._timeout, self._abort, "expired")
+        sender = asyncio.ensure_future(self._send_local(conn))
+        err: Optional[TcpxdError] = None
+        try:
+            while True:
+                try:
+                    n = _local.frame_length(await conn.reader.readexactly(_local.HEADER.size))
+                    ev = _proto.message("SessionEvent").FromString(await conn.reader.readexactly(n))
+                except (asyncio.IncompleteReadError, ConnectionResetError):
+                    break
+                if ev.tag == 0 and ev.WhichOneof("event") == "refused":  # the daemon refused a frame
+                    err = from_status(ev.refused.code, ev.refused.message)
+                    break
+                self._dispatch(ev)
+        except TcpxdError as e:
+            err = e
+        except OSError as e:
+            err = Unavailable(f"local session with {self._client.endpoint}: {e}")
+        finally:
+            if timer is not None:
+                timer.cancel()
+            sender.cancel()
+            conn.close()
+        self._end(local_end(err, self._why, self._closed, self._client.endpoint, self._timeout))
+
+    async def _send_local(self, conn: _AsyncConnection) -> None:
+        try:
+            while True:
+                msg = await self._q.get()
+                if msg is None:
+                    conn.writer.write_eof()  # the daemon finishes what is in flight, then closes
+                    return
+                frame = _local.frame(msg)
+                if frame is None:
+                    fut = self._pending.pop(msg.tag, None)
+                    if fut is not None and not fut.done():
+                        fut.set_exception(too_large(msg))
+                    continue
+                conn.writer.write(frame)
+                await conn.writer.drain()
+        except OSError:
+            pass  # the connection ended: the reader fails the pending futures
+
+    def _abort(self, why: str) -> None:
+        """Ends the stream: the daemon cancels what is in flight; the futures fail (`why`)."""
+        if self._why is None:
+            self._why = why
+        if self._call is not None:
+            self._call.cancel()
+        elif self._conn is not None:
+            self._conn.writer.transport.abort()
 
     async def close(self) -> None:
         if not self._closed:
@@ -240,7 +330,7 @@ class AsyncSession:
 
     async def __aexit__(self, exc_type: Any, *exc: Any) -> None:
         if exc_type is not None:
-            self._call.cancel()
+            self._abort("cancelled")
         await self.close()
 
 
@@ -474,6 +564,8 @@ class AsyncClient:
         self._own = _AsyncOwnStream(self) if stream and _proto.has_method("Session") else None
         path = _local.socket_path(self.endpoint) if local else None
         self._local: Optional[_AsyncLocalSessions] = _AsyncLocalSessions(path) if path else None
+        #: Sessions on the local session (closing the client ends them, as closing the channel ends gRPC's).
+        self._sessions: "weakref.WeakSet[AsyncSession]" = weakref.WeakSet()
 
     def _stub(self, name: str, kind: str) -> Any:
         s = self._stubs.get(name)
@@ -496,6 +588,8 @@ class AsyncClient:
         return "own stream" if self._own is not None and not self._own._closed else "unary"
 
     async def close(self) -> None:
+        for session in list(self._sessions):
+            session._abort("client closed")
         if self._local is not None:
             await self._local.close()
         if self._own is not None:

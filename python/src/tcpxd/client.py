@@ -6,6 +6,7 @@ import concurrent.futures
 import itertools
 import queue
 import threading
+import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 import grpc
@@ -13,7 +14,7 @@ from grpc._cython import cygrpc  # the segregated call of _OwnStream (grpcio's o
 
 from . import _local, _ops, _proto, _tensor
 from ._ops import BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp
-from .errors import TcpxdError, from_rpc_error, from_status
+from .errors import Cancelled, DeadlineExceeded, ResourceExhausted, TcpxdError, Unavailable, from_rpc_error, from_status
 
 #: Deadline of calls that are not transfers (registration, peers, ...), in seconds.
 DEFAULT_CALL_TIMEOUT = 60.0
@@ -168,21 +169,82 @@ class Subscription:
         self.close()
 
 
+def settle(fut: Any, ev: Any) -> None:
+    """Resolves a session's future (concurrent.futures or asyncio) by the daemon's event for it."""
+    kind = ev.WhichOneof("event")
+    if kind == "finished":
+        try:
+            fut.set_result(_ops.result(ev.finished))
+        except TcpxdError as e:
+            fut.set_exception(e)
+    elif kind == "refused":
+        fut.set_exception(from_status(ev.refused.code, ev.refused.message))
+    elif kind == "cancelled":
+        fut.set_result(ev.cancelled.cancelled)
+
+
+def too_large(msg: Any) -> TcpxdError:
+    """What a session request too large for the local session's frames fails with."""
+    return ResourceExhausted(
+        f"session request: {msg.ByteSize()} bytes is over the local session's {_local.MAX_FRAME}-byte frame limit")
+
+
+def local_end(err: Optional[TcpxdError], why: Optional[str], closed: bool, endpoint: str, timeout: Optional[float]) -> TcpxdError:
+    """What a session's unfinished futures fail with once its local-session connection ended: `err`
+    (the daemon's refusal of a frame, a broken connection), or why the client ended it."""
+    if why == "cancelled":
+        return Cancelled("the session was cancelled (its with block raised)")
+    if why == "client closed":
+        return Cancelled("the client was closed while the session had transfers in flight")
+    if why == "expired":
+        return DeadlineExceeded(f"the session's timeout of {timeout} s passed")
+    if err is not None:
+        return err
+    if closed:
+        return TcpxdError("the session ended with transfers unfinished")
+    return Unavailable(f"the daemon at {endpoint} closed the session's connection")
+
+
 class Session:
-    """Many transfers in flight on one stream (the Session RPC): each submit returns a
-    concurrent.futures.Future resolved when that transfer finishes, in completion order.
-    `close()` (or leaving the `with` block) waits for the unfinished ones."""
+    """Many transfers in flight on one stream: each submit returns a concurrent.futures.Future
+    resolved when that transfer finishes, in completion order. `close()` (or leaving the `with`
+    block) waits for the unfinished ones; leaving it by an exception cancels them.
+
+    On a unix endpoint whose daemon speaks it (the client's `local` rules), the stream is a
+    connection of the daemon's local session of its own (tcpxd._local: the Session RPC framed
+    plainly, no gRPC); else the `Session` RPC. Either way a reader thread resolves the futures."""
 
     def __init__(self, client: "Client", timeout: Optional[float]):
         self._client = client
-        self._q: "queue.Queue[Any]" = queue.Queue()
         self._pending: Dict[int, concurrent.futures.Future] = {}
         self._lock = threading.Lock()
         self._tags = itertools.count(1)
         self._closed = False
-        self._call = client._stream_stream("Session", self._requests(), timeout=timeout)
-        self._reader = threading.Thread(target=self._read, name="tcpxd-session", daemon=True)
+        self._ended: Optional[TcpxdError] = None  # what unfinished futures got once the stream ended
+        self._timeout = timeout
+        self._conn = client._local.connect() if client._local is not None else None
+        if self._conn is not None:
+            client._sessions.add(self)
+            self._call: Any = None
+            self._send_lock = threading.Lock()
+            self._why: Optional[str] = None  # "cancelled", "expired", "client closed": why the client ended it
+            self._timer: Optional[threading.Timer] = None
+            if timeout is not None:
+                self._timer = threading.Timer(timeout, self._abort, ("expired",))
+                self._timer.daemon = True
+                self._timer.start()
+            target = self._read_local
+        else:
+            self._q: "queue.Queue[Any]" = queue.Queue()
+            self._call = client._stream_stream("Session", self._requests(), timeout=timeout)
+            target = self._read
+        self._reader = threading.Thread(target=target, name="tcpxd-session", daemon=True)
         self._reader.start()
+
+    @property
+    def path(self) -> str:
+        """How the session reaches the daemon: "local session" or "grpc"."""
+        return "local session" if self._conn is not None else "grpc"
 
     def _requests(self) -> Iterator[Any]:
         while True:
@@ -197,10 +259,31 @@ class Session:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             tag = next(self._tags)
-            self._pending[tag] = fut
+            ended = self._ended
+            if ended is None:
+                self._pending[tag] = fut
         fut.tag = tag  # type: ignore[attr-defined]
-        self._q.put(_proto.message("SessionRequest")(tag=tag, **op))
+        msg = _proto.message("SessionRequest")(tag=tag, **op)
+        if ended is not None:  # the stream had ended: nothing would answer
+            fut.set_exception(ended)
+        elif self._conn is None:
+            self._q.put(msg)
+        else:
+            self._send(tag, fut, msg)
         return fut
+
+    def _send(self, tag: int, fut: concurrent.futures.Future, msg: Any) -> None:
+        frame = _local.frame(msg)
+        if frame is None:
+            with self._lock:
+                self._pending.pop(tag, None)
+            fut.set_exception(too_large(msg))
+            return
+        with self._send_lock:
+            try:
+                self._conn.sock.sendall(frame)  # type: ignore[union-attr]
+            except OSError:
+                pass  # the connection ended: the reader fails the pending futures
 
     def write(
         self,
@@ -243,44 +326,75 @@ class Session:
         future says whether it was still unfinished."""
         return self._submit(cancel_tag=fut.tag)  # type: ignore[attr-defined]
 
+    def _dispatch(self, ev: Any) -> None:
+        with self._lock:
+            fut = self._pending.pop(ev.tag, None)
+        if fut is not None:
+            settle(fut, ev)
+
+    def _end(self, err: TcpxdError) -> None:
+        with self._lock:
+            left, self._pending = self._pending, {}
+            self._ended = err
+        for fut in left.values():
+            fut.set_exception(err)
+
     def _read(self) -> None:
         try:
             for ev in self._call:
-                with self._lock:
-                    fut = self._pending.pop(ev.tag, None)
-                if fut is None:
-                    continue
-                kind = ev.WhichOneof("event")
-                if kind == "finished":
-                    try:
-                        fut.set_result(_ops.result(ev.finished))
-                    except TcpxdError as e:
-                        fut.set_exception(e)
-                elif kind == "refused":
-                    fut.set_exception(from_status(ev.refused.code, ev.refused.message))
-                elif kind == "cancelled":
-                    fut.set_result(ev.cancelled.cancelled)
+                self._dispatch(ev)
             err: TcpxdError = TcpxdError("the session ended with transfers unfinished")
         except grpc.RpcError as e:
             err = from_rpc_error(e)
-        with self._lock:
-            left, self._pending = self._pending, {}
-        for fut in left.values():
-            fut.set_exception(err)
+        self._end(err)
+
+    def _read_local(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        err: Optional[TcpxdError] = None
+        try:
+            for ev in conn.events():
+                if ev.tag == 0 and ev.WhichOneof("event") == "refused":  # the daemon refused a frame
+                    err = from_status(ev.refused.code, ev.refused.message)
+                    break
+                self._dispatch(ev)
+        except TcpxdError as e:
+            err = e
+        except OSError as e:
+            err = Unavailable(f"local session with {self._client.endpoint}: {e}")
+        conn.shutdown()
+        self._end(local_end(err, self._why, self._closed, self._client.endpoint, self._timeout))
+
+    def _abort(self, why: str) -> None:
+        """Ends the connection: the daemon cancels what is in flight; the futures fail (`why`)."""
+        if self._why is None:
+            self._why = why
+        self._conn.shutdown()  # type: ignore[union-attr]  # wakes the reader, which closes nothing
 
     def close(self) -> None:
         """Half-closes the stream: the daemon finishes what is in flight, then the stream ends."""
         if not self._closed:
             self._closed = True
-            self._q.put(None)
+            if self._conn is None:
+                self._q.put(None)
+            else:
+                with self._send_lock:
+                    self._conn.half_close()
         self._reader.join()
+        if self._conn is not None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._conn.close()  # the reader has ended: the descriptor is not in use
 
     def __enter__(self) -> "Session":
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if exc_type is not None:
-            self._call.cancel()  # the caller failed: cancel the in-flight transfers
+        if exc_type is not None:  # the caller failed: cancel the in-flight transfers
+            if self._conn is None:
+                self._call.cancel()
+            else:
+                self._abort("cancelled")
         self.close()
 
 
@@ -459,6 +573,8 @@ class Client:
         self._own: Optional[_OwnStream] = _OwnStream(self) if stream and _proto.has_method("Session") else None
         path = _local.socket_path(self.endpoint) if local else None
         self._local: Optional[_local.LocalSessions] = _local.LocalSessions(path) if path else None
+        #: Sessions on the local session (closing the client ends them, as closing the channel ends gRPC's).
+        self._sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
 
     # -- plumbing
 
@@ -489,6 +605,8 @@ class Client:
         return "own stream" if self._own is not None and not self._own._closed else "unary"
 
     def close(self) -> None:
+        for session in list(self._sessions):
+            session._abort("client closed")
         if self._local is not None:
             self._local.close()
         if self._own is not None:
@@ -617,7 +735,9 @@ class Client:
         return self._unary("Cancel", _proto.message("CancelRequest")(transfer_id=transfer_id)).cancelled
 
     def session(self, timeout: Optional[float] = None) -> Session:
-        """A stream for many transfers in flight (`timeout` bounds the whole session)."""
+        """A stream for many transfers in flight (`timeout` bounds the whole session): a connection
+        of the daemon's local session of its own where waited transfers would take it (`local`),
+        else the `Session` RPC."""
         return Session(self, timeout)
 
     def subscribe(self) -> Subscription:
