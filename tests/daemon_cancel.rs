@@ -12,13 +12,6 @@ use tcpxd::api::proto::v1 as pb;
 
 const MIB: u64 = 1 << 20;
 
-fn slow_nic() {
-    // SAFETY: each test runs in its own process (nextest) and sets the variable before the
-    // emulation is initialised and before any other thread reads the environment.
-    unsafe { std::env::set_var("TCPXEMU_RATE_GBPS", "1") };
-    tcpxd::logging::init("warn");
-}
-
 async fn next_transfer_is_exact(a: &mut TestDaemon, src: &pb::Buffer, dst: &pb::Buffer) {
     let id = write(&mut a.client, write_entry(src, 0, dst, 0, MIB), b"")
         .await

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use common::daemons::{self, *};
+use common::daemons::*;
 use prost::Message;
 use tcpxd::api::proto::v1 as pb;
 use tcpxd::api::proto::v1::session_event::Event;
@@ -20,13 +20,6 @@ use tokio::net::UnixStream;
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 const PREFACE: &[u8; 8] = b"TCPXD/1\n";
-
-fn slow_nic() {
-    // SAFETY: each test runs in its own process (nextest) and sets the variable before the
-    // emulation is initialised and before any other thread reads the environment.
-    unsafe { std::env::set_var("TCPXEMU_RATE_GBPS", "1") };
-    tcpxd::logging::init("warn");
-}
 
 /// A framed session over its own connection, as a client without gRPC drives it.
 struct Framed {
@@ -93,22 +86,6 @@ async fn half_close(f: &mut Framed) {
     f.io.shutdown().await.expect("half-close");
 }
 
-fn write_op(e: pb::WriteEntry) -> Op {
-    Op::Write(pb::WriteRequest {
-        entry: Some(e),
-        timeout_ms: 60_000,
-        ..Default::default()
-    })
-}
-
-fn read_op(e: pb::ReadEntry) -> Op {
-    Op::Read(pb::ReadRequest {
-        entry: Some(e),
-        timeout_ms: 60_000,
-        ..Default::default()
-    })
-}
-
 fn finished(ev: &pb::SessionEvent) -> &pb::TransferEvent {
     match &ev.event {
         Some(Event::Finished(t)) => t,
@@ -121,13 +98,6 @@ fn refused(ev: pb::SessionEvent) -> (u64, i32, String) {
         Some(Event::Refused(st)) => (ev.tag, st.code, st.message),
         other => panic!("expected a refusal, got {other:?}"),
     }
-}
-
-async fn pair(name: &str) -> (TestDaemon, TestDaemon) {
-    let mut a = daemons::start(&format!("{name}-a"), |_| {}).await;
-    let b = daemons::start(&format!("{name}-b"), |_| {}).await;
-    connect(&mut a, &b).await;
-    (a, b)
 }
 
 async fn cancelled_total(c: &mut Client) -> u64 {

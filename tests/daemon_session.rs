@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::daemons::{self, *};
+use common::daemons::*;
 use tcpxd::api::proto::v1 as pb;
 use tcpxd::api::proto::v1::session_event::Event;
 use tcpxd::api::proto::v1::session_request::Op;
@@ -16,13 +16,6 @@ use tokio_stream::wrappers::ReceiverStream;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
-
-fn slow_nic() {
-    // SAFETY: each test runs in its own process (nextest) and sets the variable before the
-    // emulation is initialised and before any other thread reads the environment.
-    unsafe { std::env::set_var("TCPXEMU_RATE_GBPS", "1") };
-    tcpxd::logging::init("warn");
-}
 
 /// A session: the request sender and the event stream.
 struct Session {
@@ -55,29 +48,6 @@ impl Session {
             .expect("stream ok")
             .expect("stream not ended")
     }
-}
-
-fn write_op(e: pb::WriteEntry) -> Op {
-    Op::Write(pb::WriteRequest {
-        entry: Some(e),
-        timeout_ms: 60_000,
-        ..Default::default()
-    })
-}
-
-fn read_op(e: pb::ReadEntry) -> Op {
-    Op::Read(pb::ReadRequest {
-        entry: Some(e),
-        timeout_ms: 60_000,
-        ..Default::default()
-    })
-}
-
-async fn pair(name: &str) -> (TestDaemon, TestDaemon) {
-    let mut a = daemons::start(&format!("{name}-a"), |_| {}).await;
-    let b = daemons::start(&format!("{name}-b"), |_| {}).await;
-    connect(&mut a, &b).await;
-    (a, b)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

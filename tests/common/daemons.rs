@@ -231,3 +231,38 @@ pub async fn assert_lanes_drain(c: &mut Client) {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
+
+/// Paces the emulated NICs at 1 Gbit/s, so a long transfer is still in flight when a test
+/// cancels or drops it; call first in the test, before any daemon starts.
+pub fn slow_nic() {
+    // SAFETY: each test runs in its own process (nextest) and sets the variable before the
+    // emulation is initialised and before any other thread reads the environment.
+    unsafe { std::env::set_var("TCPXEMU_RATE_GBPS", "1") };
+    tcpxd::logging::init("warn");
+}
+
+/// Two daemons `<name>-a` and `<name>-b`, a paired with b.
+pub async fn pair(name: &str) -> (TestDaemon, TestDaemon) {
+    let mut a = start(&format!("{name}-a"), |_| {}).await;
+    let b = start(&format!("{name}-b"), |_| {}).await;
+    connect(&mut a, &b).await;
+    (a, b)
+}
+
+/// A `Session` request's WRITE of one entry (60 s deadline).
+pub fn write_op(e: pb::WriteEntry) -> pb::session_request::Op {
+    pb::session_request::Op::Write(pb::WriteRequest {
+        entry: Some(e),
+        timeout_ms: 60_000,
+        ..Default::default()
+    })
+}
+
+/// A `Session` request's READ of one entry (60 s deadline).
+pub fn read_op(e: pb::ReadEntry) -> pb::session_request::Op {
+    pb::session_request::Op::Read(pb::ReadRequest {
+        entry: Some(e),
+        timeout_ms: 60_000,
+        ..Default::default()
+    })
+}
