@@ -25,6 +25,10 @@ receiver instead (`--nccl-free-running`, the old rows), the sender runs ahead: i
 once the plugin took the bytes, so the next message is often in the receiver's bounce pages before
 the receiver's timer starts, and the row times little more than the unpack (4 KiB: 14-19 µs on
 one H100, with or without a barrier before each message).
+
+On a VM, the hypervisor may take CPU time from the guest while a harness runs (steal time, from
+/proc/stat): the run prints it per harness after the table and writes it as `"harness": "machine"`
+rows, so a harness slowed by a busy host shows as such rather than as a slow harness.
 """
 
 import argparse
@@ -48,16 +52,44 @@ def fmt_size(n: int) -> str:
     return str(n)
 
 
-def run(name, cmd, env, log_dir, timeout):
+def cpu_ticks():
+    """(steal, all) CPU time summed over the machine's CPUs, in USER_HZ ticks, from /proc/stat's
+    first line; None where there is none (not Linux)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 8:
+        return None
+    # user nice system idle iowait irq softirq steal [guest guest_nice: inside user and nice]
+    return fields[7], sum(fields[:8])
+
+
+def run(name, cmd, env, log_dir, timeout, machine):
+    """Runs one harness; records in `machine[name]` its wall time and the CPU time the hypervisor
+    took from this VM meanwhile (steal), which skews every harness that runs while it happens."""
     log = os.path.join(log_dir, f"{name}.log")
     print(f"== {name}: {' '.join(cmd)}", flush=True)
     t0 = time.time()
+    c0 = cpu_ticks()
     with open(log, "w") as f:
         try:
             rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-    print(f"   {name}: rc={rc} in {time.time() - t0:.0f} s (log {log})", flush=True)
+    wall = time.time() - t0
+    c1 = cpu_ticks()
+    steal = None
+    if c0 and c1:
+        hz = os.sysconf("SC_CLK_TCK")
+        steal = {
+            "steal_ms": (c1[0] - c0[0]) * 1000 / hz,
+            "steal_share": (c1[0] - c0[0]) / max(1, c1[1] - c0[1]),
+        }
+    machine[name] = {"wall_s": wall, **(steal or {})}
+    told = f", steal {steal['steal_ms']:.0f} ms ({steal['steal_share']:.1%} of all CPU time)" if steal else ""
+    print(f"   {name}: rc={rc} in {wall:.0f} s{told} (log {log})", flush=True)
     return rc
 
 
@@ -156,32 +188,33 @@ def main():
     nccl_timing = [] if args.nccl_free_running else ["--ack"]
     peer_cuda = "0" if args.same_gpu else "1"
     results = {}
+    machine = {}
     with mps(args.mps, env):
         if "nccl-socket" in only:
             results["nccl-socket"] = run(
                 "nccl-socket",
                 [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "socket", "--out", out] + common + same_gpu + nccl_timing,
-                env, args.logs, args.timeout,
+                env, args.logs, args.timeout, machine,
             )
         if "nccl-plugin" in only:
             results["nccl-plugin"] = run(
                 "nccl-plugin",
                 [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "plugin", "--plugin", plugin, "--out", out]
                 + common + same_gpu + nccl_timing,
-                env, args.logs, args.timeout,
+                env, args.logs, args.timeout, machine,
             )
         if "raw" in only:
             results["raw"] = run(
                 "raw",
                 [tcpxctl, "bench", "raw", "--op", args.op, "--cuda", "0", "--plugin", plugin, "--out", out] + common,
-                env, args.logs, args.timeout,
+                env, args.logs, args.timeout, machine,
             )
         if "daemon" in only:
             results["daemon"] = run(
                 "daemon",
                 [tcpxctl, "bench", "transfer", "--daemon", tcpxd, "--op", args.op, "--cuda", "0", "--peer-cuda", peer_cuda,
                  "--out", out] + common,
-                env, args.logs, args.timeout,
+                env, args.logs, args.timeout, machine,
             )
 
     rows = {h: load(out, h) for h in HARNESSES}
@@ -226,9 +259,17 @@ def main():
         summary.append(
             {"block_bytes": s, "concurrency": args.concurrency, "daemon_over_raw": r1, "daemon_over_nccl_plugin": r2}
         )
+    if any("steal_ms" in m for m in machine.values()):
+        print("CPU time the hypervisor took from this VM while each harness ran (steal; a share of all CPU")
+        print("time above ~1% means the host was busy and every figure of that harness is suspect):")
+        for h, m in machine.items():
+            if "steal_ms" in m:
+                print(f"  {h:>12}: {m['steal_ms']:8.0f} ms over {m['wall_s']:.0f} s, {m['steal_share']:.2%}")
     with open(out, "a") as f:
         for r in summary:
             f.write(json.dumps({"harness": "ratios", **r}) + "\n")
+        for h, m in machine.items():
+            f.write(json.dumps({"harness": "machine", "of": h, **m}) + "\n")
     failed = {h: rc for h, rc in results.items() if rc != 0}
     if failed:
         print(f"harnesses that failed: {failed} (see their logs)")
