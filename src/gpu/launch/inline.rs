@@ -165,10 +165,6 @@ impl InlineBatch {
     pub fn max_count(&self) -> u32 {
         self.fill.max_count
     }
-
-    fn clear(&mut self) {
-        self.fill = InlineFill::default();
-    }
 }
 
 impl Gpu {
@@ -181,26 +177,21 @@ impl Gpu {
         blocks_per_task: u32,
         report: LaunchReport<'_>,
     ) -> GpuResult<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
         let params =
             (&mut batch.params as *mut InlineParams<INLINE_MAX_TASKS, INLINE_MAX_FRAGS>).cast::<c_void>();
         // SAFETY: `params` is `tcpxd_unpack_inline_small`'s `InlineParams<4, 256>` (size asserted
-        // above), live for the call; its addresses come from DeviceSpans and every entry is
-        // bounds-checked in the kernel.
-        let result = unsafe {
+        // above), live for the call, and `batch.fill` counts what `push` put in it; its addresses
+        // come from DeviceSpans and every entry is bounds-checked in the kernel.
+        unsafe {
             self.launch_inline(
                 kernels.unpack_inline_small,
                 stream,
                 params,
-                batch.fill.tasks,
+                &mut batch.fill,
                 blocks_per_task,
                 report,
             )
-        };
-        batch.clear();
-        result
+        }
     }
 }
 
@@ -278,10 +269,6 @@ impl InlinePagesBatch {
     pub fn max_count(&self) -> u32 {
         self.fill.max_count
     }
-
-    fn clear(&mut self) {
-        self.fill = InlineFill::default();
-    }
 }
 
 impl Gpu {
@@ -295,45 +282,48 @@ impl Gpu {
         blocks_per_task: u32,
         report: LaunchReport<'_>,
     ) -> GpuResult<()> {
-        if batch.is_empty() {
-            return Ok(());
-        }
         let params = (&mut *batch.params as *mut InlinePages<INLINE_PAGES_MAX_TASKS, INLINE_PAGES_MAX_FRAGS>)
             .cast::<c_void>();
         // SAFETY: `params` is `tcpxd_unpack_inline_pages`'s `InlinePages<16, 2048>` (size asserted
-        // above), live for the call; its addresses come from DeviceSpans and every entry is
-        // bounds-checked in the kernel.
-        let result = unsafe {
+        // above), live for the call, and `batch.fill` counts what `push` put in it; its addresses
+        // come from DeviceSpans and every entry is bounds-checked in the kernel.
+        unsafe {
             self.launch_inline(
                 kernels.unpack_inline_pages,
                 stream,
                 params,
-                batch.fill.tasks,
+                &mut batch.fill,
                 blocks_per_task,
                 report,
             )
-        };
-        batch.clear();
-        result
+        }
     }
 }
 
 impl Gpu {
-    /// The shared tail of the inline launches: checks the error word, then launches `func` with
-    /// (`params`, error pointer, signal) on a grid of `blocks_per_task` × `tasks` blocks.
+    /// What both inline launches do with their batch: nothing when it is empty; otherwise
+    /// checks the error word, launches `func` with (`params`, error pointer, signal) on a grid of
+    /// `blocks_per_task` × `fill.tasks` blocks, and empties the batch (`fill`) whatever the
+    /// outcome.
     ///
     /// # Safety
     /// `params` must point at the parameter struct `func` takes, alive for the call (the driver
-    /// copies it at launch), and every address in it must stay valid until the work completes.
+    /// copies it at launch), `fill` must count what it holds, and every address in it must stay
+    /// valid until the work completes.
     unsafe fn launch_inline(
         &self,
         func: sys::CUfunction,
         stream: &Stream,
         params: *mut c_void,
-        tasks: usize,
+        fill: &mut InlineFill,
         blocks_per_task: u32,
         report: LaunchReport<'_>,
     ) -> GpuResult<()> {
+        if fill.tasks == 0 {
+            return Ok(());
+        }
+        // Emptied whatever the outcome; only the count is reset, `params` stays as filled.
+        let tasks = std::mem::take(fill).tasks;
         let mut err_ptr = report.err_ptr()?;
         let grid = (blocks_per_task.clamp(1, 65_535), tasks as u32);
         let block = UNPACK_WARPS_PER_BLOCK * 32;
@@ -343,8 +333,8 @@ impl Gpu {
             (&mut err_ptr as *mut u64).cast::<c_void>(),
             (&mut signal as *mut LaunchSignal).cast::<c_void>(),
         ];
-        // SAFETY: the caller vouches for `params`; the error word is inside a live pinned
-        // allocation (checked above), and so is the signal's done word (LaunchSignal::new).
+        // SAFETY: the caller vouches for `params` and `fill`; the error word is inside a live
+        // pinned allocation (checked above), and so is the signal's done word (LaunchSignal::new).
         unsafe { self.launch(func, grid, block, stream, &mut args, false) }
     }
 }
