@@ -230,7 +230,9 @@ async fn run_sizes(
         let slots: Vec<SessionOp> = (0..w.slots())
             .map(|slot| slot_op(w.op, w.batch, size, slot, local.id, &remote.descriptor))
             .collect();
+        let cpu = crate::bench::steal::now();
         let (latencies, wall) = run_session(&mut pair.a, w, size, &slots, progress).await?;
+        let steal = crate::bench::steal::since(cpu);
         let a = checksum(&mut pair.a, local.id, span, "the local buffer").await?;
         let b = checksum(&mut pair.b, remote.id, span, "the remote buffer").await?;
         rows.push(BenchRow {
@@ -247,6 +249,7 @@ async fn run_sizes(
             verified: a == b,
             chunk_bytes: pair.chunk_bytes,
             lanes,
+            steal,
         });
     }
     Ok(rows)

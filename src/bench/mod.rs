@@ -7,6 +7,7 @@
 
 pub mod daemon;
 pub mod raw;
+pub mod steal;
 
 use std::time::Duration;
 
@@ -242,6 +243,9 @@ pub struct BenchRow {
     /// Chunk size and lanes when the harness knows them.
     pub chunk_bytes: Option<u32>,
     pub lanes: Option<u32>,
+    /// CPU time the hypervisor took from this machine while the size ran (warm-up included);
+    /// `None` where the machine does not say (not Linux).
+    pub steal: Option<steal::Steal>,
 }
 
 impl BenchRow {
@@ -285,13 +289,17 @@ impl BenchRow {
             "verified": self.verified,
             "chunk_bytes": self.chunk_bytes,
             "lanes": self.lanes,
+            "steal_ms": self.steal.map(|s| s.stolen.as_secs_f64() * 1e3),
+            "steal_share": self.steal.map(|s| s.share),
         })
     }
 }
 
-/// The rows as a table: harness, op, memory, block size, batch size, GB/s, avg/p50/p99 latency.
+/// The rows as a table: harness, op, memory, block size, batch size, GB/s, avg/p50/p99 latency,
+/// and the host's steal when any row saw some.
 pub fn rows_table(rows: &[BenchRow]) -> Table {
-    let mut t = Table::new([
+    let stolen = rows.iter().any(|r| r.steal.is_some_and(|s| s.share > 0.0));
+    let mut head = vec![
         "harness",
         "op",
         "memory",
@@ -303,10 +311,14 @@ pub fn rows_table(rows: &[BenchRow]) -> Table {
         "p50 (us)",
         "p99 (us)",
         "verified",
-    ]);
+    ];
+    if stolen {
+        head.push("host steal");
+    }
+    let mut t = Table::new(head);
     let us = |d: Duration| format!("{:.1}", d.as_secs_f64() * 1e6);
     for r in rows {
-        t.row([
+        let mut cells = vec![
             r.harness.name().to_string(),
             r.op.name().to_string(),
             r.memory.name(),
@@ -318,7 +330,11 @@ pub fn rows_table(rows: &[BenchRow]) -> Table {
             us(r.latency.p50),
             us(r.latency.p99),
             if r.verified { "yes" } else { "NO" }.to_string(),
-        ]);
+        ];
+        if stolen {
+            cells.push(r.steal.map_or("-".into(), |s| format!("{:.1}%", s.share * 100.0)));
+        }
+        t.row(cells);
     }
     t
 }
@@ -434,6 +450,7 @@ mod tests {
             verified: true,
             chunk_bytes: Some(512 << 10),
             lanes: Some(2),
+            steal: None,
         };
         // 2 MiB per transfer in 1 ms: 2.097152 GB/s.
         assert!((row.gbps() - 2.097152).abs() < 1e-9);
@@ -447,8 +464,28 @@ mod tests {
         assert_eq!(v["harness"], "raw");
         assert_eq!(v["block_size"], 1 << 20);
         assert_eq!(v["p50_lat_us"], 1000.0);
-        let text = rows_table(&[row]).to_string();
+        assert!(v["steal_share"].is_null());
+        let text = rows_table(std::slice::from_ref(&row)).to_string();
         assert!(text.contains("1.00 MiB") && text.contains("2.097"), "{text}");
+        assert!(!text.contains("steal"), "{text}");
+        // A row that saw steal: the column appears, with each row's share.
+        let busy = BenchRow {
+            steal: Some(steal::Steal {
+                stolen: Duration::from_millis(30),
+                share: 0.0125,
+            }),
+            ..row.clone()
+        };
+        let v: Value = serde_json::from_str(rows_json_lines(std::slice::from_ref(&busy)).trim()).unwrap();
+        assert_eq!(v["steal_ms"], 30.0);
+        assert_eq!(v["steal_share"], 0.0125);
+        let text = rows_table(&[row, busy]).to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].ends_with("host steal"), "{text}");
+        assert!(
+            lines[1].trim_end().ends_with('-') && lines[2].trim_end().ends_with("1.2%"),
+            "{text}"
+        );
     }
 
     #[test]

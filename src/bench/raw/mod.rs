@@ -414,6 +414,7 @@ pub fn run_raw(opts: &RawOptions, progress: &indicatif::ProgressBar) -> Result<V
                 size,
                 why: "the thread stopped".into(),
             };
+            let cpu = crate::bench::steal::now();
             send_jobs.send(job.clone()).map_err(|_| lost("sender"))?;
             recv_jobs.send(job).map_err(|_| lost("receiver"))?;
             let sent = send_done.recv().map_err(|_| lost("sender"))?;
@@ -436,6 +437,7 @@ pub fn run_raw(opts: &RawOptions, progress: &indicatif::ProgressBar) -> Result<V
                     });
                 }
             };
+            let steal = crate::bench::steal::since(cpu);
             verify(&src, &dst, span).map_err(|why| RawError::Verify { size, why })?;
             rows.push(BenchRow {
                 harness: Harness::Raw,
@@ -451,6 +453,7 @@ pub fn run_raw(opts: &RawOptions, progress: &indicatif::ProgressBar) -> Result<V
                 verified: true,
                 chunk_bytes: Some(opts.chunk_bytes),
                 lanes: Some(lanes),
+                steal,
             });
         }
         Ok(())
