@@ -14,6 +14,7 @@ lines to --out. Reports only: nothing here asserts a speed.
   python3 benches/compare.py --bin target/release --sizes 4K,64K,1M,4M,16M,64M,256M
   python3 benches/compare.py --concurrency 8 --sizes 64K,1M,4M   # 8 transfers in flight
   python3 benches/compare.py --same-gpu --mps                     # a host with one GPU
+  python3 benches/compare.py --rounds 3 --sizes 64M,256M          # alternate, report the median round
 
 --concurrency N keeps N transfers in flight in every harness: the daemon bench on one Session,
 the raw bench as a queue of the same depth, NCCL as groups of N send/recv. GB/s then counts the
@@ -25,6 +26,11 @@ receiver instead (`--nccl-free-running`, the old rows), the sender runs ahead: i
 once the plugin took the bytes, so the next message is often in the receiver's bounce pages before
 the receiver's timer starts, and the row times little more than the unpack (4 KiB: 14-19 µs on
 one H100, with or without a barrier before each message).
+
+--rounds N runs the harnesses N times, alternating (nccl-socket, nccl-plugin, raw, daemon, then
+again), so that a burst of host noise lands in one round of one harness rather than in all of one
+harness's sizes; each row of the table is then that harness's median round by GB/s, and every
+round's GB/s is printed under it and kept in --out (rows marked `"round"`).
 
 On a VM, the hypervisor may take CPU time from the guest while a harness runs (steal time, from
 /proc/stat): the run prints it per harness after the table and writes it as `"harness": "machine"`
@@ -128,9 +134,39 @@ def load(path, harness):
             r = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if r.get("harness") == harness:
+        if r.get("harness") == harness and "round" not in r:
             rows[int(r["block_size"])] = r
     return rows
+
+
+def combine_rounds(out, rounds):
+    """Writes to `out` each harness's median round per size (by GB/s; the lower middle one of an
+    even count), with every round's GB/s in `gb_per_s_rounds`, and keeps each round's rows in
+    `out` too, marked with their round."""
+    per = {}
+    with open(out, "a") as f:
+        for rnd in range(1, rounds + 1):
+            path = f"{out}.round{rnd}"
+            if not os.path.exists(path):
+                continue
+            for line in open(path):
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if r.get("harness") not in HARNESSES:
+                    continue
+                per.setdefault((r["harness"], int(r["block_size"])), []).append(r)
+                f.write(json.dumps({**r, "round": rnd}) + "\n")
+            os.unlink(path)
+        for (h, size), rs in sorted(per.items()):
+            by = sorted(rs, key=lambda r: r["gb_per_s"])
+            mid = dict(by[(len(by) - 1) // 2])
+            mid["harness"] = h
+            mid["rounds"] = len(rs)
+            mid["gb_per_s_rounds"] = [r["gb_per_s"] for r in rs]
+            mid.pop("round", None)
+            f.write(json.dumps(mid) + "\n")
 
 
 def main():
@@ -150,6 +186,9 @@ def main():
     ap.add_argument("--mps", action="store_true",
                     help="run every harness under a private CUDA MPS control daemon (with --same-gpu: "
                     "else NCCL's two ranks time-slice the GPU)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the harnesses this many times, alternating; each row is then the median "
+                    "round (by GB/s), and every round's figures are printed and kept in --out")
     ap.add_argument("--nccl-free-running", action="store_true",
                     help="time NCCL at the receiver, with no reply (the sender runs ahead; the old rows)")
     args = ap.parse_args()
@@ -180,6 +219,8 @@ def main():
     )
     if args.concurrency < 1:
         sys.exit("--concurrency must be at least 1")
+    if args.rounds < 1:
+        sys.exit("--rounds must be at least 1")
     common = [
         "--sizes", args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup),
         "--concurrency", str(args.concurrency),
@@ -190,33 +231,42 @@ def main():
     results = {}
     machine = {}
     with mps(args.mps, env):
-        if "nccl-socket" in only:
-            results["nccl-socket"] = run(
-                "nccl-socket",
-                [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "socket", "--out", out] + common + same_gpu + nccl_timing,
-                env, args.logs, args.timeout, machine,
-            )
-        if "nccl-plugin" in only:
-            results["nccl-plugin"] = run(
-                "nccl-plugin",
-                [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "plugin", "--plugin", plugin, "--out", out]
-                + common + same_gpu + nccl_timing,
-                env, args.logs, args.timeout, machine,
-            )
-        if "raw" in only:
-            results["raw"] = run(
-                "raw",
-                [tcpxctl, "bench", "raw", "--op", args.op, "--cuda", "0", "--plugin", plugin, "--out", out] + common,
-                env, args.logs, args.timeout, machine,
-            )
-        if "daemon" in only:
-            results["daemon"] = run(
-                "daemon",
-                [tcpxctl, "bench", "transfer", "--daemon", tcpxd, "--op", args.op, "--cuda", "0", "--peer-cuda", peer_cuda,
-                 "--out", out] + common,
-                env, args.logs, args.timeout, machine,
-            )
+        for rnd in range(1, args.rounds + 1):
+            # With several rounds the harnesses alternate, round after round, so that a burst of
+            # host noise lands in one round of one harness; each round appends to its own file.
+            rout = out if args.rounds == 1 else f"{out}.round{rnd}"
+            tag = "" if args.rounds == 1 else f"#{rnd}"
+            if os.path.exists(rout) and rout != out:
+                os.unlink(rout)
+            if "nccl-socket" in only:
+                results["nccl-socket" + tag] = run(
+                    "nccl-socket" + tag,
+                    [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "socket", "--out", rout] + common + same_gpu + nccl_timing,
+                    env, args.logs, args.timeout, machine,
+                )
+            if "nccl-plugin" in only:
+                results["nccl-plugin" + tag] = run(
+                    "nccl-plugin" + tag,
+                    [sys.executable, os.path.join(HERE, "nccl_sendrecv.py"), "--net", "plugin", "--plugin", plugin, "--out", rout]
+                    + common + same_gpu + nccl_timing,
+                    env, args.logs, args.timeout, machine,
+                )
+            if "raw" in only:
+                results["raw" + tag] = run(
+                    "raw" + tag,
+                    [tcpxctl, "bench", "raw", "--op", args.op, "--cuda", "0", "--plugin", plugin, "--out", rout] + common,
+                    env, args.logs, args.timeout, machine,
+                )
+            if "daemon" in only:
+                results["daemon" + tag] = run(
+                    "daemon" + tag,
+                    [tcpxctl, "bench", "transfer", "--daemon", tcpxd, "--op", args.op, "--cuda", "0", "--peer-cuda", peer_cuda,
+                     "--out", rout] + common,
+                    env, args.logs, args.timeout, machine,
+                )
 
+    if args.rounds > 1:
+        combine_rounds(out, args.rounds)
     rows = {h: load(out, h) for h in HARNESSES}
     sizes = sorted({s for r in rows.values() for s in r})
     print()
@@ -259,6 +309,15 @@ def main():
         summary.append(
             {"block_bytes": s, "concurrency": args.concurrency, "daemon_over_raw": r1, "daemon_over_nccl_plugin": r2}
         )
+    if args.rounds > 1:
+        print(f"Each row above is the median of {args.rounds} rounds by GB/s; every round's GB/s:")
+        for s in sizes:
+            parts = []
+            for h in HARNESSES:
+                r = rows[h].get(s)
+                if r and "gb_per_s_rounds" in r:
+                    parts.append(f"{h} " + " ".join(f"{g:.2f}" for g in r["gb_per_s_rounds"]))
+            print(f"  {fmt_size(s):>6}: " + "; ".join(parts))
     if any("steal_ms" in m for m in machine.values()):
         print("CPU time the hypervisor took from this VM while each harness ran (steal; a share of all CPU")
         print("time above ~1% means the host was busy and every figure of that harness is suspect):")
