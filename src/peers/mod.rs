@@ -4,18 +4,17 @@
 //! The daemon a client asks to `ConnectPeer` (the caller) opens listening comms for the lanes the
 //! callee will send on, calls `Handshake` with their handles, gets the callee's handles back and
 //! connects to them, then opens the `Control` stream (first message: `Hello` with the session id).
-//! The callee does the mirror image inside its `Handshake` handler. A peer is up once every lane
-//! in both directions is connected.
+//! The callee does the mirror image inside its `Handshake` handler (`callee.rs`). A peer is up
+//! once every lane in both directions is connected.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::Status;
 
 use crate::api::proto::peer as pb;
 use crate::api::proto::peer::tcpxd_peer_client::TcpxdPeerClient;
@@ -26,6 +25,7 @@ use crate::engine::{PeerIdx, PeerMsg};
 use crate::net::ConnectHandle;
 use crate::poller::{Command, LaneHandleInfo, PeerChannels, PeerLink};
 
+mod callee;
 mod control;
 
 pub use control::{Malformed, OutboundResponse, msg_from_pb, msg_to_pb};
@@ -456,227 +456,6 @@ impl Peers {
                 info.node_id, self.connect_timeout
             ))),
         }
-    }
-
-    /// Callee side of `Handshake`.
-    pub async fn handshake(
-        &self,
-        req: pb::HandshakeRequest,
-        from: String,
-    ) -> Result<pb::HandshakeResponse, Status> {
-        if req.protocol_version != PROTOCOL_VERSION {
-            return Err(Status::failed_precondition(format!(
-                "protocol_version: {} is not supported (this daemon speaks {PROTOCOL_VERSION})",
-                req.protocol_version
-            )));
-        }
-        // Authentication before anything else: an unauthenticated caller learns and opens nothing.
-        let nonces = match &self.secret {
-            Some(secret) => Some(self.authenticate(secret, &req, &from)?),
-            None => None,
-        };
-        let answer_proof = |resp: &mut pb::HandshakeResponse| {
-            if let (Some(secret), Some((server, client_nonce))) = (&self.secret, &nonces) {
-                resp.proof = secret.prove(ProofOf::Accept, &accept_fields(server, client_nonce, resp));
-            }
-        };
-        crate::config::check_node_id(&req.node_id).map_err(|e| Status::invalid_argument(e.to_string()))?;
-        if req.node_id == self.node_id {
-            return Err(Status::invalid_argument(
-                "node_id: a daemon cannot peer with itself",
-            ));
-        }
-        let remote = lanes_from_pb(&req.lanes).map_err(Status::invalid_argument)?;
-        let dial = match (from.parse::<SocketAddr>(), u16::try_from(req.listen_port)) {
-            (Ok(a), Ok(port)) if port != 0 => Some(SocketAddr::new(a.ip(), port).to_string()),
-            _ => None,
-        };
-        if self.by_node(&req.node_id).is_some_and(|p| Self::usable(&p)) {
-            // Already paired (the caller reached us by another address, or both sides called):
-            // keep the working pairing; session 0 and no lanes tell the caller to use it.
-            let mut resp = pb::HandshakeResponse {
-                protocol_version: PROTOCOL_VERSION,
-                node_id: self.node_id.clone(),
-                lanes: Vec::new(),
-                session_id: 0,
-                proof: Vec::new(),
-            };
-            answer_proof(&mut resp);
-            return Ok(resp);
-        }
-        let (control_tx, control_rx) = mpsc::unbounded_channel();
-        let answer = control_tx.downgrade();
-        let (link_tx, link_rx) = watch::channel(PeerLink::Connecting);
-        let (idx, mine) = ask(&self.poller, |reply| Command::AcceptPeer {
-            node_id: req.node_id.clone(),
-            remote: remote.clone(),
-            channels: PeerChannels {
-                control: control_tx,
-                link: link_tx,
-            },
-            reply,
-        })
-        .await?
-        .map_err(|e| Status::unavailable(format!("setting up lanes: {e}")))?;
-        let session_id: u64 = rand::random();
-        self.sessions.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            session_id,
-            PendingSession {
-                idx,
-                node_id: req.node_id.clone(),
-                outbound: control_rx,
-                answer,
-                nonces,
-            },
-        );
-        let previous = self.by_node.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            req.node_id.clone(),
-            PeerInfo {
-                node_id: req.node_id.clone(),
-                address: from,
-                idx,
-                lanes: remote.len() as u32,
-                link: link_rx,
-                dial,
-            },
-        );
-        if let Some(old) = previous {
-            // A node reconnecting replaces its old pairing, which fails whatever still used it.
-            let _ = self.poller.send(Command::PeerDown {
-                peer: old.idx,
-                reason: "the peer connected again".into(),
-            });
-        }
-        // The caller must open its control stream before the lanes' timeout.
-        let (poller, sessions, timeout) = (self.poller.clone(), self.sessions.clone(), self.connect_timeout);
-        tokio::spawn(async move {
-            tokio::time::sleep(timeout).await;
-            let expired = sessions
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&session_id)
-                .is_some();
-            if expired {
-                let _ = poller.send(Command::PeerDown {
-                    peer: idx,
-                    reason: "the peer never opened its control stream".into(),
-                });
-            }
-        });
-        let mut resp = pb::HandshakeResponse {
-            protocol_version: PROTOCOL_VERSION,
-            node_id: self.node_id.clone(),
-            lanes: mine.iter().map(lane_to_pb).collect(),
-            session_id,
-            proof: Vec::new(),
-        };
-        answer_proof(&mut resp);
-        Ok(resp)
-    }
-
-    /// Checks a handshake's proof of the cluster secret; returns its (server, client) nonces.
-    fn authenticate(
-        &self,
-        secret: &ClusterSecret,
-        req: &pb::HandshakeRequest,
-        from: &str,
-    ) -> Result<([u8; NONCE_BYTES], [u8; NONCE_BYTES]), Status> {
-        let refuse = |why: &str| {
-            // The claimed node id is unchecked input: bounded and escaped in the log.
-            let node: String = req.node_id.chars().take(128).collect();
-            tracing::warn!(from = %from, node = %node.escape_debug(), "refused a handshake: {why}");
-            Status::unauthenticated(format!("handshake refused: {why}"))
-        };
-        if req.server_nonce.is_empty() && req.proof.is_empty() {
-            return Err(refuse(
-                "this daemon requires peers to prove the cluster secret (peer.secret_file)",
-            ));
-        }
-        if !self.challenges.take(&req.server_nonce) {
-            return Err(refuse(
-                "server_nonce: not a challenge this daemon issued, or one already used or expired (a replayed handshake?)",
-            ));
-        }
-        let server: [u8; NONCE_BYTES] = req
-            .server_nonce
-            .as_slice()
-            .try_into()
-            .expect("taken: right length");
-        let client_nonce: [u8; NONCE_BYTES] = req.client_nonce.as_slice().try_into().map_err(|_| {
-            refuse(&format!(
-                "client_nonce: {} bytes, expected {NONCE_BYTES}",
-                req.client_nonce.len()
-            ))
-        })?;
-        if !secret.check(
-            ProofOf::Handshake,
-            &handshake_fields(&server, &client_nonce, req),
-            &req.proof,
-        ) {
-            return Err(refuse("proof: does not prove the cluster secret"));
-        }
-        Ok((server, client_nonce))
-    }
-
-    /// Callee side of `Control`: binds the stream to its handshake by the Hello's session id.
-    pub async fn control(
-        &self,
-        req: Request<Streaming<pb::PeerMessage>>,
-    ) -> Result<Response<OutboundResponse>, Status> {
-        let mut inbound = req.into_inner();
-        let first = inbound
-            .message()
-            .await?
-            .ok_or_else(|| Status::invalid_argument("control stream ended before its Hello"))?;
-        let Some(pb::peer_message::Body::Hello(hello)) = first.body else {
-            return Err(Status::invalid_argument(
-                "the first control message must be a Hello",
-            ));
-        };
-        let session = self
-            .sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&hello.session_id)
-            .ok_or_else(|| Status::permission_denied("unknown or used session id"))?;
-        if let (Some(secret), Some((server, client_nonce))) = (&self.secret, &session.nonces)
-            && !secret.check(
-                ProofOf::Hello,
-                &hello_fields(server, client_nonce, hello.session_id, &hello.node_id),
-                &hello.proof,
-            )
-        {
-            tracing::warn!(peer = %session.node_id, "refused a control stream: its Hello does not prove the cluster secret");
-            let _ = self.poller.send(Command::PeerDown {
-                peer: session.idx,
-                reason: "the control stream's Hello did not prove the cluster secret".into(),
-            });
-            return Err(Status::unauthenticated(
-                "proof: the Hello does not prove the cluster secret",
-            ));
-        }
-        if session.node_id != hello.node_id {
-            let _ = self.poller.send(Command::PeerDown {
-                peer: session.idx,
-                reason: "control stream Hello named another node".into(),
-            });
-            return Err(Status::permission_denied(
-                "the Hello names another node than the handshake",
-            ));
-        }
-        spawn_inbound(
-            self.poller.clone(),
-            session.answer,
-            session.idx,
-            session.node_id.clone(),
-            inbound,
-            self.heartbeat.timeout,
-        );
-        Ok(Response::new(OutboundResponse(Outbound::new(
-            None,
-            session.outbound,
-            self.heartbeat.interval,
-        ))))
     }
 }
 
