@@ -75,7 +75,7 @@ impl Poller {
             {
                 p.up = true;
                 tracing::info!(peer = %p.node_id, "peer up");
-                let _ = p.link.send(PeerLink::Up);
+                p.link.send_replace(PeerLink::Up);
             }
         }
         progressed
@@ -257,7 +257,8 @@ impl Poller {
                         l.state = RecvLaneState::Closed;
                     }
                     tracing::warn!(peer = %p.node_id, "peer failed: {reason}");
-                    let _ = p.link.send(PeerLink::Failed(reason));
+                    // Stored even with nobody watching (a replaced pairing): GetStats reads it.
+                    p.link.send_replace(PeerLink::Failed(reason));
                 }
             }
         }
