@@ -2,6 +2,7 @@
 //! failed peer is paired again (`Peers::revive`), a node this daemon never met is connected at the
 //! peer addresses its descriptor carries. Both go through `Peers::connect`, so they authenticate
 //! as `ConnectPeer` does (cluster secret, mutual TLS) and concurrent first uses make one pairing.
+//! A pairing still connecting is waited for, so a transfer starts on the pairing that comes up.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -54,6 +55,20 @@ impl DaemonState {
             match self.peers.by_node(node) {
                 Some(p) if matches!(*p.link.borrow(), PeerLink::Failed(_)) && p.dial.is_some() => {
                     failed.push(node.as_str());
+                }
+                Some(p) if matches!(*p.link.borrow(), PeerLink::Connecting) => {
+                    // Still setting up, perhaps a pairing about to be replaced by the one the
+                    // two nodes settle on (`peers/settle.rs`): start on the one that comes up.
+                    // A failure is left to the entry checks, which name the peer and why.
+                    let budget = deadline.saturating_duration_since(Instant::now());
+                    let _ = tokio::time::timeout(budget, self.peers.until_up(node)).await;
+                    if self
+                        .peers
+                        .by_node(node)
+                        .is_some_and(|p| matches!(*p.link.borrow(), PeerLink::Failed(_)) && p.dial.is_some())
+                    {
+                        failed.push(node.as_str());
+                    }
                 }
                 Some(p) if !matches!(*p.link.borrow(), PeerLink::Failed(_)) => {}
                 // Never met, or failed with no address of its own: the descriptor's addresses.

@@ -1,5 +1,5 @@
-//! The callee side of pairing: the `Handshake` handler (authentication, then the lanes) and the
-//! `Control` handler that binds a control stream to its handshake.
+//! The callee side of pairing: the `Handshake` handler (authentication, then one pairing per node
+//! under the node's lock) and the `Control` handler that binds a control stream to its handshake.
 
 use std::net::SocketAddr;
 
@@ -7,6 +7,7 @@ use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::control::{Outbound, OutboundResponse, spawn_inbound};
+use super::settle::{Dialled, Slot};
 use super::{PROTOCOL_VERSION, PeerInfo, Peers, PendingSession, ask, lane_to_pb, lanes_from_pb};
 use crate::api::proto::peer as pb;
 use crate::auth::{ClusterSecret, NONCE_BYTES, ProofOf, accept_fields, handshake_fields, hello_fields};
@@ -46,6 +47,10 @@ impl Peers {
             (Ok(a), Ok(port)) if port != 0 => Some(SocketAddr::new(a.ip(), port).to_string()),
             _ => None,
         };
+        // Under the node's lock: a second handshake from the node (through another of this
+        // daemon's addresses, or crossing one this daemon sent) sees the first one's pairing.
+        let slot = Slot::take(&self.pairing, &req.node_id);
+        let settled = slot.lock.lock().await;
         if self.by_node(&req.node_id).is_some_and(|p| Self::usable(&p)) {
             // Already paired (the caller reached us by another address, or both sides called):
             // keep the working pairing; session 0 and no lanes tell the caller to use it.
@@ -73,7 +78,7 @@ impl Peers {
         })
         .await?
         .map_err(|e| Status::unavailable(format!("setting up lanes: {e}")))?;
-        let session_id: u64 = rand::random();
+        let session_id: u64 = rand::random::<u64>().max(1);
         self.sessions.lock().unwrap_or_else(|e| e.into_inner()).insert(
             session_id,
             PendingSession {
@@ -93,10 +98,13 @@ impl Peers {
                 lanes: remote.len() as u32,
                 link: link_rx,
                 dial,
+                dialled: Dialled::There,
             },
         );
+        drop(settled);
         if let Some(old) = previous {
-            // A node reconnecting replaces its old pairing, which fails whatever still used it.
+            // A node reconnecting replaces its old pairing (failed: a usable one is kept above),
+            // which fails whatever still used it.
             let _ = self.poller.send(Command::PeerDown {
                 peer: old.idx,
                 reason: "the peer connected again".into(),

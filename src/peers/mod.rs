@@ -5,7 +5,9 @@
 //! callee will send on, calls `Handshake` with their handles, gets the callee's handles back and
 //! connects to them, then opens the `Control` stream (first message: `Hello` with the session id).
 //! The callee does the mirror image inside its `Handshake` handler (`callee.rs`). A peer is up
-//! once every lane in both directions is connected.
+//! once every lane in both directions is connected. A node has one pairing however many of its
+//! addresses are dialled, at once or not, and when two nodes dial each other at once
+//! (`settle.rs`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -27,9 +29,12 @@ use crate::poller::{Command, LaneHandleInfo, PeerChannels, PeerLink};
 
 mod callee;
 mod control;
+mod settle;
 
 pub use control::{Malformed, OutboundResponse, msg_from_pb, msg_to_pb};
 use control::{Outbound, spawn_inbound};
+pub use settle::Dialled;
+use settle::{Dialing, LockMap, Settle, Slot};
 
 /// 3: `ReceiveMode` may split the lanes (auto: eager lanes and rendezvous lanes on one pairing),
 /// which a protocol-2 sender would misread (it would plan eager chunks over every lane), so the
@@ -67,6 +72,8 @@ pub struct PeerInfo {
     /// Where this daemon can reach the peer's service again (the caller side knows the address
     /// it dialled; the callee side the caller's address with the port its handshake announced).
     pub dial: Option<String>,
+    /// Who dialled this pairing: this daemon or the peer.
+    pub dialled: Dialled,
 }
 
 /// A callee-side peer waiting for its control stream.
@@ -90,7 +97,12 @@ pub struct Peers {
     /// One lock per address being connected: two calls for one address make one peer, and a
     /// handshake that hangs on one address holds up no other (an entry lives while a call holds
     /// or waits for it).
-    connecting: DialMap,
+    connecting: LockMap,
+    /// One lock per node id: every change to a node's pairing (the callee's accept, the
+    /// caller's settling once the answer names the node) happens under it (`settle.rs`).
+    pairing: LockMap,
+    /// Dials between their handshake and the moment they settled.
+    dialing: watch::Sender<usize>,
     /// The port of this daemon's peer service, announced in handshakes (0 until bound).
     listen_port: AtomicU16,
     /// The cluster secret peers must prove; `None`: peers are not authenticated.
@@ -128,6 +140,8 @@ impl Peers {
             by_node: Mutex::new(HashMap::new()),
             sessions: Arc::new(Mutex::new(HashMap::new())),
             connecting: Arc::new(Mutex::new(HashMap::new())),
+            pairing: Arc::new(Mutex::new(HashMap::new())),
+            dialing: watch::channel(0).0,
             listen_port: AtomicU16::new(0),
             secret: None,
             challenges: Challenges::new(connect_timeout),
@@ -223,13 +237,22 @@ impl Peers {
             .cloned()
     }
 
+    /// Waits until the pairing with `node` is up, following it to the pairing that replaced it
+    /// when two handshakes settled (`settle.rs`). Nothing to wait for without a pairing.
+    pub async fn until_up(&self, node: &str) -> Result<(), Status> {
+        match self.by_node(node) {
+            Some(p) => self.wait_up(p).await.map(|_| ()),
+            None => Ok(()),
+        }
+    }
+
     fn usable(info: &PeerInfo) -> bool {
         !matches!(*info.link.borrow(), PeerLink::Failed(_))
     }
 
     /// Caller side of `ConnectPeer`.
     pub async fn connect(&self, address: &str) -> Result<PeerInfo, Status> {
-        let slot = DialSlot::take(&self.connecting, address);
+        let slot = Slot::take(&self.connecting, address);
         let _guard = slot.lock.lock().await;
         self.connect_locked(address).await
     }
@@ -317,6 +340,9 @@ impl Peers {
             req.server_nonce = server.to_vec();
             req.client_nonce = client_nonce.to_vec();
         }
+        // Counted from here until this dial recorded, joined or gave up a pairing: a dial told
+        // "already paired" that finds no pairing yet waits for the others (`Settle::WaitForOthers`).
+        let mut dialing = Dialing::start(&self.dialing);
         let resp = self
             .bounded(&format!("handshake with {address}"), client.handshake(req))
             .await?
@@ -348,16 +374,36 @@ impl Peers {
                 self.node_id
             )));
         }
-        if resp.session_id == 0 || self.by_node(&resp.node_id).is_some_and(|p| Self::usable(&p)) {
-            // Already paired with that node: use the existing pairing.
-            return match self.by_node(&resp.node_id).filter(Self::usable) {
-                Some(p) => self.wait_up(p).await,
-                None => Err(Status::unavailable(format!(
-                    "{address} (node {}) reports an existing pairing this daemon does not have; retry",
-                    resp.node_id
-                ))),
-            };
-        }
+        // The answer names the node: settle against this daemon's pairing with it, under the
+        // node's lock (`settle.rs`).
+        let node = resp.node_id.clone();
+        let slot = Slot::take(&self.pairing, &node);
+        let settling = slot.lock.lock().await;
+        let existing = self.by_node(&node).filter(Self::usable);
+        let step = settle::after_handshake(
+            &self.node_id,
+            &node,
+            resp.session_id,
+            existing.as_ref().map(|p| p.dialled),
+        );
+        let existing = match (step, existing) {
+            (Settle::Join, Some(p)) => {
+                drop(settling);
+                dialing.settle();
+                return self.wait_up(p).await;
+            }
+            (Settle::WaitForOthers, _) => {
+                drop(settling);
+                dialing.settle();
+                return match self.after_other_dials(&node).await {
+                    Some(p) => self.wait_up(p).await,
+                    None => Err(Status::unavailable(format!(
+                        "{address} (node {node}) reports an existing pairing this daemon does not have; retry"
+                    ))),
+                };
+            }
+            (_, existing) => existing,
+        };
         let remote = lanes_from_pb(&resp.lanes).map_err(Status::failed_precondition)?;
         guard.defuse();
         let (control_tx, control_rx) = mpsc::unbounded_channel();
@@ -365,7 +411,7 @@ impl Peers {
         let (link_tx, link_rx) = watch::channel(PeerLink::Connecting);
         let idx = ask(&self.poller, |reply| Command::CompletePeer {
             prepared,
-            node_id: resp.node_id.clone(),
+            node_id: node.clone(),
             remote: remote.clone(),
             channels: PeerChannels {
                 control: control_tx,
@@ -374,19 +420,35 @@ impl Peers {
             reply,
         })
         .await?
-        .map_err(|e| Status::unavailable(format!("connecting lanes to {}: {e}", resp.node_id)))?;
+        .map_err(|e| Status::unavailable(format!("connecting lanes to {node}: {e}")))?;
         let info = PeerInfo {
-            node_id: resp.node_id.clone(),
+            node_id: node.clone(),
             address: address.to_string(),
             idx,
             lanes: remote.len() as u32,
             link: link_rx,
             dial: Some(address.to_string()),
+            dialled: Dialled::Here,
         };
         self.by_node
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(info.node_id.clone(), info.clone());
+            .insert(node.clone(), info.clone());
+        if let Some(old) = existing {
+            let why = match old.dialled {
+                Dialled::Here => format!(
+                    "replaced by a new pairing ({node} answered a new session: it no longer has this one)"
+                ),
+                Dialled::There => format!(
+                    "superseded: {} and {node} dialled each other at once; the pairing {} dialled stays",
+                    self.node_id, self.node_id
+                ),
+            };
+            tracing::info!(peer = %node, "{why}");
+            self.retire(&old, why);
+        }
+        drop(settling);
+        dialing.settle();
 
         // The control stream: Hello, then whatever the poller sends this peer.
         let hello = pb::PeerMessage {
@@ -433,16 +495,28 @@ impl Peers {
         self.wait_up(info).await
     }
 
+    /// Waits until the pairing is up. A pairing that fails because another replaced it (two
+    /// handshakes settled, `settle.rs`) hands the wait on to the one that replaced it.
     async fn wait_up(&self, info: PeerInfo) -> Result<PeerInfo, Status> {
-        let mut link = info.link.clone();
+        let node = info.node_id.clone();
         let wait = async {
+            let mut info = info;
+            let mut link = info.link.clone();
             loop {
-                match &*link.borrow_and_update() {
-                    PeerLink::Up => return Ok(()),
-                    PeerLink::Failed(why) => {
-                        return Err(Status::unavailable(format!("peer {}: {why}", info.node_id)));
+                let failed = match &*link.borrow_and_update() {
+                    PeerLink::Up => return Ok(info),
+                    PeerLink::Failed(why) => Some(why.clone()),
+                    PeerLink::Connecting => None,
+                };
+                if let Some(why) = failed {
+                    match self.by_node(&node).filter(Self::usable) {
+                        Some(next) if next.idx != info.idx => {
+                            link = next.link.clone();
+                            info = next;
+                            continue;
+                        }
+                        _ => return Err(Status::unavailable(format!("peer {node}: {why}"))),
                     }
-                    PeerLink::Connecting => {}
                 }
                 if link.changed().await.is_err() {
                     return Err(unavailable_poller());
@@ -450,49 +524,35 @@ impl Peers {
             }
         };
         match tokio::time::timeout(self.connect_timeout + Duration::from_secs(1), wait).await {
-            Ok(r) => r.map(|_| info),
+            Ok(r) => r,
             Err(_) => Err(Status::deadline_exceeded(format!(
-                "peer {}: lanes not connected within {:?}",
-                info.node_id, self.connect_timeout
+                "peer {node}: lanes not connected within {:?}",
+                self.connect_timeout
             ))),
         }
     }
-}
 
-/// Addresses being dialled, each with the lock its calls take in turn.
-type DialMap = Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>;
+    /// After this daemon's other dials (any node) have settled: its usable pairing with `node`.
+    async fn after_other_dials(&self, node: &str) -> Option<PeerInfo> {
+        let mut count = self.dialing.subscribe();
+        // Bounded: each of those dials gives up within its own connect timeout.
+        let _ = tokio::time::timeout(self.connect_timeout, count.wait_for(|n| *n == 0)).await;
+        self.by_node(node).filter(Self::usable)
+    }
 
-/// One address's place in `Peers::connecting`: its lock, and the entry removed when the last call
-/// holding or waiting for it goes (cancelled calls included).
-struct DialSlot {
-    map: DialMap,
-    address: String,
-    lock: Arc<tokio::sync::Mutex<()>>,
-}
-
-impl DialSlot {
-    fn take(map: &DialMap, address: &str) -> DialSlot {
-        let lock = map
+    /// Fails a pairing another replaced, and forgets its control stream if it never opened. A
+    /// superseded one never came up (the peer dropped its side of that handshake), and transfers
+    /// wait for a connecting pairing (`until_up`); one the peer answered a new session for is
+    /// gone there already, so what still used it fails with it, as it would have anyway.
+    fn retire(&self, old: &PeerInfo, reason: String) {
+        self.sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .entry(address.to_string())
-            .or_default()
-            .clone();
-        DialSlot {
-            map: map.clone(),
-            address: address.to_string(),
-            lock,
-        }
-    }
-}
-
-impl Drop for DialSlot {
-    fn drop(&mut self) {
-        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        // The map's reference and this one: nobody else holds or waits for this address.
-        if Arc::strong_count(&self.lock) == 2 {
-            map.remove(&self.address);
-        }
+            .retain(|_, s| s.idx != old.idx);
+        let _ = self.poller.send(Command::PeerDown {
+            peer: old.idx,
+            reason,
+        });
     }
 }
 
