@@ -235,7 +235,7 @@ def main():
             # With several rounds the harnesses alternate, round after round, so that a burst of
             # host noise lands in one round of one harness; each round appends to its own file.
             rout = out if args.rounds == 1 else f"{out}.round{rnd}"
-            tag = "" if args.rounds == 1 else f"#{rnd}"
+            tag = "" if args.rounds == 1 else f"-r{rnd}"
             if os.path.exists(rout) and rout != out:
                 os.unlink(rout)
             if "nccl-socket" in only:
