@@ -42,6 +42,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -80,10 +81,23 @@ def run(name, cmd, env, log_dir, timeout, machine):
     t0 = time.time()
     c0 = cpu_ticks()
     with open(log, "w") as f:
+        # Its own process group, so that a harness past its time is stopped with every process it
+        # started (NCCL's ranks are children of the harness): first SIGABRT, on which Python's
+        # fault handler writes each process's stack into the log, then SIGKILL.
+        p = subprocess.Popen(cmd, env={**env, "PYTHONFAULTHANDLER": "1"}, stdout=f, stderr=subprocess.STDOUT,
+                             start_new_session=True)
         try:
-            rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout).returncode
+            rc = p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             rc = "timeout"
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=5)
+            time.sleep(1)  # the other processes of the group write their stacks too
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
     wall = time.time() - t0
     c1 = cpu_ticks()
     steal = None
