@@ -64,13 +64,16 @@ def worker(rank: int, args, env: dict, port: int, q):
     # Without --ack the receiver times each recv; with it the sender times send + reply.
     reporter = 0 if args.ack else 1
     buf = torch.empty(max_size * depth, dtype=torch.uint8, device="cuda")
-    # One tiny exchange first so the connection set-up is not in any timing.
+    # One tiny exchange each way first, so that no timing includes connection set-up: NCCL
+    # connects a direction's channels at its first message, and with --ack the replies go the
+    # other way (before, the first timed message's reply paid for connecting 1 -> 0).
     t = torch.ones(1, device="cuda")
-    if rank == 0:
-        dist.send(t, 1)
-    else:
-        dist.recv(t, 0)
-    torch.cuda.synchronize()
+    for src in (0, 1):
+        if rank == src:
+            dist.send(t, peer)
+        else:
+            dist.recv(t, peer)
+        torch.cuda.synchronize()
     ack = torch.zeros(1, dtype=torch.uint8, device="cuda")
 
     def step(size):
