@@ -68,7 +68,7 @@ def worker(rank: int, args, env: dict, port: int, q):
     # connects a direction's channels at its first message, and with --ack the replies go the
     # other way (before, the first timed message's reply paid for connecting 1 -> 0).
     t = torch.ones(1, device="cuda")
-    for src in (0, 1):
+    for src in (0,) if args.connect_late else (0, 1):
         if rank == src:
             dist.send(t, peer)
         else:
@@ -178,6 +178,9 @@ def main():
                     "says it landed, as a daemon WRITE completes; without it the receiver times its recv, "
                     "and a sender that runs ahead makes that little more than the unpack")
     ap.add_argument("--concurrency", type=int, default=1, help="messages in flight per timed step (a group)")
+    ap.add_argument("--connect-late", action="store_true",
+                    help="connect the 1 -> 0 direction at the first --ack reply, while the first message may still "
+                    "be in flight, instead of up front (the reproducer of docs/EMULATION.md's known problem)")
     ap.add_argument("--out", help="append JSON lines here")
     ap.add_argument("--same-gpu", action="store_true",
                     help="both ranks on GPU 0 (a host with one GPU), each with its own NCCL_HOSTID")
