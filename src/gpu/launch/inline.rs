@@ -165,6 +165,12 @@ impl InlineBatch {
     pub fn max_count(&self) -> u32 {
         self.fill.max_count
     }
+
+    /// Drops what was pushed without launching it (a batch that failed half-filled must not
+    /// carry its receives into the next launch).
+    pub fn discard(&mut self) {
+        self.fill = InlineFill::default();
+    }
 }
 
 impl Gpu {
@@ -269,6 +275,11 @@ impl InlinePagesBatch {
     pub fn max_count(&self) -> u32 {
         self.fill.max_count
     }
+
+    /// Drops what was pushed without launching it (see [`InlineBatch::discard`]).
+    pub fn discard(&mut self) {
+        self.fill = InlineFill::default();
+    }
 }
 
 impl Gpu {
@@ -336,5 +347,48 @@ impl Gpu {
         // SAFETY: the caller vouches for `params` and `fill`; the error word is inside a live
         // pinned allocation (checked above), and so is the signal's done word (LaunchSignal::new).
         unsafe { self.launch(func, grid, block, stream, &mut args, false) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(ptr: u64, len: u64) -> DeviceSpan {
+        DeviceSpan::for_validation_tests(ptr, len)
+    }
+
+    fn pages(n: u32) -> Vec<loadMeta> {
+        (0..n)
+            .map(|i| loadMeta {
+                src_off: i * 4096,
+                len: 4096,
+                dst_off: u64::from(i) * 4096,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_discarded_batch_is_empty_and_takes_a_full_batch_again() {
+        let mut b = InlineBatch::new();
+        let frags = pages(4);
+        while b.has_room(frags.len()) {
+            b.push(&frags, span(1 << 20, 1 << 20), span(1 << 30, 1 << 20))
+                .unwrap();
+        }
+        assert!(!b.is_empty());
+        assert!(
+            b.push(&frags, span(1 << 20, 1 << 20), span(1 << 30, 1 << 20))
+                .is_err()
+        );
+        b.discard();
+        assert!(b.is_empty() && b.max_count() == 0 && b.has_room(frags.len()));
+
+        let mut p = InlinePagesBatch::new();
+        p.push(&frags, span(1 << 20, 1 << 20), span(1 << 30, 1 << 20))
+            .unwrap();
+        assert!(!p.is_empty() && p.max_count() == 4);
+        p.discard();
+        assert!(p.is_empty() && p.max_count() == 0);
     }
 }

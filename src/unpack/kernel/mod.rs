@@ -383,8 +383,14 @@ impl KernelUnpacker {
             }
             for &(first, n, bounce, dst, _) in &self.pending {
                 let base = slot * SLOT_FRAGS + first;
-                self.inline_pages
-                    .push(self.staging.typed::<loadMeta>(base * META, n)?, bounce, dst)?;
+                let pushed = self
+                    .staging
+                    .typed::<loadMeta>(base * META, n)
+                    .and_then(|m| self.inline_pages.push(m, bounce, dst));
+                if let Err(e) = pushed {
+                    self.inline_pages.discard();
+                    return Err(e.into());
+                }
             }
             let blocks = self.blocks_for(self.inline_pages.max_count());
             self.gpu.launch_unpack_inline_pages(
@@ -404,8 +410,14 @@ impl KernelUnpacker {
         }
         for &(first, n, bounce, dst, _) in &self.pending {
             let base = slot * SLOT_FRAGS + first;
-            self.inline
-                .push(self.staging.typed::<loadMeta>(base * META, n)?, bounce, dst)?;
+            let pushed = self
+                .staging
+                .typed::<loadMeta>(base * META, n)
+                .and_then(|m| self.inline.push(m, bounce, dst));
+            if let Err(e) = pushed {
+                self.inline.discard();
+                return Err(e.into());
+            }
         }
         let blocks = self.blocks_for(self.inline.max_count());
         self.gpu.launch_unpack_inline(
