@@ -487,6 +487,10 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                     sent_rendezvous: p.counters.sent_rendezvous,
                     received_eager: p.counters.received_eager,
                     received_rendezvous: p.counters.received_rendezvous,
+                    error: match &p.link {
+                        PeerLink::Failed(why) => why.clone(),
+                        _ => String::new(),
+                    },
                     lanes: (0..lanes)
                         .map(|i| {
                             let s = p.counters.send.get(i).cloned().unwrap_or_default();

@@ -350,6 +350,7 @@ pub fn stats_json(s: &Stats) -> Value {
         "peers": s.peers.iter().map(|p| json!({
             "node_id": p.node_id,
             "state": peer_state_name(p.state),
+            "error": p.error,
             "transfers_started": p.transfers_started,
             "transfers_ok": p.transfers_ok,
             "transfers_failed": p.transfers_failed,
@@ -496,6 +497,9 @@ pub fn stats_text(s: &Stats, previous: Option<(&Stats, Duration)>) -> String {
             p.transfers_ok,
             p.transfers_failed
         );
+        if !p.error.is_empty() {
+            let _ = writeln!(out, "  error: {}", p.error);
+        }
         let prev_peer = previous.and_then(|(prev, dt)| {
             prev.peers
                 .iter()
@@ -655,6 +659,21 @@ mod tests {
         assert!(text.contains("1.07 GB/s"), "{text}");
         assert_eq!(stats_json(&s)["peers"][0]["lanes"][0]["bytes_sent"], 2u64 << 30);
         assert!(text.contains("WINDOW FULL S/R"), "{text}");
+        assert!(!text.contains("error:"), "{text}");
+
+        // A failed pairing says why.
+        let mut failed = s.clone();
+        failed.peers[0].state = PeerState::Failed as i32;
+        failed.peers[0].error = "control stream closed by the peer".into();
+        let text = stats_text(&failed, None);
+        assert!(
+            text.contains("peer b FAILED") && text.contains("  error: control stream closed by the peer"),
+            "{text}"
+        );
+        assert_eq!(
+            stats_json(&failed)["peers"][0]["error"],
+            "control stream closed by the peer"
+        );
     }
 
     #[test]
