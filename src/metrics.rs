@@ -362,12 +362,16 @@ fn snapshot_registry(snap: &StatsSnapshot, buffers: usize, buffer_bytes: u64) ->
         "Bytes of registered buffers",
         buffer_bytes as i64,
     );
-    // The latest slot of a node decides its state; counters add up over its slots.
+    // The latest slot of a node decides its state; counters add up over its slots and the
+    // pairings of it the engine released (`StatsSnapshot::retired`), so they never go back.
     let mut states: HashMap<&str, &PeerLink> = HashMap::new();
-    for p in &snap.peers {
-        let peer = p.counters.node_id.as_str();
-        states.insert(peer, &p.link);
-        for (dir, lanes) in [("send", &p.counters.send), ("recv", &p.counters.recv)] {
+    let kept = snap.peers.iter().map(|p| (&p.counters, Some(&p.link)));
+    for (c, link) in kept.chain(snap.retired.iter().map(|c| (c, None))) {
+        let peer = c.node_id.as_str();
+        if let Some(link) = link {
+            states.insert(peer, link);
+        }
+        for (dir, lanes) in [("send", &c.send), ("recv", &c.recv)] {
             for (i, l) in lanes.iter().enumerate() {
                 let lane = i.to_string();
                 let labels = [peer, lane.as_str(), dir];
@@ -383,17 +387,17 @@ fn snapshot_registry(snap: &StatsSnapshot, buffers: usize, buffer_bytes: u64) ->
             }
         }
         for (result, v) in [
-            ("started", p.counters.transfers_started),
-            ("ok", p.counters.transfers_ok),
-            ("failed", p.counters.transfers_failed),
+            ("started", c.transfers_started),
+            ("ok", c.transfers_ok),
+            ("failed", c.transfers_failed),
         ] {
             peer_transfers.with_label_values(&[peer, result]).inc_by(v);
         }
         for (dir, protocol, v) in [
-            ("sent", "eager", p.counters.sent_eager),
-            ("sent", "rendezvous", p.counters.sent_rendezvous),
-            ("received", "eager", p.counters.received_eager),
-            ("received", "rendezvous", p.counters.received_rendezvous),
+            ("sent", "eager", c.sent_eager),
+            ("sent", "rendezvous", c.sent_rendezvous),
+            ("received", "eager", c.received_eager),
+            ("received", "rendezvous", c.received_rendezvous),
         ] {
             peer_protocol.with_label_values(&[peer, dir, protocol]).inc_by(v);
         }
@@ -585,6 +589,18 @@ mod tests {
                 send_devices: vec![0],
                 recv_devices: vec![0],
             }],
+            // Released pairings of b: their totals add to b's counters, not to its gauges.
+            retired: vec![PeerCounters {
+                node_id: "b".into(),
+                transfers_ok: 3,
+                sent_eager: 1,
+                send: vec![LaneCounters {
+                    bytes: 1 << 20,
+                    window_full: 1,
+                    ..LaneCounters::default()
+                }],
+                ..PeerCounters::default()
+            }],
             active_transfers: 1,
         };
         let text = m.render(&snap, 2, 4096);
@@ -596,17 +612,17 @@ mod tests {
             "tcpxd_unpack_seconds_count{kind=\"host\"} 1",
             "tcpxd_recv_to_consume_seconds_count 1",
             "tcpxd_plugin_errors_total{code=\"ncclSystemError\"} 1",
-            "tcpxd_lane_bytes_total{direction=\"send\",lane=\"0\",peer=\"b\"} 1048576",
-            "tcpxd_lane_window_full_total{direction=\"send\",lane=\"0\",peer=\"b\"} 4",
+            "tcpxd_lane_bytes_total{direction=\"send\",lane=\"0\",peer=\"b\"} 2097152",
+            "tcpxd_lane_window_full_total{direction=\"send\",lane=\"0\",peer=\"b\"} 5",
             "tcpxd_lane_in_flight{direction=\"send\",lane=\"0\",peer=\"b\"} 1",
             "tcpxd_lane_queued{direction=\"send\",lane=\"0\",peer=\"b\"} 3",
             "tcpxd_lane_credits{direction=\"send\",lane=\"0\",peer=\"b\"} 5",
             "tcpxd_lane_credit_limit{direction=\"send\",lane=\"0\",peer=\"b\"} 16",
             "tcpxd_peer_state{peer=\"b\",state=\"up\"} 1",
-            "tcpxd_peer_protocol_total{direction=\"sent\",peer=\"b\",protocol=\"eager\"} 6",
+            "tcpxd_peer_protocol_total{direction=\"sent\",peer=\"b\",protocol=\"eager\"} 7",
             "tcpxd_peer_protocol_total{direction=\"received\",peer=\"b\",protocol=\"rendezvous\"} 9",
             "tcpxd_peer_state{peer=\"b\",state=\"failed\"} 0",
-            "tcpxd_peer_transfers_total{peer=\"b\",result=\"ok\"} 1",
+            "tcpxd_peer_transfers_total{peer=\"b\",result=\"ok\"} 4",
             "tcpxd_active_transfers 1",
             "tcpxd_buffers 2",
             "tcpxd_buffer_bytes 4096",

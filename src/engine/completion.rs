@@ -8,7 +8,7 @@ impl Engine {
     pub fn send_done(&mut self, peer: PeerIdx, lane: u32) {
         let Some(l) = self
             .peers
-            .get_mut(peer.0 as usize)
+            .get_mut(&peer)
             .and_then(|p| p.send.get_mut(lane as usize))
         else {
             return;
@@ -49,7 +49,7 @@ impl Engine {
             self.eager_consumed(peer, lane)
         } else {
             self.peers
-                .get_mut(peer.0 as usize)
+                .get_mut(&peer)
                 .and_then(|p| p.recv.get_mut(lane as usize))
                 .and_then(|l| l.posted.pop_front())
                 .map(|i| (i.offer, i.len))
@@ -57,7 +57,7 @@ impl Engine {
         let Some((offer_id, len)) = item else {
             return;
         };
-        let l = &mut self.peers[peer.0 as usize].recv[lane as usize];
+        let l = &mut self.peers[&peer].recv[lane as usize];
         l.bytes += u64::from(len);
         l.chunks += 1;
         let item = Item {
@@ -136,7 +136,7 @@ impl Engine {
 
     /// The lane (or control stream) of a peer failed: every transfer touching it fails.
     pub fn peer_failed(&mut self, peer: PeerIdx, reason: &str) {
-        let Some(p) = self.peers.get_mut(peer.0 as usize) else {
+        let Some(p) = self.peers.get_mut(&peer) else {
             return;
         };
         if p.failed.is_some() {
@@ -197,6 +197,7 @@ impl Engine {
             peer,
             reason: reason.to_string(),
         });
+        self.note_failed(peer);
     }
 
     // ---- cancellation and time ----------------------------------------------------------------
@@ -266,7 +267,7 @@ impl Engine {
             }
         }
         for p in &t.peers {
-            self.peers[p.0 as usize].transfers_failed += 1;
+            self.peers[p].transfers_failed += 1;
         }
         let entries = (0..t.entries.len())
             .map(|i| match (&t.entries[i], entry) {
@@ -301,7 +302,7 @@ impl Engine {
         let peer = o.peer;
         if o.msg.is_some() {
             // Never sent (the peer's receive mode is not known yet): the peer knows nothing of it.
-            self.peers[peer.0 as usize].waiting.retain(|&id| id != offer_id);
+            self.peers[&peer].waiting.retain(|&id| id != offer_id);
             self.drop_out_offer(offer_id);
             return;
         }
@@ -318,7 +319,7 @@ impl Engine {
         }
         let o = &self.out_offers[&offer_id];
         if o.accepted {
-            let p = &mut self.peers[peer.0 as usize];
+            let p = &mut self.peers[&peer];
             for l in &mut p.send {
                 for item in l.queue.iter_mut().filter(|i| i.offer == offer_id) {
                     item.len = 0;
@@ -367,7 +368,7 @@ impl Engine {
         let t = self.transfers.remove(&id).expect("present");
         self.deadlines.remove(&(t.deadline, id));
         for p in &t.peers {
-            self.peers[p.0 as usize].transfers_ok += 1;
+            self.peers[p].transfers_ok += 1;
         }
         self.actions.push_back(Action::Progress {
             transfer: id,
@@ -388,7 +389,7 @@ impl Engine {
     /// Posts what the windows allow on every lane of a peer.
     pub(super) fn pump(&mut self, peer: PeerIdx) {
         let (send_window, recv_window) = (self.cfg.send_window, self.cfg.recv_window);
-        let Some(p) = self.peers.get_mut(peer.0 as usize) else {
+        let Some(p) = self.peers.get_mut(&peer) else {
             return;
         };
         if p.failed.is_some() {

@@ -42,7 +42,7 @@ pub const PLUGIN_REQUESTS: u32 = 16;
 impl Engine {
     /// The first message to a new peer: how this node receives.
     pub(super) fn announce_mode(&mut self, peer: PeerIdx) {
-        let p = &self.peers[peer.0 as usize];
+        let p = &self.peers[&peer];
         let (rendezvous, eager) = p.recv_split();
         let credit_bytes = p.credit_bytes;
         let msg = if eager.is_empty() {
@@ -76,7 +76,7 @@ impl Engine {
         if !self.recv_lane_is_eager(peer, lane) {
             return;
         }
-        let p = &mut self.peers[peer.0 as usize];
+        let p = &mut self.peers[&peer];
         let (n, len) = (self.cfg.credits, p.credit_bytes);
         let Some(l) = p.recv.get_mut(lane as usize) else {
             return;
@@ -104,7 +104,7 @@ impl Engine {
         eager_first_lane: u32,
         eager_max_bytes: u64,
     ) {
-        let p = &self.peers[peer.0 as usize];
+        let p = &self.peers[&peer];
         let lanes = p.send.len() as u32;
         if p.remote.is_some() {
             return self.violation(peer, "a second ReceiveMode".into());
@@ -136,7 +136,7 @@ impl Engine {
         } else {
             eager_max_bytes
         };
-        let p = &mut self.peers[peer.0 as usize];
+        let p = &mut self.peers[&peer];
         p.remote = Some(RemoteMode {
             credits,
             chunk_bytes,
@@ -153,7 +153,7 @@ impl Engine {
     }
 
     pub(super) fn on_credits(&mut self, peer: PeerIdx, returned: Vec<u32>) {
-        let p = &self.peers[peer.0 as usize];
+        let p = &self.peers[&peer];
         let Some(remote) = p.remote.filter(|r| r.credits > 0) else {
             return self.violation(peer, "credits from a peer that receives by rendezvous".into());
         };
@@ -184,7 +184,7 @@ impl Engine {
                 );
             }
         }
-        let p = &mut self.peers[peer.0 as usize];
+        let p = &mut self.peers[&peer];
         for (l, n) in p.send.iter_mut().zip(returned) {
             l.credits += n;
         }
@@ -193,8 +193,8 @@ impl Engine {
 
     /// An eager header: the data is already on its way (or here).
     pub(super) fn on_header(&mut self, peer: PeerIdx, offer: Offer) {
-        let (_, lanes) = self.peers[peer.0 as usize].recv_split();
-        let credit_bytes = self.peers[peer.0 as usize].credit_bytes;
+        let (_, lanes) = self.peers[&peer].recv_split();
+        let credit_bytes = self.peers[&peer].credit_bytes;
         if lanes.is_empty() {
             return self.violation(
                 peer,
@@ -258,7 +258,7 @@ impl Engine {
             self.use_buffer(b);
         }
         let mut chunks_total = 0u64;
-        let p = &mut self.peers[peer.0 as usize];
+        let p = &mut self.peers[&peer];
         p.received_eager += 1;
         for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, lanes.clone()) {
             let dest = dests.get(c.range as usize).map(|&(b, off)| (b, off + c.offset));
@@ -297,7 +297,7 @@ impl Engine {
                     && !r.cancelled
                 {
                     let (t, entry) = (r.transfer, r.entries.get(range_index as usize).copied());
-                    let node = self.peers[peer.0 as usize].node_id.clone();
+                    let node = self.peers[&peer].node_id.clone();
                     self.fail_transfer(
                         t,
                         code,
@@ -331,7 +331,7 @@ impl Engine {
     pub fn recv_landed(&mut self, peer: PeerIdx, lane: u32, now: Instant) {
         let Some(l) = self
             .peers
-            .get_mut(peer.0 as usize)
+            .get_mut(&peer)
             .filter(|p| p.failed.is_none())
             .and_then(|p| p.recv.get_mut(lane as usize))
         else {
@@ -350,7 +350,7 @@ impl Engine {
 
     /// Pairs landed receives with announced chunks, in lane order.
     fn match_landed(&mut self, peer: PeerIdx, lane: u32) {
-        let p = &mut self.peers[peer.0 as usize];
+        let p = &mut self.peers[&peer];
         let l = &mut p.recv[lane as usize];
         while !l.landed.is_empty() && !l.targets.is_empty() {
             l.landed.pop_front();
@@ -373,7 +373,7 @@ impl Engine {
     /// posted again and the credit goes back to the peer. Returns the chunk's transfer and
     /// length.
     pub(super) fn eager_consumed(&mut self, peer: PeerIdx, lane: u32) -> Option<(u64, u32)> {
-        let p = self.peers.get_mut(peer.0 as usize)?;
+        let p = self.peers.get_mut(&peer)?;
         let len = p.credit_bytes;
         let l = p.recv.get_mut(lane as usize)?;
         let t = l.unpacking.pop_front()?;
@@ -385,7 +385,7 @@ impl Engine {
 
     /// One `Credits` message per peer with credits to return.
     pub(super) fn flush_credits(&mut self) {
-        for (i, p) in self.peers.iter_mut().enumerate() {
+        for (&peer, p) in self.peers.iter_mut() {
             if p.failed.is_some() || p.recv.iter().all(|l| l.returned == 0) {
                 continue;
             }
@@ -395,7 +395,7 @@ impl Engine {
                 .map(|l| std::mem::take(&mut l.returned))
                 .collect();
             self.actions.push_back(Action::Control {
-                peer: PeerIdx(i as u32),
+                peer,
                 msg: PeerMsg::Credits { returned },
             });
         }
@@ -404,7 +404,7 @@ impl Engine {
     /// The earliest moment data that is waiting for its header fails its peer.
     pub(super) fn next_orphan_deadline(&self) -> Option<Instant> {
         self.peers
-            .iter()
+            .values()
             .filter(|p| p.failed.is_none())
             .flat_map(|p| &p.recv)
             .filter_map(|l| l.landed.front())
@@ -418,13 +418,12 @@ impl Engine {
         let late: Vec<(PeerIdx, usize)> = self
             .peers
             .iter()
-            .enumerate()
             .filter(|(_, p)| p.failed.is_none())
-            .filter_map(|(i, p)| {
+            .filter_map(|(&peer, p)| {
                 p.recv
                     .iter()
                     .position(|l| l.landed.front().is_some_and(|&t| t + timeout <= now))
-                    .map(|lane| (PeerIdx(i as u32), lane))
+                    .map(|lane| (peer, lane))
             })
             .collect();
         for (peer, lane) in late {

@@ -6,7 +6,7 @@ use super::*;
 impl Engine {
     /// Handles one control message from a peer, in stream order.
     pub fn on_message(&mut self, peer: PeerIdx, msg: PeerMsg, now: Instant) {
-        if self.peers.get(peer.0 as usize).is_none_or(|p| p.failed.is_some()) {
+        if self.peers.get(&peer).is_none_or(|p| p.failed.is_some()) {
             return;
         }
         match msg {
@@ -127,7 +127,7 @@ impl Engine {
             message,
             range_index,
         };
-        let (lanes, _) = self.peers[peer.0 as usize].recv_split();
+        let (lanes, _) = self.peers[&peer].recv_split();
         let verdict: Result<(), (Code, String, u32)> = (|| {
             if lanes.is_empty() {
                 // Nothing was posted for it: refusing keeps every lane in step.
@@ -183,7 +183,7 @@ impl Engine {
             self.use_buffer(b);
         }
         let mut chunks_total = 0u64;
-        let p = &mut self.peers[peer.0 as usize];
+        let p = &mut self.peers[&peer];
         p.received_rendezvous += 1;
         for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, lanes) {
             let (b, off) = dests[c.range as usize];
@@ -257,7 +257,7 @@ impl Engine {
         };
         o.accepted = true;
         let peer = o.peer;
-        let p = &mut self.peers[peer.0 as usize];
+        let p = &mut self.peers[&peer];
         let mut n = 0u64;
         for c in ChunkPlan::new(&o.lengths, o.chunk_bytes, o.first_lane, o.lanes.clone()) {
             let (b, off) = o.sources[c.range as usize];
@@ -301,7 +301,7 @@ impl Engine {
             self.drop_out_offer(offer_id);
         }
         if let Some(t) = transfer {
-            let node = self.peers[peer.0 as usize].node_id.clone();
+            let node = self.peers[&peer].node_id.clone();
             let msg = match entry {
                 Some(e) => format!("entries[{e}]: node {node} refused: {message}"),
                 None => format!("node {node} refused: {message}"),
@@ -353,7 +353,7 @@ impl Engine {
         let transfer = o.transfer;
         self.cancel_out_offer(offer_id, None);
         if let Some(t) = transfer {
-            let node = self.peers[peer.0 as usize].node_id.clone();
+            let node = self.peers[&peer].node_id.clone();
             self.fail_transfer(
                 t,
                 code,
@@ -373,7 +373,7 @@ impl Engine {
             && let Some(r) = self.reads.get(&rid)
         {
             let t = r.transfer;
-            let node = self.peers[peer.0 as usize].node_id.clone();
+            let node = self.peers[&peer].node_id.clone();
             self.fail_transfer(
                 t,
                 code,
@@ -461,7 +461,7 @@ impl Engine {
         let entry = r.entries.get(range_index as usize).copied();
         let t = r.transfer;
         self.reads.remove(&read_id);
-        let node = self.peers[peer.0 as usize].node_id.clone();
+        let node = self.peers[&peer].node_id.clone();
         let msg = match entry {
             Some(e) => format!("entries[{e}]: node {node} refused: {message}"),
             None => format!("node {node} refused: {message}"),

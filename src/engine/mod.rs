@@ -28,10 +28,12 @@ pub mod credits;
 pub mod error;
 mod inbound;
 pub mod plan;
+mod release;
+use release::PeerMap;
 mod start;
 pub mod wire;
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -103,7 +105,8 @@ impl Default for EngineConfig {
 /// eager wins for small transfers, rendezvous from 1-4 MiB up; docs/BENCHMARKS.md).
 pub const DEFAULT_EAGER_MAX_BYTES: u64 = 64 * 1024;
 
-/// Index of a peer in the engine.
+/// A pairing in the engine: never reused, so a late message or event for a pairing the engine
+/// released names no other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PeerIdx(pub u32);
 
@@ -201,6 +204,9 @@ pub enum Action {
     },
     /// The peer failed: close its comms (the engine already dropped its queues).
     ClosePeer { peer: PeerIdx, reason: String },
+    /// A failed pairing the engine forgot (`release.rs`): drop whatever the driver still keeps
+    /// for it. No action names it again.
+    ReleasePeer { peer: PeerIdx },
 }
 
 /// Per-lane counters.
@@ -439,7 +445,15 @@ struct Transfer {
 pub struct Engine {
     cfg: EngineConfig,
     buffers: HashMap<u64, BufferMeta>,
-    peers: Vec<Peer>,
+    /// Every pairing not released yet (`release.rs`): the live ones and, per node, the newest
+    /// failed one, plus failed ones transfers still name.
+    peers: PeerMap,
+    next_peer: u32,
+    /// Failed pairings waiting to be released once nothing names them.
+    dying: Vec<PeerIdx>,
+    /// Per node: the counters of its released pairings, added up (the metrics count over every
+    /// pairing a node had).
+    retired: BTreeMap<String, PeerCounters>,
     out_offers: HashMap<u64, OutOffer>,
     in_offers: HashMap<(PeerIdx, u64), InOffer>,
     reads: HashMap<u64, ReadPart>,
@@ -466,7 +480,10 @@ impl Engine {
         Engine {
             cfg,
             buffers: HashMap::new(),
-            peers: Vec::new(),
+            peers: PeerMap::default(),
+            next_peer: 0,
+            dying: Vec::new(),
+            retired: BTreeMap::new(),
             out_offers: HashMap::new(),
             in_offers: HashMap::new(),
             reads: HashMap::new(),
@@ -488,6 +505,7 @@ impl Engine {
         if self.actions.is_empty() {
             // Credits go back once per batch of actions, after the receives were re-posted.
             self.flush_credits();
+            self.release_dead();
         }
         self.actions.pop_front()
     }
@@ -565,7 +583,12 @@ impl Engine {
 
     /// Adds a peer with `send_lanes` lanes towards it and `recv_lanes` from it (not ready yet).
     pub fn add_peer(&mut self, node_id: &str, send_lanes: u32, recv_lanes: u32) -> PeerIdx {
-        let idx = PeerIdx(self.peers.len() as u32);
+        // Never one still in use (only after 2^32 pairings could the counter come round to one).
+        while self.peers.contains_key(&PeerIdx(self.next_peer)) {
+            self.next_peer = self.next_peer.wrapping_add(1);
+        }
+        let idx = PeerIdx(self.next_peer);
+        self.next_peer = self.next_peer.wrapping_add(1);
         let eager_from = match self.cfg.protocol {
             Protocol::Rendezvous => recv_lanes,
             Protocol::Eager => 0,
@@ -578,43 +601,46 @@ impl Engine {
         } else {
             self.cfg.chunk_bytes
         };
-        self.peers.push(Peer {
-            node_id: node_id.to_string(),
-            failed: None,
-            send: (0..send_lanes).map(|_| Lane::default()).collect(),
-            recv: (0..recv_lanes).map(|_| Lane::default()).collect(),
-            next_lane: 0,
-            next_eager_lane: 0,
-            eager_from,
-            credit_bytes,
-            remote: None,
-            waiting: Vec::new(),
-            transfers_started: 0,
-            transfers_ok: 0,
-            transfers_failed: 0,
-            sent_eager: 0,
-            sent_rendezvous: 0,
-            received_eager: 0,
-            received_rendezvous: 0,
-        });
+        self.peers.insert(
+            idx,
+            Peer {
+                node_id: node_id.to_string(),
+                failed: None,
+                send: (0..send_lanes).map(|_| Lane::default()).collect(),
+                recv: (0..recv_lanes).map(|_| Lane::default()).collect(),
+                next_lane: 0,
+                next_eager_lane: 0,
+                eager_from,
+                credit_bytes,
+                remote: None,
+                waiting: Vec::new(),
+                transfers_started: 0,
+                transfers_ok: 0,
+                transfers_failed: 0,
+                sent_eager: 0,
+                sent_rendezvous: 0,
+                received_eager: 0,
+                received_rendezvous: 0,
+            },
+        );
         self.announce_mode(idx);
         idx
     }
 
     pub fn peer_node(&self, peer: PeerIdx) -> Option<&str> {
-        self.peers.get(peer.0 as usize).map(|p| p.node_id.as_str())
+        self.peers.get(&peer).map(|p| p.node_id.as_str())
     }
 
     /// Whether a receive lane from a peer keeps credits (this node's protocol and lane split).
     pub fn recv_lane_is_eager(&self, peer: PeerIdx, lane: u32) -> bool {
         self.peers
-            .get(peer.0 as usize)
+            .get(&peer)
             .is_some_and(|p| p.recv_split().1.contains(&lane))
     }
 
     /// A lane's comm is ready: sends (`send == true`) or receives can be posted.
     pub fn lane_ready(&mut self, peer: PeerIdx, lane: u32, send: bool) {
-        if let Some(p) = self.peers.get_mut(peer.0 as usize) {
+        if let Some(p) = self.peers.get_mut(&peer) {
             let lanes = if send { &mut p.send } else { &mut p.recv };
             if let Some(l) = lanes.get_mut(lane as usize) {
                 l.ready = true;
@@ -627,7 +653,7 @@ impl Engine {
     }
 
     pub fn peer_counters(&self, peer: PeerIdx) -> Option<PeerCounters> {
-        let p = self.peers.get(peer.0 as usize)?;
+        let p = self.peers.get(&peer)?;
         let live = p.failed.is_none();
         let (_, send_eager) = p.send_split();
         let (_, recv_eager) = p.recv_split();
@@ -686,7 +712,7 @@ impl Engine {
     /// Requests posted to the plugin across all lanes that carry a transfer's bytes (sends,
     /// receives): eager credit receives still waiting for data are not counted.
     pub fn posted(&self) -> (usize, usize) {
-        self.peers.iter().fold((0, 0), |(s, r), p| {
+        self.peers.values().fold((0, 0), |(s, r), p| {
             (
                 s + p.send.iter().map(|l| l.posted.len()).sum::<usize>(),
                 r + p
@@ -704,7 +730,7 @@ impl Engine {
             && self.out_offers.is_empty()
             && self.in_offers.is_empty()
             && self.reads.is_empty()
-            && self.peers.iter().all(|p| {
+            && self.peers.values().all(|p| {
                 p.send.iter().chain(&p.recv).all(|l| {
                     l.queue.is_empty()
                         && l.posted.is_empty()
@@ -719,7 +745,7 @@ impl Engine {
     /// to come: the poller then has nothing to test and parks on its command channel (commands
     /// and control messages, headers included, wake it). Idle credit receives do not count.
     pub fn lanes_idle(&self) -> bool {
-        self.peers.iter().all(|p| {
+        self.peers.values().all(|p| {
             p.send.iter().chain(&p.recv).all(|l| {
                 l.posted.is_empty() && l.targets.is_empty() && l.landed.is_empty() && l.unpacking.is_empty()
             })
@@ -729,7 +755,7 @@ impl Engine {
     fn live_peer(&self, field: &str, peer: PeerIdx) -> EngineResult<&Peer> {
         let p = self
             .peers
-            .get(peer.0 as usize)
+            .get(&peer)
             .ok_or_else(|| EngineError::not_found(format!("{field}: unknown peer")))?;
         if let Some(why) = &p.failed {
             return Err(EngineError::new(

@@ -58,7 +58,7 @@ impl Engine {
         t.parts.push(part);
         t.pending_parts += 1;
         t.peers.push(peer);
-        self.peers[peer.0 as usize].transfers_started += 1;
+        self.peers[&peer].transfers_started += 1;
     }
 
     /// The first progress event of a new transfer.
@@ -187,7 +187,7 @@ impl Engine {
                 sent: false,
             },
         );
-        let p = &mut self.peers[peer.0 as usize];
+        let p = &mut self.peers[&peer];
         if p.remote.is_some() {
             self.send_offer(offer_id);
         } else {
@@ -207,7 +207,7 @@ impl Engine {
             return;
         };
         let peer = o.peer;
-        let p = &mut self.peers[peer.0 as usize];
+        let p = &mut self.peers[&peer];
         let remote = p.remote.expect("the peer's receive mode is known");
         let (rendezvous_lanes, eager_lanes) = p.send_split();
         let total = o.lengths.iter().fold(0u64, |a, &l| a.saturating_add(l));

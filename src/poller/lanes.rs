@@ -2,13 +2,14 @@
 //! sends and receives as the windows allow), testing the head of each comm, and consuming
 //! completed receives in ring order once unpacked.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::gpu_stage::{BatchEnd, Dest, Wait, check_list, start_unpack};
 use super::{
-    Completion, LANDING, Landing, Phase, Poller, Posted, RecvLane, RecvLaneState, SendLane, SendLaneState,
+    Completion, LANDING, Landing, PeerSlot, Phase, Poller, Posted, RecvLane, RecvLaneState, SendLane,
+    SendLaneState,
 };
 use crate::buffers::BufferEntry;
 use crate::engine::{Action, Code, PeerIdx, PeerMsg};
@@ -22,11 +23,10 @@ impl Poller {
         let mut events = std::mem::take(&mut self.completions);
         let now = Instant::now();
         let meter = &self.meter;
-        for (pi, p) in self.peers.iter_mut().enumerate() {
+        for (&peer, p) in self.peers.iter_mut() {
             if p.failed {
                 continue;
             }
-            let peer = PeerIdx(pi as u32);
             for (li, l) in p.send.iter_mut().enumerate() {
                 if let SendLaneState::Connecting(c, deadline) = &mut l.state {
                     match c.step() {
@@ -67,7 +67,7 @@ impl Poller {
         let progressed = !events.is_empty();
         self.apply(&mut events);
         self.completions = events;
-        for p in &mut self.peers {
+        for p in self.peers.values_mut() {
             if !p.up
                 && !p.failed
                 && p.send.iter().all(|l| matches!(l.state, SendLaneState::Ready(_)))
@@ -89,7 +89,9 @@ impl Poller {
                 Completion::Landed(p, l) => self.engine.recv_landed(p, l, Instant::now()),
                 Completion::LaneReady(p, l, send) => self.engine.lane_ready(p, l, send),
                 Completion::Failed(p, why) => {
-                    tracing::warn!(peer = %self.peers[p.0 as usize].node_id, "{why}");
+                    if let Some(slot) = self.peers.get(&p) {
+                        tracing::warn!(peer = %slot.node_id, "{why}");
+                    }
                     self.engine.peer_failed(p, &why)
                 }
             }
@@ -106,7 +108,9 @@ impl Poller {
                 Action::Control { peer, msg } => {
                     let (kind, id) = msg.label();
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.out", kind, id);
-                    let _ = self.peers[peer.0 as usize].control.send(msg);
+                    if let Some(p) = self.peers.get(&peer) {
+                        let _ = p.control.send(msg);
+                    }
                 }
                 Action::PostSend {
                     peer,
@@ -116,7 +120,9 @@ impl Poller {
                     len,
                 } => {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.isend", lane);
-                    let l = &mut self.peers[peer.0 as usize].send[lane as usize];
+                    let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.send) else {
+                        continue;
+                    };
                     l.deferred.push_back((buffer, offset, len));
                     if let Err(why) = post_sends(l, &self.buffers) {
                         failures.push((peer, format!("lane {lane} send: {why}")));
@@ -129,7 +135,9 @@ impl Poller {
                     offset,
                     len,
                 } => {
-                    let l = &mut self.peers[peer.0 as usize].recv[lane as usize];
+                    let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
+                        continue;
+                    };
                     l.deferred.push_back((buffer, offset, len));
                     if let Err(why) = post_recvs(l, &self.buffers) {
                         failures.push((peer, format!("lane {lane} receive: {why}")));
@@ -137,7 +145,9 @@ impl Poller {
                 }
                 Action::PostCredit { peer, lane, len } => {
                     let credits = u64::from(self.cfg.engine.credits);
-                    let l = &mut self.peers[peer.0 as usize].recv[lane as usize];
+                    let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
+                        continue;
+                    };
                     let r = landing_slots(l, credits, len).and_then(|()| {
                         let slot = l.credit_seq % credits;
                         l.credit_seq += 1;
@@ -155,7 +165,9 @@ impl Poller {
                     offset,
                     len,
                 } => {
-                    let l = &mut self.peers[peer.0 as usize].recv[lane as usize];
+                    let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
+                        continue;
+                    };
                     let RecvLaneState::Ready(comm) = &mut l.state else {
                         continue;
                     };
@@ -227,15 +239,20 @@ impl Poller {
                     payload,
                     buffers,
                 } => {
+                    let Some(p) = self.peers.get(&peer) else {
+                        continue;
+                    };
                     let _ = self.notifications.send(NotificationEvent {
-                        from_node: self.peers[peer.0 as usize].node_id.clone(),
+                        from_node: p.node_id.clone(),
                         offer_id,
                         payload,
                         buffers,
                     });
                 }
                 Action::ClosePeer { peer, reason } => {
-                    let p = &mut self.peers[peer.0 as usize];
+                    let Some(p) = self.peers.get_mut(&peer) else {
+                        continue;
+                    };
                     p.failed = true;
                     // Tells the peer why, then ends the outbound control stream (its pump sees
                     // the channel close after sending what was queued).
@@ -260,6 +277,13 @@ impl Poller {
                     // Stored even with nobody watching (a replaced pairing): GetStats reads it.
                     p.link.send_replace(PeerLink::Failed(reason));
                 }
+                Action::ReleasePeer { peer } => {
+                    // Closed already (`ClosePeer` came first): what is left goes, and the link's
+                    // last state stays with whoever still holds its receiver.
+                    if let Some(p) = self.peers.remove(&peer) {
+                        tracing::debug!(peer = %p.node_id, "failed pairing released");
+                    }
+                }
             }
         }
         for (p, why) in failures {
@@ -280,11 +304,10 @@ impl Poller {
         } = self;
         // Reused every pass: no allocation on the hot path once it has grown.
         let mut events = std::mem::take(&mut self.completions);
-        for (pi, p) in peers.iter_mut().enumerate() {
+        for (&peer, p) in peers.iter_mut() {
             if p.failed {
                 continue;
             }
-            let peer = PeerIdx(pi as u32);
             for (li, l) in p.send.iter_mut().enumerate() {
                 if !l.deferred.is_empty()
                     && let Err(why) = post_sends(l, buffers)
@@ -364,11 +387,10 @@ impl Poller {
             stage.advance();
         }
         // Consume what is unpacked, in ring order: only now are the pages returned.
-        for (pi, p) in peers.iter_mut().enumerate() {
+        for (&peer, p) in peers.iter_mut() {
             if p.failed {
                 continue;
             }
-            let peer = PeerIdx(pi as u32);
             for (li, l) in p.recv.iter_mut().enumerate() {
                 let RecvLaneState::Ready(comm) = &mut l.state else {
                     continue;
@@ -407,6 +429,16 @@ impl Poller {
         self.completions = events;
         progressed
     }
+}
+
+/// A lane of a pairing the poller still has (`None` once released).
+fn lane_of<L>(
+    peers: &mut BTreeMap<PeerIdx, PeerSlot>,
+    peer: PeerIdx,
+    lane: u32,
+    side: impl FnOnce(&mut PeerSlot) -> &mut Vec<L>,
+) -> Option<&mut L> {
+    peers.get_mut(&peer).and_then(|p| side(p).get_mut(lane as usize))
 }
 
 /// Buffers are registered in overlapping windows, because `regMr` takes an `int` size: window

@@ -11,7 +11,7 @@
 //! peer's control message wakes it at once), after lingering 1 ms since its last progress when
 //! `runtime.spin` is on (traffic flowing: the next transfer finds it awake). See `crate::idle`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
@@ -95,7 +95,12 @@ pub struct PeerStats {
 
 #[derive(Debug, Clone)]
 pub struct StatsSnapshot {
+    /// The pairings kept: live ones, and per node at most its newest failed one once the
+    /// transfers that used older ones ended (the engine releases those).
     pub peers: Vec<PeerStats>,
+    /// Per node, the added-up totals of its released pairings (the metrics' counters include
+    /// them; GetStats does not list them).
+    pub retired: Vec<PeerCounters>,
     pub active_transfers: usize,
 }
 
@@ -227,7 +232,7 @@ impl PollerHandle {
                     cfg,
                     rx,
                     buffers: HashMap::new(),
-                    peers: Vec::new(),
+                    peers: BTreeMap::new(),
                     prepared: HashMap::new(),
                     next_prepared: 1,
                     transfers: HashMap::new(),
@@ -341,7 +346,8 @@ struct Poller {
     engine: Engine,
     rx: mpsc::Receiver<Command>,
     buffers: HashMap<u64, Arc<BufferEntry>>,
-    peers: Vec<PeerSlot>,
+    /// Every pairing the engine keeps (it says when one is released: `Action::ReleasePeer`).
+    peers: BTreeMap<PeerIdx, PeerSlot>,
     prepared: HashMap<u64, Vec<ListenComm>>,
     next_prepared: u64,
     transfers: HashMap<TransferId, watch::Sender<TransferStatus>>,
@@ -443,7 +449,7 @@ impl Poller {
     /// receives being unpacked.
     fn busy(&self) -> bool {
         !self.engine.lanes_idle()
-            || self.peers.iter().any(|p| {
+            || self.peers.values().any(|p| {
                 p.send.iter().any(|l| match &l.state {
                     SendLaneState::Connecting(..) => true,
                     SendLaneState::Ready(_) => !l.deferred.is_empty(),
@@ -481,7 +487,7 @@ impl Poller {
                 let r = self.engine.remove_buffer(id);
                 if r.is_ok() {
                     self.buffers.remove(&id);
-                    for p in &mut self.peers {
+                    for p in self.peers.values_mut() {
                         for l in &mut p.send {
                             l.handles.retain(|(b, _), _| *b != id);
                         }
@@ -671,17 +677,19 @@ impl Poller {
         let idx = self
             .engine
             .add_peer(&node_id, send.len() as u32, recv.len() as u32);
-        debug_assert_eq!(idx.0 as usize, self.peers.len());
         tracing::info!(peer = %node_id, send_lanes = send.len(), recv_lanes = recv.len(), "peer lanes connecting");
-        self.peers.push(PeerSlot {
-            node_id,
-            control: channels.control,
-            link: channels.link,
-            send,
-            recv,
-            up: false,
-            failed: false,
-        });
+        self.peers.insert(
+            idx,
+            PeerSlot {
+                node_id,
+                control: channels.control,
+                link: channels.link,
+                send,
+                recv,
+                up: false,
+                failed: false,
+            },
+        );
         Ok(idx)
     }
 }
@@ -692,16 +700,16 @@ impl Poller {
             peers: self
                 .peers
                 .iter()
-                .enumerate()
-                .filter_map(|(i, p)| {
+                .filter_map(|(&i, p)| {
                     Some(PeerStats {
-                        counters: self.engine.peer_counters(PeerIdx(i as u32))?,
+                        counters: self.engine.peer_counters(i)?,
                         link: p.link.borrow().clone(),
                         send_devices: p.send.iter().map(|l| l.device).collect(),
                         recv_devices: p.recv.iter().map(|l| l.device).collect(),
                     })
                 })
                 .collect(),
+            retired: self.engine.retired_counters().cloned().collect(),
             active_transfers: self.engine.active_transfers(),
         }
     }

@@ -250,6 +250,7 @@ impl Sim {
                         payload, offer_id, ..
                     } => self.nodes[i].notes.push((offer_id, payload)),
                     Action::ClosePeer { reason, .. } => self.nodes[i].closed.push(reason),
+                    Action::ReleasePeer { peer } => panic!("{peer:?} released: a pair's only pairing"),
                 }
             }
             let c = self.nodes[i].eng.peer_counters(P).unwrap();
