@@ -1,0 +1,100 @@
+//! What the engine counts per lane and per pairing, as GetStats and the metrics read it.
+
+use super::{Engine, Lane, PeerIdx};
+
+/// Per-lane counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LaneCounters {
+    pub bytes: u64,
+    pub chunks: u64,
+    pub posted: usize,
+    pub queued: usize,
+    /// Times the lane's window filled while chunks still waited for a slot.
+    pub window_full: u64,
+    /// Eager mode. Send lanes: credits held (sends the peer's posted receives can still
+    /// take). Receive lanes: credit receives posted and holding no data.
+    pub credits: u32,
+    /// Eager mode: the credits per lane announced at pairing (the peer's for send lanes, ours
+    /// for receive lanes); 0 for rendezvous.
+    pub credit_limit: u32,
+}
+
+/// Per-peer counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerCounters {
+    pub node_id: String,
+    pub failed: Option<String>,
+    pub transfers_started: u64,
+    pub transfers_ok: u64,
+    pub transfers_failed: u64,
+    /// Transfers (offers: a WRITE's share, or the data of a peer's READ) this node sent to the
+    /// peer as eager headers, and as rendezvous offers: the per-transfer choice.
+    pub sent_eager: u64,
+    pub sent_rendezvous: u64,
+    /// Headers and offers the peer sent this node (those whose chunk plan was sound).
+    pub received_eager: u64,
+    pub received_rendezvous: u64,
+    pub send: Vec<LaneCounters>,
+    pub recv: Vec<LaneCounters>,
+}
+
+impl Lane {
+    fn counters(&self) -> LaneCounters {
+        LaneCounters {
+            bytes: self.bytes,
+            chunks: self.chunks,
+            posted: self.posted.len() + self.landed.len() + self.unpacking.len(),
+            queued: self.queue.len() + self.targets.len(),
+            window_full: self.window_full,
+            credits: self.credits,
+            credit_limit: 0,
+        }
+    }
+}
+
+impl Engine {
+    pub fn peer_counters(&self, peer: PeerIdx) -> Option<PeerCounters> {
+        let p = self.peers.get(&peer)?;
+        let live = p.failed.is_none();
+        let (_, send_eager) = p.send_split();
+        let (_, recv_eager) = p.recv_split();
+        let remote_credits = p.remote.map_or(0, |r| r.credits);
+        Some(PeerCounters {
+            node_id: p.node_id.clone(),
+            failed: p.failed.clone(),
+            transfers_started: p.transfers_started,
+            transfers_ok: p.transfers_ok,
+            transfers_failed: p.transfers_failed,
+            sent_eager: p.sent_eager,
+            sent_rendezvous: p.sent_rendezvous,
+            received_eager: p.received_eager,
+            received_rendezvous: p.received_rendezvous,
+            send: p
+                .send
+                .iter()
+                .enumerate()
+                .map(|(i, l)| LaneCounters {
+                    credit_limit: if live && send_eager.contains(&(i as u32)) {
+                        remote_credits
+                    } else {
+                        0
+                    },
+                    ..l.counters()
+                })
+                .collect(),
+            recv: p
+                .recv
+                .iter()
+                .enumerate()
+                .map(|(i, l)| LaneCounters {
+                    credit_limit: if live && recv_eager.contains(&(i as u32)) {
+                        self.cfg.credits
+                    } else {
+                        0
+                    },
+                    ..l.counters()
+                })
+                .collect(),
+        })
+    }
+}
