@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::api::proto::v1::{
-    Buffer, BufferKind, Histogram, LaneStats, Notification, Peer, PeerState, Stats, TransferEvent,
+    Buffer, BufferKind, Histogram, LaneStats, Notification, Peer, PeerState, PeerStats, Stats, TransferEvent,
     TransferState,
 };
 use crate::client::{code_number_name, format_bytes, format_duration, format_rate};
@@ -500,10 +500,14 @@ pub fn stats_text(s: &Stats, previous: Option<(&Stats, Duration)>) -> String {
         if !p.error.is_empty() {
             let _ = writeln!(out, "  error: {}", p.error);
         }
-        let prev_peer = previous.and_then(|(prev, dt)| {
+        // Rates only for a pairing that can carry traffic, against the same node's pairing that
+        // could in the last snapshot: GetStats also lists a node's newest failed pairing, whose
+        // counters must not be taken for the live one's.
+        let failed = |q: &PeerStats| q.state == PeerState::Failed as i32;
+        let prev_peer = previous.filter(|_| !failed(p)).and_then(|(prev, dt)| {
             prev.peers
                 .iter()
-                .find(|q| q.node_id == p.node_id)
+                .find(|q| q.node_id == p.node_id && !failed(q))
                 .map(|q| (q, dt))
         });
         let mut header = vec![
@@ -660,6 +664,32 @@ mod tests {
         assert_eq!(stats_json(&s)["peers"][0]["lanes"][0]["bytes_sent"], 2u64 << 30);
         assert!(text.contains("WINDOW FULL S/R"), "{text}");
         assert!(!text.contains("error:"), "{text}");
+
+        // A node listed with its live pairing and its newest failed one: the live one's rate
+        // comes from the live one's last sample, the failed one gets none.
+        let mut both = s.clone();
+        both.peers.insert(
+            0,
+            PeerStats {
+                node_id: "b".into(),
+                state: PeerState::Failed as i32,
+                error: "peer restarted".into(),
+                lanes: vec![LaneStats {
+                    bytes_sent: 5 << 30,
+                    ..s.peers[0].lanes[0]
+                }],
+                ..Default::default()
+            },
+        );
+        let mut before = both.clone();
+        before.peers[1].lanes[0].bytes_sent = 1 << 30;
+        let text = stats_text(&both, Some((&before, Duration::from_secs(1))));
+        let (failed_part, live_part) = text.split_at(text.find("peer b UP").expect("live pairing listed"));
+        assert!(!failed_part.contains("RATE"), "{text}");
+        assert!(
+            live_part.contains("SEND RATE") && live_part.contains("1.07 GB/s"),
+            "{text}"
+        );
 
         // A failed pairing says why.
         let mut failed = s.clone();
