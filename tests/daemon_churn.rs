@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::daemons::{self, *};
+use common::scrape::{http_get, samples, sum};
 use tcpxd::api::proto::v1 as pb;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const MIB: u64 = 1 << 20;
 /// Restarts of the peer (each a new process image of the node: a new pairing).
@@ -21,33 +21,12 @@ const NODE: &str = "churn-b";
 
 /// The scrape's samples of series labelled with `peer="<node>"`: `name{labels}` -> value.
 async fn node_series(addr: SocketAddr, node: &str) -> BTreeMap<String, f64> {
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("metrics endpoint connects");
-    s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8(raw).expect("UTF-8 response");
-    let (_, body) = text.split_once("\r\n\r\n").expect("headers end");
+    let (_, body) = http_get(addr, "/metrics").await;
     let label = format!("peer=\"{node}\"");
-    body.lines()
-        .filter(|l| !l.starts_with('#') && l.contains(&label))
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
+    samples(&body)
+        .into_iter()
+        .filter(|(k, _)| k.contains(&label))
         .collect()
-}
-
-fn sum(series: &BTreeMap<String, f64>, name: &str, labels: &[&str]) -> f64 {
-    series
-        .iter()
-        .filter(|(k, _)| k.split('{').next() == Some(name))
-        .filter(|(k, _)| labels.iter().all(|l| k.contains(l)))
-        .map(|(_, v)| v)
-        .sum()
 }
 
 /// Waits (10 s at most) until ListPeers shows `node` in `state`.

@@ -3,47 +3,9 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
-
 use common::daemons::{self, Client, TestDaemon};
+use common::scrape::{http_get, samples, sum};
 use tcpxd::api::proto::v1 as pb;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// GET `path` over plain HTTP/1.0: (status line, body).
-async fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
-    let mut s = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("metrics endpoint connects");
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.unwrap();
-    let text = String::from_utf8(raw).expect("UTF-8 response");
-    let (head, body) = text.split_once("\r\n\r\n").expect("headers end");
-    (head.lines().next().unwrap().to_string(), body.to_string())
-}
-
-/// Sample lines as `name{labels}` -> value.
-fn samples(body: &str) -> BTreeMap<String, f64> {
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .filter_map(|l| {
-            let (k, v) = l.rsplit_once(' ')?;
-            Some((k.to_string(), v.parse().ok()?))
-        })
-        .collect()
-}
-
-/// The sum of every sample of `name` whose labels include all of `labels`.
-fn sum(s: &BTreeMap<String, f64>, name: &str, labels: &[&str]) -> f64 {
-    s.iter()
-        .filter(|(k, _)| k.split('{').next() == Some(name))
-        .filter(|(k, _)| labels.iter().all(|l| k.contains(l)))
-        .map(|(_, v)| v)
-        .sum()
-}
 
 async fn start(node: &str) -> TestDaemon {
     daemons::start(node, |a| a.metrics_listen = Some("127.0.0.1:0".parse().unwrap())).await

@@ -33,3 +33,4 @@ pub fn emulation_plugin_path() -> PathBuf {
 }
 pub mod daemons;
 pub mod procs;
+pub mod scrape;
