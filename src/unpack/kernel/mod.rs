@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use super::{Ticket, UnpackError, UnpackJob, Unpacker, exact_total, validate};
 use crate::gpu::{
-    DeviceRegion, DeviceSpan, Gpu, INLINE_MAX_FRAGS, INLINE_MAX_TASKS, INLINE_PAGES_MAX_FRAGS,
+    DeviceRegion, DeviceSpan, Gpu, GpuResult, INLINE_MAX_FRAGS, INLINE_MAX_TASKS, INLINE_PAGES_MAX_FRAGS,
     INLINE_PAGES_MAX_TASKS, InlineBatch, InlinePagesBatch, Kernels, LaunchReport, LaunchSignal, ListFormat,
     PinnedRegion, Stream, UNPACK_MAX_TASKS_PER_LAUNCH, UNPACK_WARPS_PER_BLOCK, UnpackTask,
 };
@@ -381,16 +381,11 @@ impl KernelUnpacker {
             if !self.fits_inline_pages() {
                 return Ok(false);
             }
-            for &(first, n, bounce, dst, _) in &self.pending {
-                let base = slot * SLOT_FRAGS + first;
-                let pushed = self
-                    .staging
-                    .typed::<loadMeta>(base * META, n)
-                    .and_then(|m| self.inline_pages.push(m, bounce, dst));
-                if let Err(e) = pushed {
-                    self.inline_pages.discard();
-                    return Err(e.into());
-                }
+            if let Err(e) = push_each(&self.pending, &self.staging, slot, |m, b, d| {
+                self.inline_pages.push(m, b, d)
+            }) {
+                self.inline_pages.discard();
+                return Err(e.into());
             }
             let blocks = self.blocks_for(self.inline_pages.max_count());
             self.gpu.launch_unpack_inline_pages(
@@ -408,16 +403,11 @@ impl KernelUnpacker {
             self.uploaded = self.used;
             return Ok(true);
         }
-        for &(first, n, bounce, dst, _) in &self.pending {
-            let base = slot * SLOT_FRAGS + first;
-            let pushed = self
-                .staging
-                .typed::<loadMeta>(base * META, n)
-                .and_then(|m| self.inline.push(m, bounce, dst));
-            if let Err(e) = pushed {
-                self.inline.discard();
-                return Err(e.into());
-            }
+        if let Err(e) = push_each(&self.pending, &self.staging, slot, |m, b, d| {
+            self.inline.push(m, b, d)
+        }) {
+            self.inline.discard();
+            return Err(e.into());
         }
         let blocks = self.blocks_for(self.inline.max_count());
         self.gpu.launch_unpack_inline(
@@ -695,4 +685,19 @@ impl Drop for KernelUnpacker {
             tracing::warn!("unpack: stopping the persistent grid: {e}");
         }
     }
+}
+
+/// Hands each pending receive of `slot` (its fragment list in the staging area) to `push`; the
+/// first failure stops it (the caller discards the half-filled batch).
+fn push_each(
+    pending: &[(usize, usize, DeviceSpan, DeviceSpan, bool)],
+    staging: &PinnedRegion,
+    slot: usize,
+    mut push: impl FnMut(&[loadMeta], DeviceSpan, DeviceSpan) -> GpuResult<()>,
+) -> GpuResult<()> {
+    for &(first, n, bounce, dst, _) in pending {
+        let base = slot * SLOT_FRAGS + first;
+        push(staging.typed::<loadMeta>(base * META, n)?, bounce, dst)?;
+    }
+    Ok(())
 }
