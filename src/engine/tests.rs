@@ -16,6 +16,21 @@ mod teardown;
 
 use sim::*;
 
+/// Drains the engine's actions; the offer each peer was sent, by peer.
+fn offers_by_peer(eng: &mut Engine) -> HashMap<PeerIdx, u64> {
+    let mut offers = HashMap::new();
+    while let Some(a) = eng.poll_action() {
+        if let Action::Control {
+            peer,
+            msg: PeerMsg::Offer(o),
+        } = a
+        {
+            offers.insert(peer, o.offer_id);
+        }
+    }
+    offers
+}
+
 #[test]
 fn write_lands_byte_exact_and_completes_after_done() {
     every_mode(write_lands_byte_exact_and_completes_after_done_in_mode);
@@ -484,16 +499,7 @@ fn multi_peer_batches_report_per_entry_status_in_mode() {
             now,
         )
         .unwrap();
-    let mut offers = HashMap::new();
-    while let Some(a) = eng.poll_action() {
-        if let Action::Control {
-            peer,
-            msg: PeerMsg::Offer(o),
-        } = a
-        {
-            offers.insert(peer, o.offer_id);
-        }
-    }
+    let offers = offers_by_peer(&mut eng);
     eng.on_message(
         bad,
         PeerMsg::Reject {

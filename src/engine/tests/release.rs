@@ -100,16 +100,7 @@ fn a_failed_pairing_a_transfer_still_names_goes_when_the_transfer_ends() {
             now,
         )
         .unwrap();
-    let mut offers = HashMap::new();
-    while let Some(a) = eng.poll_action() {
-        if let Action::Control {
-            peer,
-            msg: PeerMsg::Offer(o),
-        } = a
-        {
-            offers.insert(peer, o.offer_id);
-        }
-    }
+    let offers = offers_by_peer(&mut eng);
     eng.on_message(
         b1,
         PeerMsg::Accept {
