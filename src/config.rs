@@ -261,6 +261,24 @@ pub enum ConfigError {
     Invalid(String),
 }
 
+/// Where the chunk size comes from: `UCCL_TCPX_CHUNK_BYTES`, else `NCCL_P2P_NET_CHUNKSIZE`, else
+/// the default; the value must lie in the engine's `MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES`.
+pub fn chunk_bytes_from_env(
+    uccl_tcpx_chunk_bytes: Option<&str>,
+    nccl_p2p_net_chunksize: Option<&str>,
+) -> Result<u32, String> {
+    let (name, value) = match (uccl_tcpx_chunk_bytes, nccl_p2p_net_chunksize) {
+        (Some(v), _) => ("UCCL_TCPX_CHUNK_BYTES", v),
+        (None, Some(v)) => ("NCCL_P2P_NET_CHUNKSIZE", v),
+        (None, None) => return Ok(plan::DEFAULT_CHUNK_BYTES),
+    };
+    let parsed: u64 = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{name}={value:?} is not a number of bytes"))?;
+    plan::check_chunk_bytes(parsed).map_err(|e| format!("{name}: {e}"))
+}
+
 /// The environment variables a setting falls back to, as a lookup function (tests pass a map).
 pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
 
@@ -301,7 +319,7 @@ impl Config {
                 match (from_env, file.transfer.chunk_bytes) {
                     (false, Some(v)) => plan::check_chunk_bytes(v)
                         .map_err(|e| ConfigError::Invalid(format!("transfer.chunk_bytes: {e}")))?,
-                    _ => plan::chunk_bytes_from_env(
+                    _ => chunk_bytes_from_env(
                         env("UCCL_TCPX_CHUNK_BYTES").as_deref(),
                         env("NCCL_P2P_NET_CHUNKSIZE").as_deref(),
                     )
@@ -338,8 +356,8 @@ impl Config {
         };
         let protocol = protocol::resolve(args, &file.transfer)?;
         let spin = match (&args.spin, &file.runtime.spin) {
-            (Some(v), _) => Spin::parse("--spin", v)?,
-            (None, Some(v)) => Spin::parse("runtime.spin", v)?,
+            (Some(v), _) => Spin::parse("--spin", v).map_err(ConfigError::Invalid)?,
+            (None, Some(v)) => Spin::parse("runtime.spin", v).map_err(ConfigError::Invalid)?,
             (None, None) => Spin::Auto,
         }
         .resolve(crate::idle::cpus());

@@ -14,7 +14,8 @@ use tokio::task::JoinHandle;
 
 use crate::api::peer_service::PeerService;
 use crate::api::proto::{self, peer::tcpxd_peer_server::TcpxdPeerServer, v1::tcpxd_server::TcpxdServer};
-use crate::api::service::{ClientService, DaemonState};
+use crate::api::service::ClientService;
+use crate::api::state::DaemonState;
 use crate::buffers::BufferRegistry;
 use crate::config::Config;
 use crate::engine::EngineConfig;

@@ -23,7 +23,7 @@ use prometheus::{
 
 use crate::engine::{Code, Outcome, TransferId};
 use crate::net::NetError;
-use crate::poller::{PeerLink, StatsSnapshot};
+use crate::poller::stats::{PeerLink, StatsSnapshot};
 
 /// Which way a transfer moves data, from the initiator's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -525,7 +525,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
 mod tests {
     use super::*;
     use crate::engine::{LaneCounters, PeerCounters};
-    use crate::poller::PeerStats;
+    use crate::poller::stats::PeerStats;
 
     #[test]
     fn size_classes() {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tonic::{Code, Status};
 
-use super::service::DaemonState;
+use super::state::DaemonState;
 use crate::buffers::Descriptor;
 use crate::poller::PeerLink;
 

@@ -8,5 +8,6 @@ pub mod peer_service;
 pub mod proto;
 pub mod service;
 pub mod session;
+pub mod state;
 pub mod stats;
 pub mod transfers;

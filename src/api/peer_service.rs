@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::proto::peer as pb;
-use super::service::DaemonState;
+use super::state::DaemonState;
 
 pub struct PeerService {
     pub state: Arc<DaemonState>,

@@ -25,7 +25,7 @@ use tonic::{Status, Streaming};
 use super::proto::v1 as pb;
 use super::proto::v1::session_event::Event;
 use super::proto::v1::session_request::Op;
-use super::service::DaemonState;
+use super::state::DaemonState;
 use super::transfers::{self, Started, cancel_unheard};
 use crate::engine::TransferId;
 use crate::poller::Command;

@@ -4,7 +4,7 @@
 use tonic::Status;
 
 use super::proto::v1 as pb;
-use super::service::DaemonState;
+use super::state::DaemonState;
 use crate::metrics::{Hist, Summary};
 use crate::poller::Command;
 

@@ -8,7 +8,7 @@ use tokio::sync::{oneshot, watch};
 use tonic::{Request, Response, Status};
 
 use super::proto::v1 as pb;
-use super::service::{DaemonState, status};
+use super::state::{DaemonState, status};
 use crate::buffers::Descriptor;
 use crate::engine::{self, EntrySpec, Outcome, RemoteRange, TransferId};
 use crate::poller::{Command, PeerLink, Phase, TransferStatus};

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{ArgGroup, Args, Subcommand};
 
+use crate::bench::{DEFAULT_STEP, Op};
 use crate::client::{DEFAULT_ENDPOINT, parse_size};
 
 /// How SIZE values are written, shown under the help of the commands that take them.
@@ -65,7 +66,7 @@ pub enum ClientCommand {
     Demo(DemoArgs),
     /// Measure transfers: through two daemons, or through the plugin directly.
     #[command(subcommand)]
-    Bench(crate::cli::bench::BenchCommand),
+    Bench(BenchCommand),
 }
 
 /// Sizes accept K, M, G and T suffixes; all are 1024-based (K = KB = KiB = 1024 bytes).
@@ -366,6 +367,129 @@ pub fn parse_secs(s: &str) -> Result<Duration, String> {
         return Err(format!("seconds must be positive, got {s:?}"));
     }
     Duration::try_from_secs_f64(v).map_err(|e| format!("bad seconds {s:?}: {e}"))
+}
+
+// `tcpxctl bench` (run by `crate::cli::bench`).
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// WRITE or READ between two daemons through the client API, measured by the client. Without
+    /// --peer-endpoint it starts two local daemons on the built-in emulation plugin (as `demo`
+    /// does) and stops them at the end.
+    #[command(after_help = SIZE_HELP)]
+    Transfer(BenchTransferArgs),
+    /// Drive the plugin directly with the daemon's chunking, windows and unpack, sender and
+    /// receiver on two threads of this process: the ceiling of what the daemon can reach.
+    #[command(after_help = SIZE_HELP)]
+    Raw(BenchRawArgs),
+}
+
+/// What to move and how often (shared by both harnesses, so their rows line up).
+#[derive(Args, Debug, Clone)]
+pub struct WorkloadArgs {
+    /// WRITE (local into remote) or READ (remote into local).
+    #[arg(long, value_enum, default_value = "write")]
+    pub op: Op,
+    /// Put both sides' buffers in the memory of this CUDA device; host memory by default.
+    #[arg(long, value_name = "DEVICE")]
+    pub cuda: Option<u32>,
+    /// `bench transfer` only: put the peer daemon's buffers on this CUDA device instead of
+    /// --cuda's (one daemon per GPU on a multi-GPU host).
+    #[arg(long, value_name = "DEVICE", requires = "cuda")]
+    pub peer_cuda: Option<u32>,
+    /// Block sizes to run, comma-separated (e.g. 4K,64K,1M); replaces --min/--max/--step.
+    #[arg(long, value_name = "SIZE,...", value_delimiter = ',', value_parser = parse_size,
+          conflicts_with_all = ["min", "max", "step"])]
+    pub sizes: Vec<u64>,
+    /// The smallest block size.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "4K")]
+    pub min: u64,
+    /// The largest block size.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, default_value = "256M")]
+    pub max: u64,
+    /// The factor between block sizes.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_STEP)]
+    pub step: u64,
+    /// Blocks per transfer: one Write/Read request for 1, a WriteBatch/ReadBatch of N entries
+    /// (block i at offset i × size, per-entry status) otherwise.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub batch: u32,
+    /// Measured transfers per block size.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub iters: u32,
+    /// Unmeasured transfers per block size before the measured ones.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub warmup: u32,
+    /// Transfers in flight at once, as a queue depth (each on its own range; the daemon bench
+    /// submits them on one Session). GB/s is then over the wall time.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub concurrency: u32,
+    /// Also append the rows to FILE as JSON lines (one object per block size).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// How the data path is set up: the daemons' settings of the same names.
+#[derive(Args, Debug, Clone)]
+pub struct PathArgs {
+    /// Chunk size in bytes (4096..=4194304); else UCCL_TCPX_CHUNK_BYTES, NCCL_P2P_NET_CHUNKSIZE,
+    /// else 512 KiB, as tcpxd picks it.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub chunk_bytes: Option<u64>,
+    /// Data lanes per plugin device [default: 2, as tcpxd].
+    #[arg(long, value_name = "N")]
+    pub lanes_per_device: Option<u32>,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchTransferArgs {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    /// The peer daemon's client API (same forms as --endpoint). Without it, two local daemons
+    /// are started on the built-in emulation plugin.
+    #[arg(long, value_name = "ENDPOINT")]
+    pub peer_endpoint: Option<String>,
+    /// The peer daemon's peer-service address (host:port): connect --endpoint's daemon to it
+    /// first. Without it the two must already be connected.
+    #[arg(long, value_name = "HOST:PORT", requires = "peer_endpoint")]
+    pub peer_address: Option<String>,
+    /// Local daemons only: chunk size and lanes they are started with.
+    #[command(flatten)]
+    pub path: PathArgs,
+    /// Also run the raw plugin bench (built-in emulation, same workload, chunk size and lanes)
+    /// first, and print both side by side.
+    #[arg(long)]
+    pub raw: bool,
+    /// Local daemons only: the tcpxd binary (default: `tcpxd` next to tcpxctl).
+    #[arg(long, value_name = "PATH")]
+    pub daemon: Option<PathBuf>,
+    /// Local daemons only: keep their directory (sockets, logs) afterwards.
+    #[arg(long)]
+    pub keep_dir: bool,
+    /// Local daemons only: seconds to wait for each daemon's ready file.
+    #[arg(long, value_name = "SECS", value_parser = parse_secs, default_value = "30")]
+    pub ready_timeout: Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchRawArgs {
+    #[command(flatten)]
+    pub workload: WorkloadArgs,
+    #[command(flatten)]
+    pub path: PathArgs,
+    /// The plugin file to drive (e.g. /usr/local/tcpx/lib64/libnccl-net.so); default: the
+    /// emulation plugin built into tcpxctl (what `tcpxd --builtin-emulation` drives).
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
+    /// Plugin devices to use (repeatable); all of the plugin's by default.
+    #[arg(long = "device", value_name = "N")]
+    pub devices: Vec<i32>,
+    /// Sends posted per lane at most (tcpxd's transfer.send_window).
+    #[arg(long, value_name = "N", default_value_t = 12)]
+    pub send_window: usize,
+    /// Receives held per lane at most (tcpxd's transfer.recv_window).
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub recv_window: usize,
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ pub mod args;
 pub mod bench;
 pub mod commands;
 pub mod demo;
+pub mod error;
 pub mod node;
 pub mod output;
 pub mod transfer;

@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 use crate::api::proto::v1::{DescribeNodeRequest, NodeDescription};
-use crate::cli::commands::{CliError, emit};
+use crate::cli::error::{CliError, emit};
 use crate::client::{ApiClient, format_bytes};
 
 pub async fn describe(client: &mut ApiClient, json: bool) -> Result<(), CliError> {

@@ -321,3 +321,21 @@ fn builtin_emulation_is_only_chosen_when_named() {
     );
     std::fs::remove_file(path).ok();
 }
+
+#[test]
+fn chunk_size_comes_from_the_environment_in_order() {
+    assert_eq!(chunk_bytes_from_env(None, None), Ok(plan::DEFAULT_CHUNK_BYTES));
+    assert_eq!(chunk_bytes_from_env(Some("1048576"), Some("65536")), Ok(1 << 20));
+    assert_eq!(chunk_bytes_from_env(None, Some("65536")), Ok(65536));
+    let e = chunk_bytes_from_env(Some("8388608"), None).unwrap_err();
+    assert!(
+        e.contains("UCCL_TCPX_CHUNK_BYTES") && e.contains("4194304"),
+        "{e}"
+    );
+    assert!(
+        chunk_bytes_from_env(None, Some("lots"))
+            .unwrap_err()
+            .contains("NCCL_P2P_NET_CHUNKSIZE")
+    );
+    assert!(plan::check_chunk_bytes(4095).is_err());
+}

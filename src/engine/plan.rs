@@ -13,24 +13,6 @@ pub const MAX_CHUNK_BYTES: u32 = 4 * 1024 * 1024;
 /// Smallest chunk accepted in configuration or offers.
 pub const MIN_CHUNK_BYTES: u32 = 4096;
 
-/// Where the chunk size comes from: `UCCL_TCPX_CHUNK_BYTES`, else `NCCL_P2P_NET_CHUNKSIZE`, else
-/// the default; the value must lie in `MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES`.
-pub fn chunk_bytes_from_env(
-    uccl_tcpx_chunk_bytes: Option<&str>,
-    nccl_p2p_net_chunksize: Option<&str>,
-) -> Result<u32, String> {
-    let (name, value) = match (uccl_tcpx_chunk_bytes, nccl_p2p_net_chunksize) {
-        (Some(v), _) => ("UCCL_TCPX_CHUNK_BYTES", v),
-        (None, Some(v)) => ("NCCL_P2P_NET_CHUNKSIZE", v),
-        (None, None) => return Ok(DEFAULT_CHUNK_BYTES),
-    };
-    let parsed: u64 = value
-        .trim()
-        .parse()
-        .map_err(|_| format!("{name}={value:?} is not a number of bytes"))?;
-    check_chunk_bytes(parsed).map_err(|e| format!("{name}: {e}"))
-}
-
 /// Checks a chunk size against the limits.
 pub fn check_chunk_bytes(bytes: u64) -> Result<u32, String> {
     if (u64::from(MIN_CHUNK_BYTES)..=u64::from(MAX_CHUNK_BYTES)).contains(&bytes) {
@@ -192,23 +174,5 @@ mod tests {
         let b: Vec<Chunk> = ChunkPlan::new(&[7, 13], 4, 2, 0..3).collect();
         assert_eq!(a, b);
         assert!(a.iter().all(|c| c.lane < 3));
-    }
-
-    #[test]
-    fn chunk_size_comes_from_the_environment_in_order() {
-        assert_eq!(chunk_bytes_from_env(None, None), Ok(DEFAULT_CHUNK_BYTES));
-        assert_eq!(chunk_bytes_from_env(Some("1048576"), Some("65536")), Ok(1 << 20));
-        assert_eq!(chunk_bytes_from_env(None, Some("65536")), Ok(65536));
-        let e = chunk_bytes_from_env(Some("8388608"), None).unwrap_err();
-        assert!(
-            e.contains("UCCL_TCPX_CHUNK_BYTES") && e.contains("4194304"),
-            "{e}"
-        );
-        assert!(
-            chunk_bytes_from_env(None, Some("lots"))
-                .unwrap_err()
-                .contains("NCCL_P2P_NET_CHUNKSIZE")
-        );
-        assert!(check_chunk_bytes(4095).is_err());
     }
 }

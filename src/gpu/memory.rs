@@ -7,8 +7,7 @@ use cudarc::driver::sys;
 
 use super::error::{GpuError, GpuResult, check};
 use super::{Gpu, Stream};
-use crate::net::abi::loadMeta;
-use crate::net::{MemType, REGION_ALIGN, Region};
+use crate::net::abi::{REGION_ALIGN, loadMeta};
 
 /// A device address range: what a kernel or a copy may touch. Carries no ownership.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -405,18 +404,6 @@ fn legacy_sync() -> GpuResult<()> {
     })
 }
 
-impl Region for DeviceRegion {
-    fn as_ptr(&self) -> *mut u8 {
-        self.ptr as *mut u8
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn mem_type(&self) -> MemType {
-        MemType::Cuda
-    }
-}
-
 impl Drop for DeviceRegion {
     fn drop(&mut self) {
         if let Err(e) = self.gpu.bind_to_thread() {
@@ -496,6 +483,11 @@ impl Gpu {
 }
 
 impl PinnedRegion {
+    /// The host address of byte 0.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.host
+    }
+
     /// The device address of byte 0 (equal to the host address under unified addressing).
     pub fn device_ptr(&self) -> u64 {
         self.dev
@@ -609,18 +601,6 @@ impl PinnedRegion {
         let p = self.typed::<T>(offset, count)?.as_ptr() as *mut T;
         // SAFETY: same checks as `typed`; `&mut self` makes the view exclusive.
         Ok(unsafe { std::slice::from_raw_parts_mut(p, count) })
-    }
-}
-
-impl Region for PinnedRegion {
-    fn as_ptr(&self) -> *mut u8 {
-        self.host
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn mem_type(&self) -> MemType {
-        MemType::Host
     }
 }
 

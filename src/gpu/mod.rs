@@ -1,10 +1,11 @@
 //! The GPU layer: CUDA through the driver API (cudarc, loaded at run time), so tcpxd builds and
-//! runs on machines without CUDA and only the GPU data path needs it.
+//! runs on machines without CUDA and only the GPU data path needs it. It sits below the plugin
+//! layer (`crate::net` reads the unpack ring through it) and knows only the ABI's `loadMeta`.
 //!
 //! - [`Gpu`]: a device and its *primary* context (the one NCCL and PyTorch use, so IPC handles and
 //!   host-mapped pointers interoperate with them), made current on each thread that calls in.
-//! - [`DeviceRegion`] / [`PinnedRegion`]: device memory and mapped pinned host memory, both
-//!   [`crate::net::Region`]s; IPC export/import ([`IpcExport`], [`Gpu::import_ipc`]).
+//! - [`DeviceRegion`] / [`PinnedRegion`]: device memory and mapped pinned host memory (the plugin
+//!   layer registers both as regions); IPC export/import ([`IpcExport`], [`Gpu::import_ipc`]).
 //! - [`Stream`], [`Event`], [`StreamPool`], [`EventPool`]: created once, reused per batch.
 //! - Kernels (`kernels/*.cu`): PTX embedded at build time when nvcc was found, else compiled at
 //!   start-up with NVRTC ([`KernelSource`]).

@@ -27,6 +27,9 @@ pub const NCCL_IN_PROGRESS: ncclResult_t = 7;
 pub const NCCL_PTR_HOST: c_int = 0x1;
 pub const NCCL_PTR_CUDA: c_int = 0x2;
 pub const NCCL_PTR_DMABUF: c_int = 0x4;
+/// Alignment of the regions tcpxd allocates: a page, as CUDA `regMr` on TCPX demands (§3: a
+/// 4 KiB-aligned pointer, registered as a dma-buf).
+pub const REGION_ALIGN: usize = 4096;
 
 /// `netDeviceType` values.
 pub const NCCL_NET_DEVICE_HOST: c_int = 0;

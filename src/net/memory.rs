@@ -5,9 +5,9 @@ use std::ptr::NonNull;
 
 use super::abi;
 use super::error::{NetError, NetResult};
+use crate::gpu::{DeviceRegion, PinnedRegion};
 
-/// Alignment of daemon-allocated regions: a page, as CUDA `regMr` on TCPX demands.
-pub const REGION_ALIGN: usize = 4096;
+pub use super::abi::REGION_ALIGN;
 
 /// Where a region's bytes live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +33,32 @@ pub trait Region: Send + Sync + 'static {
     fn mem_type(&self) -> MemType;
     fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+// The GPU's regions, as the plugin registers them: device memory as CUDA memory, pinned (mapped)
+// host memory as host memory.
+impl Region for DeviceRegion {
+    fn as_ptr(&self) -> *mut u8 {
+        self.device_ptr() as *mut u8
+    }
+    fn len(&self) -> usize {
+        DeviceRegion::len(self)
+    }
+    fn mem_type(&self) -> MemType {
+        MemType::Cuda
+    }
+}
+
+impl Region for PinnedRegion {
+    fn as_ptr(&self) -> *mut u8 {
+        PinnedRegion::as_ptr(self)
+    }
+    fn len(&self) -> usize {
+        PinnedRegion::len(self)
+    }
+    fn mem_type(&self) -> MemType {
+        MemType::Host
     }
 }
 

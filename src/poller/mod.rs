@@ -20,8 +20,7 @@ use tokio::sync::{broadcast, oneshot, watch};
 
 use crate::buffers::BufferEntry;
 use crate::engine::{
-    Code, Engine, EngineConfig, EngineError, Outcome, PeerCounters, PeerIdx, PeerMsg, ReadSpec, TransferId,
-    WriteSpec,
+    Code, Engine, EngineConfig, EngineError, Outcome, PeerIdx, PeerMsg, ReadSpec, TransferId, WriteSpec,
 };
 use crate::idle::{Backoff, LINGER, Step};
 use crate::metrics::{Meter, Op};
@@ -30,9 +29,11 @@ use crate::unpack::UnpackImpl;
 
 mod gpu_stage;
 mod lanes;
+pub mod stats;
 
 use gpu_stage::{GpuStage, Wait};
 pub use lanes::{WINDOW_LEN, WINDOW_STRIDE};
+pub use stats::{PeerLink, PeerStats, StatsSnapshot};
 
 /// One lane's listening side, as exchanged in the handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,14 +41,6 @@ pub struct LaneHandleInfo {
     pub lane: u32,
     pub device: i32,
     pub handle: ConnectHandle,
-}
-
-/// A peer's link state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PeerLink {
-    Connecting,
-    Up,
-    Failed(String),
 }
 
 /// Where a transfer is.
@@ -82,26 +75,6 @@ pub struct NotificationEvent {
 pub struct PeerChannels {
     pub control: tokio::sync::mpsc::UnboundedSender<PeerMsg>,
     pub link: watch::Sender<PeerLink>,
-}
-
-/// Counters for GetStats.
-#[derive(Debug, Clone)]
-pub struct PeerStats {
-    pub counters: PeerCounters,
-    pub link: PeerLink,
-    pub send_devices: Vec<i32>,
-    pub recv_devices: Vec<i32>,
-}
-
-#[derive(Debug, Clone)]
-pub struct StatsSnapshot {
-    /// The pairings kept: live ones, and per node at most its newest failed one once the
-    /// transfers that used older ones ended (the engine releases those).
-    pub peers: Vec<PeerStats>,
-    /// Per node, the added-up totals of its released pairings (the metrics' counters include
-    /// them; GetStats does not list them).
-    pub retired: Vec<PeerCounters>,
-    pub active_transfers: usize,
 }
 
 /// What a drain did.

@@ -16,7 +16,7 @@ use tokio_util::task::TaskTracker;
 use tonic::transport::server::{Connected, UdsConnectInfo};
 
 use super::frame::PREFACE;
-use crate::api::service::DaemonState;
+use crate::api::state::DaemonState;
 
 /// How long a new connection has to send its first 8 bytes.
 pub const PREFACE_WAIT: Duration = Duration::from_secs(10);

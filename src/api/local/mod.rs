@@ -24,8 +24,8 @@ use tokio_util::codec::FramedRead;
 
 use self::frame::{PREFACE, RequestDecoder};
 use super::proto::v1 as pb;
-use super::service::DaemonState;
 use super::session::{self, Events, Gone, Incoming, Requests};
+use super::state::DaemonState;
 
 /// How long a connection whose session ended early (the client broke the framing, or went away)
 /// may still send: what it sends is read and dropped, so that closing does not reset the

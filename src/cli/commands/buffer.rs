@@ -5,13 +5,13 @@ use std::io::Write as _;
 
 use serde_json::json;
 
-use super::{CliError, emit, print_json, rpc};
 use crate::api::proto::v1::register_buffer_request::Source;
 use crate::api::proto::v1::{
     ChecksumBufferRequest, CudaAllocation, DescribeBufferRequest, FillBufferRequest, HostAllocation,
     ListBuffersRequest, ReadBufferRequest, RegisterBufferRequest, ReleaseBufferRequest, fill_buffer_request,
 };
 use crate::cli::args::{BufferCommand, BufferReadArgs, ChecksumArgs, FillArgs, RegisterArgs};
+use crate::cli::error::{CliError, emit, print_json, rpc};
 use crate::cli::output::{buffer_json, buffer_text, buffers_table, hexdump};
 use crate::client::{ApiClient, format_bytes};
 

@@ -1,8 +1,8 @@
 //! `tcpxctl demo`: runs [`crate::cli::demo::run_demo`] and prints its report.
 
-use super::{CliError, print_json};
 use crate::cli::args::{DemoArgs, GlobalOpts};
 use crate::cli::demo::{DemoOptions, run_demo};
+use crate::cli::error::{CliError, print_json};
 
 pub(super) async fn demo(global: &GlobalOpts, args: DemoArgs) -> Result<(), CliError> {
     let opts = DemoOptions {

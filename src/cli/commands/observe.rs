@@ -5,9 +5,9 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::{CliError, print_json, rpc};
 use crate::api::proto::v1::{GetStatsRequest, SubscribeRequest};
 use crate::cli::args::{GlobalOpts, StatsArgs, SubscribeArgs};
+use crate::cli::error::{CliError, print_json, rpc};
 use crate::cli::output::{notification_json, notification_text, stats_json, stats_text};
 use crate::client::ApiClient;
 

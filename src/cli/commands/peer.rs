@@ -2,9 +2,9 @@
 
 use serde_json::json;
 
-use super::{CliError, print_json, rpc};
 use crate::api::proto::v1::{ConnectPeerRequest, ListPeersRequest};
 use crate::cli::args::PeerCommand;
+use crate::cli::error::{CliError, print_json, rpc};
 use crate::cli::output::{peer_json, peers_table};
 use crate::client::ApiClient;
 

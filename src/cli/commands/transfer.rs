@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tonic::Status;
 
-use super::{CliError, print_json, rpc};
 use crate::api::proto::v1::{
     CancelRequest, ReadEntry, ReadRequest, TransferEvent, TransferStarted, WaitTransferRequest, WriteEntry,
     WriteRequest,
 };
 use crate::cli::args::{ReadArgs, TransferIdArgs, WaitOpts, WriteArgs};
+use crate::cli::error::{CliError, print_json, rpc};
 use crate::cli::output::{event_json, event_summary, transfer_elapsed};
 use crate::cli::transfer::{FollowOptions, follow_transfer};
 use crate::client::{ApiClient, format_bytes, status_line};

@@ -1,9 +1,11 @@
-//! The comm pointer all owners of one comm share, memory registration, and `test`.
+//! The comm pointer all owners of one comm share, memory registration, `test`, and the storage
+//! of the device handle `accept` fills.
 
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
 use super::SIZE_SENTINEL;
+use crate::net::abi::ncclNetDeviceHandle_v7_t;
 use crate::net::error::{NetError, NetResult};
 use crate::net::logger;
 use crate::net::memory::Region;
@@ -157,4 +159,24 @@ pub(super) fn test_raw(core: &CommCore, req: *mut c_void) -> NetResult<(bool, bo
     let rc = unsafe { core.plugin.table.test.expect("checked")(req, &mut done, &mut size) };
     core.plugin.check(rc, "test", mark)?;
     Ok((done != 0, size != SIZE_SENTINEL))
+}
+
+/// 16-byte-aligned storage for the device handle `accept` fills.
+#[repr(C, align(16))]
+pub(super) struct DeviceHandleStorage(pub(super) ncclNetDeviceHandle_v7_t);
+
+// SAFETY: plain data the plugin writes once during accept; its pointer field is never dereferenced
+// through this storage.
+unsafe impl Send for DeviceHandleStorage {}
+
+impl DeviceHandleStorage {
+    pub(super) fn zeroed() -> Box<Self> {
+        Box::new(DeviceHandleStorage(ncclNetDeviceHandle_v7_t {
+            netDeviceType: 0,
+            netDeviceVersion: 0,
+            handle: std::ptr::null_mut(),
+            size: 0,
+            needsProxyProgress: 0,
+        }))
+    }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::ConnectHandle;
-use super::comm_core::{CommCore, CommKind};
+use super::comm_core::{CommCore, CommKind, DeviceHandleStorage};
 use super::recv::RecvComm;
 use super::send::SendComm;
 use crate::net::abi::{self, ncclNetDeviceHandle_v7_t};
@@ -29,26 +29,6 @@ pub struct ListenComm {
 
 // SAFETY: as for comms, one thread at a time drives a listen comm.
 unsafe impl Send for ListenComm {}
-
-/// 16-byte-aligned storage for the device handle `accept` fills.
-#[repr(C, align(16))]
-pub(super) struct DeviceHandleStorage(ncclNetDeviceHandle_v7_t);
-
-// SAFETY: plain data the plugin writes once during accept; its pointer field is never dereferenced
-// through this storage.
-unsafe impl Send for DeviceHandleStorage {}
-
-impl DeviceHandleStorage {
-    pub(super) fn zeroed() -> Box<Self> {
-        Box::new(DeviceHandleStorage(ncclNetDeviceHandle_v7_t {
-            netDeviceType: 0,
-            netDeviceVersion: 0,
-            handle: std::ptr::null_mut(),
-            size: 0,
-            needsProxyProgress: 0,
-        }))
-    }
-}
 
 impl Plugin {
     /// Opens a listening comm on `dev`.

@@ -6,8 +6,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
 use super::RequestId;
-use super::comm_core::{CommCore, MemHandle, register, test_raw};
-use super::connect::DeviceHandleStorage;
+use super::comm_core::{CommCore, DeviceHandleStorage, MemHandle, register, test_raw};
 use crate::net::abi::{self, loadMeta, ncclNetDeviceHandle_v7_t};
 use crate::net::error::{NetError, NetResult};
 use crate::net::logger;
