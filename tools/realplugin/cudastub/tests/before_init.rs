@@ -1,0 +1,12 @@
+//! Its own process: the driver answers NOT_INITIALIZED until cuInit, as CUDA does.
+use tcpxd_cudastub::*;
+
+#[test]
+fn driver_calls_before_cu_init_are_refused() {
+    let mut n = -1;
+    assert_eq!(cuDeviceGetCount(&mut n), CUDA_ERROR_NOT_INITIALIZED);
+    assert_eq!(n, -1, "nothing written");
+    assert_eq!(cuInit(0), CUDA_SUCCESS);
+    assert_eq!(cuDeviceGetCount(&mut n), CUDA_SUCCESS);
+    assert_eq!(n as usize, device_count());
+}
