@@ -119,6 +119,8 @@ pub(super) fn case_connect_accept(ctx: &Ctx) -> Result<String, String> {
     }
     let ring = match recv.unpack_ring() {
         Ok(r) if r.bounce_is_host_readable() => "unpack ring and bounce buffer in host memory",
+        // The real plugin on a GPU it imported no receive buffer for (SKIP_ODDS): host receives only.
+        Ok(r) if r.bounce_ptr().is_null() => "unpack ring host-mapped, no bounce buffer (host receives only)",
         Ok(_) => "unpack ring host-mapped, bounce buffer in GPU memory",
         Err(_) => "unpack handle in device memory",
     };

@@ -10,6 +10,7 @@
 pub mod abi;
 mod comm;
 mod error;
+pub mod log_limit;
 pub mod logger;
 mod memory;
 mod plugin;

@@ -5,7 +5,8 @@
 //! "Device" memory is host memory: `cuMemAlloc` is an allocation the process can read, a device
 //! pointer of host memory is the host pointer, and copies are `memcpy`. Devices are
 //! `TCPXD_CUDASTUB_DEVICES` (default 1) with PCI bus ids `0000:NN:00.0` (NN = 0x10 + ordinal,
-//! or the comma-separated `TCPXD_CUDASTUB_PCI_BUS_IDS`). The calls of the GPU data path (dma-buf
+//! or the comma-separated `TCPXD_CUDASTUB_PCI_BUS_IDS`); a thread's current runtime device is
+//! `TCPXD_CUDASTUB_CURRENT_DEVICE` (default 0) until it sets one. The calls of the GPU data path (dma-buf
 //! export, IPC import, the VMM calls) answer `CUDA_ERROR_NOT_SUPPORTED`: the stand-in never
 //! pretends to move device memory.
 //!
@@ -47,7 +48,8 @@ static ALLOCATIONS: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
 
 thread_local! {
     static CTX_STACK: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
-    static RT_DEVICE: std::cell::Cell<c_int> = const { std::cell::Cell::new(0) };
+    /// The runtime's current device; -1 until `cudaSetDevice` (then [`default_device`]).
+    static RT_DEVICE: std::cell::Cell<c_int> = const { std::cell::Cell::new(-1) };
 }
 
 /// The number of stand-in devices.
@@ -57,6 +59,18 @@ pub fn device_count() -> usize {
         .and_then(|v| v.trim().parse::<usize>().ok())
         .unwrap_or(1)
         .min(MAX_DEVICES)
+}
+
+/// The runtime's current device on a thread that has not set one: `TCPXD_CUDASTUB_CURRENT_DEVICE`
+/// (default 0). tools/realplugin/run.sh makes it 1 of 2, an odd ordinal: with
+/// `NCCL_TCPX_RXMEM_IMPORT_SKIP_ODDS=1` the plugin then does not import RxDM's GPU receive buffer
+/// for its receive comms (a dma-buf the stand-in cannot map), which host receives never use.
+pub fn default_device() -> c_int {
+    std::env::var("TCPXD_CUDASTUB_CURRENT_DEVICE")
+        .ok()
+        .and_then(|v| v.trim().parse::<c_int>().ok())
+        .filter(|&d| valid_device(d))
+        .unwrap_or(0)
 }
 
 /// Device `ordinal`'s PCI bus id.
@@ -541,7 +555,10 @@ pub extern "C" fn cudaGetDeviceCount(count: *mut c_int) -> CudaError {
 #[unsafe(no_mangle)]
 pub extern "C" fn cudaGetDevice(dev: *mut c_int) -> CudaError {
     rt(ok_or(
-        put(dev, RT_DEVICE.with(|d| d.get())),
+        put(dev, {
+            let current = RT_DEVICE.with(|d| d.get());
+            if current < 0 { default_device() } else { current }
+        }),
         CUDA_ERROR_INVALID_VALUE,
     ))
 }

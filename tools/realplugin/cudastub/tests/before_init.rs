@@ -10,3 +10,14 @@ fn driver_calls_before_cu_init_are_refused() {
     assert_eq!(cuDeviceGetCount(&mut n), CUDA_SUCCESS);
     assert_eq!(n as usize, device_count());
 }
+
+#[test]
+fn a_thread_s_current_device_is_the_default_until_it_sets_one() {
+    let mut dev = -1;
+    assert_eq!(cudaGetDevice(&mut dev), CUDA_RT_SUCCESS);
+    assert_eq!(dev, default_device());
+    assert_eq!(cudaSetDevice(0), CUDA_RT_SUCCESS);
+    assert_eq!(cudaGetDevice(&mut dev), CUDA_RT_SUCCESS);
+    assert_eq!(dev, 0);
+    assert_eq!(cudaSetDevice(99), CUDA_RT_ERROR_INVALID_DEVICE);
+}
