@@ -144,10 +144,14 @@ pub struct BenchTransferArgs {
     /// Local daemons only: chunk size and lanes they are started with.
     #[command(flatten)]
     pub path: PathArgs,
-    /// Also run the raw plugin bench (built-in emulation, same workload, chunk size and lanes)
-    /// first, and print both side by side.
+    /// Also run the raw plugin bench (same plugin, workload, chunk size and lanes) first, and
+    /// print both side by side.
     #[arg(long)]
     pub raw: bool,
+    /// Local daemons and --raw only: the plugin file to load (e.g. Google's real plugin built by
+    /// tools/realplugin/build.sh); default: the built-in emulation.
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
     /// Local daemons only: the tcpxd binary (default: `tcpxd` next to tcpxctl).
     #[arg(long, value_name = "PATH")]
     pub daemon: Option<PathBuf>,
@@ -199,7 +203,7 @@ pub async fn run(global: &crate::cli::args::GlobalOpts, cmd: BenchCommand) -> Re
             let w = args.workload.workload().map_err(CliError::Usage)?;
             let mut rows = Vec::new();
             if args.raw {
-                let opts = raw_options(&w, &args.path, None, Vec::new(), 12, 16)?;
+                let opts = raw_options(&w, &args.path, args.plugin.clone(), Vec::new(), 12, 16)?;
                 rows.extend(raw_rows(opts, !global.json).await?);
             }
             rows.extend(transfer_rows(global, &args, &w).await?);
@@ -334,6 +338,7 @@ async fn local_daemons_bench(
             (Memory::Cuda(a), Some(Memory::Cuda(b))) => vec![a, b],
             _ => Vec::new(),
         },
+        plugin: args.plugin.clone(),
         ..DemoOptions::default()
     };
     let fail = |e: crate::cli::demo::DemoError| CliError::Bench(e.to_string());

@@ -206,6 +206,14 @@ pub(super) fn case_peer_close(ctx: &Ctx) -> Result<String, String> {
     let deadline = start + ctx.opts.connect_timeout;
     loop {
         match recv.test(rid) {
+            // Google's plugin answers a peer's close with ncclSystemError ("Connection closed by
+            // remote peer", socket_utils.cc), as the emulation does since 2026-11-26.
+            Err(NetError::Plugin { code, .. }) if code != abi::NCCL_SYSTEM_ERROR => {
+                return Err(format!(
+                    "a pending receive failed with {} ({code}) after its sender closed; GPUDirect-TCPX answers ncclSystemError (2)",
+                    abi::result_name(code)
+                ));
+            }
             Err(e) => {
                 return Ok(format!(
                     "pending receive failed {:.1} ms after the sender closed: {e}",

@@ -38,6 +38,11 @@ pub fn test_plugin_file() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// What `DescribeNode` reports as the plugin path of the daemons under test.
+pub fn described_plugin_path() -> String {
+    test_plugin_file().map_or("built-in emulation".to_string(), |p| p.display().to_string())
+}
+
 /// Whether the tests run on the emulation (not a plugin file): emulation-only knobs such as
 /// `TCPXEMU_RATE_GBPS` take effect only then.
 pub fn on_emulation() -> bool {

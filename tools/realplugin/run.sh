@@ -11,7 +11,8 @@
 #
 # In COMMAND's environment: TCPXD_TEST_PLUGIN and TCPXD_REALPLUGIN = the plugin's path (the
 # daemon's integration tests take their plugin from TCPXD_TEST_PLUGIN), TCPXD_FAKE_RXDM_PREFIX =
-# the fake's socket folder, TCPXD_FAKE_RXDM_LOG = its request log (one line per request), and the
+# the fake's socket folder, TCPXD_FAKE_RXDM_LOG = its request log (one line per request),
+# TCPXD_FAKE_RXDM_PID = its pid (kill it to see the plugin lose RxDM mid-run), and the
 # plugin's NCCL_GPUDIRECTTCPX_* variables (each kept when already set). Examples:
 #
 #   tools/realplugin/run.sh -- sh -c 'target/release/tcpxctl conformance --plugin "$TCPXD_REALPLUGIN"'
@@ -79,6 +80,7 @@ if [ "$rxdm" = 1 ]; then
   [ -n "$refuse" ] && args+=(--refuse "$refuse")
   "$fake" "${args[@]}" >/dev/null &
   rxdm_pid=$!
+  export TCPXD_FAKE_RXDM_PID="$rxdm_pid"
   for _ in $(seq 100); do
     [ -S "$TCPXD_FAKE_RXDM_PREFIX/rx_rule_uninstall" ] && break
     sleep 0.05
