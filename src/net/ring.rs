@@ -227,7 +227,6 @@ mod tests {
         assert!(!ring.bounce_is_host_readable());
         assert_eq!(ring.bounce_device(), None);
         assert!(ring.bounce_ptr().is_null());
-        drop(ring);
         // SAFETY: allocated above with this layout, no longer referenced.
         unsafe { std::alloc::dealloc(meta.cast(), layout) };
     }
