@@ -270,6 +270,10 @@ pub fn metric_families() -> Vec<prometheus::proto::MetricFamily> {
         &["level"],
     )
     .expect("valid metric");
+    // `warn` always (at 0 before the plugin's first warning), so neither family is ever empty:
+    // the text encoder refuses a family without samples.
+    lines.with_label_values(&["warn"]);
+    held.with_label_values(&["warn"]);
     for (level, n, s) in totals() {
         lines.with_label_values(&[level]).inc_by(n);
         held.with_label_values(&[level]).inc_by(s);
@@ -380,6 +384,15 @@ mod tests {
             );
         }
         assert_eq!(l.admit(t0 + W, 3, "a.cc", 1, "x"), (Verdict::Emit, None));
+    }
+
+    #[test]
+    fn the_families_encode_before_any_plugin_line() {
+        let families = metric_families();
+        assert_eq!(families.len(), 2);
+        assert!(families.iter().all(|f| !f.get_metric().is_empty()));
+        let mut out = Vec::new();
+        prometheus::Encoder::encode(&prometheus::TextEncoder::new(), &families, &mut out).expect("encodes");
     }
 
     #[test]
