@@ -109,7 +109,7 @@ impl RecvShared {
 
     fn peer_closed(&self) {
         self.health.fail(
-            abi::NCCL_REMOTE_ERROR,
+            abi::NCCL_SYSTEM_ERROR,
             format!("tcpxemu: Connection closed by remote peer ({})", self.label),
         );
     }
@@ -442,7 +442,7 @@ impl RecvComm {
         }
         if !matched && eof {
             sh.peer_closed();
-            return Err(abi::NCCL_REMOTE_ERROR);
+            return Err(abi::NCCL_SYSTEM_ERROR);
         }
         Ok(false)
     }

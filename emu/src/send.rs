@@ -64,7 +64,7 @@ impl SendShared {
         }
         if sockio::is_peer_closed(e) || self.peer_gone.load(Ordering::Acquire) {
             self.health.fail(
-                abi::NCCL_REMOTE_ERROR,
+                abi::NCCL_SYSTEM_ERROR,
                 format!(
                     "tcpxemu: Connection closed by remote peer ({}, {what}: {e})",
                     self.label
@@ -80,7 +80,7 @@ impl SendShared {
 
     fn peer_closed(&self) {
         self.health.fail(
-            abi::NCCL_REMOTE_ERROR,
+            abi::NCCL_SYSTEM_ERROR,
             format!("tcpxemu: Connection closed by remote peer ({})", self.label),
         );
     }

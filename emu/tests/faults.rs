@@ -61,7 +61,7 @@ fn fail_after_bytes_fails_both_sides() {
     let (r, _) = irecv(&mut p, &mut rb, size, 0).unwrap();
     let (so, ro) = until_settled(s, r);
     assert_eq!(so, Err(abi::NCCL_SYSTEM_ERROR));
-    assert_eq!(ro, Err(abi::NCCL_REMOTE_ERROR));
+    assert_eq!(ro, Err(abi::NCCL_SYSTEM_ERROR));
     assert!(logs_contain(
         "tcpxemu: injected connection failure after 1000000 bytes"
     ));
@@ -139,7 +139,7 @@ fn closing_the_sender_fails_pending_receives_promptly() {
             Err(e) => break e,
         }
     };
-    assert_eq!(err, abi::NCCL_REMOTE_ERROR);
+    assert_eq!(err, abi::NCCL_SYSTEM_ERROR);
     drop(rb);
     assert_eq!(p.close_recv(), 0);
 }
@@ -171,7 +171,7 @@ fn closing_the_receiver_fails_pending_sends_promptly() {
             Err(e) => break e,
         }
     };
-    assert_eq!(err, abi::NCCL_REMOTE_ERROR);
+    assert_eq!(err, abi::NCCL_SYSTEM_ERROR);
     drop(sb);
     assert_eq!(p.close_send(), 0);
 }

@@ -82,12 +82,17 @@ fn temp_file(name: &str) -> PathBuf {
     p
 }
 
+/// Both harnesses on a plugin file (`--plugin`): the emulation's library, or
+/// `TCPXD_TEST_PLUGIN`'s (Google's real plugin under tools/realplugin/run.sh).
 #[test]
 fn bench_transfer_between_two_local_daemons_with_the_raw_bench_beside_it() {
     let out_file = temp_file("transfer.jsonl");
+    let plugin = common::emulation_plugin_path();
     let out = tcpxctl(&[
         "bench",
         "transfer",
+        "--plugin",
+        plugin.to_str().unwrap(),
         "--raw",
         "--sizes",
         "4K,64K,1M",

@@ -204,6 +204,7 @@ impl Metrics {
     pub fn render(&self, snap: &StatsSnapshot, buffers: usize, buffer_bytes: u64) -> String {
         let mut families = self.registry.gather();
         families.extend(snapshot_registry(snap, buffers, buffer_bytes).gather());
+        families.extend(crate::net::log_limit::metric_families());
         families.sort_by(|a, b| a.name().cmp(b.name()));
         let mut out = Vec::new();
         TextEncoder::new()

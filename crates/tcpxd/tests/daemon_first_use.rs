@@ -50,7 +50,7 @@ async fn a_descriptor_is_all_a_client_needs() {
     assert_eq!(nb.node_id, "fu-b");
     assert_eq!(nb.peer_addresses, vec![b.peer_addr()]);
     assert_eq!(nb.version, env!("CARGO_PKG_VERSION"));
-    assert_eq!(nb.plugin_path, "built-in emulation");
+    assert_eq!(nb.plugin_path, daemons::described_plugin_path());
     assert!(!nb.plugin_name.is_empty());
     assert!(!nb.devices.is_empty() && nb.devices.iter().all(|d| d.host_memory));
     assert!(nb.lanes_per_device >= 1 && nb.chunk_bytes >= 4096);
@@ -360,7 +360,7 @@ async fn advertised_addresses_come_from_the_configuration() {
         v["peer_addresses"],
         serde_json::json!(["node-adv.example:50052", "10.1.2.3:50052"])
     );
-    assert_eq!(v["plugin_path"], "built-in emulation");
+    assert_eq!(v["plugin_path"], daemons::described_plugin_path());
     assert_eq!(v["local_session"], "TCPXD/1");
     assert!(v["devices"].as_array().is_some_and(|d| !d.is_empty()), "{v}");
     let out = run(vec!["--endpoint".into(), endpoint, "describe".into()])

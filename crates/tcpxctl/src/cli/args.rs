@@ -456,10 +456,14 @@ pub struct BenchTransferArgs {
     /// Local daemons only: chunk size and lanes they are started with.
     #[command(flatten)]
     pub path: PathArgs,
-    /// Also run the raw plugin bench (built-in emulation, same workload, chunk size and lanes)
-    /// first, and print both side by side.
+    /// Also run the raw plugin bench (same plugin, workload, chunk size and lanes) first, and
+    /// print both side by side.
     #[arg(long)]
     pub raw: bool,
+    /// Local daemons and --raw only: the plugin file to load (e.g. Google's real plugin built by
+    /// tools/realplugin/build.sh); default: the built-in emulation.
+    #[arg(long, value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
     /// Local daemons only: the tcpxd binary (default: `tcpxd` next to tcpxctl).
     #[arg(long, value_name = "PATH")]
     pub daemon: Option<PathBuf>,

@@ -76,7 +76,7 @@ pub async fn run(global: &GlobalOpts, cmd: BenchCommand) -> Result<(), CliError>
             let w = args.workload.workload().map_err(CliError::Usage)?;
             let mut rows = Vec::new();
             if args.raw {
-                let opts = raw_options(&w, &args.path, None, Vec::new(), 12, 16)?;
+                let opts = raw_options(&w, &args.path, args.plugin.clone(), Vec::new(), 12, 16)?;
                 rows.extend(raw_rows(opts, !global.json).await?);
             }
             rows.extend(transfer_rows(global, &args, &w).await?);
@@ -211,6 +211,7 @@ async fn local_daemons_bench(
             (Memory::Cuda(a), Some(Memory::Cuda(b))) => vec![a, b],
             _ => Vec::new(),
         },
+        plugin: args.plugin.clone(),
         ..DemoOptions::default()
     };
     let fail = |e: crate::cli::demo::DemoError| CliError::Bench(e.to_string());

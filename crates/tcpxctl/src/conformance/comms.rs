@@ -119,6 +119,8 @@ pub(super) fn case_connect_accept(ctx: &Ctx) -> Result<String, String> {
     }
     let ring = match recv.unpack_ring() {
         Ok(r) if r.bounce_is_host_readable() => "unpack ring and bounce buffer in host memory",
+        // The real plugin on a GPU it imported no receive buffer for (SKIP_ODDS): host receives only.
+        Ok(r) if r.bounce_ptr().is_null() => "unpack ring host-mapped, no bounce buffer (host receives only)",
         Ok(_) => "unpack ring host-mapped, bounce buffer in GPU memory",
         Err(_) => "unpack handle in device memory",
     };
@@ -204,6 +206,14 @@ pub(super) fn case_peer_close(ctx: &Ctx) -> Result<String, String> {
     let deadline = start + ctx.opts.connect_timeout;
     loop {
         match recv.test(rid) {
+            // Google's plugin answers a peer's close with ncclSystemError ("Connection closed by
+            // remote peer", socket_utils.cc), as the emulation does since 2026-11-26.
+            Err(NetError::Plugin { code, .. }) if code != abi::NCCL_SYSTEM_ERROR => {
+                return Err(format!(
+                    "a pending receive failed with {} ({code}) after its sender closed; GPUDirect-TCPX answers ncclSystemError (2)",
+                    abi::result_name(code)
+                ));
+            }
             Err(e) => {
                 return Ok(format!(
                     "pending receive failed {:.1} ms after the sender closed: {e}",

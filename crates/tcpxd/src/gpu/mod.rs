@@ -82,12 +82,42 @@ fn driver_library_present() -> bool {
     for name in ["libcuda.so.1", "libcuda.so"] {
         // SAFETY: loading the CUDA driver runs its initialisers, which have no preconditions;
         // the handle is dropped at once (cudarc keeps its own).
-        if unsafe { libloading::Library::new(name) }.is_ok() {
+        if let Ok(lib) = unsafe { libloading::Library::new(name) } {
+            if let Some(sym) = missing_driver_symbol(&lib) {
+                // cudarc panics at the first call of a missing entry point: a library without
+                // them (tools/realplugin's host-memory stand-in, which Google's plugin loads as
+                // libcuda.so.1) is no driver for tcpxd.
+                tracing::warn!(
+                    library = name,
+                    missing = sym,
+                    "libcuda lacks a CUDA driver entry point tcpxd calls: treated as no CUDA driver"
+                );
+                return false;
+            }
             // SAFETY: only probes the same candidates cudarc will load; no symbol is called.
             return unsafe { sys::is_culib_present() };
         }
     }
     false
+}
+
+/// Entry points tcpxd's CUDA paths call (device listing, kernels, pointer queries): a library
+/// lacking one is not a usable driver.
+const DRIVER_SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuDeviceGetAttribute",
+    "cuDeviceTotalMem_v2",
+    "cuPointerGetAttribute",
+    "cuMemGetAddressRange_v2",
+    "cuModuleLoadData",
+    "cuLaunchKernel",
+];
+
+fn missing_driver_symbol(lib: &libloading::Library) -> Option<&'static str> {
+    DRIVER_SYMBOLS.iter().copied().find(|sym| {
+        // SAFETY: looks the symbol up without calling it; the pointer type is irrelevant.
+        unsafe { lib.get::<*const std::ffi::c_void>(sym.as_bytes()) }.is_err()
+    })
 }
 
 /// Whether a CUDA driver is installed and initialises (never panics).
@@ -370,5 +400,12 @@ mod tests {
             }
             Err(e) => assert!(!e.to_string().is_empty()),
         }
+    }
+
+    #[test]
+    fn a_library_without_driver_entry_points_is_no_driver() {
+        // SAFETY: the C library is loaded in every process already.
+        let libc = unsafe { libloading::Library::new("libc.so.6") }.expect("libc");
+        assert_eq!(missing_driver_symbol(&libc), Some("cuInit"));
     }
 }

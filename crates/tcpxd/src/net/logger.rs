@@ -1,6 +1,7 @@
 //! The plugin's logger: a C shim (`logger.c`) formats each variadic call and hands the line to
 //! [`tcpxd_plugin_log_sink`], which forwards it to `tracing` (target `tcpxd::plugin`) and keeps the
-//! most recent lines so an error can carry the plugin's own words.
+//! most recent lines so an error can carry the plugin's own words. Repeated lines are rate limited
+//! per call site and counted ([`super::log_limit`]).
 
 use std::collections::VecDeque;
 use std::ffi::{CStr, c_char, c_int, c_ulong};
@@ -72,7 +73,13 @@ extern "C" fn tcpxd_plugin_log_sink(
         // SAFETY: the plugin passes `__FILE__`, a static NUL-terminated string.
         unsafe { CStr::from_ptr(file) }.to_string_lossy()
     };
+    // Repeated lines (the real plugin warns on every host receive) are counted, not logged, past
+    // a burst per call site (log_limit.rs); they are still kept below, so an error raised during
+    // a flood carries the plugin's words.
+    let logged =
+        super::log_limit::admit(level, &file, line, &text, emit_summary) == super::log_limit::Verdict::Emit;
     match level {
+        _ if !logged => {}
         abi::NCCL_LOG_WARN | abi::NCCL_LOG_ABORT => {
             tracing::warn!(target: "tcpxd::plugin", %file, line, "{text}")
         }
@@ -84,6 +91,19 @@ extern "C" fn tcpxd_plugin_log_sink(
         return;
     }
     record(level, text);
+}
+
+/// Logs a rate-limited call site's summary at the level of the lines it stands for.
+pub(super) fn emit_summary(s: &super::log_limit::Summary) {
+    let (file, line, suppressed) = (&s.file, s.line, s.suppressed);
+    match s.level {
+        abi::NCCL_LOG_WARN | abi::NCCL_LOG_ABORT => {
+            tracing::warn!(target: "tcpxd::plugin", %file, line, suppressed, "{s}")
+        }
+        abi::NCCL_LOG_VERSION => tracing::info!(target: "tcpxd::plugin", %file, line, suppressed, "{s}"),
+        abi::NCCL_LOG_INFO => tracing::debug!(target: "tcpxd::plugin", %file, line, suppressed, "{s}"),
+        _ => tracing::trace!(target: "tcpxd::plugin", %file, line, suppressed, "{s}"),
+    }
 }
 
 fn record(level: i32, text: String) {
@@ -141,6 +161,33 @@ mod tests {
         assert!(
             lines.contains(&"unable to allocate requests (17 of 16)".to_string()),
             "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn lines_held_back_by_the_rate_limit_still_reach_errors() {
+        let warn = |n: c_int| {
+            // SAFETY: calling our own shim with a format string and a matching argument.
+            unsafe {
+                tcpxd_plugin_logger(
+                    abi::NCCL_LOG_WARN,
+                    abi::NCCL_NET,
+                    c"flood.c".as_ptr(),
+                    9,
+                    c"requested receive on host mem buffer %d".as_ptr(),
+                    n,
+                )
+            }
+        };
+        for n in 0..super::super::log_limit::BURST as c_int {
+            warn(n);
+        }
+        let before = mark();
+        warn(999);
+        assert_eq!(
+            lines_since(before),
+            vec!["requested receive on host mem buffer 999".to_string()],
+            "a line past the burst is not logged but is kept"
         );
     }
 }

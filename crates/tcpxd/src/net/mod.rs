@@ -11,6 +11,7 @@
 pub use tcpxd_abi as abi;
 mod comm;
 mod error;
+pub mod log_limit;
 pub mod logger;
 mod memory;
 mod plugin;

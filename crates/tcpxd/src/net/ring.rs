@@ -60,7 +60,9 @@ impl UnpackRing {
         let bounce_host_readable = probe_copy(h.bounce_buf as *const u8, &mut probe[..1]);
         // The plugin allocates the bounce buffer on whichever GPU was current at accept (with
         // TCPX: the one RxDM serves for the NIC); receives into other GPUs need peer access.
-        let bounce_device = if bounce_host_readable {
+        // The real plugin leaves it NULL where it imported none (an odd GPU under
+        // NCCL_TCPX_RXMEM_IMPORT_SKIP_ODDS=1): host receives still work, nothing to ask CUDA.
+        let bounce_device = if bounce_host_readable || h.bounce_buf.is_null() {
             None
         } else {
             crate::gpu::device_of(h.bounce_buf as u64).ok()
@@ -195,3 +197,37 @@ impl UnpackRing {
 // SAFETY: the ring is the plugin's memory for the comm's lifetime; the view only reads it and is
 // owned by (and used alongside) its `RecvComm`.
 unsafe impl Send for UnpackRing {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The real plugin's receive comm on a GPU it imported no receive buffer for
+    /// (`NCCL_TCPX_RXMEM_IMPORT_SKIP_ODDS=1`, an odd ordinal): a NULL bounce buffer. The ring is
+    /// still usable for host receives and CUDA is never asked about the NULL address.
+    #[test]
+    fn a_null_bounce_buffer_is_no_device_and_asks_cuda_nothing() {
+        let layout = std::alloc::Layout::new::<netUnpackMeta>();
+        // SAFETY: a non-zero-sized layout; freed below with the same layout.
+        let meta = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<netUnpackMeta>();
+        assert!(!meta.is_null());
+        let mut h = unpackNetDeviceHandle {
+            meta,
+            bounce_buf: std::ptr::null_mut(),
+            head: u64::MAX,
+        };
+        let dh = ncclNetDeviceHandle_v7_t {
+            netDeviceType: abi::NCCL_NET_DEVICE_UNPACK,
+            netDeviceVersion: abi::NCCL_NET_DEVICE_UNPACK_VERSION,
+            handle: (&mut h as *mut unpackNetDeviceHandle).cast(),
+            size: std::mem::size_of::<unpackNetDeviceHandle>(),
+            needsProxyProgress: 1,
+        };
+        let ring = UnpackRing::from_device_handle(&dh).expect("a ring without a bounce buffer");
+        assert!(!ring.bounce_is_host_readable());
+        assert_eq!(ring.bounce_device(), None);
+        assert!(ring.bounce_ptr().is_null());
+        // SAFETY: allocated above with this layout, no longer referenced.
+        unsafe { std::alloc::dealloc(meta.cast(), layout) };
+    }
+}

@@ -16,8 +16,37 @@ pub struct TestDaemon {
     pub dir: PathBuf,
 }
 
+/// The plugin the tests drive: the file named by `TCPXD_TEST_PLUGIN` (tools/realplugin/run.sh
+/// sets it to Google's real plugin; loaded and initialised once per test process), else the
+/// emulation linked into tcpxd.
 pub fn plugin() -> Arc<Plugin> {
-    Plugin::builtin_emulation().expect("built-in emulation")
+    static FILE: std::sync::OnceLock<Arc<Plugin>> = std::sync::OnceLock::new();
+    match test_plugin_file() {
+        Some(path) => FILE
+            .get_or_init(|| {
+                Plugin::load(&path).unwrap_or_else(|e| panic!("TCPXD_TEST_PLUGIN={}: {e}", path.display()))
+            })
+            .clone(),
+        None => Plugin::builtin_emulation().expect("built-in emulation"),
+    }
+}
+
+/// `TCPXD_TEST_PLUGIN`, when set: the daemons under test load that plugin file.
+pub fn test_plugin_file() -> Option<PathBuf> {
+    std::env::var_os("TCPXD_TEST_PLUGIN")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+}
+
+/// What `DescribeNode` reports as the plugin path of the daemons under test.
+pub fn described_plugin_path() -> String {
+    test_plugin_file().map_or("built-in emulation".to_string(), |p| p.display().to_string())
+}
+
+/// Whether the tests run on the emulation (not a plugin file): emulation-only knobs such as
+/// `TCPXEMU_RATE_GBPS` take effect only then.
+pub fn on_emulation() -> bool {
+    test_plugin_file().is_none()
 }
 
 /// The bearer token of every test daemon's TCP API.
@@ -59,7 +88,8 @@ pub async fn start(node: &str, extra: impl FnOnce(&mut DaemonArgs)) -> TestDaemo
         api_tcp: Some("127.0.0.1:0".parse().unwrap()),
         api_token_file: Some(dir.join("token")),
         peer_listen: Some("127.0.0.1:0".parse().unwrap()),
-        builtin_emulation: true,
+        builtin_emulation: on_emulation(),
+        plugin: test_plugin_file(),
         shutdown_grace_s: Some(5),
         // The whole suite runs under either protocol: TCPXD_TRANSFER_PROTOCOL=eager|rendezvous,
         // and with spinning on or off: TCPXD_SPIN=on|off (unset: auto, off on a 2-core machine).

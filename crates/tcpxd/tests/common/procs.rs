@@ -24,7 +24,7 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// Starts `tcpxd` on the built-in emulation with a TCP API on loopback; `peer_port` 0 picks one.
+/// Starts `tcpxd` on the built-in emulation (or `TCPXD_TEST_PLUGIN`'s plugin) with a TCP API on loopback; `peer_port` 0 picks one.
 /// `config` is TOML for its configuration file; `env` goes to its environment.
 pub async fn spawn(node: &str, peer_port: u16, config: &str, env: &[(&str, &str)]) -> ProcDaemon {
     let dir = std::env::temp_dir().join(format!(
@@ -49,8 +49,13 @@ pub async fn spawn_in(
     let cfg = dir.join("tcpxd.toml");
     std::fs::write(&cfg, config).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tcpxd"));
-    cmd.args(["--node-id", node, "--builtin-emulation"])
-        .arg("--peer-listen")
+    cmd.args(["--node-id", node]);
+    // TCPXD_TEST_PLUGIN (tools/realplugin/run.sh) names a plugin file; unset, the emulation.
+    match super::daemons::test_plugin_file() {
+        Some(p) => cmd.arg("--plugin").arg(p),
+        None => cmd.arg("--builtin-emulation"),
+    };
+    cmd.arg("--peer-listen")
         .arg(format!("127.0.0.1:{peer_port}"))
         .arg("--api-socket")
         .arg(dir.join("api.sock"))

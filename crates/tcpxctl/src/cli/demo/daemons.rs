@@ -143,10 +143,12 @@ impl Daemons {
             .try_clone()
             .map_err(io(format!("opening {}", log.display())))?;
         let mut cmd = std::process::Command::new(daemon);
-        cmd.arg("--node-id")
-            .arg(node)
-            .arg("--builtin-emulation")
-            .arg("--api-socket")
+        cmd.arg("--node-id").arg(node);
+        match &opts.plugin {
+            Some(p) => cmd.arg("--plugin").arg(p),
+            None => cmd.arg("--builtin-emulation"),
+        };
+        cmd.arg("--api-socket")
             .arg(&socket)
             .arg("--peer-listen")
             .arg("127.0.0.1:0")

@@ -79,6 +79,8 @@ pub struct DemoOptions {
     /// Per daemon (in spawn order): the CUDA device its built-in emulation keeps its bounce
     /// buffers on (`TCPXEMU_CUDA_DEVICE`), so each daemon owns one GPU.
     pub emulation_cuda_devices: Vec<u32>,
+    /// The plugin file both daemons load (`--plugin`); `None`: the built-in emulation.
+    pub plugin: Option<PathBuf>,
 }
 
 impl Default for DemoOptions {
@@ -94,6 +96,7 @@ impl Default for DemoOptions {
             handle_signals: false,
             extra_daemon_args: Vec::new(),
             emulation_cuda_devices: Vec::new(),
+            plugin: None,
         }
     }
 }

@@ -1,0 +1,190 @@
+use super::*;
+use std::ptr::null_mut;
+
+fn init() {
+    assert_eq!(cuInit(0), CUDA_SUCCESS);
+}
+
+#[test]
+fn device_memory_round_trips_bytes_and_refuses_a_second_free() {
+    init();
+    let mut d: CUdeviceptr = 0;
+    assert_eq!(cuMemAlloc_v2(&mut d, 4096), CUDA_SUCCESS);
+    assert_ne!(d, 0);
+    let src: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    assert_eq!(cuMemcpyHtoD_v2(d, src.as_ptr().cast(), src.len()), CUDA_SUCCESS);
+    let mut back = vec![0u8; 4096];
+    assert_eq!(
+        cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), d, back.len()),
+        CUDA_SUCCESS
+    );
+    assert_eq!(back, src);
+    assert_eq!(cuMemFree_v2(d), CUDA_SUCCESS);
+    assert_eq!(
+        cuMemFree_v2(d),
+        CUDA_ERROR_INVALID_VALUE,
+        "a freed pointer is not freed twice"
+    );
+    assert_eq!(cuMemAlloc_v2(null_mut(), 16), CUDA_ERROR_INVALID_VALUE);
+}
+
+#[test]
+fn host_memory_is_zeroed_and_its_device_pointer_is_itself() {
+    init();
+    let mut h: *mut c_void = null_mut();
+    assert_eq!(cuMemHostAlloc(&mut h, 256, 0), CUDA_SUCCESS);
+    // SAFETY: h is 256 fresh bytes from the stand-in.
+    let bytes = unsafe { std::slice::from_raw_parts(h.cast::<u8>(), 256) };
+    assert!(bytes.iter().all(|&b| b == 0));
+    let mut d: CUdeviceptr = 0;
+    assert_eq!(cuMemHostGetDevicePointer_v2(&mut d, h, 0), CUDA_SUCCESS);
+    assert_eq!(d, h as CUdeviceptr);
+    assert_eq!(cuMemFreeHost(h), CUDA_SUCCESS);
+    assert_eq!(cuMemFreeHost(h), CUDA_ERROR_INVALID_VALUE);
+    let mut junk = 0u8;
+    assert_eq!(
+        cuMemFreeHost((&mut junk as *mut u8).cast()),
+        CUDA_ERROR_INVALID_VALUE,
+        "never frees what it did not allocate"
+    );
+}
+
+#[test]
+fn contexts_push_and_pop_per_thread() {
+    std::thread::spawn(|| {
+        init();
+        let mut dev: CUdevice = -1;
+        assert_eq!(cuDeviceGet(&mut dev, 0), CUDA_SUCCESS);
+        let mut ctx: CUcontext = null_mut();
+        assert_eq!(cuDevicePrimaryCtxRetain(&mut ctx, dev), CUDA_SUCCESS);
+        assert!(!ctx.is_null());
+        let mut got: CUdevice = -1;
+        assert_eq!(
+            cuCtxGetDevice(&mut got),
+            CUDA_ERROR_INVALID_CONTEXT,
+            "nothing current yet"
+        );
+        assert_eq!(cuCtxPushCurrent_v2(ctx), CUDA_SUCCESS);
+        assert_eq!(cuCtxGetDevice(&mut got), CUDA_SUCCESS);
+        assert_eq!(got, 0);
+        let mut popped: CUcontext = null_mut();
+        assert_eq!(cuCtxPopCurrent_v2(&mut popped), CUDA_SUCCESS);
+        assert_eq!(popped, ctx);
+        assert_eq!(cuCtxPopCurrent_v2(&mut popped), CUDA_ERROR_INVALID_CONTEXT);
+        let mut bogus = 0u8;
+        assert_eq!(
+            cuCtxPushCurrent_v2((&mut bogus as *mut u8).cast()),
+            CUDA_ERROR_INVALID_CONTEXT
+        );
+        let mut created: CUcontext = null_mut();
+        assert_eq!(cuCtxCreate_v2(&mut created, 0, 0), CUDA_SUCCESS);
+        assert_eq!(
+            cuCtxGetDevice(&mut got),
+            CUDA_SUCCESS,
+            "cuCtxCreate makes its context current"
+        );
+        assert_eq!(cuCtxDestroy_v2(created), CUDA_SUCCESS);
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn devices_have_pci_bus_ids_the_runtime_finds_again() {
+    init();
+    let mut n = 0;
+    assert_eq!(cuDeviceGetCount(&mut n), CUDA_SUCCESS);
+    assert_eq!(n as usize, device_count());
+    assert!(n >= 1);
+    let mut buf = [0 as c_char; 32];
+    assert_eq!(
+        cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as c_int, 0),
+        CUDA_SUCCESS
+    );
+    // SAFETY: the stand-in wrote a NUL-terminated id.
+    let id = unsafe { CStr::from_ptr(buf.as_ptr()) }
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(id, pci_bus_id(0));
+    let mut dev = -1;
+    let cid = std::ffi::CString::new(id.to_uppercase()).unwrap();
+    // SAFETY: a NUL-terminated id and an int to write.
+    assert_eq!(
+        unsafe { cudaDeviceGetByPCIBusId(&mut dev, cid.as_ptr()) },
+        CUDA_RT_SUCCESS
+    );
+    assert_eq!(dev, 0);
+    // SAFETY: as above.
+    let unknown = unsafe { cudaDeviceGetByPCIBusId(&mut dev, c"0000:ff:1f.7".as_ptr()) };
+    assert_eq!(unknown, CUDA_RT_ERROR_INVALID_DEVICE);
+    assert_eq!(
+        cuDeviceGetPCIBusId(buf.as_mut_ptr(), 4, 0),
+        CUDA_ERROR_INVALID_VALUE,
+        "too short a buffer"
+    );
+    assert_eq!(
+        cuDeviceGet(&mut dev, MAX_DEVICES as c_int),
+        CUDA_ERROR_INVALID_DEVICE
+    );
+    assert_eq!(cudaSetDevice(0), CUDA_RT_SUCCESS);
+    assert_eq!(cudaGetDevice(&mut dev), CUDA_RT_SUCCESS);
+    assert_eq!(dev, 0);
+}
+
+#[test]
+fn the_gpu_data_path_answers_not_supported() {
+    let mut d: CUdeviceptr = 0;
+    assert_eq!(
+        cuMemGetHandleForAddressRange(null_mut(), 0, 4096, 1, 0),
+        CUDA_ERROR_NOT_SUPPORTED
+    );
+    assert_eq!(
+        cuIpcOpenMemHandle_v2(&mut d, CUipcMemHandle { reserved: [0; 64] }, 1),
+        CUDA_ERROR_NOT_SUPPORTED
+    );
+    assert_eq!(
+        cuMemImportFromShareableHandle(null_mut(), null_mut(), 1),
+        CUDA_ERROR_NOT_SUPPORTED
+    );
+    assert_eq!(
+        cuMemAddressReserve(&mut d, 4096, 0, 0, 0),
+        CUDA_ERROR_NOT_SUPPORTED
+    );
+    assert_eq!(cuMemMap(0, 4096, 0, 0, 0), CUDA_ERROR_NOT_SUPPORTED);
+    assert_eq!(
+        cuMemSetAccess(0, 4096, std::ptr::null(), 1),
+        CUDA_ERROR_NOT_SUPPORTED
+    );
+    assert_eq!(cuMemUnmap(0, 4096), CUDA_ERROR_NOT_SUPPORTED);
+    assert_eq!(cuMemRelease(0), CUDA_ERROR_NOT_SUPPORTED);
+    assert_eq!(cuMemAddressFree(0, 4096), CUDA_ERROR_NOT_SUPPORTED);
+    let mut text: *const c_char = std::ptr::null();
+    assert_eq!(cuGetErrorName(CUDA_ERROR_NOT_SUPPORTED, &mut text), CUDA_SUCCESS);
+    // SAFETY: a static NUL-terminated name.
+    assert_eq!(unsafe { CStr::from_ptr(text) }, c"CUDA_ERROR_NOT_SUPPORTED");
+    // SAFETY: a static NUL-terminated string.
+    let s = unsafe { CStr::from_ptr(cudaGetErrorString(CUDA_RT_ERROR_NOT_SUPPORTED)) };
+    assert!(s.to_str().unwrap().contains("host memory only"));
+}
+
+#[test]
+fn runtime_memory_round_trips_and_counts_back() {
+    let mut d: *mut c_void = null_mut();
+    assert_eq!(cudaMalloc(&mut d, 64), CUDA_RT_SUCCESS);
+    assert!(live_allocations() >= 1);
+    let src = [0xA5u8; 64];
+    assert_eq!(cudaMemcpy(d, src.as_ptr().cast(), 64, 1), CUDA_RT_SUCCESS);
+    let mut back = [0u8; 64];
+    assert_eq!(cudaMemcpy(back.as_mut_ptr().cast(), d, 64, 2), CUDA_RT_SUCCESS);
+    assert_eq!(back, src);
+    let mut h: *mut c_void = null_mut();
+    assert_eq!(cudaHostAlloc(&mut h, 8, 0), CUDA_RT_SUCCESS);
+    let mut hd: *mut c_void = null_mut();
+    assert_eq!(cudaHostGetDevicePointer(&mut hd, h, 0), CUDA_RT_SUCCESS);
+    assert_eq!(hd, h);
+    assert_eq!(cudaFreeHost(h), CUDA_RT_SUCCESS);
+    assert_eq!(cudaFree(d), CUDA_RT_SUCCESS);
+    assert_eq!(cudaFree(d), CUDA_RT_ERROR_INVALID_VALUE);
+    assert_eq!(cudaFree(null_mut()), CUDA_RT_SUCCESS);
+}

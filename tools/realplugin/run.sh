@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Runs a command against Google's real TCPX plugin built by tools/realplugin/build.sh: sets the
+# plugin's environment for loopback, starts a fake RxDM (tools/realplugin/fake-rxdm) for the
+# command's lifetime, and prints what the fake saw afterwards.
+#
+#   tools/realplugin/run.sh [--out DIR] [--no-rxdm] [--rxdm-refuse TEXT] -- COMMAND...
+#
+#   --out DIR          build.sh's output folder (default target/realplugin; env REALPLUGIN_OUT)
+#   --no-rxdm          start no RxDM (to see what the plugin does without one)
+#   --rxdm-refuse TEXT the fake answers every request with TEXT instead of "Ok."
+#
+# In COMMAND's environment: TCPXD_TEST_PLUGIN and TCPXD_REALPLUGIN = the plugin's path (the
+# daemon's integration tests take their plugin from TCPXD_TEST_PLUGIN), TCPXD_FAKE_RXDM_PREFIX =
+# the fake's socket folder, TCPXD_FAKE_RXDM_LOG = its request log (one line per request),
+# TCPXD_FAKE_RXDM_PID = its pid (kill it to see the plugin lose RxDM mid-run), and the
+# plugin's NCCL_GPUDIRECTTCPX_* variables (each kept when already set). Examples:
+#
+#   tools/realplugin/run.sh -- sh -c 'target/release/tcpxctl conformance --plugin "$TCPXD_REALPLUGIN"'
+#   tools/realplugin/run.sh -- cargo nextest run --test daemon_transfers
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+out="${REALPLUGIN_OUT:-$repo/target/realplugin}"
+rxdm=1
+refuse=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out="$2"; shift 2 ;;
+    --no-rxdm) rxdm=0; shift ;;
+    --rxdm-refuse) refuse="$2"; shift 2 ;;
+    --) shift; break ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) break ;;
+  esac
+done
+[ $# -gt 0 ] || { echo "run.sh: no command (see --help)" >&2; exit 2; }
+plugin="$out/lib/libnccl-net.so"
+[ -f "$plugin" ] || { echo "run.sh: $plugin not found: build it with tools/realplugin/build.sh" >&2; exit 1; }
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/tcpxd-realplugin.XXXXXX")"
+export TCPXD_TEST_PLUGIN="$plugin" TCPXD_REALPLUGIN="$plugin"
+export TCPXD_FAKE_RXDM_PREFIX="$work/rxdm" TCPXD_FAKE_RXDM_LOG="$work/rxdm.log"
+# The stand-in sits beside the plugin (found through its RUNPATH); on the library path too, for
+# anything else that looks for libcuda.so.1 in this run.
+export LD_LIBRARY_PATH="$out/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# Loopback for data and control; the fake RxDM's folder; a 1 ms flow-steering wait (default 5 s).
+export NCCL_GPUDIRECTTCPX_SOCKET_IFNAME="${NCCL_GPUDIRECTTCPX_SOCKET_IFNAME:-lo}"
+export NCCL_GPUDIRECTTCPX_CTRL_DEV="${NCCL_GPUDIRECTTCPX_CTRL_DEV:-lo}"
+export NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX="${NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX:-$TCPXD_FAKE_RXDM_PREFIX}"
+export NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS="${NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS:-1000}"
+# The CUDA stand-in: two devices, the current one 1. An odd ordinal with SKIP_ODDS keeps the plugin
+# from importing RxDM's GPU receive buffer (get_gpu_fd_<pci>, a dma-buf) for each receive comm:
+# without it accept fails in unpack1.cu (gpu_get_rxmem); host receives never use that buffer.
+export TCPXD_CUDASTUB_DEVICES="${TCPXD_CUDASTUB_DEVICES:-2}"
+export TCPXD_CUDASTUB_CURRENT_DEVICE="${TCPXD_CUDASTUB_CURRENT_DEVICE:-1}"
+export NCCL_TCPX_RXMEM_IMPORT_SKIP_ODDS="${NCCL_TCPX_RXMEM_IMPORT_SKIP_ODDS:-1}"
+export NCCL_DYNAMIC_CHUNK_SIZE="${NCCL_DYNAMIC_CHUNK_SIZE:-524288}"
+# The conformance suite's nccl_pat case checks that NCCL's PAT algorithm is off for the plugin.
+export NCCL_PAT_ENABLE="${NCCL_PAT_ENABLE:-0}"
+
+rxdm_pid=""
+cleanup() {
+  if [ -n "$rxdm_pid" ]; then
+    kill -TERM "$rxdm_pid" 2>/dev/null || true
+    wait "$rxdm_pid" 2>/dev/null || true
+  fi
+  if [ -s "$TCPXD_FAKE_RXDM_LOG" ]; then
+    echo "run.sh: the fake RxDM's requests: $(wc -l <"$TCPXD_FAKE_RXDM_LOG") (log kept: $TCPXD_FAKE_RXDM_LOG)" >&2
+  else
+    rm -rf "$work"
+  fi
+}
+trap cleanup EXIT
+
+if [ "$rxdm" = 1 ]; then
+  fake="$repo/target/release/tcpxd-fake-rxdm"
+  [ -x "$fake" ] || (cd "$repo" && cargo build --release -q -p tcpxd-fake-rxdm)
+  args=(--prefix "$TCPXD_FAKE_RXDM_PREFIX" --log "$TCPXD_FAKE_RXDM_LOG")
+  [ -n "$refuse" ] && args+=(--refuse "$refuse")
+  "$fake" "${args[@]}" >/dev/null &
+  rxdm_pid=$!
+  export TCPXD_FAKE_RXDM_PID="$rxdm_pid"
+  for _ in $(seq 100); do
+    [ -S "$TCPXD_FAKE_RXDM_PREFIX/rx_rule_uninstall" ] && break
+    sleep 0.05
+  done
+  [ -S "$TCPXD_FAKE_RXDM_PREFIX/rx_rule_uninstall" ] || { echo "run.sh: the fake RxDM did not start" >&2; exit 1; }
+fi
+
+echo "run.sh: plugin $plugin; fake RxDM ${rxdm_pid:+pid $rxdm_pid under $TCPXD_FAKE_RXDM_PREFIX}${rxdm_pid:-off}" >&2
+set +e
+"$@"
+rc=$?
+set -e
+exit "$rc"
