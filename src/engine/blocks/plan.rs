@@ -124,6 +124,29 @@ impl SidePlan {
         Ok(())
     }
 
+    /// Plans plain ranges of one buffer (a batch's entries, already checked against the buffer),
+    /// in order: `(offset, length)`, neighbours merged as for blocks. Empty ranges add nothing.
+    pub fn rebuild_ranges(&mut self, ranges: impl IntoIterator<Item = (u64, u64)>) {
+        self.runs.clear();
+        let (mut total, mut end, mut blocks) = (0u64, u64::MAX, 0u64);
+        for (off, len) in ranges {
+            blocks += 1;
+            if len == 0 {
+                continue;
+            }
+            if off != end {
+                self.runs.push(Run {
+                    offset: off,
+                    wire: total,
+                });
+            }
+            end = off + len;
+            total += len;
+        }
+        self.total = total;
+        self.blocks = blocks;
+    }
+
     /// Bytes the transfer moves (the wire stream's length).
     pub fn total(&self) -> u64 {
         self.total

@@ -736,3 +736,40 @@ fn random_hostile_selections_never_plan_past_a_list() {
         }
     }
 }
+
+#[test]
+fn plain_batch_entries_plan_like_blocks() {
+    // 65,536 entries of 64 bytes (the batch size the API must take), every other pair adjacent at
+    // the source, scattered at the destination; then moved through the tables.
+    let n = 65_536u64;
+    let src: Vec<(u64, u64)> = (0..n).map(|i| (i * 64 + (i / 2) * 8, 64)).collect();
+    let dst: Vec<(u64, u64)> = (0..n).map(|i| (((i * 7919) % n) * 64, 64)).collect();
+    let (mut send, mut recv) = (SidePlan::default(), SidePlan::default());
+    send.rebuild_ranges(src.iter().copied());
+    recv.rebuild_ranges(dst.iter().copied());
+    assert_eq!((send.blocks(), send.total()), (n, n * 64));
+    assert_eq!(send.runs().len() as u64, n / 2, "pairs of adjacent entries merge");
+    let mut rng = Rng(3);
+    let sb = fill(&mut rng, n * 64 + n * 4);
+    let mut want = vec![0u8; (n * 64) as usize];
+    let mut got = want.clone();
+    for (&(so, l), &(d, _)) in src.iter().zip(&dst) {
+        want[d as usize..(d + l) as usize].copy_from_slice(&sb[so as usize..(so + l) as usize]);
+    }
+    move_by_tables(&sb, &mut got, &send, &recv, 65_536);
+    assert!(got == want);
+    // Empty and huge entries: a range longer than 4 GiB is one run, cut by the chunks.
+    let mut p = SidePlan::default();
+    p.rebuild_ranges([(0, 0), (10, 5 << 30), (0, 0)]);
+    assert_eq!((p.blocks(), p.total(), p.runs().len()), (3, 5 << 30, 1));
+    assert_eq!(
+        p.chunk(MAX_CHUNK, 1279).collect::<Vec<_>>(),
+        vec![Segment {
+            offset: 10 + (5 << 30) - MAX_CHUNK as u64,
+            wire: 0,
+            len: MAX_CHUNK
+        }]
+    );
+}
+
+const MAX_CHUNK: u32 = crate::engine::MAX_CHUNK_BYTES;
