@@ -191,6 +191,40 @@ impl SidePlan {
         }
     }
 
+    /// Writes chunk `k`'s table into `out` (pinned memory a kernel reads, say) and returns how
+    /// many pieces it holds, or `None` (nothing written past `out`) when they do not fit.
+    pub fn chunk_to_slice(&self, chunk_bytes: u32, k: u64, out: &mut [Segment]) -> Option<usize> {
+        let mut n = 0;
+        for s in self.chunk(chunk_bytes, k) {
+            *out.get_mut(n)? = s;
+            n += 1;
+        }
+        Some(n)
+    }
+
+    /// The most pieces any one chunk of `chunk_bytes` has (what a table slot must hold), in one
+    /// pass over the runs.
+    pub fn max_chunk_pieces(&self, chunk_bytes: u32) -> usize {
+        let c = u64::from(chunk_bytes);
+        let (mut best, mut chunk, mut count) = (0usize, 0u64, 0usize);
+        for (i, r) in self.runs.iter().enumerate() {
+            let end = self.runs.get(i + 1).map_or(self.total, |n| n.wire);
+            let (first, last) = (r.wire / c, (end - 1) / c);
+            if first != chunk {
+                best = best.max(count);
+                count = 0;
+            }
+            // The run is a piece of every chunk from `first` to `last`.
+            count += 1;
+            if last != first {
+                best = best.max(count);
+                count = 1;
+            }
+            chunk = last;
+        }
+        best.max(count)
+    }
+
     /// Writes chunk `k`'s table into `out` (cleared first; its capacity is kept across chunks).
     pub fn chunk_into(&self, chunk_bytes: u32, k: u64, out: &mut Vec<Segment>) {
         out.clear();

@@ -225,6 +225,22 @@ fn tables_reproduce_a_per_block_copy_on_random_layouts() {
         header.validate(&dst, &mut recv).unwrap();
         assert_eq!(send.total(), total);
         assert!(send.runs().len() as u64 <= send.blocks());
+        for plan in [&send, &recv] {
+            let cb = 1 + rng.below(70_000) as u32;
+            let most = (0..plan.chunk_count(cb))
+                .map(|k| plan.chunk(cb, k).count())
+                .max()
+                .unwrap_or(0);
+            assert_eq!(plan.max_chunk_pieces(cb), most);
+            let mut slot = vec![Segment::default(); most];
+            for k in 0..plan.chunk_count(cb) {
+                let n = plan.chunk_to_slice(cb, k, &mut slot).unwrap();
+                assert!(slot[..n].iter().copied().eq(plan.chunk(cb, k)));
+                if n > 0 {
+                    assert_eq!(plan.chunk_to_slice(cb, k, &mut slot[..n - 1]), None);
+                }
+            }
+        }
         let chunk_bytes = [4096u32, 5000, 65536, 524288, 1 + rng.below(20_000) as u32][round % 5];
         let sb = fill(&mut rng, src.buffer_len());
         let mut want = fill(&mut rng, dst.buffer_len());
