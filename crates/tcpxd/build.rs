@@ -40,7 +40,7 @@ fn kernels() {
         return;
     };
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
-    for name in ["unpack", "checksum"] {
+    for name in ["unpack", "checksum", "blocks"] {
         let src = format!("kernels/{name}.cu");
         let ptx = out.join(format!("{name}.ptx"));
         let status = std::process::Command::new(&nvcc)

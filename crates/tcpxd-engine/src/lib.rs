@@ -23,6 +23,7 @@
 //! - **Failure.** A failed peer fails every transfer that touches it, with the peer named, and its
 //!   queues are dropped.
 
+pub mod blocks;
 mod completion;
 mod counters;
 pub mod credits;

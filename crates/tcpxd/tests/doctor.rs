@@ -67,6 +67,7 @@ fn the_emulation_plugin_passes_and_a3_only_checks_say_why_not() {
         "plugin.load",
         "plugin.devices",
         "plugin.noexec",
+        "env.plugin",
         "ports",
     ] {
         assert_eq!(level(&r, name), "ok", "{name}: {}", check(&r, name));

@@ -336,6 +336,7 @@ pub fn run(host: &Host, target: &Target) -> Report {
         checks.push(system::check_noexec(host, p));
     }
     checks.push(system::check_chunk_size(host));
+    checks.push(system::check_plugin_settings(host));
     checks.push(system::check_tcpx_env(host));
     checks.push(system::check_nics(host));
     checks.push(system::check_data_split(host));

@@ -14,6 +14,7 @@
 //!
 //! Every `unsafe` block of the GPU data path lives in this module.
 
+pub mod blocks;
 mod crc;
 mod error;
 mod launch;

@@ -10,14 +10,16 @@ use super::{Gpu, nvrtc};
 
 const UNPACK_CU: &str = include_str!("../../kernels/unpack.cu");
 const CHECKSUM_CU: &str = include_str!("../../kernels/checksum.cu");
+const BLOCKS_CU: &str = include_str!("../../kernels/blocks.cu");
 
 #[cfg(tcpxd_ptx)]
-const EMBEDDED_PTX: Option<[&str; 2]> = Some([
+const EMBEDDED_PTX: Option<[&str; 3]> = Some([
     include_str!(concat!(env!("OUT_DIR"), "/unpack.ptx")),
     include_str!(concat!(env!("OUT_DIR"), "/checksum.ptx")),
+    include_str!(concat!(env!("OUT_DIR"), "/blocks.ptx")),
 ]);
 #[cfg(not(tcpxd_ptx))]
-const EMBEDDED_PTX: Option<[&str; 2]> = None;
+const EMBEDDED_PTX: Option<[&str; 3]> = None;
 
 /// Where the loaded kernels came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +33,7 @@ pub enum KernelSource {
 /// The loaded kernels of one device.
 pub struct Kernels {
     ctx: sys::CUcontext,
-    modules: [sys::CUmodule; 2],
+    modules: [sys::CUmodule; 3],
     pub(crate) unpack_8: sys::CUfunction,
     pub(crate) unpack_16: sys::CUfunction,
     pub(crate) unpack_64: sys::CUfunction,
@@ -39,6 +41,8 @@ pub struct Kernels {
     pub(crate) unpack_inline_pages: sys::CUfunction,
     pub(crate) unpack_persistent: sys::CUfunction,
     pub(crate) crc32c_blocks: sys::CUfunction,
+    pub(crate) gather_blocks: sys::CUfunction,
+    pub(crate) scatter_blocks: sys::CUfunction,
     source: KernelSource,
 }
 
@@ -82,7 +86,7 @@ fn function(m: sys::CUmodule, name: &str) -> GpuResult<sys::CUfunction> {
     Ok(f)
 }
 
-fn compile_and_load(gpu: &Gpu) -> GpuResult<([sys::CUmodule; 2], KernelSource)> {
+fn compile_and_load(gpu: &Gpu) -> GpuResult<([sys::CUmodule; 3], KernelSource)> {
     let (major, minor) = gpu.compute_capability();
     let virt = if (major, minor) == (9, 0) {
         "compute_90".to_string()
@@ -92,7 +96,11 @@ fn compile_and_load(gpu: &Gpu) -> GpuResult<([sys::CUmodule; 2], KernelSource)> 
     let mut modules = Vec::new();
     let mut compiler = String::new();
     let mut arch = virt.clone();
-    for (src, name) in [(UNPACK_CU, "unpack.cu"), (CHECKSUM_CU, "checksum.cu")] {
+    for (src, name) in [
+        (UNPACK_CU, "unpack.cu"),
+        (CHECKSUM_CU, "checksum.cu"),
+        (BLOCKS_CU, "blocks.cu"),
+    ] {
         let (ptx, who) = nvrtc::compile(src, name, &virt, nvrtc::Output::Ptx)?;
         compiler = who;
         let m = match load_image(&ptx) {
@@ -109,15 +117,22 @@ fn compile_and_load(gpu: &Gpu) -> GpuResult<([sys::CUmodule; 2], KernelSource)> 
         };
         modules.push(m);
     }
-    Ok(([modules[0], modules[1]], KernelSource::Nvrtc { compiler, arch }))
+    Ok((
+        [modules[0], modules[1], modules[2]],
+        KernelSource::Nvrtc { compiler, arch },
+    ))
 }
 
 pub(crate) fn load(gpu: &Gpu) -> GpuResult<Kernels> {
     let force_nvrtc = std::env::var("TCPXD_GPU_KERNELS").is_ok_and(|v| v == "nvrtc");
     let usable_ptx = EMBEDDED_PTX.filter(|_| !force_nvrtc && gpu.compute_capability() >= (9, 0));
     let (modules, source) = match usable_ptx {
-        Some([unpack, checksum]) => (
-            [load_image(unpack.as_bytes())?, load_image(checksum.as_bytes())?],
+        Some([unpack, checksum, blocks]) => (
+            [
+                load_image(unpack.as_bytes())?,
+                load_image(checksum.as_bytes())?,
+                load_image(blocks.as_bytes())?,
+            ],
             KernelSource::EmbeddedPtx,
         ),
         None => compile_and_load(gpu)?,
@@ -132,6 +147,8 @@ pub(crate) fn load(gpu: &Gpu) -> GpuResult<Kernels> {
         unpack_inline_pages: std::ptr::null_mut(),
         unpack_persistent: std::ptr::null_mut(),
         crc32c_blocks: std::ptr::null_mut(),
+        gather_blocks: std::ptr::null_mut(),
+        scatter_blocks: std::ptr::null_mut(),
         source,
     };
     k.unpack_8 = function(modules[0], "tcpxd_unpack_8")?;
@@ -141,6 +158,8 @@ pub(crate) fn load(gpu: &Gpu) -> GpuResult<Kernels> {
     k.unpack_inline_pages = function(modules[0], "tcpxd_unpack_inline_pages")?;
     k.unpack_persistent = function(modules[0], "tcpxd_unpack_persistent")?;
     k.crc32c_blocks = function(modules[1], "tcpxd_crc32c_blocks")?;
+    k.gather_blocks = function(modules[2], "tcpxd_gather_blocks")?;
+    k.scatter_blocks = function(modules[2], "tcpxd_scatter_blocks")?;
     match &k.source {
         KernelSource::EmbeddedPtx => tracing::info!(
             gpu = gpu.ordinal(),

@@ -23,5 +23,8 @@ pub use comm::{
 };
 pub use error::{NetError, NetResult};
 pub use memory::{HostRegion, MemType, REGION_ALIGN, Region, RegionWindow};
-pub use plugin::{DEFAULT_DYNAMIC_CHUNK_SIZE, DeviceProperties, Plugin, PluginSource};
+pub use plugin::{
+    DEFAULT_DYNAMIC_CHUNK_SIZE, DeviceProperties, PLUGIN_DEFAULTS, Plugin, PluginSource,
+    missing_plugin_defaults,
+};
 pub use ring::UnpackRing;

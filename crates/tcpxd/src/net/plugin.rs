@@ -82,7 +82,7 @@ impl std::fmt::Debug for Plugin {
 }
 
 impl Plugin {
-    /// Loads the plugin at `path`, checks its table, sets `NCCL_DYNAMIC_CHUNK_SIZE` when unset,
+    /// Loads the plugin at `path`, checks its table, applies [`PLUGIN_DEFAULTS`] where unset,
     /// calls `init` with tcpxd's logger and reads every device's properties.
     pub fn load(path: impl AsRef<Path>) -> NetResult<Arc<Plugin>> {
         let path = path.as_ref().to_path_buf();
@@ -140,7 +140,7 @@ impl Plugin {
                 .into_owned()
         };
         check_table(&table, &name)?;
-        set_chunk_size_default();
+        apply_plugin_defaults();
 
         let mut plugin = Plugin {
             table,
@@ -273,14 +273,41 @@ fn check_table(table: &ncclNet_v7_t, plugin: &str) -> NetResult<()> {
     }
 }
 
-/// Sets `NCCL_DYNAMIC_CHUNK_SIZE=524288` when the environment has no value.
-fn set_chunk_size_default() {
-    if std::env::var_os("NCCL_DYNAMIC_CHUNK_SIZE").is_none() {
+/// GCP's recommended TCPX plugin settings that tcpxd applies before `init` when the environment
+/// has no value (deploy/systemd/tcpx.env has the same values): the plugin's own defaults make no
+/// progress (`NCCL_DYNAMIC_CHUNK_SIZE` 0) or halve the throughput (one socket per comm).
+pub const PLUGIN_DEFAULTS: [(&str, &str); 3] = [
+    ("NCCL_DYNAMIC_CHUNK_SIZE", DEFAULT_DYNAMIC_CHUNK_SIZE),
+    ("NCCL_NSOCKS_PERTHREAD", "4"),
+    ("NCCL_SOCKET_NTHREADS", "1"),
+];
+
+/// The [`PLUGIN_DEFAULTS`] that `var` (an environment lookup) has no value for.
+pub fn missing_plugin_defaults(
+    var: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Vec<(&'static str, &'static str)> {
+    PLUGIN_DEFAULTS
+        .iter()
+        .copied()
+        .filter(|(k, _)| var(k).is_none())
+        .collect()
+}
+
+/// Sets each of [`PLUGIN_DEFAULTS`] the environment has no value for, and says which it set.
+fn apply_plugin_defaults() {
+    let missing = missing_plugin_defaults(|k| std::env::var_os(k));
+    for (k, v) in &missing {
         // SAFETY: environment writes race only with concurrent C `getenv` calls; this runs before
         // the plugin's `init`, i.e. before any plugin thread exists, and tcpxd loads its plugin at
         // start-up. Rust-side readers are serialised by std's environment lock.
-        unsafe { std::env::set_var("NCCL_DYNAMIC_CHUNK_SIZE", DEFAULT_DYNAMIC_CHUNK_SIZE) };
-        tracing::info!("NCCL_DYNAMIC_CHUNK_SIZE was unset; set it to {DEFAULT_DYNAMIC_CHUNK_SIZE}");
+        unsafe { std::env::set_var(k, v) };
+    }
+    if !missing.is_empty() {
+        let set: Vec<String> = missing.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        tracing::info!(
+            "TCPX plugin settings were unset; applied GCP's recommendation: {}",
+            set.join(", ")
+        );
     }
 }
 
@@ -482,5 +509,30 @@ mod tests {
             text.contains("cannot reach RxDM at /run/tcpx (errno 111)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn plugin_defaults_fill_only_what_is_unset() {
+        let env = |set: &'static [(&'static str, &'static str)]| {
+            move |k: &str| set.iter().find(|(n, _)| *n == k).map(|(_, v)| (*v).into())
+        };
+        assert_eq!(missing_plugin_defaults(env(&[])), PLUGIN_DEFAULTS.to_vec());
+        assert_eq!(
+            missing_plugin_defaults(env(&[
+                ("NCCL_NSOCKS_PERTHREAD", "2"),
+                ("NCCL_DYNAMIC_CHUNK_SIZE", "1")
+            ])),
+            vec![("NCCL_SOCKET_NTHREADS", "1")]
+        );
+        let all: &'static [(&'static str, &'static str)] = &PLUGIN_DEFAULTS;
+        assert!(missing_plugin_defaults(env(all)).is_empty());
+        // The values are GCP's, as deploy/systemd/tcpx.env writes them.
+        let rec = crate::doctor::RECOMMENDED_ENV;
+        for (k, v) in PLUGIN_DEFAULTS {
+            assert!(
+                rec.lines().any(|l| l == format!("{k}={v}")),
+                "{k}={v} not in tcpx.env"
+            );
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! `env.chunk_size`, `env.tcpx`: the TCPX environment against GCP's recommended tcpx.env.
+//! `env.chunk_size`, `env.plugin`, `env.tcpx`: the TCPX environment against GCP's recommended
+//! tcpx.env, and the plugin settings tcpxd runs with.
 
 use std::collections::BTreeMap;
 
@@ -48,14 +49,45 @@ pub fn check_chunk_size(host: &Host) -> Check {
     }
 }
 
-/// `env.tcpx`: every NCCL_GPUDIRECTTCPX_* (and socket thread) setting against GCP's values.
+/// `env.plugin`: the plugin settings in force, each from the environment or, where unset, the value
+/// tcpxd applies before loading the plugin (`net::PLUGIN_DEFAULTS`, GCP's recommendation).
+pub fn check_plugin_settings(host: &Host) -> Check {
+    const NAME: &str = "env.plugin";
+    let mut shown = Vec::new();
+    let mut differ = Vec::new();
+    for (k, want) in crate::net::PLUGIN_DEFAULTS {
+        match host.var(k) {
+            None => shown.push(format!("{k}={want} (tcpxd's default)")),
+            Some(v) => {
+                shown.push(format!("{k}={v}"));
+                if v.trim().trim_matches('"') != want {
+                    differ.push(format!("{k} (GCP: {want})"));
+                }
+            }
+        }
+    }
+    let detail = format!("in force: {}", shown.join(", "));
+    if differ.is_empty() {
+        Check::ok(NAME, detail)
+    } else {
+        Check::warn(
+            NAME,
+            format!("{detail}; differs from GCP: {}", differ.join(", ")),
+            "unset them (tcpxd applies GCP's values) unless you measured better; one socket per comm halves throughput",
+        )
+    }
+}
+
+/// `env.tcpx`: every NCCL_GPUDIRECTTCPX_* setting against GCP's values (the socket counts and the
+/// chunk size are `env.plugin`'s: tcpxd applies them when unset).
 pub fn check_tcpx_env(host: &Host) -> Check {
     const NAME: &str = "env.tcpx";
     let rec = parse_recommended_env(RECOMMENDED_ENV);
     let mut same = 0;
     let mut differ = Vec::new();
     let mut unset = Vec::new();
-    for (k, want) in rec.iter().filter(|(k, _)| *k != "NCCL_DYNAMIC_CHUNK_SIZE") {
+    let applied = |k: &str| crate::net::PLUGIN_DEFAULTS.iter().any(|(d, _)| *d == k);
+    for (k, want) in rec.iter().filter(|(k, _)| !applied(k)) {
         match host.var(k) {
             Some(v) if v.trim().trim_matches('"') == want => same += 1,
             Some(v) => differ.push(format!("{k}={v} (GCP: {want})")),
@@ -118,6 +150,31 @@ mod tests {
         assert_eq!(c.level, Level::Fail, "{c:?}");
     }
 
+    #[test]
+    fn plugin_settings_show_the_values_in_force() {
+        let root = TempRoot::new("pluginenv");
+        let c = check_plugin_settings(&simple_host(&root, &[]));
+        assert_eq!(c.level, Level::Ok, "{c:?}");
+        assert_eq!(
+            c.detail,
+            "in force: NCCL_DYNAMIC_CHUNK_SIZE=524288 (tcpxd's default), NCCL_NSOCKS_PERTHREAD=4 \
+             (tcpxd's default), NCCL_SOCKET_NTHREADS=1 (tcpxd's default)"
+        );
+        let c = check_plugin_settings(&simple_host(
+            &root,
+            &[("NCCL_NSOCKS_PERTHREAD", "1"), ("NCCL_SOCKET_NTHREADS", "1")],
+        ));
+        assert_eq!(c.level, Level::Warn, "{c:?}");
+        assert!(
+            c.detail.contains("NCCL_NSOCKS_PERTHREAD=1,")
+                && c.detail.contains("NCCL_SOCKET_NTHREADS=1")
+                && c.detail
+                    .ends_with("differs from GCP: NCCL_NSOCKS_PERTHREAD (GCP: 4)"),
+            "{}",
+            c.detail
+        );
+    }
+
     fn recommended_env() -> Vec<(String, String)> {
         parse_recommended_env(RECOMMENDED_ENV).into_iter().collect()
     }
@@ -135,7 +192,7 @@ mod tests {
                 p.1 = "1";
             }
         }
-        changed.retain(|p| p.0 != "NCCL_SOCKET_NTHREADS");
+        changed.retain(|p| p.0 != "NCCL_SOCKET_NTHREADS" && p.0 != "NCCL_GPUDIRECTTCPX_CTRL_DEV");
         let c = check_tcpx_env(&simple_host(&root, &changed));
         assert_eq!(c.level, Level::Warn, "{c:?}");
         assert!(
@@ -143,7 +200,13 @@ mod tests {
             "{}",
             c.detail
         );
-        assert!(c.detail.contains("unset: NCCL_SOCKET_NTHREADS"), "{}", c.detail);
+        assert!(
+            c.detail.contains("unset: NCCL_GPUDIRECTTCPX_CTRL_DEV"),
+            "{}",
+            c.detail
+        );
+        // The settings tcpxd applies itself are not "unset" here.
+        assert!(!c.detail.contains("NCCL_SOCKET_NTHREADS"), "{}", c.detail);
         let c = check_tcpx_env(&simple_host(&root, &[]));
         assert_eq!(c.level, Level::Fail, "{c:?}");
     }

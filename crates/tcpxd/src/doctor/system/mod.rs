@@ -1,7 +1,7 @@
 //! The host checks: mounts, TCPX settings, NICs, the kernel log, RxDM, GPUs, memlock and ports.
 //!
 //! One file per check (or pair of checks on one subject): `mounts` (`plugin.noexec`), `env`
-//! (`env.chunk_size`, `env.tcpx`), `nics` (`nics`, `nics.data_split`), `kernel` (`kernel.devmem`),
+//! (`env.chunk_size`, `env.plugin`, `env.tcpx`), `nics` (`nics`, `nics.data_split`), `kernel` (`kernel.devmem`),
 //! `rxdm` (`rxdm.sockets`), `gpus`, `memlock`, `ports`.
 
 mod env;
@@ -13,7 +13,7 @@ mod nics;
 mod ports;
 mod rxdm;
 
-pub use env::{check_chunk_size, check_tcpx_env, parse_recommended_env};
+pub use env::{check_chunk_size, check_plugin_settings, check_tcpx_env, parse_recommended_env};
 pub use gpus::{check_gpus, proc_gpus};
 pub use kernel::check_kernel_log;
 pub use memlock::check_memlock;

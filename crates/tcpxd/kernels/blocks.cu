@@ -1,0 +1,217 @@
+// tcpxd block-transfer kernels: the sender's gather of scattered blocks into a contiguous wire
+// chunk (a staging slot registered with the plugin), and the receiver's scatter of a received
+// chunk's fragments into its blocks.
+//
+// Compiled by nvcc at build time or by NVRTC at start-up (no headers), loaded with the other
+// kernels (src/gpu/module.rs). One launch covers up to BLOCK_TASKS chunks:
+// blockIdx.y picks the chunk, and its warps stride over the chunk's work (4 KiB units of the
+// chunk for the gather, fragments for the scatter), one item per warp at a time.
+//
+// Each chunk's table lists, in wire order, the pieces of this side's buffer the chunk covers
+// (`BlockSeg`, 16 bytes: engine::blocks::Segment): `len` bytes at byte `off` of the buffer, at
+// byte `wire` of the chunk. The poller writes the tables into pinned memory from the block plan;
+// nothing is allocated per chunk. A warp finds the piece that holds a wire offset by binary search
+// over `wire`. Layouts must match src/gpu/blocks.rs (`GatherTask`, `ScatterTask`).
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define BLOCK_TASKS 16
+#define BLOCK_WARPS 8
+// The gather's unit of work per warp: this many bytes of the chunk (a piece may span units and a
+// unit pieces).
+#define GATHER_UNIT 4096u
+
+struct __align__(16) BlockSeg {
+    u64 off;
+    u32 wire;
+    u32 len;
+};
+
+// The plugin's loadMeta: `len` bytes at `src_off` of the bounce buffer belong at `dst_off` of the
+// receive (for a block chunk: its wire offset).
+struct __align__(16) LoadMeta {
+    u32 src_off;
+    u32 len;
+    u64 dst_off;
+};
+
+// One chunk to gather (48 bytes).
+struct __align__(16) GatherTask {
+    u64 segs;     // device address of BlockSeg[nsegs] (device memory or host-mapped)
+    u64 src;      // device address of the source buffer's byte 0
+    u64 src_len;  // bytes readable from `src`
+    u64 dst;      // the staging slot: `bytes` bytes are written from here
+    u32 nsegs;
+    u32 bytes;    // the chunk's length
+    u64 pad;
+};
+
+// One received chunk to scatter (64 bytes).
+struct __align__(16) ScatterTask {
+    u64 frags;       // device address of LoadMeta[count]: the host-mapped ring, or a device copy
+    u64 bounce;      // device address of the bounce buffer
+    u64 bounce_len;  // bytes readable from `bounce`
+    u64 segs;        // device address of BlockSeg[nsegs]
+    u64 dst;         // device address of the destination buffer's byte 0
+    u64 dst_len;     // bytes writable from `dst`
+    u32 count;       // fragments
+    u32 nsegs;
+    u32 bytes;       // the chunk's length (every fragment lies inside it)
+    u32 pad;
+};
+
+template <typename T, int N>
+struct Tasks {
+    T t[N];
+};
+
+__device__ __forceinline__ LoadMeta load_meta(const LoadMeta* p) {
+    u64 a, b;
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p));
+    LoadMeta m;
+    m.src_off = (u32)a;
+    m.len = (u32)(a >> 32);
+    m.dst_off = b;
+    return m;
+}
+
+__device__ __forceinline__ BlockSeg load_seg(const BlockSeg* p) {
+    u64 a, b;
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p));
+    BlockSeg s;
+    s.off = a;
+    s.wire = (u32)b;
+    s.len = (u32)(b >> 32);
+    return s;
+}
+
+// Warp-cooperative copy of `len` bytes where `src` and `dst` agree modulo sizeof(T): byte head
+// until aligned, then T-wide words (4 in flight per lane), then a byte tail.
+template <typename T>
+__device__ __forceinline__ void copy_words(const u8* src, u8* dst, u32 len, u32 lane) {
+    const u32 w = sizeof(T);
+    u32 head = (u32)((w - ((u64)src & (w - 1))) & (w - 1));
+    if (head > len) head = len;
+    if (lane < head) dst[lane] = src[lane];
+    src += head;
+    dst += head;
+    len -= head;
+    const u32 n = len / w;
+    const T* s = (const T*)src;
+    T* d = (T*)dst;
+    u32 i = lane;
+    for (; i + 96 < n; i += 128) {
+        T a = s[i], b = s[i + 32], c = s[i + 64], e = s[i + 96];
+        d[i] = a;
+        d[i + 32] = b;
+        d[i + 64] = c;
+        d[i + 96] = e;
+    }
+    for (; i < n; i += 32) d[i] = s[i];
+    const u32 done = n * w;
+    if (lane < len - done) dst[done + lane] = src[done + lane];
+}
+
+__device__ __forceinline__ void copy_piece(const u8* src, u8* dst, u32 len, u32 lane) {
+    const u64 phase = (u64)src ^ (u64)dst;
+    if ((phase & 15) == 0) {
+        copy_words<uint4>(src, dst, len, lane);
+    } else if ((phase & 7) == 0) {
+        copy_words<u64>(src, dst, len, lane);
+    } else if ((phase & 3) == 0) {
+        copy_words<u32>(src, dst, len, lane);
+    } else if ((phase & 1) == 0) {
+        copy_words<u16>(src, dst, len, lane);
+    } else {
+        for (u32 i = lane; i < len; i += 32) dst[i] = src[i];
+    }
+}
+
+// The last piece whose `wire` is <= w (pieces are in wire order, the first at wire 0).
+__device__ __forceinline__ u32 find_seg(const BlockSeg* segs, u32 nsegs, u32 w) {
+    u32 lo = 0, hi = nsegs;
+    while (hi - lo > 1) {
+        const u32 mid = (lo + hi) / 2;
+        if (load_seg(segs + mid).wire <= w) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+__device__ __forceinline__ void report(u32* err, u32 task, u32 item) {
+    *(volatile u32*)err = 1u + ((task << 12) | (item & 0xfff));
+}
+
+// Gather: warp u copies wire bytes [u * GATHER_UNIT, min(bytes, (u + 1) * GATHER_UNIT)) of the
+// chunk from the pieces that hold them. A piece reaching past the source or the chunk is skipped
+// and reported in `err` (1 + (task << 12 | unit)); the host validated the tables, so this is a
+// guard only.
+extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
+    tcpxd_gather_blocks(const __grid_constant__ Tasks<GatherTask, BLOCK_TASKS> tasks, u32* err) {
+    const GatherTask& t = tasks.t[blockIdx.y];
+    const u32 lane = threadIdx.x & 31;
+    const u32 units = (t.bytes + GATHER_UNIT - 1) / GATHER_UNIT;
+    const BlockSeg* segs = (const BlockSeg*)t.segs;
+    for (u32 u = blockIdx.x * BLOCK_WARPS + (threadIdx.x >> 5); u < units; u += gridDim.x * BLOCK_WARPS) {
+        u32 w = u * GATHER_UNIT;
+        const u32 end = min(t.bytes, w + GATHER_UNIT);
+        if (t.nsegs == 0) {
+            if (lane == 0) report(err, blockIdx.y, u);
+            continue;
+        }
+        u32 i = find_seg(segs, t.nsegs, w);
+        while (w < end && i < t.nsegs) {
+            const BlockSeg s = load_seg(segs + i);
+            const u64 seg_end = (u64)s.wire + s.len;
+            if (s.wire > w || seg_end <= w || s.off + s.len > t.src_len || seg_end > t.bytes) {
+                if (lane == 0) report(err, blockIdx.y, u);
+                break;
+            }
+            const u32 stop = seg_end < end ? (u32)seg_end : end;
+            copy_piece((const u8*)(t.src + s.off + (w - s.wire)), (u8*)(t.dst + w), stop - w, lane);
+            w = stop;
+            i++;
+        }
+        if (w < end && lane == 0) report(err, blockIdx.y, u);
+    }
+}
+
+// Scatter: warp f takes fragment f of the chunk (`len` bytes at `src_off` of the bounce buffer,
+// wire offset `dst_off`) and copies it into the pieces of the destination that hold those wire
+// bytes. A fragment outside the chunk or the bounce buffer, or a piece outside the destination,
+// is skipped and reported in `err` (1 + (task << 12 | fragment)).
+extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
+    tcpxd_scatter_blocks(const __grid_constant__ Tasks<ScatterTask, BLOCK_TASKS> tasks, u32* err) {
+    const ScatterTask& t = tasks.t[blockIdx.y];
+    const u32 lane = threadIdx.x & 31;
+    const LoadMeta* frags = (const LoadMeta*)t.frags;
+    const BlockSeg* segs = (const BlockSeg*)t.segs;
+    for (u32 f = blockIdx.x * BLOCK_WARPS + (threadIdx.x >> 5); f < t.count; f += gridDim.x * BLOCK_WARPS) {
+        const LoadMeta m = load_meta(frags + f);
+        if (m.len == 0) continue;
+        if (m.dst_off > t.bytes || (u64)m.len > t.bytes - m.dst_off || (u64)m.src_off + m.len > t.bounce_len ||
+            t.nsegs == 0) {
+            if (lane == 0) report(err, blockIdx.y, f);
+            continue;
+        }
+        u32 w = (u32)m.dst_off;
+        const u32 end = w + m.len;
+        u32 i = find_seg(segs, t.nsegs, w);
+        while (w < end && i < t.nsegs) {
+            const BlockSeg s = load_seg(segs + i);
+            const u64 seg_end = (u64)s.wire + s.len;
+            if (s.wire > w || seg_end <= w || s.off > t.dst_len || (u64)s.len > t.dst_len - s.off) {
+                if (lane == 0) report(err, blockIdx.y, f);
+                break;
+            }
+            const u32 stop = seg_end < end ? (u32)seg_end : end;
+            copy_piece((const u8*)(t.bounce + m.src_off + (w - m.dst_off)), (u8*)(t.dst + s.off + (w - s.wire)),
+                       stop - w, lane);
+            w = stop;
+            i++;
+        }
+        if (w < end && lane == 0) report(err, blockIdx.y, f);
+    }
+}

@@ -1,0 +1,234 @@
+//! The block-transfer kernels of kernels/blocks.cu: the sender's gather of a chunk's scattered
+//! source blocks into a contiguous staging slot, and the receiver's scatter of a received chunk's
+//! fragments into its blocks, both driven by the chunk's table of pieces
+//! (`engine::blocks::Segment`, 16 bytes each, in wire order). One launch covers up to
+//! [`BLOCK_TASKS`] chunks.
+//!
+//! The kernels are loaded with the others ([`super::Kernels`]: PTX from nvcc at build time, else
+//! NVRTC at start-up).
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys;
+use tcpxd_abi::loadMeta;
+
+use super::error::{GpuError, GpuResult};
+use super::{DeviceSpan, Gpu, Kernels, PinnedRegion, Stream};
+
+/// Chunks per launch (`BLOCK_TASKS` in kernels/blocks.cu).
+pub const BLOCK_TASKS: usize = 16;
+/// Warps per thread block (`BLOCK_WARPS`).
+const BLOCK_WARPS: u32 = 8;
+/// Bytes of a chunk each warp of the gather takes at a time (`GATHER_UNIT`).
+pub const GATHER_UNIT: u32 = 4096;
+
+/// Checks that `segs` holds `nsegs` 16-byte-aligned pieces (`engine::blocks::Segment`).
+fn check_table(segs: DeviceSpan, nsegs: u32) -> GpuResult<()> {
+    if segs.ptr() % 16 != 0 {
+        return Err(GpuError::InvalidArgument(
+            "a block table must be 16-byte aligned".into(),
+        ));
+    }
+    if u64::from(nsegs) * 16 > segs.len() {
+        return Err(GpuError::InvalidArgument(format!(
+            "{nsegs} pieces do not fit a {}-byte table",
+            segs.len()
+        )));
+    }
+    Ok(())
+}
+
+/// One chunk to gather: `struct GatherTask` of kernels/blocks.cu.
+#[repr(C, align(16))]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GatherTask {
+    segs: u64,
+    src: u64,
+    src_len: u64,
+    dst: u64,
+    nsegs: u32,
+    bytes: u32,
+    pad: u64,
+}
+
+const _: () = assert!(size_of::<GatherTask>() == 48);
+
+impl GatherTask {
+    /// Chunk of `bytes` bytes into `dst` (the staging slot), from `src` per the `nsegs` pieces
+    /// of `segs` (device-visible). The kernel skips (and reports) a piece outside `src` or the
+    /// chunk.
+    pub fn new(
+        segs: DeviceSpan,
+        nsegs: u32,
+        src: DeviceSpan,
+        dst: DeviceSpan,
+        bytes: u32,
+    ) -> GpuResult<GatherTask> {
+        check_table(segs, nsegs)?;
+        if u64::from(bytes) > dst.len() {
+            return Err(GpuError::InvalidArgument(format!(
+                "a {bytes}-byte chunk does not fit a {}-byte staging slot",
+                dst.len()
+            )));
+        }
+        Ok(GatherTask {
+            segs: segs.ptr(),
+            src: src.ptr(),
+            src_len: src.len(),
+            dst: dst.ptr(),
+            nsegs,
+            bytes,
+            pad: 0,
+        })
+    }
+}
+
+/// One received chunk to scatter: `struct ScatterTask` of kernels/blocks.cu.
+#[repr(C, align(16))]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ScatterTask {
+    frags: u64,
+    bounce: u64,
+    bounce_len: u64,
+    segs: u64,
+    dst: u64,
+    dst_len: u64,
+    count: u32,
+    nsegs: u32,
+    bytes: u32,
+    pad: u32,
+}
+
+const _: () = assert!(size_of::<ScatterTask>() == 64);
+
+impl ScatterTask {
+    /// The `count` fragments of `frags` (device-visible loadMeta, `dst_off` = offset in the
+    /// chunk of `bytes` bytes), from `bounce` into `dst` per the `nsegs` pieces of `segs`. The
+    /// kernel skips (and reports) a fragment outside the chunk or `bounce`, and a piece outside
+    /// `dst`.
+    pub fn new(
+        frags: DeviceSpan,
+        count: u32,
+        bounce: DeviceSpan,
+        segs: DeviceSpan,
+        nsegs: u32,
+        bytes: u32,
+        dst: DeviceSpan,
+    ) -> GpuResult<ScatterTask> {
+        check_table(segs, nsegs)?;
+        if u64::from(count) * size_of::<loadMeta>() as u64 > frags.len() {
+            return Err(GpuError::InvalidArgument(format!(
+                "{count} fragments do not fit a {}-byte list",
+                frags.len()
+            )));
+        }
+        Ok(ScatterTask {
+            frags: frags.ptr(),
+            bounce: bounce.ptr(),
+            bounce_len: bounce.len(),
+            segs: segs.ptr(),
+            dst: dst.ptr(),
+            dst_len: dst.len(),
+            count,
+            nsegs,
+            bytes,
+            pad: 0,
+        })
+    }
+}
+
+#[repr(C, align(16))]
+struct Tasks<T, const N: usize> {
+    t: [T; N],
+}
+
+/// The device address of the u32 at `off` of `err` (checked).
+fn err_ptr(err: &PinnedRegion, off: usize) -> GpuResult<u64> {
+    err.check(off as u64, 4)?;
+    if off % 4 != 0 {
+        return Err(GpuError::InvalidArgument("unaligned error word".into()));
+    }
+    Ok(err.device_ptr() + off as u64)
+}
+
+impl Gpu {
+    /// Gathers up to [`BLOCK_TASKS`] chunks in one launch, `blocks_per_task` blocks of 256
+    /// threads each. A piece the kernel finds out of bounds is skipped and
+    /// `1 + (task << 12 | unit)` is stored in the u32 at `err_off` of `err`.
+    pub fn launch_gather_blocks(
+        &self,
+        kernels: &Kernels,
+        stream: &Stream,
+        tasks: &[GatherTask],
+        blocks_per_task: u32,
+        err: &PinnedRegion,
+        err_off: usize,
+    ) -> GpuResult<()> {
+        self.launch_blocks(
+            kernels.gather_blocks,
+            stream,
+            tasks,
+            blocks_per_task,
+            err,
+            err_off,
+        )
+    }
+
+    /// Scatters up to [`BLOCK_TASKS`] received chunks in one launch. A fragment or piece the
+    /// kernel finds out of bounds is skipped and `1 + (task << 12 | fragment)` is stored in the
+    /// u32 at `err_off` of `err`.
+    pub fn launch_scatter_blocks(
+        &self,
+        kernels: &Kernels,
+        stream: &Stream,
+        tasks: &[ScatterTask],
+        blocks_per_task: u32,
+        err: &PinnedRegion,
+        err_off: usize,
+    ) -> GpuResult<()> {
+        self.launch_blocks(
+            kernels.scatter_blocks,
+            stream,
+            tasks,
+            blocks_per_task,
+            err,
+            err_off,
+        )
+    }
+
+    fn launch_blocks<T: Copy + Default>(
+        &self,
+        f: sys::CUfunction,
+        stream: &Stream,
+        tasks: &[T],
+        blocks_per_task: u32,
+        err: &PinnedRegion,
+        err_off: usize,
+    ) -> GpuResult<()> {
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        if tasks.len() > BLOCK_TASKS {
+            return Err(GpuError::InvalidArgument(format!(
+                "{} block tasks in one launch (at most {BLOCK_TASKS})",
+                tasks.len()
+            )));
+        }
+        let mut err_ptr = err_ptr(err, err_off)?;
+        let mut arr = Tasks::<T, BLOCK_TASKS> {
+            t: [T::default(); BLOCK_TASKS],
+        };
+        arr.t[..tasks.len()].copy_from_slice(tasks);
+        let mut params = [
+            (&mut arr as *mut Tasks<T, BLOCK_TASKS>).cast::<c_void>(),
+            (&mut err_ptr as *mut u64).cast::<c_void>(),
+        ];
+        let grid = (blocks_per_task.clamp(1, 65_535), tasks.len() as u32);
+        // SAFETY: `T` is GatherTask or ScatterTask (the only callers), whose layouts match the
+        // kernels' `Tasks<GatherTask, 16>` / `Tasks<ScatterTask, 16>` parameter (sizes asserted
+        // above); every address in them comes from a DeviceSpan (valid until the work completes
+        // by that type's contract) and is bounds-checked in the kernel; the error word lies in a
+        // live pinned allocation (checked). Parameters are copied at launch.
+        unsafe { self.launch(f, grid, BLOCK_WARPS * 32, stream, &mut params, false) }
+    }
+}
