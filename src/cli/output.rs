@@ -280,13 +280,14 @@ pub fn event_summary(ev: &TransferEvent, elapsed: Duration) -> String {
             format_rate(ev.total_bytes, elapsed)
         )
     } else {
+        // A finished transfer's bytes_done is what landed (not what was sent).
         format!(
-            "transfer {}: {} after {} of {} in {}",
+            "transfer {}: {} after {}; {} of {} landed",
             ev.transfer_id,
             code_number_name(ev.status_code),
+            format_duration(elapsed),
             format_bytes(ev.bytes_done),
             format_bytes(ev.total_bytes),
-            format_duration(elapsed)
         )
     }
 }
@@ -635,7 +636,10 @@ mod tests {
             bytes_done: 0,
             ..ev
         };
-        assert!(event_summary(&failed, el).contains("DEADLINE_EXCEEDED"));
+        assert_eq!(
+            event_summary(&failed, el),
+            "transfer 7: DEADLINE_EXCEEDED after 0.500 s; 0 B of 1.00 GiB landed"
+        );
     }
 
     #[test]

@@ -151,6 +151,10 @@ pub struct Outcome {
     pub message: String,
     /// One per entry, in request order.
     pub entries: Vec<(Code, String)>,
+    /// Bytes known to have landed at their destination: the total when OK; after a failure, a
+    /// WRITE's ranges its receivers confirmed and a READ's chunks unpacked here (progress events
+    /// count a WRITE's chunks as they leave, which says nothing of what the receiver kept).
+    pub landed: u64,
 }
 
 /// What the driver must do.
@@ -383,6 +387,9 @@ struct Transfer {
     kind: TransferKind,
     total: u64,
     done_bytes: u64,
+    /// Bytes confirmed end to end (`Outcome::landed`): a WRITE's offers the receiver reported
+    /// done, a READ's chunks consumed here.
+    landed: u64,
     entries: Vec<Option<(Code, String)>>,
     /// Out-offer ids (WRITE) or read ids (READ) not yet complete.
     pending_parts: usize,
@@ -523,12 +530,21 @@ impl Engine {
         }
     }
 
-    fn check_local(&self, field: &str, buffer: u64, offset: u64, len: u64) -> EngineResult<()> {
-        let b = self
-            .buffers
-            .get(&buffer)
-            .ok_or_else(|| EngineError::not_found(format!("{field}: buffer {buffer} does not exist")))?;
-        check_bounds(field, buffer, b.size, offset, len)
+    /// Entry `i`'s local range: `entries[i].local_buffer_id`, `.local_offset` and `.length`.
+    fn check_local(&self, i: usize, buffer: u64, offset: u64, len: u64) -> EngineResult<()> {
+        let b = self.buffers.get(&buffer).ok_or_else(|| {
+            EngineError::not_found(format!(
+                "entries[{i}].local_buffer_id: buffer {buffer} does not exist"
+            ))
+        })?;
+        check_bounds(
+            &format!("entries[{i}].local_offset"),
+            &format!("entries[{i}].length"),
+            &format!("buffer {buffer}"),
+            b.size,
+            offset,
+            len,
+        )
     }
 
     // ---- peers --------------------------------------------------------------------------------
@@ -703,15 +719,46 @@ fn group_by_peer(specs: &[EntrySpec]) -> Vec<(PeerIdx, Vec<usize>)> {
     by_peer
 }
 
-fn check_bounds(field: &str, buffer: u64, size: u64, offset: u64, len: u64) -> EngineResult<()> {
+fn check_bounds(
+    offset_field: &str,
+    length_field: &str,
+    what: &str,
+    size: u64,
+    offset: u64,
+    len: u64,
+) -> EngineResult<()> {
+    match range_fault(offset_field, length_field, what, size, offset, len) {
+        Some(message) => Err(EngineError::invalid(message)),
+        None => Ok(()),
+    }
+}
+
+/// Why `offset..offset+len` does not fit a `size`-byte buffer (`what`: "buffer 3", "the remote
+/// buffer"), naming the field at fault: the offset when it alone is at or past the end (or is
+/// the larger of two that overflow), else the length. `None` when the range fits.
+pub fn range_fault(
+    offset_field: &str,
+    length_field: &str,
+    what: &str,
+    size: u64,
+    offset: u64,
+    len: u64,
+) -> Option<String> {
     match range_end(offset, len) {
-        None => Err(EngineError::invalid(format!(
-            "{field}: offset {offset} + length {len} overflows 64 bits"
-        ))),
-        Some(end) if end > size => Err(EngineError::invalid(format!(
-            "{field}: range {offset}..{end} is past the end of buffer {buffer} ({size} bytes)"
-        ))),
-        Some(_) => Ok(()),
+        None => {
+            let field = if offset > len { offset_field } else { length_field };
+            Some(format!(
+                "{field}: offset {offset} + length {len} overflows 64 bits"
+            ))
+        }
+        Some(end) if end > size && offset >= size => Some(format!(
+            "{offset_field}: {offset} is past the end of {what} ({size} bytes)"
+        )),
+        Some(end) if end > size => Some(format!(
+            "{length_field}: {len} bytes from offset {offset} end at {end}, past the end of {what} ({size} bytes; {} fit)",
+            size - offset
+        )),
+        Some(_) => None,
     }
 }
 
