@@ -184,13 +184,13 @@ pub fn buffer_text(b: &Buffer) -> String {
             let _ = writeln!(out, "ipc handle:  {}", hex::encode(&b.cuda_ipc_handle));
         }
     }
-    let _ = writeln!(out, "transfers:   {}", b.active_transfers);
+    let _ = writeln!(out, "transfers:   {} active", b.active_transfers);
     let _ = writeln!(out, "descriptor:  {}", b.descriptor);
     out
 }
 
 pub fn buffers_table(buffers: &[Buffer]) -> Table {
-    let mut t = Table::new(["ID", "KIND", "SIZE", "BYTES", "TRANSFERS", "LABEL"]);
+    let mut t = Table::new(["ID", "KIND", "SIZE", "BYTES", "ACTIVE TRANSFERS", "LABEL"]);
     for b in buffers {
         t.row([
             b.id.to_string(),
@@ -605,6 +605,25 @@ mod tests {
         assert_eq!(notification_text(&n), "from a transfer 7 (buffers 3,4): 0x0001");
         assert_eq!(notification_json(&n)["payload_hex"], "0001");
         assert!(notification_json(&n).get("payload_text").is_none());
+    }
+
+    #[test]
+    fn buffer_listing_says_what_its_transfer_count_is() {
+        let b = Buffer {
+            id: 3,
+            kind: BufferKind::Host as i32,
+            size: 4096,
+            label: "kv".into(),
+            descriptor: "tcpxd1:a:3:4096:00@h:1".into(),
+            active_transfers: 0,
+            ..Default::default()
+        };
+        let table = buffers_table(std::slice::from_ref(&b)).to_string();
+        assert!(
+            table.starts_with("ID  KIND  SIZE      BYTES  ACTIVE TRANSFERS  LABEL\n"),
+            "{table}"
+        );
+        assert!(buffer_text(&b).contains("transfers:   0 active\n"));
     }
 
     #[test]
