@@ -91,7 +91,7 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
         "local range past the end",
         write(ac, e, b"").await,
         Code::InvalidArgument,
-        "entries[0].length: 10 bytes from offset 4194299",
+        "entries[0].local_offset: 10 bytes from offset 4194299",
     );
     expect_err(
         "zero length",
@@ -121,14 +121,14 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
         "remote range past the end",
         write(ac, e, b"").await,
         Code::InvalidArgument,
-        "entries[0].length: 10 bytes from offset 4194299 end at 4194309, past the end of the remote buffer (4194304 bytes; 5 fit)",
+        "entries[0].remote_offset: 10 bytes from offset 4194299 end at 4194309, past the end of the remote buffer (4194304 bytes; 5 fit there)",
     );
-    // The field at fault: the length when the offset is 0, the offset when it alone is past the end.
+    // The field at fault: the length when it alone is more than the buffer holds, else the offset.
     expect_err(
         "remote length past the end",
         write(ac, good(4 * MIB + 1), b"").await,
         Code::InvalidArgument,
-        "entries[0].length: 4194305 bytes from offset 0",
+        "entries[0].length: 4194305 bytes is more than the remote buffer holds (4194304 bytes)",
     );
     let mut e = good(10);
     e.remote_offset = 4 * MIB;

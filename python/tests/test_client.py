@@ -364,9 +364,9 @@ def test_own_stream_and_sessions_share_one_client(clients):
         assert dst.checksum() == src.checksum()
 
 
-def test_no_daemon_names_the_endpoint_and_the_fix(tmp_path):
+def test_no_daemon_names_the_endpoint_and_the_fix(tmp_root):
     """As tcpxctl's: where the client looked and what to do, not only grpcio's words."""
-    endpoint = f"unix:{tmp_path}/nothing.sock"
+    endpoint = f"unix:{tmp_root}/nothing.sock"
     with tcpxd.Client(endpoint, timeout=5) as c:
         with pytest.raises(tcpxd.Unavailable) as e:
             c.list_buffers()
@@ -375,10 +375,10 @@ def test_no_daemon_names_the_endpoint_and_the_fix(tmp_path):
     assert "is tcpxd running?" in text and "TCPXD_ENDPOINT" in text, text
 
 
-def test_no_daemon_names_the_endpoint_and_the_fix_asyncio(tmp_path):
+def test_no_daemon_names_the_endpoint_and_the_fix_asyncio(tmp_root):
     import asyncio
 
-    endpoint = f"unix:{tmp_path}/nothing.sock"
+    endpoint = f"unix:{tmp_root}/nothing.sock"
 
     async def main() -> str:
         async with tcpxd.AsyncClient(endpoint, timeout=5) as c:

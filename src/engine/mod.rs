@@ -734,8 +734,8 @@ fn check_bounds(
 }
 
 /// Why `offset..offset+len` does not fit a `size`-byte buffer (`what`: "buffer 3", "the remote
-/// buffer"), naming the field at fault: the offset when it alone is at or past the end (or is
-/// the larger of two that overflow), else the length. `None` when the range fits.
+/// buffer"), naming the field at fault: the length when it alone is more than the buffer holds
+/// (at offset 0 too), else the offset. `None` when the range fits.
 pub fn range_fault(
     offset_field: &str,
     length_field: &str,
@@ -744,21 +744,22 @@ pub fn range_fault(
     offset: u64,
     len: u64,
 ) -> Option<String> {
+    let field = if len > size { length_field } else { offset_field };
     match range_end(offset, len) {
-        None => {
-            let field = if offset > len { offset_field } else { length_field };
-            Some(format!(
-                "{field}: offset {offset} + length {len} overflows 64 bits"
-            ))
-        }
-        Some(end) if end > size && offset >= size => Some(format!(
-            "{offset_field}: {offset} is past the end of {what} ({size} bytes)"
+        None => Some(format!(
+            "{field}: the range of {what} at offset {offset}, {len} bytes long, overflows 64 bits"
         )),
-        Some(end) if end > size => Some(format!(
-            "{length_field}: {len} bytes from offset {offset} end at {end}, past the end of {what} ({size} bytes; {} fit)",
+        Some(end) if end <= size => None,
+        Some(_) if len > size => Some(format!(
+            "{field}: {len} bytes is more than {what} holds ({size} bytes): past the end at any offset"
+        )),
+        Some(_) if offset >= size => Some(format!(
+            "{field}: {offset} is past the end of {what} ({size} bytes)"
+        )),
+        Some(end) => Some(format!(
+            "{field}: {len} bytes from offset {offset} end at {end}, past the end of {what} ({size} bytes; {} fit there)",
             size - offset
         )),
-        Some(_) => None,
     }
 }
 
