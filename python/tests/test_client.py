@@ -245,7 +245,8 @@ def test_own_stream_recovers_and_falls_back(clients):
     the caller makes the unary call; closed, transfers still work through unary calls."""
     ca, cb = clients
     if ca._local or ca._own is None:
-        pytest.skip("not the own stream")
+        path = "the local session" if ca._local else "unary calls"
+        pytest.skip(f"covers the client's own gRPC Session stream; these clients wait on {path}")
     with ca.register_host(MIB) as src, cb.register_host(MIB) as dst:
         src.fill(seed=9)
         ca.write(src, dst)
@@ -361,3 +362,40 @@ def test_own_stream_and_sessions_share_one_client(clients):
         t.join(60)
         assert not t.is_alive() and not errors
         assert dst.checksum() == src.checksum()
+
+
+def test_no_daemon_names_the_endpoint_and_the_fix(tmp_root):
+    """As tcpxctl's: where the client looked and what to do, not only grpcio's words."""
+    endpoint = f"unix:{tmp_root}/nothing.sock"
+    with tcpxd.Client(endpoint, timeout=5) as c:
+        with pytest.raises(tcpxd.Unavailable) as e:
+            c.list_buffers()
+    text = str(e.value)
+    assert f"cannot connect to {endpoint}" in text, text
+    assert "is tcpxd running?" in text and "TCPXD_ENDPOINT" in text, text
+
+
+def test_no_daemon_names_the_endpoint_and_the_fix_asyncio(tmp_root):
+    import asyncio
+
+    endpoint = f"unix:{tmp_root}/nothing.sock"
+
+    async def main() -> str:
+        async with tcpxd.AsyncClient(endpoint, timeout=5) as c:
+            try:
+                await c.list_buffers()
+            except tcpxd.Unavailable as e:
+                return str(e)
+        return "no error"
+
+    text = asyncio.run(main())
+    assert f"cannot connect to {endpoint}" in text and "TCPXD_ENDPOINT" in text, text
+
+
+def test_ready_event_without_torch_says_host_buffers_need_none(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    with pytest.raises(tcpxd.FailedPrecondition) as e:
+        tcpxd.ready_event()
+    assert "register_host" in str(e.value) and "leave ready_event= out" in str(e.value)

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use tcpxctl::cli::args::{ClientCommand, GlobalOpts};
 use tcpxctl::conformance;
 use tcpxd::net::Plugin;
@@ -64,9 +64,36 @@ struct ConformanceArgs {
     json: bool,
 }
 
+/// The subcommands that talk to no running daemon: `--endpoint` (global) is hidden from their help.
+const NO_ENDPOINT: &[&[&str]] = &[&["demo"], &["conformance"], &["bench", "raw"]];
+
+/// tcpxctl's command line, `--endpoint` hidden where it means nothing (still accepted there).
+fn command() -> clap::Command {
+    let mut cmd = Cli::command();
+    let hidden = cmd
+        .get_arguments()
+        .find(|a| a.get_id() == "endpoint")
+        .expect("the global --endpoint")
+        .clone()
+        .hide(true);
+    // A subcommand that has an argument of a global's id keeps its own: clap propagates the
+    // global (and its help line) only to the others.
+    for path in NO_ENDPOINT {
+        cmd = with_arg(cmd, path, &hidden);
+    }
+    cmd
+}
+
+fn with_arg(cmd: clap::Command, path: &[&str], arg: &clap::Arg) -> clap::Command {
+    match path {
+        [] => cmd.arg(arg.clone()),
+        [first, rest @ ..] => cmd.mut_subcommand(*first, |sub| with_arg(sub, rest, arg)),
+    }
+}
+
 fn main() -> ExitCode {
     tcpxd::logging::init("warn");
-    let cli = Cli::parse();
+    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
     match cli.command {
         Command::Conformance(mut args) => {
             // `tcpxctl --json conformance` means the same as `tcpxctl conformance --json`.
@@ -137,7 +164,6 @@ fn run_conformance(args: ConformanceArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("tcpxctl").chain(args.iter().copied()))
@@ -146,6 +172,40 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+        command().debug_assert();
+    }
+
+    /// What `tcpxctl PATH... --help` prints.
+    fn help(path: &[&str]) -> String {
+        let args = std::iter::once("tcpxctl")
+            .chain(path.iter().copied())
+            .chain(["--help"]);
+        let e = command().try_get_matches_from(args).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
+        e.to_string()
+    }
+
+    #[test]
+    fn endpoint_is_shown_only_where_it_means_something() {
+        for path in NO_ENDPOINT {
+            assert!(!help(path).contains("--endpoint"), "{path:?}: {}", help(path));
+        }
+        for path in [
+            &["write"][..],
+            &["buffer", "register"],
+            &["bench", "transfer"],
+            &["stats"],
+        ] {
+            assert!(help(path).contains("--endpoint"), "{path:?}");
+        }
+        // Still accepted (before or after the subcommand), as every global option is.
+        let cli = Cli::from_arg_matches(
+            &command()
+                .try_get_matches_from(["tcpxctl", "demo", "--endpoint", "unix:/x"])
+                .unwrap(),
+        )
+        .unwrap();
+        assert!(matches!(cli.command, Command::Client(ClientCommand::Demo(_))));
     }
 
     #[test]
@@ -240,6 +300,12 @@ mod tests {
             &["cancel", "7"],
             &["subscribe", "--count", "1"],
             &["stats", "--watch", "1"],
+            &["stats", "--watch", "0.5", "--count", "3"],
+            &["health"],
+            &["health", "--wait", "30"],
+            &["buffer", "register", "--host", "1M", "--quiet"],
+            &["buffer", "describe", "1", "-q"],
+            &["buffer", "rekey", "1", "--quiet"],
             &["demo"],
             &["demo", "--size", "64M", "--chunk-bytes", "512K", "--keep-dir"],
             &["bench", "transfer"],
@@ -265,6 +331,12 @@ mod tests {
         ] {
             parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
         }
+        assert!(
+            parse(&["stats", "--count", "3"]).is_err(),
+            "--count needs --watch"
+        );
+        assert!(parse(&["stats", "--watch", "1", "--count", "0"]).is_err());
+        assert!(parse(&["health", "--wait", "0"]).is_err());
         assert!(parse(&["bench", "raw", "--sizes", "4K", "--min", "8K"]).is_err());
         assert!(parse(&["bench", "transfer", "--peer-address", "h:2"]).is_err());
         assert!(parse(&["bench", "raw", "--op", "copy"]).is_err());

@@ -96,6 +96,9 @@ impl Engine {
             let (read, discard) = (o.read, o.discard);
             if !discard && let Some(t) = read.and_then(|r| self.reads.get(&r)).map(|r| r.transfer) {
                 self.add_progress(t, u64::from(item.len));
+                if let Some(tr) = self.transfers.get_mut(&t) {
+                    tr.landed += u64::from(item.len);
+                }
             }
             if self.in_offers[&key].chunks_done == self.in_offers[&key].chunks_total {
                 self.finish_in_offer(peer, item.offer);
@@ -286,6 +289,7 @@ impl Engine {
                 code,
                 message: message.to_string(),
                 entries,
+                landed: t.landed,
             },
         });
     }
@@ -382,6 +386,7 @@ impl Engine {
                 code: Code::Ok,
                 message: String::new(),
                 entries: vec![(Code::Ok, String::new()); t.entries.len()],
+                landed: t.total,
             },
         });
     }

@@ -75,8 +75,15 @@ impl Engine {
                 format!("ranges[{i}]: length must be at least 1 byte"),
             ));
         }
-        check_bounds(&format!("ranges[{i}]"), r.buffer_id, b.size, r.offset, r.length)
-            .map_err(|e| (e.code, e.message))
+        check_bounds(
+            &format!("ranges[{i}].offset"),
+            &format!("ranges[{i}].length"),
+            &format!("buffer {}", r.buffer_id),
+            b.size,
+            r.offset,
+            r.length,
+        )
+        .map_err(|e| (e.code, e.message))
     }
 
     /// What an offer or header rests on alone (its notification, keys and bounds, the READ it
@@ -322,6 +329,7 @@ impl Engine {
         let transfer = o.transfer;
         let finished = o.unfinished == 0;
         let entries = o.entries.clone();
+        let landed: u64 = o.lengths.iter().sum();
         // The receiver holds every byte: the plugin reads the sources no more, even where this
         // node has not yet seen its last sends complete, so the client may release them now.
         let sources: Vec<u64> = if o.sent {
@@ -341,6 +349,7 @@ impl Engine {
                 for e in entries {
                     tr.entries[e] = Some((Code::Ok, String::new()));
                 }
+                tr.landed += landed;
             }
             self.part_done(t);
         }

@@ -152,6 +152,10 @@ pub struct Outcome {
     pub message: String,
     /// One per entry, in request order.
     pub entries: Vec<(Code, String)>,
+    /// Bytes known to have landed at their destination: the total when OK; after a failure, a
+    /// WRITE's ranges its receivers confirmed and a READ's chunks unpacked here (progress events
+    /// count a WRITE's chunks as they leave, which says nothing of what the receiver kept).
+    pub landed: u64,
 }
 
 /// What the driver must do.
@@ -384,6 +388,9 @@ struct Transfer {
     kind: TransferKind,
     total: u64,
     done_bytes: u64,
+    /// Bytes confirmed end to end (`Outcome::landed`): a WRITE's offers the receiver reported
+    /// done, a READ's chunks consumed here.
+    landed: u64,
     entries: Vec<Option<(Code, String)>>,
     /// Out-offer ids (WRITE) or read ids (READ) not yet complete.
     pending_parts: usize,
@@ -524,12 +531,21 @@ impl Engine {
         }
     }
 
-    fn check_local(&self, field: &str, buffer: u64, offset: u64, len: u64) -> EngineResult<()> {
-        let b = self
-            .buffers
-            .get(&buffer)
-            .ok_or_else(|| EngineError::not_found(format!("{field}: buffer {buffer} does not exist")))?;
-        check_bounds(field, buffer, b.size, offset, len)
+    /// Entry `i`'s local range: `entries[i].local_buffer_id`, `.local_offset` and `.length`.
+    fn check_local(&self, i: usize, buffer: u64, offset: u64, len: u64) -> EngineResult<()> {
+        let b = self.buffers.get(&buffer).ok_or_else(|| {
+            EngineError::not_found(format!(
+                "entries[{i}].local_buffer_id: buffer {buffer} does not exist"
+            ))
+        })?;
+        check_bounds(
+            &format!("entries[{i}].local_offset"),
+            &format!("entries[{i}].length"),
+            &format!("buffer {buffer}"),
+            b.size,
+            offset,
+            len,
+        )
     }
 
     // ---- peers --------------------------------------------------------------------------------
@@ -704,15 +720,47 @@ fn group_by_peer(specs: &[EntrySpec]) -> Vec<(PeerIdx, Vec<usize>)> {
     by_peer
 }
 
-fn check_bounds(field: &str, buffer: u64, size: u64, offset: u64, len: u64) -> EngineResult<()> {
+fn check_bounds(
+    offset_field: &str,
+    length_field: &str,
+    what: &str,
+    size: u64,
+    offset: u64,
+    len: u64,
+) -> EngineResult<()> {
+    match range_fault(offset_field, length_field, what, size, offset, len) {
+        Some(message) => Err(EngineError::invalid(message)),
+        None => Ok(()),
+    }
+}
+
+/// Why `offset..offset+len` does not fit a `size`-byte buffer (`what`: "buffer 3", "the remote
+/// buffer"), naming the field at fault: the length when it alone is more than the buffer holds
+/// (at offset 0 too), else the offset. `None` when the range fits.
+pub fn range_fault(
+    offset_field: &str,
+    length_field: &str,
+    what: &str,
+    size: u64,
+    offset: u64,
+    len: u64,
+) -> Option<String> {
+    let field = if len > size { length_field } else { offset_field };
     match range_end(offset, len) {
-        None => Err(EngineError::invalid(format!(
-            "{field}: offset {offset} + length {len} overflows 64 bits"
-        ))),
-        Some(end) if end > size => Err(EngineError::invalid(format!(
-            "{field}: range {offset}..{end} is past the end of buffer {buffer} ({size} bytes)"
-        ))),
-        Some(_) => Ok(()),
+        None => Some(format!(
+            "{field}: the range of {what} at offset {offset}, {len} bytes long, overflows 64 bits"
+        )),
+        Some(end) if end <= size => None,
+        Some(_) if len > size => Some(format!(
+            "{field}: {len} bytes is more than {what} holds ({size} bytes): past the end at any offset"
+        )),
+        Some(_) if offset >= size => Some(format!(
+            "{field}: {offset} is past the end of {what} ({size} bytes)"
+        )),
+        Some(end) => Some(format!(
+            "{field}: {len} bytes from offset {offset} end at {end}, past the end of {what} ({size} bytes; {} fit there)",
+            size - offset
+        )),
     }
 }
 

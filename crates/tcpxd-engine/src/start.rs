@@ -34,12 +34,7 @@ impl Engine {
                     "entries[{i}].length: must be at least 1 byte"
                 )));
             }
-            self.check_local(
-                &format!("entries[{i}].local_buffer_id"),
-                s.local_buffer,
-                s.local_offset,
-                s.remote.length,
-            )?;
+            self.check_local(i, s.local_buffer, s.local_offset, s.remote.length)?;
             if range_end(s.remote.offset, s.remote.length).is_none() {
                 return Err(EngineError::invalid(format!(
                     "entries[{i}].remote_offset: {} + length {} overflows 64 bits",
@@ -86,6 +81,7 @@ impl Engine {
                 kind,
                 total,
                 done_bytes: 0,
+                landed: 0,
                 entries: vec![None; entries],
                 pending_parts: 0,
                 parts: Vec::new(),

@@ -321,7 +321,19 @@ fn local_validation_names_the_field_and_changes_nothing_in_mode() {
             vec![spec(1, 1, 0, 1000)],
             vec![],
             Code::InvalidArgument,
-            "past the end",
+            "entries[0].local_offset: 1000 bytes from offset 1 end at 1001, past the end of buffer 1 (1000 bytes; 999 fit there)",
+        ),
+        (
+            vec![spec(1, 0, 0, 1001)],
+            vec![],
+            Code::InvalidArgument,
+            "entries[0].length: 1001 bytes is more than buffer 1 holds (1000 bytes)",
+        ),
+        (
+            vec![spec(1, 1000, 0, 1)],
+            vec![],
+            Code::InvalidArgument,
+            "entries[0].local_offset: 1000 is past the end of buffer 1",
         ),
         (
             vec![spec(1, u64::MAX, 0, 2)],

@@ -396,12 +396,17 @@ impl BufferRegistry {
     }
 
     pub fn get(&self, id: u64) -> Result<Arc<BufferEntry>, EngineError> {
+        self.get_as("buffer_id", id)
+    }
+
+    /// Like [`Buffers::get`], naming the request's field in the error (`entries[0].local_buffer_id`).
+    pub fn get_as(&self, field: &str, id: u64) -> Result<Arc<BufferEntry>, EngineError> {
         self.map
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&id)
             .cloned()
-            .ok_or_else(|| EngineError::not_found(format!("buffer_id: buffer {id} does not exist")))
+            .ok_or_else(|| EngineError::not_found(format!("{field}: buffer {id} does not exist")))
     }
 
     pub fn list(&self) -> Vec<Arc<BufferEntry>> {

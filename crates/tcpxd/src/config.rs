@@ -27,7 +27,7 @@ pub struct DaemonArgs {
     /// This node's id (letters, digits, '.', '_', '-'; unique in the cluster). Default: hostname.
     #[arg(long, env = "TCPXD_NODE_ID")]
     pub node_id: Option<String>,
-    /// Unix socket of the client API.
+    /// Unix socket of the client API. Default: /run/tcpxd/tcpxd.sock.
     #[arg(long, env = "TCPXD_API_SOCKET", value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
     /// Optional TCP address of the client API (e.g. 127.0.0.1:50051); needs --api-token-file.
@@ -39,7 +39,8 @@ pub struct DaemonArgs {
     /// File holding the cluster secret peers prove to each other (16+ bytes; same on every node).
     #[arg(long, env = "TCPXD_PEER_SECRET_FILE", value_name = "PATH")]
     pub peer_secret_file: Option<PathBuf>,
-    /// TCP address of the peer service (port 0: any free port).
+    /// TCP address of the peer service (port 0: any free port; descriptors carry the bound
+    /// one). Default: 0.0.0.0:50052.
     #[arg(long, env = "TCPXD_PEER_LISTEN", value_name = "ADDR")]
     pub peer_listen: Option<SocketAddr>,
     /// Where other nodes reach the peer service, host:port (repeat, or comma-separate, for

@@ -1,7 +1,15 @@
 //! tracing-subscriber set-up shared by the binaries: `RUST_LOG` filters, `UCCL_TCPX_DEBUG=1` raises
-//! tcpxd's own targets (and the plugin's lines) to debug.
+//! tcpxd's own targets (and the plugin's lines) to debug. Colours only on a terminal (never with
+//! `NO_COLOR` set), so a log redirected to a file or journald is plain text.
+
+use std::io::IsTerminal as _;
 
 use tracing_subscriber::EnvFilter;
+
+/// Whether log lines get ANSI colours: stderr is a terminal and `NO_COLOR` is unset or empty.
+pub fn colours(stderr_is_terminal: bool, no_color: Option<&str>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(str::is_empty)
+}
 
 /// Installs a stderr subscriber. `default` is the filter used when `RUST_LOG` is unset.
 pub fn init(default: &str) {
@@ -13,8 +21,21 @@ pub fn init(default: &str) {
             }
         }
     }
+    let no_color = std::env::var("NO_COLOR").ok();
     let _ = tracing_subscriber::fmt()
+        .with_ansi(colours(std::io::stderr().is_terminal(), no_color.as_deref()))
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn colours_only_on_a_terminal_without_no_color() {
+        assert!(super::colours(true, None));
+        assert!(super::colours(true, Some("")));
+        assert!(!super::colours(true, Some("1")));
+        assert!(!super::colours(false, None));
+    }
 }

@@ -544,6 +544,7 @@ mod tests {
             code: Code::Ok,
             message: String::new(),
             entries: vec![],
+            landed: 1 << 20,
         };
         let mut meter = Meter::new(Arc::new(m));
         meter.started(TransferId(1), Op::Write, 1 << 20);

@@ -50,6 +50,8 @@ async fn only_peers_proving_the_cluster_secret_pair() {
     tcpxd::logging::init("error");
     let right = secret_file("right", SECRET);
     let wrong = secret_file("wrong", b"another-secret-0123456789abcdef");
+    // Removed however the test ends.
+    let _files = [right.clone(), wrong.clone()].map(daemons::ScratchDir::new);
     let mut a = with_secret("auth-a", Some(right.clone())).await;
     let mut b = with_secret("auth-b", Some(right.clone())).await;
     let mut w = with_secret("auth-w", Some(wrong.clone())).await;
@@ -387,6 +389,7 @@ async fn tcpxctl_sends_the_token_from_its_file() {
     let endpoint = d.daemon.api_tcp.unwrap().to_string();
     let token = d.dir.join("token");
     let wrong = secret_file("ctl-wrong", b"not-the-token-0123456789");
+    let _remove_wrong = daemons::ScratchDir::new(wrong.clone());
     let run = move |file: Option<&std::path::Path>| {
         let mut cmd = std::process::Command::new(common::tcpxctl_bin());
         cmd.args(["--endpoint", &endpoint, "--json", "stats"])

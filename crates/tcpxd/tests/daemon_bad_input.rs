@@ -83,7 +83,7 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
         "unknown local buffer",
         write(ac, e, b"").await,
         Code::NotFound,
-        "entries[0].local_buffer_id",
+        "entries[0].local_buffer_id: buffer 999 does not exist",
     );
     let mut e = good(10);
     e.local_offset = 4 * MIB - 5;
@@ -91,7 +91,7 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
         "local range past the end",
         write(ac, e, b"").await,
         Code::InvalidArgument,
-        "past the end",
+        "entries[0].local_offset: 10 bytes from offset 4194299",
     );
     expect_err(
         "zero length",
@@ -121,7 +121,22 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
         "remote range past the end",
         write(ac, e, b"").await,
         Code::InvalidArgument,
-        "remote buffer",
+        "entries[0].remote_offset: 10 bytes from offset 4194299 end at 4194309, past the end of the remote buffer (4194304 bytes; 5 fit there)",
+    );
+    // The field at fault: the length when it alone is more than the buffer holds, else the offset.
+    expect_err(
+        "remote length past the end",
+        write(ac, good(4 * MIB + 1), b"").await,
+        Code::InvalidArgument,
+        "entries[0].length: 4194305 bytes is more than the remote buffer holds (4194304 bytes)",
+    );
+    let mut e = good(10);
+    e.remote_offset = 4 * MIB;
+    expect_err(
+        "remote offset past the end",
+        write(ac, e, b"").await,
+        Code::InvalidArgument,
+        "entries[0].remote_offset: 4194304 is past the end of the remote buffer",
     );
     let mut e = good(10);
     e.remote_descriptor = "tcpxd1:bad-b:1:4096:nothex".into();
@@ -229,7 +244,7 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
         "read into an unknown buffer",
         read(ac, e).await,
         Code::NotFound,
-        "entries[0].local_buffer_id",
+        "entries[0].local_buffer_id: buffer 999 does not exist",
     );
     expect_err(
         "read of zero bytes",

@@ -88,6 +88,11 @@ async fn starts_serves_on_its_socket_and_stops_on_sigterm() {
     };
     assert!(status.success(), "{status:?}");
     assert!(!sock.exists(), "the socket is removed on exit");
+    // stderr is a pipe, not a terminal: plain text, no colour codes in a log file.
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+    assert!(log.contains("WARN"), "the emulation warning is logged: {log}");
+    assert!(!log.contains('\x1b'), "ANSI escapes in a redirected log: {log:?}");
     std::fs::remove_dir_all(dir).ok();
 }
 

@@ -243,7 +243,7 @@ async fn bad_requests_are_refused_and_the_session_goes_on() {
     let (tag, code, msg) = refused(s.next().await);
     assert_eq!((tag, code), (3, tonic::Code::InvalidArgument as i32));
     assert!(
-        msg.contains("entries[0].local_buffer_id") && msg.contains("past the end"),
+        msg.contains("entries[0].local_offset") && msg.contains("past the end"),
         "{msg}"
     );
     // No op; a cancel of an unknown tag.

@@ -46,8 +46,17 @@ def ipc_mem_handle(handle: bytes) -> bytes:
 
 def ready_event(stream: Any = None) -> Any:
     """A torch.cuda.Event(interprocess=True) recorded on `stream` (default: the current stream):
-    pass it as `ready_event=` so the daemon reads the source only after the work queued before it."""
-    import torch
+    pass it as `ready_event=` so the daemon reads the source only after the work queued before it.
+
+    Raises tcpxd.FailedPrecondition without PyTorch: host buffers need no ready event (leave
+    `ready_event=` out)."""
+    try:
+        import torch
+    except ImportError as e:
+        raise FailedPrecondition(
+            f"ready_event: needs PyTorch with CUDA ({e}); it orders a write after GPU work, so a write "
+            "from a host buffer (Client.register_host) needs none: leave ready_event= out"
+        ) from None
 
     ev = torch.cuda.Event(interprocess=True)
     ev.record(stream if stream is not None else torch.cuda.current_stream())

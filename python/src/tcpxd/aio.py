@@ -233,7 +233,7 @@ class AsyncSession:
             async for ev in self._call:
                 self._dispatch(ev)
         except grpc.RpcError as e:
-            err = from_rpc_error(e)
+            err = from_rpc_error(e, self._client.endpoint)
         except asyncio.CancelledError:
             if self._why is None:
                 raise  # this task was cancelled, not the call
@@ -579,7 +579,7 @@ class AsyncClient:
         try:
             return await self._stub(name, "unary_unary")(req, timeout=t, metadata=self._metadata)
         except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+            raise from_rpc_error(e, self.endpoint) from None
 
     def _waited_path(self) -> str:
         """How waited transfers go (after the first one): "local session", "own stream" or "unary"."""
@@ -710,5 +710,5 @@ class AsyncClient:
         try:
             await call.initial_metadata()
         except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+            raise from_rpc_error(e, self.endpoint) from None
         return AsyncSubscription(call)

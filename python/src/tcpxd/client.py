@@ -345,7 +345,7 @@ class Session:
                 self._dispatch(ev)
             err: TcpxdError = TcpxdError("the session ended with transfers unfinished")
         except grpc.RpcError as e:
-            err = from_rpc_error(e)
+            err = from_rpc_error(e, self._client.endpoint)
         self._end(err)
 
     def _read_local(self) -> None:
@@ -590,7 +590,7 @@ class Client:
         try:
             return self._stub(name, "unary_unary")(req, timeout=t, metadata=self._metadata)
         except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+            raise from_rpc_error(e, self.endpoint) from None
 
     def _stream(self, name: str, req: Any, timeout: Optional[float] = None) -> Any:
         return self._stub(name, "unary_stream")(req, timeout=timeout, metadata=self._metadata)
@@ -747,5 +747,5 @@ class Client:
         try:
             call.initial_metadata()  # the daemon answers headers once it has subscribed
         except grpc.RpcError as e:
-            raise from_rpc_error(e) from None
+            raise from_rpc_error(e, self.endpoint) from None
         return Subscription(call)

@@ -128,12 +128,29 @@ def error_class(code: grpc.StatusCode) -> Type[TcpxdError]:
     return _BY_CODE.get(code, TcpxdError)
 
 
-def from_rpc_error(e: grpc.RpcError) -> TcpxdError:
-    """The tcpxd exception for a failed call (grpc.RpcError or grpc.aio.AioRpcError)."""
+#: What grpcio says when nothing answers at the endpoint (no socket file, nothing listening).
+_NO_DAEMON = ("failed to connect", "connect failed", "Connection refused", "No such file or directory")
+
+
+def no_daemon_message(endpoint: str, details: str) -> str:
+    """The message for a call that found no daemon at `endpoint`: where it looked and the fix, as
+    tcpxctl says it."""
+    return (
+        f"cannot connect to {endpoint}: {details} (is tcpxd running? pass its API socket as "
+        f'tcpxd.Client("unix:/path/to/tcpxd.sock") or set TCPXD_ENDPOINT)'
+    )
+
+
+def from_rpc_error(e: grpc.RpcError, endpoint: Optional[str] = None) -> TcpxdError:
+    """The tcpxd exception for a failed call (grpc.RpcError or grpc.aio.AioRpcError). With the
+    client's `endpoint`, a call that found no daemon there says where it looked and what to do."""
     code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
     details = e.details() if hasattr(e, "details") else str(e)
     code = code or grpc.StatusCode.UNKNOWN
-    return error_class(code)(details or code.name, code=code)
+    message = details or code.name
+    if endpoint and code == grpc.StatusCode.UNAVAILABLE and any(w in message for w in _NO_DAEMON):
+        message = no_daemon_message(endpoint, message)
+    return error_class(code)(message, code=code)
 
 
 def from_status(number: int, message: str, event: Any = None) -> TcpxdError:

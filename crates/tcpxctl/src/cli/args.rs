@@ -59,8 +59,8 @@ pub enum ClientCommand {
     /// Counters per peer and lane, and transfer totals and latencies.
     Stats(StatsArgs),
     /// Ask the daemon's gRPC health service whether the client API serves (exit 0 when SERVING,
-    /// 1 otherwise): for readiness probes.
-    Health,
+    /// 1 otherwise): for readiness probes, and with --wait for scripts that start a daemon.
+    Health(HealthArgs),
     /// Start two local daemons on the emulation plugin and move data between them.
     #[command(after_help = SIZE_HELP)]
     Demo(DemoArgs),
@@ -78,11 +78,12 @@ pub enum BufferCommand {
     /// List every registered buffer.
     List,
     /// Describe one buffer, descriptor included.
-    Describe(BufferIdArgs),
+    Describe(BufferShowArgs),
     /// Release a buffer (fails while transfers use it).
     Release(BufferIdArgs),
-    /// Give a buffer a new access key: every descriptor handed out before stops working.
-    Rekey(BufferIdArgs),
+    /// Give a buffer a new access key and print its new descriptor: every descriptor handed out
+    /// before stops working.
+    Rekey(BufferShowArgs),
     /// Fill a range with a byte, a seeded pseudo-random stream or a repeated hex pattern.
     #[command(after_help = SIZE_HELP)]
     Fill(FillArgs),
@@ -106,6 +107,9 @@ pub struct RegisterArgs {
     /// A label shown in listings (at most 128 bytes).
     #[arg(long, default_value = "")]
     pub label: String,
+    /// Print only the buffer's descriptor (for `D=$(tcpxctl buffer register ... --quiet)`).
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 impl RegisterArgs {
@@ -129,6 +133,16 @@ impl RegisterArgs {
 pub struct BufferIdArgs {
     /// The buffer's id.
     pub id: u64,
+}
+
+/// A buffer to describe (or re-key) and print.
+#[derive(Args, Debug)]
+pub struct BufferShowArgs {
+    /// The buffer's id.
+    pub id: u64,
+    /// Print only the buffer's descriptor (for `D=$(tcpxctl buffer rekey 1 --quiet)`).
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 #[derive(Args, Debug)]
@@ -259,16 +273,28 @@ pub struct TransferIdArgs {
 
 #[derive(Args, Debug)]
 pub struct SubscribeArgs {
-    /// Exit after N notifications (default: run until interrupted).
+    /// Exit after N notifications (default: run until interrupted). Once subscribed, a line on
+    /// stderr says so: notifications sent before it are not delivered.
     #[arg(long, value_name = "N")]
     pub count: Option<u64>,
 }
 
 #[derive(Args, Debug)]
 pub struct StatsArgs {
-    /// Refresh every SECS seconds (with per-lane rates) until interrupted.
+    /// Refresh every SECS seconds (with per-lane rates) until Ctrl-C, or --count times.
     #[arg(long, value_name = "SECS", value_parser = parse_secs)]
     pub watch: Option<Duration>,
+    /// With --watch: stop after N refreshes.
+    #[arg(long, value_name = "N", requires = "watch", value_parser = clap::value_parser!(u64).range(1..))]
+    pub count: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct HealthArgs {
+    /// Keep asking for up to SECS seconds until the service is SERVING (a daemon still starting
+    /// refuses connections): exit 0 as soon as it serves, 1 with the last answer when time runs out.
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
+    pub wait: Option<Duration>,
 }
 
 #[derive(Args, Debug)]
@@ -564,12 +590,14 @@ mod tests {
             host: None,
             cuda: Some(vec!["1".into(), "2M".into()]),
             label: String::new(),
+            quiet: false,
         };
         assert_eq!(a.cuda(), Ok(Some((1, 2 << 20))));
         let a = RegisterArgs {
             host: None,
             cuda: Some(vec!["x".into(), "2M".into()]),
             label: String::new(),
+            quiet: false,
         };
         assert!(a.cuda().is_err());
     }

@@ -184,13 +184,13 @@ pub fn buffer_text(b: &Buffer) -> String {
             let _ = writeln!(out, "ipc handle:  {}", hex::encode(&b.cuda_ipc_handle));
         }
     }
-    let _ = writeln!(out, "transfers:   {}", b.active_transfers);
+    let _ = writeln!(out, "transfers:   {} active", b.active_transfers);
     let _ = writeln!(out, "descriptor:  {}", b.descriptor);
     out
 }
 
 pub fn buffers_table(buffers: &[Buffer]) -> Table {
-    let mut t = Table::new(["ID", "KIND", "SIZE", "BYTES", "TRANSFERS", "LABEL"]);
+    let mut t = Table::new(["ID", "KIND", "SIZE", "BYTES", "ACTIVE TRANSFERS", "LABEL"]);
     for b in buffers {
         t.row([
             b.id.to_string(),
@@ -280,13 +280,14 @@ pub fn event_summary(ev: &TransferEvent, elapsed: Duration) -> String {
             format_rate(ev.total_bytes, elapsed)
         )
     } else {
+        // A finished transfer's bytes_done is what landed (not what was sent).
         format!(
-            "transfer {}: {} after {} of {} in {}",
+            "transfer {}: {} after {}; {} of {} landed",
             ev.transfer_id,
             code_number_name(ev.status_code),
+            format_duration(elapsed),
             format_bytes(ev.bytes_done),
             format_bytes(ev.total_bytes),
-            format_duration(elapsed)
         )
     }
 }
@@ -607,6 +608,25 @@ mod tests {
     }
 
     #[test]
+    fn buffer_listing_says_what_its_transfer_count_is() {
+        let b = Buffer {
+            id: 3,
+            kind: BufferKind::Host as i32,
+            size: 4096,
+            label: "kv".into(),
+            descriptor: "tcpxd1:a:3:4096:00@h:1".into(),
+            active_transfers: 0,
+            ..Default::default()
+        };
+        let table = buffers_table(std::slice::from_ref(&b)).to_string();
+        assert!(
+            table.starts_with("ID  KIND  SIZE      BYTES  ACTIVE TRANSFERS  LABEL\n"),
+            "{table}"
+        );
+        assert!(buffer_text(&b).contains("transfers:   0 active\n"));
+    }
+
+    #[test]
     fn events() {
         let ev = TransferEvent {
             transfer_id: 7,
@@ -635,7 +655,10 @@ mod tests {
             bytes_done: 0,
             ..ev
         };
-        assert!(event_summary(&failed, el).contains("DEADLINE_EXCEEDED"));
+        assert_eq!(
+            event_summary(&failed, el),
+            "transfer 7: DEADLINE_EXCEEDED after 0.500 s; 0 B of 1.00 GiB landed"
+        );
     }
 
     #[test]

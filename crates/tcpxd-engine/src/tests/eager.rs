@@ -134,6 +134,7 @@ fn sends_stay_within_the_credits_the_receiver_granted() {
 
 #[test]
 fn a_transfer_refused_after_its_data_left_changes_no_destination_byte() {
+    let mut counted_as_sent = false;
     for seed in 1..=10 {
         let mut s = Sim::new(2, eager(small_chunks()), seed);
         s.buffer(0, 1, 64 * 1024, 5);
@@ -146,6 +147,9 @@ fn a_transfer_refused_after_its_data_left_changes_no_destination_byte() {
         let o = s.outcome(0, t);
         assert_eq!(o.code, Code::PermissionDenied, "seed {seed}: {o:?}");
         assert!(o.message.contains("wrong access key"), "{}", o.message);
+        // Its chunks left (progress counted them), but none landed: the final figure says so.
+        assert_eq!(o.landed, 0, "seed {seed}: nothing landed");
+        counted_as_sent |= s.nodes[0].progress.get(&t).is_some_and(|&b| b > 0);
         assert_eq!(s.outcome(0, later).code, Code::PermissionDenied);
         assert!(
             s.nodes[1].bufs[&2].iter().all(|&b| b == 0),
@@ -174,9 +178,11 @@ fn a_transfer_refused_after_its_data_left_changes_no_destination_byte() {
             .unwrap();
         s.run();
         assert_eq!(s.outcome(0, ok).code, Code::Ok);
+        assert_eq!(s.outcome(0, ok).landed, 20_000);
         assert!(s.same((0, 1, 0), (1, 2, 100), 20_000));
         s.assert_idle();
     }
+    assert!(counted_as_sent, "no seed sent data before the refusal came");
 }
 
 #[test]

@@ -29,19 +29,15 @@ impl DaemonState {
                 self.node_id
             )));
         }
-        match offset.checked_add(length) {
-            None => {
-                return Err(Status::invalid_argument(format!(
-                    "entries[{i}].remote_offset: {offset} + length {length} overflows 64 bits"
-                )));
-            }
-            Some(end) if end > d.size => {
-                return Err(Status::invalid_argument(format!(
-                    "entries[{i}].remote_offset: range {offset}..{end} is past the end of the remote buffer ({} bytes)",
-                    d.size
-                )));
-            }
-            Some(_) => {}
+        if let Some(why) = engine::range_fault(
+            &format!("entries[{i}].remote_offset"),
+            &format!("entries[{i}].length"),
+            "the remote buffer",
+            d.size,
+            offset,
+            length,
+        ) {
+            return Err(Status::invalid_argument(why));
         }
         let peer = self.peers.by_node(&d.node_id).ok_or_else(|| {
             Status::not_found(format!(
@@ -307,7 +303,7 @@ pub(crate) fn event(id: u64, s: &TransferStatus) -> pb::TransferEvent {
     }
 }
 
-fn local_offset_field(i: usize) -> String {
+fn local_buffer_field(i: usize) -> String {
     format!("entries[{i}].local_buffer_id")
 }
 
@@ -405,8 +401,8 @@ impl DaemonState {
                 )));
             }
             self.buffers
-                .get(e.local_buffer)
-                .map_err(|err| Status::not_found(format!("{}: {}", local_offset_field(i), err.message)))?;
+                .get_as(&local_buffer_field(i), e.local_buffer)
+                .map_err(status)?;
             let (peer, remote) = self.remote(i, e.remote_descriptor, e.remote_offset, e.length)?;
             total = total.saturating_add(e.length);
             specs.push(EntrySpec {

@@ -41,6 +41,23 @@ fn defaults() {
 }
 
 #[test]
+fn help_shows_the_defaults_of_the_options_without_a_clap_default() {
+    // These options have no clap default (a flag would override the file); the help says it.
+    use clap::Args as _;
+    let help = DaemonArgs::augment_args(clap::Command::new("tcpxd"))
+        .render_help()
+        .to_string();
+    for (option, default) in [
+        ("--api-socket", DEFAULT_API_SOCKET),
+        ("--peer-listen", DEFAULT_PEER_LISTEN),
+    ] {
+        let text = &help[help.find(option).expect(option)..];
+        let text = &text[..text[2..].find("\n  -").map_or(text.len(), |i| i + 2)];
+        assert!(text.contains(&format!("Default: {default}")), "{option}: {text}");
+    }
+}
+
+#[test]
 fn spin_and_async_workers() {
     let cfg = |file: &str, args: DaemonArgs| {
         let path = write_toml(file);

@@ -222,11 +222,14 @@ impl Poller {
                 Action::Finished { transfer, outcome } => {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.finished", id = transfer.0);
                     if let Some(tx) = self.transfers.remove(&transfer) {
-                        self.meter.finished(transfer, &outcome, tx.borrow().bytes_done);
+                        self.meter.finished(transfer, &outcome, outcome.landed);
                         if self.drain.is_some() && outcome.code == Code::Ok {
                             self.finished_in_grace += 1;
                         }
                         tx.send_modify(|s| {
+                            // What landed, not what left: a refused WRITE's chunks may all
+                            // have been sent.
+                            s.bytes_done = outcome.landed;
                             s.phase = Phase::Finished;
                             s.outcome = Some(outcome);
                             s.finished_at = Some(Instant::now());

@@ -13,7 +13,35 @@ use tonic::transport::Channel;
 pub struct TestDaemon {
     pub daemon: RunningDaemon,
     pub client: TcpxdClient<Channel>,
-    pub dir: PathBuf,
+    /// Its socket and token; removed when the daemon is dropped, stopped or not.
+    pub dir: ScratchDir,
+}
+
+/// A file or directory of a test under the temp dir, removed when dropped (a test that panics,
+/// or never stops its daemon, leaves nothing behind in /tmp).
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    pub fn new(path: PathBuf) -> ScratchDir {
+        ScratchDir(path)
+    }
+}
+
+impl std::ops::Deref for ScratchDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        if self.0.is_dir() {
+            std::fs::remove_dir_all(&self.0).ok();
+        } else {
+            std::fs::remove_file(&self.0).ok();
+        }
+    }
 }
 
 /// The plugin the tests drive: the file named by `TCPXD_TEST_PLUGIN` (tools/realplugin/run.sh
@@ -101,7 +129,11 @@ pub async fn start(node: &str, extra: impl FnOnce(&mut DaemonArgs)) -> TestDaemo
     let cfg = Config::resolve(&args, &|_| None).expect("config");
     let daemon = daemon::start(&cfg, plugin()).await.expect("daemon starts");
     let client = unix_client(daemon.api_socket.clone()).await;
-    TestDaemon { daemon, client, dir }
+    TestDaemon {
+        daemon,
+        client,
+        dir: ScratchDir(dir),
+    }
 }
 
 fn rand_suffix() -> u64 {
@@ -117,7 +149,7 @@ impl TestDaemon {
 
     pub async fn stop(self) {
         self.daemon.shutdown().await;
-        std::fs::remove_dir_all(&self.dir).ok();
+        // `self.dir` goes with it.
     }
 }
 

@@ -11,7 +11,7 @@ use crate::cli::output::{buffer_json, buffer_text, buffers_table, hexdump};
 use crate::client::{ApiClient, format_bytes};
 use tcpxd::api::proto::v1::register_buffer_request::Source;
 use tcpxd::api::proto::v1::{
-    ChecksumBufferRequest, CudaAllocation, DescribeBufferRequest, FillBufferRequest, HostAllocation,
+    Buffer, ChecksumBufferRequest, CudaAllocation, DescribeBufferRequest, FillBufferRequest, HostAllocation,
     ListBuffersRequest, ReadBufferRequest, RegisterBufferRequest, ReleaseBufferRequest, fill_buffer_request,
 };
 
@@ -43,12 +43,7 @@ pub(super) async fn buffer(client: &mut ApiClient, json: bool, cmd: BufferComman
                 .await
                 .map_err(rpc(format!("describing buffer {}", args.id)))?
                 .into_inner();
-            if json {
-                print_json(&buffer_json(&b))?;
-            } else {
-                out!("{}", buffer_text(&b));
-            }
-            Ok(())
+            show(&b, json, args.quiet)
         }
         BufferCommand::Rekey(args) => {
             let b = client
@@ -56,12 +51,7 @@ pub(super) async fn buffer(client: &mut ApiClient, json: bool, cmd: BufferComman
                 .await
                 .map_err(rpc(format!("re-keying buffer {}", args.id)))?
                 .into_inner();
-            if json {
-                print_json(&buffer_json(&b))?;
-            } else {
-                out!("{}", buffer_text(&b));
-            }
-            Ok(())
+            show(&b, json, args.quiet)
         }
         BufferCommand::Release(args) => {
             client
@@ -96,10 +86,17 @@ async fn register(client: &mut ApiClient, json: bool, args: RegisterArgs) -> Res
         .await
         .map_err(rpc("registering a buffer"))?
         .into_inner();
-    if json {
-        print_json(&buffer_json(&b))?;
+    show(&b, json, args.quiet)
+}
+
+/// A buffer as JSON, as `key: value` lines, or (`quiet`) its descriptor alone.
+fn show(b: &Buffer, json: bool, quiet: bool) -> Result<(), CliError> {
+    if quiet {
+        outln!("{}", b.descriptor);
+    } else if json {
+        print_json(&buffer_json(b))?;
     } else {
-        out!("{}", buffer_text(&b));
+        out!("{}", buffer_text(b));
     }
     Ok(())
 }

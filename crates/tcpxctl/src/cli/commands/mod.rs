@@ -59,8 +59,8 @@ async fn execute(global: &GlobalOpts, command: ClientCommand) -> Result<(), CliE
     if let ClientCommand::Demo(args) = command {
         return demo::demo(global, args).await;
     }
-    if let ClientCommand::Health = command {
-        return observe::health(global).await;
+    if let ClientCommand::Health(args) = command {
+        return observe::health(global, args).await;
     }
     if let ClientCommand::Bench(cmd) = command {
         return crate::cli::bench::run(global, cmd).await;
@@ -80,7 +80,7 @@ async fn execute(global: &GlobalOpts, command: ClientCommand) -> Result<(), CliE
         ClientCommand::Cancel(args) => transfer::cancel(&mut client, json, args).await,
         ClientCommand::Subscribe(args) => observe::subscribe(&mut client, json, args).await,
         ClientCommand::Stats(args) => observe::stats(&mut client, json, args).await,
-        ClientCommand::Demo(_) | ClientCommand::Health | ClientCommand::Bench(_) => {
+        ClientCommand::Demo(_) | ClientCommand::Health(_) | ClientCommand::Bench(_) => {
             unreachable!("handled above")
         }
     }

@@ -1,11 +1,11 @@
 //! Watching the daemon rather than moving data: `subscribe` (notifications), `stats` (once or
 //! refreshed) and `health` (the gRPC health service).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::cli::args::{GlobalOpts, StatsArgs, SubscribeArgs};
+use crate::cli::args::{GlobalOpts, HealthArgs, StatsArgs, SubscribeArgs};
 use crate::cli::error::{CliError, print_json, rpc};
 use crate::cli::output::{notification_json, notification_text, stats_json, stats_text};
 use crate::client::ApiClient;
@@ -24,6 +24,12 @@ pub(super) async fn subscribe(
     let mut seen = 0u64;
     if args.count == Some(0) {
         return Ok(());
+    }
+    // The daemon delivers a notification to the subscribers it has when the data lands: say
+    // when this one counts (scripts wait for this line before starting the transfer).
+    match args.count {
+        Some(n) => eprintln!("tcpxctl: subscribed; waiting for {n} notification(s)"),
+        None => eprintln!("tcpxctl: subscribed; waiting for notifications (Ctrl-C to stop)"),
     }
     loop {
         let next = tokio::select! {
@@ -63,6 +69,7 @@ pub(super) async fn stats(client: &mut ApiClient, json: bool, args: StatsArgs) -
     };
     let clear = !json && std::io::stdout().is_terminal();
     let mut previous = None;
+    let mut shown = 0u64;
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -88,25 +95,33 @@ pub(super) async fn stats(client: &mut ApiClient, json: bool, args: StatsArgs) -
             out!("{text}");
         }
         previous = Some((s, now));
+        shown += 1;
+        if args.count.is_some_and(|n| shown >= n) {
+            return Ok(());
+        }
     }
 }
 
-/// `tcpxctl health`: the gRPC health status of the client API service.
-pub(super) async fn health(global: &GlobalOpts) -> Result<(), CliError> {
+const SERVICE: &str = "tcpxd.v1.Tcpxd";
+
+/// `tcpxctl health`: the gRPC health status of the client API service; with `--wait`, asked
+/// again every 100 ms until it is SERVING or the time is up.
+pub(super) async fn health(global: &GlobalOpts, args: HealthArgs) -> Result<(), CliError> {
     use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
-    const SERVICE: &str = "tcpxd.v1.Tcpxd";
-    let (channel, token) = crate::client::connect_channel(&global.endpoint)
-        .await
-        .map_err(|source| CliError::Connect { source })?;
-    let r = HealthClient::with_interceptor(channel, token)
-        .check(HealthCheckRequest {
-            service: SERVICE.into(),
-        })
-        .await
-        .map_err(rpc("health check"))?
-        .into_inner();
-    let status = ServingStatus::try_from(r.status).unwrap_or(ServingStatus::Unknown);
+    let deadline = args.wait.map(|w| Instant::now() + w);
+    let status = loop {
+        let answer = check_health(global).await;
+        let serving = matches!(answer, Ok(ServingStatus::Serving));
+        match deadline {
+            Some(d) if !serving && Instant::now() < d => {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                    _ = tokio::signal::ctrl_c() => return Err(CliError::Interrupted),
+                }
+            }
+            _ => break answer?,
+        }
+    };
     if global.json {
         print_json(&json!({"service": SERVICE, "status": status.as_str_name()}))?;
     } else {
@@ -120,4 +135,22 @@ pub(super) async fn health(global: &GlobalOpts) -> Result<(), CliError> {
             status.as_str_name()
         )))
     }
+}
+
+async fn check_health(
+    global: &GlobalOpts,
+) -> Result<tonic_health::pb::health_check_response::ServingStatus, CliError> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let (channel, token) = crate::client::connect_channel(&global.endpoint)
+        .await
+        .map_err(|source| CliError::Connect { source })?;
+    let r = HealthClient::with_interceptor(channel, token)
+        .check(HealthCheckRequest {
+            service: SERVICE.into(),
+        })
+        .await
+        .map_err(rpc("health check"))?
+        .into_inner();
+    Ok(ServingStatus::try_from(r.status).unwrap_or(ServingStatus::Unknown))
 }

@@ -173,7 +173,13 @@ impl Daemons {
             .spawn()
             .map_err(io(format!("starting {} for {node}", daemon.display())))?;
         if self.verbose {
-            eprintln!("demo: started {node} (pid {}), log {}", child.id(), log.display());
+            // The log is worth naming only where it stays: with --keep-dir (after a failure the
+            // error names it).
+            if opts.keep_dir {
+                eprintln!("demo: started {node} (pid {}), log {}", child.id(), log.display());
+            } else {
+                eprintln!("demo: started {node} (pid {})", child.id());
+            }
         }
         self.list.push(Daemon {
             node: node.to_string(),

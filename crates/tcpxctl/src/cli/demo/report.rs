@@ -130,6 +130,25 @@ impl DemoReport {
     }
 }
 
+impl DemoReport {
+    /// What a daemon's metrics say of the transfers it started (the other node only serves them:
+    /// its counters stay at 0, which is no failure).
+    fn started_here(&self, m: &MetricsScrape) -> String {
+        if m.transfers_ok == 0.0 {
+            let by = self.nodes.iter().find(|n| n.node_id != m.node_id);
+            return format!(
+                "started no transfers (it served {}'s)",
+                by.map_or("the other node", |n| n.node_id.as_str())
+            );
+        }
+        format!(
+            "{} transfers started here finished ok, {}",
+            m.transfers_ok,
+            format_bytes(m.bytes_ok as u64)
+        )
+    }
+}
+
 impl std::fmt::Display for DemoReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let [a, b] = &self.nodes;
@@ -158,11 +177,7 @@ impl std::fmt::Display for DemoReport {
             format_rate(self.size, self.read_time)
         )?;
         for m in &self.metrics {
-            writeln!(
-                f,
-                "  metrics {} ({}): {} transfers ok, {} bytes",
-                m.url, m.node_id, m.transfers_ok, m.bytes_ok
-            )?;
+            writeln!(f, "  metrics {} ({}): {}", m.url, m.node_id, self.started_here(m))?;
         }
         write!(f, "  crc32c {:08x}: checksums match", self.crc32c)?;
         if let Some(dir) = &self.kept_dir {
