@@ -9,6 +9,7 @@
 pub mod advertise;
 pub mod api;
 pub mod auth;
+pub mod block_token;
 pub mod buffers;
 pub mod config;
 pub mod daemon;
