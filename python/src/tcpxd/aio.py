@@ -570,7 +570,7 @@ class AsyncClient:
         self._sessions: "weakref.WeakSet[AsyncSession]" = weakref.WeakSet()
         unix = _local.socket_path(self.endpoint)
         #: Registers host memory this process shares (blocking: run in a thread).
-        self._registrar: Optional[_hostmem.Registrar] = _hostmem.Registrar(unix) if unix else None
+        self._registrar: Optional[_hostmem.Registrar] = _hostmem.Registrar(unix, self._local) if unix else None
 
     def _stub(self, name: str, kind: str) -> Any:
         s = self._stubs.get(name)
@@ -615,12 +615,13 @@ class AsyncClient:
         self, memory: Any, label: str = "", *, fd: Optional[int] = None, shared: Optional[bool] = None
     ) -> AsyncBuffer:
         """As Client.register_host (the descriptor passing runs in a thread of the default executor)."""
-        if _hostmem.daemon_allocates(memory, shared, self._registrar):
-            return AsyncBuffer(self, await self._unary("RegisterBuffer", _ops.host_register(memory, label)))
-        msg, host = await asyncio.get_running_loop().run_in_executor(
-            None, _hostmem.register, self._registrar, self.endpoint, memory, label, fd, self.timeout
-        )
-        return AsyncBuffer(self, msg, keepalive=host, host=host)
+        if not _hostmem.daemon_allocates(memory, shared, self._registrar):
+            got = await asyncio.get_running_loop().run_in_executor(
+                None, _hostmem.register, self._registrar, self.endpoint, memory, label, fd, self.timeout, shared
+            )
+            if got is not None:
+                return AsyncBuffer(self, got[0], keepalive=got[1], host=got[1])
+        return AsyncBuffer(self, await self._unary("RegisterBuffer", _ops.host_register(memory, label)))
 
     async def allocate_cuda(self, size: int, device: int = 0, label: str = "") -> AsyncBuffer:
         return AsyncBuffer(self, await self._unary("RegisterBuffer", _ops.cuda_register(size, device, label)))
