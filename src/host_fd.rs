@@ -98,8 +98,10 @@ pub fn map_client_file(
     }
     let len = usize::try_from(size)
         .map_err(|_| EngineError::invalid("register_host_fd.size: too large for this machine"))?;
+    // What the checks above leave to fail here (hugetlbfs alignment, a file system without
+    // shared mappings, the address space) is the file's or the machine's, not a bad request.
     let region = HostRegion::map_file(fd.as_fd(), offset, len)
-        .map_err(|e| EngineError::new(Code::ResourceExhausted, format!("host_fd: {e}")))?;
+        .map_err(|e| EngineError::new(Code::FailedPrecondition, format!("host_fd: {e}")))?;
     Ok((region, shrink))
 }
 

@@ -235,6 +235,11 @@ def test_memory_that_cannot_be_shared_says_what_to_do(peered):
         tcp.register_host(4096, shared=True)
     with pytest.raises(tcpxd.FailedPrecondition, match="unix socket"):
         tcp.register_host(np.zeros(4, dtype=np.uint8))
+    # A size without shared=True is the daemon-allocated kind there: a RegisterBuffer call (which
+    # finds nothing listening), not a refusal.
+    tcp.timeout = 2
+    with pytest.raises(tcpxd.Unavailable):
+        tcp.register_host(4096)
     tcp.close()
 
 

@@ -10,8 +10,8 @@ numpy array) cannot be shared and says what to do instead. The descriptor travel
 the daemon's local session (`Registrar`) as SCM_RIGHTS with its `register_host_fd` frame; the buffer
 belongs to that connection: released when it closes (the client's `close()`), or by `release()`.
 
-Shared by the sync client, the asyncio client (which runs `Registrar.register` in a thread) and
-sessions (whose own connection carries the frame: `send_with_fd`).
+Shared by the sync client, the asyncio client (which runs `register` in a thread) and sessions (whose
+own connection carries the frame and the descriptor; the buffer then goes when the session ends).
 """
 
 from __future__ import annotations
