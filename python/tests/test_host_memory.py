@@ -64,6 +64,11 @@ def test_client_arrays_are_sent_and_landed_without_copy_calls(peered):
         assert not {"ReadBuffer", "FillBuffer", "WriteBuffer"} & set(calls.names), calls.names
         # The daemon sees the same bytes in the client's memory as it landed remotely.
         assert src.checksum() == dst.checksum()
+        # A part of a shared buffer's array registers again as a buffer of its own (same memory).
+        with ca.register_host(arr[4096:8192]) as part:
+            assert part.size == 4096
+            part.numpy()[:] = 42
+            assert arr[4096] == 42 and src.read_bytes(8191, 1) == b"*"
         dst.release()
 
 

@@ -22,6 +22,7 @@ import os
 import socket
 import stat
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
@@ -45,6 +46,9 @@ class Shared:
     nbytes: int
     view: memoryview
     keepalive: Any
+    #: A descriptor the client side keeps open while the memory lives (the package's memfd: so a
+    #: part of it can be registered again, found in /proc/self/fd).
+    kept_fd: Optional[int] = None
 
     def done_sending(self) -> None:
         """The descriptor went out (or failed to): close it if it was opened here."""
@@ -60,6 +64,8 @@ class HostMemory:
         self._view = shared.view
         self._keepalive = shared.keepalive
         self.nbytes = shared.nbytes
+        if shared.kept_fd is not None:
+            weakref.finalize(self, os.close, shared.kept_fd)
 
     def numpy(self) -> Any:
         """The buffer's bytes as a numpy uint8 array aliasing them (writes are the buffer's)."""
@@ -133,7 +139,7 @@ def allocate(size: int, label: str) -> Shared:
     except BaseException:
         os.close(fd)
         raise
-    return Shared(fd, True, 0, size, memoryview(mm), mm)
+    return Shared(fd, False, 0, size, memoryview(mm), mm, kept_fd=fd)
 
 
 @dataclass
