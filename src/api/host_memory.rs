@@ -135,6 +135,7 @@ impl DaemonState {
                 match state.release(id, None).await {
                     Ok(()) => tracing::debug!(buffer = id, "released with the session that registered it"),
                     Err(e) if e.code() == tonic::Code::NotFound => {}
+                    Err(e) if e.code() == tonic::Code::Unavailable => return, // shutting down
                     Err(e) => tracing::warn!(
                         buffer = id,
                         "releasing a session's buffer at its end: {}",

@@ -6,6 +6,10 @@
 //! transfers finish before the stream ends OK; a client that goes away (the request stream fails
 //! or the event stream is dropped) gets its in-flight transfers cancelled on both sides.
 //!
+//! A `register_host_fd` request (the framed transport only: its file descriptor comes with the
+//! frame) registers client host memory; the buffers a session registered are released when it
+//! ends (src/api/host_memory.rs).
+//!
 //! The same logic serves two transports: the gRPC stream (`start`) and the framed local session
 //! on the API unix socket (`super::local`), each supplying its request side ([`Requests`]) and its
 //! event side ([`Events`]).

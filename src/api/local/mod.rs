@@ -6,6 +6,8 @@
 //!
 //! One task per connection: it reads the frames and runs the session (src/api/session.rs), and
 //! writes each event straight to the socket, one write per event.
+//! It reads with `recvmsg`, so a `register_host_fd` frame's file descriptor comes with it
+//! (`fds`); the client's credentials decide whether it may hand over an unsealable file.
 
 pub mod fds;
 pub mod frame;
