@@ -32,7 +32,6 @@ const NEEDED: &[&str] = &[
     "cuMemFreeHost",
     "cuMemAlloc_v2",
     "cuMemFree_v2",
-    "cuMemcpyHtoD_v2",
     "cuMemcpyHtoDAsync_v2",
     "cuMemcpyDtoHAsync_v2",
     "cuStreamCreate",
@@ -271,7 +270,6 @@ pub(crate) struct DeviceMem {
     ctx: Arc<Ctx>,
     raw: sys::CUdeviceptr,
     addr: u64,
-    len: usize,
 }
 
 impl DeviceMem {
@@ -292,28 +290,11 @@ impl DeviceMem {
             ctx: ctx.clone(),
             raw: d,
             addr,
-            len,
         })
     }
 
     pub(crate) fn addr(&self) -> u64 {
         self.addr
-    }
-
-    /// Synchronous copy of `src` to offset `off` (bounds checked).
-    pub(crate) fn write(&self, off: usize, src: &[u8]) -> Result<(), String> {
-        if off.checked_add(src.len()).is_none_or(|e| e > self.len) {
-            return Err(format!(
-                "device write of {} bytes at {off} exceeds {}",
-                src.len(),
-                self.len
-            ));
-        }
-        let _b = bind(&self.ctx)?;
-        // SAFETY: destination inside this allocation (checked above); `src` is live host memory.
-        check("cuMemcpyHtoD", unsafe {
-            sys::cuMemcpyHtoD_v2(self.addr + off as u64, src.as_ptr().cast(), src.len())
-        })
     }
 }
 

@@ -19,8 +19,7 @@
 //! - `nccl`: the PAT guard (keeps NCCL 2.24+ off an algorithm that ignores device unpack).
 //! - `ffi`: the 19 table entries, each behind `catch_unwind`.
 
-#[path = "../../src/net/abi.rs"]
-pub mod abi;
+pub use tcpxd_abi as abi;
 
 #[macro_use]
 mod log;

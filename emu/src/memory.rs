@@ -368,7 +368,12 @@ impl BouncePool {
 #[derive(Debug)]
 enum HandleBacking {
     Host(*mut unpackNetDeviceHandle),
-    Device(DeviceMem),
+    /// The device copy, and the stream and pinned source its contents were uploaded with: kept
+    /// until the comm closes, so creating a comm frees nothing (a free may wait for the device).
+    Device {
+        mem: DeviceMem,
+        _upload: (Stream, Pinned),
+    },
 }
 
 /// Storage for the 24-byte `unpackNetDeviceHandle` the device handle points at. The consumer
@@ -401,18 +406,38 @@ impl HandleMemory {
         }
     }
 
-    /// CUDA mode: `cuMemAlloc` + `cuMemcpyHtoD` of the 24 bytes.
+    /// CUDA mode: `cuMemAlloc`, and the 24 bytes uploaded from pinned memory with
+    /// `cuMemcpyHtoDAsync` on a non-blocking stream of its own, then that stream synchronised.
+    ///
+    /// Never a synchronous `cuMemcpyHtoD`: that copy runs on the legacy default stream, which is
+    /// the application's (PyTorch's) default stream too. Under NCCL, `accept` runs on the proxy
+    /// thread while the application's stream may be waiting for a large send to finish, and that
+    /// send's data leaves through this emulation's own CUDA copies: the synchronous copy hung
+    /// there (docs/EMULATION.md, "accept while a large send is in flight"). A non-blocking stream
+    /// does not synchronise with the legacy stream (NCCL's own set-up copies work this way).
     pub(crate) fn new_cuda(ctx: &Arc<Ctx>, ring: &RingMemory, pool: &BouncePool) -> io::Result<HandleMemory> {
         let h = Self::contents(ring, pool);
         let len = std::mem::size_of::<unpackNetDeviceHandle>();
         let mem = DeviceMem::new(ctx, len, 16).map_err(|e| cuda_err("device handle", e))?;
-        // SAFETY: `h` is a plain #[repr(C)] struct of three 8-byte fields (no padding); viewing
-        // its bytes is sound.
-        let bytes =
-            unsafe { std::slice::from_raw_parts((&h as *const unpackNetDeviceHandle).cast::<u8>(), len) };
-        mem.write(0, bytes).map_err(|e| cuda_err("device handle", e))?;
+        let src = Pinned::new(ctx, len, false).map_err(|e| cuda_err("device handle", e))?;
+        let stream = Stream::new(ctx).map_err(|e| cuda_err("device handle", e))?;
+        // SAFETY: `h` is a plain #[repr(C)] struct of three 8-byte fields (no padding) and `src`
+        // a fresh pinned allocation of `len` bytes that nothing else references yet.
+        unsafe {
+            std::ptr::copy_nonoverlapping((&h as *const unpackNetDeviceHandle).cast::<u8>(), src.host(), len)
+        };
+        {
+            let _b = cuda::bind(ctx).map_err(|e| cuda_err("device handle", e))?;
+            // SAFETY: `src` is pinned host memory and `mem` device memory, both `len` bytes, both
+            // kept alive (in the returned value) and untouched until the sync below returns.
+            unsafe { stream.htod(mem.addr(), src.host(), len) }.map_err(|e| cuda_err("device handle", e))?;
+        }
+        stream.sync().map_err(|e| cuda_err("device handle", e))?;
         Ok(HandleMemory {
-            mem: HandleBacking::Device(mem),
+            mem: HandleBacking::Device {
+                mem,
+                _upload: (stream, src),
+            },
         })
     }
 
@@ -420,7 +445,7 @@ impl HandleMemory {
     pub(crate) fn ptr(&self) -> *mut unpackNetDeviceHandle {
         match &self.mem {
             HandleBacking::Host(h) => *h,
-            HandleBacking::Device(d) => d.addr() as usize as *mut unpackNetDeviceHandle,
+            HandleBacking::Device { mem, .. } => mem.addr() as usize as *mut unpackNetDeviceHandle,
         }
     }
 }

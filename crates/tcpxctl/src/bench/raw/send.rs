@@ -1,0 +1,97 @@
+//! The raw bench's sending thread: starts transfers (up to the job's depth in flight), posts
+//! their chunks within the send window and tests the head of each comm.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::{Job, Shared, plan_into, window};
+use tcpxd::idle::Backoff;
+use tcpxd::net::{MemHandle, SendComm};
+
+pub(super) struct SendSide {
+    pub comms: Vec<SendComm>,
+    pub handles: Vec<Vec<MemHandle>>,
+    pub queues: Vec<VecDeque<(u64, u32)>>,
+    pub tags: Vec<i32>,
+    pub window: usize,
+    pub next_lane: u32,
+}
+
+impl SendSide {
+    /// Runs one job; `n` counts the transfers started over the whole run.
+    pub fn run(&mut self, shared: &Shared, job: &Job, n: &mut u64) -> Result<(), String> {
+        let mut issued = 0u32;
+        let mut idle = Backoff::new();
+        let mut last_progress = Instant::now();
+        loop {
+            let mut progressed = false;
+            // Start transfers while fewer than `depth` are unfinished, the first measured one
+            // only once the warm-up ones have finished.
+            while issued < job.transfers
+                && crate::bench::may_start(
+                    issued,
+                    (*n - shared.done.load(Ordering::Acquire)) as u32,
+                    job.depth,
+                    job.warmup,
+                )
+            {
+                *n += 1;
+                shared.set_t0(*n, Instant::now());
+                let queues = &mut self.queues;
+                plan_into(job, issued, shared, &mut self.next_lane, |lane, at, len| {
+                    queues[lane].push_back((at, len))
+                });
+                shared.started.store(*n, Ordering::Release);
+                issued += 1;
+                progressed = true;
+            }
+            let mut busy = false;
+            for (li, comm) in self.comms.iter_mut().enumerate() {
+                let q = &mut self.queues[li];
+                while comm.outstanding() < self.window
+                    && let Some(&(at, len)) = q.front()
+                {
+                    let (mh, off) = window(&self.handles[li], at);
+                    self.tags[li] = self.tags[li].wrapping_add(1) & 0x7fff_ffff;
+                    match comm
+                        .isend(mh, off, len as usize, self.tags[li])
+                        .map_err(|e| format!("lane {li} isend: {e}"))?
+                    {
+                        Some(_) => {
+                            q.pop_front();
+                            progressed = true;
+                        }
+                        None => break,
+                    }
+                }
+                while let Some(id) = comm.oldest() {
+                    if comm.test(id).map_err(|e| format!("lane {li} send: {e}"))? {
+                        progressed = true;
+                    } else {
+                        break;
+                    }
+                }
+                busy |= comm.outstanding() > 0 || !q.is_empty();
+            }
+            if issued == job.transfers && !busy {
+                return Ok(());
+            }
+            if progressed {
+                idle.reset();
+                last_progress = Instant::now();
+                continue;
+            }
+            if shared.abort.load(Ordering::Acquire) {
+                return Err("the other side stopped".into());
+            }
+            if last_progress.elapsed() > shared.stall {
+                return Err(format!(
+                    "no send completed for {:.0} s",
+                    shared.stall.as_secs_f64()
+                ));
+            }
+            idle.step_or_sleep();
+        }
+    }
+}

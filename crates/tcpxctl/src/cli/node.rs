@@ -1,0 +1,111 @@
+//! `tcpxctl describe`: the daemon's node id, the peer addresses its descriptors carry, version,
+//! plugin, network devices and GPUs (DescribeNode).
+
+use serde_json::{Value, json};
+
+use crate::cli::error::{CliError, emit};
+use crate::client::{ApiClient, format_bytes};
+use tcpxd::api::proto::v1::{DescribeNodeRequest, NodeDescription};
+
+pub async fn describe(client: &mut ApiClient, json: bool) -> Result<(), CliError> {
+    let n = client
+        .describe_node(DescribeNodeRequest {})
+        .await
+        .map_err(|status| CliError::Rpc {
+            what: "describing the node".to_string(),
+            status,
+        })?
+        .into_inner();
+    if json {
+        emit(&format!("{}\n", node_json(&n)))
+    } else {
+        emit(&node_text(&n))
+    }
+}
+
+pub fn node_json(n: &NodeDescription) -> Value {
+    json!({
+        "node_id": n.node_id,
+        "peer_addresses": n.peer_addresses,
+        "version": n.version,
+        "plugin_name": n.plugin_name,
+        "plugin_path": n.plugin_path,
+        "lanes_per_device": n.lanes_per_device,
+        "chunk_bytes": n.chunk_bytes,
+        "peer_protocol_version": n.peer_protocol_version,
+        "local_session": n.local_session,
+        "devices": n.devices.iter().map(|d| json!({
+            "index": d.index,
+            "name": d.name,
+            "pci_path": d.pci_path,
+            "speed_mbps": d.speed_mbps,
+            "host_memory": d.host_memory,
+            "cuda_memory": d.cuda_memory,
+            "unpack": d.unpack,
+        })).collect::<Vec<_>>(),
+        "gpus": n.gpus.iter().map(|g| json!({
+            "ordinal": g.ordinal,
+            "name": g.name,
+            "pci_bus_id": g.pci_bus_id,
+            "total_memory_bytes": g.total_memory_bytes,
+            "compute_capability": format!("{}.{}", g.compute_capability_major, g.compute_capability_minor),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub fn node_text(n: &NodeDescription) -> String {
+    let mut s = format!(
+        "node            {}\npeer addresses  {}\nversion         {} (peer protocol {})\nplugin          {} ({})\nlanes           {} per device, chunks of {}\n",
+        n.node_id,
+        if n.peer_addresses.is_empty() {
+            "none".to_string()
+        } else {
+            n.peer_addresses.join(", ")
+        },
+        n.version,
+        n.peer_protocol_version,
+        n.plugin_name,
+        n.plugin_path,
+        n.lanes_per_device,
+        format_bytes(n.chunk_bytes as u64),
+    );
+    for d in &n.devices {
+        let mut kinds = Vec::new();
+        if d.host_memory {
+            kinds.push("host");
+        }
+        if d.cuda_memory {
+            kinds.push("cuda");
+        }
+        if d.unpack {
+            kinds.push("unpack");
+        }
+        s.push_str(&format!(
+            "nic {:<11} {} {} Mb/s [{}]{}\n",
+            d.index,
+            d.name,
+            d.speed_mbps,
+            kinds.join(","),
+            if d.pci_path.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", d.pci_path)
+            }
+        ));
+    }
+    if n.gpus.is_empty() {
+        s.push_str("gpus            none\n");
+    }
+    for g in &n.gpus {
+        s.push_str(&format!(
+            "gpu {:<11} {} {} sm_{}{} {}\n",
+            g.ordinal,
+            g.name,
+            format_bytes(g.total_memory_bytes),
+            g.compute_capability_major,
+            g.compute_capability_minor,
+            g.pci_bus_id
+        ));
+    }
+    s
+}

@@ -1,0 +1,747 @@
+//! How tcpxctl prints things: tables, hexdumps, and the API's messages as text and as JSON.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::client::{code_number_name, format_bytes, format_duration, format_rate};
+use tcpxd::api::proto::v1::{
+    Buffer, BufferKind, Histogram, LaneStats, Notification, Peer, PeerState, PeerStats, Stats, TransferEvent,
+    TransferState,
+};
+
+/// A plain text table: a header row and left-aligned columns separated by two spaces.
+#[derive(Debug, Default)]
+pub struct Table {
+    rows: Vec<Vec<String>>,
+    indent: usize,
+}
+
+impl Table {
+    pub fn new<I, S>(header: I) -> Table
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Table {
+            rows: vec![header.into_iter().map(Into::into).collect()],
+            indent: 0,
+        }
+    }
+
+    /// Indents every line by `n` spaces.
+    pub fn indent(mut self, n: usize) -> Table {
+        self.indent = n;
+        self
+    }
+
+    pub fn row<I, S>(&mut self, cells: I)
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.rows.push(cells.into_iter().map(Into::into).collect());
+    }
+
+    /// Whether only the header is there.
+    pub fn is_empty(&self) -> bool {
+        self.rows.len() <= 1
+    }
+}
+
+impl std::fmt::Display for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let columns = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let mut widths = vec![0usize; columns];
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate() {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+        for row in &self.rows {
+            let mut line = " ".repeat(self.indent);
+            for (i, cell) in row.iter().enumerate() {
+                if i + 1 == row.len() {
+                    line.push_str(cell);
+                } else {
+                    let pad = widths[i] - cell.chars().count();
+                    line.push_str(cell);
+                    line.push_str(&" ".repeat(pad + 2));
+                }
+            }
+            writeln!(f, "{}", line.trim_end())?;
+        }
+        Ok(())
+    }
+}
+
+/// A hexdump as `xxd` prints it: `00000010: 0001 0203 ...  ................`, with offsets
+/// starting at `base` (the range's offset in the buffer).
+pub fn hexdump(data: &[u8], base: u64) -> String {
+    let mut out = String::with_capacity(data.len() * 4 + 16);
+    for (i, line) in data.chunks(16).enumerate() {
+        let _ = write!(out, "{:08x}: ", base + (i as u64) * 16);
+        let mut hex = String::with_capacity(40);
+        for (j, b) in line.iter().enumerate() {
+            let _ = write!(hex, "{b:02x}");
+            if j % 2 == 1 {
+                hex.push(' ');
+            }
+        }
+        // 16 bytes take 32 digits and 8 spaces; pad short lines so the text column lines up.
+        let _ = write!(out, "{hex:<40} ");
+        out.extend(line.iter().map(|&b| {
+            if b.is_ascii_graphic() || b == b' ' {
+                b as char
+            } else {
+                '.'
+            }
+        }));
+        out.push('\n');
+    }
+    out
+}
+
+/// A notification payload as text when it is printable UTF-8, else `None`.
+pub fn printable_text(payload: &[u8]) -> Option<&str> {
+    let s = std::str::from_utf8(payload).ok()?;
+    s.chars()
+        .all(|c| !c.is_control() || c == '\n' || c == '\t')
+        .then_some(s)
+}
+
+pub fn kind_name(kind: i32) -> &'static str {
+    match BufferKind::try_from(kind) {
+        Ok(BufferKind::Host) => "host",
+        Ok(BufferKind::Cuda) => "cuda",
+        Ok(BufferKind::CudaIpc) => "cuda-ipc",
+        Ok(BufferKind::HostShared) => "host-shared",
+        _ => "unspecified",
+    }
+}
+
+pub fn peer_state_name(state: i32) -> &'static str {
+    match PeerState::try_from(state) {
+        Ok(PeerState::Connecting) => "CONNECTING",
+        Ok(PeerState::Up) => "UP",
+        Ok(PeerState::Failed) => "FAILED",
+        _ => "UNSPECIFIED",
+    }
+}
+
+pub fn transfer_state_name(state: i32) -> &'static str {
+    match TransferState::try_from(state) {
+        Ok(TransferState::Offered) => "OFFERED",
+        Ok(TransferState::Running) => "RUNNING",
+        Ok(TransferState::Finished) => "FINISHED",
+        _ => "UNSPECIFIED",
+    }
+}
+
+/// `4096 (4.00 KiB)`.
+pub fn size_with_units(bytes: u64) -> String {
+    if bytes < 1024 {
+        format!("{bytes} B")
+    } else {
+        format!("{bytes} ({})", format_bytes(bytes))
+    }
+}
+
+pub fn buffer_json(b: &Buffer) -> Value {
+    let mut v = json!({
+        "id": b.id,
+        "kind": kind_name(b.kind),
+        "size": b.size,
+        "label": b.label,
+        "descriptor": b.descriptor,
+        "active_transfers": b.active_transfers,
+    });
+    if matches!(
+        BufferKind::try_from(b.kind),
+        Ok(BufferKind::Cuda | BufferKind::CudaIpc)
+    ) {
+        v["device"] = json!(b.device);
+        v["cuda_ipc_handle"] = json!(hex::encode(&b.cuda_ipc_handle));
+    }
+    v
+}
+
+/// A buffer as `key: value` lines.
+pub fn buffer_text(b: &Buffer) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "id:          {}", b.id);
+    let _ = writeln!(out, "kind:        {}", kind_name(b.kind));
+    let _ = writeln!(out, "size:        {}", size_with_units(b.size));
+    if !b.label.is_empty() {
+        let _ = writeln!(out, "label:       {}", b.label);
+    }
+    if matches!(
+        BufferKind::try_from(b.kind),
+        Ok(BufferKind::Cuda | BufferKind::CudaIpc)
+    ) {
+        let _ = writeln!(out, "device:      {}", b.device);
+        if !b.cuda_ipc_handle.is_empty() {
+            let _ = writeln!(out, "ipc handle:  {}", hex::encode(&b.cuda_ipc_handle));
+        }
+    }
+    let _ = writeln!(out, "transfers:   {}", b.active_transfers);
+    let _ = writeln!(out, "descriptor:  {}", b.descriptor);
+    out
+}
+
+pub fn buffers_table(buffers: &[Buffer]) -> Table {
+    let mut t = Table::new(["ID", "KIND", "SIZE", "BYTES", "TRANSFERS", "LABEL"]);
+    for b in buffers {
+        t.row([
+            b.id.to_string(),
+            kind_name(b.kind).to_string(),
+            format_bytes(b.size),
+            b.size.to_string(),
+            b.active_transfers.to_string(),
+            b.label.clone(),
+        ]);
+    }
+    t
+}
+
+pub fn peer_json(p: &Peer) -> Value {
+    json!({
+        "node_id": p.node_id,
+        "address": p.address,
+        "state": peer_state_name(p.state),
+        "error": p.error,
+        "lanes": p.lanes,
+    })
+}
+
+pub fn peers_table(peers: &[Peer]) -> Table {
+    let mut t = Table::new(["NODE", "ADDRESS", "STATE", "LANES", "ERROR"]);
+    for p in peers {
+        t.row([
+            p.node_id.clone(),
+            p.address.clone(),
+            peer_state_name(p.state).to_string(),
+            p.lanes.to_string(),
+            p.error.clone(),
+        ]);
+    }
+    t
+}
+
+/// The time a finished transfer took: the daemon's `elapsed_us`, else what the client saw.
+pub fn transfer_elapsed(ev: &TransferEvent, observed: Duration) -> Duration {
+    if ev.elapsed_us > 0 {
+        Duration::from_micros(ev.elapsed_us)
+    } else {
+        observed
+    }
+}
+
+pub fn event_json(ev: &TransferEvent, elapsed: Duration) -> Value {
+    let mut v = json!({
+        "transfer_id": ev.transfer_id,
+        "state": transfer_state_name(ev.state),
+        "bytes_done": ev.bytes_done,
+        "total_bytes": ev.total_bytes,
+        "elapsed_us": ev.elapsed_us,
+    });
+    if ev.state == TransferState::Finished as i32 {
+        v["status_code"] = json!(ev.status_code);
+        v["status"] = json!(code_number_name(ev.status_code));
+        v["status_message"] = json!(ev.status_message);
+        v["entries"] = ev
+            .entries
+            .iter()
+            .map(|e| {
+                json!({
+                    "code": e.code,
+                    "status": code_number_name(e.code),
+                    "message": e.message,
+                })
+            })
+            .collect();
+        let secs = elapsed.as_secs_f64();
+        if ev.status_code == 0 && secs > 0.0 {
+            v["seconds"] = json!(secs);
+            v["bytes_per_second"] = json!(ev.total_bytes as f64 / secs);
+        }
+    }
+    v
+}
+
+/// One line for a finished transfer: `transfer 7: OK, 1.00 GiB in 0.512 s (2.10 GB/s)`.
+pub fn event_summary(ev: &TransferEvent, elapsed: Duration) -> String {
+    if ev.status_code == 0 {
+        format!(
+            "transfer {}: OK, {} in {} ({})",
+            ev.transfer_id,
+            format_bytes(ev.total_bytes),
+            format_duration(elapsed),
+            format_rate(ev.total_bytes, elapsed)
+        )
+    } else {
+        format!(
+            "transfer {}: {} after {} of {} in {}",
+            ev.transfer_id,
+            code_number_name(ev.status_code),
+            format_bytes(ev.bytes_done),
+            format_bytes(ev.total_bytes),
+            format_duration(elapsed)
+        )
+    }
+}
+
+pub fn notification_json(n: &Notification) -> Value {
+    let mut v = json!({
+        "from_node": n.from_node,
+        "transfer_id": n.transfer_id,
+        "buffer_ids": n.buffer_ids,
+        "payload_hex": hex::encode(&n.payload),
+    });
+    if let Some(text) = printable_text(&n.payload) {
+        v["payload_text"] = json!(text);
+    }
+    v
+}
+
+/// `from demo-a transfer 7 (buffers 3): hello`.
+pub fn notification_text(n: &Notification) -> String {
+    let buffers: Vec<String> = n.buffer_ids.iter().map(u64::to_string).collect();
+    let payload = match printable_text(&n.payload) {
+        Some(text) => text.to_string(),
+        None => format!("0x{}", hex::encode(&n.payload)),
+    };
+    format!(
+        "from {} transfer {} (buffers {}): {}",
+        n.from_node,
+        n.transfer_id,
+        if buffers.is_empty() {
+            "-".to_string()
+        } else {
+            buffers.join(",")
+        },
+        payload
+    )
+}
+
+fn lane_json(l: &LaneStats) -> Value {
+    json!({
+        "lane": l.lane,
+        "device": l.device,
+        "bytes_sent": l.bytes_sent,
+        "bytes_received": l.bytes_received,
+        "chunks_sent": l.chunks_sent,
+        "chunks_received": l.chunks_received,
+        "sends_in_flight": l.sends_in_flight,
+        "recvs_in_flight": l.recvs_in_flight,
+        "sends_queued": l.sends_queued,
+        "recvs_queued": l.recvs_queued,
+        "send_window_full": l.send_window_full,
+        "recv_window_full": l.recv_window_full,
+    })
+}
+
+pub fn stats_json(s: &Stats) -> Value {
+    json!({
+        "node_id": s.node_id,
+        "active_transfers": s.active_transfers,
+        "buffers": s.buffers,
+        "buffer_bytes": s.buffer_bytes,
+        "peers": s.peers.iter().map(|p| json!({
+            "node_id": p.node_id,
+            "state": peer_state_name(p.state),
+            "error": p.error,
+            "transfers_started": p.transfers_started,
+            "transfers_ok": p.transfers_ok,
+            "transfers_failed": p.transfers_failed,
+            "lanes": p.lanes.iter().map(lane_json).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "transfer_totals": s.transfer_totals.iter().map(|t| json!({
+            "op": t.op, "status": t.status, "transfers": t.transfers, "bytes": t.bytes,
+        })).collect::<Vec<_>>(),
+        "latency": s.latency.iter().map(|l| json!({
+            "op": l.op, "size_class": l.size_class, "histogram": hist_json(l.histogram.as_ref()),
+        })).collect::<Vec<_>>(),
+        "unpack": s.unpack.iter().map(|u| json!({
+            "kind": u.kind, "histogram": hist_json(u.histogram.as_ref()),
+        })).collect::<Vec<_>>(),
+        "recv_to_consume": hist_json(s.recv_to_consume.as_ref()),
+        "plugin_errors": s.plugin_errors.iter().map(|e| json!({"code": e.code, "count": e.count}))
+            .collect::<Vec<_>>(),
+    })
+}
+
+fn hist_json(h: Option<&Histogram>) -> Value {
+    let Some(h) = h else { return Value::Null };
+    json!({
+        "count": h.count,
+        "sum_seconds": h.sum_seconds,
+        "p50_le_seconds": quantile_bound(h, 0.5),
+        "p99_le_seconds": quantile_bound(h, 0.99),
+        "buckets": h.upper_bounds.iter().zip(&h.cumulative_counts)
+            .map(|(le, n)| json!({"le": le, "count": n})).collect::<Vec<_>>(),
+    })
+}
+
+/// The upper bound of the bucket holding quantile `q` (`None` when empty or above every bound).
+pub fn quantile_bound(h: &Histogram, q: f64) -> Option<f64> {
+    if h.count == 0 {
+        return None;
+    }
+    let rank = (q * h.count as f64).ceil().max(1.0) as u64;
+    h.upper_bounds
+        .iter()
+        .zip(&h.cumulative_counts)
+        .find(|(_, n)| **n >= rank)
+        .map(|(le, _)| *le)
+}
+
+fn format_seconds(s: f64) -> String {
+    if s < 1e-3 {
+        format!("{:.0} µs", s * 1e6)
+    } else if s < 1.0 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+/// One histogram as "n, mean m, p50 ≤ a, p99 ≤ b".
+fn hist_text(h: &Histogram) -> String {
+    if h.count == 0 {
+        return "none".into();
+    }
+    let bound = |q| {
+        quantile_bound(h, q).map_or("> last bucket".to_string(), |b| {
+            format!("≤ {}", format_seconds(b))
+        })
+    };
+    format!(
+        "{} × mean {}, p50 {}, p99 {}",
+        h.count,
+        format_seconds(h.sum_seconds / h.count as f64),
+        bound(0.5),
+        bound(0.99)
+    )
+}
+
+/// The event series (what this node's transfers did) as text lines.
+fn events_text(s: &Stats) -> String {
+    let mut out = String::new();
+    if !s.transfer_totals.is_empty() {
+        let _ = writeln!(
+            out,
+            "
+transfers started here:"
+        );
+        for t in &s.transfer_totals {
+            let _ = writeln!(
+                out,
+                "  {:<5} {:<18} {:>8} transfer(s) {:>12}",
+                t.op,
+                t.status,
+                t.transfers,
+                format_bytes(t.bytes)
+            );
+        }
+    }
+    if !s.latency.is_empty() {
+        let _ = writeln!(out, "latency (successful transfers):");
+        for l in &s.latency {
+            if let Some(h) = &l.histogram {
+                let _ = writeln!(out, "  {:<5} {:<9} {}", l.op, l.size_class, hist_text(h));
+            }
+        }
+    }
+    for u in &s.unpack {
+        if let Some(h) = &u.histogram {
+            let _ = writeln!(out, "unpack ({}): {}", u.kind, hist_text(h));
+        }
+    }
+    if let Some(h) = s.recv_to_consume.as_ref().filter(|h| h.count > 0) {
+        let _ = writeln!(out, "receive done -> consumed: {}", hist_text(h));
+    }
+    if !s.plugin_errors.is_empty() {
+        let list: Vec<String> = s
+            .plugin_errors
+            .iter()
+            .map(|e| format!("{} {}", e.code, e.count))
+            .collect();
+        let _ = writeln!(out, "plugin errors: {}", list.join(", "));
+    }
+    out
+}
+
+/// Stats as text: a node line, then per peer a line and a lane table. With `previous` (the
+/// last snapshot and the time since it), lanes get send/receive rates.
+pub fn stats_text(s: &Stats, previous: Option<(&Stats, Duration)>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "node {}: {} active transfer(s), {} buffer(s) holding {}",
+        s.node_id,
+        s.active_transfers,
+        s.buffers,
+        format_bytes(s.buffer_bytes)
+    );
+    if s.peers.is_empty() {
+        let _ = writeln!(out, "no peers");
+    }
+    for p in &s.peers {
+        let _ = writeln!(
+            out,
+            "\npeer {} {}: {} started, {} ok, {} failed",
+            p.node_id,
+            peer_state_name(p.state),
+            p.transfers_started,
+            p.transfers_ok,
+            p.transfers_failed
+        );
+        if !p.error.is_empty() {
+            let _ = writeln!(out, "  error: {}", p.error);
+        }
+        // Rates only for a pairing that can carry traffic, against the same node's pairing that
+        // could in the last snapshot: GetStats also lists a node's newest failed pairing, whose
+        // counters must not be taken for the live one's.
+        let failed = |q: &PeerStats| q.state == PeerState::Failed as i32;
+        let prev_peer = previous.filter(|_| !failed(p)).and_then(|(prev, dt)| {
+            prev.peers
+                .iter()
+                .find(|q| q.node_id == p.node_id && !failed(q))
+                .map(|q| (q, dt))
+        });
+        let mut header = vec![
+            "LANE",
+            "DEVICE",
+            "SENT",
+            "RECEIVED",
+            "CHUNKS S/R",
+            "IN FLIGHT S/R",
+            "QUEUED S/R",
+            "WINDOW FULL S/R",
+        ];
+        if prev_peer.is_some() {
+            header.extend(["SEND RATE", "RECV RATE"]);
+        }
+        let mut t = Table::new(header).indent(2);
+        for l in &p.lanes {
+            let mut row = vec![
+                l.lane.to_string(),
+                l.device.to_string(),
+                format_bytes(l.bytes_sent),
+                format_bytes(l.bytes_received),
+                format!("{}/{}", l.chunks_sent, l.chunks_received),
+                format!("{}/{}", l.sends_in_flight, l.recvs_in_flight),
+                format!("{}/{}", l.sends_queued, l.recvs_queued),
+                format!("{}/{}", l.send_window_full, l.recv_window_full),
+            ];
+            if let Some((prev, dt)) = prev_peer {
+                let before = prev.lanes.iter().find(|q| q.lane == l.lane);
+                let sent = l.bytes_sent - before.map_or(0, |q| q.bytes_sent.min(l.bytes_sent));
+                let recv = l.bytes_received - before.map_or(0, |q| q.bytes_received.min(l.bytes_received));
+                row.push(format_rate(sent, dt));
+                row.push(format_rate(recv, dt));
+            }
+            t.row(row);
+        }
+        if t.is_empty() {
+            let _ = writeln!(out, "  no lanes");
+        } else {
+            let _ = write!(out, "{t}");
+        }
+    }
+    out.push_str(&events_text(s));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tcpxd::api::proto::v1::{EntryStatus, PeerStats};
+
+    #[test]
+    fn hexdump_like_xxd() {
+        let data: Vec<u8> = (0u8..20).chain(*b"AB c").collect();
+        let dump = hexdump(&data, 0x100);
+        let lines: Vec<&str> = dump.lines().collect();
+        assert_eq!(
+            lines[0],
+            "00000100: 0001 0203 0405 0607 0809 0a0b 0c0d 0e0f  ................"
+        );
+        assert_eq!(
+            lines[1],
+            "00000110: 1011 1213 4142 2063                      ....AB c"
+        );
+        assert_eq!(lines.len(), 2);
+        assert_eq!(hexdump(&[], 0), "");
+        assert_eq!(
+            hexdump(&[0x41], 0),
+            "00000000: 41                                       A\n"
+        );
+    }
+
+    #[test]
+    fn table_aligns() {
+        let mut t = Table::new(["A", "LONGER", "C"]);
+        t.row(["1234", "x", ""]);
+        t.row(["5", "yy", "z"]);
+        assert_eq!(t.to_string(), "A     LONGER  C\n1234  x\n5     yy      z\n");
+        assert!(!t.is_empty());
+        assert!(Table::new(["X"]).is_empty());
+    }
+
+    #[test]
+    fn payloads() {
+        assert_eq!(printable_text(b"hello world\n"), Some("hello world\n"));
+        assert_eq!(printable_text(b"\x00\x01"), None);
+        assert_eq!(printable_text(&[0xff, 0xfe]), None);
+        let n = Notification {
+            from_node: "a".into(),
+            transfer_id: 7,
+            payload: vec![0, 1],
+            buffer_ids: vec![3, 4],
+        };
+        assert_eq!(notification_text(&n), "from a transfer 7 (buffers 3,4): 0x0001");
+        assert_eq!(notification_json(&n)["payload_hex"], "0001");
+        assert!(notification_json(&n).get("payload_text").is_none());
+    }
+
+    #[test]
+    fn events() {
+        let ev = TransferEvent {
+            transfer_id: 7,
+            state: TransferState::Finished as i32,
+            bytes_done: 1 << 30,
+            total_bytes: 1 << 30,
+            status_code: 0,
+            status_message: String::new(),
+            entries: vec![EntryStatus {
+                code: 0,
+                message: String::new(),
+            }],
+            elapsed_us: 500_000,
+        };
+        let el = transfer_elapsed(&ev, Duration::from_secs(9));
+        assert_eq!(el, Duration::from_millis(500));
+        assert_eq!(
+            event_summary(&ev, el),
+            "transfer 7: OK, 1.00 GiB in 0.500 s (2.15 GB/s)"
+        );
+        let j = event_json(&ev, el);
+        assert_eq!(j["status"], "OK");
+        assert_eq!(j["state"], "FINISHED");
+        let failed = TransferEvent {
+            status_code: 4,
+            bytes_done: 0,
+            ..ev
+        };
+        assert!(event_summary(&failed, el).contains("DEADLINE_EXCEEDED"));
+    }
+
+    #[test]
+    fn stats_render() {
+        let lane = LaneStats {
+            lane: 0,
+            device: 1,
+            bytes_sent: 2 << 30,
+            ..Default::default()
+        };
+        let s = Stats {
+            node_id: "a".into(),
+            peers: vec![PeerStats {
+                node_id: "b".into(),
+                state: PeerState::Up as i32,
+                lanes: vec![lane],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut prev = s.clone();
+        prev.peers[0].lanes[0].bytes_sent = 1 << 30;
+        let text = stats_text(&s, Some((&prev, Duration::from_secs(1))));
+        assert!(text.contains("peer b UP"), "{text}");
+        assert!(text.contains("1.07 GB/s"), "{text}");
+        assert_eq!(stats_json(&s)["peers"][0]["lanes"][0]["bytes_sent"], 2u64 << 30);
+        assert!(text.contains("WINDOW FULL S/R"), "{text}");
+        assert!(!text.contains("error:"), "{text}");
+
+        // A node listed with its live pairing and its newest failed one: the live one's rate
+        // comes from the live one's last sample, the failed one gets none.
+        let mut both = s.clone();
+        both.peers.insert(
+            0,
+            PeerStats {
+                node_id: "b".into(),
+                state: PeerState::Failed as i32,
+                error: "peer restarted".into(),
+                lanes: vec![LaneStats {
+                    bytes_sent: 5 << 30,
+                    ..s.peers[0].lanes[0]
+                }],
+                ..Default::default()
+            },
+        );
+        let mut before = both.clone();
+        before.peers[1].lanes[0].bytes_sent = 1 << 30;
+        let text = stats_text(&both, Some((&before, Duration::from_secs(1))));
+        let (failed_part, live_part) = text.split_at(text.find("peer b UP").expect("live pairing listed"));
+        assert!(!failed_part.contains("RATE"), "{text}");
+        assert!(
+            live_part.contains("SEND RATE") && live_part.contains("1.07 GB/s"),
+            "{text}"
+        );
+
+        // A failed pairing says why.
+        let mut failed = s.clone();
+        failed.peers[0].state = PeerState::Failed as i32;
+        failed.peers[0].error = "control stream closed by the peer".into();
+        let text = stats_text(&failed, None);
+        assert!(
+            text.contains("peer b FAILED") && text.contains("  error: control stream closed by the peer"),
+            "{text}"
+        );
+        assert_eq!(
+            stats_json(&failed)["peers"][0]["error"],
+            "control stream closed by the peer"
+        );
+    }
+
+    #[test]
+    fn stats_events_render() {
+        use tcpxd::api::proto::v1::{LatencyStats, TransferTotals};
+        let h = Histogram {
+            count: 4,
+            sum_seconds: 0.004,
+            upper_bounds: vec![0.0005, 0.001, 0.0025],
+            cumulative_counts: vec![1, 3, 4],
+        };
+        assert_eq!(quantile_bound(&h, 0.5), Some(0.001));
+        assert_eq!(quantile_bound(&h, 0.99), Some(0.0025));
+        let s = Stats {
+            node_id: "a".into(),
+            transfer_totals: vec![TransferTotals {
+                op: "write".into(),
+                status: "ok".into(),
+                transfers: 4,
+                bytes: 4 << 20,
+            }],
+            latency: vec![LatencyStats {
+                op: "write".into(),
+                size_class: "1m_16m".into(),
+                histogram: Some(h.clone()),
+            }],
+            recv_to_consume: Some(h),
+            ..Default::default()
+        };
+        let text = stats_text(&s, None);
+        assert!(text.contains("write ok"), "{text}");
+        assert!(
+            text.contains("4 × mean 1.0 ms, p50 ≤ 1.0 ms, p99 ≤ 2.5 ms"),
+            "{text}"
+        );
+        let j = stats_json(&s);
+        assert_eq!(j["transfer_totals"][0]["bytes"], 4u64 << 20);
+        assert_eq!(j["latency"][0]["histogram"]["p50_le_seconds"], 0.001);
+    }
+}

@@ -1,0 +1,272 @@
+//! The plugin conformance suite: checks that a `ncclNetPlugin_v7` behaves as the GPUDirect-TCPX
+//! plugin does (reference/TCPX_PLUGIN_ABI.md), through tcpxd's own plugin layer.
+//!
+//! It runs against any plugin: the emulation in CI, the real `libnccl-net.so` on an A3 node (as
+//! `tcpxctl conformance --plugin PATH`). Each case runs on its own comms, on every device, under a
+//! watchdog, so a hanging plugin shows up as a failed case rather than a hung suite.
+//!
+//! - `harness`: test buffers (host or GPU), connected comm pairs, batches driven to completion and
+//!   the byte-exact check of each receive.
+//! - `comms`: the plugin's properties, connect/accept, registration and closing cases.
+//! - `data`: the cases that move data: sizes, FIFO matching, the ring wrap-around.
+//! - `rules`: the plugin enforcing its own rules: the request limit, test and consume order.
+//! - `nccl`: the cases about the plugin under NCCL.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use tcpxd::gpu::Gpu;
+use tcpxd::net::Plugin;
+
+mod comms;
+mod data;
+mod harness;
+mod nccl;
+mod rules;
+
+pub use harness::pattern;
+use harness::{Ctx, MemCtx};
+
+/// Where the suite's test buffers live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TestMemory {
+    /// Host memory (`NCCL_PTR_HOST` registrations).
+    Host,
+    /// GPU memory on this CUDA device (`NCCL_PTR_CUDA`): received bytes are gathered from the
+    /// plugin's GPU bounce buffer by the unpack kernel.
+    Cuda(usize),
+}
+
+/// What to run and how long to wait.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Devices to run the per-device cases on; all of the plugin's when `None`.
+    pub devices: Option<Vec<i32>>,
+    /// Time allowed for one connect/accept (the real plugin sleeps up to 5 s after accept).
+    pub connect_timeout: Duration,
+    /// Time after which a case counts as hung.
+    pub case_timeout: Duration,
+    /// Requests streamed through one comm pair in the wrap-around case.
+    pub wraparound_requests: usize,
+    /// Only cases whose name contains this string.
+    pub filter: Option<String>,
+    /// Where the test buffers live.
+    pub memory: TestMemory,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            devices: None,
+            connect_timeout: Duration::from_secs(30),
+            case_timeout: Duration::from_secs(120),
+            wraparound_requests: 3000,
+            filter: None,
+            memory: TestMemory::Host,
+        }
+    }
+}
+
+/// One case's outcome on one device.
+#[derive(Debug, Clone)]
+pub struct CaseResult {
+    pub name: &'static str,
+    pub dev: Option<i32>,
+    pub passed: bool,
+    /// What was observed (on success) or what went wrong (on failure).
+    pub detail: String,
+    pub elapsed: Duration,
+}
+
+/// The whole run.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub plugin: String,
+    pub source: String,
+    pub cases: Vec<CaseResult>,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        !self.cases.is_empty() && self.cases.iter().all(|c| c.passed)
+    }
+
+    pub fn failures(&self) -> impl Iterator<Item = &CaseResult> {
+        self.cases.iter().filter(|c| !c.passed)
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "conformance of {} ({})", self.plugin, self.source)?;
+        writeln!(f, "{:<22} {:>4} {:<5} {:>9}  detail", "case", "dev", "", "time")?;
+        for c in &self.cases {
+            let dev = c.dev.map(|d| d.to_string()).unwrap_or_else(|| "-".into());
+            writeln!(
+                f,
+                "{:<22} {:>4} {:<5} {:>7.1}ms  {}",
+                c.name,
+                dev,
+                if c.passed { "ok" } else { "FAIL" },
+                c.elapsed.as_secs_f64() * 1e3,
+                c.detail
+            )?;
+        }
+        let failed = self.failures().count();
+        write!(
+            f,
+            "{} cases: {} passed, {} failed",
+            self.cases.len(),
+            self.cases.len() - failed,
+            failed
+        )
+    }
+}
+
+type CaseFn = fn(&Ctx) -> Result<String, String>;
+
+/// Cases run on every device, in this order.
+const DEVICE_CASES: &[(&str, CaseFn)] = &[
+    ("connect_accept", comms::case_connect_accept),
+    ("host_registration", comms::case_host_registration),
+    ("sizes", data::case_sizes),
+    ("fifo_tags_ignored", data::case_fifo_tags_ignored),
+    ("request_limit", rules::case_request_limit),
+    ("test_order", rules::case_test_order),
+    ("consume_order", rules::case_consume_order),
+    ("ring_wraparound", data::case_ring_wraparound),
+    ("nccl_ring", nccl::case_ring_traffic),
+    ("close_outstanding", comms::case_close_outstanding),
+    ("peer_close", comms::case_peer_close),
+    ("dead_listener", comms::case_dead_listener),
+];
+
+/// Runs the suite.
+pub fn run(plugin: &Arc<Plugin>, opts: &Options) -> Report {
+    let mut cases = Vec::new();
+    let wanted = |name: &str| opts.filter.as_deref().is_none_or(|f| name.contains(f));
+    if wanted("properties") {
+        let start = Instant::now();
+        let (passed, detail) = match comms::check_properties(plugin) {
+            Ok(d) => (true, d),
+            Err(e) => (false, e),
+        };
+        cases.push(CaseResult {
+            name: "properties",
+            dev: None,
+            passed,
+            detail,
+            elapsed: start.elapsed(),
+        });
+    }
+    if wanted("nccl_pat") {
+        let start = Instant::now();
+        let (passed, detail) = match nccl::check_pat(plugin) {
+            Ok(d) => (true, d),
+            Err(e) => (false, e),
+        };
+        cases.push(CaseResult {
+            name: "nccl_pat",
+            dev: None,
+            passed,
+            detail,
+            elapsed: start.elapsed(),
+        });
+    }
+    let devices = opts
+        .devices
+        .clone()
+        .unwrap_or_else(|| plugin.devices().iter().map(|d| d.dev).collect());
+    let mem = match opts.memory {
+        TestMemory::Host => MemCtx::Host,
+        TestMemory::Cuda(device) => match Gpu::open(device) {
+            Ok(gpu) => MemCtx::Cuda(gpu),
+            Err(e) => {
+                cases.push(CaseResult {
+                    name: "cuda_memory",
+                    dev: None,
+                    passed: false,
+                    detail: format!("GPU {device}: {e}"),
+                    elapsed: Duration::ZERO,
+                });
+                return Report {
+                    plugin: plugin.name().to_string(),
+                    source: plugin.source().to_string(),
+                    cases,
+                };
+            }
+        },
+    };
+    for dev in devices {
+        for &(name, case) in DEVICE_CASES {
+            if !wanted(name) {
+                continue;
+            }
+            let ctx = Ctx {
+                plugin: plugin.clone(),
+                dev,
+                opts: opts.clone(),
+                mem: mem.clone(),
+            };
+            let start = Instant::now();
+            let (passed, detail) = run_with_watchdog(ctx, case, opts.case_timeout);
+            tracing::info!(case = name, dev, passed, "{detail}");
+            cases.push(CaseResult {
+                name,
+                dev: Some(dev),
+                passed,
+                detail,
+                elapsed: start.elapsed(),
+            });
+        }
+    }
+    Report {
+        plugin: plugin.name().to_string(),
+        source: plugin.source().to_string(),
+        cases,
+    }
+}
+
+fn run_with_watchdog(ctx: Ctx, case: CaseFn, timeout: Duration) -> (bool, String) {
+    let (tx, rx) = mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("conformance-case".into())
+        .spawn(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(&ctx)));
+            let _ = tx.send(r);
+        });
+    if let Err(e) = spawned {
+        return (false, format!("could not start the case thread: {e}"));
+    }
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(Ok(detail))) => (true, detail),
+        Ok(Ok(Err(why))) => (false, why),
+        Ok(Err(_)) => (false, "the case panicked".into()),
+        Err(_) => (
+            false,
+            format!("hung: no result after {timeout:?} (thread left behind)"),
+        ),
+    }
+}
+
+/// Renders the report as JSON lines (one object per case) for machines.
+pub fn report_json_lines(report: &Report) -> String {
+    report
+        .cases
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "plugin": report.plugin,
+                "source": report.source,
+                "case": c.name,
+                "dev": c.dev,
+                "passed": c.passed,
+                "elapsed_ms": c.elapsed.as_secs_f64() * 1e3,
+                "detail": c.detail,
+            })
+            .to_string()
+                + "\n"
+        })
+        .collect()
+}

@@ -1,0 +1,46 @@
+#![allow(dead_code)] // each test binary uses a different part of the shared helpers
+
+//! Shared by the tools' integration tests: where the workspace built the daemon and the emulation
+//! plugin.
+
+use std::path::{Path, PathBuf};
+
+/// The `tcpxd` the workspace built beside this package's `tcpxctl` (`cargo build` and
+/// `cargo nextest run --workspace` build both; `cargo test -p tcpxctl` alone does not rebuild it).
+pub fn tcpxd_bin() -> PathBuf {
+    let path = Path::new(env!("CARGO_BIN_EXE_tcpxctl")).with_file_name("tcpxd");
+    assert!(
+        path.is_file(),
+        "{} not found; build it with `cargo build -p tcpxd`",
+        path.display()
+    );
+    path
+}
+
+/// The emulation plugin built alongside the tests (`cargo test`/`cargo nextest run` build every
+/// workspace member), or the plugin named by `TCPXD_TEST_PLUGIN`.
+pub fn emulation_plugin_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("TCPXD_TEST_PLUGIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test binary>
+    let deps = exe.parent().expect("deps dir");
+    let profile = deps.parent().expect("profile dir");
+    // Both copies exist after a workspace build; a build of one package refreshes only the one in
+    // deps/, so the newer of the two is the current plugin.
+    let newest = [
+        profile.join("libnccl_net_tcpxemu.so"),
+        deps.join("libnccl_net_tcpxemu.so"),
+    ]
+    .into_iter()
+    .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+    .max_by_key(|(modified, _)| *modified);
+    if let Some((_, p)) = newest {
+        return p;
+    }
+    panic!(
+        "libnccl_net_tcpxemu.so not found next to {}; build it with `cargo build -p tcpxemu`",
+        exe.display()
+    );
+}

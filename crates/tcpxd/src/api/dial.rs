@@ -1,0 +1,142 @@
+//! Making the nodes a transfer's descriptors name reachable before its entries are checked: a
+//! failed peer is paired again (`Peers::revive`), a node this daemon never met is connected at the
+//! peer addresses its descriptor carries. Both go through `Peers::connect`, so they authenticate
+//! as `ConnectPeer` does (cluster secret, mutual TLS) and concurrent first uses make one pairing.
+//! A pairing still connecting is waited for, so a transfer starts on the pairing that comes up.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use tonic::{Code, Status};
+
+use super::state::DaemonState;
+use crate::buffers::Descriptor;
+use crate::poller::PeerLink;
+
+/// The longest a first use waits for an address to accept a TCP connection before it asks
+/// `Peers::connect` to dial it.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A node named by a transfer's descriptors: the first entry naming it and its addresses.
+struct Named {
+    field: String,
+    addresses: Vec<String>,
+}
+
+impl DaemonState {
+    /// Re-pairs the failed peers and connects the never-met nodes the descriptors name (bad
+    /// descriptors are left for the entry checks to report). A node that cannot be reached fails
+    /// the call, naming the entry and every address tried.
+    pub(crate) async fn reach_peers<'a>(
+        &self,
+        descriptors: impl Iterator<Item = &'a str>,
+        deadline: Instant,
+    ) -> Result<(), Status> {
+        let mut nodes: BTreeMap<String, Named> = BTreeMap::new();
+        for (i, d) in descriptors.enumerate() {
+            let Ok(d) = Descriptor::parse("remote_descriptor", d) else {
+                continue;
+            };
+            if d.node_id == self.node_id {
+                continue;
+            }
+            let named = nodes.entry(d.node_id).or_insert_with(|| Named {
+                field: format!("entries[{i}].remote_descriptor"),
+                addresses: Vec::new(),
+            });
+            for a in d.addresses {
+                if !named.addresses.contains(&a) {
+                    named.addresses.push(a);
+                }
+            }
+        }
+        let mut failed = Vec::new();
+        for (node, named) in &nodes {
+            match self.peers.by_node(node) {
+                Some(p) if matches!(*p.link.borrow(), PeerLink::Failed(_)) && p.dial.is_some() => {
+                    failed.push(node.as_str());
+                }
+                Some(p) if matches!(*p.link.borrow(), PeerLink::Connecting) => {
+                    // Still setting up, perhaps a pairing about to be replaced by the one the
+                    // two nodes settle on (`peers/settle.rs`): start on the one that comes up.
+                    // A failure is left to the entry checks, which name the peer and why.
+                    let budget = deadline.saturating_duration_since(Instant::now());
+                    let _ = tokio::time::timeout(budget, self.peers.until_up(node)).await;
+                    if self
+                        .peers
+                        .by_node(node)
+                        .is_some_and(|p| matches!(*p.link.borrow(), PeerLink::Failed(_)) && p.dial.is_some())
+                    {
+                        failed.push(node.as_str());
+                    }
+                }
+                Some(p) if !matches!(*p.link.borrow(), PeerLink::Failed(_)) => {}
+                // Never met, or failed with no address of its own: the descriptor's addresses.
+                _ if !named.addresses.is_empty() => self.dial(node, named, deadline).await?,
+                _ => {}
+            }
+        }
+        self.peers.revive(&failed, deadline).await
+    }
+
+    /// Connects to `node` at the first of its descriptor's addresses that answers as that node.
+    async fn dial(&self, node: &str, named: &Named, deadline: Instant) -> Result<(), Status> {
+        let mut tried = Vec::new();
+        for a in &named.addresses {
+            let budget = deadline.saturating_duration_since(Instant::now());
+            // An address that does not take a TCP connection fails here, costing only this
+            // call, not a pairing's connect timeout (30 s by default).
+            match tokio::time::timeout(
+                budget.min(PROBE_TIMEOUT),
+                tokio::net::TcpStream::connect(a.as_str()),
+            )
+            .await
+            {
+                Ok(Ok(_probe)) => {}
+                Ok(Err(e)) => {
+                    tried.push(format!("{a}: cannot reach a tcpxd peer service there: {e}"));
+                    continue;
+                }
+                Err(_) => {
+                    tried.push(format!(
+                        "{a}: no TCP connection within {:?}",
+                        budget.min(PROBE_TIMEOUT)
+                    ));
+                    continue;
+                }
+            }
+            tracing::info!(peer = %node, address = %a, "connecting to a node named by a descriptor");
+            match tokio::time::timeout(budget, self.peers.connect(a)).await {
+                Ok(Ok(info)) if info.node_id == node => return Ok(()),
+                Ok(Ok(info)) => tried.push(format!("{a} answers as node {}", info.node_id)),
+                // Refusals that another address would not change (authentication, protocol):
+                // reported as they are.
+                Ok(Err(s)) if !matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded) => {
+                    return Err(Status::new(
+                        s.code(),
+                        format!(
+                            "{}: connecting to node {node} at {a}: {}",
+                            named.field,
+                            s.message()
+                        ),
+                    ));
+                }
+                Ok(Err(s)) => tried.push(format!("{a}: {}", s.message())),
+                Err(_) => tried.push(format!("{a}: no answer before the transfer's deadline")),
+            }
+            // Paired meanwhile by another call (through another of its addresses)?
+            if self
+                .peers
+                .by_node(node)
+                .is_some_and(|p| !matches!(*p.link.borrow(), PeerLink::Failed(_)))
+            {
+                return Ok(());
+            }
+        }
+        Err(Status::unavailable(format!(
+            "{}: node {node} is not paired with this daemon and none of the descriptor's peer addresses answers as it: {}",
+            named.field,
+            tried.join("; ")
+        )))
+    }
+}

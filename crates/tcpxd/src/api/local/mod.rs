@@ -1,0 +1,170 @@
+//! The framed local session: the `Session` RPC's semantics over the API unix socket without
+//! HTTP/2 or gRPC, for local clients whose gRPC library costs more than a small transfer (as
+//! containerd's ttrpc does). A connection that opens with [`frame::PREFACE`] gets the preface
+//! back, then sends `SessionRequest` frames and reads `SessionEvent` frames (docs/API.md, "The
+//! framed local session"); any other connection is gRPC as before (`listener`).
+//!
+//! One task per connection: it reads the frames and runs the session (src/api/session.rs), and
+//! writes each event straight to the socket, one write per event.
+//! It reads with `recvmsg`, so a `register_host_fd` frame's file descriptor comes with it
+//! (`fds`); the client's credentials decide whether it may hand over an unsealable file.
+
+pub mod fds;
+pub mod frame;
+pub mod listener;
+
+use std::future::pending;
+use std::os::fd::AsFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::UnixStream;
+use tokio::net::unix::OwnedWriteHalf;
+use tokio_stream::StreamExt;
+use tokio_util::codec::FramedRead;
+
+use self::fds::{FdReader, Positioned};
+use self::frame::PREFACE;
+use super::host_memory::Attached;
+use super::proto::v1 as pb;
+use super::session::{self, Events, Gone, Incoming, Requests};
+use super::state::DaemonState;
+use crate::host_fd::Unsealed;
+
+/// How long a connection whose session ended early (the client broke the framing, or went away)
+/// may still send: what it sends is read and dropped, so that closing does not reset the
+/// connection before the client has read the refusal.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// Serves one framed session on a connection whose preface has been read.
+pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
+    if let Err(e) = stream.write_all(PREFACE).await {
+        tracing::debug!("local session: answering the preface: {e}");
+        return;
+    }
+    // Who the client is decides whether it may hand over memory that cannot be sealed.
+    let peer_uid = stream.peer_cred().ok().map(|c| c.uid());
+    let unsealed = Unsealed::for_peer(peer_uid, rustix::process::geteuid().as_raw());
+    tracing::debug!(?peer_uid, "local session opened");
+    let (read, write) = stream.into_split();
+    let mut requests = FramedRequests {
+        frames: FramedRead::new(FdReader::new(read), Positioned::default()),
+        unsealed,
+    };
+    let mut events = FramedEvents {
+        io: write,
+        buf: BytesMut::new(),
+        hangup: None,
+    };
+    let ended = session::serve(state, None, &mut requests, &mut events).await;
+    // Either way nothing more is sent: the client reads EOF after the last event.
+    let _ = events.io.shutdown().await;
+    if ended.is_err() {
+        let mut read = requests.frames.into_inner().into_inner();
+        let mut sink = [0u8; 16 << 10];
+        let _ = tokio::time::timeout(LINGER, async {
+            while matches!(read.read(&mut sink).await, Ok(n) if n > 0) {}
+        })
+        .await;
+    }
+    tracing::debug!(clean = ended.is_ok(), "local session closed");
+}
+
+/// The request side: frames read from the connection, and the descriptors that came with them.
+struct FramedRequests {
+    frames: FramedRead<FdReader, Positioned>,
+    unsealed: Unsealed,
+}
+
+impl Requests for FramedRequests {
+    async fn next(&mut self) -> Incoming {
+        match self.frames.next().await {
+            Some(Ok(req)) => Incoming::Request(req),
+            None => Incoming::HalfClosed,
+            Some(Err(e)) => match e.status() {
+                Some(status) => Incoming::Broken(status),
+                None => {
+                    tracing::debug!("local session: the client went away: {e}");
+                    Incoming::Gone
+                }
+            },
+        }
+    }
+
+    fn attached(&mut self) -> Result<Attached, tonic::Status> {
+        let at = self.frames.decoder().last_frame();
+        let fd = self.frames.get_mut().take(at)?;
+        Ok(Attached {
+            fd,
+            unsealed: self.unsealed,
+        })
+    }
+}
+
+/// The event side: frames written to the connection, one write each.
+struct FramedEvents {
+    io: OwnedWriteHalf,
+    /// The frame being written (reused).
+    buf: BytesMut,
+    /// Watches the connection for the client's going away once it has half-closed.
+    hangup: Option<UnixStream>,
+}
+
+impl Events for FramedEvents {
+    async fn send(&mut self, event: pb::SessionEvent) -> Result<(), Gone> {
+        self.buf.clear();
+        if let Err(e) = frame::put_event(&mut self.buf, &event) {
+            tracing::error!("local session: encoding an event: {e}");
+            return Err(Gone);
+        }
+        self.io.write_all(&self.buf).await.map_err(|e| {
+            tracing::debug!("local session: the client went away: {e}");
+            Gone
+        })
+    }
+
+    /// While the client may still send, its going away ends the request side (EOF or reset).
+    /// After its half-close only the hang-up tells: a second descriptor of the socket, polled
+    /// for writing, reports it (EPOLLHUP) without touching the connection's own readiness (the
+    /// writable readiness this watcher clears is its own; nothing is ever written through it).
+    async fn gone(&mut self, reading: bool) {
+        if reading {
+            return pending().await;
+        }
+        if self.hangup.is_none() {
+            let watch = self
+                .io
+                .as_ref()
+                .as_fd()
+                .try_clone_to_owned()
+                .map(std::os::unix::net::UnixStream::from)
+                .and_then(UnixStream::from_std);
+            match watch {
+                Ok(w) => self.hangup = Some(w),
+                Err(e) => {
+                    tracing::warn!(
+                        "local session: cannot watch for the client's hang-up ({e}); it is noticed at the next event"
+                    );
+                    return pending().await;
+                }
+            }
+        }
+        let Some(watch) = &self.hangup else {
+            return pending().await;
+        };
+        loop {
+            match watch.ready(Interest::WRITABLE).await {
+                Ok(ready) if ready.is_write_closed() => return,
+                // Writable, not hung up: forget this readiness and wait for the next change.
+                Ok(_) => {
+                    let _ = watch.try_io(Interest::WRITABLE, || {
+                        Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
+                    });
+                }
+                Err(_) => return pending().await,
+            }
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! The gRPC layer: generated code, the client service and the peer service; and the framed
+//! local session on the API unix socket (`local`).
+
+pub mod dial;
+pub mod host_memory;
+pub mod local;
+pub mod node;
+pub mod peer_service;
+pub mod proto;
+pub mod service;
+pub mod session;
+pub mod state;
+pub mod stats;
+pub mod transfers;

@@ -1,0 +1,449 @@
+//! The client service (`tcpxd.v1.Tcpxd`): validates requests, hands them to the poller and maps
+//! every error to a gRPC status once, here. Buffers, peers and stats are served here; transfers
+//! (starting, waiting) in `transfers`, the streaming session in `session`.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::broadcast;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+use super::proto::v1 as pb;
+use super::session;
+use super::state::{DaemonState, status};
+use super::transfers::{self, event, try_as_batch};
+use crate::buffers::{self, Pattern};
+use crate::engine::{self, TransferId};
+use crate::poller::{Command, PeerLink, Phase};
+
+/// How long `ReleaseBuffer` waits for the transfers using a buffer to end when the call carries
+/// no deadline of its own.
+pub const RELEASE_WAIT: Duration = Duration::from_secs(10);
+
+/// The client service.
+pub struct ClientService {
+    pub state: Arc<DaemonState>,
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::TransferEvent, Status>> + Send>>;
+type NotificationStream = Pin<Box<dyn Stream<Item = Result<pb::Notification, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::tcpxd_server::Tcpxd for ClientService {
+    async fn register_buffer(
+        &self,
+        req: Request<pb::RegisterBufferRequest>,
+    ) -> Result<Response<pb::Buffer>, Status> {
+        let r = req.into_inner();
+        let entry = match r.source {
+            Some(pb::register_buffer_request::Source::Host(h)) => {
+                let reg_label = r.label.clone();
+                let state = self.state.clone();
+                tokio::task::spawn_blocking(move || state.buffers.allocate_host(h.size, &reg_label))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?
+                    .map_err(status)?
+            }
+            Some(pb::register_buffer_request::Source::Cuda(c)) => {
+                let (label, state) = (r.label.clone(), self.state.clone());
+                tokio::task::spawn_blocking(move || state.buffers.allocate_cuda(c.device, c.size, &label))
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?
+                    .map_err(status)?
+            }
+            Some(pb::register_buffer_request::Source::CudaIpc(c)) => {
+                let (label, state) = (r.label.clone(), self.state.clone());
+                tokio::task::spawn_blocking(move || {
+                    state
+                        .buffers
+                        .import_cuda(c.device, &c.ipc_handle, c.offset, c.size, &label)
+                })
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(status)?
+            }
+            None => {
+                return Err(Status::invalid_argument(
+                    "source: set one of host, cuda, cuda_ipc",
+                ));
+            }
+        };
+        self.state.install(&entry).await?;
+        tracing::info!(buffer = entry.id, size = entry.size, "buffer registered");
+        Ok(Response::new(self.state.buffer_pb(&entry)))
+    }
+
+    async fn release_buffer(
+        &self,
+        req: Request<pb::ReleaseBufferRequest>,
+    ) -> Result<Response<pb::ReleaseBufferResponse>, Status> {
+        // Transfers that still use the buffer get until the call's deadline (else
+        // RELEASE_WAIT) to end: a transfer that just failed on one side (a deadline, a cancel)
+        // is still being torn down on the other, and its receives may still land.
+        let wait = transfers::grpc_timeout(&req).map_or(RELEASE_WAIT, transfers::answer_within);
+        let deadline = Instant::now() + wait;
+        let id = req.into_inner().buffer_id;
+        self.state.release(id, Some(deadline)).await?;
+        Ok(Response::new(pb::ReleaseBufferResponse {}))
+    }
+
+    async fn rekey_buffer(
+        &self,
+        req: Request<pb::RekeyBufferRequest>,
+    ) -> Result<Response<pb::Buffer>, Status> {
+        let id = req.into_inner().buffer_id;
+        let b = self.state.buffers.get(id).map_err(status)?;
+        let key: [u8; 16] = rand::random();
+        // The engine checks offers: once it has the new key, the old one is dead.
+        self.state
+            .ask(|reply| Command::RekeyBuffer { id, key, reply })
+            .await?
+            .map_err(status)?;
+        b.set_key(key);
+        tracing::info!(buffer = id, "buffer re-keyed");
+        Ok(Response::new(self.state.buffer_pb(&b)))
+    }
+
+    async fn describe_buffer(
+        &self,
+        req: Request<pb::DescribeBufferRequest>,
+    ) -> Result<Response<pb::Buffer>, Status> {
+        let b = self
+            .state
+            .buffers
+            .get(req.into_inner().buffer_id)
+            .map_err(status)?;
+        Ok(Response::new(self.state.buffer_pb(&b)))
+    }
+
+    async fn list_buffers(
+        &self,
+        _: Request<pb::ListBuffersRequest>,
+    ) -> Result<Response<pb::ListBuffersResponse>, Status> {
+        let buffers = self
+            .state
+            .buffers
+            .list()
+            .iter()
+            .map(|b| self.state.buffer_pb(b))
+            .collect();
+        Ok(Response::new(pb::ListBuffersResponse { buffers }))
+    }
+
+    async fn fill_buffer(
+        &self,
+        req: Request<pb::FillBufferRequest>,
+    ) -> Result<Response<pb::FillBufferResponse>, Status> {
+        let r = req.into_inner();
+        let b = self.state.buffers.get(r.buffer_id).map_err(status)?;
+        let (offset, length) = buffers::resolve_range(&b, r.offset, r.length, true).map_err(status)?;
+        let pattern = match r.pattern {
+            Some(pb::fill_buffer_request::Pattern::Byte(v)) if v <= 255 => Pattern::Byte(v as u8),
+            Some(pb::fill_buffer_request::Pattern::Byte(v)) => {
+                return Err(Status::invalid_argument(format!("byte: {v} is not in 0..=255")));
+            }
+            Some(pb::fill_buffer_request::Pattern::Seed(s)) => Pattern::Seed(s),
+            Some(pb::fill_buffer_request::Pattern::Repeat(v))
+                if !v.is_empty() && v.len() <= buffers::MAX_REPEAT_BYTES =>
+            {
+                Pattern::Repeat(v)
+            }
+            Some(pb::fill_buffer_request::Pattern::Repeat(v)) => {
+                return Err(Status::invalid_argument(format!(
+                    "repeat: {} bytes (1 to {} allowed)",
+                    v.len(),
+                    buffers::MAX_REPEAT_BYTES
+                )));
+            }
+            None => return Err(Status::invalid_argument("pattern: set one of byte, seed, repeat")),
+        };
+        tokio::task::spawn_blocking(move || buffers::fill(&b, offset, length, &pattern))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(status)?;
+        Ok(Response::new(pb::FillBufferResponse {}))
+    }
+
+    async fn read_buffer(
+        &self,
+        req: Request<pb::ReadBufferRequest>,
+    ) -> Result<Response<pb::ReadBufferResponse>, Status> {
+        let r = req.into_inner();
+        let b = self.state.buffers.get(r.buffer_id).map_err(status)?;
+        if r.length == 0 || r.length > buffers::MAX_READ_BYTES {
+            return Err(Status::invalid_argument(format!(
+                "length: {} (1 to {} allowed)",
+                r.length,
+                buffers::MAX_READ_BYTES
+            )));
+        }
+        let (offset, length) = buffers::resolve_range(&b, r.offset, r.length, false).map_err(status)?;
+        let data = tokio::task::spawn_blocking(move || buffers::read(&b, offset, length))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(status)?;
+        Ok(Response::new(pb::ReadBufferResponse { data }))
+    }
+
+    async fn checksum_buffer(
+        &self,
+        req: Request<pb::ChecksumBufferRequest>,
+    ) -> Result<Response<pb::ChecksumBufferResponse>, Status> {
+        let r = req.into_inner();
+        let b = self.state.buffers.get(r.buffer_id).map_err(status)?;
+        let (offset, length) = buffers::resolve_range(&b, r.offset, r.length, true).map_err(status)?;
+        let crc = tokio::task::spawn_blocking(move || buffers::checksum(&b, offset, length))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(status)?;
+        Ok(Response::new(pb::ChecksumBufferResponse { crc32c: crc, length }))
+    }
+
+    async fn connect_peer(&self, req: Request<pb::ConnectPeerRequest>) -> Result<Response<pb::Peer>, Status> {
+        let address = req.into_inner().address;
+        if address.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "address: required (host:port of the peer service)",
+            ));
+        }
+        let info = self.state.peers.connect(address.trim()).await?;
+        Ok(Response::new(peer_pb(&info)))
+    }
+
+    async fn list_peers(
+        &self,
+        _: Request<pb::ListPeersRequest>,
+    ) -> Result<Response<pb::ListPeersResponse>, Status> {
+        let peers = self.state.peers.list().iter().map(peer_pb).collect();
+        Ok(Response::new(pb::ListPeersResponse { peers }))
+    }
+
+    async fn describe_node(
+        &self,
+        _: Request<pb::DescribeNodeRequest>,
+    ) -> Result<Response<pb::NodeDescription>, Status> {
+        Ok(Response::new(
+            self.state.node.describe(&self.state.node_id).await?,
+        ))
+    }
+
+    async fn write(&self, req: Request<pb::WriteRequest>) -> Result<Response<pb::TransferStarted>, Status> {
+        let req = try_as_batch(req, transfers::write_batch)?;
+        self.state.write_call(req).await
+    }
+
+    async fn read(&self, req: Request<pb::ReadRequest>) -> Result<Response<pb::TransferStarted>, Status> {
+        let req = try_as_batch(req, transfers::read_batch)?;
+        self.state.read_call(req).await
+    }
+
+    async fn write_batch(
+        &self,
+        req: Request<pb::WriteBatchRequest>,
+    ) -> Result<Response<pb::TransferStarted>, Status> {
+        self.state.write_call(req).await
+    }
+
+    async fn read_batch(
+        &self,
+        req: Request<pb::ReadBatchRequest>,
+    ) -> Result<Response<pb::TransferStarted>, Status> {
+        self.state.read_call(req).await
+    }
+
+    type SessionStream = session::EventStream;
+
+    async fn session(
+        &self,
+        req: Request<tonic::Streaming<pb::SessionRequest>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        let deadline = transfers::grpc_timeout(&req)
+            .map(|t| engine::deadline_after(Instant::now(), transfers::answer_within(t)));
+        Ok(Response::new(session::start(
+            self.state.clone(),
+            deadline,
+            req.into_inner(),
+        )))
+    }
+
+    type WatchStream = EventStream;
+
+    async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let id = req.into_inner().transfer_id;
+        let mut rx = self.state.transfer(id)?;
+        let (tx, out) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            loop {
+                let s = rx.borrow_and_update().clone();
+                let done = s.phase == Phase::Finished;
+                if tx.send(Ok(event(id, &s))).await.is_err() || done {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    let _ = tx
+                        .send(Err(Status::unavailable(
+                            "the daemon stopped before the transfer finished",
+                        )))
+                        .await;
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(out))))
+    }
+
+    async fn wait_transfer(
+        &self,
+        req: Request<pb::WaitTransferRequest>,
+    ) -> Result<Response<pb::TransferEvent>, Status> {
+        let id = req.into_inner().transfer_id;
+        let mut rx = self.state.transfer(id)?;
+        let s = rx
+            .wait_for(|s| s.phase == Phase::Finished)
+            .await
+            .map_err(|_| Status::unavailable("the daemon stopped before the transfer finished"))?
+            .clone();
+        Ok(Response::new(event(id, &s)))
+    }
+
+    async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::CancelResponse>, Status> {
+        let id = req.into_inner().transfer_id;
+        self.state.transfer(id)?;
+        let cancelled = self
+            .state
+            .ask(|reply| Command::Cancel {
+                id: TransferId(id),
+                reply,
+            })
+            .await?;
+        Ok(Response::new(pb::CancelResponse { cancelled }))
+    }
+
+    type SubscribeStream = NotificationStream;
+
+    async fn subscribe(
+        &self,
+        _: Request<pb::SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let mut rx = self.state.notifications.subscribe();
+        let mut stopping = self.state.stopping.clone();
+        let (tx, out) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    n = rx.recv() => n,
+                    _ = async { stopping.wait_for(|s| *s).await.map(|_| ()) } => {
+                        let _ = tx.send(Err(Status::unavailable("the daemon is shutting down"))).await;
+                        return;
+                    }
+                };
+                let item = match next {
+                    Ok(n) => Ok(pb::Notification {
+                        from_node: n.from_node,
+                        transfer_id: n.offer_id,
+                        payload: n.payload,
+                        buffer_ids: n.buffers,
+                    }),
+                    Err(broadcast::error::RecvError::Lagged(k)) => Err(Status::data_loss(format!(
+                        "this subscriber fell behind and missed {k} notifications; subscribe again"
+                    ))),
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                let end = item.is_err();
+                if tx.send(item).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(out))))
+    }
+
+    async fn get_stats(&self, _: Request<pb::GetStatsRequest>) -> Result<Response<pb::Stats>, Status> {
+        let snap = self.state.ask(|reply| Command::Stats { reply }).await?;
+        let buffers = self.state.buffers.list();
+        let peers = snap
+            .peers
+            .iter()
+            .map(|p| {
+                let lanes = p.counters.send.len().max(p.counters.recv.len());
+                pb::PeerStats {
+                    node_id: p.counters.node_id.clone(),
+                    state: link_pb(&p.link) as i32,
+                    transfers_started: p.counters.transfers_started,
+                    transfers_ok: p.counters.transfers_ok,
+                    transfers_failed: p.counters.transfers_failed,
+                    sent_eager: p.counters.sent_eager,
+                    sent_rendezvous: p.counters.sent_rendezvous,
+                    received_eager: p.counters.received_eager,
+                    received_rendezvous: p.counters.received_rendezvous,
+                    error: match &p.link {
+                        PeerLink::Failed(why) => why.clone(),
+                        _ => String::new(),
+                    },
+                    lanes: (0..lanes)
+                        .map(|i| {
+                            let s = p.counters.send.get(i).cloned().unwrap_or_default();
+                            let r = p.counters.recv.get(i).cloned().unwrap_or_default();
+                            pb::LaneStats {
+                                lane: i as u32,
+                                device: p
+                                    .send_devices
+                                    .get(i)
+                                    .or(p.recv_devices.get(i))
+                                    .copied()
+                                    .unwrap_or(-1),
+                                bytes_sent: s.bytes,
+                                bytes_received: r.bytes,
+                                chunks_sent: s.chunks,
+                                chunks_received: r.chunks,
+                                sends_in_flight: s.posted as u32,
+                                recvs_in_flight: r.posted as u32,
+                                sends_queued: s.queued as u32,
+                                recvs_queued: r.queued as u32,
+                                send_window_full: s.window_full,
+                                recv_window_full: r.window_full,
+                                send_credits: s.credits,
+                                send_credit_limit: s.credit_limit,
+                                recv_credits: r.credits,
+                                recv_credit_limit: r.credit_limit,
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect();
+        Ok(Response::new(pb::Stats {
+            node_id: self.state.node_id.clone(),
+            peers,
+            active_transfers: snap.active_transfers as u32,
+            buffers: buffers.len() as u32,
+            buffer_bytes: buffers.iter().map(|b| b.size).sum(),
+            ..crate::api::stats::event_stats(&self.state.metrics.summary())
+        }))
+    }
+}
+
+fn link_pb(l: &PeerLink) -> pb::PeerState {
+    match l {
+        PeerLink::Connecting => pb::PeerState::Connecting,
+        PeerLink::Up => pb::PeerState::Up,
+        PeerLink::Failed(_) => pb::PeerState::Failed,
+    }
+}
+
+fn peer_pb(p: &crate::peers::PeerInfo) -> pb::Peer {
+    let link = p.link.borrow().clone();
+    pb::Peer {
+        node_id: p.node_id.clone(),
+        address: p.address.clone(),
+        state: link_pb(&link) as i32,
+        error: match link {
+            PeerLink::Failed(why) => why,
+            _ => String::new(),
+        },
+        lanes: p.lanes,
+    }
+}

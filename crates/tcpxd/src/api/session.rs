@@ -1,0 +1,353 @@
+//! The `Session` stream: many transfers on one bidirectional call, each request under a tag the
+//! client chose, one event per request back as each transfer finishes (completion order).
+//!
+//! One task per session reads the requests in order and starts each on the poller; a task per
+//! accepted transfer waits for its final status. Half-closing the request side lets the in-flight
+//! transfers finish before the stream ends OK; a client that goes away (the request stream fails
+//! or the event stream is dropped) gets its in-flight transfers cancelled on both sides.
+//!
+//! A `register_host_fd` request (the framed transport only: its file descriptor comes with the
+//! frame) registers client host memory; the buffers a session registered are released when it
+//! ends (src/api/host_memory.rs).
+//!
+//! The same logic serves two transports: the gRPC stream (`start`) and the framed local session
+//! on the API unix socket (`super::local`), each supplying its request side ([`Requests`]) and its
+//! event side ([`Events`]).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Status, Streaming};
+
+use super::host_memory::{self, Attached};
+use super::proto::v1 as pb;
+use super::proto::v1::session_event::Event;
+use super::proto::v1::session_request::Op;
+use super::state::DaemonState;
+use super::transfers::{self, Started, cancel_unheard};
+use crate::engine::TransferId;
+use crate::poller::Command;
+
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
+
+/// Events queued towards a client that reads slowly; past this the session stops reading
+/// requests until the client catches up.
+const EVENT_QUEUE: usize = 256;
+
+/// Starts serving one gRPC session; `deadline` is the stream's own (its gRPC deadline), if any.
+pub fn start(
+    state: Arc<DaemonState>,
+    deadline: Option<Instant>,
+    requests: Streaming<pb::SessionRequest>,
+) -> EventStream {
+    let (mut tx, rx) = mpsc::channel(EVENT_QUEUE);
+    tokio::spawn(async move {
+        let mut requests = requests;
+        serve(state, deadline, &mut requests, &mut tx).await
+    });
+    Box::pin(ReceiverStream::new(rx))
+}
+
+/// What a session's request side yields next.
+pub enum Incoming {
+    Request(pb::SessionRequest),
+    /// The client half-closed: no more requests; the open ones finish, then the session ends.
+    HalfClosed,
+    /// The client went away: the open transfers are cancelled.
+    Gone,
+    /// The client broke the transport's rules (a frame over the limit, one that does not
+    /// decode): answered with one refusal under tag 0, then the session ends as for `Gone`.
+    Broken(Status),
+}
+
+/// A session's request side.
+pub trait Requests: Send {
+    /// The next request, or why there is none.
+    fn next(&mut self) -> impl Future<Output = Incoming> + Send;
+
+    /// The file descriptor that came with the request `next` returned last (`register_host_fd`);
+    /// a transport that cannot carry descriptors says so.
+    fn attached(&mut self) -> Result<Attached, Status> {
+        Err(host_memory::no_descriptors())
+    }
+}
+
+/// A session's event side.
+pub trait Events: Send {
+    /// Hands one event to the client; `Err` when the client is gone.
+    fn send(&mut self, event: pb::SessionEvent) -> impl Future<Output = Result<(), Gone>> + Send;
+
+    /// Resolves when the client is known to be gone though nothing is being sent. `reading`:
+    /// whether the request side is still open (a transport that learns of the client's going
+    /// from its request side only needs to watch once that side has ended).
+    fn gone(&mut self, reading: bool) -> impl Future<Output = ()> + Send;
+}
+
+/// The session ended early: the client went away.
+#[derive(Debug)]
+pub struct Gone;
+
+impl Requests for Streaming<pb::SessionRequest> {
+    async fn next(&mut self) -> Incoming {
+        match self.message().await {
+            Ok(Some(req)) => Incoming::Request(req),
+            Ok(None) => Incoming::HalfClosed,
+            Err(status) => {
+                tracing::debug!("session: the client went away: {status}");
+                Incoming::Gone
+            }
+        }
+    }
+}
+
+impl Events for mpsc::Sender<Result<pb::SessionEvent, Status>> {
+    async fn send(&mut self, event: pb::SessionEvent) -> Result<(), Gone> {
+        mpsc::Sender::send(self, Ok(event)).await.map_err(|_| Gone)
+    }
+
+    async fn gone(&mut self, _reading: bool) {
+        self.closed().await
+    }
+}
+
+/// Serves one session to its end: `Ok` once the request side has ended (half-close, or the
+/// daemon draining) and every open request has had its event; `Err(Gone)` when the client went
+/// away (its open transfers are cancelled on both sides).
+pub async fn serve<R: Requests, E: Events>(
+    state: Arc<DaemonState>,
+    deadline: Option<Instant>,
+    requests: &mut R,
+    events: &mut E,
+) -> Result<(), Gone> {
+    let session = Session {
+        state,
+        deadline,
+        events,
+        open: HashMap::new(),
+        waiting: JoinSet::new(),
+        owned: Vec::new(),
+    };
+    session.run(requests).await
+}
+
+struct Session<'e, E> {
+    state: Arc<DaemonState>,
+    deadline: Option<Instant>,
+    events: &'e mut E,
+    /// Unfinished transfers by tag.
+    open: HashMap<u64, TransferId>,
+    /// One task per open transfer, ending with its tag and final event.
+    waiting: JoinSet<(u64, pb::TransferEvent)>,
+    /// Buffers this session registered (`register_host_fd`): released when it ends.
+    owned: Vec<u64>,
+}
+
+/// What the session does next.
+enum Next {
+    Gone,
+    Finished(u64, pb::TransferEvent),
+    Incoming(Incoming),
+}
+
+impl<E: Events> Session<'_, E> {
+    async fn run<R: Requests>(mut self, requests: &mut R) -> Result<(), Gone> {
+        let mut reading = true;
+        let mut stopping = self.state.stopping.clone();
+        let ended = loop {
+            if !reading && self.waiting.is_empty() {
+                break Ok(());
+            }
+            let next = tokio::select! {
+                biased;
+                _ = self.events.gone(reading) => Next::Gone,
+                Some(done) = self.waiting.join_next(), if !self.waiting.is_empty() => match done {
+                    Ok((tag, event)) => Next::Finished(tag, event),
+                    // The waiting tasks never panic; a runtime shutting down aborts them.
+                    Err(_) => Next::Gone,
+                },
+                next = requests.next(), if reading => Next::Incoming(next),
+                // The daemon drains: no new requests; the open ones end as the drain decides.
+                _ = stopping.wait_for(|s| *s), if reading => Next::Incoming(Incoming::HalfClosed),
+            };
+            let step = match next {
+                Next::Gone | Next::Incoming(Incoming::Gone) => Err(Gone),
+                Next::Finished(tag, event) => self.finished(tag, event).await,
+                Next::Incoming(Incoming::Request(req)) => {
+                    let attached = matches!(req.op, Some(Op::RegisterHostFd(_))).then(|| requests.attached());
+                    self.request(req, attached).await
+                }
+                Next::Incoming(Incoming::HalfClosed) => {
+                    reading = false;
+                    Ok(())
+                }
+                Next::Incoming(Incoming::Broken(status)) => {
+                    tracing::debug!("session: closing a client that broke the framing: {status}");
+                    // Whether or not the refusal reaches the client, the session ends here.
+                    let _ = self.refuse(0, status).await;
+                    Err(Gone)
+                }
+            };
+            if let Err(gone) = step {
+                break Err(gone);
+            }
+        };
+        if ended.is_err() {
+            self.cancel_all();
+        }
+        self.state.release_owned(std::mem::take(&mut self.owned));
+        ended
+    }
+
+    fn cancel_all(&mut self) {
+        if !self.open.is_empty() {
+            tracing::debug!(
+                transfers = self.open.len(),
+                "session reset: cancelling its transfers"
+            );
+        }
+        for (_, id) in self.open.drain() {
+            cancel_unheard(&self.state.poller, id);
+        }
+        self.waiting.abort_all();
+    }
+
+    async fn send(&mut self, tag: u64, event: Event) -> Result<(), Gone> {
+        let ev = pb::SessionEvent {
+            tag,
+            event: Some(event),
+        };
+        self.events.send(ev).await
+    }
+
+    async fn finished(&mut self, tag: u64, event: pb::TransferEvent) -> Result<(), Gone> {
+        tracing::trace!(target: "tcpxd::hop", hop = "api.out", id = event.transfer_id);
+        self.open.remove(&tag);
+        self.send(tag, Event::Finished(event)).await
+    }
+
+    async fn refuse(&mut self, tag: u64, status: Status) -> Result<(), Gone> {
+        let refused = pb::EntryStatus {
+            code: status.code() as i32,
+            message: status.message().to_string(),
+        };
+        self.send(tag, Event::Refused(refused)).await
+    }
+
+    /// Handles one request: starts its transfer, answers a cancel or a registration, or refuses
+    /// it. `attached`: for a registration, the descriptor that came with it.
+    async fn request(
+        &mut self,
+        req: pb::SessionRequest,
+        attached: Option<Result<Attached, Status>>,
+    ) -> Result<(), Gone> {
+        let tag = req.tag;
+        if tag == 0 {
+            return self
+                .refuse(0, Status::invalid_argument("tag: must be nonzero"))
+                .await;
+        }
+        if self.open.contains_key(&tag) {
+            return self
+                .refuse(
+                    tag,
+                    Status::invalid_argument(format!(
+                        "tag: {tag} already names an unfinished request of this session"
+                    )),
+                )
+                .await;
+        }
+        let started = match req.op {
+            None => Err(Status::invalid_argument(
+                "op: set one of write, read, write_batch, read_batch, cancel_tag, register_host_fd",
+            )),
+            Some(Op::CancelTag(target)) => return self.cancel(tag, target).await,
+            Some(Op::RegisterHostFd(r)) => {
+                let attached = attached.unwrap_or_else(|| Err(host_memory::no_descriptors()));
+                return self.register_host_fd(tag, r, attached).await;
+            }
+            Some(Op::Write(r)) => match transfers::write_batch(r) {
+                Ok(b) => self.start_write(b).await,
+                Err(e) => Err(e),
+            },
+            Some(Op::WriteBatch(b)) => self.start_write(b).await,
+            Some(Op::Read(r)) => match transfers::read_batch(r) {
+                Ok(b) => self.start_read(b).await,
+                Err(e) => Err(e),
+            },
+            Some(Op::ReadBatch(b)) => self.start_read(b).await,
+        };
+        match started {
+            Ok(s) => {
+                self.open.insert(tag, s.id);
+                self.waiting.spawn(async move {
+                    let event = match transfers::finished(s.id, s.rx).await {
+                        Ok(ev) => ev,
+                        Err(status) => pb::TransferEvent {
+                            transfer_id: s.id.0,
+                            state: pb::TransferState::Finished as i32,
+                            total_bytes: s.total,
+                            status_code: status.code() as i32,
+                            status_message: status.message().to_string(),
+                            ..Default::default()
+                        },
+                    };
+                    (tag, event)
+                });
+                Ok(())
+            }
+            Err(status) => self.refuse(tag, status).await,
+        }
+    }
+
+    async fn start_write(&self, r: pb::WriteBatchRequest) -> Result<Started, Status> {
+        let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
+        self.state.start_write(r, deadline).await
+    }
+
+    async fn start_read(&self, r: pb::ReadBatchRequest) -> Result<Started, Status> {
+        let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
+        self.state.start_read(r, deadline).await
+    }
+
+    async fn register_host_fd(
+        &mut self,
+        tag: u64,
+        req: pb::RegisterHostFdRequest,
+        attached: Result<Attached, Status>,
+    ) -> Result<(), Gone> {
+        match self.state.register_host_fd(req, attached).await {
+            Ok(buffer) => {
+                self.owned.push(buffer.id);
+                self.send(tag, Event::Registered(buffer)).await
+            }
+            Err(status) => self.refuse(tag, status).await,
+        }
+    }
+
+    async fn cancel(&mut self, tag: u64, target: u64) -> Result<(), Gone> {
+        let Some(&id) = self.open.get(&target) else {
+            return self
+                .refuse(
+                    tag,
+                    Status::not_found(format!(
+                        "cancel_tag: no unfinished request of this session has tag {target}"
+                    )),
+                )
+                .await;
+        };
+        match self.state.ask(|reply| Command::Cancel { id, reply }).await {
+            Ok(cancelled) => {
+                self.send(tag, Event::Cancelled(pb::CancelResponse { cancelled }))
+                    .await
+            }
+            Err(status) => self.refuse(tag, status).await,
+        }
+    }
+}

@@ -1,0 +1,96 @@
+//! What the services share: [`DaemonState`] (the registry, the poller's command channel, the
+//! peers, the transfers' status channels and the metrics), and the one mapping of engine errors
+//! to gRPC statuses.
+
+use std::collections::HashMap;
+use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, oneshot, watch};
+use tonic::Status;
+
+use super::proto::v1 as pb;
+use crate::buffers::{BufferEntry, BufferKind, BufferRegistry};
+use crate::engine::EngineError;
+use crate::peers::Peers;
+use crate::poller::{Command, NotificationEvent, TransferStatus};
+
+/// Maps an engine error to a gRPC status (the codes are the same numbers).
+pub fn status(e: EngineError) -> Status {
+    Status::new(tonic::Code::from_i32(e.code as i32), e.message)
+}
+
+/// Everything the services share.
+pub struct DaemonState {
+    pub node_id: String,
+    pub buffers: BufferRegistry,
+    pub poller: std_mpsc::Sender<Command>,
+    pub peers: Peers,
+    pub notifications: broadcast::Sender<NotificationEvent>,
+    pub transfers: Mutex<HashMap<u64, watch::Receiver<TransferStatus>>>,
+    pub default_timeout: Duration,
+    pub finished_retention: Duration,
+    /// Becomes true when the daemon stops serving: long-lived streams end.
+    pub stopping: watch::Receiver<bool>,
+    /// The Prometheus series (also behind GetStats).
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// What DescribeNode reports.
+    pub node: super::node::NodeFacts,
+}
+
+impl DaemonState {
+    pub(crate) async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
+        let (tx, rx) = oneshot::channel();
+        self.poller
+            .send(make(tx))
+            .map_err(|_| Status::unavailable("the daemon is shutting down"))?;
+        rx.await
+            .map_err(|_| Status::unavailable("the daemon is shutting down"))
+    }
+
+    pub(super) fn transfer(&self, id: u64) -> Result<watch::Receiver<TransferStatus>, Status> {
+        self.transfers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "transfer_id: transfer {id} is unknown (or finished long ago)"
+                ))
+            })
+    }
+
+    /// Forgets transfers that finished more than `finished_retention` ago.
+    pub fn prune_finished(&self, now: Instant) {
+        let keep = self.finished_retention;
+        self.transfers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, rx| {
+                rx.borrow()
+                    .finished_at
+                    .is_none_or(|t| now.duration_since(t) < keep)
+            });
+    }
+
+    pub(super) fn buffer_pb(&self, b: &BufferEntry) -> pb::Buffer {
+        pb::Buffer {
+            id: b.id,
+            kind: match b.kind {
+                BufferKind::Host => pb::BufferKind::Host,
+                BufferKind::Cuda => pb::BufferKind::Cuda,
+                BufferKind::CudaIpc => pb::BufferKind::CudaIpc,
+                BufferKind::HostShared => pb::BufferKind::HostShared,
+            } as i32,
+            size: b.size,
+            label: b.label.clone(),
+            descriptor: self.buffers.descriptor(b).encode(),
+            cuda_ipc_handle: b.ipc_export().map(|e| e.handle.to_vec()).unwrap_or_default(),
+            cuda_ipc_offset: b.ipc_export().map(|e| e.offset).unwrap_or(0),
+            device: b.gpu().map(|g| g.ordinal() as u32).unwrap_or(0),
+            active_transfers: 0,
+        }
+    }
+}

@@ -1,0 +1,456 @@
+//! Transfers through the client API: checking entries, starting WRITE and READ batches on the
+//! poller, the deadline of each, and waiting for the final event (the unary calls' `wait`).
+
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{oneshot, watch};
+use tonic::{Request, Response, Status};
+
+use super::proto::v1 as pb;
+use super::state::{DaemonState, status};
+use crate::buffers::Descriptor;
+use crate::engine::{self, EntrySpec, Outcome, RemoteRange, TransferId};
+use crate::poller::{Command, PeerLink, Phase, TransferStatus};
+
+impl DaemonState {
+    fn remote(
+        &self,
+        i: usize,
+        descriptor: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<(engine::PeerIdx, RemoteRange), Status> {
+        let field = format!("entries[{i}].remote_descriptor");
+        let d = Descriptor::parse(&field, descriptor).map_err(status)?;
+        if d.node_id == self.node_id {
+            return Err(Status::invalid_argument(format!(
+                "{field}: names a buffer of this node ({}); transfers go between nodes",
+                self.node_id
+            )));
+        }
+        match offset.checked_add(length) {
+            None => {
+                return Err(Status::invalid_argument(format!(
+                    "entries[{i}].remote_offset: {offset} + length {length} overflows 64 bits"
+                )));
+            }
+            Some(end) if end > d.size => {
+                return Err(Status::invalid_argument(format!(
+                    "entries[{i}].remote_offset: range {offset}..{end} is past the end of the remote buffer ({} bytes)",
+                    d.size
+                )));
+            }
+            Some(_) => {}
+        }
+        let peer = self.peers.by_node(&d.node_id).ok_or_else(|| {
+            Status::not_found(format!(
+                "{field}: node {} is not a connected peer and the descriptor carries no peer address (a descriptor from an older daemon: call ConnectPeer with the node's peer address first)",
+                d.node_id
+            ))
+        })?;
+        if let PeerLink::Failed(why) = &*peer.link.borrow() {
+            return Err(Status::unavailable(format!(
+                "{field}: peer {} failed: {why}",
+                d.node_id
+            )));
+        }
+        Ok((
+            peer.idx,
+            RemoteRange {
+                buffer_id: d.buffer_id,
+                access_key: d.key,
+                offset,
+                length,
+            },
+        ))
+    }
+
+    /// The transfer's deadline: the call's gRPC deadline (a little before it: `answer_within`),
+    /// else `timeout_ms`, else the default.
+    fn deadline<T>(&self, req: &Request<T>, timeout_ms: u64) -> Instant {
+        let budget = grpc_timeout(req)
+            .map(answer_within)
+            .or((timeout_ms > 0).then(|| Duration::from_millis(timeout_ms)))
+            .unwrap_or(self.default_timeout);
+        engine::deadline_after(Instant::now(), budget)
+    }
+
+    /// The deadline of a request inside a session: its own `timeout_ms` (else the default),
+    /// never past the session's own deadline.
+    pub(crate) fn request_deadline(&self, timeout_ms: u64, session: Option<Instant>) -> Instant {
+        let budget = if timeout_ms > 0 {
+            Duration::from_millis(timeout_ms)
+        } else {
+            self.default_timeout
+        };
+        let own = engine::deadline_after(Instant::now(), budget);
+        session.map_or(own, |s| own.min(s))
+    }
+
+    /// Makes an accepted transfer known to Watch, WaitTransfer and Cancel.
+    fn started(&self, id: TransferId, rx: watch::Receiver<TransferStatus>, total: u64) -> Started {
+        self.transfers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.0, rx.clone());
+        Started { id, rx, total }
+    }
+
+    /// Starts a WRITE batch: checks the entries, waits for the client's ready event if any, and
+    /// hands it to the poller.
+    pub(crate) async fn start_write(
+        &self,
+        r: pb::WriteBatchRequest,
+        deadline: Instant,
+    ) -> Result<Started, Status> {
+        tracing::trace!(target: "tcpxd::hop", hop = "api.in");
+        self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
+            .await?;
+        let (specs, total) = self.entry_specs(r.entries.iter().map(EntryFields::from))?;
+        if !r.ready_event_ipc_handle.is_empty() {
+            self.wait_ready_event(&r.ready_event_ipc_handle, &specs, deadline)
+                .await?;
+        }
+        let (id, rx) = self
+            .ask(|reply| Command::Write {
+                specs,
+                notification: r.notification,
+                deadline,
+                reply,
+            })
+            .await?
+            .map_err(status)?;
+        Ok(self.started(id, rx, total))
+    }
+
+    /// Starts a READ batch.
+    pub(crate) async fn start_read(
+        &self,
+        r: pb::ReadBatchRequest,
+        deadline: Instant,
+    ) -> Result<Started, Status> {
+        tracing::trace!(target: "tcpxd::hop", hop = "api.in");
+        self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
+            .await?;
+        let (specs, total) = self.entry_specs(r.entries.iter().map(EntryFields::from))?;
+        let (id, rx) = self
+            .ask(|reply| Command::Read {
+                specs,
+                deadline,
+                reply,
+            })
+            .await?
+            .map_err(status)?;
+        Ok(self.started(id, rx, total))
+    }
+
+    /// The unary Write/WriteBatch: starts the transfer and, with `wait`, answers only when it
+    /// finished (cancelling it if the caller goes away first).
+    pub(crate) async fn write_call(
+        &self,
+        req: Request<pb::WriteBatchRequest>,
+    ) -> Result<Response<pb::TransferStarted>, Status> {
+        let deadline = self.deadline(&req, req.get_ref().timeout_ms);
+        let r = req.into_inner();
+        let wait = r.wait;
+        let started = self.start_write(r, deadline).await?;
+        self.answer(started, wait).await
+    }
+
+    /// The unary Read/ReadBatch, as `write_call`.
+    pub(crate) async fn read_call(
+        &self,
+        req: Request<pb::ReadBatchRequest>,
+    ) -> Result<Response<pb::TransferStarted>, Status> {
+        let deadline = self.deadline(&req, req.get_ref().timeout_ms);
+        let r = req.into_inner();
+        let wait = r.wait;
+        let started = self.start_read(r, deadline).await?;
+        self.answer(started, wait).await
+    }
+
+    async fn answer(&self, s: Started, wait: bool) -> Result<Response<pb::TransferStarted>, Status> {
+        let (transfer_id, total_bytes) = (s.id.0, s.total);
+        let r#final = if wait {
+            let mut guard = CancelOnDrop::new(self.poller.clone(), s.id);
+            let event = finished(s.id, s.rx).await;
+            guard.disarm();
+            Some(event?)
+        } else {
+            None
+        };
+        tracing::trace!(target: "tcpxd::hop", hop = "api.out", id = transfer_id);
+        Ok(Response::new(pb::TransferStarted {
+            transfer_id,
+            total_bytes,
+            r#final,
+        }))
+    }
+}
+
+/// A transfer the poller accepted.
+pub(crate) struct Started {
+    pub id: TransferId,
+    pub rx: watch::Receiver<TransferStatus>,
+    pub total: u64,
+}
+
+/// Waits for a transfer's final event.
+pub(crate) async fn finished(
+    id: TransferId,
+    mut rx: watch::Receiver<TransferStatus>,
+) -> Result<pb::TransferEvent, Status> {
+    let s = rx
+        .wait_for(|s| s.phase == Phase::Finished)
+        .await
+        .map_err(|_| Status::unavailable("the daemon stopped before the transfer finished"))?
+        .clone();
+    tracing::trace!(target: "tcpxd::hop", hop = "api.woken", id = id.0);
+    Ok(event(id.0, &s))
+}
+
+/// Cancels a transfer (on both sides) when dropped armed: a waiting caller that went away.
+pub(crate) struct CancelOnDrop {
+    poller: std_mpsc::Sender<Command>,
+    id: Option<TransferId>,
+}
+
+impl CancelOnDrop {
+    pub(crate) fn new(poller: std_mpsc::Sender<Command>, id: TransferId) -> CancelOnDrop {
+        CancelOnDrop { poller, id: Some(id) }
+    }
+
+    pub(crate) fn disarm(&mut self) {
+        self.id = None;
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            tracing::debug!(transfer = id.0, "the waiting caller went away: cancelling");
+            cancel_unheard(&self.poller, id);
+        }
+    }
+}
+
+/// Asks the poller to cancel a transfer without waiting for its answer.
+pub(crate) fn cancel_unheard(poller: &std_mpsc::Sender<Command>, id: TransferId) {
+    let (reply, _) = oneshot::channel();
+    let _ = poller.send(Command::Cancel { id, reply });
+}
+
+/// The part of a call's gRPC timeout the daemon spends before answering: 10% less, at least
+/// 20 ms (never more than half) and at most 50 ms less. tonic's server ends a call whose timeout
+/// passed with CANCELLED "Timeout expired", racing the daemon's own answer (DEADLINE_EXCEEDED,
+/// with what the transfer did); ending the wait a little earlier makes the daemon's answer the one
+/// the caller gets, even on a loaded machine (10 ms was too little there for a 100 ms timeout).
+pub(crate) fn answer_within(t: Duration) -> Duration {
+    let margin = (t / 10).max(Duration::from_millis(20)).min(t / 2);
+    t.saturating_sub(margin.min(Duration::from_millis(50)))
+}
+
+/// Parses the `grpc-timeout` header ("<digits><H|M|S|m|u|n>").
+pub fn grpc_timeout<T>(req: &Request<T>) -> Option<Duration> {
+    let v = req.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+pub(crate) fn event(id: u64, s: &TransferStatus) -> pb::TransferEvent {
+    let (status_code, status_message, entries) = match &s.outcome {
+        Some(Outcome {
+            code,
+            message,
+            entries,
+            ..
+        }) => (
+            *code as i32,
+            message.clone(),
+            entries
+                .iter()
+                .map(|(c, m)| pb::EntryStatus {
+                    code: *c as i32,
+                    message: m.clone(),
+                })
+                .collect(),
+        ),
+        None => (0, String::new(), Vec::new()),
+    };
+    pb::TransferEvent {
+        transfer_id: id,
+        state: match s.phase {
+            Phase::Offered => pb::TransferState::Offered,
+            Phase::Running => pb::TransferState::Running,
+            Phase::Finished => pb::TransferState::Finished,
+        } as i32,
+        bytes_done: s.bytes_done,
+        total_bytes: s.total,
+        status_code,
+        status_message,
+        entries,
+        elapsed_us: s
+            .finished_at
+            .unwrap_or_else(Instant::now)
+            .duration_since(s.started)
+            .as_micros() as u64,
+    }
+}
+
+fn local_offset_field(i: usize) -> String {
+    format!("entries[{i}].local_buffer_id")
+}
+
+impl DaemonState {
+    /// Orders a write after the client's GPU work: waits (without holding a runtime thread) for
+    /// the client's IPC event, on the GPU of the first CUDA source buffer.
+    async fn wait_ready_event(
+        &self,
+        handle: &[u8],
+        specs: &[EntrySpec],
+        deadline: Instant,
+    ) -> Result<(), Status> {
+        let handle: [u8; 64] = handle.try_into().map_err(|_| {
+            Status::invalid_argument(format!(
+                "ready_event_ipc_handle: {} bytes, expected 64",
+                handle.len()
+            ))
+        })?;
+        let gpu = specs
+            .iter()
+            .find_map(|s| {
+                self.buffers
+                    .get(s.local_buffer)
+                    .ok()
+                    .and_then(|b| b.gpu().cloned())
+            })
+            .ok_or_else(|| {
+                Status::invalid_argument("ready_event_ipc_handle: no entry reads from a CUDA buffer")
+            })?;
+        let done = tokio::task::spawn_blocking(move || crate::gpu::wait_ipc_event(&gpu, &handle, deadline))
+            .await
+            .map_err(|e| Status::internal(e.to_string()))?
+            .map_err(|e| Status::invalid_argument(format!("ready_event_ipc_handle: {e}")))?;
+        if done {
+            Ok(())
+        } else {
+            Err(Status::deadline_exceeded(
+                "the client's ready event did not complete before the transfer's deadline",
+            ))
+        }
+    }
+}
+
+/// The fields WriteEntry and ReadEntry share.
+struct EntryFields<'a> {
+    local_buffer: u64,
+    local_offset: u64,
+    remote_descriptor: &'a str,
+    remote_offset: u64,
+    length: u64,
+}
+
+impl<'a> From<&'a pb::WriteEntry> for EntryFields<'a> {
+    fn from(e: &'a pb::WriteEntry) -> Self {
+        EntryFields {
+            local_buffer: e.local_buffer_id,
+            local_offset: e.local_offset,
+            remote_descriptor: &e.remote_descriptor,
+            remote_offset: e.remote_offset,
+            length: e.length,
+        }
+    }
+}
+
+impl<'a> From<&'a pb::ReadEntry> for EntryFields<'a> {
+    fn from(e: &'a pb::ReadEntry) -> Self {
+        EntryFields {
+            local_buffer: e.local_buffer_id,
+            local_offset: e.local_offset,
+            remote_descriptor: &e.remote_descriptor,
+            remote_offset: e.remote_offset,
+            length: e.length,
+        }
+    }
+}
+
+impl DaemonState {
+    /// Checks what the API layer can (non-empty, lengths, local buffers, descriptors, peers) and
+    /// builds the engine's entries; the engine checks bounds and limits. Returns the total bytes.
+    fn entry_specs<'a>(
+        &self,
+        entries: impl ExactSizeIterator<Item = EntryFields<'a>>,
+    ) -> Result<(Vec<EntrySpec>, u64), Status> {
+        if entries.len() == 0 {
+            return Err(Status::invalid_argument(
+                "entries: at least one entry is required",
+            ));
+        }
+        let mut specs = Vec::with_capacity(entries.len());
+        let mut total = 0u64;
+        for (i, e) in entries.enumerate() {
+            if e.length == 0 {
+                return Err(Status::invalid_argument(format!(
+                    "entries[{i}].length: must be at least 1 byte"
+                )));
+            }
+            self.buffers
+                .get(e.local_buffer)
+                .map_err(|err| Status::not_found(format!("{}: {}", local_offset_field(i), err.message)))?;
+            let (peer, remote) = self.remote(i, e.remote_descriptor, e.remote_offset, e.length)?;
+            total = total.saturating_add(e.length);
+            specs.push(EntrySpec {
+                local_buffer: e.local_buffer,
+                local_offset: e.local_offset,
+                peer,
+                remote,
+            });
+        }
+        Ok((specs, total))
+    }
+}
+
+/// Re-wraps a single-entry request as a batch, keeping its metadata (deadline).
+pub(crate) fn try_as_batch<T, U>(
+    req: Request<T>,
+    f: impl FnOnce(T) -> Result<U, Status>,
+) -> Result<Request<U>, Status> {
+    let (meta, ext, inner) = req.into_parts();
+    Ok(Request::from_parts(meta, ext, f(inner)?))
+}
+
+/// A WriteRequest as a one-entry batch.
+pub(crate) fn write_batch(r: pb::WriteRequest) -> Result<pb::WriteBatchRequest, Status> {
+    let entry = r
+        .entry
+        .ok_or_else(|| Status::invalid_argument("entry: required"))?;
+    Ok(pb::WriteBatchRequest {
+        entries: vec![entry],
+        notification: r.notification,
+        timeout_ms: r.timeout_ms,
+        ready_event_ipc_handle: r.ready_event_ipc_handle,
+        wait: r.wait,
+    })
+}
+
+/// A ReadRequest as a one-entry batch.
+pub(crate) fn read_batch(r: pb::ReadRequest) -> Result<pb::ReadBatchRequest, Status> {
+    let entry = r
+        .entry
+        .ok_or_else(|| Status::invalid_argument("entry: required"))?;
+    Ok(pb::ReadBatchRequest {
+        entries: vec![entry],
+        timeout_ms: r.timeout_ms,
+        wait: r.wait,
+    })
+}

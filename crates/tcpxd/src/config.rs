@@ -1,0 +1,520 @@
+//! The daemon's configuration: a TOML file, then the environment, then command-line flags, each
+//! overriding the one before (docs/CONFIG.md lists every setting with its default).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::Args;
+use serde::Deserialize;
+
+use crate::idle::Spin;
+
+use crate::engine::plan;
+
+mod protocol;
+
+pub use protocol::{
+    DEFAULT_EAGER_LANES, MAX_EAGER_LANES, MAX_EAGER_MAX_BYTES, ProtocolSettings, TransferProtocol,
+};
+
+/// Where a setting may come from, highest precedence last.
+#[derive(Debug, Clone, Default, Args)]
+pub struct DaemonArgs {
+    /// TOML configuration file.
+    #[arg(long, env = "TCPXD_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// This node's id (letters, digits, '.', '_', '-'; unique in the cluster). Default: hostname.
+    #[arg(long, env = "TCPXD_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Unix socket of the client API.
+    #[arg(long, env = "TCPXD_API_SOCKET", value_name = "PATH")]
+    pub api_socket: Option<PathBuf>,
+    /// Optional TCP address of the client API (e.g. 127.0.0.1:50051); needs --api-token-file.
+    #[arg(long, env = "TCPXD_API_TCP", value_name = "ADDR")]
+    pub api_tcp: Option<SocketAddr>,
+    /// File holding the bearer token the client API's TCP listener requires (16+ bytes).
+    #[arg(long, env = "TCPXD_API_TOKEN_FILE", value_name = "PATH")]
+    pub api_token_file: Option<PathBuf>,
+    /// File holding the cluster secret peers prove to each other (16+ bytes; same on every node).
+    #[arg(long, env = "TCPXD_PEER_SECRET_FILE", value_name = "PATH")]
+    pub peer_secret_file: Option<PathBuf>,
+    /// TCP address of the peer service (port 0: any free port).
+    #[arg(long, env = "TCPXD_PEER_LISTEN", value_name = "ADDR")]
+    pub peer_listen: Option<SocketAddr>,
+    /// Where other nodes reach the peer service, host:port (repeat, or comma-separate, for
+    /// several); descriptors carry it. Default: the --peer-listen address (for a wildcard one,
+    /// the hostname's non-loopback addresses).
+    #[arg(
+        long,
+        env = "TCPXD_PEER_ADVERTISE",
+        value_name = "HOST:PORT",
+        value_delimiter = ','
+    )]
+    pub peer_advertise: Vec<String>,
+    /// The TCPX net plugin (libnccl-net.so).
+    #[arg(long, env = "TCPXD_PLUGIN", value_name = "PATH")]
+    pub plugin: Option<PathBuf>,
+    /// Use the emulation plugin linked into tcpxd instead of a plugin file (tests, demos).
+    #[arg(long, env = "TCPXD_BUILTIN_EMULATION")]
+    pub builtin_emulation: bool,
+    /// Data lanes per plugin device, in each direction of each peer.
+    #[arg(long, env = "TCPXD_LANES_PER_DEVICE")]
+    pub lanes_per_device: Option<u32>,
+    /// Chunk size of transfers this node sends (4096..=4194304). Also read from
+    /// UCCL_TCPX_CHUNK_BYTES, then NCCL_P2P_NET_CHUNKSIZE.
+    #[arg(long, env = "TCPXD_CHUNK_BYTES")]
+    pub chunk_bytes: Option<u64>,
+    /// How this node receives: `eager` (receive credits kept posted; a WRITE's data follows its
+    /// header with no round trip), `rendezvous` (offer, accept, then the data) or `auto` (eager
+    /// lanes for small transfers, rendezvous lanes for large ones, chosen per transfer). Senders
+    /// follow the receiver's choice.
+    #[arg(long, env = "TCPXD_TRANSFER_PROTOCOL", value_name = "eager|rendezvous|auto")]
+    pub transfer_protocol: Option<String>,
+    /// `auto`: eager lanes per plugin device, opened in addition to the rendezvous lanes (1..=4).
+    #[arg(long, env = "TCPXD_EAGER_LANES")]
+    pub eager_lanes: Option<u32>,
+    /// `auto`: transfers of at most this many bytes towards this node go eager (1..=1073741824).
+    #[arg(long, env = "TCPXD_EAGER_MAX_BYTES")]
+    pub eager_max_bytes: Option<u64>,
+    /// Whether the poller and one async worker keep polling between transfers while traffic
+    /// flows: `auto` (on with 8 or more CPUs), `on`, `off` (docs/CONFIG.md, `runtime.spin`).
+    #[arg(long, env = "TCPXD_SPIN", value_name = "auto|on|off")]
+    pub spin: Option<String>,
+    /// Async worker threads (0: one when spinning, else one per CPU).
+    #[arg(long, env = "TCPXD_ASYNC_WORKERS")]
+    pub async_workers: Option<usize>,
+    /// Default transfer deadline in seconds, when a request carries none.
+    #[arg(long, env = "TCPXD_DEFAULT_TIMEOUT_S")]
+    pub default_timeout_s: Option<u64>,
+    /// Seconds SIGTERM waits for in-flight transfers before failing them.
+    #[arg(long, env = "TCPXD_SHUTDOWN_GRACE_S")]
+    pub shutdown_grace_s: Option<u64>,
+    /// Serve Prometheus metrics over HTTP at this address (GET /metrics). Default: off.
+    #[arg(long, env = "TCPXD_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Write a JSON file with the node id and bound addresses once serving.
+    #[arg(long, env = "TCPXD_READY_FILE", value_name = "PATH")]
+    pub ready_file: Option<PathBuf>,
+}
+
+/// The TOML file: every field optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub node_id: Option<String>,
+    #[serde(default)]
+    pub api: FileApi,
+    #[serde(default)]
+    pub peer: FilePeer,
+    #[serde(default)]
+    pub plugin: FilePlugin,
+    #[serde(default)]
+    pub transfer: FileTransfer,
+    #[serde(default)]
+    pub shutdown: FileShutdown,
+    #[serde(default)]
+    pub metrics: FileMetrics,
+    #[serde(default)]
+    pub runtime: FileRuntime,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRuntime {
+    pub spin: Option<String>,
+    pub async_workers: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileMetrics {
+    pub listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileApi {
+    pub socket: Option<PathBuf>,
+    pub socket_mode: Option<String>,
+    pub tcp: Option<SocketAddr>,
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilePeer {
+    pub listen: Option<SocketAddr>,
+    pub advertise: Option<Vec<String>>,
+    pub connect_timeout_s: Option<u64>,
+    pub heartbeat_interval_ms: Option<u64>,
+    pub heartbeat_timeout_ms: Option<u64>,
+    pub secret_file: Option<PathBuf>,
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    pub tls_ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilePlugin {
+    pub path: Option<PathBuf>,
+    pub builtin_emulation: Option<bool>,
+    pub lanes_per_device: Option<u32>,
+    pub devices: Option<Vec<i32>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileTransfer {
+    pub chunk_bytes: Option<u64>,
+    pub protocol: Option<String>,
+    pub eager_lanes: Option<u32>,
+    pub eager_max_bytes: Option<u64>,
+    pub unpack_impl: Option<String>,
+    /// `kernel-persistent` only: how long the grid waits for a new batch (µs).
+    pub unpack_linger_us: Option<u64>,
+    /// `kernel-persistent` only: worker blocks (0: one per multiprocessor).
+    pub unpack_blocks: Option<u32>,
+    pub send_window: Option<usize>,
+    pub recv_window: Option<usize>,
+    pub default_timeout_s: Option<u64>,
+    pub max_buffer_bytes: Option<u64>,
+    pub finished_retention_s: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileShutdown {
+    pub grace_s: Option<u64>,
+}
+
+/// Which plugin to drive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PluginChoice {
+    Path(PathBuf),
+    BuiltinEmulation,
+}
+
+/// The resolved configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub node_id: String,
+    pub api_socket: PathBuf,
+    pub api_socket_mode: u32,
+    pub api_tcp: Option<SocketAddr>,
+    /// The bearer token's file (the token itself is read at start-up, never kept here).
+    pub api_token_file: Option<PathBuf>,
+    pub peer_listen: SocketAddr,
+    /// `peer.advertise`: the peer addresses descriptors carry (checked); empty: derived from
+    /// the bound peer address at start-up (`advertise::advertised`).
+    pub peer_advertise: Vec<String>,
+    /// The cluster secret's file; `None`: peers are not authenticated by a secret.
+    pub peer_secret_file: Option<PathBuf>,
+    /// Mutual TLS on the peer service: (certificate, key, CA) PEM files.
+    pub peer_tls: Option<(PathBuf, PathBuf, PathBuf)>,
+    pub peer_connect_timeout: Duration,
+    pub heartbeat_interval: Duration,
+    pub heartbeat_timeout: Duration,
+    pub plugin: PluginChoice,
+    pub lanes_per_device: u32,
+    pub devices: Option<Vec<i32>>,
+    pub chunk_bytes: u32,
+    /// How this node receives (`transfer.protocol`).
+    pub protocol: TransferProtocol,
+    /// `auto`: eager lanes per device (`transfer.eager_lanes`).
+    pub eager_lanes: u32,
+    /// `auto`: the largest transfer sent to this node eagerly (`transfer.eager_max_bytes`).
+    pub eager_max_bytes: u64,
+    pub unpack_impl: crate::unpack::UnpackImpl,
+    pub send_window: usize,
+    pub recv_window: usize,
+    pub default_timeout: Duration,
+    pub max_buffer_bytes: u64,
+    pub finished_retention: Duration,
+    pub shutdown_grace: Duration,
+    pub ready_file: Option<PathBuf>,
+    /// Where the Prometheus endpoint listens; `None`: no endpoint.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Whether the poller lingers and an async worker stays awake while traffic flows (resolved:
+    /// `auto` is decided here).
+    pub spin: bool,
+    /// Async worker threads for the runtime (resolved: never 0).
+    pub async_workers: usize,
+}
+
+pub const DEFAULT_API_SOCKET: &str = "/run/tcpxd/tcpxd.sock";
+pub const DEFAULT_PEER_LISTEN: &str = "0.0.0.0:50052";
+pub const DEFAULT_PLUGIN: &str = "/usr/local/tcpx/lib64/libnccl-net.so";
+/// A quiet control stream sends a heartbeat this often.
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 500;
+/// A control stream silent this long fails its peer: the bound on noticing a dead peer.
+pub const DEFAULT_HEARTBEAT_TIMEOUT_MS: u64 = 3000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Where the chunk size comes from: `UCCL_TCPX_CHUNK_BYTES`, else `NCCL_P2P_NET_CHUNKSIZE`, else
+/// the default; the value must lie in the engine's `MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES`.
+pub fn chunk_bytes_from_env(
+    uccl_tcpx_chunk_bytes: Option<&str>,
+    nccl_p2p_net_chunksize: Option<&str>,
+) -> Result<u32, String> {
+    let (name, value) = match (uccl_tcpx_chunk_bytes, nccl_p2p_net_chunksize) {
+        (Some(v), _) => ("UCCL_TCPX_CHUNK_BYTES", v),
+        (None, Some(v)) => ("NCCL_P2P_NET_CHUNKSIZE", v),
+        (None, None) => return Ok(plan::DEFAULT_CHUNK_BYTES),
+    };
+    let parsed: u64 = value
+        .trim()
+        .parse()
+        .map_err(|_| format!("{name}={value:?} is not a number of bytes"))?;
+    plan::check_chunk_bytes(parsed).map_err(|e| format!("{name}: {e}"))
+}
+
+/// The environment variables a setting falls back to, as a lookup function (tests pass a map).
+pub type EnvLookup<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+impl Config {
+    /// Resolves file < environment < flags. `args` already merges flags over their `TCPXD_*`
+    /// variables (clap); `env` is consulted for the UCCL/NCCL chunk-size variables.
+    pub fn resolve(args: &DaemonArgs, env: EnvLookup<'_>) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => load_file(path)?,
+            None => FileConfig::default(),
+        };
+        let node_id = args
+            .node_id
+            .clone()
+            .or(file.node_id)
+            .or_else(|| hostname().ok())
+            .ok_or_else(|| ConfigError::Invalid("node_id: not set and the hostname is unreadable".into()))?;
+        check_node_id(&node_id)?;
+        let plugin = if args.builtin_emulation
+            || (file.plugin.builtin_emulation == Some(true) && args.plugin.is_none())
+        {
+            PluginChoice::BuiltinEmulation
+        } else {
+            PluginChoice::Path(
+                args.plugin
+                    .clone()
+                    .or(file.plugin.path)
+                    .unwrap_or_else(|| PathBuf::from(DEFAULT_PLUGIN)),
+            )
+        };
+        let chunk_bytes = match args.chunk_bytes {
+            Some(v) => {
+                plan::check_chunk_bytes(v).map_err(|e| ConfigError::Invalid(format!("--chunk-bytes: {e}")))?
+            }
+            None => {
+                let from_env =
+                    env("UCCL_TCPX_CHUNK_BYTES").is_some() || env("NCCL_P2P_NET_CHUNKSIZE").is_some();
+                match (from_env, file.transfer.chunk_bytes) {
+                    (false, Some(v)) => plan::check_chunk_bytes(v)
+                        .map_err(|e| ConfigError::Invalid(format!("transfer.chunk_bytes: {e}")))?,
+                    _ => chunk_bytes_from_env(
+                        env("UCCL_TCPX_CHUNK_BYTES").as_deref(),
+                        env("NCCL_P2P_NET_CHUNKSIZE").as_deref(),
+                    )
+                    .map_err(ConfigError::Invalid)?,
+                }
+            }
+        };
+        let lanes_per_device = args
+            .lanes_per_device
+            .or(file.plugin.lanes_per_device)
+            .unwrap_or(2);
+        if !(1..=16).contains(&lanes_per_device) {
+            return Err(ConfigError::Invalid(format!(
+                "lanes_per_device: {lanes_per_device} is outside 1..=16"
+            )));
+        }
+        // The environment beats the file, setting by setting.
+        let unpack_impl = {
+            use crate::unpack::{PERSIST_BLOCKS_ENV, PERSIST_LINGER_ENV, UNPACK_IMPL_ENV, UnpackImpl};
+            let t = &file.transfer;
+            UnpackImpl::from_lookup(|k| {
+                env(k).or_else(|| match k {
+                    UNPACK_IMPL_ENV => t.unpack_impl.clone(),
+                    PERSIST_LINGER_ENV => t.unpack_linger_us.map(|v| v.to_string()),
+                    PERSIST_BLOCKS_ENV => t.unpack_blocks.map(|v| v.to_string()),
+                    _ => None,
+                })
+            })
+            .map_err(|e| {
+                ConfigError::Invalid(format!(
+                    "UCCL_TCPX_UNPACK_IMPL / transfer.unpack_impl (unpack_linger_us, unpack_blocks): {e}"
+                ))
+            })?
+        };
+        let protocol = protocol::resolve(args, &file.transfer)?;
+        let spin = match (&args.spin, &file.runtime.spin) {
+            (Some(v), _) => Spin::parse("--spin", v).map_err(ConfigError::Invalid)?,
+            (None, Some(v)) => Spin::parse("runtime.spin", v).map_err(ConfigError::Invalid)?,
+            (None, None) => Spin::Auto,
+        }
+        .resolve(crate::idle::cpus());
+        let async_workers = match args.async_workers.or(file.runtime.async_workers) {
+            Some(n) if n > 1024 => {
+                return Err(ConfigError::Invalid(format!(
+                    "runtime.async_workers: {n} (0 to 1024 allowed)"
+                )));
+            }
+            Some(n) if n > 0 => n,
+            _ if spin => 1,
+            _ => crate::idle::cpus(),
+        };
+        let send_window = file.transfer.send_window.unwrap_or(12);
+        let recv_window = file.transfer.recv_window.unwrap_or(16);
+        if !(1..=16).contains(&send_window) || !(1..=16).contains(&recv_window) {
+            return Err(ConfigError::Invalid(
+                "transfer.send_window and transfer.recv_window must lie in 1..=16 (the plugin's 16 slots)"
+                    .into(),
+            ));
+        }
+        let socket_mode = match file.api.socket_mode.as_deref() {
+            None => 0o660,
+            Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
+                .ok()
+                .filter(|m| *m <= 0o777)
+                .ok_or_else(|| {
+                    ConfigError::Invalid(format!("api.socket_mode: {m:?} is not an octal mode"))
+                })?,
+        };
+        let heartbeat_interval_ms = file
+            .peer
+            .heartbeat_interval_ms
+            .unwrap_or(DEFAULT_HEARTBEAT_INTERVAL_MS);
+        let heartbeat_timeout_ms = file
+            .peer
+            .heartbeat_timeout_ms
+            .unwrap_or(DEFAULT_HEARTBEAT_TIMEOUT_MS);
+        if heartbeat_interval_ms == 0 || heartbeat_timeout_ms <= heartbeat_interval_ms {
+            return Err(ConfigError::Invalid(format!(
+                "peer.heartbeat_timeout_ms ({heartbeat_timeout_ms}) must exceed peer.heartbeat_interval_ms ({heartbeat_interval_ms}), which must be positive"
+            )));
+        }
+        let default_timeout_s = args
+            .default_timeout_s
+            .or(file.transfer.default_timeout_s)
+            .unwrap_or(600);
+        if default_timeout_s == 0 {
+            return Err(ConfigError::Invalid(
+                "default_timeout_s must be at least 1".into(),
+            ));
+        }
+        let api_tcp = args.api_tcp.or(file.api.tcp);
+        let api_token_file = args.api_token_file.clone().or(file.api.token_file);
+        if api_tcp.is_some() && api_token_file.is_none() {
+            return Err(ConfigError::Invalid(
+                "api.tcp / --api-tcp: the TCP listener requires a bearer token: set api.token_file / --api-token-file"
+                    .into(),
+            ));
+        }
+        let peer_tls = match (
+            file.peer.tls_cert_file,
+            file.peer.tls_key_file,
+            file.peer.tls_ca_file,
+        ) {
+            (Some(c), Some(k), Some(a)) => Some((c, k, a)),
+            (None, None, None) => None,
+            _ => {
+                return Err(ConfigError::Invalid(
+                    "peer.tls_cert_file, peer.tls_key_file and peer.tls_ca_file: set all three or none"
+                        .into(),
+                ));
+            }
+        };
+        let peer_advertise = if args.peer_advertise.is_empty() {
+            file.peer.advertise.unwrap_or_default()
+        } else {
+            args.peer_advertise.clone()
+        };
+        crate::advertise::check_peer_addresses("peer.advertise", &peer_advertise)
+            .map_err(ConfigError::Invalid)?;
+        Ok(Config {
+            node_id,
+            peer_advertise,
+            api_socket: args
+                .api_socket
+                .clone()
+                .or(file.api.socket)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_API_SOCKET)),
+            api_socket_mode: socket_mode,
+            api_tcp,
+            api_token_file,
+            peer_secret_file: args.peer_secret_file.clone().or(file.peer.secret_file),
+            peer_tls,
+            peer_listen: args
+                .peer_listen
+                .or(file.peer.listen)
+                .unwrap_or_else(|| DEFAULT_PEER_LISTEN.parse().expect("valid default")),
+            peer_connect_timeout: Duration::from_secs(file.peer.connect_timeout_s.unwrap_or(30)),
+            heartbeat_interval: Duration::from_millis(heartbeat_interval_ms),
+            heartbeat_timeout: Duration::from_millis(heartbeat_timeout_ms),
+            plugin,
+            lanes_per_device,
+            devices: file.plugin.devices,
+            chunk_bytes,
+            protocol: protocol.protocol,
+            eager_lanes: protocol.eager_lanes,
+            eager_max_bytes: protocol.eager_max_bytes,
+            unpack_impl,
+            send_window,
+            recv_window,
+            default_timeout: Duration::from_secs(default_timeout_s),
+            max_buffer_bytes: file.transfer.max_buffer_bytes.unwrap_or(64 << 30),
+            finished_retention: Duration::from_secs(file.transfer.finished_retention_s.unwrap_or(300)),
+            shutdown_grace: Duration::from_secs(
+                args.shutdown_grace_s.or(file.shutdown.grace_s).unwrap_or(30),
+            ),
+            ready_file: args.ready_file.clone(),
+            metrics_listen: args.metrics_listen.or(file.metrics.listen),
+            spin,
+            async_workers,
+        })
+    }
+}
+
+fn load_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// Node ids go into descriptors (`tcpxd1:<node>:…`), so they are restricted to a safe alphabet.
+pub fn check_node_id(id: &str) -> Result<(), ConfigError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid(format!(
+            "node_id {id:?}: use 1 to 128 letters, digits, '.', '_' or '-'"
+        )))
+    }
+}
+
+/// This machine's hostname.
+pub fn hostname() -> std::io::Result<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")?;
+    Ok(name.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests;

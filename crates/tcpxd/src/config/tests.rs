@@ -1,0 +1,341 @@
+use std::collections::HashMap;
+
+use super::*;
+
+fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let map: HashMap<String, String> = pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k| map.get(k).cloned()
+}
+
+fn write_toml(text: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "tcpxd-config-{}-{}.toml",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn defaults() {
+    let args = DaemonArgs {
+        node_id: Some("n1".into()),
+        ..Default::default()
+    };
+    let c = Config::resolve(&args, &env_of(&[])).unwrap();
+    assert_eq!(c.api_socket, PathBuf::from(DEFAULT_API_SOCKET));
+    assert_eq!(c.api_socket_mode, 0o660);
+    assert_eq!(c.plugin, PluginChoice::Path(PathBuf::from(DEFAULT_PLUGIN)));
+    assert_eq!(c.chunk_bytes, plan::DEFAULT_CHUNK_BYTES);
+    assert_eq!((c.send_window, c.recv_window), (12, 16));
+    assert_eq!(c.shutdown_grace, Duration::from_secs(30));
+    assert!(
+        c.heartbeat_timeout <= Duration::from_secs(3),
+        "a dead peer is noticed within 3 s"
+    );
+    assert!(c.heartbeat_interval * 3 <= c.heartbeat_timeout);
+}
+
+#[test]
+fn spin_and_async_workers() {
+    let cfg = |file: &str, args: DaemonArgs| {
+        let path = write_toml(file);
+        let args = DaemonArgs {
+            node_id: Some("n".into()),
+            config: Some(path.clone()),
+            ..args
+        };
+        let r = Config::resolve(&args, &env_of(&[]));
+        std::fs::remove_file(path).unwrap();
+        r
+    };
+    // Auto follows the machine; with spinning one worker, without one per CPU.
+    let c = cfg("", DaemonArgs::default()).unwrap();
+    assert_eq!(c.spin, crate::idle::cpus() >= crate::idle::SPIN_AUTO_CPUS);
+    assert_eq!(c.async_workers, if c.spin { 1 } else { crate::idle::cpus() });
+    let c = cfg("[runtime]\nspin = \"on\"\n", DaemonArgs::default()).unwrap();
+    assert!(c.spin);
+    assert_eq!(c.async_workers, 1);
+    let c = cfg(
+        "[runtime]\nspin = \"on\"\nasync_workers = 3\n",
+        DaemonArgs::default(),
+    )
+    .unwrap();
+    assert_eq!(c.async_workers, 3);
+    // The flag beats the file.
+    let flag = DaemonArgs {
+        spin: Some("off".into()),
+        ..Default::default()
+    };
+    let c = cfg("[runtime]\nspin = \"on\"\n", flag).unwrap();
+    assert!(!c.spin);
+    // Bad values name the setting.
+    let e = cfg("[runtime]\nspin = \"sometimes\"\n", DaemonArgs::default()).unwrap_err();
+    assert!(e.to_string().contains("runtime.spin"), "{e}");
+    let e = cfg("[runtime]\nasync_workers = 100000\n", DaemonArgs::default()).unwrap_err();
+    assert!(e.to_string().contains("runtime.async_workers"), "{e}");
+}
+
+#[test]
+fn file_then_environment_then_flags() {
+    let path = write_toml(
+        r#"
+        node_id = "from-file"
+        [api]
+        socket = "/tmp/file.sock"
+        socket_mode = "0600"
+        [transfer]
+        chunk_bytes = 1048576
+        [plugin]
+        lanes_per_device = 3
+        "#,
+    );
+    let args = DaemonArgs {
+        config: Some(path.clone()),
+        ..Default::default()
+    };
+    let c = Config::resolve(&args, &env_of(&[])).unwrap();
+    assert_eq!(c.node_id, "from-file");
+    assert_eq!(c.api_socket, PathBuf::from("/tmp/file.sock"));
+    assert_eq!(c.api_socket_mode, 0o600);
+    assert_eq!(c.chunk_bytes, 1 << 20);
+    assert_eq!(c.lanes_per_device, 3);
+    // The environment's chunk size beats the file's.
+    let c = Config::resolve(&args, &env_of(&[("NCCL_P2P_NET_CHUNKSIZE", "65536")])).unwrap();
+    assert_eq!(c.chunk_bytes, 65536);
+    // Flags (clap merges TCPXD_* variables into them) beat both.
+    let args = DaemonArgs {
+        config: Some(path.clone()),
+        node_id: Some("from-flag".into()),
+        chunk_bytes: Some(262144),
+        lanes_per_device: Some(1),
+        ..Default::default()
+    };
+    let c = Config::resolve(&args, &env_of(&[("UCCL_TCPX_CHUNK_BYTES", "65536")])).unwrap();
+    assert_eq!(c.node_id, "from-flag");
+    assert_eq!(c.chunk_bytes, 262144);
+    assert_eq!(c.lanes_per_device, 1);
+    std::fs::remove_file(path).ok();
+    // peer.advertise: the flag (or TCPXD_PEER_ADVERTISE) beats the file.
+    let path = write_toml("[peer]\nadvertise = [\"10.0.0.2:50052\"]\n");
+    let args = DaemonArgs {
+        config: Some(path.clone()),
+        node_id: Some("n".into()),
+        ..Default::default()
+    };
+    let c = Config::resolve(&args, &env_of(&[])).unwrap();
+    assert_eq!(c.peer_advertise, ["10.0.0.2:50052"]);
+    let args = DaemonArgs {
+        peer_advertise: vec!["a.example:1".into(), "[fd00::1]:2".into()],
+        ..args
+    };
+    let c = Config::resolve(&args, &env_of(&[])).unwrap();
+    assert_eq!(c.peer_advertise, ["a.example:1", "[fd00::1]:2"]);
+    std::fs::remove_file(path).ok();
+}
+
+#[test]
+fn persistent_unpack_settings_from_the_file_and_the_environment() {
+    let path = write_toml(
+        r#"
+        node_id = "n"
+        [transfer]
+        unpack_impl = "kernel-persistent"
+        unpack_linger_us = 1000
+        unpack_blocks = 8
+        "#,
+    );
+    let args = DaemonArgs {
+        config: Some(path.clone()),
+        ..Default::default()
+    };
+    let grid = |c: Config| match c.unpack_impl {
+        crate::unpack::UnpackImpl::Persistent(g) => (g.blocks, g.linger),
+        other => panic!("{other:?}"),
+    };
+    let c = Config::resolve(&args, &env_of(&[])).unwrap();
+    assert_eq!(grid(c), (8, std::time::Duration::from_millis(1)));
+    let c = Config::resolve(&args, &env_of(&[("TCPXD_UNPACK_BLOCKS", "0")])).unwrap();
+    assert_eq!(grid(c), (0, std::time::Duration::from_millis(1)));
+    let e = Config::resolve(&args, &env_of(&[("TCPXD_UNPACK_LINGER_US", "soon")]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("TCPXD_UNPACK_LINGER_US") && e.contains("unpack_linger_us"),
+        "{e}"
+    );
+    // The launch modes take no grid settings.
+    let c = Config::resolve(&args, &env_of(&[("UCCL_TCPX_UNPACK_IMPL", "kernel")])).unwrap();
+    assert_eq!(c.unpack_impl, crate::unpack::UnpackImpl::default());
+    std::fs::remove_file(path).ok();
+}
+
+#[test]
+fn bad_values_name_the_setting() {
+    let bad = |args: DaemonArgs, env: &[(&str, &str)], words: &str| {
+        let e = Config::resolve(&args, &env_of(env)).unwrap_err().to_string();
+        assert!(e.contains(words), "{e} should mention {words}");
+    };
+    let base = || DaemonArgs {
+        node_id: Some("n".into()),
+        ..Default::default()
+    };
+    bad(
+        DaemonArgs {
+            node_id: Some("a:b".into()),
+            ..Default::default()
+        },
+        &[],
+        "node_id",
+    );
+    bad(
+        DaemonArgs {
+            chunk_bytes: Some(8 << 20),
+            ..base()
+        },
+        &[],
+        "--chunk-bytes",
+    );
+    bad(
+        base(),
+        &[("UCCL_TCPX_CHUNK_BYTES", "12")],
+        "UCCL_TCPX_CHUNK_BYTES",
+    );
+    bad(
+        DaemonArgs {
+            lanes_per_device: Some(0),
+            ..base()
+        },
+        &[],
+        "lanes_per_device",
+    );
+    let path = write_toml("[transfer]\nsend_window = 17\n");
+    bad(
+        DaemonArgs {
+            config: Some(path.clone()),
+            ..base()
+        },
+        &[],
+        "send_window",
+    );
+    let unknown = write_toml("[transfer]\nchunk = 1\n");
+    bad(
+        DaemonArgs {
+            config: Some(unknown.clone()),
+            ..base()
+        },
+        &[],
+        "unknown field",
+    );
+    bad(
+        DaemonArgs {
+            config: Some("/nonexistent/tcpxd.toml".into()),
+            ..base()
+        },
+        &[],
+        "/nonexistent/tcpxd.toml",
+    );
+    let half_tls = write_toml("[peer]\ntls_cert_file = \"/x.crt\"\n");
+    bad(
+        DaemonArgs {
+            config: Some(half_tls.clone()),
+            ..base()
+        },
+        &[],
+        "peer.tls_key_file",
+    );
+    bad(
+        DaemonArgs {
+            api_tcp: Some("127.0.0.1:0".parse().unwrap()),
+            ..base()
+        },
+        &[],
+        "api.token_file",
+    );
+    let wildcard = write_toml("[peer]\nadvertise = [\"10.0.0.2:50052\", \"0.0.0.0:50052\"]\n");
+    bad(
+        DaemonArgs {
+            config: Some(wildcard.clone()),
+            ..base()
+        },
+        &[],
+        "peer.advertise[1]",
+    );
+    bad(
+        DaemonArgs {
+            peer_advertise: vec!["node-a".into()],
+            ..base()
+        },
+        &[],
+        "peer.advertise[0]",
+    );
+    std::fs::remove_file(path).ok();
+    std::fs::remove_file(unknown).ok();
+    std::fs::remove_file(half_tls).ok();
+    std::fs::remove_file(wildcard).ok();
+}
+
+#[test]
+fn the_shipped_example_config_is_valid() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../deploy/tcpxd.toml");
+    let args = DaemonArgs {
+        config: Some(path),
+        node_id: Some("example".into()),
+        ..Default::default()
+    };
+    let c = Config::resolve(&args, &env_of(&[])).expect("deploy/tcpxd.toml parses and validates");
+    assert_eq!(c.api_socket, PathBuf::from("/run/tcpxd/tcpxd.sock"));
+    assert_eq!(
+        c.plugin,
+        PluginChoice::Path("/usr/local/tcpx/lib64/libnccl-net.so".into())
+    );
+    assert_eq!(c.shutdown_grace, Duration::from_secs(30));
+}
+
+#[test]
+fn builtin_emulation_is_only_chosen_when_named() {
+    let args = DaemonArgs {
+        node_id: Some("n".into()),
+        builtin_emulation: true,
+        ..Default::default()
+    };
+    assert_eq!(
+        Config::resolve(&args, &env_of(&[])).unwrap().plugin,
+        PluginChoice::BuiltinEmulation
+    );
+    let path = write_toml("[plugin]\nbuiltin_emulation = true\n");
+    let args = DaemonArgs {
+        node_id: Some("n".into()),
+        config: Some(path.clone()),
+        plugin: Some("/opt/libnccl-net.so".into()),
+        ..Default::default()
+    };
+    // A plugin path on the command line beats the file's emulation switch.
+    assert_eq!(
+        Config::resolve(&args, &env_of(&[])).unwrap().plugin,
+        PluginChoice::Path("/opt/libnccl-net.so".into())
+    );
+    std::fs::remove_file(path).ok();
+}
+
+#[test]
+fn chunk_size_comes_from_the_environment_in_order() {
+    assert_eq!(chunk_bytes_from_env(None, None), Ok(plan::DEFAULT_CHUNK_BYTES));
+    assert_eq!(chunk_bytes_from_env(Some("1048576"), Some("65536")), Ok(1 << 20));
+    assert_eq!(chunk_bytes_from_env(None, Some("65536")), Ok(65536));
+    let e = chunk_bytes_from_env(Some("8388608"), None).unwrap_err();
+    assert!(
+        e.contains("UCCL_TCPX_CHUNK_BYTES") && e.contains("4194304"),
+        "{e}"
+    );
+    assert!(
+        chunk_bytes_from_env(None, Some("lots"))
+            .unwrap_err()
+            .contains("NCCL_P2P_NET_CHUNKSIZE")
+    );
+    assert!(plan::check_chunk_bytes(4095).is_err());
+}

@@ -1,0 +1,455 @@
+//! Assembling a daemon: the poller thread, the client API (unix socket, optional TCP) with
+//! reflection and health (the unix socket also speaking the framed local session), the peer service on TCP, and an orderly shutdown that drains
+//! in-flight transfers for a grace period.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::api::peer_service::PeerService;
+use crate::api::proto::{self, peer::tcpxd_peer_server::TcpxdPeerServer, v1::tcpxd_server::TcpxdServer};
+use crate::api::service::ClientService;
+use crate::api::state::DaemonState;
+use crate::buffers::BufferRegistry;
+use crate::config::Config;
+use crate::engine::EngineConfig;
+use crate::net::Plugin;
+use crate::peers::{MAX_CONTROL_MESSAGE, Peers};
+use crate::poller::{Command, DrainReport, PollerConfig, PollerHandle};
+
+/// Largest client request (a 4096-entry batch with a 1 MiB notification, 1 MiB reads).
+const MAX_API_MESSAGE: usize = 16 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("device {0} is not one of the plugin's devices (it has {1})")]
+    NoSuchDevice(i32, usize),
+    #[error("the plugin reports no devices")]
+    NoDevices,
+    #[error(
+        "{devices} devices x ({per_device} lanes per device: plugin.lanes_per_device{eager}) make {lanes} lanes per peer; a pairing carries at most {max}"
+    )]
+    TooManyLanes {
+        devices: usize,
+        per_device: u32,
+        eager: &'static str,
+        lanes: usize,
+        max: usize,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another daemon already listens on {0}")]
+    SocketInUse(PathBuf),
+    #[error("gRPC reflection: {0}")]
+    Reflection(String),
+    #[error("api.tcp {0}: the TCP listener requires a bearer token (api.token_file)")]
+    TcpWithoutToken(SocketAddr),
+    #[error("peer service TLS: {0}")]
+    Tls(String),
+    #[error(transparent)]
+    Auth(#[from] crate::auth::AuthError),
+    #[error("{0}")]
+    Advertise(String),
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
+    let what = what.into();
+    move |source| DaemonError::Io { what, source }
+}
+
+/// A daemon serving in this process.
+pub struct RunningDaemon {
+    pub node_id: String,
+    pub api_socket: PathBuf,
+    pub api_tcp: Option<SocketAddr>,
+    pub peer_addr: SocketAddr,
+    /// The peer addresses descriptors carry (`peer.advertise`, else derived from `peer_addr`).
+    pub peer_addresses: Vec<String>,
+    /// Where the Prometheus endpoint serves, when enabled.
+    pub metrics_addr: Option<SocketAddr>,
+    state: Arc<DaemonState>,
+    poller: Option<PollerHandle>,
+    stop_servers: watch::Sender<bool>,
+    servers: Vec<JoinHandle<Result<(), tonic::transport::Error>>>,
+    health: tonic_health::server::HealthReporter,
+    grace: Duration,
+}
+
+/// Accepted TCP connections with TCP_NODELAY. `Server::tcp_nodelay` does not reach a listener
+/// served through `serve_with_incoming`: without this, a small control message written while the
+/// previous one is unacknowledged waits for the peer's delayed ACK (40 ms on Linux).
+fn nodelay(listener: tokio::net::TcpListener) -> tonic::transport::server::TcpIncoming {
+    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true))
+}
+
+/// Starts a daemon: binds every listener and serves. The plugin is already loaded and initialised.
+pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, DaemonError> {
+    let ndev = plugin.devices().len();
+    if ndev == 0 {
+        return Err(DaemonError::NoDevices);
+    }
+    let devices = match &cfg.devices {
+        Some(list) => {
+            for &d in list {
+                if d < 0 || d as usize >= ndev {
+                    return Err(DaemonError::NoSuchDevice(d, ndev));
+                }
+            }
+            list.clone()
+        }
+        None => (0..ndev as i32).collect(),
+    };
+    // The handshake carries at most MAX_LANES lanes: refuse here rather than at every pairing.
+    let auto = cfg.protocol == crate::config::TransferProtocol::Auto;
+    let per_device = cfg.lanes_per_device + if auto { cfg.eager_lanes } else { 0 };
+    let lanes = devices.len() * per_device as usize;
+    if lanes > crate::peers::MAX_LANES {
+        return Err(DaemonError::TooManyLanes {
+            devices: devices.len(),
+            per_device,
+            eager: if auto { " + transfer.eager_lanes" } else { "" },
+            lanes,
+            max: crate::peers::MAX_LANES,
+        });
+    }
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    // Secrets are read once, here; only their files' paths are ever logged.
+    let secret = cfg
+        .peer_secret_file
+        .as_deref()
+        .map(crate::auth::ClusterSecret::load)
+        .transpose()?;
+    let token = cfg
+        .api_token_file
+        .as_deref()
+        .map(crate::auth::ApiToken::load)
+        .transpose()?;
+    let tls = match &cfg.peer_tls {
+        Some((cert, key, ca)) => Some(crate::auth::PeerTls::load(cert, key, ca)?),
+        None => None,
+    };
+    if secret.is_none() && tls.is_none() {
+        tracing::warn!(
+            "peers are not authenticated: set peer.secret_file (the same secret on every node) and/or peer.tls_* (mutual TLS), or keep the peer port on a trusted network"
+        );
+    }
+    // The peer service's listener first: descriptors carry the address it is bound to (port 0
+    // picks one) unless peer.advertise says otherwise.
+    let peer_listener = tokio::net::TcpListener::bind(cfg.peer_listen)
+        .await
+        .map_err(io(format!("binding the peer service to {}", cfg.peer_listen)))?;
+    let peer_addr = peer_listener.local_addr().map_err(io("peer listener address"))?;
+    let peer_addresses = crate::advertise::advertised(
+        &cfg.peer_advertise,
+        peer_addr,
+        &crate::config::hostname().unwrap_or_default(),
+    )
+    .map_err(DaemonError::Advertise)?;
+    let node = crate::api::node::NodeFacts::new(
+        &plugin,
+        &devices,
+        peer_addresses.clone(),
+        cfg.lanes_per_device,
+        cfg.chunk_bytes,
+    );
+    let (notify_tx, _) = broadcast::channel(4096);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // runtime.spin: an async worker kept awake while traffic flows (the poller lingers too).
+    let warmth = cfg.spin.then(crate::idle::Warmth::new);
+    if let Some(w) = &warmth {
+        tokio::spawn(w.clone().keep_warm(stop_rx.clone()));
+    }
+    let poller = PollerHandle::start(
+        plugin,
+        PollerConfig {
+            unpack_impl: cfg.unpack_impl,
+            engine: EngineConfig {
+                chunk_bytes: cfg.chunk_bytes,
+                send_window: cfg.send_window,
+                recv_window: cfg.recv_window,
+                protocol: cfg.protocol.engine(),
+                credits: cfg.recv_window as u32,
+                eager_max_bytes: cfg.eager_max_bytes,
+                // Set by the poller from its devices (`eager_lanes_per_device`).
+                eager_lanes: 0,
+                ..EngineConfig::default()
+            },
+            devices,
+            lanes_per_device: cfg.lanes_per_device,
+            eager_lanes_per_device: if auto { cfg.eager_lanes } else { 0 },
+            connect_timeout: cfg.peer_connect_timeout,
+            metrics: metrics.clone(),
+            warmth: warmth.clone(),
+        },
+        notify_tx.clone(),
+    )
+    .map_err(io("starting the poller thread"))?;
+    let state = Arc::new(DaemonState {
+        node_id: cfg.node_id.clone(),
+        buffers: BufferRegistry::new(&cfg.node_id, cfg.max_buffer_bytes)
+            .with_advertise(peer_addresses.clone()),
+        poller: poller.sender(),
+        peers: Peers::new(
+            &cfg.node_id,
+            poller.sender(),
+            cfg.peer_connect_timeout,
+            crate::peers::Heartbeat {
+                interval: cfg.heartbeat_interval,
+                timeout: cfg.heartbeat_timeout,
+            },
+        )
+        .with_secret(secret)
+        .with_tls(tls.as_ref().map(|t| t.client.clone())),
+        notifications: notify_tx,
+        transfers: Mutex::new(HashMap::new()),
+        default_timeout: cfg.default_timeout,
+        finished_retention: cfg.finished_retention,
+        stopping: stop_rx.clone(),
+        metrics,
+        node,
+    });
+    let stopped = move |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let mut servers = Vec::new();
+
+    // Peer service.
+    state.peers.set_listen_port(peer_addr.port());
+    let peer_svc = TcpxdPeerServer::new(PeerService { state: state.clone() })
+        .max_decoding_message_size(MAX_CONTROL_MESSAGE)
+        .max_encoding_message_size(MAX_CONTROL_MESSAGE);
+    let mut peer_server = tonic::transport::Server::builder().tcp_nodelay(true);
+    if let Some(t) = &tls {
+        peer_server = peer_server
+            .tls_config(t.server.clone())
+            .map_err(|e| DaemonError::Tls(e.to_string()))?;
+    }
+    servers.push(tokio::spawn(
+        peer_server
+            .add_service(peer_svc)
+            .serve_with_incoming_shutdown(nodelay(peer_listener), stopped(stop_rx.clone())),
+    ));
+
+    // Client API: the service, reflection and health, on a unix socket and optionally TCP.
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    health.set_serving::<TcpxdServer<ClientService>>().await;
+    // Reflection on both `grpc.reflection.v1` and `v1alpha` (which Python's
+    // ProtoReflectionDescriptorDatabase and many older tools still ask for).
+    let reflection_builder = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = reflection_builder()
+        .build_v1()
+        .map_err(|e| DaemonError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = reflection_builder()
+        .build_v1alpha()
+        .map_err(|e| DaemonError::Reflection(e.to_string()))?;
+    let api = || {
+        tonic::transport::Server::builder()
+            .add_service(
+                TcpxdServer::new(ClientService { state: state.clone() })
+                    .max_decoding_message_size(MAX_API_MESSAGE)
+                    .max_encoding_message_size(MAX_API_MESSAGE),
+            )
+            .add_service(reflection.clone())
+            .add_service(reflection_v1alpha.clone())
+            .add_service(health_svc.clone())
+    };
+    // The unix socket also speaks the framed local session: its accept path tells the two apart
+    // by each connection's first bytes and hands tonic the gRPC ones.
+    let unix = bind_unix(&cfg.api_socket, cfg.api_socket_mode).await?;
+    let (grpc_incoming, accepting) =
+        crate::api::local::listener::listen(unix, state.clone(), stop_rx.clone());
+    servers.push(tokio::spawn(async move {
+        accepting.await;
+        Ok(())
+    }));
+    servers.push(tokio::spawn(
+        api().serve_with_incoming_shutdown(grpc_incoming, stopped(stop_rx.clone())),
+    ));
+    let api_tcp = match (cfg.api_tcp, token) {
+        (Some(addr), Some(token)) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(io(format!("binding the client API to {addr}")))?;
+            let bound = l.local_addr().map_err(io("API listener address"))?;
+            // Every call on TCP (the API, reflection, health) must carry the bearer token.
+            let gate = tonic::service::InterceptorLayer::new(move |req: tonic::Request<()>| {
+                token.check(&req).map(|_| req)
+            });
+            let tcp_api = tonic::transport::Server::builder()
+                .layer(gate)
+                .add_service(
+                    TcpxdServer::new(ClientService { state: state.clone() })
+                        .max_decoding_message_size(MAX_API_MESSAGE)
+                        .max_encoding_message_size(MAX_API_MESSAGE),
+                )
+                .add_service(reflection.clone())
+                .add_service(reflection_v1alpha.clone())
+                .add_service(health_svc.clone());
+            servers.push(tokio::spawn(
+                tcp_api.serve_with_incoming_shutdown(nodelay(l), stopped(stop_rx.clone())),
+            ));
+            Some(bound)
+        }
+        (Some(addr), None) => return Err(DaemonError::TcpWithoutToken(addr)),
+        (None, _) => None,
+    };
+
+    // Prometheus metrics over HTTP.
+    let metrics_addr = match cfg.metrics_listen {
+        Some(addr) => {
+            let l = crate::metrics::bind(addr)
+                .await
+                .map_err(io(format!("binding the metrics endpoint to {addr}")))?;
+            let bound = l.local_addr().map_err(io("metrics listener address"))?;
+            let st = state.clone();
+            tokio::spawn(crate::metrics::serve(
+                l,
+                move || {
+                    let st = st.clone();
+                    async move { st.render_metrics().await.map_err(|s| s.message().to_string()) }
+                },
+                stop_rx.clone(),
+            ));
+            Some(bound)
+        }
+        None => None,
+    };
+
+    // Forget finished transfers after their retention.
+    let prune = state.clone();
+    let mut prune_stop = stop_rx.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(10));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => prune.prune_finished(Instant::now()),
+                _ = prune_stop.wait_for(|s| *s) => return,
+            }
+        }
+    });
+
+    tracing::info!(
+        node = %cfg.node_id,
+        api = %cfg.api_socket.display(),
+        api_tcp = ?api_tcp,
+        peer = %peer_addr,
+        advertise = ?peer_addresses,
+        metrics = ?metrics_addr,
+        chunk_bytes = cfg.chunk_bytes,
+        spin = cfg.spin,
+        async_workers = cfg.async_workers,
+        "tcpxd serving"
+    );
+    Ok(RunningDaemon {
+        node_id: cfg.node_id.clone(),
+        api_socket: cfg.api_socket.clone(),
+        api_tcp,
+        peer_addr,
+        peer_addresses,
+        metrics_addr,
+        state,
+        poller: Some(poller),
+        stop_servers: stop_tx,
+        servers,
+        health,
+        grace: cfg.shutdown_grace,
+    })
+}
+
+/// Binds the API's unix socket: creates its directory, replaces a stale socket file (refusing
+/// one a live daemon still answers on), and sets its mode.
+async fn bind_unix(path: &Path, mode: u32) -> Result<tokio::net::UnixListener, DaemonError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(DaemonError::Io {
+                what: format!("{} exists and is not a socket", path.display()),
+                source: std::io::Error::from(std::io::ErrorKind::AlreadyExists),
+            });
+        }
+        if tokio::net::UnixStream::connect(path).await.is_ok() {
+            return Err(DaemonError::SocketInUse(path.to_path_buf()));
+        }
+        std::fs::remove_file(path).map_err(io(format!("removing the stale socket {}", path.display())))?;
+    }
+    let l = tokio::net::UnixListener::bind(path).map_err(io(format!("binding {}", path.display())))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(io(format!("setting the mode of {}", path.display())))?;
+    Ok(l)
+}
+
+impl RunningDaemon {
+    pub fn state(&self) -> &Arc<DaemonState> {
+        &self.state
+    }
+
+    /// Stops accepting transfers, lets in-flight ones finish for the grace period, fails the
+    /// rest with UNAVAILABLE, then stops serving.
+    pub async fn shutdown(mut self) -> DrainReport {
+        self.health.set_not_serving::<TcpxdServer<ClientService>>().await;
+        let deadline = Instant::now() + self.grace;
+        let (tx, rx) = oneshot::channel();
+        let report = if self
+            .state
+            .poller
+            .send(Command::Drain { deadline, reply: tx })
+            .is_ok()
+        {
+            rx.await.unwrap_or(DrainReport {
+                finished_in_grace: 0,
+                failed_at_deadline: 0,
+            })
+        } else {
+            DrainReport {
+                finished_in_grace: 0,
+                failed_at_deadline: 0,
+            }
+        };
+        // Give watchers a moment to read the final statuses.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = self.stop_servers.send(true);
+        for s in self.servers.drain(..) {
+            let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
+        }
+        let _ = std::fs::remove_file(&self.api_socket);
+        if let Some(p) = self.poller.take() {
+            let _ = tokio::task::spawn_blocking(move || p.join()).await;
+        }
+        tracing::info!(
+            finished = report.finished_in_grace,
+            failed = report.failed_at_deadline,
+            "tcpxd stopped"
+        );
+        report
+    }
+}
+
+/// The JSON a `--ready-file` receives once the daemon serves.
+pub fn ready_json(d: &RunningDaemon) -> String {
+    serde_json::json!({
+        "node_id": d.node_id,
+        "api_socket": d.api_socket,
+        "api_tcp": d.api_tcp.map(|a| a.to_string()),
+        "peer_address": d.peer_addr.to_string(),
+        "peer_addresses": d.peer_addresses,
+        "metrics": d.metrics_addr.map(|a| a.to_string()),
+        "pid": std::process::id(),
+    })
+    .to_string()
+}

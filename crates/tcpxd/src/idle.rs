@@ -1,0 +1,246 @@
+//! How a thread that polls the plugin waits when a pass made no progress while requests carrying
+//! bytes are in flight: it spins a little, then yields the CPU at every pass (so the plugin's own
+//! threads run), and naps only once nothing has progressed for [`STALL_BEFORE_NAP`] — a stalled
+//! peer, not a transfer in flight. The daemon's poller naps on its command channel (a command or
+//! control message ends the nap at once) and parks there outright when nothing is in flight — with
+//! `runtime.spin` on ([`Spin`]), only once nothing has been in flight for [`LINGER`]: while traffic
+//! flows it keeps polling between transfers, so the next command, control message or eager receive
+//! finds it awake, and [`Warmth`] keeps an async worker awake as long. The raw bench idles with the
+//! same [`Backoff`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Passes that spin before the thread starts yielding.
+pub const SPINS_BEFORE_YIELD: u32 = 64;
+/// How long passes without progress yield before the thread naps.
+pub const STALL_BEFORE_NAP: Duration = Duration::from_millis(2);
+/// How long a poller keeps polling after its last progress with nothing in flight before it parks.
+/// Back-to-back transfers come well within it (a 4 KiB transfer takes 0.1–0.5 ms end to end), so
+/// their commands and control messages never have to wake a parked thread; an idle daemon parks
+/// 1 ms after its last transfer and costs nothing.
+pub const LINGER: Duration = Duration::from_millis(1);
+/// One nap, once stalled.
+pub const NAP: Duration = Duration::from_micros(50);
+
+/// What one idle step did, or asks the caller to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Spun (a CPU hint); poll again.
+    Spun,
+    /// Yielded the CPU; poll again.
+    Yielded,
+    /// Stalled: sleep this long (or until woken), then poll again.
+    Nap(Duration),
+}
+
+/// The idle state of a polling loop between two passes that made progress.
+#[derive(Debug, Default)]
+pub struct Backoff {
+    spins: u32,
+    /// When the current stretch without progress began (taken once spinning is over).
+    since: Option<Instant>,
+}
+
+impl Backoff {
+    pub fn new() -> Backoff {
+        Backoff::default()
+    }
+
+    /// A pass made progress (or the loop was woken with work): start over.
+    pub fn reset(&mut self) {
+        self.spins = 0;
+        self.since = None;
+    }
+
+    /// One pass made no progress while requests are in flight.
+    pub fn step(&mut self) -> Step {
+        if self.spins < SPINS_BEFORE_YIELD {
+            self.spins += 1;
+            std::hint::spin_loop();
+            return Step::Spun;
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if since.elapsed() < STALL_BEFORE_NAP {
+            std::thread::yield_now();
+            Step::Yielded
+        } else {
+            Step::Nap(NAP)
+        }
+    }
+
+    /// [`Backoff::step`] for loops with nothing to wake them: naps with a plain sleep.
+    pub fn step_or_sleep(&mut self) {
+        if let Step::Nap(d) = self.step() {
+            std::thread::sleep(d);
+        }
+    }
+}
+
+/// Whether a daemon keeps polling between transfers (`runtime.spin`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spin {
+    /// On with [`SPIN_AUTO_CPUS`] CPUs or more: a machine with cores to spare.
+    Auto,
+    On,
+    Off,
+}
+
+/// `Spin::Auto` turns spinning on from this many CPUs up: below it (a 2-core VM running both
+/// daemons of a test, say) the spinning threads would take the CPU from the work they wait for.
+pub const SPIN_AUTO_CPUS: usize = 8;
+
+impl Spin {
+    /// Parses a setting; the error names `field`.
+    pub fn parse(field: &str, v: &str) -> Result<Spin, String> {
+        match v {
+            "auto" => Ok(Spin::Auto),
+            "on" | "true" | "1" => Ok(Spin::On),
+            "off" | "false" | "0" => Ok(Spin::Off),
+            other => Err(format!("{field}: {other:?} is not auto, on or off")),
+        }
+    }
+
+    /// On or off for a machine with `cpus` CPUs.
+    pub fn resolve(self, cpus: usize) -> bool {
+        match self {
+            Spin::Auto => cpus >= SPIN_AUTO_CPUS,
+            Spin::On => true,
+            Spin::Off => false,
+        }
+    }
+}
+
+/// The CPUs this process may run on.
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Keeps one async worker awake while the poller has traffic, so a peer's control message or a
+/// client's next call is read by a running thread instead of waking a parked one (on a VM each
+/// such wake-up is an interrupt to the hypervisor, tens of µs). The poller calls
+/// [`Warmth::touch`] on every pass that made progress; [`Warmth::keep_warm`], a task on the
+/// runtime, yields in a loop until [`LINGER`] has passed without a touch, then sleeps until the
+/// next one. A yielding task makes its worker poll the I/O driver without blocking, so with one
+/// worker (`runtime.async_workers`, 1 when spinning) every socket event is picked up at once;
+/// with several, another worker may hold the driver and the gain is smaller. Costs one core while
+/// traffic flows, nothing when idle.
+#[derive(Debug)]
+pub struct Warmth {
+    epoch: Instant,
+    last_ns: AtomicU64,
+    asleep: AtomicBool,
+    wake: tokio::sync::Notify,
+}
+
+impl Warmth {
+    pub fn new() -> Arc<Warmth> {
+        Arc::new(Warmth {
+            epoch: Instant::now(),
+            last_ns: AtomicU64::new(0),
+            asleep: AtomicBool::new(false),
+            wake: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Traffic now: keeps (or gets) the worker awake for [`LINGER`].
+    pub fn touch(&self) {
+        self.last_ns
+            .store(self.epoch.elapsed().as_nanos() as u64, Ordering::SeqCst);
+        if self.asleep.load(Ordering::SeqCst) && self.asleep.swap(false, Ordering::SeqCst) {
+            self.wake.notify_one();
+        }
+    }
+
+    fn recent(&self) -> bool {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        now.saturating_sub(self.last_ns.load(Ordering::SeqCst)) < LINGER.as_nanos() as u64
+    }
+
+    /// The task that keeps a worker awake; ends when `stop` turns true (the daemon stopping).
+    pub async fn keep_warm(self: Arc<Warmth>, mut stop: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            while self.recent() {
+                tokio::task::yield_now().await;
+            }
+            self.asleep.store(true, Ordering::SeqCst);
+            // A touch between the check and the flag: it saw no sleeper, so look again.
+            if self.recent() {
+                self.asleep.store(false, Ordering::SeqCst);
+                continue;
+            }
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits (bounded) until `f` holds.
+    async fn until(f: impl Fn() -> bool) -> bool {
+        let end = Instant::now() + Duration::from_secs(5);
+        while !f() {
+            if Instant::now() > end {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        true
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_warm_worker_sleeps_when_untouched_wakes_on_a_touch_and_ends_with_the_daemon() {
+        let w = Warmth::new();
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(w.clone().keep_warm(stopped));
+        // Never touched: it goes to sleep.
+        assert!(until(|| w.asleep.load(Ordering::SeqCst)).await);
+        // A touch wakes it; with no more touches it sleeps again after the linger.
+        w.touch();
+        assert!(!w.asleep.load(Ordering::SeqCst));
+        assert!(until(|| w.asleep.load(Ordering::SeqCst)).await);
+        // The daemon stopping ends the task.
+        stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("keep_warm ended")
+            .unwrap();
+    }
+
+    #[test]
+    fn spin_settings_parse_and_auto_follows_the_cpus() {
+        assert_eq!(Spin::parse("f", "auto").unwrap(), Spin::Auto);
+        assert_eq!(Spin::parse("f", "on").unwrap(), Spin::On);
+        assert_eq!(Spin::parse("f", "off").unwrap(), Spin::Off);
+        assert!(
+            Spin::parse("runtime.spin", "maybe")
+                .unwrap_err()
+                .contains("runtime.spin")
+        );
+        assert!(!Spin::Auto.resolve(2));
+        assert!(Spin::Auto.resolve(SPIN_AUTO_CPUS));
+        assert!(Spin::On.resolve(1));
+        assert!(!Spin::Off.resolve(64));
+    }
+
+    #[test]
+    fn spins_then_yields_then_naps_only_after_a_stall() {
+        let mut b = Backoff::new();
+        for _ in 0..SPINS_BEFORE_YIELD {
+            assert_eq!(b.step(), Step::Spun);
+        }
+        // Within the stall allowance: yields, never naps.
+        assert_eq!(b.step(), Step::Yielded);
+        std::thread::sleep(STALL_BEFORE_NAP + Duration::from_millis(1));
+        assert_eq!(b.step(), Step::Nap(NAP));
+        // Progress starts over.
+        b.reset();
+        assert_eq!(b.step(), Step::Spun);
+    }
+}

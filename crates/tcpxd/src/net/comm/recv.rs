@@ -1,0 +1,392 @@
+//! The receiving side: `RecvComm`, its window of 16 slots (posted or completed and not yet
+//! consumed), the test and consume order, its unpack ring and the host landing of receives.
+
+use std::collections::VecDeque;
+use std::ffi::{c_int, c_void};
+use std::sync::Arc;
+
+use super::RequestId;
+use super::comm_core::{CommCore, DeviceHandleStorage, MemHandle, register, test_raw};
+use crate::net::abi::{self, loadMeta, ncclNetDeviceHandle_v7_t};
+use crate::net::error::{NetError, NetResult};
+use crate::net::logger;
+use crate::net::memory::{MemType, Region};
+use crate::net::plugin::Plugin;
+use crate::net::ring::UnpackRing;
+
+struct RecvSlot {
+    id: RequestId,
+    raw: *mut c_void,
+    q: usize,
+    offset: usize,
+    len: usize,
+    done: bool,
+    region: Arc<dyn Region>,
+}
+
+/// A completed receive: its ring slot holds the fragment list until it is consumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvCompletion {
+    pub id: RequestId,
+    /// The unpack-ring slot (`q`) the request took.
+    pub q: usize,
+    /// The posted size (`test` reports none; the engine guarantees the sender sent exactly this).
+    pub len: usize,
+}
+
+/// A receive comm: its in-flight and completed-but-unconsumed requests, oldest first, the
+/// device-handle storage it owns and its unpack ring.
+pub struct RecvComm {
+    core: Arc<CommCore>,
+    _device_handle_storage: Box<DeviceHandleStorage>,
+    device_handle: Option<ncclNetDeviceHandle_v7_t>,
+    ring: Result<UnpackRing, String>,
+    slots: VecDeque<RecvSlot>,
+    next_id: u64,
+    /// Ring tail: the slot the next receive takes is `tail % 16`.
+    tail: u64,
+    sizes_written: u64,
+}
+
+// SAFETY: as for `SendComm`.
+unsafe impl Send for RecvComm {}
+
+impl RecvComm {
+    pub(super) fn new(
+        core: Arc<CommCore>,
+        storage: Box<DeviceHandleStorage>,
+        device_handle: Option<ncclNetDeviceHandle_v7_t>,
+    ) -> RecvComm {
+        let ring = match &device_handle {
+            Some(dh) if dh.netDeviceType == abi::NCCL_NET_DEVICE_UNPACK => {
+                UnpackRing::from_device_handle(dh).map_err(|e| e.to_string())
+            }
+            _ => Err("the plugin returned no unpack device handle".to_string()),
+        };
+        RecvComm {
+            core,
+            _device_handle_storage: storage,
+            device_handle,
+            ring,
+            slots: VecDeque::with_capacity(abi::MAX_REQUESTS),
+            next_id: 0,
+            tail: 0,
+            sizes_written: 0,
+        }
+    }
+
+    pub fn dev(&self) -> i32 {
+        self.core.dev
+    }
+
+    pub fn plugin(&self) -> &Arc<Plugin> {
+        &self.core.plugin
+    }
+
+    /// The device handle `accept` filled.
+    pub fn device_handle(&self) -> Option<&ncclNetDeviceHandle_v7_t> {
+        self.device_handle.as_ref()
+    }
+
+    /// The unpack ring, or why it is not readable from the host.
+    pub fn unpack_ring(&self) -> NetResult<&UnpackRing> {
+        self.ring.as_ref().map_err(|e| NetError::Ring(e.clone()))
+    }
+
+    pub fn register(&self, region: Arc<dyn Region>) -> NetResult<MemHandle> {
+        register(&self.core, region)
+    }
+
+    /// Requests holding a slot: posted, or completed and not yet consumed.
+    pub fn outstanding(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn can_post(&self) -> bool {
+        self.slots.len() < abi::MAX_REQUESTS
+    }
+
+    /// The oldest receive `test` has not reported done (the only one `test` may be called on).
+    pub fn oldest_pending(&self) -> Option<RequestId> {
+        self.slots.iter().find(|s| !s.done).map(|s| s.id)
+    }
+
+    /// The oldest slot holder (the only request `irecvConsumed` accepts, once done).
+    pub fn oldest(&self) -> Option<RequestId> {
+        self.slots.front().map(|s| s.id)
+    }
+
+    /// How many times the plugin wrote `*sizes` in `test` (TCPX never does).
+    pub fn sizes_written(&self) -> u64 {
+        self.sizes_written
+    }
+
+    /// Posts a receive of `len` bytes into `mh`'s region at `offset`. `Ok(None)`: not taken now.
+    pub fn irecv(
+        &mut self,
+        mh: &MemHandle,
+        offset: usize,
+        len: usize,
+        tag: i32,
+    ) -> NetResult<Option<RequestId>> {
+        if !self.can_post() {
+            return Err(NetError::WindowFull {
+                outstanding: self.slots.len(),
+                limit: abi::MAX_REQUESTS,
+            });
+        }
+        self.irecv_unchecked(mh, offset, len, tag)
+    }
+
+    /// [`RecvComm::irecv`] without the window check.
+    pub fn irecv_unchecked(
+        &mut self,
+        mh: &MemHandle,
+        offset: usize,
+        len: usize,
+        tag: i32,
+    ) -> NetResult<Option<RequestId>> {
+        if !Arc::ptr_eq(&mh.core, &self.core) {
+            return Err(NetError::InvalidArgument(
+                "the memory handle was registered on another comm".into(),
+            ));
+        }
+        let data = mh.check_range(offset, len)?;
+        let mut data_ptr: *mut c_void = data.cast();
+        let mut size = len as c_int;
+        let mut tag = tag;
+        let mut mhandle = mh.raw;
+        let mut req: *mut c_void = std::ptr::null_mut();
+        let mark = logger::mark();
+        // SAFETY: one receive (n = 1) into `len` bytes inside the registered region, which the
+        // slot keeps alive until the request is consumed.
+        let rc = unsafe {
+            self.core.plugin.table.irecv.expect("checked")(
+                self.core.raw,
+                1,
+                &mut data_ptr,
+                &mut size,
+                &mut tag,
+                &mut mhandle,
+                &mut req,
+            )
+        };
+        self.core.plugin.check(rc, "irecv", mark)?;
+        if req.is_null() {
+            return Ok(None);
+        }
+        let id = RequestId(self.next_id);
+        self.next_id += 1;
+        let q = (self.tail % abi::MAX_REQUESTS as u64) as usize;
+        self.tail += 1;
+        self.slots.push_back(RecvSlot {
+            id,
+            raw: req,
+            q,
+            offset,
+            len,
+            done: false,
+            region: mh.region.clone(),
+        });
+        Ok(Some(id))
+    }
+
+    /// Tests the oldest pending receive. On completion its fragments are in the ring.
+    pub fn test(&mut self, id: RequestId) -> NetResult<Option<RecvCompletion>> {
+        if self.oldest_pending() != Some(id) {
+            return Err(self.misordered(id, "the oldest pending receive"));
+        }
+        self.test_unchecked(id)
+    }
+
+    fn misordered(&self, id: RequestId, expected: &'static str) -> NetError {
+        if self.slots.iter().any(|s| s.id == id) {
+            NetError::OutOfOrder { id: id.0, expected }
+        } else {
+            NetError::UnknownRequest { id: id.0 }
+        }
+    }
+
+    fn position(&self, id: RequestId) -> NetResult<usize> {
+        self.slots
+            .iter()
+            .position(|s| s.id == id)
+            .ok_or(NetError::UnknownRequest { id: id.0 })
+    }
+
+    /// [`RecvComm::test`] on any slot holder.
+    pub fn test_unchecked(&mut self, id: RequestId) -> NetResult<Option<RecvCompletion>> {
+        let pos = self.position(id)?;
+        let (done, wrote) = test_raw(&self.core, self.slots[pos].raw)?;
+        self.sizes_written += u64::from(wrote);
+        if !done {
+            return Ok(None);
+        }
+        let slot = &mut self.slots[pos];
+        slot.done = true;
+        Ok(Some(RecvCompletion {
+            id,
+            q: slot.q,
+            len: slot.len,
+        }))
+    }
+
+    /// The fragment list of a completed receive (empty when the plugin received in place).
+    pub fn fragments(&self, id: RequestId) -> NetResult<&[loadMeta]> {
+        let slot = &self.slots[self.position(id)?];
+        if !slot.done {
+            return Err(NetError::OutOfOrder {
+                id: id.0,
+                expected: "a completed receive",
+            });
+        }
+        self.unpack_ring()?.fragments(slot.q)
+    }
+
+    /// The completed receive's ring slot, destination and posted size, with the ring.
+    pub fn completed(&self, id: RequestId) -> NetResult<(&UnpackRing, usize)> {
+        let slot = &self.slots[self.position(id)?];
+        if !slot.done {
+            return Err(NetError::OutOfOrder {
+                id: id.0,
+                expected: "a completed receive",
+            });
+        }
+        Ok((self.unpack_ring()?, slot.q))
+    }
+
+    /// Host unpack of a completed receive: gathers its fragments from a host bounce buffer into
+    /// its destination. Returns the bytes copied (0 when the plugin received in place).
+    pub fn unpack_host(&self, id: RequestId) -> NetResult<usize> {
+        let slot = &self.slots[self.position(id)?];
+        if !slot.done {
+            return Err(NetError::OutOfOrder {
+                id: id.0,
+                expected: "a completed receive",
+            });
+        }
+        let ring = self.unpack_ring()?;
+        if ring.count(slot.q)? == 0 {
+            return Ok(0);
+        }
+        if slot.region.mem_type() != MemType::Host {
+            return Err(NetError::Ring(
+                "the host unpacker cannot write into GPU memory".into(),
+            ));
+        }
+        // SAFETY: the destination is the request's own posted range inside its host region, which
+        // the slot keeps alive; the plugin finished writing (test reported done).
+        unsafe { ring.gather_host(slot.q, slot.region.as_ptr().add(slot.offset), slot.len) }
+    }
+
+    /// Eager landing on the host: copies a completed receive's `len` bytes to `dst` at `dst_off`
+    /// (a range the caller validated), wherever the plugin put them: gathered from the bounce
+    /// pages of its fragment list, or, for a direct receive (no fragments), from the posted
+    /// range itself, which is then zeroed so that a later receive that brings nothing (an
+    /// emptied chunk) can never hand these bytes on. Returns the bytes copied.
+    pub fn land_host(&self, id: RequestId, dst: &dyn Region, dst_off: usize, len: usize) -> NetResult<usize> {
+        if dst.mem_type() != MemType::Host {
+            return Err(NetError::Ring("land_host needs a host destination".into()));
+        }
+        if dst_off.checked_add(len).is_none_or(|end| end > dst.len()) {
+            return Err(NetError::InvalidArgument(format!(
+                "landing {dst_off}+{len} is outside the {}-byte destination",
+                dst.len()
+            )));
+        }
+        // SAFETY: `dst_off + len` lies inside the caller's host region (checked above), which
+        // nothing else touches while the receive lands, and does not overlap the posted range
+        // (the landing slots are another region).
+        let dst = unsafe { std::slice::from_raw_parts_mut(dst.as_ptr().add(dst_off), len) };
+        self.land_into(id, dst)
+    }
+
+    /// As [`RecvComm::land_host`], into a Rust buffer (`dst.len()` bytes): a host staging copy on
+    /// the way to GPU memory. Returns the bytes copied.
+    pub fn land_into(&self, id: RequestId, dst: &mut [u8]) -> NetResult<usize> {
+        let slot = self.completed_slot(id)?;
+        let ring = self.unpack_ring()?;
+        let len = dst.len();
+        if ring.count(slot.q)? > 0 {
+            // SAFETY: `dst` is an exclusive Rust slice of `len` bytes; the plugin finished writing.
+            return unsafe { ring.gather_host(slot.q, dst.as_mut_ptr(), len) };
+        }
+        self.with_direct(slot, len, |src| {
+            dst.copy_from_slice(src);
+            Ok(())
+        })?;
+        Ok(len)
+    }
+
+    fn completed_slot(&self, id: RequestId) -> NetResult<&RecvSlot> {
+        let slot = &self.slots[self.position(id)?];
+        if !slot.done {
+            return Err(NetError::OutOfOrder {
+                id: id.0,
+                expected: "a completed receive",
+            });
+        }
+        Ok(slot)
+    }
+
+    fn with_direct(
+        &self,
+        slot: &RecvSlot,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> Result<(), String>,
+    ) -> NetResult<()> {
+        if len > slot.len {
+            return Err(NetError::InvalidArgument(format!(
+                "{len} bytes asked of a {}-byte receive",
+                slot.len
+            )));
+        }
+        if slot.region.mem_type() != MemType::Host {
+            return Err(NetError::Ring("the posted range is not host memory".into()));
+        }
+        // SAFETY: the posted range (`slot.offset`, at least `len` bytes) lies in the slot's host
+        // region, which the slot keeps alive; `test` reported the receive done, so the plugin no
+        // longer writes it, and nothing else does until the request is consumed.
+        let src = unsafe { std::slice::from_raw_parts(slot.region.as_ptr().add(slot.offset), len) };
+        f(src).map_err(NetError::Ring)?;
+        // SAFETY: as above; the borrow `src` ended with `f`.
+        unsafe { std::ptr::write_bytes(slot.region.as_ptr().add(slot.offset), 0, len) };
+        Ok(())
+    }
+
+    /// Returns the oldest completed receive's pages to the plugin (`irecvConsumed`), freeing its
+    /// slot. Call only after its unpack has finished.
+    pub fn consume(&mut self, id: RequestId) -> NetResult<()> {
+        match self.slots.front() {
+            Some(s) if s.id == id && s.done => self.consume_unchecked(id),
+            _ => Err(self.misordered(id, "the oldest completed receive")),
+        }
+    }
+
+    /// [`RecvComm::consume`] on any slot holder.
+    pub fn consume_unchecked(&mut self, id: RequestId) -> NetResult<()> {
+        let pos = self.position(id)?;
+        let mark = logger::mark();
+        // SAFETY: `raw` is a live request of this comm (its slot is held).
+        let rc = unsafe {
+            self.core.plugin.table.irecvConsumed.expect("checked")(self.core.raw, 1, self.slots[pos].raw)
+        };
+        self.core.plugin.check(rc, "irecvConsumed", mark)?;
+        self.slots.remove(pos);
+        Ok(())
+    }
+}
+
+impl Drop for RecvComm {
+    fn drop(&mut self) {
+        let storage = std::mem::replace(&mut self._device_handle_storage, DeviceHandleStorage::zeroed());
+        let regions = self
+            .slots
+            .drain(..)
+            .map(|s| Box::new(s.region) as Box<dyn std::any::Any + Send>);
+        let items: Vec<Box<dyn std::any::Any + Send>> = regions
+            .chain(std::iter::once(Box::new(storage) as Box<dyn std::any::Any + Send>))
+            .collect();
+        self.core.keep_until_closed(items);
+    }
+}

@@ -1,0 +1,742 @@
+//! The poller: the one thread that calls the plugin's data path (and, with it, owns every comm
+//! and the engine). Commands come in over a channel; progress, final statuses and notifications
+//! go out through tokio `watch` and `broadcast` channels; control messages for peers through one
+//! unbounded channel per peer.
+//!
+//! Each pass it: takes commands, drives connect/accept of lanes being set up, executes the
+//! engine's actions (posting sends and receives as the windows allow), tests only the head of
+//! each comm, unpacks completed receives (host unpacker) and consumes them in ring order, and
+//! checks deadlines. With bytes in flight it spins, then yields at every pass, and naps only after
+//! a stall of 2 ms; with nothing in flight it parks on the command channel (no CPU; a command or a
+//! peer's control message wakes it at once), after lingering 1 ms since its last progress when
+//! `runtime.spin` is on (traffic flowing: the next transfer finds it awake). See `crate::idle`.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, oneshot, watch};
+
+use crate::buffers::BufferEntry;
+use crate::engine::{
+    Code, Engine, EngineConfig, EngineError, Outcome, PeerIdx, PeerMsg, ReadSpec, TransferId, WriteSpec,
+};
+use crate::idle::{Backoff, LINGER, Step};
+use crate::metrics::{Meter, Op};
+use crate::net::{ConnectHandle, Connector, ListenComm, MemHandle, Plugin, RecvComm, RequestId, SendComm};
+use crate::unpack::UnpackImpl;
+
+mod gpu_stage;
+mod lanes;
+pub mod stats;
+
+use gpu_stage::{GpuStage, Wait};
+pub use lanes::{WINDOW_LEN, WINDOW_STRIDE};
+pub use stats::{PeerLink, PeerStats, StatsSnapshot};
+
+/// One lane's listening side, as exchanged in the handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneHandleInfo {
+    pub lane: u32,
+    pub device: i32,
+    pub handle: ConnectHandle,
+}
+
+/// Where a transfer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Offered,
+    Running,
+    Finished,
+}
+
+/// A transfer's status, published on its watch channel.
+#[derive(Debug, Clone)]
+pub struct TransferStatus {
+    pub phase: Phase,
+    pub bytes_done: u64,
+    pub total: u64,
+    pub outcome: Option<Outcome>,
+    pub started: Instant,
+    pub finished_at: Option<Instant>,
+}
+
+/// Data from a peer landed with a notification attached.
+#[derive(Debug, Clone)]
+pub struct NotificationEvent {
+    pub from_node: String,
+    pub offer_id: u64,
+    pub payload: Vec<u8>,
+    pub buffers: Vec<u64>,
+}
+
+/// The channels a peer's async side gives the poller.
+pub struct PeerChannels {
+    pub control: tokio::sync::mpsc::UnboundedSender<PeerMsg>,
+    pub link: watch::Sender<PeerLink>,
+}
+
+/// What a drain did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DrainReport {
+    pub finished_in_grace: usize,
+    pub failed_at_deadline: usize,
+}
+
+type Reply<T> = oneshot::Sender<T>;
+
+pub enum Command {
+    AddBuffer {
+        entry: Arc<BufferEntry>,
+        reply: Reply<Result<(), EngineError>>,
+    },
+    RemoveBuffer {
+        id: u64,
+        reply: Reply<Result<(), EngineError>>,
+    },
+    /// Replaces a buffer's access key: offers naming the old one are refused from now on.
+    RekeyBuffer {
+        id: u64,
+        key: [u8; 16],
+        reply: Reply<Result<(), EngineError>>,
+    },
+    /// Initiator side: open listening comms for the lanes the peer will send on.
+    PrepareLanes {
+        reply: Reply<Result<(u64, Vec<LaneHandleInfo>), String>>,
+    },
+    /// Initiator side: the handshake failed; close the listening comms prepared for it.
+    DropPrepared {
+        prepared: u64,
+    },
+    /// Initiator side: the handshake answered; connect to the peer's lanes.
+    CompletePeer {
+        prepared: u64,
+        node_id: String,
+        remote: Vec<LaneHandleInfo>,
+        channels: PeerChannels,
+        reply: Reply<Result<PeerIdx, String>>,
+    },
+    /// Callee side: a handshake arrived; listen for the caller's lanes and connect to its own.
+    AcceptPeer {
+        node_id: String,
+        remote: Vec<LaneHandleInfo>,
+        channels: PeerChannels,
+        reply: Reply<Result<(PeerIdx, Vec<LaneHandleInfo>), String>>,
+    },
+    Write {
+        specs: Vec<WriteSpec>,
+        notification: Vec<u8>,
+        deadline: Instant,
+        reply: Reply<Result<(TransferId, watch::Receiver<TransferStatus>), EngineError>>,
+    },
+    Read {
+        specs: Vec<ReadSpec>,
+        deadline: Instant,
+        reply: Reply<Result<(TransferId, watch::Receiver<TransferStatus>), EngineError>>,
+    },
+    Cancel {
+        id: TransferId,
+        reply: Reply<bool>,
+    },
+    Message {
+        peer: PeerIdx,
+        msg: PeerMsg,
+    },
+    PeerDown {
+        peer: PeerIdx,
+        reason: String,
+    },
+    Stats {
+        reply: Reply<StatsSnapshot>,
+    },
+    /// Finish in-flight transfers until `deadline`, fail the rest, then stop the thread.
+    Drain {
+        deadline: Instant,
+        reply: Reply<DrainReport>,
+    },
+}
+
+/// Settings the poller needs.
+#[derive(Debug, Clone)]
+pub struct PollerConfig {
+    pub engine: EngineConfig,
+    /// How receives into GPU memory are unpacked (`UCCL_TCPX_UNPACK_IMPL`).
+    pub unpack_impl: UnpackImpl,
+    pub devices: Vec<i32>,
+    /// Rendezvous (or eager-mode) lanes per device, in each direction of each peer.
+    pub lanes_per_device: u32,
+    /// `transfer.protocol = "auto"`: eager lanes per device this node receives on, opened after
+    /// the others (so they are each peer's last receive lanes); 0 otherwise. The engine's
+    /// `eager_lanes` is set from it (times the devices).
+    pub eager_lanes_per_device: u32,
+    pub connect_timeout: Duration,
+    /// Where transfer, unpack and plugin-error events are counted.
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// `runtime.spin`: keep polling for [`LINGER`] after the last progress before parking, and
+    /// tell this of every pass that made progress (it keeps an async worker awake meanwhile).
+    pub warmth: Option<Arc<crate::idle::Warmth>>,
+}
+
+/// The running poller thread.
+pub struct PollerHandle {
+    tx: mpsc::Sender<Command>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl PollerHandle {
+    /// Starts the thread.
+    pub fn start(
+        plugin: Arc<Plugin>,
+        cfg: PollerConfig,
+        notifications: broadcast::Sender<NotificationEvent>,
+    ) -> std::io::Result<PollerHandle> {
+        let (tx, rx) = mpsc::channel();
+        let unpack_impl = cfg.unpack_impl;
+        let mut cfg = cfg;
+        cfg.engine.eager_lanes = cfg.devices.len() as u32 * cfg.eager_lanes_per_device;
+        let meter = Meter::new(cfg.metrics.clone());
+        let thread = std::thread::Builder::new()
+            .name("tcpxd-poller".into())
+            .spawn(move || {
+                Poller {
+                    engine: Engine::new(cfg.engine.clone()),
+                    plugin,
+                    cfg,
+                    rx,
+                    buffers: HashMap::new(),
+                    peers: BTreeMap::new(),
+                    prepared: HashMap::new(),
+                    next_prepared: 1,
+                    transfers: HashMap::new(),
+                    notifications,
+                    drain: None,
+                    finished_in_grace: 0,
+                    stages: HashMap::new(),
+                    unpack_impl,
+                    completions: Vec::new(),
+                    meter,
+                }
+                .run()
+            })?;
+        Ok(PollerHandle {
+            tx,
+            thread: Some(thread),
+        })
+    }
+
+    /// Sends a command; `false` when the poller has stopped.
+    pub fn send(&self, cmd: Command) -> bool {
+        self.tx.send(cmd).is_ok()
+    }
+
+    pub fn sender(&self) -> mpsc::Sender<Command> {
+        self.tx.clone()
+    }
+
+    /// Waits for the thread to end (after a drain).
+    pub fn join(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+enum SendLaneState {
+    Connecting(Connector, Instant),
+    Ready(SendComm),
+    Closed,
+}
+
+enum RecvLaneState {
+    Accepting(ListenComm, Instant),
+    Ready(RecvComm),
+    Closed,
+}
+
+struct SendLane {
+    device: i32,
+    state: SendLaneState,
+    /// Registrations by (buffer, window).
+    handles: HashMap<(u64, u64), MemHandle>,
+    /// Posts the plugin could not take yet, in order.
+    deferred: VecDeque<(u64, u64, u32)>,
+    tag: i32,
+}
+
+struct RecvLane {
+    device: i32,
+    state: RecvLaneState,
+    /// Registrations by (buffer, window).
+    handles: HashMap<(u64, u64), MemHandle>,
+    /// Posted receives in ring order.
+    posted: VecDeque<Posted>,
+    /// Completed receives being unpacked, in ring order; consumed from the front once ready.
+    landing: VecDeque<Landing>,
+    deferred: VecDeque<(u64, u64, u32)>,
+    tag: i32,
+    /// Eager: the landing slots credit receives are posted into (host memory, registered on
+    /// this comm once), and how many credit receives were posted so far (slot `n % credits`).
+    landing_slots: Option<MemHandle>,
+    credit_seq: u64,
+}
+
+/// The buffer id of a credit receive's landing slot (no client buffer has it).
+pub(super) const LANDING: u64 = u64::MAX;
+
+/// A posted receive: where its bytes go.
+#[derive(Debug, Clone, Copy)]
+struct Posted {
+    id: RequestId,
+    len: u32,
+    buffer: u64,
+    offset: u64,
+}
+
+/// A completed receive waiting for its unpack before `irecvConsumed`.
+#[derive(Debug)]
+struct Landing {
+    id: RequestId,
+    wait: Wait,
+    /// When the plugin reported the receive complete, and when its data was in place.
+    landed: Instant,
+    unpacked: Option<Instant>,
+}
+
+struct PeerSlot {
+    node_id: String,
+    control: tokio::sync::mpsc::UnboundedSender<PeerMsg>,
+    link: watch::Sender<PeerLink>,
+    send: Vec<SendLane>,
+    recv: Vec<RecvLane>,
+    up: bool,
+    failed: bool,
+}
+
+struct Poller {
+    plugin: Arc<Plugin>,
+    cfg: PollerConfig,
+    engine: Engine,
+    rx: mpsc::Receiver<Command>,
+    buffers: HashMap<u64, Arc<BufferEntry>>,
+    /// Every pairing the engine keeps (it says when one is released: `Action::ReleasePeer`).
+    peers: BTreeMap<PeerIdx, PeerSlot>,
+    prepared: HashMap<u64, Vec<ListenComm>>,
+    next_prepared: u64,
+    transfers: HashMap<TransferId, watch::Sender<TransferStatus>>,
+    notifications: broadcast::Sender<NotificationEvent>,
+    drain: Option<(Instant, Reply<DrainReport>)>,
+    finished_in_grace: usize,
+    /// Unpack stages by GPU ordinal, made when the GPU's first buffer is registered (or by its first
+    /// receive, if that failed).
+    stages: HashMap<usize, GpuStage>,
+    unpack_impl: UnpackImpl,
+    /// Scratch for the completions gathered during a pass.
+    completions: Vec<Completion>,
+    meter: Meter,
+}
+
+/// Plugin completions gathered during a pass, applied to the engine afterwards.
+enum Completion {
+    SendDone(PeerIdx, u32),
+    RecvConsumed(PeerIdx, u32, Result<(), String>),
+    /// An eager credit receive completed (its destination comes with its header).
+    Landed(PeerIdx, u32),
+    LaneReady(PeerIdx, u32, bool),
+    Failed(PeerIdx, String),
+}
+
+/// The longest park with nothing in flight (deadlines are checked at least this often).
+const PARK_MAX: Duration = Duration::from_secs(1);
+
+impl Poller {
+    fn run(mut self) {
+        tracing::debug!("poller started");
+        let mut backoff = Backoff::new();
+        // The last pass (or command) that made progress: the poller lingers after it.
+        let mut last_progress = Instant::now();
+        loop {
+            let mut progressed = false;
+            loop {
+                match self.rx.try_recv() {
+                    Ok(cmd) => {
+                        progressed = true;
+                        self.handle(cmd);
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return self.shutdown_now(),
+                }
+            }
+            progressed |= self.drive_setup();
+            progressed |= self.run_actions();
+            progressed |= self.test_lanes();
+            self.engine.tick(Instant::now());
+            progressed |= self.run_actions();
+            if self.check_drain() {
+                return;
+            }
+            if progressed {
+                backoff.reset();
+                last_progress = Instant::now();
+                if let Some(w) = &self.cfg.warmth {
+                    w.touch();
+                }
+                continue;
+            }
+            let lingering = self.cfg.warmth.is_some() && last_progress.elapsed() < LINGER;
+            let wait = if self.busy() || lingering {
+                // Bytes in flight, or traffic a moment ago: spin and yield; nap only once
+                // stalled (a command still ends the nap at once).
+                match backoff.step() {
+                    Step::Nap(d) => d,
+                    Step::Spun | Step::Yielded => continue,
+                }
+            } else {
+                // Nothing in flight: park until a command, a control message or the next
+                // deadline.
+                backoff.reset();
+                let now = Instant::now();
+                self.engine
+                    .next_deadline()
+                    .map(|d| d.saturating_duration_since(now))
+                    .unwrap_or(PARK_MAX)
+                    .min(PARK_MAX)
+            };
+            match self.rx.recv_timeout(wait) {
+                Ok(cmd) => {
+                    backoff.reset();
+                    last_progress = Instant::now();
+                    if let Some(w) = &self.cfg.warmth {
+                        w.touch();
+                    }
+                    self.handle(cmd)
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return self.shutdown_now(),
+            }
+        }
+    }
+
+    /// True while requests carrying bytes are in flight (the engine's view), or the poller
+    /// itself has work pending: lanes being set up, posts the plugin could not take yet,
+    /// receives being unpacked.
+    fn busy(&self) -> bool {
+        !self.engine.lanes_idle()
+            || self.peers.values().any(|p| {
+                p.send.iter().any(|l| match &l.state {
+                    SendLaneState::Connecting(..) => true,
+                    SendLaneState::Ready(_) => !l.deferred.is_empty(),
+                    SendLaneState::Closed => false,
+                }) || p.recv.iter().any(|l| match &l.state {
+                    RecvLaneState::Accepting(..) => true,
+                    RecvLaneState::Ready(_) => !l.deferred.is_empty() || !l.landing.is_empty(),
+                    RecvLaneState::Closed => false,
+                })
+            })
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::AddBuffer { entry, reply } => {
+                // A GPU's unpack stage is built with its first buffer, before the registration
+                // answers: its kernels may take ~0.1 s to compile (NVRTC), which the first
+                // transfer would otherwise wait for. A failure here is reported again by the
+                // first receive that needs the stage; sends from the buffer still work.
+                if let Some(region) = entry.device_region()
+                    && let Err(e) = gpu_stage::stage_for(&mut self.stages, region.gpu(), self.unpack_impl)
+                {
+                    tracing::warn!("{e}");
+                }
+                let r = self.engine.add_buffer(entry.id, entry.size, entry.key());
+                if r.is_ok() {
+                    self.buffers.insert(entry.id, entry);
+                }
+                let _ = reply.send(r);
+            }
+            Command::RekeyBuffer { id, key, reply } => {
+                let _ = reply.send(self.engine.rekey_buffer(id, key));
+            }
+            Command::RemoveBuffer { id, reply } => {
+                let r = self.engine.remove_buffer(id);
+                if r.is_ok() {
+                    self.buffers.remove(&id);
+                    for p in self.peers.values_mut() {
+                        for l in &mut p.send {
+                            l.handles.retain(|(b, _), _| *b != id);
+                        }
+                        for l in &mut p.recv {
+                            l.handles.retain(|(b, _), _| *b != id);
+                        }
+                    }
+                }
+                let _ = reply.send(r);
+            }
+            Command::PrepareLanes { reply } => {
+                let r = self.open_listens().map(|(listens, infos)| {
+                    let id = self.next_prepared;
+                    self.next_prepared += 1;
+                    self.prepared.insert(id, listens);
+                    (id, infos)
+                });
+                let _ = reply.send(r);
+            }
+            Command::DropPrepared { prepared } => {
+                self.prepared.remove(&prepared);
+            }
+            Command::CompletePeer {
+                prepared,
+                node_id,
+                remote,
+                channels,
+                reply,
+            } => {
+                let r = match self.prepared.remove(&prepared) {
+                    None => Err("lane set-up expired".to_string()),
+                    Some(listens) => self.add_peer(node_id, listens, remote, channels),
+                };
+                let _ = reply.send(r);
+            }
+            Command::AcceptPeer {
+                node_id,
+                remote,
+                channels,
+                reply,
+            } => {
+                let r = self.open_listens().and_then(|(listens, infos)| {
+                    self.add_peer(node_id, listens, remote, channels)
+                        .map(|idx| (idx, infos))
+                });
+                let _ = reply.send(r);
+            }
+            Command::Write {
+                specs,
+                notification,
+                deadline,
+                reply,
+            } => {
+                if self.drain.is_some() {
+                    let _ = reply.send(Err(shutting_down()));
+                    return;
+                }
+                let now = Instant::now();
+                let total = specs.iter().map(|s| s.remote.length).sum();
+                let r = self.engine.start_write(specs, notification, deadline, now);
+                if let Ok(id) = &r {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write", id = id.0);
+                }
+                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total))));
+            }
+            Command::Read {
+                specs,
+                deadline,
+                reply,
+            } => {
+                if self.drain.is_some() {
+                    let _ = reply.send(Err(shutting_down()));
+                    return;
+                }
+                let now = Instant::now();
+                let total = specs.iter().map(|s| s.remote.length).sum();
+                let r = self.engine.start_read(specs, deadline, now);
+                if let Ok(id) = &r {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read", id = id.0);
+                }
+                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total))));
+            }
+            Command::Cancel { id, reply } => {
+                let _ = reply.send(self.engine.cancel(id, Code::Cancelled, "cancelled by the client"));
+            }
+            Command::Message { peer, msg } => {
+                let (kind, id) = msg.label();
+                tracing::trace!(target: "tcpxd::hop", hop = "poller.in", kind, id);
+                self.engine.on_message(peer, msg, Instant::now())
+            }
+            Command::PeerDown { peer, reason } => self.engine.peer_failed(peer, &reason),
+            Command::Stats { reply } => {
+                let _ = reply.send(self.stats());
+            }
+            Command::Drain { deadline, reply } => {
+                self.drain = Some((deadline, reply));
+            }
+        }
+    }
+
+    fn track(&mut self, id: TransferId, op: Op, total: u64) -> watch::Receiver<TransferStatus> {
+        self.meter.started(id, op, total);
+        let (tx, rx) = watch::channel(TransferStatus {
+            phase: Phase::Offered,
+            bytes_done: 0,
+            total: 0,
+            outcome: None,
+            started: Instant::now(),
+            finished_at: None,
+        });
+        self.transfers.insert(id, tx);
+        rx
+    }
+
+    /// The device of each lane this node listens on: `lanes_per_device` lanes per device (then,
+    /// under `auto`, `eager_lanes_per_device` more), devices taken in turn.
+    fn lane_devices(&self) -> Vec<i32> {
+        let per_device = self.cfg.lanes_per_device + self.cfg.eager_lanes_per_device;
+        let lanes = self.cfg.devices.len() as u32 * per_device;
+        (0..lanes)
+            .map(|i| self.cfg.devices[(i as usize) % self.cfg.devices.len()])
+            .collect()
+    }
+
+    fn open_listens(&mut self) -> Result<(Vec<ListenComm>, Vec<LaneHandleInfo>), String> {
+        let mut listens = Vec::new();
+        let mut infos = Vec::new();
+        for (lane, dev) in self.lane_devices().into_iter().enumerate() {
+            let l = self
+                .plugin
+                .listen(dev)
+                .map_err(|e| format!("listen on device {dev}: {e}"))?;
+            infos.push(LaneHandleInfo {
+                lane: lane as u32,
+                device: dev,
+                handle: l.handle(),
+            });
+            listens.push(l);
+        }
+        Ok((listens, infos))
+    }
+
+    fn add_peer(
+        &mut self,
+        node_id: String,
+        listens: Vec<ListenComm>,
+        remote: Vec<LaneHandleInfo>,
+        channels: PeerChannels,
+    ) -> Result<PeerIdx, String> {
+        if remote.is_empty() || remote.len() > 64 {
+            return Err(format!(
+                "the peer offered {} lanes (1 to 64 allowed)",
+                remote.len()
+            ));
+        }
+        let deadline = Instant::now() + self.cfg.connect_timeout;
+        let devices = self.lane_devices();
+        let mut send = Vec::new();
+        for (i, r) in remote.iter().enumerate() {
+            let dev = devices[i % devices.len()];
+            let c = self
+                .plugin
+                .connector(dev, &r.handle)
+                .map_err(|e| format!("connect lane {i} on device {dev}: {e}"))?;
+            send.push(SendLane {
+                device: dev,
+                state: SendLaneState::Connecting(c, deadline),
+                handles: HashMap::new(),
+                deferred: VecDeque::new(),
+                tag: 0,
+            });
+        }
+        let recv = listens
+            .into_iter()
+            .map(|l| RecvLane {
+                device: l.dev(),
+                state: RecvLaneState::Accepting(l, deadline),
+                handles: HashMap::new(),
+                posted: VecDeque::new(),
+                landing: VecDeque::new(),
+                deferred: VecDeque::new(),
+                tag: 0,
+                landing_slots: None,
+                credit_seq: 0,
+            })
+            .collect::<Vec<_>>();
+        let idx = self
+            .engine
+            .add_peer(&node_id, send.len() as u32, recv.len() as u32);
+        tracing::info!(peer = %node_id, send_lanes = send.len(), recv_lanes = recv.len(), "peer lanes connecting");
+        self.peers.insert(
+            idx,
+            PeerSlot {
+                node_id,
+                control: channels.control,
+                link: channels.link,
+                send,
+                recv,
+                up: false,
+                failed: false,
+            },
+        );
+        Ok(idx)
+    }
+}
+
+impl Poller {
+    fn stats(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            peers: self
+                .peers
+                .iter()
+                .filter_map(|(&i, p)| {
+                    Some(PeerStats {
+                        counters: self.engine.peer_counters(i)?,
+                        link: p.link.borrow().clone(),
+                        send_devices: p.send.iter().map(|l| l.device).collect(),
+                        recv_devices: p.recv.iter().map(|l| l.device).collect(),
+                    })
+                })
+                .collect(),
+            retired: self.engine.retired_counters().cloned().collect(),
+            active_transfers: self.engine.active_transfers(),
+        }
+    }
+
+    /// During a drain: true when the thread should stop.
+    fn check_drain(&mut self) -> bool {
+        let Some((deadline, _)) = &self.drain else {
+            return false;
+        };
+        let now = Instant::now();
+        if self.engine.active_transfers() == 0 && (self.engine.is_idle() || now > *deadline) {
+            let (_, reply) = self.drain.take().expect("set");
+            let _ = reply.send(DrainReport {
+                finished_in_grace: self.finished_in_grace,
+                failed_at_deadline: 0,
+            });
+            self.shutdown_now();
+            return true;
+        }
+        if now > *deadline {
+            let ids = self.engine.active_transfer_ids();
+            let failed = ids.len();
+            for id in ids {
+                self.engine.cancel(
+                    id,
+                    Code::Unavailable,
+                    "the daemon is shutting down (grace period over)",
+                );
+            }
+            self.run_actions();
+            let (_, reply) = self.drain.take().expect("set");
+            let _ = reply.send(DrainReport {
+                finished_in_grace: self.finished_in_grace,
+                failed_at_deadline: failed,
+            });
+            self.shutdown_now();
+            return true;
+        }
+        false
+    }
+
+    /// Fails whatever is left and closes every comm.
+    fn shutdown_now(&mut self) {
+        for id in self.engine.active_transfer_ids() {
+            self.engine
+                .cancel(id, Code::Unavailable, "the daemon is shutting down");
+        }
+        self.run_actions();
+        self.peers.clear();
+        self.prepared.clear();
+        tracing::debug!("poller stopped");
+    }
+}
+
+fn shutting_down() -> EngineError {
+    EngineError::new(Code::Unavailable, "the daemon is shutting down; no new transfers")
+}

@@ -1,0 +1,32 @@
+//! What the poller reports of its pairings: each peer's link state, counters and devices, and the
+//! snapshot that GetStats and the metrics' scrape read.
+
+use crate::engine::PeerCounters;
+
+/// A peer's link state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerLink {
+    Connecting,
+    Up,
+    Failed(String),
+}
+
+/// Counters for GetStats.
+#[derive(Debug, Clone)]
+pub struct PeerStats {
+    pub counters: PeerCounters,
+    pub link: PeerLink,
+    pub send_devices: Vec<i32>,
+    pub recv_devices: Vec<i32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct StatsSnapshot {
+    /// The pairings kept: live ones, and per node at most its newest failed one once the
+    /// transfers that used older ones ended (the engine releases those).
+    pub peers: Vec<PeerStats>,
+    /// Per node, the added-up totals of its released pairings (the metrics' counters include
+    /// them; GetStats does not list them).
+    pub retired: Vec<PeerCounters>,
+    pub active_transfers: usize,
+}
