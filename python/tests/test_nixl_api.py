@@ -236,3 +236,27 @@ def test_a_killed_peer_fails_send_notif_quickly(tmp_root: Path):
     finally:
         stop_daemon(a)
         stop_daemon(b)
+
+
+def test_vllm_connector_module_rebinds_vllms_nixl_names(tmp_path):
+    """A stand-in for vLLM's connector module (the names it binds at import, NixlWrapper None when
+    NIXL is missing): importing tcpxd.nixl.vllm points them at tcpxd.nixl."""
+    pkg = tmp_path / "vllm" / "distributed" / "kv_transfer" / "kv_connector" / "v1"
+    pkg.mkdir(parents=True)
+    for d in [tmp_path / "vllm", *list(pkg.parents)[: 4], pkg]:
+        (d / "__init__.py").write_text("")
+    (pkg / "nixl_connector.py").write_text(
+        "NixlWrapper = None\nnixl_agent_config = None\nnixlXferTelemetry = None\n"
+        "class NixlConnector:\n    def agent(self):\n        return NixlWrapper\n"
+    )
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    code = (
+        "import tcpxd.nixl.vllm as m, tcpxd.nixl as t\n"
+        "import vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector as v\n"
+        "assert m.TcpxdNixlConnector is v.NixlConnector\n"
+        "assert v.NixlWrapper is t.nixl_agent and v.nixl_agent_config is t.nixl_agent_config\n"
+        "assert v.nixlXferTelemetry is t.nixlXferTelemetry and v.NixlConnector().agent() is t.nixl_agent\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr

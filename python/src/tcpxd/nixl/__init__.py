@@ -33,10 +33,12 @@ from ._errors import (
     nixlRepostActiveError,
     nixlUnknownError,
 )
+from ._memory import host_array
 from ._xfer import nixlXferTelemetry
 
 __all__ = [
     "DEFAULT_COMM_PORT",
+    "host_array",
     "NIXL_INIT_AGENT",
     "nixlBackendError",
     "nixlCancelledError",

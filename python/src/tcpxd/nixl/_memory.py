@@ -10,7 +10,10 @@ handle (regions in one allocation, such as a layer's K and V, share that import)
 from __future__ import annotations
 
 import ctypes
+import mmap
+import os
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -22,6 +25,30 @@ from ._errors import from_tcpxd, nixlInvalidParamError, nixlNotFoundError, nixlN
 from ._regions import Region, RegionTable
 
 Key = Tuple[str, int, int, int]
+
+
+class _SharedMap(mmap.mmap):
+    """A shared mapping of a memfd that keeps the descriptor open while it lives (the daemon is
+    handed the memory by that descriptor)."""
+
+
+def host_array(nbytes: int) -> Any:
+    """`nbytes` of host memory an agent can register as DRAM: a numpy uint8 array over a memfd
+    mapped shared (the daemon maps the same pages, no copy). Slice or `.view()` it into the
+    regions you register; it lives as long as the array (or a view of it) does."""
+    import numpy as np
+
+    if not isinstance(nbytes, int) or nbytes <= 0:
+        raise nixlInvalidParamError(f"nbytes: {nbytes!r} is not a positive number of bytes")
+    fd = os.memfd_create("tcpxd-nixl", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 2))
+    try:
+        os.ftruncate(fd, nbytes)
+        mm = _SharedMap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        os.close(fd)
+        raise
+    weakref.finalize(mm, os.close, fd)
+    return np.frombuffer(mm, dtype=np.uint8)
 
 
 @dataclass
