@@ -16,6 +16,7 @@ from typing import Any, List
 import numpy as np
 
 from .. import _proto
+from . import _wire
 from ._errors import nixlInvalidParamError, nixlMismatchError
 from ._regions import Region, RegionTable
 
@@ -97,19 +98,19 @@ def plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarra
         lr, lo, rr, ro, ln = lr[starts], lo[starts], rr[starts], ro[starts], np.add.reduceat(n, starts)
     else:
         ln = n
-    local_ids = [r.buffer_id for r in local.regions]
-    remote_descs = [r.descriptor for r in remote.regions]
-    cols = (lr.tolist(), lo.tolist(), rr.tolist(), ro.tolist(), ln.tolist())
+    local_ids = np.array([r.buffer_id for r in local.regions], dtype=np.uint64)
+    remote_descs = [r.descriptor.encode() for r in remote.regions]
+    cls = _proto.message("WriteBatchRequest" if op == "WRITE" else "ReadBatchRequest")
+    if op == "WRITE":  # WriteEntry: local_buffer_id, local_offset, remote_descriptor, remote_offset, length
+        pieces = [_wire.varint_piece(1, local_ids[lr]), _wire.varint_piece(2, lo), _wire.table_piece(3, rr, remote_descs),
+                  _wire.varint_piece(4, ro), _wire.varint_piece(5, ln)]
+    else:  # ReadEntry: remote_descriptor, remote_offset, local_buffer_id, local_offset, length
+        pieces = [_wire.table_piece(1, rr, remote_descs), _wire.varint_piece(2, ro), _wire.varint_piece(3, local_ids[lr]),
+                  _wire.varint_piece(4, lo), _wire.varint_piece(5, ln)]
     requests = []
-    name = "WriteBatchRequest" if op == "WRITE" else "ReadBatchRequest"
-    for start in range(0, len(ln), MAX_ENTRIES):
-        req = _proto.message(name)(timeout_ms=timeout_ms)
-        add = req.entries.add
-        for a, b, c, d, e in zip(*(col[start : start + MAX_ENTRIES] for col in cols)):
-            if op == "WRITE":
-                add(local_buffer_id=local_ids[a], local_offset=b, remote_descriptor=remote_descs[c], remote_offset=d, length=e)
-            else:
-                add(remote_descriptor=remote_descs[c], remote_offset=d, local_buffer_id=local_ids[a], local_offset=b, length=e)
+    for body in _wire.entries(1, pieces, MAX_ENTRIES):  # `entries` is field 1 of both requests
+        req = cls.FromString(body)
+        req.timeout_ms = timeout_ms
         requests.append(req)
     return Plan(op, requests, int(n.sum()), len(n), len(ln))
 
