@@ -5,11 +5,12 @@ second)."""
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple, Union
+from typing import Any, List, Sequence, Tuple
 
 import numpy as np
 
-Piece = Tuple[str, int, Union[np.ndarray, Tuple[np.ndarray, Sequence[bytes]]]]
+#: ("varint", field, values) or ("table", field, (keys, byte strings)).
+Piece = Tuple[str, int, Any]
 
 _SHIFTS = np.arange(10, dtype=np.uint64) * np.uint64(7)
 
@@ -54,24 +55,24 @@ def _scatter_varint(out: np.ndarray, at: np.ndarray, mat: np.ndarray, lens: np.n
 def entries(field: int, pieces: List[Piece], per: int) -> List[bytes]:
     """The bytes of N repeated length-delimited messages (field number `field` of the enclosing
     message), each made of the pieces' fields in order, cut every `per` messages."""
-    n = len(pieces[0][2][0]) if pieces[0][0] == "table" else len(pieces[0][2])  # type: ignore[arg-type]
-    prepared = []
+    n = len(pieces[0][2][0]) if pieces[0][0] == "table" else len(pieces[0][2])
+    prepared: List[Tuple[str, int, Any]] = []
     body = np.zeros(n, dtype=np.int64)
     for kind, f, data in pieces:
         if kind == "varint":
-            mat, lens = varints(data)  # type: ignore[arg-type]
+            mat, lens = varints(data)
             prepared.append((kind, _key(f, 0), (mat, lens)))
             body += 1 + lens
         else:
-            keys, values = data  # type: ignore[misc]
-            blobs = []
+            keys, values = data
+            blobs: List[np.ndarray] = []
             for val in values:
                 hdr_mat, hdr_len = varints(np.array([len(val)], dtype=np.uint64))
                 blobs.append(np.frombuffer(bytes([_key(f, 2)]) + bytes(hdr_mat[0, : hdr_len[0]]) + bytes(val), dtype=np.uint8))
             sizes = np.array([len(b) for b in blobs], dtype=np.int64)
-            keys = np.asarray(keys, dtype=np.int64)
-            prepared.append((kind, 0, (keys, blobs)))
-            body += sizes[keys]
+            ks = np.asarray(keys, dtype=np.int64)
+            prepared.append((kind, 0, (ks, blobs)))
+            body += sizes[ks]
     bmat, blens = varints(body.astype(np.uint64))
     total = 1 + blens + body
     start = np.zeros(n, dtype=np.int64)
@@ -87,12 +88,12 @@ def entries(field: int, pieces: List[Piece], per: int) -> List[bytes]:
             _scatter_varint(out, at + 1, mat, lens)
             at = at + 1 + lens
         else:
-            keys, blobs = data
-            for k, blob in enumerate(blobs):
-                sel = np.flatnonzero(keys == k)
+            ks, bl = data
+            for k, blob in enumerate(bl):
+                sel = np.flatnonzero(ks == k)
                 if len(sel):
                     out[(at[sel][:, None] + np.arange(len(blob))[None, :]).reshape(-1)] = np.tile(blob, len(sel))
-            at = at + np.array([len(b) for b in blobs], dtype=np.int64)[keys]
+            at = at + np.array([len(b) for b in bl], dtype=np.int64)[ks]
     cuts = list(start[per::per]) + [len(out)]
     edges = [0] + cuts
     return [out[a:b].tobytes() for a, b in zip(edges[:-1], edges[1:])]
