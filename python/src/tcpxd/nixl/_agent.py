@@ -20,6 +20,7 @@ from ._errors import (
     nixlInvalidParamError,
     nixlNoTelemetryError,
     nixlNotFoundError,
+    nixlNotPostedError,
     nixlNotSupportedError,
 )
 from ._memory import LocalMemory
@@ -475,7 +476,9 @@ class nixl_agent:  # noqa: N801
         ends in "ERR" by its deadline (timeout_s, else the daemon's), or as soon as its peer is
         found gone."""
         state = self._live(handle).state
-        return "PROC" if state == "INIT" else state
+        if state == "INIT":
+            raise nixlNotPostedError("handle: never posted (call transfer() first)")
+        return state
 
     def get_xfer_telemetry(self, handle: nixl_xfer_handle) -> nixlXferTelemetry:
         if not self._conf.capture_telemetry:
