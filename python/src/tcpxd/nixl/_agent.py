@@ -199,7 +199,12 @@ class nixl_agent:  # noqa: N801
                 continue
             self.create_backend(b)
         if conf.enable_listen:
-            self._listener = _listen.Listener(conf.port, agent_name, self.get_agent_metadata, self.add_remote_agent, self.remove_remote_agent)
+            try:
+                self._listener = _listen.Listener(conf.port, agent_name, self.get_agent_metadata, self.add_remote_agent,
+                                                  self.remove_remote_agent)
+            except OSError as e:
+                self.close()
+                raise nixlBackendError(f"listen_port: cannot listen on port {conf.port} ({e})") from None
         log.info("Initialized tcpxd.nixl agent %s on node %s (%s)", agent_name, self._node.node_id, self._client.endpoint)
 
     # -- life
