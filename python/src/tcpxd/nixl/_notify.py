@@ -28,6 +28,8 @@ MAGIC = b"\x00NIXL1"
 _LENS = struct.Struct(">HH")
 #: Bytes of each agent's mailbox.
 MAILBOX_BYTES = 4096
+#: How often a lost notification stream is asked for again.
+RESUBSCRIBE_S = 0.5
 
 
 def frame(src: str, dst: str, msg: bytes) -> bytes:
@@ -65,23 +67,29 @@ class Inbox:
         self._thread.start()
 
     def _run(self) -> None:
+        quiet = False  # an outage is logged once, until a stream delivers again
         while not self._closed:
             try:
                 for n in self._sub:
+                    quiet = False
                     self._deliver(n.payload)
                 if self._closed:
                     return
-                log.warning("agent %s: the daemon ended the notification stream; subscribing again", self._name)
+                why = "the daemon ended the notification stream"
             except TcpxdError as e:
                 if self._closed:
                     return
-                log.warning("agent %s: notification stream failed (%s); subscribing again", self._name, e)
+                why = f"the notification stream failed ({e})"
+            if not quiet:
+                log.warning("agent %s: %s; subscribing again every %.1f s", self._name, why, RESUBSCRIBE_S)
+                quiet = True
+            time.sleep(RESUBSCRIBE_S)
             while not self._closed:
                 try:
                     self._sub = self._client.subscribe()
                     break
                 except TcpxdError:
-                    time.sleep(0.5)
+                    time.sleep(RESUBSCRIBE_S)
 
     def _deliver(self, payload: bytes) -> None:
         got = parse(payload)
