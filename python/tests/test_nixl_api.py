@@ -272,13 +272,14 @@ def test_bulk_encoded_entries_match_protobufs():
               np.zeros(n, dtype=np.uint64), rng.integers(1, 1 << 40, n, dtype=np.uint64)]
     descs = [b"tcpxd1:a:1:" + b"f" * 32 + b"@10.0.0.1:5", b"d" * 300, b""]
     keys = rng.integers(0, 3, n)
-    pieces = [_wire.varint_piece(1, values[0]), _wire.varint_piece(2, values[1]), _wire.table_piece(3, keys, descs),
-              _wire.varint_piece(4, values[2]), _wire.varint_piece(5, values[3])]
-    bodies = _wire.entries(1, pieces, 300)
-    assert len(bodies) == 4
-    msgs = [_proto.message("WriteBatchRequest").FromString(b) for b in bodies]
-    got = [e for m in msgs for e in m.entries]
-    assert [len(m.entries) for m in msgs] == [300, 300, 300, 100]
-    for i, e in enumerate(got):
-        want = (int(values[0][i]), int(values[1][i]), descs[keys[i]].decode(), 0, int(values[3][i]))
-        assert (e.local_buffer_id, e.local_offset, e.remote_descriptor, e.remote_offset, e.length) == want
+    for count, per in ((n, 300), (50, 20)):  # numpy's path, and the plain loop's for a few entries
+        pieces = [_wire.varint_piece(1, values[0][:count]), _wire.varint_piece(2, values[1][:count]),
+                  _wire.table_piece(keys[:count], _wire.blobs(3, descs)), _wire.varint_piece(4, values[2][:count]),
+                  _wire.varint_piece(5, values[3][:count])]
+        bodies = _wire.entries(1, pieces, per)
+        msgs = [_proto.message("WriteBatchRequest").FromString(b) for b in bodies]
+        assert [len(m.entries) for m in msgs] == [per] * (count // per) + ([count % per] if count % per else [])
+        got = [e for m in msgs for e in m.entries]
+        for i, e in enumerate(got):
+            want = (int(values[0][i]), int(values[1][i]), descs[keys[i]].decode(), 0, int(values[3][i]))
+            assert (e.local_buffer_id, e.local_offset, e.remote_descriptor, e.remote_offset, e.length) == want

@@ -36,6 +36,12 @@ class Prepped:
     offset: np.ndarray
     length: np.ndarray
 
+    def __post_init__(self) -> None:
+        #: Per region: its buffer's id, and its descriptor as an encoded field of each entry kind.
+        self.buffer_ids = np.array([r.buffer_id for r in self.regions], dtype=np.uint64)
+        descs = [r.descriptor.encode() for r in self.regions]
+        self.desc_rows = {"WRITE": _wire.blobs(3, descs), "READ": _wire.blobs(1, descs)}
+
     def __len__(self) -> int:
         return len(self.length)
 
@@ -98,14 +104,13 @@ def plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarra
         lr, lo, rr, ro, ln = lr[starts], lo[starts], rr[starts], ro[starts], np.add.reduceat(n, starts)
     else:
         ln = n
-    local_ids = np.array([r.buffer_id for r in local.regions], dtype=np.uint64)
-    remote_descs = [r.descriptor.encode() for r in remote.regions]
     cls = _proto.message("WriteBatchRequest" if op == "WRITE" else "ReadBatchRequest")
-    if op == "WRITE":  # WriteEntry: local_buffer_id, local_offset, remote_descriptor, remote_offset, length
-        pieces = [_wire.varint_piece(1, local_ids[lr]), _wire.varint_piece(2, lo), _wire.table_piece(3, rr, remote_descs),
+    rows = remote.desc_rows[op]
+    if op == "WRITE":  # WriteEntry: local_buffer_id, local_offset, remote_descriptor (3), remote_offset, length
+        pieces = [_wire.varint_piece(1, local.buffer_ids[lr]), _wire.varint_piece(2, lo), _wire.table_piece(rr, rows),
                   _wire.varint_piece(4, ro), _wire.varint_piece(5, ln)]
-    else:  # ReadEntry: remote_descriptor, remote_offset, local_buffer_id, local_offset, length
-        pieces = [_wire.table_piece(1, rr, remote_descs), _wire.varint_piece(2, ro), _wire.varint_piece(3, local_ids[lr]),
+    else:  # ReadEntry: remote_descriptor (1), remote_offset, local_buffer_id, local_offset, length
+        pieces = [_wire.table_piece(rr, rows), _wire.varint_piece(2, ro), _wire.varint_piece(3, local.buffer_ids[lr]),
                   _wire.varint_piece(4, lo), _wire.varint_piece(5, ln)]
     requests = []
     for body in _wire.entries(1, pieces, MAX_ENTRIES):  # `entries` is field 1 of both requests

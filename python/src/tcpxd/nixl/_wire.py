@@ -36,9 +36,24 @@ def _key(field: int, wire: int) -> int:
     return (field << 3) | wire
 
 
-def table_piece(field: int, keys: np.ndarray, values: Sequence[bytes]) -> Piece:
-    """A length-delimited field whose bytes are values[keys[i]] for entry i."""
-    return ("table", field, (keys, values))
+def varint(v: int) -> bytes:
+    out = bytearray()
+    while v > 0x7F:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def blobs(field: int, values: Sequence[bytes]) -> List[bytes]:
+    """Each value as a whole length-delimited field (key, length, bytes): a table piece's rows,
+    encoded once per prepared list."""
+    return [bytes([_key(field, 2)]) + varint(len(v)) + bytes(v) for v in values]
+
+
+def table_piece(keys: np.ndarray, rows: Sequence[bytes]) -> Piece:
+    """A field whose bytes are rows[keys[i]] for entry i (rows from `blobs`)."""
+    return ("table", 0, (keys, rows))
 
 
 def varint_piece(field: int, values: np.ndarray) -> Piece:
@@ -52,10 +67,38 @@ def _scatter_varint(out: np.ndarray, at: np.ndarray, mat: np.ndarray, lens: np.n
     out[pos[mask]] = mat[mask]
 
 
+#: Up to this many entries, a plain loop is quicker than numpy's per-call overhead.
+SMALL = 64
+
+
+def _entries_small(field: int, pieces: List[Piece], n: int, per: int) -> List[bytes]:
+    cols = []
+    for kind, f, data in pieces:
+        if kind == "varint":
+            cols.append((bytes([_key(f, 0)]), [int(x) for x in data]))
+        else:
+            keys, rows = data
+            cols.append((b"", [rows[int(k)] for k in keys]))
+    head = bytes([_key(field, 2)])
+    out: List[bytes] = []
+    cur = bytearray()
+    for i in range(n):
+        body = b"".join(tag + (varint(vals[i]) if tag else vals[i]) for tag, vals in cols)  # type: ignore[operator]
+        cur += head + varint(len(body)) + body
+        if (i + 1) % per == 0:
+            out.append(bytes(cur))
+            cur = bytearray()
+    if cur:
+        out.append(bytes(cur))
+    return out
+
+
 def entries(field: int, pieces: List[Piece], per: int) -> List[bytes]:
     """The bytes of N repeated length-delimited messages (field number `field` of the enclosing
     message), each made of the pieces' fields in order, cut every `per` messages."""
     n = len(pieces[0][2][0]) if pieces[0][0] == "table" else len(pieces[0][2])
+    if n <= SMALL:
+        return _entries_small(field, pieces, n, per)
     prepared: List[Tuple[str, int, Any]] = []
     body = np.zeros(n, dtype=np.int64)
     for kind, f, data in pieces:
@@ -64,15 +107,11 @@ def entries(field: int, pieces: List[Piece], per: int) -> List[bytes]:
             prepared.append((kind, _key(f, 0), (mat, lens)))
             body += 1 + lens
         else:
-            keys, values = data
-            blobs: List[np.ndarray] = []
-            for val in values:
-                hdr_mat, hdr_len = varints(np.array([len(val)], dtype=np.uint64))
-                blobs.append(np.frombuffer(bytes([_key(f, 2)]) + bytes(hdr_mat[0, : hdr_len[0]]) + bytes(val), dtype=np.uint8))
-            sizes = np.array([len(b) for b in blobs], dtype=np.int64)
+            keys, rows = data
+            arrs = [np.frombuffer(r, dtype=np.uint8) for r in rows]
             ks = np.asarray(keys, dtype=np.int64)
-            prepared.append((kind, 0, (ks, blobs)))
-            body += sizes[ks]
+            prepared.append((kind, 0, (ks, arrs)))
+            body += np.array([len(r) for r in rows], dtype=np.int64)[ks]
     bmat, blens = varints(body.astype(np.uint64))
     total = 1 + blens + body
     start = np.zeros(n, dtype=np.int64)
@@ -88,12 +127,12 @@ def entries(field: int, pieces: List[Piece], per: int) -> List[bytes]:
             _scatter_varint(out, at + 1, mat, lens)
             at = at + 1 + lens
         else:
-            ks, bl = data
-            for k, blob in enumerate(bl):
+            ks, arrs = data
+            for k in np.unique(ks):
+                blob = arrs[k]
                 sel = np.flatnonzero(ks == k)
-                if len(sel):
-                    out[(at[sel][:, None] + np.arange(len(blob))[None, :]).reshape(-1)] = np.tile(blob, len(sel))
-            at = at + np.array([len(b) for b in bl], dtype=np.int64)[ks]
+                out[(at[sel][:, None] + np.arange(len(blob))[None, :]).reshape(-1)] = np.tile(blob, len(sel))
+            at = at + np.array([len(b) for b in arrs], dtype=np.int64)[ks]
     cuts = list(start[per::per]) + [len(out)]
     edges = [0] + cuts
     return [out[a:b].tobytes() for a, b in zip(edges[:-1], edges[1:])]
