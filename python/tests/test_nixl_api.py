@@ -248,6 +248,9 @@ def test_vllm_connector_module_rebinds_vllms_nixl_names(tmp_path):
     (pkg / "nixl_connector.py").write_text(
         "NixlWrapper = None\nnixl_agent_config = None\nnixlXferTelemetry = None\n"
         "class NixlConnector:\n    def agent(self):\n        return NixlWrapper\n"
+        "class T:\n    shared = False\n    def share_memory_(self):\n        self.shared = True\n        return self\n"
+        "class NixlConnectorWorker:\n    def initialize_host_xfer_buffer(self, kv_caches):\n"
+        "        self.host_xfer_buffers = {k: T() for k in kv_caches}\n"
     )
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     code = (
@@ -256,6 +259,11 @@ def test_vllm_connector_module_rebinds_vllms_nixl_names(tmp_path):
         "assert m.TcpxdNixlConnector is v.NixlConnector\n"
         "assert v.NixlWrapper is t.nixl_agent and v.nixl_agent_config is t.nixl_agent_config\n"
         "assert v.nixlXferTelemetry is t.nixlXferTelemetry and v.NixlConnector().agent() is t.nixl_agent\n"
+        "w = v.NixlConnectorWorker()\n"
+        "w.initialize_host_xfer_buffer({'layer.0': None, 'layer.1': None})\n"
+        "assert all(b.shared for b in w.host_xfer_buffers.values())  # host staging moved to shared memory\n"
+        "m.patch()\n"
+        "assert v.NixlConnectorWorker.initialize_host_xfer_buffer._tcpxd_shared  # wrapped once\n"
         "print('ok')\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)

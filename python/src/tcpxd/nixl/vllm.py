@@ -10,6 +10,11 @@ swap NixlWrapper for a fake; TcpxdNixlConnector is vLLM's NixlConnector itself, 
 connector factory does not know, so it loads it from here. Both the single-module connector
 (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py) and the package form
 (.../v1/nixl/) are handled.
+
+With `"kv_buffer_device": "cpu"` vLLM stages the KV cache in host tensors it allocates with
+torch.empty (anonymous memory, which the daemon cannot map); the worker's
+initialize_host_xfer_buffer is wrapped to move them into shared memory (`share_memory_()`, before
+they are registered), so host staging works too.
 """
 
 from __future__ import annotations
@@ -43,9 +48,28 @@ def patch() -> List[str]:
             if attr in vars(mod):
                 setattr(mod, attr, value)
                 hit = True
+        worker = vars(mod).get("NixlConnectorWorker")
+        if worker is not None and hasattr(worker, "initialize_host_xfer_buffer"):
+            worker.initialize_host_xfer_buffer = _shared_host_buffers(worker.initialize_host_xfer_buffer)
+            hit = True
         if hit:
             changed.append(mod_name)
     return changed
+
+
+def _shared_host_buffers(init: Any) -> Any:
+    """initialize_host_xfer_buffer, then its host tensors moved into shared memory."""
+    if getattr(init, "_tcpxd_shared", False):
+        return init
+
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = init(self, *args, **kwargs)
+        for t in getattr(self, "host_xfer_buffers", {}).values():
+            t.share_memory_()
+        return out
+
+    wrapper._tcpxd_shared = True  # type: ignore[attr-defined]
+    return wrapper
 
 
 def _connector() -> Any:
