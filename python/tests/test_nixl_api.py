@@ -291,3 +291,14 @@ def test_bulk_encoded_entries_match_protobufs():
         for i, e in enumerate(got):
             want = (int(values[0][i]), int(values[1][i]), descs[keys[i]].decode(), 0, int(values[3][i]))
             assert (e.local_buffer_id, e.local_offset, e.remote_descriptor, e.remote_offset, e.length) == want
+
+
+def test_closing_an_agent_releases_what_it_held(daemons):
+    a, _ = daemons
+    with tcpxd.Client(a.endpoint) as c:
+        before = {b.id for b in c.list_buffers()}
+        ag = nixl_agent("short-lived", nixl_agent_config(endpoint=a.endpoint))
+        assert len({b.id for b in c.list_buffers()} - before) == 1  # its mailbox
+        ag.close()
+        ag.close()  # idempotent
+        assert {b.id for b in c.list_buffers()} - before == set()

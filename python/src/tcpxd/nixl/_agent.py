@@ -221,7 +221,11 @@ class nixl_agent:  # noqa: N801
         self._inbox.close()
         if session is not None:
             session._abort("client closed")
-        self._memory.close()
+        try:
+            self._memory.close()
+            self._mailbox.release()
+        except TcpxdError as e:  # the daemon is gone: nothing of ours is left there
+            log.warning("agent %s: releasing its buffers: %s", self.name, e)
         self._client.close()
 
     def __enter__(self) -> "nixl_agent":
