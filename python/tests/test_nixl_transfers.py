@@ -149,3 +149,59 @@ def test_refusals_that_need_registered_memory(daemons):
     finally:
         A.close()
         B.close()
+
+
+def test_one_agent_from_many_threads(daemons):
+    """The agent is thread-safe: threads preparing, posting and polling their own transfers at once
+    (and one registering more memory meanwhile) all land their bytes."""
+    import threading
+
+    a, b = daemons
+    A, B = pair(a, b)
+    try:
+        amem, ablocks = regions(A, 64)
+        bmem, bblocks = regions(B, 64)
+        bmem[:] = np.random.default_rng(1).integers(0, 256, bmem.nbytes, dtype=np.uint8)
+        A.add_remote_agent(B.get_agent_metadata())
+        local = A.prep_xfer_dlist("NIXL_INIT_AGENT", ablocks, "DRAM")
+        remote = A.prep_xfer_dlist("xf-B", bblocks, "DRAM")
+        errors = []
+
+        def worker(t: int) -> None:
+            try:
+                for r in range(5):
+                    idx = np.arange(t * 8, t * 8 + 8)
+                    h = A.make_prepped_xfer("READ", local, idx, remote, idx[::-1].copy(), f"t{t}-{r}")
+                    A.transfer(h)
+                    assert wait(A, h) == "DONE", h.error
+                    A.release_xfer_handle(h)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        def registrar() -> None:
+            try:
+                for _ in range(5):
+                    m, _ = regions(A, 1)
+                    A.deregister_memory(A.get_reg_descs([(int(m.ctypes.data), m.nbytes, 0, "")], "DRAM"))
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)] + [threading.Thread(target=registrar)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        assert not errors, errors
+        for t in range(8):
+            for k, i in enumerate(range(t * 8, t * 8 + 8)):
+                j = t * 8 + 7 - k
+                assert np.array_equal(amem[i * BLOCK:(i + 1) * BLOCK], bmem[j * BLOCK:(j + 1) * BLOCK])
+        got: dict = {}
+        deadline = time.monotonic() + 10
+        while sum(len(v) for v in got.values()) < 40 and time.monotonic() < deadline:
+            for k, v in B.get_new_notifs().items():
+                got.setdefault(k, []).extend(v)
+        assert sorted(got["xf-A"]) == sorted(f"t{t}-{r}".encode() for t in range(8) for r in range(5))
+    finally:
+        A.close()
+        B.close()
