@@ -128,10 +128,12 @@ def entries(field: int, pieces: List[Piece], per: int) -> List[bytes]:
             at = at + 1 + lens
         else:
             ks, arrs = data
-            for k in np.unique(ks):
-                blob = arrs[k]
-                sel = np.flatnonzero(ks == k)
-                out[(at[sel][:, None] + np.arange(len(blob))[None, :]).reshape(-1)] = np.tile(blob, len(sel))
+            order = np.argsort(ks, kind="stable")
+            ends = np.cumsum(np.bincount(ks, minlength=len(arrs)))
+            for k, blob in enumerate(arrs):
+                sel = order[(ends[k - 1] if k else 0):ends[k]]
+                if len(sel):
+                    out[(at[sel][:, None] + np.arange(len(blob))[None, :]).reshape(-1)] = np.tile(blob, len(sel))
             at = at + np.array([len(b) for b in arrs], dtype=np.int64)[ks]
     cuts = list(start[per::per]) + [len(out)]
     edges = [0] + cuts
