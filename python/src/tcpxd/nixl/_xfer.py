@@ -72,14 +72,28 @@ class Xfer:
         t0 = time.perf_counter()
         self.telemetry.startTime = time.time_ns() // 1000
         name = field(self.plan.op)
-        futs = []
-        for req in self.plan.requests:
-            if self.plan.op == "WRITE":
-                req.notification = ride
-            futs.append(session._submit(**{name: req}))
+        futs: List[concurrent.futures.Future] = []
+        try:
+            for req in self.plan.requests:
+                if self.plan.op == "WRITE":
+                    req.notification = ride
+                futs.append(session._submit(**{name: req}))
+        except TcpxdError as e:  # the session was closed under us: what went out is cancelled
+            with self._lock:
+                if gen == self._gen:
+                    self._t0 = t0
+                    self._end("ERR", e)
+            for f in futs:
+                _cancel(session, f)
+            raise
         with self._lock:
             self._futs = futs
             self._t0 = t0
+            stale = gen != self._gen  # released while posting
+        if stale:
+            for f in futs:
+                _cancel(session, f)
+            return self.state
         self.telemetry.postDuration = int((time.perf_counter() - t0) * 1e6)
         for f in futs:
             f.add_done_callback(functools.partial(self._done, gen))
