@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod engine;
 pub mod gpu;
+pub mod host_fd;
 pub mod idle;
 pub mod logging;
 pub mod metrics;

@@ -32,5 +32,6 @@ pub fn emulation_plugin_path() -> PathBuf {
     );
 }
 pub mod daemons;
+pub mod framed;
 pub mod procs;
 pub mod scrape;

@@ -11,18 +11,20 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Set
 import grpc
 import grpc.aio
 
-from . import _local, _ops, _proto, _tensor
+from . import _hostmem, _local, _ops, _proto, _tensor
 from ._ops import BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp
 from .client import DEFAULT_CALL_TIMEOUT, SESSION_FIELD, local_end, settle, too_large
 from .errors import Cancelled, DeadlineExceeded, TcpxdError, Unavailable, from_rpc_error, from_status
 
 
-class AsyncBuffer:
-    """A buffer registered with a daemon. `async with` releases it."""
+class AsyncBuffer(_hostmem.HostView):
+    """A buffer registered with a daemon. `async with` releases it. Host memory this process shares
+    with the daemon (`shared`) is also seen here: `numpy()`, `tensor()`."""
 
-    def __init__(self, client: "AsyncClient", msg: Any, keepalive: Any = None):
+    def __init__(self, client: "AsyncClient", msg: Any, keepalive: Any = None, host: Optional[_hostmem.HostMemory] = None):
         self._client = client
         self._keepalive = keepalive
+        self._host = host
         self._update(msg)
         self.released = False
 
@@ -566,6 +568,9 @@ class AsyncClient:
         self._local: Optional[_AsyncLocalSessions] = _AsyncLocalSessions(path) if path else None
         #: Sessions on the local session (closing the client ends them, as closing the channel ends gRPC's).
         self._sessions: "weakref.WeakSet[AsyncSession]" = weakref.WeakSet()
+        unix = _local.socket_path(self.endpoint)
+        #: Registers host memory this process shares (blocking: run in a thread).
+        self._registrar: Optional[_hostmem.Registrar] = _hostmem.Registrar(unix) if unix else None
 
     def _stub(self, name: str, kind: str) -> Any:
         s = self._stubs.get(name)
@@ -590,6 +595,8 @@ class AsyncClient:
     async def close(self) -> None:
         for session in list(self._sessions):
             session._abort("client closed")
+        if self._registrar is not None:
+            self._registrar.close()  # the daemon releases the host memory this client shared
         if self._local is not None:
             await self._local.close()
         if self._own is not None:
@@ -604,8 +611,16 @@ class AsyncClient:
 
     # -- buffers
 
-    async def register_host(self, size: int, label: str = "") -> AsyncBuffer:
-        return AsyncBuffer(self, await self._unary("RegisterBuffer", _ops.host_register(size, label)))
+    async def register_host(
+        self, memory: Any, label: str = "", *, fd: Optional[int] = None, shared: Optional[bool] = None
+    ) -> AsyncBuffer:
+        """As Client.register_host (the descriptor passing runs in a thread of the default executor)."""
+        if _hostmem.daemon_allocates(memory, shared, self._registrar):
+            return AsyncBuffer(self, await self._unary("RegisterBuffer", _ops.host_register(memory, label)))
+        msg, host = await asyncio.get_running_loop().run_in_executor(
+            None, _hostmem.register, self._registrar, self.endpoint, memory, label, fd, self.timeout
+        )
+        return AsyncBuffer(self, msg, keepalive=host, host=host)
 
     async def allocate_cuda(self, size: int, device: int = 0, label: str = "") -> AsyncBuffer:
         return AsyncBuffer(self, await self._unary("RegisterBuffer", _ops.cuda_register(size, device, label)))
