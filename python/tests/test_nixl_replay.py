@@ -16,11 +16,6 @@ import pytest
 import nixl_roles as roles
 from conftest import start_daemon, stop_daemon
 
-try:  # DRAM regions are client host memory the daemon maps (the hostmem branch, issue 24 point 2)
-    import tcpxd._hostmem  # noqa: F401
-except ImportError:
-    pytest.skip("needs client host memory registration (tcpxd._hostmem), not merged on this branch yet",
-                allow_module_level=True)
 
 CTX = multiprocessing.get_context("spawn")  # no fork of a process with gRPC threads
 TIMEOUT = 120
