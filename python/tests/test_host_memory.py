@@ -255,6 +255,18 @@ def test_asyncio_client_shares_the_same_way(peered):
             assert src.id not in [x.id for x in await ca.list_buffers()]
             with pytest.raises(tcpxd.InvalidArgument, match="anonymous"):
                 await ca.register_host(np.zeros(16, dtype=np.uint8))
+            # On a session's own connection: released when the session ends.
+            async with ca.session() as s:
+                sb = await s.register_host(MIB)
+                sb.numpy()[:] = 4
+                assert (await s.write(sb, dst)).total_bytes == MIB
+                assert sb.kind == "host_shared"
+            assert await dst.read_bytes(0, 4) == b"\x04" * 4
+            for _ in range(500):
+                if sb.id not in [x.id for x in await ca.list_buffers()]:
+                    break
+                await asyncio.sleep(0.01)
+            assert sb.id not in [x.id for x in await ca.list_buffers()], "released when its session ended"
             await dst.release()
 
     asyncio.run(main())

@@ -302,17 +302,37 @@ def no_unix_socket(endpoint: str) -> TcpxdError:
     )
 
 
+class _Known:
+    available: Optional[bool] = None
+
+
+class OldDaemon(FailedPrecondition):
+    """The daemon does not speak the local session: it cannot take host memory by descriptor."""
+
+
 class Registrar:
     """The client's connection for registering its host memory: one local session of its own, kept
     open while the client lives (the daemon releases the buffers registered on it when it closes),
     one registration at a time."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, known: Any = None):
         self.path = path
         self._lock = threading.Lock()
         self._conn: Optional[_local.Connection] = None
         self._closed = False
         self._pid = os.getpid()
+        #: What the client found out about the daemon's local session (`available`): its pool of
+        #: local sessions, shared so the daemon is asked once; else this registrar's own.
+        self._known = known if known is not None else _Known()
+
+    @property
+    def available(self) -> Optional[bool]:
+        """False once the daemon turned out not to speak the local session (it predates it)."""
+        return self._known.available
+
+    @available.setter
+    def available(self, value: Optional[bool]) -> None:
+        self._known.available = value
 
     def register(self, shared: Shared, label: str, timeout: Optional[float]) -> Any:
         """Registers the memory; returns the daemon's Buffer message."""
@@ -340,16 +360,29 @@ class Registrar:
             self._conn, self._pid = None, os.getpid()
         if self._conn is None:
             try:
+                if self.available is False:
+                    raise _local.NotLocal("found out before")
                 conn = _local.handshake(self.path)
             except _local.NotLocal as e:
-                raise FailedPrecondition(
+                self.available = False
+                raise OldDaemon(
                     f"register_host: the daemon at {self.path} does not speak the local session ({e}); "
                     "it predates host memory registration: upgrade it, or use register_host(size, shared=False)"
                 ) from None
             if conn is None:
                 raise Unavailable(f"register_host: nothing answers at {self.path}")
-            self._conn = conn
+            self._conn, self.available = conn, True
         return self._conn
+
+    def speaks_local(self) -> bool:
+        """Whether the daemon speaks the local session (connects to find out, once)."""
+        if self.available is None:
+            try:
+                with self._lock:
+                    self._connection()
+            except OldDaemon:
+                pass
+        return self.available is not False
 
     def _drop(self) -> None:
         if self._conn is not None:
@@ -373,18 +406,31 @@ def prepare(memory: Any, label: str, fd: Optional[int]) -> Shared:
 
 
 def daemon_allocates(memory: Any, shared: Optional[bool], registrar: Optional[Registrar]) -> bool:
-    """Whether `register_host(memory, shared=...)` is the daemon-allocated kind (RegisterBuffer)."""
+    """Whether `register_host(memory, shared=...)` is the daemon-allocated kind (RegisterBuffer), as
+    far as known without connecting: a size with shared=False, or with shared=None where no
+    descriptor can pass (a TCP endpoint, a daemon found to predate the local session)."""
     sized = isinstance(memory, int) and not isinstance(memory, bool)
-    return sized and (shared is False or (shared is None and registrar is None))
+    cannot = registrar is None or registrar.available is False
+    return sized and (shared is False or (shared is None and cannot))
 
 
 def register(
-    registrar: Optional[Registrar], endpoint: str, memory: Any, label: str, fd: Optional[int], timeout: Optional[float]
-) -> Tuple[Any, HostMemory]:
-    """Shares `memory` (a size: a new memfd) with the daemon: its Buffer message, and this side of it.
-    Blocking (the asyncio client runs it in a thread)."""
+    registrar: Optional[Registrar],
+    endpoint: str,
+    memory: Any,
+    label: str,
+    fd: Optional[int],
+    timeout: Optional[float],
+    shared: Optional[bool] = None,
+) -> Optional[Tuple[Any, HostMemory]]:
+    """Shares `memory` (a size: a new memfd) with the daemon: its Buffer message, and this side of it;
+    None for a size with shared=None when the daemon predates the local session (the caller has it
+    allocate the buffer instead). Blocking (the asyncio client runs it in a thread)."""
     if registrar is None:
         raise no_unix_socket(endpoint)
+    sized = isinstance(memory, int) and not isinstance(memory, bool)
+    if sized and shared is None and not registrar.speaks_local():
+        return None
     mem = prepare(memory, label, fd)
     host = HostMemory(mem)
     return registrar.register(mem, label, timeout), host

@@ -603,7 +603,7 @@ class Client:
         self._sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
         unix = _local.socket_path(self.endpoint)
         #: Registers host memory this process shares (its connection holds those buffers).
-        self._registrar: Optional[_hostmem.Registrar] = _hostmem.Registrar(unix) if unix else None
+        self._registrar: Optional[_hostmem.Registrar] = _hostmem.Registrar(unix, self._local) if unix else None
 
     # -- plumbing
 
@@ -663,10 +663,11 @@ class Client:
         endpoint, unless `shared=True`) has the daemon allocate the memory instead, as before: it
         outlives the client, and this process reaches it only by read_bytes()/write_bytes().
         Raises InvalidArgument/FailedPrecondition for memory that cannot be shared, saying what to do."""
-        if _hostmem.daemon_allocates(memory, shared, self._registrar):
-            return Buffer(self, self._unary("RegisterBuffer", _ops.host_register(memory, label)))
-        msg, host = _hostmem.register(self._registrar, self.endpoint, memory, label, fd, self.timeout)
-        return Buffer(self, msg, keepalive=host, host=host)
+        if not _hostmem.daemon_allocates(memory, shared, self._registrar):
+            got = _hostmem.register(self._registrar, self.endpoint, memory, label, fd, self.timeout, shared)
+            if got is not None:
+                return Buffer(self, got[0], keepalive=got[1], host=got[1])
+        return Buffer(self, self._unary("RegisterBuffer", _ops.host_register(memory, label)))
 
     def allocate_cuda(self, size: int, device: int = 0, label: str = "") -> Buffer:
         """A CUDA buffer the daemon allocates on GPU `device`."""
