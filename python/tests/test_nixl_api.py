@@ -252,9 +252,12 @@ def test_vllm_connector_module_rebinds_vllms_nixl_names(tmp_path):
         "class NixlConnectorWorker:\n    def initialize_host_xfer_buffer(self, kv_caches):\n"
         "        self.host_xfer_buffers = {k: T() for k in kv_caches}\n"
     )
+    (tmp_path / "vllm" / "distributed" / "nixl_utils.py").write_text("NixlWrapper = None\nnixl_agent_config = None\n")
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     code = (
         "import tcpxd.nixl.vllm as m, tcpxd.nixl as t\n"
+        "import vllm.distributed.nixl_utils as u\n"
+        "assert u.NixlWrapper is t.nixl_agent and u.nixl_agent_config is t.nixl_agent_config  # the newest vLLM's\n"
         "import vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector as v\n"
         "assert m.TcpxdNixlConnector is v.NixlConnector\n"
         "assert v.NixlWrapper is t.nixl_agent and v.nixl_agent_config is t.nixl_agent_config\n"

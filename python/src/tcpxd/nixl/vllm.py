@@ -7,9 +7,9 @@ vLLM imports this module (in each process that builds a connector) for the class
 names. Importing it imports vLLM's NIXL connector modules and points the names they bound at
 import time (NixlWrapper, nixl_agent_config, nixlXferTelemetry) at tcpxd.nixl, as vLLM's own tests
 swap NixlWrapper for a fake; TcpxdNixlConnector is vLLM's NixlConnector itself, under a name the
-connector factory does not know, so it loads it from here. Both the single-module connector
-(vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py) and the package form
-(.../v1/nixl/) are handled.
+connector factory does not know, so it loads it from here. The single-module connector
+(vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py), the package form (.../v1/nixl/)
+and vllm/distributed/nixl_utils.py (where the newest binds them) are handled.
 
 With `"kv_buffer_device": "cpu"` vLLM stages the KV cache in host tensors it allocates with
 torch.empty (anonymous memory, which the daemon cannot map); the worker's
@@ -25,9 +25,14 @@ from typing import Any, List
 
 from . import nixl_agent, nixl_agent_config, nixlXferTelemetry
 
+#: Where vLLM binds NIXL's names: every module under this is looked at once the ones below are imported.
+SCOPE = "vllm.distributed"
 PREFIX = "vllm.distributed.kv_transfer.kv_connector.v1"
-MODULES = (f"{PREFIX}.nixl_connector", f"{PREFIX}.nixl", f"{PREFIX}.nixl.utils", f"{PREFIX}.nixl.worker",
-           f"{PREFIX}.nixl.connector")
+#: vLLM's NIXL modules across versions (the single-module connector; the package form and its
+#: workers; the shared vllm.distributed.nixl_utils of the newest).
+MODULES = (f"{PREFIX}.nixl_connector", "vllm.distributed.nixl_utils", f"{PREFIX}.nixl", f"{PREFIX}.nixl.utils",
+           f"{PREFIX}.nixl.worker", f"{PREFIX}.nixl.base_worker", f"{PREFIX}.nixl.pull_worker",
+           f"{PREFIX}.nixl.push_worker", f"{PREFIX}.nixl.connector")
 NAMES = {"NixlWrapper": nixl_agent, "nixl_agent_config": nixl_agent_config, "nixlXferTelemetry": nixlXferTelemetry}
 
 
@@ -41,17 +46,17 @@ def patch() -> List[str]:
             continue
     changed = []
     for mod_name, mod in list(sys.modules.items()):
-        if mod is None or not mod_name.startswith(PREFIX):
+        if mod is None or not mod_name.startswith(SCOPE):
             continue
         hit = False
         for attr, value in NAMES.items():
             if attr in vars(mod):
                 setattr(mod, attr, value)
                 hit = True
-        worker = vars(mod).get("NixlConnectorWorker")
-        if worker is not None and hasattr(worker, "initialize_host_xfer_buffer"):
-            worker.initialize_host_xfer_buffer = _shared_host_buffers(worker.initialize_host_xfer_buffer)
-            hit = True
+        for cls in list(vars(mod).values()):  # the worker classes that allocate host staging
+            if isinstance(cls, type) and cls.__module__ == mod_name and "initialize_host_xfer_buffer" in vars(cls):
+                cls.initialize_host_xfer_buffer = _shared_host_buffers(vars(cls)["initialize_host_xfer_buffer"])  # type: ignore[attr-defined]
+                hit = True
         if hit:
             changed.append(mod_name)
     return changed
