@@ -385,6 +385,16 @@ class nixl_agent:  # noqa: N801
             raise nixlNotFoundError(f"{what}: no remote agent {name!r} (load its metadata with add_remote_agent first)")
         return remote
 
+    def _peer(self, agent: AgentName, what: str) -> _Remote:
+        """A remote agent this one can move data to: on another node."""
+        remote = self._remote(agent, what)
+        if remote.md.node_id == self._node.node_id:
+            raise nixlNotSupportedError(
+                f"{what}: agent {remote.md.name!r} uses this agent's daemon (node {self._node.node_id!r}); tcpxd moves "
+                "data between nodes: give each side a daemon of its own (on one host: a second tcpxd with its own "
+                "--node-id, --api-socket and --peer-listen, and TCPXD_ENDPOINT pointing each side at its own)")
+        return remote
+
     # -- prepared lists and transfers
 
     def prep_xfer_dlist(self, agent_name: AgentName, xfer_list: Any, mem_type: Optional[str] = None,
@@ -400,7 +410,7 @@ class nixl_agent:  # noqa: N801
             raise nixlNotSupportedError(
                 "agent_name: loopback transfers (within this agent's own node) are not carried by tcpxd; name a remote agent")
         else:
-            remote = self._remote(name, "agent_name")
+            remote = self._peer(name, "agent_name")
             prepped = _plan.prepare(remote.table, dl.mem, dl.rows, name, f"remote agent {name!r}", "xfer_list")
         with self._lock:
             h = next(self._ids)
@@ -447,7 +457,7 @@ class nixl_agent:  # noqa: N801
         """A transfer of every local descriptor with the remote descriptor at the same position."""
         op = _op(operation)
         name = _name(remote_agent, "remote_agent")
-        remote = self._remote(name, "remote_agent")
+        remote = self._peer(name, "remote_agent")
         ld = parse(local_descs, None, False, "local_descs")
         rd = parse(remote_descs, None, False, "remote_descs")
         local = _plan.prepare(self._memory.table(), ld.mem, ld.rows, "", f"agent {self.name!r}", "local_descs")
@@ -509,7 +519,7 @@ class nixl_agent:  # noqa: N801
 
     def send_notif(self, remote_agent_name: AgentName, notif_msg: Any, backend: Optional[str] = None) -> None:
         """Sends a notification alone; returns once it reached the remote agent's node."""
-        remote = self._remote(remote_agent_name, "remote_agent_name")
+        remote = self._peer(remote_agent_name, "remote_agent_name")
         framed = frame(self.name, remote.md.name, _bytes(notif_msg, "notif_msg"))
         try:
             self._client.write(self._mailbox, remote.md.mailbox, 1, notification=framed,
