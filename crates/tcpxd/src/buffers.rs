@@ -24,6 +24,9 @@ pub enum BufferKind {
     Cuda,
     /// A client's CUDA allocation imported from its IPC handle.
     CudaIpc,
+    /// A local client's host memory, mapped from the file descriptor it handed over
+    /// (src/host_fd.rs).
+    HostShared,
 }
 
 /// A buffer's memory.
@@ -226,7 +229,7 @@ impl BufferRegistry {
         self
     }
 
-    fn check_new(&self, field: &str, size: u64, label: &str) -> Result<(), EngineError> {
+    pub(crate) fn check_new(&self, field: &str, size: u64, label: &str) -> Result<(), EngineError> {
         if size == 0 || size > self.max_buffer_bytes {
             return Err(EngineError::invalid(format!(
                 "{field}: {size} bytes is outside 1..={} (max_buffer_bytes)",
@@ -242,7 +245,13 @@ impl BufferRegistry {
         Ok(())
     }
 
-    fn entry(&self, kind: BufferKind, size: u64, label: &str, memory: BufferMemory) -> Arc<BufferEntry> {
+    pub(crate) fn entry(
+        &self,
+        kind: BufferKind,
+        size: u64,
+        label: &str,
+        memory: BufferMemory,
+    ) -> Arc<BufferEntry> {
         Arc::new(BufferEntry {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             kind,

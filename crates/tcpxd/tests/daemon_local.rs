@@ -6,11 +6,10 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::Duration;
 
 use common::daemons::*;
-use prost::Message;
+use common::framed::*;
 use tcpxd::api::proto::v1 as pb;
 use tcpxd::api::proto::v1::session_event::Event;
 use tcpxd::api::proto::v1::session_request::Op;
@@ -19,87 +18,6 @@ use tokio::net::UnixStream;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
-const PREFACE: &[u8; 8] = b"TCPXD/1\n";
-
-/// A framed session over its own connection, as a client without gRPC drives it.
-struct Framed {
-    io: UnixStream,
-}
-
-impl Framed {
-    async fn open(path: &Path) -> Framed {
-        let mut io = UnixStream::connect(path).await.expect("connect");
-        io.write_all(PREFACE).await.unwrap();
-        let mut answer = [0u8; 8];
-        tokio::time::timeout(Duration::from_secs(30), io.read_exact(&mut answer))
-            .await
-            .expect("the preface answered within 30 s")
-            .expect("the preface answered");
-        assert_eq!(&answer, PREFACE);
-        Framed { io }
-    }
-
-    async fn send_raw(&mut self, bytes: &[u8]) {
-        self.io.write_all(bytes).await.expect("connection open");
-    }
-
-    async fn send(&mut self, tag: u64, op: Op) {
-        self.send_request(pb::SessionRequest { tag, op: Some(op) }).await;
-    }
-
-    async fn send_request(&mut self, req: pb::SessionRequest) {
-        let body = req.encode_to_vec();
-        let mut frame = (body.len() as u32).to_be_bytes().to_vec();
-        frame.extend(body);
-        self.send_raw(&frame).await;
-    }
-
-    /// The next event, or `None` at a clean EOF.
-    async fn next_or_eof(&mut self) -> Option<pb::SessionEvent> {
-        tokio::time::timeout(Duration::from_secs(30), async {
-            let mut head = [0u8; 4];
-            match self.io.read_exact(&mut head).await {
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return None,
-                Err(e) => panic!("reading an event: {e}"),
-            }
-            let mut body = vec![0u8; u32::from_be_bytes(head) as usize];
-            self.io.read_exact(&mut body).await.expect("a whole frame");
-            Some(pb::SessionEvent::decode(&body[..]).expect("a SessionEvent"))
-        })
-        .await
-        .expect("an event or EOF within 30 s")
-    }
-
-    async fn next(&mut self) -> pb::SessionEvent {
-        self.next_or_eof().await.expect("an event, not EOF")
-    }
-
-    async fn assert_eof(&mut self) {
-        if let Some(ev) = self.next_or_eof().await {
-            panic!("expected EOF, got {ev:?}");
-        }
-    }
-}
-
-async fn half_close(f: &mut Framed) {
-    f.io.shutdown().await.expect("half-close");
-}
-
-fn finished(ev: &pb::SessionEvent) -> &pb::TransferEvent {
-    match &ev.event {
-        Some(Event::Finished(t)) => t,
-        other => panic!("tag {}: expected a finished event, got {other:?}", ev.tag),
-    }
-}
-
-fn refused(ev: pb::SessionEvent) -> (u64, i32, String) {
-    match ev.event {
-        Some(Event::Refused(st)) => (ev.tag, st.code, st.message),
-        other => panic!("expected a refusal, got {other:?}"),
-    }
-}
-
 async fn cancelled_total(c: &mut Client) -> u64 {
     let stats = c.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
     stats

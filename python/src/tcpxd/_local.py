@@ -17,6 +17,7 @@ its many requests in flight, sent from any thread, the events read by its reader
 
 from __future__ import annotations
 
+import array
 import os
 import socket
 import struct
@@ -83,6 +84,14 @@ def answer(ev: Any, tag: int) -> TransferResult:
     return _ops.result(ev.finished)
 
 
+def send_with_fd(sock: socket.socket, frame: bytes, fd: int) -> None:
+    """Sends `frame` with the descriptor `fd` attached (SCM_RIGHTS): the daemon gives it to the
+    frame whose first byte it came with."""
+    sent = sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+    if sent < len(frame):
+        sock.sendall(frame[sent:])
+
+
 class Gone(Exception):
     """The connection ended before the daemon answered; `sent`: whether the request went out."""
 
@@ -100,10 +109,11 @@ class Connection:
         self._tag = 0
         self._timeout: Optional[float] = None  # the socket's, set only when it changes
 
-    def exchange(self, field: str, req: Any, timeout: Optional[float]) -> Optional[Any]:
-        """Sends one request and returns the daemon's event (a SessionEvent); None when the request
-        is too large for a frame. Raises Gone when the connection ended unanswered, socket.timeout
-        when `timeout` (plus BACKSTOP) passed."""
+    def exchange(self, field: str, req: Any, timeout: Optional[float], fd: Optional[int] = None) -> Optional[Any]:
+        """Sends one request (with the file descriptor `fd` attached, for `register_host_fd`) and
+        returns the daemon's event (a SessionEvent); None when the request is too large for a frame.
+        Raises Gone when the connection ended unanswered, socket.timeout when `timeout` (plus
+        BACKSTOP) passed."""
         self._tag += 1
         frame = request_frame(self._tag, field, req)
         if frame is None:
@@ -113,7 +123,10 @@ class Connection:
             self.sock.settimeout(wait)
             self._timeout = wait
         try:
-            self.sock.sendall(frame)
+            if fd is None:
+                self.sock.sendall(frame)
+            else:
+                send_with_fd(self.sock, frame, fd)
         except (BrokenPipeError, ConnectionResetError):
             raise Gone(sent=False) from None
         return self._receive()

@@ -3,26 +3,31 @@ as tcpxd.Client, as coroutines."""
 
 from __future__ import annotations
 
+import array
 import asyncio
 import itertools
+import os
+import socket
 import weakref
 from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Set
 
 import grpc
 import grpc.aio
 
-from . import _local, _ops, _proto, _tensor
+from . import _hostmem, _local, _ops, _proto, _tensor
 from ._ops import BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp
 from .client import DEFAULT_CALL_TIMEOUT, SESSION_FIELD, local_end, settle, too_large
 from .errors import Cancelled, DeadlineExceeded, TcpxdError, Unavailable, from_rpc_error, from_status
 
 
-class AsyncBuffer:
-    """A buffer registered with a daemon. `async with` releases it."""
+class AsyncBuffer(_hostmem.HostView):
+    """A buffer registered with a daemon. `async with` releases it. Host memory this process shares
+    with the daemon (`shared`) is also seen here: `numpy()`, `tensor()`."""
 
-    def __init__(self, client: "AsyncClient", msg: Any, keepalive: Any = None):
+    def __init__(self, client: "AsyncClient", msg: Any, keepalive: Any = None, host: Optional[_hostmem.HostMemory] = None):
         self._client = client
         self._keepalive = keepalive
+        self._host = host
         self._update(msg)
         self.released = False
 
@@ -176,17 +181,34 @@ class AsyncSession:
             item = await self._q.get()
             if item is None:
                 return
+            if isinstance(item, tuple):  # a registration: gRPC cannot carry its descriptor (the daemon says so)
+                item[1].done_sending()
+                item = item[0]
             yield item
 
-    def _submit(self, **op: Any) -> "asyncio.Future[Any]":
+    def _submit(self, _shared: Optional[_hostmem.Shared] = None, **op: Any) -> "asyncio.Future[Any]":
         if self._closed:
             raise TcpxdError("the session is closed")
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         tag = next(self._tags)
         self._pending[tag] = fut
         fut.tag = tag  # type: ignore[attr-defined]
-        self._q.put_nowait(_proto.message("SessionRequest")(tag=tag, **op))
+        msg = _proto.message("SessionRequest")(tag=tag, **op)
+        self._q.put_nowait(msg if _shared is None else (msg, _shared))
         return fut
+
+    async def register_host(self, memory: Any, label: str = "", *, fd: Optional[int] = None) -> AsyncBuffer:
+        """As tcpxd.Session.register_host: on this session's connection, released when it ends."""
+        if self._client._registrar is None:
+            raise _hostmem.no_unix_socket(self._client.endpoint)
+        mem = await asyncio.get_running_loop().run_in_executor(None, _hostmem.prepare, memory, label, fd)
+        host = _hostmem.HostMemory(mem)
+        try:
+            fut = self._submit(mem, register_host_fd=_hostmem.register_request(mem, label))
+        except BaseException:
+            mem.done_sending()
+            raise
+        return AsyncBuffer(self._client, await fut, keepalive=host, host=host)
 
     def write(
         self,
@@ -299,6 +321,13 @@ class AsyncSession:
                 if msg is None:
                     conn.writer.write_eof()  # the daemon finishes what is in flight, then closes
                     return
+                if isinstance(msg, tuple):  # a registration, with its memory's descriptor
+                    msg, shared = msg
+                    try:
+                        await send_with_fd(conn.writer, _local.frame(msg) or b"", shared.fd)
+                    finally:
+                        shared.done_sending()
+                    continue
                 frame = _local.frame(msg)
                 if frame is None:
                     fut = self._pending.pop(msg.tag, None)
@@ -398,6 +427,28 @@ class _AsyncOwnStream:
     def close(self) -> None:
         self._closed = True
         self._drop(cancel=True)
+
+
+async def send_with_fd(writer: asyncio.StreamWriter, frame: bytes, fd: int) -> None:
+    """Sends `frame` with `fd` attached (SCM_RIGHTS) on the stream's socket: once what was written
+    before has left (the one sender task writes nothing meanwhile), by sendmsg on a duplicate of the
+    socket's descriptor (asyncio's transports have no sendmsg)."""
+    transport = writer.transport
+    while transport.get_write_buffer_size():
+        await asyncio.sleep(0.0005)
+    sock = socket.socket(fileno=os.dup(transport.get_extra_info("socket").fileno()))
+    try:
+        while True:
+            try:
+                sent = sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+                break
+            except BlockingIOError:  # the socket's buffer is full: the daemon reads it soon
+                await asyncio.sleep(0.0005)
+    finally:
+        sock.close()
+    if sent < len(frame):
+        writer.write(frame[sent:])
+        await writer.drain()
 
 
 class _AsyncConnection:
@@ -566,6 +617,9 @@ class AsyncClient:
         self._local: Optional[_AsyncLocalSessions] = _AsyncLocalSessions(path) if path else None
         #: Sessions on the local session (closing the client ends them, as closing the channel ends gRPC's).
         self._sessions: "weakref.WeakSet[AsyncSession]" = weakref.WeakSet()
+        unix = _local.socket_path(self.endpoint)
+        #: Registers host memory this process shares (blocking: run in a thread).
+        self._registrar: Optional[_hostmem.Registrar] = _hostmem.Registrar(unix, self._local) if unix else None
 
     def _stub(self, name: str, kind: str) -> Any:
         s = self._stubs.get(name)
@@ -590,6 +644,8 @@ class AsyncClient:
     async def close(self) -> None:
         for session in list(self._sessions):
             session._abort("client closed")
+        if self._registrar is not None:
+            self._registrar.close()  # the daemon releases the host memory this client shared
         if self._local is not None:
             await self._local.close()
         if self._own is not None:
@@ -604,8 +660,17 @@ class AsyncClient:
 
     # -- buffers
 
-    async def register_host(self, size: int, label: str = "") -> AsyncBuffer:
-        return AsyncBuffer(self, await self._unary("RegisterBuffer", _ops.host_register(size, label)))
+    async def register_host(
+        self, memory: Any, label: str = "", *, fd: Optional[int] = None, shared: Optional[bool] = None
+    ) -> AsyncBuffer:
+        """As Client.register_host (the descriptor passing runs in a thread of the default executor)."""
+        if not _hostmem.daemon_allocates(memory, shared, self._registrar):
+            got = await asyncio.get_running_loop().run_in_executor(
+                None, _hostmem.register, self._registrar, self.endpoint, memory, label, fd, self.timeout, shared
+            )
+            if got is not None:
+                return AsyncBuffer(self, got[0], keepalive=got[1], host=got[1])
+        return AsyncBuffer(self, await self._unary("RegisterBuffer", _ops.host_register(memory, label)))
 
     async def allocate_cuda(self, size: int, device: int = 0, label: str = "") -> AsyncBuffer:
         return AsyncBuffer(self, await self._unary("RegisterBuffer", _ops.cuda_register(size, device, label)))

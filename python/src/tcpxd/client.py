@@ -12,9 +12,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 import grpc
 from grpc._cython import cygrpc  # the segregated call of _OwnStream (grpcio's own layer)
 
-from . import _local, _ops, _proto, _tensor
+from . import _hostmem, _local, _ops, _proto, _tensor
 from ._ops import BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp
-from .errors import Cancelled, DeadlineExceeded, ResourceExhausted, TcpxdError, Unavailable, from_rpc_error, from_status
+from .errors import Cancelled, DeadlineExceeded, FailedPrecondition, ResourceExhausted, TcpxdError, Unavailable, from_rpc_error, from_status
 
 #: Deadline of calls that are not transfers (registration, peers, ...), in seconds.
 DEFAULT_CALL_TIMEOUT = 60.0
@@ -25,12 +25,14 @@ _OP = cygrpc.OperationType
 SESSION_FIELD = {"Write": "write", "Read": "read", "WriteBatch": "write_batch", "ReadBatch": "read_batch"}
 
 
-class Buffer:
-    """A buffer registered with a daemon. A context manager: leaving it releases the buffer."""
+class Buffer(_hostmem.HostView):
+    """A buffer registered with a daemon. A context manager: leaving it releases the buffer. Host
+    memory this process shares with the daemon (`shared`) is also seen here: `numpy()`, `tensor()`."""
 
-    def __init__(self, client: "Client", msg: Any, keepalive: Any = None):
+    def __init__(self, client: "Client", msg: Any, keepalive: Any = None, host: Optional[_hostmem.HostMemory] = None):
         self._client = client
         self._keepalive = keepalive  # e.g. the tensor whose memory the daemon imported
+        self._host = host
         self._update(msg)
         self.released = False
 
@@ -181,6 +183,8 @@ def settle(fut: Any, ev: Any) -> None:
         fut.set_exception(from_status(ev.refused.code, ev.refused.message))
     elif kind == "cancelled":
         fut.set_result(ev.cancelled.cancelled)
+    elif kind == "registered":
+        fut.set_result(ev.registered)
 
 
 def too_large(msg: Any) -> TcpxdError:
@@ -253,7 +257,7 @@ class Session:
                 return
             yield item
 
-    def _submit(self, **op: Any) -> concurrent.futures.Future:
+    def _submit(self, _fd: Optional[int] = None, **op: Any) -> concurrent.futures.Future:
         if self._closed:
             raise TcpxdError("the session is closed")
         fut: concurrent.futures.Future = concurrent.futures.Future()
@@ -269,10 +273,10 @@ class Session:
         elif self._conn is None:
             self._q.put(msg)
         else:
-            self._send(tag, fut, msg)
+            self._send(tag, fut, msg, _fd)
         return fut
 
-    def _send(self, tag: int, fut: concurrent.futures.Future, msg: Any) -> None:
+    def _send(self, tag: int, fut: concurrent.futures.Future, msg: Any, fd: Optional[int] = None) -> None:
         frame = _local.frame(msg)
         if frame is None:
             with self._lock:
@@ -281,7 +285,10 @@ class Session:
             return
         with self._send_lock:
             try:
-                self._conn.sock.sendall(frame)  # type: ignore[union-attr]
+                if fd is None:
+                    self._conn.sock.sendall(frame)  # type: ignore[union-attr]
+                else:
+                    _local.send_with_fd(self._conn.sock, frame, fd)  # type: ignore[union-attr]
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
 
@@ -320,6 +327,25 @@ class Session:
 
     def read_batch(self, ops: Sequence[ReadOp], *, timeout: Optional[float] = None) -> "concurrent.futures.Future[TransferResult]":
         return self._submit(read_batch=_ops.read_batch_request(ops, timeout, False))
+
+    def register_host(self, memory: Any, label: str = "", *, fd: Optional[int] = None) -> Buffer:
+        """As Client.register_host, on this session's connection: the buffer belongs to the session
+        and is released when it ends (or by `release()`). Waits for the daemon's answer. Needs the
+        local session (a unix endpoint): a gRPC stream cannot carry the descriptor."""
+        if self._conn is None:
+            if self._client._registrar is None:
+                raise _hostmem.no_unix_socket(self._client.endpoint)
+            raise FailedPrecondition(
+                "register_host: this session runs over gRPC (local=False, or a daemon without the local session), "
+                "which cannot carry a file descriptor; register with Client.register_host instead"
+            )
+        mem = _hostmem.prepare(memory, label, fd)
+        host = _hostmem.HostMemory(mem)
+        try:
+            fut = self._submit(mem.fd, register_host_fd=_hostmem.register_request(mem, label))
+        finally:
+            mem.done_sending()
+        return Buffer(self._client, fut.result(), keepalive=host, host=host)
 
     def cancel(self, fut: concurrent.futures.Future) -> "concurrent.futures.Future[bool]":
         """Cancels the transfer behind `fut` (it then fails with tcpxd.Cancelled); the returned
@@ -575,6 +601,9 @@ class Client:
         self._local: Optional[_local.LocalSessions] = _local.LocalSessions(path) if path else None
         #: Sessions on the local session (closing the client ends them, as closing the channel ends gRPC's).
         self._sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
+        unix = _local.socket_path(self.endpoint)
+        #: Registers host memory this process shares (its connection holds those buffers).
+        self._registrar: Optional[_hostmem.Registrar] = _hostmem.Registrar(unix, self._local) if unix else None
 
     # -- plumbing
 
@@ -607,6 +636,8 @@ class Client:
     def close(self) -> None:
         for session in list(self._sessions):
             session._abort("client closed")
+        if self._registrar is not None:
+            self._registrar.close()  # the daemon releases the host memory this client shared
         if self._local is not None:
             self._local.close()
         if self._own is not None:
@@ -621,9 +652,22 @@ class Client:
 
     # -- buffers
 
-    def register_host(self, size: int, label: str = "") -> Buffer:
-        """A host buffer the daemon allocates (populated at registration)."""
-        return Buffer(self, self._unary("RegisterBuffer", _ops.host_register(size, label)))
+    def register_host(self, memory: Any, label: str = "", *, fd: Optional[int] = None, shared: Optional[bool] = None) -> Buffer:
+        """A host buffer whose memory this process sees (`numpy()`, `tensor()`), no copy either side.
+
+        `memory`: a size in bytes (the package maps a new memfd of that size), or memory of this
+        process's own backed by a file mapped shared: a torch CPU tensor after `share_memory_()`, a
+        numpy array or `mmap.mmap` over a memfd or a file on /dev/shm (`fd=`: a descriptor of that file,
+        when this process holds none open). The descriptor goes to the daemon over its unix socket; the
+        buffer lives until `release()` or until the client closes. With a size, `shared=False` (or a TCP
+        endpoint, unless `shared=True`) has the daemon allocate the memory instead, as before: it
+        outlives the client, and this process reaches it only by read_bytes()/write_bytes().
+        Raises InvalidArgument/FailedPrecondition for memory that cannot be shared, saying what to do."""
+        if not _hostmem.daemon_allocates(memory, shared, self._registrar):
+            got = _hostmem.register(self._registrar, self.endpoint, memory, label, fd, self.timeout, shared)
+            if got is not None:
+                return Buffer(self, got[0], keepalive=got[1], host=got[1])
+        return Buffer(self, self._unary("RegisterBuffer", _ops.host_register(memory, label)))
 
     def allocate_cuda(self, size: int, device: int = 0, label: str = "") -> Buffer:
         """A CUDA buffer the daemon allocates on GPU `device`."""

@@ -116,6 +116,7 @@ pub fn kind_name(kind: i32) -> &'static str {
         Ok(BufferKind::Host) => "host",
         Ok(BufferKind::Cuda) => "cuda",
         Ok(BufferKind::CudaIpc) => "cuda-ipc",
+        Ok(BufferKind::HostShared) => "host-shared",
         _ => "unspecified",
     }
 }

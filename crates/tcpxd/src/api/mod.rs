@@ -2,6 +2,7 @@
 //! local session on the API unix socket (`local`).
 
 pub mod dial;
+pub mod host_memory;
 pub mod local;
 pub mod node;
 pub mod peer_service;

@@ -71,18 +71,7 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                 ));
             }
         };
-        // Visible first (the label check is atomic there), then known to the poller; no client
-        // can name the id before this call returns it.
-        self.state.buffers.publish(entry.clone()).map_err(status)?;
-        let e = entry.clone();
-        let added = self
-            .state
-            .ask(|reply| Command::AddBuffer { entry: e, reply })
-            .await;
-        if let Err(e) = added.and_then(|r| r.map_err(status)) {
-            self.state.buffers.remove(entry.id);
-            return Err(e);
-        }
+        self.state.install(&entry).await?;
         tracing::info!(buffer = entry.id, size = entry.size, "buffer registered");
         Ok(Response::new(self.state.buffer_pb(&entry)))
     }
@@ -97,24 +86,7 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
         let wait = transfers::grpc_timeout(&req).map_or(RELEASE_WAIT, transfers::answer_within);
         let deadline = Instant::now() + wait;
         let id = req.into_inner().buffer_id;
-        self.state.buffers.get(id).map_err(status)?;
-        let mut pause = Duration::from_micros(200);
-        loop {
-            match self
-                .state
-                .ask(|reply| Command::RemoveBuffer { id, reply })
-                .await?
-            {
-                Ok(()) => break,
-                Err(e) if e.code == engine::Code::FailedPrecondition && Instant::now() < deadline => {
-                    tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
-                    pause = (pause * 2).min(Duration::from_millis(20));
-                }
-                Err(e) => return Err(status(e)),
-            }
-        }
-        self.state.buffers.remove(id);
-        tracing::info!(buffer = id, "buffer released");
+        self.state.release(id, Some(deadline)).await?;
         Ok(Response::new(pb::ReleaseBufferResponse {}))
     }
 

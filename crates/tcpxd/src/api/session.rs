@@ -6,6 +6,10 @@
 //! transfers finish before the stream ends OK; a client that goes away (the request stream fails
 //! or the event stream is dropped) gets its in-flight transfers cancelled on both sides.
 //!
+//! A `register_host_fd` request (the framed transport only: its file descriptor comes with the
+//! frame) registers client host memory; the buffers a session registered are released when it
+//! ends (src/api/host_memory.rs).
+//!
 //! The same logic serves two transports: the gRPC stream (`start`) and the framed local session
 //! on the API unix socket (`super::local`), each supplying its request side ([`Requests`]) and its
 //! event side ([`Events`]).
@@ -22,6 +26,7 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
+use super::host_memory::{self, Attached};
 use super::proto::v1 as pb;
 use super::proto::v1::session_event::Event;
 use super::proto::v1::session_request::Op;
@@ -66,6 +71,12 @@ pub enum Incoming {
 pub trait Requests: Send {
     /// The next request, or why there is none.
     fn next(&mut self) -> impl Future<Output = Incoming> + Send;
+
+    /// The file descriptor that came with the request `next` returned last (`register_host_fd`);
+    /// a transport that cannot carry descriptors says so.
+    fn attached(&mut self) -> Result<Attached, Status> {
+        Err(host_memory::no_descriptors())
+    }
 }
 
 /// A session's event side.
@@ -121,6 +132,7 @@ pub async fn serve<R: Requests, E: Events>(
         events,
         open: HashMap::new(),
         waiting: JoinSet::new(),
+        owned: Vec::new(),
     };
     session.run(requests).await
 }
@@ -133,6 +145,8 @@ struct Session<'e, E> {
     open: HashMap<u64, TransferId>,
     /// One task per open transfer, ending with its tag and final event.
     waiting: JoinSet<(u64, pb::TransferEvent)>,
+    /// Buffers this session registered (`register_host_fd`): released when it ends.
+    owned: Vec<u64>,
 }
 
 /// What the session does next.
@@ -165,7 +179,10 @@ impl<E: Events> Session<'_, E> {
             let step = match next {
                 Next::Gone | Next::Incoming(Incoming::Gone) => Err(Gone),
                 Next::Finished(tag, event) => self.finished(tag, event).await,
-                Next::Incoming(Incoming::Request(req)) => self.request(req).await,
+                Next::Incoming(Incoming::Request(req)) => {
+                    let attached = matches!(req.op, Some(Op::RegisterHostFd(_))).then(|| requests.attached());
+                    self.request(req, attached).await
+                }
                 Next::Incoming(Incoming::HalfClosed) => {
                     reading = false;
                     Ok(())
@@ -184,6 +201,7 @@ impl<E: Events> Session<'_, E> {
         if ended.is_err() {
             self.cancel_all();
         }
+        self.state.release_owned(std::mem::take(&mut self.owned));
         ended
     }
 
@@ -222,8 +240,13 @@ impl<E: Events> Session<'_, E> {
         self.send(tag, Event::Refused(refused)).await
     }
 
-    /// Handles one request: starts its transfer, answers a cancel, or refuses it.
-    async fn request(&mut self, req: pb::SessionRequest) -> Result<(), Gone> {
+    /// Handles one request: starts its transfer, answers a cancel or a registration, or refuses
+    /// it. `attached`: for a registration, the descriptor that came with it.
+    async fn request(
+        &mut self,
+        req: pb::SessionRequest,
+        attached: Option<Result<Attached, Status>>,
+    ) -> Result<(), Gone> {
         let tag = req.tag;
         if tag == 0 {
             return self
@@ -242,9 +265,13 @@ impl<E: Events> Session<'_, E> {
         }
         let started = match req.op {
             None => Err(Status::invalid_argument(
-                "op: set one of write, read, write_batch, read_batch, cancel_tag",
+                "op: set one of write, read, write_batch, read_batch, cancel_tag, register_host_fd",
             )),
             Some(Op::CancelTag(target)) => return self.cancel(tag, target).await,
+            Some(Op::RegisterHostFd(r)) => {
+                let attached = attached.unwrap_or_else(|| Err(host_memory::no_descriptors()));
+                return self.register_host_fd(tag, r, attached).await;
+            }
             Some(Op::Write(r)) => match transfers::write_batch(r) {
                 Ok(b) => self.start_write(b).await,
                 Err(e) => Err(e),
@@ -287,6 +314,21 @@ impl<E: Events> Session<'_, E> {
     async fn start_read(&self, r: pb::ReadBatchRequest) -> Result<Started, Status> {
         let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
         self.state.start_read(r, deadline).await
+    }
+
+    async fn register_host_fd(
+        &mut self,
+        tag: u64,
+        req: pb::RegisterHostFdRequest,
+        attached: Result<Attached, Status>,
+    ) -> Result<(), Gone> {
+        match self.state.register_host_fd(req, attached).await {
+            Ok(buffer) => {
+                self.owned.push(buffer.id);
+                self.send(tag, Event::Registered(buffer)).await
+            }
+            Err(status) => self.refuse(tag, status).await,
+        }
     }
 
     async fn cancel(&mut self, tag: u64, target: u64) -> Result<(), Gone> {

@@ -82,6 +82,7 @@ impl DaemonState {
                 BufferKind::Host => pb::BufferKind::Host,
                 BufferKind::Cuda => pb::BufferKind::Cuda,
                 BufferKind::CudaIpc => pb::BufferKind::CudaIpc,
+                BufferKind::HostShared => pb::BufferKind::HostShared,
             } as i32,
             size: b.size,
             label: b.label.clone(),

@@ -1,6 +1,7 @@
 //! Memory that can be registered with the plugin. A registration keeps its region alive, and so
 //! does every request posted on it, so the plugin never touches freed memory.
 
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 
 use super::abi;
@@ -62,7 +63,8 @@ impl Region for PinnedRegion {
     }
 }
 
-/// Page-aligned, zero-initialised host memory (an anonymous mapping).
+/// Host memory: page-aligned and zero-initialised (an anonymous mapping), or a range of a
+/// client's file mapped shared ([`HostRegion::map_file`]).
 ///
 /// The plugin writes into it from its own threads while a receive is in flight, so its bytes are
 /// only ever accessed through explicit copies ([`HostRegion::read`], [`HostRegion::write`]), never
@@ -70,6 +72,10 @@ impl Region for PinnedRegion {
 pub struct HostRegion {
     ptr: NonNull<u8>,
     len: usize,
+    /// The mapping holding the region (unmapped on drop): `ptr` itself for anonymous memory; the
+    /// page holding `ptr` for a mapped file (`HostRegion::map_file`).
+    map: NonNull<u8>,
+    map_len: usize,
 }
 
 // SAFETY: the region is plain memory owned by this value; all access goes through raw copies.
@@ -110,19 +116,69 @@ impl HostRegion {
             )));
         }
         let ptr = NonNull::new(ptr.cast::<u8>()).expect("mmap never returns NULL on success");
-        Ok(HostRegion { ptr, len })
+        Ok(HostRegion {
+            ptr,
+            len,
+            map: ptr,
+            map_len,
+        })
+    }
+
+    /// Maps `len` bytes of the file `fd`, starting `offset` bytes in (any alignment), shared
+    /// (`MAP_SHARED`: the pages every other mapping of the file sees, no copy) and populated. The
+    /// mapping starts at the page holding `offset`. The caller has checked that the file is a
+    /// regular file open for reading and writing that holds the range, and that it cannot shrink
+    /// (or accepted that it may: touching pages past a file's end raises SIGBUS).
+    pub fn map_file(fd: BorrowedFd<'_>, offset: u64, len: usize) -> NetResult<HostRegion> {
+        let bad = |why: String| NetError::InvalidArgument(why);
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let skip = offset % page;
+        let map_len = usize::try_from(skip)
+            .ok()
+            .and_then(|skip| skip.checked_add(len.max(1)))
+            .ok_or_else(|| bad(format!("a file range of {len} bytes is too large to map")))?;
+        let file_offset = libc::off_t::try_from(offset - skip)
+            .map_err(|_| bad(format!("file offset {offset} is too large to map")))?;
+        // SAFETY: a new shared mapping of a caller-owned descriptor with no address hint; the
+        // result is checked; the mapping is unmapped once, on drop.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd.as_raw_fd(),
+                file_offset,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(bad(format!(
+                "could not map {len} bytes of the file at offset {offset}: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let map = NonNull::new(ptr.cast::<u8>()).expect("mmap never returns NULL on success");
+        // SAFETY: `skip < page <= map_len`: the pointer stays inside the mapping.
+        let ptr = unsafe { map.add(skip as usize) };
+        Ok(HostRegion {
+            ptr,
+            len,
+            map,
+            map_len,
+        })
     }
 
     /// Pages of the mapping resident in RAM now, and pages in all (`mincore`).
     pub fn resident_pages(&self) -> NetResult<(usize, usize)> {
-        let map_len = Self::map_len(self.len)?;
+        let map_len = self.map_len;
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
         let pages = map_len.div_ceil(page);
         let mut vec = vec![0u8; pages];
         // SAFETY: the range is exactly this mapping (page-aligned base, its mapped length) and
         // `vec` holds one byte per page of it, as mincore requires.
-        let rc = unsafe { libc::mincore(self.ptr.as_ptr().cast(), map_len, vec.as_mut_ptr()) };
+        let rc = unsafe { libc::mincore(self.map.as_ptr().cast(), map_len, vec.as_mut_ptr()) };
         if rc != 0 {
             return Err(NetError::InvalidArgument(format!(
                 "mincore: {}",
@@ -186,9 +242,9 @@ impl Region for HostRegion {
 
 impl Drop for HostRegion {
     fn drop(&mut self) {
-        let map_len = Self::map_len(self.len).expect("valid at mapping");
-        // SAFETY: the mapping was created in `new` with this length and is unmapped once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), map_len) };
+        // SAFETY: the mapping was created in `map` or `map_file` with this base and length and
+        // is unmapped once.
+        unsafe { libc::munmap(self.map.as_ptr().cast(), self.map_len) };
     }
 }
 

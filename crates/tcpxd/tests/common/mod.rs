@@ -44,5 +44,6 @@ pub fn tcpxctl_bin() -> PathBuf {
 }
 
 pub mod daemons;
+pub mod framed;
 pub mod procs;
 pub mod scrape;

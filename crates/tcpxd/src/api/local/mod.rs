@@ -6,7 +6,10 @@
 //!
 //! One task per connection: it reads the frames and runs the session (src/api/session.rs), and
 //! writes each event straight to the socket, one write per event.
+//! It reads with `recvmsg`, so a `register_host_fd` frame's file descriptor comes with it
+//! (`fds`); the client's credentials decide whether it may hand over an unsealable file.
 
+pub mod fds;
 pub mod frame;
 pub mod listener;
 
@@ -18,14 +21,17 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::unix::OwnedWriteHalf;
 use tokio_stream::StreamExt;
 use tokio_util::codec::FramedRead;
 
-use self::frame::{PREFACE, RequestDecoder};
+use self::fds::{FdReader, Positioned};
+use self::frame::PREFACE;
+use super::host_memory::Attached;
 use super::proto::v1 as pb;
 use super::session::{self, Events, Gone, Incoming, Requests};
 use super::state::DaemonState;
+use crate::host_fd::Unsealed;
 
 /// How long a connection whose session ended early (the client broke the framing, or went away)
 /// may still send: what it sends is read and dropped, so that closing does not reset the
@@ -38,9 +44,15 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
         tracing::debug!("local session: answering the preface: {e}");
         return;
     }
-    tracing::debug!("local session opened");
+    // Who the client is decides whether it may hand over memory that cannot be sealed.
+    let peer_uid = stream.peer_cred().ok().map(|c| c.uid());
+    let unsealed = Unsealed::for_peer(peer_uid, rustix::process::geteuid().as_raw());
+    tracing::debug!(?peer_uid, "local session opened");
     let (read, write) = stream.into_split();
-    let mut requests = FramedRequests(FramedRead::new(read, RequestDecoder));
+    let mut requests = FramedRequests {
+        frames: FramedRead::new(FdReader::new(read), Positioned::default()),
+        unsealed,
+    };
     let mut events = FramedEvents {
         io: write,
         buf: BytesMut::new(),
@@ -50,7 +62,7 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
     // Either way nothing more is sent: the client reads EOF after the last event.
     let _ = events.io.shutdown().await;
     if ended.is_err() {
-        let mut read = requests.0.into_inner();
+        let mut read = requests.frames.into_inner().into_inner();
         let mut sink = [0u8; 16 << 10];
         let _ = tokio::time::timeout(LINGER, async {
             while matches!(read.read(&mut sink).await, Ok(n) if n > 0) {}
@@ -60,12 +72,15 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
     tracing::debug!(clean = ended.is_ok(), "local session closed");
 }
 
-/// The request side: frames read from the connection.
-struct FramedRequests(FramedRead<OwnedReadHalf, RequestDecoder>);
+/// The request side: frames read from the connection, and the descriptors that came with them.
+struct FramedRequests {
+    frames: FramedRead<FdReader, Positioned>,
+    unsealed: Unsealed,
+}
 
 impl Requests for FramedRequests {
     async fn next(&mut self) -> Incoming {
-        match self.0.next().await {
+        match self.frames.next().await {
             Some(Ok(req)) => Incoming::Request(req),
             None => Incoming::HalfClosed,
             Some(Err(e)) => match e.status() {
@@ -76,6 +91,15 @@ impl Requests for FramedRequests {
                 }
             },
         }
+    }
+
+    fn attached(&mut self) -> Result<Attached, tonic::Status> {
+        let at = self.frames.decoder().last_frame();
+        let fd = self.frames.get_mut().take(at)?;
+        Ok(Attached {
+            fd,
+            unsealed: self.unsealed,
+        })
     }
 }
 

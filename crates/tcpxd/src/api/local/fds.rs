@@ -1,0 +1,295 @@
+//! File descriptors on the framed local session: a client registering its own host memory sends
+//! the memory's descriptor (SCM_RIGHTS) in the same `sendmsg` as the `register_host_fd` frame.
+//!
+//! The kernel delivers a descriptor with the first byte of the message it was sent with, and a
+//! `recvmsg` that brings descriptors ends within the message that carried them (it may begin with
+//! earlier messages' bytes). So [`FdReader`] reads with `recvmsg`, counts the bytes, and files
+//! each batch of descriptors under the byte range `[s, e)` of the read that brought it;
+//! [`Positioned`] counts the bytes of the frames it decodes; the frame `[x, y)` owns the batch with
+//! `s <= x < e <= y`: it starts within the read and the read ends within it (a frame that came
+//! earlier in the same read ends before the owner starts). Batches no frame claimed (a client
+//! that sent descriptors with other frames) are closed as the frames pass them. Safe code only:
+//! rustix's `recvmsg` hands the descriptors over as `OwnedFd`s (close-on-exec).
+
+use std::collections::VecDeque;
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::BytesMut;
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
+use tokio::io::{AsyncRead, Interest, ReadBuf};
+use tokio::net::unix::OwnedReadHalf;
+use tokio_util::codec::Decoder;
+use tonic::Status;
+
+use super::frame::{FrameError, RequestDecoder};
+use crate::api::proto::v1 as pb;
+
+/// Descriptors one `sendmsg` may carry; more are cut off by the kernel (and the frame refused).
+const MAX_FDS: usize = 4;
+
+/// Batches kept waiting for their frame; past this the oldest are closed (a client spraying
+/// descriptors cannot make the daemon hold them).
+const MAX_BATCHES: usize = 16;
+
+/// Descriptors that came with one read.
+#[derive(Debug)]
+struct Batch {
+    /// Stream offsets of the read's first byte and one past its last.
+    start: u64,
+    end: u64,
+    fds: Vec<OwnedFd>,
+    /// The kernel cut the batch short (more than [`MAX_FDS`], or no room).
+    truncated: bool,
+}
+
+/// The request side of a local session, read with `recvmsg` so descriptors can come along.
+pub struct FdReader {
+    io: OwnedReadHalf,
+    /// Bytes read so far (after the preface).
+    received: u64,
+    batches: VecDeque<Batch>,
+}
+
+impl FdReader {
+    pub fn new(io: OwnedReadHalf) -> FdReader {
+        FdReader {
+            io,
+            received: 0,
+            batches: VecDeque::new(),
+        }
+    }
+
+    /// The connection.
+    pub fn into_inner(self) -> OwnedReadHalf {
+        self.io
+    }
+
+    /// The one descriptor that came with the frame at stream offsets `[start, end)`. Batches
+    /// that came wholly before it are closed.
+    pub fn take(&mut self, (start, end): (u64, u64)) -> Result<OwnedFd, Status> {
+        while self.batches.front().is_some_and(|b| b.end <= start) {
+            self.batches.pop_front();
+        }
+        let owned = |b: &Batch| b.start <= start && start < b.end && b.end <= end;
+        let Some(i) = self.batches.iter().position(owned) else {
+            return Err(Status::invalid_argument(
+                "register_host_fd: no file descriptor came with this request (send it as SCM_RIGHTS \
+                 in the same sendmsg as the request's frame)",
+            ));
+        };
+        let batch = self.batches.remove(i).expect("found above");
+        match (batch.truncated, <[OwnedFd; 1]>::try_from(batch.fds)) {
+            (false, Ok([fd])) => Ok(fd),
+            (truncated, Err(fds)) => Err(Status::invalid_argument(format!(
+                "register_host_fd: {}{} file descriptors came with this request; send exactly one",
+                fds.len(),
+                if truncated { " or more" } else { "" },
+            ))),
+            (true, Ok(_)) => Err(Status::invalid_argument(
+                "register_host_fd: more than one file descriptor came with this request; send exactly one",
+            )),
+        }
+    }
+
+    fn keep(&mut self, batch: Batch) {
+        if self.batches.len() == MAX_BATCHES {
+            self.batches.pop_front();
+        }
+        self.batches.push_back(batch);
+    }
+}
+
+impl AsyncRead for FdReader {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            ready!(this.io.as_ref().poll_read_ready(cx))?;
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let dst = buf.initialize_unfilled();
+            let got = this.io.as_ref().try_io(Interest::READABLE, || {
+                rustix::net::recvmsg(
+                    this.io.as_ref(),
+                    &mut [io::IoSliceMut::new(dst)],
+                    &mut control,
+                    RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+                )
+                .map_err(io::Error::from)
+            });
+            let msg = match got {
+                Ok(msg) => msg,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            };
+            let mut fds = Vec::new();
+            for m in control.drain() {
+                if let RecvAncillaryMessage::ScmRights(rights) = m {
+                    fds.extend(rights);
+                }
+            }
+            let truncated = msg.flags.contains(ReturnFlags::CTRUNC);
+            let start = this.received;
+            this.received += msg.bytes as u64;
+            if !fds.is_empty() || truncated {
+                this.keep(Batch {
+                    start,
+                    end: this.received.max(start + 1),
+                    fds,
+                    truncated,
+                });
+            }
+            buf.advance(msg.bytes);
+            return Poll::Ready(Ok(()));
+        }
+    }
+}
+
+/// [`RequestDecoder`], counting the bytes of the frames it decodes: where the last one started.
+#[derive(Debug, Default)]
+pub struct Positioned {
+    consumed: u64,
+    last_start: u64,
+}
+
+impl Positioned {
+    /// The stream offsets `[start, end)` of the frame decoded last.
+    pub fn last_frame(&self) -> (u64, u64) {
+        (self.last_start, self.consumed)
+    }
+
+    fn counted(
+        &mut self,
+        src: &mut BytesMut,
+        decode: impl FnOnce(&mut BytesMut) -> Result<Option<pb::SessionRequest>, FrameError>,
+    ) -> Result<Option<pb::SessionRequest>, FrameError> {
+        let before = src.len();
+        let req = decode(src)?;
+        if req.is_some() {
+            self.last_start = self.consumed;
+            self.consumed += (before - src.len()) as u64;
+        }
+        Ok(req)
+    }
+}
+
+impl Decoder for Positioned {
+    type Item = pb::SessionRequest;
+    type Error = FrameError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<pb::SessionRequest>, FrameError> {
+        self.counted(src, |src| RequestDecoder.decode(src))
+    }
+
+    fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<pb::SessionRequest>, FrameError> {
+        self.counted(src, |src| RequestDecoder.decode_eof(src))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::IoSlice;
+
+    use prost::Message;
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+    use tokio::net::UnixStream;
+    use tokio_stream::StreamExt;
+    use tokio_util::codec::FramedRead;
+
+    use super::*;
+    use crate::api::proto::v1::session_request::Op;
+
+    fn frame(tag: u64, op: Op) -> Vec<u8> {
+        let body = pb::SessionRequest { tag, op: Some(op) }.encode_to_vec();
+        let mut v = (body.len() as u32).to_be_bytes().to_vec();
+        v.extend(body);
+        v
+    }
+
+    fn register(tag: u64) -> Vec<u8> {
+        frame(
+            tag,
+            Op::RegisterHostFd(pb::RegisterHostFdRequest {
+                offset: 0,
+                size: tag,
+                label: String::new(),
+            }),
+        )
+    }
+
+    /// Sends `bytes` with `fds` attached, in one sendmsg.
+    fn send_with(sock: &std::os::unix::net::UnixStream, bytes: &[u8], fds: &[&OwnedFd]) {
+        use std::os::fd::AsFd;
+        let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !borrowed.is_empty() {
+            assert!(control.push(SendAncillaryMessage::ScmRights(&borrowed)));
+        }
+        let n = rustix::net::sendmsg(sock, &[IoSlice::new(bytes)], &mut control, SendFlags::empty()).unwrap();
+        assert_eq!(n, bytes.len());
+    }
+
+    fn ino(fd: &OwnedFd) -> u64 {
+        rustix::fs::fstat(fd).unwrap().st_ino
+    }
+
+    #[tokio::test]
+    async fn each_registration_gets_the_descriptor_sent_with_its_frame() {
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (read, _write) = UnixStream::from_std({
+            ours.set_nonblocking(true).unwrap();
+            ours
+        })
+        .unwrap()
+        .into_split();
+        let files: Vec<OwnedFd> = (0..3).map(|_| OwnedFd::from(tempfile_like())).collect();
+        // A plain frame, then three registrations each with its descriptor, then a frame that
+        // brings a stray descriptor, then a registration without one: all in the socket before
+        // the daemon reads any, so reads glue them as the kernel allows.
+        send_with(&theirs, &frame(1, Op::CancelTag(9)), &[]);
+        for (i, f) in files.iter().enumerate() {
+            send_with(&theirs, &register(10 + i as u64), &[f]);
+        }
+        send_with(&theirs, &frame(2, Op::CancelTag(9)), &[&files[0]]);
+        send_with(&theirs, &register(20), &[]);
+        send_with(&theirs, &register(21), &[&files[1], &files[2]]);
+        drop(theirs);
+        let mut framed = FramedRead::new(FdReader::new(read), Positioned::default());
+        let mut got = Vec::new();
+        while let Some(req) = framed.next().await {
+            let req = req.unwrap();
+            let at = framed.decoder().last_frame();
+            if let Some(Op::RegisterHostFd(r)) = &req.op {
+                got.push((r.size, framed.get_mut().take(at).map(|fd| ino(&fd))));
+            }
+        }
+        let inos: Vec<u64> = files.iter().map(ino).collect();
+        assert_eq!(got.len(), 5);
+        for i in 0..3 {
+            assert_eq!(got[i].0, 10 + i as u64);
+            assert_eq!(
+                *got[i].1.as_ref().unwrap(),
+                inos[i],
+                "registration {i} got its own file"
+            );
+        }
+        let none = got[3].1.as_ref().unwrap_err();
+        assert!(none.message().contains("no file descriptor came"), "{none:?}");
+        let two = got[4].1.as_ref().unwrap_err();
+        assert!(two.message().contains("send exactly one"), "{two:?}");
+        assert!(
+            framed.get_ref().batches.is_empty(),
+            "the stray descriptor was closed"
+        );
+    }
+
+    /// A distinct unlinked file.
+    fn tempfile_like() -> std::fs::File {
+        let fd = rustix::fs::memfd_create("tcpxd-fds-test", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+        std::fs::File::from(fd)
+    }
+}

@@ -1,0 +1,442 @@
+"""Client host memory without copies: memory of this process's own, handed to the daemon as a file
+descriptor over its unix socket and registered as a buffer both processes map (docs/PYTHON.md,
+"Host memory you can see").
+
+What can be handed over is memory backed by a file mapped shared: a memfd the package allocates
+(`allocate`), a torch CPU tensor after `share_memory_()`, a numpy array or `mmap.mmap` over a memfd or
+a file on /dev/shm. `locate` finds the file behind such memory (/proc/self/maps) and a descriptor of it
+(the `fd=` given, else one this process holds open, else the file's path); anonymous memory (a plain
+numpy array) cannot be shared and says what to do instead. The descriptor travels on a connection of
+the daemon's local session (`Registrar`) as SCM_RIGHTS with its `register_host_fd` frame; the buffer
+belongs to that connection: released when it closes (the client's `close()`), or by `release()`.
+
+Shared by the sync client, the asyncio client (which runs `register` in a thread) and sessions (whose
+own connection carries the frame and the descriptor; the buffer then goes when the session ends).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import socket
+import stat
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, List, Optional, Tuple
+
+from . import _local, _proto
+from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TcpxdError, Unavailable, from_status
+
+#: The memfd flags the package allocates with: sealable, so the daemon can seal it against
+#: shrinking (F_SEAL_SHRINK) and never fault on a truncated page.
+MEMFD_FLAGS = getattr(os, "MFD_CLOEXEC", 1) | getattr(os, "MFD_ALLOW_SEALING", 2)
+
+
+@dataclass
+class Shared:
+    """Memory of this process that the daemon can map: `fd` (owned when `close_fd`) and the range
+    `[offset, offset + nbytes)` of its file; `view`: the bytes, writable; `keepalive`: what owns
+    them (an mmap, an array, a tensor)."""
+
+    fd: int
+    close_fd: bool
+    offset: int
+    nbytes: int
+    view: memoryview
+    keepalive: Any
+    #: A descriptor the client side keeps open while the memory lives (the package's memfd: so a
+    #: part of it can be registered again, found in /proc/self/fd).
+    kept_fd: Optional[int] = None
+
+    def done_sending(self) -> None:
+        """The descriptor went out (or failed to): close it if it was opened here."""
+        if self.close_fd and self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class HostMemory:
+    """The client's side of a shared host buffer: its bytes, seen as numpy or torch without a copy."""
+
+    def __init__(self, shared: Shared):
+        self._view = shared.view
+        self._keepalive = shared.keepalive
+        self.nbytes = shared.nbytes
+        if shared.kept_fd is not None:
+            weakref.finalize(self, os.close, shared.kept_fd)
+
+    def numpy(self) -> Any:
+        """The buffer's bytes as a numpy uint8 array aliasing them (writes are the buffer's)."""
+        import numpy as np
+
+        return np.frombuffer(self._view, dtype=np.uint8)
+
+    def tensor(self) -> Any:
+        """The buffer's bytes as a torch uint8 CPU tensor aliasing them (needs torch)."""
+        try:
+            import torch
+        except ImportError:
+            raise FailedPrecondition("tensor(): torch is not installed (numpy() needs only numpy)") from None
+        if _is_torch(self._keepalive):
+            return self._keepalive.reshape(-1).view(torch.uint8)
+        import warnings
+
+        with warnings.catch_warnings():  # "non-writable buffer": the memoryview is writable
+            warnings.simplefilter("ignore")
+            return torch.frombuffer(self._view, dtype=torch.uint8)
+
+
+class HostView:
+    """What Buffer and AsyncBuffer add for host memory the client shares (`_host`)."""
+
+    _host: Optional[HostMemory]
+
+    @property
+    def shared(self) -> bool:
+        """Whether this process sees the buffer's memory (`numpy()`, `tensor()`)."""
+        return self._host is not None
+
+    def _memory(self) -> HostMemory:
+        if self._host is None:
+            raise FailedPrecondition(
+                "this buffer's memory is the daemon's own (daemon-allocated: a TCP endpoint, shared=False, "
+                "or a CUDA buffer), which this process cannot see; use read_bytes()/write_bytes(), or "
+                "register host memory over the daemon's unix socket (register_host(size) or an array)"
+            )
+        return self._host
+
+    def numpy(self) -> Any:
+        """The buffer's memory as a numpy uint8 array, no copy: what you write into it is what the
+        next transfer from this buffer sends; what a transfer into it lands is there once it finished."""
+        return self._memory().numpy()
+
+    def tensor(self) -> Any:
+        """The buffer's memory as a torch uint8 CPU tensor, no copy (torch needed for this call only)."""
+        return self._memory().tensor()
+
+
+def _is_torch(obj: Any) -> bool:
+    return type(obj).__module__.split(".")[0] == "torch" and hasattr(obj, "data_ptr")
+
+
+def allocate(size: int, label: str) -> Shared:
+    """A new memfd of `size` bytes (sealable), its pages allocated now, mapped shared here."""
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise InvalidArgument(f"size: {size!r} is not a positive number of bytes")
+    if not hasattr(os, "memfd_create"):
+        raise FailedPrecondition("register_host: this platform has no memfd_create (Linux only)")
+    fd = os.memfd_create(f"tcpxd:{label}"[:200] if label else "tcpxd", MEMFD_FLAGS)
+    try:
+        os.ftruncate(fd, size)
+        try:
+            # Allocated here, charged to this process, failing now (not with SIGBUS at first touch).
+            os.posix_fallocate(fd, 0, size)
+        except OSError as e:
+            raise ResourceExhausted(f"size: cannot allocate {size} bytes of shared memory: {e}") from None
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        os.close(fd)
+        raise
+    return Shared(fd, False, 0, size, memoryview(mm), mm, kept_fd=fd)
+
+
+@dataclass
+class Mapping:
+    """One line of /proc/self/maps."""
+
+    start: int
+    end: int
+    perms: str
+    offset: int
+    dev: Tuple[int, int]
+    inode: int
+    path: str
+
+
+def mappings() -> List[Mapping]:
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            lo, hi = parts[0].split("-")
+            major, minor = parts[3].split(":")
+            out.append(
+                Mapping(
+                    int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), (int(major, 16), int(minor, 16)),
+                    int(parts[4]), parts[5].strip() if len(parts) > 5 else "",
+                )
+            )
+    return out
+
+
+def address_of(obj: Any) -> Tuple[int, int, memoryview, Any]:
+    """(address, bytes, a writable byte view, what keeps them alive) of a tensor, array or buffer."""
+    if _is_torch(obj):
+        if getattr(obj, "is_cuda", False) or str(getattr(obj, "device", "cpu")) != "cpu":
+            raise InvalidArgument(
+                "memory: a CUDA tensor is not host memory; register it with register_tensor(tensor) "
+                "(the daemon imports it by CUDA IPC handle)"
+            )
+        if not obj.is_contiguous():
+            raise InvalidArgument("memory: the tensor is not contiguous; register tensor.contiguous() (one byte range)")
+        nbytes = obj.numel() * obj.element_size()
+        view = memoryview(obj.detach().reshape(-1).view(__import__("torch").uint8).numpy())
+        return int(obj.data_ptr()), nbytes, view, obj
+    if isinstance(obj, (bytes, str)):
+        raise InvalidArgument(f"memory: a {type(obj).__name__} is read-only; give a size, an array, a tensor or an mmap")
+    if hasattr(obj, "__array_interface__"):
+        ai = obj.__array_interface__
+        if ai.get("data", (0, True))[1]:
+            raise InvalidArgument("memory: the array is read-only; transfers write into a buffer")
+        flags = getattr(obj, "flags", None)
+        if flags is not None and not flags["C_CONTIGUOUS"]:
+            raise InvalidArgument("memory: the array is not C-contiguous; register one contiguous byte range")
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        raise InvalidArgument(
+            f"memory: a {type(obj).__name__} is neither a size nor memory (give a size in bytes, a numpy array, "
+            "a torch CPU tensor or an mmap.mmap)"
+        ) from None
+    if view.readonly:
+        raise InvalidArgument("memory: the buffer is read-only; transfers write into a buffer")
+    if not view.c_contiguous:
+        raise InvalidArgument("memory: not contiguous; register one contiguous byte range")
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    if view.nbytes == 0:
+        raise InvalidArgument("memory: 0 bytes")
+    c = (ctypes.c_char * view.nbytes).from_buffer(view)
+    addr = ctypes.addressof(c)
+    del c
+    return addr, view.nbytes, view, obj
+
+
+def locate(obj: Any, fd: Optional[int]) -> Shared:
+    """The file behind `obj`'s memory, a descriptor of it, and where in it the memory starts."""
+    addr, nbytes, view, keep = address_of(obj)
+    maps = mappings()
+    first = next((m for m in maps if m.start <= addr < m.end), None)
+    if first is None:
+        raise InvalidArgument("memory: its address is not mapped in this process")
+    # The range may span several mappings of the same file, back to back.
+    covered, last = first.end, first
+    for m in maps:
+        if covered >= addr + nbytes:
+            break
+        if m.start == covered and m.inode == first.inode and m.dev == first.dev and m.offset == last.offset + (last.end - last.start):
+            covered, last = m.end, m
+    if first.inode == 0 or first.path.startswith("["):
+        raise InvalidArgument(
+            "memory: anonymous memory (a plain numpy array, or a torch tensor not in shared memory) cannot be "
+            "handed to the daemon; use memory the package maps (buf = client.register_host(nbytes); "
+            "buf.numpy()[:] = ...), or call tensor.share_memory_() first"
+        )
+    if "s" not in first.perms:
+        raise InvalidArgument(
+            f"memory: a private mapping (MAP_PRIVATE) of {first.path or 'a file'}: the daemon's mapping would not "
+            "see this process's writes; map the file shared (mmap.MAP_SHARED)"
+        )
+    if covered < addr + nbytes:
+        raise InvalidArgument("memory: the range spans more than one file mapping; register one contiguous mapping")
+    offset = first.offset + (addr - first.start)
+    if fd is not None:
+        st = os.fstat(fd)
+        if (st.st_ino, (os.major(st.st_dev), os.minor(st.st_dev))) != (first.inode, first.dev):
+            raise InvalidArgument("fd: not the file this memory is mapped from")
+        return Shared(fd, False, offset, nbytes, view, keep)
+    found = _open_descriptor(first)
+    if found is None:
+        raise FailedPrecondition(
+            f"memory: mapped from {first.path or 'a file'}, which this process no longer holds open; pass fd= "
+            "(a descriptor of the file, open for reading and writing)"
+        )
+    return Shared(found[0], found[1], offset, nbytes, view, keep)
+
+
+def _open_descriptor(m: Mapping) -> Optional[Tuple[int, bool]]:
+    """A read-write descriptor of the mapping's file: one this process holds, else the file opened
+    by path; (fd, whether it was opened here)."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = int(name)
+            st = os.fstat(fd)
+        except (ValueError, OSError):
+            continue
+        if st.st_ino != m.inode or (os.major(st.st_dev), os.minor(st.st_dev)) != m.dev or not stat.S_ISREG(st.st_mode):
+            continue
+        try:
+            import fcntl
+
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDWR:
+                return fd, False
+        except OSError:
+            continue
+    if m.path and not m.path.endswith("(deleted)"):
+        try:
+            fd = os.open(m.path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            return None
+        st = os.fstat(fd)
+        if st.st_ino == m.inode:
+            return fd, True
+        os.close(fd)
+    return None
+
+
+def register_request(shared: Shared, label: str) -> Any:
+    return _proto.message("RegisterHostFdRequest")(offset=shared.offset, size=shared.nbytes, label=label)
+
+
+def registered(ev: Any, tag: int) -> Any:
+    """The Buffer message the daemon's answer carries; raises its refusal."""
+    kind = ev.WhichOneof("event")
+    if kind == "refused":
+        raise from_status(ev.refused.code, ev.refused.message)
+    if ev.tag != tag or kind != "registered":
+        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to registration {tag}")
+    return ev.registered
+
+
+def no_unix_socket(endpoint: str) -> TcpxdError:
+    return FailedPrecondition(
+        f"register_host: host memory is handed to the daemon as a file descriptor over its unix socket, and "
+        f"{endpoint} is not one (a TCP endpoint cannot carry descriptors): connect to unix:/path on the daemon's "
+        "node, or let the daemon allocate the buffer (register_host(size, shared=False)) and use "
+        "write_bytes()/read_bytes()"
+    )
+
+
+class _Known:
+    available: Optional[bool] = None
+
+
+class OldDaemon(FailedPrecondition):
+    """The daemon does not speak the local session: it cannot take host memory by descriptor."""
+
+
+class Registrar:
+    """The client's connection for registering its host memory: one local session of its own, kept
+    open while the client lives (the daemon releases the buffers registered on it when it closes),
+    one registration at a time."""
+
+    def __init__(self, path: str, known: Any = None):
+        self.path = path
+        self._lock = threading.Lock()
+        self._conn: Optional[_local.Connection] = None
+        self._closed = False
+        self._pid = os.getpid()
+        #: What the client found out about the daemon's local session (`available`): its pool of
+        #: local sessions, shared so the daemon is asked once; else this registrar's own.
+        self._known = known if known is not None else _Known()
+
+    @property
+    def available(self) -> Optional[bool]:
+        """False once the daemon turned out not to speak the local session (it predates it)."""
+        return self._known.available
+
+    @available.setter
+    def available(self, value: Optional[bool]) -> None:
+        self._known.available = value
+
+    def register(self, shared: Shared, label: str, timeout: Optional[float]) -> Any:
+        """Registers the memory; returns the daemon's Buffer message."""
+        try:
+            with self._lock:
+                conn = self._connection()
+                try:
+                    ev = conn.exchange("register_host_fd", register_request(shared, label), timeout, fd=shared.fd)
+                except socket.timeout:
+                    self._drop()
+                    raise Unavailable(f"register_host: no answer from the daemon at {self.path} within {timeout} s") from None
+                except (_local.Gone, OSError) as e:
+                    self._drop()
+                    raise Unavailable(f"register_host: the local session with {self.path} ended: {e!r}") from None
+                return registered(ev, conn.tag)
+        finally:
+            shared.done_sending()
+
+    def _connection(self) -> _local.Connection:
+        if self._closed:
+            raise TcpxdError("the client is closed")
+        if self._pid != os.getpid():  # a forked child: the parent's connection is not ours
+            if self._conn is not None:
+                self._conn.close()
+            self._conn, self._pid = None, os.getpid()
+        if self._conn is None:
+            try:
+                if self.available is False:
+                    raise _local.NotLocal("found out before")
+                conn = _local.handshake(self.path)
+            except _local.NotLocal as e:
+                self.available = False
+                raise OldDaemon(
+                    f"register_host: the daemon at {self.path} does not speak the local session ({e}); "
+                    "it predates host memory registration: upgrade it, or use register_host(size, shared=False)"
+                ) from None
+            if conn is None:
+                raise Unavailable(f"register_host: nothing answers at {self.path}")
+            self._conn, self.available = conn, True
+        return self._conn
+
+    def speaks_local(self) -> bool:
+        """Whether the daemon speaks the local session (connects to find out, once)."""
+        if self.available is None:
+            try:
+                with self._lock:
+                    self._connection()
+            except OldDaemon:
+                pass
+        return self.available is not False
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def close(self) -> None:
+        """Closes the connection: the daemon releases the buffers registered on it."""
+        with self._lock:
+            self._closed = True
+            self._drop()
+
+
+def prepare(memory: Any, label: str, fd: Optional[int]) -> Shared:
+    """What `register_host(memory)` hands over: a new memfd for a size, else the memory given."""
+    if isinstance(memory, int) and not isinstance(memory, bool):
+        if fd is not None:
+            raise InvalidArgument("fd: only with memory to register (an array, tensor or mmap), not a size")
+        return allocate(memory, label)
+    return locate(memory, fd)
+
+
+def daemon_allocates(memory: Any, shared: Optional[bool], registrar: Optional[Registrar]) -> bool:
+    """Whether `register_host(memory, shared=...)` is the daemon-allocated kind (RegisterBuffer), as
+    far as known without connecting: a size with shared=False, or with shared=None where no
+    descriptor can pass (a TCP endpoint, a daemon found to predate the local session)."""
+    sized = isinstance(memory, int) and not isinstance(memory, bool)
+    cannot = registrar is None or registrar.available is False
+    return sized and (shared is False or (shared is None and cannot))
+
+
+def register(
+    registrar: Optional[Registrar],
+    endpoint: str,
+    memory: Any,
+    label: str,
+    fd: Optional[int],
+    timeout: Optional[float],
+    shared: Optional[bool] = None,
+) -> Optional[Tuple[Any, HostMemory]]:
+    """Shares `memory` (a size: a new memfd) with the daemon: its Buffer message, and this side of it;
+    None for a size with shared=None when the daemon predates the local session (the caller has it
+    allocate the buffer instead). Blocking (the asyncio client runs it in a thread)."""
+    if registrar is None:
+        raise no_unix_socket(endpoint)
+    sized = isinstance(memory, int) and not isinstance(memory, bool)
+    if sized and shared is None and not registrar.speaks_local():
+        return None
+    mem = prepare(memory, label, fd)
+    host = HostMemory(mem)
+    return registrar.register(mem, label, timeout), host

@@ -1,0 +1,561 @@
+"""nixl_agent on tcpxd: NIXL's Python agent surface, each call mapped onto the node's daemon."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import pickle
+import threading
+from enum import Enum
+from typing import Any, Dict, List, Optional, Union
+
+
+from .. import Client
+from ..errors import TcpxdError
+from . import _listen, _plan
+from ._descs import DescList, RegDList, XferDList, lenient, parse
+from ._errors import (
+    from_tcpxd,
+    nixlBackendError,
+    nixlInvalidParamError,
+    nixlNoTelemetryError,
+    nixlNotFoundError,
+    nixlNotPostedError,
+    nixlNotSupportedError,
+)
+from ._memory import LocalMemory
+from ._metadata import AgentMetadata
+from ._notify import MAILBOX_BYTES, Inbox, frame
+from ._regions import RegionTable
+from ._xfer import Xfer, mailbox_write, nixlXferTelemetry
+
+log = logging.getLogger("tcpxd.nixl")
+
+#: The agent name prep_xfer_dlist takes for the local side.
+NIXL_INIT_AGENT = "NIXL_INIT_AGENT"
+#: NIXL's default port for the metadata listener.
+DEFAULT_COMM_PORT = 8888
+#: What get_plugin_list() reports besides the backends a config names: this module.
+PLUGIN = "TCPXD"
+#: NIXL's storage plugins: not backends tcpxd stands in for (a config naming them skips them, as
+#: NIXL skips a plugin it does not have).
+STORAGE_PLUGINS = frozenset({"GDS", "GDS_MT", "POSIX", "OBJ", "HF3FS", "GUSLI", "AZURE_BLOB", "GPUNETIO"})
+
+AgentName = Union[str, bytes]
+
+
+class nixl_thread_sync_t(Enum):  # noqa: N801 - NIXL's name
+    """Accepted for compatibility: a tcpxd.nixl agent is always thread-safe."""
+
+    NIXL_THREAD_SYNC_NONE = 0
+    NIXL_THREAD_SYNC_STRICT = 1
+    NIXL_THREAD_SYNC_RW = 2
+    NIXL_THREAD_SYNC_DEFAULT = 3
+
+
+class nixl_agent_config:  # noqa: N801
+    """NIXL's agent configuration, plus tcpxd's own keywords: `endpoint` (the daemon: default
+    $TCPXD_ENDPOINT, else unix:/run/tcpxd/tcpxd.sock) and `timeout_s` (each transfer's deadline,
+    default the daemon's transfer.default_timeout_s). enable_prog_thread and num_threads mean
+    nothing here (the daemon progresses transfers); backends name the NIXL backends this agent
+    stands in for (reported by get_plugin_list)."""
+
+    def __init__(
+        self,
+        enable_prog_thread: bool = True,
+        enable_listen_thread: bool = False,
+        listen_port: int = DEFAULT_COMM_PORT,
+        capture_telemetry: bool = False,
+        num_threads: int = 0,
+        backends: Optional[List[str]] = None,
+        sync_mode: Optional[nixl_thread_sync_t] = None,
+        *,
+        endpoint: Optional[str] = None,
+        timeout_s: Optional[float] = None,
+    ):
+        if sync_mode is not None and not isinstance(sync_mode, nixl_thread_sync_t):
+            raise TypeError(f"sync_mode must be a nixl_thread_sync_t (got {type(sync_mode).__name__!r})")
+        if timeout_s is not None and not timeout_s > 0:
+            raise nixlInvalidParamError(f"timeout_s: {timeout_s!r} is not a positive number of seconds")
+        self.backends = list(backends) if backends is not None else ["UCX"]
+        self.enable_pthread = enable_prog_thread
+        self.enable_listen = enable_listen_thread
+        self.port = listen_port
+        self.capture_telemetry = capture_telemetry
+        self.num_threads = num_threads
+        self.sync_mode = sync_mode
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+
+
+class nixl_prepped_dlist_handle:  # noqa: N801
+    """A prepared descriptor list (prep_xfer_dlist)."""
+
+    __slots__ = ("_handle", "_agent", "_released")
+
+    def __init__(self, agent: "nixl_agent", value: int):
+        self._handle = int(value)
+        self._agent = agent
+        self._released = False
+
+    def __repr__(self) -> str:
+        return f"nixl_prepped_dlist_handle(0x{self._handle:x}, released={self._released})"
+
+    def release(self) -> None:
+        if not self._released:
+            self._agent._dlists.pop(self._handle, None)
+            self._released = True
+
+
+class nixl_xfer_handle:  # noqa: N801
+    """A transfer request (make_prepped_xfer, initialize_xfer): post it with transfer(), poll it
+    with check_xfer_state(). `error` says why it ended in "ERR" (tcpxd's addition)."""
+
+    __slots__ = ("_handle", "_agent", "_released", "_xfer")
+
+    def __init__(self, agent: "nixl_agent", value: int, xfer: Xfer):
+        self._handle = int(value)
+        self._agent = agent
+        self._released = False
+        self._xfer = xfer
+
+    def __repr__(self) -> str:
+        return f"nixl_xfer_handle(0x{self._handle:x}, released={self._released})"
+
+    @property
+    def error(self) -> Optional[BaseException]:
+        return self._xfer.error
+
+    def release(self) -> None:
+        if not self._released:
+            self._xfer.release()
+            self._released = True
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # noqa: BLE001 - best effort, as NIXL's
+            pass
+
+
+def _name(agent: AgentName, what: str) -> str:
+    if isinstance(agent, (bytes, bytearray)):
+        return bytes(agent).decode()
+    if not isinstance(agent, str):
+        raise nixlInvalidParamError(f"{what}: an agent name (str) is needed, got {type(agent).__name__}")
+    return agent
+
+
+def _bytes(msg: Any, what: str) -> bytes:
+    if isinstance(msg, str):
+        return msg.encode()
+    if isinstance(msg, (bytes, bytearray, memoryview)):
+        return bytes(msg)
+    raise nixlInvalidParamError(f"{what}: bytes (or str) are needed, got {type(msg).__name__}")
+
+
+class _Remote:
+    def __init__(self, md: AgentMetadata):
+        self.md = md
+        self.table = RegionTable(md.regions)
+
+
+class nixl_agent:  # noqa: N801
+    """A NIXL agent whose transfers the node's tcpxd carries (docs/NIXL.md).
+
+    `agent_name` names it to remote agents and keys the notifications it sends; `nixl_conf` as
+    NIXL's, plus `endpoint=` and `timeout_s=`. Thread-safe. `close()` (or leaving a `with` block)
+    releases what it registered; so does the process exiting."""
+
+    def __init__(self, agent_name: str, nixl_conf: Optional[nixl_agent_config] = None, instantiate_all: bool = False):
+        if not isinstance(agent_name, str) or not agent_name or agent_name == NIXL_INIT_AGENT:
+            raise nixlInvalidParamError(f"agent_name: {agent_name!r} cannot name an agent")
+        conf = nixl_conf or nixl_agent_config()
+        self.name = agent_name
+        self._conf = conf
+        self._timeout_ms = 0 if conf.timeout_s is None else max(1, int(conf.timeout_s * 1000))
+        self._lock = threading.RLock()
+        self._ids = itertools.count(1)
+        self._dlists: Dict[int, _plan.Prepped] = {}
+        self._remotes: Dict[str, _Remote] = {}
+        self._session: Any = None
+        self.notifs: Dict[str, List[bytes]] = {}
+        self._listener: Optional[_listen.Listener] = None
+        self._closed = False
+        self._client = Client(conf.endpoint)
+        try:
+            self._node = self._client.describe_node()
+            self._mailbox = self._client.register_host(MAILBOX_BYTES)
+            self._memory = LocalMemory(self._client)
+            self._inbox = Inbox(self._client, agent_name)
+        except TcpxdError as e:
+            self._client.close()
+            raise nixlBackendError(f"tcpxd daemon at {self._client.endpoint}: {e.message}") from None
+        self.plugin_list = [PLUGIN] + [b for b in dict.fromkeys(conf.backends) if b != PLUGIN and b not in STORAGE_PLUGINS]
+        self.backends: Dict[str, int] = {}
+        for b in self.plugin_list if instantiate_all and nixl_conf is None else conf.backends:
+            if b in STORAGE_PLUGINS:
+                log.warning("Skipping backend registration %s: tcpxd.nixl moves memory between nodes, not storage.", b)
+                continue
+            self.create_backend(b)
+        if conf.enable_listen:
+            try:
+                self._listener = _listen.Listener(conf.port, agent_name, self.get_agent_metadata, self.add_remote_agent,
+                                                  self.remove_remote_agent)
+            except OSError as e:
+                self.close()
+                raise nixlBackendError(f"listen_port: cannot listen on port {conf.port} ({e})") from None
+        log.info("Initialized tcpxd.nixl agent %s on node %s (%s)", agent_name, self._node.node_id, self._client.endpoint)
+
+    # -- life
+
+    def close(self) -> None:
+        """Releases the agent's transfers' session, registrations and mailbox (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            session, self._session = self._session, None
+        if self._listener is not None:
+            self._listener.close()
+        self._inbox.close()
+        if session is not None:
+            session._abort("client closed")
+        try:
+            self._memory.close()
+            self._mailbox.release()
+        except TcpxdError as e:  # the daemon is gone: nothing of ours is left there
+            log.warning("agent %s: releasing its buffers: %s", self.name, e)
+        self._client.close()
+
+    def __enter__(self) -> "nixl_agent":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - best effort at teardown
+            pass
+
+    # -- backends
+
+    def get_plugin_list(self) -> List[str]:
+        return list(self.plugin_list)
+
+    def create_backend(self, backend: str, initParams: Optional[Dict[str, str]] = None) -> None:  # noqa: N803
+        """Names a backend this agent stands in for: every backend is the daemon."""
+        if backend in STORAGE_PLUGINS:
+            raise nixlNotSupportedError(f"backend: {backend} is a storage plugin; tcpxd.nixl moves memory between nodes")
+        with self._lock:
+            self.backends.setdefault(backend, len(self.backends) + 1)
+            if backend not in self.plugin_list:
+                self.plugin_list.append(backend)
+
+    def get_plugin_mem_types(self, backend: str) -> List[str]:
+        return ["DRAM", "VRAM"] if backend in self.plugin_list else []
+
+    def get_backend_mem_types(self, backend: str) -> List[str]:
+        return ["DRAM", "VRAM"] if backend in self.backends else []
+
+    def get_plugin_params(self, backend: str) -> Dict[str, str]:
+        return {}
+
+    def get_backend_params(self, backend: str) -> Dict[str, str]:
+        return {}
+
+    def query_xfer_backend(self, handle: nixl_xfer_handle) -> str:
+        return next(iter(self.backends), PLUGIN)
+
+    # -- descriptors and memory
+
+    def get_reg_descs(self, descs: Any, mem_type: Optional[str] = None) -> Optional[RegDList]:
+        return lenient(descs, mem_type, True, "descs")  # type: ignore[return-value]
+
+    def get_xfer_descs(self, descs: Any, mem_type: Optional[str] = None) -> Optional[XferDList]:
+        return lenient(descs, mem_type, False, "descs")  # type: ignore[return-value]
+
+    def register_memory(self, reg_list: Any, mem_type: Optional[str] = None, backends: Optional[List[str]] = None) -> RegDList:
+        """Registers each region with the daemon (DRAM: its pages shared by file descriptor; VRAM:
+        its allocation imported by IPC handle). Returns the registration list."""
+        dl = parse(reg_list, mem_type, True, "reg_list")
+        assert isinstance(dl, RegDList)
+        self._memory.register(dl)
+        return dl
+
+    def deregister_memory(self, dereg_list: Any, backends: Optional[List[str]] = None) -> None:
+        dl = parse(dereg_list, None, True, "dereg_list")
+        assert isinstance(dl, RegDList)
+        self._memory.deregister(dl)
+
+    def get_serialized_descs(self, descs: DescList) -> bytes:
+        return pickle.dumps(descs)
+
+    def deserialize_descs(self, serialized_descs: bytes) -> Any:
+        return pickle.loads(serialized_descs)
+
+    # -- metadata
+
+    def _metadata(self, regions: Any = None) -> AgentMetadata:
+        regs = self._memory.regions()
+        if regions is not None:
+            keep = {tuple(int(x) for x in row) for row in regions.rows}
+            regs = [r for r in regs if (r.addr, r.size, r.dev) in keep]
+        return AgentMetadata(self.name, self._node.node_id, list(self._node.peer_addresses), self._mailbox.descriptor,
+                             regs, list(self.backends))
+
+    def get_agent_metadata(self) -> bytes:
+        """This agent's name, node, registered regions (raw base addresses and the daemon buffers
+        holding them: access keys, keep it private) and mailbox."""
+        return self._metadata().encode()
+
+    def get_partial_agent_metadata(self, descs: Any, inc_conn_info: bool = False, backends: Optional[List[str]] = None) -> bytes:
+        """Metadata of only the regions `descs` names (a registration list)."""
+        dl = parse(descs, None, True, "descs")
+        return self._metadata(dl).encode()
+
+    def add_remote_agent(self, metadata: bytes) -> bytes:
+        """Loads a remote agent's metadata (again: its regions are replaced). Returns its name as
+        bytes, as NIXL's binding does."""
+        md = AgentMetadata.decode(metadata)
+        if md.name == self.name:
+            raise nixlInvalidParamError(f"metadata: names this agent itself ({self.name!r})")
+        with self._lock:
+            self._remotes[md.name] = _Remote(md)
+        return md.name.encode()
+
+    def remove_remote_agent(self, agent: AgentName) -> None:
+        with self._lock:
+            self._remotes.pop(_name(agent, "agent"), None)
+
+    def check_remote_metadata(self, agent: AgentName, descs: Any = None) -> bool:
+        with self._lock:
+            remote = self._remotes.get(_name(agent, "agent"))
+        if remote is None:
+            return False
+        if descs is None:
+            return True
+        dl = parse(descs, None, False, "descs")
+        try:
+            remote.table.resolve(dl.mem, dl.rows, remote.md.name, "descs")
+        except TcpxdError:
+            return False
+        return True
+
+    def make_connection(self, remote_agent: AgentName, backends: Optional[List[str]] = None) -> None:
+        """Pairs this node with the remote agent's node now (else the first transfer does)."""
+        remote = self._remote(remote_agent, "remote_agent")
+        last: Optional[TcpxdError] = None
+        for addr in remote.md.peer_addresses:
+            try:
+                self._client.connect_peer(addr)
+                return
+            except TcpxdError as e:
+                last = e
+        if last is not None:
+            raise from_tcpxd(last, f"make_connection to {remote.md.name}")
+
+    def send_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT) -> None:
+        self._peer_exchange("send_local_metadata", ip_addr, port, b"SEND", self.get_agent_metadata())
+
+    def send_partial_agent_metadata(self, descs: Any, inc_conn_info: bool = False, backends: Optional[List[str]] = None,
+                                    ip_addr: str = "", port: int = DEFAULT_COMM_PORT, label: str = "") -> None:
+        self._peer_exchange("send_partial_agent_metadata", ip_addr, port, b"SEND", self.get_partial_agent_metadata(descs))
+
+    def fetch_remote_metadata(self, remote_agent: str, ip_addr: str = "", port: int = DEFAULT_COMM_PORT, label: str = "") -> None:
+        self._peer_exchange("fetch_remote_metadata", ip_addr, port, b"FTCH", _name(remote_agent, "remote_agent").encode(),
+                            self.add_remote_agent)
+
+    def invalidate_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT) -> None:
+        self._peer_exchange("invalidate_local_metadata", ip_addr, port, b"INVL", self.name.encode())
+
+    def _peer_exchange(self, what: str, ip: str, port: int, kind: bytes, body: bytes, answer: Any = None) -> None:
+        if not ip:
+            raise nixlNotSupportedError(
+                f"{what}: a central metadata server (etcd) is not supported by tcpxd.nixl; give ip_addr (a peer's listener)")
+        _listen.in_background(what, (ip, int(port)), kind, body, answer)
+
+    def _remote(self, agent: AgentName, what: str) -> _Remote:
+        name = _name(agent, what)
+        with self._lock:
+            remote = self._remotes.get(name)
+        if remote is None:
+            raise nixlNotFoundError(f"{what}: no remote agent {name!r} (load its metadata with add_remote_agent first)")
+        return remote
+
+    def _peer(self, agent: AgentName, what: str) -> _Remote:
+        """A remote agent this one can move data to: on another node."""
+        remote = self._remote(agent, what)
+        if remote.md.node_id == self._node.node_id:
+            raise nixlNotSupportedError(
+                f"{what}: agent {remote.md.name!r} uses this agent's daemon (node {self._node.node_id!r}); tcpxd moves "
+                "data between nodes: give each side a daemon of its own (on one host: a second tcpxd with its own "
+                "--node-id, --api-socket and --peer-listen, and TCPXD_ENDPOINT pointing each side at its own)")
+        return remote
+
+    # -- prepared lists and transfers
+
+    def prep_xfer_dlist(self, agent_name: AgentName, xfer_list: Any, mem_type: Optional[str] = None,
+                        backends: Optional[List[str]] = None) -> nixl_prepped_dlist_handle:
+        """Resolves each descriptor to a registered region: of this agent for "NIXL_INIT_AGENT"
+        (or ""), else of the remote agent named (raw addresses in its memory, from its metadata).
+        nixlNotFoundError names the first descriptor outside them."""
+        name = _name(agent_name, "agent_name")
+        dl = parse(xfer_list, mem_type, False, "xfer_list")
+        if name in (NIXL_INIT_AGENT, ""):
+            prepped = _plan.prepare(self._memory.table(), dl.mem, dl.rows, "", f"agent {self.name!r}", "xfer_list")
+        elif name == self.name:
+            raise nixlNotSupportedError(
+                "agent_name: loopback transfers (within this agent's own node) are not carried by tcpxd; name a remote agent")
+        else:
+            remote = self._peer(name, "agent_name")
+            prepped = _plan.prepare(remote.table, dl.mem, dl.rows, name, f"remote agent {name!r}", "xfer_list")
+        with self._lock:
+            h = next(self._ids)
+            self._dlists[h] = prepped
+        return nixl_prepped_dlist_handle(self, h)
+
+    def release_dlist_handle(self, handle: nixl_prepped_dlist_handle) -> None:
+        handle.release()
+
+    def _dlist(self, handle: Any, what: str) -> _plan.Prepped:
+        if not isinstance(handle, nixl_prepped_dlist_handle) or handle._agent is not self:
+            raise nixlInvalidParamError(f"{what}: not a prepared list of this agent (prep_xfer_dlist)")
+        with self._lock:
+            p = self._dlists.get(handle._handle)
+        if p is None:
+            raise nixlNotFoundError(f"{what}: released")
+        return p
+
+    def _xfer_handle(self, plan: _plan.Plan, remote: str, notif: Any) -> nixl_xfer_handle:
+        xfer = Xfer(plan, remote, _bytes(notif, "notif_msg"))
+        with self._lock:
+            h = next(self._ids)
+        return nixl_xfer_handle(self, h, xfer)
+
+    def make_prepped_xfer(self, operation: str, local_xfer_side: nixl_prepped_dlist_handle, local_indices: Any,
+                          remote_xfer_side: nixl_prepped_dlist_handle, remote_indices: Any, notif_msg: Any = b"",
+                          backends: Optional[List[str]] = None, skip_desc_merge: bool = False) -> nixl_xfer_handle:
+        """A transfer of local descriptor local_indices[k] with remote descriptor remote_indices[k]
+        (WRITE: local into remote; READ: remote into local), equal lengths pairwise."""
+        op = _op(operation)
+        local = self._dlist(local_xfer_side, "local_xfer_side")
+        remote = self._dlist(remote_xfer_side, "remote_xfer_side")
+        if local.agent:
+            raise nixlInvalidParamError("local_xfer_side: prepared for a remote agent; prepare it with \"NIXL_INIT_AGENT\"")
+        if not remote.agent:
+            raise nixlInvalidParamError("remote_xfer_side: prepared for this agent; prepare it with the remote agent's name")
+        li = _plan.indices(local_indices, len(local), "local_indices")
+        ri = _plan.indices(remote_indices, len(remote), "remote_indices")
+        plan = _plan.plan(op, local, li, remote, ri, not skip_desc_merge, self._timeout_ms)
+        return self._xfer_handle(plan, remote.agent, notif_msg)
+
+    def initialize_xfer(self, operation: str, local_descs: Any, remote_descs: Any, remote_agent: AgentName,
+                        notif_msg: Any = b"", backends: Optional[List[str]] = None) -> nixl_xfer_handle:
+        """A transfer of every local descriptor with the remote descriptor at the same position."""
+        op = _op(operation)
+        name = _name(remote_agent, "remote_agent")
+        remote = self._peer(name, "remote_agent")
+        ld = parse(local_descs, None, False, "local_descs")
+        rd = parse(remote_descs, None, False, "remote_descs")
+        local = _plan.prepare(self._memory.table(), ld.mem, ld.rows, "", f"agent {self.name!r}", "local_descs")
+        rem = _plan.prepare(remote.table, rd.mem, rd.rows, name, f"remote agent {name!r}", "remote_descs")
+        return self._xfer_handle(_plan.descs_plan(op, local, rem, self._timeout_ms), name, notif_msg)
+
+    def _session_now(self) -> Any:
+        with self._lock:
+            if self._closed:
+                raise nixlBackendError("the agent is closed")
+            s = self._session
+            if s is None or s._ended is not None or s._closed:
+                s = self._session = self._client.session()
+            return s
+
+    def transfer(self, handle: nixl_xfer_handle, notif_msg: Any = b"") -> str:
+        """Posts the transfer: "PROC" (or "DONE"/"ERR" if it already ended). A notification reaches
+        the remote agent after the data landed (after it was read, for a READ)."""
+        xfer = self._live(handle)
+        remote = self._remote(xfer.remote, "handle's remote agent")
+        msg = _bytes(notif_msg, "notif_msg") or xfer.notif
+        framed = frame(self.name, remote.md.name, msg) if msg else b""
+        ride = framed if xfer.plan.op == "WRITE" and len(xfer.plan.requests) == 1 else b""
+        followup = None
+        if framed and not ride:
+            req = mailbox_write(self._mailbox.id, remote.md.mailbox, framed, self._timeout_ms)
+            followup = lambda s: s._submit(write=req)  # noqa: E731
+        try:
+            return xfer.post(self._session_now(), ride, followup)
+        except TcpxdError as e:
+            raise from_tcpxd(e, "transfer") from None
+
+    def check_xfer_state(self, handle: nixl_xfer_handle) -> str:
+        """"DONE", "PROC" or "ERR" (the handle's `error` says why). A transfer that cannot finish
+        ends in "ERR" by its deadline (timeout_s, else the daemon's), or as soon as its peer is
+        found gone."""
+        state = self._live(handle).state
+        if state == "INIT":
+            raise nixlNotPostedError("handle: never posted (call transfer() first)")
+        return state
+
+    def get_xfer_telemetry(self, handle: nixl_xfer_handle) -> nixlXferTelemetry:
+        if not self._conf.capture_telemetry:
+            raise nixlNoTelemetryError("get_xfer_telemetry: the agent was created without capture_telemetry=True")
+        return self._live(handle).telemetry
+
+    def release_xfer_handle(self, handle: nixl_xfer_handle) -> None:
+        """Releases the handle; a transfer still in progress is cancelled on both sides."""
+        handle.release()
+
+    def _live(self, handle: Any) -> Xfer:
+        if not isinstance(handle, nixl_xfer_handle) or handle._agent is not self:
+            raise nixlInvalidParamError("handle: not a transfer handle of this agent")
+        if handle._released:
+            raise nixlNotFoundError("handle: released")
+        return handle._xfer
+
+    # -- notifications
+
+    def send_notif(self, remote_agent_name: AgentName, notif_msg: Any, backend: Optional[str] = None) -> None:
+        """Sends a notification alone; returns once it reached the remote agent's node."""
+        remote = self._peer(remote_agent_name, "remote_agent_name")
+        framed = frame(self.name, remote.md.name, _bytes(notif_msg, "notif_msg"))
+        try:
+            self._client.write(self._mailbox, remote.md.mailbox, 1, notification=framed,
+                               timeout=None if self._conf.timeout_s is None else self._conf.timeout_s)
+        except TcpxdError as e:
+            raise from_tcpxd(e, f"send_notif to {remote.md.name}") from None
+
+    def get_new_notifs(self, backends: Optional[List[str]] = None) -> Dict[str, List[bytes]]:
+        """Notifications that arrived since the last call, by the sending agent's name."""
+        return self._inbox.take()
+
+    def update_notifs(self, backends: Optional[List[str]] = None) -> Dict[str, List[bytes]]:
+        with self._lock:
+            for k, v in self._inbox.take().items():
+                self.notifs.setdefault(k, []).extend(v)
+            return self.notifs
+
+    def check_remote_xfer_done(self, remote_agent_name: AgentName, lookup_tag: bytes, backends: Optional[List[str]] = None,
+                               tag_is_prefix: bool = True) -> bool:
+        """Whether a notification from the remote agent starts with (or contains) `lookup_tag`;
+        the one found is removed."""
+        name = _name(remote_agent_name, "remote_agent_name")
+        tag = _bytes(lookup_tag, "lookup_tag")
+        with self._lock:
+            self.update_notifs()
+            msgs = self.notifs.get(name, [])
+            for i, m in enumerate(msgs):
+                if (m.startswith(tag) if tag_is_prefix else tag in m):
+                    del msgs[i]
+                    return True
+        return False
+
+
+def _op(operation: Any) -> str:
+    if operation not in ("WRITE", "READ"):
+        raise nixlInvalidParamError(f"operation: {operation!r} is neither \"WRITE\" nor \"READ\"")
+    return str(operation)
+
+

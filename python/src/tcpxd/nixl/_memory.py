@@ -1,0 +1,170 @@
+"""An agent's registered memory: NIXL regions (raw address, length, device) as daemon buffers.
+
+DRAM: the region's own pages, shared with the daemon by file descriptor (Client.register_host with
+the memory: a torch CPU tensor after share_memory_(), memory the package maps, a numpy array over a
+memfd or /dev/shm file); anonymous memory is refused with the daemon's explanation of what to
+allocate instead. VRAM: the cudaMalloc allocation holding the address, imported once by its IPC
+handle (regions in one allocation, such as a layer's K and V, share that import).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from .. import Client
+from ..errors import TcpxdError
+from . import _cuda
+from ._descs import MOVABLE, RegDList
+from ._errors import from_tcpxd, nixlInvalidParamError, nixlNotFoundError, nixlNotSupportedError
+from ._regions import Region, RegionTable
+
+Key = Tuple[str, int, int, int]
+
+
+class _SharedMap(mmap.mmap):
+    """A shared mapping of a memfd that keeps the descriptor open while it lives (the daemon is
+    handed the memory by that descriptor)."""
+
+
+def host_array(nbytes: int) -> Any:
+    """`nbytes` of host memory an agent can register as DRAM: a numpy uint8 array over a memfd
+    mapped shared (the daemon maps the same pages, no copy). Slice or `.view()` it into the
+    regions you register; it lives as long as the array (or a view of it) does."""
+    import numpy as np
+
+    if not isinstance(nbytes, int) or nbytes <= 0:
+        raise nixlInvalidParamError(f"nbytes: {nbytes!r} is not a positive number of bytes")
+    fd = os.memfd_create("tcpxd-nixl", os.MFD_CLOEXEC | getattr(os, "MFD_ALLOW_SEALING", 2))
+    try:
+        os.ftruncate(fd, nbytes)
+        mm = _SharedMap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except BaseException:
+        os.close(fd)
+        raise
+    weakref.finalize(mm, os.close, fd)
+    return np.frombuffer(mm, dtype=np.uint8)
+
+
+@dataclass
+class _Import:
+    """A daemon buffer importing one cudaMalloc allocation, and how many regions use it."""
+
+    buffer: Any
+    base: int
+    size: int
+    users: int = 0
+
+
+class LocalMemory:
+    """The agent's regions. Thread-safe."""
+
+    def __init__(self, client: Client):
+        self._client = client
+        self._lock = threading.Lock()
+        self._regions: Dict[Key, Tuple[Region, Callable[[], None]]] = {}
+        self._imports: Dict[Tuple[int, int], _Import] = {}
+        self._table: Optional[RegionTable] = None
+
+    def regions(self) -> List[Region]:
+        with self._lock:
+            return [r for r, _ in self._regions.values()]
+
+    def table(self) -> RegionTable:
+        with self._lock:
+            if self._table is None:
+                self._table = RegionTable([r for r, _ in self._regions.values()])
+            return self._table
+
+    def register(self, dl: RegDList) -> None:
+        """Registers every region of the list (all or none)."""
+        if dl.mem not in MOVABLE:
+            raise nixlNotSupportedError(f"reg_list: tcpxd moves DRAM and VRAM memory, not {dl.mem}")
+        done: List[Key] = []
+        try:
+            for i in range(len(dl)):
+                addr, size, dev = (int(x) for x in dl.rows[i])
+                key = (dl.mem, addr, size, dev)
+                with self._lock:
+                    if key in self._regions:
+                        continue  # registered already (NIXL accepts it again)
+                if size == 0:
+                    raise nixlInvalidParamError(f"reg_list[{i}]: a region of 0 bytes")
+                what = f"reg_list[{i}] ({dl.mem} at {addr:#x}, {size} bytes)"
+                if dl.mem == "DRAM":
+                    region, release = self._dram(addr, size, dev, dl.objs[i], what)
+                else:
+                    region, release = self._vram(addr, size, dev, what)
+                with self._lock:
+                    self._regions[key] = (region, release)
+                    self._table = None
+                done.append(key)
+        except BaseException:
+            self._drop(done)
+            raise
+
+    def deregister(self, dl: RegDList) -> None:
+        keys = [(dl.mem, *(int(x) for x in dl.rows[i])) for i in range(len(dl))]
+        with self._lock:
+            for i, k in enumerate(keys):
+                if k not in self._regions:
+                    raise nixlNotFoundError(f"dereg_list[{i}]: {dl.mem} ({k[1]:#x}, {k[2]} bytes) is not registered")
+        self._drop(keys)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        with self._lock:
+            keys = list(self._regions)
+        self._drop(keys)
+
+    def _drop(self, keys: List[Key]) -> None:
+        for k in keys:
+            with self._lock:
+                entry = self._regions.pop(k, None)
+                self._table = None
+            if entry is not None:
+                entry[1]()
+
+    def _dram(self, addr: int, size: int, dev: int, obj: Any, what: str) -> Tuple[Region, Callable[[], None]]:
+        memory = obj if obj is not None else (ctypes.c_char * size).from_address(addr)
+        try:
+            buf = self._client.register_host(memory)
+        except TcpxdError as e:
+            raise from_tcpxd(e, what) from None
+        return Region(addr, size, dev, "DRAM", buf.descriptor, 0, buf.id), buf.release
+
+    def _vram(self, addr: int, size: int, dev: int, what: str) -> Tuple[Region, Callable[[], None]]:
+        ordinal, base, asize, handle = _cuda.allocation(addr)
+        if ordinal != dev:
+            raise nixlInvalidParamError(f"{what}: the address is on GPU {ordinal}, the descriptor says device {dev}")
+        if addr + size > base + asize:
+            raise nixlInvalidParamError(f"{what}: runs {addr + size - base - asize} bytes past its {asize}-byte allocation")
+        with self._lock:
+            imp = self._imports.get((ordinal, base))
+            if imp is not None:
+                imp.users += 1
+        if imp is None:
+            try:
+                buf = self._client.register_cuda_ipc(handle, asize, device=ordinal)
+            except TcpxdError as e:
+                raise from_tcpxd(e, what) from None
+            with self._lock:
+                imp = self._imports.setdefault((ordinal, base), _Import(buf, base, asize))
+                imp.users += 1
+            if imp.buffer is not buf:  # another thread imported it meanwhile
+                buf.release()
+
+        def release() -> None:
+            with self._lock:
+                imp.users -= 1
+                last = imp.users == 0
+                if last:
+                    self._imports.pop((ordinal, base), None)
+            if last:
+                imp.buffer.release()
+
+        return Region(addr, size, dev, "VRAM", imp.buffer.descriptor, addr - base, imp.buffer.id), release

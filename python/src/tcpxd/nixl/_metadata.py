@@ -1,0 +1,58 @@
+"""The agent metadata blob (get_agent_metadata / add_remote_agent).
+
+It carries what a remote agent needs to reach this one's memory: its name, its node (id and peer
+addresses), its registered regions with their raw base addresses and the daemon buffers holding
+them (whose descriptors carry the access keys: treat the blob as a secret), and its mailbox (where
+notifications that ride no WRITE of their own land). JSON after a magic line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, List
+
+from ._errors import nixlInvalidParamError
+from ._regions import Region
+
+MAGIC = b"tcpxd-nixl/1\n"
+
+
+@dataclass
+class AgentMetadata:
+    name: str
+    node_id: str
+    peer_addresses: List[str]
+    mailbox: str
+    regions: List[Region]
+    backends: List[str]
+
+    def encode(self) -> bytes:
+        body: Dict[str, Any] = {
+            "name": self.name,
+            "node": self.node_id,
+            "peers": self.peer_addresses,
+            "mailbox": self.mailbox,
+            "backends": self.backends,
+            "regions": [r.to_json() for r in self.regions],
+        }
+        return MAGIC + json.dumps(body, separators=(",", ":")).encode()
+
+    @staticmethod
+    def decode(blob: Any) -> "AgentMetadata":
+        if isinstance(blob, str):
+            blob = blob.encode("latin-1")
+        blob = bytes(blob)
+        if not blob.startswith(MAGIC):
+            raise nixlInvalidParamError(
+                "metadata: not a tcpxd.nixl agent's metadata (a NIXL agent's or another library's?); "
+                "both sides must use tcpxd.nixl"
+            )
+        try:
+            d = json.loads(blob[len(MAGIC) :])
+            return AgentMetadata(
+                str(d["name"]), str(d["node"]), [str(a) for a in d["peers"]], str(d["mailbox"]),
+                [Region.from_json(r) for r in d["regions"]], [str(b) for b in d.get("backends", [])],
+            )
+        except (ValueError, KeyError, TypeError) as e:
+            raise nixlInvalidParamError(f"metadata: malformed ({type(e).__name__}: {e})") from None

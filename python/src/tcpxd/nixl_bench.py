@@ -1,0 +1,239 @@
+"""`python -m tcpxd.nixl_bench`: vLLM's NIXL pull pattern through tcpxd.nixl, against the same bytes
+as one contiguous tcpxd READ, and the Python cost of a request.
+
+The pattern (issue 24's targets; defaults): a prefill agent and a decode agent, each with 32 layers
+× 2 regions (K, V) of 4096 blocks of 16 KiB, per-block prepared lists on both sides as vLLM's
+NixlConnector prepares them; each request READs 512 blocks of every layer region (32,768
+descriptors, 512 MiB) by block indices (random distinct blocks, or --ids contiguous) with a
+notification, polled with check_xfer_state to DONE. The baseline READs the same number of bytes in
+one contiguous tcpxd READ between the same two daemons (Client.read, same memory kind). Printed:
+the GB/s of each (median of the requests), their ratio (target ≥ 0.9x), and the Python time per
+request spent in make_prepped_xfer + transfer + one check_xfer_state (target ≤ 100 µs), for the
+full request and for a small one (one block per region); then all the requests posted at once,
+against as many contiguous READs in flight.
+
+Host memory by default (shared with the daemons by file descriptor); --cuda puts both sides' KV in
+GPU memory (torch; decode on --cuda-device, prefill on --peer-cuda-device). Without --endpoint it
+starts two daemons on the built-in emulation (--tcpxd, else target/{release,debug}/tcpxd). Small
+sizes for a CI machine: --layers 2 --blocks 256 --block-kib 4 --req-blocks 64 --requests 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from . import Client
+from .bench import _find, _start
+from .nixl import host_array, nixl_agent, nixl_agent_config
+
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
+
+
+class Side:
+    """One agent's KV cache: per layer one [2, blocks, block_len] allocation, K and V its regions."""
+
+    def __init__(self, name: str, endpoint: str, layers: int, blocks: int, block_len: int, cuda: Optional[int]):
+        self.blocks, self.block_len = blocks, block_len
+        mem = "VRAM" if cuda is not None else "DRAM"
+        if cuda is None:
+            self.caches = [host_array(2 * blocks * block_len).reshape(2, blocks, block_len) for _ in range(layers)]
+            bases = [int(c[kv].ctypes.data) for c in self.caches for kv in (0, 1)]
+        else:
+            import torch
+
+            self.caches = [torch.empty((2, blocks, block_len), dtype=torch.uint8, device=f"cuda:{cuda}") for _ in range(layers)]
+            bases = [int(c[kv].data_ptr()) for c in self.caches for kv in (0, 1)]
+        self.bases, self.mem, self.dev = bases, mem, cuda or 0
+        self.agent = nixl_agent(name, nixl_agent_config(capture_telemetry=True, endpoint=endpoint))
+        self.reg = self.agent.register_memory([(b, blocks * block_len, self.dev, "") for b in bases], mem)
+        self.local = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", self.blocks_data(bases, self.dev), mem)
+
+    def blocks_data(self, bases: List[int], dev: int) -> np.ndarray:
+        starts = (np.array(bases, dtype=np.uint64)[:, None]
+                  + np.arange(self.blocks, dtype=np.uint64)[None, :] * np.uint64(self.block_len)).reshape(-1)
+        return np.stack([starts, np.full_like(starts, self.block_len), np.full_like(starts, dev)], axis=1)
+
+    def desc_ids(self, block_ids: np.ndarray) -> np.ndarray:
+        return (np.arange(len(self.bases))[:, None] * self.blocks + block_ids[None, :]).reshape(-1)
+
+    def close(self) -> None:
+        self.agent.release_dlist_handle(self.local)
+        self.agent.deregister_memory(self.reg)
+        self.agent.close()
+
+
+def request(d: Side, remote: Any, local_ids: np.ndarray, remote_ids: np.ndarray, notif: bytes) -> Dict[str, float]:
+    """One vLLM READ request; the seconds spent in each call and until DONE."""
+    t0 = time.perf_counter()
+    h = d.agent.make_prepped_xfer("READ", d.local, d.desc_ids(local_ids), remote, d.desc_ids(remote_ids), notif_msg=notif)
+    t1 = time.perf_counter()
+    d.agent.transfer(h)
+    t2 = time.perf_counter()
+    checks, check_s = 0, 0.0
+    while True:
+        c0 = time.perf_counter()
+        state = d.agent.check_xfer_state(h)
+        check_s += time.perf_counter() - c0
+        checks += 1
+        if state != "PROC":
+            break
+        time.sleep(0)  # yield the GIL: the session's reader thread resolves the transfer
+    t3 = time.perf_counter()
+    if state != "DONE":
+        raise SystemExit(f"request failed: {state}: {h.error}")
+    d.agent.release_xfer_handle(h)
+    return {"make": t1 - t0, "post": t2 - t1, "check": check_s / checks, "total": t3 - t0}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tcpxd.nixl_bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--endpoint", help="the decode side's daemon (default: start two daemons)")
+    p.add_argument("--peer-endpoint", help="the prefill side's daemon")
+    p.add_argument("--tcpxd", help="the daemon binary to start (default target/{release,debug}/tcpxd)")
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--blocks", type=int, default=4096, help="blocks per region")
+    p.add_argument("--block-kib", type=int, default=16)
+    p.add_argument("--req-blocks", type=int, default=512, help="blocks READ per region per request")
+    p.add_argument("--requests", type=int, default=5)
+    p.add_argument("--ids", choices=("random", "contiguous"), default="random")
+    p.add_argument("--cuda", action="store_true", help="KV caches in GPU memory (torch)")
+    p.add_argument("--cuda-device", type=int, default=0)
+    p.add_argument("--peer-cuda-device", type=int, default=None, help="default: 1 if there are two GPUs, else 0")
+    p.add_argument("--json", help="append the results as one JSON line to this file")
+    a = p.parse_args(argv)
+    block_len = a.block_kib * KIB
+    if a.req_blocks > a.blocks:
+        raise SystemExit("--req-blocks cannot exceed --blocks")
+    procs = []
+    if a.endpoint is None:
+        tcpxd = _find("tcpxd", a.tcpxd)
+        if tcpxd is None:
+            raise SystemExit("no tcpxd binary: build it (cargo build --release) or pass --tcpxd / --endpoint")
+        tmp = Path(tempfile.mkdtemp(prefix="tcpxd-nixl-bench-"))
+        for name in ("decode", "prefill"):
+            procs.append(_start(tcpxd, tmp, name)[0])
+        a.endpoint, a.peer_endpoint = f"unix:{tmp}/decode.sock", f"unix:{tmp}/prefill.sock"
+    elif a.peer_endpoint is None:
+        raise SystemExit("--peer-endpoint is needed with --endpoint")
+    dcuda = pcuda = None
+    if a.cuda:
+        import torch
+
+        dcuda = a.cuda_device
+        pcuda = a.peer_cuda_device if a.peer_cuda_device is not None else (1 if torch.cuda.device_count() > 1 else 0)
+    try:
+        return run(a, block_len, dcuda, pcuda)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+
+
+def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Optional[int]) -> int:
+    rng = np.random.default_rng(0)
+    prefill = Side("bench-prefill", a.peer_endpoint, a.layers, a.blocks, block_len, pcuda)
+    decode = Side("bench-decode", a.endpoint, a.layers, a.blocks, block_len, dcuda)
+    if pcuda is None:
+        for c in prefill.caches:
+            c[:] = rng.integers(0, 256, c.shape, dtype=np.uint8)
+    name = decode.agent.add_remote_agent(prefill.agent.get_agent_metadata())
+    t0 = time.perf_counter()
+    remote = decode.agent.prep_xfer_dlist(name, decode.blocks_data(prefill.bases, prefill.dev), prefill.mem)
+    prep_s = time.perf_counter() - t0
+    regions = 2 * a.layers
+    req_bytes = regions * a.req_blocks * block_len
+
+    def ids() -> np.ndarray:
+        if a.ids == "contiguous":
+            start = int(rng.integers(0, a.blocks - a.req_blocks + 1))
+            return np.arange(start, start + a.req_blocks)
+        return rng.choice(a.blocks, a.req_blocks, replace=False)
+
+    request(decode, remote, ids(), ids(), b"warm:1")  # pairs the nodes
+    rows = []
+    for i in range(a.requests):
+        li, ri = ids(), ids()
+        rows.append(request(decode, remote, li, ri, f"req-{i}:1".encode()))
+        if pcuda is None and i == 0:  # bytes checked once
+            for r in range(regions):
+                got = decode.caches[r // 2][r % 2][li]
+                want = prefill.caches[r // 2][r % 2][ri]
+                if not np.array_equal(got, want):
+                    raise SystemExit(f"region {r}: the blocks read differ from the prefill side's")
+    small = [request(decode, remote, ids()[:1], ids()[:1], f"small-{i}:1".encode()) for i in range(max(3, a.requests))]
+    # All the requests in flight at once (as a decode step posts every ready request, then polls).
+    t0 = time.perf_counter()
+    hs = [decode.agent.make_prepped_xfer("READ", decode.local, decode.desc_ids(ids()), remote, decode.desc_ids(ids()),
+                                         notif_msg=f"many-{i}:1".encode()) for i in range(a.requests)]
+    for h in hs:
+        decode.agent.transfer(h)
+    while any(decode.agent.check_xfer_state(h) == "PROC" for h in hs):
+        time.sleep(0)
+    many_s = time.perf_counter() - t0
+    if any(decode.agent.check_xfer_state(h) != "DONE" for h in hs):
+        raise SystemExit(f"a request in flight failed: {[h.error for h in hs if h.error]}")
+    for h in hs:
+        decode.agent.release_xfer_handle(h)
+    # The baseline: the same bytes in one contiguous READ between the same daemons.
+    with Client(a.endpoint) as dc, Client(a.peer_endpoint) as pc:
+        if dcuda is None:
+            lb, rb = dc.register_host(req_bytes), pc.register_host(req_bytes)
+        else:
+            lb, rb = dc.allocate_cuda(req_bytes, dcuda), pc.allocate_cuda(req_bytes, pcuda or 0)
+        dc.read(rb.descriptor, lb, req_bytes)
+        base = []
+        for _ in range(a.requests):
+            t0 = time.perf_counter()
+            dc.read(rb.descriptor, lb, req_bytes)
+            base.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for t in [dc.read(rb.descriptor, lb, req_bytes, wait=False) for _ in range(a.requests)]:
+            t.result()
+        base_many_s = time.perf_counter() - t0
+        lb.release()
+        rb.release()
+    decode.agent.release_dlist_handle(remote)
+    decode.close()
+    prefill.close()
+
+    med = statistics.median
+    nixl_gbps = req_bytes / med([r["total"] for r in rows]) / 1e9
+    base_gbps = req_bytes / med(base) / 1e9
+    over = med([r["make"] + r["post"] + r["check"] for r in rows]) * 1e6
+    over_small = med([r["make"] + r["post"] + r["check"] for r in small]) * 1e6
+    mem = "VRAM" if dcuda is not None else "DRAM"
+    descs = regions * a.req_blocks
+    print(f"pattern   {a.layers} layers x 2 regions x {a.blocks} blocks of {a.block_kib} KiB ({mem}); "
+          f"{a.req_blocks} {a.ids} blocks per region per request = {descs} descriptors, {req_bytes / MIB:.0f} MiB")
+    print(f"prepare   remote list of {regions * a.blocks} descriptors: {prep_s * 1e3:.1f} ms")
+    print(f"nixl      READ by indices   {nixl_gbps:7.2f} GB/s   (median of {a.requests}; make {med([r['make'] for r in rows]) * 1e3:.2f} ms, "
+          f"transfer {med([r['post'] for r in rows]) * 1e3:.2f} ms, check {med([r['check'] for r in rows]) * 1e6:.1f} us)")
+    print(f"tcpxd     contiguous READ   {base_gbps:7.2f} GB/s   (median of {a.requests})")
+    ratio = nixl_gbps / base_gbps
+    print(f"ratio     {ratio:.2f}x (target >= 0.9x): {'met' if ratio >= 0.9 else 'not met'}")
+    many_gbps, base_many_gbps = a.requests * req_bytes / many_s / 1e9, a.requests * req_bytes / base_many_s / 1e9
+    print(f"in flight {a.requests} requests at once: nixl {many_gbps:.2f} GB/s, contiguous READs {base_many_gbps:.2f} GB/s "
+          f"({many_gbps / base_many_gbps:.2f}x)")
+    print(f"python    make_prepped_xfer + transfer + check_xfer_state: {over:.0f} us per {descs}-descriptor request, "
+          f"{over_small:.0f} us per {regions}-descriptor request (target <= 100 us): {'met' if over <= 100 else 'not met'}")
+    if a.json:
+        with open(a.json, "a") as f:
+            f.write(json.dumps({"layers": a.layers, "blocks": a.blocks, "block_kib": a.block_kib, "req_blocks": a.req_blocks,
+                                "ids": a.ids, "mem": mem, "descriptors": descs, "bytes": req_bytes,
+                                "nixl_gbps": nixl_gbps, "contiguous_gbps": base_gbps, "ratio": ratio,
+                                "inflight_nixl_gbps": many_gbps, "inflight_contiguous_gbps": base_many_gbps,
+                                "python_us": over, "python_us_small": over_small, "prep_ms": prep_s * 1e3}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

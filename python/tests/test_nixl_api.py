@@ -1,0 +1,310 @@
+"""tcpxd.nixl's surface against two real daemons: metadata, notifications, bad input (what NIXL
+raises), the plan a transfer becomes, the `nixl` shim."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tcpxd
+from tcpxd.nixl import (
+    nixl_agent,
+    nixl_agent_config,
+    nixlBackendError,
+    nixlInvalidParamError,
+    nixlMismatchError,
+    nixlNoTelemetryError,
+    nixlNotFoundError,
+    nixlNotSupportedError,
+)
+from tcpxd.nixl import _plan
+from tcpxd.nixl._notify import frame, parse
+from tcpxd.nixl._regions import Region, RegionTable
+
+from conftest import start_daemon, stop_daemon
+
+
+def wait_notifs(agent: nixl_agent, want: int, timeout: float = 10.0) -> dict:
+    got: dict = {}
+    deadline = time.monotonic() + timeout
+    while sum(len(v) for v in got.values()) < want and time.monotonic() < deadline:
+        for k, v in agent.get_new_notifs().items():
+            got.setdefault(k, []).extend(v)
+        time.sleep(0.01)
+    return got
+
+
+@pytest.fixture()
+def pair(daemons):
+    a, b = daemons
+    A = nixl_agent("api-A", nixl_agent_config(endpoint=a.endpoint))
+    B = nixl_agent("api-B", nixl_agent_config(endpoint=b.endpoint, capture_telemetry=True))
+    assert B.add_remote_agent(A.get_agent_metadata()) == b"api-A"
+    assert A.add_remote_agent(B.get_agent_metadata()) == b"api-B"
+    yield A, B
+    A.close()
+    B.close()
+
+
+def test_send_notif_reaches_the_agent_keyed_by_the_sender(pair):
+    A, B = pair
+    B.send_notif("api-A", b"req-1:1")
+    B.send_notif(b"api-A", "req-2:1")  # names and messages as bytes or str, as NIXL takes them
+    assert wait_notifs(A, 2) == {"api-B": [b"req-1:1", b"req-2:1"]}
+    assert A.get_new_notifs() == {}
+    B.send_notif("api-A", b"tag-77 done")
+    deadline = time.monotonic() + 10
+    while not A.check_remote_xfer_done("api-B", b"tag-77") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert time.monotonic() < deadline
+    assert not A.check_remote_xfer_done("api-B", b"tag-77")  # the one found was removed
+
+
+def test_notifications_go_only_to_the_agent_named(daemons, pair):
+    A, B = pair
+    a, _ = daemons
+    with nixl_agent("api-A2", nixl_agent_config(endpoint=a.endpoint)) as A2:  # same node as A
+        B.send_notif("api-A", b"for A")
+        assert wait_notifs(A, 1) == {"api-B": [b"for A"]}
+        time.sleep(0.2)
+        assert A2.get_new_notifs() == {}
+        A2.add_remote_agent(A.get_agent_metadata())
+        with pytest.raises(nixlNotSupportedError, match="uses this agent's daemon .* a daemon of its own"):
+            A2.send_notif("api-A", b"same node")
+
+
+def test_metadata_names_the_agent_and_its_node(pair, daemons):
+    A, B = pair
+    md = A.get_agent_metadata()
+    assert md.startswith(b"tcpxd-nixl/1\n")
+    assert b'"name":"api-A"' in md and b'"node":"pa"' in md
+    assert A.check_remote_metadata("api-B") and not A.check_remote_metadata("nobody")
+    A.remove_remote_agent("api-B")
+    assert not A.check_remote_metadata("api-B")
+    with pytest.raises(nixlNotFoundError, match="remote_agent_name: no remote agent 'api-B'"):
+        A.send_notif("api-B", b"x")
+    A.remove_remote_agent("api-B")  # unknown: no error, as NIXL's binding
+    with pytest.raises(nixlInvalidParamError, match="metadata: not a tcpxd.nixl agent's metadata"):
+        A.add_remote_agent(b"\x00\x01 a NIXL UCX blob")
+    with pytest.raises(nixlInvalidParamError, match="metadata: names this agent itself"):
+        A.add_remote_agent(A.get_agent_metadata())
+
+
+def test_bad_input_raises_what_nixl_raises(pair):
+    A, _ = pair
+    # get_*_descs return None for input NIXL refuses (and log why), as NIXL's do.
+    assert A.get_xfer_descs([(1, 2)], "DRAM") is None
+    assert A.get_reg_descs([(1, 2, 0)], "DRAM") is None  # registration tuples have 4 fields
+    assert A.get_xfer_descs([(1, 2, 0)]) is None  # no mem_type
+    assert A.get_xfer_descs(np.zeros((2, 4), dtype=np.uint64), "DRAM") is None
+    xd = A.get_xfer_descs(np.array([[4096, 64, 0], [8192, 64, 0]], dtype=np.uint64), "DRAM")
+    assert len(xd) == 2 and xd[1] == (8192, 64, 0) and xd.getType() == "DRAM"
+    with pytest.raises(nixlInvalidParamError, match="reg_list: expected a list of tuples"):
+        A.register_memory("not memory", "DRAM")
+    with pytest.raises(nixlInvalidParamError, match="mem_type: 'HBM' is not a NIXL memory type"):
+        A.register_memory([(4096, 64, 0, "")], "HBM")
+    with pytest.raises(nixlNotSupportedError, match="not FILE"):
+        A.register_memory([(4096, 64, 0, "")], "FILE")
+    with pytest.raises(nixlInvalidParamError, match=r"reg_list: XferDList given where a registration list \(get_reg_descs\)"):
+        A.register_memory(xd)
+    with pytest.raises(nixlNotFoundError, match="xfer_list: agent 'api-A' has no DRAM memory registered"):
+        A.prep_xfer_dlist("NIXL_INIT_AGENT", [(4096, 64, 0)], "DRAM")
+    with pytest.raises(nixlNotFoundError, match="agent_name: no remote agent 'ghost'"):
+        A.prep_xfer_dlist("ghost", [(4096, 64, 0)], "DRAM")
+    with pytest.raises(nixlNotFoundError, match="remote agent 'api-B' has no DRAM memory registered"):
+        A.prep_xfer_dlist("api-B", [(4096, 64, 0)], "DRAM")
+    with pytest.raises(nixlNotSupportedError, match="loopback"):
+        A.prep_xfer_dlist("api-A", [(4096, 64, 0)], "DRAM")
+    with pytest.raises(nixlNotFoundError, match="remote_agent: no remote agent 'ghost'"):
+        A.initialize_xfer("WRITE", xd, xd, "ghost")
+    with pytest.raises(nixlInvalidParamError, match="operation: 'PUT' is neither"):
+        A.initialize_xfer("PUT", xd, xd, "api-B")
+    with pytest.raises(nixlInvalidParamError, match="agent_name: 'NIXL_INIT_AGENT' cannot name an agent"):
+        nixl_agent("NIXL_INIT_AGENT")
+    with pytest.raises(nixlNotSupportedError, match="central metadata server"):
+        A.send_local_metadata()
+    with pytest.raises(TypeError, match="sync_mode"):
+        nixl_agent_config(sync_mode="strict")
+
+
+def test_no_daemon_is_a_backend_error_naming_the_endpoint(tmp_path):
+    with pytest.raises(nixlBackendError, match=f"tcpxd daemon at unix:{tmp_path}/none.sock"):
+        nixl_agent("lonely", nixl_agent_config(endpoint=f"unix:{tmp_path}/none.sock"))
+
+
+def test_plugins_and_backends_are_reported(daemons):
+    a, _ = daemons
+    with nixl_agent("plug", nixl_agent_config(endpoint=a.endpoint, backends=["UCX", "LIBFABRIC", "GDS"])) as ag:
+        assert ag.get_plugin_list() == ["TCPXD", "UCX", "LIBFABRIC"]
+        assert sorted(ag.backends) == ["LIBFABRIC", "UCX"]  # GDS (storage) skipped, as NIXL skips a missing plugin
+        assert ag.get_backend_mem_types("UCX") == ["DRAM", "VRAM"]
+        with pytest.raises(nixlNoTelemetryError):
+            ag.get_xfer_telemetry(None)  # type: ignore[arg-type]
+
+
+def _prepped(regions, rows, agent=""):
+    table = RegionTable(regions)
+    return _plan.prepare(table, "DRAM", np.array(rows, dtype=np.uint64), agent, "x", "xfer_list")
+
+
+def test_plan_merges_neighbours_and_cuts_batches():
+    loc = [Region(0x10000, 1 << 20, 0, "DRAM", "tcpxd1:a:1:x", 0, buffer_id=7)]
+    rem = [Region(0x90000, 1 << 20, 0, "DRAM", "tcpxd1:b:3:y", 0), Region(0x500000, 1 << 20, 0, "DRAM", "tcpxd1:b:4:z", 64)]
+    blocks = [(0x10000 + i * 256, 256, 0) for i in range(64)]
+    lp = _prepped(loc, blocks)
+    rp = _prepped(rem, [(0x90000 + i * 256, 256, 0) for i in range(32)] + [(0x500000 + i * 256, 256, 0) for i in range(32)], "b")
+    idx = np.arange(64)
+    p = _plan.plan("READ", lp, idx, rp, idx, True, 5000)
+    assert (p.total_bytes, p.desc_count, p.entries) == (64 * 256, 64, 2)  # one run per remote buffer
+    (req,) = p.requests
+    e0, e1 = req.entries
+    assert (e0.remote_descriptor, e0.remote_offset, e0.local_buffer_id, e0.local_offset, e0.length) == ("tcpxd1:b:3:y", 0, 7, 0, 32 * 256)
+    assert (e1.remote_descriptor, e1.remote_offset, e1.local_offset, e1.length) == ("tcpxd1:b:4:z", 64, 32 * 256, 32 * 256)
+    assert req.timeout_ms == 5000
+    # Reversed order: nothing merges; more entries than a batch takes: several requests.
+    rev = _plan.plan("WRITE", lp, idx, rp, idx[::-1].copy(), True, 0)
+    assert rev.entries == 64
+    old = _plan.MAX_ENTRIES
+    _plan.MAX_ENTRIES = 10
+    try:
+        cut = _plan.plan("WRITE", lp, idx, rp, idx[::-1].copy(), True, 0)
+    finally:
+        _plan.MAX_ENTRIES = old
+    assert [len(r.entries) for r in cut.requests] == [10] * 6 + [4]
+    assert _plan.plan("READ", lp, idx, rp, idx, False, 0).entries == 64  # skip_desc_merge
+    with pytest.raises(nixlMismatchError, match="local_indices: 2 indices against remote_indices' 1"):
+        _plan.plan("READ", lp, np.arange(2), rp, np.arange(1), True, 0)
+    with pytest.raises(nixlInvalidParamError, match=r"remote_indices\[1\]: index 64 is outside the prepared list of 64"):
+        _plan.indices([0, 64], 64, "remote_indices")
+    short = _prepped(loc, [(0x10000, 128, 0)])
+    with pytest.raises(nixlMismatchError, match="local descriptor 0 has 128 bytes, remote descriptor 0 has 256"):
+        _plan.plan("READ", short, np.arange(1), rp, np.arange(1), True, 0)
+    with pytest.raises(nixlNotFoundError, match=r"xfer_list\[0\]: DRAM \(0x10000, 8 bytes, device 0\) is not inside any region x"):
+        _prepped(rem, [(0x10000, 8, 0)])
+
+
+def test_notification_framing():
+    f = frame("agent-é", "b", b"msg:1")
+    assert parse(f) == ("agent-é", "b", b"msg:1")
+    assert parse(b"plain tcpxd notification") is None
+    assert parse(f[:8]) is None
+
+
+def test_install_shim_resolves_nixl_names(tmp_path):
+    env = dict(os.environ)
+    out = subprocess.run([sys.executable, "-m", "tcpxd.nixl", "install-shim", str(tmp_path)], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    code = (
+        "from nixl._api import nixl_agent, nixl_agent_config\n"
+        "from nixl._bindings import nixlXferTelemetry, nixlNotFoundError\n"
+        "from nixl import nixl_agent as a2\n"
+        "from nixl.logging import get_logger\n"
+        "import tcpxd.nixl as t\n"
+        "assert nixl_agent is t.nixl_agent is a2 and nixlXferTelemetry is t.nixlXferTelemetry\n"
+        "assert nixlNotFoundError is t.nixlNotFoundError\n"
+        "print(get_logger('x').name)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and run.stdout.strip() == "x", run.stderr
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "nixl").mkdir()
+    (tmp_path / "real" / "nixl" / "__init__.py").write_text("# a real NIXL\n")
+    refused = subprocess.run([sys.executable, "-m", "tcpxd.nixl", "install-shim", str(tmp_path / "real")], capture_output=True, text=True)
+    assert refused.returncode != 0 and "not a tcpxd shim" in refused.stderr
+
+
+def test_a_killed_peer_fails_send_notif_quickly(tmp_root: Path):
+    a = start_daemon(tmp_root, "ka")
+    b = start_daemon(tmp_root, "kb")
+    try:
+        A = nixl_agent("kill-A", nixl_agent_config(endpoint=a.endpoint, timeout_s=20))
+        B = nixl_agent("kill-B", nixl_agent_config(endpoint=b.endpoint))
+        A.add_remote_agent(B.get_agent_metadata())
+        A.send_notif("kill-B", b"before")  # pairs the nodes
+        assert wait_notifs(B, 1) == {"kill-A": [b"before"]}
+        B.close()
+        stop_daemon(b)
+        t0 = time.monotonic()
+        with pytest.raises(tcpxd.TcpxdError):
+            A.send_notif("kill-B", b"after")
+        assert time.monotonic() - t0 < 15
+        A.close()
+    finally:
+        stop_daemon(a)
+        stop_daemon(b)
+
+
+def test_vllm_connector_module_rebinds_vllms_nixl_names(tmp_path):
+    """A stand-in for vLLM's connector module (the names it binds at import, NixlWrapper None when
+    NIXL is missing): importing tcpxd.nixl.vllm points them at tcpxd.nixl."""
+    pkg = tmp_path / "vllm" / "distributed" / "kv_transfer" / "kv_connector" / "v1"
+    pkg.mkdir(parents=True)
+    for d in [tmp_path / "vllm", *list(pkg.parents)[: 4], pkg]:
+        (d / "__init__.py").write_text("")
+    (pkg / "nixl_connector.py").write_text(
+        "NixlWrapper = None\nnixl_agent_config = None\nnixlXferTelemetry = None\n"
+        "class NixlConnector:\n    def agent(self):\n        return NixlWrapper\n"
+        "class T:\n    shared = False\n    def share_memory_(self):\n        self.shared = True\n        return self\n"
+        "class NixlConnectorWorker:\n    def initialize_host_xfer_buffer(self, kv_caches):\n"
+        "        self.host_xfer_buffers = {k: T() for k in kv_caches}\n"
+    )
+    (tmp_path / "vllm" / "distributed" / "nixl_utils.py").write_text("NixlWrapper = None\nnixl_agent_config = None\n")
+    env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    code = (
+        "import tcpxd.nixl.vllm as m, tcpxd.nixl as t\n"
+        "import vllm.distributed.nixl_utils as u\n"
+        "assert u.NixlWrapper is t.nixl_agent and u.nixl_agent_config is t.nixl_agent_config  # the newest vLLM's\n"
+        "import vllm.distributed.kv_transfer.kv_connector.v1.nixl_connector as v\n"
+        "assert m.TcpxdNixlConnector is v.NixlConnector\n"
+        "assert v.NixlWrapper is t.nixl_agent and v.nixl_agent_config is t.nixl_agent_config\n"
+        "assert v.nixlXferTelemetry is t.nixlXferTelemetry and v.NixlConnector().agent() is t.nixl_agent\n"
+        "w = v.NixlConnectorWorker()\n"
+        "w.initialize_host_xfer_buffer({'layer.0': None, 'layer.1': None})\n"
+        "assert all(b.shared for b in w.host_xfer_buffers.values())  # host staging moved to shared memory\n"
+        "m.patch()\n"
+        "assert v.NixlConnectorWorker.initialize_host_xfer_buffer._tcpxd_shared  # wrapped once\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+def test_bulk_encoded_entries_match_protobufs():
+    from tcpxd import _proto
+    from tcpxd.nixl import _wire
+
+    rng = np.random.default_rng(3)
+    n = 1000
+    values = [rng.integers(0, 1 << 62, n, dtype=np.uint64), rng.integers(0, 300, n, dtype=np.uint64),
+              np.zeros(n, dtype=np.uint64), rng.integers(1, 1 << 40, n, dtype=np.uint64)]
+    descs = [b"tcpxd1:a:1:" + b"f" * 32 + b"@10.0.0.1:5", b"d" * 300, b""]
+    keys = rng.integers(0, 3, n)
+    for count, per in ((n, 300), (50, 20)):  # numpy's path, and the plain loop's for a few entries
+        pieces = [_wire.varint_piece(1, values[0][:count]), _wire.varint_piece(2, values[1][:count]),
+                  _wire.table_piece(keys[:count], _wire.blobs(3, descs)), _wire.varint_piece(4, values[2][:count]),
+                  _wire.varint_piece(5, values[3][:count])]
+        bodies = _wire.entries(1, pieces, per)
+        msgs = [_proto.message("WriteBatchRequest").FromString(b) for b in bodies]
+        assert [len(m.entries) for m in msgs] == [per] * (count // per) + ([count % per] if count % per else [])
+        got = [e for m in msgs for e in m.entries]
+        for i, e in enumerate(got):
+            want = (int(values[0][i]), int(values[1][i]), descs[keys[i]].decode(), 0, int(values[3][i]))
+            assert (e.local_buffer_id, e.local_offset, e.remote_descriptor, e.remote_offset, e.length) == want
+
+
+def test_closing_an_agent_releases_what_it_held(daemons):
+    a, _ = daemons
+    with tcpxd.Client(a.endpoint) as c:
+        before = {b.id for b in c.list_buffers()}
+        ag = nixl_agent("short-lived", nixl_agent_config(endpoint=a.endpoint))
+        assert len({b.id for b in c.list_buffers()} - before) == 1  # its mailbox
+        ag.close()
+        ag.close()  # idempotent
+        assert {b.id for b in c.list_buffers()} - before == set()
