@@ -28,6 +28,7 @@ mod counters;
 pub mod credits;
 pub mod error;
 mod inbound;
+pub mod layout;
 pub mod plan;
 mod release;
 use release::PeerMap;
@@ -40,6 +41,7 @@ use std::time::{Duration, Instant};
 
 pub use counters::{LaneCounters, PeerCounters};
 pub use error::{Code, EngineError, EngineResult};
+pub use layout::LaneLayout;
 pub use plan::{Chunk, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
 pub use wire::{Offer, PeerMsg, ReadPair, RemoteRange};
 
@@ -76,8 +78,13 @@ pub struct EngineConfig {
     pub protocol: Protocol,
     /// Credit receives per eager lane (1..=recv_window).
     pub credits: u32,
-    /// Auto: how many of each peer's receive lanes (the last ones) keep credits; the others
-    /// carry rendezvous transfers. With no lane left for rendezvous every lane is eager.
+    /// Devices this node's lanes use (the lane layout: [`LaneLayout`]).
+    pub devices: u32,
+    /// Lanes per device towards each peer, besides the eager ones.
+    pub lanes_per_device: u32,
+    /// Auto: eager lanes per device, opened after the others (so each peer's last receive
+    /// lanes, `devices × eager_lanes` of them, keep credits); the others carry rendezvous
+    /// transfers. With no lane left for rendezvous every lane is eager.
     pub eager_lanes: u32,
     /// Auto: the largest transfer (its total bytes towards this node) senders send eagerly.
     pub eager_max_bytes: u64,
@@ -96,6 +103,8 @@ impl Default for EngineConfig {
             max_notification: 1 << 20,
             protocol: Protocol::Rendezvous,
             credits: 16,
+            devices: 1,
+            lanes_per_device: 1,
             eager_lanes: 1,
             eager_max_bytes: DEFAULT_EAGER_MAX_BYTES,
             header_timeout: Duration::from_secs(5),
@@ -452,6 +461,11 @@ impl Engine {
         &self.cfg
     }
 
+    /// The lanes this node opens towards each peer, and which are eager.
+    pub fn layout(&self) -> LaneLayout {
+        LaneLayout::of(&self.cfg)
+    }
+
     /// The next thing the driver must do.
     pub fn poll_action(&mut self) -> Option<Action> {
         if self.actions.is_empty() {
@@ -544,7 +558,7 @@ impl Engine {
         let eager_from = match self.cfg.protocol {
             Protocol::Rendezvous => recv_lanes,
             Protocol::Eager => 0,
-            Protocol::Auto => recv_lanes.saturating_sub(self.cfg.eager_lanes),
+            Protocol::Auto => recv_lanes.saturating_sub(self.layout().eager_lanes()),
         };
         let credit_bytes = if eager_from > 0 && eager_from < recv_lanes {
             let needed =

@@ -37,7 +37,7 @@ pub(super) fn mode_now() -> Protocol {
 /// rendezvous (or eager-mode) lane count: auto adds its eager lanes after those.
 pub(super) fn recv_lanes(lanes: u32, cfg: &EngineConfig) -> u32 {
     match cfg.protocol {
-        Protocol::Auto => lanes + cfg.eager_lanes,
+        Protocol::Auto => lanes + crate::LaneLayout::of(cfg).eager_lanes(),
         _ => lanes,
     }
 }

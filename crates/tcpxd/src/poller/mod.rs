@@ -163,13 +163,8 @@ pub struct PollerConfig {
     pub engine: EngineConfig,
     /// How receives into GPU memory are unpacked (`UCCL_TCPX_UNPACK_IMPL`).
     pub unpack_impl: UnpackImpl,
+    /// The devices the lanes use, in the engine's lane layout's order (`engine.devices` of them).
     pub devices: Vec<i32>,
-    /// Rendezvous (or eager-mode) lanes per device, in each direction of each peer.
-    pub lanes_per_device: u32,
-    /// `transfer.protocol = "auto"`: eager lanes per device this node receives on, opened after
-    /// the others (so they are each peer's last receive lanes); 0 otherwise. The engine's
-    /// `eager_lanes` is set from it (times the devices).
-    pub eager_lanes_per_device: u32,
     pub connect_timeout: Duration,
     /// Where transfer, unpack and plugin-error events are counted.
     pub metrics: Arc<crate::metrics::Metrics>,
@@ -193,8 +188,6 @@ impl PollerHandle {
     ) -> std::io::Result<PollerHandle> {
         let (tx, rx) = mpsc::channel();
         let unpack_impl = cfg.unpack_impl;
-        let mut cfg = cfg;
-        cfg.engine.eager_lanes = cfg.devices.len() as u32 * cfg.eager_lanes_per_device;
         let meter = Meter::new(cfg.metrics.clone());
         let thread = std::thread::Builder::new()
             .name("tcpxd-poller".into())
@@ -575,13 +568,11 @@ impl Poller {
         rx
     }
 
-    /// The device of each lane this node listens on: `lanes_per_device` lanes per device (then,
-    /// under `auto`, `eager_lanes_per_device` more), devices taken in turn.
+    /// The device of each lane this node listens on, as the engine's lane layout says.
     fn lane_devices(&self) -> Vec<i32> {
-        let per_device = self.cfg.lanes_per_device + self.cfg.eager_lanes_per_device;
-        let lanes = self.cfg.devices.len() as u32 * per_device;
-        (0..lanes)
-            .map(|i| self.cfg.devices[(i as usize) % self.cfg.devices.len()])
+        let layout = self.engine.layout();
+        (0..layout.lanes())
+            .map(|i| self.cfg.devices[layout.device_index(i)])
             .collect()
     }
 
