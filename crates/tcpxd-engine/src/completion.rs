@@ -214,6 +214,7 @@ impl Engine {
     /// Fails every transfer whose deadline passed.
     pub fn tick(&mut self, now: Instant) {
         self.check_orphans(now);
+        self.tick_drain(now);
         while let Some(&(when, id)) = self.deadlines.first() {
             if when > now {
                 break;
@@ -228,10 +229,10 @@ impl Engine {
     /// The next deadline, for the driver's sleep.
     pub fn next_deadline(&self) -> Option<Instant> {
         let transfers = self.deadlines.first().map(|&(t, _)| t);
-        match (transfers, self.next_orphan_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [transfers, self.next_orphan_deadline(), self.drain_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Ends a transfer with an error; stops its parts on both sides (slots drain normally).
@@ -370,6 +371,7 @@ impl Engine {
         for p in &t.peers {
             self.peers[p].transfers_ok += 1;
         }
+        self.note_finished_ok();
         self.actions.push_back(Action::Progress {
             transfer: id,
             bytes_done: t.total,

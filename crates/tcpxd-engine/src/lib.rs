@@ -26,6 +26,7 @@
 mod completion;
 mod counters;
 pub mod credits;
+mod drain;
 pub mod error;
 mod inbound;
 pub mod layout;
@@ -40,6 +41,7 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 pub use counters::{LaneCounters, PeerCounters};
+pub use drain::DrainReport;
 pub use error::{Code, EngineError, EngineResult};
 pub use layout::LaneLayout;
 pub use plan::{Chunk, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
@@ -218,6 +220,9 @@ pub enum Action {
     /// A failed pairing the engine forgot (`release.rs`): drop whatever the driver still keeps
     /// for it. No action names it again.
     ReleasePeer { peer: PeerIdx },
+    /// The last user of a buffer someone waits for ([`Engine::watch_buffer`]) ended: it can be
+    /// released now.
+    BufferIdle { buffer: u64 },
 }
 
 /// A registered buffer as the engine knows it: its size, key and users.
@@ -226,6 +231,8 @@ struct BufferMeta {
     size: u64,
     key: [u8; 16],
     users: u32,
+    /// Someone waits for its last user to end (`Action::BufferIdle`).
+    watched: bool,
 }
 
 /// A queued or posted chunk: which offer it serves and where its bytes are.
@@ -423,6 +430,8 @@ pub struct Engine {
     next_transfer: u64,
     next_offer: u64,
     next_read: u64,
+    /// A drain under way (`drain.rs`).
+    drain: Option<drain::Drain>,
     actions: VecDeque<Action>,
 }
 
@@ -453,6 +462,7 @@ impl Engine {
             next_transfer: 1,
             next_offer: 1,
             next_read: 1,
+            drain: None,
             actions: VecDeque::new(),
         }
     }
@@ -486,7 +496,15 @@ impl Engine {
                 format!("buffer {id} is already registered"),
             ));
         }
-        self.buffers.insert(id, BufferMeta { size, key, users: 0 });
+        self.buffers.insert(
+            id,
+            BufferMeta {
+                size,
+                key,
+                users: 0,
+                watched: false,
+            },
+        );
         Ok(())
     }
 
@@ -525,6 +543,18 @@ impl Engine {
         self.buffers.get(&id).map(|b| b.users)
     }
 
+    /// Asks for `Action::BufferIdle` once the buffer's last user ends. `true` (and no action)
+    /// when nothing uses it now, or it is unknown: the caller need not wait.
+    pub fn watch_buffer(&mut self, id: u64) -> bool {
+        match self.buffers.get_mut(&id) {
+            Some(b) if b.users > 0 => {
+                b.watched = true;
+                false
+            }
+            _ => true,
+        }
+    }
+
     fn use_buffer(&mut self, id: u64) {
         if let Some(b) = self.buffers.get_mut(&id) {
             b.users += 1;
@@ -534,6 +564,9 @@ impl Engine {
     fn unuse_buffer(&mut self, id: u64) {
         if let Some(b) = self.buffers.get_mut(&id) {
             b.users = b.users.saturating_sub(1);
+            if b.users == 0 && std::mem::take(&mut b.watched) {
+                self.actions.push_back(Action::BufferIdle { buffer: id });
+            }
         }
     }
 

@@ -98,7 +98,6 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
         let deadline = Instant::now() + wait;
         let id = req.into_inner().buffer_id;
         self.state.buffers.get(id).map_err(status)?;
-        let mut pause = Duration::from_micros(200);
         loop {
             match self
                 .state
@@ -107,8 +106,10 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
             {
                 Ok(()) => break,
                 Err(e) if e.code == engine::Code::FailedPrecondition && Instant::now() < deadline => {
-                    tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
-                    pause = (pause * 2).min(Duration::from_millis(20));
+                    // The engine says when its last user ended (`Action::BufferIdle`); then
+                    // try again (a new transfer may have taken it meanwhile).
+                    let idle = self.state.ask(|reply| Command::WhenBufferIdle { id, reply });
+                    let _ = tokio::time::timeout_at(deadline.into(), idle).await;
                 }
                 Err(e) => return Err(status(e)),
             }

@@ -77,12 +77,7 @@ pub struct PeerChannels {
     pub link: watch::Sender<PeerLink>,
 }
 
-/// What a drain did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DrainReport {
-    pub finished_in_grace: usize,
-    pub failed_at_deadline: usize,
-}
+pub use crate::engine::DrainReport;
 
 type Reply<T> = oneshot::Sender<T>;
 
@@ -94,6 +89,12 @@ pub enum Command {
     RemoveBuffer {
         id: u64,
         reply: Reply<Result<(), EngineError>>,
+    },
+    /// Answers once no transfer uses the buffer (at once when none does): the engine's
+    /// `Action::BufferIdle`.
+    WhenBufferIdle {
+        id: u64,
+        reply: Reply<()>,
     },
     /// Replaces a buffer's access key: offers naming the old one are refused from now on.
     RekeyBuffer {
@@ -204,7 +205,7 @@ impl PollerHandle {
                     transfers: HashMap::new(),
                     notifications,
                     drain: None,
-                    finished_in_grace: 0,
+                    idle_waiters: HashMap::new(),
                     stages: HashMap::new(),
                     unpack_impl,
                     completions: Vec::new(),
@@ -318,8 +319,10 @@ struct Poller {
     next_prepared: u64,
     transfers: HashMap<TransferId, watch::Sender<TransferStatus>>,
     notifications: broadcast::Sender<NotificationEvent>,
-    drain: Option<(Instant, Reply<DrainReport>)>,
-    finished_in_grace: usize,
+    /// Who waits for the drain's end (the engine decides it).
+    drain: Option<Reply<DrainReport>>,
+    /// Callers waiting for a buffer's last user to end (`Command::WhenBufferIdle`).
+    idle_waiters: HashMap<u64, Vec<Reply<()>>>,
     /// Unpack stages by GPU ordinal, made when the GPU's first buffer is registered (or by its first
     /// receive, if that failed).
     stages: HashMap<usize, GpuStage>,
@@ -507,10 +510,6 @@ impl Poller {
                 deadline,
                 reply,
             } => {
-                if self.drain.is_some() {
-                    let _ = reply.send(Err(shutting_down()));
-                    return;
-                }
                 let now = Instant::now();
                 let total = specs.iter().map(|s| s.remote.length).sum();
                 let r = self.engine.start_write(specs, notification, deadline, now);
@@ -524,10 +523,6 @@ impl Poller {
                 deadline,
                 reply,
             } => {
-                if self.drain.is_some() {
-                    let _ = reply.send(Err(shutting_down()));
-                    return;
-                }
                 let now = Instant::now();
                 let total = specs.iter().map(|s| s.remote.length).sum();
                 let r = self.engine.start_read(specs, deadline, now);
@@ -549,7 +544,17 @@ impl Poller {
                 let _ = reply.send(self.stats());
             }
             Command::Drain { deadline, reply } => {
-                self.drain = Some((deadline, reply));
+                self.engine.begin_drain(deadline);
+                self.drain = Some(reply);
+            }
+            Command::WhenBufferIdle { id, reply } => {
+                if self.engine.watch_buffer(id) {
+                    let _ = reply.send(());
+                } else {
+                    let waiters = self.idle_waiters.entry(id).or_default();
+                    waiters.retain(|w| !w.is_closed());
+                    waiters.push(reply);
+                }
             }
         }
     }
@@ -678,41 +683,20 @@ impl Poller {
         }
     }
 
-    /// During a drain: true when the thread should stop.
+    /// During a drain: true when the thread should stop (the engine says when: its grace
+    /// period's end fails what is left at `tick`).
     fn check_drain(&mut self) -> bool {
-        let Some((deadline, _)) = &self.drain else {
+        if self.drain.is_none() {
+            return false;
+        }
+        let Some(report) = self.engine.is_drained(Instant::now()) else {
             return false;
         };
-        let now = Instant::now();
-        if self.engine.active_transfers() == 0 && (self.engine.is_idle() || now > *deadline) {
-            let (_, reply) = self.drain.take().expect("set");
-            let _ = reply.send(DrainReport {
-                finished_in_grace: self.finished_in_grace,
-                failed_at_deadline: 0,
-            });
-            self.shutdown_now();
-            return true;
+        if let Some(reply) = self.drain.take() {
+            let _ = reply.send(report);
         }
-        if now > *deadline {
-            let ids = self.engine.active_transfer_ids();
-            let failed = ids.len();
-            for id in ids {
-                self.engine.cancel(
-                    id,
-                    Code::Unavailable,
-                    "the daemon is shutting down (grace period over)",
-                );
-            }
-            self.run_actions();
-            let (_, reply) = self.drain.take().expect("set");
-            let _ = reply.send(DrainReport {
-                finished_in_grace: self.finished_in_grace,
-                failed_at_deadline: failed,
-            });
-            self.shutdown_now();
-            return true;
-        }
-        false
+        self.shutdown_now();
+        true
     }
 
     /// Fails whatever is left and closes every comm.
@@ -726,8 +710,4 @@ impl Poller {
         self.prepared.clear();
         tracing::debug!("poller stopped");
     }
-}
-
-fn shutting_down() -> EngineError {
-    EngineError::new(Code::Unavailable, "the daemon is shutting down; no new transfers")
 }
