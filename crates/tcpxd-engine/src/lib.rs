@@ -45,7 +45,7 @@ pub use drain::DrainReport;
 pub use error::{Code, EngineError, EngineResult};
 pub use layout::LaneLayout;
 pub use plan::{Chunk, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
-pub use wire::{Offer, PeerMsg, ReadPair, RemoteRange};
+pub use wire::{Malformed, Offer, PeerMsg, ReadPair, RemoteRange};
 
 /// How this node receives (`transfer.protocol`), announced to each peer at pairing; senders
 /// follow it.

@@ -1,5 +1,5 @@
-//! The engine's lifecycle decisions: a drain (no new transfer, the grace period, what it did)
-//! and a buffer's last user ending (`Action::BufferIdle`).
+//! The engine's lifecycle decisions: a drain (no new transfer, the grace period, what it did),
+//! a buffer's last user ending (`Action::BufferIdle`) and a malformed request from a peer.
 
 use super::*;
 
@@ -118,4 +118,68 @@ fn a_buffer_watched_while_in_use_is_reported_idle_once_its_last_user_ends_in_mod
     assert_eq!(s.nodes[0].idle, [1]);
     s.assert_idle();
     s.nodes[0].eng.remove_buffer(1).unwrap();
+}
+
+#[test]
+fn a_malformed_offer_or_read_request_is_refused_naming_the_field() {
+    let mut s = Sim::new(2, small_chunks(), 74);
+    s.run();
+    let eng = &mut s.nodes[1].eng;
+    eng.on_malformed(
+        P,
+        Malformed::Offer {
+            offer_id: 7,
+            why: "ranges[1]: missing".into(),
+        },
+    );
+    eng.on_malformed(
+        P,
+        Malformed::ReadRequest {
+            read_id: 9,
+            why: "pairs[0].dest: missing".into(),
+        },
+    );
+    let sent: Vec<Action> = std::iter::from_fn(|| eng.poll_action()).collect();
+    assert_eq!(
+        sent,
+        [
+            Action::Control {
+                peer: P,
+                msg: PeerMsg::Reject {
+                    offer_id: 7,
+                    code: Code::InvalidArgument,
+                    message: "ranges[1]: missing".into(),
+                    range_index: 0,
+                },
+            },
+            Action::Control {
+                peer: P,
+                msg: PeerMsg::ReadReject {
+                    read_id: 9,
+                    code: Code::InvalidArgument,
+                    message: "pairs[0].dest: missing".into(),
+                    range_index: 0,
+                },
+            },
+        ]
+    );
+    // Nothing else changed; a failed or unknown pairing gets no answer.
+    assert!(eng.is_idle());
+    eng.peer_failed(P, "gone");
+    while eng.poll_action().is_some() {}
+    eng.on_malformed(
+        P,
+        Malformed::Offer {
+            offer_id: 8,
+            why: "x".into(),
+        },
+    );
+    eng.on_malformed(
+        PeerIdx(77),
+        Malformed::Offer {
+            offer_id: 8,
+            why: "x".into(),
+        },
+    );
+    assert_eq!(eng.poll_action(), None);
 }

@@ -144,6 +144,11 @@ pub enum Command {
         peer: PeerIdx,
         msg: PeerMsg,
     },
+    /// A peer's offer or read request that could not be read: the engine refuses it.
+    Malformed {
+        peer: PeerIdx,
+        request: crate::engine::Malformed,
+    },
     PeerDown {
         peer: PeerIdx,
         reason: String,
@@ -539,6 +544,7 @@ impl Poller {
                 tracing::trace!(target: "tcpxd::hop", hop = "poller.in", kind, id);
                 self.engine.on_message(peer, msg, Instant::now())
             }
+            Command::Malformed { peer, request } => self.engine.on_malformed(peer, request),
             Command::PeerDown { peer, reason } => self.engine.peer_failed(peer, &reason),
             Command::Stats { reply } => {
                 let _ = reply.send(self.stats());
