@@ -401,12 +401,7 @@ impl Engine {
         let (_, eager_lanes) = p.send_split();
         for (lane, l) in p.send.iter_mut().enumerate() {
             let eager = eager_lanes.contains(&(lane as u32));
-            while l.ready && l.posted.len() < send_window && (!eager || l.credits > 0) {
-                let Some(item) = l.queue.pop_front() else { break };
-                if eager {
-                    l.credits -= 1;
-                }
-                l.posted.push_back(item);
+            while let Some(item) = l.post_next(send_window, eager) {
                 self.actions.push_back(Action::PostSend {
                     peer,
                     lane: lane as u32,
@@ -417,9 +412,7 @@ impl Engine {
             }
         }
         for (lane, l) in p.recv.iter_mut().enumerate() {
-            while l.ready && l.posted.len() < recv_window {
-                let Some(item) = l.queue.pop_front() else { break };
-                l.posted.push_back(item);
+            while let Some(item) = l.post_next(recv_window, false) {
                 self.actions.push_back(Action::PostRecv {
                     peer,
                     lane: lane as u32,

@@ -29,6 +29,7 @@ pub mod credits;
 mod drain;
 pub mod error;
 mod inbound;
+mod lane;
 pub mod layout;
 pub mod plan;
 mod release;
@@ -724,17 +725,6 @@ impl Engine {
             ));
         }
         Ok(p)
-    }
-}
-
-impl Lane {
-    /// Counts the start of each stretch in which the window is full and chunks wait.
-    fn note_window(&mut self) {
-        let stalled = self.ready && !self.queue.is_empty();
-        if stalled && !self.stalled {
-            self.window_full += 1;
-        }
-        self.stalled = stalled;
     }
 }
 
