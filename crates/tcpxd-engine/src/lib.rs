@@ -22,6 +22,37 @@
 //!   every slot drains back to zero.
 //! - **Failure.** A failed peer fails every transfer that touches it, with the peer named, and its
 //!   queues are dropped.
+//!
+//! # Driving it
+//!
+//! The engine does nothing by itself (quinn-proto's `Connection` is the model): a driver — the
+//! daemon's poller, or a test's simulation — calls four groups of methods.
+//!
+//! - **Events**, named for what happened: [`Engine::on_message`] (a control message from a
+//!   peer, in stream order), [`Engine::on_malformed`] (a peer's request that could not be
+//!   read), [`Engine::lane_ready`] (a lane's comm connected), the plugin's completions, each for
+//!   the oldest request of its lane ([`Engine::send_done`], [`Engine::recv_landed`],
+//!   [`Engine::recv_consumed`]), [`Engine::peer_failed`] (its stream or a comm broke) and
+//!   [`Engine::tick`] (time: transfer deadlines, eager data that waits too long for its header,
+//!   the end of a drain's grace period).
+//! - **Commands**, the client's requests: [`Engine::add_buffer`], [`Engine::rekey_buffer`],
+//!   [`Engine::remove_buffer`], [`Engine::watch_buffer`], [`Engine::add_peer`],
+//!   [`Engine::start_write`], [`Engine::start_read`], [`Engine::cancel`],
+//!   [`Engine::begin_drain`]. Each checks before it changes anything: an `Err` left the engine
+//!   as it was.
+//! - **Actions**: [`Engine::poll_action`] until `None`: post sends and receives (within the
+//!   windows), send control messages, report progress and ends, deliver notifications, close
+//!   and release pairings, wake whoever waits for a buffer ([`Action::BufferIdle`]). The driver
+//!   carries them out in order and reports what came of them as events.
+//! - **Queries**, without effect: [`Engine::config`], [`Engine::layout`] (the lanes to open
+//!   towards each peer), [`Engine::next_deadline`] (how long the driver may sleep),
+//!   [`Engine::is_drained`], [`Engine::is_idle`], [`Engine::lanes_idle`], [`Engine::posted`],
+//!   [`Engine::active_transfers`], [`Engine::buffer_users`], the counters.
+//!
+//! The order, per pass of the poller: commands from its channel; lanes connected
+//! (`lane_ready`); the actions carried out; each lane's head tested and its completions
+//! reported; `tick(now)`; the actions again; while draining, `is_drained(now)`; then, with
+//! nothing in flight, a sleep until a command or `next_deadline()`.
 
 mod completion;
 mod counters;
