@@ -217,6 +217,7 @@ impl Engine {
     /// Fails every transfer whose deadline passed.
     pub fn tick(&mut self, now: Instant) {
         self.check_orphans(now);
+        self.tick_drain(now);
         while let Some(&(when, id)) = self.deadlines.first() {
             if when > now {
                 break;
@@ -231,10 +232,10 @@ impl Engine {
     /// The next deadline, for the driver's sleep.
     pub fn next_deadline(&self) -> Option<Instant> {
         let transfers = self.deadlines.first().map(|&(t, _)| t);
-        match (transfers, self.next_orphan_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [transfers, self.next_orphan_deadline(), self.drain_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Ends a transfer with an error; stops its parts on both sides (slots drain normally).
@@ -374,6 +375,7 @@ impl Engine {
         for p in &t.peers {
             self.peers[p].transfers_ok += 1;
         }
+        self.note_finished_ok();
         self.actions.push_back(Action::Progress {
             transfer: id,
             bytes_done: t.total,
@@ -404,12 +406,7 @@ impl Engine {
         let (_, eager_lanes) = p.send_split();
         for (lane, l) in p.send.iter_mut().enumerate() {
             let eager = eager_lanes.contains(&(lane as u32));
-            while l.ready && l.posted.len() < send_window && (!eager || l.credits > 0) {
-                let Some(item) = l.queue.pop_front() else { break };
-                if eager {
-                    l.credits -= 1;
-                }
-                l.posted.push_back(item);
+            while let Some(item) = l.post_next(send_window, eager) {
                 self.actions.push_back(Action::PostSend {
                     peer,
                     lane: lane as u32,
@@ -420,9 +417,7 @@ impl Engine {
             }
         }
         for (lane, l) in p.recv.iter_mut().enumerate() {
-            while l.ready && l.posted.len() < recv_window {
-                let Some(item) = l.queue.pop_front() else { break };
-                l.posted.push_back(item);
+            while let Some(item) = l.post_next(recv_window, false) {
                 self.actions.push_back(Action::PostRecv {
                     peer,
                     lane: lane as u32,

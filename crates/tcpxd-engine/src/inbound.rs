@@ -55,6 +55,29 @@ impl Engine {
         }
     }
 
+    /// A peer sent a request that could not be read (`Malformed`, naming the field): refused,
+    /// as an offer or read request that breaks a rule is.
+    pub fn on_malformed(&mut self, peer: PeerIdx, request: Malformed) {
+        if self.peers.get(&peer).is_none_or(|p| p.failed.is_some()) {
+            return;
+        }
+        let msg = match request {
+            Malformed::Offer { offer_id, why } => PeerMsg::Reject {
+                offer_id,
+                code: Code::InvalidArgument,
+                message: why,
+                range_index: 0,
+            },
+            Malformed::ReadRequest { read_id, why } => PeerMsg::ReadReject {
+                read_id,
+                code: Code::InvalidArgument,
+                message: why,
+                range_index: 0,
+            },
+        };
+        self.actions.push_back(Action::Control { peer, msg });
+    }
+
     /// Checks a range of one of our buffers as a peer claims it.
     pub(super) fn check_claimed(&self, i: usize, r: &RemoteRange) -> Result<(), (Code, String)> {
         let b = self.buffers.get(&r.buffer_id).ok_or_else(|| {

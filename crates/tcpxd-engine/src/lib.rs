@@ -22,13 +22,47 @@
 //!   every slot drains back to zero.
 //! - **Failure.** A failed peer fails every transfer that touches it, with the peer named, and its
 //!   queues are dropped.
+//!
+//! # Driving it
+//!
+//! The engine does nothing by itself (quinn-proto's `Connection` is the model): a driver — the
+//! daemon's poller, or a test's simulation — calls four groups of methods.
+//!
+//! - **Events**, named for what happened: [`Engine::on_message`] (a control message from a
+//!   peer, in stream order), [`Engine::on_malformed`] (a peer's request that could not be
+//!   read), [`Engine::lane_ready`] (a lane's comm connected), the plugin's completions, each for
+//!   the oldest request of its lane ([`Engine::send_done`], [`Engine::recv_landed`],
+//!   [`Engine::recv_consumed`]), [`Engine::peer_failed`] (its stream or a comm broke) and
+//!   [`Engine::tick`] (time: transfer deadlines, eager data that waits too long for its header,
+//!   the end of a drain's grace period).
+//! - **Commands**, the client's requests: [`Engine::add_buffer`], [`Engine::rekey_buffer`],
+//!   [`Engine::remove_buffer`], [`Engine::watch_buffer`], [`Engine::add_peer`],
+//!   [`Engine::start_write`], [`Engine::start_read`], [`Engine::cancel`],
+//!   [`Engine::begin_drain`]. Each checks before it changes anything: an `Err` left the engine
+//!   as it was.
+//! - **Actions**: [`Engine::poll_action`] until `None`: post sends and receives (within the
+//!   windows), send control messages, report progress and ends, deliver notifications, close
+//!   and release pairings, wake whoever waits for a buffer ([`Action::BufferIdle`]). The driver
+//!   carries them out in order and reports what came of them as events.
+//! - **Queries**, without effect: [`Engine::config`], [`Engine::layout`] (the lanes to open
+//!   towards each peer), [`Engine::next_deadline`] (how long the driver may sleep),
+//!   [`Engine::is_drained`], [`Engine::is_idle`], [`Engine::lanes_idle`], [`Engine::posted`],
+//!   [`Engine::active_transfers`], [`Engine::buffer_users`], the counters.
+//!
+//! The order, per pass of the poller: commands from its channel; lanes connected
+//! (`lane_ready`); the actions carried out; each lane's head tested and its completions
+//! reported; `tick(now)`; the actions again; while draining, `is_drained(now)`; then, with
+//! nothing in flight, a sleep until a command or `next_deadline()`.
 
 pub mod blocks;
 mod completion;
 mod counters;
 pub mod credits;
+mod drain;
 pub mod error;
 mod inbound;
+mod lane;
+pub mod layout;
 pub mod plan;
 mod release;
 use release::PeerMap;
@@ -40,9 +74,11 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 pub use counters::{LaneCounters, PeerCounters};
+pub use drain::DrainReport;
 pub use error::{Code, EngineError, EngineResult};
+pub use layout::LaneLayout;
 pub use plan::{Chunk, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
-pub use wire::{Offer, PeerMsg, ReadPair, RemoteRange};
+pub use wire::{Malformed, Offer, PeerMsg, ReadPair, RemoteRange};
 
 /// How this node receives (`transfer.protocol`), announced to each peer at pairing; senders
 /// follow it.
@@ -77,8 +113,13 @@ pub struct EngineConfig {
     pub protocol: Protocol,
     /// Credit receives per eager lane (1..=recv_window).
     pub credits: u32,
-    /// Auto: how many of each peer's receive lanes (the last ones) keep credits; the others
-    /// carry rendezvous transfers. With no lane left for rendezvous every lane is eager.
+    /// Devices this node's lanes use (the lane layout: [`LaneLayout`]).
+    pub devices: u32,
+    /// Lanes per device towards each peer, besides the eager ones.
+    pub lanes_per_device: u32,
+    /// Auto: eager lanes per device, opened after the others (so each peer's last receive
+    /// lanes, `devices × eager_lanes` of them, keep credits); the others carry rendezvous
+    /// transfers. With no lane left for rendezvous every lane is eager.
     pub eager_lanes: u32,
     /// Auto: the largest transfer (its total bytes towards this node) senders send eagerly.
     pub eager_max_bytes: u64,
@@ -97,6 +138,8 @@ impl Default for EngineConfig {
             max_notification: 1 << 20,
             protocol: Protocol::Rendezvous,
             credits: 16,
+            devices: 1,
+            lanes_per_device: 1,
             eager_lanes: 1,
             eager_max_bytes: DEFAULT_EAGER_MAX_BYTES,
             header_timeout: Duration::from_secs(5),
@@ -214,6 +257,9 @@ pub enum Action {
     /// A failed pairing the engine forgot (`release.rs`): drop whatever the driver still keeps
     /// for it. No action names it again.
     ReleasePeer { peer: PeerIdx },
+    /// The last user of a buffer someone waits for ([`Engine::watch_buffer`]) ended: it can be
+    /// released now.
+    BufferIdle { buffer: u64 },
 }
 
 /// A registered buffer as the engine knows it: its size, key and users.
@@ -222,6 +268,8 @@ struct BufferMeta {
     size: u64,
     key: [u8; 16],
     users: u32,
+    /// Someone waits for its last user to end (`Action::BufferIdle`).
+    watched: bool,
 }
 
 /// A queued or posted chunk: which offer it serves and where its bytes are.
@@ -422,6 +470,8 @@ pub struct Engine {
     next_transfer: u64,
     next_offer: u64,
     next_read: u64,
+    /// A drain under way (`drain.rs`).
+    drain: Option<drain::Drain>,
     actions: VecDeque<Action>,
 }
 
@@ -452,12 +502,18 @@ impl Engine {
             next_transfer: 1,
             next_offer: 1,
             next_read: 1,
+            drain: None,
             actions: VecDeque::new(),
         }
     }
 
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
+    }
+
+    /// The lanes this node opens towards each peer, and which are eager.
+    pub fn layout(&self) -> LaneLayout {
+        LaneLayout::of(&self.cfg)
     }
 
     /// The next thing the driver must do.
@@ -480,7 +536,15 @@ impl Engine {
                 format!("buffer {id} is already registered"),
             ));
         }
-        self.buffers.insert(id, BufferMeta { size, key, users: 0 });
+        self.buffers.insert(
+            id,
+            BufferMeta {
+                size,
+                key,
+                users: 0,
+                watched: false,
+            },
+        );
         Ok(())
     }
 
@@ -519,6 +583,18 @@ impl Engine {
         self.buffers.get(&id).map(|b| b.users)
     }
 
+    /// Asks for `Action::BufferIdle` once the buffer's last user ends. `true` (and no action)
+    /// when nothing uses it now, or it is unknown: the caller need not wait.
+    pub fn watch_buffer(&mut self, id: u64) -> bool {
+        match self.buffers.get_mut(&id) {
+            Some(b) if b.users > 0 => {
+                b.watched = true;
+                false
+            }
+            _ => true,
+        }
+    }
+
     fn use_buffer(&mut self, id: u64) {
         if let Some(b) = self.buffers.get_mut(&id) {
             b.users += 1;
@@ -528,6 +604,9 @@ impl Engine {
     fn unuse_buffer(&mut self, id: u64) {
         if let Some(b) = self.buffers.get_mut(&id) {
             b.users = b.users.saturating_sub(1);
+            if b.users == 0 && std::mem::take(&mut b.watched) {
+                self.actions.push_back(Action::BufferIdle { buffer: id });
+            }
         }
     }
 
@@ -561,7 +640,7 @@ impl Engine {
         let eager_from = match self.cfg.protocol {
             Protocol::Rendezvous => recv_lanes,
             Protocol::Eager => 0,
-            Protocol::Auto => recv_lanes.saturating_sub(self.cfg.eager_lanes),
+            Protocol::Auto => recv_lanes.saturating_sub(self.layout().eager_lanes()),
         };
         let credit_bytes = if eager_from > 0 && eager_from < recv_lanes {
             let needed =
@@ -694,17 +773,6 @@ impl Engine {
             ));
         }
         Ok(p)
-    }
-}
-
-impl Lane {
-    /// Counts the start of each stretch in which the window is full and chunks wait.
-    fn note_window(&mut self) {
-        let stalled = self.ready && !self.queue.is_empty();
-        if stalled && !self.stalled {
-            self.window_full += 1;
-        }
-        self.stalled = stalled;
     }
 }
 

@@ -103,6 +103,7 @@ impl Engine {
         deadline: Instant,
         now: Instant,
     ) -> EngineResult<TransferId> {
+        self.refuse_while_draining()?;
         let total = self.check_entries(&specs, notification.len())?;
         let id = self.new_transfer(TransferKind::Write, total, specs.len(), deadline);
         // One offer per peer, ranges in entry order.
@@ -252,6 +253,7 @@ impl Engine {
         deadline: Instant,
         now: Instant,
     ) -> EngineResult<TransferId> {
+        self.refuse_while_draining()?;
         let total = self.check_entries(&specs, 0)?;
         let id = self.new_transfer(TransferKind::Read, total, specs.len(), deadline);
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;

@@ -10,6 +10,7 @@ use super::*;
 
 mod auto;
 mod eager;
+mod lifecycle;
 mod release;
 mod sim;
 mod teardown;

@@ -96,6 +96,14 @@ pub enum PeerMsg {
     },
 }
 
+/// A peer's request that could not be read: a field missing or out of range. The engine
+/// refuses it naming the field (`Engine::on_malformed`); nothing was posted for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Malformed {
+    Offer { offer_id: u64, why: String },
+    ReadRequest { read_id: u64, why: String },
+}
+
 impl PeerMsg {
     /// The message's kind and the transfer it is about (an offer or read id; 0 for none), for the
     /// hop trace (`RUST_LOG=tcpxd::hop=trace`).

@@ -18,7 +18,7 @@ use crate::api::service::ClientService;
 use crate::api::state::DaemonState;
 use crate::buffers::BufferRegistry;
 use crate::config::Config;
-use crate::engine::EngineConfig;
+use crate::engine::{EngineConfig, LaneLayout};
 use crate::net::Plugin;
 use crate::peers::{MAX_CONTROL_MESSAGE, Peers};
 use crate::poller::{Command, DrainReport, PollerConfig, PollerHandle};
@@ -109,15 +109,30 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         }
         None => (0..ndev as i32).collect(),
     };
+    let engine = EngineConfig {
+        chunk_bytes: cfg.chunk_bytes,
+        send_window: cfg.send_window,
+        recv_window: cfg.recv_window,
+        protocol: cfg.protocol.engine(),
+        credits: cfg.recv_window as u32,
+        devices: devices.len() as u32,
+        lanes_per_device: cfg.lanes_per_device,
+        eager_lanes: cfg.eager_lanes,
+        eager_max_bytes: cfg.eager_max_bytes,
+        ..EngineConfig::default()
+    };
     // The handshake carries at most MAX_LANES lanes: refuse here rather than at every pairing.
-    let auto = cfg.protocol == crate::config::TransferProtocol::Auto;
-    let per_device = cfg.lanes_per_device + if auto { cfg.eager_lanes } else { 0 };
-    let lanes = devices.len() * per_device as usize;
+    let layout = LaneLayout::of(&engine);
+    let lanes = layout.lanes() as usize;
     if lanes > crate::peers::MAX_LANES {
         return Err(DaemonError::TooManyLanes {
             devices: devices.len(),
-            per_device,
-            eager: if auto { " + transfer.eager_lanes" } else { "" },
+            per_device: layout.per_device(),
+            eager: if layout.eager_per_device > 0 {
+                " + transfer.eager_lanes"
+            } else {
+                ""
+            },
             lanes,
             max: crate::peers::MAX_LANES,
         });
@@ -173,20 +188,8 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         plugin,
         PollerConfig {
             unpack_impl: cfg.unpack_impl,
-            engine: EngineConfig {
-                chunk_bytes: cfg.chunk_bytes,
-                send_window: cfg.send_window,
-                recv_window: cfg.recv_window,
-                protocol: cfg.protocol.engine(),
-                credits: cfg.recv_window as u32,
-                eager_max_bytes: cfg.eager_max_bytes,
-                // Set by the poller from its devices (`eager_lanes_per_device`).
-                eager_lanes: 0,
-                ..EngineConfig::default()
-            },
+            engine,
             devices,
-            lanes_per_device: cfg.lanes_per_device,
-            eager_lanes_per_device: if auto { cfg.eager_lanes } else { 0 },
             connect_timeout: cfg.peer_connect_timeout,
             metrics: metrics.clone(),
             warmth: warmth.clone(),

@@ -116,17 +116,12 @@ pub(super) fn err(context: &str) -> impl Fn(NetError) -> String + '_ {
     move |e| format!("{context}: {e}")
 }
 
-/// Deterministic test bytes: a different stream for every seed.
+/// Deterministic test bytes: a different stream for every seed (the daemon's seeded fill
+/// pattern, `tcpxd::buffers::seeded_bytes`, from position 0).
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
+    let mut out = vec![0u8; len];
+    tcpxd::buffers::seeded_bytes(seed, 0, &mut out);
+    out
 }
 
 /// What one completed receive looked like in the ring.

@@ -37,7 +37,7 @@ pub(super) fn mode_now() -> Protocol {
 /// rendezvous (or eager-mode) lane count: auto adds its eager lanes after those.
 pub(super) fn recv_lanes(lanes: u32, cfg: &EngineConfig) -> u32 {
     match cfg.protocol {
-        Protocol::Auto => lanes + cfg.eager_lanes,
+        Protocol::Auto => lanes + crate::LaneLayout::of(cfg).eager_lanes(),
         _ => lanes,
     }
 }
@@ -72,6 +72,8 @@ pub(super) struct Node {
     pub(super) notes: Vec<(u64, Vec<u8>)>,
     pub(super) closed: Vec<String>,
     pub(super) progress: HashMap<TransferId, u64>,
+    /// Buffers reported idle (`Action::BufferIdle`), in order.
+    pub(super) idle: Vec<u64>,
 }
 
 pub(super) struct Sim {
@@ -126,6 +128,7 @@ impl Sim {
                 notes: Vec::new(),
                 closed: Vec::new(),
                 progress: HashMap::new(),
+                idle: Vec::new(),
             }
         };
         let mut sim = Sim {
@@ -251,6 +254,7 @@ impl Sim {
                     } => self.nodes[i].notes.push((offer_id, payload)),
                     Action::ClosePeer { reason, .. } => self.nodes[i].closed.push(reason),
                     Action::ReleasePeer { peer } => panic!("{peer:?} released: a pair's only pairing"),
+                    Action::BufferIdle { buffer } => self.nodes[i].idle.push(buffer),
                 }
             }
             let c = self.nodes[i].eng.peer_counters(P).unwrap();

@@ -56,8 +56,6 @@ impl DaemonState {
     pub(crate) async fn release(&self, id: u64, deadline: Option<Instant>) -> Result<(), Status> {
         self.buffers.get(id).map_err(status)?;
         let started = Instant::now();
-        let mut told = started;
-        let mut pause = Duration::from_micros(200);
         loop {
             match self.ask(|reply| Command::RemoveBuffer { id, reply }).await? {
                 Ok(()) => break,
@@ -65,17 +63,18 @@ impl DaemonState {
                     if e.code == engine::Code::FailedPrecondition
                         && deadline.is_none_or(|d| Instant::now() < d) =>
                 {
-                    if told.elapsed() >= STILL_WAITING {
-                        told = Instant::now();
+                    // The engine says when the buffer's last user ended (`Action::BufferIdle`);
+                    // then try again (a new transfer may have taken it meanwhile). Without a
+                    // deadline, say every STILL_WAITING that it is still in use.
+                    let idle = self.ask(|reply| Command::WhenBufferIdle { id, reply });
+                    let until = deadline.unwrap_or_else(|| Instant::now() + STILL_WAITING);
+                    if tokio::time::timeout_at(until.into(), idle).await.is_err() && deadline.is_none() {
                         tracing::info!(
                             buffer = id,
                             waited_s = started.elapsed().as_secs(),
                             "releasing a buffer: still waiting for the transfers using it"
                         );
                     }
-                    let left = deadline.map_or(pause, |d| d.saturating_duration_since(Instant::now()));
-                    tokio::time::sleep(pause.min(left)).await;
-                    pause = (pause * 2).min(Duration::from_millis(20));
                 }
                 Err(e) => return Err(status(e)),
             }

@@ -65,7 +65,6 @@ impl Peers {
             return Ok(resp);
         }
         let (control_tx, control_rx) = mpsc::unbounded_channel();
-        let answer = control_tx.downgrade();
         let (link_tx, link_rx) = watch::channel(PeerLink::Connecting);
         let (idx, mine) = ask(&self.poller, |reply| Command::AcceptPeer {
             node_id: req.node_id.clone(),
@@ -85,7 +84,6 @@ impl Peers {
                 idx,
                 node_id: req.node_id.clone(),
                 outbound: control_rx,
-                answer,
                 nonces,
             },
         );
@@ -229,7 +227,6 @@ impl Peers {
         }
         spawn_inbound(
             self.poller.clone(),
-            session.answer,
             session.idx,
             session.node_id.clone(),
             inbound,

@@ -14,7 +14,7 @@ use tokio_stream::Stream;
 use tonic::{Status, Streaming};
 
 use crate::api::proto::peer as pb;
-use crate::engine::{Code, Offer, PeerIdx, PeerMsg, ReadPair, RemoteRange};
+use crate::engine::{self, Code, Offer, PeerIdx, PeerMsg, ReadPair, RemoteRange};
 use crate::poller::Command;
 
 /// A peer's outbound control stream: the messages the poller sends this peer, plus a heartbeat
@@ -92,11 +92,10 @@ impl Stream for OutboundResponse {
 }
 
 /// Forwards a peer's inbound control messages to the poller, in order; a broken stream or a
-/// malformed message fails the peer. Refusals of malformed requests go back through a weak
-/// handle on the peer's outbound channel, so this task never keeps that stream open.
+/// malformed message fails the peer. A malformed offer or read request goes to the engine,
+/// which refuses it.
 pub(super) fn spawn_inbound(
     poller: std_mpsc::Sender<Command>,
-    answer: mpsc::WeakUnboundedSender<PeerMsg>,
     idx: PeerIdx,
     node: String,
     mut inbound: Streaming<pb::PeerMessage>,
@@ -117,11 +116,9 @@ pub(super) fn spawn_inbound(
                         }
                     }
                     Ok(None) => {}
-                    Err(Malformed::Answer(reply)) => {
-                        // A refusal naming the malformed field, straight back to the peer (the
-                        // engine never saw the request, so nothing was posted).
-                        if let Some(answer) = answer.upgrade() {
-                            let _ = answer.send(reply);
+                    Err(Malformed::Refuse(request)) => {
+                        if poller.send(Command::Malformed { peer: idx, request }).is_err() {
+                            return;
                         }
                     }
                     Err(Malformed::Fatal(why)) => break format!("malformed control message: {why}"),
@@ -256,8 +253,8 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
 /// Why an inbound message could not be handed to the engine.
 #[derive(Debug)]
 pub enum Malformed {
-    /// Answer the peer with this refusal (an offer or read request with a bad field).
-    Answer(PeerMsg),
+    /// An offer or read request with a bad field: the engine refuses it.
+    Refuse(engine::Malformed),
     /// The peer broke the protocol.
     Fatal(String),
 }
@@ -315,11 +312,9 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                     deadline_ms: o.deadline_ms,
                 }),
                 Err(why) => {
-                    return Err(Malformed::Answer(PeerMsg::Reject {
+                    return Err(Malformed::Refuse(engine::Malformed::Offer {
                         offer_id: o.offer_id,
-                        code: Code::InvalidArgument,
-                        message: why,
-                        range_index: 0,
+                        why,
                     }));
                 }
             }
@@ -361,11 +356,9 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                     deadline_ms: r.deadline_ms,
                 },
                 Err(why) => {
-                    return Err(Malformed::Answer(PeerMsg::ReadReject {
+                    return Err(Malformed::Refuse(engine::Malformed::ReadRequest {
                         read_id: r.read_id,
-                        code: Code::InvalidArgument,
-                        message: why,
-                        range_index: 0,
+                        why,
                     }));
                 }
             }

@@ -81,7 +81,6 @@ struct PendingSession {
     idx: PeerIdx,
     node_id: String,
     outbound: mpsc::UnboundedReceiver<PeerMsg>,
-    answer: mpsc::WeakUnboundedSender<PeerMsg>,
     /// With a cluster secret: the handshake's (server, client) nonces, for the Hello's proof.
     nonces: Option<([u8; NONCE_BYTES], [u8; NONCE_BYTES])>,
 }
@@ -407,7 +406,6 @@ impl Peers {
         let remote = lanes_from_pb(&resp.lanes).map_err(Status::failed_precondition)?;
         guard.defuse();
         let (control_tx, control_rx) = mpsc::unbounded_channel();
-        let answer = control_tx.downgrade();
         let (link_tx, link_rx) = watch::channel(PeerLink::Connecting);
         let idx = ask(&self.poller, |reply| Command::CompletePeer {
             prepared,
@@ -486,7 +484,6 @@ impl Peers {
         };
         spawn_inbound(
             self.poller.clone(),
-            answer,
             idx,
             info.node_id.clone(),
             inbound,

@@ -12,7 +12,7 @@ use super::{
     SendLaneState,
 };
 use crate::buffers::BufferEntry;
-use crate::engine::{Action, Code, PeerIdx, PeerMsg};
+use crate::engine::{Action, PeerIdx, PeerMsg};
 use crate::net::MemHandle;
 use crate::poller::{NotificationEvent, PeerLink};
 
@@ -223,9 +223,6 @@ impl Poller {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.finished", id = transfer.0);
                     if let Some(tx) = self.transfers.remove(&transfer) {
                         self.meter.finished(transfer, &outcome, outcome.landed);
-                        if self.drain.is_some() && outcome.code == Code::Ok {
-                            self.finished_in_grace += 1;
-                        }
                         tx.send_modify(|s| {
                             // What landed, not what left: a refused WRITE's chunks may all
                             // have been sent.
@@ -279,6 +276,11 @@ impl Poller {
                     tracing::warn!(peer = %p.node_id, "peer failed: {reason}");
                     // Stored even with nobody watching (a replaced pairing): GetStats reads it.
                     p.link.send_replace(PeerLink::Failed(reason));
+                }
+                Action::BufferIdle { buffer } => {
+                    for w in self.idle_waiters.remove(&buffer).unwrap_or_default() {
+                        let _ = w.send(());
+                    }
                 }
                 Action::ReleasePeer { peer } => {
                     // Closed already (`ClosePeer` came first): what is left goes, and the link's

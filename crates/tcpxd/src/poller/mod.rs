@@ -77,12 +77,7 @@ pub struct PeerChannels {
     pub link: watch::Sender<PeerLink>,
 }
 
-/// What a drain did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DrainReport {
-    pub finished_in_grace: usize,
-    pub failed_at_deadline: usize,
-}
+pub use crate::engine::DrainReport;
 
 type Reply<T> = oneshot::Sender<T>;
 
@@ -94,6 +89,12 @@ pub enum Command {
     RemoveBuffer {
         id: u64,
         reply: Reply<Result<(), EngineError>>,
+    },
+    /// Answers once no transfer uses the buffer (at once when none does): the engine's
+    /// `Action::BufferIdle`.
+    WhenBufferIdle {
+        id: u64,
+        reply: Reply<()>,
     },
     /// Replaces a buffer's access key: offers naming the old one are refused from now on.
     RekeyBuffer {
@@ -143,6 +144,11 @@ pub enum Command {
         peer: PeerIdx,
         msg: PeerMsg,
     },
+    /// A peer's offer or read request that could not be read: the engine refuses it.
+    Malformed {
+        peer: PeerIdx,
+        request: crate::engine::Malformed,
+    },
     PeerDown {
         peer: PeerIdx,
         reason: String,
@@ -163,13 +169,8 @@ pub struct PollerConfig {
     pub engine: EngineConfig,
     /// How receives into GPU memory are unpacked (`UCCL_TCPX_UNPACK_IMPL`).
     pub unpack_impl: UnpackImpl,
+    /// The devices the lanes use, in the engine's lane layout's order (`engine.devices` of them).
     pub devices: Vec<i32>,
-    /// Rendezvous (or eager-mode) lanes per device, in each direction of each peer.
-    pub lanes_per_device: u32,
-    /// `transfer.protocol = "auto"`: eager lanes per device this node receives on, opened after
-    /// the others (so they are each peer's last receive lanes); 0 otherwise. The engine's
-    /// `eager_lanes` is set from it (times the devices).
-    pub eager_lanes_per_device: u32,
     pub connect_timeout: Duration,
     /// Where transfer, unpack and plugin-error events are counted.
     pub metrics: Arc<crate::metrics::Metrics>,
@@ -193,8 +194,6 @@ impl PollerHandle {
     ) -> std::io::Result<PollerHandle> {
         let (tx, rx) = mpsc::channel();
         let unpack_impl = cfg.unpack_impl;
-        let mut cfg = cfg;
-        cfg.engine.eager_lanes = cfg.devices.len() as u32 * cfg.eager_lanes_per_device;
         let meter = Meter::new(cfg.metrics.clone());
         let thread = std::thread::Builder::new()
             .name("tcpxd-poller".into())
@@ -211,7 +210,7 @@ impl PollerHandle {
                     transfers: HashMap::new(),
                     notifications,
                     drain: None,
-                    finished_in_grace: 0,
+                    idle_waiters: HashMap::new(),
                     stages: HashMap::new(),
                     unpack_impl,
                     completions: Vec::new(),
@@ -325,8 +324,10 @@ struct Poller {
     next_prepared: u64,
     transfers: HashMap<TransferId, watch::Sender<TransferStatus>>,
     notifications: broadcast::Sender<NotificationEvent>,
-    drain: Option<(Instant, Reply<DrainReport>)>,
-    finished_in_grace: usize,
+    /// Who waits for the drain's end (the engine decides it).
+    drain: Option<Reply<DrainReport>>,
+    /// Callers waiting for a buffer's last user to end (`Command::WhenBufferIdle`).
+    idle_waiters: HashMap<u64, Vec<Reply<()>>>,
     /// Unpack stages by GPU ordinal, made when the GPU's first buffer is registered (or by its first
     /// receive, if that failed).
     stages: HashMap<usize, GpuStage>,
@@ -514,10 +515,6 @@ impl Poller {
                 deadline,
                 reply,
             } => {
-                if self.drain.is_some() {
-                    let _ = reply.send(Err(shutting_down()));
-                    return;
-                }
                 let now = Instant::now();
                 let total = specs.iter().map(|s| s.remote.length).sum();
                 let r = self.engine.start_write(specs, notification, deadline, now);
@@ -531,10 +528,6 @@ impl Poller {
                 deadline,
                 reply,
             } => {
-                if self.drain.is_some() {
-                    let _ = reply.send(Err(shutting_down()));
-                    return;
-                }
                 let now = Instant::now();
                 let total = specs.iter().map(|s| s.remote.length).sum();
                 let r = self.engine.start_read(specs, deadline, now);
@@ -551,12 +544,23 @@ impl Poller {
                 tracing::trace!(target: "tcpxd::hop", hop = "poller.in", kind, id);
                 self.engine.on_message(peer, msg, Instant::now())
             }
+            Command::Malformed { peer, request } => self.engine.on_malformed(peer, request),
             Command::PeerDown { peer, reason } => self.engine.peer_failed(peer, &reason),
             Command::Stats { reply } => {
                 let _ = reply.send(self.stats());
             }
             Command::Drain { deadline, reply } => {
-                self.drain = Some((deadline, reply));
+                self.engine.begin_drain(deadline);
+                self.drain = Some(reply);
+            }
+            Command::WhenBufferIdle { id, reply } => {
+                if self.engine.watch_buffer(id) {
+                    let _ = reply.send(());
+                } else {
+                    let waiters = self.idle_waiters.entry(id).or_default();
+                    waiters.retain(|w| !w.is_closed());
+                    waiters.push(reply);
+                }
             }
         }
     }
@@ -575,13 +579,11 @@ impl Poller {
         rx
     }
 
-    /// The device of each lane this node listens on: `lanes_per_device` lanes per device (then,
-    /// under `auto`, `eager_lanes_per_device` more), devices taken in turn.
+    /// The device of each lane this node listens on, as the engine's lane layout says.
     fn lane_devices(&self) -> Vec<i32> {
-        let per_device = self.cfg.lanes_per_device + self.cfg.eager_lanes_per_device;
-        let lanes = self.cfg.devices.len() as u32 * per_device;
-        (0..lanes)
-            .map(|i| self.cfg.devices[(i as usize) % self.cfg.devices.len()])
+        let layout = self.engine.layout();
+        (0..layout.lanes())
+            .map(|i| self.cfg.devices[layout.device_index(i)])
             .collect()
     }
 
@@ -687,41 +689,20 @@ impl Poller {
         }
     }
 
-    /// During a drain: true when the thread should stop.
+    /// During a drain: true when the thread should stop (the engine says when: its grace
+    /// period's end fails what is left at `tick`).
     fn check_drain(&mut self) -> bool {
-        let Some((deadline, _)) = &self.drain else {
+        if self.drain.is_none() {
+            return false;
+        }
+        let Some(report) = self.engine.is_drained(Instant::now()) else {
             return false;
         };
-        let now = Instant::now();
-        if self.engine.active_transfers() == 0 && (self.engine.is_idle() || now > *deadline) {
-            let (_, reply) = self.drain.take().expect("set");
-            let _ = reply.send(DrainReport {
-                finished_in_grace: self.finished_in_grace,
-                failed_at_deadline: 0,
-            });
-            self.shutdown_now();
-            return true;
+        if let Some(reply) = self.drain.take() {
+            let _ = reply.send(report);
         }
-        if now > *deadline {
-            let ids = self.engine.active_transfer_ids();
-            let failed = ids.len();
-            for id in ids {
-                self.engine.cancel(
-                    id,
-                    Code::Unavailable,
-                    "the daemon is shutting down (grace period over)",
-                );
-            }
-            self.run_actions();
-            let (_, reply) = self.drain.take().expect("set");
-            let _ = reply.send(DrainReport {
-                finished_in_grace: self.finished_in_grace,
-                failed_at_deadline: failed,
-            });
-            self.shutdown_now();
-            return true;
-        }
-        false
+        self.shutdown_now();
+        true
     }
 
     /// Fails whatever is left and closes every comm.
@@ -735,8 +716,4 @@ impl Poller {
         self.prepared.clear();
         tracing::debug!("poller stopped");
     }
-}
-
-fn shutting_down() -> EngineError {
-    EngineError::new(Code::Unavailable, "the daemon is shutting down; no new transfers")
 }

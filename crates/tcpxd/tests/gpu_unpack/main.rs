@@ -649,11 +649,9 @@ fn gpu_pinned_region_device_pointer() {
     compare("device→pinned", p.as_slice(), &data);
 }
 
+/// The daemon's seeded fill pattern: bytes `pos..pos + out.len()` of seed `seed`'s stream.
 fn pattern(seed: u64, pos: u64, out: &mut [u8]) {
-    for (i, b) in out.iter_mut().enumerate() {
-        let x = (seed ^ (pos + i as u64)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        *b = (x >> 56) as u8;
-    }
+    tcpxd::buffers::seeded_bytes(seed, pos, out);
 }
 
 #[test]
