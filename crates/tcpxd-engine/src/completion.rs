@@ -152,11 +152,11 @@ impl Engine {
             l.queue.clear();
             l.posted.clear();
             l.ready = false;
-            l.credits = 0;
+            l.send_credits = SendCredits::default();
+            l.recv_credits = RecvCredits::default();
             l.targets.clear();
             l.landed.clear();
             l.unpacking.clear();
-            l.returned = 0;
         }
         let msg = format!("peer {node} failed: {reason}");
         let outs: Vec<u64> = self

@@ -46,7 +46,7 @@ impl Lane {
             posted: self.posted.len() + self.landed.len() + self.unpacking.len(),
             queued: self.queue.len() + self.targets.len(),
             window_full: self.window_full,
-            credits: self.credits,
+            credits: 0,
             credit_limit: 0,
         }
     }
@@ -74,6 +74,7 @@ impl Engine {
                 .iter()
                 .enumerate()
                 .map(|(i, l)| LaneCounters {
+                    credits: l.send_credits.held(),
                     credit_limit: if live && send_eager.contains(&(i as u32)) {
                         remote_credits
                     } else {
@@ -87,6 +88,7 @@ impl Engine {
                 .iter()
                 .enumerate()
                 .map(|(i, l)| LaneCounters {
+                    credits: l.recv_credits.posted(),
                     credit_limit: if live && recv_eager.contains(&(i as u32)) {
                         self.cfg.credits
                     } else {

@@ -81,11 +81,11 @@ impl Engine {
         let Some(l) = p.recv.get_mut(lane as usize) else {
             return;
         };
-        if l.credits > 0 || !l.landed.is_empty() || !l.unpacking.is_empty() {
+        if l.recv_credits.posted() > 0 || !l.landed.is_empty() || !l.unpacking.is_empty() {
             // Already posted (a second ready event).
             return;
         }
-        l.credits = n;
+        l.recv_credits.posted_all(n);
         for _ in 0..n {
             self.actions.push_back(Action::PostCredit { peer, lane, len });
         }
@@ -144,7 +144,7 @@ impl Engine {
             eager_max,
         });
         for (i, l) in p.send.iter_mut().enumerate() {
-            l.credits = if i as u32 >= eager_from { credits } else { 0 };
+            l.send_credits = SendCredits::granted(if i as u32 >= eager_from { credits } else { 0 });
         }
         for id in std::mem::take(&mut p.waiting) {
             self.send_offer(id);
@@ -154,9 +154,9 @@ impl Engine {
 
     pub(super) fn on_credits(&mut self, peer: PeerIdx, returned: Vec<u32>) {
         let p = &self.peers[&peer];
-        let Some(remote) = p.remote.filter(|r| r.credits > 0) else {
+        if p.remote.is_none_or(|r| r.credits == 0) {
             return self.violation(peer, "credits from a peer that receives by rendezvous".into());
-        };
+        }
         if returned.len() != p.send.len() {
             return self.violation(
                 peer,
@@ -167,26 +167,16 @@ impl Engine {
                 ),
             );
         }
+        // Every lane checked before any takes its credits back: a refused message changes
+        // nothing. Its rendezvous lanes (auto) were granted none.
         for (lane, (&n, l)) in returned.iter().zip(&p.send).enumerate() {
-            // Its rendezvous lanes (auto) grant none.
-            let limit = if lane as u32 >= remote.eager_from {
-                remote.credits
-            } else {
-                0
-            };
-            if u64::from(l.credits) + u64::from(n) > u64::from(limit) {
-                return self.violation(
-                    peer,
-                    format!(
-                        "lane {lane}: {n} credits returned with {} held of {limit}",
-                        l.credits
-                    ),
-                );
+            if let Err(e) = l.send_credits.check_return(n) {
+                return self.violation(peer, format!("lane {lane}: {e}"));
             }
         }
         let p = &mut self.peers[&peer];
         for (l, n) in p.send.iter_mut().zip(returned) {
-            l.credits += n;
+            l.send_credits.take_back(n).expect("checked");
         }
         self.pump(peer);
     }
@@ -337,13 +327,12 @@ impl Engine {
         else {
             return;
         };
-        if l.credits == 0 {
+        if !l.recv_credits.land() {
             // The driver reported more completions than credits posted: a driver bug, never
             // the peer's doing (the plugin cannot complete a receive nobody posted).
             debug_assert!(false, "recv_landed without a posted credit");
             return;
         }
-        l.credits -= 1;
         l.landed.push_back(now);
         self.match_landed(peer, lane);
     }
@@ -377,8 +366,7 @@ impl Engine {
         let len = p.credit_bytes;
         let l = p.recv.get_mut(lane as usize)?;
         let t = l.unpacking.pop_front()?;
-        l.credits += 1;
-        l.returned += 1;
+        l.recv_credits.repost();
         self.actions.push_back(Action::PostCredit { peer, lane, len });
         Some((t.offer, t.len))
     }
@@ -386,14 +374,10 @@ impl Engine {
     /// One `Credits` message per peer with credits to return.
     pub(super) fn flush_credits(&mut self) {
         for (&peer, p) in self.peers.iter_mut() {
-            if p.failed.is_some() || p.recv.iter().all(|l| l.returned == 0) {
+            if p.failed.is_some() || p.recv.iter().all(|l| l.recv_credits.owed() == 0) {
                 continue;
             }
-            let returned = p
-                .recv
-                .iter_mut()
-                .map(|l| std::mem::take(&mut l.returned))
-                .collect();
+            let returned = p.recv.iter_mut().map(|l| l.recv_credits.take_owed()).collect();
             self.actions.push_back(Action::Control {
                 peer,
                 msg: PeerMsg::Credits { returned },

@@ -2,19 +2,21 @@
 //! move to `posted` while the window has room and, on a peer's eager lane, a credit is held. A
 //! posted chunk leaves the window when the driver reports it (a send done, a receive consumed).
 
+#[cfg(test)]
+use super::SendCredits;
 use super::{Item, Lane};
 
 impl Lane {
     /// The next chunk to post: the oldest queued one, once the lane is ready, fewer than
     /// `window` requests are posted and, with `credit`, a credit is held (spent here).
     pub(crate) fn post_next(&mut self, window: usize, credit: bool) -> Option<Item> {
-        if !self.ready || self.posted.len() >= window || (credit && self.credits == 0) {
+        if !self.ready || self.posted.len() >= window || self.queue.is_empty() {
+            return None;
+        }
+        if credit && !self.send_credits.spend() {
             return None;
         }
         let item = self.queue.pop_front()?;
-        if credit {
-            self.credits -= 1;
-        }
         self.posted.push_back(item);
         Some(item)
     }
@@ -76,13 +78,22 @@ mod tests {
     fn an_eager_send_spends_a_credit_and_waits_without_one() {
         let mut l = lane(4);
         l.ready = true;
-        l.credits = 2;
+        l.send_credits = SendCredits::granted(2);
         assert_eq!(drain(&mut l, 12, true), [0, 1], "two credits, two sends");
-        assert_eq!(l.credits, 0);
-        l.credits += 1; // one came back
+        assert_eq!(l.send_credits.held(), 0);
+        l.send_credits.take_back(1).unwrap(); // one came back
         assert_eq!(drain(&mut l, 12, true), [2]);
-        assert_eq!(l.credits, 0);
+        assert_eq!(l.send_credits.held(), 0);
         assert_eq!(l.queue.len(), 1);
+    }
+
+    #[test]
+    fn an_empty_queue_spends_no_credit() {
+        let mut l = lane(1);
+        l.ready = true;
+        l.send_credits = SendCredits::granted(2);
+        assert_eq!(drain(&mut l, 12, true), [0]);
+        assert_eq!(l.send_credits.held(), 1, "one send, one credit");
     }
 
     #[test]

@@ -62,6 +62,8 @@ mod drain;
 pub mod error;
 mod inbound;
 mod lane;
+mod lane_credits;
+use lane_credits::{RecvCredits, SendCredits};
 pub mod layout;
 pub mod plan;
 mod release;
@@ -294,9 +296,11 @@ struct Lane {
     ready: bool,
     queue: VecDeque<Item>,
     posted: VecDeque<Item>,
-    /// Eager. Send lanes: credits held. Receive lanes: credit receives posted and holding no
-    /// data (with `landed` and `unpacking`: every receive posted on the lane).
-    credits: u32,
+    /// Eager send lanes: credits held, of those the peer announced.
+    send_credits: SendCredits,
+    /// Eager receive lanes: credit receives posted and holding no data (with `landed` and
+    /// `unpacking`: every receive posted on the lane), and credits owed to the peer.
+    recv_credits: RecvCredits,
     /// Eager receive lanes: chunks announced by headers whose data has not completed yet, in
     /// lane order.
     targets: VecDeque<Target>,
@@ -304,8 +308,6 @@ struct Lane {
     landed: VecDeque<Instant>,
     /// Eager receive lanes: chunks handed to the driver (`Land`) and not yet consumed.
     unpacking: VecDeque<Target>,
-    /// Eager receive lanes: credits re-posted and not yet returned to the peer.
-    returned: u32,
     bytes: u64,
     chunks: u64,
     window_full: u64,

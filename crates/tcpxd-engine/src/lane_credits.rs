@@ -1,0 +1,222 @@
+//! A lane's eager credits, each side as a type (the protocol: [`crate::credits`]).
+//!
+//! - [`SendCredits`]: a send lane's share of the receives the peer posted on it. One is spent
+//!   per posted send and never below zero; the peer's `Credits` message gives them back, never
+//!   above what its `ReceiveMode` announced (more is refused, and changes nothing).
+//! - [`RecvCredits`]: a receive lane's credit receives that are posted and hold no data, and
+//!   the credits of those posted again that are still owed to the peer.
+
+/// A send lane's credits towards a peer's eager receives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SendCredits {
+    /// Sends the peer's posted receives can still take.
+    held: u32,
+    /// What the peer announced for this lane (0 on its rendezvous lanes): the most ever held.
+    limit: u32,
+}
+
+/// A peer returned more credits than it was given: it broke the protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{returned} credits returned with {held} held of {limit}")]
+pub(crate) struct ExcessCredits {
+    pub(crate) returned: u32,
+    pub(crate) held: u32,
+    pub(crate) limit: u32,
+}
+
+impl SendCredits {
+    /// The peer's `ReceiveMode`: `n` receives posted on the lane, every one held.
+    pub(crate) fn granted(n: u32) -> Self {
+        Self { held: n, limit: n }
+    }
+
+    /// Credits held now.
+    pub(crate) fn held(&self) -> u32 {
+        self.held
+    }
+
+    /// Spends one for a send; with none held, nothing changes and the send waits (false).
+    pub(crate) fn spend(&mut self) -> bool {
+        match self.held.checked_sub(1) {
+            Some(h) => {
+                self.held = h;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the peer may return `n` credits now: never more than it was given.
+    pub(crate) fn check_return(&self, n: u32) -> Result<(), ExcessCredits> {
+        if u64::from(self.held) + u64::from(n) > u64::from(self.limit) {
+            return Err(ExcessCredits {
+                returned: n,
+                held: self.held,
+                limit: self.limit,
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes back `n` credits the peer returned; more than it was given is refused and
+    /// changes nothing.
+    pub(crate) fn take_back(&mut self, n: u32) -> Result<(), ExcessCredits> {
+        self.check_return(n)?;
+        self.held += n;
+        Ok(())
+    }
+}
+
+/// A receive lane's credit receives (eager lanes only).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct RecvCredits {
+    /// Credit receives posted and holding no data.
+    posted: u32,
+    /// Credit receives posted again after their data was consumed, whose credits the peer has
+    /// not been sent yet.
+    owed: u32,
+}
+
+impl RecvCredits {
+    /// Credit receives posted and holding no data.
+    pub(crate) fn posted(&self) -> u32 {
+        self.posted
+    }
+
+    /// The lane's first `n` credit receives were posted (nothing owed: the peer holds them
+    /// from the `ReceiveMode`).
+    pub(crate) fn posted_all(&mut self, n: u32) {
+        self.posted = n;
+    }
+
+    /// A posted receive completed with data; false, and nothing changes, when none was posted.
+    pub(crate) fn land(&mut self) -> bool {
+        match self.posted.checked_sub(1) {
+            Some(p) => {
+                self.posted = p;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A consumed receive was posted again: its credit is owed to the peer.
+    pub(crate) fn repost(&mut self) {
+        self.posted += 1;
+        self.owed += 1;
+    }
+
+    /// Credits owed to the peer.
+    pub(crate) fn owed(&self) -> u32 {
+        self.owed
+    }
+
+    /// The credits owed, now being returned: none are owed after.
+    pub(crate) fn take_owed(&mut self) -> u32 {
+        std::mem::take(&mut self.owed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_send_spends_one_credit_and_none_below_zero() {
+        let mut c = SendCredits::granted(2);
+        assert_eq!(c.held(), 2);
+        assert!(c.spend());
+        assert!(c.spend());
+        assert_eq!(c.held(), 0);
+        assert!(!c.spend(), "no credit: the send waits");
+        assert_eq!(c.held(), 0);
+    }
+
+    #[test]
+    fn a_lane_with_no_grant_holds_nothing() {
+        let mut c = SendCredits::default();
+        assert!(!c.spend());
+        assert_eq!(SendCredits::granted(0), c);
+        assert_eq!(
+            c.take_back(1),
+            Err(ExcessCredits {
+                returned: 1,
+                held: 0,
+                limit: 0
+            }),
+            "a rendezvous lane grants none"
+        );
+    }
+
+    #[test]
+    fn returned_credits_come_back_up_to_the_grant() {
+        let mut c = SendCredits::granted(3);
+        for _ in 0..3 {
+            assert!(c.spend());
+        }
+        assert_eq!(c.take_back(2), Ok(()));
+        assert_eq!(c.held(), 2);
+        assert_eq!(c.take_back(0), Ok(()), "a lane with nothing to return");
+        assert_eq!(c.take_back(1), Ok(()));
+        assert_eq!(c.held(), 3, "all back");
+    }
+
+    #[test]
+    fn more_returned_than_given_is_refused_and_changes_nothing() {
+        let mut c = SendCredits::granted(3);
+        assert!(c.spend());
+        let excess = ExcessCredits {
+            returned: 2,
+            held: 2,
+            limit: 3,
+        };
+        assert_eq!(c.check_return(2), Err(excess));
+        assert_eq!(c.take_back(2), Err(excess));
+        assert_eq!(c.held(), 2, "unchanged");
+        assert_eq!(
+            excess.to_string(),
+            "2 credits returned with 2 held of 3",
+            "the violation's words"
+        );
+        assert_eq!(c.check_return(1), Ok(()));
+    }
+
+    #[test]
+    fn a_return_past_u32_is_refused_not_wrapped() {
+        let mut c = SendCredits::granted(u32::MAX);
+        assert!(c.spend());
+        assert!(c.take_back(u32::MAX).is_err());
+        assert_eq!(c.take_back(1), Ok(()));
+        assert_eq!(c.held(), u32::MAX);
+    }
+
+    #[test]
+    fn a_receive_lane_lands_reposts_and_owes_each_credit_once() {
+        let mut c = RecvCredits::default();
+        assert!(!c.land(), "nothing posted: nothing lands");
+        c.posted_all(3);
+        assert_eq!((c.posted(), c.owed()), (3, 0));
+        assert!(c.land());
+        assert!(c.land());
+        assert_eq!((c.posted(), c.owed()), (1, 0), "landed, not consumed");
+        c.repost();
+        assert_eq!((c.posted(), c.owed()), (2, 1));
+        c.repost();
+        assert_eq!(c.take_owed(), 2);
+        assert_eq!(
+            (c.posted(), c.owed()),
+            (3, 0),
+            "every receive posted, nothing owed"
+        );
+        assert_eq!(c.take_owed(), 0, "returned once");
+    }
+
+    #[test]
+    fn a_landing_without_a_posted_receive_changes_nothing() {
+        let mut c = RecvCredits::default();
+        c.posted_all(1);
+        assert!(c.land());
+        assert!(!c.land());
+        assert_eq!((c.posted(), c.owed()), (0, 0));
+    }
+}
