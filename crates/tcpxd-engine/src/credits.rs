@@ -309,6 +309,7 @@ impl Engine {
                     discard: !accepted,
                     failed: !accepted,
                     notification: offer.notification,
+                    plan: None,
                 },
             );
         }

@@ -41,6 +41,7 @@ impl Engine {
                 read_id,
                 pairs,
                 deadline_ms,
+                blocks: _,
             } => self.on_read_request(peer, read_id, pairs, deadline_ms, now),
             PeerMsg::ReadReject {
                 read_id,
@@ -243,6 +244,7 @@ impl Engine {
                 discard: false,
                 failed: false,
                 notification: offer.notification,
+                plan: None,
             },
         );
         self.actions.push_back(Action::Control {

@@ -54,6 +54,7 @@
 //! reported; `tick(now)`; the actions again; while draining, `is_drained(now)`; then, with
 //! nothing in flight, a sleep until a command or `next_deadline()`.
 
+mod block_transfers;
 pub mod blocks;
 mod completion;
 mod counters;
@@ -75,12 +76,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
+pub use block_transfers::{BlockSpec, RemoteBlocks};
 pub use counters::{LaneCounters, PeerCounters};
 pub use drain::DrainReport;
 pub use error::{Code, EngineError, EngineResult};
 pub use layout::LaneLayout;
 pub use plan::{Chunk, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
-pub use wire::{Malformed, Offer, PeerMsg, ReadPair, RemoteRange};
+pub use wire::{Malformed, Offer, PeerMsg, ReadBlocks, ReadPair, RemoteRange};
 
 /// How this node receives (`transfer.protocol`), announced to each peer at pairing; senders
 /// follow it.
@@ -228,6 +230,40 @@ pub enum Action {
         lane: u32,
         buffer: Option<u64>,
         offset: u64,
+        len: u32,
+    },
+    /// Post one send on a lane whose bytes lie in pieces of `buffer`: copy the pieces
+    /// ([`Engine::send_pieces`]`(offer, wire, len)`, in wire order) into a staging slot of the
+    /// lane and send `len` bytes from there. At most `send_window` of a lane's sends are posted,
+    /// so a ring of that many slots per lane is never overrun.
+    PostGatherSend {
+        peer: PeerIdx,
+        lane: u32,
+        buffer: u64,
+        offer: u64,
+        wire: u64,
+        len: u32,
+    },
+    /// Post one receive on a lane whose bytes go to pieces of `buffer`
+    /// ([`Engine::recv_pieces`]`(peer, offer, wire, len)`): posted into a landing place of the
+    /// lane, and once it completed, scattered into the pieces before `recv_consumed` is
+    /// reported. At most `recv_window` receives of a lane are posted (until consumed).
+    PostScatterRecv {
+        peer: PeerIdx,
+        lane: u32,
+        buffer: u64,
+        offer: u64,
+        wire: u64,
+        len: u32,
+    },
+    /// Eager: as [`Action::Land`], but the chunk's bytes go to pieces of `buffer`
+    /// ([`Engine::recv_pieces`]`(peer, offer, wire, len)`).
+    LandScatter {
+        peer: PeerIdx,
+        lane: u32,
+        buffer: u64,
+        offer: u64,
+        wire: u64,
         len: u32,
     },
     /// Post one receive on a lane (the window has room).
@@ -404,6 +440,9 @@ struct OutOffer {
     /// Every send completed: the source buffers are free again (released before `Done`, so a
     /// client that releases them right after its transfer ended is not refused).
     sent: bool,
+    /// A block or coalesced offer: its sources as one side's plan over the wire stream (the
+    /// chunks are those of one range of its total), in the buffer `sources[0].0`.
+    plan: Option<blocks::SidePlan>,
 }
 
 /// An offer this node accepted (it receives the data).
@@ -419,6 +458,9 @@ struct InOffer {
     discard: bool,
     failed: bool,
     notification: Vec<u8>,
+    /// A block or coalesced offer: its destinations as this side's plan over the wire stream,
+    /// in the buffer `dests[0].0`.
+    plan: Option<blocks::SidePlan>,
 }
 
 /// A READ part: one peer's share of a local READ.
@@ -474,6 +516,8 @@ pub struct Engine {
     next_read: u64,
     /// A drain under way (`drain.rs`).
     drain: Option<drain::Drain>,
+    /// The block lists registered here (`block_transfers.rs`).
+    lists: blocks::BlockRegistry,
     actions: VecDeque<Action>,
 }
 
@@ -505,6 +549,7 @@ impl Engine {
             next_offer: 1,
             next_read: 1,
             drain: None,
+            lists: blocks::BlockRegistry::default(),
             actions: VecDeque::new(),
         }
     }

@@ -175,6 +175,8 @@ impl Engine {
                     ranges,
                     notification,
                     deadline_ms,
+                    blocks: None,
+                    coalesced: false,
                 }),
                 eager: false,
                 accepted: false,
@@ -182,6 +184,7 @@ impl Engine {
                 unfinished: 0,
                 done: false,
                 sent: false,
+                plan: None,
             },
         );
         let p = &mut self.peers[&peer];
@@ -281,6 +284,7 @@ impl Engine {
                     read_id,
                     pairs: pairs.clone(),
                     deadline_ms,
+                    blocks: None,
                 },
             });
             self.reads.insert(

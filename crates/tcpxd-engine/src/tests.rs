@@ -267,6 +267,8 @@ fn remote_bounds_unknown_buffers_and_bad_offers_are_refused_in_mode() {
                 }],
                 notification: vec![],
                 deadline_ms: 0,
+                blocks: None,
+                coalesced: false,
             }),
             Instant::now(),
         );

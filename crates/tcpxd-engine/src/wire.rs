@@ -1,6 +1,7 @@
 //! Control-stream messages as the engine sees them (the peer layer converts them to and from
 //! `tcpxd.v1.PeerMessage`). See proto/tcpxd/v1/peer.proto for the protocol.
 
+use super::blocks::{BlockHeader, IndexArray};
 use super::error::Code;
 
 /// A buffer range on the node that receives the message, as the sender claims it.
@@ -21,6 +22,23 @@ pub struct Offer {
     pub ranges: Vec<RemoteRange>,
     pub notification: Vec<u8>,
     pub deadline_ms: u64,
+    /// A block transfer (`ranges` is empty): the receiver's list, its indices, the sender's
+    /// lengths and the total. Chunks are those of one range of `total` bytes.
+    pub blocks: Option<Box<BlockHeader>>,
+    /// A plain transfer whose ranges all lie in one buffer on each side, cut into chunks as one
+    /// range of their total length (many small ranges share a chunk): each side gathers or
+    /// scatters a chunk's pieces by its own `SidePlan` of the ranges.
+    pub coalesced: bool,
+}
+
+/// The block part of a READ request: the holder's list (from its token) and indices, and the
+/// header the holder's offer must carry back to the reader (its own list, indices, lengths).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadBlocks {
+    pub source_list: u64,
+    pub source_key: [u8; 16],
+    pub source_indices: IndexArray,
+    pub dest: BlockHeader,
 }
 
 /// A READ's source range (the holder's buffer) and destination (the reader's buffer).
@@ -79,6 +97,8 @@ pub enum PeerMsg {
         read_id: u64,
         pairs: Vec<ReadPair>,
         deadline_ms: u64,
+        /// A block READ (`pairs` is empty).
+        blocks: Option<Box<ReadBlocks>>,
     },
     ReadReject {
         read_id: u64,

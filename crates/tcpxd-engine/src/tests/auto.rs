@@ -351,6 +351,8 @@ fn transfer(first_lane: u32, length: u64) -> Offer {
         }],
         notification: vec![],
         deadline_ms: 1000,
+        blocks: None,
+        coalesced: false,
     }
 }
 

@@ -291,6 +291,8 @@ fn header(id: u64, key_byte: u8, offset: u64, length: u64) -> PeerMsg {
         }],
         notification: vec![],
         deadline_ms: 1000,
+        blocks: None,
+        coalesced: false,
     })
 }
 

@@ -255,6 +255,11 @@ impl Sim {
                     Action::ClosePeer { reason, .. } => self.nodes[i].closed.push(reason),
                     Action::ReleasePeer { peer } => panic!("{peer:?} released: a pair's only pairing"),
                     Action::BufferIdle { buffer } => self.nodes[i].idle.push(buffer),
+                    a @ (Action::PostGatherSend { .. }
+                    | Action::PostScatterRecv { .. }
+                    | Action::LandScatter { .. }) => {
+                        panic!("the simulation does not gather or scatter yet: {a:?}")
+                    }
                 }
             }
             let c = self.nodes[i].eng.peer_counters(P).unwrap();

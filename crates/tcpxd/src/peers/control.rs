@@ -220,6 +220,7 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             read_id,
             pairs,
             deadline_ms,
+            blocks: _,
         } => Body::ReadRequest(pb::ReadRequest {
             read_id: *read_id,
             pairs: pairs
@@ -292,6 +293,8 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                 ranges: ranges.map_err(Malformed::Fatal)?,
                 notification: o.notification,
                 deadline_ms: o.deadline_ms,
+                blocks: None,
+                coalesced: false,
             })
         }
         Body::Offer(o) => {
@@ -310,6 +313,8 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                     ranges,
                     notification: o.notification,
                     deadline_ms: o.deadline_ms,
+                    blocks: None,
+                    coalesced: false,
                 }),
                 Err(why) => {
                     return Err(Malformed::Refuse(engine::Malformed::Offer {
@@ -354,6 +359,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                     read_id: r.read_id,
                     pairs,
                     deadline_ms: r.deadline_ms,
+                    blocks: None,
                 },
                 Err(why) => {
                     return Err(Malformed::Refuse(engine::Malformed::ReadRequest {

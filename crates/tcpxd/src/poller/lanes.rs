@@ -277,6 +277,11 @@ impl Poller {
                     // Stored even with nobody watching (a replaced pairing): GetStats reads it.
                     p.link.send_replace(PeerLink::Failed(reason));
                 }
+                Action::PostGatherSend { peer, lane, .. }
+                | Action::PostScatterRecv { peer, lane, .. }
+                | Action::LandScatter { peer, lane, .. } => {
+                    failures.push((peer, format!("lane {lane}: gather and scatter are not wired yet")));
+                }
                 Action::BufferIdle { buffer } => {
                     for w in self.idle_waiters.remove(&buffer).unwrap_or_default() {
                         let _ = w.send(());
