@@ -200,10 +200,49 @@ impl IndexArray {
 
     /// Checks that no block is named twice (for a destination: two pairs would write the same
     /// bytes). One bit per block of the list, `list_len` already checked.
+    /// Costs O(n log n) in the entries given (ranges or indices) when they are few against the
+    /// list, else one bit per block of the list; the exact error is found only on failure.
     pub fn check_distinct(&self, list_len: u32, field: &str) -> Result<(), BlockError> {
-        if self.encoding == IndexEncoding::Ranges && self.ranges_ascending() {
+        if self.distinct_by_sorting(list_len) == Some(true) {
             return Ok(());
         }
+        self.check_distinct_bitmap(list_len, field)
+    }
+
+    /// `Some(true)` when no block repeats, found by sorting the entries (ranges by start, or
+    /// sparse indices); `None` when a bitmap is the cheaper test or a repeat was seen (the
+    /// bitmap pass then names it).
+    fn distinct_by_sorting(&self, list_len: u32) -> Option<bool> {
+        match self.encoding {
+            IndexEncoding::Ranges => {
+                if self.ranges_ascending() {
+                    return Some(true);
+                }
+                let mut ranges: Vec<(u32, u32)> = self.bytes.chunks_exact(8).map(split).collect();
+                ranges.sort_unstable();
+                let mut end = 0u64;
+                for (start, n) in ranges {
+                    if u64::from(start) < end {
+                        return None;
+                    }
+                    end = u64::from(start) + u64::from(n);
+                }
+                Some(true)
+            }
+            IndexEncoding::U32Le => {
+                // A bitmap costs list_len / 8 bytes to clear; sorting, n log n for n indices.
+                let n = self.bytes.len() / 4;
+                if (n as u64).saturating_mul(64) >= u64::from(list_len) {
+                    return None;
+                }
+                let mut v: Vec<u32> = self.iter().collect();
+                v.sort_unstable();
+                v.windows(2).all(|w| w[0] != w[1]).then_some(true)
+            }
+        }
+    }
+
+    pub(crate) fn check_distinct_bitmap(&self, list_len: u32, field: &str) -> Result<(), BlockError> {
         let mut seen = vec![0u64; (list_len as usize).div_ceil(64)];
         for (at, i) in self.iter().enumerate() {
             let (w, b) = ((i / 64) as usize, i % 64);

@@ -789,3 +789,34 @@ fn plain_batch_entries_plan_like_blocks() {
 }
 
 const MAX_CHUNK: u32 = crate::MAX_CHUNK_BYTES;
+
+/// The sorting path of `check_distinct` (ranges out of order, indices few against a large list)
+/// agrees with the bitmap on random inputs, and a repeat is still named exactly.
+#[test]
+fn distinct_checks_agree_whichever_path_runs() {
+    let mut rng = Rng(0x5eed_d157);
+    for round in 0..2000 {
+        let list_len = if rng.chance(50) {
+            1 << 24
+        } else {
+            1 + rng.below(5000) as u32
+        };
+        let n = 1 + rng.below(200) as usize;
+        let arr = if rng.chance(50) {
+            let v: Vec<u32> = (0..n).map(|_| rng.below(u64::from(list_len)) as u32).collect();
+            IndexArray::from_indices(&v)
+        } else {
+            let v: Vec<(u32, u32)> = (0..n)
+                .map(|_| {
+                    let start = rng.below(u64::from(list_len)) as u32;
+                    let count = 1 + rng.below(u64::from((list_len - start).min(8))) as u32;
+                    (start, count)
+                })
+                .collect();
+            IndexArray::from_ranges(&v)
+        };
+        let fast = arr.check_distinct(list_len, "i");
+        let exact = arr.check_distinct_bitmap(list_len, "i");
+        assert_eq!(fast, exact, "round {round}");
+    }
+}
