@@ -98,7 +98,9 @@ fn block_pages_recycle_through_a_small_pool() {
     const N: usize = 16;
     const SZ: usize = 240 << 10;
     const TOTAL: usize = 96;
-    let mut sbufs: Vec<Buf> = (0..N).map(|i| reg(p.send, pattern(SZ, 500 + i as u64))).collect();
+    let mut sbufs: Vec<Buf> = (0..N)
+        .map(|i| reg(p.send, seeded_vec(500 + i as u64, SZ)))
+        .collect();
     let mut rbufs: Vec<Buf> = (0..N).map(|_| reg(p.recv, vec![0u8; SZ])).collect();
     let mut inflight = std::collections::VecDeque::new();
     let (mut posted, mut done) = (0usize, 0usize);
