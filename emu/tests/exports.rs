@@ -74,7 +74,7 @@ fn dlopen_and_round_trip() {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!((t.closeListen.unwrap())(lc), 0);
-        let mut src: Vec<u8> = (0..4097u32).map(|i| (i * 7) as u8).collect();
+        let mut src = tcpxd_pattern::seeded_vec(7, 4097);
         let mut dst = vec![0u8; 4097];
         let (mut smh, mut rmh) = (ptr::null_mut(), ptr::null_mut());
         assert_eq!(
