@@ -39,14 +39,7 @@ fn check(frags: &[abi::loadMeta], size: usize) {
         );
         assert!(pages.insert(f.src_off / 4096), "page used twice in one request");
     }
-    let mut v: Vec<(u64, u32)> = frags.iter().map(|f| (f.dst_off, f.len)).collect();
-    v.sort();
-    let mut at = 0u64;
-    for (d, l) in v {
-        assert_eq!(d, at, "gap or overlap in the fragment list");
-        at += u64::from(l);
-    }
-    assert_eq!(at, size as u64);
+    check_coverage(frags, size);
 }
 
 #[test]

@@ -33,18 +33,6 @@ fn check_in_pool(frags: &[abi::loadMeta]) {
     }
 }
 
-/// The fragments cover [0, size) exactly once.
-fn check_coverage(frags: &[abi::loadMeta], size: usize) {
-    let mut v: Vec<(u64, u32)> = frags.iter().map(|f| (f.dst_off, f.len)).collect();
-    v.sort();
-    let mut at = 0u64;
-    for (d, l) in v {
-        assert_eq!(d, at, "gap or overlap in the fragment list");
-        at += u64::from(l);
-    }
-    assert_eq!(at, size as u64);
-}
-
 #[test]
 fn roundtrip_page_fragments_are_shuffled() {
     env();
@@ -81,8 +69,9 @@ fn roundtrip_odd_fragments_unaligned() {
         check_in_pool(&frags);
         check_coverage(&frags, size);
         assert!(frags.len() <= 2048);
-        unaligned_off += frags.iter().filter(|f| f.src_off % 16 != 0).count();
-        unaligned_len += frags.iter().filter(|f| f.len % 16 != 0).count();
+        let (off, len) = count_unaligned(&frags);
+        unaligned_off += off;
+        unaligned_len += len;
     }
     assert!(unaligned_off > 100, "odd mode should produce unaligned offsets");
     assert!(unaligned_len > 100, "odd mode should produce unaligned lengths");

@@ -268,17 +268,6 @@ fn gather(h: &unpackNetDeviceHandle, q: usize, size: usize) -> (Vec<u8>, Vec<loa
     (img, frags)
 }
 
-fn check_coverage(frags: &[loadMeta], size: usize) {
-    let mut v: Vec<(u64, u32)> = frags.iter().map(|f| (f.dst_off, f.len)).collect();
-    v.sort();
-    let mut at = 0u64;
-    for (d, l) in v {
-        assert_eq!(d, at, "gap or overlap in the fragment list");
-        at += u64::from(l);
-    }
-    assert_eq!(at, size as u64);
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Src {
     Cuda,
@@ -417,8 +406,9 @@ fn gpu_odd_fragments() {
     for (i, size) in [1usize, 4097, 1 << 20, 4 << 20].into_iter().enumerate() {
         let frags = roundtrip_into_cuda(&mut p, Src::Cuda, size, 40 + i as u64);
         assert!(frags.len() <= 2048);
-        unaligned_off += frags.iter().filter(|f| f.src_off % 16 != 0).count();
-        unaligned_len += frags.iter().filter(|f| f.len % 16 != 0).count();
+        let (off, len) = count_unaligned(&frags);
+        unaligned_off += off;
+        unaligned_len += len;
     }
     assert!(unaligned_off > 100, "odd mode should produce unaligned offsets");
     assert!(unaligned_len > 100, "odd mode should produce unaligned lengths");

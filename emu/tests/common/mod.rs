@@ -365,6 +365,26 @@ pub fn gather(p: &Pair, q: usize, dst: &mut [u8]) -> Vec<loadMeta> {
     frags
 }
 
+/// The fragments cover [0, size) of the destination exactly once.
+pub fn check_coverage(frags: &[loadMeta], size: usize) {
+    let mut v: Vec<(u64, u32)> = frags.iter().map(|f| (f.dst_off, f.len)).collect();
+    v.sort();
+    let mut at = 0u64;
+    for (d, l) in v {
+        assert_eq!(d, at, "gap or overlap in the fragment list");
+        at += u64::from(l);
+    }
+    assert_eq!(at, size as u64);
+}
+
+/// How many fragments start at an offset, and how many have a length, that is not a multiple of 16.
+pub fn count_unaligned(frags: &[loadMeta]) -> (usize, usize) {
+    (
+        frags.iter().filter(|f| f.src_off % 16 != 0).count(),
+        frags.iter().filter(|f| f.len % 16 != 0).count(),
+    )
+}
+
 /// Send `size` bytes and receive them into a fresh buffer; returns (received bytes, fragments).
 /// `bounce` says whether to gather from the fragment list or read the destination directly.
 pub fn roundtrip(p: &mut Pair, size: usize, salt: u64, bounce: bool) -> (Vec<u8>, Vec<loadMeta>) {
