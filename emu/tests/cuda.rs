@@ -268,17 +268,6 @@ fn gather(h: &unpackNetDeviceHandle, q: usize, size: usize) -> (Vec<u8>, Vec<loa
     (img, frags)
 }
 
-fn check_coverage(frags: &[loadMeta], size: usize) {
-    let mut v: Vec<(u64, u32)> = frags.iter().map(|f| (f.dst_off, f.len)).collect();
-    v.sort();
-    let mut at = 0u64;
-    for (d, l) in v {
-        assert_eq!(d, at, "gap or overlap in the fragment list");
-        at += u64::from(l);
-    }
-    assert_eq!(at, size as u64);
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Src {
     Cuda,
@@ -289,7 +278,7 @@ enum Src {
 /// that the destination itself was not written. Returns the fragment list.
 fn roundtrip_into_cuda(p: &mut Pair, src: Src, size: usize, salt: u64) -> Vec<loadMeta> {
     let h = handle(p);
-    let data = pattern(size, salt);
+    let data = seeded_vec(salt, size);
     let mut hb;
     let db;
     let (sptr, smh) = match src {
@@ -390,7 +379,7 @@ fn gpu_cuda_to_host_is_direct() {
     let h = handle(&p);
     let before = logs_matching("requested receive on host mem buffer").len();
     for (i, size) in SIZES.into_iter().enumerate() {
-        let data = pattern(size, 30 + i as u64);
+        let data = seeded_vec(30 + i as u64, size);
         let sb = DevBuf::reg(p.send, &data, size);
         let mut rb = reg(p.recv, vec![0u8; size.max(1)]);
         let s = isend_at(&p, sb.ptr(), size, 0, sb.mh).expect("isend");
@@ -417,8 +406,9 @@ fn gpu_odd_fragments() {
     for (i, size) in [1usize, 4097, 1 << 20, 4 << 20].into_iter().enumerate() {
         let frags = roundtrip_into_cuda(&mut p, Src::Cuda, size, 40 + i as u64);
         assert!(frags.len() <= 2048);
-        unaligned_off += frags.iter().filter(|f| f.src_off % 16 != 0).count();
-        unaligned_len += frags.iter().filter(|f| f.len % 16 != 0).count();
+        let (off, len) = count_unaligned(&frags);
+        unaligned_off += off;
+        unaligned_len += len;
     }
     assert!(unaligned_off > 100, "odd mode should produce unaligned offsets");
     assert!(unaligned_len > 100, "odd mode should produce unaligned lengths");
@@ -440,7 +430,7 @@ fn gpu_window_of_sixteen_and_ring_wraparound() {
         let mut posted = Vec::new();
         for i in 0..16 {
             let size = ((n * 7919 + 13) % MAX as u64) as usize;
-            let data = pattern(size, 1000 + n);
+            let data = seeded_vec(1000 + n, size);
             if size > 0 {
                 // SAFETY: inside the live allocation.
                 ok("cuMemcpyHtoD", unsafe {
@@ -491,7 +481,7 @@ fn gpu_close_with_outstanding_requests() {
     let mut p = pair(0);
     const SZ: usize = 1 << 20;
     let sbufs: Vec<DevBuf> = (0..16)
-        .map(|i| DevBuf::reg(p.send, &pattern(SZ, i), SZ))
+        .map(|i| DevBuf::reg(p.send, &seeded_vec(i, SZ), SZ))
         .collect();
     let rbufs: Vec<DevBuf> = (0..16).map(|_| DevBuf::reg(p.recv, &[], SZ)).collect();
     let mut reqs = Vec::new();
@@ -547,7 +537,7 @@ fn assert_no_current_context() {
 fn gpu_comms_made_without_a_current_context() {
     env();
     const SZ: usize = (2 << 20) + 77;
-    let data = pattern(SZ, 99);
+    let data = seeded_vec(99, SZ);
     let sb = DevBuf::alloc(&data, SZ);
     let rb = DevBuf::alloc(&[], SZ);
     let Carry(mut p) = std::thread::spawn(|| {

@@ -50,7 +50,7 @@ fn auto_picks_host_mode_without_cuda() {
 fn direct_oversized_send_lands_only_posted_bytes() {
     env();
     let mut p = pair(0);
-    let mut sb = reg(p.send, pattern(10_000, 77));
+    let mut sb = reg(p.send, seeded_vec(77, 10_000));
     let mut rb = reg(p.recv, vec![0xEEu8; 10_000]);
     let s = isend(&p, &mut sb, 10_000, 0).unwrap();
     let (r, q) = irecv(&mut p, &mut rb, 4096, 0).unwrap();

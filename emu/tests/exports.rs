@@ -3,25 +3,12 @@
 
 use nccl_net_tcpxemu::abi;
 use std::ffi::{CStr, CString, c_int, c_void};
-use std::path::PathBuf;
 use std::ptr;
 use std::time::{Duration, Instant};
 
-fn cdylib() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let deps = exe.parent().unwrap();
-    for dir in [deps, deps.parent().unwrap()] {
-        let p = dir.join("libnccl_net_tcpxemu.so");
-        if p.exists() {
-            return p;
-        }
-    }
-    panic!("libnccl_net_tcpxemu.so not found near {}", exe.display());
-}
-
 #[test]
 fn only_the_plugin_symbol_is_exported() {
-    let so = cdylib();
+    let so = tcpxd_testkit::emulation_library();
     let out = match std::process::Command::new("nm")
         .args(["-D", "--defined-only"])
         .arg(&so)
@@ -37,7 +24,7 @@ fn only_the_plugin_symbol_is_exported() {
 
 #[test]
 fn dlopen_and_round_trip() {
-    let so = CString::new(cdylib().to_str().unwrap()).unwrap();
+    let so = CString::new(tcpxd_testkit::emulation_library().to_str().unwrap()).unwrap();
     // SAFETY: set before the dlopen'ed copy reads it; the only other test in this process
     // touches the environment through std (Command::spawn), which takes the same env lock, and
     // no C code in this process reads it concurrently.
@@ -87,7 +74,7 @@ fn dlopen_and_round_trip() {
             std::thread::sleep(Duration::from_millis(1));
         }
         assert_eq!((t.closeListen.unwrap())(lc), 0);
-        let mut src: Vec<u8> = (0..4097u32).map(|i| (i * 7) as u8).collect();
+        let mut src = tcpxd_pattern::seeded_vec(7, 4097);
         let mut dst = vec![0u8; 4097];
         let (mut smh, mut rmh) = (ptr::null_mut(), ptr::null_mut());
         assert_eq!(

@@ -2,8 +2,6 @@
 //! `tcpxctl bench raw`, on host memory with a few small sizes. They check that every size gives a
 //! row, that the bytes were verified and that the numbers are sane; never how fast anything is.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -16,7 +14,8 @@ const SIZES: [u64; 3] = [4096, 64 << 10, 1 << 20];
 
 /// The tcpxd built with the tests, or `TCPXD_TEST_TCPXD` (as for tcpxctl below).
 fn tcpxd_path() -> String {
-    std::env::var("TCPXD_TEST_TCPXD").unwrap_or_else(|_| common::tcpxd_bin().display().to_string())
+    std::env::var("TCPXD_TEST_TCPXD")
+        .unwrap_or_else(|_| tcpxd_testkit::workspace_bin("tcpxd").display().to_string())
 }
 
 /// The tcpxctl built with the tests, or `TCPXD_TEST_TCPXCTL` (test binaries copied to another
@@ -87,7 +86,7 @@ fn temp_file(name: &str) -> PathBuf {
 #[test]
 fn bench_transfer_between_two_local_daemons_with_the_raw_bench_beside_it() {
     let out_file = temp_file("transfer.jsonl");
-    let plugin = common::emulation_plugin_path();
+    let plugin = tcpxd_testkit::emulation_plugin_path();
     let out = tcpxctl(&[
         "bench",
         "transfer",
@@ -103,7 +102,7 @@ fn bench_transfer_between_two_local_daemons_with_the_raw_bench_beside_it() {
         "--chunk-bytes",
         "512K",
         "--daemon",
-        &common::tcpxd_bin().display().to_string(),
+        &tcpxd_testkit::workspace_bin("tcpxd").display().to_string(),
         "--out",
         out_file.to_str().unwrap(),
         "--json",
@@ -133,7 +132,7 @@ fn bench_transfer_prints_a_table_for_batched_reads() {
         "--warmup",
         "0",
         "--daemon",
-        &common::tcpxd_bin().display().to_string(),
+        &tcpxd_testkit::workspace_bin("tcpxd").display().to_string(),
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = text.lines().collect();

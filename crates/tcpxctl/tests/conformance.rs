@@ -1,8 +1,6 @@
 //! The conformance suite against the emulation plugin loaded by path (dlopen), as CI runs it:
 //! two devices, the second with odd-sized unaligned fragments, four sockets per comm.
 
-mod common;
-
 use tcpxctl::conformance::{self, Options};
 use tcpxd::net::Plugin;
 
@@ -21,7 +19,7 @@ fn emulation_conforms_when_loaded_by_path() {
         std::env::set_var("NCCL_SOCKET_NTHREADS", "2");
     }
     tcpxd::logging::init("warn");
-    let path = common::emulation_plugin_path();
+    let path = tcpxd_testkit::emulation_plugin_path();
     let plugin = Plugin::load(&path).unwrap_or_else(|e| panic!("loading {}: {e}", path.display()));
     assert_eq!(
         std::env::var("NCCL_DYNAMIC_CHUNK_SIZE").as_deref(),

@@ -2,14 +2,12 @@
 //! processes on the built-in emulation, a WRITE and a READ back, checksums compared (a smaller
 //! size than the command's 1 GiB default, to keep CI quick).
 
-mod common;
-
 use tcpxctl::cli::demo::{DemoOptions, run_demo};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_moves_data_both_ways_between_two_daemon_processes() {
     let report = run_demo(&DemoOptions {
-        daemon: Some(common::tcpxd_bin()),
+        daemon: Some(tcpxd_testkit::workspace_bin("tcpxd")),
         size: 64 << 20,
         ..DemoOptions::default()
     })
@@ -40,7 +38,7 @@ async fn the_demo_moves_data_both_ways_between_two_daemon_processes() {
 fn the_demo_command_names_no_log_it_deletes() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tcpxctl"))
         .args(["demo", "--size", "4M", "--daemon"])
-        .arg(common::tcpxd_bin())
+        .arg(tcpxd_testkit::workspace_bin("tcpxd"))
         .output()
         .expect("tcpxctl runs");
     let (stdout, stderr) = (

@@ -471,49 +471,11 @@ pub fn resolve_range(
     }
 }
 
-/// The fill patterns.
-#[derive(Debug, Clone)]
-pub enum Pattern {
-    Byte(u8),
-    /// Byte `i` of the buffer depends only on the seed and on `i`.
-    Seed(u64),
-    Repeat(Vec<u8>),
-}
-
-/// The seeded pattern's bytes for buffer positions `pos..pos + out.len()`.
-pub fn seeded_bytes(seed: u64, pos: u64, out: &mut [u8]) {
-    // One 8-byte word per aligned position group: byte p is byte (p % 8) of word p / 8.
-    let mut i = 0;
-    while i < out.len() {
-        let p = pos + i as u64;
-        let word = splitmix(seed ^ (p >> 3)).to_le_bytes();
-        let start = (p & 7) as usize;
-        let take = (8 - start).min(out.len() - i);
-        out[i..i + take].copy_from_slice(&word[start..start + take]);
-        i += take;
-    }
-}
-
-fn splitmix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+/// The fill patterns and the seeded stream, from the one definition the tools, the emulation and
+/// the tests share (`tcpxd-pattern`).
+pub use tcpxd_pattern::{Pattern, seeded_bytes};
 
 const SCRATCH: usize = 1 << 20;
-
-fn pattern_bytes(pattern: &Pattern, origin: u64, pos: u64, out: &mut [u8]) {
-    match pattern {
-        Pattern::Byte(v) => out.fill(*v),
-        Pattern::Seed(seed) => seeded_bytes(*seed, pos, out),
-        Pattern::Repeat(rep) => {
-            for (i, c) in out.iter_mut().enumerate() {
-                *c = rep[((pos - origin) as usize + i) % rep.len()];
-            }
-        }
-    }
-}
 
 fn gpu_error(e: crate::gpu::GpuError) -> EngineError {
     EngineError::new(Code::Internal, format!("GPU: {e}"))
@@ -528,7 +490,7 @@ pub fn fill(b: &BufferEntry, offset: u64, length: u64, pattern: &Pattern) -> Res
             let end = offset + length;
             while pos < end {
                 let n = ((end - pos) as usize).min(SCRATCH);
-                pattern_bytes(pattern, offset, pos, &mut scratch[..n]);
+                pattern.write(offset, pos, &mut scratch[..n]);
                 region
                     .write(pos as usize, &scratch[..n])
                     .map_err(|e| EngineError::new(Code::Internal, e.to_string()))?;
@@ -540,7 +502,7 @@ pub fn fill(b: &BufferEntry, offset: u64, length: u64, pattern: &Pattern) -> Res
             let stream = Stream::new(region.gpu()).map_err(gpu_error)?;
             region
                 .fill_with(&stream, offset, length, |pos, out| {
-                    pattern_bytes(pattern, offset, pos, out)
+                    pattern.write(offset, pos, out)
                 })
                 .map_err(gpu_error)
         }

@@ -1,12 +1,19 @@
-//! How a thread that polls the plugin waits when a pass made no progress while requests carrying
-//! bytes are in flight: it spins a little, then yields the CPU at every pass (so the plugin's own
-//! threads run), and naps only once nothing has progressed for [`STALL_BEFORE_NAP`] — a stalled
-//! peer, not a transfer in flight. The daemon's poller naps on its command channel (a command or
-//! control message ends the nap at once) and parks there outright when nothing is in flight — with
-//! `runtime.spin` on ([`Spin`]), only once nothing has been in flight for [`LINGER`]: while traffic
-//! flows it keeps polling between transfers, so the next command, control message or eager receive
-//! finds it awake, and [`Warmth`] keeps an async worker awake as long. The raw bench idles with the
-//! same [`Backoff`].
+//! How a thread that polls waits when a pass made no progress — the one backoff of the daemon and
+//! its tools, [`Backoff`], paced by a [`Pace`]:
+//!
+//! - [`Pace::POLL`], while requests carrying bytes are in flight (the daemon's poller, the raw
+//!   bench): it spins a little, then yields the CPU at every pass (so the plugin's own threads
+//!   run), and naps only once nothing has progressed for [`STALL_BEFORE_NAP`] — a stalled peer,
+//!   not a transfer in flight.
+//! - [`Pace::CONNECT`], between non-blocking connect/accept calls (`net::comm`'s blocking
+//!   helpers): a connection takes milliseconds to seconds, so it naps from the start, 200 µs
+//!   doubling to 20 ms.
+//!
+//! The daemon's poller naps on its command channel (a command or control message ends the nap at
+//! once) and parks there outright when nothing is in flight — with `runtime.spin` on ([`Spin`]),
+//! only once nothing has been in flight for [`LINGER`]: while traffic flows it keeps polling
+//! between transfers, so the next command, control message or eager receive finds it awake, and
+//! [`Warmth`] keeps an async worker awake as long.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,39 +42,93 @@ pub enum Step {
     Nap(Duration),
 }
 
+/// How a [`Backoff`] waits: passes that spin, then how long passes yield, then naps that double
+/// from `nap_min` up to `nap_max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    /// Passes without progress that spin (a CPU hint) before the thread yields.
+    pub spins: u32,
+    /// How long passes without progress yield, once spinning is over, before the loop naps.
+    pub yield_for: Duration,
+    /// The first nap.
+    pub nap_min: Duration,
+    /// The longest nap: each nap after the first is twice the one before, up to this.
+    pub nap_max: Duration,
+}
+
+impl Pace {
+    /// A loop with requests in flight: [`SPINS_BEFORE_YIELD`] spins, yields for
+    /// [`STALL_BEFORE_NAP`], then naps of [`NAP`].
+    pub const POLL: Pace = Pace {
+        spins: SPINS_BEFORE_YIELD,
+        yield_for: STALL_BEFORE_NAP,
+        nap_min: NAP,
+        nap_max: NAP,
+    };
+
+    /// Waiting for a connect or accept to complete: naps at once, 200 µs doubling to 20 ms.
+    pub const CONNECT: Pace = Pace {
+        spins: 0,
+        yield_for: Duration::ZERO,
+        nap_min: Duration::from_micros(200),
+        nap_max: Duration::from_millis(20),
+    };
+}
+
 /// The idle state of a polling loop between two passes that made progress.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Backoff {
+    pace: Pace,
     spins: u32,
     /// When the current stretch without progress began (taken once spinning is over).
     since: Option<Instant>,
+    /// The next nap.
+    nap: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff::new()
+    }
 }
 
 impl Backoff {
+    /// A backoff at [`Pace::POLL`].
     pub fn new() -> Backoff {
-        Backoff::default()
+        Backoff::with(Pace::POLL)
+    }
+
+    pub fn with(pace: Pace) -> Backoff {
+        Backoff {
+            pace,
+            spins: 0,
+            since: None,
+            nap: pace.nap_min,
+        }
     }
 
     /// A pass made progress (or the loop was woken with work): start over.
     pub fn reset(&mut self) {
         self.spins = 0;
         self.since = None;
+        self.nap = self.pace.nap_min;
     }
 
-    /// One pass made no progress while requests are in flight.
+    /// One pass made no progress.
     pub fn step(&mut self) -> Step {
-        if self.spins < SPINS_BEFORE_YIELD {
+        if self.spins < self.pace.spins {
             self.spins += 1;
             std::hint::spin_loop();
             return Step::Spun;
         }
         let since = *self.since.get_or_insert_with(Instant::now);
-        if since.elapsed() < STALL_BEFORE_NAP {
+        if since.elapsed() < self.pace.yield_for {
             std::thread::yield_now();
-            Step::Yielded
-        } else {
-            Step::Nap(NAP)
+            return Step::Yielded;
         }
+        let nap = self.nap;
+        self.nap = (nap * 2).min(self.pace.nap_max);
+        Step::Nap(nap)
     }
 
     /// [`Backoff::step`] for loops with nothing to wake them: naps with a plain sleep.
@@ -239,8 +300,58 @@ mod tests {
         assert_eq!(b.step(), Step::Yielded);
         std::thread::sleep(STALL_BEFORE_NAP + Duration::from_millis(1));
         assert_eq!(b.step(), Step::Nap(NAP));
+        assert_eq!(b.step(), Step::Nap(NAP), "the poll pace's naps stay short");
         // Progress starts over.
         b.reset();
         assert_eq!(b.step(), Step::Spun);
+    }
+
+    #[test]
+    fn the_connect_pace_naps_at_once_doubling_up_to_its_longest() {
+        let mut b = Backoff::with(Pace::CONNECT);
+        let naps: Vec<Duration> = (0..10)
+            .map(|_| match b.step() {
+                Step::Nap(d) => d,
+                other => panic!("{other:?}: the connect pace neither spins nor yields"),
+            })
+            .collect();
+        let us = |n| Duration::from_micros(n);
+        assert_eq!(
+            naps,
+            [
+                us(200),
+                us(400),
+                us(800),
+                us(1600),
+                us(3200),
+                us(6400),
+                us(12800),
+                us(20000),
+                us(20000),
+                us(20000)
+            ]
+        );
+        // Progress (a call that got further) starts over at the shortest nap.
+        b.reset();
+        assert_eq!(b.step(), Step::Nap(us(200)));
+    }
+
+    #[test]
+    fn a_pace_goes_through_its_phases_in_order() {
+        let pace = Pace {
+            spins: 2,
+            yield_for: Duration::from_millis(1),
+            nap_min: Duration::from_micros(10),
+            nap_max: Duration::from_micros(25),
+        };
+        let mut b = Backoff::with(pace);
+        assert_eq!(b.step(), Step::Spun);
+        assert_eq!(b.step(), Step::Spun);
+        assert_eq!(b.step(), Step::Yielded);
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(b.step(), Step::Nap(Duration::from_micros(10)));
+        assert_eq!(b.step(), Step::Nap(Duration::from_micros(20)));
+        assert_eq!(b.step(), Step::Nap(Duration::from_micros(25)));
+        assert_eq!(b.step(), Step::Nap(Duration::from_micros(25)));
     }
 }

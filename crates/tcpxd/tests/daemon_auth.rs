@@ -391,7 +391,7 @@ async fn tcpxctl_sends_the_token_from_its_file() {
     let wrong = secret_file("ctl-wrong", b"not-the-token-0123456789");
     let _remove_wrong = daemons::ScratchDir::new(wrong.clone());
     let run = move |file: Option<&std::path::Path>| {
-        let mut cmd = std::process::Command::new(common::tcpxctl_bin());
+        let mut cmd = std::process::Command::new(tcpxd_testkit::workspace_bin("tcpxctl"));
         cmd.args(["--endpoint", &endpoint, "--json", "stats"])
             .env_remove("TCPXD_API_TOKEN_FILE");
         if let Some(f) = file {
@@ -421,7 +421,7 @@ async fn tcpxctl_sends_the_token_from_its_file() {
     let b = host_buffer(&mut c, 4096, "k").await;
     let sock = d.daemon.api_socket.clone();
     let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(common::tcpxctl_bin())
+        std::process::Command::new(tcpxd_testkit::workspace_bin("tcpxctl"))
             .arg("--endpoint")
             .arg(format!("unix:{}", sock.display()))
             .args(["--json", "buffer", "rekey", &b.id.to_string()])

@@ -1,32 +1,21 @@
 //! The tcpxd binary itself: start-up with a ready file, the API socket's mode, SIGTERM, and the
 //! message when the TCPX plugin is missing (never a silent fallback to the emulation).
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::daemons::unix_client;
 use tcpxd::api::proto::v1 as pb;
-use tcpxd::api::proto::v1::tcpxd_client::TcpxdClient;
+use tcpxd_testkit::ScratchDir;
 
-fn temp_dir(tag: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("tcpxd-bin-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
+/// A fresh directory of this test under the temp dir, removed when the test ends (passed or not).
+fn temp_dir(tag: &str) -> ScratchDir {
+    let d = ScratchDir::fresh("tcpxd-bin", tag);
+    std::fs::create_dir_all(&*d).unwrap();
     d
-}
-
-async fn unix_client(path: std::path::PathBuf) -> TcpxdClient<tonic::transport::Channel> {
-    let channel = tonic::transport::Endpoint::from_static("http://[::]:0")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
-        .await
-        .expect("connect over the unix socket");
-    TcpxdClient::new(channel)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -93,7 +82,6 @@ async fn starts_serves_on_its_socket_and_stops_on_sigterm() {
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
     assert!(log.contains("WARN"), "the emulation warning is logged: {log}");
     assert!(!log.contains('\x1b'), "ANSI escapes in a redirected log: {log:?}");
-    std::fs::remove_dir_all(dir).ok();
 }
 
 #[test]
@@ -118,7 +106,6 @@ fn a_missing_plugin_is_named_with_the_fix_and_never_replaced_silently() {
         assert!(err.contains(words), "stderr should mention {words:?}: {err}");
     }
     assert!(!dir.join("api.sock").exists(), "nothing was served");
-    std::fs::remove_dir_all(dir).ok();
 }
 
 #[test]
@@ -176,5 +163,4 @@ fn tells_systemd_it_is_ready_pings_the_watchdog_and_says_when_stopping() {
         recv(&mut seen);
     }
     assert!(child.wait().unwrap().success());
-    std::fs::remove_dir_all(dir).ok();
 }

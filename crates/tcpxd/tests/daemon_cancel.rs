@@ -166,9 +166,7 @@ async fn shutdown_drains_within_grace_and_fails_the_rest() {
     assert_eq!(waiter.await.unwrap().status_code, 0);
     assert_eq!(crc(&mut b.client, dst.id, 0, 32 * MIB).await, {
         // The source daemon is gone; recompute the seeded pattern's checksum locally.
-        let mut v = vec![0u8; (32 * MIB) as usize];
-        tcpxd::buffers::seeded_bytes(21, 0, &mut v);
-        crc32c::crc32c(&v)
+        crc32c::crc32c(&tcpxd_pattern::seeded_vec(21, (32 * MIB) as usize))
     });
     b.stop().await;
 

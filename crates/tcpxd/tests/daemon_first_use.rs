@@ -339,7 +339,7 @@ async fn advertised_addresses_come_from_the_configuration() {
     let endpoint = format!("unix:{}", a.daemon.api_socket.display());
     let run = |args: Vec<String>| {
         tokio::task::spawn_blocking(move || {
-            std::process::Command::new(common::tcpxctl_bin())
+            std::process::Command::new(tcpxd_testkit::workspace_bin("tcpxctl"))
                 .args(args)
                 .output()
                 .expect("tcpxctl runs")

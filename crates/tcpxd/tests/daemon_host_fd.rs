@@ -17,6 +17,7 @@ use common::framed::*;
 use rustix::fs::{MemfdFlags, SealFlags};
 use tcpxd::api::proto::v1 as pb;
 use tcpxd::api::proto::v1::session_request::Op;
+use tcpxd_pattern::seeded_vec as pattern;
 
 const MIB: u64 = 1 << 20;
 
@@ -31,12 +32,6 @@ fn memfd(name: &str, size: u64) -> OwnedFd {
 /// only through the daemons it runs, so the mappings counted are theirs.
 fn file(fd: &OwnedFd) -> File {
     File::from(fd.try_clone().unwrap())
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    tcpxd::buffers::seeded_bytes(seed, 0, &mut v);
-    v
 }
 
 /// Mappings of `/memfd:<name>` in this process (both in-process daemons).

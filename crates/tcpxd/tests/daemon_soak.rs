@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use common::daemons::*;
 use common::procs::{self, ProcDaemon};
 use tcpxd::api::proto::v1 as pb;
+use tcpxd_testkit::Rng;
 
 const MIB: u64 = 1 << 20;
 const SRC: u64 = 64 * MIB;
@@ -32,22 +33,6 @@ fn rss(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmRSS");
     kb * 1024
-}
-
-/// A tiny deterministic generator (xorshift), so a failure can be replayed from its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -92,7 +77,7 @@ async fn three_daemons_move_mixed_traffic_exactly_with_stable_memory() {
                 let land = host_buffer(&mut cj, LAND, &format!("land-from-{i}")).await;
                 // Touch every page now, so the warm-up sample already counts them.
                 fill_seed(&mut cj, land.id, 0, 0, 7).await;
-                let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((i as u64) << 8 | j as u64));
+                let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15 ^ ((i as u64) << 8 | j as u64));
                 let mut moved = 0u64;
                 let mut rounds = 0u64;
                 while Instant::now() < until {

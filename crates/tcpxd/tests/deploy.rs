@@ -321,7 +321,7 @@ fn the_systemd_unit_keeps_its_service_settings() {
 async fn the_readiness_probe_command_reports_serving() {
     let d = common::daemons::start("probe", |_| {}).await;
     let endpoint = format!("unix:{}", d.daemon.api_socket.display());
-    let tcpxctl = common::tcpxctl_bin();
+    let tcpxctl = tcpxd_testkit::workspace_bin("tcpxctl");
     let run = |endpoint: String| {
         let tcpxctl = tcpxctl.clone();
         tokio::task::spawn_blocking(move || {

@@ -1,7 +1,5 @@
 //! `tcpxd doctor` as an operator runs it: the real binary, JSON out, exit code.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -58,7 +56,7 @@ fn tempdir(tag: &str) -> PathBuf {
 #[test]
 fn the_emulation_plugin_passes_and_a3_only_checks_say_why_not() {
     let dir = tempdir("emu");
-    let plugin = common::emulation_plugin_path();
+    let plugin = tcpxd_testkit::emulation_plugin_path();
     let r = doctor(&["--plugin", plugin.to_str().unwrap()], &[], &dir);
     // Some checks fail on this machine (no A3 NICs, GPUs, RxDM): exit 1.
     assert_eq!(r.code, 1, "{}\n{}", r.json, r.stderr);
@@ -174,7 +172,7 @@ fn a_healthy_fake_node_under_root_passes_the_host_checks() {
     std::fs::create_dir_all(root.join("run/tcpx")).unwrap();
     let _rxdm = std::os::unix::net::UnixListener::bind(root.join("run/tcpx/get_gpu_fd_0")).unwrap();
 
-    let plugin = common::emulation_plugin_path();
+    let plugin = tcpxd_testkit::emulation_plugin_path();
     let env = [
         ("NCCL_GPUDIRECTTCPX_SOCKET_IFNAME", "eth1,eth2"),
         ("NCCL_GPUDIRECTTCPX_CTRL_DEV", "eth0"),

@@ -1,8 +1,6 @@
 //! Loading errors name what is wrong: a missing file, a file that is no library (with dlerror's
 //! text), a library without `ncclNetPlugin_v7`.
 
-mod common;
-
 use tcpxd::net::{NetError, Plugin};
 
 #[test]
@@ -43,7 +41,7 @@ fn library_without_the_v7_symbol_is_refused() {
 
 #[test]
 fn the_emulation_library_exports_its_table() {
-    let path = common::emulation_plugin_path();
+    let path = tcpxd_testkit::emulation_plugin_path();
     let plugin = Plugin::load(&path).expect("emulation loads");
     assert!(!plugin.devices().is_empty());
     assert!(

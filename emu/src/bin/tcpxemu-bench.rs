@@ -370,17 +370,6 @@ struct P(*mut c_void);
 // (each comm serialises its own calls); only one thread drives each comm.
 unsafe impl Send for P {}
 
-fn pattern(buf: &mut [u8], salt: u64) {
-    let mut x = salt.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    for c in buf.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let b = x.to_le_bytes();
-        c.copy_from_slice(&b[..c.len()]);
-    }
-}
-
 fn child(args: &[String]) -> ExitCode {
     match run_case(args) {
         Ok(r) => {
@@ -453,7 +442,7 @@ fn run_case(args: &[String]) -> Result<Outcome, String> {
     let span = msg * window;
     let mut src = vec![0u8; span];
     for (w, c) in src.chunks_mut(msg).enumerate() {
-        pattern(c, w as u64 + 1);
+        tcpxd_pattern::seeded_bytes(w as u64 + 1, 0, c);
     }
     let mut dst = vec![0u8; span];
     let reg = |comm: *mut c_void, buf: &mut [u8]| -> Result<*mut c_void, String> {

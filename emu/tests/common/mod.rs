@@ -9,6 +9,8 @@ use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
+/// The test byte pattern every crate shares.
+pub use tcpxd_pattern::seeded_vec;
 
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -180,18 +182,6 @@ pub fn reg(comm: *mut c_void, data: Vec<u8>) -> Buf {
     };
     assert_eq!(rc, 0, "regMr");
     Buf { data, mh, comm }
-}
-
-pub fn pattern(len: usize, salt: u64) -> Vec<u8> {
-    let mut x = salt.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 pub fn isend_at(
@@ -375,10 +365,30 @@ pub fn gather(p: &Pair, q: usize, dst: &mut [u8]) -> Vec<loadMeta> {
     frags
 }
 
+/// The fragments cover [0, size) of the destination exactly once.
+pub fn check_coverage(frags: &[loadMeta], size: usize) {
+    let mut v: Vec<(u64, u32)> = frags.iter().map(|f| (f.dst_off, f.len)).collect();
+    v.sort();
+    let mut at = 0u64;
+    for (d, l) in v {
+        assert_eq!(d, at, "gap or overlap in the fragment list");
+        at += u64::from(l);
+    }
+    assert_eq!(at, size as u64);
+}
+
+/// How many fragments start at an offset, and how many have a length, that is not a multiple of 16.
+pub fn count_unaligned(frags: &[loadMeta]) -> (usize, usize) {
+    (
+        frags.iter().filter(|f| f.src_off % 16 != 0).count(),
+        frags.iter().filter(|f| f.len % 16 != 0).count(),
+    )
+}
+
 /// Send `size` bytes and receive them into a fresh buffer; returns (received bytes, fragments).
 /// `bounce` says whether to gather from the fragment list or read the destination directly.
 pub fn roundtrip(p: &mut Pair, size: usize, salt: u64, bounce: bool) -> (Vec<u8>, Vec<loadMeta>) {
-    let mut sb = reg(p.send, pattern(size.max(1), salt));
+    let mut sb = reg(p.send, seeded_vec(salt, size.max(1)));
     let mut rb = reg(p.recv, vec![0u8; size.max(1)]);
     let sreq = isend(p, &mut sb, size, 1).expect("isend");
     let (rreq, q) = irecv(p, &mut rb, size, 1).expect("irecv");

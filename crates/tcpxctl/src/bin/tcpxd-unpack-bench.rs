@@ -683,11 +683,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let stream = Stream::new(&s.gpu)?;
         let len = (a.checksum_mib as u64) << 20;
         let r = s.gpu.alloc(len as usize)?;
-        r.fill_with(&stream, 0, len, |pos, c| {
-            for (i, b) in c.iter_mut().enumerate() {
-                *b = ((pos + i as u64).wrapping_mul(0x9E37_79B9) >> 13) as u8;
-            }
-        })?;
+        r.fill_with(&stream, 0, len, |pos, c| tcpxd::buffers::seeded_bytes(1, pos, c))?;
         let mut kernel_ms = Vec::new();
         let mut crc = 0;
         for _ in 0..5 {

@@ -197,8 +197,9 @@ fn level_index(level: i32) -> usize {
 }
 
 /// The process-wide decision for one plugin line (the plugin is process-wide too); summaries of
-/// closed windows go out through `emit_summary`. Abort lines are never held back.
-pub fn admit(level: i32, file: &str, line: i32, text: &str, emit_summary: impl Fn(&Summary)) -> Verdict {
+/// closed windows go out through `emit_summary` (the logger's; the background flush, started by
+/// the first line held back, keeps the one that call gave). Abort lines are never held back.
+pub fn admit(level: i32, file: &str, line: i32, text: &str, emit_summary: fn(&Summary)) -> Verdict {
     let i = level_index(level);
     LINES[i].fetch_add(1, Ordering::Relaxed);
     if level == abi::NCCL_LOG_ABORT {
@@ -217,7 +218,7 @@ pub fn admit(level: i32, file: &str, line: i32, text: &str, emit_summary: impl F
         FLUSHER.call_once(|| {
             let _ = std::thread::Builder::new()
                 .name("tcpxd-plugin-log-flush".into())
-                .spawn(|| {
+                .spawn(move || {
                     loop {
                         std::thread::sleep(WINDOW);
                         let summaries = LIMITER
@@ -227,7 +228,7 @@ pub fn admit(level: i32, file: &str, line: i32, text: &str, emit_summary: impl F
                             .map(|l| l.flush(Instant::now()))
                             .unwrap_or_default();
                         for s in &summaries {
-                            super::logger::emit_summary(s);
+                            emit_summary(s);
                         }
                     }
                 });

@@ -10,38 +10,13 @@ use tcpxd::daemon::{self, RunningDaemon};
 use tcpxd::net::Plugin;
 use tonic::transport::Channel;
 
+pub use tcpxd_testkit::ScratchDir;
+
 pub struct TestDaemon {
     pub daemon: RunningDaemon,
     pub client: TcpxdClient<Channel>,
     /// Its socket and token; removed when the daemon is dropped, stopped or not.
     pub dir: ScratchDir,
-}
-
-/// A file or directory of a test under the temp dir, removed when dropped (a test that panics,
-/// or never stops its daemon, leaves nothing behind in /tmp).
-pub struct ScratchDir(PathBuf);
-
-impl ScratchDir {
-    pub fn new(path: PathBuf) -> ScratchDir {
-        ScratchDir(path)
-    }
-}
-
-impl std::ops::Deref for ScratchDir {
-    type Target = std::path::Path;
-    fn deref(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        if self.0.is_dir() {
-            std::fs::remove_dir_all(&self.0).ok();
-        } else {
-            std::fs::remove_file(&self.0).ok();
-        }
-    }
 }
 
 /// The plugin the tests drive: the file named by `TCPXD_TEST_PLUGIN` (tools/realplugin/run.sh
@@ -132,7 +107,7 @@ pub async fn start(node: &str, extra: impl FnOnce(&mut DaemonArgs)) -> TestDaemo
     TestDaemon {
         daemon,
         client,
-        dir: ScratchDir(dir),
+        dir: ScratchDir::new(dir),
     }
 }
 

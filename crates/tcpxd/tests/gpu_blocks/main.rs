@@ -14,31 +14,10 @@ use tcpxd::gpu::blocks::{BLOCK_TASKS, GatherTask, ScatterTask};
 use tcpxd::gpu::{DeviceRegion, Gpu, Kernels, PinnedRegion, Stream};
 use tcpxd::net::abi::loadMeta;
 use tcpxd::unpack::blocks::gather_host;
+use tcpxd_testkit::Rng;
 
 const POISON: u8 = 0xA5;
 const GIB: u64 = 1 << 30;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            v.swap(i, self.below(i as u64 + 1) as usize);
-        }
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
 
 fn gpu() -> Arc<Gpu> {
     Gpu::open(0).expect("these tests need a CUDA GPU")
@@ -249,7 +228,7 @@ fn side(gpu: &Arc<Gpu>, rng: &mut Rng, len: u64, window: u64, wlen: u64, source:
 fn odd_offsets_and_lengths_scattered_both_sides() {
     let gpu = gpu();
     let k = gpu.kernels().unwrap();
-    let mut rng = Rng(0x5EED_0001);
+    let mut rng = Rng::new(0x5EED_0001);
     for (round, (len, n, chunk)) in [
         (4096u32, 700u32, 524_288u32),
         (16_384, 300, 524_288),
@@ -318,7 +297,7 @@ fn blocks_at_the_end_of_a_4_gib_buffer() {
     // the buffer's last byte, several straddling the 4 GiB line (offsets past 32 bits).
     let gpu = gpu();
     let k = gpu.kernels().unwrap();
-    let mut rng = Rng(0x5EED_0002);
+    let mut rng = Rng::new(0x5EED_0002);
     let len = 4 * GIB + 4099;
     let wlen = 8u64 << 20;
     let window = len - wlen;

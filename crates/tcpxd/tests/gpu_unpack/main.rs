@@ -15,6 +15,8 @@ use tcpxd::net::abi::loadMeta;
 use tcpxd::unpack::{
     FragSource, Ticket, UnpackError, UnpackImpl, UnpackJob, Unpacker, validate, validate_list,
 };
+use tcpxd_pattern::seeded_bytes as pattern;
+use tcpxd_testkit::Rng; // the daemon's seeded fill, by position
 
 const POISON: u8 = 0xA5;
 const RING_SLOT_BYTES: usize = 2048 * 16;
@@ -32,28 +34,6 @@ const IMPLS: [UnpackImpl; 8] = [
     UnpackImpl::D2d,
     UnpackImpl::Host,
 ];
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            v.swap(i, self.below(i as u64 + 1) as usize);
-        }
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-}
 
 fn gpu() -> Arc<Gpu> {
     Gpu::open(0).expect("these tests need a CUDA GPU")
@@ -78,7 +58,7 @@ struct Fixture {
 impl Fixture {
     fn new(seed: u64, bounce_len: usize) -> Fixture {
         let gpu = gpu();
-        let bounce_host = Rng(seed).bytes(bounce_len);
+        let bounce_host = Rng::new(seed).bytes(bounce_len);
         let bounce = gpu.alloc(bounce_len).unwrap();
         bounce.write(0, &bounce_host).unwrap();
         Fixture {
@@ -250,7 +230,7 @@ fn gpu_open_reports_the_device() {
 #[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
 fn gpu_unpack_aligned_shuffled_pages() {
     let fx = Fixture::new(1, 64 << 20);
-    let mut rng = Rng(11);
+    let mut rng = Rng::new(11);
     let specs = [shuffled_pages(&mut rng, 64 << 20, 128)];
     for_each_impl(|u| run_batch(&fx, u, &specs, 0, 0));
 }
@@ -259,7 +239,7 @@ fn gpu_unpack_aligned_shuffled_pages() {
 #[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
 fn gpu_unpack_unaligned_offsets_and_lengths() {
     let fx = Fixture::new(2, 16 << 20);
-    let mut rng = Rng(12);
+    let mut rng = Rng::new(12);
     for (bounce_off, misalign) in [(0, 0), (1, 3), (8, 4), (5, 16), (2, 2)] {
         let specs = [random_pieces(&mut rng, (16 << 20) - bounce_off, 300_001, 4096)];
         for_each_impl(|u| run_batch(&fx, u, &specs, bounce_off, misalign));
@@ -270,7 +250,7 @@ fn gpu_unpack_unaligned_offsets_and_lengths() {
 #[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
 fn gpu_unpack_one_byte_fragments() {
     let fx = Fixture::new(3, 1 << 20);
-    let mut rng = Rng(13);
+    let mut rng = Rng::new(13);
     let specs = [random_pieces(&mut rng, 1 << 20, 2048, 1)];
     for_each_impl(|u| run_batch(&fx, u, &specs, 0, 1));
 }
@@ -279,7 +259,7 @@ fn gpu_unpack_one_byte_fragments() {
 #[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
 fn gpu_unpack_2048_fragments_in_one_chunk() {
     let fx = Fixture::new(4, 64 << 20);
-    let mut rng = Rng(14);
+    let mut rng = Rng::new(14);
     let mut full = shuffled_pages(&mut rng, 64 << 20, 2048);
     assert_eq!(full.frags.len(), 2048);
     let mut pieces = random_pieces(&mut rng, 64 << 20, 4 << 20, 4096);
@@ -295,7 +275,7 @@ fn gpu_unpack_2048_fragments_in_one_chunk() {
 #[ignore = "needs a CUDA GPU: cargo test --release -- --ignored"]
 fn gpu_unpack_several_chunks_in_one_batch() {
     let fx = Fixture::new(5, 128 << 20);
-    let mut rng = Rng(15);
+    let mut rng = Rng::new(15);
     // 16 receives: full 2048-fragment ones (7 of them: more than one staging slot of the
     // kernel unpacker holds, so the batch is split), unaligned pieces, 1-byte fragments, an empty one; mapped and host-only lists.
     let mut specs = Vec::new();
@@ -326,7 +306,7 @@ fn gpu_unpack_ring_wrap_around() {
     let gpu = fx.gpu.clone();
     for imp in IMPLS {
         let mut u = imp.build(&gpu).unwrap();
-        let mut rng = Rng(16);
+        let mut rng = Rng::new(16);
         let batches = 40;
         let per_batch = 3;
         let dst_len = 64 * 4096u64;
@@ -395,7 +375,7 @@ fn gpu_unpack_more_batches_in_flight_than_slots() {
     let gpu = fx.gpu.clone();
     for imp in IMPLS {
         let mut u = imp.build(&gpu).unwrap();
-        let mut rng = Rng(19);
+        let mut rng = Rng::new(19);
         // 40 batches of 2 receives, then one of 70 and one of 130 small receives.
         let sizes: Vec<usize> = std::iter::repeat_n(2, 40).chain([70, 130]).collect();
         let dst_len = 16 * 4096u64;
@@ -461,7 +441,7 @@ fn gpu_unpack_persistent_grid_leaves_and_comes_back() {
             },
         )
         .unwrap();
-        let mut rng = Rng(20 + linger_us);
+        let mut rng = Rng::new(20 + linger_us);
         let dst_len = 32 * 4096u64;
         let dst = gpu.alloc(batches * dst_len as usize).unwrap();
         let mut expect = vec![POISON; dst.len()];
@@ -538,7 +518,7 @@ fn gpu_unpack_persistent_grid_sees_rewritten_bounce_pages() {
     let up = gpu.alloc_pinned(bytes).unwrap();
     let down = gpu.alloc_pinned(bytes).unwrap();
     let copies = Stream::new(&gpu).unwrap();
-    let mut rng = Rng(33);
+    let mut rng = Rng::new(33);
     for round in 0..20 {
         let content = rng.bytes(bytes);
         up.write(0, &content).unwrap();
@@ -614,7 +594,7 @@ fn gpu_device_region_alloc_copies_and_region_trait() {
     let mut zero = vec![1u8; 10_000_001];
     r.read_into(&stream, 0, &mut zero).unwrap();
     assert!(zero.iter().all(|&b| b == 0), "fresh device memory is zeroed");
-    let data = Rng(9).bytes(10_000_001);
+    let data = Rng::new(9).bytes(10_000_001);
     r.write(0, &data).unwrap();
     let r2 = gpu.alloc(10_000_001).unwrap();
     stream.copy_d2d(&r2, 0, &r, 0, 10_000_001).unwrap();
@@ -634,7 +614,7 @@ fn gpu_pinned_region_device_pointer() {
     let mut p = gpu.alloc_pinned(1 << 20).unwrap();
     assert_eq!(p.mem_type(), tcpxd::net::MemType::Host);
     assert_ne!(p.device_ptr(), 0);
-    let data = Rng(10).bytes(1 << 20);
+    let data = Rng::new(10).bytes(1 << 20);
     p.as_mut_slice().copy_from_slice(&data);
     // The device view works as a copy source and destination.
     let d = gpu.alloc(1 << 20).unwrap();
@@ -647,11 +627,6 @@ fn gpu_pinned_region_device_pointer() {
     stream.copy_span_d2d(p.span(), d.span(), 1 << 20).unwrap();
     stream.synchronize().unwrap();
     compare("device→pinned", p.as_slice(), &data);
-}
-
-/// The daemon's seeded fill pattern: bytes `pos..pos + out.len()` of seed `seed`'s stream.
-fn pattern(seed: u64, pos: u64, out: &mut [u8]) {
-    tcpxd::buffers::seeded_bytes(seed, pos, out);
 }
 
 #[test]

@@ -110,7 +110,7 @@ fn gpu_unpack_exact_jobs_must_add_up() {
 fn gpu_unpack_in_place_rejections_touch_only_the_bad_receives() {
     let fx = Fixture::new(11, 4 << 20);
     let mut u = UnpackImpl::Kernel(FragSource::Mapped).build(&fx.gpu).unwrap();
-    let mut rng = Rng(23);
+    let mut rng = Rng::new(23);
     let dst_len = 8 * 4096u64;
     let stride = dst_len + 4096;
     let good0 = shuffled_pages(&mut rng, 4 << 20, 8).frags;
@@ -214,7 +214,7 @@ fn gpu_unpack_in_place_across_launches() {
     let dst = fx.gpu.alloc(receives * dst_len as usize).unwrap();
     for round in 0..3u64 {
         let short_at = (round == 1).then_some(100usize);
-        let mut rng = Rng(29 + round);
+        let mut rng = Rng::new(29 + round);
         let mut expect = vec![POISON; dst.len()];
         dst.write(0, &expect).unwrap();
         for j in 0..receives {

@@ -11,7 +11,7 @@ fn device_memory_round_trips_bytes_and_refuses_a_second_free() {
     let mut d: CUdeviceptr = 0;
     assert_eq!(cuMemAlloc_v2(&mut d, 4096), CUDA_SUCCESS);
     assert_ne!(d, 0);
-    let src: Vec<u8> = (0..4096u32).map(|i| (i * 7 % 251) as u8).collect();
+    let src = tcpxd_pattern::seeded_vec(7, 4096);
     assert_eq!(cuMemcpyHtoD_v2(d, src.as_ptr().cast(), src.len()), CUDA_SUCCESS);
     let mut back = vec![0u8; 4096];
     assert_eq!(

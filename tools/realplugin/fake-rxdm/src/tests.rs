@@ -1,31 +1,10 @@
 use super::*;
 
+use tcpxd_testkit::ScratchDir;
+
 /// A test's socket directory, removed when the test ends (passed or not).
-struct TmpDir(PathBuf);
-
-impl std::ops::Deref for TmpDir {
-    type Target = PathBuf;
-    fn deref(&self) -> &PathBuf {
-        &self.0
-    }
-}
-
-impl AsRef<Path> for TmpDir {
-    fn as_ref(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TmpDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tmp(name: &str) -> TmpDir {
-    let dir = std::env::temp_dir().join(format!("fake-rxdm-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    TmpDir(dir)
+fn tmp(name: &str) -> ScratchDir {
+    ScratchDir::fresh("fake-rxdm", name)
 }
 
 fn rule(src: &str, dst: &str, gpu: Option<&str>) -> UnixSocketProto {

@@ -8,14 +8,11 @@ use super::ConnectHandle;
 use super::comm_core::{CommCore, CommKind, DeviceHandleStorage};
 use super::recv::RecvComm;
 use super::send::SendComm;
+use crate::idle::{Backoff, Pace};
 use crate::net::abi::{self, ncclNetDeviceHandle_v7_t};
 use crate::net::error::{NetError, NetResult};
 use crate::net::logger;
 use crate::net::plugin::{Plugin, RawComm};
-
-/// How long to sleep between non-blocking connect/accept calls, at first and at most.
-const STEP_SLEEP_MIN: Duration = Duration::from_micros(200);
-const STEP_SLEEP_MAX: Duration = Duration::from_millis(20);
 
 /// A listening comm on one device; hands out its connect handle and accepts connections.
 pub struct ListenComm {
@@ -196,7 +193,7 @@ impl Drop for Connector {
 
 fn drive<T>(timeout: Duration, mut step: impl FnMut() -> NetResult<Option<T>>) -> NetResult<T> {
     let deadline = Instant::now() + timeout;
-    let mut sleep = STEP_SLEEP_MIN;
+    let mut backoff = Backoff::with(Pace::CONNECT);
     loop {
         if let Some(v) = step()? {
             return Ok(v);
@@ -208,8 +205,7 @@ fn drive<T>(timeout: Duration, mut step: impl FnMut() -> NetResult<Option<T>>) -
                 lines: Vec::new(),
             });
         }
-        std::thread::sleep(sleep);
-        sleep = (sleep * 2).min(STEP_SLEEP_MAX);
+        backoff.step_or_sleep();
     }
 }
 
