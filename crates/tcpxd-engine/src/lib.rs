@@ -606,7 +606,7 @@ impl Engine {
         Ok(())
     }
 
-    /// Forgets a buffer; refused while transfers use it.
+    /// Forgets a buffer and its block lists; refused while transfers use it.
     pub fn remove_buffer(&mut self, id: u64) -> EngineResult<()> {
         let b = self
             .buffers
@@ -622,6 +622,8 @@ impl Engine {
             ));
         }
         self.buffers.remove(&id);
+        // Its block lists go with it.
+        self.lists.release_buffer(id);
         Ok(())
     }
 
