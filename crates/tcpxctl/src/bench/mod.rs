@@ -5,6 +5,7 @@
 //! Each measured size gives one [`BenchRow`]: printed as a table with nixlbench-like columns
 //! ([`rows_table`]) and written as one JSON object per line ([`BenchRow::to_json`]).
 
+pub mod blocks;
 pub mod daemon;
 pub mod raw;
 pub mod steal;
