@@ -455,3 +455,71 @@ async fn block_writes_and_reads_land_scattered_blocks_exactly() {
         b.stop().await;
     }
 }
+
+/// The 64 MiB message limits: a list of 1,000,000 explicit blocks (a 12 MB request) registers,
+/// and a WRITE naming 1,000,000 scattered blocks on each side (4 MB of indices a side) moves
+/// every pair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_scattered_blocks_a_side_fit_in_one_call() {
+    tcpxd::logging::init("warn");
+    let (mut a, mut b) = pair("million").await;
+    const N: u32 = 1_000_000;
+    const BS: u64 = 16;
+    let src = host_buffer(&mut a.client, u64::from(N) * BS, "").await;
+    let dst = host_buffer(&mut b.client, u64::from(N) * BS, "").await;
+    let offsets: Vec<u64> = (0..u64::from(N)).map(|i| i * BS).collect();
+    let lengths: Vec<u8> = (0..N).flat_map(|i| (16 - i % 2).to_le_bytes()).collect();
+    let explicit = register(
+        &mut a.client,
+        src.id,
+        L::Explicit(pb::ExplicitBlocks {
+            offsets: le64(&offsets),
+            lengths,
+        }),
+    )
+    .await
+    .expect("a 12 MB registration");
+    assert_eq!((explicit.count, explicit.block_length), (N, 0));
+    a.client
+        .release_blocks(pb::ReleaseBlocksRequest { list_id: explicit.id })
+        .await
+        .unwrap();
+
+    fill_seed(&mut a.client, src.id, 0, 0, 3).await;
+    let sl = register(&mut a.client, src.id, strided(0, BS, BS as u32, N))
+        .await
+        .unwrap();
+    let dl = register(&mut b.client, dst.id, strided(0, BS, BS as u32, N))
+        .await
+        .unwrap();
+    let li = permutation(N, 1);
+    let ri = permutation(N, 2);
+    let done = a
+        .client
+        .write_blocks(pb::WriteBlocksRequest {
+            local_list_id: sl.id,
+            local_indices: Some(u32s(&li)),
+            remote_token: dl.token.clone(),
+            remote_indices: Some(u32s(&ri)),
+            timeout_ms: 120_000,
+            wait: true,
+            ..Default::default()
+        })
+        .await
+        .expect("4 MB of indices a side")
+        .into_inner();
+    let fin = done.r#final.expect("final");
+    assert_eq!(fin.status_code, 0, "{}", fin.status_message);
+    assert_eq!(fin.bytes_done, u64::from(N) * BS);
+    let s = bytes_of(&mut a.client, src.id, u64::from(N) * BS).await;
+    let d = bytes_of(&mut b.client, dst.id, u64::from(N) * BS).await;
+    let bs = BS as usize;
+    for k in 0..N as usize {
+        let (x, y) = (li[k] as usize * bs, ri[k] as usize * bs);
+        assert_eq!(&s[x..x + bs], &d[y..y + bs], "pair {k}");
+    }
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+    a.stop().await;
+    b.stop().await;
+}
