@@ -47,6 +47,8 @@ def test_indices_travel_as_ranges_when_smaller():
         _blocks.pack_indices([], "remote_indices")
     with pytest.raises(tcpxd.InvalidArgument, match=r"local_indices\[1\]: 4294967296 exceeds"):
         _blocks.pack_indices([0, 1 << 32], "local_indices")
+    with pytest.raises(tcpxd.InvalidArgument, match=r"local_indices\[0\]: -2 is negative"):
+        _blocks.pack_indices(range(-2, 5), "local_indices")
 
 
 def test_indices_from_torch_tensors():

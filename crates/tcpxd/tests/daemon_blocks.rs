@@ -412,8 +412,8 @@ async fn block_writes_and_reads_land_scattered_blocks_exactly() {
             other => panic!("{other:?}"),
         }
         let r = bytes_of(&mut a.client, back.id, MIB).await;
-        for k in 0..N as usize {
-            let d_o = doffs[k] as usize;
+        for (k, &off) in doffs.iter().enumerate() {
+            let d_o = off as usize;
             let ro = k * BS as usize;
             assert_eq!(
                 &r[ro..ro + BS as usize],

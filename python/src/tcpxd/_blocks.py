@@ -114,6 +114,8 @@ def pack_indices(idx: Any, field: str) -> Any:
     if isinstance(idx, range) and idx.step == 1:
         if len(idx) == 0:
             raise InvalidArgument(f"{field}: at least one block is required")
+        if idx.start < 0:
+            raise InvalidArgument(f"{field}[0]: {idx.start} is negative")
         _fits(np.array([idx.stop - 1]), field, (1 << 32) - 1, "a block index")
         return BI(encoding=RANGES, data=np.array([idx.start, len(idx)], dtype="<u4").tobytes())
     a = _array(idx, field)
