@@ -54,8 +54,11 @@
 //! reported; `tick(now)`; the actions again; while draining, `is_drained(now)`; then, with
 //! nothing in flight, a sleep until a command or `next_deadline()`.
 
+mod block_offers;
 mod block_transfers;
 pub mod blocks;
+mod buffers;
+mod coalesce;
 mod completion;
 mod counters;
 pub mod credits;
@@ -106,7 +109,7 @@ pub struct EngineConfig {
     pub send_window: usize,
     /// Receives posted (until consumed) per lane at most; the plugin allows 16.
     pub recv_window: usize,
-    /// Entries per transfer (and ranges per offer).
+    /// Entries per transfer (and ranges per offer or read request).
     pub max_entries: usize,
     /// Notification bytes per transfer.
     pub max_notification: usize,
@@ -138,7 +141,7 @@ impl Default for EngineConfig {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             send_window: 12,
             recv_window: 16,
-            max_entries: 4096,
+            max_entries: DEFAULT_MAX_ENTRIES,
             max_notification: 1 << 20,
             protocol: Protocol::Rendezvous,
             credits: 16,
@@ -150,6 +153,10 @@ impl Default for EngineConfig {
         }
     }
 }
+
+/// `max_entries`' default: a batch of this many small entries of one buffer pair is coalesced
+/// into wire chunks (docs/BLOCKS.md), so it costs chunks, not entries.
+pub const DEFAULT_MAX_ENTRIES: usize = 65_536;
 
 /// `transfer.eager_max_bytes`' default: transfers up to 64 KiB go eager under `auto` (measured:
 /// eager wins for small transfers, rendezvous from 1-4 MiB up; docs/BENCHMARKS.md).
@@ -315,16 +322,22 @@ struct BufferMeta {
 struct Item {
     offer: u64,
     buffer: u64,
+    /// Where the bytes are in `buffer`; with `pieces`, the chunk's offset in its offer's wire
+    /// stream instead (the pieces come from the offer's plan).
     offset: u64,
     len: u32,
+    /// A block or coalesced chunk of several pieces: gathered (send) or scattered (receive).
+    pieces: bool,
 }
 
 /// Where one announced eager chunk goes: `dest` (buffer, offset), or nowhere (discarded).
 #[derive(Debug, Clone, Copy)]
 struct Target {
     offer: u64,
+    /// With `pieces`, (buffer, the chunk's offset in its offer's wire stream).
     dest: Option<(u64, u64)>,
     len: u32,
+    pieces: bool,
 }
 
 #[derive(Debug, Default)]
@@ -470,6 +483,8 @@ struct ReadPart {
     transfer: TransferId,
     entries: Vec<usize>,
     pairs: Vec<ReadPair>,
+    /// A block READ: the header the holder's offer must carry back (our list, indices, lengths).
+    blocks: Option<Box<blocks::BlockHeader>>,
     /// The peer's offer serving this read, once it arrived and was accepted.
     offer: Option<u64>,
     cancelled: bool,
@@ -571,107 +586,6 @@ impl Engine {
             self.release_dead();
         }
         self.actions.pop_front()
-    }
-
-    // ---- buffers ------------------------------------------------------------------------------
-
-    /// Makes a buffer known (the driver owns its memory).
-    pub fn add_buffer(&mut self, id: u64, size: u64, key: [u8; 16]) -> EngineResult<()> {
-        if self.buffers.contains_key(&id) {
-            return Err(EngineError::new(
-                Code::AlreadyExists,
-                format!("buffer {id} is already registered"),
-            ));
-        }
-        self.buffers.insert(
-            id,
-            BufferMeta {
-                size,
-                key,
-                users: 0,
-                watched: false,
-            },
-        );
-        Ok(())
-    }
-
-    /// Replaces a buffer's access key. Offers and reads already accepted keep going; every
-    /// later one must carry the new key.
-    pub fn rekey_buffer(&mut self, id: u64, key: [u8; 16]) -> EngineResult<()> {
-        let b = self
-            .buffers
-            .get_mut(&id)
-            .ok_or_else(|| EngineError::not_found(format!("buffer_id: buffer {id} does not exist")))?;
-        b.key = key;
-        Ok(())
-    }
-
-    /// Forgets a buffer; refused while transfers use it.
-    pub fn remove_buffer(&mut self, id: u64) -> EngineResult<()> {
-        let b = self
-            .buffers
-            .get(&id)
-            .ok_or_else(|| EngineError::not_found(format!("buffer_id: buffer {id} does not exist")))?;
-        if b.users > 0 {
-            return Err(EngineError::new(
-                Code::FailedPrecondition,
-                format!(
-                    "buffer {id} is in use by {} chunk ranges of active transfers",
-                    b.users
-                ),
-            ));
-        }
-        self.buffers.remove(&id);
-        Ok(())
-    }
-
-    /// Ranges of active transfers using a buffer.
-    pub fn buffer_users(&self, id: u64) -> Option<u32> {
-        self.buffers.get(&id).map(|b| b.users)
-    }
-
-    /// Asks for `Action::BufferIdle` once the buffer's last user ends. `true` (and no action)
-    /// when nothing uses it now, or it is unknown: the caller need not wait.
-    pub fn watch_buffer(&mut self, id: u64) -> bool {
-        match self.buffers.get_mut(&id) {
-            Some(b) if b.users > 0 => {
-                b.watched = true;
-                false
-            }
-            _ => true,
-        }
-    }
-
-    fn use_buffer(&mut self, id: u64) {
-        if let Some(b) = self.buffers.get_mut(&id) {
-            b.users += 1;
-        }
-    }
-
-    fn unuse_buffer(&mut self, id: u64) {
-        if let Some(b) = self.buffers.get_mut(&id) {
-            b.users = b.users.saturating_sub(1);
-            if b.users == 0 && std::mem::take(&mut b.watched) {
-                self.actions.push_back(Action::BufferIdle { buffer: id });
-            }
-        }
-    }
-
-    /// Entry `i`'s local range: `entries[i].local_buffer_id`, `.local_offset` and `.length`.
-    fn check_local(&self, i: usize, buffer: u64, offset: u64, len: u64) -> EngineResult<()> {
-        let b = self.buffers.get(&buffer).ok_or_else(|| {
-            EngineError::not_found(format!(
-                "entries[{i}].local_buffer_id: buffer {buffer} does not exist"
-            ))
-        })?;
-        check_bounds(
-            &format!("entries[{i}].local_offset"),
-            &format!("entries[{i}].length"),
-            &format!("buffer {buffer}"),
-            b.size,
-            offset,
-            len,
-        )
     }
 
     // ---- peers --------------------------------------------------------------------------------

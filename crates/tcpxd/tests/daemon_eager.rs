@@ -502,6 +502,8 @@ mod hostile {
             }],
             notification: Vec::new(),
             deadline_ms: 10_000,
+            coalesced: false,
+            blocks: None,
         }
     }
 
