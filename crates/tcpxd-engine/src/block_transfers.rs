@@ -5,8 +5,16 @@
 //! See [`crate::blocks`] for the lists, indices, plans and header, and docs/BLOCKS.md for the
 //! protocol.
 
-use super::blocks::{BlockList, IndexArray, Layout, Pieces};
+use super::blocks::{BlockError, BlockHeader, BlockList, IndexArray, Layout, PairLengths, Pieces, SidePlan};
+use super::coalesce::Places;
 use super::*;
+
+/// The local half of a block transfer, planned (`Engine::plan_local_blocks`).
+struct LocalBlocks {
+    buffer: u64,
+    plan: SidePlan,
+    header: BlockHeader,
+}
 
 /// The remote side of a block transfer, from the list owner's token and the caller's indices.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,7 +63,10 @@ impl Engine {
         }
     }
 
-    /// Starts a block WRITE: the local list's blocks to the peer's list.
+    /// Starts a block WRITE: the local list's blocks to the peer's list. Everything local is
+    /// checked first (the list, the indices inside it, the peer, the notification) and, as far as
+    /// the token tells (`blocks`, `block_len`), the remote side too: on error nothing changed.
+    /// The receiver checks the rest before any byte lands.
     pub fn start_write_blocks(
         &mut self,
         spec: BlockSpec,
@@ -63,25 +74,157 @@ impl Engine {
         deadline: Instant,
         now: Instant,
     ) -> EngineResult<TransferId> {
-        let _ = (spec, notification, deadline, now);
-        Err(EngineError::new(
-            Code::FailedPrecondition,
-            "block transfers are not wired into the engine yet",
-        ))
+        self.refuse_while_draining()?;
+        self.check_common(1, notification.len())?;
+        let local = self.plan_local_blocks(&spec, false)?;
+        let id = self.new_transfer(TransferKind::Write, local.header.total, 1, deadline);
+        let offer_id = self.next_offer;
+        self.next_offer += 1;
+        let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
+        let header = BlockHeader {
+            list_id: spec.remote.list_id,
+            access_key: spec.remote.access_key,
+            indices: spec.remote.indices,
+            lengths: local.header.lengths,
+            total: local.header.total,
+        };
+        let total = header.total;
+        self.make_offer(
+            spec.peer,
+            offer_id,
+            0,
+            Some(id),
+            vec![0],
+            Places::planned(local.buffer, local.plan),
+            Vec::new(),
+            Some(Box::new(header)),
+            notification,
+            deadline_ms,
+        );
+        self.add_part(id, offer_id, spec.peer);
+        self.announce(id, total);
+        Ok(id)
     }
 
-    /// Starts a block READ: the peer's list's blocks into the local list.
+    /// Starts a block READ: the peer's list's blocks into the local list. The local (destination)
+    /// indices may not name a block twice. The holder checks its side and answers with an offer
+    /// carrying back the header asked for.
     pub fn start_read_blocks(
         &mut self,
         spec: BlockSpec,
         deadline: Instant,
         now: Instant,
     ) -> EngineResult<TransferId> {
-        let _ = (spec, deadline, now);
-        Err(EngineError::new(
-            Code::FailedPrecondition,
-            "block transfers are not wired into the engine yet",
-        ))
+        self.refuse_while_draining()?;
+        self.check_common(1, 0)?;
+        let local = self.plan_local_blocks(&spec, true)?;
+        let total = local.header.total;
+        let id = self.new_transfer(TransferKind::Read, total, 1, deadline);
+        let read_id = self.next_read;
+        self.next_read += 1;
+        let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
+        let dest = Box::new(local.header);
+        self.actions.push_back(Action::Control {
+            peer: spec.peer,
+            msg: PeerMsg::ReadRequest {
+                read_id,
+                pairs: Vec::new(),
+                deadline_ms,
+                blocks: Some(Box::new(ReadBlocks {
+                    source_list: spec.remote.list_id,
+                    source_key: spec.remote.access_key,
+                    source_indices: spec.remote.indices,
+                    dest: (*dest).clone(),
+                })),
+            },
+        });
+        self.reads.insert(
+            read_id,
+            ReadPart {
+                peer: spec.peer,
+                transfer: id,
+                entries: vec![0],
+                pairs: Vec::new(),
+                blocks: Some(dest),
+                offer: None,
+                cancelled: false,
+            },
+        );
+        self.add_part(id, read_id, spec.peer);
+        self.announce(id, total);
+        Ok(id)
+    }
+
+    /// The local half of a block transfer, checked: the list, its indices (`destination`: none
+    /// twice), the peer, and the remote indices as far as the token tells (count, inside the
+    /// remote list, none twice for a WRITE's destination, pair lengths when the remote list is
+    /// uniform). Returns the plan and the local header (this list, its key, indices, lengths).
+    fn plan_local_blocks(&self, spec: &BlockSpec, destination: bool) -> EngineResult<LocalBlocks> {
+        let list = self.lists.get(spec.local_list).ok_or_else(|| {
+            EngineError::not_found(format!("local_list: list {} does not exist", spec.local_list))
+        })?;
+        self.live_peer("peer", spec.peer)?;
+        let (n, m) = (spec.local_indices.count(), spec.remote.indices.count());
+        if n == 0 {
+            return Err(BlockError::Empty {
+                field: "local_indices".into(),
+            }
+            .into());
+        }
+        if n != m {
+            return Err(BlockError::CountMismatch {
+                field: "remote_indices".into(),
+                got: m,
+                other: "local_indices".into(),
+                want: n,
+            }
+            .into());
+        }
+        let remote = &spec.remote;
+        if remote.blocks > 0 {
+            remote.indices.check(remote.blocks, "remote_indices")?;
+            if !destination {
+                remote.indices.check_distinct(remote.blocks, "remote_indices")?;
+            }
+        }
+        if destination {
+            spec.local_indices.check(list.len(), "local_indices")?;
+            spec.local_indices.check_distinct(list.len(), "local_indices")?;
+        }
+        let mut plan = SidePlan::default();
+        let mut remote_at = remote.indices.iter();
+        plan.rebuild(list, &spec.local_indices, "local_indices", |at, _, len| {
+            let r = remote_at.next().unwrap_or(0);
+            if remote.block_len > 0 && len != remote.block_len {
+                return Err(BlockError::LengthMismatch {
+                    field: "remote_indices".into(),
+                    at,
+                    index: r,
+                    len: remote.block_len,
+                    partner: len,
+                });
+            }
+            Ok(())
+        })?;
+        let lengths = PairLengths::of(list, &spec.local_indices, "local_indices")?;
+        let buffer = list.buffer();
+        let key = self.buffers.get(&buffer).map(|b| b.key).ok_or_else(|| {
+            EngineError::not_found(format!(
+                "local_list: the buffer of list {} is gone",
+                spec.local_list
+            ))
+        })?;
+        Ok(LocalBlocks {
+            buffer,
+            header: BlockHeader {
+                list_id: spec.local_list,
+                access_key: key,
+                indices: spec.local_indices.clone(),
+                lengths,
+                total: plan.total(),
+            },
+            plan,
+        })
     }
 
     // ---- queries --------------------------------------------------------------------------

@@ -65,6 +65,7 @@ impl Engine {
             buffer: 0,
             offset: 0,
             len,
+            pieces: false,
         };
         let key = (peer, item.offer);
         if let Some(o) = self.in_offers.get_mut(&key) {
@@ -327,7 +328,7 @@ impl Engine {
             let p = &mut self.peers[&peer];
             for l in &mut p.send {
                 for item in l.queue.iter_mut().filter(|i| i.offer == offer_id) {
-                    item.len = 0;
+                    item.empty();
                 }
             }
             if o.unfinished == 0 {
@@ -407,23 +408,47 @@ impl Engine {
         for (lane, l) in p.send.iter_mut().enumerate() {
             let eager = eager_lanes.contains(&(lane as u32));
             while let Some(item) = l.post_next(send_window, eager) {
-                self.actions.push_back(Action::PostSend {
-                    peer,
-                    lane: lane as u32,
-                    buffer: item.buffer,
-                    offset: item.offset,
-                    len: item.len,
+                let lane = lane as u32;
+                self.actions.push_back(if item.pieces {
+                    Action::PostGatherSend {
+                        peer,
+                        lane,
+                        buffer: item.buffer,
+                        offer: item.offer,
+                        wire: item.offset,
+                        len: item.len,
+                    }
+                } else {
+                    Action::PostSend {
+                        peer,
+                        lane,
+                        buffer: item.buffer,
+                        offset: item.offset,
+                        len: item.len,
+                    }
                 });
             }
         }
         for (lane, l) in p.recv.iter_mut().enumerate() {
             while let Some(item) = l.post_next(recv_window, false) {
-                self.actions.push_back(Action::PostRecv {
-                    peer,
-                    lane: lane as u32,
-                    buffer: item.buffer,
-                    offset: item.offset,
-                    len: item.len,
+                let lane = lane as u32;
+                self.actions.push_back(if item.pieces {
+                    Action::PostScatterRecv {
+                        peer,
+                        lane,
+                        buffer: item.buffer,
+                        offer: item.offer,
+                        wire: item.offset,
+                        len: item.len,
+                    }
+                } else {
+                    Action::PostRecv {
+                        peer,
+                        lane,
+                        buffer: item.buffer,
+                        offset: item.offset,
+                        len: item.len,
+                    }
                 });
             }
         }

@@ -210,21 +210,16 @@ impl Engine {
                     offer.first_lane, lanes.start, lanes.end
                 ));
             }
-            if offer.ranges.is_empty() || offer.ranges.len() > self.cfg.max_entries {
+            if offer.blocks.is_none()
+                && (offer.ranges.is_empty() || offer.ranges.len() > self.cfg.max_entries)
+            {
                 return Err(format!(
                     "{} ranges (1 to {} allowed)",
                     offer.ranges.len(),
                     self.cfg.max_entries
                 ));
             }
-            let chunks = offer
-                .ranges
-                .iter()
-                .try_fold(0u64, |n, r| {
-                    n.checked_add(r.length.div_ceil(u64::from(offer.chunk_bytes)))
-                })
-                .filter(|&n| n <= MAX_HEADER_CHUNKS);
-            if chunks.is_none() {
+            if coalesce::offer_chunks(&offer, MAX_HEADER_CHUNKS).is_none() {
                 return Err(format!("more than {MAX_HEADER_CHUNKS} chunks in one transfer"));
             }
             if self.in_offers.contains_key(&(peer, offer.offer_id)) {
@@ -236,14 +231,26 @@ impl Engine {
             return self.violation(peer, format!("header of transfer {}: {why}", offer.offer_id));
         }
         // What only this transfer rests on: refused, its chunks are consumed without unpacking.
-        let verdict = self.check_incoming(peer, &offer);
-        let lengths: Vec<u64> = offer.ranges.iter().map(|r| r.length).collect();
-        let accepted = verdict.is_ok();
-        let dests: Vec<(u64, u64)> = if accepted {
-            offer.ranges.iter().map(|r| (r.buffer_id, r.offset)).collect()
-        } else {
-            Vec::new()
+        let verdict = self.incoming_places(peer, &offer);
+        self.take_header(peer, offer, verdict, lanes);
+    }
+
+    /// Lays out a header's chunks on the eager lanes `lanes` (after the checks its plan rests on):
+    /// into its destinations when `verdict` is good, else to be consumed without unpacking (the
+    /// sender is told why).
+    pub(super) fn take_header(
+        &mut self,
+        peer: PeerIdx,
+        offer: Offer,
+        verdict: Result<coalesce::Places, (Code, String, u32)>,
+        lanes: Range<u32>,
+    ) {
+        let (dests, plan, verdict) = match verdict {
+            Ok(p) => (p.places, p.plan, Ok(())),
+            Err(e) => (Vec::new(), None, Err(e)),
         };
+        let lengths = Self::wire_lengths(&offer);
+        let accepted = verdict.is_ok();
         for &(b, _) in &dests {
             self.use_buffer(b);
         }
@@ -251,12 +258,23 @@ impl Engine {
         let p = &mut self.peers[&peer];
         p.received_eager += 1;
         for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, lanes.clone()) {
-            let dest = dests.get(c.range as usize).map(|&(b, off)| (b, off + c.offset));
-            p.recv[c.lane as usize].targets.push_back(Target {
-                offer: offer.offer_id,
-                dest,
-                len: c.len,
-            });
+            let target = if dests.is_empty() {
+                Target {
+                    offer: offer.offer_id,
+                    dest: None,
+                    len: c.len,
+                    pieces: false,
+                }
+            } else {
+                let item = coalesce::chunk_item(offer.offer_id, &dests, plan.as_ref(), &c);
+                Target {
+                    offer: offer.offer_id,
+                    dest: Some((item.buffer, item.offset)),
+                    len: c.len,
+                    pieces: item.pieces,
+                }
+            };
+            p.recv[c.lane as usize].targets.push_back(target);
             chunks_total += 1;
         }
         let read = (offer.read_id != 0).then_some(offer.read_id);
@@ -309,7 +327,7 @@ impl Engine {
                     discard: !accepted,
                     failed: !accepted,
                     notification: offer.notification,
-                    plan: None,
+                    plan,
                 },
             );
         }
@@ -349,12 +367,22 @@ impl Engine {
             // A transfer cancelled or failed since its header came: nothing lands.
             let keep = self.in_offers.get(&(peer, t.offer)).is_some_and(|o| !o.discard);
             let dest = t.dest.filter(|_| keep);
-            self.actions.push_back(Action::Land {
-                peer,
-                lane,
-                buffer: dest.map(|d| d.0),
-                offset: dest.map_or(0, |d| d.1),
-                len: t.len,
+            self.actions.push_back(match dest {
+                Some((buffer, wire)) if t.pieces => Action::LandScatter {
+                    peer,
+                    lane,
+                    buffer,
+                    offer: t.offer,
+                    wire,
+                    len: t.len,
+                },
+                _ => Action::Land {
+                    peer,
+                    lane,
+                    buffer: dest.map(|d| d.0),
+                    offset: dest.map_or(0, |d| d.1),
+                    len: t.len,
+                },
             });
         }
     }

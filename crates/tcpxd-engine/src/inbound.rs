@@ -41,7 +41,13 @@ impl Engine {
                 read_id,
                 pairs,
                 deadline_ms,
-                blocks: _,
+                blocks: Some(rb),
+            } => self.on_read_blocks(peer, read_id, pairs.len(), *rb, deadline_ms),
+            PeerMsg::ReadRequest {
+                read_id,
+                pairs,
+                deadline_ms,
+                blocks: None,
             } => self.on_read_request(peer, read_id, pairs, deadline_ms, now),
             PeerMsg::ReadReject {
                 read_id,
@@ -139,8 +145,16 @@ impl Engine {
                     0,
                 ));
             }
-            let asked: Vec<&RemoteRange> = read.pairs.iter().map(|p| &p.dest).collect();
-            if asked.len() != offer.ranges.len() || asked.iter().zip(&offer.ranges).any(|(a, b)| *a != b) {
+            let matches = match (&read.blocks, &offer.blocks) {
+                (None, None) => {
+                    read.pairs.len() == offer.ranges.len()
+                        && read.pairs.iter().zip(&offer.ranges).all(|(a, b)| a.dest == *b)
+                }
+                // The header the reader asked for, echoed whole.
+                (Some(asked), Some(got)) => asked == got && offer.ranges.is_empty(),
+                _ => false,
+            };
+            if !matches {
                 return Err((
                     Code::InvalidArgument,
                     format!("offer does not match read {}", offer.read_id),
@@ -159,7 +173,7 @@ impl Engine {
             range_index,
         };
         let (lanes, _) = self.peers[&peer].recv_split();
-        let verdict: Result<(), (Code, String, u32)> = (|| {
+        let verdict: Result<coalesce::Places, (Code, String, u32)> = (|| {
             if lanes.is_empty() {
                 // Nothing was posted for it: refusing keeps every lane in step.
                 return Err((
@@ -188,28 +202,36 @@ impl Engine {
                     0,
                 ));
             }
-            if offer.ranges.is_empty() || offer.ranges.len() > self.cfg.max_entries {
-                return Err((
-                    Code::InvalidArgument,
-                    format!(
-                        "{} ranges (1 to {} allowed)",
-                        offer.ranges.len(),
-                        self.cfg.max_entries
-                    ),
-                    0,
-                ));
-            }
-            self.check_incoming(peer, &offer)
+            self.incoming_places(peer, &offer)
         })();
-        if let Err((code, message, idx)) = verdict {
-            self.actions.push_back(Action::Control {
-                peer,
-                msg: reject(code, message, idx),
-            });
-            return;
-        }
-        let lengths: Vec<u64> = offer.ranges.iter().map(|r| r.length).collect();
-        let dests: Vec<(u64, u64)> = offer.ranges.iter().map(|r| (r.buffer_id, r.offset)).collect();
+        let coalesce::Places {
+            places: dests,
+            lengths,
+            plan,
+        } = match verdict {
+            Ok(places) => places,
+            Err((code, message, idx)) => {
+                self.actions.push_back(Action::Control {
+                    peer,
+                    msg: reject(code, message, idx),
+                });
+                return;
+            }
+        };
+        self.accept_offer(peer, offer, dests, lengths, plan, lanes);
+    }
+
+    /// Records an offer found good and queues its receives on the lanes `lanes`, in plan order;
+    /// answers `Accept`.
+    pub(super) fn accept_offer(
+        &mut self,
+        peer: PeerIdx,
+        offer: Offer,
+        dests: Vec<(u64, u64)>,
+        lengths: Vec<u64>,
+        plan: Option<blocks::SidePlan>,
+        lanes: Range<u32>,
+    ) {
         for &(b, _) in &dests {
             self.use_buffer(b);
         }
@@ -217,13 +239,12 @@ impl Engine {
         let p = &mut self.peers[&peer];
         p.received_rendezvous += 1;
         for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, lanes) {
-            let (b, off) = dests[c.range as usize];
-            p.recv[c.lane as usize].queue.push_back(Item {
-                offer: offer.offer_id,
-                buffer: b,
-                offset: off + c.offset,
-                len: c.len,
-            });
+            p.recv[c.lane as usize].queue.push_back(coalesce::chunk_item(
+                offer.offer_id,
+                &dests,
+                plan.as_ref(),
+                &c,
+            ));
             chunks_total += 1;
         }
         let read = (offer.read_id != 0).then_some(offer.read_id);
@@ -244,7 +265,7 @@ impl Engine {
                 discard: false,
                 failed: false,
                 notification: offer.notification,
-                plan: None,
+                plan,
             },
         );
         self.actions.push_back(Action::Control {
@@ -292,14 +313,12 @@ impl Engine {
         let p = &mut self.peers[&peer];
         let mut n = 0u64;
         for c in ChunkPlan::new(&o.lengths, o.chunk_bytes, o.first_lane, o.lanes.clone()) {
-            let (b, off) = o.sources[c.range as usize];
-            p.send[c.lane as usize].queue.push_back(Item {
-                offer: offer_id,
-                buffer: b,
-                offset: off + c.offset,
+            let mut item = coalesce::chunk_item(offer_id, &o.sources, o.plan.as_ref(), &c);
+            if o.cancelled {
                 // A cancelled offer still meets every posted receive, with nothing in it.
-                len: if o.cancelled { 0 } else { c.len },
-            });
+                item.empty();
+            }
+            p.send[c.lane as usize].queue.push_back(item);
             n += 1;
         }
         o.unfinished = n;
@@ -460,11 +479,22 @@ impl Engine {
         }
         let offer_id = self.next_offer;
         self.next_offer += 1;
-        let lengths: Vec<u64> = pairs.iter().map(|p| p.source.length).collect();
-        let sources: Vec<(u64, u64)> = pairs
-            .iter()
-            .map(|p| (p.source.buffer_id, p.source.offset))
-            .collect();
+        let one_local = coalesce::all_one(pairs.iter().map(|p| p.source.buffer_id));
+        let src = if coalesce::should_coalesce(one_local, pairs.iter().map(|p| &p.dest), self.cfg.chunk_bytes)
+        {
+            coalesce::Places::coalesced(
+                pairs[0].source.buffer_id,
+                pairs.iter().map(|p| (p.source.offset, p.source.length)),
+            )
+        } else {
+            coalesce::Places::ranges(
+                pairs
+                    .iter()
+                    .map(|p| (p.source.buffer_id, p.source.offset))
+                    .collect(),
+                pairs.iter().map(|p| p.source.length).collect(),
+            )
+        };
         let ranges: Vec<RemoteRange> = pairs.into_iter().map(|p| p.dest).collect();
         let entries = (0..ranges.len()).collect();
         self.make_offer(
@@ -473,9 +503,9 @@ impl Engine {
             read_id,
             None,
             entries,
-            sources,
-            lengths,
+            src,
             ranges,
+            None,
             Vec::new(),
             deadline_ms,
         );

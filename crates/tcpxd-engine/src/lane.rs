@@ -43,6 +43,7 @@ mod tests {
                 buffer: 1,
                 offset: offer * 10,
                 len: 10,
+                pieces: false,
             });
         }
         l
@@ -113,6 +114,7 @@ mod tests {
             buffer: 1,
             offset: 0,
             len: 1,
+            pieces: false,
         });
         l.note_window();
         assert_eq!(l.window_full, 2, "a new stretch");

@@ -54,8 +54,10 @@
 //! reported; `tick(now)`; the actions again; while draining, `is_drained(now)`; then, with
 //! nothing in flight, a sleep until a command or `next_deadline()`.
 
+mod block_offers;
 mod block_transfers;
 pub mod blocks;
+mod coalesce;
 mod completion;
 mod counters;
 pub mod credits;
@@ -106,7 +108,7 @@ pub struct EngineConfig {
     pub send_window: usize,
     /// Receives posted (until consumed) per lane at most; the plugin allows 16.
     pub recv_window: usize,
-    /// Entries per transfer (and ranges per offer).
+    /// Entries per transfer (and ranges per offer or read request).
     pub max_entries: usize,
     /// Notification bytes per transfer.
     pub max_notification: usize,
@@ -138,7 +140,7 @@ impl Default for EngineConfig {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             send_window: 12,
             recv_window: 16,
-            max_entries: 4096,
+            max_entries: DEFAULT_MAX_ENTRIES,
             max_notification: 1 << 20,
             protocol: Protocol::Rendezvous,
             credits: 16,
@@ -150,6 +152,10 @@ impl Default for EngineConfig {
         }
     }
 }
+
+/// `max_entries`' default: a batch of this many small entries of one buffer pair is coalesced
+/// into wire chunks (docs/BLOCKS.md), so it costs chunks, not entries.
+pub const DEFAULT_MAX_ENTRIES: usize = 65_536;
 
 /// `transfer.eager_max_bytes`' default: transfers up to 64 KiB go eager under `auto` (measured:
 /// eager wins for small transfers, rendezvous from 1-4 MiB up; docs/BENCHMARKS.md).
@@ -315,16 +321,22 @@ struct BufferMeta {
 struct Item {
     offer: u64,
     buffer: u64,
+    /// Where the bytes are in `buffer`; with `pieces`, the chunk's offset in its offer's wire
+    /// stream instead (the pieces come from the offer's plan).
     offset: u64,
     len: u32,
+    /// A block or coalesced chunk of several pieces: gathered (send) or scattered (receive).
+    pieces: bool,
 }
 
 /// Where one announced eager chunk goes: `dest` (buffer, offset), or nowhere (discarded).
 #[derive(Debug, Clone, Copy)]
 struct Target {
     offer: u64,
+    /// With `pieces`, (buffer, the chunk's offset in its offer's wire stream).
     dest: Option<(u64, u64)>,
     len: u32,
+    pieces: bool,
 }
 
 #[derive(Debug, Default)]
@@ -470,6 +482,8 @@ struct ReadPart {
     transfer: TransferId,
     entries: Vec<usize>,
     pairs: Vec<ReadPair>,
+    /// A block READ: the header the holder's offer must carry back (our list, indices, lengths).
+    blocks: Option<Box<blocks::BlockHeader>>,
     /// The peer's offer serving this read, once it arrived and was accepted.
     offer: Option<u64>,
     cancelled: bool,
@@ -622,6 +636,8 @@ impl Engine {
             ));
         }
         self.buffers.remove(&id);
+        // Its block lists go with it (transfers under way keep their plans).
+        self.lists.release_buffer(id);
         Ok(())
     }
 

@@ -112,21 +112,31 @@ impl Engine {
         for (peer, idxs) in by_peer {
             let offer_id = self.next_offer;
             self.next_offer += 1;
-            let lengths: Vec<u64> = idxs.iter().map(|&i| specs[i].remote.length).collect();
-            let sources: Vec<(u64, u64)> = idxs
-                .iter()
-                .map(|&i| (specs[i].local_buffer, specs[i].local_offset))
-                .collect();
             let ranges: Vec<RemoteRange> = idxs.iter().map(|&i| specs[i].remote.clone()).collect();
+            let one_local = coalesce::all_one(idxs.iter().map(|&i| specs[i].local_buffer));
+            let src = if coalesce::should_coalesce(one_local, &ranges, self.cfg.chunk_bytes) {
+                coalesce::Places::coalesced(
+                    specs[idxs[0]].local_buffer,
+                    idxs.iter()
+                        .map(|&i| (specs[i].local_offset, specs[i].remote.length)),
+                )
+            } else {
+                coalesce::Places::ranges(
+                    idxs.iter()
+                        .map(|&i| (specs[i].local_buffer, specs[i].local_offset))
+                        .collect(),
+                    idxs.iter().map(|&i| specs[i].remote.length).collect(),
+                )
+            };
             self.make_offer(
                 peer,
                 offer_id,
                 0,
                 Some(id),
                 idxs,
-                sources,
-                lengths,
+                src,
                 ranges,
+                None,
                 notification.clone(),
                 deadline_ms,
             );
@@ -137,7 +147,8 @@ impl Engine {
     }
 
     /// Records an offer this node makes and sends it, or keeps it until the peer's receive mode
-    /// is known.
+    /// is known. `src`: where its chunks come from (per range, or planned: coalesced or blocks,
+    /// with the block header for the receiver in `blocks`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn make_offer(
         &mut self,
@@ -146,15 +157,21 @@ impl Engine {
         read_id: u64,
         transfer: Option<TransferId>,
         entries: Vec<usize>,
-        sources: Vec<(u64, u64)>,
-        lengths: Vec<u64>,
+        src: coalesce::Places,
         ranges: Vec<RemoteRange>,
+        blocks: Option<Box<blocks::BlockHeader>>,
         notification: Vec<u8>,
         deadline_ms: u64,
     ) {
+        let coalesce::Places {
+            places: sources,
+            lengths,
+            plan,
+        } = src;
         for &(b, _) in &sources {
             self.use_buffer(b);
         }
+        let coalesced = plan.is_some() && blocks.is_none();
         self.out_offers.insert(
             offer_id,
             OutOffer {
@@ -175,8 +192,8 @@ impl Engine {
                     ranges,
                     notification,
                     deadline_ms,
-                    blocks: None,
-                    coalesced: false,
+                    blocks,
+                    coalesced,
                 }),
                 eager: false,
                 accepted: false,
@@ -184,7 +201,7 @@ impl Engine {
                 unfinished: 0,
                 done: false,
                 sent: false,
-                plan: None,
+                plan,
             },
         );
         let p = &mut self.peers[&peer];
@@ -294,6 +311,7 @@ impl Engine {
                     transfer: id,
                     entries: idxs,
                     pairs,
+                    blocks: None,
                     offer: None,
                     cancelled: false,
                 },

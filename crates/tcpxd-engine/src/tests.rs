@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::*;
 
 mod auto;
+mod coalesced;
 mod eager;
 mod lifecycle;
 mod release;
@@ -363,10 +364,10 @@ fn local_validation_names_the_field_and_changes_nothing_in_mode() {
             "notification",
         ),
         (
-            vec![spec(1, 0, 0, 1); 4097],
+            vec![spec(1, 0, 0, 1); DEFAULT_MAX_ENTRIES + 1],
             vec![],
             Code::InvalidArgument,
-            "4097 entries",
+            "65537 entries exceed the limit of 65536",
         ),
     ];
     for (specs, note, code, words) in cases {

@@ -502,6 +502,7 @@ mod hostile {
             }],
             notification: Vec::new(),
             deadline_ms: 10_000,
+            coalesced: false,
         }
     }
 

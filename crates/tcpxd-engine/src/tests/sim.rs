@@ -42,11 +42,65 @@ pub(super) fn recv_lanes(lanes: u32, cfg: &EngineConfig) -> u32 {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct Post {
     pub(super) buffer: u64,
     pub(super) offset: u64,
     pub(super) len: u32,
+    /// A gathered send: its bytes, copied from the pieces when it was posted (the staging slot).
+    pub(super) staged: Option<Vec<u8>>,
+    /// A scatter receive: (offer, wire); its bytes go to the pieces when it completes.
+    pub(super) scatter: Option<(u64, u64)>,
+}
+
+impl Post {
+    pub(super) fn plain(buffer: u64, offset: u64, len: u32) -> Post {
+        Post {
+            buffer,
+            offset,
+            len,
+            staged: None,
+            scatter: None,
+        }
+    }
+}
+
+/// Counts of the gather and scatter actions executed (what the property tests check was used).
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct PieceStats {
+    pub(super) gathers: u64,
+    pub(super) scatters: u64,
+    pub(super) land_scatters: u64,
+    /// Pieces copied in all (gathered or scattered).
+    pub(super) pieces: u64,
+}
+
+/// Copies a send's pieces out of `buf` (the driver's gather into a staging slot), checking that
+/// they tile the chunk in wire order and lie inside the buffer.
+pub(super) fn gather(buf: &[u8], pieces: blocks::Pieces<'_>, len: u32) -> (Vec<u8>, u64) {
+    let mut out = Vec::with_capacity(len as usize);
+    let mut n = 0;
+    for p in pieces {
+        assert_eq!(p.wire as usize, out.len(), "pieces tile the chunk in order");
+        out.extend_from_slice(&buf[p.offset as usize..][..p.len as usize]);
+        n += 1;
+    }
+    assert_eq!(out.len(), len as usize, "the pieces cover the chunk");
+    (out, n)
+}
+
+/// Copies a received chunk's bytes to its pieces in `buf` (the driver's scatter).
+pub(super) fn scatter(buf: &mut [u8], pieces: blocks::Pieces<'_>, data: &[u8]) -> u64 {
+    let mut n = 0;
+    let mut at = 0usize;
+    for p in pieces {
+        assert_eq!(p.wire as usize, at, "pieces tile the chunk in order");
+        buf[p.offset as usize..][..p.len as usize].copy_from_slice(&data[at..][..p.len as usize]);
+        at += p.len as usize;
+        n += 1;
+    }
+    assert_eq!(at, data.len(), "the pieces cover the chunk");
+    n
 }
 
 #[derive(Default)]
@@ -74,6 +128,7 @@ pub(super) struct Node {
     pub(super) progress: HashMap<TransferId, u64>,
     /// Buffers reported idle (`Action::BufferIdle`), in order.
     pub(super) idle: Vec<u64>,
+    pub(super) pieces: PieceStats,
 }
 
 pub(super) struct Sim {
@@ -129,6 +184,7 @@ impl Sim {
                 closed: Vec::new(),
                 progress: HashMap::new(),
                 idle: Vec::new(),
+                pieces: PieceStats::default(),
             }
         };
         let mut sim = Sim {
@@ -197,7 +253,7 @@ impl Sim {
                         ..
                     } => self.wires[i][lane as usize]
                         .sends
-                        .push_back(Post { buffer, offset, len }),
+                        .push_back(Post::plain(buffer, offset, len)),
                     Action::PostRecv {
                         lane,
                         buffer,
@@ -206,13 +262,68 @@ impl Sim {
                         ..
                     } => self.wires[1 - i][lane as usize]
                         .recvs
-                        .push_back(Post { buffer, offset, len }),
-                    Action::PostCredit { lane, len, .. } => {
+                        .push_back(Post::plain(buffer, offset, len)),
+                    Action::PostCredit { lane, len, .. } => self.wires[1 - i][lane as usize]
+                        .recvs
+                        .push_back(Post::plain(LANDING, 0, len)),
+                    Action::PostGatherSend {
+                        lane,
+                        buffer,
+                        offer,
+                        wire,
+                        len,
+                        ..
+                    } => {
+                        let n = &mut self.nodes[i];
+                        let pieces = n
+                            .eng
+                            .send_pieces(offer, wire, len)
+                            .expect("a gather for a live offer");
+                        let (data, count) = gather(&n.bufs[&buffer], pieces, len);
+                        n.pieces.gathers += 1;
+                        n.pieces.pieces += count;
+                        self.wires[i][lane as usize].sends.push_back(Post {
+                            staged: Some(data),
+                            ..Post::plain(buffer, wire, len)
+                        });
+                    }
+                    Action::PostScatterRecv {
+                        lane,
+                        buffer,
+                        offer,
+                        wire,
+                        len,
+                        ..
+                    } => {
+                        self.nodes[i].pieces.scatters += 1;
                         self.wires[1 - i][lane as usize].recvs.push_back(Post {
-                            buffer: LANDING,
-                            offset: 0,
-                            len,
-                        })
+                            scatter: Some((offer, wire)),
+                            ..Post::plain(buffer, wire, len)
+                        });
+                    }
+                    Action::LandScatter {
+                        lane,
+                        buffer,
+                        offer,
+                        wire,
+                        len,
+                        ..
+                    } => {
+                        let w = &mut self.wires[1 - i][lane as usize];
+                        let data = w.held.pop_front().expect("a Land with no landed receive");
+                        w.consume_pending += 1;
+                        let n = &mut self.nodes[i];
+                        n.pieces.land_scatters += 1;
+                        // An emptied chunk (its sender cancelled) brings nothing.
+                        if !data.is_empty() {
+                            assert_eq!(data.len(), len as usize, "a chunk landed with another size");
+                            let pieces = n
+                                .eng
+                                .recv_pieces(P, offer, wire, len)
+                                .expect("a scatter for a live offer");
+                            let dst = n.bufs.get_mut(&buffer).expect("Land into a known buffer");
+                            n.pieces.pieces += scatter(dst, pieces, &data);
+                        }
                     }
                     Action::Land {
                         lane,
@@ -255,11 +366,6 @@ impl Sim {
                     Action::ClosePeer { reason, .. } => self.nodes[i].closed.push(reason),
                     Action::ReleasePeer { peer } => panic!("{peer:?} released: a pair's only pairing"),
                     Action::BufferIdle { buffer } => self.nodes[i].idle.push(buffer),
-                    a @ (Action::PostGatherSend { .. }
-                    | Action::PostScatterRecv { .. }
-                    | Action::LandScatter { .. }) => {
-                        panic!("the simulation does not gather or scatter yet: {a:?}")
-                    }
                 }
             }
             let c = self.nodes[i].eng.peer_counters(P).unwrap();
@@ -284,7 +390,7 @@ impl Sim {
             for lane in 0..self.wires[from].len() {
                 loop {
                     let w = &mut self.wires[from][lane];
-                    let (Some(s), Some(r)) = (w.sends.front().copied(), w.recvs.front().copied()) else {
+                    let (Some(s), Some(r)) = (w.sends.front().cloned(), w.recvs.front().cloned()) else {
                         break;
                     };
                     w.sends.pop_front();
@@ -298,22 +404,35 @@ impl Sim {
                         s.len,
                         r.len
                     );
-                    if r.buffer == LANDING {
-                        let src = if s.len > 0 {
+                    let src = match s.staged {
+                        Some(data) => data,
+                        None if s.len > 0 => {
                             self.nodes[from].bufs[&s.buffer][s.offset as usize..][..s.len as usize].to_vec()
-                        } else {
-                            Vec::new()
-                        };
+                        }
+                        None => Vec::new(),
+                    };
+                    if r.buffer == LANDING {
                         self.wires[from][lane].held.push_back(src);
                     } else if s.len > 0 {
                         assert_eq!(
                             s.len, r.len,
                             "a live chunk met a receive of another size: orders disagree"
                         );
-                        let src =
-                            self.nodes[from].bufs[&s.buffer][s.offset as usize..][..s.len as usize].to_vec();
-                        let dst = self.nodes[1 - from].bufs.get_mut(&r.buffer).unwrap();
-                        dst[r.offset as usize..][..s.len as usize].copy_from_slice(&src);
+                        let n = &mut self.nodes[1 - from];
+                        match r.scatter {
+                            Some((offer, wire)) => {
+                                // The driver scatters once the receive completed; a transfer the
+                                // receiver dropped since (its peer failed) has no pieces left.
+                                if let Some(pieces) = n.eng.recv_pieces(P, offer, wire, r.len) {
+                                    let dst = n.bufs.get_mut(&r.buffer).unwrap();
+                                    n.pieces.pieces += scatter(dst, pieces, &src);
+                                }
+                            }
+                            None => {
+                                let dst = n.bufs.get_mut(&r.buffer).unwrap();
+                                dst[r.offset as usize..][..s.len as usize].copy_from_slice(&src);
+                            }
+                        }
                     }
                 }
                 // Eager lanes: every send the sender posted finds a receive posted for it

@@ -167,6 +167,7 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
         ranges: o.ranges.iter().map(range_to_pb).collect(),
         notification: o.notification.clone(),
         deadline_ms: o.deadline_ms,
+        coalesced: o.coalesced,
     };
     let body = match m {
         PeerMsg::ReceiveMode {
@@ -294,7 +295,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                 notification: o.notification,
                 deadline_ms: o.deadline_ms,
                 blocks: None,
-                coalesced: false,
+                coalesced: o.coalesced,
             })
         }
         Body::Offer(o) => {
@@ -314,7 +315,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                     notification: o.notification,
                     deadline_ms: o.deadline_ms,
                     blocks: None,
-                    coalesced: false,
+                    coalesced: o.coalesced,
                 }),
                 Err(why) => {
                     return Err(Malformed::Refuse(engine::Malformed::Offer {

@@ -263,6 +263,7 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             ranges,
             notification: Vec::new(),
             deadline_ms: 10_000,
+            coalesced: false,
         }
     };
     let ok_range = || range(dst.id, &key, 0, 4096);
