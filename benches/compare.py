@@ -27,6 +27,11 @@ once the plugin took the bytes, so the next message is often in the receiver's b
 the receiver's timer starts, and the row times little more than the unpack (4 KiB: 14-19 µs on
 one H100, with or without a barrier before each message).
 
+--blocks N (with --block-size S) adds a row of block transfers: `tcpxctl bench transfer --blocks N
+--block-size S` between the two daemons (N blocks of S bytes per WriteBlocks, both sides scattered
+by a seeded permutation) beside one contiguous transfer of the same bytes in the same run: both GB/s,
+their ratio and the posting time (until the daemon answered TransferStarted).
+
 --rounds N runs the harnesses N times, alternating (nccl-socket, nccl-plugin, raw, daemon, then
 again), so that a burst of host noise lands in one round of one harness rather than in all of one
 harness's sizes; each row of the table is then that harness's median round by GB/s, and every
@@ -139,6 +144,21 @@ def mps(on, env):
         print("== MPS control daemon quit", flush=True)
 
 
+def load_blocks(path):
+    """The block row (harness "daemon-blocks") of a run, if any (the median round's with --rounds)."""
+    if not os.path.exists(path):
+        return None
+    found = None
+    for line in open(path):
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if r.get("harness") == "daemon-blocks" and "round" not in r:
+            found = r
+    return found
+
+
 def load(path, harness):
     rows = {}
     if not os.path.exists(path):
@@ -158,6 +178,7 @@ def combine_rounds(out, rounds):
     even count), with every round's GB/s in `gb_per_s_rounds`, and keeps each round's rows in
     `out` too, marked with their round."""
     per = {}
+    blocks = []
     with open(out, "a") as f:
         for rnd in range(1, rounds + 1):
             path = f"{out}.round{rnd}"
@@ -167,6 +188,10 @@ def combine_rounds(out, rounds):
                 try:
                     r = json.loads(line)
                 except json.JSONDecodeError:
+                    continue
+                if r.get("harness") == "daemon-blocks":
+                    blocks.append(r)
+                    f.write(json.dumps({**r, "round": rnd}) + "\n")
                     continue
                 if r.get("harness") not in HARNESSES:
                     continue
@@ -180,6 +205,12 @@ def combine_rounds(out, rounds):
             mid["rounds"] = len(rs)
             mid["gb_per_s_rounds"] = [r["gb_per_s"] for r in rs]
             mid.pop("round", None)
+            f.write(json.dumps(mid) + "\n")
+        if blocks:
+            by = sorted(blocks, key=lambda r: r["scattered"]["gbps"])
+            mid = dict(by[(len(by) - 1) // 2])
+            mid["rounds"] = len(blocks)
+            mid["scattered_gbps_rounds"] = [r["scattered"]["gbps"] for r in blocks]
             f.write(json.dumps(mid) + "\n")
 
 
@@ -203,6 +234,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the harnesses this many times, alternating; each row is then the median "
                     "round (by GB/s), and every round's figures are printed and kept in --out")
+    ap.add_argument("--blocks", type=int, default=0,
+                    help="also a block-transfer row: N blocks per transfer, both sides scattered (0: none)")
+    ap.add_argument("--block-size", default="16K", help="bytes per block with --blocks")
     ap.add_argument("--nccl-free-running", action="store_true",
                     help="time NCCL at the receiver, with no reply (the sender runs ahead; the old rows)")
     args = ap.parse_args()
@@ -278,6 +312,14 @@ def main():
                      "--out", rout] + common,
                     env, args.logs, args.timeout, machine,
                 )
+            if args.blocks:
+                results["daemon-blocks" + tag] = run(
+                    "daemon-blocks" + tag,
+                    [tcpxctl, "bench", "transfer", "--daemon", tcpxd, "--op", args.op, "--cuda", "0", "--peer-cuda", peer_cuda,
+                     "--blocks", str(args.blocks), "--block-size", args.block_size, "--iters", str(args.iters),
+                     "--warmup", str(args.warmup), "--out", rout],
+                    env, args.logs, args.timeout, machine,
+                )
 
     if args.rounds > 1:
         combine_rounds(out, args.rounds)
@@ -323,6 +365,16 @@ def main():
         summary.append(
             {"block_bytes": s, "concurrency": args.concurrency, "daemon_over_raw": r1, "daemon_over_nccl_plugin": r2}
         )
+    b = load_blocks(out)
+    if b:
+        sc, co = b["scattered"], b["contiguous"]
+        print(f"blocks: {b['blocks']} x {fmt_size(b['block_size'])} per transfer ({fmt_size(b['bytes'])}), both sides "
+              f"permuted (seed {b['seed']}), {b['op']}, checked: {b['checked']}")
+        print(f"  scattered  {sc['gbps']:8.2f} GB/s   posting p50 {sc['posting_p50_us']:9.0f} us   p50 {sc['latency_p50_us']:9.0f} us")
+        print(f"  contiguous {co['gbps']:8.2f} GB/s   posting p50 {co['posting_p50_us']:9.0f} us   p50 {co['latency_p50_us']:9.0f} us")
+        print(f"  scattered/contiguous {b['ratio']:.2f}"
+              + (f" (median of {b['rounds']} rounds: " + " ".join(f"{g:.2f}" for g in b["scattered_gbps_rounds"]) + " GB/s)"
+                 if "rounds" in b else ""))
     if args.rounds > 1:
         print(f"Each row above is the median of {args.rounds} rounds by GB/s; every round's GB/s:")
         for s in sizes:

@@ -109,15 +109,15 @@ def test_refused_submit_raises_its_exception(peered, path):
 
 
 def test_a_request_too_large_for_a_frame_fails_alone(peered):
-    """The local session's frames stop at 4 MiB (gRPC's messages at 16): such a request fails with
+    """The local session's frames stop at 64 MiB: a larger request fails with
     ResourceExhausted naming the limit, without reaching the daemon; the session goes on."""
     a, b = peered
     with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
         with ca.register_host(MIB) as src, cb.register_host(MIB) as dst:
             with ca.session() as s:
                 assert s.path == "local session"
-                huge = s.write(src, dst, 16, notification=bytes(5 * MIB))
-                with pytest.raises(tcpxd.ResourceExhausted, match="4194304-byte frame limit"):
+                huge = s.write(src, dst, 16, notification=bytes(65 * MIB))
+                with pytest.raises(tcpxd.ResourceExhausted, match="67108864-byte frame limit"):
                     huge.result(timeout=30)
                 assert s.write(src, dst, 16).result(timeout=30).bytes_done == 16
 

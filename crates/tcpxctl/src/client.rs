@@ -163,8 +163,14 @@ pub fn endpoint_from_env() -> String {
 /// there is reported here, with the endpoint named.
 pub async fn connect(endpoint: &str) -> Result<ApiClient, ClientError> {
     let (channel, token) = connect_channel(endpoint).await?;
-    Ok(TcpxdClient::with_interceptor(channel, token))
+    Ok(TcpxdClient::with_interceptor(channel, token)
+        .max_decoding_message_size(MAX_MESSAGE)
+        .max_encoding_message_size(MAX_MESSAGE))
 }
+
+/// Largest message either way, as the daemon's own limit (64 MiB): a block transfer naming
+/// 1,000,000 scattered blocks a side fits.
+pub const MAX_MESSAGE: usize = 64 << 20;
 
 /// Connects to a daemon's client API endpoint and returns the channel with the bearer token
 /// that must go on every call over TCP (for other services on it, such as gRPC health).

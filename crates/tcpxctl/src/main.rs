@@ -290,6 +290,124 @@ mod tests {
     }
 
     #[test]
+    fn block_subcommands() {
+        for args in [
+            &["blocks", "register", "--buffer", "1", "--block-size", "16K"][..],
+            &[
+                "blocks",
+                "register",
+                "--buffer",
+                "1",
+                "--block-size",
+                "4K",
+                "--count",
+                "8",
+                "--stride",
+                "8K",
+                "-q",
+            ],
+            &[
+                "blocks",
+                "register",
+                "--buffer",
+                "1",
+                "--block-size",
+                "4K",
+                "--offsets",
+                "0,8K,4K",
+            ],
+            &[
+                "blocks",
+                "register",
+                "--buffer",
+                "1",
+                "--offsets",
+                "@o.txt",
+                "--lengths",
+                "@l.txt",
+            ],
+            &["blocks", "describe", "3"],
+            &["blocks", "release", "3"],
+            &[
+                "write-blocks",
+                "--list",
+                "1",
+                "--indices",
+                "0-99,200",
+                "--remote",
+                "t",
+                "--remote-indices",
+                "@f",
+            ],
+            &[
+                "read-blocks",
+                "--remote",
+                "t",
+                "--remote-indices",
+                "0-9",
+                "--list",
+                "2",
+                "--indices",
+                "5-14",
+                "--no-wait",
+            ],
+            &[
+                "bench",
+                "transfer",
+                "--blocks",
+                "1000",
+                "--block-size",
+                "16K",
+                "--seed",
+                "3",
+                "--op",
+                "read",
+            ],
+            &["bench", "transfer", "--sizes", "4K"],
+        ] {
+            parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        }
+        for bad in [
+            &["blocks", "register", "--buffer", "1"][..],
+            &[
+                "blocks",
+                "register",
+                "--buffer",
+                "1",
+                "--block-size",
+                "4K",
+                "--count",
+                "2",
+                "--offsets",
+                "0",
+            ],
+            &[
+                "blocks",
+                "register",
+                "--buffer",
+                "1",
+                "--block-size",
+                "4K",
+                "--lengths",
+                "1",
+            ],
+            &["write-blocks", "--list", "1", "--indices", "0", "--remote", "t"],
+            &["bench", "transfer", "--blocks", "1000"],
+            &["bench", "transfer", "--block-size", "4K"],
+            &["bench", "transfer", "--seed", "4"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} parsed");
+        }
+        let cli = parse(&["bench", "transfer", "--blocks", "10", "--block-size", "4K"]).unwrap();
+        let Command::Client(ClientCommand::Bench(tcpxctl::cli::args::BenchCommand::Transfer(t))) =
+            cli.command
+        else {
+            panic!("not bench transfer");
+        };
+        assert_eq!((t.blocks, t.block_size, t.seed), (Some(10), Some(4096), 1));
+    }
+
+    #[test]
     fn other_subcommands() {
         for args in [
             &["peer", "connect", "10.0.0.2:50052"][..],

@@ -284,3 +284,88 @@ fn bench_transfer_on_cuda_memory_with_the_raw_bench() {
         assert_eq!(r["verified"], true, "{r}");
     }
 }
+
+/// `--blocks N --block-size S`: one row, scattered beside contiguous, both verified, then the
+/// same as a READ in a table.
+#[test]
+fn bench_transfer_blocks_measures_scattered_beside_contiguous() {
+    let out_file = temp_file("blocks.jsonl");
+    let daemon = common::tcpxd_bin().display().to_string();
+    let out = tcpxctl(&[
+        "bench",
+        "transfer",
+        "--blocks",
+        "512",
+        "--block-size",
+        "4K",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--seed",
+        "7",
+        "--daemon",
+        &daemon,
+        "--out",
+        out_file.to_str().unwrap(),
+        "--json",
+    ]);
+    let rows = json_lines(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(rows.len(), 1, "one block row");
+    let r = &rows[0];
+    assert_eq!(r["harness"], "daemon-blocks", "{r}");
+    assert_eq!(r["op"], "WRITE", "{r}");
+    assert_eq!(
+        (
+            r["blocks"].as_u64(),
+            r["block_size"].as_u64(),
+            r["bytes"].as_u64()
+        ),
+        (Some(512), Some(4096), Some(512 * 4096)),
+        "{r}"
+    );
+    assert_eq!(
+        (r["verified"].as_bool(), r["checked"].as_str()),
+        (Some(true), Some("all pairs")),
+        "{r}"
+    );
+    for side in ["scattered", "contiguous"] {
+        let f = |k: &str| {
+            r[side][k]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{side}.{k} missing in {r}"))
+        };
+        assert!(f("gbps") > 0.0, "{r}");
+        assert!(
+            f("posting_p50_us") > 0.0 && f("posting_p50_us") <= f("latency_p50_us"),
+            "{r}"
+        );
+    }
+    assert!(r["ratio"].as_f64().is_some_and(|x| x > 0.0), "{r}");
+    let saved = json_lines(&std::fs::read_to_string(&out_file).expect("--out written"));
+    assert_eq!(saved, rows, "--out holds the same row");
+    let _ = std::fs::remove_file(&out_file);
+
+    let out = tcpxctl(&[
+        "bench",
+        "transfer",
+        "--op",
+        "read",
+        "--blocks",
+        "300",
+        "--block-size",
+        "1000",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+        "--daemon",
+        &daemon,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("scattered") && text.contains("contiguous"),
+        "{text}"
+    );
+    assert!(text.contains("scattered/contiguous:"), "{text}");
+}

@@ -23,8 +23,9 @@ use crate::net::Plugin;
 use crate::peers::{MAX_CONTROL_MESSAGE, Peers};
 use crate::poller::{Command, DrainReport, PollerConfig, PollerHandle};
 
-/// Largest client request (a 4096-entry batch with a 1 MiB notification, 1 MiB reads).
-const MAX_API_MESSAGE: usize = 16 << 20;
+/// Largest client request or answer: a block transfer of 1,000,000 scattered blocks a side (4 MB
+/// of indices each), a list of 1,000,000 explicit blocks (12 MB); clients raise theirs to match.
+pub const MAX_API_MESSAGE: usize = 64 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {

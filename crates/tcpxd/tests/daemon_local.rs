@@ -313,12 +313,12 @@ async fn broken_frames_are_refused_under_tag_zero_then_closed() {
     s.send(2, Op::CancelTag(99)).await;
     let (tag, _, _) = refused(s.next().await);
     assert_eq!(tag, 2);
-    s.send_raw(&(4_194_305u32).to_be_bytes()).await;
+    s.send_raw(&(67_108_865u32).to_be_bytes()).await;
     // Some of the oversized body follows, as a real client would send it.
     s.send_raw(&vec![7u8; 64 << 10]).await;
     let (tag, code, msg) = refused(s.next().await);
     assert_eq!((tag, code), (0, tonic::Code::ResourceExhausted as i32));
-    assert_eq!(msg, "frame: 4194305 bytes is over the 4194304-byte limit");
+    assert_eq!(msg, "frame: 67108865 bytes is over the 67108864-byte limit");
     s.assert_eof().await;
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut b.client).await;

@@ -19,8 +19,8 @@ from ._ops import (
 )
 from . import _tensor
 from ._tensor import cuda_ipc_view, ready_event
-from .aio import AsyncBuffer, AsyncClient, AsyncSession, AsyncSubscription, AsyncTransfer
-from .client import Buffer, Client, Session, Subscription, Transfer
+from .aio import AsyncBlockList, AsyncBuffer, AsyncClient, AsyncSession, AsyncSubscription, AsyncTransfer
+from .client import BlockList, Buffer, Client, Session, Subscription, Transfer
 from .errors import (
     Aborted,
     AlreadyExists,
@@ -47,11 +47,13 @@ __all__ = [
     "DEFAULT_ENDPOINT",
     "Aborted",
     "AlreadyExists",
+    "AsyncBlockList",
     "AsyncBuffer",
     "AsyncClient",
     "AsyncSession",
     "AsyncSubscription",
     "AsyncTransfer",
+    "BlockList",
     "Buffer",
     "Cancelled",
     "Client",

@@ -32,7 +32,7 @@ from .errors import Cancelled, DeadlineExceeded, TcpxdError, Unavailable, from_s
 #: What both sides send first.
 PREFACE = b"TCPXD/1\n"
 #: The largest frame the daemon takes; a larger request goes through gRPC (16 MiB messages).
-MAX_FRAME = 4 << 20
+MAX_FRAME = 64 << 20
 #: How long connecting and the preface exchange may take before the client uses gRPC instead.
 HANDSHAKE_TIMEOUT = 5.0
 #: How long past a transfer's `timeout=` the client waits for the daemon's answer (which says

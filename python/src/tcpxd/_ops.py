@@ -14,7 +14,7 @@ from .errors import InvalidArgument, from_status
 #: The daemon's default API socket.
 DEFAULT_ENDPOINT = "unix:/run/tcpxd/tcpxd.sock"
 #: Largest client message the daemon accepts (crates/tcpxd/src/daemon.rs MAX_API_MESSAGE).
-MAX_MESSAGE = 16 << 20
+MAX_MESSAGE = 64 << 20
 #: ReadBuffer's and FillBuffer's largest range per call.
 MAX_SMALL_IO = 1 << 20
 

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Dict, List, Optional, Sequence, Set
 import grpc
 import grpc.aio
 
-from . import _hostmem, _local, _ops, _proto, _tensor
+from . import _blocks, _hostmem, _local, _ops, _proto, _tensor
 from ._ops import BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp
 from .client import DEFAULT_CALL_TIMEOUT, SESSION_FIELD, local_end, settle, too_large
 from .errors import Cancelled, DeadlineExceeded, TcpxdError, Unavailable, from_rpc_error, from_status
@@ -142,6 +142,45 @@ class AsyncSubscription:
         self.close()
 
 
+class AsyncBlockList:
+    """As tcpxd.BlockList, for the asyncio client: `async with` releases it."""
+
+    def __init__(self, client: "AsyncClient", msg: Any):
+        self._client = client
+        self._update(msg)
+        self.released = False
+
+    def _update(self, msg: Any) -> None:
+        f = _blocks.ListFields.of(msg)
+        self.id: int = f.id
+        self.buffer_id: int = f.buffer_id
+        self.token: str = f.token
+        self.count: int = f.count
+        self.block_length: int = f.block_length
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"AsyncBlockList(id={self.id}, buffer_id={self.buffer_id}, count={self.count}, block_length={self.block_length})"
+
+    async def refresh(self) -> str:
+        msg = await self._client._unary("DescribeBlocks", _proto.message("DescribeBlocksRequest")(list_id=self.id))
+        self._update(msg)
+        return self.token
+
+    async def release(self) -> None:
+        if not self.released:
+            await self._client._unary("ReleaseBlocks", _proto.message("ReleaseBlocksRequest")(list_id=self.id))
+            self.released = True
+
+    async def __aenter__(self) -> "AsyncBlockList":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.release()
+
+
 class AsyncSession:
     """Many transfers in flight on one stream: each submit returns an asyncio.Future resolved when
     that transfer finishes. `async with client.session() as s: r = await s.write(...)`.
@@ -245,6 +284,25 @@ class AsyncSession:
 
     def read_batch(self, ops: Sequence[ReadOp], *, timeout: Optional[float] = None) -> "asyncio.Future[TransferResult]":
         return self._submit(read_batch=_ops.read_batch_request(ops, timeout, False))
+
+    def write_blocks(
+        self,
+        local_list: Any,
+        local_idx: Any,
+        remote: Any,
+        remote_idx: Any,
+        *,
+        notification: bytes = b"",
+        ready_event: Any = None,
+        timeout: Optional[float] = None,
+    ) -> "asyncio.Future[TransferResult]":
+        req = _blocks.write_request(local_list, local_idx, remote, remote_idx, notification, ready_event, timeout, False)
+        return self._submit(write_blocks=req)
+
+    def read_blocks(
+        self, local_list: Any, local_idx: Any, remote: Any, remote_idx: Any, *, timeout: Optional[float] = None
+    ) -> "asyncio.Future[TransferResult]":
+        return self._submit(read_blocks=_blocks.read_request(local_list, local_idx, remote, remote_idx, timeout, False))
 
     def cancel(self, fut: "asyncio.Future[Any]") -> "asyncio.Future[bool]":
         return self._submit(cancel_tag=fut.tag)  # type: ignore[attr-defined]
@@ -686,6 +744,14 @@ class AsyncClient:
         msg = await self._unary("RegisterBuffer", _ops.ipc_register(handle, offset, size, device, label))
         return AsyncBuffer(self, msg, keepalive=tensor)
 
+    async def register_blocks(
+        self, buffer: BufferLike, offsets: Any = None, lengths: Any = None, *, block_size: Optional[int] = None
+    ) -> AsyncBlockList:
+        """As tcpxd.Client.register_blocks."""
+        offsets = _blocks.tiling(buffer, offsets, block_size)
+        req = _blocks.register_request(buffer, offsets, lengths, block_size)
+        return AsyncBlockList(self, await self._unary("RegisterBlocks", req))
+
     async def list_buffers(self) -> List[Any]:
         return list((await self._unary("ListBuffers", _proto.message("ListBuffersRequest")())).buffers)
 
@@ -762,6 +828,36 @@ class AsyncClient:
 
     async def read_batch(self, ops: Sequence[ReadOp], *, timeout: Optional[float] = None, wait: bool = True) -> Any:
         return await self._start("ReadBatch", _ops.read_batch_request(ops, timeout, wait), timeout, wait)
+
+    async def write_blocks(
+        self,
+        local_list: Any,
+        local_idx: Any,
+        remote: Any,
+        remote_idx: Any,
+        *,
+        notification: bytes = b"",
+        ready_event: Any = None,
+        timeout: Optional[float] = None,
+        wait: bool = True,
+    ) -> Any:
+        """As tcpxd.Client.write_blocks."""
+        req = _blocks.write_request(local_list, local_idx, remote, remote_idx, notification, ready_event, timeout, wait)
+        return await self._start("WriteBlocks", req, timeout, wait)
+
+    async def read_blocks(
+        self,
+        local_list: Any,
+        local_idx: Any,
+        remote: Any,
+        remote_idx: Any,
+        *,
+        timeout: Optional[float] = None,
+        wait: bool = True,
+    ) -> Any:
+        """As tcpxd.Client.read_blocks."""
+        req = _blocks.read_request(local_list, local_idx, remote, remote_idx, timeout, wait)
+        return await self._start("ReadBlocks", req, timeout, wait)
 
     async def cancel(self, transfer_id: int) -> bool:
         return (await self._unary("Cancel", _proto.message("CancelRequest")(transfer_id=transfer_id))).cancelled

@@ -12,6 +12,11 @@ tcpxctl's `--cuda 0`. It prints the medians over the rounds and the median per-r
 ÷ tcpxctl) against the targets (4 KiB p50 ≤ 1.5x, large GB/s ≥ 0.95x). Without --endpoint it
 starts two local daemons on the built-in emulation. The daemons are paired by the first write (a
 descriptor carries its daemon's peer address): no ConnectPeer.
+
+With --blocks N --block-size S it measures block transfers instead: N blocks of S bytes per
+`Client.write_blocks`, both sides scattered by seeded permutations, beside a contiguous `Client.write`
+of the same N x S bytes in the same round: posting time (until `write_blocks(wait=False)` returned),
+latency, GB/s and their ratio, next to `tcpxctl bench transfer --blocks N --block-size S`.
 """
 
 from __future__ import annotations
@@ -148,6 +153,86 @@ def tcpxctl_row(tcpxctl: str, ea: str, eb: str, size: int, iters: int, warmup: i
         return next(r for r in rows if r["block_size"] == size)
 
 
+def blocks_round(a: Client, b: Client, n: int, bs: int, iters: int, seed: int) -> Dict[str, Any]:
+    """`iters` block WRITEs of `n` blocks of `bs` bytes (both sides permuted by `seed`), then
+    `iters` contiguous WRITEs of the same bytes: posting and latency p50 (us) and GB/s each."""
+    import numpy as np
+
+    size = n * bs
+    rng = np.random.default_rng(seed)
+    li, ri = rng.permutation(n).astype(np.uint32), rng.permutation(n).astype(np.uint32)
+    out: Dict[str, Any] = {}
+    with a.register_host(size, shared=False) as src, b.register_host(size, shared=False) as dst:
+        src.fill(seed=seed)
+        with a.register_blocks(src, block_size=bs) as sl, b.register_blocks(dst, block_size=bs) as dl:
+            for kind in ("blocks", "contiguous"):
+                post: List[float] = []
+                lat: List[float] = []
+                for k in range(iters + 1):  # the first is a warm-up
+                    t0 = time.perf_counter()
+                    if kind == "blocks":
+                        t = a.write_blocks(sl, li, dl.token, ri, wait=False)
+                    else:
+                        t = a.write(src, dst.descriptor, size, wait=False)
+                    t1 = time.perf_counter()
+                    t.result()
+                    t2 = time.perf_counter()
+                    if k:
+                        post.append(t1 - t0)
+                        lat.append(t2 - t0)
+                    if kind == "blocks" and k == 0:
+                        sd, dd = src.read_bytes(), dst.read_bytes()
+                        bad = [j for j in range(0, n, max(1, n // 4096))
+                               if sd[li[j] * bs:(li[j] + 1) * bs] != dd[ri[j] * bs:(ri[j] + 1) * bs]]
+                        assert not bad, f"block pair {bad[0]} differs"
+                out[kind] = {"posting_p50_us": _pct(post, 50) * 1e6, "p50_us": _pct(lat, 50) * 1e6,
+                             "gbps": size * iters / sum(lat) / 1e9}
+            assert dst.checksum() == src.checksum(), "bytes differ after the contiguous writes"
+    out["ratio"] = out["blocks"]["gbps"] / out["contiguous"]["gbps"]
+    return out
+
+
+def tcpxctl_blocks_row(tcpxctl: str, ea: str, eb: str, n: int, bs: int, iters: int, seed: int) -> Dict[str, Any]:
+    """`tcpxctl bench transfer --blocks n --block-size bs` on the same daemons: its JSON row."""
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "rows.jsonl"
+        cmd = [tcpxctl, "bench", "transfer", "--endpoint", ea, "--peer-endpoint", eb, "--blocks", str(n),
+               "--block-size", str(bs), "--iters", str(iters), "--warmup", "1", "--seed", str(seed), "--out", str(out)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        return json.loads(out.read_text().splitlines()[-1])
+
+
+def blocks_main(args: argparse.Namespace, a: Client, b: Client, tcpxctl: Optional[str], ea: str, eb: str) -> Dict[str, Any]:
+    n, bs = args.blocks, args.block_size
+    rounds = []
+    for i in range(args.rounds):
+        r: Dict[str, Any] = {"python": blocks_round(a, b, n, bs, args.big_iters, args.seed + i)}
+        if tcpxctl:
+            r["tcpxctl"] = tcpxctl_blocks_row(tcpxctl, ea, eb, n, bs, args.big_iters, args.seed + i)
+        rounds.append(r)
+    res: Dict[str, Any] = {"blocks": n, "block_size": bs, "rounds": rounds}
+    print(f"{args.rounds} rounds of {args.big_iters} writes; {n} blocks of {bs} bytes ({n * bs / MIB:.1f} MiB), both sides permuted")
+    for kind in ("blocks", "contiguous"):
+        g = _median([r["python"][kind]["gbps"] for r in rounds])
+        p = _median([r["python"][kind]["posting_p50_us"] for r in rounds])
+        l50 = _median([r["python"][kind]["p50_us"] for r in rounds])
+        res[f"python_{kind}_gbps"] = g
+        print(f"python  {kind:<10}  {g:8.3f} GB/s   posting p50 {p:9.1f} us   p50 {l50:9.1f} us")
+    ratio = _median([r["python"]["ratio"] for r in rounds])
+    res["python_ratio"] = ratio
+    print(f"python  scattered/contiguous {ratio:.2f}")
+    if tcpxctl:
+        for kind, key in (("blocks", "scattered"), ("contiguous", "contiguous")):
+            g = _median([r["tcpxctl"][key]["gbps"] for r in rounds])
+            p = _median([r["tcpxctl"][key]["posting_p50_us"] for r in rounds])
+            res[f"tcpxctl_{kind}_gbps"] = g
+            print(f"tcpxctl {kind:<10}  {g:8.3f} GB/s   posting p50 {p:9.1f} us")
+        tr = _median([r["tcpxctl"]["ratio"] for r in rounds])
+        res["tcpxctl_ratio"] = tr
+        print(f"tcpxctl scattered/contiguous {tr:.2f}")
+    return res
+
+
 def _median(xs: List[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -164,6 +249,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--rounds", type=int, default=3, help="rounds, each python then tcpxctl; medians reported")
     ap.add_argument("--tensor", action="store_true", help="also large tensor writes (needs torch and a GPU)")
     ap.add_argument("--json", help="append the results to this file as one JSON line")
+    ap.add_argument("--blocks", type=int, help="measure block transfers of N blocks instead (with --block-size)")
+    ap.add_argument("--block-size", type=int, default=4096, help="bytes per block with --blocks")
+    ap.add_argument("--seed", type=int, default=1, help="the permutations' seed with --blocks")
     args = ap.parse_args(argv)
 
     procs: List[subprocess.Popen] = []
@@ -183,6 +271,13 @@ def main(argv: Optional[List[str]] = None) -> None:
             procs = [pa, pb]
             ea, eb = f"unix:{ra['api_socket']}", f"unix:{rb['api_socket']}"
         tcpxctl = None if args.tcpxctl == "none" else _find("tcpxctl", args.tcpxctl)
+        if args.blocks:
+            with Client(ea) as a, Client(eb) as b:
+                res = blocks_main(args, a, b, tcpxctl, ea, eb)
+            if args.json:
+                with open(args.json, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(res) + "\n")
+            return
         big = args.big * MIB
         res: Dict[str, Any] = {"endpoint": ea, "peer_endpoint": eb, "rounds": []}
         with Client(ea) as a, Client(eb) as b, Client(ea, local=False) as ao, Client(ea, local=False, stream=False) as au:

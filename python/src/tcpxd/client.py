@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 import grpc
 from grpc._cython import cygrpc  # the segregated call of _OwnStream (grpcio's own layer)
 
-from . import _hostmem, _local, _ops, _proto, _tensor
+from . import _blocks, _hostmem, _local, _ops, _proto, _tensor
 from ._ops import BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp
 from .errors import Cancelled, DeadlineExceeded, FailedPrecondition, ResourceExhausted, TcpxdError, Unavailable, from_rpc_error, from_status
 
@@ -22,7 +22,14 @@ DEFAULT_CALL_TIMEOUT = 60.0
 _OP = cygrpc.OperationType
 
 #: The SessionRequest field that carries each unary transfer call's request.
-SESSION_FIELD = {"Write": "write", "Read": "read", "WriteBatch": "write_batch", "ReadBatch": "read_batch"}
+SESSION_FIELD = {
+    "Write": "write",
+    "Read": "read",
+    "WriteBatch": "write_batch",
+    "ReadBatch": "read_batch",
+    "WriteBlocks": "write_blocks",
+    "ReadBlocks": "read_blocks",
+}
 
 
 class Buffer(_hostmem.HostView):
@@ -84,6 +91,50 @@ class Buffer(_hostmem.HostView):
         return self._client._unary("ChecksumBuffer", R(buffer_id=self.id, offset=offset, length=length)).crc32c
 
     def __enter__(self) -> "Buffer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+class BlockList:
+    """A list of blocks inside a registered buffer (`Client.register_blocks`), moved by index with
+    `write_blocks` / `read_blocks`. `token` names it to other nodes (a secret, as a descriptor is).
+    `len()` is its block count. A context manager: leaving it releases the list; releasing its
+    buffer releases it too."""
+
+    def __init__(self, client: "Client", msg: Any):
+        self._client = client
+        self._update(msg)
+        self.released = False
+
+    def _update(self, msg: Any) -> None:
+        f = _blocks.ListFields.of(msg)
+        self.id: int = f.id
+        self.buffer_id: int = f.buffer_id
+        self.token: str = f.token
+        self.count: int = f.count
+        #: Every block's length when they are all equal, else 0.
+        self.block_length: int = f.block_length
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"BlockList(id={self.id}, buffer_id={self.buffer_id}, count={self.count}, block_length={self.block_length})"
+
+    def refresh(self) -> str:
+        """Asks the daemon for the list's token again (after its buffer was re-keyed); returns it."""
+        self._update(self._client._unary("DescribeBlocks", _proto.message("DescribeBlocksRequest")(list_id=self.id)))
+        return self.token
+
+    def release(self) -> None:
+        """Releases the list (its token stops working). Idempotent."""
+        if not self.released:
+            self._client._unary("ReleaseBlocks", _proto.message("ReleaseBlocksRequest")(list_id=self.id))
+            self.released = True
+
+    def __enter__(self) -> "BlockList":
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -327,6 +378,27 @@ class Session:
 
     def read_batch(self, ops: Sequence[ReadOp], *, timeout: Optional[float] = None) -> "concurrent.futures.Future[TransferResult]":
         return self._submit(read_batch=_ops.read_batch_request(ops, timeout, False))
+
+    def write_blocks(
+        self,
+        local_list: Any,
+        local_idx: Any,
+        remote: Any,
+        remote_idx: Any,
+        *,
+        notification: bytes = b"",
+        ready_event: Any = None,
+        timeout: Optional[float] = None,
+    ) -> "concurrent.futures.Future[TransferResult]":
+        """As Client.write_blocks, in this session."""
+        req = _blocks.write_request(local_list, local_idx, remote, remote_idx, notification, ready_event, timeout, False)
+        return self._submit(write_blocks=req)
+
+    def read_blocks(
+        self, local_list: Any, local_idx: Any, remote: Any, remote_idx: Any, *, timeout: Optional[float] = None
+    ) -> "concurrent.futures.Future[TransferResult]":
+        """As Client.read_blocks, in this session."""
+        return self._submit(read_blocks=_blocks.read_request(local_list, local_idx, remote, remote_idx, timeout, False))
 
     def register_host(self, memory: Any, label: str = "", *, fd: Optional[int] = None) -> Buffer:
         """As Client.register_host, on this session's connection: the buffer belongs to the session
@@ -684,6 +756,18 @@ class Client:
         msg = self._unary("RegisterBuffer", _ops.ipc_register(handle, offset, size, device, label))
         return Buffer(self, msg, keepalive=tensor)
 
+    def register_blocks(
+        self, buffer: BufferLike, offsets: Any = None, lengths: Any = None, *, block_size: Optional[int] = None
+    ) -> BlockList:
+        """A list of blocks inside `buffer`, for `write_blocks` / `read_blocks`. `offsets` (numpy
+        array, torch tensor, list or range) with `lengths` (one per block, or one int for all) or
+        `block_size=`; with `block_size` alone the blocks tile the whole buffer. Sent as compactly as
+        the blocks allow (evenly spaced: four numbers). The daemon checks every block once: inside
+        the buffer, not empty, none overlapping (InvalidArgument naming the first bad one)."""
+        offsets = _blocks.tiling(buffer, offsets, block_size)
+        req = _blocks.register_request(buffer, offsets, lengths, block_size)
+        return BlockList(self, self._unary("RegisterBlocks", req))
+
     def describe_buffer(self, buffer: BufferLike) -> Any:
         return self._unary("DescribeBuffer", _proto.message("DescribeBufferRequest")(buffer_id=_ops.buffer_id(buffer)))
 
@@ -773,6 +857,40 @@ class Client:
     def read_batch(self, ops: Sequence[ReadOp], *, timeout: Optional[float] = None, wait: bool = True) -> Any:
         """Several READ entries as one transfer."""
         return self._start("ReadBatch", _ops.read_batch_request(ops, timeout, wait), timeout, wait)
+
+    def write_blocks(
+        self,
+        local_list: Any,
+        local_idx: Any,
+        remote: Any,
+        remote_idx: Any,
+        *,
+        notification: bytes = b"",
+        ready_event: Any = None,
+        timeout: Optional[float] = None,
+        wait: bool = True,
+    ) -> Any:
+        """WRITE blocks `local_idx` of a local BlockList (or its id) into blocks `remote_idx` of a
+        remote list (its token, or a BlockList), pair by pair: block k of one selection into block
+        k of the other, equal in length. Indices: numpy arrays, torch tensors, lists or ranges
+        (runs are sent as ranges). Otherwise as `write`."""
+        req = _blocks.write_request(local_list, local_idx, remote, remote_idx, notification, ready_event, timeout, wait)
+        return self._start("WriteBlocks", req, timeout, wait)
+
+    def read_blocks(
+        self,
+        local_list: Any,
+        local_idx: Any,
+        remote: Any,
+        remote_idx: Any,
+        *,
+        timeout: Optional[float] = None,
+        wait: bool = True,
+    ) -> Any:
+        """READ blocks `remote_idx` of a remote list into blocks `local_idx` of a local one, pair by
+        pair. Otherwise as `write_blocks`."""
+        req = _blocks.read_request(local_list, local_idx, remote, remote_idx, timeout, wait)
+        return self._start("ReadBlocks", req, timeout, wait)
 
     def cancel(self, transfer_id: int) -> bool:
         """Cancels a transfer on both sides; False when it had already ended."""

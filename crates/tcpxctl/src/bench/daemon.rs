@@ -52,7 +52,7 @@ pub enum DaemonBenchError {
     Interrupted,
 }
 
-fn rpc(what: impl Into<String>) -> impl FnOnce(Status) -> DaemonBenchError {
+pub(crate) fn rpc(what: impl Into<String>) -> impl FnOnce(Status) -> DaemonBenchError {
     let what = what.into();
     move |status| DaemonBenchError::Rpc { what, status }
 }
@@ -384,7 +384,7 @@ async fn run_session(
     Ok((latencies, wall))
 }
 
-fn transfer_failed(what: String, ev: TransferEvent) -> DaemonBenchError {
+pub(crate) fn transfer_failed(what: String, ev: TransferEvent) -> DaemonBenchError {
     let entries = ev
         .entries
         .iter()
@@ -406,7 +406,7 @@ fn transfer_failed(what: String, ev: TransferEvent) -> DaemonBenchError {
     }
 }
 
-async fn register(
+pub(crate) async fn register(
     client: &mut ApiClient,
     memory: Memory,
     size: u64,
@@ -431,7 +431,7 @@ async fn register(
         )))
 }
 
-async fn release(client: &mut ApiClient, id: u64) -> Result<(), DaemonBenchError> {
+pub(crate) async fn release(client: &mut ApiClient, id: u64) -> Result<(), DaemonBenchError> {
     client
         .release_buffer(ReleaseBufferRequest { buffer_id: id })
         .await
@@ -439,7 +439,7 @@ async fn release(client: &mut ApiClient, id: u64) -> Result<(), DaemonBenchError
         .map_err(rpc(format!("releasing buffer {id}")))
 }
 
-async fn fill(
+pub(crate) async fn fill(
     client: &mut ApiClient,
     id: u64,
     offset: u64,
@@ -459,7 +459,7 @@ async fn fill(
         .map_err(rpc(format!("filling {name} (buffer {id})")))
 }
 
-async fn checksum(
+pub(crate) async fn checksum(
     client: &mut ApiClient,
     id: u64,
     length: u64,

@@ -5,6 +5,7 @@
 //! Each measured size gives one [`BenchRow`]: printed as a table with nixlbench-like columns
 //! ([`rows_table`]) and written as one JSON object per line ([`BenchRow::to_json`]).
 
+pub mod blocks;
 pub mod daemon;
 pub mod raw;
 pub mod steal;
@@ -132,9 +133,9 @@ impl Workload {
         if let Some(z) = self.sizes.iter().find(|&&s| s == 0) {
             return Err(format!("--sizes: block size {z} must be at least 1 byte"));
         }
-        if !(1..=4096).contains(&self.batch) {
+        if !(1..=65_536).contains(&self.batch) {
             return Err(format!(
-                "--batch: {} is outside 1..=4096 (the API's entries per request)",
+                "--batch: {} is outside 1..=65536 (the API's entries per request)",
                 self.batch
             ));
         }

@@ -48,6 +48,16 @@ pub enum ClientCommand {
     /// READ a remote range into a local buffer, and follow it to the end.
     #[command(after_help = SIZE_HELP)]
     Read(ReadArgs),
+    /// Register, describe and release block lists (blocks inside a buffer, moved by index).
+    #[command(after_help = SIZE_HELP)]
+    #[command(subcommand)]
+    Blocks(BlocksCommand),
+    /// WRITE blocks of a local list into blocks of a remote list (its token), pair by pair.
+    #[command(after_help = INDICES_HELP)]
+    WriteBlocks(WriteBlocksArgs),
+    /// READ blocks of a remote list (its token) into blocks of a local list, pair by pair.
+    #[command(after_help = INDICES_HELP)]
+    ReadBlocks(ReadBlocksArgs),
     /// Follow a transfer's progress until it finishes.
     Watch(TransferIdArgs),
     /// Wait for a transfer's final status (no progress bar).
@@ -261,6 +271,104 @@ pub struct ReadArgs {
     /// Bytes to move.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub length: u64,
+    #[command(flatten)]
+    pub wait: WaitOpts,
+}
+
+/// How block indices are written, shown under the help of the commands that take them.
+pub const INDICES_HELP: &str = "INDICES are block indices and inclusive ranges, comma-separated \
+(0-99,200,300-310), or @FILE: a file of the same, separated by commas, spaces or newlines. They \
+travel as (start, count) ranges when that is smaller. Block k of one side's indices is copied \
+into block k of the other's: both name as many blocks, pairs equal in length.";
+
+#[derive(Subcommand, Debug)]
+pub enum BlocksCommand {
+    /// Register a list of blocks inside a buffer and print its id, count and token. The blocks:
+    /// --block-size alone tiles the whole buffer; with --count (and --first, --stride) they are
+    /// strided; with --offsets of one size (uniform) or --lengths each (explicit).
+    #[command(after_help = SIZE_HELP)]
+    Register(BlocksRegisterArgs),
+    /// Describe a list: its count, block length and token (with its buffer's current key).
+    Describe(ListIdArgs),
+    /// Release a list (its token stops working).
+    Release(ListIdArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct BlocksRegisterArgs {
+    /// The buffer the blocks lie in.
+    #[arg(long, value_name = "ID")]
+    pub buffer: u64,
+    /// Every block's length (strided, uniform, or tiling the buffer).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, required_unless_present = "lengths")]
+    pub block_size: Option<u64>,
+    /// Strided: the number of blocks.
+    #[arg(long, value_name = "N", conflicts_with_all = ["offsets", "lengths"])]
+    pub count: Option<u32>,
+    /// Strided: the first block's offset.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "count")]
+    pub first: Option<u64>,
+    /// Strided: bytes from one block's start to the next's [default: --block-size].
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "count")]
+    pub stride: Option<u64>,
+    /// The blocks' offsets: comma-separated SIZE values, or @FILE of them (commas, spaces or
+    /// newlines between).
+    #[arg(long, value_name = "LIST|@FILE")]
+    pub offsets: Option<String>,
+    /// Explicit: each block's length, as --offsets.
+    #[arg(
+        long,
+        value_name = "LIST|@FILE",
+        requires = "offsets",
+        conflicts_with = "block_size"
+    )]
+    pub lengths: Option<String>,
+    /// Print only the token (for `T=$(tcpxctl blocks register ... --quiet)`).
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ListIdArgs {
+    /// The list id RegisterBlocks returned.
+    pub list_id: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct WriteBlocksArgs {
+    /// The local list (the source).
+    #[arg(long, value_name = "ID")]
+    pub list: u64,
+    /// The local list's blocks to send.
+    #[arg(long, value_name = "INDICES")]
+    pub indices: String,
+    /// The remote list's token (its BlockList.token on the other node).
+    #[arg(long, value_name = "TOKEN")]
+    pub remote: String,
+    /// The remote list's blocks to fill.
+    #[arg(long, value_name = "INDICES")]
+    pub remote_indices: String,
+    /// Text delivered to the remote node's subscribers once the data has landed.
+    #[arg(long, value_name = "TEXT")]
+    pub notify: Option<String>,
+    #[command(flatten)]
+    pub wait: WaitOpts,
+}
+
+#[derive(Args, Debug)]
+pub struct ReadBlocksArgs {
+    /// The remote list's token (the source).
+    #[arg(long, value_name = "TOKEN")]
+    pub remote: String,
+    /// The remote list's blocks to read.
+    #[arg(long, value_name = "INDICES")]
+    pub remote_indices: String,
+    /// The local list (the destination).
+    #[arg(long, value_name = "ID")]
+    pub list: u64,
+    /// The local list's blocks to fill.
+    #[arg(long, value_name = "INDICES")]
+    pub indices: String,
     #[command(flatten)]
     pub wait: WaitOpts,
 }
@@ -482,6 +590,17 @@ pub struct BenchTransferArgs {
     /// Local daemons only: chunk size and lanes they are started with.
     #[command(flatten)]
     pub path: PathArgs,
+    /// Move N blocks per transfer as block lists (WriteBlocks / ReadBlocks), both sides
+    /// scattered by a seeded permutation, beside one contiguous transfer of the same bytes in the
+    /// same run; replaces the size sweep (and --batch, --concurrency).
+    #[arg(long, value_name = "N", requires = "block_size")]
+    pub blocks: Option<u32>,
+    /// With --blocks: each block's size.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "blocks")]
+    pub block_size: Option<u64>,
+    /// With --blocks: the permutations' seed.
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "blocks")]
+    pub seed: u64,
     /// Also run the raw plugin bench (same plugin, workload, chunk size and lanes) first, and
     /// print both side by side.
     #[arg(long)]

@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::bench::daemon::{DaemonPair, ensure_peer, run_daemon_bench};
+use crate::bench::blocks::{BlocksRow, BlocksWorkload, run_blocks_bench};
+use crate::bench::daemon::{DaemonBenchError, DaemonPair, ensure_peer, run_daemon_bench};
 use crate::bench::raw::{RawOptions, run_raw};
 use crate::bench::{
     BenchRow, Harness, Memory, Workload, append_json_lines, progress_bar, rows_json_lines, rows_table,
@@ -57,8 +58,127 @@ impl PathArgs {
     }
 }
 
+/// What `bench transfer` runs between the two daemons: the size sweep, or the block bench.
+#[derive(Clone, Copy)]
+enum Job<'a> {
+    Sizes(&'a Workload),
+    Blocks(&'a BlocksWorkload),
+}
+
+/// What a job measured.
+enum Ran {
+    Sizes(Vec<BenchRow>),
+    Blocks(Box<BlocksRow>),
+}
+
+impl Job<'_> {
+    fn memories(&self) -> (Memory, Option<Memory>) {
+        match self {
+            Job::Sizes(w) => (w.memory, w.peer_memory),
+            Job::Blocks(w) => (w.memory, w.peer_memory),
+        }
+    }
+
+    async fn run(
+        self,
+        pair: &mut DaemonPair,
+        lanes: Option<u32>,
+        bar: &indicatif::ProgressBar,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<Ran, DaemonBenchError> {
+        match self {
+            Job::Sizes(w) => run_daemon_bench(pair, w, lanes, bar, stop).await.map(Ran::Sizes),
+            Job::Blocks(w) => run_blocks_bench(pair, w, stop)
+                .await
+                .map(|r| Ran::Blocks(Box::new(r))),
+        }
+    }
+}
+
+impl BenchTransferArgs {
+    /// `--blocks N --block-size S` with the workload's op, memory, iterations and warm-up.
+    fn blocks_workload(&self) -> Option<Result<BlocksWorkload, String>> {
+        let blocks = self.blocks?;
+        let wl = &self.workload;
+        if wl.batch != 1 || wl.concurrency != 1 || !wl.sizes.is_empty() {
+            return Some(Err(
+                "--blocks: runs one block transfer at a time; leave out --sizes, --batch and --concurrency"
+                    .into(),
+            ));
+        }
+        let w = BlocksWorkload {
+            op: wl.op,
+            memory: wl.cuda.map_or(Memory::Host, Memory::Cuda),
+            peer_memory: wl.peer_cuda.map(Memory::Cuda),
+            blocks,
+            block_size: self.block_size.unwrap_or(4096),
+            iterations: wl.iters,
+            warmup: wl.warmup,
+            seed: self.seed,
+        };
+        Some(w.validate().map(|()| w))
+    }
+}
+
+/// Runs `bench transfer --blocks`: its table (or one JSON line with --json).
+async fn run_blocks(
+    global: &GlobalOpts,
+    args: &BenchTransferArgs,
+    w: &BlocksWorkload,
+) -> Result<(), CliError> {
+    let bar = indicatif::ProgressBar::hidden();
+    let Ran::Blocks(row) = transfer_rows(global, args, Job::Blocks(w), &bar).await? else {
+        unreachable!("a block job measures a block row");
+    };
+    let line = row.to_json();
+    if let Some(path) = &args.workload.out {
+        use std::io::Write as _;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| writeln!(f, "{line}").map(|()| f))
+            .map_err(|source| CliError::Io {
+                what: format!("appending to {}", path.display()),
+                source,
+            })?;
+        f.flush().map_err(|source| CliError::Io {
+            what: format!("appending to {}", path.display()),
+            source,
+        })?;
+    }
+    if global.json {
+        emit(&format!("{line}\n"))?;
+    } else {
+        emit(&row.table().to_string())?;
+        emit(&format!(
+            "\nscattered/contiguous: {:.2} ({} blocks of {}, both sides permuted, seed {}; checked: {})\n",
+            row.ratio(),
+            w.blocks,
+            format_bytes(w.block_size),
+            w.seed,
+            row.checked
+        ))?;
+    }
+    if !row.verified {
+        return Err(CliError::Bench(
+            "the destination does not hold the source's bytes after the block run".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Runs a bench subcommand and prints its table (or JSON lines with --json).
 pub async fn run(global: &GlobalOpts, cmd: BenchCommand) -> Result<(), CliError> {
+    if let BenchCommand::Transfer(args) = &cmd
+        && let Some(w) = args.blocks_workload()
+    {
+        let w = w.map_err(CliError::Usage)?;
+        if args.raw {
+            return Err(CliError::Usage("--blocks: --raw has no block counterpart".into()));
+        }
+        return run_blocks(global, args, &w).await;
+    }
     let (rows, out) = match cmd {
         BenchCommand::Raw(args) => {
             let w = args.workload.workload().map_err(CliError::Usage)?;
@@ -79,7 +199,12 @@ pub async fn run(global: &GlobalOpts, cmd: BenchCommand) -> Result<(), CliError>
                 let opts = raw_options(&w, &args.path, args.plugin.clone(), Vec::new(), 12, 16)?;
                 rows.extend(raw_rows(opts, !global.json).await?);
             }
-            rows.extend(transfer_rows(global, &args, &w).await?);
+            let bar = progress_bar(&w, "daemon", !global.json);
+            let Ran::Sizes(more) = transfer_rows(global, &args, Job::Sizes(&w), &bar).await? else {
+                unreachable!("a size job measures size rows");
+            };
+            bar.finish_and_clear();
+            rows.extend(more);
             (rows, args.workload.out.clone())
         }
     };
@@ -144,9 +269,9 @@ async fn raw_rows(opts: RawOptions, progress: bool) -> Result<Vec<BenchRow>, Cli
 async fn transfer_rows(
     global: &crate::cli::args::GlobalOpts,
     args: &BenchTransferArgs,
-    w: &Workload,
-) -> Result<Vec<BenchRow>, CliError> {
-    let bar = progress_bar(w, "daemon", !global.json);
+    job: Job<'_>,
+    bar: &indicatif::ProgressBar,
+) -> Result<Ran, CliError> {
     let rows = match &args.peer_endpoint {
         Some(peer) => {
             if args.path.chunk_bytes.is_some() || args.path.lanes_per_device.is_some() {
@@ -173,7 +298,7 @@ async fn transfer_rows(
             let interrupted = async {
                 let _ = tokio::signal::ctrl_c().await;
             };
-            match run_daemon_bench(&mut pair, w, Some(lanes), &bar, interrupted).await {
+            match job.run(&mut pair, Some(lanes), bar, interrupted).await {
                 Ok(rows) => rows,
                 Err(crate::bench::daemon::DaemonBenchError::Interrupted) => {
                     bar.finish_and_clear();
@@ -183,18 +308,17 @@ async fn transfer_rows(
                 Err(e) => return Err(CliError::Bench(e.to_string())),
             }
         }
-        None => local_daemons_bench(args, w, &bar).await?,
+        None => local_daemons_bench(args, job, bar).await?,
     };
-    bar.finish_and_clear();
     Ok(rows)
 }
 
 /// Starts two local daemons (as `demo` does), runs the bench between them, stops them.
 async fn local_daemons_bench(
     args: &BenchTransferArgs,
-    w: &Workload,
+    job: Job<'_>,
     bar: &indicatif::ProgressBar,
-) -> Result<Vec<BenchRow>, CliError> {
+) -> Result<Ran, CliError> {
     let chunk_bytes = args.path.chunk_bytes().map_err(CliError::Usage)?;
     let lanes_per_device = args.path.lanes_per_device.unwrap_or(2);
     let opts = DemoOptions {
@@ -207,7 +331,7 @@ async fn local_daemons_bench(
         handle_signals: true,
         extra_daemon_args: vec!["--lanes-per-device".into(), lanes_per_device.to_string()],
         // One daemon per GPU: each keeps its emulated bounce buffers on its own GPU.
-        emulation_cuda_devices: match (w.memory, w.peer_memory) {
+        emulation_cuda_devices: match job.memories() {
             (Memory::Cuda(a), Some(Memory::Cuda(b))) => vec![a, b],
             _ => Vec::new(),
         },
@@ -247,7 +371,7 @@ async fn local_daemons_bench(
             .await
             .map_err(|e| CliError::Bench(e.to_string()))?;
         // Ctrl-C is handled around this flow: the daemons are stopped, their buffers with them.
-        match run_daemon_bench(&mut pair, w, Some(lanes), bar, std::future::pending()).await {
+        match job.run(&mut pair, Some(lanes), bar, std::future::pending()).await {
             Ok(rows) => Ok(rows),
             // A failed RPC is often a daemon that died: say so, with its log.
             Err(e) => Err(match daemons.explain_exit() {

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tonic::{Code, Status};
 
 use super::state::DaemonState;
+use crate::block_token::BlockToken;
 use crate::buffers::Descriptor;
 use crate::poller::PeerLink;
 
@@ -50,6 +51,30 @@ impl DaemonState {
                 }
             }
         }
+        self.reach(nodes, deadline).await
+    }
+
+    /// As `reach_peers`, for the node a block-list token names (`field`: the token's field).
+    pub(crate) async fn reach_token(
+        &self,
+        field: &str,
+        token: &BlockToken,
+        deadline: Instant,
+    ) -> Result<(), Status> {
+        if token.node_id == self.node_id {
+            return Ok(());
+        }
+        let nodes = BTreeMap::from([(
+            token.node_id.clone(),
+            Named {
+                field: field.to_string(),
+                addresses: token.addresses.clone(),
+            },
+        )]);
+        self.reach(nodes, deadline).await
+    }
+
+    async fn reach(&self, nodes: BTreeMap<String, Named>, deadline: Instant) -> Result<(), Status> {
         let mut failed = Vec::new();
         for (node, named) in &nodes {
             match self.peers.by_node(node) {

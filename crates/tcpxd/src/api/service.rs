@@ -202,6 +202,30 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
         Ok(Response::new(pb::ChecksumBufferResponse { crc32c: crc, length }))
     }
 
+    async fn register_blocks(
+        &self,
+        req: Request<pb::RegisterBlocksRequest>,
+    ) -> Result<Response<pb::BlockList>, Status> {
+        Ok(Response::new(self.state.register_blocks(req.into_inner()).await?))
+    }
+
+    async fn release_blocks(
+        &self,
+        req: Request<pb::ReleaseBlocksRequest>,
+    ) -> Result<Response<pb::ReleaseBlocksResponse>, Status> {
+        self.state.release_blocks(req.into_inner().list_id).await?;
+        Ok(Response::new(pb::ReleaseBlocksResponse {}))
+    }
+
+    async fn describe_blocks(
+        &self,
+        req: Request<pb::DescribeBlocksRequest>,
+    ) -> Result<Response<pb::BlockList>, Status> {
+        Ok(Response::new(
+            self.state.describe_blocks(req.into_inner().list_id).await?,
+        ))
+    }
+
     async fn connect_peer(&self, req: Request<pb::ConnectPeerRequest>) -> Result<Response<pb::Peer>, Status> {
         let address = req.into_inner().address;
         if address.trim().is_empty() {
@@ -252,6 +276,20 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
         req: Request<pb::ReadBatchRequest>,
     ) -> Result<Response<pb::TransferStarted>, Status> {
         self.state.read_call(req).await
+    }
+
+    async fn write_blocks(
+        &self,
+        req: Request<pb::WriteBlocksRequest>,
+    ) -> Result<Response<pb::TransferStarted>, Status> {
+        self.state.write_blocks_call(req).await
+    }
+
+    async fn read_blocks(
+        &self,
+        req: Request<pb::ReadBlocksRequest>,
+    ) -> Result<Response<pb::TransferStarted>, Status> {
+        self.state.read_blocks_call(req).await
     }
 
     type SessionStream = session::EventStream;

@@ -265,7 +265,7 @@ impl<E: Events> Session<'_, E> {
         }
         let started = match req.op {
             None => Err(Status::invalid_argument(
-                "op: set one of write, read, write_batch, read_batch, cancel_tag, register_host_fd",
+                "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd",
             )),
             Some(Op::CancelTag(target)) => return self.cancel(tag, target).await,
             Some(Op::RegisterHostFd(r)) => {
@@ -282,6 +282,14 @@ impl<E: Events> Session<'_, E> {
                 Err(e) => Err(e),
             },
             Some(Op::ReadBatch(b)) => self.start_read(b).await,
+            Some(Op::WriteBlocks(r)) => {
+                let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
+                self.state.start_write_blocks(r, deadline).await
+            }
+            Some(Op::ReadBlocks(r)) => {
+                let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
+                self.state.start_read_blocks(r, deadline).await
+            }
         };
         match started {
             Ok(s) => {

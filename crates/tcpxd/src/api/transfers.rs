@@ -39,20 +39,9 @@ impl DaemonState {
         ) {
             return Err(Status::invalid_argument(why));
         }
-        let peer = self.peers.by_node(&d.node_id).ok_or_else(|| {
-            Status::not_found(format!(
-                "{field}: node {} is not a connected peer and the descriptor carries no peer address (a descriptor from an older daemon: call ConnectPeer with the node's peer address first)",
-                d.node_id
-            ))
-        })?;
-        if let PeerLink::Failed(why) = &*peer.link.borrow() {
-            return Err(Status::unavailable(format!(
-                "{field}: peer {} failed: {why}",
-                d.node_id
-            )));
-        }
+        let peer = self.peer_of(&field, &d.node_id)?;
         Ok((
-            peer.idx,
+            peer,
             RemoteRange {
                 buffer_id: d.buffer_id,
                 access_key: d.key,
@@ -62,9 +51,28 @@ impl DaemonState {
         ))
     }
 
+    /// The pairing with `node`, which `field` names: NOT_FOUND when there is none (a descriptor
+    /// or token without addresses), UNAVAILABLE when it failed.
+    pub(crate) fn peer_of(&self, field: &str, node: &str) -> Result<engine::PeerIdx, Status> {
+        let what = if field.ends_with("token") {
+            "token"
+        } else {
+            "descriptor"
+        };
+        let peer = self.peers.by_node(node).ok_or_else(|| {
+            Status::not_found(format!(
+                "{field}: node {node} is not a connected peer and its {what} carries no peer address (one from an older daemon: call ConnectPeer with the node's peer address first)"
+            ))
+        })?;
+        if let PeerLink::Failed(why) = &*peer.link.borrow() {
+            return Err(Status::unavailable(format!("{field}: peer {node} failed: {why}")));
+        }
+        Ok(peer.idx)
+    }
+
     /// The transfer's deadline: the call's gRPC deadline (a little before it: `answer_within`),
     /// else `timeout_ms`, else the default.
-    fn deadline<T>(&self, req: &Request<T>, timeout_ms: u64) -> Instant {
+    pub(crate) fn deadline<T>(&self, req: &Request<T>, timeout_ms: u64) -> Instant {
         let budget = grpc_timeout(req)
             .map(answer_within)
             .or((timeout_ms > 0).then(|| Duration::from_millis(timeout_ms)))
@@ -85,7 +93,7 @@ impl DaemonState {
     }
 
     /// Makes an accepted transfer known to Watch, WaitTransfer and Cancel.
-    fn started(&self, id: TransferId, rx: watch::Receiver<TransferStatus>, total: u64) -> Started {
+    pub(crate) fn started(&self, id: TransferId, rx: watch::Receiver<TransferStatus>, total: u64) -> Started {
         self.transfers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -105,8 +113,12 @@ impl DaemonState {
             .await?;
         let (specs, total) = self.entry_specs(r.entries.iter().map(EntryFields::from))?;
         if !r.ready_event_ipc_handle.is_empty() {
-            self.wait_ready_event(&r.ready_event_ipc_handle, &specs, deadline)
-                .await?;
+            self.wait_ready_event(
+                &r.ready_event_ipc_handle,
+                specs.iter().map(|s| s.local_buffer),
+                deadline,
+            )
+            .await?;
         }
         let (id, rx) = self
             .ask(|reply| Command::Write {
@@ -166,7 +178,11 @@ impl DaemonState {
         self.answer(started, wait).await
     }
 
-    async fn answer(&self, s: Started, wait: bool) -> Result<Response<pb::TransferStarted>, Status> {
+    pub(crate) async fn answer(
+        &self,
+        s: Started,
+        wait: bool,
+    ) -> Result<Response<pb::TransferStarted>, Status> {
         let (transfer_id, total_bytes) = (s.id.0, s.total);
         let r#final = if wait {
             let mut guard = CancelOnDrop::new(self.poller.clone(), s.id);
@@ -310,10 +326,10 @@ fn local_buffer_field(i: usize) -> String {
 impl DaemonState {
     /// Orders a write after the client's GPU work: waits (without holding a runtime thread) for
     /// the client's IPC event, on the GPU of the first CUDA source buffer.
-    async fn wait_ready_event(
+    pub(crate) async fn wait_ready_event(
         &self,
         handle: &[u8],
-        specs: &[EntrySpec],
+        mut sources: impl Iterator<Item = u64>,
         deadline: Instant,
     ) -> Result<(), Status> {
         let handle: [u8; 64] = handle.try_into().map_err(|_| {
@@ -322,14 +338,8 @@ impl DaemonState {
                 handle.len()
             ))
         })?;
-        let gpu = specs
-            .iter()
-            .find_map(|s| {
-                self.buffers
-                    .get(s.local_buffer)
-                    .ok()
-                    .and_then(|b| b.gpu().cloned())
-            })
+        let gpu = sources
+            .find_map(|id| self.buffers.get(id).ok().and_then(|b| b.gpu().cloned()))
             .ok_or_else(|| {
                 Status::invalid_argument("ready_event_ipc_handle: no entry reads from a CUDA buffer")
             })?;

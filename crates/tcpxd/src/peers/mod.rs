@@ -42,8 +42,9 @@ use settle::{Dialing, LockMap, Settle, Slot};
 pub const PROTOCOL_VERSION: u32 = 3;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;
-/// Largest control message (a 4096-range offer with a 1 MiB notification fits easily).
-pub const MAX_CONTROL_MESSAGE: usize = 8 << 20;
+/// Largest control message: a block offer's header carries the receiver's indices and the
+/// sender's lengths (up to 4,194,304 blocks: 32 MiB), a 4096-range offer a 1 MiB notification.
+pub const MAX_CONTROL_MESSAGE: usize = 64 << 20;
 
 /// Liveness on the control stream: each side sends a heartbeat whenever its stream has been
 /// quiet for `interval`; a stream silent for `timeout` fails its peer.

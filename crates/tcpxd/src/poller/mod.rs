@@ -19,8 +19,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, oneshot, watch};
 
 use crate::buffers::BufferEntry;
+use crate::engine::blocks::{BlockList, Layout};
 use crate::engine::{
-    Code, Engine, EngineConfig, EngineError, Outcome, PeerIdx, PeerMsg, ReadSpec, TransferId, WriteSpec,
+    BlockSpec, Code, Engine, EngineConfig, EngineError, Outcome, PeerIdx, PeerMsg, ReadSpec, TransferId,
+    WriteSpec,
 };
 use crate::idle::{Backoff, LINGER, Step};
 use crate::metrics::{Meter, Op};
@@ -137,6 +139,32 @@ pub enum Command {
         deadline: Instant,
         reply: Reply<Result<(TransferId, watch::Receiver<TransferStatus>), EngineError>>,
     },
+    /// Registers a block list inside a buffer.
+    RegisterBlocks {
+        buffer: u64,
+        layout: Layout,
+        reply: Reply<Result<ListFacts, EngineError>>,
+    },
+    ReleaseBlocks {
+        list: u64,
+        reply: Reply<Result<(), EngineError>>,
+    },
+    /// A list's facts, with its buffer's current key (NOT_FOUND when unknown).
+    DescribeBlocks {
+        list: u64,
+        reply: Reply<Result<ListFacts, EngineError>>,
+    },
+    WriteBlocks {
+        spec: BlockSpec,
+        notification: Vec<u8>,
+        deadline: Instant,
+        reply: Reply<Result<BlocksStarted, EngineError>>,
+    },
+    ReadBlocks {
+        spec: BlockSpec,
+        deadline: Instant,
+        reply: Reply<Result<BlocksStarted, EngineError>>,
+    },
     Cancel {
         id: TransferId,
         reply: Reply<bool>,
@@ -162,6 +190,35 @@ pub enum Command {
         deadline: Instant,
         reply: Reply<DrainReport>,
     },
+}
+
+/// A block transfer the poller started: its id, its status channel and the bytes it moves.
+pub type BlocksStarted = (TransferId, watch::Receiver<TransferStatus>, u64);
+
+/// What the API hands out about a block list (its token's fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListFacts {
+    pub id: u64,
+    pub buffer: u64,
+    pub count: u32,
+    /// Every block's length when they are all equal, else 0.
+    pub block_len: u32,
+    /// The buffer's current access key.
+    pub key: [u8; 16],
+}
+
+/// The bytes `indices` select from `list`: one multiplication when its blocks are all of one
+/// size, else a pass over the indices (indices past the list count nothing: the engine refuses
+/// them before this is asked).
+fn selected_bytes(list: &BlockList, indices: &crate::engine::blocks::IndexArray) -> u64 {
+    match list.uniform_len() {
+        Some(len) => indices.count() * u64::from(len),
+        None => indices
+            .iter()
+            .filter_map(|i| list.block(i))
+            .map(|(_, len)| u64::from(len))
+            .sum(),
+    }
 }
 
 /// Settings the poller needs.
@@ -548,6 +605,50 @@ impl Poller {
                 }
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total))));
             }
+            Command::RegisterBlocks {
+                buffer,
+                layout,
+                reply,
+            } => {
+                let r = self
+                    .engine
+                    .register_blocks(buffer, layout)
+                    .and_then(|id| self.list_facts(id));
+                let _ = reply.send(r);
+            }
+            Command::ReleaseBlocks { list, reply } => {
+                let _ = reply.send(self.engine.release_blocks(list));
+            }
+            Command::DescribeBlocks { list, reply } => {
+                let _ = reply.send(self.list_facts(list));
+            }
+            Command::WriteBlocks {
+                spec,
+                notification,
+                deadline,
+                reply,
+            } => {
+                let now = Instant::now();
+                let total = self.block_total(&spec);
+                let r = self.engine.start_write_blocks(spec, notification, deadline, now);
+                if let Ok(id) = &r {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write_blocks", id = id.0);
+                }
+                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total), total)));
+            }
+            Command::ReadBlocks {
+                spec,
+                deadline,
+                reply,
+            } => {
+                let now = Instant::now();
+                let total = self.block_total(&spec);
+                let r = self.engine.start_read_blocks(spec, deadline, now);
+                if let Ok(id) = &r {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read_blocks", id = id.0);
+                }
+                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total), total)));
+            }
             Command::Cancel { id, reply } => {
                 let _ = reply.send(self.engine.cancel(id, Code::Cancelled, "cancelled by the client"));
             }
@@ -575,6 +676,35 @@ impl Poller {
                 }
             }
         }
+    }
+
+    /// A list's facts for the API (its token's fields, the buffer's current key).
+    fn list_facts(&self, id: u64) -> Result<ListFacts, EngineError> {
+        let list = self
+            .engine
+            .block_list(id)
+            .ok_or_else(|| EngineError::not_found(format!("list_id: list {id} does not exist")))?;
+        let key = self.engine.buffer_key(list.buffer()).ok_or_else(|| {
+            EngineError::not_found(format!(
+                "list_id: list {id}'s buffer {} does not exist",
+                list.buffer()
+            ))
+        })?;
+        Ok(ListFacts {
+            id,
+            buffer: list.buffer(),
+            count: list.len(),
+            block_len: list.uniform_len().unwrap_or(0),
+            key,
+        })
+    }
+
+    /// The bytes a block transfer moves, from its local list (0 when the list is unknown: the
+    /// engine refuses the transfer then).
+    fn block_total(&self, spec: &BlockSpec) -> u64 {
+        self.engine
+            .block_list(spec.local_list)
+            .map_or(0, |l| selected_bytes(l, &spec.local_indices))
     }
 
     fn track(&mut self, id: TransferId, op: Op, total: u64) -> watch::Receiver<TransferStatus> {

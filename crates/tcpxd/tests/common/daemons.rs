@@ -82,7 +82,9 @@ pub const TEST_TOKEN: &str = "test-token-0123456789abcdef";
 
 /// A client over a daemon's unix socket.
 pub async fn unix_client(path: PathBuf) -> TcpxdClient<Channel> {
-    TcpxdClient::new(unix_channel(path).await).max_decoding_message_size(16 << 20)
+    TcpxdClient::new(unix_channel(path).await)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20)
 }
 
 /// A channel to a daemon's unix socket.

@@ -26,6 +26,7 @@ macro_rules! out {
     };
 }
 
+pub mod blocks;
 mod buffer;
 mod demo;
 mod observe;
@@ -73,6 +74,9 @@ async fn execute(global: &GlobalOpts, command: ClientCommand) -> Result<(), CliE
         ClientCommand::Buffer(cmd) => buffer::buffer(&mut client, json, cmd).await,
         ClientCommand::Peer(cmd) => peer::peer(&mut client, json, cmd).await,
         ClientCommand::Describe => crate::cli::node::describe(&mut client, json).await,
+        ClientCommand::Blocks(cmd) => blocks::blocks(&mut client, json, cmd).await,
+        ClientCommand::WriteBlocks(args) => blocks::write_blocks(&mut client, json, args).await,
+        ClientCommand::ReadBlocks(args) => blocks::read_blocks(&mut client, json, args).await,
         ClientCommand::Write(args) => transfer::write(&mut client, json, args).await,
         ClientCommand::Read(args) => transfer::read(&mut client, json, args).await,
         ClientCommand::Watch(args) => transfer::watch(&mut client, json, args).await,

@@ -21,14 +21,14 @@ use tcpxd::api::proto::v1::{
 const CLIENT_DEADLINE_SLACK: Duration = Duration::from_secs(10);
 
 /// `--timeout` as the request's gRPC deadline, and the client-side limit for following.
-fn apply_timeout<T>(request: &mut tonic::Request<T>, wait: &WaitOpts) -> Option<Duration> {
+pub(super) fn apply_timeout<T>(request: &mut tonic::Request<T>, wait: &WaitOpts) -> Option<Duration> {
     wait.timeout.map(|t| {
         request.set_timeout(t);
         t + CLIENT_DEADLINE_SLACK
     })
 }
 
-fn timeout_ms(wait: &WaitOpts) -> u64 {
+pub(super) fn timeout_ms(wait: &WaitOpts) -> u64 {
     wait.timeout
         .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX).max(1))
 }
@@ -120,14 +120,14 @@ pub(super) async fn cancel(client: &mut ApiClient, json: bool, args: TransferIdA
 
 /// Whether to start and wait in one call (`wait`): whenever the caller waits and no progress bar
 /// is drawn (the bar needs Watch's progress events).
-fn one_call(json: bool, wait: &WaitOpts) -> bool {
+pub(super) fn one_call(json: bool, wait: &WaitOpts) -> bool {
     use std::io::IsTerminal as _;
     !wait.no_wait && (json || !std::io::stderr().is_terminal())
 }
 
 /// Runs a transfer call made with `wait`: one round trip, the final event in the answer. Ctrl-C
 /// drops the call, which makes the daemon cancel the transfer.
-async fn waited(
+pub(super) async fn waited(
     client: &mut ApiClient,
     call: impl std::future::Future<Output = Result<tonic::Response<TransferStarted>, Status>>,
     json: bool,
@@ -170,7 +170,7 @@ async fn waited(
     }
 }
 
-async fn after_start(
+pub(super) async fn after_start(
     client: &mut ApiClient,
     json: bool,
     what: &str,

@@ -15,7 +15,7 @@ pub const PREFACE: &[u8; 8] = b"TCPXD/1\n";
 pub const PROTOCOL: &str = "TCPXD/1";
 
 /// The largest frame either side may send (its length field not counted).
-pub const MAX_FRAME: usize = 4 << 20;
+pub const MAX_FRAME: usize = 64 << 20;
 
 /// Bytes of the length field.
 const HEADER: usize = 4;

@@ -1,0 +1,545 @@
+//! The block bench (`tcpxctl bench transfer --blocks N --block-size S`): N blocks of S bytes per
+//! transfer as block lists (WriteBlocks / ReadBlocks), beside one contiguous transfer of the same
+//! N × S bytes between the same buffers, in the same run.
+//!
+//! Each side's buffer holds N blocks back to back and is registered as one strided list. The
+//! block transfers pair source block `src[k]` with destination block `dst[k]`, two seeded
+//! permutations of 0..N, so both sides are scattered (no two neighbours on either side stay
+//! neighbours but by chance). Each transfer is started without waiting (its *posting* time:
+//! until the daemon answered TransferStarted, which includes the API's and the engine's checks
+//! and planning), then waited for (WaitTransfer); its latency runs from the start to the final
+//! event. After the block runs, every pair is compared (the two buffers read back and compared
+//! block by block when they hold at most 1 GiB, else 4,096 pairs checksummed); after the
+//! contiguous runs the two buffers' checksums must agree.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::daemon::{DaemonBenchError, DaemonPair, checksum, fill, register, release, rpc, transfer_failed};
+use crate::bench::{LatencyStats, Memory, Op, SEED};
+use crate::cli::output::Table;
+use crate::client::{ApiClient, format_bytes};
+use tcpxd::api::proto::v1::{
+    self as pb, ReadBlocksRequest, ReadEntry, ReadRequest, RegisterBlocksRequest, ReleaseBlocksRequest,
+    TransferStarted, WaitTransferRequest, WriteBlocksRequest, WriteEntry, WriteRequest, fill_buffer_request,
+    register_blocks_request::Layout,
+};
+use tcpxd::engine::blocks::{IndexArray, MAX_LIST_BLOCKS, MAX_TRANSFER_BLOCKS};
+
+/// Buffers up to this size are compared in full after the block runs.
+const FULL_COMPARE_BYTES: u64 = 1 << 30;
+/// Pairs checksummed when the buffers are larger.
+const SAMPLED_PAIRS: u32 = 4096;
+
+/// What the block bench moves.
+#[derive(Debug, Clone)]
+pub struct BlocksWorkload {
+    pub op: Op,
+    pub memory: Memory,
+    pub peer_memory: Option<Memory>,
+    pub blocks: u32,
+    pub block_size: u64,
+    pub iterations: u32,
+    pub warmup: u32,
+    pub seed: u64,
+}
+
+impl BlocksWorkload {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.blocks == 0 || u64::from(self.blocks) > MAX_TRANSFER_BLOCKS {
+            return Err(format!(
+                "--blocks: {} is outside 1..={MAX_TRANSFER_BLOCKS} (the most one transfer may move)",
+                self.blocks
+            ));
+        }
+        if self.blocks > MAX_LIST_BLOCKS {
+            return Err(format!("--blocks: over a list's {MAX_LIST_BLOCKS} blocks"));
+        }
+        if self.block_size == 0 || self.block_size > u64::from(u32::MAX) {
+            return Err(format!(
+                "--block-size: {} is outside 1..={} bytes",
+                self.block_size,
+                u32::MAX
+            ));
+        }
+        if self.bytes() > crate::bench::MAX_BUFFER_BYTES {
+            return Err(format!(
+                "--blocks × --block-size: {} exceeds {} per side",
+                format_bytes(self.bytes()),
+                format_bytes(crate::bench::MAX_BUFFER_BYTES)
+            ));
+        }
+        if self.iterations == 0 {
+            return Err("--iters: at least one measured iteration is needed".into());
+        }
+        Ok(())
+    }
+
+    pub fn bytes(&self) -> u64 {
+        u64::from(self.blocks) * self.block_size
+    }
+}
+
+/// Posting times and latencies of one kind of transfer.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    pub posting: LatencyStats,
+    pub latency: LatencyStats,
+}
+
+impl Measured {
+    /// GB/s (10^9 bytes a second) over the measured transfers back to back.
+    pub fn gbps(&self, bytes: u64, iterations: u32) -> f64 {
+        let t = self.latency.total.as_secs_f64();
+        if t > 0.0 {
+            bytes as f64 * f64::from(iterations) / t / 1e9
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The run's one row: the block transfers and the contiguous ones beside them.
+#[derive(Debug, Clone)]
+pub struct BlocksRow {
+    pub workload: BlocksWorkload,
+    pub blocks: Measured,
+    pub contiguous: Measured,
+    /// Every pair compared (or sampled) equal after the block runs, and the two buffers equal
+    /// after the contiguous runs.
+    pub verified: bool,
+    /// How the block runs were checked: "all pairs" or "N sampled pairs".
+    pub checked: String,
+}
+
+impl BlocksRow {
+    pub fn ratio(&self) -> f64 {
+        let w = &self.workload;
+        let c = self.contiguous.gbps(w.bytes(), w.iterations);
+        if c > 0.0 {
+            self.blocks.gbps(w.bytes(), w.iterations) / c
+        } else {
+            0.0
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        let w = &self.workload;
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        let side = |m: &Measured| {
+            json!({
+                "gbps": m.gbps(w.bytes(), w.iterations),
+                "posting_p50_us": us(m.posting.p50),
+                "posting_p99_us": us(m.posting.p99),
+                "latency_p50_us": us(m.latency.p50),
+                "latency_p99_us": us(m.latency.p99),
+            })
+        };
+        json!({
+            "harness": "daemon-blocks",
+            "op": w.op.name(),
+            "memory": w.memory.name(),
+            "peer_memory": w.peer_memory.unwrap_or(w.memory).name(),
+            "blocks": w.blocks,
+            "block_size": w.block_size,
+            "bytes": w.bytes(),
+            "iterations": w.iterations,
+            "seed": w.seed,
+            "scattered": side(&self.blocks),
+            "contiguous": side(&self.contiguous),
+            "ratio": self.ratio(),
+            "verified": self.verified,
+            "checked": self.checked,
+        })
+    }
+
+    pub fn table(&self) -> Table {
+        let w = &self.workload;
+        let us = |d: Duration| format!("{:.1}", d.as_secs_f64() * 1e6);
+        let mut t = Table::new([
+            "op",
+            "transfer",
+            "blocks",
+            "block size",
+            "bytes",
+            "GB/s",
+            "posting p50 (us)",
+            "posting p99 (us)",
+            "p50 (us)",
+            "p99 (us)",
+        ]);
+        for (name, n, m) in [
+            ("scattered", w.blocks, &self.blocks),
+            ("contiguous", 1, &self.contiguous),
+        ] {
+            t.row([
+                w.op.name().to_string(),
+                name.to_string(),
+                n.to_string(),
+                if n == 1 {
+                    format_bytes(w.bytes())
+                } else {
+                    format_bytes(w.block_size)
+                },
+                format_bytes(w.bytes()),
+                format!("{:.3}", m.gbps(w.bytes(), w.iterations)),
+                us(m.posting.p50),
+                us(m.posting.p99),
+                us(m.latency.p50),
+                us(m.latency.p99),
+            ]);
+        }
+        t
+    }
+}
+
+/// The permutation of 0..n a seed gives (splitmix64-driven Fisher–Yates): the same on every
+/// machine, so runs can be compared.
+pub fn permutation(n: u32, seed: u64) -> Vec<u32> {
+    let mut v: Vec<u32> = (0..n).collect();
+    let mut x = seed;
+    let mut next = || {
+        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    for i in (1..v.len()).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        v.swap(i, j);
+    }
+    v
+}
+
+/// Runs the block bench between a connected pair; the buffers and lists are released at the
+/// end, whatever happened (when `stop` completes first, Ctrl-C, with
+/// [`DaemonBenchError::Interrupted`]).
+pub async fn run_blocks_bench(
+    pair: &mut DaemonPair,
+    w: &BlocksWorkload,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<BlocksRow, DaemonBenchError> {
+    w.validate().map_err(DaemonBenchError::BadOption)?;
+    let bytes = w.bytes();
+    let label = |side: &str| format!("tcpxctl-bench-blocks-{}-{side}", std::process::id());
+    let local = register(&mut pair.a, w.memory, bytes, &label("local"), "--endpoint").await?;
+    let remote = match register(
+        &mut pair.b,
+        w.peer_memory.unwrap_or(w.memory),
+        bytes,
+        &label("remote"),
+        "--peer-endpoint",
+    )
+    .await
+    {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = release(&mut pair.a, local.id).await;
+            return Err(e);
+        }
+    };
+    // The lists go with their buffers.
+    let outcome = tokio::select! {
+        r = run(pair, w, &local, &remote) => r,
+        () = stop => Err(DaemonBenchError::Interrupted),
+    };
+    if matches!(outcome, Err(DaemonBenchError::Interrupted)) {
+        // A transfer cut short holds the buffers until the daemons end it.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let r1 = release(&mut pair.a, local.id).await;
+    let r2 = release(&mut pair.b, remote.id).await;
+    let row = outcome?;
+    r1?;
+    r2?;
+    Ok(row)
+}
+
+async fn list(
+    client: &mut ApiClient,
+    buffer: u64,
+    w: &BlocksWorkload,
+) -> Result<pb::BlockList, DaemonBenchError> {
+    client
+        .register_blocks(RegisterBlocksRequest {
+            buffer_id: buffer,
+            layout: Some(Layout::Strided(pb::StridedBlocks {
+                first: 0,
+                stride: w.block_size,
+                length: w.block_size as u32,
+                count: w.blocks,
+            })),
+        })
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(rpc(format!(
+            "registering a list of {} blocks in buffer {buffer}",
+            w.blocks
+        )))
+}
+
+/// One transfer: started (the posting time), then waited for (the latency, from the start).
+async fn timed(
+    client: &mut ApiClient,
+    what: &str,
+    start: impl std::future::Future<Output = Result<tonic::Response<TransferStarted>, tonic::Status>>,
+) -> Result<(Duration, Duration), DaemonBenchError> {
+    let t0 = Instant::now();
+    let started = start.await.map_err(rpc(what.to_string()))?.into_inner();
+    let posted = t0.elapsed();
+    let ev = client
+        .wait_transfer(WaitTransferRequest {
+            transfer_id: started.transfer_id,
+        })
+        .await
+        .map_err(rpc(format!("waiting for the {what}")))?
+        .into_inner();
+    let done = t0.elapsed();
+    if ev.status_code != 0 {
+        return Err(transfer_failed(what.to_string(), ev));
+    }
+    Ok((posted, done))
+}
+
+async fn run(
+    pair: &mut DaemonPair,
+    w: &BlocksWorkload,
+    local: &pb::Buffer,
+    remote: &pb::Buffer,
+) -> Result<BlocksRow, DaemonBenchError> {
+    let bytes = w.bytes();
+    let ll = list(&mut pair.a, local.id, w).await?;
+    let rl = list(&mut pair.b, remote.id, w).await?;
+    let (src_client, src_id) = match w.op {
+        Op::Write => (&mut pair.a, local.id),
+        Op::Read => (&mut pair.b, remote.id),
+    };
+    fill(
+        src_client,
+        src_id,
+        0,
+        0,
+        fill_buffer_request::Pattern::Seed(SEED),
+        "the source buffer",
+    )
+    .await?;
+    let local_idx = permutation(w.blocks, w.seed);
+    let remote_idx = permutation(w.blocks, w.seed.wrapping_add(1));
+    let li = crate::cli::commands::blocks::pack(&IndexArray::compact(&local_idx));
+    let ri = crate::cli::commands::blocks::pack(&IndexArray::compact(&remote_idx));
+    let timeout_ms = 600_000;
+    let (mut posting, mut latency) = (Vec::new(), Vec::new());
+    for k in 0..w.warmup + w.iterations {
+        let mut caller = pair.a.clone();
+        let (p, l) = match w.op {
+            Op::Write => {
+                let req = WriteBlocksRequest {
+                    local_list_id: ll.id,
+                    local_indices: Some(li.clone()),
+                    remote_token: rl.token.clone(),
+                    remote_indices: Some(ri.clone()),
+                    timeout_ms,
+                    ..Default::default()
+                };
+                timed(&mut pair.a, "block write", caller.write_blocks(req)).await?
+            }
+            Op::Read => {
+                let req = ReadBlocksRequest {
+                    remote_token: rl.token.clone(),
+                    remote_indices: Some(ri.clone()),
+                    local_list_id: ll.id,
+                    local_indices: Some(li.clone()),
+                    timeout_ms,
+                    wait: false,
+                };
+                timed(&mut pair.a, "block read", caller.read_blocks(req)).await?
+            }
+        };
+        if k >= w.warmup {
+            posting.push(p);
+            latency.push(l);
+        }
+    }
+    let blocks = Measured {
+        posting: LatencyStats::from_samples(&posting),
+        latency: LatencyStats::from_samples(&latency),
+    };
+    // Source block local_idx[k] (WRITE) landed in remote_idx[k], or the reverse (READ).
+    let (src_idx, dst_idx) = match w.op {
+        Op::Write => (&local_idx, &remote_idx),
+        Op::Read => (&remote_idx, &local_idx),
+    };
+    let (mut src_c, src_b, mut dst_c, dst_b) = match w.op {
+        Op::Write => (pair.a.clone(), local.id, pair.b.clone(), remote.id),
+        Op::Read => (pair.b.clone(), remote.id, pair.a.clone(), local.id),
+    };
+    let (mut verified, checked) = if bytes <= FULL_COMPARE_BYTES {
+        let s = read_all(&mut src_c, src_b, bytes).await?;
+        let d = read_all(&mut dst_c, dst_b, bytes).await?;
+        let bs = w.block_size as usize;
+        let ok = src_idx.iter().zip(dst_idx).all(|(&a, &b)| {
+            let (a, b) = (a as usize * bs, b as usize * bs);
+            s[a..a + bs] == d[b..b + bs]
+        });
+        (ok, "all pairs".to_string())
+    } else {
+        let mut ok = true;
+        let step = (w.blocks / SAMPLED_PAIRS).max(1);
+        let mut n = 0;
+        for k in (0..w.blocks).step_by(step as usize) {
+            let (a, b) = (src_idx[k as usize], dst_idx[k as usize]);
+            let ca = crc_at(&mut src_c, src_b, u64::from(a) * w.block_size, w.block_size).await?;
+            let cb = crc_at(&mut dst_c, dst_b, u64::from(b) * w.block_size, w.block_size).await?;
+            ok &= ca == cb;
+            n += 1;
+        }
+        (ok, format!("{n} sampled pairs"))
+    };
+    for l in [(&mut pair.a, ll.id), (&mut pair.b, rl.id)] {
+        l.0.release_blocks(ReleaseBlocksRequest { list_id: l.1 })
+            .await
+            .map_err(rpc(format!("releasing list {}", l.1)))?;
+    }
+
+    let (mut posting, mut latency) = (Vec::new(), Vec::new());
+    for k in 0..w.warmup + w.iterations {
+        let mut caller = pair.a.clone();
+        let (p, l) = match w.op {
+            Op::Write => {
+                let req = WriteRequest {
+                    entry: Some(WriteEntry {
+                        local_buffer_id: local.id,
+                        local_offset: 0,
+                        remote_descriptor: remote.descriptor.clone(),
+                        remote_offset: 0,
+                        length: bytes,
+                    }),
+                    timeout_ms,
+                    ..Default::default()
+                };
+                timed(&mut pair.a, "contiguous write", caller.write(req)).await?
+            }
+            Op::Read => {
+                let req = ReadRequest {
+                    entry: Some(ReadEntry {
+                        remote_descriptor: remote.descriptor.clone(),
+                        remote_offset: 0,
+                        local_buffer_id: local.id,
+                        local_offset: 0,
+                        length: bytes,
+                    }),
+                    timeout_ms,
+                    wait: false,
+                };
+                timed(&mut pair.a, "contiguous read", caller.read(req)).await?
+            }
+        };
+        if k >= w.warmup {
+            posting.push(p);
+            latency.push(l);
+        }
+    }
+    let a = checksum(&mut pair.a, local.id, bytes, "the local buffer").await?;
+    let b = checksum(&mut pair.b, remote.id, bytes, "the remote buffer").await?;
+    verified &= a == b;
+    Ok(BlocksRow {
+        workload: w.clone(),
+        blocks,
+        contiguous: Measured {
+            posting: LatencyStats::from_samples(&posting),
+            latency: LatencyStats::from_samples(&latency),
+        },
+        verified,
+        checked,
+    })
+}
+
+async fn read_all(client: &mut ApiClient, buffer: u64, bytes: u64) -> Result<Vec<u8>, DaemonBenchError> {
+    let mut out = Vec::with_capacity(bytes as usize);
+    let mut off = 0;
+    while off < bytes {
+        let n = (bytes - off).min(1 << 20);
+        let r = client
+            .read_buffer(pb::ReadBufferRequest {
+                buffer_id: buffer,
+                offset: off,
+                length: n,
+            })
+            .await
+            .map_err(rpc(format!("reading buffer {buffer} back")))?
+            .into_inner();
+        out.extend_from_slice(&r.data);
+        off += n;
+    }
+    Ok(out)
+}
+
+async fn crc_at(
+    client: &mut ApiClient,
+    buffer: u64,
+    offset: u64,
+    length: u64,
+) -> Result<u32, DaemonBenchError> {
+    Ok(client
+        .checksum_buffer(pb::ChecksumBufferRequest {
+            buffer_id: buffer,
+            offset,
+            length,
+        })
+        .await
+        .map_err(rpc(format!("checksumming buffer {buffer}")))?
+        .into_inner()
+        .crc32c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permutations_are_seeded_and_complete() {
+        let p = permutation(1000, 1);
+        assert_eq!(p, permutation(1000, 1));
+        assert_ne!(p, permutation(1000, 2));
+        let mut s = p.clone();
+        s.sort_unstable();
+        assert_eq!(s, (0..1000).collect::<Vec<_>>());
+        let neighbours = p.windows(2).filter(|w| w[1] == w[0] + 1).count();
+        assert!(neighbours < 10, "scattered: {neighbours} neighbours kept");
+    }
+
+    #[test]
+    fn workloads_name_the_option_at_fault() {
+        let w = BlocksWorkload {
+            op: Op::Write,
+            memory: Memory::Host,
+            peer_memory: None,
+            blocks: 1000,
+            block_size: 4096,
+            iterations: 5,
+            warmup: 1,
+            seed: 1,
+        };
+        assert!(w.validate().is_ok());
+        let bad = |f: fn(&mut BlocksWorkload), want: &str| {
+            let mut x = w.clone();
+            f(&mut x);
+            let e = x.validate().unwrap_err();
+            assert!(e.starts_with(want), "{e}");
+        };
+        bad(|x| x.blocks = 0, "--blocks");
+        bad(|x| x.blocks = 5_000_000, "--blocks");
+        bad(|x| x.block_size = 0, "--block-size");
+        bad(|x| x.block_size = 1 << 33, "--block-size");
+        bad(|x| x.iterations = 0, "--iters");
+        bad(
+            |x| {
+                x.blocks = 1 << 22;
+                x.block_size = 1 << 20
+            },
+            "--blocks × --block-size",
+        );
+    }
+}
