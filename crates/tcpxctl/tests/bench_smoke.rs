@@ -289,7 +289,7 @@ fn bench_transfer_on_cuda_memory_with_the_raw_bench() {
 #[test]
 fn bench_transfer_blocks_measures_scattered_beside_contiguous() {
     let out_file = temp_file("blocks.jsonl");
-    let daemon = common::tcpxd_bin().display().to_string();
+    let daemon = tcpxd_testkit::workspace_bin("tcpxd").display().to_string();
     let out = tcpxctl(&[
         "bench",
         "transfer",

@@ -426,7 +426,7 @@ fn batches_of_many_chunks_and_their_reports() {
     use tcpxd::unpack::blocks::scatter_host;
 
     let gpu = gpu();
-    let mut rng = Rng(0x5EED_0003);
+    let mut rng = Rng::new(0x5EED_0003);
     let (n, len, chunk) = (2000u32, 1000u32, 50_000u32);
     let stride = u64::from(len) + 5;
     let list = |id, first| {
