@@ -14,34 +14,45 @@ use crate::engine::{self, EntrySpec, Outcome, RemoteRange, TransferId};
 use crate::poller::{Command, PeerLink, Phase, TransferStatus};
 
 impl DaemonState {
-    fn remote(
+    /// Entry `i`'s remote side: its descriptor parsed (or taken from `last`, the previous
+    /// entry's when the string is the same, as in most batches), checked against the range and
+    /// resolved to a pairing. Field names are formatted only for an error.
+    fn remote<'d>(
         &self,
         i: usize,
-        descriptor: &str,
+        descriptor: &'d str,
         offset: u64,
         length: u64,
+        last: &mut Option<(&'d str, Descriptor, engine::PeerIdx)>,
     ) -> Result<(engine::PeerIdx, RemoteRange), Status> {
-        let field = format!("entries[{i}].remote_descriptor");
-        let d = Descriptor::parse(&field, descriptor).map_err(status)?;
-        if d.node_id == self.node_id {
-            return Err(Status::invalid_argument(format!(
-                "{field}: names a buffer of this node ({}); transfers go between nodes",
-                self.node_id
-            )));
+        let field = || format!("entries[{i}].remote_descriptor");
+        if last.as_ref().is_none_or(|(s, _, _)| *s != descriptor) {
+            let d = Descriptor::parse(&field(), descriptor).map_err(status)?;
+            if d.node_id == self.node_id {
+                return Err(Status::invalid_argument(format!(
+                    "{}: names a buffer of this node ({}); transfers go between nodes",
+                    field(),
+                    self.node_id
+                )));
+            }
+            let peer = self.peer_of(&field(), &d.node_id)?;
+            *last = Some((descriptor, d, peer));
         }
-        if let Some(why) = engine::range_fault(
-            &format!("entries[{i}].remote_offset"),
-            &format!("entries[{i}].length"),
-            "the remote buffer",
-            d.size,
-            offset,
-            length,
-        ) {
+        let (_, d, peer) = last.as_ref().expect("just set");
+        if offset.checked_add(length).is_none_or(|end| end > d.size)
+            && let Some(why) = engine::range_fault(
+                &format!("entries[{i}].remote_offset"),
+                &format!("entries[{i}].length"),
+                "the remote buffer",
+                d.size,
+                offset,
+                length,
+            )
+        {
             return Err(Status::invalid_argument(why));
         }
-        let peer = self.peer_of(&field, &d.node_id)?;
         Ok((
-            peer,
+            *peer,
             RemoteRange {
                 buffer_id: d.buffer_id,
                 access_key: d.key,
@@ -402,18 +413,30 @@ impl DaemonState {
                 "entries: at least one entry is required",
             ));
         }
+        // Counted before any descriptor is parsed: an oversized batch costs nothing to refuse.
+        let limit = crate::engine::DEFAULT_MAX_ENTRIES;
+        if entries.len() > limit {
+            return Err(Status::invalid_argument(format!(
+                "entries: {} entries exceed the limit of {limit}",
+                entries.len()
+            )));
+        }
         let mut specs = Vec::with_capacity(entries.len());
         let mut total = 0u64;
+        let (mut last, mut last_local) = (None, None);
         for (i, e) in entries.enumerate() {
             if e.length == 0 {
                 return Err(Status::invalid_argument(format!(
                     "entries[{i}].length: must be at least 1 byte"
                 )));
             }
-            self.buffers
-                .get_as(&local_buffer_field(i), e.local_buffer)
-                .map_err(status)?;
-            let (peer, remote) = self.remote(i, e.remote_descriptor, e.remote_offset, e.length)?;
+            if last_local != Some(e.local_buffer) {
+                self.buffers
+                    .get_as(&local_buffer_field(i), e.local_buffer)
+                    .map_err(status)?;
+                last_local = Some(e.local_buffer);
+            }
+            let (peer, remote) = self.remote(i, e.remote_descriptor, e.remote_offset, e.length, &mut last)?;
             total = total.saturating_add(e.length);
             specs.push(EntrySpec {
                 local_buffer: e.local_buffer,
