@@ -17,6 +17,41 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
     let other = host_buffer(&mut b.client, MIB, "other").await;
     fill_seed(&mut b.client, dst.id, 0, 0, 1).await;
     fill_seed(&mut b.client, other.id, 0, 0, 2).await;
+    // Block lists for the block offers and reads below: 16 blocks of 4 KiB, and three of 4096,
+    // 1000 and 4096 bytes.
+    let blk = host_buffer(&mut b.client, MIB, "blk").await;
+    fill_seed(&mut b.client, blk.id, 0, 0, 3).await;
+    let mut register = async |layout| {
+        b.client
+            .register_blocks(pb::RegisterBlocksRequest {
+                buffer_id: blk.id,
+                layout: Some(layout),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .id
+    };
+    use pb::register_blocks_request::Layout as L;
+    let uniform = register(L::Strided(pb::StridedBlocks {
+        first: 0,
+        stride: 8192,
+        length: 4096,
+        count: 16,
+    }))
+    .await;
+    let mixed = register(L::Explicit(pb::ExplicitBlocks {
+        offsets: [0u64, 100_000, 200_000]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+        lengths: [4096u32, 1000, 4096]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+    }))
+    .await;
+    let blk_key = key_of(&blk);
     let before = snapshot(&mut [&mut b.client]).await;
     let key = key_of(&dst);
     let mut n = 0usize;
@@ -179,8 +214,8 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             .into_inner()
             .buffers
             .len(),
-        2,
-        "a malformed request registered nothing"
+        3,
+        "a malformed request registered nothing (dst, other, blk)"
     );
 
     // ---- Control stream openings -----------------------------------------------------------
@@ -264,6 +299,7 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             notification: Vec::new(),
             deadline_ms: 10_000,
             coalesced: false,
+            blocks: None,
         }
     };
     let ok_range = || range(dst.id, &key, 0, 4096);
@@ -289,11 +325,11 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
         Ctl::Offer(offer(vec![]), Code::InvalidArgument, "0 ranges", 0),
     ));
     ctl.push((
-        "4097 ranges".into(),
+        "65537 ranges".into(),
         Ctl::Offer(
-            offer(vec![ok_range(); 4097]),
+            offer(vec![ok_range(); 65_537]),
             Code::InvalidArgument,
-            "4097 ranges",
+            "65537 ranges",
             0,
         ),
     ));
@@ -430,6 +466,7 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             read_id,
             pairs,
             deadline_ms: 10_000,
+            blocks: None,
         }
     };
     let far = || range(1, &[9; 16], 0, 4096);
@@ -438,11 +475,11 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
         Ctl::Read(read(vec![]), Code::InvalidArgument, "0 ranges", 0),
     ));
     ctl.push((
-        "read of 4097 pairs".into(),
+        "read of 65537 pairs".into(),
         Ctl::Read(
-            read(vec![pair(ok_range(), far()); 4097]),
+            read(vec![pair(ok_range(), far()); 65_537]),
             Code::InvalidArgument,
-            "4097",
+            "65537",
             0,
         ),
     ));
@@ -534,6 +571,291 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             Ctl::Read(read(pairs), Code::InvalidArgument, "past the end", 9),
         ));
     }
+    // Block offers and block reads (docs/BLOCKS.md): refused naming the field, nothing posted.
+    let le = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let header = |list_id: u64, indices: Vec<u8>| ppb::BlockHeader {
+        list_id,
+        access_key: key.clone(),
+        encoding: ppb::IndexEncoding::U32Le as i32,
+        indices,
+        uniform_length: 4096,
+        lengths: Vec::new(),
+        total: 4096,
+    };
+    let good_header = || header(1, le(&[0]));
+    let mut block_cases: Vec<(String, ppb::BlockHeader, Code, &'static str)> = vec![
+        (
+            "block offer to an unknown list".into(),
+            header(424_242, le(&[0])),
+            Code::NotFound,
+            "blocks.list_id: list 424242 does not exist",
+        ),
+        (
+            "block offer with a 3-byte key".into(),
+            ppb::BlockHeader {
+                access_key: vec![1; 3],
+                ..good_header()
+            },
+            Code::InvalidArgument,
+            "blocks.access_key: 3 bytes, expected 16",
+        ),
+        (
+            "block offer with 5 index bytes".into(),
+            header(1, vec![0; 5]),
+            Code::InvalidArgument,
+            "blocks.indices: 5 bytes are not a whole number of 4-byte indices",
+        ),
+        (
+            "block offer with no indices".into(),
+            header(1, Vec::new()),
+            Code::InvalidArgument,
+            "blocks.indices: at least one block is required",
+        ),
+        (
+            "block offer with index encoding 7".into(),
+            ppb::BlockHeader {
+                encoding: 7,
+                ..good_header()
+            },
+            Code::InvalidArgument,
+            "blocks.indices: unknown index encoding 7",
+        ),
+        (
+            "block offer with an empty index range".into(),
+            ppb::BlockHeader {
+                encoding: ppb::IndexEncoding::Ranges as i32,
+                indices: le(&[3, 0]),
+                ..good_header()
+            },
+            Code::InvalidArgument,
+            "blocks.indices: range 0 (3, 0) is empty",
+        ),
+        (
+            "block offer of more than MAX_TRANSFER_BLOCKS".into(),
+            ppb::BlockHeader {
+                encoding: ppb::IndexEncoding::Ranges as i32,
+                indices: le(&[0, 4_194_305]),
+                ..good_header()
+            },
+            Code::InvalidArgument,
+            "blocks.indices: 4194305 blocks exceed the limit of 4194304",
+        ),
+        (
+            "block offer with neither lengths".into(),
+            ppb::BlockHeader {
+                uniform_length: 0,
+                ..good_header()
+            },
+            Code::InvalidArgument,
+            "blocks.uniform_length: 0 and no lengths",
+        ),
+        (
+            "block offer with both lengths".into(),
+            ppb::BlockHeader {
+                lengths: le(&[4096]),
+                ..good_header()
+            },
+            Code::InvalidArgument,
+            "blocks.lengths: given with uniform_length 4096",
+        ),
+        (
+            "block offer with 6 bytes of lengths".into(),
+            ppb::BlockHeader {
+                uniform_length: 0,
+                lengths: vec![0; 6],
+                ..good_header()
+            },
+            Code::InvalidArgument,
+            "blocks.lengths: 6 bytes are not a whole number of u32 lengths",
+        ),
+    ];
+    // Against real lists.
+    let on_list = |list: u64, idx: &[u32], uniform_length: u32, total: u64| ppb::BlockHeader {
+        list_id: list,
+        access_key: blk_key.clone(),
+        encoding: ppb::IndexEncoding::U32Le as i32,
+        indices: le(idx),
+        uniform_length,
+        lengths: Vec::new(),
+        total,
+    };
+    block_cases.extend([
+        (
+            "block offer past the list".to_string(),
+            on_list(uniform, &[3, 16], 4096, 8192),
+            Code::InvalidArgument,
+            "blocks.indices[1]: block 16 is past the list's 16 blocks",
+        ),
+        (
+            "block offer naming a block twice".into(),
+            on_list(uniform, &[5, 7, 5], 4096, 3 * 4096),
+            Code::InvalidArgument,
+            "blocks.indices[2]: block 5 is already named at 0",
+        ),
+        (
+            "block offer whose lengths disagree with the list".into(),
+            on_list(mixed, &[0, 1, 2], 4096, 3 * 4096),
+            Code::InvalidArgument,
+            "blocks.indices[1]: block 1 is 1000 bytes, but its partner is 4096 bytes",
+        ),
+        (
+            "block offer with more lengths than indices".into(),
+            ppb::BlockHeader {
+                uniform_length: 0,
+                lengths: le(&[4096, 4096]),
+                ..on_list(uniform, &[1], 0, 4096)
+            },
+            Code::InvalidArgument,
+            "blocks.indices: 1 blocks, but lengths names 2",
+        ),
+        (
+            "block offer whose total disagrees".into(),
+            on_list(uniform, &[1, 2], 4096, 8193),
+            Code::InvalidArgument,
+            "blocks.total: the header says 8193 bytes, but its 2 blocks hold 8192",
+        ),
+        (
+            "block offer with another buffer's key".into(),
+            ppb::BlockHeader {
+                access_key: key.clone(),
+                ..on_list(uniform, &[1], 4096, 4096)
+            },
+            Code::PermissionDenied,
+            "blocks.access_key: wrong access key for list",
+        ),
+    ]);
+    for (name, h, code, words) in block_cases.drain(..) {
+        let mut o = offer(Vec::new());
+        o.blocks = Some(h);
+        ctl.push((name, Ctl::Offer(o, code, words, 0)));
+    }
+    {
+        let mut o = offer(vec![ok_range()]);
+        o.blocks = Some(good_header());
+        ctl.push((
+            "block offer with ranges too".into(),
+            Ctl::Offer(
+                o,
+                Code::InvalidArgument,
+                "ranges: a block offer carries its destinations in `blocks`",
+                0,
+            ),
+        ));
+        let mut o = offer(vec![
+            ok_range(),
+            ok_range(),
+            range(other.id, &key_of(&other), 0, 4096),
+        ]);
+        o.coalesced = true;
+        ctl.push((
+            "coalesced offer naming two buffers".into(),
+            Ctl::Offer(
+                o,
+                Code::InvalidArgument,
+                "ranges[2].buffer_id: a coalesced offer's ranges must lie in one buffer",
+                2,
+            ),
+        ));
+    }
+    let read_blocks = |source_list: u64, source_indices: Vec<u8>| ppb::ReadBlocks {
+        source_list,
+        source_key: key.clone(),
+        source_encoding: ppb::IndexEncoding::U32Le as i32,
+        source_indices,
+        dest: Some(ppb::BlockHeader {
+            access_key: vec![9; 16],
+            ..good_header()
+        }),
+    };
+    let read_cases: Vec<(String, ppb::ReadBlocks, Code, &'static str)> = vec![
+        (
+            "block read of an unknown list".into(),
+            read_blocks(424_242, le(&[0])),
+            Code::NotFound,
+            "blocks.source_list: list 424242 does not exist",
+        ),
+        (
+            "block read with a 17-byte key".into(),
+            ppb::ReadBlocks {
+                source_key: vec![1; 17],
+                ..read_blocks(1, le(&[0]))
+            },
+            Code::InvalidArgument,
+            "blocks.source_key: 17 bytes, expected 16",
+        ),
+        (
+            "block read of more than MAX_TRANSFER_BLOCKS".into(),
+            ppb::ReadBlocks {
+                source_encoding: ppb::IndexEncoding::Ranges as i32,
+                ..read_blocks(1, le(&[0, 4_194_305]))
+            },
+            Code::InvalidArgument,
+            "blocks.source_indices: 4194305 blocks exceed the limit of 4194304",
+        ),
+        (
+            "block read without a destination".into(),
+            ppb::ReadBlocks {
+                dest: None,
+                ..read_blocks(1, le(&[0]))
+            },
+            Code::InvalidArgument,
+            "blocks.dest: missing",
+        ),
+        (
+            "block read with a destination of 2 index bytes".into(),
+            ppb::ReadBlocks {
+                dest: Some(header(1, vec![0; 2])),
+                ..read_blocks(1, le(&[0]))
+            },
+            Code::InvalidArgument,
+            "blocks.dest.indices: 2 bytes are not a whole number",
+        ),
+    ];
+    let mut read_cases = read_cases;
+    read_cases.extend([
+        (
+            "block read past the holder's list".to_string(),
+            ppb::ReadBlocks {
+                source_key: blk_key.clone(),
+                ..read_blocks(uniform, le(&[16]))
+            },
+            Code::InvalidArgument,
+            "blocks.source_indices[0]: block 16 is past the list's 16 blocks",
+        ),
+        (
+            "block read whose lengths disagree with the holder's list".into(),
+            ppb::ReadBlocks {
+                source_key: blk_key.clone(),
+                ..read_blocks(mixed, le(&[1]))
+            },
+            Code::InvalidArgument,
+            "blocks.source_indices[0]: block 1 is 1000 bytes, but its partner is 4096 bytes",
+        ),
+        (
+            "block read with another buffer's key".into(),
+            read_blocks(uniform, le(&[0])),
+            Code::PermissionDenied,
+            "blocks.source_key: wrong access key for list",
+        ),
+    ]);
+    for (name, rb, code, words) in read_cases {
+        let mut r = read(Vec::new());
+        r.blocks = Some(rb);
+        ctl.push((name, Ctl::Read(r, code, words, 0)));
+    }
+    {
+        let mut r = read(vec![pair(ok_range(), far())]);
+        r.blocks = Some(read_blocks(1, le(&[0])));
+        ctl.push((
+            "block read with pairs too".into(),
+            Ctl::Read(
+                r,
+                Code::InvalidArgument,
+                "pairs: a block read request carries its ranges in `blocks`",
+                0,
+            ),
+        ));
+    }
     // Messages about ids nobody knows.
     use ppb::peer_message::Body;
     for id in [0u64, 1, 999_999, u64::MAX] {
@@ -620,6 +942,56 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             }
             Ctl::Ignored(body) => fake.tx.send(msg(body)).await.unwrap(),
         }
+    }
+    // A rekey makes the list's tokens stale: the old key is refused for block offers and reads.
+    b.client
+        .rekey_buffer(pb::RekeyBufferRequest { buffer_id: blk.id })
+        .await
+        .unwrap();
+    n += 1;
+    let mut o = offer(Vec::new());
+    o.blocks = Some(on_list(uniform, &[1], 4096, 4096));
+    let id = o.offer_id;
+    fake.tx.send(msg(Body::Offer(o))).await.unwrap();
+    match fake.next().await {
+        Body::Reject(r) => {
+            assert_eq!(
+                (r.offer_id, r.code),
+                (id, Code::PermissionDenied as i32),
+                "{}",
+                r.message
+            );
+            assert!(
+                r.message.starts_with("blocks.access_key: wrong access key"),
+                "{}",
+                r.message
+            );
+        }
+        other => panic!("stale block offer: {other:?}"),
+    }
+    n += 1;
+    let mut r = read(Vec::new());
+    r.blocks = Some(ppb::ReadBlocks {
+        source_key: blk_key.clone(),
+        ..read_blocks(uniform, le(&[0]))
+    });
+    let id = r.read_id;
+    fake.tx.send(msg(Body::ReadRequest(r))).await.unwrap();
+    match fake.next().await {
+        Body::ReadReject(r) => {
+            assert_eq!(
+                (r.read_id, r.code),
+                (id, Code::PermissionDenied as i32),
+                "{}",
+                r.message
+            );
+            assert!(
+                r.message.starts_with("blocks.source_key: wrong access key"),
+                "{}",
+                r.message
+            );
+        }
+        other => panic!("stale block read: {other:?}"),
     }
     // The ignored messages did no harm: the stream answers in order and the peer is not failed.
     let probe = offer(vec![range(dst.id, &key, SIZE, 1)]);
