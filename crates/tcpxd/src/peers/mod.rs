@@ -39,7 +39,10 @@ use settle::{Dialing, LockMap, Settle, Slot};
 /// 3: `ReceiveMode` may split the lanes (auto: eager lanes and rendezvous lanes on one pairing),
 /// which a protocol-2 sender would misread (it would plan eager chunks over every lane), so the
 /// two refuse to pair.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 4: offers may be coalesced (cut as one stream of their ranges' total) or carry block lists; a
+/// protocol-3 receiver would ignore `coalesced` and plan one chunk sequence per range, so every
+/// lane would fall out of step: the two refuse to pair.
+pub const PROTOCOL_VERSION: u32 = 4;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;
 /// Largest control message: a block offer's header carries the receiver's indices and the
