@@ -298,21 +298,14 @@ impl Engine {
                     },
                 });
                 // Our READ this header claims to serve fails with the reason.
-                if let Some(r) = read
-                    .and_then(|rid| self.reads.get(&rid))
-                    .filter(|r| r.peer == peer)
-                    && r.offer.is_none()
-                    && !r.cancelled
-                {
-                    let (t, entry) = (r.transfer, r.entries.get(range_index as usize).copied());
-                    let node = self.peers[&peer].node_id.clone();
-                    self.fail_transfer(
-                        t,
-                        code,
-                        &format!("node {node} sent data this node refused: {message}"),
-                        entry,
-                    );
-                }
+                self.fail_refused_read(
+                    peer,
+                    read,
+                    code,
+                    "sent data this node refused",
+                    &message,
+                    range_index,
+                );
             }
         }
         if chunks_total > 0 {

@@ -213,8 +213,10 @@ impl Engine {
             Err((code, message, idx)) => {
                 self.actions.push_back(Action::Control {
                     peer,
-                    msg: reject(code, message, idx),
+                    msg: reject(code, message.clone(), idx),
                 });
+                let read = (offer.read_id != 0).then_some(offer.read_id);
+                self.fail_refused_read(peer, read, code, "offered data this node refused", &message, idx);
                 return;
             }
         };
@@ -275,6 +277,29 @@ impl Engine {
             },
         });
         self.pump(peer);
+    }
+
+    /// Our READ that a refused offer or header claimed to serve (still waiting for it) fails with
+    /// the reason: the holder sent what we did not ask for.
+    pub(super) fn fail_refused_read(
+        &mut self,
+        peer: PeerIdx,
+        read: Option<u64>,
+        code: Code,
+        what: &str,
+        message: &str,
+        range_index: u32,
+    ) {
+        if let Some(r) = read
+            .and_then(|rid| self.reads.get(&rid))
+            .filter(|r| r.peer == peer)
+            && r.offer.is_none()
+            && !r.cancelled
+        {
+            let (t, entry) = (r.transfer, r.entries.get(range_index as usize).copied());
+            let node = self.peers[&peer].node_id.clone();
+            self.fail_transfer(t, code, &format!("node {node} {what}: {message}"), entry);
+        }
     }
 
     pub(super) fn set_running(&mut self, id: TransferId) {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::*;
 
 mod auto;
+mod block_transfers;
 mod coalesced;
 mod eager;
 mod lifecycle;

@@ -192,7 +192,7 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
     expect_err(
         "batch over the entry limit",
         ac.write_batch(pb::WriteBatchRequest {
-            entries: vec![good(1); 4097],
+            entries: vec![good(1); 65_537],
             notification: vec![],
             timeout_ms: 0,
             ready_event_ipc_handle: Vec::new(),
@@ -200,7 +200,7 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
         })
         .await,
         Code::InvalidArgument,
-        "4097 entries",
+        "65537 entries",
     );
 
     // ---- WRITE, refused by the remote (the offer is rejected, nothing posted) --------------

@@ -503,6 +503,7 @@ mod hostile {
             notification: Vec::new(),
             deadline_ms: 10_000,
             coalesced: false,
+            blocks: None,
         }
     }
 

@@ -631,4 +631,6 @@ pub mod plain {
     unsafe impl Plain for u64 {}
     // SAFETY: two u32 and a u64, any bit pattern valid.
     unsafe impl Plain for tcpxd_abi::loadMeta {}
+    // SAFETY: a u64 and two u32 (`repr(C)`, 16 bytes, no padding), any bit pattern valid.
+    unsafe impl Plain for crate::engine::blocks::Segment {}
 }

@@ -9,6 +9,7 @@
 
 /// The v7 ABI mirror (the `tcpxd-abi` crate, shared with the emulation plugin).
 pub use tcpxd_abi as abi;
+pub mod blocks;
 mod comm;
 mod error;
 pub mod log_limit;

@@ -14,7 +14,8 @@ use tokio_stream::Stream;
 use tonic::{Status, Streaming};
 
 use crate::api::proto::peer as pb;
-use crate::engine::{self, Code, Offer, PeerIdx, PeerMsg, ReadPair, RemoteRange};
+use crate::engine::blocks::{BlockHeader, IndexArray, IndexEncoding, PairLengths};
+use crate::engine::{self, Code, Offer, PeerIdx, PeerMsg, ReadBlocks, ReadPair, RemoteRange};
 use crate::poller::Command;
 
 /// A peer's outbound control stream: the messages the poller sends this peer, plus a heartbeat
@@ -156,6 +157,100 @@ fn range_from_pb(field: &str, r: Option<&pb::RemoteRange>) -> Result<RemoteRange
     })
 }
 
+fn key_from_pb(field: &str, key: &[u8]) -> Result<[u8; 16], String> {
+    key.try_into()
+        .map_err(|_| format!("{field}: {} bytes, expected 16", key.len()))
+}
+
+fn encoding_to_pb(e: IndexEncoding) -> i32 {
+    match e {
+        IndexEncoding::U32Le => pb::IndexEncoding::U32Le as i32,
+        IndexEncoding::Ranges => pb::IndexEncoding::Ranges as i32,
+    }
+}
+
+fn indices_from_pb(field: &str, encoding: i32, bytes: Vec<u8>) -> Result<IndexArray, String> {
+    let encoding = match pb::IndexEncoding::try_from(encoding) {
+        Ok(pb::IndexEncoding::U32Le) => IndexEncoding::U32Le,
+        Ok(pb::IndexEncoding::Ranges) => IndexEncoding::Ranges,
+        Err(_) => return Err(format!("{field}: unknown index encoding {encoding}")),
+    };
+    IndexArray::parse(encoding, bytes, field).map_err(|e| e.to_string())
+}
+
+fn header_to_pb(h: &BlockHeader) -> pb::BlockHeader {
+    let (uniform_length, lengths) = match &h.lengths {
+        PairLengths::Uniform(l) => (*l, Vec::new()),
+        PairLengths::Each(b) => (0, b.clone()),
+    };
+    pb::BlockHeader {
+        list_id: h.list_id,
+        access_key: h.access_key.to_vec(),
+        encoding: encoding_to_pb(h.indices.encoding()),
+        indices: h.indices.bytes().to_vec(),
+        uniform_length,
+        lengths,
+        total: h.total,
+    }
+}
+
+/// A block header as received (`field`: where it sits, `blocks` or `blocks.dest`); whether it
+/// agrees with a list is the engine's check.
+fn header_from_pb(field: &str, h: pb::BlockHeader) -> Result<BlockHeader, String> {
+    let access_key = key_from_pb(&format!("{field}.access_key"), &h.access_key)?;
+    let encoding = h.encoding;
+    let indices = indices_from_pb(&format!("{field}.indices"), encoding, h.indices)?;
+    let lengths = match (h.uniform_length, h.lengths.is_empty()) {
+        (0, true) => {
+            return Err(format!(
+                "{field}.uniform_length: 0 and no lengths (give one of the two)"
+            ));
+        }
+        (u, true) => PairLengths::Uniform(u),
+        (0, false) if h.lengths.len() % 4 != 0 => {
+            return Err(format!(
+                "{field}.lengths: {} bytes are not a whole number of u32 lengths",
+                h.lengths.len()
+            ));
+        }
+        (0, false) => PairLengths::Each(h.lengths),
+        (u, false) => {
+            return Err(format!(
+                "{field}.lengths: given with uniform_length {u} (give one of the two)"
+            ));
+        }
+    };
+    Ok(BlockHeader {
+        list_id: h.list_id,
+        access_key,
+        indices,
+        lengths,
+        total: h.total,
+    })
+}
+
+fn read_blocks_to_pb(b: &ReadBlocks) -> pb::ReadBlocks {
+    pb::ReadBlocks {
+        source_list: b.source_list,
+        source_key: b.source_key.to_vec(),
+        source_encoding: encoding_to_pb(b.source_indices.encoding()),
+        source_indices: b.source_indices.bytes().to_vec(),
+        dest: Some(header_to_pb(&b.dest)),
+    }
+}
+
+fn read_blocks_from_pb(b: pb::ReadBlocks) -> Result<ReadBlocks, String> {
+    let source_key = key_from_pb("blocks.source_key", &b.source_key)?;
+    let source_indices = indices_from_pb("blocks.source_indices", b.source_encoding, b.source_indices)?;
+    let dest = b.dest.ok_or_else(|| "blocks.dest: missing".to_string())?;
+    Ok(ReadBlocks {
+        source_list: b.source_list,
+        source_key,
+        source_indices,
+        dest: header_from_pb("blocks.dest", dest)?,
+    })
+}
+
 /// Engine message → wire.
 pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
     use pb::peer_message::Body;
@@ -168,6 +263,7 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
         notification: o.notification.clone(),
         deadline_ms: o.deadline_ms,
         coalesced: o.coalesced,
+        blocks: o.blocks.as_deref().map(header_to_pb),
     };
     let body = match m {
         PeerMsg::ReceiveMode {
@@ -221,7 +317,7 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             read_id,
             pairs,
             deadline_ms,
-            blocks: _,
+            blocks,
         } => Body::ReadRequest(pb::ReadRequest {
             read_id: *read_id,
             pairs: pairs
@@ -232,6 +328,7 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
                 })
                 .collect(),
             deadline_ms: *deadline_ms,
+            blocks: blocks.as_deref().map(read_blocks_to_pb),
         }),
         PeerMsg::ReadReject {
             read_id,
@@ -286,6 +383,10 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                 .enumerate()
                 .map(|(i, r)| range_from_pb(&format!("header.ranges[{i}]"), Some(r)))
                 .collect();
+            let blocks = o
+                .blocks
+                .map(|h| header_from_pb("header.blocks", h).map(Box::new))
+                .transpose();
             PeerMsg::Header(Offer {
                 offer_id: o.offer_id,
                 read_id: o.read_id,
@@ -294,7 +395,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                 ranges: ranges.map_err(Malformed::Fatal)?,
                 notification: o.notification,
                 deadline_ms: o.deadline_ms,
-                blocks: None,
+                blocks: blocks.map_err(Malformed::Fatal)?,
                 coalesced: o.coalesced,
             })
         }
@@ -305,8 +406,12 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                 .enumerate()
                 .map(|(i, r)| range_from_pb(&format!("ranges[{i}]"), Some(r)))
                 .collect();
-            match ranges {
-                Ok(ranges) => PeerMsg::Offer(Offer {
+            let blocks = o
+                .blocks
+                .map(|h| header_from_pb("blocks", h).map(Box::new))
+                .transpose();
+            match ranges.and_then(|r| Ok((r, blocks?))) {
+                Ok((ranges, blocks)) => PeerMsg::Offer(Offer {
                     offer_id: o.offer_id,
                     read_id: o.read_id,
                     chunk_bytes: o.chunk_bytes,
@@ -314,7 +419,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                     ranges,
                     notification: o.notification,
                     deadline_ms: o.deadline_ms,
-                    blocks: None,
+                    blocks,
                     coalesced: o.coalesced,
                 }),
                 Err(why) => {
@@ -355,12 +460,13 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                     })
                 })
                 .collect();
-            match pairs {
-                Ok(pairs) => PeerMsg::ReadRequest {
+            let blocks = r.blocks.map(|b| read_blocks_from_pb(b).map(Box::new)).transpose();
+            match pairs.and_then(|p| Ok((p, blocks?))) {
+                Ok((pairs, blocks)) => PeerMsg::ReadRequest {
                     read_id: r.read_id,
                     pairs,
                     deadline_ms: r.deadline_ms,
-                    blocks: None,
+                    blocks,
                 },
                 Err(why) => {
                     return Err(Malformed::Refuse(engine::Malformed::ReadRequest {
@@ -381,4 +487,99 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
             reason: g.reason.chars().take(4096).collect(),
         },
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn offer(blocks: Option<BlockHeader>, coalesced: bool) -> Offer {
+        Offer {
+            offer_id: 7,
+            read_id: 3,
+            chunk_bytes: 4096,
+            first_lane: 1,
+            ranges: Vec::new(),
+            notification: b"n".to_vec(),
+            deadline_ms: 9,
+            blocks: blocks.map(Box::new),
+            coalesced,
+        }
+    }
+
+    fn header(lengths: PairLengths, indices: IndexArray) -> BlockHeader {
+        BlockHeader {
+            list_id: 12,
+            access_key: [5; 16],
+            indices,
+            lengths,
+            total: 12_345,
+        }
+    }
+
+    fn round_trip(m: PeerMsg) {
+        let back = msg_from_pb(msg_to_pb(&m))
+            .expect("well formed")
+            .expect("a message");
+        assert_eq!(back, m);
+    }
+
+    #[test]
+    fn block_parts_and_the_coalesced_flag_survive_the_wire() {
+        let each = PairLengths::Each([1u32, 2, 3].iter().flat_map(|x| x.to_le_bytes()).collect());
+        for (lengths, indices) in [
+            (
+                PairLengths::Uniform(4096),
+                IndexArray::from_ranges(&[(4, 100), (900, 2)]),
+            ),
+            (each, IndexArray::from_indices(&[9, 1, 5])),
+        ] {
+            let h = header(lengths, indices);
+            round_trip(PeerMsg::Offer(offer(Some(h.clone()), false)));
+            round_trip(PeerMsg::Header(offer(Some(h.clone()), false)));
+            round_trip(PeerMsg::ReadRequest {
+                read_id: 4,
+                pairs: Vec::new(),
+                deadline_ms: 100,
+                blocks: Some(Box::new(ReadBlocks {
+                    source_list: 8,
+                    source_key: [6; 16],
+                    source_indices: IndexArray::from_indices(&[0, 0, 2]),
+                    dest: h,
+                })),
+            });
+        }
+        round_trip(PeerMsg::Offer(offer(None, true)));
+    }
+
+    #[test]
+    fn bad_block_bytes_refuse_an_offer_or_read_but_fail_a_header() {
+        let mut m = msg_to_pb(&PeerMsg::Offer(offer(
+            Some(header(PairLengths::Uniform(1), IndexArray::from_indices(&[1]))),
+            false,
+        )));
+        let Some(pb::peer_message::Body::Offer(o)) = &mut m.body else {
+            unreachable!()
+        };
+        o.blocks.as_mut().unwrap().indices.push(0);
+        match msg_from_pb(m.clone()) {
+            Err(Malformed::Refuse(engine::Malformed::Offer { offer_id: 7, why })) => {
+                assert_eq!(
+                    why,
+                    "blocks.indices: 5 bytes are not a whole number of 4-byte indices"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        let Some(pb::peer_message::Body::Offer(o)) = m.body else {
+            unreachable!()
+        };
+        let header = pb::PeerMessage {
+            body: Some(pb::peer_message::Body::Header(o)),
+        };
+        match msg_from_pb(header) {
+            Err(Malformed::Fatal(why)) => assert!(why.starts_with("header.blocks.indices: 5 bytes"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -6,8 +6,21 @@ use std::sync::Arc;
 
 use crate::buffers::BufferEntry;
 use crate::gpu::Gpu;
+use crate::gpu::blocks::{GatherTask, ScatterTask};
 use crate::net::{RecvComm, RequestId};
+use crate::unpack::block_batch::{BlockBatcher, BlockOp};
 use crate::unpack::{Ticket, UnpackImpl, UnpackJob, Unpacker};
+
+/// A GPU's block gathers: batches launched at the end of a pass, each send waiting for its own.
+#[derive(Default)]
+struct Gathers {
+    batcher: Option<BlockBatcher>,
+    /// The number the batch being filled will get (batches are numbered from 1).
+    next: u64,
+    in_flight: VecDeque<(u64, Ticket)>,
+    done_upto: u64,
+    failed: Option<(u64, String)>,
+}
 
 /// Where a completed receive's bytes go.
 #[derive(Debug, Clone, Copy)]
@@ -49,7 +62,12 @@ pub(super) struct GpuStage {
     /// The batch number receives pushed during this pass belong to.
     next_batch: u64,
     pushed: bool,
-    in_flight: VecDeque<(u64, Option<Ticket>)>,
+    /// Batches in flight: the unpacker's ticket and the block scatters' ticket.
+    in_flight: VecDeque<(u64, Option<Ticket>, Option<Ticket>)>,
+    /// Block chunks received into this GPU: scattered in the same batches (made on first use).
+    scatters: Option<BlockBatcher>,
+    /// Block chunks sent from this GPU: their gathers, one batch per pass (made on first use).
+    gathers: Gathers,
     /// Every batch up to this one has finished.
     done_upto: u64,
     /// A batch that failed on the GPU, and why: its receives (and later ones) fail.
@@ -187,7 +205,7 @@ impl GpuStage {
     /// Checks, once per GPU the plugin keeps bounce buffers on, that this GPU's unpacker can
     /// read them: another GPU's memory needs peer access, and without it the receive fails with
     /// this reason instead of an illegal address that would poison the whole context.
-    fn reach_bounce(&mut self, bounce_device: Option<usize>) -> Result<(), String> {
+    pub(super) fn reach_bounce(&mut self, bounce_device: Option<usize>) -> Result<(), String> {
         let ordinal = self.gpu.ordinal();
         let Some(dev) = bounce_device else {
             return Err(format!(
@@ -227,6 +245,11 @@ impl GpuStage {
             rejected: std::collections::BTreeSet::new(),
             peer_reach: HashMap::new(),
             staging: Vec::new(),
+            scatters: None,
+            gathers: Gathers {
+                next: 1,
+                ..Gathers::default()
+            },
         })
     }
 
@@ -239,16 +262,26 @@ impl GpuStage {
             self.pushed = false;
             let batch = self.next_batch;
             self.next_batch += 1;
-            match self.unpacker.submit() {
-                Ok(ticket) => self.in_flight.push_back((batch, ticket)),
-                Err(e) => self.fail(batch, e.to_string()),
+            let unpacked = self.unpacker.submit();
+            let scattered = match &mut self.scatters {
+                Some(s) => s.submit(),
+                None => Ok(None),
+            };
+            match (unpacked, scattered) {
+                (Ok(t), Ok(s)) => self.in_flight.push_back((batch, t, s)),
+                (Err(e), _) => self.fail(batch, e.to_string()),
+                (_, Err(e)) => self.fail(batch, format!("block scatter: {e}")),
             }
         }
-        while let Some((batch, ticket)) = self.in_flight.front() {
-            let batch = *batch;
+        while let Some((batch, ticket, scatter)) = self.in_flight.front() {
+            let (batch, ticket, scatter) = (*batch, *ticket, *scatter);
             let done = match ticket {
                 None => Ok(true),
-                Some(t) => self.unpacker.is_done(t),
+                Some(t) => self.unpacker.is_done(&t),
+            };
+            let done = match (done, scatter, &mut self.scatters) {
+                (Ok(true), Some(t), Some(s)) => s.is_done(&t),
+                (d, _, _) => d,
             };
             match done {
                 Ok(true) => {}
@@ -268,6 +301,108 @@ impl GpuStage {
                 break;
             }
             self.rejected.pop_first();
+        }
+    }
+
+    /// Queues a block chunk's scatter into this pass's batch; returns the batch.
+    pub(super) fn push_scatter(&mut self, task: ScatterTask, fragments: u32) -> Result<u64, String> {
+        if self.scatters.is_none() {
+            self.scatters = Some(BlockBatcher::new(&self.gpu, BlockOp::Scatter).map_err(|e| e.to_string())?);
+        }
+        let s = self.scatters.as_mut().expect("just made");
+        s.push_scatter(task, fragments).map_err(|e| e.to_string())?;
+        self.pushed = true;
+        Ok(self.next_batch)
+    }
+
+    /// Queues a block chunk's gather into this pass's gather batch; returns the batch, which
+    /// [`GpuStage::gather_outcome`] reports on once [`GpuStage::submit_gathers`] launched it.
+    pub(super) fn push_gather(&mut self, task: GatherTask, bytes: u32) -> Result<u64, String> {
+        let g = &mut self.gathers;
+        if let Some((_, why)) = &g.failed {
+            return Err(format!("block gather on GPU {}: {why}", self.gpu.ordinal()));
+        }
+        if g.batcher.is_none() {
+            g.batcher = Some(BlockBatcher::new(&self.gpu, BlockOp::Gather).map_err(|e| e.to_string())?);
+        }
+        g.batcher
+            .as_mut()
+            .expect("just made")
+            .push_gather(task, bytes)
+            .map_err(|e| e.to_string())?;
+        Ok(g.next)
+    }
+
+    /// Launches the gathers queued during this pass (one batch).
+    pub(super) fn submit_gathers(&mut self) {
+        let g = &mut self.gathers;
+        let Some(b) = g.batcher.as_mut().filter(|b| b.pending()) else {
+            return;
+        };
+        let batch = g.next;
+        g.next += 1;
+        let r = self
+            .gpu
+            .bind_to_thread()
+            .map_err(|e| e.to_string())
+            .and_then(|()| b.submit().map_err(|e| e.to_string()));
+        match r {
+            Ok(Some(t)) => g.in_flight.push_back((batch, t)),
+            Ok(None) => g.done_upto = g.done_upto.max(batch),
+            Err(why) => {
+                tracing::error!(gpu = self.gpu.ordinal(), batch, "block gather failed: {why}");
+                g.failed.get_or_insert((batch, why));
+            }
+        }
+    }
+
+    /// Whether gather batch `batch` is done (`None`: not yet); polls the GPU.
+    pub(super) fn gather_outcome(&mut self, batch: u64) -> Option<Result<(), String>> {
+        let ordinal = self.gpu.ordinal();
+        let g = &mut self.gathers;
+        while batch > g.done_upto {
+            let Some(&(b, t)) = g.in_flight.front() else {
+                break;
+            };
+            let Some(batcher) = g.batcher.as_mut() else {
+                break;
+            };
+            match batcher.is_done(&t) {
+                Ok(false) => return None,
+                Ok(true) => {}
+                Err(e) => {
+                    tracing::error!(gpu = ordinal, batch = b, "block gather failed: {e}");
+                    g.failed.get_or_insert((b, e.to_string()));
+                }
+            }
+            g.done_upto = b;
+            g.in_flight.pop_front();
+        }
+        if let Some((failed, why)) = &g.failed
+            && batch >= *failed
+        {
+            return Some(Err(format!("block gather on GPU {ordinal}: {why}")));
+        }
+        (batch <= g.done_upto).then_some(Ok(()))
+    }
+
+    /// The host staging buffer, at least `len` bytes (grown once, then reused).
+    pub(super) fn host_staging(&mut self, len: usize) -> &mut [u8] {
+        if self.staging.len() < len {
+            self.staging.resize(len, 0);
+        }
+        &mut self.staging[..len]
+    }
+
+    /// Waits for the block kernels in flight (before tables they read are dropped).
+    pub(super) fn quiesce_blocks(&mut self) {
+        for b in [self.scatters.as_ref(), self.gathers.batcher.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            if let Err(e) = b.stream().synchronize() {
+                tracing::warn!(gpu = self.gpu.ordinal(), "waiting for block kernels: {e}");
+            }
         }
     }
 

@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::gpu_stage::{BatchEnd, Dest, Wait, check_list, start_unpack};
+use super::blocks::{self, RecvPost, STAGED, ScatterTo, SendPost, Slots};
+use super::gpu_stage::{BatchEnd, Dest, GpuStage, Wait, check_list, start_unpack};
 use super::{
     Completion, LANDING, Landing, PeerSlot, Phase, Poller, Posted, RecvLane, RecvLaneState, SendLane,
     SendLaneState,
@@ -123,8 +124,8 @@ impl Poller {
                     let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.send) else {
                         continue;
                     };
-                    l.deferred.push_back((buffer, offset, len));
-                    if let Err(why) = post_sends(l, &self.buffers) {
+                    l.deferred.push_back(SendPost::plain(buffer, offset, len));
+                    if let Err(why) = post_sends(l, &self.buffers, &mut self.stages) {
                         failures.push((peer, format!("lane {lane} send: {why}")));
                     }
                 }
@@ -138,7 +139,12 @@ impl Poller {
                     let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
                         continue;
                     };
-                    l.deferred.push_back((buffer, offset, len));
+                    l.deferred.push_back(RecvPost {
+                        buffer,
+                        offset,
+                        len,
+                        scatter: None,
+                    });
                     if let Err(why) = post_recvs(l, &self.buffers) {
                         failures.push((peer, format!("lane {lane} receive: {why}")));
                     }
@@ -151,7 +157,12 @@ impl Poller {
                     let r = landing_slots(l, credits, len).and_then(|()| {
                         let slot = l.credit_seq % credits;
                         l.credit_seq += 1;
-                        l.deferred.push_back((LANDING, slot * u64::from(len), len));
+                        l.deferred.push_back(RecvPost {
+                            buffer: LANDING,
+                            offset: slot * u64::from(len),
+                            len,
+                            scatter: None,
+                        });
                         post_recvs(l, &self.buffers)
                     });
                     if let Err(why) = r {
@@ -260,12 +271,19 @@ impl Poller {
                         reason: reason.clone(),
                     });
                     p.control = tokio::sync::mpsc::unbounded_channel().0;
+                    // Block kernels may still read the lanes' pinned tables: let them finish.
+                    if p.send.iter().any(|l| l.staging.on_gpu()) || p.recv.iter().any(|l| l.scatter.on_gpu())
+                    {
+                        self.stages.values_mut().for_each(GpuStage::quiesce_blocks);
+                    }
                     for l in &mut p.send {
                         l.handles.clear();
                         l.deferred.clear();
+                        l.staging = blocks::SendStaging::default();
                         l.state = SendLaneState::Closed;
                     }
                     for l in &mut p.recv {
+                        l.scatter = blocks::RecvScatter::default();
                         l.handles.clear();
                         l.landing_slots = None;
                         l.deferred.clear();
@@ -277,10 +295,122 @@ impl Poller {
                     // Stored even with nobody watching (a replaced pairing): GetStats reads it.
                     p.link.send_replace(PeerLink::Failed(reason));
                 }
-                Action::PostGatherSend { peer, lane, .. }
-                | Action::PostScatterRecv { peer, lane, .. }
-                | Action::LandScatter { peer, lane, .. } => {
-                    failures.push((peer, format!("lane {lane}: gather and scatter are not wired yet")));
+                Action::PostGatherSend {
+                    peer,
+                    lane,
+                    buffer,
+                    offer,
+                    wire,
+                    len,
+                } => {
+                    let slots = self.slots();
+                    let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.send) else {
+                        continue;
+                    };
+                    let r = blocks::collect(
+                        self.engine.send_pieces(offer, wire, len),
+                        &mut self.segs,
+                        "sent",
+                        offer,
+                        wire,
+                        len,
+                    )
+                    .and_then(|()| {
+                        let entry = self
+                            .buffers
+                            .get(&buffer)
+                            .ok_or_else(|| format!("buffer {buffer} vanished"))?;
+                        blocks::gather_send(
+                            l,
+                            entry,
+                            &self.segs,
+                            len,
+                            slots,
+                            &mut self.stages,
+                            self.unpack_impl,
+                        )
+                    })
+                    .and_then(|post| {
+                        l.deferred.push_back(post);
+                        post_sends(l, &self.buffers, &mut self.stages)
+                    });
+                    if let Err(why) = r {
+                        failures.push((peer, format!("lane {lane} block send: {why}")));
+                    }
+                }
+                Action::PostScatterRecv {
+                    peer,
+                    lane,
+                    buffer,
+                    offer,
+                    wire,
+                    len,
+                } => {
+                    let slots = self.slots();
+                    let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
+                        continue;
+                    };
+                    let to = ScatterTo { buffer, offer, wire };
+                    let r = self
+                        .buffers
+                        .get(&buffer)
+                        .ok_or_else(|| format!("buffer {buffer} vanished"))
+                        .and_then(|entry| blocks::scatter_recv(l, entry, to, len, slots))
+                        .and_then(|post| {
+                            l.deferred.push_back(post);
+                            post_recvs(l, &self.buffers)
+                        });
+                    if let Err(why) = r {
+                        failures.push((peer, format!("lane {lane} block receive: {why}")));
+                    }
+                }
+                Action::LandScatter {
+                    peer,
+                    lane,
+                    buffer,
+                    offer,
+                    wire,
+                    len,
+                } => {
+                    let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
+                        continue;
+                    };
+                    let RecvLaneState::Ready(comm) = &mut l.state else {
+                        continue;
+                    };
+                    let Some(landing) = l.landing.iter_mut().find(|x| matches!(x.wait, Wait::Header)) else {
+                        failures.push((
+                            peer,
+                            format!("lane {lane}: a block chunk landed with no completed receive"),
+                        ));
+                        continue;
+                    };
+                    let r = blocks::collect(
+                        self.engine.recv_pieces(peer, offer, wire, len),
+                        &mut self.segs,
+                        "received",
+                        offer,
+                        wire,
+                        len,
+                    )
+                    .and_then(|()| {
+                        let entry = self
+                            .buffers
+                            .get(&buffer)
+                            .ok_or_else(|| format!("buffer {buffer} vanished"))?;
+                        blocks::land_scatter(
+                            comm,
+                            landing.id,
+                            entry,
+                            len,
+                            &self.segs,
+                            &mut self.stages,
+                            self.unpack_impl,
+                        )
+                    });
+                    // The receive fails (the engine fails its transfer); the lane goes on.
+                    landing.wait = Wait::Ready(r);
+                    landing.unpacked = Some(Instant::now());
                 }
                 Action::BufferIdle { buffer } => {
                     for w in self.idle_waiters.remove(&buffer).unwrap_or_default() {
@@ -296,10 +426,22 @@ impl Poller {
                 }
             }
         }
+        // This pass's GPU gathers, one launch per GPU; their sends go out once they are done.
+        for stage in self.stages.values_mut() {
+            stage.submit_gathers();
+        }
         for (p, why) in failures {
             self.engine.peer_failed(p, &why);
         }
         any
+    }
+
+    fn slots(&self) -> Slots {
+        Slots {
+            send_window: self.cfg.engine.send_window.max(1) as u64,
+            recv_window: self.cfg.engine.recv_window.max(1) as u64,
+            chunk_bytes: self.cfg.engine.chunk_bytes,
+        }
     }
 
     /// Tests the head of every comm; completes, unpacks and consumes what finished.
@@ -310,6 +452,8 @@ impl Poller {
             stages,
             unpack_impl,
             meter,
+            engine,
+            segs,
             ..
         } = self;
         // Reused every pass: no allocation on the hot path once it has grown.
@@ -320,7 +464,7 @@ impl Poller {
             }
             for (li, l) in p.send.iter_mut().enumerate() {
                 if !l.deferred.is_empty()
-                    && let Err(why) = post_sends(l, buffers)
+                    && let Err(why) = post_sends(l, buffers, stages)
                 {
                     events.push(Completion::Failed(peer, format!("lane {li} send: {why}")));
                     continue;
@@ -358,7 +502,30 @@ impl Poller {
                     match comm.test(posted.id) {
                         Ok(Some(_)) => {
                             let landed = Instant::now();
-                            let wait = if posted.buffer == LANDING {
+                            let wait = if let Some(to) = posted.scatter {
+                                tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li);
+                                match blocks::collect(
+                                    engine.recv_pieces(peer, to.offer, to.wire, posted.len),
+                                    segs,
+                                    "received",
+                                    to.offer,
+                                    to.wire,
+                                    posted.len,
+                                ) {
+                                    Ok(()) => blocks::start_scatter(
+                                        comm,
+                                        posted.id,
+                                        to,
+                                        posted.len,
+                                        segs,
+                                        buffers,
+                                        stages,
+                                        *unpack_impl,
+                                        &mut l.scatter,
+                                    ),
+                                    Err(why) => Wait::Ready(Err(why)),
+                                }
+                            } else if posted.buffer == LANDING {
                                 // Eager: where it goes comes with its header (`Action::Land`).
                                 tracing::trace!(target: "tcpxd::hop", hop = "poller.landed", lane = li);
                                 events.push(Completion::Landed(peer, li as u32));
@@ -493,13 +660,41 @@ fn handle_for<'a>(
     Ok((mh, offset - start))
 }
 
-/// Posts deferred sends in order while the plugin takes them.
-fn post_sends(l: &mut SendLane, buffers: &HashMap<u64, Arc<BufferEntry>>) -> Result<(), String> {
+/// Posts deferred sends in order while the plugin takes them (a staged send once its gather is
+/// done).
+fn post_sends(
+    l: &mut SendLane,
+    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    stages: &mut HashMap<usize, GpuStage>,
+) -> Result<(), String> {
     let SendLaneState::Ready(comm) = &mut l.state else {
         return Ok(());
     };
-    while let Some(&(buffer, offset, len)) = l.deferred.front() {
-        let (mh, at) = handle_for(&mut l.handles, buffers, buffer, offset, |r| comm.register(r))?;
+    while let Some(&SendPost {
+        buffer,
+        offset,
+        len,
+        ring,
+        gate,
+    }) = l.deferred.front()
+    {
+        if let Some((gpu, batch)) = gate {
+            match stages.get_mut(&gpu).and_then(|s| s.gather_outcome(batch)) {
+                None if stages.contains_key(&gpu) => break,
+                None => return Err(format!("the gather stage of GPU {gpu} vanished")),
+                Some(Err(why)) => return Err(why),
+                Some(Ok(())) => {}
+            }
+        }
+        let (mh, at) = if buffer == STAGED {
+            let mh = l
+                .staging
+                .handle(ring)
+                .ok_or("a staged send without its staging ring")?;
+            (mh, offset)
+        } else {
+            handle_for(&mut l.handles, buffers, buffer, offset, |r| comm.register(r))?
+        };
         l.tag = l.tag.wrapping_add(1) & 0x7fff_ffff;
         match comm
             .isend(mh, at as usize, len as usize, l.tag)
@@ -519,10 +714,22 @@ fn post_recvs(l: &mut RecvLane, buffers: &HashMap<u64, Arc<BufferEntry>>) -> Res
     let RecvLaneState::Ready(comm) = &mut l.state else {
         return Ok(());
     };
-    while let Some(&(buffer, offset, len)) = l.deferred.front() {
+    while let Some(&RecvPost {
+        buffer,
+        offset,
+        len,
+        scatter,
+    }) = l.deferred.front()
+    {
         let (mh, at) = match (&l.landing_slots, buffer) {
             (Some(mh), LANDING) => (mh, offset),
             (None, LANDING) => return Err("credit receive without landing slots".into()),
+            (_, STAGED) => (
+                l.scatter
+                    .landing()
+                    .ok_or("a block receive without its landing ring")?,
+                offset,
+            ),
             _ => handle_for(&mut l.handles, buffers, buffer, offset, |r| comm.register(r))?,
         };
         l.tag = l.tag.wrapping_add(1) & 0x7fff_ffff;
@@ -537,6 +744,7 @@ fn post_recvs(l: &mut RecvLane, buffers: &HashMap<u64, Arc<BufferEntry>>) -> Res
                     len,
                     buffer,
                     offset,
+                    scatter,
                 });
             }
             None => break,

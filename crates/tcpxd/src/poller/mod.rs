@@ -29,6 +29,7 @@ use crate::metrics::{Meter, Op};
 use crate::net::{ConnectHandle, Connector, ListenComm, MemHandle, Plugin, RecvComm, RequestId, SendComm};
 use crate::unpack::UnpackImpl;
 
+mod blocks;
 mod gpu_stage;
 mod lanes;
 pub mod stats;
@@ -272,6 +273,7 @@ impl PollerHandle {
                     unpack_impl,
                     completions: Vec::new(),
                     meter,
+                    segs: Vec::new(),
                 }
                 .run()
             })?;
@@ -315,9 +317,12 @@ struct SendLane {
     state: SendLaneState,
     /// Registrations by (buffer, window).
     handles: HashMap<(u64, u64), MemHandle>,
-    /// Posts the plugin could not take yet, in order.
-    deferred: VecDeque<(u64, u64, u32)>,
+    /// Posts the plugin could not take yet (or whose gather is still running), in order.
+    deferred: VecDeque<blocks::SendPost>,
     tag: i32,
+    /// Block chunks: the staging rings gathers write into (one per memory kind, made on first
+    /// use) and the gathers so far (slot `n % send_window`).
+    staging: blocks::SendStaging,
 }
 
 struct RecvLane {
@@ -329,12 +334,15 @@ struct RecvLane {
     posted: VecDeque<Posted>,
     /// Completed receives being unpacked, in ring order; consumed from the front once ready.
     landing: VecDeque<Landing>,
-    deferred: VecDeque<(u64, u64, u32)>,
+    deferred: VecDeque<blocks::RecvPost>,
     tag: i32,
     /// Eager: the landing slots credit receives are posted into (host memory, registered on
     /// this comm once), and how many credit receives were posted so far (slot `n % credits`).
     landing_slots: Option<MemHandle>,
     credit_seq: u64,
+    /// Block chunks: the host landing ring of scattered receives into host memory and the
+    /// pinned segment tables of GPU scatters (one per ring slot).
+    scatter: blocks::RecvScatter,
 }
 
 /// The buffer id of a credit receive's landing slot (no client buffer has it).
@@ -347,6 +355,8 @@ struct Posted {
     len: u32,
     buffer: u64,
     offset: u64,
+    /// A block chunk: where its bytes go once received.
+    scatter: Option<blocks::ScatterTo>,
 }
 
 /// A completed receive waiting for its unpack before `irecvConsumed`.
@@ -392,6 +402,8 @@ struct Poller {
     /// Scratch for the completions gathered during a pass.
     completions: Vec<Completion>,
     meter: Meter,
+    /// Scratch for a block chunk's pieces (reused: nothing allocated per chunk).
+    segs: Vec<crate::engine::blocks::Segment>,
 }
 
 /// Plugin completions gathered during a pass, applied to the engine afterwards.
@@ -763,6 +775,7 @@ impl Poller {
                 handles: HashMap::new(),
                 deferred: VecDeque::new(),
                 tag: 0,
+                staging: blocks::SendStaging::default(),
             });
         }
         let recv = listens
@@ -777,6 +790,7 @@ impl Poller {
                 tag: 0,
                 landing_slots: None,
                 credit_seq: 0,
+                scatter: blocks::RecvScatter::default(),
             })
             .collect::<Vec<_>>();
         let idx = self

@@ -83,19 +83,33 @@ pub fn check_table(segs: &[Segment], bytes: u32, buffer_len: u64) -> Result<(), 
 /// Gathers a chunk: copies each piece of `segs` from `src` to its wire offset in `staging` (at
 /// least the chunk's length). The table is checked first; on error nothing is copied.
 pub fn gather_host(src: &[u8], segs: &[Segment], staging: &mut [u8]) -> Result<u32, BlockCopyError> {
+    gather_ops(segs, src.len() as u64, staging.len() as u64, |from, to, n| {
+        staging[to..to + n].copy_from_slice(&src[from..from + n])
+    })
+}
+
+/// The gather's copies without the memory: checks `segs` against a `src_len`-byte source and a
+/// `staging_len`-byte slot, then calls `copy(from, to, n)` once per piece (`n` bytes from byte
+/// `from` of the source to byte `to` of the slot; all in bounds). On error `copy` is never
+/// called. Returns the chunk's length. (`net::blocks` drives it over registered memory.)
+pub fn gather_ops(
+    segs: &[Segment],
+    src_len: u64,
+    staging_len: u64,
+    mut copy: impl FnMut(usize, usize, usize),
+) -> Result<u32, BlockCopyError> {
     let bytes = segs.last().map_or(0, |s| s.wire + s.len);
-    check_table(segs, bytes, src.len() as u64)?;
-    if bytes as usize > staging.len() {
+    check_table(segs, bytes, src_len)?;
+    if u64::from(bytes) > staging_len {
         return Err(BlockCopyError::PieceOutside {
             index: segs.len() - 1,
             offset: u64::from(segs[segs.len() - 1].wire),
             len: segs[segs.len() - 1].len,
-            limit: staging.len() as u64,
+            limit: staging_len,
         });
     }
     for s in segs {
-        let (o, w, l) = (s.offset as usize, s.wire as usize, s.len as usize);
-        staging[w..w + l].copy_from_slice(&src[o..o + l]);
+        copy(s.offset as usize, s.wire as usize, s.len as usize);
     }
     Ok(bytes)
 }
@@ -111,10 +125,33 @@ pub fn scatter_host(
     bytes: u32,
     dst: &mut [u8],
 ) -> Result<u64, BlockCopyError> {
-    check_table(segs, bytes, dst.len() as u64)?;
+    scatter_ops(
+        frags,
+        bounce.len() as u64,
+        segs,
+        bytes,
+        dst.len() as u64,
+        |from, to, n| dst[to..to + n].copy_from_slice(&bounce[from..from + n]),
+    )
+}
+
+/// The scatter's copies without the memory: checks `segs` against a `dst_len`-byte destination
+/// and every fragment against the chunk and a `bounce_len`-byte bounce buffer, then calls
+/// `copy(from, to, n)` per piece of each fragment (`n` bytes from byte `from` of the bounce
+/// buffer to byte `to` of the destination; all in bounds). On error `copy` is never called.
+/// Returns the bytes copied. (`net::blocks` drives it over the plugin's and the buffer's memory.)
+pub fn scatter_ops(
+    frags: &[loadMeta],
+    bounce_len: u64,
+    segs: &[Segment],
+    bytes: u32,
+    dst_len: u64,
+    mut copy: impl FnMut(usize, usize, usize),
+) -> Result<u64, BlockCopyError> {
+    check_table(segs, bytes, dst_len)?;
     for (index, f) in frags.iter().enumerate() {
         let in_chunk = f.dst_off <= u64::from(bytes) && u64::from(f.len) <= u64::from(bytes) - f.dst_off;
-        let in_bounce = u64::from(f.src_off) + u64::from(f.len) <= bounce.len() as u64;
+        let in_bounce = u64::from(f.src_off) + u64::from(f.len) <= bounce_len;
         if !in_chunk || !in_bounce {
             return Err(BlockCopyError::FragmentOutside {
                 index,
@@ -122,7 +159,7 @@ pub fn scatter_host(
                 len: f.len,
                 dst_off: f.dst_off,
                 bytes,
-                bounce: bounce.len() as u64,
+                bounce: bounce_len,
             });
         }
     }
@@ -137,7 +174,7 @@ pub fn scatter_host(
             let n = (stop - w) as usize;
             let from = f.src_off as usize + (w - f.dst_off as u32) as usize;
             let to = (s.offset + u64::from(w - s.wire)) as usize;
-            dst[to..to + n].copy_from_slice(&bounce[from..from + n]);
+            copy(from, to, n);
             copied += n as u64;
             w = stop;
             i += 1;

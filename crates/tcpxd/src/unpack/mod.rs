@@ -19,6 +19,7 @@
 //! [`D2dUnpacker`] (`d2d`: one device-to-device copy per fragment) and [`HostUnpacker`] (`host`:
 //! through pinned host memory; a debug fallback). Measurements: docs/GPU.md.
 
+pub mod block_batch;
 pub mod blocks;
 mod d2d;
 mod host;

@@ -43,6 +43,7 @@ pub fn tcpxctl_bin() -> PathBuf {
     path
 }
 
+pub mod batches;
 pub mod daemons;
 pub mod framed;
 pub mod procs;

@@ -264,6 +264,7 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             notification: Vec::new(),
             deadline_ms: 10_000,
             coalesced: false,
+            blocks: None,
         }
     };
     let ok_range = || range(dst.id, &key, 0, 4096);
@@ -289,11 +290,11 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
         Ctl::Offer(offer(vec![]), Code::InvalidArgument, "0 ranges", 0),
     ));
     ctl.push((
-        "4097 ranges".into(),
+        "65537 ranges".into(),
         Ctl::Offer(
-            offer(vec![ok_range(); 4097]),
+            offer(vec![ok_range(); 65_537]),
             Code::InvalidArgument,
-            "4097 ranges",
+            "65537 ranges",
             0,
         ),
     ));
@@ -430,6 +431,7 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             read_id,
             pairs,
             deadline_ms: 10_000,
+            blocks: None,
         }
     };
     let far = || range(1, &[9; 16], 0, 4096);
@@ -438,11 +440,11 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
         Ctl::Read(read(vec![]), Code::InvalidArgument, "0 ranges", 0),
     ));
     ctl.push((
-        "read of 4097 pairs".into(),
+        "read of 65537 pairs".into(),
         Ctl::Read(
-            read(vec![pair(ok_range(), far()); 4097]),
+            read(vec![pair(ok_range(), far()); 65_537]),
             Code::InvalidArgument,
-            "4097",
+            "65537",
             0,
         ),
     ));
@@ -532,6 +534,209 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
         ctl.push((
             "read with a bad pair at index 9".into(),
             Ctl::Read(read(pairs), Code::InvalidArgument, "past the end", 9),
+        ));
+    }
+    // Block offers and block reads (docs/BLOCKS.md): refused naming the field, nothing posted.
+    let le = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let header = |list_id: u64, indices: Vec<u8>| ppb::BlockHeader {
+        list_id,
+        access_key: key.clone(),
+        encoding: ppb::IndexEncoding::U32Le as i32,
+        indices,
+        uniform_length: 4096,
+        lengths: Vec::new(),
+        total: 4096,
+    };
+    let good_header = || header(1, le(&[0]));
+    let mut block_cases: Vec<(String, ppb::BlockHeader, Code, &'static str)> = vec![
+        (
+            "block offer to an unknown list".into(),
+            header(424_242, le(&[0])),
+            Code::NotFound,
+            "blocks.list_id: list 424242 does not exist",
+        ),
+        (
+            "block offer with a 3-byte key".into(),
+            ppb::BlockHeader {
+                access_key: vec![1; 3],
+                ..good_header()
+            },
+            Code::InvalidArgument,
+            "blocks.access_key: 3 bytes, expected 16",
+        ),
+        (
+            "block offer with 5 index bytes".into(),
+            header(1, vec![0; 5]),
+            Code::InvalidArgument,
+            "blocks.indices: 5 bytes are not a whole number of 4-byte indices",
+        ),
+        (
+            "block offer with no indices".into(),
+            header(1, Vec::new()),
+            Code::InvalidArgument,
+            "blocks.indices: at least one block is required",
+        ),
+        (
+            "block offer with index encoding 7".into(),
+            ppb::BlockHeader {
+                encoding: 7,
+                ..good_header()
+            },
+            Code::InvalidArgument,
+            "blocks.indices: unknown index encoding 7",
+        ),
+        (
+            "block offer with an empty index range".into(),
+            ppb::BlockHeader {
+                encoding: ppb::IndexEncoding::Ranges as i32,
+                indices: le(&[3, 0]),
+                ..good_header()
+            },
+            Code::InvalidArgument,
+            "blocks.indices: range 0 (3, 0) is empty",
+        ),
+        (
+            "block offer of more than MAX_TRANSFER_BLOCKS".into(),
+            ppb::BlockHeader {
+                encoding: ppb::IndexEncoding::Ranges as i32,
+                indices: le(&[0, 4_194_305]),
+                ..good_header()
+            },
+            Code::InvalidArgument,
+            "blocks.indices: 4194305 blocks exceed the limit of 4194304",
+        ),
+        (
+            "block offer with neither lengths".into(),
+            ppb::BlockHeader {
+                uniform_length: 0,
+                ..good_header()
+            },
+            Code::InvalidArgument,
+            "blocks.uniform_length: 0 and no lengths",
+        ),
+        (
+            "block offer with both lengths".into(),
+            ppb::BlockHeader {
+                lengths: le(&[4096]),
+                ..good_header()
+            },
+            Code::InvalidArgument,
+            "blocks.lengths: given with uniform_length 4096",
+        ),
+        (
+            "block offer with 6 bytes of lengths".into(),
+            ppb::BlockHeader {
+                uniform_length: 0,
+                lengths: vec![0; 6],
+                ..good_header()
+            },
+            Code::InvalidArgument,
+            "blocks.lengths: 6 bytes are not a whole number of u32 lengths",
+        ),
+    ];
+    for (name, h, code, words) in block_cases.drain(..) {
+        let mut o = offer(Vec::new());
+        o.blocks = Some(h);
+        ctl.push((name, Ctl::Offer(o, code, words, 0)));
+    }
+    {
+        let mut o = offer(vec![ok_range()]);
+        o.blocks = Some(good_header());
+        ctl.push((
+            "block offer with ranges too".into(),
+            Ctl::Offer(
+                o,
+                Code::InvalidArgument,
+                "ranges: a block offer carries its destinations in `blocks`",
+                0,
+            ),
+        ));
+        let mut o = offer(vec![
+            ok_range(),
+            ok_range(),
+            range(other.id, &key_of(&other), 0, 4096),
+        ]);
+        o.coalesced = true;
+        ctl.push((
+            "coalesced offer naming two buffers".into(),
+            Ctl::Offer(
+                o,
+                Code::InvalidArgument,
+                "ranges[2].buffer_id: a coalesced offer's ranges must lie in one buffer",
+                2,
+            ),
+        ));
+    }
+    let read_blocks = |source_list: u64, source_indices: Vec<u8>| ppb::ReadBlocks {
+        source_list,
+        source_key: key.clone(),
+        source_encoding: ppb::IndexEncoding::U32Le as i32,
+        source_indices,
+        dest: Some(ppb::BlockHeader {
+            access_key: vec![9; 16],
+            ..good_header()
+        }),
+    };
+    let read_cases: Vec<(String, ppb::ReadBlocks, Code, &'static str)> = vec![
+        (
+            "block read of an unknown list".into(),
+            read_blocks(424_242, le(&[0])),
+            Code::NotFound,
+            "blocks.source_list: list 424242 does not exist",
+        ),
+        (
+            "block read with a 17-byte key".into(),
+            ppb::ReadBlocks {
+                source_key: vec![1; 17],
+                ..read_blocks(1, le(&[0]))
+            },
+            Code::InvalidArgument,
+            "blocks.source_key: 17 bytes, expected 16",
+        ),
+        (
+            "block read of more than MAX_TRANSFER_BLOCKS".into(),
+            ppb::ReadBlocks {
+                source_encoding: ppb::IndexEncoding::Ranges as i32,
+                ..read_blocks(1, le(&[0, 4_194_305]))
+            },
+            Code::InvalidArgument,
+            "blocks.source_indices: 4194305 blocks exceed the limit of 4194304",
+        ),
+        (
+            "block read without a destination".into(),
+            ppb::ReadBlocks {
+                dest: None,
+                ..read_blocks(1, le(&[0]))
+            },
+            Code::InvalidArgument,
+            "blocks.dest: missing",
+        ),
+        (
+            "block read with a destination of 2 index bytes".into(),
+            ppb::ReadBlocks {
+                dest: Some(header(1, vec![0; 2])),
+                ..read_blocks(1, le(&[0]))
+            },
+            Code::InvalidArgument,
+            "blocks.dest.indices: 2 bytes are not a whole number",
+        ),
+    ];
+    for (name, rb, code, words) in read_cases {
+        let mut r = read(Vec::new());
+        r.blocks = Some(rb);
+        ctl.push((name, Ctl::Read(r, code, words, 0)));
+    }
+    {
+        let mut r = read(vec![pair(ok_range(), far())]);
+        r.blocks = Some(read_blocks(1, le(&[0])));
+        ctl.push((
+            "block read with pairs too".into(),
+            Ctl::Read(
+                r,
+                Code::InvalidArgument,
+                "pairs: a block read request carries its ranges in `blocks`",
+                0,
+            ),
         ));
     }
     // Messages about ids nobody knows.

@@ -318,6 +318,90 @@ impl RecvComm {
         Ok(len)
     }
 
+    /// Host scatter of a completed receive of a block chunk: its `bytes` bytes to the pieces of
+    /// `segs` (offsets in `dst`, in wire order), wherever the plugin put them: gathered from the
+    /// host bounce pages of its fragment list (which must add up to `bytes`), or, for a direct
+    /// receive (no fragments), from the posted range itself, which is then zeroed (as in
+    /// [`RecvComm::land_host`]). Everything is checked before the first byte is written.
+    /// Returns the bytes copied.
+    pub fn scatter_landed(
+        &self,
+        id: RequestId,
+        segs: &[crate::engine::blocks::Segment],
+        bytes: u32,
+        dst: &dyn Region,
+    ) -> NetResult<u64> {
+        use crate::unpack::blocks::scatter_ops;
+        if dst.mem_type() != MemType::Host {
+            return Err(NetError::Ring("a host scatter needs a host destination".into()));
+        }
+        let slot = self.completed_slot(id)?;
+        let ring = self.unpack_ring()?;
+        let to = dst.as_ptr();
+        let bad = |e: crate::unpack::blocks::BlockCopyError| NetError::Ring(format!("scatter: {e}"));
+        if ring.count(slot.q)? > 0 {
+            if !ring.bounce_is_host_readable() {
+                return Err(NetError::Ring(
+                    "the bounce buffer is GPU memory; the host scatter cannot read it".into(),
+                ));
+            }
+            let frags = ring.fragments(slot.q)?;
+            let landed: u64 = frags.iter().map(|f| u64::from(f.len)).sum();
+            if landed != u64::from(bytes) {
+                return Err(NetError::Ring(format!(
+                    "the fragments add up to {landed} bytes, the chunk is {bytes}"
+                )));
+            }
+            // The ABI does not size the bounce buffer: the furthest published fragment ends
+            // inside it.
+            let bounce_len = frags
+                .iter()
+                .map(|f| u64::from(f.src_off) + u64::from(f.len))
+                .max()
+                .unwrap_or(0);
+            let from = ring.bounce_ptr();
+            return scatter_ops(frags, bounce_len, segs, bytes, dst.len() as u64, |f, t, n| {
+                // SAFETY: `scatter_ops` checked the source inside the fragments the plugin
+                // published (inside its live host bounce buffer, not rewritten before the
+                // request is consumed) and the target inside `dst`, a live host region whose
+                // pieces are this chunk's alone (the engine's plan).
+                unsafe { std::ptr::copy_nonoverlapping(from.add(f), to.add(t), n) }
+            })
+            .map_err(bad);
+        }
+        if bytes as usize > slot.len || slot.region.mem_type() != MemType::Host {
+            return Err(NetError::Ring(format!(
+                "a {bytes}-byte chunk cannot come from a {}-byte {:?} receive",
+                slot.len,
+                slot.region.mem_type()
+            )));
+        }
+        // SAFETY: the posted range lies in the slot's host region (checked at posting), alive
+        // while the slot is held.
+        let from = unsafe { slot.region.as_ptr().add(slot.offset) };
+        let whole = [loadMeta {
+            src_off: 0,
+            len: bytes,
+            dst_off: 0,
+        }];
+        let copied = scatter_ops(
+            &whole,
+            u64::from(bytes),
+            segs,
+            bytes,
+            dst.len() as u64,
+            |f, t, n| {
+                // SAFETY: as above for `dst`; the source lies in the posted range, which the plugin
+                // no longer writes (`test` reported the receive done).
+                unsafe { std::ptr::copy_nonoverlapping(from.add(f), to.add(t), n) }
+            },
+        )
+        .map_err(bad)?;
+        // SAFETY: the posted range, as above; no borrow of it is alive.
+        unsafe { std::ptr::write_bytes(from, 0, bytes as usize) };
+        Ok(copied)
+    }
+
     fn completed_slot(&self, id: RequestId) -> NetResult<&RecvSlot> {
         let slot = &self.slots[self.position(id)?];
         if !slot.done {

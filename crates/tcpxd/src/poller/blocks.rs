@@ -1,0 +1,454 @@
+//! Block chunks in the poller (docs/BLOCKS.md, "The driver"): the engine's `PostGatherSend`,
+//! `PostScatterRecv` and `LandScatter`.
+//!
+//! - **Sends.** Each send lane keeps a staging ring per memory kind (host memory for host
+//!   buffers, device memory on the buffer's GPU for GPU buffers), made on first use:
+//!   `send_window` slots of `chunk_bytes`, registered once with the lane's comm. A gather takes
+//!   slot `n % send_window` (`n` counts the lane's gathers): the engine posts at most
+//!   `send_window` sends per lane, so a slot is free again by the time it comes round. Host: the
+//!   pieces are copied into the slot at once (`net::blocks::gather_region`). GPU: the chunk's
+//!   table goes into the slot's pinned table, the gather joins the GPU's batch of this pass (one
+//!   launch for up to 16 chunks), and the send waits in the lane's queue until that batch is done.
+//! - **Receives into host memory** land in the lane's host landing ring (`recv_window` slots of
+//!   `MAX_CHUNK_BYTES`, reserved lazily, never populated) and are scattered once complete, from
+//!   the bounce pages or the slot (`RecvComm::scatter_landed`).
+//! - **Receives into GPU memory** are posted with the destination buffer's registration as their
+//!   data pointer (at offset 0: any in-bounds range of a registered window does). By the ABI
+//!   (TCPX_PLUGIN_ABI.md §2) a CUDA receive's payload never lands there: it lands in the
+//!   plugin's bounce buffer, and each fragment's `dst_off` is its offset in the request, i.e. in
+//!   the chunk. The scatter kernel reads the fragments in place and copies them to the pieces,
+//!   in the GPU stage's batch of the pass; `irecvConsumed` follows the batch. (A device landing
+//!   ring would cost `recv_window` × 4 MiB of GPU memory per lane for bytes nobody writes.)
+//! - **Eager** (`LandScatter`): the credit receive already landed in the lane's landing slots;
+//!   host destinations are scattered from there, GPU destinations copied piece by piece through
+//!   the stage's host staging buffer.
+//!
+//! The pieces come from the engine (`send_pieces` / `recv_pieces`) into one reused vector;
+//! tables grow per slot and are reused. A query that finds no offer, pieces that do not add up
+//! to the chunk, or a bad table fail the receive (or, for a send, the pairing: its FIFO order
+//! cannot be kept otherwise) with the reason.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::gpu_stage::{GpuStage, Wait, stage_for};
+use super::{RecvLane, RecvLaneState, SendLane, SendLaneState};
+use crate::buffers::BufferEntry;
+use crate::engine::MAX_CHUNK_BYTES;
+use crate::engine::blocks::{Pieces, Segment};
+use crate::gpu::blocks::{GatherTask, ScatterTask};
+use crate::gpu::{DeviceSpan, Gpu, PinnedRegion};
+use crate::net::{HostRegion, MemHandle, RecvComm, Region, RequestId};
+use crate::unpack::UnpackImpl;
+
+/// The buffer id of a send from a staging slot, or a receive into the host landing ring (no
+/// client buffer has it).
+pub(super) const STAGED: u64 = u64::MAX - 1;
+
+/// A send waiting for the plugin: from a buffer, or (`buffer == STAGED`) from slot `offset` of
+/// the lane's staging ring `ring`, once the GPU batch `gate` (GPU ordinal, batch) has gathered it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SendPost {
+    pub buffer: u64,
+    pub offset: u64,
+    pub len: u32,
+    pub ring: usize,
+    pub gate: Option<(usize, u64)>,
+}
+
+impl SendPost {
+    pub(super) fn plain(buffer: u64, offset: u64, len: u32) -> SendPost {
+        SendPost {
+            buffer,
+            offset,
+            len,
+            ring: 0,
+            gate: None,
+        }
+    }
+}
+
+/// Where a block chunk's received bytes go: pieces of `buffer` (the engine's
+/// `recv_pieces(peer, offer, wire, len)`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ScatterTo {
+    pub buffer: u64,
+    pub offer: u64,
+    pub wire: u64,
+}
+
+/// A receive waiting for the plugin: into `buffer` at `offset` (`STAGED`: the host landing
+/// ring; `LANDING`: the eager landing slots), scattered afterwards when `scatter` says so.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RecvPost {
+    pub buffer: u64,
+    pub offset: u64,
+    pub len: u32,
+    pub scatter: Option<ScatterTo>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Host,
+    Gpu(usize),
+}
+
+/// A send lane's staging ring of one memory kind.
+struct StagingRing {
+    kind: Kind,
+    mh: MemHandle,
+    slot_bytes: u32,
+    /// GPU: the ring's device view and each slot's pinned segment table.
+    span: Option<DeviceSpan>,
+    tables: Vec<Option<PinnedRegion>>,
+}
+
+/// A send lane's staging rings and gather count.
+#[derive(Default)]
+pub(super) struct SendStaging {
+    rings: Vec<StagingRing>,
+    seq: u64,
+}
+
+impl SendStaging {
+    /// The registration a staged send is posted from.
+    pub(super) fn handle(&self, ring: usize) -> Option<&MemHandle> {
+        self.rings.get(ring).map(|r| &r.mh)
+    }
+
+    /// Whether a GPU may still be reading this lane's tables.
+    pub(super) fn on_gpu(&self) -> bool {
+        self.rings.iter().any(|r| r.kind != Kind::Host)
+    }
+}
+
+/// A receive lane's host landing ring (scattered receives into host memory) and pinned segment
+/// tables (GPU scatters, one per plugin ring slot).
+#[derive(Default)]
+pub(super) struct RecvScatter {
+    landing: Option<MemHandle>,
+    seq: u64,
+    tables: Vec<Option<PinnedRegion>>,
+}
+
+impl RecvScatter {
+    pub(super) fn landing(&self) -> Option<&MemHandle> {
+        self.landing.as_ref()
+    }
+
+    pub(super) fn on_gpu(&self) -> bool {
+        self.tables.iter().any(Option::is_some)
+    }
+}
+
+/// What the poller's configuration says about slots.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Slots {
+    pub send_window: u64,
+    pub recv_window: u64,
+    pub chunk_bytes: u32,
+}
+
+/// Collects a chunk's pieces into `segs` and checks that they add up to `len`.
+pub(super) fn collect(
+    pieces: Option<Pieces<'_>>,
+    segs: &mut Vec<Segment>,
+    what: &str,
+    offer: u64,
+    wire: u64,
+    len: u32,
+) -> Result<(), String> {
+    segs.clear();
+    let pieces = pieces.ok_or_else(|| {
+        format!("offer {offer} is gone: no pieces for the {len}-byte chunk {what} at wire offset {wire}")
+    })?;
+    segs.extend(pieces);
+    let sum: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
+    if sum != u64::from(len) {
+        return Err(format!(
+            "the pieces of offer {offer}'s chunk at wire offset {wire} add up to {sum} bytes, the chunk is {len}"
+        ));
+    }
+    Ok(())
+}
+
+/// A pinned table holding at least `n` segments, grown (never shrunk) in `slot`.
+fn table<'a>(
+    tables: &'a mut Vec<Option<PinnedRegion>>,
+    slot: usize,
+    gpu: &Arc<Gpu>,
+    n: usize,
+) -> Result<&'a mut PinnedRegion, String> {
+    if tables.len() <= slot {
+        tables.resize_with(slot + 1, || None);
+    }
+    let need = n.max(1) * size_of::<Segment>();
+    let t = &mut tables[slot];
+    if t.as_ref().is_none_or(|t| t.len() < need) {
+        let bytes = need.next_power_of_two().max(64 * size_of::<Segment>());
+        *t = Some(
+            gpu.alloc_pinned(bytes)
+                .map_err(|e| format!("a block table of {bytes} bytes: {e}"))?,
+        );
+    }
+    Ok(t.as_mut().expect("just set"))
+}
+
+/// Writes `segs` into `table` and returns its device view.
+fn fill(table: &mut PinnedRegion, segs: &[Segment]) -> Result<DeviceSpan, String> {
+    table
+        .typed_mut::<Segment>(0, segs.len())
+        .map_err(|e| e.to_string())?
+        .copy_from_slice(segs);
+    table
+        .span()
+        .sub(0, (segs.len().max(1) * size_of::<Segment>()) as u64)
+        .map_err(|e| e.to_string())
+}
+
+/// `PostGatherSend`: gathers the chunk (its pieces in `segs`) into the lane's next staging slot
+/// and returns the send to queue.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gather_send(
+    lane: &mut SendLane,
+    entry: &Arc<BufferEntry>,
+    segs: &[Segment],
+    len: u32,
+    slots: Slots,
+    stages: &mut HashMap<usize, GpuStage>,
+    unpack_impl: UnpackImpl,
+) -> Result<SendPost, String> {
+    let SendLaneState::Ready(comm) = &lane.state else {
+        return Err("the lane is not connected".into());
+    };
+    let kind = entry.gpu().map_or(Kind::Host, |g| Kind::Gpu(g.ordinal()));
+    let staging = &mut lane.staging;
+    let ring = match staging.rings.iter().position(|r| r.kind == kind) {
+        Some(i) => i,
+        None => {
+            let slot_bytes = slots.chunk_bytes;
+            let bytes = slots.send_window as usize * slot_bytes as usize;
+            let (region, span): (Arc<dyn Region>, _) = match entry.gpu() {
+                None => (
+                    Arc::new(HostRegion::populated(bytes).map_err(|e| format!("staging ring: {e}"))?),
+                    None,
+                ),
+                Some(gpu) => {
+                    let r = gpu
+                        .alloc(bytes)
+                        .map_err(|e| format!("staging ring on GPU {}: {e}", gpu.ordinal()))?;
+                    let span = r.span();
+                    (Arc::new(r), Some(span))
+                }
+            };
+            let mh = comm
+                .register(region)
+                .map_err(|e| format!("registering the staging ring: {e}"))?;
+            tracing::debug!(bytes, ?kind, "send lane staging ring ready");
+            staging.rings.push(StagingRing {
+                kind,
+                mh,
+                slot_bytes,
+                span,
+                tables: Vec::new(),
+            });
+            staging.rings.len() - 1
+        }
+    };
+    let r = &mut staging.rings[ring];
+    if len > r.slot_bytes {
+        return Err(format!(
+            "a {len}-byte block chunk does not fit the {}-byte staging slots",
+            r.slot_bytes
+        ));
+    }
+    let slot = staging.seq % slots.send_window;
+    staging.seq += 1;
+    let offset = slot * u64::from(r.slot_bytes);
+    let mut post = SendPost {
+        buffer: STAGED,
+        offset,
+        len,
+        ring,
+        gate: None,
+    };
+    if len == 0 {
+        return Ok(post);
+    }
+    match (entry.device_region(), r.span) {
+        (None, _) => {
+            crate::net::blocks::gather_region(
+                &*entry.region_dyn(),
+                segs,
+                &**r.mh.region(),
+                offset as usize,
+                r.slot_bytes as usize,
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        (Some(region), Some(ring_span)) => {
+            crate::unpack::blocks::check_table(segs, len, region.len() as u64)
+                .map_err(|e| format!("gather: {e}"))?;
+            let gpu = region.gpu();
+            let stage = stage_for(stages, gpu, unpack_impl)?;
+            let t = table(&mut r.tables, slot as usize, gpu, segs.len())?;
+            let segs_span = fill(t, segs)?;
+            let dst = ring_span
+                .sub(offset, u64::from(r.slot_bytes))
+                .map_err(|e| e.to_string())?;
+            let task = GatherTask::new(segs_span, segs.len() as u32, region.span(), dst, len)
+                .map_err(|e| e.to_string())?;
+            post.gate = Some((gpu.ordinal(), stage.push_gather(task, len)?));
+        }
+        (Some(_), None) => return Err("a GPU buffer's chunk met a host staging ring".into()),
+    }
+    Ok(post)
+}
+
+/// `PostScatterRecv`: where the receive is posted.
+pub(super) fn scatter_recv(
+    lane: &mut RecvLane,
+    entry: &Arc<BufferEntry>,
+    to: ScatterTo,
+    len: u32,
+    slots: Slots,
+) -> Result<RecvPost, String> {
+    if len > MAX_CHUNK_BYTES {
+        return Err(format!("a {len}-byte chunk is over {MAX_CHUNK_BYTES} bytes"));
+    }
+    if entry.gpu().is_some() {
+        // The data pointer only anchors the request in a registration (see the module's doc).
+        if u64::from(len) > entry.size {
+            return Err(format!(
+                "a {len}-byte chunk into the {}-byte buffer {}",
+                entry.size, entry.id
+            ));
+        }
+        return Ok(RecvPost {
+            buffer: to.buffer,
+            offset: 0,
+            len,
+            scatter: Some(to),
+        });
+    }
+    let RecvLaneState::Ready(comm) = &lane.state else {
+        return Err("the lane is not connected".into());
+    };
+    let sc = &mut lane.scatter;
+    if sc.landing.is_none() {
+        let bytes = slots.recv_window as usize * MAX_CHUNK_BYTES as usize;
+        let region = HostRegion::new(bytes).map_err(|e| format!("landing ring: {e}"))?;
+        sc.landing = Some(
+            comm.register(Arc::new(region))
+                .map_err(|e| format!("registering the landing ring: {e}"))?,
+        );
+        tracing::debug!(bytes, "receive lane landing ring reserved");
+    }
+    let slot = sc.seq % slots.recv_window;
+    sc.seq += 1;
+    Ok(RecvPost {
+        buffer: STAGED,
+        offset: slot * u64::from(MAX_CHUNK_BYTES),
+        len,
+        scatter: Some(to),
+    })
+}
+
+/// A completed block-chunk receive (`segs`: its pieces): scattered on the host now, or pushed
+/// into its GPU's scatter batch. `tables`: the lane's pinned tables.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn start_scatter(
+    comm: &RecvComm,
+    id: RequestId,
+    to: ScatterTo,
+    len: u32,
+    segs: &[Segment],
+    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    stages: &mut HashMap<usize, GpuStage>,
+    unpack_impl: UnpackImpl,
+    tables: &mut RecvScatter,
+) -> Wait {
+    let Some(entry) = buffers.get(&to.buffer) else {
+        return Wait::Ready(Err(format!("buffer {} vanished", to.buffer)));
+    };
+    let Some(region) = entry.device_region() else {
+        let r = comm.scatter_landed(id, segs, len, &*entry.region_dyn());
+        return Wait::Ready(r.map(|_| ()).map_err(|e| e.to_string()));
+    };
+    let gpu = region.gpu().clone();
+    let r = (|| -> Result<Option<u64>, String> {
+        let (ring, q) = comm.completed(id).map_err(|e| e.to_string())?;
+        let frags = ring.fragments(q).map_err(|e| e.to_string())?;
+        if frags.is_empty() {
+            // Nothing landed (an emptied chunk): nothing to scatter, as for plain receives.
+            return Ok(None);
+        }
+        let stage = stage_for(stages, &gpu, unpack_impl)?;
+        stage.reach_bounce(ring.bounce_device())?;
+        let bounce = ring.bounce_span(frags);
+        crate::unpack::validate_list(frags, bounce.len(), u64::from(len), true)
+            .map_err(|e| format!("scatter: {e}"))?;
+        crate::unpack::blocks::check_table(segs, len, region.len() as u64)
+            .map_err(|e| format!("scatter: {e}"))?;
+        let list = ring.fragment_list(q).map_err(|e| e.to_string())?;
+        let frag_span = list
+            .device_span()
+            .ok_or("the fragment list has no device view for the scatter kernel")?;
+        let t = table(&mut tables.tables, q, &gpu, segs.len())?;
+        let segs_span = fill(t, segs)?;
+        let task = ScatterTask::new(
+            frag_span,
+            frags.len() as u32,
+            bounce,
+            segs_span,
+            segs.len() as u32,
+            len,
+            region.span(),
+        )
+        .map_err(|e| e.to_string())?;
+        stage.push_scatter(task, frags.len() as u32).map(Some)
+    })();
+    match r {
+        Ok(Some(batch)) => Wait::Gpu {
+            gpu: gpu.ordinal(),
+            batch,
+            len,
+        },
+        Ok(None) => Wait::Ready(Ok(())),
+        Err(e) => Wait::Ready(Err(e)),
+    }
+}
+
+/// `LandScatter`: an eager credit receive (in the lane's landing slots) to the pieces `segs`.
+pub(super) fn land_scatter(
+    comm: &RecvComm,
+    id: RequestId,
+    entry: &Arc<BufferEntry>,
+    len: u32,
+    segs: &[Segment],
+    stages: &mut HashMap<usize, GpuStage>,
+    unpack_impl: UnpackImpl,
+) -> Result<(), String> {
+    let Some(region) = entry.device_region() else {
+        return comm
+            .scatter_landed(id, segs, len, &*entry.region_dyn())
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+    };
+    crate::unpack::blocks::check_table(segs, len, region.len() as u64)
+        .map_err(|e| format!("scatter: {e}"))?;
+    let stage = stage_for(stages, region.gpu(), unpack_impl)?;
+    let staging = stage.host_staging(len as usize);
+    match comm.land_into(id, staging) {
+        Ok(n) if n == len as usize => {}
+        Ok(n) => return Err(format!("chunk landed {n} of {len} bytes")),
+        Err(e) => return Err(e.to_string()),
+    }
+    for s in segs {
+        let w = s.wire as usize;
+        region
+            .write(s.offset, &staging[w..w + s.len as usize])
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}

@@ -1,0 +1,154 @@
+//! Block chunks on a GPU: the batches of `tcpxd_gather_blocks` (a sender's gathers into its
+//! staging slots) and `tcpxd_scatter_blocks` (a receiver's scatters of received chunks into their
+//! blocks) the poller queues during a pass and launches once at its end, up to
+//! [`BLOCK_TASKS`] chunks per launch, on a stream of their own, with an event and an error word
+//! per batch (the kernels' bounds guard). Nothing is allocated per chunk: the tables live in the
+//! poller's pinned slots, the tasks in reused vectors.
+
+use std::sync::Arc;
+
+use super::{BatchEvents, Ticket, UnpackError};
+use crate::gpu::blocks::{BLOCK_TASKS, GATHER_UNIT, GatherTask, ScatterTask};
+use crate::gpu::{Gpu, Kernels, PinnedRegion, Stream};
+
+/// Batches in flight at once (a slot's event and error word are reused after its batch is done).
+const SLOTS: usize = 16;
+
+/// Which kernel a batcher launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockOp {
+    Gather,
+    Scatter,
+}
+
+/// One GPU's batches of one block kernel.
+pub struct BlockBatcher {
+    op: BlockOp,
+    gpu: Arc<Gpu>,
+    kernels: Arc<Kernels>,
+    stream: Stream,
+    events: BatchEvents,
+    /// One u32 per slot: the kernel's report of what it skipped (0: nothing).
+    errors: PinnedRegion,
+    gathers: Vec<GatherTask>,
+    scatters: Vec<ScatterTask>,
+    /// Blocks of 256 threads per task for this batch (the largest any task asked).
+    blocks_per_task: u32,
+}
+
+impl BlockBatcher {
+    pub fn new(gpu: &Arc<Gpu>, op: BlockOp) -> Result<BlockBatcher, UnpackError> {
+        gpu.bind_to_thread()?;
+        Ok(BlockBatcher {
+            op,
+            gpu: gpu.clone(),
+            kernels: gpu.kernels()?,
+            stream: Stream::new(gpu)?,
+            events: BatchEvents::new(gpu, SLOTS)?,
+            errors: gpu.alloc_pinned(SLOTS * 4)?,
+            gathers: Vec::with_capacity(4 * BLOCK_TASKS),
+            scatters: Vec::with_capacity(4 * BLOCK_TASKS),
+            blocks_per_task: 1,
+        })
+    }
+
+    /// Queues a chunk's gather (`bytes` bytes: a warp per 4 KiB unit, 8 warps a block).
+    pub fn push_gather(&mut self, task: GatherTask, bytes: u32) -> Result<(), UnpackError> {
+        if self.op != BlockOp::Gather {
+            return Err(UnpackError::Gpu(crate::gpu::GpuError::InvalidArgument(
+                "a gather pushed into a scatter batcher".into(),
+            )));
+        }
+        self.gathers.push(task);
+        let units = bytes.div_ceil(GATHER_UNIT);
+        self.blocks_per_task = self.blocks_per_task.max(units.div_ceil(8));
+        Ok(())
+    }
+
+    /// Queues a received chunk's scatter of `fragments` fragments (a warp each).
+    pub fn push_scatter(&mut self, task: ScatterTask, fragments: u32) -> Result<(), UnpackError> {
+        if self.op != BlockOp::Scatter {
+            return Err(UnpackError::Gpu(crate::gpu::GpuError::InvalidArgument(
+                "a scatter pushed into a gather batcher".into(),
+            )));
+        }
+        self.scatters.push(task);
+        self.blocks_per_task = self.blocks_per_task.max(fragments.div_ceil(8));
+        Ok(())
+    }
+
+    /// Whether anything was queued since the last submit.
+    pub fn pending(&self) -> bool {
+        !self.gathers.is_empty() || !self.scatters.is_empty()
+    }
+
+    /// Launches what was queued (16 chunks a launch) and records the batch's event. `None` when
+    /// nothing was queued.
+    pub fn submit(&mut self) -> Result<Option<Ticket>, UnpackError> {
+        if !self.pending() {
+            return Ok(None);
+        }
+        self.gpu.bind_to_thread()?;
+        let slot = self.events.reserve()?;
+        // The slot's previous batch is done (reserve waited): nothing writes its word now.
+        self.errors.store_u32(slot * 4, 0)?;
+        let bpt = self.blocks_per_task;
+        self.blocks_per_task = 1;
+        let result = match self.op {
+            BlockOp::Gather => self.gathers.chunks(BLOCK_TASKS).try_for_each(|tasks| {
+                self.gpu
+                    .launch_gather_blocks(&self.kernels, &self.stream, tasks, bpt, &self.errors, slot * 4)
+            }),
+            BlockOp::Scatter => self.scatters.chunks(BLOCK_TASKS).try_for_each(|tasks| {
+                self.gpu.launch_scatter_blocks(
+                    &self.kernels,
+                    &self.stream,
+                    tasks,
+                    bpt,
+                    &self.errors,
+                    slot * 4,
+                )
+            }),
+        };
+        self.gathers.clear();
+        self.scatters.clear();
+        result?;
+        Ok(Some(self.events.record(&self.stream)?))
+    }
+
+    /// Non-blocking: has the batch finished? Once it has, a chunk the kernel skipped as out of
+    /// bounds fails it ([`UnpackError::DeviceRejected`], naming task and item).
+    pub fn is_done(&mut self, t: &Ticket) -> Result<bool, UnpackError> {
+        if !self.events.is_done(t)? {
+            return Ok(false);
+        }
+        self.check(t)?;
+        Ok(true)
+    }
+
+    /// Blocks until the batch has finished (tests, shutdown), then as [`BlockBatcher::is_done`].
+    pub fn wait(&mut self, t: &Ticket) -> Result<(), UnpackError> {
+        self.events.wait(t)?;
+        self.check(t)
+    }
+
+    fn check(&self, t: &Ticket) -> Result<(), UnpackError> {
+        // A slot is reused only after its batch is done and checked by the poller (which asks
+        // about every batch in order), so the word is still this batch's.
+        let slot = (t.seq() % SLOTS as u64) as usize;
+        match self.errors.load_u32(slot * 4)? {
+            0 => Ok(()),
+            w => {
+                let w = w - 1;
+                Err(UnpackError::DeviceRejected {
+                    task: w >> 12,
+                    fragment: w & 0xfff,
+                })
+            }
+        }
+    }
+
+    pub fn stream(&self) -> &Stream {
+        &self.stream
+    }
+}
