@@ -12,7 +12,7 @@ from typing import Any, Callable, List, Optional
 from .. import _proto
 from ..errors import Cancelled, TcpxdError
 from ._errors import nixlNotFoundError, nixlRepostActiveError
-from ._plan import Plan, field
+from ._plan import Plan
 
 
 class nixlXferTelemetry:  # noqa: N801 - NIXL's name (nixl._bindings.nixlXferTelemetry)
@@ -71,7 +71,7 @@ class Xfer:
             self._left = len(self.plan.requests)
         t0 = time.perf_counter()
         self.telemetry.startTime = time.time_ns() // 1000
-        name = field(self.plan.op)
+        name = self.plan.field
         futs: List[concurrent.futures.Future] = []
         try:
             for req in self.plan.requests:
