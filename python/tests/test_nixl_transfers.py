@@ -45,13 +45,18 @@ def calls(monkeypatch, agent):
     """The SessionRequest fields the agent's session is sent, in order."""
     seen = []
     session = agent._session_now()
-    submit = session._submit
+    submit, encoded = session._submit, session._submit_encoded
 
     def counting(*a, **op):
         seen.extend(op)
         return submit(*a, **op)
 
+    def counting_encoded(field, bodies, sinks):
+        seen.extend([field] * len(bodies))
+        return encoded(field, bodies, sinks)
+
     monkeypatch.setattr(session, "_submit", counting)
+    monkeypatch.setattr(session, "_submit_encoded", counting_encoded)
     return seen
 
 
@@ -296,8 +301,8 @@ def test_block_path_ends_in_err_within_the_deadline_when_the_peer_dies(tmp_root)
     from conftest import start_daemon, stop_daemon
 
     env = {"TCPXEMU_RATE_GBPS": "1"}
-    a = start_daemon(tmp_root, "ka", env=env)
-    b = start_daemon(tmp_root, "kb", env=env)
+    a = start_daemon(tmp_root, "xka", env=env)
+    b = start_daemon(tmp_root, "xkb", env=env)
     A = nixl_agent("xf-A", nixl_agent_config(endpoint=a.endpoint, timeout_s=60))
     B = nixl_agent("xf-B", nixl_agent_config(endpoint=b.endpoint))
     try:

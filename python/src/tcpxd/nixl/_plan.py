@@ -100,6 +100,9 @@ class Prepped:
         self.gpos = (self.buffer_of[self.region] << _LIST_SHIFT) | np.where(ok, first, 0)
         self.gcnt = np.where(ok, cnt, 0)
         self.aligned = bool(ok.all()) if n else False
+        #: The one `sig` of every descriptor, when they share it (vLLM's lists: blocks of one size):
+        #: a transfer then compares two numbers instead of gathering both sides' signatures.
+        self.usig: Optional[int] = int(self.sig[0]) if n and bool((self.sig == self.sig[0]).all()) else None
         self._overlaps: Optional[bool] = None
 
     @property
@@ -165,20 +168,46 @@ def indices(idx: Any, n: int, what: str) -> np.ndarray:
 
 @dataclass
 class Plan:
-    """A transfer's daemon requests (their `notification` left empty), in `field` of a
-    SessionRequest, and its size. `path`: "blocks" (granule lists) or "batch"."""
+    """A transfer's daemon requests, serialized (`bodies`: each the bytes of the message in
+    `field` of a SessionRequest, without a notification; `notif_key` is the key of a WRITE's
+    notification field, appended when one rides), and its size. `path`: "blocks" (granule lists)
+    or "batch"."""
 
     op: str
-    requests: List[Any]
+    bodies: List[bytes]
     total_bytes: int
     desc_count: int
     entries: int
     path: str = "batch"
     field: str = dfield(default="")
+    notif_key: bytes = b""
 
     def __post_init__(self) -> None:
         if not self.field:
             self.field = field(self.op, self.path)
+        if self.op == "WRITE":
+            self.notif_key = _NOTIF_KEY[self.path]
+
+    @property
+    def requests(self) -> List[Any]:
+        """The requests as messages (for inspection)."""
+        cls = _proto.message(_MESSAGE[self.field])
+        return [cls.FromString(b) for b in self.bodies]
+
+
+#: A request message by SessionRequest field, and a WRITE's notification key by path.
+_MESSAGE = {"write_batch": "WriteBatchRequest", "read_batch": "ReadBatchRequest",
+            "write_blocks": "WriteBlocksRequest", "read_blocks": "ReadBlocksRequest"}
+_NOTIF_KEY = {"batch": b"\x12", "blocks": b"\x2a"}  # WriteBatchRequest.notification = 2, WriteBlocksRequest's = 5
+V = _wire.varint
+
+
+def _bytes_field(key: bytes, data: bytes) -> bytes:
+    return key + V(len(data)) + data
+
+
+def _timeout(key: bytes, ms: int) -> bytes:
+    return key + V(ms) if ms else b""
 
 
 def plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarray, merge: bool, timeout_ms: int) -> Plan:
@@ -195,16 +224,24 @@ def plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarra
 
 def block_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarray, timeout_ms: int) -> Optional[Plan]:
     """The block path (module doc), or None when some pair cannot take it."""
-    if not np.array_equal(local.sig[li], remote.sig[ri]):
+    if local.usig is not None and remote.usig is not None:
+        if local.usig != remote.usig:
+            return None  # unaligned on a side, of unequal G, or of unequal lengths
+        c: Any = int(local.gcnt[0])  # one granule count for every pair
+    elif not np.array_equal(local.sig[li], remote.sig[ri]):
         return None  # a pair unaligned on a side, of unequal G, or of unequal lengths
+    else:
+        c = local.gcnt[li]
     dest, di = (local, li) if op == "READ" else (remote, ri)
     if dest.overlaps or not dest.distinct(di):
         return None  # a destination granule named twice: the daemon refuses it; batches allow it
-    lp, rp, c = local.gpos[li], remote.gpos[ri], local.gcnt[li]
+    lp, rp = local.gpos[li], remote.gpos[ri]
     n = len(li)
     key = (lp >> _LIST_SHIFT) * remote.nbuffers + (rp >> _LIST_SHIFT)
-    total = int(c.sum())
-    if n > 1 and total > MAX_BLOCKS // 2:  # cut groups every MAX_BLOCKS / 2 granules (pairs are at most that)
+    total = c * n if isinstance(c, int) else int(c.sum())
+    if n > 1 and total > MAX_BLOCKS // 2:
+        if isinstance(c, int):
+            c = np.full(n, c, dtype=np.int64)  # cut groups every MAX_BLOCKS / 2 granules (pairs are at most that)
         order = np.argsort(key, kind="stable")
         lp, rp, c, key = lp[order], rp[order], c[order], key[order]
         cum = np.cumsum(c)
@@ -213,7 +250,9 @@ def block_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.
         key = key * (MAX_BLOCKS * 4) + (cum - base - 1) // (MAX_BLOCKS // 2)
     elif n > 1 and bool((key[1:] < key[:-1]).any()):
         order = np.argsort(key, kind="stable")
-        lp, rp, c, key = lp[order], rp[order], c[order], key[order]
+        lp, rp, key = lp[order], rp[order], key[order]
+        if not isinstance(c, int):
+            c = c[order]
     if n > 1:
         newgrp = key[1:] != key[:-1]
         gstart = np.concatenate(([0], np.flatnonzero(newgrp) + 1))
@@ -222,36 +261,47 @@ def block_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.
         gstart = np.zeros(1, dtype=np.int64)
     lr, lat = _ranges(lp, c, newgrp, gstart)
     rr, rat = _ranges(rp, c, newgrp, gstart)
-    BI = _proto.message("BlockIndices")
-    cls = _proto.message("WriteBlocksRequest" if op == "WRITE" else "ReadBlocksRequest")
     lists_l, lists_r = local.lists, remote.lists
-    requests = []
+    read = op == "READ"
+    tmo = _timeout(b"\x28" if read else b"\x30", timeout_ms)  # ReadBlocksRequest.timeout_ms = 5, WriteBlocksRequest's = 6
+    bodies = []
     for g in range(len(gstart)):
         k = int(gstart[g])
-        lidx = BI(encoding=RANGES, data=lr[lat[g]:lat[g + 1]].tobytes())
-        ridx = BI(encoding=RANGES, data=rr[rat[g]:rat[g + 1]].tobytes())
-        lid, tok = lists_l[int(lp[k] >> _LIST_SHIFT)], lists_r[int(rp[k] >> _LIST_SHIFT)]
-        requests.append(cls(local_list_id=lid, local_indices=lidx, remote_token=tok, remote_indices=ridx,
-                            timeout_ms=timeout_ms))
+        # BlockIndices{encoding: RANGES, data}
+        lidx = b"\x08\x01" + _bytes_field(b"\x12", lr[lat[g]:lat[g + 1]].tobytes())
+        ridx = b"\x08\x01" + _bytes_field(b"\x12", rr[rat[g]:rat[g + 1]].tobytes())
+        lid, tok = lists_l[int(lp[k] >> _LIST_SHIFT)], lists_r[int(rp[k] >> _LIST_SHIFT)].encode()
+        if read:  # remote_token 1, remote_indices 2, local_list_id 3, local_indices 4
+            bodies.append(b"".join((_bytes_field(b"\x0a", tok), _bytes_field(b"\x12", ridx), b"\x18", V(lid),
+                                    _bytes_field(b"\x22", lidx), tmo)))
+        else:  # local_list_id 1, local_indices 2, remote_token 3, remote_indices 4
+            bodies.append(b"".join((b"\x08", V(lid), _bytes_field(b"\x12", lidx), _bytes_field(b"\x1a", tok),
+                                    _bytes_field(b"\x22", ridx), tmo)))
     nbytes = int(local.length[li].sum())
-    return Plan(op, requests, nbytes, n, len(lr) + len(rr), "blocks")
+    return Plan(op, bodies, nbytes, n, len(lr) + len(rr), "blocks")
 
 
-def _ranges(pos: np.ndarray, c: np.ndarray, newgrp: np.ndarray, gstart: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def _ranges(pos: np.ndarray, c: Any, newgrp: np.ndarray, gstart: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """One side's granule ranges: (start, count) u32 pairs, consecutive ones merged within a
-    group; and where each group's ranges begin (len(gstart) + 1 bounds)."""
+    group; and where each group's ranges begin (len(gstart) + 1 bounds). `c`: the pairs'
+    granule counts (an array, or one int for all)."""
     n = len(pos)
+    one = isinstance(c, int)
     if n > 1:
         brk = np.empty(n, dtype=bool)
         brk[0] = True
-        np.not_equal(pos[1:], pos[:-1] + c[:-1], out=brk[1:])
+        np.not_equal(pos[1:], pos[:-1] + (c if one else c[:-1]), out=brk[1:])
         brk[1:] |= newgrp
         st = np.flatnonzero(brk)
     else:
         st = np.zeros(1, dtype=np.int64)
     out = np.empty((len(st), 2), dtype="<u4")
-    out[:, 0] = pos[st] & _LOW
-    out[:, 1] = np.add.reduceat(c, st) if len(st) < n else c
+    if len(st) == n:  # nothing merged
+        out[:, 0] = pos & _LOW
+        out[:, 1] = c
+    else:
+        out[:, 0] = pos[st] & _LOW
+        out[:, 1] = np.diff(np.append(st, n)) * c if one else np.add.reduceat(c, st)
     at = np.empty(len(gstart) + 1, dtype=np.int64)
     at[:-1] = np.searchsorted(st, gstart)
     at[-1] = len(st)
@@ -285,9 +335,9 @@ def batch_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.
         cuts = list(np.flatnonzero(key[1:] != key[:-1]) + 1)
     else:
         cuts = []
-    cls = _proto.message("WriteBatchRequest" if op == "WRITE" else "ReadBatchRequest")
+    tmo = _timeout(b"\x18" if op == "WRITE" else b"\x10", timeout_ms)  # WriteBatchRequest.timeout_ms = 3, ReadBatchRequest's = 2
     rows = remote.desc_rows[op]
-    requests = []
+    bodies = []
     for a, b in zip([0] + cuts, cuts + [len(ln)]):
         s = slice(int(a), int(b))
         if op == "WRITE":  # WriteEntry: local_buffer_id, local_offset, remote_descriptor (3), remote_offset, length
@@ -297,10 +347,8 @@ def batch_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.
             pieces = [_wire.table_piece(rr[s], rows), _wire.varint_piece(2, ro[s]), _wire.varint_piece(3, local.buffer_ids[lr[s]]),
                       _wire.varint_piece(4, lo[s]), _wire.varint_piece(5, ln[s])]
         for body in _wire.entries(1, pieces, MAX_ENTRIES):  # `entries` is field 1 of both requests
-            req = cls.FromString(body)
-            req.timeout_ms = timeout_ms
-            requests.append(req)
-    return Plan(op, requests, int(n.sum()), len(n), len(ln), "batch")
+            bodies.append(body + tmo)
+    return Plan(op, bodies, int(n.sum()), len(n), len(ln), "batch")
 
 
 def descs_plan(op: str, local: Prepped, remote: Prepped, timeout_ms: int) -> Plan:
