@@ -6,6 +6,7 @@ import concurrent.futures
 import functools
 import itertools
 import queue
+import socket
 import threading
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
@@ -286,6 +287,11 @@ def _forward(sink: Any, fut: concurrent.futures.Future) -> None:
         sink.set_result(fut.result())
 
 
+#: The send buffer asked for a session's local-session socket (the kernel caps it at wmem_max):
+#: requests written at once are not held up while the daemon starts the earlier ones.
+SESSION_SNDBUF = 4 << 20
+
+
 class Session:
     """Many transfers in flight on one stream: each submit returns a concurrent.futures.Future
     resolved when that transfer finishes, in completion order. `close()` (or leaving the `with`
@@ -305,6 +311,10 @@ class Session:
         self._timeout = timeout
         self._conn = client._local.connect() if client._local is not None else None
         if self._conn is not None:
+            try:  # room for a burst of requests (tcpxd.nixl posts a transfer's parts in one write)
+                self._conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SESSION_SNDBUF)
+            except OSError:
+                pass
             client._sessions.add(self)
             self._call: Any = None
             self._send_lock = threading.Lock()
