@@ -262,7 +262,12 @@ def local_end(err: Optional[TcpxdError], why: Optional[str], closed: bool, endpo
     return Unavailable(f"the daemon at {endpoint} closed the session's connection")
 
 
+_SMALL_VARINTS = [bytes([i]) for i in range(128)]
+
+
 def _varint(v: int) -> bytes:
+    if v < 128:
+        return _SMALL_VARINTS[v]
     out = bytearray()
     while v > 0x7F:
         out.append((v & 0x7F) | 0x80)
@@ -378,7 +383,9 @@ class Session:
                 fut.add_done_callback(functools.partial(_forward, sink))
             return
         key = _field_key(field)
-        frames = []
+        pieces: List[bytes] = []  # every frame's pieces, joined once
+        big = False
+        pack = _local.HEADER.pack
         with self._lock:
             ended = self._ended
             for body, sink in zip(bodies, sinks):
@@ -386,13 +393,15 @@ class Session:
                 sink.tag = tag
                 if ended is None:
                     self._pending[tag] = sink
-                    msg = b"\x08" + _varint(tag) + key + _varint(len(body)) + body
-                    frames.append(_local.HEADER.pack(len(msg)) + msg)
+                    t, n = _varint(tag), _varint(len(body))
+                    size = 1 + len(t) + len(key) + len(n) + len(body)
+                    big = big or size > _local.MAX_FRAME
+                    pieces += (pack(size), b"\x08", t, key, n, body)
         if ended is not None:
             for sink in sinks:
                 sink.set_exception(ended)
             return
-        if any(len(f) - 4 > _local.MAX_FRAME for f in frames):
+        if big:
             with self._lock:
                 for sink in sinks:
                     self._pending.pop(sink.tag, None)
@@ -402,7 +411,7 @@ class Session:
             return
         with self._send_lock:
             try:
-                self._conn.sock.sendall(b"".join(frames))  # type: ignore[union-attr]
+                self._conn.sock.sendall(b"".join(pieces))  # type: ignore[union-attr]
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
 

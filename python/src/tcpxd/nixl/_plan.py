@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field as dfield
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -79,6 +79,7 @@ class Prepped:
         self._granules()
         self._scratch: Optional[np.ndarray] = None
         self._scratch_lock = threading.Lock()
+        self._fields: Dict[str, List[bytes]] = {}
 
     def _granules(self) -> None:
         """Per descriptor: `sig` (length × 64 + log2 G when granule-aligned, else -1 locally and
@@ -119,6 +120,22 @@ class Prepped:
             else:
                 self._overlaps = False
         return self._overlaps
+
+    def list_fields(self, read: bool) -> List[bytes]:
+        """Per buffer, its granule list as the field a block request names it by: the local
+        list's id (ReadBlocksRequest.local_list_id = 3, WriteBlocksRequest's = 1), the remote
+        list's token (remote_token: 1 in a READ, 3 in a WRITE). Encoded once."""
+        key = "read" if read else "write"
+        got = self._fields.get(key)
+        if got is None:
+            if not self.agent:
+                tag = b"\x18" if read else b"\x08"
+                got = [tag + _wire.varint(int(x)) for x in self.lists]
+            else:
+                tag = b"\x0a" if read else b"\x1a"
+                got = [tag + _wire.varint(len(t.encode())) + t.encode() for t in self.lists]
+            self._fields[key] = got
+        return got
 
     def distinct(self, idx: np.ndarray) -> bool:
         """Whether `idx` names no descriptor twice (a scratch array per list: two gathers)."""
@@ -199,11 +216,12 @@ class Plan:
 _MESSAGE = {"write_batch": "WriteBatchRequest", "read_batch": "ReadBatchRequest",
             "write_blocks": "WriteBlocksRequest", "read_blocks": "ReadBlocksRequest"}
 _NOTIF_KEY = {"batch": b"\x12", "blocks": b"\x2a"}  # WriteBatchRequest.notification = 2, WriteBlocksRequest's = 5
-V = _wire.varint
+_SMALL_VARINTS = [bytes([i]) for i in range(128)]
 
 
-def _bytes_field(key: bytes, data: bytes) -> bytes:
-    return key + V(len(data)) + data
+def V(v: int) -> bytes:
+    """A varint (one byte below 128, from a table)."""
+    return _SMALL_VARINTS[v] if v < 128 else _wire.varint(v)
 
 
 def _timeout(key: bytes, ms: int) -> bytes:
@@ -261,22 +279,26 @@ def block_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.
         gstart = np.zeros(1, dtype=np.int64)
     lr, lat = _ranges(lp, c, newgrp, gstart)
     rr, rat = _ranges(rp, c, newgrp, gstart)
-    lists_l, lists_r = local.lists, remote.lists
     read = op == "READ"
     tmo = _timeout(b"\x28" if read else b"\x30", timeout_ms)  # ReadBlocksRequest.timeout_ms = 5, WriteBlocksRequest's = 6
+    # Per group, in plain Python over lists (no numpy call per group): its lists' fields (encoded
+    # once per prepared list) and its slices of both sides' packed ranges.
+    lf, rf = local.list_fields(read), remote.list_fields(read)
+    lk = (lp[gstart] >> _LIST_SHIFT).tolist()
+    rk = (rp[gstart] >> _LIST_SHIFT).tolist()
+    lb, rb = lr.tobytes(), rr.tobytes()
+    la, ra = (lat * 8).tolist(), (rat * 8).tolist()
     bodies = []
-    for g in range(len(gstart)):
-        k = int(gstart[g])
-        # BlockIndices{encoding: RANGES, data}
-        lidx = b"\x08\x01" + _bytes_field(b"\x12", lr[lat[g]:lat[g + 1]].tobytes())
-        ridx = b"\x08\x01" + _bytes_field(b"\x12", rr[rat[g]:rat[g + 1]].tobytes())
-        lid, tok = lists_l[int(lp[k] >> _LIST_SHIFT)], lists_r[int(rp[k] >> _LIST_SHIFT)].encode()
+    for g in range(len(lk)):
+        ld = lb[la[g]:la[g + 1]]
+        rd = rb[ra[g]:ra[g + 1]]
+        # BlockIndices{encoding: RANGES (1), data (2)} as a field: key, length, 08 01 12 len data
+        lidx = b"\x08\x01\x12" + V(len(ld)) + ld
+        ridx = b"\x08\x01\x12" + V(len(rd)) + rd
         if read:  # remote_token 1, remote_indices 2, local_list_id 3, local_indices 4
-            bodies.append(b"".join((_bytes_field(b"\x0a", tok), _bytes_field(b"\x12", ridx), b"\x18", V(lid),
-                                    _bytes_field(b"\x22", lidx), tmo)))
+            bodies.append(b"".join((rf[rk[g]], b"\x12", V(len(ridx)), ridx, lf[lk[g]], b"\x22", V(len(lidx)), lidx, tmo)))
         else:  # local_list_id 1, local_indices 2, remote_token 3, remote_indices 4
-            bodies.append(b"".join((b"\x08", V(lid), _bytes_field(b"\x12", lidx), _bytes_field(b"\x1a", tok),
-                                    _bytes_field(b"\x22", ridx), tmo)))
+            bodies.append(b"".join((lf[lk[g]], b"\x12", V(len(lidx)), lidx, rf[rk[g]], b"\x22", V(len(ridx)), ridx, tmo)))
     nbytes = int(local.length[li].sum())
     return Plan(op, bodies, nbytes, n, len(lr) + len(rr), "blocks")
 
