@@ -9,11 +9,13 @@ use super::blocks::{BlockError, BlockHeader, BlockList, IndexArray, Layout, Pair
 use super::coalesce::Places;
 use super::*;
 
-/// The local half of a block transfer, planned (`Engine::plan_local_blocks`).
+/// The local half of a block transfer, planned (`Engine::plan_local_blocks`): the list's buffer
+/// and key, the plan, and the lengths of the selected blocks (what the other side checks).
 struct LocalBlocks {
     buffer: u64,
+    key: [u8; 16],
     plan: SidePlan,
-    header: BlockHeader,
+    lengths: PairLengths,
 }
 
 /// The remote side of a block transfer, from the list owner's token and the caller's indices.
@@ -77,7 +79,8 @@ impl Engine {
         self.refuse_while_draining()?;
         self.check_common(1, notification.len())?;
         let local = self.plan_local_blocks(&spec, false)?;
-        let id = self.new_transfer(TransferKind::Write, local.header.total, 1, deadline);
+        let total = local.plan.total();
+        let id = self.new_transfer(TransferKind::Write, total, 1, deadline);
         let offer_id = self.next_offer;
         self.next_offer += 1;
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
@@ -85,10 +88,9 @@ impl Engine {
             list_id: spec.remote.list_id,
             access_key: spec.remote.access_key,
             indices: spec.remote.indices,
-            lengths: local.header.lengths,
-            total: local.header.total,
+            lengths: local.lengths,
+            total,
         };
-        let total = header.total;
         self.make_offer(
             spec.peer,
             offer_id,
@@ -118,12 +120,20 @@ impl Engine {
         self.refuse_while_draining()?;
         self.check_common(1, 0)?;
         let local = self.plan_local_blocks(&spec, true)?;
-        let total = local.header.total;
+        let total = local.plan.total();
         let id = self.new_transfer(TransferKind::Read, total, 1, deadline);
         let read_id = self.next_read;
         self.next_read += 1;
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
-        let dest = Box::new(local.header);
+        // What the holder's offer must carry back: our list, key, indices, lengths, total (the
+        // plan itself is rebuilt when the offer comes, from the list as it is then).
+        let dest = Box::new(BlockHeader {
+            list_id: spec.local_list,
+            access_key: local.key,
+            indices: spec.local_indices,
+            lengths: local.lengths,
+            total,
+        });
         self.actions.push_back(Action::Control {
             peer: spec.peer,
             msg: PeerMsg::ReadRequest {
@@ -158,7 +168,7 @@ impl Engine {
     /// The local half of a block transfer, checked: the list, its indices (`destination`: none
     /// twice), the peer, and the remote indices as far as the token tells (count, inside the
     /// remote list, none twice for a WRITE's destination, pair lengths when the remote list is
-    /// uniform). Returns the plan and the local header (this list, its key, indices, lengths).
+    /// uniform).
     fn plan_local_blocks(&self, spec: &BlockSpec, destination: bool) -> EngineResult<LocalBlocks> {
         let list = self.lists.get(spec.local_list).ok_or_else(|| {
             EngineError::not_found(format!("local_list: list {} does not exist", spec.local_list))
@@ -216,14 +226,9 @@ impl Engine {
         })?;
         Ok(LocalBlocks {
             buffer,
-            header: BlockHeader {
-                list_id: spec.local_list,
-                access_key: key,
-                indices: spec.local_indices.clone(),
-                lengths,
-                total: plan.total(),
-            },
+            key,
             plan,
+            lengths,
         })
     }
 

@@ -589,3 +589,95 @@ fn a_million_blocks_plan_on_both_sides() {
     };
     assert_eq!(rcv.recv_pieces(q, *offer, *wire, *len).unwrap().count(), 128);
 }
+
+/// A block WRITE or READ of 200 scattered 1500-byte blocks stopped after `steps` events by a
+/// cancel (0), its deadline (1) or the peer failing (2): true when the stop ended it. Every slot,
+/// credit and buffer user comes back either way.
+fn stop_blocks_midway(read: bool, how: u8, seed: u64) -> bool {
+    let mut s = Sim::new(2, small_chunks(), seed);
+    s.buffer(0, 1, SRC, 4);
+    s.buffer(1, 2, DST, 0);
+    let l0 = scattered(&mut s, 200, &[1500], SRC);
+    let l1 = scattered(&mut s, 200, &[1500], DST);
+    let a = s.nodes[0].eng.register_blocks(1, l0).unwrap();
+    let b = s.nodes[1].eng.register_blocks(2, l1).unwrap();
+    let pairs = random_pairs(&mut s, 200, 200, 200);
+    let spec = BlockSpec {
+        local_list: a,
+        local_indices: pack(pairs.iter().map(|p| if read { p.1 } else { p.0 })),
+        peer: P,
+        remote: remote(
+            &s,
+            1,
+            b,
+            pack(pairs.iter().map(|p| if read { p.0 } else { p.1 })),
+            true,
+        ),
+    };
+    let now = s.now;
+    let deadline = now + Duration::from_millis(50);
+    let t = if read {
+        s.nodes[0].eng.start_read_blocks(spec, deadline, now).unwrap()
+    } else {
+        s.nodes[0]
+            .eng
+            .start_write_blocks(spec, Vec::new(), deadline, now)
+            .unwrap()
+    };
+    let steps = 5 + s.rand(50);
+    for _ in 0..steps {
+        s.step();
+    }
+    match how {
+        0 => {
+            s.nodes[0].eng.cancel(t, Code::Cancelled, "stop");
+        }
+        1 => s.nodes[0].eng.tick(deadline),
+        _ => {
+            for i in 0..2 {
+                s.nodes[i].eng.peer_failed(P, "lane 1: connection reset");
+            }
+            s.drain();
+            assert_eq!(s.outcome(0, t).code, Code::Unavailable);
+            for (i, buf) in [(0, 1), (1, 2)] {
+                let e = &mut s.nodes[i].eng;
+                assert!(e.is_idle() && e.lanes_idle() && e.posted() == (0, 0));
+                assert_eq!(e.buffer_users(buf), Some(0));
+                e.remove_buffer(buf).expect("no user is left");
+            }
+            return true;
+        }
+    }
+    s.run();
+    let o = s.outcome(0, t);
+    let want = [Code::Cancelled, Code::DeadlineExceeded][how as usize];
+    assert!(
+        o.code == want || o.code == Code::Ok,
+        "{:?}: {}",
+        o.code,
+        o.message
+    );
+    s.assert_idle();
+    o.code == want
+}
+
+#[test]
+fn block_transfers_stopped_midway_return_every_slot_and_credit() {
+    every_mode(block_transfers_stopped_midway_in_mode);
+}
+
+fn block_transfers_stopped_midway_in_mode() {
+    let mut stopped = [0; 3];
+    for seed in 0..3 {
+        for read in [false, true] {
+            for how in 0..3u8 {
+                stopped[how as usize] +=
+                    u32::from(stop_blocks_midway(read, how, 900 + seed * 10 + u64::from(how)));
+            }
+        }
+    }
+    assert!(
+        stopped.iter().all(|&n| n >= 3),
+        "most stops land midway: {stopped:?}"
+    );
+}

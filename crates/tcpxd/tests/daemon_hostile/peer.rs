@@ -17,6 +17,41 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
     let other = host_buffer(&mut b.client, MIB, "other").await;
     fill_seed(&mut b.client, dst.id, 0, 0, 1).await;
     fill_seed(&mut b.client, other.id, 0, 0, 2).await;
+    // Block lists for the block offers and reads below: 16 blocks of 4 KiB, and three of 4096,
+    // 1000 and 4096 bytes.
+    let blk = host_buffer(&mut b.client, MIB, "blk").await;
+    fill_seed(&mut b.client, blk.id, 0, 0, 3).await;
+    let mut register = async |layout| {
+        b.client
+            .register_blocks(pb::RegisterBlocksRequest {
+                buffer_id: blk.id,
+                layout: Some(layout),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .id
+    };
+    use pb::register_blocks_request::Layout as L;
+    let uniform = register(L::Strided(pb::StridedBlocks {
+        first: 0,
+        stride: 8192,
+        length: 4096,
+        count: 16,
+    }))
+    .await;
+    let mixed = register(L::Explicit(pb::ExplicitBlocks {
+        offsets: [0u64, 100_000, 200_000]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+        lengths: [4096u32, 1000, 4096]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+    }))
+    .await;
+    let blk_key = key_of(&blk);
     let before = snapshot(&mut [&mut b.client]).await;
     let key = key_of(&dst);
     let mut n = 0usize;
@@ -179,8 +214,8 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             .into_inner()
             .buffers
             .len(),
-        2,
-        "a malformed request registered nothing"
+        3,
+        "a malformed request registered nothing (dst, other, blk)"
     );
 
     // ---- Control stream openings -----------------------------------------------------------
@@ -634,6 +669,61 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             "blocks.lengths: 6 bytes are not a whole number of u32 lengths",
         ),
     ];
+    // Against real lists.
+    let on_list = |list: u64, idx: &[u32], uniform_length: u32, total: u64| ppb::BlockHeader {
+        list_id: list,
+        access_key: blk_key.clone(),
+        encoding: ppb::IndexEncoding::U32Le as i32,
+        indices: le(idx),
+        uniform_length,
+        lengths: Vec::new(),
+        total,
+    };
+    block_cases.extend([
+        (
+            "block offer past the list".to_string(),
+            on_list(uniform, &[3, 16], 4096, 8192),
+            Code::InvalidArgument,
+            "blocks.indices[1]: block 16 is past the list's 16 blocks",
+        ),
+        (
+            "block offer naming a block twice".into(),
+            on_list(uniform, &[5, 7, 5], 4096, 3 * 4096),
+            Code::InvalidArgument,
+            "blocks.indices[2]: block 5 is already named at 0",
+        ),
+        (
+            "block offer whose lengths disagree with the list".into(),
+            on_list(mixed, &[0, 1, 2], 4096, 3 * 4096),
+            Code::InvalidArgument,
+            "blocks.indices[1]: block 1 is 1000 bytes, but its partner is 4096 bytes",
+        ),
+        (
+            "block offer with more lengths than indices".into(),
+            ppb::BlockHeader {
+                uniform_length: 0,
+                lengths: le(&[4096, 4096]),
+                ..on_list(uniform, &[1], 0, 4096)
+            },
+            Code::InvalidArgument,
+            "blocks.indices: 1 blocks, but lengths names 2",
+        ),
+        (
+            "block offer whose total disagrees".into(),
+            on_list(uniform, &[1, 2], 4096, 8193),
+            Code::InvalidArgument,
+            "blocks.total: the header says 8193 bytes, but its 2 blocks hold 8192",
+        ),
+        (
+            "block offer with another buffer's key".into(),
+            ppb::BlockHeader {
+                access_key: key.clone(),
+                ..on_list(uniform, &[1], 4096, 4096)
+            },
+            Code::PermissionDenied,
+            "blocks.access_key: wrong access key for list",
+        ),
+    ]);
     for (name, h, code, words) in block_cases.drain(..) {
         let mut o = offer(Vec::new());
         o.blocks = Some(h);
@@ -721,6 +811,33 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             "blocks.dest.indices: 2 bytes are not a whole number",
         ),
     ];
+    let mut read_cases = read_cases;
+    read_cases.extend([
+        (
+            "block read past the holder's list".to_string(),
+            ppb::ReadBlocks {
+                source_key: blk_key.clone(),
+                ..read_blocks(uniform, le(&[16]))
+            },
+            Code::InvalidArgument,
+            "blocks.source_indices[0]: block 16 is past the list's 16 blocks",
+        ),
+        (
+            "block read whose lengths disagree with the holder's list".into(),
+            ppb::ReadBlocks {
+                source_key: blk_key.clone(),
+                ..read_blocks(mixed, le(&[1]))
+            },
+            Code::InvalidArgument,
+            "blocks.source_indices[0]: block 1 is 1000 bytes, but its partner is 4096 bytes",
+        ),
+        (
+            "block read with another buffer's key".into(),
+            read_blocks(uniform, le(&[0])),
+            Code::PermissionDenied,
+            "blocks.source_key: wrong access key for list",
+        ),
+    ]);
     for (name, rb, code, words) in read_cases {
         let mut r = read(Vec::new());
         r.blocks = Some(rb);
@@ -825,6 +942,56 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             }
             Ctl::Ignored(body) => fake.tx.send(msg(body)).await.unwrap(),
         }
+    }
+    // A rekey makes the list's tokens stale: the old key is refused for block offers and reads.
+    b.client
+        .rekey_buffer(pb::RekeyBufferRequest { buffer_id: blk.id })
+        .await
+        .unwrap();
+    n += 1;
+    let mut o = offer(Vec::new());
+    o.blocks = Some(on_list(uniform, &[1], 4096, 4096));
+    let id = o.offer_id;
+    fake.tx.send(msg(Body::Offer(o))).await.unwrap();
+    match fake.next().await {
+        Body::Reject(r) => {
+            assert_eq!(
+                (r.offer_id, r.code),
+                (id, Code::PermissionDenied as i32),
+                "{}",
+                r.message
+            );
+            assert!(
+                r.message.starts_with("blocks.access_key: wrong access key"),
+                "{}",
+                r.message
+            );
+        }
+        other => panic!("stale block offer: {other:?}"),
+    }
+    n += 1;
+    let mut r = read(Vec::new());
+    r.blocks = Some(ppb::ReadBlocks {
+        source_key: blk_key.clone(),
+        ..read_blocks(uniform, le(&[0]))
+    });
+    let id = r.read_id;
+    fake.tx.send(msg(Body::ReadRequest(r))).await.unwrap();
+    match fake.next().await {
+        Body::ReadReject(r) => {
+            assert_eq!(
+                (r.read_id, r.code),
+                (id, Code::PermissionDenied as i32),
+                "{}",
+                r.message
+            );
+            assert!(
+                r.message.starts_with("blocks.source_key: wrong access key"),
+                "{}",
+                r.message
+            );
+        }
+        other => panic!("stale block read: {other:?}"),
     }
     // The ignored messages did no harm: the stream answers in order and the peer is not failed.
     let probe = offer(vec![range(dst.id, &key, SIZE, 1)]);
