@@ -128,13 +128,21 @@ fn round_trip() {
         recv.chunk_into(chunk, k, &mut st);
         let slot = (k as usize % window) * chunk as usize;
         let n = tcpxd::net::blocks::gather_region(&sbuf, &gt, &*staging, slot, chunk as usize).unwrap();
+        if k % 3 == 0 {
+            // A table that reaches past the destination is refused before a byte lands, and the
+            // landing slot is left holding nothing of the chunk.
+            let rid = move_chunk(&mut s, &mut r, (&smh, slot), (&rmh, slot), n as usize);
+            let mut past = st.clone();
+            past.last_mut().unwrap().offset = dbuf.len() as u64;
+            let before = read(&dbuf);
+            assert!(r.scatter_landed(rid, &past, n, &*dbuf).is_err());
+            assert!(read(&dbuf) == before, "chunk {k}: a refused scatter wrote");
+            r.consume(rid).unwrap();
+            let mut left = vec![1u8; n as usize];
+            landing.read(slot, &mut left).unwrap();
+            assert!(left.iter().all(|&b| b == 0), "chunk {k}: the slot kept bytes");
+        }
         let rid = move_chunk(&mut s, &mut r, (&smh, slot), (&rmh, slot), n as usize);
-        // A table that reaches past the destination is refused before a byte lands.
-        let mut past = st.clone();
-        past.last_mut().unwrap().offset = dbuf.len() as u64;
-        let before = read(&dbuf);
-        assert!(r.scatter_landed(rid, &past, n, &*dbuf).is_err());
-        assert!(read(&dbuf) == before, "chunk {k}: a refused scatter wrote");
         assert_eq!(r.scatter_landed(rid, &st, n, &*dbuf).unwrap(), u64::from(n));
         r.consume(rid).unwrap();
     }

@@ -369,6 +369,7 @@ pub(super) fn start_scatter(
     tables: &mut RecvScatter,
 ) -> Wait {
     let Some(entry) = buffers.get(&to.buffer) else {
+        let _ = comm.zero_posted(id, len as usize);
         return Wait::Ready(Err(format!("buffer {} vanished", to.buffer)));
     };
     let Some(region) = entry.device_region() else {

@@ -408,7 +408,11 @@ impl Poller {
                             self.unpack_impl,
                         )
                     });
-                    // The receive fails (the engine fails its transfer); the lane goes on.
+                    // The receive fails (the engine fails its transfer); the lane goes on, with
+                    // nothing of the chunk left in its landing slot.
+                    if r.is_err() {
+                        let _ = comm.zero_posted(landing.id, len as usize);
+                    }
                     landing.wait = Wait::Ready(r);
                     landing.unpacked = Some(Instant::now());
                 }
@@ -523,7 +527,12 @@ impl Poller {
                                         *unpack_impl,
                                         &mut l.scatter,
                                     ),
-                                    Err(why) => Wait::Ready(Err(why)),
+                                    Err(why) => {
+                                        if posted.buffer == STAGED {
+                                            let _ = comm.zero_posted(posted.id, posted.len as usize);
+                                        }
+                                        Wait::Ready(Err(why))
+                                    }
                                 }
                             } else if posted.buffer == LANDING {
                                 // Eager: where it goes comes with its header (`Action::Land`).

@@ -32,6 +32,9 @@ pub struct BlockBatcher {
     errors: PinnedRegion,
     gathers: Vec<GatherTask>,
     scatters: Vec<ScatterTask>,
+    /// Reports of batches whose slot was reused before anyone asked about them (more than
+    /// `SLOTS` batches in flight): (batch, word).
+    early: Vec<(u64, u32)>,
     /// Blocks of 256 threads per task for this batch (the largest any task asked).
     blocks_per_task: u32,
 }
@@ -48,6 +51,7 @@ impl BlockBatcher {
             errors: gpu.alloc_pinned(SLOTS * 4)?,
             gathers: Vec::with_capacity(4 * BLOCK_TASKS),
             scatters: Vec::with_capacity(4 * BLOCK_TASKS),
+            early: Vec::new(),
             blocks_per_task: 1,
         })
     }
@@ -89,8 +93,18 @@ impl BlockBatcher {
             return Ok(None);
         }
         self.gpu.bind_to_thread()?;
+        let (_, prev) = self.events.next_slot();
         let slot = self.events.reserve()?;
-        // The slot's previous batch is done (reserve waited): nothing writes its word now.
+        // The slot's previous batch is done (reserve waited): nothing writes its word now. Its
+        // report is kept until asked for.
+        let word = self.errors.load_u32(slot * 4)?;
+        if word != 0 && prev != 0 {
+            // Bounded: a report nobody asked for (its batch was checked before) goes eventually.
+            if self.early.len() >= 4 * SLOTS {
+                self.early.remove(0);
+            }
+            self.early.push((prev, word));
+        }
         self.errors.store_u32(slot * 4, 0)?;
         let bpt = self.blocks_per_task;
         self.blocks_per_task = 1;
@@ -132,11 +146,18 @@ impl BlockBatcher {
         self.check(t)
     }
 
-    fn check(&self, t: &Ticket) -> Result<(), UnpackError> {
-        // A slot is reused only after its batch is done and checked by the poller (which asks
-        // about every batch in order), so the word is still this batch's.
+    fn check(&mut self, t: &Ticket) -> Result<(), UnpackError> {
         let slot = (t.seq() % SLOTS as u64) as usize;
-        match self.errors.load_u32(slot * 4)? {
+        let word = if self.events.last_seq() >= t.seq() + SLOTS as u64 {
+            // A later batch took the slot; a report found then was kept.
+            match self.early.iter().position(|&(seq, _)| seq == t.seq()) {
+                Some(i) => self.early.swap_remove(i).1,
+                None => 0,
+            }
+        } else {
+            self.errors.load_u32(slot * 4)?
+        };
+        match word {
             0 => Ok(()),
             w => {
                 let w = w - 1;

@@ -447,6 +447,16 @@ impl BatchEvents {
         Ok(slot)
     }
 
+    /// The slot the next batch will use and the batch holding it now (0: none).
+    pub(crate) fn next_slot(&self) -> (usize, u64) {
+        self.book.next_slot()
+    }
+
+    /// The newest batch issued (0: none).
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.book.last_seq()
+    }
+
     /// Records the next batch's event after the work queued on `stream`.
     pub(crate) fn record(&mut self, stream: &Stream) -> GpuResult<Ticket> {
         let (slot, _) = self.book.next_slot();

@@ -396,10 +396,25 @@ impl RecvComm {
                 unsafe { std::ptr::copy_nonoverlapping(from.add(f), to.add(t), n) }
             },
         )
-        .map_err(bad)?;
+        .map_err(bad);
+        // Zeroed whatever happened, so that no later receive can hand these bytes on.
         // SAFETY: the posted range, as above; no borrow of it is alive.
         unsafe { std::ptr::write_bytes(from, 0, bytes as usize) };
-        Ok(copied)
+        copied
+    }
+
+    /// Zeroes the first `len` bytes of a completed receive's posted range when it is host memory
+    /// (a landing slot whose chunk is dropped without being scattered or landed): what a direct
+    /// receive left there can never be handed on by a later receive that brings nothing.
+    pub fn zero_posted(&self, id: RequestId, len: usize) -> NetResult<()> {
+        let slot = self.completed_slot(id)?;
+        if slot.region.mem_type() != MemType::Host {
+            return Ok(());
+        }
+        // SAFETY: at most the posted range (inside the slot's live host region, checked at
+        // posting); `test` reported the receive done, so the plugin no longer writes it.
+        unsafe { std::ptr::write_bytes(slot.region.as_ptr().add(slot.offset), 0, len.min(slot.len)) };
+        Ok(())
     }
 
     fn completed_slot(&self, id: RequestId) -> NetResult<&RecvSlot> {
