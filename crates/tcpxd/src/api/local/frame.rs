@@ -142,7 +142,7 @@ mod tests {
         assert_eq!(st.code(), tonic::Code::ResourceExhausted);
         assert_eq!(
             st.message(),
-            "frame: 4194305 bytes is over the 4194304-byte limit"
+            "frame: 67108865 bytes is over the 67108864-byte limit"
         );
         // Exactly the limit is fine (it waits for the body).
         let mut buf = BytesMut::from(&(MAX_FRAME as u32).to_be_bytes()[..]);
