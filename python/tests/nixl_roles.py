@@ -159,6 +159,7 @@ def vllm_decode_pull(conn: Any, endpoint: str, shape: Tuple[Any, ...], seed: int
         assert state == "DONE", (state, h.error)
         t = agent.get_xfer_telemetry(h)
         out["telemetry"].append((t.totalBytes, t.descCount, t.xferDuration > 0))
+        out.setdefault("paths", []).append(h._xfer.plan.path)  # tcpxd's: granule lists or batches
         agent.release_xfer_handle(h)
         for r in range(len(kv.regions)):
             for lb, rb in zip(local_ids, remote_ids):
@@ -203,6 +204,7 @@ def vllm_prefill_push(conn: Any, endpoint: str, shape: Tuple[Any, ...], seed: in
         agent.transfer(h)
         handles.append(h)
     states = poll_done(agent, handles)
+    paths = [h._xfer.plan.path for h in handles]
     for h in handles:
         agent.release_xfer_handle(h)
     agent.release_dlist_handle(src)
@@ -210,7 +212,7 @@ def vllm_prefill_push(conn: Any, endpoint: str, shape: Tuple[Any, ...], seed: in
     agent.remove_remote_agent(remote_name)
     agent.deregister_memory(descs)
     agent.close()
-    return {"states": states, "agent_name": agent.name}
+    return {"states": states, "agent_name": agent.name, "paths": paths}
 
 
 # -- SGLang's nixl backend -----------------------------------------------------------------------

@@ -82,8 +82,13 @@ def test_notifications_go_only_to_the_agent_named(daemons, pair):
 def test_metadata_names_the_agent_and_its_node(pair, daemons):
     A, B = pair
     md = A.get_agent_metadata()
-    assert md.startswith(b"tcpxd-nixl/1\n")
+    assert md.startswith(b"tcpxd-nixl/2\n")
     assert b'"name":"api-A"' in md and b'"node":"pa"' in md
+    # Version 1 (no granule lists) is still read; a newer one is refused saying so.
+    v1 = b"tcpxd-nixl/1\n" + B.get_agent_metadata().split(b"\n", 1)[1]
+    assert A.add_remote_agent(v1) == b"api-B"
+    with pytest.raises(nixlInvalidParamError, match="format version '9', newer than this agent reads"):
+        A.add_remote_agent(b"tcpxd-nixl/9\n{}")
     assert A.check_remote_metadata("api-B") and not A.check_remote_metadata("nobody")
     A.remove_remote_agent("api-B")
     assert not A.check_remote_metadata("api-B")
@@ -161,9 +166,9 @@ def test_plan_merges_neighbours_and_cuts_batches():
     rp = _prepped(rem, [(0x90000 + i * 256, 256, 0) for i in range(32)] + [(0x500000 + i * 256, 256, 0) for i in range(32)], "b")
     idx = np.arange(64)
     p = _plan.plan("READ", lp, idx, rp, idx, True, 5000)
-    assert (p.total_bytes, p.desc_count, p.entries) == (64 * 256, 64, 2)  # one run per remote buffer
-    (req,) = p.requests
-    e0, e1 = req.entries
+    assert (p.total_bytes, p.desc_count, p.entries, p.path) == (64 * 256, 64, 2, "batch")  # one run per remote buffer
+    (e0,), (e1,) = [r.entries for r in p.requests]  # a request per buffer pair (the daemon coalesces each)
+    req = p.requests[0]
     assert (e0.remote_descriptor, e0.remote_offset, e0.local_buffer_id, e0.local_offset, e0.length) == ("tcpxd1:b:3:y", 0, 7, 0, 32 * 256)
     assert (e1.remote_descriptor, e1.remote_offset, e1.local_offset, e1.length) == ("tcpxd1:b:4:z", 64, 32 * 256, 32 * 256)
     assert req.timeout_ms == 5000
@@ -176,7 +181,8 @@ def test_plan_merges_neighbours_and_cuts_batches():
         cut = _plan.plan("WRITE", lp, idx, rp, idx[::-1].copy(), True, 0)
     finally:
         _plan.MAX_ENTRIES = old
-    assert [len(r.entries) for r in cut.requests] == [10] * 6 + [4]
+    assert [len(r.entries) for r in cut.requests] == [10, 10, 10, 2] * 2  # per buffer pair, then every 10
+    assert {r.entries[0].remote_descriptor for r in cut.requests[:4]} == {"tcpxd1:b:3:y"}
     assert _plan.plan("READ", lp, idx, rp, idx, False, 0).entries == 64  # skip_desc_merge
     with pytest.raises(nixlMismatchError, match="local_indices: 2 indices against remote_indices' 1"):
         _plan.plan("READ", lp, np.arange(2), rp, np.arange(1), True, 0)
@@ -187,6 +193,70 @@ def test_plan_merges_neighbours_and_cuts_batches():
         _plan.plan("READ", short, np.arange(1), rp, np.arange(1), True, 0)
     with pytest.raises(nixlNotFoundError, match=r"xfer_list\[0\]: DRAM \(0x10000, 8 bytes, device 0\) is not inside any region x"):
         _prepped(rem, [(0x10000, 8, 0)])
+
+
+def _granular(addr, size, desc, off=0, buffer_id=0, g=4096, list_id=0):
+    """A region whose buffer carries a granule list of `g` (as register_memory makes them)."""
+    return Region(addr, size, 0, "DRAM", desc, off, buffer_id, g, f"tcpxd1b:{desc}", (off + size) // g, list_id)
+
+
+def _ranges(bi):
+    assert bi.encoding == _plan.RANGES
+    return np.frombuffer(bi.data, dtype="<u4").reshape(-1, 2).tolist()
+
+
+def test_block_plan_groups_by_buffer_pair_in_granule_ranges():
+    loc = [_granular(0x100000, 1 << 20, "la", buffer_id=7, list_id=70), _granular(0x300000, 1 << 20, "lb", buffer_id=8, list_id=80)]
+    rem = [_granular(0x900000, 1 << 20, "ra"), _granular(0xB00000, 1 << 20, "rb")]
+    B = 16384  # 4 granules a block
+    lp = _prepped(loc, [(0x100000 + i * B, B, 0) for i in range(64)] + [(0x300000 + i * B, B, 0) for i in range(64)])
+    rp = _prepped(rem, [(0x900000 + i * B, B, 0) for i in range(64)] + [(0xB00000 + i * B, B, 0) for i in range(64)], "b")
+    assert lp.aligned and rp.aligned
+    # vLLM's order: region by region; within a region scattered blocks, a run of two (5, 6) merged.
+    li = np.array([5, 6, 1, 64 + 9, 64 + 3])
+    ri = np.array([60, 61, 2, 64 + 0, 64 + 40])
+    p = _plan.plan("READ", lp, li, rp, ri, True, 700)
+    assert (p.path, p.field, p.total_bytes, p.desc_count) == ("blocks", "read_blocks", 5 * B, 5)
+    r0, r1 = p.requests
+    assert (r0.local_list_id, r0.remote_token, r0.timeout_ms) == (70, "tcpxd1b:ra", 700)
+    assert _ranges(r0.local_indices) == [[20, 8], [4, 4]] and _ranges(r0.remote_indices) == [[240, 8], [8, 4]]
+    assert (r1.local_list_id, r1.remote_token) == (80, "tcpxd1b:rb")
+    assert _ranges(r1.local_indices) == [[36, 4], [12, 4]] and _ranges(r1.remote_indices) == [[0, 4], [160, 4]]
+    # Pairs of one buffer pair that are not neighbours in the request still go in one request.
+    p = _plan.plan("WRITE", lp, np.array([0, 64, 1]), rp, np.array([0, 64, 1]), True, 0)
+    assert [(r.local_list_id, r.remote_token) for r in p.requests] == [(70, "tcpxd1b:ra"), (80, "tcpxd1b:rb")]
+    assert _ranges(p.requests[0].local_indices) == [[0, 8]] and p.field == "write_blocks"
+    # Unaligned somewhere (a 512-byte descriptor), another granule, a destination named twice:
+    # the batch path.
+    odd = _prepped(loc, [(0x100000, B, 0), (0x100000 + B + 512, 512, 0)])
+    assert not odd.aligned
+    assert _plan.plan("READ", odd, np.array([0]), rp, np.array([0]), True, 0).path == "blocks"  # this pair is aligned
+    assert _plan.plan("READ", odd, np.array([0, 1]), _prepped(rem, [(0x900000, B, 0), (0x900000 + B, 512, 0)], "b"),
+                      np.array([0, 1]), True, 0).path == "batch"
+    big = _prepped([_granular(0x100000, 1 << 20, "la", buffer_id=7, g=8192, list_id=70)], [(0x100000, B, 0)])
+    assert _plan.plan("READ", big, np.array([0]), rp, np.array([0]), True, 0).path == "batch"
+    twice = _plan.plan("READ", lp, np.array([3, 3]), rp, np.array([1, 2]), True, 0)
+    assert twice.path == "batch" and twice.entries == 2
+    assert _plan.plan("WRITE", lp, np.array([3, 3]), rp, np.array([1, 2]), True, 0).path == "blocks"  # sources may repeat
+    over = _prepped(loc, [(0x100000, 2 * B, 0), (0x100000 + B, B, 0)])  # the list's descriptors overlap
+    assert _plan.plan("READ", over, np.array([1]), rp, np.array([0]), True, 0).path == "batch"
+    no_list = _prepped([Region(0x100000, 1 << 20, 0, "DRAM", "la", 0, 7)], [(0x100000, B, 0)])  # version 1 metadata
+    assert _plan.plan("READ", no_list, np.array([0]), rp, np.array([0]), True, 0).path == "batch"
+
+
+def test_block_plan_cuts_a_group_past_the_blocks_limit(monkeypatch):
+    monkeypatch.setattr(_plan, "MAX_BLOCKS", 16)  # cut every 8 granules (2 blocks of 16 KiB)
+    loc = [_granular(0x100000, 1 << 20, "la", buffer_id=7, list_id=70)]
+    rem = [_granular(0x900000, 1 << 20, "ra")]
+    B = 16384
+    lp = _prepped(loc, [(0x100000 + i * B, B, 0) for i in range(64)])
+    rp = _prepped(rem, [(0x900000 + i * B, B, 0) for i in range(64)], "b")
+    idx = np.arange(0, 20, 2)
+    p = _plan.plan("READ", lp, idx, rp, idx, True, 0)
+    assert p.path == "blocks" and len(p.requests) == 5
+    counts = [sum(c for _, c in _ranges(r.local_indices)) for r in p.requests]
+    assert counts == [8] * 5
+    assert [s for r in p.requests for s, _ in _ranges(r.remote_indices)] == [i * 4 for i in idx]
 
 
 def test_notification_framing():

@@ -47,9 +47,12 @@ class Side:
         return msg["ok"]
 
 
-def test_vllm_pull_reads_blocks_by_index_and_notifies(daemons):
+@pytest.mark.parametrize("block", [512, 16384], ids=["batch-path", "block-path"])
+def test_vllm_pull_reads_blocks_by_index_and_notifies(daemons, block):
     a, b = daemons
-    shape = (3, 12, 512)  # 3 layers × (K, V) regions, 12 blocks each, 512-byte blocks
+    # 3 layers × (K, V) regions, 12 blocks each; 512-byte blocks are not 4 KiB granules (batches),
+    # 16 KiB ones are (block requests over the granule lists)
+    shape = (3, 12, block)
     reqs: List[Tuple[str, List[int], List[int]]] = [
         ("req-1", [3, 4, 5, 9], [0, 1, 2, 7]),   # a partial run of neighbours: merged where both sides are
         ("req-2", [], []),                       # a full prefix hit: only send_notif
@@ -63,18 +66,21 @@ def test_vllm_pull_reads_blocks_by_index_and_notifies(daemons):
     notifs = prefill.result()["notifs"]
     # Keyed by the decode agent's name, which prefill never loaded; after the data was read.
     assert notifs == {got["agent_name"]: ["req-1:1", "req-2:1", "req-3:1"]}
-    assert got["telemetry"] == [(6 * 4 * 512, 24, True), (6 * 2 * 512, 12, True)]
+    assert got["telemetry"] == [(6 * 4 * block, 24, True), (6 * 2 * block, 12, True)]
+    assert got["paths"] == ["batch" if block == 512 else "blocks"] * 2
 
 
-def test_vllm_push_writes_blocks_with_notifications(daemons):
+@pytest.mark.parametrize("block", [1024, 16384], ids=["batch-path", "block-path"])
+def test_vllm_push_writes_blocks_with_notifications(daemons, block):
     a, b = daemons
-    shape = (2, 8, 1024)
+    shape = (2, 8, block)
     reqs = [("push-1", [0, 1, 2], [4, 5, 6]), ("push-2", [7], [0])]
     decode = Side(roles.vllm_decode_push, a.endpoint, shape, len(reqs))
     prefill = Side(roles.vllm_prefill_push, b.endpoint, shape, 9, reqs)
     prefill.send(decode.recv())
     pushed = prefill.result()
     assert pushed["states"] == ["DONE", "DONE"]
+    assert pushed["paths"] == ["batch" if block == 1024 else "blocks"] * 2
     got = decode.result()
     assert list(got["notifs"]) == [pushed["agent_name"]]
     assert sorted(got["notifs"][pushed["agent_name"]]) == ["push-1:1", "push-2:1"]  # in completion order

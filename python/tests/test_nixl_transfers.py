@@ -32,11 +32,32 @@ def pair(a, b, **kw):
     return A, B
 
 
-def regions(agent, nblocks):
+def regions(agent, nblocks, skew=0):
+    """A region of `nblocks` blocks; its descriptors start `skew` bytes into each block (a skew
+    that is not a multiple of 4 KiB makes them unaligned to the granule list: the batch path)."""
     mem = host_array(nblocks * BLOCK)
     base = int(mem.ctypes.data)
     agent.register_memory([(base, mem.nbytes, 0, "")], "DRAM")
-    return mem, [(base + i * BLOCK, BLOCK, 0) for i in range(nblocks)]
+    return mem, [(base + i * BLOCK + skew, BLOCK - skew, 0) for i in range(nblocks)]
+
+
+def calls(monkeypatch, agent):
+    """The SessionRequest fields the agent's session is sent, in order."""
+    seen = []
+    session = agent._session_now()
+    submit, encoded = session._submit, session._submit_encoded
+
+    def counting(*a, **op):
+        seen.extend(op)
+        return submit(*a, **op)
+
+    def counting_encoded(field, bodies, sinks):
+        seen.extend([field] * len(bodies))
+        return encoded(field, bodies, sinks)
+
+    monkeypatch.setattr(session, "_submit", counting)
+    monkeypatch.setattr(session, "_submit_encoded", counting_encoded)
+    return seen
 
 
 def wait(agent, h, timeout=30.0):
@@ -50,8 +71,9 @@ def test_a_transfer_cut_into_requests_notifies_once_after_all(daemons, monkeypat
     a, b = daemons
     A, B = pair(a, b)
     try:
-        amem, ablocks = regions(A, 16)
-        bmem, bblocks = regions(B, 16)
+        S = 512  # unaligned to the 4 KiB granules: the batch path
+        amem, ablocks = regions(A, 16, S)
+        bmem, bblocks = regions(B, 16, S)
         amem[:] = np.arange(amem.nbytes, dtype=np.uint64).astype(np.uint8)
         A.add_remote_agent(B.get_agent_metadata())  # again, now with B's region
         local = A.prep_xfer_dlist("NIXL_INIT_AGENT", ablocks, "DRAM")
@@ -61,7 +83,8 @@ def test_a_transfer_cut_into_requests_notifies_once_after_all(daemons, monkeypat
         h = A.make_prepped_xfer("WRITE", local, idx, remote, idx[::-1].copy(), notif_msg=b"all ten")
         with pytest.raises(nixlNotPostedError):
             A.check_xfer_state(h)
-        assert len(h._xfer.plan.requests) == 4
+        assert h._xfer.plan.path == "batch" and len(h._xfer.plan.requests) == 4
+        sent = calls(monkeypatch, A)
         assert A.transfer(h) in ("PROC", "DONE")
         with pytest.raises(nixlRepostActiveError):
             A.transfer(h)
@@ -71,14 +94,16 @@ def test_a_transfer_cut_into_requests_notifies_once_after_all(daemons, monkeypat
         while not got and time.monotonic() < deadline:
             got = B.get_new_notifs()
         assert got == {"xf-A": [b"all ten"]}
+        assert sent == ["write_batch"] * 4 + ["write"]  # the notification: a mailbox WRITE after all four
         for li, ri in zip(idx, idx[::-1]):
-            assert np.array_equal(bmem[ri * BLOCK:(ri + 1) * BLOCK], amem[li * BLOCK:(li + 1) * BLOCK])
+            assert np.array_equal(bmem[ri * BLOCK + S:(ri + 1) * BLOCK], amem[li * BLOCK + S:(li + 1) * BLOCK])
+            assert not bmem[ri * BLOCK:ri * BLOCK + S].any()  # the bytes before each descriptor: untouched
         t = A.get_xfer_telemetry(h)
-        assert (t.totalBytes, t.descCount) == (10 * BLOCK, 10) and t.xferDuration > 0 and t.startTime > 0
+        assert (t.totalBytes, t.descCount) == (10 * (BLOCK - S), 10) and t.xferDuration > 0 and t.startTime > 0
         amem[:] = 7  # re-posted: the new bytes go, with the new notification
         assert A.transfer(h, b"again") in ("PROC", "DONE")
         assert wait(A, h) == "DONE"
-        assert (bmem[idx[::-1][0] * BLOCK:(idx[::-1][0] + 1) * BLOCK] == 7).all()
+        assert (bmem[idx[::-1][0] * BLOCK + S:(idx[::-1][0] + 1) * BLOCK] == 7).all()
         A.release_xfer_handle(h)
         with pytest.raises(nixlNotFoundError, match="handle: released"):
             A.check_xfer_state(h)
@@ -200,3 +225,110 @@ def test_one_agent_from_many_threads(daemons):
     finally:
         A.close()
         B.close()
+
+
+def _notifs(agent, n, timeout=20.0):
+    got: dict = {}
+    deadline = time.monotonic() + timeout
+    while sum(len(v) for v in got.values()) < n and time.monotonic() < deadline:
+        for k, v in agent.get_new_notifs().items():
+            got.setdefault(k, []).extend(v)
+        time.sleep(0.001)
+    return got
+
+
+@pytest.mark.parametrize("op", ["WRITE", "READ"])
+def test_block_path_over_several_buffer_pairs_notifies_after_every_byte(slow, monkeypatch, op):
+    """Aligned descriptors over 3 local and 2 remote regions (buffers): one block request per
+    buffer pair in use, granule ranges; the notification reaches the target only once every part
+    landed (checked the moment it arrives, at 1 Gbit/s so the parts take a while)."""
+    a, b = slow
+    A, B = pair(a, b)
+    try:
+        K = 16384
+        nb = 64
+        rng = np.random.default_rng(5)
+        amems = [host_array(nb * K) for _ in range(3)]
+        bmems = [host_array(nb * K) for _ in range(2)]
+        for m in amems + bmems:
+            m[:] = rng.integers(0, 256, m.nbytes, dtype=np.uint8)
+        A.register_memory([(int(m.ctypes.data), m.nbytes, 0, "") for m in amems], "DRAM")
+        B.register_memory([(int(m.ctypes.data), m.nbytes, 0, "") for m in bmems], "DRAM")
+        A.add_remote_agent(B.get_agent_metadata())
+        ldescs = [(int(m.ctypes.data) + i * K, K, 0) for m in amems for i in range(nb)]
+        rdescs = [(int(m.ctypes.data) + i * K, K, 0) for m in bmems for i in range(nb)]
+        local = A.prep_xfer_dlist("NIXL_INIT_AGENT", ldescs, "DRAM")
+        remote = A.prep_xfer_dlist("xf-B", rdescs, "DRAM")
+        # Pairs over all six buffer pairs in random order (2-3 MiB: tens of ms at 1 Gbit/s); the
+        # destination side names no block twice, the source side may.
+        if op == "READ":
+            li, ri = rng.permutation(3 * nb), rng.integers(0, 2 * nb, 3 * nb)
+        else:
+            li, ri = rng.integers(0, 3 * nb, 2 * nb), rng.permutation(2 * nb)
+        h = A.make_prepped_xfer(op, local, li, remote, ri, notif_msg=b"all landed")
+        plan = h._xfer.plan
+        pairs = {(int(x) // nb, int(y) // nb) for x, y in zip(li, ri)}
+        assert plan.path == "blocks" and len(plan.requests) == len(pairs) == 6
+        sent = calls(monkeypatch, A)
+        assert A.transfer(h) == "PROC"
+        got = _notifs(B, 1)
+        assert got == {"xf-A": [b"all landed"]}
+        # The moment it arrived, every byte is in place.
+        for x, y in zip(li, ri):
+            lm, lo = amems[x // nb], (x % nb) * K
+            rm, ro = bmems[y // nb], (y % nb) * K
+            assert np.array_equal(lm[lo:lo + K], rm[ro:ro + K]), (x, y)
+        assert wait(A, h) == "DONE", h.error
+        assert sent == [op.lower() + "_blocks"] * 6 + ["write"]  # the notification after the six parts
+        t = A.get_xfer_telemetry(h)
+        assert (t.totalBytes, t.descCount) == (len(li) * K, len(li))
+        # One buffer pair: one part, a WRITE's notification rides it.
+        if op == "WRITE":
+            h1 = A.make_prepped_xfer("WRITE", local, np.arange(4), remote, np.arange(4) + 9, notif_msg=b"one part")
+            sent.clear()
+            A.transfer(h1)
+            assert wait(A, h1) == "DONE" and sent == ["write_blocks"]
+            assert _notifs(B, 1) == {"xf-A": [b"one part"]}
+            assert np.array_equal(bmems[0][9 * K:13 * K], amems[0][:4 * K])
+    finally:
+        A.close()
+        B.close()
+
+
+def test_block_path_ends_in_err_within_the_deadline_when_the_peer_dies(tmp_root):
+    """A block-path READ from a peer whose daemon is killed mid-transfer: "ERR" before the
+    (long) deadline, the other parts cancelled."""
+    from conftest import start_daemon, stop_daemon
+
+    env = {"TCPXEMU_RATE_GBPS": "1"}
+    a = start_daemon(tmp_root, "xka", env=env)
+    b = start_daemon(tmp_root, "xkb", env=env)
+    A = nixl_agent("xf-A", nixl_agent_config(endpoint=a.endpoint, timeout_s=60))
+    B = nixl_agent("xf-B", nixl_agent_config(endpoint=b.endpoint))
+    try:
+        n = 32 << 20
+        amems = [host_array(n) for _ in range(2)]
+        bmems = [host_array(n) for _ in range(2)]
+        A.register_memory([(int(m.ctypes.data), n, 0, "") for m in amems], "DRAM")
+        B.register_memory([(int(m.ctypes.data), n, 0, "") for m in bmems], "DRAM")
+        A.add_remote_agent(B.get_agent_metadata())
+        K = 1 << 20
+        local = A.prep_xfer_dlist("NIXL_INIT_AGENT", [(int(m.ctypes.data) + i * K, K, 0) for m in amems for i in range(32)], "DRAM")
+        remote = A.prep_xfer_dlist("xf-B", [(int(m.ctypes.data) + i * K, K, 0) for m in bmems for i in range(32)], "DRAM")
+        idx = np.arange(64)
+        h = A.make_prepped_xfer("READ", local, idx, remote, idx[::-1].copy(), notif_msg=b"never")
+        assert h._xfer.plan.path == "blocks" and len(h._xfer.plan.requests) == 2
+        assert A.transfer(h) == "PROC"  # 64 MiB at 1 Gbit/s: about half a second
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        b.proc.kill()
+        state = wait(A, h, timeout=30)
+        took = time.monotonic() - t0
+        assert state == "ERR", state
+        assert took < 15, took  # the heartbeat's 3 s, not the 60 s deadline
+        assert h.error is not None
+    finally:
+        A.close()
+        B.close()
+        stop_daemon(a)
+        stop_daemon(b)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import itertools
 import queue
+import socket
 import threading
 import weakref
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
@@ -260,6 +262,41 @@ def local_end(err: Optional[TcpxdError], why: Optional[str], closed: bool, endpo
     return Unavailable(f"the daemon at {endpoint} closed the session's connection")
 
 
+_SMALL_VARINTS = [bytes([i]) for i in range(128)]
+
+
+def _varint(v: int) -> bytes:
+    if v < 128:
+        return _SMALL_VARINTS[v]
+    out = bytearray()
+    while v > 0x7F:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _field_key(field: str) -> bytes:
+    """The key byte(s) of a length-delimited field of SessionRequest."""
+    num = _proto.message("SessionRequest").DESCRIPTOR.fields_by_name[field].number
+    return _varint((num << 3) | 2)
+
+
+def _forward(sink: Any, fut: concurrent.futures.Future) -> None:
+    if fut.cancelled():
+        sink.set_exception(Cancelled("the transfer was cancelled"))
+    elif fut.exception() is not None:
+        sink.set_exception(fut.exception())
+    else:
+        sink.set_result(fut.result())
+
+
+#: The send buffer asked for a session's local-session socket (the kernel caps it at wmem_max):
+#: requests written at once are not held up while the daemon starts the earlier ones.
+SESSION_SNDBUF = 4 << 20
+
+
 class Session:
     """Many transfers in flight on one stream: each submit returns a concurrent.futures.Future
     resolved when that transfer finishes, in completion order. `close()` (or leaving the `with`
@@ -279,6 +316,10 @@ class Session:
         self._timeout = timeout
         self._conn = client._local.connect() if client._local is not None else None
         if self._conn is not None:
+            try:  # room for a burst of requests (tcpxd.nixl posts a transfer's parts in one write)
+                self._conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SESSION_SNDBUF)
+            except OSError:
+                pass
             client._sessions.add(self)
             self._call: Any = None
             self._send_lock = threading.Lock()
@@ -326,6 +367,53 @@ class Session:
         else:
             self._send(tag, fut, msg, _fd)
         return fut
+
+    def _submit_encoded(self, field: str, bodies: Sequence[bytes], sinks: Sequence[Any]) -> None:
+        """Submits requests already serialized: `bodies[i]`, the bytes of the message in `field`
+        of a SessionRequest, resolved through `sinks[i]` (anything with set_result/set_exception, as
+        a Future; its `tag` is set here, for cancel). On the local session every frame goes in one
+        write; over gRPC each is parsed and queued. For callers that encode in bulk (tcpxd.nixl)."""
+        if self._closed:
+            raise TcpxdError("the session is closed")
+        if self._conn is None:
+            cls = type(getattr(_proto.message("SessionRequest")(), field))
+            for body, sink in zip(bodies, sinks):
+                fut = self._submit(**{field: cls.FromString(body)})
+                sink.tag = fut.tag
+                fut.add_done_callback(functools.partial(_forward, sink))
+            return
+        key = _field_key(field)
+        pieces: List[bytes] = []  # every frame's pieces, joined once
+        big = False
+        pack = _local.HEADER.pack
+        with self._lock:
+            ended = self._ended
+            for body, sink in zip(bodies, sinks):
+                tag = next(self._tags)
+                sink.tag = tag
+                if ended is None:
+                    self._pending[tag] = sink
+                    t, n = _varint(tag), _varint(len(body))
+                    size = 1 + len(t) + len(key) + len(n) + len(body)
+                    big = big or size > _local.MAX_FRAME
+                    pieces += (pack(size), b"\x08", t, key, n, body)
+        if ended is not None:
+            for sink in sinks:
+                sink.set_exception(ended)
+            return
+        if big:
+            with self._lock:
+                for sink in sinks:
+                    self._pending.pop(sink.tag, None)
+            for body, sink in zip(bodies, sinks):
+                sink.set_exception(ResourceExhausted(
+                    f"session request: {len(body)} bytes is over the local session's {_local.MAX_FRAME}-byte frame limit"))
+            return
+        with self._send_lock:
+            try:
+                self._conn.sock.sendall(b"".join(pieces))  # type: ignore[union-attr]
+            except OSError:
+                pass  # the connection ended: the reader fails the pending futures
 
     def _send(self, tag: int, fut: concurrent.futures.Future, msg: Any, fd: Optional[int] = None) -> None:
         frame = _local.frame(msg)

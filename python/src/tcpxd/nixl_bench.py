@@ -90,8 +90,10 @@ def request(d: Side, remote: Any, local_ids: np.ndarray, remote_ids: np.ndarray,
     t3 = time.perf_counter()
     if state != "DONE":
         raise SystemExit(f"request failed: {state}: {h.error}")
+    plan = h._xfer.plan
     d.agent.release_xfer_handle(h)
-    return {"make": t1 - t0, "post": t2 - t1, "check": check_s / checks, "total": t3 - t0}
+    return {"make": t1 - t0, "post": t2 - t1, "check": check_s / checks, "total": t3 - t0,
+            "path": plan.path, "parts": len(plan.bodies), "entries": plan.entries}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -215,6 +217,9 @@ def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Opti
     print(f"pattern   {a.layers} layers x 2 regions x {a.blocks} blocks of {a.block_kib} KiB ({mem}); "
           f"{a.req_blocks} {a.ids} blocks per region per request = {descs} descriptors, {req_bytes / MIB:.0f} MiB")
     print(f"prepare   remote list of {regions * a.blocks} descriptors: {prep_s * 1e3:.1f} ms")
+    r0 = rows[0]
+    what = "block requests of granule ranges" if r0["path"] == "blocks" else "batch requests"
+    print(f"daemon    {r0['parts']} {what} per request ({r0['entries']} {'ranges' if r0['path'] == 'blocks' else 'entries'}, both sides)")
     print(f"nixl      READ by indices   {nixl_gbps:7.2f} GB/s   (median of {a.requests}; make {med([r['make'] for r in rows]) * 1e3:.2f} ms, "
           f"transfer {med([r['post'] for r in rows]) * 1e3:.2f} ms, check {med([r['check'] for r in rows]) * 1e6:.1f} us)")
     print(f"tcpxd     contiguous READ   {base_gbps:7.2f} GB/s   (median of {a.requests})")
@@ -231,7 +236,8 @@ def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Opti
                                 "ids": a.ids, "mem": mem, "descriptors": descs, "bytes": req_bytes,
                                 "nixl_gbps": nixl_gbps, "contiguous_gbps": base_gbps, "ratio": ratio,
                                 "inflight_nixl_gbps": many_gbps, "inflight_contiguous_gbps": base_many_gbps,
-                                "python_us": over, "python_us_small": over_small, "prep_ms": prep_s * 1e3}) + "\n")
+                                "python_us": over, "python_us_small": over_small, "prep_ms": prep_s * 1e3,
+                                "path": rows[0]["path"], "parts": rows[0]["parts"]}) + "\n")
     return 0
 
 

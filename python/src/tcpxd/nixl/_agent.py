@@ -27,7 +27,7 @@ from ._memory import LocalMemory
 from ._metadata import AgentMetadata
 from ._notify import MAILBOX_BYTES, Inbox, frame
 from ._regions import RegionTable
-from ._xfer import Xfer, mailbox_write, nixlXferTelemetry
+from ._xfer import Xfer, mailbox_entry, mailbox_write, nixlXferTelemetry
 
 log = logging.getLogger("tcpxd.nixl")
 
@@ -158,6 +158,8 @@ class _Remote:
     def __init__(self, md: AgentMetadata):
         self.md = md
         self.table = RegionTable(md.regions)
+        #: The mailbox WRITE's entry field, encoded on first use.
+        self.mailbox_entry: Optional[bytes] = None
 
 
 class nixl_agent:  # noqa: N801
@@ -480,11 +482,13 @@ class nixl_agent:  # noqa: N801
         remote = self._remote(xfer.remote, "handle's remote agent")
         msg = _bytes(notif_msg, "notif_msg") or xfer.notif
         framed = frame(self.name, remote.md.name, msg) if msg else b""
-        ride = framed if xfer.plan.op == "WRITE" and len(xfer.plan.requests) == 1 else b""
+        ride = framed if xfer.plan.op == "WRITE" and len(xfer.plan.bodies) == 1 else b""
         followup = None
-        if framed and not ride:
-            req = mailbox_write(self._mailbox.id, remote.md.mailbox, framed, self._timeout_ms)
-            followup = lambda s: s._submit(write=req)  # noqa: E731
+        if framed and not ride:  # after every part: a 1-byte WRITE between the mailboxes carries it
+            if remote.mailbox_entry is None:
+                remote.mailbox_entry = mailbox_entry(self._mailbox.id, remote.md.mailbox)
+            body = mailbox_write(remote.mailbox_entry, framed, self._timeout_ms)
+            followup = lambda s, sink: s._submit_encoded("write", [body], [sink])  # noqa: E731
         try:
             return xfer.post(self._session_now(), ride, followup)
         except TcpxdError as e:

@@ -5,11 +5,16 @@ the memory: a torch CPU tensor after share_memory_(), memory the package maps, a
 memfd or /dev/shm file); anonymous memory is refused with the daemon's explanation of what to
 allocate instead. VRAM: the cudaMalloc allocation holding the address, imported once by its IPC
 handle (regions in one allocation, such as a layer's K and V, share that import).
+
+Each daemon buffer gets a granule list with it (`granule_list`): one strided block list tiling the
+buffer in granules, released by the daemon with its buffer. A daemon that refuses it (an older one,
+or its list limit reached) leaves the buffer without: its regions' transfers take the batch path.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import mmap
 import os
 import threading
@@ -17,7 +22,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .. import Client
+from .. import Client, _proto
 from ..errors import TcpxdError
 from . import _cuda
 from ._descs import MOVABLE, RegDList
@@ -25,6 +30,50 @@ from ._errors import from_tcpxd, nixlInvalidParamError, nixlNotFoundError, nixlN
 from ._regions import Region, RegionTable
 
 Key = Tuple[str, int, int, int]
+
+log = logging.getLogger("tcpxd.nixl")
+
+#: A granule list's granule: 4 KiB, doubled while the buffer would hold more granules than a list
+#: may (the engine's MAX_LIST_BLOCKS).
+GRANULE = 4096
+MAX_LIST_BLOCKS = 1 << 24
+
+
+def granule_for(size: int) -> int:
+    """The granule of a `size`-byte buffer's list: 4 KiB, or the smallest power of two above it
+    with at most MAX_LIST_BLOCKS granules in the buffer; 0 when the buffer is smaller than that."""
+    g = GRANULE
+    while size // g > MAX_LIST_BLOCKS:
+        g *= 2
+    return g if size >= g else 0
+
+
+@dataclass(frozen=True)
+class Granules:
+    """A buffer's granule list, as its regions carry it."""
+
+    granule: int = 0
+    token: str = ""
+    count: int = 0
+    list_id: int = 0
+
+
+def granule_list(client: Client, buffer: Any, size: int) -> Granules:
+    """Registers the granule list of a daemon buffer of `size` bytes (strided: four numbers,
+    however many granules); none (Granules()) when the daemon refuses it."""
+    g = granule_for(size)
+    if not g:
+        return Granules()
+    req = _proto.message("RegisterBlocksRequest")(
+        buffer_id=int(buffer.id),
+        strided=_proto.message("StridedBlocks")(first=0, stride=g, length=g, count=size // g),
+    )
+    try:
+        msg = client._unary("RegisterBlocks", req)
+    except TcpxdError as e:
+        log.warning("buffer %d: no granule list (%s); its transfers take the batch path", buffer.id, e)
+        return Granules()
+    return Granules(g, str(msg.token), int(msg.count), int(msg.id))
 
 
 class _SharedMap(mmap.mmap):
@@ -59,6 +108,7 @@ class _Import:
     base: int
     size: int
     users: int = 0
+    granules: Granules = Granules()
 
 
 class LocalMemory:
@@ -135,7 +185,8 @@ class LocalMemory:
             buf = self._client.register_host(memory)
         except TcpxdError as e:
             raise from_tcpxd(e, what) from None
-        return Region(addr, size, dev, "DRAM", buf.descriptor, 0, buf.id), buf.release
+        gl = granule_list(self._client, buf, size)  # released by the daemon with the buffer
+        return Region(addr, size, dev, "DRAM", buf.descriptor, 0, buf.id, gl.granule, gl.token, gl.count, gl.list_id), buf.release
 
     def _vram(self, addr: int, size: int, dev: int, what: str) -> Tuple[Region, Callable[[], None]]:
         ordinal, base, asize, handle = _cuda.allocation(addr)
@@ -152,8 +203,9 @@ class LocalMemory:
                 buf = self._client.register_cuda_ipc(handle, asize, device=ordinal)
             except TcpxdError as e:
                 raise from_tcpxd(e, what) from None
+            gl = granule_list(self._client, buf, asize)
             with self._lock:
-                imp = self._imports.setdefault((ordinal, base), _Import(buf, base, asize))
+                imp = self._imports.setdefault((ordinal, base), _Import(buf, base, asize, 0, gl))
                 imp.users += 1
             if imp.buffer is not buf:  # another thread imported it meanwhile
                 buf.release()
@@ -167,4 +219,6 @@ class LocalMemory:
             if last:
                 imp.buffer.release()
 
-        return Region(addr, size, dev, "VRAM", imp.buffer.descriptor, addr - base, imp.buffer.id), release
+        gl = imp.granules
+        return (Region(addr, size, dev, "VRAM", imp.buffer.descriptor, addr - base, imp.buffer.id, gl.granule, gl.token,
+                       gl.count, gl.list_id), release)

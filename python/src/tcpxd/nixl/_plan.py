@@ -1,17 +1,34 @@
 """Prepared descriptor lists and the daemon requests a transfer by indices becomes.
 
-The one place that knows how a NIXL transfer maps onto the daemon's API. Today: a prepared list is
-held here, client side, as arrays (region, offset in the region's buffer, length) per descriptor;
-`plan` pairs the chosen local and remote descriptors, merges neighbours that are contiguous on
-both sides (as NIXL merges descriptors), and cuts the result into WriteBatch/ReadBatch requests of
-at most MAX_ENTRIES entries. With block lists in the daemon a prepared list becomes a daemon block
-list and a transfer one request of index arrays; only this module changes.
+The one place that knows how a NIXL transfer maps onto the daemon's API.
+
+**Granule lists (the block path).** Every daemon buffer an agent registers carries one strided
+block list tiling it in granules of G bytes (4 KiB; more for buffers past 16,777,216 granules), and
+the agent's metadata publishes each region's list token and G. A prepared list is held here as
+arrays per descriptor: its region, offset in the region's buffer and length, and, precomputed,
+whether it is *granule-aligned* (offset and length multiples of its buffer's G, inside the list),
+its list, first granule and granule count. A transfer whose every pair is aligned on both sides
+with the same G is grouped by (local list, remote list) — a daemon buffer pair — and each group is
+one WriteBlocks/ReadBlocks request whose indices are granule *ranges* (start, count), consecutive
+ones merged, both sides' ranges packed independently (the daemon copies block k of one selection
+into block k of the other: both sides list the same number of granules in pair order). vLLM's
+pull request (32 layers × 2 regions, 512 scattered 16 KiB blocks each) is one request per layer
+buffer pair, not 32,768 entries.
+
+**The batch path (fallback).** A transfer with an unaligned descriptor (or lengths, granules,
+destination overlaps the block path cannot carry) pairs the descriptors, merges neighbours
+contiguous on both sides (as NIXL merges descriptors), groups them by buffer pair (the daemon
+coalesces a plain batch of one buffer pair into shared wire chunks) and cuts each group into
+WriteBatch/ReadBatch requests of at most MAX_ENTRIES entries.
+
+Either way the requests go out on the agent's session and pipeline; _xfer.Xfer follows them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, List
+import threading
+from dataclasses import dataclass, field as dfield
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -20,14 +37,23 @@ from . import _wire
 from ._errors import nixlInvalidParamError, nixlMismatchError
 from ._regions import Region, RegionTable
 
-#: Entries per WriteBatch/ReadBatch request (the daemon's limit).
-MAX_ENTRIES = 4096
+#: Entries per WriteBatch/ReadBatch request (the engine's max_entries).
+MAX_ENTRIES = 65536
+#: Granules one block request may name per side (the engine's MAX_TRANSFER_BLOCKS). A group is cut
+#: into requests of at most this many; a pair of more than half of it takes the batch path.
+MAX_BLOCKS = 1 << 22
+#: The BlockIndices encoding of (start, count) u32 pairs (tcpxd.v1.IndexEncoding.RANGES).
+RANGES = 1
+
+_LIST_SHIFT = np.int64(32)
+_LOW = np.int64(0xFFFFFFFF)
 
 
 @dataclass
 class Prepped:
     """A prepared descriptor list: whose memory (`agent`, "" for the local agent), and per
-    descriptor its region (index into `regions`), offset in that region's buffer and length."""
+    descriptor its region (index into `regions`), offset in that region's buffer and length; and
+    what the block path needs, precomputed (module doc)."""
 
     agent: str
     mem: str
@@ -41,6 +67,88 @@ class Prepped:
         self.buffer_ids = np.array([r.buffer_id for r in self.regions], dtype=np.uint64)
         descs = [r.descriptor.encode() for r in self.regions]
         self.desc_rows = {"WRITE": _wire.blobs(3, descs), "READ": _wire.blobs(1, descs)}
+        #: Per region: its daemon buffer's index among this list's buffers (`buffers`).
+        keys = [(r.buffer_id if not self.agent else r.descriptor) for r in self.regions]
+        pos = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+        uniq = list(pos)
+        self.buffer_of = np.array([pos[k] for k in keys], dtype=np.int64)
+        self.nbuffers = len(uniq)
+        #: Per buffer: its granule list (local: list id; remote: token), by buffer index.
+        first = {k: r for k, r in zip(reversed(keys), reversed(self.regions))}
+        self.lists: List[Any] = [(first[k].list_id if not self.agent else first[k].blocks) for k in uniq]
+        self._granules()
+        self._scratch: Optional[np.ndarray] = None
+        self._scratch_lock = threading.Lock()
+        self._fields: Dict[str, List[bytes]] = {}
+
+    def _granules(self) -> None:
+        """Per descriptor: `sig` (length × 64 + log2 G when granule-aligned, else -1 locally and
+        -2 remotely, so two sides agree only where both are aligned with equal G and length),
+        `gpos` (buffer index << 32 | first granule), `gcnt` (granules); `overlaps`: whether any two
+        descriptors of the list share a byte (the block path refuses a destination named twice)."""
+        n = len(self.length)
+        g = np.array([r.granule for r in self.regions], dtype=np.int64)[self.region] if n else np.zeros(0, np.int64)
+        cap = np.array([r.granules for r in self.regions], dtype=np.int64)[self.region] if n else np.zeros(0, np.int64)
+        off = self.offset.astype(np.int64)
+        ln = self.length.astype(np.int64)
+        gs = np.maximum(g, 1)
+        first, cnt = off // gs, ln // gs
+        ok = (g > 0) & (off % gs == 0) & (ln % gs == 0) & (first + cnt <= cap) & (cnt <= MAX_BLOCKS // 2)
+        log2 = np.zeros(n, dtype=np.int64)
+        if n:
+            log2[ok] = np.log2(g[ok]).astype(np.int64)
+        self.sig = np.where(ok, ln * 64 + log2, -2 if self.agent else -1)
+        self.gpos = (self.buffer_of[self.region] << _LIST_SHIFT) | np.where(ok, first, 0)
+        self.gcnt = np.where(ok, cnt, 0)
+        self.aligned = bool(ok.all()) if n else False
+        #: The one `sig` of every descriptor, when they share it (vLLM's lists: blocks of one size):
+        #: a transfer then compares two numbers instead of gathering both sides' signatures.
+        self.usig: Optional[int] = int(self.sig[0]) if n and bool((self.sig == self.sig[0]).all()) else None
+        self._overlaps: Optional[bool] = None
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether two descriptors of the list share a byte (computed once, on first use)."""
+        if self._overlaps is None:
+            n = len(self.length)
+            if n > 1:  # sorted by (buffer, offset): does one reach into the next?
+                b = self.buffer_of[self.region]
+                off, ln = self.offset.astype(np.int64), self.length.astype(np.int64)
+                order = np.lexsort((off, b))
+                bo, oo, lo = b[order], off[order], ln[order]
+                self._overlaps = bool(((bo[1:] == bo[:-1]) & (oo[1:] < oo[:-1] + lo[:-1])).any())
+            else:
+                self._overlaps = False
+        return self._overlaps
+
+    def list_fields(self, read: bool) -> List[bytes]:
+        """Per buffer, its granule list as the field a block request names it by: the local
+        list's id (ReadBlocksRequest.local_list_id = 3, WriteBlocksRequest's = 1), the remote
+        list's token (remote_token: 1 in a READ, 3 in a WRITE). Encoded once."""
+        key = "read" if read else "write"
+        got = self._fields.get(key)
+        if got is None:
+            if not self.agent:
+                tag = b"\x18" if read else b"\x08"
+                got = [tag + _wire.varint(int(x)) for x in self.lists]
+            else:
+                tag = b"\x0a" if read else b"\x1a"
+                got = [tag + _wire.varint(len(t.encode())) + t.encode() for t in self.lists]
+            self._fields[key] = got
+        return got
+
+    def distinct(self, idx: np.ndarray) -> bool:
+        """Whether `idx` names no descriptor twice (a scratch array per list: two gathers)."""
+        m = len(idx)
+        if m < 2:
+            return True
+        with self._scratch_lock:
+            if self._scratch is None:
+                self._scratch = np.empty(len(self.length), dtype=np.int64)
+            s = self._scratch
+            at = np.arange(m, dtype=np.int64)
+            s[idx] = at
+            return bool((s[idx] == at).all())
 
     def __len__(self) -> int:
         return len(self.length)
@@ -53,6 +161,10 @@ def prepare(table: RegionTable, mem: str, rows: np.ndarray, agent: str, owner: s
 
 def indices(idx: Any, n: int, what: str) -> np.ndarray:
     """`idx` (a list or integer numpy array) as int64, each in [0, n)."""
+    if isinstance(idx, np.ndarray) and idx.ndim == 1 and idx.dtype.kind in "iu" and idx.size:
+        a = idx.astype(np.int64, copy=False)  # the common case, quickly: two reductions
+        if int(a.min()) >= 0 and int(a.max()) < n:
+            return a
     try:
         a = np.asarray(idx)
     except (TypeError, ValueError) as e:
@@ -73,13 +185,47 @@ def indices(idx: Any, n: int, what: str) -> np.ndarray:
 
 @dataclass
 class Plan:
-    """A transfer's daemon requests (their `notification` left empty) and its size."""
+    """A transfer's daemon requests, serialized (`bodies`: each the bytes of the message in
+    `field` of a SessionRequest, without a notification; `notif_key` is the key of a WRITE's
+    notification field, appended when one rides), and its size. `path`: "blocks" (granule lists)
+    or "batch"."""
 
     op: str
-    requests: List[Any]
+    bodies: List[bytes]
     total_bytes: int
     desc_count: int
     entries: int
+    path: str = "batch"
+    field: str = dfield(default="")
+    notif_key: bytes = b""
+
+    def __post_init__(self) -> None:
+        if not self.field:
+            self.field = field(self.op, self.path)
+        if self.op == "WRITE":
+            self.notif_key = _NOTIF_KEY[self.path]
+
+    @property
+    def requests(self) -> List[Any]:
+        """The requests as messages (for inspection)."""
+        cls = _proto.message(_MESSAGE[self.field])
+        return [cls.FromString(b) for b in self.bodies]
+
+
+#: A request message by SessionRequest field, and a WRITE's notification key by path.
+_MESSAGE = {"write_batch": "WriteBatchRequest", "read_batch": "ReadBatchRequest",
+            "write_blocks": "WriteBlocksRequest", "read_blocks": "ReadBlocksRequest"}
+_NOTIF_KEY = {"batch": b"\x12", "blocks": b"\x2a"}  # WriteBatchRequest.notification = 2, WriteBlocksRequest's = 5
+_SMALL_VARINTS = [bytes([i]) for i in range(128)]
+
+
+def V(v: int) -> bytes:
+    """A varint (one byte below 128, from a table)."""
+    return _SMALL_VARINTS[v] if v < 128 else _wire.varint(v)
+
+
+def _timeout(key: bytes, ms: int) -> bytes:
+    return key + V(ms) if ms else b""
 
 
 def plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarray, merge: bool, timeout_ms: int) -> Plan:
@@ -87,6 +233,105 @@ def plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarra
         raise nixlMismatchError(f"local_indices: {len(li)} indices against remote_indices' {len(ri)}")
     if len(li) == 0:
         raise nixlInvalidParamError("local_indices: no descriptors to transfer")
+    if local.aligned or remote.aligned:  # else no pair can take the block path
+        p = block_plan(op, local, li, remote, ri, timeout_ms)
+        if p is not None:
+            return p
+    return batch_plan(op, local, li, remote, ri, merge, timeout_ms)
+
+
+def block_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarray, timeout_ms: int) -> Optional[Plan]:
+    """The block path (module doc), or None when some pair cannot take it."""
+    if local.usig is not None and remote.usig is not None:
+        if local.usig != remote.usig:
+            return None  # unaligned on a side, of unequal G, or of unequal lengths
+        c: Any = int(local.gcnt[0])  # one granule count for every pair
+    elif not np.array_equal(local.sig[li], remote.sig[ri]):
+        return None  # a pair unaligned on a side, of unequal G, or of unequal lengths
+    else:
+        c = local.gcnt[li]
+    dest, di = (local, li) if op == "READ" else (remote, ri)
+    if dest.overlaps or not dest.distinct(di):
+        return None  # a destination granule named twice: the daemon refuses it; batches allow it
+    lp, rp = local.gpos[li], remote.gpos[ri]
+    n = len(li)
+    key = (lp >> _LIST_SHIFT) * remote.nbuffers + (rp >> _LIST_SHIFT)
+    total = c * n if isinstance(c, int) else int(c.sum())
+    if n > 1 and total > MAX_BLOCKS // 2:
+        if isinstance(c, int):
+            c = np.full(n, c, dtype=np.int64)  # cut groups every MAX_BLOCKS / 2 granules (pairs are at most that)
+        order = np.argsort(key, kind="stable")
+        lp, rp, c, key = lp[order], rp[order], c[order], key[order]
+        cum = np.cumsum(c)
+        gstart = np.concatenate(([0], np.flatnonzero(key[1:] != key[:-1]) + 1))
+        base = np.repeat(cum[gstart] - c[gstart], np.diff(np.concatenate((gstart, [n]))))
+        key = key * (MAX_BLOCKS * 4) + (cum - base - 1) // (MAX_BLOCKS // 2)
+    elif n > 1 and bool((key[1:] < key[:-1]).any()):
+        order = np.argsort(key, kind="stable")
+        lp, rp, key = lp[order], rp[order], key[order]
+        if not isinstance(c, int):
+            c = c[order]
+    if n > 1:
+        newgrp = key[1:] != key[:-1]
+        gstart = np.concatenate(([0], np.flatnonzero(newgrp) + 1))
+    else:
+        newgrp = np.zeros(0, dtype=bool)
+        gstart = np.zeros(1, dtype=np.int64)
+    lr, lat = _ranges(lp, c, newgrp, gstart)
+    rr, rat = _ranges(rp, c, newgrp, gstart)
+    read = op == "READ"
+    tmo = _timeout(b"\x28" if read else b"\x30", timeout_ms)  # ReadBlocksRequest.timeout_ms = 5, WriteBlocksRequest's = 6
+    # Per group, in plain Python over lists (no numpy call per group): its lists' fields (encoded
+    # once per prepared list) and its slices of both sides' packed ranges.
+    lf, rf = local.list_fields(read), remote.list_fields(read)
+    lk = (lp[gstart] >> _LIST_SHIFT).tolist()
+    rk = (rp[gstart] >> _LIST_SHIFT).tolist()
+    lb, rb = lr.tobytes(), rr.tobytes()
+    la, ra = (lat * 8).tolist(), (rat * 8).tolist()
+    bodies = []
+    for g in range(len(lk)):
+        ld = lb[la[g]:la[g + 1]]
+        rd = rb[ra[g]:ra[g + 1]]
+        # BlockIndices{encoding: RANGES (1), data (2)} as a field: key, length, 08 01 12 len data
+        lidx = b"\x08\x01\x12" + V(len(ld)) + ld
+        ridx = b"\x08\x01\x12" + V(len(rd)) + rd
+        if read:  # remote_token 1, remote_indices 2, local_list_id 3, local_indices 4
+            bodies.append(b"".join((rf[rk[g]], b"\x12", V(len(ridx)), ridx, lf[lk[g]], b"\x22", V(len(lidx)), lidx, tmo)))
+        else:  # local_list_id 1, local_indices 2, remote_token 3, remote_indices 4
+            bodies.append(b"".join((lf[lk[g]], b"\x12", V(len(lidx)), lidx, rf[rk[g]], b"\x22", V(len(ridx)), ridx, tmo)))
+    nbytes = int(local.length[li].sum())
+    return Plan(op, bodies, nbytes, n, len(lr) + len(rr), "blocks")
+
+
+def _ranges(pos: np.ndarray, c: Any, newgrp: np.ndarray, gstart: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """One side's granule ranges: (start, count) u32 pairs, consecutive ones merged within a
+    group; and where each group's ranges begin (len(gstart) + 1 bounds). `c`: the pairs'
+    granule counts (an array, or one int for all)."""
+    n = len(pos)
+    one = isinstance(c, int)
+    if n > 1:
+        brk = np.empty(n, dtype=bool)
+        brk[0] = True
+        np.not_equal(pos[1:], pos[:-1] + (c if one else c[:-1]), out=brk[1:])
+        brk[1:] |= newgrp
+        st = np.flatnonzero(brk)
+    else:
+        st = np.zeros(1, dtype=np.int64)
+    out = np.empty((len(st), 2), dtype="<u4")
+    if len(st) == n:  # nothing merged
+        out[:, 0] = pos & _LOW
+        out[:, 1] = c
+    else:
+        out[:, 0] = pos[st] & _LOW
+        out[:, 1] = np.diff(np.append(st, n)) * c if one else np.add.reduceat(c, st)
+    at = np.empty(len(gstart) + 1, dtype=np.int64)
+    at[:-1] = np.searchsorted(st, gstart)
+    at[-1] = len(st)
+    return out, at
+
+
+def batch_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarray, merge: bool, timeout_ms: int) -> Plan:
+    """The batch path (module doc): entries grouped by buffer pair, MAX_ENTRIES a request."""
     n = local.length[li]
     rn = remote.length[ri]
     if not np.array_equal(n, rn):
@@ -104,20 +349,28 @@ def plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarra
         lr, lo, rr, ro, ln = lr[starts], lo[starts], rr[starts], ro[starts], np.add.reduceat(n, starts)
     else:
         ln = n
-    cls = _proto.message("WriteBatchRequest" if op == "WRITE" else "ReadBatchRequest")
+    # Grouped by buffer pair (stable), so each request names one pair and the daemon coalesces it.
+    key = local.buffer_of[lr] * remote.nbuffers + remote.buffer_of[rr]
+    if len(key) > 1 and bool((key[1:] != key[:-1]).any()):
+        order = np.argsort(key, kind="stable")
+        lr, lo, rr, ro, ln, key = lr[order], lo[order], rr[order], ro[order], ln[order], key[order]
+        cuts = list(np.flatnonzero(key[1:] != key[:-1]) + 1)
+    else:
+        cuts = []
+    tmo = _timeout(b"\x18" if op == "WRITE" else b"\x10", timeout_ms)  # WriteBatchRequest.timeout_ms = 3, ReadBatchRequest's = 2
     rows = remote.desc_rows[op]
-    if op == "WRITE":  # WriteEntry: local_buffer_id, local_offset, remote_descriptor (3), remote_offset, length
-        pieces = [_wire.varint_piece(1, local.buffer_ids[lr]), _wire.varint_piece(2, lo), _wire.table_piece(rr, rows),
-                  _wire.varint_piece(4, ro), _wire.varint_piece(5, ln)]
-    else:  # ReadEntry: remote_descriptor (1), remote_offset, local_buffer_id, local_offset, length
-        pieces = [_wire.table_piece(rr, rows), _wire.varint_piece(2, ro), _wire.varint_piece(3, local.buffer_ids[lr]),
-                  _wire.varint_piece(4, lo), _wire.varint_piece(5, ln)]
-    requests = []
-    for body in _wire.entries(1, pieces, MAX_ENTRIES):  # `entries` is field 1 of both requests
-        req = cls.FromString(body)
-        req.timeout_ms = timeout_ms
-        requests.append(req)
-    return Plan(op, requests, int(n.sum()), len(n), len(ln))
+    bodies = []
+    for a, b in zip([0] + cuts, cuts + [len(ln)]):
+        s = slice(int(a), int(b))
+        if op == "WRITE":  # WriteEntry: local_buffer_id, local_offset, remote_descriptor (3), remote_offset, length
+            pieces = [_wire.varint_piece(1, local.buffer_ids[lr[s]]), _wire.varint_piece(2, lo[s]), _wire.table_piece(rr[s], rows),
+                      _wire.varint_piece(4, ro[s]), _wire.varint_piece(5, ln[s])]
+        else:  # ReadEntry: remote_descriptor (1), remote_offset, local_buffer_id, local_offset, length
+            pieces = [_wire.table_piece(rr[s], rows), _wire.varint_piece(2, ro[s]), _wire.varint_piece(3, local.buffer_ids[lr[s]]),
+                      _wire.varint_piece(4, lo[s]), _wire.varint_piece(5, ln[s])]
+        for body in _wire.entries(1, pieces, MAX_ENTRIES):  # `entries` is field 1 of both requests
+            bodies.append(body + tmo)
+    return Plan(op, bodies, int(n.sum()), len(n), len(ln), "batch")
 
 
 def descs_plan(op: str, local: Prepped, remote: Prepped, timeout_ms: int) -> Plan:
@@ -128,8 +381,8 @@ def descs_plan(op: str, local: Prepped, remote: Prepped, timeout_ms: int) -> Pla
     return plan(op, local, idx, remote, idx, True, timeout_ms)
 
 
-def field(op: str) -> str:
+def field(op: str, path: str = "batch") -> str:
     """The SessionRequest field of a plan's requests."""
+    if path == "blocks":
+        return "write_blocks" if op == "WRITE" else "read_blocks"
     return "write_batch" if op == "WRITE" else "read_batch"
-
-

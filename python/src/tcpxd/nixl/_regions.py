@@ -30,14 +30,25 @@ class Region:
     offset: int
     #: The buffer's id on its own node (0 in a remote agent's table).
     buffer_id: int = 0
+    #: The buffer's granule list: its granule in bytes (0: none), token, block count, and id on
+    #: its own node (0 in a remote agent's table).
+    granule: int = 0
+    blocks: str = ""
+    granules: int = 0
+    list_id: int = 0
 
     def to_json(self) -> Dict[str, Any]:
-        return {"addr": self.addr, "len": self.size, "dev": self.dev, "mem": self.mem,
-                "desc": self.descriptor, "off": self.offset}
+        d: Dict[str, Any] = {"addr": self.addr, "len": self.size, "dev": self.dev, "mem": self.mem,
+                             "desc": self.descriptor, "off": self.offset}
+        if self.granule:
+            d.update(g=self.granule, blk=self.blocks, n=self.granules)
+        return d
 
     @staticmethod
     def from_json(d: Dict[str, Any]) -> "Region":
-        return Region(int(d["addr"]), int(d["len"]), int(d["dev"]), str(d["mem"]), str(d["desc"]), int(d["off"]))
+        g = int(d.get("g", 0))
+        return Region(int(d["addr"]), int(d["len"]), int(d["dev"]), str(d["mem"]), str(d["desc"]), int(d["off"]),
+                      0, g, str(d["blk"]) if g else "", int(d["n"]) if g else 0)
 
 
 class RegionTable:

@@ -3,8 +3,6 @@ re-posted, cancelled on release, timed for telemetry."""
 
 from __future__ import annotations
 
-import concurrent.futures
-import functools
 import threading
 import time
 from typing import Any, Callable, List, Optional
@@ -12,7 +10,8 @@ from typing import Any, Callable, List, Optional
 from .. import _proto
 from ..errors import Cancelled, TcpxdError
 from ._errors import nixlNotFoundError, nixlRepostActiveError
-from ._plan import Plan, field
+from . import _wire
+from ._plan import Plan
 
 
 class nixlXferTelemetry:  # noqa: N801 - NIXL's name (nixl._bindings.nixlXferTelemetry)
@@ -33,8 +32,36 @@ class nixlXferTelemetry:  # noqa: N801 - NIXL's name (nixl._bindings.nixlXferTel
                 f"xferDuration={self.xferDuration}, totalBytes={self.totalBytes}, descCount={self.descCount})")
 
 
+class _Part:
+    """One daemon request of a transfer, as the session resolves it (duck-typed as a Future:
+    set_result / set_exception from the session's reader; `tag` for cancel)."""
+
+    __slots__ = ("tag", "xfer", "gen", "finished")
+
+    def __init__(self, xfer: "Xfer", gen: int):
+        self.tag = 0
+        self.xfer = xfer
+        self.gen = gen
+        self.finished = False
+
+    def done(self) -> bool:
+        return self.finished
+
+    def set_result(self, _result: Any) -> None:
+        self.finished = True
+        self.xfer._done(self.gen, None)
+
+    def set_exception(self, err: BaseException) -> None:
+        self.finished = True
+        self.xfer._done(self.gen, err)
+
+
 class Xfer:
-    """What a nixl_xfer_handle stands for. States: "INIT" (never posted), "PROC", "DONE", "ERR"."""
+    """What a nixl_xfer_handle stands for. States: "INIT" (never posted), "PROC", "DONE", "ERR".
+
+    A transfer of several daemon requests (parts) is DONE when every part is, ERR as soon as one
+    fails (the others are cancelled); a notification that rides none of them goes once all are
+    done (`followup`)."""
 
     def __init__(self, plan: Plan, remote: str, notif: bytes):
         self.plan = plan
@@ -46,17 +73,17 @@ class Xfer:
         self.released = False
         self._lock = threading.Lock()
         self._gen = 0
-        self._futs: List[concurrent.futures.Future] = []
+        self._parts: List[_Part] = []
         self._left = 0
         self._session: Any = None
-        self._followup: Optional[Callable[[], concurrent.futures.Future]] = None
+        self._followup: Optional[Callable[[Any, Any], None]] = None
         self._t0 = 0.0
         self.telemetry = nixlXferTelemetry(totalBytes=plan.total_bytes, descCount=plan.desc_count)
 
-    def post(self, session: Any, ride: bytes, followup: Optional[Callable[[Any], concurrent.futures.Future]]) -> str:
+    def post(self, session: Any, ride: bytes, followup: Optional[Callable[[Any, Any], None]]) -> str:
         """Submits the plan's requests: `ride`, the framed notification the (single) WRITE request
-        carries; `followup`, what sends the notification once every request finished, when it
-        rides none of them."""
+        carries; `followup(session, sink)`, what sends the notification once every request
+        finished, when it rides none of them."""
         with self._lock:
             if self.released:
                 raise nixlNotFoundError("handle: released")
@@ -67,48 +94,40 @@ class Xfer:
             self.state = "PROC"
             self.error = None
             self._session = session
-            self._followup = None if followup is None else _bind(followup, session)
-            self._left = len(self.plan.requests)
-        t0 = time.perf_counter()
+            self._followup = followup
+            self._left = len(self.plan.bodies)
+            self._t0 = time.perf_counter()
+            parts = self._parts = [_Part(self, gen) for _ in self.plan.bodies]
+        t0 = self._t0
         self.telemetry.startTime = time.time_ns() // 1000
-        name = field(self.plan.op)
-        futs: List[concurrent.futures.Future] = []
+        bodies = self.plan.bodies
+        if ride:
+            bodies = [bodies[0] + self.plan.notif_key + _wire.varint(len(ride)) + ride]
         try:
-            for req in self.plan.requests:
-                if self.plan.op == "WRITE":
-                    req.notification = ride
-                futs.append(session._submit(**{name: req}))
-        except TcpxdError as e:  # the session was closed under us: what went out is cancelled
+            session._submit_encoded(self.plan.field, bodies, parts)
+        except TcpxdError as e:  # the session was closed under us
             with self._lock:
-                if gen == self._gen:
-                    self._t0 = t0
+                if gen == self._gen and self.state == "PROC":
                     self._end("ERR", e)
-            for f in futs:
-                _cancel(session, f)
             raise
+        self.telemetry.postDuration = int((time.perf_counter() - t0) * 1e6)
         with self._lock:
-            self._futs = futs
-            self._t0 = t0
             stale = gen != self._gen  # released while posting
         if stale:
-            for f in futs:
-                _cancel(session, f)
-            return self.state
-        self.telemetry.postDuration = int((time.perf_counter() - t0) * 1e6)
-        for f in futs:
-            f.add_done_callback(functools.partial(self._done, gen))
+            for p in parts:
+                if not p.finished:
+                    _cancel(session, p)
         return self.state
 
-    def _done(self, gen: int, fut: concurrent.futures.Future) -> None:
-        err = _error(fut)
+    def _done(self, gen: int, err: Optional[BaseException]) -> None:
         followup = None
-        others: List[concurrent.futures.Future] = []
+        others: List[_Part] = []
         with self._lock:
             if gen != self._gen or self.state != "PROC":
                 return
             if err is not None:
                 self._end("ERR", err)
-                others = [f for f in self._futs if not f.done()]
+                others = [p for p in self._parts if not p.finished]
             else:
                 self._left -= 1
                 if self._left == 0:
@@ -116,20 +135,17 @@ class Xfer:
                         self._end("DONE", None)
                     else:
                         followup = self._followup
-        for f in others:
-            _cancel(self._session, f)
+            session = self._session
+        for p in others:
+            _cancel(session, p)
         if followup is not None:
+            sink = _Notified(self, gen)
             try:
-                nf = followup()
+                followup(session, sink)
             except TcpxdError as e:
-                with self._lock:
-                    if gen == self._gen and self.state == "PROC":
-                        self._end("ERR", e)
-                return
-            nf.add_done_callback(functools.partial(self._notified, gen))
+                sink.set_exception(e)
 
-    def _notified(self, gen: int, fut: concurrent.futures.Future) -> None:
-        err = _error(fut)
+    def _notified(self, gen: int, err: Optional[BaseException]) -> None:
         with self._lock:
             if gen == self._gen and self.state == "PROC":
                 self._end("ERR" if err is not None else "DONE", err)
@@ -149,33 +165,44 @@ class Xfer:
             active = self.state == "PROC"
             if active:
                 self._end("ERR", Cancelled("the handle was released while the transfer was in progress"))
-            futs, session = list(self._futs), self._session
+            parts, session = list(self._parts), self._session
         if active:
-            for f in futs:
-                if not f.done():
-                    _cancel(session, f)
+            for p in parts:
+                if not p.finished:
+                    _cancel(session, p)
 
 
-def _bind(f: Callable[[Any], concurrent.futures.Future], arg: Any) -> Callable[[], concurrent.futures.Future]:
-    return lambda: f(arg)
+class _Notified(_Part):
+    """The followup notification's request."""
+
+    __slots__ = ()
+
+    def set_result(self, _result: Any) -> None:
+        self.finished = True
+        self.xfer._notified(self.gen, None)
+
+    def set_exception(self, err: BaseException) -> None:
+        self.finished = True
+        self.xfer._notified(self.gen, err)
 
 
-def _error(fut: concurrent.futures.Future) -> Optional[BaseException]:
-    if fut.cancelled():
-        return Cancelled("the transfer was cancelled")
-    return fut.exception()
-
-
-def _cancel(session: Any, fut: concurrent.futures.Future) -> None:
+def _cancel(session: Any, part: Any) -> None:
     try:
-        session.cancel(fut)
+        session.cancel(part)
     except TcpxdError:
         pass  # the session ended: its transfers were cancelled with it
 
 
-def mailbox_write(mailbox_id: int, remote_mailbox: str, framed: bytes, timeout_ms: int) -> Any:
-    """The 1-byte WRITE between mailboxes that carries a notification alone."""
+def mailbox_entry(mailbox_id: int, remote_mailbox: str) -> bytes:
+    """WriteRequest's `entry` field (1) of the 1-byte WRITE between mailboxes, encoded once per
+    remote agent."""
     entry = _proto.message("WriteEntry")(
         local_buffer_id=mailbox_id, local_offset=0, remote_descriptor=remote_mailbox, remote_offset=0, length=1
-    )
-    return _proto.message("WriteRequest")(entry=entry, notification=framed, timeout_ms=timeout_ms)
+    ).SerializeToString()
+    return b"\x0a" + _wire.varint(len(entry)) + entry
+
+
+def mailbox_write(entry: bytes, framed: bytes, timeout_ms: int) -> bytes:
+    """The WriteRequest (serialized) of the 1-byte WRITE between mailboxes that carries a
+    notification alone: `entry` from mailbox_entry, notification (2), timeout_ms (3)."""
+    return entry + b"\x12" + _wire.varint(len(framed)) + framed + (b"\x18" + _wire.varint(timeout_ms) if timeout_ms else b"")
