@@ -10,8 +10,9 @@
 // Each chunk's table lists, in wire order, the pieces of this side's buffer the chunk covers
 // (`BlockSeg`, 16 bytes: engine::blocks::Segment): `len` bytes at byte `off` of the buffer, at
 // byte `wire` of the chunk. The poller writes the tables into pinned memory from the block plan;
-// nothing is allocated per chunk. A warp finds the piece that holds a wire offset by binary search
-// over `wire`. Layouts must match src/gpu/blocks.rs (`GatherTask`, `ScatterTask`).
+// nothing is allocated per chunk. Each thread block first stages the table in shared memory (up
+// to SMEM_SEGS pieces; longer tables are read in place); a warp finds the piece that holds a wire
+// offset by binary search over `wire`. Layouts must match src/gpu/blocks.rs (`GatherTask`, `ScatterTask`).
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -23,6 +24,8 @@ typedef unsigned long long u64;
 // The gather's unit of work per warp: this many bytes of the chunk (a piece may span units and a
 // unit pieces).
 #define GATHER_UNIT 4096u
+// Pieces of a chunk's table a thread block stages in shared memory (16 bytes each: 4 KiB).
+#define SMEM_SEGS 256u
 
 struct __align__(16) BlockSeg {
     u64 off;
@@ -130,12 +133,41 @@ __device__ __forceinline__ void copy_piece(const u8* src, u8* dst, u32 len, u32 
     }
 }
 
+// A chunk's table as a thread block reads it: staged in shared memory when it has at most
+// SMEM_SEGS pieces (the whole block reads it once, in parallel: one wave of reads across PCIe
+// when the table is in pinned host memory), else read in place. Without the staging, every warp
+// paid a chain of dependent reads over PCIe for each item (the binary search, then each piece).
+struct Table {
+    const BlockSeg* global;
+    const BlockSeg* shared;
+    u32 n;
+    bool staged;
+};
+
+__device__ __forceinline__ Table stage_table(const BlockSeg* segs, u32 nsegs, BlockSeg* s_segs) {
+    Table tb;
+    tb.global = segs;
+    tb.shared = s_segs;
+    tb.n = nsegs;
+    tb.staged = nsegs <= SMEM_SEGS;
+    if (tb.staged) {
+        for (u32 i = threadIdx.x; i < nsegs; i += blockDim.x) s_segs[i] = load_seg(segs + i);
+    }
+    // Every thread of the block reaches this (called once, before any work loop).
+    __syncthreads();
+    return tb;
+}
+
+__device__ __forceinline__ BlockSeg seg_at(const Table& tb, u32 i) {
+    return tb.staged ? tb.shared[i] : load_seg(tb.global + i);
+}
+
 // The last piece whose `wire` is <= w (pieces are in wire order, the first at wire 0).
-__device__ __forceinline__ u32 find_seg(const BlockSeg* segs, u32 nsegs, u32 w) {
-    u32 lo = 0, hi = nsegs;
+__device__ __forceinline__ u32 find_seg(const Table& tb, u32 w) {
+    u32 lo = 0, hi = tb.n;
     while (hi - lo > 1) {
         const u32 mid = (lo + hi) / 2;
-        if (load_seg(segs + mid).wire <= w) lo = mid; else hi = mid;
+        if (seg_at(tb, mid).wire <= w) lo = mid; else hi = mid;
     }
     return lo;
 }
@@ -153,7 +185,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
     const GatherTask& t = tasks.t[blockIdx.y];
     const u32 lane = threadIdx.x & 31;
     const u32 units = (t.bytes + GATHER_UNIT - 1) / GATHER_UNIT;
-    const BlockSeg* segs = (const BlockSeg*)t.segs;
+    __shared__ BlockSeg s_segs[SMEM_SEGS];
+    const Table tb = stage_table((const BlockSeg*)t.segs, t.nsegs, s_segs);
     for (u32 u = blockIdx.x * BLOCK_WARPS + (threadIdx.x >> 5); u < units; u += gridDim.x * BLOCK_WARPS) {
         u32 w = u * GATHER_UNIT;
         const u32 end = min(t.bytes, w + GATHER_UNIT);
@@ -161,9 +194,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
             if (lane == 0) report(err, blockIdx.y, u);
             continue;
         }
-        u32 i = find_seg(segs, t.nsegs, w);
+        u32 i = find_seg(tb, w);
         while (w < end && i < t.nsegs) {
-            const BlockSeg s = load_seg(segs + i);
+            const BlockSeg s = seg_at(tb, i);
             const u64 seg_end = (u64)s.wire + s.len;
             if (s.wire > w || seg_end <= w || s.off + s.len > t.src_len || seg_end > t.bytes) {
                 if (lane == 0) report(err, blockIdx.y, u);
@@ -187,9 +220,17 @@ extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
     const ScatterTask& t = tasks.t[blockIdx.y];
     const u32 lane = threadIdx.x & 31;
     const LoadMeta* frags = (const LoadMeta*)t.frags;
-    const BlockSeg* segs = (const BlockSeg*)t.segs;
-    for (u32 f = blockIdx.x * BLOCK_WARPS + (threadIdx.x >> 5); f < t.count; f += gridDim.x * BLOCK_WARPS) {
-        const LoadMeta m = load_meta(frags + f);
+    const u32 stride = gridDim.x * BLOCK_WARPS;
+    u32 f = blockIdx.x * BLOCK_WARPS + (threadIdx.x >> 5);
+    // The warp's first entry is fetched before the table is staged, and each next one before the
+    // current fragment is copied: the reads across PCIe overlap instead of adding up.
+    LoadMeta next = {0u, 0u, 0ull};
+    if (f < t.count) next = load_meta(frags + f);
+    __shared__ BlockSeg s_segs[SMEM_SEGS];
+    const Table tb = stage_table((const BlockSeg*)t.segs, t.nsegs, s_segs);
+    for (; f < t.count; f += stride) {
+        const LoadMeta m = next;
+        if (f + stride < t.count) next = load_meta(frags + f + stride);
         if (m.len == 0) continue;
         if (m.dst_off > t.bytes || (u64)m.len > t.bytes - m.dst_off || (u64)m.src_off + m.len > t.bounce_len ||
             t.nsegs == 0) {
@@ -198,9 +239,9 @@ extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
         }
         u32 w = (u32)m.dst_off;
         const u32 end = w + m.len;
-        u32 i = find_seg(segs, t.nsegs, w);
+        u32 i = find_seg(tb, w);
         while (w < end && i < t.nsegs) {
-            const BlockSeg s = load_seg(segs + i);
+            const BlockSeg s = seg_at(tb, i);
             const u64 seg_end = (u64)s.wire + s.len;
             if (s.wire > w || seg_end <= w || s.off > t.dst_len || (u64)s.len > t.dst_len - s.off) {
                 if (lane == 0) report(err, blockIdx.y, f);

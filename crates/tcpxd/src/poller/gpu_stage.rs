@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::buffers::BufferEntry;
 use crate::gpu::Gpu;
@@ -17,7 +18,8 @@ struct Gathers {
     batcher: Option<BlockBatcher>,
     /// The number the batch being filled will get (batches are numbered from 1).
     next: u64,
-    in_flight: VecDeque<(u64, Ticket)>,
+    /// Launched batches: number, ticket, launch time (for the `tcpxd::blocks` timing lines).
+    in_flight: VecDeque<(u64, Ticket, Instant)>,
     done_upto: u64,
     failed: Option<(u64, String)>,
 }
@@ -62,8 +64,8 @@ pub(super) struct GpuStage {
     /// The batch number receives pushed during this pass belong to.
     next_batch: u64,
     pushed: bool,
-    /// Batches in flight: the unpacker's ticket and the block scatters' ticket.
-    in_flight: VecDeque<(u64, Option<Ticket>, Option<Ticket>)>,
+    /// Batches in flight: the unpacker's ticket, the block scatters' ticket and the launch time.
+    in_flight: VecDeque<(u64, Option<Ticket>, Option<Ticket>, Instant)>,
     /// Block chunks received into this GPU: scattered in the same batches (made on first use).
     scatters: Option<BlockBatcher>,
     /// Block chunks sent from this GPU: their gathers, one batch per pass (made on first use).
@@ -268,13 +270,12 @@ impl GpuStage {
                 None => Ok(None),
             };
             match (unpacked, scattered) {
-                (Ok(t), Ok(s)) => self.in_flight.push_back((batch, t, s)),
+                (Ok(t), Ok(s)) => self.in_flight.push_back((batch, t, s, Instant::now())),
                 (Err(e), _) => self.fail(batch, e.to_string()),
                 (_, Err(e)) => self.fail(batch, format!("block scatter: {e}")),
             }
         }
-        while let Some((batch, ticket, scatter)) = self.in_flight.front() {
-            let (batch, ticket, scatter) = (*batch, *ticket, *scatter);
+        while let Some(&(batch, ticket, scatter, launched)) = self.in_flight.front() {
             let done = match ticket {
                 None => Ok(true),
                 Some(t) => self.unpacker.is_done(&t),
@@ -291,6 +292,16 @@ impl GpuStage {
                     self.rejected.insert(batch);
                 }
                 Err(e) => self.fail(batch, e.to_string()),
+            }
+            if scatter.is_some() {
+                // Launch to seen done, polling included: the receive waits this long to be consumed.
+                tracing::debug!(
+                    target: "tcpxd::blocks",
+                    gpu = self.gpu.ordinal(),
+                    batch,
+                    us = launched.elapsed().as_micros() as u64,
+                    "scatter batch done"
+                );
             }
             self.done_upto = batch;
             self.in_flight.pop_front();
@@ -347,7 +358,7 @@ impl GpuStage {
             .map_err(|e| e.to_string())
             .and_then(|()| b.submit().map_err(|e| e.to_string()));
         match r {
-            Ok(Some(t)) => g.in_flight.push_back((batch, t)),
+            Ok(Some(t)) => g.in_flight.push_back((batch, t, Instant::now())),
             Ok(None) => g.done_upto = g.done_upto.max(batch),
             Err(why) => {
                 tracing::error!(gpu = self.gpu.ordinal(), batch, "block gather failed: {why}");
@@ -361,7 +372,7 @@ impl GpuStage {
         let ordinal = self.gpu.ordinal();
         let g = &mut self.gathers;
         while batch > g.done_upto {
-            let Some(&(b, t)) = g.in_flight.front() else {
+            let Some(&(b, t, launched)) = g.in_flight.front() else {
                 break;
             };
             let Some(batcher) = g.batcher.as_mut() else {
@@ -369,7 +380,16 @@ impl GpuStage {
             };
             match batcher.is_done(&t) {
                 Ok(false) => return None,
-                Ok(true) => {}
+                Ok(true) => {
+                    // Launch to seen done, polling included: the batch's sends wait this long.
+                    tracing::debug!(
+                        target: "tcpxd::blocks",
+                        gpu = ordinal,
+                        batch = b,
+                        us = launched.elapsed().as_micros() as u64,
+                        "gather batch done"
+                    );
+                }
                 Err(e) => {
                     tracing::error!(gpu = ordinal, batch = b, "block gather failed: {e}");
                     g.failed.get_or_insert((b, e.to_string()));
