@@ -85,15 +85,15 @@ impl Poller {
     fn apply(&mut self, events: &mut Vec<Completion>) {
         for e in events.drain(..) {
             match e {
-                Completion::SendDone(p, l) => self.engine.send_done(p, l),
-                Completion::RecvConsumed(p, l, r) => self.engine.recv_consumed(p, l, r),
-                Completion::Landed(p, l) => self.engine.recv_landed(p, l, Instant::now()),
-                Completion::LaneReady(p, l, send) => self.engine.lane_ready(p, l, send),
+                Completion::SendDone(p, l) => self.engine.on_send_done(p, l),
+                Completion::RecvConsumed(p, l, r) => self.engine.on_recv_consumed(p, l, r),
+                Completion::Landed(p, l) => self.engine.on_recv_landed(p, l, Instant::now()),
+                Completion::LaneReady(p, l, send) => self.engine.on_lane_ready(p, l, send),
                 Completion::Failed(p, why) => {
                     if let Some(slot) = self.peers.get(&p) {
                         tracing::warn!(peer = %slot.node_id, "{why}");
                     }
-                    self.engine.peer_failed(p, &why)
+                    self.engine.on_peer_failed(p, &why)
                 }
             }
         }
@@ -435,7 +435,7 @@ impl Poller {
             stage.submit_gathers();
         }
         for (p, why) in failures {
-            self.engine.peer_failed(p, &why);
+            self.engine.on_peer_failed(p, &why);
         }
         any
     }

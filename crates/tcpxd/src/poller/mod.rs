@@ -440,7 +440,7 @@ impl Poller {
             progressed |= self.drive_setup();
             progressed |= self.run_actions();
             progressed |= self.test_lanes();
-            self.engine.tick(Instant::now());
+            self.engine.on_tick(Instant::now());
             progressed |= self.run_actions();
             if self.check_drain() {
                 return;
@@ -658,7 +658,7 @@ impl Poller {
                 self.engine.on_message(peer, msg, Instant::now())
             }
             Command::Malformed { peer, request } => self.engine.on_malformed(peer, request),
-            Command::PeerDown { peer, reason } => self.engine.peer_failed(peer, &reason),
+            Command::PeerDown { peer, reason } => self.engine.on_peer_failed(peer, &reason),
             Command::Stats { reply } => {
                 let _ = reply.send(self.stats());
             }
@@ -834,7 +834,7 @@ impl Poller {
     }
 
     /// During a drain: true when the thread should stop (the engine says when: its grace
-    /// period's end fails what is left at `tick`).
+    /// period's end fails what is left at `on_tick`).
     fn check_drain(&mut self) -> bool {
         if self.drain.is_none() {
             return false;
