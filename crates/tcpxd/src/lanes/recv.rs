@@ -4,8 +4,8 @@
 
 use std::collections::VecDeque;
 
-use super::Tag;
 use super::stage::BatchEnd;
+use super::tag::Tag;
 use super::unpack::Wait;
 use crate::net::{MemHandle, NetResult, RecvComm, RequestId};
 

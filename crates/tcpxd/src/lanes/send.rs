@@ -1,6 +1,6 @@
 //! A send lane's pass: post a send, test the head of the comm.
 
-use super::Tag;
+use super::tag::Tag;
 use crate::net::{MemHandle, NetResult, SendComm};
 
 /// Posts one send of `len` bytes at `at` in `mh` with the lane's next tag; `false` when the
