@@ -5,7 +5,7 @@ use super::*;
 
 impl Engine {
     /// The oldest posted send on a lane completed.
-    pub fn send_done(&mut self, peer: PeerIdx, lane: u32) {
+    pub fn on_send_done(&mut self, peer: PeerIdx, lane: u32) {
         let Some(l) = self
             .peers
             .get_mut(&peer)
@@ -44,7 +44,7 @@ impl Engine {
     }
 
     /// The oldest posted receive on a lane was unpacked and consumed (`Err`: its unpack failed).
-    pub fn recv_consumed(&mut self, peer: PeerIdx, lane: u32, result: Result<(), String>) {
+    pub fn on_recv_consumed(&mut self, peer: PeerIdx, lane: u32, result: Result<(), String>) {
         let item = if self.recv_lane_is_eager(peer, lane) {
             self.eager_consumed(peer, lane)
         } else {
@@ -139,7 +139,7 @@ impl Engine {
     }
 
     /// The lane (or control stream) of a peer failed: every transfer touching it fails.
-    pub fn peer_failed(&mut self, peer: PeerIdx, reason: &str) {
+    pub fn on_peer_failed(&mut self, peer: PeerIdx, reason: &str) {
         let Some(p) = self.peers.get_mut(&peer) else {
             return;
         };
@@ -216,7 +216,7 @@ impl Engine {
     }
 
     /// Fails every transfer whose deadline passed.
-    pub fn tick(&mut self, now: Instant) {
+    pub fn on_tick(&mut self, now: Instant) {
         self.check_orphans(now);
         self.tick_drain(now);
         while let Some(&(when, id)) = self.deadlines.first() {

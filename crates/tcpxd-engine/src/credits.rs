@@ -93,7 +93,7 @@ impl Engine {
 
     /// Fails the pairing: the peer broke the protocol in a way that loses the lane order.
     fn violation(&mut self, peer: PeerIdx, why: String) {
-        self.peer_failed(peer, &format!("protocol violation: {why}"));
+        self.on_peer_failed(peer, &format!("protocol violation: {why}"));
     }
 
     pub(super) fn on_receive_mode(
@@ -330,7 +330,7 @@ impl Engine {
     }
 
     /// The oldest credit receive of an eager lane without data completed.
-    pub fn recv_landed(&mut self, peer: PeerIdx, lane: u32, now: Instant) {
+    pub fn on_recv_landed(&mut self, peer: PeerIdx, lane: u32, now: Instant) {
         let Some(l) = self
             .peers
             .get_mut(&peer)
@@ -342,7 +342,7 @@ impl Engine {
         if !l.recv_credits.land() {
             // The driver reported more completions than credits posted: a driver bug, never
             // the peer's doing (the plugin cannot complete a receive nobody posted).
-            debug_assert!(false, "recv_landed without a posted credit");
+            debug_assert!(false, "on_recv_landed without a posted credit");
             return;
         }
         l.landed.push_back(now);

@@ -1,5 +1,5 @@
 //! Draining, the daemon's orderly stop, decided here: from [`Engine::begin_drain`] on no
-//! transfer starts; those running get until the drain's deadline, when [`Engine::tick`] fails
+//! transfer starts; those running get until the drain's deadline, when [`Engine::on_tick`] fails
 //! what is left; [`Engine::is_drained`] says when the driver may stop, and what the drain did.
 
 use std::time::Instant;

@@ -57,7 +57,7 @@ impl Engine {
             } => self.on_read_reject(peer, read_id, code, &message, range_index),
             PeerMsg::CancelRead { read_id } => self.on_cancel_read(peer, read_id),
             PeerMsg::Goodbye { reason } => {
-                self.peer_failed(peer, &format!("the peer ended the pairing: {reason}"))
+                self.on_peer_failed(peer, &format!("the peer ended the pairing: {reason}"))
             }
         }
     }

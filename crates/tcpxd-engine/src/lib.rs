@@ -30,10 +30,10 @@
 //!
 //! - **Events**, named for what happened: [`Engine::on_message`] (a control message from a
 //!   peer, in stream order), [`Engine::on_malformed`] (a peer's request that could not be
-//!   read), [`Engine::lane_ready`] (a lane's comm connected), the plugin's completions, each for
-//!   the oldest request of its lane ([`Engine::send_done`], [`Engine::recv_landed`],
-//!   [`Engine::recv_consumed`]), [`Engine::peer_failed`] (its stream or a comm broke) and
-//!   [`Engine::tick`] (time: transfer deadlines, eager data that waits too long for its header,
+//!   read), [`Engine::on_lane_ready`] (a lane's comm connected), the plugin's completions, each for
+//!   the oldest request of its lane ([`Engine::on_send_done`], [`Engine::on_recv_landed`],
+//!   [`Engine::on_recv_consumed`]), [`Engine::on_peer_failed`] (its stream or a comm broke) and
+//!   [`Engine::on_tick`] (time: transfer deadlines, eager data that waits too long for its header,
 //!   the end of a drain's grace period).
 //! - **Commands**, the client's requests: [`Engine::add_buffer`], [`Engine::rekey_buffer`],
 //!   [`Engine::remove_buffer`], [`Engine::watch_buffer`], [`Engine::add_peer`],
@@ -50,8 +50,8 @@
 //!   [`Engine::active_transfers`], [`Engine::buffer_users`], the counters.
 //!
 //! The order, per pass of the poller: commands from its channel; lanes connected
-//! (`lane_ready`); the actions carried out; each lane's head tested and its completions
-//! reported; `tick(now)`; the actions again; while draining, `is_drained(now)`; then, with
+//! (`on_lane_ready`); the actions carried out; each lane's head tested and its completions
+//! reported; `on_tick(now)`; the actions again; while draining, `is_drained(now)`; then, with
 //! nothing in flight, a sleep until a command or `next_deadline()`.
 
 mod block_offers;
@@ -231,7 +231,7 @@ pub enum Action {
     /// The oldest completed credit receive of a lane that has no destination yet belongs to
     /// this chunk: unpack its `len` bytes into `buffer` at `offset`, or (`buffer: None`, a
     /// rejected or cancelled transfer) consume it without unpacking. Then report
-    /// `recv_consumed`.
+    /// `on_recv_consumed`.
     Land {
         peer: PeerIdx,
         lane: u32,
@@ -253,7 +253,7 @@ pub enum Action {
     },
     /// Post one receive on a lane whose bytes go to pieces of `buffer`
     /// ([`Engine::recv_pieces`]`(peer, offer, wire, len)`): posted into a landing place of the
-    /// lane, and once it completed, scattered into the pieces before `recv_consumed` is
+    /// lane, and once it completed, scattered into the pieces before `on_recv_consumed` is
     /// reported. At most `recv_window` receives of a lane are posted (until consumed).
     PostScatterRecv {
         peer: PeerIdx,
@@ -648,7 +648,7 @@ impl Engine {
     }
 
     /// A lane's comm is ready: sends (`send == true`) or receives can be posted.
-    pub fn lane_ready(&mut self, peer: PeerIdx, lane: u32, send: bool) {
+    pub fn on_lane_ready(&mut self, peer: PeerIdx, lane: u32, send: bool) {
         if let Some(p) = self.peers.get_mut(&peer) {
             let lanes = if send { &mut p.send } else { &mut p.recv };
             if let Some(l) = lanes.get_mut(lane as usize) {

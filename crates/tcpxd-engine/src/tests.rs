@@ -82,7 +82,7 @@ fn write_completes_only_when_the_receiver_reports_done_in_mode() {
         }
         while s.wires[0][0].send_done_pending > 0 {
             s.wires[0][0].send_done_pending -= 1;
-            s.nodes[0].eng.send_done(P, 0);
+            s.nodes[0].eng.on_send_done(P, 0);
         }
     }
     s.drain();
@@ -299,7 +299,7 @@ fn local_validation_names_the_field_and_changes_nothing_in_mode() {
     let mut eng = Engine::new(EngineConfig::default());
     let p = eng.add_peer("b", 1, 1);
     rendezvous_peer(&mut eng, p);
-    eng.lane_ready(p, 0, true);
+    eng.on_lane_ready(p, 0, true);
     eng.add_buffer(1, 1000, key(1)).unwrap();
     let now = Instant::now();
     let dl = now + Duration::from_secs(1);
@@ -426,7 +426,7 @@ fn a_source_is_free_once_its_sends_completed_before_done_in_mode() {
     for lane in 0..2 {
         while s.wires[1][lane].send_done_pending > 0 {
             s.wires[1][lane].send_done_pending -= 1;
-            s.nodes[1].eng.send_done(P, lane as u32);
+            s.nodes[1].eng.on_send_done(P, lane as u32);
         }
     }
     s.nodes[1]
@@ -492,8 +492,8 @@ fn multi_peer_batches_report_per_entry_status_in_mode() {
     let bad = eng.add_peer("bad", 1, 1);
     for p in [good, bad] {
         rendezvous_peer(&mut eng, p);
-        eng.lane_ready(p, 0, true);
-        eng.lane_ready(p, 0, false);
+        eng.on_lane_ready(p, 0, true);
+        eng.on_lane_ready(p, 0, false);
     }
     eng.add_buffer(1, 8192, key(1)).unwrap();
     let now = Instant::now();
@@ -630,7 +630,7 @@ fn cancel_and_deadline_while_receives_are_unpacking_drain_both_sides_in_mode() {
             "case {case}: a chunk lands"
         );
         if by_deadline {
-            s.nodes[0].eng.tick(deadline);
+            s.nodes[0].eng.on_tick(deadline);
         } else {
             assert!(
                 s.nodes[0]

@@ -17,6 +17,7 @@ pub mod doctor;
 pub mod gpu;
 pub mod host_fd;
 pub mod idle;
+pub mod lanes;
 pub mod logging;
 pub mod metrics;
 pub mod net;

@@ -10,23 +10,10 @@ use std::time::{Duration, Instant};
 
 use tcpxd::engine::blocks::{BlockList, IndexArray, Layout, Segment, SidePlan};
 use tcpxd::net::{HostRegion, Plugin, RecvComm, Region, SendComm, loopback_pair};
+use tcpxd_testkit::Rng;
 
 const MODE_ENV: &str = "TCPXEMU_HOST_RECV";
 const CHILD_ENV: &str = "TCPXD_NET_BLOCKS_CHILD";
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 fn pair() -> (SendComm, RecvComm) {
     let plugin = Plugin::builtin_emulation().expect("built-in emulation");
@@ -66,7 +53,7 @@ fn move_chunk(
 
 fn round_trip() {
     let (mut s, mut r) = pair();
-    let mut rng = Rng(0x5eed_b10c);
+    let mut rng = Rng::new(0x5eed_b10c);
     // 300 blocks of odd sizes and strides, both sides scattered and shuffled.
     let n = 300u32;
     let len = 1000u32;

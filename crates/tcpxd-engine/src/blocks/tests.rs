@@ -6,35 +6,25 @@
 use super::*;
 use crate::ChunkPlan;
 
-struct Rng(u64);
+use tcpxd_testkit::Rng;
 
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
+/// True `percent` times in 100.
+fn chance(rng: &mut Rng, percent: u64) -> bool {
+    rng.below(100) < percent
 }
 
 /// A random list: blocks of random or equal lengths, laid out in a random order with random gaps,
 /// often none (so neighbours merge). Returns the list and the buffer length.
 fn random_list(rng: &mut Rng, id: u64, max_blocks: u64) -> BlockList {
     let n = 1 + rng.below(max_blocks) as usize;
-    let uniform = rng.chance(50);
+    let uniform = chance(rng, 50);
     let ulen = 1 + rng.below(5000) as u32;
     let lens: Vec<u32> = (0..n)
         .map(|_| if uniform { ulen } else { 1 + rng.below(9000) as u32 })
         .collect();
     // Place the blocks in a shuffled order so offsets are not always ascending.
     let mut order: Vec<usize> = (0..n).collect();
-    if rng.chance(50) {
+    if chance(rng, 50) {
         for i in (1..n).rev() {
             order.swap(i, rng.below(i as u64 + 1) as usize);
         }
@@ -44,13 +34,13 @@ fn random_list(rng: &mut Rng, id: u64, max_blocks: u64) -> BlockList {
     for &b in &order {
         offsets[b] = at;
         at += u64::from(lens[b]);
-        if rng.chance(40) {
+        if chance(rng, 40) {
             at += 1 + rng.below(300);
         }
     }
     let buffer_len = at + rng.below(100);
     let lens64: Vec<u64> = lens.iter().map(|&l| u64::from(l)).collect();
-    let layout = if uniform && rng.chance(50) {
+    let layout = if uniform && chance(rng, 50) {
         Layout::compact(offsets, &[u64::from(ulen)]).unwrap()
     } else {
         Layout::compact(offsets, &lens64).unwrap()
@@ -79,7 +69,7 @@ fn random_indices(rng: &mut Rng, len: u32, count: usize) -> Vec<u32> {
 /// block of the same length (lists built with matching length multisets).
 fn matching_lists(rng: &mut Rng) -> (BlockList, BlockList) {
     let n = 1 + rng.below(200) as usize;
-    let uniform = rng.chance(40);
+    let uniform = chance(rng, 40);
     let ulen = 1 + rng.below(6000) as u32;
     let lens: Vec<u32> = (0..n)
         .map(|_| {
@@ -93,7 +83,7 @@ fn matching_lists(rng: &mut Rng) -> (BlockList, BlockList) {
     let place = |rng: &mut Rng, lens: &[u32]| -> (Vec<u64>, u64) {
         let n = lens.len();
         let mut order: Vec<usize> = (0..n).collect();
-        if rng.chance(60) {
+        if chance(rng, 60) {
             for i in (1..n).rev() {
                 order.swap(i, rng.below(i as u64 + 1) as usize);
             }
@@ -103,7 +93,7 @@ fn matching_lists(rng: &mut Rng) -> (BlockList, BlockList) {
         for &b in &order {
             offsets[b] = at;
             at += u64::from(lens[b]);
-            if rng.chance(30) {
+            if chance(rng, 30) {
                 at += 1 + rng.below(5000);
             }
         }
@@ -173,7 +163,7 @@ fn copy_per_block(src: &BlockList, si: &[u32], dst: &BlockList, di: &[u32], sb: 
 
 #[test]
 fn tables_reproduce_a_per_block_copy_on_random_layouts() {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
     for round in 0..150 {
         let (src, dst) = matching_lists(&mut rng);
         // Pick k pairs of equal-length blocks: pair source block s with a destination block of
@@ -192,7 +182,7 @@ fn tables_reproduce_a_per_block_copy_on_random_layouts() {
             for i in (1..v.len()).rev() {
                 v.swap(i, rng.below(i as u64 + 1) as usize);
             }
-            if rng.chance(50) {
+            if chance(&mut rng, 50) {
                 v.sort_unstable(); // ascending: consecutive blocks, more merges
             }
         }
@@ -205,7 +195,7 @@ fn tables_reproduce_a_per_block_copy_on_random_layouts() {
                 di.push(d);
             }
         }
-        let sidx = if rng.chance(50) {
+        let sidx = if chance(&mut rng, 50) {
             IndexArray::compact(&si_kept)
         } else {
             IndexArray::from_indices(&si_kept)
@@ -444,7 +434,7 @@ fn planning_costs_well_under_a_microsecond_per_block() {
     // 1,048,576 scattered 4 KiB blocks on both sides, every chunk's table produced. Timed in
     // optimised builds only (a debug build of the crate is ~10x slower and proves nothing).
     let n = 1u32 << 20;
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let mut perm: Vec<u32> = (0..n).collect();
     for i in (1..perm.len()).rev() {
         perm.swap(i, rng.below(i as u64 + 1) as usize);
@@ -725,14 +715,14 @@ fn a_header_that_disagrees_with_the_list_is_refused() {
 fn random_hostile_selections_never_plan_past_a_list() {
     // Random lists and random index bytes: either refused, or every piece lies inside the list's
     // buffer.
-    let mut rng = Rng(0xDEAD_BEEF);
+    let mut rng = Rng::new(0xDEAD_BEEF);
     for _ in 0..500 {
         let list = random_list(&mut rng, 1, 300);
         let n = 1 + rng.below(50) as usize;
         let bytes: Vec<u8> = (0..n * 4)
-            .map(|_| if rng.chance(80) { 0 } else { rng.next() as u8 })
+            .map(|_| if chance(&mut rng, 80) { 0 } else { rng.next() as u8 })
             .collect();
-        let enc = if rng.chance(50) {
+        let enc = if chance(&mut rng, 50) {
             IndexEncoding::U32Le
         } else {
             IndexEncoding::Ranges
@@ -765,7 +755,7 @@ fn plain_batch_entries_plan_like_blocks() {
     recv.rebuild_ranges(dst.iter().copied());
     assert_eq!((send.blocks(), send.total()), (n, n * 64));
     assert_eq!(send.runs().len() as u64, n / 2, "pairs of adjacent entries merge");
-    let mut rng = Rng(3);
+    let mut rng = Rng::new(3);
     let sb = fill(&mut rng, n * 64 + n * 4);
     let mut want = vec![0u8; (n * 64) as usize];
     let mut got = want.clone();
@@ -794,15 +784,15 @@ const MAX_CHUNK: u32 = crate::MAX_CHUNK_BYTES;
 /// agrees with the bitmap on random inputs, and a repeat is still named exactly.
 #[test]
 fn distinct_checks_agree_whichever_path_runs() {
-    let mut rng = Rng(0x5eed_d157);
+    let mut rng = Rng::new(0x5eed_d157);
     for round in 0..2000 {
-        let list_len = if rng.chance(50) {
+        let list_len = if chance(&mut rng, 50) {
             1 << 24
         } else {
             1 + rng.below(5000) as u32
         };
         let n = 1 + rng.below(200) as usize;
-        let arr = if rng.chance(50) {
+        let arr = if chance(&mut rng, 50) {
             let v: Vec<u32> = (0..n).map(|_| rng.below(u64::from(list_len)) as u32).collect();
             IndexArray::from_indices(&v)
         } else {

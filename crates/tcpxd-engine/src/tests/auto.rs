@@ -260,7 +260,7 @@ fn the_old_form_of_receive_mode_means_every_lane_for_any_size() {
         let mut eng = Engine::new(auto_cfg());
         let p = eng.add_peer("old", 3, 3);
         for l in 0..3 {
-            eng.lane_ready(p, l, true);
+            eng.on_lane_ready(p, l, true);
         }
         eng.add_buffer(1, 1 << 20, key(1)).unwrap();
         eng.on_message(
@@ -329,8 +329,8 @@ fn receiver() -> (Engine, Vec<Action>) {
         Instant::now(),
     );
     for l in 0..3 {
-        eng.lane_ready(P, l, true);
-        eng.lane_ready(P, l, false);
+        eng.on_lane_ready(P, l, true);
+        eng.on_lane_ready(P, l, false);
     }
     eng.add_buffer(5, 1 << 16, key(5)).unwrap();
     let acts = actions(&mut eng);
@@ -397,7 +397,7 @@ fn an_auto_receiver_announces_its_split_and_posts_credits_on_its_eager_lanes_onl
             ..EngineConfig::default()
         });
         eng.add_peer("x", 2, 2);
-        eng.lane_ready(P, 1, false);
+        eng.on_lane_ready(P, 1, false);
         let acts = actions(&mut eng);
         assert!(
             matches!(&acts[0], Action::Control { msg: PeerMsg::ReceiveMode { chunk_bytes, eager_first_lane: 1, .. }, .. } if *chunk_bytes == want),
@@ -548,7 +548,7 @@ fn cancel_and_deadlines_in_auto_free_every_credit_and_slot_on_both_sides() {
             }
         }
         s.now += Duration::from_secs(61);
-        s.nodes[1].eng.tick(s.now);
+        s.nodes[1].eng.on_tick(s.now);
         s.run();
         for (node, t) in [(0, small), (0, large), (1, read)] {
             // Each ended: cancelled, past its deadline, or done before either.

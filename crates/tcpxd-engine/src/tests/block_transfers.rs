@@ -527,8 +527,8 @@ fn a_million_blocks_plan_on_both_sides() {
         e.add_buffer(1, size, key(1)).unwrap();
         let l = e.register_blocks(1, strided.clone()).unwrap();
         let p = e.add_peer(node, 1, 1);
-        e.lane_ready(p, 0, true);
-        e.lane_ready(p, 0, false);
+        e.on_lane_ready(p, 0, true);
+        e.on_lane_ready(p, 0, false);
         rendezvous_peer(&mut e, p);
         (e, l, p)
     };
@@ -632,10 +632,10 @@ fn stop_blocks_midway(read: bool, how: u8, seed: u64) -> bool {
         0 => {
             s.nodes[0].eng.cancel(t, Code::Cancelled, "stop");
         }
-        1 => s.nodes[0].eng.tick(deadline),
+        1 => s.nodes[0].eng.on_tick(deadline),
         _ => {
             for i in 0..2 {
-                s.nodes[i].eng.peer_failed(P, "lane 1: connection reset");
+                s.nodes[i].eng.on_peer_failed(P, "lane 1: connection reset");
             }
             s.drain();
             assert_eq!(s.outcome(0, t).code, Code::Unavailable);

@@ -248,11 +248,11 @@ fn stop_midway(read: bool, how: u8, seed: u64) -> bool {
         }
         1 => {
             let late = s.now + deadline;
-            s.nodes[0].eng.tick(late);
+            s.nodes[0].eng.on_tick(late);
         }
         _ => {
             for i in 0..2 {
-                s.nodes[i].eng.peer_failed(P, "lane 0: connection reset");
+                s.nodes[i].eng.on_peer_failed(P, "lane 0: connection reset");
             }
             s.drain();
             let o = s.outcome(0, t);
@@ -391,8 +391,8 @@ fn a_coalesced_header_over_two_buffers_is_consumed_without_landing() {
     eng.add_buffer(2, 8192, key(2)).unwrap();
     eng.add_buffer(3, 8192, key(3)).unwrap();
     let p = eng.add_peer("node-a", 1, 1);
-    eng.lane_ready(p, 0, true);
-    eng.lane_ready(p, 0, false);
+    eng.on_lane_ready(p, 0, true);
+    eng.on_lane_ready(p, 0, false);
     rendezvous_peer(&mut eng, p);
     let now = Instant::now();
     eng.on_message(p, PeerMsg::Header(coalesced_offer([2, 3])), now);
@@ -404,7 +404,7 @@ fn a_coalesced_header_over_two_buffers_is_consumed_without_landing() {
         "{actions:?}"
     );
     // Its one chunk (2000 bytes) arrives and is consumed without landing; the credit goes back.
-    eng.recv_landed(p, 0, now);
+    eng.on_recv_landed(p, 0, now);
     let land: Vec<Action> = std::iter::from_fn(|| eng.poll_action()).collect();
     assert_eq!(
         land,
@@ -416,7 +416,7 @@ fn a_coalesced_header_over_two_buffers_is_consumed_without_landing() {
             len: 2000
         }]
     );
-    eng.recv_consumed(p, 0, Ok(()));
+    eng.on_recv_consumed(p, 0, Ok(()));
     let after: Vec<Action> = std::iter::from_fn(|| eng.poll_action()).collect();
     assert!(
         after.iter().any(

@@ -82,7 +82,7 @@ fn data_that_lands_before_its_header_waits_in_its_pages() {
     for _ in 0..landed {
         w.recv_done_pending -= 1;
         assert!(w.done_credit.pop_front().unwrap());
-        s.nodes[1].eng.recv_landed(P, 0, s.now);
+        s.nodes[1].eng.on_recv_landed(P, 0, s.now);
     }
     s.drain();
     let c = s.nodes[1].eng.peer_counters(P).unwrap();
@@ -222,7 +222,7 @@ fn cancel_and_deadlines_free_every_credit_and_slot_on_both_sides() {
             .eng
             .cancel(r, Code::Cancelled, "cancelled by the client");
         s.now += Duration::from_secs(1);
-        s.nodes[0].eng.tick(s.now);
+        s.nodes[0].eng.on_tick(s.now);
         s.run();
         for t in [w, r] {
             let code = s.outcome(0, t).code;
@@ -258,8 +258,8 @@ fn receiver() -> (Engine, Instant) {
     let now = Instant::now();
     eng.on_message(p, MODE, now);
     for l in 0..2 {
-        eng.lane_ready(p, l, true);
-        eng.lane_ready(p, l, false);
+        eng.on_lane_ready(p, l, true);
+        eng.on_lane_ready(p, l, false);
     }
     let acts = actions(&mut eng);
     assert_eq!(
@@ -326,7 +326,7 @@ fn refused_headers_are_consumed_without_unpacking_and_return_every_credit() {
         );
         // Its two chunks (lanes 0 and 1) arrive: consumed without unpacking.
         for lane in 0..2 {
-            eng.recv_landed(P, lane, now);
+            eng.on_recv_landed(P, lane, now);
         }
         let acts = actions(&mut eng);
         let lands: Vec<_> = acts.iter().filter(|a| matches!(a, Action::Land { .. })).collect();
@@ -338,7 +338,7 @@ fn refused_headers_are_consumed_without_unpacking_and_return_every_credit() {
             "a refused chunk must not be unpacked: {lands:?}"
         );
         for lane in 0..2 {
-            eng.recv_consumed(P, lane, Ok(()));
+            eng.on_recv_consumed(P, lane, Ok(()));
         }
         let acts = actions(&mut eng);
         assert_eq!(
@@ -407,12 +407,12 @@ fn headers_that_break_the_lane_order_fail_the_pairing() {
 #[test]
 fn data_whose_header_never_comes_fails_the_pairing_at_the_header_deadline() {
     let (mut eng, now) = receiver();
-    eng.recv_landed(P, 1, now);
+    eng.on_recv_landed(P, 1, now);
     assert!(actions(&mut eng).is_empty(), "nothing to land it into");
     assert_eq!(eng.next_deadline(), Some(now + Duration::from_secs(5)));
-    eng.tick(now + Duration::from_secs(4));
+    eng.on_tick(now + Duration::from_secs(4));
     assert!(closed(&actions(&mut eng)).is_none());
-    eng.tick(now + Duration::from_secs(5));
+    eng.on_tick(now + Duration::from_secs(5));
     let acts = actions(&mut eng);
     assert!(
         closed(&acts).is_some_and(|w| w.contains("lane 1") && w.contains("waited")),
@@ -521,7 +521,7 @@ fn messages_about_unknown_transfers_change_nothing() {
     };
     o.read_id = 42;
     eng.on_message(P, PeerMsg::Header(o), now);
-    eng.recv_landed(P, 0, now);
+    eng.on_recv_landed(P, 0, now);
     let acts = actions(&mut eng);
     assert!(acts.iter().any(|a| matches!(
         a,

@@ -63,14 +63,14 @@ fn a_drain_fails_what_is_left_when_its_grace_period_ends_in_mode() {
     let deadline = s.now + Duration::from_millis(5);
     s.nodes[0].eng.begin_drain(deadline);
     assert_eq!(s.nodes[0].eng.next_deadline(), Some(deadline));
-    s.nodes[0].eng.tick(deadline);
+    s.nodes[0].eng.on_tick(deadline);
     assert_eq!(
         s.nodes[0].eng.is_drained(deadline),
         None,
         "the grace period is not over"
     );
     let later = deadline + Duration::from_millis(1);
-    s.nodes[0].eng.tick(later);
+    s.nodes[0].eng.on_tick(later);
     assert_eq!(
         s.nodes[0].eng.is_drained(later),
         Some(DrainReport {
@@ -165,7 +165,7 @@ fn a_malformed_offer_or_read_request_is_refused_naming_the_field() {
     );
     // Nothing else changed; a failed or unknown pairing gets no answer.
     assert!(eng.is_idle());
-    eng.peer_failed(P, "gone");
+    eng.on_peer_failed(P, "gone");
     while eng.poll_action().is_some() {}
     eng.on_malformed(
         P,

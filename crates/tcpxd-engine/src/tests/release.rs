@@ -23,8 +23,8 @@ fn released(eng: &mut Engine, closed: &mut Vec<PeerIdx>) -> Vec<PeerIdx> {
 fn paired(eng: &mut Engine, node: &str) -> PeerIdx {
     let p = eng.add_peer(node, 1, 1);
     rendezvous_peer(eng, p);
-    eng.lane_ready(p, 0, true);
-    eng.lane_ready(p, 0, false);
+    eng.on_lane_ready(p, 0, true);
+    eng.on_lane_ready(p, 0, false);
     while eng.poll_action().is_some() {}
     p
 }
@@ -34,7 +34,7 @@ fn a_node_keeps_its_live_and_its_newest_failed_pairing_only() {
     let mut eng = Engine::new(EngineConfig::default());
     let mut closed = Vec::new();
     let c = paired(&mut eng, "c");
-    eng.peer_failed(c, "c went away");
+    eng.on_peer_failed(c, "c went away");
     assert!(
         released(&mut eng, &mut closed).is_empty(),
         "a node's only failed pairing stays"
@@ -46,7 +46,7 @@ fn a_node_keeps_its_live_and_its_newest_failed_pairing_only() {
         assert!(ids.iter().all(|&i| i != next), "ids are never reused");
         ids.push(next);
         let before = eng.pairings();
-        eng.peer_failed(live, &format!("restart {round}"));
+        eng.on_peer_failed(live, &format!("restart {round}"));
         let gone = released(&mut eng, &mut closed);
         let kept = eng.pairings();
         // c's failed pairing, b's newest failed one (the one that just failed) and its live one.
@@ -67,7 +67,7 @@ fn a_node_keeps_its_live_and_its_newest_failed_pairing_only() {
     let old = ids[1];
     assert!(eng.peer_counters(old).is_none());
     eng.on_message(old, PeerMsg::Done { offer_id: 1 }, Instant::now());
-    eng.peer_failed(old, "late");
+    eng.on_peer_failed(old, "late");
     assert!(released(&mut eng, &mut closed).is_empty());
     assert_eq!(eng.pairings().len(), 3);
 }
@@ -113,7 +113,7 @@ fn a_failed_pairing_a_transfer_still_names_goes_when_the_transfer_ends() {
         posted += usize::from(matches!(a, Action::PostSend { peer, .. } if peer == b1));
     }
     assert_eq!(posted, 1);
-    eng.send_done(b1, 0);
+    eng.on_send_done(b1, 0);
     eng.on_message(
         b1,
         PeerMsg::Done {
@@ -125,11 +125,11 @@ fn a_failed_pairing_a_transfer_still_names_goes_when_the_transfer_ends() {
     assert_eq!(eng.active_transfers(), 1, "c's share is still running");
 
     // b1 fails (nothing of it is in flight: the WRITE goes on), then b's next pairing fails too.
-    eng.peer_failed(b1, "b restarted");
+    eng.on_peer_failed(b1, "b restarted");
     assert!(released(&mut eng, &mut closed).is_empty());
     assert_eq!(eng.active_transfers(), 1);
     let b2 = paired(&mut eng, "b");
-    eng.peer_failed(b2, "b restarted again");
+    eng.on_peer_failed(b2, "b restarted again");
     assert!(
         released(&mut eng, &mut closed).is_empty(),
         "the running WRITE names b1"

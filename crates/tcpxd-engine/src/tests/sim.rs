@@ -171,10 +171,10 @@ impl Sim {
             let p = eng.add_peer(other, recv[1 - i], recv[i]);
             assert_eq!(p, P);
             for l in 0..recv[1 - i] {
-                eng.lane_ready(P, l, true);
+                eng.on_lane_ready(P, l, true);
             }
             for l in 0..recv[i] {
-                eng.lane_ready(P, l, false);
+                eng.on_lane_ready(P, l, false);
             }
             Node {
                 eng,
@@ -480,24 +480,24 @@ impl Sim {
             }
             1 => {
                 self.wires[i][lane].send_done_pending -= 1;
-                self.nodes[i].eng.send_done(P, lane as u32);
+                self.nodes[i].eng.on_send_done(P, lane as u32);
             }
             2 => {
                 let w = &mut self.wires[i][lane];
                 w.recv_done_pending -= 1;
                 if w.done_credit.pop_front().expect("tracked") {
                     // Eager: it landed; it is consumed after its Land.
-                    self.nodes[1 - i].eng.recv_landed(P, lane as u32, self.now);
+                    self.nodes[1 - i].eng.on_recv_landed(P, lane as u32, self.now);
                 } else {
                     let result = w.recv_results.pop_front().unwrap_or(Ok(()));
-                    self.nodes[1 - i].eng.recv_consumed(P, lane as u32, result);
+                    self.nodes[1 - i].eng.on_recv_consumed(P, lane as u32, result);
                 }
             }
             _ => {
                 let w = &mut self.wires[i][lane];
                 w.consume_pending -= 1;
                 let result = w.recv_results.pop_front().unwrap_or(Ok(()));
-                self.nodes[1 - i].eng.recv_consumed(P, lane as u32, result);
+                self.nodes[1 - i].eng.on_recv_consumed(P, lane as u32, result);
             }
         }
         self.drain();

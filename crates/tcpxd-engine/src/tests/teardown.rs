@@ -99,10 +99,10 @@ fn deadlines_fail_transfers_at_tick_in_mode() {
         s.nodes[0].eng.next_deadline(),
         Some(now + Duration::from_millis(50))
     );
-    s.nodes[0].eng.tick(now + Duration::from_millis(49));
+    s.nodes[0].eng.on_tick(now + Duration::from_millis(49));
     s.drain();
     assert!(!s.nodes[0].finished.contains_key(&t));
-    s.nodes[0].eng.tick(now + Duration::from_millis(50));
+    s.nodes[0].eng.on_tick(now + Duration::from_millis(50));
     s.run();
     assert_eq!(s.outcome(0, t).code, Code::DeadlineExceeded);
     assert_eq!(s.nodes[0].eng.next_deadline(), None);
@@ -125,7 +125,7 @@ fn a_failed_peer_fails_every_transfer_touching_it_in_mode() {
     }
     s.nodes[0]
         .eng
-        .peer_failed(P, "lane 1: Connection closed by remote peer");
+        .on_peer_failed(P, "lane 1: Connection closed by remote peer");
     s.drain();
     for t in [w, r] {
         let o = s.outcome(0, t);

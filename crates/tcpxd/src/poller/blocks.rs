@@ -31,13 +31,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::gpu_stage::{GpuStage, Wait, stage_for};
 use super::{RecvLane, RecvLaneState, SendLane, SendLaneState};
 use crate::buffers::BufferEntry;
 use crate::engine::MAX_CHUNK_BYTES;
 use crate::engine::blocks::{Pieces, Segment};
 use crate::gpu::blocks::{GatherTask, ScatterTask};
 use crate::gpu::{DeviceSpan, Gpu, PinnedRegion};
+use crate::lanes::{GpuStage, Wait, stage_for};
 use crate::net::{HostRegion, MemHandle, RecvComm, Region, RequestId};
 use crate::unpack::UnpackImpl;
 

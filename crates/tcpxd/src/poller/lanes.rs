@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::blocks::{self, RecvPost, STAGED, ScatterTo, SendPost, Slots};
-use super::gpu_stage::{BatchEnd, Dest, GpuStage, Wait, check_list, start_unpack};
 use super::{
     Completion, LANDING, Landing, PeerSlot, Phase, Poller, Posted, RecvLane, RecvLaneState, SendLane,
     SendLaneState,
 };
 use crate::buffers::BufferEntry;
 use crate::engine::{Action, PeerIdx, PeerMsg};
+use crate::lanes::{self, Dest, GpuStage, Target, Wait, stage_for};
 use crate::net::MemHandle;
 use crate::poller::{NotificationEvent, PeerLink};
 
@@ -85,15 +85,15 @@ impl Poller {
     fn apply(&mut self, events: &mut Vec<Completion>) {
         for e in events.drain(..) {
             match e {
-                Completion::SendDone(p, l) => self.engine.send_done(p, l),
-                Completion::RecvConsumed(p, l, r) => self.engine.recv_consumed(p, l, r),
-                Completion::Landed(p, l) => self.engine.recv_landed(p, l, Instant::now()),
-                Completion::LaneReady(p, l, send) => self.engine.lane_ready(p, l, send),
+                Completion::SendDone(p, l) => self.engine.on_send_done(p, l),
+                Completion::RecvConsumed(p, l, r) => self.engine.on_recv_consumed(p, l, r),
+                Completion::Landed(p, l) => self.engine.on_recv_landed(p, l, Instant::now()),
+                Completion::LaneReady(p, l, send) => self.engine.on_lane_ready(p, l, send),
                 Completion::Failed(p, why) => {
                     if let Some(slot) = self.peers.get(&p) {
                         tracing::warn!(peer = %slot.node_id, "{why}");
                     }
-                    self.engine.peer_failed(p, &why)
+                    self.engine.on_peer_failed(p, &why)
                 }
             }
         }
@@ -183,7 +183,7 @@ impl Poller {
                         continue;
                     };
                     // The oldest completed credit receive still waiting for its header.
-                    let Some(landing) = l.landing.iter_mut().find(|x| matches!(x.wait, Wait::Header)) else {
+                    let Some(landing) = l.queue.awaiting_header() else {
                         failures.push((
                             peer,
                             format!("lane {lane}: a chunk landed with no completed receive"),
@@ -191,10 +191,10 @@ impl Poller {
                         continue;
                     };
                     landing.wait = match buffer {
-                        // Refused or cancelled: consumed without unpacking.
-                        None => Wait::Ready(Ok(())),
+                        // Refused or cancelled: consumed without unpacking, its slot zeroed.
+                        None => lanes::discard(comm, landing.id),
                         Some(buffer) => {
-                            let dest = Dest {
+                            let dest = Placed {
                                 buffer,
                                 offset,
                                 len,
@@ -211,7 +211,7 @@ impl Poller {
                         }
                     };
                     if matches!(landing.wait, Wait::Ready(_)) {
-                        landing.unpacked = Some(Instant::now());
+                        landing.meta.unpacked = Some(Instant::now());
                     }
                 }
                 Action::Progress {
@@ -287,8 +287,7 @@ impl Poller {
                         l.handles.clear();
                         l.landing_slots = None;
                         l.deferred.clear();
-                        l.posted.clear();
-                        l.landing.clear();
+                        l.queue.clear();
                         l.state = RecvLaneState::Closed;
                     }
                     tracing::warn!(peer = %p.node_id, "peer failed: {reason}");
@@ -378,7 +377,7 @@ impl Poller {
                     let RecvLaneState::Ready(comm) = &mut l.state else {
                         continue;
                     };
-                    let Some(landing) = l.landing.iter_mut().find(|x| matches!(x.wait, Wait::Header)) else {
+                    let Some(landing) = l.queue.awaiting_header() else {
                         failures.push((
                             peer,
                             format!("lane {lane}: a block chunk landed with no completed receive"),
@@ -414,7 +413,7 @@ impl Poller {
                         let _ = comm.zero_posted(landing.id, len as usize);
                     }
                     landing.wait = Wait::Ready(r);
-                    landing.unpacked = Some(Instant::now());
+                    landing.meta.unpacked = Some(Instant::now());
                 }
                 Action::BufferIdle { buffer } => {
                     for w in self.idle_waiters.remove(&buffer).unwrap_or_default() {
@@ -435,7 +434,7 @@ impl Poller {
             stage.submit_gathers();
         }
         for (p, why) in failures {
-            self.engine.peer_failed(p, &why);
+            self.engine.on_peer_failed(p, &why);
         }
         any
     }
@@ -476,19 +475,13 @@ impl Poller {
                 let SendLaneState::Ready(comm) = &mut l.state else {
                     continue;
                 };
-                while let Some(id) = comm.oldest() {
-                    match comm.test(id) {
-                        Ok(true) => {
-                            tracing::trace!(target: "tcpxd::hop", hop = "poller.sent", lane = li);
-                            events.push(Completion::SendDone(peer, li as u32))
-                        }
-                        Ok(false) => break,
-                        Err(e) => {
-                            meter.metrics.plugin_error(&e);
-                            events.push(Completion::Failed(peer, format!("lane {li} send: {e}")));
-                            break;
-                        }
-                    }
+                let tested = lanes::test_sends(comm, || {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.sent", lane = li);
+                    events.push(Completion::SendDone(peer, li as u32))
+                });
+                if let Err(e) = tested {
+                    meter.metrics.plugin_error(&e);
+                    events.push(Completion::Failed(peer, format!("lane {li} send: {e}")));
                 }
             }
             // Completed receives start their unpack, in ring order.
@@ -502,69 +495,64 @@ impl Poller {
                 let RecvLaneState::Ready(comm) = &mut l.state else {
                     continue;
                 };
-                while let Some(&posted) = l.posted.front() {
-                    match comm.test(posted.id) {
-                        Ok(Some(_)) => {
-                            let landed = Instant::now();
-                            let wait = if let Some(to) = posted.scatter {
-                                tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li);
-                                match blocks::collect(
-                                    engine.recv_pieces(peer, to.offer, to.wire, posted.len),
-                                    segs,
-                                    "received",
-                                    to.offer,
-                                    to.wire,
-                                    posted.len,
-                                ) {
-                                    Ok(()) => blocks::start_scatter(
-                                        comm,
-                                        posted.id,
-                                        to,
-                                        posted.len,
-                                        segs,
-                                        buffers,
-                                        stages,
-                                        *unpack_impl,
-                                        &mut l.scatter,
-                                    ),
-                                    Err(why) => {
-                                        if posted.buffer == STAGED {
-                                            let _ = comm.zero_posted(posted.id, posted.len as usize);
-                                        }
-                                        Wait::Ready(Err(why))
-                                    }
+                let scatter = &mut l.scatter;
+                let tested = l.queue.test_heads(comm, |comm, posted| {
+                    let landed = Instant::now();
+                    let id = posted.id;
+                    let Posted {
+                        buffer,
+                        offset,
+                        scatter: to,
+                    } = posted.meta;
+                    let wait = if let Some(to) = to {
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li);
+                        match blocks::collect(
+                            engine.recv_pieces(peer, to.offer, to.wire, posted.len),
+                            segs,
+                            "received",
+                            to.offer,
+                            to.wire,
+                            posted.len,
+                        ) {
+                            Ok(()) => blocks::start_scatter(
+                                comm,
+                                id,
+                                to,
+                                posted.len,
+                                segs,
+                                buffers,
+                                stages,
+                                *unpack_impl,
+                                scatter,
+                            ),
+                            Err(why) => {
+                                if buffer == STAGED {
+                                    let _ = comm.zero_posted(id, posted.len as usize);
                                 }
-                            } else if posted.buffer == LANDING {
-                                // Eager: where it goes comes with its header (`Action::Land`).
-                                tracing::trace!(target: "tcpxd::hop", hop = "poller.landed", lane = li);
-                                events.push(Completion::Landed(peer, li as u32));
-                                Wait::Header
-                            } else {
-                                tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li);
-                                let dest = Dest {
-                                    buffer: posted.buffer,
-                                    offset: posted.offset,
-                                    len: posted.len,
-                                    staged: false,
-                                };
-                                start_unpack(comm, posted.id, dest, buffers, stages, *unpack_impl)
-                            };
-                            let unpacked = matches!(wait, Wait::Ready(_)).then(Instant::now);
-                            l.posted.pop_front();
-                            l.landing.push_back(Landing {
-                                id: posted.id,
-                                wait,
-                                landed,
-                                unpacked,
-                            });
+                                Wait::Ready(Err(why))
+                            }
                         }
-                        Ok(None) => break,
-                        Err(e) => {
-                            meter.metrics.plugin_error(&e);
-                            events.push(Completion::Failed(peer, format!("lane {li} receive: {e}")));
-                            break;
-                        }
-                    }
+                    } else if buffer == LANDING {
+                        // Eager: where it goes comes with its header (`Action::Land`).
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.landed", lane = li);
+                        events.push(Completion::Landed(peer, li as u32));
+                        Wait::Header
+                    } else {
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li);
+                        let dest = Placed {
+                            buffer,
+                            offset,
+                            len: posted.len,
+                            staged: false,
+                        };
+                        start_unpack(comm, id, dest, buffers, stages, *unpack_impl)
+                    };
+                    let unpacked = matches!(wait, Wait::Ready(_)).then(Instant::now);
+                    (wait, Landing { landed, unpacked })
+                });
+                if let Err(e) = tested {
+                    meter.metrics.plugin_error(&e);
+                    events.push(Completion::Failed(peer, format!("lane {li} receive: {e}")));
                 }
             }
         }
@@ -581,32 +569,22 @@ impl Poller {
                 let RecvLaneState::Ready(comm) = &mut l.state else {
                     continue;
                 };
-                while let Some(front) = l.landing.front() {
-                    let result = match &front.wait {
-                        Wait::Header => break,
-                        Wait::Ready(r) => r.clone(),
-                        Wait::Gpu { gpu, batch, len } => {
-                            match stages.get(gpu).and_then(|s| s.outcome(*batch)) {
-                                None => break,
-                                Some(BatchEnd::Unpacked) => Ok(()),
-                                Some(BatchEnd::Failed(why)) => Err(why),
-                                // The GPU rejected something in this batch: the receive's own list
-                                // decides (still in the ring: not consumed yet).
-                                Some(BatchEnd::Rejected) => check_list(comm, front.id, *len),
-                            }
-                        }
-                    };
-                    if let Err(e) = comm.consume(front.id) {
-                        meter.metrics.plugin_error(&e);
-                        events.push(Completion::Failed(peer, format!("lane {li} irecvConsumed: {e}")));
-                        break;
-                    }
-                    let now = Instant::now();
-                    let kind = if front.unpacked.is_some() { "host" } else { "gpu" };
-                    let unpack = front.unpacked.unwrap_or(now) - front.landed;
-                    meter.metrics.recv_consumed(kind, unpack, now - front.landed);
-                    l.landing.pop_front();
-                    events.push(Completion::RecvConsumed(peer, li as u32, result));
+                let consumed = l.queue.consume_ready(
+                    comm,
+                    |gpu, batch| stages.get(&gpu).and_then(|s| s.outcome(batch)),
+                    |front, result| {
+                        let now = Instant::now();
+                        let Landing { landed, unpacked } = front.meta;
+                        let kind = if unpacked.is_some() { "host" } else { "gpu" };
+                        meter
+                            .metrics
+                            .recv_consumed(kind, unpacked.unwrap_or(now) - landed, now - landed);
+                        events.push(Completion::RecvConsumed(peer, li as u32, result));
+                    },
+                );
+                if let Err(e) = consumed {
+                    meter.metrics.plugin_error(&e);
+                    events.push(Completion::Failed(peer, format!("lane {li} irecvConsumed: {e}")));
                 }
             }
         }
@@ -704,16 +682,10 @@ fn post_sends(
         } else {
             handle_for(&mut l.handles, buffers, buffer, offset, |r| comm.register(r))?
         };
-        l.tag = l.tag.wrapping_add(1) & 0x7fff_ffff;
-        match comm
-            .isend(mh, at as usize, len as usize, l.tag)
-            .map_err(|e| e.to_string())?
-        {
-            Some(_) => {
-                l.deferred.pop_front();
-            }
-            None => break,
+        if !lanes::post_send(comm, &mut l.tag, mh, at as usize, len).map_err(|e| e.to_string())? {
+            break;
         }
+        l.deferred.pop_front();
     }
     Ok(())
 }
@@ -741,23 +713,19 @@ fn post_recvs(l: &mut RecvLane, buffers: &HashMap<u64, Arc<BufferEntry>>) -> Res
             ),
             _ => handle_for(&mut l.handles, buffers, buffer, offset, |r| comm.register(r))?,
         };
-        l.tag = l.tag.wrapping_add(1) & 0x7fff_ffff;
-        match comm
-            .irecv(mh, at as usize, len as usize, l.tag)
+        let meta = Posted {
+            buffer,
+            offset,
+            scatter,
+        };
+        if !l
+            .queue
+            .post(comm, mh, at as usize, len, meta)
             .map_err(|e| e.to_string())?
         {
-            Some(id) => {
-                l.deferred.pop_front();
-                l.posted.push_back(Posted {
-                    id,
-                    len,
-                    buffer,
-                    offset,
-                    scatter,
-                });
-            }
-            None => break,
+            break;
         }
+        l.deferred.pop_front();
     }
     Ok(())
 }
@@ -779,4 +747,43 @@ fn landing_slots(l: &mut RecvLane, credits: u64, len: u32) -> Result<(), String>
     let mh = comm.register(Arc::new(region)).map_err(|e| e.to_string())?;
     l.landing_slots = Some(mh);
     Ok(())
+}
+
+/// Where a completed receive's bytes go, by buffer id.
+#[derive(Debug, Clone, Copy)]
+struct Placed {
+    buffer: u64,
+    offset: u64,
+    len: u32,
+    /// Eager: received into the lane's landing slots (see [`Dest::staged`]).
+    staged: bool,
+}
+
+/// [`lanes::start_unpack`] into a registered buffer, the GPU's stage made on first use.
+fn start_unpack(
+    comm: &crate::net::RecvComm,
+    id: crate::net::RequestId,
+    to: Placed,
+    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    stages: &mut HashMap<usize, GpuStage>,
+    unpack_impl: crate::unpack::UnpackImpl,
+) -> Wait {
+    let Some(entry) = buffers.get(&to.buffer) else {
+        return Wait::Ready(Err(format!("buffer {} vanished", to.buffer)));
+    };
+    let host;
+    let target = match entry.device_region() {
+        Some(region) => Target::Gpu(region),
+        None => {
+            host = entry.region_dyn();
+            Target::Host(&*host)
+        }
+    };
+    let dest = Dest {
+        target,
+        offset: to.offset,
+        len: to.len,
+        staged: to.staged,
+    };
+    lanes::start_unpack(comm, id, dest, |gpu| stage_for(stages, gpu, unpack_impl))
 }

@@ -26,15 +26,14 @@ use crate::engine::{
 };
 use crate::idle::{Backoff, LINGER, Step};
 use crate::metrics::{Meter, Op};
-use crate::net::{ConnectHandle, Connector, ListenComm, MemHandle, Plugin, RecvComm, RequestId, SendComm};
+use crate::net::{ConnectHandle, Connector, ListenComm, MemHandle, Plugin, RecvComm, SendComm};
 use crate::unpack::UnpackImpl;
 
 mod blocks;
-mod gpu_stage;
 mod lanes;
 pub mod stats;
 
-use gpu_stage::{GpuStage, Wait};
+use crate::lanes::{GpuStage, RecvQueue, Tag};
 pub use lanes::{WINDOW_LEN, WINDOW_STRIDE};
 pub use stats::{PeerLink, PeerStats, StatsSnapshot};
 
@@ -319,7 +318,7 @@ struct SendLane {
     handles: HashMap<(u64, u64), MemHandle>,
     /// Posts the plugin could not take yet (or whose gather is still running), in order.
     deferred: VecDeque<blocks::SendPost>,
-    tag: i32,
+    tag: Tag,
     /// Block chunks: the staging rings gathers write into (one per memory kind, made on first
     /// use) and the gathers so far (slot `n % send_window`).
     staging: blocks::SendStaging,
@@ -330,12 +329,10 @@ struct RecvLane {
     state: RecvLaneState,
     /// Registrations by (buffer, window).
     handles: HashMap<(u64, u64), MemHandle>,
-    /// Posted receives in ring order.
-    posted: VecDeque<Posted>,
-    /// Completed receives being unpacked, in ring order; consumed from the front once ready.
-    landing: VecDeque<Landing>,
+    /// Posted receives, then completed ones being unpacked, in ring order; consumed from the
+    /// front once ready.
+    queue: RecvQueue<Posted, Landing>,
     deferred: VecDeque<blocks::RecvPost>,
-    tag: i32,
     /// Eager: the landing slots credit receives are posted into (host memory, registered on
     /// this comm once), and how many credit receives were posted so far (slot `n % credits`).
     landing_slots: Option<MemHandle>,
@@ -351,8 +348,6 @@ pub(super) const LANDING: u64 = u64::MAX;
 /// A posted receive: where its bytes go.
 #[derive(Debug, Clone, Copy)]
 struct Posted {
-    id: RequestId,
-    len: u32,
     buffer: u64,
     offset: u64,
     /// A block chunk: where its bytes go once received.
@@ -362,8 +357,6 @@ struct Posted {
 /// A completed receive waiting for its unpack before `irecvConsumed`.
 #[derive(Debug)]
 struct Landing {
-    id: RequestId,
-    wait: Wait,
     /// When the plugin reported the receive complete, and when its data was in place.
     landed: Instant,
     unpacked: Option<Instant>,
@@ -440,7 +433,7 @@ impl Poller {
             progressed |= self.drive_setup();
             progressed |= self.run_actions();
             progressed |= self.test_lanes();
-            self.engine.tick(Instant::now());
+            self.engine.on_tick(Instant::now());
             progressed |= self.run_actions();
             if self.check_drain() {
                 return;
@@ -499,7 +492,7 @@ impl Poller {
                     SendLaneState::Closed => false,
                 }) || p.recv.iter().any(|l| match &l.state {
                     RecvLaneState::Accepting(..) => true,
-                    RecvLaneState::Ready(_) => !l.deferred.is_empty() || !l.landing.is_empty(),
+                    RecvLaneState::Ready(_) => !l.deferred.is_empty() || l.queue.landed() > 0,
                     RecvLaneState::Closed => false,
                 })
             })
@@ -513,7 +506,7 @@ impl Poller {
                 // transfer would otherwise wait for. A failure here is reported again by the
                 // first receive that needs the stage; sends from the buffer still work.
                 if let Some(region) = entry.device_region()
-                    && let Err(e) = gpu_stage::stage_for(&mut self.stages, region.gpu(), self.unpack_impl)
+                    && let Err(e) = crate::lanes::stage_for(&mut self.stages, region.gpu(), self.unpack_impl)
                 {
                     tracing::warn!("{e}");
                 }
@@ -658,7 +651,7 @@ impl Poller {
                 self.engine.on_message(peer, msg, Instant::now())
             }
             Command::Malformed { peer, request } => self.engine.on_malformed(peer, request),
-            Command::PeerDown { peer, reason } => self.engine.peer_failed(peer, &reason),
+            Command::PeerDown { peer, reason } => self.engine.on_peer_failed(peer, &reason),
             Command::Stats { reply } => {
                 let _ = reply.send(self.stats());
             }
@@ -774,7 +767,7 @@ impl Poller {
                 state: SendLaneState::Connecting(c, deadline),
                 handles: HashMap::new(),
                 deferred: VecDeque::new(),
-                tag: 0,
+                tag: Tag::default(),
                 staging: blocks::SendStaging::default(),
             });
         }
@@ -784,10 +777,8 @@ impl Poller {
                 device: l.dev(),
                 state: RecvLaneState::Accepting(l, deadline),
                 handles: HashMap::new(),
-                posted: VecDeque::new(),
-                landing: VecDeque::new(),
+                queue: RecvQueue::default(),
                 deferred: VecDeque::new(),
-                tag: 0,
                 landing_slots: None,
                 credit_seq: 0,
                 scatter: blocks::RecvScatter::default(),
@@ -834,7 +825,7 @@ impl Poller {
     }
 
     /// During a drain: true when the thread should stop (the engine says when: its grace
-    /// period's end fails what is left at `tick`).
+    /// period's end fails what is left at `on_tick`).
     fn check_drain(&mut self) -> bool {
         if self.drain.is_none() {
             return false;

@@ -188,19 +188,7 @@ mod tests {
     use super::*;
     use crate::engine::blocks::{BlockList, IndexArray, Layout, SidePlan};
 
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n.max(1)
-        }
-    }
+    use tcpxd_testkit::Rng;
 
     fn lm(src_off: u32, len: u32, dst_off: u64) -> loadMeta {
         loadMeta {
@@ -235,7 +223,7 @@ mod tests {
 
     #[test]
     fn gather_then_scatter_of_fragments_matches_a_per_block_copy() {
-        let mut rng = Rng(0x1234_5678);
+        let mut rng = Rng::new(0x1234_5678);
         for round in 0..60 {
             // Odd block sizes at odd offsets, scattered both sides.
             let n = 1 + rng.below(200) as u32;

@@ -3,29 +3,16 @@
 
 use super::daemons::{Client, assert_lanes_drain, read_entry, wait_ok, write_entry};
 use tcpxd::api::proto::v1 as pb;
+use tcpxd_testkit::Rng;
 
 pub const SIZE: u64 = 4 << 20;
 pub const ENTRIES: usize = 600;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 /// `(source offset, destination offset, length)` of `ENTRIES` entries: destinations in distinct
 /// 6 KiB slots of the buffer in shuffled order at odd offsets, sources anywhere (they may
 /// overlap), lengths 1 to 5000 bytes.
 pub fn entries(seed: u64) -> Vec<(u64, u64, u64)> {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let slot = 6144u64;
     let mut slots: Vec<u64> = (0..SIZE / slot).collect();
     for i in (1..slots.len()).rev() {

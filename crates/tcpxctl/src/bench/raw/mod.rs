@@ -6,9 +6,10 @@
 //!   lane rotating from transfer to transfer as the engine's does;
 //! - windows: at most `send_window` sends and `recv_window` receives (held until consumed) per
 //!   lane; buffers registered in the poller's overlapping 1 GiB windows;
-//! - completion: only the head of each comm is tested; a completed receive is unpacked (the host
-//!   gather for host memory, the GPU unpacker for CUDA memory, one batch per pass) and consumed
-//!   (`irecvConsumed`) in ring order once its unpack finished;
+//! - completion: the daemon's lane pass (`tcpxd::lanes`, the poller's own): only the head of
+//!   each comm is tested; a completed receive is unpacked (the host gather for host memory, the
+//!   GPU unpacker for CUDA memory, one batch per pass) and consumed (`irecvConsumed`) in ring
+//!   order once its unpack finished;
 //! - idling: the poller's (`tcpxd::idle`: spin, then yield, then 50 µs naps once no pass made
 //!   progress for 2 ms).
 //!
@@ -30,6 +31,7 @@ use crate::bench::{BenchRow, Harness, LatencyStats, Memory, SEED, Workload};
 use tcpxd::buffers::seeded_bytes;
 use tcpxd::engine::ChunkPlan;
 use tcpxd::gpu::{DeviceRegion, Gpu};
+use tcpxd::lanes::Tag;
 use tcpxd::net::{HostRegion, MemHandle, Plugin, Region, RegionWindow};
 use tcpxd::poller::{WINDOW_LEN, WINDOW_STRIDE};
 use tcpxd::unpack::UnpackImpl;
@@ -37,8 +39,9 @@ use tcpxd::unpack::UnpackImpl;
 mod recv;
 mod send;
 
-use recv::{GpuStage, RecvLane, RecvSide};
+use recv::{RecvLane, RecvSide};
 use send::SendSide;
+use tcpxd::lanes::GpuStage;
 
 /// Bytes verified or filled per step.
 const PIECE: usize = 16 << 20;
@@ -330,7 +333,7 @@ pub fn run_raw(opts: &RawOptions, progress: &indicatif::ProgressBar) -> Result<V
                     comms: sends,
                     handles: send_handles,
                     queues: vec![VecDeque::new(); lanes as usize],
-                    tags: vec![0; lanes as usize],
+                    tags: vec![Tag::default(); lanes as usize],
                     window,
                     next_lane: 0,
                 };

@@ -1,41 +1,23 @@
-//! The raw bench's receiving thread: posts the receives of each transfer the sender started,
-//! tests the head of each comm, unpacks completed receives (host gather or GPU stage) and
-//! consumes them in ring order; a transfer ends when its last chunk is consumed.
+//! The raw bench's receiving thread: posts the receives of each transfer the sender started and
+//! runs the daemon's lane pass over them (`tcpxd::lanes`: test the head of each comm, unpack
+//! completed receives — host gather or GPU stage — and consume them in ring order); a transfer
+//! ends when its last chunk is consumed.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::{Job, Mem, Shared, plan_into, window};
-use tcpxd::gpu::Gpu;
 use tcpxd::idle::Backoff;
-use tcpxd::net::{MemHandle, RecvComm, RequestId};
-use tcpxd::unpack::{Ticket, UnpackImpl, UnpackJob, Unpacker};
+use tcpxd::lanes::{Dest, GpuStage, RecvQueue, Target, start_unpack};
+use tcpxd::net::{MemHandle, RecvComm};
 
-/// A posted receive: where its bytes go, and the transfer it belongs to.
-#[derive(Debug, Clone, Copy)]
-struct Posted {
-    id: RequestId,
-    len: u32,
-    offset: u64,
-    transfer: u64,
-}
-
-#[derive(Debug, Clone, Copy)]
-enum Wait {
-    Ready,
-    /// In this batch of the GPU stage.
-    Gpu(u64),
-}
-
+/// A receive lane: chunks to post as (offset, length, transfer), then the lane pass's queues,
+/// each receive carrying its (offset, transfer) and, once landed, its transfer.
 #[derive(Default)]
 pub(super) struct RecvLane {
-    /// Chunks to post: (offset, length, transfer).
     queue: VecDeque<(u64, u32, u64)>,
-    posted: VecDeque<Posted>,
-    landing: VecDeque<(RequestId, Wait, u64)>,
-    tag: i32,
+    pass: RecvQueue<(u64, u64), u64>,
 }
 
 pub(super) struct RecvSide {
@@ -128,160 +110,77 @@ impl RecvSide {
         Ok((latencies, wall))
     }
 
-    /// One poller-like pass: post what the window allows, test heads, unpack, consume in ring
-    /// order. Returns the receives consumed (their transfers in `consumed`).
+    /// One pass, the poller's: post what the window allows, test heads, unpack, consume in
+    /// ring order. Returns the receives consumed (their transfers in `consumed`).
     fn pass(&mut self) -> Result<u64, String> {
         self.posted_any = false;
         let mut consumed = 0u64;
+        let (dst, stage) = (&self.dst, &mut self.stage);
         for (li, (comm, l)) in self.comms.iter_mut().zip(self.lanes.iter_mut()).enumerate() {
             while comm.outstanding() < self.window
                 && let Some(&(at, len, transfer)) = l.queue.front()
             {
                 let (mh, off) = window(&self.handles[li], at);
-                l.tag = l.tag.wrapping_add(1) & 0x7fff_ffff;
-                match comm
-                    .irecv(mh, off, len as usize, l.tag)
+                if !l
+                    .pass
+                    .post(comm, mh, off, len, (at, transfer))
                     .map_err(|e| format!("lane {li} irecv: {e}"))?
-                {
-                    Some(id) => {
-                        l.queue.pop_front();
-                        l.posted.push_back(Posted {
-                            id,
-                            len,
-                            offset: at,
-                            transfer,
-                        });
-                        self.posted_any = true;
-                    }
-                    None => break,
-                }
-            }
-            while let Some(&posted) = l.posted.front() {
-                match comm
-                    .test(posted.id)
-                    .map_err(|e| format!("lane {li} receive: {e}"))?
-                {
-                    Some(_) => {
-                        let wait = start_unpack(comm, &posted, &self.dst, self.stage.as_mut())
-                            .map_err(|e| format!("lane {li} unpack: {e}"))?;
-                        l.posted.pop_front();
-                        l.landing.push_back((posted.id, wait, posted.transfer));
-                    }
-                    None => break,
-                }
-            }
-        }
-        if let Some(stage) = self.stage.as_mut() {
-            stage.advance()?;
-        }
-        for (li, (comm, l)) in self.comms.iter_mut().zip(self.lanes.iter_mut()).enumerate() {
-            while let Some(&(id, wait, transfer)) = l.landing.front() {
-                if let Wait::Gpu(batch) = wait
-                    && !self.stage.as_ref().is_some_and(|s| s.done(batch))
                 {
                     break;
                 }
-                comm.consume(id)
-                    .map_err(|e| format!("lane {li} irecvConsumed: {e}"))?;
-                l.landing.pop_front();
-                self.consumed.push(transfer);
-                consumed += 1;
+                l.queue.pop_front();
+                self.posted_any = true;
+            }
+            let mut failed = None;
+            l.pass
+                .test_heads(comm, |comm, posted| {
+                    let (offset, transfer) = posted.meta;
+                    let target = match dst {
+                        Mem::Host(r) => Target::Host(&**r),
+                        Mem::Cuda(r) => Target::Gpu(r),
+                    };
+                    let dest = Dest {
+                        target,
+                        offset,
+                        len: posted.len,
+                        staged: false,
+                    };
+                    let wait = start_unpack(comm, posted.id, dest, |_| {
+                        stage.as_mut().ok_or_else(|| "no GPU unpack stage".to_string())
+                    });
+                    if let tcpxd::lanes::Wait::Ready(Err(e)) = &wait {
+                        failed.get_or_insert_with(|| e.clone());
+                    }
+                    (wait, transfer)
+                })
+                .map_err(|e| format!("lane {li} receive: {e}"))?;
+            if let Some(e) = failed {
+                return Err(format!("lane {li} unpack: {e}"));
+            }
+        }
+        if let Some(stage) = self.stage.as_mut() {
+            stage.advance();
+        }
+        for (li, (comm, l)) in self.comms.iter_mut().zip(self.lanes.iter_mut()).enumerate() {
+            let mut failed = None;
+            let stage = self.stage.as_ref();
+            consumed += l
+                .pass
+                .consume_ready(
+                    comm,
+                    |_, batch| stage.and_then(|s| s.outcome(batch)),
+                    |landed, result| {
+                        if let Err(e) = result {
+                            failed.get_or_insert(e);
+                        }
+                        self.consumed.push(landed.meta);
+                    },
+                )
+                .map_err(|e| format!("lane {li} irecvConsumed: {e}"))? as u64;
+            if let Some(e) = failed {
+                return Err(format!("lane {li} unpack: {e}"));
             }
         }
         Ok(consumed)
-    }
-}
-
-/// As the poller's `start_unpack`: nothing when the plugin received in place, the host gather
-/// for host memory, a push into the GPU stage for CUDA memory.
-fn start_unpack(
-    comm: &RecvComm,
-    posted: &Posted,
-    dst: &Mem,
-    stage: Option<&mut GpuStage>,
-) -> Result<Wait, String> {
-    let (ring, q) = comm.completed(posted.id).map_err(|e| e.to_string())?;
-    let frags = ring.fragments(q).map_err(|e| e.to_string())?;
-    if frags.is_empty() {
-        return Ok(Wait::Ready);
-    }
-    match (dst, stage) {
-        (Mem::Host(_), _) => {
-            let landed: u64 = frags.iter().map(|f| u64::from(f.len)).sum();
-            if landed != u64::from(posted.len) {
-                return Err(format!("chunk landed {landed} of {} bytes", posted.len));
-            }
-            comm.unpack_host(posted.id)
-                .map(|_| Wait::Ready)
-                .map_err(|e| e.to_string())
-        }
-        // The unpacker checks the list against the posted size (`exact`): on the host at
-        // `push`, or, for the ring read in place, the kernel adds the lengths up.
-        (Mem::Cuda(region), Some(stage)) => {
-            let job = UnpackJob {
-                frags: ring.fragment_list(q).map_err(|e| e.to_string())?,
-                bounce: ring.bounce_span(frags),
-                dst: region
-                    .subspan(posted.offset, u64::from(posted.len))
-                    .map_err(|e| e.to_string())?,
-                exact: true,
-            };
-            stage.unpacker.push(&job).map_err(|e| e.to_string())?;
-            stage.pushed = true;
-            Ok(Wait::Gpu(stage.next_batch))
-        }
-        (Mem::Cuda(_), None) => Err("no GPU unpack stage".into()),
-    }
-}
-
-/// The poller's GPU unpack stage, for one GPU: one batch per pass.
-pub(super) struct GpuStage {
-    gpu: Arc<Gpu>,
-    unpacker: Box<dyn Unpacker>,
-    next_batch: u64,
-    pushed: bool,
-    in_flight: VecDeque<(u64, Option<Ticket>)>,
-    done_upto: u64,
-}
-
-impl GpuStage {
-    pub(super) fn new(gpu: Arc<Gpu>, imp: UnpackImpl) -> Result<GpuStage, String> {
-        gpu.bind_to_thread().map_err(|e| e.to_string())?;
-        let unpacker = imp.build(&gpu).map_err(|e| e.to_string())?;
-        Ok(GpuStage {
-            gpu,
-            unpacker,
-            next_batch: 1,
-            pushed: false,
-            in_flight: VecDeque::new(),
-            done_upto: 0,
-        })
-    }
-
-    fn advance(&mut self) -> Result<(), String> {
-        self.gpu.bind_to_thread().map_err(|e| e.to_string())?;
-        if self.pushed {
-            self.pushed = false;
-            let batch = self.next_batch;
-            self.next_batch += 1;
-            let ticket = self.unpacker.submit().map_err(|e| e.to_string())?;
-            self.in_flight.push_back((batch, ticket));
-        }
-        while let Some((batch, ticket)) = self.in_flight.front() {
-            let done = match ticket {
-                None => true,
-                Some(t) => self.unpacker.is_done(t).map_err(|e| e.to_string())?,
-            };
-            if !done {
-                break;
-            }
-            self.done_upto = *batch;
-            self.in_flight.pop_front();
-        }
-        Ok(())
-    }
-
-    fn done(&self, batch: u64) -> bool {
-        batch <= self.done_upto
     }
 }

@@ -1,5 +1,6 @@
 //! The raw bench's sending thread: starts transfers (up to the job's depth in flight), posts
-//! their chunks within the send window and tests the head of each comm.
+//! their chunks within the send window and tests the head of each comm (the daemon's lane pass,
+//! `tcpxd::lanes`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -7,13 +8,14 @@ use std::time::Instant;
 
 use super::{Job, Shared, plan_into, window};
 use tcpxd::idle::Backoff;
+use tcpxd::lanes::{Tag, post_send, test_sends};
 use tcpxd::net::{MemHandle, SendComm};
 
 pub(super) struct SendSide {
     pub comms: Vec<SendComm>,
     pub handles: Vec<Vec<MemHandle>>,
     pub queues: Vec<VecDeque<(u64, u32)>>,
-    pub tags: Vec<i32>,
+    pub tags: Vec<Tag>,
     pub window: usize,
     pub next_lane: u32,
 }
@@ -53,24 +55,16 @@ impl SendSide {
                     && let Some(&(at, len)) = q.front()
                 {
                     let (mh, off) = window(&self.handles[li], at);
-                    self.tags[li] = self.tags[li].wrapping_add(1) & 0x7fff_ffff;
-                    match comm
-                        .isend(mh, off, len as usize, self.tags[li])
+                    if !post_send(comm, &mut self.tags[li], mh, off, len)
                         .map_err(|e| format!("lane {li} isend: {e}"))?
                     {
-                        Some(_) => {
-                            q.pop_front();
-                            progressed = true;
-                        }
-                        None => break,
-                    }
-                }
-                while let Some(id) = comm.oldest() {
-                    if comm.test(id).map_err(|e| format!("lane {li} send: {e}"))? {
-                        progressed = true;
-                    } else {
                         break;
                     }
+                    q.pop_front();
+                    progressed = true;
+                }
+                if test_sends(comm, || {}).map_err(|e| format!("lane {li} send: {e}"))? > 0 {
+                    progressed = true;
                 }
                 busy |= comm.outstanding() > 0 || !q.is_empty();
             }

@@ -1,14 +1,13 @@
-//! The poller's unpack stage: starting the unpack of a completed receive (nothing, a host gather,
-//! or a push into the GPU's unpacker) and the GPU unpacker's batches, one per pass.
+//! A GPU's unpack stage: the unpacker's batches (one per pass of the lanes), the block scatters
+//! that ride in the same batches, and the block gathers of the send side, each batch launched at
+//! the end of a pass.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::buffers::BufferEntry;
 use crate::gpu::Gpu;
 use crate::gpu::blocks::{GatherTask, ScatterTask};
-use crate::net::{RecvComm, RequestId};
 use crate::unpack::block_batch::{BlockBatcher, BlockOp};
 use crate::unpack::{Ticket, UnpackImpl, UnpackJob, Unpacker};
 
@@ -24,30 +23,9 @@ struct Gathers {
     failed: Option<(u64, String)>,
 }
 
-/// Where a completed receive's bytes go.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Dest {
-    pub buffer: u64,
-    pub offset: u64,
-    pub len: u32,
-    /// Eager: the receive was posted into the lane's landing slots, not into `buffer`, so the
-    /// bytes are copied there even when the plugin received them in place (a direct receive).
-    pub staged: bool,
-}
-
-#[derive(Debug)]
-pub(super) enum Wait {
-    /// An eager credit receive completed before its header: the destination is not known yet.
-    Header,
-    /// Unpacked (or nothing to unpack), with the outcome.
-    Ready(Result<(), String>),
-    /// In batch `batch` of GPU `gpu`'s unpacker; `len` bytes posted.
-    Gpu { gpu: usize, batch: u64, len: u32 },
-}
-
 /// How a batch of GPU unpacks ended, for its receives.
 #[derive(Debug)]
-pub(super) enum BatchEnd {
+pub enum BatchEnd {
     Unpacked,
     /// The unpack stage failed (this batch and every later one).
     Failed(String),
@@ -58,7 +36,7 @@ pub(super) enum BatchEnd {
 }
 
 /// The unpack stage of one GPU: its unpacker and the batches in flight, oldest first.
-pub(super) struct GpuStage {
+pub struct GpuStage {
     gpu: Arc<Gpu>,
     unpacker: Box<dyn Unpacker>,
     /// The batch number receives pushed during this pass belong to.
@@ -82,15 +60,10 @@ pub(super) struct GpuStage {
     /// to the largest chunk once, then reused).
     staging: Vec<u8>,
 }
-/// Starts unpacking a completed receive: nothing to do when the plugin received in place (or
-/// the chunk was sent empty), a host gather for host destinations, a push into the GPU's
-/// unpacker for CUDA destinations. A staged (eager) receive that the plugin received in place,
-/// into the landing slot, is copied to its destination (a staging copy: synchronous for GPU
-/// memory).
 /// The unpack stage of `gpu`, built on first use: its stream, events and unpacker (whose kernels
 /// may be compiled then, tens of ms). The poller builds it when the GPU's first buffer is
 /// registered, so no transfer pays for it.
-pub(super) fn stage_for<'a>(
+pub fn stage_for<'a>(
     stages: &'a mut HashMap<usize, GpuStage>,
     gpu: &Arc<Gpu>,
     unpack_impl: UnpackImpl,
@@ -104,110 +77,11 @@ pub(super) fn stage_for<'a>(
     }
 }
 
-pub(super) fn start_unpack(
-    comm: &RecvComm,
-    id: RequestId,
-    posted: Dest,
-    buffers: &HashMap<u64, Arc<BufferEntry>>,
-    stages: &mut HashMap<usize, GpuStage>,
-    unpack_impl: UnpackImpl,
-) -> Wait {
-    let (ring, q) = match comm.completed(id) {
-        Ok(v) => v,
-        Err(e) => return Wait::Ready(Err(e.to_string())),
-    };
-    let frags = match ring.fragments(q) {
-        Ok(f) => f,
-        Err(e) => return Wait::Ready(Err(e.to_string())),
-    };
-    if frags.is_empty() && !posted.staged {
-        return Wait::Ready(Ok(()));
-    }
-    let Some(entry) = buffers.get(&posted.buffer) else {
-        return Wait::Ready(Err(format!("buffer {} vanished", posted.buffer)));
-    };
-    let (offset, len) = (posted.offset as usize, posted.len as usize);
-    let Some(region) = entry.device_region() else {
-        let landed: u64 = frags.iter().map(|f| u64::from(f.len)).sum();
-        if !frags.is_empty() && landed != u64::from(posted.len) {
-            return Wait::Ready(Err(format!("chunk landed {landed} of {} bytes", posted.len)));
-        }
-        let r = if posted.staged {
-            comm.land_host(id, &*entry.region_dyn(), offset, len)
-        } else {
-            comm.unpack_host(id)
-        };
-        return Wait::Ready(r.map(|_| ()).map_err(|e| e.to_string()));
-    };
-    let ordinal = region.gpu().ordinal();
-    let stage = match stage_for(stages, region.gpu(), unpack_impl) {
-        Ok(s) => s,
-        Err(e) => return Wait::Ready(Err(e)),
-    };
-    if posted.staged && (frags.is_empty() || ring.bounce_is_host_readable()) {
-        // Staged in host memory (received in place into the landing slot, or into host bounce
-        // pages): a synchronous copy to the GPU through the stage's host staging buffer.
-        if stage.staging.len() < len {
-            stage.staging.resize(len, 0);
-        }
-        let staging = &mut stage.staging[..len];
-        let r = match comm.land_into(id, staging) {
-            Ok(n) if n == len => region.write(posted.offset, staging).map_err(|e| e.to_string()),
-            Ok(n) => Err(format!("chunk landed {n} of {len} bytes")),
-            Err(e) => Err(e.to_string()),
-        };
-        return Wait::Ready(r);
-    }
-    // From here the unpacker checks the list (bounds, and adding up to the posted size:
-    // `exact`): on the host at `push`, or, for the ring read in place, on the GPU, reported when
-    // the batch is done (`BatchEnd::Rejected`).
-    let job = (|| -> Result<(), String> {
-        stage.reach_bounce(ring.bounce_device())?;
-        let bounce = ring.bounce_span(frags);
-        stage.gpu.bind_to_thread().map_err(|e| e.to_string())?;
-        let dst = region
-            .subspan(posted.offset, u64::from(posted.len))
-            .map_err(|e| e.to_string())?;
-        let list = ring.fragment_list(q).map_err(|e| e.to_string())?;
-        let job = UnpackJob {
-            frags: list,
-            bounce,
-            dst,
-            exact: true,
-        };
-        stage.unpacker.push(&job).map_err(|e| e.to_string())
-    })();
-    match job {
-        Ok(()) => {
-            stage.pushed = true;
-            Wait::Gpu {
-                gpu: ordinal,
-                batch: stage.next_batch,
-                len: posted.len,
-            }
-        }
-        Err(e) => Wait::Ready(Err(e)),
-    }
-}
-
-/// The host's check of a completed receive's list (still in the ring: not consumed yet) against
-/// the bounce buffer and the posted size, for the receives of a batch the GPU rejected part of:
-/// only a receive whose own list is bad fails, named (the kernel skips only out-of-bounds
-/// fragments, so the others were unpacked whole).
-pub(super) fn check_list(comm: &RecvComm, id: RequestId, len: u32) -> Result<(), String> {
-    let (ring, q) = comm.completed(id).map_err(|e| format!("unpack: {e}"))?;
-    let frags = ring.fragments(q).map_err(|e| format!("unpack: {e}"))?;
-    let bounce_len = ring.bounce_span(frags).len();
-    crate::unpack::validate_list(frags, bounce_len, u64::from(len), true)
-        .map(|_| ())
-        .map_err(|e| format!("unpack: {e}"))
-}
-
 impl GpuStage {
     /// Checks, once per GPU the plugin keeps bounce buffers on, that this GPU's unpacker can
     /// read them: another GPU's memory needs peer access, and without it the receive fails with
     /// this reason instead of an illegal address that would poison the whole context.
-    pub(super) fn reach_bounce(&mut self, bounce_device: Option<usize>) -> Result<(), String> {
+    pub fn reach_bounce(&mut self, bounce_device: Option<usize>) -> Result<(), String> {
         let ordinal = self.gpu.ordinal();
         let Some(dev) = bounce_device else {
             return Err(format!(
@@ -233,7 +107,8 @@ impl GpuStage {
             .clone()
     }
 
-    fn new(gpu: Arc<Gpu>, imp: UnpackImpl) -> Result<GpuStage, String> {
+    /// A stage for `gpu` (builds its unpacker: kernels may be compiled now).
+    pub fn new(gpu: Arc<Gpu>, imp: UnpackImpl) -> Result<GpuStage, String> {
         gpu.bind_to_thread().map_err(|e| e.to_string())?;
         let unpacker = imp.build(&gpu).map_err(|e| e.to_string())?;
         Ok(GpuStage {
@@ -256,7 +131,7 @@ impl GpuStage {
     }
 
     /// Submits this pass's batch (if anything was pushed) and retires finished batches.
-    pub(super) fn advance(&mut self) {
+    pub fn advance(&mut self) {
         if self.gpu.bind_to_thread().is_err() {
             return;
         }
@@ -315,8 +190,22 @@ impl GpuStage {
         }
     }
 
+    /// The GPU this stage unpacks into.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Queues an unpack into this pass's batch (the unpacker checks its list: on the host here,
+    /// or, read in place, on the GPU, reported as [`BatchEnd::Rejected`]); returns the batch.
+    pub fn push_unpack(&mut self, job: &UnpackJob) -> Result<u64, String> {
+        self.gpu.bind_to_thread().map_err(|e| e.to_string())?;
+        self.unpacker.push(job).map_err(|e| e.to_string())?;
+        self.pushed = true;
+        Ok(self.next_batch)
+    }
+
     /// Queues a block chunk's scatter into this pass's batch; returns the batch.
-    pub(super) fn push_scatter(&mut self, task: ScatterTask, fragments: u32) -> Result<u64, String> {
+    pub fn push_scatter(&mut self, task: ScatterTask, fragments: u32) -> Result<u64, String> {
         if self.scatters.is_none() {
             self.scatters = Some(BlockBatcher::new(&self.gpu, BlockOp::Scatter).map_err(|e| e.to_string())?);
         }
@@ -328,7 +217,7 @@ impl GpuStage {
 
     /// Queues a block chunk's gather into this pass's gather batch; returns the batch, which
     /// [`GpuStage::gather_outcome`] reports on once [`GpuStage::submit_gathers`] launched it.
-    pub(super) fn push_gather(&mut self, task: GatherTask, bytes: u32) -> Result<u64, String> {
+    pub fn push_gather(&mut self, task: GatherTask, bytes: u32) -> Result<u64, String> {
         let g = &mut self.gathers;
         if let Some((_, why)) = &g.failed {
             return Err(format!("block gather on GPU {}: {why}", self.gpu.ordinal()));
@@ -345,7 +234,7 @@ impl GpuStage {
     }
 
     /// Launches the gathers queued during this pass (one batch).
-    pub(super) fn submit_gathers(&mut self) {
+    pub fn submit_gathers(&mut self) {
         let g = &mut self.gathers;
         let Some(b) = g.batcher.as_mut().filter(|b| b.pending()) else {
             return;
@@ -368,7 +257,7 @@ impl GpuStage {
     }
 
     /// Whether gather batch `batch` is done (`None`: not yet); polls the GPU.
-    pub(super) fn gather_outcome(&mut self, batch: u64) -> Option<Result<(), String>> {
+    pub fn gather_outcome(&mut self, batch: u64) -> Option<Result<(), String>> {
         let ordinal = self.gpu.ordinal();
         let g = &mut self.gathers;
         while batch > g.done_upto {
@@ -407,7 +296,7 @@ impl GpuStage {
     }
 
     /// The host staging buffer, at least `len` bytes (grown once, then reused).
-    pub(super) fn host_staging(&mut self, len: usize) -> &mut [u8] {
+    pub fn host_staging(&mut self, len: usize) -> &mut [u8] {
         if self.staging.len() < len {
             self.staging.resize(len, 0);
         }
@@ -415,7 +304,7 @@ impl GpuStage {
     }
 
     /// Waits for the block kernels in flight (before tables they read are dropped).
-    pub(super) fn quiesce_blocks(&mut self) {
+    pub fn quiesce_blocks(&mut self) {
         for b in [self.scatters.as_ref(), self.gathers.batcher.as_ref()]
             .into_iter()
             .flatten()
@@ -434,7 +323,7 @@ impl GpuStage {
     }
 
     /// The outcome of a batch's receives, once it finished.
-    pub(super) fn outcome(&self, batch: u64) -> Option<BatchEnd> {
+    pub fn outcome(&self, batch: u64) -> Option<BatchEnd> {
         if let Some((failed, why)) = &self.failed
             && batch >= *failed
         {

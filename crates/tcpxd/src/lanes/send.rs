@@ -1,0 +1,24 @@
+//! A send lane's pass: post a send, test the head of the comm.
+
+use super::tag::Tag;
+use crate::net::{MemHandle, NetResult, SendComm};
+
+/// Posts one send of `len` bytes at `at` in `mh` with the lane's next tag; `false` when the
+/// plugin has no slot free (nothing changed).
+pub fn post_send(comm: &mut SendComm, tag: &mut Tag, mh: &MemHandle, at: usize, len: u32) -> NetResult<bool> {
+    Ok(comm.isend(mh, at, len as usize, tag.advance())?.is_some())
+}
+
+/// Tests the oldest send while the plugin reports them done, calling `done` for each. Returns
+/// how many completed; on a plugin error the send stays in flight.
+pub fn test_sends(comm: &mut SendComm, mut done: impl FnMut()) -> NetResult<usize> {
+    let mut n = 0;
+    while let Some(id) = comm.oldest() {
+        if !comm.test(id)? {
+            break;
+        }
+        done();
+        n += 1;
+    }
+    Ok(n)
+}
