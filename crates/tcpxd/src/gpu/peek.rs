@@ -102,13 +102,15 @@ pub fn wait_ipc_event(gpu: &Gpu, handle: &[u8; 64], deadline: std::time::Instant
     if rc != sys::CUresult::CUDA_SUCCESS {
         return Err(GpuError::InvalidArgument(format!("cuIpcOpenEventHandle: {rc:?}")));
     }
+    // The daemon's one backoff, at the poller's pace (spins, then yields, then 50 µs naps).
+    let mut idle = crate::idle::Backoff::new();
     let result = loop {
         // SAFETY: `event` is the live event opened above.
         let q = unsafe { sys::cuEventQuery(event) };
         match q {
             sys::CUresult::CUDA_SUCCESS => break Ok(true),
             sys::CUresult::CUDA_ERROR_NOT_READY if std::time::Instant::now() < deadline => {
-                std::thread::sleep(std::time::Duration::from_micros(50));
+                idle.step_or_sleep()
             }
             sys::CUresult::CUDA_ERROR_NOT_READY => break Ok(false),
             other => break Err(GpuError::InvalidArgument(format!("cuEventQuery: {other:?}"))),
