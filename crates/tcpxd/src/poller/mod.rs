@@ -320,7 +320,7 @@ struct SendLane {
     deferred: VecDeque<blocks::SendPost>,
     tag: Tag,
     /// Block chunks: the staging rings gathers write into (one per memory kind, made on first
-    /// use) and the gathers so far (slot `n % send_window`).
+    /// use) and the gathers so far (slot `n % (send_window + gather_ahead)`).
     staging: blocks::SendStaging,
 }
 
