@@ -444,8 +444,8 @@ impl Poller {
         let e = &self.cfg.engine;
         Slots {
             staging: (e.send_window + e.gather_ahead).max(1) as u64,
-            recv_window: self.cfg.engine.recv_window.max(1) as u64,
-            chunk_bytes: self.cfg.engine.chunk_bytes,
+            recv_window: e.recv_window.max(1) as u64,
+            chunk_bytes: e.chunk_bytes,
         }
     }
 
