@@ -397,6 +397,7 @@ impl Engine {
     /// Posts what the windows allow on every lane of a peer.
     pub(super) fn pump(&mut self, peer: PeerIdx) {
         let (send_window, recv_window) = (self.cfg.send_window, self.cfg.recv_window);
+        let gather_ahead = self.cfg.gather_ahead;
         let Some(p) = self.peers.get_mut(&peer) else {
             return;
         };
@@ -407,7 +408,7 @@ impl Engine {
         let (_, eager_lanes) = p.send_split();
         for (lane, l) in p.send.iter_mut().enumerate() {
             let eager = eager_lanes.contains(&(lane as u32));
-            while let Some(item) = l.post_next(send_window, eager) {
+            while let Some(item) = l.post_next(send_window, gather_ahead, eager) {
                 let lane = lane as u32;
                 self.actions.push_back(if item.pieces {
                     Action::PostGatherSend {
@@ -430,7 +431,7 @@ impl Engine {
             }
         }
         for (lane, l) in p.recv.iter_mut().enumerate() {
-            while let Some(item) = l.post_next(recv_window, false) {
+            while let Some(item) = l.post_next(recv_window, 0, false) {
                 let lane = lane as u32;
                 self.actions.push_back(if item.pieces {
                     Action::PostScatterRecv {

@@ -14,7 +14,14 @@
 //!   appends the sends when the accept arrives. Offers and accepts travel on one ordered stream,
 //!   so both sides build every lane's queue in the same order.
 //! - **Windows.** At most `send_window` sends (default 12) and `recv_window` receives (16, held
-//!   until consumed) are posted per lane.
+//!   until consumed) are posted per lane. A send in pieces (`PostGatherSend`) may be posted
+//!   `gather_ahead` (default 12) further, so that its gather runs while the sends before it are
+//!   in flight; the queue's head decides, so a plain send still waits until fewer than
+//!   `send_window` sends are posted. The driver then gathers each such send at once (into slot
+//!   `n % (send_window + gather_ahead)` of the lane's staging ring: the engine never has more
+//!   of them posted and unfinished, so the slot's previous send is done) but hands the plugin
+//!   at most `send_window` sends per lane, the rest waiting, in order, until one completes: the
+//!   plugin sees the windows it saw without gathers ahead.
 //! - **Completion.** A WRITE finishes when the receiver reports `Done`, i.e. after its unpack of
 //!   every chunk finished; a READ when every chunk was consumed locally.
 //! - **Cancellation and deadlines.** Chunks already agreed on must still meet their partners, so a
@@ -105,8 +112,11 @@ pub enum Protocol {
 pub struct EngineConfig {
     /// Chunk size for the offers this node makes.
     pub chunk_bytes: u32,
-    /// Sends posted per lane at most.
+    /// Sends posted per lane at most (the sends the driver hands the plugin).
     pub send_window: usize,
+    /// Sends in pieces (`PostGatherSend`) posted per lane beyond `send_window`: gathered ahead,
+    /// they wait in the driver until the plugin's window has room (see "Windows" above).
+    pub gather_ahead: usize,
     /// Receives posted (until consumed) per lane at most; the plugin allows 16.
     pub recv_window: usize,
     /// Entries per transfer (and ranges per offer or read request).
@@ -140,6 +150,7 @@ impl Default for EngineConfig {
         EngineConfig {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             send_window: 12,
+            gather_ahead: DEFAULT_GATHER_AHEAD,
             recv_window: 16,
             max_entries: DEFAULT_MAX_ENTRIES,
             max_notification: 1 << 20,
@@ -153,6 +164,10 @@ impl Default for EngineConfig {
         }
     }
 }
+
+/// `gather_ahead`'s default: a window of gathers ahead of `send_window`'s default (12), so a
+/// block send's gather is done by the time the plugin has room for it (docs/BENCHMARKS.md).
+pub const DEFAULT_GATHER_AHEAD: usize = 12;
 
 /// `max_entries`' default: a batch of this many small entries of one buffer pair is coalesced
 /// into wire chunks (docs/BLOCKS.md), so it costs chunks, not entries.
@@ -241,8 +256,9 @@ pub enum Action {
     },
     /// Post one send on a lane whose bytes lie in pieces of `buffer`: copy the pieces
     /// ([`Engine::send_pieces`]`(offer, wire, len)`, in wire order) into a staging slot of the
-    /// lane and send `len` bytes from there. At most `send_window` of a lane's sends are posted,
-    /// so a ring of that many slots per lane is never overrun.
+    /// lane and send `len` bytes from there. At most `send_window + gather_ahead` of a lane's
+    /// sends are posted and unfinished, so a ring of that many slots per lane is never overrun;
+    /// the driver hands the plugin at most `send_window` of them ("Windows" above).
     PostGatherSend {
         peer: PeerIdx,
         lane: u32,

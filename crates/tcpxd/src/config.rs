@@ -178,6 +178,8 @@ pub struct FileTransfer {
     /// `kernel-persistent` only: worker blocks (0: one per multiprocessor).
     pub unpack_blocks: Option<u32>,
     pub send_window: Option<usize>,
+    /// Block sends gathered ahead of `send_window` per lane (0..=16).
+    pub gather_ahead: Option<usize>,
     pub recv_window: Option<usize>,
     pub default_timeout_s: Option<u64>,
     pub max_buffer_bytes: Option<u64>,
@@ -229,6 +231,9 @@ pub struct Config {
     pub eager_max_bytes: u64,
     pub unpack_impl: crate::unpack::UnpackImpl,
     pub send_window: usize,
+    /// Block sends gathered ahead of `send_window` per lane (`transfer.gather_ahead`); each
+    /// send lane's staging ring has `send_window + gather_ahead` slots of `chunk_bytes`.
+    pub gather_ahead: usize,
     pub recv_window: usize,
     pub default_timeout: Duration,
     pub max_buffer_bytes: u64,
@@ -247,6 +252,8 @@ pub struct Config {
 pub const DEFAULT_API_SOCKET: &str = "/run/tcpxd/tcpxd.sock";
 pub const DEFAULT_PEER_LISTEN: &str = "0.0.0.0:50052";
 pub const DEFAULT_PLUGIN: &str = "/usr/local/tcpx/lib64/libnccl-net.so";
+/// `transfer.gather_ahead` at most: a window's worth beyond the plugin's 16 request slots.
+pub const MAX_GATHER_AHEAD: usize = 16;
 /// A quiet control stream sends a heartbeat this often.
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 500;
 /// A control stream silent this long fails its peer: the bound on noticing a dead peer.
@@ -380,6 +387,16 @@ impl Config {
                     .into(),
             ));
         }
+        let gather_ahead = file
+            .transfer
+            .gather_ahead
+            .unwrap_or(crate::engine::DEFAULT_GATHER_AHEAD);
+        if gather_ahead > MAX_GATHER_AHEAD {
+            return Err(ConfigError::Invalid(format!(
+                "transfer.gather_ahead: {gather_ahead} is over {MAX_GATHER_AHEAD} (0 to {MAX_GATHER_AHEAD} allowed; each \
+                 send lane stages send_window + gather_ahead chunks)"
+            )));
+        }
         let socket_mode = match file.api.socket_mode.as_deref() {
             None => 0o660,
             Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
@@ -469,6 +486,7 @@ impl Config {
             eager_max_bytes: protocol.eager_max_bytes,
             unpack_impl,
             send_window,
+            gather_ahead,
             recv_window,
             default_timeout: Duration::from_secs(default_timeout_s),
             max_buffer_bytes: file.transfer.max_buffer_bytes.unwrap_or(64 << 30),

@@ -113,6 +113,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
     let engine = EngineConfig {
         chunk_bytes: cfg.chunk_bytes,
         send_window: cfg.send_window,
+        gather_ahead: cfg.gather_ahead,
         recv_window: cfg.recv_window,
         protocol: cfg.protocol.engine(),
         credits: cfg.recv_window as u32,

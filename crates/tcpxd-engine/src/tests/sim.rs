@@ -105,6 +105,10 @@ pub(super) fn scatter(buf: &mut [u8], pieces: blocks::Pieces<'_>, data: &[u8]) -
 
 #[derive(Default)]
 pub(super) struct LaneSim {
+    /// Sends the engine posted that the driver holds back, in order, while the plugin already
+    /// has `send_window` sends of the lane (gathered ahead: `EngineConfig::gather_ahead`).
+    pub(super) deferred: VecDeque<Post>,
+    /// Sends the plugin took and not yet matched.
     pub(super) sends: VecDeque<Post>,
     pub(super) recvs: VecDeque<Post>,
     pub(super) send_done_pending: usize,
@@ -252,7 +256,7 @@ impl Sim {
                         len,
                         ..
                     } => self.wires[i][lane as usize]
-                        .sends
+                        .deferred
                         .push_back(Post::plain(buffer, offset, len)),
                     Action::PostRecv {
                         lane,
@@ -282,7 +286,7 @@ impl Sim {
                         let (data, count) = gather(&n.bufs[&buffer], pieces, len);
                         n.pieces.gathers += 1;
                         n.pieces.pieces += count;
-                        self.wires[i][lane as usize].sends.push_back(Post {
+                        self.wires[i][lane as usize].deferred.push_back(Post {
                             staged: Some(data),
                             ..Post::plain(buffer, wire, len)
                         });
@@ -369,10 +373,11 @@ impl Sim {
                 }
             }
             let c = self.nodes[i].eng.peer_counters(P).unwrap();
+            let cfg = self.nodes[i].eng.config();
             for l in &c.send {
                 assert!(
-                    l.posted <= self.cfg.send_window,
-                    "send window exceeded: {}",
+                    l.posted <= cfg.send_window + cfg.gather_ahead,
+                    "send window (and gathers ahead) exceeded: {}",
                     l.posted
                 );
                 assert!(l.credits <= l.credit_limit, "more credits held than granted");
@@ -385,9 +390,21 @@ impl Sim {
                 );
             }
         }
-        // The plugin matches heads FIFO and moves the bytes.
+        // The driver hands the plugin at most `send_window` sends per lane; the plugin matches
+        // heads FIFO and moves the bytes.
         for from in 0..2 {
+            let window = self.nodes[from].eng.config().send_window;
             for lane in 0..self.wires[from].len() {
+                let w = &mut self.wires[from][lane];
+                while w.sends.len() + w.send_done_pending < window
+                    && let Some(post) = w.deferred.pop_front()
+                {
+                    w.sends.push_back(post);
+                }
+                assert!(
+                    w.sends.len() + w.send_done_pending <= window,
+                    "the plugin holds more than send_window sends of a lane"
+                );
                 loop {
                     let w = &mut self.wires[from][lane];
                     let (Some(s), Some(r)) = (w.sends.front().cloned(), w.recvs.front().cloned()) else {
@@ -589,7 +606,7 @@ impl Sim {
         }
         for w in self.wires.iter().flatten() {
             assert!(
-                w.sends.is_empty() && w.recvs.iter().all(|r| r.buffer == LANDING),
+                w.deferred.is_empty() && w.sends.is_empty() && w.recvs.iter().all(|r| r.buffer == LANDING),
                 "a post never met its partner"
             );
             assert!(

@@ -32,6 +32,7 @@ fn defaults() {
     assert_eq!(c.plugin, PluginChoice::Path(PathBuf::from(DEFAULT_PLUGIN)));
     assert_eq!(c.chunk_bytes, plan::DEFAULT_CHUNK_BYTES);
     assert_eq!((c.send_window, c.recv_window), (12, 16));
+    assert_eq!(c.gather_ahead, 12, "a send window's worth of gathers ahead");
     assert_eq!(c.shutdown_grace, Duration::from_secs(30));
     assert!(
         c.heartbeat_timeout <= Duration::from_secs(3),
@@ -239,6 +240,21 @@ fn bad_values_name_the_setting() {
         &[],
         "send_window",
     );
+    let ahead = write_toml("[transfer]\ngather_ahead = 17\n");
+    let e = Config::resolve(
+        &DaemonArgs {
+            config: Some(ahead.clone()),
+            ..base()
+        },
+        &env_of(&[]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("transfer.gather_ahead: 17") && e.contains("0 to 16"),
+        "{e}"
+    );
+    let _ = std::fs::remove_file(ahead);
     let unknown = write_toml("[transfer]\nchunk = 1\n");
     bad(
         DaemonArgs {
@@ -355,4 +371,22 @@ fn chunk_size_comes_from_the_environment_in_order() {
             .contains("NCCL_P2P_NET_CHUNKSIZE")
     );
     assert!(plan::check_chunk_bytes(4095).is_err());
+}
+
+#[test]
+fn gather_ahead_comes_from_the_file() {
+    for (text, want) in [
+        ("send_window = 2\ngather_ahead = 0\n", (2, 0)),
+        ("gather_ahead = 16\n", (12, 16)),
+    ] {
+        let path = write_toml(&format!("[transfer]\n{text}"));
+        let args = DaemonArgs {
+            config: Some(path.clone()),
+            node_id: Some("n".into()),
+            ..Default::default()
+        };
+        let c = Config::resolve(&args, &env_of(&[])).unwrap();
+        assert_eq!((c.send_window, c.gather_ahead), want, "{text}");
+        let _ = std::fs::remove_file(path);
+    }
 }

@@ -3,12 +3,20 @@
 //!
 //! - **Sends.** Each send lane keeps a staging ring per memory kind (host memory for host
 //!   buffers, device memory on the buffer's GPU for GPU buffers), made on first use:
-//!   `send_window` slots of `chunk_bytes`, registered once with the lane's comm. A gather takes
-//!   slot `n % send_window` (`n` counts the lane's gathers): the engine posts at most
-//!   `send_window` sends per lane, so a slot is free again by the time it comes round. Host: the
-//!   pieces are copied into the slot at once (`net::blocks::gather_region`). GPU: the chunk's
-//!   table goes into the slot's pinned table, the gather joins the GPU's batch of this pass (one
-//!   launch for up to 16 chunks), and the send waits in the lane's queue until that batch is done.
+//!   `send_window + gather_ahead` slots of `chunk_bytes` (the GPU memory a lane's ring costs on
+//!   each GPU it sends from), registered once with the lane's comm. A gather takes slot
+//!   `n % (send_window + gather_ahead)` (`n` counts the lane's gathers, one per
+//!   `PostGatherSend`). The slot is free again by the time it comes round: the engine posts a
+//!   send in pieces only while fewer than `send_window + gather_ahead` of the lane's sends are
+//!   posted and unfinished, and sends finish in order, so when gather `n` comes, send
+//!   `n - (send_window + gather_ahead)` (and every send before it, plain or staged) was reported
+//!   done: the plugin no longer reads the slot and its GPU gather (which the send waited for)
+//!   is over, table included. Host: the pieces are copied into the slot at once
+//!   (`net::blocks::gather_region`). GPU: the chunk's table goes into the slot's pinned table and
+//!   the gather joins the GPU's batch of this pass (one launch for up to 16 chunks). Either way
+//!   the send waits in the lane's queue (`deferred`) until its gather is done and the plugin has
+//!   fewer than `send_window` of the lane's sends (`lanes::post_sends`): gathers run a window
+//!   ahead of the sends, and the plugin sees no more than it did without them.
 //! - **Receives into host memory** land in the lane's host landing ring (`recv_window` slots of
 //!   `MAX_CHUNK_BYTES`, reserved lazily, never populated) and are scattered once complete, from
 //!   the bounce pages or the slot (`RecvComm::scatter_landed`).
@@ -144,7 +152,8 @@ impl RecvScatter {
 /// What the poller's configuration says about slots.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Slots {
-    pub send_window: u64,
+    /// A send lane's staging slots: `send_window + gather_ahead`.
+    pub staging: u64,
     pub recv_window: u64,
     pub chunk_bytes: u32,
 }
@@ -227,7 +236,7 @@ pub(super) fn gather_send(
         Some(i) => i,
         None => {
             let slot_bytes = slots.chunk_bytes;
-            let bytes = slots.send_window as usize * slot_bytes as usize;
+            let bytes = slots.staging as usize * slot_bytes as usize;
             let (region, span): (Arc<dyn Region>, _) = match entry.gpu() {
                 None => (
                     Arc::new(HostRegion::populated(bytes).map_err(|e| format!("staging ring: {e}"))?),
@@ -262,7 +271,7 @@ pub(super) fn gather_send(
             r.slot_bytes
         ));
     }
-    let slot = staging.seq % slots.send_window;
+    let slot = staging.seq % slots.staging;
     staging.seq += 1;
     let offset = slot * u64::from(r.slot_bytes);
     let mut post = SendPost {

@@ -125,7 +125,8 @@ impl Poller {
                         continue;
                     };
                     l.deferred.push_back(SendPost::plain(buffer, offset, len));
-                    if let Err(why) = post_sends(l, &self.buffers, &mut self.stages) {
+                    let window = self.cfg.engine.send_window;
+                    if let Err(why) = post_sends(l, window, &self.buffers, &mut self.stages) {
                         failures.push((peer, format!("lane {lane} send: {why}")));
                     }
                 }
@@ -302,7 +303,7 @@ impl Poller {
                     wire,
                     len,
                 } => {
-                    let slots = self.slots();
+                    let (slots, window) = (self.slots(), self.cfg.engine.send_window);
                     let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.send) else {
                         continue;
                     };
@@ -331,7 +332,7 @@ impl Poller {
                     })
                     .and_then(|post| {
                         l.deferred.push_back(post);
-                        post_sends(l, &self.buffers, &mut self.stages)
+                        post_sends(l, window, &self.buffers, &mut self.stages)
                     });
                     if let Err(why) = r {
                         failures.push((peer, format!("lane {lane} block send: {why}")));
@@ -440,15 +441,17 @@ impl Poller {
     }
 
     fn slots(&self) -> Slots {
+        let e = &self.cfg.engine;
         Slots {
-            send_window: self.cfg.engine.send_window.max(1) as u64,
-            recv_window: self.cfg.engine.recv_window.max(1) as u64,
-            chunk_bytes: self.cfg.engine.chunk_bytes,
+            staging: (e.send_window + e.gather_ahead).max(1) as u64,
+            recv_window: e.recv_window.max(1) as u64,
+            chunk_bytes: e.chunk_bytes,
         }
     }
 
     /// Tests the head of every comm; completes, unpacks and consumes what finished.
     pub(super) fn test_lanes(&mut self) -> bool {
+        let window = self.cfg.engine.send_window;
         let Poller {
             peers,
             buffers,
@@ -466,12 +469,6 @@ impl Poller {
                 continue;
             }
             for (li, l) in p.send.iter_mut().enumerate() {
-                if !l.deferred.is_empty()
-                    && let Err(why) = post_sends(l, buffers, stages)
-                {
-                    events.push(Completion::Failed(peer, format!("lane {li} send: {why}")));
-                    continue;
-                }
                 let SendLaneState::Ready(comm) = &mut l.state else {
                     continue;
                 };
@@ -482,6 +479,14 @@ impl Poller {
                 if let Err(e) = tested {
                     meter.metrics.plugin_error(&e);
                     events.push(Completion::Failed(peer, format!("lane {li} send: {e}")));
+                    continue;
+                }
+                // After the test: a send done makes room for the next one held back (gathered
+                // ahead), posted in this pass rather than the next.
+                if !l.deferred.is_empty()
+                    && let Err(why) = post_sends(l, window, buffers, stages)
+                {
+                    events.push(Completion::Failed(peer, format!("lane {li} send: {why}")));
                 }
             }
             // Completed receives start their unpack, in ring order.
@@ -647,23 +652,27 @@ fn handle_for<'a>(
     Ok((mh, offset - start))
 }
 
-/// Posts deferred sends in order while the plugin takes them (a staged send once its gather is
-/// done).
+/// Posts deferred sends in order while the plugin takes them and has fewer than `window`
+/// (`send_window`) of the lane's sends in flight (a staged send once its gather is done). The
+/// engine posts sends in pieces up to `gather_ahead` beyond the window: they wait here, gathered,
+/// for a send to complete, so the plugin sees at most `send_window` sends per comm.
 fn post_sends(
     l: &mut SendLane,
+    window: usize,
     buffers: &HashMap<u64, Arc<BufferEntry>>,
     stages: &mut HashMap<usize, GpuStage>,
 ) -> Result<(), String> {
     let SendLaneState::Ready(comm) = &mut l.state else {
         return Ok(());
     };
-    while let Some(&SendPost {
-        buffer,
-        offset,
-        len,
-        ring,
-        gate,
-    }) = l.deferred.front()
+    while comm.outstanding() < window
+        && let Some(&SendPost {
+            buffer,
+            offset,
+            len,
+            ring,
+            gate,
+        }) = l.deferred.front()
     {
         if let Some((gpu, batch)) = gate {
             match stages.get_mut(&gpu).and_then(|s| s.gather_outcome(batch)) {

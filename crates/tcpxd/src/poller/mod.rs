@@ -316,11 +316,12 @@ struct SendLane {
     state: SendLaneState,
     /// Registrations by (buffer, window).
     handles: HashMap<(u64, u64), MemHandle>,
-    /// Posts the plugin could not take yet (or whose gather is still running), in order.
+    /// Posts the plugin could not take yet, whose gather is still running, or held while the
+    /// plugin has `send_window` of the lane's sends (gathered ahead), in order.
     deferred: VecDeque<blocks::SendPost>,
     tag: Tag,
     /// Block chunks: the staging rings gathers write into (one per memory kind, made on first
-    /// use) and the gathers so far (slot `n % send_window`).
+    /// use) and the gathers so far (slot `n % (send_window + gather_ahead)`).
     staging: blocks::SendStaging,
 }
 
