@@ -13,6 +13,7 @@ mod block_transfers;
 mod coalesced;
 mod eager;
 mod lifecycle;
+mod prepared;
 mod release;
 mod sim;
 mod teardown;
