@@ -182,6 +182,11 @@ impl Engine {
         }
     }
 
+    /// The bytes a transfer not yet finished moves.
+    pub fn transfer_total(&self, id: TransferId) -> Option<u64> {
+        self.transfers.get(&id).map(|t| t.total)
+    }
+
     /// Prepared lists kept.
     pub fn prepared_lists(&self) -> usize {
         self.prepared.lists.len()
