@@ -11,10 +11,10 @@ use super::*;
 
 /// The local half of a block transfer, planned (`Engine::plan_local_blocks`): the list's buffer
 /// and key, the plan, and the lengths of the selected blocks (what the other side checks).
-struct LocalBlocks {
+pub(super) struct LocalBlocks {
     buffer: u64,
     key: [u8; 16],
-    plan: SidePlan,
+    pub(super) plan: SidePlan,
     lengths: PairLengths,
 }
 
@@ -81,9 +81,24 @@ impl Engine {
         let local = self.plan_local_blocks(&spec, false)?;
         let total = local.plan.total();
         let id = self.new_transfer(TransferKind::Write, total, 1, deadline);
+        let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
+        self.offer_block_part(id, spec, local, notification, deadline_ms);
+        self.announce(id, total);
+        Ok(id)
+    }
+
+    /// Makes the offer of one planned block part of WRITE `id` (a part of it: `add_part`).
+    pub(super) fn offer_block_part(
+        &mut self,
+        id: TransferId,
+        spec: BlockSpec,
+        local: LocalBlocks,
+        notification: Vec<u8>,
+        deadline_ms: u64,
+    ) {
+        let total = local.plan.total();
         let offer_id = self.next_offer;
         self.next_offer += 1;
-        let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
         let header = BlockHeader {
             list_id: spec.remote.list_id,
             access_key: spec.remote.access_key,
@@ -104,8 +119,6 @@ impl Engine {
             deadline_ms,
         );
         self.add_part(id, offer_id, spec.peer);
-        self.announce(id, total);
-        Ok(id)
     }
 
     /// Starts a block READ: the peer's list's blocks into the local list. The local (destination)
@@ -122,9 +135,23 @@ impl Engine {
         let local = self.plan_local_blocks(&spec, true)?;
         let total = local.plan.total();
         let id = self.new_transfer(TransferKind::Read, total, 1, deadline);
+        let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
+        self.request_block_part(id, spec, local, deadline_ms);
+        self.announce(id, total);
+        Ok(id)
+    }
+
+    /// Sends the read request of one planned block part of READ `id` (a part of it: `add_part`).
+    pub(super) fn request_block_part(
+        &mut self,
+        id: TransferId,
+        spec: BlockSpec,
+        local: LocalBlocks,
+        deadline_ms: u64,
+    ) {
+        let total = local.plan.total();
         let read_id = self.next_read;
         self.next_read += 1;
-        let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
         // What the holder's offer must carry back: our list, key, indices, lengths, total (the
         // plan itself is rebuilt when the offer comes, from the list as it is then).
         let dest = Box::new(BlockHeader {
@@ -161,15 +188,13 @@ impl Engine {
             },
         );
         self.add_part(id, read_id, spec.peer);
-        self.announce(id, total);
-        Ok(id)
     }
 
     /// The local half of a block transfer, checked: the list, its indices (`destination`: none
     /// twice), the peer, and the remote indices as far as the token tells (count, inside the
     /// remote list, none twice for a WRITE's destination, pair lengths when the remote list is
     /// uniform).
-    fn plan_local_blocks(&self, spec: &BlockSpec, destination: bool) -> EngineResult<LocalBlocks> {
+    pub(super) fn plan_local_blocks(&self, spec: &BlockSpec, destination: bool) -> EngineResult<LocalBlocks> {
         let list = self.lists.get(spec.local_list).ok_or_else(|| {
             EngineError::not_found(format!("local_list: list {} does not exist", spec.local_list))
         })?;

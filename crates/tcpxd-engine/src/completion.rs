@@ -245,6 +245,7 @@ impl Engine {
             return;
         };
         self.deadlines.remove(&(t.deadline, id));
+        self.drop_notice(id);
         for part in std::mem::take(&mut t.parts) {
             match t.kind {
                 TransferKind::Write => {
@@ -373,6 +374,7 @@ impl Engine {
         }
         let t = self.transfers.remove(&id).expect("present");
         self.deadlines.remove(&(t.deadline, id));
+        self.send_notice(id);
         for p in &t.peers {
             self.peers[p].transfers_ok += 1;
         }

@@ -56,6 +56,11 @@ impl Engine {
                 range_index,
             } => self.on_read_reject(peer, read_id, code, &message, range_index),
             PeerMsg::CancelRead { read_id } => self.on_cancel_read(peer, read_id),
+            PeerMsg::Notify {
+                transfer_id,
+                payload,
+                lists,
+            } => self.on_notify(peer, transfer_id, payload, lists),
             PeerMsg::Goodbye { reason } => {
                 self.on_peer_failed(peer, &format!("the peer ended the pairing: {reason}"))
             }

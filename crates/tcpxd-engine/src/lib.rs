@@ -44,7 +44,8 @@
 //!   the end of a drain's grace period).
 //! - **Commands**, the client's requests: [`Engine::add_buffer`], [`Engine::rekey_buffer`],
 //!   [`Engine::remove_buffer`], [`Engine::watch_buffer`], [`Engine::add_peer`],
-//!   [`Engine::start_write`], [`Engine::start_read`], [`Engine::cancel`],
+//!   [`Engine::start_write`], [`Engine::start_read`], the block and prepared-list commands
+//!   ([`Engine::prepare_local`], [`Engine::start_write_prepared`], …), [`Engine::cancel`],
 //!   [`Engine::begin_drain`]. Each checks before it changes anything: an `Err` left the engine
 //!   as it was.
 //! - **Actions**: [`Engine::poll_action`] until `None`: post sends and receives (within the
@@ -77,6 +78,7 @@ mod lane_credits;
 use lane_credits::{RecvCredits, SendCredits};
 pub mod layout;
 pub mod plan;
+mod prepared;
 mod release;
 use release::PeerMap;
 mod start;
@@ -92,6 +94,9 @@ pub use drain::DrainReport;
 pub use error::{Code, EngineError, EngineResult};
 pub use layout::LaneLayout;
 pub use plan::{Chunk, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
+pub use prepared::{
+    MAX_PREPARED, MAX_PREPARED_ENTRIES, MAX_PREPARED_LISTS, PreparedEntry, PreparedInfo, RemoteList,
+};
 pub use wire::{Malformed, Offer, PeerMsg, ReadBlocks, ReadPair, RemoteRange};
 
 /// How this node receives (`transfer.protocol`), announced to each peer at pairing; senders
@@ -549,6 +554,8 @@ pub struct Engine {
     drain: Option<drain::Drain>,
     /// The block lists registered here (`block_transfers.rs`).
     lists: blocks::BlockRegistry,
+    /// The prepared lists kept here (`prepared.rs`).
+    prepared: prepared::PreparedRegistry,
     actions: VecDeque<Action>,
 }
 
@@ -581,6 +588,7 @@ impl Engine {
             next_read: 1,
             drain: None,
             lists: blocks::BlockRegistry::default(),
+            prepared: prepared::PreparedRegistry::default(),
             actions: VecDeque::new(),
         }
     }

@@ -14,6 +14,7 @@ mod coalesced;
 mod eager;
 mod gather_ahead;
 mod lifecycle;
+mod prepared;
 mod release;
 mod sim;
 mod teardown;

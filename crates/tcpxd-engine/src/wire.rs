@@ -109,6 +109,14 @@ pub enum PeerMsg {
     CancelRead {
         read_id: u64,
     },
+    /// A prepared transfer's notification (peer protocol 5): sent by the node that ran the
+    /// transfer once every part of it finished OK (a WRITE's after every `Done`, a READ's after
+    /// every byte landed there), never on failure. `lists`: the receiver's lists it touched.
+    Notify {
+        transfer_id: u64,
+        payload: Vec<u8>,
+        lists: Vec<u64>,
+    },
     /// The sender failed the pairing, for this reason (its last message on the stream): the
     /// receiver fails it too and reports the sender's reason, e.g. its plugin's words.
     Goodbye {
@@ -141,6 +149,7 @@ impl PeerMsg {
             PeerMsg::ReadRequest { read_id, .. } => ("read_request", *read_id),
             PeerMsg::ReadReject { read_id, .. } => ("read_reject", *read_id),
             PeerMsg::CancelRead { read_id } => ("cancel_read", *read_id),
+            PeerMsg::Notify { transfer_id, .. } => ("notify", *transfer_id),
             PeerMsg::Goodbye { .. } => ("goodbye", 0),
         }
     }

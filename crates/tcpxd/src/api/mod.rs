@@ -7,6 +7,7 @@ pub mod host_memory;
 pub mod local;
 pub mod node;
 pub mod peer_service;
+pub mod prepared;
 pub mod proto;
 pub mod service;
 pub mod session;

@@ -226,6 +226,35 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
         ))
     }
 
+    async fn prepare_blocks(
+        &self,
+        req: Request<pb::PrepareBlocksRequest>,
+    ) -> Result<Response<pb::PreparedBlocks>, Status> {
+        self.state.prepare_blocks_call(req).await
+    }
+
+    async fn release_prepared(
+        &self,
+        req: Request<pb::ReleasePreparedRequest>,
+    ) -> Result<Response<pb::ReleasePreparedResponse>, Status> {
+        self.state.release_prepared(req.into_inner().prepared_id).await?;
+        Ok(Response::new(pb::ReleasePreparedResponse {}))
+    }
+
+    async fn write_prepared(
+        &self,
+        req: Request<pb::WritePreparedRequest>,
+    ) -> Result<Response<pb::TransferStarted>, Status> {
+        self.state.write_prepared_call(req).await
+    }
+
+    async fn read_prepared(
+        &self,
+        req: Request<pb::ReadPreparedRequest>,
+    ) -> Result<Response<pb::TransferStarted>, Status> {
+        self.state.read_prepared_call(req).await
+    }
+
     async fn connect_peer(&self, req: Request<pb::ConnectPeerRequest>) -> Result<Response<pb::Peer>, Status> {
         let address = req.into_inner().address;
         if address.trim().is_empty() {

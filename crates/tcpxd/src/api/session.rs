@@ -8,7 +8,8 @@
 //!
 //! A `register_host_fd` request (the framed transport only: its file descriptor comes with the
 //! frame) registers client host memory; the buffers a session registered are released when it
-//! ends (src/api/host_memory.rs).
+//! ends (src/api/host_memory.rs). So do the prepared lists it prepared (`prepare_blocks`), unless
+//! released before (src/api/prepared.rs).
 //!
 //! The same logic serves two transports: the gRPC stream (`start`) and the framed local session
 //! on the API unix socket (`super::local`), each supplying its request side ([`Requests`]) and its
@@ -27,12 +28,13 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
 use super::host_memory::{self, Attached};
+use super::prepared;
 use super::proto::v1 as pb;
 use super::proto::v1::session_event::Event;
 use super::proto::v1::session_request::Op;
 use super::state::DaemonState;
 use super::transfers::{self, Started, cancel_unheard};
-use crate::engine::TransferId;
+use crate::engine::{TransferId, TransferKind};
 use crate::poller::Command;
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
@@ -133,6 +135,7 @@ pub async fn serve<R: Requests, E: Events>(
         open: HashMap::new(),
         waiting: JoinSet::new(),
         owned: Vec::new(),
+        prepared: Vec::new(),
     };
     session.run(requests).await
 }
@@ -147,6 +150,8 @@ struct Session<'e, E> {
     waiting: JoinSet<(u64, pb::TransferEvent)>,
     /// Buffers this session registered (`register_host_fd`): released when it ends.
     owned: Vec<u64>,
+    /// Prepared lists this session prepared (`prepare_blocks`): released when it ends.
+    prepared: Vec<u64>,
 }
 
 /// What the session does next.
@@ -202,6 +207,10 @@ impl<E: Events> Session<'_, E> {
             self.cancel_all();
         }
         self.state.release_owned(std::mem::take(&mut self.owned));
+        let state = self.state.clone();
+        state
+            .release_prepared_owned(std::mem::take(&mut self.prepared))
+            .await;
         ended
     }
 
@@ -265,7 +274,7 @@ impl<E: Events> Session<'_, E> {
         }
         let started = match req.op {
             None => Err(Status::invalid_argument(
-                "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd",
+                "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd, prepare_blocks, release_prepared, write_prepared, read_prepared",
             )),
             Some(Op::CancelTag(target)) => return self.cancel(tag, target).await,
             Some(Op::RegisterHostFd(r)) => {
@@ -282,6 +291,18 @@ impl<E: Events> Session<'_, E> {
                 Err(e) => Err(e),
             },
             Some(Op::ReadBatch(b)) => self.start_read(b).await,
+            Some(Op::PrepareBlocks(r)) => return self.prepare(tag, r).await,
+            Some(Op::ReleasePrepared(id)) => return self.release_prepared(tag, id).await,
+            Some(Op::WritePrepared(r)) => {
+                let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
+                let t = prepared::write_transfer(r);
+                self.state.start_prepared(TransferKind::Write, t, deadline).await
+            }
+            Some(Op::ReadPrepared(r)) => {
+                let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
+                let t = prepared::read_transfer(r);
+                self.state.start_prepared(TransferKind::Read, t, deadline).await
+            }
             Some(Op::WriteBlocks(r)) => {
                 let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
                 self.state.start_write_blocks(r, deadline).await
@@ -334,6 +355,29 @@ impl<E: Events> Session<'_, E> {
             Ok(buffer) => {
                 self.owned.push(buffer.id);
                 self.send(tag, Event::Registered(buffer)).await
+            }
+            Err(status) => self.refuse(tag, status).await,
+        }
+    }
+
+    /// Prepares a list that goes with this session.
+    async fn prepare(&mut self, tag: u64, r: pb::PrepareBlocksRequest) -> Result<(), Gone> {
+        let deadline = self.state.request_deadline(0, self.deadline);
+        match self.state.prepare_blocks(r, deadline).await {
+            Ok(p) => {
+                self.prepared.push(p.prepared_id);
+                self.send(tag, Event::Prepared(p)).await
+            }
+            Err(status) => self.refuse(tag, status).await,
+        }
+    }
+
+    async fn release_prepared(&mut self, tag: u64, id: u64) -> Result<(), Gone> {
+        match self.state.release_prepared(id).await {
+            Ok(()) => {
+                self.prepared.retain(|&p| p != id);
+                self.send(tag, Event::Released(pb::ReleasePreparedResponse {}))
+                    .await
             }
             Err(status) => self.refuse(tag, status).await,
         }

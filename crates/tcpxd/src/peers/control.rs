@@ -342,6 +342,15 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             range_index: *range_index,
         }),
         PeerMsg::CancelRead { read_id } => Body::CancelRead(pb::CancelRead { read_id: *read_id }),
+        PeerMsg::Notify {
+            transfer_id,
+            payload,
+            lists,
+        } => Body::Notify(pb::Notify {
+            transfer_id: *transfer_id,
+            payload: payload.clone(),
+            lists: lists.clone(),
+        }),
         PeerMsg::Goodbye { reason } => Body::Goodbye(pb::Goodbye {
             reason: reason.clone(),
         }),
@@ -483,6 +492,11 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
             range_index: r.range_index,
         },
         Body::CancelRead(c) => PeerMsg::CancelRead { read_id: c.read_id },
+        Body::Notify(n) => PeerMsg::Notify {
+            transfer_id: n.transfer_id,
+            payload: n.payload,
+            lists: n.lists,
+        },
         Body::Goodbye(g) => PeerMsg::Goodbye {
             reason: g.reason.chars().take(4096).collect(),
         },
@@ -522,6 +536,15 @@ mod tests {
             .expect("well formed")
             .expect("a message");
         assert_eq!(back, m);
+    }
+
+    #[test]
+    fn a_notify_survives_the_wire() {
+        round_trip(PeerMsg::Notify {
+            transfer_id: 17,
+            payload: b"done".to_vec(),
+            lists: vec![3, 9],
+        });
     }
 
     #[test]

@@ -42,7 +42,9 @@ use settle::{Dialing, LockMap, Settle, Slot};
 /// 4: offers may be coalesced (cut as one stream of their ranges' total) or carry block lists; a
 /// protocol-3 receiver would ignore `coalesced` and plan one chunk sequence per range, so every
 /// lane would fall out of step: the two refuse to pair.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 5: `Notify`, a prepared transfer's notification sent after its last part; a protocol-4 daemon
+/// would not understand it (the notification would be lost): the two refuse to pair.
+pub const PROTOCOL_VERSION: u32 = 5;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;
 /// Largest control message: a block offer's header carries the receiver's indices and the

@@ -21,8 +21,8 @@ use tokio::sync::{broadcast, oneshot, watch};
 use crate::buffers::BufferEntry;
 use crate::engine::blocks::{BlockList, Layout};
 use crate::engine::{
-    BlockSpec, Code, Engine, EngineConfig, EngineError, Outcome, PeerIdx, PeerMsg, ReadSpec, TransferId,
-    WriteSpec,
+    BlockSpec, Code, Engine, EngineConfig, EngineError, Outcome, PeerIdx, PeerMsg, PreparedEntry,
+    PreparedInfo, ReadSpec, RemoteList, TransferId, TransferKind, WriteSpec,
 };
 use crate::idle::{Backoff, LINGER, Step};
 use crate::metrics::{Meter, Op};
@@ -164,6 +164,30 @@ pub enum Command {
         deadline: Instant,
         reply: Reply<Result<BlocksStarted, EngineError>>,
     },
+    /// Prepares a list over block lists of this node (docs/BLOCKS.md, "Prepared lists").
+    PrepareLocal {
+        lists: Vec<u64>,
+        entries: Vec<PreparedEntry>,
+        reply: Reply<Result<PreparedInfo, EngineError>>,
+    },
+    /// Prepares a list over block lists of the node of pairing `peer`.
+    PrepareRemote {
+        peer: PeerIdx,
+        lists: Vec<RemoteList>,
+        entries: Vec<PreparedEntry>,
+        reply: Reply<Result<PreparedInfo, EngineError>>,
+    },
+    ReleasePrepared {
+        id: u64,
+        reply: Reply<Result<(), EngineError>>,
+    },
+    /// A WRITE or READ by prepared entries.
+    StartPrepared {
+        kind: TransferKind,
+        transfer: PreparedTransfer,
+        deadline: Instant,
+        reply: Reply<Result<BlocksStarted, EngineError>>,
+    },
     Cancel {
         id: TransferId,
         reply: Reply<bool>,
@@ -191,8 +215,22 @@ pub enum Command {
     },
 }
 
+/// A transfer by prepared entries, as the API parsed it.
+#[derive(Debug, Clone)]
+pub struct PreparedTransfer {
+    pub local: u64,
+    pub local_indices: Vec<u32>,
+    pub remote: u64,
+    pub remote_indices: Vec<u32>,
+    pub notification: Vec<u8>,
+}
+
 /// A block transfer the poller started: its id, its status channel and the bytes it moves.
 pub type BlocksStarted = (TransferId, watch::Receiver<TransferStatus>, u64);
+
+/// `Engine::start_write_prepared` or `Engine::start_read_prepared`.
+type PreparedStart =
+    fn(&mut Engine, u64, &[u32], u64, &[u32], Vec<u8>, Instant, Instant) -> Result<TransferId, EngineError>;
 
 /// What the API hands out about a block list (its token's fields).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -642,6 +680,60 @@ impl Poller {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read_blocks", id = id.0);
                 }
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total), total)));
+            }
+            Command::PrepareLocal {
+                lists,
+                entries,
+                reply,
+            } => {
+                let _ = reply.send(self.engine.prepare_local(lists, entries));
+            }
+            Command::PrepareRemote {
+                peer,
+                lists,
+                entries,
+                reply,
+            } => {
+                let _ = reply.send(self.engine.prepare_remote(peer, lists, entries));
+            }
+            Command::ReleasePrepared { id, reply } => {
+                let _ = reply.send(self.engine.release_prepared(id));
+            }
+            Command::StartPrepared {
+                kind,
+                transfer: t,
+                deadline,
+                reply,
+            } => {
+                let now = Instant::now();
+                let (start, op, label) = match kind {
+                    TransferKind::Write => (
+                        Engine::start_write_prepared as PreparedStart,
+                        Op::Write,
+                        "write_prepared",
+                    ),
+                    TransferKind::Read => (
+                        Engine::start_read_prepared as PreparedStart,
+                        Op::Read,
+                        "read_prepared",
+                    ),
+                };
+                let r = start(
+                    &mut self.engine,
+                    t.local,
+                    &t.local_indices,
+                    t.remote,
+                    &t.remote_indices,
+                    t.notification,
+                    deadline,
+                    now,
+                );
+                let r = r.map(|id| {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = label, id = id.0);
+                    let total = self.engine.transfer_total(id).unwrap_or(0);
+                    (id, self.track(id, op, total), total)
+                });
+                let _ = reply.send(r);
             }
             Command::Cancel { id, reply } => {
                 let _ = reply.send(self.engine.cancel(id, Code::Cancelled, "cancelled by the client"));
