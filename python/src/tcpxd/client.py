@@ -238,6 +238,10 @@ def settle(fut: Any, ev: Any) -> None:
         fut.set_result(ev.cancelled.cancelled)
     elif kind == "registered":
         fut.set_result(ev.registered)
+    elif kind == "prepared":
+        fut.set_result(ev.prepared)
+    elif kind == "released":
+        fut.set_result(ev.released)
 
 
 def too_large(msg: Any) -> TcpxdError:
