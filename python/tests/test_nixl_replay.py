@@ -67,7 +67,7 @@ def test_vllm_pull_reads_blocks_by_index_and_notifies(daemons, block):
     # Keyed by the decode agent's name, which prefill never loaded; after the data was read.
     assert notifs == {got["agent_name"]: ["req-1:1", "req-2:1", "req-3:1"]}
     assert got["telemetry"] == [(6 * 4 * block, 24, True), (6 * 2 * block, 12, True)]
-    assert got["paths"] == ["batch" if block == 512 else "blocks"] * 2
+    assert got["paths"] == ["batch" if block == 512 else "prepared"] * 2  # the prepared lists in the daemon
 
 
 @pytest.mark.parametrize("block", [1024, 16384], ids=["batch-path", "block-path"])
@@ -80,7 +80,7 @@ def test_vllm_push_writes_blocks_with_notifications(daemons, block):
     prefill.send(decode.recv())
     pushed = prefill.result()
     assert pushed["states"] == ["DONE", "DONE"]
-    assert pushed["paths"] == ["batch" if block == 1024 else "blocks"] * 2
+    assert pushed["paths"] == ["batch" if block == 1024 else "prepared"] * 2
     got = decode.result()
     assert list(got["notifs"]) == [pushed["agent_name"]]
     assert sorted(got["notifs"][pushed["agent_name"]]) == ["push-1:1", "push-2:1"]  # in completion order

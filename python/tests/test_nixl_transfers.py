@@ -237,11 +237,15 @@ def _notifs(agent, n, timeout=20.0):
     return got
 
 
+@pytest.mark.parametrize("path", ["prepared", "blocks"])
 @pytest.mark.parametrize("op", ["WRITE", "READ"])
-def test_block_path_over_several_buffer_pairs_notifies_after_every_byte(slow, monkeypatch, op):
-    """Aligned descriptors over 3 local and 2 remote regions (buffers): one block request per
-    buffer pair in use, granule ranges; the notification reaches the target only once every part
-    landed (checked the moment it arrives, at 1 Gbit/s so the parts take a while)."""
+def test_aligned_lists_over_several_buffer_pairs_notify_after_every_byte(slow, monkeypatch, op, path):
+    """Aligned descriptors over 3 local and 2 remote regions (buffers). Prepared path: the lists
+    live in the daemon and the transfer is one request of two index arrays, its notification
+    riding it (a READ's too). Block path (the lists not held by the daemon): one block request per
+    buffer pair in use, granule ranges, the notification after them. Either way it reaches the
+    target only once every byte landed (checked the moment it arrives, at 1 Gbit/s so the
+    transfer takes a while)."""
     a, b = slow
     A, B = pair(a, b)
     try:
@@ -259,6 +263,10 @@ def test_block_path_over_several_buffer_pairs_notifies_after_every_byte(slow, mo
         rdescs = [(int(m.ctypes.data) + i * K, K, 0) for m in bmems for i in range(nb)]
         local = A.prep_xfer_dlist("NIXL_INIT_AGENT", ldescs, "DRAM")
         remote = A.prep_xfer_dlist("xf-B", rdescs, "DRAM")
+        lp, rp = A._dlist(local, "local"), A._dlist(remote, "remote")
+        assert lp.held and rp.held  # prepared in the daemon by prep_xfer_dlist
+        if path == "blocks":
+            lp.held = False
         # Pairs over all six buffer pairs in random order (2-3 MiB: tens of ms at 1 Gbit/s); the
         # destination side names no block twice, the source side may.
         if op == "READ":
@@ -268,7 +276,11 @@ def test_block_path_over_several_buffer_pairs_notifies_after_every_byte(slow, mo
         h = A.make_prepped_xfer(op, local, li, remote, ri, notif_msg=b"all landed")
         plan = h._xfer.plan
         pairs = {(int(x) // nb, int(y) // nb) for x, y in zip(li, ri)}
-        assert plan.path == "blocks" and len(plan.requests) == len(pairs) == 6
+        assert len(pairs) == 6
+        if path == "blocks":
+            assert plan.path == "blocks" and len(plan.requests) == 6
+        else:
+            assert plan.path == "prepared" and plan.bodies == []  # bound to the session's ids when posted
         sent = calls(monkeypatch, A)
         assert A.transfer(h) == "PROC"
         got = _notifs(B, 1)
@@ -279,7 +291,11 @@ def test_block_path_over_several_buffer_pairs_notifies_after_every_byte(slow, mo
             rm, ro = bmems[y // nb], (y % nb) * K
             assert np.array_equal(lm[lo:lo + K], rm[ro:ro + K]), (x, y)
         assert wait(A, h) == "DONE", h.error
-        assert sent == [op.lower() + "_blocks"] * 6 + ["write"]  # the notification after the six parts
+        if path == "blocks":
+            assert sent == [op.lower() + "_blocks"] * 6 + ["write"]  # the notification after the six parts
+        else:
+            assert sent == [op.lower() + "_prepared"]  # one request; the daemon notifies after every part
+            assert plan.requests[0].notification.endswith(b"all landed")
         t = A.get_xfer_telemetry(h)
         assert (t.totalBytes, t.descCount) == (len(li) * K, len(li))
         # One buffer pair: one part, a WRITE's notification rides it.
@@ -287,7 +303,7 @@ def test_block_path_over_several_buffer_pairs_notifies_after_every_byte(slow, mo
             h1 = A.make_prepped_xfer("WRITE", local, np.arange(4), remote, np.arange(4) + 9, notif_msg=b"one part")
             sent.clear()
             A.transfer(h1)
-            assert wait(A, h1) == "DONE" and sent == ["write_blocks"]
+            assert wait(A, h1) == "DONE" and sent == ["write_" + path]
             assert _notifs(B, 1) == {"xf-A": [b"one part"]}
             assert np.array_equal(bmems[0][9 * K:13 * K], amems[0][:4 * K])
     finally:
@@ -296,7 +312,7 @@ def test_block_path_over_several_buffer_pairs_notifies_after_every_byte(slow, mo
 
 
 def test_block_path_ends_in_err_within_the_deadline_when_the_peer_dies(tmp_root):
-    """A block-path READ from a peer whose daemon is killed mid-transfer: "ERR" before the
+    """A prepared READ from a peer whose daemon is killed mid-transfer: "ERR" before the
     (long) deadline, the other parts cancelled."""
     from conftest import start_daemon, stop_daemon
 
@@ -317,7 +333,7 @@ def test_block_path_ends_in_err_within_the_deadline_when_the_peer_dies(tmp_root)
         remote = A.prep_xfer_dlist("xf-B", [(int(m.ctypes.data) + i * K, K, 0) for m in bmems for i in range(32)], "DRAM")
         idx = np.arange(64)
         h = A.make_prepped_xfer("READ", local, idx, remote, idx[::-1].copy(), notif_msg=b"never")
-        assert h._xfer.plan.path == "blocks" and len(h._xfer.plan.requests) == 2
+        assert h._xfer.plan.path == "prepared"  # one request; two buffer pairs (two parts) in the daemon
         assert A.transfer(h) == "PROC"  # 64 MiB at 1 Gbit/s: about half a second
         time.sleep(0.1)
         t0 = time.monotonic()
@@ -332,3 +348,49 @@ def test_block_path_ends_in_err_within_the_deadline_when_the_peer_dies(tmp_root)
         B.close()
         stop_daemon(a)
         stop_daemon(b)
+
+
+def test_prepared_lists_follow_the_session_and_are_released(daemons, monkeypatch):
+    """The daemon's prepared lists go with the agent's session: a renewed session prepares them
+    again on first use; release_dlist_handle releases the daemon's copy; a destination named
+    twice is refused by the daemon ("ERR" naming it), and the lists still work after."""
+    a, b = daemons
+    A, B = pair(a, b)
+    try:
+        amem, ablocks = regions(A, 32)
+        bmem, bblocks = regions(B, 32)
+        rng = np.random.default_rng(11)
+        amem[:] = rng.integers(0, 256, amem.nbytes, dtype=np.uint8)
+        A.add_remote_agent(B.get_agent_metadata())
+        local = A.prep_xfer_dlist("NIXL_INIT_AGENT", ablocks, "DRAM")
+        remote = A.prep_xfer_dlist("xf-B", bblocks, "DRAM")
+        lp = A._dlist(local, "local")
+        first = A._session_now()
+        assert lp.daemon is not None and lp.daemon[0] is first
+        li, ri = rng.permutation(32)[:8], rng.permutation(32)[:8]
+        h = A.make_prepped_xfer("WRITE", local, li, remote, ri)
+        assert A.transfer(h) in ("PROC", "DONE") and wait(A, h) == "DONE", h.error
+        for x, y in zip(li, ri):
+            assert np.array_equal(bmem[y * BLOCK:(y + 1) * BLOCK], amem[x * BLOCK:(x + 1) * BLOCK])
+        # The session ends (the daemon drops its prepared lists): the next transfer prepares anew.
+        first._abort("cancelled")
+        A.transfer(h)
+        assert wait(A, h) == "DONE", h.error
+        assert lp.daemon is not None and lp.daemon[0] is not first
+        # A destination block named twice: the daemon refuses the transfer, naming the index.
+        bad = A.make_prepped_xfer("WRITE", local, np.array([0, 1]), remote, np.array([5, 5]))
+        assert bad._xfer.plan.path == "prepared"
+        A.transfer(bad)
+        assert wait(A, bad) == "ERR"
+        assert "remote_indices" in str(bad.error) or "twice" in str(bad.error), bad.error
+        assert wait(A, h) == "DONE"
+        A.transfer(h)
+        assert wait(A, h) == "DONE", h.error
+        # Releasing the list releases the daemon's copy.
+        sent = calls(monkeypatch, A)
+        pid = lp.daemon[1]
+        A.release_dlist_handle(local)
+        assert sent == ["release_prepared"] and lp.daemon is None and pid > 0
+    finally:
+        A.close()
+        B.close()

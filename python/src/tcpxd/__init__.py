@@ -19,8 +19,8 @@ from ._ops import (
 )
 from . import _tensor
 from ._tensor import cuda_ipc_view, ready_event
-from .aio import AsyncBlockList, AsyncBuffer, AsyncClient, AsyncSession, AsyncSubscription, AsyncTransfer
-from .client import BlockList, Buffer, Client, Session, Subscription, Transfer
+from .aio import AsyncBlockList, AsyncBuffer, AsyncClient, AsyncPreparedList, AsyncSession, AsyncSubscription, AsyncTransfer
+from .client import BlockList, Buffer, Client, PreparedList, Session, Subscription, Transfer
 from .errors import (
     Aborted,
     AlreadyExists,
@@ -48,12 +48,14 @@ __all__ = [
     "Aborted",
     "AlreadyExists",
     "AsyncBlockList",
+    "AsyncPreparedList",
     "AsyncBuffer",
     "AsyncClient",
     "AsyncSession",
     "AsyncSubscription",
     "AsyncTransfer",
     "BlockList",
+    "PreparedList",
     "Buffer",
     "Cancelled",
     "Client",

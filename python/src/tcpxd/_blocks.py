@@ -187,3 +187,71 @@ class ListFields:
     @staticmethod
     def of(msg: Any) -> "ListFields":
         return ListFields(msg.id, msg.buffer_id, msg.token, msg.count, msg.block_length)
+
+
+# -- prepared lists (docs/BLOCKS.md, "Prepared lists")
+
+#: Entries a prepared list may hold, and indices a prepared transfer may name per side.
+MAX_PREPARED = 1 << 22
+
+
+def prepare_request(lists: Any, entries: Any) -> Any:
+    """A PrepareBlocksRequest: `lists`, this node's block lists (BlockLists or ids) or one other
+    node's (their tokens, strings); `entries`, an N×3 array-like of (position in `lists`, first
+    block, block count)."""
+    items = list(lists)
+    if not items:
+        raise InvalidArgument("lists: at least one block list is required")
+    remote = [isinstance(x, str) for x in items]
+    if any(remote) and not all(remote):
+        raise InvalidArgument("lists: give this node's lists (BlockLists or ids) or another node's tokens (strings), not both")
+    if hasattr(entries, "detach") and hasattr(entries, "cpu"):
+        entries = entries.detach().cpu().numpy()
+    e = np.asarray(entries)
+    if e.ndim != 2 or e.shape[1] != 3:
+        raise InvalidArgument(f"entries: an N×3 array of (list position, first block, block count) is needed, got shape {e.shape}")
+    if e.shape[0] == 0:
+        raise InvalidArgument("entries: at least one entry is required")
+    if e.shape[0] > MAX_PREPARED:
+        raise InvalidArgument(f"entries: {e.shape[0]} entries exceed the limit of {MAX_PREPARED}")
+    if not np.issubdtype(e.dtype, np.integer):
+        raise InvalidArgument(f"entries: expected integers, got {e.dtype}")
+    flat = e.reshape(-1)
+    if (flat < 0).any() or (flat > (1 << 32) - 1).any():
+        at = int(np.argmax((flat < 0) | (flat > (1 << 32) - 1)))
+        raise InvalidArgument(f"entries[{at // 3}]: {int(flat[at])} is outside 0..=4294967295")
+    data = e.astype("<u4").tobytes()
+    msg = _proto.message("PrepareBlocksRequest")
+    if all(remote):
+        return msg(remote_tokens=items, entries=data)
+    return msg(local_list_ids=[list_id(x) for x in items], entries=data)
+
+
+def prepared_indices(idx: Any, field: str) -> bytes:
+    """Entry indices of a prepared list, packed as little-endian u32s."""
+    a = _array(idx, field)
+    if a.size == 0:
+        raise InvalidArgument(f"{field}: at least one entry is required")
+    if a.size > MAX_PREPARED:
+        raise InvalidArgument(f"{field}: {a.size} entries exceed the limit of {MAX_PREPARED}")
+    _fits(a, field, (1 << 32) - 1, "an entry index")
+    return a.astype("<u4").tobytes()
+
+
+def prepared_id(p: Any) -> int:
+    return int(p.id) if hasattr(p, "id") else int(p)
+
+
+def prepared_request(
+    op: str, local: Any, local_idx: Any, remote: Any, remote_idx: Any, notification: bytes, timeout: Optional[float], wait: bool
+) -> Any:
+    """A WritePreparedRequest (op "WRITE") or ReadPreparedRequest ("READ")."""
+    return _proto.message("WritePreparedRequest" if op == "WRITE" else "ReadPreparedRequest")(
+        local_prepared_id=prepared_id(local),
+        local_indices=prepared_indices(local_idx, "local_indices"),
+        remote_prepared_id=prepared_id(remote),
+        remote_indices=prepared_indices(remote_idx, "remote_indices"),
+        notification=bytes(notification or b""),
+        timeout_ms=_ops.timeout_ms(timeout),
+        wait=wait,
+    )

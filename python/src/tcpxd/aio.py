@@ -181,6 +181,34 @@ class AsyncBlockList:
         await self.release()
 
 
+class AsyncPreparedList:
+    """As tcpxd.PreparedList, for the asyncio client: `async with` releases it."""
+
+    def __init__(self, owner: Any, msg: Any):
+        self._owner = owner
+        self.id: int = msg.prepared_id
+        self.entries: int = msg.entries
+        self.blocks: int = msg.blocks
+        self.released = False
+
+    def __len__(self) -> int:
+        return self.entries
+
+    def __repr__(self) -> str:
+        return f"AsyncPreparedList(id={self.id}, entries={self.entries}, blocks={self.blocks})"
+
+    async def release(self) -> None:
+        if not self.released:
+            await self._owner._release_prepared(self.id)
+            self.released = True
+
+    async def __aenter__(self) -> "AsyncPreparedList":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.release()
+
+
 class AsyncSession:
     """Many transfers in flight on one stream: each submit returns an asyncio.Future resolved when
     that transfer finishes. `async with client.session() as s: r = await s.write(...)`.
@@ -303,6 +331,25 @@ class AsyncSession:
         self, local_list: Any, local_idx: Any, remote: Any, remote_idx: Any, *, timeout: Optional[float] = None
     ) -> "asyncio.Future[TransferResult]":
         return self._submit(read_blocks=_blocks.read_request(local_list, local_idx, remote, remote_idx, timeout, False))
+
+    async def prepare_blocks(self, lists: Any, entries: Any) -> AsyncPreparedList:
+        """As tcpxd.Session.prepare_blocks: the list goes with the session."""
+        return AsyncPreparedList(self, await self._submit(prepare_blocks=_blocks.prepare_request(lists, entries)))
+
+    async def _release_prepared(self, prepared_id: int) -> None:
+        await self._submit(release_prepared=prepared_id)
+
+    def write_prepared(
+        self, local: Any, local_idx: Any, remote: Any, remote_idx: Any, *, notification: bytes = b"", timeout: Optional[float] = None
+    ) -> "asyncio.Future[TransferResult]":
+        req = _blocks.prepared_request("WRITE", local, local_idx, remote, remote_idx, notification, timeout, False)
+        return self._submit(write_prepared=req)
+
+    def read_prepared(
+        self, local: Any, local_idx: Any, remote: Any, remote_idx: Any, *, notification: bytes = b"", timeout: Optional[float] = None
+    ) -> "asyncio.Future[TransferResult]":
+        req = _blocks.prepared_request("READ", local, local_idx, remote, remote_idx, notification, timeout, False)
+        return self._submit(read_prepared=req)
 
     def cancel(self, fut: "asyncio.Future[Any]") -> "asyncio.Future[bool]":
         return self._submit(cancel_tag=fut.tag)  # type: ignore[attr-defined]
@@ -858,6 +905,43 @@ class AsyncClient:
         """As tcpxd.Client.read_blocks."""
         req = _blocks.read_request(local_list, local_idx, remote, remote_idx, timeout, wait)
         return await self._start("ReadBlocks", req, timeout, wait)
+
+    async def prepare_blocks(self, lists: Any, entries: Any) -> AsyncPreparedList:
+        """As tcpxd.Client.prepare_blocks."""
+        return AsyncPreparedList(self, await self._unary("PrepareBlocks", _blocks.prepare_request(lists, entries)))
+
+    async def _release_prepared(self, prepared_id: int) -> None:
+        await self._unary("ReleasePrepared", _proto.message("ReleasePreparedRequest")(prepared_id=prepared_id))
+
+    async def write_prepared(
+        self,
+        local: Any,
+        local_idx: Any,
+        remote: Any,
+        remote_idx: Any,
+        *,
+        notification: bytes = b"",
+        timeout: Optional[float] = None,
+        wait: bool = True,
+    ) -> Any:
+        """As tcpxd.Client.write_prepared."""
+        req = _blocks.prepared_request("WRITE", local, local_idx, remote, remote_idx, notification, timeout, wait)
+        return await self._start("WritePrepared", req, timeout, wait)
+
+    async def read_prepared(
+        self,
+        local: Any,
+        local_idx: Any,
+        remote: Any,
+        remote_idx: Any,
+        *,
+        notification: bytes = b"",
+        timeout: Optional[float] = None,
+        wait: bool = True,
+    ) -> Any:
+        """As tcpxd.Client.read_prepared."""
+        req = _blocks.prepared_request("READ", local, local_idx, remote, remote_idx, notification, timeout, wait)
+        return await self._start("ReadPrepared", req, timeout, wait)
 
     async def cancel(self, transfer_id: int) -> bool:
         return (await self._unary("Cancel", _proto.message("CancelRequest")(transfer_id=transfer_id))).cancelled

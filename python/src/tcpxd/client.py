@@ -31,6 +31,8 @@ SESSION_FIELD = {
     "ReadBatch": "read_batch",
     "WriteBlocks": "write_blocks",
     "ReadBlocks": "read_blocks",
+    "WritePrepared": "write_prepared",
+    "ReadPrepared": "read_prepared",
 }
 
 
@@ -143,6 +145,40 @@ class BlockList:
         self.release()
 
 
+
+class PreparedList:
+    """A prepared list held by the daemon (`prepare_blocks`): entries, each a range of blocks of
+    one block list, named by index in `write_prepared` / `read_prepared`, what NIXL calls a
+    prepared descriptor list. `len()` is its entry count. A context manager: leaving it releases
+    it. One prepared on a Session goes with the session."""
+
+    def __init__(self, owner: Any, msg: Any):
+        self._owner = owner
+        self.id: int = msg.prepared_id
+        self.entries: int = msg.entries
+        #: Blocks all entries cover, summed.
+        self.blocks: int = msg.blocks
+        self.released = False
+
+    def __len__(self) -> int:
+        return self.entries
+
+    def __repr__(self) -> str:
+        return f"PreparedList(id={self.id}, entries={self.entries}, blocks={self.blocks})"
+
+    def release(self) -> None:
+        """Releases it in the daemon (transfers already started keep their plans). Idempotent."""
+        if not self.released:
+            self._owner._release_prepared(self.id)
+            self.released = True
+
+    def __enter__(self) -> "PreparedList":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
 class Transfer:
     """A transfer started without waiting: `result()` waits for it, `cancel()` stops it."""
 
@@ -238,6 +274,10 @@ def settle(fut: Any, ev: Any) -> None:
         fut.set_result(ev.cancelled.cancelled)
     elif kind == "registered":
         fut.set_result(ev.registered)
+    elif kind == "prepared":
+        fut.set_result(ev.prepared)
+    elif kind == "released":
+        fut.set_result(ev.released)
 
 
 def too_large(msg: Any) -> TcpxdError:
@@ -487,6 +527,28 @@ class Session:
     ) -> "concurrent.futures.Future[TransferResult]":
         """As Client.read_blocks, in this session."""
         return self._submit(read_blocks=_blocks.read_request(local_list, local_idx, remote, remote_idx, timeout, False))
+
+    def prepare_blocks(self, lists: Any, entries: Any) -> PreparedList:
+        """As Client.prepare_blocks, on this session: the list goes with the session. Waits for
+        the daemon's answer."""
+        return PreparedList(self, self._submit(prepare_blocks=_blocks.prepare_request(lists, entries)).result())
+
+    def _release_prepared(self, prepared_id: int) -> None:
+        self._submit(release_prepared=prepared_id).result()
+
+    def write_prepared(
+        self, local: Any, local_idx: Any, remote: Any, remote_idx: Any, *, notification: bytes = b"", timeout: Optional[float] = None
+    ) -> "concurrent.futures.Future[TransferResult]":
+        """As Client.write_prepared, in this session."""
+        req = _blocks.prepared_request("WRITE", local, local_idx, remote, remote_idx, notification, timeout, False)
+        return self._submit(write_prepared=req)
+
+    def read_prepared(
+        self, local: Any, local_idx: Any, remote: Any, remote_idx: Any, *, notification: bytes = b"", timeout: Optional[float] = None
+    ) -> "concurrent.futures.Future[TransferResult]":
+        """As Client.read_prepared, in this session."""
+        req = _blocks.prepared_request("READ", local, local_idx, remote, remote_idx, notification, timeout, False)
+        return self._submit(read_prepared=req)
 
     def register_host(self, memory: Any, label: str = "", *, fd: Optional[int] = None) -> Buffer:
         """As Client.register_host, on this session's connection: the buffer belongs to the session
@@ -979,6 +1041,50 @@ class Client:
         pair. Otherwise as `write_blocks`."""
         req = _blocks.read_request(local_list, local_idx, remote, remote_idx, timeout, wait)
         return self._start("ReadBlocks", req, timeout, wait)
+
+    def prepare_blocks(self, lists: Any, entries: Any) -> PreparedList:
+        """A prepared list in the daemon: `lists`, this node's block lists (BlockLists or ids) or
+        one other node's (their tokens); `entries`, an N×3 array (numpy, torch, nested lists) of
+        (position in `lists`, first block, block count). Transfers then name entries by index
+        (`write_prepared` / `read_prepared`): nothing per block crosses the API. The daemon checks
+        every entry once (InvalidArgument naming the first bad one). Lives until released."""
+        return PreparedList(self, self._unary("PrepareBlocks", _blocks.prepare_request(lists, entries)))
+
+    def _release_prepared(self, prepared_id: int) -> None:
+        self._unary("ReleasePrepared", _proto.message("ReleasePreparedRequest")(prepared_id=prepared_id))
+
+    def write_prepared(
+        self,
+        local: Any,
+        local_idx: Any,
+        remote: Any,
+        remote_idx: Any,
+        *,
+        notification: bytes = b"",
+        timeout: Optional[float] = None,
+        wait: bool = True,
+    ) -> Any:
+        """WRITE entries `local_idx` of a local PreparedList into entries `remote_idx` of a remote
+        one (prepared here from the other node's tokens), pair by pair, as one transfer: the
+        notification reaches the other node once every byte landed. Otherwise as `write`."""
+        req = _blocks.prepared_request("WRITE", local, local_idx, remote, remote_idx, notification, timeout, wait)
+        return self._start("WritePrepared", req, timeout, wait)
+
+    def read_prepared(
+        self,
+        local: Any,
+        local_idx: Any,
+        remote: Any,
+        remote_idx: Any,
+        *,
+        notification: bytes = b"",
+        timeout: Optional[float] = None,
+        wait: bool = True,
+    ) -> Any:
+        """READ entries `remote_idx` of a remote PreparedList into entries `local_idx` of a local
+        one; the notification reaches the other node once every byte landed here."""
+        req = _blocks.prepared_request("READ", local, local_idx, remote, remote_idx, notification, timeout, wait)
+        return self._start("ReadPrepared", req, timeout, wait)
 
     def cancel(self, transfer_id: int) -> bool:
         """Cancels a transfer on both sides; False when it had already ended."""

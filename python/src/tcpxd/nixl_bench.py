@@ -218,8 +218,9 @@ def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Opti
           f"{a.req_blocks} {a.ids} blocks per region per request = {descs} descriptors, {req_bytes / MIB:.0f} MiB")
     print(f"prepare   remote list of {regions * a.blocks} descriptors: {prep_s * 1e3:.1f} ms")
     r0 = rows[0]
-    what = "block requests of granule ranges" if r0["path"] == "blocks" else "batch requests"
-    print(f"daemon    {r0['parts']} {what} per request ({r0['entries']} {'ranges' if r0['path'] == 'blocks' else 'entries'}, both sides)")
+    what = {"prepared": "prepared-list request", "blocks": "block requests of granule ranges"}.get(r0["path"], "batch requests")
+    unit = {"prepared": "indices", "blocks": "ranges"}.get(r0["path"], "entries")
+    print(f"daemon    {r0['parts']} {what} per request ({r0['entries']} {unit}, both sides)")
     print(f"nixl      READ by indices   {nixl_gbps:7.2f} GB/s   (median of {a.requests}; make {med([r['make'] for r in rows]) * 1e3:.2f} ms, "
           f"transfer {med([r['post'] for r in rows]) * 1e3:.2f} ms, check {med([r['check'] for r in rows]) * 1e6:.1f} us)")
     print(f"tcpxd     contiguous READ   {base_gbps:7.2f} GB/s   (median of {a.requests})")

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Union
 
 
 from .. import Client
+from ..client import DEFAULT_CALL_TIMEOUT
 from ..errors import TcpxdError
 from . import _listen, _plan
 from ._descs import DescList, RegDList, XferDList, lenient, parse
@@ -103,8 +104,10 @@ class nixl_prepped_dlist_handle:  # noqa: N801
 
     def release(self) -> None:
         if not self._released:
-            self._agent._dlists.pop(self._handle, None)
+            prepped = self._agent._dlists.pop(self._handle, None)
             self._released = True
+            if prepped is not None:
+                self._agent._unprepare(prepped)
 
 
 class nixl_xfer_handle:  # noqa: N801
@@ -176,6 +179,8 @@ class nixl_agent:  # noqa: N801
         self.name = agent_name
         self._conf = conf
         self._timeout_ms = 0 if conf.timeout_s is None else max(1, int(conf.timeout_s * 1000))
+        #: How long a request answered at once (PrepareBlocks on the session) may take.
+        self._call_timeout_s = DEFAULT_CALL_TIMEOUT if conf.timeout_s is None else max(conf.timeout_s, DEFAULT_CALL_TIMEOUT)
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
         self._dlists: Dict[int, _plan.Prepped] = {}
@@ -414,10 +419,45 @@ class nixl_agent:  # noqa: N801
         else:
             remote = self._peer(name, "agent_name")
             prepped = _plan.prepare(remote.table, dl.mem, dl.rows, name, f"remote agent {name!r}", "xfer_list")
+        if prepped.preparable:  # held by the daemon too (the prepared path): prepared now, once
+            try:
+                self._prepared_id(self._session_now(), prepped)
+            except (TcpxdError, nixlBackendError) as e:
+                log.debug("agent %s: the daemon did not prepare a list of %d descriptors (%s): the block path serves it",
+                          self.name, len(prepped), e)
         with self._lock:
             h = next(self._ids)
             self._dlists[h] = prepped
         return nixl_prepped_dlist_handle(self, h)
+
+    def _prepared_id(self, session: Any, prepped: _plan.Prepped) -> int:
+        """The daemon's id of `prepped` on `session` (PrepareBlocks on it the first time: the
+        list goes with the session). A refusal marks the list unpreparable and raises."""
+        with prepped.daemon_lock:
+            d = prepped.daemon
+            if d is not None and d[0] is session:
+                return d[1]
+            try:
+                got = session._submit(prepare_blocks=prepped.prepare_request()).result(timeout=self._call_timeout_s)
+            except TcpxdError:
+                prepped.refused = True
+                raise
+            except Exception as e:  # noqa: BLE001 - no answer in time
+                raise nixlBackendError(f"prep_xfer_dlist: the daemon did not prepare the list: {e!r}") from None
+            prepped.daemon = (session, int(got.prepared_id))
+            prepped.held = True
+            return prepped.daemon[1]
+
+    def _unprepare(self, prepped: _plan.Prepped) -> None:
+        """Releases the daemon's copy of a prepared list (best effort: the session's end releases
+        it anyway)."""
+        with prepped.daemon_lock:
+            d, prepped.daemon = prepped.daemon, None
+        if d is not None and d[0]._ended is None and not d[0]._closed:
+            try:
+                d[0]._submit(release_prepared=d[1])
+            except TcpxdError:
+                pass
 
     def release_dlist_handle(self, handle: nixl_prepped_dlist_handle) -> None:
         handle.release()
@@ -482,7 +522,15 @@ class nixl_agent:  # noqa: N801
         remote = self._remote(xfer.remote, "handle's remote agent")
         msg = _bytes(notif_msg, "notif_msg") or xfer.notif
         framed = frame(self.name, remote.md.name, msg) if msg else b""
-        ride = framed if xfer.plan.op == "WRITE" and len(xfer.plan.bodies) == 1 else b""
+        session = self._session_now()
+        pr = xfer.plan.prepared
+        if pr is not None:  # bound to the session's prepared ids (prepared there if it is new)
+            try:
+                xfer.plan.bodies = [pr.body(self._prepared_id(session, pr.local), self._prepared_id(session, pr.remote))]
+            except (TcpxdError, nixlBackendError) as e:
+                log.debug("agent %s: prepared path refused (%s): the block or batch path instead", self.name, e)
+                xfer.plan = _plan.unprepared_plan(xfer.plan.op, pr.local, pr.li, pr.remote, pr.ri, pr.merge, pr.timeout_ms)
+        ride = framed if xfer.plan.carries_notification else b""
         followup = None
         if framed and not ride:  # after every part: a 1-byte WRITE between the mailboxes carries it
             if remote.mailbox_entry is None:
@@ -490,7 +538,7 @@ class nixl_agent:  # noqa: N801
             body = mailbox_write(remote.mailbox_entry, framed, self._timeout_ms)
             followup = lambda s, sink: s._submit_encoded("write", [body], [sink])  # noqa: E731
         try:
-            return xfer.post(self._session_now(), ride, followup)
+            return xfer.post(session, ride, followup)
         except TcpxdError as e:
             raise from_tcpxd(e, "transfer") from None
 

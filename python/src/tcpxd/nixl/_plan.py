@@ -21,6 +21,14 @@ contiguous on both sides (as NIXL merges descriptors), groups them by buffer pai
 coalesces a plain batch of one buffer pair into shared wire chunks) and cuts each group into
 WriteBatch/ReadBatch requests of at most MAX_ENTRIES entries.
 
+**Prepared lists in the daemon (the fast path).** A list whose every descriptor is
+granule-aligned with one length is also prepared in the daemon (PrepareBlocks: its buffers' granule
+lists, and per descriptor its buffer's position, first granule and granule count), on the agent's
+session, once (again if the session is renewed). A transfer between two such lists of equal
+signature is then one WritePrepared/ReadPrepared request: the two prepared ids and both index arrays
+packed as u32s, nothing per descriptor in Python; the daemon groups the pairs by buffer pair and
+sends the notification (a READ's too) once every byte landed.
+
 Either way the requests go out on the agent's session and pipeline; _xfer.Xfer follows them.
 """
 
@@ -44,6 +52,8 @@ MAX_ENTRIES = 65536
 MAX_BLOCKS = 1 << 22
 #: The BlockIndices encoding of (start, count) u32 pairs (tcpxd.v1.IndexEncoding.RANGES).
 RANGES = 1
+#: Entries a daemon prepared list may hold, and indices a prepared transfer may name per side.
+MAX_PREPARED = 1 << 22
 
 _LIST_SHIFT = np.int64(32)
 _LOW = np.int64(0xFFFFFFFF)
@@ -77,6 +87,14 @@ class Prepped:
         first = {k: r for k, r in zip(reversed(keys), reversed(self.regions))}
         self.lists: List[Any] = [(first[k].list_id if not self.agent else first[k].blocks) for k in uniq]
         self._granules()
+        #: The daemon's prepared list of these descriptors: (session, prepared id), set by the
+        #: agent on the session it was prepared on; `refused`: the daemon would not prepare it
+        #: (an older daemon, a list over its limits): the block path serves it.
+        self.daemon: Optional[Tuple[Any, int]] = None
+        self.refused = False
+        #: Whether the daemon prepared it once (the prepared path is planned only then).
+        self.held = False
+        self.daemon_lock = threading.Lock()
         self._scratch: Optional[np.ndarray] = None
         self._scratch_lock = threading.Lock()
         self._fields: Dict[str, List[bytes]] = {}
@@ -120,6 +138,23 @@ class Prepped:
             else:
                 self._overlaps = False
         return self._overlaps
+
+    @property
+    def preparable(self) -> bool:
+        """Whether the daemon can hold this list (every descriptor granule-aligned, one length)."""
+        return self.usig is not None and self.usig >= 0 and 0 < len(self.length) <= MAX_PREPARED and not self.refused
+
+    def prepare_request(self) -> Any:
+        """This list's PrepareBlocksRequest: its buffers' granule lists (ids here, tokens for a
+        remote agent's) and per descriptor (buffer position, first granule, granules), u32s."""
+        ent = np.empty((len(self.length), 3), dtype="<u4")
+        ent[:, 0] = self.buffer_of[self.region]
+        ent[:, 1] = self.gpos & _LOW
+        ent[:, 2] = self.gcnt
+        cls = _proto.message("PrepareBlocksRequest")
+        if self.agent:
+            return cls(remote_tokens=[str(t) for t in self.lists], entries=ent.tobytes())
+        return cls(local_list_ids=[int(x) for x in self.lists], entries=ent.tobytes())
 
     def list_fields(self, read: bool) -> List[bytes]:
         """Per buffer, its granule list as the field a block request names it by: the local
@@ -198,12 +233,19 @@ class Plan:
     path: str = "batch"
     field: str = dfield(default="")
     notif_key: bytes = b""
+    #: The prepared path's request before it is bound to a session's prepared ids (`bind`).
+    prepared: Optional["Prepared"] = None
 
     def __post_init__(self) -> None:
         if not self.field:
             self.field = field(self.op, self.path)
-        if self.op == "WRITE":
+        if self.op == "WRITE" or self.path == "prepared":
             self.notif_key = _NOTIF_KEY[self.path]
+
+    @property
+    def carries_notification(self) -> bool:
+        """Whether a notification can ride the request itself (else it follows every part)."""
+        return len(self.bodies) == 1 and (self.op == "WRITE" or self.path == "prepared")
 
     @property
     def requests(self) -> List[Any]:
@@ -212,10 +254,35 @@ class Plan:
         return [cls.FromString(b) for b in self.bodies]
 
 
-#: A request message by SessionRequest field, and a WRITE's notification key by path.
+@dataclass
+class Prepared:
+    """A prepared-path transfer: both lists, their indices (int64, and packed as u32s), the
+    timeout field, and what the block or batch path needs should the daemon refuse the lists."""
+
+    local: Prepped
+    li: np.ndarray
+    lb: bytes
+    remote: Prepped
+    ri: np.ndarray
+    rb: bytes
+    tmo: bytes
+    merge: bool
+    timeout_ms: int
+
+    def body(self, lid: int, rid: int) -> bytes:
+        """Write/ReadPreparedRequest (same numbers): local_prepared_id 1, local_indices 2,
+        remote_prepared_id 3, remote_indices 4, timeout_ms 6 (the notification, 5, is appended
+        when one rides)."""
+        lb, rb = self.lb, self.rb
+        return b"".join((b"\x08", V(lid), b"\x12", V(len(lb)), lb, b"\x18", V(rid), b"\x22", V(len(rb)), rb, self.tmo))
+
+
+#: A request message by SessionRequest field, and a notification's key by path.
 _MESSAGE = {"write_batch": "WriteBatchRequest", "read_batch": "ReadBatchRequest",
-            "write_blocks": "WriteBlocksRequest", "read_blocks": "ReadBlocksRequest"}
-_NOTIF_KEY = {"batch": b"\x12", "blocks": b"\x2a"}  # WriteBatchRequest.notification = 2, WriteBlocksRequest's = 5
+            "write_blocks": "WriteBlocksRequest", "read_blocks": "ReadBlocksRequest",
+            "write_prepared": "WritePreparedRequest", "read_prepared": "ReadPreparedRequest"}
+# WriteBatchRequest.notification = 2, WriteBlocksRequest's = 5, Write/ReadPreparedRequest's = 5
+_NOTIF_KEY = {"batch": b"\x12", "blocks": b"\x2a", "prepared": b"\x2a"}
 _SMALL_VARINTS = [bytes([i]) for i in range(128)]
 
 
@@ -233,11 +300,35 @@ def plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarra
         raise nixlMismatchError(f"local_indices: {len(li)} indices against remote_indices' {len(ri)}")
     if len(li) == 0:
         raise nixlInvalidParamError("local_indices: no descriptors to transfer")
+    p = prepared_plan(op, local, li, remote, ri, merge, timeout_ms)
+    if p is not None:
+        return p
+    return unprepared_plan(op, local, li, remote, ri, merge, timeout_ms)
+
+
+def unprepared_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarray, merge: bool, timeout_ms: int) -> Plan:
+    """The block path, else the batch path."""
     if local.aligned or remote.aligned:  # else no pair can take the block path
         p = block_plan(op, local, li, remote, ri, timeout_ms)
         if p is not None:
             return p
     return batch_plan(op, local, li, remote, ri, merge, timeout_ms)
+
+
+def prepared_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarray, merge: bool,
+                  timeout_ms: int) -> Optional[Plan]:
+    """The prepared path (module doc), or None when the lists cannot take it: both held by the
+    daemon, with one signature (every pair the same granules), a destination list whose descriptors
+    share no byte, at most MAX_PREPARED indices. A destination descriptor named twice is refused
+    by the daemon (the transfer ends in "ERR" naming it)."""
+    if not (local.held and remote.held and local.preparable and remote.preparable and local.usig == remote.usig):
+        return None
+    if (local if op == "READ" else remote).overlaps or len(li) > MAX_PREPARED:
+        return None
+    n = len(li)
+    tmo = _timeout(b"\x30", timeout_ms)  # timeout_ms = 6 in both requests
+    pr = Prepared(local, li, li.astype("<u4").tobytes(), remote, ri, ri.astype("<u4").tobytes(), tmo, merge, timeout_ms)
+    return Plan(op, [], n * int(local.length[0]), n, n, "prepared", prepared=pr)
 
 
 def block_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarray, timeout_ms: int) -> Optional[Plan]:
@@ -377,12 +468,17 @@ def descs_plan(op: str, local: Prepped, remote: Prepped, timeout_ms: int) -> Pla
     """initialize_xfer: every local descriptor with the remote one at the same position."""
     if len(local) != len(remote):
         raise nixlMismatchError(f"local_descs: {len(local)} descriptors against remote_descs' {len(remote)}")
+    if len(local) == 0:
+        raise nixlInvalidParamError("local_descs: no descriptors to transfer")
     idx = np.arange(len(local), dtype=np.int64)
-    return plan(op, local, idx, remote, idx, True, timeout_ms)
+    # Lists made for one transfer are not prepared in the daemon (a round trip to save none).
+    return unprepared_plan(op, local, idx, remote, idx, True, timeout_ms)
 
 
 def field(op: str, path: str = "batch") -> str:
     """The SessionRequest field of a plan's requests."""
     if path == "blocks":
         return "write_blocks" if op == "WRITE" else "read_blocks"
+    if path == "prepared":
+        return "write_prepared" if op == "WRITE" else "read_prepared"
     return "write_batch" if op == "WRITE" else "read_batch"
