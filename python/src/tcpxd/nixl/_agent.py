@@ -511,7 +511,7 @@ class nixl_agent:  # noqa: N801
             if self._closed:
                 raise nixlBackendError("the agent is closed")
             s = self._session
-            if s is None or s._ended is not None or s._closed:
+            if s is None or s._ended is not None or s._closed or getattr(s, "_why", None) is not None:
                 s = self._session = self._client.session()
             return s
 
