@@ -62,6 +62,7 @@
 //! reported; `on_tick(now)`; the actions again; while draining, `is_drained(now)`; then, with
 //! nothing in flight, a sleep until a command or `next_deadline()`.
 
+mod action;
 mod block_offers;
 mod block_transfers;
 pub mod blocks;
@@ -82,12 +83,14 @@ mod prepared;
 mod release;
 use release::PeerMap;
 mod start;
+mod transfer;
 pub mod wire;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
+pub use action::Action;
 pub use block_transfers::{BlockSpec, RemoteBlocks};
 pub use counters::{LaneCounters, PeerCounters};
 pub use drain::DrainReport;
@@ -97,6 +100,7 @@ pub use plan::{Chunk, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK
 pub use prepared::{
     MAX_PREPARED, MAX_PREPARED_ENTRIES, MAX_PREPARED_LISTS, PreparedEntry, PreparedInfo, RemoteList,
 };
+pub use transfer::{EntrySpec, Outcome, PeerIdx, ReadSpec, TransferId, TransferKind, WriteSpec};
 pub use wire::{Malformed, Offer, PeerMsg, ReadBlocks, ReadPair, RemoteRange};
 
 /// How this node receives (`transfer.protocol`), announced to each peer at pairing; senders
@@ -181,152 +185,6 @@ pub const DEFAULT_MAX_ENTRIES: usize = 65_536;
 /// `transfer.eager_max_bytes`' default: transfers up to 64 KiB go eager under `auto` (measured:
 /// eager wins for small transfers, rendezvous from 1-4 MiB up; docs/BENCHMARKS.md).
 pub const DEFAULT_EAGER_MAX_BYTES: u64 = 64 * 1024;
-
-/// A pairing in the engine: never reused, so a late message or event for a pairing the engine
-/// released names no other.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PeerIdx(pub u32);
-
-/// A client-visible transfer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TransferId(pub u64);
-
-impl std::fmt::Display for TransferId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)
-    }
-}
-
-/// Which way a transfer moves data, seen from this node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TransferKind {
-    Write,
-    Read,
-}
-
-/// One entry of a transfer: `remote.length` bytes between a local buffer and a peer's buffer
-/// (from local to remote for a WRITE, from remote to local for a READ).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EntrySpec {
-    pub local_buffer: u64,
-    pub local_offset: u64,
-    pub peer: PeerIdx,
-    pub remote: RemoteRange,
-}
-
-/// An entry of a WRITE.
-pub type WriteSpec = EntrySpec;
-/// An entry of a READ.
-pub type ReadSpec = EntrySpec;
-
-/// How a transfer (or one entry of it) ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Outcome {
-    pub code: Code,
-    pub message: String,
-    /// One per entry, in request order.
-    pub entries: Vec<(Code, String)>,
-    /// Bytes known to have landed at their destination: the total when OK; after a failure, a
-    /// WRITE's ranges its receivers confirmed and a READ's chunks unpacked here (progress events
-    /// count a WRITE's chunks as they leave, which says nothing of what the receiver kept).
-    pub landed: u64,
-}
-
-/// What the driver must do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
-    /// Send a control message to a peer.
-    Control { peer: PeerIdx, msg: PeerMsg },
-    /// Post one send on a lane (the window has room).
-    PostSend {
-        peer: PeerIdx,
-        lane: u32,
-        buffer: u64,
-        offset: u64,
-        len: u32,
-    },
-    /// Post one credit receive on a lane: `len` bytes into the lane's landing slots (eager
-    /// mode; where the bytes go is decided by a later `Land`).
-    PostCredit { peer: PeerIdx, lane: u32, len: u32 },
-    /// The oldest completed credit receive of a lane that has no destination yet belongs to
-    /// this chunk: unpack its `len` bytes into `buffer` at `offset`, or (`buffer: None`, a
-    /// rejected or cancelled transfer) consume it without unpacking. Then report
-    /// `on_recv_consumed`.
-    Land {
-        peer: PeerIdx,
-        lane: u32,
-        buffer: Option<u64>,
-        offset: u64,
-        len: u32,
-    },
-    /// Post one send on a lane whose bytes lie in pieces of `buffer`: copy the pieces
-    /// ([`Engine::send_pieces`]`(offer, wire, len)`, in wire order) into a staging slot of the
-    /// lane and send `len` bytes from there. At most `send_window + gather_ahead` of a lane's
-    /// sends are posted and unfinished, so a ring of that many slots per lane is never overrun;
-    /// the driver hands the plugin at most `send_window` of them ("Windows" above).
-    PostGatherSend {
-        peer: PeerIdx,
-        lane: u32,
-        buffer: u64,
-        offer: u64,
-        wire: u64,
-        len: u32,
-    },
-    /// Post one receive on a lane whose bytes go to pieces of `buffer`
-    /// ([`Engine::recv_pieces`]`(peer, offer, wire, len)`): posted into a landing place of the
-    /// lane, and once it completed, scattered into the pieces before `on_recv_consumed` is
-    /// reported. At most `recv_window` receives of a lane are posted (until consumed).
-    PostScatterRecv {
-        peer: PeerIdx,
-        lane: u32,
-        buffer: u64,
-        offer: u64,
-        wire: u64,
-        len: u32,
-    },
-    /// Eager: as [`Action::Land`], but the chunk's bytes go to pieces of `buffer`
-    /// ([`Engine::recv_pieces`]`(peer, offer, wire, len)`).
-    LandScatter {
-        peer: PeerIdx,
-        lane: u32,
-        buffer: u64,
-        offer: u64,
-        wire: u64,
-        len: u32,
-    },
-    /// Post one receive on a lane (the window has room).
-    PostRecv {
-        peer: PeerIdx,
-        lane: u32,
-        buffer: u64,
-        offset: u64,
-        len: u32,
-    },
-    /// A transfer's end-to-end bytes advanced.
-    Progress {
-        transfer: TransferId,
-        bytes_done: u64,
-        total: u64,
-        running: bool,
-    },
-    /// A transfer ended.
-    Finished { transfer: TransferId, outcome: Outcome },
-    /// Data from a peer landed; deliver its notification to local subscribers.
-    Notify {
-        peer: PeerIdx,
-        offer_id: u64,
-        payload: Vec<u8>,
-        buffers: Vec<u64>,
-    },
-    /// The peer failed: close its comms (the engine already dropped its queues).
-    ClosePeer { peer: PeerIdx, reason: String },
-    /// A failed pairing the engine forgot (`release.rs`): drop whatever the driver still keeps
-    /// for it. No action names it again.
-    ReleasePeer { peer: PeerIdx },
-    /// The last user of a buffer someone waits for ([`Engine::watch_buffer`]) ended: it can be
-    /// released now.
-    BufferIdle { buffer: u64 },
-}
 
 /// A registered buffer as the engine knows it: its size, key and users.
 #[derive(Debug, Clone)]

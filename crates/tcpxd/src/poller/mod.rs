@@ -10,6 +10,11 @@
 //! a stall of 2 ms; with nothing in flight it parks on the command channel (no CPU; a command or a
 //! peer's control message wakes it at once), after lingering 1 ms since its last progress when
 //! `runtime.spin` is on (traffic flowing: the next transfer finds it awake). See `crate::idle`.
+//!
+//! This file holds the types, the thread's start and join, and the pass loop (`run`, `busy`);
+//! `commands.rs` carries out each [`Command`], `peers.rs` sets pairings up and tears everything
+//! down (drain, shutdown), `lanes.rs` is the pass over the lanes, `blocks.rs` its block chunks,
+//! `stats.rs` what the poller reports.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -19,18 +24,20 @@ use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, oneshot, watch};
 
 use crate::buffers::BufferEntry;
-use crate::engine::blocks::{BlockList, Layout};
+use crate::engine::blocks::Layout;
 use crate::engine::{
-    BlockSpec, Code, Engine, EngineConfig, EngineError, Outcome, PeerIdx, PeerMsg, PreparedEntry,
-    PreparedInfo, ReadSpec, RemoteList, TransferId, TransferKind, WriteSpec,
+    BlockSpec, Engine, EngineConfig, EngineError, Outcome, PeerIdx, PeerMsg, PreparedEntry, PreparedInfo,
+    ReadSpec, RemoteList, TransferId, TransferKind, WriteSpec,
 };
 use crate::idle::{Backoff, LINGER, Step};
-use crate::metrics::{Meter, Op};
+use crate::metrics::Meter;
 use crate::net::{ConnectHandle, Connector, ListenComm, MemHandle, Plugin, RecvComm, SendComm};
 use crate::unpack::UnpackImpl;
 
 mod blocks;
+mod commands;
 mod lanes;
+mod peers;
 pub mod stats;
 
 use crate::lanes::{GpuStage, RecvQueue, Tag};
@@ -228,10 +235,6 @@ pub struct PreparedTransfer {
 /// A block transfer the poller started: its id, its status channel and the bytes it moves.
 pub type BlocksStarted = (TransferId, watch::Receiver<TransferStatus>, u64);
 
-/// `Engine::start_write_prepared` or `Engine::start_read_prepared`.
-type PreparedStart =
-    fn(&mut Engine, u64, &[u32], u64, &[u32], Vec<u8>, Instant, Instant) -> Result<TransferId, EngineError>;
-
 /// What the API hands out about a block list (its token's fields).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListFacts {
@@ -242,20 +245,6 @@ pub struct ListFacts {
     pub block_len: u32,
     /// The buffer's current access key.
     pub key: [u8; 16],
-}
-
-/// The bytes `indices` select from `list`: one multiplication when its blocks are all of one
-/// size, else a pass over the indices (indices past the list count nothing: the engine refuses
-/// them before this is asked).
-fn selected_bytes(list: &BlockList, indices: &crate::engine::blocks::IndexArray) -> u64 {
-    match list.uniform_len() {
-        Some(len) => indices.count() * u64::from(len),
-        None => indices
-            .iter()
-            .filter_map(|i| list.block(i))
-            .map(|(_, len)| u64::from(len))
-            .sum(),
-    }
 }
 
 /// Settings the poller needs.
@@ -535,413 +524,5 @@ impl Poller {
                     RecvLaneState::Closed => false,
                 })
             })
-    }
-
-    fn handle(&mut self, cmd: Command) {
-        match cmd {
-            Command::AddBuffer { entry, reply } => {
-                // A GPU's unpack stage is built with its first buffer, before the registration
-                // answers: its kernels may take ~0.1 s to compile (NVRTC), which the first
-                // transfer would otherwise wait for. A failure here is reported again by the
-                // first receive that needs the stage; sends from the buffer still work.
-                if let Some(region) = entry.device_region()
-                    && let Err(e) = crate::lanes::stage_for(&mut self.stages, region.gpu(), self.unpack_impl)
-                {
-                    tracing::warn!("{e}");
-                }
-                let r = self.engine.add_buffer(entry.id, entry.size, entry.key());
-                if r.is_ok() {
-                    self.buffers.insert(entry.id, entry);
-                }
-                let _ = reply.send(r);
-            }
-            Command::RekeyBuffer { id, key, reply } => {
-                let _ = reply.send(self.engine.rekey_buffer(id, key));
-            }
-            Command::RemoveBuffer { id, reply } => {
-                let r = self.engine.remove_buffer(id);
-                if r.is_ok() {
-                    self.buffers.remove(&id);
-                    for p in self.peers.values_mut() {
-                        for l in &mut p.send {
-                            l.handles.retain(|(b, _), _| *b != id);
-                        }
-                        for l in &mut p.recv {
-                            l.handles.retain(|(b, _), _| *b != id);
-                        }
-                    }
-                }
-                let _ = reply.send(r);
-            }
-            Command::PrepareLanes { reply } => {
-                let r = self.open_listens().map(|(listens, infos)| {
-                    let id = self.next_prepared;
-                    self.next_prepared += 1;
-                    self.prepared.insert(id, listens);
-                    (id, infos)
-                });
-                let _ = reply.send(r);
-            }
-            Command::DropPrepared { prepared } => {
-                self.prepared.remove(&prepared);
-            }
-            Command::CompletePeer {
-                prepared,
-                node_id,
-                remote,
-                channels,
-                reply,
-            } => {
-                let r = match self.prepared.remove(&prepared) {
-                    None => Err("lane set-up expired".to_string()),
-                    Some(listens) => self.add_peer(node_id, listens, remote, channels),
-                };
-                let _ = reply.send(r);
-            }
-            Command::AcceptPeer {
-                node_id,
-                remote,
-                channels,
-                reply,
-            } => {
-                let r = self.open_listens().and_then(|(listens, infos)| {
-                    self.add_peer(node_id, listens, remote, channels)
-                        .map(|idx| (idx, infos))
-                });
-                let _ = reply.send(r);
-            }
-            Command::Write {
-                specs,
-                notification,
-                deadline,
-                reply,
-            } => {
-                let now = Instant::now();
-                let total = specs.iter().map(|s| s.remote.length).sum();
-                let r = self.engine.start_write(specs, notification, deadline, now);
-                if let Ok(id) = &r {
-                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write", id = id.0);
-                }
-                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total))));
-            }
-            Command::Read {
-                specs,
-                deadline,
-                reply,
-            } => {
-                let now = Instant::now();
-                let total = specs.iter().map(|s| s.remote.length).sum();
-                let r = self.engine.start_read(specs, deadline, now);
-                if let Ok(id) = &r {
-                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read", id = id.0);
-                }
-                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total))));
-            }
-            Command::RegisterBlocks {
-                buffer,
-                layout,
-                reply,
-            } => {
-                let r = self
-                    .engine
-                    .register_blocks(buffer, layout)
-                    .and_then(|id| self.list_facts(id));
-                let _ = reply.send(r);
-            }
-            Command::ReleaseBlocks { list, reply } => {
-                let _ = reply.send(self.engine.release_blocks(list));
-            }
-            Command::DescribeBlocks { list, reply } => {
-                let _ = reply.send(self.list_facts(list));
-            }
-            Command::WriteBlocks {
-                spec,
-                notification,
-                deadline,
-                reply,
-            } => {
-                let now = Instant::now();
-                let total = self.block_total(&spec);
-                let r = self.engine.start_write_blocks(spec, notification, deadline, now);
-                if let Ok(id) = &r {
-                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write_blocks", id = id.0);
-                }
-                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total), total)));
-            }
-            Command::ReadBlocks {
-                spec,
-                deadline,
-                reply,
-            } => {
-                let now = Instant::now();
-                let total = self.block_total(&spec);
-                let r = self.engine.start_read_blocks(spec, deadline, now);
-                if let Ok(id) = &r {
-                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read_blocks", id = id.0);
-                }
-                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total), total)));
-            }
-            Command::PrepareLocal {
-                lists,
-                entries,
-                reply,
-            } => {
-                let _ = reply.send(self.engine.prepare_local(lists, entries));
-            }
-            Command::PrepareRemote {
-                peer,
-                lists,
-                entries,
-                reply,
-            } => {
-                let _ = reply.send(self.engine.prepare_remote(peer, lists, entries));
-            }
-            Command::ReleasePrepared { id, reply } => {
-                let _ = reply.send(self.engine.release_prepared(id));
-            }
-            Command::StartPrepared {
-                kind,
-                transfer: t,
-                deadline,
-                reply,
-            } => {
-                let now = Instant::now();
-                let (start, op, label) = match kind {
-                    TransferKind::Write => (
-                        Engine::start_write_prepared as PreparedStart,
-                        Op::Write,
-                        "write_prepared",
-                    ),
-                    TransferKind::Read => (
-                        Engine::start_read_prepared as PreparedStart,
-                        Op::Read,
-                        "read_prepared",
-                    ),
-                };
-                let r = start(
-                    &mut self.engine,
-                    t.local,
-                    &t.local_indices,
-                    t.remote,
-                    &t.remote_indices,
-                    t.notification,
-                    deadline,
-                    now,
-                );
-                let r = r.map(|id| {
-                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = label, id = id.0);
-                    let total = self.engine.transfer_total(id).unwrap_or(0);
-                    (id, self.track(id, op, total), total)
-                });
-                let _ = reply.send(r);
-            }
-            Command::Cancel { id, reply } => {
-                let _ = reply.send(self.engine.cancel(id, Code::Cancelled, "cancelled by the client"));
-            }
-            Command::Message { peer, msg } => {
-                let (kind, id) = msg.label();
-                tracing::trace!(target: "tcpxd::hop", hop = "poller.in", kind, id);
-                self.engine.on_message(peer, msg, Instant::now())
-            }
-            Command::Malformed { peer, request } => self.engine.on_malformed(peer, request),
-            Command::PeerDown { peer, reason } => self.engine.on_peer_failed(peer, &reason),
-            Command::Stats { reply } => {
-                let _ = reply.send(self.stats());
-            }
-            Command::Drain { deadline, reply } => {
-                self.engine.begin_drain(deadline);
-                self.drain = Some(reply);
-            }
-            Command::WhenBufferIdle { id, reply } => {
-                if self.engine.watch_buffer(id) {
-                    let _ = reply.send(());
-                } else {
-                    let waiters = self.idle_waiters.entry(id).or_default();
-                    waiters.retain(|w| !w.is_closed());
-                    waiters.push(reply);
-                }
-            }
-        }
-    }
-
-    /// A list's facts for the API (its token's fields, the buffer's current key).
-    fn list_facts(&self, id: u64) -> Result<ListFacts, EngineError> {
-        let list = self
-            .engine
-            .block_list(id)
-            .ok_or_else(|| EngineError::not_found(format!("list_id: list {id} does not exist")))?;
-        let key = self.engine.buffer_key(list.buffer()).ok_or_else(|| {
-            EngineError::not_found(format!(
-                "list_id: list {id}'s buffer {} does not exist",
-                list.buffer()
-            ))
-        })?;
-        Ok(ListFacts {
-            id,
-            buffer: list.buffer(),
-            count: list.len(),
-            block_len: list.uniform_len().unwrap_or(0),
-            key,
-        })
-    }
-
-    /// The bytes a block transfer moves, from its local list (0 when the list is unknown: the
-    /// engine refuses the transfer then).
-    fn block_total(&self, spec: &BlockSpec) -> u64 {
-        self.engine
-            .block_list(spec.local_list)
-            .map_or(0, |l| selected_bytes(l, &spec.local_indices))
-    }
-
-    fn track(&mut self, id: TransferId, op: Op, total: u64) -> watch::Receiver<TransferStatus> {
-        self.meter.started(id, op, total);
-        let (tx, rx) = watch::channel(TransferStatus {
-            phase: Phase::Offered,
-            bytes_done: 0,
-            total: 0,
-            outcome: None,
-            started: Instant::now(),
-            finished_at: None,
-        });
-        self.transfers.insert(id, tx);
-        rx
-    }
-
-    /// The device of each lane this node listens on, as the engine's lane layout says.
-    fn lane_devices(&self) -> Vec<i32> {
-        let layout = self.engine.layout();
-        (0..layout.lanes())
-            .map(|i| self.cfg.devices[layout.device_index(i)])
-            .collect()
-    }
-
-    fn open_listens(&mut self) -> Result<(Vec<ListenComm>, Vec<LaneHandleInfo>), String> {
-        let mut listens = Vec::new();
-        let mut infos = Vec::new();
-        for (lane, dev) in self.lane_devices().into_iter().enumerate() {
-            let l = self
-                .plugin
-                .listen(dev)
-                .map_err(|e| format!("listen on device {dev}: {e}"))?;
-            infos.push(LaneHandleInfo {
-                lane: lane as u32,
-                device: dev,
-                handle: l.handle(),
-            });
-            listens.push(l);
-        }
-        Ok((listens, infos))
-    }
-
-    fn add_peer(
-        &mut self,
-        node_id: String,
-        listens: Vec<ListenComm>,
-        remote: Vec<LaneHandleInfo>,
-        channels: PeerChannels,
-    ) -> Result<PeerIdx, String> {
-        if remote.is_empty() || remote.len() > 64 {
-            return Err(format!(
-                "the peer offered {} lanes (1 to 64 allowed)",
-                remote.len()
-            ));
-        }
-        let deadline = Instant::now() + self.cfg.connect_timeout;
-        let devices = self.lane_devices();
-        let mut send = Vec::new();
-        for (i, r) in remote.iter().enumerate() {
-            let dev = devices[i % devices.len()];
-            let c = self
-                .plugin
-                .connector(dev, &r.handle)
-                .map_err(|e| format!("connect lane {i} on device {dev}: {e}"))?;
-            send.push(SendLane {
-                device: dev,
-                state: SendLaneState::Connecting(c, deadline),
-                handles: HashMap::new(),
-                deferred: VecDeque::new(),
-                tag: Tag::default(),
-                staging: blocks::SendStaging::default(),
-            });
-        }
-        let recv = listens
-            .into_iter()
-            .map(|l| RecvLane {
-                device: l.dev(),
-                state: RecvLaneState::Accepting(l, deadline),
-                handles: HashMap::new(),
-                queue: RecvQueue::default(),
-                deferred: VecDeque::new(),
-                landing_slots: None,
-                credit_seq: 0,
-                scatter: blocks::RecvScatter::default(),
-            })
-            .collect::<Vec<_>>();
-        let idx = self
-            .engine
-            .add_peer(&node_id, send.len() as u32, recv.len() as u32);
-        tracing::info!(peer = %node_id, send_lanes = send.len(), recv_lanes = recv.len(), "peer lanes connecting");
-        self.peers.insert(
-            idx,
-            PeerSlot {
-                node_id,
-                control: channels.control,
-                link: channels.link,
-                send,
-                recv,
-                up: false,
-                failed: false,
-            },
-        );
-        Ok(idx)
-    }
-}
-
-impl Poller {
-    fn stats(&self) -> StatsSnapshot {
-        StatsSnapshot {
-            peers: self
-                .peers
-                .iter()
-                .filter_map(|(&i, p)| {
-                    Some(PeerStats {
-                        counters: self.engine.peer_counters(i)?,
-                        link: p.link.borrow().clone(),
-                        send_devices: p.send.iter().map(|l| l.device).collect(),
-                        recv_devices: p.recv.iter().map(|l| l.device).collect(),
-                    })
-                })
-                .collect(),
-            retired: self.engine.retired_counters().cloned().collect(),
-            active_transfers: self.engine.active_transfers(),
-        }
-    }
-
-    /// During a drain: true when the thread should stop (the engine says when: its grace
-    /// period's end fails what is left at `on_tick`).
-    fn check_drain(&mut self) -> bool {
-        if self.drain.is_none() {
-            return false;
-        }
-        let Some(report) = self.engine.is_drained(Instant::now()) else {
-            return false;
-        };
-        if let Some(reply) = self.drain.take() {
-            let _ = reply.send(report);
-        }
-        self.shutdown_now();
-        true
-    }
-
-    /// Fails whatever is left and closes every comm.
-    fn shutdown_now(&mut self) {
-        for id in self.engine.active_transfer_ids() {
-            self.engine
-                .cancel(id, Code::Unavailable, "the daemon is shutting down");
-        }
-        self.run_actions();
-        self.peers.clear();
-        self.prepared.clear();
-        tracing::debug!("poller stopped");
     }
 }

@@ -1,0 +1,103 @@
+//! [`Action`]: what the engine asks of its driver, taken with [`Engine::poll_action`] and
+//! carried out in order (the crate doc's "Driving it").
+
+#[cfg(doc)]
+use crate::Engine;
+use crate::wire::PeerMsg;
+use crate::{Outcome, PeerIdx, TransferId};
+
+/// What the driver must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send a control message to a peer.
+    Control { peer: PeerIdx, msg: PeerMsg },
+    /// Post one send on a lane (the window has room).
+    PostSend {
+        peer: PeerIdx,
+        lane: u32,
+        buffer: u64,
+        offset: u64,
+        len: u32,
+    },
+    /// Post one credit receive on a lane: `len` bytes into the lane's landing slots (eager
+    /// mode; where the bytes go is decided by a later `Land`).
+    PostCredit { peer: PeerIdx, lane: u32, len: u32 },
+    /// The oldest completed credit receive of a lane that has no destination yet belongs to
+    /// this chunk: unpack its `len` bytes into `buffer` at `offset`, or (`buffer: None`, a
+    /// rejected or cancelled transfer) consume it without unpacking. Then report
+    /// `on_recv_consumed`.
+    Land {
+        peer: PeerIdx,
+        lane: u32,
+        buffer: Option<u64>,
+        offset: u64,
+        len: u32,
+    },
+    /// Post one send on a lane whose bytes lie in pieces of `buffer`: copy the pieces
+    /// ([`Engine::send_pieces`]`(offer, wire, len)`, in wire order) into a staging slot of the
+    /// lane and send `len` bytes from there. At most `send_window + gather_ahead` of a lane's
+    /// sends are posted and unfinished, so a ring of that many slots per lane is never overrun;
+    /// the driver hands the plugin at most `send_window` of them ("Windows" in the crate doc).
+    PostGatherSend {
+        peer: PeerIdx,
+        lane: u32,
+        buffer: u64,
+        offer: u64,
+        wire: u64,
+        len: u32,
+    },
+    /// Post one receive on a lane whose bytes go to pieces of `buffer`
+    /// ([`Engine::recv_pieces`]`(peer, offer, wire, len)`): posted into a landing place of the
+    /// lane, and once it completed, scattered into the pieces before `on_recv_consumed` is
+    /// reported. At most `recv_window` receives of a lane are posted (until consumed).
+    PostScatterRecv {
+        peer: PeerIdx,
+        lane: u32,
+        buffer: u64,
+        offer: u64,
+        wire: u64,
+        len: u32,
+    },
+    /// Eager: as [`Action::Land`], but the chunk's bytes go to pieces of `buffer`
+    /// ([`Engine::recv_pieces`]`(peer, offer, wire, len)`).
+    LandScatter {
+        peer: PeerIdx,
+        lane: u32,
+        buffer: u64,
+        offer: u64,
+        wire: u64,
+        len: u32,
+    },
+    /// Post one receive on a lane (the window has room).
+    PostRecv {
+        peer: PeerIdx,
+        lane: u32,
+        buffer: u64,
+        offset: u64,
+        len: u32,
+    },
+    /// A transfer's end-to-end bytes advanced.
+    Progress {
+        transfer: TransferId,
+        bytes_done: u64,
+        total: u64,
+        running: bool,
+    },
+    /// A transfer ended.
+    Finished { transfer: TransferId, outcome: Outcome },
+    /// Data from a peer landed; deliver its notification to local subscribers.
+    Notify {
+        peer: PeerIdx,
+        offer_id: u64,
+        payload: Vec<u8>,
+        buffers: Vec<u64>,
+    },
+    /// The peer failed: close its comms (the engine already dropped its queues).
+    ClosePeer { peer: PeerIdx, reason: String },
+    /// A failed pairing the engine forgot (`release.rs`): drop whatever the driver still keeps
+    /// for it. No action names it again.
+    ReleasePeer { peer: PeerIdx },
+    /// The last user of a buffer someone waits for ([`Engine::watch_buffer`]) ended: it can be
+    /// released now.
+    BufferIdle { buffer: u64 },
+}

@@ -1,0 +1,324 @@
+//! The poller's commands: [`Poller::handle`] carries out each [`Command`] from the channel
+//! (buffers, lane set-up and pairings, WRITEs and READs, block lists and block transfers,
+//! prepared lists, cancel, peer messages, stats, drain), with its helpers: a block list's facts
+//! for the API, the bytes a block transfer moves, and the status channel each started transfer
+//! is tracked by.
+
+use std::time::Instant;
+
+use tokio::sync::watch;
+
+use super::{Command, ListFacts, PeerStats, Phase, Poller, StatsSnapshot, TransferStatus};
+use crate::engine::blocks::BlockList;
+use crate::engine::{BlockSpec, Code, Engine, EngineError, TransferId, TransferKind};
+use crate::metrics::Op;
+
+/// `Engine::start_write_prepared` or `Engine::start_read_prepared`.
+type PreparedStart =
+    fn(&mut Engine, u64, &[u32], u64, &[u32], Vec<u8>, Instant, Instant) -> Result<TransferId, EngineError>;
+
+/// The bytes `indices` select from `list`: one multiplication when its blocks are all of one
+/// size, else a pass over the indices (indices past the list count nothing: the engine refuses
+/// them before this is asked).
+fn selected_bytes(list: &BlockList, indices: &crate::engine::blocks::IndexArray) -> u64 {
+    match list.uniform_len() {
+        Some(len) => indices.count() * u64::from(len),
+        None => indices
+            .iter()
+            .filter_map(|i| list.block(i))
+            .map(|(_, len)| u64::from(len))
+            .sum(),
+    }
+}
+
+impl Poller {
+    /// Carries out one command from the channel.
+    pub(super) fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::AddBuffer { entry, reply } => {
+                // A GPU's unpack stage is built with its first buffer, before the registration
+                // answers: its kernels may take ~0.1 s to compile (NVRTC), which the first
+                // transfer would otherwise wait for. A failure here is reported again by the
+                // first receive that needs the stage; sends from the buffer still work.
+                if let Some(region) = entry.device_region()
+                    && let Err(e) = crate::lanes::stage_for(&mut self.stages, region.gpu(), self.unpack_impl)
+                {
+                    tracing::warn!("{e}");
+                }
+                let r = self.engine.add_buffer(entry.id, entry.size, entry.key());
+                if r.is_ok() {
+                    self.buffers.insert(entry.id, entry);
+                }
+                let _ = reply.send(r);
+            }
+            Command::RekeyBuffer { id, key, reply } => {
+                let _ = reply.send(self.engine.rekey_buffer(id, key));
+            }
+            Command::RemoveBuffer { id, reply } => {
+                let r = self.engine.remove_buffer(id);
+                if r.is_ok() {
+                    self.buffers.remove(&id);
+                    for p in self.peers.values_mut() {
+                        for l in &mut p.send {
+                            l.handles.retain(|(b, _), _| *b != id);
+                        }
+                        for l in &mut p.recv {
+                            l.handles.retain(|(b, _), _| *b != id);
+                        }
+                    }
+                }
+                let _ = reply.send(r);
+            }
+            Command::PrepareLanes { reply } => {
+                let r = self.open_listens().map(|(listens, infos)| {
+                    let id = self.next_prepared;
+                    self.next_prepared += 1;
+                    self.prepared.insert(id, listens);
+                    (id, infos)
+                });
+                let _ = reply.send(r);
+            }
+            Command::DropPrepared { prepared } => {
+                self.prepared.remove(&prepared);
+            }
+            Command::CompletePeer {
+                prepared,
+                node_id,
+                remote,
+                channels,
+                reply,
+            } => {
+                let r = match self.prepared.remove(&prepared) {
+                    None => Err("lane set-up expired".to_string()),
+                    Some(listens) => self.add_peer(node_id, listens, remote, channels),
+                };
+                let _ = reply.send(r);
+            }
+            Command::AcceptPeer {
+                node_id,
+                remote,
+                channels,
+                reply,
+            } => {
+                let r = self.open_listens().and_then(|(listens, infos)| {
+                    self.add_peer(node_id, listens, remote, channels)
+                        .map(|idx| (idx, infos))
+                });
+                let _ = reply.send(r);
+            }
+            Command::Write {
+                specs,
+                notification,
+                deadline,
+                reply,
+            } => {
+                let now = Instant::now();
+                let total = specs.iter().map(|s| s.remote.length).sum();
+                let r = self.engine.start_write(specs, notification, deadline, now);
+                if let Ok(id) = &r {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write", id = id.0);
+                }
+                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total))));
+            }
+            Command::Read {
+                specs,
+                deadline,
+                reply,
+            } => {
+                let now = Instant::now();
+                let total = specs.iter().map(|s| s.remote.length).sum();
+                let r = self.engine.start_read(specs, deadline, now);
+                if let Ok(id) = &r {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read", id = id.0);
+                }
+                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total))));
+            }
+            Command::RegisterBlocks {
+                buffer,
+                layout,
+                reply,
+            } => {
+                let r = self
+                    .engine
+                    .register_blocks(buffer, layout)
+                    .and_then(|id| self.list_facts(id));
+                let _ = reply.send(r);
+            }
+            Command::ReleaseBlocks { list, reply } => {
+                let _ = reply.send(self.engine.release_blocks(list));
+            }
+            Command::DescribeBlocks { list, reply } => {
+                let _ = reply.send(self.list_facts(list));
+            }
+            Command::WriteBlocks {
+                spec,
+                notification,
+                deadline,
+                reply,
+            } => {
+                let now = Instant::now();
+                let total = self.block_total(&spec);
+                let r = self.engine.start_write_blocks(spec, notification, deadline, now);
+                if let Ok(id) = &r {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write_blocks", id = id.0);
+                }
+                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total), total)));
+            }
+            Command::ReadBlocks {
+                spec,
+                deadline,
+                reply,
+            } => {
+                let now = Instant::now();
+                let total = self.block_total(&spec);
+                let r = self.engine.start_read_blocks(spec, deadline, now);
+                if let Ok(id) = &r {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read_blocks", id = id.0);
+                }
+                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total), total)));
+            }
+            Command::PrepareLocal {
+                lists,
+                entries,
+                reply,
+            } => {
+                let _ = reply.send(self.engine.prepare_local(lists, entries));
+            }
+            Command::PrepareRemote {
+                peer,
+                lists,
+                entries,
+                reply,
+            } => {
+                let _ = reply.send(self.engine.prepare_remote(peer, lists, entries));
+            }
+            Command::ReleasePrepared { id, reply } => {
+                let _ = reply.send(self.engine.release_prepared(id));
+            }
+            Command::StartPrepared {
+                kind,
+                transfer: t,
+                deadline,
+                reply,
+            } => {
+                let now = Instant::now();
+                let (start, op, label) = match kind {
+                    TransferKind::Write => (
+                        Engine::start_write_prepared as PreparedStart,
+                        Op::Write,
+                        "write_prepared",
+                    ),
+                    TransferKind::Read => (
+                        Engine::start_read_prepared as PreparedStart,
+                        Op::Read,
+                        "read_prepared",
+                    ),
+                };
+                let r = start(
+                    &mut self.engine,
+                    t.local,
+                    &t.local_indices,
+                    t.remote,
+                    &t.remote_indices,
+                    t.notification,
+                    deadline,
+                    now,
+                );
+                let r = r.map(|id| {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = label, id = id.0);
+                    let total = self.engine.transfer_total(id).unwrap_or(0);
+                    (id, self.track(id, op, total), total)
+                });
+                let _ = reply.send(r);
+            }
+            Command::Cancel { id, reply } => {
+                let _ = reply.send(self.engine.cancel(id, Code::Cancelled, "cancelled by the client"));
+            }
+            Command::Message { peer, msg } => {
+                let (kind, id) = msg.label();
+                tracing::trace!(target: "tcpxd::hop", hop = "poller.in", kind, id);
+                self.engine.on_message(peer, msg, Instant::now())
+            }
+            Command::Malformed { peer, request } => self.engine.on_malformed(peer, request),
+            Command::PeerDown { peer, reason } => self.engine.on_peer_failed(peer, &reason),
+            Command::Stats { reply } => {
+                let _ = reply.send(self.stats());
+            }
+            Command::Drain { deadline, reply } => {
+                self.engine.begin_drain(deadline);
+                self.drain = Some(reply);
+            }
+            Command::WhenBufferIdle { id, reply } => {
+                if self.engine.watch_buffer(id) {
+                    let _ = reply.send(());
+                } else {
+                    let waiters = self.idle_waiters.entry(id).or_default();
+                    waiters.retain(|w| !w.is_closed());
+                    waiters.push(reply);
+                }
+            }
+        }
+    }
+
+    /// A list's facts for the API (its token's fields, the buffer's current key).
+    fn list_facts(&self, id: u64) -> Result<ListFacts, EngineError> {
+        let list = self
+            .engine
+            .block_list(id)
+            .ok_or_else(|| EngineError::not_found(format!("list_id: list {id} does not exist")))?;
+        let key = self.engine.buffer_key(list.buffer()).ok_or_else(|| {
+            EngineError::not_found(format!(
+                "list_id: list {id}'s buffer {} does not exist",
+                list.buffer()
+            ))
+        })?;
+        Ok(ListFacts {
+            id,
+            buffer: list.buffer(),
+            count: list.len(),
+            block_len: list.uniform_len().unwrap_or(0),
+            key,
+        })
+    }
+
+    /// The bytes a block transfer moves, from its local list (0 when the list is unknown: the
+    /// engine refuses the transfer then).
+    fn block_total(&self, spec: &BlockSpec) -> u64 {
+        self.engine
+            .block_list(spec.local_list)
+            .map_or(0, |l| selected_bytes(l, &spec.local_indices))
+    }
+
+    fn track(&mut self, id: TransferId, op: Op, total: u64) -> watch::Receiver<TransferStatus> {
+        self.meter.started(id, op, total);
+        let (tx, rx) = watch::channel(TransferStatus {
+            phase: Phase::Offered,
+            bytes_done: 0,
+            total: 0,
+            outcome: None,
+            started: Instant::now(),
+            finished_at: None,
+        });
+        self.transfers.insert(id, tx);
+        rx
+    }
+
+    fn stats(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            peers: self
+                .peers
+                .iter()
+                .filter_map(|(&i, p)| {
+                    Some(PeerStats {
+                        counters: self.engine.peer_counters(i)?,
+                        link: p.link.borrow().clone(),
+                        send_devices: p.send.iter().map(|l| l.device).collect(),
+                        recv_devices: p.recv.iter().map(|l| l.device).collect(),
+                    })
+                })
+                .collect(),
+            retired: self.engine.retired_counters().cloned().collect(),
+            active_transfers: self.engine.active_transfers(),
+        }
+    }
+}
