@@ -332,6 +332,22 @@ def _forward(sink: Any, fut: concurrent.futures.Future) -> None:
         sink.set_result(fut.result())
 
 
+def _send_pieces(sock: socket.socket, pieces: List[bytes]) -> None:
+    """Sends the pieces in order without joining them first (large bodies are not copied again):
+    sendmsg, resumed where a partial send stopped."""
+    views = [memoryview(p) for p in pieces if len(p)]
+    while views:
+        sent = sock.sendmsg(views[:1024])  # IOV_MAX
+        while sent:
+            n = views[0].nbytes
+            if sent >= n:
+                sent -= n
+                views.pop(0)
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
+
+
 #: The send buffer asked for a session's local-session socket (the kernel caps it at wmem_max):
 #: requests written at once are not held up while the daemon starts the earlier ones.
 SESSION_SNDBUF = 4 << 20
@@ -451,7 +467,7 @@ class Session:
             return
         with self._send_lock:
             try:
-                self._conn.sock.sendall(b"".join(pieces))  # type: ignore[union-attr]
+                _send_pieces(self._conn.sock, pieces)  # type: ignore[union-attr]
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
 

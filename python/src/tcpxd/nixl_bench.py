@@ -72,9 +72,11 @@ class Side:
 
 
 def request(d: Side, remote: Any, local_ids: np.ndarray, remote_ids: np.ndarray, notif: bytes) -> Dict[str, float]:
-    """One vLLM READ request; the seconds spent in each call and until DONE."""
+    """One vLLM READ request; the seconds spent in each call and until DONE (the descriptor ids
+    are computed before: that is vLLM's work, not the agent's)."""
+    lids, rids = d.desc_ids(local_ids), d.desc_ids(remote_ids)
     t0 = time.perf_counter()
-    h = d.agent.make_prepped_xfer("READ", d.local, d.desc_ids(local_ids), remote, d.desc_ids(remote_ids), notif_msg=notif)
+    h = d.agent.make_prepped_xfer("READ", d.local, lids, remote, rids, notif_msg=notif)
     t1 = time.perf_counter()
     d.agent.transfer(h)
     t2 = time.perf_counter()

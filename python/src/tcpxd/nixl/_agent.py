@@ -524,9 +524,12 @@ class nixl_agent:  # noqa: N801
         framed = frame(self.name, remote.md.name, msg) if msg else b""
         session = self._session_now()
         pr = xfer.plan.prepared
+        inside = False  # the notification already in the one body
         if pr is not None:  # bound to the session's prepared ids (prepared there if it is new)
             try:
-                xfer.plan.bodies = [pr.body(self._prepared_id(session, pr.local), self._prepared_id(session, pr.remote))]
+                ids = self._prepared_id(session, pr.local), self._prepared_id(session, pr.remote)
+                xfer.plan.bodies = [pr.body(*ids, framed)]
+                inside = True
             except (TcpxdError, nixlBackendError) as e:
                 log.debug("agent %s: prepared path refused (%s): the block or batch path instead", self.name, e)
                 xfer.plan = _plan.unprepared_plan(xfer.plan.op, pr.local, pr.li, pr.remote, pr.ri, pr.merge, pr.timeout_ms)
@@ -538,7 +541,7 @@ class nixl_agent:  # noqa: N801
             body = mailbox_write(remote.mailbox_entry, framed, self._timeout_ms)
             followup = lambda s, sink: s._submit_encoded("write", [body], [sink])  # noqa: E731
         try:
-            return xfer.post(session, ride, followup)
+            return xfer.post(session, b"" if inside else ride, followup)
         except TcpxdError as e:
             raise from_tcpxd(e, "transfer") from None
 

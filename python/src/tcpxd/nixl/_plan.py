@@ -261,20 +261,23 @@ class Prepared:
 
     local: Prepped
     li: np.ndarray
-    lb: bytes
+    #: The indices as little-endian u32 arrays (their buffers go into the body as they are).
+    lb: np.ndarray
     remote: Prepped
     ri: np.ndarray
-    rb: bytes
+    rb: np.ndarray
     tmo: bytes
     merge: bool
     timeout_ms: int
 
-    def body(self, lid: int, rid: int) -> bytes:
+    def body(self, lid: int, rid: int, notification: bytes = b"") -> bytes:
         """Write/ReadPreparedRequest (same numbers): local_prepared_id 1, local_indices 2,
-        remote_prepared_id 3, remote_indices 4, timeout_ms 6 (the notification, 5, is appended
-        when one rides)."""
+        remote_prepared_id 3, remote_indices 4, notification 5, timeout_ms 6. One copy of the
+        index arrays, here."""
         lb, rb = self.lb, self.rb
-        return b"".join((b"\x08", V(lid), b"\x12", V(len(lb)), lb, b"\x18", V(rid), b"\x22", V(len(rb)), rb, self.tmo))
+        note = (b"\x2a", V(len(notification)), notification) if notification else ()
+        return b"".join((b"\x08", V(lid), b"\x12", V(lb.nbytes), memoryview(lb), b"\x18", V(rid), b"\x22", V(rb.nbytes),
+                         memoryview(rb), *note, self.tmo))
 
 
 #: A request message by SessionRequest field, and a notification's key by path.
@@ -327,7 +330,7 @@ def prepared_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: 
         return None
     n = len(li)
     tmo = _timeout(b"\x30", timeout_ms)  # timeout_ms = 6 in both requests
-    pr = Prepared(local, li, li.astype("<u4").tobytes(), remote, ri, ri.astype("<u4").tobytes(), tmo, merge, timeout_ms)
+    pr = Prepared(local, li, li.astype("<u4"), remote, ri, ri.astype("<u4"), tmo, merge, timeout_ms)
     return Plan(op, [], n * int(local.length[0]), n, n, "prepared", prepared=pr)
 
 
