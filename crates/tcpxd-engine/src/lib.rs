@@ -15,7 +15,7 @@
 //!   so both sides build every lane's queue in the same order.
 //! - **Windows.** At most `send_window` sends (default 12) and `recv_window` receives (16, held
 //!   until consumed) are posted per lane. A send in pieces (`PostGatherSend`) may be posted
-//!   `gather_ahead` (default 12) further, so that its gather runs while the sends before it are
+//!   `gather_ahead` (default 0: off) further, so that its gather runs while the sends before it are
 //!   in flight; the queue's head decides, so a plain send still waits until fewer than
 //!   `send_window` sends are posted. The driver then gathers each such send at once (into slot
 //!   `n % (send_window + gather_ahead)` of the lane's staging ring: the engine never has more
@@ -174,9 +174,11 @@ impl Default for EngineConfig {
     }
 }
 
-/// `gather_ahead`'s default: a window of gathers ahead of `send_window`'s default (12), so a
-/// block send's gather is done by the time the plugin has room for it (docs/BENCHMARKS.md).
-pub const DEFAULT_GATHER_AHEAD: usize = 12;
+/// `gather_ahead`'s default: off. Gathering a window ahead (12) was measured on two H200s over
+/// the emulation and moved block transfers no faster (the receiver bounds them there, not the
+/// sender's gathers: docs/BENCHMARKS.md, session 9) for twice the staging memory; it stays a
+/// setting for links where the sender is the bound.
+pub const DEFAULT_GATHER_AHEAD: usize = 0;
 
 /// `max_entries`' default: a batch of this many small entries of one buffer pair is coalesced
 /// into wire chunks (docs/BLOCKS.md), so it costs chunks, not entries.
