@@ -32,7 +32,10 @@ fn defaults() {
     assert_eq!(c.plugin, PluginChoice::Path(PathBuf::from(DEFAULT_PLUGIN)));
     assert_eq!(c.chunk_bytes, plan::DEFAULT_CHUNK_BYTES);
     assert_eq!((c.send_window, c.recv_window), (12, 16));
-    assert_eq!(c.gather_ahead, 0, "off by default (docs/BENCHMARKS.md, session 9)");
+    assert_eq!(
+        c.gather_ahead, 0,
+        "off by default (docs/BENCHMARKS.md, session 9)"
+    );
     assert_eq!(c.shutdown_grace, Duration::from_secs(30));
     assert!(
         c.heartbeat_timeout <= Duration::from_secs(3),
