@@ -6,7 +6,11 @@ use crate::net::{MemHandle, NetResult, SendComm};
 /// Posts one send of `len` bytes at `at` in `mh` with the lane's next tag; `false` when the
 /// plugin has no slot free (nothing changed).
 pub fn post_send(comm: &mut SendComm, tag: &mut Tag, mh: &MemHandle, at: usize, len: u32) -> NetResult<bool> {
-    Ok(comm.isend(mh, at, len as usize, tag.advance())?.is_some())
+    let posted = comm.isend(mh, at, len as usize, tag.advance())?.is_some();
+    if posted {
+        tracing::trace!(target: "tcpxd::hop", hop = "lane.isend", len);
+    }
+    Ok(posted)
 }
 
 /// Tests the oldest send while the plugin reports them done, calling `done` for each. Returns

@@ -578,6 +578,7 @@ impl Poller {
                     comm,
                     |gpu, batch| stages.get(&gpu).and_then(|s| s.outcome(batch)),
                     |front, result| {
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.consumed", lane = li);
                         let now = Instant::now();
                         let Landing { landed, unpacked } = front.meta;
                         let kind = if unpacked.is_some() { "host" } else { "gpu" };
