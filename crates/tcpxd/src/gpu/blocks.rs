@@ -54,6 +54,20 @@ pub struct GatherTask {
 const _: () = assert!(size_of::<GatherTask>() == 48);
 
 impl GatherTask {
+    /// Pieces in the task's table.
+    pub fn nsegs(&self) -> u32 {
+        self.nsegs
+    }
+
+    /// Points the task at another copy of its table (`nsegs` pieces): the batch's copy in
+    /// device memory (`unpack::block_batch`), which every thread block of the launch reads
+    /// instead of pinned host memory across PCIe.
+    pub fn relocate_table(&mut self, segs: DeviceSpan) -> GpuResult<()> {
+        check_table(segs, self.nsegs)?;
+        self.segs = segs.ptr();
+        Ok(())
+    }
+
     /// Chunk of `bytes` bytes into `dst` (the staging slot), from `src` per the `nsegs` pieces
     /// of `segs` (device-visible). The kernel skips (and reports) a piece outside `src` or the
     /// chunk.
@@ -102,6 +116,20 @@ pub struct ScatterTask {
 const _: () = assert!(size_of::<ScatterTask>() == 64);
 
 impl ScatterTask {
+    /// Pieces in the task's table.
+    pub fn nsegs(&self) -> u32 {
+        self.nsegs
+    }
+
+    /// Points the task at another copy of its table (`nsegs` pieces): the batch's copy in
+    /// device memory (`unpack::block_batch`), which every thread block of the launch reads
+    /// instead of pinned host memory across PCIe.
+    pub fn relocate_table(&mut self, segs: DeviceSpan) -> GpuResult<()> {
+        check_table(segs, self.nsegs)?;
+        self.segs = segs.ptr();
+        Ok(())
+    }
+
     /// The `count` fragments of `frags` (device-visible loadMeta, `dst_off` = offset in the
     /// chunk of `bytes` bytes), from `bounce` into `dst` per the `nsegs` pieces of `segs`. The
     /// kernel skips (and reports) a fragment outside the chunk or `bounce`, and a piece outside

@@ -6,6 +6,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::engine::blocks::Segment;
 use crate::gpu::Gpu;
 use crate::gpu::blocks::{GatherTask, ScatterTask};
 use crate::unpack::block_batch::{BlockBatcher, BlockOp};
@@ -205,19 +206,25 @@ impl GpuStage {
     }
 
     /// Queues a block chunk's scatter into this pass's batch; returns the batch.
-    pub fn push_scatter(&mut self, task: ScatterTask, fragments: u32) -> Result<u64, String> {
+    pub fn push_scatter(
+        &mut self,
+        task: ScatterTask,
+        fragments: u32,
+        table: &[Segment],
+    ) -> Result<u64, String> {
         if self.scatters.is_none() {
             self.scatters = Some(BlockBatcher::new(&self.gpu, BlockOp::Scatter).map_err(|e| e.to_string())?);
         }
         let s = self.scatters.as_mut().expect("just made");
-        s.push_scatter(task, fragments).map_err(|e| e.to_string())?;
+        s.push_scatter(task, fragments, table)
+            .map_err(|e| e.to_string())?;
         self.pushed = true;
         Ok(self.next_batch)
     }
 
     /// Queues a block chunk's gather into this pass's gather batch; returns the batch, which
     /// [`GpuStage::gather_outcome`] reports on once [`GpuStage::submit_gathers`] launched it.
-    pub fn push_gather(&mut self, task: GatherTask, bytes: u32) -> Result<u64, String> {
+    pub fn push_gather(&mut self, task: GatherTask, bytes: u32, table: &[Segment]) -> Result<u64, String> {
         let g = &mut self.gathers;
         if let Some((_, why)) = &g.failed {
             return Err(format!("block gather on GPU {}: {why}", self.gpu.ordinal()));
@@ -228,7 +235,7 @@ impl GpuStage {
         g.batcher
             .as_mut()
             .expect("just made")
-            .push_gather(task, bytes)
+            .push_gather(task, bytes, table)
             .map_err(|e| e.to_string())?;
         Ok(g.next)
     }

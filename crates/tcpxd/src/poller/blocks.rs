@@ -307,7 +307,7 @@ pub(super) fn gather_send(
                 .map_err(|e| e.to_string())?;
             let task = GatherTask::new(segs_span, segs.len() as u32, region.span(), dst, len)
                 .map_err(|e| e.to_string())?;
-            post.gate = Some((gpu.ordinal(), stage.push_gather(task, len)?));
+            post.gate = Some((gpu.ordinal(), stage.push_gather(task, len, segs)?));
         }
         (Some(_), None) => return Err("a GPU buffer's chunk met a host staging ring".into()),
     }
@@ -416,7 +416,7 @@ pub(super) fn start_scatter(
             region.span(),
         )
         .map_err(|e| e.to_string())?;
-        stage.push_scatter(task, frags.len() as u32).map(Some)
+        stage.push_scatter(task, frags.len() as u32, segs).map(Some)
     })();
     match r {
         Ok(Some(batch)) => Wait::Gpu {

@@ -2,14 +2,19 @@
 //! staging slots) and `tcpxd_scatter_blocks` (a receiver's scatters of received chunks into their
 //! blocks) the poller queues during a pass and launches once at its end, up to
 //! [`BLOCK_TASKS`] chunks per launch, on a stream of their own, with an event and an error word
-//! per batch (the kernels' bounds guard). Nothing is allocated per chunk: the tables live in the
-//! poller's pinned slots, the tasks in reused vectors.
+//! per batch (the kernels' bounds guard). Each chunk's piece table comes with it; at launch the
+//! batch's tables go into one pinned arena and, by one copy on the batch's stream, into device
+//! memory, where every thread block reads its chunk's table (from pinned host memory, each of a
+//! chunk's thread blocks read the whole table across PCIe: for 4 KiB blocks, 16 blocks × 128
+//! pieces per chunk, the bulk of a batch's time). Nothing is allocated per chunk: the arenas grow
+//! per batch slot and are reused, the tasks and tables live in reused vectors.
 
 use std::sync::Arc;
 
 use super::{BatchEvents, Ticket, UnpackError};
+use crate::engine::blocks::Segment;
 use crate::gpu::blocks::{BLOCK_TASKS, GATHER_UNIT, GatherTask, ScatterTask};
-use crate::gpu::{Gpu, Kernels, PinnedRegion, Stream};
+use crate::gpu::{DeviceRegion, Gpu, GpuError, Kernels, PinnedRegion, Stream};
 
 /// Batches in flight at once (a slot's event and error word are reused after its batch is done).
 const SLOTS: usize = 16;
@@ -32,6 +37,11 @@ pub struct BlockBatcher {
     errors: PinnedRegion,
     gathers: Vec<GatherTask>,
     scatters: Vec<ScatterTask>,
+    /// The queued chunks' tables, in push order (each task's `nsegs` pieces).
+    tables: Vec<Segment>,
+    /// Per batch slot: the tables of the batch launched from it, pinned and on the device
+    /// (grown, never shrunk; rewritten only once the slot's previous batch is done).
+    arenas: Vec<Option<(PinnedRegion, DeviceRegion)>>,
     /// Reports of batches whose slot was reused before anyone asked about them (more than
     /// `SLOTS` batches in flight): (batch, word).
     early: Vec<(u64, u32)>,
@@ -51,31 +61,49 @@ impl BlockBatcher {
             errors: gpu.alloc_pinned(SLOTS * 4)?,
             gathers: Vec::with_capacity(4 * BLOCK_TASKS),
             scatters: Vec::with_capacity(4 * BLOCK_TASKS),
+            tables: Vec::new(),
+            arenas: (0..SLOTS).map(|_| None).collect(),
             early: Vec::new(),
             blocks_per_task: 1,
         })
     }
 
-    /// Queues a chunk's gather (`bytes` bytes: a warp per 4 KiB unit, 8 warps a block).
-    pub fn push_gather(&mut self, task: GatherTask, bytes: u32) -> Result<(), UnpackError> {
+    /// Queues a chunk's gather (`bytes` bytes: a warp per 4 KiB unit, 8 warps a block) with its
+    /// piece table (`table`: the task's `nsegs` pieces, copied to the device at launch).
+    pub fn push_gather(
+        &mut self,
+        task: GatherTask,
+        bytes: u32,
+        table: &[Segment],
+    ) -> Result<(), UnpackError> {
         if self.op != BlockOp::Gather {
-            return Err(UnpackError::Gpu(crate::gpu::GpuError::InvalidArgument(
+            return Err(UnpackError::Gpu(GpuError::InvalidArgument(
                 "a gather pushed into a scatter batcher".into(),
             )));
         }
+        same_table(task.nsegs(), table)?;
+        self.tables.extend_from_slice(table);
         self.gathers.push(task);
         let units = bytes.div_ceil(GATHER_UNIT);
         self.blocks_per_task = self.blocks_per_task.max(units.div_ceil(8));
         Ok(())
     }
 
-    /// Queues a received chunk's scatter of `fragments` fragments (a warp each).
-    pub fn push_scatter(&mut self, task: ScatterTask, fragments: u32) -> Result<(), UnpackError> {
+    /// Queues a received chunk's scatter of `fragments` fragments (a warp each) with its piece
+    /// table (as for `push_gather`).
+    pub fn push_scatter(
+        &mut self,
+        task: ScatterTask,
+        fragments: u32,
+        table: &[Segment],
+    ) -> Result<(), UnpackError> {
         if self.op != BlockOp::Scatter {
-            return Err(UnpackError::Gpu(crate::gpu::GpuError::InvalidArgument(
+            return Err(UnpackError::Gpu(GpuError::InvalidArgument(
                 "a scatter pushed into a gather batcher".into(),
             )));
         }
+        same_table(task.nsegs(), table)?;
+        self.tables.extend_from_slice(table);
         self.scatters.push(task);
         self.blocks_per_task = self.blocks_per_task.max(fragments.div_ceil(8));
         Ok(())
@@ -106,6 +134,12 @@ impl BlockBatcher {
             self.early.push((prev, word));
         }
         self.errors.store_u32(slot * 4, 0)?;
+        if let Err(e) = self.tables_to_device(slot) {
+            self.gathers.clear();
+            self.scatters.clear();
+            self.tables.clear();
+            return Err(e);
+        }
         let bpt = self.blocks_per_task;
         self.blocks_per_task = 1;
         let result = match self.op {
@@ -126,8 +160,41 @@ impl BlockBatcher {
         };
         self.gathers.clear();
         self.scatters.clear();
+        self.tables.clear();
         result?;
         Ok(Some(self.events.record(&self.stream)?))
+    }
+
+    /// Copies the queued tables into slot `slot`'s arena (its previous batch is done) and on to
+    /// the device, on the batch's stream, and points each task at its copy.
+    fn tables_to_device(&mut self, slot: usize) -> Result<(), UnpackError> {
+        // One spare piece: a task without pieces still gets an in-bounds (unread) table.
+        let n = self.tables.len() + 1;
+        let bytes = (n * size_of::<Segment>()) as u64;
+        let arena = &mut self.arenas[slot];
+        if arena.as_ref().is_none_or(|(p, _)| (p.len() as u64) < bytes) {
+            let cap = (bytes.next_power_of_two()).max(64 * size_of::<Segment>() as u64) as usize;
+            *arena = Some((self.gpu.alloc_pinned(cap)?, self.gpu.alloc(cap)?));
+        }
+        let (pinned, device) = arena.as_mut().expect("just made");
+        pinned
+            .typed_mut::<Segment>(0, self.tables.len())?
+            .copy_from_slice(&self.tables);
+        let span = device.span();
+        self.stream.copy_pinned_to_span(span, pinned, 0, bytes)?;
+        let mut at = 0u64;
+        let seg = size_of::<Segment>() as u64;
+        for t in &mut self.gathers {
+            let k = u64::from(t.nsegs());
+            t.relocate_table(span.sub(at * seg, k.max(1) * seg)?)?;
+            at += k;
+        }
+        for t in &mut self.scatters {
+            let k = u64::from(t.nsegs());
+            t.relocate_table(span.sub(at * seg, k.max(1) * seg)?)?;
+            at += k;
+        }
+        Ok(())
     }
 
     /// Non-blocking: has the batch finished? Once it has, a chunk the kernel skipped as out of
@@ -172,4 +239,14 @@ impl BlockBatcher {
     pub fn stream(&self) -> &Stream {
         &self.stream
     }
+}
+
+fn same_table(nsegs: u32, table: &[Segment]) -> Result<(), UnpackError> {
+    if table.len() != nsegs as usize {
+        return Err(UnpackError::Gpu(GpuError::InvalidArgument(format!(
+            "a task of {nsegs} pieces came with a table of {}",
+            table.len()
+        ))));
+    }
+    Ok(())
 }

@@ -490,6 +490,7 @@ fn batches_of_many_chunks_and_their_reports() {
             .push_gather(
                 GatherTask::new(gtab.span(), gt.len() as u32, s.span(), dst_slot, bytes).unwrap(),
                 bytes,
+                &gt,
             )
             .unwrap();
         scatters
@@ -505,6 +506,7 @@ fn batches_of_many_chunks_and_their_reports() {
                 )
                 .unwrap(),
                 frags.len() as u32,
+                &st,
             )
             .unwrap();
         gtabs.push(gtab);
@@ -524,16 +526,13 @@ fn batches_of_many_chunks_and_their_reports() {
     assert!(bad.is_none(), "destination differs first at byte {bad:?}");
 
     // A fragment past its 100-byte chunk in the third task: reported once the batch is done.
+    let one = [Segment {
+        offset: 0,
+        wire: 0,
+        len: 100,
+    }];
     let stab = gpu.alloc_pinned(16).unwrap();
-    stab.write(
-        0,
-        &seg_bytes(&[Segment {
-            offset: 0,
-            wire: 0,
-            len: 100,
-        }]),
-    )
-    .unwrap();
+    stab.write(0, &seg_bytes(&one)).unwrap();
     let good = gpu.alloc_pinned(16).unwrap();
     good.write(
         0,
@@ -557,7 +556,7 @@ fn batches_of_many_chunks_and_their_reports() {
     let bounce = staging.subspan(0, 4096).unwrap();
     for meta in [&good, &good, &past] {
         let task = ScatterTask::new(meta.span(), 1, bounce, stab.span(), 1, 100, d.span()).unwrap();
-        scatters.push_scatter(task, 1).unwrap();
+        scatters.push_scatter(task, 1, &one).unwrap();
     }
     let t = scatters.submit().unwrap().unwrap();
     match scatters.wait(&t) {
@@ -565,7 +564,10 @@ fn batches_of_many_chunks_and_their_reports() {
         other => panic!("expected task 2's fragment 0 rejected, got {other:?}"),
     }
     let task = ScatterTask::new(good.span(), 1, bounce, stab.span(), 1, 100, d.span()).unwrap();
-    scatters.push_scatter(task, 1).unwrap();
+    scatters.push_scatter(task, 1, &one).unwrap();
     let t = scatters.submit().unwrap().unwrap();
     scatters.wait(&t).unwrap();
+    // A task whose table does not come with it is refused at once.
+    let task = ScatterTask::new(good.span(), 1, bounce, stab.span(), 1, 100, d.span()).unwrap();
+    assert!(scatters.push_scatter(task, 1, &[]).is_err());
 }
