@@ -211,6 +211,14 @@ extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
     }
 }
 
+// Copies a batch's piece tables (`n` 16-byte words) from the pinned arena the poller filled into
+// the device arena the block kernels then read: one read across PCIe per table, done by the SMs
+// (on a receiving GPU the copy engines are busy with the plugin's own copies, and a small copy
+// queued behind them waits for hundreds of µs).
+extern "C" __global__ void tcpxd_copy_tables(const uint4* src, uint4* dst, u32 n) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
+}
+
 // Scatter: warp f takes fragment f of the chunk (`len` bytes at `src_off` of the bounce buffer,
 // wire offset `dst_off`) and copies it into the pieces of the destination that hold those wire
 // bytes. A fragment outside the chunk or the bounce buffer, or a piece outside the destination,

@@ -224,6 +224,49 @@ impl Gpu {
         )
     }
 
+    /// Copies `bytes` (a multiple of 16) of block tables from `src` (pinned host memory's
+    /// device view) to `dst` (device memory) with a small kernel on `stream`: on the SMs, not a
+    /// copy engine (see kernels/blocks.cu, `tcpxd_copy_tables`).
+    pub fn launch_copy_tables(
+        &self,
+        kernels: &Kernels,
+        stream: &Stream,
+        src: DeviceSpan,
+        dst: DeviceSpan,
+        bytes: u64,
+    ) -> GpuResult<()> {
+        if bytes % 16 != 0
+            || bytes > src.len()
+            || bytes > dst.len()
+            || src.ptr() % 16 != 0
+            || dst.ptr() % 16 != 0
+        {
+            return Err(GpuError::InvalidArgument(format!(
+                "a table copy of {bytes} bytes from a {}-byte span into a {}-byte span (16-byte aligned and sized)",
+                src.len(),
+                dst.len()
+            )));
+        }
+        let words = bytes / 16;
+        if words == 0 {
+            return Ok(());
+        }
+        let n = u32::try_from(words)
+            .map_err(|_| GpuError::InvalidArgument(format!("a table copy of {bytes} bytes")))?;
+        let (mut s, mut d, mut count) = (src.ptr(), dst.ptr(), n);
+        let mut params = [
+            (&mut s as *mut u64).cast::<c_void>(),
+            (&mut d as *mut u64).cast::<c_void>(),
+            (&mut count as *mut u32).cast::<c_void>(),
+        ];
+        let grid = (n.div_ceil(256).clamp(1, 64), 1);
+        // SAFETY: both spans are valid for `bytes` bytes until the work completes (DeviceSpan's
+        // contract; checked against `bytes` above), 16-byte aligned as the kernel's uint4 access
+        // needs; the kernel writes only `dst[..n]` and reads only `src[..n]`. Parameters are
+        // copied at launch.
+        unsafe { self.launch(kernels.copy_tables, grid, 256, stream, &mut params, false) }
+    }
+
     fn launch_blocks<T: Copy + Default>(
         &self,
         f: sys::CUfunction,

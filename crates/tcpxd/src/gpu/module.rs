@@ -43,6 +43,7 @@ pub struct Kernels {
     pub(crate) crc32c_blocks: sys::CUfunction,
     pub(crate) gather_blocks: sys::CUfunction,
     pub(crate) scatter_blocks: sys::CUfunction,
+    pub(crate) copy_tables: sys::CUfunction,
     source: KernelSource,
 }
 
@@ -149,6 +150,7 @@ pub(crate) fn load(gpu: &Gpu) -> GpuResult<Kernels> {
         crc32c_blocks: std::ptr::null_mut(),
         gather_blocks: std::ptr::null_mut(),
         scatter_blocks: std::ptr::null_mut(),
+        copy_tables: std::ptr::null_mut(),
         source,
     };
     k.unpack_8 = function(modules[0], "tcpxd_unpack_8")?;
@@ -160,6 +162,7 @@ pub(crate) fn load(gpu: &Gpu) -> GpuResult<Kernels> {
     k.crc32c_blocks = function(modules[1], "tcpxd_crc32c_blocks")?;
     k.gather_blocks = function(modules[2], "tcpxd_gather_blocks")?;
     k.scatter_blocks = function(modules[2], "tcpxd_scatter_blocks")?;
+    k.copy_tables = function(modules[2], "tcpxd_copy_tables")?;
     match &k.source {
         KernelSource::EmbeddedPtx => tracing::info!(
             gpu = gpu.ordinal(),

@@ -3,8 +3,9 @@
 //! blocks) the poller queues during a pass and launches once at its end, up to
 //! [`BLOCK_TASKS`] chunks per launch, on a stream of their own, with an event and an error word
 //! per batch (the kernels' bounds guard). Each chunk's piece table comes with it; at launch the
-//! batch's tables go into one pinned arena and, by one copy on the batch's stream, into device
-//! memory, where every thread block reads its chunk's table (from pinned host memory, each of a
+//! batch's tables go into one pinned arena and, by a small copy kernel on the batch's stream
+//! (not a copy engine: on a receiving GPU those queue it behind the plugin's own copies), into
+//! device memory, where every thread block reads its chunk's table (from pinned host memory, each of a
 //! chunk's thread blocks read the whole table across PCIe: for 4 KiB blocks, 16 blocks × 128
 //! pieces per chunk, the bulk of a batch's time). Nothing is allocated per chunk: the arenas grow
 //! per batch slot and are reused, the tasks and tables live in reused vectors.
@@ -181,7 +182,8 @@ impl BlockBatcher {
             .typed_mut::<Segment>(0, self.tables.len())?
             .copy_from_slice(&self.tables);
         let span = device.span();
-        self.stream.copy_pinned_to_span(span, pinned, 0, bytes)?;
+        self.gpu
+            .launch_copy_tables(&self.kernels, &self.stream, pinned.span(), span, bytes)?;
         let mut at = 0u64;
         let seg = size_of::<Segment>() as u64;
         for t in &mut self.gathers {
