@@ -13,7 +13,8 @@
 //!   done: the plugin no longer reads the slot and its GPU gather (which the send waited for)
 //!   is over, table included. Host: the pieces are copied into the slot at once
 //!   (`net::blocks::gather_region`). GPU: the chunk's table goes into the slot's pinned table and
-//!   the gather joins the GPU's batch of this pass (one launch for up to 16 chunks). Either way
+//!   the gather, with the table, joins the GPU's batch of this pass (one launch for up to 16
+//!   chunks; the batch copies its tables to device memory first: `unpack::block_batch`). Either way
 //!   the send waits in the lane's queue (`deferred`) until its gather is done and the plugin has
 //!   fewer than `send_window` of the lane's sends (`lanes::post_sends`): gathers run a window
 //!   ahead of the sends, and the plugin sees no more than it did without them.
