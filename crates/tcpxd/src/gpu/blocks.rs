@@ -54,6 +54,11 @@ pub struct GatherTask {
 const _: () = assert!(size_of::<GatherTask>() == 48);
 
 impl GatherTask {
+    /// Whether its table is placed (a task is launchable only then).
+    pub fn placed(&self) -> bool {
+        self.segs != 0
+    }
+
     /// Pieces in the task's table.
     pub fn nsegs(&self) -> u32 {
         self.nsegs
@@ -78,7 +83,14 @@ impl GatherTask {
         dst: DeviceSpan,
         bytes: u32,
     ) -> GpuResult<GatherTask> {
-        check_table(segs, nsegs)?;
+        let mut t = GatherTask::unplaced(nsegs, src, dst, bytes)?;
+        t.relocate_table(segs)?;
+        Ok(t)
+    }
+
+    /// As [`GatherTask::new`], its table not placed yet: a batch places it
+    /// (`unpack::block_batch`, from the table pushed with the task). Not launchable before.
+    pub fn unplaced(nsegs: u32, src: DeviceSpan, dst: DeviceSpan, bytes: u32) -> GpuResult<GatherTask> {
         if u64::from(bytes) > dst.len() {
             return Err(GpuError::InvalidArgument(format!(
                 "a {bytes}-byte chunk does not fit a {}-byte staging slot",
@@ -86,7 +98,7 @@ impl GatherTask {
             )));
         }
         Ok(GatherTask {
-            segs: segs.ptr(),
+            segs: 0,
             src: src.ptr(),
             src_len: src.len(),
             dst: dst.ptr(),
@@ -116,6 +128,11 @@ pub struct ScatterTask {
 const _: () = assert!(size_of::<ScatterTask>() == 64);
 
 impl ScatterTask {
+    /// Whether its table is placed (a task is launchable only then).
+    pub fn placed(&self) -> bool {
+        self.segs != 0
+    }
+
     /// Pieces in the task's table.
     pub fn nsegs(&self) -> u32 {
         self.nsegs
@@ -143,7 +160,20 @@ impl ScatterTask {
         bytes: u32,
         dst: DeviceSpan,
     ) -> GpuResult<ScatterTask> {
-        check_table(segs, nsegs)?;
+        let mut t = ScatterTask::unplaced(frags, count, bounce, nsegs, bytes, dst)?;
+        t.relocate_table(segs)?;
+        Ok(t)
+    }
+
+    /// As [`ScatterTask::new`], its table not placed yet (see [`GatherTask::unplaced`]).
+    pub fn unplaced(
+        frags: DeviceSpan,
+        count: u32,
+        bounce: DeviceSpan,
+        nsegs: u32,
+        bytes: u32,
+        dst: DeviceSpan,
+    ) -> GpuResult<ScatterTask> {
         if u64::from(count) * size_of::<loadMeta>() as u64 > frags.len() {
             return Err(GpuError::InvalidArgument(format!(
                 "{count} fragments do not fit a {}-byte list",
@@ -154,7 +184,7 @@ impl ScatterTask {
             frags: frags.ptr(),
             bounce: bounce.ptr(),
             bounce_len: bounce.len(),
-            segs: segs.ptr(),
+            segs: 0,
             dst: dst.ptr(),
             dst_len: dst.len(),
             count,
@@ -192,6 +222,9 @@ impl Gpu {
         err: &PinnedRegion,
         err_off: usize,
     ) -> GpuResult<()> {
+        if !tasks.iter().all(GatherTask::placed) {
+            return Err(unplaced());
+        }
         self.launch_blocks(
             kernels.gather_blocks,
             stream,
@@ -214,6 +247,9 @@ impl Gpu {
         err: &PinnedRegion,
         err_off: usize,
     ) -> GpuResult<()> {
+        if !tasks.iter().all(ScatterTask::placed) {
+            return Err(unplaced());
+        }
         self.launch_blocks(
             kernels.scatter_blocks,
             stream,
@@ -302,4 +338,8 @@ impl Gpu {
         // live pinned allocation (checked). Parameters are copied at launch.
         unsafe { self.launch(f, grid, BLOCK_WARPS * 32, stream, &mut params, false) }
     }
+}
+
+fn unplaced() -> GpuError {
+    GpuError::InvalidArgument("a block task launched before its table was placed".into())
 }

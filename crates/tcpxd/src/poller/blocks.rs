@@ -11,10 +11,10 @@
 //!   posted and unfinished, and sends finish in order, so when gather `n` comes, send
 //!   `n - (send_window + gather_ahead)` (and every send before it, plain or staged) was reported
 //!   done: the plugin no longer reads the slot and its GPU gather (which the send waited for)
-//!   is over, table included. Host: the pieces are copied into the slot at once
-//!   (`net::blocks::gather_region`). GPU: the chunk's table goes into the slot's pinned table and
-//!   the gather, with the table, joins the GPU's batch of this pass (one launch for up to 16
-//!   chunks; the batch copies its tables to device memory first: `unpack::block_batch`). Either way
+//!   is over. Host: the pieces are copied into the slot at once
+//!   (`net::blocks::gather_region`). GPU: the gather, with its table, joins the GPU's batch of
+//!   this pass (one launch for up to 16 chunks; the batch takes its tables to device memory
+//!   first: `unpack::block_batch`). Either way
 //!   the send waits in the lane's queue (`deferred`) until its gather is done and the plugin has
 //!   fewer than `send_window` of the lane's sends (`lanes::post_sends`): gathers run a window
 //!   ahead of the sends, and the plugin sees no more than it did without them.
@@ -32,8 +32,8 @@
 //!   host destinations are scattered from there, GPU destinations copied piece by piece through
 //!   the stage's host staging buffer.
 //!
-//! The pieces come from the engine (`send_pieces` / `recv_pieces`) into one reused vector;
-//! tables grow per slot and are reused. A query that finds no offer, pieces that do not add up
+//! The pieces come from the engine (`send_pieces` / `recv_pieces`) into one reused vector, which
+//! the GPU batches copy from. A query that finds no offer, pieces that do not add up
 //! to the chunk, or a bad table fail the receive (or, for a send, the pairing: its FIFO order
 //! cannot be kept otherwise) with the reason.
 
@@ -44,8 +44,8 @@ use super::{RecvLane, RecvLaneState, SendLane, SendLaneState};
 use crate::buffers::BufferEntry;
 use crate::engine::MAX_CHUNK_BYTES;
 use crate::engine::blocks::{Pieces, Segment};
+use crate::gpu::DeviceSpan;
 use crate::gpu::blocks::{GatherTask, ScatterTask};
-use crate::gpu::{DeviceSpan, Gpu, PinnedRegion};
 use crate::lanes::{GpuStage, Wait, stage_for};
 use crate::net::{HostRegion, MemHandle, RecvComm, Region, RequestId};
 use crate::unpack::UnpackImpl;
@@ -107,9 +107,8 @@ struct StagingRing {
     kind: Kind,
     mh: MemHandle,
     slot_bytes: u32,
-    /// GPU: the ring's device view and each slot's pinned segment table.
+    /// GPU: the ring's device view.
     span: Option<DeviceSpan>,
-    tables: Vec<Option<PinnedRegion>>,
 }
 
 /// A send lane's staging rings and gather count.
@@ -125,19 +124,19 @@ impl SendStaging {
         self.rings.get(ring).map(|r| &r.mh)
     }
 
-    /// Whether a GPU may still be reading this lane's tables.
+    /// Whether a GPU may still be writing this lane's staging rings.
     pub(super) fn on_gpu(&self) -> bool {
         self.rings.iter().any(|r| r.kind != Kind::Host)
     }
 }
 
-/// A receive lane's host landing ring (scattered receives into host memory) and pinned segment
-/// tables (GPU scatters, one per plugin ring slot).
+/// A receive lane's host landing ring (scattered receives into host memory), and whether it
+/// scattered on a GPU (whose kernels read the lane's bounce buffer).
 #[derive(Default)]
 pub(super) struct RecvScatter {
     landing: Option<MemHandle>,
     seq: u64,
-    tables: Vec<Option<PinnedRegion>>,
+    gpu: bool,
 }
 
 impl RecvScatter {
@@ -146,7 +145,7 @@ impl RecvScatter {
     }
 
     pub(super) fn on_gpu(&self) -> bool {
-        self.tables.iter().any(Option::is_some)
+        self.gpu
     }
 }
 
@@ -180,40 +179,6 @@ pub(super) fn collect(
         ));
     }
     Ok(())
-}
-
-/// A pinned table holding at least `n` segments, grown (never shrunk) in `slot`.
-fn table<'a>(
-    tables: &'a mut Vec<Option<PinnedRegion>>,
-    slot: usize,
-    gpu: &Arc<Gpu>,
-    n: usize,
-) -> Result<&'a mut PinnedRegion, String> {
-    if tables.len() <= slot {
-        tables.resize_with(slot + 1, || None);
-    }
-    let need = n.max(1) * size_of::<Segment>();
-    let t = &mut tables[slot];
-    if t.as_ref().is_none_or(|t| t.len() < need) {
-        let bytes = need.next_power_of_two().max(64 * size_of::<Segment>());
-        *t = Some(
-            gpu.alloc_pinned(bytes)
-                .map_err(|e| format!("a block table of {bytes} bytes: {e}"))?,
-        );
-    }
-    Ok(t.as_mut().expect("just set"))
-}
-
-/// Writes `segs` into `table` and returns its device view.
-fn fill(table: &mut PinnedRegion, segs: &[Segment]) -> Result<DeviceSpan, String> {
-    table
-        .typed_mut::<Segment>(0, segs.len())
-        .map_err(|e| e.to_string())?
-        .copy_from_slice(segs);
-    table
-        .span()
-        .sub(0, (segs.len().max(1) * size_of::<Segment>()) as u64)
-        .map_err(|e| e.to_string())
 }
 
 /// `PostGatherSend`: gathers the chunk (its pieces in `segs`) into the lane's next staging slot
@@ -260,7 +225,6 @@ pub(super) fn gather_send(
                 mh,
                 slot_bytes,
                 span,
-                tables: Vec::new(),
             });
             staging.rings.len() - 1
         }
@@ -301,12 +265,10 @@ pub(super) fn gather_send(
                 .map_err(|e| format!("gather: {e}"))?;
             let gpu = region.gpu();
             let stage = stage_for(stages, gpu, unpack_impl)?;
-            let t = table(&mut r.tables, slot as usize, gpu, segs.len())?;
-            let segs_span = fill(t, segs)?;
             let dst = ring_span
                 .sub(offset, u64::from(r.slot_bytes))
                 .map_err(|e| e.to_string())?;
-            let task = GatherTask::new(segs_span, segs.len() as u32, region.span(), dst, len)
+            let task = GatherTask::unplaced(segs.len() as u32, region.span(), dst, len)
                 .map_err(|e| e.to_string())?;
             post.gate = Some((gpu.ordinal(), stage.push_gather(task, len, segs)?));
         }
@@ -365,7 +327,7 @@ pub(super) fn scatter_recv(
 }
 
 /// A completed block-chunk receive (`segs`: its pieces): scattered on the host now, or pushed
-/// into its GPU's scatter batch. `tables`: the lane's pinned tables.
+/// into its GPU's scatter batch. `scatter`: the lane's scatter state.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn start_scatter(
     comm: &RecvComm,
@@ -376,7 +338,7 @@ pub(super) fn start_scatter(
     buffers: &HashMap<u64, Arc<BufferEntry>>,
     stages: &mut HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
-    tables: &mut RecvScatter,
+    scatter: &mut RecvScatter,
 ) -> Wait {
     let Some(entry) = buffers.get(&to.buffer) else {
         let _ = comm.zero_posted(id, len as usize);
@@ -405,18 +367,16 @@ pub(super) fn start_scatter(
         let frag_span = list
             .device_span()
             .ok_or("the fragment list has no device view for the scatter kernel")?;
-        let t = table(&mut tables.tables, q, &gpu, segs.len())?;
-        let segs_span = fill(t, segs)?;
-        let task = ScatterTask::new(
+        let task = ScatterTask::unplaced(
             frag_span,
             frags.len() as u32,
             bounce,
-            segs_span,
             segs.len() as u32,
             len,
             region.span(),
         )
         .map_err(|e| e.to_string())?;
+        scatter.gpu = true;
         stage.push_scatter(task, frags.len() as u32, segs).map(Some)
     })();
     match r {

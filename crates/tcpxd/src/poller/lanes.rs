@@ -272,7 +272,8 @@ impl Poller {
                         reason: reason.clone(),
                     });
                     p.control = tokio::sync::mpsc::unbounded_channel().0;
-                    // Block kernels may still read the lanes' pinned tables: let them finish.
+                    // Block kernels may still write the lanes' staging rings or read their bounce
+                    // buffers: let them finish.
                     if p.send.iter().any(|l| l.staging.on_gpu()) || p.recv.iter().any(|l| l.scatter.on_gpu())
                     {
                         self.stages.values_mut().for_each(GpuStage::quiesce_blocks);
