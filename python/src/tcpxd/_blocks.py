@@ -238,6 +238,24 @@ def prepared_indices(idx: Any, field: str) -> bytes:
     return a.astype("<u4").tobytes()
 
 
+class PreparedFields:
+    """What the daemon said of a prepared list (tcpxd.v1.PreparedBlocks), shared by the sync and
+    asyncio lists: `id`, `entries` (also `len()`), `blocks` (summed over the entries)."""
+
+    def __init__(self, owner: Any, msg: Any):
+        self._owner = owner
+        self.id: int = msg.prepared_id
+        self.entries: int = msg.entries
+        self.blocks: int = msg.blocks
+        self.released = False
+
+    def __len__(self) -> int:
+        return self.entries
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.id}, entries={self.entries}, blocks={self.blocks})"
+
+
 def prepared_id(p: Any) -> int:
     return int(p.id) if hasattr(p, "id") else int(p)
 

@@ -181,21 +181,8 @@ class AsyncBlockList:
         await self.release()
 
 
-class AsyncPreparedList:
+class AsyncPreparedList(_blocks.PreparedFields):
     """As tcpxd.PreparedList, for the asyncio client: `async with` releases it."""
-
-    def __init__(self, owner: Any, msg: Any):
-        self._owner = owner
-        self.id: int = msg.prepared_id
-        self.entries: int = msg.entries
-        self.blocks: int = msg.blocks
-        self.released = False
-
-    def __len__(self) -> int:
-        return self.entries
-
-    def __repr__(self) -> str:
-        return f"AsyncPreparedList(id={self.id}, entries={self.entries}, blocks={self.blocks})"
 
     async def release(self) -> None:
         if not self.released:

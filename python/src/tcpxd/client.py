@@ -146,25 +146,11 @@ class BlockList:
 
 
 
-class PreparedList:
+class PreparedList(_blocks.PreparedFields):
     """A prepared list held by the daemon (`prepare_blocks`): entries, each a range of blocks of
     one block list, named by index in `write_prepared` / `read_prepared`, what NIXL calls a
     prepared descriptor list. `len()` is its entry count. A context manager: leaving it releases
     it. One prepared on a Session goes with the session."""
-
-    def __init__(self, owner: Any, msg: Any):
-        self._owner = owner
-        self.id: int = msg.prepared_id
-        self.entries: int = msg.entries
-        #: Blocks all entries cover, summed.
-        self.blocks: int = msg.blocks
-        self.released = False
-
-    def __len__(self) -> int:
-        return self.entries
-
-    def __repr__(self) -> str:
-        return f"PreparedList(id={self.id}, entries={self.entries}, blocks={self.blocks})"
 
     def release(self) -> None:
         """Releases it in the daemon (transfers already started keep their plans). Idempotent."""
