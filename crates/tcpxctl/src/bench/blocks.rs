@@ -43,6 +43,28 @@ pub struct BlocksWorkload {
     pub iterations: u32,
     pub warmup: u32,
     pub seed: u64,
+    /// Which sides' blocks are permuted (the other side's are in order: one run).
+    pub scattered: Scattered,
+}
+
+/// The sides a block bench scatters: both (the default), or only the caller's (`local`: the
+/// source of a WRITE) or only the peer's (`remote`), to tell the gather's cost from the scatter's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Scattered {
+    #[default]
+    Both,
+    Local,
+    Remote,
+}
+
+impl Scattered {
+    pub fn describe(self) -> &'static str {
+        match self {
+            Scattered::Both => "both sides permuted",
+            Scattered::Local => "local side permuted, remote in order",
+            Scattered::Remote => "remote side permuted, local in order",
+        }
+    }
 }
 
 impl BlocksWorkload {
@@ -146,6 +168,7 @@ impl BlocksRow {
             "bytes": w.bytes(),
             "iterations": w.iterations,
             "seed": w.seed,
+            "scattered": format!("{:?}", w.scattered).to_lowercase(),
             "scattered": side(&self.blocks),
             "contiguous": side(&self.contiguous),
             "ratio": self.ratio(),
@@ -325,8 +348,15 @@ async fn run(
         "the source buffer",
     )
     .await?;
-    let local_idx = permutation(w.blocks, w.seed);
-    let remote_idx = permutation(w.blocks, w.seed.wrapping_add(1));
+    let in_order = || (0..w.blocks).collect::<Vec<u32>>();
+    let local_idx = match w.scattered {
+        Scattered::Remote => in_order(),
+        _ => permutation(w.blocks, w.seed),
+    };
+    let remote_idx = match w.scattered {
+        Scattered::Local => in_order(),
+        _ => permutation(w.blocks, w.seed.wrapping_add(1)),
+    };
     let li = crate::cli::commands::blocks::pack(&IndexArray::compact(&local_idx));
     let ri = crate::cli::commands::blocks::pack(&IndexArray::compact(&remote_idx));
     let timeout_ms = 600_000;
@@ -521,6 +551,7 @@ mod tests {
             iterations: 5,
             warmup: 1,
             seed: 1,
+            scattered: Scattered::Both,
         };
         assert!(w.validate().is_ok());
         let bad = |f: fn(&mut BlocksWorkload), want: &str| {

@@ -601,6 +601,10 @@ pub struct BenchTransferArgs {
     /// With --blocks: the permutations' seed.
     #[arg(long, value_name = "N", default_value_t = 1, requires = "blocks")]
     pub seed: u64,
+    /// With --blocks: which sides are scattered (`local`: the caller's, the source of a WRITE;
+    /// `remote`: the peer's); the other side's blocks go in order, one run.
+    #[arg(long, value_enum, default_value_t = crate::bench::blocks::Scattered::Both, requires = "blocks")]
+    pub scattered: crate::bench::blocks::Scattered,
     /// Also run the raw plugin bench (same plugin, workload, chunk size and lanes) first, and
     /// print both side by side.
     #[arg(long)]

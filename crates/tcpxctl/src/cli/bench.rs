@@ -115,6 +115,7 @@ impl BenchTransferArgs {
             iterations: wl.iters,
             warmup: wl.warmup,
             seed: self.seed,
+            scattered: self.scattered,
         };
         Some(w.validate().map(|()| w))
     }
@@ -152,10 +153,11 @@ async fn run_blocks(
     } else {
         emit(&row.table().to_string())?;
         emit(&format!(
-            "\nscattered/contiguous: {:.2} ({} blocks of {}, both sides permuted, seed {}; checked: {})\n",
+            "\nscattered/contiguous: {:.2} ({} blocks of {}, {}, seed {}; checked: {})\n",
             row.ratio(),
             w.blocks,
             format_bytes(w.block_size),
+            w.scattered.describe(),
             w.seed,
             row.checked
         ))?;
