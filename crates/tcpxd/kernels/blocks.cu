@@ -9,8 +9,8 @@
 //
 // Each chunk's table lists, in wire order, the pieces of this side's buffer the chunk covers
 // (`BlockSeg`, 16 bytes: engine::blocks::Segment): `len` bytes at byte `off` of the buffer, at
-// byte `wire` of the chunk. The poller writes the tables into pinned memory from the block plan;
-// nothing is allocated per chunk. Each thread block first stages the table in shared memory (up
+// byte `wire` of the chunk. The tables travel in the launch's parameters (the `_inline_` kernels)
+// or in a device arena (src/unpack/block_batch.rs); nothing is allocated per chunk. Each thread block first stages the table in shared memory (up
 // to SMEM_SEGS pieces; longer tables are read in place); a warp finds the piece that holds a wire
 // offset by binary search over `wire`. Layouts must match src/gpu/blocks.rs (`GatherTask`, `ScatterTask`).
 
@@ -134,24 +134,30 @@ __device__ __forceinline__ void copy_piece(const u8* src, u8* dst, u32 len, u32 
 }
 
 // A chunk's table as a thread block reads it: staged in shared memory when it has at most
-// SMEM_SEGS pieces (the whole block reads it once, in parallel: one wave of reads across PCIe
-// when the table is in pinned host memory), else read in place. Without the staging, every warp
-// paid a chain of dependent reads over PCIe for each item (the binary search, then each piece).
+// SMEM_SEGS pieces (the whole block reads it once, in parallel), else read in place. The table
+// lies in device memory (the batch's arena, read with volatile global loads) or, for the inline
+// kernels, in the launch's parameter block (`param`: plain loads through the parameter's address).
 struct Table {
     const BlockSeg* global;
     const BlockSeg* shared;
     u32 n;
     bool staged;
+    bool param;
 };
 
-__device__ __forceinline__ Table stage_table(const BlockSeg* segs, u32 nsegs, BlockSeg* s_segs) {
+__device__ __forceinline__ BlockSeg read_seg(const BlockSeg* p, bool param) {
+    return param ? *p : load_seg(p);
+}
+
+__device__ __forceinline__ Table stage_table(const BlockSeg* segs, u32 nsegs, BlockSeg* s_segs, bool param) {
     Table tb;
     tb.global = segs;
     tb.shared = s_segs;
     tb.n = nsegs;
     tb.staged = nsegs <= SMEM_SEGS;
+    tb.param = param;
     if (tb.staged) {
-        for (u32 i = threadIdx.x; i < nsegs; i += blockDim.x) s_segs[i] = load_seg(segs + i);
+        for (u32 i = threadIdx.x; i < nsegs; i += blockDim.x) s_segs[i] = read_seg(segs + i, param);
     }
     // Every thread of the block reaches this (called once, before any work loop).
     __syncthreads();
@@ -159,7 +165,7 @@ __device__ __forceinline__ Table stage_table(const BlockSeg* segs, u32 nsegs, Bl
 }
 
 __device__ __forceinline__ BlockSeg seg_at(const Table& tb, u32 i) {
-    return tb.staged ? tb.shared[i] : load_seg(tb.global + i);
+    return tb.staged ? tb.shared[i] : read_seg(tb.global + i, tb.param);
 }
 
 // The last piece whose `wire` is <= w (pieces are in wire order, the first at wire 0).
@@ -180,13 +186,11 @@ __device__ __forceinline__ void report(u32* err, u32 task, u32 item) {
 // chunk from the pieces that hold them. A piece reaching past the source or the chunk is skipped
 // and reported in `err` (1 + (task << 12 | unit)); the host validated the tables, so this is a
 // guard only.
-extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
-    tcpxd_gather_blocks(const __grid_constant__ Tasks<GatherTask, BLOCK_TASKS> tasks, u32* err) {
-    const GatherTask& t = tasks.t[blockIdx.y];
+__device__ __forceinline__ void gather_body(const GatherTask& t, const BlockSeg* segs, bool param, u32* err) {
     const u32 lane = threadIdx.x & 31;
     const u32 units = (t.bytes + GATHER_UNIT - 1) / GATHER_UNIT;
     __shared__ BlockSeg s_segs[SMEM_SEGS];
-    const Table tb = stage_table((const BlockSeg*)t.segs, t.nsegs, s_segs);
+    const Table tb = stage_table(segs, t.nsegs, s_segs, param);
     for (u32 u = blockIdx.x * BLOCK_WARPS + (threadIdx.x >> 5); u < units; u += gridDim.x * BLOCK_WARPS) {
         u32 w = u * GATHER_UNIT;
         const u32 end = min(t.bytes, w + GATHER_UNIT);
@@ -211,6 +215,12 @@ extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
     }
 }
 
+extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
+    tcpxd_gather_blocks(const __grid_constant__ Tasks<GatherTask, BLOCK_TASKS> tasks, u32* err) {
+    const GatherTask& t = tasks.t[blockIdx.y];
+    gather_body(t, (const BlockSeg*)t.segs, false, err);
+}
+
 // Copies a batch's piece tables (`n` 16-byte words) from the pinned arena the poller filled into
 // the device arena the block kernels then read: one read across PCIe per table, done by the SMs
 // (on a receiving GPU the copy engines are busy with the plugin's own copies, and a small copy
@@ -223,9 +233,7 @@ extern "C" __global__ void tcpxd_copy_tables(const uint4* src, uint4* dst, u32 n
 // wire offset `dst_off`) and copies it into the pieces of the destination that hold those wire
 // bytes. A fragment outside the chunk or the bounce buffer, or a piece outside the destination,
 // is skipped and reported in `err` (1 + (task << 12 | fragment)).
-extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
-    tcpxd_scatter_blocks(const __grid_constant__ Tasks<ScatterTask, BLOCK_TASKS> tasks, u32* err) {
-    const ScatterTask& t = tasks.t[blockIdx.y];
+__device__ __forceinline__ void scatter_body(const ScatterTask& t, const BlockSeg* segs, bool param, u32* err) {
     const u32 lane = threadIdx.x & 31;
     const LoadMeta* frags = (const LoadMeta*)t.frags;
     const u32 stride = gridDim.x * BLOCK_WARPS;
@@ -235,7 +243,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
     LoadMeta next = {0u, 0u, 0ull};
     if (f < t.count) next = load_meta(frags + f);
     __shared__ BlockSeg s_segs[SMEM_SEGS];
-    const Table tb = stage_table((const BlockSeg*)t.segs, t.nsegs, s_segs);
+    const Table tb = stage_table(segs, t.nsegs, s_segs, param);
     for (; f < t.count; f += stride) {
         const LoadMeta m = next;
         if (f + stride < t.count) next = load_meta(frags + f + stride);
@@ -264,3 +272,38 @@ extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
         if (w < end && lane == 0) report(err, blockIdx.y, f);
     }
 }
+
+extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
+    tcpxd_scatter_blocks(const __grid_constant__ Tasks<ScatterTask, BLOCK_TASKS> tasks, u32* err) {
+    const ScatterTask& t = tasks.t[blockIdx.y];
+    scatter_body(t, (const BlockSeg*)t.segs, false, err);
+}
+
+// ---- tables inline in the kernel parameters ---------------------------------------------------
+// A batch whose tables are small travels whole in the launch's parameter block (CUDA 12.1+ large
+// parameters): no table copy, no second launch before the kernel. Each task's `segs` is then the
+// index of its first piece in `segs` below, not an address. Two sizes: 256 pieces (5 KiB with a
+// scatter batch's tasks) and 576 (10 KiB: 16 chunks of 16 KiB blocks); larger tables go through
+// the device arena (a 31 KiB parameter block was measured slower than an upload, docs/GPU.md).
+template <typename T, int CAP>
+struct InlineTables {
+    Tasks<T, BLOCK_TASKS> tasks;
+    u64 err;  // device address of the batch's error word
+    u64 pad;
+    BlockSeg segs[CAP];
+};
+
+#define INLINE_KERNELS(CAP)                                                                          \
+    extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)                                  \
+        tcpxd_gather_blocks_inline_##CAP(const __grid_constant__ InlineTables<GatherTask, CAP> p) { \
+        const GatherTask& t = p.tasks.t[blockIdx.y];                                                 \
+        gather_body(t, p.segs + t.segs, true, (u32*)p.err);                                          \
+    }                                                                                                \
+    extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)                                  \
+        tcpxd_scatter_blocks_inline_##CAP(const __grid_constant__ InlineTables<ScatterTask, CAP> p) { \
+        const ScatterTask& t = p.tasks.t[blockIdx.y];                                                \
+        scatter_body(t, p.segs + t.segs, true, (u32*)p.err);                                         \
+    }
+
+INLINE_KERNELS(256)
+INLINE_KERNELS(576)

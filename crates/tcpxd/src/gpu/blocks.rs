@@ -14,6 +14,7 @@ use tcpxd_abi::loadMeta;
 
 use super::error::{GpuError, GpuResult};
 use super::{DeviceSpan, Gpu, Kernels, PinnedRegion, Stream};
+use crate::engine::blocks::Segment;
 
 /// Chunks per launch (`BLOCK_TASKS` in kernels/blocks.cu).
 pub const BLOCK_TASKS: usize = 16;
@@ -21,6 +22,51 @@ pub const BLOCK_TASKS: usize = 16;
 const BLOCK_WARPS: u32 = 8;
 /// Bytes of a chunk each warp of the gather takes at a time (`GATHER_UNIT`).
 pub const GATHER_UNIT: u32 = 4096;
+
+/// The table sizes (pieces) of the inline kernels (`INLINE_KERNELS` in kernels/blocks.cu): a
+/// launch whose tables hold at most the largest travels whole in its parameter block.
+pub const INLINE_CAPS: [usize; 2] = [256, 576];
+
+/// The parameter block of `tcpxd_{gather,scatter}_blocks_inline_<CAP>` (`InlineTables`): the
+/// tasks, each with the index of its first piece in `segs` where the table's address would be.
+#[repr(C, align(16))]
+struct InlineTables<T, const CAP: usize> {
+    tasks: [T; BLOCK_TASKS],
+    err: u64,
+    pad: u64,
+    segs: [Segment; CAP],
+}
+
+/// A block task whose table may travel inline: its piece count, and a copy of it pointing at
+/// piece `index` of the parameter block's table.
+pub trait InlineTask: Copy + Default {
+    /// Which kernel: 0 the gather, 1 the scatter (`Kernels::blocks_inline`'s first index).
+    const KERNEL: usize;
+    fn pieces(&self) -> u32;
+    fn at_inline_index(self, index: u64) -> Self;
+}
+
+impl InlineTask for GatherTask {
+    const KERNEL: usize = 0;
+    fn pieces(&self) -> u32 {
+        self.nsegs
+    }
+    fn at_inline_index(mut self, index: u64) -> Self {
+        self.segs = index;
+        self
+    }
+}
+
+impl InlineTask for ScatterTask {
+    const KERNEL: usize = 1;
+    fn pieces(&self) -> u32 {
+        self.nsegs
+    }
+    fn at_inline_index(mut self, index: u64) -> Self {
+        self.segs = index;
+        self
+    }
+}
 
 /// Checks that `segs` holds `nsegs` 16-byte-aligned pieces (`engine::blocks::Segment`).
 fn check_table(segs: DeviceSpan, nsegs: u32) -> GpuResult<()> {
@@ -339,6 +385,108 @@ impl Gpu {
         unsafe { self.launch(f, grid, BLOCK_WARPS * 32, stream, &mut params, false) }
     }
 }
+
+impl Gpu {
+    /// Launches up to [`BLOCK_TASKS`] gathers or scatters (by `T`) with their tables in
+    /// the parameter block: `table` holds the tasks' pieces back to back, in task order (at most
+    /// the largest of [`INLINE_CAPS`]; the smallest size that fits is launched). The tasks need
+    /// not be placed. A piece or fragment out of bounds is reported as by the other launches.
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_blocks_inline<T: InlineTask>(
+        &self,
+        kernels: &Kernels,
+        stream: &Stream,
+        tasks: &[T],
+        table: &[Segment],
+        blocks_per_task: u32,
+        err: &PinnedRegion,
+        err_off: usize,
+    ) -> GpuResult<()> {
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        if tasks.len() > BLOCK_TASKS {
+            return Err(GpuError::InvalidArgument(format!(
+                "{} block tasks in one launch (at most {BLOCK_TASKS})",
+                tasks.len()
+            )));
+        }
+        let pieces: u64 = tasks.iter().map(|t| u64::from(t.pieces())).sum();
+        if pieces != table.len() as u64 {
+            return Err(GpuError::InvalidArgument(format!(
+                "{} pieces in the tasks, {} in the inline table",
+                pieces,
+                table.len()
+            )));
+        }
+        let err = err_ptr(err, err_off)?;
+        match INLINE_CAPS.iter().position(|&cap| table.len() <= cap) {
+            Some(0) => {
+                let f = kernels.blocks_inline[T::KERNEL][0];
+                self.launch_tables_inline::<T, { INLINE_CAPS[0] }>(
+                    f,
+                    stream,
+                    tasks,
+                    table,
+                    blocks_per_task,
+                    err,
+                )
+            }
+            Some(_) => {
+                let f = kernels.blocks_inline[T::KERNEL][1];
+                self.launch_tables_inline::<T, { INLINE_CAPS[1] }>(
+                    f,
+                    stream,
+                    tasks,
+                    table,
+                    blocks_per_task,
+                    err,
+                )
+            }
+            None => Err(GpuError::InvalidArgument(format!(
+                "a {}-piece table does not fit the inline kernels (at most {})",
+                table.len(),
+                INLINE_CAPS[INLINE_CAPS.len() - 1]
+            ))),
+        }
+    }
+
+    fn launch_tables_inline<T: InlineTask, const CAP: usize>(
+        &self,
+        f: sys::CUfunction,
+        stream: &Stream,
+        tasks: &[T],
+        table: &[Segment],
+        blocks_per_task: u32,
+        err: u64,
+    ) -> GpuResult<()> {
+        let mut p = InlineTables::<T, CAP> {
+            tasks: [T::default(); BLOCK_TASKS],
+            err,
+            pad: 0,
+            segs: [Segment::default(); CAP],
+        };
+        let mut at = 0u64;
+        for (slot, t) in p.tasks.iter_mut().zip(tasks) {
+            *slot = t.at_inline_index(at);
+            at += u64::from(t.pieces());
+        }
+        p.segs[..table.len()].copy_from_slice(table);
+        let mut params = [(&mut p as *mut InlineTables<T, CAP>).cast::<c_void>()];
+        let grid = (blocks_per_task.clamp(1, 65_535), tasks.len() as u32);
+        // SAFETY: `f` is `tcpxd_{gather,scatter}_blocks_inline_<CAP>` for this `T` and `CAP`
+        // (chosen by the caller), whose one parameter is `InlineTables<T, CAP>`: the same
+        // layout (repr(C), 16-byte tasks and pieces; sizes asserted below). Each task's table
+        // index plus its piece count lies inside `segs` (the counts were summed against the
+        // table); every other address comes from a DeviceSpan, valid until the work completes,
+        // and is bounds-checked in the kernel; the error word lies in a live pinned allocation.
+        // Parameters are copied at launch.
+        unsafe { self.launch(f, grid, BLOCK_WARPS * 32, stream, &mut params, false) }
+    }
+}
+
+const _: () = assert!(size_of::<InlineTables<GatherTask, 256>>() == 48 * 16 + 16 + 256 * 16);
+const _: () = assert!(size_of::<InlineTables<ScatterTask, 576>>() == 64 * 16 + 16 + 576 * 16);
 
 fn unplaced() -> GpuError {
     GpuError::InvalidArgument("a block task launched before its table was placed".into())

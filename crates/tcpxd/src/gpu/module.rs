@@ -44,6 +44,9 @@ pub struct Kernels {
     pub(crate) gather_blocks: sys::CUfunction,
     pub(crate) scatter_blocks: sys::CUfunction,
     pub(crate) copy_tables: sys::CUfunction,
+    /// `[gather, scatter][cap]`: the inline-table kernels, one per size of
+    /// `blocks::INLINE_CAPS`.
+    pub(crate) blocks_inline: [[sys::CUfunction; 2]; 2],
     source: KernelSource,
 }
 
@@ -151,6 +154,7 @@ pub(crate) fn load(gpu: &Gpu) -> GpuResult<Kernels> {
         gather_blocks: std::ptr::null_mut(),
         scatter_blocks: std::ptr::null_mut(),
         copy_tables: std::ptr::null_mut(),
+        blocks_inline: [[std::ptr::null_mut(); 2]; 2],
         source,
     };
     k.unpack_8 = function(modules[0], "tcpxd_unpack_8")?;
@@ -163,6 +167,11 @@ pub(crate) fn load(gpu: &Gpu) -> GpuResult<Kernels> {
     k.gather_blocks = function(modules[2], "tcpxd_gather_blocks")?;
     k.scatter_blocks = function(modules[2], "tcpxd_scatter_blocks")?;
     k.copy_tables = function(modules[2], "tcpxd_copy_tables")?;
+    for (i, op) in ["gather", "scatter"].into_iter().enumerate() {
+        for (j, cap) in super::blocks::INLINE_CAPS.into_iter().enumerate() {
+            k.blocks_inline[i][j] = function(modules[2], &format!("tcpxd_{op}_blocks_inline_{cap}"))?;
+        }
+    }
     match &k.source {
         KernelSource::EmbeddedPtx => tracing::info!(
             gpu = gpu.ordinal(),

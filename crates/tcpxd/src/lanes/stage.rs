@@ -12,6 +12,26 @@ use crate::gpu::blocks::{GatherTask, ScatterTask};
 use crate::unpack::block_batch::{BlockBatcher, BlockOp};
 use crate::unpack::{Ticket, UnpackImpl, UnpackJob, Unpacker};
 
+/// When a batch was launched, for the `tcpxd::blocks` timing lines: `queued_us` from its first
+/// push to its submit (the rest of the poller's pass), `submit_us` the submit's host time.
+#[derive(Debug, Clone, Copy)]
+struct Launch {
+    at: Instant,
+    queued_us: u64,
+    submit_us: u64,
+}
+
+impl Launch {
+    fn after(first_push: Option<Instant>, submitted: Instant) -> Launch {
+        let at = Instant::now();
+        Launch {
+            at,
+            queued_us: first_push.map_or(0, |f| (submitted - f).as_micros() as u64),
+            submit_us: (at - submitted).as_micros() as u64,
+        }
+    }
+}
+
 /// A GPU's block gathers: batches launched at the end of a pass, each send waiting for its own.
 #[derive(Default)]
 struct Gathers {
@@ -19,7 +39,9 @@ struct Gathers {
     /// The number the batch being filled will get (batches are numbered from 1).
     next: u64,
     /// Launched batches: number, ticket, launch time (for the `tcpxd::blocks` timing lines).
-    in_flight: VecDeque<(u64, Ticket, Instant)>,
+    in_flight: VecDeque<(u64, Ticket, Launch)>,
+    /// When the batch being filled got its first gather.
+    first_push: Option<Instant>,
     done_upto: u64,
     failed: Option<(u64, String)>,
 }
@@ -44,7 +66,11 @@ pub struct GpuStage {
     next_batch: u64,
     pushed: bool,
     /// Batches in flight: the unpacker's ticket, the block scatters' ticket and the launch time.
-    in_flight: VecDeque<(u64, Option<Ticket>, Option<Ticket>, Instant)>,
+    in_flight: VecDeque<(u64, Option<Ticket>, Option<Ticket>, Launch)>,
+    /// When this pass's batch got its first block scatter.
+    first_scatter: Option<Instant>,
+    /// When this pass's batch got its first plain unpack.
+    first_unpack: Option<Instant>,
     /// Block chunks received into this GPU: scattered in the same batches (made on first use).
     scatters: Option<BlockBatcher>,
     /// Block chunks sent from this GPU: their gathers, one batch per pass (made on first use).
@@ -118,6 +144,8 @@ impl GpuStage {
             next_batch: 1,
             pushed: false,
             in_flight: VecDeque::new(),
+            first_scatter: None,
+            first_unpack: None,
             done_upto: 0,
             failed: None,
             rejected: std::collections::BTreeSet::new(),
@@ -140,13 +168,19 @@ impl GpuStage {
             self.pushed = false;
             let batch = self.next_batch;
             self.next_batch += 1;
+            let submitted = Instant::now();
+            let first_scatter = self.first_scatter.take().or(self.first_unpack.take());
+            self.first_unpack = None;
             let unpacked = self.unpacker.submit();
             let scattered = match &mut self.scatters {
                 Some(s) => s.submit(),
                 None => Ok(None),
             };
             match (unpacked, scattered) {
-                (Ok(t), Ok(s)) => self.in_flight.push_back((batch, t, s, Instant::now())),
+                (Ok(t), Ok(s)) => {
+                    let launch = Launch::after(first_scatter, submitted);
+                    self.in_flight.push_back((batch, t, s, launch))
+                }
                 (Err(e), _) => self.fail(batch, e.to_string()),
                 (_, Err(e)) => self.fail(batch, format!("block scatter: {e}")),
             }
@@ -175,8 +209,20 @@ impl GpuStage {
                     target: "tcpxd::blocks",
                     gpu = self.gpu.ordinal(),
                     batch,
-                    us = launched.elapsed().as_micros() as u64,
+                    us = launched.at.elapsed().as_micros() as u64,
+                    queued_us = launched.queued_us,
+                    submit_us = launched.submit_us,
                     "scatter batch done"
+                );
+            } else if ticket.is_some() {
+                tracing::debug!(
+                    target: "tcpxd::blocks",
+                    gpu = self.gpu.ordinal(),
+                    batch,
+                    us = launched.at.elapsed().as_micros() as u64,
+                    queued_us = launched.queued_us,
+                    submit_us = launched.submit_us,
+                    "unpack batch done"
                 );
             }
             self.done_upto = batch;
@@ -202,6 +248,7 @@ impl GpuStage {
         self.gpu.bind_to_thread().map_err(|e| e.to_string())?;
         self.unpacker.push(job).map_err(|e| e.to_string())?;
         self.pushed = true;
+        self.first_unpack.get_or_insert_with(Instant::now);
         Ok(self.next_batch)
     }
 
@@ -219,6 +266,7 @@ impl GpuStage {
         s.push_scatter(task, fragments, table)
             .map_err(|e| e.to_string())?;
         self.pushed = true;
+        self.first_scatter.get_or_insert_with(Instant::now);
         Ok(self.next_batch)
     }
 
@@ -237,6 +285,7 @@ impl GpuStage {
             .expect("just made")
             .push_gather(task, bytes, table)
             .map_err(|e| e.to_string())?;
+        g.first_push.get_or_insert_with(Instant::now);
         Ok(g.next)
     }
 
@@ -248,13 +297,17 @@ impl GpuStage {
         };
         let batch = g.next;
         g.next += 1;
+        let submitted = Instant::now();
+        let first_push = g.first_push.take();
         let r = self
             .gpu
             .bind_to_thread()
             .map_err(|e| e.to_string())
             .and_then(|()| b.submit().map_err(|e| e.to_string()));
         match r {
-            Ok(Some(t)) => g.in_flight.push_back((batch, t, Instant::now())),
+            Ok(Some(t)) => g
+                .in_flight
+                .push_back((batch, t, Launch::after(first_push, submitted))),
             Ok(None) => g.done_upto = g.done_upto.max(batch),
             Err(why) => {
                 tracing::error!(gpu = self.gpu.ordinal(), batch, "block gather failed: {why}");
@@ -282,7 +335,9 @@ impl GpuStage {
                         target: "tcpxd::blocks",
                         gpu = ordinal,
                         batch = b,
-                        us = launched.elapsed().as_micros() as u64,
+                        us = launched.at.elapsed().as_micros() as u64,
+                        queued_us = launched.queued_us,
+                        submit_us = launched.submit_us,
                         "gather batch done"
                     );
                 }

@@ -2,19 +2,28 @@
 //! staging slots) and `tcpxd_scatter_blocks` (a receiver's scatters of received chunks into their
 //! blocks) the poller queues during a pass and launches once at its end, up to
 //! [`BLOCK_TASKS`] chunks per launch, on a stream of their own, with an event and an error word
-//! per batch (the kernels' bounds guard). Each chunk's piece table comes with it; at launch the
-//! batch's tables go into one pinned arena and, by a small copy kernel on the batch's stream
-//! (not a copy engine: on a receiving GPU those queue it behind the plugin's own copies), into
-//! device memory, where every thread block reads its chunk's table (from pinned host memory, each of a
-//! chunk's thread blocks read the whole table across PCIe: for 4 KiB blocks, 16 blocks × 128
-//! pieces per chunk, the bulk of a batch's time). Nothing is allocated per chunk: the arenas grow
-//! per batch slot and are reused, the tasks and tables live in reused vectors.
+//! per batch (the kernels' bounds guard). Each chunk's piece table comes with it. At launch:
+//!
+//! - **Inline** when every launch's tables hold at most the largest of [`INLINE_CAPS`] pieces
+//!   (16 chunks of 64 KiB or 16 KiB blocks): the tables travel in the launch's parameter block
+//!   (`tcpxd_*_blocks_inline_<cap>`), one driver call per launch. On the emulation each driver
+//!   call costs the poller ~8 µs while the plugin's threads copy (session 10's traces), and the
+//!   receive waits for the submit before its scatter even starts.
+//! - **Through the device arena** otherwise: the batch's tables go into one pinned arena and, by
+//!   a small copy kernel on the batch's stream (not a copy engine: on a receiving GPU those queue
+//!   it behind the plugin's own copies), into device memory, where every thread block reads its
+//!   chunk's table (from pinned host memory, each of a chunk's thread blocks read the whole table
+//!   across PCIe: for 4 KiB blocks, 16 blocks × 128 pieces per chunk, the bulk of a batch's
+//!   time).
+//!
+//! Nothing is allocated per chunk: the arenas grow per batch slot and are reused, the tasks and
+//! tables live in reused vectors.
 
 use std::sync::Arc;
 
 use super::{BatchEvents, Ticket, UnpackError};
 use crate::engine::blocks::Segment;
-use crate::gpu::blocks::{BLOCK_TASKS, GATHER_UNIT, GatherTask, ScatterTask};
+use crate::gpu::blocks::{BLOCK_TASKS, GATHER_UNIT, GatherTask, INLINE_CAPS, InlineTask, ScatterTask};
 use crate::gpu::{DeviceRegion, Gpu, GpuError, Kernels, PinnedRegion, Stream};
 
 /// Batches in flight at once (a slot's event and error word are reused after its batch is done).
@@ -121,6 +130,7 @@ impl BlockBatcher {
         if !self.pending() {
             return Ok(None);
         }
+        let t0 = std::time::Instant::now();
         self.gpu.bind_to_thread()?;
         let (_, prev) = self.events.next_slot();
         let slot = self.events.reserve()?;
@@ -135,20 +145,43 @@ impl BlockBatcher {
             self.early.push((prev, word));
         }
         self.errors.store_u32(slot * 4, 0)?;
-        if let Err(e) = self.tables_to_device(slot) {
+        let t1 = std::time::Instant::now();
+        let inline = self.fits_inline();
+        if !inline && let Err(e) = self.tables_to_device(slot) {
             self.gathers.clear();
             self.scatters.clear();
             self.tables.clear();
             return Err(e);
         }
+        let t2 = std::time::Instant::now();
         let bpt = self.blocks_per_task;
         self.blocks_per_task = 1;
-        let result = match self.op {
-            BlockOp::Gather => self.gathers.chunks(BLOCK_TASKS).try_for_each(|tasks| {
+        let result = match (self.op, inline) {
+            (BlockOp::Gather, true) => launch_inline(
+                &self.gpu,
+                &self.kernels,
+                &self.stream,
+                &self.gathers,
+                &self.tables,
+                bpt,
+                &self.errors,
+                slot,
+            ),
+            (BlockOp::Scatter, true) => launch_inline(
+                &self.gpu,
+                &self.kernels,
+                &self.stream,
+                &self.scatters,
+                &self.tables,
+                bpt,
+                &self.errors,
+                slot,
+            ),
+            (BlockOp::Gather, false) => self.gathers.chunks(BLOCK_TASKS).try_for_each(|tasks| {
                 self.gpu
                     .launch_gather_blocks(&self.kernels, &self.stream, tasks, bpt, &self.errors, slot * 4)
             }),
-            BlockOp::Scatter => self.scatters.chunks(BLOCK_TASKS).try_for_each(|tasks| {
+            (BlockOp::Scatter, false) => self.scatters.chunks(BLOCK_TASKS).try_for_each(|tasks| {
                 self.gpu.launch_scatter_blocks(
                     &self.kernels,
                     &self.stream,
@@ -163,7 +196,37 @@ impl BlockBatcher {
         self.scatters.clear();
         self.tables.clear();
         result?;
-        Ok(Some(self.events.record(&self.stream)?))
+        let t3 = std::time::Instant::now();
+        let ticket = self.events.record(&self.stream)?;
+        let t4 = std::time::Instant::now();
+        tracing::trace!(
+            target: "tcpxd::blocks",
+            op = ?self.op,
+            inline,
+            reserve_ns = (t1 - t0).as_nanos() as u64,
+            tables_ns = (t2 - t1).as_nanos() as u64,
+            launch_ns = (t3 - t2).as_nanos() as u64,
+            record_ns = (t4 - t3).as_nanos() as u64,
+            "block submit"
+        );
+        Ok(Some(ticket))
+    }
+
+    /// Whether every launch of the queued tasks (16 at a time) has a table small enough to travel
+    /// in its parameter block.
+    fn fits_inline(&self) -> bool {
+        let max = INLINE_CAPS[INLINE_CAPS.len() - 1] as u64;
+        let fits = |pieces: &mut dyn Iterator<Item = u32>| pieces.map(u64::from).sum::<u64>() <= max;
+        match self.op {
+            BlockOp::Gather => self
+                .gathers
+                .chunks(BLOCK_TASKS)
+                .all(|c| fits(&mut c.iter().map(|t| t.nsegs()))),
+            BlockOp::Scatter => self
+                .scatters
+                .chunks(BLOCK_TASKS)
+                .all(|c| fits(&mut c.iter().map(|t| t.nsegs()))),
+        }
     }
 
     /// Copies the queued tables into slot `slot`'s arena (its previous batch is done) and on to
@@ -182,8 +245,12 @@ impl BlockBatcher {
             .typed_mut::<Segment>(0, self.tables.len())?
             .copy_from_slice(&self.tables);
         let span = device.span();
-        self.gpu
-            .launch_copy_tables(&self.kernels, &self.stream, pinned.span(), span, bytes)?;
+        let copied = std::time::Instant::now();
+        let r = self
+            .gpu
+            .launch_copy_tables(&self.kernels, &self.stream, pinned.span(), span, bytes);
+        tracing::trace!(target: "tcpxd::blocks", pieces = n, copy_launch_ns = copied.elapsed().as_nanos() as u64, "tables copied");
+        r?;
         let mut at = 0u64;
         let seg = size_of::<Segment>() as u64;
         for t in &mut self.gathers {
@@ -241,6 +308,35 @@ impl BlockBatcher {
     pub fn stream(&self) -> &Stream {
         &self.stream
     }
+}
+
+/// The inline launches of `tasks` (16 at a time), each with its share of `tables` (the tasks'
+/// pieces back to back, in task order).
+#[allow(clippy::too_many_arguments)]
+fn launch_inline<T: InlineTask>(
+    gpu: &Gpu,
+    kernels: &Kernels,
+    stream: &Stream,
+    tasks: &[T],
+    tables: &[Segment],
+    blocks_per_task: u32,
+    errors: &PinnedRegion,
+    slot: usize,
+) -> Result<(), GpuError> {
+    let mut at = 0usize;
+    for group in tasks.chunks(BLOCK_TASKS) {
+        let n: usize = group.iter().map(|t| t.pieces() as usize).sum();
+        let table = tables.get(at..at + n).ok_or_else(|| {
+            GpuError::InvalidArgument(format!(
+                "the tasks name {} pieces, the batch holds {}",
+                at + n,
+                tables.len()
+            ))
+        })?;
+        gpu.launch_blocks_inline(kernels, stream, group, table, blocks_per_task, errors, slot * 4)?;
+        at += n;
+    }
+    Ok(())
 }
 
 fn same_table(nsegs: u32, table: &[Segment]) -> Result<(), UnpackError> {

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use tcpxd::engine::blocks::{BlockList, IndexArray, Layout, Segment, SidePlan};
-use tcpxd::gpu::blocks::{BLOCK_TASKS, GatherTask, ScatterTask};
+use tcpxd::gpu::blocks::{BLOCK_TASKS, GatherTask, INLINE_CAPS, ScatterTask};
 use tcpxd::gpu::{DeviceRegion, Gpu, Kernels, PinnedRegion, Stream};
 use tcpxd::net::abi::loadMeta;
 use tcpxd::unpack::blocks::gather_host;
@@ -414,8 +414,9 @@ fn pieces_and_fragments_out_of_bounds_are_skipped_and_reported() {
     assert!(got.iter().all(|&b| b == POISON));
 }
 
-/// The poller's batches (`unpack::block_batch::BlockBatcher`): 40 chunks gathered in one batch
-/// (three launches of at most 16), scattered in one batch, compared with the host twins; then a
+/// The poller's batches (`unpack::block_batch::BlockBatcher`), at three chunk sizes (tables through
+/// the device arena, and inline in both sizes): 40+ chunks gathered in one batch (launches of at
+/// most 16), scattered in one batch, compared with the host twins; then a
 /// batch with a fragment past its chunk fails when it is done, naming the chunk, and the next
 /// batch on the same batcher is clean again.
 #[test]
@@ -427,147 +428,172 @@ fn batches_of_many_chunks_and_their_reports() {
 
     let gpu = gpu();
     let mut rng = Rng::new(0x5EED_0003);
-    let (n, len, chunk) = (2000u32, 1000u32, 50_000u32);
-    let stride = u64::from(len) + 5;
-    let list = |id, first| {
-        BlockList::new(
-            id,
-            id,
-            first + stride * u64::from(n),
-            Layout::Strided {
-                first,
-                stride,
-                len,
-                count: n,
-            },
-        )
-        .unwrap()
-    };
-    let (src, dst) = (list(1, 3), list(2, 11));
-    let mut si: Vec<u32> = (0..n).collect();
-    let mut di: Vec<u32> = (0..n).collect();
-    rng.shuffle(&mut si);
-    rng.shuffle(&mut di);
-    let send = SidePlan::build(&src, &IndexArray::compact(&si), "s").unwrap();
-    let recv = SidePlan::build(&dst, &IndexArray::compact(&di), "d").unwrap();
-    let chunks = send.chunk_count(chunk) as usize;
-    assert!(chunks > 2 * BLOCK_TASKS, "{chunks} chunks");
-    let sbytes = rng.bytes(src.buffer_len() as usize);
-    let s = gpu.alloc(sbytes.len()).unwrap();
-    s.write(0, &sbytes).unwrap();
-    let d = gpu.alloc(dst.buffer_len() as usize).unwrap();
-    d.write(0, &vec![POISON; dst.buffer_len() as usize]).unwrap();
-    let staging = gpu.alloc(chunks * chunk as usize).unwrap();
-    let mut gathers = BlockBatcher::new(&gpu, BlockOp::Gather).unwrap();
-    let mut scatters = BlockBatcher::new(&gpu, BlockOp::Scatter).unwrap();
-    let (mut gt, mut st) = (Vec::new(), Vec::new());
-    let (mut gtabs, mut stabs, mut metas) = (Vec::new(), Vec::new(), Vec::new());
-    let mut want = vec![POISON; dst.buffer_len() as usize];
-    let mut slot = vec![0u8; chunk as usize];
-    for k in 0..chunks {
-        send.chunk_into(chunk, k as u64, &mut gt);
-        recv.chunk_into(chunk, k as u64, &mut st);
-        let bytes = gather_host(&sbytes, &gt, &mut slot).unwrap();
-        // The staging slot is the receiver's bounce buffer here: one fragment per 4 KiB.
-        let frags: Vec<loadMeta> = (0..bytes.div_ceil(4096))
-            .map(|i| loadMeta {
-                src_off: i * 4096,
-                len: (bytes - i * 4096).min(4096),
-                dst_off: u64::from(i * 4096),
-            })
-            .collect();
-        scatter_host(&frags, &slot[..bytes as usize], &st, bytes, &mut want).unwrap();
-        let gtab = gpu.alloc_pinned(16 * gt.len()).unwrap();
-        gtab.write(0, &seg_bytes(&gt)).unwrap();
-        let stab = gpu.alloc_pinned(16 * st.len()).unwrap();
-        stab.write(0, &seg_bytes(&st)).unwrap();
-        let meta = gpu.alloc_pinned(16 * frags.len()).unwrap();
-        meta.write(0, &meta_bytes(&frags)).unwrap();
-        let dst_slot = staging
-            .subspan(k as u64 * u64::from(chunk), u64::from(chunk))
-            .unwrap();
-        gathers
-            .push_gather(
-                GatherTask::new(gtab.span(), gt.len() as u32, s.span(), dst_slot, bytes).unwrap(),
-                bytes,
-                &gt,
+    // 50,000-byte chunks: ~51 pieces each, tables through the device arena; 16,000 and 4,000:
+    // tables inline in the launch (the two sizes of INLINE_CAPS).
+    for chunk in [50_000u32, 16_000, 4_000] {
+        let (n, len) = (2000u32, 1000u32);
+        let stride = u64::from(len) + 5;
+        let list = |id, first| {
+            BlockList::new(
+                id,
+                id,
+                first + stride * u64::from(n),
+                Layout::Strided {
+                    first,
+                    stride,
+                    len,
+                    count: n,
+                },
             )
-            .unwrap();
-        scatters
-            .push_scatter(
-                ScatterTask::new(
-                    meta.span(),
-                    frags.len() as u32,
-                    dst_slot,
-                    stab.span(),
-                    st.len() as u32,
+            .unwrap()
+        };
+        let (src, dst) = (list(1, 3), list(2, 11));
+        let mut si: Vec<u32> = (0..n).collect();
+        let mut di: Vec<u32> = (0..n).collect();
+        rng.shuffle(&mut si);
+        rng.shuffle(&mut di);
+        let send = SidePlan::build(&src, &IndexArray::compact(&si), "s").unwrap();
+        let recv = SidePlan::build(&dst, &IndexArray::compact(&di), "d").unwrap();
+        let chunks = send.chunk_count(chunk) as usize;
+        assert!(chunks > 2 * BLOCK_TASKS, "{chunks} chunks");
+        // The most pieces one launch of 16 chunks carries on either side: over the largest inline
+        // table for the first chunk size (the device arena), within it for the others.
+        let launch_pieces = |plan: &SidePlan| {
+            let mut v = Vec::new();
+            (0..chunks)
+                .map(|k| {
+                    plan.chunk_into(chunk, k as u64, &mut v);
+                    v.len()
+                })
+                .collect::<Vec<_>>()
+                .chunks(BLOCK_TASKS)
+                .map(|c| c.iter().sum::<usize>())
+                .max()
+                .unwrap()
+        };
+        let most = launch_pieces(&send).max(launch_pieces(&recv));
+        assert_eq!(
+            most > *INLINE_CAPS.last().unwrap(),
+            chunk == 50_000,
+            "{most} pieces a launch"
+        );
+        let sbytes = rng.bytes(src.buffer_len() as usize);
+        let s = gpu.alloc(sbytes.len()).unwrap();
+        s.write(0, &sbytes).unwrap();
+        let d = gpu.alloc(dst.buffer_len() as usize).unwrap();
+        d.write(0, &vec![POISON; dst.buffer_len() as usize]).unwrap();
+        let staging = gpu.alloc(chunks * chunk as usize).unwrap();
+        let mut gathers = BlockBatcher::new(&gpu, BlockOp::Gather).unwrap();
+        let mut scatters = BlockBatcher::new(&gpu, BlockOp::Scatter).unwrap();
+        let (mut gt, mut st) = (Vec::new(), Vec::new());
+        let (mut gtabs, mut stabs, mut metas) = (Vec::new(), Vec::new(), Vec::new());
+        let mut want = vec![POISON; dst.buffer_len() as usize];
+        let mut slot = vec![0u8; chunk as usize];
+        for k in 0..chunks {
+            send.chunk_into(chunk, k as u64, &mut gt);
+            recv.chunk_into(chunk, k as u64, &mut st);
+            let bytes = gather_host(&sbytes, &gt, &mut slot).unwrap();
+            // The staging slot is the receiver's bounce buffer here: one fragment per 4 KiB.
+            let frags: Vec<loadMeta> = (0..bytes.div_ceil(4096))
+                .map(|i| loadMeta {
+                    src_off: i * 4096,
+                    len: (bytes - i * 4096).min(4096),
+                    dst_off: u64::from(i * 4096),
+                })
+                .collect();
+            scatter_host(&frags, &slot[..bytes as usize], &st, bytes, &mut want).unwrap();
+            let gtab = gpu.alloc_pinned(16 * gt.len()).unwrap();
+            gtab.write(0, &seg_bytes(&gt)).unwrap();
+            let stab = gpu.alloc_pinned(16 * st.len()).unwrap();
+            stab.write(0, &seg_bytes(&st)).unwrap();
+            let meta = gpu.alloc_pinned(16 * frags.len()).unwrap();
+            meta.write(0, &meta_bytes(&frags)).unwrap();
+            let dst_slot = staging
+                .subspan(k as u64 * u64::from(chunk), u64::from(chunk))
+                .unwrap();
+            gathers
+                .push_gather(
+                    GatherTask::new(gtab.span(), gt.len() as u32, s.span(), dst_slot, bytes).unwrap(),
                     bytes,
-                    d.span(),
+                    &gt,
                 )
-                .unwrap(),
-                frags.len() as u32,
-                &st,
-            )
-            .unwrap();
-        gtabs.push(gtab);
-        stabs.push(stab);
-        metas.push(meta);
-    }
-    // The gathers first (the scatters read what they wrote: same order as the poller's).
-    let t = gathers.submit().unwrap().expect("a gather batch");
-    gathers.wait(&t).unwrap();
-    assert!(gathers.submit().unwrap().is_none(), "nothing left queued");
-    let t = scatters.submit().unwrap().expect("a scatter batch");
-    scatters.wait(&t).unwrap();
-    let stream = Stream::new(&gpu).unwrap();
-    let mut got = vec![0u8; want.len()];
-    d.read_into(&stream, 0, &mut got).unwrap();
-    let bad = got.iter().zip(&want).position(|(a, b)| a != b);
-    assert!(bad.is_none(), "destination differs first at byte {bad:?}");
+                .unwrap();
+            scatters
+                .push_scatter(
+                    ScatterTask::new(
+                        meta.span(),
+                        frags.len() as u32,
+                        dst_slot,
+                        stab.span(),
+                        st.len() as u32,
+                        bytes,
+                        d.span(),
+                    )
+                    .unwrap(),
+                    frags.len() as u32,
+                    &st,
+                )
+                .unwrap();
+            gtabs.push(gtab);
+            stabs.push(stab);
+            metas.push(meta);
+        }
+        // The gathers first (the scatters read what they wrote: same order as the poller's).
+        let t = gathers.submit().unwrap().expect("a gather batch");
+        gathers.wait(&t).unwrap();
+        assert!(gathers.submit().unwrap().is_none(), "nothing left queued");
+        let t = scatters.submit().unwrap().expect("a scatter batch");
+        scatters.wait(&t).unwrap();
+        let stream = Stream::new(&gpu).unwrap();
+        let mut got = vec![0u8; want.len()];
+        d.read_into(&stream, 0, &mut got).unwrap();
+        let bad = got.iter().zip(&want).position(|(a, b)| a != b);
+        assert!(bad.is_none(), "destination differs first at byte {bad:?}");
 
-    // A fragment past its 100-byte chunk in the third task: reported once the batch is done.
-    let one = [Segment {
-        offset: 0,
-        wire: 0,
-        len: 100,
-    }];
-    let stab = gpu.alloc_pinned(16).unwrap();
-    stab.write(0, &seg_bytes(&one)).unwrap();
-    let good = gpu.alloc_pinned(16).unwrap();
-    good.write(
-        0,
-        &meta_bytes(&[loadMeta {
-            src_off: 0,
+        // A fragment past its 100-byte chunk in the third task: reported once the batch is done.
+        let one = [Segment {
+            offset: 0,
+            wire: 0,
             len: 100,
-            dst_off: 0,
-        }]),
-    )
-    .unwrap();
-    let past = gpu.alloc_pinned(16).unwrap();
-    past.write(
-        0,
-        &meta_bytes(&[loadMeta {
-            src_off: 0,
-            len: 100,
-            dst_off: 50,
-        }]),
-    )
-    .unwrap();
-    let bounce = staging.subspan(0, 4096).unwrap();
-    for meta in [&good, &good, &past] {
-        let task = ScatterTask::new(meta.span(), 1, bounce, stab.span(), 1, 100, d.span()).unwrap();
+        }];
+        let stab = gpu.alloc_pinned(16).unwrap();
+        stab.write(0, &seg_bytes(&one)).unwrap();
+        let good = gpu.alloc_pinned(16).unwrap();
+        good.write(
+            0,
+            &meta_bytes(&[loadMeta {
+                src_off: 0,
+                len: 100,
+                dst_off: 0,
+            }]),
+        )
+        .unwrap();
+        let past = gpu.alloc_pinned(16).unwrap();
+        past.write(
+            0,
+            &meta_bytes(&[loadMeta {
+                src_off: 0,
+                len: 100,
+                dst_off: 50,
+            }]),
+        )
+        .unwrap();
+        let bounce = staging.subspan(0, 4096).unwrap();
+        for meta in [&good, &good, &past] {
+            let task = ScatterTask::new(meta.span(), 1, bounce, stab.span(), 1, 100, d.span()).unwrap();
+            scatters.push_scatter(task, 1, &one).unwrap();
+        }
+        let t = scatters.submit().unwrap().unwrap();
+        match scatters.wait(&t) {
+            Err(UnpackError::DeviceRejected { task: 2, fragment: 0 }) => {}
+            other => panic!("expected task 2's fragment 0 rejected, got {other:?}"),
+        }
+        let task = ScatterTask::new(good.span(), 1, bounce, stab.span(), 1, 100, d.span()).unwrap();
         scatters.push_scatter(task, 1, &one).unwrap();
+        let t = scatters.submit().unwrap().unwrap();
+        scatters.wait(&t).unwrap();
+        // A task whose table does not come with it is refused at once.
+        let task = ScatterTask::new(good.span(), 1, bounce, stab.span(), 1, 100, d.span()).unwrap();
+        assert!(scatters.push_scatter(task, 1, &[]).is_err());
     }
-    let t = scatters.submit().unwrap().unwrap();
-    match scatters.wait(&t) {
-        Err(UnpackError::DeviceRejected { task: 2, fragment: 0 }) => {}
-        other => panic!("expected task 2's fragment 0 rejected, got {other:?}"),
-    }
-    let task = ScatterTask::new(good.span(), 1, bounce, stab.span(), 1, 100, d.span()).unwrap();
-    scatters.push_scatter(task, 1, &one).unwrap();
-    let t = scatters.submit().unwrap().unwrap();
-    scatters.wait(&t).unwrap();
-    // A task whose table does not come with it is refused at once.
-    let task = ScatterTask::new(good.span(), 1, bounce, stab.span(), 1, 100, d.span()).unwrap();
-    assert!(scatters.push_scatter(task, 1, &[]).is_err());
 }
