@@ -95,7 +95,7 @@ def request(d: Side, remote: Any, local_ids: np.ndarray, remote_ids: np.ndarray,
     plan = h._xfer.plan
     d.agent.release_xfer_handle(h)
     return {"make": t1 - t0, "post": t2 - t1, "check": check_s / checks, "total": t3 - t0,
-            "path": plan.path, "parts": len(plan.bodies), "entries": plan.entries}
+            "path": plan.path, "parts": plan.parts, "entries": plan.entries}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
