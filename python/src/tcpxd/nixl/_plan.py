@@ -315,19 +315,21 @@ class Scratch:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self._bufs = [np.empty(0, dtype=_U32), np.empty(0, dtype=_U32)]
+        #: Each array's bytes (sliced per request: no view object built from numpy's side).
+        self._views = [memoryview(b"")] * 2
 
     def pack(self, side: int, a: np.ndarray) -> memoryview:
         """`a` (integers in u32's range) as u32 bytes: `a`'s own when it is a contiguous u32
         array, else packed into this side's array (one pass)."""
         if a.dtype == _U32 and a.flags.c_contiguous:
             return a.data.cast("B")
-        buf = self._bufs[side]
         n = len(a)
+        buf = self._bufs[side]
         if len(buf) < n:
             buf = self._bufs[side] = np.empty(max(n, 2 * len(buf)), dtype=_U32)
-        out = buf[:n]
-        np.copyto(out, a, casting="unsafe")
-        return out.data.cast("B")
+            self._views[side] = buf.data.cast("B")
+        buf[:n] = a
+        return self._views[side][: 4 * n]
 
 
 #: A request message by SessionRequest field, and a notification's key by path.
