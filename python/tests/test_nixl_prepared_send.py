@@ -157,3 +157,43 @@ class _Sink:
     def wait(self) -> str:
         assert self._ev.wait(30)
         return self.outcome
+
+
+@pytest.mark.parametrize("op, dtype", [("READ", "<u4"), ("WRITE", "<i4"), ("READ", "<i8")])
+def test_indices_of_any_integer_dtype_move_the_right_blocks_on_both_paths(daemons, monkeypatch, op, dtype):
+    """The indices as given (u32 sent from the caller's own array, others packed): the prepared
+    request moves the named blocks; when the daemon will not take the prepared lists at transfer
+    time, the same handle goes by the block path, the same bytes."""
+    from test_nixl_transfers import BLOCK, pair, regions, wait
+
+    from tcpxd.errors import FailedPrecondition
+
+    a, b = daemons
+    A, B = pair(a, b)
+    try:
+        amem, ablocks = regions(A, 64)
+        bmem, bblocks = regions(B, 64)
+        A.add_remote_agent(B.get_agent_metadata())
+        local = A.prep_xfer_dlist("NIXL_INIT_AGENT", ablocks, "DRAM")
+        remote = A.prep_xfer_dlist("xf-B", bblocks, "DRAM")
+        for path in ("prepared", "blocks"):
+            src, dst = (bmem, amem) if op == "READ" else (amem, bmem)
+            src[:] = rng.integers(0, 256, src.nbytes, dtype=np.uint8)
+            dst[:] = 0
+            li, ri = rng.permutation(64)[:24].astype(dtype), rng.permutation(64)[:24].astype(dtype)
+            h = A.make_prepped_xfer(op, local, li, remote, ri, notif_msg=b"landed")
+            assert h._xfer.plan.path == "prepared"
+            if path == "blocks":
+                def refuse(session, prepped):
+                    raise FailedPrecondition("prepared lists refused (test)")
+                monkeypatch.setattr(A, "_prepared_id", refuse)
+            A.transfer(h)
+            assert wait(A, h) == "DONE", h.error
+            assert h._xfer.plan.path == path
+            for x, y in zip(li.tolist(), ri.tolist()):
+                s, d = (y, x) if op == "READ" else (x, y)
+                assert np.array_equal(dst[d * BLOCK:(d + 1) * BLOCK], src[s * BLOCK:(s + 1) * BLOCK]), (x, y)
+            A.release_xfer_handle(h)
+    finally:
+        A.close()
+        B.close()
