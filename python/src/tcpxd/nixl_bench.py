@@ -167,6 +167,7 @@ def request(d: Side, remote: Any, local_ids: np.ndarray, remote_ids: np.ndarray,
     check_xfer_state."""
     lids, rids = d.desc_ids(local_ids), d.desc_ids(remote_ids)
     u0 = _thread_usage()
+    cpu0 = time.thread_time()
     t0 = time.perf_counter()
     h = d.agent.make_prepped_xfer("READ", d.local, lids, remote, rids, notif_msg=notif)
     t1 = time.perf_counter()
@@ -174,6 +175,7 @@ def request(d: Side, remote: Any, local_ids: np.ndarray, remote_ids: np.ndarray,
     t2 = time.perf_counter()
     state = d.agent.check_xfer_state(h)
     check_s = time.perf_counter() - t2
+    cpu = time.thread_time() - cpu0
     u1 = _thread_usage()
     checks = 1
     while state == "PROC":
@@ -188,7 +190,7 @@ def request(d: Side, remote: Any, local_ids: np.ndarray, remote_ids: np.ndarray,
     plan = h._xfer.plan
     d.agent.release_xfer_handle(h)
     return {"make": t1 - t0, "post": t2 - t1, "check": check_s / checks, "total": t3 - t0,
-            "faults": u1[0] - u0[0], "switches": u1[1] - u0[1], "preempted": u1[2] - u0[2],
+            "cpu": cpu, "faults": u1[0] - u0[0], "switches": u1[1] - u0[1], "preempted": u1[2] - u0[2],
             "path": plan.path, "parts": plan.parts, "entries": plan.entries}
 
 
@@ -327,11 +329,14 @@ def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Opti
           f"({many_gbps / base_many_gbps:.2f}x)")
     print(f"python    make_prepped_xfer + transfer + check_xfer_state: {over:.0f} us per {descs}-descriptor request, "
           f"{over_small:.0f} us per {regions}-descriptor request (target <= 100 us): {'met' if over <= 100 else 'not met'}")
+
     def usage(rs: List[Dict[str, Any]]) -> str:
         def share(k: str) -> int:
             return sum(1 for r in rs if r[k]) * 100 // len(rs)
-        return (f"{med([r['faults'] for r in rs]):.0f} page faults; context switches in {share('switches')}% "
+        cpu, faults = med([r["cpu"] for r in rs]) * 1e6, med([r["faults"] for r in rs])
+        return (f"{cpu:.0f} us of thread CPU time, {faults:.0f} page faults; context switches in {share('switches')}% "
                 f"of them (voluntary: the GIL or a send waited for), preempted in {share('preempted')}%")
+
     print(f"          in those calls, per {descs}-descriptor request: {usage(rows)}")
     print(f"          per {regions}-descriptor request: {usage(small)}")
     if a.json:
@@ -341,6 +346,8 @@ def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Opti
                                 "nixl_gbps": nixl_gbps, "contiguous_gbps": base_gbps, "ratio": ratio,
                                 "inflight_nixl_gbps": many_gbps, "inflight_contiguous_gbps": base_many_gbps,
                                 "python_us": over, "python_us_small": over_small, "prep_ms": prep_s * 1e3,
+                                "python_cpu_us": med([r["cpu"] for r in rows]) * 1e6,
+                                "python_cpu_us_small": med([r["cpu"] for r in small]) * 1e6,
                                 "switches": med([r["switches"] for r in rows]), "switches_small": med([r["switches"] for r in small]),
                                 "path": rows[0]["path"], "parts": rows[0]["parts"]}) + "\n")
     return 0
