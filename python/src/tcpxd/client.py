@@ -318,12 +318,17 @@ def _forward(sink: Any, fut: concurrent.futures.Future) -> None:
         sink.set_result(fut.result())
 
 
-def _send_pieces(sock: socket.socket, pieces: List[bytes]) -> None:
-    """Sends the pieces in order without joining them first (large bodies are not copied again):
-    sendmsg, resumed where a partial send stopped."""
-    views = [memoryview(p) for p in pieces if len(p)]
+def _send_pieces(sock: socket.socket, pieces: List[Any], total: int) -> None:
+    """Sends the pieces (bytes-like, `total` bytes together) in order without joining them first
+    (large bodies are not copied again): one sendmsg, resumed where a partial send stopped."""
+    if len(pieces) <= 1024:  # IOV_MAX
+        sent = sock.sendmsg(pieces)
+        if sent == total:
+            return
+    else:
+        sent = 0
+    views = [memoryview(p).cast("B") for p in pieces if len(p)]
     while views:
-        sent = sock.sendmsg(views[:1024])  # IOV_MAX
         while sent:
             n = views[0].nbytes
             if sent >= n:
@@ -332,6 +337,13 @@ def _send_pieces(sock: socket.socket, pieces: List[bytes]) -> None:
             else:
                 views[0] = views[0][sent:]
                 sent = 0
+        if views:
+            sent = sock.sendmsg(views[:1024])
+
+
+def _body_size(body: Any) -> int:
+    """The bytes of a body: bytes, or a list of pieces (bytes or byte views)."""
+    return len(body) if isinstance(body, bytes) else sum(map(len, body))
 
 
 #: The send buffer asked for a session's local-session socket (the kernel caps it at wmem_max):
@@ -410,22 +422,26 @@ class Session:
             self._send(tag, fut, msg, _fd)
         return fut
 
-    def _submit_encoded(self, field: str, bodies: Sequence[bytes], sinks: Sequence[Any]) -> None:
+    def _submit_encoded(self, field: str, bodies: Sequence[Any], sinks: Sequence[Any]) -> None:
         """Submits requests already serialized: `bodies[i]`, the bytes of the message in `field`
-        of a SessionRequest, resolved through `sinks[i]` (anything with set_result/set_exception, as
-        a Future; its `tag` is set here, for cancel). On the local session every frame goes in one
-        write; over gRPC each is parsed and queued. For callers that encode in bulk (tcpxd.nixl)."""
+        of a SessionRequest (or a list of pieces, bytes or byte views, whose concatenation they
+        are), resolved through `sinks[i]` (anything with set_result/set_exception, as a Future;
+        its `tag` is set here, for cancel). On the local session every frame goes in one sendmsg,
+        the pieces as they are; over gRPC each is parsed and queued. For callers that encode in
+        bulk (tcpxd.nixl)."""
         if self._closed:
             raise TcpxdError("the session is closed")
         if self._conn is None:
             cls = type(getattr(_proto.message("SessionRequest")(), field))
             for body, sink in zip(bodies, sinks):
-                fut = self._submit(**{field: cls.FromString(body)})
+                data = body if isinstance(body, bytes) else b"".join(body)
+                fut = self._submit(**{field: cls.FromString(data)})
                 sink.tag = fut.tag
                 fut.add_done_callback(functools.partial(_forward, sink))
             return
         key = _field_key(field)
-        pieces: List[bytes] = []  # every frame's pieces, joined once
+        pieces: List[Any] = []  # every frame's pieces, sent as they are
+        total = 0
         big = False
         pack = _local.HEADER.pack
         with self._lock:
@@ -435,10 +451,17 @@ class Session:
                 sink.tag = tag
                 if ended is None:
                     self._pending[tag] = sink
-                    t, n = _varint(tag), _varint(len(body))
-                    size = 1 + len(t) + len(key) + len(n) + len(body)
+                    whole = isinstance(body, bytes)
+                    blen = len(body) if whole else _body_size(body)
+                    t, n = _varint(tag), _varint(blen)
+                    size = 1 + len(t) + len(key) + len(n) + blen
                     big = big or size > _local.MAX_FRAME
-                    pieces += (pack(size), b"\x08", t, key, n, body)
+                    pieces.append(pack(size) + b"\x08" + t + key + n)
+                    if whole:
+                        pieces.append(body)
+                    else:
+                        pieces += body
+                    total += _local.HEADER.size + size
         if ended is not None:
             for sink in sinks:
                 sink.set_exception(ended)
@@ -449,11 +472,11 @@ class Session:
                     self._pending.pop(sink.tag, None)
             for body, sink in zip(bodies, sinks):
                 sink.set_exception(ResourceExhausted(
-                    f"session request: {len(body)} bytes is over the local session's {_local.MAX_FRAME}-byte frame limit"))
+                    f"session request: {_body_size(body)} bytes is over the local session's {_local.MAX_FRAME}-byte frame limit"))
             return
         with self._send_lock:
             try:
-                _send_pieces(self._conn.sock, pieces)  # type: ignore[union-attr]
+                _send_pieces(self._conn.sock, pieces, total)  # type: ignore[union-attr]
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
 

@@ -13,7 +13,10 @@ full request and for a small one (one block per region); then all the requests p
 against as many contiguous READs in flight.
 
 Host memory by default (shared with the daemons by file descriptor); --cuda puts both sides' KV in
-GPU memory (torch; decode on --cuda-device, prefill on --peer-cuda-device). Without --endpoint it
+GPU memory (torch; decode on --cuda-device, prefill on --peer-cuda-device). The prefill agent
+runs in a process of its own (as vLLM's does: its session reader and notification threads would
+otherwise take this process's GIL as each request ends; --peer-in-process puts it here, as before
+helper session 10). Without --endpoint it
 starts two daemons on the built-in emulation (--tcpxd, else target/{release,debug}/tcpxd). Small
 sizes for a CI machine: --layers 2 --blocks 256 --block-kib 4 --req-blocks 64 --requests 3.
 """
@@ -27,9 +30,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
+
+try:
+    import resource
+except ImportError:  # not on every platform
+    resource = None  # type: ignore[assignment]
 
 from . import Client
 from .bench import _find, _start
@@ -39,13 +47,15 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
 
 class Side:
-    """One agent's KV cache: per layer one [2, blocks, block_len] allocation, K and V its regions."""
+    """One agent's KV cache: per layer one [2, blocks, block_len] allocation, K and V its regions
+    (host memory: `caches` if given)."""
 
-    def __init__(self, name: str, endpoint: str, layers: int, blocks: int, block_len: int, cuda: Optional[int]):
+    def __init__(self, name: str, endpoint: str, layers: int, blocks: int, block_len: int, cuda: Optional[int],
+                 caches: Optional[List[Any]] = None):
         self.blocks, self.block_len = blocks, block_len
         mem = "VRAM" if cuda is not None else "DRAM"
         if cuda is None:
-            self.caches = [host_array(2 * blocks * block_len).reshape(2, blocks, block_len) for _ in range(layers)]
+            self.caches = caches or [host_array(2 * blocks * block_len).reshape(2, blocks, block_len) for _ in range(layers)]
             bases = [int(c[kv].ctypes.data) for c in self.caches for kv in (0, 1)]
         else:
             import torch
@@ -71,31 +81,117 @@ class Side:
         self.agent.close()
 
 
-def request(d: Side, remote: Any, local_ids: np.ndarray, remote_ids: np.ndarray, notif: bytes) -> Dict[str, float]:
+class Peer:
+    """The prefill side in a process of its own, as vLLM's is (its agent's session reader and
+    notification threads do not compete with the decode side's for this process's GIL): forked on
+    host memory (its caches allocated here first, shared pages, so the bytes read can be checked),
+    spawned on GPU memory. `.agent` stays None; `metadata`, `bases`, `dev`, `mem` are its agent's."""
+
+    def __init__(self, endpoint: str, layers: int, blocks: int, block_len: int, cuda: Optional[int], rng: Any):
+        import multiprocessing as mp
+
+        self.caches: Optional[List[Any]] = None
+        if cuda is None:
+            self.caches = [host_array(2 * blocks * block_len).reshape(2, blocks, block_len) for _ in range(layers)]
+            for c in self.caches:
+                c[:] = rng.integers(0, 256, c.shape, dtype=np.uint8)
+        ctx = mp.get_context("spawn" if cuda is not None else "fork")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_peer_main, args=(child, endpoint, layers, blocks, block_len, cuda, self.caches),
+                                 name="nixl-bench-prefill", daemon=True)
+        self._proc.start()
+        child.close()
+        if not self._conn.poll(300):
+            raise SystemExit("the prefill process did not start its agent in 300 s")
+        try:
+            got = self._conn.recv()
+        except EOFError:
+            raise SystemExit(f"the prefill process ended before its agent started (exit code {self._proc.exitcode})") from None
+        if isinstance(got, str):
+            raise SystemExit(f"the prefill process failed: {got}")
+        self.metadata, self.bases, self.dev, self.mem = got
+
+    def close(self) -> None:
+        try:
+            self._conn.send("close")
+            self._conn.recv()
+        except (EOFError, OSError):
+            pass
+        self._proc.join(30)
+
+
+def _peer_main(conn: Any, endpoint: str, layers: int, blocks: int, block_len: int, cuda: Optional[int],
+               caches: Optional[List[Any]]) -> None:
+    try:
+        side = Side("bench-prefill", endpoint, layers, blocks, block_len, cuda, caches)
+    except BaseException as e:  # noqa: BLE001 - told to the parent
+        conn.send(f"{type(e).__name__}: {e}")
+        return
+    conn.send((side.agent.get_agent_metadata(), side.bases, side.dev, side.mem))
+    conn.recv()
+    side.close()
+    conn.send("closed")
+
+
+class InProcessPeer:
+    """The prefill side in this process (--peer-in-process)."""
+
+    def __init__(self, endpoint: str, layers: int, blocks: int, block_len: int, cuda: Optional[int], rng: Any):
+        self.side = Side("bench-prefill", endpoint, layers, blocks, block_len, cuda)
+        self.caches = self.side.caches if cuda is None else None
+        if cuda is None:
+            for c in self.side.caches:
+                c[:] = rng.integers(0, 256, c.shape, dtype=np.uint8)
+        self.metadata = self.side.agent.get_agent_metadata()
+        self.bases, self.dev, self.mem = self.side.bases, self.side.dev, self.side.mem
+
+    def close(self) -> None:
+        self.side.close()
+
+
+def _thread_usage() -> Tuple[int, int, int]:
+    """This thread's (minor page faults, voluntary context switches, involuntary ones) so far;
+    zeros where the platform does not count them per thread."""
+    who = getattr(resource, "RUSAGE_THREAD", None) if resource is not None else None
+    if who is None:
+        return 0, 0, 0
+    r = resource.getrusage(who)
+    return r.ru_minflt, r.ru_nvcsw, r.ru_nivcsw
+
+
+def request(d: Side, remote: Any, local_ids: np.ndarray, remote_ids: np.ndarray, notif: bytes) -> Dict[str, Any]:
     """One vLLM READ request; the seconds spent in each call and until DONE (the descriptor ids
-    are computed before: that is vLLM's work, not the agent's)."""
+    are computed before: that is vLLM's work, not the agent's), and the page faults, voluntary
+    context switches (the GIL handed to another thread and waited for, a blocked send) and
+    involuntary ones (preempted: a busy machine) of make_prepped_xfer + transfer + the first
+    check_xfer_state."""
     lids, rids = d.desc_ids(local_ids), d.desc_ids(remote_ids)
+    u0 = _thread_usage()
+    cpu0 = time.thread_time()
     t0 = time.perf_counter()
     h = d.agent.make_prepped_xfer("READ", d.local, lids, remote, rids, notif_msg=notif)
     t1 = time.perf_counter()
     d.agent.transfer(h)
     t2 = time.perf_counter()
-    checks, check_s = 0, 0.0
-    while True:
+    state = d.agent.check_xfer_state(h)
+    check_s = time.perf_counter() - t2
+    cpu = time.thread_time() - cpu0
+    u1 = _thread_usage()
+    checks = 1
+    while state == "PROC":
+        time.sleep(0)  # yield the GIL: the session's reader thread resolves the transfer
         c0 = time.perf_counter()
         state = d.agent.check_xfer_state(h)
         check_s += time.perf_counter() - c0
         checks += 1
-        if state != "PROC":
-            break
-        time.sleep(0)  # yield the GIL: the session's reader thread resolves the transfer
     t3 = time.perf_counter()
     if state != "DONE":
         raise SystemExit(f"request failed: {state}: {h.error}")
     plan = h._xfer.plan
     d.agent.release_xfer_handle(h)
     return {"make": t1 - t0, "post": t2 - t1, "check": check_s / checks, "total": t3 - t0,
-            "path": plan.path, "parts": len(plan.bodies), "entries": plan.entries}
+            "cpu": cpu, "faults": u1[0] - u0[0], "switches": u1[1] - u0[1], "preempted": u1[2] - u0[2],
+            "path": plan.path, "parts": plan.parts, "entries": plan.entries}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -112,6 +208,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--cuda", action="store_true", help="KV caches in GPU memory (torch)")
     p.add_argument("--cuda-device", type=int, default=0)
     p.add_argument("--peer-cuda-device", type=int, default=None, help="default: 1 if there are two GPUs, else 0")
+    p.add_argument("--peer-in-process", action="store_true",
+                   help="run the prefill agent in this process (default: a process of its own, as vLLM's)")
     p.add_argument("--json", help="append the results as one JSON line to this file")
     a = p.parse_args(argv)
     block_len = a.block_kib * KIB
@@ -144,12 +242,10 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Optional[int]) -> int:
     rng = np.random.default_rng(0)
-    prefill = Side("bench-prefill", a.peer_endpoint, a.layers, a.blocks, block_len, pcuda)
+    # The prefill side first: forked before this process has a gRPC channel or a CUDA context.
+    prefill = (InProcessPeer if a.peer_in_process else Peer)(a.peer_endpoint, a.layers, a.blocks, block_len, pcuda, rng)
     decode = Side("bench-decode", a.endpoint, a.layers, a.blocks, block_len, dcuda)
-    if pcuda is None:
-        for c in prefill.caches:
-            c[:] = rng.integers(0, 256, c.shape, dtype=np.uint8)
-    name = decode.agent.add_remote_agent(prefill.agent.get_agent_metadata())
+    name = decode.agent.add_remote_agent(prefill.metadata)
     t0 = time.perf_counter()
     remote = decode.agent.prep_xfer_dlist(name, decode.blocks_data(prefill.bases, prefill.dev), prefill.mem)
     prep_s = time.perf_counter() - t0
@@ -167,7 +263,7 @@ def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Opti
     for i in range(a.requests):
         li, ri = ids(), ids()
         rows.append(request(decode, remote, li, ri, f"req-{i}:1".encode()))
-        if pcuda is None and i == 0:  # bytes checked once
+        if prefill.caches is not None and i == 0:  # bytes checked once
             for r in range(regions):
                 got = decode.caches[r // 2][r % 2][li]
                 want = prefill.caches[r // 2][r % 2][ri]
@@ -233,6 +329,16 @@ def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Opti
           f"({many_gbps / base_many_gbps:.2f}x)")
     print(f"python    make_prepped_xfer + transfer + check_xfer_state: {over:.0f} us per {descs}-descriptor request, "
           f"{over_small:.0f} us per {regions}-descriptor request (target <= 100 us): {'met' if over <= 100 else 'not met'}")
+
+    def usage(rs: List[Dict[str, Any]]) -> str:
+        def share(k: str) -> int:
+            return sum(1 for r in rs if r[k]) * 100 // len(rs)
+        cpu, faults = med([r["cpu"] for r in rs]) * 1e6, med([r["faults"] for r in rs])
+        return (f"{cpu:.0f} us of thread CPU time, {faults:.0f} page faults; context switches in {share('switches')}% "
+                f"of them (voluntary: the GIL or a send waited for), preempted in {share('preempted')}%")
+
+    print(f"          in those calls, per {descs}-descriptor request: {usage(rows)}")
+    print(f"          per {regions}-descriptor request: {usage(small)}")
     if a.json:
         with open(a.json, "a") as f:
             f.write(json.dumps({"layers": a.layers, "blocks": a.blocks, "block_kib": a.block_kib, "req_blocks": a.req_blocks,
@@ -240,6 +346,9 @@ def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Opti
                                 "nixl_gbps": nixl_gbps, "contiguous_gbps": base_gbps, "ratio": ratio,
                                 "inflight_nixl_gbps": many_gbps, "inflight_contiguous_gbps": base_many_gbps,
                                 "python_us": over, "python_us_small": over_small, "prep_ms": prep_s * 1e3,
+                                "python_cpu_us": med([r["cpu"] for r in rows]) * 1e6,
+                                "python_cpu_us_small": med([r["cpu"] for r in small]) * 1e6,
+                                "switches": med([r["switches"] for r in rows]), "switches_small": med([r["switches"] for r in small]),
                                 "path": rows[0]["path"], "parts": rows[0]["parts"]}) + "\n")
     return 0
 

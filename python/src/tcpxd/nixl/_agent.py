@@ -183,6 +183,8 @@ class nixl_agent:  # noqa: N801
         self._call_timeout_s = DEFAULT_CALL_TIMEOUT if conf.timeout_s is None else max(conf.timeout_s, DEFAULT_CALL_TIMEOUT)
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
+        #: Where prepared transfers pack their indices as they are sent (_plan.Scratch).
+        self._scratch = _plan.Scratch()
         self._dlists: Dict[int, _plan.Prepped] = {}
         self._remotes: Dict[str, _Remote] = {}
         self._session: Any = None
@@ -524,15 +526,18 @@ class nixl_agent:  # noqa: N801
         framed = frame(self.name, remote.md.name, msg) if msg else b""
         session = self._session_now()
         pr = xfer.plan.prepared
-        inside = False  # the notification already in the one body
         if pr is not None:  # bound to the session's prepared ids (prepared there if it is new)
             try:
                 ids = self._prepared_id(session, pr.local), self._prepared_id(session, pr.remote)
-                xfer.plan.bodies = [pr.body(*ids, framed)]
-                inside = True
             except (TcpxdError, nixlBackendError) as e:
                 log.debug("agent %s: prepared path refused (%s): the block or batch path instead", self.name, e)
-                xfer.plan = _plan.unprepared_plan(xfer.plan.op, pr.local, pr.li, pr.remote, pr.ri, pr.merge, pr.timeout_ms)
+                xfer.plan = pr.unprepared(xfer.plan.op)
+            else:  # one request, the notification in it; its indices packed into the scratch arrays
+                with self._scratch.lock:
+                    try:
+                        return xfer.post(session, b"", None, [pr.body(*ids, framed, self._scratch)])
+                    except TcpxdError as e:
+                        raise from_tcpxd(e, "transfer") from None
         ride = framed if xfer.plan.carries_notification else b""
         followup = None
         if framed and not ride:  # after every part: a 1-byte WRITE between the mailboxes carries it
@@ -541,7 +546,7 @@ class nixl_agent:  # noqa: N801
             body = mailbox_write(remote.mailbox_entry, framed, self._timeout_ms)
             followup = lambda s, sink: s._submit_encoded("write", [body], [sink])  # noqa: E731
         try:
-            return xfer.post(session, b"" if inside else ride, followup)
+            return xfer.post(session, ride, followup)
         except TcpxdError as e:
             raise from_tcpxd(e, "transfer") from None
 

@@ -56,6 +56,7 @@ RANGES = 1
 MAX_PREPARED = 1 << 22
 
 _LIST_SHIFT = np.int64(32)
+_U32 = np.dtype("<u4")
 _LOW = np.int64(0xFFFFFFFF)
 
 
@@ -194,12 +195,20 @@ def prepare(table: RegionTable, mem: str, rows: np.ndarray, agent: str, owner: s
     return Prepped(agent, mem, table.regions, region, offset, rows[:, 1].copy())
 
 
+#: The largest element of an array (one pass; numpy's ufunc, no Python wrapper).
+_umax = np.maximum.reduce
+
+
 def indices(idx: Any, n: int, what: str) -> np.ndarray:
-    """`idx` (a list or integer numpy array) as int64, each in [0, n)."""
-    if isinstance(idx, np.ndarray) and idx.ndim == 1 and idx.dtype.kind in "iu" and idx.size:
-        a = idx.astype(np.int64, copy=False)  # the common case, quickly: two reductions
-        if int(a.min()) >= 0 and int(a.max()) < n:
-            return a
+    """`idx` (a list or integer numpy array) as integers each in [0, n): a native-endian integer
+    array comes back as it is (checked in one pass: its elements read as unsigned, a negative one
+    is above any n), anything else as int64."""
+    if type(idx) is np.ndarray and idx.ndim == 1 and idx.size:
+        dt = idx.dtype
+        if dt.kind in "iu" and dt.isnative:  # the common case, quickly: one reduction
+            v = idx if dt.kind == "u" else idx.view(_UNSIGNED[dt.itemsize])
+            if int(_umax(v)) < n:
+                return idx
     try:
         a = np.asarray(idx)
     except (TypeError, ValueError) as e:
@@ -210,23 +219,30 @@ def indices(idx: Any, n: int, what: str) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     if a.dtype.kind not in "iu":
         raise nixlInvalidParamError(f"{what}: integer indices are needed, got {a.dtype}")
-    a = a.astype(np.int64, copy=False)
-    bad = np.flatnonzero((a < 0) | (a >= n))
+    if a.dtype.kind == "u" and a.dtype.itemsize == 8:  # uint64 past int64's range stays unsigned here
+        bad = np.flatnonzero(a >= n)
+    else:
+        a = a.astype(np.int64, copy=False)
+        bad = np.flatnonzero((a < 0) | (a >= n))
     if len(bad):
         k = int(bad[0])
         raise nixlInvalidParamError(f"{what}[{k}]: index {int(a[k])} is outside the prepared list of {n} descriptors")
-    return a
+    return a.astype(np.int64, copy=False)
+
+
+_UNSIGNED = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
 
 
 @dataclass
 class Plan:
     """A transfer's daemon requests, serialized (`bodies`: each the bytes of the message in
-    `field` of a SessionRequest, without a notification; `notif_key` is the key of a WRITE's
-    notification field, appended when one rides), and its size. `path`: "blocks" (granule lists)
-    or "batch"."""
+    `field` of a SessionRequest, without a notification, or a list of pieces whose concatenation
+    they are; `notif_key` is the key of a WRITE's notification field, appended when one rides),
+    and its size. `path`: "prepared" (one request naming two daemon prepared lists), "blocks"
+    (granule lists) or "batch"."""
 
     op: str
-    bodies: List[bytes]
+    bodies: List[Any]
     total_bytes: int
     desc_count: int
     entries: int
@@ -248,36 +264,72 @@ class Plan:
         return len(self.bodies) == 1 and (self.op == "WRITE" or self.path == "prepared")
 
     @property
+    def parts(self) -> int:
+        """The daemon requests a post sends (the prepared path's one is built as it is sent)."""
+        return 1 if self.prepared is not None else len(self.bodies)
+
+    @property
     def requests(self) -> List[Any]:
-        """The requests as messages (for inspection)."""
+        """The requests as messages (for inspection; none for the prepared path, whose request
+        is built as it is sent)."""
         cls = _proto.message(_MESSAGE[self.field])
-        return [cls.FromString(b) for b in self.bodies]
+        return [cls.FromString(b if isinstance(b, bytes) else b"".join(b)) for b in self.bodies]
 
 
 @dataclass
 class Prepared:
-    """A prepared-path transfer: both lists, their indices (int64, and packed as u32s), the
-    timeout field, and what the block or batch path needs should the daemon refuse the lists."""
+    """A prepared-path transfer: both lists, their indices (as given, checked to be in range),
+    the timeout field, and what the block or batch path needs should the daemon refuse the lists."""
 
     local: Prepped
     li: np.ndarray
-    #: The indices as little-endian u32 arrays (their buffers go into the body as they are).
-    lb: np.ndarray
     remote: Prepped
     ri: np.ndarray
-    rb: np.ndarray
     tmo: bytes
     merge: bool
     timeout_ms: int
 
-    def body(self, lid: int, rid: int, notification: bytes = b"") -> bytes:
+    def body(self, lid: int, rid: int, notification: bytes, scratch: "Scratch") -> List[Any]:
         """Write/ReadPreparedRequest (same numbers): local_prepared_id 1, local_indices 2,
-        remote_prepared_id 3, remote_indices 4, notification 5, timeout_ms 6. One copy of the
-        index arrays, here."""
-        lb, rb = self.lb, self.rb
-        note = (b"\x2a", V(len(notification)), notification) if notification else ()
-        return b"".join((b"\x08", V(lid), b"\x12", V(lb.nbytes), memoryview(lb), b"\x18", V(rid), b"\x22", V(rb.nbytes),
-                         memoryview(rb), *note, self.tmo))
+        remote_prepared_id 3, remote_indices 4, notification 5, timeout_ms 6; as pieces whose
+        concatenation it is, the index arrays packed as u32s into `scratch` (hold its lock until
+        they are sent)."""
+        lb, rb = scratch.pack(0, self.li), scratch.pack(1, self.ri)
+        head = b"\x08" + V(lid) + b"\x12" + V(len(lb))
+        mid = b"\x18" + V(rid) + b"\x22" + V(len(rb))
+        tail = (b"\x2a" + V(len(notification)) + notification if notification else b"") + self.tmo
+        return [head, lb, mid, rb, tail]
+
+    def unprepared(self, op: str) -> "Plan":
+        """The block or batch path for this transfer (the daemon refused a list)."""
+        li, ri = self.li.astype(np.int64, copy=False), self.ri.astype(np.int64, copy=False)
+        return unprepared_plan(op, self.local, li, self.remote, ri, self.merge, self.timeout_ms)
+
+
+class Scratch:
+    """Where a prepared transfer's index arrays are packed as little-endian u32s right before
+    they are sent: two arrays reused from one transfer to the next (grown when needed), so a
+    request allocates and faults in no pages of its own. Hold `lock` from `pack` until the pieces
+    were sent."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._bufs = [np.empty(0, dtype=_U32), np.empty(0, dtype=_U32)]
+        #: Each array's bytes (sliced per request: no view object built from numpy's side).
+        self._views = [memoryview(b"")] * 2
+
+    def pack(self, side: int, a: np.ndarray) -> memoryview:
+        """`a` (integers in u32's range) as u32 bytes: `a`'s own when it is a contiguous u32
+        array, else packed into this side's array (one pass)."""
+        if a.dtype == _U32 and a.flags.c_contiguous:
+            return a.data.cast("B")
+        n = len(a)
+        buf = self._bufs[side]
+        if len(buf) < n:
+            buf = self._bufs[side] = np.empty(max(n, 2 * len(buf)), dtype=_U32)
+            self._views[side] = buf.data.cast("B")
+        buf[:n] = a
+        return self._views[side][: 4 * n]
 
 
 #: A request message by SessionRequest field, and a notification's key by path.
@@ -294,6 +346,8 @@ def V(v: int) -> bytes:
     return _SMALL_VARINTS[v] if v < 128 else _wire.varint(v)
 
 
+
+
 def _timeout(key: bytes, ms: int) -> bytes:
     return key + V(ms) if ms else b""
 
@@ -306,6 +360,7 @@ def plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarra
     p = prepared_plan(op, local, li, remote, ri, merge, timeout_ms)
     if p is not None:
         return p
+    li, ri = li.astype(np.int64, copy=False), ri.astype(np.int64, copy=False)
     return unprepared_plan(op, local, li, remote, ri, merge, timeout_ms)
 
 
@@ -330,7 +385,7 @@ def prepared_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: 
         return None
     n = len(li)
     tmo = _timeout(b"\x30", timeout_ms)  # timeout_ms = 6 in both requests
-    pr = Prepared(local, li, li.astype("<u4"), remote, ri, ri.astype("<u4"), tmo, merge, timeout_ms)
+    pr = Prepared(local, li, remote, ri, tmo, merge, timeout_ms)
     return Plan(op, [], n * int(local.length[0]), n, n, "prepared", prepared=pr)
 
 

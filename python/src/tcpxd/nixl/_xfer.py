@@ -80,10 +80,14 @@ class Xfer:
         self._t0 = 0.0
         self.telemetry = nixlXferTelemetry(totalBytes=plan.total_bytes, descCount=plan.desc_count)
 
-    def post(self, session: Any, ride: bytes, followup: Optional[Callable[[Any, Any], None]]) -> str:
-        """Submits the plan's requests: `ride`, the framed notification the (single) WRITE request
-        carries; `followup(session, sink)`, what sends the notification once every request
-        finished, when it rides none of them."""
+    def post(self, session: Any, ride: bytes, followup: Optional[Callable[[Any, Any], None]],
+             bodies: Optional[List[Any]] = None) -> str:
+        """Submits the plan's requests (or `bodies`, the prepared path's one request, bound to
+        the session): `ride`, the framed notification the (single) WRITE request carries;
+        `followup(session, sink)`, what sends the notification once every request finished, when
+        it rides none of them."""
+        if bodies is None:
+            bodies = self.plan.bodies
         with self._lock:
             if self.released:
                 raise nixlNotFoundError("handle: released")
@@ -95,14 +99,14 @@ class Xfer:
             self.error = None
             self._session = session
             self._followup = followup
-            self._left = len(self.plan.bodies)
+            self._left = len(bodies)
             self._t0 = time.perf_counter()
-            parts = self._parts = [_Part(self, gen) for _ in self.plan.bodies]
+            parts = self._parts = [_Part(self, gen) for _ in bodies]
         t0 = self._t0
         self.telemetry.startTime = time.time_ns() // 1000
-        bodies = self.plan.bodies
         if ride:
-            bodies = [bodies[0] + self.plan.notif_key + _wire.varint(len(ride)) + ride]
+            note = self.plan.notif_key + _wire.varint(len(ride)) + ride
+            bodies = [bodies[0] + note if isinstance(bodies[0], bytes) else [*bodies[0], note]]
         try:
             session._submit_encoded(self.plan.field, bodies, parts)
         except TcpxdError as e:  # the session was closed under us
