@@ -8,9 +8,11 @@
 //! neighbours but by chance). Each transfer is started without waiting (its *posting* time:
 //! until the daemon answered TransferStarted, which includes the API's and the engine's checks
 //! and planning), then waited for (WaitTransfer); its latency runs from the start to the final
-//! event. After the block runs, every pair is compared (the two buffers read back and compared
-//! block by block when they hold at most 1 GiB, else 4,096 pairs checksummed); after the
-//! contiguous runs the two buffers' checksums must agree.
+//! event. The two kinds alternate transfer by transfer (a contiguous one, then a block one), so
+//! a drift of the machine during the run weighs on both alike. After the runs, every pair is
+//! compared (the two buffers read back and compared block by block when they hold at most 1 GiB,
+//! else 4,096 pairs checksummed); then one more contiguous transfer, after which the two buffers'
+//! checksums must agree. `--scattered local|remote` permutes one side only.
 
 use std::time::{Duration, Instant};
 
@@ -360,41 +362,33 @@ async fn run(
     let li = crate::cli::commands::blocks::pack(&IndexArray::compact(&local_idx));
     let ri = crate::cli::commands::blocks::pack(&IndexArray::compact(&remote_idx));
     let timeout_ms = 600_000;
-    let (mut posting, mut latency) = (Vec::new(), Vec::new());
+    let ids = Ids {
+        local_list: ll.id,
+        local_indices: li,
+        remote_token: rl.token.clone(),
+        remote_indices: ri,
+        local_buffer: local.id,
+        remote_descriptor: remote.descriptor.clone(),
+        bytes,
+        timeout_ms,
+    };
+    // The two kinds alternate, transfer by transfer, so that a drift of the machine (the
+    // contiguous p50 moved by 10% between runs on the H200s) weighs on both alike: a contiguous
+    // transfer, then a block transfer, so the destination ends with the block transfers' bytes.
+    let (mut bp, mut bl, mut cp, mut cl) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for k in 0..w.warmup + w.iterations {
-        let mut caller = pair.a.clone();
-        let (p, l) = match w.op {
-            Op::Write => {
-                let req = WriteBlocksRequest {
-                    local_list_id: ll.id,
-                    local_indices: Some(li.clone()),
-                    remote_token: rl.token.clone(),
-                    remote_indices: Some(ri.clone()),
-                    timeout_ms,
-                    ..Default::default()
-                };
-                timed(&mut pair.a, "block write", caller.write_blocks(req)).await?
-            }
-            Op::Read => {
-                let req = ReadBlocksRequest {
-                    remote_token: rl.token.clone(),
-                    remote_indices: Some(ri.clone()),
-                    local_list_id: ll.id,
-                    local_indices: Some(li.clone()),
-                    timeout_ms,
-                    wait: false,
-                };
-                timed(&mut pair.a, "block read", caller.read_blocks(req)).await?
-            }
-        };
+        let (p, l) = contiguous_once(pair, w.op, &ids).await?;
+        let (p2, l2) = blocks_once(pair, w.op, &ids).await?;
         if k >= w.warmup {
-            posting.push(p);
-            latency.push(l);
+            cp.push(p);
+            cl.push(l);
+            bp.push(p2);
+            bl.push(l2);
         }
     }
     let blocks = Measured {
-        posting: LatencyStats::from_samples(&posting),
-        latency: LatencyStats::from_samples(&latency),
+        posting: LatencyStats::from_samples(&bp),
+        latency: LatencyStats::from_samples(&bl),
     };
     // Source block local_idx[k] (WRITE) landed in remote_idx[k], or the reverse (READ).
     let (src_idx, dst_idx) = match w.op {
@@ -433,44 +427,8 @@ async fn run(
             .map_err(rpc(format!("releasing list {}", l.1)))?;
     }
 
-    let (mut posting, mut latency) = (Vec::new(), Vec::new());
-    for k in 0..w.warmup + w.iterations {
-        let mut caller = pair.a.clone();
-        let (p, l) = match w.op {
-            Op::Write => {
-                let req = WriteRequest {
-                    entry: Some(WriteEntry {
-                        local_buffer_id: local.id,
-                        local_offset: 0,
-                        remote_descriptor: remote.descriptor.clone(),
-                        remote_offset: 0,
-                        length: bytes,
-                    }),
-                    timeout_ms,
-                    ..Default::default()
-                };
-                timed(&mut pair.a, "contiguous write", caller.write(req)).await?
-            }
-            Op::Read => {
-                let req = ReadRequest {
-                    entry: Some(ReadEntry {
-                        remote_descriptor: remote.descriptor.clone(),
-                        remote_offset: 0,
-                        local_buffer_id: local.id,
-                        local_offset: 0,
-                        length: bytes,
-                    }),
-                    timeout_ms,
-                    wait: false,
-                };
-                timed(&mut pair.a, "contiguous read", caller.read(req)).await?
-            }
-        };
-        if k >= w.warmup {
-            posting.push(p);
-            latency.push(l);
-        }
-    }
+    // One more contiguous transfer: afterwards both buffers must hold the same bytes.
+    contiguous_once(pair, w.op, &ids).await?;
     let a = checksum(&mut pair.a, local.id, bytes, "the local buffer").await?;
     let b = checksum(&mut pair.b, remote.id, bytes, "the remote buffer").await?;
     verified &= a == b;
@@ -478,12 +436,96 @@ async fn run(
         workload: w.clone(),
         blocks,
         contiguous: Measured {
-            posting: LatencyStats::from_samples(&posting),
-            latency: LatencyStats::from_samples(&latency),
+            posting: LatencyStats::from_samples(&cp),
+            latency: LatencyStats::from_samples(&cl),
         },
         verified,
         checked,
     })
+}
+
+/// What each transfer of a block bench names.
+struct Ids {
+    local_list: u64,
+    local_indices: pb::BlockIndices,
+    remote_token: String,
+    remote_indices: pb::BlockIndices,
+    local_buffer: u64,
+    remote_descriptor: String,
+    bytes: u64,
+    timeout_ms: u64,
+}
+
+/// One block transfer (WriteBlocks / ReadBlocks): its posting time and latency.
+async fn blocks_once(
+    pair: &mut DaemonPair,
+    op: Op,
+    ids: &Ids,
+) -> Result<(Duration, Duration), DaemonBenchError> {
+    let mut caller = pair.a.clone();
+    match op {
+        Op::Write => {
+            let req = WriteBlocksRequest {
+                local_list_id: ids.local_list,
+                local_indices: Some(ids.local_indices.clone()),
+                remote_token: ids.remote_token.clone(),
+                remote_indices: Some(ids.remote_indices.clone()),
+                timeout_ms: ids.timeout_ms,
+                ..Default::default()
+            };
+            timed(&mut pair.a, "block write", caller.write_blocks(req)).await
+        }
+        Op::Read => {
+            let req = ReadBlocksRequest {
+                remote_token: ids.remote_token.clone(),
+                remote_indices: Some(ids.remote_indices.clone()),
+                local_list_id: ids.local_list,
+                local_indices: Some(ids.local_indices.clone()),
+                timeout_ms: ids.timeout_ms,
+                wait: false,
+            };
+            timed(&mut pair.a, "block read", caller.read_blocks(req)).await
+        }
+    }
+}
+
+/// One contiguous transfer of the same bytes between the same buffers (Write / Read).
+async fn contiguous_once(
+    pair: &mut DaemonPair,
+    op: Op,
+    ids: &Ids,
+) -> Result<(Duration, Duration), DaemonBenchError> {
+    let mut caller = pair.a.clone();
+    match op {
+        Op::Write => {
+            let req = WriteRequest {
+                entry: Some(WriteEntry {
+                    local_buffer_id: ids.local_buffer,
+                    local_offset: 0,
+                    remote_descriptor: ids.remote_descriptor.clone(),
+                    remote_offset: 0,
+                    length: ids.bytes,
+                }),
+                timeout_ms: ids.timeout_ms,
+                ..Default::default()
+            };
+            timed(&mut pair.a, "contiguous write", caller.write(req)).await
+        }
+        Op::Read => {
+            let req = ReadRequest {
+                entry: Some(ReadEntry {
+                    remote_descriptor: ids.remote_descriptor.clone(),
+                    remote_offset: 0,
+                    local_buffer_id: ids.local_buffer,
+                    local_offset: 0,
+                    length: ids.bytes,
+                }),
+                timeout_ms: ids.timeout_ms,
+                wait: false,
+            };
+            timed(&mut pair.a, "contiguous read", caller.read(req)).await
+        }
+    }
 }
 
 async fn read_all(client: &mut ApiClient, buffer: u64, bytes: u64) -> Result<Vec<u8>, DaemonBenchError> {
