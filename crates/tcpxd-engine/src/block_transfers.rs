@@ -14,7 +14,10 @@ use super::*;
 pub(super) struct LocalBlocks {
     buffer: u64,
     key: [u8; 16],
+    /// The runs, for a source. A READ's destination leaves it empty: its runs are built when the
+    /// holder's offer comes, from the list as it is then (`total` is what the request needs).
     pub(super) plan: SidePlan,
+    pub(super) total: u64,
     lengths: PairLengths,
 }
 
@@ -79,7 +82,7 @@ impl Engine {
         self.refuse_while_draining()?;
         self.check_common(1, notification.len())?;
         let local = self.plan_local_blocks(&spec, false)?;
-        let total = local.plan.total();
+        let total = local.total;
         let id = self.new_transfer(TransferKind::Write, total, 1, deadline);
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
         self.offer_block_part(id, spec, local, notification, deadline_ms);
@@ -96,7 +99,7 @@ impl Engine {
         notification: Vec<u8>,
         deadline_ms: u64,
     ) {
-        let total = local.plan.total();
+        let total = local.total;
         let offer_id = self.next_offer;
         self.next_offer += 1;
         let header = BlockHeader {
@@ -133,7 +136,7 @@ impl Engine {
         self.refuse_while_draining()?;
         self.check_common(1, 0)?;
         let local = self.plan_local_blocks(&spec, true)?;
-        let total = local.plan.total();
+        let total = local.total;
         let id = self.new_transfer(TransferKind::Read, total, 1, deadline);
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
         self.request_block_part(id, spec, local, deadline_ms);
@@ -149,7 +152,7 @@ impl Engine {
         local: LocalBlocks,
         deadline_ms: u64,
     ) {
-        let total = local.plan.total();
+        let total = local.total;
         let read_id = self.next_read;
         self.next_read += 1;
         // What the holder's offer must carry back: our list, key, indices, lengths, total (the
@@ -227,21 +230,42 @@ impl Engine {
             spec.local_indices.check_distinct(list.len(), "local_indices")?;
         }
         let mut plan = SidePlan::default();
-        let mut remote_at = remote.indices.iter();
-        plan.rebuild(list, &spec.local_indices, "local_indices", |at, _, len| {
-            let r = remote_at.next().unwrap_or(0);
-            if remote.block_len > 0 && len != remote.block_len {
-                return Err(BlockError::LengthMismatch {
-                    field: "remote_indices".into(),
-                    at,
-                    index: r,
-                    len: remote.block_len,
-                    partner: len,
-                });
+        let (total, lengths) = match list.uniform_len() {
+            // A READ's destination of equal blocks: its runs are built when the offer comes, so
+            // only the lengths and the total are needed now (checked above: every index is in
+            // the list), without a pass over the blocks (131,072 of them for vLLM's pull).
+            Some(len) if destination => {
+                if remote.block_len > 0 && len != remote.block_len {
+                    return Err(BlockError::LengthMismatch {
+                        field: "remote_indices".into(),
+                        at: 0,
+                        index: remote.indices.iter().next().unwrap_or(0),
+                        len: remote.block_len,
+                        partner: len,
+                    }
+                    .into());
+                }
+                (n * u64::from(len), PairLengths::Uniform(len))
             }
-            Ok(())
-        })?;
-        let lengths = PairLengths::of(list, &spec.local_indices, "local_indices")?;
+            _ => {
+                let mut remote_at = remote.indices.iter();
+                plan.rebuild(list, &spec.local_indices, "local_indices", |at, _, len| {
+                    let r = remote_at.next().unwrap_or(0);
+                    if remote.block_len > 0 && len != remote.block_len {
+                        return Err(BlockError::LengthMismatch {
+                            field: "remote_indices".into(),
+                            at,
+                            index: r,
+                            len: remote.block_len,
+                            partner: len,
+                        });
+                    }
+                    Ok(())
+                })?;
+                let lengths = PairLengths::of(list, &spec.local_indices, "local_indices")?;
+                (plan.total(), lengths)
+            }
+        };
         let buffer = list.buffer();
         let key = self.buffers.get(&buffer).map(|b| b.key).ok_or_else(|| {
             EngineError::not_found(format!(
@@ -253,6 +277,7 @@ impl Engine {
             buffer,
             key,
             plan,
+            total,
             lengths,
         })
     }

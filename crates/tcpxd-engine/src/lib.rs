@@ -80,6 +80,7 @@ use lane_credits::{RecvCredits, SendCredits};
 pub mod layout;
 pub mod plan;
 mod prepared;
+mod prepared_entries;
 mod release;
 use release::PeerMap;
 mod start;

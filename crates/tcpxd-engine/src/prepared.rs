@@ -24,6 +24,7 @@
 use std::collections::{HashMap, HashSet};
 
 use super::blocks::{IndexArray, MAX_LIST_BLOCKS, MAX_TRANSFER_BLOCKS};
+use super::prepared_entries::PreparedEntries;
 use super::*;
 
 /// The most entries one prepared list holds, and the most pairs one prepared transfer names.
@@ -71,7 +72,7 @@ enum Lists {
 #[derive(Debug)]
 struct Prepared {
     lists: Lists,
-    entries: Vec<PreparedEntry>,
+    entries: PreparedEntries,
 }
 
 /// A notification kept until every part of its transfer finished.
@@ -198,7 +199,7 @@ impl Engine {
         Some(PreparedInfo {
             id,
             entries: p.entries.len() as u32,
-            blocks: p.entries.iter().map(|e| u64::from(e.count)).sum(),
+            blocks: p.entries.blocks(),
         })
     }
 
@@ -222,6 +223,7 @@ impl Engine {
             entries: entries.len() as u32,
             blocks,
         };
+        let entries = PreparedEntries::new(entries);
         self.prepared.lists.insert(id, Prepared { lists, entries });
         info
     }
@@ -285,7 +287,7 @@ impl Engine {
         self.refuse_while_draining()?;
         self.check_common(1, notification.len())?;
         let (peer, parts, touched) = self.plan_prepared(kind, local, remote)?;
-        let total: u64 = parts.iter().map(|(_, l)| l.plan.total()).sum();
+        let total: u64 = parts.iter().map(|(_, l)| l.total).sum();
         let id = self.new_transfer(kind, total, 1, deadline);
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
         let on_offer = kind == TransferKind::Write && parts.len() == 1;
@@ -371,8 +373,18 @@ impl Engine {
         let mut parts = 0usize;
         // The destination's ranges, per pair, to find a block named twice.
         let mut dests: Vec<DestRange> = Vec::with_capacity(n);
+        let mut last: Option<((u32, u32), usize)> = None;
+        let mut near = (0usize, 0usize);
         for (k, (&li, &ri)) in local_idx.iter().zip(remote_idx).enumerate() {
-            let (le, re) = (local.entries[li as usize], remote.entries[ri as usize]);
+            // In range: checked above.
+            let (Some(le), Some(re)) = (
+                local.entries.get_near(li, &mut near.0),
+                remote.entries.get_near(ri, &mut near.1),
+            ) else {
+                return Err(EngineError::invalid(format!(
+                    "local_indices[{k}] / remote_indices[{k}]: entry past its prepared list"
+                )));
+            };
             if le.count != re.count {
                 return Err(EngineError::invalid(format!(
                     "remote_indices[{k}]: entry {ri} of prepared list {remote_id} covers {} blocks, but its partner, entry {li} of prepared list {local_id}, covers {} (pairs must cover as many blocks)",
@@ -381,14 +393,23 @@ impl Engine {
             }
             let dest = if kind == TransferKind::Write { re } else { le };
             dests.push((dest.list, dest.first, dest.count, k));
-            let g = *by_lists.entry((le.list, re.list)).or_insert_with(|| {
-                groups.push(Group {
-                    local: le.list,
-                    remote: re.list,
-                    parts: Vec::new(),
-                });
-                groups.len() - 1
-            });
+            // Consecutive pairs mostly share their lists (vLLM names a layer's blocks together):
+            // the last group is tried before the map.
+            let g = match last {
+                Some((key, g)) if key == (le.list, re.list) => g,
+                _ => {
+                    let g = *by_lists.entry((le.list, re.list)).or_insert_with(|| {
+                        groups.push(Group {
+                            local: le.list,
+                            remote: re.list,
+                            parts: Vec::new(),
+                        });
+                        groups.len() - 1
+                    });
+                    last = Some(((le.list, re.list), g));
+                    g
+                }
+            };
             let g = &mut groups[g];
             let (mut lf, mut rf, mut left) = (le.first, re.first, le.count);
             while left > 0 {
@@ -417,7 +438,20 @@ impl Engine {
         } else {
             ("local_indices", local_idx)
         };
-        check_distinct_dests(&mut dests, field, dest_idx)?;
+        // The destination lists' sizes, where known (ours; another node's from its token, 0 when
+        // it did not say): a bit per block then finds a block named twice in one pass.
+        let sizes: Vec<u32> = if kind == TransferKind::Write {
+            remote_lists.iter().map(|r| r.blocks).collect()
+        } else {
+            local_lists
+                .iter()
+                .map(|&l| self.lists.get(l).map_or(0, |l| l.len()))
+                .collect()
+        };
+        // (A few pairs sort faster than a list's bitmap clears.)
+        if dests.len() < 1024 || !distinct_by_bits(&dests, &sizes) {
+            check_distinct_dests(&mut dests, field, dest_idx)?;
+        }
         let mut planned = Vec::with_capacity(parts);
         let mut touched = Vec::with_capacity(groups.len());
         for g in groups {
@@ -595,6 +629,35 @@ fn check_indices(idx: &[u32], entries: usize, field: &str, id: u64) -> EngineRes
 
 /// No destination block is named twice: the pairs' destination ranges, sorted by list and first
 /// block, may not overlap. The error names the later pair of the first overlap found.
+/// Whether the destination ranges (`(list, first, count, pair)`, lists by position) are known
+/// not to overlap, by marking each list's blocks in a bitmap (`sizes`: blocks per list, 0 when
+/// unknown). `false` when a list's size is unknown, a range lies past it or two overlap: the
+/// sorting check then decides and names the pairs.
+fn distinct_by_bits(dests: &[DestRange], sizes: &[u32]) -> bool {
+    let mut bits: Vec<Vec<u64>> = vec![Vec::new(); sizes.len()];
+    for &(list, first, count, _) in dests {
+        let Some(&size) = sizes.get(list as usize) else {
+            return false;
+        };
+        let end = u64::from(first) + u64::from(count);
+        if size == 0 || end > u64::from(size) {
+            return false;
+        }
+        let b = &mut bits[list as usize];
+        if b.is_empty() {
+            b.resize((size as usize).div_ceil(64), 0);
+        }
+        for i in first..end as u32 {
+            let (w, m) = ((i / 64) as usize, 1u64 << (i % 64));
+            if b[w] & m != 0 {
+                return false;
+            }
+            b[w] |= m;
+        }
+    }
+    true
+}
+
 fn check_distinct_dests(dests: &mut [DestRange], field: &str, idx: &[u32]) -> EngineResult<()> {
     dests.sort_unstable();
     for w in dests.windows(2) {

@@ -622,3 +622,66 @@ fn a_notify_names_the_buffers_of_the_lists_still_there() {
     }
     assert_eq!(got, vec![(42, b"hi".to_vec(), vec![3])]);
 }
+
+/// Timing, not a check (run with `--ignored --nocapture`): starting vLLM's pull as `tcpxd.nixl`
+/// prepares it. 32 layers, each a list of 32,768 4 KiB granules (one byte each here: planning
+/// does not touch the bytes), each layer's K and V regions 4,096 descriptors of 4 granules; one
+/// READ of 512 random distinct descriptors per region (32,768 pairs, 131,072 granules a side).
+#[test]
+#[ignore = "timing: prints how long starting a vLLM-sized prepared READ takes"]
+fn timing_of_a_vllm_sized_prepared_read() {
+    let (layers, per_region, pick) = (32u32, 4096u32, 512usize);
+    let granules = 2 * per_region * 4;
+    let mut s = Sim::new(2, small_chunks(), 7);
+    let mut lists = [Vec::new(), Vec::new()];
+    for (n, list) in lists.iter_mut().enumerate() {
+        for l in 0..layers {
+            let id = 100 + u64::from(l);
+            s.buffer(n, id, granules as usize, 0);
+            let layout = Layout::Strided {
+                first: 0,
+                stride: 1,
+                len: 1,
+                count: granules,
+            };
+            list.push(s.nodes[n].eng.register_blocks(id, layout).unwrap());
+        }
+    }
+    let shape: Vec<(u32, u32, u32)> = (0..layers)
+        .flat_map(|l| (0..2 * per_region).map(move |d| (l, d * 4, 4)))
+        .collect();
+    let local = s.nodes[0]
+        .eng
+        .prepare_local(lists[0].clone(), entries(&shape))
+        .unwrap();
+    let rl: Vec<RemoteList> = lists[1].iter().map(|&l| remote_list(&s, 1, l)).collect();
+    let remote = s.nodes[0].eng.prepare_remote(P, rl, entries(&shape)).unwrap();
+    // Per region, `pick` random distinct descriptors on each side (vLLM's block ids).
+    let ids = |s: &mut Sim| -> Vec<u32> {
+        let mut out = Vec::new();
+        for region in 0..2 * layers {
+            let mut b: Vec<u32> = (0..per_region).collect();
+            for i in (1..b.len()).rev() {
+                let j = s.rand(i + 1);
+                b.swap(i, j);
+            }
+            out.extend(b[..pick].iter().map(|&x| region * per_region + x));
+        }
+        out
+    };
+    for round in 0..5 {
+        let (li, ri) = (ids(&mut s), ids(&mut s));
+        let (now, dl) = (s.now, s.now + Duration::from_secs(60));
+        let t0 = std::time::Instant::now();
+        let t = s.nodes[0]
+            .eng
+            .start_read_prepared(local.id, &li, remote.id, &ri, Vec::new(), dl, now)
+            .unwrap();
+        let took = t0.elapsed();
+        println!(
+            "round {round}: start_read_prepared of {} pairs: {took:?}",
+            li.len()
+        );
+        assert!(s.nodes[0].eng.cancel(t, Code::Cancelled, "timing only"));
+    }
+}
