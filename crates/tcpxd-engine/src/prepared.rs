@@ -631,10 +631,13 @@ fn check_indices(idx: &[u32], entries: usize, field: &str, id: u64) -> EngineRes
 /// block, may not overlap. The error names the later pair of the first overlap found.
 /// Whether the destination ranges (`(list, first, count, pair)`, lists by position) are known
 /// not to overlap, by marking each list's blocks in a bitmap (`sizes`: blocks per list, 0 when
-/// unknown). `false` when a list's size is unknown, a range lies past it or two overlap: the
-/// sorting check then decides and names the pairs.
+/// unknown). `false` when a list's size is unknown, a range lies past it, two overlap or the
+/// bitmaps would be large against the pairs: the sorting check then decides and names the pairs.
 fn distinct_by_bits(dests: &[DestRange], sizes: &[u32]) -> bool {
-    let mut bits: Vec<Vec<u64>> = vec![Vec::new(); sizes.len()];
+    let mut bits: HashMap<u32, Vec<u64>> = HashMap::new();
+    // The bitmaps may take 64 words a pair at most (vLLM's pull: 32 lists of 32,768 granules,
+    // 16,384 words for 32,768 pairs); past that, sorting is the cheaper test.
+    let mut budget = dests.len().saturating_mul(64);
     for &(list, first, count, _) in dests {
         let Some(&size) = sizes.get(list as usize) else {
             return false;
@@ -643,10 +646,17 @@ fn distinct_by_bits(dests: &[DestRange], sizes: &[u32]) -> bool {
         if size == 0 || end > u64::from(size) {
             return false;
         }
-        let b = &mut bits[list as usize];
-        if b.is_empty() {
-            b.resize((size as usize).div_ceil(64), 0);
-        }
+        let b = match bits.entry(list) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let words = (size as usize).div_ceil(64);
+                if words > budget {
+                    return false;
+                }
+                budget -= words;
+                v.insert(vec![0; words])
+            }
+        };
         for i in first..end as u32 {
             let (w, m) = ((i / 64) as usize, 1u64 << (i % 64));
             if b[w] & m != 0 {

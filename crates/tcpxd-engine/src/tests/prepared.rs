@@ -685,3 +685,53 @@ fn timing_of_a_vllm_sized_prepared_read() {
         assert!(s.nodes[0].eng.cancel(t, Code::Cancelled, "timing only"));
     }
 }
+
+/// Many pairs (the bitmap check, not the sort): distinct destinations start; a destination named
+/// twice is refused naming both pairs, nothing started; the same through a list given as runs.
+#[test]
+fn many_pairs_with_a_destination_named_twice_are_refused_naming_both() {
+    let mut s = Sim::new(2, small_chunks(), 11);
+    let n = 4096u32;
+    let mut lists = [0u64; 2];
+    for (node, list) in lists.iter_mut().enumerate() {
+        s.buffer(node, 7, n as usize, 0);
+        let layout = Layout::Strided {
+            first: 0,
+            stride: 1,
+            len: 1,
+            count: n,
+        };
+        *list = s.nodes[node].eng.register_blocks(7, layout).unwrap();
+    }
+    // Runs (one entry per block, in order) on this side, flat (reversed pairs of blocks) there.
+    let runs: Vec<(u32, u32, u32)> = (0..n).map(|b| (0, b, 1)).collect();
+    let flat: Vec<(u32, u32, u32)> = (0..n).map(|b| (0, b ^ 1, 1)).collect();
+    for shape in [&runs, &flat] {
+        let local = s.nodes[0]
+            .eng
+            .prepare_local(vec![lists[0]], entries(shape))
+            .unwrap();
+        let rl = vec![remote_list(&s, 1, lists[1])];
+        let remote = s.nodes[0].eng.prepare_remote(P, rl, entries(shape)).unwrap();
+        let (now, dl) = (s.now, s.now + Duration::from_secs(60));
+        let mut li: Vec<u32> = (0..2000).map(|k| (k * 2 + 1) % n).collect();
+        let ri: Vec<u32> = (0..2000).collect();
+        let t = s.nodes[0]
+            .eng
+            .start_read_prepared(local.id, &li, remote.id, &ri, Vec::new(), dl, now)
+            .unwrap();
+        assert!(s.nodes[0].eng.cancel(t, Code::Cancelled, "checked only"));
+        li[1500] = li[10];
+        let before = s.nodes[0].eng.active_transfers();
+        let e = s.nodes[0]
+            .eng
+            .start_read_prepared(local.id, &li, remote.id, &ri, Vec::new(), dl, now)
+            .unwrap_err();
+        assert!(
+            e.message.contains("local_indices[1500]") && e.message.contains("local_indices[10]"),
+            "{}",
+            e.message
+        );
+        assert_eq!(s.nodes[0].eng.active_transfers(), before, "nothing started");
+    }
+}
