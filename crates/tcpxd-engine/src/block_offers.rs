@@ -126,21 +126,31 @@ impl Engine {
         }
         let lengths = &rb.dest.lengths;
         let mut plan = SidePlan::default();
-        plan.rebuild(list, &rb.source_indices, "source_indices", |at, index, len| {
-            let partner = lengths.get(at).unwrap_or(0);
-            if partner == len {
-                Ok(())
-            } else {
-                Err(blocks::BlockError::LengthMismatch {
-                    field: "source_indices".into(),
-                    at,
-                    index,
-                    len,
-                    partner,
-                })
-            }
-        })
-        .map_err(bad)?;
+        let same_len = match (lengths, list.uniform_len()) {
+            (blocks::PairLengths::Uniform(partner), Some(len)) => *partner == len,
+            _ => false,
+        };
+        if same_len {
+            // Every block as long as the reader's: nothing to compare per block.
+            plan.rebuild_checked(list, &rb.source_indices, "source_indices")
+                .map_err(bad)?;
+        } else {
+            plan.rebuild(list, &rb.source_indices, "source_indices", |at, index, len| {
+                let partner = lengths.get(at).unwrap_or(0);
+                if partner == len {
+                    Ok(())
+                } else {
+                    Err(blocks::BlockError::LengthMismatch {
+                        field: "source_indices".into(),
+                        at,
+                        index,
+                        len,
+                        partner,
+                    })
+                }
+            })
+            .map_err(bad)?;
+        }
         if plan.total() != rb.dest.total {
             return Err(bad(blocks::BlockError::Malformed {
                 field: "dest.total".into(),

@@ -261,6 +261,11 @@ impl IndexArray {
     }
 
     /// Ranges that each start past the previous one's end cannot repeat a block.
+    /// The `(start, count)` ranges, when the array is RANGES-encoded.
+    pub fn ranges(&self) -> Option<impl Iterator<Item = (u32, u32)> + '_> {
+        (self.encoding == IndexEncoding::Ranges).then(|| self.bytes.chunks_exact(8).map(split))
+    }
+
     fn ranges_ascending(&self) -> bool {
         let mut end = 0u64;
         for pair in self.bytes.chunks_exact(8) {

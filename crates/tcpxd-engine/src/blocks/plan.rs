@@ -124,6 +124,64 @@ impl SidePlan {
         Ok(())
     }
 
+    /// Plans `indices` of `list` whose lengths need no comparing (the partner's are all the
+    /// list's one length), each index checked against the list as [`SidePlan::rebuild`] does
+    /// (the error naming the first one past it): no per-block callback, and each range of a strided list whose blocks touch (stride = length) is one step,
+    /// not one per block. The same plan as [`SidePlan::rebuild`]'s. (The receiver of a part of
+    /// vLLM's pull through `tcpxd.nixl`, 1,024 ranges of 4 granules, checks and plans it in ~19
+    /// µs instead of ~40 on the build machine: `timing_of_a_vllm_sized_header`.)
+    pub fn rebuild_checked(
+        &mut self,
+        list: &BlockList,
+        indices: &IndexArray,
+        field: &str,
+    ) -> Result<(), BlockError> {
+        let (
+            Layout::Strided {
+                first,
+                stride,
+                len,
+                count,
+            },
+            Some(ranges),
+        ) = (list.layout(), indices.ranges())
+        else {
+            return self.rebuild(list, indices, field, |_, _, _| Ok(()));
+        };
+        if *stride != u64::from(*len) || indices.count() > MAX_TRANSFER_BLOCKS {
+            return self.rebuild(list, indices, field, |_, _, _| Ok(()));
+        }
+        self.runs.clear();
+        let (mut total, mut end, mut at) = (0u64, u64::MAX, 0u64);
+        for (start, n) in ranges {
+            if u64::from(start) + u64::from(n) > u64::from(*count) {
+                let bad = start.max(*count);
+                self.runs.clear();
+                (self.total, self.blocks) = (0, 0);
+                return Err(BlockError::PastList {
+                    field: field.to_string(),
+                    at: at + u64::from(bad - start),
+                    index: bad.into(),
+                    len: *count,
+                });
+            }
+            let off = first + stride * u64::from(start);
+            if off != end {
+                self.runs.push(Run {
+                    offset: off,
+                    wire: total,
+                });
+            }
+            let bytes = u64::from(n) * u64::from(*len);
+            end = off + bytes;
+            total += bytes;
+            at += u64::from(n);
+        }
+        self.total = total;
+        self.blocks = indices.count();
+        Ok(())
+    }
+
     /// Plans plain ranges of one buffer (a batch's entries, already checked against the buffer),
     /// in order: `(offset, length)`, neighbours merged as for blocks. Empty ranges add nothing.
     pub fn rebuild_ranges(&mut self, ranges: impl IntoIterator<Item = (u64, u64)>) {
