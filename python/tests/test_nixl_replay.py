@@ -143,7 +143,11 @@ def test_a_killed_peer_ends_in_err_within_the_deadline(tmp_root: Path):
         decode = Side(roles.reading_decode, a.endpoint, nbytes, 20.0)
         decode.send(prefill.recv())
         assert decode.recv() == "started"
-        stop_daemon(b)
+        # Killed, not stopped: SIGTERM drains, and a READ whose request reached the holder before
+        # it then finishes (DONE, rightly; the test passed by luck while the reader's daemon took
+        # milliseconds to plan the request and SIGTERM overtook it).
+        b.proc.kill()
+        b.proc.wait()
         decode.send("killed")
         got = decode.result()
         assert got["first"] == "PROC"
