@@ -37,6 +37,8 @@ mod wire;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_ranges;
 
 pub use index::{IndexArray, IndexEncoding, IndexIter};
 pub use list::{BlockList, Layout};
