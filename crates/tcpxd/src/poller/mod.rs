@@ -13,8 +13,9 @@
 //!
 //! This file holds the types, the thread's start and join, and the pass loop (`run`, `busy`);
 //! `commands.rs` carries out each [`Command`], `peers.rs` sets pairings up and tears everything
-//! down (drain, shutdown), `lanes.rs` is the pass over the lanes, `blocks.rs` its block chunks,
-//! `stats.rs` what the poller reports.
+//! down (drain, shutdown), `lanes.rs` is the pass over the lanes, `posting.rs` what it posts to
+//! the plugin (registration windows, deferred sends and receives, landing slots, unpacks),
+//! `blocks.rs` its block chunks, `stats.rs` what the poller reports.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -38,10 +39,11 @@ mod blocks;
 mod commands;
 mod lanes;
 mod peers;
+mod posting;
 pub mod stats;
 
 use crate::lanes::{GpuStage, RecvQueue, Tag};
-pub use lanes::{WINDOW_LEN, WINDOW_STRIDE};
+pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
 pub use stats::{PeerLink, PeerStats, StatsSnapshot};
 
 /// One lane's listening side, as exchanged in the handshake.

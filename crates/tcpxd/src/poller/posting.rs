@@ -1,0 +1,199 @@
+//! Posting to the plugin for the poller's passes: the registration windows of a buffer on a
+//! comm, the lanes' deferred sends and receives posted as the windows allow, an eager lane's
+//! landing slots, and a completed receive's unpack into its buffer.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::blocks::{RecvPost, STAGED, SendPost};
+use super::{LANDING, Posted, RecvLane, RecvLaneState, SendLane, SendLaneState};
+use crate::buffers::BufferEntry;
+use crate::lanes::{self, Dest, GpuStage, Target, Wait, stage_for};
+use crate::net::MemHandle;
+
+/// Buffers are registered in overlapping windows, because `regMr` takes an `int` size: window
+/// `k` starts at `k * WINDOW_STRIDE` and is `WINDOW_STRIDE + MAX_CHUNK_BYTES` long (or up to the
+/// buffer's end), so every chunk (at most 4 MiB) lies inside the window its offset falls in.
+pub const WINDOW_STRIDE: u64 = 1 << 30;
+pub const WINDOW_LEN: u64 = WINDOW_STRIDE + crate::engine::MAX_CHUNK_BYTES as u64;
+
+/// The registration covering `[offset, offset + len)` of a buffer on one comm (made on first
+/// use) and the offset inside it.
+pub(super) fn handle_for<'a>(
+    handles: &'a mut HashMap<(u64, u64), MemHandle>,
+    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    buffer: u64,
+    offset: u64,
+    register: impl FnOnce(Arc<dyn crate::net::Region>) -> Result<MemHandle, crate::net::NetError>,
+) -> Result<(&'a MemHandle, u64), String> {
+    let window = offset / WINDOW_STRIDE;
+    let start = window * WINDOW_STRIDE;
+    let mh = match handles.entry((buffer, window)) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => {
+            let entry = buffers
+                .get(&buffer)
+                .ok_or_else(|| format!("buffer {buffer} vanished"))?;
+            // The plugin registers CUDA memory in the context current on this thread.
+            if let Some(gpu) = entry.gpu() {
+                gpu.bind_to_thread().map_err(|e| e.to_string())?;
+            }
+            let len = WINDOW_LEN.min(entry.size - start);
+            let region: Arc<dyn crate::net::Region> = if start == 0 && len == entry.size {
+                entry.region_dyn()
+            } else {
+                Arc::new(
+                    crate::net::RegionWindow::new(entry.region_dyn(), start as usize, len as usize)
+                        .map_err(|e| e.to_string())?,
+                )
+            };
+            v.insert(register(region).map_err(|e| e.to_string())?)
+        }
+    };
+    Ok((mh, offset - start))
+}
+
+/// Posts deferred sends in order while the plugin takes them and has fewer than `window`
+/// (`send_window`) of the lane's sends in flight (a staged send once its gather is done). The
+/// engine posts sends in pieces up to `gather_ahead` beyond the window: they wait here, gathered,
+/// for a send to complete, so the plugin sees at most `send_window` sends per comm.
+pub(super) fn post_sends(
+    l: &mut SendLane,
+    window: usize,
+    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    stages: &mut HashMap<usize, GpuStage>,
+) -> Result<(), String> {
+    let SendLaneState::Ready(comm) = &mut l.state else {
+        return Ok(());
+    };
+    while comm.outstanding() < window
+        && let Some(&SendPost {
+            buffer,
+            offset,
+            len,
+            ring,
+            gate,
+        }) = l.deferred.front()
+    {
+        if let Some((gpu, batch)) = gate {
+            match stages.get_mut(&gpu).and_then(|s| s.gather_outcome(batch)) {
+                None if stages.contains_key(&gpu) => break,
+                None => return Err(format!("the gather stage of GPU {gpu} vanished")),
+                Some(Err(why)) => return Err(why),
+                Some(Ok(())) => {}
+            }
+        }
+        let (mh, at) = if buffer == STAGED {
+            let mh = l
+                .staging
+                .handle(ring)
+                .ok_or("a staged send without its staging ring")?;
+            (mh, offset)
+        } else {
+            handle_for(&mut l.handles, buffers, buffer, offset, |r| comm.register(r))?
+        };
+        if !lanes::post_send(comm, &mut l.tag, mh, at as usize, len).map_err(|e| e.to_string())? {
+            break;
+        }
+        l.deferred.pop_front();
+    }
+    Ok(())
+}
+
+/// Posts deferred receives in order while the plugin takes them.
+pub(super) fn post_recvs(l: &mut RecvLane, buffers: &HashMap<u64, Arc<BufferEntry>>) -> Result<(), String> {
+    let RecvLaneState::Ready(comm) = &mut l.state else {
+        return Ok(());
+    };
+    while let Some(&RecvPost {
+        buffer,
+        offset,
+        len,
+        scatter,
+    }) = l.deferred.front()
+    {
+        let (mh, at) = match (&l.landing_slots, buffer) {
+            (Some(mh), LANDING) => (mh, offset),
+            (None, LANDING) => return Err("credit receive without landing slots".into()),
+            (_, STAGED) => (
+                l.scatter
+                    .landing()
+                    .ok_or("a block receive without its landing ring")?,
+                offset,
+            ),
+            _ => handle_for(&mut l.handles, buffers, buffer, offset, |r| comm.register(r))?,
+        };
+        let meta = Posted {
+            buffer,
+            offset,
+            scatter,
+        };
+        if !l
+            .queue
+            .post(comm, mh, at as usize, len, meta)
+            .map_err(|e| e.to_string())?
+        {
+            break;
+        }
+        l.deferred.pop_front();
+    }
+    Ok(())
+}
+
+/// Makes an eager lane's landing slots on first use: `credits` slots of `len` bytes of host
+/// memory, populated, registered on the lane's comm. A credit receive posted into one lands in
+/// bounce pages (emulation host mode) or in the slot itself (direct receives: host memory on the
+/// real plugin, `TCPXEMU_HOST_RECV=direct`), and is copied to its destination once its header
+/// said where.
+pub(super) fn landing_slots(l: &mut RecvLane, credits: u64, len: u32) -> Result<(), String> {
+    if l.landing_slots.is_some() {
+        return Ok(());
+    }
+    let RecvLaneState::Ready(comm) = &l.state else {
+        return Err("the lane is not connected".into());
+    };
+    let bytes = credits * u64::from(len);
+    let region = crate::net::HostRegion::populated(bytes as usize).map_err(|e| e.to_string())?;
+    let mh = comm.register(Arc::new(region)).map_err(|e| e.to_string())?;
+    l.landing_slots = Some(mh);
+    Ok(())
+}
+
+/// Where a completed receive's bytes go, by buffer id.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Placed {
+    pub buffer: u64,
+    pub offset: u64,
+    pub len: u32,
+    /// Eager: received into the lane's landing slots (see [`Dest::staged`]).
+    pub staged: bool,
+}
+
+/// [`lanes::start_unpack`] into a registered buffer, the GPU's stage made on first use.
+pub(super) fn start_unpack(
+    comm: &crate::net::RecvComm,
+    id: crate::net::RequestId,
+    to: Placed,
+    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    stages: &mut HashMap<usize, GpuStage>,
+    unpack_impl: crate::unpack::UnpackImpl,
+) -> Wait {
+    let Some(entry) = buffers.get(&to.buffer) else {
+        return Wait::Ready(Err(format!("buffer {} vanished", to.buffer)));
+    };
+    let host;
+    let target = match entry.device_region() {
+        Some(region) => Target::Gpu(region),
+        None => {
+            host = entry.region_dyn();
+            Target::Host(&*host)
+        }
+    };
+    let dest = Dest {
+        target,
+        offset: to.offset,
+        len: to.len,
+        staged: to.staged,
+    };
+    lanes::start_unpack(comm, id, dest, |gpu| stage_for(stages, gpu, unpack_impl))
+}
