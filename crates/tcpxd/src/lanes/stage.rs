@@ -22,6 +22,19 @@ struct Launch {
 }
 
 impl Launch {
+    /// The `tcpxd::blocks` line of a batch seen done (`what`: gather, scatter or unpack).
+    fn log(&self, gpu: usize, batch: u64, what: &str) {
+        tracing::debug!(
+            target: "tcpxd::blocks",
+            gpu,
+            batch,
+            us = self.at.elapsed().as_micros() as u64,
+            queued_us = self.queued_us,
+            submit_us = self.submit_us,
+            "{what} batch done"
+        );
+    }
+
     fn after(first_push: Option<Instant>, submitted: Instant) -> Launch {
         let at = Instant::now();
         Launch {
@@ -67,10 +80,8 @@ pub struct GpuStage {
     pushed: bool,
     /// Batches in flight: the unpacker's ticket, the block scatters' ticket and the launch time.
     in_flight: VecDeque<(u64, Option<Ticket>, Option<Ticket>, Launch)>,
-    /// When this pass's batch got its first block scatter.
-    first_scatter: Option<Instant>,
-    /// When this pass's batch got its first plain unpack.
-    first_unpack: Option<Instant>,
+    /// When this pass's batch got its first unpack or block scatter.
+    first_push: Option<Instant>,
     /// Block chunks received into this GPU: scattered in the same batches (made on first use).
     scatters: Option<BlockBatcher>,
     /// Block chunks sent from this GPU: their gathers, one batch per pass (made on first use).
@@ -144,8 +155,7 @@ impl GpuStage {
             next_batch: 1,
             pushed: false,
             in_flight: VecDeque::new(),
-            first_scatter: None,
-            first_unpack: None,
+            first_push: None,
             done_upto: 0,
             failed: None,
             rejected: std::collections::BTreeSet::new(),
@@ -169,8 +179,7 @@ impl GpuStage {
             let batch = self.next_batch;
             self.next_batch += 1;
             let submitted = Instant::now();
-            let first_scatter = self.first_scatter.take().or(self.first_unpack.take());
-            self.first_unpack = None;
+            let first_push = self.first_push.take();
             let unpacked = self.unpacker.submit();
             let scattered = match &mut self.scatters {
                 Some(s) => s.submit(),
@@ -178,7 +187,7 @@ impl GpuStage {
             };
             match (unpacked, scattered) {
                 (Ok(t), Ok(s)) => {
-                    let launch = Launch::after(first_scatter, submitted);
+                    let launch = Launch::after(first_push, submitted);
                     self.in_flight.push_back((batch, t, s, launch))
                 }
                 (Err(e), _) => self.fail(batch, e.to_string()),
@@ -203,27 +212,11 @@ impl GpuStage {
                 }
                 Err(e) => self.fail(batch, e.to_string()),
             }
+            // Launch to seen done, polling included: the receives wait this long to be consumed.
             if scatter.is_some() {
-                // Launch to seen done, polling included: the receive waits this long to be consumed.
-                tracing::debug!(
-                    target: "tcpxd::blocks",
-                    gpu = self.gpu.ordinal(),
-                    batch,
-                    us = launched.at.elapsed().as_micros() as u64,
-                    queued_us = launched.queued_us,
-                    submit_us = launched.submit_us,
-                    "scatter batch done"
-                );
+                launched.log(self.gpu.ordinal(), batch, "scatter");
             } else if ticket.is_some() {
-                tracing::debug!(
-                    target: "tcpxd::blocks",
-                    gpu = self.gpu.ordinal(),
-                    batch,
-                    us = launched.at.elapsed().as_micros() as u64,
-                    queued_us = launched.queued_us,
-                    submit_us = launched.submit_us,
-                    "unpack batch done"
-                );
+                launched.log(self.gpu.ordinal(), batch, "unpack");
             }
             self.done_upto = batch;
             self.in_flight.pop_front();
@@ -248,7 +241,7 @@ impl GpuStage {
         self.gpu.bind_to_thread().map_err(|e| e.to_string())?;
         self.unpacker.push(job).map_err(|e| e.to_string())?;
         self.pushed = true;
-        self.first_unpack.get_or_insert_with(Instant::now);
+        self.first_push.get_or_insert_with(Instant::now);
         Ok(self.next_batch)
     }
 
@@ -266,7 +259,7 @@ impl GpuStage {
         s.push_scatter(task, fragments, table)
             .map_err(|e| e.to_string())?;
         self.pushed = true;
-        self.first_scatter.get_or_insert_with(Instant::now);
+        self.first_push.get_or_insert_with(Instant::now);
         Ok(self.next_batch)
     }
 
@@ -329,18 +322,8 @@ impl GpuStage {
             };
             match batcher.is_done(&t) {
                 Ok(false) => return None,
-                Ok(true) => {
-                    // Launch to seen done, polling included: the batch's sends wait this long.
-                    tracing::debug!(
-                        target: "tcpxd::blocks",
-                        gpu = ordinal,
-                        batch = b,
-                        us = launched.at.elapsed().as_micros() as u64,
-                        queued_us = launched.queued_us,
-                        submit_us = launched.submit_us,
-                        "gather batch done"
-                    );
-                }
+                // Launch to seen done, polling included: the batch's sends wait this long.
+                Ok(true) => launched.log(ordinal, b, "gather"),
                 Err(e) => {
                     tracing::error!(gpu = ordinal, batch = b, "block gather failed: {e}");
                     g.failed.get_or_insert((b, e.to_string()));
