@@ -21,6 +21,17 @@ pub(super) struct LocalBlocks {
     lengths: PairLengths,
 }
 
+/// Who has checked a block part's indices (`Engine::plan_local_blocks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum IndexChecks {
+    /// Nobody yet: every index inside its list, and none of the destination's twice.
+    Needed,
+    /// The caller, for the whole transfer: a prepared transfer's entries were checked inside
+    /// their lists when prepared, and its destinations distinct across all its parts before
+    /// any part is planned (`prepared.rs`), so a part need not sort its ranges again.
+    DoneByCaller,
+}
+
 /// The remote side of a block transfer, from the list owner's token and the caller's indices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteBlocks {
@@ -81,7 +92,7 @@ impl Engine {
     ) -> EngineResult<TransferId> {
         self.refuse_while_draining()?;
         self.check_common(1, notification.len())?;
-        let local = self.plan_local_blocks(&spec, false)?;
+        let local = self.plan_local_blocks(&spec, false, IndexChecks::Needed)?;
         let total = local.total;
         let id = self.new_transfer(TransferKind::Write, total, 1, deadline);
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
@@ -135,7 +146,7 @@ impl Engine {
     ) -> EngineResult<TransferId> {
         self.refuse_while_draining()?;
         self.check_common(1, 0)?;
-        let local = self.plan_local_blocks(&spec, true)?;
+        let local = self.plan_local_blocks(&spec, true, IndexChecks::Needed)?;
         let total = local.total;
         let id = self.new_transfer(TransferKind::Read, total, 1, deadline);
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
@@ -196,8 +207,13 @@ impl Engine {
     /// The local half of a block transfer, checked: the list, its indices (`destination`: none
     /// twice), the peer, and the remote indices as far as the token tells (count, inside the
     /// remote list, none twice for a WRITE's destination, pair lengths when the remote list is
-    /// uniform).
-    pub(super) fn plan_local_blocks(&self, spec: &BlockSpec, destination: bool) -> EngineResult<LocalBlocks> {
+    /// uniform). `checks`: whether the indices' range and distinctness are left to check.
+    pub(super) fn plan_local_blocks(
+        &self,
+        spec: &BlockSpec,
+        destination: bool,
+        checks: IndexChecks,
+    ) -> EngineResult<LocalBlocks> {
         let list = self.lists.get(spec.local_list).ok_or_else(|| {
             EngineError::not_found(format!("local_list: list {} does not exist", spec.local_list))
         })?;
@@ -219,13 +235,13 @@ impl Engine {
             .into());
         }
         let remote = &spec.remote;
-        if remote.blocks > 0 {
+        if remote.blocks > 0 && checks == IndexChecks::Needed {
             remote.indices.check(remote.blocks, "remote_indices")?;
             if !destination {
                 remote.indices.check_distinct(remote.blocks, "remote_indices")?;
             }
         }
-        if destination {
+        if destination && checks == IndexChecks::Needed {
             spec.local_indices.check(list.len(), "local_indices")?;
             spec.local_indices.check_distinct(list.len(), "local_indices")?;
         }

@@ -23,6 +23,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::block_transfers::IndexChecks;
 use super::blocks::{IndexArray, MAX_LIST_BLOCKS, MAX_TRANSFER_BLOCKS};
 use super::prepared_entries::PreparedEntries;
 use super::*;
@@ -477,7 +478,7 @@ impl Engine {
                     },
                 };
                 let plan = self
-                    .plan_local_blocks(&spec, kind == TransferKind::Read)
+                    .plan_local_blocks(&spec, kind == TransferKind::Read, IndexChecks::DoneByCaller)
                     .map_err(|e| {
                         EngineError::new(
                             e.code,
@@ -634,7 +635,12 @@ fn check_indices(idx: &[u32], entries: usize, field: &str, id: u64) -> EngineRes
 /// unknown). `false` when a list's size is unknown, a range lies past it, two overlap or the
 /// bitmaps would be large against the pairs: the sorting check then decides and names the pairs.
 fn distinct_by_bits(dests: &[DestRange], sizes: &[u32]) -> bool {
-    let mut bits: HashMap<u32, Vec<u64>> = HashMap::new();
+    // One bitmap per destination list, by its position (made when the list is first met); a
+    // prepared list naming more lists than there are pairs is left to the sort.
+    if sizes.len() > dests.len() {
+        return false;
+    }
+    let mut bits: Vec<Vec<u64>> = vec![Vec::new(); sizes.len()];
     // The bitmaps may take 64 words a pair at most (vLLM's pull: 32 lists of 32,768 granules,
     // 16,384 words for 32,768 pairs); past that, sorting is the cheaper test.
     let mut budget = dests.len().saturating_mul(64);
@@ -646,17 +652,15 @@ fn distinct_by_bits(dests: &[DestRange], sizes: &[u32]) -> bool {
         if size == 0 || end > u64::from(size) {
             return false;
         }
-        let b = match bits.entry(list) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
-                let words = (size as usize).div_ceil(64);
-                if words > budget {
-                    return false;
-                }
-                budget -= words;
-                v.insert(vec![0; words])
+        let b = &mut bits[list as usize];
+        if b.is_empty() {
+            let words = (size as usize).div_ceil(64);
+            if words > budget {
+                return false;
             }
-        };
+            budget -= words;
+            *b = vec![0; words];
+        }
         for i in first..end as u32 {
             let (w, m) = ((i / 64) as usize, 1u64 << (i % 64));
             if b[w] & m != 0 {
