@@ -3,7 +3,8 @@
 //! go out through tokio `watch` and `broadcast` channels; control messages for peers through one
 //! unbounded channel per peer.
 //!
-//! Each pass it: takes commands, drives connect/accept of lanes being set up, executes the
+//! Each pass it: takes commands (for at most [`COMMAND_SLICE`]: the rest wait for the next pass),
+//! drives connect/accept of lanes being set up, executes the
 //! engine's actions (posting sends and receives as the windows allow), tests only the head of
 //! each comm, unpacks completed receives (host unpacker) and consumes them in ring order, and
 //! checks deadlines. With bytes in flight it spins, then yields at every pass, and naps only after
@@ -439,6 +440,14 @@ enum Completion {
     Failed(PeerIdx, String),
 }
 
+/// How long one pass may spend carrying out commands before it runs the actions they made and
+/// tests the lanes; the commands left wait for the next pass. A batch of expensive ones (a
+/// NIXL pull's 64 block offers or read requests arriving together, each checked and planned in
+/// ~10–20 µs) would otherwise hold back the first part's accept or offer, and every posted
+/// request's completion, until the last is planned; cheap ones (a whole batch of small
+/// transfers) still go in one pass.
+pub(crate) const COMMAND_SLICE: Duration = Duration::from_micros(50);
+
 /// The longest park with nothing in flight (deadlines are checked at least this often).
 const PARK_MAX: Duration = Duration::from_secs(1);
 
@@ -450,11 +459,15 @@ impl Poller {
         let mut last_progress = Instant::now();
         loop {
             let mut progressed = false;
+            let slice = Instant::now();
             loop {
                 match self.rx.try_recv() {
                     Ok(cmd) => {
                         progressed = true;
                         self.handle(cmd);
+                        if slice.elapsed() >= COMMAND_SLICE {
+                            break;
+                        }
                     }
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => return self.shutdown_now(),
