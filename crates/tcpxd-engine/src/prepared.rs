@@ -92,12 +92,24 @@ pub(super) struct PreparedRegistry {
     notices: HashMap<TransferId, Notice>,
 }
 
-/// One part being built: its ranges on both sides (consecutive entries merged).
-#[derive(Debug, Default)]
+/// One part being built: its ranges on both sides (consecutive entries merged), packed as the
+/// part's index arrays as they come.
+#[derive(Debug)]
 struct Part {
-    local: Vec<(u32, u32)>,
-    remote: Vec<(u32, u32)>,
+    local: IndexArray,
+    remote: IndexArray,
     blocks: u64,
+}
+
+impl Part {
+    /// An empty part with room for `ranges` ranges a side (more grow it).
+    fn new(ranges: usize) -> Part {
+        Part {
+            local: IndexArray::ranges_with_capacity(ranges),
+            remote: IndexArray::ranges_with_capacity(ranges),
+            blocks: 0,
+        }
+    }
 }
 
 /// The pairs of one (local list, remote list): one part, or more when it holds more than
@@ -107,17 +119,6 @@ struct Group {
     local: u32,
     remote: u32,
     parts: Vec<Part>,
-}
-
-fn push_range(v: &mut Vec<(u32, u32)>, first: u32, count: u32) {
-    if let Some((s, n)) = v.last_mut()
-        && u64::from(*s) + u64::from(*n) == u64::from(first)
-        && n.checked_add(count).is_some()
-    {
-        *n += count;
-        return;
-    }
-    v.push((first, count));
 }
 
 /// A destination block range named by pair `at`: (list position, first, count, at).
@@ -368,12 +369,21 @@ impl Engine {
         }
         check_indices(local_idx, local.entries.len(), "local_indices", local_id)?;
         check_indices(remote_idx, remote.entries.len(), "remote_indices", remote_id)?;
+        // The destination lists' sizes, where known (ours; another node's from its token, 0 when
+        // it did not say): a bit per block then finds a block named twice as the pairs go by.
+        let sizes: Vec<u32> = if kind == TransferKind::Write {
+            remote_lists.iter().map(|r| r.blocks).collect()
+        } else {
+            local_lists
+                .iter()
+                .map(|&l| self.lists.get(l).map_or(0, |l| l.len()))
+                .collect()
+        };
+        let mut bits = DestBits::new(&sizes, n);
         // Group the pairs by (local list, remote list), in order of first appearance.
         let mut groups: Vec<Group> = Vec::new();
         let mut by_lists: HashMap<(u32, u32), usize> = HashMap::new();
         let mut parts = 0usize;
-        // The destination's ranges, per pair, to find a block named twice.
-        let mut dests: Vec<DestRange> = Vec::with_capacity(n);
         let mut last: Option<((u32, u32), usize)> = None;
         let mut near = (0usize, 0usize);
         for (k, (&li, &ri)) in local_idx.iter().zip(remote_idx).enumerate() {
@@ -393,7 +403,7 @@ impl Engine {
                 )));
             }
             let dest = if kind == TransferKind::Write { re } else { le };
-            dests.push((dest.list, dest.first, dest.count, k));
+            bits.mark(dest.list, dest.first, dest.count);
             // Consecutive pairs mostly share their lists (vLLM names a layer's blocks together):
             // the last group is tried before the map.
             let g = match last {
@@ -422,35 +432,41 @@ impl Engine {
                             self.cfg.max_entries
                         )));
                     }
-                    g.parts.push(Part::default());
+                    // Grown as ranges come (vLLM's pull: 512 ranges a part).
+                    g.parts.push(Part::new(64));
                 }
                 let p = g.parts.last_mut().expect("pushed");
                 let take = (MAX_TRANSFER_BLOCKS - p.blocks).min(u64::from(left)) as u32;
-                push_range(&mut p.local, lf, take);
-                push_range(&mut p.remote, rf, take);
+                p.local.push_range(lf, take);
+                p.remote.push_range(rf, take);
                 p.blocks += u64::from(take);
                 lf += take;
                 rf += take;
                 left -= take;
             }
         }
-        let (field, dest_idx) = if kind == TransferKind::Write {
-            ("remote_indices", remote_idx)
-        } else {
-            ("local_indices", local_idx)
-        };
-        // The destination lists' sizes, where known (ours; another node's from its token, 0 when
-        // it did not say): a bit per block then finds a block named twice in one pass.
-        let sizes: Vec<u32> = if kind == TransferKind::Write {
-            remote_lists.iter().map(|r| r.blocks).collect()
-        } else {
-            local_lists
+        if !bits.distinct() {
+            // Unknown sizes, too large bitmaps or a block named twice: sort the destination
+            // ranges (the pairs were checked above), which names the pairs on failure.
+            let (field, dest_idx) = if kind == TransferKind::Write {
+                ("remote_indices", remote_idx)
+            } else {
+                ("local_indices", local_idx)
+            };
+            let entries = if kind == TransferKind::Write {
+                &remote.entries
+            } else {
+                &local.entries
+            };
+            let mut hint = 0;
+            let mut dests: Vec<DestRange> = dest_idx
                 .iter()
-                .map(|&l| self.lists.get(l).map_or(0, |l| l.len()))
-                .collect()
-        };
-        // (A few pairs sort faster than a list's bitmap clears.)
-        if dests.len() < 1024 || !distinct_by_bits(&dests, &sizes) {
+                .enumerate()
+                .map(|(k, &i)| {
+                    let e = entries.get_near(i, &mut hint).expect("checked above");
+                    (e.list, e.first, e.count, k)
+                })
+                .collect();
             check_distinct_dests(&mut dests, field, dest_idx)?;
         }
         let mut planned = Vec::with_capacity(parts);
@@ -467,14 +483,14 @@ impl Engine {
             for p in g.parts {
                 let spec = BlockSpec {
                     local_list,
-                    local_indices: IndexArray::from_ranges(&p.local),
+                    local_indices: p.local,
                     peer,
                     remote: RemoteBlocks {
                         list_id: r.list_id,
                         access_key: r.access_key,
                         blocks: r.blocks,
                         block_len: r.block_len,
-                        indices: IndexArray::from_ranges(&p.remote),
+                        indices: p.remote,
                     },
                 };
                 let plan = self
@@ -628,50 +644,77 @@ fn check_indices(idx: &[u32], entries: usize, field: &str, id: u64) -> EngineRes
     )))
 }
 
-/// No destination block is named twice: the pairs' destination ranges, sorted by list and first
-/// block, may not overlap. The error names the later pair of the first overlap found.
-/// Whether the destination ranges (`(list, first, count, pair)`, lists by position) are known
-/// not to overlap, by marking each list's blocks in a bitmap (`sizes`: blocks per list, 0 when
-/// unknown). `false` when a list's size is unknown, a range lies past it, two overlap or the
-/// bitmaps would be large against the pairs: the sorting check then decides and names the pairs.
-fn distinct_by_bits(dests: &[DestRange], sizes: &[u32]) -> bool {
-    // One bitmap per destination list, by its position (made when the list is first met); a
-    // prepared list naming more lists than there are pairs is left to the sort.
-    if sizes.len() > dests.len() {
-        return false;
+/// Whether any destination block is named twice, found by marking each destination list's
+/// blocks in a bitmap (by list position) as the pairs go by. It gives up (and the sorting check,
+/// [`check_distinct_dests`], decides and names the pairs) when a list's size is unknown, a range
+/// lies past it, two overlap, or the bitmaps would be large against the pairs.
+struct DestBits<'a> {
+    sizes: &'a [u32],
+    bits: Vec<Vec<u64>>,
+    /// Words the bitmaps may still take: 64 a pair (vLLM's pull: 32 lists of 32,768 granules,
+    /// 16,384 words for 32,768 pairs); past that, sorting is the cheaper test.
+    budget: usize,
+    ok: bool,
+}
+
+impl<'a> DestBits<'a> {
+    fn new(sizes: &'a [u32], pairs: usize) -> DestBits<'a> {
+        // A prepared list naming more lists than there are pairs is left to the sort.
+        let ok = sizes.len() <= pairs;
+        DestBits {
+            sizes,
+            bits: if ok {
+                vec![Vec::new(); sizes.len()]
+            } else {
+                Vec::new()
+            },
+            budget: pairs.saturating_mul(64),
+            ok,
+        }
     }
-    let mut bits: Vec<Vec<u64>> = vec![Vec::new(); sizes.len()];
-    // The bitmaps may take 64 words a pair at most (vLLM's pull: 32 lists of 32,768 granules,
-    // 16,384 words for 32,768 pairs); past that, sorting is the cheaper test.
-    let mut budget = dests.len().saturating_mul(64);
-    for &(list, first, count, _) in dests {
-        let Some(&size) = sizes.get(list as usize) else {
-            return false;
+
+    #[inline]
+    fn mark(&mut self, list: u32, first: u32, count: u32) {
+        if !self.ok {
+            return;
+        }
+        let Some(&size) = self.sizes.get(list as usize) else {
+            self.ok = false;
+            return;
         };
         let end = u64::from(first) + u64::from(count);
         if size == 0 || end > u64::from(size) {
-            return false;
+            self.ok = false;
+            return;
         }
-        let b = &mut bits[list as usize];
+        let b = &mut self.bits[list as usize];
         if b.is_empty() {
             let words = (size as usize).div_ceil(64);
-            if words > budget {
-                return false;
+            if words > self.budget {
+                self.ok = false;
+                return;
             }
-            budget -= words;
+            self.budget -= words;
             *b = vec![0; words];
         }
         for i in first..end as u32 {
             let (w, m) = ((i / 64) as usize, 1u64 << (i % 64));
             if b[w] & m != 0 {
-                return false;
+                self.ok = false;
+                return;
             }
             b[w] |= m;
         }
     }
-    true
+
+    /// True when every range was marked and none overlapped.
+    fn distinct(&self) -> bool {
+        self.ok
+    }
 }
 
+/// No destination block is named twice: the pairs' destination ranges, sorted by list and first
+/// block, may not overlap. The error names the later pair of the first overlap found.
 fn check_distinct_dests(dests: &mut [DestRange], field: &str, idx: &[u32]) -> EngineResult<()> {
     dests.sort_unstable();
     for w in dests.windows(2) {

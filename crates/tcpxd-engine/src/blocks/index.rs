@@ -113,6 +113,38 @@ impl IndexArray {
         }
     }
 
+    /// An empty ranges-encoded array to append to ([`IndexArray::push_range`]).
+    pub fn ranges_with_capacity(ranges: usize) -> IndexArray {
+        IndexArray {
+            encoding: IndexEncoding::Ranges,
+            bytes: Vec::with_capacity(ranges * 8),
+            count: 0,
+        }
+    }
+
+    /// Appends `count` indices from `first` to a ranges-encoded array, merged into its last range
+    /// when they continue it (as [`IndexArray::from_ranges`] of the ranges so far would be, with
+    /// consecutive ones merged); a count of 0 adds nothing.
+    pub fn push_range(&mut self, first: u32, count: u32) {
+        debug_assert_eq!(self.encoding, IndexEncoding::Ranges);
+        if count == 0 {
+            return;
+        }
+        self.count += u64::from(count);
+        let len = self.bytes.len();
+        if len >= 8 {
+            let (s, n) = split(&self.bytes[len - 8..]);
+            if u64::from(s) + u64::from(n) == u64::from(first)
+                && let Some(merged) = n.checked_add(count)
+            {
+                self.bytes[len - 4..].copy_from_slice(&merged.to_le_bytes());
+                return;
+            }
+        }
+        self.bytes.extend_from_slice(&first.to_le_bytes());
+        self.bytes.extend_from_slice(&count.to_le_bytes());
+    }
+
     /// Packs indices in whichever encoding is smaller (ranges when runs of consecutive indices
     /// make up for their 8 bytes).
     pub fn compact(indices: &[u32]) -> IndexArray {

@@ -103,3 +103,44 @@ fn planning_checked_ranges_matches_planning_block_by_block() {
     assert_eq!(e, idx.check(50, "indices").unwrap_err());
     assert_eq!((p.total(), p.blocks(), p.runs().len()), (0, 0, 0));
 }
+
+/// Ranges appended one at a time (`IndexArray::push_range`, how a prepared transfer packs its
+/// parts) make the array `from_ranges` makes of the same ranges with consecutive ones merged:
+/// same bytes, same count, same indices; a range of 0 adds nothing; a merge that would overflow
+/// a count starts a new range.
+#[test]
+fn ranges_pushed_one_at_a_time_pack_as_merged_ranges() {
+    let mut rng = Rng::new(0x9A3);
+    for round in 0..300 {
+        let mut pushed = IndexArray::ranges_with_capacity(rng.below(4) as usize);
+        let mut merged: Vec<(u32, u32)> = Vec::new();
+        let mut at = rng.below(1000) as u32;
+        for _ in 0..rng.below(60) {
+            let n = rng.below(5) as u32;
+            // Mostly continuing the last range, sometimes a jump back or ahead.
+            if rng.below(3) == 0 {
+                at = rng.below(5000) as u32;
+            }
+            pushed.push_range(at, n);
+            if n > 0 {
+                match merged.last_mut() {
+                    Some((s, c)) if *s + *c == at => *c += n,
+                    _ => merged.push((at, n)),
+                }
+            }
+            at += n;
+        }
+        let want = IndexArray::from_ranges(&merged);
+        assert_eq!(pushed.bytes(), want.bytes(), "round {round}");
+        assert_eq!(pushed.count(), want.count(), "round {round}");
+        assert_eq!(pushed.iter().collect::<Vec<_>>(), want.iter().collect::<Vec<_>>());
+    }
+    let mut a = IndexArray::ranges_with_capacity(1);
+    a.push_range(0, u32::MAX);
+    a.push_range(u32::MAX, 1);
+    assert_eq!(
+        a.ranges().unwrap().collect::<Vec<_>>(),
+        vec![(0, u32::MAX), (u32::MAX, 1)]
+    );
+    assert_eq!(a.count(), u64::from(u32::MAX) + 1);
+}
