@@ -20,7 +20,7 @@ use crate::buffers::BufferRegistry;
 use crate::config::Config;
 use crate::engine::{EngineConfig, LaneLayout};
 use crate::net::Plugin;
-use crate::peers::{MAX_CONTROL_MESSAGE, Peers};
+use crate::peers::{CONTROL_CONNECTION_WINDOW, CONTROL_STREAM_WINDOW, MAX_CONTROL_MESSAGE, Peers};
 use crate::poller::{Command, DrainReport, PollerConfig, PollerHandle};
 
 /// Largest client request or answer: a block transfer of 1,000,000 scattered blocks a side (4 MB
@@ -233,7 +233,10 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
     let peer_svc = TcpxdPeerServer::new(PeerService { state: state.clone() })
         .max_decoding_message_size(MAX_CONTROL_MESSAGE)
         .max_encoding_message_size(MAX_CONTROL_MESSAGE);
-    let mut peer_server = tonic::transport::Server::builder().tcp_nodelay(true);
+    let mut peer_server = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .initial_stream_window_size(CONTROL_STREAM_WINDOW)
+        .initial_connection_window_size(CONTROL_CONNECTION_WINDOW);
     if let Some(t) = &tls {
         peer_server = peer_server
             .tls_config(t.server.clone())

@@ -51,6 +51,18 @@ pub const MAX_LANES: usize = 64;
 /// sender's lengths (up to 4,194,304 blocks: 32 MiB), a 4096-range offer a 1 MiB notification.
 pub const MAX_CONTROL_MESSAGE: usize = 64 << 20;
 
+/// HTTP/2 flow-control windows of the peer channel (both directions, set on the peer server and
+/// on every peer endpoint). h2's defaults (64 KiB a stream and a connection) let a burst of
+/// control messages out one window at a time, each waiting for the reader's WINDOW_UPDATE: a
+/// NIXL pull's 32 read requests (~8 KiB each, their index ranges) and the holder's 32 block
+/// offers took 0.3–0.8 ms a direction to cross on one host (hop traces, 2 × H200), all before
+/// the first byte of data moved. The inbound side reads each message at once
+/// (`control::spawn_inbound`), so the window bounds nothing the daemon holds for long.
+pub const CONTROL_STREAM_WINDOW: u32 = 8 << 20;
+/// See [`CONTROL_STREAM_WINDOW`]: the connection's window, over its one control stream and the
+/// handshakes.
+pub const CONTROL_CONNECTION_WINDOW: u32 = 16 << 20;
+
 /// Liveness on the control stream: each side sends a heartbeat whenever its stream has been
 /// quiet for `interval`; a stream silent for `timeout` fails its peer.
 #[derive(Debug, Clone, Copy)]
@@ -287,7 +299,10 @@ impl Peers {
             .map_err(|e| {
                 Status::invalid_argument(format!("address: {address:?} is not a valid host:port ({e})"))
             })?
-            .connect_timeout(self.connect_timeout);
+            .connect_timeout(self.connect_timeout)
+            .tcp_nodelay(true)
+            .initial_stream_window_size(CONTROL_STREAM_WINDOW)
+            .initial_connection_window_size(CONTROL_CONNECTION_WINDOW);
         if let Some(tls) = &self.tls {
             endpoint = endpoint
                 .tls_config(tls.clone())

@@ -160,7 +160,7 @@ impl Poller {
                 let total = self.block_total(&spec);
                 let r = self.engine.start_write_blocks(spec, notification, deadline, now);
                 if let Ok(id) = &r {
-                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write_blocks", id = id.0);
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write_blocks", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total), total)));
             }
@@ -173,7 +173,7 @@ impl Poller {
                 let total = self.block_total(&spec);
                 let r = self.engine.start_read_blocks(spec, deadline, now);
                 if let Ok(id) = &r {
-                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read_blocks", id = id.0);
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read_blocks", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total), total)));
             }
@@ -225,7 +225,8 @@ impl Poller {
                     now,
                 );
                 let r = r.map(|id| {
-                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = label, id = id.0);
+                    // `us`: how long the engine took to check and plan it (the poller did nothing else).
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = label, id = id.0, us = now.elapsed().as_micros() as u64);
                     let total = self.engine.transfer_total(id).unwrap_or(0);
                     (id, self.track(id, op, total), total)
                 });
