@@ -464,3 +464,33 @@ def test_windows_hand_out_each_slot_once_until_given_back():
     assert (w.buffer_id, w.offset, w.count) == (77, 4 * (2 * 5 + 1) * _plan.WINDOW_MAX, _plan.WINDOW_MAX)
     seen = ring.buffer.mem[w.offset:w.offset + 4 * w.count].view("<u4")
     assert np.array_equal(seen, a)
+
+
+def test_the_daemon_lists_both_forms_and_an_agent_on_an_older_one_sends_indices_packed(daemons, monkeypatch):
+    """DescribeNode's `features` names both forms; an agent whose daemon lists neither (an older
+    daemon, which would read such a side as empty) sends its indices packed, bytes checked."""
+    import dataclasses
+
+    from test_nixl_transfers import wait
+
+    a, _ = daemons
+    with tcpxd.Client(a.endpoint) as c:
+        assert {"prepared_outer_indices", "prepared_index_windows"} <= set(c.describe_node().features)
+    describe = tcpxd.Client.describe_node
+    monkeypatch.setattr(tcpxd.Client, "describe_node", lambda self: dataclasses.replace(describe(self), features=[]))
+    monkeypatch.setattr(_plan, "WINDOW_MIN", 8)
+    monkeypatch.setattr(_plan, "OUTER_MIN", 8)
+    R, N = 4, 64
+    A, B, amem, bmem, local, remote = _agents_with_lists(daemons, R, N)
+    try:
+        _fill("READ", amem, bmem)
+        li, ri = vllm_ids(R, N, 16), vllm_ids(R, N, 16)
+        h = A.make_prepped_xfer("READ", local, li, remote, ri)
+        A.transfer(h)
+        pr = h._xfer.plan.prepared
+        assert pr.lo is None and pr.ro is None and pr.windowed == 0 and A._windows is None
+        assert wait(A, h) == "DONE", h.error
+        _check_blocks("READ", li, ri, amem, bmem, N)
+    finally:
+        A.close()
+        B.close()

@@ -22,6 +22,10 @@ use crate::engine::{
 };
 use crate::poller::{Command, PreparedTransfer};
 
+/// The request forms DescribeNode lists in `features`: WritePrepared/ReadPrepared's outer sums
+/// and index windows.
+pub const FEATURES: &[&str] = &["prepared_outer_indices", "prepared_index_windows"];
+
 /// Bytes one packed entry takes: three little-endian u32s (list position, first block, count).
 pub const ENTRY_BYTES: usize = 12;
 

@@ -12,7 +12,6 @@ from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 
-
 from .. import Client
 from ..client import DEFAULT_CALL_TIMEOUT
 from ..errors import TcpxdError
@@ -194,6 +193,8 @@ class nixl_agent:  # noqa: N801
         #: use; `_no_windows`: it cannot be).
         self._windows: Optional[_plan.Windows] = None
         self._no_windows = False
+        #: Whether the daemon takes outer sums (an older daemon takes neither form: packed).
+        self._outer_ok = False
         self._dlists: Dict[int, _plan.Prepped] = {}
         self._remotes: Dict[str, _Remote] = {}
         self._session: Any = None
@@ -203,6 +204,8 @@ class nixl_agent:  # noqa: N801
         self._client = Client(conf.endpoint)
         try:
             self._node = self._client.describe_node()
+            self._no_windows = "prepared_index_windows" not in self._node.features
+            self._outer_ok = "prepared_outer_indices" in self._node.features
             self._mailbox = self._client.register_host(MAILBOX_BYTES)
             self._memory = LocalMemory(self._client)
             self._inbox = Inbox(self._client, agent_name)
@@ -504,7 +507,7 @@ class nixl_agent:  # noqa: N801
             raise nixlInvalidParamError("remote_xfer_side: prepared for this agent; prepare it with the remote agent's name")
         # vLLM's form (regions × blocks) is found and encoded compactly, in range, where the index
         # ring will not carry the indices (cheaper: _plan module doc); else checked
-        outer = self._no_windows or _size(local_indices) > _plan.WINDOW_MAX
+        outer = self._outer_ok and (self._no_windows or _size(local_indices) > _plan.WINDOW_MAX)
         lo = self._outer.encode(local_indices, local) if outer and local.held and local.preparable else None
         ro = self._outer.encode(remote_indices, remote) if outer and remote.held and remote.preparable else None
         li = local_indices if lo is not None else _plan.indices(local_indices, len(local), "local_indices")
@@ -567,7 +570,7 @@ class nixl_agent:  # noqa: N801
                 log.debug("agent %s: prepared path refused (%s): the block or batch path instead", self.name, e)
                 xfer.plan = pr.unprepared(xfer.plan.op)
             else:  # one request, the notification in it; its indices in the index ring, else packed
-                ring = self._windows_now() if len(pr.li) >= _plan.WINDOW_MIN and len(pr.li) <= _plan.WINDOW_MAX else None
+                ring = self._windows_now() if _plan.WINDOW_MIN <= len(pr.li) <= _plan.WINDOW_MAX else None
                 slot = ring.take() if ring is not None else None
                 if ring is not None and slot is not None:
                     try:

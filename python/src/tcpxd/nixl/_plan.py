@@ -27,11 +27,15 @@ lists, and per descriptor its buffer's position, first granule and granule count
 session, once (again if the session is renewed). A transfer between two such lists of equal
 signature is then one WritePrepared/ReadPrepared request: the two prepared ids and both index arrays
 packed as u32s, nothing per descriptor in Python; the daemon groups the pairs by buffer pair and
-sends the notification (a READ's too) once every byte landed. Index arrays of vLLM's form (region
-base + block id, R regions × B blocks: `region_ids[:, None] * num_blocks + block_ids`, flattened)
-go as outer sums instead (OuterIndices: R row bases and B columns, ~2 KiB where 32,768 indices
-take 128 KiB), found by `Outer.encode` in two numpy passes that also stand for the range check;
-the daemon expands them.
+sends the notification (a READ's too) once every byte landed. Large index arrays stay off the
+socket: packed into a slot of the agent's index ring (`Windows`, a host buffer shared with the
+daemon) and named by IndexWindow, the daemon reading them when it takes the request; where the ring
+cannot serve, arrays of vLLM's form (region base + block id, R regions × B blocks:
+`region_ids[:, None] * num_blocks + block_ids`, flattened) go as outer sums (OuterIndices: R row
+bases and B columns, ~2 KiB where 32,768 indices take 128 KiB), found by `Outer.encode` in two
+numpy passes that also stand for the range check; the daemon expands them. (The ring costs less
+Python time: one pass a side to check, one to pack; the outer form's two passes cost about what
+packing and writing 256 KiB to the socket do.)
 
 Either way the requests go out on the agent's session and pipeline; _xfer.Xfer follows them.
 """
