@@ -133,6 +133,7 @@ fn write_req(
         notification: note.to_vec(),
         timeout_ms: 60_000,
         wait,
+        ..Default::default()
     }
 }
 
@@ -152,6 +153,7 @@ fn read_req(
         notification: note.to_vec(),
         timeout_ms: 60_000,
         wait,
+        ..Default::default()
     }
 }
 

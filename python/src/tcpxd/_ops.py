@@ -145,6 +145,9 @@ class NodeInfo:
     #: "TCPXD/1" when the API unix socket also speaks the framed local session (docs/API.md);
     #: empty on older daemons. The client finds out for itself (docs/PYTHON.md).
     local_session: str = ""
+    #: Request forms the daemon takes beyond the first ones ("prepared_index_windows", ...;
+    #: empty on older daemons).
+    features: List[str] = field(default_factory=list)
     #: The tcpxd.v1.NodeDescription message itself.
     raw: Any = None
 
@@ -295,6 +298,7 @@ def node_info(m: Any) -> NodeInfo:
         chunk_bytes=m.chunk_bytes,
         peer_protocol_version=m.peer_protocol_version,
         local_session=m.local_session,
+        features=list(m.features),
         raw=m,
     )
 

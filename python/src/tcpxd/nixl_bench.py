@@ -41,7 +41,7 @@ except ImportError:  # not on every platform
 
 from . import Client
 from .bench import _find, _start
-from .nixl import host_array, nixl_agent, nixl_agent_config
+from .nixl import _plan, host_array, nixl_agent, nixl_agent_config
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
@@ -191,7 +191,9 @@ def request(d: Side, remote: Any, local_ids: np.ndarray, remote_ids: np.ndarray,
     d.agent.release_xfer_handle(h)
     return {"make": t1 - t0, "post": t2 - t1, "check": check_s / checks, "total": t3 - t0,
             "cpu": cpu, "faults": u1[0] - u0[0], "switches": u1[1] - u0[1], "preempted": u1[2] - u0[2],
-            "path": plan.path, "parts": plan.parts, "entries": plan.entries}
+            "path": plan.path, "parts": plan.parts, "entries": plan.entries,
+            "outer": 0 if plan.prepared is None else (plan.prepared.lo is not None) + (plan.prepared.ro is not None),
+            "ring": 0 if plan.prepared is None else plan.prepared.windowed}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -210,9 +212,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--peer-cuda-device", type=int, default=None, help="default: 1 if there are two GPUs, else 0")
     p.add_argument("--peer-in-process", action="store_true",
                    help="run the prefill agent in this process (default: a process of its own, as vLLM's)")
+    p.add_argument("--packed-indices", action="store_true",
+                   help="send every index array packed in the request, never as outer sums or through the index ring "
+                        "(the request as before; for comparison)")
     p.add_argument("--json", help="append the results as one JSON line to this file")
     a = p.parse_args(argv)
     block_len = a.block_kib * KIB
+    if a.packed_indices:
+        _plan.OUTER_MIN = _plan.WINDOW_MIN = 1 << 62
     if a.req_blocks > a.blocks:
         raise SystemExit("--req-blocks cannot exceed --blocks")
     procs = []
@@ -318,7 +325,9 @@ def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Opti
     r0 = rows[0]
     what = {"prepared": "prepared-list request", "blocks": "block requests of granule ranges"}.get(r0["path"], "batch requests")
     unit = {"prepared": "indices", "blocks": "ranges"}.get(r0["path"], "entries")
-    print(f"daemon    {r0['parts']} {what} per request ({r0['entries']} {unit}, both sides)")
+    outer = (f"; {r0['outer']} of 2 sides as outer sums, {r0['ring']} through the index ring"
+             if r0["path"] == "prepared" else "")
+    print(f"daemon    {r0['parts']} {what} per request ({r0['entries']} {unit}, both sides{outer})")
     print(f"nixl      READ by indices   {nixl_gbps:7.2f} GB/s   (median of {a.requests}; make {med([r['make'] for r in rows]) * 1e3:.2f} ms, "
           f"transfer {med([r['post'] for r in rows]) * 1e3:.2f} ms, check {med([r['check'] for r in rows]) * 1e6:.1f} us)")
     print(f"tcpxd     contiguous READ   {base_gbps:7.2f} GB/s   (median of {a.requests})")
@@ -349,7 +358,9 @@ def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Opti
                                 "python_cpu_us": med([r["cpu"] for r in rows]) * 1e6,
                                 "python_cpu_us_small": med([r["cpu"] for r in small]) * 1e6,
                                 "switches": med([r["switches"] for r in rows]), "switches_small": med([r["switches"] for r in small]),
-                                "path": rows[0]["path"], "parts": rows[0]["parts"]}) + "\n")
+                                "path": rows[0]["path"], "parts": rows[0]["parts"],
+                                "outer_sides": rows[0]["outer"], "ring": rows[0]["ring"],
+                                "packed_indices": a.packed_indices}) + "\n")
     return 0
 
 

@@ -94,6 +94,7 @@ impl NodeFacts {
             chunk_bytes: self.chunk_bytes,
             peer_protocol_version: crate::peers::PROTOCOL_VERSION,
             local_session: super::local::frame::PROTOCOL.to_string(),
+            features: super::prepared::FEATURES.iter().map(|f| f.to_string()).collect(),
         })
     }
 }

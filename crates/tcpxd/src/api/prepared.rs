@@ -4,7 +4,8 @@
 //!
 //! Only the request's shape is checked here (packed arrays of whole values, counts within the
 //! limits before anything is unpacked, tokens of one node, the peer); the entries and indices are
-//! the engine's to check, once, naming the field.
+//! the engine's to check, once, naming the field. A side's indices come packed, as an outer sum
+//! (expanded here) or as a window of a host buffer (read here, once).
 
 use std::time::Instant;
 
@@ -14,11 +15,16 @@ use super::proto::v1 as pb;
 use super::state::{DaemonState, status};
 use super::transfers::Started;
 use crate::block_token::BlockToken;
+use crate::buffers::BufferRegistry;
 use crate::engine::{
     EngineError, MAX_PREPARED_ENTRIES, MAX_PREPARED_LISTS, PreparedEntry, PreparedInfo, RemoteList,
     TransferKind,
 };
 use crate::poller::{Command, PreparedTransfer};
+
+/// The request forms DescribeNode lists in `features`: WritePrepared/ReadPrepared's outer sums
+/// and index windows.
+pub const FEATURES: &[&str] = &["prepared_outer_indices", "prepared_index_windows"];
 
 /// Bytes one packed entry takes: three little-endian u32s (list position, first block, count).
 pub const ENTRY_BYTES: usize = 12;
@@ -57,6 +63,132 @@ pub fn indices(field: &str, bytes: &[u8]) -> Result<Vec<u32>, EngineError> {
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
         .collect())
+}
+
+/// One side's entry indices as a request may carry them: packed, as an outer sum or as a window
+/// of a host buffer (each with its field's name); exactly one is set.
+pub struct SideIndices<'a> {
+    pub packed: (&'a str, &'a [u8]),
+    pub outer: (&'a str, Option<&'a pb::OuterIndices>),
+    pub window: (&'a str, Option<&'a pb::IndexWindow>),
+}
+
+impl SideIndices<'_> {
+    /// The indices: unpacked, expanded from the outer sum, or read from the window's buffer.
+    pub fn resolve(&self, buffers: &BufferRegistry) -> Result<Vec<u32>, EngineError> {
+        let (field, packed) = self.packed;
+        let mut set: Vec<&str> = Vec::new();
+        if !packed.is_empty() {
+            set.push(field);
+        }
+        if self.outer.1.is_some() {
+            set.push(self.outer.0);
+        }
+        if self.window.1.is_some() {
+            set.push(self.window.0);
+        }
+        if set.len() > 1 {
+            return Err(EngineError::invalid(format!(
+                "{}: set one of them, not {}",
+                set.join(", "),
+                if set.len() == 2 { "both" } else { "several" }
+            )));
+        }
+        match (self.outer.1, self.window.1) {
+            (Some(o), _) => outer_indices(self.outer.0, o),
+            (_, Some(w)) => window_indices(self.window.0, w, buffers),
+            _ => indices(field, packed),
+        }
+    }
+}
+
+/// Reads an index window (`field`: IndexWindow): `count` little-endian u32s at `offset` of a
+/// host buffer of this node, the count, the buffer and the bounds checked first. The bytes are
+/// copied out once, then only the copy is used (the client may write the buffer meanwhile).
+pub fn window_indices(
+    field: &str,
+    w: &pb::IndexWindow,
+    buffers: &BufferRegistry,
+) -> Result<Vec<u32>, EngineError> {
+    let n = w.count as usize;
+    check_count(&format!("{field}.count"), n, "indices")?;
+    let entry = buffers.get_as(&format!("{field}.buffer_id"), w.buffer_id)?;
+    let Some(host) = entry.host_region() else {
+        return Err(EngineError::invalid(format!(
+            "{field}.buffer_id: buffer {} is not host memory (an index window is read from a host buffer)",
+            w.buffer_id
+        )));
+    };
+    let len = n * 4;
+    let past = w
+        .offset
+        .checked_add(len as u64)
+        .is_none_or(|end| end > entry.size);
+    if past {
+        return Err(EngineError::invalid(format!(
+            "{field}: {n} indices ({len} bytes) at offset {} run past the end of buffer {} ({} bytes)",
+            w.offset, w.buffer_id, entry.size
+        )));
+    }
+    let mut bytes = vec![0u8; len];
+    host.read(w.offset as usize, &mut bytes)
+        .map_err(|e| EngineError::invalid(format!("{field}: buffer {}: {e}", w.buffer_id)))?;
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect())
+}
+
+/// Expands an outer sum (`field`: OuterIndices), its shape checked before anything is
+/// allocated: whole u32 arrays of at least one value each, rows × cols within the entry limit,
+/// the largest row plus the largest column within u32.
+pub fn outer_indices(field: &str, o: &pb::OuterIndices) -> Result<Vec<u32>, EngineError> {
+    let unpack = |name: &str, bytes: &[u8]| -> Result<Vec<u32>, EngineError> {
+        if bytes.len() % 4 != 0 {
+            return Err(EngineError::invalid(format!(
+                "{field}.{name}: {} bytes are not a whole number of 4-byte little-endian values",
+                bytes.len()
+            )));
+        }
+        if bytes.is_empty() {
+            return Err(EngineError::invalid(format!(
+                "{field}.{name}: at least one value is required"
+            )));
+        }
+        if bytes.len() / 4 > MAX_PREPARED_ENTRIES {
+            return Err(EngineError::invalid(format!(
+                "{field}.{name}: {} values exceed the limit of {MAX_PREPARED_ENTRIES}",
+                bytes.len() / 4
+            )));
+        }
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect())
+    };
+    let rows = unpack("rows", &o.rows)?;
+    let cols = unpack("cols", &o.cols)?;
+    let n = rows.len() as u64 * cols.len() as u64;
+    if n > MAX_PREPARED_ENTRIES as u64 {
+        return Err(EngineError::invalid(format!(
+            "{field}: {} rows x {} cols = {n} entries exceed the limit of {MAX_PREPARED_ENTRIES}",
+            rows.len(),
+            cols.len()
+        )));
+    }
+    let top_row = rows.iter().copied().max().unwrap_or(0);
+    let top_col = cols.iter().copied().max().unwrap_or(0);
+    if u64::from(top_row) + u64::from(top_col) > u64::from(u32::MAX) {
+        return Err(EngineError::invalid(format!(
+            "{field}: the largest row ({top_row}) plus the largest col ({top_col}) exceed the u32 limit of {}",
+            u32::MAX
+        )));
+    }
+    let mut out = Vec::with_capacity(n as usize);
+    for &r in &rows {
+        out.extend(cols.iter().map(|&c| r + c));
+    }
+    Ok(out)
 }
 
 fn check_count(field: &str, n: usize, what: &str) -> Result<(), EngineError> {
@@ -235,7 +367,7 @@ impl DaemonState {
         let r = req.into_inner();
         let wait = r.wait;
         let started = self
-            .start_prepared(TransferKind::Write, write_transfer(r), deadline)
+            .start_prepared(TransferKind::Write, write_transfer(r, &self.buffers), deadline)
             .await?;
         self.answer(started, wait).await
     }
@@ -249,30 +381,58 @@ impl DaemonState {
         let r = req.into_inner();
         let wait = r.wait;
         let started = self
-            .start_prepared(TransferKind::Read, read_transfer(r), deadline)
+            .start_prepared(TransferKind::Read, read_transfer(r, &self.buffers), deadline)
             .await?;
         self.answer(started, wait).await
     }
 }
 
-/// A WritePrepared request's transfer, its index arrays unpacked.
-pub fn write_transfer(r: pb::WritePreparedRequest) -> Result<PreparedTransfer, EngineError> {
+/// A WritePrepared request's transfer, its index arrays unpacked (outer sums expanded, windows
+/// read).
+pub fn write_transfer(
+    r: pb::WritePreparedRequest,
+    buffers: &BufferRegistry,
+) -> Result<PreparedTransfer, EngineError> {
     Ok(PreparedTransfer {
         local: r.local_prepared_id,
-        local_indices: indices("local_indices", &r.local_indices)?,
+        local_indices: SideIndices {
+            packed: ("local_indices", &r.local_indices),
+            outer: ("local_outer", r.local_outer.as_ref()),
+            window: ("local_window", r.local_window.as_ref()),
+        }
+        .resolve(buffers)?,
         remote: r.remote_prepared_id,
-        remote_indices: indices("remote_indices", &r.remote_indices)?,
+        remote_indices: SideIndices {
+            packed: ("remote_indices", &r.remote_indices),
+            outer: ("remote_outer", r.remote_outer.as_ref()),
+            window: ("remote_window", r.remote_window.as_ref()),
+        }
+        .resolve(buffers)?,
         notification: r.notification,
     })
 }
 
-/// A ReadPrepared request's transfer, its index arrays unpacked.
-pub fn read_transfer(r: pb::ReadPreparedRequest) -> Result<PreparedTransfer, EngineError> {
+/// A ReadPrepared request's transfer, its index arrays unpacked (outer sums expanded, windows
+/// read).
+pub fn read_transfer(
+    r: pb::ReadPreparedRequest,
+    buffers: &BufferRegistry,
+) -> Result<PreparedTransfer, EngineError> {
     Ok(PreparedTransfer {
         local: r.local_prepared_id,
-        local_indices: indices("local_indices", &r.local_indices)?,
+        local_indices: SideIndices {
+            packed: ("local_indices", &r.local_indices),
+            outer: ("local_outer", r.local_outer.as_ref()),
+            window: ("local_window", r.local_window.as_ref()),
+        }
+        .resolve(buffers)?,
         remote: r.remote_prepared_id,
-        remote_indices: indices("remote_indices", &r.remote_indices)?,
+        remote_indices: SideIndices {
+            packed: ("remote_indices", &r.remote_indices),
+            outer: ("remote_outer", r.remote_outer.as_ref()),
+            window: ("remote_window", r.remote_window.as_ref()),
+        }
+        .resolve(buffers)?,
         notification: r.notification,
     })
 }
@@ -322,6 +482,184 @@ mod tests {
                 .unwrap_err()
                 .message
                 .starts_with("local_indices: 6 bytes are not a whole number of 4-byte")
+        );
+    }
+
+    fn outer(rows: &[u32], cols: &[u32]) -> pb::OuterIndices {
+        pb::OuterIndices {
+            rows: le(rows),
+            cols: le(cols),
+        }
+    }
+
+    #[test]
+    fn outer_sums_expand_row_by_row() {
+        let o = outer(&[0, 4096, 8192], &[7, 3, 4095]);
+        assert_eq!(
+            outer_indices("local_outer", &o).unwrap(),
+            vec![7, 3, 4095, 4103, 4099, 8191, 8199, 8195, 12287]
+        );
+        // vLLM's pull: 64 regions of 4,096 blocks, 512 block ids.
+        let rows: Vec<u32> = (0..64).map(|r| r * 4096).collect();
+        let cols: Vec<u32> = (0..512).map(|c| (c * 7) % 4096).collect();
+        let got = outer_indices("remote_outer", &outer(&rows, &cols)).unwrap();
+        assert_eq!(got.len(), 32_768);
+        for (r, row) in rows.iter().enumerate() {
+            for (c, col) in cols.iter().enumerate() {
+                assert_eq!(got[r * 512 + c], row + col);
+            }
+        }
+        let top = outer_indices("x", &outer(&[u32::MAX - 5], &[0, 5])).unwrap();
+        assert_eq!(top, vec![u32::MAX - 5, u32::MAX]);
+    }
+
+    fn side<'a>(
+        packed: &'a [u8],
+        o: Option<&'a pb::OuterIndices>,
+        w: Option<&'a pb::IndexWindow>,
+    ) -> SideIndices<'a> {
+        SideIndices {
+            packed: ("remote_indices", packed),
+            outer: ("remote_outer", o),
+            window: ("remote_window", w),
+        }
+    }
+
+    /// A registry with one host buffer of `size` bytes holding `fill` from offset 0, its id.
+    fn host_buffer(size: u64, fill: &[u8]) -> (BufferRegistry, u64) {
+        let reg = BufferRegistry::new("node-a", 1 << 30);
+        let entry = reg.allocate_host(size, "ring").unwrap();
+        entry.host_region().unwrap().write(0, fill).unwrap();
+        let id = entry.id;
+        reg.publish(entry).unwrap();
+        (reg, id)
+    }
+
+    #[test]
+    fn side_indices_take_one_form_and_name_the_fields() {
+        let (reg, id) = host_buffer(4096, &le(&[9, 8, 7, 6, 5]));
+        let o = outer(&[10], &[1, 2]);
+        let w = pb::IndexWindow {
+            buffer_id: id,
+            offset: 4,
+            count: 3,
+        };
+        let got = |s: SideIndices| s.resolve(&reg);
+        assert_eq!(got(side(&le(&[3, 1]), None, None)).unwrap(), vec![3, 1]);
+        assert_eq!(got(side(&[], Some(&o), None)).unwrap(), vec![11, 12]);
+        assert_eq!(got(side(&[], None, Some(&w))).unwrap(), vec![8, 7, 6]);
+        let msg = |s: SideIndices| got(s).unwrap_err().message;
+        assert_eq!(
+            msg(side(&le(&[1]), Some(&o), None)),
+            "remote_indices, remote_outer: set one of them, not both"
+        );
+        assert_eq!(
+            msg(side(&[], Some(&o), Some(&w))),
+            "remote_outer, remote_window: set one of them, not both"
+        );
+        assert_eq!(
+            msg(side(&le(&[1]), Some(&o), Some(&w))),
+            "remote_indices, remote_outer, remote_window: set one of them, not several"
+        );
+        assert_eq!(
+            msg(side(&[], None, None)),
+            "remote_indices: at least one entry is required"
+        );
+    }
+
+    #[test]
+    fn hostile_windows_are_refused_naming_the_field_and_the_limit() {
+        let (reg, id) = host_buffer(4096, &le(&[1, 2, 3]));
+        let read = |buffer_id: u64, offset: u64, count: u32| {
+            window_indices(
+                "local_window",
+                &pb::IndexWindow {
+                    buffer_id,
+                    offset,
+                    count,
+                },
+                &reg,
+            )
+        };
+        assert_eq!(read(id, 0, 3).unwrap(), vec![1, 2, 3]);
+        assert_eq!(read(id, 4092, 1).unwrap(), vec![0]);
+        assert_eq!(
+            read(id, 0, 0).unwrap_err().message,
+            "local_window.count: at least one entry is required"
+        );
+        assert_eq!(
+            read(id, 0, (MAX_PREPARED_ENTRIES + 1) as u32)
+                .unwrap_err()
+                .message,
+            "local_window.count: 4194305 indices exceed the limit of 4194304"
+        );
+        let e = read(id + 1, 0, 1).unwrap_err();
+        assert_eq!(e.code, crate::engine::Code::NotFound);
+        assert_eq!(
+            e.message,
+            format!("local_window.buffer_id: buffer {} does not exist", id + 1)
+        );
+        assert_eq!(
+            read(id, 4093, 1).unwrap_err().message,
+            format!(
+                "local_window: 1 indices (4 bytes) at offset 4093 run past the end of buffer {id} (4096 bytes)"
+            )
+        );
+        assert_eq!(
+            read(id, u64::MAX - 2, 1).unwrap_err().message,
+            format!(
+                "local_window: 1 indices (4 bytes) at offset {} run past the end of buffer {id} (4096 bytes)",
+                u64::MAX - 2
+            )
+        );
+        assert_eq!(
+            read(id, 0, 1025).unwrap_err().message,
+            format!(
+                "local_window: 1025 indices (4100 bytes) at offset 0 run past the end of buffer {id} (4096 bytes)"
+            )
+        );
+    }
+
+    #[test]
+    fn hostile_outer_sums_are_refused_before_anything_is_allocated() {
+        let msg = |o: pb::OuterIndices| outer_indices("local_outer", &o).unwrap_err().message;
+        assert_eq!(
+            msg(pb::OuterIndices {
+                rows: vec![0; 5],
+                cols: le(&[1])
+            }),
+            "local_outer.rows: 5 bytes are not a whole number of 4-byte little-endian values"
+        );
+        assert_eq!(
+            msg(outer(&[1], &[])),
+            "local_outer.cols: at least one value is required"
+        );
+        assert_eq!(
+            msg(outer(&[], &[1])),
+            "local_outer.rows: at least one value is required"
+        );
+        assert_eq!(
+            msg(pb::OuterIndices {
+                rows: le(&[0]),
+                cols: vec![0; (MAX_PREPARED_ENTRIES + 1) * 4]
+            }),
+            "local_outer.cols: 4194305 values exceed the limit of 4194304"
+        );
+        // 4,096 × 2,048 = 8,388,608: refused from the two lengths alone.
+        assert_eq!(
+            msg(pb::OuterIndices {
+                rows: vec![0; 4096 * 4],
+                cols: vec![0; 2048 * 4]
+            }),
+            "local_outer: 4096 rows x 2048 cols = 8388608 entries exceed the limit of 4194304"
+        );
+        assert_eq!(
+            msg(outer(&[5, u32::MAX - 2], &[0, 3])),
+            format!(
+                "local_outer: the largest row ({}) plus the largest col (3) exceed the u32 limit of {}",
+                u32::MAX - 2,
+                u32::MAX
+            )
         );
     }
 }

@@ -59,7 +59,8 @@ pub fn start(
 
 /// What a session's request side yields next.
 pub enum Incoming {
-    Request(pb::SessionRequest),
+    /// Boxed: a request is far larger than the other variants.
+    Request(Box<pb::SessionRequest>),
     /// The client half-closed: no more requests; the open ones finish, then the session ends.
     HalfClosed,
     /// The client went away: the open transfers are cancelled.
@@ -99,7 +100,7 @@ pub struct Gone;
 impl Requests for Streaming<pb::SessionRequest> {
     async fn next(&mut self) -> Incoming {
         match self.message().await {
-            Ok(Some(req)) => Incoming::Request(req),
+            Ok(Some(req)) => Incoming::Request(Box::new(req)),
             Ok(None) => Incoming::HalfClosed,
             Err(status) => {
                 tracing::debug!("session: the client went away: {status}");
@@ -186,7 +187,7 @@ impl<E: Events> Session<'_, E> {
                 Next::Finished(tag, event) => self.finished(tag, event).await,
                 Next::Incoming(Incoming::Request(req)) => {
                     let attached = matches!(req.op, Some(Op::RegisterHostFd(_))).then(|| requests.attached());
-                    self.request(req, attached).await
+                    self.request(*req, attached).await
                 }
                 Next::Incoming(Incoming::HalfClosed) => {
                     reading = false;
@@ -295,12 +296,12 @@ impl<E: Events> Session<'_, E> {
             Some(Op::ReleasePrepared(id)) => return self.release_prepared(tag, id).await,
             Some(Op::WritePrepared(r)) => {
                 let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
-                let t = prepared::write_transfer(r);
+                let t = prepared::write_transfer(r, &self.state.buffers);
                 self.state.start_prepared(TransferKind::Write, t, deadline).await
             }
             Some(Op::ReadPrepared(r)) => {
                 let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
-                let t = prepared::read_transfer(r);
+                let t = prepared::read_transfer(r, &self.state.buffers);
                 self.state.start_prepared(TransferKind::Read, t, deadline).await
             }
             Some(Op::WriteBlocks(r)) => {

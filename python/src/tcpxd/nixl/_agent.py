@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import pickle
@@ -9,6 +10,7 @@ import threading
 from enum import Enum
 from typing import Any, Dict, List, Optional, Union
 
+import numpy as np
 
 from .. import Client
 from ..client import DEFAULT_CALL_TIMEOUT
@@ -185,6 +187,14 @@ class nixl_agent:  # noqa: N801
         self._ids = itertools.count(1)
         #: Where prepared transfers pack their indices as they are sent (_plan.Scratch).
         self._scratch = _plan.Scratch()
+        #: Where prepared transfers' indices are looked at for the compact form (_plan.Outer).
+        self._outer = _plan.Outer()
+        #: The index ring large prepared requests pass their indices through (registered on first
+        #: use; `_no_windows`: it cannot be).
+        self._windows: Optional[_plan.Windows] = None
+        self._no_windows = False
+        #: Whether the daemon takes outer sums (an older daemon takes neither form: packed).
+        self._outer_ok = False
         self._dlists: Dict[int, _plan.Prepped] = {}
         self._remotes: Dict[str, _Remote] = {}
         self._session: Any = None
@@ -194,6 +204,8 @@ class nixl_agent:  # noqa: N801
         self._client = Client(conf.endpoint)
         try:
             self._node = self._client.describe_node()
+            self._no_windows = "prepared_index_windows" not in self._node.features
+            self._outer_ok = "prepared_outer_indices" in self._node.features
             self._mailbox = self._client.register_host(MAILBOX_BYTES)
             self._memory = LocalMemory(self._client)
             self._inbox = Inbox(self._client, agent_name)
@@ -233,6 +245,8 @@ class nixl_agent:  # noqa: N801
         try:
             self._memory.close()
             self._mailbox.release()
+            if self._windows is not None:
+                self._windows.buffer.release()
         except TcpxdError as e:  # the daemon is gone: nothing of ours is left there
             log.warning("agent %s: releasing its buffers: %s", self.name, e)
         self._client.close()
@@ -491,9 +505,14 @@ class nixl_agent:  # noqa: N801
             raise nixlInvalidParamError("local_xfer_side: prepared for a remote agent; prepare it with \"NIXL_INIT_AGENT\"")
         if not remote.agent:
             raise nixlInvalidParamError("remote_xfer_side: prepared for this agent; prepare it with the remote agent's name")
-        li = _plan.indices(local_indices, len(local), "local_indices")
-        ri = _plan.indices(remote_indices, len(remote), "remote_indices")
-        plan = _plan.plan(op, local, li, remote, ri, not skip_desc_merge, self._timeout_ms)
+        # vLLM's form (regions × blocks) is found and encoded compactly, in range, where the index
+        # ring will not carry the indices (cheaper: _plan module doc); else checked
+        outer = self._outer_ok and (self._no_windows or _size(local_indices) > _plan.WINDOW_MAX)
+        lo = self._outer.encode(local_indices, local) if outer and local.held and local.preparable else None
+        ro = self._outer.encode(remote_indices, remote) if outer and remote.held and remote.preparable else None
+        li = local_indices if lo is not None else _plan.indices(local_indices, len(local), "local_indices")
+        ri = remote_indices if ro is not None else _plan.indices(remote_indices, len(remote), "remote_indices")
+        plan = _plan.plan(op, local, li, remote, ri, not skip_desc_merge, self._timeout_ms, lo, ro)
         return self._xfer_handle(plan, remote.agent, notif_msg)
 
     def initialize_xfer(self, operation: str, local_descs: Any, remote_descs: Any, remote_agent: AgentName,
@@ -507,6 +526,24 @@ class nixl_agent:  # noqa: N801
         local = _plan.prepare(self._memory.table(), ld.mem, ld.rows, "", f"agent {self.name!r}", "local_descs")
         rem = _plan.prepare(remote.table, rd.mem, rd.rows, name, f"remote agent {name!r}", "remote_descs")
         return self._xfer_handle(_plan.descs_plan(op, local, rem, self._timeout_ms), name, notif_msg)
+
+    def _windows_now(self) -> Optional[_plan.Windows]:
+        """The agent's index ring (_plan.Windows), registered on first use; None where this
+        process cannot share memory with the daemon (a TCP endpoint) or the daemon refused it."""
+        with self._lock:
+            if self._windows is None and not self._no_windows and not self._closed:
+                try:
+                    buf = self._client.register_host(_plan.Windows.nbytes(), shared=True)
+                except (TcpxdError, OSError, ValueError) as e:
+                    log.debug("agent %s: no index ring (%s): indices go packed", self.name, e)
+                    self._no_windows = True
+                else:
+                    if buf.shared:
+                        self._windows = _plan.Windows(buf)
+                    else:
+                        buf.release()
+                        self._no_windows = True
+            return self._windows
 
     def _session_now(self) -> Any:
         with self._lock:
@@ -532,7 +569,18 @@ class nixl_agent:  # noqa: N801
             except (TcpxdError, nixlBackendError) as e:
                 log.debug("agent %s: prepared path refused (%s): the block or batch path instead", self.name, e)
                 xfer.plan = pr.unprepared(xfer.plan.op)
-            else:  # one request, the notification in it; its indices packed into the scratch arrays
+            else:  # one request, the notification in it; its indices in the index ring, else packed
+                ring = self._windows_now() if _plan.WINDOW_MIN <= len(pr.li) <= _plan.WINDOW_MAX else None
+                slot = ring.take() if ring is not None else None
+                if ring is not None and slot is not None:
+                    try:
+                        body = pr.window_body(*ids, framed, ring, slot)
+                        return xfer.post(session, b"", None, [body], functools.partial(ring.give, slot))
+                    except BaseException as e:  # nothing was sent: the slot is free again
+                        ring.give(slot)
+                        if isinstance(e, TcpxdError):
+                            raise from_tcpxd(e, "transfer") from None
+                        raise
                 with self._scratch.lock:
                     try:
                         return xfer.post(session, b"", None, [pr.body(*ids, framed, self._scratch)])
@@ -611,6 +659,11 @@ class nixl_agent:  # noqa: N801
                     del msgs[i]
                     return True
         return False
+
+
+def _size(idx: Any) -> int:
+    """The number of indices of a numpy array (0 for anything else: the outer form needs one)."""
+    return int(idx.size) if isinstance(idx, np.ndarray) else 0
 
 
 def _op(operation: Any) -> str:

@@ -27,7 +27,15 @@ lists, and per descriptor its buffer's position, first granule and granule count
 session, once (again if the session is renewed). A transfer between two such lists of equal
 signature is then one WritePrepared/ReadPrepared request: the two prepared ids and both index arrays
 packed as u32s, nothing per descriptor in Python; the daemon groups the pairs by buffer pair and
-sends the notification (a READ's too) once every byte landed.
+sends the notification (a READ's too) once every byte landed. Large index arrays stay off the
+socket: packed into a slot of the agent's index ring (`Windows`, a host buffer shared with the
+daemon) and named by IndexWindow, the daemon reading them when it takes the request; where the ring
+cannot serve, arrays of vLLM's form (region base + block id, R regions × B blocks:
+`region_ids[:, None] * num_blocks + block_ids`, flattened) go as outer sums (OuterIndices: R row
+bases and B columns, ~2 KiB where 32,768 indices take 128 KiB), found by `Outer.encode` in two
+numpy passes that also stand for the range check; the daemon expands them. (The ring costs less
+Python time: one pass a side to check, one to pack; the outer form's two passes cost about what
+packing and writing 256 KiB to the socket do.)
 
 Either way the requests go out on the agent's session and pipeline; _xfer.Xfer follows them.
 """
@@ -54,6 +62,14 @@ MAX_BLOCKS = 1 << 22
 RANGES = 1
 #: Entries a daemon prepared list may hold, and indices a prepared transfer may name per side.
 MAX_PREPARED = 1 << 22
+
+#: Indices a side must have for the outer form to be looked for (fewer go packed: cheap enough).
+OUTER_MIN = 1024
+#: Indices a side must have to go through the agent's index ring (`Windows`), and at most.
+WINDOW_MIN = 1024
+WINDOW_MAX = 32768
+#: Slots of the index ring, each one request's two sides of up to WINDOW_MAX u32s (8 MiB in all).
+WINDOW_SLOTS = 32
 
 _LIST_SHIFT = np.int64(32)
 _U32 = np.dtype("<u4")
@@ -99,6 +115,15 @@ class Prepped:
         self._scratch: Optional[np.ndarray] = None
         self._scratch_lock = threading.Lock()
         self._fields: Dict[str, List[bytes]] = {}
+        self._rows: Optional[int] = None
+
+    @property
+    def rows(self) -> int:
+        """The regions this list's descriptors lie in (computed once): the rows an index array
+        of vLLM's form has when it names blocks of every region (`Outer.encode`)."""
+        if self._rows is None:
+            self._rows = len(np.unique(self.region)) if len(self.region) else 0
+        return self._rows
 
     def _granules(self) -> None:
         """Per descriptor: `sig` (length × 64 + log2 G when granule-aligned, else -1 locally and
@@ -231,6 +256,65 @@ def indices(idx: Any, n: int, what: str) -> np.ndarray:
 
 
 _UNSIGNED = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
+_umin = np.minimum.reduce
+
+
+class Outer:
+    """Finds index arrays of vLLM's form and encodes them as an OuterIndices message (module
+    doc); scratch arrays reused from one request to the next (no allocation or page faults), the
+    row bases' bytes kept by (rows, K) (vLLM's are the same every request)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._diff = np.empty(0, dtype=np.int64)
+        self._same = np.empty(0, dtype=bool)
+        self._rows: Dict[Tuple[int, int], bytes] = {}
+
+    def encode(self, idx: Any, p: Prepped) -> Optional[bytes]:
+        """`idx` as an encoded OuterIndices (rows 1, cols 2: little-endian u32s), or None when
+        it is not a native 8-byte integer array of at least OUTER_MIN indices, of R = p.rows
+        rows of B (= len / R) whose row r is row 0 plus r × K, every index in [0, len(p)).
+        None covers every index out of range too: `indices` then names it.
+
+        Exact: the rows are checked by one subtraction (idx[B:] - idx[:-B], wrapping) equal to
+        K everywhere, so idx[r × B + c] ≡ idx[c] + r × K modulo 2**64; row 0 (read unsigned) and
+        the row bases are checked in [0, len(p)) as Python integers, so each such sum is an index
+        in range and the one 64-bit integer congruent to it is the index itself."""
+        if type(idx) is not np.ndarray or idx.ndim != 1:
+            return None
+        m, dt, rows = idx.size, idx.dtype, p.rows
+        if m < OUTER_MIN or rows < 2 or m % rows or dt.itemsize != 8 or dt.kind not in "iu" or not dt.isnative:
+            return None
+        a = idx if dt.kind == "i" else idx.view(np.int64)
+        n, b = len(p), m // rows
+        k = int(a[b]) - int(a[0])
+        if not -n < k < n or int(a[m - 1]) - int(a[m - 1 - b]) != k:
+            return None  # not of the form (a look at two positions turns most others away)
+        # Row 0 in [0, n) (read unsigned: a negative one is above any n), and the rows' span:
+        # row bases r × K + s for r < R (s lifts them to 0 when K < 0), columns row 0 - s.
+        cols = a[:b]
+        top = int(_umax(cols.view(np.uint64)))
+        s = min(0, (rows - 1) * k)
+        if top + max(0, (rows - 1) * k) >= n or (s and int(_umin(cols)) + s < 0):
+            return None
+        with self.lock:
+            if len(self._diff) < m - b:
+                self._diff = np.empty(m, dtype=np.int64)
+                self._same = np.empty(m, dtype=bool)
+            d, same = self._diff[: m - b], self._same[: m - b]
+            np.subtract(a[b:], a[:-b], out=d)
+            np.equal(d, k, out=same)
+            if b"\x00" in same.tobytes():  # (faster than .all(): a copy of m bytes and memchr)
+                return None
+            rb = self._rows.get((rows, k))
+            if rb is None:
+                rb = (np.arange(rows, dtype=np.int64) * k - s).astype(_U32).tobytes()
+                body = b"\x0a" + V(len(rb)) + rb
+                if len(self._rows) > 64:
+                    self._rows.clear()
+                rb = self._rows[(rows, k)] = body
+        cb = (cols + s if s else cols).astype(_U32).tobytes()
+        return rb + b"\x12" + V(len(cb)) + cb
 
 
 @dataclass
@@ -288,17 +372,50 @@ class Prepared:
     tmo: bytes
     merge: bool
     timeout_ms: int
+    #: A side's indices as an encoded OuterIndices (`Outer.encode`), when they have that form.
+    lo: Optional[bytes] = None
+    ro: Optional[bytes] = None
+    #: Sides its last request passed through the agent's index ring (`window_body`).
+    windowed: int = 0
 
     def body(self, lid: int, rid: int, notification: bytes, scratch: "Scratch") -> List[Any]:
         """Write/ReadPreparedRequest (same numbers): local_prepared_id 1, local_indices 2,
-        remote_prepared_id 3, remote_indices 4, notification 5, timeout_ms 6; as pieces whose
-        concatenation it is, the index arrays packed as u32s into `scratch` (hold its lock until
-        they are sent)."""
-        lb, rb = scratch.pack(0, self.li), scratch.pack(1, self.ri)
-        head = b"\x08" + V(lid) + b"\x12" + V(len(lb))
-        mid = b"\x18" + V(rid) + b"\x22" + V(len(rb))
+        remote_prepared_id 3, remote_indices 4, notification 5, timeout_ms 6, local_outer 8,
+        remote_outer 9; as pieces whose concatenation it is, a side's index array (when it has no
+        outer form) packed as u32s into `scratch` (hold its lock until they are sent)."""
         tail = (b"\x2a" + V(len(notification)) + notification if notification else b"") + self.tmo
+        self.windowed = 0
+        if self.lo is not None:
+            tail += b"\x42" + V(len(self.lo)) + self.lo
+            head = b"\x08" + V(lid)
+            lb: Any = b""
+        else:
+            lb = scratch.pack(0, self.li)
+            head = b"\x08" + V(lid) + b"\x12" + V(len(lb))
+        if self.ro is not None:
+            tail += b"\x4a" + V(len(self.ro)) + self.ro
+            mid = b"\x18" + V(rid)
+            rb: Any = b""
+        else:
+            rb = scratch.pack(1, self.ri)
+            mid = b"\x18" + V(rid) + b"\x22" + V(len(rb))
         return [head, lb, mid, rb, tail]
+
+    def window_body(self, lid: int, rid: int, notification: bytes, ring: "Windows", slot: int) -> List[Any]:
+        """The request with each side not sent as an outer sum packed into `slot` of the agent's
+        index ring and named by an IndexWindow (local_window 10, remote_window 11): a few dozen
+        bytes a side instead of 4 an index."""
+        tail = (b"\x2a" + V(len(notification)) + notification if notification else b"") + self.tmo
+        self.windowed = (self.lo is None) + (self.ro is None)
+        if self.lo is not None:
+            tail += b"\x42" + V(len(self.lo)) + self.lo
+        else:
+            tail += ring.pack(slot, 0, self.li, b"\x52")
+        if self.ro is not None:
+            tail += b"\x4a" + V(len(self.ro)) + self.ro
+        else:
+            tail += ring.pack(slot, 1, self.ri, b"\x5a")
+        return [b"\x08" + V(lid) + b"\x18" + V(rid) + tail]
 
     def unprepared(self, op: str) -> "Plan":
         """The block or batch path for this transfer (the daemon refused a list)."""
@@ -332,6 +449,50 @@ class Scratch:
         return self._views[side][: 4 * n]
 
 
+class Windows:
+    """The agent's index ring: a host buffer shared with its daemon (a memfd, registered once),
+    cut into WINDOW_SLOTS slots of two sides of WINDOW_MAX u32s. A prepared request of at least
+    WINDOW_MIN indices takes a free slot, packs its index arrays into it and names them by
+    IndexWindow (buffer, offset, count); the daemon reads them when it takes the request, so the
+    slot is free again once the request is answered (`give`, from the request's answer, whatever
+    it is). With no slot free, or on a daemon whose memory this process cannot map (a TCP
+    endpoint), requests go packed as before."""
+
+    def __init__(self, buffer: Any) -> None:
+        self.buffer = buffer
+        self.id = int(buffer.id)
+        self._u32 = buffer.numpy()[: WINDOW_SLOTS * 8 * WINDOW_MAX].view(_U32)
+        self._lock = threading.Lock()
+        self._free = list(range(WINDOW_SLOTS - 1, -1, -1))
+
+    @staticmethod
+    def nbytes() -> int:
+        return WINDOW_SLOTS * 8 * WINDOW_MAX
+
+    def take(self) -> Optional[int]:
+        """A free slot, or None."""
+        with self._lock:
+            return self._free.pop() if self._free else None
+
+    def give(self, slot: int) -> None:
+        """Frees `slot` (its request was answered, or never sent)."""
+        with self._lock:
+            self._free.append(slot)
+
+    @property
+    def free(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    def pack(self, slot: int, side: int, a: np.ndarray, key: bytes) -> bytes:
+        """`a` packed as u32s into side `side` of `slot`; its IndexWindow field (`key`)."""
+        n = len(a)
+        at = (2 * slot + side) * WINDOW_MAX
+        self._u32[at:at + n] = a
+        inner = b"\x08" + V(self.id) + b"\x10" + V(4 * at) + b"\x18" + V(n)
+        return key + V(len(inner)) + inner
+
+
 #: A request message by SessionRequest field, and a notification's key by path.
 _MESSAGE = {"write_batch": "WriteBatchRequest", "read_batch": "ReadBatchRequest",
             "write_blocks": "WriteBlocksRequest", "read_blocks": "ReadBlocksRequest",
@@ -352,12 +513,14 @@ def _timeout(key: bytes, ms: int) -> bytes:
     return key + V(ms) if ms else b""
 
 
-def plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarray, merge: bool, timeout_ms: int) -> Plan:
+def plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarray, merge: bool, timeout_ms: int,
+         lo: Optional[bytes] = None, ro: Optional[bytes] = None) -> Plan:
+    """`lo`, `ro`: a side's indices as an encoded OuterIndices, when they have that form."""
     if len(li) != len(ri):
         raise nixlMismatchError(f"local_indices: {len(li)} indices against remote_indices' {len(ri)}")
     if len(li) == 0:
         raise nixlInvalidParamError("local_indices: no descriptors to transfer")
-    p = prepared_plan(op, local, li, remote, ri, merge, timeout_ms)
+    p = prepared_plan(op, local, li, remote, ri, merge, timeout_ms, lo, ro)
     if p is not None:
         return p
     li, ri = li.astype(np.int64, copy=False), ri.astype(np.int64, copy=False)
@@ -374,7 +537,7 @@ def unprepared_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri
 
 
 def prepared_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarray, merge: bool,
-                  timeout_ms: int) -> Optional[Plan]:
+                  timeout_ms: int, lo: Optional[bytes] = None, ro: Optional[bytes] = None) -> Optional[Plan]:
     """The prepared path (module doc), or None when the lists cannot take it: both held by the
     daemon, with one signature (every pair the same granules), a destination list whose descriptors
     share no byte, at most MAX_PREPARED indices. A destination descriptor named twice is refused
@@ -385,7 +548,7 @@ def prepared_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: 
         return None
     n = len(li)
     tmo = _timeout(b"\x30", timeout_ms)  # timeout_ms = 6 in both requests
-    pr = Prepared(local, li, remote, ri, tmo, merge, timeout_ms)
+    pr = Prepared(local, li, remote, ri, tmo, merge, timeout_ms, lo, ro)
     return Plan(op, [], n * int(local.length[0]), n, n, "prepared", prepared=pr)
 
 

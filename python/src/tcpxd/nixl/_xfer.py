@@ -36,23 +36,32 @@ class _Part:
     """One daemon request of a transfer, as the session resolves it (duck-typed as a Future:
     set_result / set_exception from the session's reader; `tag` for cancel)."""
 
-    __slots__ = ("tag", "xfer", "gen", "finished")
+    __slots__ = ("tag", "xfer", "gen", "finished", "answered")
 
     def __init__(self, xfer: "Xfer", gen: int):
         self.tag = 0
         self.xfer = xfer
         self.gen = gen
         self.finished = False
+        #: Called once the daemon answered the request (its index window is free again).
+        self.answered: Optional[Callable[[], None]] = None
 
     def done(self) -> bool:
         return self.finished
 
+    def _answer(self) -> None:
+        cb, self.answered = self.answered, None
+        if cb is not None:
+            cb()
+
     def set_result(self, _result: Any) -> None:
         self.finished = True
+        self._answer()
         self.xfer._done(self.gen, None)
 
     def set_exception(self, err: BaseException) -> None:
         self.finished = True
+        self._answer()
         self.xfer._done(self.gen, err)
 
 
@@ -81,11 +90,12 @@ class Xfer:
         self.telemetry = nixlXferTelemetry(totalBytes=plan.total_bytes, descCount=plan.desc_count)
 
     def post(self, session: Any, ride: bytes, followup: Optional[Callable[[Any, Any], None]],
-             bodies: Optional[List[Any]] = None) -> str:
+             bodies: Optional[List[Any]] = None, answered: Optional[Callable[[], None]] = None) -> str:
         """Submits the plan's requests (or `bodies`, the prepared path's one request, bound to
         the session): `ride`, the framed notification the (single) WRITE request carries;
         `followup(session, sink)`, what sends the notification once every request finished, when
-        it rides none of them."""
+        it rides none of them; `answered()`, called once the daemon answered the first request
+        (not when this raises: nothing was sent then)."""
         if bodies is None:
             bodies = self.plan.bodies
         with self._lock:
@@ -102,6 +112,7 @@ class Xfer:
             self._left = len(bodies)
             self._t0 = time.perf_counter()
             parts = self._parts = [_Part(self, gen) for _ in bodies]
+            parts[0].answered = answered
         t0 = self._t0
         self.telemetry.startTime = time.time_ns() // 1000
         if ride:
@@ -109,7 +120,8 @@ class Xfer:
             bodies = [bodies[0] + note if isinstance(bodies[0], bytes) else [*bodies[0], note]]
         try:
             session._submit_encoded(self.plan.field, bodies, parts)
-        except TcpxdError as e:  # the session was closed under us
+        except TcpxdError as e:  # the session was closed under us: nothing was sent
+            parts[0].answered = None
             with self._lock:
                 if gen == self._gen and self.state == "PROC":
                     self._end("ERR", e)

@@ -81,7 +81,7 @@ struct FramedRequests {
 impl Requests for FramedRequests {
     async fn next(&mut self) -> Incoming {
         match self.frames.next().await {
-            Some(Ok(req)) => Incoming::Request(req),
+            Some(Ok(req)) => Incoming::Request(Box::new(req)),
             None => Incoming::HalfClosed,
             Some(Err(e)) => match e.status() {
                 Some(status) => Incoming::Broken(status),
