@@ -52,17 +52,34 @@ pub fn entries(bytes: &[u8]) -> Result<Vec<PreparedEntry>, EngineError> {
 
 /// Unpacks a transfer's entry indices (`field`), their count checked first.
 pub fn indices(field: &str, bytes: &[u8]) -> Result<Vec<u32>, EngineError> {
+    packed_u32s(field, bytes, "indices", ("entry", "entries"))
+}
+
+/// Unpacks a packed array of little-endian u32s (`field`), its shape checked first: whole values
+/// (`values`: what the shape error calls them), at least one and at most `MAX_PREPARED_ENTRIES`
+/// (`counted`: what the count errors call one and many).
+fn packed_u32s(
+    field: &str,
+    bytes: &[u8],
+    values: &str,
+    counted: (&str, &str),
+) -> Result<Vec<u32>, EngineError> {
     if bytes.len() % 4 != 0 {
         return Err(EngineError::invalid(format!(
-            "{field}: {} bytes are not a whole number of 4-byte little-endian indices",
+            "{field}: {} bytes are not a whole number of 4-byte little-endian {values}",
             bytes.len()
         )));
     }
-    check_count(field, bytes.len() / 4, "entries")?;
-    Ok(bytes
+    check_count_of(field, bytes.len() / 4, counted)?;
+    Ok(le_u32s(bytes))
+}
+
+/// Little-endian u32s, a whole number of them (checked by the caller).
+fn le_u32s(bytes: &[u8]) -> Vec<u32> {
+    bytes
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-        .collect())
+        .collect()
 }
 
 /// One side's entry indices as a request may carry them: packed, as an outer sum or as a window
@@ -133,38 +150,15 @@ pub fn window_indices(
     let mut bytes = vec![0u8; len];
     host.read(w.offset as usize, &mut bytes)
         .map_err(|e| EngineError::invalid(format!("{field}: buffer {}: {e}", w.buffer_id)))?;
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-        .collect())
+    Ok(le_u32s(&bytes))
 }
 
 /// Expands an outer sum (`field`: OuterIndices), its shape checked before anything is
 /// allocated: whole u32 arrays of at least one value each, rows × cols within the entry limit,
 /// the largest row plus the largest column within u32.
 pub fn outer_indices(field: &str, o: &pb::OuterIndices) -> Result<Vec<u32>, EngineError> {
-    let unpack = |name: &str, bytes: &[u8]| -> Result<Vec<u32>, EngineError> {
-        if bytes.len() % 4 != 0 {
-            return Err(EngineError::invalid(format!(
-                "{field}.{name}: {} bytes are not a whole number of 4-byte little-endian values",
-                bytes.len()
-            )));
-        }
-        if bytes.is_empty() {
-            return Err(EngineError::invalid(format!(
-                "{field}.{name}: at least one value is required"
-            )));
-        }
-        if bytes.len() / 4 > MAX_PREPARED_ENTRIES {
-            return Err(EngineError::invalid(format!(
-                "{field}.{name}: {} values exceed the limit of {MAX_PREPARED_ENTRIES}",
-                bytes.len() / 4
-            )));
-        }
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect())
+    let unpack = |name: &str, bytes: &[u8]| {
+        packed_u32s(&format!("{field}.{name}"), bytes, "values", ("value", "values"))
     };
     let rows = unpack("rows", &o.rows)?;
     let cols = unpack("cols", &o.cols)?;
@@ -192,14 +186,19 @@ pub fn outer_indices(field: &str, o: &pb::OuterIndices) -> Result<Vec<u32>, Engi
 }
 
 fn check_count(field: &str, n: usize, what: &str) -> Result<(), EngineError> {
+    check_count_of(field, n, ("entry", what))
+}
+
+/// At least one and at most `MAX_PREPARED_ENTRIES` (`(one, many)`: what the errors call them).
+fn check_count_of(field: &str, n: usize, (one, many): (&str, &str)) -> Result<(), EngineError> {
     if n == 0 {
         return Err(EngineError::invalid(format!(
-            "{field}: at least one entry is required"
+            "{field}: at least one {one} is required"
         )));
     }
     if n > MAX_PREPARED_ENTRIES {
         return Err(EngineError::invalid(format!(
-            "{field}: {n} {what} exceed the limit of {MAX_PREPARED_ENTRIES}"
+            "{field}: {n} {many} exceed the limit of {MAX_PREPARED_ENTRIES}"
         )));
     }
     Ok(())
