@@ -85,10 +85,11 @@ pub enum Action {
     },
     /// A transfer ended.
     Finished { transfer: TransferId, outcome: Outcome },
-    /// Data from a peer landed; deliver its notification to local subscribers.
+    /// Data from a peer landed; deliver its notification to local subscribers. `transfer_id`:
+    /// the peer's transfer that carried it (`Offer::notify_id`, or a prepared transfer's id).
     Notify {
         peer: PeerIdx,
-        offer_id: u64,
+        transfer_id: u64,
         payload: Vec<u8>,
         buffers: Vec<u64>,
     },

@@ -126,7 +126,7 @@ impl Engine {
         if !o.notification.is_empty() {
             self.actions.push_back(Action::Notify {
                 peer,
-                offer_id,
+                transfer_id: o.notify_id,
                 payload: o.notification,
                 buffers: o.dests.iter().map(|d| d.0).collect(),
             });

@@ -319,6 +319,7 @@ impl Engine {
                     bytes_done: 0,
                     discard: !accepted,
                     failed: !accepted,
+                    notify_id: offer.notify_id(),
                     notification: offer.notification,
                     plan,
                 },

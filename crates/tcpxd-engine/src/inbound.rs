@@ -271,6 +271,7 @@ impl Engine {
                 bytes_done: 0,
                 discard: false,
                 failed: false,
+                notify_id: offer.notify_id(),
                 notification: offer.notification,
                 plan,
             },

@@ -353,6 +353,9 @@ struct InOffer {
     discard: bool,
     failed: bool,
     notification: Vec<u8>,
+    /// What the notification names: the sender's transfer id, or the offer id when the sender
+    /// did not say (`Offer::transfer_id` 0).
+    notify_id: u64,
     /// A block or coalesced offer: its destinations as this side's plan over the wire stream,
     /// in the buffer `dests[0].0`.
     plan: Option<blocks::SidePlan>,

@@ -561,7 +561,7 @@ impl Engine {
             .collect();
         self.actions.push_back(Action::Notify {
             peer,
-            offer_id: transfer_id,
+            transfer_id,
             payload,
             buffers,
         });

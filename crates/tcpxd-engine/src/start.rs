@@ -194,6 +194,7 @@ impl Engine {
                     deadline_ms,
                     blocks,
                     coalesced,
+                    transfer_id: transfer.map_or(0, |t| t.0),
                 }),
                 eager: false,
                 accepted: false,

@@ -273,6 +273,7 @@ fn remote_bounds_unknown_buffers_and_bad_offers_are_refused_in_mode() {
                 deadline_ms: 0,
                 blocks: None,
                 coalesced: false,
+                transfer_id: 0,
             }),
             Instant::now(),
         );

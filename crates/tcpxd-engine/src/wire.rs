@@ -29,6 +29,21 @@ pub struct Offer {
     /// range of their total length (many small ranges share a chunk): each side gathers or
     /// scatters a chunk's pieces by its own `SidePlan` of the ranges.
     pub coalesced: bool,
+    /// The sender's transfer this offer is part of (what the receiver's notification names);
+    /// 0 for an offer serving a READ and from daemons before it (the offer id is named then).
+    pub transfer_id: u64,
+}
+
+impl Offer {
+    /// What the receiver's notification names: the sender's transfer id, or the offer id from a
+    /// sender that did not say.
+    pub fn notify_id(&self) -> u64 {
+        if self.transfer_id != 0 {
+            self.transfer_id
+        } else {
+            self.offer_id
+        }
+    }
 }
 
 /// The block part of a READ request: the holder's list (from its token) and indices, and the
@@ -152,5 +167,31 @@ impl PeerMsg {
             PeerMsg::Notify { transfer_id, .. } => ("notify", *transfer_id),
             PeerMsg::Goodbye { .. } => ("goodbye", 0),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A notification names the sender's transfer; an offer from a daemon that does not send it
+    /// (0) names the offer, as before.
+    #[test]
+    fn a_notification_names_the_senders_transfer_else_the_offer() {
+        let mut o = Offer {
+            offer_id: 7,
+            read_id: 0,
+            chunk_bytes: 4096,
+            first_lane: 0,
+            ranges: Vec::new(),
+            notification: b"n".to_vec(),
+            deadline_ms: 0,
+            blocks: None,
+            coalesced: false,
+            transfer_id: 9,
+        };
+        assert_eq!(o.notify_id(), 9);
+        o.transfer_id = 0;
+        assert_eq!(o.notify_id(), 7);
     }
 }

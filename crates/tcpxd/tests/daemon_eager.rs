@@ -504,6 +504,7 @@ mod hostile {
             deadline_ms: 10_000,
             coalesced: false,
             blocks: None,
+            transfer_id: 0,
         }
     }
 

@@ -234,6 +234,12 @@ async fn notifications_arrive_after_their_data_in_order() {
     let src = host_buffer(&mut a.client, 16 * MIB, "").await;
     let dst = host_buffer(&mut b.client, 16 * MIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 5).await;
+    // A READ first: on `a` it takes a transfer id but makes no offer, so the WRITEs' transfer
+    // ids differ from their offer ids and the notifications must name the transfers.
+    let id = read(&mut a.client, read_entry(&dst, 0, &src, 15 * MIB, 4096))
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
     let mut sub = b
         .client
         .subscribe(pb::SubscribeRequest {})
@@ -257,9 +263,10 @@ async fn notifications_arrive_after_their_data_in_order() {
             k,
         ));
     }
-    for (_, note, src_crc, k) in &expected {
+    for (id, note, src_crc, k) in &expected {
         let n = sub.message().await.unwrap().expect("a notification");
         assert_eq!(n.from_node, "note-a");
+        assert_eq!(n.transfer_id, *id, "the writer's transfer id");
         assert_eq!(
             String::from_utf8_lossy(&n.payload),
             *note,

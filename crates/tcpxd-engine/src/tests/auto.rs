@@ -353,6 +353,7 @@ fn transfer(first_lane: u32, length: u64) -> Offer {
         deadline_ms: 1000,
         blocks: None,
         coalesced: false,
+        transfer_id: 0,
     }
 }
 

@@ -323,6 +323,7 @@ fn coalesced_offer(buffers: [u64; 2]) -> Offer {
         deadline_ms: 1000,
         blocks: None,
         coalesced: true,
+        transfer_id: 0,
     }
 }
 

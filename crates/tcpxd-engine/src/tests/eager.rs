@@ -293,6 +293,7 @@ fn header(id: u64, key_byte: u8, offset: u64, length: u64) -> PeerMsg {
         deadline_ms: 1000,
         blocks: None,
         coalesced: false,
+        transfer_id: 0,
     })
 }
 

@@ -365,8 +365,8 @@ impl Sim {
                         );
                     }
                     Action::Notify {
-                        payload, offer_id, ..
-                    } => self.nodes[i].notes.push((offer_id, payload)),
+                        payload, transfer_id, ..
+                    } => self.nodes[i].notes.push((transfer_id, payload)),
                     Action::ClosePeer { reason, .. } => self.nodes[i].closed.push(reason),
                     Action::ReleasePeer { peer } => panic!("{peer:?} released: a pair's only pairing"),
                     Action::BufferIdle { buffer } => self.nodes[i].idle.push(buffer),

@@ -410,7 +410,7 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                 let item = match next {
                     Ok(n) => Ok(pb::Notification {
                         from_node: n.from_node,
-                        transfer_id: n.offer_id,
+                        transfer_id: n.transfer_id,
                         payload: n.payload,
                         buffer_ids: n.buffers,
                     }),

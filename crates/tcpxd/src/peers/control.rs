@@ -295,6 +295,7 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
         deadline_ms: o.deadline_ms,
         coalesced: o.coalesced,
         blocks: o.blocks.as_deref().map(header_to_pb),
+        transfer_id: o.transfer_id,
     };
     let body = match m {
         PeerMsg::ReceiveMode {
@@ -437,6 +438,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                 deadline_ms: o.deadline_ms,
                 blocks: blocks.map_err(Malformed::Fatal)?,
                 coalesced: o.coalesced,
+                transfer_id: o.transfer_id,
             })
         }
         Body::Offer(o) => {
@@ -461,6 +463,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                     deadline_ms: o.deadline_ms,
                     blocks,
                     coalesced: o.coalesced,
+                    transfer_id: o.transfer_id,
                 }),
                 Err(why) => {
                     return Err(Malformed::Refuse(engine::Malformed::Offer {
@@ -592,6 +595,7 @@ mod tests {
             deadline_ms: 9,
             blocks: blocks.map(Box::new),
             coalesced,
+            transfer_id: 11,
         }
     }
 

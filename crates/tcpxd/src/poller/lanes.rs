@@ -242,7 +242,7 @@ impl Poller {
                 }
                 Action::Notify {
                     peer,
-                    offer_id,
+                    transfer_id,
                     payload,
                     buffers,
                 } => {
@@ -251,7 +251,7 @@ impl Poller {
                     };
                     let _ = self.notifications.send(NotificationEvent {
                         from_node: p.node_id.clone(),
-                        offer_id,
+                        transfer_id,
                         payload,
                         buffers,
                     });

@@ -78,7 +78,8 @@ pub struct TransferStatus {
 #[derive(Debug, Clone)]
 pub struct NotificationEvent {
     pub from_node: String,
-    pub offer_id: u64,
+    /// The peer's transfer that carried it.
+    pub transfer_id: u64,
     pub payload: Vec<u8>,
     pub buffers: Vec<u64>,
 }

@@ -304,6 +304,7 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             deadline_ms: 10_000,
             coalesced: false,
             blocks: None,
+            transfer_id: 0,
         }
     };
     let ok_range = || range(dst.id, &key, 0, 4096);
