@@ -90,7 +90,33 @@ pub struct SideIndices<'a> {
     pub window: (&'a str, Option<&'a pb::IndexWindow>),
 }
 
-impl SideIndices<'_> {
+impl<'a> SideIndices<'a> {
+    /// A request's local side: `local_indices`, `local_outer`, `local_window`.
+    pub fn local(
+        packed: &'a [u8],
+        outer: Option<&'a pb::OuterIndices>,
+        window: Option<&'a pb::IndexWindow>,
+    ) -> Self {
+        SideIndices {
+            packed: ("local_indices", packed),
+            outer: ("local_outer", outer),
+            window: ("local_window", window),
+        }
+    }
+
+    /// A request's remote side: `remote_indices`, `remote_outer`, `remote_window`.
+    pub fn remote(
+        packed: &'a [u8],
+        outer: Option<&'a pb::OuterIndices>,
+        window: Option<&'a pb::IndexWindow>,
+    ) -> Self {
+        SideIndices {
+            packed: ("remote_indices", packed),
+            outer: ("remote_outer", outer),
+            window: ("remote_window", window),
+        }
+    }
+
     /// The indices: unpacked, expanded from the outer sum, or read from the window's buffer.
     pub fn resolve(&self, buffers: &BufferRegistry) -> Result<Vec<u32>, EngineError> {
         let (field, packed) = self.packed;
@@ -392,47 +418,60 @@ pub fn write_transfer(
     r: pb::WritePreparedRequest,
     buffers: &BufferRegistry,
 ) -> Result<PreparedTransfer, EngineError> {
-    Ok(PreparedTransfer {
-        local: r.local_prepared_id,
-        local_indices: SideIndices {
-            packed: ("local_indices", &r.local_indices),
-            outer: ("local_outer", r.local_outer.as_ref()),
-            window: ("local_window", r.local_window.as_ref()),
-        }
-        .resolve(buffers)?,
-        remote: r.remote_prepared_id,
-        remote_indices: SideIndices {
-            packed: ("remote_indices", &r.remote_indices),
-            outer: ("remote_outer", r.remote_outer.as_ref()),
-            window: ("remote_window", r.remote_window.as_ref()),
-        }
-        .resolve(buffers)?,
-        notification: r.notification,
-    })
+    let local = SideIndices::local(&r.local_indices, r.local_outer.as_ref(), r.local_window.as_ref());
+    let remote = SideIndices::remote(
+        &r.remote_indices,
+        r.remote_outer.as_ref(),
+        r.remote_window.as_ref(),
+    );
+    transfer(
+        r.local_prepared_id,
+        local,
+        r.remote_prepared_id,
+        remote,
+        r.notification,
+        buffers,
+    )
 }
 
-/// A ReadPrepared request's transfer, its index arrays unpacked (outer sums expanded, windows
-/// read).
+/// A ReadPrepared request's transfer, as [`write_transfer`] (the two requests carry the same
+/// fields).
 pub fn read_transfer(
     r: pb::ReadPreparedRequest,
     buffers: &BufferRegistry,
 ) -> Result<PreparedTransfer, EngineError> {
+    let local = SideIndices::local(&r.local_indices, r.local_outer.as_ref(), r.local_window.as_ref());
+    let remote = SideIndices::remote(
+        &r.remote_indices,
+        r.remote_outer.as_ref(),
+        r.remote_window.as_ref(),
+    );
+    transfer(
+        r.local_prepared_id,
+        local,
+        r.remote_prepared_id,
+        remote,
+        r.notification,
+        buffers,
+    )
+}
+
+/// A prepared transfer from its two prepared ids, their sides' indices as given, and the
+/// notification.
+fn transfer(
+    local: u64,
+    local_side: SideIndices,
+    remote: u64,
+    remote_side: SideIndices,
+    notification: Vec<u8>,
+    buffers: &BufferRegistry,
+) -> Result<PreparedTransfer, EngineError> {
     Ok(PreparedTransfer {
-        local: r.local_prepared_id,
-        local_indices: SideIndices {
-            packed: ("local_indices", &r.local_indices),
-            outer: ("local_outer", r.local_outer.as_ref()),
-            window: ("local_window", r.local_window.as_ref()),
-        }
-        .resolve(buffers)?,
-        remote: r.remote_prepared_id,
-        remote_indices: SideIndices {
-            packed: ("remote_indices", &r.remote_indices),
-            outer: ("remote_outer", r.remote_outer.as_ref()),
-            window: ("remote_window", r.remote_window.as_ref()),
-        }
-        .resolve(buffers)?,
-        notification: r.notification,
+        local,
+        local_indices: local_side.resolve(buffers)?,
+        remote,
+        remote_indices: remote_side.resolve(buffers)?,
+        notification,
     })
 }
 
@@ -517,11 +556,7 @@ mod tests {
         o: Option<&'a pb::OuterIndices>,
         w: Option<&'a pb::IndexWindow>,
     ) -> SideIndices<'a> {
-        SideIndices {
-            packed: ("remote_indices", packed),
-            outer: ("remote_outer", o),
-            window: ("remote_window", w),
-        }
+        SideIndices::remote(packed, o, w)
     }
 
     /// A registry with one host buffer of `size` bytes holding `fill` from offset 0, its id.
