@@ -383,39 +383,34 @@ class Prepared:
         remote_prepared_id 3, remote_indices 4, notification 5, timeout_ms 6, local_outer 8,
         remote_outer 9; as pieces whose concatenation it is, a side's index array (when it has no
         outer form) packed as u32s into `scratch` (hold its lock until they are sent)."""
-        tail = (b"\x2a" + V(len(notification)) + notification if notification else b"") + self.tmo
         self.windowed = 0
-        if self.lo is not None:
-            tail += b"\x42" + V(len(self.lo)) + self.lo
-            head = b"\x08" + V(lid)
-            lb: Any = b""
-        else:
-            lb = scratch.pack(0, self.li)
-            head = b"\x08" + V(lid) + b"\x12" + V(len(lb))
-        if self.ro is not None:
-            tail += b"\x4a" + V(len(self.ro)) + self.ro
-            mid = b"\x18" + V(rid)
-            rb: Any = b""
-        else:
-            rb = scratch.pack(1, self.ri)
-            mid = b"\x18" + V(rid) + b"\x22" + V(len(rb))
-        return [head, lb, mid, rb, tail]
+        lb: Any = b"" if self.lo is not None else scratch.pack(0, self.li)
+        rb: Any = b"" if self.ro is not None else scratch.pack(1, self.ri)
+        head = b"\x08" + V(lid) + (b"\x12" + V(len(lb)) if self.lo is None else b"")
+        mid = b"\x18" + V(rid) + (b"\x22" + V(len(rb)) if self.ro is None else b"")
+        return [head, lb, mid, rb, self._tail(notification)]
 
     def window_body(self, lid: int, rid: int, notification: bytes, ring: "Windows", slot: int) -> List[Any]:
         """The request with each side not sent as an outer sum packed into `slot` of the agent's
         index ring and named by an IndexWindow (local_window 10, remote_window 11): a few dozen
         bytes a side instead of 4 an index."""
-        tail = (b"\x2a" + V(len(notification)) + notification if notification else b"") + self.tmo
         self.windowed = (self.lo is None) + (self.ro is None)
-        if self.lo is not None:
-            tail += b"\x42" + V(len(self.lo)) + self.lo
-        else:
+        tail = self._tail(notification)
+        if self.lo is None:
             tail += ring.pack(slot, 0, self.li, b"\x52")
-        if self.ro is not None:
-            tail += b"\x4a" + V(len(self.ro)) + self.ro
-        else:
+        if self.ro is None:
             tail += ring.pack(slot, 1, self.ri, b"\x5a")
         return [b"\x08" + V(lid) + b"\x18" + V(rid) + tail]
+
+    def _tail(self, notification: bytes) -> bytes:
+        """The fields both request forms end with: notification 5, timeout_ms 6, and each side's
+        outer sum where it has one (local_outer 8, remote_outer 9)."""
+        tail = (b"\x2a" + V(len(notification)) + notification if notification else b"") + self.tmo
+        if self.lo is not None:
+            tail += b"\x42" + V(len(self.lo)) + self.lo
+        if self.ro is not None:
+            tail += b"\x4a" + V(len(self.ro)) + self.ro
+        return tail
 
     def unprepared(self, op: str) -> "Plan":
         """The block or batch path for this transfer (the daemon refused a list)."""
