@@ -448,15 +448,10 @@ impl Engine {
         if !bits.distinct() {
             // Unknown sizes, too large bitmaps or a block named twice: sort the destination
             // ranges (the pairs were checked above), which names the pairs on failure.
-            let (field, dest_idx) = if kind == TransferKind::Write {
-                ("remote_indices", remote_idx)
+            let (field, dest_idx, entries) = if kind == TransferKind::Write {
+                ("remote_indices", remote_idx, &remote.entries)
             } else {
-                ("local_indices", local_idx)
-            };
-            let entries = if kind == TransferKind::Write {
-                &remote.entries
-            } else {
-                &local.entries
+                ("local_indices", local_idx, &local.entries)
             };
             let mut hint = 0;
             let mut dests: Vec<DestRange> = dest_idx
