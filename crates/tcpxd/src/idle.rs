@@ -181,9 +181,12 @@ pub fn cpus() -> usize {
 /// Keeps one async worker awake while the poller has traffic, so a peer's control message or a
 /// client's next call is read by a running thread instead of waking a parked one (on a VM each
 /// such wake-up is an interrupt to the hypervisor, tens of µs). The poller calls
-/// [`Warmth::touch`] on every pass that made progress; [`Warmth::keep_warm`], a task on the
-/// runtime, yields in a loop until [`LINGER`] has passed without a touch, then sleeps until the
-/// next one. A yielding task makes its worker poll the I/O driver without blocking, so with one
+/// [`Warmth::touch`] on every pass that made progress, and holds the worker awake
+/// ([`Warmth::hold`]) while it carries out a command: a long one (a NIXL pull's 32,768 pairs
+/// checked and planned, ~1.2 ms) would otherwise outlast the linger, and the worker would park
+/// just before the command's messages came for it to send. [`Warmth::keep_warm`], a task on the
+/// runtime, yields in a loop while held or until [`LINGER`] has passed without a touch, then
+/// sleeps until the next one. A yielding task makes its worker poll the I/O driver without blocking, so with one
 /// worker (`runtime.async_workers`, 1 when spinning) every socket event is picked up at once;
 /// with several, another worker may hold the driver and the gain is smaller. Costs one core while
 /// traffic flows, nothing when idle.
@@ -191,6 +194,8 @@ pub fn cpus() -> usize {
 pub struct Warmth {
     epoch: Instant,
     last_ns: AtomicU64,
+    /// Holds in force ([`Warmth::hold`]).
+    held: AtomicU64,
     asleep: AtomicBool,
     wake: tokio::sync::Notify,
 }
@@ -200,6 +205,7 @@ impl Warmth {
         Arc::new(Warmth {
             epoch: Instant::now(),
             last_ns: AtomicU64::new(0),
+            held: AtomicU64::new(0),
             asleep: AtomicBool::new(false),
             wake: tokio::sync::Notify::new(),
         })
@@ -214,7 +220,17 @@ impl Warmth {
         }
     }
 
+    /// Keeps the worker awake until the guard is dropped (a touch then, so it lingers after).
+    pub fn hold(&self) -> WarmHold<'_> {
+        self.held.fetch_add(1, Ordering::SeqCst);
+        self.touch();
+        WarmHold(self)
+    }
+
     fn recent(&self) -> bool {
+        if self.held.load(Ordering::SeqCst) > 0 {
+            return true;
+        }
         let now = self.epoch.elapsed().as_nanos() as u64;
         now.saturating_sub(self.last_ns.load(Ordering::SeqCst)) < LINGER.as_nanos() as u64
     }
@@ -236,6 +252,17 @@ impl Warmth {
                 _ = stop.wait_for(|s| *s) => return,
             }
         }
+    }
+}
+
+/// A hold on a [`Warmth`] ([`Warmth::hold`]): the worker stays awake while it lives.
+#[derive(Debug)]
+pub struct WarmHold<'a>(&'a Warmth);
+
+impl Drop for WarmHold<'_> {
+    fn drop(&mut self) {
+        self.0.touch();
+        self.0.held.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -265,6 +292,14 @@ mod tests {
         // A touch wakes it; with no more touches it sleeps again after the linger.
         w.touch();
         assert!(!w.asleep.load(Ordering::SeqCst));
+        assert!(until(|| w.asleep.load(Ordering::SeqCst)).await);
+        // Held, it stays awake past the linger; released, it lingers, then sleeps.
+        {
+            let _held = w.hold();
+            assert!(!w.asleep.load(Ordering::SeqCst));
+            tokio::time::sleep(LINGER * 5).await;
+            assert!(!w.asleep.load(Ordering::SeqCst), "held past the linger");
+        }
         assert!(until(|| w.asleep.load(Ordering::SeqCst)).await);
         // The daemon stopping ends the task.
         stop.send(true).unwrap();

@@ -10,7 +10,9 @@
 //! checks deadlines. With bytes in flight it spins, then yields at every pass, and naps only after
 //! a stall of 2 ms; with nothing in flight it parks on the command channel (no CPU; a command or a
 //! peer's control message wakes it at once), after lingering 1 ms since its last progress when
-//! `runtime.spin` is on (traffic flowing: the next transfer finds it awake). See `crate::idle`.
+//! `runtime.spin` is on (traffic flowing: the next transfer finds it awake); while it carries out
+//! a command it holds the async worker awake, so the messages a long command makes are sent by a
+//! running thread. See `crate::idle`.
 //!
 //! This file holds the types, the thread's start and join, and the pass loop (`run`, `busy`);
 //! `commands.rs` carries out each [`Command`], `peers.rs` sets pairings up and tears everything
@@ -465,7 +467,7 @@ impl Poller {
                 match self.rx.try_recv() {
                     Ok(cmd) => {
                         progressed = true;
-                        self.handle(cmd);
+                        self.handle_held(cmd);
                         if slice.elapsed() >= COMMAND_SLICE {
                             break;
                         }
@@ -513,15 +515,20 @@ impl Poller {
                 Ok(cmd) => {
                     backoff.reset();
                     last_progress = Instant::now();
-                    if let Some(w) = &self.cfg.warmth {
-                        w.touch();
-                    }
-                    self.handle(cmd)
+                    self.handle_held(cmd)
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return self.shutdown_now(),
             }
         }
+    }
+
+    /// Carries out `cmd` with the async worker held awake ([`crate::idle::Warmth::hold`]): the
+    /// messages it makes are sent by a running worker, however long it takes.
+    fn handle_held(&mut self, cmd: Command) {
+        let warmth = self.cfg.warmth.clone();
+        let _held = warmth.as_deref().map(crate::idle::Warmth::hold);
+        self.handle(cmd);
     }
 
     /// True while requests carrying bytes are in flight (the engine's view), or the poller
