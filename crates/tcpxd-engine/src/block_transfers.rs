@@ -28,7 +28,7 @@ pub(super) enum IndexChecks {
     Needed,
     /// The caller, for the whole transfer: a prepared transfer's entries were checked inside
     /// their lists when prepared, and its destinations distinct across all its parts before
-    /// any part is planned (`prepared.rs`), so a part need not sort its ranges again.
+    /// any part is planned (`prepared/plan.rs`), so a part need not sort its ranges again.
     DoneByCaller,
 }
 

@@ -217,6 +217,7 @@ impl Engine {
 
     /// Fails every transfer whose deadline passed.
     pub fn on_tick(&mut self, now: Instant) {
+        self.plan_pending();
         self.check_orphans(now);
         self.tick_drain(now);
         while let Some(&(when, id)) = self.deadlines.first() {
@@ -246,6 +247,7 @@ impl Engine {
         };
         self.deadlines.remove(&(t.deadline, id));
         self.drop_notice(id);
+        self.drop_plan(id);
         for part in std::mem::take(&mut t.parts) {
             match t.kind {
                 TransferKind::Write => {

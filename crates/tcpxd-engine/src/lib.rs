@@ -99,7 +99,8 @@ pub use error::{Code, EngineError, EngineResult};
 pub use layout::LaneLayout;
 pub use plan::{Chunk, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
 pub use prepared::{
-    MAX_PREPARED, MAX_PREPARED_ENTRIES, MAX_PREPARED_LISTS, PreparedEntry, PreparedInfo, RemoteList,
+    EARLY_PART_MIN_PAIRS, MAX_PREPARED, MAX_PREPARED_ENTRIES, MAX_PREPARED_LISTS, PreparedEntry,
+    PreparedInfo, RemoteList,
 };
 pub use transfer::{EntrySpec, Outcome, PeerIdx, ReadSpec, TransferId, TransferKind, WriteSpec};
 pub use wire::{Malformed, Offer, PeerMsg, ReadBlocks, ReadPair, RemoteRange};
@@ -418,7 +419,7 @@ pub struct Engine {
     drain: Option<drain::Drain>,
     /// The block lists registered here (`block_transfers.rs`).
     lists: blocks::BlockRegistry,
-    /// The prepared lists kept here (`prepared.rs`).
+    /// The prepared lists kept here (`prepared/`).
     prepared: prepared::PreparedRegistry,
     actions: VecDeque<Action>,
 }

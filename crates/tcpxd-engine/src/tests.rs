@@ -15,6 +15,7 @@ mod eager;
 mod gather_ahead;
 mod lifecycle;
 mod prepared;
+mod prepared_early;
 mod release;
 mod sim;
 mod teardown;
