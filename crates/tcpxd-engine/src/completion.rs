@@ -217,6 +217,8 @@ impl Engine {
 
     /// Fails every transfer whose deadline passed.
     pub fn on_tick(&mut self, now: Instant) {
+        // A slice of what prepared READs left to plan (prepared::plan), for drivers that call
+        // nothing else each pass.
         self.plan_pending();
         self.check_orphans(now);
         self.tick_drain(now);

@@ -6,8 +6,6 @@ use super::*;
 impl Engine {
     /// Handles one control message from a peer, in stream order.
     pub fn on_message(&mut self, peer: PeerIdx, msg: PeerMsg, now: Instant) {
-        // No message is taken before every started transfer was checked whole (prepared::plan).
-        self.plan_pending();
         if self.peers.get(&peer).is_none_or(|p| p.failed.is_some()) {
             return;
         }

@@ -12,10 +12,9 @@
 //!   index arrays of one block part, a block offer (WRITE) or block read request (READ) exactly as
 //!   [`Engine::start_write_blocks`] / [`Engine::start_read_blocks`] make them, all parts of ONE
 //!   transfer. A group of more than [`MAX_TRANSFER_BLOCKS`] blocks is split. Every part is planned
-//!   and checked before any is made: on error nothing changed. The one exception, a READ of at
-//!   least [`EARLY_PART_MIN_PAIRS`] pairs, sends its first group's part before the rest is
-//!   planned and checks every pair before any offer is taken (the `plan` module says how and why
-//!   nothing changes on bad input all the same).
+//!   and checked before any is made: on error nothing changed. A READ of at least
+//!   [`EARLY_PART_MIN_PAIRS`] pairs of lists that make it cheap to check whole is checked first
+//!   and planned part by part after (the `plan` module: its first part leaves at once).
 //! - **Notification.** A WRITE of one part carries it on its offer, as any block WRITE. Otherwise
 //!   (a WRITE of several parts, any READ) it is kept here and, once every part finished OK, sent
 //!   to the peer as [`PeerMsg::Notify`] (with the target's lists the transfer touched), just
@@ -33,8 +32,8 @@ use super::*;
 
 mod plan;
 
-pub use plan::EARLY_PART_MIN_PAIRS;
 use plan::Planning;
+pub use plan::{EARLY_PART_MIN_PAIRS, SEAL_MIN_BLOCKS};
 
 /// The most entries one prepared list holds, and the most pairs one prepared transfer names.
 pub const MAX_PREPARED_ENTRIES: usize = 1 << 22;
@@ -81,7 +80,10 @@ enum Lists {
 #[derive(Debug)]
 struct Prepared {
     lists: Lists,
-    entries: PreparedEntries,
+    /// Shared with the READs being planned from it (`plan`), so a release leaves them be.
+    entries: std::sync::Arc<PreparedEntries>,
+    /// The blocks every entry covers, when they all cover as many (vLLM's lists: 1).
+    uniform_count: Option<u32>,
 }
 
 /// A notification kept until every part of its transfer finished.
@@ -203,8 +205,19 @@ impl Engine {
             entries: entries.len() as u32,
             blocks,
         };
-        let entries = PreparedEntries::new(entries);
-        self.prepared.lists.insert(id, Prepared { lists, entries });
+        let uniform_count = entries
+            .first()
+            .map(|e| e.count)
+            .filter(|&c| entries.iter().all(|e| e.count == c));
+        let entries = std::sync::Arc::new(PreparedEntries::new(entries));
+        self.prepared.lists.insert(
+            id,
+            Prepared {
+                lists,
+                entries,
+                uniform_count,
+            },
+        );
         info
     }
 
@@ -271,7 +284,7 @@ impl Engine {
         {
             return Ok(self.start_early(early, local, remote, notification, deadline, now));
         }
-        let (peer, parts, touched) = self.plan_prepared(kind, local, remote, 0)?;
+        let (peer, parts, touched) = self.plan_prepared(kind, local, remote)?;
         let total: u64 = parts.iter().map(|(_, l)| l.total).sum();
         let id = self.new_transfer(kind, total, 1, deadline);
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;

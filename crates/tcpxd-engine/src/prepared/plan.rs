@@ -4,25 +4,42 @@
 //! # The early first part
 //! A READ of at least [`EARLY_PART_MIN_PAIRS`] pairs (vLLM's pull: 32,768) would keep its read
 //! requests back for the ~1.2 ms the engine takes to check and plan every pair, and the data
-//! behind them. So [`Engine::start_read_prepared`] checks what is cheap (the lists, the peer,
-//! the counts, every index in range), plans only the pairs that lead the arrays in one group
-//! (vLLM's first layer region: 512 pairs), and sends that part's read request at once; the
-//! driver calls [`Engine::plan_pending`] right after sending it, which checks every pair (the
-//! early part's among them) and plans the other parts as a whole transfer's are planned.
+//! behind them. Where its lists make every check cheap — both prepared lists' entries of one
+//! block count, the local lists of one block length that every remote list (by its token) has
+//! too, few enough list pairs and blocks for the parts to stay within the limit —
+//! [`Engine::start_read_prepared`] checks all that can fail first: the lists, the pairing, every
+//! index in range, and (one pass over the destination side, a bit per block) no destination
+//! block named twice. Nothing after can fail but the pairing itself. It then plans only the
+//! leading pairs that fall in one group (vLLM's first layer region) and sends that part's read
+//! request at once. The other pairs are planned a slice at a time ([`Engine::plan_pending`],
+//! called by the driver each pass and by [`Engine::on_tick`]), between which the poller takes
+//! the holder's offers for the parts already sent. A group's open part is sent once the pairs
+//! move on to another group with [`SEAL_MIN_BLOCKS`] in it (vLLM's: each region's part as soon
+//! as its pairs are planned); the ones left open go at the end.
 //!
-//! Why nothing changes on bad input all the same: between the two calls the driver runs only
-//! the actions (the read request goes out); it takes no command or peer message, and the engine
-//! itself finishes the planning first should any message or tick reach it
-//! ([`Engine::on_message`], [`Engine::on_tick`]). So no offer of the holder's is accepted before
-//! every pair was checked: a pair found bad fails the transfer naming it, the early part's read
-//! is cancelled (`CancelRead`), and no byte has landed. While planning, the transfer counts one
-//! more pending part than it has, so it cannot finish early; a cancel or deadline drops the plan.
+//! # State
+//! While planning, the transfer counts one more pending part than it has, so it cannot finish
+//! before its last part was sent; its total (pairs × blocks × length) and first progress event
+//! are known from the start; its notification is kept once the last part went (with the target's
+//! lists it touched). A cancel, a deadline or the pairing failing fails the transfer as any,
+//! and drops what was left to plan.
+
+use std::sync::Arc;
 
 use super::*;
 
 /// Pairs a prepared READ must name for its first part to go out before the rest is planned
 /// (module doc); smaller transfers are planned whole, in the call that starts them.
 pub const EARLY_PART_MIN_PAIRS: usize = 4096;
+
+/// Blocks a group's open part must hold to be sent when the pairs move on to another group.
+pub const SEAL_MIN_BLOCKS: u64 = 256;
+
+/// Pairs [`Engine::plan_pending`] plans a call (~0.1 ms on a GPU host's CPU).
+const PLAN_SLICE_PAIRS: usize = 4096;
+
+/// The most (local list, remote list) pairs the early path takes (each may leave a part open).
+const EARLY_MAX_GROUPS: usize = 4096;
 
 /// One part being built: its ranges on both sides (consecutive entries merged), packed as the
 /// part's index arrays as they come.
@@ -56,21 +73,49 @@ struct Group {
 /// A destination block range named by pair `at`: (list position, first, count, at).
 type DestRange = (u32, u32, u32, usize);
 
-/// A prepared READ whose first part went out before its other pairs were checked and planned
-/// ([`Engine::plan_pending`]).
+/// A prepared READ checked whole whose first part went out, its other pairs still to plan a
+/// slice at a time ([`Engine::plan_pending`]).
 #[derive(Debug)]
 pub(super) struct Planning {
     pub(super) id: TransferId,
-    local_id: u64,
+    peer: PeerIdx,
     local_idx: Vec<u32>,
-    remote_id: u64,
     remote_idx: Vec<u32>,
     notification: Vec<u8>,
     deadline_ms: u64,
-    /// Pairs the early part covers (the leading ones), the bytes it moves, its remote list.
-    skip: usize,
-    early_total: u64,
-    early_list: u64,
+    /// The next pair to plan, and the entry lookups' hints.
+    next: usize,
+    near: (usize, usize),
+    /// The groups so far (in order of first appearance; each one's last part open unless
+    /// `sealed`), by list pair, and the group of the pair before.
+    groups: Vec<Group>,
+    by_lists: HashMap<(u32, u32), usize>,
+    last: Option<((u32, u32), usize)>,
+    /// The remote lists the parts sent touched, in order of first appearance.
+    touched: Vec<u64>,
+    /// What it plans from, its own (a prepared list released meanwhile changes nothing, as
+    /// for any transfer started): both sides' entries and lists, the blocks an entry covers.
+    local_entries: Arc<PreparedEntries>,
+    remote_entries: Arc<PreparedEntries>,
+    local_lists: Vec<u64>,
+    remote_lists: Vec<RemoteList>,
+    count: u32,
+}
+
+/// The early part of a READ checked whole (`Engine::plan_early_part`).
+pub(super) struct Early {
+    spec: BlockSpec,
+    plan: block_transfers::LocalBlocks,
+    /// The leading pairs it covers, its group, and the transfer's total bytes.
+    covered: usize,
+    key: (u32, u32),
+    total: u64,
+    /// The sides it was planned from (`Planning`'s copies) and the blocks an entry covers.
+    local_entries: Arc<PreparedEntries>,
+    remote_entries: Arc<PreparedEntries>,
+    local_lists: Vec<u64>,
+    remote_lists: Vec<RemoteList>,
+    count: u32,
 }
 
 /// What a prepared transfer's checks resolve: both prepared lists and their block lists, and
@@ -145,140 +190,264 @@ impl Engine {
         })
     }
 
-    /// Plans the leading pairs of a large prepared READ that fall in one group, as its early
-    /// part (module doc): its spec, local plan and the pairs it covers. `None` when the arrays
-    /// are too short for it, the first entry alone is too large for a part, or a pair among
-    /// these is bad (the whole plan, made at once, then names it).
-    #[allow(clippy::type_complexity)]
+    /// Checks a large prepared READ whole where its lists make that cheap and plans its early
+    /// part (module doc). `None` when the transfer is too small, its lists are not such, or a
+    /// pair is bad: the whole plan, made at once, then names it.
     pub(super) fn plan_early_part(
         &self,
         local: (u64, &[u32]),
         remote: (u64, &[u32]),
-    ) -> EngineResult<Option<(BlockSpec, block_transfers::LocalBlocks, usize)>> {
-        if local.1.len() < EARLY_PART_MIN_PAIRS {
+    ) -> EngineResult<Option<Early>> {
+        let n = local.1.len();
+        if n < EARLY_PART_MIN_PAIRS {
             return Ok(None);
         }
         let s = self.prepared_sides(local, remote)?;
-        // A destination block named twice among these pairs is refused now, by the whole plan.
-        let sizes: Vec<u32> = s
-            .local_lists
-            .iter()
-            .map(|&l| self.lists.get(l).map_or(0, |l| l.len()))
-            .collect();
-        let mut bits = DestBits::new(&sizes, local.1.len());
+        // Every pair covers as many blocks on both sides.
+        let (Some(count), Some(rc)) = (s.local.uniform_count, s.remote.uniform_count) else {
+            return Ok(None);
+        };
+        // Every local list there, of one block length, which every remote list has (or does
+        // not say): no part can meet a missing list or unequal lengths.
+        let mut len = None;
+        let mut sizes = Vec::with_capacity(s.local_lists.len());
+        for &l in s.local_lists {
+            let Some(list) = self.lists.get(l) else {
+                return Ok(None);
+            };
+            match (list.uniform_len(), len) {
+                (Some(x), None) => len = Some(x),
+                (Some(x), Some(y)) if x == y => {}
+                _ => return Ok(None),
+            }
+            sizes.push(list.len());
+        }
+        let len = len.expect("at least one list");
+        let groups = s.local_lists.len() * s.remote_lists.len();
+        let blocks = n as u64 * u64::from(count);
+        let most_parts = blocks / SEAL_MIN_BLOCKS + blocks / MAX_TRANSFER_BLOCKS + groups as u64 + 1;
+        if count != rc
+            || s.remote_lists
+                .iter()
+                .any(|r| r.block_len != 0 && r.block_len != len)
+            || groups > EARLY_MAX_GROUPS
+            || most_parts > self.cfg.max_entries as u64
+        {
+            return Ok(None);
+        }
+        // No destination block named twice: a bit per block of each local list.
+        let mut bits = DestBits::new(&sizes, n);
+        let mut hint = 0;
+        for &li in local.1 {
+            let e = s.local.entries.get_near(li, &mut hint).expect("checked in range");
+            bits.mark(e.list, e.first, e.count);
+        }
+        if !bits.distinct() {
+            return Ok(None);
+        }
+        // The leading pairs of one group.
         let mut part = Part::new(64);
         let mut key = None;
         let mut near = (0usize, 0usize);
         let mut covered = 0;
-        for (k, (&li, &ri)) in local.1.iter().zip(remote.1).enumerate() {
-            let (Some(le), Some(re)) = (
-                s.local.entries.get_near(li, &mut near.0),
-                s.remote.entries.get_near(ri, &mut near.1),
-            ) else {
-                break; // checked in range: the full pass names it
-            };
+        for (&li, &ri) in local.1.iter().zip(remote.1) {
+            let le = s
+                .local
+                .entries
+                .get_near(li, &mut near.0)
+                .expect("checked in range");
+            let re = s
+                .remote
+                .entries
+                .get_near(ri, &mut near.1)
+                .expect("checked in range");
             if *key.get_or_insert((le.list, re.list)) != (le.list, re.list)
-                || part.blocks + u64::from(le.count) > MAX_TRANSFER_BLOCKS
+                || part.blocks + u64::from(count) > MAX_TRANSFER_BLOCKS
             {
                 break;
             }
-            bits.mark(le.list, le.first, le.count);
-            if le.count != re.count || !bits.distinct() {
-                return Ok(None); // bad here: the whole plan names it, before anything starts
-            }
-            part.local.push_range(le.first, le.count);
-            part.remote.push_range(re.first, re.count);
-            part.blocks += u64::from(le.count);
-            covered = k + 1;
+            part.local.push_range(le.first, count);
+            part.remote.push_range(re.first, count);
+            part.blocks += u64::from(count);
+            covered += 1;
         }
-        let Some((l, r)) = key.filter(|_| covered > 0) else {
+        let Some(key) = key.filter(|_| covered > 0) else {
             return Ok(None);
         };
-        let local_list = live_local_list(self, s.local_lists, l, local.0)?;
-        let spec = part_spec(local_list, &s.remote_lists[r as usize], s.peer, part);
+        let local_list = s.local_lists[key.0 as usize];
+        let spec = part_spec(local_list, &s.remote_lists[key.1 as usize], s.peer, part);
         let plan = self.plan_part(&spec, TransferKind::Read)?;
-        Ok(Some((spec, plan, covered)))
+        Ok(Some(Early {
+            spec,
+            plan,
+            covered,
+            key,
+            total: blocks * u64::from(len),
+            local_entries: s.local.entries.clone(),
+            remote_entries: s.remote.entries.clone(),
+            local_lists: s.local_lists.to_vec(),
+            remote_lists: s.remote_lists.to_vec(),
+            count,
+        }))
     }
 
-    /// Starts a prepared READ whose early part is planned (`plan_early_part`): sends that part's
-    /// read request and leaves the rest to [`Engine::plan_pending`].
+    /// Starts a prepared READ checked whole (`plan_early_part`): sends its early part's read
+    /// request and leaves the other pairs to [`Engine::plan_pending`].
     #[allow(clippy::too_many_arguments)]
     pub(super) fn start_early(
         &mut self,
-        (spec, planned, skip): (BlockSpec, block_transfers::LocalBlocks, usize),
+        early: Early,
         local: (u64, &[u32]),
         remote: (u64, &[u32]),
         notification: Vec<u8>,
         deadline: Instant,
         now: Instant,
     ) -> TransferId {
-        let id = self.new_transfer(TransferKind::Read, 0, 1, deadline);
+        let id = self.new_transfer(TransferKind::Read, early.total, 1, deadline);
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
-        let (early_total, early_list) = (planned.total, spec.remote.list_id);
-        self.request_block_part(id, spec, planned, deadline_ms);
-        // The plan still to make counts as a part: the transfer cannot finish before it.
+        let peer = early.spec.peer;
+        let touched = vec![early.spec.remote.list_id];
+        self.request_block_part(id, early.spec, early.plan, deadline_ms);
+        // The pairs still to plan count as a part: the transfer cannot finish before them.
         self.transfers.get_mut(&id).expect("just made").pending_parts += 1;
+        self.announce(id, early.total);
+        // The early part's group: sealed (its later pairs, if any, start a part of their own).
+        let mut by_lists = HashMap::new();
+        by_lists.insert(early.key, 0);
         self.prepared.planning.push(Planning {
             id,
-            local_id: local.0,
+            peer,
             local_idx: local.1.to_vec(),
-            remote_id: remote.0,
             remote_idx: remote.1.to_vec(),
             notification,
             deadline_ms,
-            skip,
-            early_total,
-            early_list,
+            next: early.covered,
+            near: (0, 0),
+            groups: vec![Group {
+                local: early.key.0,
+                remote: early.key.1,
+                parts: Vec::new(),
+            }],
+            by_lists,
+            last: Some((early.key, 0)),
+            touched,
+            local_entries: early.local_entries,
+            remote_entries: early.remote_entries,
+            local_lists: early.local_lists,
+            remote_lists: early.remote_lists,
+            count: early.count,
         });
         id
     }
 
-    /// Checks and plans what the early parts of prepared READs left (module doc): every pair,
-    /// then the other parts' read requests; a pair found bad fails its transfer, naming it. The
-    /// driver calls it right after sending the actions of the command that started one; the
-    /// engine calls it before any peer message or tick. `true` when there was something to plan.
+    /// Plans a slice of the pairs prepared READs left after their early part (module doc),
+    /// sending each part as it is complete; the last slice sends the parts left open and keeps
+    /// the notification. The driver calls it each pass while [`Engine::planning`]; so does
+    /// [`Engine::on_tick`]. `true` when there was something to plan.
     pub fn plan_pending(&mut self) -> bool {
-        if self.prepared.planning.is_empty() {
+        let Some(mut p) = self.prepared.planning.pop() else {
             return false;
+        };
+        if !self.transfers.contains_key(&p.id) {
+            return true; // ended meanwhile
         }
-        for p in std::mem::take(&mut self.prepared.planning) {
-            if !self.transfers.contains_key(&p.id) {
-                continue; // ended meanwhile
-            }
-            let planned = self.plan_prepared(
-                TransferKind::Read,
-                (p.local_id, &p.local_idx),
-                (p.remote_id, &p.remote_idx),
-                p.skip,
-            );
-            let (peer, parts, mut touched) = match planned {
-                Ok(x) => x,
-                Err(e) => {
-                    self.fail_transfer(p.id, e.code, &e.message, None);
-                    continue;
+        let (local_lists, remote_lists, count) = (&p.local_lists, &p.remote_lists, p.count);
+        let end = (p.next + PLAN_SLICE_PAIRS).min(p.local_idx.len());
+        let mut sealed: Vec<(BlockSpec, usize)> = Vec::new();
+        for k in p.next..end {
+            let le = p
+                .local_entries
+                .get_near(p.local_idx[k], &mut p.near.0)
+                .expect("checked in range");
+            let re = p
+                .remote_entries
+                .get_near(p.remote_idx[k], &mut p.near.1)
+                .expect("checked in range");
+            let key = (le.list, re.list);
+            let g = match p.last {
+                Some((k0, g)) if k0 == key => g,
+                prev => {
+                    // Moving on: the group left sends its open part once it is large enough.
+                    if let Some((k0, g0)) = prev {
+                        let grp = &mut p.groups[g0];
+                        if grp.parts.last().is_some_and(|q| q.blocks >= SEAL_MIN_BLOCKS) {
+                            let q = grp.parts.pop().expect("checked");
+                            let r = &remote_lists[k0.1 as usize];
+                            sealed.push((part_spec(local_lists[k0.0 as usize], r, p.peer, q), g0));
+                        }
+                    }
+                    let g = *p.by_lists.entry(key).or_insert_with(|| {
+                        p.groups.push(Group {
+                            local: key.0,
+                            remote: key.1,
+                            parts: Vec::new(),
+                        });
+                        p.groups.len() - 1
+                    });
+                    p.last = Some((key, g));
+                    g
                 }
             };
-            if !touched.contains(&p.early_list) {
-                touched.insert(0, p.early_list);
+            let grp = &mut p.groups[g];
+            if grp
+                .parts
+                .last()
+                .is_none_or(|q| q.blocks + u64::from(count) > MAX_TRANSFER_BLOCKS)
+            {
+                if let Some(q) = grp.parts.pop() {
+                    let r = &remote_lists[key.1 as usize];
+                    sealed.push((part_spec(local_lists[key.0 as usize], r, p.peer, q), g));
+                }
+                grp.parts.push(Part::new(64));
             }
-            let total = p.early_total + parts.iter().map(|(_, l)| l.total).sum::<u64>();
-            if !p.notification.is_empty() {
-                self.prepared.notices.insert(
-                    p.id,
-                    Notice {
-                        peer,
-                        payload: p.notification,
-                        lists: touched,
-                    },
-                );
+            let q = grp.parts.last_mut().expect("pushed");
+            q.local.push_range(le.first, count);
+            q.remote.push_range(re.first, count);
+            q.blocks += u64::from(count);
+        }
+        p.next = end;
+        let done = end == p.local_idx.len();
+        if done {
+            for (g, grp) in p.groups.iter_mut().enumerate() {
+                if let Some(q) = grp.parts.pop() {
+                    let r = &remote_lists[grp.remote as usize];
+                    sealed.push((part_spec(local_lists[grp.local as usize], r, p.peer, q), g));
+                }
             }
-            for (spec, planned) in parts {
-                self.request_block_part(p.id, spec, planned, p.deadline_ms);
+        }
+        for (spec, _) in sealed {
+            if !p.touched.contains(&spec.remote.list_id) {
+                p.touched.push(spec.remote.list_id);
             }
-            let t = self.transfers.get_mut(&p.id).expect("checked above");
-            t.total = total;
-            t.pending_parts -= 1;
-            self.announce(p.id, total);
+            match self.plan_part(&spec, TransferKind::Read) {
+                Ok(plan) => self.request_block_part(p.id, spec, plan, p.deadline_ms),
+                Err(e) => {
+                    // Only the pairing can fail now (checked whole at the start).
+                    self.fail_transfer(p.id, e.code, &e.message, None);
+                    return true;
+                }
+            }
+        }
+        if !done {
+            self.prepared.planning.push(p);
+            return true;
+        }
+        if !p.notification.is_empty() {
+            self.prepared.notices.insert(
+                p.id,
+                Notice {
+                    peer: p.peer,
+                    payload: p.notification,
+                    lists: p.touched,
+                },
+            );
+        }
+        let t = self.transfers.get_mut(&p.id).expect("checked above");
+        t.pending_parts -= 1;
+        if t.pending_parts == 0 {
+            // Every part finished while the last were planned (none can: they were just sent).
+            t.pending_parts = 1;
+            self.part_done(p.id);
         }
         true
     }
@@ -288,22 +457,19 @@ impl Engine {
         self.prepared.planning.retain(|p| p.id != id);
     }
 
-    /// Whether a prepared READ's plan is still to finish ([`Engine::plan_pending`]).
+    /// Whether a prepared READ has pairs still to plan ([`Engine::plan_pending`]).
     pub fn planning(&self) -> bool {
         !self.prepared.planning.is_empty()
     }
 
     /// Checks a prepared transfer and plans its parts: the pairing, each part's spec and local
-    /// plan, and the remote lists touched (in order of first appearance). The first `skip`
-    /// pairs (an early part's, sent already) are checked with the others but planned into no
-    /// part.
+    /// plan, and the remote lists touched (in order of first appearance).
     #[allow(clippy::type_complexity)]
     pub(super) fn plan_prepared(
         &self,
         kind: TransferKind,
         (local_id, local_idx): (u64, &[u32]),
         (remote_id, remote_idx): (u64, &[u32]),
-        skip: usize,
     ) -> EngineResult<(PeerIdx, Vec<(BlockSpec, block_transfers::LocalBlocks)>, Vec<u64>)> {
         let Sides {
             local,
@@ -327,8 +493,7 @@ impl Engine {
         // Group the pairs by (local list, remote list), in order of first appearance.
         let mut groups: Vec<Group> = Vec::new();
         let mut by_lists: HashMap<(u32, u32), usize> = HashMap::new();
-        // The early part, if any, counts toward the limit.
-        let mut parts = usize::from(skip > 0);
+        let mut parts = 0usize;
         let mut last: Option<((u32, u32), usize)> = None;
         let mut near = (0usize, 0usize);
         for (k, (&li, &ri)) in local_idx.iter().zip(remote_idx).enumerate() {
@@ -349,9 +514,6 @@ impl Engine {
             }
             let dest = if kind == TransferKind::Write { re } else { le };
             bits.mark(dest.list, dest.first, dest.count);
-            if k < skip {
-                continue; // the early part's: planned and sent already
-            }
             // Consecutive pairs mostly share their lists (vLLM names a layer's blocks together):
             // the last group is tried before the map.
             let g = match last {

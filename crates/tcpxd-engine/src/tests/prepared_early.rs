@@ -1,7 +1,9 @@
-//! The early first part of a large prepared READ (`prepared::plan` module doc): its read request
-//! leaves before the other pairs are checked and planned; the rest follows from `plan_pending`
-//! (or from the next message or tick); a bad pair found then fails the transfer naming it with
-//! no byte landed; a cancel in between drops the plan. Bytes compared through the simulator.
+//! The early first part of a large prepared READ (`prepared::plan` module doc): checked whole,
+//! its first part's read request leaves at once and the other parts follow a slice at a time
+//! (`plan_pending`, which the simulator runs between its other events, and `on_tick`); a bad
+//! pair anywhere is refused at once; a cancel in between drops the plan; a prepared list
+//! released meanwhile changes nothing; pairs that hop between lists still land. Bytes compared
+//! through the simulator.
 
 use super::*;
 use crate::EARLY_PART_MIN_PAIRS;
@@ -85,8 +87,7 @@ fn pull_pairs(s: &mut Sim, per: usize) -> (Vec<u32>, Vec<u32>) {
     (side(s), side(s))
 }
 
-/// The read requests node 0 sent so far (taken off the queue towards node 1, which then never
-/// sees them: only for tests that stop there).
+/// The read requests node 0 sent so far and node 1 has not taken yet.
 fn read_requests_sent(s: &mut Sim) -> usize {
     s.drain();
     s.ctrl[1]
@@ -155,23 +156,31 @@ fn a_large_prepared_read_sends_its_first_part_at_once_and_the_rest_once_planned(
 }
 
 #[test]
-fn without_the_driver_the_first_message_or_tick_finishes_the_plan() {
+fn planned_a_slice_at_a_time_between_other_events_it_lands_and_a_tick_plans_too() {
     let per = EARLY_PART_MIN_PAIRS / LISTS as usize;
-    let mut e = early_setup(51);
-    let (local, remote) = pull_pairs(&mut e.s, per);
-    let want = expected(&e, &local, &remote);
-    let (now, dl) = (e.s.now, e.s.now + Duration::from_secs(60));
-    let t = e.s.nodes[0]
-        .eng
-        .start_read_prepared(e.local, &local, e.remote, &remote, Vec::new(), dl, now)
-        .unwrap();
-    // The simulator never calls plan_pending: the holder's first offer does, on arrival.
-    e.s.run();
-    assert_eq!(e.s.outcome(0, t).code, Code::Ok, "{}", e.s.outcome(0, t).message);
-    for (b, data) in &want {
-        assert!(e.s.nodes[0].bufs[b] == *data, "buffer {b} differs");
+    for seed in 0..4u64 {
+        let mut e = early_setup(51 + seed);
+        let (local, remote) = pull_pairs(&mut e.s, per);
+        let want = expected(&e, &local, &remote);
+        let (now, dl) = (e.s.now, e.s.now + Duration::from_secs(60));
+        let t = e.s.nodes[0]
+            .eng
+            .start_read_prepared(e.local, &local, e.remote, &remote, b"n".to_vec(), dl, now)
+            .unwrap();
+        // The simulator plans in its own turn, among messages and completions, in random order.
+        e.s.run();
+        let o = e.s.outcome(0, t);
+        assert_eq!(o.code, Code::Ok, "seed {seed}: {}", o.message);
+        for (b, data) in &want {
+            assert!(e.s.nodes[0].bufs[b] == *data, "seed {seed}: buffer {b} differs");
+        }
+        assert_eq!(e.s.nodes[1].notes, vec![(t.0, b"n".to_vec())]);
+        e.s.assert_idle();
     }
-    // A tick does it too.
+    // A tick plans a slice too.
+    let mut e = early_setup(59);
+    let (local, remote) = pull_pairs(&mut e.s, per);
+    let (now, dl) = (e.s.now, e.s.now + Duration::from_secs(60));
     let t = e.s.nodes[0]
         .eng
         .start_read_prepared(e.local, &local, e.remote, &remote, Vec::new(), dl, now)
@@ -184,33 +193,84 @@ fn without_the_driver_the_first_message_or_tick_finishes_the_plan() {
 }
 
 #[test]
-fn a_bad_pair_found_after_the_early_part_fails_the_transfer_naming_it_and_nothing_lands() {
+fn a_bad_pair_anywhere_is_refused_at_once_naming_it_and_nothing_starts() {
     let per = EARLY_PART_MIN_PAIRS / LISTS as usize;
     let mut e = early_setup(61);
     let (mut local, remote) = pull_pairs(&mut e.s, per);
-    // A destination named twice, in the last region: found only by the full pass.
+    // A destination named twice, in the last region.
     let last = local.len() - 1;
     local[last] = local[last - 7];
-    let before = e.s.nodes[0].bufs.clone();
+    let (now, dl) = (e.s.now, e.s.now + Duration::from_secs(60));
+    let err = e.s.nodes[0]
+        .eng
+        .start_read_prepared(e.local, &local, e.remote, &remote, b"never".to_vec(), dl, now)
+        .unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument);
+    assert!(
+        err.message.contains(&format!("local_indices[{last}]"))
+            && err.message.contains(&format!("local_indices[{}]", last - 7)),
+        "{}",
+        err.message
+    );
+    assert_eq!(e.s.nodes[0].eng.active_transfers(), 0);
+    assert!(!e.s.nodes[0].eng.planning());
+    assert_eq!(read_requests_sent(&mut e.s), 0, "nothing sent");
+}
+
+#[test]
+fn a_prepared_list_released_while_planning_changes_nothing() {
+    let per = EARLY_PART_MIN_PAIRS / LISTS as usize;
+    let mut e = early_setup(65);
+    let (local, remote) = pull_pairs(&mut e.s, per);
+    let want = expected(&e, &local, &remote);
     let (now, dl) = (e.s.now, e.s.now + Duration::from_secs(60));
     let t = e.s.nodes[0]
         .eng
-        .start_read_prepared(e.local, &local, e.remote, &remote, b"never".to_vec(), dl, now)
+        .start_read_prepared(e.local, &local, e.remote, &remote, Vec::new(), dl, now)
         .unwrap();
-    assert!(e.s.nodes[0].eng.plan_pending());
+    e.s.nodes[0].eng.release_prepared(e.local).unwrap();
+    e.s.nodes[0].eng.release_prepared(e.remote).unwrap();
     e.s.run();
-    let o = e.s.outcome(0, t);
-    assert_eq!(o.code, Code::InvalidArgument);
-    assert!(
-        o.message.contains(&format!("local_indices[{last}]"))
-            && o.message.contains(&format!("local_indices[{}]", last - 7)),
-        "{}",
-        o.message
-    );
-    assert_eq!(o.landed, 0);
-    assert!(e.s.nodes[0].bufs == before, "no byte landed");
-    assert!(e.s.nodes[1].notes.is_empty(), "no notification");
+    assert_eq!(e.s.outcome(0, t).code, Code::Ok, "{}", e.s.outcome(0, t).message);
+    for (b, data) in &want {
+        assert!(e.s.nodes[0].bufs[b] == *data, "buffer {b} differs");
+    }
     e.s.assert_idle();
+}
+
+#[test]
+fn pairs_hopping_between_lists_land_in_few_parts() {
+    for seed in 0..3u64 {
+        let mut e = early_setup(75 + seed);
+        // Destinations a random permutation of every block; sources random (repeats allowed).
+        let n = EARLY_PART_MIN_PAIRS + 1000;
+        let mut local: Vec<u32> = (0..LISTS * BLOCKS).collect();
+        for i in (1..local.len()).rev() {
+            local.swap(i, e.s.rand(i + 1));
+        }
+        local.truncate(n);
+        let remote: Vec<u32> = (0..n)
+            .map(|_| e.s.rand((LISTS * BLOCKS) as usize) as u32)
+            .collect();
+        let want = expected(&e, &local, &remote);
+        let (now, dl) = (e.s.now, e.s.now + Duration::from_secs(60));
+        let t = e.s.nodes[0]
+            .eng
+            .start_read_prepared(e.local, &local, e.remote, &remote, Vec::new(), dl, now)
+            .unwrap();
+        while e.s.nodes[0].eng.plan_pending() {}
+        let reads = read_requests_sent(&mut e.s);
+        // At most one open part per list pair at the end, plus those sealed at 256 blocks.
+        let bound = (LISTS * LISTS) as usize + n / crate::SEAL_MIN_BLOCKS as usize + 1;
+        assert!(reads <= bound, "seed {seed}: {reads} parts");
+        e.s.run();
+        let o = e.s.outcome(0, t);
+        assert_eq!(o.code, Code::Ok, "seed {seed}: {}", o.message);
+        for (b, data) in &want {
+            assert!(e.s.nodes[0].bufs[b] == *data, "seed {seed}: buffer {b} differs");
+        }
+        e.s.assert_idle();
+    }
 }
 
 #[test]

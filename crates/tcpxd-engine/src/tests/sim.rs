@@ -471,6 +471,9 @@ impl Sim {
             if !self.ctrl[i].is_empty() {
                 events.push((0, i, 0));
             }
+            if self.nodes[i].eng.planning() {
+                events.push((4, i, 0));
+            }
             if self.hold_data {
                 continue;
             }
@@ -509,6 +512,9 @@ impl Sim {
                     let result = w.recv_results.pop_front().unwrap_or(Ok(()));
                     self.nodes[1 - i].eng.on_recv_consumed(P, lane as u32, result);
                 }
+            }
+            4 => {
+                self.nodes[i].eng.plan_pending();
             }
             _ => {
                 let w = &mut self.wires[i][lane];

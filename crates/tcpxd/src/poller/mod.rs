@@ -6,8 +6,8 @@
 //! Each pass it: takes commands (for at most [`COMMAND_SLICE`]: the rest wait for the next pass),
 //! drives connect/accept of lanes being set up, executes the
 //! engine's actions (posting sends and receives as the windows allow) — then has the engine plan
-//! what a large prepared READ left after its early first part went out (`Engine::plan_pending`)
-//! and executes those too —, tests only the head of
+//! a slice of what a large prepared READ left after its early first part went out
+//! (`Engine::plan_pending`) and executes those too —, tests only the head of
 //! each comm, unpacks completed receives (host unpacker) and consumes them in ring order, and
 //! checks deadlines. With bytes in flight it spins, then yields at every pass, and naps only after
 //! a stall of 2 ms; with nothing in flight it parks on the command channel (no CPU; a command or a
@@ -480,8 +480,8 @@ impl Poller {
             }
             progressed |= self.drive_setup();
             progressed |= self.run_actions();
-            // A large prepared READ's first read request is on its way now; the rest of it is
-            // checked and planned before anything else is taken (engine::prepared's plan).
+            // A large prepared READ's first read request is on its way now: a slice of the rest
+            // of its parts (engine::prepared's plan; more each pass, offers taken between).
             if self.engine.plan_pending() {
                 progressed = true;
                 self.run_actions();
@@ -544,6 +544,7 @@ impl Poller {
     /// receives being unpacked.
     fn busy(&self) -> bool {
         !self.engine.lanes_idle()
+            || self.engine.planning()
             || self.peers.values().any(|p| {
                 p.send.iter().any(|l| match &l.state {
                     SendLaneState::Connecting(..) => true,
