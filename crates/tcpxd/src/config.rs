@@ -18,6 +18,13 @@ pub use protocol::{
     DEFAULT_EAGER_LANES, MAX_EAGER_LANES, MAX_EAGER_MAX_BYTES, ProtocolSettings, TransferProtocol,
 };
 
+/// Async workers when spinning (`runtime.async_workers` 0): one kept awake by
+/// [`crate::idle::Warmth`], one more for what it leaves waiting. With the one alone, a message
+/// the poller handed over while that worker was busy (a NIXL pull's read requests, a burst of
+/// offers) waited 120–280 µs for it (hop traces on two H200s, docs/BENCHMARKS.md session 12);
+/// with two, 25–120 µs, and the pull's first byte came ~0.5 ms sooner.
+pub const SPIN_ASYNC_WORKERS: usize = 2;
+
 /// Where a setting may come from, highest precedence last.
 #[derive(Debug, Clone, Default, Args)]
 pub struct DaemonArgs {
@@ -82,7 +89,7 @@ pub struct DaemonArgs {
     /// flows: `auto` (on with 8 or more CPUs), `on`, `off` (docs/CONFIG.md, `runtime.spin`).
     #[arg(long, env = "TCPXD_SPIN", value_name = "auto|on|off")]
     pub spin: Option<String>,
-    /// Async worker threads (0: one when spinning, else one per CPU).
+    /// Async worker threads (0: two when spinning, else one per CPU).
     #[arg(long, env = "TCPXD_ASYNC_WORKERS")]
     pub async_workers: Option<usize>,
     /// Default transfer deadline in seconds, when a request carries none.
@@ -376,7 +383,7 @@ impl Config {
                 )));
             }
             Some(n) if n > 0 => n,
-            _ if spin => 1,
+            _ if spin => SPIN_ASYNC_WORKERS,
             _ => crate::idle::cpus(),
         };
         let send_window = file.transfer.send_window.unwrap_or(12);

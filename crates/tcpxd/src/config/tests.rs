@@ -74,13 +74,20 @@ fn spin_and_async_workers() {
         std::fs::remove_file(path).unwrap();
         r
     };
-    // Auto follows the machine; with spinning one worker, without one per CPU.
+    // Auto follows the machine; with spinning two workers, without one per CPU.
     let c = cfg("", DaemonArgs::default()).unwrap();
     assert_eq!(c.spin, crate::idle::cpus() >= crate::idle::SPIN_AUTO_CPUS);
-    assert_eq!(c.async_workers, if c.spin { 1 } else { crate::idle::cpus() });
+    assert_eq!(
+        c.async_workers,
+        if c.spin {
+            crate::config::SPIN_ASYNC_WORKERS
+        } else {
+            crate::idle::cpus()
+        }
+    );
     let c = cfg("[runtime]\nspin = \"on\"\n", DaemonArgs::default()).unwrap();
     assert!(c.spin);
-    assert_eq!(c.async_workers, 1);
+    assert_eq!(c.async_workers, 2);
     let c = cfg(
         "[runtime]\nspin = \"on\"\nasync_workers = 3\n",
         DaemonArgs::default(),
