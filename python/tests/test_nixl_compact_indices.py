@@ -458,7 +458,7 @@ def test_windows_hand_out_each_slot_once_until_given_back():
     ring.give(got[3])
     assert ring.take() == got[3] and ring.take() is None
     a = rng.permutation(1 << 20)[:_plan.WINDOW_MAX]
-    field = ring.pack(5, 1, a, b"\x5a")
+    field = ring.pack(5, 1, a)
     w = _proto.message("IndexWindow").FromString(field[2:])
     assert field[:1] == b"\x5a" and field[1] == len(field) - 2
     assert (w.buffer_id, w.offset, w.count) == (77, 4 * (2 * 5 + 1) * _plan.WINDOW_MAX, _plan.WINDOW_MAX)
@@ -494,3 +494,38 @@ def test_the_daemon_lists_both_forms_and_an_agent_on_an_older_one_sends_indices_
     finally:
         A.close()
         B.close()
+
+
+@pytest.mark.parametrize("op, msg", [("READ", "ReadPreparedRequest"), ("WRITE", "WritePreparedRequest")])
+@pytest.mark.parametrize("notification", [b"", b"req-9:2"])
+@pytest.mark.parametrize("outer_sides", [(False, False), (True, False), (False, True)])
+def test_the_window_body_names_its_slot_and_carries_every_field(op, msg, notification, outer_sides):
+    """Prepared.window_body: the prepared ids, notification and timeout as fields, each side not
+    sent as an outer sum packed into its side of the slot and named by an IndexWindow (bytes
+    read back from the ring), an outer side in its field; `windowed` counts the ring's sides."""
+    lst = Lst(64, 4096)
+    li = vllm_ids(64, 4096, 512)
+    ri = vllm_ids(64, 4096, 512) if outer_sides[1] else rng.permutation(64 * 4096)[:64 * 512]
+    o = _plan.Outer()
+    lo = o.encode(li, lst) if outer_sides[0] else None
+    ro = o.encode(ri, lst) if outer_sides[1] else None
+    ring = _plan.Windows(_FakeBuffer())
+    slot = ring.take()
+    pr = _plan.Prepared(None, li, None, ri, _plan._timeout(b"\x30", 900), True, 900, lo, ro)  # type: ignore[arg-type]
+    body = pr.window_body(_plan.ids_field(300, 5), notification, ring, slot)
+    assert len(body) == 1 and isinstance(body[0], bytes) and len(body[0]) < 3000
+    got = _proto.message(msg).FromString(body[0])
+    assert (got.local_prepared_id, got.remote_prepared_id, got.notification, got.timeout_ms) == (300, 5, notification, 900)
+    assert got.local_indices == b"" and got.remote_indices == b""
+    assert pr.windowed == (lo is None) + (ro is None)
+    for side, (outer, field, window, want) in enumerate(((lo, got.local_outer, got.local_window, li),
+                                                        (ro, got.remote_outer, got.remote_window, ri))):
+        if outer is None:
+            assert not field.rows and (window.buffer_id, window.count) == (77, len(want))
+            assert window.offset == 4 * (2 * slot + side) * _plan.WINDOW_MAX
+            seen = ring.buffer.mem[window.offset:window.offset + 4 * window.count].view("<u4")
+            assert np.array_equal(seen, want)
+        else:
+            assert window.count == 0 and np.array_equal(decoded(field.SerializeToString()), want)
+    ring.give(slot)
+    assert ring.free == _plan.WINDOW_SLOTS

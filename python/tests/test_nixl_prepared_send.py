@@ -4,6 +4,7 @@ send; and a session's encoded submits of piece bodies over both paths, bytes che
 
 from __future__ import annotations
 
+import time
 from typing import Any, List
 
 import numpy as np
@@ -138,6 +139,52 @@ def test_encoded_piece_bodies_land_byte_exact(peered, path):
                 assert dst.read_bytes((5 - i) * 4096, 4096) == src.read_bytes(i * 4096, 4096)
 
 
+def test_one_encoded_body_lands_byte_exact_in_each_form_and_fails_alone_when_too_large(peered):
+    """Session._submit_encoded with one body (its own frame path: tcpxd.nixl's prepared
+    requests): as bytes, as one piece, as pieces with a numpy byte view; each WRITE lands byte
+    exact with its notification. One over the frame limit fails alone (ResourceExhausted naming
+    the limit, nothing pending), the session goes on; after the session ended, the sink gets the
+    session's end."""
+    from tcpxd import _local
+
+    a, b = peered
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        with ca.register_host(1 << 16) as src, cb.register_host(1 << 16) as dst, cb.subscribe() as sub:
+            src.fill(seed=12)
+            s = ca.session()
+            assert s.path == "local session"
+            for i, form in enumerate(("bytes", "one piece", "pieces")):
+                entry = _proto.message("WriteEntry")(local_buffer_id=src.id, local_offset=i * 4096, remote_descriptor=dst.descriptor,
+                                                     remote_offset=(7 - i) * 4096, length=4096).SerializeToString()
+                whole = b"\x0a" + bytes([len(entry)]) + entry + b"\x12" + bytes([len(form)]) + form.encode()
+                note = np.frombuffer(form.encode(), dtype=np.uint8)
+                body: Any = {"bytes": whole, "one piece": [whole],
+                             "pieces": [b"\x0a" + bytes([len(entry)]), memoryview(entry), b"\x12" + bytes([len(note)]), note.data.cast("B")]}[form]
+                sink = _Sink()
+                s._submit_encoded("write", [body], [sink])
+                assert sink.wait() == "ok", form
+                assert sink.tag > 0
+            got = sorted(sub.next(timeout=30).payload for _ in range(3))
+            assert got == [b"bytes", b"one piece", b"pieces"]
+            for i in range(3):
+                assert dst.read_bytes((7 - i) * 4096, 4096) == src.read_bytes(i * 4096, 4096)
+            huge = _Sink()
+            s._submit_encoded("write", [[b"\x12\x80\x80\x80\x20", bytes(_local.MAX_FRAME)]], [huge])
+            assert "67108864-byte frame limit" in huge.wait() and not s._pending
+            after = _Sink()
+            entry = _proto.message("WriteEntry")(local_buffer_id=src.id, local_offset=0, remote_descriptor=dst.descriptor,
+                                                 remote_offset=0, length=16).SerializeToString()
+            s._submit_encoded("write", [b"\x0a" + bytes([len(entry)]) + entry], [after])
+            assert after.wait() == "ok"
+            s._abort("cancelled")
+            deadline = time.monotonic() + 30
+            while s._ended is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            ended = _Sink()
+            s._submit_encoded("write", [b"\x0a" + bytes([len(entry)]) + entry], [ended])
+            assert ended.wait().startswith("error: ") and not s._pending
+
+
 class _Sink:
     def __init__(self):
         import threading
@@ -183,10 +230,11 @@ def test_indices_of_any_integer_dtype_move_the_right_blocks_on_both_paths(daemon
             li, ri = rng.permutation(64)[:24].astype(dtype), rng.permutation(64)[:24].astype(dtype)
             h = A.make_prepped_xfer(op, local, li, remote, ri, notif_msg=b"landed")
             assert h._xfer.plan.path == "prepared"
-            if path == "blocks":
+            if path == "blocks":  # a new session, on which the daemon refuses to prepare the lists again
                 def refuse(session, prepped):
                     raise FailedPrecondition("prepared lists refused (test)")
                 monkeypatch.setattr(A, "_prepared_id", refuse)
+                A._session_now()._abort("cancelled")
             A.transfer(h)
             assert wait(A, h) == "DONE", h.error
             assert h._xfer.plan.path == path

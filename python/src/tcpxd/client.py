@@ -440,6 +440,9 @@ class Session:
                 fut.add_done_callback(functools.partial(_forward, sink))
             return
         key = _field_key(field)
+        if len(bodies) == 1:  # one request (tcpxd.nixl's prepared path): one frame, its pieces joined when small
+            self._submit_one(key, bodies[0], sinks[0])
+            return
         pieces: List[Any] = []  # every frame's pieces, sent as they are
         total = 0
         big = False
@@ -477,6 +480,39 @@ class Session:
         with self._send_lock:
             try:
                 _send_pieces(self._conn.sock, pieces, total)  # type: ignore[union-attr]
+            except OSError:
+                pass  # the connection ended: the reader fails the pending futures
+
+    def _submit_one(self, key: bytes, body: Any, sink: Any) -> None:
+        """`_submit_encoded` of one body on the local session."""
+        blen = len(body) if type(body) is bytes else _body_size(body)
+        with self._lock:
+            tag = next(self._tags)
+            sink.tag = tag
+            ended = self._ended
+            if ended is None:
+                self._pending[tag] = sink
+        if ended is not None:
+            sink.set_exception(ended)
+            return
+        t, n = _varint(tag), _varint(blen)
+        size = 1 + len(t) + len(key) + len(n) + blen
+        if size > _local.MAX_FRAME:
+            with self._lock:
+                self._pending.pop(tag, None)
+            sink.set_exception(ResourceExhausted(
+                f"session request: {blen} bytes is over the local session's {_local.MAX_FRAME}-byte frame limit"))
+            return
+        head = _local.HEADER.pack(size) + b"\x08" + t + key + n
+        if type(body) is bytes:
+            pieces = [head + body] if blen <= 4096 else [head, body]
+        elif len(body) == 1 and type(body[0]) is bytes and blen <= 4096:
+            pieces = [head + body[0]]
+        else:
+            pieces = [head, *body]
+        with self._send_lock:
+            try:
+                _send_pieces(self._conn.sock, pieces, _local.HEADER.size + size)  # type: ignore[union-attr]
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
 

@@ -481,14 +481,13 @@ class nixl_agent:  # noqa: N801
     def _dlist(self, handle: Any, what: str) -> _plan.Prepped:
         if not isinstance(handle, nixl_prepped_dlist_handle) or handle._agent is not self:
             raise nixlInvalidParamError(f"{what}: not a prepared list of this agent (prep_xfer_dlist)")
-        with self._lock:
-            p = self._dlists.get(handle._handle)
+        p = self._dlists.get(handle._handle)  # (a dict read is atomic: no lock)
         if p is None:
             raise nixlNotFoundError(f"{what}: released")
         return p
 
     def _xfer_handle(self, plan: _plan.Plan, remote: str, notif: Any) -> nixl_xfer_handle:
-        xfer = Xfer(plan, remote, _bytes(notif, "notif_msg"))
+        xfer = Xfer(plan, remote, notif if type(notif) is bytes else _bytes(notif, "notif_msg"), self._conf.capture_telemetry)
         with self._lock:
             h = next(self._ids)
         return nixl_xfer_handle(self, h, xfer)
@@ -498,7 +497,7 @@ class nixl_agent:  # noqa: N801
                           backends: Optional[List[str]] = None, skip_desc_merge: bool = False) -> nixl_xfer_handle:
         """A transfer of local descriptor local_indices[k] with remote descriptor remote_indices[k]
         (WRITE: local into remote; READ: remote into local), equal lengths pairwise."""
-        op = _op(operation)
+        op = operation if operation == "READ" or operation == "WRITE" else _op(operation)
         local = self._dlist(local_xfer_side, "local_xfer_side")
         remote = self._dlist(remote_xfer_side, "remote_xfer_side")
         if local.agent:
@@ -507,13 +506,19 @@ class nixl_agent:  # noqa: N801
             raise nixlInvalidParamError("remote_xfer_side: prepared for this agent; prepare it with the remote agent's name")
         # vLLM's form (regions × blocks) is found and encoded compactly, in range, where the index
         # ring will not carry the indices (cheaper: _plan module doc); else checked
-        outer = self._outer_ok and (self._no_windows or _size(local_indices) > _plan.WINDOW_MAX)
-        lo = self._outer.encode(local_indices, local) if outer and local.held and local.preparable else None
-        ro = self._outer.encode(remote_indices, remote) if outer and remote.held and remote.preparable else None
-        li = local_indices if lo is not None else _plan.indices(local_indices, len(local), "local_indices")
-        ri = remote_indices if ro is not None else _plan.indices(remote_indices, len(remote), "remote_indices")
+        if self._outer_ok and (self._no_windows or _size(local_indices) > _plan.WINDOW_MAX):
+            lo = self._outer.encode(local_indices, local) if local.held and local.preparable else None
+            ro = self._outer.encode(remote_indices, remote) if remote.held and remote.preparable else None
+        else:
+            lo = ro = None
+        li = local_indices if lo is not None else _plan.indices(local_indices, local.count, "local_indices")
+        ri = remote_indices if ro is not None else _plan.indices(remote_indices, remote.count, "remote_indices")
         plan = _plan.plan(op, local, li, remote, ri, not skip_desc_merge, self._timeout_ms, lo, ro)
-        return self._xfer_handle(plan, remote.agent, notif_msg)
+        xfer = Xfer(plan, remote.agent, notif_msg if type(notif_msg) is bytes else _bytes(notif_msg, "notif_msg"),
+                    self._conf.capture_telemetry)
+        with self._lock:
+            h = next(self._ids)
+        return nixl_xfer_handle(self, h, xfer)
 
     def initialize_xfer(self, operation: str, local_descs: Any, remote_descs: Any, remote_agent: AgentName,
                         notif_msg: Any = b"", backends: Optional[List[str]] = None) -> nixl_xfer_handle:
@@ -546,6 +551,10 @@ class nixl_agent:  # noqa: N801
             return self._windows
 
     def _session_now(self) -> Any:
+        """The agent's session: the current one while it lives (read without a lock), else a new one."""
+        s = self._session
+        if s is not None and s._ended is None and not s._closed and getattr(s, "_why", None) is None and not self._closed:
+            return s
         with self._lock:
             if self._closed:
                 raise nixlBackendError("the agent is closed")
@@ -558,23 +567,38 @@ class nixl_agent:  # noqa: N801
         """Posts the transfer: "PROC" (or "DONE"/"ERR" if it already ended). A notification reaches
         the remote agent after the data landed (after it was read, for a READ)."""
         xfer = self._live(handle)
-        remote = self._remote(xfer.remote, "handle's remote agent")
-        msg = _bytes(notif_msg, "notif_msg") or xfer.notif
-        framed = frame(self.name, remote.md.name, msg) if msg else b""
+        remote = self._remotes.get(xfer.remote)  # (a dict read is atomic: no lock)
+        if remote is None:
+            remote = self._remote(xfer.remote, "handle's remote agent")  # raises, naming it
+        if type(notif_msg) is bytes and not notif_msg:  # the handle's own: framed once
+            framed = xfer.framed
+            if framed is None:
+                framed = xfer.framed = frame(self.name, remote.md.name, xfer.notif) if xfer.notif else b""
+        else:
+            msg = _bytes(notif_msg, "notif_msg") or xfer.notif
+            framed = frame(self.name, remote.md.name, msg) if msg else b""
         session = self._session_now()
         pr = xfer.plan.prepared
         if pr is not None:  # bound to the session's prepared ids (prepared there if it is new)
-            try:
-                ids = self._prepared_id(session, pr.local), self._prepared_id(session, pr.remote)
-            except (TcpxdError, nixlBackendError) as e:
-                log.debug("agent %s: prepared path refused (%s): the block or batch path instead", self.name, e)
-                xfer.plan = pr.unprepared(xfer.plan.op)
-            else:  # one request, the notification in it; its indices in the index ring, else packed
-                ring = self._windows_now() if _plan.WINDOW_MIN <= len(pr.li) <= _plan.WINDOW_MAX else None
+            ld, rd = pr.local.daemon, pr.remote.daemon  # (session, id) tuples: read without a lock
+            lid: Optional[int] = None
+            if ld is not None and rd is not None and ld[0] is session and rd[0] is session:
+                lid, rid = ld[1], rd[1]
+            else:
+                try:
+                    lid, rid = self._prepared_id(session, pr.local), self._prepared_id(session, pr.remote)
+                except (TcpxdError, nixlBackendError) as e:
+                    log.debug("agent %s: prepared path refused (%s): the block or batch path instead", self.name, e)
+                    xfer.plan = pr.unprepared(xfer.plan.op)
+            if lid is not None:  # one request, the notification in it; its indices in the index ring, else packed
+                ring = None
+                if _plan.WINDOW_MIN <= len(pr.li) <= _plan.WINDOW_MAX:
+                    ring = self._windows if self._windows is not None or self._no_windows else self._windows_now()
                 slot = ring.take() if ring is not None else None
-                if ring is not None and slot is not None:
+                if slot is not None:
+                    assert ring is not None
                     try:
-                        body = pr.window_body(*ids, framed, ring, slot)
+                        body = pr.window_body(_plan.ids_field(lid, rid), framed, ring, slot)
                         return xfer.post(session, b"", None, [body], functools.partial(ring.give, slot))
                     except BaseException as e:  # nothing was sent: the slot is free again
                         ring.give(slot)
@@ -583,7 +607,7 @@ class nixl_agent:  # noqa: N801
                         raise
                 with self._scratch.lock:
                     try:
-                        return xfer.post(session, b"", None, [pr.body(*ids, framed, self._scratch)])
+                        return xfer.post(session, b"", None, [pr.body(lid, rid, framed, self._scratch)])
                     except TcpxdError as e:
                         raise from_tcpxd(e, "transfer") from None
         ride = framed if xfer.plan.carries_notification else b""
@@ -610,7 +634,10 @@ class nixl_agent:  # noqa: N801
     def get_xfer_telemetry(self, handle: nixl_xfer_handle) -> nixlXferTelemetry:
         if not self._conf.capture_telemetry:
             raise nixlNoTelemetryError("get_xfer_telemetry: the agent was created without capture_telemetry=True")
-        return self._live(handle).telemetry
+        tm = self._live(handle).telemetry
+        if tm is None:  # made before capture_telemetry was set on the agent's config
+            raise nixlNoTelemetryError("get_xfer_telemetry: the transfer was made while the agent captured no telemetry")
+        return tm
 
     def release_xfer_handle(self, handle: nixl_xfer_handle) -> None:
         """Releases the handle; a transfer still in progress is cancelled on both sides."""
@@ -663,7 +690,7 @@ class nixl_agent:  # noqa: N801
 
 def _size(idx: Any) -> int:
     """The number of indices of a numpy array (0 for anything else: the outer form needs one)."""
-    return int(idx.size) if isinstance(idx, np.ndarray) else 0
+    return idx.size if type(idx) is np.ndarray else int(idx.size) if isinstance(idx, np.ndarray) else 0
 
 
 def _op(operation: Any) -> str:

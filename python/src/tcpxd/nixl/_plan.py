@@ -37,13 +37,21 @@ numpy passes that also stand for the range check; the daemon expands them. (The 
 Python time: one pass a side to check, one to pack; the outer form's two passes cost about what
 packing and writing 256 KiB to the socket do.)
 
+A request on this path does little besides those passes, as every Python object and lookup costs
+more once they swept the caches: `make_prepped_xfer` checks both arrays (an int64 one in one
+reduction, no copy) and makes one Prepared, Plan, Xfer and handle; `transfer` reads the lists'
+daemon ids (session, id) without a lock while the session lives (PrepareBlocks again only on a new
+one), takes a ring slot and frees it without a lock (list pop and append), packs both sides and
+builds the request as one bytes object of a few dozen bytes, sent in one frame by one sendmsg; no
+clock is read for telemetry unless the agent captures it.
+
 Either way the requests go out on the agent's session and pipeline; _xfer.Xfer follows them.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field as dfield
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -74,6 +82,8 @@ WINDOW_SLOTS = 32
 _LIST_SHIFT = np.int64(32)
 _U32 = np.dtype("<u4")
 _LOW = np.int64(0xFFFFFFFF)
+_I64 = np.dtype(np.int64)
+_U64 = np.dtype(np.uint64)
 
 
 @dataclass
@@ -91,6 +101,8 @@ class Prepped:
 
     def __post_init__(self) -> None:
         #: Per region: its buffer's id, and its descriptor as an encoded field of each entry kind.
+        #: The number of descriptors.
+        self.count = len(self.length)
         self.buffer_ids = np.array([r.buffer_id for r in self.regions], dtype=np.uint64)
         descs = [r.descriptor.encode() for r in self.regions]
         self.desc_rows = {"WRITE": _wire.blobs(3, descs), "READ": _wire.blobs(1, descs)}
@@ -112,6 +124,8 @@ class Prepped:
         #: Whether the daemon prepared it once (the prepared path is planned only then).
         self.held = False
         self.daemon_lock = threading.Lock()
+        #: Whether the daemon can hold this list, but for a refusal (`preparable`).
+        self._holdable = self.usig is not None and self.usig >= 0 and 0 < len(self.length) <= MAX_PREPARED
         self._scratch: Optional[np.ndarray] = None
         self._scratch_lock = threading.Lock()
         self._fields: Dict[str, List[bytes]] = {}
@@ -168,7 +182,7 @@ class Prepped:
     @property
     def preparable(self) -> bool:
         """Whether the daemon can hold this list (every descriptor granule-aligned, one length)."""
-        return self.usig is not None and self.usig >= 0 and 0 < len(self.length) <= MAX_PREPARED and not self.refused
+        return self._holdable and not self.refused
 
     def prepare_request(self) -> Any:
         """This list's PrepareBlocksRequest: its buffers' granule lists (ids here, tokens for a
@@ -212,7 +226,7 @@ class Prepped:
             return bool((s[idx] == at).all())
 
     def __len__(self) -> int:
-        return len(self.length)
+        return self.count
 
 
 def prepare(table: RegionTable, mem: str, rows: np.ndarray, agent: str, owner: str, what: str) -> Prepped:
@@ -228,7 +242,10 @@ def indices(idx: Any, n: int, what: str) -> np.ndarray:
     """`idx` (a list or integer numpy array) as integers each in [0, n): a native-endian integer
     array comes back as it is (checked in one pass: its elements read as unsigned, a negative one
     is above any n), anything else as int64."""
-    if type(idx) is np.ndarray and idx.ndim == 1 and idx.size:
+    if type(idx) is np.ndarray and idx.dtype is _I64 and idx.ndim == 1 and idx.size:  # the commonest: one reduction
+        if int(_umax(idx.view(_U64))) < n:
+            return idx
+    elif type(idx) is np.ndarray and idx.ndim == 1 and idx.size:
         dt = idx.dtype
         if dt.kind in "iu" and dt.isnative:  # the common case, quickly: one reduction
             v = idx if dt.kind == "u" else idx.view(_UNSIGNED[dt.itemsize])
@@ -317,30 +334,27 @@ class Outer:
         return rb + b"\x12" + V(len(cb)) + cb
 
 
-@dataclass
 class Plan:
     """A transfer's daemon requests, serialized (`bodies`: each the bytes of the message in
     `field` of a SessionRequest, without a notification, or a list of pieces whose concatenation
     they are; `notif_key` is the key of a WRITE's notification field, appended when one rides),
     and its size. `path`: "prepared" (one request naming two daemon prepared lists), "blocks"
-    (granule lists) or "batch"."""
+    (granule lists) or "batch". `prepared`: the prepared path's request before it is bound to a
+    session's prepared ids."""
 
-    op: str
-    bodies: List[Any]
-    total_bytes: int
-    desc_count: int
-    entries: int
-    path: str = "batch"
-    field: str = dfield(default="")
-    notif_key: bytes = b""
-    #: The prepared path's request before it is bound to a session's prepared ids (`bind`).
-    prepared: Optional["Prepared"] = None
+    __slots__ = ("op", "bodies", "total_bytes", "desc_count", "entries", "path", "field", "notif_key", "prepared")
 
-    def __post_init__(self) -> None:
-        if not self.field:
-            self.field = field(self.op, self.path)
-        if self.op == "WRITE" or self.path == "prepared":
-            self.notif_key = _NOTIF_KEY[self.path]
+    def __init__(self, op: str, bodies: List[Any], total_bytes: int, desc_count: int, entries: int, path: str = "batch",
+                 field: str = "", notif_key: bytes = b"", prepared: Optional["Prepared"] = None) -> None:
+        self.op = op
+        self.bodies = bodies
+        self.total_bytes = total_bytes
+        self.desc_count = desc_count
+        self.entries = entries
+        self.path = path
+        self.field = field or _FIELD[(op, path)]
+        self.notif_key = _NOTIF_KEY[path] if op == "WRITE" or path == "prepared" else notif_key
+        self.prepared = prepared
 
     @property
     def carries_notification(self) -> bool:
@@ -360,23 +374,26 @@ class Plan:
         return [cls.FromString(b if isinstance(b, bytes) else b"".join(b)) for b in self.bodies]
 
 
-@dataclass
 class Prepared:
     """A prepared-path transfer: both lists, their indices (as given, checked to be in range),
     the timeout field, and what the block or batch path needs should the daemon refuse the lists."""
 
-    local: Prepped
-    li: np.ndarray
-    remote: Prepped
-    ri: np.ndarray
-    tmo: bytes
-    merge: bool
-    timeout_ms: int
-    #: A side's indices as an encoded OuterIndices (`Outer.encode`), when they have that form.
-    lo: Optional[bytes] = None
-    ro: Optional[bytes] = None
-    #: Sides its last request passed through the agent's index ring (`window_body`).
-    windowed: int = 0
+    __slots__ = ("local", "li", "remote", "ri", "tmo", "merge", "timeout_ms", "lo", "ro", "windowed")
+
+    def __init__(self, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarray, tmo: bytes, merge: bool,
+                 timeout_ms: int, lo: Optional[bytes] = None, ro: Optional[bytes] = None) -> None:
+        self.local = local
+        self.li = li
+        self.remote = remote
+        self.ri = ri
+        self.tmo = tmo
+        self.merge = merge
+        self.timeout_ms = timeout_ms
+        #: A side's indices as an encoded OuterIndices (`Outer.encode`), when they have that form.
+        self.lo = lo
+        self.ro = ro
+        #: Sides its last request passed through the agent's index ring (`window_body`).
+        self.windowed = 0
 
     def body(self, lid: int, rid: int, notification: bytes, scratch: "Scratch") -> List[Any]:
         """Write/ReadPreparedRequest (same numbers): local_prepared_id 1, local_indices 2,
@@ -390,32 +407,42 @@ class Prepared:
         mid = b"\x18" + V(rid) + (b"\x22" + V(len(rb)) if self.ro is None else b"")
         return [head, lb, mid, rb, self._tail(notification)]
 
-    def window_body(self, lid: int, rid: int, notification: bytes, ring: "Windows", slot: int) -> List[Any]:
+    def window_body(self, ids: bytes, notification: bytes, ring: "Windows", slot: int) -> List[Any]:
         """The request with each side not sent as an outer sum packed into `slot` of the agent's
         index ring and named by an IndexWindow (local_window 10, remote_window 11): a few dozen
-        bytes a side instead of 4 an index."""
-        self.windowed = (self.lo is None) + (self.ro is None)
-        tail = self._tail(notification)
-        if self.lo is None:
-            tail += ring.pack(slot, 0, self.li, b"\x52")
-        if self.ro is None:
-            tail += ring.pack(slot, 1, self.ri, b"\x5a")
-        return [b"\x08" + V(lid) + b"\x18" + V(rid) + tail]
+        bytes a side instead of 4 an index. `ids`: both prepared ids' fields (`ids_field`)."""
+        lo, ro = self.lo, self.ro
+        if lo is None and ro is None:  # the common case: both sides in the ring
+            self.windowed = 2
+            tail = ring.pack(slot, 0, self.li) + ring.pack(slot, 1, self.ri)
+        else:
+            self.windowed = (lo is None) + (ro is None)
+            tail = (ring.pack(slot, 0, self.li) if lo is None else b"") + (ring.pack(slot, 1, self.ri) if ro is None else b"")
+        if notification:
+            return [ids + b"\x2a" + V(len(notification)) + notification + self.tmo + self._outer() + tail]
+        return [ids + self.tmo + self._outer() + tail]
+
+    def _outer(self) -> bytes:
+        """Each side's outer sum where it has one (local_outer 8, remote_outer 9)."""
+        lo, ro = self.lo, self.ro
+        if lo is None and ro is None:
+            return b""
+        return (b"" if lo is None else b"\x42" + V(len(lo)) + lo) + (b"" if ro is None else b"\x4a" + V(len(ro)) + ro)
 
     def _tail(self, notification: bytes) -> bytes:
         """The fields both request forms end with: notification 5, timeout_ms 6, and each side's
         outer sum where it has one (local_outer 8, remote_outer 9)."""
-        tail = (b"\x2a" + V(len(notification)) + notification if notification else b"") + self.tmo
-        if self.lo is not None:
-            tail += b"\x42" + V(len(self.lo)) + self.lo
-        if self.ro is not None:
-            tail += b"\x4a" + V(len(self.ro)) + self.ro
-        return tail
+        return (b"\x2a" + V(len(notification)) + notification if notification else b"") + self.tmo + self._outer()
 
     def unprepared(self, op: str) -> "Plan":
         """The block or batch path for this transfer (the daemon refused a list)."""
         li, ri = self.li.astype(np.int64, copy=False), self.ri.astype(np.int64, copy=False)
         return unprepared_plan(op, self.local, li, self.remote, ri, self.merge, self.timeout_ms)
+
+
+def ids_field(lid: int, rid: int) -> bytes:
+    """A prepared request's first fields: local_prepared_id 1, remote_prepared_id 3."""
+    return b"\x08" + V(lid) + b"\x18" + V(rid)
 
 
 class Scratch:
@@ -451,13 +478,22 @@ class Windows:
     IndexWindow (buffer, offset, count); the daemon reads them when it takes the request, so the
     slot is free again once the request is answered (`give`, from the request's answer, whatever
     it is). With no slot free, or on a daemon whose memory this process cannot map (a TCP
-    endpoint), requests go packed as before."""
+    endpoint), requests go packed as before.
+
+    Per slot side, its array (a view of the ring) and its IndexWindow field but for the count are
+    made once; slots are handed out last freed first (one slot serves a request at a time)."""
 
     def __init__(self, buffer: Any) -> None:
         self.buffer = buffer
         self.id = int(buffer.id)
-        self._u32 = buffer.numpy()[: WINDOW_SLOTS * 8 * WINDOW_MAX].view(_U32)
-        self._lock = threading.Lock()
+        u32 = buffer.numpy()[: WINDOW_SLOTS * 8 * WINDOW_MAX].view(_U32)
+        self._u32 = u32
+        #: Per (slot, side): the side's array, and IndexWindow{buffer_id 1, offset 2, count 3}'s
+        #: bytes up to the count's value.
+        self._sides: List[Tuple[np.ndarray, bytes]] = []
+        for at in range(0, 2 * WINDOW_SLOTS * WINDOW_MAX, WINDOW_MAX):
+            self._sides.append((u32[at:at + WINDOW_MAX], b"\x08" + V(self.id) + b"\x10" + V(4 * at) + b"\x18"))
+        # list.pop and list.append are atomic: no lock (take / give)
         self._free = list(range(WINDOW_SLOTS - 1, -1, -1))
 
     @staticmethod
@@ -466,26 +502,27 @@ class Windows:
 
     def take(self) -> Optional[int]:
         """A free slot, or None."""
-        with self._lock:
-            return self._free.pop() if self._free else None
+        try:
+            return self._free.pop()
+        except IndexError:
+            return None
 
     def give(self, slot: int) -> None:
         """Frees `slot` (its request was answered, or never sent)."""
-        with self._lock:
-            self._free.append(slot)
+        self._free.append(slot)
 
     @property
     def free(self) -> int:
-        with self._lock:
-            return len(self._free)
+        return len(self._free)
 
-    def pack(self, slot: int, side: int, a: np.ndarray, key: bytes) -> bytes:
-        """`a` packed as u32s into side `side` of `slot`; its IndexWindow field (`key`)."""
+    def pack(self, slot: int, side: int, a: np.ndarray) -> bytes:
+        """`a` (at most WINDOW_MAX integers in u32's range) packed as u32s into side `side` of
+        `slot`; its IndexWindow as the request's field (local_window 10, remote_window 11)."""
         n = len(a)
-        at = (2 * slot + side) * WINDOW_MAX
-        self._u32[at:at + n] = a
-        inner = b"\x08" + V(self.id) + b"\x10" + V(4 * at) + b"\x18" + V(n)
-        return key + V(len(inner)) + inner
+        dst, head = self._sides[2 * slot + side]
+        dst[:n] = a
+        inner = head + V(n)
+        return (b"\x5a" if side else b"\x52") + _SMALL_VARINTS[len(inner)] + inner
 
 
 #: A request message by SessionRequest field, and a notification's key by path.
@@ -537,14 +574,16 @@ def prepared_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: 
     daemon, with one signature (every pair the same granules), a destination list whose descriptors
     share no byte, at most MAX_PREPARED indices. A destination descriptor named twice is refused
     by the daemon (the transfer ends in "ERR" naming it)."""
-    if not (local.held and remote.held and local.preparable and remote.preparable and local.usig == remote.usig):
-        return None
-    if (local if op == "READ" else remote).overlaps or len(li) > MAX_PREPARED:
+    if not (local.held and remote.held and local.usig == remote.usig and local._holdable and remote._holdable
+            and not local.refused and not remote.refused):
         return None
     n = len(li)
+    if (local if op == "READ" else remote).overlaps or n > MAX_PREPARED:
+        return None
     tmo = _timeout(b"\x30", timeout_ms)  # timeout_ms = 6 in both requests
     pr = Prepared(local, li, remote, ri, tmo, merge, timeout_ms, lo, ro)
-    return Plan(op, [], n * int(local.length[0]), n, n, "prepared", prepared=pr)
+    # every descriptor's length is usig >> 6 (`Prepped._granules`)
+    return Plan(op, [], n * (local.usig >> 6), n, n, "prepared", prepared=pr)  # type: ignore[operator]
 
 
 def block_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarray, timeout_ms: int) -> Optional[Plan]:
@@ -693,8 +732,7 @@ def descs_plan(op: str, local: Prepped, remote: Prepped, timeout_ms: int) -> Pla
 
 def field(op: str, path: str = "batch") -> str:
     """The SessionRequest field of a plan's requests."""
-    if path == "blocks":
-        return "write_blocks" if op == "WRITE" else "read_blocks"
-    if path == "prepared":
-        return "write_prepared" if op == "WRITE" else "read_prepared"
-    return "write_batch" if op == "WRITE" else "read_batch"
+    return _FIELD[(op, path)]
+
+
+_FIELD = {(op, path): f"{op.lower()}_{path}" for op in ("WRITE", "READ") for path in ("batch", "blocks", "prepared")}

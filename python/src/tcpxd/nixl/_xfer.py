@@ -72,10 +72,15 @@ class Xfer:
     fails (the others are cancelled); a notification that rides none of them goes once all are
     done (`followup`)."""
 
-    def __init__(self, plan: Plan, remote: str, notif: bytes):
+    __slots__ = ("plan", "remote", "notif", "framed", "state", "error", "released", "_lock", "_gen", "_parts", "_left",
+                 "_session", "_followup", "_t0", "telemetry")
+
+    def __init__(self, plan: Plan, remote: str, notif: bytes, timed: bool = True):
         self.plan = plan
         self.remote = remote
         self.notif = notif
+        #: `notif` framed for the remote agent (by the agent, on the first post that sends it).
+        self.framed: Optional[bytes] = None
         self.state = "INIT"
         #: Why it ended in "ERR" (a tcpxd exception naming the daemon's reason).
         self.error: Optional[BaseException] = None
@@ -87,7 +92,9 @@ class Xfer:
         self._session: Any = None
         self._followup: Optional[Callable[[Any, Any], None]] = None
         self._t0 = 0.0
-        self.telemetry = nixlXferTelemetry(totalBytes=plan.total_bytes, descCount=plan.desc_count)
+        #: Its telemetry, kept only when `timed` (the agent captures telemetry): else None, and
+        #: no clock is read for it.
+        self.telemetry = nixlXferTelemetry(totalBytes=plan.total_bytes, descCount=plan.desc_count) if timed else None
 
     def post(self, session: Any, ride: bytes, followup: Optional[Callable[[Any, Any], None]],
              bodies: Optional[List[Any]] = None, answered: Optional[Callable[[], None]] = None) -> str:
@@ -98,6 +105,7 @@ class Xfer:
         (not when this raises: nothing was sent then)."""
         if bodies is None:
             bodies = self.plan.bodies
+        tm = self.telemetry
         with self._lock:
             if self.released:
                 raise nixlNotFoundError("handle: released")
@@ -110,26 +118,26 @@ class Xfer:
             self._session = session
             self._followup = followup
             self._left = len(bodies)
-            self._t0 = time.perf_counter()
-            parts = self._parts = [_Part(self, gen) for _ in bodies]
-            parts[0].answered = answered
-        t0 = self._t0
-        self.telemetry.startTime = time.time_ns() // 1000
+            t0 = self._t0 = time.perf_counter() if tm is not None else 0.0
+            first = _Part(self, gen)
+            first.answered = answered
+            parts = self._parts = [first] if len(bodies) == 1 else [first] + [_Part(self, gen) for _ in bodies[1:]]
+        if tm is not None:
+            tm.startTime = time.time_ns() // 1000
         if ride:
             note = self.plan.notif_key + _wire.varint(len(ride)) + ride
             bodies = [bodies[0] + note if isinstance(bodies[0], bytes) else [*bodies[0], note]]
         try:
             session._submit_encoded(self.plan.field, bodies, parts)
         except TcpxdError as e:  # the session was closed under us: nothing was sent
-            parts[0].answered = None
+            first.answered = None
             with self._lock:
                 if gen == self._gen and self.state == "PROC":
                     self._end("ERR", e)
             raise
-        self.telemetry.postDuration = int((time.perf_counter() - t0) * 1e6)
-        with self._lock:
-            stale = gen != self._gen  # released while posting
-        if stale:
+        if tm is not None:
+            tm.postDuration = int((time.perf_counter() - t0) * 1e6)
+        if gen != self._gen:  # released while posting (an int read: no lock)
             for p in parts:
                 if not p.finished:
                     _cancel(session, p)
@@ -169,7 +177,8 @@ class Xfer:
     def _end(self, state: str, err: Optional[BaseException]) -> None:
         self.state = state
         self.error = err
-        self.telemetry.xferDuration = int((time.perf_counter() - self._t0) * 1e6)
+        if self.telemetry is not None:
+            self.telemetry.xferDuration = int((time.perf_counter() - self._t0) * 1e6)
 
     def release(self) -> None:
         """Releases the handle; an unfinished transfer is cancelled on both sides."""
