@@ -514,11 +514,7 @@ class nixl_agent:  # noqa: N801
         li = local_indices if lo is not None else _plan.indices(local_indices, local.count, "local_indices")
         ri = remote_indices if ro is not None else _plan.indices(remote_indices, remote.count, "remote_indices")
         plan = _plan.plan(op, local, li, remote, ri, not skip_desc_merge, self._timeout_ms, lo, ro)
-        xfer = Xfer(plan, remote.agent, notif_msg if type(notif_msg) is bytes else _bytes(notif_msg, "notif_msg"),
-                    self._conf.capture_telemetry)
-        with self._lock:
-            h = next(self._ids)
-        return nixl_xfer_handle(self, h, xfer)
+        return self._xfer_handle(plan, remote.agent, notif_msg)
 
     def initialize_xfer(self, operation: str, local_descs: Any, remote_descs: Any, remote_agent: AgentName,
                         notif_msg: Any = b"", backends: Optional[List[str]] = None) -> nixl_xfer_handle:
