@@ -30,6 +30,7 @@ use super::blocks::{IndexArray, MAX_LIST_BLOCKS, MAX_TRANSFER_BLOCKS};
 use super::prepared_entries::PreparedEntries;
 use super::*;
 
+mod dest_bits;
 mod plan;
 
 use plan::Planning;
