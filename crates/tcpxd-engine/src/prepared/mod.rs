@@ -349,13 +349,6 @@ impl Engine {
         self.prepared.notices.remove(&id);
     }
 
-    /// Transfer `id` failed or was cancelled: what was left to plan of it is dropped.
-    pub(super) fn drop_plan(&mut self, id: TransferId) {
-        if !self.prepared.planning.is_empty() {
-            self.drop_plan_of(id);
-        }
-    }
-
     /// A peer's prepared transfer touching our `lists` finished: its notification is delivered
     /// (with the buffers of those lists that still exist). One larger than this node accepts is
     /// dropped, as an offer carrying it would be refused.

@@ -349,9 +349,10 @@ impl Engine {
         if !self.transfers.contains_key(&p.id) {
             return true; // ended meanwhile
         }
-        let (local_lists, remote_lists, count) = (&p.local_lists, &p.remote_lists, p.count);
+        let count = p.count;
         let end = (p.next + PLAN_SLICE_PAIRS).min(p.local_idx.len());
-        let mut sealed: Vec<(BlockSpec, usize)> = Vec::new();
+        // Parts complete in this slice, with their group's (local, remote) list positions.
+        let mut sealed: Vec<((u32, u32), Part)> = Vec::new();
         for k in p.next..end {
             let le = p
                 .local_entries
@@ -369,9 +370,7 @@ impl Engine {
                     if let Some((k0, g0)) = prev {
                         let grp = &mut p.groups[g0];
                         if grp.parts.last().is_some_and(|q| q.blocks >= SEAL_MIN_BLOCKS) {
-                            let q = grp.parts.pop().expect("checked");
-                            let r = &remote_lists[k0.1 as usize];
-                            sealed.push((part_spec(local_lists[k0.0 as usize], r, p.peer, q), g0));
+                            sealed.push((k0, grp.parts.pop().expect("checked")));
                         }
                     }
                     let g = *p.by_lists.entry(key).or_insert_with(|| {
@@ -393,8 +392,7 @@ impl Engine {
                 .is_none_or(|q| q.blocks + u64::from(count) > MAX_TRANSFER_BLOCKS)
             {
                 if let Some(q) = grp.parts.pop() {
-                    let r = &remote_lists[key.1 as usize];
-                    sealed.push((part_spec(local_lists[key.0 as usize], r, p.peer, q), g));
+                    sealed.push((key, q));
                 }
                 grp.parts.push(Part::new(64));
             }
@@ -406,14 +404,14 @@ impl Engine {
         p.next = end;
         let done = end == p.local_idx.len();
         if done {
-            for (g, grp) in p.groups.iter_mut().enumerate() {
+            for grp in &mut p.groups {
                 if let Some(q) = grp.parts.pop() {
-                    let r = &remote_lists[grp.remote as usize];
-                    sealed.push((part_spec(local_lists[grp.local as usize], r, p.peer, q), g));
+                    sealed.push(((grp.local, grp.remote), q));
                 }
             }
         }
-        for (spec, _) in sealed {
+        for ((l, r), q) in sealed {
+            let spec = part_spec(p.local_lists[l as usize], &p.remote_lists[r as usize], p.peer, q);
             if !p.touched.contains(&spec.remote.list_id) {
                 p.touched.push(spec.remote.list_id);
             }
@@ -440,18 +438,13 @@ impl Engine {
                 },
             );
         }
-        let t = self.transfers.get_mut(&p.id).expect("checked above");
-        t.pending_parts -= 1;
-        if t.pending_parts == 0 {
-            // Every part finished while the last were planned (none can: they were just sent).
-            t.pending_parts = 1;
-            self.part_done(p.id);
-        }
+        // The plan's own pending part is done (the parts just sent keep the transfer going).
+        self.part_done(p.id);
         true
     }
 
-    /// Transfer `id` ended: the rest of its plan is not made.
-    pub(in crate::prepared) fn drop_plan_of(&mut self, id: TransferId) {
+    /// Transfer `id` failed or was cancelled: what was left to plan of it is dropped.
+    pub(crate) fn drop_plan(&mut self, id: TransferId) {
         self.prepared.planning.retain(|p| p.id != id);
     }
 
