@@ -87,6 +87,14 @@ fn pull_pairs(s: &mut Sim, per: usize) -> (Vec<u32>, Vec<u32>) {
     (side(s), side(s))
 }
 
+/// Node 0 starts a prepared READ of these pairs (deadline a minute away).
+fn start(e: &mut Early, local: &[u32], remote: &[u32], note: Vec<u8>) -> EngineResult<TransferId> {
+    let (now, dl) = (e.s.now, e.s.now + Duration::from_secs(60));
+    e.s.nodes[0]
+        .eng
+        .start_read_prepared(e.local, local, e.remote, remote, note, dl, now)
+}
+
 /// The read requests node 0 sent so far and node 1 has not taken yet.
 fn read_requests_sent(s: &mut Sim) -> usize {
     s.drain();
@@ -115,11 +123,7 @@ fn a_large_prepared_read_sends_its_first_part_at_once_and_the_rest_once_planned(
         let mut e = early_setup(40 + seed);
         let (local, remote) = pull_pairs(&mut e.s, per);
         let want = expected(&e, &local, &remote);
-        let (now, dl) = (e.s.now, e.s.now + Duration::from_secs(60));
-        let t = e.s.nodes[0]
-            .eng
-            .start_read_prepared(e.local, &local, e.remote, &remote, b"pulled".to_vec(), dl, now)
-            .unwrap();
+        let t = start(&mut e, &local, &remote, b"pulled".to_vec()).unwrap();
         // The first region's part only: its read request, no progress yet.
         e.s.drain();
         let first: Vec<_> = e.s.ctrl[1].iter().cloned().collect();
@@ -162,11 +166,7 @@ fn planned_a_slice_at_a_time_between_other_events_it_lands_and_a_tick_plans_too(
         let mut e = early_setup(51 + seed);
         let (local, remote) = pull_pairs(&mut e.s, per);
         let want = expected(&e, &local, &remote);
-        let (now, dl) = (e.s.now, e.s.now + Duration::from_secs(60));
-        let t = e.s.nodes[0]
-            .eng
-            .start_read_prepared(e.local, &local, e.remote, &remote, b"n".to_vec(), dl, now)
-            .unwrap();
+        let t = start(&mut e, &local, &remote, b"n".to_vec()).unwrap();
         // The simulator plans in its own turn, among messages and completions, in random order.
         e.s.run();
         let o = e.s.outcome(0, t);
@@ -180,13 +180,9 @@ fn planned_a_slice_at_a_time_between_other_events_it_lands_and_a_tick_plans_too(
     // A tick plans a slice too.
     let mut e = early_setup(59);
     let (local, remote) = pull_pairs(&mut e.s, per);
-    let (now, dl) = (e.s.now, e.s.now + Duration::from_secs(60));
-    let t = e.s.nodes[0]
-        .eng
-        .start_read_prepared(e.local, &local, e.remote, &remote, Vec::new(), dl, now)
-        .unwrap();
+    let t = start(&mut e, &local, &remote, Vec::new()).unwrap();
     assert!(e.s.nodes[0].eng.planning());
-    e.s.nodes[0].eng.on_tick(now);
+    e.s.nodes[0].eng.on_tick(e.s.now);
     assert!(!e.s.nodes[0].eng.planning());
     assert_eq!(read_requests_sent(&mut e.s), LISTS as usize);
     assert!(e.s.nodes[0].eng.cancel(t, Code::Cancelled, "done"));
@@ -200,11 +196,7 @@ fn a_bad_pair_anywhere_is_refused_at_once_naming_it_and_nothing_starts() {
     // A destination named twice, in the last region.
     let last = local.len() - 1;
     local[last] = local[last - 7];
-    let (now, dl) = (e.s.now, e.s.now + Duration::from_secs(60));
-    let err = e.s.nodes[0]
-        .eng
-        .start_read_prepared(e.local, &local, e.remote, &remote, b"never".to_vec(), dl, now)
-        .unwrap_err();
+    let err = start(&mut e, &local, &remote, b"never".to_vec()).unwrap_err();
     assert_eq!(err.code, Code::InvalidArgument);
     assert!(
         err.message.contains(&format!("local_indices[{last}]"))
@@ -223,11 +215,7 @@ fn a_prepared_list_released_while_planning_changes_nothing() {
     let mut e = early_setup(65);
     let (local, remote) = pull_pairs(&mut e.s, per);
     let want = expected(&e, &local, &remote);
-    let (now, dl) = (e.s.now, e.s.now + Duration::from_secs(60));
-    let t = e.s.nodes[0]
-        .eng
-        .start_read_prepared(e.local, &local, e.remote, &remote, Vec::new(), dl, now)
-        .unwrap();
+    let t = start(&mut e, &local, &remote, Vec::new()).unwrap();
     e.s.nodes[0].eng.release_prepared(e.local).unwrap();
     e.s.nodes[0].eng.release_prepared(e.remote).unwrap();
     e.s.run();
@@ -253,11 +241,7 @@ fn pairs_hopping_between_lists_land_in_few_parts() {
             .map(|_| e.s.rand((LISTS * BLOCKS) as usize) as u32)
             .collect();
         let want = expected(&e, &local, &remote);
-        let (now, dl) = (e.s.now, e.s.now + Duration::from_secs(60));
-        let t = e.s.nodes[0]
-            .eng
-            .start_read_prepared(e.local, &local, e.remote, &remote, Vec::new(), dl, now)
-            .unwrap();
+        let t = start(&mut e, &local, &remote, Vec::new()).unwrap();
         while e.s.nodes[0].eng.plan_pending() {}
         let reads = read_requests_sent(&mut e.s);
         // At most one open part per list pair at the end, plus those sealed at 256 blocks.
@@ -279,11 +263,7 @@ fn a_cancel_before_the_rest_is_planned_drops_the_plan() {
     let mut e = early_setup(71);
     let (local, remote) = pull_pairs(&mut e.s, per);
     let before = e.s.nodes[0].bufs.clone();
-    let (now, dl) = (e.s.now, e.s.now + Duration::from_secs(60));
-    let t = e.s.nodes[0]
-        .eng
-        .start_read_prepared(e.local, &local, e.remote, &remote, b"never".to_vec(), dl, now)
-        .unwrap();
+    let t = start(&mut e, &local, &remote, b"never".to_vec()).unwrap();
     assert!(e.s.nodes[0].eng.cancel(t, Code::Cancelled, "the caller gave up"));
     assert!(!e.s.nodes[0].eng.planning());
     assert!(!e.s.nodes[0].eng.plan_pending());
@@ -298,13 +278,9 @@ fn a_cancel_before_the_rest_is_planned_drops_the_plan() {
 fn fewer_pairs_or_a_leading_bad_pair_take_the_whole_plan_at_once() {
     let mut e = early_setup(81);
     let (local, remote) = pull_pairs(&mut e.s, EARLY_PART_MIN_PAIRS / LISTS as usize);
-    let (now, dl) = (e.s.now, e.s.now + Duration::from_secs(60));
     // One pair short of the threshold: planned whole, every read request at once.
     let n = EARLY_PART_MIN_PAIRS - 1;
-    let t = e.s.nodes[0]
-        .eng
-        .start_read_prepared(e.local, &local[..n], e.remote, &remote[..n], Vec::new(), dl, now)
-        .unwrap();
+    let t = start(&mut e, &local[..n], &remote[..n], Vec::new()).unwrap();
     assert!(!e.s.nodes[0].eng.planning());
     assert_eq!(read_requests_sent(&mut e.s), LISTS as usize);
     assert!(e.s.nodes[0].eng.cancel(t, Code::Cancelled, "counted"));
@@ -312,10 +288,7 @@ fn fewer_pairs_or_a_leading_bad_pair_take_the_whole_plan_at_once() {
     let mut bad = local.clone();
     bad[3] = bad[1];
     let before = e.s.nodes[0].eng.active_transfers();
-    let err = e.s.nodes[0]
-        .eng
-        .start_read_prepared(e.local, &bad, e.remote, &remote, Vec::new(), dl, now)
-        .unwrap_err();
+    let err = start(&mut e, &bad, &remote, Vec::new()).unwrap_err();
     assert_eq!(err.code, Code::InvalidArgument);
     assert!(err.message.contains("local_indices[3]"), "{}", err.message);
     assert_eq!(e.s.nodes[0].eng.active_transfers(), before);
