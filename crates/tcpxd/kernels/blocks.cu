@@ -71,6 +71,34 @@ struct Tasks {
     T t[N];
 };
 
+// How a batch's last launch reports the batch done without a CUDA event (32 bytes;
+// gpu::blocks::BlockSignal): when `word` is not 0, every thread block of the grid counts itself
+// on the device u32 at `counter` once its copies are done, and the last one resets the counter
+// and stores `seq` into the host-mapped u64 at `word` (a release at system scope, after a system
+// fence: every block's writes, and the error word, are visible before the number). The host
+// then sees the batch done with one load of host memory, no driver call. Grids on the batcher's
+// stream run one after another (plain launches), so one counter serves every batch.
+struct BlockSignal {
+    u64 counter;
+    u64 word;
+    u64 seq;
+    u64 pad;
+};
+
+__device__ __forceinline__ void signal_done(const BlockSignal& s) {
+    if (s.word == 0) return;  // the same for every block of the grid
+    __syncthreads();          // every warp of this block finished its copies
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        const u32 blocks = gridDim.x * gridDim.y;
+        if (atomicAdd((u32*)s.counter, 1u) == blocks - 1) {
+            *(volatile u32*)s.counter = 0u;
+            __threadfence_system();
+            asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(s.word), "l"(s.seq) : "memory");
+        }
+    }
+}
+
 __device__ __forceinline__ LoadMeta load_meta(const LoadMeta* p) {
     u64 a, b;
     asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p));
@@ -216,9 +244,11 @@ __device__ __forceinline__ void gather_body(const GatherTask& t, const BlockSeg*
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
-    tcpxd_gather_blocks(const __grid_constant__ Tasks<GatherTask, BLOCK_TASKS> tasks, u32* err) {
+    tcpxd_gather_blocks(const __grid_constant__ Tasks<GatherTask, BLOCK_TASKS> tasks, u32* err,
+                        const BlockSignal done) {
     const GatherTask& t = tasks.t[blockIdx.y];
     gather_body(t, (const BlockSeg*)t.segs, false, err);
+    signal_done(done);
 }
 
 // Copies a batch's piece tables (`n` 16-byte words) from the pinned arena the poller filled into
@@ -274,9 +304,11 @@ __device__ __forceinline__ void scatter_body(const ScatterTask& t, const BlockSe
 }
 
 extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)
-    tcpxd_scatter_blocks(const __grid_constant__ Tasks<ScatterTask, BLOCK_TASKS> tasks, u32* err) {
+    tcpxd_scatter_blocks(const __grid_constant__ Tasks<ScatterTask, BLOCK_TASKS> tasks, u32* err,
+                         const BlockSignal done) {
     const ScatterTask& t = tasks.t[blockIdx.y];
     scatter_body(t, (const BlockSeg*)t.segs, false, err);
+    signal_done(done);
 }
 
 // ---- tables inline in the kernel parameters ---------------------------------------------------
@@ -290,6 +322,7 @@ struct InlineTables {
     Tasks<T, BLOCK_TASKS> tasks;
     u64 err;  // device address of the batch's error word
     u64 pad;
+    BlockSignal done;
     BlockSeg segs[CAP];
 };
 
@@ -298,11 +331,13 @@ struct InlineTables {
         tcpxd_gather_blocks_inline_##CAP(const __grid_constant__ InlineTables<GatherTask, CAP> p) { \
         const GatherTask& t = p.tasks.t[blockIdx.y];                                                 \
         gather_body(t, p.segs + t.segs, true, (u32*)p.err);                                          \
+        signal_done(p.done);                                                                         \
     }                                                                                                \
     extern "C" __global__ void __launch_bounds__(BLOCK_WARPS * 32)                                  \
         tcpxd_scatter_blocks_inline_##CAP(const __grid_constant__ InlineTables<ScatterTask, CAP> p) { \
         const ScatterTask& t = p.tasks.t[blockIdx.y];                                                \
         scatter_body(t, p.segs + t.segs, true, (u32*)p.err);                                         \
+        signal_done(p.done);                                                                         \
     }
 
 INLINE_KERNELS(256)

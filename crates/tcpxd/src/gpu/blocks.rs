@@ -13,7 +13,7 @@ use cudarc::driver::sys;
 use tcpxd_abi::loadMeta;
 
 use super::error::{GpuError, GpuResult};
-use super::{DeviceSpan, Gpu, Kernels, PinnedRegion, Stream};
+use super::{DeviceRegion, DeviceSpan, Gpu, Kernels, PinnedRegion, Stream};
 use crate::engine::blocks::Segment;
 
 /// Chunks per launch (`BLOCK_TASKS` in kernels/blocks.cu).
@@ -34,7 +34,58 @@ struct InlineTables<T, const CAP: usize> {
     tasks: [T; BLOCK_TASKS],
     err: u64,
     pad: u64,
+    done: BlockSignal,
     segs: [Segment; CAP],
+}
+
+/// `struct BlockSignal` of kernels/blocks.cu: how a batch's last launch reports the batch done
+/// with no CUDA event. Every thread block of a launch that carries a signal counts itself on a
+/// device u32 once its copies are done; the last one resets the count and stores `seq` into a
+/// host-mapped u64 (system-scope release after a system fence), so the host sees the batch done
+/// with one load and the error word is visible before it. [`BlockSignal::NONE`]: no report
+/// (every launch of a batch but its last; tests).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockSignal {
+    counter: u64,
+    word: u64,
+    seq: u64,
+    pad: u64,
+}
+
+const _: () = assert!(size_of::<BlockSignal>() == 32);
+
+impl BlockSignal {
+    /// Reports nothing.
+    pub const NONE: BlockSignal = BlockSignal {
+        counter: 0,
+        word: 0,
+        seq: 0,
+        pad: 0,
+    };
+
+    /// Stores `seq` into the u64 at byte `word_off` of `word` (pinned, host-mapped) once every
+    /// block of the launch is done, counting on the u32 at byte 0 of `counter` (device memory,
+    /// zero between launches: the last block resets it). Launches carrying a signal on one
+    /// counter must not overlap (plain launches on one stream).
+    pub fn new(
+        counter: &DeviceRegion,
+        word: &PinnedRegion,
+        word_off: usize,
+        seq: u64,
+    ) -> GpuResult<BlockSignal> {
+        counter.check(0, 4)?;
+        word.check(word_off as u64, 8)?;
+        if word_off % 8 != 0 {
+            return Err(GpuError::InvalidArgument("unaligned completion word".into()));
+        }
+        Ok(BlockSignal {
+            counter: counter.device_ptr(),
+            word: word.device_ptr() + word_off as u64,
+            seq,
+            pad: 0,
+        })
+    }
 }
 
 /// A block task whose table may travel inline: its piece count, and a copy of it pointing at
@@ -258,7 +309,9 @@ fn err_ptr(err: &PinnedRegion, off: usize) -> GpuResult<u64> {
 impl Gpu {
     /// Gathers up to [`BLOCK_TASKS`] chunks in one launch, `blocks_per_task` blocks of 256
     /// threads each. A piece the kernel finds out of bounds is skipped and
-    /// `1 + (task << 12 | unit)` is stored in the u32 at `err_off` of `err`.
+    /// `1 + (task << 12 | unit)` is stored in the u32 at `err_off` of `err`; `done` reports the
+    /// launch finished ([`BlockSignal`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn launch_gather_blocks(
         &self,
         kernels: &Kernels,
@@ -267,6 +320,7 @@ impl Gpu {
         blocks_per_task: u32,
         err: &PinnedRegion,
         err_off: usize,
+        done: BlockSignal,
     ) -> GpuResult<()> {
         if !tasks.iter().all(GatherTask::placed) {
             return Err(unplaced());
@@ -278,12 +332,14 @@ impl Gpu {
             blocks_per_task,
             err,
             err_off,
+            done,
         )
     }
 
     /// Scatters up to [`BLOCK_TASKS`] received chunks in one launch. A fragment or piece the
     /// kernel finds out of bounds is skipped and `1 + (task << 12 | fragment)` is stored in the
-    /// u32 at `err_off` of `err`.
+    /// u32 at `err_off` of `err`; `done` reports the launch finished ([`BlockSignal`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn launch_scatter_blocks(
         &self,
         kernels: &Kernels,
@@ -292,6 +348,7 @@ impl Gpu {
         blocks_per_task: u32,
         err: &PinnedRegion,
         err_off: usize,
+        done: BlockSignal,
     ) -> GpuResult<()> {
         if !tasks.iter().all(ScatterTask::placed) {
             return Err(unplaced());
@@ -303,6 +360,7 @@ impl Gpu {
             blocks_per_task,
             err,
             err_off,
+            done,
         )
     }
 
@@ -349,6 +407,7 @@ impl Gpu {
         unsafe { self.launch(kernels.copy_tables, grid, 256, stream, &mut params, false) }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn launch_blocks<T: Copy + Default>(
         &self,
         f: sys::CUfunction,
@@ -357,6 +416,7 @@ impl Gpu {
         blocks_per_task: u32,
         err: &PinnedRegion,
         err_off: usize,
+        mut done: BlockSignal,
     ) -> GpuResult<()> {
         if tasks.is_empty() {
             return Ok(());
@@ -375,13 +435,16 @@ impl Gpu {
         let mut params = [
             (&mut arr as *mut Tasks<T, BLOCK_TASKS>).cast::<c_void>(),
             (&mut err_ptr as *mut u64).cast::<c_void>(),
+            (&mut done as *mut BlockSignal).cast::<c_void>(),
         ];
         let grid = (blocks_per_task.clamp(1, 65_535), tasks.len() as u32);
         // SAFETY: `T` is GatherTask or ScatterTask (the only callers), whose layouts match the
         // kernels' `Tasks<GatherTask, 16>` / `Tasks<ScatterTask, 16>` parameter (sizes asserted
         // above); every address in them comes from a DeviceSpan (valid until the work completes
         // by that type's contract) and is bounds-checked in the kernel; the error word lies in a
-        // live pinned allocation (checked). Parameters are copied at launch.
+        // live pinned allocation (checked), the signal's counter and word in live allocations
+        // (BlockSignal::new checked them; NONE is never dereferenced). Parameters are copied at
+        // launch.
         unsafe { self.launch(f, grid, BLOCK_WARPS * 32, stream, &mut params, false) }
     }
 }
@@ -401,6 +464,7 @@ impl Gpu {
         blocks_per_task: u32,
         err: &PinnedRegion,
         err_off: usize,
+        done: BlockSignal,
     ) -> GpuResult<()> {
         if tasks.is_empty() {
             return Ok(());
@@ -430,6 +494,7 @@ impl Gpu {
                     table,
                     blocks_per_task,
                     err,
+                    done,
                 )
             }
             Some(_) => {
@@ -441,6 +506,7 @@ impl Gpu {
                     table,
                     blocks_per_task,
                     err,
+                    done,
                 )
             }
             None => Err(GpuError::InvalidArgument(format!(
@@ -451,6 +517,7 @@ impl Gpu {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn launch_tables_inline<T: InlineTask, const CAP: usize>(
         &self,
         f: sys::CUfunction,
@@ -459,11 +526,13 @@ impl Gpu {
         table: &[Segment],
         blocks_per_task: u32,
         err: u64,
+        done: BlockSignal,
     ) -> GpuResult<()> {
         let mut p = InlineTables::<T, CAP> {
             tasks: [T::default(); BLOCK_TASKS],
             err,
             pad: 0,
+            done,
             segs: [Segment::default(); CAP],
         };
         let mut at = 0u64;
@@ -479,14 +548,15 @@ impl Gpu {
         // layout (repr(C), 16-byte tasks and pieces; sizes asserted below). Each task's table
         // index plus its piece count lies inside `segs` (the counts were summed against the
         // table); every other address comes from a DeviceSpan, valid until the work completes,
-        // and is bounds-checked in the kernel; the error word lies in a live pinned allocation.
+        // and is bounds-checked in the kernel; the error word lies in a live pinned allocation,
+        // the signal's counter and word in live allocations (checked by BlockSignal::new).
         // Parameters are copied at launch.
         unsafe { self.launch(f, grid, BLOCK_WARPS * 32, stream, &mut params, false) }
     }
 }
 
-const _: () = assert!(size_of::<InlineTables<GatherTask, 256>>() == 48 * 16 + 16 + 256 * 16);
-const _: () = assert!(size_of::<InlineTables<ScatterTask, 576>>() == 64 * 16 + 16 + 576 * 16);
+const _: () = assert!(size_of::<InlineTables<GatherTask, 256>>() == 48 * 16 + 16 + 32 + 256 * 16);
+const _: () = assert!(size_of::<InlineTables<ScatterTask, 576>>() == 64 * 16 + 16 + 32 + 576 * 16);
 
 fn unplaced() -> GpuError {
     GpuError::InvalidArgument("a block task launched before its table was placed".into())

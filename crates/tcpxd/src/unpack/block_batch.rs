@@ -1,8 +1,12 @@
 //! Block chunks on a GPU: the batches of `tcpxd_gather_blocks` (a sender's gathers into its
 //! staging slots) and `tcpxd_scatter_blocks` (a receiver's scatters of received chunks into their
 //! blocks) the poller queues during a pass and launches once at its end, up to
-//! [`BLOCK_TASKS`] chunks per launch, on a stream of their own, with an event and an error word
-//! per batch (the kernels' bounds guard). Each chunk's piece table comes with it. At launch:
+//! [`BLOCK_TASKS`] chunks per launch, on a stream of their own, with an error word per batch (the
+//! kernels' bounds guard). A batch reports itself done: its last launch's last thread block
+//! stores the batch's number into a host-mapped word ([`BlockSignal`]), so the poller sees it with
+//! one load of host memory, with no event recorded or queried (each such driver call costs the
+//! poller µs while the plugin's threads copy); the stream is queried once a millisecond at most,
+//! for a kernel that died. Each chunk's piece table comes with it. At launch:
 //!
 //! - **Inline** when every launch's tables hold at most the largest of [`INLINE_CAPS`] pieces
 //!   (16 chunks of 64 KiB or 16 KiB blocks): the tables travel in the launch's parameter block
@@ -21,12 +25,16 @@
 
 use std::sync::Arc;
 
-use super::{BatchEvents, Ticket, UnpackError};
+use super::completions::Completions;
+use super::{Ticket, UnpackError};
 use crate::engine::blocks::Segment;
-use crate::gpu::blocks::{BLOCK_TASKS, GATHER_UNIT, GatherTask, INLINE_CAPS, InlineTask, ScatterTask};
+use crate::gpu::blocks::{
+    BLOCK_TASKS, BlockSignal, GATHER_UNIT, GatherTask, INLINE_CAPS, InlineTask, ScatterTask,
+};
 use crate::gpu::{DeviceRegion, Gpu, GpuError, Kernels, PinnedRegion, Stream};
 
-/// Batches in flight at once (a slot's event and error word are reused after its batch is done).
+/// Batches in flight at once (a slot's error word and table arena are reused after its batch is
+/// done).
 const SLOTS: usize = 16;
 
 /// Which kernel a batcher launches.
@@ -42,7 +50,10 @@ pub struct BlockBatcher {
     gpu: Arc<Gpu>,
     kernels: Arc<Kernels>,
     stream: Stream,
-    events: BatchEvents,
+    /// The batches issued and the word their last launches store their numbers into.
+    done: Completions,
+    /// The device u32 the thread blocks of a batch's last launch count themselves on.
+    counter: DeviceRegion,
     /// One u32 per slot: the kernel's report of what it skipped (0: nothing).
     errors: PinnedRegion,
     gathers: Vec<GatherTask>,
@@ -67,7 +78,12 @@ impl BlockBatcher {
             gpu: gpu.clone(),
             kernels: gpu.kernels()?,
             stream: Stream::new(gpu)?,
-            events: BatchEvents::new(gpu, SLOTS)?,
+            done: {
+                let mut c = Completions::new(gpu, SLOTS)?;
+                c.self_signalled = true;
+                c
+            },
+            counter: gpu.alloc(4)?,
             errors: gpu.alloc_pinned(SLOTS * 4)?,
             gathers: Vec::with_capacity(4 * BLOCK_TASKS),
             scatters: Vec::with_capacity(4 * BLOCK_TASKS),
@@ -132,8 +148,8 @@ impl BlockBatcher {
         }
         let t0 = std::time::Instant::now();
         self.gpu.bind_to_thread()?;
-        let (_, prev) = self.events.next_slot();
-        let slot = self.events.reserve()?;
+        let (_, prev) = self.done.book.next_slot();
+        let slot = self.done.reserve(&self.stream, None)?;
         // The slot's previous batch is done (reserve waited): nothing writes its word now. Its
         // report is kept until asked for.
         let word = self.errors.load_u32(slot * 4)?;
@@ -156,49 +172,60 @@ impl BlockBatcher {
         let t2 = std::time::Instant::now();
         let bpt = self.blocks_per_task;
         self.blocks_per_task = 1;
-        let result = match (self.op, inline) {
-            (BlockOp::Gather, true) => launch_inline(
-                &self.gpu,
-                &self.kernels,
-                &self.stream,
-                &self.gathers,
-                &self.tables,
-                bpt,
-                &self.errors,
+        // The batch's number, stored by its last launch once every block of it is done.
+        let seq = self.done.book.last_seq() + 1;
+        let signal = BlockSignal::new(&self.counter, &self.done.word, 0, seq);
+        let launches = match self.op {
+            BlockOp::Gather => self.gathers.len(),
+            BlockOp::Scatter => self.scatters.len(),
+        }
+        .div_ceil(BLOCK_TASKS);
+        let result = signal.and_then(|signal| {
+            let ctx = LaunchCtx {
+                gpu: &self.gpu,
+                kernels: &self.kernels,
+                stream: &self.stream,
+                tables: &self.tables,
+                blocks_per_task: bpt,
+                errors: &self.errors,
                 slot,
-            ),
-            (BlockOp::Scatter, true) => launch_inline(
-                &self.gpu,
-                &self.kernels,
-                &self.stream,
-                &self.scatters,
-                &self.tables,
-                bpt,
-                &self.errors,
-                slot,
-            ),
-            (BlockOp::Gather, false) => self.gathers.chunks(BLOCK_TASKS).try_for_each(|tasks| {
-                self.gpu
-                    .launch_gather_blocks(&self.kernels, &self.stream, tasks, bpt, &self.errors, slot * 4)
-            }),
-            (BlockOp::Scatter, false) => self.scatters.chunks(BLOCK_TASKS).try_for_each(|tasks| {
-                self.gpu.launch_scatter_blocks(
-                    &self.kernels,
-                    &self.stream,
-                    tasks,
-                    bpt,
-                    &self.errors,
-                    slot * 4,
-                )
-            }),
-        };
+                launches,
+                signal,
+            };
+            match (self.op, inline) {
+                (BlockOp::Gather, true) => ctx.inline(&self.gathers),
+                (BlockOp::Scatter, true) => ctx.inline(&self.scatters),
+                (BlockOp::Gather, false) => ctx.each(&self.gathers, |i, tasks| {
+                    ctx.gpu.launch_gather_blocks(
+                        ctx.kernels,
+                        ctx.stream,
+                        tasks,
+                        bpt,
+                        ctx.errors,
+                        slot * 4,
+                        ctx.signal_for(i),
+                    )
+                }),
+                (BlockOp::Scatter, false) => ctx.each(&self.scatters, |i, tasks| {
+                    ctx.gpu.launch_scatter_blocks(
+                        ctx.kernels,
+                        ctx.stream,
+                        tasks,
+                        bpt,
+                        ctx.errors,
+                        slot * 4,
+                        ctx.signal_for(i),
+                    )
+                }),
+            }
+        });
         self.gathers.clear();
         self.scatters.clear();
         self.tables.clear();
         result?;
+        let ticket = self.done.book.issue();
+        debug_assert_eq!(ticket.seq(), seq);
         let t3 = std::time::Instant::now();
-        let ticket = self.events.record(&self.stream)?;
-        let t4 = std::time::Instant::now();
         tracing::trace!(
             target: "tcpxd::blocks",
             op = ?self.op,
@@ -206,7 +233,6 @@ impl BlockBatcher {
             reserve_ns = (t1 - t0).as_nanos() as u64,
             tables_ns = (t2 - t1).as_nanos() as u64,
             launch_ns = (t3 - t2).as_nanos() as u64,
-            record_ns = (t4 - t3).as_nanos() as u64,
             "block submit"
         );
         Ok(Some(ticket))
@@ -269,7 +295,8 @@ impl BlockBatcher {
     /// Non-blocking: has the batch finished? Once it has, a chunk the kernel skipped as out of
     /// bounds fails it ([`UnpackError::DeviceRejected`], naming task and item).
     pub fn is_done(&mut self, t: &Ticket) -> Result<bool, UnpackError> {
-        if !self.events.is_done(t)? {
+        self.done.book.known(t)?;
+        if !self.done.poll(t.seq(), &self.stream, None)? {
             return Ok(false);
         }
         self.check(t)?;
@@ -278,13 +305,14 @@ impl BlockBatcher {
 
     /// Blocks until the batch has finished (tests, shutdown), then as [`BlockBatcher::is_done`].
     pub fn wait(&mut self, t: &Ticket) -> Result<(), UnpackError> {
-        self.events.wait(t)?;
+        self.done.book.known(t)?;
+        self.done.wait(t.seq(), &self.stream, None)?;
         self.check(t)
     }
 
     fn check(&mut self, t: &Ticket) -> Result<(), UnpackError> {
         let slot = (t.seq() % SLOTS as u64) as usize;
-        let word = if self.events.last_seq() >= t.seq() + SLOTS as u64 {
+        let word = if self.done.book.last_seq() >= t.seq() + SLOTS as u64 {
             // A later batch took the slot; a report found then was kept.
             match self.early.iter().position(|&(seq, _)| seq == t.seq()) {
                 Some(i) => self.early.swap_remove(i).1,
@@ -310,33 +338,69 @@ impl BlockBatcher {
     }
 }
 
-/// The inline launches of `tasks` (16 at a time), each with its share of `tables` (the tasks'
-/// pieces back to back, in task order).
-#[allow(clippy::too_many_arguments)]
-fn launch_inline<T: InlineTask>(
-    gpu: &Gpu,
-    kernels: &Kernels,
-    stream: &Stream,
-    tasks: &[T],
-    tables: &[Segment],
+/// What every launch of one batch shares; the batch's signal rides its last launch only.
+struct LaunchCtx<'a> {
+    gpu: &'a Gpu,
+    kernels: &'a Kernels,
+    stream: &'a Stream,
+    /// The tasks' pieces back to back, in task order.
+    tables: &'a [Segment],
     blocks_per_task: u32,
-    errors: &PinnedRegion,
+    errors: &'a PinnedRegion,
     slot: usize,
-) -> Result<(), GpuError> {
-    let mut at = 0usize;
-    for group in tasks.chunks(BLOCK_TASKS) {
-        let n: usize = group.iter().map(|t| t.pieces() as usize).sum();
-        let table = tables.get(at..at + n).ok_or_else(|| {
-            GpuError::InvalidArgument(format!(
-                "the tasks name {} pieces, the batch holds {}",
-                at + n,
-                tables.len()
-            ))
-        })?;
-        gpu.launch_blocks_inline(kernels, stream, group, table, blocks_per_task, errors, slot * 4)?;
-        at += n;
+    /// Launches the batch takes (16 tasks each).
+    launches: usize,
+    signal: BlockSignal,
+}
+
+impl LaunchCtx<'_> {
+    /// The signal launch `i` carries: the batch's on the last, none before.
+    fn signal_for(&self, i: usize) -> BlockSignal {
+        if i + 1 == self.launches {
+            self.signal
+        } else {
+            BlockSignal::NONE
+        }
     }
-    Ok(())
+
+    /// `launch(i, group)` for each group of 16 tasks.
+    fn each<T>(
+        &self,
+        tasks: &[T],
+        mut launch: impl FnMut(usize, &[T]) -> Result<(), GpuError>,
+    ) -> Result<(), GpuError> {
+        tasks
+            .chunks(BLOCK_TASKS)
+            .enumerate()
+            .try_for_each(|(i, group)| launch(i, group))
+    }
+
+    /// The inline launches of `tasks`, each with its share of the tables.
+    fn inline<T: InlineTask>(&self, tasks: &[T]) -> Result<(), GpuError> {
+        let mut at = 0usize;
+        self.each(tasks, |i, group| {
+            let n: usize = group.iter().map(|t| t.pieces() as usize).sum();
+            let table = self.tables.get(at..at + n).ok_or_else(|| {
+                GpuError::InvalidArgument(format!(
+                    "the tasks name {} pieces, the batch holds {}",
+                    at + n,
+                    self.tables.len()
+                ))
+            })?;
+            self.gpu.launch_blocks_inline(
+                self.kernels,
+                self.stream,
+                group,
+                table,
+                self.blocks_per_task,
+                self.errors,
+                self.slot * 4,
+                self.signal_for(i),
+            )?;
+            at += n;
+            Ok(())
+        })
+    }
 }
 
 fn same_table(nsegs: u32, table: &[Segment]) -> Result<(), UnpackError> {

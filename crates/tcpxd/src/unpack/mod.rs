@@ -21,6 +21,7 @@
 
 pub mod block_batch;
 pub mod blocks;
+pub(crate) mod completions;
 mod d2d;
 mod host;
 mod kernel;
@@ -445,16 +446,6 @@ impl BatchEvents {
             self.book.mark_done(prev);
         }
         Ok(slot)
-    }
-
-    /// The slot the next batch will use and the batch holding it now (0: none).
-    pub(crate) fn next_slot(&self) -> (usize, u64) {
-        self.book.next_slot()
-    }
-
-    /// The newest batch issued (0: none).
-    pub(crate) fn last_seq(&self) -> u64 {
-        self.book.last_seq()
     }
 
     /// Records the next batch's event after the work queued on `stream`.

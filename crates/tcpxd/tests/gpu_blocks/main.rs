@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use tcpxd::engine::blocks::{BlockList, IndexArray, Layout, Segment, SidePlan};
-use tcpxd::gpu::blocks::{BLOCK_TASKS, GatherTask, INLINE_CAPS, ScatterTask};
+use tcpxd::gpu::blocks::{BLOCK_TASKS, BlockSignal, GatherTask, INLINE_CAPS, ScatterTask};
 use tcpxd::gpu::{DeviceRegion, Gpu, Kernels, PinnedRegion, Stream};
 use tcpxd::net::abi::loadMeta;
 use tcpxd::unpack::blocks::gather_host;
@@ -83,6 +83,14 @@ fn run(gpu: &Arc<Gpu>, k: &Kernels, rng: &mut Rng, c: &Case<'_>, s: &Side, d: &m
     let bounce = gpu.alloc(BLOCK_TASKS * (chunk + 64 * 1024)).unwrap();
     let bounce_slot = chunk + 64 * 1024;
     let err = gpu.alloc_pinned(8).unwrap();
+    // Every launch reports itself done through one counter and word: the word must hold each
+    // launch's number after it, so the counter went back to zero every time.
+    let (counter, word) = (gpu.alloc(4).unwrap(), gpu.alloc_pinned(8).unwrap());
+    let mut launches = 0u64;
+    let signal = |launches: &mut u64| {
+        *launches += 1;
+        BlockSignal::new(&counter, &word, 0, *launches).unwrap()
+    };
     let chunks = send.chunk_count(c.chunk_bytes);
     let (mut gt, mut st) = (Vec::new(), Vec::new());
     let mut first = 0u64;
@@ -123,9 +131,15 @@ fn run(gpu: &Arc<Gpu>, k: &Kernels, rng: &mut Rng, c: &Case<'_>, s: &Side, d: &m
                 .unwrap(),
             );
         }
-        gpu.launch_gather_blocks(k, &stream, &gather, 4, &err, 0).unwrap();
+        gpu.launch_gather_blocks(k, &stream, &gather, 4, &err, 0, signal(&mut launches))
+            .unwrap();
         stream.synchronize().unwrap();
         assert_eq!(err.as_slice()[..4], [0; 4], "the gather reported a bad piece");
+        assert_eq!(
+            word.load_u64(0).unwrap(),
+            launches,
+            "the gather launch signalled itself done"
+        );
         let mut staged = vec![0u8; n * chunk];
         staging.read_into(&stream, 0, &mut staged).unwrap();
         // Check each gathered chunk against the host gather, then cut it into fragments.
@@ -193,10 +207,15 @@ fn run(gpu: &Arc<Gpu>, k: &Kernels, rng: &mut Rng, c: &Case<'_>, s: &Side, d: &m
                 .unwrap()
             })
             .collect();
-        gpu.launch_scatter_blocks(k, &stream, &scatter, 4, &err, 0)
+        gpu.launch_scatter_blocks(k, &stream, &scatter, 4, &err, 0, signal(&mut launches))
             .unwrap();
         stream.synchronize().unwrap();
         assert_eq!(err.as_slice()[..4], [0; 4], "the scatter reported a bad fragment");
+        assert_eq!(
+            word.load_u64(0).unwrap(),
+            launches,
+            "the scatter launch signalled itself done"
+        );
         first += n as u64;
     }
     let mut got = vec![0u8; d.shadow.len()];
@@ -372,7 +391,8 @@ fn pieces_and_fragments_out_of_bounds_are_skipped_and_reported() {
     ];
     table.write(0, &seg_bytes(&segs)).unwrap();
     let t = GatherTask::new(table.span(), 2, src.span(), staging.span(), 600).unwrap();
-    gpu.launch_gather_blocks(&k, &stream, &[t], 1, &err, 0).unwrap();
+    gpu.launch_gather_blocks(&k, &stream, &[t], 1, &err, 0, BlockSignal::NONE)
+        .unwrap();
     stream.synchronize().unwrap();
     assert_ne!(err.as_slice()[..4], [0; 4], "the bad piece was reported");
     let mut got = vec![0u8; 8192];
@@ -407,7 +427,8 @@ fn pieces_and_fragments_out_of_bounds_are_skipped_and_reported() {
         )
         .unwrap();
     let t = ScatterTask::new(ring.span(), 1, src.span(), table.span(), 1, 600, dst.span()).unwrap();
-    gpu.launch_scatter_blocks(&k, &stream, &[t], 1, &err2, 0).unwrap();
+    gpu.launch_scatter_blocks(&k, &stream, &[t], 1, &err2, 0, BlockSignal::NONE)
+        .unwrap();
     stream.synchronize().unwrap();
     assert_ne!(err2.as_slice()[..4], [0; 4]);
     dst.read_into(&stream, 0, &mut got).unwrap();

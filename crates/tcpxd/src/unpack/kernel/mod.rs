@@ -32,8 +32,7 @@ use crate::gpu::{
 use crate::gpu::{PERSIST_MAX_TASKS, PERSIST_QUEUE, PersistConfig, PersistentGrid, PostedLists};
 use crate::net::abi::{NET_UNPACK_MAX_SLICE_PAGES, loadMeta};
 
-mod completions;
-use completions::Completions;
+use super::completions::Completions;
 
 /// Batches in flight before `submit` waits for the oldest.
 const SLOTS: usize = 16;
@@ -158,7 +157,7 @@ impl KernelUnpacker {
             kernels,
             stream: Stream::new(gpu)?,
             source,
-            done: Completions::new(gpu)?,
+            done: Completions::new(gpu, SLOTS)?,
             staging,
             mirror,
             errs: gpu.alloc_pinned(SLOTS * 4)?,
@@ -197,7 +196,7 @@ impl KernelUnpacker {
         // The leader copies each batch's lists here before the workers read them.
         u.mirror = Some(gpu.alloc(SLOTS * SLOT_FRAGS * META)?);
         u.grid = Some(PersistentGrid::new(gpu, config, &u.done.word, 0)?);
-        u.done.persistent = true;
+        u.done.self_signalled = true;
         Ok(u)
     }
 

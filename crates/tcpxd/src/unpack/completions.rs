@@ -1,51 +1,60 @@
 //! When a kernel batch is done: the kernels' host-mapped completion word, and the stream query
-//! for the newest batch and for faults.
+//! for the newest batch and for faults. Used by the kernel unpacker (its launches report the
+//! batch before them; its persistent grid reports each batch itself) and by the block batches
+//! (each batch's last launch reports that batch itself: `gpu::blocks::BlockSignal`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::SLOTS;
 use crate::gpu::{Gpu, LaunchSignal, PersistentGrid, PinnedRegion, Stream};
 use crate::unpack::{TicketBook, UnpackError};
 
 /// How often, at most, an outstanding batch's stream is queried for errors.
 const HEALTH_EVERY: Duration = Duration::from_millis(1);
 
-/// Batch completion through the kernels' signal (`signal_previous` in kernels/unpack.cu): every
-/// launch carries the number of the newest batch issued before it and stores it into `word` once
-/// the grids before it have completed. Batches run in order on one stream, so the word only grows
-/// and a batch is done once the word has reached it; the newest batch, which no launch follows
-/// yet, is done when the stream is idle (one query). The persistent grid stores each batch's
-/// number itself when the batch is finished.
-pub(super) struct Completions {
-    pub(super) book: TicketBook,
+/// Batch completion through the kernels' host-mapped word. Two ways to fill it:
+/// - **The launch after** (`signal_previous` in kernels/unpack.cu, the kernel unpacker's
+///   launches): every launch carries the number of the newest batch issued before it and stores
+///   it once the grids before it have completed; the newest batch, which no launch follows yet,
+///   is done when the stream is idle (one query).
+/// - **Self-signalled** (`self_signalled`): each batch's own work stores its number when it is
+///   finished (the persistent grid; the block kernels' last thread block, `signal_done` in
+///   kernels/blocks.cu). No batch needs a stream query; a stream gone idle without the number is
+///   an error (`UnpackError::NoSignal`), or, with a persistent grid, a grid that left.
+///
+/// Batches run in order on one stream, so the word only grows and a batch is done once the word
+/// has reached it.
+pub(crate) struct Completions {
+    pub(crate) book: TicketBook,
     /// 8 bytes, host-mapped: the newest batch known finished.
-    pub(super) word: PinnedRegion,
-    /// Persistent mode: the word is the grid's, and an idle stream means a grid that left.
-    pub(super) persistent: bool,
+    pub(crate) word: PinnedRegion,
+    /// Each batch stores its own number (module doc); with a persistent grid, an idle stream
+    /// also means a grid that left.
+    pub(crate) self_signalled: bool,
     last_health: Instant,
 }
 
 impl Completions {
-    pub(super) fn new(gpu: &Arc<Gpu>) -> Result<Completions, UnpackError> {
+    /// Completions of batches launched from `slots` reusable slots (launch-after mode).
+    pub(crate) fn new(gpu: &Arc<Gpu>, slots: usize) -> Result<Completions, UnpackError> {
         Ok(Completions {
-            book: TicketBook::new(SLOTS),
+            book: TicketBook::new(slots),
             word: gpu.alloc_pinned(8)?,
-            persistent: false,
+            self_signalled: false,
             last_health: Instant::now(),
         })
     }
 
     /// What every launch carries: the newest batch issued so far, to report once it is done
     /// (nothing when the host already knows it is: a batch on an idle stream).
-    pub(super) fn signal(&self) -> Result<LaunchSignal, UnpackError> {
+    pub(crate) fn signal(&self) -> Result<LaunchSignal, UnpackError> {
         let last = self.book.last_seq();
         let value = if self.book.is_known_done(last) { 0 } else { last };
         Ok(LaunchSignal::new(&self.word, 0, value)?)
     }
 
     /// Reads the word; true once batch `seq` finished.
-    pub(super) fn reached(&mut self, seq: u64) -> Result<bool, UnpackError> {
+    pub(crate) fn reached(&mut self, seq: u64) -> Result<bool, UnpackError> {
         if self.book.is_known_done(seq) {
             return Ok(true);
         }
@@ -53,11 +62,11 @@ impl Completions {
         Ok(self.book.is_known_done(seq))
     }
 
-    /// The stream finished everything: in launch mode every batch issued is done; a persistent
-    /// grid must have signalled batch `seq` (allow the store a moment to land), or it died
-    /// without it.
-    pub(super) fn settle(&mut self, seq: u64) -> Result<bool, UnpackError> {
-        if !self.persistent {
+    /// The stream finished everything: in launch-after mode every batch issued is done; a
+    /// self-signalled batch must have stored its number (allow the store a moment to land), or
+    /// its work died without it.
+    pub(crate) fn settle(&mut self, seq: u64) -> Result<bool, UnpackError> {
+        if !self.self_signalled {
             self.book.mark_done(self.book.last_seq());
             return Ok(true);
         }
@@ -74,10 +83,10 @@ impl Completions {
     }
 
     /// Non-blocking. Queries the stream (a driver call) only when the word says not yet, and
-    /// then only for the newest batch (nothing follows it to report it) or once per
-    /// [`HEALTH_EVERY`] (a faulted kernel). With a persistent grid, first makes sure a grid will
-    /// take the batch (one load of host memory).
-    pub(super) fn poll(
+    /// then only for the newest batch in launch-after mode (nothing follows it to report it) or
+    /// once per [`HEALTH_EVERY`] (a faulted kernel). With a persistent grid, first makes sure a
+    /// grid will take the batch (one load of host memory).
+    pub(crate) fn poll(
         &mut self,
         seq: u64,
         stream: &Stream,
@@ -89,7 +98,7 @@ impl Completions {
         if let Some(g) = grid.as_deref_mut() {
             g.revive(stream)?;
         }
-        let newest = !self.persistent && seq == self.book.last_seq();
+        let newest = !self.self_signalled && seq == self.book.last_seq();
         if !newest && self.last_health.elapsed() < HEALTH_EVERY {
             return Ok(false);
         }
@@ -99,7 +108,7 @@ impl Completions {
 
     /// The stream says whether the kernels are still running: idle with the batch unsignalled is
     /// an error, unless a persistent grid left without taking it (then it is relaunched).
-    pub(super) fn idle_check(
+    pub(crate) fn idle_check(
         &mut self,
         seq: u64,
         stream: &Stream,
@@ -117,7 +126,7 @@ impl Completions {
     }
 
     /// Blocks until batch `seq` finished.
-    pub(super) fn wait(
+    pub(crate) fn wait(
         &mut self,
         seq: u64,
         stream: &Stream,
@@ -140,7 +149,7 @@ impl Completions {
 
     /// The slot the next batch will use, once the batch that held it finished (waits if not:
     /// back-pressure when more batches are in flight than there are slots).
-    pub(super) fn reserve(
+    pub(crate) fn reserve(
         &mut self,
         stream: &Stream,
         grid: Option<&mut PersistentGrid>,
