@@ -85,6 +85,11 @@ struct BlockSignal {
     u64 pad;
 };
 
+// Each block orders its writes (the barrier makes them its thread 0's to order) before its count
+// at system scope; the last block, which observed every count, stores the number. The signal
+// costs ~2.5 µs a launch on an H200 (tcpxd-unpack-bench's scatter-kernel rows with and without
+// it), the same with GPU-scope fences in the blocks; it saves the poller an event record per
+// batch and a driver call per poll.
 __device__ __forceinline__ void signal_done(const BlockSignal& s) {
     if (s.word == 0) return;  // the same for every block of the grid
     __syncthreads();          // every warp of this block finished its copies
@@ -263,43 +268,56 @@ extern "C" __global__ void tcpxd_copy_tables(const uint4* src, uint4* dst, u32 n
 // wire offset `dst_off`) and copies it into the pieces of the destination that hold those wire
 // bytes. A fragment outside the chunk or the bounce buffer, or a piece outside the destination,
 // is skipped and reported in `err` (1 + (task << 12 | fragment)).
+//
+// The fragment list is the plugin's ring, read across PCIe: each round the block's first
+// BLOCK_WARPS threads fetch the round's entries together (one coalesced 128-byte read, as the
+// unpack kernel does) into shared memory. A warp fetching its own entry cost ~10 µs more per
+// launch on an H200 (tcpxd-unpack-bench's scatter-kernel rows: 128 separate 16-byte reads). The
+// first round's fetch is issued before the table is staged, so the two overlap.
 __device__ __forceinline__ void scatter_body(const ScatterTask& t, const BlockSeg* segs, bool param, u32* err) {
     const u32 lane = threadIdx.x & 31;
+    const u32 warp = threadIdx.x >> 5;
     const LoadMeta* frags = (const LoadMeta*)t.frags;
     const u32 stride = gridDim.x * BLOCK_WARPS;
-    u32 f = blockIdx.x * BLOCK_WARPS + (threadIdx.x >> 5);
-    // The warp's first entry is fetched before the table is staged, and each next one before the
-    // current fragment is copied: the reads across PCIe overlap instead of adding up.
-    LoadMeta next = {0u, 0u, 0ull};
-    if (f < t.count) next = load_meta(frags + f);
+    __shared__ LoadMeta s_frags[BLOCK_WARPS];
+    u32 base = blockIdx.x * BLOCK_WARPS;
+    if (threadIdx.x < BLOCK_WARPS && base + threadIdx.x < t.count) s_frags[threadIdx.x] = load_meta(frags + base + threadIdx.x);
     __shared__ BlockSeg s_segs[SMEM_SEGS];
-    const Table tb = stage_table(segs, t.nsegs, s_segs, param);
-    for (; f < t.count; f += stride) {
-        const LoadMeta m = next;
-        if (f + stride < t.count) next = load_meta(frags + f + stride);
-        if (m.len == 0) continue;
-        if (m.dst_off > t.bytes || (u64)m.len > t.bytes - m.dst_off || (u64)m.src_off + m.len > t.bounce_len ||
-            t.nsegs == 0) {
-            if (lane == 0) report(err, blockIdx.y, f);
-            continue;
-        }
-        u32 w = (u32)m.dst_off;
-        const u32 end = w + m.len;
-        u32 i = find_seg(tb, w);
-        while (w < end && i < t.nsegs) {
-            const BlockSeg s = seg_at(tb, i);
-            const u64 seg_end = (u64)s.wire + s.len;
-            if (s.wire > w || seg_end <= w || s.off > t.dst_len || (u64)s.len > t.dst_len - s.off) {
+    const Table tb = stage_table(segs, t.nsegs, s_segs, param);  // (its __syncthreads publishes s_frags)
+    // `base` is the same for every thread of the block: the loop's barriers are reached by all.
+    while (base < t.count) {
+        const u32 f = base + warp;
+        if (f < t.count) {
+            const LoadMeta m = s_frags[warp];
+            const bool ok = !(m.dst_off > t.bytes || (u64)m.len > t.bytes - m.dst_off ||
+                              (u64)m.src_off + m.len > t.bounce_len || t.nsegs == 0);
+            if (m.len != 0 && !ok) {
                 if (lane == 0) report(err, blockIdx.y, f);
-                break;
+            } else if (m.len != 0) {
+                u32 w = (u32)m.dst_off;
+                const u32 end = w + m.len;
+                u32 i = find_seg(tb, w);
+                while (w < end && i < t.nsegs) {
+                    const BlockSeg s = seg_at(tb, i);
+                    const u64 seg_end = (u64)s.wire + s.len;
+                    if (s.wire > w || seg_end <= w || s.off > t.dst_len || (u64)s.len > t.dst_len - s.off) {
+                        if (lane == 0) report(err, blockIdx.y, f);
+                        break;
+                    }
+                    const u32 stop = seg_end < end ? (u32)seg_end : end;
+                    copy_piece((const u8*)(t.bounce + m.src_off + (w - m.dst_off)), (u8*)(t.dst + s.off + (w - s.wire)),
+                               stop - w, lane);
+                    w = stop;
+                    i++;
+                }
+                if (w < end && lane == 0) report(err, blockIdx.y, f);
             }
-            const u32 stop = seg_end < end ? (u32)seg_end : end;
-            copy_piece((const u8*)(t.bounce + m.src_off + (w - m.dst_off)), (u8*)(t.dst + s.off + (w - s.wire)),
-                       stop - w, lane);
-            w = stop;
-            i++;
         }
-        if (w < end && lane == 0) report(err, blockIdx.y, f);
+        base += stride;
+        if (base >= t.count) break;
+        __syncthreads();  // every warp is done with this round's entries
+        if (threadIdx.x < BLOCK_WARPS && base + threadIdx.x < t.count) s_frags[threadIdx.x] = load_meta(frags + base + threadIdx.x);
+        __syncthreads();
     }
 }
 

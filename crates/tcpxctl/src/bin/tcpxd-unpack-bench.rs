@@ -10,8 +10,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Parser;
+use tcpxd::engine::blocks::Segment;
+use tcpxd::gpu::blocks::ScatterTask;
 use tcpxd::gpu::{DeviceRegion, Event, FragmentList, Gpu, PersistConfig, PinnedRegion, Stream};
 use tcpxd::net::abi::loadMeta;
+use tcpxd::unpack::block_batch::{BlockBatcher, BlockOp};
 use tcpxd::unpack::{FragSource, KernelUnpacker, UnpackImpl, UnpackJob, Unpacker};
 
 #[derive(Parser, Debug)]
@@ -48,6 +51,11 @@ struct Args {
     /// back to back.
     #[arg(long)]
     only: Option<String>,
+    /// Also time the block scatter (the receive side of a block transfer: each chunk's fragments
+    /// into blocks of this many KiB, permuted over the destination; 0: skip), as the
+    /// `blocks-scatter` row.
+    #[arg(long, default_value_t = 64)]
+    scatter_block_kib: usize,
     /// Also time the checksum kernel over this many MiB (0: skip).
     #[arg(long, default_value_t = 1024)]
     checksum_mib: usize,
@@ -304,6 +312,183 @@ fn time_unpacker(
     Ok(row)
 }
 
+/// The block scatter's batches (`BlockBatcher`, as the poller drives it for a block transfer's
+/// receives): the same chunks and fragment lists as the unpack rows, each chunk's wire bytes
+/// landing in `block`-byte blocks at permuted places of the batch's destination set. GPU time
+/// from events around the pushes and the submit; wall time from the first push until `is_done`.
+fn time_scatter(
+    s: &Setup,
+    chunks: usize,
+    block: usize,
+    inline: bool,
+    warmup: usize,
+    iters: usize,
+) -> Result<Row, Box<dyn std::error::Error>> {
+    let mut b = BlockBatcher::new(&s.gpu, BlockOp::Scatter)?;
+    b.set_inline(inline);
+    let per_chunk = s.chunk / block;
+    let places = s.max_chunks * per_chunk;
+    let mut perm: Vec<usize> = (0..places).collect();
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for i in (1..places).rev() {
+        perm.swap(i, (rng(&mut seed) % (i as u64 + 1)) as usize);
+    }
+    let mut table = Vec::with_capacity(per_chunk);
+    let mut push = |b: &mut BlockBatcher, it: usize| -> Result<(), Box<dyn std::error::Error>> {
+        let set = s.dst_off(it, 0);
+        for c in 0..chunks {
+            let w = s.window(it, chunks, c);
+            let frags = s.lists.span().sub(
+                (w * s.frags_per_chunk * 16) as u64,
+                (s.frags_per_chunk * 16) as u64,
+            )?;
+            table.clear();
+            table.extend((0..per_chunk).map(|k| Segment {
+                offset: set + (perm[c * per_chunk + k] * block) as u64,
+                wire: (k * block) as u32,
+                len: block as u32,
+            }));
+            let task = ScatterTask::unplaced(
+                frags,
+                s.frags_per_chunk as u32,
+                s.bounce.span(),
+                per_chunk as u32,
+                s.chunk as u32,
+                s.dsts.span(),
+            )?;
+            b.push_scatter(task, s.frags_per_chunk as u32, &table)?;
+        }
+        Ok(())
+    };
+    let start = Event::timing(&s.gpu)?;
+    let end = Event::timing(&s.gpu)?;
+    let (mut times, mut host, mut wall) = (Vec::new(), Vec::new(), Vec::new());
+    for it in 0..warmup + iters {
+        b.stream().record(&start)?;
+        let t0 = Instant::now();
+        push(&mut b, it)?;
+        let t = b.submit()?.ok_or("no ticket")?;
+        let t1 = Instant::now();
+        b.stream().record(&end)?;
+        end.synchronize()?;
+        b.wait(&t)?;
+        if it >= warmup {
+            times.push(f64::from(start.elapsed_ms(&end)?) * 1000.0);
+            host.push((t1 - t0).as_secs_f64() * 1e6);
+        }
+    }
+    for it in 0..warmup + iters {
+        let t0 = Instant::now();
+        push(&mut b, it)?;
+        let t = b.submit()?.ok_or("no ticket")?;
+        while !b.is_done(&t)? {
+            std::hint::spin_loop();
+        }
+        if it >= warmup {
+            wall.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let label = format!(
+        "blocks-scatter-{}K{}",
+        block / 1024,
+        if inline { "" } else { "-arena" }
+    );
+    let mut row = stats(&label, chunks, (chunks * s.chunk) as u64, times);
+    row.host_us = Some(median(host));
+    row.wall_us = Some(median(wall));
+    Ok(row)
+}
+
+/// The scatter kernel launched directly (tables uploaded once into device memory), by events
+/// only: `signal` with or without its completion signal, `resident` with the fragment lists in
+/// device memory instead of host-mapped. Where the batch path's time goes.
+fn time_scatter_kernel(
+    s: &Setup,
+    chunks: usize,
+    block: usize,
+    signal: bool,
+    resident: bool,
+    iters: usize,
+) -> Result<Row, Box<dyn std::error::Error>> {
+    use tcpxd::gpu::blocks::BlockSignal;
+    let kernels = s.gpu.kernels()?;
+    let stream = Stream::new(&s.gpu)?;
+    let per_chunk = s.chunk / block;
+    let segs: Vec<Segment> = (0..chunks * per_chunk)
+        .map(|i| Segment {
+            offset: (((i * 7919) % (chunks * per_chunk)) * block) as u64,
+            wire: ((i % per_chunk) * block) as u32,
+            len: block as u32,
+        })
+        .collect();
+    let mut pinned = s.gpu.alloc_pinned(segs.len() * 16)?;
+    pinned.typed_mut::<Segment>(0, segs.len())?.copy_from_slice(&segs);
+    let table = s.gpu.alloc(segs.len() * 16)?;
+    stream.copy_h2d(&table, 0, &pinned, 0, (segs.len() * 16) as u64)?;
+    stream.synchronize()?;
+    let err = s.gpu.alloc_pinned(8)?;
+    let (counter, word) = (s.gpu.alloc(4)?, s.gpu.alloc_pinned(8)?);
+    let tasks = |it: usize| -> Result<Vec<ScatterTask>, Box<dyn std::error::Error>> {
+        (0..chunks)
+            .map(|c| {
+                let w = s.window(it, chunks, c);
+                let (off, len) = (
+                    (w * s.frags_per_chunk * 16) as u64,
+                    (s.frags_per_chunk * 16) as u64,
+                );
+                let frags = if resident {
+                    s.lists_dev.subspan(off, len)?
+                } else {
+                    s.lists.span().sub(off, len)?
+                };
+                let t = ScatterTask::new(
+                    frags,
+                    s.frags_per_chunk as u32,
+                    s.bounce.span(),
+                    table.subspan((c * per_chunk * 16) as u64, (per_chunk * 16) as u64)?,
+                    per_chunk as u32,
+                    s.chunk as u32,
+                    s.dsts.span(),
+                )?;
+                Ok(t)
+            })
+            .collect()
+    };
+    let start = Event::timing(&s.gpu)?;
+    let end = Event::timing(&s.gpu)?;
+    let mut times = Vec::new();
+    for it in 0..10 + iters {
+        let ts = tasks(it)?;
+        let sig = if signal {
+            BlockSignal::new(&counter, &word, 0, it as u64 + 1)?
+        } else {
+            BlockSignal::NONE
+        };
+        stream.record(&start)?;
+        s.gpu.launch_scatter_blocks(
+            &kernels,
+            &stream,
+            &ts,
+            (s.frags_per_chunk as u32).div_ceil(8),
+            &err,
+            0,
+            sig,
+        )?;
+        stream.record(&end)?;
+        end.synchronize()?;
+        if it >= 10 {
+            times.push(f64::from(start.elapsed_ms(&end)?) * 1000.0);
+        }
+    }
+    let label = format!(
+        "scatter-kernel-{}K{}{}",
+        block / 1024,
+        if signal { "-signal" } else { "" },
+        if resident { "-resident" } else { "" }
+    );
+    Ok(stats(&label, chunks, (chunks * s.chunk) as u64, times))
+}
+
 fn time_contiguous(
     s: &Setup,
     chunks: usize,
@@ -533,6 +718,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ("d2d", UnpackImpl::D2d, Lists::Mapped, 1),
             ("host", UnpackImpl::Host, Lists::Mapped, 1),
         ];
+        let block = a.scatter_block_kib * 1024;
+        if block > 0 && s.chunk % block == 0 && a.only.as_deref().is_none_or(|o| "blocks-scatter".contains(o))
+        {
+            for inline in [true, false] {
+                rows.push(time_scatter(&s, chunks, block, inline, a.warmup, a.iters)?);
+            }
+            for (signal, resident) in [(false, false), (true, false), (false, true), (true, true)] {
+                rows.push(time_scatter_kernel(&s, chunks, block, signal, resident, a.iters)?);
+            }
+        }
         for (label, imp, mapped, fpw) in variants {
             if a.only.as_deref().is_some_and(|o| !label.contains(o)) {
                 continue;

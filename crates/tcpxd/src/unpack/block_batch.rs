@@ -68,6 +68,9 @@ pub struct BlockBatcher {
     early: Vec<(u64, u32)>,
     /// Blocks of 256 threads per task for this batch (the largest any task asked).
     blocks_per_task: u32,
+    /// Whether tables small enough may travel in the launch's parameter block (benchmarks turn
+    /// it off to time the arena path).
+    allow_inline: bool,
 }
 
 impl BlockBatcher {
@@ -91,7 +94,14 @@ impl BlockBatcher {
             arenas: (0..SLOTS).map(|_| None).collect(),
             early: Vec::new(),
             blocks_per_task: 1,
+            allow_inline: true,
         })
+    }
+
+    /// Whether small tables travel inline (default) or always through the device arena (for
+    /// benchmarks: `tcpxd-unpack-bench`'s `blocks-scatter-*-arena` rows).
+    pub fn set_inline(&mut self, allow: bool) {
+        self.allow_inline = allow;
     }
 
     /// Queues a chunk's gather (`bytes` bytes: a warp per 4 KiB unit, 8 warps a block) with its
@@ -162,7 +172,7 @@ impl BlockBatcher {
         }
         self.errors.store_u32(slot * 4, 0)?;
         let t1 = std::time::Instant::now();
-        let inline = self.fits_inline();
+        let inline = self.allow_inline && self.fits_inline();
         if !inline && let Err(e) = self.tables_to_device(slot) {
             self.gathers.clear();
             self.scatters.clear();
