@@ -2,8 +2,12 @@
 //! copy of the same bytes (the ceiling), for batches of 1, 4 and 16 chunks of 512 KiB made of
 //! shuffled 4 KiB fragments. GPU times come from CUDA events (warm-up, then the median of the
 //! timed iterations). Sources rotate through a 256 MiB bounce buffer and destinations through
-//! 8 sets, so the L2 (50 MiB on an H200) does not hold them. Prints a table and one JSON line per
-//! row (also appended to `--out`). Reports only: nothing here asserts a speed.
+//! 8 sets, so the L2 (50 MiB on an H200) does not hold them. The block scatter (a block
+//! transfer's receive side) runs on the same chunks and lists, its blocks permuted over the
+//! destination (`blocks-scatter-*` rows: the poller's batches; `scatter-kernel-*`: the kernel
+//! alone, with or without its completion signal, lists host-mapped or resident). Prints a table
+//! and one JSON line per row (also appended to `--out`). Reports only: nothing here asserts a
+//! speed.
 
 use std::io::Write;
 use std::sync::Arc;
