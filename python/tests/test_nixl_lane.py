@@ -202,7 +202,7 @@ def test_a_lane_binds_a_renewed_session_and_falls_back_when_the_ring_is_full(dae
         lane = h._xfer.plan.lane
         A.transfer(h)
         assert wait(A, h) == "DONE", h.error
-        assert lane.ld[0] is A._session_now() is not first
+        assert lane.bound[0][0] is A._session_now() is not first
         held = [A._windows.take() for _ in range(_plan.WINDOW_SLOTS)]
         A.transfer(h)  # no slot: packed, as before
         assert h._xfer.plan.windowed == 0 and wait(A, h) == "DONE", h.error
@@ -273,7 +273,8 @@ def test_submit_frame_lands_byte_exact_and_fails_like_submit_encoded(peered, pat
             for i, note in enumerate((b"small", b"n" * 5000)):
                 entry = _proto.message("WriteEntry")(local_buffer_id=src.id, local_offset=i * 4096, remote_descriptor=dst.descriptor,
                                                      remote_offset=(3 - i) * 4096, length=4096).SerializeToString()
-                body = _proto.message("WriteRequest")(entry=_proto.message("WriteEntry").FromString(entry), notification=note).SerializeToString()
+                W = _proto.message("WriteRequest")
+                body = W(entry=_proto.message("WriteEntry").FromString(entry), notification=note).SerializeToString()
                 sink = _Sink()
                 s._submit_frame("write", body, sink)
                 assert sink.wait() == "ok" and sink.tag > 0

@@ -492,7 +492,8 @@ class nixl_agent:  # noqa: N801
         xfer = Xfer(plan, remote, notif if type(notif) is bytes else _bytes(notif, "notif_msg"), self._conf.capture_telemetry)
         return nixl_xfer_handle(self, next(self._ids), xfer)  # (next() on a count is atomic: no lock)
 
-    def _lane(self, operation: Any, local_xfer_side: Any, remote_xfer_side: Any, skip_desc_merge: Any, li: Any, ri: Any) -> Optional[_plan.Lane]:
+    def _lane(self, operation: Any, local_xfer_side: Any, remote_xfer_side: Any, skip_desc_merge: Any,
+              li: Any, ri: Any) -> Optional[_plan.Lane]:
         """The fast path's lane for a make_prepped_xfer, when it takes one: the lane kept on the
         local handle for (operation, remote handle, skip_desc_merge) (`_keep_lane`), both handles
         this agent's and live, neither list refused by the daemon since, the index ring not found
@@ -673,15 +674,16 @@ class nixl_agent:  # noqa: N801
         if session is None or session._ended is not None or session._closed or session._why is not None or self._closed:
             session = self._session_now()
         ld, rd = lane.local.daemon, lane.remote.daemon  # (session, id) tuples: read without a lock
-        if ld is lane.ld and rd is lane.rd and ld[0] is session:
-            ids = lane.ids
+        bound = lane.bound
+        if ld is bound[0] and rd is bound[1] and ld[0] is session:
+            ids = bound[2]
         elif ld is not None and rd is not None and ld[0] is session and rd[0] is session:
             ids = lane.bind(ld, rd)
         else:
             return None
         ring = self._windows if self._windows is not None else self._windows_now()
         got = ring.put(pr.li, pr.ri) if ring is not None else None
-        if got is None:
+        if got is None or ring is None:
             return None
         slot, windows = got
         framed = xfer.framed

@@ -394,7 +394,7 @@ class Lane:
     handle, skip_desc_merge) once a transfer between them took the index ring (`fits`); the
     outer-sum and packed forms make one per request."""
 
-    __slots__ = ("op", "local", "remote", "merge", "timeout_ms", "tmo", "field", "ld", "rd", "ids", "note_head")
+    __slots__ = ("op", "local", "remote", "merge", "timeout_ms", "tmo", "field", "bound", "note_head")
 
     def __init__(self, op: str, local: Prepped, remote: Prepped, merge: bool, timeout_ms: int, note_head: Optional[bytes] = None) -> None:
         self.op = op
@@ -404,18 +404,18 @@ class Lane:
         self.timeout_ms = timeout_ms
         self.tmo = _timeout(b"\x30", timeout_ms)  # timeout_ms = 6 in both requests
         self.field = _FIELD[(op, "prepared")]
-        #: The lists' daemon ids (`Prepped.daemon`: (session, id)) `ids` was made from (`bind`).
-        self.ld = self.rd = _UNBOUND
-        self.ids = b""
+        #: Both lists' daemon ids (`Prepped.daemon`: (session, id)) and the prepared ids' fields
+        #: made from them (`bind`), one tuple (replaced whole: read without a lock).
+        self.bound: Tuple[Tuple[Any, int], Tuple[Any, int], bytes] = (_UNBOUND, _UNBOUND, b"")
         #: The notification frame up to the message (`_notify.frame`'s head for this pair of
         #: agents), set on a lane the agent keeps (its requests take the fast path): else None.
         self.note_head = note_head
 
     def bind(self, ld: Tuple[Any, int], rd: Tuple[Any, int]) -> bytes:
         """The prepared ids' fields for the lists' daemon ids `ld`, `rd` (kept for the next request)."""
-        self.ids = ids_field(ld[1], rd[1])
-        self.ld, self.rd = ld, rd
-        return self.ids
+        ids = ids_field(ld[1], rd[1])
+        self.bound = (ld, rd, ids)
+        return ids
 
     def fits(self, li: Any, ri: Any) -> bool:
         """Whether a request takes the fast path as given: both index arrays 1-D int64 numpy
