@@ -511,10 +511,11 @@ class Session:
         if ended is not None:
             sink.set_exception(ended)
             return
-        head = b"\x08" + _varint(tag) + _field_key(field) + _varint(len(body))
+        blen = len(body)
+        head = b"\x08" + _varint(tag) + _field_key(field) + (_SMALL_VARINTS[blen] if blen < 128 else _varint(blen))
         with self._send_lock:
             try:
-                self._conn.sock.sendall(_local.HEADER.pack(len(head) + len(body)) + head + body)
+                self._conn.sock.sendall(_local.HEADER.pack(len(head) + blen) + head + body)
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
 

@@ -126,7 +126,9 @@ class Xfer:
         except TcpxdError as e:  # the session was closed under us: nothing was sent
             self._unsent(part, e)
             raise
-        return self._posted(session, part.gen)
+        if self.telemetry is not None or part.gen != self._gen:  # telemetry to record, or released while posting
+            return self._posted(session, part.gen)
+        return self.state
 
     def post(self, session: Any, ride: bytes, followup: Optional[Callable[[Any, Any], None]],
              bodies: Optional[List[Any]] = None, answered: Optional[Callable[[], None]] = None) -> str:
