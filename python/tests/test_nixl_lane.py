@@ -79,7 +79,8 @@ def test_fits_takes_in_range_int64_arrays_only(small_ring):
         assert not lane.fits(other, ok)  # the general way checks (and packs) these
     assert not lane.fits(ok.reshape(8, 8), ok.reshape(8, 8))
     assert not lane.fits(ok, ok[:63])
-    assert not lane.fits(ok[:7], ok[:7])  # below WINDOW_MIN: packed, not through the ring
+    assert lane.fits(ok[:7], ok[:7])  # below WINDOW_MIN: packed into the request
+    assert not lane.fits(ok[:0], ok[:0])  # no index: the general way refuses it
     big = np.zeros(_plan.WINDOW_MAX + 1, dtype=np.int64)
     assert not lane.fits(big, big)  # past WINDOW_MAX
 
@@ -290,3 +291,34 @@ def test_submit_frame_lands_byte_exact_and_fails_like_submit_encoded(peered, pat
             s.close()
             with pytest.raises(TcpxdError, match="the session is closed"):
                 s._submit_frame("write", body, _Sink())
+
+
+@pytest.mark.parametrize("op", ["READ", "WRITE"])
+def test_few_indices_on_a_lane_go_packed_in_the_request(daemons, monkeypatch, op):
+    """Requests of fewer than WINDOW_MIN indices (vLLM's one-block ones) take the lane too, their
+    indices packed into the request (no ring slot): one frame, the blocks and the notification
+    delivered."""
+    A, B, amem, bmem, local, remote = _agents_with_lists(daemons, R, N)
+    try:
+        sent: List[Any] = []
+        s = A._session_now()
+        frame = s._submit_frame
+        monkeypatch.setattr(s, "_submit_frame", lambda f, b, k: (sent.append((f, b)), frame(f, b, k))[1])
+        for k in range(3):
+            _fill(op, amem, bmem)
+            li, ri = rng.permutation(R * N)[:4], rng.permutation(R * N)[:4]
+            h = A.make_prepped_xfer(op, local, li, remote, ri, notif_msg=f"few-{k}".encode())
+            A.transfer(h)
+            assert wait(A, h) == "DONE", h.error
+            assert h._xfer.plan.windowed == 0 and local._lanes
+            _check_blocks(op, li, ri, amem, bmem, N)
+            assert _notifs(B, 1) == {"xf-A": [f"few-{k}".encode()]}
+            field, body = sent[-1]
+            req = _proto.message("ReadPreparedRequest" if op == "READ" else "WritePreparedRequest").FromString(body)
+            assert field == op.lower() + "_prepared" and req.notification and not req.HasField("local_window")
+            assert np.array_equal(np.frombuffer(req.local_indices, "<u4"), li)
+            assert np.array_equal(np.frombuffer(req.remote_indices, "<u4"), ri)
+        assert len(sent) == 3 and A._windows is None  # no ring registered for them
+    finally:
+        A.close()
+        B.close()

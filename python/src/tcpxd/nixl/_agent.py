@@ -510,9 +510,10 @@ class nixl_agent:  # noqa: N801
 
     def _keep_lane(self, operation: str, local_xfer_side: Any, remote_xfer_side: Any, skip_desc_merge: Any, plan: Any) -> None:
         """Keeps a prepared plan's lane on the local handle for the next requests between these
-        handles, when its indices went the index ring's way (no outer sums, within its bounds)."""
+        handles, when its indices went without outer sums (through the index ring, or packed when
+        few) and the ring may serve."""
         if (type(plan) is _plan.Prepared and plan.lo is None and plan.ro is None and not self._no_windows
-                and _plan.WINDOW_MIN <= len(plan.li) <= _plan.WINDOW_MAX):
+                and len(plan.li) <= _plan.WINDOW_MAX):
             lanes = local_xfer_side._lanes
             if len(lanes) >= 16:  # handles made and dropped unreleased: keep a few
                 lanes.clear()
@@ -664,9 +665,10 @@ class nixl_agent:  # noqa: N801
     def _post_lane(self, xfer: Xfer, pr: _plan.Prepared) -> Optional[str]:
         """transfer() of a request made on a lane (`_lane`), the fast way: the session's prepared
         ids from the lane (bound again only when the lists' daemon ids changed), both index arrays
-        packed into a slot of the index ring, the request one bytes object of a few dozen bytes in
-        one frame. None, having sent nothing, where the general way must serve it: the remote agent
-        removed, the lists not yet prepared on this session, no ring or no slot free."""
+        packed into a slot of the index ring (fewer than WINDOW_MIN a side: into the request), the
+        request one bytes object (a few dozen bytes) in one frame. None, having sent nothing, where
+        the general way must serve it: the remote agent removed, the lists not yet prepared on this
+        session, no ring or no slot free."""
         if xfer.remote not in self._remotes:
             return None
         lane = pr.lane
@@ -681,18 +683,24 @@ class nixl_agent:  # noqa: N801
             ids = lane.bind(ld, rd)
         else:
             return None
+        framed = xfer.framed
+        if framed is None:
+            framed = xfer.framed = lane.note_head + xfer.notif if xfer.notif else b""  # type: ignore[operator]
+        head = ids + (b"\x2a" + _plan.V(len(framed)) + framed if framed else b"") + lane.tmo  # notification = 5
+        if len(pr.li) < _plan.WINDOW_MIN:  # few indices: packed into the request
+            pr.windowed = 0
+            try:
+                return xfer.post_one(session, lane.field, head + lane.packed(pr.li, pr.ri), None)
+            except TcpxdError as e:
+                raise from_tcpxd(e, "transfer") from None
         ring = self._windows if self._windows is not None else self._windows_now()
         got = ring.put(pr.li, pr.ri) if ring is not None else None
         if got is None or ring is None:
             return None
         slot, windows = got
-        framed = xfer.framed
-        if framed is None:
-            framed = xfer.framed = lane.note_head + xfer.notif if xfer.notif else b""  # type: ignore[operator]
         pr.windowed = 2
         try:
-            note = b"\x2a" + _plan.V(len(framed)) + framed if framed else b""  # notification = 5
-            return xfer.post_one(session, lane.field, ids + note + lane.tmo + windows, functools.partial(ring.give, slot))
+            return xfer.post_one(session, lane.field, head + windows, functools.partial(ring.give, slot))
         except BaseException as e:  # nothing was sent: the slot is free again
             ring.give(slot)
             if isinstance(e, TcpxdError):

@@ -40,7 +40,8 @@ packing and writing 256 KiB to the socket do.)
 A request on this path does little besides those passes, as every Python line, call and object
 costs more once they swept the caches (vLLM's pull: ~0.5 µs a line). The first request between two
 prepared handles (in one direction, one skip_desc_merge) whose indices take the index ring is
-planned the general way, and its `Lane` is kept on the local handle: the lists, the request's
+planned the general way, and its `Lane` is kept on the local handle (requests of fewer than
+WINDOW_MIN indices a side too: on a lane they go packed in the request, no ring slot): the lists, the request's
 constant fields, the prepared ids' fields for the daemon ids they were made from, the
 notification frame's head. The next requests between them are made on the lane: one dict lookup,
 both int64 arrays checked in one reduction each (`Lane.fits`; anything else, a bad index
@@ -419,12 +420,21 @@ class Lane:
 
     def fits(self, li: Any, ri: Any) -> bool:
         """Whether a request takes the fast path as given: both index arrays 1-D int64 numpy
-        arrays of one length the index ring carries (WINDOW_MIN to WINDOW_MAX), every index in
-        range (one reduction a side: read unsigned, a negative index is above any count). Anything
-        else (lists, other dtypes, a bad index) goes the general way, which checks and names it."""
+        arrays of one length, 1 to WINDOW_MAX (the index ring's bound), every index in range (one
+        reduction a side: read unsigned, a negative index is above any count). Anything else
+        (lists, other dtypes, a bad index, no index) goes the general way, which checks and names it."""
         return (type(li) is np.ndarray and type(ri) is np.ndarray and li.dtype is _I64 and ri.dtype is _I64
-                and li.ndim == 1 and ri.ndim == 1 and WINDOW_MIN <= li.size == ri.size <= WINDOW_MAX
+                and li.ndim == 1 and ri.ndim == 1 and 0 < li.size == ri.size <= WINDOW_MAX
                 and int(_umax(li.view(_U64))) < self.local.count and int(_umax(ri.view(_U64))) < self.remote.count)
+
+
+    @staticmethod
+    def packed(li: np.ndarray, ri: np.ndarray) -> bytes:
+        """Both sides (fewer than WINDOW_MIN indices: not worth a ring slot) packed as u32s into
+        the request's fields: local_indices 2, remote_indices 4 (the ids' fields come first, in
+        another order than `Prepared.body`'s, which protobuf allows)."""
+        lb, rb = li.astype(_U32).tobytes(), ri.astype(_U32).tobytes()
+        return b"\x12" + V(len(lb)) + lb + b"\x22" + V(len(rb)) + rb
 
 
 class Prepared:
