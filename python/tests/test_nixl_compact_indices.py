@@ -126,7 +126,7 @@ def test_the_body_carries_outer_sides_in_their_fields(op, msg, outer_sides):
     o = _plan.Outer()
     lo = o.encode(li, lst) if outer_sides[0] else None
     ro = o.encode(ri, lst) if outer_sides[1] else None
-    pr = _plan.Prepared(None, li, None, ri, _plan._timeout(b"\x30", 900), True, 900, lo, ro)  # type: ignore[arg-type]
+    pr = _plan.Prepared(_plan.Lane(op, None, None, True, 900), li, ri, lo, ro)  # type: ignore[arg-type]
     body = pr.body(77, 1 << 40, b"req-3:1", _plan.Scratch())
     got = _proto.message(msg).FromString(b"".join(bytes(memoryview(p).cast("B")) for p in body))
     assert (got.local_prepared_id, got.remote_prepared_id, got.notification, got.timeout_ms) == (77, 1 << 40, b"req-3:1", 900)
@@ -301,9 +301,10 @@ def test_requests_pass_their_indices_through_the_index_ring(daemons, monkeypatch
     A, B, amem, bmem, local, remote = _agents_with_lists(daemons, R, N)
     try:
         sent = []
-        submit = A._session_now()._submit_encoded
-        monkeypatch.setattr(A._session_now(), "_submit_encoded",
-                            lambda f, bodies, sinks: (sent.append(bodies[0]), submit(f, bodies, sinks))[1])
+        session = A._session_now()
+        submit, frame = session._submit_encoded, session._submit_frame
+        monkeypatch.setattr(session, "_submit_encoded", lambda f, bodies, sinks: (sent.append(bodies[0]), submit(f, bodies, sinks))[1])
+        monkeypatch.setattr(session, "_submit_frame", lambda f, body, sink: (sent.append([body]), frame(f, body, sink))[1])
         for form in ("vllm", "random"):
             _fill(op, amem, bmem)
             li = vllm_ids(R, N, 16) if form == "vllm" else rng.permutation(R * N)[:64]
@@ -391,6 +392,7 @@ def test_the_ring_gives_a_slot_back_when_the_request_cannot_be_sent(daemons, mon
             raise TcpxdError("the session is closed")
 
         monkeypatch.setattr(session, "_submit_encoded", closed)
+        monkeypatch.setattr(session, "_submit_frame", closed)
         with pytest.raises(Exception, match="the session is closed"):
             A.transfer(h)
         assert A._windows is not None and A._windows.free == _plan.WINDOW_SLOTS
@@ -511,7 +513,7 @@ def test_the_window_body_names_its_slot_and_carries_every_field(op, msg, notific
     ro = o.encode(ri, lst) if outer_sides[1] else None
     ring = _plan.Windows(_FakeBuffer())
     slot = ring.take()
-    pr = _plan.Prepared(None, li, None, ri, _plan._timeout(b"\x30", 900), True, 900, lo, ro)  # type: ignore[arg-type]
+    pr = _plan.Prepared(_plan.Lane(op, None, None, True, 900), li, ri, lo, ro)  # type: ignore[arg-type]
     body = pr.window_body(_plan.ids_field(300, 5), notification, ring, slot)
     assert len(body) == 1 and isinstance(body[0], bytes) and len(body[0]) < 3000
     got = _proto.message(msg).FromString(body[0])

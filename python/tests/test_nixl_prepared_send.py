@@ -71,7 +71,7 @@ def test_scratch_packs_u32_bytes_and_reuses_its_arrays():
 def test_the_body_is_the_prepared_request(op, msg, n, notif, tmo):
     li = rng.integers(0, 1 << 22, n).astype(np.int64)
     ri = rng.integers(0, 1 << 22, n).astype(np.uint32)
-    pr = _plan.Prepared(None, li, None, ri, _plan._timeout(b"\x30", tmo), True, tmo)  # type: ignore[arg-type]
+    pr = _plan.Prepared(_plan.Lane(op, None, None, True, tmo), li, ri)  # type: ignore[arg-type]
     body = pr.body(130, 5, notif, _plan.Scratch())
     want = _proto.message(msg)(local_prepared_id=130, local_indices=li.astype("<u4").tobytes(), remote_prepared_id=5,
                                remote_indices=ri.tobytes(), notification=notif, timeout_ms=tmo)

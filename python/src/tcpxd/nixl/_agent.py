@@ -92,22 +92,27 @@ class nixl_agent_config:  # noqa: N801
 
 
 class nixl_prepped_dlist_handle:  # noqa: N801
-    """A prepared descriptor list (prep_xfer_dlist)."""
+    """A prepared descriptor list (prep_xfer_dlist). It holds the list (`_prepped`, None once
+    released) and the lanes of the prepared path from it (`_lanes`, _plan.Lane by (operation,
+    remote handle, skip_desc_merge): `nixl_agent._lane`)."""
 
-    __slots__ = ("_handle", "_agent", "_released")
+    __slots__ = ("_handle", "_agent", "_released", "_prepped", "_lanes")
 
-    def __init__(self, agent: "nixl_agent", value: int):
+    def __init__(self, agent: "nixl_agent", value: int, prepped: _plan.Prepped):
         self._handle = int(value)
         self._agent = agent
         self._released = False
+        self._prepped: Optional[_plan.Prepped] = prepped
+        self._lanes: Dict[Any, _plan.Lane] = {}
 
     def __repr__(self) -> str:
         return f"nixl_prepped_dlist_handle(0x{self._handle:x}, released={self._released})"
 
     def release(self) -> None:
         if not self._released:
-            prepped = self._agent._dlists.pop(self._handle, None)
+            prepped, self._prepped = self._prepped, None
             self._released = True
+            self._lanes.clear()
             if prepped is not None:
                 self._agent._unprepare(prepped)
 
@@ -137,10 +142,11 @@ class nixl_xfer_handle:  # noqa: N801
             self._released = True
 
     def __del__(self) -> None:
-        try:
-            self.release()
-        except Exception:  # noqa: BLE001 - best effort, as NIXL's
-            pass
+        if not self._released:
+            try:
+                self.release()
+            except Exception:  # noqa: BLE001 - best effort, as NIXL's
+                pass
 
 
 def _name(agent: AgentName, what: str) -> str:
@@ -195,7 +201,6 @@ class nixl_agent:  # noqa: N801
         self._no_windows = False
         #: Whether the daemon takes outer sums (an older daemon takes neither form: packed).
         self._outer_ok = False
-        self._dlists: Dict[int, _plan.Prepped] = {}
         self._remotes: Dict[str, _Remote] = {}
         self._session: Any = None
         self.notifs: Dict[str, List[bytes]] = {}
@@ -441,10 +446,7 @@ class nixl_agent:  # noqa: N801
             except (TcpxdError, nixlBackendError) as e:
                 log.debug("agent %s: the daemon did not prepare a list of %d descriptors (%s): the block path serves it",
                           self.name, len(prepped), e)
-        with self._lock:
-            h = next(self._ids)
-            self._dlists[h] = prepped
-        return nixl_prepped_dlist_handle(self, h)
+        return nixl_prepped_dlist_handle(self, next(self._ids), prepped)
 
     def _prepared_id(self, session: Any, prepped: _plan.Prepped) -> int:
         """The daemon's id of `prepped` on `session` (PrepareBlocks on it the first time: the
@@ -481,22 +483,57 @@ class nixl_agent:  # noqa: N801
     def _dlist(self, handle: Any, what: str) -> _plan.Prepped:
         if not isinstance(handle, nixl_prepped_dlist_handle) or handle._agent is not self:
             raise nixlInvalidParamError(f"{what}: not a prepared list of this agent (prep_xfer_dlist)")
-        p = self._dlists.get(handle._handle)  # (a dict read is atomic: no lock)
+        p = handle._prepped
         if p is None:
             raise nixlNotFoundError(f"{what}: released")
         return p
 
-    def _xfer_handle(self, plan: _plan.Plan, remote: str, notif: Any) -> nixl_xfer_handle:
+    def _xfer_handle(self, plan: Any, remote: str, notif: Any) -> nixl_xfer_handle:
         xfer = Xfer(plan, remote, notif if type(notif) is bytes else _bytes(notif, "notif_msg"), self._conf.capture_telemetry)
-        with self._lock:
-            h = next(self._ids)
-        return nixl_xfer_handle(self, h, xfer)
+        return nixl_xfer_handle(self, next(self._ids), xfer)  # (next() on a count is atomic: no lock)
+
+    def _lane(self, operation: Any, local_xfer_side: Any, remote_xfer_side: Any, skip_desc_merge: Any,
+              li: Any, ri: Any) -> Optional[_plan.Lane]:
+        """The fast path's lane for a make_prepped_xfer, when it takes one: the lane kept on the
+        local handle for (operation, remote handle, skip_desc_merge) (`_keep_lane`), both handles
+        this agent's and live, neither list refused by the daemon since, the index ring not found
+        unusable, and the index arrays as `Lane.fits` takes them. Else None: the general way
+        decides and checks everything, raising what it raises."""
+        try:
+            lane = local_xfer_side._lanes[operation, remote_xfer_side, skip_desc_merge]
+        except (AttributeError, KeyError, TypeError):  # not a handle, no lane yet, not hashable
+            return None
+        if (local_xfer_side._agent is not self or remote_xfer_side._released or lane.local.refused or lane.remote.refused
+                or self._no_windows or not lane.fits(li, ri)):
+            return None
+        return lane  # type: ignore[no-any-return]
+
+    def _keep_lane(self, operation: str, local_xfer_side: Any, remote_xfer_side: Any, skip_desc_merge: Any, plan: Any) -> None:
+        """Keeps a prepared plan's lane on the local handle for the next requests between these
+        handles, when its indices went without outer sums (through the index ring, or packed when
+        few) and the ring may serve."""
+        if (type(plan) is _plan.Prepared and plan.lo is None and plan.ro is None and not self._no_windows
+                and len(plan.li) <= _plan.WINDOW_MAX):
+            lanes = local_xfer_side._lanes
+            if len(lanes) >= 16:  # handles made and dropped unreleased: keep a few
+                lanes.clear()
+            plan.lane.note_head = frame(self.name, plan.lane.remote.agent, b"")
+            lanes[operation, remote_xfer_side, skip_desc_merge] = plan.lane
 
     def make_prepped_xfer(self, operation: str, local_xfer_side: nixl_prepped_dlist_handle, local_indices: Any,
                           remote_xfer_side: nixl_prepped_dlist_handle, remote_indices: Any, notif_msg: Any = b"",
                           backends: Optional[List[str]] = None, skip_desc_merge: bool = False) -> nixl_xfer_handle:
         """A transfer of local descriptor local_indices[k] with remote descriptor remote_indices[k]
-        (WRITE: local into remote; READ: remote into local), equal lengths pairwise."""
+        (WRITE: local into remote; READ: remote into local), equal lengths pairwise.
+
+        Requests between two handles that took the index ring before take a lane (`_lane`: one
+        lookup, both arrays checked in one reduction each, no plan worked out again); anything else
+        goes the general way below."""
+        lane = self._lane(operation, local_xfer_side, remote_xfer_side, skip_desc_merge, local_indices, remote_indices)
+        if lane is not None:
+            xfer = Xfer(_plan.Prepared(lane, local_indices, remote_indices), lane.remote.agent,
+                        notif_msg if type(notif_msg) is bytes else _bytes(notif_msg, "notif_msg"), self._conf.capture_telemetry)
+            return nixl_xfer_handle(self, next(self._ids), xfer)
         op = operation if operation == "READ" or operation == "WRITE" else _op(operation)
         local = self._dlist(local_xfer_side, "local_xfer_side")
         remote = self._dlist(remote_xfer_side, "remote_xfer_side")
@@ -514,7 +551,9 @@ class nixl_agent:  # noqa: N801
         li = local_indices if lo is not None else _plan.indices(local_indices, local.count, "local_indices")
         ri = remote_indices if ro is not None else _plan.indices(remote_indices, remote.count, "remote_indices")
         plan = _plan.plan(op, local, li, remote, ri, not skip_desc_merge, self._timeout_ms, lo, ro)
-        return self._xfer_handle(plan, remote.agent, notif_msg)
+        h = self._xfer_handle(plan, remote.agent, notif_msg)
+        self._keep_lane(op, local_xfer_side, remote_xfer_side, skip_desc_merge, plan)
+        return h
 
     def initialize_xfer(self, operation: str, local_descs: Any, remote_descs: Any, remote_agent: AgentName,
                         notif_msg: Any = b"", backends: Optional[List[str]] = None) -> nixl_xfer_handle:
@@ -549,20 +588,25 @@ class nixl_agent:  # noqa: N801
     def _session_now(self) -> Any:
         """The agent's session: the current one while it lives (read without a lock), else a new one."""
         s = self._session
-        if s is not None and s._ended is None and not s._closed and getattr(s, "_why", None) is None and not self._closed:
+        if s is not None and s._ended is None and not s._closed and s._why is None and not self._closed:
             return s
         with self._lock:
             if self._closed:
                 raise nixlBackendError("the agent is closed")
             s = self._session
-            if s is None or s._ended is not None or s._closed or getattr(s, "_why", None) is not None:
+            if s is None or s._ended is not None or s._closed or s._why is not None:
                 s = self._session = self._client.session()
             return s
 
     def transfer(self, handle: nixl_xfer_handle, notif_msg: Any = b"") -> str:
         """Posts the transfer: "PROC" (or "DONE"/"ERR" if it already ended). A notification reaches
         the remote agent after the data landed (after it was read, for a READ)."""
-        xfer = self._live(handle)
+        xfer = handle._xfer if type(handle) is nixl_xfer_handle and handle._agent is self and not handle._released else self._live(handle)
+        plan = xfer.plan
+        if type(plan) is _plan.Prepared and plan.lane.note_head is not None and type(notif_msg) is bytes and not notif_msg:
+            state = self._post_lane(xfer, plan)
+            if state is not None:
+                return state
         remote = self._remotes.get(xfer.remote)  # (a dict read is atomic: no lock)
         if remote is None:
             remote = self._remote(xfer.remote, "handle's remote agent")  # raises, naming it
@@ -618,11 +662,57 @@ class nixl_agent:  # noqa: N801
         except TcpxdError as e:
             raise from_tcpxd(e, "transfer") from None
 
+    def _post_lane(self, xfer: Xfer, pr: _plan.Prepared) -> Optional[str]:
+        """transfer() of a request made on a lane (`_lane`), the fast way: the session's prepared
+        ids from the lane (bound again only when the lists' daemon ids changed), both index arrays
+        packed into a slot of the index ring (fewer than WINDOW_MIN a side: into the request), the
+        request one bytes object (a few dozen bytes) in one frame. None, having sent nothing, where
+        the general way must serve it: the remote agent removed, the lists not yet prepared on this
+        session, no ring or no slot free."""
+        if xfer.remote not in self._remotes:
+            return None
+        lane = pr.lane
+        session = self._session
+        if session is None or session._ended is not None or session._closed or session._why is not None or self._closed:
+            session = self._session_now()
+        ld, rd = lane.local.daemon, lane.remote.daemon  # (session, id) tuples: read without a lock
+        bound = lane.bound
+        if ld is bound[0] and rd is bound[1] and ld[0] is session:
+            ids = bound[2]
+        elif ld is not None and rd is not None and ld[0] is session and rd[0] is session:
+            ids = lane.bind(ld, rd)
+        else:
+            return None
+        framed = xfer.framed
+        if framed is None:
+            framed = xfer.framed = lane.note_head + xfer.notif if xfer.notif else b""  # type: ignore[operator]
+        head = ids + (b"\x2a" + _plan.V(len(framed)) + framed if framed else b"") + lane.tmo  # notification = 5
+        if len(pr.li) < _plan.WINDOW_MIN:  # few indices: packed into the request
+            pr.windowed = 0
+            try:
+                return xfer.post_one(session, lane.field, head + lane.packed(pr.li, pr.ri), None)
+            except TcpxdError as e:
+                raise from_tcpxd(e, "transfer") from None
+        ring = self._windows if self._windows is not None else self._windows_now()
+        got = ring.put(pr.li, pr.ri) if ring is not None else None
+        if got is None or ring is None:
+            return None
+        slot, windows = got
+        pr.windowed = 2
+        try:
+            return xfer.post_one(session, lane.field, head + windows, functools.partial(ring.give, slot))
+        except BaseException as e:  # nothing was sent: the slot is free again
+            ring.give(slot)
+            if isinstance(e, TcpxdError):
+                raise from_tcpxd(e, "transfer") from None
+            raise
+
     def check_xfer_state(self, handle: nixl_xfer_handle) -> str:
         """"DONE", "PROC" or "ERR" (the handle's `error` says why). A transfer that cannot finish
         ends in "ERR" by its deadline (timeout_s, else the daemon's), or as soon as its peer is
         found gone."""
-        state = self._live(handle).state
+        xfer = handle._xfer if type(handle) is nixl_xfer_handle and handle._agent is self and not handle._released else self._live(handle)
+        state = xfer.state
         if state == "INIT":
             raise nixlNotPostedError("handle: never posted (call transfer() first)")
         return state

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 from .. import _proto
 from ..errors import Cancelled, TcpxdError
 from ._errors import nixlNotFoundError, nixlRepostActiveError
 from . import _wire
-from ._plan import Plan
 
 
 class nixlXferTelemetry:  # noqa: N801 - NIXL's name (nixl._bindings.nixlXferTelemetry)
@@ -38,13 +37,13 @@ class _Part:
 
     __slots__ = ("tag", "xfer", "gen", "finished", "answered")
 
-    def __init__(self, xfer: "Xfer", gen: int):
+    def __init__(self, xfer: "Xfer", gen: int, answered: Optional[Callable[[], None]] = None):
         self.tag = 0
         self.xfer = xfer
         self.gen = gen
         self.finished = False
         #: Called once the daemon answered the request (its index window is free again).
-        self.answered: Optional[Callable[[], None]] = None
+        self.answered = answered
 
     def done(self) -> bool:
         return self.finished
@@ -70,31 +69,66 @@ class Xfer:
 
     A transfer of several daemon requests (parts) is DONE when every part is, ERR as soon as one
     fails (the others are cancelled); a notification that rides none of them goes once all are
-    done (`followup`)."""
+    done (`followup`).
 
-    __slots__ = ("plan", "remote", "notif", "framed", "state", "error", "released", "_lock", "_gen", "_parts", "_left",
-                 "_session", "_followup", "_t0", "telemetry")
+    Made once a request (vLLM makes one a transfer): what only a post changes is read from the
+    class until then (no __slots__: the constructor sets four attributes, not fifteen)."""
 
-    def __init__(self, plan: Plan, remote: str, notif: bytes, timed: bool = True):
+    #: `notif` framed for the remote agent (by the agent, on the first post that sends it).
+    framed: Optional[bytes] = None
+    state = "INIT"
+    #: Why it ended in "ERR" (a tcpxd exception naming the daemon's reason).
+    error: Optional[BaseException] = None
+    released = False
+    _gen = 0
+    _parts: Sequence[_Part] = ()
+    _left = 0
+    _session: Any = None
+    _followup: Optional[Callable[[Any, Any], None]] = None
+    _t0 = 0.0
+    #: Its telemetry, kept only when the agent captures telemetry: else None, and no clock is
+    #: read for it.
+    telemetry: Optional[nixlXferTelemetry] = None
+
+    def __init__(self, plan: Any, remote: str, notif: bytes, timed: bool = True):
+        #: A Plan, or a _plan.Prepared (the prepared path's request, bound to a session when posted).
         self.plan = plan
         self.remote = remote
         self.notif = notif
-        #: `notif` framed for the remote agent (by the agent, on the first post that sends it).
-        self.framed: Optional[bytes] = None
-        self.state = "INIT"
-        #: Why it ended in "ERR" (a tcpxd exception naming the daemon's reason).
-        self.error: Optional[BaseException] = None
-        self.released = False
         self._lock = threading.Lock()
-        self._gen = 0
-        self._parts: List[_Part] = []
-        self._left = 0
-        self._session: Any = None
-        self._followup: Optional[Callable[[Any, Any], None]] = None
-        self._t0 = 0.0
-        #: Its telemetry, kept only when `timed` (the agent captures telemetry): else None, and
-        #: no clock is read for it.
-        self.telemetry = nixlXferTelemetry(totalBytes=plan.total_bytes, descCount=plan.desc_count) if timed else None
+        if timed:
+            self.telemetry = nixlXferTelemetry(totalBytes=plan.total_bytes, descCount=plan.desc_count)
+
+    def _begin(self, session: Any, followup: Optional[Callable[[Any, Any], None]], parts: int,
+               answered: Optional[Callable[[], None]]) -> List[_Part]:
+        """A post's start, under the lock: refuses a released handle or one still in progress;
+        else the next generation in "PROC", its parts (the first calls `answered`)."""
+        if self.released:
+            raise nixlNotFoundError("handle: released")
+        if self.state == "PROC":
+            raise nixlRepostActiveError("handle: its previous transfer is still in progress (check_xfer_state says PROC)")
+        gen = self._gen = self._gen + 1
+        first = _Part(self, gen, answered)
+        self._parts = [first] if parts == 1 else [first] + [_Part(self, gen) for _ in range(parts - 1)]
+        self.state, self.error, self._session, self._followup, self._left = "PROC", None, session, followup, parts
+        if self.telemetry is not None:
+            self._t0 = time.perf_counter()
+            self.telemetry.startTime = time.time_ns() // 1000
+        return self._parts  # type: ignore[return-value]
+
+    def post_one(self, session: Any, field: str, body: bytes, answered: Optional[Callable[[], None]]) -> str:
+        """`post` of one request serialized whole (the prepared path's, bound to the session, its
+        notification in it), as one frame (`Session._submit_frame`)."""
+        with self._lock:
+            part = self._begin(session, None, 1, answered)[0]
+        try:
+            session._submit_frame(field, body, part)
+        except TcpxdError as e:  # the session was closed under us: nothing was sent
+            self._unsent(part, e)
+            raise
+        if self.telemetry is not None or part.gen != self._gen:  # telemetry to record, or released while posting
+            return self._posted(session, part.gen)
+        return self.state
 
     def post(self, session: Any, ride: bytes, followup: Optional[Callable[[Any, Any], None]],
              bodies: Optional[List[Any]] = None, answered: Optional[Callable[[], None]] = None) -> str:
@@ -105,40 +139,32 @@ class Xfer:
         (not when this raises: nothing was sent then)."""
         if bodies is None:
             bodies = self.plan.bodies
-        tm = self.telemetry
         with self._lock:
-            if self.released:
-                raise nixlNotFoundError("handle: released")
-            if self.state == "PROC":
-                raise nixlRepostActiveError("handle: its previous transfer is still in progress (check_xfer_state says PROC)")
-            self._gen += 1
-            gen = self._gen
-            self.state = "PROC"
-            self.error = None
-            self._session = session
-            self._followup = followup
-            self._left = len(bodies)
-            t0 = self._t0 = time.perf_counter() if tm is not None else 0.0
-            first = _Part(self, gen)
-            first.answered = answered
-            parts = self._parts = [first] if len(bodies) == 1 else [first] + [_Part(self, gen) for _ in bodies[1:]]
-        if tm is not None:
-            tm.startTime = time.time_ns() // 1000
+            parts = self._begin(session, followup, len(bodies), answered)
         if ride:
             note = self.plan.notif_key + _wire.varint(len(ride)) + ride
             bodies = [bodies[0] + note if isinstance(bodies[0], bytes) else [*bodies[0], note]]
         try:
             session._submit_encoded(self.plan.field, bodies, parts)
         except TcpxdError as e:  # the session was closed under us: nothing was sent
-            first.answered = None
-            with self._lock:
-                if gen == self._gen and self.state == "PROC":
-                    self._end("ERR", e)
+            self._unsent(parts[0], e)
             raise
-        if tm is not None:
-            tm.postDuration = int((time.perf_counter() - t0) * 1e6)
-        if gen != self._gen:  # released while posting (an int read: no lock)
-            for p in parts:
+        return self._posted(session, parts[0].gen)
+
+    def _unsent(self, first: _Part, err: TcpxdError) -> None:
+        """A post whose requests could not be sent: ERR (nothing calls `answered`)."""
+        first.answered = None
+        with self._lock:
+            if first.gen == self._gen and self.state == "PROC":
+                self._end("ERR", err)
+
+    def _posted(self, session: Any, gen: int) -> str:
+        """A post's end: its telemetry's postDuration; its parts cancelled if the handle was
+        released while posting (an int read: no lock)."""
+        if self.telemetry is not None:
+            self.telemetry.postDuration = int((time.perf_counter() - self._t0) * 1e6)
+        if gen != self._gen:
+            for p in self._parts:
                 if not p.finished:
                     _cancel(session, p)
         return self.state
