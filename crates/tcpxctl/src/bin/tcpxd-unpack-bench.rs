@@ -493,6 +493,82 @@ fn time_scatter_kernel(
     Ok(stats(&label, chunks, (chunks * s.chunk) as u64, times))
 }
 
+/// The gather's batches (`BlockBatcher`, a block transfer's send side): each chunk gathered from
+/// `block`-byte blocks at permuted places of a destination set (as the source) into its own
+/// staging slot (a bounce window). GPU time from events around the pushes and the submit; wall
+/// time from the first push until `is_done`.
+fn time_gather(
+    s: &Setup,
+    chunks: usize,
+    block: usize,
+    warmup: usize,
+    iters: usize,
+) -> Result<Row, Box<dyn std::error::Error>> {
+    use tcpxd::gpu::blocks::GatherTask;
+    let mut b = BlockBatcher::new(&s.gpu, BlockOp::Gather)?;
+    let per_chunk = s.chunk / block;
+    let places = s.max_chunks * per_chunk;
+    let mut perm: Vec<usize> = (0..places).collect();
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for i in (1..places).rev() {
+        perm.swap(i, (rng(&mut seed) % (i as u64 + 1)) as usize);
+    }
+    let mut table = Vec::with_capacity(per_chunk);
+    let mut push = |b: &mut BlockBatcher, it: usize| -> Result<(), Box<dyn std::error::Error>> {
+        let set = s.dst_off(it, 0);
+        for c in 0..chunks {
+            let w = s.window(it, chunks, c);
+            table.clear();
+            table.extend((0..per_chunk).map(|k| Segment {
+                offset: set + (perm[c * per_chunk + k] * block) as u64,
+                wire: (k * block) as u32,
+                len: block as u32,
+            }));
+            let slot = s.bounce.subspan((w * s.chunk) as u64, s.chunk as u64)?;
+            let task = GatherTask::unplaced(per_chunk as u32, s.dsts.span(), slot, s.chunk as u32)?;
+            b.push_gather(task, s.chunk as u32, &table)?;
+        }
+        Ok(())
+    };
+    let start = Event::timing(&s.gpu)?;
+    let end = Event::timing(&s.gpu)?;
+    let (mut times, mut host, mut wall) = (Vec::new(), Vec::new(), Vec::new());
+    for it in 0..warmup + iters {
+        b.stream().record(&start)?;
+        let t0 = Instant::now();
+        push(&mut b, it)?;
+        let t = b.submit()?.ok_or("no ticket")?;
+        let t1 = Instant::now();
+        b.stream().record(&end)?;
+        end.synchronize()?;
+        b.wait(&t)?;
+        if it >= warmup {
+            times.push(f64::from(start.elapsed_ms(&end)?) * 1000.0);
+            host.push((t1 - t0).as_secs_f64() * 1e6);
+        }
+    }
+    for it in 0..warmup + iters {
+        let t0 = Instant::now();
+        push(&mut b, it)?;
+        let t = b.submit()?.ok_or("no ticket")?;
+        while !b.is_done(&t)? {
+            std::hint::spin_loop();
+        }
+        if it >= warmup {
+            wall.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    let mut row = stats(
+        &format!("blocks-gather-{}K", block / 1024),
+        chunks,
+        (chunks * s.chunk) as u64,
+        times,
+    );
+    row.host_us = Some(median(host));
+    row.wall_us = Some(median(wall));
+    Ok(row)
+}
+
 fn time_contiguous(
     s: &Setup,
     chunks: usize,
@@ -728,6 +804,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             for inline in [true, false] {
                 rows.push(time_scatter(&s, chunks, block, inline, a.warmup, a.iters)?);
             }
+            rows.push(time_gather(&s, chunks, block, a.warmup, a.iters)?);
             for (signal, resident) in [(false, false), (true, false), (false, true), (true, true)] {
                 rows.push(time_scatter_kernel(&s, chunks, block, signal, resident, a.iters)?);
             }
