@@ -503,13 +503,8 @@ class Session:
         if self._conn is None or len(body) > _FRAME_ONE:
             self._submit_encoded(field, [body], [sink])
             return
-        with self._lock:
-            tag = sink.tag = next(self._tags)
-            ended = self._ended
-            if ended is None:
-                self._pending[tag] = sink
-        if ended is not None:
-            sink.set_exception(ended)
+        tag = self._enlist(sink)
+        if tag is None:
             return
         blen = len(body)
         head = b"\x08" + _varint(tag) + _field_key(field) + (_SMALL_VARINTS[blen] if blen < 128 else _varint(blen))
@@ -519,17 +514,24 @@ class Session:
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
 
-    def _submit_one(self, key: bytes, body: Any, sink: Any) -> None:
-        """`_submit_encoded` of one body on the local session."""
-        blen = len(body) if type(body) is bytes else _body_size(body)
+    def _enlist(self, sink: Any) -> Optional[int]:
+        """Gives `sink` its tag and makes it pending, so the reader resolves it; None when the
+        session has ended (the sink is failed with why)."""
         with self._lock:
-            tag = next(self._tags)
-            sink.tag = tag
+            tag = sink.tag = next(self._tags)
             ended = self._ended
             if ended is None:
                 self._pending[tag] = sink
         if ended is not None:
             sink.set_exception(ended)
+            return None
+        return tag
+
+    def _submit_one(self, key: bytes, body: Any, sink: Any) -> None:
+        """`_submit_encoded` of one body on the local session."""
+        blen = len(body) if type(body) is bytes else _body_size(body)
+        tag = self._enlist(sink)
+        if tag is None:
             return
         t, n = _varint(tag), _varint(blen)
         size = 1 + len(t) + len(key) + len(n) + blen
