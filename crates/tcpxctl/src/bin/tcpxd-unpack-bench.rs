@@ -120,6 +120,20 @@ fn rng(state: &mut u64) -> u64 {
     *state
 }
 
+/// Shuffles `v` in place (Fisher-Yates) from the generator state `seed`.
+fn shuffle<T>(v: &mut [T], seed: &mut u64) {
+    for i in (1..v.len()).rev() {
+        v.swap(i, (rng(seed) % (i as u64 + 1)) as usize);
+    }
+}
+
+/// `0..n` in an order shuffled from `seed`.
+fn permutation(n: usize, mut seed: u64) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..n).collect();
+    shuffle(&mut v, &mut seed);
+    v
+}
+
 impl Setup {
     fn new(a: &Args) -> Result<Setup, Box<dyn std::error::Error>> {
         let gpu = Gpu::open(a.device)?;
@@ -144,9 +158,7 @@ impl Setup {
                 // Page i of the chunk comes from a shuffled page of window w, and the list is in
                 // shuffled (arrival) order.
                 let mut perm: Vec<usize> = (0..frags_per_chunk).collect();
-                for i in (1..perm.len()).rev() {
-                    perm.swap(i, (rng(&mut seed) % (i as u64 + 1)) as usize);
-                }
+                shuffle(&mut perm, &mut seed);
                 for (i, f) in l.iter_mut().enumerate() {
                     *f = loadMeta {
                         src_off: (w * chunk + perm[i] * PAGE) as u32,
@@ -154,9 +166,7 @@ impl Setup {
                         dst_off: (i * PAGE) as u64,
                     };
                 }
-                for i in (1..l.len()).rev() {
-                    l.swap(i, (rng(&mut seed) % (i as u64 + 1)) as usize);
-                }
+                shuffle(l, &mut seed);
             }
         }
         let lists_dev = gpu.alloc(lists.len())?;
@@ -331,14 +341,9 @@ fn time_scatter(
     let mut b = BlockBatcher::new(&s.gpu, BlockOp::Scatter)?;
     b.set_inline(inline);
     let per_chunk = s.chunk / block;
-    let places = s.max_chunks * per_chunk;
-    let mut perm: Vec<usize> = (0..places).collect();
-    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-    for i in (1..places).rev() {
-        perm.swap(i, (rng(&mut seed) % (i as u64 + 1)) as usize);
-    }
+    let perm = permutation(s.max_chunks * per_chunk, 0x9e37_79b9_7f4a_7c15u64);
     let mut table = Vec::with_capacity(per_chunk);
-    let mut push = |b: &mut BlockBatcher, it: usize| -> Result<(), Box<dyn std::error::Error>> {
+    let push = |b: &mut BlockBatcher, it: usize| -> Result<(), Box<dyn std::error::Error>> {
         let set = s.dst_off(it, 0);
         for c in 0..chunks {
             let w = s.window(it, chunks, c);
@@ -364,43 +369,12 @@ fn time_scatter(
         }
         Ok(())
     };
-    let start = Event::timing(&s.gpu)?;
-    let end = Event::timing(&s.gpu)?;
-    let (mut times, mut host, mut wall) = (Vec::new(), Vec::new(), Vec::new());
-    for it in 0..warmup + iters {
-        b.stream().record(&start)?;
-        let t0 = Instant::now();
-        push(&mut b, it)?;
-        let t = b.submit()?.ok_or("no ticket")?;
-        let t1 = Instant::now();
-        b.stream().record(&end)?;
-        end.synchronize()?;
-        b.wait(&t)?;
-        if it >= warmup {
-            times.push(f64::from(start.elapsed_ms(&end)?) * 1000.0);
-            host.push((t1 - t0).as_secs_f64() * 1e6);
-        }
-    }
-    for it in 0..warmup + iters {
-        let t0 = Instant::now();
-        push(&mut b, it)?;
-        let t = b.submit()?.ok_or("no ticket")?;
-        while !b.is_done(&t)? {
-            std::hint::spin_loop();
-        }
-        if it >= warmup {
-            wall.push(t0.elapsed().as_secs_f64() * 1e6);
-        }
-    }
     let label = format!(
         "blocks-scatter-{}K{}",
         block / 1024,
         if inline { "" } else { "-arena" }
     );
-    let mut row = stats(&label, chunks, (chunks * s.chunk) as u64, times);
-    row.host_us = Some(median(host));
-    row.wall_us = Some(median(wall));
-    Ok(row)
+    time_batches(s, &mut b, &label, chunks, warmup, iters, push)
 }
 
 /// The scatter kernel launched directly (tables uploaded once into device memory), by events
@@ -507,14 +481,9 @@ fn time_gather(
     use tcpxd::gpu::blocks::GatherTask;
     let mut b = BlockBatcher::new(&s.gpu, BlockOp::Gather)?;
     let per_chunk = s.chunk / block;
-    let places = s.max_chunks * per_chunk;
-    let mut perm: Vec<usize> = (0..places).collect();
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    for i in (1..places).rev() {
-        perm.swap(i, (rng(&mut seed) % (i as u64 + 1)) as usize);
-    }
+    let perm = permutation(s.max_chunks * per_chunk, 0x2545_f491_4f6c_dd1du64);
     let mut table = Vec::with_capacity(per_chunk);
-    let mut push = |b: &mut BlockBatcher, it: usize| -> Result<(), Box<dyn std::error::Error>> {
+    let push = |b: &mut BlockBatcher, it: usize| -> Result<(), Box<dyn std::error::Error>> {
         let set = s.dst_off(it, 0);
         for c in 0..chunks {
             let w = s.window(it, chunks, c);
@@ -530,13 +499,29 @@ fn time_gather(
         }
         Ok(())
     };
+    let label = format!("blocks-gather-{}K", block / 1024);
+    time_batches(s, &mut b, &label, chunks, warmup, iters, push)
+}
+
+/// Times a block batcher's batches of `chunks` chunks, each queued by `push(batcher,
+/// iteration)`: GPU time from events around the pushes and the submit (host time of those
+/// apart), then wall time from the first push until `is_done`, as the poller sees it.
+fn time_batches(
+    s: &Setup,
+    b: &mut BlockBatcher,
+    label: &str,
+    chunks: usize,
+    warmup: usize,
+    iters: usize,
+    mut push: impl FnMut(&mut BlockBatcher, usize) -> Result<(), Box<dyn std::error::Error>>,
+) -> Result<Row, Box<dyn std::error::Error>> {
     let start = Event::timing(&s.gpu)?;
     let end = Event::timing(&s.gpu)?;
     let (mut times, mut host, mut wall) = (Vec::new(), Vec::new(), Vec::new());
     for it in 0..warmup + iters {
         b.stream().record(&start)?;
         let t0 = Instant::now();
-        push(&mut b, it)?;
+        push(b, it)?;
         let t = b.submit()?.ok_or("no ticket")?;
         let t1 = Instant::now();
         b.stream().record(&end)?;
@@ -549,7 +534,7 @@ fn time_gather(
     }
     for it in 0..warmup + iters {
         let t0 = Instant::now();
-        push(&mut b, it)?;
+        push(b, it)?;
         let t = b.submit()?.ok_or("no ticket")?;
         while !b.is_done(&t)? {
             std::hint::spin_loop();
@@ -558,12 +543,7 @@ fn time_gather(
             wall.push(t0.elapsed().as_secs_f64() * 1e6);
         }
     }
-    let mut row = stats(
-        &format!("blocks-gather-{}K", block / 1024),
-        chunks,
-        (chunks * s.chunk) as u64,
-        times,
-    );
+    let mut row = stats(label, chunks, (chunks * s.chunk) as u64, times);
     row.host_us = Some(median(host));
     row.wall_us = Some(median(wall));
     Ok(row)

@@ -88,19 +88,29 @@ impl BlockSignal {
     }
 }
 
-/// A block task whose table may travel inline: its piece count, and a copy of it pointing at
-/// piece `index` of the parameter block's table.
+/// A block task (the gather's or the scatter's): which kernels run it, its piece count, whether
+/// its table is placed, and a copy of it pointing at piece `index` of an inline parameter
+/// block's table.
 pub trait InlineTask: Copy + Default {
     /// Which kernel: 0 the gather, 1 the scatter (`Kernels::blocks_inline`'s first index).
     const KERNEL: usize;
+    /// The kernel that reads the task's table where it is placed.
+    fn placed_kernel(kernels: &Kernels) -> sys::CUfunction;
     fn pieces(&self) -> u32;
+    fn placed(&self) -> bool;
     fn at_inline_index(self, index: u64) -> Self;
 }
 
 impl InlineTask for GatherTask {
     const KERNEL: usize = 0;
+    fn placed_kernel(kernels: &Kernels) -> sys::CUfunction {
+        kernels.gather_blocks
+    }
     fn pieces(&self) -> u32 {
         self.nsegs
+    }
+    fn placed(&self) -> bool {
+        GatherTask::placed(self)
     }
     fn at_inline_index(mut self, index: u64) -> Self {
         self.segs = index;
@@ -110,8 +120,14 @@ impl InlineTask for GatherTask {
 
 impl InlineTask for ScatterTask {
     const KERNEL: usize = 1;
+    fn placed_kernel(kernels: &Kernels) -> sys::CUfunction {
+        kernels.scatter_blocks
+    }
     fn pieces(&self) -> u32 {
         self.nsegs
+    }
+    fn placed(&self) -> bool {
+        ScatterTask::placed(self)
     }
     fn at_inline_index(mut self, index: u64) -> Self {
         self.segs = index;
@@ -322,18 +338,7 @@ impl Gpu {
         err_off: usize,
         done: BlockSignal,
     ) -> GpuResult<()> {
-        if !tasks.iter().all(GatherTask::placed) {
-            return Err(unplaced());
-        }
-        self.launch_blocks(
-            kernels.gather_blocks,
-            stream,
-            tasks,
-            blocks_per_task,
-            err,
-            err_off,
-            done,
-        )
+        self.launch_placed_blocks(kernels, stream, tasks, blocks_per_task, err, err_off, done)
     }
 
     /// Scatters up to [`BLOCK_TASKS`] received chunks in one launch. A fragment or piece the
@@ -350,11 +355,27 @@ impl Gpu {
         err_off: usize,
         done: BlockSignal,
     ) -> GpuResult<()> {
-        if !tasks.iter().all(ScatterTask::placed) {
+        self.launch_placed_blocks(kernels, stream, tasks, blocks_per_task, err, err_off, done)
+    }
+
+    /// Launches up to [`BLOCK_TASKS`] gathers or scatters (by `T`) whose tables are placed
+    /// (device-visible): [`Gpu::launch_gather_blocks`] / [`Gpu::launch_scatter_blocks`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_placed_blocks<T: InlineTask>(
+        &self,
+        kernels: &Kernels,
+        stream: &Stream,
+        tasks: &[T],
+        blocks_per_task: u32,
+        err: &PinnedRegion,
+        err_off: usize,
+        done: BlockSignal,
+    ) -> GpuResult<()> {
+        if !tasks.iter().all(T::placed) {
             return Err(unplaced());
         }
         self.launch_blocks(
-            kernels.scatter_blocks,
+            T::placed_kernel(kernels),
             stream,
             tasks,
             blocks_per_task,

@@ -205,28 +205,8 @@ impl BlockBatcher {
             match (self.op, inline) {
                 (BlockOp::Gather, true) => ctx.inline(&self.gathers),
                 (BlockOp::Scatter, true) => ctx.inline(&self.scatters),
-                (BlockOp::Gather, false) => ctx.each(&self.gathers, |i, tasks| {
-                    ctx.gpu.launch_gather_blocks(
-                        ctx.kernels,
-                        ctx.stream,
-                        tasks,
-                        bpt,
-                        ctx.errors,
-                        slot * 4,
-                        ctx.signal_for(i),
-                    )
-                }),
-                (BlockOp::Scatter, false) => ctx.each(&self.scatters, |i, tasks| {
-                    ctx.gpu.launch_scatter_blocks(
-                        ctx.kernels,
-                        ctx.stream,
-                        tasks,
-                        bpt,
-                        ctx.errors,
-                        slot * 4,
-                        ctx.signal_for(i),
-                    )
-                }),
+                (BlockOp::Gather, false) => ctx.placed(&self.gathers),
+                (BlockOp::Scatter, false) => ctx.placed(&self.scatters),
             }
         });
         self.gathers.clear();
@@ -383,6 +363,21 @@ impl LaunchCtx<'_> {
             .chunks(BLOCK_TASKS)
             .enumerate()
             .try_for_each(|(i, group)| launch(i, group))
+    }
+
+    /// The launches of `tasks` whose tables were placed in the device arena.
+    fn placed<T: InlineTask>(&self, tasks: &[T]) -> Result<(), GpuError> {
+        self.each(tasks, |i, group| {
+            self.gpu.launch_placed_blocks(
+                self.kernels,
+                self.stream,
+                group,
+                self.blocks_per_task,
+                self.errors,
+                self.slot * 4,
+                self.signal_for(i),
+            )
+        })
     }
 
     /// The inline launches of `tasks`, each with its share of the tables.
