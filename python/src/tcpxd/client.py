@@ -351,8 +351,9 @@ def _body_size(body: Any) -> int:
     return len(body) if isinstance(body, bytes) else sum(map(len, body))
 
 
-#: The largest body `Session._submit_frame` frames itself (joined with its header: one copy).
-_FRAME_ONE = 4096
+#: The largest body `Session._submit_frame` frames itself (joined with its header: one copy;
+#: tcpxd.nixl's outer sums, a few KiB, included).
+_FRAME_ONE = 32768
 
 #: The send buffer asked for a session's local-session socket (the kernel caps it at wmem_max):
 #: requests written at once are not held up while the daemon starts the earlier ones.
