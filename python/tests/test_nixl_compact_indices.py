@@ -158,9 +158,11 @@ def test_vllm_requests_move_the_named_blocks_by_outer_sums(daemons, monkeypatch)
         local = A.prep_xfer_dlist("NIXL_INIT_AGENT", [d for r in ablocks for d in r], "DRAM")
         remote = A.prep_xfer_dlist("xf-B", [d for r in bblocks for d in r], "DRAM")
         sent = []
-        submit = A._session_now()._submit_encoded
-        monkeypatch.setattr(A._session_now(), "_submit_encoded",
-                            lambda f, bodies, sinks: (sent.append((f, bodies)), submit(f, bodies, sinks))[1])
+        session = A._session_now()
+        submit, submit_frame = session._submit_encoded, session._submit_frame
+        monkeypatch.setattr(session, "_submit_encoded", lambda f, bodies, sinks: (sent.append((f, bodies)), submit(f, bodies, sinks))[1])
+        # (requests on a lane, both sides outer sums, go as one frame)
+        monkeypatch.setattr(session, "_submit_frame", lambda f, body, sink: (sent.append((f, [[body]])), submit_frame(f, body, sink))[1])
         for op, remote_form in (("READ", True), ("WRITE", True), ("READ", False)):
             src, dst = (bmem, amem) if op == "READ" else (amem, bmem)
             for m in src:
@@ -296,7 +298,7 @@ def test_requests_pass_their_indices_through_the_index_ring(daemons, monkeypatch
     from test_nixl_transfers import wait
 
     monkeypatch.setattr(_plan, "WINDOW_MIN", 8)
-    monkeypatch.setattr(_plan, "OUTER_MIN", 8)  # the ring goes first: no outer sums
+    monkeypatch.setattr(_plan, "OUTER_MIN", 8)  # one side alone of vLLM's form: both through the ring
     R, N = 4, 64
     A, B, amem, bmem, local, remote = _agents_with_lists(daemons, R, N)
     try:

@@ -201,6 +201,9 @@ class nixl_agent:  # noqa: N801
         self._no_windows = False
         #: Whether the daemon takes outer sums (an older daemon takes neither form: packed).
         self._outer_ok = False
+        #: Whether outer sums are looked for first (the daemon takes them and the native pass
+        #: finds them cheaper than the ring's check and pack): `Lane.take`.
+        self._outer_native = False
         self._remotes: Dict[str, _Remote] = {}
         self._session: Any = None
         self.notifs: Dict[str, List[bytes]] = {}
@@ -211,6 +214,7 @@ class nixl_agent:  # noqa: N801
             self._node = self._client.describe_node()
             self._no_windows = "prepared_index_windows" not in self._node.features
             self._outer_ok = "prepared_outer_indices" in self._node.features
+            self._outer_native = self._outer_ok and self._outer.native
             self._mailbox = self._client.register_host(MAILBOX_BYTES)
             self._memory = LocalMemory(self._client)
             self._inbox = Inbox(self._client, agent_name)
@@ -493,27 +497,29 @@ class nixl_agent:  # noqa: N801
         return nixl_xfer_handle(self, next(self._ids), xfer)  # (next() on a count is atomic: no lock)
 
     def _lane(self, operation: Any, local_xfer_side: Any, remote_xfer_side: Any, skip_desc_merge: Any,
-              li: Any, ri: Any) -> Optional[_plan.Lane]:
-        """The fast path's lane for a make_prepped_xfer, when it takes one: the lane kept on the
-        local handle for (operation, remote handle, skip_desc_merge) (`_keep_lane`), both handles
-        this agent's and live, neither list refused by the daemon since, the index ring not found
-        unusable, and the index arrays as `Lane.fits` takes them. Else None: the general way
-        decides and checks everything, raising what it raises."""
+              li: Any, ri: Any) -> Optional[_plan.Prepared]:
+        """The fast path's request for a make_prepped_xfer, when it takes one: on the lane kept
+        on the local handle for (operation, remote handle, skip_desc_merge) (`_keep_lane`), both
+        handles this agent's and live, neither list refused by the daemon since, and the index
+        arrays as `Lane.take` takes them (outer sums found by the native pass, else the index
+        ring). Else None: the general way decides and checks everything, raising what it raises."""
         try:
             lane = local_xfer_side._lanes[operation, remote_xfer_side, skip_desc_merge]
         except (AttributeError, KeyError, TypeError):  # not a handle, no lane yet, not hashable
             return None
-        if (local_xfer_side._agent is not self or remote_xfer_side._released or lane.local.refused or lane.remote.refused
-                or self._no_windows or not lane.fits(li, ri)):
+        if local_xfer_side._agent is not self or remote_xfer_side._released or lane.local.refused or lane.remote.refused:
             return None
-        return lane  # type: ignore[no-any-return]
+        return lane.take(li, ri, self._outer if self._outer_native else None, not self._no_windows)  # type: ignore[no-any-return]
 
     def _keep_lane(self, operation: str, local_xfer_side: Any, remote_xfer_side: Any, skip_desc_merge: Any, plan: Any) -> None:
         """Keeps a prepared plan's lane on the local handle for the next requests between these
-        handles, when its indices went without outer sums (through the index ring, or packed when
-        few) and the ring may serve."""
-        if (type(plan) is _plan.Prepared and plan.lo is None and plan.ro is None and not self._no_windows
-                and len(plan.li) <= _plan.WINDOW_MAX):
+        handles, when its indices went as outer sums on both sides found by the native pass, or
+        without outer sums (through the index ring, or packed when few) and the ring may serve."""
+        if type(plan) is not _plan.Prepared:
+            return
+        outer = plan.lo is not None and plan.ro is not None and self._outer_native
+        ring = plan.lo is None and plan.ro is None and not self._no_windows and len(plan.li) <= _plan.WINDOW_MAX
+        if outer or ring:
             lanes = local_xfer_side._lanes
             if len(lanes) >= 16:  # handles made and dropped unreleased: keep a few
                 lanes.clear()
@@ -529,10 +535,10 @@ class nixl_agent:  # noqa: N801
         Requests between two handles that took the index ring before take a lane (`_lane`: one
         lookup, both arrays checked in one reduction each, no plan worked out again); anything else
         goes the general way below."""
-        lane = self._lane(operation, local_xfer_side, remote_xfer_side, skip_desc_merge, local_indices, remote_indices)
-        if lane is not None:
-            xfer = Xfer(_plan.Prepared(lane, local_indices, remote_indices), lane.remote.agent,
-                        notif_msg if type(notif_msg) is bytes else _bytes(notif_msg, "notif_msg"), self._conf.capture_telemetry)
+        pr = self._lane(operation, local_xfer_side, remote_xfer_side, skip_desc_merge, local_indices, remote_indices)
+        if pr is not None:
+            xfer = Xfer(pr, pr.lane.remote.agent, notif_msg if type(notif_msg) is bytes else _bytes(notif_msg, "notif_msg"),
+                        self._conf.capture_telemetry)
             return nixl_xfer_handle(self, next(self._ids), xfer)
         op = operation if operation == "READ" or operation == "WRITE" else _op(operation)
         local = self._dlist(local_xfer_side, "local_xfer_side")
@@ -543,9 +549,11 @@ class nixl_agent:  # noqa: N801
             raise nixlInvalidParamError("remote_xfer_side: prepared for this agent; prepare it with the remote agent's name")
         # vLLM's form (regions × blocks) is found and encoded compactly, in range, where the index
         # ring will not carry the indices (cheaper: _plan module doc); else checked
-        if self._outer_ok and (self._no_windows or _size(local_indices) > _plan.WINDOW_MAX):
+        if self._outer_ok and (self._outer_native or self._no_windows or _size(local_indices) > _plan.WINDOW_MAX):
             lo = self._outer.encode(local_indices, local) if local.held and local.preparable else None
             ro = self._outer.encode(remote_indices, remote) if remote.held and remote.preparable else None
+            if (lo is None) != (ro is None) and not self._no_windows and _size(local_indices) <= _plan.WINDOW_MAX:
+                lo = ro = None  # one side alone of the form: both through the ring (a lane's request)
         else:
             lo = ro = None
         li = local_indices if lo is not None else _plan.indices(local_indices, local.count, "local_indices")
@@ -664,9 +672,9 @@ class nixl_agent:  # noqa: N801
 
     def _post_lane(self, xfer: Xfer, pr: _plan.Prepared) -> Optional[str]:
         """transfer() of a request made on a lane (`_lane`), the fast way: the session's prepared
-        ids from the lane (bound again only when the lists' daemon ids changed), both index arrays
-        packed into a slot of the index ring (fewer than WINDOW_MIN a side: into the request), the
-        request one bytes object (a few dozen bytes) in one frame. None, having sent nothing, where
+        ids from the lane (bound again only when the lists' daemon ids changed), both sides' outer
+        sums in the request, else both index arrays packed into a slot of the index ring (fewer
+        than WINDOW_MIN a side: into the request), the request one bytes object in one frame. None, having sent nothing, where
         the general way must serve it: the remote agent removed, the lists not yet prepared on this
         session, no ring or no slot free."""
         if xfer.remote not in self._remotes:
@@ -687,6 +695,12 @@ class nixl_agent:  # noqa: N801
         if framed is None:
             framed = xfer.framed = lane.note_head + xfer.notif if xfer.notif else b""  # type: ignore[operator]
         head = ids + (b"\x2a" + _plan.V(len(framed)) + framed if framed else b"") + lane.tmo  # notification = 5
+        if pr.lo is not None:  # both sides as outer sums (`Lane.take`): a few KiB in the request
+            pr.windowed = 0
+            try:
+                return xfer.post_one(session, lane.field, head + pr.outer_fields(), None)
+            except TcpxdError as e:
+                raise from_tcpxd(e, "transfer") from None
         if len(pr.li) < _plan.WINDOW_MIN:  # few indices: packed into the request
             pr.windowed = 0
             try:

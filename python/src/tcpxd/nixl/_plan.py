@@ -28,28 +28,32 @@ session, once (again if the session is renewed). A transfer between two such lis
 signature is then one WritePrepared/ReadPrepared request: the two prepared ids and both index arrays
 packed as u32s, nothing per descriptor in Python; the daemon groups the pairs by buffer pair and
 sends the notification (a READ's too) once every byte landed. Large index arrays stay off the
-socket: packed into a slot of the agent's index ring (`Windows`, a host buffer shared with the
-daemon) and named by IndexWindow, the daemon reading them when it takes the request; where the ring
-cannot serve, arrays of vLLM's form (region base + block id, R regions × B blocks:
+socket. Arrays of vLLM's form (region base + block id, R regions × B blocks:
 `region_ids[:, None] * num_blocks + block_ids`, flattened) go as outer sums (OuterIndices: R row
-bases and B columns, ~2 KiB where 32,768 indices take 128 KiB), found by `Outer.encode` in two
-numpy passes that also stand for the range check; the daemon expands them. (The ring costs less
-Python time: one pass a side to check, one to pack; the outer form's two passes cost about what
-packing and writing 256 KiB to the socket do.)
+bases and B columns, ~2 KiB where 32,768 indices take 128 KiB), found by `Outer.encode`, which
+also stands for the range check; the daemon expands them. With the package's C pass
+(tcpxd._native: one read of the array, the columns written) that is the cheapest form and is
+looked for first when both sides have it. Anything else (and every array when the C pass is not
+built: numpy needs a subtraction into scratch, a comparison and a scan, which cost about what the
+ring's check and pack do) is packed into a slot of the agent's index ring (`Windows`, a host
+buffer shared with the daemon) and named by IndexWindow, the daemon reading it when it takes the
+request; where the ring cannot serve either, numpy's outer sums, else packed into the request.
 
 A request on this path does little besides those passes, as every Python line, call and object
 costs more once they swept the caches (vLLM's pull: ~0.5 µs a line). The first request between two
 prepared handles (in one direction, one skip_desc_merge) whose indices take the index ring is
 planned the general way, and its `Lane` is kept on the local handle (requests of fewer than
-WINDOW_MIN indices a side too: on a lane they go packed in the request, no ring slot): the lists, the request's
+WINDOW_MIN indices a side too: on a lane they go packed in the request, no ring slot; and
+requests whose both sides went as outer sums found by the C pass): the lists, the request's
 constant fields, the prepared ids' fields for the daemon ids they were made from, the
-notification frame's head. The next requests between them are made on the lane: one dict lookup,
-both int64 arrays checked in one reduction each (`Lane.fits`; anything else, a bad index
-included, goes the general way, which names it), one `Prepared` (the request, and its own plan),
-one Xfer and handle; `transfer` reads the agent's session and the lists' daemon ids without a
-lock (PrepareBlocks again only on a new session), takes a ring slot and packs both sides into it
-in one call (`Windows.put`: no lock, list pop and append), and sends the request, one bytes object
-of a few dozen bytes, as one frame in one send (`Session._submit_frame`); no clock is read for
+notification frame's head. The next requests between them are made on the lane (`Lane.take`):
+one dict lookup, both sides as outer sums by the C pass, else both int64 arrays checked in one
+reduction each (`Lane.fits`; anything else, a bad index included, goes the general way, which
+names it), one `Prepared` (the request, and its own plan), one Xfer and handle; `transfer` reads
+the agent's session and the lists' daemon ids without a lock (PrepareBlocks again only on a new
+session), puts the outer sums in the request or takes a ring slot and packs both sides into it in
+one call (`Windows.put`: no lock, list pop and append), and sends the request, one bytes object
+(a few KiB, or a few dozen bytes with the ring), as one frame in one send (`Session._submit_frame`); no clock is read for
 telemetry and no telemetry object made unless the agent captures it. About 120 Python lines in 20
 calls for make + transfer + check, where the general way runs about 240 in 45.
 
@@ -58,6 +62,7 @@ Either way the requests go out on the agent's session and pipeline; _xfer.Xfer f
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
@@ -68,6 +73,13 @@ from .. import _proto
 from . import _wire
 from ._errors import nixlInvalidParamError, nixlMismatchError
 from ._regions import Region, RegionTable
+
+try:  # the optional C extension (python/src/tcpxd/_native.c): one pass where numpy takes three
+    from .. import _native
+except ImportError:  # not built here: numpy does the same work
+    _native = None  # type: ignore[assignment]
+if os.environ.get("TCPXD_NATIVE", "") == "0":
+    _native = None  # type: ignore[assignment]
 
 #: Entries per WriteBatch/ReadBatch request (the engine's max_entries).
 MAX_ENTRIES = 65536
@@ -293,7 +305,10 @@ class Outer:
         self.lock = threading.Lock()
         self._diff = np.empty(0, dtype=np.int64)
         self._same = np.empty(0, dtype=bool)
+        #: OuterIndices' rows field by (R, K) (vLLM's are the same every request).
         self._rows: Dict[Tuple[int, int], bytes] = {}
+        #: Whether `encode` uses tcpxd._native (built, and not turned off by TCPXD_NATIVE=0).
+        self.native = _native is not None
 
     def encode(self, idx: Any, p: Prepped) -> Optional[bytes]:
         """`idx` as an encoded OuterIndices (rows 1, cols 2: little-endian u32s), or None when
@@ -310,8 +325,24 @@ class Outer:
         m, dt, rows = idx.size, idx.dtype, p.rows
         if m < OUTER_MIN or rows < 2 or m % rows or dt.itemsize != 8 or dt.kind not in "iu" or not dt.isnative:
             return None
-        a = idx if dt.kind == "i" else idx.view(np.int64)
-        n, b = len(p), m // rows
+        got = _native.outer(idx, rows, len(p)) if self.native else self._numpy(idx, rows, len(p))
+        if got is None:
+            return None
+        k, s, cb = got
+        rb = self._rows.get((rows, k))
+        if rb is None:
+            rb = (np.arange(rows, dtype=np.int64) * k - s).astype(_U32).tobytes()
+            if len(self._rows) > 64:
+                self._rows.clear()
+            rb = self._rows[(rows, k)] = b"\x0a" + V(len(rb)) + rb
+        return rb + b"\x12" + V(len(cb)) + cb
+
+    def _numpy(self, idx: np.ndarray, rows: int, n: int) -> Optional[Tuple[int, int, bytes]]:
+        """`_native.outer` in numpy (where the extension is not built, or turned off): a
+        subtraction into a scratch array, a comparison, a scan."""
+        a = idx if idx.dtype.kind == "i" else idx.view(np.int64)
+        m = idx.size
+        b = m // rows
         k = int(a[b]) - int(a[0])
         if not -n < k < n or int(a[m - 1]) - int(a[m - 1 - b]) != k:
             return None  # not of the form (a look at two positions turns most others away)
@@ -331,15 +362,7 @@ class Outer:
             np.equal(d, k, out=same)
             if b"\x00" in same.tobytes():  # (faster than .all(): a copy of m bytes and memchr)
                 return None
-            rb = self._rows.get((rows, k))
-            if rb is None:
-                rb = (np.arange(rows, dtype=np.int64) * k - s).astype(_U32).tobytes()
-                body = b"\x0a" + V(len(rb)) + rb
-                if len(self._rows) > 64:
-                    self._rows.clear()
-                rb = self._rows[(rows, k)] = body
-        cb = (cols + s if s else cols).astype(_U32).tobytes()
-        return rb + b"\x12" + V(len(cb)) + cb
+        return k, s, (cols + s if s else cols).astype(_U32).tobytes()
 
 
 class Plan:
@@ -417,6 +440,22 @@ class Lane:
         ids = ids_field(ld[1], rd[1])
         self.bound = (ld, rd, ids)
         return ids
+
+    def take(self, li: Any, ri: Any, outer: Optional["Outer"], ring: bool) -> Optional["Prepared"]:
+        """The request on this lane for index arrays `li`, `ri`, or None where the general way
+        must make it (which checks and names what is wrong). Both 1-D numpy arrays of one length:
+        as outer sums where `outer` (the agent's, when the daemon takes them and the native pass
+        finds them: one read a side, a few KiB sent), else through the index ring where `ring`
+        and they `fit`."""
+        if type(li) is not np.ndarray or type(ri) is not np.ndarray or li.size != ri.size:
+            return None
+        if outer is not None and OUTER_MIN <= li.size <= MAX_PREPARED:
+            lo = outer.encode(li, self.local)
+            if lo is not None:
+                ro = outer.encode(ri, self.remote)
+                if ro is not None:
+                    return Prepared(self, li, ri, lo, ro)
+        return Prepared(self, li, ri) if ring and self.fits(li, ri) else None
 
     def fits(self, li: Any, ri: Any) -> bool:
         """Whether a request takes the fast path as given: both index arrays 1-D int64 numpy
@@ -520,6 +559,12 @@ class Prepared:
             self.windowed = (lo is None) + (ro is None)
             tail = (ring.pack(slot, 0, self.li) if lo is None else b"") + (ring.pack(slot, 1, self.ri) if ro is None else b"")
         return [ids + self._tail(notification) + tail]
+
+    def outer_fields(self) -> bytes:
+        """Both sides' outer sums (local_outer 8, remote_outer 9): the request's index fields
+        when `Lane.take` found both."""
+        lo, ro = self.lo, self.ro
+        return b"\x42" + V(len(lo)) + lo + b"\x4a" + V(len(ro)) + ro  # type: ignore[arg-type]
 
     def _outer(self) -> bytes:
         """Each side's outer sum where it has one (local_outer 8, remote_outer 9)."""
