@@ -23,7 +23,7 @@ from tcpxd.nixl import (
     nixlNotFoundError,
     nixlNotSupportedError,
 )
-from tcpxd.nixl import _plan
+from tcpxd.nixl import _indices, _plan
 from tcpxd.nixl._notify import frame, parse
 from tcpxd.nixl._regions import Region, RegionTable
 
@@ -187,7 +187,7 @@ def test_plan_merges_neighbours_and_cuts_batches():
     with pytest.raises(nixlMismatchError, match="local_indices: 2 indices against remote_indices' 1"):
         _plan.plan("READ", lp, np.arange(2), rp, np.arange(1), True, 0)
     with pytest.raises(nixlInvalidParamError, match=r"remote_indices\[1\]: index 64 is outside the prepared list of 64"):
-        _plan.indices([0, 64], 64, "remote_indices")
+        _indices.indices([0, 64], 64, "remote_indices")
     short = _prepped(loc, [(0x10000, 128, 0)])
     with pytest.raises(nixlMismatchError, match="local descriptor 0 has 128 bytes, remote descriptor 0 has 256"):
         _plan.plan("READ", short, np.arange(1), rp, np.arange(1), True, 0)

@@ -16,7 +16,7 @@ import pytest
 import tcpxd
 from tcpxd import _proto
 from tcpxd.nixl import nixlInvalidParamError
-from tcpxd.nixl import _plan
+from tcpxd.nixl import _indices, _plan
 
 rng = np.random.default_rng(2411)
 
@@ -52,7 +52,7 @@ def decoded(enc: bytes) -> np.ndarray:
 def test_vllm_ids_are_sent_as_outer_sums_that_expand_to_them(dtype, regions, blocks, per):
     lst = Lst(regions, blocks)
     ids = vllm_ids(regions, blocks, per).astype(dtype)
-    enc = _plan.Outer().encode(ids, lst)
+    enc = _indices.Outer().encode(ids, lst)
     assert enc is not None
     assert np.array_equal(decoded(enc), ids.astype(np.int64))
     assert len(enc) <= 4 * (regions + per) + 8  # R + B u32s, not R × B
@@ -62,16 +62,16 @@ def test_any_arithmetic_row_bases_and_descending_rows():
     lst = Lst(16, 1000)
     for region_ids in (np.arange(15, -1, -1), np.arange(16)):
         ids = vllm_ids(16, 1000, 100, region_ids)
-        enc = _plan.Outer().encode(ids, lst)
+        enc = _indices.Outer().encode(ids, lst)
         assert enc is not None and np.array_equal(decoded(enc), ids)
     same = np.tile(rng.choice(16000, 200, replace=False), 16)  # every row the same: K = 0
-    enc = _plan.Outer().encode(same, lst)
+    enc = _indices.Outer().encode(same, lst)
     assert enc is not None and np.array_equal(decoded(enc), same)
 
 
 def test_other_arrays_go_packed():
     lst = Lst(64, 4096)
-    o = _plan.Outer()
+    o = _indices.Outer()
     ids = vllm_ids(64, 4096, 512)
     assert o.encode(rng.permutation(len(lst))[:32768], lst) is None  # not of the form
     assert o.encode(ids.astype(np.int32), lst) is None  # 8-byte integers only
@@ -95,10 +95,10 @@ def test_out_of_range_indices_of_the_form_are_left_to_the_check_that_names_them(
     ids = vllm_ids(64, 4096, 512)
     col = where % 512
     ids[col::512] += bad - ids[where]
-    assert _plan.Outer().encode(ids, lst) is None
+    assert _indices.Outer().encode(ids, lst) is None
     first = int(np.flatnonzero((ids < 0) | (ids >= len(lst)))[0])
     with pytest.raises(nixlInvalidParamError, match=rf"local_indices\[{first}\]: index {int(ids[first])} is outside the prepared list of 262144"):
-        _plan.indices(ids, len(lst), "local_indices")
+        _indices.indices(ids, len(lst), "local_indices")
 
 
 def test_wrapping_values_never_pass_for_the_form():
@@ -110,12 +110,12 @@ def test_wrapping_values_never_pass_for_the_form():
     for r in range(4):
         a[r * 512:(r + 1) * 512] = base + r * 1024
     a[:512] += top  # row 0 far out of range; the others not of the form then
-    assert _plan.Outer().encode(a, lst) is None
+    assert _indices.Outer().encode(a, lst) is None
     u = np.tile(rng.choice(1024, 512, replace=False).astype(np.uint64), 4)
     u[:] += np.uint64(1 << 63)  # every row the same, every index past int64
-    assert _plan.Outer().encode(u, lst) is None
+    assert _indices.Outer().encode(u, lst) is None
     with pytest.raises(nixlInvalidParamError, match=r"remote_indices\[0\]: index 922337203685477\d{4} is outside"):
-        _plan.indices(u, len(lst), "remote_indices")
+        _indices.indices(u, len(lst), "remote_indices")
 
 
 @pytest.mark.parametrize("op, msg", [("READ", "ReadPreparedRequest"), ("WRITE", "WritePreparedRequest")])
@@ -123,11 +123,11 @@ def test_wrapping_values_never_pass_for_the_form():
 def test_the_body_carries_outer_sides_in_their_fields(op, msg, outer_sides):
     lst = Lst(64, 4096)
     li, ri = vllm_ids(64, 4096, 512), vllm_ids(64, 4096, 512)
-    o = _plan.Outer()
+    o = _indices.Outer()
     lo = o.encode(li, lst) if outer_sides[0] else None
     ro = o.encode(ri, lst) if outer_sides[1] else None
     pr = _plan.Prepared(_plan.Lane(op, None, None, True, 900), li, ri, lo, ro)  # type: ignore[arg-type]
-    body = pr.body(77, 1 << 40, b"req-3:1", _plan.Scratch())
+    body = pr.body(77, 1 << 40, b"req-3:1", _indices.Scratch())
     got = _proto.message(msg).FromString(b"".join(bytes(memoryview(p).cast("B")) for p in body))
     assert (got.local_prepared_id, got.remote_prepared_id, got.notification, got.timeout_ms) == (77, 1 << 40, b"req-3:1", 900)
     for outer, packed, field, want in ((lo, got.local_indices, got.local_outer, li), (ro, got.remote_indices, got.remote_outer, ri)):
@@ -146,7 +146,7 @@ def test_vllm_requests_move_the_named_blocks_by_outer_sums(daemons, monkeypatch)
     naming it."""
     from test_nixl_transfers import BLOCK, pair, regions, wait
 
-    monkeypatch.setattr(_plan, "OUTER_MIN", 8)
+    monkeypatch.setattr(_indices, "OUTER_MIN", 8)
     a, b = daemons
     A, B = pair(a, b)
     A._no_windows = True
@@ -297,8 +297,8 @@ def test_requests_pass_their_indices_through_the_index_ring(daemons, monkeypatch
     named blocks move (bytes checked); the slot is free again once the request is answered."""
     from test_nixl_transfers import wait
 
-    monkeypatch.setattr(_plan, "WINDOW_MIN", 8)
-    monkeypatch.setattr(_plan, "OUTER_MIN", 8)  # one side alone of vLLM's form: both through the ring
+    monkeypatch.setattr(_indices, "WINDOW_MIN", 8)
+    monkeypatch.setattr(_indices, "OUTER_MIN", 8)  # one side alone of vLLM's form: both through the ring
     R, N = 4, 64
     A, B, amem, bmem, local, remote = _agents_with_lists(daemons, R, N)
     try:
@@ -323,16 +323,16 @@ def test_requests_pass_their_indices_through_the_index_ring(daemons, monkeypatch
             assert req.local_indices == b"" and req.remote_indices == b""
             assert (req.local_window.buffer_id, req.local_window.count) == (ring.id, 64)
             assert (req.remote_window.buffer_id, req.remote_window.count) == (ring.id, 64)
-            assert req.remote_window.offset == req.local_window.offset + 4 * _plan.WINDOW_MAX
+            assert req.remote_window.offset == req.local_window.offset + 4 * _indices.WINDOW_MAX
             assert len(req.SerializeToString()) < 100
             _check_blocks(op, li.astype(np.int64), ri.astype(np.int64), amem, bmem, N)
             deadline = 50
-            while ring.free != _plan.WINDOW_SLOTS and deadline:  # the answer frees it
+            while ring.free != _indices.WINDOW_SLOTS and deadline:  # the answer frees it
                 import time
 
                 time.sleep(0.01)
                 deadline -= 1
-            assert ring.free == _plan.WINDOW_SLOTS
+            assert ring.free == _indices.WINDOW_SLOTS
             A.release_xfer_handle(h)
         # a bad index is still refused by make_prepped_xfer, naming it
         bad = rng.permutation(R * N)[:64]
@@ -349,8 +349,8 @@ def test_a_slot_is_reused_only_after_its_request_was_answered(daemons, monkeypat
     others packed (no slot free); every one moves its own blocks; all slots come back."""
     from test_nixl_transfers import wait
 
-    monkeypatch.setattr(_plan, "WINDOW_MIN", 8)
-    monkeypatch.setattr(_plan, "WINDOW_SLOTS", 4)
+    monkeypatch.setattr(_indices, "WINDOW_MIN", 8)
+    monkeypatch.setattr(_indices, "WINDOW_SLOTS", 4)
     R, N = 4, 64
     A, B, amem, bmem, local, remote = _agents_with_lists(daemons, R, N)
     try:
@@ -383,7 +383,7 @@ def test_the_ring_gives_a_slot_back_when_the_request_cannot_be_sent(daemons, mon
     """A post that raises (the session closed under it) sent nothing: the slot is free again."""
     from tcpxd.errors import TcpxdError
 
-    monkeypatch.setattr(_plan, "WINDOW_MIN", 8)
+    monkeypatch.setattr(_indices, "WINDOW_MIN", 8)
     R, N = 4, 64
     A, B, amem, bmem, local, remote = _agents_with_lists(daemons, R, N)
     try:
@@ -397,7 +397,7 @@ def test_the_ring_gives_a_slot_back_when_the_request_cannot_be_sent(daemons, mon
         monkeypatch.setattr(session, "_submit_frame", closed)
         with pytest.raises(Exception, match="the session is closed"):
             A.transfer(h)
-        assert A._windows is not None and A._windows.free == _plan.WINDOW_SLOTS
+        assert A._windows is not None and A._windows.free == _indices.WINDOW_SLOTS
     finally:
         A.close()
         B.close()
@@ -449,23 +449,23 @@ class _FakeBuffer:
     id = 77
 
     def __init__(self) -> None:
-        self.mem = np.zeros(_plan.Windows.nbytes(), dtype=np.uint8)
+        self.mem = np.zeros(_indices.Windows.nbytes(), dtype=np.uint8)
 
     def numpy(self) -> np.ndarray:
         return self.mem
 
 
 def test_windows_hand_out_each_slot_once_until_given_back():
-    ring = _plan.Windows(_FakeBuffer())
-    got = [ring.take() for _ in range(_plan.WINDOW_SLOTS)]
-    assert sorted(got) == list(range(_plan.WINDOW_SLOTS)) and ring.take() is None and ring.free == 0
+    ring = _indices.Windows(_FakeBuffer())
+    got = [ring.take() for _ in range(_indices.WINDOW_SLOTS)]
+    assert sorted(got) == list(range(_indices.WINDOW_SLOTS)) and ring.take() is None and ring.free == 0
     ring.give(got[3])
     assert ring.take() == got[3] and ring.take() is None
-    a = rng.permutation(1 << 20)[:_plan.WINDOW_MAX]
+    a = rng.permutation(1 << 20)[:_indices.WINDOW_MAX]
     field = ring.pack(5, 1, a)
     w = _proto.message("IndexWindow").FromString(field[2:])
     assert field[:1] == b"\x5a" and field[1] == len(field) - 2
-    assert (w.buffer_id, w.offset, w.count) == (77, 4 * (2 * 5 + 1) * _plan.WINDOW_MAX, _plan.WINDOW_MAX)
+    assert (w.buffer_id, w.offset, w.count) == (77, 4 * (2 * 5 + 1) * _indices.WINDOW_MAX, _indices.WINDOW_MAX)
     seen = ring.buffer.mem[w.offset:w.offset + 4 * w.count].view("<u4")
     assert np.array_equal(seen, a)
 
@@ -482,8 +482,8 @@ def test_the_daemon_lists_both_forms_and_an_agent_on_an_older_one_sends_indices_
         assert {"prepared_outer_indices", "prepared_index_windows"} <= set(c.describe_node().features)
     describe = tcpxd.Client.describe_node
     monkeypatch.setattr(tcpxd.Client, "describe_node", lambda self: dataclasses.replace(describe(self), features=[]))
-    monkeypatch.setattr(_plan, "WINDOW_MIN", 8)
-    monkeypatch.setattr(_plan, "OUTER_MIN", 8)
+    monkeypatch.setattr(_indices, "WINDOW_MIN", 8)
+    monkeypatch.setattr(_indices, "OUTER_MIN", 8)
     R, N = 4, 64
     A, B, amem, bmem, local, remote = _agents_with_lists(daemons, R, N)
     try:
@@ -510,10 +510,10 @@ def test_the_window_body_names_its_slot_and_carries_every_field(op, msg, notific
     lst = Lst(64, 4096)
     li = vllm_ids(64, 4096, 512)
     ri = vllm_ids(64, 4096, 512) if outer_sides[1] else rng.permutation(64 * 4096)[:64 * 512]
-    o = _plan.Outer()
+    o = _indices.Outer()
     lo = o.encode(li, lst) if outer_sides[0] else None
     ro = o.encode(ri, lst) if outer_sides[1] else None
-    ring = _plan.Windows(_FakeBuffer())
+    ring = _indices.Windows(_FakeBuffer())
     slot = ring.take()
     pr = _plan.Prepared(_plan.Lane(op, None, None, True, 900), li, ri, lo, ro)  # type: ignore[arg-type]
     body = pr.window_body(_plan.ids_field(300, 5), notification, ring, slot)
@@ -526,10 +526,10 @@ def test_the_window_body_names_its_slot_and_carries_every_field(op, msg, notific
                                                         (ro, got.remote_outer, got.remote_window, ri))):
         if outer is None:
             assert not field.rows and (window.buffer_id, window.count) == (77, len(want))
-            assert window.offset == 4 * (2 * slot + side) * _plan.WINDOW_MAX
+            assert window.offset == 4 * (2 * slot + side) * _indices.WINDOW_MAX
             seen = ring.buffer.mem[window.offset:window.offset + 4 * window.count].view("<u4")
             assert np.array_equal(seen, want)
         else:
             assert window.count == 0 and np.array_equal(decoded(field.SerializeToString()), want)
     ring.give(slot)
-    assert ring.free == _plan.WINDOW_SLOTS
+    assert ring.free == _indices.WINDOW_SLOTS

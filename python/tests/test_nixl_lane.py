@@ -14,7 +14,7 @@ import pytest
 
 from tcpxd import _proto
 from tcpxd.errors import TcpxdError
-from tcpxd.nixl import _plan, nixlInvalidParamError, nixlNotFoundError, nixlRepostActiveError
+from tcpxd.nixl import _indices, _plan, nixlInvalidParamError, nixlNotFoundError, nixlRepostActiveError
 from tcpxd.nixl._xfer import Xfer
 
 from test_nixl_compact_indices import _FakeBuffer, _agents_with_lists, _check_blocks, _fill
@@ -40,7 +40,7 @@ def _lane(n: int = 1000) -> _plan.Lane:
 
 @pytest.fixture
 def small_ring(monkeypatch):
-    monkeypatch.setattr(_plan, "WINDOW_MIN", 8)
+    monkeypatch.setattr(_indices, "WINDOW_MIN", 8)
 
 
 def _counting(monkeypatch, agent) -> List[str]:
@@ -55,7 +55,7 @@ def _counting(monkeypatch, agent) -> List[str]:
 
 def _ring_free(agent) -> int:
     for _ in range(300):
-        if agent._windows.free == _plan.WINDOW_SLOTS:
+        if agent._windows.free == _indices.WINDOW_SLOTS:
             break
         time.sleep(0.01)
     return agent._windows.free  # type: ignore[no-any-return]
@@ -81,12 +81,12 @@ def test_fits_takes_in_range_int64_arrays_only(small_ring):
     assert not lane.fits(ok, ok[:63])
     assert lane.fits(ok[:7], ok[:7])  # below WINDOW_MIN: packed into the request
     assert not lane.fits(ok[:0], ok[:0])  # no index: the general way refuses it
-    big = np.zeros(_plan.WINDOW_MAX + 1, dtype=np.int64)
+    big = np.zeros(_indices.WINDOW_MAX + 1, dtype=np.int64)
     assert not lane.fits(big, big)  # past WINDOW_MAX
 
 
 def test_pack_both_fills_the_slot_and_keeps_the_fields_per_count():
-    ring = _plan.Windows(_FakeBuffer())
+    ring = _indices.Windows(_FakeBuffer())
     li = np.arange(200, dtype=np.int64)[::2]  # not contiguous
     ri = rng.permutation(1 << 20)[:100]
     slot, fields = ring.put(li, ri)  # type: ignore[misc]
@@ -132,7 +132,7 @@ def test_requests_between_the_same_handles_take_the_lane(daemons, monkeypatch, s
                 assert wait(A, h) == "DONE", h.error
             A.release_xfer_handle(h)
         assert seen == ["frame"] * 4
-        assert _ring_free(A) == _plan.WINDOW_SLOTS
+        assert _ring_free(A) == _indices.WINDOW_SLOTS
     finally:
         A.close()
         B.close()
@@ -204,7 +204,7 @@ def test_a_lane_binds_a_renewed_session_and_falls_back_when_the_ring_is_full(dae
         A.transfer(h)
         assert wait(A, h) == "DONE", h.error
         assert lane.bound[0][0] is A._session_now() is not first
-        held = [A._windows.take() for _ in range(_plan.WINDOW_SLOTS)]
+        held = [A._windows.take() for _ in range(_indices.WINDOW_SLOTS)]
         A.transfer(h)  # no slot: packed, as before
         assert h._xfer.plan.windowed == 0 and wait(A, h) == "DONE", h.error
         for s in held:

@@ -11,12 +11,12 @@ from typing import Any, List
 import numpy as np
 import pytest
 
-from tcpxd.nixl import _plan, nixlInvalidParamError
+from tcpxd.nixl import _indices, nixlInvalidParamError
 
 from test_nixl_compact_indices import _agents_with_lists, _check_blocks, _fill, vllm_ids
 
 native = pytest.importorskip("tcpxd._native", reason="tcpxd._native not built (no C compiler or Python headers)")
-if _plan._native is None:
+if _indices._native is None:
     pytest.skip("tcpxd._native turned off (TCPXD_NATIVE=0)", allow_module_level=True)
 rng = np.random.default_rng(14)
 
@@ -72,7 +72,7 @@ def _arrays() -> List[Any]:
 @pytest.mark.parametrize("case", range(len(_arrays())))
 def test_the_native_pass_answers_as_numpy_does(case):
     a, rows, n = _arrays()[case]
-    fast, slow = _plan.Outer(), _plan.Outer()
+    fast, slow = _indices.Outer(), _indices.Outer()
     slow.native = False
     assert fast.native
     p = _List(rows, n)
@@ -117,8 +117,8 @@ def test_a_lane_sends_vllm_indices_as_outer_sums_found_natively(daemons, monkeyp
     refused by make_prepped_xfer, naming it, and nothing is sent."""
     from test_nixl_transfers import wait
 
-    monkeypatch.setattr(_plan, "OUTER_MIN", 8)
-    monkeypatch.setattr(_plan, "WINDOW_MIN", 8)
+    monkeypatch.setattr(_indices, "OUTER_MIN", 8)
+    monkeypatch.setattr(_indices, "WINDOW_MIN", 8)
     R, N, PER = 4, 64, 16
     A, B, amem, bmem, local, remote = _agents_with_lists(daemons, R, N)
     try:
@@ -141,7 +141,7 @@ def test_a_lane_sends_vllm_indices_as_outer_sums_found_natively(daemons, monkeyp
             assert len(req.local_outer.rows) == 4 * R and len(req.remote_outer.cols) == 4 * PER
             assert req.notification.endswith(b"outer-%d" % i)
             _check_blocks(op, li, ri, amem, bmem, N)
-            assert A._windows is None or A._windows.free == _plan.WINDOW_SLOTS
+            assert A._windows is None or A._windows.free == _indices.WINDOW_SLOTS
             A.release_xfer_handle(h)
         bad = vllm_ids(R, N, PER)
         bad[PER + 2] = R * N + 1
@@ -160,9 +160,9 @@ def test_a_lane_sends_vllm_indices_as_outer_sums_found_natively(daemons, monkeyp
         assert h._xfer.plan.windowed == 2 and msg.FromString(sent[-1][1]).HasField("local_window")
         _check_blocks(op, li, ri, amem, bmem, N)
         deadline = time.monotonic() + 5
-        while A._windows.free != _plan.WINDOW_SLOTS and time.monotonic() < deadline:  # the answer frees it
+        while A._windows.free != _indices.WINDOW_SLOTS and time.monotonic() < deadline:  # the answer frees it
             time.sleep(0.01)
-        assert A._windows.free == _plan.WINDOW_SLOTS
+        assert A._windows.free == _indices.WINDOW_SLOTS
         A.release_xfer_handle(h)
     finally:
         A.close()

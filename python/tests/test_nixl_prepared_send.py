@@ -14,7 +14,7 @@ import tcpxd
 from tcpxd import _proto
 from tcpxd.client import _send_pieces
 from tcpxd.nixl import nixlInvalidParamError
-from tcpxd.nixl import _plan
+from tcpxd.nixl import _indices, _plan
 
 rng = np.random.default_rng(24)
 
@@ -22,7 +22,7 @@ rng = np.random.default_rng(24)
 @pytest.mark.parametrize("dtype", ["<i8", "<u8", "<i4", "<u4", "<i2", "<u2"])
 def test_native_integer_indices_come_back_as_given(dtype):
     a = rng.permutation(300)[:200].astype(dtype)
-    got = _plan.indices(a, 300, "local_indices")
+    got = _indices.indices(a, 300, "local_indices")
     assert got is a  # checked in place: no conversion, no copy
 
 
@@ -31,25 +31,25 @@ def test_an_index_out_of_range_is_named(bad, at, shown):
     a = np.arange(20, dtype=np.int64)
     a[at] = bad
     with pytest.raises(nixlInvalidParamError, match=rf"local_indices\[{at}\]: index {shown} is outside the prepared list of 300"):
-        _plan.indices(a, 300, "local_indices")
+        _indices.indices(a, 300, "local_indices")
 
 
 def test_uint64_past_int64_and_big_endian_indices():
     a = np.array([1, 2, (1 << 64) - 1], dtype=np.uint64)
     with pytest.raises(nixlInvalidParamError, match=rf"remote_indices\[2\]: index {(1 << 64) - 1} is outside"):
-        _plan.indices(a, 10, "remote_indices")
+        _indices.indices(a, 10, "remote_indices")
     be = np.array([3, 0, 9], dtype=">i8")  # not native: the general path, as int64
-    got = _plan.indices(be, 10, "remote_indices")
+    got = _indices.indices(be, 10, "remote_indices")
     assert got.dtype == np.int64 and got.tolist() == [3, 0, 9]
     with pytest.raises(nixlInvalidParamError, match=r"remote_indices\[1\]: index -4 is outside"):
-        _plan.indices(np.array([3, -4], dtype=">i8"), 10, "remote_indices")
-    assert _plan.indices([4, 1], 10, "x").tolist() == [4, 1]
+        _indices.indices(np.array([3, -4], dtype=">i8"), 10, "remote_indices")
+    assert _indices.indices([4, 1], 10, "x").tolist() == [4, 1]
     strided = np.arange(40, dtype=np.int64)[::3]  # a view: checked in place too
-    assert _plan.indices(strided, 40, "x") is strided
+    assert _indices.indices(strided, 40, "x") is strided
 
 
 def test_scratch_packs_u32_bytes_and_reuses_its_arrays():
-    s = _plan.Scratch()
+    s = _indices.Scratch()
     a = rng.integers(0, 1 << 22, 5000).astype(np.int64)
     got = s.pack(0, a)
     assert bytes(got) == a.astype("<u4").tobytes()
@@ -72,7 +72,7 @@ def test_the_body_is_the_prepared_request(op, msg, n, notif, tmo):
     li = rng.integers(0, 1 << 22, n).astype(np.int64)
     ri = rng.integers(0, 1 << 22, n).astype(np.uint32)
     pr = _plan.Prepared(_plan.Lane(op, None, None, True, tmo), li, ri)  # type: ignore[arg-type]
-    body = pr.body(130, 5, notif, _plan.Scratch())
+    body = pr.body(130, 5, notif, _indices.Scratch())
     want = _proto.message(msg)(local_prepared_id=130, local_indices=li.astype("<u4").tobytes(), remote_prepared_id=5,
                                remote_indices=ri.tobytes(), notification=notif, timeout_ms=tmo)
     assert b"".join(body) == want.SerializeToString()

@@ -41,7 +41,7 @@ except ImportError:  # not on every platform
 
 from . import Client
 from .bench import _find, _start
-from .nixl import _plan, host_array, nixl_agent, nixl_agent_config
+from .nixl import _indices, host_array, nixl_agent, nixl_agent_config
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
@@ -219,7 +219,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = p.parse_args(argv)
     block_len = a.block_kib * KIB
     if a.packed_indices:
-        _plan.OUTER_MIN = _plan.WINDOW_MIN = 1 << 62
+        _indices.OUTER_MIN = _indices.WINDOW_MIN = 1 << 62
     if a.req_blocks > a.blocks:
         raise SystemExit("--req-blocks cannot exceed --blocks")
     procs = []

@@ -15,7 +15,7 @@ import numpy as np
 from .. import Client
 from ..client import DEFAULT_CALL_TIMEOUT
 from ..errors import TcpxdError
-from . import _listen, _plan
+from . import _indices, _listen, _plan
 from ._descs import DescList, RegDList, XferDList, lenient, parse
 from ._errors import (
     from_tcpxd,
@@ -191,13 +191,13 @@ class nixl_agent:  # noqa: N801
         self._call_timeout_s = DEFAULT_CALL_TIMEOUT if conf.timeout_s is None else max(conf.timeout_s, DEFAULT_CALL_TIMEOUT)
         self._lock = threading.RLock()
         self._ids = itertools.count(1)
-        #: Where prepared transfers pack their indices as they are sent (_plan.Scratch).
-        self._scratch = _plan.Scratch()
-        #: Where prepared transfers' indices are looked at for the compact form (_plan.Outer).
-        self._outer = _plan.Outer()
+        #: Where prepared transfers pack their indices as they are sent (_indices.Scratch).
+        self._scratch = _indices.Scratch()
+        #: Where prepared transfers' indices are looked at for the compact form (_indices.Outer).
+        self._outer = _indices.Outer()
         #: The index ring large prepared requests pass their indices through (registered on first
         #: use; `_no_windows`: it cannot be).
-        self._windows: Optional[_plan.Windows] = None
+        self._windows: Optional[_indices.Windows] = None
         self._no_windows = False
         #: Whether the daemon takes outer sums (an older daemon takes neither form: packed).
         self._outer_ok = False
@@ -518,7 +518,7 @@ class nixl_agent:  # noqa: N801
         if type(plan) is not _plan.Prepared:
             return
         outer = plan.lo is not None and plan.ro is not None and self._outer_native
-        ring = plan.lo is None and plan.ro is None and not self._no_windows and len(plan.li) <= _plan.WINDOW_MAX
+        ring = plan.lo is None and plan.ro is None and not self._no_windows and len(plan.li) <= _indices.WINDOW_MAX
         if outer or ring:
             lanes = local_xfer_side._lanes
             if len(lanes) >= 16:  # handles made and dropped unreleased: keep a few
@@ -549,15 +549,15 @@ class nixl_agent:  # noqa: N801
             raise nixlInvalidParamError("remote_xfer_side: prepared for this agent; prepare it with the remote agent's name")
         # vLLM's form (regions × blocks) is found and encoded compactly, in range, where the index
         # ring will not carry the indices (cheaper: _plan module doc); else checked
-        if self._outer_ok and (self._outer_native or self._no_windows or _size(local_indices) > _plan.WINDOW_MAX):
+        if self._outer_ok and (self._outer_native or self._no_windows or _size(local_indices) > _indices.WINDOW_MAX):
             lo = self._outer.encode(local_indices, local) if local.held and local.preparable else None
             ro = self._outer.encode(remote_indices, remote) if remote.held and remote.preparable else None
-            if (lo is None) != (ro is None) and not self._no_windows and _size(local_indices) <= _plan.WINDOW_MAX:
+            if (lo is None) != (ro is None) and not self._no_windows and _size(local_indices) <= _indices.WINDOW_MAX:
                 lo = ro = None  # one side alone of the form: both through the ring (a lane's request)
         else:
             lo = ro = None
-        li = local_indices if lo is not None else _plan.indices(local_indices, local.count, "local_indices")
-        ri = remote_indices if ro is not None else _plan.indices(remote_indices, remote.count, "remote_indices")
+        li = local_indices if lo is not None else _indices.indices(local_indices, local.count, "local_indices")
+        ri = remote_indices if ro is not None else _indices.indices(remote_indices, remote.count, "remote_indices")
         plan = _plan.plan(op, local, li, remote, ri, not skip_desc_merge, self._timeout_ms, lo, ro)
         h = self._xfer_handle(plan, remote.agent, notif_msg)
         self._keep_lane(op, local_xfer_side, remote_xfer_side, skip_desc_merge, plan)
@@ -575,19 +575,19 @@ class nixl_agent:  # noqa: N801
         rem = _plan.prepare(remote.table, rd.mem, rd.rows, name, f"remote agent {name!r}", "remote_descs")
         return self._xfer_handle(_plan.descs_plan(op, local, rem, self._timeout_ms), name, notif_msg)
 
-    def _windows_now(self) -> Optional[_plan.Windows]:
-        """The agent's index ring (_plan.Windows), registered on first use; None where this
+    def _windows_now(self) -> Optional[_indices.Windows]:
+        """The agent's index ring (_indices.Windows), registered on first use; None where this
         process cannot share memory with the daemon (a TCP endpoint) or the daemon refused it."""
         with self._lock:
             if self._windows is None and not self._no_windows and not self._closed:
                 try:
-                    buf = self._client.register_host(_plan.Windows.nbytes(), shared=True)
+                    buf = self._client.register_host(_indices.Windows.nbytes(), shared=True)
                 except (TcpxdError, OSError, ValueError) as e:
                     log.debug("agent %s: no index ring (%s): indices go packed", self.name, e)
                     self._no_windows = True
                 else:
                     if buf.shared:
-                        self._windows = _plan.Windows(buf)
+                        self._windows = _indices.Windows(buf)
                     else:
                         buf.release()
                         self._no_windows = True
@@ -640,7 +640,7 @@ class nixl_agent:  # noqa: N801
                     xfer.plan = pr.unprepared(xfer.plan.op)
             if lid is not None:  # one request, the notification in it; its indices in the index ring, else packed
                 ring = None
-                if _plan.WINDOW_MIN <= len(pr.li) <= _plan.WINDOW_MAX:
+                if _indices.WINDOW_MIN <= len(pr.li) <= _indices.WINDOW_MAX:
                     ring = self._windows if self._windows is not None or self._no_windows else self._windows_now()
                 slot = ring.take() if ring is not None else None
                 if slot is not None:
@@ -701,7 +701,7 @@ class nixl_agent:  # noqa: N801
                 return xfer.post_one(session, lane.field, head + pr.outer_fields(), None)
             except TcpxdError as e:
                 raise from_tcpxd(e, "transfer") from None
-        if len(pr.li) < _plan.WINDOW_MIN:  # few indices: packed into the request
+        if len(pr.li) < _indices.WINDOW_MIN:  # few indices: packed into the request
             pr.windowed = 0
             try:
                 return xfer.post_one(session, lane.field, head + lane.packed(pr.li, pr.ri), None)

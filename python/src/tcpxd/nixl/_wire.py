@@ -138,3 +138,11 @@ def entries(field: int, pieces: List[Piece], per: int) -> List[bytes]:
     cuts = list(start[per::per]) + [len(out)]
     edges = [0] + cuts
     return [out[a:b].tobytes() for a, b in zip(edges[:-1], edges[1:])]
+
+
+_SMALL_VARINTS = [bytes([i]) for i in range(128)]
+
+
+def V(v: int) -> bytes:
+    """A varint (one byte below 128, from a table)."""
+    return _SMALL_VARINTS[v] if v < 128 else varint(v)
