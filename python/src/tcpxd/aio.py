@@ -15,8 +15,9 @@ import grpc
 import grpc.aio
 
 from . import _blocks, _hostmem, _local, _ops, _proto, _tensor
-from ._ops import BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp
-from .client import DEFAULT_CALL_TIMEOUT, SESSION_FIELD, local_end, settle, too_large
+from ._local import local_end, too_large
+from ._ops import SESSION_FIELD, BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp, settle
+from .client import DEFAULT_CALL_TIMEOUT
 from .errors import Cancelled, DeadlineExceeded, TcpxdError, Unavailable, from_rpc_error, from_status
 
 

@@ -15,25 +15,14 @@ import grpc
 from grpc._cython import cygrpc  # the segregated call of _OwnStream (grpcio's own layer)
 
 from . import _blocks, _hostmem, _local, _ops, _proto, _tensor
-from ._ops import BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp
-from .errors import Cancelled, DeadlineExceeded, FailedPrecondition, ResourceExhausted, TcpxdError, Unavailable, from_rpc_error, from_status
+from ._local import local_end, too_large
+from ._ops import SESSION_FIELD, BufferLike, NodeInfo, Notification, ReadOp, RemoteLike, TransferResult, WriteOp, settle
+from .errors import Cancelled, FailedPrecondition, ResourceExhausted, TcpxdError, Unavailable, from_rpc_error, from_status
 
 #: Deadline of calls that are not transfers (registration, peers, ...), in seconds.
 DEFAULT_CALL_TIMEOUT = 60.0
 
 _OP = cygrpc.OperationType
-
-#: The SessionRequest field that carries each unary transfer call's request.
-SESSION_FIELD = {
-    "Write": "write",
-    "Read": "read",
-    "WriteBatch": "write_batch",
-    "ReadBatch": "read_batch",
-    "WriteBlocks": "write_blocks",
-    "ReadBlocks": "read_blocks",
-    "WritePrepared": "write_prepared",
-    "ReadPrepared": "read_prepared",
-}
 
 
 class Buffer(_hostmem.HostView):
@@ -244,48 +233,6 @@ class Subscription:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def settle(fut: Any, ev: Any) -> None:
-    """Resolves a session's future (concurrent.futures or asyncio) by the daemon's event for it."""
-    kind = ev.WhichOneof("event")
-    if kind == "finished":
-        try:
-            fut.set_result(_ops.result(ev.finished))
-        except TcpxdError as e:
-            fut.set_exception(e)
-    elif kind == "refused":
-        fut.set_exception(from_status(ev.refused.code, ev.refused.message))
-    elif kind == "cancelled":
-        fut.set_result(ev.cancelled.cancelled)
-    elif kind == "registered":
-        fut.set_result(ev.registered)
-    elif kind == "prepared":
-        fut.set_result(ev.prepared)
-    elif kind == "released":
-        fut.set_result(ev.released)
-
-
-def too_large(msg: Any) -> TcpxdError:
-    """What a session request too large for the local session's frames fails with."""
-    return ResourceExhausted(
-        f"session request: {msg.ByteSize()} bytes is over the local session's {_local.MAX_FRAME}-byte frame limit")
-
-
-def local_end(err: Optional[TcpxdError], why: Optional[str], closed: bool, endpoint: str, timeout: Optional[float]) -> TcpxdError:
-    """What a session's unfinished futures fail with once its local-session connection ended: `err`
-    (the daemon's refusal of a frame, a broken connection), or why the client ended it."""
-    if why == "cancelled":
-        return Cancelled("the session was cancelled (its with block raised)")
-    if why == "client closed":
-        return Cancelled("the client was closed while the session had transfers in flight")
-    if why == "expired":
-        return DeadlineExceeded(f"the session's timeout of {timeout} s passed")
-    if err is not None:
-        return err
-    if closed:
-        return TcpxdError("the session ended with transfers unfinished")
-    return Unavailable(f"the daemon at {endpoint} closed the session's connection")
 
 
 _SMALL_VARINTS = [bytes([i]) for i in range(128)]
