@@ -9,7 +9,7 @@ that predates it does not answer the preface (an HTTP/2 server sends its SETTING
 
 What the sync client uses: a pool of such connections, one per transfer in flight (threads each get
 their own, reused after). A waited transfer is one frame out and one back on the caller's thread:
-no helper thread, no HTTP/2. The asyncio client's form (asyncio streams) is tcpxd.aio's
+no helper thread, no HTTP/2. The asyncio client's form (asyncio streams) is tcpxd._aio_local's
 _AsyncLocalSessions. `Client.session()` takes a connection of its own (LocalSessions.connect) for
 its many requests in flight, sent from any thread, the events read by its reader thread
 (Connection.events).
