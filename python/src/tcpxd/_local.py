@@ -9,10 +9,13 @@ that predates it does not answer the preface (an HTTP/2 server sends its SETTING
 
 What the sync client uses: a pool of such connections, one per transfer in flight (threads each get
 their own, reused after). A waited transfer is one frame out and one back on the caller's thread:
-no helper thread, no HTTP/2. The asyncio client's form (asyncio streams) is tcpxd.aio's
+no helper thread, no HTTP/2. The asyncio client's form (asyncio streams) is tcpxd._aio_local's
 _AsyncLocalSessions. `Client.session()` takes a connection of its own (LocalSessions.connect) for
 its many requests in flight, sent from any thread, the events read by its reader thread
 (Connection.events).
+
+What both clients' sessions fail with here: `too_large` (a request over a frame) and `local_end`
+(the connection ended with requests unanswered).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any, Iterator, List, Optional, Set, Union
 
 from . import _ops, _proto
 from ._ops import TransferResult
-from .errors import Cancelled, DeadlineExceeded, TcpxdError, Unavailable, from_status
+from .errors import Cancelled, DeadlineExceeded, ResourceExhausted, TcpxdError, Unavailable, from_status
 
 #: What both sides send first.
 PREFACE = b"TCPXD/1\n"
@@ -82,6 +85,28 @@ def answer(ev: Any, tag: int) -> TransferResult:
     if ev.tag != tag or kind != "finished":
         raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to request {tag}")
     return _ops.result(ev.finished)
+
+
+def too_large(msg: Any) -> TcpxdError:
+    """What a session request too large for the local session's frames fails with."""
+    return ResourceExhausted(
+        f"session request: {msg.ByteSize()} bytes is over the local session's {MAX_FRAME}-byte frame limit")
+
+
+def local_end(err: Optional[TcpxdError], why: Optional[str], closed: bool, endpoint: str, timeout: Optional[float]) -> TcpxdError:
+    """What a session's unfinished futures fail with once its local-session connection ended: `err`
+    (the daemon's refusal of a frame, a broken connection), or why the client ended it."""
+    if why == "cancelled":
+        return Cancelled("the session was cancelled (its with block raised)")
+    if why == "client closed":
+        return Cancelled("the client was closed while the session had transfers in flight")
+    if why == "expired":
+        return DeadlineExceeded(f"the session's timeout of {timeout} s passed")
+    if err is not None:
+        return err
+    if closed:
+        return TcpxdError("the session ended with transfers unfinished")
+    return Unavailable(f"the daemon at {endpoint} closed the session's connection")
 
 
 def send_with_fd(sock: socket.socket, frame: bytes, fd: int) -> None:

@@ -9,7 +9,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 import grpc
 
 from . import _proto
-from .errors import InvalidArgument, from_status
+from .errors import InvalidArgument, TcpxdError, from_status
 
 #: The daemon's default API socket.
 DEFAULT_ENDPOINT = "unix:/run/tcpxd/tcpxd.sock"
@@ -268,6 +268,39 @@ def result(event: Any) -> TransferResult:
         elapsed_us=event.elapsed_us,
         entries=[(e.code, e.message) for e in event.entries],
     )
+
+
+#: The SessionRequest field that carries each unary transfer call's request.
+SESSION_FIELD = {
+    "Write": "write",
+    "Read": "read",
+    "WriteBatch": "write_batch",
+    "ReadBatch": "read_batch",
+    "WriteBlocks": "write_blocks",
+    "ReadBlocks": "read_blocks",
+    "WritePrepared": "write_prepared",
+    "ReadPrepared": "read_prepared",
+}
+
+
+def settle(fut: Any, ev: Any) -> None:
+    """Resolves a session's future (concurrent.futures or asyncio) by the daemon's event for it."""
+    kind = ev.WhichOneof("event")
+    if kind == "finished":
+        try:
+            fut.set_result(result(ev.finished))
+        except TcpxdError as e:
+            fut.set_exception(e)
+    elif kind == "refused":
+        fut.set_exception(from_status(ev.refused.code, ev.refused.message))
+    elif kind == "cancelled":
+        fut.set_result(ev.cancelled.cancelled)
+    elif kind == "registered":
+        fut.set_result(ev.registered)
+    elif kind == "prepared":
+        fut.set_result(ev.prepared)
+    elif kind == "released":
+        fut.set_result(ev.released)
 
 
 def notification(n: Any) -> Notification:

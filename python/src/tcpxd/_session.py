@@ -1,0 +1,637 @@
+"""The synchronous client's streams of the `Session` RPC.
+
+`Session`: many transfers in flight on one stream, each a concurrent.futures.Future that a reader
+thread resolves. On the daemon's local session its requests are framed here: `_submit_encoded` and
+`_submit_frame` take bodies already serialized (tcpxd.nixl encodes in bulk) and send every frame's
+pieces as they are, in one sendmsg (`_send_pieces`), so large bodies are not copied again.
+
+`_OwnStream`: the client's own stream for its waited transfers, one at a time on the caller's
+thread (a segregated call of grpcio's cygrpc layer, no helper threads).
+
+tcpxd.client re-exports these names (the same objects: patching one patches what the client uses).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import itertools
+import queue
+import socket
+import threading
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Set
+
+import grpc
+from grpc._cython import cygrpc  # the segregated call of _OwnStream (grpcio's own layer)
+
+from . import _blocks, _hostmem, _local, _ops, _proto
+from ._handles import Buffer, PreparedList
+from ._local import local_end, too_large
+from ._ops import BufferLike, ReadOp, RemoteLike, TransferResult, WriteOp, settle
+from .errors import Cancelled, FailedPrecondition, ResourceExhausted, TcpxdError, Unavailable, from_rpc_error, from_status
+
+if TYPE_CHECKING:
+    from .client import Client
+
+_OP = cygrpc.OperationType
+
+
+_SMALL_VARINTS = [bytes([i]) for i in range(128)]
+
+
+def _varint(v: int) -> bytes:
+    """A varint: one step for values below 2**21 (a session's tags and small bodies' lengths)."""
+    if v < 128:
+        return _SMALL_VARINTS[v]
+    if v < 16384:
+        return bytes((v & 0x7F | 0x80, v >> 7))
+    if v < 2097152:
+        return bytes((v & 0x7F | 0x80, (v >> 7) & 0x7F | 0x80, v >> 14))
+    out = bytearray()
+    while v > 0x7F:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _field_key(field: str) -> bytes:
+    """The key byte(s) of a length-delimited field of SessionRequest."""
+    num = _proto.message("SessionRequest").DESCRIPTOR.fields_by_name[field].number
+    return _varint((num << 3) | 2)
+
+
+def _forward(sink: Any, fut: concurrent.futures.Future) -> None:
+    if fut.cancelled():
+        sink.set_exception(Cancelled("the transfer was cancelled"))
+    elif fut.exception() is not None:
+        sink.set_exception(fut.exception())
+    else:
+        sink.set_result(fut.result())
+
+
+def _send_pieces(sock: socket.socket, pieces: List[Any], total: int) -> None:
+    """Sends the pieces (bytes-like, `total` bytes together) in order without joining them first
+    (large bodies are not copied again): one sendmsg, resumed where a partial send stopped."""
+    if len(pieces) <= 1024:  # IOV_MAX
+        sent = sock.sendmsg(pieces)
+        if sent == total:
+            return
+    else:
+        sent = 0
+    views = [memoryview(p).cast("B") for p in pieces if len(p)]
+    while views:
+        while sent:
+            n = views[0].nbytes
+            if sent >= n:
+                sent -= n
+                views.pop(0)
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
+        if views:
+            sent = sock.sendmsg(views[:1024])
+
+
+def _body_size(body: Any) -> int:
+    """The bytes of a body: bytes, or a list of pieces (bytes or byte views)."""
+    return len(body) if isinstance(body, bytes) else sum(map(len, body))
+
+
+#: The largest body `Session._submit_frame` frames itself (joined with its header: one copy;
+#: tcpxd.nixl's outer sums, a few KiB, included).
+_FRAME_ONE = 32768
+
+#: The send buffer asked for a session's local-session socket (the kernel caps it at wmem_max):
+#: requests written at once are not held up while the daemon starts the earlier ones.
+SESSION_SNDBUF = 4 << 20
+
+
+class Session:
+    """Many transfers in flight on one stream: each submit returns a concurrent.futures.Future
+    resolved when that transfer finishes, in completion order. `close()` (or leaving the `with`
+    block) waits for the unfinished ones; leaving it by an exception cancels them.
+
+    On a unix endpoint whose daemon speaks it (the client's `local` rules), the stream is a
+    connection of the daemon's local session of its own (tcpxd._local: the Session RPC framed
+    plainly, no gRPC); else the `Session` RPC. Either way a reader thread resolves the futures."""
+
+    #: Why the client ended it ("cancelled", "expired", "client closed"), on the local session.
+    _why: Optional[str] = None
+
+    def __init__(self, client: "Client", timeout: Optional[float]):
+        self._client = client
+        self._pending: Dict[int, concurrent.futures.Future] = {}
+        self._lock = threading.Lock()
+        self._tags = itertools.count(1)
+        self._closed = False
+        self._ended: Optional[TcpxdError] = None  # what unfinished futures got once the stream ended
+        self._timeout = timeout
+        self._conn = client._local.connect() if client._local is not None else None
+        if self._conn is not None:
+            try:  # room for a burst of requests (tcpxd.nixl posts a transfer's parts in one write)
+                self._conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SESSION_SNDBUF)
+            except OSError:
+                pass
+            client._sessions.add(self)
+            self._call: Any = None
+            self._send_lock = threading.Lock()
+            self._why = None
+            self._timer: Optional[threading.Timer] = None
+            if timeout is not None:
+                self._timer = threading.Timer(timeout, self._abort, ("expired",))
+                self._timer.daemon = True
+                self._timer.start()
+            target = self._read_local
+        else:
+            self._q: "queue.Queue[Any]" = queue.Queue()
+            self._call = client._stream_stream("Session", self._requests(), timeout=timeout)
+            target = self._read
+        self._reader = threading.Thread(target=target, name="tcpxd-session", daemon=True)
+        self._reader.start()
+
+    @property
+    def path(self) -> str:
+        """How the session reaches the daemon: "local session" or "grpc"."""
+        return "local session" if self._conn is not None else "grpc"
+
+    def _requests(self) -> Iterator[Any]:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            yield item
+
+    def _submit(self, _fd: Optional[int] = None, **op: Any) -> concurrent.futures.Future:
+        if self._closed:
+            raise TcpxdError("the session is closed")
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            tag = next(self._tags)
+            ended = self._ended
+            if ended is None:
+                self._pending[tag] = fut
+        fut.tag = tag  # type: ignore[attr-defined]
+        msg = _proto.message("SessionRequest")(tag=tag, **op)
+        if ended is not None:  # the stream had ended: nothing would answer
+            fut.set_exception(ended)
+        elif self._conn is None:
+            self._q.put(msg)
+        else:
+            self._send(tag, fut, msg, _fd)
+        return fut
+
+    def _submit_encoded(self, field: str, bodies: Sequence[Any], sinks: Sequence[Any]) -> None:
+        """Submits requests already serialized: `bodies[i]`, the bytes of the message in `field`
+        of a SessionRequest (or a list of pieces, bytes or byte views, whose concatenation they
+        are), resolved through `sinks[i]` (anything with set_result/set_exception, as a Future;
+        its `tag` is set here, for cancel). On the local session every frame goes in one sendmsg,
+        the pieces as they are; over gRPC each is parsed and queued. For callers that encode in
+        bulk (tcpxd.nixl)."""
+        if self._closed:
+            raise TcpxdError("the session is closed")
+        if self._conn is None:
+            cls = type(getattr(_proto.message("SessionRequest")(), field))
+            for body, sink in zip(bodies, sinks):
+                data = body if isinstance(body, bytes) else b"".join(body)
+                fut = self._submit(**{field: cls.FromString(data)})
+                sink.tag = fut.tag
+                fut.add_done_callback(functools.partial(_forward, sink))
+            return
+        key = _field_key(field)
+        if len(bodies) == 1:  # one request (tcpxd.nixl's prepared path): one frame, its pieces joined when small
+            self._submit_one(key, bodies[0], sinks[0])
+            return
+        pieces: List[Any] = []  # every frame's pieces, sent as they are
+        total = 0
+        big = False
+        pack = _local.HEADER.pack
+        with self._lock:
+            ended = self._ended
+            for body, sink in zip(bodies, sinks):
+                tag = next(self._tags)
+                sink.tag = tag
+                if ended is None:
+                    self._pending[tag] = sink
+                    whole = isinstance(body, bytes)
+                    blen = len(body) if whole else _body_size(body)
+                    t, n = _varint(tag), _varint(blen)
+                    size = 1 + len(t) + len(key) + len(n) + blen
+                    big = big or size > _local.MAX_FRAME
+                    pieces.append(pack(size) + b"\x08" + t + key + n)
+                    if whole:
+                        pieces.append(body)
+                    else:
+                        pieces += body
+                    total += _local.HEADER.size + size
+        if ended is not None:
+            for sink in sinks:
+                sink.set_exception(ended)
+            return
+        if big:
+            with self._lock:
+                for sink in sinks:
+                    self._pending.pop(sink.tag, None)
+            for body, sink in zip(bodies, sinks):
+                sink.set_exception(ResourceExhausted(
+                    f"session request: {_body_size(body)} bytes is over the local session's {_local.MAX_FRAME}-byte frame limit"))
+            return
+        with self._send_lock:
+            try:
+                _send_pieces(self._conn.sock, pieces, total)  # type: ignore[union-attr]
+            except OSError:
+                pass  # the connection ended: the reader fails the pending futures
+
+    def _submit_frame(self, field: str, body: bytes, sink: Any) -> None:
+        """`_submit_encoded` of one body serialized whole (tcpxd.nixl's prepared path, a hundred
+        bytes or so): on the local session one frame, its header made in one step, one send; else
+        the general way."""
+        if self._closed:
+            raise TcpxdError("the session is closed")
+        if self._conn is None or len(body) > _FRAME_ONE:
+            self._submit_encoded(field, [body], [sink])
+            return
+        tag = self._enlist(sink)
+        if tag is None:
+            return
+        blen = len(body)
+        head = b"\x08" + _varint(tag) + _field_key(field) + (_SMALL_VARINTS[blen] if blen < 128 else _varint(blen))
+        with self._send_lock:
+            try:
+                self._conn.sock.sendall(_local.HEADER.pack(len(head) + blen) + head + body)
+            except OSError:
+                pass  # the connection ended: the reader fails the pending futures
+
+    def _enlist(self, sink: Any) -> Optional[int]:
+        """Gives `sink` its tag and makes it pending, so the reader resolves it; None when the
+        session has ended (the sink is failed with why)."""
+        with self._lock:
+            tag = sink.tag = next(self._tags)
+            ended = self._ended
+            if ended is None:
+                self._pending[tag] = sink
+        if ended is not None:
+            sink.set_exception(ended)
+            return None
+        return tag
+
+    def _submit_one(self, key: bytes, body: Any, sink: Any) -> None:
+        """`_submit_encoded` of one body on the local session."""
+        blen = len(body) if type(body) is bytes else _body_size(body)
+        tag = self._enlist(sink)
+        if tag is None:
+            return
+        t, n = _varint(tag), _varint(blen)
+        size = 1 + len(t) + len(key) + len(n) + blen
+        if size > _local.MAX_FRAME:
+            with self._lock:
+                self._pending.pop(tag, None)
+            sink.set_exception(ResourceExhausted(
+                f"session request: {blen} bytes is over the local session's {_local.MAX_FRAME}-byte frame limit"))
+            return
+        head = _local.HEADER.pack(size) + b"\x08" + t + key + n
+        if type(body) is bytes:
+            pieces = [head + body] if blen <= 4096 else [head, body]
+        elif len(body) == 1 and type(body[0]) is bytes and blen <= 4096:
+            pieces = [head + body[0]]
+        else:
+            pieces = [head, *body]
+        with self._send_lock:
+            try:
+                _send_pieces(self._conn.sock, pieces, _local.HEADER.size + size)  # type: ignore[union-attr]
+            except OSError:
+                pass  # the connection ended: the reader fails the pending futures
+
+    def _send(self, tag: int, fut: concurrent.futures.Future, msg: Any, fd: Optional[int] = None) -> None:
+        frame = _local.frame(msg)
+        if frame is None:
+            with self._lock:
+                self._pending.pop(tag, None)
+            fut.set_exception(too_large(msg))
+            return
+        with self._send_lock:
+            try:
+                if fd is None:
+                    self._conn.sock.sendall(frame)  # type: ignore[union-attr]
+                else:
+                    _local.send_with_fd(self._conn.sock, frame, fd)  # type: ignore[union-attr]
+            except OSError:
+                pass  # the connection ended: the reader fails the pending futures
+
+    def write(
+        self,
+        local: BufferLike,
+        remote: RemoteLike,
+        length: Optional[int] = None,
+        *,
+        local_offset: int = 0,
+        remote_offset: int = 0,
+        notification: bytes = b"",
+        ready_event: Any = None,
+        timeout: Optional[float] = None,
+    ) -> "concurrent.futures.Future[TransferResult]":
+        op = WriteOp(local, remote, length, local_offset, remote_offset)
+        return self._submit(write=_ops.write_request(op, notification, ready_event, timeout, False))
+
+    def read(
+        self,
+        remote: RemoteLike,
+        local: BufferLike,
+        length: Optional[int] = None,
+        *,
+        remote_offset: int = 0,
+        local_offset: int = 0,
+        timeout: Optional[float] = None,
+    ) -> "concurrent.futures.Future[TransferResult]":
+        op = ReadOp(remote, local, length, remote_offset, local_offset)
+        return self._submit(read=_ops.read_request(op, timeout, False))
+
+    def write_batch(
+        self, ops: Sequence[WriteOp], *, notification: bytes = b"", ready_event: Any = None, timeout: Optional[float] = None
+    ) -> "concurrent.futures.Future[TransferResult]":
+        return self._submit(write_batch=_ops.write_batch_request(ops, notification, ready_event, timeout, False))
+
+    def read_batch(self, ops: Sequence[ReadOp], *, timeout: Optional[float] = None) -> "concurrent.futures.Future[TransferResult]":
+        return self._submit(read_batch=_ops.read_batch_request(ops, timeout, False))
+
+    def write_blocks(
+        self,
+        local_list: Any,
+        local_idx: Any,
+        remote: Any,
+        remote_idx: Any,
+        *,
+        notification: bytes = b"",
+        ready_event: Any = None,
+        timeout: Optional[float] = None,
+    ) -> "concurrent.futures.Future[TransferResult]":
+        """As Client.write_blocks, in this session."""
+        req = _blocks.write_request(local_list, local_idx, remote, remote_idx, notification, ready_event, timeout, False)
+        return self._submit(write_blocks=req)
+
+    def read_blocks(
+        self, local_list: Any, local_idx: Any, remote: Any, remote_idx: Any, *, timeout: Optional[float] = None
+    ) -> "concurrent.futures.Future[TransferResult]":
+        """As Client.read_blocks, in this session."""
+        return self._submit(read_blocks=_blocks.read_request(local_list, local_idx, remote, remote_idx, timeout, False))
+
+    def prepare_blocks(self, lists: Any, entries: Any) -> PreparedList:
+        """As Client.prepare_blocks, on this session: the list goes with the session. Waits for
+        the daemon's answer."""
+        return PreparedList(self, self._submit(prepare_blocks=_blocks.prepare_request(lists, entries)).result())
+
+    def _release_prepared(self, prepared_id: int) -> None:
+        self._submit(release_prepared=prepared_id).result()
+
+    def write_prepared(
+        self, local: Any, local_idx: Any, remote: Any, remote_idx: Any, *, notification: bytes = b"", timeout: Optional[float] = None
+    ) -> "concurrent.futures.Future[TransferResult]":
+        """As Client.write_prepared, in this session."""
+        req = _blocks.prepared_request("WRITE", local, local_idx, remote, remote_idx, notification, timeout, False)
+        return self._submit(write_prepared=req)
+
+    def read_prepared(
+        self, local: Any, local_idx: Any, remote: Any, remote_idx: Any, *, notification: bytes = b"", timeout: Optional[float] = None
+    ) -> "concurrent.futures.Future[TransferResult]":
+        """As Client.read_prepared, in this session."""
+        req = _blocks.prepared_request("READ", local, local_idx, remote, remote_idx, notification, timeout, False)
+        return self._submit(read_prepared=req)
+
+    def register_host(self, memory: Any, label: str = "", *, fd: Optional[int] = None) -> Buffer:
+        """As Client.register_host, on this session's connection: the buffer belongs to the session
+        and is released when it ends (or by `release()`). Waits for the daemon's answer. Needs the
+        local session (a unix endpoint): a gRPC stream cannot carry the descriptor."""
+        if self._conn is None:
+            if self._client._registrar is None:
+                raise _hostmem.no_unix_socket(self._client.endpoint)
+            raise FailedPrecondition(
+                "register_host: this session runs over gRPC (local=False, or a daemon without the local session), "
+                "which cannot carry a file descriptor; register with Client.register_host instead"
+            )
+        mem = _hostmem.prepare(memory, label, fd)
+        host = _hostmem.HostMemory(mem)
+        try:
+            fut = self._submit(mem.fd, register_host_fd=_hostmem.register_request(mem, label))
+        finally:
+            mem.done_sending()
+        return Buffer(self._client, fut.result(), keepalive=host, host=host)
+
+    def cancel(self, fut: concurrent.futures.Future) -> "concurrent.futures.Future[bool]":
+        """Cancels the transfer behind `fut` (it then fails with tcpxd.Cancelled); the returned
+        future says whether it was still unfinished."""
+        return self._submit(cancel_tag=fut.tag)  # type: ignore[attr-defined]
+
+    def _dispatch(self, ev: Any) -> None:
+        with self._lock:
+            fut = self._pending.pop(ev.tag, None)
+        if fut is not None:
+            settle(fut, ev)
+
+    def _end(self, err: TcpxdError) -> None:
+        with self._lock:
+            left, self._pending = self._pending, {}
+            self._ended = err
+        for fut in left.values():
+            fut.set_exception(err)
+
+    def _read(self) -> None:
+        try:
+            for ev in self._call:
+                self._dispatch(ev)
+            err: TcpxdError = TcpxdError("the session ended with transfers unfinished")
+        except grpc.RpcError as e:
+            err = from_rpc_error(e, self._client.endpoint)
+        self._end(err)
+
+    def _read_local(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        err: Optional[TcpxdError] = None
+        try:
+            for ev in conn.events():
+                if ev.tag == 0 and ev.WhichOneof("event") == "refused":  # the daemon refused a frame
+                    err = from_status(ev.refused.code, ev.refused.message)
+                    break
+                self._dispatch(ev)
+        except TcpxdError as e:
+            err = e
+        except OSError as e:
+            err = Unavailable(f"local session with {self._client.endpoint}: {e}")
+        conn.shutdown()
+        self._end(local_end(err, self._why, self._closed, self._client.endpoint, self._timeout))
+
+    def _abort(self, why: str) -> None:
+        """Ends the connection: the daemon cancels what is in flight; the futures fail (`why`)."""
+        if self._why is None:
+            self._why = why
+        self._conn.shutdown()  # type: ignore[union-attr]  # wakes the reader, which closes nothing
+
+    def close(self) -> None:
+        """Half-closes the stream: the daemon finishes what is in flight, then the stream ends."""
+        if not self._closed:
+            self._closed = True
+            if self._conn is None:
+                self._q.put(None)
+            else:
+                with self._send_lock:
+                    self._conn.half_close()
+        self._reader.join()
+        if self._conn is not None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._conn.close()  # the reader has ended: the descriptor is not in use
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: Any) -> None:
+        if exc_type is not None:  # the caller failed: cancel the in-flight transfers
+            if self._conn is None:
+                self._call.cancel()
+            else:
+                self._abort("cancelled")
+        self.close()
+
+
+class _OwnStream:
+    """The client's own `Session` stream for `write()`/`read()` and the batch forms with `wait` and no
+    `timeout`: one transfer at a time, sent and answered on the caller's thread.
+
+    grpcio's public streaming calls hand every message to two threads of their own (one consuming
+    the request iterator, one polling the channel's completion queue); this stream is a
+    *segregated* call (grpcio's `cygrpc` layer, as its own single-threaded unary-stream option
+    uses): the caller queues the send and the receive and polls the call's own completion queue
+    itself. Against a unary `Write` per transfer the daemon also skips a new HTTP/2 stream and its
+    headers. The 4 KiB figures: docs/BENCHMARKS.md ("The Python client").
+
+    Whatever this cannot do falls back to the unary call: another thread's transfer on it (busy),
+    a grpcio without the segregated-call API, a daemon without `Session`, a stream found dead when
+    the request could not be sent (the daemon restarted). A caller interrupted while waiting
+    cancels the stream, and with it its transfer, as a unary call that goes away does."""
+
+    def __init__(self, client: "Client"):
+        self._client = client
+        self._lock = threading.Lock()
+        self._call: Any = None
+        self._pending: Set[Any] = set()  # operation types of batches not completed yet
+        self._tag = 0
+        self._closed = False
+
+    def run(self, field: str, req: Any) -> Optional[TransferResult]:
+        """The transfer's result (or its exception); None when the unary call should be made."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            if self._closed:
+                return None
+            ev = self._exchange(field, req)
+        finally:
+            self._lock.release()
+        if ev is None:
+            return None
+        if ev.WhichOneof("event") == "refused":
+            raise from_status(ev.refused.code, ev.refused.message)
+        return _ops.result(ev.finished)
+
+    def _operate(self, op: Any) -> bool:
+        self._pending.add(op.type())
+        if self._call.operate((op,), None):
+            return True
+        self._pending.discard(op.type())
+        return False
+
+    def _open(self) -> bool:
+        md = self._client._metadata
+        try:
+            ops = (
+                ((cygrpc.SendInitialMetadataOperation(md, 0),), None),
+                ((cygrpc.ReceiveInitialMetadataOperation(0),), None),
+                ((cygrpc.ReceiveStatusOnClientOperation(0),), None),
+            )
+            channel = self._client._channel._channel
+            args = (cygrpc.PropagationConstants.GRPC_PROPAGATE_DEFAULTS, _proto.path("Session").encode(),
+                    None, None, md, None, ops, cygrpc.build_census_context())
+            try:
+                self._call = channel.segregated_call(*args, None)  # newer grpcio: a registered-call handle
+            except TypeError:
+                self._call = channel.segregated_call(*args)  # e.g. grpcio 1.60 (tested)
+        except (AttributeError, TypeError):  # not the cygrpc this was written against: unary calls
+            self._closed = True
+            return False
+        self._pending = {_OP.receive_initial_metadata, _OP.receive_status_on_client}
+        return True
+
+    def _exchange(self, field: str, req: Any) -> Any:
+        if self._call is None and not self._open():
+            return None
+        self._tag += 1
+        msg = _proto.message("SessionRequest")(tag=self._tag, **{field: req})
+        if not self._operate(cygrpc.SendMessageOperation(msg.SerializeToString(), 0)):
+            self._teardown()  # the call had ended (while idle): the request was not sent
+            return None
+        sent: Optional[bool] = None
+        got: Optional[bytes] = None
+        status: Any = None
+        try:
+            if not self._operate(cygrpc.ReceiveMessageOperation(0)):
+                raise TcpxdError("the client's stream refused a receive")
+            # Until the send's outcome is known, and the answer or the stream's end.
+            while sent is None or (got is None and status is None):
+                event = self._next_event()
+                for op in event.batch_operations:
+                    t = op.type()
+                    self._pending.discard(t)
+                    if t == _OP.send_message:
+                        sent = bool(event.success)
+                    elif t == _OP.receive_message:
+                        got = op.message()  # None: the stream ended, its status is to come
+                    elif t == _OP.receive_status_on_client:
+                        status = op
+        except BaseException:
+            self._teardown()  # e.g. KeyboardInterrupt: the daemon cancels the transfer
+            raise
+        if got is not None:
+            if status is not None:
+                self._teardown()  # answered, then ended (the daemon drains)
+            ev = _proto.message("SessionEvent").FromString(got)
+            if ev.tag == self._tag:
+                return ev
+            self._teardown()
+            raise TcpxdError(f"the client's stream answered tag {ev.tag}, not {self._tag}")
+        code, details = status.code(), status.details()
+        unimplemented = code == grpc.StatusCode.UNIMPLEMENTED.value[0]
+        self._closed = self._closed or unimplemented
+        self._teardown()
+        if not sent or code == 0 or unimplemented:
+            # Not sent (it had ended), ended OK unread (the daemon drains), or no Session at all.
+            return None
+        raise from_status(code, details)
+
+    def _next_event(self) -> Any:
+        try:
+            return self._call.next_event()
+        except BaseException:
+            # Interrupted (KeyboardInterrupt): grpcio has released the call, which cancels it.
+            self._call = None
+            self._pending.clear()
+            raise
+
+    def _teardown(self) -> None:
+        """Cancels the stream and takes its outstanding batches off its completion queue."""
+        if self._call is None:
+            return
+        self._call.cancel(cygrpc.StatusCode.cancelled, "tcpxd client: stream closed")
+        while self._pending:
+            for op in self._next_event().batch_operations:
+                self._pending.discard(op.type())
+        self._call = None
+
+    def close(self) -> None:
+        """Ends the stream if idle; a transfer waiting on it ends with the channel (Cancelled)."""
+        self._closed = True
+        if self._lock.acquire(blocking=False):
+            try:
+                self._teardown()
+            finally:
+                self._lock.release()
