@@ -439,8 +439,8 @@ class Prepared:
     def outer_fields(self) -> bytes:
         """Both sides' outer sums (local_outer 8, remote_outer 9): the request's index fields
         when `Lane.take` found both."""
-        lo, ro = self.lo, self.ro
-        return b"\x42" + V(len(lo)) + lo + b"\x4a" + V(len(ro)) + ro  # type: ignore[arg-type]
+        lo, ro = self.lo or b"", self.ro or b""
+        return b"\x42" + V(len(lo)) + lo + b"\x4a" + V(len(ro)) + ro
 
     def _outer(self) -> bytes:
         """Each side's outer sum where it has one (local_outer 8, remote_outer 9)."""
