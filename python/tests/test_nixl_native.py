@@ -11,6 +11,7 @@ from typing import Any, List
 import numpy as np
 import pytest
 
+from tcpxd import _proto
 from tcpxd.nixl import _indices, nixlInvalidParamError
 
 from test_nixl_compact_indices import _agents_with_lists, _check_blocks, _fill, vllm_ids
@@ -94,10 +95,24 @@ def test_the_native_pass_takes_only_contiguous_8_byte_integers():
     assert native.outer(ids.tobytes(), 8, 512) is None  # bytes: format "B"
     assert native.outer(ids, 1, 512) is None and native.outer(ids, 7, 512) is None  # one row; rows not dividing
     assert native.outer(ids, 8, (1 << 32) + 1) is None  # past u32 columns
-    k, s, cols = native.outer(ids, 8, 512)
-    assert (k, s) == (64, 0) and np.array_equal(np.frombuffer(cols, "<u4"), ids[:32])
+    got = _proto.message("OuterIndices").FromString(native.outer(ids, 8, 512))
+    assert np.array_equal(np.frombuffer(got.rows, "<u4"), np.arange(8) * 64)
+    assert np.array_equal(np.frombuffer(got.cols, "<u4"), ids[:32])
     with pytest.raises(TypeError):
         native.outer(ids, "8", 512)
+
+
+def test_the_native_pair_is_both_sides_or_none():
+    """outer_pair: both sides' messages, as outer gives them, only when both are of the form
+    (with their own rows and counts) and of one length."""
+    li, ri = vllm_ids(8, 64, 32), vllm_ids(4, 128, 64)
+    assert native.outer_pair(li, ri, 8, 512, 4, 512) == (native.outer(li, 8, 512), native.outer(ri, 4, 512))
+    off = ri.copy()
+    off[100] += 1
+    assert native.outer_pair(li, off, 8, 512, 4, 512) is None and native.outer_pair(off, li, 4, 512, 8, 512) is None
+    assert native.outer_pair(li, ri, 8, int(li.max()), 4, 512) is None  # a side out of range by one
+    assert native.outer_pair(li, ri[:-64], 8, 512, 4, 512) is None  # lengths differ
+    assert native.outer_pair(li, ri.astype(np.int32), 8, 512, 4, 512) is None
 
 
 def _ring_frames(monkeypatch, A):

@@ -15,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 
 /* The loops below vectorize; where the compiler can build clones for wider vectors and the
  * loader picks one at run time (GCC on glibc), it does. */
@@ -67,38 +68,11 @@ static int is_int64(const char *f) {
     return (f[0] == 'q' || f[0] == 'Q' || f[0] == 'l' || f[0] == 'L') && f[1] == '\0';
 }
 
-PyDoc_STRVAR(outer_doc,
-"outer(a, rows, n) -> (k, s, cols) or None\n\n"
-"`a`: a C-contiguous 1-D buffer of 8-byte integers (numpy int64 or uint64); anything else\n"
-"(another type, strides, fewer than 2 rows) is None.\n"
-"When it is `rows` rows of B = len(a) / rows whose row r is row 0 plus r * k, with every\n"
-"index in [0, n): k, the shift s = min(0, (rows - 1) * k) that lifts the row bases to 0, and\n"
-"the B columns a[:B] + s as little-endian u32 bytes (so index r * B + c is\n"
-"(r * k - s) + cols[c]). Else None. n must be at most 2**32.");
-
-static PyObject *outer(PyObject *self, PyObject *args) {
-    PyObject *obj;
-    Py_ssize_t rows;
-    unsigned long long n;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OnK:outer", &obj, &rows, &n))
-        return NULL;
-#if PY_BIG_ENDIAN
-    Py_RETURN_NONE;
-#endif
-    Py_buffer v;
-    if (PyObject_GetBuffer(obj, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
-        PyErr_Clear(); /* not contiguous, or not a buffer: not of the form */
-        Py_RETURN_NONE;
-    }
-    PyObject *result = NULL;
-    size_t m = (size_t)(v.len / 8);
-    if (!is_int64(v.format) || v.itemsize != 8 || v.ndim != 1 || rows < 2 || m < 2 || m % (size_t)rows || n == 0 || n > (1ULL << 32)) {
-        result = Py_None;
-        Py_INCREF(result);
-        goto done;
-    }
-    const uint64_t *a = (const uint64_t *)v.buf;
+/* One side found: its step k and shift s, when `a` (m 8-byte integers) is `rows` rows of the
+ * form with every index in [0, n). */
+static int find(const uint64_t *a, size_t m, Py_ssize_t rows, unsigned long long n, int64_t *kp, int64_t *sp) {
+    if (rows < 2 || m < 2 || m % (size_t)rows || n == 0 || n > (1ULL << 32))
+        return 0;
     size_t b = m / (size_t)rows;
     /* Row 0 is in [0, n) (read unsigned: a negative index is above any n). */
     uint64_t top, low;
@@ -112,24 +86,131 @@ static PyObject *outer(PyObject *self, PyObject *args) {
         in_range = k == 0 || (uint64_t)k <= (n - 1 - top) / span;
     else /* the last row's smallest, low + (rows - 1) k, at least 0 */
         in_range = (uint64_t)(-k) <= low / span;
-    if (!in_range || !rows_step(a, m, b, (uint64_t)k)) {
+    if (!in_range || !rows_step(a, m, b, (uint64_t)k))
+        return 0;
+    *kp = k;
+    *sp = k < 0 ? (int64_t)span * k : 0;
+    return 1;
+}
+
+static size_t varint_len(size_t v) {
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static char *put_varint(char *p, size_t v) {
+    while (v >= 0x80) {
+        *p++ = (char)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (char)v;
+    return p;
+}
+
+/* The side's OuterIndices message: rows 1 (the row bases r k - s as u32s), cols 2 (row 0 + s). */
+static PyObject *message(const uint64_t *a, size_t m, Py_ssize_t rows, int64_t k, int64_t s) {
+    size_t b = m / (size_t)rows, rl = 4 * (size_t)rows, cl = 4 * b;
+    size_t size = 1 + varint_len(rl) + rl + 1 + varint_len(cl) + cl;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    if (out == NULL)
+        return NULL;
+    char *p = PyBytes_AS_STRING(out);
+    *p++ = 0x0a;
+    p = put_varint(p, rl);
+    for (Py_ssize_t r = 0; r < rows; r++) {
+        uint32_t base = (uint32_t)((uint64_t)r * (uint64_t)k - (uint64_t)s);
+        memcpy(p, &base, 4);
+        p += 4;
+    }
+    *p++ = 0x12;
+    p = put_varint(p, cl);
+    cols_pack(a, b, (uint64_t)s, (uint32_t *)p);
+    return out;
+}
+
+/* `obj` as C-contiguous 8-byte integers in `v` (released by the caller), or 0 (no exception). */
+static int int64s(PyObject *obj, Py_buffer *v) {
+    if (PyObject_GetBuffer(obj, v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear(); /* not contiguous, or not a buffer: not of the form */
+        return 0;
+    }
+    if (!is_int64(v->format) || v->itemsize != 8 || v->ndim != 1) {
+        PyBuffer_Release(v);
+        return 0;
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(outer_doc,
+"outer(a, rows, n) -> bytes or None\n\n"
+"`a`: a C-contiguous 1-D buffer of 8-byte integers (numpy int64 or uint64); anything else\n"
+"(another type, strides, fewer than 2 rows) is None. When it is `rows` rows of\n"
+"B = len(a) / rows whose row r is row 0 plus r * k, with every index in [0, n) (n at most\n"
+"2**32): its tcpxd.v1.OuterIndices message, rows the row bases r * k - s and cols row 0 + s\n"
+"as little-endian u32s, s = min(0, (rows - 1) * k) lifting the bases to 0. Else None.");
+
+static PyObject *outer(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    Py_ssize_t rows;
+    unsigned long long n;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OnK:outer", &obj, &rows, &n))
+        return NULL;
+    Py_buffer v;
+    int64_t k, s;
+    if (PY_BIG_ENDIAN || !int64s(obj, &v))
+        Py_RETURN_NONE;
+    const uint64_t *a = (const uint64_t *)v.buf;
+    size_t m = (size_t)(v.len / 8);
+    PyObject *result = find(a, m, rows, n, &k, &s) ? message(a, m, rows, k, s) : (Py_INCREF(Py_None), Py_None);
+    PyBuffer_Release(&v);
+    return result;
+}
+
+PyDoc_STRVAR(outer_pair_doc,
+"outer_pair(li, ri, lrows, ln, rrows, rn) -> (bytes, bytes) or None\n\n"
+"`outer(li, lrows, ln)` and `outer(ri, rrows, rn)` when both are of the form and of one\n"
+"length; else None (the remote side is not looked at when the local one is not of it).");
+
+static PyObject *outer_pair(PyObject *self, PyObject *args) {
+    PyObject *lobj, *robj;
+    Py_ssize_t lrows, rrows;
+    unsigned long long ln, rn;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOnKnK:outer_pair", &lobj, &robj, &lrows, &ln, &rrows, &rn))
+        return NULL;
+    Py_buffer lv, rv;
+    int64_t lk, ls, rk, rs;
+    if (PY_BIG_ENDIAN || !int64s(lobj, &lv))
+        Py_RETURN_NONE;
+    if (!int64s(robj, &rv)) {
+        PyBuffer_Release(&lv);
+        Py_RETURN_NONE;
+    }
+    const uint64_t *la = (const uint64_t *)lv.buf, *ra = (const uint64_t *)rv.buf;
+    size_t m = (size_t)(lv.len / 8);
+    PyObject *result;
+    if (lv.len != rv.len || !find(la, m, lrows, ln, &lk, &ls) || !find(ra, m, rrows, rn, &rk, &rs)) {
         result = Py_None;
         Py_INCREF(result);
-        goto done;
+    } else {
+        PyObject *lo = message(la, m, lrows, lk, ls), *ro = lo == NULL ? NULL : message(ra, m, rrows, rk, rs);
+        result = ro == NULL ? NULL : PyTuple_Pack(2, lo, ro);
+        Py_XDECREF(lo);
+        Py_XDECREF(ro);
     }
-    int64_t s = k < 0 ? (int64_t)span * k : 0;
-    PyObject *cols = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(4 * b));
-    if (cols == NULL)
-        goto done;
-    cols_pack(a, b, (uint64_t)s, (uint32_t *)PyBytes_AS_STRING(cols));
-    result = Py_BuildValue("(LLN)", (long long)k, (long long)s, cols);
-done:
-    PyBuffer_Release(&v);
+    PyBuffer_Release(&lv);
+    PyBuffer_Release(&rv);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"outer", outer, METH_VARARGS, outer_doc},
+    {"outer_pair", outer_pair, METH_VARARGS, outer_pair_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -2,6 +2,10 @@
 
 from typing import Any, Optional, Tuple
 
-def outer(a: Any, rows: int, n: int, /) -> Optional[Tuple[int, int, bytes]]:
-    """(k, s, cols) when `a` (C-contiguous 8-byte integers) is `rows` rows of the outer form with
-    every index in [0, n); else None."""
+def outer(a: Any, rows: int, n: int, /) -> Optional[bytes]:
+    """The OuterIndices message of `a` (C-contiguous 8-byte integers) when it is `rows` rows of
+    vLLM's form with every index in [0, n); else None."""
+
+def outer_pair(li: Any, ri: Any, lrows: int, ln: int, rrows: int, rn: int, /) -> Optional[Tuple[bytes, bytes]]:
+    """(outer(li, lrows, ln), outer(ri, rrows, rn)) when both are of the form and of one length;
+    else None."""

@@ -34,6 +34,8 @@ except ImportError:  # not built here: numpy does the same work
     _native = None  # type: ignore[assignment]
 if os.environ.get("TCPXD_NATIVE", "") == "0":
     _native = None  # type: ignore[assignment]
+#: Both sides' OuterIndices in one call (`_native.outer_pair`), where the C pass is built.
+outer_pair = _native.outer_pair if _native is not None else None
 
 
 #: Indices a side must have for the outer form to be looked for (fewer go packed: cheap enough).
@@ -111,28 +113,19 @@ class Outer:
         rows of B (= len / R) whose row r is row 0 plus r × K, every index in [0, len(p)).
         None covers every index out of range too: `indices` then names it.
 
-        Exact: the rows are checked by one subtraction (idx[B:] - idx[:-B], wrapping) equal to
-        K everywhere, so idx[r × B + c] ≡ idx[c] + r × K modulo 2**64; row 0 (read unsigned) and
-        the row bases are checked in [0, len(p)) as Python integers, so each such sum is an index
-        in range and the one 64-bit integer congruent to it is the index itself."""
+        Exact: the rows are checked equal to K everywhere in idx[B:] - idx[:-B] (wrapping), so
+        idx[r × B + c] ≡ idx[c] + r × K modulo 2**64; row 0 (read unsigned) and the row bases are
+        checked in [0, len(p)), so each such sum is an index in range and the one 64-bit integer
+        congruent to it is the index itself. By the C pass where it is built (one read of the
+        array), else by numpy (`_numpy`); both give the same bytes."""
         if type(idx) is not np.ndarray or idx.ndim != 1:
             return None
         m, dt, rows = idx.size, idx.dtype, p.rows
         if m < OUTER_MIN or rows < 2 or m % rows or dt.itemsize != 8 or dt.kind not in "iu" or not dt.isnative:
             return None
-        got = _native.outer(idx, rows, len(p)) if self.native else self._numpy(idx, rows, len(p))
-        if got is None:
-            return None
-        k, s, cb = got
-        rb = self._rows.get((rows, k))
-        if rb is None:
-            rb = (np.arange(rows, dtype=np.int64) * k - s).astype(_U32).tobytes()
-            if len(self._rows) > 64:
-                self._rows.clear()
-            rb = self._rows[(rows, k)] = b"\x0a" + V(len(rb)) + rb
-        return rb + b"\x12" + V(len(cb)) + cb
+        return _native.outer(idx, rows, len(p)) if self.native else self._numpy(idx, rows, len(p))
 
-    def _numpy(self, idx: np.ndarray, rows: int, n: int) -> Optional[Tuple[int, int, bytes]]:
+    def _numpy(self, idx: np.ndarray, rows: int, n: int) -> Optional[bytes]:
         """`_native.outer` in numpy (where the extension is not built, or turned off): a
         subtraction into a scratch array, a comparison, a scan."""
         a = idx if idx.dtype.kind == "i" else idx.view(np.int64)
@@ -157,7 +150,14 @@ class Outer:
             np.equal(d, k, out=same)
             if b"\x00" in same.tobytes():  # (faster than .all(): a copy of m bytes and memchr)
                 return None
-        return k, s, (cols + s if s else cols).astype(_U32).tobytes()
+            rb = self._rows.get((rows, k))
+            if rb is None:
+                rb = (np.arange(rows, dtype=np.int64) * k - s).astype(_U32).tobytes()
+                if len(self._rows) > 64:
+                    self._rows.clear()
+                rb = self._rows[(rows, k)] = b"\x0a" + V(len(rb)) + rb
+        cb = (cols + s if s else cols).astype(_U32).tobytes()
+        return rb + b"\x12" + V(len(cb)) + cb
 
 
 class Scratch:

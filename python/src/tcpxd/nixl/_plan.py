@@ -72,7 +72,7 @@ from .. import _proto
 from . import _wire
 from . import _indices
 from ._errors import nixlInvalidParamError, nixlMismatchError
-from ._indices import Outer, Scratch, Windows, _umax
+from ._indices import Scratch, Windows, _umax
 from ._regions import Region, RegionTable
 from ._wire import V
 
@@ -294,7 +294,7 @@ class Lane:
     handle, skip_desc_merge) once a transfer between them took the index ring (`fits`); the
     outer-sum and packed forms make one per request."""
 
-    __slots__ = ("op", "local", "remote", "merge", "timeout_ms", "tmo", "field", "bound", "note_head")
+    __slots__ = ("op", "local", "remote", "merge", "timeout_ms", "tmo", "field", "bound", "note_head", "dims")
 
     def __init__(self, op: str, local: Prepped, remote: Prepped, merge: bool, timeout_ms: int, note_head: Optional[bytes] = None) -> None:
         self.op = op
@@ -310,6 +310,8 @@ class Lane:
         #: The notification frame up to the message (`_notify.frame`'s head for this pair of
         #: agents), set on a lane the agent keeps (its requests take the fast path): else None.
         self.note_head = note_head
+        #: Both lists' (rows, count), for `take`'s outer sums (None until first needed).
+        self.dims: Optional[Tuple[int, int, int, int]] = None
 
     def bind(self, ld: Tuple[Any, int], rd: Tuple[Any, int]) -> bytes:
         """The prepared ids' fields for the lists' daemon ids `ld`, `rd` (kept for the next request)."""
@@ -317,20 +319,21 @@ class Lane:
         self.bound = (ld, rd, ids)
         return ids
 
-    def take(self, li: Any, ri: Any, outer: Optional["Outer"], ring: bool) -> Optional["Prepared"]:
+    def take(self, li: Any, ri: Any, native: bool, ring: bool) -> Optional["Prepared"]:
         """The request on this lane for index arrays `li`, `ri`, or None where the general way
         must make it (which checks and names what is wrong). Both 1-D numpy arrays of one length:
-        as outer sums where `outer` (the agent's, when the daemon takes them and the native pass
-        finds them: one read a side, a few KiB sent), else through the index ring where `ring`
-        and they `fit`."""
+        as outer sums where `native` (the daemon takes them and the C pass is built) and both are
+        of vLLM's form, found in one call reading each array once (`_native.outer_pair`: a few
+        KiB sent), else through the index ring where `ring` and they `fit`."""
         if type(li) is not np.ndarray or type(ri) is not np.ndarray or li.size != ri.size:
             return None
-        if outer is not None and _indices.OUTER_MIN <= li.size <= MAX_PREPARED:
-            lo = outer.encode(li, self.local)
-            if lo is not None:
-                ro = outer.encode(ri, self.remote)
-                if ro is not None:
-                    return Prepared(self, li, ri, lo, ro)
+        if native and _indices.OUTER_MIN <= li.size <= MAX_PREPARED:
+            dims = self.dims
+            if dims is None:  # (a list's rows are counted once, on first use)
+                dims = self.dims = (self.local.rows, self.local.count, self.remote.rows, self.remote.count)
+            both = _indices.outer_pair(li, ri, *dims)  # type: ignore[misc]
+            if both is not None:
+                return Prepared(self, li, ri, both[0], both[1])
         return Prepared(self, li, ri) if ring and self.fits(li, ri) else None
 
     def fits(self, li: Any, ri: Any) -> bool:
