@@ -106,7 +106,10 @@ def test_the_native_pair_is_both_sides_or_none():
     """outer_pair: both sides' messages, as outer gives them, only when both are of the form
     (with their own rows and counts) and of one length."""
     li, ri = vllm_ids(8, 64, 32), vllm_ids(4, 128, 64)
-    assert native.outer_pair(li, ri, 8, 512, 4, 512) == (native.outer(li, 8, 512), native.outer(ri, 4, 512))
+    lo, ro, fields = native.outer_pair(li, ri, 8, 512, 4, 512)
+    assert (lo, ro) == (native.outer(li, 8, 512), native.outer(ri, 4, 512))
+    req = _proto.message("ReadPreparedRequest").FromString(fields)
+    assert (req.local_outer.SerializeToString(), req.remote_outer.SerializeToString()) == (lo, ro)
     off = ri.copy()
     off[100] += 1
     assert native.outer_pair(li, off, 8, 512, 4, 512) is None and native.outer_pair(off, li, 4, 512, 8, 512) is None
@@ -125,16 +128,17 @@ def _ring_frames(monkeypatch, A):
 
 
 @pytest.mark.parametrize("op", ["READ", "WRITE"])
-def test_a_lane_sends_vllm_indices_as_outer_sums_found_natively(daemons, monkeypatch, op):
+@pytest.mark.parametrize("N,PER", [(64, 16), (512, 320)])
+def test_a_lane_sends_vllm_indices_as_outer_sums_found_natively(daemons, monkeypatch, op, N, PER):
     """vLLM's requests on a lane (OUTER_MIN lowered to these sizes): both sides go as outer sums in
-    a frame of a few hundred bytes, no ring slot taken, the named blocks moved (bytes checked);
-    with the native pass off the same requests take the index ring; a bad index on the lane is
-    refused by make_prepped_xfer, naming it, and nothing is sent."""
+    one frame (a few hundred bytes; past 1 KiB, sent as two pieces), no ring slot taken, the named
+    blocks moved (bytes checked); with the native pass off the same requests take the index ring;
+    a bad index on the lane is refused by make_prepped_xfer, naming it, and nothing is sent."""
     from test_nixl_transfers import wait
 
     monkeypatch.setattr(_indices, "OUTER_MIN", 8)
     monkeypatch.setattr(_indices, "WINDOW_MIN", 8)
-    R, N, PER = 4, 64, 16
+    R = 4
     A, B, amem, bmem, local, remote = _agents_with_lists(daemons, R, N)
     try:
         assert A._outer_native
@@ -152,6 +156,7 @@ def test_a_lane_sends_vllm_indices_as_outer_sums_found_natively(daemons, monkeyp
             A.transfer(h)
             assert wait(A, h) == "DONE", h.error
             req = msg.FromString(sent[-1][1])
+            assert (len(sent[-1][1]) > 1024) == (PER > 128)
             assert req.local_indices == b"" and req.remote_indices == b"" and not req.HasField("local_window")
             assert len(req.local_outer.rows) == 4 * R and len(req.remote_outer.cols) == 4 * PER
             assert req.notification.endswith(b"outer-%d" % i)

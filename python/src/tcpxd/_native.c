@@ -171,10 +171,29 @@ static PyObject *outer(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* Both messages as a prepared request's fields local_outer 8 and remote_outer 9. */
+static PyObject *request_fields(PyObject *lo, PyObject *ro) {
+    size_t ll = (size_t)PyBytes_GET_SIZE(lo), rl = (size_t)PyBytes_GET_SIZE(ro);
+    size_t size = 1 + varint_len(ll) + ll + 1 + varint_len(rl) + rl;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    if (out == NULL)
+        return NULL;
+    char *p = PyBytes_AS_STRING(out);
+    *p++ = 0x42;
+    p = put_varint(p, ll);
+    memcpy(p, PyBytes_AS_STRING(lo), ll);
+    p += ll;
+    *p++ = 0x4a;
+    p = put_varint(p, rl);
+    memcpy(p, PyBytes_AS_STRING(ro), rl);
+    return out;
+}
+
 PyDoc_STRVAR(outer_pair_doc,
-"outer_pair(li, ri, lrows, ln, rrows, rn) -> (bytes, bytes) or None\n\n"
+"outer_pair(li, ri, lrows, ln, rrows, rn) -> (bytes, bytes, bytes) or None\n\n"
 "`outer(li, lrows, ln)` and `outer(ri, rrows, rn)` when both are of the form and of one\n"
-"length; else None (the remote side is not looked at when the local one is not of it).");
+"length, and both as a Write/ReadPreparedRequest's fields local_outer 8 and remote_outer 9;\n"
+"else None (the remote side is not looked at when the local one is not of it).");
 
 static PyObject *outer_pair(PyObject *self, PyObject *args) {
     PyObject *lobj, *robj;
@@ -199,9 +218,11 @@ static PyObject *outer_pair(PyObject *self, PyObject *args) {
         Py_INCREF(result);
     } else {
         PyObject *lo = message(la, m, lrows, lk, ls), *ro = lo == NULL ? NULL : message(ra, m, rrows, rk, rs);
-        result = ro == NULL ? NULL : PyTuple_Pack(2, lo, ro);
+        PyObject *fields = ro == NULL ? NULL : request_fields(lo, ro);
+        result = fields == NULL ? NULL : PyTuple_Pack(3, lo, ro, fields);
         Py_XDECREF(lo);
         Py_XDECREF(ro);
+        Py_XDECREF(fields);
     }
     PyBuffer_Release(&lv);
     PyBuffer_Release(&rv);

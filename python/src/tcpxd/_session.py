@@ -257,9 +257,13 @@ class Session:
             return
         blen = len(body)
         head = b"\x08" + _varint(tag) + _field_key(field) + (_SMALL_VARINTS[blen] if blen < 128 else _varint(blen))
+        size = len(head) + blen
         with self._send_lock:
             try:
-                self._conn.sock.sendall(_local.HEADER.pack(len(head) + blen) + head + body)
+                if blen < 1024:
+                    self._conn.sock.sendall(_local.HEADER.pack(size) + head + body)
+                else:  # (a few KiB of outer sums: the body goes as it is, not copied again)
+                    _send_pieces(self._conn.sock, [_local.HEADER.pack(size) + head, body], 4 + size)
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
 

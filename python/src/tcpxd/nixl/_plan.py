@@ -333,7 +333,9 @@ class Lane:
                 dims = self.dims = (self.local.rows, self.local.count, self.remote.rows, self.remote.count)
             both = _indices.outer_pair(li, ri, *dims)  # type: ignore[misc]
             if both is not None:
-                return Prepared(self, li, ri, both[0], both[1])
+                pr = Prepared(self, li, ri, both[0], both[1])
+                pr.fields = both[2]
+                return pr
         return Prepared(self, li, ri) if ring and self.fits(li, ri) else None
 
     def fits(self, li: Any, ri: Any) -> bool:
@@ -361,7 +363,7 @@ class Prepared:
     given, checked to be in range) and each side's indices as an encoded OuterIndices when they
     have that form."""
 
-    __slots__ = ("lane", "li", "ri", "lo", "ro", "windowed")
+    __slots__ = ("lane", "li", "ri", "lo", "ro", "windowed", "fields")
 
     path = "prepared"
     #: None serialized ahead: the request is built as it is sent, bound to the session's ids.
@@ -378,6 +380,8 @@ class Prepared:
         self.ro = ro
         #: Sides its last request passed through the agent's index ring.
         self.windowed = 0
+        #: Both outer sums as the request's fields, when the C pass made them (`outer_fields`).
+        self.fields: Optional[bytes] = None
 
     @property
     def prepared(self) -> "Prepared":
@@ -442,6 +446,8 @@ class Prepared:
     def outer_fields(self) -> bytes:
         """Both sides' outer sums (local_outer 8, remote_outer 9): the request's index fields
         when `Lane.take` found both."""
+        if self.fields is not None:
+            return self.fields
         lo, ro = self.lo or b"", self.ro or b""
         return b"\x42" + V(len(lo)) + lo + b"\x4a" + V(len(ro)) + ro
 
