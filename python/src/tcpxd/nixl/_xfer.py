@@ -85,10 +85,14 @@ class Xfer:
     _left = 0
     _session: Any = None
     _followup: Optional[Callable[[Any, Any], None]] = None
+    #: Whether it is timed for telemetry (the agent captures it): else no clock is read.
+    timed = False
+    #: The last post's start (perf_counter) and, in µs, its start since the epoch, the post's
+    #: duration and the transfer's (`telemetry`).
     _t0 = 0.0
-    #: Its telemetry, kept only when the agent captures telemetry: else None, and no clock is
-    #: read for it.
-    telemetry: Optional[nixlXferTelemetry] = None
+    _start_us = 0
+    _post_us = 0
+    _xfer_us = 0
 
     def __init__(self, plan: Any, remote: str, notif: bytes, timed: bool = True):
         #: A Plan, or a _plan.Prepared (the prepared path's request, bound to a session when posted).
@@ -97,7 +101,16 @@ class Xfer:
         self.notif = notif
         self._lock = threading.Lock()
         if timed:
-            self.telemetry = nixlXferTelemetry(totalBytes=plan.total_bytes, descCount=plan.desc_count)
+            self.timed = True
+
+    @property
+    def telemetry(self) -> Optional[nixlXferTelemetry]:
+        """Its telemetry as it stands (a new object each time, as NIXL returns a copy), when timed;
+        else None."""
+        if not self.timed:
+            return None
+        plan = self.plan
+        return nixlXferTelemetry(self._start_us, self._post_us, self._xfer_us, plan.total_bytes, plan.desc_count)
 
     def _begin(self, session: Any, followup: Optional[Callable[[Any, Any], None]], parts: int,
                answered: Optional[Callable[[], None]]) -> List[_Part]:
@@ -111,9 +124,9 @@ class Xfer:
         first = _Part(self, gen, answered)
         self._parts = [first] if parts == 1 else [first] + [_Part(self, gen) for _ in range(parts - 1)]
         self.state, self.error, self._session, self._followup, self._left = "PROC", None, session, followup, parts
-        if self.telemetry is not None:
+        if self.timed:
             self._t0 = time.perf_counter()
-            self.telemetry.startTime = time.time_ns() // 1000
+            self._start_us, self._post_us, self._xfer_us = time.time_ns() // 1000, 0, 0
         return self._parts  # type: ignore[return-value]
 
     def post_one(self, session: Any, field: str, body: bytes, answered: Optional[Callable[[], None]]) -> str:
@@ -126,7 +139,7 @@ class Xfer:
         except TcpxdError as e:  # the session was closed under us: nothing was sent
             self._unsent(part, e)
             raise
-        if self.telemetry is not None or part.gen != self._gen:  # telemetry to record, or released while posting
+        if self.timed or part.gen != self._gen:  # telemetry to record, or released while posting
             return self._posted(session, part.gen)
         return self.state
 
@@ -161,8 +174,8 @@ class Xfer:
     def _posted(self, session: Any, gen: int) -> str:
         """A post's end: its telemetry's postDuration; its parts cancelled if the handle was
         released while posting (an int read: no lock)."""
-        if self.telemetry is not None:
-            self.telemetry.postDuration = int((time.perf_counter() - self._t0) * 1e6)
+        if self.timed:
+            self._post_us = int((time.perf_counter() - self._t0) * 1e6)
         if gen != self._gen:
             for p in self._parts:
                 if not p.finished:
@@ -203,8 +216,8 @@ class Xfer:
     def _end(self, state: str, err: Optional[BaseException]) -> None:
         self.state = state
         self.error = err
-        if self.telemetry is not None:
-            self.telemetry.xferDuration = int((time.perf_counter() - self._t0) * 1e6)
+        if self.timed:
+            self._xfer_us = int((time.perf_counter() - self._t0) * 1e6)
 
     def release(self) -> None:
         """Releases the handle; an unfinished transfer is cancelled on both sides."""
