@@ -532,9 +532,9 @@ class nixl_agent:  # noqa: N801
         """A transfer of local descriptor local_indices[k] with remote descriptor remote_indices[k]
         (WRITE: local into remote; READ: remote into local), equal lengths pairwise.
 
-        Requests between two handles that took the index ring before take a lane (`_lane`: one
-        lookup, both arrays checked in one reduction each, no plan worked out again); anything else
-        goes the general way below."""
+        Requests between two handles whose first request took the prepared path take its lane
+        (`_lane`: one lookup, both arrays found in vLLM's form by the C pass or checked in one
+        reduction each, no plan worked out again); anything else goes the general way below."""
         pr = self._lane(operation, local_xfer_side, remote_xfer_side, skip_desc_merge, local_indices, remote_indices)
         if pr is not None:
             xfer = Xfer(pr, pr.lane.remote.agent, notif_msg if type(notif_msg) is bytes else _bytes(notif_msg, "notif_msg"),
@@ -547,8 +547,9 @@ class nixl_agent:  # noqa: N801
             raise nixlInvalidParamError("local_xfer_side: prepared for a remote agent; prepare it with \"NIXL_INIT_AGENT\"")
         if not remote.agent:
             raise nixlInvalidParamError("remote_xfer_side: prepared for this agent; prepare it with the remote agent's name")
-        # vLLM's form (regions × blocks) is found and encoded compactly, in range, where the index
-        # ring will not carry the indices (cheaper: _plan module doc); else checked
+        # vLLM's form (regions × blocks) is found and encoded compactly, in range, first where the
+        # C pass is built, else where the index ring will not carry the indices (_plan module doc);
+        # else checked
         if self._outer_ok and (self._outer_native or self._no_windows or _size(local_indices) > _indices.WINDOW_MAX):
             lo = self._outer.encode(local_indices, local) if local.held and local.preparable else None
             ro = self._outer.encode(remote_indices, remote) if remote.held and remote.preparable else None

@@ -30,8 +30,8 @@ packed as u32s, nothing per descriptor in Python; the daemon groups the pairs by
 sends the notification (a READ's too) once every byte landed. Large index arrays stay off the
 socket. Arrays of vLLM's form (region base + block id, R regions × B blocks:
 `region_ids[:, None] * num_blocks + block_ids`, flattened) go as outer sums (OuterIndices: R row
-bases and B columns, ~2 KiB where 32,768 indices take 128 KiB), found by `_indices.Outer.encode`, which
-also stands for the range check; the daemon expands them. With the package's C pass
+bases and B columns, ~2 KiB where 32,768 indices take 128 KiB), found by `_indices.Outer.encode`,
+which also stands for the range check; the daemon expands them. With the package's C pass
 (tcpxd._native: one read of the array, the columns written) that is the cheapest form and is
 looked for first when both sides have it. Anything else (and every array when the C pass is not
 built: numpy needs a subtraction into scratch, a comparison and a scan, which cost about what the
@@ -41,21 +41,21 @@ request; where the ring cannot serve either, numpy's outer sums, else packed int
 
 A request on this path does little besides those passes, as every Python line, call and object
 costs more once they swept the caches (vLLM's pull: ~0.5 µs a line). The first request between two
-prepared handles (in one direction, one skip_desc_merge) whose indices take the index ring is
-planned the general way, and its `Lane` is kept on the local handle (requests of fewer than
-WINDOW_MIN indices a side too: on a lane they go packed in the request, no ring slot; and
-requests whose both sides went as outer sums found by the C pass): the lists, the request's
-constant fields, the prepared ids' fields for the daemon ids they were made from, the
-notification frame's head. The next requests between them are made on the lane (`Lane.take`):
-one dict lookup, both sides as outer sums by the C pass, else both int64 arrays checked in one
-reduction each (`Lane.fits`; anything else, a bad index included, goes the general way, which
-names it), one `Prepared` (the request, and its own plan), one Xfer and handle; `transfer` reads
-the agent's session and the lists' daemon ids without a lock (PrepareBlocks again only on a new
-session), puts the outer sums in the request or takes a ring slot and packs both sides into it in
-one call (`Windows.put`: no lock, list pop and append), and sends the request, one bytes object
-(a few KiB, or a few dozen bytes with the ring), as one frame in one send (`Session._submit_frame`); no clock is read for
-telemetry and no telemetry object made unless the agent captures it. About 120 Python lines in 20
-calls for make + transfer + check, where the general way runs about 240 in 45.
+prepared handles (in one direction, one skip_desc_merge) that takes the prepared path is planned
+the general way, and its `Lane` is kept on the local handle when both sides went as outer sums
+found by the C pass, or through the index ring, or (fewer than WINDOW_MIN indices a side) packed
+in the request: the lists, the request's constant fields, the prepared ids' fields for the daemon
+ids they were made from, the notification frame's head. The next requests between them are made
+on the lane (`Lane.take`): one dict lookup; both sides found and encoded as the request's fields
+in one C call (`_native.outer_pair`), else both int64 arrays checked in one reduction each
+(`Lane.fits`; anything else, a bad index included, goes the general way, which names it); one
+`Prepared` (the request, and its own plan), one Xfer and handle. `transfer` reads the agent's
+session and the lists' daemon ids without a lock (PrepareBlocks again only on a new session),
+puts the outer sums in the request or takes a ring slot and packs both sides into it in one call
+(`Windows.put`: no lock, list pop and append), and sends the request (a few KiB, or a few dozen
+bytes with the ring) as one frame in one send (`Session._submit_frame`); no clock is read for
+telemetry unless the agent captures it. About 120 Python lines in 20 calls for make + transfer +
+check, where the general way runs about 240 in 45.
 
 Either way the requests go out on the agent's session and pipeline; _xfer.Xfer follows them.
 """
