@@ -322,6 +322,8 @@ def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Opti
     print(f"pattern   {a.layers} layers x 2 regions x {a.blocks} blocks of {a.block_kib} KiB ({mem}); "
           f"{a.req_blocks} {a.ids} blocks per region per request = {descs} descriptors, {req_bytes / MIB:.0f} MiB")
     print(f"prepare   remote list of {regions * a.blocks} descriptors: {prep_s * 1e3:.1f} ms")
+    print("indices   " + ("vLLM's form looked for by the C pass (tcpxd._native)" if _indices._native is not None else
+                          "no C pass (tcpxd._native not built, or TCPXD_NATIVE=0): numpy and the index ring"))
     r0 = rows[0]
     what = {"prepared": "prepared-list request", "blocks": "block requests of granule ranges"}.get(r0["path"], "batch requests")
     unit = {"prepared": "indices", "blocks": "ranges"}.get(r0["path"], "entries")
