@@ -91,6 +91,10 @@ def test_the_native_pass_takes_only_contiguous_8_byte_integers():
     assert native.outer(ids, 8, 512) is not None
     assert native.outer(ids.astype(np.float64), 8, 512) is None  # the same bits' width, not integers
     assert native.outer(ids.astype(np.int32), 8, 512) is None
+    assert native.outer(ids.astype(">i8"), 8, 512) is None  # not native-endian
+    ro = ids.copy()
+    ro.flags.writeable = False
+    assert native.outer(ro, 8, 512) == native.outer(ids, 8, 512)  # read-only is fine
     assert native.outer(np.repeat(ids, 2)[::2], 8, 512) is None  # strided
     assert native.outer(ids.tobytes(), 8, 512) is None  # bytes: format "B"
     assert native.outer(ids, 1, 512) is None and native.outer(ids, 7, 512) is None  # one row; rows not dividing
