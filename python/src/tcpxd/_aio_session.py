@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Optional, Sequence, cast
 
 import grpc
 import grpc.aio
@@ -21,6 +21,11 @@ from .errors import TcpxdError, Unavailable, from_rpc_error, from_status
 
 if TYPE_CHECKING:
     from .aio import AsyncClient
+
+    class _TaggedFuture(asyncio.Future[Any]):
+        """What AsyncSession._submit returns: a Future carrying its request's tag (for cancel)."""
+
+        tag: int
 
 
 class AsyncSession:
@@ -67,13 +72,13 @@ class AsyncSession:
                 item = item[0]
             yield item
 
-    def _submit(self, _shared: Optional[_hostmem.Shared] = None, **op: Any) -> "asyncio.Future[Any]":
+    def _submit(self, _shared: Optional[_hostmem.Shared] = None, **op: Any) -> _TaggedFuture:
         if self._closed:
             raise TcpxdError("the session is closed")
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        fut = cast("_TaggedFuture", asyncio.get_running_loop().create_future())
         tag = next(self._tags)
         self._pending[tag] = fut
-        fut.tag = tag  # type: ignore[attr-defined]
+        fut.tag = tag
         msg = _proto.message("SessionRequest")(tag=tag, **op)
         self._q.put_nowait(msg if _shared is None else (msg, _shared))
         return fut

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import functools
 from importlib import resources
-from typing import Any, Dict
+from typing import Any, Dict, Type
 
 from google.protobuf import descriptor_pb2, descriptor_pool
-from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
+from google.protobuf.descriptor import Descriptor, MethodDescriptor, ServiceDescriptor
+from google.protobuf.message import Message
 
 try:  # protobuf >= 4.21
     from google.protobuf.message_factory import GetMessageClass as _get_class
@@ -21,8 +22,9 @@ except ImportError:  # pragma: no cover - older protobuf
 
     _factory = MessageFactory()
 
-    def _get_class(desc: Any) -> Any:
-        return _factory.GetPrototype(desc)
+    def _get_class(descriptor: Descriptor) -> Type[Message]:
+        # GetPrototype: the API of the protobuf this branch serves; protobuf 5 and its stubs dropped it
+        return _factory.GetPrototype(descriptor)  # type: ignore[attr-defined]
 
 
 PACKAGE = "tcpxd.v1"

@@ -19,10 +19,11 @@ import itertools
 import queue
 import socket
 import threading
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Set, cast
 
 import grpc
-from grpc._cython import cygrpc  # the segregated call of _OwnStream (grpcio's own layer)
+# the segregated call of _OwnStream (grpcio's own layer: private, so types-grpcio has no stub for it)
+from grpc._cython import cygrpc  # type: ignore[attr-defined]
 
 from . import _blocks, _hostmem, _local, _ops, _proto
 from ._handles import Buffer, PreparedList
@@ -32,6 +33,11 @@ from .errors import Cancelled, FailedPrecondition, ResourceExhausted, TcpxdError
 
 if TYPE_CHECKING:
     from .client import Client
+
+    class _TaggedFuture(concurrent.futures.Future[Any]):
+        """What Session._submit returns: a Future carrying its request's tag (for cancel)."""
+
+        tag: int
 
 _OP = cygrpc.OperationType
 
@@ -163,16 +169,16 @@ class Session:
                 return
             yield item
 
-    def _submit(self, _fd: Optional[int] = None, **op: Any) -> concurrent.futures.Future:
+    def _submit(self, _fd: Optional[int] = None, **op: Any) -> _TaggedFuture:
         if self._closed:
             raise TcpxdError("the session is closed")
-        fut: concurrent.futures.Future = concurrent.futures.Future()
+        fut = cast("_TaggedFuture", concurrent.futures.Future())
         with self._lock:
             tag = next(self._tags)
             ended = self._ended
             if ended is None:
                 self._pending[tag] = fut
-        fut.tag = tag  # type: ignore[attr-defined]
+        fut.tag = tag
         msg = _proto.message("SessionRequest")(tag=tag, **op)
         if ended is not None:  # the stream had ended: nothing would answer
             fut.set_exception(ended)
@@ -239,7 +245,7 @@ class Session:
             return
         with self._send_lock:
             try:
-                _send_pieces(self._conn.sock, pieces, total)  # type: ignore[union-attr]
+                _send_pieces(self._conn.sock, pieces, total)
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
 
@@ -553,7 +559,8 @@ class _OwnStream:
                 ((cygrpc.ReceiveInitialMetadataOperation(0),), None),
                 ((cygrpc.ReceiveStatusOnClientOperation(0),), None),
             )
-            channel = self._client._channel._channel
+            # grpcio's channel object underneath (private: grpc.Channel's stub does not declare it)
+            channel = self._client._channel._channel  # type: ignore[attr-defined]
             args = (cygrpc.PropagationConstants.GRPC_PROPAGATE_DEFAULTS, _proto.path("Session").encode(),
                     None, None, md, None, ops, cygrpc.build_census_context())
             try:

@@ -279,7 +279,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                     f.write(json.dumps(res) + "\n")
             return
         big = args.big * MIB
-        res: Dict[str, Any] = {"endpoint": ea, "peer_endpoint": eb, "rounds": []}
+        res = {"endpoint": ea, "peer_endpoint": eb, "rounds": []}
         with Client(ea) as a, Client(eb) as b, Client(ea, local=False) as ao, Client(ea, local=False, stream=False) as au:
             # The first write pairs the daemons (B's descriptors carry its peer address) and tells
             # each client which path its waited transfers take.

@@ -95,7 +95,7 @@ class Peer:
             self.caches = [host_array(2 * blocks * block_len).reshape(2, blocks, block_len) for _ in range(layers)]
             for c in self.caches:
                 c[:] = rng.integers(0, 256, c.shape, dtype=np.uint8)
-        ctx = mp.get_context("spawn" if cuda is not None else "fork")
+        ctx = mp.get_context("spawn") if cuda is not None else mp.get_context("fork")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=_peer_main, args=(child, endpoint, layers, blocks, block_len, cuda, self.caches),
                                  name="nixl-bench-prefill", daemon=True)

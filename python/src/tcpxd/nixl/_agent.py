@@ -509,7 +509,7 @@ class nixl_agent:  # noqa: N801
             return None
         if local_xfer_side._agent is not self or remote_xfer_side._released or lane.local.refused or lane.remote.refused:
             return None
-        return lane.take(li, ri, self._outer_native, not self._no_windows)  # type: ignore[no-any-return]
+        return lane.take(li, ri, self._outer_native, not self._no_windows)
 
     def _keep_lane(self, operation: str, local_xfer_side: Any, remote_xfer_side: Any, skip_desc_merge: Any, plan: Any) -> None:
         """Keeps a prepared plan's lane on the local handle for the next requests between these

@@ -62,7 +62,7 @@ class DescList:
         return (self[i] for i in range(len(self.rows)))
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.mem == self.mem and np.array_equal(other.rows, self.rows)  # type: ignore[attr-defined]
+        return type(other) is type(self) and other.mem == self.mem and np.array_equal(other.rows, self.rows)
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -91,7 +91,7 @@ class RegDList(DescList):
         self.meta = meta if meta is not None else [""] * len(rows)
         self.objs: List[Any] = objs if objs is not None else [None] * len(rows)
 
-    def __getitem__(self, i: int) -> Tuple[Any, ...]:  # type: ignore[override]
+    def __getitem__(self, i: int) -> Tuple[Any, ...]:
         return super().__getitem__(i) + (self.meta[i],)
 
     def __getstate__(self) -> Any:

@@ -89,7 +89,7 @@ def indices(idx: Any, n: int, what: str) -> np.ndarray:
     return a.astype(np.int64, copy=False)
 
 
-_UNSIGNED = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
+_UNSIGNED: Dict[int, np.dtype] = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
 _umin = np.minimum.reduce
 
 
@@ -252,7 +252,7 @@ class Windows:
         if held[2] != n:
             held[3] = self.pack(slot, 0, li[:0], n) + self.pack(slot, 1, ri[:0], n)
             held[2] = n
-        return held[3]  # type: ignore[no-any-return]
+        return held[3]
 
     def pack(self, slot: int, side: int, a: np.ndarray, count: Optional[int] = None) -> bytes:
         """`a` (at most WINDOW_MAX integers in u32's range) packed as u32s into side `side` of

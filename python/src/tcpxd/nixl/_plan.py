@@ -331,7 +331,7 @@ class Lane:
             dims = self.dims
             if dims is None:  # (a list's rows are counted once, on first use)
                 dims = self.dims = (self.local.rows, self.local.count, self.remote.rows, self.remote.count)
-            both = _indices.outer_pair(li, ri, *dims)  # type: ignore[misc]
+            both = _indices.outer_pair(li, ri, *dims)
             if both is not None:
                 pr = Prepared(self, li, ri, both[0], both[1])
                 pr.fields = both[2]
@@ -634,6 +634,7 @@ def batch_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.
         ln = n
     # Grouped by buffer pair (stable), so each request names one pair and the daemon coalesces it.
     key = local.buffer_of[lr] * remote.nbuffers + remote.buffer_of[rr]
+    cuts: List[Any]  # the numpy integers where the buffer pair changes
     if len(key) > 1 and bool((key[1:] != key[:-1]).any()):
         order = np.argsort(key, kind="stable")
         lr, lo, rr, ro, ln, key = lr[order], lo[order], rr[order], ro[order], ln[order], key[order]

@@ -127,7 +127,7 @@ class Xfer:
         if self.timed:
             self._t0 = time.perf_counter()
             self._start_us, self._post_us, self._xfer_us = time.time_ns() // 1000, 0, 0
-        return self._parts  # type: ignore[return-value]
+        return self._parts
 
     def post_one(self, session: Any, field: str, body: bytes, answered: Optional[Callable[[], None]]) -> str:
         """`post` of one request serialized whole (the prepared path's, bound to the session, its
