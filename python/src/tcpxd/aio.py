@@ -15,9 +15,16 @@ import grpc
 import grpc.aio
 
 from . import _blocks, _hostmem, _local, _ops, _proto, _tensor
-from ._aio_handles import AsyncBlockList, AsyncBuffer, AsyncPreparedList, AsyncSubscription, AsyncTransfer
+# The public classes that live in other modules, re-exported explicitly (`X as X`: strict type
+# checkers see them as this module's).
+from ._aio_handles import AsyncBlockList as AsyncBlockList
+from ._aio_handles import AsyncBuffer as AsyncBuffer
+from ._aio_handles import AsyncPreparedList as AsyncPreparedList
+from ._aio_handles import AsyncSubscription as AsyncSubscription
+from ._aio_handles import AsyncTransfer as AsyncTransfer
 from ._aio_local import _AsyncConnection, _AsyncLocalSessions, _handshake, send_with_fd  # noqa: F401 (re-exported)
-from ._aio_session import AsyncSession, _AsyncOwnStream
+from ._aio_session import AsyncSession as AsyncSession
+from ._aio_session import _AsyncOwnStream
 from ._local import local_end, too_large  # noqa: F401 (re-exported)
 from ._ops import SESSION_FIELD, BufferLike, NodeInfo, ReadOp, RemoteLike, WriteOp, settle  # noqa: F401 (settle re-exported)
 from .client import DEFAULT_CALL_TIMEOUT

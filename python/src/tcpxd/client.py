@@ -12,7 +12,13 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import grpc
 
 from . import _blocks, _hostmem, _local, _ops, _proto, _tensor
-from ._handles import BlockList, Buffer, PreparedList, Subscription, Transfer
+# The public classes that live in other modules, re-exported explicitly (`X as X`: strict type
+# checkers see them as this module's).
+from ._handles import BlockList as BlockList
+from ._handles import Buffer as Buffer
+from ._handles import PreparedList as PreparedList
+from ._handles import Subscription as Subscription
+from ._handles import Transfer as Transfer
 from ._local import local_end, too_large  # noqa: F401 (re-exported)
 from ._ops import SESSION_FIELD, BufferLike, NodeInfo, ReadOp, RemoteLike, WriteOp, settle  # noqa: F401 (settle re-exported)
 from ._session import (  # noqa: F401 (re-exported: the session's framing helpers)
@@ -20,7 +26,6 @@ from ._session import (  # noqa: F401 (re-exported: the session's framing helper
     _OP,
     _SMALL_VARINTS,
     SESSION_SNDBUF,
-    Session,
     _body_size,
     _field_key,
     _forward,
@@ -28,6 +33,7 @@ from ._session import (  # noqa: F401 (re-exported: the session's framing helper
     _send_pieces,
     _varint,
 )
+from ._session import Session as Session
 from .errors import from_rpc_error
 
 #: Deadline of calls that are not transfers (registration, peers, ...), in seconds.
