@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -116,6 +117,18 @@ def peered(daemons: tuple) -> tuple:
         ca.connect_peer(b.peer_address)
         cb.connect_peer(a.peer_address)
     return a, b
+
+
+@pytest.fixture
+def sigint() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt in the test, whatever SIGINT's disposition pytest started
+    with (a shell starting it in the background without job control, as `cmd &` in a script,
+    makes it ignore SIGINT, and Python then installs no handler)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 @pytest.fixture(scope="session")

@@ -311,7 +311,7 @@ def test_closing_the_client_ends_a_transfer_waiting_on_it(slow, path):
         assert not t.is_alive() and len(got) == 1 and isinstance(got[0], tcpxd.Cancelled)
 
 
-def test_an_interrupted_wait_on_the_own_stream_cancels_the_transfer(slow):
+def test_an_interrupted_wait_on_the_own_stream_cancels_the_transfer(slow, sigint):
     """Ctrl-C while write() waits on the client's own stream: KeyboardInterrupt, the daemon cancels
     the transfer (as for a unary call that goes away), and the client's next transfer works."""
     import _thread

@@ -211,7 +211,7 @@ def test_an_idle_connection_gone_bad_is_replaced(peered, monkeypatch):
             assert calls == [] and len(ca._local._idle) == 1 and ca._local._idle[0] is not conn
 
 
-def test_ctrl_c_while_waiting_cancels_the_transfer(slow):
+def test_ctrl_c_while_waiting_cancels_the_transfer(slow, sigint):
     """SIGINT while write() waits for the daemon's answer: KeyboardInterrupt, the connection is
     closed (the daemon cancels the transfer), and the next transfer takes a new one."""
     a, b = slow
