@@ -191,3 +191,36 @@ def test_a_lane_sends_vllm_indices_as_outer_sums_found_natively(daemons, monkeyp
     finally:
         A.close()
         B.close()
+
+
+def test_an_agent_says_once_when_the_c_pass_is_off(daemons, monkeypatch, caplog):
+    """Without the C pass (here: turned off) the first agent made says so at INFO, naming why; the
+    next agents say nothing more; with it, nothing is said."""
+    import logging
+
+    from tcpxd.nixl import _agent
+
+    from test_nixl_transfers import pair
+
+    a, b = daemons
+    monkeypatch.setattr(_agent, "_told_no_native", False)
+    with caplog.at_level(logging.INFO, logger="tcpxd.nixl"):
+        A, B = pair(a, b)  # the C pass on: nothing said
+        A.close()
+        B.close()
+        assert not [r for r in caplog.records if "C pass" in r.getMessage()]
+        monkeypatch.setenv("TCPXD_NATIVE", "0")
+        monkeypatch.setattr(_indices.Outer, "__init__", _off(_indices.Outer.__init__))
+        A, B = pair(a, b)
+        A.close()
+        B.close()
+    said = [r.getMessage() for r in caplog.records if "C pass" in r.getMessage()]
+    assert len(said) == 1 and "turned off by TCPXD_NATIVE=0" in said[0]
+
+
+def _off(init: Any) -> Any:
+    def off(self: Any) -> None:
+        init(self)
+        self.native = False
+
+    return off

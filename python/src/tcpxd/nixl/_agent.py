@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import os
 import pickle
 import threading
 from enum import Enum
@@ -33,6 +34,19 @@ from ._regions import RegionTable
 from ._xfer import Xfer, mailbox_entry, mailbox_write, nixlXferTelemetry
 
 log = logging.getLogger("tcpxd.nixl")
+
+_told_no_native = False
+
+
+def _say_no_native() -> None:
+    """Says once a process that the C pass is not in use (vLLM's requests then cost more Python
+    time: docs/NIXL.md), and why."""
+    global _told_no_native
+    if not _told_no_native:
+        _told_no_native = True
+        why = ("turned off by TCPXD_NATIVE=0" if os.environ.get("TCPXD_NATIVE") == "0" else
+               "not built: install the package where a C compiler and Python's headers are present")
+        log.info("tcpxd.nixl: the C pass tcpxd._native is %s; index arrays go through numpy and the index ring", why)
 
 #: The agent name prep_xfer_dlist takes for the local side.
 NIXL_INIT_AGENT = "NIXL_INIT_AGENT"
@@ -215,6 +229,8 @@ class nixl_agent:  # noqa: N801
             self._no_windows = "prepared_index_windows" not in self._node.features
             self._outer_ok = "prepared_outer_indices" in self._node.features
             self._outer_native = self._outer_ok and self._outer.native
+            if self._outer_ok and not self._outer.native:
+                _say_no_native()
             self._mailbox = self._client.register_host(MAILBOX_BYTES)
             self._memory = LocalMemory(self._client)
             self._inbox = Inbox(self._client, agent_name)
