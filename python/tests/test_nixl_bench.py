@@ -30,3 +30,4 @@ def test_the_bench_reads_vllm_pattern_by_prepared_requests(tmp_path: Path, where
     assert got["path"] == "prepared" and got["parts"] == 1
     assert got["descriptors"] == 2 * 2 * 16 and got["bytes"] == 64 * 4096
     assert got["python_us"] > 0 and got["python_us_small"] > 0 and got["switches"] >= 0
+    assert got["make_after_us"] > 0 and got["make_again_us"] > 0 and "made again at once" in run.stdout

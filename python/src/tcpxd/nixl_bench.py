@@ -196,6 +196,21 @@ def request(d: Side, remote: Any, local_ids: np.ndarray, remote_ids: np.ndarray,
             "ring": 0 if plan.prepared is None else plan.prepared.windowed}
 
 
+def remake(d: Side, remote: Any, local_ids: np.ndarray, remote_ids: np.ndarray, notif: bytes) -> Tuple[float, float]:
+    """A request, then make_prepped_xfer of its arrays again, twice (each released unposted): the
+    seconds the first took, right after the request (the caches as the request left them), and
+    the second (the same calls at once: warm)."""
+    request(d, remote, local_ids, remote_ids, notif)
+    lids, rids = d.desc_ids(local_ids), d.desc_ids(remote_ids)
+    took = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        h = d.agent.make_prepped_xfer("READ", d.local, lids, remote, rids, notif_msg=notif)
+        took.append(time.perf_counter() - t0)
+        d.agent.release_xfer_handle(h)
+    return took[0], took[1]
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tcpxd.nixl_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--endpoint", help="the decode side's daemon (default: start two daemons)")
@@ -277,6 +292,9 @@ def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Opti
                 if not np.array_equal(got, want):
                     raise SystemExit(f"region {r}: the blocks read differ from the prefill side's")
     small = [request(decode, remote, ids()[:1], ids()[:1], f"small-{i}:1".encode()) for i in range(max(3, a.requests))]
+    # Apart from the timed requests (it would warm the next one): make_prepped_xfer of a request's
+    # arrays again right after the request finished, then once more at once, both released unposted.
+    remakes = [remake(decode, remote, ids(), ids(), f"remake-{i}:1".encode()) for i in range(max(3, a.requests // 3))]
     # All the requests in flight at once (as a decode step posts every ready request, then polls).
     t0 = time.perf_counter()
     hs = [decode.agent.make_prepped_xfer("READ", decode.local, decode.desc_ids(ids()), remote, decode.desc_ids(ids()),
@@ -350,6 +368,9 @@ def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Opti
 
     print(f"          in those calls, per {descs}-descriptor request: {usage(rows)}")
     print(f"          per {regions}-descriptor request: {usage(small)}")
+    after, again = med([r[0] for r in remakes]) * 1e6, med([r[1] for r in remakes]) * 1e6
+    print(f"          make_prepped_xfer alone, {descs} descriptors: {after:.0f} us right after a request, {again:.0f} us "
+          f"made again at once (same calls, same arrays: the difference is the cache state the request left)")
     if a.json:
         with open(a.json, "a") as f:
             f.write(json.dumps({"layers": a.layers, "blocks": a.blocks, "block_kib": a.block_kib, "req_blocks": a.req_blocks,
@@ -357,6 +378,7 @@ def run(a: argparse.Namespace, block_len: int, dcuda: Optional[int], pcuda: Opti
                                 "nixl_gbps": nixl_gbps, "contiguous_gbps": base_gbps, "ratio": ratio,
                                 "inflight_nixl_gbps": many_gbps, "inflight_contiguous_gbps": base_many_gbps,
                                 "python_us": over, "python_us_small": over_small, "prep_ms": prep_s * 1e3,
+                                "make_after_us": after, "make_again_us": again,
                                 "python_cpu_us": med([r["cpu"] for r in rows]) * 1e6,
                                 "python_cpu_us_small": med([r["cpu"] for r in small]) * 1e6,
                                 "switches": med([r["switches"] for r in rows]), "switches_small": med([r["switches"] for r in small]),
