@@ -8,15 +8,7 @@ resolves `from nixl._api import nixl_agent` here, for stacks that import NIXL by
 supported, and how it differs from NIXL: docs/NIXL.md.
 """
 
-from ._agent import (
-    DEFAULT_COMM_PORT,
-    NIXL_INIT_AGENT,
-    nixl_agent,
-    nixl_agent_config,
-    nixl_prepped_dlist_handle,
-    nixl_thread_sync_t,
-    nixl_xfer_handle,
-)
+from ._agent import nixl_agent
 from ._descs import RegDList as nixlRegDList
 from ._descs import XferDList as nixlXferDList
 from ._errors import (
@@ -32,6 +24,14 @@ from ._errors import (
     nixlRemoteDisconnectError,
     nixlRepostActiveError,
     nixlUnknownError,
+)
+from ._handles import (
+    DEFAULT_COMM_PORT,
+    NIXL_INIT_AGENT,
+    nixl_agent_config,
+    nixl_prepped_dlist_handle,
+    nixl_thread_sync_t,
+    nixl_xfer_handle,
 )
 from ._memory import host_array
 from ._xfer import nixlXferTelemetry

@@ -8,7 +8,6 @@ import logging
 import os
 import pickle
 import threading
-from enum import Enum
 from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
@@ -26,6 +25,15 @@ from ._errors import (
     nixlNotFoundError,
     nixlNotPostedError,
     nixlNotSupportedError,
+)
+from ._handles import (
+    DEFAULT_COMM_PORT,
+    NIXL_INIT_AGENT,
+    PLUGIN,
+    STORAGE_PLUGINS,
+    nixl_agent_config,
+    nixl_prepped_dlist_handle,
+    nixl_xfer_handle,
 )
 from ._memory import LocalMemory
 from ._metadata import AgentMetadata
@@ -48,119 +56,7 @@ def _say_no_native() -> None:
                "not built: install the package where a C compiler and Python's headers are present")
         log.info("tcpxd.nixl: the C pass tcpxd._native is %s; index arrays go through numpy and the index ring", why)
 
-#: The agent name prep_xfer_dlist takes for the local side.
-NIXL_INIT_AGENT = "NIXL_INIT_AGENT"
-#: NIXL's default port for the metadata listener.
-DEFAULT_COMM_PORT = 8888
-#: What get_plugin_list() reports besides the backends a config names: this module.
-PLUGIN = "TCPXD"
-#: NIXL's storage plugins: not backends tcpxd stands in for (a config naming them skips them, as
-#: NIXL skips a plugin it does not have).
-STORAGE_PLUGINS = frozenset({"GDS", "GDS_MT", "POSIX", "OBJ", "HF3FS", "GUSLI", "AZURE_BLOB", "GPUNETIO"})
-
 AgentName = Union[str, bytes]
-
-
-class nixl_thread_sync_t(Enum):  # noqa: N801 - NIXL's name
-    """Accepted for compatibility: a tcpxd.nixl agent is always thread-safe."""
-
-    NIXL_THREAD_SYNC_NONE = 0
-    NIXL_THREAD_SYNC_STRICT = 1
-    NIXL_THREAD_SYNC_RW = 2
-    NIXL_THREAD_SYNC_DEFAULT = 3
-
-
-class nixl_agent_config:  # noqa: N801
-    """NIXL's agent configuration, plus tcpxd's own keywords: `endpoint` (the daemon: default
-    $TCPXD_ENDPOINT, else unix:/run/tcpxd/tcpxd.sock) and `timeout_s` (each transfer's deadline,
-    default the daemon's transfer.default_timeout_s). enable_prog_thread and num_threads mean
-    nothing here (the daemon progresses transfers); backends name the NIXL backends this agent
-    stands in for (reported by get_plugin_list)."""
-
-    def __init__(
-        self,
-        enable_prog_thread: bool = True,
-        enable_listen_thread: bool = False,
-        listen_port: int = DEFAULT_COMM_PORT,
-        capture_telemetry: bool = False,
-        num_threads: int = 0,
-        backends: Optional[List[str]] = None,
-        sync_mode: Optional[nixl_thread_sync_t] = None,
-        *,
-        endpoint: Optional[str] = None,
-        timeout_s: Optional[float] = None,
-    ):
-        if sync_mode is not None and not isinstance(sync_mode, nixl_thread_sync_t):
-            raise TypeError(f"sync_mode must be a nixl_thread_sync_t (got {type(sync_mode).__name__!r})")
-        if timeout_s is not None and not timeout_s > 0:
-            raise nixlInvalidParamError(f"timeout_s: {timeout_s!r} is not a positive number of seconds")
-        self.backends = list(backends) if backends is not None else ["UCX"]
-        self.enable_pthread = enable_prog_thread
-        self.enable_listen = enable_listen_thread
-        self.port = listen_port
-        self.capture_telemetry = capture_telemetry
-        self.num_threads = num_threads
-        self.sync_mode = sync_mode
-        self.endpoint = endpoint
-        self.timeout_s = timeout_s
-
-
-class nixl_prepped_dlist_handle:  # noqa: N801
-    """A prepared descriptor list (prep_xfer_dlist). It holds the list (`_prepped`, None once
-    released) and the lanes of the prepared path from it (`_lanes`, _plan.Lane by (operation,
-    remote handle, skip_desc_merge): `nixl_agent._lane`)."""
-
-    __slots__ = ("_handle", "_agent", "_released", "_prepped", "_lanes")
-
-    def __init__(self, agent: "nixl_agent", value: int, prepped: _plan.Prepped):
-        self._handle = int(value)
-        self._agent = agent
-        self._released = False
-        self._prepped: Optional[_plan.Prepped] = prepped
-        self._lanes: Dict[Any, _plan.Lane] = {}
-
-    def __repr__(self) -> str:
-        return f"nixl_prepped_dlist_handle(0x{self._handle:x}, released={self._released})"
-
-    def release(self) -> None:
-        if not self._released:
-            prepped, self._prepped = self._prepped, None
-            self._released = True
-            self._lanes.clear()
-            if prepped is not None:
-                self._agent._unprepare(prepped)
-
-
-class nixl_xfer_handle:  # noqa: N801
-    """A transfer request (make_prepped_xfer, initialize_xfer): post it with transfer(), poll it
-    with check_xfer_state(). `error` says why it ended in "ERR" (tcpxd's addition)."""
-
-    __slots__ = ("_handle", "_agent", "_released", "_xfer")
-
-    def __init__(self, agent: "nixl_agent", value: int, xfer: Xfer):
-        self._handle = int(value)
-        self._agent = agent
-        self._released = False
-        self._xfer = xfer
-
-    def __repr__(self) -> str:
-        return f"nixl_xfer_handle(0x{self._handle:x}, released={self._released})"
-
-    @property
-    def error(self) -> Optional[BaseException]:
-        return self._xfer.error
-
-    def release(self) -> None:
-        if not self._released:
-            self._xfer.release()
-            self._released = True
-
-    def __del__(self) -> None:
-        if not self._released:
-            try:
-                self.release()
-            except Exception:  # noqa: BLE001 - best effort, as NIXL's
-                pass
 
 
 def _name(agent: AgentName, what: str) -> str:
