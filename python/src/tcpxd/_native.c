@@ -6,8 +6,8 @@
  * columns, a few KiB) instead of its 4 bytes an index, once it knows the array has that form,
  * every index in range. numpy needs a subtraction into a scratch array, a comparison and a scan
  * to know it (three passes, two of them writing); `outer` below reads the array once and writes
- * only the B columns. The Python fallback (tcpxd.nixl._plan.Outer) gives the same answers; the
- * tests run both.
+ * only the B columns, and `outer_pair` does both sides of a request in one call. The Python
+ * fallback (tcpxd.nixl._indices.Outer) gives the same answers; the tests run both.
  *
  * Built as an optional extension (python/setup.py): where it cannot be compiled the package
  * works as before, and TCPXD_NATIVE=0 turns it off at run time.
@@ -52,10 +52,13 @@ TCPXD_CLONES static void cols_span(const uint64_t *a, size_t b, uint64_t *top, u
 }
 
 /* a[0..b) + s as little-endian u32s (x86_64 and every target CPython's wheels cover are
- * little-endian; a big-endian build refuses in `outer`). */
-TCPXD_CLONES static void cols_pack(const uint64_t *a, size_t b, uint64_t s, uint32_t *out) {
-    for (size_t j = 0; j < b; j++)
-        out[j] = (uint32_t)(a[j] + s);
+ * little-endian; a big-endian build refuses in `outer`), at `out`, which need not be aligned
+ * (the columns follow a message's varints): each stored by memcpy. */
+TCPXD_CLONES static void cols_pack(const uint64_t *a, size_t b, uint64_t s, unsigned char *out) {
+    for (size_t j = 0; j < b; j++) {
+        uint32_t v = (uint32_t)(a[j] + s);
+        memcpy(out + 4 * j, &v, 4);
+    }
 }
 
 /* Whether a buffer's struct format is a native or little-endian 8-byte integer (numpy int64 /
@@ -128,7 +131,7 @@ static PyObject *message(const uint64_t *a, size_t m, Py_ssize_t rows, int64_t k
     }
     *p++ = 0x12;
     p = put_varint(p, cl);
-    cols_pack(a, b, (uint64_t)s, (uint32_t *)p);
+    cols_pack(a, b, (uint64_t)s, (unsigned char *)p);
     return out;
 }
 
