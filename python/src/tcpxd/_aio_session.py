@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Optional, cast
 
 import grpc
 import grpc.aio
@@ -16,7 +16,8 @@ from . import _blocks, _hostmem, _local, _ops, _proto
 from ._aio_handles import AsyncBuffer, AsyncPreparedList
 from ._aio_local import _AsyncConnection, send_with_fd
 from ._local import local_end, too_large
-from ._ops import BufferLike, ReadOp, RemoteLike, TransferResult, WriteOp, settle
+from ._requests import SessionRequests
+from ._ops import TransferResult, settle
 from .errors import TcpxdError, Unavailable, from_rpc_error, from_status
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
         tag: int
 
 
-class AsyncSession:
+class AsyncSession(SessionRequests["asyncio.Future[TransferResult]"]):
     """Many transfers in flight on one stream: each submit returns an asyncio.Future resolved when
     that transfer finishes. `async with client.session() as s: r = await s.write(...)`.
 
@@ -95,61 +96,6 @@ class AsyncSession:
             mem.done_sending()
             raise
         return AsyncBuffer(self._client, await fut, keepalive=host, host=host)
-
-    def write(
-        self,
-        local: BufferLike,
-        remote: RemoteLike,
-        length: Optional[int] = None,
-        *,
-        local_offset: int = 0,
-        remote_offset: int = 0,
-        notification: bytes = b"",
-        ready_event: Any = None,
-        timeout: Optional[float] = None,
-    ) -> "asyncio.Future[TransferResult]":
-        op = WriteOp(local, remote, length, local_offset, remote_offset)
-        return self._submit(write=_ops.write_request(op, notification, ready_event, timeout, False))
-
-    def read(
-        self,
-        remote: RemoteLike,
-        local: BufferLike,
-        length: Optional[int] = None,
-        *,
-        remote_offset: int = 0,
-        local_offset: int = 0,
-        timeout: Optional[float] = None,
-    ) -> "asyncio.Future[TransferResult]":
-        op = ReadOp(remote, local, length, remote_offset, local_offset)
-        return self._submit(read=_ops.read_request(op, timeout, False))
-
-    def write_batch(
-        self, ops: Sequence[WriteOp], *, notification: bytes = b"", ready_event: Any = None, timeout: Optional[float] = None
-    ) -> "asyncio.Future[TransferResult]":
-        return self._submit(write_batch=_ops.write_batch_request(ops, notification, ready_event, timeout, False))
-
-    def read_batch(self, ops: Sequence[ReadOp], *, timeout: Optional[float] = None) -> "asyncio.Future[TransferResult]":
-        return self._submit(read_batch=_ops.read_batch_request(ops, timeout, False))
-
-    def write_blocks(
-        self,
-        local_list: Any,
-        local_idx: Any,
-        remote: Any,
-        remote_idx: Any,
-        *,
-        notification: bytes = b"",
-        ready_event: Any = None,
-        timeout: Optional[float] = None,
-    ) -> "asyncio.Future[TransferResult]":
-        req = _blocks.write_request(local_list, local_idx, remote, remote_idx, notification, ready_event, timeout, False)
-        return self._submit(write_blocks=req)
-
-    def read_blocks(
-        self, local_list: Any, local_idx: Any, remote: Any, remote_idx: Any, *, timeout: Optional[float] = None
-    ) -> "asyncio.Future[TransferResult]":
-        return self._submit(read_blocks=_blocks.read_request(local_list, local_idx, remote, remote_idx, timeout, False))
 
     async def prepare_blocks(self, lists: Any, entries: Any) -> AsyncPreparedList:
         """As tcpxd.Session.prepare_blocks: the list goes with the session."""

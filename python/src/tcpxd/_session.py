@@ -28,7 +28,8 @@ from grpc._cython import cygrpc  # type: ignore[attr-defined]
 from . import _blocks, _hostmem, _local, _ops, _proto
 from ._handles import Buffer, PreparedList
 from ._local import local_end, too_large
-from ._ops import BufferLike, ReadOp, RemoteLike, TransferResult, WriteOp, settle
+from ._requests import SessionRequests
+from ._ops import TransferResult, settle
 from .errors import Cancelled, FailedPrecondition, ResourceExhausted, TcpxdError, Unavailable, from_rpc_error, from_status
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ _FRAME_ONE = 32768
 SESSION_SNDBUF = 4 << 20
 
 
-class Session:
+class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
     """Many transfers in flight on one stream: each submit returns a concurrent.futures.Future
     resolved when that transfer finishes, in completion order. `close()` (or leaving the `with`
     block) waits for the unfinished ones; leaving it by an exception cancels them.
@@ -328,63 +329,6 @@ class Session:
                     _local.send_with_fd(self._conn.sock, frame, fd)  # type: ignore[union-attr]
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
-
-    def write(
-        self,
-        local: BufferLike,
-        remote: RemoteLike,
-        length: Optional[int] = None,
-        *,
-        local_offset: int = 0,
-        remote_offset: int = 0,
-        notification: bytes = b"",
-        ready_event: Any = None,
-        timeout: Optional[float] = None,
-    ) -> "concurrent.futures.Future[TransferResult]":
-        op = WriteOp(local, remote, length, local_offset, remote_offset)
-        return self._submit(write=_ops.write_request(op, notification, ready_event, timeout, False))
-
-    def read(
-        self,
-        remote: RemoteLike,
-        local: BufferLike,
-        length: Optional[int] = None,
-        *,
-        remote_offset: int = 0,
-        local_offset: int = 0,
-        timeout: Optional[float] = None,
-    ) -> "concurrent.futures.Future[TransferResult]":
-        op = ReadOp(remote, local, length, remote_offset, local_offset)
-        return self._submit(read=_ops.read_request(op, timeout, False))
-
-    def write_batch(
-        self, ops: Sequence[WriteOp], *, notification: bytes = b"", ready_event: Any = None, timeout: Optional[float] = None
-    ) -> "concurrent.futures.Future[TransferResult]":
-        return self._submit(write_batch=_ops.write_batch_request(ops, notification, ready_event, timeout, False))
-
-    def read_batch(self, ops: Sequence[ReadOp], *, timeout: Optional[float] = None) -> "concurrent.futures.Future[TransferResult]":
-        return self._submit(read_batch=_ops.read_batch_request(ops, timeout, False))
-
-    def write_blocks(
-        self,
-        local_list: Any,
-        local_idx: Any,
-        remote: Any,
-        remote_idx: Any,
-        *,
-        notification: bytes = b"",
-        ready_event: Any = None,
-        timeout: Optional[float] = None,
-    ) -> "concurrent.futures.Future[TransferResult]":
-        """As Client.write_blocks, in this session."""
-        req = _blocks.write_request(local_list, local_idx, remote, remote_idx, notification, ready_event, timeout, False)
-        return self._submit(write_blocks=req)
-
-    def read_blocks(
-        self, local_list: Any, local_idx: Any, remote: Any, remote_idx: Any, *, timeout: Optional[float] = None
-    ) -> "concurrent.futures.Future[TransferResult]":
-        """As Client.read_blocks, in this session."""
-        return self._submit(read_blocks=_blocks.read_request(local_list, local_idx, remote, remote_idx, timeout, False))
 
     def prepare_blocks(self, lists: Any, entries: Any) -> PreparedList:
         """As Client.prepare_blocks, on this session: the list goes with the session. Waits for
