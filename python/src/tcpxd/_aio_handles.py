@@ -140,27 +140,8 @@ class AsyncSubscription:
         self.close()
 
 
-class AsyncBlockList:
+class AsyncBlockList(_blocks.ListState):
     """As tcpxd.BlockList, for the asyncio client: `async with` releases it."""
-
-    def __init__(self, client: "AsyncClient", msg: Any):
-        self._client = client
-        self._update(msg)
-        self.released = False
-
-    def _update(self, msg: Any) -> None:
-        f = _blocks.ListFields.of(msg)
-        self.id: int = f.id
-        self.buffer_id: int = f.buffer_id
-        self.token: str = f.token
-        self.count: int = f.count
-        self.block_length: int = f.block_length
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __repr__(self) -> str:
-        return f"AsyncBlockList(id={self.id}, buffer_id={self.buffer_id}, count={self.count}, block_length={self.block_length})"
 
     async def refresh(self) -> str:
         msg = await self._client._unary("DescribeBlocks", _proto.message("DescribeBlocksRequest")(list_id=self.id))

@@ -238,6 +238,32 @@ def prepared_indices(idx: Any, field: str) -> bytes:
     return a.astype("<u4").tobytes()
 
 
+class ListState:
+    """What the daemon said of a block list, shared by the sync and asyncio lists: `id`,
+    `buffer_id`, `token`, `count` (also `len()`) and `block_length` (`ListFields`), taken again
+    from a fresh tcpxd.v1.BlockList by `_update` (a refresh)."""
+
+    def __init__(self, client: Any, msg: Any):
+        self._client = client
+        self._update(msg)
+        self.released = False
+
+    def _update(self, msg: Any) -> None:
+        f = ListFields.of(msg)
+        self.id: int = f.id
+        self.buffer_id: int = f.buffer_id
+        self.token: str = f.token
+        self.count: int = f.count
+        #: Every block's length when they are all equal, else 0.
+        self.block_length: int = f.block_length
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(id={self.id}, buffer_id={self.buffer_id}, count={self.count}, block_length={self.block_length})"
+
+
 class PreparedFields:
     """What the daemon said of a prepared list (tcpxd.v1.PreparedBlocks), shared by the sync and
     asyncio lists: `id`, `entries` (also `len()`), `blocks` (summed over the entries)."""

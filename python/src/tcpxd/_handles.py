@@ -84,31 +84,11 @@ class Buffer(_hostmem.HostView):
         self.release()
 
 
-class BlockList:
+class BlockList(_blocks.ListState):
     """A list of blocks inside a registered buffer (`Client.register_blocks`), moved by index with
     `write_blocks` / `read_blocks`. `token` names it to other nodes (a secret, as a descriptor is).
     `len()` is its block count. A context manager: leaving it releases the list; releasing its
     buffer releases it too."""
-
-    def __init__(self, client: "Client", msg: Any):
-        self._client = client
-        self._update(msg)
-        self.released = False
-
-    def _update(self, msg: Any) -> None:
-        f = _blocks.ListFields.of(msg)
-        self.id: int = f.id
-        self.buffer_id: int = f.buffer_id
-        self.token: str = f.token
-        self.count: int = f.count
-        #: Every block's length when they are all equal, else 0.
-        self.block_length: int = f.block_length
-
-    def __len__(self) -> int:
-        return self.count
-
-    def __repr__(self) -> str:
-        return f"BlockList(id={self.id}, buffer_id={self.buffer_id}, count={self.count}, block_length={self.block_length})"
 
     def refresh(self) -> str:
         """Asks the daemon for the list's token again (after its buffer was re-keyed); returns it."""
