@@ -159,10 +159,12 @@ def test_vllm_requests_move_the_named_blocks_by_outer_sums(daemons, monkeypatch)
         remote = A.prep_xfer_dlist("xf-B", [d for r in bblocks for d in r], "DRAM")
         sent = []
         session = A._session_now()
-        submit, submit_frame = session._submit_encoded, session._submit_frame
+        submit, submit_frame, submit_joined = session._submit_encoded, session._submit_frame, session._submit_joined
         monkeypatch.setattr(session, "_submit_encoded", lambda f, bodies, sinks: (sent.append((f, bodies)), submit(f, bodies, sinks))[1])
-        # (requests on a lane, both sides outer sums, go as one frame)
+        # (requests on a lane go as one frame; with both sides outer sums, joined in C)
         monkeypatch.setattr(session, "_submit_frame", lambda f, body, sink: (sent.append((f, [[body]])), submit_frame(f, body, sink))[1])
+        monkeypatch.setattr(session, "_submit_joined",
+                            lambda f, key, pieces, sink: (sent.append((f, [list(pieces)])), submit_joined(f, key, pieces, sink))[1])
         for op, remote_form in (("READ", True), ("WRITE", True), ("READ", False)):
             src, dst = (bmem, amem) if op == "READ" else (amem, bmem)
             for m in src:

@@ -12,7 +12,7 @@ from typing import Any, List
 import numpy as np
 import pytest
 
-from tcpxd import _proto
+from tcpxd import _proto, _session
 from tcpxd.errors import TcpxdError
 from tcpxd.nixl import _indices, _plan, nixlInvalidParamError, nixlNotFoundError, nixlRepostActiveError
 from tcpxd.nixl._xfer import Xfer
@@ -50,6 +50,13 @@ def _counting(monkeypatch, agent) -> List[str]:
     enc, frame = s._submit_encoded, s._submit_frame
     monkeypatch.setattr(s, "_submit_encoded", lambda f, b, k: (seen.append("encoded"), enc(f, b, k))[1])
     monkeypatch.setattr(s, "_submit_frame", lambda f, b, k: (seen.append("frame"), frame(f, b, k))[1])
+
+    def joined(f: str, key: bytes, pieces: Any, k: Any) -> None:  # one frame too, of pieces
+        if s._conn is not None and _session._frame is not None:  # (else through _submit_frame, counted there)
+            seen.append("frame")
+        type(s)._submit_joined(s, f, key, pieces, k)
+
+    monkeypatch.setattr(s, "_submit_joined", joined)
     return seen
 
 
@@ -225,6 +232,9 @@ class _NoAnswer:
         sink.tag = len(self.sent) + 1
         self.sent.append((field, body))
 
+    def _submit_joined(self, field: str, key: bytes, pieces: Any, sink: Any) -> None:
+        self._submit_frame(field, b"".join(pieces), sink)
+
     def cancel(self, part: Any) -> None:
         self.cancelled.append(part.tag)
 
@@ -256,14 +266,27 @@ def test_post_one_keeps_the_handle_rules():
     with pytest.raises(TcpxdError):
         y.post_one(Closed(), "read_prepared", b"body", lambda: freed.append(2))
     assert y.state == "ERR" and freed == [1]  # nothing was sent: `answered` not called
+    z = Xfer(pr, "peer", b"", timed=True)  # a body in pieces, with its field's key: joined
+    assert z.post_one(s, "read_prepared", (b"bo", b"", b"dy"), None, b"\x42") == "PROC"
+    assert s.sent[-1] == ("read_prepared", b"body") and z.telemetry.startTime > 0
 
 
+@pytest.mark.parametrize("how", ["frame", "joined"])
 @pytest.mark.parametrize("path", ["local", "grpc"])
-def test_submit_frame_lands_byte_exact_and_fails_like_submit_encoded(peered, path):
-    """Session._submit_frame: a WRITE with its notification lands byte exact (on the local
-    session as one frame; over gRPC, and for a body past 4 KiB, the general way); after the
-    session ended the sink gets its end; a closed session refuses it."""
+def test_submit_frame_lands_byte_exact_and_fails_like_submit_encoded(peered, path, how):
+    """Session._submit_frame, and _submit_joined (the body as pieces, framed by the C pass where
+    it is built): a WRITE with its notification lands byte exact (on the local session as one
+    frame; over gRPC, and for a body past 32 KiB, the general way); after the session ended the
+    sink gets its end; a closed session refuses it."""
     import tcpxd
+    from tcpxd._session import _field_key
+
+    def submit(s: Any, body: bytes, sink: Any) -> None:
+        if how == "frame":
+            s._submit_frame("write", body, sink)
+        else:
+            third = len(body) // 3
+            s._submit_joined("write", _field_key("write"), (body[:third], body[third:2 * third], body[2 * third:]), sink)
 
     a, b = peered
     kw = {} if path == "local" else {"local": False}
@@ -271,13 +294,13 @@ def test_submit_frame_lands_byte_exact_and_fails_like_submit_encoded(peered, pat
         with ca.register_host(1 << 16) as src, cb.register_host(1 << 16) as dst, cb.subscribe() as sub:
             src.fill(seed=13)
             s = ca.session()
-            for i, note in enumerate((b"small", b"n" * 5000)):
+            for i, note in enumerate((b"small", b"n" * 5000, b"m" * 40000)):
                 entry = _proto.message("WriteEntry")(local_buffer_id=src.id, local_offset=i * 4096, remote_descriptor=dst.descriptor,
                                                      remote_offset=(3 - i) * 4096, length=4096).SerializeToString()
                 W = _proto.message("WriteRequest")
                 body = W(entry=_proto.message("WriteEntry").FromString(entry), notification=note).SerializeToString()
                 sink = _Sink()
-                s._submit_frame("write", body, sink)
+                submit(s, body, sink)
                 assert sink.wait() == "ok" and sink.tag > 0
                 assert sub.next(timeout=30).payload == note
                 assert dst.read_bytes((3 - i) * 4096, 4096) == src.read_bytes(i * 4096, 4096)
@@ -286,11 +309,11 @@ def test_submit_frame_lands_byte_exact_and_fails_like_submit_encoded(peered, pat
                 while s._ended is None:
                     time.sleep(0.01)
                 ended = _Sink()
-                s._submit_frame("write", body, ended)
+                submit(s, body, ended)
                 assert ended.wait().startswith("error: ") and not s._pending
             s.close()
             with pytest.raises(TcpxdError, match="the session is closed"):
-                s._submit_frame("write", body, _Sink())
+                submit(s, body, _Sink())
 
 
 @pytest.mark.parametrize("op", ["READ", "WRITE"])

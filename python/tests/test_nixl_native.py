@@ -106,28 +106,63 @@ def test_the_native_pass_takes_only_contiguous_8_byte_integers():
         native.outer(ids, "8", 512)
 
 
-def test_the_native_pair_is_both_sides_or_none():
-    """outer_pair: both sides' messages, as outer gives them, only when both are of the form
-    (with their own rows and counts) and of one length."""
+def test_the_native_fields_are_both_sides_or_none():
+    """outer_fields: both sides' messages, as outer gives them, as the request's fields 8 and 9,
+    only when both are of the form (with their own rows and counts) and of one length; and
+    split_fields gives the two messages back."""
     li, ri = vllm_ids(8, 64, 32), vllm_ids(4, 128, 64)
-    lo, ro, fields = native.outer_pair(li, ri, 8, 512, 4, 512)
-    assert (lo, ro) == (native.outer(li, 8, 512), native.outer(ri, 4, 512))
+    fields = native.outer_fields(li, ri, 8, 512, 4, 512)
+    lo, ro = native.outer(li, 8, 512), native.outer(ri, 4, 512)
     req = _proto.message("ReadPreparedRequest").FromString(fields)
     assert (req.local_outer.SerializeToString(), req.remote_outer.SerializeToString()) == (lo, ro)
+    assert _indices.split_fields(fields) == (lo, ro)
+    big = vllm_ids(64, 4096, 512)  # lengths past one varint byte (2,048-byte columns)
+    fields = native.outer_fields(big, big, 64, 1 << 18, 64, 1 << 18)
+    assert _indices.split_fields(fields) == (native.outer(big, 64, 1 << 18),) * 2
     off = ri.copy()
     off[100] += 1
-    assert native.outer_pair(li, off, 8, 512, 4, 512) is None and native.outer_pair(off, li, 4, 512, 8, 512) is None
-    assert native.outer_pair(li, ri, 8, int(li.max()), 4, 512) is None  # a side out of range by one
-    assert native.outer_pair(li, ri[:-64], 8, 512, 4, 512) is None  # lengths differ
-    assert native.outer_pair(li, ri.astype(np.int32), 8, 512, 4, 512) is None
+    assert native.outer_fields(li, off, 8, 512, 4, 512) is None and native.outer_fields(off, li, 4, 512, 8, 512) is None
+    assert native.outer_fields(li, ri, 8, int(li.max()), 4, 512) is None  # a side out of range by one
+    assert native.outer_fields(li, ri[:-64], 8, 512, 4, 512) is None  # lengths differ
+    assert native.outer_fields(li, ri.astype(np.int32), 8, 512, 4, 512) is None
+
+
+@pytest.mark.parametrize("tag,note,cuts", [(1, 0, []), (127, 5, [0, 3]), (128, 100, [1]), (300000, 4096, [2, 2, 4000]),
+                                            (1 << 40, 200000, [7])])
+def test_the_native_frame_is_the_session_frame(tag, note, cuts):
+    """frame(tag, key, *pieces): the local session's frame of a SessionRequest holding the
+    pieces joined in the key's field (byte for byte what Session._submit_frame sends), as the
+    protobuf runtime reads it back; anything but an int tag and bytes refused."""
+    from tcpxd import _local
+    from tcpxd._session import _field_key, _varint
+
+    msg = _proto.message("ReadPreparedRequest")(local_prepared_id=3, remote_prepared_id=300, timeout_ms=5,
+                                                notification=bytes(rng.integers(0, 256, note, dtype=np.uint8)))
+    body = msg.SerializeToString()
+    at = [0, *sorted(c % (len(body) + 1) for c in cuts), len(body)]
+    pieces = [body[a:b] for a, b in zip(at, at[1:])]
+    key = _field_key("read_prepared")
+    got = native.frame(tag, key, *pieces)
+    inner = b"\x08" + _varint(tag) + key + _varint(len(body)) + body
+    assert got == _local.HEADER.pack(len(inner)) + inner
+    req = _proto.message("SessionRequest").FromString(got[4:])
+    assert req.tag == tag and req.WhichOneof("op") == "read_prepared" and req.read_prepared == msg
+    with pytest.raises(TypeError):
+        native.frame(tag, key, bytearray(b"x"))
+    with pytest.raises(TypeError):
+        native.frame("1", key)
+    with pytest.raises(OverflowError):
+        native.frame(-1, key)
 
 
 def _ring_frames(monkeypatch, A):
     """Every request A's session frames itself: (field, body)."""
     sent: List[Any] = []
     session = A._session_now()
-    frame = session._submit_frame
+    frame, joined = session._submit_frame, session._submit_joined
     monkeypatch.setattr(session, "_submit_frame", lambda f, body, sink: (sent.append((f, body)), frame(f, body, sink))[1])
+    monkeypatch.setattr(session, "_submit_joined",
+                        lambda f, key, pieces, sink: (sent.append((f, b"".join(pieces))), joined(f, key, pieces, sink))[1])
     return sent
 
 
@@ -135,7 +170,7 @@ def _ring_frames(monkeypatch, A):
 @pytest.mark.parametrize("N,PER", [(64, 16), (512, 320)])
 def test_a_lane_sends_vllm_indices_as_outer_sums_found_natively(daemons, monkeypatch, op, N, PER):
     """vLLM's requests on a lane (OUTER_MIN lowered to these sizes): both sides go as outer sums in
-    one frame (a few hundred bytes; past 1 KiB, sent as two pieces), no ring slot taken, the named
+    one frame (a few hundred bytes or KiB, joined by the C pass), no ring slot taken, the named
     blocks moved (bytes checked); with the native pass off the same requests take the index ring;
     a bad index on the lane is refused by make_prepped_xfer, naming it, and nothing is sent."""
     from test_nixl_transfers import wait

@@ -1,4 +1,5 @@
-/* tcpxd._native: the one pass over a request's index array that numpy cannot do in one.
+/* tcpxd._native: the one pass over a request's index array that numpy cannot do in one, and the
+ * local session's frame built in one step.
  *
  * vLLM's NIXL connector names a request's descriptors as region r's block c, r x K + block[c]
  * for every region r of a prepared list (docs/NIXL.md): an index array of R rows of B whose row
@@ -6,8 +7,13 @@
  * columns, a few KiB) instead of its 4 bytes an index, once it knows the array has that form,
  * every index in range. numpy needs a subtraction into a scratch array, a comparison and a scan
  * to know it (three passes, two of them writing); `outer` below reads the array once and writes
- * only the B columns, and `outer_pair` does both sides of a request in one call. The Python
- * fallback (tcpxd.nixl._indices.Outer) gives the same answers; the tests run both.
+ * only the B columns, and `outer_fields` does both sides of a request in one call, written as the
+ * request's two fields. The Python fallback (tcpxd.nixl._indices.Outer) gives the same answers;
+ * the tests run both.
+ *
+ * `frame` joins a local-session frame (length, tag, request field, pieces) into one bytes object:
+ * the prepared path's request costs one call here instead of a dozen Python statements, which
+ * matter because a serving loop meets them with cold caches (docs/NIXL.md, "Python per request").
  *
  * Built as an optional extension (python/setup.py): where it cannot be compiled the package
  * works as before, and TCPXD_NATIVE=0 turns it off at run time.
@@ -19,7 +25,7 @@
 
 /* The loops below vectorize; where the compiler can build clones for wider vectors and the
  * loader picks one at run time (GCC on glibc), it does. */
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) && !defined(TCPXD_NO_CLONES)
 #define TCPXD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define TCPXD_CLONES
@@ -114,14 +120,16 @@ static char *put_varint(char *p, size_t v) {
     return p;
 }
 
-/* The side's OuterIndices message: rows 1 (the row bases r k - s as u32s), cols 2 (row 0 + s). */
-static PyObject *message(const uint64_t *a, size_t m, Py_ssize_t rows, int64_t k, int64_t s) {
+/* The size of a side's OuterIndices message (`rows` row bases and m / rows columns, u32s). */
+static size_t message_size(size_t m, Py_ssize_t rows) {
+    size_t rl = 4 * (size_t)rows, cl = 4 * (m / (size_t)rows);
+    return 1 + varint_len(rl) + rl + 1 + varint_len(cl) + cl;
+}
+
+/* The side's OuterIndices message at `p`: rows 1 (the row bases r k - s as u32s), cols 2 (row
+ * 0 + s); returns its end. */
+static char *write_message(char *p, const uint64_t *a, size_t m, Py_ssize_t rows, int64_t k, int64_t s) {
     size_t b = m / (size_t)rows, rl = 4 * (size_t)rows, cl = 4 * b;
-    size_t size = 1 + varint_len(rl) + rl + 1 + varint_len(cl) + cl;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
-    if (out == NULL)
-        return NULL;
-    char *p = PyBytes_AS_STRING(out);
     *p++ = 0x0a;
     p = put_varint(p, rl);
     for (Py_ssize_t r = 0; r < rows; r++) {
@@ -132,7 +140,7 @@ static PyObject *message(const uint64_t *a, size_t m, Py_ssize_t rows, int64_t k
     *p++ = 0x12;
     p = put_varint(p, cl);
     cols_pack(a, b, (uint64_t)s, (unsigned char *)p);
-    return out;
+    return p + cl;
 }
 
 /* `obj` as C-contiguous 8-byte integers in `v` (released by the caller), or 0 (no exception). */
@@ -169,41 +177,32 @@ static PyObject *outer(PyObject *self, PyObject *args) {
         Py_RETURN_NONE;
     const uint64_t *a = (const uint64_t *)v.buf;
     size_t m = (size_t)(v.len / 8);
-    PyObject *result = find(a, m, rows, n, &k, &s) ? message(a, m, rows, k, s) : (Py_INCREF(Py_None), Py_None);
+    PyObject *result;
+    if (find(a, m, rows, n, &k, &s)) {
+        result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)message_size(m, rows));
+        if (result != NULL)
+            write_message(PyBytes_AS_STRING(result), a, m, rows, k, s);
+    } else {
+        result = Py_None;
+        Py_INCREF(result);
+    }
     PyBuffer_Release(&v);
     return result;
 }
 
-/* Both messages as a prepared request's fields local_outer 8 and remote_outer 9. */
-static PyObject *request_fields(PyObject *lo, PyObject *ro) {
-    size_t ll = (size_t)PyBytes_GET_SIZE(lo), rl = (size_t)PyBytes_GET_SIZE(ro);
-    size_t size = 1 + varint_len(ll) + ll + 1 + varint_len(rl) + rl;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
-    if (out == NULL)
-        return NULL;
-    char *p = PyBytes_AS_STRING(out);
-    *p++ = 0x42;
-    p = put_varint(p, ll);
-    memcpy(p, PyBytes_AS_STRING(lo), ll);
-    p += ll;
-    *p++ = 0x4a;
-    p = put_varint(p, rl);
-    memcpy(p, PyBytes_AS_STRING(ro), rl);
-    return out;
-}
+PyDoc_STRVAR(outer_fields_doc,
+"outer_fields(li, ri, lrows, ln, rrows, rn) -> bytes or None\n\n"
+"When `li` and `ri` are of one length and `outer(li, lrows, ln)` and `outer(ri, rrows, rn)` both\n"
+"find the form: both messages as a Write/ReadPreparedRequest's fields local_outer 8 and\n"
+"remote_outer 9 (one bytes object). Else None (the remote side is not looked at when the local\n"
+"one is not of the form).");
 
-PyDoc_STRVAR(outer_pair_doc,
-"outer_pair(li, ri, lrows, ln, rrows, rn) -> (bytes, bytes, bytes) or None\n\n"
-"`outer(li, lrows, ln)` and `outer(ri, rrows, rn)` when both are of the form and of one\n"
-"length, and both as a Write/ReadPreparedRequest's fields local_outer 8 and remote_outer 9;\n"
-"else None (the remote side is not looked at when the local one is not of it).");
-
-static PyObject *outer_pair(PyObject *self, PyObject *args) {
+static PyObject *outer_fields(PyObject *self, PyObject *args) {
     PyObject *lobj, *robj;
     Py_ssize_t lrows, rrows;
     unsigned long long ln, rn;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOnKnK:outer_pair", &lobj, &robj, &lrows, &ln, &rrows, &rn))
+    if (!PyArg_ParseTuple(args, "OOnKnK:outer_fields", &lobj, &robj, &lrows, &ln, &rrows, &rn))
         return NULL;
     Py_buffer lv, rv;
     int64_t lk, ls, rk, rs;
@@ -220,26 +219,84 @@ static PyObject *outer_pair(PyObject *self, PyObject *args) {
         result = Py_None;
         Py_INCREF(result);
     } else {
-        PyObject *lo = message(la, m, lrows, lk, ls), *ro = lo == NULL ? NULL : message(ra, m, rrows, rk, rs);
-        PyObject *fields = ro == NULL ? NULL : request_fields(lo, ro);
-        result = fields == NULL ? NULL : PyTuple_Pack(3, lo, ro, fields);
-        Py_XDECREF(lo);
-        Py_XDECREF(ro);
-        Py_XDECREF(fields);
+        size_t ll = message_size(m, lrows), rl = message_size(m, rrows);
+        result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(1 + varint_len(ll) + ll + 1 + varint_len(rl) + rl));
+        if (result != NULL) {
+            char *p = PyBytes_AS_STRING(result);
+            *p++ = 0x42;
+            p = put_varint(p, ll);
+            p = write_message(p, la, m, lrows, lk, ls);
+            *p++ = 0x4a;
+            p = put_varint(p, rl);
+            write_message(p, ra, m, rrows, rk, rs);
+        }
     }
     PyBuffer_Release(&lv);
     PyBuffer_Release(&rv);
     return result;
 }
 
+PyDoc_STRVAR(frame_doc,
+"frame(tag, key, *pieces) -> bytes\n\n"
+"A local session's frame of one request: the big-endian u32 length of what follows, then the\n"
+"SessionRequest's tag (field 1, the varint `tag`), `key` (the key bytes of the request's\n"
+"length-delimited field), the varint length of the pieces together and the pieces (bytes)\n"
+"in order.");
+
+static PyObject *frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs < 2 || !PyLong_Check(args[0]) || !PyBytes_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "frame(tag: int, key: bytes, *pieces: bytes)");
+        return NULL;
+    }
+    unsigned long long tag = PyLong_AsUnsignedLongLong(args[0]);
+    if (tag == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    size_t body = 0;
+    for (Py_ssize_t i = 2; i < nargs; i++) {
+        if (!PyBytes_Check(args[i])) {
+            PyErr_Format(PyExc_TypeError, "frame: piece %zd is %.100s, not bytes", i - 2, Py_TYPE(args[i])->tp_name);
+            return NULL;
+        }
+        body += (size_t)PyBytes_GET_SIZE(args[i]);
+    }
+    size_t kl = (size_t)PyBytes_GET_SIZE(args[1]);
+    size_t inner = 1 + varint_len((size_t)tag) + kl + varint_len(body) + body;
+    if (inner > 0xffffffffu) {
+        PyErr_SetString(PyExc_OverflowError, "frame: over 4 GiB");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(4 + inner));
+    if (out == NULL)
+        return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    p[0] = (unsigned char)(inner >> 24);
+    p[1] = (unsigned char)(inner >> 16);
+    p[2] = (unsigned char)(inner >> 8);
+    p[3] = (unsigned char)inner;
+    char *q = (char *)p + 4;
+    *q++ = 0x08;
+    q = put_varint(q, (size_t)tag);
+    memcpy(q, PyBytes_AS_STRING(args[1]), kl);
+    q += kl;
+    q = put_varint(q, body);
+    for (Py_ssize_t i = 2; i < nargs; i++) {
+        size_t n = (size_t)PyBytes_GET_SIZE(args[i]);
+        memcpy(q, PyBytes_AS_STRING(args[i]), n);
+        q += n;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"outer", outer, METH_VARARGS, outer_doc},
-    {"outer_pair", outer_pair, METH_VARARGS, outer_pair_doc},
+    {"outer_fields", outer_fields, METH_VARARGS, outer_fields_doc},
+    {"frame", (PyCFunction)(void (*)(void))frame, METH_FASTCALL, frame_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "tcpxd._native", "The NIXL agent's index pass (see outer).", -1, methods,
+    PyModuleDef_HEAD_INIT, "tcpxd._native", "The NIXL agent's index pass (see outer) and the local session's frame.", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -1,11 +1,15 @@
 """Types of tcpxd._native (python/src/tcpxd/_native.c), the optional C pass."""
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 def outer(a: Any, rows: int, n: int, /) -> Optional[bytes]:
     """The OuterIndices message of `a` (C-contiguous 8-byte integers) when it is `rows` rows of
     vLLM's form with every index in [0, n); else None."""
 
-def outer_pair(li: Any, ri: Any, lrows: int, ln: int, rrows: int, rn: int, /) -> Optional[Tuple[bytes, bytes, bytes]]:
-    """(outer(li, lrows, ln), outer(ri, rrows, rn), both as the request's fields local_outer and
-    remote_outer) when both are of the form and of one length; else None."""
+def outer_fields(li: Any, ri: Any, lrows: int, ln: int, rrows: int, rn: int, /) -> Optional[bytes]:
+    """outer(li, lrows, ln) and outer(ri, rrows, rn) as a prepared request's fields local_outer 8
+    and remote_outer 9, when both are of the form and of one length; else None."""
+
+def frame(tag: int, key: bytes, /, *pieces: bytes) -> bytes:
+    """A local session's frame: the big-endian u32 length of the rest, the SessionRequest's tag
+    (field 1), `key`, the pieces' length together as a varint, the pieces."""

@@ -19,7 +19,7 @@ import itertools
 import queue
 import socket
 import threading
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Set, cast
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple, cast
 
 import grpc
 # the segregated call of _OwnStream (grpcio's own layer: private, so types-grpcio has no stub for it)
@@ -28,6 +28,7 @@ from grpc._cython import cygrpc  # type: ignore[attr-defined]
 from . import _blocks, _hostmem, _local, _ops, _proto
 from ._handles import Buffer, PreparedList
 from ._local import local_end, too_large
+from ._native_gate import native as _native
 from ._requests import SessionRequests
 from ._ops import TransferResult, settle
 from .errors import Cancelled, FailedPrecondition, ResourceExhausted, TcpxdError, Unavailable, from_rpc_error, from_status
@@ -44,6 +45,9 @@ _OP = cygrpc.OperationType
 
 
 _SMALL_VARINTS = [bytes([i]) for i in range(128)]
+
+#: A local session frame joined in one C call (`_native.frame`), where the C pass is built.
+_frame = _native.frame if _native is not None else None
 
 
 def _varint(v: int) -> bytes:
@@ -271,6 +275,36 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
                     self._conn.sock.sendall(_local.HEADER.pack(size) + head + body)
                 else:  # (a few KiB of outer sums: the body goes as it is, not copied again)
                     _send_pieces(self._conn.sock, [_local.HEADER.pack(size) + head, body], 4 + size)
+            except OSError:
+                pass  # the connection ended: the reader fails the pending futures
+
+    def _submit_joined(self, field: str, key: bytes, pieces: Tuple[bytes, ...], sink: Any) -> None:
+        """`_submit_frame` of a body given as `pieces` (bytes) whose concatenation it is, `key`
+        its field's key bytes (`_field_key(field)`): on the local session with the C pass built,
+        tag, frame header and pieces joined in one call (`_native.frame`) and sent in one send,
+        the fewest Python lines a request can cost; else as `_submit_frame`."""
+        conn = self._conn
+        if conn is None or _frame is None or self._closed:
+            self._submit_frame(field, b"".join(pieces), sink)
+            return
+        with self._lock:
+            tag = sink.tag = next(self._tags)
+            ended = self._ended
+            if ended is None:
+                self._pending[tag] = sink
+        if ended is not None:
+            sink.set_exception(ended)
+            return
+        frame = _frame(tag, key, *pieces)
+        if len(frame) > _local.MAX_FRAME:
+            with self._lock:
+                self._pending.pop(tag, None)
+            sink.set_exception(ResourceExhausted(
+                f"session request: {len(frame)} bytes is over the local session's {_local.MAX_FRAME}-byte frame limit"))
+            return
+        with self._send_lock:
+            try:
+                conn.sock.sendall(frame)
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
 

@@ -408,21 +408,6 @@ class nixl_agent:  # noqa: N801
         xfer = Xfer(plan, remote, notif if type(notif) is bytes else _bytes(notif, "notif_msg"), self._conf.capture_telemetry)
         return nixl_xfer_handle(self, next(self._ids), xfer)  # (next() on a count is atomic: no lock)
 
-    def _lane(self, operation: Any, local_xfer_side: Any, remote_xfer_side: Any, skip_desc_merge: Any,
-              li: Any, ri: Any) -> Optional[_plan.Prepared]:
-        """The fast path's request for a make_prepped_xfer, when it takes one: on the lane kept
-        on the local handle for (operation, remote handle, skip_desc_merge) (`_keep_lane`), both
-        handles this agent's and live, neither list refused by the daemon since, and the index
-        arrays as `Lane.take` takes them (outer sums found by the native pass, else the index
-        ring). Else None: the general way decides and checks everything, raising what it raises."""
-        try:
-            lane = local_xfer_side._lanes[operation, remote_xfer_side, skip_desc_merge]
-        except (AttributeError, KeyError, TypeError):  # not a handle, no lane yet, not hashable
-            return None
-        if local_xfer_side._agent is not self or remote_xfer_side._released or lane.local.refused or lane.remote.refused:
-            return None
-        return lane.take(li, ri, self._outer_native, not self._no_windows)
-
     def _keep_lane(self, operation: str, local_xfer_side: Any, remote_xfer_side: Any, skip_desc_merge: Any, plan: Any) -> None:
         """Keeps a prepared plan's lane on the local handle for the next requests between these
         handles, when its indices went as outer sums on both sides found by the native pass, or
@@ -445,13 +430,22 @@ class nixl_agent:  # noqa: N801
         (WRITE: local into remote; READ: remote into local), equal lengths pairwise.
 
         Requests between two handles whose first request took the prepared path take its lane
-        (`_lane`: one lookup, both arrays found in vLLM's form by the C pass or checked in one
-        reduction each, no plan worked out again); anything else goes the general way below."""
-        pr = self._lane(operation, local_xfer_side, remote_xfer_side, skip_desc_merge, local_indices, remote_indices)
-        if pr is not None:
-            xfer = Xfer(pr, pr.lane.remote.agent, notif_msg if type(notif_msg) is bytes else _bytes(notif_msg, "notif_msg"),
-                        self._conf.capture_telemetry)
-            return nixl_xfer_handle(self, next(self._ids), xfer)
+        (one lookup, both arrays found in vLLM's form by the C pass or checked in one reduction
+        each, no plan worked out again); anything else goes the general way below."""
+        try:  # the lane kept on the local handle for (operation, remote handle, skip_desc_merge) (`_keep_lane`)
+            lane = local_xfer_side._lanes[operation, remote_xfer_side, skip_desc_merge]
+        except (AttributeError, KeyError, TypeError):  # not a handle, no lane yet, not hashable
+            lane = None
+        # the fast path when both handles are this agent's and live, neither list refused by
+        # the daemon since, and the index arrays as `Lane.take` takes them (outer sums found by
+        # the C pass, else the index ring); else the general way decides, checks and names
+        if (lane is not None and local_xfer_side._agent is self and not remote_xfer_side._released
+                and not lane.local.refused and not lane.remote.refused):
+            pr = lane.take(local_indices, remote_indices, self._outer_native, not self._no_windows)
+            if pr is not None:
+                xfer = Xfer(pr, lane.remote.agent, notif_msg if type(notif_msg) is bytes else _bytes(notif_msg, "notif_msg"),
+                            self._conf.capture_telemetry)
+                return nixl_xfer_handle(self, next(self._ids), xfer)
         op = operation if operation == "READ" or operation == "WRITE" else _op(operation)
         local = self._dlist(local_xfer_side, "local_xfer_side")
         remote = self._dlist(remote_xfer_side, "remote_xfer_side")
@@ -604,16 +598,19 @@ class nixl_agent:  # noqa: N801
             ids = lane.bind(ld, rd)
         else:
             return None
+        fields = pr.fields
+        if fields is not None:  # both sides as outer sums (`Lane.take`): a few KiB, framed in one C call
+            note = xfer.note_field
+            if note is None:
+                note = xfer.note_field = _plan.note_field(lane.note_head, xfer.notif)  # type: ignore[arg-type]
+            try:
+                return xfer.post_one(session, lane.field, (ids, note, lane.tmo, fields), None, lane.key)
+            except TcpxdError as e:
+                raise from_tcpxd(e, "transfer") from None
         framed = xfer.framed
         if framed is None:
             framed = xfer.framed = lane.note_head + xfer.notif if xfer.notif else b""  # type: ignore[operator]
         head = ids + (b"\x2a" + _plan.V(len(framed)) + framed if framed else b"") + lane.tmo  # notification = 5
-        if pr.lo is not None:  # both sides as outer sums (`Lane.take`): a few KiB in the request
-            pr.windowed = 0
-            try:
-                return xfer.post_one(session, lane.field, head + pr.outer_fields(), None)
-            except TcpxdError as e:
-                raise from_tcpxd(e, "transfer") from None
         if len(pr.li) < _indices.WINDOW_MIN:  # few indices: packed into the request
             pr.windowed = 0
             try:

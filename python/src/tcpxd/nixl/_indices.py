@@ -16,26 +16,42 @@ says which form a request takes when).
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .._native_gate import native as _native  # the optional C pass: one read where numpy takes three
 from ._errors import nixlInvalidParamError
 from ._wire import _SMALL_VARINTS, V
 
 if TYPE_CHECKING:
     from ._plan import Prepped
 
-try:  # the optional C extension (python/src/tcpxd/_native.c): one pass where numpy takes three
-    from .. import _native
-except ImportError:  # not built here: numpy does the same work
-    _native = None  # type: ignore[assignment]
-if os.environ.get("TCPXD_NATIVE", "") == "0":
-    _native = None  # type: ignore[assignment]
-#: Both sides' OuterIndices in one call (`_native.outer_pair`), where the C pass is built.
-outer_pair = _native.outer_pair if _native is not None else None
+#: Both sides' OuterIndices as a prepared request's fields local_outer 8 and remote_outer 9, in
+#: one call (`_native.outer_fields`), where the C pass is built.
+outer_fields = _native.outer_fields if _native is not None else None
+
+
+def split_fields(fields: bytes) -> Tuple[bytes, bytes]:
+    """Both sides' OuterIndices messages out of `outer_fields`' bytes (local_outer 8, then
+    remote_outer 9)."""
+    ll, at = _read_varint(fields, 1)
+    lo = fields[at:at + ll]
+    rl, at2 = _read_varint(fields, at + ll + 1)
+    return lo, fields[at2:at2 + rl]
+
+
+def _read_varint(b: bytes, at: int) -> Tuple[int, int]:
+    """The varint at b[at:] and where it ends."""
+    v = shift = 0
+    while True:
+        c = b[at]
+        at += 1
+        v |= (c & 0x7F) << shift
+        if c < 0x80:
+            return v, at
+        shift += 7
 
 
 #: Indices a side must have for the outer form to be looked for (fewer go packed: cheap enough).
@@ -123,7 +139,7 @@ class Outer:
         m, dt, rows = idx.size, idx.dtype, p.rows
         if m < OUTER_MIN or rows < 2 or m % rows or dt.itemsize != 8 or dt.kind not in "iu" or not dt.isnative:
             return None
-        return _native.outer(idx, rows, len(p)) if self.native else self._numpy(idx, rows, len(p))
+        return _native.outer(idx, rows, len(p)) if self.native and _native is not None else self._numpy(idx, rows, len(p))
 
     def _numpy(self, idx: np.ndarray, rows: int, n: int) -> Optional[bytes]:
         """`_native.outer` in numpy (where the extension is not built, or turned off): a

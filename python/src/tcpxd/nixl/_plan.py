@@ -47,13 +47,14 @@ found by the C pass, or through the index ring, or (fewer than WINDOW_MIN indice
 in the request: the lists, the request's constant fields, the prepared ids' fields for the daemon
 ids they were made from, the notification frame's head. The next requests between them are made
 on the lane (`Lane.take`): one dict lookup; both sides found and encoded as the request's fields
-in one C call (`_native.outer_pair`), else both int64 arrays checked in one reduction each
+in one C call (`_native.outer_fields`), else both int64 arrays checked in one reduction each
 (`Lane.fits`; anything else, a bad index included, goes the general way, which names it); one
 `Prepared` (the request, and its own plan), one Xfer and handle. `transfer` reads the agent's
 session and the lists' daemon ids without a lock (PrepareBlocks again only on a new session),
 puts the outer sums in the request or takes a ring slot and packs both sides into it in one call
 (`Windows.put`: no lock, list pop and append), and sends the request (a few KiB, or a few dozen
-bytes with the ring) as one frame in one send (`Session._submit_frame`); no clock is read for
+bytes with the ring) as one frame in one send (`Session._submit_frame`; outer sums' requests are
+joined with their frame header in one C call, `Session._submit_joined`); no clock is read for
 telemetry unless the agent captures it. About 120 Python lines in 20 calls for make + transfer +
 check, where the general way runs about 240 in 45.
 
@@ -69,6 +70,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from .. import _proto
+from .._session import _field_key
 from . import _wire
 from . import _indices
 from ._errors import nixlInvalidParamError, nixlMismatchError
@@ -294,7 +296,7 @@ class Lane:
     handle, skip_desc_merge) once a transfer between them took the index ring (`fits`); the
     outer-sum and packed forms make one per request."""
 
-    __slots__ = ("op", "local", "remote", "merge", "timeout_ms", "tmo", "field", "bound", "note_head", "dims")
+    __slots__ = ("op", "local", "remote", "merge", "timeout_ms", "tmo", "field", "key", "bound", "note_head", "dims")
 
     def __init__(self, op: str, local: Prepped, remote: Prepped, merge: bool, timeout_ms: int, note_head: Optional[bytes] = None) -> None:
         self.op = op
@@ -304,6 +306,8 @@ class Lane:
         self.timeout_ms = timeout_ms
         self.tmo = _timeout(b"\x30", timeout_ms)  # timeout_ms = 6 in both requests
         self.field = _FIELD[(op, "prepared")]
+        #: The field's key bytes in a SessionRequest (`Session._submit_joined`'s `key`).
+        self.key = _field_key(self.field)
         #: Both lists' daemon ids (`Prepped.daemon`: (session, id)) and the prepared ids' fields
         #: made from them (`bind`), one tuple (replaced whole: read without a lock).
         self.bound: Tuple[Tuple[Any, int], Tuple[Any, int], bytes] = (_UNBOUND, _UNBOUND, b"")
@@ -323,7 +327,7 @@ class Lane:
         """The request on this lane for index arrays `li`, `ri`, or None where the general way
         must make it (which checks and names what is wrong). Both 1-D numpy arrays of one length:
         as outer sums where `native` (the daemon takes them and the C pass is built) and both are
-        of vLLM's form, found in one call reading each array once (`_native.outer_pair`: a few
+        of vLLM's form, found in one call reading each array once (`_native.outer_fields`: a few
         KiB sent), else through the index ring where `ring` and they `fit`."""
         if type(li) is not np.ndarray or type(ri) is not np.ndarray or li.size != ri.size:
             return None
@@ -331,11 +335,9 @@ class Lane:
             dims = self.dims
             if dims is None:  # (a list's rows are counted once, on first use)
                 dims = self.dims = (self.local.rows, self.local.count, self.remote.rows, self.remote.count)
-            both = _indices.outer_pair(li, ri, *dims)
-            if both is not None:
-                pr = Prepared(self, li, ri, both[0], both[1])
-                pr.fields = both[2]
-                return pr
+            fields = _indices.outer_fields(li, ri, *dims)  # type: ignore[misc]
+            if fields is not None:
+                return Prepared(self, li, ri, None, None, fields)
         return Prepared(self, li, ri) if ring and self.fits(li, ri) else None
 
     def fits(self, li: Any, ri: Any) -> bool:
@@ -363,7 +365,7 @@ class Prepared:
     given, checked to be in range) and each side's indices as an encoded OuterIndices when they
     have that form."""
 
-    __slots__ = ("lane", "li", "ri", "lo", "ro", "windowed", "fields")
+    __slots__ = ("lane", "li", "ri", "_lo", "_ro", "windowed", "fields")
 
     path = "prepared"
     #: None serialized ahead: the request is built as it is sent, bound to the session's ids.
@@ -372,16 +374,32 @@ class Prepared:
     carries_notification = True
     parts = 1
 
-    def __init__(self, lane: Lane, li: np.ndarray, ri: np.ndarray, lo: Optional[bytes] = None, ro: Optional[bytes] = None) -> None:
+    def __init__(self, lane: Lane, li: np.ndarray, ri: np.ndarray, lo: Optional[bytes] = None, ro: Optional[bytes] = None,
+                 fields: Optional[bytes] = None) -> None:
         self.lane = lane
         self.li = li
         self.ri = ri
-        self.lo = lo
-        self.ro = ro
+        self._lo = lo
+        self._ro = ro
         #: Sides its last request passed through the agent's index ring.
         self.windowed = 0
-        #: Both outer sums as the request's fields, when the C pass made them (`outer_fields`).
-        self.fields: Optional[bytes] = None
+        #: Both outer sums as the request's fields, when the C pass found both (`Lane.take`):
+        #: then `lo` and `ro` are read out of them when asked.
+        self.fields = fields
+
+    @property
+    def lo(self) -> Optional[bytes]:
+        """The local side's OuterIndices message, when it has that form."""
+        if self._lo is None and self.fields is not None:
+            self._lo, self._ro = _indices.split_fields(self.fields)
+        return self._lo
+
+    @property
+    def ro(self) -> Optional[bytes]:
+        """The remote side's OuterIndices message, when it has that form."""
+        if self._ro is None and self.fields is not None:
+            self._lo, self._ro = _indices.split_fields(self.fields)
+        return self._ro
 
     @property
     def prepared(self) -> "Prepared":
@@ -470,6 +488,15 @@ class Prepared:
         return unprepared_plan(op, lane.local, li, lane.remote, ri, lane.merge, lane.timeout_ms)
 
 
+def note_field(note_head: bytes, notif: bytes) -> bytes:
+    """A prepared request's notification field (5): the frame `note_head` + `notif` for the
+    remote agent (`_notify.frame`), or nothing when there is no message."""
+    if not notif:
+        return b""
+    framed = note_head + notif
+    return b"\x2a" + V(len(framed)) + framed
+
+
 def ids_field(lid: int, rid: int) -> bytes:
     """A prepared request's first fields: local_prepared_id 1, remote_prepared_id 3."""
     return b"\x08" + V(lid) + b"\x18" + V(rid)
@@ -520,7 +547,10 @@ def prepared_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: 
     n = len(li)
     if (local if op == "READ" else remote).overlaps or n > MAX_PREPARED:
         return None
-    return Prepared(Lane(op, local, remote, merge, timeout_ms), li, ri, lo, ro)
+    pr = Prepared(Lane(op, local, remote, merge, timeout_ms), li, ri, lo, ro)
+    if lo is not None and ro is not None:  # as `Lane.take` makes them: both sides as the request's fields
+        pr.fields = pr.outer_fields()
+    return pr
 
 
 def block_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarray, timeout_ms: int) -> Optional[Plan]:

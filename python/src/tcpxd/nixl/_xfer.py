@@ -76,6 +76,8 @@ class Xfer:
 
     #: `notif` framed for the remote agent (by the agent, on the first post that sends it).
     framed: Optional[bytes] = None
+    #: The same as a prepared request's notification field (the lane's outer-sum requests).
+    note_field: Optional[bytes] = None
     state = "INIT"
     #: Why it ended in "ERR" (a tcpxd exception naming the daemon's reason).
     error: Optional[BaseException] = None
@@ -87,7 +89,8 @@ class Xfer:
     _followup: Optional[Callable[[Any, Any], None]] = None
     #: Whether it is timed for telemetry (the agent captures it): else no clock is read.
     timed = False
-    #: The last post's start (perf_counter) and, in µs, its start since the epoch, the post's
+    #: The last post's start (perf_counter) and, in µs, its start since the epoch (worked out
+    #: from the wall clock when first asked: no second clock read in the post), the post's
     #: duration and the transfer's (`telemetry`).
     _t0 = 0.0
     _start_us = 0
@@ -109,8 +112,11 @@ class Xfer:
         else None."""
         if not self.timed:
             return None
+        start = self._start_us
+        if not start and self._t0:  # the wall clock now, less the post's age on the monotonic one
+            start = self._start_us = time.time_ns() // 1000 - int((time.perf_counter() - self._t0) * 1e6)
         plan = self.plan
-        return nixlXferTelemetry(self._start_us, self._post_us, self._xfer_us, plan.total_bytes, plan.desc_count)
+        return nixlXferTelemetry(start, self._post_us, self._xfer_us, plan.total_bytes, plan.desc_count)
 
     def _begin(self, session: Any, followup: Optional[Callable[[Any, Any], None]], parts: int,
                answered: Optional[Callable[[], None]]) -> List[_Part]:
@@ -126,16 +132,21 @@ class Xfer:
         self.state, self.error, self._session, self._followup, self._left = "PROC", None, session, followup, parts
         if self.timed:
             self._t0 = time.perf_counter()
-            self._start_us, self._post_us, self._xfer_us = time.time_ns() // 1000, 0, 0
+            self._start_us = self._post_us = self._xfer_us = 0
         return self._parts
 
-    def post_one(self, session: Any, field: str, body: bytes, answered: Optional[Callable[[], None]]) -> str:
+    def post_one(self, session: Any, field: str, body: Any, answered: Optional[Callable[[], None]],
+                 key: Optional[bytes] = None) -> str:
         """`post` of one request serialized whole (the prepared path's, bound to the session, its
-        notification in it), as one frame (`Session._submit_frame`)."""
+        notification in it), as one frame: `body` bytes (`Session._submit_frame`), or a tuple of
+        bytes whose concatenation it is, with its field's `key` (`Session._submit_joined`)."""
         with self._lock:
             part = self._begin(session, None, 1, answered)[0]
         try:
-            session._submit_frame(field, body, part)
+            if key is None:
+                session._submit_frame(field, body, part)
+            else:
+                session._submit_joined(field, key, body, part)
         except TcpxdError as e:  # the session was closed under us: nothing was sent
             self._unsent(part, e)
             raise
