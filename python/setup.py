@@ -1,8 +1,7 @@
-"""The package's one native part, tcpxd._native (src/tcpxd/_native.c and _native_post.c): optional. Where it cannot
+"""The package's one native part, tcpxd._native (src/tcpxd/_native.c): optional. Where it cannot
 be compiled (no C compiler or no Python headers) the install goes on without it and tcpxd.nixl
 uses numpy for the same work; everything else is in pyproject.toml."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("tcpxd._native", ["src/tcpxd/_native.c", "src/tcpxd/_native_post.c"], depends=["src/tcpxd/_native.h"],
-                             optional=True, extra_compile_args=["-O3"])])
+setup(ext_modules=[Extension("tcpxd._native", ["src/tcpxd/_native.c"], optional=True, extra_compile_args=["-O3"])])

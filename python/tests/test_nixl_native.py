@@ -155,61 +155,26 @@ def test_the_native_frame_is_the_session_frame(tag, note, cuts):
         native.frame(-1, key)
 
 
-class _Wire:
-    """An agent session's socket that records every request frame sent on it (whichever path
-    framed it: Python or the C post), as (field, the request's bytes)."""
-
-    def __init__(self, sock: Any, sent: List[Any]) -> None:
-        self._sock, self.sent = sock, sent
-
-    def _record(self, data: bytes) -> None:
-        from tcpxd import _local
-
-        at = 0
-        while at < len(data):
-            (n,) = _local.HEADER.unpack(data[at:at + 4])
-            req = _proto.message("SessionRequest").FromString(data[at + 4:at + 4 + n])
-            field = req.WhichOneof("op")
-            self.sent.append((field, getattr(req, field).SerializeToString()))
-            at += 4 + n
-
-    def sendall(self, data: Any) -> None:
-        self._record(bytes(data))
-        self._sock.sendall(data)
-
-    def sendmsg(self, pieces: Any) -> int:
-        self._record(b"".join(bytes(memoryview(p).cast("B")) for p in pieces))
-        return self._sock.sendmsg(pieces)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sock, name)
-
-
 def _ring_frames(monkeypatch, A):
-    """Every request A's session sends on its socket: (field, body)."""
+    """Every request A's session frames itself: (field, body)."""
     sent: List[Any] = []
-    conn = A._session_now()._conn
-    monkeypatch.setattr(conn, "sock", _Wire(conn.sock, sent))
+    session = A._session_now()
+    frame, joined = session._submit_frame, session._submit_joined
+    monkeypatch.setattr(session, "_submit_frame", lambda f, body, sink: (sent.append((f, body)), frame(f, body, sink))[1])
+    monkeypatch.setattr(session, "_submit_joined",
+                        lambda f, key, pieces, sink: (sent.append((f, b"".join(pieces))), joined(f, key, pieces, sink))[1])
     return sent
 
 
-@pytest.mark.parametrize("post", ["c", "python"])
 @pytest.mark.parametrize("op", ["READ", "WRITE"])
 @pytest.mark.parametrize("N,PER", [(64, 16), (512, 320)])
-def test_a_lane_sends_vllm_indices_as_outer_sums_found_natively(daemons, monkeypatch, op, N, PER, post):
+def test_a_lane_sends_vllm_indices_as_outer_sums_found_natively(daemons, monkeypatch, op, N, PER):
     """vLLM's requests on a lane (OUTER_MIN lowered to these sizes): both sides go as outer sums in
-    one frame (a few hundred bytes or KiB), posted by the C post (`_native.post_lane`) or, with it
-    off, by the Python path, the same bytes; no ring slot taken, the named blocks moved (bytes
-    checked), telemetry kept; with the native pass off the same requests take the index ring; a
-    bad index on the lane is refused by make_prepped_xfer, naming it, and nothing is sent."""
-    from tcpxd.nixl import _agent
+    one frame (a few hundred bytes or KiB, joined by the C pass), no ring slot taken, the named
+    blocks moved (bytes checked); with the native pass off the same requests take the index ring;
+    a bad index on the lane is refused by make_prepped_xfer, naming it, and nothing is sent."""
     from test_nixl_transfers import wait
 
-    if post == "python":
-        monkeypatch.setattr(_agent, "_post_native", None)
-    by_python: List[int] = []  # requests _post_lane (the Python fast path) posted
-    post_lane = _agent.nixl_agent._post_lane
-    monkeypatch.setattr(_agent.nixl_agent, "_post_lane", lambda self, x, pr: (by_python.append(1), post_lane(self, x, pr))[1])
     monkeypatch.setattr(_indices, "OUTER_MIN", 8)
     monkeypatch.setattr(_indices, "WINDOW_MIN", 8)
     R = 4
@@ -227,14 +192,8 @@ def test_a_lane_sends_vllm_indices_as_outer_sums_found_natively(daemons, monkeyp
             pr = h._xfer.plan
             assert pr.lo is not None and pr.ro is not None
             assert local._lanes[op, remote, False] is pr.lane  # kept by the first, taken by the next
-            before = len(by_python)
-            assert A.transfer(h) in ("PROC", "DONE")
-            if i == 2:  # (the first binds the lists to the session: the Python path's work)
-                assert len(by_python) == before + (post == "python")
+            A.transfer(h)
             assert wait(A, h) == "DONE", h.error
-            tm = A.get_xfer_telemetry(h)
-            assert tm.descCount == 4 * PER and tm.postDuration > 0 and tm.xferDuration > 0
-            assert abs(tm.startTime / 1e6 - time.time()) < 60
             req = msg.FromString(sent[-1][1])
             assert (len(sent[-1][1]) > 1024) == (PER > 128)
             assert req.local_indices == b"" and req.remote_indices == b"" and not req.HasField("local_window")
@@ -264,56 +223,6 @@ def test_a_lane_sends_vllm_indices_as_outer_sums_found_natively(daemons, monkeyp
             time.sleep(0.01)
         assert A._windows.free == _indices.WINDOW_SLOTS
         A.release_xfer_handle(h)
-    finally:
-        A.close()
-        B.close()
-
-
-def test_the_c_post_leaves_to_python_what_it_cannot_serve(daemons, monkeypatch):
-    """_native.post_lane posts only a lane's outer-sum request as the Python fast path would: for
-    anything else (another agent's or no handle, a notification given to transfer(), a handle in
-    progress or released, an ended session) it returns None having changed nothing (the handle's
-    lock free again), and transfer() serves it the Python way, raising what it raises."""
-    from tcpxd.nixl import _agent, nixlNotFoundError, nixlRepostActiveError
-    from test_nixl_transfers import _notifs, wait
-
-    monkeypatch.setattr(_indices, "OUTER_MIN", 8)
-    R, N, PER = 4, 64, 16
-    A, B, amem, bmem, local, remote = _agents_with_lists(daemons, R, N)
-    try:
-        def make(note: bytes = b"n") -> Any:
-            return A.make_prepped_xfer("READ", local, vllm_ids(R, N, PER), remote, vllm_ids(R, N, PER), notif_msg=note)
-
-        for _ in range(2):  # the lane kept and bound to the session
-            h = make()
-            A.transfer(h)
-            assert wait(A, h) == "DONE", h.error
-        h = make(b"mine")
-        assert native.post_lane(A, h, b"given") is None and native.post_lane(B, h, b"") is None
-        assert native.post_lane(A, object(), b"") is None and native.post_lane(A, h, "") is None
-        h._xfer.state = "PROC"  # as if in progress
-        assert native.post_lane(A, h, b"") is None
-        with pytest.raises(nixlRepostActiveError):
-            A.transfer(h)
-        h._xfer.state = "INIT"
-        assert not h._xfer._lock.locked() and h._xfer._gen == 0
-        assert native.post_lane(A, h, b"") == "PROC" or h._xfer.state == "DONE"  # the C post itself
-        assert wait(A, h) == "DONE", h.error
-        assert native.post_lane(A, h, b"") in ("PROC", "DONE") and wait(A, h) == "DONE"  # posted again once done
-        A.release_xfer_handle(h)
-        assert native.post_lane(A, h, b"") is None
-        with pytest.raises(nixlNotFoundError):
-            A.transfer(h)
-        h = make(b"mine")
-        assert A.transfer(h, b"given") in ("PROC", "DONE") and wait(A, h) == "DONE"  # the Python path, its notification
-        assert _notifs(B, 5, 10)[A.name] == [b"n", b"n", b"mine", b"mine", b"given"]  # the C post's delivered too
-        A._session._abort("cancelled")
-        while A._session._ended is None:
-            time.sleep(0.01)
-        h = make()
-        assert native.post_lane(A, h, b"") is None  # an ended session: the Python path makes a new one
-        assert A.transfer(h) in ("PROC", "DONE") and wait(A, h) == "DONE", h.error
-        assert _agent._post_native is native.post_lane
     finally:
         A.close()
         B.close()

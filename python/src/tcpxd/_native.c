@@ -14,12 +14,12 @@
  * `frame` joins a local-session frame (length, tag, request field, pieces) into one bytes object:
  * the prepared path's request costs one call here instead of a dozen Python statements, which
  * matter because a serving loop meets them with cold caches (docs/NIXL.md, "Python per request").
- * `post_lane` (_native_post.c) is the agent's transfer() of such a request in one call.
  *
  * Built as an optional extension (python/setup.py): where it cannot be compiled the package
  * works as before, and TCPXD_NATIVE=0 turns it off at run time.
  */
-#include "_native.h"
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -100,6 +100,24 @@ static int find(const uint64_t *a, size_t m, Py_ssize_t rows, unsigned long long
     *kp = k;
     *sp = k < 0 ? (int64_t)span * k : 0;
     return 1;
+}
+
+static size_t varint_len(size_t v) {
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static char *put_varint(char *p, size_t v) {
+    while (v >= 0x80) {
+        *p++ = (char)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (char)v;
+    return p;
 }
 
 /* The size of a side's OuterIndices message (`rows` row bases and m / rows columns, u32s). */
@@ -274,8 +292,6 @@ static PyMethodDef methods[] = {
     {"outer", outer, METH_VARARGS, outer_doc},
     {"outer_fields", outer_fields, METH_VARARGS, outer_fields_doc},
     {"frame", (PyCFunction)(void (*)(void))frame, METH_FASTCALL, frame_doc},
-    {"lane_setup", (PyCFunction)(void (*)(void))tcpxd_lane_setup, METH_FASTCALL, tcpxd_lane_setup_doc},
-    {"post_lane", (PyCFunction)(void (*)(void))tcpxd_post_lane, METH_FASTCALL, tcpxd_post_lane_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -8,14 +8,12 @@ import logging
 import os
 import pickle
 import threading
-import time
 from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 
 from .. import Client
 from ..client import DEFAULT_CALL_TIMEOUT
-from .._native_gate import native
 from ..errors import TcpxdError
 from . import _indices, _listen, _plan
 from ._descs import DescList, RegDList, XferDList, lenient, parse
@@ -41,17 +39,9 @@ from ._memory import LocalMemory
 from ._metadata import AgentMetadata
 from ._notify import MAILBOX_BYTES, Inbox, frame
 from ._regions import RegionTable
-from ._xfer import Xfer, _Part, mailbox_entry, mailbox_write, nixlXferTelemetry
+from ._xfer import Xfer, mailbox_entry, mailbox_write, nixlXferTelemetry
 
 log = logging.getLogger("tcpxd.nixl")
-
-#: transfer() of a lane's outer-sum request in one C call (tcpxd._native.post_lane: `_post_lane`'s
-#: outer-sum branch, Xfer.post_one and Session._submit_joined step for step), where the C pass is
-#: built; it returns None, having changed nothing, wherever the Python path must serve.
-_post_native = None
-if native is not None:
-    native.lane_setup(nixl_xfer_handle, _plan.Prepared, _Part, time.perf_counter)
-    _post_native = native.post_lane
 
 _told_no_native = False
 
@@ -526,10 +516,6 @@ class nixl_agent:  # noqa: N801
     def transfer(self, handle: nixl_xfer_handle, notif_msg: Any = b"") -> str:
         """Posts the transfer: "PROC" (or "DONE"/"ERR" if it already ended). A notification reaches
         the remote agent after the data landed (after it was read, for a READ)."""
-        if _post_native is not None:  # a lane's outer-sum request, in one C call
-            state = _post_native(self, handle, notif_msg)
-            if state is not None:
-                return state
         xfer = handle._xfer if type(handle) is nixl_xfer_handle and handle._agent is self and not handle._released else self._live(handle)
         plan = xfer.plan
         if type(plan) is _plan.Prepared and plan.lane.note_head is not None and type(notif_msg) is bytes and not notif_msg:
