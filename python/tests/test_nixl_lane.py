@@ -316,6 +316,30 @@ def test_submit_frame_lands_byte_exact_and_fails_like_submit_encoded(peered, pat
                 submit(s, body, _Sink())
 
 
+@pytest.mark.parametrize("how", ["frame", "joined"])
+def test_a_request_past_the_frame_limit_fails_unsent(peered, monkeypatch, how):
+    """A request over the local session's frame limit (lowered here) fails its sink with
+    ResourceExhausted naming the limit, is no longer pending, and the session goes on."""
+    import tcpxd
+    from tcpxd import _local
+    from tcpxd._session import _field_key
+
+    a, _b = peered
+    monkeypatch.setattr(_local, "MAX_FRAME", 40000)
+    with tcpxd.Client(a.endpoint) as ca:
+        s = ca.session()
+        sink = _Sink()
+        body = b"\x2a\xc0\xbb\x03" + b"n" * 56768  # WriteRequest.notification: 56,768 bytes
+        if how == "frame":
+            s._submit_frame("write", body, sink)
+        else:
+            s._submit_joined("write", _field_key("write"), (body[:10], body[10:]), sink)
+        out = sink.wait()
+        assert out.startswith("error: ") and "over the local session's 40000-byte frame limit" in out, out
+        assert not s._pending and s._ended is None
+        s.close()
+
+
 @pytest.mark.parametrize("op", ["READ", "WRITE"])
 def test_few_indices_on_a_lane_go_packed_in_the_request(daemons, monkeypatch, op):
     """Requests of fewer than WINDOW_MIN indices (vLLM's one-block ones) take the lane too, their

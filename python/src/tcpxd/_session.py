@@ -287,26 +287,26 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         if conn is None or _frame is None or self._closed:
             self._submit_frame(field, b"".join(pieces), sink)
             return
-        with self._lock:
-            tag = sink.tag = next(self._tags)
-            ended = self._ended
-            if ended is None:
-                self._pending[tag] = sink
-        if ended is not None:
-            sink.set_exception(ended)
+        tag = self._enlist(sink)
+        if tag is None:
             return
         frame = _frame(tag, key, *pieces)
         if len(frame) > _local.MAX_FRAME:
-            with self._lock:
-                self._pending.pop(tag, None)
-            sink.set_exception(ResourceExhausted(
-                f"session request: {len(frame)} bytes is over the local session's {_local.MAX_FRAME}-byte frame limit"))
+            self._oversized(tag, sink, len(frame) - _local.HEADER.size)
             return
         with self._send_lock:
             try:
                 conn.sock.sendall(frame)
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
+
+    def _oversized(self, tag: int, sink: Any, blen: int) -> None:
+        """A request of `blen` bytes, past the local session's frame limit: no longer pending,
+        its sink failed with why (nothing was sent)."""
+        with self._lock:
+            self._pending.pop(tag, None)
+        sink.set_exception(ResourceExhausted(
+            f"session request: {blen} bytes is over the local session's {_local.MAX_FRAME}-byte frame limit"))
 
     def _enlist(self, sink: Any) -> Optional[int]:
         """Gives `sink` its tag and makes it pending, so the reader resolves it; None when the
@@ -330,10 +330,7 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         t, n = _varint(tag), _varint(blen)
         size = 1 + len(t) + len(key) + len(n) + blen
         if size > _local.MAX_FRAME:
-            with self._lock:
-                self._pending.pop(tag, None)
-            sink.set_exception(ResourceExhausted(
-                f"session request: {blen} bytes is over the local session's {_local.MAX_FRAME}-byte frame limit"))
+            self._oversized(tag, sink, blen)
             return
         head = _local.HEADER.pack(size) + b"\x08" + t + key + n
         if type(body) is bytes:
