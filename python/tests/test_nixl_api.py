@@ -3,6 +3,8 @@ raises), the plan a transfer becomes, the `nixl` shim."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import subprocess
 import sys
@@ -242,6 +244,55 @@ def test_block_plan_groups_by_buffer_pair_in_granule_ranges():
     assert _plan.plan("READ", over, np.array([1]), rp, np.array([0]), True, 0).path == "batch"
     no_list = _prepped([Region(0x100000, 1 << 20, 0, "DRAM", "la", 0, 7)], [(0x100000, B, 0)])  # version 1 metadata
     assert _plan.plan("READ", no_list, np.array([0]), rp, np.array([0]), True, 0).path == "batch"
+
+
+def _fine(addr, size, desc, buffer_id=0, list_id=0, fine_id=0, fine=True):
+    """A region whose buffer carries the 4 KiB granule list and, with `fine`, the 512-byte one."""
+    r = _granular(addr, size, desc, buffer_id=buffer_id, list_id=list_id)
+    if not fine:
+        return r
+    return dataclasses.replace(r, fine=512, fine_blocks=f"tcpxd1f:{desc}", fine_granules=size // 512, fine_list_id=fine_id)
+
+
+def test_blocks_off_the_4k_granules_take_the_fine_lists():
+    """A list of MLA-sized blocks (18,432 bytes: not a multiple of 4 KiB) is aligned on the fine
+    (512-byte) granule lists and takes the block path over them, on both sides; 16 KiB blocks keep
+    the 4 KiB lists; a side whose metadata has no fine lists (an older agent's), or a block off the
+    fine granules too, goes the batch path; the fine lists travel in the metadata and an older
+    blob's regions read without them."""
+    import json
+
+    B = 18432
+    loc = [_fine(0x100000, 1 << 22, "la", buffer_id=7, list_id=70, fine_id=71)]
+    rem = [_fine(0x900000, 1 << 22, "ra")]
+    lp = _prepped(loc, [(0x100000 + i * B, B, 0) for i in range(64)])
+    rp = _prepped(rem, [(0x900000 + i * B, B, 0) for i in range(64)], "b")
+    assert lp.aligned and rp.aligned and lp.fine and rp.fine and lp.lists == [71] and rp.lists == ["tcpxd1f:ra"]
+    p = _plan.plan("READ", lp, np.array([5, 6, 1]), rp, np.array([60, 61, 2]), True, 0)
+    assert (p.path, p.total_bytes) == ("blocks", 3 * B)
+    (r,) = p.requests
+    assert (r.local_list_id, r.remote_token) == (71, "tcpxd1f:ra")
+    assert _ranges(r.local_indices) == [[5 * 36, 72], [36, 36]] and _ranges(r.remote_indices) == [[60 * 36, 72], [72, 36]]
+    assert lp.preparable and lp.prepare_request().local_list_ids == [71]
+    q = _prepped(loc, [(0x100000 + i * 16384, 16384, 0) for i in range(8)])
+    assert q.aligned and not q.fine and q.lists == [70]  # the coarse lists where they align
+    old = _prepped([_fine(0x900000, 1 << 22, "ra", fine=False)], [(0x900000 + i * B, B, 0) for i in range(64)], "b")
+    assert not old.aligned and _plan.plan("READ", lp, np.array([1]), old, np.array([1]), True, 0).path == "batch"
+    odd = _prepped(loc, [(0x100000 + i * 1000, 1000, 0) for i in range(8)])
+    assert not odd.aligned and not odd.fine
+    back = Region.from_json(json.loads(json.dumps(loc[0].to_json())))
+    assert (back.fine, back.fine_blocks, back.fine_granules) == (512, "tcpxd1f:la", (1 << 22) // 512)
+    v2 = {k: v for k, v in loc[0].to_json().items() if not k.startswith("f")}
+    assert Region.from_json(v2).fine == 0 and Region.from_json(v2).granule == 4096
+
+
+def test_the_fine_granule_grows_with_the_buffer_and_stops_at_the_coarse_one():
+    from tcpxd.nixl import _memory
+
+    assert _memory.granule_for(1 << 30, _memory.FINE_GRANULE) == 512
+    assert _memory.granule_for(16 << 30, _memory.FINE_GRANULE) == 1024  # at most 2**24 granules a list
+    assert _memory.granule_for(16 << 30) == 4096 and _memory.granule_for(128 << 30) == 8192
+    assert _memory.granule_for(256, _memory.FINE_GRANULE) == 0  # smaller than one granule: no list
 
 
 def test_block_plan_cuts_a_group_past_the_blocks_limit(monkeypatch):

@@ -47,11 +47,12 @@ class Side:
         return msg["ok"]
 
 
-@pytest.mark.parametrize("block", [512, 16384], ids=["batch-path", "block-path"])
+@pytest.mark.parametrize("block", [1000, 18432, 16384], ids=["batch-path", "fine-granules", "block-path"])
 def test_vllm_pull_reads_blocks_by_index_and_notifies(daemons, block):
     a, b = daemons
-    # 3 layers × (K, V) regions, 12 blocks each; 512-byte blocks are not 4 KiB granules (batches),
-    # 16 KiB ones are (block requests over the granule lists)
+    # 3 layers × (K, V) regions, 12 blocks each; 1,000-byte blocks are no granules (batches),
+    # 18 KiB ones (MLA's at block size 16) the fine granule lists' and 16 KiB ones the 4 KiB lists'
+    # (prepared lists over the granule lists)
     shape = (3, 12, block)
     reqs: List[Tuple[str, List[int], List[int]]] = [
         ("req-1", [3, 4, 5, 9], [0, 1, 2, 7]),   # a partial run of neighbours: merged where both sides are
@@ -67,10 +68,10 @@ def test_vllm_pull_reads_blocks_by_index_and_notifies(daemons, block):
     # Keyed by the decode agent's name, which prefill never loaded; after the data was read.
     assert notifs == {got["agent_name"]: ["req-1:1", "req-2:1", "req-3:1"]}
     assert got["telemetry"] == [(6 * 4 * block, 24, True), (6 * 2 * block, 12, True)]
-    assert got["paths"] == ["batch" if block == 512 else "prepared"] * 2  # the prepared lists in the daemon
+    assert got["paths"] == ["batch" if block == 1000 else "prepared"] * 2  # the prepared lists in the daemon
 
 
-@pytest.mark.parametrize("block", [1024, 16384], ids=["batch-path", "block-path"])
+@pytest.mark.parametrize("block", [1000, 1024, 16384], ids=["batch-path", "fine-granules", "block-path"])
 def test_vllm_push_writes_blocks_with_notifications(daemons, block):
     a, b = daemons
     shape = (2, 8, block)
@@ -80,7 +81,7 @@ def test_vllm_push_writes_blocks_with_notifications(daemons, block):
     prefill.send(decode.recv())
     pushed = prefill.result()
     assert pushed["states"] == ["DONE", "DONE"]
-    assert pushed["paths"] == ["batch" if block == 1024 else "prepared"] * 2
+    assert pushed["paths"] == ["batch" if block == 1000 else "prepared"] * 2
     got = decode.result()
     assert list(got["notifs"]) == [pushed["agent_name"]]
     assert sorted(got["notifs"][pushed["agent_name"]]) == ["push-1:1", "push-2:1"]  # in completion order

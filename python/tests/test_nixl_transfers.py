@@ -79,7 +79,7 @@ def test_a_transfer_cut_into_requests_notifies_once_after_all(daemons, monkeypat
     a, b = daemons
     A, B = pair(a, b)
     try:
-        S = 512  # unaligned to the 4 KiB granules: the batch path
+        S = 520  # unaligned to the granules (4 KiB, and 512 bytes for the fine lists): the batch path
         amem, ablocks = regions(A, 16, S)
         bmem, bblocks = regions(B, 16, S)
         amem[:] = np.arange(amem.nbytes, dtype=np.uint64).astype(np.uint8)

@@ -6,9 +6,10 @@ memfd or /dev/shm file); anonymous memory is refused with the daemon's explanati
 allocate instead. VRAM: the cudaMalloc allocation holding the address, imported once by its IPC
 handle (regions in one allocation, such as a layer's K and V, share that import).
 
-Each daemon buffer gets a granule list with it (`granule_list`): one strided block list tiling the
-buffer in granules, released by the daemon with its buffer. A daemon that refuses it (an older one,
-or its list limit reached) leaves the buffer without: its regions' transfers take the batch path.
+Each daemon buffer gets granule lists with it (`granule_list`): strided block lists tiling the
+buffer in granules of 4 KiB and of 512 bytes (the fine one, for blocks not a multiple of 4 KiB),
+released by the daemon with its buffer. A daemon that refuses them (an older one, or its list limit
+reached) leaves the buffer without: its regions' transfers take the batch path.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import mmap
 import os
 import threading
 import weakref
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -37,12 +39,17 @@ log = logging.getLogger("tcpxd.nixl")
 #: may (the engine's MAX_LIST_BLOCKS).
 GRANULE = 4096
 MAX_LIST_BLOCKS = 1 << 24
+#: The fine granule list's: 512 bytes, doubled likewise (none once it reaches the coarse one). It
+#: serves lists whose blocks are not a multiple of 4 KiB (MLA's 18,432 bytes at vLLM's block size
+#: 16, small heads, fp8 caches); the coarse list serves the rest, as the daemon's destination
+#: bitmaps are a bit per granule.
+FINE_GRANULE = 512
 
 
-def granule_for(size: int) -> int:
-    """The granule of a `size`-byte buffer's list: 4 KiB, or the smallest power of two above it
+def granule_for(size: int, base: int = GRANULE) -> int:
+    """The granule of a `size`-byte buffer's list: `base`, or the smallest power of two above it
     with at most MAX_LIST_BLOCKS granules in the buffer; 0 when the buffer is smaller than that."""
-    g = GRANULE
+    g = base
     while size // g > MAX_LIST_BLOCKS:
         g *= 2
     return g if size >= g else 0
@@ -50,20 +57,36 @@ def granule_for(size: int) -> int:
 
 @dataclass(frozen=True)
 class Granules:
-    """A buffer's granule list, as its regions carry it."""
+    """A buffer's granule list, as its regions carry it, and its fine one (`fine`)."""
 
     granule: int = 0
     token: str = ""
     count: int = 0
     list_id: int = 0
+    fine: Optional["Granules"] = None
+
+    def region(self, addr: int, size: int, dev: int, mem: str, buffer: Any, offset: int) -> Region:
+        """The region at `offset` in `buffer`, with these lists."""
+        f = self.fine or Granules()
+        return Region(addr, size, dev, mem, buffer.descriptor, offset, buffer.id, self.granule, self.token, self.count,
+                      self.list_id, f.granule, f.token, f.count, f.list_id)
 
 
 def granule_list(client: Client, buffer: Any, size: int) -> Granules:
-    """Registers the granule list of a daemon buffer of `size` bytes (strided: four numbers,
-    however many granules); none (Granules()) when the daemon refuses it."""
+    """Registers the granule lists of a daemon buffer of `size` bytes (strided: four numbers,
+    however many granules): the coarse one and, where finer, the fine one; none (Granules())
+    when the daemon refuses them."""
     g = granule_for(size)
     if not g:
         return Granules()
+    coarse = _register(client, buffer, size, g)
+    fg = granule_for(size, FINE_GRANULE)
+    if coarse.granule and fg and fg < g:
+        return dataclasses.replace(coarse, fine=_register(client, buffer, size, fg))
+    return coarse
+
+
+def _register(client: Client, buffer: Any, size: int, g: int) -> Granules:
     req = _proto.message("RegisterBlocksRequest")(
         buffer_id=int(buffer.id),
         strided=_proto.message("StridedBlocks")(first=0, stride=g, length=g, count=size // g),
@@ -71,7 +94,7 @@ def granule_list(client: Client, buffer: Any, size: int) -> Granules:
     try:
         msg = client._unary("RegisterBlocks", req)
     except TcpxdError as e:
-        log.warning("buffer %d: no granule list (%s); its transfers take the batch path", buffer.id, e)
+        log.warning("buffer %d: no %d-byte granule list (%s); its transfers take the batch path", buffer.id, g, e)
         return Granules()
     return Granules(g, str(msg.token), int(msg.count), int(msg.id))
 
@@ -186,7 +209,7 @@ class LocalMemory:
         except TcpxdError as e:
             raise from_tcpxd(e, what) from None
         gl = granule_list(self._client, buf, size)  # released by the daemon with the buffer
-        return Region(addr, size, dev, "DRAM", buf.descriptor, 0, buf.id, gl.granule, gl.token, gl.count, gl.list_id), buf.release
+        return gl.region(addr, size, dev, "DRAM", buf, 0), buf.release
 
     def _vram(self, addr: int, size: int, dev: int, what: str) -> Tuple[Region, Callable[[], None]]:
         ordinal, base, asize, handle = _cuda.allocation(addr)
@@ -219,6 +242,4 @@ class LocalMemory:
             if last:
                 imp.buffer.release()
 
-        gl = imp.granules
-        return (Region(addr, size, dev, "VRAM", imp.buffer.descriptor, addr - base, imp.buffer.id, gl.granule, gl.token,
-                       gl.count, gl.list_id), release)
+        return imp.granules.region(addr, size, dev, "VRAM", imp.buffer, addr - base), release

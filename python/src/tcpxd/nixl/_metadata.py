@@ -6,8 +6,10 @@ them (whose descriptors carry the access keys: treat the blob as a secret), and 
 notifications that ride no WRITE of their own land). JSON after a magic line.
 
 Versions: `tcpxd-nixl/2` (written) adds to each region its buffer's granule list (`g`: granule
-bytes, `blk`: the list's token, `n`: its granules); `tcpxd-nixl/1` (read too) has none, and its
-regions' transfers take the batch path.
+bytes, `blk`: the list's token, `n`: its granules) and, since session 15, its fine granule list
+(`fg`, `fblk`, `fn`: optional, so agents before it read the blob and skip them; without them a
+list of blocks not a multiple of 4 KiB takes the batch path); `tcpxd-nixl/1` (read too) has no
+lists, and its regions' transfers take the batch path.
 """
 
 from __future__ import annotations

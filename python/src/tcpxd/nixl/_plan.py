@@ -121,9 +121,9 @@ class Prepped:
         uniq = list(pos)
         self.buffer_of = np.array([pos[k] for k in keys], dtype=np.int64)
         self.nbuffers = len(uniq)
-        #: Per buffer: its granule list (local: list id; remote: token), by buffer index.
+        #: A region of each buffer (the first), by buffer index: whose granule lists the buffer's are.
         first = {k: r for k, r in zip(reversed(keys), reversed(self.regions))}
-        self.lists: List[Any] = [(first[k].list_id if not self.agent else first[k].blocks) for k in uniq]
+        self._buffer_region = [first[k] for k in uniq]
         self._granules()
         #: The daemon's prepared list of these descriptors: (session, prepared id), set by the
         #: agent on the session it was prepared on; `refused`: the daemon would not prepare it
@@ -151,19 +151,23 @@ class Prepped:
     def _granules(self) -> None:
         """Per descriptor: `sig` (length × 64 + log2 G when granule-aligned, else -1 locally and
         -2 remotely, so two sides agree only where both are aligned with equal G and length),
-        `gpos` (buffer index << 32 | first granule), `gcnt` (granules); `overlaps`: whether any two
-        descriptors of the list share a byte (the block path refuses a destination named twice)."""
+        `gpos` (buffer index << 32 | first granule), `gcnt` (granules); `lists`, per buffer its
+        granule list (local: list id; remote: token). On the buffers' granule lists, or on their
+        fine ones (`fine`) where those align every descriptor and the coarse ones do not (blocks
+        not a multiple of 4 KiB); `overlaps`: whether any two descriptors of the list share a byte
+        (the block path refuses a destination named twice)."""
         n = len(self.length)
-        g = np.array([r.granule for r in self.regions], dtype=np.int64)[self.region] if n else np.zeros(0, np.int64)
-        cap = np.array([r.granules for r in self.regions], dtype=np.int64)[self.region] if n else np.zeros(0, np.int64)
-        off = self.offset.astype(np.int64)
-        ln = self.length.astype(np.int64)
-        gs = np.maximum(g, 1)
-        first, cnt = off // gs, ln // gs
-        ok = (g > 0) & (off % gs == 0) & (ln % gs == 0) & (first + cnt <= cap) & (cnt <= MAX_BLOCKS // 2)
+        ok, g, first, cnt = self._tiled(False)
+        self.fine = False
+        if n and not bool(ok.all()) and any(r.fine for r in self.regions):
+            fok, fg, ffirst, fcnt = self._tiled(True)
+            if bool(fok.all()):
+                self.fine, ok, g, first, cnt = True, fok, fg, ffirst, fcnt
+        self.lists: List[Any] = [r.tiling(self.fine)[3 if self.agent else 2] for r in self._buffer_region]
         log2 = np.zeros(n, dtype=np.int64)
         if n:
             log2[ok] = np.log2(g[ok]).astype(np.int64)
+        ln = self.length.astype(np.int64)
         self.sig = np.where(ok, ln * 64 + log2, -2 if self.agent else -1)
         self.gpos = (self.buffer_of[self.region] << _LIST_SHIFT) | np.where(ok, first, 0)
         self.gcnt = np.where(ok, cnt, 0)
@@ -172,6 +176,19 @@ class Prepped:
         #: a transfer then compares two numbers instead of gathering both sides' signatures.
         self.usig: Optional[int] = int(self.sig[0]) if n and bool((self.sig == self.sig[0]).all()) else None
         self._overlaps: Optional[bool] = None
+
+    def _tiled(self, fine: bool) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(aligned, granule, first granule, granules) per descriptor on the coarse or fine lists."""
+        n = len(self.length)
+        tiles = [r.tiling(fine) for r in self.regions]
+        g = np.array([t[0] for t in tiles], dtype=np.int64)[self.region] if n else np.zeros(0, np.int64)
+        cap = np.array([t[1] for t in tiles], dtype=np.int64)[self.region] if n else np.zeros(0, np.int64)
+        off = self.offset.astype(np.int64)
+        ln = self.length.astype(np.int64)
+        gs = np.maximum(g, 1)
+        first, cnt = off // gs, ln // gs
+        ok = (g > 0) & (off % gs == 0) & (ln % gs == 0) & (first + cnt <= cap) & (cnt <= MAX_BLOCKS // 2)
+        return ok, g, first, cnt
 
     @property
     def overlaps(self) -> bool:

@@ -36,19 +36,35 @@ class Region:
     blocks: str = ""
     granules: int = 0
     list_id: int = 0
+    #: Its fine granule list, the same four (0: none): a finer tiling, for lists whose
+    #: descriptors do not align to `granule` (blocks not a multiple of 4 KiB).
+    fine: int = 0
+    fine_blocks: str = ""
+    fine_granules: int = 0
+    fine_list_id: int = 0
+
+    def tiling(self, fine: bool) -> Tuple[int, int, int, str]:
+        """(granule, granule count, list id on its own node, list token) of the coarse or fine
+        granule list."""
+        if fine:
+            return self.fine, self.fine_granules, self.fine_list_id, self.fine_blocks
+        return self.granule, self.granules, self.list_id, self.blocks
 
     def to_json(self) -> Dict[str, Any]:
         d: Dict[str, Any] = {"addr": self.addr, "len": self.size, "dev": self.dev, "mem": self.mem,
                              "desc": self.descriptor, "off": self.offset}
         if self.granule:
             d.update(g=self.granule, blk=self.blocks, n=self.granules)
+        if self.fine:
+            d.update(fg=self.fine, fblk=self.fine_blocks, fn=self.fine_granules)
         return d
 
     @staticmethod
     def from_json(d: Dict[str, Any]) -> "Region":
-        g = int(d.get("g", 0))
+        g, fg = int(d.get("g", 0)), int(d.get("fg", 0))
         return Region(int(d["addr"]), int(d["len"]), int(d["dev"]), str(d["mem"]), str(d["desc"]), int(d["off"]),
-                      0, g, str(d["blk"]) if g else "", int(d["n"]) if g else 0)
+                      0, g, str(d["blk"]) if g else "", int(d["n"]) if g else 0, 0,
+                      fg, str(d["fblk"]) if fg else "", int(d["fn"]) if fg else 0)
 
 
 class RegionTable:
