@@ -2,12 +2,13 @@
 
 The one place that knows how a NIXL transfer maps onto the daemon's API.
 
-**Granule lists (the block path).** Every daemon buffer an agent registers carries one strided
-block list tiling it in granules of G bytes (4 KiB; more for buffers past 16,777,216 granules), and
-the agent's metadata publishes each region's list token and G. A prepared list is held here as
-arrays per descriptor: its region, offset in the region's buffer and length, and, precomputed,
-whether it is *granule-aligned* (offset and length multiples of its buffer's G, inside the list),
-its list, first granule and granule count. A transfer whose every pair is aligned on both sides
+**Granule lists (the block path).** Every daemon buffer an agent registers carries a strided
+block list tiling it in granules of G bytes (4 KiB; more for buffers past 16,777,216 granules) and
+a fine one (512 bytes, likewise), and the agent's metadata publishes each region's list tokens and
+G. A prepared list is held here as arrays per descriptor: its region, offset in the region's
+buffer and length, and, precomputed, whether it is *granule-aligned* (offset and length multiples
+of its buffer's G, inside the list), its list, first granule and granule count; on the fine lists
+where the 4 KiB ones do not align every descriptor and the fine ones do (`Prepped._granules`). A transfer whose every pair is aligned on both sides
 with the same G is grouped by (local list, remote list) — a daemon buffer pair — and each group is
 one WriteBlocks/ReadBlocks request whose indices are granule *ranges* (start, count), consecutive
 ones merged, both sides' ranges packed independently (the daemon copies block k of one selection
