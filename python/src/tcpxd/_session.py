@@ -3,7 +3,9 @@
 `Session`: many transfers in flight on one stream, each a concurrent.futures.Future that a reader
 thread resolves. On the daemon's local session its requests are framed here: `_submit_encoded` and
 `_submit_frame` take bodies already serialized (tcpxd.nixl encodes in bulk) and send every frame's
-pieces as they are, in one sendmsg (`_send_pieces`), so large bodies are not copied again.
+pieces as they are, in one sendmsg (`_send_pieces`), so large bodies are not copied again;
+`_submit_joined` takes a body in pieces and joins it with its frame header in one C call
+(`_native.frame`, where the package's C pass is built).
 
 `_OwnStream`: the client's own stream for its waited transfers, one at a time on the caller's
 thread (a segregated call of grpcio's cygrpc layer, no helper threads).
@@ -281,8 +283,8 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
     def _submit_joined(self, field: str, key: bytes, pieces: Tuple[bytes, ...], sink: Any) -> None:
         """`_submit_frame` of a body given as `pieces` (bytes) whose concatenation it is, `key`
         its field's key bytes (`_field_key(field)`): on the local session with the C pass built,
-        tag, frame header and pieces joined in one call (`_native.frame`) and sent in one send,
-        the fewest Python lines a request can cost; else as `_submit_frame`."""
+        tag, frame header and pieces joined in one call (`_native.frame`) and sent in one send;
+        else as `_submit_frame`."""
         conn = self._conn
         if conn is None or _frame is None or self._closed:
             self._submit_frame(field, b"".join(pieces), sink)
