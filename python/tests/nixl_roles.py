@@ -297,10 +297,11 @@ def sglang_prefill(conn: Any, endpoint: str, layers: int, pages: int, item_len: 
             assert agent.transfer(h) != "ERR"
             handles.append(h)
     states = poll_done(agent, handles)
+    paths = [h._xfer.plan.path for h in handles]  # tcpxd's: which daemon requests each became
     agent.deregister_memory(kv_descs)
     agent.deregister_memory(aux_descs)
     agent.close()
-    return {"states": states}
+    return {"states": states, "paths": paths}
 
 
 # -- NIXL's expanded two-peer example ------------------------------------------------------------

@@ -99,7 +99,10 @@ def test_sglang_writes_chunks_with_notifications(daemons):
     decode = Side(roles.sglang_decode, a.endpoint, layers, pages, item_len, aux_len, room, chunks)
     prefill = Side(roles.sglang_prefill, b.endpoint, layers, pages, item_len, aux_len, room, chunks, 17)
     prefill.send(decode.recv())
-    assert prefill.result()["states"] == ["DONE"] * (chunks + 1)
+    pushed = prefill.result()
+    assert pushed["states"] == ["DONE"] * (chunks + 1)
+    # 2 KiB pages: the block path over the fine (512-byte) granule lists; the 64-byte aux item: a batch
+    assert pushed["paths"] == ["blocks"] * chunks + ["batch"]
     decode.send("done")
     got = decode.result()
     assert got["received"] == list(range(chunks)) and got["expected"] == chunks and got["aux_done"]
@@ -192,7 +195,10 @@ def test_sglang_on_gpu_memory(daemons):
     decode = Side(roles.sglang_decode, a.endpoint, layers, pages, item_len, aux_len, room, chunks, "VRAM", dgpu)
     prefill = Side(roles.sglang_prefill, b.endpoint, layers, pages, item_len, aux_len, room, chunks, 23, "VRAM", pgpu)
     prefill.send(decode.recv())
-    assert prefill.result()["states"] == ["DONE"] * (chunks + 1)
+    pushed = prefill.result()
+    assert pushed["states"] == ["DONE"] * (chunks + 1)
+    # 64 KiB pages: the block path over the 4 KiB granule lists; the 64-byte aux item: a batch
+    assert pushed["paths"] == ["blocks"] * chunks + ["batch"]
     decode.send("done")
     got = decode.result()
     assert got["received"] == list(range(chunks)) and got["aux_done"]
