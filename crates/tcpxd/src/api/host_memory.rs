@@ -68,7 +68,13 @@ impl DaemonState {
                     // deadline, say every STILL_WAITING that it is still in use.
                     let idle = self.ask(|reply| Command::WhenBufferIdle { id, reply });
                     let until = deadline.unwrap_or_else(|| Instant::now() + STILL_WAITING);
-                    if tokio::time::timeout_at(until.into(), idle).await.is_err() && deadline.is_none() {
+                    if tokio::time::timeout_at(until.into(), idle).await.is_err() {
+                        if deadline.is_some() {
+                            // The deadline passed with the buffer still in use: answer now, with
+                            // the engine's words, rather than after another round trip to a
+                            // poller busy with the very transfers it waits for.
+                            return Err(status(e));
+                        }
                         tracing::info!(
                             buffer = id,
                             waited_s = started.elapsed().as_secs(),
