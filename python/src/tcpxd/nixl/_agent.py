@@ -578,11 +578,12 @@ class nixl_agent:  # noqa: N801
             raise from_tcpxd(e, "transfer") from None
 
     def _post_lane(self, xfer: Xfer, pr: _plan.Prepared) -> Optional[str]:
-        """transfer() of a request made on a lane (`_lane`), the fast way: the session's prepared
-        ids from the lane (bound again only when the lists' daemon ids changed), both sides' outer
-        sums in the request, else both index arrays packed into a slot of the index ring (fewer
-        than WINDOW_MIN a side: into the request), the request one bytes object in one frame. None, having sent nothing, where
-        the general way must serve it: the remote agent removed, the lists not yet prepared on this
+        """transfer() of a request made on a lane (make_prepped_xfer's fast path), the fast way:
+        the session's prepared ids from the lane (bound again only when the lists' daemon ids
+        changed); both sides' outer sums in the request, its frame joined in one C call; else both
+        index arrays packed into a slot of the index ring (fewer than WINDOW_MIN a side: into the
+        request), the request one bytes object in one frame. None, having sent nothing, where the
+        general way must serve it: the remote agent removed, the lists not yet prepared on this
         session, no ring or no slot free."""
         if xfer.remote not in self._remotes:
             return None

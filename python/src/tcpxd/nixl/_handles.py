@@ -72,7 +72,8 @@ class nixl_agent_config:  # noqa: N801
 class nixl_prepped_dlist_handle:  # noqa: N801
     """A prepared descriptor list (prep_xfer_dlist). It holds the list (`_prepped`, None once
     released) and the lanes of the prepared path from it (`_lanes`, _plan.Lane by (operation,
-    remote handle, skip_desc_merge): `nixl_agent._lane`)."""
+    remote handle, skip_desc_merge), kept by `nixl_agent._keep_lane` and taken by
+    make_prepped_xfer)."""
 
     __slots__ = ("_handle", "_agent", "_released", "_prepped", "_lanes")
 
