@@ -374,7 +374,8 @@ async fn connecting_again_or_from_the_other_side_reuses_the_pairing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buffers_over_2_gib_work_across_registration_windows() {
     // regMr takes an int size, so the poller registers big buffers in overlapping windows. The
-    // memory is mapped lazily: only the ranges touched here cost RAM.
+    // daemons fault every page in at registration (6 GiB of RAM here), a step at a time, so the
+    // heartbeats go on meanwhile (net/memory.rs, `populate`).
     tcpxd::logging::init("warn");
     let mut a = daemons::start("big-a", |_| {}).await;
     let mut b = daemons::start("big-b", |_| {}).await;
