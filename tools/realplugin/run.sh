@@ -16,7 +16,7 @@
 # plugin's NCCL_GPUDIRECTTCPX_* variables (each kept when already set). Examples:
 #
 #   tools/realplugin/run.sh -- sh -c 'target/release/tcpxctl conformance --plugin "$TCPXD_REALPLUGIN"'
-#   tools/realplugin/run.sh -- cargo nextest run --test daemon_transfers
+#   tools/realplugin/run.sh -- cargo nextest run -p tcpxd --test suite daemon_transfers::
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -1,6 +1,6 @@
 """The API's message classes, built at run time from the descriptor set shipped in the package.
 
-`tcpxd_v1.binpb` is the compiled `proto/tcpxd/v1/tcpxd.proto` (tests/descriptor.rs keeps it in step
+`tcpxd_v1.binpb` is the compiled `proto/tcpxd/v1/tcpxd.proto` (crates/tcpxd/tests/suite/descriptor.rs keeps it in step
 with the proto, python/tests/test_interop.py with what the daemon's reflection serves), so no
 generated code has to match the installed protobuf runtime.
 """

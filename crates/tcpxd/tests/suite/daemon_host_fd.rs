@@ -1,0 +1,262 @@
+//! Client host memory without copies (#24): a local client hands its own memory (a memfd) to the
+//! daemon as a file descriptor on the framed local session; the daemon maps it and registers it as
+//! a buffer. Bytes the client writes into its file are what transfers send, with no FillBuffer;
+//! bytes a transfer lands are in the client's file; the file is sealed against shrinking; bad
+//! descriptors and ranges are refused by name; the session's buffers (and their mappings) go when
+//! it ends, counted back to zero.
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileExt;
+use std::time::{Duration, Instant};
+
+use crate::common::daemons::*;
+use crate::common::framed::*;
+use rustix::fs::{MemfdFlags, SealFlags};
+use tcpxd::api::proto::v1 as pb;
+use tcpxd::api::proto::v1::session_request::Op;
+use tcpxd_pattern::seeded_vec as pattern;
+
+const MIB: u64 = 1 << 20;
+
+/// A sealable memfd of `size` bytes named `name` (its mappings show as `/memfd:<name>`).
+fn memfd(name: &str, size: u64) -> OwnedFd {
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+    rustix::fs::ftruncate(&fd, size).unwrap();
+    fd
+}
+
+/// The client's side of the file, written and read with pwrite/pread: this test process maps it
+/// only through the daemons it runs, so the mappings counted are theirs.
+fn file(fd: &OwnedFd) -> File {
+    File::from(fd.try_clone().unwrap())
+}
+
+/// Mappings of `/memfd:<name>` in this process (both in-process daemons).
+fn mappings(name: &str) -> usize {
+    let needle = format!("/memfd:{name} ");
+    std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .filter(|l| format!("{l} ").contains(&needle))
+        .count()
+}
+
+fn register(offset: u64, size: u64, label: &str) -> Op {
+    Op::RegisterHostFd(pb::RegisterHostFdRequest {
+        offset,
+        size,
+        label: label.to_string(),
+    })
+}
+
+async fn buffers(c: &mut Client) -> Vec<pb::Buffer> {
+    c.list_buffers(pb::ListBuffersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .buffers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_memory_is_sent_and_landed_with_no_copy() {
+    tcpxd::logging::init("warn");
+    let (mut a, mut b) = pair("hostfd-rt").await;
+    let len = 4 * MIB;
+    let src_fd = memfd("hostfd-rt-src", len + 4096);
+    let back_fd = memfd("hostfd-rt-back", len);
+    let (src_file, back_file) = (file(&src_fd), file(&back_fd));
+    let one = pattern(2424, len as usize);
+    src_file.write_all_at(&one, 4096).unwrap();
+    let mut s = Framed::open(&a.daemon.api_socket).await;
+    s.send_with_fd(1, register(4096, len, "client-src"), &src_fd)
+        .await;
+    let src = s.registered(1).await.expect("registered");
+    assert_eq!(src.kind, pb::BufferKind::HostShared as i32);
+    assert_eq!((src.size, src.label.as_str()), (len, "client-src"));
+    s.send_with_fd(2, register(0, len, ""), &back_fd).await;
+    let back = s.registered(2).await.expect("registered");
+    drop((src_fd, back_fd)); // the daemon's mappings hold the files
+    // Sealed: the client can no longer shrink them under the daemon.
+    let seals = rustix::fs::fcntl_get_seals(&src_file).unwrap();
+    assert!(seals.contains(SealFlags::SHRINK), "{seals:?}");
+    assert!(
+        src_file.set_len(4096).is_err(),
+        "shrinking a registered memfd fails"
+    );
+    let dst = host_buffer(&mut b.client, len, "").await;
+    // The daemon reads what the client wrote into its file (no FillBuffer).
+    assert_eq!(crc(&mut a.client, src.id, 0, 0).await, crc32c::crc32c(&one));
+    s.send(3, write_op(write_entry(&src, 0, &dst, 0, len))).await;
+    let ev = s.next().await;
+    assert_eq!(finished(&ev).status_code, 0, "{ev:?}");
+    assert_eq!(crc(&mut b.client, dst.id, 0, 0).await, crc32c::crc32c(&one));
+    // The client writes into its memory again; the next WRITE sends the new bytes.
+    let two = pattern(2525, len as usize);
+    src_file.write_all_at(&two, 4096).unwrap();
+    s.send(4, write_op(write_entry(&src, 0, &dst, 0, len))).await;
+    assert_eq!(finished(&s.next().await).status_code, 0);
+    assert_eq!(crc(&mut b.client, dst.id, 0, 0).await, crc32c::crc32c(&two));
+    // A READ lands in the client's other file: the client reads it there.
+    s.send(5, read_op(read_entry(&dst, 0, &back, 0, len))).await;
+    assert_eq!(finished(&s.next().await).status_code, 0);
+    let mut got = vec![0u8; len as usize];
+    back_file.read_exact_at(&mut got, 0).unwrap();
+    assert!(
+        got == two,
+        "the READ landed the remote bytes in the client's memory"
+    );
+    half_close(&mut s).await;
+    s.assert_eof().await;
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_buffers_and_mappings_go_when_it_ends() {
+    tcpxd::logging::init("warn");
+    let mut a = start("hostfd-life", |_| {}).await;
+    let fds: Vec<OwnedFd> = (0..3).map(|_| memfd("hostfd-life", MIB)).collect();
+    let mut s = Framed::open(&a.daemon.api_socket).await;
+    for (i, fd) in fds.iter().enumerate() {
+        s.send_with_fd(i as u64 + 1, register(0, MIB, ""), fd).await;
+        s.registered(i as u64 + 1).await.expect("registered");
+    }
+    drop(fds);
+    let listed = buffers(&mut a.client).await;
+    assert_eq!(listed.len(), 3);
+    assert!(listed.iter().all(|b| b.kind == pb::BufferKind::HostShared as i32));
+    assert_eq!(mappings("hostfd-life"), 3);
+    // One released by the client (gRPC, any connection): unmapped at once.
+    a.client
+        .release_buffer(pb::ReleaseBufferRequest {
+            buffer_id: listed[0].id,
+        })
+        .await
+        .unwrap();
+    assert_eq!(mappings("hostfd-life"), 2);
+    // A daemon-allocated buffer is nobody's session's: it stays.
+    let keep = host_buffer(&mut a.client, MIB, "").await;
+    // The client goes away: the other two go with its session.
+    drop(s);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = buffers(&mut a.client).await;
+        if left.len() == 1 {
+            assert_eq!(left[0].id, keep.id);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the session's buffers were not released: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        mappings("hostfd-life"),
+        0,
+        "every mapping of the client's files is gone"
+    );
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buffer_in_use_is_released_only_after_its_transfer() {
+    slow_nic();
+    let (mut a, mut b) = pair("hostfd-busy").await;
+    let len = 64 * MIB;
+    let fd = memfd("hostfd-busy", len);
+    let f = file(&fd);
+    let data = pattern(77, len as usize);
+    f.write_all_at(&data, 0).unwrap();
+    let mut s = Framed::open(&a.daemon.api_socket).await;
+    s.send_with_fd(1, register(0, len, ""), &fd).await;
+    let src = s.registered(1).await.expect("registered");
+    drop(fd);
+    let dst = host_buffer(&mut b.client, len, "").await;
+    // 64 MiB at 1 Gbit/s: about half a second in flight, started on another connection.
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, len), b"")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(s); // the registering session ends mid-transfer
+    // The transfer finishes with the buffer's bytes; only then does the buffer go.
+    let ev = wait(&mut a.client, id).await;
+    assert_eq!(ev.status_code, 0, "{ev:?}");
+    assert_eq!(crc(&mut b.client, dst.id, 0, 0).await, crc32c::crc32c(&data));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !buffers(&mut a.client).await.is_empty() {
+        assert!(Instant::now() < deadline, "never released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(mappings("hostfd-busy"), 0);
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_descriptors_and_ranges_are_refused_by_name() {
+    tcpxd::logging::init("warn");
+    let mut a = start("hostfd-bad", |_| {}).await;
+    let mut s = Framed::open(&a.daemon.api_socket).await;
+    let fd = memfd("hostfd-bad", 8192);
+    // No descriptor with the frame.
+    s.send(1, register(0, 8192, "")).await;
+    let (code, msg) = s.registered(1).await.unwrap_err();
+    assert_eq!(code, tonic::Code::InvalidArgument as i32);
+    assert!(msg.contains("no file descriptor came with this request"), "{msg}");
+    // Past the file's end.
+    s.send_with_fd(2, register(4096, 8192, ""), &fd).await;
+    let (code, msg) = s.registered(2).await.unwrap_err();
+    assert_eq!(code, tonic::Code::InvalidArgument as i32);
+    assert_eq!(
+        msg,
+        "register_host_fd.offset + size: range 4096..12288 is past the end of the file (8192 bytes)"
+    );
+    // Not a regular file.
+    let (x, _y) = std::os::unix::net::UnixStream::pair().unwrap();
+    s.send_with_fd(3, register(0, 1, ""), &x).await;
+    let (code, msg) = s.registered(3).await.unwrap_err();
+    assert_eq!(code, tonic::Code::InvalidArgument as i32);
+    assert!(msg.starts_with("host_fd: the descriptor is a socket"), "{msg}");
+    // Read-only.
+    let ro = File::open("/etc/hostname")
+        .or_else(|_| File::open("/etc/passwd"))
+        .unwrap();
+    s.send_with_fd(4, register(0, 1, ""), &ro).await;
+    let (_, msg) = s.registered(4).await.unwrap_err();
+    assert!(msg.contains("O_RDWR"), "{msg}");
+    // Zero bytes; a label taken.
+    s.send_with_fd(5, register(0, 0, ""), &fd).await;
+    let (_, msg) = s.registered(5).await.unwrap_err();
+    assert!(msg.starts_with("register_host_fd.size: 0 bytes"), "{msg}");
+    host_buffer(&mut a.client, 4096, "taken").await;
+    s.send_with_fd(6, register(0, 4096, "taken"), &fd).await;
+    let (code, _) = s.registered(6).await.unwrap_err();
+    assert_eq!(code, tonic::Code::AlreadyExists as i32);
+    // Nothing of these stayed: the daemon's buffer only, and no mapping of the file.
+    assert_eq!(buffers(&mut a.client).await.len(), 1);
+    assert_eq!(mappings("hostfd-bad"), 0);
+    // The session goes on: a good one is taken.
+    s.send_with_fd(7, register(0, 8192, ""), &fd).await;
+    s.registered(7).await.expect("registered");
+    // gRPC cannot carry descriptors: its Session stream says where to go instead.
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(pb::SessionRequest {
+        tag: 1,
+        op: Some(register(0, 8192, "")),
+    })
+    .await
+    .unwrap();
+    let mut events = a
+        .client
+        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let ev = events.message().await.unwrap().unwrap();
+    let (_, code, msg) = refused(ev);
+    assert_eq!(code, tonic::Code::FailedPrecondition as i32);
+    assert!(msg.contains("only over the framed local session"), "{msg}");
+    drop(tx);
+}

@@ -1,0 +1,449 @@
+//! One client round trip per transfer: `wait` on the unary calls and the `Session` stream. Every
+//! test compares bytes or statuses, and checks that the lanes and transfer slots of both daemons
+//! drain back to zero after cancels and resets.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::common::daemons::*;
+use tcpxd::api::proto::v1 as pb;
+use tcpxd::api::proto::v1::session_event::Event;
+use tcpxd::api::proto::v1::session_request::Op;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+
+/// A session: the request sender and the event stream.
+struct Session {
+    tx: mpsc::Sender<pb::SessionRequest>,
+    events: tonic::Streaming<pb::SessionEvent>,
+}
+
+async fn open(c: &mut Client) -> Session {
+    let (tx, rx) = mpsc::channel(64);
+    let events = c
+        .session(ReceiverStream::new(rx))
+        .await
+        .expect("session")
+        .into_inner();
+    Session { tx, events }
+}
+
+impl Session {
+    async fn send(&self, tag: u64, op: Op) {
+        self.tx
+            .send(pb::SessionRequest { tag, op: Some(op) })
+            .await
+            .expect("session open");
+    }
+
+    async fn next(&mut self) -> pb::SessionEvent {
+        tokio::time::timeout(Duration::from_secs(30), self.events.message())
+            .await
+            .expect("an event within 30 s")
+            .expect("stream ok")
+            .expect("stream not ended")
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_transfers_on_one_session_land_exactly() {
+    tcpxd::logging::init("warn");
+    let (mut a, mut b) = pair("sess-many").await;
+    let src = host_buffer(&mut a.client, 8 * MIB, "").await;
+    let dst = host_buffer(&mut b.client, 8 * MIB, "").await;
+    let back = host_buffer(&mut a.client, 8 * MIB, "").await;
+    fill_seed(&mut a.client, src.id, 0, 0, 77).await;
+    let mut s = open(&mut a.client).await;
+    // 32 WRITEs of 256 KiB each (several chunk sizes' worth in flight at once), then a batch.
+    let block = 256 * KIB;
+    for i in 0..32u64 {
+        s.send(
+            i + 1,
+            write_op(write_entry(&src, i * block, &dst, i * block, block)),
+        )
+        .await;
+    }
+    let mut seen = HashMap::new();
+    for _ in 0..32 {
+        let ev = s.next().await;
+        let Some(Event::Finished(t)) = ev.event else {
+            panic!("expected a finished event, got {ev:?}");
+        };
+        assert_eq!(t.status_code, 0, "tag {}: {}", ev.tag, t.status_message);
+        assert_eq!(t.total_bytes, block);
+        assert!(
+            seen.insert(ev.tag, t.transfer_id).is_none(),
+            "tag {} twice",
+            ev.tag
+        );
+    }
+    assert_eq!(seen.len(), 32);
+    // READ it back with a batch, on the same session.
+    s.send(
+        100,
+        Op::ReadBatch(pb::ReadBatchRequest {
+            entries: (0..8)
+                .map(|i| read_entry(&dst, i * MIB, &back, i * MIB, MIB))
+                .collect(),
+            timeout_ms: 60_000,
+            ..Default::default()
+        }),
+    )
+    .await;
+    let ev = s.next().await;
+    assert_eq!(ev.tag, 100);
+    let Some(Event::Finished(t)) = ev.event else {
+        panic!("{ev:?}")
+    };
+    assert_eq!(t.status_code, 0, "{}", t.status_message);
+    assert_eq!(t.entries.len(), 8);
+    let want = crc(&mut a.client, src.id, 0, 8 * MIB).await;
+    assert_eq!(crc(&mut b.client, dst.id, 0, 8 * MIB).await, want);
+    assert_eq!(crc(&mut a.client, back.id, 0, 8 * MIB).await, want);
+    // Half-closed with nothing in flight: the stream ends OK.
+    drop(s.tx);
+    assert!(s.events.message().await.expect("ends OK").is_none());
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_refused_and_the_session_goes_on() {
+    tcpxd::logging::init("warn");
+    let (mut a, mut b) = pair("sess-bad").await;
+    let src = host_buffer(&mut a.client, MIB, "").await;
+    let dst = host_buffer(&mut b.client, MIB, "").await;
+    fill_seed(&mut a.client, src.id, 0, 0, 5).await;
+    let mut s = open(&mut a.client).await;
+    let refused = |ev: pb::SessionEvent| match ev.event {
+        Some(Event::Refused(st)) => (ev.tag, st.code, st.message),
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    // Zero length.
+    s.send(1, write_op(write_entry(&src, 0, &dst, 0, 0))).await;
+    let (tag, code, msg) = refused(s.next().await);
+    assert_eq!((tag, code), (1, tonic::Code::InvalidArgument as i32));
+    assert!(msg.contains("entries[0].length"), "{msg}");
+    // Past the remote end.
+    s.send(2, write_op(write_entry(&src, 0, &dst, MIB - 10, 4096)))
+        .await;
+    let (tag, code, msg) = refused(s.next().await);
+    assert_eq!((tag, code), (2, tonic::Code::InvalidArgument as i32));
+    assert!(msg.contains("entries[0].remote_offset"), "{msg}");
+    // Unknown local buffer.
+    let mut e = write_entry(&src, 0, &dst, 0, 10);
+    e.local_buffer_id = 9999;
+    s.send(3, write_op(e)).await;
+    let (tag, code, msg) = refused(s.next().await);
+    assert_eq!((tag, code), (3, tonic::Code::NotFound as i32));
+    assert!(msg.contains("entries[0].local_buffer_id"), "{msg}");
+    // No entry, no op, tag zero, cancel of an unknown tag.
+    s.send(4, Op::Write(pb::WriteRequest::default())).await;
+    let (_, code, msg) = refused(s.next().await);
+    assert_eq!(code, tonic::Code::InvalidArgument as i32);
+    assert!(msg.contains("entry"), "{msg}");
+    s.tx.send(pb::SessionRequest { tag: 5, op: None }).await.unwrap();
+    let (tag, code, msg) = refused(s.next().await);
+    assert_eq!((tag, code), (5, tonic::Code::InvalidArgument as i32));
+    assert!(msg.starts_with("op:"), "{msg}");
+    s.send(0, write_op(write_entry(&src, 0, &dst, 0, 10))).await;
+    let (tag, code, msg) = refused(s.next().await);
+    assert_eq!((tag, code), (0, tonic::Code::InvalidArgument as i32));
+    assert!(msg.starts_with("tag:"), "{msg}");
+    s.send(6, Op::CancelTag(424242)).await;
+    let (tag, code, msg) = refused(s.next().await);
+    assert_eq!((tag, code), (6, tonic::Code::NotFound as i32));
+    assert!(msg.contains("cancel_tag"), "{msg}");
+    // Nothing changed at the destination; a good request on the same session still works.
+    assert_eq!(
+        crc(&mut b.client, dst.id, 0, MIB).await,
+        crc32c::crc32c(&vec![0u8; MIB as usize])
+    );
+    s.send(7, write_op(write_entry(&src, 0, &dst, 0, MIB))).await;
+    let ev = s.next().await;
+    assert_eq!(ev.tag, 7);
+    assert!(
+        matches!(ev.event, Some(Event::Finished(ref t)) if t.status_code == 0),
+        "{ev:?}"
+    );
+    assert_eq!(
+        crc(&mut b.client, dst.id, 0, MIB).await,
+        crc(&mut a.client, src.id, 0, MIB).await
+    );
+    assert_lanes_drain(&mut a.client).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_by_tag_and_half_close_drains() {
+    slow_nic();
+    let (mut a, mut b) = pair("sess-cancel").await;
+    let src = host_buffer(&mut a.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
+    fill_seed(&mut a.client, src.id, 0, 0, 9).await;
+    let mut s = open(&mut a.client).await;
+    // A long WRITE (about 1 s at 1 Gbit/s), and a short one behind it.
+    s.send(10, write_op(write_entry(&src, 0, &dst, 0, 120 * MIB)))
+        .await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // A tag in use is refused.
+    s.send(10, write_op(write_entry(&src, 0, &dst, 0, 10))).await;
+    let ev = s.next().await;
+    assert_eq!(ev.tag, 10);
+    assert!(
+        matches!(ev.event, Some(Event::Refused(ref st)) if st.code == tonic::Code::InvalidArgument as i32 && st.message.starts_with("tag:")),
+        "{ev:?}"
+    );
+    s.send(11, Op::CancelTag(10)).await;
+    let mut got = HashMap::new();
+    for _ in 0..2 {
+        let ev = s.next().await;
+        got.insert(ev.tag, ev.event.expect("an event"));
+    }
+    assert!(
+        matches!(got[&11], Event::Cancelled(pb::CancelResponse { cancelled: true })),
+        "{got:?}"
+    );
+    match &got[&10] {
+        Event::Finished(t) => {
+            assert_eq!(
+                t.status_code,
+                tonic::Code::Cancelled as i32,
+                "{}",
+                t.status_message
+            );
+            assert!(t.bytes_done < 120 * MIB);
+        }
+        other => panic!("{other:?}"),
+    }
+    // Half-close with a transfer in flight: it finishes, its event comes, then the stream ends.
+    s.send(12, write_op(write_entry(&src, 0, &dst, 0, 16 * MIB)))
+        .await;
+    drop(s.tx);
+    let ev = tokio::time::timeout(Duration::from_secs(30), s.events.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the in-flight transfer's event");
+    assert_eq!(ev.tag, 12);
+    assert!(
+        matches!(ev.event, Some(Event::Finished(ref t)) if t.status_code == 0),
+        "{ev:?}"
+    );
+    assert!(s.events.message().await.expect("ends OK").is_none());
+    assert_eq!(
+        crc(&mut b.client, dst.id, 0, 16 * MIB).await,
+        crc(&mut a.client, src.id, 0, 16 * MIB).await
+    );
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_cancels_its_transfers_on_both_sides() {
+    slow_nic();
+    let (mut a, mut b) = pair("sess-reset").await;
+    let src = host_buffer(&mut a.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
+    // A session on its own connection, reset mid-transfer: WRITE and READ in flight.
+    let mut own = unix_client(a.daemon.api_socket.clone()).await;
+    let s = open(&mut own).await;
+    s.send(1, write_op(write_entry(&src, 0, &dst, 0, 120 * MIB)))
+        .await;
+    s.send(2, read_op(read_entry(&dst, 0, &src, 0, 120 * MIB))).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stats = a
+        .client
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.active_transfers, 2, "both in flight before the reset");
+    drop(s);
+    drop(own);
+    // Well before the ~2 s the two transfers would take at 1 Gbit/s, both sides are idle again.
+    let t = std::time::Instant::now();
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "took {:?}",
+        t.elapsed()
+    );
+    let stats = b
+        .client
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.active_transfers, 0);
+    // Both were counted as cancelled.
+    let stats = a
+        .client
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let cancelled: u64 = stats
+        .transfer_totals
+        .iter()
+        .filter(|t| t.status == "cancelled")
+        .map(|t| t.transfers)
+        .sum();
+    assert_eq!(cancelled, 2, "{:?}", stats.transfer_totals);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_answers_with_the_final_event_in_one_call() {
+    slow_nic();
+    let (mut a, mut b) = pair("sess-wait").await;
+    let src = host_buffer(&mut a.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
+    fill_seed(&mut a.client, src.id, 0, 0, 31).await;
+    // Success: the final event is in the answer; the bytes are there when it comes.
+    let r = a
+        .client
+        .write(pb::WriteRequest {
+            entry: Some(write_entry(&src, 0, &dst, 0, 4 * MIB)),
+            timeout_ms: 60_000,
+            wait: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let f = r.r#final.expect("final event");
+    assert_eq!((f.status_code, f.transfer_id), (0, r.transfer_id));
+    assert_eq!((f.bytes_done, f.total_bytes), (4 * MIB, 4 * MIB));
+    assert_eq!(f.state, pb::TransferState::Finished as i32);
+    assert_eq!(
+        crc(&mut b.client, dst.id, 0, 4 * MIB).await,
+        crc(&mut a.client, src.id, 0, 4 * MIB).await
+    );
+    // A READ batch, per-entry statuses in the final event.
+    let r = a
+        .client
+        .read_batch(pb::ReadBatchRequest {
+            entries: vec![
+                read_entry(&dst, 0, &src, 8 * MIB, MIB),
+                read_entry(&dst, MIB, &src, 9 * MIB, MIB),
+            ],
+            timeout_ms: 60_000,
+            wait: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let f = r.r#final.expect("final event");
+    assert_eq!(f.status_code, 0, "{}", f.status_message);
+    assert_eq!(f.entries.len(), 2);
+    assert_eq!(
+        crc(&mut a.client, src.id, 8 * MIB, 2 * MIB).await,
+        crc(&mut a.client, src.id, 0, 2 * MIB).await
+    );
+    // Failure: the call still answers OK, with the transfer's status in the final event.
+    let r = a
+        .client
+        .write(pb::WriteRequest {
+            entry: Some(write_entry(&src, 0, &dst, 0, 120 * MIB)),
+            timeout_ms: 200,
+            wait: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let f = r.r#final.expect("final event");
+    assert_eq!(
+        f.status_code,
+        tonic::Code::DeadlineExceeded as i32,
+        "{}",
+        f.status_message
+    );
+    // Input refused before the start is still an error status.
+    let err = a
+        .client
+        .write(pb::WriteRequest {
+            entry: Some(write_entry(&src, 0, &dst, 0, 0)),
+            wait: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(err.message().contains("entries[0].length"), "{}", err.message());
+    // Without `wait` nothing changes: no final event.
+    let r = a
+        .client
+        .write(pb::WriteRequest {
+            entry: Some(write_entry(&src, 0, &dst, 0, MIB)),
+            timeout_ms: 60_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.r#final.is_none());
+    wait_ok(&mut a.client, r.transfer_id).await;
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_waiting_call_cancels_its_transfer() {
+    slow_nic();
+    let (mut a, mut b) = pair("sess-drop").await;
+    let src = host_buffer(&mut a.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
+    let mut caller = a.client.clone();
+    let call = tokio::spawn(async move {
+        caller
+            .write(pb::WriteRequest {
+                entry: Some(write_entry(&src, 0, &dst, 0, 120 * MIB)),
+                timeout_ms: 60_000,
+                wait: true,
+                ..Default::default()
+            })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stats = a
+        .client
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.active_transfers, 1);
+    call.abort();
+    let t = std::time::Instant::now();
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+    assert!(t.elapsed() < Duration::from_millis(800), "took {:?}", t.elapsed());
+    let stats = a
+        .client
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let cancelled: u64 = stats
+        .transfer_totals
+        .iter()
+        .filter(|t| t.status == "cancelled")
+        .map(|t| t.transfers)
+        .sum();
+    assert_eq!(cancelled, 1, "{:?}", stats.transfer_totals);
+    a.stop().await;
+    b.stop().await;
+}
