@@ -286,6 +286,32 @@ def test_blocks_off_the_4k_granules_take_the_fine_lists():
     assert Region.from_json(v2).fine == 0 and Region.from_json(v2).granule == 4096
 
 
+def test_a_pair_aligned_on_the_4k_lists_on_one_side_only_takes_both_fine_lists():
+    """16 KiB blocks 4 KiB-aligned here, 512 bytes off the 4 KiB granules there (a remote buffer
+    laid out with a header): each side alone picks its own lists (4 KiB here, fine there), and the
+    pair takes the block path on both sides' fine lists instead of the batch path; without fine
+    lists on the aligned side, the batch path as before."""
+    K = 16384
+    loc = [_fine(0x100000, 1 << 22, "la", buffer_id=7, list_id=70, fine_id=71)]
+    rem = [_fine(0x900000, 1 << 22, "ra")]
+    lp = _prepped(loc, [(0x100000 + i * K, K, 0) for i in range(16)])
+    rp = _prepped(rem, [(0x900000 + 512 + i * K, K, 0) for i in range(16)], "b")
+    assert lp.aligned and not lp.fine and lp.lists == [70]
+    assert rp.aligned and rp.fine and rp.lists == ["tcpxd1f:ra"]
+    for op in ("READ", "WRITE"):
+        p = _plan.plan(op, lp, np.array([2, 3, 9]), rp, np.array([0, 1, 15]), True, 0)
+        assert (p.path, p.total_bytes) == ("blocks", 3 * K)
+        (r,) = p.requests
+        assert (r.local_list_id, r.remote_token) == (71, "tcpxd1f:ra")
+        assert _ranges(r.local_indices) == [[64, 64], [288, 32]]
+        assert _ranges(r.remote_indices) == [[1, 64], [1 + 15 * 32, 32]]
+    assert lp.fine_twin is lp.fine_twin and lp.fine_twin.lists == [71] and rp.fine_twin is rp
+    coarse_only = _prepped([_fine(0x100000, 1 << 22, "la", buffer_id=7, list_id=70, fine=False)],
+                           [(0x100000 + i * K, K, 0) for i in range(16)])
+    assert coarse_only.fine_twin is None
+    assert _plan.plan("READ", coarse_only, np.array([2]), rp, np.array([0]), True, 0).path == "batch"
+
+
 def test_the_fine_granule_grows_with_the_buffer_and_stops_at_the_coarse_one():
     from tcpxd.nixl import _memory
 

@@ -318,6 +318,40 @@ def test_aligned_lists_over_several_buffer_pairs_notify_after_every_byte(slow, m
         B.close()
 
 
+@pytest.mark.parametrize("op", ["WRITE", "READ"])
+def test_blocks_4k_aligned_here_and_512_bytes_off_there_take_both_fine_lists(daemons, op):
+    """16 KiB blocks at 4 KiB offsets here, the remote's 512 bytes into its buffer (a header
+    before them): each list alone is aligned (the 4 KiB lists here, the fine ones there), and the
+    transfer takes the block path over both fine lists, byte-exact, the notification after it."""
+    a, b = daemons
+    A, B = pair(a, b)
+    try:
+        K, nb = 16384, 32
+        rng = np.random.default_rng(7)
+        amem, bmem = host_array(nb * K), host_array(nb * K + 4096)
+        for m in (amem, bmem):
+            m[:] = rng.integers(0, 256, m.nbytes, dtype=np.uint8)
+        A.register_memory([(int(amem.ctypes.data), amem.nbytes, 0, "")], "DRAM")
+        B.register_memory([(int(bmem.ctypes.data), bmem.nbytes, 0, "")], "DRAM")
+        A.add_remote_agent(B.get_agent_metadata())
+        local = A.prep_xfer_dlist("NIXL_INIT_AGENT", [(int(amem.ctypes.data) + i * K, K, 0) for i in range(nb)], "DRAM")
+        remote = A.prep_xfer_dlist("xf-B", [(int(bmem.ctypes.data) + 512 + i * K, K, 0) for i in range(nb)], "DRAM")
+        lp, rp = A._dlist(local, "local"), A._dlist(remote, "remote")
+        assert (lp.aligned, lp.fine, rp.aligned, rp.fine) == (True, False, True, True)
+        li, ri = rng.permutation(nb)[:20], rng.permutation(nb)[:20]
+        h = A.make_prepped_xfer(op, local, li, remote, ri, notif_msg=b"fine")
+        assert h._xfer.plan.path == "blocks"
+        assert A.transfer(h) in ("PROC", "DONE")
+        assert wait(A, h) == "DONE", h.error
+        assert _notifs(B, 1) == {"xf-A": [b"fine"]}
+        for x, y in zip(li.tolist(), ri.tolist()):
+            here, there = amem[x * K:(x + 1) * K], bmem[512 + y * K:512 + (y + 1) * K]
+            assert np.array_equal(here, there), (x, y)
+    finally:
+        A.close()
+        B.close()
+
+
 def test_block_path_ends_in_err_within_the_deadline_when_the_peer_dies(tmp_root):
     """A prepared READ from a peer whose daemon is killed mid-transfer: "ERR" before the
     (long) deadline, the other parts cancelled."""

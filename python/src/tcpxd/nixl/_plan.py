@@ -8,8 +8,10 @@ a fine one (512 bytes, likewise), and the agent's metadata publishes each region
 G. A prepared list is held here as arrays per descriptor: its region, offset in the region's
 buffer and length, and, precomputed, whether it is *granule-aligned* (offset and length multiples
 of its buffer's G, inside the list), its list, first granule and granule count; on the fine lists
-where the 4 KiB ones do not align every descriptor and the fine ones do (`Prepped._granules`). A transfer whose every pair is aligned on both sides
-with the same G is grouped by (local list, remote list) — a daemon buffer pair — and each group is
+where the 4 KiB ones do not align every descriptor and the fine ones do (`Prepped._granules`);
+a side on the 4 KiB lists meeting one on the fine lists retiles on its fine ones
+(`Prepped.fine_twin`). A transfer whose every pair is aligned on both sides with the same G is
+grouped by (local list, remote list) — a daemon buffer pair — and each group is
 one WriteBlocks/ReadBlocks request whose indices are granule *ranges* (start, count), consecutive
 ones merged, both sides' ranges packed independently (the daemon copies block k of one selection
 into block k of the other: both sides list the same number of granules in pair order). vLLM's
@@ -108,6 +110,8 @@ class Prepped:
     region: np.ndarray
     offset: np.ndarray
     length: np.ndarray
+    #: Tile on the fine lists whatever the coarse ones align (`fine_twin`).
+    force_fine: bool = False
 
     def __post_init__(self) -> None:
         #: Per region: its buffer's id, and its descriptor as an encoded field of each entry kind.
@@ -158,9 +162,13 @@ class Prepped:
         not a multiple of 4 KiB); `overlaps`: whether any two descriptors of the list share a byte
         (the block path refuses a destination named twice)."""
         n = len(self.length)
-        ok, g, first, cnt = self._tiled(False)
-        self.fine = False
-        if n and not bool(ok.all()) and any(r.fine for r in self.regions):
+        if self.force_fine:
+            ok, g, first, cnt = self._tiled(True)
+            self.fine = True
+        else:
+            ok, g, first, cnt = self._tiled(False)
+            self.fine = False
+        if n and not self.fine and not bool(ok.all()) and any(r.fine for r in self.regions):
             fok, fg, ffirst, fcnt = self._tiled(True)
             if bool(fok.all()):
                 self.fine, ok, g, first, cnt = True, fok, fg, ffirst, fcnt
@@ -177,6 +185,21 @@ class Prepped:
         #: a transfer then compares two numbers instead of gathering both sides' signatures.
         self.usig: Optional[int] = int(self.sig[0]) if n and bool((self.sig == self.sig[0]).all()) else None
         self._overlaps: Optional[bool] = None
+        self._fine_twin: Optional[Prepped] = None
+
+    @property
+    def fine_twin(self) -> Optional["Prepped"]:
+        """This list tiled on its buffers' fine lists (itself when it already is), for a pair
+        whose other side only the fine lists align (`unprepared_plan`); None where its buffers have
+        no fine lists. Made once, on first use."""
+        if self.fine:
+            return self
+        if not any(r.fine for r in self.regions):
+            return None
+        if self._fine_twin is None:
+            self._fine_twin = Prepped(self.agent, self.mem, self.regions, self.region, self.offset, self.length,
+                                      force_fine=True)
+        return self._fine_twin
 
     def _tiled(self, fine: bool) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(aligned, granule, first granule, granules) per descriptor on the coarse or fine lists."""
@@ -538,11 +561,19 @@ def plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarra
 
 
 def unprepared_plan(op: str, local: Prepped, li: np.ndarray, remote: Prepped, ri: np.ndarray, merge: bool, timeout_ms: int) -> Plan:
-    """The block path, else the batch path."""
+    """The block path, else the batch path. A side on the 4 KiB lists whose other side only the
+    fine lists align (a remote buffer laid out with another offset) takes the block path on both
+    sides' fine lists."""
     if local.aligned or remote.aligned:  # else no pair can take the block path
         p = block_plan(op, local, li, remote, ri, timeout_ms)
         if p is not None:
             return p
+    if local.fine != remote.fine and (local.fine or remote.fine):
+        lt, rt = local.fine_twin, remote.fine_twin
+        if lt is not None and rt is not None:
+            p = block_plan(op, lt, li, rt, ri, timeout_ms)
+            if p is not None:
+                return p
     return batch_plan(op, local, li, remote, ri, merge, timeout_ms)
 
 
