@@ -175,7 +175,9 @@ impl HostRegion {
             map_len,
         };
         // SAFETY: the range is exactly the shared mapping just made; reads only (the client may
-        // be writing the file), and a range past the file's end is an error here, not a SIGBUS.
+        // be writing the file). The caller checked that the file holds the range; should it not,
+        // `MADV_POPULATE_READ` answers EFAULT here rather than a SIGBUS later (only the fallback
+        // for kernels before 5.14, which touches each page, relies on the caller's check).
         unsafe { populate(map, map_len, Touch::Read) }.map_err(|e| {
             let past_end = if e.raw_os_error() == Some(libc::EFAULT) {
                 " (the range runs past the file's end)"
