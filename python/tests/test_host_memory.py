@@ -280,3 +280,23 @@ def test_asyncio_client_shares_the_same_way(peered):
             await dst.release()
 
     asyncio.run(main())
+
+
+def test_memory_the_node_does_not_have_is_refused_not_left_to_the_oom_killer(tmp_root):
+    """With a reserve no machine has (transfer.host_memory_reserve_bytes), every host registration
+    (the package's memfd, the client's own array over one, daemon-allocated memory) is refused with
+    ResourceExhausted naming the field, and nothing is registered."""
+    from conftest import start_daemon, stop_daemon
+
+    conf = tmp_root / "headroom.toml"
+    conf.write_text("[transfer]\nhost_memory_reserve_bytes = 1125899906842624\n")
+    d = start_daemon(tmp_root, "hr", ["--config", str(conf)])
+    try:
+        with tcpxd.Client(d.endpoint) as c:
+            with pytest.raises(tcpxd.errors.ResourceExhausted, match=r"register_host_fd\.size: faulting in"):
+                c.register_host(4 * MIB)
+            with pytest.raises(tcpxd.errors.ResourceExhausted, match=r"host\.size: faulting in 4194304 bytes"):
+                c.register_host(4 * MIB, shared=False)
+            assert c.list_buffers() == []
+    finally:
+        stop_daemon(d)

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::engine::{Code, EngineError};
 use crate::gpu::{DeviceRegion, Gpu, IpcExport, Stream};
+use crate::headroom::{DEFAULT_RESERVE, Headroom};
 use crate::net::{HostRegion, REGION_ALIGN, Region};
 
 /// Largest range `ReadBuffer` returns.
@@ -208,6 +209,8 @@ pub struct BufferRegistry {
     /// The peer addresses every descriptor carries (`peer.advertise`).
     advertise: Vec<String>,
     max_buffer_bytes: u64,
+    /// What a host registration may fault in (`transfer.host_memory_reserve_bytes`).
+    pub(crate) headroom: Headroom,
     next_id: AtomicU64,
     map: Mutex<HashMap<u64, Arc<BufferEntry>>>,
 }
@@ -218,9 +221,17 @@ impl BufferRegistry {
             node_id: node_id.to_string(),
             advertise: Vec::new(),
             max_buffer_bytes,
+            headroom: Headroom::system(DEFAULT_RESERVE),
             next_id: AtomicU64::new(1),
             map: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Host registrations fault memory in only within `headroom` (the node's memory, keeping a
+    /// reserve free: [`crate::headroom`]).
+    pub fn with_headroom(mut self, headroom: Headroom) -> BufferRegistry {
+        self.headroom = headroom;
+        self
     }
 
     /// Descriptors carry these peer addresses (checked by the caller).
@@ -366,7 +377,10 @@ impl BufferRegistry {
         self.check_new("host.size", size, label)?;
         let len = usize::try_from(size)
             .map_err(|_| EngineError::invalid("host.size: too large for this machine"))?;
-        // Populated now: no transfer into or out of it page-faults later.
+        // Within what the node has (else the OOM killer, not an error, would answer), and
+        // populated now: no transfer into or out of it page-faults later.
+        let pages = size.div_ceil(REGION_ALIGN as u64) * REGION_ALIGN as u64;
+        let _admitted = self.headroom.admit("host.size", pages)?;
         let region = HostRegion::populated(len).map_err(|e| {
             EngineError::new(
                 Code::ResourceExhausted,
@@ -653,6 +667,24 @@ mod tests {
                 .message
                 .contains("past the end")
         );
+    }
+
+    #[test]
+    fn host_buffers_past_the_nodes_memory_are_refused_and_nothing_is_pending_after() {
+        // 9 MiB available, 1 MiB kept free: 8 MiB fit, in whole pages.
+        let probe = Box::new(|| Some(9 << 20));
+        let reg = BufferRegistry::new("n", 1 << 40).with_headroom(Headroom::with_probe(1 << 20, probe));
+        let e = reg.allocate_host((8 << 20) + 1, "").unwrap_err();
+        assert_eq!(e.code, Code::ResourceExhausted);
+        assert!(
+            e.message.starts_with("host.size: faulting in 8392704 bytes"),
+            "{e}"
+        );
+        assert!(e.message.contains("at most 8388608 bytes fit now"), "{e}");
+        let b = reg.allocate_host(8 << 20, "").unwrap();
+        assert_eq!(b.size, 8 << 20);
+        let b2 = reg.allocate_host(8 << 20, "").unwrap();
+        drop((b, b2)); // each was admitted alone: nothing stays pending after a registration
     }
 
     #[test]

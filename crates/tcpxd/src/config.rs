@@ -190,6 +190,8 @@ pub struct FileTransfer {
     pub recv_window: Option<usize>,
     pub default_timeout_s: Option<u64>,
     pub max_buffer_bytes: Option<u64>,
+    /// Host memory a registration must leave free (`crate::headroom`).
+    pub host_memory_reserve_bytes: Option<u64>,
     pub finished_retention_s: Option<u64>,
 }
 
@@ -244,6 +246,8 @@ pub struct Config {
     pub recv_window: usize,
     pub default_timeout: Duration,
     pub max_buffer_bytes: u64,
+    /// Host memory a registration must leave free (`transfer.host_memory_reserve_bytes`).
+    pub host_memory_reserve: u64,
     pub finished_retention: Duration,
     pub shutdown_grace: Duration,
     pub ready_file: Option<PathBuf>,
@@ -497,6 +501,10 @@ impl Config {
             recv_window,
             default_timeout: Duration::from_secs(default_timeout_s),
             max_buffer_bytes: file.transfer.max_buffer_bytes.unwrap_or(64 << 30),
+            host_memory_reserve: file
+                .transfer
+                .host_memory_reserve_bytes
+                .unwrap_or(crate::headroom::DEFAULT_RESERVE),
             finished_retention: Duration::from_secs(file.transfer.finished_retention_s.unwrap_or(300)),
             shutdown_grace: Duration::from_secs(
                 args.shutdown_grace_s.or(file.shutdown.grace_s).unwrap_or(30),

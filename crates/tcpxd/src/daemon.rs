@@ -19,6 +19,7 @@ use crate::api::state::DaemonState;
 use crate::buffers::BufferRegistry;
 use crate::config::Config;
 use crate::engine::{EngineConfig, LaneLayout};
+use crate::headroom::Headroom;
 use crate::net::Plugin;
 use crate::peers::{CONTROL_CONNECTION_WINDOW, CONTROL_STREAM_WINDOW, MAX_CONTROL_MESSAGE, Peers};
 use crate::poller::{Command, DrainReport, PollerConfig, PollerHandle};
@@ -202,6 +203,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
     let state = Arc::new(DaemonState {
         node_id: cfg.node_id.clone(),
         buffers: BufferRegistry::new(&cfg.node_id, cfg.max_buffer_bytes)
+            .with_headroom(Headroom::system(cfg.host_memory_reserve))
             .with_advertise(peer_addresses.clone()),
         poller: poller.sender(),
         peers: Peers::new(

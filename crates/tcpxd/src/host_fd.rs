@@ -27,6 +27,7 @@ use rustix::fs::{FileType, OFlags, SealFlags};
 
 use crate::buffers::{BufferEntry, BufferKind, BufferMemory, BufferRegistry};
 use crate::engine::{Code, EngineError};
+use crate::headroom::Headroom;
 use crate::net::HostRegion;
 
 /// Whether a client may hand over a file that cannot be sealed against shrinking.
@@ -57,12 +58,15 @@ pub enum Shrink {
     Trusted,
 }
 
-/// Checks the client's file and maps `[offset, offset + size)` of it.
+/// Checks the client's file and maps `[offset, offset + size)` of it, faulting its pages in
+/// where `headroom` has room for those not in memory yet (a fresh memfd's are holes: faulting
+/// them in allocates them, charged to the daemon).
 pub fn map_client_file(
     fd: &OwnedFd,
     offset: u64,
     size: u64,
     unsealed: Unsealed,
+    headroom: &Headroom,
 ) -> Result<(HostRegion, Shrink), EngineError> {
     let invalid = |why: String| EngineError::invalid(format!("host_fd: {why}"));
     let st = rustix::fs::fstat(fd).map_err(|e| invalid(format!("fstat: {e}")))?;
@@ -100,8 +104,13 @@ pub fn map_client_file(
         .map_err(|_| EngineError::invalid("register_host_fd.size: too large for this machine"))?;
     // What the checks above leave to fail here (hugetlbfs alignment, a file system without
     // shared mappings, the address space) is the file's or the machine's, not a bad request.
-    let region = HostRegion::map_file(fd.as_fd(), offset, len)
-        .map_err(|e| EngineError::new(Code::FailedPrecondition, format!("host_fd: {e}")))?;
+    let failed =
+        |e: crate::net::NetError| EngineError::new(Code::FailedPrecondition, format!("host_fd: {e}"));
+    let region = HostRegion::map_file_lazily(fd.as_fd(), offset, len).map_err(failed)?;
+    let (resident, pages) = region.resident_pages().map_err(failed)?;
+    let missing = (pages - resident) as u64 * rustix::param::page_size() as u64;
+    let _admitted = headroom.admit("register_host_fd.size", missing)?;
+    region.fault_in_file().map_err(failed)?;
     Ok((region, shrink))
 }
 
@@ -156,7 +165,7 @@ impl BufferRegistry {
         unsealed: Unsealed,
     ) -> Result<(Arc<BufferEntry>, Shrink), EngineError> {
         self.check_new("register_host_fd.size", size, label)?;
-        let (region, shrink) = map_client_file(fd, offset, size, unsealed)?;
+        let (region, shrink) = map_client_file(fd, offset, size, unsealed, &self.headroom)?;
         let entry = self.entry(
             BufferKind::HostShared,
             size,
@@ -226,6 +235,34 @@ mod tests {
         assert!(rustix::fs::ftruncate(&fd, 4096).is_err());
         rustix::fs::ftruncate(&fd, 4 << 20).unwrap();
         assert_eq!(read(&b, 0, 12).unwrap(), b"client bytes");
+    }
+
+    #[test]
+    fn only_the_pages_of_a_file_not_yet_in_memory_count_against_the_headroom() {
+        // 4 MiB of room: an 8 MiB fresh memfd (all holes) does not fit; once the client wrote
+        // every page, faulting it in takes nothing new and it does.
+        let probe = Box::new(|| Some(4 << 20));
+        let reg = BufferRegistry::new("n", 1 << 30).with_headroom(Headroom::with_probe(0, probe));
+        let fd = memfd(8 << 20, true);
+        let e = reg
+            .register_host_file(&fd, 0, 8 << 20, "", Unsealed::Refused)
+            .unwrap_err();
+        assert_eq!(e.code, Code::ResourceExhausted);
+        assert!(
+            e.message
+                .starts_with("register_host_fd.size: faulting in 8388608 bytes"),
+            "{e}"
+        );
+        file(&fd).write_all_at(&vec![1u8; 8 << 20], 0).unwrap();
+        let (b, _) = reg
+            .register_host_file(&fd, 0, 8 << 20, "", Unsealed::Refused)
+            .unwrap();
+        assert_eq!(read(&b, (8 << 20) - 2, 2).unwrap(), [1, 1]);
+        // Half written: the other half counts (4 MiB, which fits).
+        let half = memfd(8 << 20, true);
+        file(&half).write_all_at(&vec![2u8; 4 << 20], 0).unwrap();
+        reg.register_host_file(&half, 0, 8 << 20, "", Unsealed::Refused)
+            .unwrap();
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod config;
 pub mod daemon;
 pub mod doctor;
 pub mod gpu;
+pub mod headroom;
 pub mod host_fd;
 pub mod idle;
 pub mod lanes;

@@ -130,12 +130,19 @@ impl HostRegion {
         })
     }
 
-    /// Maps `len` bytes of the file `fd`, starting `offset` bytes in (any alignment), shared
-    /// (`MAP_SHARED`: the pages every other mapping of the file sees, no copy) and populated. The
-    /// mapping starts at the page holding `offset`. The caller has checked that the file is a
-    /// regular file open for reading and writing that holds the range, and that it cannot shrink
-    /// (or accepted that it may: touching pages past a file's end raises SIGBUS).
+    /// [`HostRegion::map_file_lazily`], then [`HostRegion::fault_in_file`].
     pub fn map_file(fd: BorrowedFd<'_>, offset: u64, len: usize) -> NetResult<HostRegion> {
+        let region = Self::map_file_lazily(fd, offset, len)?;
+        region.fault_in_file()?;
+        Ok(region)
+    }
+
+    /// Maps `len` bytes of the file `fd`, starting `offset` bytes in (any alignment), shared
+    /// (`MAP_SHARED`: the pages every other mapping of the file sees, no copy), not yet faulted
+    /// in. The mapping starts at the page holding `offset`. The caller has checked that the file
+    /// is a regular file open for reading and writing that holds the range, and that it cannot
+    /// shrink (or accepted that it may: touching pages past a file's end raises SIGBUS).
+    pub fn map_file_lazily(fd: BorrowedFd<'_>, offset: u64, len: usize) -> NetResult<HostRegion> {
         let bad = |why: String| NetError::InvalidArgument(why);
         // SAFETY: sysconf has no memory-safety preconditions.
         let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
@@ -167,28 +174,32 @@ impl HostRegion {
         let map = NonNull::new(ptr.cast::<u8>()).expect("mmap never returns NULL on success");
         // SAFETY: `skip < page <= map_len`: the pointer stays inside the mapping.
         let ptr = unsafe { map.add(skip as usize) };
-        // Owned from here: an error below unmaps it on drop.
-        let region = HostRegion {
+        Ok(HostRegion {
             ptr,
             len,
             map,
             map_len,
-        };
-        // SAFETY: the range is exactly the shared mapping just made; reads only (the client may
+        })
+    }
+
+    /// Faults in every page of a region from [`HostRegion::map_file_lazily`] (what the client
+    /// wrote stays as it is).
+    pub fn fault_in_file(&self) -> NetResult<()> {
+        // SAFETY: the range is exactly this region's shared mapping; reads only (the client may
         // be writing the file). The caller checked that the file holds the range; should it not,
         // `MADV_POPULATE_READ` answers EFAULT here rather than a SIGBUS later (only the fallback
         // for kernels before 5.14, which touches each page, relies on the caller's check).
-        unsafe { populate(map, map_len, Touch::Read) }.map_err(|e| {
+        unsafe { populate(self.map, self.map_len, Touch::Read) }.map_err(|e| {
             let past_end = if e.raw_os_error() == Some(libc::EFAULT) {
                 " (the range runs past the file's end)"
             } else {
                 ""
             };
-            bad(format!(
-                "could not fault in {len} bytes of the file at offset {offset}: {e}{past_end}"
+            NetError::InvalidArgument(format!(
+                "could not fault in {} bytes of the file: {e}{past_end}",
+                self.len
             ))
-        })?;
-        Ok(region)
+        })
     }
 
     /// Pages of the mapping resident in RAM now, and pages in all (`mincore`).

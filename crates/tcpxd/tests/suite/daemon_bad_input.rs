@@ -493,3 +493,57 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
     b.stop().await;
     c.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_buffer_past_the_nodes_memory_is_refused_not_left_to_the_oom_killer() {
+    // A reserve larger than any machine's memory: every host registration would cut into it.
+    tcpxd::logging::init("warn");
+    let conf = std::env::temp_dir().join(format!("tcpxd-headroom-{}.toml", std::process::id()));
+    std::fs::write(
+        &conf,
+        "[transfer]\nhost_memory_reserve_bytes = 1125899906842624\n",
+    )
+    .unwrap();
+    let conf2 = conf.clone();
+    let mut d = daemons::start("headroom", move |a| a.config = Some(conf2)).await;
+    let r = d
+        .client
+        .register_buffer(pb::RegisterBufferRequest {
+            source: Some(pb::register_buffer_request::Source::Host(pb::HostAllocation {
+                size: MIB,
+            })),
+            label: "kv".into(),
+        })
+        .await;
+    expect_err(
+        "1 MiB host buffer",
+        r,
+        Code::ResourceExhausted,
+        "host.size: faulting in 1048576 bytes",
+    );
+    let r = d
+        .client
+        .register_buffer(pb::RegisterBufferRequest {
+            source: Some(pb::register_buffer_request::Source::Host(pb::HostAllocation {
+                size: MIB,
+            })),
+            label: "kv".into(),
+        })
+        .await;
+    expect_err(
+        "again",
+        r,
+        Code::ResourceExhausted,
+        "transfer.host_memory_reserve_bytes",
+    );
+    // Nothing was registered, and the label is still free.
+    let list = d
+        .client
+        .list_buffers(pb::ListBuffersRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(list.buffers.is_empty(), "{list:?}");
+    std::fs::remove_file(&conf).unwrap();
+    d.stop().await;
+}

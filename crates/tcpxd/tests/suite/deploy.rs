@@ -236,6 +236,7 @@ fn the_example_config_loads() {
     );
     assert_eq!(c.api_socket, Path::new(tcpxd::config::DEFAULT_API_SOCKET));
     assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
+    assert_eq!(c.host_memory_reserve, 1 << 30);
 }
 
 /// `[Section]` -> key -> values (a key may repeat).
