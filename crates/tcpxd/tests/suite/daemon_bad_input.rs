@@ -506,36 +506,24 @@ async fn a_host_buffer_past_the_nodes_memory_is_refused_not_left_to_the_oom_kill
     .unwrap();
     let conf2 = conf.clone();
     let mut d = daemons::start("headroom", move |a| a.config = Some(conf2)).await;
-    let r = d
-        .client
-        .register_buffer(pb::RegisterBufferRequest {
+    // Twice: the first refusal left nothing pending and took no label.
+    for (what, words) in [
+        ("1 MiB host buffer", "host.size: faulting in 1048576 bytes"),
+        ("again", "transfer.host_memory_reserve_bytes"),
+    ] {
+        let req = pb::RegisterBufferRequest {
             source: Some(pb::register_buffer_request::Source::Host(pb::HostAllocation {
                 size: MIB,
             })),
             label: "kv".into(),
-        })
-        .await;
-    expect_err(
-        "1 MiB host buffer",
-        r,
-        Code::ResourceExhausted,
-        "host.size: faulting in 1048576 bytes",
-    );
-    let r = d
-        .client
-        .register_buffer(pb::RegisterBufferRequest {
-            source: Some(pb::register_buffer_request::Source::Host(pb::HostAllocation {
-                size: MIB,
-            })),
-            label: "kv".into(),
-        })
-        .await;
-    expect_err(
-        "again",
-        r,
-        Code::ResourceExhausted,
-        "transfer.host_memory_reserve_bytes",
-    );
+        };
+        expect_err(
+            what,
+            d.client.register_buffer(req).await,
+            Code::ResourceExhausted,
+            words,
+        );
+    }
     // Nothing was registered, and the label is still free.
     let list = d
         .client
