@@ -107,11 +107,26 @@ pub fn map_client_file(
     let failed =
         |e: crate::net::NetError| EngineError::new(Code::FailedPrecondition, format!("host_fd: {e}"));
     let region = HostRegion::map_file_lazily(fd.as_fd(), offset, len).map_err(failed)?;
-    let (resident, pages) = region.resident_pages().map_err(failed)?;
-    let missing = (pages - resident) as u64 * rustix::param::page_size() as u64;
+    // A hugetlbfs file's pages come from the huge page pool, reserved when the file was sized or
+    // mapped, not from the memory `MemAvailable` counts: nothing to admit.
+    let missing = if on_hugetlbfs(fd) {
+        0
+    } else {
+        let (resident, pages) = region.resident_pages().map_err(failed)?;
+        (pages - resident) as u64 * rustix::param::page_size() as u64
+    };
     let _admitted = headroom.admit("register_host_fd.size", missing)?;
     region.fault_in_file().map_err(failed)?;
     Ok((region, shrink))
+}
+
+/// Whether the file lies on hugetlbfs (a memfd made with `MFD_HUGETLB`, a file under a hugetlbfs
+/// mount).
+fn on_hugetlbfs(fd: &OwnedFd) -> bool {
+    const HUGETLBFS_MAGIC: i64 = 0x9584_58f6;
+    // `f_type`'s width differs between targets (i64 here, u32 on some).
+    #[allow(clippy::unnecessary_cast)]
+    rustix::fs::fstatfs(fd).is_ok_and(|s| s.f_type as i64 == HUGETLBFS_MAGIC)
 }
 
 /// Puts `F_SEAL_SHRINK` on the file, or decides whether an unsealable one may be used.
@@ -263,6 +278,15 @@ mod tests {
         file(&half).write_all_at(&vec![2u8; 4 << 20], 0).unwrap();
         reg.register_host_file(&half, 0, 8 << 20, "", Unsealed::Refused)
             .unwrap();
+    }
+
+    #[test]
+    fn hugetlbfs_files_are_told_apart() {
+        assert!(!on_hugetlbfs(&memfd(4096, true)));
+        // Where the kernel has hugetlbfs (the pool may be empty: nothing is allocated here).
+        if let Ok(huge) = rustix::fs::memfd_create("tcpxd-huge", MemfdFlags::CLOEXEC | MemfdFlags::HUGETLB) {
+            assert!(on_hugetlbfs(&huge));
+        }
     }
 
     #[test]
