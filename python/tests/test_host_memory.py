@@ -283,9 +283,11 @@ def test_asyncio_client_shares_the_same_way(peered):
 
 
 def test_memory_the_node_does_not_have_is_refused_not_left_to_the_oom_killer(tmp_root):
-    """With a reserve no machine has (transfer.host_memory_reserve_bytes), every host registration
-    (the package's memfd, the client's own array over one, daemon-allocated memory) is refused with
-    ResourceExhausted naming the field, and nothing is registered."""
+    """With a reserve no machine has (transfer.host_memory_reserve_bytes), a registration that
+    would make the daemon allocate memory is refused with ResourceExhausted naming the field, and
+    nothing is registered: daemon-allocated memory, and a client's memfd still all holes. The
+    package's own memfd is allocated by the client (`fallocate`) before it is handed over, so
+    faulting it in allocates nothing and it is taken."""
     from conftest import start_daemon, stop_daemon
 
     conf = tmp_root / "headroom.toml"
@@ -293,10 +295,24 @@ def test_memory_the_node_does_not_have_is_refused_not_left_to_the_oom_killer(tmp
     d = start_daemon(tmp_root, "hr", ["--config", str(conf)])
     try:
         with tcpxd.Client(d.endpoint) as c:
-            with pytest.raises(tcpxd.errors.ResourceExhausted, match=r"register_host_fd\.size: faulting in"):
-                c.register_host(4 * MIB)
             with pytest.raises(tcpxd.errors.ResourceExhausted, match=r"host\.size: faulting in 4194304 bytes"):
                 c.register_host(4 * MIB, shared=False)
-            assert c.list_buffers() == []
+            fd = os.memfd_create("sparse", os.MFD_ALLOW_SEALING)
+            try:
+                os.ftruncate(fd, 4 * MIB)
+                mm = mmap.mmap(fd, 4 * MIB)
+                with pytest.raises(tcpxd.errors.ResourceExhausted, match=r"register_host_fd\.size: faulting in 4194304 bytes"):
+                    c.register_host(mm, fd=fd)
+                assert c.list_buffers() == []
+                mm[:] = b"\x07" * (4 * MIB)  # written by the client: nothing left to allocate
+                b = c.register_host(mm, fd=fd)
+                assert b.numpy()[-1] == 7
+                b.release()
+            finally:
+                os.close(fd)
+            own = c.register_host(4 * MIB)  # the package's memfd: allocated here already
+            own.numpy()[:] = 3
+            assert len(c.list_buffers()) == 1
+            own.release()
     finally:
         stop_daemon(d)

@@ -107,13 +107,19 @@ pub fn map_client_file(
     let failed =
         |e: crate::net::NetError| EngineError::new(Code::FailedPrecondition, format!("host_fd: {e}"));
     let region = HostRegion::map_file_lazily(fd.as_fd(), offset, len).map_err(failed)?;
-    // A hugetlbfs file's pages come from the huge page pool, reserved when the file was sized or
+    // What faulting the range in would allocate: no more than its pages not in memory
+    // (`mincore`), nor than the file's bytes without storage (size less `st_blocks`). Both
+    // count: pages the client allocated with `fallocate` (the package does) but never touched
+    // are not in memory yet, and a file whose storage is complete may not be resident. A
+    // hugetlbfs file's pages come from the huge page pool, reserved when the file was sized or
     // mapped, not from the memory `MemAvailable` counts: nothing to admit.
     let missing = if on_hugetlbfs(fd) {
         0
     } else {
         let (resident, pages) = region.resident_pages().map_err(failed)?;
-        (pages - resident) as u64 * rustix::param::page_size() as u64
+        let absent = (pages - resident) as u64 * rustix::param::page_size() as u64;
+        let stored = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+        absent.min(file_size.saturating_sub(stored))
     };
     let _admitted = headroom.admit("register_host_fd.size", missing)?;
     region.fault_in_file().map_err(failed)?;
@@ -278,6 +284,14 @@ mod tests {
         file(&half).write_all_at(&vec![2u8; 4 << 20], 0).unwrap();
         reg.register_host_file(&half, 0, 8 << 20, "", Unsealed::Refused)
             .unwrap();
+        // Allocated by the client (`fallocate`, as the Python package does) but never touched:
+        // not in memory, yet faulting it in allocates nothing new.
+        let allocated = memfd(8 << 20, true);
+        rustix::fs::fallocate(&allocated, rustix::fs::FallocateFlags::empty(), 0, 8 << 20).unwrap();
+        let (b, _) = reg
+            .register_host_file(&allocated, 0, 8 << 20, "", Unsealed::Refused)
+            .unwrap();
+        assert_eq!(read(&b, 0, 2).unwrap(), [0, 0]);
     }
 
     #[test]
