@@ -379,8 +379,9 @@ impl BufferRegistry {
             .map_err(|_| EngineError::invalid("host.size: too large for this machine"))?;
         // Within what the node has (else the OOM killer, not an error, would answer), and
         // populated now: no transfer into or out of it page-faults later.
-        let pages = size.div_ceil(REGION_ALIGN as u64) * REGION_ALIGN as u64;
-        let _admitted = self.headroom.admit("host.size", pages)?;
+        let _admitted = self
+            .headroom
+            .admit("host.size", size.next_multiple_of(REGION_ALIGN as u64))?;
         let region = HostRegion::populated(len).map_err(|e| {
             EngineError::new(
                 Code::ResourceExhausted,

@@ -64,7 +64,7 @@ impl Region for PinnedRegion {
 }
 
 /// Host memory: page-aligned and zero-initialised (an anonymous mapping), or a range of a
-/// client's file mapped shared ([`HostRegion::map_file`]).
+/// client's file mapped shared ([`HostRegion::map_file_lazily`]).
 ///
 /// The plugin writes into it from its own threads while a receive is in flight, so its bytes are
 /// only ever accessed through explicit copies ([`HostRegion::read`], [`HostRegion::write`]), never
@@ -73,7 +73,7 @@ pub struct HostRegion {
     ptr: NonNull<u8>,
     len: usize,
     /// The mapping holding the region (unmapped on drop): `ptr` itself for anonymous memory; the
-    /// page holding `ptr` for a mapped file (`HostRegion::map_file`).
+    /// page holding `ptr` for a mapped file (`HostRegion::map_file_lazily`).
     map: NonNull<u8>,
     map_len: usize,
 }
@@ -130,13 +130,6 @@ impl HostRegion {
         })
     }
 
-    /// [`HostRegion::map_file_lazily`], then [`HostRegion::fault_in_file`].
-    pub fn map_file(fd: BorrowedFd<'_>, offset: u64, len: usize) -> NetResult<HostRegion> {
-        let region = Self::map_file_lazily(fd, offset, len)?;
-        region.fault_in_file()?;
-        Ok(region)
-    }
-
     /// Maps `len` bytes of the file `fd`, starting `offset` bytes in (any alignment), shared
     /// (`MAP_SHARED`: the pages every other mapping of the file sees, no copy), not yet faulted
     /// in. The mapping starts at the page holding `offset`. The caller has checked that the file
@@ -144,9 +137,7 @@ impl HostRegion {
     /// shrink (or accepted that it may: touching pages past a file's end raises SIGBUS).
     pub fn map_file_lazily(fd: BorrowedFd<'_>, offset: u64, len: usize) -> NetResult<HostRegion> {
         let bad = |why: String| NetError::InvalidArgument(why);
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let skip = offset % page;
+        let skip = offset % page_size() as u64;
         let map_len = usize::try_from(skip)
             .ok()
             .and_then(|skip| skip.checked_add(len.max(1)))
@@ -205,9 +196,7 @@ impl HostRegion {
     /// Pages of the mapping resident in RAM now, and pages in all (`mincore`).
     pub fn resident_pages(&self) -> NetResult<(usize, usize)> {
         let map_len = self.map_len;
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        let pages = map_len.div_ceil(page);
+        let pages = map_len.div_ceil(page_size());
         let mut vec = vec![0u8; pages];
         // SAFETY: the range is exactly this mapping (page-aligned base, its mapped length) and
         // `vec` holds one byte per page of it, as mincore requires.
@@ -275,8 +264,8 @@ impl Region for HostRegion {
 
 impl Drop for HostRegion {
     fn drop(&mut self) {
-        // SAFETY: the mapping was created in `map` or `map_file` with this base and length and
-        // is unmapped once.
+        // SAFETY: the mapping was created in `map` or `map_file_lazily` with this base and
+        // length and is unmapped once.
         unsafe { libc::munmap(self.map.as_ptr().cast(), self.map_len) };
     }
 }
@@ -334,6 +323,11 @@ pub(super) fn probe_copy(src: *const u8, dst: &mut [u8]) -> bool {
     n == dst.len() as isize
 }
 
+/// The system's page size.
+fn page_size() -> usize {
+    rustix::param::page_size()
+}
+
 /// How [`populate`] faults pages in.
 #[derive(Clone, Copy)]
 enum Touch {
@@ -359,15 +353,15 @@ const POPULATE_STEP: usize = 8 << 20;
 /// `map..map + len` is one live mapping of the caller's, readable and writable, and for
 /// [`Touch::Zero`] a fresh private anonymous one no other thread uses yet.
 unsafe fn populate(map: NonNull<u8>, len: usize, touch: Touch) -> std::io::Result<()> {
+    let advice = match touch {
+        Touch::Zero => libc::MADV_POPULATE_WRITE,
+        Touch::Read => libc::MADV_POPULATE_READ,
+    };
     let mut done = 0;
     while done < len {
         let step = POPULATE_STEP.min(len - done);
         // SAFETY: `done + step <= len`: the range lies inside the caller's mapping.
         let at = unsafe { map.as_ptr().add(done) };
-        let advice = match touch {
-            Touch::Zero => libc::MADV_POPULATE_WRITE,
-            Touch::Read => libc::MADV_POPULATE_READ,
-        };
         // SAFETY: madvise on a range of the caller's mapping; it only faults pages in.
         let rc = unsafe { libc::madvise(at.cast(), step, advice) };
         if rc != 0 {
@@ -389,9 +383,7 @@ unsafe fn populate(map: NonNull<u8>, len: usize, touch: Touch) -> std::io::Resul
 /// # Safety
 /// As [`populate`]'s, for `at..at + len`.
 unsafe fn touch_pages(at: *mut u8, len: usize, touch: Touch) {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-    for off in (0..len).step_by(page) {
+    for off in (0..len).step_by(page_size()) {
         // SAFETY: `off < len`: inside the caller's mapping; a zero written only where the
         // contract says the memory is fresh, private and already zero.
         unsafe {
@@ -462,13 +454,15 @@ mod tests {
         std::fs::File::from(fd.try_clone().unwrap())
             .write_all_at(b"kept", 100)
             .unwrap();
-        let r = HostRegion::map_file(fd.as_fd(), 0, 4096).unwrap();
+        let r = HostRegion::map_file_lazily(fd.as_fd(), 0, 4096).unwrap();
+        r.fault_in_file().unwrap();
         assert_eq!(r.resident_pages().unwrap(), (1, 1));
         // Populating read it in without changing it.
         assert_eq!(r.to_vec(100, 4).unwrap(), b"kept");
-        let err = HostRegion::map_file(fd.as_fd(), 0, 3 * 4096)
-            .err()
-            .expect("a range past the end is refused");
+        let err = HostRegion::map_file_lazily(fd.as_fd(), 0, 3 * 4096)
+            .unwrap()
+            .fault_in_file()
+            .expect_err("a range past the end is refused");
         assert!(err.to_string().contains("past the file's end"), "{err}");
     }
 

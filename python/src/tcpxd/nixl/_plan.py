@@ -162,12 +162,8 @@ class Prepped:
         not a multiple of 4 KiB); `overlaps`: whether any two descriptors of the list share a byte
         (the block path refuses a destination named twice)."""
         n = len(self.length)
-        if self.force_fine:
-            ok, g, first, cnt = self._tiled(True)
-            self.fine = True
-        else:
-            ok, g, first, cnt = self._tiled(False)
-            self.fine = False
+        self.fine = self.force_fine
+        ok, g, first, cnt = self._tiled(self.fine)
         if n and not self.fine and not bool(ok.all()) and any(r.fine for r in self.regions):
             fok, fg, ffirst, fcnt = self._tiled(True)
             if bool(fok.all()):
