@@ -28,6 +28,15 @@ pub(crate) enum Bounce {
     Cuda,
 }
 
+/// What the emulation does where the real plugin calls `exit(1)` (`TCPXEMU_FAILSTOP`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FailStop {
+    /// Fail the comm with the plugin's words (every later post and test fails); the default.
+    Fail,
+    /// Log the plugin's words, then `exit(1)` the process, as the shipped plugin does.
+    Exit,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fragments {
     Page,
@@ -98,6 +107,9 @@ pub(crate) struct Config {
     pub(crate) seed: u64,
     pub(crate) flow_wait: Duration,
     pub(crate) conn_retry: u32,
+    /// `TCPXEMU_FAILSTOP`: fail the comm (default) or exit the process on the real plugin's
+    /// `exit(1)` paths.
+    pub(crate) failstop: FailStop,
 }
 
 impl Config {
@@ -105,7 +117,7 @@ impl Config {
         let mut s = format!(
             "tcpxemu: {} device(s), {}x{} data sockets per comm, NCCL_DYNAMIC_CHUNK_SIZE={}, \
              bounce={} ({}), host receive={}, bounce pages={}{}, seed={:#x}, flow-steering wait={}us, \
-             connection retry={}",
+             connection retry={}, failstop={}",
             self.devices.len(),
             self.nsocks,
             self.nthreads,
@@ -128,7 +140,11 @@ impl Config {
             },
             self.seed,
             self.flow_wait.as_micros(),
-            self.conn_retry
+            self.conn_retry,
+            match self.failstop {
+                FailStop::Fail => "fail",
+                FailStop::Exit => "exit",
+            }
         );
         for d in &self.devices {
             s.push_str(&format!(
@@ -439,6 +455,16 @@ fn from_env(w: &mut Vec<String>) -> Config {
         3u32,
         w,
     );
+    let failstop = match var("TCPXEMU_FAILSTOP").as_deref() {
+        None | Some("fail") => FailStop::Fail,
+        Some("exit") => FailStop::Exit,
+        Some(other) => {
+            w.push(format!(
+                "tcpxemu: TCPXEMU_FAILSTOP={other:?} is neither fail nor exit; using fail"
+            ));
+            FailStop::Fail
+        }
+    };
     Config {
         devices,
         nsocks,
@@ -455,5 +481,6 @@ fn from_env(w: &mut Vec<String>) -> Config {
         seed,
         flow_wait,
         conn_retry,
+        failstop,
     }
 }

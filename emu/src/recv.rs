@@ -547,7 +547,7 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<
         None => None,
         Some(Ok(b)) => Some(b),
         Some(Err(e)) => {
-            sh.health.fail(
+            sh.health.fatal(
                 abi::NCCL_UNHANDLED_CUDA_ERROR,
                 format!(
                     "tcpxemu: cannot make the CUDA context current on a receive thread: {e} ({})",
@@ -715,7 +715,7 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<
                             blocks[..kept].sort_unstable();
                             if let Err(e) = s.upload(&sh.pool, &blocks[..kept]) {
                                 sh.pool.give_back(blocks[..kept].iter().copied());
-                                sh.health.fail(
+                                sh.health.fatal(
                                     abi::NCCL_UNHANDLED_CUDA_ERROR,
                                     format!(
                                         "tcpxemu: copying received bytes to the device bounce buffer failed: \
@@ -738,11 +738,11 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<
                         for (i, meta) in metas[..used].iter().enumerate() {
                             let idx = first + i;
                             if idx >= NET_UNPACK_MAX_SLICE_PAGES {
-                                sh.health.fail(
+                                sh.health.fatal(
                                     abi::NCCL_INTERNAL_ERROR,
                                     format!(
                                         "tcpxemu: request too many pages: a {}-byte receive needs more \
-                                         than {} fragments (the real plugin exits the process here; {})",
+                                         than {} fragments (the real plugin exits the process here: TCPXEMU_FAILSTOP=exit; {})",
                                         t.size, NET_UNPACK_MAX_SLICE_PAGES, sh.label
                                     ),
                                 );
