@@ -50,6 +50,14 @@ pub fn node_json(n: &NodeDescription) -> Value {
             "total_memory_bytes": g.total_memory_bytes,
             "compute_capability": format!("{}.{}", g.compute_capability_major, g.compute_capability_minor),
         })).collect::<Vec<_>>(),
+        "topology_source": n.topology_source,
+        "gpu_nics": n.gpu_nics.iter().map(|m| json!({
+            "gpu_ordinal": m.gpu_ordinal,
+            "gpu_pci_bus_id": m.gpu_pci_bus_id,
+            "nic_devices": m.nic_devices,
+            "nic_names": m.nic_names,
+            "relation": m.relation,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -105,6 +113,18 @@ pub fn node_text(n: &NodeDescription) -> String {
             g.compute_capability_major,
             g.compute_capability_minor,
             g.pci_bus_id
+        ));
+    }
+    if !n.gpu_nics.is_empty() {
+        s.push_str(&format!("topology        {}\n", n.topology_source));
+    }
+    for m in &n.gpu_nics {
+        s.push_str(&format!(
+            "gpu {:<11} {} -> {} ({})\n",
+            m.gpu_ordinal,
+            m.gpu_pci_bus_id,
+            m.nic_names.join("+"),
+            m.relation
         ));
     }
     s
