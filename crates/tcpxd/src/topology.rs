@@ -19,9 +19,16 @@ fn resolved_place(root: &Path, link: &Path) -> Option<Vec<String>> {
     place_of(&inside.to_string_lossy())
 }
 
-/// A GPU's place: `/sys/bus/pci/devices/<bus id>` resolved.
+/// A GPU's place: `/sys/bus/pci/devices/<bus id>` resolved. A device there whose PCI class is
+/// not a display controller (`0x03…`) is not this GPU (the CUDA stand-in's bus ids may name
+/// another device of the machine): no place.
 pub fn gpu_place(root: &Path, bus_id: &str) -> Option<Vec<String>> {
     let link = root.join(format!("sys/bus/pci/devices/{}", bus_id.to_ascii_lowercase()));
+    if let Ok(class) = std::fs::read_to_string(link.join("class")) {
+        if !class.trim().starts_with("0x03") {
+            return None;
+        }
+    }
     resolved_place(root, &link)
 }
 
@@ -115,6 +122,12 @@ mod tests {
             ["pci0000:00", "0000:00:01.0", "0000:04:00.0"]
         );
         assert_eq!(gpu_place(&root, "0000:05:00.0"), None);
+        // A display controller is taken; another device at that address is not the GPU.
+        std::fs::write(dev.join("class"), "0x030200\n").unwrap();
+        assert!(gpu_place(&root, "0000:04:00.0").is_some());
+        std::fs::write(dev.join("class"), "0x020000\n").unwrap();
+        assert_eq!(gpu_place(&root, "0000:04:00.0"), None);
+        std::fs::remove_file(dev.join("class")).unwrap();
         let g = gpus([(0, "0000:04:00.0".to_string())], &root);
         assert_eq!(g[0].pci_bus_id, "0000:04:00.0");
         assert!(g[0].place.is_some());

@@ -46,3 +46,4 @@ mod metrics;
 mod net_blocks;
 mod plugin_loading;
 mod reflection;
+mod topology;
