@@ -129,3 +129,36 @@ pub fn node_text(n: &NodeDescription) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tcpxd::api::proto::v1::GpuNics;
+
+    #[test]
+    fn each_gpus_nics_are_shown() {
+        let n = NodeDescription {
+            node_id: "a".into(),
+            topology_source: "a3vm".into(),
+            gpu_nics: vec![GpuNics {
+                gpu_ordinal: 5,
+                gpu_pci_bus_id: "0000:85:00.0".into(),
+                nic_devices: vec![2],
+                nic_names: vec!["eth3".into()],
+                relation: "a3vm".into(),
+            }],
+            ..Default::default()
+        };
+        let text = node_text(&n);
+        assert!(text.contains("topology        a3vm\n"), "{text}");
+        assert!(
+            text.contains("gpu 5           0000:85:00.0 -> eth3 (a3vm)\n"),
+            "{text}"
+        );
+        let j = node_json(&n);
+        assert_eq!(j["topology_source"], "a3vm");
+        assert_eq!(j["gpu_nics"][0]["nic_devices"][0], 2);
+        // Without GPUs, no topology lines.
+        assert!(!node_text(&NodeDescription::default()).contains("topology"));
+    }
+}
