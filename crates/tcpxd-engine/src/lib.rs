@@ -84,6 +84,7 @@ mod prepared_entries;
 mod release;
 use release::PeerMap;
 mod start;
+pub mod topology;
 mod transfer;
 pub mod wire;
 

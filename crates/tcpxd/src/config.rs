@@ -11,6 +11,7 @@ use serde::Deserialize;
 use crate::idle::Spin;
 
 use crate::engine::plan;
+use crate::engine::topology::MapSpec;
 
 mod protocol;
 
@@ -104,6 +105,10 @@ pub struct DaemonArgs {
     /// Write a JSON file with the node id and bound addresses once serving.
     #[arg(long, env = "TCPXD_READY_FILE", value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
+    /// Each GPU's NIC(s): `pci` (PCI distance; the default), `a3vm` (RxDM's preset) or
+    /// `GPU=NIC[+NIC];…` (GPU: ordinal or PCI bus id; NIC: device name or index).
+    #[arg(long, env = "TCPXD_TOPOLOGY", value_name = "pci|a3vm|GPU=NIC;…")]
+    pub topology: Option<String>,
 }
 
 /// The TOML file: every field optional.
@@ -125,6 +130,15 @@ pub struct FileConfig {
     pub metrics: FileMetrics,
     #[serde(default)]
     pub runtime: FileRuntime,
+    #[serde(default)]
+    pub topology: FileTopology,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileTopology {
+    /// `pci`, `a3vm` or `GPU=NIC[+NIC];…` (`crate::engine::topology::MapSpec`).
+    pub map: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -258,6 +272,8 @@ pub struct Config {
     pub spin: bool,
     /// Async worker threads for the runtime (resolved: never 0).
     pub async_workers: usize,
+    /// Each GPU's NIC(s) (`topology.map`): checked against the GPUs and devices at start-up.
+    pub topology: MapSpec,
 }
 
 pub const DEFAULT_API_SOCKET: &str = "/run/tcpxd/tcpxd.sock";
@@ -468,6 +484,10 @@ impl Config {
         };
         crate::advertise::check_peer_addresses("peer.advertise", &peer_advertise)
             .map_err(ConfigError::Invalid)?;
+        let topology = match args.topology.as_deref().or(file.topology.map.as_deref()) {
+            Some(text) => MapSpec::parse(text).map_err(|e| ConfigError::Invalid(e.to_string()))?,
+            None => MapSpec::Pci,
+        };
         Ok(Config {
             node_id,
             peer_advertise,
@@ -513,6 +533,7 @@ impl Config {
             metrics_listen: args.metrics_listen.or(file.metrics.listen),
             spin,
             async_workers,
+            topology,
         })
     }
 }

@@ -34,6 +34,8 @@ pub enum DaemonError {
     NoSuchDevice(i32, usize),
     #[error("the plugin reports no devices")]
     NoDevices,
+    #[error("{0}")]
+    Topology(#[from] crate::engine::topology::TopologyError),
     #[error(
         "{devices} devices x ({per_device} lanes per device: plugin.lanes_per_device{eager}) make {lanes} lanes per peer; a pairing carries at most {max}"
     )]
@@ -173,9 +175,21 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         &crate::config::hostname().unwrap_or_default(),
     )
     .map_err(DaemonError::Advertise)?;
+    // The topology: which NIC(s) serve each GPU; every comm is opened under a GPU its NIC serves.
+    let topology = {
+        let (plugin, devices, spec) = (plugin.clone(), devices.clone(), cfg.topology.clone());
+        tokio::task::spawn_blocking(move || crate::topology::discover(&plugin, &devices, &spec))
+            .await
+            .map_err(|e| DaemonError::Io {
+                what: "finding the topology".into(),
+                source: std::io::Error::other(e.to_string()),
+            })??
+    };
+    let topology = Arc::new(topology);
     let node = crate::api::node::NodeFacts::new(
         &plugin,
         &devices,
+        topology.clone(),
         peer_addresses.clone(),
         cfg.lanes_per_device,
         cfg.chunk_bytes,
@@ -193,6 +207,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             unpack_impl: cfg.unpack_impl,
             engine,
             devices,
+            topology,
             connect_timeout: cfg.peer_connect_timeout,
             metrics: metrics.clone(),
             warmth: warmth.clone(),

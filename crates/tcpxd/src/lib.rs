@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod net;
 pub mod peers;
 pub mod poller;
+pub mod topology;
 pub mod unpack;
 
 /// The transfer state machine (the `tcpxd-engine` crate), under the name the daemon uses.

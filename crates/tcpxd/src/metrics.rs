@@ -590,6 +590,8 @@ mod tests {
                 link: PeerLink::Up,
                 send_devices: vec![0],
                 recv_devices: vec![0],
+                send_gpus: vec![None],
+                recv_gpus: vec![None],
             }],
             // Released pairings of b: their totals add to b's counters, not to its gauges.
             retired: vec![PeerCounters {

@@ -50,6 +50,14 @@ pub fn node_json(n: &NodeDescription) -> Value {
             "total_memory_bytes": g.total_memory_bytes,
             "compute_capability": format!("{}.{}", g.compute_capability_major, g.compute_capability_minor),
         })).collect::<Vec<_>>(),
+        "topology_source": n.topology_source,
+        "gpu_nics": n.gpu_nics.iter().map(|m| json!({
+            "gpu_ordinal": m.gpu_ordinal,
+            "gpu_pci_bus_id": m.gpu_pci_bus_id,
+            "nic_devices": m.nic_devices,
+            "nic_names": m.nic_names,
+            "relation": m.relation,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -107,5 +115,50 @@ pub fn node_text(n: &NodeDescription) -> String {
             g.pci_bus_id
         ));
     }
+    if !n.gpu_nics.is_empty() {
+        s.push_str(&format!("topology        {}\n", n.topology_source));
+    }
+    for m in &n.gpu_nics {
+        s.push_str(&format!(
+            "gpu {:<11} {} -> {} ({})\n",
+            m.gpu_ordinal,
+            m.gpu_pci_bus_id,
+            m.nic_names.join("+"),
+            m.relation
+        ));
+    }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tcpxd::api::proto::v1::GpuNics;
+
+    #[test]
+    fn each_gpus_nics_are_shown() {
+        let n = NodeDescription {
+            node_id: "a".into(),
+            topology_source: "a3vm".into(),
+            gpu_nics: vec![GpuNics {
+                gpu_ordinal: 5,
+                gpu_pci_bus_id: "0000:85:00.0".into(),
+                nic_devices: vec![2],
+                nic_names: vec!["eth3".into()],
+                relation: "a3vm".into(),
+            }],
+            ..Default::default()
+        };
+        let text = node_text(&n);
+        assert!(text.contains("topology        a3vm\n"), "{text}");
+        assert!(
+            text.contains("gpu 5           0000:85:00.0 -> eth3 (a3vm)\n"),
+            "{text}"
+        );
+        let j = node_json(&n);
+        assert_eq!(j["topology_source"], "a3vm");
+        assert_eq!(j["gpu_nics"][0]["nic_devices"][0], 2);
+        // Without GPUs, no topology lines.
+        assert!(!node_text(&NodeDescription::default()).contains("topology"));
+    }
 }

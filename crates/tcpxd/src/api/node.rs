@@ -5,7 +5,10 @@
 use tokio::sync::OnceCell;
 use tonic::Status;
 
+use std::sync::Arc;
+
 use super::proto::v1 as pb;
+use crate::engine::topology::Topology;
 use crate::net::{Plugin, PluginSource};
 
 /// What the daemon knows of itself, gathered at start-up (GPUs on first ask).
@@ -16,6 +19,8 @@ pub struct NodeFacts {
     pub devices: Vec<pb::NetDevice>,
     pub lanes_per_device: u32,
     pub chunk_bytes: u32,
+    /// Which NIC(s) serve each GPU, as the data path uses it.
+    pub topology: Arc<Topology>,
     gpus: OnceCell<Vec<pb::GpuDevice>>,
 }
 
@@ -24,6 +29,7 @@ impl NodeFacts {
     pub fn new(
         plugin: &Plugin,
         devices: &[i32],
+        topology: Arc<Topology>,
         peer_addresses: Vec<String>,
         lanes_per_device: u32,
         chunk_bytes: u32,
@@ -51,6 +57,7 @@ impl NodeFacts {
                 .collect(),
             lanes_per_device,
             chunk_bytes,
+            topology,
             gpus: OnceCell::new(),
         }
     }
@@ -95,6 +102,23 @@ impl NodeFacts {
             peer_protocol_version: crate::peers::PROTOCOL_VERSION,
             local_session: super::local::frame::PROTOCOL.to_string(),
             features: super::prepared::FEATURES.iter().map(|f| f.to_string()).collect(),
+            gpu_nics: gpu_nics(&self.topology),
+            topology_source: self.topology.source.to_string(),
         })
     }
+}
+
+/// Each GPU with its NICs, as `DescribeNode` shows them.
+pub fn gpu_nics(t: &Topology) -> Vec<pb::GpuNics> {
+    t.gpus
+        .iter()
+        .zip(&t.bindings)
+        .map(|(g, b)| pb::GpuNics {
+            gpu_ordinal: g.ordinal,
+            gpu_pci_bus_id: g.pci_bus_id.clone(),
+            nic_devices: b.nics.iter().map(|&n| t.nics[n].device).collect(),
+            nic_names: b.nics.iter().map(|&n| t.nics[n].name.clone()).collect(),
+            relation: b.relation.clone(),
+        })
+        .collect()
 }

@@ -476,6 +476,8 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                                 send_credit_limit: s.credit_limit,
                                 recv_credits: r.credits,
                                 recv_credit_limit: r.credit_limit,
+                                send_gpu: gpu_pb(p.send_gpus.get(i)),
+                                recv_gpu: gpu_pb(p.recv_gpus.get(i)),
                             }
                         })
                         .collect(),
@@ -491,6 +493,11 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
             ..crate::api::stats::event_stats(&self.state.metrics.summary())
         }))
     }
+}
+
+/// A lane's GPU for `LaneStats`: -1 for none.
+fn gpu_pb(g: Option<&Option<u32>>) -> i32 {
+    g.copied().flatten().map_or(-1, |g| g as i32)
 }
 
 fn link_pb(l: &PeerLink) -> pb::PeerState {

@@ -400,3 +400,56 @@ fn gather_ahead_comes_from_the_file() {
         let _ = std::fs::remove_file(path);
     }
 }
+
+#[test]
+fn the_topology_map_comes_from_the_file_then_the_flag() {
+    use crate::engine::topology::{GpuRef, NicRef};
+    let base = DaemonArgs {
+        node_id: Some("n1".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        Config::resolve(&base, &env_of(&[])).unwrap().topology,
+        MapSpec::Pci
+    );
+    let file = write_toml("[topology]\nmap = \"a3vm\"\n");
+    let args = DaemonArgs {
+        config: Some(file.clone()),
+        ..base.clone()
+    };
+    assert_eq!(
+        Config::resolve(&args, &env_of(&[])).unwrap().topology,
+        MapSpec::A3vm
+    );
+    let args = DaemonArgs {
+        config: Some(file.clone()),
+        topology: Some("0=eth1".into()),
+        ..base.clone()
+    };
+    assert_eq!(
+        Config::resolve(&args, &env_of(&[])).unwrap().topology,
+        MapSpec::Explicit(vec![(GpuRef::Ordinal(0), vec![NicRef::Name("eth1".into())])])
+    );
+    let args = DaemonArgs {
+        topology: Some("0:eth1".into()),
+        ..base.clone()
+    };
+    let e = Config::resolve(&args, &env_of(&[])).unwrap_err().to_string();
+    assert!(
+        e.contains("topology.map \"0:eth1\"") && e.contains("is not GPU=NIC"),
+        "{e}"
+    );
+    let bad = write_toml("[topology]\nmapping = \"a3vm\"\n");
+    let args = DaemonArgs {
+        config: Some(bad.clone()),
+        ..base
+    };
+    assert!(
+        Config::resolve(&args, &env_of(&[]))
+            .unwrap_err()
+            .to_string()
+            .contains("mapping")
+    );
+    let _ = std::fs::remove_file(file);
+    let _ = std::fs::remove_file(bad);
+}

@@ -63,6 +63,7 @@ mod tests {
             tcp: Vec::new(),
             peer_listen: listen.parse().unwrap(),
             peer_advertise: advertise.iter().map(|s| s.to_string()).collect(),
+            ..Target::default()
         }
     }
 

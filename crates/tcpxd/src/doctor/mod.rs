@@ -11,6 +11,7 @@ mod advertise;
 mod lanes;
 mod plugin;
 mod system;
+mod topology;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -22,9 +23,11 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::config::{Config, DaemonArgs, PluginChoice};
+use crate::engine::topology::MapSpec;
 
 pub use lanes::{LaneChoice, lane_plan};
 pub use system::parse_recommended_env;
+pub use topology::{GpuNicsLine, rxdm_preset};
 
 /// `tcpxd doctor`'s options: the daemon's own settings (to know the plugin, sockets and ports it
 /// would use) plus the doctor's.
@@ -217,6 +220,9 @@ pub const RECOMMENDED_ENV: &str = include_str!("../../../../deploy/systemd/tcpx.
 /// The daemon settings the doctor checks against.
 #[derive(Debug, Clone)]
 pub struct Target {
+    /// `topology.map` and `plugin.devices` (`None`: all).
+    pub topology: MapSpec,
+    pub devices: Option<Vec<i32>>,
     pub plugin: PluginChoice,
     pub api_socket: PathBuf,
     /// TCP addresses the daemon would listen on, with what they are for.
@@ -224,6 +230,21 @@ pub struct Target {
     /// The peer service's address and `peer.advertise` (what descriptors will carry).
     pub peer_listen: SocketAddr,
     pub peer_advertise: Vec<String>,
+}
+
+impl Default for Target {
+    /// The built-in emulation with the default settings (for tests that set a few).
+    fn default() -> Target {
+        Target {
+            topology: MapSpec::Pci,
+            devices: None,
+            plugin: PluginChoice::BuiltinEmulation,
+            api_socket: PathBuf::from(crate::config::DEFAULT_API_SOCKET),
+            tcp: Vec::new(),
+            peer_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            peer_advertise: Vec::new(),
+        }
+    }
 }
 
 impl Target {
@@ -236,6 +257,8 @@ impl Target {
             tcp.push(("metrics", a));
         }
         Target {
+            topology: cfg.topology.clone(),
+            devices: cfg.devices.clone(),
             plugin: cfg.plugin.clone(),
             api_socket: cfg.api_socket.clone(),
             tcp,
@@ -253,6 +276,8 @@ pub struct Report {
     pub lane_plan: Vec<LaneChoice>,
     /// The plugin's devices, when it loaded.
     pub plugin_devices: Vec<plugin::DeviceSummary>,
+    /// Each GPU's NIC(s) as the daemon would use them (`topology`), when they could be worked out.
+    pub topology: Vec<GpuNicsLine>,
 }
 
 impl Report {
@@ -316,6 +341,19 @@ impl Report {
                 );
             }
         }
+        if !self.topology.is_empty() {
+            let _ = writeln!(s, "\ntopology (the NIC(s) each GPU's comms are opened on):");
+            for l in &self.topology {
+                let _ = writeln!(
+                    s,
+                    "  GPU {} {}  ->  {:<6} ({})",
+                    l.gpu,
+                    l.pci_bus_id,
+                    l.nics.join("+"),
+                    l.relation
+                );
+            }
+        }
         let _ = writeln!(
             s,
             "\n{} ok, {} warn, {} fail",
@@ -345,6 +383,9 @@ pub fn run(host: &Host, target: &Target) -> Report {
     checks.push(system::check_gpus(host));
     let (lane_check, plan) = lanes::check_lanes(host);
     checks.push(lane_check);
+    let (topology_check, topology) =
+        topology::check_topology(host, &target.topology, target.devices.as_deref(), &plugin_devices);
+    checks.push(topology_check);
     checks.push(system::check_memlock(host));
     checks.push(system::check_ports(target));
     checks.push(advertise::check_advertise(host, target));
@@ -352,6 +393,7 @@ pub fn run(host: &Host, target: &Target) -> Report {
         checks,
         lane_plan: plan,
         plugin_devices,
+        topology,
     }
 }
 
@@ -374,6 +416,7 @@ pub fn main(args: &DoctorArgs) -> bool {
             )],
             lane_plan: Vec::new(),
             plugin_devices: Vec::new(),
+            topology: Vec::new(),
         },
     };
     report.checks.sort_by_key(|c| order(c.name));
@@ -414,6 +457,7 @@ pub const CHECK_NAMES: &[&str] = &[
     "rxdm.sockets",
     "gpus",
     "lanes",
+    "topology",
     "memlock",
     "ports",
     "peer.advertise",

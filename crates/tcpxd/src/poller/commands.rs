@@ -315,6 +315,8 @@ impl Poller {
                         link: p.link.borrow().clone(),
                         send_devices: p.send.iter().map(|l| l.device).collect(),
                         recv_devices: p.recv.iter().map(|l| l.device).collect(),
+                        send_gpus: p.send.iter().map(|l| l.gpu).collect(),
+                        recv_gpus: p.recv.iter().map(|l| l.gpu).collect(),
                     })
                 })
                 .collect(),

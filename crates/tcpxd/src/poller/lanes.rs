@@ -25,6 +25,11 @@ impl Poller {
             }
             for (li, l) in p.send.iter_mut().enumerate() {
                 if let SendLaneState::Connecting(c, deadline) = &mut l.state {
+                    // Each call under the lane's GPU: the plugin reads the current device.
+                    if let Err(e) = crate::topology::make_current(l.gpu) {
+                        events.push(Completion::Failed(peer, format!("lane {li}: {e}")));
+                        continue;
+                    }
                     match c.step() {
                         Ok(Some(comm)) => {
                             l.state = SendLaneState::Ready(comm);
@@ -43,6 +48,10 @@ impl Poller {
             }
             for (li, l) in p.recv.iter_mut().enumerate() {
                 if let RecvLaneState::Accepting(listen, deadline) = &mut l.state {
+                    if let Err(e) = crate::topology::make_current(l.gpu) {
+                        events.push(Completion::Failed(peer, format!("lane {li}: {e}")));
+                        continue;
+                    }
                     match listen.accept_step() {
                         Ok(Some(comm)) => {
                             l.state = RecvLaneState::Ready(comm);

@@ -263,6 +263,8 @@ pub struct PollerConfig {
     pub unpack_impl: UnpackImpl,
     /// The devices the lanes use, in the engine's lane layout's order (`engine.devices` of them).
     pub devices: Vec<i32>,
+    /// Which NIC(s) serve each GPU: each lane's comm is opened under a GPU its NIC serves.
+    pub topology: Arc<crate::engine::topology::Topology>,
     pub connect_timeout: Duration,
     /// Where transfer, unpack and plugin-error events are counted.
     pub metrics: Arc<crate::metrics::Metrics>,
@@ -348,6 +350,8 @@ enum RecvLaneState {
 
 struct SendLane {
     device: i32,
+    /// The GPU made current at each connect call (one its NIC serves; `None`: no GPU).
+    gpu: Option<u32>,
     state: SendLaneState,
     /// Registrations by (buffer, window).
     handles: HashMap<(u64, u64), MemHandle>,
@@ -362,6 +366,9 @@ struct SendLane {
 
 struct RecvLane {
     device: i32,
+    /// The GPU made current at listen and each accept call: its bounce memory and flow-steering
+    /// rules are this GPU's (one its NIC serves; `None`: no GPU).
+    gpu: Option<u32>,
     state: RecvLaneState,
     /// Registrations by (buffer, window).
     handles: HashMap<(u64, u64), MemHandle>,

@@ -21,10 +21,20 @@ impl Poller {
             .collect()
     }
 
+    /// The GPU to make current when opening a comm on device `dev`: the first GPU its NIC serves
+    /// in the topology (`None` without GPUs, or for a NIC that serves none).
+    pub(super) fn device_gpu(&self, dev: i32) -> Option<u32> {
+        let t = &self.cfg.topology;
+        t.nic_position(dev).and_then(|n| t.listen_gpu(n))
+    }
+
     pub(super) fn open_listens(&mut self) -> Result<(Vec<ListenComm>, Vec<LaneHandleInfo>), String> {
         let mut listens = Vec::new();
         let mut infos = Vec::new();
         for (lane, dev) in self.lane_devices().into_iter().enumerate() {
+            // The plugin takes the listen comm's GPU from the CUDA device current now.
+            crate::topology::make_current(self.device_gpu(dev))
+                .map_err(|e| format!("listen on device {dev}: {e}"))?;
             let l = self
                 .plugin
                 .listen(dev)
@@ -57,12 +67,16 @@ impl Poller {
         let mut send = Vec::new();
         for (i, r) in remote.iter().enumerate() {
             let dev = devices[i % devices.len()];
+            let gpu = self.device_gpu(dev);
+            crate::topology::make_current(gpu)
+                .map_err(|e| format!("connect lane {i} on device {dev}: {e}"))?;
             let c = self
                 .plugin
                 .connector(dev, &r.handle)
                 .map_err(|e| format!("connect lane {i} on device {dev}: {e}"))?;
             send.push(SendLane {
                 device: dev,
+                gpu,
                 state: SendLaneState::Connecting(c, deadline),
                 handles: HashMap::new(),
                 deferred: VecDeque::new(),
@@ -74,6 +88,7 @@ impl Poller {
             .into_iter()
             .map(|l| RecvLane {
                 device: l.dev(),
+                gpu: self.device_gpu(l.dev()),
                 state: RecvLaneState::Accepting(l, deadline),
                 handles: HashMap::new(),
                 queue: RecvQueue::default(),

@@ -18,6 +18,9 @@ pub struct PeerStats {
     pub link: PeerLink,
     pub send_devices: Vec<i32>,
     pub recv_devices: Vec<i32>,
+    /// The GPU made current when each lane's comm was opened (`None`: none).
+    pub send_gpus: Vec<Option<u32>>,
+    pub recv_gpus: Vec<Option<u32>>,
 }
 
 #[derive(Debug, Clone)]

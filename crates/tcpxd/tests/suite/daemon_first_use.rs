@@ -53,6 +53,18 @@ async fn a_descriptor_is_all_a_client_needs() {
     assert!(!nb.devices.is_empty() && nb.devices.iter().all(|d| d.host_memory));
     assert!(nb.lanes_per_device >= 1 && nb.chunk_bytes >= 4096);
     assert_eq!(nb.peer_protocol_version, tcpxd::peers::PROTOCOL_VERSION);
+    // The topology: each GPU with its NIC(s); without GPUs (CI) none, nothing made current.
+    assert_eq!(nb.gpu_nics.len(), nb.gpus.len());
+    if nb.gpus.is_empty() {
+        assert_eq!(nb.topology_source, "none");
+    } else {
+        assert_eq!(nb.topology_source, "pci");
+        assert!(
+            nb.gpu_nics.iter().all(|m| !m.nic_names.is_empty()),
+            "{:?}",
+            nb.gpu_nics
+        );
+    }
 
     let x = host_buffer(&mut a.client, 4 * MIB, "x").await;
     let y = host_buffer(&mut b.client, 4 * MIB, "y").await;

@@ -206,6 +206,55 @@ fn a_healthy_fake_node_under_root_passes_the_host_checks() {
     assert_eq!(plan[1]["nic"], "eth2");
     // The rest of GCP's settings are unset: a warning, not a failure.
     assert_eq!(level(&r, "env.tcpx"), "warn");
+
+    // The topology: two emulated NICs named as A3's, RxDM running its a3vm preset. GPU 04 on
+    // eth1 and 0a on eth2 is what RxDM serves; the swapped map fails, naming the fix.
+    w(
+        "/proc/4242/cmdline",
+        "/tcpgpudmarxd\0--gpu_nic_preset\0a3vm\0--uds_path\0/run/tcpx\0",
+    );
+    let env = [("TCPXEMU_DEVICES", "2"), ("TCPXEMU_IFNAMES", "eth1,eth2")];
+    let args = |extra: &[&'static str]| {
+        let mut a = vec![
+            "--plugin",
+            plugin.to_str().unwrap(),
+            "--root",
+            root.to_str().unwrap(),
+        ];
+        a.extend_from_slice(extra);
+        a
+    };
+    let r = doctor(&args(&[]), &env, &dir);
+    assert_eq!(level(&r, "topology"), "ok", "{}", check(&r, "topology"));
+    assert!(
+        check(&r, "topology")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("agrees with RxDM's a3vm"),
+        "{}",
+        check(&r, "topology")
+    );
+    let topo = r.json["topology"].as_array().unwrap();
+    assert_eq!(topo.len(), 2);
+    assert_eq!(
+        (&topo[0]["pci_bus_id"], &topo[0]["nics"][0]),
+        (&"0000:04:00.0".into(), &"eth1".into())
+    );
+    assert_eq!(topo[1]["nics"][0], "eth2");
+    let r = doctor(&args(&["--topology", "0=eth2;1=eth1"]), &env, &dir);
+    assert_eq!(level(&r, "topology"), "fail", "{}", check(&r, "topology"));
+    let c = check(&r, "topology");
+    assert!(
+        c["detail"]
+            .as_str()
+            .unwrap()
+            .contains("GPU 0 (0000:04:00.0) on eth2, RxDM serves it on eth1"),
+        "{c}"
+    );
+    assert!(
+        c["fix"].as_str().unwrap().contains("topology.map = \"a3vm\""),
+        "{c}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 

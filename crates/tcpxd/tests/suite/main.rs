@@ -47,3 +47,4 @@ mod metrics;
 mod net_blocks;
 mod plugin_loading;
 mod reflection;
+mod topology;

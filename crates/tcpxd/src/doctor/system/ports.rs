@@ -113,6 +113,7 @@ mod tests {
             tcp,
             peer_listen: "127.0.0.1:0".parse().unwrap(),
             peer_advertise: Vec::new(),
+            ..Target::default()
         };
         let sock = root.0.join("run/tcpxd/tcpxd.sock");
         let c = check_ports(&target(sock.clone(), vec![("peer service", free_addr)]));
