@@ -283,6 +283,21 @@ pub struct Summary {
     pub plugin_errors: BTreeMap<String, u64>,
 }
 
+impl Summary {
+    /// Transfers this node started that finished: (ok, any other status), over every op.
+    pub fn ok_and_failed(&self) -> (u64, u64) {
+        self.transfers
+            .iter()
+            .fold((0, 0), |(ok, failed), ((_, status), (n, _))| {
+                if status == "ok" {
+                    (ok + n, failed)
+                } else {
+                    (ok, failed + n)
+                }
+            })
+    }
+}
+
 /// The snapshot's series, made fresh for one scrape (peers with one node id summed).
 fn snapshot_registry(snap: &StatsSnapshot, buffers: usize, buffer_bytes: u64) -> Registry {
     let r = Registry::new();
@@ -640,5 +655,6 @@ mod tests {
         assert_eq!(s.recv_to_consume.count, 1);
         assert_eq!(s.recv_to_consume.buckets.len(), CHUNK_BUCKETS.len());
         assert_eq!(s.plugin_errors["ncclSystemError"], 1);
+        assert_eq!(s.ok_and_failed(), (1, 1), "the stop line's totals");
     }
 }

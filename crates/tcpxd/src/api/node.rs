@@ -16,6 +16,8 @@ pub struct NodeFacts {
     pub devices: Vec<pb::NetDevice>,
     pub lanes_per_device: u32,
     pub chunk_bytes: u32,
+    /// How this node receives, with `auto`'s eager lanes and threshold.
+    pub protocol: crate::config::ProtocolSettings,
     gpus: OnceCell<Vec<pb::GpuDevice>>,
 }
 
@@ -27,6 +29,7 @@ impl NodeFacts {
         peer_addresses: Vec<String>,
         lanes_per_device: u32,
         chunk_bytes: u32,
+        protocol: crate::config::ProtocolSettings,
     ) -> NodeFacts {
         NodeFacts {
             peer_addresses,
@@ -51,6 +54,7 @@ impl NodeFacts {
                 .collect(),
             lanes_per_device,
             chunk_bytes,
+            protocol,
             gpus: OnceCell::new(),
         }
     }
@@ -95,6 +99,14 @@ impl NodeFacts {
             peer_protocol_version: crate::peers::PROTOCOL_VERSION,
             local_session: super::local::frame::PROTOCOL.to_string(),
             features: super::prepared::FEATURES.iter().map(|f| f.to_string()).collect(),
+            transfer_protocol: self.protocol.protocol.as_str().to_string(),
+            eager_lanes_per_device: self.auto().map_or(0, |p| p.eager_lanes),
+            eager_max_bytes: self.auto().map_or(0, |p| p.eager_max_bytes),
         })
+    }
+
+    /// The protocol settings when `auto` (the only mode with eager lanes of their own).
+    fn auto(&self) -> Option<&crate::config::ProtocolSettings> {
+        Some(&self.protocol).filter(|p| p.protocol == crate::config::TransferProtocol::Auto)
     }
 }
