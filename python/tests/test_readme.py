@@ -2,7 +2,8 @@
 shell blocks and the host-only Python snippet), in document order, in one bash, against the tcpxd
 and tcpxctl the test command built (the directory `tcpxd_bin()` picks, put first on PATH as the
 README's `export PATH=...` line does for target/release). Fails when a command fails, when the
-checksums differ, when the notification or the refusal after the re-key does not show. Its
+checksums differ (buffers, and the block lists' round trip), when the notification or the refusal
+after the re-key does not show, or when `stats --watch` frames lack their time or differ in columns. Its
 temporary directory (TMPDIR for the walk-through's `mktemp -d`) is removed, and every process the
 blocks started is stopped, whatever happens."""
 
@@ -51,7 +52,8 @@ def test_the_marked_blocks_are_the_walkthrough():
     assert langs.count("sh") >= 5, langs
     text = "".join(code for _, code in blocks)
     for words in ["tcpxd --node-id a", "buffer register", "write --local", "read --remote", "checksum",
-                  "buffer rekey", "subscribe", "stats --watch", "register_host"]:
+                  "buffer rekey", "subscribe", "write-blocks", "read-blocks", "--remote-indices @",
+                  "stats --watch", "register_host"]:
         assert words in text, words
     assert "torch" not in text, "the marked Python snippet is the host-only one"
 
@@ -88,6 +90,14 @@ def test_the_readme_walkthrough_runs_as_written():
     assert proc.returncode == 0, f"exit {proc.returncode}:\n{out}"
     crcs = re.findall(r"^crc32c ([0-9a-f]{8})  length 67108864", out, re.M)
     assert len(crcs) == 3 and len(set(crcs)) == 1, f"checksums {crcs}:\n{out}"
+    # The block lists' round trip: a's blocks 0-99, and the same blocks back through b.
+    block_crcs = re.findall(r"^crc32c ([0-9a-f]{8})  length 1638400", out, re.M)
+    assert len(block_crcs) == 2 and len(set(block_crcs)) == 1, f"block checksums {block_crcs}:\n{out}"
+    # Every `stats --watch` frame is stamped and has the same columns.
+    stamps = re.findall(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(every 1s; frame (\d)\)$", out, re.M)
+    assert stamps == ["1", "2"], out
+    headers = [line for line in out.splitlines() if line.strip().startswith("LANE ")]
+    assert len(headers) == 3 and len(set(headers[1:])) == 1 and "KIND" in headers[0], headers
     assert re.search(r"^from a transfer \d+ \(buffers 1\): ready$", out, re.M), out
     assert re.search(r"^tcpxd1:b:1:67108864:[0-9a-f]{32}@127\.0\.0\.1:\d+$", out, re.M), out
     assert "PERMISSION_DENIED" in out and "refused: the old descriptor is dead" in out, out

@@ -234,6 +234,11 @@ impl BufferRegistry {
         self
     }
 
+    /// The host memory check's reading now (metrics): [`Headroom::reading`].
+    pub fn memory_reading(&self) -> (Option<u64>, u64) {
+        self.headroom.reading()
+    }
+
     /// Descriptors carry these peer addresses (checked by the caller).
     pub fn with_advertise(mut self, addresses: Vec<String>) -> BufferRegistry {
         self.advertise = addresses;

@@ -29,22 +29,26 @@ pub const SPIN_ASYNC_WORKERS: usize = 2;
 /// Where a setting may come from, highest precedence last.
 #[derive(Debug, Clone, Default, Args)]
 pub struct DaemonArgs {
-    /// TOML configuration file.
+    /// TOML configuration file. Default: none.
     #[arg(long, env = "TCPXD_CONFIG", value_name = "PATH")]
     pub config: Option<PathBuf>,
     /// This node's id (letters, digits, '.', '_', '-'; unique in the cluster). Default: hostname.
     #[arg(long, env = "TCPXD_NODE_ID")]
     pub node_id: Option<String>,
-    /// Unix socket of the client API. Default: /run/tcpxd/tcpxd.sock.
+    /// Unix socket of the client API; missing directories on its path are created, a stale
+    /// socket is replaced, a live daemon's is refused. Default: /run/tcpxd/tcpxd.sock.
     #[arg(long, env = "TCPXD_API_SOCKET", value_name = "PATH")]
     pub api_socket: Option<PathBuf>,
-    /// Optional TCP address of the client API (e.g. 127.0.0.1:50051); needs --api-token-file.
+    /// TCP address of the client API (e.g. 127.0.0.1:50051); needs --api-token-file. Default:
+    /// off.
     #[arg(long, env = "TCPXD_API_TCP", value_name = "ADDR")]
     pub api_tcp: Option<SocketAddr>,
     /// File holding the bearer token the client API's TCP listener requires (16+ bytes).
+    /// Default: none.
     #[arg(long, env = "TCPXD_API_TOKEN_FILE", value_name = "PATH")]
     pub api_token_file: Option<PathBuf>,
-    /// File holding the cluster secret peers prove to each other (16+ bytes; same on every node).
+    /// File holding the cluster secret peers prove to each other (16+ bytes; same on every
+    /// node). Default: none (peers are not authenticated; a warning at start-up).
     #[arg(long, env = "TCPXD_PEER_SECRET_FILE", value_name = "PATH")]
     pub peer_secret_file: Option<PathBuf>,
     /// TCP address of the peer service (port 0: any free port; descriptors carry the bound
@@ -61,52 +65,57 @@ pub struct DaemonArgs {
         value_delimiter = ','
     )]
     pub peer_advertise: Vec<String>,
-    /// The TCPX net plugin (libnccl-net.so).
+    /// The TCPX net plugin (libnccl-net.so). Default: /usr/local/tcpx/lib64/libnccl-net.so.
     #[arg(long, env = "TCPXD_PLUGIN", value_name = "PATH")]
     pub plugin: Option<PathBuf>,
     /// Use the emulation plugin linked into tcpxd instead of a plugin file (tests, demos).
+    /// Default: off.
     #[arg(long, env = "TCPXD_BUILTIN_EMULATION")]
     pub builtin_emulation: bool,
-    /// Data lanes per plugin device, in each direction of each peer.
+    /// Data lanes per plugin device, in each direction of each peer (1..=16; under `auto` the
+    /// rendezvous lanes, the eager ones come on top). Default: 2.
     #[arg(long, env = "TCPXD_LANES_PER_DEVICE")]
     pub lanes_per_device: Option<u32>,
     /// Chunk size of transfers this node sends (4096..=4194304). Also read from
-    /// UCCL_TCPX_CHUNK_BYTES, then NCCL_P2P_NET_CHUNKSIZE.
+    /// UCCL_TCPX_CHUNK_BYTES, then NCCL_P2P_NET_CHUNKSIZE. Default: 524288.
     #[arg(long, env = "TCPXD_CHUNK_BYTES")]
     pub chunk_bytes: Option<u64>,
     /// How this node receives: `eager` (receive credits kept posted; a WRITE's data follows its
     /// header with no round trip), `rendezvous` (offer, accept, then the data) or `auto` (eager
     /// lanes for small transfers, rendezvous lanes for large ones, chosen per transfer). Senders
-    /// follow the receiver's choice.
+    /// follow the receiver's choice. Default: auto.
     #[arg(long, env = "TCPXD_TRANSFER_PROTOCOL", value_name = "eager|rendezvous|auto")]
     pub transfer_protocol: Option<String>,
     /// `auto`: eager lanes per plugin device, opened in addition to the rendezvous lanes (1..=4).
+    /// Default: 1.
     #[arg(long, env = "TCPXD_EAGER_LANES")]
     pub eager_lanes: Option<u32>,
     /// `auto`: transfers of at most this many bytes towards this node go eager (1..=1073741824).
+    /// Default: 65536.
     #[arg(long, env = "TCPXD_EAGER_MAX_BYTES")]
     pub eager_max_bytes: Option<u64>,
     /// Whether the poller and one async worker keep polling between transfers while traffic
     /// flows: `auto` (on with 8 or more CPUs), `on`, `off` (docs/CONFIG.md, `runtime.spin`).
+    /// Default: auto.
     #[arg(long, env = "TCPXD_SPIN", value_name = "auto|on|off")]
     pub spin: Option<String>,
-    /// Async worker threads (0: two when spinning, else one per CPU).
+    /// Async worker threads (0: two when spinning, else one per CPU). Default: 0.
     #[arg(long, env = "TCPXD_ASYNC_WORKERS")]
     pub async_workers: Option<usize>,
-    /// Default transfer deadline in seconds, when a request carries none.
+    /// Transfer deadline in seconds, when a request carries none. Default: 600.
     #[arg(long, env = "TCPXD_DEFAULT_TIMEOUT_S")]
     pub default_timeout_s: Option<u64>,
-    /// Seconds SIGTERM waits for in-flight transfers before failing them.
+    /// Seconds SIGTERM waits for in-flight transfers before failing them. Default: 30.
     #[arg(long, env = "TCPXD_SHUTDOWN_GRACE_S")]
     pub shutdown_grace_s: Option<u64>,
     /// Serve Prometheus metrics over HTTP at this address (GET /metrics). Default: off.
     #[arg(long, env = "TCPXD_METRICS_LISTEN", value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
-    /// Write a JSON file with the node id and bound addresses once serving.
+    /// Write a JSON file with the node id and bound addresses once serving. Default: none.
     #[arg(long, env = "TCPXD_READY_FILE", value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
-    /// Each GPU's NIC(s): `pci` (PCI distance; the default), `a3vm` (RxDM's preset) or
-    /// `GPU=NIC[+NIC];…` (GPU: ordinal or PCI bus id; NIC: device name or index).
+    /// Each GPU's NIC(s): `pci` (PCI distance), `a3vm` (RxDM's preset) or `GPU=NIC[+NIC];…`
+    /// (GPU: ordinal or PCI bus id; NIC: device name or index). Default: pci.
     #[arg(long, env = "TCPXD_TOPOLOGY", value_name = "pci|a3vm|GPU=NIC;…")]
     pub topology: Option<String>,
 }

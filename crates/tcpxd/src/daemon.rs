@@ -193,6 +193,11 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         peer_addresses.clone(),
         cfg.lanes_per_device,
         cfg.chunk_bytes,
+        crate::config::ProtocolSettings {
+            protocol: cfg.protocol,
+            eager_lanes: cfg.eager_lanes,
+            eager_max_bytes: cfg.eager_max_bytes,
+        },
     );
     let (notify_tx, _) = broadcast::channel(4096);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -456,10 +461,17 @@ impl RunningDaemon {
         if let Some(p) = self.poller.take() {
             let _ = tokio::task::spawn_blocking(move || p.join()).await;
         }
+        // Over the daemon's life, the transfers this node started (as tcpxd_transfers_total),
+        // then what the drain did with those still in flight at the stop.
+        let (ok, failed) = self.state.metrics.summary().ok_and_failed();
         tracing::info!(
-            finished = report.finished_in_grace,
-            failed = report.failed_at_deadline,
-            "tcpxd stopped"
+            transfers_ok = ok,
+            transfers_failed = failed,
+            in_flight_finished = report.finished_in_grace,
+            in_flight_failed = report.failed_at_deadline,
+            "tcpxd stopped: transfers started here, over its life: {ok} ok, {failed} failed; of those in flight at the stop, {} finished within the grace period, {} failed at its end",
+            report.finished_in_grace,
+            report.failed_at_deadline
         );
         report
     }

@@ -73,6 +73,12 @@ impl Headroom {
         }
     }
 
+    /// What the check would read now: (the memory available, `None` when unreadable; the reserve
+    /// kept free). The metrics page shows both (`tcpxd_host_memory_*_bytes`).
+    pub fn reading(&self) -> (Option<u64>, u64) {
+        ((self.probe)(), self.reserve)
+    }
+
     /// Admits `bytes` about to be faulted in, or refuses them naming `field`.
     pub fn admit(&self, field: &str, bytes: u64) -> Result<Admitted<'_>, EngineError> {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());

@@ -81,6 +81,18 @@ const CHUNK_BUCKETS: &[f64] = &[
     0.01, 0.025, 0.1, 1.0,
 ];
 
+/// What a scrape reads besides the poller's snapshot.
+#[derive(Debug, Clone, Default)]
+pub struct NodeGauges {
+    /// Registered buffers, and their bytes.
+    pub buffers: usize,
+    pub buffer_bytes: u64,
+    /// The host memory a registration may still fault in (`crate::headroom::available`;
+    /// `None`: unreadable, and the series is left out), and the reserve kept free.
+    pub memory_available: Option<u64>,
+    pub memory_reserve: u64,
+}
+
 /// The event series of one daemon.
 pub struct Metrics {
     registry: Registry,
@@ -165,7 +177,23 @@ impl Metrics {
                 "Errors from the net plugin's data path, by ncclResult_t code",
                 &["code"],
             ),
-            registry: r,
+            registry: {
+                // When this daemon instance started: a restart shows as a new value (dashboards:
+                // changes(); alerts: a daemon restarting). Per daemon, not per process: tests run
+                // several in one process.
+                let g = prometheus::Gauge::new(
+                    "tcpxd_start_time_seconds",
+                    "When this daemon instance started, in seconds since the Unix epoch",
+                )
+                .expect("valid metric");
+                g.set(
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64()),
+                );
+                r.register(Box::new(g)).expect("registered once");
+                r
+            },
         }
     }
 
@@ -201,9 +229,9 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition: the event series, then the snapshot's.
-    pub fn render(&self, snap: &StatsSnapshot, buffers: usize, buffer_bytes: u64) -> String {
+    pub fn render(&self, snap: &StatsSnapshot, node: &NodeGauges) -> String {
         let mut families = self.registry.gather();
-        families.extend(snapshot_registry(snap, buffers, buffer_bytes).gather());
+        families.extend(snapshot_registry(snap, node).gather());
         families.extend(crate::net::log_limit::metric_families());
         families.sort_by(|a, b| a.name().cmp(b.name()));
         let mut out = Vec::new();
@@ -283,8 +311,23 @@ pub struct Summary {
     pub plugin_errors: BTreeMap<String, u64>,
 }
 
+impl Summary {
+    /// Transfers this node started that finished: (ok, any other status), over every op.
+    pub fn ok_and_failed(&self) -> (u64, u64) {
+        self.transfers
+            .iter()
+            .fold((0, 0), |(ok, failed), ((_, status), (n, _))| {
+                if status == "ok" {
+                    (ok + n, failed)
+                } else {
+                    (ok, failed + n)
+                }
+            })
+    }
+}
+
 /// The snapshot's series, made fresh for one scrape (peers with one node id summed).
-fn snapshot_registry(snap: &StatsSnapshot, buffers: usize, buffer_bytes: u64) -> Registry {
+fn snapshot_registry(snap: &StatsSnapshot, node: &NodeGauges) -> Registry {
     let r = Registry::new();
     let lane_labels = &["peer", "lane", "direction"];
     let lane_bytes = counter_vec(
@@ -357,11 +400,23 @@ fn snapshot_registry(snap: &StatsSnapshot, buffers: usize, buffer_bytes: u64) ->
         "Transfers not yet finished",
         snap.active_transfers as i64,
     );
-    single("tcpxd_buffers", "Registered buffers", buffers as i64);
+    single("tcpxd_buffers", "Registered buffers", node.buffers as i64);
     single(
         "tcpxd_buffer_bytes",
         "Bytes of registered buffers",
-        buffer_bytes as i64,
+        node.buffer_bytes as i64,
+    );
+    if let Some(available) = node.memory_available {
+        single(
+            "tcpxd_host_memory_available_bytes",
+            "Host memory a registration may still fault in: MemAvailable, under a cgroup v2 limit no more than the limit less the cgroup's use",
+            available.min(i64::MAX as u64) as i64,
+        );
+    }
+    single(
+        "tcpxd_host_memory_reserve_bytes",
+        "Host memory registrations must leave free (transfer.host_memory_reserve_bytes)",
+        node.memory_reserve.min(i64::MAX as u64) as i64,
     );
     // The latest slot of a node decides its state; counters add up over its slots and the
     // pairings of it the engine released (`StatsSnapshot::retired`), so they never go back.
@@ -607,7 +662,13 @@ mod tests {
             }],
             active_transfers: 1,
         };
-        let text = m.render(&snap, 2, 4096);
+        let node = NodeGauges {
+            buffers: 2,
+            buffer_bytes: 4096,
+            memory_available: Some(3 << 30),
+            memory_reserve: 1 << 30,
+        };
+        let text = m.render(&snap, &node);
         for line in [
             "tcpxd_transfers_total{op=\"write\",status=\"ok\"} 1",
             "tcpxd_transfers_total{op=\"read\",status=\"cancelled\"} 1",
@@ -630,9 +691,25 @@ mod tests {
             "tcpxd_active_transfers 1",
             "tcpxd_buffers 2",
             "tcpxd_buffer_bytes 4096",
+            "tcpxd_host_memory_available_bytes 3221225472",
+            "tcpxd_host_memory_reserve_bytes 1073741824",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
+        let start: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("tcpxd_start_time_seconds "))
+            .expect("the start time is exported")
+            .parse()
+            .unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64();
+        assert!(start > now - 600.0 && start <= now, "{start} against {now}");
+        // Unreadable memory figures leave the series out, not at a made-up 0.
+        let text = m.render(&snap, &NodeGauges::default());
+        assert!(!text.contains("tcpxd_host_memory_available_bytes"), "{text}");
         let s = m.summary();
         assert_eq!(s.transfers[&("write".into(), "ok".into())], (1, 1 << 20));
         assert_eq!(s.transfers[&("read".into(), "cancelled".into())], (1, 0));
@@ -642,5 +719,6 @@ mod tests {
         assert_eq!(s.recv_to_consume.count, 1);
         assert_eq!(s.recv_to_consume.buckets.len(), CHUNK_BUCKETS.len());
         assert_eq!(s.plugin_errors["ncclSystemError"], 1);
+        assert_eq!(s.ok_and_failed(), (1, 1), "the stop line's totals");
     }
 }

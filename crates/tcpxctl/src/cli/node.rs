@@ -31,6 +31,9 @@ pub fn node_json(n: &NodeDescription) -> Value {
         "plugin_name": n.plugin_name,
         "plugin_path": n.plugin_path,
         "lanes_per_device": n.lanes_per_device,
+        "transfer_protocol": n.transfer_protocol,
+        "eager_lanes_per_device": n.eager_lanes_per_device,
+        "eager_max_bytes": n.eager_max_bytes,
         "chunk_bytes": n.chunk_bytes,
         "peer_protocol_version": n.peer_protocol_version,
         "local_session": n.local_session,
@@ -61,9 +64,27 @@ pub fn node_json(n: &NodeDescription) -> Value {
     })
 }
 
+/// The lanes this node opens per device towards each peer, in each direction, and what each kind
+/// carries: GetStats lists them in this order (the rendezvous lanes, then the eager ones).
+fn lanes_text(n: &NodeDescription) -> String {
+    match n.transfer_protocol.as_str() {
+        "auto" => format!(
+            "{} rendezvous + {} eager per device (receiving: transfer protocol auto, eager up to {})",
+            n.lanes_per_device,
+            n.eager_lanes_per_device,
+            format_bytes(n.eager_max_bytes)
+        ),
+        "" => format!("{} per device", n.lanes_per_device),
+        p => format!(
+            "{} per device (receiving: transfer protocol {p})",
+            n.lanes_per_device
+        ),
+    }
+}
+
 pub fn node_text(n: &NodeDescription) -> String {
     let mut s = format!(
-        "node            {}\npeer addresses  {}\nversion         {} (peer protocol {})\nplugin          {} ({})\nlanes           {} per device, chunks of {}\n",
+        "node            {}\npeer addresses  {}\nversion         {} (peer protocol {})\nplugin          {} ({})\nlanes           {}, chunks of {}\n",
         n.node_id,
         if n.peer_addresses.is_empty() {
             "none".to_string()
@@ -74,7 +95,7 @@ pub fn node_text(n: &NodeDescription) -> String {
         n.peer_protocol_version,
         n.plugin_name,
         n.plugin_path,
-        n.lanes_per_device,
+        lanes_text(n),
         format_bytes(n.chunk_bytes as u64),
     );
     for d in &n.devices {
@@ -160,5 +181,31 @@ mod tests {
         assert_eq!(j["gpu_nics"][0]["nic_devices"][0], 2);
         // Without GPUs, no topology lines.
         assert!(!node_text(&NodeDescription::default()).contains("topology"));
+    }
+
+    #[test]
+    fn describe_counts_every_lane_stats_lists() {
+        let mut n = NodeDescription {
+            node_id: "a".into(),
+            lanes_per_device: 2,
+            chunk_bytes: 512 << 10,
+            transfer_protocol: "auto".into(),
+            eager_lanes_per_device: 1,
+            eager_max_bytes: 64 << 10,
+            ..Default::default()
+        };
+        let text = node_text(&n);
+        assert!(
+            text.contains("lanes           2 rendezvous + 1 eager per device (receiving: transfer protocol auto, eager up to 64.00 KiB), chunks of 512.00 KiB\n"),
+            "{text}"
+        );
+        assert_eq!(node_json(&n)["eager_lanes_per_device"], 1);
+        n.transfer_protocol = "rendezvous".into();
+        n.eager_lanes_per_device = 0;
+        assert!(
+            node_text(&n).contains("lanes           2 per device (receiving: transfer protocol rendezvous)")
+        );
+        n.transfer_protocol.clear();
+        assert!(node_text(&n).contains("lanes           2 per device, chunks"));
     }
 }

@@ -340,7 +340,34 @@ fn lane_json(l: &LaneStats) -> Value {
         "recvs_queued": l.recvs_queued,
         "send_window_full": l.send_window_full,
         "recv_window_full": l.recv_window_full,
+        "kind": lane_kind(l),
+        "send_credits": l.send_credits,
+        "send_credit_limit": l.send_credit_limit,
+        "recv_credits": l.recv_credits,
+        "recv_credit_limit": l.recv_credit_limit,
     })
+}
+
+/// A wall-clock time as `YYYY-MM-DD HH:MM:SS UTC` (what `stats --watch` stamps its frames with).
+pub fn utc_text(t: std::time::SystemTime) -> String {
+    let secs = t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's days_from_civil, inverted).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 pub fn stats_json(s: &Stats) -> Value {
@@ -474,9 +501,32 @@ transfers started here:"
     out
 }
 
-/// Stats as text: a node line, then per peer a line and a lane table. With `previous` (the
-/// last snapshot and the time since it), lanes get send/receive rates.
-pub fn stats_text(s: &Stats, previous: Option<(&Stats, Duration)>) -> String {
+/// How [`stats_text`] shows rates.
+#[derive(Clone, Copy)]
+pub enum Rates<'a> {
+    /// One snapshot: no rate columns.
+    Off,
+    /// A `--watch` frame: every frame has the same columns, the rates against the last snapshot
+    /// and the time since it ("-" in the first frame and for a failed pairing).
+    Watch(Option<(&'a Stats, Duration)>),
+}
+
+/// What a lane carries each way: `eager` when the receiving side announced credits for it (its
+/// `transfer.protocol` is `eager`, or `auto` and this is one of its eager lanes), else
+/// `rendezvous`; one word when both ways agree.
+pub fn lane_kind(l: &LaneStats) -> String {
+    let kind = |limit: u32| if limit > 0 { "eager" } else { "rendezvous" };
+    let (send, recv) = (kind(l.send_credit_limit), kind(l.recv_credit_limit));
+    if send == recv {
+        send.to_string()
+    } else {
+        format!("{send}/{recv}")
+    }
+}
+
+/// Stats as text: a node line, then per peer a line and a lane table (with `Rates::Watch`,
+/// send/receive rates per lane).
+pub fn stats_text(s: &Stats, rates: Rates<'_>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -506,15 +556,19 @@ pub fn stats_text(s: &Stats, previous: Option<(&Stats, Duration)>) -> String {
         // could in the last snapshot: GetStats also lists a node's newest failed pairing, whose
         // counters must not be taken for the live one's.
         let failed = |q: &PeerStats| q.state == PeerState::Failed as i32;
-        let prev_peer = previous.filter(|_| !failed(p)).and_then(|(prev, dt)| {
-            prev.peers
+        let watch = matches!(rates, Rates::Watch(_));
+        let prev_peer = match rates {
+            Rates::Watch(Some((prev, dt))) if !failed(p) => prev
+                .peers
                 .iter()
                 .find(|q| q.node_id == p.node_id && !failed(q))
-                .map(|q| (q, dt))
-        });
+                .map(|q| (q, dt)),
+            _ => None,
+        };
         let mut header = vec![
             "LANE",
             "DEVICE",
+            "KIND",
             "SENT",
             "RECEIVED",
             "CHUNKS S/R",
@@ -522,7 +576,7 @@ pub fn stats_text(s: &Stats, previous: Option<(&Stats, Duration)>) -> String {
             "QUEUED S/R",
             "WINDOW FULL S/R",
         ];
-        if prev_peer.is_some() {
+        if watch {
             header.extend(["SEND RATE", "RECV RATE"]);
         }
         let mut t = Table::new(header).indent(2);
@@ -530,6 +584,7 @@ pub fn stats_text(s: &Stats, previous: Option<(&Stats, Duration)>) -> String {
             let mut row = vec![
                 l.lane.to_string(),
                 l.device.to_string(),
+                lane_kind(l),
                 format_bytes(l.bytes_sent),
                 format_bytes(l.bytes_received),
                 format!("{}/{}", l.chunks_sent, l.chunks_received),
@@ -543,6 +598,8 @@ pub fn stats_text(s: &Stats, previous: Option<(&Stats, Duration)>) -> String {
                 let recv = l.bytes_received - before.map_or(0, |q| q.bytes_received.min(l.bytes_received));
                 row.push(format_rate(sent, dt));
                 row.push(format_rate(recv, dt));
+            } else if watch {
+                row.extend(["-".to_string(), "-".to_string()]);
             }
             t.row(row);
         }
@@ -682,7 +739,7 @@ mod tests {
         };
         let mut prev = s.clone();
         prev.peers[0].lanes[0].bytes_sent = 1 << 30;
-        let text = stats_text(&s, Some((&prev, Duration::from_secs(1))));
+        let text = stats_text(&s, Rates::Watch(Some((&prev, Duration::from_secs(1)))));
         assert!(text.contains("peer b UP"), "{text}");
         assert!(text.contains("1.07 GB/s"), "{text}");
         assert_eq!(stats_json(&s)["peers"][0]["lanes"][0]["bytes_sent"], 2u64 << 30);
@@ -707,9 +764,12 @@ mod tests {
         );
         let mut before = both.clone();
         before.peers[1].lanes[0].bytes_sent = 1 << 30;
-        let text = stats_text(&both, Some((&before, Duration::from_secs(1))));
+        let text = stats_text(&both, Rates::Watch(Some((&before, Duration::from_secs(1)))));
         let (failed_part, live_part) = text.split_at(text.find("peer b UP").expect("live pairing listed"));
-        assert!(!failed_part.contains("RATE"), "{text}");
+        assert!(
+            failed_part.contains("SEND RATE") && !failed_part.contains("B/s"),
+            "{text}"
+        );
         assert!(
             live_part.contains("SEND RATE") && live_part.contains("1.07 GB/s"),
             "{text}"
@@ -719,7 +779,7 @@ mod tests {
         let mut failed = s.clone();
         failed.peers[0].state = PeerState::Failed as i32;
         failed.peers[0].error = "control stream closed by the peer".into();
-        let text = stats_text(&failed, None);
+        let text = stats_text(&failed, Rates::Off);
         assert!(
             text.contains("peer b FAILED") && text.contains("  error: control stream closed by the peer"),
             "{text}"
@@ -727,6 +787,70 @@ mod tests {
         assert_eq!(
             stats_json(&failed)["peers"][0]["error"],
             "control stream closed by the peer"
+        );
+    }
+
+    #[test]
+    fn watch_frames_have_the_same_columns_and_lanes_say_their_kind() {
+        let lanes = vec![
+            LaneStats {
+                lane: 0,
+                ..Default::default()
+            },
+            LaneStats {
+                lane: 1,
+                send_credit_limit: 16,
+                recv_credit_limit: 16,
+                ..Default::default()
+            },
+            LaneStats {
+                lane: 2,
+                recv_credit_limit: 16,
+                ..Default::default()
+            },
+        ];
+        let s = Stats {
+            node_id: "a".into(),
+            peers: vec![PeerStats {
+                node_id: "b".into(),
+                state: PeerState::Up as i32,
+                lanes,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let header = |text: &str| {
+            text.lines()
+                .find(|l| l.trim_start().starts_with("LANE"))
+                .map(str::to_string)
+        };
+        let first = stats_text(&s, Rates::Watch(None));
+        let second = stats_text(&s, Rates::Watch(Some((&s, Duration::from_secs(1)))));
+        assert_eq!(header(&first), header(&second), "{first}\n{second}");
+        assert!(header(&first).is_some_and(|h| h.contains("KIND") && h.ends_with("RECV RATE")));
+        let rows: Vec<&str> = first
+            .lines()
+            .filter(|l| l.trim_start().starts_with(char::is_numeric))
+            .collect();
+        let tail: Vec<&str> = rows[0].split_whitespace().rev().take(2).collect();
+        assert!(rows[0].contains(" rendezvous ") && tail == ["-", "-"], "{first}");
+        assert!(rows[1].contains(" eager "), "{first}");
+        assert!(rows[2].contains(" rendezvous/eager "), "{first}");
+        assert!(second.contains("0.00 B/s"), "{second}");
+        assert!(!stats_text(&s, Rates::Off).contains("RATE"));
+    }
+
+    #[test]
+    fn utc_times() {
+        use std::time::{Duration as D, UNIX_EPOCH};
+        assert_eq!(utc_text(UNIX_EPOCH), "1970-01-01 00:00:00 UTC");
+        assert_eq!(
+            utc_text(UNIX_EPOCH + D::from_secs(951_782_400)),
+            "2000-02-29 00:00:00 UTC"
+        );
+        assert_eq!(
+            utc_text(UNIX_EPOCH + D::from_secs(1_795_926_601)),
+            "2026-11-29 04:30:01 UTC"
         );
     }
 
@@ -757,7 +881,7 @@ mod tests {
             recv_to_consume: Some(h),
             ..Default::default()
         };
-        let text = stats_text(&s, None);
+        let text = stats_text(&s, Rates::Off);
         assert!(text.contains("write ok"), "{text}");
         assert!(
             text.contains("4 × mean 1.0 ms, p50 ≤ 1.0 ms, p99 ≤ 2.5 ms"),

@@ -21,6 +21,8 @@ pub struct NodeFacts {
     pub chunk_bytes: u32,
     /// Which NIC(s) serve each GPU, as the data path uses it.
     pub topology: Arc<Topology>,
+    /// How this node receives, with `auto`'s eager lanes and threshold.
+    pub protocol: crate::config::ProtocolSettings,
     gpus: OnceCell<Vec<pb::GpuDevice>>,
 }
 
@@ -33,6 +35,7 @@ impl NodeFacts {
         peer_addresses: Vec<String>,
         lanes_per_device: u32,
         chunk_bytes: u32,
+        protocol: crate::config::ProtocolSettings,
     ) -> NodeFacts {
         NodeFacts {
             peer_addresses,
@@ -58,6 +61,7 @@ impl NodeFacts {
             lanes_per_device,
             chunk_bytes,
             topology,
+            protocol,
             gpus: OnceCell::new(),
         }
     }
@@ -104,7 +108,15 @@ impl NodeFacts {
             features: super::prepared::FEATURES.iter().map(|f| f.to_string()).collect(),
             gpu_nics: gpu_nics(&self.topology),
             topology_source: self.topology.source.to_string(),
+            transfer_protocol: self.protocol.protocol.as_str().to_string(),
+            eager_lanes_per_device: self.auto().map_or(0, |p| p.eager_lanes),
+            eager_max_bytes: self.auto().map_or(0, |p| p.eager_max_bytes),
         })
+    }
+
+    /// The protocol settings when `auto` (the only mode with eager lanes of their own).
+    fn auto(&self) -> Option<&crate::config::ProtocolSettings> {
+        Some(&self.protocol).filter(|p| p.protocol == crate::config::TransferProtocol::Auto)
     }
 }
 

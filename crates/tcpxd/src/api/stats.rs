@@ -65,8 +65,15 @@ impl DaemonState {
     pub async fn render_metrics(&self) -> Result<String, Status> {
         let snap = self.ask(|reply| Command::Stats { reply }).await?;
         let buffers = self.buffers.list();
-        Ok(self
-            .metrics
-            .render(&snap, buffers.len(), buffers.iter().map(|b| b.size).sum()))
+        let (memory_available, memory_reserve) = self.buffers.memory_reading();
+        Ok(self.metrics.render(
+            &snap,
+            &crate::metrics::NodeGauges {
+                buffers: buffers.len(),
+                buffer_bytes: buffers.iter().map(|b| b.size).sum(),
+                memory_available,
+                memory_reserve,
+            },
+        ))
     }
 }

@@ -27,14 +27,7 @@ impl DaemonState {
     ) -> Result<(engine::PeerIdx, RemoteRange), Status> {
         let field = || format!("entries[{i}].remote_descriptor");
         if last.as_ref().is_none_or(|(s, _, _)| *s != descriptor) {
-            let d = Descriptor::parse(&field(), descriptor).map_err(status)?;
-            if d.node_id == self.node_id {
-                return Err(Status::invalid_argument(format!(
-                    "{}: names a buffer of this node ({}); transfers go between nodes",
-                    field(),
-                    self.node_id
-                )));
-            }
+            let d = self.remote_descriptor(&field(), descriptor)?;
             let peer = self.peer_of(&field(), &d.node_id)?;
             *last = Some((descriptor, d, peer));
         }
@@ -62,6 +55,18 @@ impl DaemonState {
         ))
     }
 
+    /// A remote descriptor parsed, refused when it names this node.
+    fn remote_descriptor(&self, field: &str, descriptor: &str) -> Result<Descriptor, Status> {
+        let d = Descriptor::parse(field, descriptor).map_err(status)?;
+        if d.node_id == self.node_id {
+            return Err(Status::invalid_argument(format!(
+                "{field}: names a buffer of this node ({}); transfers go between nodes",
+                self.node_id
+            )));
+        }
+        Ok(d)
+    }
+
     /// The pairing with `node`, which `field` names: NOT_FOUND when there is none (a descriptor
     /// or token without addresses), UNAVAILABLE when it failed.
     pub(crate) fn peer_of(&self, field: &str, node: &str) -> Result<engine::PeerIdx, Status> {
@@ -72,7 +77,7 @@ impl DaemonState {
         };
         let peer = self.peers.by_node(node).ok_or_else(|| {
             Status::not_found(format!(
-                "{field}: node {node} is not a connected peer and its {what} carries no peer address (one from an older daemon: call ConnectPeer with the node's peer address first)"
+                "{field}: node {node} is not a connected peer and its {what} carries no peer address (one from an older daemon): connect to the node first with its peer address, `tcpxctl peer connect HOST:PORT` or the ConnectPeer call"
             ))
         })?;
         if let PeerLink::Failed(why) = &*peer.link.borrow() {
@@ -120,6 +125,7 @@ impl DaemonState {
         deadline: Instant,
     ) -> Result<Started, Status> {
         tracing::trace!(target: "tcpxd::hop", hop = "api.in");
+        self.check_without_peers(r.entries.iter().map(EntryFields::from))?;
         self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
             .await?;
         let (specs, total) = self.entry_specs(r.entries.iter().map(EntryFields::from))?;
@@ -150,6 +156,7 @@ impl DaemonState {
         deadline: Instant,
     ) -> Result<Started, Status> {
         tracing::trace!(target: "tcpxd::hop", hop = "api.in");
+        self.check_without_peers(r.entries.iter().map(EntryFields::from))?;
         self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
             .await?;
         let (specs, total) = self.entry_specs(r.entries.iter().map(EntryFields::from))?;
@@ -407,8 +414,34 @@ impl DaemonState {
     /// builds the engine's entries; the engine checks bounds and limits. Returns the total bytes.
     fn entry_specs<'a>(
         &self,
-        entries: impl ExactSizeIterator<Item = EntryFields<'a>>,
+        entries: impl ExactSizeIterator<Item = EntryFields<'a>> + Clone,
     ) -> Result<(Vec<EntrySpec>, u64), Status> {
+        self.check_without_peers(entries.clone())?;
+        let mut specs = Vec::with_capacity(entries.len());
+        let mut total = 0u64;
+        let mut last = None;
+        for (i, e) in entries.enumerate() {
+            let (peer, remote) = self.remote(i, e.remote_descriptor, e.remote_offset, e.length, &mut last)?;
+            total = total.saturating_add(e.length);
+            specs.push(EntrySpec {
+                local_buffer: e.local_buffer,
+                local_offset: e.local_offset,
+                peer,
+                remote,
+            });
+        }
+        Ok((specs, total))
+    }
+
+    /// What needs no peer: the batch's size, each entry's length, its local buffer, its remote
+    /// descriptor's form, and both ranges (the remote one against the size the descriptor
+    /// carries), in the order a single pass always reported them. Checked before the remote nodes
+    /// are dialled, so a mistake in the request (`--local 9`) is answered at once as itself, not
+    /// after, or as, a failed pairing.
+    fn check_without_peers<'a>(
+        &self,
+        entries: impl ExactSizeIterator<Item = EntryFields<'a>>,
+    ) -> Result<(), Status> {
         if entries.len() == 0 {
             return Err(Status::invalid_argument(
                 "entries: at least one entry is required",
@@ -422,31 +455,58 @@ impl DaemonState {
                 entries.len()
             )));
         }
-        let mut specs = Vec::with_capacity(entries.len());
-        let mut total = 0u64;
-        let (mut last, mut last_local) = (None, None);
+        let mut last_local: Option<(u64, u64)> = None;
+        let mut last_remote: Option<(&str, u64)> = None;
         for (i, e) in entries.enumerate() {
             if e.length == 0 {
                 return Err(Status::invalid_argument(format!(
                     "entries[{i}].length: must be at least 1 byte"
                 )));
             }
-            if last_local != Some(e.local_buffer) {
-                self.buffers
-                    .get_as(&local_buffer_field(i), e.local_buffer)
-                    .map_err(status)?;
-                last_local = Some(e.local_buffer);
+            let size = match last_local {
+                Some((id, size)) if id == e.local_buffer => size,
+                _ => {
+                    let b = self
+                        .buffers
+                        .get_as(&local_buffer_field(i), e.local_buffer)
+                        .map_err(status)?;
+                    last_local = Some((b.id, b.size));
+                    b.size
+                }
+            };
+            let remote_size = match last_remote {
+                Some((d, size)) if d == e.remote_descriptor => size,
+                _ => {
+                    let field = format!("entries[{i}].remote_descriptor");
+                    let size = self.remote_descriptor(&field, e.remote_descriptor)?.size;
+                    last_remote = Some((e.remote_descriptor, size));
+                    size
+                }
+            };
+            // Worded as `remote` words it, and the local range as the engine does (both check
+            // again when the transfer starts).
+            if let Some(why) = engine::range_fault(
+                &format!("entries[{i}].remote_offset"),
+                &format!("entries[{i}].length"),
+                "the remote buffer",
+                remote_size,
+                e.remote_offset,
+                e.length,
+            ) {
+                return Err(Status::invalid_argument(why));
             }
-            let (peer, remote) = self.remote(i, e.remote_descriptor, e.remote_offset, e.length, &mut last)?;
-            total = total.saturating_add(e.length);
-            specs.push(EntrySpec {
-                local_buffer: e.local_buffer,
-                local_offset: e.local_offset,
-                peer,
-                remote,
-            });
+            if let Some(why) = engine::range_fault(
+                &format!("entries[{i}].local_offset"),
+                &format!("entries[{i}].length"),
+                &format!("buffer {}", e.local_buffer),
+                size,
+                e.local_offset,
+                e.length,
+            ) {
+                return Err(Status::invalid_argument(why));
+            }
         }
-        Ok((specs, total))
+        Ok(())
     }
 }
 

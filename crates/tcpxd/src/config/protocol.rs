@@ -29,6 +29,15 @@ impl TransferProtocol {
         }
     }
 
+    /// The setting's own word: "eager", "rendezvous" or "auto".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TransferProtocol::Eager => "eager",
+            TransferProtocol::Rendezvous => "rendezvous",
+            TransferProtocol::Auto => "auto",
+        }
+    }
+
     /// The engine's form.
     pub fn engine(self) -> crate::engine::Protocol {
         match self {

@@ -33,7 +33,7 @@ async fn starts_serves_on_its_socket_and_stops_on_sigterm() {
         .arg(&sock)
         .arg("--ready-file")
         .arg(&ready)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -80,6 +80,11 @@ async fn starts_serves_on_its_socket_and_stops_on_sigterm() {
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
     assert!(log.contains("WARN"), "the emulation warning is logged: {log}");
     assert!(!log.contains('\x1b'), "ANSI escapes in a redirected log: {log:?}");
+    // The stop line says what it counts: every transfer started here, then the drain's share.
+    assert!(
+        log.contains("tcpxd stopped: transfers started here, over its life: 0 ok, 0 failed; of those in flight at the stop, 0 finished within the grace period, 0 failed at its end"),
+        "{log}"
+    );
 }
 
 #[test]

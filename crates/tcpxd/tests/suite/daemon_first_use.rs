@@ -101,6 +101,36 @@ async fn a_descriptor_is_all_a_client_needs() {
         (peers[0].node_id.as_str(), peers[0].state),
         ("fu-b", pb::PeerState::Up as i32)
     );
+    // DescribeNode counts every lane GetStats lists: the rendezvous lanes, and under `auto` the
+    // eager ones on top (`tcpxctl describe` once said 2 per device where stats showed 3).
+    let na = describe(&mut a.client).await;
+    let auto = na.transfer_protocol == "auto";
+    assert!(["auto", "eager", "rendezvous"].contains(&na.transfer_protocol.as_str()));
+    assert_eq!(na.eager_lanes_per_device > 0, auto, "{na:?}");
+    assert_eq!(na.eager_max_bytes > 0, auto, "{na:?}");
+    let stats = a
+        .client
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let lanes = &stats
+        .peers
+        .iter()
+        .find(|p| p.node_id == "fu-b")
+        .expect("b in stats")
+        .lanes;
+    let per_device = na.lanes_per_device + na.eager_lanes_per_device;
+    assert_eq!(lanes.len(), na.devices.len() * per_device as usize, "{lanes:?}");
+    if auto {
+        // The eager lanes are those a receiving `auto` node announced credits for.
+        let eager = lanes.iter().filter(|l| l.recv_credit_limit > 0).count();
+        assert_eq!(
+            eager,
+            na.devices.len() * na.eager_lanes_per_device as usize,
+            "{lanes:?}"
+        );
+    }
     // And the other way: b reads a's buffer through a's descriptor (already paired from a's side).
     let z = host_buffer(&mut b.client, 4 * MIB, "z").await;
     let id = read(&mut b.client, read_entry(&x, 0, &z, 0, 4 * MIB))
@@ -156,7 +186,9 @@ async fn a_descriptor_is_all_a_client_needs() {
     let s = write(&mut a.client, e, b"").await.unwrap_err();
     assert_eq!(s.code(), Code::NotFound, "{}", s.message());
     assert!(
-        s.message().contains("entries[0].remote_descriptor") && s.message().contains("ConnectPeer"),
+        s.message().contains("entries[0].remote_descriptor")
+            && s.message()
+                .contains("`tcpxctl peer connect HOST:PORT` or the ConnectPeer call"),
         "{}",
         s.message()
     );
@@ -424,4 +456,77 @@ async fn a_hung_address_holds_up_no_other_pairing() {
     assert_eq!(peer.node_id, "hung-b");
     hung.abort();
     holder.abort();
+}
+
+/// Mistakes on this node's side are answered before any pairing is tried (issue #40 point 5): a
+/// WRITE or READ naming a buffer this node does not have, or a range past its end, to a node that
+/// cannot be reached, is refused for the local field at once, and nothing is dialled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_mistakes_are_answered_before_pairing() {
+    tcpxd::logging::init("error");
+    let mut a = daemons::start("fu-local", |_| {}).await;
+    let x = host_buffer(&mut a.client, MIB, "x").await;
+    // A node nobody runs, at an address where nothing listens: dialling it could only fail.
+    let nowhere = format!("tcpxd1:fu-nowhere:1:{MIB}:{}@127.0.0.1:1", "ab".repeat(16));
+    let entry = |local_buffer_id, local_offset| pb::WriteEntry {
+        local_buffer_id,
+        local_offset,
+        remote_descriptor: nowhere.clone(),
+        remote_offset: 0,
+        length: MIB,
+    };
+    let client = a.client.clone();
+    let write = |e: pb::WriteEntry| {
+        let mut c = client.clone();
+        async move {
+            c.write(pb::WriteRequest {
+                entry: Some(e),
+                wait: true,
+                timeout_ms: 30_000,
+                ..Default::default()
+            })
+            .await
+            .expect_err("refused")
+        }
+    };
+    let s = write(entry(9, 0)).await;
+    assert_eq!(s.code(), Code::NotFound, "{}", s.message());
+    assert!(
+        s.message()
+            .starts_with("entries[0].local_buffer_id: buffer 9 does not exist"),
+        "{}",
+        s.message()
+    );
+    let s = write(entry(x.id, 4096)).await;
+    assert_eq!(s.code(), Code::InvalidArgument, "{}", s.message());
+    assert!(
+        s.message().starts_with("entries[0].local_offset: "),
+        "{}",
+        s.message()
+    );
+    let s = a
+        .client
+        .read(pb::ReadRequest {
+            entry: Some(pb::ReadEntry {
+                remote_descriptor: nowhere.clone(),
+                local_buffer_id: 9,
+                length: MIB,
+                ..Default::default()
+            }),
+            wait: true,
+            timeout_ms: 30_000,
+        })
+        .await
+        .expect_err("refused");
+    assert_eq!(s.code(), Code::NotFound, "{}", s.message());
+    assert!(
+        s.message().starts_with("entries[0].local_buffer_id: "),
+        "{}",
+        s.message()
+    );
+    assert!(peers_of(&mut a.client).await.is_empty(), "nothing was dialled");
+    // The same entry with a good local side does dial, and fails for the remote.
+    let s = write(entry(x.id, 0)).await;
+    assert_eq!(s.code(), Code::Unavailable, "{}", s.message());
+    a.stop().await;
 }

@@ -44,6 +44,7 @@ mod gpu_blocks;
 mod gpu_unpack;
 mod lane_pass;
 mod metrics;
+mod monitoring;
 mod net_blocks;
 mod plugin_loading;
 mod reflection;

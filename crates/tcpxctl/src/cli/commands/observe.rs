@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::cli::args::{GlobalOpts, HealthArgs, StatsArgs, SubscribeArgs};
 use crate::cli::error::{CliError, print_json, rpc};
-use crate::cli::output::{notification_json, notification_text, stats_json, stats_text};
+use crate::cli::output::{Rates, notification_json, notification_text, stats_json, stats_text, utc_text};
 use crate::client::ApiClient;
 use tcpxd::api::proto::v1::{GetStatsRequest, SubscribeRequest};
 
@@ -63,7 +63,7 @@ pub(super) async fn stats(client: &mut ApiClient, json: bool, args: StatsArgs) -
         if json {
             print_json(&stats_json(&s))?;
         } else {
-            out!("{}", stats_text(&s, None));
+            out!("{}", stats_text(&s, Rates::Off));
         }
         return Ok(());
     };
@@ -83,15 +83,29 @@ pub(super) async fn stats(client: &mut ApiClient, json: bool, args: StatsArgs) -
             .map_err(rpc("stats"))?
             .into_inner();
         let now = Instant::now();
+        let wall = std::time::SystemTime::now();
         if json {
-            print_json(&stats_json(&s))?;
+            // Each frame says when it was taken (the text frames' first line).
+            let mut j = stats_json(&s);
+            j["time_unix_ms"] = json!(
+                wall.duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64)
+            );
+            print_json(&j)?;
         } else {
-            let text = stats_text(&s, previous.as_ref().map(|(p, t): &(_, Instant)| (p, now - *t)));
+            let rates = Rates::Watch(previous.as_ref().map(|(p, t): &(_, Instant)| (p, now - *t)));
+            let text = stats_text(&s, rates);
             if clear {
                 out!("\x1b[2J\x1b[H");
             } else if previous.is_some() {
                 outln!();
             }
+            outln!(
+                "{} (every {}s; frame {})",
+                utc_text(wall),
+                every.as_secs_f64(),
+                shown + 1
+            );
             out!("{text}");
         }
         previous = Some((s, now));
