@@ -150,6 +150,19 @@ impl Poller {
             Command::DescribeBlocks { list, reply } => {
                 let _ = reply.send(self.list_facts(list));
             }
+            Command::PlanSameNodeBlocks {
+                local_list,
+                local_indices,
+                remote,
+                write,
+                reply,
+            } => {
+                let _ =
+                    reply.send(
+                        self.engine
+                            .plan_same_node_blocks(local_list, &local_indices, &remote, write),
+                    );
+            }
             Command::WriteBlocks {
                 spec,
                 notification,
