@@ -73,6 +73,9 @@ def test_two_agents_on_one_daemon_move_bytes_exactly(agents, op, path):
     else:
         h = A.initialize_xfer(op, A.get_xfer_descs([la[i] for i in li], "DRAM"),
                               A.get_xfer_descs([lb[i] for i in ri], "DRAM"), "sn-B", b"done")
+    # Aligned descriptor lists take the block path, prepared ones the prepared path (the daemon
+    # prepares a list over the other agent's lists of this node), unaligned ones batches.
+    assert h._xfer.plan.path == {"descs": "blocks", "prepped": "prepared", "unaligned": "batch"}[path]
     assert A.transfer(h) in ("PROC", "DONE")
     assert _wait(A, h) == "DONE", h.error
     assert _notifs(B, 1) == {"sn-A": [b"done"]}

@@ -84,7 +84,7 @@ mod prepared_entries;
 mod release;
 mod same_node;
 use release::PeerMap;
-pub use same_node::SameNodeBlocks;
+pub use same_node::{SameNodePlan, SamePiece};
 mod start;
 mod transfer;
 pub mod wire;

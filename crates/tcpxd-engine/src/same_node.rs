@@ -6,15 +6,40 @@
 use crate::blocks::{BlockError, IndexArray};
 use crate::{Code, Engine, EngineError, EngineResult, RemoteBlocks, keys_equal};
 
-/// A block transfer between two lists of this node, as byte ranges: `local_buffer` and
-/// `remote_buffer` are the lists' buffers; each piece is (local offset, remote offset, length),
-/// adjacent pairs merged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SameNodeBlocks {
+/// One range a same-node transfer copies: `len` bytes at `local_offset` of `local_buffer` and
+/// at `remote_offset` of `remote_buffer` (which way is the transfer's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SamePiece {
     pub local_buffer: u64,
+    pub local_offset: u64,
     pub remote_buffer: u64,
-    pub pieces: Vec<(u64, u64, u64)>,
+    pub remote_offset: u64,
+    pub len: u64,
+}
+
+/// A transfer between two sides of this node, as byte ranges (adjacent pairs merged).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SameNodePlan {
+    pub pieces: Vec<SamePiece>,
     pub total: u64,
+}
+
+impl SameNodePlan {
+    /// Appends a pair of ranges, merged into the last piece when both sides continue it.
+    pub(crate) fn push(&mut self, p: SamePiece) {
+        self.total += p.len;
+        match self.pieces.last_mut() {
+            Some(l)
+                if l.local_buffer == p.local_buffer
+                    && l.remote_buffer == p.remote_buffer
+                    && l.local_offset + l.len == p.local_offset
+                    && l.remote_offset + l.len == p.remote_offset =>
+            {
+                l.len += p.len
+            }
+            _ => self.pieces.push(p),
+        }
+    }
 }
 
 impl Engine {
@@ -26,7 +51,7 @@ impl Engine {
         local_indices: &IndexArray,
         remote: &RemoteBlocks,
         write: bool,
-    ) -> EngineResult<SameNodeBlocks> {
+    ) -> EngineResult<SameNodePlan> {
         let local = self.lists.get(local_list).ok_or_else(|| {
             EngineError::not_found(format!("local_list_id: list {local_list} does not exist"))
         })?;
@@ -83,8 +108,7 @@ impl Engine {
         } else {
             local_indices.check_distinct(local.len(), "local_indices")?;
         }
-        let mut pieces: Vec<(u64, u64, u64)> = Vec::new();
-        let mut total = 0u64;
+        let mut plan = SameNodePlan::default();
         for (at, (li, ri)) in local_indices.iter().zip(remote.indices.iter()).enumerate() {
             let (lo, ll) = local.block(li).expect("checked against the list");
             let (ro, rl) = theirs.block(ri).expect("checked against the list");
@@ -98,19 +122,15 @@ impl Engine {
                 }
                 .into());
             }
-            let len = u64::from(ll);
-            total += len;
-            match pieces.last_mut() {
-                Some((a, b, l)) if *a + *l == lo && *b + *l == ro => *l += len,
-                _ => pieces.push((lo, ro, len)),
-            }
+            plan.push(SamePiece {
+                local_buffer: local.buffer(),
+                local_offset: lo,
+                remote_buffer: buffer,
+                remote_offset: ro,
+                len: u64::from(ll),
+            });
         }
-        Ok(SameNodeBlocks {
-            local_buffer: local.buffer(),
-            remote_buffer: buffer,
-            pieces,
-            total,
-        })
+        Ok(plan)
     }
 }
 
@@ -173,8 +193,18 @@ mod tests {
                 true,
             )
             .unwrap();
-        assert_eq!((p.local_buffer, p.remote_buffer, p.total), (1, 2, 4 * 4096));
-        assert_eq!(p.pieces, vec![(0, 3 * 4096, 3 * 4096), (7 * 4096, 0, 4096)]);
+        let piece = |lo, ro, len| SamePiece {
+            local_buffer: 1,
+            local_offset: lo,
+            remote_buffer: 2,
+            remote_offset: ro,
+            len,
+        };
+        assert_eq!(p.total, 4 * 4096);
+        assert_eq!(
+            p.pieces,
+            vec![piece(0, 3 * 4096, 3 * 4096), piece(7 * 4096, 0, 4096)]
+        );
 
         let bad = |r: RemoteBlocks, li: &[u32], write| {
             e.plan_same_node_blocks(a, &IndexArray::from_indices(li), &r, write)

@@ -21,9 +21,9 @@ use super::state::{DaemonState, status};
 use super::transfers::Started;
 use crate::block_token::BlockToken;
 use crate::buffers::{BufferEntry, BufferMemory, Descriptor};
-use crate::engine::{self, Code, Outcome, TransferId};
+use crate::engine::{self, Code, Outcome, SameNodePlan, TransferId};
 use crate::metrics::Op;
-use crate::poller::{Command, NotificationEvent, Phase, TransferStatus};
+use crate::poller::{Command, NotificationEvent, Phase, PreparedTransfer, TransferStatus};
 
 /// Ids of same-node transfers start here: far above the engine's, which count from 1.
 pub const FIRST_ID: u64 = 1 << 62;
@@ -33,14 +33,33 @@ pub const INLINE_BYTES: u64 = 256 << 10;
 /// memcpy).
 pub const CHUNK_BYTES: u64 = 4 << 20;
 
-/// The same-node transfers in flight: their cancel flags.
+/// The same-node transfers in flight (their cancel flags), and the prepared lists over other
+/// clients' lists of this node (a prepared transfer naming one as its remote list is copied).
 #[derive(Default)]
 pub struct SameNode {
     next: AtomicU64,
     open: Mutex<HashMap<u64, Arc<AtomicBool>>>,
+    prepared: Mutex<std::collections::HashSet<u64>>,
 }
 
 impl SameNode {
+    /// Whether prepared list `id` names other clients' lists of this node.
+    pub fn is_prepared(&self, id: u64) -> bool {
+        let set = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
+        !set.is_empty() && set.contains(&id)
+    }
+
+    pub(crate) fn prepared(&self, id: u64) {
+        self.prepared.lock().unwrap_or_else(|e| e.into_inner()).insert(id);
+    }
+
+    pub(crate) fn released(&self, id: u64) {
+        self.prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+    }
+
     fn open(&self) -> (u64, Arc<AtomicBool>) {
         let id = FIRST_ID + self.next.fetch_add(1, Ordering::Relaxed);
         let flag = Arc::new(AtomicBool::new(false));
@@ -245,24 +264,59 @@ impl DaemonState {
             })
             .await?
             .map_err(status)?;
-        let gone = |what: &str, id: u64| {
-            Status::not_found(format!(
-                "{what}: buffer {id} was released while the transfer started"
-            ))
+        self.copy_plan(op, plan, notification, deadline)
+    }
+
+    /// A prepared WRITE or READ whose remote list names another client's lists of this node.
+    pub(crate) async fn same_node_prepared(
+        &self,
+        op: Op,
+        mut transfer: PreparedTransfer,
+        deadline: Instant,
+    ) -> Result<Started, Status> {
+        let notification = std::mem::take(&mut transfer.notification);
+        let plan = self
+            .ask(|reply| Command::PlanSameNodePrepared {
+                transfer,
+                write: op == Op::Write,
+                reply,
+            })
+            .await?
+            .map_err(status)?;
+        self.copy_plan(op, plan, notification, deadline)
+    }
+
+    /// Starts copying what the engine planned (one entry), its buffers looked up once each.
+    fn copy_plan(
+        &self,
+        op: Op,
+        plan: SameNodePlan,
+        notification: Vec<u8>,
+        deadline: Instant,
+    ) -> Result<Started, Status> {
+        let mut known: HashMap<u64, Arc<BufferEntry>> = HashMap::new();
+        let mut buffer = |id: u64| -> Result<Arc<BufferEntry>, Status> {
+            if let Some(b) = known.get(&id) {
+                return Ok(b.clone());
+            }
+            let b = self.buffers.get(id).map_err(|_| {
+                Status::not_found(format!("buffer {id} was released while the transfer started"))
+            })?;
+            known.insert(id, b.clone());
+            Ok(b)
         };
-        let local = self
-            .buffers
-            .get(plan.local_buffer)
-            .map_err(|_| gone("local_list_id", plan.local_buffer))?;
-        let theirs = self
-            .buffers
-            .get(plan.remote_buffer)
-            .map_err(|_| gone("remote_token", plan.remote_buffer))?;
-        let pieces = plan
-            .pieces
-            .iter()
-            .map(|&(lo, ro, len)| piece(op, 0, local.clone(), lo, theirs.clone(), ro, len))
-            .collect();
+        let mut pieces = Vec::with_capacity(plan.pieces.len());
+        for p in &plan.pieces {
+            pieces.push(piece(
+                op,
+                0,
+                buffer(p.local_buffer)?,
+                p.local_offset,
+                buffer(p.remote_buffer)?,
+                p.remote_offset,
+                p.len,
+            ));
+        }
         Ok(self.start_same_node(Copy {
             op,
             pieces,
@@ -357,8 +411,14 @@ impl Finish {
             copy.total,
             self.started_at.elapsed(),
         );
-        if outcome.code == Code::Ok && copy.op == Op::Write && !copy.notification.is_empty() {
-            let mut buffers: Vec<u64> = copy.pieces.iter().map(|p| p.dst.id).collect();
+        // As a peer's: once every byte landed, naming the other side's buffers (a WRITE's
+        // destination, a prepared READ's source).
+        if outcome.code == Code::Ok && !copy.notification.is_empty() {
+            let remote = |p: &Piece| match copy.op {
+                Op::Write => p.dst.id,
+                Op::Read => p.src.id,
+            };
+            let mut buffers: Vec<u64> = copy.pieces.iter().map(remote).collect();
             buffers.sort_unstable();
             buffers.dedup();
             let _ = self.notifications.send(NotificationEvent {

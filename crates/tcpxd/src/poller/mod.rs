@@ -186,7 +186,20 @@ pub enum Command {
         local_indices: crate::engine::blocks::IndexArray,
         remote: crate::engine::RemoteBlocks,
         write: bool,
-        reply: Reply<Result<crate::engine::SameNodeBlocks, EngineError>>,
+        reply: Reply<Result<crate::engine::SameNodePlan, EngineError>>,
+    },
+    /// Prepares a list over other clients' lists of this node, by their tokens.
+    PrepareSameNode {
+        lists: Vec<RemoteList>,
+        entries: Vec<PreparedEntry>,
+        reply: Reply<Result<PreparedInfo, EngineError>>,
+    },
+    /// A prepared transfer whose remote list is of this node (`PrepareSameNode`): planned into
+    /// byte ranges for the API to copy.
+    PlanSameNodePrepared {
+        transfer: PreparedTransfer,
+        write: bool,
+        reply: Reply<Result<crate::engine::SameNodePlan, EngineError>>,
     },
     /// Prepares a list over block lists of this node (docs/BLOCKS.md, "Prepared lists").
     PrepareLocal {

@@ -374,3 +374,142 @@ async fn bad_same_node_entries_are_refused_naming_the_field() {
     other.stop().await;
     d.stop().await;
 }
+
+fn prepared_entries(e: &[(u32, u32, u32)]) -> Vec<u8> {
+    e.iter()
+        .flat_map(|&(l, f, c)| [l, f, c])
+        .flat_map(u32::to_le_bytes)
+        .collect()
+}
+
+fn le32(v: &[u32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepared_lists_over_another_clients_lists_copy_and_notify() {
+    let (mut d, mut b) = one_daemon("same-prep").await;
+    let a = &mut d.client;
+    let src = host_buffer(a, 2 * MIB, "").await;
+    let dst = host_buffer(&mut b, 2 * MIB, "").await;
+    fill_seed(a, src.id, 0, 0, 31).await;
+    fill_seed(&mut b, dst.id, 0, 0, 32).await;
+    let la = list(a, src.id, strided(4096, 4096, 512)).await;
+    let lb = list(&mut b, dst.id, strided(4096, 4096, 512)).await;
+    // Entries of 2 blocks each over both lists; A prepares its own and B's (by token).
+    let shape = prepared_entries(&(0..64).map(|i| (0, i * 4, 2)).collect::<Vec<_>>());
+    let local = a
+        .prepare_blocks(pb::PrepareBlocksRequest {
+            local_list_ids: vec![la.id],
+            entries: shape.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let remote = a
+        .prepare_blocks(pb::PrepareBlocksRequest {
+            remote_tokens: vec![lb.token.clone()],
+            entries: shape.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut sub = b.subscribe(pb::SubscribeRequest {}).await.unwrap().into_inner();
+    let (li, ri) = ([0u32, 1, 2, 40], [63u32, 10, 11, 0]);
+    let w = a
+        .write_prepared(pb::WritePreparedRequest {
+            local_prepared_id: local.prepared_id,
+            local_indices: le32(&li),
+            remote_prepared_id: remote.prepared_id,
+            remote_indices: le32(&ri),
+            notification: b"prepared".to_vec(),
+            timeout_ms: 10_000,
+            wait: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let f = w.r#final.expect("waited");
+    assert_eq!(f.status_code, 0, "{}", f.status_message);
+    assert_eq!(w.total_bytes, 4 * 2 * 4096);
+    for (&l, &r) in li.iter().zip(&ri) {
+        let (lo, ro) = (u64::from(l) * 4 * 4096, u64::from(r) * 4 * 4096);
+        assert_eq!(
+            crc(a, src.id, lo, 8192).await,
+            crc(&mut b, dst.id, ro, 8192).await,
+            "{l} -> {r}"
+        );
+    }
+    let n = sub.message().await.unwrap().expect("a notification");
+    assert_eq!(
+        (n.payload.as_slice(), n.buffer_ids.as_slice()),
+        (&b"prepared"[..], &[dst.id][..])
+    );
+
+    // READ back into entry 5 here from B's entry 30.
+    let r = a
+        .read_prepared(pb::ReadPreparedRequest {
+            local_prepared_id: local.prepared_id,
+            local_indices: le32(&[5]),
+            remote_prepared_id: remote.prepared_id,
+            remote_indices: le32(&[30]),
+            notification: b"read".to_vec(),
+            timeout_ms: 10_000,
+            wait: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.r#final.expect("waited").status_code, 0);
+    assert_eq!(
+        crc(a, src.id, 20 * 4096, 8192).await,
+        crc(&mut b, dst.id, 120 * 4096, 8192).await
+    );
+    // A prepared READ's notification goes to the holder of the source, as a peer's would.
+    let n = sub.message().await.unwrap().expect("a notification");
+    assert_eq!(
+        (n.payload.as_slice(), n.buffer_ids.as_slice()),
+        (&b"read"[..], &[dst.id][..])
+    );
+
+    // A destination entry named twice is refused; a released list is unknown.
+    let twice = a
+        .write_prepared(pb::WritePreparedRequest {
+            local_prepared_id: local.prepared_id,
+            local_indices: le32(&[0, 1]),
+            remote_prepared_id: remote.prepared_id,
+            remote_indices: le32(&[3, 3]),
+            timeout_ms: 10_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(twice.code(), Code::InvalidArgument);
+    assert!(
+        twice.message().starts_with("remote_indices[1]"),
+        "{}",
+        twice.message()
+    );
+    a.release_prepared(pb::ReleasePreparedRequest {
+        prepared_id: remote.prepared_id,
+    })
+    .await
+    .unwrap();
+    let gone = a
+        .write_prepared(pb::WritePreparedRequest {
+            local_prepared_id: local.prepared_id,
+            local_indices: le32(&[0]),
+            remote_prepared_id: remote.prepared_id,
+            remote_indices: le32(&[0]),
+            timeout_ms: 10_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound, "{}", gone.message());
+    d.stop().await;
+}
