@@ -513,3 +513,105 @@ async fn prepared_lists_over_another_clients_lists_copy_and_notify() {
     assert_eq!(gone.code(), Code::NotFound, "{}", gone.message());
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcpxctl_writes_and_reads_between_buffers_of_one_daemon() {
+    let (mut d, mut b) = one_daemon("same-ctl").await;
+    let a = &mut d.client;
+    let src = host_buffer(a, 4 * MIB, "").await;
+    let dst = host_buffer(&mut b, 4 * MIB, "").await;
+    fill_seed(a, src.id, 0, 0, 41).await;
+    let endpoint = format!("unix:{}", d.daemon.api_socket.display());
+    let run = |args: Vec<String>| {
+        let endpoint = endpoint.clone();
+        tokio::task::spawn_blocking(move || {
+            std::process::Command::new(tcpxd_testkit::workspace_bin("tcpxctl"))
+                .arg("--endpoint")
+                .arg(endpoint)
+                .args(args)
+                .output()
+                .expect("tcpxctl runs")
+        })
+    };
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let out = run(s(&[
+        "write",
+        "--local",
+        &format!("{}:1M", src.id),
+        "--remote",
+        &dst.descriptor,
+        "--length",
+        "2M",
+    ]))
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        crc(a, src.id, MIB, 2 * MIB).await,
+        crc(&mut b, dst.id, 0, 2 * MIB).await
+    );
+    let out = run(s(&[
+        "read",
+        "--remote",
+        &dst.descriptor,
+        "--local",
+        &format!("{}:3M", src.id),
+        "--length",
+        "4K",
+    ]))
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        crc(a, src.id, 3 * MIB, 4096).await,
+        crc(&mut b, dst.id, 0, 4096).await
+    );
+    d.stop().await;
+}
+
+async fn cuda_buffer(c: &mut Client, size: u64) -> pb::Buffer {
+    c.register_buffer(pb::RegisterBufferRequest {
+        source: Some(pb::register_buffer_request::Source::Cuda(pb::CudaAllocation {
+            device: 0,
+            size,
+        })),
+        label: String::new(),
+    })
+    .await
+    .expect("CUDA buffer")
+    .into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a CUDA GPU: cargo test --release -p tcpxd --test suite -- --ignored daemon_same_node::"]
+async fn gpu_to_gpu_and_mixed_both_ways_on_one_daemon() {
+    let (mut d, mut b) = one_daemon("same-gpu").await;
+    let a = &mut d.client;
+    let size = 24 * MIB + 4096;
+    let g1 = cuda_buffer(a, size).await;
+    let g2 = cuda_buffer(&mut b, size).await;
+    let h1 = host_buffer(a, size, "").await;
+    let h2 = host_buffer(&mut b, size, "").await;
+    fill_seed(a, g1.id, 0, 0, 51).await;
+    fill_seed(a, h1.id, 0, 0, 52).await;
+    // GPU -> GPU (device copy), GPU -> host, host -> GPU, each large (chunked on the blocking
+    // pool) and small (inline), at odd offsets.
+    for (src, dst, seed_src) in [(&g1, &g2, g1.id), (&g1, &h2, g1.id), (&h1, &g2, h1.id)] {
+        for (len, so, dof) in [(24 * MIB, 0, 4096), (5000, 17, 3)] {
+            let id = write(a, write_entry(src, so, dst, dof, len), b"").await.unwrap();
+            wait_ok(a, id).await;
+            assert_eq!(
+                crc(a, seed_src, so, len).await,
+                crc(&mut b, dst.id, dof, len).await,
+                "{:?} -> {:?}, {len} bytes",
+                src.kind,
+                dst.kind
+            );
+        }
+    }
+    // READ: B pulls A's GPU buffer into its host buffer.
+    let id = read(&mut b, read_entry(&g1, 100, &h2, 0, MIB)).await.unwrap();
+    wait_ok(&mut b, id).await;
+    assert_eq!(crc(a, g1.id, 100, MIB).await, crc(&mut b, h2.id, 0, MIB).await);
+    d.stop().await;
+}
