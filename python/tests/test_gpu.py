@@ -79,3 +79,25 @@ def test_cpu_tensor_is_refused_clearly(torch, clients):
         ca.register_tensor(torch.zeros(16))
     with pytest.raises(tcpxd.InvalidArgument, match="contiguous"):
         ca.register_tensor(torch.zeros((64, 64), device="cuda:0").t())
+
+
+def test_two_clients_of_one_daemon_move_tensors_gpu_to_gpu_and_mixed(torch, daemons):
+    """Two clients of one daemon (two agents of one node): the daemon copies between the two
+    processes' imported CUDA memory itself (a device copy), and between GPU and host both ways."""
+    a, _ = daemons
+    src = torch.randint(0, 256, (8 * MIB,), dtype=torch.uint8, device="cuda:0")
+    dst = torch.zeros(8 * MIB, dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    with tcpxd.Client(a.endpoint) as c1, tcpxd.Client(a.endpoint) as c2:
+        with c1.register_tensor(src) as sb, c2.register_tensor(dst) as db, c2.register_host(8 * MIB) as host:
+            c1.write(sb, db.descriptor, notification=b"gpu")
+            torch.cuda.synchronize()
+            assert torch.equal(src, dst)
+            c2.read(sb.descriptor, host)  # GPU -> host
+            assert host.read_bytes() == src.cpu().numpy().tobytes()
+            dst.zero_()
+            torch.cuda.synchronize()
+            c1.read(host.descriptor, sb, 4 * MIB)  # host -> GPU, into the source's first half
+            c1.write(sb, db.descriptor, 4 * MIB)
+            torch.cuda.synchronize()
+            assert torch.equal(dst[: 4 * MIB], src[: 4 * MIB])

@@ -244,6 +244,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         stopping: stop_rx.clone(),
         metrics,
         node,
+        same_node: Default::default(),
     });
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;

@@ -32,6 +32,7 @@ use super::*;
 
 mod dest_bits;
 mod plan;
+mod same_node;
 
 use plan::Planning;
 pub use plan::{EARLY_PART_MIN_PAIRS, SEAL_MIN_BLOCKS};
@@ -75,7 +76,12 @@ pub struct PreparedInfo {
 #[derive(Debug)]
 enum Lists {
     Local(Vec<u64>),
-    Remote { node: String, lists: Vec<RemoteList> },
+    Remote {
+        node: String,
+        lists: Vec<RemoteList>,
+    },
+    /// Another client's lists of this node, by their tokens (`same_node`).
+    SameNode(Vec<RemoteList>),
 }
 
 #[derive(Debug)]

@@ -624,7 +624,7 @@ fn part_spec(local_list: u64, r: &RemoteList, peer: PeerIdx, p: Part) -> BlockSp
 
 /// Every index names an entry of the prepared list (`entries` of them); the error names the
 /// first that does not.
-fn check_indices(idx: &[u32], entries: usize, field: &str, id: u64) -> EngineResult<()> {
+pub(super) fn check_indices(idx: &[u32], entries: usize, field: &str, id: u64) -> EngineResult<()> {
     // One compare per index in the loop; the position only on failure.
     let max = idx.iter().copied().max().unwrap_or(0);
     if (max as usize) < entries {

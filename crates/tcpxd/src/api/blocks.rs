@@ -10,11 +10,13 @@ use std::time::Instant;
 use tonic::{Request, Response, Status};
 
 use super::proto::v1 as pb;
+use super::same_node::BlockPairs;
 use super::state::{DaemonState, status};
 use super::transfers::Started;
 use crate::block_token::BlockToken;
 use crate::engine::blocks::{BlockError, IndexArray, IndexEncoding, Layout, MAX_LIST_BLOCKS};
 use crate::engine::{BlockSpec, EngineError, RemoteBlocks};
+use crate::metrics::Op;
 use crate::poller::{Command, ListFacts};
 
 fn invalid(e: BlockError) -> Status {
@@ -176,8 +178,9 @@ impl DaemonState {
     ) -> Result<BlockSpec, Status> {
         let token = BlockToken::parse("remote_token", token).map_err(status)?;
         if token.node_id == self.node_id {
-            return Err(Status::invalid_argument(format!(
-                "remote_token: names a list of this node ({}); transfers go between nodes",
+            // `same_node_token` sends those elsewhere first.
+            return Err(Status::internal(format!(
+                "remote_token: names a list of this node ({}), which the block path does not carry",
                 self.node_id
             )));
         }
@@ -202,19 +205,24 @@ impl DaemonState {
     /// Starts a block WRITE (waiting for the client's ready event first, if any).
     pub(crate) async fn start_write_blocks(
         &self,
-        r: pb::WriteBlocksRequest,
+        mut r: pb::WriteBlocksRequest,
         deadline: Instant,
     ) -> Result<Started, Status> {
         tracing::trace!(target: "tcpxd::hop", hop = "api.in");
-        let spec = self
-            .block_spec(
-                r.local_list_id,
-                r.local_indices,
-                &r.remote_token,
-                r.remote_indices,
-                deadline,
-            )
-            .await?;
+        let same_node = self.same_node_token(&r.remote_token);
+        let spec = match same_node {
+            Some(_) => None,
+            None => Some(
+                self.block_spec(
+                    r.local_list_id,
+                    r.local_indices.take(),
+                    &r.remote_token,
+                    r.remote_indices.take(),
+                    deadline,
+                )
+                .await?,
+            ),
+        };
         if !r.ready_event_ipc_handle.is_empty() {
             let list = r.local_list_id;
             let facts = self
@@ -229,6 +237,22 @@ impl DaemonState {
             self.wait_ready_event(&r.ready_event_ipc_handle, std::iter::once(facts.buffer), deadline)
                 .await?;
         }
+        let Some(spec) = spec else {
+            let token = same_node.expect("no spec: a same-node token");
+            return self
+                .same_node_blocks(
+                    Op::Write,
+                    BlockPairs {
+                        local_list: r.local_list_id,
+                        local_indices: indices("local_indices", r.local_indices)?,
+                        token,
+                        remote_indices: indices("remote_indices", r.remote_indices)?,
+                    },
+                    r.notification,
+                    deadline,
+                )
+                .await;
+        };
         let (id, rx, total) = self
             .ask(|reply| Command::WriteBlocks {
                 spec,
@@ -248,6 +272,21 @@ impl DaemonState {
         deadline: Instant,
     ) -> Result<Started, Status> {
         tracing::trace!(target: "tcpxd::hop", hop = "api.in");
+        if let Some(token) = self.same_node_token(&r.remote_token) {
+            return self
+                .same_node_blocks(
+                    Op::Read,
+                    BlockPairs {
+                        local_list: r.local_list_id,
+                        local_indices: indices("local_indices", r.local_indices)?,
+                        token,
+                        remote_indices: indices("remote_indices", r.remote_indices)?,
+                    },
+                    Vec::new(),
+                    deadline,
+                )
+                .await;
+        }
         let spec = self
             .block_spec(
                 r.local_list_id,

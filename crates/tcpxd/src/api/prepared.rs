@@ -273,17 +273,23 @@ impl DaemonState {
                 }
                 let entries = entries(&r.entries).map_err(status)?;
                 let tokens = self.one_node_tokens(&r.remote_tokens)?;
+                if tokens[0].node_id == self.node_id {
+                    // Other clients' lists of this daemon: their transfers are copied here.
+                    let lists = tokens.into_iter().map(remote_list).collect();
+                    let info = self
+                        .ask(|reply| Command::PrepareSameNode {
+                            lists,
+                            entries,
+                            reply,
+                        })
+                        .await?
+                        .map_err(status)?;
+                    self.same_node.prepared(info.id);
+                    return Ok(prepared_pb(info));
+                }
                 self.reach_token("remote_tokens[0]", &tokens[0], deadline).await?;
                 let peer = self.peer_of("remote_tokens[0]", &tokens[0].node_id)?;
-                let lists = tokens
-                    .into_iter()
-                    .map(|t| RemoteList {
-                        list_id: t.list_id,
-                        access_key: t.key,
-                        blocks: t.blocks,
-                        block_len: t.block_len,
-                    })
-                    .collect();
+                let lists = tokens.into_iter().map(remote_list).collect();
                 self.ask(|reply| Command::PrepareRemote {
                     peer,
                     lists,
@@ -314,12 +320,6 @@ impl DaemonState {
         for (i, t) in raw.iter().enumerate() {
             let field = format!("remote_tokens[{i}]");
             let token = BlockToken::parse(&field, t).map_err(status)?;
-            if token.node_id == self.node_id {
-                return Err(Status::invalid_argument(format!(
-                    "{field}: names a list of this node ({}); a remote prepared list names another node's lists",
-                    self.node_id
-                )));
-            }
             if let Some(first) = tokens.first()
                 && first.node_id != token.node_id
             {
@@ -334,6 +334,7 @@ impl DaemonState {
     }
 
     pub(crate) async fn release_prepared(&self, id: u64) -> Result<(), Status> {
+        self.same_node.released(id);
         self.ask(|reply| Command::ReleasePrepared { id, reply })
             .await?
             .map_err(status)
@@ -343,6 +344,7 @@ impl DaemonState {
     /// skipped.
     pub(crate) async fn release_prepared_owned(&self, ids: Vec<u64>) {
         for id in ids {
+            self.same_node.released(id);
             match self.ask(|reply| Command::ReleasePrepared { id, reply }).await {
                 Ok(Ok(())) => tracing::debug!(prepared = id, "released with the session that prepared it"),
                 Ok(Err(_)) => {}  // released by the client already
@@ -360,6 +362,13 @@ impl DaemonState {
     ) -> Result<Started, Status> {
         tracing::trace!(target: "tcpxd::hop", hop = "api.in");
         let transfer = transfer.map_err(status)?;
+        if self.same_node.is_prepared(transfer.remote) {
+            let op = match kind {
+                TransferKind::Write => crate::metrics::Op::Write,
+                TransferKind::Read => crate::metrics::Op::Read,
+            };
+            return self.same_node_prepared(op, transfer, deadline).await;
+        }
         let (id, rx, total) = self
             .ask(|reply| Command::StartPrepared {
                 kind,
@@ -409,6 +418,16 @@ impl DaemonState {
             .start_prepared(TransferKind::Read, read_transfer(r, &self.buffers), deadline)
             .await?;
         self.answer(started, wait).await
+    }
+}
+
+/// A token as the engine's remote list.
+fn remote_list(t: BlockToken) -> RemoteList {
+    RemoteList {
+        list_id: t.list_id,
+        access_key: t.key,
+        blocks: t.blocks,
+        block_len: t.block_len,
     }
 }
 

@@ -379,13 +379,7 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
     async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::CancelResponse>, Status> {
         let id = req.into_inner().transfer_id;
         self.state.transfer(id)?;
-        let cancelled = self
-            .state
-            .ask(|reply| Command::Cancel {
-                id: TransferId(id),
-                reply,
-            })
-            .await?;
+        let cancelled = self.state.cancel_transfer(TransferId(id)).await?;
         Ok(Response::new(pb::CancelResponse { cancelled }))
     }
 

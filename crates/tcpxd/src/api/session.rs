@@ -35,7 +35,6 @@ use super::proto::v1::session_request::Op;
 use super::state::DaemonState;
 use super::transfers::{self, Started, cancel_unheard};
 use crate::engine::{TransferId, TransferKind};
-use crate::poller::Command;
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
 
@@ -223,7 +222,9 @@ impl<E: Events> Session<'_, E> {
             );
         }
         for (_, id) in self.open.drain() {
-            cancel_unheard(&self.state.poller, id);
+            if self.state.same_node.cancel(id.0).is_none() {
+                cancel_unheard(&self.state.poller, id);
+            }
         }
         self.waiting.abort_all();
     }
@@ -395,7 +396,7 @@ impl<E: Events> Session<'_, E> {
                 )
                 .await;
         };
-        match self.state.ask(|reply| Command::Cancel { id, reply }).await {
+        match self.state.cancel_transfer(id).await {
             Ok(cancelled) => {
                 self.send(tag, Event::Cancelled(pb::CancelResponse { cancelled }))
                     .await

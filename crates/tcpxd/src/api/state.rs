@@ -37,6 +37,8 @@ pub struct DaemonState {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// What DescribeNode reports.
     pub node: super::node::NodeFacts,
+    /// Transfers between two buffers of this daemon, which it copies itself.
+    pub same_node: Arc<super::same_node::SameNode>,
 }
 
 impl DaemonState {
@@ -47,6 +49,14 @@ impl DaemonState {
             .map_err(|_| Status::unavailable("the daemon is shutting down"))?;
         rx.await
             .map_err(|_| Status::unavailable("the daemon is shutting down"))
+    }
+
+    /// Cancels a transfer, a same-node one or the poller's: `false` when it already ended.
+    pub(crate) async fn cancel_transfer(&self, id: crate::engine::TransferId) -> Result<bool, Status> {
+        match self.same_node.cancel(id.0) {
+            Some(c) => Ok(c),
+            None => self.ask(|reply| Command::Cancel { id, reply }).await,
+        }
     }
 
     pub(super) fn transfer(&self, id: u64) -> Result<watch::Receiver<TransferStatus>, Status> {

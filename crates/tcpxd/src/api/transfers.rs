@@ -11,6 +11,7 @@ use super::proto::v1 as pb;
 use super::state::{DaemonState, status};
 use crate::buffers::Descriptor;
 use crate::engine::{self, EntrySpec, Outcome, RemoteRange, TransferId};
+use crate::metrics::Op;
 use crate::poller::{Command, PeerLink, Phase, TransferStatus};
 
 impl DaemonState {
@@ -60,7 +61,7 @@ impl DaemonState {
         let d = Descriptor::parse(field, descriptor).map_err(status)?;
         if d.node_id == self.node_id {
             return Err(Status::invalid_argument(format!(
-                "{field}: names a buffer of this node ({}); transfers go between nodes",
+                "{field}: names a buffer of this node ({}) while other entries name other nodes: a batch goes within this node or to other nodes, not both",
                 self.node_id
             )));
         }
@@ -125,6 +126,23 @@ impl DaemonState {
         deadline: Instant,
     ) -> Result<Started, Status> {
         tracing::trace!(target: "tcpxd::hop", hop = "api.in");
+        if self.batch_is_same_node(r.entries.iter().map(|e| e.remote_descriptor.as_str())) {
+            let copy = self.same_node_batch(
+                Op::Write,
+                r.entries.iter().map(EntryFields::from),
+                r.notification,
+                deadline,
+            )?;
+            if !r.ready_event_ipc_handle.is_empty() {
+                self.wait_ready_event(
+                    &r.ready_event_ipc_handle,
+                    r.entries.iter().map(|e| e.local_buffer_id),
+                    deadline,
+                )
+                .await?;
+            }
+            return Ok(self.start_same_node(copy));
+        }
         self.check_without_peers(r.entries.iter().map(EntryFields::from))?;
         self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
             .await?;
@@ -156,6 +174,15 @@ impl DaemonState {
         deadline: Instant,
     ) -> Result<Started, Status> {
         tracing::trace!(target: "tcpxd::hop", hop = "api.in");
+        if self.batch_is_same_node(r.entries.iter().map(|e| e.remote_descriptor.as_str())) {
+            let copy = self.same_node_batch(
+                Op::Read,
+                r.entries.iter().map(EntryFields::from),
+                Vec::new(),
+                deadline,
+            )?;
+            return Ok(self.start_same_node(copy));
+        }
         self.check_without_peers(r.entries.iter().map(EntryFields::from))?;
         self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
             .await?;
@@ -203,7 +230,7 @@ impl DaemonState {
     ) -> Result<Response<pb::TransferStarted>, Status> {
         let (transfer_id, total_bytes) = (s.id.0, s.total);
         let r#final = if wait {
-            let mut guard = CancelOnDrop::new(self.poller.clone(), s.id);
+            let mut guard = CancelOnDrop::new(self, s.id);
             let event = finished(s.id, s.rx).await;
             guard.disarm();
             Some(event?)
@@ -243,12 +270,17 @@ pub(crate) async fn finished(
 /// Cancels a transfer (on both sides) when dropped armed: a waiting caller that went away.
 pub(crate) struct CancelOnDrop {
     poller: std_mpsc::Sender<Command>,
+    same_node: std::sync::Arc<super::same_node::SameNode>,
     id: Option<TransferId>,
 }
 
 impl CancelOnDrop {
-    pub(crate) fn new(poller: std_mpsc::Sender<Command>, id: TransferId) -> CancelOnDrop {
-        CancelOnDrop { poller, id: Some(id) }
+    pub(crate) fn new(state: &DaemonState, id: TransferId) -> CancelOnDrop {
+        CancelOnDrop {
+            poller: state.poller.clone(),
+            same_node: state.same_node.clone(),
+            id: Some(id),
+        }
     }
 
     pub(crate) fn disarm(&mut self) {
@@ -260,12 +292,15 @@ impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
             tracing::debug!(transfer = id.0, "the waiting caller went away: cancelling");
-            cancel_unheard(&self.poller, id);
+            if self.same_node.cancel(id.0).is_none() {
+                cancel_unheard(&self.poller, id);
+            }
         }
     }
 }
 
-/// Asks the poller to cancel a transfer without waiting for its answer.
+/// Asks the poller to cancel a transfer without waiting for its answer (same-node transfers:
+/// `SameNode::cancel` first).
 pub(crate) fn cancel_unheard(poller: &std_mpsc::Sender<Command>, id: TransferId) {
     let (reply, _) = oneshot::channel();
     let _ = poller.send(Command::Cancel { id, reply });
@@ -377,12 +412,12 @@ impl DaemonState {
 }
 
 /// The fields WriteEntry and ReadEntry share.
-struct EntryFields<'a> {
-    local_buffer: u64,
-    local_offset: u64,
-    remote_descriptor: &'a str,
-    remote_offset: u64,
-    length: u64,
+pub(crate) struct EntryFields<'a> {
+    pub local_buffer: u64,
+    pub local_offset: u64,
+    pub remote_descriptor: &'a str,
+    pub remote_offset: u64,
+    pub length: u64,
 }
 
 impl<'a> From<&'a pb::WriteEntry> for EntryFields<'a> {

@@ -242,6 +242,17 @@ impl HostRegion {
         Ok(())
     }
 
+    /// Copies `len` bytes at `src_off` of this region to `dst_off` of `dst` (the same region
+    /// too: overlapping ranges are copied as by `memmove`).
+    pub fn copy_to(&self, src_off: usize, dst: &HostRegion, dst_off: usize, len: usize) -> NetResult<()> {
+        self.check(src_off, len)?;
+        dst.check(dst_off, len)?;
+        // SAFETY: both ranges were bounds-checked against live mappings; `ptr::copy` allows
+        // them to overlap (one region copied within itself).
+        unsafe { std::ptr::copy(self.ptr.as_ptr().add(src_off), dst.ptr.as_ptr().add(dst_off), len) };
+        Ok(())
+    }
+
     /// Reads `len` bytes at `offset` into a new vector.
     pub fn to_vec(&self, offset: usize, len: usize) -> NetResult<Vec<u8>> {
         let mut v = vec![0u8; len];

@@ -150,6 +150,37 @@ impl Poller {
             Command::DescribeBlocks { list, reply } => {
                 let _ = reply.send(self.list_facts(list));
             }
+            Command::PlanSameNodeBlocks {
+                local_list,
+                local_indices,
+                remote,
+                write,
+                reply,
+            } => {
+                let _ =
+                    reply.send(
+                        self.engine
+                            .plan_same_node_blocks(local_list, &local_indices, &remote, write),
+                    );
+            }
+            Command::PrepareSameNode {
+                lists,
+                entries,
+                reply,
+            } => {
+                let _ = reply.send(self.engine.prepare_same_node(lists, entries));
+            }
+            Command::PlanSameNodePrepared {
+                transfer,
+                write,
+                reply,
+            } => {
+                let _ = reply.send(self.engine.plan_same_node_prepared(
+                    (transfer.local, &transfer.local_indices),
+                    (transfer.remote, &transfer.remote_indices),
+                    write,
+                ));
+            }
             Command::WriteBlocks {
                 spec,
                 notification,

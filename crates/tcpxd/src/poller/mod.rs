@@ -179,6 +179,28 @@ pub enum Command {
         deadline: Instant,
         reply: Reply<Result<BlocksStarted, EngineError>>,
     },
+    /// A block transfer between two lists of this node (two clients of one daemon): checked and
+    /// turned into byte ranges by the engine; the API copies them (`api/same_node.rs`).
+    PlanSameNodeBlocks {
+        local_list: u64,
+        local_indices: crate::engine::blocks::IndexArray,
+        remote: crate::engine::RemoteBlocks,
+        write: bool,
+        reply: Reply<Result<crate::engine::SameNodePlan, EngineError>>,
+    },
+    /// Prepares a list over other clients' lists of this node, by their tokens.
+    PrepareSameNode {
+        lists: Vec<RemoteList>,
+        entries: Vec<PreparedEntry>,
+        reply: Reply<Result<PreparedInfo, EngineError>>,
+    },
+    /// A prepared transfer whose remote list is of this node (`PrepareSameNode`): planned into
+    /// byte ranges for the API to copy.
+    PlanSameNodePrepared {
+        transfer: PreparedTransfer,
+        write: bool,
+        reply: Reply<Result<crate::engine::SameNodePlan, EngineError>>,
+    },
     /// Prepares a list over block lists of this node (docs/BLOCKS.md, "Prepared lists").
     PrepareLocal {
         lists: Vec<u64>,

@@ -230,11 +230,6 @@ async fn block_transfers_refuse_malformed_requests_naming_the_field() {
             "remote_token: malformed block-list token",
         ),
         (
-            req(&mine.token, good.clone(), good.clone()),
-            Code::InvalidArgument,
-            "remote_token: names a list of this node",
-        ),
-        (
             req(&theirs.token, None, good.clone()),
             Code::InvalidArgument,
             "local_indices: at least one block is required",

@@ -31,6 +31,7 @@ mod daemon_local;
 mod daemon_pairing;
 mod daemon_peer_loss;
 mod daemon_prepared;
+mod daemon_same_node;
 mod daemon_session;
 mod daemon_smoke;
 mod daemon_soak;

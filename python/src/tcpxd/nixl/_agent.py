@@ -291,6 +291,8 @@ class nixl_agent:  # noqa: N801
     def make_connection(self, remote_agent: AgentName, backends: Optional[List[str]] = None) -> None:
         """Pairs this node with the remote agent's node now (else the first transfer does)."""
         remote = self._remote(remote_agent, "remote_agent")
+        if remote.md.node_id == self._node.node_id:
+            return  # an agent of this agent's own daemon: nothing to pair
         last: Optional[TcpxdError] = None
         for addr in remote.md.peer_addresses:
             try:
@@ -330,14 +332,9 @@ class nixl_agent:  # noqa: N801
         return remote
 
     def _peer(self, agent: AgentName, what: str) -> _Remote:
-        """A remote agent this one can move data to: on another node."""
-        remote = self._remote(agent, what)
-        if remote.md.node_id == self._node.node_id:
-            raise nixlNotSupportedError(
-                f"{what}: agent {remote.md.name!r} uses this agent's daemon (node {self._node.node_id!r}); tcpxd moves "
-                "data between nodes: give each side a daemon of its own (on one host: a second tcpxd with its own "
-                "--node-id, --api-socket and --peer-listen, and TCPXD_ENDPOINT pointing each side at its own)")
-        return remote
+        """A remote agent this one can move data to: on another node, or on this agent's daemon
+        (another process of this node: the daemon copies between the two, docs/NIXL.md)."""
+        return self._remote(agent, what)
 
     # -- prepared lists and transfers
 
