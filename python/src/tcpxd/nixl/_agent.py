@@ -12,7 +12,7 @@ from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 
-from .. import Client
+from .. import Client, _exit
 from ..client import DEFAULT_CALL_TIMEOUT
 from ..errors import TcpxdError
 from . import _indices, _listen, _plan
@@ -147,6 +147,7 @@ class nixl_agent:  # noqa: N801
             except OSError as e:
                 self.close()
                 raise nixlBackendError(f"listen_port: cannot listen on port {conf.port} ({e})") from None
+        _exit.track_agent(self)  # closed at exit if still open (tcpxd._exit)
         log.info("Initialized tcpxd.nixl agent %s on node %s (%s)", agent_name, self._node.node_id, self._client.endpoint)
 
     # -- life
@@ -179,6 +180,8 @@ class nixl_agent:  # noqa: N801
         self.close()
 
     def __del__(self) -> None:
+        if _exit.finalizing():  # past the exit handler (tcpxd._exit): the process's end releases it all
+            return
         try:
             self.close()
         except Exception:  # noqa: BLE001 - best effort at teardown
