@@ -223,3 +223,23 @@ def test_the_shims_logging_prints_as_nixls(tmp_path):
     assert not any("quiet" in ln for ln in lines)
     run = _shim_run(tmp_path, code, extra_env={"NIXL_LOG_LEVEL": "ERROR"})
     assert run.stdout.splitlines() == ["nixl.example"], run.stdout
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["c-pass", "python"])
+def test_tuple_lists_read_the_same_with_and_without_the_c_pass(monkeypatch, native):
+    from tcpxd.nixl import _descs
+
+    if native and _descs._native is None:
+        pytest.skip("tcpxd._native is not built here")
+    if not native:
+        monkeypatch.setattr(_descs, "_native", None)
+    rows = [(2**64 - 1 - i, i, i % 3) for i in range(1000)]
+    xl = _descs.parse(rows, "DRAM", False, "descs")
+    assert xl.rows.dtype == np.uint64 and xl.rows.tolist() == [list(r) for r in rows]
+    xl[0] = (1, 2, 3)  # writable
+    rl = _descs.parse([r + (f"m{i}",) for i, r in enumerate(rows)], "DRAM", True, "descs")
+    assert rl[999] == rows[999] + (b"m999",)
+    for bad in ([(1, 2, 3), [4, 5, 6]], [(1, 2, 3), (4, 5)], [(1, -2, 3)], [(1, 2.0, 3)]):
+        with pytest.raises(nixlInvalidParamError):
+            _descs.parse(bad, "DRAM", False, "descs")
+    assert _descs.parse([(1, np.uint64(2), True)], "DRAM", False, "descs")[0] == (1, 2, 1)  # (not exact ints: Python's path)

@@ -4,13 +4,16 @@ as NIXL's bindings make them (`nixl._bindings.nixlXferDList(DRAM_SEG, descs)`, `
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 import sys
 from enum import Enum
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._native_gate import native as _native
 from ._errors import nixlInvalidKeyError, nixlInvalidParamError, nixlNotFoundError
 
 log = logging.getLogger("tcpxd.nixl")
@@ -67,16 +70,20 @@ def _binding_rows(descs: Any, width: int) -> Tuple[np.ndarray, List[Any]]:
         raise TypeError(f"descs: a list of tuples or an N×3 numpy array is needed, got {type(descs).__name__}")
     if not descs:
         return np.zeros((0, 3), dtype=np.uint64), []
+    packed = _native.desc_rows(descs, width) if _native is not None else None
+    if packed is not None:  # the C pass: every element a tuple of that width, its fields unsigned ints
+        return np.frombuffer(packed, dtype=np.uint64).reshape(-1, 3), [d[3] for d in descs] if width == 4 else []
     if set(map(type, descs)) != {tuple}:
         raise TypeError("Each descriptor must be a tuple when provided as a list")
     if set(map(len, descs)) != {width}:
         raise ValueError(f"Each descriptor tuple must have exactly {width} elements")
-    cols = list(zip(*descs))
+    fields = descs if width == 3 else map(operator.itemgetter(0, 1, 2), descs)
     try:
-        rows = np.array(cols[:3], dtype=np.uint64).T.copy()
+        ints = map(operator.index, itertools.chain.from_iterable(fields))  # (a float is refused, as the binding does)
+        rows = np.fromiter(ints, dtype=np.uint64, count=3 * len(descs))
     except (OverflowError, TypeError, ValueError) as e:
         raise TypeError(f"descs: addresses, lengths and device ids are unsigned integers ({e})") from None
-    return rows, (list(cols[3]) if width == 4 else [])
+    return rows.reshape(-1, 3), [d[3] for d in descs] if width == 4 else []
 
 
 def _one(desc: Any, width: int) -> Tuple[np.ndarray, Any]:
