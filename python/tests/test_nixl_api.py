@@ -148,9 +148,9 @@ def test_no_daemon_is_a_backend_error_naming_the_endpoint(tmp_path):
 
 def test_plugins_and_backends_are_reported(daemons):
     a, _ = daemons
-    with nixl_agent("plug", nixl_agent_config(endpoint=a.endpoint, backends=["UCX", "LIBFABRIC", "GDS"])) as ag:
-        assert ag.get_plugin_list() == ["TCPXD", "UCX", "LIBFABRIC"]
-        assert sorted(ag.backends) == ["LIBFABRIC", "UCX"]  # GDS (storage) skipped, as NIXL skips a missing plugin
+    with nixl_agent("plug", nixl_agent_config(endpoint=a.endpoint, backends=["UCX", "LIBFABRIC", "GDS", "UVX"])) as ag:
+        assert ag.get_plugin_list() == ["TCPXD", "UCX", "LIBFABRIC", "UCCL", "MOONCAKE"]
+        assert sorted(ag.backends) == ["LIBFABRIC", "UCX"]  # GDS (storage), UVX skipped, as NIXL skips a missing plugin
         assert ag.get_backend_mem_types("UCX") == ["DRAM", "VRAM"]
         with pytest.raises(nixlNoTelemetryError):
             ag.get_xfer_telemetry(None)  # type: ignore[arg-type]
@@ -360,7 +360,7 @@ def test_install_shim_resolves_nixl_names(tmp_path):
         "print(get_logger('x').name)\n"
     )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-    assert run.returncode == 0 and run.stdout.strip() == "x", run.stderr
+    assert run.returncode == 0 and run.stdout.strip() == "nixl.x", run.stderr  # (NIXL's logger hierarchy)
     (tmp_path / "real").mkdir()
     (tmp_path / "real" / "nixl").mkdir()
     (tmp_path / "real" / "nixl" / "__init__.py").write_text("# a real NIXL\n")

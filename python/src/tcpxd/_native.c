@@ -15,6 +15,10 @@
  * the prepared path's request costs one call here instead of a dozen Python statements, which
  * matter because a serving loop meets them with cold caches (docs/NIXL.md, "Python per request").
  *
+ * `desc_rows` reads a list of descriptor tuples into their rows (NIXL's get_xfer_descs and
+ * get_reg_descs of tuples: millions of them for a vLLM prepared list), as NIXL's binding does
+ * in C++: a type check and three integer conversions a tuple, no Python objects made.
+ *
  * Built as an optional extension (python/setup.py): where it cannot be compiled the package
  * works as before, and TCPXD_NATIVE=0 turns it off at run time.
  */
@@ -288,7 +292,49 @@ static PyObject *frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return out;
 }
 
+static const char desc_rows_doc[] =
+    "desc_rows(descs, width, /) -> Optional[bytearray]\n\n"
+    "The rows (address, length, device id) of a list of `width`-tuples whose first three fields are\n"
+    "ints in [0, 2**64), packed as native u64s; None if any element is not such a tuple (the caller\n"
+    "then says which).";
+
+static PyObject *desc_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *list;
+    int width;
+    if (!PyArg_ParseTuple(args, "O!i", &PyList_Type, &list, &width))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    if (width < 3 || n > PY_SSIZE_T_MAX / 24)
+        Py_RETURN_NONE;
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, n * 24);
+    if (out == NULL)
+        return NULL;
+    uint64_t *p = (uint64_t *)PyByteArray_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(list, i);
+        if (!PyTuple_CheckExact(t) || PyTuple_GET_SIZE(t) != width)
+            goto refuse;
+        for (int k = 0; k < 3; k++) {
+            PyObject *v = PyTuple_GET_ITEM(t, k);
+            if (!PyLong_CheckExact(v))
+                goto refuse;
+            unsigned long long x = PyLong_AsUnsignedLongLong(v);
+            if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                goto refuse;
+            }
+            p[i * 3 + k] = (uint64_t)x;
+        }
+    }
+    return out;
+refuse:
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"desc_rows", desc_rows, METH_VARARGS, desc_rows_doc},
     {"outer", outer, METH_VARARGS, outer_doc},
     {"outer_fields", outer_fields, METH_VARARGS, outer_fields_doc},
     {"frame", (PyCFunction)(void (*)(void))frame, METH_FASTCALL, frame_doc},
@@ -296,7 +342,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "tcpxd._native", "The NIXL agent's index pass (see outer) and the local session's frame.", -1, methods,
+    PyModuleDef_HEAD_INIT, "tcpxd._native", "The NIXL agent's index pass (see outer), its descriptor rows (desc_rows) and the local session's frame.", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

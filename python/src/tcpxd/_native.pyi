@@ -13,3 +13,7 @@ def outer_fields(li: Any, ri: Any, lrows: int, ln: int, rrows: int, rn: int, /) 
 def frame(tag: int, key: bytes, /, *pieces: bytes) -> bytes:
     """A local session's frame: the big-endian u32 length of the rest, the SessionRequest's tag
     (field 1), `key`, the pieces' length together as a varint, the pieces."""
+
+def desc_rows(descs: list, width: int, /) -> Optional[bytearray]:
+    """The rows (address, length, device id) of a list of `width`-tuples whose first three fields
+    are ints in [0, 2**64), packed as native u64s; None if any element is not such a tuple."""

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import grpc
 
-from . import _blocks, _hostmem, _local, _ops, _proto, _tensor
+from . import _blocks, _exit, _hostmem, _local, _ops, _proto, _tensor
 # The public classes that live in other modules, re-exported explicitly (`X as X`: strict type
 # checkers see them as this module's).
 from ._handles import BlockList as BlockList
@@ -77,6 +77,7 @@ class Client:
         unix = _local.socket_path(self.endpoint)
         #: Registers host memory this process shares (its connection holds those buffers).
         self._registrar: Optional[_hostmem.Registrar] = _hostmem.Registrar(unix, self._local) if unix else None
+        _exit.track_client(self)  # closed at exit if still open (tcpxd._exit)
 
     # -- plumbing
 
@@ -115,7 +116,8 @@ class Client:
             self._local.close()
         if self._own is not None:
             self._own.close()
-        self._channel.close()
+        if not _exit.finalizing():  # (past the exit handlers its calls' reader threads are frozen)
+            self._channel.close()
 
     def __enter__(self) -> "Client":
         return self

@@ -36,6 +36,9 @@ from ._handles import (
 from ._memory import host_array
 from ._xfer import nixlXferTelemetry
 
+#: NIXL's backend handle type (an integer; not passed to the user).
+nixl_backend_handle = int
+
 __all__ = [
     "DEFAULT_COMM_PORT",
     "host_array",
@@ -57,6 +60,7 @@ __all__ = [
     "nixlXferTelemetry",
     "nixl_agent",
     "nixl_agent_config",
+    "nixl_backend_handle",
     "nixl_prepped_dlist_handle",
     "nixl_thread_sync_t",
     "nixl_xfer_handle",

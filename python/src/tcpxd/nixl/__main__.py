@@ -1,7 +1,7 @@
 """`python -m tcpxd.nixl install-shim DIR`: writes a `nixl` package into DIR whose modules are
 tcpxd.nixl's, so a stack that imports NIXL by name (`from nixl._api import nixl_agent`,
 `from nixl._bindings import nixlXferTelemetry`, `from nixl import nixl_agent`,
-`from nixl.logging import get_logger`) gets tcpxd's agent when DIR is on its PYTHONPATH (or is
+`from nixl.logging import get_logger`, `import nixl._utils`) gets tcpxd's agent when DIR is on its PYTHONPATH (or is
 site-packages). Nothing else changes; remove DIR/nixl to go back."""
 
 from __future__ import annotations
@@ -13,11 +13,24 @@ from typing import Dict, List, Optional
 
 MARK = "# written by `python -m tcpxd.nixl install-shim`: NIXL's names resolved to tcpxd.nixl\n"
 
+
+def _alias(module: str) -> str:
+    """A module of the shim that *is* tcpxd's module (the same object in sys.modules), so what a
+    test patches on it (`monkeypatch.setattr(nixl._bindings, "nixlAgent", ...)`) the agent sees."""
+    return MARK + f"import sys\n\nfrom {module.rpartition('.')[0]} import {module.rpartition('.')[2]} as _m\n\nsys.modules[__name__] = _m\n"
+
+
 FILES: Dict[str, str] = {
-    "__init__.py": MARK + "from tcpxd.nixl import *  # noqa: F401,F403\nfrom tcpxd.nixl import nixl_agent, nixl_agent_config  # noqa: F401\n",
-    "_api.py": MARK + "from tcpxd.nixl import *  # noqa: F401,F403\n",
-    "_bindings.py": MARK + "from tcpxd.nixl import *  # noqa: F401,F403\nfrom tcpxd.nixl import nixlXferTelemetry  # noqa: F401\n",
-    "logging.py": MARK + "import logging as _logging\n\n\ndef get_logger(name: str) -> _logging.Logger:\n    return _logging.getLogger(name)\n",
+    "__init__.py": MARK + "from tcpxd.nixl import *  # noqa: F401,F403\n"
+    "from tcpxd.nixl import DEFAULT_COMM_PORT, nixl_agent, nixl_agent_config, nixl_backend_handle  # noqa: F401\n"
+    "from tcpxd.nixl import nixl_prepped_dlist_handle, nixl_thread_sync_t, nixl_xfer_handle  # noqa: F401\n",
+    "_api.py": MARK + "from tcpxd.nixl import *  # noqa: F401,F403\n"
+    "from tcpxd.nixl import DEFAULT_COMM_PORT, nixl_agent, nixl_agent_config, nixl_backend_handle  # noqa: F401\n"
+    "from tcpxd.nixl import nixl_prepped_dlist_handle, nixl_thread_sync_t, nixl_xfer_handle  # noqa: F401\n"
+    "from tcpxd.nixl import _bindings as nixlBind  # noqa: F401\n",
+    "_bindings.py": _alias("tcpxd.nixl._bindings"),
+    "_utils.py": _alias("tcpxd.nixl._utils"),
+    "logging.py": _alias("tcpxd.nixl.logging"),
 }
 
 

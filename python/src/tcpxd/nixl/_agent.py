@@ -12,15 +12,17 @@ from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 
-from .. import Client
+from .. import Client, _exit
 from ..client import DEFAULT_CALL_TIMEOUT
 from ..errors import TcpxdError
-from . import _indices, _listen, _plan
+from . import _bindings, _indices, _listen, _plan
 from ._descs import DescList, RegDList, XferDList, lenient, parse
 from ._errors import (
     from_tcpxd,
     nixlBackendError,
+    nixlInvalidKeyError,
     nixlInvalidParamError,
+    nixlInvalidValueError,
     nixlNoTelemetryError,
     nixlNotFoundError,
     nixlNotPostedError,
@@ -28,11 +30,13 @@ from ._errors import (
 )
 from ._handles import (
     DEFAULT_COMM_PORT,
+    NETWORK_PLUGINS,
     NIXL_INIT_AGENT,
     PLUGIN,
     STORAGE_PLUGINS,
     nixl_agent_config,
     nixl_prepped_dlist_handle,
+    nixl_thread_sync_t,
     nixl_xfer_handle,
 )
 from ._memory import LocalMemory
@@ -90,12 +94,33 @@ class nixl_agent:  # noqa: N801
     NIXL's, plus `endpoint=` and `timeout_s=`. Thread-safe. `close()` (or leaving a `with` block)
     releases what it registered; so does the process exiting."""
 
-    def __init__(self, agent_name: str, nixl_conf: Optional[nixl_agent_config] = None, instantiate_all: bool = False):
-        if not isinstance(agent_name, str) or not agent_name or agent_name == NIXL_INIT_AGENT:
-            raise nixlInvalidParamError(f"agent_name: {agent_name!r} cannot name an agent")
+    def __init__(self, agent_name: str, nixl_conf: Optional[nixl_agent_config] = None, instantiate_all: bool = False,
+                 *, _binding: Optional[_bindings.nixlAgent] = None):
+        if nixl_conf is not None and instantiate_all:
+            instantiate_all = False
+            log.warning("Ignoring instantiate_all based on the provided config in agent creation.")
         conf = nixl_conf or nixl_agent_config()
+        sync = conf.sync_mode or (nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT if conf.enable_listen
+                                  else nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE)
+        if _binding is None:  # made through the module's attribute, as NIXL's agent is (tests patch it)
+            cfg = _bindings.nixlAgentConfig()
+            cfg.useProgThread = conf.enable_pthread
+            cfg.useListenThread = conf.enable_listen
+            cfg.listenPort = conf.port
+            cfg.syncMode = sync.value
+            cfg.captureTelemetry = conf.capture_telemetry
+            _binding = _bindings.nixlAgent(agent_name, cfg)  # raises ValueError for an empty name, as NIXL's
+        if not isinstance(agent_name, str) or not agent_name or agent_name == NIXL_INIT_AGENT:
+            raise nixlInvalidValueError(f"agent_name: {agent_name!r} cannot name an agent")
+        #: The C++-style agent (nixl._bindings.nixlAgent) this one is made on, as NIXL's `.agent`.
+        self.agent = _binding
+        attach = getattr(_binding, "_attach", None)  # (a test's stand-in may be anything)
+        if attach is not None:
+            attach(self)
         self.name = agent_name
         self._conf = conf
+        #: Whether transfers keep telemetry: NIXL_TELEMETRY_ENABLE when set, else capture_telemetry.
+        self._telemetry = _bindings.telemetry_enabled(conf.capture_telemetry)
         self._timeout_ms = 0 if conf.timeout_s is None else max(1, int(conf.timeout_s * 1000))
         #: How long a request answered at once (PrepareBlocks on the session) may take.
         self._call_timeout_s = DEFAULT_CALL_TIMEOUT if conf.timeout_s is None else max(conf.timeout_s, DEFAULT_CALL_TIMEOUT)
@@ -133,11 +158,12 @@ class nixl_agent:  # noqa: N801
         except TcpxdError as e:
             self._client.close()
             raise nixlBackendError(f"tcpxd daemon at {self._client.endpoint}: {e.message}") from None
-        self.plugin_list = [PLUGIN] + [b for b in dict.fromkeys(conf.backends) if b != PLUGIN and b not in STORAGE_PLUGINS]
+        self.plugin_list = [PLUGIN, *NETWORK_PLUGINS]
         self.backends: Dict[str, int] = {}
-        for b in self.plugin_list if instantiate_all and nixl_conf is None else conf.backends:
-            if b in STORAGE_PLUGINS:
-                log.warning("Skipping backend registration %s: tcpxd.nixl moves memory between nodes, not storage.", b)
+        for b in self.plugin_list if instantiate_all else conf.backends:
+            if b not in self.plugin_list:
+                why = "a storage plugin: tcpxd.nixl moves memory" if b in STORAGE_PLUGINS else "no such plugin"
+                log.warning("Skipping backend registration %s due to the missing plugin (%s).", b, why)
                 continue
             self.create_backend(b)
         if conf.enable_listen:
@@ -147,6 +173,7 @@ class nixl_agent:  # noqa: N801
             except OSError as e:
                 self.close()
                 raise nixlBackendError(f"listen_port: cannot listen on port {conf.port} ({e})") from None
+        _exit.track_agent(self)  # closed at exit if still open (tcpxd._exit)
         log.info("Initialized tcpxd.nixl agent %s on node %s (%s)", agent_name, self._node.node_id, self._client.endpoint)
 
     # -- life
@@ -179,6 +206,8 @@ class nixl_agent:  # noqa: N801
         self.close()
 
     def __del__(self) -> None:
+        if _exit.finalizing():  # past the exit handler (tcpxd._exit): the process's end releases it all
+            return
         try:
             self.close()
         except Exception:  # noqa: BLE001 - best effort at teardown
@@ -190,13 +219,15 @@ class nixl_agent:  # noqa: N801
         return list(self.plugin_list)
 
     def create_backend(self, backend: str, initParams: Optional[Dict[str, str]] = None) -> None:  # noqa: N803
-        """Names a backend this agent stands in for: every backend is the daemon."""
-        if backend in STORAGE_PLUGINS:
-            raise nixlNotSupportedError(f"backend: {backend} is a storage plugin; tcpxd.nixl moves memory between nodes")
+        """Makes a backend of one of the plugins this agent reports (every one is the daemon);
+        any other name raises nixlNotFoundError, as NIXL does for a plugin it does not have."""
+        if backend not in self.plugin_list:
+            why = ("a storage plugin; tcpxd.nixl moves memory between nodes" if backend in STORAGE_PLUGINS
+                   else f"this agent's plugins are {', '.join(self.plugin_list)}")
+            raise nixlNotFoundError(f"backend: no plugin {backend!r} ({why})")
         with self._lock:
             self.backends.setdefault(backend, len(self.backends) + 1)
-            if backend not in self.plugin_list:
-                self.plugin_list.append(backend)
+        log.info("Backend %s was instantiated", backend)
 
     def get_plugin_mem_types(self, backend: str) -> List[str]:
         return ["DRAM", "VRAM"] if backend in self.plugin_list else []
@@ -402,7 +433,7 @@ class nixl_agent:  # noqa: N801
         return p
 
     def _xfer_handle(self, plan: Any, remote: str, notif: Any) -> nixl_xfer_handle:
-        xfer = Xfer(plan, remote, notif if type(notif) is bytes else _bytes(notif, "notif_msg"), self._conf.capture_telemetry)
+        xfer = Xfer(plan, remote, notif if type(notif) is bytes else _bytes(notif, "notif_msg"), self._telemetry)
         return nixl_xfer_handle(self, next(self._ids), xfer)  # (next() on a count is atomic: no lock)
 
     def _keep_lane(self, operation: str, local_xfer_side: Any, remote_xfer_side: Any, skip_desc_merge: Any, plan: Any) -> None:
@@ -441,7 +472,7 @@ class nixl_agent:  # noqa: N801
             pr = lane.take(local_indices, remote_indices, self._outer_native, not self._no_windows)
             if pr is not None:
                 xfer = Xfer(pr, lane.remote.agent, notif_msg if type(notif_msg) is bytes else _bytes(notif_msg, "notif_msg"),
-                            self._conf.capture_telemetry)
+                            self._telemetry)
                 return nixl_xfer_handle(self, next(self._ids), xfer)
         op = operation if operation == "READ" or operation == "WRITE" else _op(operation)
         local = self._dlist(local_xfer_side, "local_xfer_side")
@@ -640,8 +671,9 @@ class nixl_agent:  # noqa: N801
         return state
 
     def get_xfer_telemetry(self, handle: nixl_xfer_handle) -> nixlXferTelemetry:
-        if not self._conf.capture_telemetry:
-            raise nixlNoTelemetryError("get_xfer_telemetry: the agent was created without capture_telemetry=True")
+        if not self._telemetry:
+            raise nixlNoTelemetryError("get_xfer_telemetry: the agent keeps no telemetry (capture_telemetry=True, or "
+                                       "NIXL_TELEMETRY_ENABLE=y, when it is made)")
         tm = self._live(handle).telemetry
         if tm is None:  # made before capture_telemetry was set on the agent's config
             raise nixlNoTelemetryError("get_xfer_telemetry: the transfer was made while the agent captured no telemetry")
@@ -703,7 +735,7 @@ def _size(idx: Any) -> int:
 
 def _op(operation: Any) -> str:
     if operation not in ("WRITE", "READ"):
-        raise nixlInvalidParamError(f"operation: {operation!r} is neither \"WRITE\" nor \"READ\"")
+        raise nixlInvalidKeyError(f"operation: {operation!r} is neither \"WRITE\" nor \"READ\"")
     return str(operation)
 
 

@@ -26,6 +26,18 @@ class nixlInvalidParamError(InvalidArgument):  # noqa: N801
     """Malformed input: a descriptor list, index, memory type or operation NIXL would refuse."""
 
 
+class nixlInvalidKeyError(nixlInvalidParamError, KeyError):  # noqa: N801
+    """An operation or memory type NIXL does not know: where NIXL's agent looks such a name up in
+    its tables it raises KeyError, so this is one too."""
+
+    __str__ = TcpxdError.__str__
+
+
+class nixlInvalidValueError(nixlInvalidParamError, ValueError):  # noqa: N801
+    """An argument NIXL's C++ agent refuses with std::invalid_argument (its binding raises
+    ValueError), such as an empty agent name."""
+
+
 class nixlBackendError(Unavailable):  # noqa: N801
     """The daemon could not be reached or refused the request."""
 

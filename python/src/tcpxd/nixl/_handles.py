@@ -20,8 +20,12 @@ NIXL_INIT_AGENT = "NIXL_INIT_AGENT"
 DEFAULT_COMM_PORT = 8888
 #: What get_plugin_list() reports besides the backends a config names: this module.
 PLUGIN = "TCPXD"
-#: NIXL's storage plugins: not backends tcpxd stands in for (a config naming them skips them, as
-#: NIXL skips a plugin it does not have).
+#: NIXL's network plugins, whose part tcpxd plays: the plugins an agent reports besides PLUGIN
+#: (get_plugin_list), each a backend create_backend makes. Any other name (a storage plugin, a
+#: typo) is a plugin this agent does not have: create_backend raises nixlNotFoundError, and a
+#: config naming it skips it with a warning, as NIXL does.
+NETWORK_PLUGINS = ("UCX", "LIBFABRIC", "UCCL", "MOONCAKE")
+#: NIXL's storage plugins: named in create_backend's refusal (tcpxd moves memory, not storage).
 STORAGE_PLUGINS = frozenset({"GDS", "GDS_MT", "POSIX", "OBJ", "HF3FS", "GUSLI", "AZURE_BLOB", "GPUNETIO"})
 
 
