@@ -13,9 +13,19 @@
 use std::path::PathBuf;
 
 /// The stand-in's library the workspace build made (`cargo nextest run --workspace` and `cargo
-/// build --workspace` build it; it is a workspace member, not a default one).
+/// build --workspace` build it; it is a workspace member, not a default one). When it is missing
+/// (a run of one package's tests), it is built here, once, with the same profile.
 pub fn library() -> PathBuf {
+    static BUILT: std::sync::Once = std::sync::Once::new();
     let profile = super::profile_dir();
+    BUILT.call_once(|| {
+        let have = |p: PathBuf| p.is_file();
+        if !have(profile.join("libtcpxd_cudastub.so"))
+            && !have(profile.join("deps").join("libtcpxd_cudastub.so"))
+        {
+            build(&profile);
+        }
+    });
     let newest = [
         profile.join("libtcpxd_cudastub.so"),
         profile.join("deps").join("libtcpxd_cudastub.so"),
@@ -30,6 +40,26 @@ pub fn library() -> PathBuf {
             profile.display()
         ),
     }
+}
+
+/// `cargo build -p tcpxd-cudastub` into the target directory above `profile`.
+fn build(profile: &std::path::Path) {
+    let cargo = option_env!("CARGO").unwrap_or("cargo");
+    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.current_dir(&workspace)
+        .args(["build", "-p", "tcpxd-cudastub"]);
+    if let Some(target) = profile.parent() {
+        cmd.arg("--target-dir").arg(target);
+    }
+    if profile.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let ok = cmd.status().is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "building the CUDA stand-in failed: run `cargo build -p tcpxd-cudastub`"
+    );
 }
 
 /// A directory holding `libcuda.so.1` and `libcuda.so`, links to [`library`]

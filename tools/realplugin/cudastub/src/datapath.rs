@@ -446,10 +446,32 @@ pub extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
     CUDA_ERROR_NOT_SUPPORTED
 }
 
-// IPC: a "device" allocation is this process's host memory; it cannot be shared.
+/// The first bytes of the stand-in's IPC handles.
+pub const IPC_MAGIC: &[u8; 8] = b"TCPXSTUB";
+
+/// IPC: a "device" allocation is this process's host memory and cannot be opened by another
+/// process (`cuIpcOpenMemHandle` answers `CUDA_ERROR_NOT_SUPPORTED`), but exporting names it:
+/// the handle holds `TCPXSTUB`, the pid, the allocation's start and size, so that a daemon that
+/// exports every CUDA buffer it allocates can run.
 #[unsafe(no_mangle)]
-pub extern "C" fn cuIpcGetMemHandle(_handle: *mut CUipcMemHandle, _ptr: CUdeviceptr) -> CUresult {
-    CUDA_ERROR_NOT_SUPPORTED
+pub extern "C" fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, ptr: CUdeviceptr) -> CUresult {
+    driver!();
+    let Some((start, a)) = allocation_at(ptr as usize) else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    if a.device.is_none() || start != ptr as usize {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    let mut bytes = [0u8; 64];
+    bytes[..8].copy_from_slice(IPC_MAGIC);
+    bytes[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    bytes[16..24].copy_from_slice(&(start as u64).to_le_bytes());
+    bytes[24..32].copy_from_slice(&(a.bytes as u64).to_le_bytes());
+    let mut h = CUipcMemHandle { reserved: [0; 64] };
+    for (d, s) in h.reserved.iter_mut().zip(bytes) {
+        *d = s as c_char;
+    }
+    ok_or(put(handle, h), CUDA_ERROR_INVALID_VALUE)
 }
 
 #[unsafe(no_mangle)]

@@ -733,7 +733,7 @@ pub extern "C" fn cudaGetLastError() -> CudaError {
 }
 
 mod datapath;
-pub use datapath::{CUevent, CUstream};
+pub use datapath::*;
 
 #[cfg(test)]
 mod tests;

@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 
 use prost::Message;
 
+pub mod a3vm;
+pub use a3vm::{Binding, Filing};
+
 /// The flow-steering sockets and the registry, as the plugin names them.
 pub const INSTALL_SOCKET: &str = "rx_rule_manager";
 pub const UNINSTALL_SOCKET: &str = "rx_rule_uninstall";
@@ -126,6 +129,9 @@ pub struct Request {
     pub message: Result<UnixSocketProto, String>,
     /// Whether it was answered "Ok.".
     pub answered_ok: bool,
+    /// In `a3vm` mode, an install request's fate: the NIC it was filed under and the NIC its
+    /// flow arrives on (or why it was not filed).
+    pub filing: Option<Filing>,
 }
 
 impl Request {
@@ -181,7 +187,20 @@ impl Request {
             Socket::Uninstall => "uninstall",
             Socket::Registry => "registry",
         };
-        format!("{socket} {what} {verdict}")
+        match &self.filing {
+            Some(f) => format!("{socket} {what} {verdict} {}", f.describe()),
+            None => format!("{socket} {what} {verdict}"),
+        }
+    }
+
+    /// The rule's GPU, as the request names it.
+    pub fn gpu(&self) -> Option<&str> {
+        match &self.message {
+            Ok(UnixSocketProto {
+                payload: Some(Payload::FlowSteerRuleRequest(r)),
+            }) => r.gpu_pci_addr.as_deref(),
+            _ => None,
+        }
     }
 }
 
@@ -238,6 +257,8 @@ struct Shared {
     stopping: AtomicBool,
     /// Called with each request as it is recorded (the binary prints them).
     on_request: Option<OnRequest>,
+    /// `a3vm` mode: file each install under the named GPU's NIC and record whether it matches.
+    binding: Option<Binding>,
 }
 
 /// A running fake RxDM; stops (and removes its sockets) when dropped.
@@ -259,6 +280,18 @@ impl FakeRxdm {
         answer: Answer,
         on_request: Option<OnRequest>,
     ) -> std::io::Result<FakeRxdm> {
+        Self::start_bound(prefix, answer, None, on_request)
+    }
+
+    /// As [`FakeRxdm::start_with`]; with a `binding` (RxDM's `a3vm` mode) each install request
+    /// is filed under the NIC serving the GPU it names, answered "Ok." (or refused, as RxDM does,
+    /// when no NIC serves that GPU), and recorded with its [`Filing`].
+    pub fn start_bound(
+        prefix: &Path,
+        answer: Answer,
+        binding: Option<Binding>,
+        on_request: Option<OnRequest>,
+    ) -> std::io::Result<FakeRxdm> {
         std::fs::create_dir_all(prefix)?;
         let shared = Arc::new(Shared {
             requests: Mutex::new(Vec::new()),
@@ -266,6 +299,7 @@ impl FakeRxdm {
             answer: Mutex::new(answer),
             stopping: AtomicBool::new(false),
             on_request,
+            binding,
         });
         let mut threads = Vec::new();
         for socket in [Socket::Install, Socket::Uninstall, Socket::Registry] {
@@ -365,12 +399,22 @@ fn serve(mut conn: UnixStream, socket: Socket, shared: &Shared) {
     while let Ok(Some(body)) = read_frame(&mut conn) {
         let message =
             UnixSocketProto::decode(body.as_slice()).map_err(|e| format!("{e}; {} bytes", body.len()));
-        let answer = shared.answer.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let request = Request {
+        let mut answer = shared.answer.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut request = Request {
             socket,
             message,
-            answered_ok: matches!(answer, Answer::Ok),
+            answered_ok: false,
+            filing: None,
         };
+        if let (Some(b), Socket::Install) = (&shared.binding, socket) {
+            let dst = request.flow().map(|(_, _, d)| d.ip());
+            let filing = b.file(request.gpu(), dst);
+            if let (Filing::Refused(why), Answer::Ok) = (&filing, &answer) {
+                answer = Answer::Refuse(why.clone());
+            }
+            request.filing = Some(filing);
+        }
+        request.answered_ok = matches!(answer, Answer::Ok);
         if let Some(f) = &shared.on_request {
             f(&request);
         }

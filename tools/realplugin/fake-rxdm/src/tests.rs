@@ -176,3 +176,36 @@ fn a_stale_socket_file_is_replaced() {
     drop(rxdm);
     assert!(!dir.join(UNINSTALL_SOCKET).exists());
 }
+
+#[test]
+fn a3vm_mode_files_under_the_named_gpus_nic_and_records_the_mismatch() {
+    let dir = tmp("a3vm");
+    let nics = (1..=4)
+        .map(|i| (format!("eth{i}"), IpAddr::from([10, 0, i as u8, 1])))
+        .collect();
+    let rxdm = FakeRxdm::start_bound(&dir, Answer::Ok, Some(Binding::a3vm(nics)), None).unwrap();
+    // A flow arriving on eth3 (its destination is eth3's address), rule naming GPU 4 (eth3's).
+    let ok = frame(&rule("10.0.1.2:40000", "10.0.3.1:50000", Some("0000:84:00.0")));
+    assert_eq!(ask(&dir, INSTALL_SOCKET, &ok), OK_FRAME.to_vec());
+    // The same flow, rule naming GPU 0: RxDM files it under eth1 and still answers "Ok.".
+    let bad = frame(&rule("10.0.1.2:40001", "10.0.3.1:50001", Some("0000:04:00.0")));
+    assert_eq!(ask(&dir, INSTALL_SOCKET, &bad), OK_FRAME.to_vec());
+    // A GPU no NIC serves: refused with RxDM's words.
+    let unknown = frame(&rule("10.0.1.2:40002", "10.0.3.1:50002", Some("0000:10:00.0")));
+    let answer = ask(&dir, INSTALL_SOCKET, &unknown);
+    let decoded = UnixSocketProto::decode(&answer[2..]).unwrap();
+    assert!(
+        matches!(&decoded.payload, Some(Payload::RawBytes(t)) if String::from_utf8_lossy(t).contains("NOT_FOUND: 0000:10:00.0 not found in gpu_to_ifname_map_")),
+        "{decoded:?}"
+    );
+    let reqs = rxdm.stop();
+    let lines: Vec<String> = reqs.iter().map(Request::line).collect();
+    assert!(lines[0].ends_with("ok nic=eth3 dst_nic=eth3 match"), "{lines:?}");
+    assert!(
+        lines[1].ends_with("ok nic=eth1 dst_nic=eth3 MISMATCH"),
+        "{lines:?}"
+    );
+    assert!(lines[2].contains("refused not filed"), "{lines:?}");
+    assert!(reqs[0].filing.as_ref().unwrap().matches());
+    assert!(!reqs[1].filing.as_ref().unwrap().matches());
+}
