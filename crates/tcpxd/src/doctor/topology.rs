@@ -21,8 +21,8 @@ pub struct GpuNicsLine {
     pub relation: String,
 }
 
-/// The preset RxDM runs with (`--gpu_nic_preset NAME` or `=NAME` on a process's command line
-/// under /proc), if a process carries one.
+/// The preset RxDM runs with (`--gpu_nic_preset NAME` or `=NAME`, or the fake RxDM's
+/// `--gpu-nic-preset`, on a process's command line under /proc), if a process carries one.
 pub fn rxdm_preset(host: &Host) -> Option<String> {
     let procs = std::fs::read_dir(host.path("/proc")).ok()?;
     for e in procs.filter_map(Result::ok) {
@@ -38,12 +38,15 @@ pub fn rxdm_preset(host: &Host) -> Option<String> {
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
         for (i, a) in args.iter().enumerate() {
-            if let Some(v) = a.strip_prefix("--gpu_nic_preset=") {
-                return Some(v.to_string());
-            }
-            if a == "--gpu_nic_preset" {
-                if let Some(v) = args.get(i + 1) {
-                    return Some(v.clone());
+            // RxDM's gflags spelling, and the fake RxDM's (`tools/realplugin/fake-rxdm`).
+            for flag in ["--gpu_nic_preset", "--gpu-nic-preset"] {
+                if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+                    return Some(v.to_string());
+                }
+                if a == flag {
+                    if let Some(v) = args.get(i + 1) {
+                        return Some(v.clone());
+                    }
                 }
             }
         }
@@ -254,6 +257,9 @@ mod tests {
         );
         let h = simple_host(&root, &[]);
         assert_eq!(rxdm_preset(&h).as_deref(), Some("a3vm"));
+        let fake = TempRoot::new("topo-fake-rxdm");
+        fake.write("/proc/7/cmdline", "fake-rxdm\0--gpu-nic-preset=a3vm\0");
+        assert_eq!(rxdm_preset(&simple_host(&fake, &[])).as_deref(), Some("a3vm"));
         // No sysfs places: the even spread, which is a3vm's map.
         let (c, lines) = check_topology(&h, &MapSpec::Pci, None, &a3_devices());
         assert_eq!(c.level, Level::Ok, "{c:?}");
