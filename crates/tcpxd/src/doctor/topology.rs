@@ -155,7 +155,13 @@ pub fn check_topology(
     if let Some(c) = check {
         return (c, lines);
     }
-    let mut detail = format!("{} ({}): {summary}; {served}", topo.source, spec_note(spec));
+    let note = if matches!(spec, MapSpec::Pci) && lines.iter().all(|l| l.relation.starts_with("even spread"))
+    {
+        "no PCI places here: the GPUs spread evenly over the NICs"
+    } else {
+        spec_note(spec)
+    };
+    let mut detail = format!("{} ({note}): {summary}; {served}", topo.source);
     if !unserved.is_empty() {
         detail += &format!("; serving no GPU (host memory only): {}", unserved.join(", "));
     }
@@ -264,6 +270,7 @@ mod tests {
         let (c, lines) = check_topology(&h, &MapSpec::Pci, None, &a3_devices());
         assert_eq!(c.level, Level::Ok, "{c:?}");
         assert!(c.detail.contains("agrees with RxDM's a3vm"), "{}", c.detail);
+        assert!(c.detail.starts_with("pci (no PCI places here"), "{}", c.detail);
         assert_eq!(lines.len(), 8);
         assert_eq!(
             (lines[5].gpu, lines[5].nics.clone()),
