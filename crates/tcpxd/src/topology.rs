@@ -32,11 +32,13 @@ pub fn gpu_place(root: &Path, bus_id: &str) -> Option<Vec<String>> {
     resolved_place(root, &link)
 }
 
-/// A NIC's place: its `pciPath` resolved when it exists under `root`, else read as written (the
-/// emulation reports A3-like paths that this machine need not have).
+/// A NIC's place: its `pciPath` resolved, when it exists under `root`. A path this machine does
+/// not have (the emulation reports A3-like ones anywhere) gives no place: compared with the real
+/// places of this machine's GPUs it would pair them by accident, so such NICs get the even
+/// spread, as the emulation's own default map does.
 pub fn nic_place(root: &Path, pci_path: &str) -> Option<Vec<String>> {
     let inside = root.join(pci_path.trim_start_matches('/'));
-    resolved_place(root, &inside).or_else(|| place_of(pci_path))
+    resolved_place(root, &inside)
 }
 
 /// The plugin's devices in use (in `devices`' order), with their places.
@@ -131,10 +133,14 @@ mod tests {
         let g = gpus([(0, "0000:04:00.0".to_string())], &root);
         assert_eq!(g[0].pci_bus_id, "0000:04:00.0");
         assert!(g[0].place.is_some());
-        // A pciPath this machine lacks is taken as written.
+        // A pciPath this machine has is resolved; one it lacks gives no place.
         assert_eq!(
-            nic_place(&root, "/sys/devices/pci0000:80/0000:80:01.0/0000:86:00.0").unwrap()[0],
-            "pci0000:80"
+            nic_place(&root, "/sys/devices/pci0000:00/0000:00:01.0/0000:04:00.0").unwrap()[2],
+            "0000:04:00.0"
+        );
+        assert_eq!(
+            nic_place(&root, "/sys/devices/pci0000:80/0000:80:01.0/0000:86:00.0"),
+            None
         );
         assert_eq!(nic_place(&root, "eth1"), None);
         std::fs::remove_dir_all(&root).unwrap();

@@ -21,8 +21,8 @@ pub struct GpuNicsLine {
     pub relation: String,
 }
 
-/// The preset RxDM runs with (`--gpu_nic_preset NAME` or `=NAME` on a process's command line
-/// under /proc), if a process carries one.
+/// The preset RxDM runs with (`--gpu_nic_preset NAME` or `=NAME`, or the fake RxDM's
+/// `--gpu-nic-preset`, on a process's command line under /proc), if a process carries one.
 pub fn rxdm_preset(host: &Host) -> Option<String> {
     let procs = std::fs::read_dir(host.path("/proc")).ok()?;
     for e in procs.filter_map(Result::ok) {
@@ -38,12 +38,15 @@ pub fn rxdm_preset(host: &Host) -> Option<String> {
             .map(|a| String::from_utf8_lossy(a).into_owned())
             .collect();
         for (i, a) in args.iter().enumerate() {
-            if let Some(v) = a.strip_prefix("--gpu_nic_preset=") {
-                return Some(v.to_string());
-            }
-            if a == "--gpu_nic_preset" {
-                if let Some(v) = args.get(i + 1) {
-                    return Some(v.clone());
+            // RxDM's gflags spelling, and the fake RxDM's (`tools/realplugin/fake-rxdm`).
+            for flag in ["--gpu_nic_preset", "--gpu-nic-preset"] {
+                if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+                    return Some(v.to_string());
+                }
+                if a == flag {
+                    if let Some(v) = args.get(i + 1) {
+                        return Some(v.clone());
+                    }
                 }
             }
         }
@@ -152,7 +155,13 @@ pub fn check_topology(
     if let Some(c) = check {
         return (c, lines);
     }
-    let mut detail = format!("{} ({}): {summary}; {served}", topo.source, spec_note(spec));
+    let note = if matches!(spec, MapSpec::Pci) && lines.iter().all(|l| l.relation.starts_with("even spread"))
+    {
+        "no PCI places here: the GPUs spread evenly over the NICs"
+    } else {
+        spec_note(spec)
+    };
+    let mut detail = format!("{} ({note}): {summary}; {served}", topo.source);
     if !unserved.is_empty() {
         detail += &format!("; serving no GPU (host memory only): {}", unserved.join(", "));
     }
@@ -254,10 +263,14 @@ mod tests {
         );
         let h = simple_host(&root, &[]);
         assert_eq!(rxdm_preset(&h).as_deref(), Some("a3vm"));
+        let fake = TempRoot::new("topo-fake-rxdm");
+        fake.write("/proc/7/cmdline", "fake-rxdm\0--gpu-nic-preset=a3vm\0");
+        assert_eq!(rxdm_preset(&simple_host(&fake, &[])).as_deref(), Some("a3vm"));
         // No sysfs places: the even spread, which is a3vm's map.
         let (c, lines) = check_topology(&h, &MapSpec::Pci, None, &a3_devices());
         assert_eq!(c.level, Level::Ok, "{c:?}");
         assert!(c.detail.contains("agrees with RxDM's a3vm"), "{}", c.detail);
+        assert!(c.detail.starts_with("pci (no PCI places here"), "{}", c.detail);
         assert_eq!(lines.len(), 8);
         assert_eq!(
             (lines[5].gpu, lines[5].nics.clone()),

@@ -6,9 +6,11 @@
 //! ReadBuffer.
 //!
 //! The emulation models A3's GPU <-> NIC binding (docs/EMULATION.md): with four NICs and its
-//! default map each NIC serves two GPUs, and a daemon whose lanes do not follow the topology
-//! (issue #37) has its CUDA receives failed with "rx no cmsg". So these runs use one NIC (which
-//! serves all eight GPUs) or four with the binding off (`TCPXEMU_GPUS=all`).
+//! default map each NIC serves two GPUs, and a daemon whose comms are not opened under a GPU
+//! their NIC serves (main before issue #37's topology) has its CUDA receives failed with "rx no
+//! cmsg". These runs use one NIC (which serves all eight GPUs), four with the binding off
+//! (`TCPXEMU_GPUS=all`), and four with the binding on: the daemon opens every lane under a GPU
+//! its NIC serves (docs/OPERATIONS.md, "The topology").
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -220,4 +222,12 @@ async fn gpu_to_gpu_on_the_cuda_stand_in_d2d_unpacker_one_nic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_to_gpu_on_the_cuda_stand_in_host_unpacker_four_nics_unbound() {
     gpu_to_gpu_on_the_stand_in("host", 4, false).await;
+}
+
+/// Four NICs, each serving two GPUs as on A3: every lane's comms are opened under a GPU their NIC
+/// serves, so no CUDA receive fails (the GPU 5 buffer's chunks land in the bounce memory of the
+/// GPU each lane was listened under and are unpacked from there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_to_gpu_on_the_cuda_stand_in_d2d_unpacker_four_bound_nics() {
+    gpu_to_gpu_on_the_stand_in("d2d", 4, true).await;
 }

@@ -213,7 +213,19 @@ fn a_healthy_fake_node_under_root_passes_the_host_checks() {
         "/proc/4242/cmdline",
         "/tcpgpudmarxd\0--gpu_nic_preset\0a3vm\0--uds_path\0/run/tcpx\0",
     );
-    let env = [("TCPXEMU_DEVICES", "2"), ("TCPXEMU_IFNAMES", "eth1,eth2")];
+    // The emulated NICs report the tree's NIC paths as their pciPath: each GPU's NIC by distance.
+    let env = [
+        ("TCPXEMU_DEVICES", "2"),
+        ("TCPXEMU_IFNAMES", "eth1,eth2"),
+        (
+            "TCPXEMU_DEV0_PCI_PATH",
+            "/sys/devices/pci0000:00/0000:00:00.0/0000:00:00.0/0000:06:00.0",
+        ),
+        (
+            "TCPXEMU_DEV1_PCI_PATH",
+            "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:0c:00.0",
+        ),
+    ];
     let args = |extra: &[&'static str]| {
         let mut a = vec![
             "--plugin",
@@ -241,6 +253,10 @@ fn a_healthy_fake_node_under_root_passes_the_host_checks() {
         (&"0000:04:00.0".into(), &"eth1".into())
     );
     assert_eq!(topo[1]["nics"][0], "eth2");
+    assert!(
+        topo.iter().all(|l| l["relation"] == "same PCIe switch"),
+        "{topo:?}"
+    );
     let r = doctor(&args(&["--topology", "0=eth2;1=eth1"]), &env, &dir);
     assert_eq!(level(&r, "topology"), "fail", "{}", check(&r, "topology"));
     let c = check(&r, "topology");
