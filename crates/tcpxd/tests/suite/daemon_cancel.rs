@@ -7,25 +7,17 @@
 use std::time::Duration;
 
 use crate::common::daemons::{self, *};
-use crate::common::hold::freeze_once_moving;
-use crate::common::procs::{self, ProcDaemon};
+use crate::common::hold::{self, freeze_once_moving};
+use crate::common::procs::ProcDaemon;
 use tcpxd::api::proto::v1 as pb;
+
+const MIB: u64 = 1 << 20;
 
 /// The peer `b` as its own process (to be held stopped), paired with `a`, and its client.
 async fn peer_process(a: &mut TestDaemon, name: &str) -> (ProcDaemon, Client) {
     tcpxd::logging::init("warn");
-    let b = procs::spawn(name, 0, "", &[]).await;
-    let bc = b.client().await;
-    a.client
-        .connect_peer(pb::ConnectPeerRequest {
-            address: b.peer_addr.clone(),
-        })
-        .await
-        .expect("connect peer");
-    (b, bc)
+    hold::peer_process(a, name, &[]).await
 }
-
-const MIB: u64 = 1 << 20;
 
 async fn next_transfer_is_exact(a: &mut TestDaemon, src: &pb::Buffer, dst: &pb::Buffer) {
     // (One MiB: a held transfer's slots are all back, and new bytes land where they should.)

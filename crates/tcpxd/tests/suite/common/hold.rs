@@ -72,3 +72,61 @@ pub async fn freeze_once_moving(c: &mut Client, id: u64, peer: &ProcDaemon) -> (
         }
     }
 }
+
+/// Bytes moved on every lane of every pairing, both ways, and the transfers not yet finished.
+async fn moved(c: &mut Client) -> (u64, u64) {
+    let s = c
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .expect("stats")
+        .into_inner();
+    let bytes = s
+        .peers
+        .iter()
+        .flat_map(|p| &p.lanes)
+        .map(|l| l.bytes_sent + l.bytes_received)
+        .sum();
+    (bytes, u64::from(s.active_transfers))
+}
+
+/// For transfers a test cannot watch by id (a session's, a waiting call's): asks `c` (the
+/// initiator's daemon) until at least `active` transfers are unfinished and its lanes moved bytes
+/// since the call, then stops `peer`. Panics if fewer than `active` are still unfinished once it
+/// is stopped (they finished first: make them larger).
+pub async fn freeze_once_lanes_move(c: &mut Client, peer: &ProcDaemon, active: u64) -> Frozen {
+    let (before, _) = moved(c).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (bytes, now_active) = moved(c).await;
+        if bytes > before && now_active >= active {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no bytes moved within 30 s");
+        tokio::task::yield_now().await;
+    }
+    let frozen = Frozen::now(peer);
+    let (_, still) = moved(c).await;
+    assert!(
+        still >= active,
+        "{still} of {active} transfers unfinished when held: make them larger"
+    );
+    frozen
+}
+
+/// The peer `b` of an in-process daemon `a`, as its own process (so that it can be held
+/// stopped), `env` in its environment, paired with `a`; and its client.
+pub async fn peer_process(
+    a: &mut super::daemons::TestDaemon,
+    name: &str,
+    env: &[(&str, &str)],
+) -> (ProcDaemon, Client) {
+    let b = super::procs::spawn(name, 0, "", env).await;
+    let bc = b.client().await;
+    a.client
+        .connect_peer(pb::ConnectPeerRequest {
+            address: b.peer_addr.clone(),
+        })
+        .await
+        .expect("connect peer");
+    (b, bc)
+}
