@@ -70,6 +70,34 @@ pub fn status_label(code: Code) -> &'static str {
     }
 }
 
+/// Every outcome code, for the series exported from 0.
+const ALL_CODES: [Code; 12] = [
+    Code::Ok,
+    Code::Cancelled,
+    Code::InvalidArgument,
+    Code::DeadlineExceeded,
+    Code::NotFound,
+    Code::AlreadyExists,
+    Code::PermissionDenied,
+    Code::ResourceExhausted,
+    Code::FailedPrecondition,
+    Code::Aborted,
+    Code::Internal,
+    Code::Unavailable,
+];
+
+/// The `code` labels of `tcpxd_plugin_errors_total`: the ncclResult_t errors, a timeout, other.
+const PLUGIN_ERROR_CODES: [&str; 8] = [
+    "ncclUnhandledCudaError",
+    "ncclSystemError",
+    "ncclInternalError",
+    "ncclInvalidArgument",
+    "ncclInvalidUsage",
+    "ncclRemoteError",
+    "timeout",
+    "other",
+];
+
 /// Transfer latency buckets, seconds: 100 µs to ~100 s.
 const LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -132,7 +160,7 @@ fn histogram_vec(r: &Registry, name: &str, help: &str, labels: &[&str], buckets:
 impl Metrics {
     pub fn new() -> Metrics {
         let r = Registry::new();
-        Metrics {
+        let m = Metrics {
             transfers: counter_vec(
                 &r,
                 "tcpxd_transfers_total",
@@ -194,7 +222,20 @@ impl Metrics {
                 r.register(Box::new(g)).expect("registered once");
                 r
             },
+        };
+        // Every (op, status) and every error code from 0, so the first failure of a kind is a
+        // rise a rate() sees, not a new series starting at 1 (dashboards and alerts would miss
+        // it).
+        for op in [Op::Write, Op::Read] {
+            for code in ALL_CODES {
+                m.transfers.with_label_values(&[op.as_str(), status_label(code)]);
+                m.bytes.with_label_values(&[op.as_str(), status_label(code)]);
+            }
         }
+        for code in PLUGIN_ERROR_CODES {
+            m.plugin_errors.with_label_values(&[code]);
+        }
+        m
     }
 
     /// A transfer this node started finished.
@@ -260,10 +301,14 @@ impl Metrics {
         for m in self.unpack.collect().iter().flat_map(|f| f.get_metric()) {
             s.unpack.insert(label(m, "kind"), hist(m.get_histogram()));
         }
+        // Only what happened: the series exported from 0 are not listed.
+        s.transfers.retain(|_, (n, _)| *n > 0);
         s.recv_to_consume = hist(self.recv_to_consume.metric().get_histogram());
         for m in self.plugin_errors.collect().iter().flat_map(|f| f.get_metric()) {
-            s.plugin_errors
-                .insert(label(m, "code"), m.get_counter().get_value() as u64);
+            let n = m.get_counter().get_value() as u64;
+            if n > 0 {
+                s.plugin_errors.insert(label(m, "code"), n);
+            }
         }
         s
     }
@@ -720,5 +765,15 @@ mod tests {
         assert_eq!(s.recv_to_consume.buckets.len(), CHUNK_BUCKETS.len());
         assert_eq!(s.plugin_errors["ncclSystemError"], 1);
         assert_eq!(s.ok_and_failed(), (1, 1), "the stop line's totals");
+        assert_eq!(s.transfers.len(), 2, "no zero entries: {:?}", s.transfers);
+        assert_eq!(s.plugin_errors.len(), 1, "no zero entries: {:?}", s.plugin_errors);
+        assert!(
+            text.contains("tcpxd_plugin_errors_total{code=\"ncclRemoteError\"} 0"),
+            "every code exported from 0: {text}"
+        );
+        assert!(
+            text.contains("tcpxd_transfers_total{op=\"read\",status=\"deadline_exceeded\"} 0"),
+            "every status exported from 0: {text}"
+        );
     }
 }

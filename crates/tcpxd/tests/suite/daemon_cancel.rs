@@ -1,16 +1,26 @@
-//! Cancellation, deadlines and shutdown draining, over an emulated NIC slowed to 1 Gbit/s so
-//! transfers are still in flight when they are stopped. Every test checks that the lanes drain
-//! back to zero and that the next transfer is byte-exact (the zero-length chunks that keep both
-//! sides in step did their job).
+//! Cancellation, deadlines and shutdown draining with transfers still in flight: the peer runs
+//! as its own process and is held stopped (SIGSTOP) once the transfer moved its first bytes
+//! (`common::hold`), which works on any plugin; the test acts, then lets it go on. Every test
+//! checks that the lanes drain back to zero and that the next transfer is byte-exact (the
+//! zero-length chunks that keep both sides in step did their job).
 
 use std::time::Duration;
 
 use crate::common::daemons::{self, *};
+use crate::common::hold::{self, freeze_once_moving};
+use crate::common::procs::ProcDaemon;
 use tcpxd::api::proto::v1 as pb;
 
 const MIB: u64 = 1 << 20;
 
+/// The peer `b` as its own process (to be held stopped), paired with `a`, and its client.
+async fn peer_process(a: &mut TestDaemon, name: &str) -> (ProcDaemon, Client) {
+    tcpxd::logging::init("warn");
+    hold::peer_process(a, name, &[]).await
+}
+
 async fn next_transfer_is_exact(a: &mut TestDaemon, src: &pb::Buffer, dst: &pb::Buffer) {
+    // (One MiB: a held transfer's slots are all back, and new bytes land where they should.)
     let id = write(&mut a.client, write_entry(src, 0, dst, 0, MIB), b"")
         .await
         .unwrap();
@@ -19,17 +29,15 @@ async fn next_transfer_is_exact(a: &mut TestDaemon, src: &pb::Buffer, dst: &pb::
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_write_mid_flight_frees_every_slot() {
-    slow_nic();
     let mut a = daemons::start("cancel-a", |_| {}).await;
-    let mut b = daemons::start("cancel-b", |_| {}).await;
-    connect(&mut a, &b).await;
+    let (b, mut bc) = peer_process(&mut a, "cancel-b").await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
-    let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut bc, 128 * MIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 3).await;
     let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"never")
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
     let r = a
         .client
         .cancel(pb::CancelRequest { transfer_id: id })
@@ -37,6 +45,7 @@ async fn cancelling_a_write_mid_flight_frees_every_slot() {
         .unwrap()
         .into_inner();
     assert!(r.cancelled);
+    frozen.thaw();
     let e = wait(&mut a.client, id).await;
     assert_eq!(
         e.status_code,
@@ -54,30 +63,27 @@ async fn cancelling_a_write_mid_flight_frees_every_slot() {
         .into_inner();
     assert!(!r.cancelled);
     assert_lanes_drain(&mut a.client).await;
-    assert_lanes_drain(&mut b.client).await;
+    assert_lanes_drain(&mut bc).await;
     next_transfer_is_exact(&mut a, &src, &dst).await;
     assert_eq!(
         crc(&mut a.client, src.id, 0, MIB).await,
-        crc(&mut b.client, dst.id, 0, MIB).await
+        crc(&mut bc, dst.id, 0, MIB).await
     );
     a.stop().await;
-    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
-    slow_nic();
     let mut a = daemons::start("dl-a", |_| {}).await;
-    let mut b = daemons::start("dl-b", |_| {}).await;
-    connect(&mut a, &b).await;
+    let (b, mut bc) = peer_process(&mut a, "dl-b").await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
-    let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
-    fill_seed(&mut b.client, dst.id, 0, 0, 11).await;
+    let dst = host_buffer(&mut bc, 128 * MIB, "").await;
+    fill_seed(&mut bc, dst.id, 0, 0, 11).await;
     // READ cancelled mid-flight.
     let id = read(&mut a.client, read_entry(&dst, 0, &src, 0, 128 * MIB))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
     assert!(
         a.client
             .cancel(pb::CancelRequest { transfer_id: id })
@@ -86,13 +92,14 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
             .into_inner()
             .cancelled
     );
+    frozen.thaw();
     assert_eq!(
         wait(&mut a.client, id).await.status_code,
         tonic::Code::Cancelled as i32
     );
     assert_lanes_drain(&mut a.client).await;
-    assert_lanes_drain(&mut b.client).await;
-    // WRITE whose deadline (from timeout_ms) passes mid-flight.
+    assert_lanes_drain(&mut bc).await;
+    // WRITE whose deadline (from timeout_ms) passes mid-flight: b is held past it.
     let id = a
         .client
         .write(pb::WriteRequest {
@@ -106,7 +113,9 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
         .unwrap()
         .into_inner()
         .transfer_id;
+    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
     let e = wait(&mut a.client, id).await;
+    frozen.thaw();
     assert_eq!(
         e.status_code,
         tonic::Code::DeadlineExceeded as i32,
@@ -123,7 +132,9 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
     });
     req.set_timeout(Duration::from_millis(300));
     let id = a.client.write(req).await.unwrap().into_inner().transfer_id;
+    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
     let e = wait(&mut a.client, id).await;
+    frozen.thaw();
     assert_eq!(
         e.status_code,
         tonic::Code::DeadlineExceeded as i32,
@@ -131,117 +142,177 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
         e.status_message
     );
     assert_lanes_drain(&mut a.client).await;
-    assert_lanes_drain(&mut b.client).await;
+    assert_lanes_drain(&mut bc).await;
     fill_seed(&mut a.client, src.id, 0, MIB, 12).await;
     next_transfer_is_exact(&mut a, &src, &dst).await;
     assert_eq!(
         crc(&mut a.client, src.id, 0, MIB).await,
-        crc(&mut b.client, dst.id, 0, MIB).await
+        crc(&mut bc, dst.id, 0, MIB).await
     );
     a.stop().await;
-    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_drains_within_grace_and_fails_the_rest() {
-    slow_nic();
     // Grace long enough: the transfer in flight finishes.
     let mut a = daemons::start("grace-a", |args| args.shutdown_grace_s = Some(20)).await;
-    let mut b = daemons::start("grace-b", |_| {}).await;
-    connect(&mut a, &b).await;
-    let src = host_buffer(&mut a.client, 32 * MIB, "").await;
-    let dst = host_buffer(&mut b.client, 32 * MIB, "").await;
-    fill_seed(&mut a.client, src.id, 0, 0, 21).await;
-    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 32 * MIB), b"")
-        .await
-        .unwrap();
-    let mut watcher = a.client.clone();
-    let waiter = tokio::spawn(async move { wait(&mut watcher, id).await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let report = a.daemon.shutdown().await;
-    assert_eq!(report.finished_in_grace, 1);
-    assert_eq!(report.failed_at_deadline, 0);
-    assert_eq!(waiter.await.unwrap().status_code, 0);
-    assert_eq!(crc(&mut b.client, dst.id, 0, 32 * MIB).await, {
-        // The source daemon is gone; recompute the seeded pattern's checksum locally.
-        crc32c::crc32c(&tcpxd_pattern::seeded_vec(21, (32 * MIB) as usize))
-    });
-    b.stop().await;
-
-    // Grace too short: the transfer fails with UNAVAILABLE, and says why.
-    let mut a = daemons::start("grace2-a", |args| args.shutdown_grace_s = Some(0)).await;
-    let mut b = daemons::start("grace2-b", |_| {}).await;
-    connect(&mut a, &b).await;
+    let (b, mut bc) = peer_process(&mut a, "grace-b").await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
-    let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut bc, 128 * MIB, "").await;
+    fill_seed(&mut a.client, src.id, 0, 0, 21).await;
     let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"")
         .await
         .unwrap();
     let mut watcher = a.client.clone();
     let waiter = tokio::spawn(async move { wait(&mut watcher, id).await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
+    // The drain begins while the transfer is held (the health service says NOT_SERVING just
+    // before the drain command goes to the poller), then b goes on and the transfer finishes.
+    let mut health = tonic_health::pb::health_client::HealthClient::new(
+        tonic::transport::Endpoint::from_static("http://[::]:50051")
+            .connect_with_connector(tower::service_fn({
+                let path = a.daemon.api_socket.clone();
+                move |_| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                            tokio::net::UnixStream::connect(path).await?,
+                        ))
+                    }
+                }
+            }))
+            .await
+            .unwrap(),
+    );
+    let shutdown = tokio::spawn(a.daemon.shutdown());
+    loop {
+        let serving = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "tcpxd.v1.Tcpxd".into(),
+            })
+            .await
+            .map(|r| r.into_inner().status);
+        let serving_now = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+        if serving.ok() != Some(serving_now) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    frozen.thaw();
+    let report = shutdown.await.unwrap();
+    assert_eq!(report.finished_in_grace, 1);
+    assert_eq!(report.failed_at_deadline, 0);
+    assert_eq!(waiter.await.unwrap().status_code, 0);
+    assert_eq!(crc(&mut bc, dst.id, 0, 128 * MIB).await, {
+        // The source daemon is gone; recompute the seeded pattern's checksum locally.
+        crc32c::crc32c(&tcpxd_pattern::seeded_vec(21, (128 * MIB) as usize))
+    });
+    drop(b);
+
+    // Grace too short: the transfer fails with UNAVAILABLE, and says why.
+    let mut a = daemons::start("grace2-a", |args| args.shutdown_grace_s = Some(0)).await;
+    let (b, mut bc) = peer_process(&mut a, "grace2-b").await;
+    let src = host_buffer(&mut a.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut bc, 128 * MIB, "").await;
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"")
+        .await
+        .unwrap();
+    let mut watcher = a.client.clone();
+    let waiter = tokio::spawn(async move { wait(&mut watcher, id).await });
+    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
     let report = a.daemon.shutdown().await;
+    frozen.thaw();
     assert_eq!(report.failed_at_deadline, 1);
     let e = waiter.await.unwrap();
     assert_eq!(e.status_code, tonic::Code::Unavailable as i32);
     assert!(e.status_message.contains("shutting down"), "{}", e.status_message);
-    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releasing_a_buffer_waits_for_the_transfers_that_use_it() {
-    slow_nic();
     let mut a = daemons::start("release-a", |_| {}).await;
-    let mut b = daemons::start("release-b", |_| {}).await;
-    connect(&mut a, &b).await;
-    let src = host_buffer(&mut a.client, 32 * MIB, "").await;
-    let dst = host_buffer(&mut b.client, 32 * MIB, "").await;
+    let (b, mut bc) = peer_process(&mut a, "release-b").await;
+    let src = host_buffer(&mut a.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut bc, 128 * MIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 9).await;
-    // 32 MiB at 1 Gbit/s: about 270 ms in flight when both sides release their buffers.
-    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 32 * MIB), b"")
+    // Held in flight while a releases its buffer: the release waits for the transfer.
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"")
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let t0 = std::time::Instant::now();
-    b.client
-        .release_buffer(pb::ReleaseBufferRequest { buffer_id: dst.id })
+    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
+    let mut releaser = a.client.clone();
+    let release = tokio::spawn(async move {
+        releaser
+            .release_buffer(pb::ReleaseBufferRequest { buffer_id: src.id })
+            .await
+    });
+    // Not answered while the transfer is held (a release that did not wait would answer now).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !release.is_finished(),
+        "the sender's release waits for the transfer"
+    );
+    frozen.thaw();
+    release
         .await
-        .expect("the receiver's release waits for the transfer instead of refusing");
-    a.client
-        .release_buffer(pb::ReleaseBufferRequest { buffer_id: src.id })
-        .await
-        .expect("the sender's release waits too");
-    assert!(t0.elapsed() > Duration::from_millis(20), "{:?}", t0.elapsed());
-    // The transfer ended before either buffer went away: it completed.
+        .unwrap()
+        .expect("the sender's release waits instead of refusing");
+    // The transfer ended before the buffer went away: it completed.
     let e = wait(&mut a.client, id).await;
     assert_eq!(e.status_code, 0, "{}", e.status_message);
-    assert_eq!(e.bytes_done, 32 * MIB);
+    assert_eq!(e.bytes_done, 128 * MIB);
+    // The receiver's release waits the same way: b writes into a's buffer and is held (the
+    // sender stopped this time), while a releases the destination.
+    let back = host_buffer(&mut a.client, 128 * MIB, "back").await;
+    let id = write(&mut bc, write_entry(&dst, 0, &back, 0, 128 * MIB), b"")
+        .await
+        .unwrap();
+    let (frozen, _) = freeze_once_moving(&mut bc, id, &b).await;
+    let mut releaser = a.client.clone();
+    let release = tokio::spawn(async move {
+        releaser
+            .release_buffer(pb::ReleaseBufferRequest { buffer_id: back.id })
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !release.is_finished(),
+        "the receiver's release waits for the transfer"
+    );
+    frozen.thaw();
+    release
+        .await
+        .unwrap()
+        .expect("the receiver's release waits instead of refusing");
+    wait_ok(&mut bc, id).await;
     // Gone now: a second release names the buffer.
-    let err = b
+    let err = a
         .client
-        .release_buffer(pb::ReleaseBufferRequest { buffer_id: dst.id })
+        .release_buffer(pb::ReleaseBufferRequest { buffer_id: back.id })
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
     assert!(err.message().contains("buffer_id"), "{}", err.message());
 
-    // A deadline shorter than the transfer: FAILED_PRECONDITION, and the buffer stays usable.
+    // A deadline shorter than the transfer, held: FAILED_PRECONDITION, and the buffer stays
+    // usable.
     let src = host_buffer(&mut a.client, 64 * MIB, "").await;
-    let dst = host_buffer(&mut b.client, 64 * MIB, "").await;
+    let dst = host_buffer(&mut bc, 64 * MIB, "").await;
     let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 64 * MIB), b"")
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let mut req = tonic::Request::new(pb::ReleaseBufferRequest { buffer_id: dst.id });
+    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
+    let mut req = tonic::Request::new(pb::ReleaseBufferRequest { buffer_id: src.id });
     req.metadata_mut().insert("grpc-timeout", "100m".parse().unwrap());
-    let err = b.client.release_buffer(req).await.unwrap_err();
+    let err = a.client.release_buffer(req).await.unwrap_err();
+    frozen.thaw();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("in use"), "{}", err.message());
     wait_ok(&mut a.client, id).await;
     assert_eq!(
         crc(&mut a.client, src.id, 0, 0).await,
-        crc(&mut b.client, dst.id, 0, 0).await
+        crc(&mut bc, dst.id, 0, 0).await
     );
     assert_lanes_drain(&mut a.client).await;
-    assert_lanes_drain(&mut b.client).await;
+    assert_lanes_drain(&mut bc).await;
 }

@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::daemons::{self, *};
+use crate::common::hold;
 use crate::common::procs;
 use tcpxd::api::proto::v1 as pb;
 
@@ -170,22 +171,21 @@ async fn mixed_pairings_follow_each_receivers_mode_both_ways() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_and_deadlines_give_every_credit_and_slot_back_on_both_sides() {
-    // SAFETY: each test runs in its own process (nextest) and sets the variable before the
-    // emulation is initialised and before any other thread reads the environment.
-    unsafe { std::env::set_var("TCPXEMU_RATE_GBPS", "1") };
+    // The peer as its own process, held stopped (SIGSTOP) to keep each transfer in flight on any
+    // plugin (`common::hold`).
     tcpxd::logging::init("error");
     let mut a = daemons::start("eager-cancel-a", eager).await;
-    let mut b = daemons::start("eager-cancel-b", eager).await;
-    connect(&mut a, &b).await;
-    let src = host_buffer(&mut a.client, 64 * MIB, "src").await;
-    let dst = host_buffer(&mut b.client, 64 * MIB, "dst").await;
+    let (b, mut bc) =
+        hold::peer_process(&mut a, "eager-cancel-b", &[("TCPXD_TRANSFER_PROTOCOL", "eager")]).await;
+    let src = host_buffer(&mut a.client, 128 * MIB, "src").await;
+    let dst = host_buffer(&mut bc, 128 * MIB, "dst").await;
     fill_seed(&mut a.client, src.id, 0, 0, 3).await;
-    fill_seed(&mut b.client, dst.id, 0, 0, 4).await;
+    fill_seed(&mut bc, dst.id, 0, 0, 4).await;
     // A write cancelled mid-flight.
-    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 64 * MIB), b"")
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"")
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (frozen, _) = hold::freeze_once_moving(&mut a.client, id, &b).await;
     assert!(
         a.client
             .cancel(pb::CancelRequest { transfer_id: id })
@@ -194,6 +194,7 @@ async fn cancel_and_deadlines_give_every_credit_and_slot_back_on_both_sides() {
             .into_inner()
             .cancelled
     );
+    frozen.thaw();
     let e = wait(&mut a.client, id).await;
     assert_eq!(
         e.status_code,
@@ -202,18 +203,24 @@ async fn cancel_and_deadlines_give_every_credit_and_slot_back_on_both_sides() {
         e.status_message
     );
     assert_lanes_drain(&mut a.client).await;
-    assert_lanes_drain(&mut b.client).await;
+    assert_lanes_drain(&mut bc).await;
     // A write whose deadline passes mid-flight.
-    let e = a
-        .client
-        .write(pb::WriteRequest {
-            entry: Some(write_entry(&src, 0, &dst, 0, 64 * MIB)),
-            notification: Vec::new(),
-            timeout_ms: 150,
-            ready_event_ipc_handle: Vec::new(),
-            wait: true,
-        })
-        .await;
+    let mut caller = a.client.clone();
+    let (s2, d2) = (src.clone(), dst.clone());
+    let call = tokio::spawn(async move {
+        caller
+            .write(pb::WriteRequest {
+                entry: Some(write_entry(&s2, 0, &d2, 0, 128 * MIB)),
+                notification: Vec::new(),
+                timeout_ms: 150,
+                ready_event_ipc_handle: Vec::new(),
+                wait: true,
+            })
+            .await
+    });
+    let frozen = hold::freeze_once_lanes_move(&mut a.client, &b, 1).await;
+    let e = call.await.unwrap();
+    frozen.thaw();
     match e {
         Ok(r) => {
             let ev = r.into_inner().r#final.expect("the final event");
@@ -227,14 +234,15 @@ async fn cancel_and_deadlines_give_every_credit_and_slot_back_on_both_sides() {
         Err(s) => assert_eq!(s.code(), tonic::Code::DeadlineExceeded, "{}", s.message()),
     }
     // A read (the holder's eager write back) cancelled mid-flight by the reader.
-    let id = read(&mut a.client, read_entry(&dst, 0, &src, 0, 64 * MIB))
+    let id = read(&mut a.client, read_entry(&dst, 0, &src, 0, 128 * MIB))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (frozen, _) = hold::freeze_once_moving(&mut a.client, id, &b).await;
     a.client
         .cancel(pb::CancelRequest { transfer_id: id })
         .await
         .unwrap();
+    frozen.thaw();
     let e = wait(&mut a.client, id).await;
     assert_eq!(
         e.status_code,
@@ -244,8 +252,8 @@ async fn cancel_and_deadlines_give_every_credit_and_slot_back_on_both_sides() {
     );
     // Every credit back with its sender, every credit receive posted again, no slot held.
     assert_lanes_drain(&mut a.client).await;
-    assert_lanes_drain(&mut b.client).await;
-    let l = lanes(&mut b.client).await;
+    assert_lanes_drain(&mut bc).await;
+    let l = lanes(&mut bc).await;
     assert!(
         l.iter().all(|l| l.recv_credits == 16 && l.send_credits == 16),
         "{l:?}"
@@ -257,7 +265,7 @@ async fn cancel_and_deadlines_give_every_credit_and_slot_back_on_both_sides() {
     wait_ok(&mut a.client, id).await;
     assert_eq!(
         crc(&mut a.client, src.id, 0, 4 * MIB).await,
-        crc(&mut b.client, dst.id, 0, 4 * MIB).await
+        crc(&mut bc, dst.id, 0, 4 * MIB).await
     );
     let id = read(&mut a.client, read_entry(&dst, 4 * MIB, &src, 4 * MIB, 4 * MIB))
         .await
@@ -265,10 +273,9 @@ async fn cancel_and_deadlines_give_every_credit_and_slot_back_on_both_sides() {
     wait_ok(&mut a.client, id).await;
     assert_eq!(
         crc(&mut a.client, src.id, 4 * MIB, 4 * MIB).await,
-        crc(&mut b.client, dst.id, 4 * MIB, 4 * MIB).await
+        crc(&mut bc, dst.id, 4 * MIB, 4 * MIB).await
     );
     a.stop().await;
-    b.stop().await;
 }
 
 /// Two `tcpxd` processes, both eager, with the emulation's host receive mode `host_recv`.

@@ -6,6 +6,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::common::daemons::*;
+use crate::common::hold::{self, freeze_once_lanes_move};
+use crate::common::procs::ProcDaemon;
 use tcpxd::api::proto::v1 as pb;
 use tcpxd::api::proto::v1::session_event::Event;
 use tcpxd::api::proto::v1::session_request::Op;
@@ -19,6 +21,15 @@ const MIB: u64 = 1 << 20;
 struct Session {
     tx: mpsc::Sender<pb::SessionRequest>,
     events: tonic::Streaming<pb::SessionEvent>,
+}
+
+/// `a` in process and its peer `b` as a process, which the tests hold stopped (SIGSTOP) to keep a
+/// transfer in flight on any plugin (`common::hold`), paired.
+async fn held_pair(name: &str) -> (TestDaemon, ProcDaemon, Client) {
+    tcpxd::logging::init("warn");
+    let mut a = start(&format!("{name}-a"), |_| {}).await;
+    let (b, bc) = hold::peer_process(&mut a, &format!("{name}-b"), &[]).await;
+    (a, b, bc)
 }
 
 async fn open(c: &mut Client) -> Session {
@@ -182,16 +193,15 @@ async fn bad_requests_are_refused_and_the_session_goes_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_by_tag_and_half_close_drains() {
-    slow_nic();
-    let (mut a, mut b) = pair("sess-cancel").await;
+    let (mut a, b, mut bc) = held_pair("sess-cancel").await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
-    let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut bc, 128 * MIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 9).await;
     let mut s = open(&mut a.client).await;
-    // A long WRITE (about 1 s at 1 Gbit/s), and a short one behind it.
+    // A long WRITE, held in flight.
     s.send(10, write_op(write_entry(&src, 0, &dst, 0, 120 * MIB)))
         .await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    let frozen = freeze_once_lanes_move(&mut a.client, &b, 1).await;
     // A tag in use is refused.
     s.send(10, write_op(write_entry(&src, 0, &dst, 0, 10))).await;
     let ev = s.next().await;
@@ -201,9 +211,14 @@ async fn cancel_by_tag_and_half_close_drains() {
         "{ev:?}"
     );
     s.send(11, Op::CancelTag(10)).await;
+    // b goes on once the cancel is answered (the transfer's own event may come before or after).
+    let mut frozen = Some(frozen);
     let mut got = HashMap::new();
     for _ in 0..2 {
         let ev = s.next().await;
+        if ev.tag == 11 {
+            frozen.take().expect("one answer").thaw();
+        }
         got.insert(ev.tag, ev.event.expect("an event"));
     }
     assert!(
@@ -222,10 +237,13 @@ async fn cancel_by_tag_and_half_close_drains() {
         }
         other => panic!("{other:?}"),
     }
-    // Half-close with a transfer in flight: it finishes, its event comes, then the stream ends.
-    s.send(12, write_op(write_entry(&src, 0, &dst, 0, 16 * MIB)))
+    // Half-close with a transfer held in flight: it finishes, its event comes, then the stream
+    // ends.
+    s.send(12, write_op(write_entry(&src, 0, &dst, 0, 120 * MIB)))
         .await;
+    let frozen = freeze_once_lanes_move(&mut a.client, &b, 1).await;
     drop(s.tx);
+    frozen.thaw();
     let ev = tokio::time::timeout(Duration::from_secs(30), s.events.message())
         .await
         .unwrap()
@@ -238,52 +256,39 @@ async fn cancel_by_tag_and_half_close_drains() {
     );
     assert!(s.events.message().await.expect("ends OK").is_none());
     assert_eq!(
-        crc(&mut b.client, dst.id, 0, 16 * MIB).await,
-        crc(&mut a.client, src.id, 0, 16 * MIB).await
+        crc(&mut bc, dst.id, 0, 120 * MIB).await,
+        crc(&mut a.client, src.id, 0, 120 * MIB).await
     );
     assert_lanes_drain(&mut a.client).await;
-    assert_lanes_drain(&mut b.client).await;
+    assert_lanes_drain(&mut bc).await;
     a.stop().await;
-    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_cancels_its_transfers_on_both_sides() {
-    slow_nic();
-    let (mut a, mut b) = pair("sess-reset").await;
+    let (mut a, b, mut bc) = held_pair("sess-reset").await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
-    let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
-    // A session on its own connection, reset mid-transfer: WRITE and READ in flight.
+    let dst = host_buffer(&mut bc, 128 * MIB, "").await;
+    // A session on its own connection, reset mid-transfer: WRITE and READ held in flight.
     let mut own = unix_client(a.daemon.api_socket.clone()).await;
     let s = open(&mut own).await;
     s.send(1, write_op(write_entry(&src, 0, &dst, 0, 120 * MIB)))
         .await;
     s.send(2, read_op(read_entry(&dst, 0, &src, 0, 120 * MIB))).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let stats = a
-        .client
-        .get_stats(pb::GetStatsRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(stats.active_transfers, 2, "both in flight before the reset");
+    let frozen = freeze_once_lanes_move(&mut a.client, &b, 2).await;
     drop(s);
     drop(own);
-    // Well before the ~2 s the two transfers would take at 1 Gbit/s, both sides are idle again.
+    // Once b goes on, well before the two transfers could have finished, both sides are idle.
+    frozen.thaw();
     let t = std::time::Instant::now();
     assert_lanes_drain(&mut a.client).await;
-    assert_lanes_drain(&mut b.client).await;
+    assert_lanes_drain(&mut bc).await;
     assert!(
         t.elapsed() < Duration::from_millis(1500),
         "took {:?}",
         t.elapsed()
     );
-    let stats = b
-        .client
-        .get_stats(pb::GetStatsRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let stats = bc.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
     assert_eq!(stats.active_transfers, 0);
     // Both were counted as cancelled.
     let stats = a
@@ -300,15 +305,13 @@ async fn a_client_that_goes_away_cancels_its_transfers_on_both_sides() {
         .sum();
     assert_eq!(cancelled, 2, "{:?}", stats.transfer_totals);
     a.stop().await;
-    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_answers_with_the_final_event_in_one_call() {
-    slow_nic();
-    let (mut a, mut b) = pair("sess-wait").await;
+    let (mut a, b, mut bc) = held_pair("sess-wait").await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
-    let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut bc, 128 * MIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 31).await;
     // Success: the final event is in the answer; the bytes are there when it comes.
     let r = a
@@ -327,7 +330,7 @@ async fn wait_answers_with_the_final_event_in_one_call() {
     assert_eq!((f.bytes_done, f.total_bytes), (4 * MIB, 4 * MIB));
     assert_eq!(f.state, pb::TransferState::Finished as i32);
     assert_eq!(
-        crc(&mut b.client, dst.id, 0, 4 * MIB).await,
+        crc(&mut bc, dst.id, 0, 4 * MIB).await,
         crc(&mut a.client, src.id, 0, 4 * MIB).await
     );
     // A READ batch, per-entry statuses in the final event.
@@ -351,18 +354,23 @@ async fn wait_answers_with_the_final_event_in_one_call() {
         crc(&mut a.client, src.id, 8 * MIB, 2 * MIB).await,
         crc(&mut a.client, src.id, 0, 2 * MIB).await
     );
-    // Failure: the call still answers OK, with the transfer's status in the final event.
-    let r = a
-        .client
-        .write(pb::WriteRequest {
-            entry: Some(write_entry(&src, 0, &dst, 0, 120 * MIB)),
-            timeout_ms: 200,
-            wait: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    // Failure: the call still answers OK, with the transfer's status in the final event (the
+    // transfer held in flight past its deadline).
+    let mut caller = a.client.clone();
+    let (s2, d2) = (src.clone(), dst.clone());
+    let call = tokio::spawn(async move {
+        caller
+            .write(pb::WriteRequest {
+                entry: Some(write_entry(&s2, 0, &d2, 0, 120 * MIB)),
+                timeout_ms: 200,
+                wait: true,
+                ..Default::default()
+            })
+            .await
+    });
+    let frozen = freeze_once_lanes_move(&mut a.client, &b, 1).await;
+    let r = call.await.unwrap().unwrap().into_inner();
+    frozen.thaw();
     let f = r.r#final.expect("final event");
     assert_eq!(
         f.status_code,
@@ -396,17 +404,15 @@ async fn wait_answers_with_the_final_event_in_one_call() {
     assert!(r.r#final.is_none());
     wait_ok(&mut a.client, r.transfer_id).await;
     assert_lanes_drain(&mut a.client).await;
-    assert_lanes_drain(&mut b.client).await;
+    assert_lanes_drain(&mut bc).await;
     a.stop().await;
-    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_waiting_call_cancels_its_transfer() {
-    slow_nic();
-    let (mut a, mut b) = pair("sess-drop").await;
+    let (mut a, b, mut bc) = held_pair("sess-drop").await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
-    let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut bc, 128 * MIB, "").await;
     let mut caller = a.client.clone();
     let call = tokio::spawn(async move {
         caller
@@ -418,18 +424,12 @@ async fn a_dropped_waiting_call_cancels_its_transfer() {
             })
             .await
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let stats = a
-        .client
-        .get_stats(pb::GetStatsRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(stats.active_transfers, 1);
+    let frozen = freeze_once_lanes_move(&mut a.client, &b, 1).await;
     call.abort();
+    frozen.thaw();
     let t = std::time::Instant::now();
     assert_lanes_drain(&mut a.client).await;
-    assert_lanes_drain(&mut b.client).await;
+    assert_lanes_drain(&mut bc).await;
     assert!(t.elapsed() < Duration::from_millis(800), "took {:?}", t.elapsed());
     let stats = a
         .client
@@ -445,5 +445,4 @@ async fn a_dropped_waiting_call_cancels_its_transfer() {
         .sum();
     assert_eq!(cancelled, 1, "{:?}", stats.transfer_totals);
     a.stop().await;
-    b.stop().await;
 }

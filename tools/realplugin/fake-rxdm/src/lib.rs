@@ -205,6 +205,31 @@ impl Request {
     }
 }
 
+/// A flow-steering rule's flow: (flow type, source, destination).
+pub type Flow = (i32, SocketAddr, SocketAddr);
+
+/// The rules real RxDM would still hold after `requests`, as its rule bank keeps them
+/// (google/tcpgpudmarxd `src/rx_rule_manager.cc`: `NicRulesBank`, `ConfigFlowSteering`,
+/// `DeleteFlowSteering`): one per flow; an install answered OK adds the flow's unless it has one,
+/// an uninstall removes it, whoever sent either. RxDM keeps no per-client record, so the rules of
+/// a client that died without uninstalling stay (docs/CONFORMANCE.md).
+pub fn rules_left(requests: &[Request]) -> std::collections::BTreeSet<Flow> {
+    let mut rules = std::collections::BTreeSet::new();
+    for r in requests {
+        let Some(flow) = r.flow() else { continue };
+        match r.socket {
+            Socket::Install if r.answered_ok => {
+                rules.insert(flow);
+            }
+            Socket::Uninstall => {
+                rules.remove(&flow);
+            }
+            _ => {}
+        }
+    }
+    rules
+}
+
 /// A callback for each request as it is recorded.
 pub type OnRequest = Box<dyn Fn(&Request) + Send + Sync>;
 

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tcpxd_fake_rxdm::{Answer, Binding, FakeRxdm, Filing, Request, Socket};
+use tcpxd_fake_rxdm::{Answer, Binding, FakeRxdm, Filing, Request, Socket, rules_left};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -95,12 +95,13 @@ fn main() {
     let reqs = rxdm.stop();
     let count = |s: Socket| reqs.iter().filter(|r| r.socket == s).count();
     eprintln!(
-        "fake-rxdm: {} install, {} uninstall, {} registry; {} refused, {} undecodable",
+        "fake-rxdm: {} install, {} uninstall, {} registry; {} refused, {} undecodable; {} rules left installed",
         count(Socket::Install),
         count(Socket::Uninstall),
         count(Socket::Registry),
         reqs.iter().filter(|r| !r.answered_ok).count(),
         reqs.iter().filter(|r| r.message.is_err()).count(),
+        rules_left(&reqs).len(),
     );
     if preset {
         let filed: Vec<&Filing> = reqs.iter().filter_map(|r| r.filing.as_ref()).collect();

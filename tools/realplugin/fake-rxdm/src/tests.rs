@@ -266,3 +266,37 @@ fn a3vm_mode_serves_each_gpus_receive_memory_as_rxdm_does() {
     rxdm.stop();
     assert!(!dir.join("get_gpu_fd_0000:8a:00.0").exists());
 }
+
+#[test]
+fn rules_left_are_what_rxdms_bank_keeps() {
+    let dir = tmp("bank");
+    let rxdm = FakeRxdm::start(&dir, Answer::Ok).unwrap();
+    let (a, b) = (
+        ("10.0.0.1:40000", "10.0.0.2:50000"),
+        ("10.0.0.1:40001", "10.0.0.2:50000"),
+    );
+    for (socket, (src, dst)) in [
+        (INSTALL_SOCKET, a),
+        (INSTALL_SOCKET, a), // a flow that has a rule: RxDM answers OK and keeps the one
+        (INSTALL_SOCKET, b),
+        (UNINSTALL_SOCKET, a),
+    ] {
+        assert_eq!(
+            ask(&dir, socket, &frame(&rule(src, dst, Some("0000:10:00.0")))),
+            OK_FRAME.to_vec()
+        );
+    }
+    assert_eq!(rxdm.wait_for(Socket::Uninstall, 1, Duration::from_secs(5)), 1);
+    let reqs = rxdm.stop();
+    let left: Vec<Flow> = rules_left(&reqs).into_iter().collect();
+    assert_eq!(
+        left,
+        vec![(TCP_V4_FLOW, b.0.parse().unwrap(), b.1.parse().unwrap())]
+    );
+    // A refused install leaves nothing.
+    let dir = tmp("bank-refused");
+    let rxdm = FakeRxdm::start(&dir, Answer::Refuse("no".into())).unwrap();
+    ask(&dir, INSTALL_SOCKET, &frame(&rule(a.0, a.1, None)));
+    assert_eq!(rxdm.wait_for(Socket::Install, 1, Duration::from_secs(5)), 1);
+    assert!(rules_left(&rxdm.stop()).is_empty());
+}

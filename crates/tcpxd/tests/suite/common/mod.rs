@@ -4,6 +4,7 @@
 pub mod batches;
 pub mod daemons;
 pub mod framed;
+pub mod hold;
 pub mod procs;
 pub mod scrape;
 
