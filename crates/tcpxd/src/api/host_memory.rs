@@ -55,6 +55,7 @@ impl DaemonState {
     /// it takes) for the transfers using it to end. NOT_FOUND when it does not exist.
     pub(crate) async fn release(&self, id: u64, deadline: Option<Instant>) -> Result<(), Status> {
         self.buffers.get(id).map_err(status)?;
+        self.same_node.idle(id, deadline).await?;
         let started = Instant::now();
         loop {
             match self.ask(|reply| Command::RemoveBuffer { id, reply }).await? {
