@@ -510,11 +510,7 @@ fn run(copy: &Copy, cancel: &AtomicBool, tx: &watch::Sender<TransferStatus>) -> 
                 None
             };
             let n = (p.len - at).min(CHUNK_BYTES);
-            let failed = stop.or_else(|| {
-                copy_chunk(p, at, n, &mut bounce, &mut stream)
-                    .err()
-                    .map(|e| (Code::Internal, e))
-            });
+            let failed = stop.or_else(|| copy_chunk(p, at, n, &mut bounce, &mut stream).err());
             if let Some((code, message)) = failed {
                 return failed_outcome(entries, code, message, done);
             }
@@ -556,10 +552,42 @@ fn copy_chunk(
     n: u64,
     bounce: &mut Vec<u8>,
     stream: &mut Option<crate::gpu::Stream>,
-) -> Result<(), String> {
+) -> Result<(), (Code, String)> {
     let (s, d) = (p.src_off + at, p.dst_off + at);
-    let host = |e: crate::net::NetError| format!("host copy: {e}");
-    let gpu = |e: crate::gpu::GpuError| format!("GPU copy: {e}");
+    let host = |e: crate::net::NetError| (Code::Internal, format!("host copy: {e}"));
+    let gpu = |e: crate::gpu::GpuError| (Code::Internal, format!("GPU copy: {e}"));
+    let attach = |e: crate::net::cross_memory::AttachError| {
+        let e = crate::buffers::attach_error(e);
+        (e.code, e.message)
+    };
+    // A client's pages (cross-memory attach) on either side: straight between them and host
+    // memory, through the bounce buffer otherwise.
+    match (p.src.attached, p.dst.attached, &p.src.memory, &p.dst.memory) {
+        (Some(from), None, _, BufferMemory::Host(b)) => {
+            return b
+                .read_from_client(d as usize, from, s, n as usize)
+                .map_err(attach);
+        }
+        (None, Some(to), BufferMemory::Host(a), _) => {
+            return a.write_to_client(s as usize, to, d, n as usize).map_err(attach);
+        }
+        (Some(from), Some(to), _, _) => {
+            bounce.resize(n as usize, 0);
+            from.read(s, bounce).map_err(attach)?;
+            return to.write(d, bounce).map_err(attach);
+        }
+        (Some(from), None, _, BufferMemory::Cuda { region, .. }) => {
+            bounce.resize(n as usize, 0);
+            from.read(s, bounce).map_err(attach)?;
+            return region.write(d, bounce).map_err(gpu);
+        }
+        (None, Some(to), BufferMemory::Cuda { region, .. }, _) => {
+            bounce.resize(n as usize, 0);
+            region.read(s, bounce).map_err(gpu)?;
+            return to.write(d, bounce).map_err(attach);
+        }
+        (None, None, ..) => {}
+    }
     match (&p.src.memory, &p.dst.memory) {
         (BufferMemory::Host(a), BufferMemory::Host(b)) => {
             a.copy_to(s as usize, b, d as usize, n as usize).map_err(host)
