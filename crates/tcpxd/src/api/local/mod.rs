@@ -48,7 +48,8 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
     let cred = stream.peer_cred().ok();
     let peer_uid = cred.map(|c| c.uid());
     // The client's process (SO_PEERCRED): what register_client_memory reads and writes.
-    let peer_pid = cred.and_then(|c| c.pid());
+    // 0: the client's process is in a PID namespace the daemon's cannot see.
+    let peer_pid = cred.and_then(|c| c.pid()).filter(|&p| p > 0);
     let unsealed = Unsealed::for_peer(peer_uid, rustix::process::geteuid().as_raw());
     tracing::debug!(?peer_uid, "local session opened");
     let (read, write) = stream.into_split();
@@ -110,7 +111,9 @@ impl Requests for FramedRequests {
     fn peer_pid(&self) -> Result<i32, tonic::Status> {
         self.peer_pid.ok_or_else(|| {
             tonic::Status::failed_precondition(
-                "register_client_memory: the kernel did not say which process is at the other end of this socket (SO_PEERCRED)",
+                "register_client_memory: the kernel does not say which process is at the other end of this socket \
+                 (SO_PEERCRED): the client runs in a PID namespace the daemon cannot see; run the daemon in the \
+                 host's (Kubernetes: hostPID: true on its DaemonSet) or register memory the daemon can map",
             )
         })
     }
