@@ -252,3 +252,66 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod node_only_tests {
+    use super::*;
+    use crate::blocks::Layout;
+    use crate::{EngineConfig, EntrySpec, PeerIdx, RemoteRange};
+
+    #[test]
+    fn node_only_buffers_refuse_peers_and_still_plan_within_the_node() {
+        let mut e = Engine::new(EngineConfig::default());
+        e.add_buffer(1, 1 << 20, [1; 16]).unwrap();
+        e.add_buffer(2, 1 << 20, [2; 16]).unwrap();
+        e.mark_node_only(1).unwrap();
+        let spec = EntrySpec {
+            local_buffer: 1,
+            local_offset: 0,
+            peer: PeerIdx(0),
+            remote: RemoteRange {
+                buffer_id: 9,
+                access_key: [0; 16],
+                offset: 0,
+                length: 10,
+            },
+        };
+        let err = e.check_entries(&[spec], 0).unwrap_err();
+        assert_eq!(err.code, Code::FailedPrecondition);
+        assert!(
+            err.message
+                .starts_with("entries[0].local_buffer_id: buffer 1 is a client's memory"),
+            "{}",
+            err.message
+        );
+        let claimed = RemoteRange {
+            buffer_id: 1,
+            access_key: [1; 16],
+            offset: 0,
+            length: 10,
+        };
+        let (code, why) = e.check_claimed(0, &claimed).unwrap_err();
+        assert_eq!(code, Code::FailedPrecondition, "{why}");
+        let strided = Layout::Strided {
+            first: 0,
+            stride: 4096,
+            len: 4096,
+            count: 4,
+        };
+        let a = e.register_blocks(1, strided.clone()).unwrap();
+        let b = e.register_blocks(2, strided).unwrap();
+        let remote = RemoteBlocks {
+            list_id: b,
+            access_key: [2; 16],
+            blocks: 4,
+            block_len: 4096,
+            indices: IndexArray::from_indices(&[0]),
+        };
+        // Within the node: planned as any.
+        let p = e
+            .plan_same_node_blocks(a, &IndexArray::from_indices(&[1]), &remote, true)
+            .unwrap();
+        assert_eq!(p.total, 4096);
+        assert!(e.check_crosses("local_list_id", 1).is_err() && e.check_crosses("x", 2).is_ok());
+    }
+}

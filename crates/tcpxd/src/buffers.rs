@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use crate::engine::{Code, EngineError};
 use crate::gpu::{DeviceRegion, Gpu, IpcExport, Stream};
 use crate::headroom::{DEFAULT_RESERVE, Headroom};
+use crate::net::cross_memory::ClientPages;
 use crate::net::{HostRegion, REGION_ALIGN, Region};
 
 /// Largest range `ReadBuffer` returns.
@@ -28,6 +29,9 @@ pub enum BufferKind {
     /// A local client's host memory, mapped from the file descriptor it handed over
     /// (src/host_fd.rs).
     HostShared,
+    /// A local client's host memory the daemon cannot map, reached by cross-memory attach
+    /// (`net::cross_memory`): moved within this node only.
+    HostAttached,
 }
 
 /// A buffer's memory.
@@ -51,6 +55,9 @@ pub struct BufferEntry {
     /// The access key; replaced by `RekeyBuffer` (old descriptors stop working).
     key: Mutex<[u8; 16]>,
     pub memory: BufferMemory,
+    /// For `HostAttached`: the client's pages, which hold the bytes (`memory` is then address
+    /// space reserved for staging, never touched: such a buffer does not cross the network).
+    pub attached: Option<ClientPages>,
 }
 
 impl BufferEntry {
@@ -275,7 +282,38 @@ impl BufferRegistry {
             label: label.to_string(),
             key: Mutex::new(rand::random()),
             memory,
+            attached: None,
         })
+    }
+
+    /// A local client's memory by address (`net::cross_memory`), its access checked by the
+    /// caller: a buffer whose bytes stay in the client's pages. Its `memory` is address space
+    /// reserved lazily (no RAM until touched; nothing touches it while such buffers stay within
+    /// the node).
+    pub fn client_pages(
+        &self,
+        pages: ClientPages,
+        size: u64,
+        label: &str,
+    ) -> Result<Arc<BufferEntry>, EngineError> {
+        self.check_new("size", size, label)?;
+        let len =
+            usize::try_from(size).map_err(|_| EngineError::invalid("size: too large for this machine"))?;
+        let reserved = HostRegion::new(len).map_err(|e| {
+            EngineError::new(
+                Code::ResourceExhausted,
+                format!("size: cannot reserve {size} bytes: {e}"),
+            )
+        })?;
+        Ok(Arc::new(BufferEntry {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            kind: BufferKind::HostAttached,
+            size,
+            label: label.to_string(),
+            key: Mutex::new(rand::random()),
+            memory: BufferMemory::Host(Arc::new(reserved)),
+            attached: Some(pages),
+        }))
     }
 
     /// The GPU `device` (opened once), or why there is none.
@@ -497,12 +535,36 @@ pub use tcpxd_pattern::{Pattern, seeded_bytes};
 
 const SCRATCH: usize = 1 << 20;
 
+/// A client's pages the kernel would not copy: the permission is missing (FAILED_PRECONDITION,
+/// naming the setting), the client is gone or its memory is (NOT_FOUND / INVALID_ARGUMENT).
+pub fn attach_error(e: crate::net::cross_memory::AttachError) -> EngineError {
+    use crate::net::cross_memory::AttachError as A;
+    let code = match &e {
+        A::Denied { .. } => Code::FailedPrecondition,
+        A::Gone { .. } => Code::NotFound,
+        A::Fault { .. } => Code::InvalidArgument,
+        A::Other(..) => Code::Internal,
+    };
+    EngineError::new(code, e.to_string())
+}
+
 fn gpu_error(e: crate::gpu::GpuError) -> EngineError {
     EngineError::new(Code::Internal, format!("GPU: {e}"))
 }
 
 /// Fills `[offset, offset + length)` of the buffer.
 pub fn fill(b: &BufferEntry, offset: u64, length: u64, pattern: &Pattern) -> Result<(), EngineError> {
+    if let Some(pages) = &b.attached {
+        let mut scratch = vec![0u8; SCRATCH.min(length as usize)];
+        let mut pos = offset;
+        while pos < offset + length {
+            let n = ((offset + length - pos) as usize).min(SCRATCH);
+            pattern.write(offset, pos, &mut scratch[..n]);
+            pages.write(pos, &scratch[..n]).map_err(attach_error)?;
+            pos += n as u64;
+        }
+        return Ok(());
+    }
     match &b.memory {
         BufferMemory::Host(region) => {
             let mut scratch = vec![0u8; SCRATCH.min(length as usize)];
@@ -531,6 +593,11 @@ pub fn fill(b: &BufferEntry, offset: u64, length: u64, pattern: &Pattern) -> Res
 
 /// Copies `len` bytes at `offset` out of the buffer.
 pub fn read(b: &BufferEntry, offset: u64, len: u64) -> Result<Vec<u8>, EngineError> {
+    if let Some(pages) = &b.attached {
+        let mut out = vec![0u8; len as usize];
+        pages.read(offset, &mut out).map_err(attach_error)?;
+        return Ok(out);
+    }
     match &b.memory {
         BufferMemory::Host(region) => region
             .to_vec(offset as usize, len as usize)
@@ -545,6 +612,17 @@ pub fn read(b: &BufferEntry, offset: u64, len: u64) -> Result<Vec<u8>, EngineErr
 
 /// CRC-32C of `[offset, offset + length)`.
 pub fn checksum(b: &BufferEntry, offset: u64, length: u64) -> Result<u32, EngineError> {
+    if let Some(pages) = &b.attached {
+        let mut scratch = vec![0u8; SCRATCH.min(length as usize)];
+        let (mut crc, mut pos) = (0u32, offset);
+        while pos < offset + length {
+            let n = ((offset + length - pos) as usize).min(SCRATCH);
+            pages.read(pos, &mut scratch[..n]).map_err(attach_error)?;
+            crc = crc32c::crc32c_append(crc, &scratch[..n]);
+            pos += n as u64;
+        }
+        return Ok(crc);
+    }
     match &b.memory {
         BufferMemory::Host(region) => {
             let mut scratch = vec![0u8; SCRATCH.min(length as usize)];

@@ -91,7 +91,7 @@ class AsyncSession(SessionRequests["asyncio.Future[TransferResult]"]):
         mem = await asyncio.get_running_loop().run_in_executor(None, _hostmem.prepare, memory, label, fd)
         host = _hostmem.HostMemory(mem)
         try:
-            fut = self._submit(mem, register_host_fd=_hostmem.register_request(mem, label))
+            fut = self._submit(mem, **mem.session_op(label))
         except BaseException:
             mem.done_sending()
             raise
@@ -194,7 +194,11 @@ class AsyncSession(SessionRequests["asyncio.Future[TransferResult]"]):
                 if isinstance(msg, tuple):  # a registration, with its memory's descriptor
                     msg, shared = msg
                     try:
-                        await send_with_fd(conn.writer, _local.frame(msg) or b"", shared.fd)
+                        if shared.sent_fd is None:  # by address: no descriptor goes with it
+                            conn.writer.write(_local.frame(msg) or b"")
+                            await conn.writer.drain()
+                        else:
+                            await send_with_fd(conn.writer, _local.frame(msg) or b"", shared.fd)
                     finally:
                         shared.done_sending()
                     continue

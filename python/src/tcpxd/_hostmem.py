@@ -5,10 +5,13 @@ descriptor over its unix socket and registered as a buffer both processes map (d
 What can be handed over is memory backed by a file mapped shared: a memfd the package allocates
 (`allocate`), a torch CPU tensor after `share_memory_()`, a numpy array or `mmap.mmap` over a memfd or
 a file on /dev/shm. `locate` finds the file behind such memory (/proc/self/maps) and a descriptor of it
-(the `fd=` given, else one this process holds open, else the file's path); anonymous memory (a plain
-numpy array) cannot be shared and says what to do instead. The descriptor travels on a connection of
-the daemon's local session (`Registrar`) as SCM_RIGHTS with its `register_host_fd` frame; the buffer
-belongs to that connection: released when it closes (the client's `close()`), or by `release()`.
+(the `fd=` given, else one this process holds open, else the file's path). Memory with no file the
+daemon could map (anonymous memory: a plain numpy array, a CPU tensor; a private mapping) is
+registered by address instead (`register_client_memory`): the daemon reads and writes this process's
+pages by cross-memory attach, which needs its ptrace permission (docs/OPERATIONS.md), and such a buffer
+moves within its node only. The descriptor travels on a connection of the daemon's local session
+(`Registrar`) as SCM_RIGHTS with its `register_host_fd` frame; the buffer belongs to that connection:
+released when it closes (the client's `close()`), or by `release()`.
 
 Shared by the sync client, the asyncio client (which runs `register` in a thread) and sessions (whose
 own connection carries the frame and the descriptor; the buffer then goes when the session ends).
@@ -24,7 +27,7 @@ import stat
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _local, _proto
 from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TcpxdError, Unavailable, from_status
@@ -49,6 +52,20 @@ class Shared:
     #: A descriptor the client side keeps open while the memory lives (the package's memfd: so a
     #: part of it can be registered again, found in /proc/self/fd).
     kept_fd: Optional[int] = None
+    #: Memory with no file to hand over: registered by its address in this process (`fd` is -1).
+    address: Optional[int] = None
+
+    def session_op(self, label: str) -> Dict[str, Any]:
+        """The SessionRequest field that registers it: by descriptor, or by address."""
+        if self.address is not None:
+            R = _proto.message("RegisterClientMemoryRequest")
+            return {"register_client_memory": R(address=self.address, size=self.nbytes, label=label)}
+        return {"register_host_fd": register_request(self, label)}
+
+    @property
+    def sent_fd(self) -> Optional[int]:
+        """The descriptor that goes with the registration (None: by address)."""
+        return None if self.address is not None else self.fd
 
     def done_sending(self) -> None:
         """The descriptor went out (or failed to): close it if it was opened here."""
@@ -227,19 +244,13 @@ def locate(obj: Any, fd: Optional[int]) -> Shared:
             break
         if m.start == covered and m.inode == first.inode and m.dev == first.dev and m.offset == last.offset + (last.end - last.start):
             covered, last = m.end, m
-    if first.inode == 0 or first.path.startswith("["):
-        raise InvalidArgument(
-            "memory: anonymous memory (a plain numpy array, or a torch tensor not in shared memory) cannot be "
-            "handed to the daemon; use memory the package maps (buf = client.register_host(nbytes); "
-            "buf.numpy()[:] = ...), or call tensor.share_memory_() first"
-        )
-    if "s" not in first.perms:
-        raise InvalidArgument(
-            f"memory: a private mapping (MAP_PRIVATE) of {first.path or 'a file'}: the daemon's mapping would not "
-            "see this process's writes; map the file shared (mmap.MAP_SHARED)"
-        )
-    if covered < addr + nbytes:
-        raise InvalidArgument("memory: the range spans more than one file mapping; register one contiguous mapping")
+    if first.inode == 0 or first.path.startswith("[") or "s" not in first.perms or covered < addr + nbytes:
+        # Anonymous memory (a plain numpy array, a torch tensor not in shared memory), a private
+        # mapping (the daemon's own mapping would not see this process's writes) or a range over
+        # several mappings: no one file to hand over. Registered by address (cross-memory attach).
+        if fd is not None:
+            raise InvalidArgument("fd: this memory is not one shared mapping of a file; register it without fd=")
+        return Shared(-1, False, 0, nbytes, view, keep, address=addr)
     offset = first.offset + (addr - first.start)
     if fd is not None:
         st = os.fstat(fd)
@@ -346,7 +357,8 @@ class Registrar:
             with self._lock:
                 conn = self._connection()
                 try:
-                    ev = conn.exchange("register_host_fd", register_request(shared, label), timeout, fd=shared.fd)
+                    [(field, req)] = shared.session_op(label).items()
+                    ev = conn.exchange(field, req, timeout, fd=shared.sent_fd)
                 except socket.timeout:
                     self._drop()
                     raise Unavailable(f"register_host: no answer from the daemon at {self.path} within {timeout} s") from None

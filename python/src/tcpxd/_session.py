@@ -399,7 +399,7 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         mem = _hostmem.prepare(memory, label, fd)
         host = _hostmem.HostMemory(mem)
         try:
-            fut = self._submit(mem.fd, register_host_fd=_hostmem.register_request(mem, label))
+            fut = self._submit(mem.sent_fd, **mem.session_op(label))
         finally:
             mem.done_sending()
         return Buffer(self._client, fut.result(), keepalive=host, host=host)

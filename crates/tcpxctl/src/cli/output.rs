@@ -117,6 +117,7 @@ pub fn kind_name(kind: i32) -> &'static str {
         Ok(BufferKind::Cuda) => "cuda",
         Ok(BufferKind::CudaIpc) => "cuda-ipc",
         Ok(BufferKind::HostShared) => "host-shared",
+        Ok(BufferKind::HostAttached) => "host-attached",
         _ => "unspecified",
     }
 }

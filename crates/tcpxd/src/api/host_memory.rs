@@ -15,6 +15,7 @@ use super::state::{DaemonState, status};
 use crate::buffers::BufferEntry;
 use crate::engine::{self, Code};
 use crate::host_fd::{Shrink, Unsealed};
+use crate::net::cross_memory::ClientPages;
 use crate::poller::Command;
 
 /// A file descriptor that came with a request (the framed local session's SCM_RIGHTS), and
@@ -30,6 +31,14 @@ pub fn no_descriptors() -> Status {
     Status::failed_precondition(
         "register_host_fd: file descriptors pass only over the framed local session on the daemon's \
          unix socket (docs/API.md, \"Client host memory\"); a gRPC stream cannot carry them",
+    )
+}
+
+/// What a transport without peer credentials answers a `register_client_memory`.
+pub fn no_peer_process() -> Status {
+    Status::failed_precondition(
+        "register_client_memory: memory is registered by address only over the framed local session on \
+         the daemon's unix socket (docs/API.md, \"Client host memory\"), where the kernel names the client's process",
     )
 }
 
@@ -55,6 +64,7 @@ impl DaemonState {
     /// it takes) for the transfers using it to end. NOT_FOUND when it does not exist.
     pub(crate) async fn release(&self, id: u64, deadline: Option<Instant>) -> Result<(), Status> {
         self.buffers.get(id).map_err(status)?;
+        self.same_node.idle(id, deadline).await?;
         let started = Instant::now();
         loop {
             match self.ask(|reply| Command::RemoveBuffer { id, reply }).await? {
@@ -113,6 +123,45 @@ impl DaemonState {
             size = entry.size,
             sealed = shrink == Shrink::Sealed,
             "client host memory registered"
+        );
+        Ok(self.buffer_pb(&entry))
+    }
+
+    /// Registers a local client's memory by address (`pid`: the session's peer), after checking
+    /// that the daemon may read and write it (cross-memory attach).
+    pub(crate) async fn register_client_memory(
+        self: &Arc<Self>,
+        req: pb::RegisterClientMemoryRequest,
+        pid: i32,
+    ) -> Result<pb::Buffer, Status> {
+        if req.address == 0 {
+            return Err(Status::invalid_argument("address: must not be 0"));
+        }
+        if req.address.checked_add(req.size).is_none() {
+            return Err(Status::invalid_argument(format!(
+                "size: address {:#x} + {} bytes overflows 64 bits",
+                req.address, req.size
+            )));
+        }
+        let pages = ClientPages {
+            pid,
+            addr: req.address,
+        };
+        let state = self.clone();
+        let entry = tokio::task::spawn_blocking(move || {
+            let entry = state.buffers.client_pages(pages, req.size, &req.label)?;
+            pages.probe(req.size).map_err(crate::buffers::attach_error)?;
+            Ok::<_, engine::EngineError>(entry)
+        })
+        .await
+        .map_err(|e| Status::internal(e.to_string()))?
+        .map_err(status)?;
+        self.install(&entry).await?;
+        tracing::info!(
+            buffer = entry.id,
+            size = entry.size,
+            pid,
+            "client memory registered by address"
         );
         Ok(self.buffer_pb(&entry))
     }

@@ -38,8 +38,16 @@ pub const CHUNK_BYTES: u64 = 4 << 20;
 #[derive(Default)]
 pub struct SameNode {
     next: AtomicU64,
-    open: Mutex<HashMap<u64, Arc<AtomicBool>>>,
+    open: Mutex<HashMap<u64, Open>>,
+    /// Told whenever a copy ends (ReleaseBuffer waits for those using its buffer).
+    ended: tokio::sync::Notify,
     prepared: Mutex<std::collections::HashSet<u64>>,
+}
+
+/// A copy in flight: its cancel flag and the buffers it uses.
+struct Open {
+    cancel: Arc<AtomicBool>,
+    buffers: Vec<u64>,
 }
 
 impl SameNode {
@@ -60,15 +68,51 @@ impl SameNode {
             .remove(&id);
     }
 
-    fn open(&self) -> (u64, Arc<AtomicBool>) {
+    fn open(&self, buffers: Vec<u64>) -> (u64, Arc<AtomicBool>) {
         let id = FIRST_ID + self.next.fetch_add(1, Ordering::Relaxed);
-        let flag = Arc::new(AtomicBool::new(false));
-        self.lock().insert(id, flag.clone());
-        (id, flag)
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.lock().insert(
+            id,
+            Open {
+                cancel: cancel.clone(),
+                buffers,
+            },
+        );
+        (id, cancel)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<AtomicBool>>> {
+    fn close(&self, id: u64) {
+        self.lock().remove(&id);
+        self.ended.notify_waiters();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Open>> {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn in_use(&self, buffer: u64) -> bool {
+        self.lock().values().any(|o| o.buffers.contains(&buffer))
+    }
+
+    /// Waits until no same-node copy uses `buffer`, or `deadline` (None: as long as it takes)
+    /// passes: then FAILED_PRECONDITION, as the engine answers for its transfers.
+    pub async fn idle(&self, buffer: u64, deadline: Option<Instant>) -> Result<(), Status> {
+        loop {
+            let ended = self.ended.notified();
+            if !self.in_use(buffer) {
+                return Ok(());
+            }
+            match deadline {
+                None => ended.await,
+                Some(d) => {
+                    if tokio::time::timeout_at(d.into(), ended).await.is_err() && self.in_use(buffer) {
+                        return Err(Status::failed_precondition(format!(
+                            "buffer_id: buffer {buffer} is still in use by a transfer within this node"
+                        )));
+                    }
+                }
+            }
+        }
     }
 
     /// Cancels a same-node transfer: `None` when `id` is not one (the poller's), `Some(false)`
@@ -77,8 +121,8 @@ impl SameNode {
         if id < FIRST_ID {
             return None;
         }
-        Some(self.lock().get(&id).is_some_and(|f| {
-            f.store(true, Ordering::Relaxed);
+        Some(self.lock().get(&id).is_some_and(|o| {
+            o.cancel.store(true, Ordering::Relaxed);
             true
         }))
     }
@@ -330,7 +374,10 @@ impl DaemonState {
     /// Starts the copy: inline when small, else on the blocking pool. The transfer is known to
     /// Watch, WaitTransfer and Cancel before this returns.
     pub(crate) fn start_same_node(&self, copy: Copy) -> Started {
-        let (id, cancel) = self.same_node.open();
+        let mut buffers: Vec<u64> = copy.pieces.iter().flat_map(|p| [p.src.id, p.dst.id]).collect();
+        buffers.sort_unstable();
+        buffers.dedup();
+        let (id, cancel) = self.same_node.open(buffers);
         let started_at = Instant::now();
         let (tx, rx) = watch::channel(TransferStatus {
             phase: Phase::Running,
@@ -403,7 +450,6 @@ struct Finish {
 
 impl Finish {
     fn done(self, copy: &Copy, outcome: Outcome, tx: &watch::Sender<TransferStatus>) {
-        self.same_node.lock().remove(&self.id);
         self.metrics.transfer_finished(
             copy.op,
             outcome.code,
@@ -440,6 +486,7 @@ impl Finish {
             s.outcome = Some(outcome);
             s.finished_at = Some(Instant::now());
         });
+        self.same_node.close(self.id);
     }
 }
 
@@ -463,11 +510,7 @@ fn run(copy: &Copy, cancel: &AtomicBool, tx: &watch::Sender<TransferStatus>) -> 
                 None
             };
             let n = (p.len - at).min(CHUNK_BYTES);
-            let failed = stop.or_else(|| {
-                copy_chunk(p, at, n, &mut bounce, &mut stream)
-                    .err()
-                    .map(|e| (Code::Internal, e))
-            });
+            let failed = stop.or_else(|| copy_chunk(p, at, n, &mut bounce, &mut stream).err());
             if let Some((code, message)) = failed {
                 return failed_outcome(entries, code, message, done);
             }
@@ -509,10 +552,42 @@ fn copy_chunk(
     n: u64,
     bounce: &mut Vec<u8>,
     stream: &mut Option<crate::gpu::Stream>,
-) -> Result<(), String> {
+) -> Result<(), (Code, String)> {
     let (s, d) = (p.src_off + at, p.dst_off + at);
-    let host = |e: crate::net::NetError| format!("host copy: {e}");
-    let gpu = |e: crate::gpu::GpuError| format!("GPU copy: {e}");
+    let host = |e: crate::net::NetError| (Code::Internal, format!("host copy: {e}"));
+    let gpu = |e: crate::gpu::GpuError| (Code::Internal, format!("GPU copy: {e}"));
+    let attach = |e: crate::net::cross_memory::AttachError| {
+        let e = crate::buffers::attach_error(e);
+        (e.code, e.message)
+    };
+    // A client's pages (cross-memory attach) on either side: straight between them and host
+    // memory, through the bounce buffer otherwise.
+    match (p.src.attached, p.dst.attached, &p.src.memory, &p.dst.memory) {
+        (Some(from), None, _, BufferMemory::Host(b)) => {
+            return b
+                .read_from_client(d as usize, from, s, n as usize)
+                .map_err(attach);
+        }
+        (None, Some(to), BufferMemory::Host(a), _) => {
+            return a.write_to_client(s as usize, to, d, n as usize).map_err(attach);
+        }
+        (Some(from), Some(to), _, _) => {
+            bounce.resize(n as usize, 0);
+            from.read(s, bounce).map_err(attach)?;
+            return to.write(d, bounce).map_err(attach);
+        }
+        (Some(from), None, _, BufferMemory::Cuda { region, .. }) => {
+            bounce.resize(n as usize, 0);
+            from.read(s, bounce).map_err(attach)?;
+            return region.write(d, bounce).map_err(gpu);
+        }
+        (None, Some(to), BufferMemory::Cuda { region, .. }, _) => {
+            bounce.resize(n as usize, 0);
+            region.read(s, bounce).map_err(gpu)?;
+            return to.write(d, bounce).map_err(attach);
+        }
+        (None, None, ..) => {}
+    }
     match (&p.src.memory, &p.dst.memory) {
         (BufferMemory::Host(a), BufferMemory::Host(b)) => {
             a.copy_to(s as usize, b, d as usize, n as usize).map_err(host)

@@ -79,6 +79,12 @@ pub trait Requests: Send {
     fn attached(&mut self) -> Result<Attached, Status> {
         Err(host_memory::no_descriptors())
     }
+
+    /// The client's process, from the connection's peer credentials (`register_client_memory`);
+    /// a transport without them says so.
+    fn peer_pid(&self) -> Result<i32, Status> {
+        Err(host_memory::no_peer_process())
+    }
 }
 
 /// A session's event side.
@@ -186,7 +192,9 @@ impl<E: Events> Session<'_, E> {
                 Next::Finished(tag, event) => self.finished(tag, event).await,
                 Next::Incoming(Incoming::Request(req)) => {
                     let attached = matches!(req.op, Some(Op::RegisterHostFd(_))).then(|| requests.attached());
-                    self.request(*req, attached).await
+                    let peer =
+                        matches!(req.op, Some(Op::RegisterClientMemory(_))).then(|| requests.peer_pid());
+                    self.request(*req, attached, peer).await
                 }
                 Next::Incoming(Incoming::HalfClosed) => {
                     reading = false;
@@ -252,11 +260,13 @@ impl<E: Events> Session<'_, E> {
     }
 
     /// Handles one request: starts its transfer, answers a cancel or a registration, or refuses
-    /// it. `attached`: for a registration, the descriptor that came with it.
+    /// it. `attached`: for a registration, the descriptor that came with it; `peer`: for a
+    /// registration by address, the client's process.
     async fn request(
         &mut self,
         req: pb::SessionRequest,
         attached: Option<Result<Attached, Status>>,
+        peer: Option<Result<i32, Status>>,
     ) -> Result<(), Gone> {
         let tag = req.tag;
         if tag == 0 {
@@ -276,12 +286,20 @@ impl<E: Events> Session<'_, E> {
         }
         let started = match req.op {
             None => Err(Status::invalid_argument(
-                "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd, prepare_blocks, release_prepared, write_prepared, read_prepared",
+                "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd, prepare_blocks, release_prepared, write_prepared, read_prepared, register_client_memory",
             )),
             Some(Op::CancelTag(target)) => return self.cancel(tag, target).await,
             Some(Op::RegisterHostFd(r)) => {
                 let attached = attached.unwrap_or_else(|| Err(host_memory::no_descriptors()));
                 return self.register_host_fd(tag, r, attached).await;
+            }
+            Some(Op::RegisterClientMemory(r)) => {
+                let peer = peer.unwrap_or_else(|| Err(host_memory::no_peer_process()));
+                let registered = match peer {
+                    Ok(pid) => self.state.register_client_memory(r, pid).await,
+                    Err(e) => Err(e),
+                };
+                return self.registered(tag, registered).await;
             }
             Some(Op::Write(r)) => match transfers::write_batch(r) {
                 Ok(b) => self.start_write(b).await,
@@ -353,7 +371,13 @@ impl<E: Events> Session<'_, E> {
         req: pb::RegisterHostFdRequest,
         attached: Result<Attached, Status>,
     ) -> Result<(), Gone> {
-        match self.state.register_host_fd(req, attached).await {
+        let registered = self.state.register_host_fd(req, attached).await;
+        self.registered(tag, registered).await
+    }
+
+    /// Answers a registration; the buffer goes with this session.
+    async fn registered(&mut self, tag: u64, registered: Result<pb::Buffer, Status>) -> Result<(), Gone> {
+        match registered {
             Ok(buffer) => {
                 self.owned.push(buffer.id);
                 self.send(tag, Event::Registered(buffer)).await

@@ -93,6 +93,7 @@ impl DaemonState {
                 BufferKind::Cuda => pb::BufferKind::Cuda,
                 BufferKind::CudaIpc => pb::BufferKind::CudaIpc,
                 BufferKind::HostShared => pb::BufferKind::HostShared,
+                BufferKind::HostAttached => pb::BufferKind::HostAttached,
             } as i32,
             size: b.size,
             label: b.label.clone(),

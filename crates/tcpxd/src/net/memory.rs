@@ -216,7 +216,7 @@ impl HostRegion {
             .ok_or_else(|| NetError::InvalidArgument(format!("host region of {len} bytes is too large")))
     }
 
-    fn check(&self, offset: usize, len: usize) -> NetResult<()> {
+    pub(super) fn check(&self, offset: usize, len: usize) -> NetResult<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len => Ok(()),
             _ => Err(NetError::InvalidArgument(format!(

@@ -11,6 +11,7 @@
 pub use tcpxd_abi as abi;
 pub mod blocks;
 mod comm;
+pub mod cross_memory;
 mod error;
 pub mod log_limit;
 pub mod logger;

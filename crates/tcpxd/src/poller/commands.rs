@@ -45,7 +45,10 @@ impl Poller {
                 {
                     tracing::warn!("{e}");
                 }
-                let r = self.engine.add_buffer(entry.id, entry.size, entry.key());
+                let mut r = self.engine.add_buffer(entry.id, entry.size, entry.key());
+                if r.is_ok() && entry.attached.is_some() {
+                    r = self.engine.mark_node_only(entry.id);
+                }
                 if r.is_ok() {
                     self.buffers.insert(entry.id, entry);
                 }

@@ -298,6 +298,20 @@ async fn cancel_and_deadline_stop_a_copy_between_chunks() {
     let id = write(a, write_entry(&src, 0, &dst, 0, MIB), b"").await.unwrap();
     wait_ok(a, id).await;
     assert_eq!(crc(a, src.id, 0, MIB).await, crc(&mut b, dst.id, 0, MIB).await);
+    // ReleaseBuffer waits for the copies using the buffer: once it answers, the copy ended
+    // (a cancel finds nothing to stop) and it ended well.
+    let id = write(a, write_entry(&src, 0, &dst, 0, size), b"").await.unwrap();
+    b.release_buffer(pb::ReleaseBufferRequest { buffer_id: dst.id })
+        .await
+        .unwrap();
+    assert!(
+        !a.cancel(pb::CancelRequest { transfer_id: id })
+            .await
+            .unwrap()
+            .into_inner()
+            .cancelled
+    );
+    wait_ok(a, id).await;
     d.stop().await;
 }
 

@@ -17,6 +17,7 @@ mod daemon_binary;
 mod daemon_blocks;
 mod daemon_cancel;
 mod daemon_churn;
+mod daemon_client_pages;
 mod daemon_eager;
 mod daemon_faults;
 mod daemon_first_use;

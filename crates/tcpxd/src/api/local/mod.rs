@@ -45,13 +45,18 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
         return;
     }
     // Who the client is decides whether it may hand over memory that cannot be sealed.
-    let peer_uid = stream.peer_cred().ok().map(|c| c.uid());
+    let cred = stream.peer_cred().ok();
+    let peer_uid = cred.map(|c| c.uid());
+    // The client's process (SO_PEERCRED): what register_client_memory reads and writes.
+    // 0: the client's process is in a PID namespace the daemon's cannot see.
+    let peer_pid = cred.and_then(|c| c.pid()).filter(|&p| p > 0);
     let unsealed = Unsealed::for_peer(peer_uid, rustix::process::geteuid().as_raw());
     tracing::debug!(?peer_uid, "local session opened");
     let (read, write) = stream.into_split();
     let mut requests = FramedRequests {
         frames: FramedRead::new(FdReader::new(read), Positioned::default()),
         unsealed,
+        peer_pid,
     };
     let mut events = FramedEvents {
         io: write,
@@ -76,6 +81,7 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
 struct FramedRequests {
     frames: FramedRead<FdReader, Positioned>,
     unsealed: Unsealed,
+    peer_pid: Option<i32>,
 }
 
 impl Requests for FramedRequests {
@@ -99,6 +105,16 @@ impl Requests for FramedRequests {
         Ok(Attached {
             fd,
             unsealed: self.unsealed,
+        })
+    }
+
+    fn peer_pid(&self) -> Result<i32, tonic::Status> {
+        self.peer_pid.ok_or_else(|| {
+            tonic::Status::failed_precondition(
+                "register_client_memory: the kernel does not say which process is at the other end of this socket \
+                 (SO_PEERCRED): the client runs in a PID namespace the daemon cannot see; run the daemon in the \
+                 host's (Kubernetes: hostPID: true on its DaemonSet) or register memory the daemon can map",
+            )
         })
     }
 }

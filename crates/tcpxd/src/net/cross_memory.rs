@@ -1,0 +1,272 @@
+//! Cross-memory attach: the daemon reading and writing a local client's own pages
+//! (`process_vm_readv` / `process_vm_writev`), for host memory a client registered that the
+//! daemon cannot map (anonymous memory: a plain numpy array, a CPU tensor). The client's pid is
+//! the unix socket's peer credential (SO_PEERCRED), never a number from a message.
+//!
+//! The kernel allows it when the daemon may ptrace the client: CAP_SYS_PTRACE over the client's
+//! user namespace, or the same user where Yama's `kernel.yama.ptrace_scope` is 0 (at 1, only a
+//! process's ancestors may: the daemon is not the client's). [`AttachError::Denied`] says which
+//! setting grants it.
+
+use std::io;
+
+use super::{HostRegion, Region};
+
+/// A client's memory, by its process and address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientPages {
+    pub pid: i32,
+    pub addr: u64,
+}
+
+/// Why the kernel refused to copy a client's pages.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error(
+        "the kernel refused the daemon access to process {pid}'s memory ({errno}): the daemon needs \
+         ptrace access to its clients, CAP_SYS_PTRACE (systemd: AmbientCapabilities=CAP_SYS_PTRACE in \
+         tcpxd.service; Kubernetes: securityContext.capabilities.add [\"SYS_PTRACE\"] on the tcpxd \
+         DaemonSet's container, with hostPID: true so client pids are the daemon's), or running as the \
+         client's user with kernel.yama.ptrace_scope = 0 ({scope}); or register memory the daemon can map \
+         (a memfd or /dev/shm file: tcpxd.nixl.host_array, torch's share_memory_())"
+    )]
+    Denied {
+        pid: i32,
+        errno: io::Error,
+        scope: String,
+    },
+    #[error("process {pid} is gone")]
+    Gone { pid: i32 },
+    #[error("process {pid} has no memory at {addr:#x}..{end:#x} (unmapped or not readable and writable)", end = addr + len)]
+    Fault { pid: i32, addr: u64, len: u64 },
+    #[error("copying process {pid}'s memory: {0}", pid = .1)]
+    Other(io::Error, i32),
+}
+
+impl AttachError {
+    fn of(e: io::Error, pid: i32, addr: u64, len: u64) -> AttachError {
+        match e.raw_os_error() {
+            Some(libc::EPERM) | Some(libc::EACCES) => AttachError::Denied {
+                pid,
+                errno: e,
+                scope: ptrace_scope(),
+            },
+            Some(libc::ESRCH) => AttachError::Gone { pid },
+            Some(libc::EFAULT) => AttachError::Fault { pid, addr, len },
+            _ => AttachError::Other(e, pid),
+        }
+    }
+}
+
+/// Yama's ptrace scope as the message names it.
+fn ptrace_scope() -> String {
+    match std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope") {
+        Ok(s) => format!("it is {} here", s.trim()),
+        Err(_) => "Yama is not active here".to_string(),
+    }
+}
+
+/// Which way a copy goes.
+#[derive(Clone, Copy)]
+enum Way {
+    FromClient,
+    ToClient,
+}
+
+/// Copies `len` bytes between `local` (this process) and the client's `remote`, whole: a partial
+/// transfer (a page boundary the kernel stopped at) goes on from where it stopped.
+///
+/// # Safety
+/// `local .. local + len` must be memory of this process valid for the copy's direction (readable
+/// for `ToClient`, writable for `FromClient`) and not accessed otherwise meanwhile.
+unsafe fn copy(
+    way: Way,
+    pages: ClientPages,
+    remote: u64,
+    local: *mut u8,
+    len: usize,
+) -> Result<(), AttachError> {
+    let mut done = 0usize;
+    while done < len {
+        let l = libc::iovec {
+            // SAFETY: within `local .. local + len` (the caller's range).
+            iov_base: unsafe { local.add(done) }.cast(),
+            iov_len: len - done,
+        };
+        let r = libc::iovec {
+            iov_base: (remote + done as u64) as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        // SAFETY: one local and one remote iovec as built above; the kernel checks the remote
+        // range against the client's mappings and reports a fault instead of touching it.
+        let n = unsafe {
+            match way {
+                Way::FromClient => libc::process_vm_readv(pages.pid, &l, 1, &r, 1, 0),
+                Way::ToClient => libc::process_vm_writev(pages.pid, &l, 1, &r, 1, 0),
+            }
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(AttachError::of(
+                e,
+                pages.pid,
+                remote + done as u64,
+                (len - done) as u64,
+            ));
+        }
+        if n == 0 {
+            return Err(AttachError::Fault {
+                pid: pages.pid,
+                addr: remote + done as u64,
+                len: (len - done) as u64,
+            });
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
+impl ClientPages {
+    /// Copies `dst.len()` bytes at `offset` of the client's memory into `dst`.
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), AttachError> {
+        // SAFETY: `dst` is an exclusive Rust slice of this process.
+        unsafe {
+            copy(
+                Way::FromClient,
+                *self,
+                self.addr + offset,
+                dst.as_mut_ptr(),
+                dst.len(),
+            )
+        }
+    }
+
+    /// Copies `src` into the client's memory at `offset`.
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), AttachError> {
+        // SAFETY: `src` is a live Rust slice; the kernel only reads it for `ToClient`.
+        unsafe {
+            copy(
+                Way::ToClient,
+                *self,
+                self.addr + offset,
+                src.as_ptr().cast_mut(),
+                src.len(),
+            )
+        }
+    }
+
+    /// Checks now that the daemon may read and write the client's range `[0, len)`: its first
+    /// and last bytes are read and written back unchanged (the kernel checks each page's
+    /// permission on the copy itself too).
+    pub fn probe(&self, len: u64) -> Result<(), AttachError> {
+        for at in [0, len.saturating_sub(1)] {
+            let mut b = [0u8; 1];
+            self.read(at, &mut b)?;
+            self.write(at, &b)?;
+        }
+        Ok(())
+    }
+}
+
+impl HostRegion {
+    /// Copies `len` bytes of the client's memory at `client_off` into this region at `offset`.
+    pub fn read_from_client(
+        &self,
+        offset: usize,
+        pages: ClientPages,
+        client_off: u64,
+        len: usize,
+    ) -> Result<(), AttachError> {
+        self.check(offset, len)
+            .map_err(|e| AttachError::Other(io::Error::other(e.to_string()), pages.pid))?;
+        // SAFETY: the range is inside the region (checked); the region's bytes are accessed only
+        // through copies, never through references.
+        unsafe {
+            copy(
+                Way::FromClient,
+                pages,
+                pages.addr + client_off,
+                self.as_ptr().add(offset),
+                len,
+            )
+        }
+    }
+
+    /// Copies `len` bytes of this region at `offset` into the client's memory at `client_off`.
+    pub fn write_to_client(
+        &self,
+        offset: usize,
+        pages: ClientPages,
+        client_off: u64,
+        len: usize,
+    ) -> Result<(), AttachError> {
+        self.check(offset, len)
+            .map_err(|e| AttachError::Other(io::Error::other(e.to_string()), pages.pid))?;
+        // SAFETY: as above; the kernel only reads the local range for `ToClient`.
+        unsafe {
+            copy(
+                Way::ToClient,
+                pages,
+                pages.addr + client_off,
+                self.as_ptr().add(offset),
+                len,
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_pages_copy_both_ways_and_faults_name_the_range() {
+        let mut mine = vec![7u8; 8192];
+        let pages = ClientPages {
+            pid: std::process::id() as i32,
+            addr: mine.as_mut_ptr() as u64,
+        };
+        pages.probe(8192).unwrap();
+        pages.write(100, b"hello").unwrap();
+        let mut back = [0u8; 5];
+        pages.read(100, &mut back).unwrap();
+        assert_eq!(&back, b"hello");
+        let region = HostRegion::new(8192).unwrap();
+        region.read_from_client(4096, pages, 98, 9).unwrap();
+        assert_eq!(region.to_vec(4096, 9).unwrap(), b"\x07\x07hello\x07\x07");
+        region.write(0, b"world").unwrap();
+        region.write_to_client(0, pages, 8000, 5).unwrap();
+        drop(region);
+        assert_eq!(&mine[8000..8005], b"world");
+        let nowhere = ClientPages {
+            pid: pages.pid,
+            addr: 8,
+        };
+        let e = nowhere.read(0, &mut back).unwrap_err();
+        assert!(matches!(e, AttachError::Fault { addr: 8, .. }), "{e}");
+    }
+
+    #[test]
+    fn a_refusal_names_the_permission_and_the_settings_that_grant_it() {
+        let e = AttachError::of(io::Error::from_raw_os_error(libc::EPERM), 4242, 0, 1);
+        let m = e.to_string();
+        for part in [
+            "process 4242",
+            "CAP_SYS_PTRACE",
+            "AmbientCapabilities=CAP_SYS_PTRACE",
+            "SYS_PTRACE",
+            "hostPID: true",
+            "kernel.yama.ptrace_scope = 0",
+            "host_array",
+        ] {
+            assert!(m.contains(part), "{part} missing from: {m}");
+        }
+        assert!(matches!(
+            AttachError::of(io::Error::from_raw_os_error(libc::ESRCH), 1, 0, 1),
+            AttachError::Gone { pid: 1 }
+        ));
+    }
+}
