@@ -669,6 +669,9 @@ class nixl_agent:  # noqa: N801
         found gone."""
         xfer = handle._xfer if type(handle) is nixl_xfer_handle and handle._agent is self and not handle._released else self._live(handle)
         state = xfer.state
+        if state == "PROC":  # read what the daemon sent, here: no wait for the session's reader thread
+            xfer._session.poll()
+            return xfer.state
         if state == "INIT":
             raise nixlNotPostedError("handle: never posted (call transfer() first)")
         return state
