@@ -2,14 +2,14 @@
 and, when it is installed (`pip install nixl`), on real NIXL, alternating, so the comparison of
 issue #39 is one command.
 
-Two processes, as two serving workers are: a target agent and an initiator agent, each with 64 MiB
+Two processes, as two serving workers are: a target agent and an initiator agent, each with 64 MiB (--mib)
 of host memory from `nixl._utils.malloc_passthru` (tcpxd.nixl._utils for tcpxd), metadata
 exchanged by pipe. The initiator measures, every byte of the bulk transfers checked:
 
 - `register_memory` of 64 regions (1 MiB each), per region;
 - `prep_xfer_dlist` of 2 × 16,384 descriptors (local and remote), per descriptor;
-- one 64 MiB READ and one 64 MiB WRITE (GB/s, best of --iters);
-- 4096 random 16 KiB blocks READ by prepared lists (GB/s; Python time in make_prepped_xfer +
+- one READ and one WRITE of all of it (GB/s, best of --iters);
+- its random 16 KiB blocks (4096 of 64 MiB) READ by prepared lists (GB/s; Python time in make_prepped_xfer +
   transfer, per request);
 - a 4 KiB READ polled with check_xfer_state in a tight loop, and with time.sleep(0) between polls
   (p50 / p99 over --small-iters);
@@ -76,14 +76,14 @@ def _pct(xs: List[float], p: float) -> float:
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
 
 
-def target_main(impl: str, endpoint: str, conn: Any) -> None:
+def target_main(impl: str, endpoint: str, conn: Any, big: int = BIG) -> None:
     if endpoint:
         os.environ["TCPXD_ENDPOINT"] = endpoint
     nixl_agent, nixl_agent_config, utils = _api(impl)
     agent = nixl_agent("target", nixl_agent_config(backends=["UCX"]))
-    addr = utils.malloc_passthru(BIG)
-    _array(addr, BIG)[:] = np.random.default_rng(7).integers(0, 256, BIG, dtype=np.uint8)
-    agent.register_memory(agent.get_reg_descs([(addr, BIG, 0, "")], "DRAM"))
+    addr = utils.malloc_passthru(big)
+    _array(addr, big)[:] = np.random.default_rng(7).integers(0, 256, big, dtype=np.uint8)
+    agent.register_memory(agent.get_reg_descs([(addr, big, 0, "")], "DRAM"))
     conn.send((agent.get_agent_metadata(), addr))
     agent.add_remote_agent(conn.recv())
     while True:
@@ -97,39 +97,39 @@ def target_main(impl: str, endpoint: str, conn: Any) -> None:
                 agent.send_notif("initiator", b"pong")
             conn.send("ok")
         elif cmd[0] == "checksum":
-            conn.send(bytes(_array(addr, BIG)[: cmd[1]]))
+            conn.send(bytes(_array(addr, big)[: cmd[1]]))
         else:
             break
     conn.send("bye")
 
 
-def initiator_main(impl: str, endpoint: str, conn: Any, out: Any, iters: int, small_iters: int) -> None:
+def initiator_main(impl: str, endpoint: str, conn: Any, out: Any, iters: int, small_iters: int, big: int = BIG) -> None:
     if endpoint:
         os.environ["TCPXD_ENDPOINT"] = endpoint
     nixl_agent, nixl_agent_config, utils = _api(impl)
     res: Dict[str, float] = {}
     agent = nixl_agent("initiator", nixl_agent_config(backends=["UCX"]))
     tmd, taddr = conn.recv()
-    addr = utils.malloc_passthru(BIG)
-    mine = _array(addr, BIG)
+    addr = utils.malloc_passthru(big)
+    mine = _array(addr, big)
     regs = [utils.malloc_passthru(MIB) for _ in range(REGIONS)]
     t = time.perf_counter()
     rl = agent.register_memory(agent.get_reg_descs([(r, MIB, 0, "") for r in regs], "DRAM"))
     res["register µs/region"] = (time.perf_counter() - t) / REGIONS * 1e6
     agent.deregister_memory(rl)
-    agent.register_memory(agent.get_reg_descs([(addr, BIG, 0, "")], "DRAM"))
+    agent.register_memory(agent.get_reg_descs([(addr, big, 0, "")], "DRAM"))
     assert agent.add_remote_agent(tmd) in ("target", b"target")
     conn.send(agent.get_agent_metadata())
     # prepared lists of 16,384 descriptors a side
-    step = BIG // PREP
+    step = big // PREP
     t = time.perf_counter()
     pl = agent.prep_xfer_dlist("NIXL_INIT_AGENT", [(addr + i * step, step, 0) for i in range(PREP)], "DRAM")
     pr = agent.prep_xfer_dlist("target", [(taddr + i * step, step, 0) for i in range(PREP)], "DRAM")
     res["prep_xfer_dlist µs/desc"] = (time.perf_counter() - t) / (2 * PREP) * 1e6
     agent.release_dlist_handle(pl)
     agent.release_dlist_handle(pr)
-    whole_l = agent.get_xfer_descs([(addr, BIG, 0)], "DRAM")
-    whole_r = agent.get_xfer_descs([(taddr, BIG, 0)], "DRAM")
+    whole_l = agent.get_xfer_descs([(addr, big, 0)], "DRAM")
+    whole_r = agent.get_xfer_descs([(taddr, big, 0)], "DRAM")
     for op in ("READ", "WRITE"):
         best = 0.0
         for _ in range(iters):
@@ -137,14 +137,14 @@ def initiator_main(impl: str, endpoint: str, conn: Any, out: Any, iters: int, sm
             t = time.perf_counter()
             agent.transfer(h)
             _wait(agent, h)
-            best = max(best, BIG / (time.perf_counter() - t) / 1e9)
+            best = max(best, big / (time.perf_counter() - t) / 1e9)
             agent.release_xfer_handle(h)
-        res[f"64 MiB {op} GB/s"] = best
-        conn.send(("checksum", BIG))
+        res[f"{big >> 20} MiB {op} GB/s"] = best
+        conn.send(("checksum", big))
         if conn.recv() != mine.tobytes():
-            raise RuntimeError(f"64 MiB {op}: the bytes differ")
+            raise RuntimeError(f"{big >> 20} MiB {op}: the bytes differ")
     # 4096 random 16 KiB blocks, READ by prepared lists
-    nb = BIG // BLOCK
+    nb = big // BLOCK
     pl = agent.prep_xfer_dlist("NIXL_INIT_AGENT", [(addr + i * BLOCK, BLOCK, 0) for i in range(nb)], "DRAM")
     pr = agent.prep_xfer_dlist("target", [(taddr + i * BLOCK, BLOCK, 0) for i in range(nb)], "DRAM")
     rng = np.random.default_rng(1)
@@ -156,11 +156,11 @@ def initiator_main(impl: str, endpoint: str, conn: Any, out: Any, iters: int, sm
         agent.transfer(h)
         t1 = time.perf_counter()
         _wait(agent, h)
-        gbs.append(BIG / (time.perf_counter() - t) / 1e9)
+        gbs.append(big / (time.perf_counter() - t) / 1e9)
         py.append((t1 - t) * 1e6)
         agent.release_xfer_handle(h)
-    res["4096 x 16 KiB random READ GB/s"] = max(gbs)
-    res["4096 x 16 KiB: Python µs/request"] = statistics.median(py)
+    res[f"{nb} x 16 KiB random READ GB/s"] = max(gbs)
+    res[f"{nb} x 16 KiB: Python µs/request"] = statistics.median(py)
     agent.release_dlist_handle(pl)
     agent.release_dlist_handle(pr)
     # 4 KiB READ latency, polled tight and with sleep(0)
@@ -197,12 +197,12 @@ def initiator_main(impl: str, endpoint: str, conn: Any, out: Any, iters: int, sm
     out.send(res)
 
 
-def run_once(impl: str, ea: str, eb: str, iters: int, small_iters: int) -> Dict[str, float]:
+def run_once(impl: str, ea: str, eb: str, iters: int, small_iters: int, big: int = BIG) -> Dict[str, float]:
     ctx = mp.get_context("spawn")
     a, b = ctx.Pipe()
     rx, tx = ctx.Pipe(duplex=False)
-    target = ctx.Process(target=target_main, args=(impl, ea, a))
-    init = ctx.Process(target=initiator_main, args=(impl, eb, b, tx, iters, small_iters))
+    target = ctx.Process(target=target_main, args=(impl, ea, a, big))
+    init = ctx.Process(target=initiator_main, args=(impl, eb, b, tx, iters, small_iters, big))
     target.start()
     init.start()
     try:
@@ -223,6 +223,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--iters", type=int, default=3, help="bulk transfers a round (the best counts)")
     p.add_argument("--small-iters", type=int, default=300, help="4 KiB transfers and round trips a round")
+    p.add_argument("--mib", type=int, default=BIG >> 20, help="each side's memory, MiB (the bulk transfers' size)")
     p.add_argument("--tcpxd", default=None, help="the daemon binary (default target/{release,debug}/tcpxd)")
     a = p.parse_args(argv)
     from .bench import _find, _start
@@ -255,7 +256,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         for r in range(a.rounds):
             for impl in impls:
-                results[impl].append(run_once(impl, ea, eb, a.iters, a.small_iters))
+                results[impl].append(run_once(impl, ea, eb, a.iters, a.small_iters, a.mib << 20))
                 print(f"round {r + 1} {impl}: done", file=sys.stderr, flush=True)
     finally:
         for pr in procs:
