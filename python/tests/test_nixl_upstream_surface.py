@@ -243,3 +243,18 @@ def test_tuple_lists_read_the_same_with_and_without_the_c_pass(monkeypatch, nati
         with pytest.raises(nixlInvalidParamError):
             _descs.parse(bad, "DRAM", False, "descs")
     assert _descs.parse([(1, np.uint64(2), True)], "DRAM", False, "descs")[0] == (1, 2, 1)  # (not exact ints: Python's path)
+
+
+def test_telemetry_never_says_done_before_the_post_returned():
+    """NIXL's tests require xferDuration >= postDuration: a transfer answered while transfer()
+    was still posting (its reader thread, or a poll) is seen done when the post returned."""
+    from types import SimpleNamespace
+
+    from tcpxd.nixl._xfer import Xfer
+
+    x = Xfer(SimpleNamespace(total_bytes=128, desc_count=2), "peer", b"", True)
+    x._t0, x._post_us, x._xfer_us = 1.0, 1339, 1261
+    t = x.telemetry
+    assert (t.postDuration, t.xferDuration, t.totalBytes, t.descCount) == (1339, 1339, 128, 2)
+    x._xfer_us = 2000
+    assert x.telemetry.xferDuration == 2000
