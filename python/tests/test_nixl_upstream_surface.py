@@ -258,3 +258,23 @@ def test_telemetry_never_says_done_before_the_post_returned():
     assert (t.postDuration, t.xferDuration, t.totalBytes, t.descCount) == (1339, 1339, 128, 2)
     x._xfer_us = 2000
     assert x.telemetry.xferDuration == 2000
+
+
+def test_a_loopback_list_is_the_agents_own_memory(daemons):
+    """prep_xfer_dlist with the agent's own name (NIXL's loopback, prep_xfer_perf.py's "agent"):
+    resolved against its own regions; its transfers are between two buffers of its daemon (carried
+    where the daemon copies within one node)."""
+    a, _ = daemons
+    n = 64 * 1024
+    addr = U.malloc_passthru(n)
+    with nixl_agent("loop", nixl_agent_config(endpoint=a.endpoint)) as ag:
+        ag.register_memory(ag.get_reg_descs([(addr + i * 1024, 1024, 0, b"") for i in range(64)], "DRAM"))
+        xl = ag.get_xfer_descs([(addr + i * 1024, 1024, 0) for i in range(64)], "DRAM")
+        local, remote = ag.prep_xfer_dlist("", xl, "DRAM"), ag.prep_xfer_dlist("loop", xl, "DRAM")
+        assert remote._prepped is not None and remote._prepped.agent == "loop" and remote._prepped.count == 64
+        h = ag.make_prepped_xfer("WRITE", local, list(range(32)), remote, list(range(32, 64)), b"UUID2")
+        assert h._xfer.remote == "loop"
+        with pytest.raises(nixlNotFoundError, match=r"\(loopback\)"):
+            ag.prep_xfer_dlist("loop", [(addr + n, 64, 0)], "DRAM")  # outside its regions
+        ag.release_xfer_handle(h)
+    U.free_passthru(addr)
