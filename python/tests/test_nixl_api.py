@@ -127,8 +127,8 @@ def test_bad_input_raises_what_nixl_raises(pair):
         A.prep_xfer_dlist("ghost", [(4096, 64, 0)], "DRAM")
     with pytest.raises(nixlNotFoundError, match="remote agent 'api-B' has no DRAM memory registered"):
         A.prep_xfer_dlist("api-B", [(4096, 64, 0)], "DRAM")
-    with pytest.raises(nixlNotSupportedError, match="loopback"):
-        A.prep_xfer_dlist("api-A", [(4096, 64, 0)], "DRAM")
+    with pytest.raises(nixlNotFoundError, match=r"agent 'api-A' \(loopback\) has no DRAM memory registered"):
+        A.prep_xfer_dlist("api-A", [(4096, 64, 0)], "DRAM")  # its own name: a loopback list, of its own memory
     with pytest.raises(nixlNotFoundError, match="remote_agent: no remote agent 'ghost'"):
         A.initialize_xfer("WRITE", xd, xd, "ghost")
     with pytest.raises(nixlInvalidParamError, match="operation: 'PUT' is neither"):

@@ -243,3 +243,38 @@ def test_tuple_lists_read_the_same_with_and_without_the_c_pass(monkeypatch, nati
         with pytest.raises(nixlInvalidParamError):
             _descs.parse(bad, "DRAM", False, "descs")
     assert _descs.parse([(1, np.uint64(2), True)], "DRAM", False, "descs")[0] == (1, 2, 1)  # (not exact ints: Python's path)
+
+
+def test_telemetry_never_says_done_before_the_post_returned():
+    """NIXL's tests require xferDuration >= postDuration: a transfer answered while transfer()
+    was still posting (its reader thread, or a poll) is seen done when the post returned."""
+    from types import SimpleNamespace
+
+    from tcpxd.nixl._xfer import Xfer
+
+    x = Xfer(SimpleNamespace(total_bytes=128, desc_count=2), "peer", b"", True)
+    x._t0, x._post_us, x._xfer_us = 1.0, 1339, 1261
+    t = x.telemetry
+    assert (t.postDuration, t.xferDuration, t.totalBytes, t.descCount) == (1339, 1339, 128, 2)
+    x._xfer_us = 2000
+    assert x.telemetry.xferDuration == 2000
+
+
+def test_a_loopback_list_is_the_agents_own_memory(daemons):
+    """prep_xfer_dlist with the agent's own name (NIXL's loopback, prep_xfer_perf.py's "agent"):
+    resolved against its own regions; its transfers are between two buffers of its daemon (carried
+    where the daemon copies within one node)."""
+    a, _ = daemons
+    n = 64 * 1024
+    addr = U.malloc_passthru(n)
+    with nixl_agent("loop", nixl_agent_config(endpoint=a.endpoint)) as ag:
+        ag.register_memory(ag.get_reg_descs([(addr + i * 1024, 1024, 0, b"") for i in range(64)], "DRAM"))
+        xl = ag.get_xfer_descs([(addr + i * 1024, 1024, 0) for i in range(64)], "DRAM")
+        local, remote = ag.prep_xfer_dlist("", xl, "DRAM"), ag.prep_xfer_dlist("loop", xl, "DRAM")
+        assert remote._prepped is not None and remote._prepped.agent == "loop" and remote._prepped.count == 64
+        h = ag.make_prepped_xfer("WRITE", local, list(range(32)), remote, list(range(32, 64)), b"UUID2")
+        assert h._xfer.remote == "loop"
+        with pytest.raises(nixlNotFoundError, match=r"\(loopback\)"):
+            ag.prep_xfer_dlist("loop", [(addr + n, 64, 0)], "DRAM")  # outside its regions
+        ag.release_xfer_handle(h)
+    U.free_passthru(addr)

@@ -19,8 +19,10 @@ import concurrent.futures
 import functools
 import itertools
 import queue
+import select
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple, cast
 
 import grpc
@@ -44,6 +46,32 @@ if TYPE_CHECKING:
         tag: int
 
 _OP = cygrpc.OperationType
+
+
+class _SessionFuture(concurrent.futures.Future):
+    """A session request's future, resolved in the thread that looks at it (`done()`, `result()`)
+    when that thread can read the session's connection (`Session.poll`, `Session._wait`): a
+    caller polling or waiting does not wait for the reader thread to be given the GIL."""
+
+    def __init__(self, session: "Session"):
+        super().__init__()
+        self._session = session
+
+    def done(self) -> bool:
+        if not super().done():
+            self._session.poll()
+        return super().done()
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        if not super().done():
+            self._session._wait(self, timeout)
+        return super().result(timeout)
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        if not super().done():
+            self._session._wait(self, timeout)
+        return super().exception(timeout)
+
 
 
 _SMALL_VARINTS = [bytes([i]) for i in range(128)]
@@ -150,6 +178,11 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
             client._sessions.add(self)
             self._call: Any = None
             self._send_lock = threading.Lock()
+            #: What the daemon sent, read by whichever thread holds `_read_lock` (the reader
+            #: thread, or a caller polling: `poll()`), and why the reading ended (`_read_end`).
+            self._read_lock = threading.Lock()
+            self._rbuf = bytearray()
+            self._read_end: Optional[Tuple[Optional[TcpxdError]]] = None
             self._why = None
             self._timer: Optional[threading.Timer] = None
             if timeout is not None:
@@ -179,7 +212,7 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
     def _submit(self, _fd: Optional[int] = None, **op: Any) -> _TaggedFuture:
         if self._closed:
             raise TcpxdError("the session is closed")
-        fut = cast("_TaggedFuture", concurrent.futures.Future())
+        fut = cast("_TaggedFuture", _SessionFuture(self) if self._conn is not None else concurrent.futures.Future())
         with self._lock:
             tag = next(self._tags)
             ended = self._ended
@@ -432,21 +465,110 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         self._end(err)
 
     def _read_local(self) -> None:
+        """The reader thread: waits (without the GIL) until the connection has something, then
+        reads what is there as `poll()` does; a caller polling may have read it first."""
         conn = self._conn
         assert conn is not None
-        err: Optional[TcpxdError] = None
-        try:
-            for ev in conn.events():
-                if ev.tag == 0 and ev.WhichOneof("event") == "refused":  # the daemon refused a frame
-                    err = from_status(ev.refused.code, ev.refused.message)
-                    break
-                self._dispatch(ev)
-        except TcpxdError as e:
-            err = e
-        except OSError as e:
-            err = Unavailable(f"local session with {self._client.endpoint}: {e}")
+        waiter = select.poll()
+        waiter.register(conn.sock.fileno(), select.POLLIN)
+        while self._read_end is None:
+            try:
+                waiter.poll()
+            except InterruptedError:
+                continue
+            with self._read_lock:
+                if self._read_end is None:
+                    self._drain()
         conn.shutdown()
-        self._end(local_end(err, self._why, self._closed, self._client.endpoint, self._timeout))
+        self._end(local_end(self._read_end[0], self._why, self._closed, self._client.endpoint, self._timeout))
+
+    def poll(self) -> None:
+        """Reads what the daemon has sent on this session, without blocking, and resolves the
+        futures it finishes in the calling thread (nothing when another thread is reading): a
+        caller polling a transfer learns it finished without waiting for the reader thread, which
+        would need the GIL the polling loop holds. gRPC sessions: nothing (their reader resolves)."""
+        lock = getattr(self, "_read_lock", None)
+        if lock is not None and self._read_end is None and lock.acquire(blocking=False):
+            try:
+                if self._read_end is None:
+                    self._drain()
+                    if self._read_end is not None:
+                        self._conn.shutdown()  # (the reader thread ends the session)
+            finally:
+                lock.release()
+
+    def _wait(self, fut: concurrent.futures.Future, timeout: Optional[float]) -> None:
+        """Waits until `fut` is done (or `timeout` passed), reading the connection in this thread
+        while no other thread is (the GIL released while it waits for the connection), else
+        waiting for the one that is."""
+        lock = self._read_lock
+        deadline = None if timeout is None else time.monotonic() + timeout
+        waiter: Optional[Any] = None
+        while not concurrent.futures.Future.done(fut) and self._read_end is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            if lock.acquire(blocking=False):
+                try:
+                    if self._read_end is None:
+                        self._drain()
+                    if concurrent.futures.Future.done(fut) or self._read_end is not None:
+                        if self._read_end is not None:
+                            self._conn.shutdown()  # (the reader thread ends the session)
+                        return
+                finally:
+                    lock.release()
+                if waiter is None:
+                    waiter = select.poll()
+                    waiter.register(self._conn.sock.fileno(), select.POLLIN)  # type: ignore[union-attr]
+                ms = 50 if left is None else max(0, min(50, int(left * 1000) + 1))
+                try:
+                    waiter.poll(ms)  # (bounded: the reader thread may take what arrives)
+                except InterruptedError:
+                    pass
+            else:  # the reader thread is reading: it resolves the future
+                concurrent.futures.wait([fut], timeout=0.001 if left is None else min(left, 0.001))
+
+    def _drain(self) -> None:
+        """Reads what the connection holds, without blocking, and dispatches each whole event in
+        order; sets `_read_end` at the connection's end or a refusal. Called under `_read_lock`."""
+        sock = self._conn.sock  # type: ignore[union-attr]
+        buf = self._rbuf
+        while True:
+            try:
+                got = sock.recv(1 << 16, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            except ConnectionResetError:
+                got = b""
+            except OSError as e:
+                self._read_end = (Unavailable(f"local session with {self._client.endpoint}: {e}"),)
+                return
+            if not got:
+                self._read_end = (None,)
+                break
+            buf += got
+            if len(got) < 1 << 16:
+                break
+        decode = _proto.message("SessionEvent").FromString
+        head = _local.HEADER.size
+        start = 0
+        try:
+            while len(buf) - start >= head:
+                end = start + head + _local.frame_length(buf[start : start + head])
+                if len(buf) < end:
+                    break
+                ev = decode(bytes(buf[start + head : end]))
+                start = end
+                if ev.tag == 0 and ev.WhichOneof("event") == "refused":  # the daemon refused a frame
+                    self._read_end = (from_status(ev.refused.code, ev.refused.message),)
+                    return
+                self._dispatch(ev)
+        except TcpxdError as e:  # (a frame over the limit: not this protocol)
+            self._read_end = (e,)
+        finally:
+            if start:
+                del buf[:start]
 
     def _abort(self, why: str) -> None:
         """Ends the connection: the daemon cancels what is in flight; the futures fail (`why`)."""

@@ -140,6 +140,8 @@ class nixl_agent:  # noqa: N801
         #: finds them cheaper than the ring's check and pack): `Lane.take`.
         self._outer_native = False
         self._remotes: Dict[str, _Remote] = {}
+        #: This agent as a loopback list's remote side (`_loopback`), with the table it was made on.
+        self._self_remote: Optional[Any] = None
         self._session: Any = None
         self.notifs: Dict[str, List[bytes]] = {}
         self._listener: Optional[_listen.Listener] = None
@@ -359,8 +361,21 @@ class nixl_agent:  # noqa: N801
         with self._lock:
             remote = self._remotes.get(name)
         if remote is None:
+            if name == self.name:
+                return self._loopback()
             raise nixlNotFoundError(f"{what}: no remote agent {name!r} (load its metadata with add_remote_agent first)")
         return remote
+
+    def _loopback(self) -> _Remote:
+        """This agent as the remote side of a loopback list (prep_xfer_dlist with its own name, as
+        NIXL's loopback): its own metadata, made again once its registrations changed. Its
+        transfers are between two buffers of this agent's daemon, which copies them."""
+        table = self._memory.table()
+        with self._lock:
+            lb = self._self_remote
+            if lb is None or lb[0] is not table:
+                lb = self._self_remote = (table, _Remote(self._metadata()))
+            return lb[1]
 
     def _peer(self, agent: AgentName, what: str) -> _Remote:
         """A remote agent this one can move data to: on another node, or on this agent's daemon
@@ -378,9 +393,8 @@ class nixl_agent:  # noqa: N801
         dl = parse(xfer_list, mem_type, False, "xfer_list")
         if name in (NIXL_INIT_AGENT, ""):
             prepped = _plan.prepare(self._memory.table(), dl.mem, dl.rows, "", f"agent {self.name!r}", "xfer_list")
-        elif name == self.name:
-            raise nixlNotSupportedError(
-                "agent_name: loopback transfers (within this agent's own node) are not carried by tcpxd; name a remote agent")
+        elif name == self.name:  # loopback: the remote side is this agent's own memory
+            prepped = _plan.prepare(self._loopback().table, dl.mem, dl.rows, name, f"agent {name!r} (loopback)", "xfer_list")
         else:
             remote = self._peer(name, "agent_name")
             prepped = _plan.prepare(remote.table, dl.mem, dl.rows, name, f"remote agent {name!r}", "xfer_list")
@@ -666,6 +680,9 @@ class nixl_agent:  # noqa: N801
         found gone."""
         xfer = handle._xfer if type(handle) is nixl_xfer_handle and handle._agent is self and not handle._released else self._live(handle)
         state = xfer.state
+        if state == "PROC":  # read what the daemon sent, here: no wait for the session's reader thread
+            xfer._session.poll()
+            return xfer.state
         if state == "INIT":
             raise nixlNotPostedError("handle: never posted (call transfer() first)")
         return state

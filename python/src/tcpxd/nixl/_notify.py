@@ -30,6 +30,11 @@ _LENS = struct.Struct(">HH")
 MAILBOX_BYTES = 4096
 #: How often a lost notification stream is asked for again.
 RESUBSCRIBE_S = 0.5
+#: How long a poll that finds nothing new waits for a notification, the GIL released (`take`).
+#: Notifications come on a gRPC stream, read by gRPC's thread and the inbox's: a loop polling
+#: get_new_notifs without a pause would hold the GIL they need until Python's switch interval
+#: (5 ms) each; a wait this long lets them run, and ends as soon as one is delivered.
+POLL_WAIT_S = 50e-6
 
 
 def frame(src: str, dst: str, msg: bytes) -> bytes:
@@ -60,6 +65,7 @@ class Inbox:
         self._client = client
         self._name = name
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
         self._new: Dict[str, List[bytes]] = {}
         self._closed = False
         self._sub = client.subscribe()
@@ -97,10 +103,15 @@ class Inbox:
             return
         with self._lock:
             self._new.setdefault(got[0], []).append(got[2])
+            self._arrived.notify_all()
 
     def take(self) -> Dict[str, List[bytes]]:
-        """What arrived since the last call, by initiator agent, in arrival order."""
+        """What arrived since the last call, by initiator agent, in arrival order. When nothing
+        has, waits up to POLL_WAIT_S for something, the GIL released (so a loop polling this
+        lets the threads that deliver notifications run)."""
         with self._lock:
+            if not self._new and not self._closed:
+                self._arrived.wait(POLL_WAIT_S)
             out, self._new = self._new, {}
         return out
 

@@ -116,7 +116,10 @@ class Xfer:
         if not start and self._t0:  # the wall clock now, less the post's age on the monotonic one
             start = self._start_us = time.time_ns() // 1000 - int((time.perf_counter() - self._t0) * 1e6)
         plan = self.plan
-        return nixlXferTelemetry(start, self._post_us, self._xfer_us, plan.total_bytes, plan.desc_count)
+        post, xfer = self._post_us, self._xfer_us
+        if xfer and post and xfer < post:  # done before transfer() returned: as NIXL, seen done once it had
+            xfer = post
+        return nixlXferTelemetry(start, post, xfer, plan.total_bytes, plan.desc_count)
 
     def _begin(self, session: Any, followup: Optional[Callable[[Any, Any], None]], parts: int,
                answered: Optional[Callable[[], None]]) -> List[_Part]:

@@ -1,0 +1,98 @@
+"""A caller polling learns completions itself (issue #39 point 4): `Session.poll()` and the NIXL
+agent's `check_xfer_state` read the session's connection in the calling thread, so a loop that
+never releases the GIL does not wait for the reader thread. The reader thread is held off here
+(its wait for the connection parked on an event), so every completion must be the poller's; the
+speed-up is measured by `python -m tcpxd.nixl_compare` (docs/NIXL.md)."""
+
+from __future__ import annotations
+
+import select
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+
+import tcpxd
+from tcpxd import _session
+from tcpxd.nixl import _plan, host_array, nixl_agent, nixl_agent_config
+
+
+class _ParkedPoll:
+    """select.poll() whose poll() in a session's reader thread waits for `release` (held off)."""
+
+    release = threading.Event()
+
+    def __init__(self) -> None:
+        self._real = select.poll()
+
+    def register(self, *a: object) -> None:
+        self._real.register(*a)  # type: ignore[arg-type]
+
+    def poll(self, *a: object) -> list:
+        if threading.current_thread().name == "tcpxd-session":
+            _ParkedPoll.release.wait()
+        return self._real.poll(*a)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def parked_readers(monkeypatch):
+    _ParkedPoll.release = threading.Event()
+    monkeypatch.setattr(_session, "select", types.SimpleNamespace(poll=_ParkedPoll, POLLIN=select.POLLIN))
+    yield
+    _ParkedPoll.release.set()
+
+
+def _spin_until(cond, poll, deadline_s: float = 30.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not cond():
+        poll()
+        assert time.monotonic() < deadline, "never finished"
+
+
+def test_session_poll_resolves_transfers_in_the_polling_thread(peered, parked_readers):
+    a, b = peered
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        src = ca.register_host(1 << 20)
+        src.numpy()[:] = np.arange(1 << 20, dtype=np.uint64).astype(np.uint8)
+        dst = cb.register_host(1 << 20)
+        s = ca.session()
+        assert s.path == "local session"
+        resolved_by = []
+        futs = [s.write(src, dst.descriptor, 4096 * (i + 1), local_offset=0) for i in range(8)]
+        for f in futs:
+            f.add_done_callback(lambda _f: resolved_by.append(threading.current_thread()))
+        _spin_until(lambda: all(f.done() for f in futs), s.poll)
+        assert all(f.result().bytes_done == 4096 * (i + 1) for i, f in enumerate(futs))
+        assert resolved_by == [threading.current_thread()] * 8  # none by the (parked) reader thread
+        assert bytes(dst.numpy()[: 8 * 4096]) == bytes(src.numpy()[: 8 * 4096])
+        # a thread waiting on a result reads the connection itself too
+        assert s.write(src, dst.descriptor, 1 << 20).result(timeout=30).bytes_done == 1 << 20
+        assert bytes(dst.numpy()) == bytes(src.numpy())
+        _ParkedPoll.release.set()
+        s.close()
+
+
+def test_check_xfer_state_learns_done_without_the_reader_thread(peered, parked_readers):
+    a, b = peered
+    n = 1 << 16
+    m1, m2 = host_array(n), host_array(n)
+    m1[:] = np.random.default_rng(3).integers(0, 256, n, dtype=np.uint8)
+    with nixl_agent("poll-1", nixl_agent_config(endpoint=a.endpoint)) as one, \
+            nixl_agent("poll-2", nixl_agent_config(endpoint=b.endpoint)) as two:
+        one.register_memory([(m1.ctypes.data, n, 0, "")], "DRAM")
+        two.register_memory([(m2.ctypes.data, n, 0, "")], "DRAM")
+        one.add_remote_agent(two.get_agent_metadata())
+        local = one.prep_xfer_dlist("NIXL_INIT_AGENT", [(m1.ctypes.data + i * 4096, 4096, 0) for i in range(16)], "DRAM")
+        remote = one.prep_xfer_dlist("poll-2", [(m2.ctypes.data + i * 4096, 4096, 0) for i in range(16)], "DRAM")
+        for k in range(3):  # the prepared path, and again on its lane
+            h = one.make_prepped_xfer("WRITE", local, list(range(16)), remote, list(range(16))[::-1], b"w%d" % k)
+            assert type(h._xfer.plan) is _plan.Prepared  # the lists were prepared in the daemon: answers waited here
+            assert one.transfer(h) == "PROC"
+            _spin_until(lambda: one.check_xfer_state(h) != "PROC", lambda: None)
+            assert one.check_xfer_state(h) == "DONE", h.error
+            one.release_xfer_handle(h)
+        got = np.frombuffer(bytes(m2), dtype=np.uint8).reshape(16, 4096)
+        assert (got[::-1] == m1.reshape(16, 4096)).all()
+        _ParkedPoll.release.set()
