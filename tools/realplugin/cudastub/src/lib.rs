@@ -509,7 +509,8 @@ pub struct CUipcMemHandle {
     pub reserved: [c_char; 64],
 }
 
-// The GPU data path: dma-buf export, IPC import, virtual memory management. Not over host memory.
+// The GPU data path: dma-buf export and IPC import. Not over host memory. (The virtual memory
+// management calls, over mmap of a shared file, are in vmm.rs.)
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemGetHandleForAddressRange(
     _handle: *mut c_void,
@@ -527,62 +528,6 @@ pub extern "C" fn cuIpcOpenMemHandle_v2(
     _handle: CUipcMemHandle,
     _flags: c_uint,
 ) -> CUresult {
-    CUDA_ERROR_NOT_SUPPORTED
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemImportFromShareableHandle(
-    _handle: *mut c_ulonglong,
-    _os: *mut c_void,
-    _kind: c_int,
-) -> CUresult {
-    CUDA_ERROR_NOT_SUPPORTED
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemAddressReserve(
-    _ptr: *mut CUdeviceptr,
-    _size: usize,
-    _align: usize,
-    _addr: CUdeviceptr,
-    _flags: c_ulonglong,
-) -> CUresult {
-    CUDA_ERROR_NOT_SUPPORTED
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemMap(
-    _ptr: CUdeviceptr,
-    _size: usize,
-    _offset: usize,
-    _handle: c_ulonglong,
-    _flags: c_ulonglong,
-) -> CUresult {
-    CUDA_ERROR_NOT_SUPPORTED
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemSetAccess(
-    _ptr: CUdeviceptr,
-    _size: usize,
-    _desc: *const c_void,
-    _count: usize,
-) -> CUresult {
-    CUDA_ERROR_NOT_SUPPORTED
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemUnmap(_ptr: CUdeviceptr, _size: usize) -> CUresult {
-    CUDA_ERROR_NOT_SUPPORTED
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemRelease(_handle: c_ulonglong) -> CUresult {
-    CUDA_ERROR_NOT_SUPPORTED
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemAddressFree(_ptr: CUdeviceptr, _size: usize) -> CUresult {
     CUDA_ERROR_NOT_SUPPORTED
 }
 
@@ -733,7 +678,9 @@ pub extern "C" fn cudaGetLastError() -> CudaError {
 }
 
 mod datapath;
+mod vmm;
 pub use datapath::*;
+pub use vmm::*;
 
 #[cfg(test)]
 mod tests;

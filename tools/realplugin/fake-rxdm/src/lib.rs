@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use prost::Message;
 
 pub mod a3vm;
+pub mod gpumem;
 pub use a3vm::{Binding, Filing};
 
 /// The flow-steering sockets and the registry, as the plugin names them.
@@ -266,6 +267,8 @@ pub struct FakeRxdm {
     prefix: PathBuf,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    /// `a3vm` mode: each GPU's receive memory (`get_gpu_fd_<pci>`, `get_gpu_metadata_<pci>`).
+    gpumem: Option<gpumem::GpuMemServer>,
 }
 
 impl FakeRxdm {
@@ -293,6 +296,13 @@ impl FakeRxdm {
         on_request: Option<OnRequest>,
     ) -> std::io::Result<FakeRxdm> {
         std::fs::create_dir_all(prefix)?;
+        let gpumem = match &binding {
+            Some(b) => {
+                let gpus: Vec<String> = b.gpu_to_nic.iter().map(|(g, _)| g.clone()).collect();
+                Some(gpumem::GpuMemServer::start(prefix, &gpus)?)
+            }
+            None => None,
+        };
         let shared = Arc::new(Shared {
             requests: Mutex::new(Vec::new()),
             arrived: Condvar::new(),
@@ -313,6 +323,7 @@ impl FakeRxdm {
             prefix: prefix.to_path_buf(),
             shared,
             threads,
+            gpumem,
         })
     }
 
@@ -372,6 +383,9 @@ impl FakeRxdm {
         }
         for t in self.threads.drain(..) {
             let _ = t.join();
+        }
+        if let Some(g) = &mut self.gpumem {
+            g.stop();
         }
     }
 }

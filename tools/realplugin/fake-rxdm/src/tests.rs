@@ -209,3 +209,60 @@ fn a3vm_mode_files_under_the_named_gpus_nic_and_records_the_mismatch() {
     assert!(reqs[0].filing.as_ref().unwrap().matches());
     assert!(!reqs[1].filing.as_ref().unwrap().matches());
 }
+
+#[test]
+fn a3vm_mode_serves_each_gpus_receive_memory_as_rxdm_does() {
+    use std::os::fd::AsRawFd;
+    let dir = tmp("gpumem");
+    let rxdm = FakeRxdm::start_bound(&dir, Answer::Ok, Some(Binding::a3vm(Vec::new())), None).unwrap();
+    let ask_raw = |name: &str| {
+        let mut s = UnixStream::connect(dir.join(name)).unwrap();
+        s.write_all(&frame(&UnixSocketProto {
+            payload: Some(Payload::RawBytes(b"0000:8a:00.0".to_vec())),
+        }))
+        .unwrap();
+        s
+    };
+    // The fd: one byte with SCM_RIGHTS.
+    let s = ask_raw("get_gpu_fd_0000:8a:00.0");
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut control = [0u64; 8];
+    // SAFETY: a zeroed msghdr over stack buffers alive for the call; the received fd is closed below.
+    let fd = unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&control);
+        assert_eq!(libc::recvmsg(s.as_raw_fd(), &mut msg, 0), 1);
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        assert!(!cmsg.is_null());
+        assert_eq!((*cmsg).cmsg_type, libc::SCM_RIGHTS);
+        std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>())
+    };
+    // SAFETY: fstat of the fd we were sent, then closed once.
+    let size = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        assert_eq!(libc::fstat(fd, &mut st), 0);
+        libc::close(fd);
+        st.st_size as usize
+    };
+    assert_eq!(size, gpumem::GPU_MEM_BYTES);
+    // The metadata: {fd, size, align} as raw bytes.
+    let mut s = ask_raw("get_gpu_metadata_0000:8a:00.0");
+    let body = read_frame(&mut s).unwrap().unwrap();
+    let m = UnixSocketProto::decode(body.as_slice()).unwrap();
+    assert_eq!(
+        m.payload,
+        Some(Payload::RawBytes(gpumem::metadata_bytes(
+            gpumem::GPU_MEM_BYTES,
+            gpumem::GPU_MEM_ALIGN
+        )))
+    );
+    rxdm.stop();
+    assert!(!dir.join("get_gpu_fd_0000:8a:00.0").exists());
+}

@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Two A3-shaped nodes on one machine, on Google's real TCPX plugin (issue #37): two network
+# namespaces joined by five veth pairs (eth0 control, eth1..eth4 data, each pair its own subnet,
+# 10.100.K.1 on node a and 10.100.K.2 on node b), in each a fake RxDM in RxDM's `a3vm` mode
+# (tools/realplugin/fake-rxdm: every flow-steering rule filed under the NIC serving the GPU it
+# names, and recorded with whether that NIC is the one the flow's destination address belongs
+# to), and a tcpxd on the plugin built by build.sh with the CUDA stand-in presenting A3's eight
+# GPUs (their real PCI bus ids). The daemons pair, move host memory both ways byte-checked, and
+# (--gpu-pairs) try a WRITE from every GPU of a to its counterpart on b; then the script prints
+# each node's rules, how many were filed under another NIC than the one their flow arrives on
+# (mismatches: on A3 each of those comms' first CUDA receive kills the process, "rx no cmsg"),
+# and the daemons' per-lane statistics.
+#
+#   sudo tools/realplugin/a3pair.sh [--out DIR] [--bin DIR] [--size SIZE] [--gpu-pairs] [--keep]
+#
+#   --out DIR   build.sh's output folder (default target/realplugin; env REALPLUGIN_OUT)
+#   --bin DIR   where tcpxd, tcpxctl and tcpxd-fake-rxdm are (default target/release, else
+#               target/debug)
+#   --size      bytes per host transfer (default 64M)
+#   --gpu-pairs also WRITE CUDA buffers GPU i (a) -> GPU i (b) for i = 0..7 (the real plugin needs
+#               devmem-tcp and dma-bufs for CUDA memory, which the stand-in cannot give: expect
+#               failures that say so; the rules are made at accept, whatever the buffers)
+#   --keep      keep the work folder (logs, sockets) and print it
+#
+# Needs root (ip netns), iproute2, and the plugin from build.sh. Everything it makes (namespaces,
+# veths, processes) goes when it exits. Exit status 0 only when every transfer was byte-exact and
+# no rule was mismatched.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+out="${REALPLUGIN_OUT:-$repo/target/realplugin}"
+bin=""
+size="64M"
+gpu_pairs=0
+keep=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out="$2"; shift 2 ;;
+    --bin) bin="$2"; shift 2 ;;
+    --size) size="$2"; shift 2 ;;
+    --gpu-pairs) gpu_pairs=1; shift ;;
+    --keep) keep=1; shift ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    *) echo "a3pair.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+die() { echo "a3pair.sh: $*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || die "needs root (network namespaces)"
+plugin="$out/lib/libnccl-net.so"
+[ -f "$plugin" ] || die "$plugin not found: build it with tools/realplugin/build.sh"
+if [ -z "$bin" ]; then
+  if [ -x "$repo/target/release/tcpxd" ]; then bin="$repo/target/release"; else bin="$repo/target/debug"; fi
+fi
+for b in tcpxd tcpxctl tcpxd-fake-rxdm; do
+  [ -x "$bin/$b" ] || die "$bin/$b not found: cargo build --release (-p tcpxd-fake-rxdm for the fake)"
+done
+
+tag="$$"
+ns_a="tcpxa3a-$tag" ns_b="tcpxa3b-$tag"
+work="$(mktemp -d "${TMPDIR:-/tmp}/tcpxd-a3pair.XXXXXX")"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  ip netns del "$ns_a" 2>/dev/null || true
+  ip netns del "$ns_b" 2>/dev/null || true
+  if [ "$keep" = 1 ]; then echo "a3pair.sh: work folder kept: $work" >&2; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+
+# The two nodes and their five links.
+ip netns add "$ns_a"
+ip netns add "$ns_b"
+for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
+for k in 0 1 2 3 4; do
+  ip link add "ta$k-$tag" type veth peer name "tb$k-$tag"
+  ip link set "ta$k-$tag" netns "$ns_a"
+  ip link set "tb$k-$tag" netns "$ns_b"
+  ip -n "$ns_a" link set "ta$k-$tag" name "eth$k"
+  ip -n "$ns_b" link set "tb$k-$tag" name "eth$k"
+  ip -n "$ns_a" addr add "10.100.$k.1/24" dev "eth$k"
+  ip -n "$ns_b" addr add "10.100.$k.2/24" dev "eth$k"
+  ip -n "$ns_a" link set "eth$k" up
+  ip -n "$ns_b" link set "eth$k" up
+done
+
+start_node() { # name ns host-octet
+  local name="$1" ns="$2" n="$3"
+  mkdir -p "$work/$name"
+  ip netns exec "$ns" "$bin/tcpxd-fake-rxdm" --prefix "$work/$name/rxdm" --log "$work/$name/rules.log" \
+    --gpu-nic-preset a3vm >/dev/null 2>"$work/$name/rxdm.err" &
+  pids+=($!)
+  for _ in $(seq 100); do [ -S "$work/$name/rxdm/rx_rule_uninstall" ] && break; sleep 0.05; done
+  [ -S "$work/$name/rxdm/rx_rule_uninstall" ] || die "node $name: the fake RxDM did not start ($(cat "$work/$name/rxdm.err"))"
+  ip netns exec "$ns" env \
+    LD_LIBRARY_PATH="$out/lib" \
+    NCCL_GPUDIRECTTCPX_SOCKET_IFNAME=eth1,eth2,eth3,eth4 \
+    NCCL_GPUDIRECTTCPX_CTRL_DEV=eth0 \
+    NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX="$work/$name/rxdm" \
+    NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS=1000 \
+    TCPXD_CUDASTUB_DEVICES=8 \
+    TCPXD_CUDASTUB_CURRENT_DEVICE="${A3PAIR_CURRENT_DEVICE:-1}" \
+    NCCL_TCPX_RXMEM_IMPORT_SKIP_ODDS=1 \
+    NCCL_DYNAMIC_CHUNK_SIZE=524288 \
+    NCCL_PAT_ENABLE=0 \
+    RUST_LOG="${RUST_LOG:-info}" \
+    "$bin/tcpxd" --node-id "a3$name" --plugin "$plugin" --api-socket "$work/$name/api.sock" \
+    --peer-listen "10.100.0.$n:0" --ready-file "$work/$name/ready.json" 2>"$work/$name/tcpxd.log" &
+  pids+=($!)
+}
+start_node a "$ns_a" 1
+start_node b "$ns_b" 2
+A="unix:$work/a/api.sock" B="unix:$work/b/api.sock"
+ctl() { "$bin/tcpxctl" "$@"; }
+crc() { "$bin/tcpxctl" --endpoint "$1" buffer checksum "$2" --json | sed -nE 's/.*"crc32c": *"([0-9a-f]+)".*/\1/p'; }
+ctl --endpoint "$A" health --wait 60 >/dev/null || die "node a did not serve (see $work/a/tcpxd.log; --keep)"
+ctl --endpoint "$B" health --wait 60 >/dev/null || die "node b did not serve (see $work/b/tcpxd.log; --keep)"
+ctl --endpoint "$A" describe
+
+failed=0
+# Host memory both ways, byte-checked by checksum.
+src=$(ctl --endpoint "$A" buffer register --host "$size" --label src --quiet)
+src_id=${src#*:*:}; src_id=${src_id%%:*}
+ctl --endpoint "$A" buffer fill "$src_id" --seed 37 >/dev/null
+dst=$(ctl --endpoint "$B" buffer register --host "$size" --label dst --quiet)
+dst_id=${dst#*:*:}; dst_id=${dst_id%%:*}
+if ctl --endpoint "$A" write --local "$src_id" --remote "$dst" --length "$size"; then
+  ca=$(crc "$A" "$src_id")
+  cb=$(crc "$B" "$dst_id")
+  if [ -n "$ca" ] && [ "$ca" = "$cb" ]; then echo "host WRITE a -> b: byte-exact ($ca)"; else echo "host WRITE a -> b: checksums differ ($ca / $cb)"; failed=1; fi
+else
+  echo "host WRITE a -> b failed"; failed=1
+fi
+back=$(ctl --endpoint "$A" buffer register --host "$size" --label back --quiet)
+back_id=${back#*:*:}; back_id=${back_id%%:*}
+if ctl --endpoint "$A" read --local "$back_id" --remote "$dst" --length "$size"; then
+  cc=$(crc "$A" "$back_id")
+  if [ "$cc" = "${ca:-}" ]; then echo "host READ b -> a: byte-exact"; else echo "host READ b -> a: checksum differs"; failed=1; fi
+else
+  echo "host READ b -> a failed"; failed=1
+fi
+
+if [ "$gpu_pairs" = 1 ]; then
+  for g in 0 1 2 3 4 5 6 7; do
+    gs=$(ctl --endpoint "$A" buffer register --cuda "$g" 4M --label "gpu$g" --quiet 2>&1) || { echo "GPU $g (a): $gs"; failed=1; continue; }
+    gs_id=${gs#*:*:}; gs_id=${gs_id%%:*}
+    ctl --endpoint "$A" buffer fill "$gs_id" --seed "$g" >/dev/null
+    gd=$(ctl --endpoint "$B" buffer register --cuda "$g" 4M --label "gpu$g" --quiet 2>&1) || { echo "GPU $g (b): $gd"; failed=1; continue; }
+    if r=$(ctl --endpoint "$A" write --local "$gs_id" --remote "$gd" --length 4M 2>&1); then
+      echo "GPU $g a -> GPU $g b: $r"
+    else
+      echo "GPU $g a -> GPU $g b failed: $r"; failed=1
+    fi
+  done
+fi
+
+echo "== node a stats"; ctl --endpoint "$A" stats || true
+echo "== node b stats"; ctl --endpoint "$B" stats || true
+# Daemons first (SIGTERM, 40 s, then SIGKILL: seen 2026-11-29, a daemon on the real plugin whose
+# peer stopped at the same moment spun in its drain for minutes), then the fake RxDMs, whose
+# exit summaries count the rules.
+for i in 1 3; do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
+for i in 1 3; do
+  for _ in $(seq 400); do kill -0 "${pids[$i]}" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "${pids[$i]}" 2>/dev/null; then
+    echo "a3pair.sh: tcpxd pid ${pids[$i]} still running 40 s after SIGTERM: killed"
+    kill -KILL "${pids[$i]}" 2>/dev/null || true
+  fi
+done
+for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+pids=()
+for name in a b; do tail -2 "$work/$name/rxdm.err" | sed "s/^/node $name: /"; done
+mism=0
+for name in a b; do
+  log="$work/$name/rules.log"
+  total=$(grep -c '^install' "$log" 2>/dev/null || true)
+  bad=$(grep -c 'MISMATCH' "$log" 2>/dev/null || true)
+  echo "== node $name: ${total:-0} rules installed, ${bad:-0} filed under another NIC than their flow's"
+  grep '^install' "$log" 2>/dev/null | sed -E 's/([0-9]+\.[0-9]+\.[0-9]+\.[0-9]+):[0-9]+/\1/g' | sort | uniq -c | sort -rn | head -20 || true
+  mism=$((mism + ${bad:-0}))
+done
+[ "$mism" = 0 ] || failed=1
+echo "a3pair.sh: $mism mismatched rules; transfers $([ "$failed" = 0 ] && echo ok || echo 'NOT all ok')"
+exit "$failed"
