@@ -98,7 +98,7 @@ pub fn discover(plugin: &Plugin, devices: &[i32], spec: &MapSpec) -> Result<Topo
 }
 
 /// Makes GPU `gpu` current on this thread before the plugin opens a comm (listen, each connect
-/// and accept call); `None` leaves the thread as it is (no GPU serves that NIC, or none at all).
+/// and accept call); `None` (a node without GPUs) leaves the thread as it is.
 pub fn make_current(gpu: Option<u32>) -> Result<(), String> {
     let Some(g) = gpu else { return Ok(()) };
     crate::gpu::shared(g as usize)

@@ -155,9 +155,19 @@ impl Topology {
     }
 
     /// The GPU to make current when opening a comm on a NIC (position) for host memory: the
-    /// first GPU it serves; `None` when it serves none (no GPUs, or more NICs than GPUs).
+    /// first GPU it serves. A NIC the map gives no GPU (more NICs than GPUs) still gets one, so
+    /// that what is current is never left to chance: of n GPUs over D NICs, NIC j gets the GPU
+    /// at position ⌈(j + 1) × n / D⌉ − 1 (the emulation's default map gives NIC j that GPU).
+    /// `None` only without GPUs.
     pub fn listen_gpu(&self, nic: usize) -> Option<u32> {
-        self.gpus_served(nic).first().copied()
+        if let Some(&g) = self.gpus_served(nic).first() {
+            return Some(g);
+        }
+        let (n, d) = (self.gpus.len(), self.nics.len());
+        if n == 0 || nic >= d {
+            return None;
+        }
+        Some(self.gpus[((nic + 1) * n).div_ceil(d) - 1].ordinal)
     }
 
     /// Where this map contradicts what RxDM serves (`served`: GPU PCI bus id → the NIC name

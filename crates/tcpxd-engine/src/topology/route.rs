@@ -30,7 +30,8 @@ pub struct Route {
 }
 
 /// The ends memory may use on a node: a GPU's own NICs under that GPU; for host memory every
-/// NIC, under the first GPU it serves. Empty for a GPU the node does not have.
+/// NIC, under the first GPU it serves (`Topology::listen_gpu`). Empty for a GPU the node does
+/// not have.
 fn ends(topo: &Topology, mem: Memory) -> Vec<Endpoint> {
     match mem {
         Memory::Gpu(g) => topo

@@ -86,7 +86,9 @@ fn without_pci_places_gpus_are_spread_evenly() {
     let two: Vec<GpuInfo> = a3_gpus(false).into_iter().take(2).collect();
     let t = Topology::build(two, a3_nics(ETH, false), &MapSpec::Pci).unwrap();
     assert_eq!(pairs(&t), [(0, vec!["eth1"]), (1, vec!["eth3"])]);
-    assert_eq!(t.listen_gpu(1), None);
+    // NICs 1 and 3 serve none: opened under GPU ⌈(j + 1) × 2 / 4⌉ − 1, as the emulation's map.
+    assert_eq!((t.listen_gpu(1), t.listen_gpu(3)), (Some(0), Some(1)));
+    assert!(t.gpus_served(1).is_empty());
     // Five GPUs over two NICs: 0,1,2 -> NIC 0; 3,4 -> NIC 1.
     let five: Vec<GpuInfo> = a3_gpus(false).into_iter().take(5).collect();
     let nics: Vec<NicInfo> = a3_nics(ETH, false).into_iter().take(2).collect();

@@ -16,11 +16,17 @@ const MIB: u64 = 1 << 20;
 
 /// The stand-in's eight GPUs and four emulated NICs, for a daemon process.
 fn a3_env() -> Vec<(String, String)> {
-    let mut env = tcpxd_testkit::cudastub::child_env(8);
+    gpus_over_four_nics(8)
+}
+
+/// `gpus` stand-in GPUs and four emulated NICs.
+fn gpus_over_four_nics(gpus: usize) -> Vec<(String, String)> {
+    let mut env = tcpxd_testkit::cudastub::child_env(gpus);
     env.push(("TCPXEMU_DEVICES".into(), "4".into()));
     // The emulation's verdict on each comm ("… under GPU g: served by this NIC" or "NOT served")
-    // is an INFO line of the plugin's.
-    env.push(("RUST_LOG".into(), "error,tcpxd::plugin=info".into()));
+    // is an INFO line of the plugin's, which the daemon logs at debug (each call site's first 10
+    // lines per 10 s, then a summary naming the last: crate::net::log_limit).
+    env.push(("RUST_LOG".into(), "error,tcpxd::plugin=debug".into()));
     env
 }
 
@@ -119,6 +125,62 @@ async fn every_lane_is_opened_under_a_gpu_its_nic_serves() {
             per_nic.iter().all(|&b| b > 0),
             "{name}: bytes per NIC {per_nic:?}"
         );
+    }
+    // The emulation, which takes a comm's GPU from the CUDA context current at listen / connect
+    // as Google's plugin does, found every comm of both daemons under a GPU its NIC serves (under
+    // whatever GPU happened to be current, three NICs of four would not be).
+    for d in [&a, &b] {
+        assert_every_comm_served(d, 10);
+    }
+}
+
+/// The emulation's verdicts on the daemon's comms were logged (at least `at_least` lines: the
+/// log's limit per call site) and none said "NOT served" (its own call site, whose first line
+/// is always logged).
+fn assert_every_comm_served(d: &procs::ProcDaemon, at_least: usize) {
+    let log = d.log();
+    let served = log.matches("served by this NIC").count();
+    assert!(served >= at_least, "{}: {served} comms judged\n{log}", d.node);
+    assert!(!log.contains("NOT served"), "{}: {log}", d.node);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_more_nics_than_gpus_every_nic_is_opened_under_a_gpu_it_serves() {
+    tcpxd::logging::init("error");
+    if test_plugin_file().is_some() {
+        return;
+    }
+    // Two GPUs over four NICs: the map gives GPU 0 NIC 0 and GPU 1 NIC 2; NICs 1 and 3 carry
+    // host memory only, opened under GPU 0 and GPU 1, as the emulation's default map serves them.
+    let env = gpus_over_four_nics(2);
+    let a = procs::spawn("topo-few-a", 0, "", &refs(&env)).await;
+    let b = procs::spawn("topo-few-b", 0, "", &refs(&env)).await;
+    let mut ac = a.client().await;
+    let mut bc = b.client().await;
+    let n = describe(&mut ac).await;
+    let map: Vec<Vec<i32>> = n.gpu_nics.iter().map(|m| m.nic_devices.clone()).collect();
+    assert_eq!(map, [vec![0], vec![2]]);
+    let src = host_buffer(&mut ac, 4 * MIB, "src").await;
+    let dst = host_buffer(&mut bc, 4 * MIB, "dst").await;
+    fill_seed(&mut ac, src.id, 0, 0, 3).await;
+    let id = write(&mut ac, write_entry(&src, 0, &dst, 0, 4 * MIB), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut ac, id).await;
+    assert_eq!(
+        crc(&mut bc, dst.id, 0, 4 * MIB).await,
+        crc(&mut ac, src.id, 0, 4 * MIB).await
+    );
+    let s = ac.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
+    let gpus: Vec<(i32, i32)> = s.peers[0]
+        .lanes
+        .iter()
+        .take(4)
+        .map(|l| (l.device, l.recv_gpu))
+        .collect();
+    assert_eq!(gpus, [(0, 0), (1, 0), (2, 1), (3, 1)]);
+    for d in [&a, &b] {
+        assert_every_comm_served(d, 10);
     }
 }
 
