@@ -146,6 +146,15 @@ pub(crate) struct Piece {
     len: u64,
 }
 
+impl Piece {
+    /// Whether source and destination share bytes (one buffer copied within itself).
+    fn overlaps(&self) -> bool {
+        self.src.id == self.dst.id
+            && self.src_off < self.dst_off + self.len
+            && self.dst_off < self.src_off + self.len
+    }
+}
+
 /// A checked same-node transfer, ready to copy.
 pub(crate) struct Copy {
     op: Op,
@@ -248,15 +257,14 @@ impl DaemonState {
                 }
             }
             total = total.saturating_add(e.length);
-            pieces.push(piece(
-                op,
-                i,
-                local,
-                e.local_offset,
-                theirs,
-                e.remote_offset,
-                e.length,
-            ));
+            let p = piece(op, i, local, e.local_offset, theirs, e.remote_offset, e.length);
+            if p.overlaps() {
+                return Err(Status::invalid_argument(format!(
+                    "entries[{i}].remote_offset: the range overlaps entries[{i}].local_offset's in the same buffer {}",
+                    p.src.id
+                )));
+            }
+            pieces.push(p);
         }
         Ok(Copy {
             op,
@@ -351,6 +359,19 @@ impl DaemonState {
         };
         let mut pieces = Vec::with_capacity(plan.pieces.len());
         for p in &plan.pieces {
+            if p.local_buffer == p.remote_buffer
+                && p.local_offset < p.remote_offset + p.len
+                && p.remote_offset < p.local_offset + p.len
+            {
+                return Err(Status::invalid_argument(format!(
+                    "remote_indices: a pair's source and destination overlap in buffer {} (bytes {}..{} and {}..{})",
+                    p.local_buffer,
+                    p.local_offset,
+                    p.local_offset + p.len,
+                    p.remote_offset,
+                    p.remote_offset + p.len
+                )));
+            }
             pieces.push(piece(
                 op,
                 0,

@@ -356,6 +356,17 @@ async fn bad_same_node_entries_are_refused_naming_the_field() {
         Code::PermissionDenied,
         "entries[0].remote_descriptor: wrong access key",
     );
+    // A buffer copied onto itself: overlapping ranges are refused, disjoint ones copied.
+    expect(
+        write(a, write_entry(&src, 0, &src, 100, 200), b"").await,
+        Code::InvalidArgument,
+        "entries[0].remote_offset: the range overlaps",
+    );
+    let id = write(a, write_entry(&src, 0, &src, 4096, 4096), b"")
+        .await
+        .unwrap();
+    wait_ok(a, id).await;
+    assert_eq!(crc(a, src.id, 0, 4096).await, crc(a, src.id, 4096, 4096).await);
     // One batch cannot go both within this node and to another.
     let mixed = a
         .write_batch(pb::WriteBatchRequest {
@@ -382,9 +393,10 @@ async fn bad_same_node_entries_are_refused_naming_the_field() {
         Code::NotFound,
         "entries[0].remote_descriptor: buffer",
     );
-    // Nothing was started.
+    // Nothing was started but the one good copy.
     let s = a.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
-    assert!(s.transfer_totals.is_empty(), "{:?}", s.transfer_totals);
+    assert_eq!(s.transfer_totals.len(), 1, "{:?}", s.transfer_totals);
+    assert_eq!(s.transfer_totals[0].transfers, 1, "{:?}", s.transfer_totals);
     other.stop().await;
     d.stop().await;
 }
