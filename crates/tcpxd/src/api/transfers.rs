@@ -25,17 +25,8 @@ impl DaemonState {
         length: u64,
         last: &mut Option<(&'d str, Descriptor, engine::PeerIdx)>,
     ) -> Result<(engine::PeerIdx, RemoteRange), Status> {
-        let field = || format!("entries[{i}].remote_descriptor");
         if last.as_ref().is_none_or(|(s, _, _)| *s != descriptor) {
-            let d = Descriptor::parse(&field(), descriptor).map_err(status)?;
-            if d.node_id == self.node_id {
-                return Err(Status::invalid_argument(format!(
-                    "{}: names a buffer of this node ({}); transfers go between nodes",
-                    field(),
-                    self.node_id
-                )));
-            }
-            let peer = self.peer_of(&field(), &d.node_id)?;
+            let (peer, d) = self.remote_buffer(&format!("entries[{i}].remote_descriptor"), descriptor)?;
             *last = Some((descriptor, d, peer));
         }
         let (_, d, peer) = last.as_ref().expect("just set");
@@ -60,6 +51,23 @@ impl DaemonState {
                 length,
             },
         ))
+    }
+
+    /// The remote buffer a descriptor (the field `field`) names, and the pairing with its node.
+    pub(crate) fn remote_buffer(
+        &self,
+        field: &str,
+        descriptor: &str,
+    ) -> Result<(engine::PeerIdx, Descriptor), Status> {
+        let d = Descriptor::parse(field, descriptor).map_err(status)?;
+        if d.node_id == self.node_id {
+            return Err(Status::invalid_argument(format!(
+                "{field}: names a buffer of this node ({}); transfers go between nodes",
+                self.node_id
+            )));
+        }
+        let peer = self.peer_of(field, &d.node_id)?;
+        Ok((peer, d))
     }
 
     /// The pairing with `node`, which `field` names: NOT_FOUND when there is none (a descriptor
@@ -120,9 +128,20 @@ impl DaemonState {
         deadline: Instant,
     ) -> Result<Started, Status> {
         tracing::trace!(target: "tcpxd::hop", hop = "api.in");
-        self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
-            .await?;
-        let (specs, total) = self.entry_specs(r.entries.iter().map(EntryFields::from))?;
+        let one_status = r.ranges.is_some();
+        let (specs, total) = match &r.ranges {
+            Some(ranges) => {
+                only_ranges(r.entries.is_empty())?;
+                self.reach_peers(std::iter::once(ranges.remote_descriptor.as_str()), deadline)
+                    .await?;
+                self.range_specs(ranges)?
+            }
+            None => {
+                self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
+                    .await?;
+                self.entry_specs(r.entries.iter().map(EntryFields::from))?
+            }
+        };
         if !r.ready_event_ipc_handle.is_empty() {
             self.wait_ready_event(
                 &r.ready_event_ipc_handle,
@@ -136,6 +155,7 @@ impl DaemonState {
                 specs,
                 notification: r.notification,
                 deadline,
+                one_status,
                 reply,
             })
             .await?
@@ -150,13 +170,25 @@ impl DaemonState {
         deadline: Instant,
     ) -> Result<Started, Status> {
         tracing::trace!(target: "tcpxd::hop", hop = "api.in");
-        self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
-            .await?;
-        let (specs, total) = self.entry_specs(r.entries.iter().map(EntryFields::from))?;
+        let one_status = r.ranges.is_some();
+        let (specs, total) = match &r.ranges {
+            Some(ranges) => {
+                only_ranges(r.entries.is_empty())?;
+                self.reach_peers(std::iter::once(ranges.remote_descriptor.as_str()), deadline)
+                    .await?;
+                self.range_specs(ranges)?
+            }
+            None => {
+                self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
+                    .await?;
+                self.entry_specs(r.entries.iter().map(EntryFields::from))?
+            }
+        };
         let (id, rx) = self
             .ask(|reply| Command::Read {
                 specs,
                 deadline,
+                one_status,
                 reply,
             })
             .await?
@@ -331,6 +363,17 @@ pub(crate) fn event(id: u64, s: &TransferStatus) -> pb::TransferEvent {
     }
 }
 
+/// A batch gives `entries` or `ranges`, not both.
+fn only_ranges(no_entries: bool) -> Result<(), Status> {
+    if no_entries {
+        Ok(())
+    } else {
+        Err(Status::invalid_argument(
+            "ranges: give entries or ranges, not both",
+        ))
+    }
+}
+
 fn local_buffer_field(i: usize) -> String {
     format!("entries[{i}].local_buffer_id")
 }
@@ -470,6 +513,7 @@ pub(crate) fn write_batch(r: pb::WriteRequest) -> Result<pb::WriteBatchRequest, 
         timeout_ms: r.timeout_ms,
         ready_event_ipc_handle: r.ready_event_ipc_handle,
         wait: r.wait,
+        ranges: None,
     })
 }
 
@@ -482,5 +526,6 @@ pub(crate) fn read_batch(r: pb::ReadRequest) -> Result<pb::ReadBatchRequest, Sta
         entries: vec![entry],
         timeout_ms: r.timeout_ms,
         wait: r.wait,
+        ranges: None,
     })
 }
