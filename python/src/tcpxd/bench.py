@@ -22,8 +22,8 @@ With --batch as well (N at most 65,536) it measures, alternating transfer by tra
 transfer, the block transfer, and the same pairs as `Client.write_batch` / `read_batch` of WriteOps
 / ReadOps with offsets (one buffer pair, as a user without block lists writes scattered KV blocks)
 in both request forms: packed ranges (what the package sends) and one entry message each (what it
-sent before); `--read` for READs. Per kind: the time to make the ops (the user's code, a garbage
-collection included, not in the latency), the request's build time, posting time, latency from the
+sent before); `--read` for READs. Per kind: the time to make the ops (the user's code, after a
+garbage collection outside every timing; not in the latency), the request's build time, posting time, latency from the
 build, GB/s; then batch / blocks and batch / contiguous (issue 38, point 4).
 """
 
@@ -263,6 +263,9 @@ def batch_round(a: Client, b: Client, n: int, bs: int, iters: int, seed: int, re
         with a.register_blocks(mine, block_size=bs) as ml, b.register_blocks(theirs, block_size=bs) as tl:
             for k in range(iters + 1):  # the first is a warm-up
                 for kind in kinds:
+                    # The last transfers' garbage collected before every kind's clock starts, so
+                    # that a collection the fresh ops call for falls in no kind's transfer.
+                    gc.collect()
                     t0 = time.perf_counter()
                     req = None
                     if kind.startswith("batch"):
@@ -270,9 +273,6 @@ def batch_round(a: Client, b: Client, n: int, bs: int, iters: int, seed: int, re
                             rops: List[Any] = [ReadOp(theirs, mine, bs, remote_offset=r, local_offset=x) for x, r in zip(lo, ro)]
                         else:
                             rops = [WriteOp(mine, theirs, bs, local_offset=x, remote_offset=r) for x, r in zip(lo, ro)]
-                        # The collection the user's fresh WriteOps call for, counted with them, not
-                        # wherever in the transfer it would fall.
-                        gc.collect()
                         t1 = time.perf_counter()
                         pack = kind == "batch"
                         if read:
