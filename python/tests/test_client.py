@@ -78,13 +78,60 @@ def test_batches_move_every_entry(clients):
         src.fill(seed=11)
         ops = [tcpxd.WriteOp(src, dst, 4096, local_offset=i * 8192, remote_offset=i * 4096) for i in range(16)]
         r = ca.write_batch(ops, notification=b"batch")
-        assert r.total_bytes == 16 * 4096 and [c for c, _ in r.entries] == [0] * 16
+        assert r.total_bytes == 16 * 4096 and r.entries == []  # one buffer pair: sent packed, one status
         s = src.read_bytes()
         got = dst.read_bytes(0, 16 * 4096)
         assert got == b"".join(s[i * 8192 : i * 8192 + 4096] for i in range(16))
         rops = [tcpxd.ReadOp(dst, back, 4096, remote_offset=i * 4096, local_offset=(15 - i) * 4096) for i in range(16)]
         ca.read_batch(rops)
         assert back.read_bytes(0, 16 * 4096) == b"".join(got[(15 - i) * 4096 : (16 - i) * 4096] for i in range(16))
+
+
+def test_batches_of_one_buffer_pair_go_packed_and_others_as_entries(clients, monkeypatch):
+    """A batch of one buffer pair travels as BatchRanges (varying or uniform lengths, WRITE and READ),
+    byte-checked; two remote buffers, or a length left out, still go as entries (per-entry
+    statuses); a packed entry past a buffer is refused naming `ranges.<field>[k]`, nothing moved."""
+    ca, cb = clients
+    sent = []
+    real = tcpxd.Client._start
+
+    def spy(self, name, req, timeout, wait):
+        sent.append((name, req.HasField("ranges"), len(req.entries)))
+        return real(self, name, req, timeout, wait)
+
+    monkeypatch.setattr(tcpxd.Client, "_start", spy)
+    with ca.register_host(MIB) as src, cb.register_host(MIB) as dst, cb.register_host(MIB) as dst2, \
+            ca.register_host(MIB) as back:
+        src.fill(seed=5)
+        s = src.read_bytes()
+        lens = [100 + 37 * i for i in range(64)]
+        ops = [tcpxd.WriteOp(src, dst.descriptor, n, local_offset=(i * 7919) % 900_000, remote_offset=(63 - i) * 8192)
+               for i, n in enumerate(lens)]
+        r = ca.write_batch(ops)
+        assert r.total_bytes == sum(lens) and r.entries == []
+        got = dst.read_bytes()
+        for i, n in enumerate(lens):
+            lo = (i * 7919) % 900_000
+            assert got[(63 - i) * 8192:(63 - i) * 8192 + n] == s[lo:lo + n], i
+        rops = [tcpxd.ReadOp(dst, back, 4096, remote_offset=i * 8192, local_offset=(i * 3 % 64) * 4096) for i in range(64)]
+        ca.read_batch(rops)
+        b = back.read_bytes()
+        for i in range(64):
+            j = (i * 3 % 64) * 4096
+            assert b[j:j + 4096] == got[i * 8192:i * 8192 + 4096], i
+        assert sent == [("WriteBatch", True, 0), ("ReadBatch", True, 0)]
+        # Two remote buffers: entries, one status each.
+        r = ca.write_batch([tcpxd.WriteOp(src, dst, 4096), tcpxd.WriteOp(src, dst2, 4096)])
+        assert [c for c, _ in r.entries] == [0, 0] and sent[-1] == ("WriteBatch", False, 2)
+        # A length left out (the rest of the buffer): entries.
+        ca.write_batch([tcpxd.WriteOp(src, dst, 4096), tcpxd.WriteOp(src, dst, local_offset=MIB - 100, remote_offset=8192)])
+        assert sent[-1] == ("WriteBatch", False, 2)
+        before = dst.checksum()
+        with pytest.raises(tcpxd.InvalidArgument, match=r"ranges\.remote_offsets\[1\]"):
+            ca.write_batch([tcpxd.WriteOp(src, dst, 4096), tcpxd.WriteOp(src, dst, 4096, remote_offset=MIB - 10)])
+        with pytest.raises(tcpxd.InvalidArgument, match=r"ranges\.local_offsets\[2\]"):
+            ca.read_batch([tcpxd.ReadOp(dst, back, 16, local_offset=k * (MIB // 2)) for k in range(3)])
+        assert dst.checksum() == before
 
 
 def test_unwaited_transfers_are_futures(clients):

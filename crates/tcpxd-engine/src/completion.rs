@@ -279,7 +279,7 @@ impl Engine {
         for p in &t.peers {
             self.peers[p].transfers_failed += 1;
         }
-        let entries = (0..t.entries.len())
+        let entries = (0..if t.one_status { 0 } else { t.entries.len() })
             .map(|i| match (&t.entries[i], entry) {
                 (Some(s), _) => s.clone(),
                 (None, Some(e)) if e == i => (code, message.to_string()),
@@ -394,7 +394,11 @@ impl Engine {
             outcome: Outcome {
                 code: Code::Ok,
                 message: String::new(),
-                entries: vec![(Code::Ok, String::new()); t.entries.len()],
+                entries: if t.one_status {
+                    Vec::new()
+                } else {
+                    vec![(Code::Ok, String::new()); t.entries.len()]
+                },
                 landed: t.total,
             },
         });

@@ -397,6 +397,9 @@ struct Transfer {
     deadline: Instant,
     running: bool,
     peers: Vec<PeerIdx>,
+    /// The outcome's `entries` stays empty: every entry has the transfer's status (a plain
+    /// batch sent as packed ranges, `Engine::report_one_status`).
+    one_status: bool,
 }
 
 /// The state machine.

@@ -28,6 +28,8 @@ impl Engine {
     pub(super) fn check_entries(&self, specs: &[EntrySpec], notification: usize) -> EngineResult<u64> {
         self.check_common(specs.len(), notification)?;
         let mut total = 0u64;
+        // A batch names one peer many times over, mostly in a row: checked once a run.
+        let mut last_peer = None;
         for (i, s) in specs.iter().enumerate() {
             if s.remote.length == 0 {
                 return Err(EngineError::invalid(format!(
@@ -41,7 +43,10 @@ impl Engine {
                     s.remote.offset, s.remote.length
                 )));
             }
-            self.live_peer(&format!("entries[{i}].remote_descriptor"), s.peer)?;
+            if last_peer != Some(s.peer) {
+                self.live_peer(&format!("entries[{i}].remote_descriptor"), s.peer)?;
+                last_peer = Some(s.peer);
+            }
             total += s.remote.length;
         }
         Ok(total)
@@ -88,10 +93,20 @@ impl Engine {
                 deadline,
                 running: false,
                 peers: Vec::new(),
+                one_status: false,
             },
         );
         self.deadlines.insert((deadline, id));
         id
+    }
+
+    /// Makes a transfer's outcome carry no per-entry statuses (`Outcome::entries` empty): its
+    /// status is every entry's. For a batch of many entries of one buffer pair (the API's
+    /// `BatchRanges`), whose statuses would cost more than its planning. Unknown ids: nothing.
+    pub fn report_one_status(&mut self, id: TransferId) {
+        if let Some(t) = self.transfers.get_mut(&id) {
+            t.one_status = true;
+        }
     }
 
     /// Starts a WRITE. Validates everything local (buffers, bounds, peers, limits) first: on error

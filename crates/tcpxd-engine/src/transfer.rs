@@ -47,7 +47,8 @@ pub type ReadSpec = EntrySpec;
 pub struct Outcome {
     pub code: Code,
     pub message: String,
-    /// One per entry, in request order.
+    /// One per entry, in request order; none for a transfer started with
+    /// `Engine::report_one_status` (its status is every entry's).
     pub entries: Vec<(Code, String)>,
     /// Bytes known to have landed at their destination: the total when OK; after a failure, a
     /// WRITE's ranges its receivers confirmed and a READ's chunks unpacked here (progress events

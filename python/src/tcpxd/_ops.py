@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
@@ -86,7 +87,8 @@ class TransferResult:
     total_bytes: int
     bytes_done: int
     elapsed_us: int
-    #: Per-entry (code, message), in request order (all 0 for a successful transfer).
+    #: Per-entry (code, message), in request order (all 0 for a successful transfer); empty for a
+    #: batch of one buffer pair, which travels as packed ranges (its status is every entry's).
     entries: List[Tuple[int, str]] = field(default_factory=list)
 
 
@@ -233,20 +235,69 @@ def read_request(op: ReadOp, timeout: Optional[float], wait: bool) -> Any:
     return _proto.message("ReadRequest")(**_maybe_wait("ReadRequest", f, wait))
 
 
+def batch_ranges(ops: Sequence[Any], request: str) -> Optional[Any]:
+    """A `BatchRanges` for a batch of two or more WriteOps / ReadOps of ONE buffer pair (one local
+    buffer, one remote descriptor, every length given), else None (the batch goes as entries).
+
+    One pass per field over the ops and three packed arrays, where entries cost a message, a
+    descriptor string and a per-entry status each (issue 38: ~3x a block list's time for 2,048 x
+    16 KiB). The daemon checks every entry as it checks entries, naming `ranges.<field>[k]`."""
+    n = len(ops)
+    if n < 2 or not _proto.has_field(request, "ranges"):
+        return None
+    try:
+        loc = [o.local for o in ops]
+        rem = [o.remote for o in ops]
+        lens = [o.length for o in ops]
+        # list.count compares by identity first: one C loop each when every op names the same objects.
+        if loc.count(loc[0]) != n:
+            ids = [buffer_id(b) for b in loc]
+            if ids.count(ids[0]) != n:
+                return None
+        if rem.count(rem[0]) != n:
+            ds = [descriptor(r) for r in rem]
+            if ds.count(ds[0]) != n:
+                return None
+        if None in lens:
+            return None
+        lo = array("Q", [o.local_offset for o in ops]).tobytes()
+        ro = array("Q", [o.remote_offset for o in ops]).tobytes()
+        uniform = lens.count(lens[0]) == n and int(lens[0]) > 0
+        packed_lens = b"" if uniform else array("Q", lens).tobytes()
+    except (TypeError, OverflowError, ValueError):
+        return None  # negative or non-integer fields: the entries form refuses them naming the entry
+    return _proto.message("BatchRanges")(
+        local_buffer_id=buffer_id(loc[0]),
+        remote_descriptor=descriptor(rem[0]),
+        local_offsets=lo,
+        remote_offsets=ro,
+        lengths=packed_lens,
+        uniform_length=int(lens[0]) if uniform else 0,
+    )
+
+
 def write_batch_request(
-    ops: Sequence[WriteOp], notification: bytes, ready_event: Any, timeout: Optional[float], wait: bool
+    ops: Sequence[WriteOp], notification: bytes, ready_event: Any, timeout: Optional[float], wait: bool,
+    pack: bool = True,
 ) -> Any:
+    """`pack=False` sends entries even for one buffer pair (benchmarks compare the two forms)."""
+    ranges = batch_ranges(ops, "WriteBatchRequest") if pack else None
     f = dict(
-        entries=[write_entry(o) for o in ops],
+        entries=[] if ranges is not None else [write_entry(o) for o in ops],
         notification=bytes(notification or b""),
         timeout_ms=timeout_ms(timeout),
         ready_event_ipc_handle=event_handle(ready_event),
     )
+    if ranges is not None:
+        f["ranges"] = ranges
     return _proto.message("WriteBatchRequest")(**_maybe_wait("WriteBatchRequest", f, wait))
 
 
-def read_batch_request(ops: Sequence[ReadOp], timeout: Optional[float], wait: bool) -> Any:
-    f = dict(entries=[read_entry(o) for o in ops], timeout_ms=timeout_ms(timeout))
+def read_batch_request(ops: Sequence[ReadOp], timeout: Optional[float], wait: bool, pack: bool = True) -> Any:
+    ranges = batch_ranges(ops, "ReadBatchRequest") if pack else None
+    f: dict = dict(entries=[] if ranges is not None else [read_entry(o) for o in ops], timeout_ms=timeout_ms(timeout))
+    if ranges is not None:
+        f["ranges"] = ranges
     return _proto.message("ReadBatchRequest")(**_maybe_wait("ReadBatchRequest", f, wait))
 
 

@@ -17,11 +17,20 @@ With --blocks N --block-size S it measures block transfers instead: N blocks of 
 `Client.write_blocks`, both sides scattered by seeded permutations, beside a contiguous `Client.write`
 of the same N x S bytes in the same round: posting time (until `write_blocks(wait=False)` returned),
 latency, GB/s and their ratio, next to `tcpxctl bench transfer --blocks N --block-size S`.
+
+With --batch as well (N at most 65,536) it measures, alternating transfer by transfer, a contiguous
+transfer, the block transfer, and the same pairs as `Client.write_batch` / `read_batch` of WriteOps
+/ ReadOps with offsets (one buffer pair, as a user without block lists writes scattered KV blocks)
+in both request forms: packed ranges (what the package sends) and one entry message each (what it
+sent before); `--read` for READs. Per kind: the time to make the ops (the user's code, after a
+garbage collection outside every timing; not in the latency), the request's build time, posting time, latency from the
+build, GB/s; then batch / blocks and batch / contiguous (issue 38, point 4).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shutil
 import statistics
@@ -233,6 +242,103 @@ def blocks_main(args: argparse.Namespace, a: Client, b: Client, tcpxctl: Optiona
     return res
 
 
+def batch_round(a: Client, b: Client, n: int, bs: int, iters: int, seed: int, read: bool) -> Dict[str, Any]:
+    """Alternating, `iters` times (after one warm-up): a contiguous transfer, the block transfer
+    and the same pairs as a plain batch of WriteOps / ReadOps, packed and as entries. Per kind:
+    request build, posting and latency p50 (us), GB/s; the pairs are checked after each kind's
+    warm-up."""
+    import numpy as np
+
+    from . import _ops
+    from ._ops import ReadOp, WriteOp
+
+    size = n * bs
+    rng = np.random.default_rng(seed)
+    li, ri = rng.permutation(n).astype(np.uint32), rng.permutation(n).astype(np.uint32)
+    kinds = ("contiguous", "blocks", "batch", "batch_entries")
+    times: Dict[str, Dict[str, List[float]]] = {k: {"make": [], "build": [], "post": [], "lat": []} for k in kinds}
+    lo, ro = (li.astype(np.int64) * bs).tolist(), (ri.astype(np.int64) * bs).tolist()
+    with a.register_host(size, shared=False) as mine, b.register_host(size, shared=False) as theirs:
+        (theirs if read else mine).fill(seed=seed)
+        with a.register_blocks(mine, block_size=bs) as ml, b.register_blocks(theirs, block_size=bs) as tl:
+            for k in range(iters + 1):  # the first is a warm-up
+                for kind in kinds:
+                    # The last transfers' garbage collected before every kind's clock starts, so
+                    # that a collection the fresh ops call for falls in no kind's transfer.
+                    gc.collect()
+                    t0 = time.perf_counter()
+                    req = None
+                    if kind.startswith("batch"):
+                        if read:
+                            rops: List[Any] = [ReadOp(theirs, mine, bs, remote_offset=r, local_offset=x) for x, r in zip(lo, ro)]
+                        else:
+                            rops = [WriteOp(mine, theirs, bs, local_offset=x, remote_offset=r) for x, r in zip(lo, ro)]
+                        t1 = time.perf_counter()
+                        pack = kind == "batch"
+                        if read:
+                            req = _ops.read_batch_request(rops, None, False, pack=pack)
+                        else:
+                            req = _ops.write_batch_request(rops, b"", None, None, False, pack=pack)
+                    else:
+                        t1 = time.perf_counter()
+                    t2 = time.perf_counter()
+                    if kind == "contiguous":
+                        t = (a.read(theirs.descriptor, mine, size, wait=False) if read
+                             else a.write(mine, theirs.descriptor, size, wait=False))
+                    elif kind == "blocks":
+                        t = (a.read_blocks(ml, li, tl.token, ri, wait=False) if read
+                             else a.write_blocks(ml, li, tl.token, ri, wait=False))
+                    else:
+                        t = a._start("ReadBatch" if read else "WriteBatch", req, None, False)
+                    t3 = time.perf_counter()
+                    t.result()
+                    t4 = time.perf_counter()
+                    if k:
+                        times[kind]["make"].append(t1 - t0)
+                        times[kind]["build"].append(t2 - t1)
+                        times[kind]["post"].append(t3 - t1)
+                        times[kind]["lat"].append(t4 - t1)
+                    elif kind != "contiguous":
+                        src, dst = (theirs, mine) if read else (mine, theirs)
+                        si, di = (ri, li) if read else (li, ri)
+                        sd, dd = src.read_bytes(), dst.read_bytes()
+                        bad = [j for j in range(0, n, max(1, n // 4096))
+                               if sd[si[j] * bs:(si[j] + 1) * bs] != dd[di[j] * bs:(di[j] + 1) * bs]]
+                        assert not bad, f"{kind}: block pair {bad[0]} differs"
+    out: Dict[str, Any] = {}
+    for kind in kinds:
+        tk = times[kind]
+        out[kind] = {"make_p50_us": _pct(tk["make"], 50) * 1e6, "build_p50_us": _pct(tk["build"], 50) * 1e6,
+                     "posting_p50_us": _pct(tk["post"], 50) * 1e6, "p50_us": _pct(tk["lat"], 50) * 1e6,
+                     "gbps": size * iters / sum(tk["lat"]) / 1e9}
+    for kind in ("batch", "batch_entries"):
+        out[f"{kind}_over_blocks"] = out[kind]["gbps"] / out["blocks"]["gbps"]
+        out[f"{kind}_over_contiguous"] = out[kind]["gbps"] / out["contiguous"]["gbps"]
+    out["blocks_over_contiguous"] = out["blocks"]["gbps"] / out["contiguous"]["gbps"]
+    return out
+
+
+def batch_main(args: argparse.Namespace, a: Client, b: Client) -> Dict[str, Any]:
+    n, bs = args.blocks, args.block_size
+    rounds = [batch_round(a, b, n, bs, args.big_iters, args.seed + i, args.read) for i in range(args.rounds)]
+    op = "READ" if args.read else "WRITE"
+    res: Dict[str, Any] = {"op": op, "blocks": n, "block_size": bs, "rounds": rounds}
+    print(f"{op}: {args.rounds} rounds of {args.big_iters} transfers of each kind, alternating; {n} blocks of {bs} bytes "
+          f"({n * bs / MIB:.1f} MiB), both sides permuted; medians over rounds (the latency runs from the request's build)")
+    names = {"contiguous": "contiguous", "blocks": "block lists", "batch": "batch, packed",
+             "batch_entries": "batch, entries"}
+    for kind, name in names.items():
+        m = {f: _median([r[kind][f] for r in rounds]) for f in ("gbps", "make_p50_us", "build_p50_us", "posting_p50_us", "p50_us")}
+        res[kind] = m
+        print(f"{name:<15} {m['gbps']:8.3f} GB/s   WriteOps {m['make_p50_us']:9.1f} us   request {m['build_p50_us']:9.1f} us"
+              f"   posting {m['posting_p50_us']:9.1f} us   p50 {m['p50_us']:9.1f} us")
+    for key in ("blocks_over_contiguous", "batch_over_blocks", "batch_entries_over_blocks",
+                "batch_over_contiguous", "batch_entries_over_contiguous"):
+        res[key] = _median([r[key] for r in rounds])
+        print(f"{key.replace('_', ' '):<30} {res[key]:.2f}")
+    return res
+
+
 def _median(xs: List[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
@@ -252,6 +358,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     ap.add_argument("--blocks", type=int, help="measure block transfers of N blocks instead (with --block-size)")
     ap.add_argument("--block-size", type=int, default=4096, help="bytes per block with --blocks")
     ap.add_argument("--seed", type=int, default=1, help="the permutations' seed with --blocks")
+    ap.add_argument("--batch", action="store_true",
+                    help="with --blocks: also the same pairs as plain batches (packed and as entries), alternating")
+    ap.add_argument("--read", action="store_true", help="with --blocks --batch: READs instead of WRITEs")
     args = ap.parse_args(argv)
 
     procs: List[subprocess.Popen] = []
@@ -273,7 +382,10 @@ def main(argv: Optional[List[str]] = None) -> None:
         tcpxctl = None if args.tcpxctl == "none" else _find("tcpxctl", args.tcpxctl)
         if args.blocks:
             with Client(ea) as a, Client(eb) as b:
-                res = blocks_main(args, a, b, tcpxctl, ea, eb)
+                if args.batch:
+                    res = batch_main(args, a, b)
+                else:
+                    res = blocks_main(args, a, b, tcpxctl, ea, eb)
             if args.json:
                 with open(args.json, "a", encoding="utf-8") as f:
                     f.write(json.dumps(res) + "\n")

@@ -13,6 +13,12 @@
 //! compared (the two buffers read back and compared block by block when they hold at most 1 GiB,
 //! else 4,096 pairs checksummed); then one more contiguous transfer, after which the two buffers'
 //! checksums must agree. `--scattered local|remote` permutes one side only.
+//!
+//! When N is at most a batch's 65,536 entries, a third kind runs in the same alternation: the
+//! same pairs as one plain `WriteBatch` / `ReadBatch` of one buffer pair (entry k: block
+//! `src[k]`'s offset to block `dst[k]`'s, as a client without block lists sends scattered KV
+//! blocks), in the form `--batch-form` picks; its pairs are compared as the blocks' are, and the
+//! row prints batch ÷ blocks beside scattered ÷ contiguous (issue 38, point 4).
 
 use std::time::{Duration, Instant};
 
@@ -47,6 +53,19 @@ pub struct BlocksWorkload {
     pub seed: u64,
     /// Which sides' blocks are permuted (the other side's are in order: one run).
     pub scattered: Scattered,
+    /// Also move the same pairs as one plain batch (`None`: not run).
+    pub batch: Option<BatchForm>,
+}
+
+/// How the bench's plain batch carries its entries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum BatchForm {
+    /// `entries`: one WriteEntry / ReadEntry message per pair, each naming both buffers (what a
+    /// client sends that builds entries one by one).
+    Entries,
+    /// `ranges`: one buffer pair and packed offset arrays (`BatchRanges`).
+    #[default]
+    Ranges,
 }
 
 /// The sides a block bench scatters: both (the default), or only the caller's (`local`: the
@@ -130,6 +149,8 @@ pub struct BlocksRow {
     pub workload: BlocksWorkload,
     pub blocks: Measured,
     pub contiguous: Measured,
+    /// The same pairs as one plain batch, when run.
+    pub batch: Option<Measured>,
     /// Every pair compared (or sampled) equal after the block runs, and the two buffers equal
     /// after the contiguous runs.
     pub verified: bool,
@@ -146,6 +167,22 @@ impl BlocksRow {
         } else {
             0.0
         }
+    }
+
+    /// The plain batch's GB/s over the block transfers' (the same pairs), when the batch ran.
+    pub fn batch_ratio(&self) -> Option<f64> {
+        let w = &self.workload;
+        let b = self.blocks.gbps(w.bytes(), w.iterations);
+        let m = self.batch.as_ref()?;
+        (b > 0.0).then(|| m.gbps(w.bytes(), w.iterations) / b)
+    }
+
+    /// The plain batch's GB/s over the contiguous transfers', when the batch ran.
+    pub fn batch_contiguous_ratio(&self) -> Option<f64> {
+        let w = &self.workload;
+        let c = self.contiguous.gbps(w.bytes(), w.iterations);
+        let m = self.batch.as_ref()?;
+        (c > 0.0).then(|| m.gbps(w.bytes(), w.iterations) / c)
     }
 
     pub fn to_json(&self) -> Value {
@@ -170,10 +207,14 @@ impl BlocksRow {
             "bytes": w.bytes(),
             "iterations": w.iterations,
             "seed": w.seed,
-            "scattered": format!("{:?}", w.scattered).to_lowercase(),
+            "scattered_sides": format!("{:?}", w.scattered).to_lowercase(),
             "scattered": side(&self.blocks),
             "contiguous": side(&self.contiguous),
             "ratio": self.ratio(),
+            "batch_form": w.batch.map(|f| format!("{f:?}").to_lowercase()),
+            "batch": self.batch.as_ref().map(side),
+            "batch_ratio": self.batch_ratio(),
+            "batch_contiguous_ratio": self.batch_contiguous_ratio(),
             "verified": self.verified,
             "checked": self.checked,
         })
@@ -194,10 +235,12 @@ impl BlocksRow {
             "p50 (us)",
             "p99 (us)",
         ]);
-        for (name, n, m) in [
-            ("scattered", w.blocks, &self.blocks),
-            ("contiguous", 1, &self.contiguous),
-        ] {
+        let mut kinds = vec![("scattered", w.blocks, &self.blocks)];
+        if let Some(b) = &self.batch {
+            kinds.push(("batch", w.blocks, b));
+        }
+        kinds.push(("contiguous", 1, &self.contiguous));
+        for (name, n, m) in kinds {
             t.row([
                 w.op.name().to_string(),
                 name.to_string(),
@@ -362,6 +405,12 @@ async fn run(
     let li = crate::cli::commands::blocks::pack(&IndexArray::compact(&local_idx));
     let ri = crate::cli::commands::blocks::pack(&IndexArray::compact(&remote_idx));
     let timeout_ms = 600_000;
+    let batch = w.batch.map(|form| BatchPairs {
+        form,
+        local: local_idx.iter().map(|&i| u64::from(i) * w.block_size).collect(),
+        remote: remote_idx.iter().map(|&i| u64::from(i) * w.block_size).collect(),
+        length: w.block_size,
+    });
     let ids = Ids {
         local_list: ll.id,
         local_indices: li,
@@ -371,13 +420,30 @@ async fn run(
         remote_descriptor: remote.descriptor.clone(),
         bytes,
         timeout_ms,
+        batch,
     };
-    // The two kinds alternate, transfer by transfer, so that a drift of the machine (the
+    // The kinds alternate, transfer by transfer, so that a drift of the machine (the
     // contiguous p50 moved by 10% between runs on the H200s) weighs on both alike: a contiguous
     // transfer, then a block transfer, so the destination ends with the block transfers' bytes.
+    // With the batch: contiguous, batch, blocks, so the destination ends with the blocks' bytes
+    // (the batch's are checked after the first measured one: the same pairs, the same bytes).
     let (mut bp, mut bl, mut cp, mut cl) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut tp, mut tl) = (Vec::new(), Vec::new());
+    let mut batch_checked = true;
     for k in 0..w.warmup + w.iterations {
         let (p, l) = contiguous_once(pair, w.op, &ids).await?;
+        if ids.batch.is_some() {
+            let (p3, l3) = batch_once(pair, w.op, &ids).await?;
+            if k == w.warmup {
+                batch_checked = pairs_equal(pair, w, local, remote, &local_idx, &remote_idx)
+                    .await?
+                    .0;
+            }
+            if k >= w.warmup {
+                tp.push(p3);
+                tl.push(l3);
+            }
+        }
         let (p2, l2) = blocks_once(pair, w.op, &ids).await?;
         if k >= w.warmup {
             cp.push(p);
@@ -390,37 +456,12 @@ async fn run(
         posting: LatencyStats::from_samples(&bp),
         latency: LatencyStats::from_samples(&bl),
     };
-    // Source block local_idx[k] (WRITE) landed in remote_idx[k], or the reverse (READ).
-    let (src_idx, dst_idx) = match w.op {
-        Op::Write => (&local_idx, &remote_idx),
-        Op::Read => (&remote_idx, &local_idx),
-    };
-    let (mut src_c, src_b, mut dst_c, dst_b) = match w.op {
-        Op::Write => (pair.a.clone(), local.id, pair.b.clone(), remote.id),
-        Op::Read => (pair.b.clone(), remote.id, pair.a.clone(), local.id),
-    };
-    let (mut verified, checked) = if bytes <= FULL_COMPARE_BYTES {
-        let s = read_all(&mut src_c, src_b, bytes).await?;
-        let d = read_all(&mut dst_c, dst_b, bytes).await?;
-        let bs = w.block_size as usize;
-        let ok = src_idx.iter().zip(dst_idx).all(|(&a, &b)| {
-            let (a, b) = (a as usize * bs, b as usize * bs);
-            s[a..a + bs] == d[b..b + bs]
-        });
-        (ok, "all pairs".to_string())
-    } else {
-        let mut ok = true;
-        let step = (w.blocks / SAMPLED_PAIRS).max(1);
-        let mut n = 0;
-        for k in (0..w.blocks).step_by(step as usize) {
-            let (a, b) = (src_idx[k as usize], dst_idx[k as usize]);
-            let ca = crc_at(&mut src_c, src_b, u64::from(a) * w.block_size, w.block_size).await?;
-            let cb = crc_at(&mut dst_c, dst_b, u64::from(b) * w.block_size, w.block_size).await?;
-            ok &= ca == cb;
-            n += 1;
-        }
-        (ok, format!("{n} sampled pairs"))
-    };
+    let batch = ids.batch.as_ref().map(|_| Measured {
+        posting: LatencyStats::from_samples(&tp),
+        latency: LatencyStats::from_samples(&tl),
+    });
+    let (mut verified, checked) = pairs_equal(pair, w, local, remote, &local_idx, &remote_idx).await?;
+    verified &= batch_checked;
     for l in [(&mut pair.a, ll.id), (&mut pair.b, rl.id)] {
         l.0.release_blocks(ReleaseBlocksRequest { list_id: l.1 })
             .await
@@ -439,9 +480,131 @@ async fn run(
             posting: LatencyStats::from_samples(&cp),
             latency: LatencyStats::from_samples(&cl),
         },
+        batch,
         verified,
         checked,
     })
+}
+
+/// Whether every pair's bytes are equal (source block `local_idx[k]` landed in `remote_idx[k]`
+/// for a WRITE, the reverse for a READ): the buffers compared in full up to 1 GiB, else 4,096
+/// pairs checksummed. Returns how they were checked.
+async fn pairs_equal(
+    pair: &DaemonPair,
+    w: &BlocksWorkload,
+    local: &pb::Buffer,
+    remote: &pb::Buffer,
+    local_idx: &[u32],
+    remote_idx: &[u32],
+) -> Result<(bool, String), DaemonBenchError> {
+    let bytes = w.bytes();
+    let (src_idx, dst_idx) = match w.op {
+        Op::Write => (local_idx, remote_idx),
+        Op::Read => (remote_idx, local_idx),
+    };
+    let (mut src_c, src_b, mut dst_c, dst_b) = match w.op {
+        Op::Write => (pair.a.clone(), local.id, pair.b.clone(), remote.id),
+        Op::Read => (pair.b.clone(), remote.id, pair.a.clone(), local.id),
+    };
+    if bytes <= FULL_COMPARE_BYTES {
+        let s = read_all(&mut src_c, src_b, bytes).await?;
+        let d = read_all(&mut dst_c, dst_b, bytes).await?;
+        let bs = w.block_size as usize;
+        let ok = src_idx.iter().zip(dst_idx).all(|(&a, &b)| {
+            let (a, b) = (a as usize * bs, b as usize * bs);
+            s[a..a + bs] == d[b..b + bs]
+        });
+        Ok((ok, "all pairs".to_string()))
+    } else {
+        let mut ok = true;
+        let step = (w.blocks / SAMPLED_PAIRS).max(1);
+        let mut n = 0;
+        for k in (0..w.blocks).step_by(step as usize) {
+            let (a, b) = (src_idx[k as usize], dst_idx[k as usize]);
+            let ca = crc_at(&mut src_c, src_b, u64::from(a) * w.block_size, w.block_size).await?;
+            let cb = crc_at(&mut dst_c, dst_b, u64::from(b) * w.block_size, w.block_size).await?;
+            ok &= ca == cb;
+            n += 1;
+        }
+        Ok((ok, format!("{n} sampled pairs")))
+    }
+}
+
+/// The bench's plain batch: entry k moves `length` bytes between `local[k]` and `remote[k]`.
+struct BatchPairs {
+    form: BatchForm,
+    local: Vec<u64>,
+    remote: Vec<u64>,
+    length: u64,
+}
+
+/// Little-endian u64s, as `BatchRanges` packs offsets.
+fn packed(v: &[u64]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// One plain batch of the bench's pairs (WriteBatch / ReadBatch): its posting time and latency.
+/// The request is built before the clock starts, as the block transfers' are.
+async fn batch_once(
+    pair: &mut DaemonPair,
+    op: Op,
+    ids: &Ids,
+) -> Result<(Duration, Duration), DaemonBenchError> {
+    let b = ids.batch.as_ref().expect("the batch runs");
+    let mut caller = pair.a.clone();
+    let ranges = (b.form == BatchForm::Ranges).then(|| pb::BatchRanges {
+        local_buffer_id: ids.local_buffer,
+        remote_descriptor: ids.remote_descriptor.clone(),
+        local_offsets: packed(&b.local),
+        remote_offsets: packed(&b.remote),
+        lengths: Vec::new(),
+        uniform_length: b.length,
+    });
+    let pairs = || b.local.iter().zip(&b.remote);
+    match op {
+        Op::Write => {
+            let entries = match b.form {
+                BatchForm::Ranges => Vec::new(),
+                BatchForm::Entries => pairs()
+                    .map(|(&l, &r)| WriteEntry {
+                        local_buffer_id: ids.local_buffer,
+                        local_offset: l,
+                        remote_descriptor: ids.remote_descriptor.clone(),
+                        remote_offset: r,
+                        length: b.length,
+                    })
+                    .collect(),
+            };
+            let req = pb::WriteBatchRequest {
+                entries,
+                ranges,
+                timeout_ms: ids.timeout_ms,
+                ..Default::default()
+            };
+            timed(&mut pair.a, "batch write", caller.write_batch(req)).await
+        }
+        Op::Read => {
+            let entries = match b.form {
+                BatchForm::Ranges => Vec::new(),
+                BatchForm::Entries => pairs()
+                    .map(|(&l, &r)| ReadEntry {
+                        remote_descriptor: ids.remote_descriptor.clone(),
+                        remote_offset: r,
+                        local_buffer_id: ids.local_buffer,
+                        local_offset: l,
+                        length: b.length,
+                    })
+                    .collect(),
+            };
+            let req = pb::ReadBatchRequest {
+                entries,
+                ranges,
+                timeout_ms: ids.timeout_ms,
+                ..Default::default()
+            };
+            timed(&mut pair.a, "batch read", caller.read_batch(req)).await
+        }
+    }
 }
 
 /// What each transfer of a block bench names.
@@ -454,6 +617,7 @@ struct Ids {
     remote_descriptor: String,
     bytes: u64,
     timeout_ms: u64,
+    batch: Option<BatchPairs>,
 }
 
 /// One block transfer (WriteBlocks / ReadBlocks): its posting time and latency.
@@ -594,6 +758,7 @@ mod tests {
             warmup: 1,
             seed: 1,
             scattered: Scattered::Both,
+            batch: Some(BatchForm::Ranges),
         };
         assert!(w.validate().is_ok());
         let bad = |f: fn(&mut BlocksWorkload), want: &str| {

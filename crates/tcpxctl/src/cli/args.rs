@@ -605,6 +605,14 @@ pub struct BenchTransferArgs {
     /// `remote`: the peer's); the other side's blocks go in order, one run.
     #[arg(long, value_enum, default_value_t = crate::bench::blocks::Scattered::Both, requires = "blocks")]
     pub scattered: crate::bench::blocks::Scattered,
+    /// With --blocks (up to 65,536): how the same pairs travel as one plain WriteBatch /
+    /// ReadBatch, a third kind in the same alternation (batch ÷ blocks printed): `ranges`, one
+    /// buffer pair and packed offsets (BatchRanges); `entries`, one message per pair.
+    #[arg(long, value_enum, default_value_t = crate::bench::blocks::BatchForm::Ranges, requires = "blocks")]
+    pub batch_form: crate::bench::blocks::BatchForm,
+    /// With --blocks: leave the plain batch out.
+    #[arg(long, requires = "blocks")]
+    pub no_batch: bool,
     /// Also run the raw plugin bench (same plugin, workload, chunk size and lanes) first, and
     /// print both side by side.
     #[arg(long)]

@@ -116,6 +116,8 @@ impl BenchTransferArgs {
             warmup: wl.warmup,
             seed: self.seed,
             scattered: self.scattered,
+            batch: (!self.no_batch && blocks as usize <= tcpxd::engine::DEFAULT_MAX_ENTRIES)
+                .then_some(self.batch_form),
         };
         Some(w.validate().map(|()| w))
     }
@@ -161,6 +163,12 @@ async fn run_blocks(
             w.seed,
             row.checked
         ))?;
+        if let (Some(form), Some(r), Some(c)) = (w.batch, row.batch_ratio(), row.batch_contiguous_ratio()) {
+            emit(&format!(
+                "batch/blocks: {r:.2}, batch/contiguous: {c:.2} (the same pairs as one plain batch, {} form)\n",
+                format!("{form:?}").to_lowercase()
+            ))?;
+        }
     }
     if !row.verified {
         return Err(CliError::Bench(

@@ -428,3 +428,51 @@ fn a_coalesced_header_over_two_buffers_is_consumed_without_landing() {
     assert!(eng.is_idle());
     assert_eq!((eng.buffer_users(2), eng.buffer_users(3)), (Some(0), Some(0)));
 }
+
+#[test]
+fn a_batch_of_one_status_moves_the_same_bytes_and_reports_no_entries() {
+    // A plain batch started with `report_one_status` (the API's packed ranges): the same plan and
+    // bytes as any batch, an outcome without per-entry statuses, OK or failed.
+    for read in [false, true] {
+        let mut s = if read { read_sim(700) } else { write_sim(700) };
+        let entries = random_batch(&mut s, 120, read);
+        let want = if read {
+            expected(
+                &s.nodes[1].bufs[&2],
+                DST as usize,
+                entries.iter().map(|&(l, r, len)| (r, l, len)),
+            )
+        } else {
+            expected(&s.nodes[0].bufs[&1], DST as usize, entries.iter().copied())
+        };
+        let t = if read {
+            read_batch(&mut s, &entries, Duration::from_secs(60))
+        } else {
+            write_batch(&mut s, &entries, Duration::from_secs(60))
+        };
+        s.nodes[0].eng.report_one_status(t);
+        s.run();
+        let o = s.outcome(0, t);
+        assert_eq!(o.code, Code::Ok, "{}", o.message);
+        assert!(o.entries.is_empty(), "{} entry statuses", o.entries.len());
+        assert_eq!(o.landed, entries.iter().map(|e| e.2).sum::<u64>());
+        let got = if read {
+            &s.nodes[0].bufs[&1]
+        } else {
+            &s.nodes[1].bufs[&2]
+        };
+        assert!(*got == want, "read {read}: the destination differs");
+        s.assert_idle();
+    }
+    // Cancelled before a step: failed, still no entries, everything back.
+    let mut s = write_sim(701);
+    let entries = random_batch(&mut s, 60, false);
+    let t = write_batch(&mut s, &entries, Duration::from_secs(60));
+    s.nodes[0].eng.report_one_status(t);
+    s.nodes[0].eng.cancel(t, Code::Cancelled, "stop");
+    s.run();
+    let o = s.outcome(0, t);
+    assert_eq!(o.code, Code::Cancelled, "{}", o.message);
+    assert!(o.entries.is_empty());
+    s.assert_idle();
+}

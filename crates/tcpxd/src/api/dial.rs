@@ -34,7 +34,13 @@ impl DaemonState {
         deadline: Instant,
     ) -> Result<(), Status> {
         let mut nodes: BTreeMap<String, Named> = BTreeMap::new();
+        let mut last = None;
         for (i, d) in descriptors.enumerate() {
+            // A batch names one descriptor many times over, mostly in a row: parsed once a run.
+            if last == Some(d) {
+                continue;
+            }
+            last = Some(d);
             let Ok(d) = Descriptor::parse("remote_descriptor", d) else {
                 continue;
             };

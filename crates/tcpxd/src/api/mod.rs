@@ -1,6 +1,7 @@
 //! The gRPC layer: generated code, the client service and the peer service; and the framed
 //! local session on the API unix socket (`local`).
 
+pub mod batch_ranges;
 pub mod blocks;
 pub mod dial;
 pub mod host_memory;

@@ -26,10 +26,8 @@ impl DaemonState {
         length: u64,
         last: &mut Option<(&'d str, Descriptor, engine::PeerIdx)>,
     ) -> Result<(engine::PeerIdx, RemoteRange), Status> {
-        let field = || format!("entries[{i}].remote_descriptor");
         if last.as_ref().is_none_or(|(s, _, _)| *s != descriptor) {
-            let d = self.remote_descriptor(&field(), descriptor)?;
-            let peer = self.peer_of(&field(), &d.node_id)?;
+            let (peer, d) = self.remote_buffer(&format!("entries[{i}].remote_descriptor"), descriptor)?;
             *last = Some((descriptor, d, peer));
         }
         let (_, d, peer) = last.as_ref().expect("just set");
@@ -66,6 +64,17 @@ impl DaemonState {
             )));
         }
         Ok(d)
+    }
+
+    /// The remote buffer a descriptor (the field `field`) names, and the pairing with its node.
+    pub(crate) fn remote_buffer(
+        &self,
+        field: &str,
+        descriptor: &str,
+    ) -> Result<(engine::PeerIdx, Descriptor), Status> {
+        let d = self.remote_descriptor(field, descriptor)?;
+        let peer = self.peer_of(field, &d.node_id)?;
+        Ok((peer, d))
     }
 
     /// The pairing with `node`, which `field` names: NOT_FOUND when there is none (a descriptor
@@ -126,27 +135,31 @@ impl DaemonState {
         deadline: Instant,
     ) -> Result<Started, Status> {
         tracing::trace!(target: "tcpxd::hop", hop = "api.in");
-        if self.batch_is_same_node(r.entries.iter().map(|e| e.remote_descriptor.as_str())) {
-            let copy = self.same_node_batch(
-                Op::Write,
-                r.entries.iter().map(EntryFields::from),
-                r.notification,
-                deadline,
-            )?;
+        if self.batch_is_same_node(batch_descriptors(&r.entries, r.ranges.as_ref())) {
+            let fields = same_node_fields(&r.entries, r.ranges.as_ref())?;
+            let copy = self.same_node_batch(Op::Write, fields.iter().copied(), r.notification, deadline)?;
             if !r.ready_event_ipc_handle.is_empty() {
-                self.wait_ready_event(
-                    &r.ready_event_ipc_handle,
-                    r.entries.iter().map(|e| e.local_buffer_id),
-                    deadline,
-                )
-                .await?;
+                let locals: Vec<u64> = fields.iter().map(|e| e.local_buffer).collect();
+                self.wait_ready_event(&r.ready_event_ipc_handle, locals.into_iter(), deadline)
+                    .await?;
             }
             return Ok(self.start_same_node(copy));
         }
-        self.check_without_peers(r.entries.iter().map(EntryFields::from))?;
-        self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
-            .await?;
-        let (specs, total) = self.entry_specs(r.entries.iter().map(EntryFields::from))?;
+        let one_status = r.ranges.is_some();
+        let (specs, total) = match &r.ranges {
+            Some(ranges) => {
+                only_ranges(r.entries.is_empty())?;
+                self.reach_peers(std::iter::once(ranges.remote_descriptor.as_str()), deadline)
+                    .await?;
+                self.range_specs(ranges)?
+            }
+            None => {
+                self.check_without_peers(r.entries.iter().map(EntryFields::from))?;
+                self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
+                    .await?;
+                self.entry_specs(r.entries.iter().map(EntryFields::from))?
+            }
+        };
         if !r.ready_event_ipc_handle.is_empty() {
             self.wait_ready_event(
                 &r.ready_event_ipc_handle,
@@ -160,6 +173,7 @@ impl DaemonState {
                 specs,
                 notification: r.notification,
                 deadline,
+                one_status,
                 reply,
             })
             .await?
@@ -174,23 +188,31 @@ impl DaemonState {
         deadline: Instant,
     ) -> Result<Started, Status> {
         tracing::trace!(target: "tcpxd::hop", hop = "api.in");
-        if self.batch_is_same_node(r.entries.iter().map(|e| e.remote_descriptor.as_str())) {
-            let copy = self.same_node_batch(
-                Op::Read,
-                r.entries.iter().map(EntryFields::from),
-                Vec::new(),
-                deadline,
-            )?;
+        if self.batch_is_same_node(batch_descriptors(&r.entries, r.ranges.as_ref())) {
+            let fields = same_node_fields(&r.entries, r.ranges.as_ref())?;
+            let copy = self.same_node_batch(Op::Read, fields.iter().copied(), Vec::new(), deadline)?;
             return Ok(self.start_same_node(copy));
         }
-        self.check_without_peers(r.entries.iter().map(EntryFields::from))?;
-        self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
-            .await?;
-        let (specs, total) = self.entry_specs(r.entries.iter().map(EntryFields::from))?;
+        let one_status = r.ranges.is_some();
+        let (specs, total) = match &r.ranges {
+            Some(ranges) => {
+                only_ranges(r.entries.is_empty())?;
+                self.reach_peers(std::iter::once(ranges.remote_descriptor.as_str()), deadline)
+                    .await?;
+                self.range_specs(ranges)?
+            }
+            None => {
+                self.check_without_peers(r.entries.iter().map(EntryFields::from))?;
+                self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
+                    .await?;
+                self.entry_specs(r.entries.iter().map(EntryFields::from))?
+            }
+        };
         let (id, rx) = self
             .ask(|reply| Command::Read {
                 specs,
                 deadline,
+                one_status,
                 reply,
             })
             .await?
@@ -373,6 +395,17 @@ pub(crate) fn event(id: u64, s: &TransferStatus) -> pb::TransferEvent {
     }
 }
 
+/// A batch gives `entries` or `ranges`, not both.
+fn only_ranges(no_entries: bool) -> Result<(), Status> {
+    if no_entries {
+        Ok(())
+    } else {
+        Err(Status::invalid_argument(
+            "ranges: give entries or ranges, not both",
+        ))
+    }
+}
+
 fn local_buffer_field(i: usize) -> String {
     format!("entries[{i}].local_buffer_id")
 }
@@ -412,6 +445,44 @@ impl DaemonState {
 }
 
 /// The fields WriteEntry and ReadEntry share.
+/// The descriptors a batch names, in either form (entries, or one packed buffer pair).
+fn batch_descriptors<'a>(
+    entries: &'a [pb::WriteEntry],
+    ranges: Option<&'a pb::BatchRanges>,
+) -> impl Iterator<Item = &'a str> {
+    let packed = ranges.map(|g| g.remote_descriptor.as_str());
+    packed
+        .into_iter()
+        .chain(entries.iter().map(|e| e.remote_descriptor.as_str()))
+}
+
+/// A same-node batch's entries, either form: packed ranges are read (shape checked, naming the
+/// field) and listed as entries, since the daemon copies them itself.
+fn same_node_fields<'a>(
+    entries: &'a [pb::WriteEntry],
+    ranges: Option<&'a pb::BatchRanges>,
+) -> Result<Vec<EntryFields<'a>>, Status> {
+    let Some(g) = ranges else {
+        return Ok(entries.iter().map(EntryFields::from).collect());
+    };
+    only_ranges(entries.is_empty())?;
+    let rs = super::batch_ranges::Ranges::read(g, crate::engine::DEFAULT_MAX_ENTRIES)
+        .map_err(Status::invalid_argument)?;
+    Ok((0..rs.len())
+        .map(|k| {
+            let (local_offset, remote_offset, length) = rs.get(k);
+            EntryFields {
+                local_buffer: g.local_buffer_id,
+                local_offset,
+                remote_descriptor: &g.remote_descriptor,
+                remote_offset,
+                length,
+            }
+        })
+        .collect())
+}
+
+#[derive(Clone, Copy)]
 pub(crate) struct EntryFields<'a> {
     pub local_buffer: u64,
     pub local_offset: u64,
@@ -565,6 +636,7 @@ pub(crate) fn write_batch(r: pb::WriteRequest) -> Result<pb::WriteBatchRequest, 
         timeout_ms: r.timeout_ms,
         ready_event_ipc_handle: r.ready_event_ipc_handle,
         wait: r.wait,
+        ranges: None,
     })
 }
 
@@ -577,5 +649,6 @@ pub(crate) fn read_batch(r: pb::ReadRequest) -> Result<pb::ReadBatchRequest, Sta
         entries: vec![entry],
         timeout_ms: r.timeout_ms,
         wait: r.wait,
+        ranges: None,
     })
 }

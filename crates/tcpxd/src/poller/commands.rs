@@ -113,12 +113,16 @@ impl Poller {
                 specs,
                 notification,
                 deadline,
+                one_status,
                 reply,
             } => {
                 let now = Instant::now();
                 let total = specs.iter().map(|s| s.remote.length).sum();
                 let r = self.engine.start_write(specs, notification, deadline, now);
                 if let Ok(id) = &r {
+                    if one_status {
+                        self.engine.report_one_status(*id);
+                    }
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write", id = id.0);
                 }
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total))));
@@ -126,12 +130,16 @@ impl Poller {
             Command::Read {
                 specs,
                 deadline,
+                one_status,
                 reply,
             } => {
                 let now = Instant::now();
                 let total = specs.iter().map(|s| s.remote.length).sum();
                 let r = self.engine.start_read(specs, deadline, now);
                 if let Ok(id) = &r {
+                    if one_status {
+                        self.engine.report_one_status(*id);
+                    }
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read", id = id.0);
                 }
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total))));

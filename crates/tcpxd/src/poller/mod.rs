@@ -146,11 +146,15 @@ pub enum Command {
         specs: Vec<WriteSpec>,
         notification: Vec<u8>,
         deadline: Instant,
+        /// The final outcome carries no per-entry statuses (a `BatchRanges` batch).
+        one_status: bool,
         reply: Reply<Result<(TransferId, watch::Receiver<TransferStatus>), EngineError>>,
     },
     Read {
         specs: Vec<ReadSpec>,
         deadline: Instant,
+        /// As for `Write`.
+        one_status: bool,
         reply: Reply<Result<(TransferId, watch::Receiver<TransferStatus>), EngineError>>,
     },
     /// Registers a block list inside a buffer.

@@ -188,10 +188,122 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
             timeout_ms: 0,
             ready_event_ipc_handle: Vec::new(),
             wait: false,
+            ranges: None,
         })
         .await,
         Code::InvalidArgument,
         "65537 entries",
+    );
+
+    // ---- Packed ranges of one buffer pair (BatchRanges), refused locally --------------------
+    let le = |v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let ranges = |lo: &[u64], ro: &[u64], len: u64| pb::BatchRanges {
+        local_buffer_id: src.id,
+        remote_descriptor: dst.descriptor.clone(),
+        local_offsets: le(lo),
+        remote_offsets: le(ro),
+        lengths: Vec::new(),
+        uniform_length: len,
+    };
+    let packed = |r: pb::BatchRanges| pb::WriteBatchRequest {
+        ranges: Some(r),
+        ..Default::default()
+    };
+    let cases: Vec<(&str, pb::WriteBatchRequest, Code, &str)> = vec![
+        (
+            "entries and ranges",
+            pb::WriteBatchRequest {
+                entries: vec![good(1)],
+                ..packed(ranges(&[0], &[0], 1))
+            },
+            Code::InvalidArgument,
+            "ranges: give entries or ranges, not both",
+        ),
+        (
+            "ranges of no entry",
+            packed(ranges(&[], &[], 1)),
+            Code::InvalidArgument,
+            "ranges.local_offsets: at least one entry",
+        ),
+        (
+            "offsets not whole",
+            packed(pb::BatchRanges {
+                local_offsets: vec![0; 12],
+                ..ranges(&[0], &[0], 1)
+            }),
+            Code::InvalidArgument,
+            "ranges.local_offsets: 12 bytes",
+        ),
+        (
+            "offset counts differ",
+            packed(ranges(&[0, 8], &[0], 4)),
+            Code::InvalidArgument,
+            "ranges.remote_offsets: 1 offsets, but local_offsets has 2",
+        ),
+        (
+            "no length",
+            packed(ranges(&[0], &[0], 0)),
+            Code::InvalidArgument,
+            "ranges.uniform_length",
+        ),
+        (
+            "ranges over the entry limit",
+            packed(ranges(&vec![0; 65_537], &vec![0; 65_537], 1)),
+            Code::InvalidArgument,
+            "ranges.local_offsets: 65537 entries exceed the limit of 65536",
+        ),
+        (
+            "ranges of an unknown local buffer",
+            packed(pb::BatchRanges {
+                local_buffer_id: 999,
+                ..ranges(&[0], &[0], 1)
+            }),
+            Code::NotFound,
+            "ranges.local_buffer_id: buffer 999",
+        ),
+        (
+            "ranges of a garbage descriptor",
+            packed(pb::BatchRanges {
+                remote_descriptor: "nope".into(),
+                ..ranges(&[0], &[0], 1)
+            }),
+            Code::InvalidArgument,
+            "ranges.remote_descriptor",
+        ),
+        (
+            "ranges past the remote buffer",
+            packed(ranges(&[0, 4096], &[0, 4 * MIB - 100], 4096)),
+            Code::InvalidArgument,
+            "ranges.remote_offsets[1]",
+        ),
+        (
+            "ranges past the local buffer",
+            packed(ranges(&[0, 4 * MIB], &[0, 4096], 4096)),
+            Code::InvalidArgument,
+            "ranges.local_offsets[1]: 4194304 is past the end of the local buffer",
+        ),
+        (
+            "ranges of a zero length",
+            packed(pb::BatchRanges {
+                lengths: le(&[4, 0]),
+                ..ranges(&[0, 8], &[0, 8], 0)
+            }),
+            Code::InvalidArgument,
+            "ranges.lengths[1]: must be at least 1 byte",
+        ),
+    ];
+    for (what, req, code, words) in cases {
+        expect_err(what, ac.write_batch(req).await, code, words);
+    }
+    expect_err(
+        "read ranges past the remote buffer",
+        ac.read_batch(pb::ReadBatchRequest {
+            ranges: Some(ranges(&[0], &[4 * MIB], 1)),
+            ..Default::default()
+        })
+        .await,
+        Code::InvalidArgument,
+        "ranges.remote_offsets[0]",
     );
 
     // ---- WRITE, refused by the remote (the offer is rejected, nothing posted) --------------

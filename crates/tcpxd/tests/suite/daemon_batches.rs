@@ -6,18 +6,25 @@
 //! every byte of the destination compared with a per-entry copy (untouched bytes included), far
 //! fewer chunks than entries on the wire, and every lane's slots and credits back at rest.
 
-use crate::common::batches::{SIZE, write_then_read};
+use crate::common::batches::{Form, SIZE, write_then_read};
 use crate::common::daemons::{fill_seed, host_buffer};
 use crate::common::procs;
 use tcpxd::api::proto::v1 as pb;
 
 /// `chunks`: each daemon's `transfer.chunk_bytes` (0: the default).
 async fn run(protocol: &str, host_recv: &str, chunks: (u32, u32)) {
+    run_as(protocol, host_recv, chunks, Form::Entries).await;
+}
+
+async fn run_as(protocol: &str, host_recv: &str, chunks: (u32, u32), form: Form) {
     let env = [
         ("TCPXD_TRANSFER_PROTOCOL", protocol),
         ("TCPXEMU_HOST_RECV", host_recv),
     ];
-    let tag = format!("batches-{protocol}-{host_recv}-{}-{}", chunks.0, chunks.1);
+    let tag = format!(
+        "batches-{protocol}-{host_recv}-{}-{}-{form:?}",
+        chunks.0, chunks.1
+    );
     let config = |c: u32| match c {
         0 => String::new(),
         c => format!("[transfer]\nchunk_bytes = {c}\n"),
@@ -37,7 +44,21 @@ async fn run(protocol: &str, host_recv: &str, chunks: (u32, u32)) {
     fill_seed(&mut ac, back.id, 0, 0, 22).await;
     fill_seed(&mut bc, dst.id, 0, 0, 23).await;
 
-    write_then_read(&mut ac, &mut bc, (&src, &back, &dst), &tag).await;
+    write_then_read(&mut ac, &mut bc, (&src, &back, &dst), &tag, form).await;
+}
+
+/// The same batches as packed ranges of one buffer pair (issue 38): the same bytes and chunks,
+/// no per-entry statuses in the final event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packed_rendezvous_batches_through_bounce_pages() {
+    tcpxd::logging::init("error");
+    run_as("rendezvous", "bounce", (0, 0), Form::Ranges).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packed_eager_batches_through_direct_receives() {
+    tcpxd::logging::init("error");
+    run_as("eager", "direct", (0, 0), Form::Ranges).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@
 //!
 //! Needs a CUDA GPU: `cargo test --release -p tcpxd --test suite -- --ignored --test-threads=1 daemon_gpu_batches::`.
 
-use crate::common::batches::{SIZE, bytes, write_then_read};
+use crate::common::batches::{Form, SIZE, bytes, write_then_read};
 use crate::common::daemons::{self, Client, assert_lanes_drain, connect, fill_seed, host_buffer};
 use tcpxd::api::proto::v1 as pb;
 use tcpxd::api::proto::v1::register_blocks_request::Layout as L;
@@ -41,8 +41,12 @@ async fn buffer(c: &mut Client, mem: Mem, label: &str) -> pb::Buffer {
 
 /// `src` and `back` on a, `dst` on b, in the given memories.
 async fn run(protocol: &'static str, src_mem: Mem, dst_mem: Mem) {
+    run_as(protocol, src_mem, dst_mem, Form::Entries).await;
+}
+
+async fn run_as(protocol: &'static str, src_mem: Mem, dst_mem: Mem, form: Form) {
     tcpxd::logging::init("warn");
-    let tag = format!("gpu-batches-{protocol}-{src_mem:?}-{dst_mem:?}").to_lowercase();
+    let tag = format!("gpu-batches-{protocol}-{src_mem:?}-{dst_mem:?}-{form:?}").to_lowercase();
     let proto = |a: &mut tcpxd::config::DaemonArgs| a.transfer_protocol = Some(protocol.into());
     let mut a = daemons::start(&format!("{tag}-a"), proto).await;
     let mut b = daemons::start(&format!("{tag}-b"), proto).await;
@@ -54,7 +58,7 @@ async fn run(protocol: &'static str, src_mem: Mem, dst_mem: Mem) {
     fill_seed(&mut a.client, back.id, 0, 0, 32).await;
     fill_seed(&mut b.client, dst.id, 0, 0, 33).await;
     let mut bc = b.client.clone();
-    write_then_read(&mut a.client, &mut bc, (&src, &back, &dst), &tag).await;
+    write_then_read(&mut a.client, &mut bc, (&src, &back, &dst), &tag, form).await;
     a.stop().await;
     b.stop().await;
 }
@@ -87,6 +91,13 @@ async fn gpu_to_host_batches_rendezvous() {
 #[ignore = "needs a CUDA GPU: cargo test --release -p tcpxd --test suite -- --ignored --test-threads=1 daemon_gpu_batches::"]
 async fn host_to_gpu_and_back_batches_eager() {
     run("eager", Mem::Host, Mem::Gpu).await;
+}
+
+/// The batches as packed ranges of one buffer pair (issue 38), GPU to GPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs a CUDA GPU: cargo test --release -p tcpxd --test suite -- --ignored --test-threads=1 daemon_gpu_batches::"]
+async fn gpu_to_gpu_packed_batches_rendezvous() {
+    run_as("rendezvous", Mem::Gpu, Mem::Gpu, Form::Ranges).await;
 }
 
 fn u32s(v: &[u32]) -> pb::BlockIndices {

@@ -343,6 +343,7 @@ async fn wait_answers_with_the_final_event_in_one_call() {
             ],
             timeout_ms: 60_000,
             wait: true,
+            ranges: None,
         })
         .await
         .unwrap()

@@ -111,6 +111,7 @@ async fn read_pulls_remote_bytes_and_batches_report_per_entry() {
             entries,
             timeout_ms: 60_000,
             wait: false,
+            ranges: None,
         })
         .await
         .unwrap()
@@ -136,6 +137,7 @@ async fn read_pulls_remote_bytes_and_batches_report_per_entry() {
             timeout_ms: 60_000,
             ready_event_ipc_handle: Vec::new(),
             wait: false,
+            ranges: None,
         })
         .await
         .unwrap()

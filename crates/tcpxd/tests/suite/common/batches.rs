@@ -6,6 +6,30 @@ use tcpxd::api::proto::v1 as pb;
 use tcpxd_testkit::Rng;
 
 pub const SIZE: u64 = 4 << 20;
+
+/// How a batch carries its entries: one message each, or packed arrays of one buffer pair
+/// (`BatchRanges`: the final event then has no per-entry statuses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    Entries,
+    Ranges,
+}
+
+fn packed(v: impl Iterator<Item = u64>) -> Vec<u8> {
+    v.flat_map(u64::to_le_bytes).collect()
+}
+
+/// `list`'s `(local offset, remote offset, length)` as packed ranges (varying lengths).
+pub fn ranges(local: &pb::Buffer, remote: &pb::Buffer, list: &[(u64, u64, u64)]) -> pb::BatchRanges {
+    pb::BatchRanges {
+        local_buffer_id: local.id,
+        remote_descriptor: remote.descriptor.clone(),
+        local_offsets: packed(list.iter().map(|e| e.0)),
+        remote_offsets: packed(list.iter().map(|e| e.1)),
+        lengths: packed(list.iter().map(|e| e.2)),
+        uniform_length: 0,
+    }
+}
 pub const ENTRIES: usize = 600;
 
 /// `(source offset, destination offset, length)` of `ENTRIES` entries: destinations in distinct
@@ -75,12 +99,14 @@ pub fn first_difference(got: &[u8], want: &[u8]) -> String {
 /// A WRITE batch of [`ENTRIES`] scattered entries from `src` (on `ac`'s node) into `dst` (on
 /// `bc`'s), then a READ batch of other entries from `dst` into `back`: every byte of the
 /// destinations compared with a per-entry copy, the batches coalesced (far fewer chunks than
-/// entries), the lanes at rest afterwards on both nodes, the read's source unchanged.
+/// entries), the lanes at rest afterwards on both nodes, the read's source unchanged. `form`: how
+/// both batches carry their entries.
 pub async fn write_then_read(
     ac: &mut Client,
     bc: &mut Client,
     (src, back, dst): (&pb::Buffer, &pb::Buffer, &pb::Buffer),
     tag: &str,
+    form: Form,
 ) {
     // WRITE: a's scattered source entries into b's scattered destination entries.
     let list = entries(0x9e37_79b9);
@@ -88,13 +114,20 @@ pub async fn write_then_read(
     let want = expect(&s0, &d0, &list);
     let (sent0, _) = chunks(ac).await;
     let id = ac
-        .write_batch(pb::WriteBatchRequest {
-            entries: list
-                .iter()
-                .map(|&(s, d, l)| write_entry(src, s, dst, d, l))
-                .collect(),
-            timeout_ms: 60_000,
-            ..Default::default()
+        .write_batch(match form {
+            Form::Entries => pb::WriteBatchRequest {
+                entries: list
+                    .iter()
+                    .map(|&(s, d, l)| write_entry(src, s, dst, d, l))
+                    .collect(),
+                timeout_ms: 60_000,
+                ..Default::default()
+            },
+            Form::Ranges => pb::WriteBatchRequest {
+                ranges: Some(ranges(src, dst, &list)),
+                timeout_ms: 60_000,
+                ..Default::default()
+            },
         })
         .await
         .expect("write batch")
@@ -103,7 +136,11 @@ pub async fn write_then_read(
     let ev = wait_ok(ac, id).await;
     let total: u64 = list.iter().map(|e| e.2).sum();
     assert_eq!(ev.total_bytes, total);
-    assert_eq!(ev.entries.len(), ENTRIES);
+    let statuses = match form {
+        Form::Entries => ENTRIES,
+        Form::Ranges => 0,
+    };
+    assert_eq!(ev.entries.len(), statuses);
     let got = bytes(bc, dst.id).await;
     assert!(got == want, "{tag}: write: {}", first_difference(&got, &want));
     let (sent1, _) = chunks(ac).await;
@@ -121,19 +158,32 @@ pub async fn write_then_read(
     let want = expect(&s0, &d0, &list);
     let (_, recv0) = chunks(ac).await;
     let id = ac
-        .read_batch(pb::ReadBatchRequest {
-            entries: list
-                .iter()
-                .map(|&(s, d, l)| read_entry(dst, s, back, d, l))
-                .collect(),
-            timeout_ms: 60_000,
-            ..Default::default()
+        .read_batch(match form {
+            Form::Entries => pb::ReadBatchRequest {
+                entries: list
+                    .iter()
+                    .map(|&(s, d, l)| read_entry(dst, s, back, d, l))
+                    .collect(),
+                timeout_ms: 60_000,
+                ..Default::default()
+            },
+            Form::Ranges => pb::ReadBatchRequest {
+                // Local: the destination `back`; remote: the source `dst`.
+                ranges: Some(ranges(
+                    back,
+                    dst,
+                    &list.iter().map(|&(s, d, l)| (d, s, l)).collect::<Vec<_>>(),
+                )),
+                timeout_ms: 60_000,
+                ..Default::default()
+            },
         })
         .await
         .expect("read batch")
         .into_inner()
         .transfer_id;
-    wait_ok(ac, id).await;
+    let ev = wait_ok(ac, id).await;
+    assert_eq!(ev.entries.len(), statuses);
     let got = bytes(ac, back.id).await;
     assert!(got == want, "{tag}: read: {}", first_difference(&got, &want));
     let (_, recv1) = chunks(ac).await;
