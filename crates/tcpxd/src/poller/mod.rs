@@ -18,8 +18,9 @@
 //!
 //! This file holds the types, the thread's start and join, and the pass loop (`run`, `busy`);
 //! `commands.rs` carries out each [`Command`], `peers.rs` sets pairings up and tears everything
-//! down (drain, shutdown), `lanes.rs` is the pass over the lanes, `posting.rs` what it posts to
-//! the plugin (registration windows, deferred sends and receives, landing slots, unpacks),
+//! down (drain, shutdown), `drive.rs` the passes that drive the comms (connect and accept, test,
+//! consume) and turn what they report into completions, `actions.rs` executes the engine's
+//! actions (one method each), `posting.rs` what they post to the plugin (registration windows, deferred sends and receives, landing slots, unpacks),
 //! `blocks.rs` its block chunks, `stats.rs` what the poller reports.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -40,9 +41,10 @@ use crate::metrics::Meter;
 use crate::net::{ConnectHandle, Connector, ListenComm, MemHandle, Plugin, RecvComm, SendComm};
 use crate::unpack::UnpackImpl;
 
+mod actions;
 mod blocks;
 mod commands;
-mod lanes;
+mod drive;
 mod peers;
 mod posting;
 pub mod stats;
