@@ -1,4 +1,4 @@
-//! Connecting to a tcpxd daemon's client API, and the size/rate helpers the CLI shares.
+//! Connecting to a tcpxd daemon's client API, and the size/rate and index helpers the CLI shares.
 //!
 //! Endpoints come in two families:
 //!
@@ -22,6 +22,19 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Uri};
 
 use tcpxd::api::proto::v1::tcpxd_client::TcpxdClient;
+use tcpxd::api::proto::v1::{self as pb, BlockIndices};
+use tcpxd::engine::blocks::{IndexArray, IndexEncoding};
+
+/// An index array as the API's message (block transfers: the CLI's commands and the bench).
+pub fn pack_indices(a: &IndexArray) -> BlockIndices {
+    BlockIndices {
+        encoding: match a.encoding() {
+            IndexEncoding::U32Le => pb::IndexEncoding::U32,
+            IndexEncoding::Ranges => pb::IndexEncoding::Ranges,
+        } as i32,
+        data: a.bytes().to_vec(),
+    }
+}
 
 /// Where the daemon serves its client API unless told otherwise.
 pub const DEFAULT_ENDPOINT: &str = "unix:/run/tcpxd/tcpxd.sock";

@@ -9,7 +9,14 @@
 //! KiB), and a lookup is a binary search among them. A list that does not compress to at most
 //! one run per [`MIN_ENTRIES_PER_RUN`] entries stays flat.
 
-use crate::prepared::PreparedEntry;
+/// One entry of a prepared list: `count` blocks from block `first` of the list at position
+/// `list` of the prepared list's lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PreparedEntry {
+    pub list: u32,
+    pub first: u32,
+    pub count: u32,
+}
 
 /// Runs are kept only when they average at least this many entries.
 pub const MIN_ENTRIES_PER_RUN: usize = 8;

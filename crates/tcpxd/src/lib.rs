@@ -22,6 +22,7 @@ pub mod lanes;
 pub mod logging;
 pub mod metrics;
 pub mod net;
+pub mod peer_stats;
 pub mod peers;
 pub mod poller;
 pub mod topology;

@@ -23,7 +23,7 @@ use prometheus::{
 
 use crate::engine::{Code, Outcome, TransferId};
 use crate::net::NetError;
-use crate::poller::stats::{PeerLink, StatsSnapshot};
+use crate::peer_stats::{PeerLink, StatsSnapshot};
 
 /// Which way a transfer moves data, from the initiator's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -626,7 +626,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
 mod tests {
     use super::*;
     use crate::engine::{LaneCounters, PeerCounters};
-    use crate::poller::stats::PeerStats;
+    use crate::peer_stats::PeerStats;
 
     #[test]
     fn size_classes() {

@@ -402,8 +402,8 @@ async fn run(
         Scattered::Local => in_order(),
         _ => permutation(w.blocks, w.seed.wrapping_add(1)),
     };
-    let li = crate::cli::commands::blocks::pack(&IndexArray::compact(&local_idx));
-    let ri = crate::cli::commands::blocks::pack(&IndexArray::compact(&remote_idx));
+    let li = crate::client::pack_indices(&IndexArray::compact(&local_idx));
+    let ri = crate::client::pack_indices(&IndexArray::compact(&remote_idx));
     let timeout_ms = 600_000;
     let batch = w.batch.map(|form| BatchPairs {
         form,

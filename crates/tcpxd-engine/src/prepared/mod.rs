@@ -28,6 +28,7 @@ use std::collections::{HashMap, HashSet};
 use super::block_transfers::IndexChecks;
 use super::blocks::{IndexArray, MAX_LIST_BLOCKS, MAX_TRANSFER_BLOCKS};
 use super::prepared_entries::PreparedEntries;
+pub use super::prepared_entries::PreparedEntry;
 use super::*;
 
 mod dest_bits;
@@ -43,15 +44,6 @@ pub const MAX_PREPARED_ENTRIES: usize = 1 << 22;
 pub const MAX_PREPARED: usize = 65_536;
 /// The most block lists one prepared list names.
 pub const MAX_PREPARED_LISTS: usize = 65_536;
-
-/// One entry of a prepared list: `count` blocks from block `first` of the list at position
-/// `list` of the prepared list's lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PreparedEntry {
-    pub list: u32,
-    pub first: u32,
-    pub count: u32,
-}
 
 /// A block list of another node, from its token.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,6 +24,7 @@ use serde::Serialize;
 
 use crate::config::{Config, DaemonArgs, PluginChoice};
 use crate::engine::topology::MapSpec;
+use crate::net::RECOMMENDED_ENV;
 
 pub use lanes::{LaneChoice, lane_plan};
 pub use system::parse_recommended_env;
@@ -213,9 +214,6 @@ fn split_list(v: &str) -> Vec<String> {
         .map(String::from)
         .collect()
 }
-
-/// GCP's recommended TCPX settings, as shipped in deploy/systemd/tcpx.env.
-pub const RECOMMENDED_ENV: &str = include_str!("../../../../deploy/systemd/tcpx.env");
 
 /// The daemon settings the doctor checks against.
 #[derive(Debug, Clone)]

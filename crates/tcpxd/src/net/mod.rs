@@ -26,7 +26,7 @@ pub use comm::{
 pub use error::{NetError, NetResult};
 pub use memory::{HostRegion, MemType, REGION_ALIGN, Region, RegionWindow};
 pub use plugin::{
-    DEFAULT_DYNAMIC_CHUNK_SIZE, DeviceProperties, PLUGIN_DEFAULTS, Plugin, PluginSource,
+    DEFAULT_DYNAMIC_CHUNK_SIZE, DeviceProperties, PLUGIN_DEFAULTS, Plugin, PluginSource, RECOMMENDED_ENV,
     missing_plugin_defaults,
 };
 pub use ring::UnpackRing;

@@ -273,6 +273,10 @@ fn check_table(table: &ncclNet_v7_t, plugin: &str) -> NetResult<()> {
     }
 }
 
+/// GCP's recommended TCPX settings, as shipped in deploy/systemd/tcpx.env (what `tcpxd doctor`
+/// checks the environment against).
+pub const RECOMMENDED_ENV: &str = include_str!("../../../../deploy/systemd/tcpx.env");
+
 /// GCP's recommended TCPX plugin settings that tcpxd applies before `init` when the environment
 /// has no value (deploy/systemd/tcpx.env has the same values): the plugin's own defaults make no
 /// progress (`NCCL_DYNAMIC_CHUNK_SIZE` 0) or halve the throughput (one socket per comm).
@@ -527,7 +531,7 @@ mod tests {
         let all: &'static [(&'static str, &'static str)] = &PLUGIN_DEFAULTS;
         assert!(missing_plugin_defaults(env(all)).is_empty());
         // The values are GCP's, as deploy/systemd/tcpx.env writes them.
-        let rec = crate::doctor::RECOMMENDED_ENV;
+        let rec = RECOMMENDED_ENV;
         for (k, v) in PLUGIN_DEFAULTS {
             assert!(
                 rec.lines().any(|l| l == format!("{k}={v}")),

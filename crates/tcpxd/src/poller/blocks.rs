@@ -261,7 +261,7 @@ pub(super) fn gather_send(
             .map_err(|e| e.to_string())?;
         }
         (Some(region), Some(ring_span)) => {
-            crate::unpack::blocks::check_table(segs, len, region.len() as u64)
+            crate::net::blocks::check_table(segs, len, region.len() as u64)
                 .map_err(|e| format!("gather: {e}"))?;
             let gpu = region.gpu();
             let stage = stage_for(stages, gpu, unpack_impl)?;
@@ -361,7 +361,7 @@ pub(super) fn start_scatter(
         let bounce = ring.bounce_span(frags);
         crate::unpack::validate_list(frags, bounce.len(), u64::from(len), true)
             .map_err(|e| format!("scatter: {e}"))?;
-        crate::unpack::blocks::check_table(segs, len, region.len() as u64)
+        crate::net::blocks::check_table(segs, len, region.len() as u64)
             .map_err(|e| format!("scatter: {e}"))?;
         let list = ring.fragment_list(q).map_err(|e| e.to_string())?;
         let frag_span = list
@@ -406,8 +406,7 @@ pub(super) fn land_scatter(
             .map(|_| ())
             .map_err(|e| e.to_string());
     };
-    crate::unpack::blocks::check_table(segs, len, region.len() as u64)
-        .map_err(|e| format!("scatter: {e}"))?;
+    crate::net::blocks::check_table(segs, len, region.len() as u64).map_err(|e| format!("scatter: {e}"))?;
     let stage = stage_for(stages, region.gpu(), unpack_impl)?;
     let staging = stage.host_staging(len as usize);
     match comm.land_into(id, staging) {

@@ -18,9 +18,11 @@
 //!
 //! This file holds the types, the thread's start and join, and the pass loop (`run`, `busy`);
 //! `commands.rs` carries out each [`Command`], `peers.rs` sets pairings up and tears everything
-//! down (drain, shutdown), `lanes.rs` is the pass over the lanes, `posting.rs` what it posts to
-//! the plugin (registration windows, deferred sends and receives, landing slots, unpacks),
-//! `blocks.rs` its block chunks, `stats.rs` what the poller reports.
+//! down (drain, shutdown), `drive.rs` the passes that drive the comms (connect and accept, test,
+//! consume) and turn what they report into completions, `actions.rs` executes the engine's
+//! actions (one method each), `posting.rs` what they post to the plugin (registration windows, deferred sends and receives, landing slots, unpacks),
+//! `blocks.rs` its block chunks. What the poller reports of its pairings (`PeerLink`, `PeerStats`,
+//! `StatsSnapshot`) is `crate::peer_stats`, below the metrics that read it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -40,16 +42,16 @@ use crate::metrics::Meter;
 use crate::net::{ConnectHandle, Connector, ListenComm, MemHandle, Plugin, RecvComm, SendComm};
 use crate::unpack::UnpackImpl;
 
+mod actions;
 mod blocks;
 mod commands;
-mod lanes;
+mod drive;
 mod peers;
 mod posting;
-pub mod stats;
 
 use crate::lanes::{GpuStage, RecvQueue, Tag};
+pub use crate::peer_stats::{PeerLink, PeerStats, StatsSnapshot};
 pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
-pub use stats::{PeerLink, PeerStats, StatsSnapshot};
 
 /// One lane's listening side, as exchanged in the handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]

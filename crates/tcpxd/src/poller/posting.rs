@@ -169,8 +169,8 @@ pub(super) struct Placed {
     pub staged: bool,
 }
 
-/// [`lanes::start_unpack`] into a registered buffer, the GPU's stage made on first use.
-pub(super) fn start_unpack(
+/// [`lanes::start_unpack`] into a registered buffer (by id), the GPU's stage made on first use.
+pub(super) fn start_buffer_unpack(
     comm: &crate::net::RecvComm,
     id: crate::net::RequestId,
     to: Placed,

@@ -20,7 +20,6 @@
 //! through pinned host memory; a debug fallback). Measurements: docs/GPU.md.
 
 pub mod block_batch;
-pub mod blocks;
 pub(crate) mod completions;
 mod d2d;
 mod host;

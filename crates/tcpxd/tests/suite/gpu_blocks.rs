@@ -13,7 +13,7 @@ use tcpxd::engine::blocks::{BlockList, IndexArray, Layout, Segment, SidePlan};
 use tcpxd::gpu::blocks::{BLOCK_TASKS, BlockSignal, GatherTask, INLINE_CAPS, ScatterTask};
 use tcpxd::gpu::{DeviceRegion, Gpu, Kernels, PinnedRegion, Stream};
 use tcpxd::net::abi::loadMeta;
-use tcpxd::unpack::blocks::gather_host;
+use tcpxd::net::blocks::gather_host;
 use tcpxd_testkit::Rng;
 
 const POISON: u8 = 0xA5;
@@ -443,9 +443,9 @@ fn pieces_and_fragments_out_of_bounds_are_skipped_and_reported() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn batches_of_many_chunks_and_their_reports() {
+    use tcpxd::net::blocks::scatter_host;
     use tcpxd::unpack::UnpackError;
     use tcpxd::unpack::block_batch::{BlockBatcher, BlockOp};
-    use tcpxd::unpack::blocks::scatter_host;
 
     let gpu = gpu();
     let mut rng = Rng::new(0x5EED_0003);

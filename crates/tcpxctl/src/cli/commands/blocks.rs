@@ -7,12 +7,12 @@ use serde_json::json;
 use super::transfer::{after_start, apply_timeout, one_call, timeout_ms, waited};
 use crate::cli::args::{BlocksCommand, BlocksRegisterArgs, ReadBlocksArgs, WriteBlocksArgs};
 use crate::cli::error::{CliError, print_json, rpc};
-use crate::client::{ApiClient, parse_size};
+use crate::client::{ApiClient, pack_indices, parse_size};
 use tcpxd::api::proto::v1::{
     self as pb, BlockIndices, DescribeBlocksRequest, ReadBlocksRequest, RegisterBlocksRequest,
     ReleaseBlocksRequest, WriteBlocksRequest, register_blocks_request::Layout,
 };
-use tcpxd::engine::blocks::{IndexArray, IndexEncoding, MAX_TRANSFER_BLOCKS};
+use tcpxd::engine::blocks::{IndexArray, MAX_TRANSFER_BLOCKS};
 
 /// The text of an option: itself, or the file `@FILE` names.
 fn text_of(option: &str, value: &str) -> Result<String, CliError> {
@@ -79,18 +79,7 @@ pub fn pack_runs(runs: &[(u32, u32)]) -> BlockIndices {
         let flat: Vec<u32> = runs.iter().flat_map(|&(s, n)| s..s + n).collect();
         IndexArray::from_indices(&flat)
     };
-    pack(&a)
-}
-
-/// An index array as the API's message.
-pub fn pack(a: &IndexArray) -> BlockIndices {
-    BlockIndices {
-        encoding: match a.encoding() {
-            IndexEncoding::U32Le => pb::IndexEncoding::U32,
-            IndexEncoding::Ranges => pb::IndexEncoding::Ranges,
-        } as i32,
-        data: a.bytes().to_vec(),
-    }
+    pack_indices(&a)
 }
 
 fn indices(option: &str, value: &str) -> Result<BlockIndices, CliError> {

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::doctor::{Check, Host, RECOMMENDED_ENV, parse_env_lines};
+use crate::doctor::{Check, Host, parse_env_lines};
+use crate::net::RECOMMENDED_ENV;
 
 /// GCP's recommended settings from a tcpx.env text, keeping only the plugin's own variables
 /// (`NCCL_DYNAMIC_CHUNK_SIZE`, `NCCL_GPUDIRECTTCPX_*`, and the socket thread counts it reads).

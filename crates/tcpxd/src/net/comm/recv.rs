@@ -331,14 +331,14 @@ impl RecvComm {
         bytes: u32,
         dst: &dyn Region,
     ) -> NetResult<u64> {
-        use crate::unpack::blocks::scatter_ops;
+        use crate::net::blocks::scatter_ops;
         if dst.mem_type() != MemType::Host {
             return Err(NetError::Ring("a host scatter needs a host destination".into()));
         }
         let slot = self.completed_slot(id)?;
         let ring = self.unpack_ring()?;
         let to = dst.as_ptr();
-        let bad = |e: crate::unpack::blocks::BlockCopyError| NetError::Ring(format!("scatter: {e}"));
+        let bad = |e: crate::net::blocks::BlockCopyError| NetError::Ring(format!("scatter: {e}"));
         if ring.count(slot.q)? > 0 {
             if !ring.bounce_is_host_readable() {
                 return Err(NetError::Ring(

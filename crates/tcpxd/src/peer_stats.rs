@@ -1,5 +1,6 @@
 //! What the poller reports of its pairings: each peer's link state, counters and devices, and the
-//! snapshot that GetStats and the metrics' scrape read.
+//! snapshot that GetStats and the metrics' scrape read. Below both the poller, which fills it, and
+//! the metrics, which read it.
 
 use crate::engine::PeerCounters;
 

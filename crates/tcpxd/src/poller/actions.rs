@@ -1,0 +1,457 @@
+//! The poller's execution of the engine's actions: one short dispatcher (`run_actions`) and a
+//! method per action. Posting sends and receives as the windows allow (`posting.rs`), block
+//! chunks (`blocks.rs`), unpacking a landed eager or block chunk once its header said where,
+//! publishing progress, final outcomes and notifications, and closing and releasing a pairing.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use super::blocks::{self, RecvPost, ScatterTo, SendPost, Slots};
+use super::posting::{Placed, landing_slots, post_recvs, post_sends, start_buffer_unpack};
+use super::{LANDING, PeerSlot, Phase, Poller, RecvLaneState, SendLaneState};
+use crate::engine::{Action, Outcome, PeerIdx, PeerMsg, TransferId};
+use crate::lanes::{self, GpuStage, Wait};
+use crate::net::{RecvComm, RequestId};
+use crate::poller::{NotificationEvent, PeerLink};
+
+/// A lane's failure: its pairing fails once the pass's actions are done.
+type Failure = (PeerIdx, String);
+
+impl Poller {
+    /// Executes the engine's actions. Returns whether there were any.
+    pub(super) fn run_actions(&mut self) -> bool {
+        let mut any = false;
+        let mut failures = Vec::new();
+        while let Some(action) = self.engine.poll_action() {
+            any = true;
+            if let Err(failure) = self.run_action(action) {
+                failures.push(failure);
+            }
+        }
+        // This pass's GPU gathers, one launch per GPU; their sends go out once they are done.
+        for stage in self.stages.values_mut() {
+            stage.submit_gathers();
+        }
+        for (p, why) in failures {
+            self.engine.on_peer_failed(p, &why);
+        }
+        any
+    }
+
+    /// One action, by the method of its own.
+    fn run_action(&mut self, action: Action) -> Result<(), Failure> {
+        let fails = |peer: PeerIdx| move |why: String| (peer, why);
+        match action {
+            Action::Control { peer, msg } => self.send_control(peer, msg),
+            Action::PostSend {
+                peer,
+                lane,
+                buffer,
+                offset,
+                len,
+            } => self
+                .post_send(peer, lane, buffer, offset, len)
+                .map_err(fails(peer))?,
+            Action::PostRecv {
+                peer,
+                lane,
+                buffer,
+                offset,
+                len,
+            } => self
+                .post_recv(peer, lane, buffer, offset, len)
+                .map_err(fails(peer))?,
+            Action::PostCredit { peer, lane, len } => {
+                self.post_credit(peer, lane, len).map_err(fails(peer))?
+            }
+            Action::Land {
+                peer,
+                lane,
+                buffer,
+                offset,
+                len,
+            } => self.land(peer, lane, buffer, offset, len).map_err(fails(peer))?,
+            Action::Progress {
+                transfer,
+                bytes_done,
+                total,
+                running,
+            } => self.publish_progress(transfer, bytes_done, total, running),
+            Action::Finished { transfer, outcome } => self.finish(transfer, outcome),
+            Action::Notify {
+                peer,
+                transfer_id,
+                payload,
+                buffers,
+            } => self.notify(peer, transfer_id, payload, buffers),
+            Action::ClosePeer { peer, reason } => self.close_peer(peer, reason),
+            Action::PostGatherSend {
+                peer,
+                lane,
+                buffer,
+                offer,
+                wire,
+                len,
+            } => self
+                .post_gather_send(peer, lane, buffer, offer, wire, len)
+                .map_err(fails(peer))?,
+            Action::PostScatterRecv {
+                peer,
+                lane,
+                buffer,
+                offer,
+                wire,
+                len,
+            } => self
+                .post_scatter_recv(peer, lane, buffer, offer, wire, len)
+                .map_err(fails(peer))?,
+            Action::LandScatter {
+                peer,
+                lane,
+                buffer,
+                offer,
+                wire,
+                len,
+            } => self
+                .land_scatter(peer, lane, buffer, offer, wire, len)
+                .map_err(fails(peer))?,
+            Action::BufferIdle { buffer } => self.buffer_idle(buffer),
+            Action::ReleasePeer { peer } => self.release_peer(peer),
+        }
+        Ok(())
+    }
+
+    fn send_control(&mut self, peer: PeerIdx, msg: PeerMsg) {
+        let (kind, id) = msg.label();
+        tracing::trace!(target: "tcpxd::hop", hop = "poller.out", kind, id);
+        if let Some(p) = self.peers.get(&peer) {
+            let _ = p.control.send(msg);
+        }
+    }
+
+    fn post_send(
+        &mut self,
+        peer: PeerIdx,
+        lane: u32,
+        buffer: u64,
+        offset: u64,
+        len: u32,
+    ) -> Result<(), String> {
+        tracing::trace!(target: "tcpxd::hop", hop = "poller.isend", lane);
+        let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.send) else {
+            return Ok(());
+        };
+        l.deferred.push_back(SendPost::plain(buffer, offset, len));
+        let window = self.cfg.engine.send_window;
+        post_sends(l, window, &self.buffers, &mut self.stages)
+            .map_err(|why| format!("lane {lane} send: {why}"))
+    }
+
+    fn post_recv(
+        &mut self,
+        peer: PeerIdx,
+        lane: u32,
+        buffer: u64,
+        offset: u64,
+        len: u32,
+    ) -> Result<(), String> {
+        let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
+            return Ok(());
+        };
+        l.deferred.push_back(RecvPost {
+            buffer,
+            offset,
+            len,
+            scatter: None,
+        });
+        post_recvs(l, &self.buffers).map_err(|why| format!("lane {lane} receive: {why}"))
+    }
+
+    /// An eager credit receive, into the lane's next landing slot (made on first use).
+    fn post_credit(&mut self, peer: PeerIdx, lane: u32, len: u32) -> Result<(), String> {
+        let credits = u64::from(self.cfg.engine.credits);
+        let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
+            return Ok(());
+        };
+        landing_slots(l, credits, len)
+            .and_then(|()| {
+                let slot = l.credit_seq % credits;
+                l.credit_seq += 1;
+                l.deferred.push_back(RecvPost {
+                    buffer: LANDING,
+                    offset: slot * u64::from(len),
+                    len,
+                    scatter: None,
+                });
+                post_recvs(l, &self.buffers)
+            })
+            .map_err(|why| format!("lane {lane} credit receive: {why}"))
+    }
+
+    /// An eager chunk's header said where it goes (`None`: refused or cancelled, consumed without
+    /// unpacking, its slot zeroed).
+    fn land(
+        &mut self,
+        peer: PeerIdx,
+        lane: u32,
+        buffer: Option<u64>,
+        offset: u64,
+        len: u32,
+    ) -> Result<(), String> {
+        landed_chunk(&mut self.peers, peer, lane, "a chunk", |comm, id| match buffer {
+            None => lanes::discard(comm, id),
+            Some(buffer) => {
+                let dest = Placed {
+                    buffer,
+                    offset,
+                    len,
+                    staged: true,
+                };
+                start_buffer_unpack(comm, id, dest, &self.buffers, &mut self.stages, self.unpack_impl)
+            }
+        })
+    }
+
+    /// A block chunk's header said which blocks it carries: scattered from the landing slot.
+    fn land_scatter(
+        &mut self,
+        peer: PeerIdx,
+        lane: u32,
+        buffer: u64,
+        offer: u64,
+        wire: u64,
+        len: u32,
+    ) -> Result<(), String> {
+        let Poller {
+            peers,
+            engine,
+            segs,
+            buffers,
+            stages,
+            unpack_impl,
+            ..
+        } = self;
+        landed_chunk(peers, peer, lane, "a block chunk", |comm, id| {
+            let r = blocks::collect(
+                engine.recv_pieces(peer, offer, wire, len),
+                segs,
+                "received",
+                offer,
+                wire,
+                len,
+            )
+            .and_then(|()| {
+                let entry = buffers
+                    .get(&buffer)
+                    .ok_or_else(|| format!("buffer {buffer} vanished"))?;
+                blocks::land_scatter(comm, id, entry, len, segs, stages, *unpack_impl)
+            });
+            // The receive fails (the engine fails its transfer); the lane goes on, with nothing
+            // of the chunk left in its landing slot.
+            if r.is_err() {
+                let _ = comm.zero_posted(id, len as usize);
+            }
+            Wait::Ready(r)
+        })
+    }
+
+    fn publish_progress(&mut self, transfer: TransferId, bytes_done: u64, total: u64, running: bool) {
+        if let Some(tx) = self.transfers.get(&transfer) {
+            tx.send_modify(|s| {
+                s.bytes_done = bytes_done;
+                s.total = total;
+                if running && s.phase == Phase::Offered {
+                    s.phase = Phase::Running;
+                }
+            });
+        }
+    }
+
+    fn finish(&mut self, transfer: TransferId, outcome: Outcome) {
+        tracing::trace!(target: "tcpxd::hop", hop = "poller.finished", id = transfer.0);
+        if let Some(tx) = self.transfers.remove(&transfer) {
+            self.meter.finished(transfer, &outcome, outcome.landed);
+            tx.send_modify(|s| {
+                // What landed, not what left: a refused WRITE's chunks may all have been sent.
+                s.bytes_done = outcome.landed;
+                s.phase = Phase::Finished;
+                s.outcome = Some(outcome);
+                s.finished_at = Some(Instant::now());
+            });
+        }
+    }
+
+    fn notify(&mut self, peer: PeerIdx, transfer_id: u64, payload: Vec<u8>, buffers: Vec<u64>) {
+        let Some(p) = self.peers.get(&peer) else {
+            return;
+        };
+        let _ = self.notifications.send(NotificationEvent {
+            from_node: p.node_id.clone(),
+            transfer_id,
+            payload,
+            buffers,
+        });
+    }
+
+    fn close_peer(&mut self, peer: PeerIdx, reason: String) {
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        p.failed = true;
+        // Tells the peer why, then ends the outbound control stream (its pump sees the channel
+        // close after sending what was queued).
+        let _ = p.control.send(PeerMsg::Goodbye {
+            reason: reason.clone(),
+        });
+        p.control = tokio::sync::mpsc::unbounded_channel().0;
+        // Block kernels may still write the lanes' staging rings or read their bounce buffers:
+        // let them finish.
+        if p.send.iter().any(|l| l.staging.on_gpu()) || p.recv.iter().any(|l| l.scatter.on_gpu()) {
+            self.stages.values_mut().for_each(GpuStage::quiesce_blocks);
+        }
+        for l in &mut p.send {
+            l.handles.clear();
+            l.deferred.clear();
+            l.staging = blocks::SendStaging::default();
+            l.state = SendLaneState::Closed;
+        }
+        for l in &mut p.recv {
+            l.scatter = blocks::RecvScatter::default();
+            l.handles.clear();
+            l.landing_slots = None;
+            l.deferred.clear();
+            l.queue.clear();
+            l.state = RecvLaneState::Closed;
+        }
+        tracing::warn!(peer = %p.node_id, "peer failed: {reason}");
+        // Stored even with nobody watching (a replaced pairing): GetStats reads it.
+        p.link.send_replace(PeerLink::Failed(reason));
+    }
+
+    fn post_gather_send(
+        &mut self,
+        peer: PeerIdx,
+        lane: u32,
+        buffer: u64,
+        offer: u64,
+        wire: u64,
+        len: u32,
+    ) -> Result<(), String> {
+        let (slots, window) = (self.slots(), self.cfg.engine.send_window);
+        let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.send) else {
+            return Ok(());
+        };
+        blocks::collect(
+            self.engine.send_pieces(offer, wire, len),
+            &mut self.segs,
+            "sent",
+            offer,
+            wire,
+            len,
+        )
+        .and_then(|()| {
+            let entry = self
+                .buffers
+                .get(&buffer)
+                .ok_or_else(|| format!("buffer {buffer} vanished"))?;
+            blocks::gather_send(
+                l,
+                entry,
+                &self.segs,
+                len,
+                slots,
+                &mut self.stages,
+                self.unpack_impl,
+            )
+        })
+        .and_then(|post| {
+            l.deferred.push_back(post);
+            post_sends(l, window, &self.buffers, &mut self.stages)
+        })
+        .map_err(|why| format!("lane {lane} block send: {why}"))
+    }
+
+    fn post_scatter_recv(
+        &mut self,
+        peer: PeerIdx,
+        lane: u32,
+        buffer: u64,
+        offer: u64,
+        wire: u64,
+        len: u32,
+    ) -> Result<(), String> {
+        let slots = self.slots();
+        let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
+            return Ok(());
+        };
+        let to = ScatterTo { buffer, offer, wire };
+        self.buffers
+            .get(&buffer)
+            .ok_or_else(|| format!("buffer {buffer} vanished"))
+            .and_then(|entry| blocks::scatter_recv(l, entry, to, len, slots))
+            .and_then(|post| {
+                l.deferred.push_back(post);
+                post_recvs(l, &self.buffers)
+            })
+            .map_err(|why| format!("lane {lane} block receive: {why}"))
+    }
+
+    fn buffer_idle(&mut self, buffer: u64) {
+        for w in self.idle_waiters.remove(&buffer).unwrap_or_default() {
+            let _ = w.send(());
+        }
+    }
+
+    fn release_peer(&mut self, peer: PeerIdx) {
+        // Closed already (`ClosePeer` came first): what is left goes, and the link's last state
+        // stays with whoever still holds its receiver.
+        if let Some(p) = self.peers.remove(&peer) {
+            tracing::debug!(peer = %p.node_id, "failed pairing released");
+        }
+    }
+
+    fn slots(&self) -> Slots {
+        let e = &self.cfg.engine;
+        Slots {
+            staging: (e.send_window + e.gather_ahead).max(1) as u64,
+            recv_window: e.recv_window.max(1) as u64,
+            chunk_bytes: e.chunk_bytes,
+        }
+    }
+}
+
+/// A lane of a pairing the poller still has (`None` once released).
+fn lane_of<L>(
+    peers: &mut BTreeMap<PeerIdx, PeerSlot>,
+    peer: PeerIdx,
+    lane: u32,
+    side: impl FnOnce(&mut PeerSlot) -> &mut Vec<L>,
+) -> Option<&mut L> {
+    peers.get_mut(&peer).and_then(|p| side(p).get_mut(lane as usize))
+}
+
+/// What `Land` and `LandScatter` share: the lane's oldest completed credit receive still waiting
+/// for its header gets what `unpack` starts on it. Nothing when the lane is gone or closed; an
+/// error when no receive waits (`what` names the chunk).
+fn landed_chunk(
+    peers: &mut BTreeMap<PeerIdx, PeerSlot>,
+    peer: PeerIdx,
+    lane: u32,
+    what: &str,
+    unpack: impl FnOnce(&RecvComm, RequestId) -> Wait,
+) -> Result<(), String> {
+    let Some(l) = lane_of(peers, peer, lane, |p| &mut p.recv) else {
+        return Ok(());
+    };
+    let RecvLaneState::Ready(comm) = &mut l.state else {
+        return Ok(());
+    };
+    let Some(landing) = l.queue.awaiting_header() else {
+        return Err(format!("lane {lane}: {what} landed with no completed receive"));
+    };
+    landing.wait = unpack(comm, landing.id);
+    if matches!(landing.wait, Wait::Ready(_)) {
+        landing.meta.unpacked = Some(Instant::now());
+    }
+    Ok(())
+}

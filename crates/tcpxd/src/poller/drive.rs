@@ -1,0 +1,255 @@
+//! The poller's passes that drive the comms: connecting and accepting lanes being set up, testing
+//! the head of each comm (a completed receive starts its unpack, in ring order), and consuming
+//! completed receives in ring order once unpacked. What the plugin reports becomes a
+//! [`Completion`], applied to the engine at the end of the pass.
+
+use std::time::Instant;
+
+use super::blocks::{self, STAGED};
+use super::posting::{Placed, post_recvs, post_sends, start_buffer_unpack};
+use super::{Completion, LANDING, Landing, Poller, Posted, RecvLaneState, SendLaneState};
+use crate::lanes::{self, Wait};
+use crate::poller::PeerLink;
+
+impl Poller {
+    /// Drives non-blocking connects and accepts of lanes being set up.
+    pub(super) fn drive_setup(&mut self) -> bool {
+        // Reused every pass: no allocation on the hot path once it has grown.
+        let mut events = std::mem::take(&mut self.completions);
+        let now = Instant::now();
+        let meter = &self.meter;
+        for (&peer, p) in self.peers.iter_mut() {
+            if p.failed {
+                continue;
+            }
+            for (li, l) in p.send.iter_mut().enumerate() {
+                if let SendLaneState::Connecting(c, deadline) = &mut l.state {
+                    // Each call under the lane's GPU: the plugin reads the current device.
+                    if let Err(e) = crate::topology::make_current(l.gpu) {
+                        events.push(Completion::Failed(peer, format!("lane {li}: {e}")));
+                        continue;
+                    }
+                    match c.step() {
+                        Ok(Some(comm)) => {
+                            l.state = SendLaneState::Ready(comm);
+                            events.push(Completion::LaneReady(peer, li as u32, true));
+                        }
+                        Ok(None) if now > *deadline => {
+                            events.push(Completion::Failed(peer, format!("lane {li}: connect timed out")))
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            meter.metrics.plugin_error(&e);
+                            events.push(Completion::Failed(peer, format!("lane {li}: {e}")))
+                        }
+                    }
+                }
+            }
+            for (li, l) in p.recv.iter_mut().enumerate() {
+                if let RecvLaneState::Accepting(listen, deadline) = &mut l.state {
+                    if let Err(e) = crate::topology::make_current(l.gpu) {
+                        events.push(Completion::Failed(peer, format!("lane {li}: {e}")));
+                        continue;
+                    }
+                    match listen.accept_step() {
+                        Ok(Some(comm)) => {
+                            l.state = RecvLaneState::Ready(comm);
+                            events.push(Completion::LaneReady(peer, li as u32, false));
+                        }
+                        Ok(None) if now > *deadline => {
+                            events.push(Completion::Failed(peer, format!("lane {li}: accept timed out")))
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            meter.metrics.plugin_error(&e);
+                            events.push(Completion::Failed(peer, format!("lane {li}: {e}")))
+                        }
+                    }
+                }
+            }
+        }
+        let progressed = !events.is_empty();
+        self.apply(&mut events);
+        self.completions = events;
+        for p in self.peers.values_mut() {
+            if !p.up
+                && !p.failed
+                && p.send.iter().all(|l| matches!(l.state, SendLaneState::Ready(_)))
+                && p.recv.iter().all(|l| matches!(l.state, RecvLaneState::Ready(_)))
+            {
+                p.up = true;
+                tracing::info!(peer = %p.node_id, "peer up");
+                p.link.send_replace(PeerLink::Up);
+            }
+        }
+        progressed
+    }
+
+    fn apply(&mut self, events: &mut Vec<Completion>) {
+        for e in events.drain(..) {
+            match e {
+                Completion::SendDone(p, l) => self.engine.on_send_done(p, l),
+                Completion::RecvConsumed(p, l, r) => self.engine.on_recv_consumed(p, l, r),
+                Completion::Landed(p, l) => self.engine.on_recv_landed(p, l, Instant::now()),
+                Completion::LaneReady(p, l, send) => self.engine.on_lane_ready(p, l, send),
+                Completion::Failed(p, why) => {
+                    if let Some(slot) = self.peers.get(&p) {
+                        tracing::warn!(peer = %slot.node_id, "{why}");
+                    }
+                    self.engine.on_peer_failed(p, &why)
+                }
+            }
+        }
+    }
+
+    /// Tests the head of every comm; completes, unpacks and consumes what finished.
+    pub(super) fn test_lanes(&mut self) -> bool {
+        let window = self.cfg.engine.send_window;
+        let Poller {
+            peers,
+            buffers,
+            stages,
+            unpack_impl,
+            meter,
+            engine,
+            segs,
+            ..
+        } = self;
+        // Reused every pass: no allocation on the hot path once it has grown.
+        let mut events = std::mem::take(&mut self.completions);
+        for (&peer, p) in peers.iter_mut() {
+            if p.failed {
+                continue;
+            }
+            for (li, l) in p.send.iter_mut().enumerate() {
+                let SendLaneState::Ready(comm) = &mut l.state else {
+                    continue;
+                };
+                let tested = lanes::test_sends(comm, || {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.sent", lane = li);
+                    events.push(Completion::SendDone(peer, li as u32))
+                });
+                if let Err(e) = tested {
+                    meter.metrics.plugin_error(&e);
+                    events.push(Completion::Failed(peer, format!("lane {li} send: {e}")));
+                    continue;
+                }
+                // After the test: a send done makes room for the next one held back (gathered
+                // ahead), posted in this pass rather than the next.
+                if !l.deferred.is_empty()
+                    && let Err(why) = post_sends(l, window, buffers, stages)
+                {
+                    events.push(Completion::Failed(peer, format!("lane {li} send: {why}")));
+                }
+            }
+            // Completed receives start their unpack, in ring order.
+            for (li, l) in p.recv.iter_mut().enumerate() {
+                if !l.deferred.is_empty()
+                    && let Err(why) = post_recvs(l, buffers)
+                {
+                    events.push(Completion::Failed(peer, format!("lane {li} receive: {why}")));
+                    continue;
+                }
+                let RecvLaneState::Ready(comm) = &mut l.state else {
+                    continue;
+                };
+                let scatter = &mut l.scatter;
+                let tested = l.queue.test_heads(comm, |comm, posted| {
+                    let landed = Instant::now();
+                    let id = posted.id;
+                    let Posted {
+                        buffer,
+                        offset,
+                        scatter: to,
+                    } = posted.meta;
+                    let wait = if let Some(to) = to {
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li);
+                        match blocks::collect(
+                            engine.recv_pieces(peer, to.offer, to.wire, posted.len),
+                            segs,
+                            "received",
+                            to.offer,
+                            to.wire,
+                            posted.len,
+                        ) {
+                            Ok(()) => blocks::start_scatter(
+                                comm,
+                                id,
+                                to,
+                                posted.len,
+                                segs,
+                                buffers,
+                                stages,
+                                *unpack_impl,
+                                scatter,
+                            ),
+                            Err(why) => {
+                                if buffer == STAGED {
+                                    let _ = comm.zero_posted(id, posted.len as usize);
+                                }
+                                Wait::Ready(Err(why))
+                            }
+                        }
+                    } else if buffer == LANDING {
+                        // Eager: where it goes comes with its header (`Action::Land`).
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.landed", lane = li);
+                        events.push(Completion::Landed(peer, li as u32));
+                        Wait::Header
+                    } else {
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li);
+                        let dest = Placed {
+                            buffer,
+                            offset,
+                            len: posted.len,
+                            staged: false,
+                        };
+                        start_buffer_unpack(comm, id, dest, buffers, stages, *unpack_impl)
+                    };
+                    let unpacked = matches!(wait, Wait::Ready(_)).then(Instant::now);
+                    (wait, Landing { landed, unpacked })
+                });
+                if let Err(e) = tested {
+                    meter.metrics.plugin_error(&e);
+                    events.push(Completion::Failed(peer, format!("lane {li} receive: {e}")));
+                }
+            }
+        }
+        // One batch of GPU work per GPU for everything pushed in this pass; then what finished.
+        for stage in stages.values_mut() {
+            stage.advance();
+        }
+        // Consume what is unpacked, in ring order: only now are the pages returned.
+        for (&peer, p) in peers.iter_mut() {
+            if p.failed {
+                continue;
+            }
+            for (li, l) in p.recv.iter_mut().enumerate() {
+                let RecvLaneState::Ready(comm) = &mut l.state else {
+                    continue;
+                };
+                let consumed = l.queue.consume_ready(
+                    comm,
+                    |gpu, batch| stages.get(&gpu).and_then(|s| s.outcome(batch)),
+                    |front, result| {
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.consumed", lane = li);
+                        let now = Instant::now();
+                        let Landing { landed, unpacked } = front.meta;
+                        let kind = if unpacked.is_some() { "host" } else { "gpu" };
+                        meter
+                            .metrics
+                            .recv_consumed(kind, unpacked.unwrap_or(now) - landed, now - landed);
+                        events.push(Completion::RecvConsumed(peer, li as u32, result));
+                    },
+                );
+                if let Err(e) = consumed {
+                    meter.metrics.plugin_error(&e);
+                    events.push(Completion::Failed(peer, format!("lane {li} irecvConsumed: {e}")));
+                }
+            }
+        }
+        let progressed = !events.is_empty();
+        self.apply(&mut events);
+        self.completions = events;
+        progressed
+    }
+}
