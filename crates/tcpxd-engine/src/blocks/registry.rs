@@ -22,15 +22,37 @@ impl BlockRegistry {
     /// Registers `layout` inside `buffer` (`buffer_len` bytes): checked once here (see
     /// [`BlockList::new`]). Returns the new list's id (from 1).
     pub fn register(&mut self, buffer: u64, buffer_len: u64, layout: Layout) -> Result<u64, BlockError> {
+        self.register_as(None, buffer, buffer_len, layout)
+    }
+
+    /// As [`BlockRegistry::register`], under id `id` when given (a list re-attached after a
+    /// restart: an id an earlier instance handed out, never one live here).
+    pub fn register_as(
+        &mut self,
+        id: Option<u64>,
+        buffer: u64,
+        buffer_len: u64,
+        layout: Layout,
+    ) -> Result<u64, BlockError> {
         if self.lists.len() >= MAX_LISTS {
             return Err(BlockError::TooManyLists { limit: MAX_LISTS });
         }
-        let id = self.next_id + 1;
+        if let Some(id) = id
+            && (id == 0 || self.lists.contains_key(&id))
+        {
+            return Err(BlockError::IdTaken { id });
+        }
+        let id = id.unwrap_or(self.next_id + 1);
         let list = BlockList::new(id, buffer, buffer_len, layout)?;
-        self.next_id = id;
+        self.next_id = self.next_id.max(id);
         self.lists.insert(id, list);
         self.by_buffer.entry(buffer).or_default().push(id);
         Ok(id)
+    }
+
+    /// New ids start at `first` at the lowest (above those of earlier instances).
+    pub fn start_ids_at(&mut self, first: u64) {
+        self.next_id = self.next_id.max(first.saturating_sub(1));
     }
 
     pub fn get(&self, id: u64) -> Option<&BlockList> {

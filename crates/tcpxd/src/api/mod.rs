@@ -9,6 +9,7 @@ pub mod node;
 pub mod peer_service;
 pub mod prepared;
 pub mod proto;
+pub mod reattach;
 pub mod service;
 pub mod session;
 pub mod state;

@@ -16,6 +16,10 @@ pub struct NodeFacts {
     pub devices: Vec<pb::NetDevice>,
     pub lanes_per_device: u32,
     pub chunk_bytes: u32,
+    /// This process's instance (new at every start: clients re-attach when it changes).
+    pub instance_id: String,
+    /// `runtime.reattach_grace_s` when a state directory keeps registrations, else 0.
+    pub reattach_grace_s: u32,
     gpus: OnceCell<Vec<pb::GpuDevice>>,
 }
 
@@ -51,6 +55,8 @@ impl NodeFacts {
                 .collect(),
             lanes_per_device,
             chunk_bytes,
+            instance_id: hex::encode(rand::random::<[u8; 16]>()),
+            reattach_grace_s: 0,
             gpus: OnceCell::new(),
         }
     }
@@ -95,6 +101,8 @@ impl NodeFacts {
             peer_protocol_version: crate::peers::PROTOCOL_VERSION,
             local_session: super::local::frame::PROTOCOL.to_string(),
             features: super::prepared::FEATURES.iter().map(|f| f.to_string()).collect(),
+            instance_id: self.instance_id.clone(),
+            reattach_grace_s: self.reattach_grace_s,
         })
     }
 }

@@ -1,0 +1,300 @@
+"""Registrations across a daemon restart (docs/PYTHON.md, "When the daemon restarts").
+
+A daemon with a state directory (`runtime.state_dir`) keeps, across a restart, the ids and keys of
+what was registered with it, for `reattach_grace_s` seconds: its new instance (a new
+`instance_id` in DescribeNode) takes each back from the client that presents it. `Reattacher` is
+that client side, one per `Client`: it remembers what the client registered that only the client
+can give back (host memory by file descriptor, CUDA memory by IPC handle, block lists, prepared
+lists), watches the daemon (the health service's Watch stream, which ends when the process
+does), and once a new instance answers, registers each again under its old id and key. Descriptors
+and block-list tokens handed out before then work again, unchanged, on every node that holds them.
+
+What the daemon allocated in host memory comes back by itself (its bytes kept in the state
+directory); what it allocated on a GPU does not outlive it (logged here, once per buffer).
+Transfers in flight at the restart fail (UNAVAILABLE, within their deadline); the next ones
+succeed once the re-attach is done (`wait()` waits for it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+import grpc
+
+from . import _proto
+from .errors import TcpxdError
+
+if TYPE_CHECKING:
+    from .client import Client
+
+log = logging.getLogger("tcpxd")
+
+#: How often a daemon that does not answer is asked again while it restarts.
+POLL_S = 0.05
+#: One DescribeNode's deadline while the daemon restarts.
+ASK_S = 2.0
+_WATCH = "/grpc.health.v1.Health/Watch"
+#: grpc.health.v1.HealthCheckResponse{status: SERVING}, as the Watch stream sends it.
+_SERVING = b"\x08\x01"
+
+
+def descriptor_key(descriptor: str) -> bytes:
+    """The access key a descriptor carries (`tcpxd1:node:id:size:key[@...]`)."""
+    return bytes.fromhex(descriptor.split("@", 1)[0].split(":")[4])
+
+
+class Reattacher:
+    """What one client registered that it re-attaches to a restarted daemon. Thread-safe."""
+
+    def __init__(self, client: "Client"):
+        self._client = weakref.ref(client)
+        self._lock = threading.Lock()
+        #: Buffers, block lists and prepared lists by id, with how to register each again.
+        self._buffers: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+        self._again: Dict[Tuple[str, int], Callable[[Any], None]] = {}
+        self._lists: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+        self._prepared: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+        #: The daemon instance the registrations belong to (None: not asked yet).
+        self.instance: Optional[str] = None
+        #: Re-attaches done (a test or a tool can watch it).
+        self.restarts = 0
+        #: Held while a new instance is asked about and re-attached (the watch and sync()).
+        self._recovering = threading.Lock()
+        self._ready = threading.Event()
+        self._ready.set()
+        self._thread: Optional[threading.Thread] = None
+        self._call: Any = None
+        self._closed = False
+        self._pid = os.getpid()
+
+    # -- what is tracked
+
+    def track_buffer(self, buf: Any, again: Callable[[Any], None]) -> None:
+        """`again(buf)` registers `buf` again under its id and key (after a restart)."""
+        self._start()
+        with self._lock:
+            self._buffers[buf.id] = buf
+            self._again[("b", buf.id)] = again
+
+    def track_list(self, bl: Any, req: Any) -> None:
+        self._start()
+        with self._lock:
+            self._lists[bl.id] = bl
+            self._again[("l", bl.id)] = _list_again(req)
+
+    def track_buffer_list(self, buf: Any, list_id: int, req: Any, update: Callable[[Any], None]) -> None:
+        """A block list registered by request `req` (tcpxd.nixl's granule lists), released with
+        its buffer `buf`: re-attached while `buf` lives; `update(msg)` takes the daemon's answer."""
+        rec = _BufferList(buf, list_id, update)
+        refs = buf.__dict__.setdefault("_reattach_lists", [])
+        refs.append(rec)  # lives as long as the buffer
+        self.track_list(rec, req)
+
+    def track_prepared(self, p: Any, req: Any) -> None:
+        self._start()
+        with self._lock:
+            self._prepared[p.id] = p
+            self._again[("p", p.id)] = _prepared_again(req)
+
+    def sync(self) -> None:
+        """Re-attaches now if the daemon is a new instance: what opens a connection again after a
+        failure calls it first, so that nothing it sends meets a daemon without its registrations."""
+        if self.instance is None or self._closed:
+            return  # nothing tracked
+        client = self._client()
+        if client is None:
+            return
+        with self._recovering:
+            try:
+                msg = client._stub("DescribeNode", "unary_unary")(
+                    _proto.message("DescribeNodeRequest")(), timeout=ASK_S, metadata=client._metadata)
+            except grpc.RpcError:
+                return  # not there (yet): the caller's own call says so
+            if msg.instance_id != self.instance:
+                self._reattach_now(client, msg)
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Waits until no re-attach is under way; False if `timeout` passed first."""
+        return self._ready.wait(timeout)
+
+    # -- the watch
+
+    def _start(self) -> None:
+        if self._thread is not None and self._pid == os.getpid():
+            return
+        client = self._client()
+        if client is None or self._closed:
+            return
+        with self._lock:
+            if self._thread is not None and self._pid == os.getpid():
+                return
+            self._pid = os.getpid()
+            if self.instance is None:
+                try:
+                    self.instance = client.describe_node().raw.instance_id or ""
+                except TcpxdError:
+                    self.instance = ""
+            self._thread = threading.Thread(target=self._run, name="tcpxd-reattach", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closed:
+            client = self._client()
+            if client is None:
+                return
+            try:
+                watch: Any = client._channel.unary_stream(_WATCH)  # raw bytes both ways
+                self._call = watch(b"", metadata=client._metadata)
+                del client
+                for status in self._call:
+                    if status != _SERVING:
+                        # NOT_SERVING: the daemon is stopping (SIGTERM, an upgrade). Let go of
+                        # the stream, which would hold its shutdown up, and wait for the next one.
+                        self._call.cancel()
+                        break
+            except grpc.RpcError:
+                pass
+            if self._closed:
+                return
+            time.sleep(POLL_S)
+            self._recover()
+
+    def _recover(self) -> None:
+        """The watch ended: wait for the daemon to answer; a new instance gets everything again."""
+        while not self._closed:
+            client = self._client()
+            if client is None:
+                return
+            try:
+                stub = client._stub("DescribeNode", "unary_unary")
+                msg = stub(_proto.message("DescribeNodeRequest")(), timeout=ASK_S, metadata=client._metadata)
+            except grpc.RpcError:
+                del client
+                time.sleep(POLL_S)
+                continue
+            with self._recovering:
+                if msg.instance_id != self.instance:  # (else the same daemon, or re-attached by sync())
+                    self._reattach_now(client, msg)
+            return
+
+    def _reattach_now(self, client: "Client", msg: Any) -> None:
+        self._ready.clear()
+        try:
+            self._reattach(client, msg)
+        finally:
+            self._ready.set()
+
+    def _reattach(self, client: "Client", msg: Any) -> None:
+        started = time.monotonic()
+        old, self.instance = self.instance, msg.instance_id
+        if client._registrar is not None:
+            client._registrar.reset()  # its connection died with the old instance
+        with self._lock:
+            todo = list(self._again.items())
+            alive = {("b", i): b for i, b in self._buffers.items()}
+            alive.update({("l", i): b for i, b in self._lists.items()})
+            alive.update({("p", i): b for i, b in self._prepared.items()})
+        if not msg.reattach_grace_s:
+            log.warning("tcpxd daemon at %s restarted without a state directory (runtime.state_dir): %d registrations "
+                        "of this client are gone; register them again", client.endpoint, len(alive))
+        done, failed = 0, 0
+        # Buffers first, then the lists in them, then prepared lists over those.
+        for kind in ("b", "l", "p"):
+            for key, again in todo:
+                obj = alive.get(key)
+                if key[0] != kind or obj is None or getattr(obj, "released", False):
+                    continue
+                try:
+                    again(obj)
+                    done += 1
+                except TcpxdError as e:
+                    failed += 1
+                    log.warning("tcpxd: re-attaching %s %d to the restarted daemon failed: %s",
+                                {"b": "buffer", "l": "block list", "p": "prepared list"}[kind], key[1], e)
+        self.restarts += 1
+        log.info("tcpxd daemon at %s restarted (instance %s -> %s): %d registrations re-attached, %d failed, in %.0f ms",
+                 client.endpoint, (old or "?")[:8], msg.instance_id[:8], done, failed,
+                 (time.monotonic() - started) * 1000)
+
+    def close(self) -> None:
+        self._closed = True
+        call = self._call
+        if call is not None:
+            call.cancel()
+
+
+class _BufferList:
+    """A block list known by id only, going with its buffer."""
+
+    def __init__(self, buf: Any, list_id: int, update: Callable[[Any], None]):
+        self._buf = weakref.ref(buf)
+        self.id = list_id
+        self._client = buf._client
+        self._on_update = update
+
+    @property
+    def released(self) -> bool:
+        buf = self._buf()
+        return buf is None or bool(getattr(buf, "released", False))
+
+    def _update(self, msg: Any) -> None:
+        self._on_update(msg)
+
+
+def _list_again(req: Any) -> Callable[[Any], None]:
+    def again(bl: Any) -> None:
+        r = type(req)()
+        r.CopyFrom(req)
+        r.reattach_id = bl.id
+        bl._update(bl._client._unary("RegisterBlocks", r))
+
+    return again
+
+
+def _prepared_again(req: Any) -> Callable[[Any], None]:
+    def again(p: Any) -> None:
+        r = type(req)()
+        r.CopyFrom(req)
+        r.reattach_id = p.id
+        p._owner._unary("PrepareBlocks", r)
+
+    return again
+
+
+def host_fd_again(fd: int, offset: int, size: int, label: str) -> Callable[[Any], None]:
+    """How a host buffer shared by file descriptor is registered again: `fd` (a duplicate the
+    buffer keeps open) sent anew."""
+
+    def again(buf: Any) -> None:
+        req = _proto.message("RegisterHostFdRequest")(
+            offset=offset, size=size, label=label, reattach_id=buf.id, reattach_key=descriptor_key(buf.descriptor))
+        registrar = buf._client._registrar
+        buf._update(registrar.register_fd(fd, req, buf._client.timeout))
+
+    return again
+
+
+def cuda_ipc_again(req: Any) -> Callable[[Any], None]:
+    def again(buf: Any) -> None:
+        r = type(req)()
+        r.CopyFrom(req)
+        r.reattach_id = buf.id
+        r.reattach_key = descriptor_key(buf.descriptor)
+        buf._update(buf._client._unary("RegisterBuffer", r))
+
+    return again
+
+
+def keep_fd(fd: int, owner: Any) -> int:
+    """A duplicate of `fd` that lives as long as `owner` (closed with it)."""
+    dup = os.dup(fd)
+    weakref.finalize(owner, os.close, dup)
+    return dup
+
+
+__all__: List[str] = ["Reattacher", "descriptor_key", "host_fd_again", "cuda_ipc_again", "keep_fd"]
