@@ -1,6 +1,7 @@
 //! The environment, read once at the first `init` (see `docs/EMULATION.md` for every variable).
 
 use crate::rng;
+use crate::topology::{self, Binding, GpuSpec};
 use std::ffi::{CStr, CString};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Mutex, OnceLock};
@@ -26,6 +27,15 @@ pub(crate) enum Bounce {
     Host,
     /// Device memory through the CUDA driver API.
     Cuda,
+}
+
+/// What the emulation does where the real plugin calls `exit(1)` (`TCPXEMU_FAILSTOP`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FailStop {
+    /// Fail the comm with the plugin's words (every later post and test fails); the default.
+    Fail,
+    /// Log the plugin's words, then `exit(1)` the process, as the shipped plugin does.
+    Exit,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +81,10 @@ pub(crate) struct Device {
     pub(crate) fail_after: Option<u64>,
     pub(crate) fragments: Fragments,
     pub(crate) pacer: Pacer,
+    /// `PCI_PATH`: what `getProperties` reports as `pciPath` (NULL for `none`).
+    pub(crate) pci_path: Option<&'static CStr>,
+    /// `GPUS`: the GPUs this NIC serves, as set (resolved into [`Config::binding`]).
+    pub(crate) gpus: GpuSpec,
 }
 
 #[derive(Debug)]
@@ -98,6 +112,12 @@ pub(crate) struct Config {
     pub(crate) seed: u64,
     pub(crate) flow_wait: Duration,
     pub(crate) conn_retry: u32,
+    /// `TCPXEMU_FAILSTOP`: fail the comm (default) or exit the process on the real plugin's
+    /// `exit(1)` paths.
+    pub(crate) failstop: FailStop,
+    /// CUDA mode: the GPUs present and which each NIC serves (`None` in host mode: no GPU, no
+    /// binding).
+    pub(crate) binding: Option<Binding>,
 }
 
 impl Config {
@@ -105,7 +125,7 @@ impl Config {
         let mut s = format!(
             "tcpxemu: {} device(s), {}x{} data sockets per comm, NCCL_DYNAMIC_CHUNK_SIZE={}, \
              bounce={} ({}), host receive={}, bounce pages={}{}, seed={:#x}, flow-steering wait={}us, \
-             connection retry={}",
+             connection retry={}, failstop={}",
             self.devices.len(),
             self.nsocks,
             self.nthreads,
@@ -128,14 +148,25 @@ impl Config {
             },
             self.seed,
             self.flow_wait.as_micros(),
-            self.conn_retry
+            self.conn_retry,
+            match self.failstop {
+                FailStop::Fail => "fail",
+                FailStop::Exit => "exit",
+            }
         );
         for d in &self.devices {
             s.push_str(&format!(
-                "; dev{} {} {} rate={}Gbps delay={}us fail_after={} fragments={}",
+                "; dev{} {} {} pci={} gpus={} rate={}Gbps delay={}us fail_after={} fragments={}",
                 d.index,
                 d.ifname.to_string_lossy(),
                 d.addr,
+                d.pci_path
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "none".into()),
+                match &self.binding {
+                    Some(b) => b.served_list(d.index),
+                    None => "not modelled (host mode)".into(),
+                },
                 d.rate_gbps,
                 d.delay.as_micros(),
                 d.fail_after
@@ -286,6 +317,13 @@ fn from_env(w: &mut Vec<String>) -> Config {
         };
         let (n, raw) = knob(d, "FRAGMENTS");
         let fragments = parse_fragments(&n, raw, w);
+        let (_, raw) = knob(d, "PCI_PATH");
+        let pci_path = topology::pci_path(d, raw);
+        let (n, raw) = knob(d, "GPUS");
+        let gpus = topology::parse_gpus(raw.as_deref()).unwrap_or_else(|why| {
+            w.push(format!("tcpxemu: {n}: {why}; using the a3vm default"));
+            GpuSpec::Default
+        });
         devices.push(Device {
             index: d,
             addr,
@@ -294,6 +332,8 @@ fn from_env(w: &mut Vec<String>) -> Config {
             delay,
             fail_after,
             fragments,
+            pci_path,
+            gpus,
             pacer: Pacer {
                 bytes_per_sec: rate_gbps * 1e9 / 8.0,
                 next_free: Mutex::new(None),
@@ -439,6 +479,33 @@ fn from_env(w: &mut Vec<String>) -> Config {
         3u32,
         w,
     );
+    let binding = if bounce == Bounce::Cuda {
+        let n = crate::cuda::probe().unwrap_or(0);
+        let mut gpus = Vec::new();
+        for i in 0..n {
+            match crate::cuda::pci_bus_id(i) {
+                Ok(b) => gpus.push(b),
+                Err(e) => {
+                    w.push(format!("tcpxemu: {e}; GPU {i} is named by its ordinal only"));
+                    gpus.push(format!("GPU {i}"));
+                }
+            }
+        }
+        let specs: Vec<GpuSpec> = devices.iter().map(|d| d.gpus.clone()).collect();
+        Some(Binding::resolve(gpus, &specs, w))
+    } else {
+        None
+    };
+    let failstop = match var("TCPXEMU_FAILSTOP").as_deref() {
+        None | Some("fail") => FailStop::Fail,
+        Some("exit") => FailStop::Exit,
+        Some(other) => {
+            w.push(format!(
+                "tcpxemu: TCPXEMU_FAILSTOP={other:?} is neither fail nor exit; using fail"
+            ));
+            FailStop::Fail
+        }
+    };
     Config {
         devices,
         nsocks,
@@ -455,5 +522,7 @@ fn from_env(w: &mut Vec<String>) -> Config {
         seed,
         flow_wait,
         conn_retry,
+        failstop,
+        binding,
     }
 }

@@ -23,6 +23,7 @@ const NEEDED: &[&str] = &[
     "cuInit",
     "cuDeviceGetCount",
     "cuDeviceGet",
+    "cuDeviceGetPCIBusId",
     "cuCtxGetCurrent",
     "cuCtxSetCurrent",
     "cuCtxGetDevice",
@@ -94,6 +95,23 @@ fn probe_inner() -> Result<i32, String> {
         return Err("no CUDA device".into());
     }
     Ok(n)
+}
+
+/// Device `ordinal`'s PCI bus id, lower case (`0000:04:00.0`). Only after a successful [`probe`].
+pub(crate) fn pci_bus_id(ordinal: i32) -> Result<String, String> {
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: out-parameter; the ordinal is checked by the driver.
+    check(&format!("cuDeviceGet({ordinal})"), unsafe {
+        sys::cuDeviceGet(&mut dev, ordinal)
+    })?;
+    let mut buf = [0 as std::ffi::c_char; 32];
+    // SAFETY: `buf` holds 32 bytes; the driver writes a NUL-terminated id into the first 31.
+    check("cuDeviceGetPCIBusId", unsafe {
+        sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), buf.len() as i32 - 1, dev)
+    })?;
+    // SAFETY: NUL-terminated inside `buf` (the driver's contract; the last byte stays 0).
+    let s = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+    Ok(s.to_string_lossy().to_ascii_lowercase())
 }
 
 /// Primary contexts this process retained, one reference each, kept until the process exits

@@ -50,6 +50,12 @@ struct CommBox {
 struct ListenBox {
     magic: u64,
     comm: ListenComm,
+    /// CUDA mode: the context current at `listen` (the comm's GPU); `accept` works in it, as the
+    /// real plugin's accept uses the listen comm's GPU.
+    ctx: Option<Arc<Ctx>>,
+    /// Set when the listen comm's GPU is one its NIC does not serve: why (its receive comms'
+    /// CUDA receives fail with "rx no cmsg").
+    misbound: Option<String>,
 }
 
 /// A registered memory region.
@@ -102,6 +108,41 @@ fn cuda_ctx(cfg: &Config, what: &str) -> Result<Option<Arc<Ctx>>, ncclResult_t> 
         warn!("tcpxemu: {what}: no usable CUDA context: {e}");
         abi::NCCL_UNHANDLED_CUDA_ERROR
     })
+}
+
+/// CUDA mode: is the comm's GPU (`ctx`'s device, i.e. the CUDA device current at listen or
+/// connect, as the real plugin's `gpu_current_dev`) one that device `d` serves? Logs the verdict;
+/// returns why not when it is not.
+fn binding_verdict(cfg: &Config, d: &Device, ctx: Option<&Ctx>, what: &str) -> Option<String> {
+    let (ctx, b) = (ctx?, cfg.binding.as_ref()?);
+    let gpu = b.describe(ctx.device());
+    let nic = format!(
+        "dev{} {} ({})",
+        d.index,
+        d.ifname.to_string_lossy(),
+        d.pci_path
+            .map_or("no pciPath".into(), |p| p.to_string_lossy().into_owned())
+    );
+    let served = b.serves(d.index, ctx.device());
+    if what == "connect" {
+        // Sends are not bound: a NIC sends from any GPU's memory.
+        info!(
+            "tcpxemu: connect on {nic} under GPU {gpu} ({} by this NIC; sends are not bound)",
+            if served { "served" } else { "not served" }
+        );
+        return None;
+    }
+    if served {
+        info!("tcpxemu: {what} on {nic} under GPU {gpu}: served by this NIC");
+        return None;
+    }
+    let why = format!(
+        "GPU {gpu} is not served by {nic}, which serves {}: on A3, RxDM files this comm's \
+         flow-steering rules under another NIC and its data lands in host memory",
+        b.served_list(d.index)
+    );
+    info!("tcpxemu: {what} on {nic} under GPU {gpu}: NOT served by this NIC; {why}");
+    Some(why)
 }
 
 fn device(cfg: &'static Config, dev: c_int, what: &str) -> Result<&'static Device, ncclResult_t> {
@@ -234,7 +275,7 @@ unsafe extern "C" fn get_properties(dev: c_int, props: *mut ncclNetProperties_v7
             };
             let p = ncclNetProperties_v7_t {
                 name: d.ifname.as_ptr().cast_mut(),
-                pciPath: ptr::null_mut(),
+                pciPath: d.pci_path.map_or(ptr::null_mut(), |p| p.as_ptr().cast_mut()),
                 guid: d.index as u64,
                 ptrSupport: abi::NCCL_PTR_HOST | abi::NCCL_PTR_CUDA,
                 speed,
@@ -261,6 +302,8 @@ unsafe extern "C" fn listen(dev: c_int, handle: *mut c_void, listen_comm: *mut *
                 warn!("tcpxemu: listen: NULL handle or listenComm");
                 return Err(abi::NCCL_INVALID_ARGUMENT);
             }
+            let ctx = cuda_ctx(cfg, "listen")?;
+            let misbound = binding_verdict(cfg, d, ctx.as_deref(), "listen");
             let (comm, desc) = ListenComm::new(d, cfg).map_err(|e| {
                 warn!("tcpxemu: listen on {} (dev{dev}) failed: {e}", d.addr);
                 abi::NCCL_SYSTEM_ERROR
@@ -272,6 +315,8 @@ unsafe extern "C" fn listen(dev: c_int, handle: *mut c_void, listen_comm: *mut *
             let b = Box::into_raw(Box::new(ListenBox {
                 magic: LISTEN_MAGIC,
                 comm,
+                ctx,
+                misbound,
             }));
             // SAFETY: non-NULL out-parameter.
             unsafe { *listen_comm = b.cast() };
@@ -323,6 +368,7 @@ unsafe extern "C" fn connect(
                 Poll::Ready(conn) => {
                     let peer = conn.peer;
                     let ctx = cuda_ctx(cfg, "connect")?;
+                    let _ = binding_verdict(cfg, d, ctx.as_deref(), "connect");
                     let c = SendComm::new(conn, d, cfg.chunk_size, ctx.as_ref()).map_err(|e| {
                         warn!("tcpxemu: connect to {peer}: cannot start the send comm: {e}");
                         abi::NCCL_SYSTEM_ERROR
@@ -368,13 +414,19 @@ unsafe extern "C" fn accept(
                 unsafe { *recv_dev_comm }
             };
             let salt = COMM_SEQ.fetch_add(1, Ordering::Relaxed);
-            let ctx = cuda_ctx(cfg, "accept")?;
-            let rc = RecvComm::new(group, lb.comm.dev, cfg, !storage.is_null(), salt, ctx.as_ref()).map_err(
-                |e| {
-                    warn!("tcpxemu: accept: cannot set up the receive comm: {e}");
-                    abi::NCCL_SYSTEM_ERROR
-                },
-            )?;
+            let rc = RecvComm::new(
+                group,
+                lb.comm.dev,
+                cfg,
+                !storage.is_null(),
+                salt,
+                lb.ctx.as_ref(),
+                lb.misbound.clone(),
+            )
+            .map_err(|e| {
+                warn!("tcpxemu: accept: cannot set up the receive comm: {e}");
+                abi::NCCL_SYSTEM_ERROR
+            })?;
             if storage.is_null() {
                 info!(
                     "tcpxemu: accept got no device-handle storage (recvDevComm NULL); bounce \

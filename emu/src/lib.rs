@@ -16,6 +16,7 @@
 //! - `wire`: the listen handle, the socket hellos and the control header.
 //! - `sockio`, `sync`, `rng`: socket calls (`MSG_NOSIGNAL`), comm health and queues, a PRNG.
 //! - `listen`, `connect`, `send`, `recv`: the comms and their helper threads.
+//! - `topology`: each NIC's `pciPath` and the GPUs it serves (RxDM's binding on A3).
 //! - `nccl`: the PAT guard (keeps NCCL 2.24+ off an algorithm that ignores device unpack).
 //! - `ffi`: the 19 table entries, each behind `catch_unwind`.
 
@@ -36,6 +37,7 @@ mod rng;
 mod send;
 mod sockio;
 mod sync;
+mod topology;
 mod wire;
 
 pub use log::{LogHook, set_log_hook};

@@ -82,6 +82,9 @@ struct RecvShared {
     /// receive (`TCPXEMU_BOUNCE_POPULATE`).
     populate: bool,
     fragments: Fragments,
+    /// Set when the comm's GPU is one its NIC does not serve (listen was called under it): why.
+    /// Its CUDA receives fail with the plugin's "rx no cmsg" as their bytes arrive.
+    misbound: Option<String>,
     label: String,
 }
 
@@ -156,6 +159,7 @@ impl RecvComm {
         has_devcomm: bool,
         salt: u64,
         cuda: Option<&Arc<Ctx>>,
+        misbound: Option<String>,
     ) -> io::Result<RecvComm> {
         let Group { ctrl, data, peer, .. } = group;
         let n = data.len();
@@ -203,6 +207,7 @@ impl RecvComm {
             host_landing,
             populate: cuda.is_none() && cfg.bounce_populate && host_landing == Landing::Bounce,
             fragments: dev.fragments,
+            misbound,
             label: crate::send::label(dev, peer),
         });
         let comm = RecvComm {
@@ -522,6 +527,12 @@ fn ctrl_reader(sh: &RecvShared) {
     }
 }
 
+/// The real plugin's flow string for a receive socket: `<local><-<peer> rx`.
+fn flow_str(s: &TcpStream) -> String {
+    let side = |a: io::Result<std::net::SocketAddr>| a.map_or_else(|_| "?".to_string(), |a| a.to_string());
+    format!("{}<-{} rx", side(s.local_addr()), side(s.peer_addr()))
+}
+
 /// One fragment's shape: (offset inside its page, length).
 fn fragment_shape(mode: Fragments, rng: &mut SplitMix64, remaining: u64) -> (u32, u32) {
     let page = SLICE_PAGE_SIZE as u64;
@@ -547,7 +558,7 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<
         None => None,
         Some(Ok(b)) => Some(b),
         Some(Err(e)) => {
-            sh.health.fail(
+            sh.health.fatal(
                 abi::NCCL_UNHANDLED_CUDA_ERROR,
                 format!(
                     "tcpxemu: cannot make the CUDA context current on a receive thread: {e} ({})",
@@ -614,6 +625,20 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<
                         rest -= n;
                     }
                     slot.bytes.fetch_add(len, Ordering::Release);
+                }
+                Landing::Bounce if sh.misbound.is_some() && len > 0 => {
+                    // The real plugin's recvmsg finds the bytes in host memory with no devmem
+                    // control message: "fatal, <flow> no cmsg" and exit(1) (src/sock/tcpx.h).
+                    let flow = flow_str(&sh.data[me]);
+                    sh.health.fatal(
+                        abi::NCCL_SYSTEM_ERROR,
+                        format!(
+                            "tcpxemu: fatal, {flow} no cmsg (a CUDA receive on a comm whose {}; {})",
+                            sh.misbound.as_deref().unwrap_or_default(),
+                            sh.label
+                        ),
+                    );
+                    return;
                 }
                 Landing::Bounce => {
                     let mut pos = off;
@@ -715,7 +740,7 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<
                             blocks[..kept].sort_unstable();
                             if let Err(e) = s.upload(&sh.pool, &blocks[..kept]) {
                                 sh.pool.give_back(blocks[..kept].iter().copied());
-                                sh.health.fail(
+                                sh.health.fatal(
                                     abi::NCCL_UNHANDLED_CUDA_ERROR,
                                     format!(
                                         "tcpxemu: copying received bytes to the device bounce buffer failed: \
@@ -738,11 +763,11 @@ fn data_thread(sh: &RecvShared, me: usize, mut rng: SplitMix64, staging: Option<
                         for (i, meta) in metas[..used].iter().enumerate() {
                             let idx = first + i;
                             if idx >= NET_UNPACK_MAX_SLICE_PAGES {
-                                sh.health.fail(
+                                sh.health.fatal(
                                     abi::NCCL_INTERNAL_ERROR,
                                     format!(
                                         "tcpxemu: request too many pages: a {}-byte receive needs more \
-                                         than {} fragments (the real plugin exits the process here; {})",
+                                         than {} fragments (the real plugin exits the process here: TCPXEMU_FAILSTOP=exit; {})",
                                         t.size, NET_UNPACK_MAX_SLICE_PAGES, sh.label
                                     ),
                                 );

@@ -360,7 +360,7 @@ fn data_thread(sh: &SendShared, me: usize, staging: Option<SendStaging>) {
         None => None,
         Some(Ok(b)) => Some(b),
         Some(Err(e)) => {
-            sh.health.fail(
+            sh.health.fatal(
                 abi::NCCL_UNHANDLED_CUDA_ERROR,
                 format!(
                     "tcpxemu: cannot make the CUDA context current on a send thread: {e} ({})",
@@ -420,7 +420,7 @@ fn data_thread(sh: &SendShared, me: usize, staging: Option<SendStaging>) {
                         return;
                     }
                     Err(StageError::Cuda(e)) => {
-                        sh.health.fail(
+                        sh.health.fatal(
                             abi::NCCL_UNHANDLED_CUDA_ERROR,
                             format!(
                                 "tcpxemu: copying a send from CUDA memory to pinned staging failed: {e} ({})",

@@ -41,6 +41,20 @@ impl Health {
         true
     }
 
+    /// One of the real plugin's `exit(1)` paths (reference/TCPX_PLUGIN_ABI.md §5) that the
+    /// emulation models: with `TCPXEMU_FAILSTOP=exit`, log `msg` and exit the process as the
+    /// plugin does; otherwise (the default) fail the comm with `code` and `msg`. Ignored once the
+    /// comm is closing, as [`Health::fail`] is.
+    pub(crate) fn fatal(&self, code: ncclResult_t, msg: String) -> bool {
+        if self.closing() {
+            return false;
+        }
+        if crate::config::get().is_some_and(|c| c.failstop == crate::config::FailStop::Exit) {
+            exit_like_the_plugin(&msg);
+        }
+        self.fail(code, msg)
+    }
+
     pub(crate) fn failure(&self) -> Option<(ncclResult_t, String)> {
         if !self.failed.load(Ordering::Acquire) {
             return None;
@@ -78,6 +92,13 @@ impl Health {
             g = self.cv.wait_timeout(g, step).unwrap_or_else(|e| e.into_inner()).0;
         }
     }
+}
+
+/// Log the plugin's words and `exit(1)`, as the shipped plugin does on its fail-stop paths.
+pub(crate) fn exit_like_the_plugin(msg: &str) -> ! {
+    warn!("{msg}");
+    warn!("tcpxemu: exit(1), as the real plugin does here (TCPXEMU_FAILSTOP=exit)");
+    std::process::exit(1)
 }
 
 /// A FIFO of tasks for one socket thread. Preallocated for the 16 requests a comm can hold.

@@ -327,7 +327,12 @@ fn device_handle_and_properties() {
     // SAFETY: a static C string from the plugin.
     let ifname = unsafe { std::ffi::CStr::from_ptr(props.name) };
     assert_eq!(ifname.to_str().unwrap(), "tcpxemu1");
-    assert!(props.pciPath.is_null());
+    // SAFETY: a static C string from the plugin (A3's eth2 by default).
+    let pci = unsafe { std::ffi::CStr::from_ptr(props.pciPath) };
+    assert_eq!(
+        pci.to_str().unwrap(),
+        "/sys/devices/pci0000:00/0000:00:02.0/0000:09:00.0/0000:0c:00.0"
+    );
     assert_eq!(props.guid, 1);
     assert_eq!(props.ptrSupport, 3);
     assert_eq!(props.speed, 200_000);

@@ -5,6 +5,8 @@
 //!   e.g. the daemon's tests running `tcpxctl`), [`emulation_library`] and
 //!   [`emulation_plugin_path`] (the emulation's `libnccl_net_tcpxemu.so`, or the plugin a run
 //!   names in `TCPXD_TEST_PLUGIN`);
+//! - [`cudastub`]: the CUDA stand-in as a child process's `libcuda.so.1` (eight "GPUs" over host
+//!   memory, A3's PCI bus ids) for GPU-path tests on machines without a GPU;
 //! - [`ScratchDir`], a temporary file or directory removed when the test ends, passed or not;
 //! - [`Rng`], a seeded generator for randomised tests, replayable from its seed, whose bytes are
 //!   the shared test pattern (`tcpxd-pattern`).
@@ -12,6 +14,8 @@
 //! A dev-dependency only; it depends on no crate of the workspace but `tcpxd-pattern`.
 
 use std::path::{Path, PathBuf};
+
+pub mod cudastub;
 
 /// The build's profile directory (`target/<profile>`), where Cargo puts the workspace's binaries
 /// and libraries: the directory above this test executable's `deps/`.

@@ -11,6 +11,7 @@
 //! - `data`: the cases that move data: sizes, FIFO matching, the ring wrap-around.
 //! - `rules`: the plugin enforcing its own rules: the request limit, test and consume order.
 //! - `nccl`: the cases about the plugin under NCCL.
+//! - `binding`: `misbound_gpu`, a receive comm under a GPU its NIC does not serve (RxDM's binding).
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -19,6 +20,7 @@ use std::time::{Duration, Instant};
 use tcpxd::gpu::Gpu;
 use tcpxd::net::Plugin;
 
+mod binding;
 mod comms;
 mod data;
 mod harness;
@@ -198,8 +200,12 @@ pub fn run(plugin: &Arc<Plugin>, opts: &Options) -> Report {
             }
         },
     };
+    let misbound = misbound_runs(plugin, opts);
     for dev in devices {
-        for &(name, case) in DEVICE_CASES {
+        let cases_here = DEVICE_CASES
+            .iter()
+            .chain(misbound.then_some(&("misbound_gpu", binding::case_misbound_gpu as CaseFn)));
+        for &(name, case) in cases_here {
             if !wanted(name) {
                 continue;
             }
@@ -226,6 +232,24 @@ pub fn run(plugin: &Arc<Plugin>, opts: &Options) -> Report {
         source: plugin.source().to_string(),
         cases,
     }
+}
+
+/// `misbound_gpu` needs CUDA test memory and two GPUs or more (with one, every NIC serves it).
+/// Google's plugin ends the process there (`exit(1)`, ABI §5), so against a plugin other than the
+/// emulation it runs only when the filter names it (`--filter misbound_gpu`, in a process that
+/// may die: its exit status 1 after "rx no cmsg" is the pass).
+fn misbound_runs(plugin: &Plugin, opts: &Options) -> bool {
+    let TestMemory::Cuda(_) = opts.memory else {
+        return false;
+    };
+    if Gpu::device_count().unwrap_or(0) < 2 {
+        return false;
+    }
+    plugin.name().starts_with("tcpxemu")
+        || opts
+            .filter
+            .as_deref()
+            .is_some_and(|f| "misbound_gpu".contains(f) && f.len() >= "misbound".len())
 }
 
 fn run_with_watchdog(ctx: Ctx, case: CaseFn, timeout: Duration) -> (bool, String) {

@@ -1,6 +1,7 @@
 //! The unpack ring of a receive comm (§2 of the ABI): where each completed receive's fragments
 //! sit in the bounce buffer.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::abi::{self, loadMeta, ncclNetDeviceHandle_v7_t, netUnpackMeta, unpackNetDeviceHandle};
@@ -14,9 +15,12 @@ pub struct UnpackRing {
     bounce: *const u8,
     bounce_host_readable: bool,
     /// The GPU holding the bounce buffer (device memory only; `None` when CUDA cannot say).
-    bounce_device: Option<usize>,
+    /// Asked of CUDA at accept for memory the host cannot read; for memory it can (host mode,
+    /// or the CUDA stand-in's "device" memory, which is host memory) on first use, by a GPU
+    /// receive, so host mode never opens a CUDA context for it.
+    bounce_device: OnceLock<Option<usize>>,
     /// Bytes from the bounce buffer's start to the end of its allocation, when CUDA can say.
-    bounce_len: Option<u64>,
+    bounce_len: OnceLock<Option<u64>>,
 }
 
 impl UnpackRing {
@@ -62,19 +66,21 @@ impl UnpackRing {
         // TCPX: the one RxDM serves for the NIC); receives into other GPUs need peer access.
         // The real plugin leaves it NULL where it imported none (an odd GPU under
         // NCCL_TCPX_RXMEM_IMPORT_SKIP_ODDS=1): host receives still work, nothing to ask CUDA.
-        let bounce_device = if bounce_host_readable || h.bounce_buf.is_null() {
-            None
-        } else {
-            crate::gpu::device_of(h.bounce_buf as u64).ok()
-        };
-        let bounce_len = bounce_device.and_then(|_| crate::gpu::allocation_extent(h.bounce_buf as u64).ok());
-        Ok(UnpackRing {
+        let ring = UnpackRing {
             meta: h.meta,
             bounce: h.bounce_buf as *const u8,
             bounce_host_readable,
-            bounce_device,
-            bounce_len,
-        })
+            bounce_device: OnceLock::new(),
+            bounce_len: OnceLock::new(),
+        };
+        if h.bounce_buf.is_null() {
+            let _ = ring.bounce_device.set(None);
+            let _ = ring.bounce_len.set(None);
+        } else if !bounce_host_readable {
+            ring.bounce_device();
+            ring.bounce_span_len();
+        }
+        Ok(ring)
     }
 
     /// The ring's address (as a device kernel would use it under unified addressing).
@@ -89,7 +95,16 @@ impl UnpackRing {
 
     /// The GPU holding the bounce buffer, when it is device memory CUDA knows.
     pub fn bounce_device(&self) -> Option<usize> {
-        self.bounce_device
+        *self
+            .bounce_device
+            .get_or_init(|| crate::gpu::device_of(self.bounce as u64).ok())
+    }
+
+    fn bounce_span_len(&self) -> Option<u64> {
+        *self.bounce_len.get_or_init(|| {
+            self.bounce_device()
+                .and_then(|_| crate::gpu::allocation_extent(self.bounce as u64).ok())
+        })
     }
 
     /// Whether the bounce buffer is host memory (the emulation's host mode) rather than GPU memory.
@@ -113,7 +128,7 @@ impl UnpackRing {
     /// CUDA can tell (no pass over the list), else (the ABI does not size it) to the end of the
     /// furthest of the given fragments.
     pub fn bounce_span(&self, frags: &[loadMeta]) -> crate::gpu::DeviceSpan {
-        let end = self.bounce_len.unwrap_or_else(|| {
+        let end = self.bounce_span_len().unwrap_or_else(|| {
             frags
                 .iter()
                 .map(|f| u64::from(f.src_off) + u64::from(f.len))

@@ -34,6 +34,7 @@ mod daemon_prepared;
 mod daemon_session;
 mod daemon_smoke;
 mod daemon_soak;
+mod daemon_stub_gpus;
 mod daemon_tls;
 mod daemon_transfers;
 mod deploy;

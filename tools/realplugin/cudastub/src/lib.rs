@@ -1,14 +1,19 @@
 //! A CUDA stand-in over host memory: the driver (`cu*`) and runtime (`cuda*`) calls that Google's
 //! TCPX plugin makes on its host path, so the real plugin runs on a machine without a GPU
-//! (tools/realplugin/build.sh installs this library as `libcuda.so.1` beside the plugin).
+//! (tools/realplugin/build.sh installs this library as `libcuda.so.1` beside the plugin), and
+//! those of the emulation's CUDA mode and of tcpxd's GPU data path without kernels (streams,
+//! events, asynchronous copies, pointer attributes: `datapath.rs`), so that both run over "GPUs"
+//! in CI (`tcpxd_testkit::cudastub`).
 //!
 //! "Device" memory is host memory: `cuMemAlloc` is an allocation the process can read, a device
-//! pointer of host memory is the host pointer, and copies are `memcpy`. Devices are
-//! `TCPXD_CUDASTUB_DEVICES` (default 1) with PCI bus ids `0000:NN:00.0` (NN = 0x10 + ordinal,
-//! or the comma-separated `TCPXD_CUDASTUB_PCI_BUS_IDS`); a thread's current runtime device is
-//! `TCPXD_CUDASTUB_CURRENT_DEVICE` (default 0) until it sets one. The calls of the GPU data path (dma-buf
-//! export, IPC import, the VMM calls) answer `CUDA_ERROR_NOT_SUPPORTED`: the stand-in never
-//! pretends to move device memory.
+//! pointer of host memory is the host pointer, and copies are `memcpy` (asynchronous ones done at
+//! once: every stream is always idle). Devices are `TCPXD_CUDASTUB_DEVICES` (default 8, at most
+//! 16) with A3's GPU PCI bus ids in ordinal order (0000:04:00.0, 05, 0a, 0b, 84, 85, 8a, 8b;
+//! `0000:NN:00.0` with NN = 0x10 + ordinal beyond eight), or the comma-separated
+//! `TCPXD_CUDASTUB_PCI_BUS_IDS`; a thread's current device is its current context's, else the
+//! runtime's (`cudaSetDevice`), else `TCPXD_CUDASTUB_CURRENT_DEVICE` (default 0). Module loading and
+//! kernel launches, dma-buf export, IPC and the VMM calls answer `CUDA_ERROR_NOT_SUPPORTED`: the
+//! stand-in runs no kernel and never pretends to share device memory.
 //!
 //! Every function is an FFI edge called by C++ with C pointers; each checks its pointers for null
 //! and answers `CUDA_ERROR_INVALID_VALUE` rather than writing through one.
@@ -43,8 +48,28 @@ const MAX_DEVICES: usize = 16;
 /// One byte per device: its address is the device's (primary) context handle.
 static CONTEXTS: [u8; MAX_DEVICES] = [0; MAX_DEVICES];
 static INITIALISED: AtomicBool = AtomicBool::new(false);
-/// Live allocations (address → bytes): frees of unknown addresses are refused, and tests count them.
-static ALLOCATIONS: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
+/// Live allocations (address → bytes and, for "device" memory, its device): frees of unknown
+/// addresses are refused, pointer attributes answered from here, and tests count them.
+static ALLOCATIONS: Mutex<Option<HashMap<usize, Allocation>>> = Mutex::new(None);
+
+#[derive(Debug, Clone, Copy)]
+struct Allocation {
+    bytes: usize,
+    /// `None`: host memory (pinned); `Some(d)`: device `d`'s memory (`cuMemAlloc`).
+    device: Option<CUdevice>,
+}
+
+/// A3's eight GPUs' PCI bus ids (RxDM's a3vm preset), in CUDA ordinal order.
+pub const A3_GPU_BUS_IDS: [&str; 8] = [
+    "0000:04:00.0",
+    "0000:05:00.0",
+    "0000:0a:00.0",
+    "0000:0b:00.0",
+    "0000:84:00.0",
+    "0000:85:00.0",
+    "0000:8a:00.0",
+    "0000:8b:00.0",
+];
 
 thread_local! {
     static CTX_STACK: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -57,7 +82,7 @@ pub fn device_count() -> usize {
     std::env::var("TCPXD_CUDASTUB_DEVICES")
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(1)
+        .unwrap_or(A3_GPU_BUS_IDS.len())
         .min(MAX_DEVICES)
 }
 
@@ -84,7 +109,10 @@ pub fn pci_bus_id(ordinal: usize) -> String {
     {
         return id.to_string();
     }
-    format!("0000:{:02x}:00.0", 0x10 + ordinal)
+    match A3_GPU_BUS_IDS.get(ordinal) {
+        Some(id) => id.to_string(),
+        None => format!("0000:{:02x}:00.0", 0x10 + ordinal),
+    }
 }
 
 /// How many stand-in allocations are live (host or "device").
@@ -110,17 +138,41 @@ fn device_of(ctx: CUcontext) -> Option<CUdevice> {
     (at >= base && at < base + device_count()).then(|| (at - base) as CUdevice)
 }
 
+/// The device of the context current on this thread, if any.
+fn current_device() -> Option<CUdevice> {
+    CTX_STACK
+        .with(|s| s.borrow().last().copied())
+        .and_then(|c| device_of(c as CUcontext))
+}
+
+/// The allocation holding `addr`: (its start, the allocation).
+fn allocation_at(addr: usize) -> Option<(usize, Allocation)> {
+    let map = ALLOCATIONS.lock().unwrap_or_else(|e| e.into_inner());
+    map.as_ref()?
+        .iter()
+        .find(|(start, a)| addr >= **start && addr < **start + a.bytes.max(1))
+        .map(|(start, a)| (*start, *a))
+}
+
 fn alloc(bytes: usize) -> Option<*mut c_void> {
-    // SAFETY: calloc takes any size; a null result is handled; one byte at least so the address is unique.
-    let p = unsafe { libc::calloc(1, bytes.max(1)) };
-    if p.is_null() {
+    alloc_on(bytes, None)
+}
+
+fn alloc_on(bytes: usize, device: Option<CUdevice>) -> Option<*mut c_void> {
+    // Page-aligned, as CUDA's allocations are (a plugin's regMr of device memory needs 4 KiB).
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: out-parameter on the stack; 4096 is a power of two and a multiple of the pointer
+    // size; one byte at least so the address is unique.
+    if unsafe { libc::posix_memalign(&mut p, 4096, bytes.max(1)) } != 0 || p.is_null() {
         return None;
     }
+    // SAFETY: a fresh allocation of at least `bytes.max(1)` bytes; zeroed as calloc would.
+    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, bytes.max(1)) };
     ALLOCATIONS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .get_or_insert_with(HashMap::new)
-        .insert(p as usize, bytes);
+        .insert(p as usize, Allocation { bytes, device });
     Some(p)
 }
 
@@ -131,7 +183,7 @@ fn release(p: *mut c_void) -> bool {
         .as_mut()
         .is_some_and(|m| m.remove(&(p as usize)).is_some());
     if known {
-        // SAFETY: p came from calloc in `alloc` and was still registered, so it is freed once.
+        // SAFETY: p came from posix_memalign in `alloc_on` and was still registered, so it is freed once.
         unsafe { libc::free(p) };
     }
     known
@@ -383,7 +435,7 @@ pub extern "C" fn cuMemAlloc_v2(out: *mut CUdeviceptr, bytes: usize) -> CUresult
     if out.is_null() {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    match alloc(bytes) {
+    match alloc_on(bytes, Some(current_device().unwrap_or(0))) {
         Some(p) => ok_or(put(out, p as CUdeviceptr), CUDA_ERROR_INVALID_VALUE),
         None => CUDA_ERROR_OUT_OF_MEMORY,
     }
@@ -555,10 +607,13 @@ pub extern "C" fn cudaGetDeviceCount(count: *mut c_int) -> CudaError {
 #[unsafe(no_mangle)]
 pub extern "C" fn cudaGetDevice(dev: *mut c_int) -> CudaError {
     rt(ok_or(
-        put(dev, {
-            let current = RT_DEVICE.with(|d| d.get());
-            if current < 0 { default_device() } else { current }
-        }),
+        put(
+            dev,
+            current_device().unwrap_or_else(|| {
+                let current = RT_DEVICE.with(|d| d.get());
+                if current < 0 { default_device() } else { current }
+            }),
+        ),
         CUDA_ERROR_INVALID_VALUE,
     ))
 }
@@ -569,6 +624,12 @@ pub extern "C" fn cudaSetDevice(dev: c_int) -> CudaError {
         return CUDA_RT_ERROR_INVALID_DEVICE;
     }
     RT_DEVICE.with(|d| d.set(dev));
+    // As the runtime does: the device's primary context becomes the thread's current one.
+    CTX_STACK.with(|s| {
+        let mut s = s.borrow_mut();
+        s.pop();
+        s.push(context_of(dev) as usize);
+    });
     CUDA_RT_SUCCESS
 }
 
@@ -614,7 +675,15 @@ pub extern "C" fn cudaMallocHost(out: *mut *mut c_void, bytes: usize) -> CudaErr
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cudaMalloc(out: *mut *mut c_void, bytes: usize) -> CudaError {
-    rt(host_alloc(out, bytes))
+    cuInit(0);
+    let dev = current_device().unwrap_or_else(|| {
+        let d = RT_DEVICE.with(|d| d.get());
+        if d < 0 { default_device() } else { d }
+    });
+    match alloc_on(bytes, Some(dev)) {
+        Some(p) => rt(ok_or(put(out, p), CUDA_ERROR_INVALID_VALUE)),
+        None => CUDA_RT_ERROR_MEMORY_ALLOCATION,
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -662,6 +731,9 @@ pub extern "C" fn cudaGetErrorName(code: CudaError) -> *const c_char {
 pub extern "C" fn cudaGetLastError() -> CudaError {
     CUDA_RT_SUCCESS
 }
+
+mod datapath;
+pub use datapath::*;
 
 #[cfg(test)]
 mod tests;

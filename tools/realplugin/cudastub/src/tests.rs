@@ -188,3 +188,99 @@ fn runtime_memory_round_trips_and_counts_back() {
     assert_eq!(cudaFree(d), CUDA_RT_ERROR_INVALID_VALUE);
     assert_eq!(cudaFree(null_mut()), CUDA_RT_SUCCESS);
 }
+
+#[test]
+fn eight_a3_gpus_by_default_and_allocations_know_their_device() {
+    init();
+    // Run with the default device count (the test process sets none).
+    if std::env::var_os("TCPXD_CUDASTUB_DEVICES").is_none() {
+        assert_eq!(device_count(), 8);
+        assert_eq!(pci_bus_id(0), "0000:04:00.0");
+        assert_eq!(pci_bus_id(7), "0000:8b:00.0");
+    }
+    let mut ctx: CUcontext = null_mut();
+    assert_eq!(cuDevicePrimaryCtxRetain(&mut ctx, 1), CUDA_SUCCESS);
+    assert_eq!(cuCtxSetCurrent(ctx), CUDA_SUCCESS);
+    let mut rt_dev: c_int = -1;
+    assert_eq!(cudaGetDevice(&mut rt_dev), CUDA_RT_SUCCESS);
+    assert_eq!(rt_dev, 1, "the runtime's device follows the current context");
+    let mut d: CUdeviceptr = 0;
+    assert_eq!(cuMemAlloc_v2(&mut d, 10_000), CUDA_SUCCESS);
+    assert_eq!(d % 4096, 0, "page-aligned, as CUDA's allocations are");
+    let (mut mt, mut ord) = (0 as c_uint, -1 as c_int);
+    // SAFETY: out-parameters of the attributes' types.
+    unsafe {
+        assert_eq!(
+            cuPointerGetAttribute((&mut mt as *mut c_uint).cast(), 2, d + 100),
+            CUDA_SUCCESS
+        );
+        assert_eq!(
+            cuPointerGetAttribute((&mut ord as *mut c_int).cast(), 9, d + 9999),
+            CUDA_SUCCESS
+        );
+        assert_eq!(
+            cuPointerGetAttribute((&mut ord as *mut c_int).cast(), 9, d + 10_000),
+            CUDA_ERROR_INVALID_VALUE
+        );
+    }
+    assert_eq!((mt, ord), (2, 1), "device memory of GPU 1");
+    let (mut base, mut size) = (0 as CUdeviceptr, 0usize);
+    assert_eq!(cuMemGetAddressRange_v2(&mut base, &mut size, d + 5), CUDA_SUCCESS);
+    assert_eq!((base, size), (d, 10_000));
+    let mut h = CUipcMemHandle { reserved: [0; 64] };
+    assert_eq!(cuIpcGetMemHandle(&mut h, d), CUDA_SUCCESS);
+    assert_eq!(
+        &h.reserved[..8].iter().map(|&c| c as u8).collect::<Vec<_>>()[..],
+        datapath::IPC_MAGIC
+    );
+    assert_eq!(cuMemFree_v2(d), CUDA_SUCCESS);
+    assert_eq!(cuCtxSetCurrent(null_mut()), CUDA_SUCCESS);
+}
+
+#[test]
+fn streams_events_and_async_copies_complete_at_once() {
+    init();
+    let mut s: CUstream = null_mut();
+    assert_eq!(cuStreamCreate(&mut s, 1), CUDA_SUCCESS);
+    let (mut a, mut b) = (0 as CUdeviceptr, 0 as CUdeviceptr);
+    assert_eq!(cuMemAlloc_v2(&mut a, 8192), CUDA_SUCCESS);
+    assert_eq!(cuMemAlloc_v2(&mut b, 8192), CUDA_SUCCESS);
+    let src = tcpxd_pattern::seeded_vec(3, 8192);
+    assert_eq!(
+        cuMemcpyHtoDAsync_v2(a, src.as_ptr().cast(), 8192, s),
+        CUDA_SUCCESS
+    );
+    assert_eq!(cuMemcpyDtoDAsync_v2(b, a, 8192, s), CUDA_SUCCESS);
+    assert_eq!(cuMemsetD8Async(b, 0xAB, 16, s), CUDA_SUCCESS);
+    let mut e: CUevent = null_mut();
+    assert_eq!(cuEventCreate(&mut e, 0), CUDA_SUCCESS);
+    assert_eq!(cuEventRecord(e, s), CUDA_SUCCESS);
+    assert_eq!(cuEventQuery(e), CUDA_SUCCESS);
+    assert_eq!(cuStreamQuery(s), CUDA_SUCCESS);
+    let mut back = vec![0u8; 8192];
+    assert_eq!(
+        cuMemcpyDtoHAsync_v2(back.as_mut_ptr().cast(), b, 8192, s),
+        CUDA_SUCCESS
+    );
+    assert_eq!(cuStreamSynchronize(s), CUDA_SUCCESS);
+    assert!(back[..16].iter().all(|&v| v == 0xAB));
+    assert_eq!(back[16..], src[16..]);
+    assert_eq!(
+        cuMemsetD8_v2(b, 0, 8193),
+        CUDA_ERROR_INVALID_VALUE,
+        "past the allocation"
+    );
+    assert_eq!(
+        cuModuleLoadData(null_mut(), std::ptr::null()),
+        CUDA_ERROR_NOT_SUPPORTED
+    );
+    assert_eq!(cuEventDestroy_v2(e), CUDA_SUCCESS);
+    assert_eq!(cuStreamDestroy_v2(s), CUDA_SUCCESS);
+    assert_eq!(
+        cuStreamSynchronize(s),
+        CUDA_ERROR_INVALID_VALUE,
+        "a destroyed stream"
+    );
+    assert_eq!(cuMemFree_v2(a), CUDA_SUCCESS);
+    assert_eq!(cuMemFree_v2(b), CUDA_SUCCESS);
+}

@@ -1,0 +1,223 @@
+//! The daemon's GPU data path without a GPU: two `tcpxd` processes on the CUDA stand-in
+//! (tools/realplugin/cudastub as their `libcuda.so.1`: eight "GPUs" over host memory with A3's
+//! PCI bus ids, `tcpxd_testkit::cudastub`), the built-in emulation in its CUDA mode, and the
+//! `d2d` and `host` unpackers (the stand-in runs no kernels). CUDA buffers on different GPUs of
+//! the two nodes, WRITE and READ between them and host memory, every byte compared through
+//! ReadBuffer.
+//!
+//! The emulation models A3's GPU <-> NIC binding (docs/EMULATION.md): with four NICs and its
+//! default map each NIC serves two GPUs, and a daemon whose lanes do not follow the topology
+//! (issue #37) has its CUDA receives failed with "rx no cmsg". So these runs use one NIC (which
+//! serves all eight GPUs) or four with the binding off (`TCPXEMU_GPUS=all`).
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::common::daemons::{
+    Client, fill_seed, host_buffer, read, read_entry, unix_client, wait_ok, write, write_entry,
+};
+use tcpxd::api::proto::v1 as pb;
+use tcpxd_testkit::ScratchDir;
+
+/// A daemon process, killed when dropped.
+struct Daemon {
+    child: Child,
+    client: Client,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A daemon on `nics` emulated NICs; `binding`: the emulation's default GPU map, else
+/// `TCPXEMU_GPUS=all` (every NIC serves every GPU).
+async fn start(dir: &ScratchDir, node: &str, unpacker: &str, nics: u32, binding: bool) -> Daemon {
+    let sock = dir.join(format!("{node}.sock"));
+    let ready = dir.join(format!("{node}.ready"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tcpxd"))
+        .args([
+            "--node-id",
+            node,
+            "--builtin-emulation",
+            "--peer-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--api-socket")
+        .arg(&sock)
+        .arg("--ready-file")
+        .arg(&ready)
+        .envs(tcpxd_testkit::cudastub::child_env(8))
+        .envs([
+            ("RUST_LOG", "warn"),
+            ("UCCL_TCPX_UNPACK_IMPL", unpacker),
+            ("TCPXEMU_BOUNCE", "cuda"),
+            ("TCPXEMU_BOUNCE_PAGES", "2048"),
+        ])
+        .env("TCPXEMU_DEVICES", nics.to_string())
+        .envs((!binding).then_some(("TCPXEMU_GPUS", "all")))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("tcpxd starts");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "{node}: no ready file");
+        assert!(child.try_wait().unwrap().is_none(), "{node}: tcpxd exited early");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let client = unix_client(sock).await;
+    Daemon { child, client }
+}
+
+async fn cuda_buffer(c: &mut Client, device: u32, size: u64) -> pb::Buffer {
+    c.register_buffer(pb::RegisterBufferRequest {
+        source: Some(pb::register_buffer_request::Source::Cuda(pb::CudaAllocation {
+            device,
+            size,
+        })),
+        label: String::new(),
+    })
+    .await
+    .expect("CUDA buffer on the stand-in")
+    .into_inner()
+}
+
+async fn bytes(c: &mut Client, id: u64, offset: u64, len: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len as usize);
+    let mut at = offset;
+    while at < offset + len {
+        let n = (offset + len - at).min(tcpxd::buffers::MAX_READ_BYTES);
+        let r = c
+            .read_buffer(pb::ReadBufferRequest {
+                buffer_id: id,
+                offset: at,
+                length: n,
+            })
+            .await
+            .expect("read buffer")
+            .into_inner();
+        out.extend_from_slice(&r.data);
+        at += n;
+    }
+    out
+}
+
+async fn assert_same(a: &mut Client, x: (u64, u64), b: &mut Client, y: (u64, u64), len: u64, what: &str) {
+    let want = bytes(a, x.0, x.1, len).await;
+    assert!(want.iter().any(|&v| v != 0), "{what}: the source is all zeros");
+    let got = bytes(b, y.0, y.1, len).await;
+    if let Some(i) = want.iter().zip(&got).position(|(p, q)| p != q) {
+        panic!("{what}: byte {i} of {len} differs");
+    }
+}
+
+async fn gpu_to_gpu_on_the_stand_in(unpacker: &str, nics: u32, binding: bool) {
+    let dir = ScratchDir::fresh("tcpxd-stub-gpus", unpacker);
+    std::fs::create_dir_all(&*dir).unwrap();
+    let mut a = start(&dir, "stub-a", unpacker, nics, binding).await;
+    let mut b = start(&dir, "stub-b", unpacker, nics, binding).await;
+    let node = a
+        .client
+        .describe_node(pb::DescribeNodeRequest {})
+        .await
+        .expect("describe")
+        .into_inner();
+    let ids: Vec<&str> = node.gpus.iter().map(|g| g.pci_bus_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        tcpxd_cudastub_ids(),
+        "the daemon sees the stand-in's eight A3 GPUs"
+    );
+    const MIB: u64 = 1 << 20;
+    let size = 4 * MIB;
+    let src = cuda_buffer(&mut a.client, 3, size).await;
+    let dst = cuda_buffer(&mut b.client, 5, size).await;
+    let back = cuda_buffer(&mut a.client, 0, size).await;
+    fill_seed(&mut a.client, src.id, 0, 0, 77).await;
+    for (k, len) in [1u64, 4097, 3 * MIB + 5].into_iter().enumerate() {
+        let (soff, doff) = (k as u64 * 7, 4096 + k as u64 * 3);
+        let id = write(&mut a.client, write_entry(&src, soff, &dst, doff, len), b"")
+            .await
+            .unwrap();
+        wait_ok(&mut a.client, id).await;
+        assert_same(
+            &mut a.client,
+            (src.id, soff),
+            &mut b.client,
+            (dst.id, doff),
+            len,
+            &format!("{unpacker}: WRITE GPU 3 -> GPU 5 of {len} bytes"),
+        )
+        .await;
+        let id = read(&mut a.client, read_entry(&dst, doff, &back, 0, len))
+            .await
+            .unwrap();
+        wait_ok(&mut a.client, id).await;
+        assert_same(
+            &mut b.client,
+            (dst.id, doff),
+            &mut a.client,
+            (back.id, 0),
+            len,
+            &format!("{unpacker}: READ GPU 5 -> GPU 0 of {len} bytes"),
+        )
+        .await;
+    }
+    // Host to GPU and GPU to host on the same pairing.
+    let host = host_buffer(&mut a.client, 2 * MIB, "").await;
+    fill_seed(&mut a.client, host.id, 0, 0, 5).await;
+    let id = write(&mut a.client, write_entry(&host, 0, &dst, 0, 2 * MIB), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+    assert_same(
+        &mut a.client,
+        (host.id, 0),
+        &mut b.client,
+        (dst.id, 0),
+        2 * MIB,
+        "host -> GPU 5",
+    )
+    .await;
+    let hb = host_buffer(&mut b.client, 2 * MIB, "").await;
+    let id = write(&mut a.client, write_entry(&src, 0, &hb, 0, 2 * MIB), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+    assert_same(
+        &mut a.client,
+        (src.id, 0),
+        &mut b.client,
+        (hb.id, 0),
+        2 * MIB,
+        "GPU 3 -> host",
+    )
+    .await;
+}
+
+/// A3's GPU bus ids in ordinal order (RxDM's a3vm preset), as the stand-in presents them.
+fn tcpxd_cudastub_ids() -> Vec<&'static str> {
+    vec![
+        "0000:04:00.0",
+        "0000:05:00.0",
+        "0000:0a:00.0",
+        "0000:0b:00.0",
+        "0000:84:00.0",
+        "0000:85:00.0",
+        "0000:8a:00.0",
+        "0000:8b:00.0",
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_to_gpu_on_the_cuda_stand_in_d2d_unpacker_one_nic() {
+    gpu_to_gpu_on_the_stand_in("d2d", 1, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_to_gpu_on_the_cuda_stand_in_host_unpacker_four_nics_unbound() {
+    gpu_to_gpu_on_the_stand_in("host", 4, false).await;
+}
