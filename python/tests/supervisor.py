@@ -1,7 +1,7 @@
 """A stand-in for systemd in the restart tests: runs one tcpxd daemon and starts it again, with the
 same arguments, whenever it exits — as deploy/systemd/tcpxd.service's `Restart=always` with
-`RestartSec=0` would (the unit waits 100 ms; the kubelet restarts a DaemonSet's container the same
-way, with a back-off). Each start is recorded: when it began, when the daemon served (its ready
+`RestartSec=100ms` does (the kubelet restarts a DaemonSet's container the same way, with a
+back-off). Each start is recorded: when it began, when the daemon served (its ready
 file), and how the previous process ended."""
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
+
+#: systemd's RestartSec in deploy/systemd/tcpxd.service.
+RESTART_SEC = 0.1
 
 
 @dataclass
@@ -48,6 +51,8 @@ class Supervised:
 
     def _loop(self) -> None:
         while not self._stop:
+            if self.starts:
+                time.sleep(RESTART_SEC)
             if self.ready.exists():
                 self.ready.unlink()
             start = Start(time.monotonic())

@@ -39,6 +39,9 @@ POLL_S = 0.05
 #: One DescribeNode's deadline while the daemon restarts.
 ASK_S = 2.0
 _WATCH = "/grpc.health.v1.Health/Watch"
+#: grpc.health.v1.HealthCheckRequest{service: "tcpxd.v1.Tcpxd"}: the API's own status, which the
+#: daemon sets NOT_SERVING as it starts stopping.
+_WATCH_API = b"\n\x0etcpxd.v1.Tcpxd"
 #: grpc.health.v1.HealthCheckResponse{status: SERVING}, as the Watch stream sends it.
 _SERVING = b"\x08\x01"
 
@@ -149,7 +152,7 @@ class Reattacher:
                 return
             try:
                 watch: Any = client._channel.unary_stream(_WATCH)  # raw bytes both ways
-                self._call = watch(b"", metadata=client._metadata)
+                self._call = watch(_WATCH_API, metadata=client._metadata)
                 del client
                 for status in self._call:
                     if status != _SERVING:
