@@ -144,3 +144,30 @@ def test_a_client_that_died_meanwhile_has_its_registrations_released(nodes: Any)
         with pytest.raises(tcpxd.TcpxdError) as e:
             ca.read(desc, local, timeout=10)
         assert e.value.code == grpc.StatusCode.NOT_FOUND, e.value
+
+
+def test_the_asyncio_client_re_attaches_too(nodes: Any) -> None:
+    import asyncio
+
+    from tcpxd.aio import AsyncClient
+
+    a, b, _ = nodes
+
+    async def main() -> None:
+        async with AsyncClient(endpoint(b)) as cb:
+            shared = await cb.register_host(1 << 20)
+            shared.numpy()[:] = 3
+            blocks = await cb.register_blocks(shared, block_size=4096)
+            with tcpxd.Client(endpoint(a)) as ca:
+                local = ca.register_host(1 << 20)
+                dst = ca.register_blocks(local, block_size=4096)
+                restart(b)
+                retry(lambda: ca.read(shared.descriptor, local), "READ by the old descriptor")
+                assert (local.numpy() == 3).all()
+                local.numpy()[:] = 0
+                retry(lambda: ca.read_blocks(dst, [7], blocks.token, [9]), "READ by the old token")
+                assert (local.numpy()[7 * 4096 : 8 * 4096] == 3).all()
+            assert cb._reattach.restarts == 1
+            await shared.release()
+
+    asyncio.run(main())

@@ -249,9 +249,6 @@ def handshake(path: str) -> Optional[Connection]:
                 got += part
         except OSError as e:  # socket.timeout included: it waits for more of an HTTP/2 preface
             raise NotLocal(f"{type(e).__name__}: {e}") from None
-        if not got:  # closed at once: a daemon going away (a restart), not an older one
-            sock.close()
-            return None
         if got != PREFACE:
             raise NotLocal(f"answered {got!r}")
         sock.settimeout(None)

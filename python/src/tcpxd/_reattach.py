@@ -52,14 +52,18 @@ def descriptor_key(descriptor: str) -> bytes:
 
 
 class Reattacher:
-    """What one client registered that it re-attaches to a restarted daemon. Thread-safe."""
+    """What one client registered that it re-attaches to a restarted daemon. Thread-safe. `rpc`
+    (the asyncio client's): makes the synchronous client its watch and re-registrations use,
+    on first need; by default they use `client` itself."""
 
-    def __init__(self, client: "Client"):
-        self._client = weakref.ref(client)
+    def __init__(self, client: Any, rpc: Optional[Callable[[], "Client"]] = None):
+        self._owner = weakref.ref(client)
+        self._make_rpc = rpc
+        self._rpc: Optional["Client"] = None
         self._lock = threading.Lock()
         #: Buffers, block lists and prepared lists by id, with how to register each again.
         self._buffers: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
-        self._again: Dict[Tuple[str, int], Callable[[Any], None]] = {}
+        self._again: Dict[Tuple[str, int], "Again"] = {}
         self._lists: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         self._prepared: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         #: The daemon instance the registrations belong to (None: not asked yet).
@@ -77,7 +81,7 @@ class Reattacher:
 
     # -- what is tracked
 
-    def track_buffer(self, buf: Any, again: Callable[[Any], None]) -> None:
+    def track_buffer(self, buf: Any, again: "Again") -> None:
         """`again(buf)` registers `buf` again under its id and key (after a restart)."""
         self._start()
         with self._lock:
@@ -126,6 +130,14 @@ class Reattacher:
         return self._ready.wait(timeout)
 
     # -- the watch
+
+    def _client(self) -> Optional["Client"]:
+        """The synchronous client the watch and the re-registrations use."""
+        if self._make_rpc is None:
+            return self._owner()
+        if self._rpc is None and not self._closed:
+            self._rpc = self._make_rpc()
+        return self._rpc
 
     def _start(self) -> None:
         if self._thread is not None and self._pid == os.getpid():
@@ -195,8 +207,13 @@ class Reattacher:
     def _reattach(self, client: "Client", msg: Any) -> None:
         started = time.monotonic()
         old, self.instance = self.instance, msg.instance_id
-        if client._registrar is not None:
-            client._registrar.reset()  # its connection died with the old instance
+        owner = self._owner()
+        if owner is not None and owner._registrar is not None:
+            owner._registrar.reset()  # its connection died with the old instance
+            # A new instance may be another version, and a daemon draining for a restart closes
+            # the connections it still accepted, as an older daemon without the local session
+            # does: ask the new one afresh (the registrar and the transfers share what it says).
+            owner._registrar.available = None
         with self._lock:
             todo = list(self._again.items())
             alive = {("b", i): b for i, b in self._buffers.items()}
@@ -213,7 +230,7 @@ class Reattacher:
                 if key[0] != kind or obj is None or getattr(obj, "released", False):
                     continue
                 try:
-                    again(obj)
+                    again(obj, client)
                     done += 1
                 except TcpxdError as e:
                     failed += 1
@@ -229,6 +246,8 @@ class Reattacher:
         call = self._call
         if call is not None:
             call.cancel()
+        if self._rpc is not None:
+            self._rpc.close()
 
 
 class _BufferList:
@@ -237,7 +256,6 @@ class _BufferList:
     def __init__(self, buf: Any, list_id: int, update: Callable[[Any], None]):
         self._buf = weakref.ref(buf)
         self.id = list_id
-        self._client = buf._client
         self._on_update = update
 
     @property
@@ -249,46 +267,49 @@ class _BufferList:
         self._on_update(msg)
 
 
-def _list_again(req: Any) -> Callable[[Any], None]:
-    def again(bl: Any) -> None:
+#: How a registration is made again: (the buffer or list, the synchronous client to call).
+Again = Callable[[Any, "Client"], None]
+
+
+def _list_again(req: Any) -> Again:
+    def again(bl: Any, rpc: "Client") -> None:
         r = type(req)()
         r.CopyFrom(req)
         r.reattach_id = bl.id
-        bl._update(bl._client._unary("RegisterBlocks", r))
+        bl._update(rpc._unary("RegisterBlocks", r))
 
     return again
 
 
-def _prepared_again(req: Any) -> Callable[[Any], None]:
-    def again(p: Any) -> None:
+def _prepared_again(req: Any) -> Again:
+    def again(p: Any, rpc: "Client") -> None:
         r = type(req)()
         r.CopyFrom(req)
         r.reattach_id = p.id
-        p._owner._unary("PrepareBlocks", r)
+        rpc._unary("PrepareBlocks", r)
 
     return again
 
 
-def host_fd_again(fd: int, offset: int, size: int, label: str) -> Callable[[Any], None]:
+def host_fd_again(fd: int, offset: int, size: int, label: str) -> Again:
     """How a host buffer shared by file descriptor is registered again: `fd` (a duplicate the
-    buffer keeps open) sent anew."""
+    buffer keeps open) sent anew, on the connection of the client that holds the buffer."""
 
-    def again(buf: Any) -> None:
+    def again(buf: Any, rpc: "Client") -> None:
         req = _proto.message("RegisterHostFdRequest")(
             offset=offset, size=size, label=label, reattach_id=buf.id, reattach_key=descriptor_key(buf.descriptor))
-        registrar = buf._client._registrar
-        buf._update(registrar.register_fd(fd, req, buf._client.timeout))
+        buf._update(buf._client._registrar.register_fd(fd, req, rpc.timeout))
 
     return again
 
 
-def cuda_ipc_again(req: Any) -> Callable[[Any], None]:
-    def again(buf: Any) -> None:
+def cuda_ipc_again(req: Any) -> Again:
+    def again(buf: Any, rpc: "Client") -> None:
         r = type(req)()
         r.CopyFrom(req)
         r.reattach_id = buf.id
         r.reattach_key = descriptor_key(buf.descriptor)
-        buf._update(buf._client._unary("RegisterBuffer", r))
+        buf._update(rpc._unary("RegisterBuffer", r))
 
     return again
 
