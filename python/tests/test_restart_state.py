@@ -171,3 +171,66 @@ def test_the_asyncio_client_re_attaches_too(nodes: Any) -> None:
             await shared.release()
 
     asyncio.run(main())
+
+
+def test_a_re_attach_that_does_not_match_is_refused_and_changes_nothing(nodes: Any, daemons: Any) -> None:
+    from tcpxd import _proto
+
+    a, b, d = nodes
+    with tcpxd.Client(endpoint(b)) as cb:
+        buf = cb.register_host(1 << 20)
+        lst = cb.register_blocks(buf, block_size=4096)
+        key = bytes.fromhex(buf.descriptor.split("@")[0].split(":")[4])
+        cb._reattach.close()  # this test re-attaches by hand
+        restart(b)
+        cb._registrar.reset()  # type: ignore[union-attr]  # its connection went with the old process
+        pending = regs(d, "sb")
+        R = _proto.message("RegisterBlocksRequest")
+        S = _proto.message("StridedBlocks")
+        cases = [
+            # (call, request, code, words)
+            ("RegisterBlocks", R(buffer_id=buf.id, strided=S(first=0, stride=4096, length=4096, count=256), reattach_id=lst.id),
+             grpc.StatusCode.NOT_FOUND, "buffer_id"),  # its buffer is not back yet
+            ("RegisterBlocks", R(buffer_id=buf.id, strided=S(first=0, stride=4096, length=4096, count=256), reattach_id=999_999),
+             grpc.StatusCode.NOT_FOUND, "buffer_id"),
+            ("PrepareBlocks", _proto.message("PrepareBlocksRequest")(local_list_ids=[lst.id], entries=b"\0" * 8 + b"\1\0\0\0", reattach_id=777),
+             grpc.StatusCode.FAILED_PRECONDITION, "prepared list 777 is not waiting to be re-attached"),
+            ("RegisterBuffer", _proto.message("RegisterBufferRequest")(host=_proto.message("HostAllocation")(size=4096), reattach_id=buf.id),
+             grpc.StatusCode.INVALID_ARGUMENT, "reattach_id: only a cuda_ipc import"),
+        ]
+        for call, req, code, words in cases:
+            with pytest.raises(tcpxd.TcpxdError) as e:
+                cb._unary(call, req)
+            assert e.value.code == code and words in str(e.value), (call, e.value)
+        # A host-memory re-attach with another key, or another size: refused, naming why.
+        fd = buf._host.reattach[0]  # type: ignore[union-attr]
+        F = _proto.message("RegisterHostFdRequest")
+        for req, words in [
+            (F(size=1 << 20, reattach_id=buf.id, reattach_key=bytes(16)), "reattach_key is not its access key"),
+            (F(size=1 << 19, reattach_id=buf.id, reattach_key=key), "it was 1048576 bytes, this is 524288"),
+            (F(size=1 << 20, reattach_id=lst.id + 10_000, reattach_key=key), "not waiting to be re-attached"),
+        ]:
+            with pytest.raises(tcpxd.TcpxdError) as e:
+                cb._registrar.register_fd(fd, req, 10)  # type: ignore[union-attr]
+            assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and words in str(e.value), e.value
+        assert regs(d, "sb") == pending, "the refusals changed nothing"
+        # The right one is taken back, once.
+        cb._registrar.register_fd(fd, F(size=1 << 20, reattach_id=buf.id, reattach_key=key), 10)  # type: ignore[union-attr]
+        with pytest.raises(tcpxd.TcpxdError) as e:
+            cb._registrar.register_fd(fd, F(size=1 << 20, reattach_id=buf.id, reattach_key=key), 10)  # type: ignore[union-attr]
+        assert "not waiting to be re-attached" in str(e.value), e.value
+        # A list re-attach the engine refuses (blocks past the buffer's end) puts its claim back:
+        # the right one is then taken.
+        with pytest.raises(tcpxd.TcpxdError) as e:
+            cb._unary("RegisterBlocks", R(buffer_id=buf.id, strided=S(first=1 << 20, stride=4096, length=4096, count=256),
+                                          reattach_id=lst.id))
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, e.value
+        got = cb._unary("RegisterBlocks", R(buffer_id=buf.id, strided=S(first=0, stride=4096, length=4096, count=256),
+                                            reattach_id=lst.id))
+        assert (got.id, got.token) == (lst.id, lst.token)
+    # A daemon without a state directory says so.
+    with tcpxd.Client(daemons[0].endpoint) as c:
+        assert c.describe_node().raw.reattach_grace_s == 0
+        with pytest.raises(tcpxd.TcpxdError) as e:
+            c._unary("PrepareBlocks", _proto.message("PrepareBlocksRequest")(local_list_ids=[1], entries=b"\0" * 12, reattach_id=1))
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "keeps no state directory" in str(e.value), e.value

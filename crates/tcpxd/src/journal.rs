@@ -318,6 +318,12 @@ impl Journal {
         Ok(inner.pending.remove(&(space, id)).expect("checked above"))
     }
 
+    /// Puts back a registration taken by [`Journal::claim`] whose re-attach then failed: it waits
+    /// for its client again.
+    pub fn unclaim(&self, space: Space, id: u64, record: Record) {
+        self.lock().pending.insert((space, id), record);
+    }
+
     /// Takes the previous instance's daemon-allocated host buffers whose memory file is there
     /// (the daemon restores them itself); the others are forgotten.
     pub fn take_kept_host(&self) -> Vec<KeptHost> {

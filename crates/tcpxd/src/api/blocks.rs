@@ -134,7 +134,7 @@ impl DaemonState {
         self.buffers.get_as("buffer_id", r.buffer_id).map_err(status)?;
         let layout = layout(r.layout)?;
         let buffer = r.buffer_id;
-        let reattach = self.reattach_list(r.reattach_id, buffer)?;
+        let (reattach, claim) = self.reattach_list(r.reattach_id, buffer)?;
         let facts = self
             .ask(|reply| Command::RegisterBlocks {
                 buffer,
@@ -148,6 +148,7 @@ impl DaemonState {
             let _ = self.release_blocks(facts.id).await;
             return Err(e);
         }
+        claim.keep();
         tracing::info!(
             list = facts.id,
             buffer,

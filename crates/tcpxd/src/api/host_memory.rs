@@ -98,7 +98,7 @@ impl DaemonState {
         attached: Result<Attached, Status>,
     ) -> Result<pb::Buffer, Status> {
         let Attached { fd, unsealed } = attached?;
-        let ident = self.reattach_buffer(
+        let (ident, claim) = self.reattach_buffer(
             req.reattach_id,
             &req.reattach_key,
             BufferKind::HostShared,
@@ -119,6 +119,7 @@ impl DaemonState {
             let _ = self.release(entry.id, None).await;
             return Err(e);
         }
+        claim.keep();
         tracing::info!(
             buffer = entry.id,
             size = entry.size,

@@ -247,7 +247,7 @@ impl DaemonState {
         r: pb::PrepareBlocksRequest,
         deadline: Instant,
     ) -> Result<pb::PreparedBlocks, Status> {
-        let reattach = self.reattach_prepared(r.reattach_id)?;
+        let (reattach, claim) = self.reattach_prepared(r.reattach_id)?;
         let mut remote_node = None;
         let info = match (r.local_list_ids.is_empty(), r.remote_tokens.is_empty()) {
             (false, true) => {
@@ -315,6 +315,7 @@ impl DaemonState {
             let _ = self.release_prepared(info.id).await;
             return Err(e);
         }
+        claim.keep();
         tracing::debug!(
             prepared = info.id,
             entries = info.entries,

@@ -23,6 +23,41 @@ pub fn kind_name(kind: BufferKind) -> &'static str {
     }
 }
 
+/// A registration taken back from the state directory for a re-attach under way: put back (it
+/// waits for its client again) unless [`Claim::keep`] says the re-attach succeeded, so a refused
+/// or failed re-attach changes nothing.
+#[must_use]
+pub struct Claim {
+    journal: Option<Arc<crate::journal::Journal>>,
+    space: Space,
+    id: u64,
+    record: Option<Record>,
+}
+
+impl Claim {
+    fn none() -> Claim {
+        Claim {
+            journal: None,
+            space: Space::Buffer,
+            id: 0,
+            record: None,
+        }
+    }
+
+    /// The re-attach succeeded.
+    pub fn keep(mut self) {
+        self.record = None;
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let (Some(j), Some(r)) = (&self.journal, self.record.take()) {
+            j.unclaim(self.space, self.id, r);
+        }
+    }
+}
+
 fn no_state_dir(field: &str) -> Status {
     Status::failed_precondition(format!(
         "{field}: this daemon keeps no state directory (runtime.state_dir): nothing registered before \
@@ -39,16 +74,16 @@ impl DaemonState {
         key: &[u8],
         kind: BufferKind,
         size: u64,
-    ) -> Result<Option<Ident>, Status> {
+    ) -> Result<(Option<Ident>, Claim), Status> {
         if id == 0 {
-            return Ok(None);
+            return Ok((None, Claim::none()));
         }
         let journal = self.journal.as_ref().ok_or_else(|| no_state_dir("reattach_id"))?;
         let key: [u8; 16] = key.try_into().map_err(|_| {
             Status::invalid_argument(format!("reattach_key: {} bytes, expected 16", key.len()))
         })?;
         let want = hex::encode(key);
-        journal
+        let record = journal
             .claim("reattach_id", Space::Buffer, id, |r| match r {
                 Record::Buffer {
                     kind: k,
@@ -69,7 +104,10 @@ impl DaemonState {
                 _ => Err("not a buffer".into()),
             })
             .map_err(status)?;
-        Ok(Some(Ident { id, key }))
+        Ok((
+            Some(Ident { id, key }),
+            claimed(journal, Space::Buffer, id, record),
+        ))
     }
 
     /// Records a buffer (registered, re-attached or re-keyed) in the state directory.
@@ -87,34 +125,34 @@ impl DaemonState {
     }
 
     /// A list re-attached on `buffer` (`id` non-zero), checked against the state directory.
-    pub(crate) fn reattach_list(&self, id: u64, buffer: u64) -> Result<Option<u64>, Status> {
+    pub(crate) fn reattach_list(&self, id: u64, buffer: u64) -> Result<(Option<u64>, Claim), Status> {
         if id == 0 {
-            return Ok(None);
+            return Ok((None, Claim::none()));
         }
         let journal = self.journal.as_ref().ok_or_else(|| no_state_dir("reattach_id"))?;
-        journal
+        let record = journal
             .claim("reattach_id", Space::List, id, |r| match r {
                 Record::List { buffer: b } if *b == buffer => Ok(()),
                 Record::List { buffer: b } => Err(format!("it was on buffer {b}, not {buffer}")),
                 _ => Err("not a block list".into()),
             })
             .map_err(status)?;
-        Ok(Some(id))
+        Ok((Some(id), claimed(journal, Space::List, id, record)))
     }
 
     /// A prepared list re-attached (`id` non-zero), checked against the state directory.
-    pub(crate) fn reattach_prepared(&self, id: u64) -> Result<Option<u64>, Status> {
+    pub(crate) fn reattach_prepared(&self, id: u64) -> Result<(Option<u64>, Claim), Status> {
         if id == 0 {
-            return Ok(None);
+            return Ok((None, Claim::none()));
         }
         let journal = self.journal.as_ref().ok_or_else(|| no_state_dir("reattach_id"))?;
-        journal
+        let record = journal
             .claim("reattach_id", Space::Prepared, id, |r| match r {
                 Record::Prepared => Ok(()),
                 _ => Err("not a prepared list".into()),
             })
             .map_err(status)?;
-        Ok(Some(id))
+        Ok((Some(id), claimed(journal, Space::Prepared, id, record)))
     }
 
     /// Records a registration other than a buffer.
@@ -130,6 +168,15 @@ impl DaemonState {
         if let Some(j) = &self.journal {
             j.forget(space, id);
         }
+    }
+}
+
+fn claimed(journal: &Arc<crate::journal::Journal>, space: Space, id: u64, record: Record) -> Claim {
+    Claim {
+        journal: Some(journal.clone()),
+        space,
+        id,
+        record: Some(record),
     }
 }
 

@@ -44,6 +44,8 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                  buffers come back by themselves, daemon-allocated CUDA memory does not outlive the daemon",
             ));
         }
+        // A re-attach taken from the state directory: put back if anything below fails.
+        let mut claim = None;
         let entry = match r.source {
             Some(pb::register_buffer_request::Source::Host(h)) => {
                 let reg_label = r.label.clone();
@@ -61,12 +63,13 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                     .map_err(status)?
             }
             Some(pb::register_buffer_request::Source::CudaIpc(c)) => {
-                let ident = self.state.reattach_buffer(
+                let (ident, c_claim) = self.state.reattach_buffer(
                     r.reattach_id,
                     &r.reattach_key,
                     crate::buffers::BufferKind::CudaIpc,
                     c.size,
                 )?;
+                claim = Some(c_claim);
                 let (label, state) = (r.label.clone(), self.state.clone());
                 tokio::task::spawn_blocking(move || {
                     state
@@ -87,6 +90,9 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
         if let Err(e) = self.state.journal_buffer(&entry) {
             let _ = self.state.release(entry.id, None).await;
             return Err(e);
+        }
+        if let Some(c) = claim {
+            c.keep();
         }
         tracing::info!(
             buffer = entry.id,
