@@ -81,16 +81,25 @@ class Reattacher:
 
     # -- what is tracked
 
+    def _prune(self) -> None:
+        """Forgets how to register again what is gone (with the lock held; now and then)."""
+        live = len(self._buffers) + len(self._lists) + len(self._prepared)
+        if len(self._again) > 2 * live + 64:
+            keep = {("b", i) for i in self._buffers} | {("l", i) for i in self._lists} | {("p", i) for i in self._prepared}
+            self._again = {k: v for k, v in self._again.items() if k in keep}
+
     def track_buffer(self, buf: Any, again: "Again") -> None:
-        """`again(buf)` registers `buf` again under its id and key (after a restart)."""
+        """`again(buf, rpc)` registers `buf` again under its id and key (after a restart)."""
         self._start()
         with self._lock:
+            self._prune()
             self._buffers[buf.id] = buf
             self._again[("b", buf.id)] = again
 
     def track_list(self, bl: Any, req: Any) -> None:
         self._start()
         with self._lock:
+            self._prune()
             self._lists[bl.id] = bl
             self._again[("l", bl.id)] = _list_again(req)
 
@@ -105,6 +114,7 @@ class Reattacher:
     def track_prepared(self, p: Any, req: Any) -> None:
         self._start()
         with self._lock:
+            self._prune()
             self._prepared[p.id] = p
             self._again[("p", p.id)] = _prepared_again(req)
 
@@ -163,17 +173,22 @@ class Reattacher:
             if client is None:
                 return
             try:
-                watch: Any = client._channel.unary_stream(_WATCH)  # raw bytes both ways
-                self._call = watch(_WATCH_API, metadata=client._metadata)
+                with self._lock:  # close() cancels what is here, before the channel closes
+                    if self._closed:
+                        return
+                    watch: Any = client._channel.unary_stream(_WATCH)  # raw bytes both ways
+                    call = self._call = watch(_WATCH_API, metadata=client._metadata)
                 del client
-                for status in self._call:
+                for status in call:
                     if status != _SERVING:
                         # NOT_SERVING: the daemon is stopping (SIGTERM, an upgrade). Let go of
                         # the stream, which would hold its shutdown up, and wait for the next one.
-                        self._call.cancel()
+                        call.cancel()
                         break
             except grpc.RpcError:
                 pass
+            except ValueError:  # "Channel closed": the client closed meanwhile
+                return
             if self._closed:
                 return
             time.sleep(POLL_S)
@@ -192,6 +207,8 @@ class Reattacher:
                 del client
                 time.sleep(POLL_S)
                 continue
+            except ValueError:  # "Channel closed": the client closed meanwhile
+                return
             with self._recovering:
                 if msg.instance_id != self.instance:  # (else the same daemon, or re-attached by sync())
                     self._reattach_now(client, msg)
@@ -242,10 +259,15 @@ class Reattacher:
                  (time.monotonic() - started) * 1000)
 
     def close(self) -> None:
-        self._closed = True
-        call = self._call
+        """Stops the watch, before the client closes its channel (which it must not outlive)."""
+        with self._lock:
+            self._closed = True
+            call = self._call
         if call is not None:
             call.cancel()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread() and self._pid == os.getpid():
+            thread.join(ASK_S + 1)
         if self._rpc is not None:
             self._rpc.close()
 

@@ -393,14 +393,19 @@ impl DaemonState {
     ) -> Result<Started, Status> {
         tracing::trace!(target: "tcpxd::hop", hop = "api.in");
         let transfer = transfer.map_err(status)?;
-        // The other node may have restarted since: pair with it again (nothing to do while its
-        // pairing is up).
-        let token = self
-            .remote_prepared
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&transfer.remote)
-            .cloned();
+        // The other node may have restarted since: pair with it again (nothing to do, and
+        // nothing copied, while its pairing is up).
+        let token = {
+            let remote = self.remote_prepared.lock().unwrap_or_else(|e| e.into_inner());
+            remote
+                .get(&transfer.remote)
+                .filter(|t| {
+                    self.peers
+                        .by_node(&t.node_id)
+                        .is_none_or(|p| !matches!(*p.link.borrow(), crate::poller::PeerLink::Up))
+                })
+                .cloned()
+        };
         if let Some(token) = token {
             self.reach_token("remote_prepared_id", &token, deadline).await?;
         }
