@@ -136,6 +136,12 @@ impl Journal {
                 .create(&d)
                 .map_err(io(&d))?;
         }
+        if !on_tmpfs(dir) {
+            tracing::warn!(
+                dir = %dir.display(),
+                "runtime.state_dir is not on tmpfs: daemon-allocated host memory kept there is written back to disk; use a directory under /run"
+            );
+        }
         let node_file = dir.join("node");
         match std::fs::read_to_string(&node_file) {
             Ok(n) if n.trim() == node_id => {}
@@ -383,6 +389,13 @@ impl Journal {
         }
         gone.len()
     }
+}
+
+/// Whether `dir` lies on tmpfs (or ramfs): memory, not disk, behind its files.
+fn on_tmpfs(dir: &Path) -> bool {
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    const RAMFS_MAGIC: u64 = 0x8584_58f6;
+    rustix::fs::statfs(dir).is_ok_and(|s| matches!(s.f_type as u64, TMPFS_MAGIC | RAMFS_MAGIC))
 }
 
 fn internal(e: JournalError) -> EngineError {
