@@ -474,6 +474,9 @@ mod tests {
                 .contains("buffer 1 cannot be re-attached: the key differs"),
             "{e}"
         );
+        // A re-attach that fails after its claim puts it back.
+        let r = j.claim("reattach_id", Space::Buffer, 1, |_| Ok(())).unwrap();
+        j.unclaim(Space::Buffer, 1, r);
         j.claim("reattach_id", Space::Buffer, 1, |_| Ok(())).unwrap();
         let e = j.claim("reattach_id", Space::Buffer, 1, |_| Ok(())).unwrap_err();
         assert!(e.message.contains("not waiting to be re-attached"), "{e}");

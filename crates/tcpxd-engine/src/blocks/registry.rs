@@ -144,6 +144,28 @@ mod tests {
     }
 
     #[test]
+    fn a_restarted_node_starts_above_its_floor_and_takes_back_old_ids() {
+        let mut r = BlockRegistry::default();
+        r.start_ids_at(4097);
+        assert_eq!(r.register(7, 1 << 20, strided(1)).unwrap(), 4097);
+        // A list of the previous instance comes back under its id, below the floor.
+        assert_eq!(r.register_as(Some(12), 7, 1 << 20, strided(256)).unwrap(), 12);
+        assert_eq!(r.get(12).unwrap().len(), 256);
+        assert_eq!(r.lists_of(7), &[4097, 12]);
+        // Never twice, never 0, and a bad one changes nothing.
+        for id in [12, 4097, 0] {
+            let e = r.register_as(Some(id), 7, 1 << 20, strided(1)).unwrap_err();
+            assert!(matches!(e, BlockError::IdTaken { id: i } if i == id), "{e}");
+        }
+        assert!(r.register_as(Some(13), 7, 4096, strided(2)).is_err());
+        assert!(r.get(13).is_none());
+        // New ids go on above everything seen.
+        assert_eq!(r.register(7, 1 << 20, strided(1)).unwrap(), 4098);
+        assert_eq!(r.register_as(Some(9000), 7, 1 << 20, strided(1)).unwrap(), 9000);
+        assert_eq!(r.register(7, 1 << 20, strided(1)).unwrap(), 9001);
+    }
+
+    #[test]
     fn the_number_of_lists_is_bounded() {
         let mut r = BlockRegistry::default();
         for _ in 0..MAX_LISTS {
