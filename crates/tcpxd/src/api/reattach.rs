@@ -29,6 +29,7 @@ pub fn kind_name(kind: BufferKind) -> &'static str {
 #[must_use]
 pub struct Claim {
     journal: Option<Arc<crate::journal::Journal>>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
     space: Space,
     id: u64,
     record: Option<Record>,
@@ -38,6 +39,7 @@ impl Claim {
     fn none() -> Claim {
         Claim {
             journal: None,
+            metrics: None,
             space: Space::Buffer,
             id: 0,
             record: None,
@@ -46,7 +48,13 @@ impl Claim {
 
     /// The re-attach succeeded.
     pub fn keep(mut self) {
-        self.record = None;
+        if let (Some(m), Some(_)) = (&self.metrics, self.record.take()) {
+            m.reattached(match self.space {
+                Space::Buffer => "buffer",
+                Space::List => "block_list",
+                Space::Prepared => "prepared_list",
+            });
+        }
     }
 }
 
@@ -106,7 +114,7 @@ impl DaemonState {
             .map_err(status)?;
         Ok((
             Some(Ident { id, key }),
-            claimed(journal, Space::Buffer, id, record),
+            claimed(self, journal, Space::Buffer, id, record),
         ))
     }
 
@@ -137,7 +145,7 @@ impl DaemonState {
                 _ => Err("not a block list".into()),
             })
             .map_err(status)?;
-        Ok((Some(id), claimed(journal, Space::List, id, record)))
+        Ok((Some(id), claimed(self, journal, Space::List, id, record)))
     }
 
     /// A prepared list re-attached (`id` non-zero), checked against the state directory.
@@ -152,7 +160,7 @@ impl DaemonState {
                 _ => Err("not a prepared list".into()),
             })
             .map_err(status)?;
-        Ok((Some(id), claimed(journal, Space::Prepared, id, record)))
+        Ok((Some(id), claimed(self, journal, Space::Prepared, id, record)))
     }
 
     /// Records a registration other than a buffer.
@@ -171,9 +179,16 @@ impl DaemonState {
     }
 }
 
-fn claimed(journal: &Arc<crate::journal::Journal>, space: Space, id: u64, record: Record) -> Claim {
+fn claimed(
+    state: &DaemonState,
+    journal: &Arc<crate::journal::Journal>,
+    space: Space,
+    id: u64,
+    record: Record,
+) -> Claim {
     Claim {
         journal: Some(journal.clone()),
+        metrics: Some(state.metrics.clone()),
         space,
         id,
         record: Some(record),
@@ -200,6 +215,7 @@ pub async fn restore(state: &Arc<DaemonState>, grace: Duration, mut stop: watch:
         match result {
             Ok(entry) => {
                 restored += 1;
+                state.metrics.reattached("host_restored");
                 tracing::info!(
                     buffer = entry.id,
                     size = entry.size,
@@ -217,16 +233,20 @@ pub async fn restore(state: &Arc<DaemonState>, grace: Duration, mut stop: watch:
         }
     }
     let pending = journal.pending();
+    state.metrics.set_reattach_pending(pending);
     if pending > 0 {
         tracing::info!(
             pending,
             grace_s = grace.as_secs(),
             "registrations of the previous instance wait for their clients to re-attach them"
         );
+        let metrics = state.metrics.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = tokio::time::sleep(grace) => {
                     let n = journal.expire();
+                    metrics.reattach_forgotten(n);
+                    metrics.set_reattach_pending(0);
                     if n > 0 {
                         tracing::info!(forgotten = n, "registrations no client re-attached within runtime.reattach_grace_s were forgotten");
                     }
