@@ -22,7 +22,7 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 import grpc
 
@@ -66,6 +66,8 @@ class Reattacher:
         self._again: Dict[Tuple[str, int], "Again"] = {}
         self._lists: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         self._prepared: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+        #: The block lists of each buffer (they go with it).
+        self._lists_of: Dict[int, Set[int]] = {}
         #: The daemon instance the registrations belong to (None: not asked yet).
         self.instance: Optional[str] = None
         #: Re-attaches done (a test or a tool can watch it).
@@ -82,14 +84,19 @@ class Reattacher:
     # -- what is tracked
 
     def _prune(self) -> None:
-        """Forgets how to register again what is gone (with the lock held; now and then)."""
-        live = len(self._buffers) + len(self._lists) + len(self._prepared)
+        """Forgets buffers whose objects are gone (with the lock held; now and then): without
+        the object there is no descriptor of the memory to hand over again."""
+        live = len(self._buffers) + len(self._again_lists)
         if len(self._again) > 2 * live + 64:
-            keep = {("b", i) for i in self._buffers} | {("l", i) for i in self._lists} | {("p", i) for i in self._prepared}
-            self._again = {k: v for k, v in self._again.items() if k in keep}
+            self._again = {k: v for k, v in self._again.items() if k[0] != "b" or k[1] in self._buffers}
+
+    @property
+    def _again_lists(self) -> List[Tuple[str, int]]:
+        return [k for k in self._again if k[0] != "b"]
 
     def track_buffer(self, buf: Any, again: "Again") -> None:
-        """`again(buf, rpc)` registers `buf` again under its id and key (after a restart)."""
+        """`again(buf, rpc)` registers `buf` again under its id and key (after a restart), while
+        the object lives (it holds what the memory is handed over by)."""
         self._start()
         with self._lock:
             self._prune()
@@ -97,26 +104,33 @@ class Reattacher:
             self._again[("b", buf.id)] = again
 
     def track_list(self, bl: Any, req: Any) -> None:
+        """A block list, registered again by `req` until it or its buffer is released (the
+        daemon keeps it that long, whether or not the object lives on here)."""
+        self.track_list_id(int(bl.id), req)
+        with self._lock:
+            self._lists[bl.id] = bl  # kept up to date while it lives
+
+    def track_list_id(self, list_id: int, req: Any) -> None:
         self._start()
         with self._lock:
-            self._prune()
-            self._lists[bl.id] = bl
-            self._again[("l", bl.id)] = _list_again(req)
-
-    def track_buffer_list(self, buf: Any, list_id: int, req: Any, update: Callable[[Any], None]) -> None:
-        """A block list registered by request `req` (tcpxd.nixl's granule lists), released with
-        its buffer `buf`: re-attached while `buf` lives; `update(msg)` takes the daemon's answer."""
-        rec = _BufferList(buf, list_id, update)
-        refs = buf.__dict__.setdefault("_reattach_lists", [])
-        refs.append(rec)  # lives as long as the buffer
-        self.track_list(rec, req)
+            self._again[("l", list_id)] = _list_again(req, list_id)
+            self._lists_of.setdefault(int(req.buffer_id), set()).add(list_id)
 
     def track_prepared(self, p: Any, req: Any) -> None:
+        """A prepared list, registered again by `req` until released."""
         self._start()
         with self._lock:
-            self._prune()
             self._prepared[p.id] = p
-            self._again[("p", p.id)] = _prepared_again(req)
+            self._again[("p", p.id)] = _prepared_again(req, int(p.id))
+
+    def forget(self, kind: str, id: int) -> None:
+        """`kind` ("b", "l", "p") `id` was released: not registered again (a buffer's lists
+        neither: they went with it)."""
+        with self._lock:
+            self._again.pop((kind, id), None)
+            if kind == "b":
+                for lid in self._lists_of.pop(id, ()):
+                    self._again.pop(("l", lid), None)
 
     def sync(self) -> None:
         """Re-attaches now if the daemon is a new instance: what opens a connection again after a
@@ -244,15 +258,23 @@ class Reattacher:
         for kind in ("b", "l", "p"):
             for key, again in todo:
                 obj = alive.get(key)
-                if key[0] != kind or obj is None or getattr(obj, "released", False):
+                if key[0] != kind:
+                    continue
+                if (obj is None and kind == "b") or getattr(obj, "released", False):
+                    self.forget(*key)  # gone here: nothing to hand over, or released
                     continue
                 try:
                     again(obj, client)
                     done += 1
                 except TcpxdError as e:
-                    failed += 1
-                    log.warning("tcpxd: re-attaching %s %d to the restarted daemon failed: %s",
-                                {"b": "buffer", "l": "block list", "p": "prepared list"}[kind], key[1], e)
+                    what = {"b": "buffer", "l": "block list", "p": "prepared list"}[kind]
+                    if obj is None and e.code == grpc.StatusCode.NOT_FOUND:
+                        # A list whose object went: released with what it was over, most likely.
+                        log.debug("tcpxd: block or prepared list %d not re-attached: %s", key[1], e)
+                    else:
+                        failed += 1
+                        log.warning("tcpxd: re-attaching %s %d to the restarted daemon failed: %s", what, key[1], e)
+                    self.forget(*key)
         self.restarts += 1
         log.info("tcpxd daemon at %s restarted (instance %s -> %s): %d registrations re-attached, %d failed, in %.0f ms",
                  client.endpoint, (old or "?")[:8], msg.instance_id[:8], done, failed,
@@ -272,42 +294,27 @@ class Reattacher:
             self._rpc.close()
 
 
-class _BufferList:
-    """A block list known by id only, going with its buffer."""
-
-    def __init__(self, buf: Any, list_id: int, update: Callable[[Any], None]):
-        self._buf = weakref.ref(buf)
-        self.id = list_id
-        self._on_update = update
-
-    @property
-    def released(self) -> bool:
-        buf = self._buf()
-        return buf is None or bool(getattr(buf, "released", False))
-
-    def _update(self, msg: Any) -> None:
-        self._on_update(msg)
-
-
 #: How a registration is made again: (the buffer or list, the synchronous client to call).
 Again = Callable[[Any, "Client"], None]
 
 
-def _list_again(req: Any) -> Again:
+def _list_again(req: Any, list_id: int) -> Again:
     def again(bl: Any, rpc: "Client") -> None:
         r = type(req)()
         r.CopyFrom(req)
-        r.reattach_id = bl.id
-        bl._update(rpc._unary("RegisterBlocks", r))
+        r.reattach_id = list_id
+        msg = rpc._unary("RegisterBlocks", r)
+        if bl is not None:  # the object, where it still lives
+            bl._update(msg)
 
     return again
 
 
-def _prepared_again(req: Any) -> Again:
+def _prepared_again(req: Any, prepared_id: int) -> Again:
     def again(p: Any, rpc: "Client") -> None:
         r = type(req)()
         r.CopyFrom(req)
-        r.reattach_id = p.id
+        r.reattach_id = prepared_id
         rpc._unary("PrepareBlocks", r)
 
     return again
