@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tupl
 
 import grpc
 
-from . import _proto
+from . import _ops, _proto
 from .errors import TcpxdError
 
 if TYPE_CHECKING:
@@ -78,6 +78,8 @@ class Reattacher:
         self._ready.set()
         self._thread: Optional[threading.Thread] = None
         self._call: Any = None
+        self._channel: Any = None
+        self._metadata: Any = None
         self._closed = False
         self._pid = os.getpid()
 
@@ -137,16 +139,12 @@ class Reattacher:
         failure calls it first, so that nothing it sends meets a daemon without its registrations."""
         if self.instance is None or self._closed:
             return  # nothing tracked
-        client = self._client()
-        if client is None:
-            return
         with self._recovering:
-            try:
-                msg = client._stub("DescribeNode", "unary_unary")(
-                    _proto.message("DescribeNodeRequest")(), timeout=ASK_S, metadata=client._metadata)
-            except grpc.RpcError:
+            msg = self._describe()
+            if msg is None:
                 return  # not there (yet): the caller's own call says so
-            if msg.instance_id != self.instance:
+            client = self._client()
+            if client is not None and msg.instance_id != self.instance:
                 self._reattach_now(client, msg)
 
     def wait(self, timeout: Optional[float] = None) -> bool:
@@ -156,12 +154,23 @@ class Reattacher:
     # -- the watch
 
     def _client(self) -> Optional["Client"]:
-        """The synchronous client the watch and the re-registrations use."""
+        """The synchronous client the re-registrations use."""
         if self._make_rpc is None:
             return self._owner()
         if self._rpc is None and not self._closed:
             self._rpc = self._make_rpc()
         return self._rpc
+
+    def _describe(self) -> Any:
+        """DescribeNode on the watch's own channel; None when the daemon does not answer."""
+        ch = self._channel
+        if ch is None:
+            return None
+        try:
+            stub = ch.unary_unary(_proto.path("DescribeNode"), **_proto.codecs("DescribeNode"))
+            return stub(_proto.message("DescribeNodeRequest")(), timeout=ASK_S, metadata=self._metadata)
+        except (grpc.RpcError, ValueError):  # (ValueError: the channel closed meanwhile)
+            return None
 
     def _start(self) -> None:
         if self._thread is not None and self._pid == os.getpid():
@@ -173,58 +182,54 @@ class Reattacher:
             if self._thread is not None and self._pid == os.getpid():
                 return
             self._pid = os.getpid()
+            # The watch's own channel: the client's may be closed, or collected with the client,
+            # while the watch thread waits on it (grpcio does not survive that).
+            self._metadata = client._metadata
+            self._channel = grpc.insecure_channel(client.endpoint, options=_ops.channel_options())
             if self.instance is None:
-                try:
-                    self.instance = client.describe_node().raw.instance_id or ""
-                except TcpxdError:
-                    self.instance = ""
-            self._thread = threading.Thread(target=self._run, name="tcpxd-reattach", daemon=True)
+                msg = self._describe()
+                self.instance = msg.instance_id if msg is not None else ""
+            self._thread = threading.Thread(target=self._run, args=(self._channel,), name="tcpxd-reattach", daemon=True)
             self._thread.start()
+        # The client going away unclosed ends the watch too (the thread then closes its channel).
+        weakref.finalize(client if self._make_rpc is None else self._owner() or client, self._stop)
 
-    def _run(self) -> None:
-        while not self._closed:
-            client = self._client()
-            if client is None:
-                return
-            try:
-                with self._lock:  # close() cancels what is here, before the channel closes
-                    if self._closed:
-                        return
-                    watch: Any = client._channel.unary_stream(_WATCH)  # raw bytes both ways
-                    call = self._call = watch(_WATCH_API, metadata=client._metadata)
-                del client
-                for status in call:
-                    if status != _SERVING:
-                        # NOT_SERVING: the daemon is stopping (SIGTERM, an upgrade). Let go of
-                        # the stream, which would hold its shutdown up, and wait for the next one.
-                        call.cancel()
-                        break
-            except grpc.RpcError:
-                pass
-            except ValueError:  # "Channel closed": the client closed meanwhile
-                return
-            if self._closed:
-                return
-            time.sleep(POLL_S)
-            self._recover()
+    def _run(self, channel: Any) -> None:
+        try:
+            while not self._closed:
+                try:
+                    with self._lock:  # _stop() cancels what is here
+                        if self._closed:
+                            return
+                        watch: Any = channel.unary_stream(_WATCH)  # raw bytes both ways
+                        call = self._call = watch(_WATCH_API, metadata=self._metadata)
+                    for status in call:
+                        if status != _SERVING:
+                            # NOT_SERVING: the daemon is stopping (SIGTERM, an upgrade). Let go of
+                            # the stream, which would hold its shutdown up, and wait for the next.
+                            call.cancel()
+                            break
+                except grpc.RpcError:
+                    pass
+                except ValueError:  # "Channel closed"
+                    return
+                if self._closed:
+                    return
+                time.sleep(POLL_S)
+                self._recover()
+        finally:
+            channel.close()
 
     def _recover(self) -> None:
         """The watch ended: wait for the daemon to answer; a new instance gets everything again."""
         while not self._closed:
-            client = self._client()
-            if client is None:
-                return
-            try:
-                stub = client._stub("DescribeNode", "unary_unary")
-                msg = stub(_proto.message("DescribeNodeRequest")(), timeout=ASK_S, metadata=client._metadata)
-            except grpc.RpcError:
-                del client
+            msg = self._describe()
+            if msg is None:
                 time.sleep(POLL_S)
                 continue
-            except ValueError:  # "Channel closed": the client closed meanwhile
-                return
             with self._recovering:
-                if msg.instance_id != self.instance:  # (else the same daemon, or re-attached by sync())
+                client = self._client()
+                if client is not None and msg.instance_id != self.instance:  # (else the same daemon, or re-attached by sync())
                     self._reattach_now(client, msg)
             return
 
@@ -280,13 +285,17 @@ class Reattacher:
                  client.endpoint, (old or "?")[:8], msg.instance_id[:8], done, failed,
                  (time.monotonic() - started) * 1000)
 
-    def close(self) -> None:
-        """Stops the watch, before the client closes its channel (which it must not outlive)."""
+    def _stop(self) -> None:
+        """Ends the watch (its thread closes its channel on the way out)."""
         with self._lock:
             self._closed = True
             call = self._call
         if call is not None:
             call.cancel()
+
+    def close(self) -> None:
+        """Stops the watch and waits for its thread (a re-attach under way ends first)."""
+        self._stop()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread() and self._pid == os.getpid():
             thread.join(ASK_S + 1)

@@ -62,8 +62,11 @@ class AsyncClient:
         self._registrar: Optional[_hostmem.Registrar] = _hostmem.Registrar(unix, self._local) if unix else None
         #: Re-attaches what this client registered when the daemon restarts (tcpxd._reattach), from
         #: a thread, through a synchronous client of its own on the same endpoint.
+        # (The factory must not hold this client: a cycle would leave its grpc.aio channel to the
+        # cyclic garbage collector, which may run it outside its event loop.)
+        ep = self.endpoint
         self._reattach = _reattach.Reattacher(
-            self, lambda: Client(self.endpoint, token=token, timeout=timeout, stream=False, local=False))
+            self, lambda: Client(ep, token=token, timeout=timeout, stream=False, local=False))
 
     def _stub(self, name: str, kind: str) -> Any:
         s = self._stubs.get(name)
