@@ -61,11 +61,23 @@ impl Engine {
     /// Registers a list of blocks inside a registered buffer, checked once here; returns its id
     /// (never reused). The list goes with its buffer.
     pub fn register_blocks(&mut self, buffer: u64, layout: Layout) -> EngineResult<u64> {
+        self.register_blocks_as(None, buffer, layout)
+    }
+
+    /// As [`Engine::register_blocks`], under id `id` when given (re-attached after a restart).
+    pub fn register_blocks_as(&mut self, id: Option<u64>, buffer: u64, layout: Layout) -> EngineResult<u64> {
         let b = self
             .buffers
             .get(&buffer)
             .ok_or_else(|| EngineError::not_found(format!("buffer_id: buffer {buffer} does not exist")))?;
-        Ok(self.lists.register(buffer, b.size, layout)?)
+        Ok(self.lists.register_as(id, buffer, b.size, layout)?)
+    }
+
+    /// New block-list and prepared-list ids start at these at the lowest (above every id an
+    /// earlier instance of the daemon handed out: ids are never reused).
+    pub fn start_ids_at(&mut self, lists: u64, prepared: u64) {
+        self.lists.start_ids_at(lists);
+        self.prepared.next_id = self.prepared.next_id.max(prepared.saturating_sub(1));
     }
 
     /// Releases a list. Transfers already started keep their plans.

@@ -2,6 +2,7 @@
 //! operations (fill, read, checksum) that let a person check a transfer with grpcurl alone.
 
 use std::collections::HashMap;
+use std::os::unix::fs::OpenOptionsExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -220,6 +221,16 @@ pub struct BufferRegistry {
     pub(crate) headroom: Headroom,
     next_id: AtomicU64,
     map: Mutex<HashMap<u64, Arc<BufferEntry>>>,
+    /// Where daemon-allocated host memory lives as files (the state directory's `host/`, on
+    /// tmpfs): its bytes outlive the process. `None`: anonymous memory.
+    host_dir: Option<std::path::PathBuf>,
+}
+
+/// The id and key a registration takes back after a restart (re-attach).
+#[derive(Debug, Clone, Copy)]
+pub struct Ident {
+    pub id: u64,
+    pub key: [u8; 16],
 }
 
 impl BufferRegistry {
@@ -231,7 +242,19 @@ impl BufferRegistry {
             headroom: Headroom::system(DEFAULT_RESERVE),
             next_id: AtomicU64::new(1),
             map: Mutex::new(HashMap::new()),
+            host_dir: None,
         }
+    }
+
+    /// Daemon-allocated host memory lives in files named by buffer id in `dir` (a tmpfs).
+    pub fn with_host_dir(mut self, dir: std::path::PathBuf) -> BufferRegistry {
+        self.host_dir = Some(dir);
+        self
+    }
+
+    /// New ids start at `first` at the lowest (above every id an earlier instance handed out).
+    pub fn start_ids_at(&self, first: u64) {
+        self.next_id.fetch_max(first, Ordering::Relaxed);
     }
 
     /// Host registrations fault memory in only within `headroom` (the node's memory, keeping a
@@ -275,12 +298,28 @@ impl BufferRegistry {
         label: &str,
         memory: BufferMemory,
     ) -> Arc<BufferEntry> {
+        self.entry_as(kind, size, label, memory, None)
+    }
+
+    /// As [`BufferRegistry::entry`], with the id and key of a re-attached registration.
+    pub(crate) fn entry_as(
+        &self,
+        kind: BufferKind,
+        size: u64,
+        label: &str,
+        memory: BufferMemory,
+        ident: Option<Ident>,
+    ) -> Arc<BufferEntry> {
+        let (id, key) = match ident {
+            Some(i) => (i.id, i.key),
+            None => (self.next_id.fetch_add(1, Ordering::Relaxed), rand::random()),
+        };
         Arc::new(BufferEntry {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            id,
             kind,
             size,
             label: label.to_string(),
-            key: Mutex::new(rand::random()),
+            key: Mutex::new(key),
             memory,
             attached: None,
         })
@@ -372,6 +411,19 @@ impl BufferRegistry {
         size: u64,
         label: &str,
     ) -> Result<Arc<BufferEntry>, EngineError> {
+        self.import_cuda_as(device, handle, offset, size, label, None)
+    }
+
+    /// As [`BufferRegistry::import_cuda`], taking back a re-attached id and key.
+    pub fn import_cuda_as(
+        &self,
+        device: u32,
+        handle: &[u8],
+        offset: u64,
+        size: u64,
+        label: &str,
+        ident: Option<Ident>,
+    ) -> Result<Arc<BufferEntry>, EngineError> {
         self.check_new("cuda_ipc.size", size, label)?;
         let handle: [u8; 64] = handle.try_into().map_err(|_| {
             EngineError::invalid(format!(
@@ -402,7 +454,7 @@ impl BufferRegistry {
                 region.device_ptr()
             )));
         }
-        Ok(self.entry(
+        Ok(self.entry_as(
             BufferKind::CudaIpc,
             size,
             label,
@@ -411,6 +463,7 @@ impl BufferRegistry {
                 export: None,
                 imported_from: Some(handle),
             },
+            ident,
         ))
     }
 
@@ -422,6 +475,9 @@ impl BufferRegistry {
             .map_err(|_| EngineError::invalid("host.size: too large for this machine"))?;
         // Within what the node has (else the OOM killer, not an error, would answer), and
         // populated now: no transfer into or out of it page-faults later.
+        if let Some(dir) = &self.host_dir {
+            return self.allocate_host_file(dir, size, label);
+        }
         let _admitted = self
             .headroom
             .admit("host.size", size.next_multiple_of(REGION_ALIGN as u64))?;
@@ -436,6 +492,91 @@ impl BufferRegistry {
             size,
             label,
             BufferMemory::Host(Arc::new(region)),
+        ))
+    }
+
+    /// A daemon-allocated host buffer in a new file of `dir`, named by its id, faulted in.
+    fn allocate_host_file(
+        &self,
+        dir: &std::path::Path,
+        size: u64,
+        label: &str,
+    ) -> Result<Arc<BufferEntry>, EngineError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(id.to_string());
+        let made = (|| {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)?;
+            f.set_len(size)?;
+            Ok::<_, std::io::Error>(std::os::fd::OwnedFd::from(f))
+        })()
+        .map_err(|e| {
+            EngineError::new(
+                Code::ResourceExhausted,
+                format!("host.size: cannot create {}: {e}", path.display()),
+            )
+        })?;
+        let mapped = crate::host_fd::map_client_file(
+            &made,
+            0,
+            size,
+            crate::host_fd::Unsealed::Allowed,
+            &self.headroom,
+        )
+        .map_err(|mut e| {
+            e.message = e.message.replacen("register_host_fd.", "host.", 1);
+            e
+        });
+        let (region, _) = match mapped {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+        };
+        let ident = Ident {
+            id,
+            key: rand::random(),
+        };
+        Ok(self.entry_as(
+            BufferKind::Host,
+            size,
+            label,
+            BufferMemory::Host(Arc::new(region)),
+            Some(ident),
+        ))
+    }
+
+    /// A daemon-allocated host buffer of the previous instance, from its file (bytes and all),
+    /// with its id and key.
+    pub fn restore_host(&self, kept: &crate::journal::KeptHost) -> Result<Arc<BufferEntry>, EngineError> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&kept.file)
+            .map_err(|e| EngineError::new(Code::Internal, format!("{}: {e}", kept.file.display())))?;
+        let fd = std::os::fd::OwnedFd::from(f);
+        let (region, _) = crate::host_fd::map_client_file(
+            &fd,
+            0,
+            kept.size,
+            crate::host_fd::Unsealed::Allowed,
+            &self.headroom,
+        )?;
+        let ident = Ident {
+            id: kept.id,
+            key: kept.key,
+        };
+        Ok(self.entry_as(
+            BufferKind::Host,
+            kept.size,
+            &kept.label,
+            BufferMemory::Host(Arc::new(region)),
+            Some(ident),
         ))
     }
 

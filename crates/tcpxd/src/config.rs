@@ -102,6 +102,10 @@ pub struct DaemonArgs {
     /// Async worker threads (0: two when spinning, else one per CPU). Default: 0.
     #[arg(long, env = "TCPXD_ASYNC_WORKERS")]
     pub async_workers: Option<usize>,
+    /// Keep registrations across restarts in this directory (a tmpfs such as /run/tcpxd/state;
+    /// created 0700). Default: none (nothing outlives the process).
+    #[arg(long, env = "TCPXD_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     /// Transfer deadline in seconds, when a request carries none. Default: 600.
     #[arg(long, env = "TCPXD_DEFAULT_TIMEOUT_S")]
     pub default_timeout_s: Option<u64>,
@@ -155,6 +159,8 @@ pub struct FileTopology {
 pub struct FileRuntime {
     pub spin: Option<String>,
     pub async_workers: Option<usize>,
+    pub state_dir: Option<PathBuf>,
+    pub reattach_grace_s: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -283,6 +289,11 @@ pub struct Config {
     pub async_workers: usize,
     /// Each GPU's NIC(s) (`topology.map`): checked against the GPUs and devices at start-up.
     pub topology: MapSpec,
+    /// Where registrations outlive the process (`runtime.state_dir`); `None`: nowhere.
+    pub state_dir: Option<PathBuf>,
+    /// How long a restarted daemon keeps its previous instance's registrations for their
+    /// clients to re-attach (`runtime.reattach_grace_s`).
+    pub reattach_grace: Duration,
 }
 
 pub const DEFAULT_API_SOCKET: &str = "/run/tcpxd/tcpxd.sock";
@@ -543,6 +554,15 @@ impl Config {
             spin,
             async_workers,
             topology,
+            state_dir: args.state_dir.clone().or_else(|| file.runtime.state_dir.clone()),
+            reattach_grace: Duration::from_secs(match file.runtime.reattach_grace_s.unwrap_or(60) {
+                g @ 1..=86_400 => g,
+                g => {
+                    return Err(ConfigError::Invalid(format!(
+                        "runtime.reattach_grace_s: {g} is outside 1..=86400"
+                    )));
+                }
+            }),
         })
     }
 }

@@ -64,6 +64,8 @@ pub enum DaemonError {
     Auth(#[from] crate::auth::AuthError),
     #[error("{0}")]
     Advertise(String),
+    #[error("runtime.state_dir: {0}")]
+    Journal(#[from] crate::journal::JournalError),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonError {
@@ -186,7 +188,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             })??
     };
     let topology = Arc::new(topology);
-    let node = crate::api::node::NodeFacts::new(
+    let mut node = crate::api::node::NodeFacts::new(
         &plugin,
         &devices,
         topology.clone(),
@@ -199,6 +201,14 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             eager_max_bytes: cfg.eager_max_bytes,
         },
     );
+    // The state directory: ids never reused, registrations kept for their clients to re-attach.
+    let journal = match &cfg.state_dir {
+        Some(dir) => Some(Arc::new(crate::journal::Journal::open(dir, &cfg.node_id)?)),
+        None => None,
+    };
+    if journal.is_some() {
+        node.reattach_grace_s = cfg.reattach_grace.as_secs() as u32;
+    }
     let (notify_tx, _) = broadcast::channel(4096);
     let (stop_tx, stop_rx) = watch::channel(false);
     // runtime.spin: an async worker kept awake while traffic flows (the poller lingers too).
@@ -220,11 +230,21 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         notify_tx.clone(),
     )
     .map_err(io("starting the poller thread"))?;
+    let mut buffers = BufferRegistry::new(&cfg.node_id, cfg.max_buffer_bytes)
+        .with_headroom(Headroom::system(cfg.host_memory_reserve))
+        .with_advertise(peer_addresses.clone());
+    if let (Some(j), Some(dir)) = (&journal, &cfg.state_dir) {
+        use crate::journal::Space;
+        buffers = buffers.with_host_dir(dir.join("host"));
+        buffers.start_ids_at(j.first_id(Space::Buffer));
+        let _ = poller.sender().send(Command::StartIdsAt {
+            lists: j.first_id(Space::List),
+            prepared: j.first_id(Space::Prepared),
+        });
+    }
     let state = Arc::new(DaemonState {
         node_id: cfg.node_id.clone(),
-        buffers: BufferRegistry::new(&cfg.node_id, cfg.max_buffer_bytes)
-            .with_headroom(Headroom::system(cfg.host_memory_reserve))
-            .with_advertise(peer_addresses.clone()),
+        buffers,
         poller: poller.sender(),
         peers: Peers::new(
             &cfg.node_id,
@@ -245,7 +265,10 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         metrics,
         node,
         same_node: Default::default(),
+        journal,
+        remote_prepared: Mutex::new(HashMap::new()),
     });
+    let restored = crate::api::reattach::restore(&state, cfg.reattach_grace, stop_rx.clone()).await;
     let stopped = move |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
@@ -383,6 +406,9 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         chunk_bytes = cfg.chunk_bytes,
         spin = cfg.spin,
         async_workers = cfg.async_workers,
+        instance = %state.node.instance_id,
+        state_dir = ?cfg.state_dir,
+        restored,
         "tcpxd serving"
     );
     Ok(RunningDaemon {
@@ -488,6 +514,7 @@ pub fn ready_json(d: &RunningDaemon) -> String {
         "peer_addresses": d.peer_addresses,
         "metrics": d.metrics_addr.map(|a| a.to_string()),
         "pid": std::process::id(),
+        "instance_id": d.state.node.instance_id,
     })
     .to_string()
 }

@@ -185,13 +185,27 @@ impl BufferRegistry {
         label: &str,
         unsealed: Unsealed,
     ) -> Result<(Arc<BufferEntry>, Shrink), EngineError> {
+        self.register_host_file_as(fd, offset, size, label, unsealed, None)
+    }
+
+    /// As [`BufferRegistry::register_host_file`], taking back a re-attached id and key.
+    pub fn register_host_file_as(
+        &self,
+        fd: &OwnedFd,
+        offset: u64,
+        size: u64,
+        label: &str,
+        unsealed: Unsealed,
+        ident: Option<crate::buffers::Ident>,
+    ) -> Result<(Arc<BufferEntry>, Shrink), EngineError> {
         self.check_new("register_host_fd.size", size, label)?;
         let (region, shrink) = map_client_file(fd, offset, size, unsealed, &self.headroom)?;
-        let entry = self.entry(
+        let entry = self.entry_as(
             BufferKind::HostShared,
             size,
             label,
             BufferMemory::Host(Arc::new(region)),
+            ident,
         );
         Ok((entry, shrink))
     }

@@ -18,6 +18,7 @@ pub mod gpu;
 pub mod headroom;
 pub mod host_fd;
 pub mod idle;
+pub mod journal;
 pub mod lanes;
 pub mod logging;
 pub mod metrics;

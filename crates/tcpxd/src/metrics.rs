@@ -130,6 +130,9 @@ pub struct Metrics {
     unpack: HistogramVec,
     recv_to_consume: Histogram,
     plugin_errors: IntCounterVec,
+    reattached: IntCounterVec,
+    reattach_forgotten: prometheus::IntCounter,
+    reattach_pending: prometheus::IntGauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -205,6 +208,30 @@ impl Metrics {
                 "Errors from the net plugin's data path, by ncclResult_t code",
                 &["code"],
             ),
+            reattached: counter_vec(
+                &r,
+                "tcpxd_reattached_total",
+                "Registrations of the previous instance taken back after a restart, by kind (buffer, block_list, prepared_list: by their clients; host_restored: daemon-allocated host memory, by the daemon)",
+                &["kind"],
+            ),
+            reattach_forgotten: {
+                let c = prometheus::IntCounter::new(
+                    "tcpxd_reattach_forgotten_total",
+                    "Registrations of the previous instance no client re-attached within runtime.reattach_grace_s",
+                )
+                .expect("valid metric");
+                r.register(Box::new(c.clone())).expect("registered once");
+                c
+            },
+            reattach_pending: {
+                let g = prometheus::IntGauge::new(
+                    "tcpxd_reattach_pending",
+                    "Registrations of the previous instance still waiting for their clients to re-attach them",
+                )
+                .expect("valid metric");
+                r.register(Box::new(g.clone())).expect("registered once");
+                g
+            },
             registry: {
                 // When this daemon instance started: a restart shows as a new value (dashboards:
                 // changes(); alerts: a daemon restarting). Per daemon, not per process: tests run
@@ -236,6 +263,22 @@ impl Metrics {
             m.plugin_errors.with_label_values(&[code]);
         }
         m
+    }
+
+    /// A registration came back after a restart (`kind`: buffer, block_list, prepared_list,
+    /// host_restored).
+    pub fn reattached(&self, kind: &str) {
+        self.reattached.with_label_values(&[kind]).inc();
+    }
+
+    /// Registrations nobody re-attached were forgotten.
+    pub fn reattach_forgotten(&self, n: usize) {
+        self.reattach_forgotten.inc_by(n as u64);
+    }
+
+    /// Registrations still waiting to be re-attached.
+    pub fn set_reattach_pending(&self, n: usize) {
+        self.reattach_pending.set(n as i64);
     }
 
     /// A transfer this node started finished.

@@ -45,6 +45,7 @@ class AsyncBuffer(_hostmem.HostView):
             await self._client._unary("ReleaseBuffer", _proto.message("ReleaseBufferRequest")(buffer_id=self.id))
             self.released = True
             self._keepalive = None
+            self._client._reattach.forget("b", self.id)
 
     async def rekey(self) -> str:
         self._update(await self._client._unary("RekeyBuffer", _proto.message("RekeyBufferRequest")(buffer_id=self.id)))
@@ -152,6 +153,7 @@ class AsyncBlockList(_blocks.ListState):
         if not self.released:
             await self._client._unary("ReleaseBlocks", _proto.message("ReleaseBlocksRequest")(list_id=self.id))
             self.released = True
+            self._client._reattach.forget("l", self.id)
 
     async def __aenter__(self) -> "AsyncBlockList":
         return self
@@ -167,6 +169,9 @@ class AsyncPreparedList(_blocks.PreparedFields):
         if not self.released:
             await self._owner._release_prepared(self.id)
             self.released = True
+            reattach = getattr(self._owner, "_reattach", None)  # (a session's goes with it)
+            if reattach is not None:
+                reattach.forget("p", self.id)
 
     async def __aenter__(self) -> "AsyncPreparedList":
         return self

@@ -48,6 +48,7 @@ class Buffer(_hostmem.HostView):
             self._client._unary("ReleaseBuffer", _proto.message("ReleaseBufferRequest")(buffer_id=self.id))
             self.released = True
             self._keepalive = None
+            self._client._reattach.forget("b", self.id)
 
     def rekey(self) -> str:
         """A new access key: every descriptor handed out before stops working. Returns the new one."""
@@ -100,6 +101,7 @@ class BlockList(_blocks.ListState):
         if not self.released:
             self._client._unary("ReleaseBlocks", _proto.message("ReleaseBlocksRequest")(list_id=self.id))
             self.released = True
+            self._client._reattach.forget("l", self.id)
 
     def __enter__(self) -> "BlockList":
         return self
@@ -120,6 +122,9 @@ class PreparedList(_blocks.PreparedFields):
         if not self.released:
             self._owner._release_prepared(self.id)
             self.released = True
+            reattach = getattr(self._owner, "_reattach", None)  # (a session's goes with it)
+            if reattach is not None:
+                reattach.forget("p", self.id)
 
     def __enter__(self) -> "PreparedList":
         return self

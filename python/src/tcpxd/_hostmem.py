@@ -29,7 +29,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from . import _local, _proto
+from . import _local, _proto, _reattach
 from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TcpxdError, Unavailable, from_status
 
 #: The memfd flags the package allocates with: sealable, so the daemon can seal it against
@@ -76,6 +76,10 @@ class Shared:
 
 class HostMemory:
     """The client's side of a shared host buffer: its bytes, seen as numpy or torch without a copy."""
+
+    #: (descriptor kept open, offset, size, label): how the buffer is registered again after a
+    #: daemon restart (tcpxd._reattach).
+    reattach: Optional[Tuple[int, int, int, str]] = None
 
     def __init__(self, shared: Shared):
         self._view = shared.view
@@ -369,6 +373,26 @@ class Registrar:
         finally:
             shared.done_sending()
 
+    def register_fd(self, fd: int, req: Any, timeout: Optional[float]) -> Any:
+        """Sends `req` (a RegisterHostFdRequest) with `fd` (kept open: the caller's); returns the
+        daemon's Buffer message. A re-attach after a restart goes this way."""
+        with self._lock:
+            conn = self._connection()
+            try:
+                ev = conn.exchange("register_host_fd", req, timeout, fd=fd)
+            except socket.timeout:
+                self._drop()
+                raise Unavailable(f"register_host: no answer from the daemon at {self.path} within {timeout} s") from None
+            except (_local.Gone, OSError) as e:
+                self._drop()
+                raise Unavailable(f"register_host: the local session with {self.path} ended: {e!r}") from None
+            return registered(ev, conn.tag)
+
+    def reset(self) -> None:
+        """Forgets the connection (the daemon it went to is gone): the next registration opens one."""
+        with self._lock:
+            self._drop()
+
     def _connection(self) -> _local.Connection:
         if self._closed:
             raise TcpxdError("the client is closed")
@@ -451,4 +475,7 @@ def register(
         return None
     mem = prepare(memory, label, fd)
     host = HostMemory(mem)
+    # A duplicate of the descriptor, kept while the memory lives: what a restarted daemon is
+    # handed again (tcpxd._reattach).
+    host.reattach = (_reattach.keep_fd(mem.fd, host), mem.offset, mem.nbytes, label)
     return registrar.register(mem, label, timeout), host

@@ -50,6 +50,11 @@ def channel_options() -> List[Tuple[str, Any]]:
     return [
         ("grpc.max_send_message_length", MAX_MESSAGE),
         ("grpc.max_receive_message_length", MAX_MESSAGE),
+        # A daemon that restarts is found again within ~0.1-0.5 s, not after gRPC's default
+        # backoff (1 s growing to 2 min).
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 500),
     ]
 
 

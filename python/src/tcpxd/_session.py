@@ -574,7 +574,10 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         """Ends the connection: the daemon cancels what is in flight; the futures fail (`why`)."""
         if self._why is None:
             self._why = why
-        self._conn.shutdown()  # type: ignore[union-attr]  # wakes the reader, which closes nothing
+        if self._conn is None:  # on gRPC (the local session could not be reached when it opened)
+            self._call.cancel()
+            return
+        self._conn.shutdown()  # wakes the reader, which closes nothing
 
     def close(self) -> None:
         """Half-closes the stream: the daemon finishes what is in flight, then the stream ends."""

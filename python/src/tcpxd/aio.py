@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import grpc
 import grpc.aio
 
-from . import _blocks, _hostmem, _local, _ops, _proto, _tensor
+from . import _blocks, _hostmem, _local, _ops, _proto, _reattach, _tensor
 # The public classes that live in other modules, re-exported explicitly (`X as X`: strict type
 # checkers see them as this module's).
 from ._aio_handles import AsyncBlockList as AsyncBlockList
@@ -27,7 +27,7 @@ from ._aio_session import AsyncSession as AsyncSession
 from ._aio_session import _AsyncOwnStream
 from ._local import local_end, too_large  # noqa: F401 (re-exported)
 from ._ops import SESSION_FIELD, BufferLike, NodeInfo, ReadOp, RemoteLike, WriteOp, settle  # noqa: F401 (settle re-exported)
-from .client import DEFAULT_CALL_TIMEOUT
+from .client import DEFAULT_CALL_TIMEOUT, Client
 from .errors import from_rpc_error
 
 
@@ -47,7 +47,8 @@ class AsyncClient:
         local: bool = True,
     ):
         self.endpoint = _ops.resolve_endpoint(endpoint)
-        self._metadata = _ops.metadata(_ops.resolve_token(self.endpoint, token, token_file))
+        token = _ops.resolve_token(self.endpoint, token, token_file)
+        self._metadata = _ops.metadata(token)
         self._channel = grpc.aio.insecure_channel(self.endpoint, options=_ops.channel_options())
         self.timeout = timeout
         self._stubs: Dict[str, Any] = {}
@@ -59,6 +60,13 @@ class AsyncClient:
         unix = _local.socket_path(self.endpoint)
         #: Registers host memory this process shares (blocking: run in a thread).
         self._registrar: Optional[_hostmem.Registrar] = _hostmem.Registrar(unix, self._local) if unix else None
+        #: Re-attaches what this client registered when the daemon restarts (tcpxd._reattach), from
+        #: a thread, through a synchronous client of its own on the same endpoint.
+        # (The factory must not hold this client: a cycle would leave its grpc.aio channel to the
+        # cyclic garbage collector, which may run it outside its event loop.)
+        ep = self.endpoint
+        self._reattach = _reattach.Reattacher(
+            self, lambda: Client(ep, token=token, timeout=timeout, stream=False, local=False))
 
     def _stub(self, name: str, kind: str) -> Any:
         s = self._stubs.get(name)
@@ -83,6 +91,7 @@ class AsyncClient:
     async def close(self) -> None:
         for session in list(self._sessions):
             session._abort("client closed")
+        self._reattach.close()
         if self._registrar is not None:
             self._registrar.close()  # the daemon releases the host memory this client shared
         if self._local is not None:
@@ -108,8 +117,15 @@ class AsyncClient:
                 None, _hostmem.register, self._registrar, self.endpoint, memory, label, fd, self.timeout, shared
             )
             if got is not None:
-                return AsyncBuffer(self, got[0], keepalive=got[1], host=got[1])
+                buf = AsyncBuffer(self, got[0], keepalive=got[1], host=got[1])
+                if got[1].reattach is not None:
+                    await self._track(self._reattach.track_buffer, buf, _reattach.host_fd_again(*got[1].reattach))
+                return buf
         return AsyncBuffer(self, await self._unary("RegisterBuffer", _ops.host_register(memory, label)))
+
+    async def _track(self, track: Any, *args: Any) -> None:
+        """Tracks a registration for re-attach (the first one asks the daemon its instance: in a thread)."""
+        await asyncio.get_running_loop().run_in_executor(None, track, *args)
 
     async def allocate_cuda(self, size: int, device: int = 0, label: str = "") -> AsyncBuffer:
         return AsyncBuffer(self, await self._unary("RegisterBuffer", _ops.cuda_register(size, device, label)))
@@ -117,13 +133,17 @@ class AsyncClient:
     async def register_cuda_ipc(
         self, ipc_handle: bytes, size: int, *, offset: int = 0, device: int = 0, label: str = ""
     ) -> AsyncBuffer:
-        msg = await self._unary("RegisterBuffer", _ops.ipc_register(ipc_handle, offset, size, device, label))
-        return AsyncBuffer(self, msg)
+        req = _ops.ipc_register(ipc_handle, offset, size, device, label)
+        buf = AsyncBuffer(self, await self._unary("RegisterBuffer", req))
+        await self._track(self._reattach.track_buffer, buf, _reattach.cuda_ipc_again(req))
+        return buf
 
     async def register_tensor(self, tensor: Any, label: str = "") -> AsyncBuffer:
         device, handle, offset, size = _tensor.cuda_ipc_view(tensor)
-        msg = await self._unary("RegisterBuffer", _ops.ipc_register(handle, offset, size, device, label))
-        return AsyncBuffer(self, msg, keepalive=tensor)
+        req = _ops.ipc_register(handle, offset, size, device, label)
+        buf = AsyncBuffer(self, await self._unary("RegisterBuffer", req), keepalive=tensor)
+        await self._track(self._reattach.track_buffer, buf, _reattach.cuda_ipc_again(req))
+        return buf
 
     async def register_blocks(
         self, buffer: BufferLike, offsets: Any = None, lengths: Any = None, *, block_size: Optional[int] = None
@@ -131,7 +151,9 @@ class AsyncClient:
         """As tcpxd.Client.register_blocks."""
         offsets = _blocks.tiling(buffer, offsets, block_size)
         req = _blocks.register_request(buffer, offsets, lengths, block_size)
-        return AsyncBlockList(self, await self._unary("RegisterBlocks", req))
+        bl = AsyncBlockList(self, await self._unary("RegisterBlocks", req))
+        await self._track(self._reattach.track_list, bl, req)
+        return bl
 
     async def list_buffers(self) -> List[Any]:
         return list((await self._unary("ListBuffers", _proto.message("ListBuffersRequest")())).buffers)
@@ -242,7 +264,10 @@ class AsyncClient:
 
     async def prepare_blocks(self, lists: Any, entries: Any) -> AsyncPreparedList:
         """As tcpxd.Client.prepare_blocks."""
-        return AsyncPreparedList(self, await self._unary("PrepareBlocks", _blocks.prepare_request(lists, entries)))
+        req = _blocks.prepare_request(lists, entries)
+        p = AsyncPreparedList(self, await self._unary("PrepareBlocks", req))
+        await self._track(self._reattach.track_prepared, p, req)
+        return p
 
     async def _release_prepared(self, prepared_id: int) -> None:
         await self._unary("ReleasePrepared", _proto.message("ReleasePreparedRequest")(prepared_id=prepared_id))

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import grpc
 
-from . import _blocks, _exit, _hostmem, _local, _ops, _proto, _tensor
+from . import _blocks, _exit, _hostmem, _local, _ops, _proto, _reattach, _tensor
 # The public classes that live in other modules, re-exported explicitly (`X as X`: strict type
 # checkers see them as this module's).
 from ._handles import BlockList as BlockList
@@ -78,6 +78,8 @@ class Client:
         #: Registers host memory this process shares (its connection holds those buffers).
         self._registrar: Optional[_hostmem.Registrar] = _hostmem.Registrar(unix, self._local) if unix else None
         _exit.track_client(self)  # closed at exit if still open (tcpxd._exit)
+        #: Re-attaches what this client registered when the daemon restarts (tcpxd._reattach).
+        self._reattach = _reattach.Reattacher(self)
 
     # -- plumbing
 
@@ -110,6 +112,7 @@ class Client:
     def close(self) -> None:
         for session in list(self._sessions):
             session._abort("client closed")
+        self._reattach.close()
         if self._registrar is not None:
             self._registrar.close()  # the daemon releases the host memory this client shared
         if self._local is not None:
@@ -141,7 +144,10 @@ class Client:
         if not _hostmem.daemon_allocates(memory, shared, self._registrar):
             got = _hostmem.register(self._registrar, self.endpoint, memory, label, fd, self.timeout, shared)
             if got is not None:
-                return Buffer(self, got[0], keepalive=got[1], host=got[1])
+                buf = Buffer(self, got[0], keepalive=got[1], host=got[1])
+                if got[1].reattach is not None:
+                    self._reattach.track_buffer(buf, _reattach.host_fd_again(*got[1].reattach))
+                return buf
         return Buffer(self, self._unary("RegisterBuffer", _ops.host_register(memory, label)))
 
     def allocate_cuda(self, size: int, device: int = 0, label: str = "") -> Buffer:
@@ -150,14 +156,19 @@ class Client:
 
     def register_cuda_ipc(self, ipc_handle: bytes, size: int, *, offset: int = 0, device: int = 0, label: str = "") -> Buffer:
         """CUDA memory of another process, by its 64-byte cudaIpcMemHandle_t (offset and size of the range)."""
-        return Buffer(self, self._unary("RegisterBuffer", _ops.ipc_register(ipc_handle, offset, size, device, label)))
+        req = _ops.ipc_register(ipc_handle, offset, size, device, label)
+        buf = Buffer(self, self._unary("RegisterBuffer", req))
+        self._reattach.track_buffer(buf, _reattach.cuda_ipc_again(req))
+        return buf
 
     def register_tensor(self, tensor: Any, label: str = "") -> Buffer:
         """A PyTorch CUDA tensor's own memory, imported by the daemon by IPC handle (no copy). The
         buffer keeps the tensor alive until released; release it before freeing the tensor's memory."""
         device, handle, offset, size = _tensor.cuda_ipc_view(tensor)
-        msg = self._unary("RegisterBuffer", _ops.ipc_register(handle, offset, size, device, label))
-        return Buffer(self, msg, keepalive=tensor)
+        req = _ops.ipc_register(handle, offset, size, device, label)
+        buf = Buffer(self, self._unary("RegisterBuffer", req), keepalive=tensor)
+        self._reattach.track_buffer(buf, _reattach.cuda_ipc_again(req))
+        return buf
 
     def register_blocks(
         self, buffer: BufferLike, offsets: Any = None, lengths: Any = None, *, block_size: Optional[int] = None
@@ -169,7 +180,9 @@ class Client:
         the buffer, not empty, none overlapping (InvalidArgument naming the first bad one)."""
         offsets = _blocks.tiling(buffer, offsets, block_size)
         req = _blocks.register_request(buffer, offsets, lengths, block_size)
-        return BlockList(self, self._unary("RegisterBlocks", req))
+        bl = BlockList(self, self._unary("RegisterBlocks", req))
+        self._reattach.track_list(bl, req)
+        return bl
 
     def describe_buffer(self, buffer: BufferLike) -> Any:
         return self._unary("DescribeBuffer", _proto.message("DescribeBufferRequest")(buffer_id=_ops.buffer_id(buffer)))
@@ -301,7 +314,10 @@ class Client:
         (position in `lists`, first block, block count). Transfers then name entries by index
         (`write_prepared` / `read_prepared`): nothing per block crosses the API. The daemon checks
         every entry once (InvalidArgument naming the first bad one). Lives until released."""
-        return PreparedList(self, self._unary("PrepareBlocks", _blocks.prepare_request(lists, entries)))
+        req = _blocks.prepare_request(lists, entries)
+        p = PreparedList(self, self._unary("PrepareBlocks", req))
+        self._reattach.track_prepared(p, req)
+        return p
 
     def _release_prepared(self, prepared_id: int) -> None:
         self._unary("ReleasePrepared", _proto.message("ReleasePreparedRequest")(prepared_id=prepared_id))

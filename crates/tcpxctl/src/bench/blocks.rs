@@ -332,6 +332,7 @@ async fn list(
 ) -> Result<pb::BlockList, DaemonBenchError> {
     client
         .register_blocks(RegisterBlocksRequest {
+            reattach_id: Default::default(),
             buffer_id: buffer,
             layout: Some(Layout::Strided(pb::StridedBlocks {
                 first: 0,

@@ -419,6 +419,8 @@ pub(crate) async fn register(
     };
     client
         .register_buffer(RegisterBufferRequest {
+            reattach_id: Default::default(),
+            reattach_key: Default::default(),
             source: Some(source),
             label: label.to_string(),
         })

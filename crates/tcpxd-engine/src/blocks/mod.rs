@@ -61,6 +61,8 @@ pub enum BlockError {
     TooMany { field: String, count: u64, limit: u64 },
     #[error("lists: {limit} lists are registered already (the limit); release one first")]
     TooManyLists { limit: usize },
+    #[error("reattach_id: list {id} is registered already")]
+    IdTaken { id: u64 },
     #[error("{field}: at least one block is required")]
     Empty { field: String },
     #[error("{field}[{at}]: block {index} is past the list's {len} blocks")]
@@ -105,6 +107,7 @@ impl From<BlockError> for EngineError {
     fn from(e: BlockError) -> EngineError {
         let code = match e {
             BlockError::TooManyLists { .. } => Code::ResourceExhausted,
+            BlockError::IdTaken { .. } => Code::AlreadyExists,
             _ => Code::InvalidArgument,
         };
         EngineError::new(code, e.to_string())

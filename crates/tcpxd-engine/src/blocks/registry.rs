@@ -22,15 +22,37 @@ impl BlockRegistry {
     /// Registers `layout` inside `buffer` (`buffer_len` bytes): checked once here (see
     /// [`BlockList::new`]). Returns the new list's id (from 1).
     pub fn register(&mut self, buffer: u64, buffer_len: u64, layout: Layout) -> Result<u64, BlockError> {
+        self.register_as(None, buffer, buffer_len, layout)
+    }
+
+    /// As [`BlockRegistry::register`], under id `id` when given (a list re-attached after a
+    /// restart: an id an earlier instance handed out, never one live here).
+    pub fn register_as(
+        &mut self,
+        id: Option<u64>,
+        buffer: u64,
+        buffer_len: u64,
+        layout: Layout,
+    ) -> Result<u64, BlockError> {
         if self.lists.len() >= MAX_LISTS {
             return Err(BlockError::TooManyLists { limit: MAX_LISTS });
         }
-        let id = self.next_id + 1;
+        if let Some(id) = id
+            && (id == 0 || self.lists.contains_key(&id))
+        {
+            return Err(BlockError::IdTaken { id });
+        }
+        let id = id.unwrap_or(self.next_id + 1);
         let list = BlockList::new(id, buffer, buffer_len, layout)?;
-        self.next_id = id;
+        self.next_id = self.next_id.max(id);
         self.lists.insert(id, list);
         self.by_buffer.entry(buffer).or_default().push(id);
         Ok(id)
+    }
+
+    /// New ids start at `first` at the lowest (above those of earlier instances).
+    pub fn start_ids_at(&mut self, first: u64) {
+        self.next_id = self.next_id.max(first.saturating_sub(1));
     }
 
     pub fn get(&self, id: u64) -> Option<&BlockList> {
@@ -119,6 +141,28 @@ mod tests {
         assert!(!r.release(c));
         assert!(r.is_empty());
         assert_eq!(r.register(8, 1 << 20, strided(1)).unwrap(), 4);
+    }
+
+    #[test]
+    fn a_restarted_node_starts_above_its_floor_and_takes_back_old_ids() {
+        let mut r = BlockRegistry::default();
+        r.start_ids_at(4097);
+        assert_eq!(r.register(7, 1 << 20, strided(1)).unwrap(), 4097);
+        // A list of the previous instance comes back under its id, below the floor.
+        assert_eq!(r.register_as(Some(12), 7, 1 << 20, strided(256)).unwrap(), 12);
+        assert_eq!(r.get(12).unwrap().len(), 256);
+        assert_eq!(r.lists_of(7), &[4097, 12]);
+        // Never twice, never 0, and a bad one changes nothing.
+        for id in [12, 4097, 0] {
+            let e = r.register_as(Some(id), 7, 1 << 20, strided(1)).unwrap_err();
+            assert!(matches!(e, BlockError::IdTaken { id: i } if i == id), "{e}");
+        }
+        assert!(r.register_as(Some(13), 7, 4096, strided(2)).is_err());
+        assert!(r.get(13).is_none());
+        // New ids go on above everything seen.
+        assert_eq!(r.register(7, 1 << 20, strided(1)).unwrap(), 4098);
+        assert_eq!(r.register_as(Some(9000), 7, 1 << 20, strided(1)).unwrap(), 9000);
+        assert_eq!(r.register(7, 1 << 20, strided(1)).unwrap(), 9001);
     }
 
     #[test]

@@ -97,7 +97,7 @@ struct Notice {
 #[derive(Debug, Default)]
 pub(super) struct PreparedRegistry {
     lists: HashMap<u64, Prepared>,
-    next_id: u64,
+    pub(crate) next_id: u64,
     notices: HashMap<TransferId, Notice>,
     /// Prepared READs whose early part went out, the rest still to plan (`plan` module).
     planning: Vec<Planning>,
@@ -111,7 +111,18 @@ impl Engine {
         lists: Vec<u64>,
         entries: Vec<PreparedEntry>,
     ) -> EngineResult<PreparedInfo> {
+        self.prepare_local_as(None, lists, entries)
+    }
+
+    /// As [`Engine::prepare_local`], under id `id` when given (re-attached after a restart).
+    pub fn prepare_local_as(
+        &mut self,
+        id: Option<u64>,
+        lists: Vec<u64>,
+        entries: Vec<PreparedEntry>,
+    ) -> EngineResult<PreparedInfo> {
         self.check_prepared_room()?;
+        self.check_prepared_id(id)?;
         check_list_count(lists.len(), "local_list_ids")?;
         let mut lens = Vec::with_capacity(lists.len());
         let mut seen: HashMap<u64, usize> = HashMap::with_capacity(lists.len());
@@ -127,7 +138,7 @@ impl Engine {
             lens.push(list.len());
         }
         let blocks = check_prepared_entries(&entries, &lens, |p| lists[p])?;
-        Ok(self.insert_prepared(Lists::Local(lists), entries, blocks))
+        Ok(self.insert_prepared(id, Lists::Local(lists), entries, blocks))
     }
 
     /// Prepares a list over block lists of the node of pairing `peer` (from their tokens).
@@ -137,7 +148,19 @@ impl Engine {
         lists: Vec<RemoteList>,
         entries: Vec<PreparedEntry>,
     ) -> EngineResult<PreparedInfo> {
+        self.prepare_remote_as(None, peer, lists, entries)
+    }
+
+    /// As [`Engine::prepare_remote`], under id `id` when given (re-attached after a restart).
+    pub fn prepare_remote_as(
+        &mut self,
+        id: Option<u64>,
+        peer: PeerIdx,
+        lists: Vec<RemoteList>,
+        entries: Vec<PreparedEntry>,
+    ) -> EngineResult<PreparedInfo> {
         self.check_prepared_room()?;
+        self.check_prepared_id(id)?;
         let node = self.live_peer("remote_tokens", peer)?.node_id.clone();
         check_list_count(lists.len(), "remote_tokens")?;
         let mut seen: HashMap<u64, usize> = HashMap::with_capacity(lists.len());
@@ -151,7 +174,7 @@ impl Engine {
         }
         let lens: Vec<u32> = lists.iter().map(|l| l.blocks).collect();
         let blocks = check_prepared_entries(&entries, &lens, |p| lists[p].list_id)?;
-        Ok(self.insert_prepared(Lists::Remote { node, lists }, entries, blocks))
+        Ok(self.insert_prepared(id, Lists::Remote { node, lists }, entries, blocks))
     }
 
     /// Releases a prepared list. Transfers already started keep their plans.
@@ -196,9 +219,25 @@ impl Engine {
         Ok(())
     }
 
-    fn insert_prepared(&mut self, lists: Lists, entries: Vec<PreparedEntry>, blocks: u64) -> PreparedInfo {
-        self.prepared.next_id += 1;
-        let id = self.prepared.next_id;
+    fn check_prepared_id(&self, id: Option<u64>) -> EngineResult<()> {
+        match id {
+            Some(id) if id == 0 || self.prepared.lists.contains_key(&id) => Err(EngineError::new(
+                Code::AlreadyExists,
+                format!("reattach_id: prepared list {id} exists already"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn insert_prepared(
+        &mut self,
+        id: Option<u64>,
+        lists: Lists,
+        entries: Vec<PreparedEntry>,
+        blocks: u64,
+    ) -> PreparedInfo {
+        let id = id.unwrap_or(self.prepared.next_id + 1);
+        self.prepared.next_id = self.prepared.next_id.max(id);
         let info = PreparedInfo {
             id,
             entries: entries.len() as u32,

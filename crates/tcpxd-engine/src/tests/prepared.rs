@@ -290,6 +290,39 @@ fn a_group_past_the_transfer_limit_is_split_and_lands() {
     s.assert_idle();
 }
 
+#[test]
+fn a_restarted_node_takes_back_prepared_ids_and_hands_out_new_ones_above_its_floor() {
+    let mut s = Sim::new(1, small_chunks(), 5);
+    let n = 8;
+    s.buffer(0, 1, n as usize, 3);
+    let layout = Layout::Strided {
+        first: 0,
+        stride: 1,
+        len: 1,
+        count: n,
+    };
+    let eng = &mut s.nodes[0].eng;
+    eng.start_ids_at(100, 200);
+    let a = eng.register_blocks(1, layout.clone()).unwrap();
+    assert_eq!(a, 100);
+    assert_eq!(eng.register_blocks_as(Some(3), 1, layout).unwrap(), 3);
+    let fresh = eng.prepare_local(vec![a], entries(&[(0, 0, n)])).unwrap();
+    assert_eq!(fresh.id, 200);
+    let back = eng
+        .prepare_local_as(Some(7), vec![3], entries(&[(0, 0, n)]))
+        .unwrap();
+    assert_eq!(back.id, 7);
+    for id in [7, 200, 0] {
+        let e = eng
+            .prepare_local_as(Some(id), vec![3], entries(&[(0, 0, 1)]))
+            .unwrap_err();
+        assert_eq!(e.code, Code::AlreadyExists, "{e}");
+        assert!(e.message.starts_with("reattach_id: "), "{e}");
+    }
+    assert_eq!(eng.prepared_lists(), 2, "the refusals changed nothing");
+    assert_eq!(eng.prepare_local(vec![3], entries(&[(0, 0, 1)])).unwrap().id, 201);
+}
+
 /// Nothing changed: no transfer, no action.
 fn unchanged(s: &mut Sim, node: usize) {
     assert_eq!(s.nodes[node].eng.active_transfers(), 0);

@@ -17,6 +17,7 @@ use crate::block_token::BlockToken;
 use crate::engine::blocks::{BlockError, IndexArray, IndexEncoding, Layout, MAX_LIST_BLOCKS};
 use crate::engine::{BlockSpec, EngineError, RemoteBlocks};
 use crate::metrics::Op;
+use crate::journal::{Record, Space};
 use crate::poller::{Command, ListFacts};
 
 fn invalid(e: BlockError) -> Status {
@@ -135,14 +136,21 @@ impl DaemonState {
         self.buffers.get_as("buffer_id", r.buffer_id).map_err(status)?;
         let layout = layout(r.layout)?;
         let buffer = r.buffer_id;
+        let (reattach, claim) = self.reattach_list(r.reattach_id, buffer)?;
         let facts = self
             .ask(|reply| Command::RegisterBlocks {
                 buffer,
                 layout,
+                reattach,
                 reply,
             })
             .await?
             .map_err(status)?;
+        if let Err(e) = self.journal_record(Space::List, facts.id, Record::List { buffer }) {
+            let _ = self.release_blocks(facts.id).await;
+            return Err(e);
+        }
+        claim.keep();
         tracing::info!(
             list = facts.id,
             buffer,
@@ -155,7 +163,9 @@ impl DaemonState {
     pub(crate) async fn release_blocks(&self, list: u64) -> Result<(), Status> {
         self.ask(|reply| Command::ReleaseBlocks { list, reply })
             .await?
-            .map_err(status)
+            .map_err(status)?;
+        self.journal_forget(Space::List, list);
+        Ok(())
     }
 
     pub(crate) async fn describe_blocks(&self, list: u64) -> Result<pb::BlockList, Status> {

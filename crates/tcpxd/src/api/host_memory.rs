@@ -12,7 +12,7 @@ use tonic::Status;
 
 use super::proto::v1 as pb;
 use super::state::{DaemonState, status};
-use crate::buffers::BufferEntry;
+use crate::buffers::{BufferEntry, BufferKind};
 use crate::engine::{self, Code};
 use crate::host_fd::{Shrink, Unsealed};
 use crate::net::cross_memory::ClientPages;
@@ -96,6 +96,7 @@ impl DaemonState {
             }
         }
         self.buffers.remove(id);
+        self.journal_forget(crate::journal::Space::Buffer, id);
         tracing::info!(buffer = id, "buffer released");
         Ok(())
     }
@@ -107,20 +108,32 @@ impl DaemonState {
         attached: Result<Attached, Status>,
     ) -> Result<pb::Buffer, Status> {
         let Attached { fd, unsealed } = attached?;
+        let (ident, claim) = self.reattach_buffer(
+            req.reattach_id,
+            &req.reattach_key,
+            BufferKind::HostShared,
+            req.size,
+        )?;
         let state = self.clone();
         let (entry, shrink) = tokio::task::spawn_blocking(move || {
             // The descriptor closes here: the mapping holds the file.
             state
                 .buffers
-                .register_host_file(&fd, req.offset, req.size, &req.label, unsealed)
+                .register_host_file_as(&fd, req.offset, req.size, &req.label, unsealed, ident)
         })
         .await
         .map_err(|e| Status::internal(e.to_string()))?
         .map_err(status)?;
         self.install(&entry).await?;
+        if let Err(e) = self.journal_buffer(&entry) {
+            let _ = self.release(entry.id, None).await;
+            return Err(e);
+        }
+        claim.keep();
         tracing::info!(
             buffer = entry.id,
             size = entry.size,
+            reattached = ident.is_some(),
             sealed = shrink == Shrink::Sealed,
             "client host memory registered"
         );
@@ -176,6 +189,11 @@ impl DaemonState {
         let state = self.clone();
         tokio::spawn(async move {
             for id in ids {
+                if *state.stopping.borrow() {
+                    // The daemon stops (an upgrade, a restart): the registrations stay in the
+                    // state directory for the client to re-attach to the next instance.
+                    return;
+                }
                 if state.buffers.get(id).is_err() {
                     continue; // released by the client already
                 }

@@ -11,6 +11,7 @@ pub mod peer_service;
 pub mod prepared;
 pub mod proto;
 pub mod same_node;
+pub mod reattach;
 pub mod service;
 pub mod session;
 pub mod state;

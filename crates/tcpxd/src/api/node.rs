@@ -23,6 +23,10 @@ pub struct NodeFacts {
     pub topology: Arc<Topology>,
     /// How this node receives, with `auto`'s eager lanes and threshold.
     pub protocol: crate::config::ProtocolSettings,
+    /// This process's instance (new at every start: clients re-attach when it changes).
+    pub instance_id: String,
+    /// `runtime.reattach_grace_s` when a state directory keeps registrations, else 0.
+    pub reattach_grace_s: u32,
     gpus: OnceCell<Vec<pb::GpuDevice>>,
 }
 
@@ -62,6 +66,8 @@ impl NodeFacts {
             chunk_bytes,
             topology,
             protocol,
+            instance_id: hex::encode(rand::random::<[u8; 16]>()),
+            reattach_grace_s: 0,
             gpus: OnceCell::new(),
         }
     }
@@ -111,6 +117,8 @@ impl NodeFacts {
             transfer_protocol: self.protocol.protocol.as_str().to_string(),
             eager_lanes_per_device: self.auto().map_or(0, |p| p.eager_lanes),
             eager_max_bytes: self.auto().map_or(0, |p| p.eager_max_bytes),
+            instance_id: self.instance_id.clone(),
+            reattach_grace_s: self.reattach_grace_s,
         })
     }
 

@@ -20,6 +20,7 @@ use crate::engine::{
     EngineError, MAX_PREPARED_ENTRIES, MAX_PREPARED_LISTS, PreparedEntry, PreparedInfo, RemoteList,
     TransferKind,
 };
+use crate::journal::{Record, Space};
 use crate::poller::{Command, PreparedTransfer};
 
 /// The request forms DescribeNode lists in `features`: WritePrepared/ReadPrepared's outer sums
@@ -246,6 +247,8 @@ impl DaemonState {
         r: pb::PrepareBlocksRequest,
         deadline: Instant,
     ) -> Result<pb::PreparedBlocks, Status> {
+        let (reattach, claim) = self.reattach_prepared(r.reattach_id)?;
+        let mut remote_node = None;
         let info = match (r.local_list_ids.is_empty(), r.remote_tokens.is_empty()) {
             (false, true) => {
                 if r.local_list_ids.len() > MAX_PREPARED_LISTS {
@@ -257,6 +260,7 @@ impl DaemonState {
                 let entries = entries(&r.entries).map_err(status)?;
                 let lists = r.local_list_ids;
                 self.ask(|reply| Command::PrepareLocal {
+                    reattach,
                     lists,
                     entries,
                     reply,
@@ -288,9 +292,11 @@ impl DaemonState {
                     return Ok(prepared_pb(info));
                 }
                 self.reach_token("remote_tokens[0]", &tokens[0], deadline).await?;
+                remote_node = Some(tokens[0].clone());
                 let peer = self.peer_of("remote_tokens[0]", &tokens[0].node_id)?;
                 let lists = tokens.into_iter().map(remote_list).collect();
                 self.ask(|reply| Command::PrepareRemote {
+                    reattach,
                     peer,
                     lists,
                     entries,
@@ -305,6 +311,17 @@ impl DaemonState {
                 ));
             }
         };
+        if let Some(token) = remote_node {
+            self.remote_prepared
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(info.id, token);
+        }
+        if let Err(e) = self.journal_record(Space::Prepared, info.id, Record::Prepared) {
+            let _ = self.release_prepared(info.id).await;
+            return Err(e);
+        }
+        claim.keep();
         tracing::debug!(
             prepared = info.id,
             entries = info.entries,
@@ -337,16 +354,32 @@ impl DaemonState {
         self.same_node.released(id);
         self.ask(|reply| Command::ReleasePrepared { id, reply })
             .await?
-            .map_err(status)
+            .map_err(status)?;
+        self.journal_forget(Space::Prepared, id);
+        self.remote_prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        Ok(())
     }
 
     /// Releases the prepared lists a session prepared (it ended); those released already are
     /// skipped.
     pub(crate) async fn release_prepared_owned(&self, ids: Vec<u64>) {
         for id in ids {
+            if *self.stopping.borrow() {
+                return; // kept in the state directory for the next instance
+            }
             self.same_node.released(id);
             match self.ask(|reply| Command::ReleasePrepared { id, reply }).await {
-                Ok(Ok(())) => tracing::debug!(prepared = id, "released with the session that prepared it"),
+                Ok(Ok(())) => {
+                    self.journal_forget(Space::Prepared, id);
+                    self.remote_prepared
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&id);
+                    tracing::debug!(prepared = id, "released with the session that prepared it")
+                }
                 Ok(Err(_)) => {}  // released by the client already
                 Err(_) => return, // the daemon is shutting down
             }
@@ -368,6 +401,22 @@ impl DaemonState {
                 TransferKind::Read => crate::metrics::Op::Read,
             };
             return self.same_node_prepared(op, transfer, deadline).await;
+        }
+        // The other node may have restarted since: pair with it again (nothing to do, and
+        // nothing copied, while its pairing is up).
+        let token = {
+            let remote = self.remote_prepared.lock().unwrap_or_else(|e| e.into_inner());
+            remote
+                .get(&transfer.remote)
+                .filter(|t| {
+                    self.peers
+                        .by_node(&t.node_id)
+                        .is_none_or(|p| !matches!(*p.link.borrow(), crate::poller::PeerLink::Up))
+                })
+                .cloned()
+        };
+        if let Some(token) = token {
+            self.reach_token("remote_prepared_id", &token, deadline).await?;
         }
         let (id, rx, total) = self
             .ask(|reply| Command::StartPrepared {

@@ -38,6 +38,14 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
         req: Request<pb::RegisterBufferRequest>,
     ) -> Result<Response<pb::Buffer>, Status> {
         let r = req.into_inner();
+        if r.reattach_id != 0 && !matches!(r.source, Some(pb::register_buffer_request::Source::CudaIpc(_))) {
+            return Err(Status::invalid_argument(
+                "reattach_id: only a cuda_ipc import is re-attached by its client; daemon-allocated host \
+                 buffers come back by themselves, daemon-allocated CUDA memory does not outlive the daemon",
+            ));
+        }
+        // A re-attach taken from the state directory: put back if anything below fails.
+        let mut claim = None;
         let entry = match r.source {
             Some(pb::register_buffer_request::Source::Host(h)) => {
                 let reg_label = r.label.clone();
@@ -55,11 +63,18 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                     .map_err(status)?
             }
             Some(pb::register_buffer_request::Source::CudaIpc(c)) => {
+                let (ident, c_claim) = self.state.reattach_buffer(
+                    r.reattach_id,
+                    &r.reattach_key,
+                    crate::buffers::BufferKind::CudaIpc,
+                    c.size,
+                )?;
+                claim = Some(c_claim);
                 let (label, state) = (r.label.clone(), self.state.clone());
                 tokio::task::spawn_blocking(move || {
                     state
                         .buffers
-                        .import_cuda(c.device, &c.ipc_handle, c.offset, c.size, &label)
+                        .import_cuda_as(c.device, &c.ipc_handle, c.offset, c.size, &label, ident)
                 })
                 .await
                 .map_err(|e| Status::internal(e.to_string()))?
@@ -72,7 +87,19 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
             }
         };
         self.state.install(&entry).await?;
-        tracing::info!(buffer = entry.id, size = entry.size, "buffer registered");
+        if let Err(e) = self.state.journal_buffer(&entry) {
+            let _ = self.state.release(entry.id, None).await;
+            return Err(e);
+        }
+        if let Some(c) = claim {
+            c.keep();
+        }
+        tracing::info!(
+            buffer = entry.id,
+            size = entry.size,
+            reattached = r.reattach_id != 0,
+            "buffer registered"
+        );
         Ok(Response::new(self.state.buffer_pb(&entry)))
     }
 
@@ -103,6 +130,8 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
             .await?
             .map_err(status)?;
         b.set_key(key);
+        // A rotated key stays rotated across a restart.
+        self.state.journal_buffer(&b)?;
         tracing::info!(buffer = id, "buffer re-keyed");
         Ok(Response::new(self.state.buffer_pb(&b)))
     }

@@ -39,6 +39,11 @@ pub struct DaemonState {
     pub node: super::node::NodeFacts,
     /// Transfers between two buffers of this daemon, which it copies itself.
     pub same_node: Arc<super::same_node::SameNode>,
+    /// The state directory (`runtime.state_dir`): registrations outlive the process.
+    pub journal: Option<Arc<crate::journal::Journal>>,
+    /// Remote prepared lists: the first token each was prepared from (its node and where to
+    /// dial it), so a transfer pairs again with a node that restarted.
+    pub remote_prepared: Mutex<HashMap<u64, crate::block_token::BlockToken>>,
 }
 
 impl DaemonState {

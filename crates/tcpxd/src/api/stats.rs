@@ -65,6 +65,9 @@ impl DaemonState {
     pub async fn render_metrics(&self) -> Result<String, Status> {
         let snap = self.ask(|reply| Command::Stats { reply }).await?;
         let buffers = self.buffers.list();
+        if let Some(j) = &self.journal {
+            self.metrics.set_reattach_pending(j.pending());
+        }
         let (memory_available, memory_reserve) = self.buffers.memory_reading();
         Ok(self.metrics.render(
             &snap,

@@ -147,11 +147,12 @@ impl Poller {
             Command::RegisterBlocks {
                 buffer,
                 layout,
+                reattach,
                 reply,
             } => {
                 let r = self
                     .engine
-                    .register_blocks(buffer, layout)
+                    .register_blocks_as(reattach, buffer, layout)
                     .and_then(|id| self.list_facts(id));
                 let _ = reply.send(r);
             }
@@ -220,19 +221,24 @@ impl Poller {
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total), total)));
             }
             Command::PrepareLocal {
+                reattach,
                 lists,
                 entries,
                 reply,
             } => {
-                let _ = reply.send(self.engine.prepare_local(lists, entries));
+                let _ = reply.send(self.engine.prepare_local_as(reattach, lists, entries));
             }
             Command::PrepareRemote {
+                reattach,
                 peer,
                 lists,
                 entries,
                 reply,
             } => {
-                let _ = reply.send(self.engine.prepare_remote(peer, lists, entries));
+                let _ = reply.send(self.engine.prepare_remote_as(reattach, peer, lists, entries));
+            }
+            Command::StartIdsAt { lists, prepared } => {
+                self.engine.start_ids_at(lists, prepared);
             }
             Command::ReleasePrepared { id, reply } => {
                 let _ = reply.send(self.engine.release_prepared(id));

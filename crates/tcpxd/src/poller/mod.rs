@@ -163,7 +163,15 @@ pub enum Command {
     RegisterBlocks {
         buffer: u64,
         layout: Layout,
+        /// The id of a list re-attached after a restart; `None`: a new id.
+        reattach: Option<u64>,
         reply: Reply<Result<ListFacts, EngineError>>,
+    },
+    /// New block-list and prepared-list ids start at these at the lowest (the state
+    /// directory's floors: ids of earlier instances are never reused).
+    StartIdsAt {
+        lists: u64,
+        prepared: u64,
     },
     ReleaseBlocks {
         list: u64,
@@ -209,12 +217,14 @@ pub enum Command {
     },
     /// Prepares a list over block lists of this node (docs/BLOCKS.md, "Prepared lists").
     PrepareLocal {
+        reattach: Option<u64>,
         lists: Vec<u64>,
         entries: Vec<PreparedEntry>,
         reply: Reply<Result<PreparedInfo, EngineError>>,
     },
     /// Prepares a list over block lists of the node of pairing `peer`.
     PrepareRemote {
+        reattach: Option<u64>,
         peer: PeerIdx,
         lists: Vec<RemoteList>,
         entries: Vec<PreparedEntry>,

@@ -233,6 +233,8 @@ async fn the_tcp_api_requires_its_bearer_token() {
         });
         let e = c
             .register_buffer(pb::RegisterBufferRequest {
+                reattach_id: Default::default(),
+                reattach_key: Default::default(),
                 source: Some(pb::register_buffer_request::Source::Host(pb::HostAllocation {
                     size: 4096,
                 })),

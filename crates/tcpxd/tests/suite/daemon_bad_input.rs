@@ -369,6 +369,8 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
 
     // ---- buffers ----------------------------------------------------------------------------
     let host = |size| pb::RegisterBufferRequest {
+        reattach_id: Default::default(),
+        reattach_key: Default::default(),
         source: Some(pb::register_buffer_request::Source::Host(pb::HostAllocation {
             size,
         })),
@@ -396,6 +398,8 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
         expect_err(
             "CUDA on a machine without a GPU",
             ac.register_buffer(pb::RegisterBufferRequest {
+                reattach_id: Default::default(),
+                reattach_key: Default::default(),
                 source: Some(pb::register_buffer_request::Source::Cuda(pb::CudaAllocation {
                     device: 0,
                     size: 4096,
@@ -410,6 +414,8 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
     expect_err(
         "IPC handle of the wrong length",
         ac.register_buffer(pb::RegisterBufferRequest {
+            reattach_id: Default::default(),
+            reattach_key: Default::default(),
             source: Some(pb::register_buffer_request::Source::CudaIpc(pb::CudaIpcImport {
                 device: 0,
                 ipc_handle: vec![0; 10],
@@ -425,6 +431,8 @@ async fn bad_input_is_refused_precisely_and_changes_nothing() {
     expect_err(
         "duplicate registration of a label",
         ac.register_buffer(pb::RegisterBufferRequest {
+            reattach_id: Default::default(),
+            reattach_key: Default::default(),
             source: Some(pb::register_buffer_request::Source::Host(pb::HostAllocation {
                 size: 4096,
             })),
@@ -617,6 +625,8 @@ async fn a_host_buffer_past_the_nodes_memory_is_refused_not_left_to_the_oom_kill
         ("again", "transfer.host_memory_reserve_bytes"),
     ] {
         let req = pb::RegisterBufferRequest {
+            reattach_id: Default::default(),
+            reattach_key: Default::default(),
             source: Some(pb::register_buffer_request::Source::Host(pb::HostAllocation {
                 size: MIB,
             })),

@@ -53,6 +53,8 @@ async fn starts_serves_on_its_socket_and_stops_on_sigterm() {
     let mut c = unix_client(sock.clone()).await;
     let b = c
         .register_buffer(pb::RegisterBufferRequest {
+            reattach_id: Default::default(),
+            reattach_key: Default::default(),
             source: Some(pb::register_buffer_request::Source::Host(pb::HostAllocation {
                 size: 4096,
             })),

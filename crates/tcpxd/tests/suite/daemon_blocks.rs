@@ -35,6 +35,7 @@ fn ranges(v: &[(u32, u32)]) -> pb::BlockIndices {
 
 async fn register(c: &mut Client, buffer: u64, layout: L) -> Result<pb::BlockList, tonic::Status> {
     c.register_blocks(pb::RegisterBlocksRequest {
+        reattach_id: Default::default(),
         buffer_id: buffer,
         layout: Some(layout),
     })
@@ -161,6 +162,7 @@ async fn lists_register_describe_release_and_go_with_their_buffer() {
     );
     assert_refused(
         c.register_blocks(pb::RegisterBlocksRequest {
+            reattach_id: Default::default(),
             buffer_id: buf.id,
             layout: None,
         })

@@ -38,6 +38,7 @@ fn permutation(n: u32, seed: u64) -> Vec<u32> {
 /// A strided list of `N` blocks of `BS` bytes at `first`, `stride` apart.
 async fn list(c: &mut Client, buffer: u64, first: u64, stride: u64) -> pb::BlockList {
     c.register_blocks(pb::RegisterBlocksRequest {
+        reattach_id: Default::default(),
         buffer_id: buffer,
         layout: Some(L::Strided(pb::StridedBlocks {
             first,

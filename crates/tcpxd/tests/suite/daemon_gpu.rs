@@ -9,6 +9,8 @@ const MIB: u64 = 1 << 20;
 
 async fn cuda_buffer(c: &mut Client, size: u64) -> pb::Buffer {
     c.register_buffer(pb::RegisterBufferRequest {
+        reattach_id: Default::default(),
+        reattach_key: Default::default(),
         source: Some(pb::register_buffer_request::Source::Cuda(pb::CudaAllocation {
             device: 0,
             size,

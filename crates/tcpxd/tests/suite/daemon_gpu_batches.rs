@@ -15,6 +15,8 @@ use tcpxd::api::proto::v1::register_blocks_request::Layout as L;
 
 async fn cuda_buffer(c: &mut Client, size: u64) -> pb::Buffer {
     c.register_buffer(pb::RegisterBufferRequest {
+        reattach_id: Default::default(),
+        reattach_key: Default::default(),
         source: Some(pb::register_buffer_request::Source::Cuda(pb::CudaAllocation {
             device: 0,
             size,
@@ -127,6 +129,7 @@ async fn strided(
     count: u32,
 ) -> pb::BlockList {
     c.register_blocks(pb::RegisterBlocksRequest {
+        reattach_id: Default::default(),
         buffer_id: buffer,
         layout: Some(L::Strided(pb::StridedBlocks {
             first,

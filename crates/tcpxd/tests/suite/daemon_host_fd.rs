@@ -44,6 +44,8 @@ fn mappings(name: &str) -> usize {
 
 fn register(offset: u64, size: u64, label: &str) -> Op {
     Op::RegisterHostFd(pb::RegisterHostFdRequest {
+        reattach_id: Default::default(),
+        reattach_key: Default::default(),
         offset,
         size,
         label: label.to_string(),

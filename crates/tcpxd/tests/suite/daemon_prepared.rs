@@ -33,6 +33,7 @@ fn shape() -> Vec<u8> {
 
 async fn register(c: &mut Client, buffer: u64, layout: L) -> pb::BlockList {
     c.register_blocks(pb::RegisterBlocksRequest {
+        reattach_id: Default::default(),
         buffer_id: buffer,
         layout: Some(layout),
     })
@@ -426,6 +427,7 @@ async fn prepared_input_is_refused_naming_the_field() {
     );
     assert_refused(
         c.prepare_blocks(pb::PrepareBlocksRequest {
+            reattach_id: Default::default(),
             local_list_ids: sa.list_ids(),
             remote_tokens: sb.tokens(),
             entries: shape(),

@@ -8,6 +8,8 @@ async fn write_between_two_daemons() {
     let mut b = daemons::start("smoke-b", |_| {}).await;
     let size = 8u64 << 20;
     let host = |size| pb::RegisterBufferRequest {
+        reattach_id: Default::default(),
+        reattach_key: Default::default(),
         source: Some(pb::register_buffer_request::Source::Host(pb::HostAllocation {
             size,
         })),

@@ -76,6 +76,8 @@ async fn start(dir: &ScratchDir, node: &str, unpacker: &str, nics: u32, binding:
 
 async fn cuda_buffer(c: &mut Client, device: u32, size: u64) -> pb::Buffer {
     c.register_buffer(pb::RegisterBufferRequest {
+        reattach_id: Default::default(),
+        reattach_key: Default::default(),
         source: Some(pb::register_buffer_request::Source::Cuda(pb::CudaAllocation {
             device,
             size,

@@ -164,6 +164,27 @@ fn gke_daemonset_keeps_its_key_fields() {
         mounts(tcpxd).contains_key(run_dir),
         "{run_dir} is mounted for the socket"
     );
+    // The state directory lies in that mount (a hostPath on the node's /run): registrations
+    // outlive the container and the pod (docs/OPERATIONS.md, "Restarts").
+    let args: Vec<&str> = tcpxd["args"]
+        .as_array()
+        .expect("tcpxd's args")
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let state = args[args
+        .iter()
+        .position(|a| *a == "--state-dir")
+        .expect("--state-dir")
+        + 1];
+    assert!(state.starts_with(&format!("{run_dir}/")), "{state}");
+    let host_run = ds["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "tcpxd-run")
+        .expect("the tcpxd-run volume");
+    assert!(host_run["hostPath"]["path"].as_str().is_some(), "{host_run:?}");
 
     // The plugin is staged into an executable volume and named to tcpxd.
     let plugin = env_of(tcpxd)["TCPXD_PLUGIN"].clone();
@@ -237,6 +258,8 @@ fn the_example_config_loads() {
     assert_eq!(c.api_socket, Path::new(tcpxd::config::DEFAULT_API_SOCKET));
     assert_eq!(c.metrics_listen, Some("127.0.0.1:9464".parse().unwrap()));
     assert_eq!(c.host_memory_reserve, 1 << 30);
+    assert_eq!(c.state_dir.as_deref(), Some(Path::new("/run/tcpxd/state")));
+    assert_eq!(c.reattach_grace, std::time::Duration::from_secs(60));
 }
 
 /// `[Section]` -> key -> values (a key may repeat).
@@ -276,7 +299,10 @@ fn the_systemd_unit_keeps_its_service_settings() {
     assert_eq!(one("NotifyAccess"), "main");
     assert!(one("WatchdogSec").trim_end_matches('s').parse::<u64>().unwrap() > 0);
     assert_eq!(one("LimitMEMLOCK"), "infinity");
-    assert_eq!(one("Restart"), "on-failure");
+    // Restarted on any exit (the plugin's exit(1) included), at once, its state directory kept.
+    assert_eq!(one("Restart"), "always");
+    assert!(one("RestartSec").ends_with("ms"), "restarted within the second");
+    assert_eq!(one("RuntimeDirectoryPreserve"), "restart");
     assert_eq!(one("EnvironmentFile"), "/etc/tcpxd/tcpx.env");
     assert!(one("ExecStart").contains("--config /etc/tcpxd/tcpxd.toml"));
     // The stop timeout leaves room for the 30 s drain.

@@ -552,6 +552,8 @@ class nixl_agent:  # noqa: N801
                 raise nixlBackendError("the agent is closed")
             s = self._session
             if s is None or s._ended is not None or s._closed or s._why is not None:
+                if s is not None:  # it failed: the daemon may have restarted (tcpxd._reattach)
+                    self._client._reattach.sync()
                 s = self._session = self._client.session()
             return s
 

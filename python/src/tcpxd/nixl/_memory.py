@@ -96,6 +96,8 @@ def _register(client: Client, buffer: Any, size: int, g: int) -> Granules:
     except TcpxdError as e:
         log.warning("buffer %d: no %d-byte granule list (%s); its transfers take the batch path", buffer.id, g, e)
         return Granules()
+    # Registered again, same id and token, should the daemon restart (tcpxd._reattach).
+    client._reattach.track_list_id(int(msg.id), req)
     return Granules(g, str(msg.token), int(msg.count), int(msg.id))
 
 

@@ -195,6 +195,7 @@ pub(super) async fn blocks(client: &mut ApiClient, json: bool, cmd: BlocksComman
             let layout = layout(client, &a).await?;
             let l = client
                 .register_blocks(RegisterBlocksRequest {
+                    reattach_id: Default::default(),
                     buffer_id: a.buffer,
                     layout: Some(layout),
                 })

@@ -80,6 +80,8 @@ async fn register(client: &mut ApiClient, json: bool, args: RegisterArgs) -> Res
     };
     let b = client
         .register_buffer(RegisterBufferRequest {
+            reattach_id: Default::default(),
+            reattach_key: Default::default(),
             source: Some(source),
             label: args.label,
         })

@@ -11,16 +11,30 @@ use crate::cli::output::{Rates, notification_json, notification_text, stats_json
 use crate::client::ApiClient;
 use tcpxd::api::proto::v1::{GetStatsRequest, SubscribeRequest};
 
+/// How often a long-running command asks a daemon that stopped answering (it may be restarting:
+/// docs/OPERATIONS.md, "Restarts").
+const RETRY: Duration = Duration::from_millis(500);
+
+/// Whether a failed call may succeed once the daemon is back (it stopped or restarts).
+fn transient(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+    )
+}
+
 pub(super) async fn subscribe(
     client: &mut ApiClient,
     json: bool,
     args: SubscribeArgs,
 ) -> Result<(), CliError> {
-    let mut stream = client
-        .subscribe(SubscribeRequest {})
-        .await
-        .map_err(rpc("subscribe"))?
-        .into_inner();
+    let mut stream = Some(
+        client
+            .subscribe(SubscribeRequest {})
+            .await
+            .map_err(rpc("subscribe"))?
+            .into_inner(),
+    );
     let mut seen = 0u64;
     if args.count == Some(0) {
         return Ok(());
@@ -32,13 +46,45 @@ pub(super) async fn subscribe(
         None => eprintln!("tcpxctl: subscribed; waiting for notifications (Ctrl-C to stop)"),
     }
     loop {
+        let Some(live) = stream.as_mut() else {
+            // The daemon stopped or restarts: subscribe again once it answers. Notifications of
+            // transfers that finished meanwhile are not seen.
+            tokio::select! {
+                _ = tokio::time::sleep(RETRY) => {}
+                _ = tokio::signal::ctrl_c() => return Ok(()),
+            }
+            match client.subscribe(SubscribeRequest {}).await {
+                Ok(s) => {
+                    stream = Some(s.into_inner());
+                    eprintln!("tcpxctl: subscribed again");
+                }
+                Err(e) if transient(&e) => {}
+                Err(e) => return Err(rpc("subscribe")(e)),
+            }
+            continue;
+        };
         let next = tokio::select! {
-            m = stream.message() => m.map_err(rpc("subscription"))?,
+            m = live.message() => m,
             _ = tokio::signal::ctrl_c() => return Ok(()),
         };
-        let Some(n) = next else {
-            eprintln!("tcpxctl: the daemon ended the subscription");
-            return Ok(());
+        let n = match next {
+            Ok(Some(n)) => n,
+            Ok(None) => {
+                eprintln!(
+                    "tcpxctl: the daemon ended the subscription (it stops or restarts); subscribing again when it answers (Ctrl-C to stop)"
+                );
+                stream = None;
+                continue;
+            }
+            Err(e) if transient(&e) => {
+                eprintln!(
+                    "tcpxctl: the subscription failed ({}); subscribing again when the daemon answers (Ctrl-C to stop)",
+                    e.message()
+                );
+                stream = None;
+                continue;
+            }
+            Err(e) => return Err(rpc("subscription")(e)),
         };
         if json {
             print_json(&notification_json(&n))?;
@@ -70,6 +116,7 @@ pub(super) async fn stats(client: &mut ApiClient, json: bool, args: StatsArgs) -
     let clear = !json && std::io::stdout().is_terminal();
     let mut previous = None;
     let mut shown = 0u64;
+    let mut down = false;
     let mut ticker = tokio::time::interval(every);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -77,11 +124,26 @@ pub(super) async fn stats(client: &mut ApiClient, json: bool, args: StatsArgs) -
             _ = ticker.tick() => {}
             _ = tokio::signal::ctrl_c() => return Ok(()),
         }
-        let s = client
-            .get_stats(GetStatsRequest {})
-            .await
-            .map_err(rpc("stats"))?
-            .into_inner();
+        let s = match client.get_stats(GetStatsRequest {}).await {
+            Ok(s) => {
+                if std::mem::take(&mut down) {
+                    eprintln!("tcpxctl: the daemon answers again");
+                    previous = None; // a restarted daemon counts from zero: no rates across it
+                }
+                s.into_inner()
+            }
+            Err(e) if transient(&e) => {
+                if !down {
+                    eprintln!(
+                        "tcpxctl: no answer from the daemon ({}); asking again every {every:?} (it may be restarting)",
+                        e.message()
+                    );
+                    down = true;
+                }
+                continue;
+            }
+            Err(e) => return Err(rpc("stats")(e)),
+        };
         let now = Instant::now();
         let wall = std::time::SystemTime::now();
         if json {

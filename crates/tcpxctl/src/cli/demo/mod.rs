@@ -421,6 +421,8 @@ async fn register(
 ) -> Result<tcpxd::api::proto::v1::Buffer, DemoError> {
     client
         .register_buffer(RegisterBufferRequest {
+            reattach_id: Default::default(),
+            reattach_key: Default::default(),
             source: Some(Source::Host(HostAllocation { size })),
             label: label.to_string(),
         })

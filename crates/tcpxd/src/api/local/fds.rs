@@ -213,6 +213,8 @@ mod tests {
         frame(
             tag,
             Op::RegisterHostFd(pb::RegisterHostFdRequest {
+                reattach_id: Default::default(),
+                reattach_key: Default::default(),
                 offset: 0,
                 size: tag,
                 label: String::new(),

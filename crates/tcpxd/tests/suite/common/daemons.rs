@@ -136,6 +136,8 @@ pub type Client = TcpxdClient<Channel>;
 
 pub async fn host_buffer(c: &mut Client, size: u64, label: &str) -> pb::Buffer {
     c.register_buffer(pb::RegisterBufferRequest {
+        reattach_id: Default::default(),
+        reattach_key: Default::default(),
         source: Some(pb::register_buffer_request::Source::Host(pb::HostAllocation {
             size,
         })),

@@ -213,6 +213,8 @@ async fn hostile_client_requests_are_refused_and_change_nothing() {
 
     // Buffers.
     let host = |size| pb::RegisterBufferRequest {
+        reattach_id: Default::default(),
+        reattach_key: Default::default(),
         source: Some(pb::register_buffer_request::Source::Host(pb::HostAllocation {
             size,
         })),
@@ -241,6 +243,8 @@ async fn hostile_client_requests_are_refused_and_change_nothing() {
             &mut n,
             &format!("IPC handle of {len} bytes"),
             ac.register_buffer(pb::RegisterBufferRequest {
+                reattach_id: Default::default(),
+                reattach_key: Default::default(),
                 source: Some(pb::register_buffer_request::Source::CudaIpc(pb::CudaIpcImport {
                     device: 0,
                     ipc_handle: vec![0; len],

@@ -24,6 +24,7 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
     let mut register = async |layout| {
         b.client
             .register_blocks(pb::RegisterBlocksRequest {
+                reattach_id: Default::default(),
                 buffer_id: blk.id,
                 layout: Some(layout),
             })

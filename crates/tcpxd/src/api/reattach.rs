@@ -1,0 +1,259 @@
+//! Registrations across a restart (docs/OPERATIONS.md, "Restarts"): what the state directory
+//! records as registrations come and go (src/journal.rs), the checks a re-attach request passes
+//! (the id and key the previous instance handed out, for the same kind and size of memory), and
+//! what the daemon restores itself at start-up (its own host buffers, bytes included).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tonic::Status;
+
+use super::state::{DaemonState, status};
+use crate::buffers::{BufferEntry, BufferKind, Ident};
+use crate::journal::{Record, Space};
+
+/// The journal's name of a buffer kind.
+pub fn kind_name(kind: BufferKind) -> &'static str {
+    match kind {
+        BufferKind::Host => "host",
+        BufferKind::HostShared => "host_shared",
+        BufferKind::Cuda => "cuda",
+        BufferKind::CudaIpc => "cuda_ipc",
+    }
+}
+
+/// A registration taken back from the state directory for a re-attach under way: put back (it
+/// waits for its client again) unless [`Claim::keep`] says the re-attach succeeded, so a refused
+/// or failed re-attach changes nothing.
+#[must_use]
+pub struct Claim {
+    journal: Option<Arc<crate::journal::Journal>>,
+    metrics: Option<Arc<crate::metrics::Metrics>>,
+    space: Space,
+    id: u64,
+    record: Option<Record>,
+}
+
+impl Claim {
+    fn none() -> Claim {
+        Claim {
+            journal: None,
+            metrics: None,
+            space: Space::Buffer,
+            id: 0,
+            record: None,
+        }
+    }
+
+    /// The re-attach succeeded.
+    pub fn keep(mut self) {
+        if let (Some(m), Some(_)) = (&self.metrics, self.record.take()) {
+            m.reattached(match self.space {
+                Space::Buffer => "buffer",
+                Space::List => "block_list",
+                Space::Prepared => "prepared_list",
+            });
+        }
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let (Some(j), Some(r)) = (&self.journal, self.record.take()) {
+            j.unclaim(self.space, self.id, r);
+        }
+    }
+}
+
+fn no_state_dir(field: &str) -> Status {
+    Status::failed_precondition(format!(
+        "{field}: this daemon keeps no state directory (runtime.state_dir): nothing registered before \
+         its start can be re-attached; register anew"
+    ))
+}
+
+impl DaemonState {
+    /// The id and key a buffer registration re-attaches (`reattach_id` non-zero), checked
+    /// against the state directory: the same kind and size, the key the buffer had last.
+    pub(crate) fn reattach_buffer(
+        &self,
+        id: u64,
+        key: &[u8],
+        kind: BufferKind,
+        size: u64,
+    ) -> Result<(Option<Ident>, Claim), Status> {
+        if id == 0 {
+            return Ok((None, Claim::none()));
+        }
+        let journal = self.journal.as_ref().ok_or_else(|| no_state_dir("reattach_id"))?;
+        let key: [u8; 16] = key.try_into().map_err(|_| {
+            Status::invalid_argument(format!("reattach_key: {} bytes, expected 16", key.len()))
+        })?;
+        let want = hex::encode(key);
+        let record = journal
+            .claim("reattach_id", Space::Buffer, id, |r| match r {
+                Record::Buffer {
+                    kind: k,
+                    size: s,
+                    key: current,
+                    ..
+                } => {
+                    if k != kind_name(kind) {
+                        Err(format!("it was a {k} buffer, this is {}", kind_name(kind)))
+                    } else if *s != size {
+                        Err(format!("it was {s} bytes, this is {size}"))
+                    } else if *current != want {
+                        Err("reattach_key is not its access key (re-keyed since? describe it again)".into())
+                    } else {
+                        Ok(())
+                    }
+                }
+                _ => Err("not a buffer".into()),
+            })
+            .map_err(status)?;
+        Ok((
+            Some(Ident { id, key }),
+            claimed(self, journal, Space::Buffer, id, record),
+        ))
+    }
+
+    /// Records a buffer (registered, re-attached or re-keyed) in the state directory.
+    pub(crate) fn journal_buffer(&self, b: &BufferEntry) -> Result<(), Status> {
+        let Some(journal) = &self.journal else {
+            return Ok(());
+        };
+        let record = Record::Buffer {
+            kind: kind_name(b.kind).to_string(),
+            size: b.size,
+            key: hex::encode(b.key()),
+            label: b.label.clone(),
+        };
+        journal.record(Space::Buffer, b.id, &record).map_err(status)
+    }
+
+    /// A list re-attached on `buffer` (`id` non-zero), checked against the state directory.
+    pub(crate) fn reattach_list(&self, id: u64, buffer: u64) -> Result<(Option<u64>, Claim), Status> {
+        if id == 0 {
+            return Ok((None, Claim::none()));
+        }
+        let journal = self.journal.as_ref().ok_or_else(|| no_state_dir("reattach_id"))?;
+        let record = journal
+            .claim("reattach_id", Space::List, id, |r| match r {
+                Record::List { buffer: b } if *b == buffer => Ok(()),
+                Record::List { buffer: b } => Err(format!("it was on buffer {b}, not {buffer}")),
+                _ => Err("not a block list".into()),
+            })
+            .map_err(status)?;
+        Ok((Some(id), claimed(self, journal, Space::List, id, record)))
+    }
+
+    /// A prepared list re-attached (`id` non-zero), checked against the state directory.
+    pub(crate) fn reattach_prepared(&self, id: u64) -> Result<(Option<u64>, Claim), Status> {
+        if id == 0 {
+            return Ok((None, Claim::none()));
+        }
+        let journal = self.journal.as_ref().ok_or_else(|| no_state_dir("reattach_id"))?;
+        let record = journal
+            .claim("reattach_id", Space::Prepared, id, |r| match r {
+                Record::Prepared => Ok(()),
+                _ => Err("not a prepared list".into()),
+            })
+            .map_err(status)?;
+        Ok((Some(id), claimed(self, journal, Space::Prepared, id, record)))
+    }
+
+    /// Records a registration other than a buffer.
+    pub(crate) fn journal_record(&self, space: Space, id: u64, record: Record) -> Result<(), Status> {
+        match &self.journal {
+            Some(j) => j.record(space, id, &record).map_err(status),
+            None => Ok(()),
+        }
+    }
+
+    /// Forgets a released registration.
+    pub(crate) fn journal_forget(&self, space: Space, id: u64) {
+        if let Some(j) = &self.journal {
+            j.forget(space, id);
+        }
+    }
+}
+
+fn claimed(
+    state: &DaemonState,
+    journal: &Arc<crate::journal::Journal>,
+    space: Space,
+    id: u64,
+    record: Record,
+) -> Claim {
+    Claim {
+        journal: Some(journal.clone()),
+        metrics: Some(state.metrics.clone()),
+        space,
+        id,
+        record: Some(record),
+    }
+}
+
+/// At start-up: restores the previous instance's daemon-allocated host buffers (their memory
+/// files, bytes and all, under their ids and keys), then forgets, once `grace` has passed, what
+/// no client re-attached. Returns how many buffers came back.
+pub async fn restore(state: &Arc<DaemonState>, grace: Duration, mut stop: watch::Receiver<bool>) -> usize {
+    let Some(journal) = state.journal.clone() else {
+        return 0;
+    };
+    let mut restored = 0;
+    for kept in journal.take_kept_host() {
+        let st = state.clone();
+        let k = kept.clone();
+        let entry = tokio::task::spawn_blocking(move || st.buffers.restore_host(&k)).await;
+        let result = match entry {
+            Ok(Ok(entry)) => state.install(&entry).await.map(|_| entry),
+            Ok(Err(e)) => Err(status(e)),
+            Err(e) => Err(Status::internal(e.to_string())),
+        };
+        match result {
+            Ok(entry) => {
+                restored += 1;
+                state.metrics.reattached("host_restored");
+                tracing::info!(
+                    buffer = entry.id,
+                    size = entry.size,
+                    "daemon-allocated host buffer restored"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(
+                    buffer = kept.id,
+                    "a daemon-allocated host buffer could not be restored: {}",
+                    e.message()
+                );
+                journal.forget(Space::Buffer, kept.id);
+            }
+        }
+    }
+    let pending = journal.pending();
+    state.metrics.set_reattach_pending(pending);
+    if pending > 0 {
+        tracing::info!(
+            pending,
+            grace_s = grace.as_secs(),
+            "registrations of the previous instance wait for their clients to re-attach them"
+        );
+        let metrics = state.metrics.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(grace) => {
+                    let n = journal.expire();
+                    metrics.reattach_forgotten(n);
+                    metrics.set_reattach_pending(0);
+                    if n > 0 {
+                        tracing::info!(forgotten = n, "registrations no client re-attached within runtime.reattach_grace_s were forgotten");
+                    }
+                }
+                _ = stop.wait_for(|s| *s) => {}
+            }
+        });
+    }
+    restored
+}

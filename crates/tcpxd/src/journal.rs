@@ -1,0 +1,507 @@
+//! The state a daemon keeps across restarts (`runtime.state_dir`, docs/OPERATIONS.md,
+//! "Restarts"): the node's identity, how far each id space has been handed out (so no id is
+//! ever reused for something else), and one small file per live registration with what a client
+//! must present to take it back after a restart (its kind, size and access key; a list's buffer).
+//!
+//! Layout of the directory (mode 0700):
+//! - `node`: the node id the state belongs to (another node id: the state is set aside),
+//! - `floors`: three numbers, the ids reserved so far for buffers, block lists, prepared lists
+//!   (reserved [`RESERVE`] ahead, written before an id past them is handed out),
+//! - `regs/b<id>`, `regs/l<id>`, `regs/p<id>`: a live registration (JSON),
+//! - `host/<id>`: the memory of a daemon-allocated host buffer (on tmpfs: the bytes survive the
+//!   process, not the machine).
+//!
+//! At start-up the previous instance's registrations become *pending*: a client re-attaches one
+//! by presenting its id (and a buffer's key); what nobody re-attached within the grace period
+//! is forgotten (a client whose process died meanwhile). Daemon-allocated host buffers are not
+//! a client's: the daemon restores them itself, bytes included.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Code, EngineError};
+
+/// Ids reserved ahead of the last handed out, per write of `floors`.
+pub const RESERVE: u64 = 4096;
+
+/// The three id spaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Space {
+    Buffer,
+    List,
+    Prepared,
+}
+
+impl Space {
+    const ALL: [Space; 3] = [Space::Buffer, Space::List, Space::Prepared];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    fn prefix(self) -> char {
+        match self {
+            Space::Buffer => 'b',
+            Space::List => 'l',
+            Space::Prepared => 'p',
+        }
+    }
+
+    fn noun(self) -> &'static str {
+        match self {
+            Space::Buffer => "buffer",
+            Space::List => "block list",
+            Space::Prepared => "prepared list",
+        }
+    }
+}
+
+/// What the journal keeps of one registration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "snake_case")]
+pub enum Record {
+    Buffer {
+        /// `host`, `host_shared`, `cuda`, `cuda_ipc`.
+        kind: String,
+        size: u64,
+        /// The current access key (hex): a rotated key stays rotated.
+        key: String,
+        label: String,
+    },
+    List {
+        buffer: u64,
+    },
+    Prepared,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    #[error("state directory {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> JournalError + '_ {
+    move |source| JournalError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A daemon-allocated host buffer of the previous instance, to restore.
+#[derive(Debug, Clone)]
+pub struct KeptHost {
+    pub id: u64,
+    pub size: u64,
+    pub key: [u8; 16],
+    pub label: String,
+    pub file: PathBuf,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// The first id not reserved yet, per space.
+    reserved: [u64; 3],
+    /// The next id to hand out, per space.
+    next: [u64; 3],
+    /// The previous instance's registrations nobody re-attached yet.
+    pending: HashMap<(Space, u64), Record>,
+    /// This instance's block lists and their buffers (forgotten with the buffer).
+    lists: HashMap<u64, u64>,
+}
+
+/// The state directory of a running daemon.
+#[derive(Debug)]
+pub struct Journal {
+    dir: PathBuf,
+    inner: Mutex<Inner>,
+}
+
+impl Journal {
+    /// Opens (creating) the state directory of node `node_id`: reads the previous instance's
+    /// floors and registrations, and reserves the first ids of this one.
+    pub fn open(dir: &Path, node_id: &str) -> Result<Journal, JournalError> {
+        for d in [dir.to_path_buf(), dir.join("regs"), dir.join("host")] {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&d)
+                .map_err(io(&d))?;
+        }
+        if !on_tmpfs(dir) {
+            tracing::warn!(
+                dir = %dir.display(),
+                "runtime.state_dir is not on tmpfs: daemon-allocated host memory kept there is written back to disk; use a directory under /run"
+            );
+        }
+        let node_file = dir.join("node");
+        match std::fs::read_to_string(&node_file) {
+            Ok(n) if n.trim() == node_id => {}
+            Ok(other) => {
+                // Another node's state (a reused directory): set aside, never mixed in.
+                let aside = dir.join(format!("previous-node-{}", other.trim()));
+                tracing::warn!(
+                    dir = %dir.display(),
+                    previous = other.trim(),
+                    now = node_id,
+                    "the state directory belongs to another node id: its registrations are not restored"
+                );
+                let _ = std::fs::remove_dir_all(&aside);
+                std::fs::create_dir(&aside).map_err(io(&aside))?;
+                for sub in ["regs", "host", "floors"] {
+                    let from = dir.join(sub);
+                    if from.exists() {
+                        std::fs::rename(&from, aside.join(sub)).map_err(io(&from))?;
+                    }
+                }
+                for d in [dir.join("regs"), dir.join("host")] {
+                    std::fs::DirBuilder::new()
+                        .mode(0o700)
+                        .create(&d)
+                        .map_err(io(&d))?;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&node_file)(e)),
+        }
+        write_atomic(&node_file, node_id.as_bytes())?;
+        let mut inner = Inner {
+            reserved: [1; 3],
+            next: [1; 3],
+            pending: HashMap::new(),
+            lists: HashMap::new(),
+        };
+        if let Ok(text) = std::fs::read_to_string(dir.join("floors")) {
+            for (i, n) in text.split_whitespace().take(3).enumerate() {
+                if let Ok(n) = n.parse::<u64>() {
+                    inner.next[i] = n.max(1);
+                }
+            }
+        }
+        let regs = dir.join("regs");
+        for e in std::fs::read_dir(&regs).map_err(io(&regs))? {
+            let e = e.map_err(io(&regs))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let parsed = Space::ALL.iter().find_map(|&s| {
+                name.strip_prefix(s.prefix())
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .map(|id| (s, id))
+            });
+            let record = std::fs::read(e.path())
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Record>(&b).ok());
+            match (parsed, record) {
+                (Some((space, id)), Some(record)) => {
+                    let i = space.index();
+                    inner.next[i] = inner.next[i].max(id + 1);
+                    inner.pending.insert((space, id), record);
+                }
+                _ => {
+                    tracing::warn!(file = %e.path().display(), "state directory: an unreadable registration, removed");
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        inner.reserved = inner.next;
+        let journal = Journal {
+            dir: dir.to_path_buf(),
+            inner: Mutex::new(inner),
+        };
+        {
+            let mut inner = journal.lock();
+            for s in Space::ALL {
+                journal.reserve(&mut inner, s, 0)?;
+            }
+        }
+        Ok(journal)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The first id of `space` this instance may hand out (above every id of earlier instances).
+    pub fn first_id(&self, space: Space) -> u64 {
+        self.lock().next[space.index()]
+    }
+
+    /// Makes sure ids up to `id` are reserved in `floors` before anyone sees them.
+    fn reserve(&self, inner: &mut Inner, space: Space, id: u64) -> Result<(), JournalError> {
+        let i = space.index();
+        inner.next[i] = inner.next[i].max(id + 1);
+        if id != 0 && inner.next[i] < inner.reserved[i] {
+            return Ok(());
+        }
+        inner.reserved[i] = inner.next[i] + RESERVE;
+        let text = format!(
+            "{} {} {}\n",
+            inner.reserved[0], inner.reserved[1], inner.reserved[2]
+        );
+        write_atomic(&self.dir.join("floors"), text.as_bytes())
+    }
+
+    fn reg_path(&self, space: Space, id: u64) -> PathBuf {
+        self.dir.join("regs").join(format!("{}{id}", space.prefix()))
+    }
+
+    /// Records a live registration (new, re-attached or re-keyed) before its id is answered.
+    pub fn record(&self, space: Space, id: u64, record: &Record) -> Result<(), EngineError> {
+        let mut inner = self.lock();
+        self.reserve(&mut inner, space, id).map_err(internal)?;
+        if let Record::List { buffer } = record {
+            inner.lists.insert(id, *buffer);
+        }
+        let bytes =
+            serde_json::to_vec(record).map_err(|e| EngineError::new(Code::Internal, e.to_string()))?;
+        write_atomic(&self.reg_path(space, id), &bytes).map_err(internal)
+    }
+
+    /// Forgets a registration that was released.
+    pub fn forget(&self, space: Space, id: u64) {
+        let _ = std::fs::remove_file(self.reg_path(space, id));
+        match space {
+            Space::Buffer => {
+                let _ = std::fs::remove_file(self.host_file(id));
+                // Its lists went with it.
+                let lists: Vec<u64> = {
+                    let mut inner = self.lock();
+                    let ids: Vec<u64> = inner
+                        .lists
+                        .iter()
+                        .filter(|&(_, &b)| b == id)
+                        .map(|(&l, _)| l)
+                        .collect();
+                    for l in &ids {
+                        inner.lists.remove(l);
+                    }
+                    ids
+                };
+                for l in lists {
+                    let _ = std::fs::remove_file(self.reg_path(Space::List, l));
+                }
+            }
+            Space::List => {
+                self.lock().lists.remove(&id);
+            }
+            Space::Prepared => {}
+        }
+    }
+
+    /// Takes back pending registration `id` of `space` if `matches` accepts its record; the
+    /// error says why not (FAILED_PRECONDITION), naming `field`.
+    pub fn claim(
+        &self,
+        field: &str,
+        space: Space,
+        id: u64,
+        matches: impl FnOnce(&Record) -> Result<(), String>,
+    ) -> Result<Record, EngineError> {
+        let mut inner = self.lock();
+        let Some(record) = inner.pending.get(&(space, id)) else {
+            return Err(EngineError::new(
+                Code::FailedPrecondition,
+                format!(
+                    "{field}: {} {id} is not waiting to be re-attached (never registered before this \
+                     daemon's restart, re-attached already, or forgotten after runtime.reattach_grace_s)",
+                    space.noun()
+                ),
+            ));
+        };
+        matches(record).map_err(|why| {
+            EngineError::new(
+                Code::FailedPrecondition,
+                format!("{field}: {} {id} cannot be re-attached: {why}", space.noun()),
+            )
+        })?;
+        Ok(inner.pending.remove(&(space, id)).expect("checked above"))
+    }
+
+    /// Puts back a registration taken by [`Journal::claim`] whose re-attach then failed: it waits
+    /// for its client again.
+    pub fn unclaim(&self, space: Space, id: u64, record: Record) {
+        self.lock().pending.insert((space, id), record);
+    }
+
+    /// Takes the previous instance's daemon-allocated host buffers whose memory file is there
+    /// (the daemon restores them itself); the others are forgotten.
+    pub fn take_kept_host(&self) -> Vec<KeptHost> {
+        let mut inner = self.lock();
+        let ids: Vec<u64> = inner
+            .pending
+            .iter()
+            .filter(|&(&(s, _), r)| {
+                s == Space::Buffer && matches!(r, Record::Buffer { kind, .. } if kind == "host")
+            })
+            .map(|(&(_, id), _)| id)
+            .collect();
+        let mut kept = Vec::new();
+        for id in ids {
+            let Some(Record::Buffer { size, key, label, .. }) = inner.pending.remove(&(Space::Buffer, id))
+            else {
+                continue;
+            };
+            let file = self.host_file(id);
+            let key = hex::decode(&key).ok().and_then(|k| <[u8; 16]>::try_from(k).ok());
+            match key {
+                Some(key) if file.exists() => kept.push(KeptHost {
+                    id,
+                    size,
+                    key,
+                    label,
+                    file,
+                }),
+                _ => {
+                    tracing::warn!(
+                        buffer = id,
+                        "a daemon-allocated host buffer's memory is gone: not restored"
+                    );
+                    self.forget(Space::Buffer, id);
+                }
+            }
+        }
+        kept.sort_by_key(|k| k.id);
+        kept
+    }
+
+    /// Where daemon-allocated host buffer `id` keeps its memory.
+    pub fn host_file(&self, id: u64) -> PathBuf {
+        self.dir.join("host").join(id.to_string())
+    }
+
+    /// How many of the previous instance's registrations wait to be re-attached.
+    pub fn pending(&self) -> usize {
+        self.lock().pending.len()
+    }
+
+    /// Forgets every registration nobody re-attached (the grace period is over); returns how many.
+    pub fn expire(&self) -> usize {
+        let gone: Vec<(Space, u64)> = self.lock().pending.drain().map(|(k, _)| k).collect();
+        for &(s, id) in &gone {
+            self.forget(s, id);
+        }
+        gone.len()
+    }
+}
+
+/// Whether `dir` lies on tmpfs (or ramfs): memory, not disk, behind its files.
+fn on_tmpfs(dir: &Path) -> bool {
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    const RAMFS_MAGIC: u64 = 0x8584_58f6;
+    rustix::fs::statfs(dir).is_ok_and(|s| matches!(s.f_type as u64, TMPFS_MAGIC | RAMFS_MAGIC))
+}
+
+fn internal(e: JournalError) -> EngineError {
+    EngineError::new(Code::Internal, e.to_string())
+}
+
+/// Writes `path` whole or not at all (a temporary file renamed over it).
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), JournalError> {
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io(&tmp))?;
+    f.write_all(bytes).map_err(io(&tmp))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(io(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct TempDir(PathBuf);
+    impl TempDir {
+        fn new(name: &str) -> TempDir {
+            let p = std::env::temp_dir().join(format!("tcpxd-journal-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&p);
+            TempDir(p)
+        }
+        fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn buffer(key: &str) -> Record {
+        Record::Buffer {
+            kind: "host_shared".into(),
+            size: 4096,
+            key: key.into(),
+            label: String::new(),
+        }
+    }
+
+    #[test]
+    fn ids_are_never_reused_and_registrations_come_back_pending() {
+        let dir = TempDir::new("ids");
+        let j = Journal::open(dir.path(), "a").unwrap();
+        assert_eq!(j.first_id(Space::Buffer), 1);
+        j.record(Space::Buffer, 1, &buffer("00")).unwrap();
+        j.record(Space::Buffer, 2, &buffer("11")).unwrap();
+        j.record(Space::List, 7, &Record::List { buffer: 1 }).unwrap();
+        j.forget(Space::Buffer, 2);
+        drop(j);
+        // A restart: ids start past everything reserved, the live ones wait for their clients.
+        let j = Journal::open(dir.path(), "a").unwrap();
+        assert!(j.first_id(Space::Buffer) > 2, "{}", j.first_id(Space::Buffer));
+        assert!(j.first_id(Space::List) > 7);
+        assert_eq!(j.pending(), 2);
+        let e = j
+            .claim("reattach_id", Space::Buffer, 1, |r| match r {
+                Record::Buffer { key, .. } if key == "ff" => Ok(()),
+                _ => Err("the key differs".into()),
+            })
+            .unwrap_err();
+        assert_eq!(e.code, Code::FailedPrecondition);
+        assert!(
+            e.message
+                .contains("buffer 1 cannot be re-attached: the key differs"),
+            "{e}"
+        );
+        // A re-attach that fails after its claim puts it back.
+        let r = j.claim("reattach_id", Space::Buffer, 1, |_| Ok(())).unwrap();
+        j.unclaim(Space::Buffer, 1, r);
+        j.claim("reattach_id", Space::Buffer, 1, |_| Ok(())).unwrap();
+        let e = j.claim("reattach_id", Space::Buffer, 1, |_| Ok(())).unwrap_err();
+        assert!(e.message.contains("not waiting to be re-attached"), "{e}");
+        assert!(
+            j.claim("f", Space::Buffer, 2, |_| Ok(())).is_err(),
+            "released before: gone"
+        );
+        // The list nobody re-attached goes when the grace period ends.
+        assert_eq!(j.expire(), 1);
+        assert!(!dir.path().join("regs/l7").exists());
+        // A third instance: still no reuse, though nothing of 1 was recorded again.
+        let first = j.first_id(Space::Buffer);
+        drop(j);
+        let j = Journal::open(dir.path(), "a").unwrap();
+        assert!(j.first_id(Space::Buffer) >= first);
+    }
+
+    #[test]
+    fn another_nodes_state_is_set_aside() {
+        let dir = TempDir::new("aside");
+        let j = Journal::open(dir.path(), "a").unwrap();
+        j.record(Space::Buffer, 1, &buffer("00")).unwrap();
+        drop(j);
+        let j = Journal::open(dir.path(), "b").unwrap();
+        assert_eq!(j.pending(), 0);
+        assert!(dir.path().join("previous-node-a/regs/b1").exists());
+    }
+}

@@ -1,0 +1,237 @@
+"""What a daemon keeps across a restart (runtime.state_dir; docs/OPERATIONS.md, "Restarts"):
+daemon-allocated host memory with its bytes, ids that are never handed out again, a rotated key
+that stays rotated, descriptors and block-list tokens that work again unchanged on the other node;
+what a client that died meanwhile registered is forgotten once the grace period ends; restarts
+leak no descriptors in the client nor files in the state directory."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import os
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator, Tuple
+
+import grpc
+import pytest
+
+import tcpxd
+from conftest import tcpxd_bin
+from supervisor import Supervised, supervised
+from test_restart import endpoint, free_port
+
+CTX = multiprocessing.get_context("spawn")
+GRACE_S = 2
+
+
+@pytest.fixture
+def nodes() -> Iterator[Tuple[Supervised, Supervised, Path]]:
+    d = Path(tempfile.mkdtemp(prefix="tcpxd-rt-"))
+    conf = d / "tcpxd.toml"
+    conf.write_text(f"[runtime]\nreattach_grace_s = {GRACE_S}\n")
+    sups = []
+    try:
+        for name in ("sa", "sb"):
+            sups.append(supervised(str(tcpxd_bin()), d, name, free_port(), extra=["--config", str(conf)]))
+        yield sups[0], sups[1], d
+    finally:
+        for s in sups:
+            s.close()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def restart(s: Supervised, sig: int = signal.SIGKILL) -> None:
+    s.wait_serving(s.signal(sig) + 1)
+
+
+def retry(fn: Any, what: str, deadline_s: float = 30.0) -> Any:
+    """`fn()` until it succeeds: the application's only part in a restart."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return fn()
+        except tcpxd.TcpxdError as e:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: still failing after {deadline_s} s: {e}") from None
+            time.sleep(0.02)
+
+
+def fds() -> int:
+    gc.collect()
+    return len(os.listdir("/proc/self/fd"))
+
+
+def regs(d: Path, name: str) -> int:
+    return len(os.listdir(d / f"{name}.state" / "regs"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_registrations_keys_and_daemon_memory_come_back(nodes: Any, sig: int) -> None:
+    a, b, d = nodes
+    with tcpxd.Client(endpoint(a)) as ca, tcpxd.Client(endpoint(b)) as cb:
+        kept = cb.register_host(3 << 20, shared=False, label="kept")  # the daemon's memory
+        kept.fill(seed=42)
+        crc = kept.checksum()
+        shared = cb.register_host(1 << 20)  # this process's memory
+        shared.numpy()[:] = 9
+        blocks = cb.register_blocks(shared, block_size=4096)
+        stale = shared.descriptor
+        fresh = shared.rekey()  # rotated before the restart: stays rotated
+        local = ca.register_host(3 << 20)
+        ca.read(kept.descriptor, local)
+        ids = (kept.id, shared.id, blocks.id)
+        before_fds, before_regs = 0, regs(d, "sb")
+
+        for i in range(3):
+            restart(b, sig)
+            # Descriptors and tokens handed out before: unchanged, working again.
+            local.numpy()[:] = 0
+            retry(lambda: ca.read(kept.descriptor, local), "READ of the daemon's memory")
+            # (A call right after a restart may still meet gRPC's reconnect backoff: retried.)
+            assert retry(kept.checksum, "ChecksumBuffer") == crc, "daemon-allocated host memory lost bytes"
+            assert local.checksum() == crc, "the READ brought other bytes"
+            retry(lambda: ca.read(fresh, local, 1 << 20), "READ by the rotated key")
+            assert (local.numpy()[: 1 << 20] == 9).all()
+            dst = ca.register_blocks(local, block_size=4096)
+            retry(lambda: ca.read_blocks(dst, [0, 1], blocks.token, [5, 6]), "READ by block-list token")
+            dst.release()
+            with pytest.raises(tcpxd.TcpxdError) as e:
+                ca.read(stale, local, 4096)
+            assert e.value.code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND), e.value
+            assert cb._reattach.wait(30)
+            if i == 0:  # after a first restart: what a restart opens for good is open now
+                before_fds = fds()
+        assert (shared.descriptor, blocks.id) == (fresh, ids[2])
+        assert cb._reattach.restarts == 3
+        # Three restarts leaked no descriptor here, no registration file there.
+        assert fds() == before_fds, (before_fds, fds())
+        assert regs(d, "sb") == before_regs
+        # New registrations never take an id handed out before.
+        extra = cb.register_host(4096)
+        assert extra.id > max(ids)
+        extra.release()
+
+
+def died(conn: Any, ep: str) -> None:
+    c = tcpxd.Client(ep)
+    buf = c.register_host(1 << 20)
+    c.register_blocks(buf, block_size=4096)
+    conn.send(buf.descriptor)
+    conn.recv()  # killed here
+
+
+def test_a_client_that_died_meanwhile_has_its_registrations_released(nodes: Any) -> None:
+    a, b, d = nodes
+    parent, child = CTX.Pipe()
+    p = CTX.Process(target=died, args=(child, endpoint(b)), daemon=True)
+    p.start()
+    desc = parent.recv()
+    with tcpxd.Client(endpoint(a)) as ca:
+        local = ca.register_host(1 << 20)
+        ca.read(desc, local)
+        b.signal(signal.SIGKILL)
+        p.kill()  # the client dies while its daemon is down: nobody re-attaches its memory
+        p.join()
+        started = b.wait_serving(2)
+        assert regs(d, "sb") == 2  # still waiting for their client
+        deadline = started.began + GRACE_S + 10
+        while regs(d, "sb") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert regs(d, "sb") == 0, "forgotten once runtime.reattach_grace_s passed"
+        with pytest.raises(tcpxd.TcpxdError) as e:
+            ca.read(desc, local, timeout=10)
+        assert e.value.code == grpc.StatusCode.NOT_FOUND, e.value
+
+
+def test_the_asyncio_client_re_attaches_too(nodes: Any) -> None:
+    import asyncio
+
+    from tcpxd.aio import AsyncClient
+
+    a, b, _ = nodes
+
+    async def main() -> None:
+        async with AsyncClient(endpoint(b)) as cb:
+            shared = await cb.register_host(1 << 20)
+            shared.numpy()[:] = 3
+            blocks = await cb.register_blocks(shared, block_size=4096)
+            with tcpxd.Client(endpoint(a)) as ca:
+                local = ca.register_host(1 << 20)
+                dst = ca.register_blocks(local, block_size=4096)
+                restart(b)
+                retry(lambda: ca.read(shared.descriptor, local), "READ by the old descriptor")
+                assert (local.numpy() == 3).all()
+                local.numpy()[:] = 0
+                retry(lambda: ca.read_blocks(dst, [7], blocks.token, [9]), "READ by the old token")
+                assert (local.numpy()[7 * 4096 : 8 * 4096] == 3).all()
+            assert cb._reattach.restarts == 1
+            await shared.release()
+
+    asyncio.run(main())
+
+
+def test_a_re_attach_that_does_not_match_is_refused_and_changes_nothing(nodes: Any, daemons: Any) -> None:
+    from tcpxd import _proto
+
+    a, b, d = nodes
+    with tcpxd.Client(endpoint(b)) as cb:
+        buf = cb.register_host(1 << 20)
+        lst = cb.register_blocks(buf, block_size=4096)
+        key = bytes.fromhex(buf.descriptor.split("@")[0].split(":")[4])
+        cb._reattach.close()  # this test re-attaches by hand
+        restart(b)
+        cb._registrar.reset()  # type: ignore[union-attr]  # its connection went with the old process
+        pending = regs(d, "sb")
+        R = _proto.message("RegisterBlocksRequest")
+        S = _proto.message("StridedBlocks")
+        cases = [
+            # (call, request, code, words)
+            ("RegisterBlocks", R(buffer_id=buf.id, strided=S(first=0, stride=4096, length=4096, count=256), reattach_id=lst.id),
+             grpc.StatusCode.NOT_FOUND, "buffer_id"),  # its buffer is not back yet
+            ("RegisterBlocks", R(buffer_id=buf.id, strided=S(first=0, stride=4096, length=4096, count=256), reattach_id=999_999),
+             grpc.StatusCode.NOT_FOUND, "buffer_id"),
+            ("PrepareBlocks", _proto.message("PrepareBlocksRequest")(local_list_ids=[lst.id], entries=b"\0" * 8 + b"\1\0\0\0", reattach_id=777),
+             grpc.StatusCode.FAILED_PRECONDITION, "prepared list 777 is not waiting to be re-attached"),
+            ("RegisterBuffer", _proto.message("RegisterBufferRequest")(host=_proto.message("HostAllocation")(size=4096), reattach_id=buf.id),
+             grpc.StatusCode.INVALID_ARGUMENT, "reattach_id: only a cuda_ipc import"),
+        ]
+        for call, req, code, words in cases:
+            with pytest.raises(tcpxd.TcpxdError) as e:
+                cb._unary(call, req)
+            assert e.value.code == code and words in str(e.value), (call, e.value)
+        # A host-memory re-attach with another key, or another size: refused, naming why.
+        fd = buf._host.reattach[0]  # type: ignore[union-attr]
+        F = _proto.message("RegisterHostFdRequest")
+        for req, words in [
+            (F(size=1 << 20, reattach_id=buf.id, reattach_key=bytes(16)), "reattach_key is not its access key"),
+            (F(size=1 << 19, reattach_id=buf.id, reattach_key=key), "it was 1048576 bytes, this is 524288"),
+            (F(size=1 << 20, reattach_id=lst.id + 10_000, reattach_key=key), "not waiting to be re-attached"),
+        ]:
+            with pytest.raises(tcpxd.TcpxdError) as e:
+                cb._registrar.register_fd(fd, req, 10)  # type: ignore[union-attr]
+            assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and words in str(e.value), e.value
+        assert regs(d, "sb") == pending, "the refusals changed nothing"
+        # The right one is taken back, once.
+        cb._registrar.register_fd(fd, F(size=1 << 20, reattach_id=buf.id, reattach_key=key), 10)  # type: ignore[union-attr]
+        with pytest.raises(tcpxd.TcpxdError) as e:
+            cb._registrar.register_fd(fd, F(size=1 << 20, reattach_id=buf.id, reattach_key=key), 10)  # type: ignore[union-attr]
+        assert "not waiting to be re-attached" in str(e.value), e.value
+        # A list re-attach the engine refuses (blocks past the buffer's end) puts its claim back:
+        # the right one is then taken.
+        with pytest.raises(tcpxd.TcpxdError) as e:
+            cb._unary("RegisterBlocks", R(buffer_id=buf.id, strided=S(first=1 << 20, stride=4096, length=4096, count=256),
+                                          reattach_id=lst.id))
+        assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT, e.value
+        got = cb._unary("RegisterBlocks", R(buffer_id=buf.id, strided=S(first=0, stride=4096, length=4096, count=256),
+                                            reattach_id=lst.id))
+        assert (got.id, got.token) == (lst.id, lst.token)
+    # A daemon without a state directory says so.
+    with tcpxd.Client(daemons[0].endpoint) as c:
+        assert c.describe_node().raw.reattach_grace_s == 0
+        with pytest.raises(tcpxd.TcpxdError) as e:
+            c._unary("PrepareBlocks", _proto.message("PrepareBlocksRequest")(local_list_ids=[1], entries=b"\0" * 12, reattach_id=1))
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "keeps no state directory" in str(e.value), e.value
