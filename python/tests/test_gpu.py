@@ -85,11 +85,14 @@ def test_two_clients_of_one_daemon_move_tensors_gpu_to_gpu_and_mixed(torch, daem
     """Two clients of one daemon (two agents of one node): the daemon copies between the two
     processes' imported CUDA memory itself (a device copy), and between GPU and host both ways."""
     a, _ = daemons
-    src = torch.randint(0, 256, (8 * MIB,), dtype=torch.uint8, device="cuda:0")
-    dst = torch.zeros(8 * MIB, dtype=torch.uint8, device="cuda:0")
+    # 16 MiB each: PyTorch's caching allocator puts tensors of 1-10 MiB into shared 20 MiB
+    # segments, and one CUDA allocation is imported once per daemon (a second client importing
+    # it is refused), so two clients of one process need tensors of their own allocations.
+    src = torch.randint(0, 256, (16 * MIB,), dtype=torch.uint8, device="cuda:0")
+    dst = torch.zeros(16 * MIB, dtype=torch.uint8, device="cuda:0")
     torch.cuda.synchronize()
     with tcpxd.Client(a.endpoint) as c1, tcpxd.Client(a.endpoint) as c2:
-        with c1.register_tensor(src) as sb, c2.register_tensor(dst) as db, c2.register_host(8 * MIB) as host:
+        with c1.register_tensor(src) as sb, c2.register_tensor(dst) as db, c2.register_host(16 * MIB) as host:
             c1.write(sb, db.descriptor, notification=b"gpu")
             torch.cuda.synchronize()
             assert torch.equal(src, dst)
