@@ -31,7 +31,7 @@ impl Engine {
             lens.push(self.same_node_list(l, &format!("remote_tokens[{i}]"))?.len());
         }
         let blocks = check_prepared_entries(&entries, &lens, |p| lists[p].list_id)?;
-        Ok(self.insert_prepared(Lists::SameNode(lists), entries, blocks))
+        Ok(self.insert_prepared(None, Lists::SameNode(lists), entries, blocks))
     }
 
     /// A list of this node a token names, its key checked against its buffer's current key.
