@@ -171,6 +171,46 @@ impl ClientPages {
     }
 }
 
+impl ClientPages {
+    /// Copies `len` bytes of the client's memory at `client_off` to `local`.
+    ///
+    /// # Safety
+    /// `local .. local + len` must be memory of this process, writable and not accessed
+    /// otherwise meanwhile.
+    pub(super) unsafe fn read_raw(
+        &self,
+        client_off: u64,
+        local: *mut u8,
+        len: usize,
+    ) -> Result<(), AttachError> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { copy(Way::FromClient, *self, self.addr + client_off, local, len) }
+    }
+
+    /// Copies `len` bytes at `local` into the client's memory at `client_off`.
+    ///
+    /// # Safety
+    /// `local .. local + len` must be readable memory of this process that nothing writes
+    /// meanwhile.
+    pub(super) unsafe fn write_raw(
+        &self,
+        client_off: u64,
+        local: *const u8,
+        len: usize,
+    ) -> Result<(), AttachError> {
+        // SAFETY: the caller's promise; the kernel only reads the local range for `ToClient`.
+        unsafe {
+            copy(
+                Way::ToClient,
+                *self,
+                self.addr + client_off,
+                local.cast_mut(),
+                len,
+            )
+        }
+    }
+}
+
 impl HostRegion {
     /// Copies `len` bytes of the client's memory at `client_off` into this region at `offset`.
     pub fn read_from_client(

@@ -116,12 +116,34 @@ impl Poller {
                     len,
                 } => {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.isend", lane);
+                    let (slots, window) = (self.slots(), self.cfg.engine.send_window);
                     let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.send) else {
                         continue;
                     };
-                    l.deferred.push_back(SendPost::plain(buffer, offset, len));
-                    let window = self.cfg.engine.send_window;
-                    if let Err(why) = post_sends(l, window, &self.buffers, &mut self.stages) {
+                    // A buffer registered by address: the chunk is gathered from the client's
+                    // pages into the lane's staging ring (as a block chunk of one piece) and
+                    // sent from there. The engine posts a plain send only while fewer than
+                    // `send_window` of the lane's sends are out, so the ring's rule holds.
+                    let post = match self.buffers.get(&buffer) {
+                        Some(entry) if entry.attached.is_some() => blocks::gather_send(
+                            l,
+                            entry,
+                            &[blocks::whole(offset, len)],
+                            len,
+                            slots,
+                            &mut self.stages,
+                            self.unpack_impl,
+                        ),
+                        _ => Ok((SendPost::plain(buffer, offset, len), None)),
+                    };
+                    let r = post.and_then(|(post, failed)| {
+                        if let Some(why) = failed {
+                            self.engine.fail_posted_send(peer, lane, buffer, offset, &why);
+                        }
+                        l.deferred.push_back(post);
+                        post_sends(l, window, &self.buffers, &mut self.stages)
+                    });
+                    if let Err(why) = r {
                         failures.push((peer, format!("lane {lane} send: {why}")));
                     }
                 }
@@ -132,16 +154,34 @@ impl Poller {
                     offset,
                     len,
                 } => {
+                    let slots = self.slots();
                     let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
                         continue;
                     };
-                    l.deferred.push_back(RecvPost {
-                        buffer,
-                        offset,
-                        len,
-                        scatter: None,
+                    // A buffer registered by address: the chunk lands in the lane's landing
+                    // ring and is scattered into the client's pages (one piece) once complete.
+                    let post = match self.buffers.get(&buffer) {
+                        Some(entry) if entry.attached.is_some() => {
+                            let to = ScatterTo {
+                                buffer,
+                                offer: 0,
+                                wire: 0,
+                                direct: Some(offset),
+                            };
+                            blocks::scatter_recv(l, entry, to, len, slots)
+                        }
+                        _ => Ok(RecvPost {
+                            buffer,
+                            offset,
+                            len,
+                            scatter: None,
+                        }),
+                    };
+                    let r = post.and_then(|post| {
+                        l.deferred.push_back(post);
+                        post_recvs(l, &self.buffers)
                     });
-                    if let Err(why) = post_recvs(l, &self.buffers) {
+                    if let Err(why) = r {
                         failures.push((peer, format!("lane {lane} receive: {why}")));
                     }
                 }
@@ -326,7 +366,10 @@ impl Poller {
                             self.unpack_impl,
                         )
                     })
-                    .and_then(|post| {
+                    .and_then(|(post, failed)| {
+                        if let Some(why) = failed {
+                            self.engine.fail_posted_send(peer, lane, buffer, wire, &why);
+                        }
                         l.deferred.push_back(post);
                         post_sends(l, window, &self.buffers, &mut self.stages)
                     });
@@ -346,7 +389,12 @@ impl Poller {
                     let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
                         continue;
                     };
-                    let to = ScatterTo { buffer, offer, wire };
+                    let to = ScatterTo {
+                        buffer,
+                        offer,
+                        wire,
+                        direct: None,
+                    };
                     let r = self
                         .buffers
                         .get(&buffer)
@@ -507,14 +555,22 @@ impl Poller {
                     } = posted.meta;
                     let wait = if let Some(to) = to {
                         tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li);
-                        match blocks::collect(
-                            engine.recv_pieces(peer, to.offer, to.wire, posted.len),
-                            segs,
-                            "received",
-                            to.offer,
-                            to.wire,
-                            posted.len,
-                        ) {
+                        let pieces = match to.direct {
+                            Some(at) => {
+                                segs.clear();
+                                segs.push(blocks::whole(at, posted.len));
+                                Ok(())
+                            }
+                            None => blocks::collect(
+                                engine.recv_pieces(peer, to.offer, to.wire, posted.len),
+                                segs,
+                                "received",
+                                to.offer,
+                                to.wire,
+                                posted.len,
+                            ),
+                        };
+                        match pieces {
                             Ok(()) => blocks::start_scatter(
                                 comm,
                                 id,
