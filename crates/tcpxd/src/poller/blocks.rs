@@ -32,6 +32,14 @@
 //!   host destinations are scattered from there, GPU destinations copied piece by piece through
 //!   the stage's host staging buffer.
 //!
+//! - **Buffers registered by address** (a client's pages, `net::cross_memory`): every chunk,
+//!   plain or in pieces, goes this way: a plain `PostSend` / `PostRecv` of such a buffer is
+//!   staged as a chunk of one piece ([`whole`]), gathered by `process_vm_readv` into the host
+//!   staging ring (the engine posts plain sends only within `send_window`, so the ring's rule
+//!   holds) and scattered by `process_vm_writev` from the landing ring or the eager landing
+//!   slots. The client's memory gone: a send goes empty and the engine fails its offer
+//!   (`Engine::fail_posted_send`); a receive fails its transfer.
+//!
 //! The pieces come from the engine (`send_pieces` / `recv_pieces`) into one reused vector, which
 //! the GPU batches copy from. A query that finds no offer, pieces that do not add up
 //! to the chunk, or a bad table fail the receive (or, for a send, the pairing: its FIFO order
