@@ -134,6 +134,30 @@ def test_the_client_process_exiting_mid_transfer_fails_the_transfer_not_the_daem
             holder.wait()
 
 
+def test_cancel_and_deadline_of_a_numpy_transfer_across_nodes(slow):
+    """At 1 Gbit/s a 64 MiB transfer stays in flight: cancelled (out of the array) and timed out
+    (into it) as any transfer, and the array then moves again, byte-checked."""
+    a, b = slow
+    rng = np.random.default_rng(6)
+    mine = rng.integers(0, 256, 64 * MIB, dtype=np.uint8)
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        buf = ca.register_host(mine)
+        far = cb.register_host(64 * MIB)
+        try:
+            with ca.session() as s:
+                big = s.write(buf, far)
+                assert s.cancel(big).result(timeout=30) is True
+                with pytest.raises(tcpxd.Cancelled):
+                    big.result(timeout=30)
+            with pytest.raises(tcpxd.DeadlineExceeded):
+                ca.read(far.descriptor, buf, timeout=0.05)
+            ca.write(buf, far.descriptor, MIB, timeout=30)
+            assert np.array_equal(far.numpy()[:MIB], mine[:MIB])
+        finally:
+            buf.release()
+            far.release()
+
+
 def _wait(agent, h, timeout=30.0):
     deadline = time.monotonic() + timeout
     while agent.check_xfer_state(h) == "PROC" and time.monotonic() < deadline:
