@@ -257,3 +257,107 @@ async fn across_nodes_both_ways_by_address_on_one_side_or_both() {
     a.stop().await;
     b.stop().await;
 }
+
+fn blocks_at(offsets: &[u64], length: u32) -> pb::register_blocks_request::Layout {
+    pb::register_blocks_request::Layout::Uniform(pb::UniformBlocks {
+        offsets: offsets.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        length,
+    })
+}
+
+fn indices(v: &[u32]) -> pb::BlockIndices {
+    pb::BlockIndices {
+        encoding: pb::IndexEncoding::U32 as i32,
+        data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+async fn list(c: &mut Client, buffer: u64, offsets: &[u64], length: u32) -> pb::BlockList {
+    c.register_blocks(pb::RegisterBlocksRequest {
+        buffer_id: buffer,
+        layout: Some(blocks_at(offsets, length)),
+    })
+    .await
+    .expect("register_blocks")
+    .into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_lists_over_client_pages_move_across_nodes() {
+    let (mut a, mut b) = pair("pages-blk").await;
+    const N: usize = 64;
+    const BS: u32 = 5000; // odd sizes: pieces straddle chunks
+    let size = MIB as usize;
+    let p = anonymous(size);
+    let mine = bytes(p, size);
+    for (i, x) in mine.iter_mut().enumerate() {
+        *x = (i * 31 + 7) as u8;
+    }
+    let mut s = Framed::open(&a.daemon.api_socket).await;
+    s.send(1, register(p as u64, MIB)).await;
+    let pages = s.registered(1).await.expect("registered");
+    let far = host_buffer(&mut b.client, MIB, "").await;
+    let src_offs: Vec<u64> = (0..N as u64).map(|k| 3 + k * 9001 % (MIB - 6000)).collect();
+    let dst_offs: Vec<u64> = (0..N as u64).map(|k| 11 + (N as u64 - 1 - k) * 6000).collect();
+    let sl = list(&mut a.client, pages.id, &src_offs, BS).await;
+    let dl = list(&mut b.client, far.id, &dst_offs, BS).await;
+    let all: Vec<u32> = (0..N as u32).collect();
+    // WRITE: gathered from the client's pages.
+    let fin = a
+        .client
+        .write_blocks(pb::WriteBlocksRequest {
+            local_list_id: sl.id,
+            local_indices: Some(indices(&all)),
+            remote_token: dl.token.clone(),
+            remote_indices: Some(indices(&all)),
+            timeout_ms: 60_000,
+            wait: true,
+            ..Default::default()
+        })
+        .await
+        .expect("write_blocks")
+        .into_inner()
+        .r#final
+        .expect("final");
+    assert_eq!(fin.status_code, 0, "{}", fin.status_message);
+    for k in 0..N {
+        let (so, d) = (src_offs[k] as usize, dst_offs[k]);
+        assert_eq!(
+            crc(&mut b.client, far.id, d, u64::from(BS)).await,
+            crc32c::crc32c(&mine[so..so + BS as usize]),
+            "block {k}"
+        );
+    }
+    // READ: scattered into the client's pages, blocks swapped round.
+    fill_seed(&mut b.client, far.id, 0, 0, 21).await;
+    let rev: Vec<u32> = all.iter().rev().copied().collect();
+    let fin = a
+        .client
+        .read_blocks(pb::ReadBlocksRequest {
+            remote_token: dl.token.clone(),
+            remote_indices: Some(indices(&rev)),
+            local_list_id: sl.id,
+            local_indices: Some(indices(&all)),
+            timeout_ms: 60_000,
+            wait: true,
+        })
+        .await
+        .expect("read_blocks")
+        .into_inner()
+        .r#final
+        .expect("final");
+    assert_eq!(fin.status_code, 0, "{}", fin.status_message);
+    for k in 0..N {
+        let (so, d) = (src_offs[k] as usize, dst_offs[N - 1 - k]);
+        assert_eq!(
+            crc32c::crc32c(&mine[so..so + BS as usize]),
+            crc(&mut b.client, far.id, d, u64::from(BS)).await,
+            "block {k}"
+        );
+    }
+    drop(s);
+    // SAFETY: the mapping made above; the session (and so the buffer) is gone.
+    assert_eq!(unsafe { libc::munmap(p.cast(), size) }, 0);
+    a.stop().await;
+    b.stop().await;
+}
