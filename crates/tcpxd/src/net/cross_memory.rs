@@ -129,6 +129,112 @@ unsafe fn copy(
     Ok(())
 }
 
+/// The most iovecs one `process_vm_*` call takes (Linux's `UIO_MAXIOV`).
+const MAX_IOV: usize = 1024;
+
+/// Writes into a client's pages many pieces at once: each `(local, client offset, len)` is
+/// queued, adjacent pieces (contiguous on both sides) merged, and up to [`MAX_IOV`] written per
+/// `process_vm_writev` — a chunk landed in 4 KiB bounce pages is a few calls, not one per page.
+pub(super) struct ClientWriter {
+    pages: ClientPages,
+    queued: Vec<(*const u8, u64, usize)>,
+}
+
+impl ClientWriter {
+    pub(super) fn new(pages: ClientPages) -> ClientWriter {
+        ClientWriter {
+            pages,
+            queued: Vec::new(),
+        }
+    }
+
+    /// Queues `len` bytes at `local` for the client's offset `client_off`; writes the queue when
+    /// it is full.
+    ///
+    /// # Safety
+    /// `local .. local + len` must stay readable and unwritten until [`ClientWriter::flush`]
+    /// returns (or this writer is dropped).
+    pub(super) unsafe fn push(
+        &mut self,
+        local: *const u8,
+        client_off: u64,
+        len: usize,
+    ) -> Result<(), AttachError> {
+        if let Some(last) = self.queued.last_mut()
+            && last.0.wrapping_add(last.2) == local
+            && last.1 + last.2 as u64 == client_off
+        {
+            last.2 += len;
+            return Ok(());
+        }
+        if self.queued.len() == MAX_IOV {
+            self.flush()?;
+        }
+        self.queued.push((local, client_off, len));
+        Ok(())
+    }
+
+    /// Writes what is queued.
+    pub(super) fn flush(&mut self) -> Result<(), AttachError> {
+        let queued = std::mem::take(&mut self.queued);
+        if queued.is_empty() {
+            return Ok(());
+        }
+        let local: Vec<libc::iovec> = queued
+            .iter()
+            .map(|&(p, _, n)| libc::iovec {
+                iov_base: p.cast_mut().cast(),
+                iov_len: n,
+            })
+            .collect();
+        let remote: Vec<libc::iovec> = queued
+            .iter()
+            .map(|&(_, off, n)| libc::iovec {
+                iov_base: (self.pages.addr + off) as *mut libc::c_void,
+                iov_len: n,
+            })
+            .collect();
+        let total: usize = queued.iter().map(|q| q.2).sum();
+        // SAFETY: every local range was promised readable by `push`'s caller; the kernel checks
+        // the remote ranges against the client's mappings.
+        let n = unsafe {
+            libc::process_vm_writev(
+                self.pages.pid,
+                local.as_ptr(),
+                local.len() as libc::c_ulong,
+                remote.as_ptr(),
+                remote.len() as libc::c_ulong,
+                0,
+            )
+        };
+        let done = if n < 0 { 0 } else { n as usize };
+        if done == total {
+            return Ok(());
+        }
+        // Stopped part way (or refused): the rest piece by piece, which goes on after a partial
+        // copy and names the error.
+        let mut skip = done;
+        for (p, off, len) in queued {
+            if skip >= len {
+                skip -= len;
+                continue;
+            }
+            // SAFETY: as above, the rest of one queued piece.
+            unsafe {
+                copy(
+                    Way::ToClient,
+                    self.pages,
+                    self.pages.addr + off + skip as u64,
+                    p.add(skip).cast_mut(),
+                    len - skip,
+                )
+            }?;
+            skip = 0;
+        }
+        Ok(())
+    }
+}
+
 impl ClientPages {
     /// Copies `dst.len()` bytes at `offset` of the client's memory into `dst`.
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), AttachError> {
@@ -185,29 +291,6 @@ impl ClientPages {
     ) -> Result<(), AttachError> {
         // SAFETY: the caller's promise, passed on.
         unsafe { copy(Way::FromClient, *self, self.addr + client_off, local, len) }
-    }
-
-    /// Copies `len` bytes at `local` into the client's memory at `client_off`.
-    ///
-    /// # Safety
-    /// `local .. local + len` must be readable memory of this process that nothing writes
-    /// meanwhile.
-    pub(super) unsafe fn write_raw(
-        &self,
-        client_off: u64,
-        local: *const u8,
-        len: usize,
-    ) -> Result<(), AttachError> {
-        // SAFETY: the caller's promise; the kernel only reads the local range for `ToClient`.
-        unsafe {
-            copy(
-                Way::ToClient,
-                *self,
-                self.addr + client_off,
-                local.cast_mut(),
-                len,
-            )
-        }
     }
 }
 
@@ -287,6 +370,36 @@ mod tests {
         };
         let e = nowhere.read(0, &mut back).unwrap_err();
         assert!(matches!(e, AttachError::Fault { addr: 8, .. }), "{e}");
+    }
+
+    #[test]
+    fn the_writer_merges_and_batches_pieces_and_names_a_fault() {
+        let mut mine = vec![0u8; 3 * MAX_IOV * 2];
+        let pages = ClientPages {
+            pid: std::process::id() as i32,
+            addr: mine.as_mut_ptr() as u64,
+        };
+        let src: Vec<u8> = (0..mine.len()).map(|i| (i % 251) as u8).collect();
+        let mut w = ClientWriter::new(pages);
+        // Every other 2-byte piece, backwards (no merging: more than MAX_IOV of them), then the
+        // gaps forwards (merged where contiguous).
+        for k in (0..src.len() / 4).rev() {
+            // SAFETY: `src` outlives the writer's flush below.
+            unsafe { w.push(src.as_ptr().add(4 * k), 4 * k as u64, 2) }.unwrap();
+        }
+        for k in 0..src.len() / 4 {
+            // SAFETY: as above.
+            unsafe { w.push(src.as_ptr().add(4 * k + 2), 4 * k as u64 + 2, 2) }.unwrap();
+        }
+        w.flush().unwrap();
+        assert_eq!(mine, src);
+        let mut w = ClientWriter::new(ClientPages {
+            pid: pages.pid,
+            addr: 8,
+        });
+        // SAFETY: as above.
+        unsafe { w.push(src.as_ptr(), 0, 4) }.unwrap();
+        assert!(matches!(w.flush(), Err(AttachError::Fault { addr: 8, .. })));
     }
 
     #[test]

@@ -8,7 +8,10 @@ use std::sync::Arc;
 use super::RequestId;
 use super::comm_core::{CommCore, DeviceHandleStorage, MemHandle, register, test_raw};
 use crate::net::abi::{self, loadMeta, ncclNetDeviceHandle_v7_t};
-use crate::net::cross_memory::ClientPages;
+use crate::net::cross_memory::{ClientPages, ClientWriter};
+
+/// One copy of a scatter: `n` landed bytes at a pointer to byte `to` of the destination.
+type LandedCopy = (*const u8, usize, usize);
 use crate::net::error::{NetError, NetResult};
 use crate::net::logger;
 use crate::net::memory::{MemType, Region};
@@ -336,11 +339,13 @@ impl RecvComm {
             return Err(NetError::Ring("a host scatter needs a host destination".into()));
         }
         let to = dst.as_ptr();
-        self.scatter_with(id, segs, bytes, dst.len() as u64, &mut |from, t, n| {
-            // SAFETY: `scatter_ops` checked the target inside `dst`, a live host region whose
-            // pieces are this chunk's alone (the engine's plan); `from` is `n` readable landed
-            // bytes (see `scatter_with`).
-            unsafe { std::ptr::copy_nonoverlapping(from, to.add(t), n) };
+        self.scatter_with(id, segs, bytes, dst.len() as u64, &mut |op| {
+            if let Some((from, t, n)) = op {
+                // SAFETY: `scatter_ops` checked the target inside `dst`, a live host region whose
+                // pieces are this chunk's alone (the engine's plan); `from` is `n` readable
+                // landed bytes (see `scatter_with`).
+                unsafe { std::ptr::copy_nonoverlapping(from, to.add(t), n) };
+            }
             Ok(())
         })
     }
@@ -358,23 +363,30 @@ impl RecvComm {
         pages: ClientPages,
         dst_len: u64,
     ) -> NetResult<u64> {
-        self.scatter_with(id, segs, bytes, dst_len, &mut |from, t, n| {
-            // SAFETY: `from` is `n` readable landed bytes that nothing writes meanwhile (see
-            // `scatter_with`); the kernel checks the client's range against its mappings.
-            unsafe { pages.write_raw(t as u64, from, n) }.map_err(|e| format!("into the client's pages: {e}"))
+        let mut w = ClientWriter::new(pages);
+        self.scatter_with(id, segs, bytes, dst_len, &mut |op| {
+            match op {
+                // SAFETY: `from` is `n` readable landed bytes that nothing writes until
+                // `scatter_with` has flushed (see there); the kernel checks the client's range.
+                Some((from, t, n)) => unsafe { w.push(from, t as u64, n) },
+                None => w.flush(),
+            }
+            .map_err(|e| format!("into the client's pages: {e}"))
         })
     }
 
-    /// The scatter's checks and copy plan; `write(from, to, n)` puts `n` landed bytes at `from`
-    /// (readable, not written meanwhile) at byte `to` of the `dst_len`-byte destination. The
-    /// first error `write` returns stops the copies and is returned.
+    /// The scatter's checks and copy plan; `write(Some((from, to, n)))` puts `n` landed bytes at
+    /// `from` (readable and not written until `write(None)` — the flush, once the copies are
+    /// planned, before the posted range is zeroed — has returned) at byte `to` of the
+    /// `dst_len`-byte destination. The first error `write` returns stops the copies and is
+    /// returned.
     fn scatter_with(
         &self,
         id: RequestId,
         segs: &[crate::engine::blocks::Segment],
         bytes: u32,
         dst_len: u64,
-        write: &mut dyn FnMut(*const u8, usize, usize) -> Result<(), String>,
+        write: &mut dyn FnMut(Option<LandedCopy>) -> Result<(), String>,
     ) -> NetResult<u64> {
         use crate::unpack::blocks::scatter_ops;
         let slot = self.completed_slot(id)?;
@@ -383,7 +395,7 @@ impl RecvComm {
         let mut failed: Option<String> = None;
         let mut copy = |from: *const u8, t: usize, n: usize| {
             if failed.is_none()
-                && let Err(e) = write(from, t, n)
+                && let Err(e) = write(Some((from, t, n)))
             {
                 failed = Some(e);
             }
@@ -416,6 +428,7 @@ impl RecvComm {
                 copy(unsafe { from.add(f) }, t, n)
             })
             .map_err(bad)?;
+            let failed = failed.or_else(|| write(None).err());
             return match failed {
                 Some(e) => Err(NetError::Ring(format!("scatter {e}"))),
                 None => Ok(copied),
@@ -442,7 +455,7 @@ impl RecvComm {
             copy(unsafe { from.add(f) }.cast_const(), t, n)
         })
         .map_err(bad)
-        .and_then(|c| match failed.take() {
+        .and_then(|c| match failed.take().or_else(|| write(None).err()) {
             Some(e) => Err(NetError::Ring(format!("scatter {e}"))),
             None => Ok(c),
         });
