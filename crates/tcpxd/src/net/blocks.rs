@@ -7,7 +7,7 @@
 use crate::engine::blocks::Segment;
 use crate::unpack::blocks::gather_ops;
 
-use super::cross_memory::{AttachError, ClientPages};
+use super::cross_memory::{AttachError, ClientCopies, ClientPages};
 use super::error::{NetError, NetResult};
 use super::memory::{MemType, Region};
 
@@ -77,22 +77,23 @@ pub fn gather_client(
         ))));
     }
     let to = staging.as_ptr();
+    let mut copies = ClientCopies::from_client(pages);
     let mut failed = None;
     let bytes = gather_ops(segs, src_len, slot_len as u64, |f, t, n| {
         if failed.is_some() {
             return;
         }
         // SAFETY: `gather_ops` checked the chunk inside the slot, which lies inside `staging`
-        // (checked above), a live host region; the slot is this send's alone (the ring's rule).
-        // The client's range is checked by the kernel against its mappings.
-        if let Err(e) = unsafe { pages.read_raw(f as u64, to.add(slot + t), n) } {
+        // (checked above), a live host region; the slot is this send's alone (the ring's rule)
+        // until the flush below. The client's range is checked by the kernel.
+        if let Err(e) = unsafe { copies.push(to.add(slot + t), f as u64, n) } {
             failed = Some(e);
         }
     })
     .map_err(|e| ClientGatherError::Table(NetError::InvalidArgument(format!("gather: {e}"))))?;
-    match failed {
-        Some(e) => Err(ClientGatherError::Client(e)),
-        None => Ok(bytes),
+    match failed.map_or_else(|| copies.flush(), Err) {
+        Err(e) => Err(ClientGatherError::Client(e)),
+        Ok(()) => Ok(bytes),
     }
 }
 

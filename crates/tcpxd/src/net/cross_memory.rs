@@ -132,31 +132,44 @@ unsafe fn copy(
 /// The most iovecs one `process_vm_*` call takes (Linux's `UIO_MAXIOV`).
 const MAX_IOV: usize = 1024;
 
-/// Writes into a client's pages many pieces at once: each `(local, client offset, len)` is
-/// queued, adjacent pieces (contiguous on both sides) merged, and up to [`MAX_IOV`] written per
-/// `process_vm_writev` — a chunk landed in 4 KiB bounce pages is a few calls, not one per page.
-pub(super) struct ClientWriter {
+/// Copies many pieces between this process and a client's pages at once: each `(local, client
+/// offset, len)` is queued, adjacent pieces (contiguous on both sides) merged, and up to
+/// [`MAX_IOV`] copied per `process_vm_readv` / `process_vm_writev` — a chunk landed in 4 KiB
+/// bounce pages, or gathered from many small blocks, is a few calls, not one per piece.
+pub(super) struct ClientCopies {
     pages: ClientPages,
-    queued: Vec<(*const u8, u64, usize)>,
+    way: Way,
+    queued: Vec<(*mut u8, u64, usize)>,
 }
 
-impl ClientWriter {
-    pub(super) fn new(pages: ClientPages) -> ClientWriter {
-        ClientWriter {
+impl ClientCopies {
+    /// Copies into the client's pages.
+    pub(super) fn into_client(pages: ClientPages) -> ClientCopies {
+        ClientCopies {
             pages,
+            way: Way::ToClient,
             queued: Vec::new(),
         }
     }
 
-    /// Queues `len` bytes at `local` for the client's offset `client_off`; writes the queue when
-    /// it is full.
+    /// Copies out of the client's pages.
+    pub(super) fn from_client(pages: ClientPages) -> ClientCopies {
+        ClientCopies {
+            pages,
+            way: Way::FromClient,
+            queued: Vec::new(),
+        }
+    }
+
+    /// Queues `len` bytes at `local` to or from the client's offset `client_off`; copies the
+    /// queue when it is full.
     ///
     /// # Safety
-    /// `local .. local + len` must stay readable and unwritten until [`ClientWriter::flush`]
-    /// returns (or this writer is dropped).
+    /// `local .. local + len` must stay valid for the copy's direction (readable into the client,
+    /// writable out of it) and otherwise untouched until [`ClientCopies::flush`] returns.
     pub(super) unsafe fn push(
         &mut self,
-        local: *const u8,
+        local: *mut u8,
         client_off: u64,
         len: usize,
     ) -> Result<(), AttachError> {
@@ -174,7 +187,7 @@ impl ClientWriter {
         Ok(())
     }
 
-    /// Writes what is queued.
+    /// Copies what is queued.
     pub(super) fn flush(&mut self) -> Result<(), AttachError> {
         let queued = std::mem::take(&mut self.queued);
         if queued.is_empty() {
@@ -183,7 +196,7 @@ impl ClientWriter {
         let local: Vec<libc::iovec> = queued
             .iter()
             .map(|&(p, _, n)| libc::iovec {
-                iov_base: p.cast_mut().cast(),
+                iov_base: p.cast(),
                 iov_len: n,
             })
             .collect();
@@ -195,17 +208,19 @@ impl ClientWriter {
             })
             .collect();
         let total: usize = queued.iter().map(|q| q.2).sum();
-        // SAFETY: every local range was promised readable by `push`'s caller; the kernel checks
-        // the remote ranges against the client's mappings.
+        let (l, r, nl, nr) = (
+            local.as_ptr(),
+            remote.as_ptr(),
+            local.len() as libc::c_ulong,
+            remote.len() as libc::c_ulong,
+        );
+        // SAFETY: every local range was promised valid for this direction by `push`'s caller;
+        // the kernel checks the remote ranges against the client's mappings.
         let n = unsafe {
-            libc::process_vm_writev(
-                self.pages.pid,
-                local.as_ptr(),
-                local.len() as libc::c_ulong,
-                remote.as_ptr(),
-                remote.len() as libc::c_ulong,
-                0,
-            )
+            match self.way {
+                Way::FromClient => libc::process_vm_readv(self.pages.pid, l, nl, r, nr, 0),
+                Way::ToClient => libc::process_vm_writev(self.pages.pid, l, nl, r, nr, 0),
+            }
         };
         let done = if n < 0 { 0 } else { n as usize };
         if done == total {
@@ -222,10 +237,10 @@ impl ClientWriter {
             // SAFETY: as above, the rest of one queued piece.
             unsafe {
                 copy(
-                    Way::ToClient,
+                    self.way,
                     self.pages,
                     self.pages.addr + off + skip as u64,
-                    p.add(skip).cast_mut(),
+                    p.add(skip),
                     len - skip,
                 )
             }?;
@@ -274,23 +289,6 @@ impl ClientPages {
             self.write(at, &b)?;
         }
         Ok(())
-    }
-}
-
-impl ClientPages {
-    /// Copies `len` bytes of the client's memory at `client_off` to `local`.
-    ///
-    /// # Safety
-    /// `local .. local + len` must be memory of this process, writable and not accessed
-    /// otherwise meanwhile.
-    pub(super) unsafe fn read_raw(
-        &self,
-        client_off: u64,
-        local: *mut u8,
-        len: usize,
-    ) -> Result<(), AttachError> {
-        // SAFETY: the caller's promise, passed on.
-        unsafe { copy(Way::FromClient, *self, self.addr + client_off, local, len) }
     }
 }
 
@@ -380,25 +378,25 @@ mod tests {
             addr: mine.as_mut_ptr() as u64,
         };
         let src: Vec<u8> = (0..mine.len()).map(|i| (i % 251) as u8).collect();
-        let mut w = ClientWriter::new(pages);
+        let mut w = ClientCopies::into_client(pages);
         // Every other 2-byte piece, backwards (no merging: more than MAX_IOV of them), then the
         // gaps forwards (merged where contiguous).
         for k in (0..src.len() / 4).rev() {
             // SAFETY: `src` outlives the writer's flush below.
-            unsafe { w.push(src.as_ptr().add(4 * k), 4 * k as u64, 2) }.unwrap();
+            unsafe { w.push(src.as_ptr().add(4 * k).cast_mut(), 4 * k as u64, 2) }.unwrap();
         }
         for k in 0..src.len() / 4 {
             // SAFETY: as above.
-            unsafe { w.push(src.as_ptr().add(4 * k + 2), 4 * k as u64 + 2, 2) }.unwrap();
+            unsafe { w.push(src.as_ptr().add(4 * k + 2).cast_mut(), 4 * k as u64 + 2, 2) }.unwrap();
         }
         w.flush().unwrap();
         assert_eq!(mine, src);
-        let mut w = ClientWriter::new(ClientPages {
+        let mut w = ClientCopies::into_client(ClientPages {
             pid: pages.pid,
             addr: 8,
         });
         // SAFETY: as above.
-        unsafe { w.push(src.as_ptr(), 0, 4) }.unwrap();
+        unsafe { w.push(src.as_ptr().cast_mut(), 0, 4) }.unwrap();
         assert!(matches!(w.flush(), Err(AttachError::Fault { addr: 8, .. })));
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::RequestId;
 use super::comm_core::{CommCore, DeviceHandleStorage, MemHandle, register, test_raw};
 use crate::net::abi::{self, loadMeta, ncclNetDeviceHandle_v7_t};
-use crate::net::cross_memory::{ClientPages, ClientWriter};
+use crate::net::cross_memory::{ClientCopies, ClientPages};
 
 /// One copy of a scatter: `n` landed bytes at a pointer to byte `to` of the destination.
 type LandedCopy = (*const u8, usize, usize);
@@ -363,12 +363,12 @@ impl RecvComm {
         pages: ClientPages,
         dst_len: u64,
     ) -> NetResult<u64> {
-        let mut w = ClientWriter::new(pages);
+        let mut w = ClientCopies::into_client(pages);
         self.scatter_with(id, segs, bytes, dst_len, &mut |op| {
             match op {
                 // SAFETY: `from` is `n` readable landed bytes that nothing writes until
                 // `scatter_with` has flushed (see there); the kernel checks the client's range.
-                Some((from, t, n)) => unsafe { w.push(from, t as u64, n) },
+                Some((from, t, n)) => unsafe { w.push(from.cast_mut(), t as u64, n) },
                 None => w.flush(),
             }
             .map_err(|e| format!("into the client's pages: {e}"))
