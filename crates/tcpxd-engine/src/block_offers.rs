@@ -74,9 +74,6 @@ impl Engine {
                 0,
             ));
         }
-        if let Err(e) = self.check_crosses(&format!("{field}.list_id"), buffer) {
-            return Err((e.code, e.message, 0));
-        }
         let mut plan = SidePlan::default();
         h.validate(list, &mut plan)
             .map_err(|e| (Code::InvalidArgument, format!("{field}.{e}"), 0))?;
@@ -108,9 +105,6 @@ impl Engine {
                 ),
                 0,
             ));
-        }
-        if let Err(e) = self.check_crosses("blocks.source_list", buffer) {
-            return Err((e.code, e.message, 0));
         }
         let bad = |e: blocks::BlockError| (Code::InvalidArgument, format!("blocks.{e}"), 0);
         let (n, m) = (rb.source_indices.count(), rb.dest.indices.count());

@@ -295,7 +295,6 @@ impl Engine {
             }
         };
         let buffer = list.buffer();
-        self.check_crosses("local_list_id", buffer)?;
         let key = self.buffers.get(&buffer).map(|b| b.key).ok_or_else(|| {
             EngineError::not_found(format!(
                 "local_list: the buffer of list {} is gone",

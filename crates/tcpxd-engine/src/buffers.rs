@@ -18,31 +18,8 @@ impl Engine {
                 key,
                 users: 0,
                 watched: false,
-                node_only: false,
             },
         );
-        Ok(())
-    }
-
-    /// Marks a buffer as moving within this node only: transfers with peers naming it, started
-    /// here or offered by a peer, are refused with FAILED_PRECONDITION saying why.
-    pub fn mark_node_only(&mut self, id: u64) -> EngineResult<()> {
-        let b = self
-            .buffers
-            .get_mut(&id)
-            .ok_or_else(|| EngineError::not_found(format!("buffer_id: buffer {id} does not exist")))?;
-        b.node_only = true;
-        Ok(())
-    }
-
-    /// Refuses a transfer with a peer over a node-only buffer (`field` names it).
-    pub(super) fn check_crosses(&self, field: &str, buffer: u64) -> EngineResult<()> {
-        if self.buffers.get(&buffer).is_some_and(|b| b.node_only) {
-            return Err(EngineError::new(
-                Code::FailedPrecondition,
-                node_only(field, buffer),
-            ));
-        }
         Ok(())
     }
 
@@ -117,12 +94,6 @@ impl Engine {
                 "entries[{i}].local_buffer_id: buffer {buffer} does not exist"
             ))
         })?;
-        if b.node_only {
-            return Err(EngineError::new(
-                Code::FailedPrecondition,
-                node_only(&format!("entries[{i}].local_buffer_id"), buffer),
-            ));
-        }
         // The field names are formatted only for an error (a batch checks 65,536 entries).
         if range_end(offset, len).is_some_and(|end| end <= b.size) {
             return Ok(());
@@ -136,14 +107,4 @@ impl Engine {
             len,
         )
     }
-}
-
-/// Why a node-only buffer cannot go to or come from another node.
-pub(super) fn node_only(field: &str, buffer: u64) -> String {
-    format!(
-        "{field}: buffer {buffer} is a client's memory that the daemon reaches by cross-memory attach: \
-         it moves only within this node (to and from other clients of this daemon); register memory the \
-         daemon can map to move it between nodes (a memfd or /dev/shm file: tcpxd.nixl.host_array, \
-         torch's share_memory_())"
-    )
 }

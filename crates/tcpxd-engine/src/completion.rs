@@ -215,6 +215,39 @@ impl Engine {
         true
     }
 
+    /// A posted send whose bytes the driver could not read (a buffer registered by address whose
+    /// client's memory is gone): the driver sends it empty (the lane's order holds) and its
+    /// offer fails here with `message` — the local WRITE it belongs to, or the peer's READ it
+    /// serves (cancelled, the peer told why). The send is found among the lane's posted ones by
+    /// `buffer` and `offset` as `PostSend` / `PostGatherSend` (`wire`) named them. `false` when
+    /// none matches (its offer ended already).
+    pub fn fail_posted_send(
+        &mut self,
+        peer: PeerIdx,
+        lane: u32,
+        buffer: u64,
+        offset: u64,
+        message: &str,
+    ) -> bool {
+        let Some(offer) = self
+            .peers
+            .get(&peer)
+            .and_then(|p| p.send.get(lane as usize))
+            .and_then(|l| l.posted.iter().find(|i| i.buffer == buffer && i.offset == offset))
+            .map(|i| i.offer)
+        else {
+            return false;
+        };
+        let Some(o) = self.out_offers.get(&offer) else {
+            return false;
+        };
+        match o.transfer {
+            Some(t) => self.fail_transfer(t, Code::FailedPrecondition, message, None),
+            None => self.cancel_out_offer(offer, Some((Code::FailedPrecondition, message.to_string()))),
+        }
+        true
+    }
+
     /// Fails every transfer whose deadline passed.
     pub fn on_tick(&mut self, now: Instant) {
         // A slice of what prepared READs left to plan (prepared::plan), for drivers that call

@@ -104,12 +104,6 @@ impl Engine {
                 format!("ranges[{i}]: wrong access key for buffer {}", r.buffer_id),
             ));
         }
-        if b.node_only {
-            return Err((
-                Code::FailedPrecondition,
-                crate::buffers::node_only(&format!("ranges[{i}]"), r.buffer_id),
-            ));
-        }
         if r.length == 0 {
             return Err((
                 Code::InvalidArgument,

@@ -201,9 +201,6 @@ struct BufferMeta {
     users: u32,
     /// Someone waits for its last user to end (`Action::BufferIdle`).
     watched: bool,
-    /// Its bytes are where only this node reaches them (a client's pages by cross-memory
-    /// attach): no transfer with a peer may name it (`Engine::mark_node_only`).
-    node_only: bool,
 }
 
 /// A queued or posted chunk: which offer it serves and where its bytes are.

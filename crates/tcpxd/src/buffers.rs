@@ -31,7 +31,7 @@ pub enum BufferKind {
     /// (src/host_fd.rs).
     HostShared,
     /// A local client's host memory the daemon cannot map, reached by cross-memory attach
-    /// (`net::cross_memory`): moved within this node only.
+    /// (`net::cross_memory`).
     HostAttached,
 }
 
@@ -57,7 +57,8 @@ pub struct BufferEntry {
     key: Mutex<[u8; 16]>,
     pub memory: BufferMemory,
     /// For `HostAttached`: the client's pages, which hold the bytes (`memory` is then address
-    /// space reserved for staging, never touched: such a buffer does not cross the network).
+    /// space reserved, never touched: across the network such a buffer's chunks are staged
+    /// through the lanes' own slots, poller/blocks.rs).
     pub attached: Option<ClientPages>,
 }
 
@@ -327,8 +328,8 @@ impl BufferRegistry {
 
     /// A local client's memory by address (`net::cross_memory`), its access checked by the
     /// caller: a buffer whose bytes stay in the client's pages. Its `memory` is address space
-    /// reserved lazily (no RAM until touched; nothing touches it while such buffers stay within
-    /// the node).
+    /// reserved lazily (no RAM until touched; nothing touches it: transfers read and write the
+    /// client's pages, between nodes through the lanes' slots).
     pub fn client_pages(
         &self,
         pages: ClientPages,

@@ -8,8 +8,8 @@ a file on /dev/shm. `locate` finds the file behind such memory (/proc/self/maps)
 (the `fd=` given, else one this process holds open, else the file's path). Memory with no file the
 daemon could map (anonymous memory: a plain numpy array, a CPU tensor; a private mapping) is
 registered by address instead (`register_client_memory`): the daemon reads and writes this process's
-pages by cross-memory attach, which needs its ptrace permission (docs/OPERATIONS.md), and such a buffer
-moves within its node only. The descriptor travels on a connection of the daemon's local session
+pages by cross-memory attach, which needs its ptrace permission (docs/OPERATIONS.md); between nodes
+the daemon stages such a buffer's chunks through its lanes' slots. The descriptor travels on a connection of the daemon's local session
 (`Registrar`) as SCM_RIGHTS with its `register_host_fd` frame; the buffer belongs to that connection:
 released when it closes (the client's `close()`), or by `release()`.
 

@@ -16,8 +16,8 @@ use super::transfers::Started;
 use crate::block_token::BlockToken;
 use crate::engine::blocks::{BlockError, IndexArray, IndexEncoding, Layout, MAX_LIST_BLOCKS};
 use crate::engine::{BlockSpec, EngineError, RemoteBlocks};
-use crate::metrics::Op;
 use crate::journal::{Record, Space};
+use crate::metrics::Op;
 use crate::poller::{Command, ListFacts};
 
 fn invalid(e: BlockError) -> Status {

@@ -20,6 +20,7 @@ pub fn kind_name(kind: BufferKind) -> &'static str {
         BufferKind::HostShared => "host_shared",
         BufferKind::Cuda => "cuda",
         BufferKind::CudaIpc => "cuda_ipc",
+        BufferKind::HostAttached => "host_attached",
     }
 }
 

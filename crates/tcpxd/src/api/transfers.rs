@@ -444,26 +444,31 @@ impl DaemonState {
     }
 }
 
-/// The fields WriteEntry and ReadEntry share.
 /// The descriptors a batch names, in either form (entries, or one packed buffer pair).
-fn batch_descriptors<'a>(
-    entries: &'a [pb::WriteEntry],
+fn batch_descriptors<'a, E>(
+    entries: &'a [E],
     ranges: Option<&'a pb::BatchRanges>,
-) -> impl Iterator<Item = &'a str> {
+) -> impl Iterator<Item = &'a str>
+where
+    &'a E: Into<EntryFields<'a>>,
+{
     let packed = ranges.map(|g| g.remote_descriptor.as_str());
     packed
         .into_iter()
-        .chain(entries.iter().map(|e| e.remote_descriptor.as_str()))
+        .chain(entries.iter().map(|e| e.into().remote_descriptor))
 }
 
 /// A same-node batch's entries, either form: packed ranges are read (shape checked, naming the
 /// field) and listed as entries, since the daemon copies them itself.
-fn same_node_fields<'a>(
-    entries: &'a [pb::WriteEntry],
+fn same_node_fields<'a, E>(
+    entries: &'a [E],
     ranges: Option<&'a pb::BatchRanges>,
-) -> Result<Vec<EntryFields<'a>>, Status> {
+) -> Result<Vec<EntryFields<'a>>, Status>
+where
+    &'a E: Into<EntryFields<'a>>,
+{
     let Some(g) = ranges else {
-        return Ok(entries.iter().map(EntryFields::from).collect());
+        return Ok(entries.iter().map(Into::into).collect());
     };
     only_ranges(entries.is_empty())?;
     let rs = super::batch_ranges::Ranges::read(g, crate::engine::DEFAULT_MAX_ENTRIES)
@@ -482,6 +487,7 @@ fn same_node_fields<'a>(
         .collect())
 }
 
+/// The fields WriteEntry and ReadEntry share.
 #[derive(Clone, Copy)]
 pub(crate) struct EntryFields<'a> {
     pub local_buffer: u64,

@@ -129,6 +129,127 @@ unsafe fn copy(
     Ok(())
 }
 
+/// The most iovecs one `process_vm_*` call takes (Linux's `UIO_MAXIOV`).
+const MAX_IOV: usize = 1024;
+
+/// Copies many pieces between this process and a client's pages at once: each `(local, client
+/// offset, len)` is queued, adjacent pieces (contiguous on both sides) merged, and up to
+/// [`MAX_IOV`] copied per `process_vm_readv` / `process_vm_writev` — a chunk landed in 4 KiB
+/// bounce pages, or gathered from many small blocks, is a few calls, not one per piece.
+pub(super) struct ClientCopies {
+    pages: ClientPages,
+    way: Way,
+    queued: Vec<(*mut u8, u64, usize)>,
+}
+
+impl ClientCopies {
+    /// Copies into the client's pages.
+    pub(super) fn into_client(pages: ClientPages) -> ClientCopies {
+        ClientCopies {
+            pages,
+            way: Way::ToClient,
+            queued: Vec::new(),
+        }
+    }
+
+    /// Copies out of the client's pages.
+    pub(super) fn from_client(pages: ClientPages) -> ClientCopies {
+        ClientCopies {
+            pages,
+            way: Way::FromClient,
+            queued: Vec::new(),
+        }
+    }
+
+    /// Queues `len` bytes at `local` to or from the client's offset `client_off`; copies the
+    /// queue when it is full.
+    ///
+    /// # Safety
+    /// `local .. local + len` must stay valid for the copy's direction (readable into the client,
+    /// writable out of it) and otherwise untouched until [`ClientCopies::flush`] returns.
+    pub(super) unsafe fn push(
+        &mut self,
+        local: *mut u8,
+        client_off: u64,
+        len: usize,
+    ) -> Result<(), AttachError> {
+        if let Some(last) = self.queued.last_mut()
+            && last.0.wrapping_add(last.2) == local
+            && last.1 + last.2 as u64 == client_off
+        {
+            last.2 += len;
+            return Ok(());
+        }
+        if self.queued.len() == MAX_IOV {
+            self.flush()?;
+        }
+        self.queued.push((local, client_off, len));
+        Ok(())
+    }
+
+    /// Copies what is queued.
+    pub(super) fn flush(&mut self) -> Result<(), AttachError> {
+        let queued = std::mem::take(&mut self.queued);
+        if queued.is_empty() {
+            return Ok(());
+        }
+        let local: Vec<libc::iovec> = queued
+            .iter()
+            .map(|&(p, _, n)| libc::iovec {
+                iov_base: p.cast(),
+                iov_len: n,
+            })
+            .collect();
+        let remote: Vec<libc::iovec> = queued
+            .iter()
+            .map(|&(_, off, n)| libc::iovec {
+                iov_base: (self.pages.addr + off) as *mut libc::c_void,
+                iov_len: n,
+            })
+            .collect();
+        let total: usize = queued.iter().map(|q| q.2).sum();
+        let (l, r, nl, nr) = (
+            local.as_ptr(),
+            remote.as_ptr(),
+            local.len() as libc::c_ulong,
+            remote.len() as libc::c_ulong,
+        );
+        // SAFETY: every local range was promised valid for this direction by `push`'s caller;
+        // the kernel checks the remote ranges against the client's mappings.
+        let n = unsafe {
+            match self.way {
+                Way::FromClient => libc::process_vm_readv(self.pages.pid, l, nl, r, nr, 0),
+                Way::ToClient => libc::process_vm_writev(self.pages.pid, l, nl, r, nr, 0),
+            }
+        };
+        let done = if n < 0 { 0 } else { n as usize };
+        if done == total {
+            return Ok(());
+        }
+        // Stopped part way (or refused): the rest piece by piece, which goes on after a partial
+        // copy and names the error.
+        let mut skip = done;
+        for (p, off, len) in queued {
+            if skip >= len {
+                skip -= len;
+                continue;
+            }
+            // SAFETY: as above, the rest of one queued piece.
+            unsafe {
+                copy(
+                    self.way,
+                    self.pages,
+                    self.pages.addr + off + skip as u64,
+                    p.add(skip),
+                    len - skip,
+                )
+            }?;
+            skip = 0;
+        }
+        Ok(())
+    }
+}
+
 impl ClientPages {
     /// Copies `dst.len()` bytes at `offset` of the client's memory into `dst`.
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), AttachError> {
@@ -247,6 +368,36 @@ mod tests {
         };
         let e = nowhere.read(0, &mut back).unwrap_err();
         assert!(matches!(e, AttachError::Fault { addr: 8, .. }), "{e}");
+    }
+
+    #[test]
+    fn the_writer_merges_and_batches_pieces_and_names_a_fault() {
+        let mut mine = vec![0u8; 3 * MAX_IOV * 2];
+        let pages = ClientPages {
+            pid: std::process::id() as i32,
+            addr: mine.as_mut_ptr() as u64,
+        };
+        let src: Vec<u8> = (0..mine.len()).map(|i| (i % 251) as u8).collect();
+        let mut w = ClientCopies::into_client(pages);
+        // Every other 2-byte piece, backwards (no merging: more than MAX_IOV of them), then the
+        // gaps forwards (merged where contiguous).
+        for k in (0..src.len() / 4).rev() {
+            // SAFETY: `src` outlives the writer's flush below.
+            unsafe { w.push(src.as_ptr().add(4 * k).cast_mut(), 4 * k as u64, 2) }.unwrap();
+        }
+        for k in 0..src.len() / 4 {
+            // SAFETY: as above.
+            unsafe { w.push(src.as_ptr().add(4 * k + 2).cast_mut(), 4 * k as u64 + 2, 2) }.unwrap();
+        }
+        w.flush().unwrap();
+        assert_eq!(mine, src);
+        let mut w = ClientCopies::into_client(ClientPages {
+            pid: pages.pid,
+            addr: 8,
+        });
+        // SAFETY: as above.
+        unsafe { w.push(src.as_ptr().cast_mut(), 0, 4) }.unwrap();
+        assert!(matches!(w.flush(), Err(AttachError::Fault { addr: 8, .. })));
     }
 
     #[test]

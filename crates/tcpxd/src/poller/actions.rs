@@ -138,13 +138,34 @@ impl Poller {
         len: u32,
     ) -> Result<(), String> {
         tracing::trace!(target: "tcpxd::hop", hop = "poller.isend", lane);
+        let (slots, window) = (self.slots(), self.cfg.engine.send_window);
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.send) else {
             return Ok(());
         };
-        l.deferred.push_back(SendPost::plain(buffer, offset, len));
-        let window = self.cfg.engine.send_window;
-        post_sends(l, window, &self.buffers, &mut self.stages)
-            .map_err(|why| format!("lane {lane} send: {why}"))
+        // A buffer registered by address: the chunk is gathered from the client's pages into
+        // the lane's staging ring (as a block chunk of one piece) and sent from there. The
+        // engine posts a plain send only while fewer than `send_window` of the lane's sends are
+        // out, so the ring's rule holds.
+        let post = match self.buffers.get(&buffer) {
+            Some(entry) if entry.attached.is_some() => blocks::gather_send(
+                l,
+                entry,
+                &[blocks::whole(offset, len)],
+                len,
+                slots,
+                &mut self.stages,
+                self.unpack_impl,
+            ),
+            _ => Ok((SendPost::plain(buffer, offset, len), None)),
+        };
+        post.and_then(|(post, failed)| {
+            if let Some(why) = failed {
+                self.engine.fail_posted_send(peer, lane, buffer, offset, &why);
+            }
+            l.deferred.push_back(post);
+            post_sends(l, window, &self.buffers, &mut self.stages)
+        })
+        .map_err(|why| format!("lane {lane} send: {why}"))
     }
 
     fn post_recv(
@@ -155,16 +176,34 @@ impl Poller {
         offset: u64,
         len: u32,
     ) -> Result<(), String> {
+        let slots = self.slots();
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
             return Ok(());
         };
-        l.deferred.push_back(RecvPost {
-            buffer,
-            offset,
-            len,
-            scatter: None,
-        });
-        post_recvs(l, &self.buffers).map_err(|why| format!("lane {lane} receive: {why}"))
+        // A buffer registered by address: the chunk lands in the lane's landing ring and is
+        // scattered into the client's pages (one piece) once complete.
+        let post = match self.buffers.get(&buffer) {
+            Some(entry) if entry.attached.is_some() => {
+                let to = ScatterTo {
+                    buffer,
+                    offer: 0,
+                    wire: 0,
+                    direct: Some(offset),
+                };
+                blocks::scatter_recv(l, entry, to, len, slots)
+            }
+            _ => Ok(RecvPost {
+                buffer,
+                offset,
+                len,
+                scatter: None,
+            }),
+        };
+        post.and_then(|post| {
+            l.deferred.push_back(post);
+            post_recvs(l, &self.buffers)
+        })
+        .map_err(|why| format!("lane {lane} receive: {why}"))
     }
 
     /// An eager credit receive, into the lane's next landing slot (made on first use).
@@ -364,7 +403,10 @@ impl Poller {
                 self.unpack_impl,
             )
         })
-        .and_then(|post| {
+        .and_then(|(post, failed)| {
+            if let Some(why) = failed {
+                self.engine.fail_posted_send(peer, lane, buffer, wire, &why);
+            }
             l.deferred.push_back(post);
             post_sends(l, window, &self.buffers, &mut self.stages)
         })
@@ -384,7 +426,12 @@ impl Poller {
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
             return Ok(());
         };
-        let to = ScatterTo { buffer, offer, wire };
+        let to = ScatterTo {
+            buffer,
+            offer,
+            wire,
+            direct: None,
+        };
         self.buffers
             .get(&buffer)
             .ok_or_else(|| format!("buffer {buffer} vanished"))

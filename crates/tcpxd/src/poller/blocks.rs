@@ -32,6 +32,14 @@
 //!   host destinations are scattered from there, GPU destinations copied piece by piece through
 //!   the stage's host staging buffer.
 //!
+//! - **Buffers registered by address** (a client's pages, `net::cross_memory`): every chunk,
+//!   plain or in pieces, goes this way: a plain `PostSend` / `PostRecv` of such a buffer is
+//!   staged as a chunk of one piece ([`whole`]), gathered by `process_vm_readv` into the host
+//!   staging ring (the engine posts plain sends only within `send_window`, so the ring's rule
+//!   holds) and scattered by `process_vm_writev` from the landing ring or the eager landing
+//!   slots. The client's memory gone: a send goes empty and the engine fails its offer
+//!   (`Engine::fail_posted_send`); a receive fails its transfer.
+//!
 //! The pieces come from the engine (`send_pieces` / `recv_pieces`) into one reused vector, which
 //! the GPU batches copy from. A query that finds no offer, pieces that do not add up
 //! to the chunk, or a bad table fail the receive (or, for a send, the pairing: its FIFO order
@@ -78,12 +86,28 @@ impl SendPost {
 }
 
 /// Where a block chunk's received bytes go: pieces of `buffer` (the engine's
-/// `recv_pieces(peer, offer, wire, len)`).
+/// `recv_pieces(peer, offer, wire, len)`), or, for a plain chunk into a buffer registered by
+/// address (staged through the landing ring), the one piece at `direct`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct ScatterTo {
     pub buffer: u64,
     pub offer: u64,
     pub wire: u64,
+    pub direct: Option<u64>,
+}
+
+/// A plain chunk of a buffer as one piece: `len` bytes at `offset` (for buffers registered by
+/// address, whose plain chunks go through the staging and landing rings as block chunks do).
+pub(super) fn whole(offset: u64, len: u32) -> Segment {
+    Segment { offset, wire: 0, len }
+}
+
+/// Names a buffer registered by address in an error about its client's pages.
+fn client_error(entry: &BufferEntry, e: impl std::fmt::Display) -> String {
+    format!(
+        "buffer {} ({:?}, registered by address): {e}",
+        entry.id, entry.label
+    )
 }
 
 /// A receive waiting for the plugin: into `buffer` at `offset` (`STAGED`: the host landing
@@ -182,7 +206,8 @@ pub(super) fn collect(
 }
 
 /// `PostGatherSend`: gathers the chunk (its pieces in `segs`) into the lane's next staging slot
-/// and returns the send to queue.
+/// and returns the send to queue; with a reason when a buffer registered by address could not be
+/// read (its client's memory gone): the send is then empty and its offer must be failed.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn gather_send(
     lane: &mut SendLane,
@@ -192,7 +217,7 @@ pub(super) fn gather_send(
     slots: Slots,
     stages: &mut HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
-) -> Result<SendPost, String> {
+) -> Result<(SendPost, Option<String>), String> {
     let SendLaneState::Ready(comm) = &lane.state else {
         return Err("the lane is not connected".into());
     };
@@ -247,10 +272,30 @@ pub(super) fn gather_send(
         gate: None,
     };
     if len == 0 {
-        return Ok(post);
+        return Ok((post, None));
     }
-    match (entry.device_region(), r.span) {
-        (None, _) => {
+    match (entry.attached, entry.device_region(), r.span) {
+        (Some(pages), _, _) => {
+            use crate::net::blocks::{ClientGatherError, gather_client};
+            match gather_client(
+                pages,
+                entry.size,
+                segs,
+                &**r.mh.region(),
+                offset as usize,
+                r.slot_bytes as usize,
+            ) {
+                Ok(_) => {}
+                Err(ClientGatherError::Table(e)) => return Err(client_error(entry, e)),
+                // The client's memory failed part way: nothing of the slot leaves (the send
+                // goes empty, keeping the lane's order) and the caller fails its offer.
+                Err(ClientGatherError::Client(e)) => {
+                    post.len = 0;
+                    return Ok((post, Some(client_error(entry, e))));
+                }
+            }
+        }
+        (None, None, _) => {
             crate::net::blocks::gather_region(
                 &*entry.region_dyn(),
                 segs,
@@ -260,7 +305,7 @@ pub(super) fn gather_send(
             )
             .map_err(|e| e.to_string())?;
         }
-        (Some(region), Some(ring_span)) => {
+        (None, Some(region), Some(ring_span)) => {
             crate::net::blocks::check_table(segs, len, region.len() as u64)
                 .map_err(|e| format!("gather: {e}"))?;
             let gpu = region.gpu();
@@ -272,9 +317,9 @@ pub(super) fn gather_send(
                 .map_err(|e| e.to_string())?;
             post.gate = Some((gpu.ordinal(), stage.push_gather(task, len, segs)?));
         }
-        (Some(_), None) => return Err("a GPU buffer's chunk met a host staging ring".into()),
+        (None, Some(_), None) => return Err("a GPU buffer's chunk met a host staging ring".into()),
     }
-    Ok(post)
+    Ok((post, None))
 }
 
 /// `PostScatterRecv`: where the receive is posted.
@@ -344,6 +389,9 @@ pub(super) fn start_scatter(
         let _ = comm.zero_posted(id, len as usize);
         return Wait::Ready(Err(format!("buffer {} vanished", to.buffer)));
     };
+    if entry.attached.is_some() {
+        return Wait::Ready(scatter_to_client(comm, id, entry, segs, len));
+    }
     let Some(region) = entry.device_region() else {
         let r = comm.scatter_landed(id, segs, len, &*entry.region_dyn());
         return Wait::Ready(r.map(|_| ()).map_err(|e| e.to_string()));
@@ -390,6 +438,23 @@ pub(super) fn start_scatter(
     }
 }
 
+/// A completed receive (landed in a landing slot) scattered to the pieces `segs` of a buffer
+/// registered by address: written into its client's pages.
+pub(super) fn scatter_to_client(
+    comm: &RecvComm,
+    id: RequestId,
+    entry: &BufferEntry,
+    segs: &[Segment],
+    len: u32,
+) -> Result<(), String> {
+    let Some(pages) = entry.attached else {
+        return Err(format!("buffer {} is not registered by address", entry.id));
+    };
+    comm.scatter_landed_to_client(id, segs, len, pages, entry.size)
+        .map(|_| ())
+        .map_err(|e| client_error(entry, e))
+}
+
 /// `LandScatter`: an eager credit receive (in the lane's landing slots) to the pieces `segs`.
 pub(super) fn land_scatter(
     comm: &RecvComm,
@@ -400,6 +465,9 @@ pub(super) fn land_scatter(
     stages: &mut HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
 ) -> Result<(), String> {
+    if entry.attached.is_some() {
+        return scatter_to_client(comm, id, entry, segs, len);
+    }
     let Some(region) = entry.device_region() else {
         return comm
             .scatter_landed(id, segs, len, &*entry.region_dyn())

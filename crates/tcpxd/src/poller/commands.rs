@@ -45,10 +45,7 @@ impl Poller {
                 {
                     tracing::warn!("{e}");
                 }
-                let mut r = self.engine.add_buffer(entry.id, entry.size, entry.key());
-                if r.is_ok() && entry.attached.is_some() {
-                    r = self.engine.mark_node_only(entry.id);
-                }
+                let r = self.engine.add_buffer(entry.id, entry.size, entry.key());
                 if r.is_ok() {
                     self.buffers.insert(entry.id, entry);
                 }

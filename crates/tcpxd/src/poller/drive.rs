@@ -164,14 +164,22 @@ impl Poller {
                     } = posted.meta;
                     let wait = if let Some(to) = to {
                         tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li);
-                        match blocks::collect(
-                            engine.recv_pieces(peer, to.offer, to.wire, posted.len),
-                            segs,
-                            "received",
-                            to.offer,
-                            to.wire,
-                            posted.len,
-                        ) {
+                        let pieces = match to.direct {
+                            Some(at) => {
+                                segs.clear();
+                                segs.push(blocks::whole(at, posted.len));
+                                Ok(())
+                            }
+                            None => blocks::collect(
+                                engine.recv_pieces(peer, to.offer, to.wire, posted.len),
+                                segs,
+                                "received",
+                                to.offer,
+                                to.wire,
+                                posted.len,
+                            ),
+                        };
+                        match pieces {
                             Ok(()) => blocks::start_scatter(
                                 comm,
                                 id,

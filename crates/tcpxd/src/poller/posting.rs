@@ -181,6 +181,12 @@ pub(super) fn start_buffer_unpack(
     let Some(entry) = buffers.get(&to.buffer) else {
         return Wait::Ready(Err(format!("buffer {} vanished", to.buffer)));
     };
+    if entry.attached.is_some() {
+        // A buffer registered by address: an eager chunk, scattered from the landing slot into
+        // the client's pages (its plain receives go through the landing ring: `PostRecv`).
+        let piece = [super::blocks::whole(to.offset, to.len)];
+        return Wait::Ready(super::blocks::scatter_to_client(comm, id, entry, &piece, to.len));
+    }
     let host;
     let target = match entry.device_region() {
         Some(region) => Target::Gpu(region),

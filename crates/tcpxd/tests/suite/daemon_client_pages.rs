@@ -1,8 +1,9 @@
 //! Host memory a client registers by address (anonymous memory, no file to hand over): the
 //! daemon reads and writes the client's pages by cross-memory attach, the client's process taken
 //! from the socket's peer credentials. The daemons run in this test process, so the client is
-//! this process: its Vecs are registered and checked byte for byte. Within one node such a
-//! buffer moves both ways; a transfer with another node naming it is refused saying why.
+//! this process: its Vecs are registered and checked byte for byte. Such a buffer moves both
+//! ways within one node and across nodes (staged through the lanes' slots); its memory gone
+//! fails the transfer naming the buffer, and the daemons go on.
 
 use crate::common::daemons::{self, *};
 use crate::common::framed::Framed;
@@ -21,7 +22,7 @@ fn register(addr: u64, size: u64) -> Op {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn anonymous_memory_moves_both_ways_within_the_node_and_is_refused_across() {
+async fn anonymous_memory_moves_both_ways_within_the_node_and_to_another() {
     let (mut a, mut b) = pair("pages").await;
     // This process's own anonymous memory, registered by address on a's framed session.
     let mut mine: Vec<u8> = (0..(3 * MIB) as usize).map(|i| (i * 7 + 3) as u8).collect();
@@ -66,32 +67,16 @@ async fn anonymous_memory_moves_both_ways_within_the_node_and_is_refused_across(
         crc(&mut a.client, other.id, 0, 4096).await
     );
 
-    // Across nodes: refused, started here or by the peer, naming why.
-    connect(&mut a, &b).await;
+    // Across nodes: staged through the lanes' staging and landing slots, byte-exact
+    // (daemon_client_pages::across_nodes has more).
     let far = host_buffer(&mut b.client, MIB, "").await;
-    let e = write(&mut a.client, write_entry(&pages, 0, &far, 0, 4096), b"")
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::FailedPrecondition, "{}", e.message());
-    assert!(
-        e.message().contains("cross-memory attach") && e.message().contains("host_array"),
-        "{}",
-        e.message()
-    );
-    let id = read(&mut b.client, read_entry(&pages, 0, &far, 0, 4096))
+    let id = write(&mut a.client, write_entry(&pages, 0, &far, 0, 4096), b"")
         .await
         .unwrap();
-    let f = wait(&mut b.client, id).await;
+    wait_ok(&mut a.client, id).await;
     assert_eq!(
-        f.status_code,
-        Code::FailedPrecondition as i32,
-        "{}",
-        f.status_message
-    );
-    assert!(
-        f.status_message.contains("moves only within this node"),
-        "{}",
-        f.status_message
+        crc(&mut b.client, far.id, 0, 4096).await,
+        crc32c::crc32c(&mine[..4096])
     );
 
     // Bad input: address 0, a range the process does not have.
@@ -135,4 +120,245 @@ async fn registration_by_address_needs_the_framed_session() {
     assert_eq!(st.code, Code::FailedPrecondition as i32);
     assert!(st.message.contains("framed local session"), "{}", st.message);
     d.stop().await;
+}
+
+/// This process's anonymous memory of `len` bytes (its own mapping, so that a test can take it
+/// away under the daemon).
+fn anonymous(len: usize) -> *mut u8 {
+    // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED);
+    p.cast()
+}
+
+fn bytes(p: *mut u8, len: usize) -> &'static mut [u8] {
+    // SAFETY: `p` is a live mapping of `len` bytes from `anonymous`, used by one test only; the
+    // daemons write it only while the test waits for their transfers.
+    unsafe { std::slice::from_raw_parts_mut(p, len) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn across_nodes_both_ways_by_address_on_one_side_or_both() {
+    let (mut a, mut b) = pair("pages-x").await;
+    let size = 5 * MIB + 777; // several chunks and an odd tail
+    let len = size as usize;
+    let (pa, pb_) = (anonymous(len), anonymous(len));
+    let (ma, mb) = (bytes(pa, len), bytes(pb_, len));
+    for (i, x) in ma.iter_mut().enumerate() {
+        *x = (i * 13 + 1) as u8;
+    }
+    let mut sa = Framed::open(&a.daemon.api_socket).await;
+    sa.send(1, register(pa as u64, size)).await;
+    let on_a = sa.registered(1).await.expect("registered on a");
+    let mut sb = Framed::open(&b.daemon.api_socket).await;
+    sb.send(1, register(pb_ as u64, size)).await;
+    let on_b = sb.registered(1).await.expect("registered on b");
+    let plain_b = host_buffer(&mut b.client, size, "").await;
+    let plain_a = host_buffer(&mut a.client, size, "").await;
+
+    // By address -> plain, WRITE started on a (a gathers from the client's pages).
+    let id = write(&mut a.client, write_entry(&on_a, 0, &plain_b, 0, size), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+    assert_eq!(crc(&mut b.client, plain_b.id, 0, size).await, crc32c::crc32c(ma));
+    // Plain -> by address, READ started on a (a scatters into the client's pages).
+    fill_seed(&mut b.client, plain_b.id, 0, 0, 7).await;
+    let id = read(&mut a.client, read_entry(&plain_b, 3, &on_a, 11, size - 20))
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+    assert_eq!(
+        crc32c::crc32c(&ma[11..len - 9]),
+        crc(&mut b.client, plain_b.id, 3, size - 20).await
+    );
+    // Started by the peer: b READs a's pages, b WRITEs a small chunk into them (eager-sized).
+    let id = read(&mut b.client, read_entry(&on_a, 0, &plain_b, 0, size))
+        .await
+        .unwrap();
+    wait_ok(&mut b.client, id).await;
+    assert_eq!(crc(&mut b.client, plain_b.id, 0, size).await, crc32c::crc32c(ma));
+    fill_seed(&mut b.client, plain_b.id, 0, 0, 8).await;
+    let id = write(&mut b.client, write_entry(&plain_b, 100, &on_a, 4000, 300), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut b.client, id).await;
+    assert_eq!(
+        crc32c::crc32c(&ma[4000..4300]),
+        crc(&mut b.client, plain_b.id, 100, 300).await
+    );
+    // By address on both sides, both ways.
+    let id = write(&mut a.client, write_entry(&on_a, 0, &on_b, 0, size), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+    assert_eq!(&ma[..], &mb[..]);
+    for x in mb.iter_mut() {
+        *x = x.wrapping_mul(3).wrapping_add(5);
+    }
+    let id = read(&mut a.client, read_entry(&on_b, 0, &on_a, 0, size))
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+    assert_eq!(&ma[..], &mb[..]);
+    // A plain buffer of a into b's pages.
+    fill_seed(&mut a.client, plain_a.id, 0, 0, 9).await;
+    let id = write(&mut a.client, write_entry(&plain_a, 0, &on_b, 0, size), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+    assert_eq!(crc(&mut a.client, plain_a.id, 0, size).await, crc32c::crc32c(mb));
+
+    // The client's memory gone (unmapped under the daemon, as when its process exits): the
+    // transfer fails naming the buffer, both ways, and the daemons go on.
+    // SAFETY: `pa` is the mapping made above; `ma` is not used after this.
+    assert_eq!(unsafe { libc::munmap(pa.cast(), len) }, 0);
+    let id = write(&mut a.client, write_entry(&on_a, 0, &plain_b, 0, size), b"")
+        .await
+        .unwrap();
+    let f = wait(&mut a.client, id).await;
+    assert_ne!(f.status_code, Code::Ok as i32);
+    assert!(
+        f.status_message.contains(&format!("buffer {}", on_a.id))
+            && f.status_message.contains("has no memory"),
+        "{}",
+        f.status_message
+    );
+    let id = write(&mut b.client, write_entry(&plain_b, 0, &on_a, 0, size), b"")
+        .await
+        .unwrap();
+    let f = wait(&mut b.client, id).await;
+    assert_ne!(f.status_code, Code::Ok as i32, "{}", f.status_message);
+    assert!(
+        f.status_message.contains(&format!("buffer {}", on_a.id))
+            && f.status_message.contains("into the client's pages"),
+        "{}",
+        f.status_message
+    );
+    // Both daemons still move bytes between them.
+    fill_seed(&mut a.client, plain_a.id, 0, 0, 10).await;
+    let id = write(&mut a.client, write_entry(&plain_a, 0, &on_b, 0, size), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+    assert_eq!(crc(&mut a.client, plain_a.id, 0, size).await, crc32c::crc32c(mb));
+    drop((sa, sb));
+    // SAFETY: the mapping made above; the sessions (and so the buffers) are gone.
+    assert_eq!(unsafe { libc::munmap(pb_.cast(), len) }, 0);
+    a.stop().await;
+    b.stop().await;
+}
+
+fn blocks_at(offsets: &[u64], length: u32) -> pb::register_blocks_request::Layout {
+    pb::register_blocks_request::Layout::Uniform(pb::UniformBlocks {
+        offsets: offsets.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        length,
+    })
+}
+
+fn indices(v: &[u32]) -> pb::BlockIndices {
+    pb::BlockIndices {
+        encoding: pb::IndexEncoding::U32 as i32,
+        data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+async fn list(c: &mut Client, buffer: u64, offsets: &[u64], length: u32) -> pb::BlockList {
+    c.register_blocks(pb::RegisterBlocksRequest {
+        buffer_id: buffer,
+        layout: Some(blocks_at(offsets, length)),
+        reattach_id: Default::default(),
+    })
+    .await
+    .expect("register_blocks")
+    .into_inner()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_lists_over_client_pages_move_across_nodes() {
+    let (mut a, mut b) = pair("pages-blk").await;
+    const N: usize = 64;
+    const BS: u32 = 5000; // odd sizes: pieces straddle chunks
+    let size = MIB as usize;
+    let p = anonymous(size);
+    let mine = bytes(p, size);
+    for (i, x) in mine.iter_mut().enumerate() {
+        *x = (i * 31 + 7) as u8;
+    }
+    let mut s = Framed::open(&a.daemon.api_socket).await;
+    s.send(1, register(p as u64, MIB)).await;
+    let pages = s.registered(1).await.expect("registered");
+    let far = host_buffer(&mut b.client, MIB, "").await;
+    let src_offs: Vec<u64> = (0..N as u64).map(|k| 3 + k * 9001 % (MIB - 6000)).collect();
+    let dst_offs: Vec<u64> = (0..N as u64).map(|k| 11 + (N as u64 - 1 - k) * 6000).collect();
+    let sl = list(&mut a.client, pages.id, &src_offs, BS).await;
+    let dl = list(&mut b.client, far.id, &dst_offs, BS).await;
+    let all: Vec<u32> = (0..N as u32).collect();
+    // WRITE: gathered from the client's pages.
+    let fin = a
+        .client
+        .write_blocks(pb::WriteBlocksRequest {
+            local_list_id: sl.id,
+            local_indices: Some(indices(&all)),
+            remote_token: dl.token.clone(),
+            remote_indices: Some(indices(&all)),
+            timeout_ms: 60_000,
+            wait: true,
+            ..Default::default()
+        })
+        .await
+        .expect("write_blocks")
+        .into_inner()
+        .r#final
+        .expect("final");
+    assert_eq!(fin.status_code, 0, "{}", fin.status_message);
+    for k in 0..N {
+        let (so, d) = (src_offs[k] as usize, dst_offs[k]);
+        assert_eq!(
+            crc(&mut b.client, far.id, d, u64::from(BS)).await,
+            crc32c::crc32c(&mine[so..so + BS as usize]),
+            "block {k}"
+        );
+    }
+    // READ: scattered into the client's pages, blocks swapped round.
+    fill_seed(&mut b.client, far.id, 0, 0, 21).await;
+    let rev: Vec<u32> = all.iter().rev().copied().collect();
+    let fin = a
+        .client
+        .read_blocks(pb::ReadBlocksRequest {
+            remote_token: dl.token.clone(),
+            remote_indices: Some(indices(&rev)),
+            local_list_id: sl.id,
+            local_indices: Some(indices(&all)),
+            timeout_ms: 60_000,
+            wait: true,
+        })
+        .await
+        .expect("read_blocks")
+        .into_inner()
+        .r#final
+        .expect("final");
+    assert_eq!(fin.status_code, 0, "{}", fin.status_message);
+    for k in 0..N {
+        let (so, d) = (src_offs[k] as usize, dst_offs[N - 1 - k]);
+        assert_eq!(
+            crc32c::crc32c(&mine[so..so + BS as usize]),
+            crc(&mut b.client, far.id, d, u64::from(BS)).await,
+            "block {k}"
+        );
+    }
+    drop(s);
+    // SAFETY: the mapping made above; the session (and so the buffer) is gone.
+    assert_eq!(unsafe { libc::munmap(p.cast(), size) }, 0);
+    a.stop().await;
+    b.stop().await;
 }

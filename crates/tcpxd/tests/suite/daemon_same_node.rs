@@ -62,6 +62,7 @@ async fn two_clients_write_and_read_byte_exact_with_notifications() {
             ],
             timeout_ms: 10_000,
             wait: true,
+            ranges: None,
         })
         .await
         .unwrap()
@@ -118,6 +119,7 @@ async fn list(c: &mut Client, buffer: u64, layout: L) -> pb::BlockList {
     c.register_blocks(pb::RegisterBlocksRequest {
         buffer_id: buffer,
         layout: Some(layout),
+        reattach_id: Default::default(),
     })
     .await
     .unwrap()
@@ -602,6 +604,8 @@ async fn cuda_buffer(c: &mut Client, size: u64) -> pb::Buffer {
             size,
         })),
         label: String::new(),
+        reattach_id: Default::default(),
+        reattach_key: Default::default(),
     })
     .await
     .expect("CUDA buffer")

@@ -8,11 +8,15 @@ use std::sync::Arc;
 use super::RequestId;
 use super::comm_core::{CommCore, DeviceHandleStorage, MemHandle, register, test_raw};
 use crate::net::abi::{self, loadMeta, ncclNetDeviceHandle_v7_t};
+use crate::net::cross_memory::{ClientCopies, ClientPages};
 use crate::net::error::{NetError, NetResult};
 use crate::net::logger;
 use crate::net::memory::{MemType, Region};
 use crate::net::plugin::Plugin;
 use crate::net::ring::UnpackRing;
+
+/// One copy of a scatter: `n` landed bytes at a pointer to byte `to` of the destination.
+type LandedCopy = (*const u8, usize, usize);
 
 struct RecvSlot {
     id: RequestId,
@@ -331,14 +335,71 @@ impl RecvComm {
         bytes: u32,
         dst: &dyn Region,
     ) -> NetResult<u64> {
-        use crate::net::blocks::scatter_ops;
         if dst.mem_type() != MemType::Host {
             return Err(NetError::Ring("a host scatter needs a host destination".into()));
         }
+        let to = dst.as_ptr();
+        self.scatter_with(id, segs, bytes, dst.len() as u64, &mut |op| {
+            if let Some((from, t, n)) = op {
+                // SAFETY: `scatter_ops` checked the target inside `dst`, a live host region whose
+                // pieces are this chunk's alone (the engine's plan); `from` is `n` readable
+                // landed bytes (see `scatter_with`).
+                unsafe { std::ptr::copy_nonoverlapping(from, to.add(t), n) };
+            }
+            Ok(())
+        })
+    }
+
+    /// [`RecvComm::scatter_landed`] into a client's pages (a buffer registered by address,
+    /// `dst_len` bytes at `pages`), each piece written by `process_vm_writev` straight from
+    /// where it landed. The table and the fragments are checked before the first byte is
+    /// written; a failure of the client's process (gone, its memory unmapped) stops the copy
+    /// there and is returned.
+    pub fn scatter_landed_to_client(
+        &self,
+        id: RequestId,
+        segs: &[crate::engine::blocks::Segment],
+        bytes: u32,
+        pages: ClientPages,
+        dst_len: u64,
+    ) -> NetResult<u64> {
+        let mut w = ClientCopies::into_client(pages);
+        self.scatter_with(id, segs, bytes, dst_len, &mut |op| {
+            match op {
+                // SAFETY: `from` is `n` readable landed bytes that nothing writes until
+                // `scatter_with` has flushed (see there); the kernel checks the client's range.
+                Some((from, t, n)) => unsafe { w.push(from.cast_mut(), t as u64, n) },
+                None => w.flush(),
+            }
+            .map_err(|e| format!("into the client's pages: {e}"))
+        })
+    }
+
+    /// The scatter's checks and copy plan; `write(Some((from, to, n)))` puts `n` landed bytes at
+    /// `from` (readable and not written until `write(None)` — the flush, once the copies are
+    /// planned, before the posted range is zeroed — has returned) at byte `to` of the
+    /// `dst_len`-byte destination. The first error `write` returns stops the copies and is
+    /// returned.
+    fn scatter_with(
+        &self,
+        id: RequestId,
+        segs: &[crate::engine::blocks::Segment],
+        bytes: u32,
+        dst_len: u64,
+        write: &mut dyn FnMut(Option<LandedCopy>) -> Result<(), String>,
+    ) -> NetResult<u64> {
+        use crate::net::blocks::scatter_ops;
         let slot = self.completed_slot(id)?;
         let ring = self.unpack_ring()?;
-        let to = dst.as_ptr();
         let bad = |e: crate::net::blocks::BlockCopyError| NetError::Ring(format!("scatter: {e}"));
+        let mut failed: Option<String> = None;
+        let mut copy = |from: *const u8, t: usize, n: usize| {
+            if failed.is_none()
+                && let Err(e) = write(Some((from, t, n)))
+            {
+                failed = Some(e);
+            }
+        };
         if ring.count(slot.q)? > 0 {
             if !ring.bounce_is_host_readable() {
                 return Err(NetError::Ring(
@@ -360,14 +421,18 @@ impl RecvComm {
                 .max()
                 .unwrap_or(0);
             let from = ring.bounce_ptr();
-            return scatter_ops(frags, bounce_len, segs, bytes, dst.len() as u64, |f, t, n| {
+            let copied = scatter_ops(frags, bounce_len, segs, bytes, dst_len, |f, t, n| {
                 // SAFETY: `scatter_ops` checked the source inside the fragments the plugin
                 // published (inside its live host bounce buffer, not rewritten before the
-                // request is consumed) and the target inside `dst`, a live host region whose
-                // pieces are this chunk's alone (the engine's plan).
-                unsafe { std::ptr::copy_nonoverlapping(from.add(f), to.add(t), n) }
+                // request is consumed).
+                copy(unsafe { from.add(f) }, t, n)
             })
-            .map_err(bad);
+            .map_err(bad)?;
+            let failed = failed.or_else(|| write(None).err());
+            return match failed {
+                Some(e) => Err(NetError::Ring(format!("scatter {e}"))),
+                None => Ok(copied),
+            };
         }
         if bytes as usize > slot.len || slot.region.mem_type() != MemType::Host {
             return Err(NetError::Ring(format!(
@@ -384,19 +449,16 @@ impl RecvComm {
             len: bytes,
             dst_off: 0,
         }];
-        let copied = scatter_ops(
-            &whole,
-            u64::from(bytes),
-            segs,
-            bytes,
-            dst.len() as u64,
-            |f, t, n| {
-                // SAFETY: as above for `dst`; the source lies in the posted range, which the plugin
-                // no longer writes (`test` reported the receive done).
-                unsafe { std::ptr::copy_nonoverlapping(from.add(f), to.add(t), n) }
-            },
-        )
-        .map_err(bad);
+        let copied = scatter_ops(&whole, u64::from(bytes), segs, bytes, dst_len, |f, t, n| {
+            // SAFETY: the source lies in the posted range, which the plugin no longer writes
+            // (`test` reported the receive done).
+            copy(unsafe { from.add(f) }.cast_const(), t, n)
+        })
+        .map_err(bad)
+        .and_then(|c| match failed.take().or_else(|| write(None).err()) {
+            Some(e) => Err(NetError::Ring(format!("scatter {e}"))),
+            None => Ok(c),
+        });
         // Zeroed whatever happened, so that no later receive can hand these bytes on.
         // SAFETY: the posted range, as above; no borrow of it is alive.
         unsafe { std::ptr::write_bytes(from, 0, bytes as usize) };
