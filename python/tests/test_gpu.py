@@ -82,25 +82,30 @@ def test_cpu_tensor_is_refused_clearly(torch, clients):
 
 
 def test_two_clients_of_one_daemon_move_tensors_gpu_to_gpu_and_mixed(torch, daemons):
-    """Two clients of one daemon (two agents of one node): the daemon copies between the two
-    processes' imported CUDA memory itself (a device copy), and between GPU and host both ways."""
+    """Two clients of one daemon (two agents of one node): the daemon copies between a client's
+    imported CUDA memory and another's buffers itself (a device copy), and between GPU and host
+    both ways.
+
+    The second client's GPU memory is daemon-allocated: one CUDA allocation is imported once per
+    daemon, and two clients of one process (this test) may hold tensors of the same allocation
+    (PyTorch 2.11 on the H200 did, at 16 MiB each after empty_cache: ALREADY_EXISTS). Two
+    processes never share an allocation."""
     a, _ = daemons
-    # 16 MiB each: PyTorch's caching allocator puts tensors of 1-10 MiB into shared 20 MiB
-    # segments, and one CUDA allocation is imported once per daemon (a second client importing
-    # it is refused), so two clients of one process need tensors of their own allocations.
     src = torch.randint(0, 256, (16 * MIB,), dtype=torch.uint8, device="cuda:0")
-    dst = torch.zeros(16 * MIB, dtype=torch.uint8, device="cuda:0")
     torch.cuda.synchronize()
+    expected = src.cpu().numpy().tobytes()
     with tcpxd.Client(a.endpoint) as c1, tcpxd.Client(a.endpoint) as c2:
-        with c1.register_tensor(src) as sb, c2.register_tensor(dst) as db, c2.register_host(16 * MIB) as host:
-            c1.write(sb, db.descriptor, notification=b"gpu")
+        with c1.register_tensor(src) as sb, c2.allocate_cuda(16 * MIB) as db, c1.register_host(16 * MIB) as host:
+            c1.write(sb, db.descriptor, notification=b"gpu")  # GPU -> GPU: the daemon's device copy
+            c1.read(db.descriptor, host)  # GPU -> host
+            assert host.read_bytes() == expected
+            src.zero_()
             torch.cuda.synchronize()
-            assert torch.equal(src, dst)
-            c2.read(sb.descriptor, host)  # GPU -> host
-            assert host.read_bytes() == src.cpu().numpy().tobytes()
-            dst.zero_()
+            c1.read(db.descriptor, sb)  # GPU -> GPU, back into the tensor
             torch.cuda.synchronize()
-            c1.read(host.descriptor, sb, 4 * MIB)  # host -> GPU, into the source's first half
-            c1.write(sb, db.descriptor, 4 * MIB)
+            assert src.cpu().numpy().tobytes() == expected
+            src.zero_()
             torch.cuda.synchronize()
-            assert torch.equal(dst[: 4 * MIB], src[: 4 * MIB])
+            c1.read(host.descriptor, sb, 4 * MIB)  # host -> GPU, the first 4 MiB
+            torch.cuda.synchronize()
+            assert src[: 4 * MIB].cpu().numpy().tobytes() == expected[: 4 * MIB]
