@@ -80,7 +80,13 @@ def cuda_stand_in(d: Path) -> Dict[str, str]:
     over host memory) as its libcuda.so.1, with the emulation in its CUDA mode, one NIC serving
     only GPU 7 and the real plugin's exit(1) on its fail-stop paths (TCPXEMU_FAILSTOP=exit): a
     CUDA receive into GPU 0 is then the plugin's "rx no cmsg", and the process exits."""
-    found = [p for p in (ROOT / "target/debug/libtcpxd_cudastub.so", ROOT / "target/release/libtcpxd_cudastub.so") if p.exists()]
+    # `cargo build` puts it in target/<profile>/, the test command's workspace run in its deps/.
+    found = [
+        p
+        for profile in ("debug", "release")
+        for p in (ROOT / "target" / profile / "libtcpxd_cudastub.so", ROOT / "target" / profile / "deps/libtcpxd_cudastub.so")
+        if p.exists()
+    ]
     if not found:
         pytest.skip("the CUDA stand-in is not built (cargo build -p tcpxd-cudastub; CI's workspace build makes it)")
     lib = d / "cudastub"

@@ -476,6 +476,8 @@ def register(
     mem = prepare(memory, label, fd)
     host = HostMemory(mem)
     # A duplicate of the descriptor, kept while the memory lives: what a restarted daemon is
-    # handed again (tcpxd._reattach).
-    host.reattach = (_reattach.keep_fd(mem.fd, host), mem.offset, mem.nbytes, label)
+    # handed again (tcpxd._reattach). Memory registered by address has no descriptor: a restarted
+    # daemon does not get it back (docs/PYTHON.md, "When the daemon restarts"); register it again.
+    if mem.address is None:
+        host.reattach = (_reattach.keep_fd(mem.fd, host), mem.offset, mem.nbytes, label)
     return registrar.register(mem, label, timeout), host
