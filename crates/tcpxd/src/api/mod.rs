@@ -12,6 +12,7 @@ pub mod prepared;
 pub mod proto;
 pub mod reattach;
 pub mod same_node;
+pub mod same_node_registry;
 pub mod service;
 pub mod session;
 pub mod state;

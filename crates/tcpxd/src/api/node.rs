@@ -11,6 +11,10 @@ use super::proto::v1 as pb;
 use crate::engine::topology::Topology;
 use crate::net::{Plugin, PluginSource};
 
+/// The request forms DescribeNode lists in `features`: WritePrepared/ReadPrepared's outer sums
+/// and index windows; WriteBatch/ReadBatch's packed `ranges` (api/batch_ranges.rs).
+pub const FEATURES: &[&str] = &["prepared_outer_indices", "prepared_index_windows", "batch_ranges"];
+
 /// What the daemon knows of itself, gathered at start-up (GPUs on first ask).
 pub struct NodeFacts {
     pub peer_addresses: Vec<String>,
@@ -111,7 +115,7 @@ impl NodeFacts {
             chunk_bytes: self.chunk_bytes,
             peer_protocol_version: crate::peers::PROTOCOL_VERSION,
             local_session: super::local::frame::PROTOCOL.to_string(),
-            features: super::prepared::FEATURES.iter().map(|f| f.to_string()).collect(),
+            features: FEATURES.iter().map(|f| f.to_string()).collect(),
             gpu_nics: gpu_nics(&self.topology),
             topology_source: self.topology.source.to_string(),
             transfer_protocol: self.protocol.protocol.as_str().to_string(),

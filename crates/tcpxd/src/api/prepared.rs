@@ -23,10 +23,6 @@ use crate::engine::{
 use crate::journal::{Record, Space};
 use crate::poller::{Command, PreparedTransfer};
 
-/// The request forms DescribeNode lists in `features`: WritePrepared/ReadPrepared's outer sums
-/// and index windows; WriteBatch/ReadBatch's packed `ranges` (api/batch_ranges.rs).
-pub const FEATURES: &[&str] = &["prepared_outer_indices", "prepared_index_windows", "batch_ranges"];
-
 /// Bytes one packed entry takes: three little-endian u32s (list position, first block, count).
 pub const ENTRY_BYTES: usize = 12;
 

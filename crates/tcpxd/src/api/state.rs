@@ -38,7 +38,7 @@ pub struct DaemonState {
     /// What DescribeNode reports.
     pub node: super::node::NodeFacts,
     /// Transfers between two buffers of this daemon, which it copies itself.
-    pub same_node: Arc<super::same_node::SameNode>,
+    pub same_node: Arc<super::same_node_registry::SameNode>,
     /// The state directory (`runtime.state_dir`): registrations outlive the process.
     pub journal: Option<Arc<crate::journal::Journal>>,
     /// Remote prepared lists: the first token each was prepared from (its node and where to

@@ -292,7 +292,7 @@ pub(crate) async fn finished(
 /// Cancels a transfer (on both sides) when dropped armed: a waiting caller that went away.
 pub(crate) struct CancelOnDrop {
     poller: std_mpsc::Sender<Command>,
-    same_node: std::sync::Arc<super::same_node::SameNode>,
+    same_node: std::sync::Arc<super::same_node_registry::SameNode>,
     id: Option<TransferId>,
 }
 
