@@ -521,11 +521,11 @@ impl BufferRegistry {
                 format!("host.size: cannot create {}: {e}", path.display()),
             )
         })?;
-        let mapped = crate::host_fd::map_client_file(
+        let mapped = crate::host_file::map_client_file(
             &made,
             0,
             size,
-            crate::host_fd::Unsealed::Allowed,
+            crate::host_file::Unsealed::Allowed,
             &self.headroom,
         )
         .map_err(|mut e| {
@@ -561,11 +561,11 @@ impl BufferRegistry {
             .open(&kept.file)
             .map_err(|e| EngineError::new(Code::Internal, format!("{}: {e}", kept.file.display())))?;
         let fd = std::os::fd::OwnedFd::from(f);
-        let (region, _) = crate::host_fd::map_client_file(
+        let (region, _) = crate::host_file::map_client_file(
             &fd,
             0,
             kept.size,
-            crate::host_fd::Unsealed::Allowed,
+            crate::host_file::Unsealed::Allowed,
             &self.headroom,
         )?;
         let ident = Ident {

@@ -17,6 +17,7 @@ pub mod doctor;
 pub mod gpu;
 pub mod headroom;
 pub mod host_fd;
+pub mod host_file;
 pub mod idle;
 pub mod journal;
 pub mod lanes;

@@ -14,7 +14,7 @@ use super::proto::v1 as pb;
 use super::state::{DaemonState, status};
 use crate::buffers::{BufferEntry, BufferKind};
 use crate::engine::{self, Code};
-use crate::host_fd::{Shrink, Unsealed};
+use crate::host_file::{Shrink, Unsealed};
 use crate::net::cross_memory::ClientPages;
 use crate::poller::Command;
 

@@ -31,7 +31,7 @@ use super::host_memory::Attached;
 use super::proto::v1 as pb;
 use super::session::{self, Events, Gone, Incoming, Requests};
 use super::state::DaemonState;
-use crate::host_fd::Unsealed;
+use crate::host_file::Unsealed;
 
 /// How long a connection whose session ended early (the client broke the framing, or went away)
 /// may still send: what it sends is read and dropped, so that closing does not reset the
