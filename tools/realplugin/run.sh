@@ -76,7 +76,12 @@ trap cleanup EXIT
 if [ "$rxdm" = 1 ]; then
   fake="$repo/target/release/tcpxd-fake-rxdm"
   [ -x "$fake" ] || (cd "$repo" && cargo build --release -q -p tcpxd-fake-rxdm)
-  args=(--prefix "$TCPXD_FAKE_RXDM_PREFIX" --log "$TCPXD_FAKE_RXDM_LOG")
+  # a3vm: the fake serves each GPU's receive memory (get_gpu_fd_<pci>, a memfd the stand-in maps),
+  # which the plugin imports at accept under the GPU the daemon makes current (an even ordinal
+  # since the topology: SKIP_ODDS no longer spares it). Its filing record counts every loopback
+  # flow as mismatched (no NIC owns 127.0.0.1): only tools/realplugin/a3pair.sh's record means
+  # anything.
+  args=(--prefix "$TCPXD_FAKE_RXDM_PREFIX" --log "$TCPXD_FAKE_RXDM_LOG" --gpu-nic-preset a3vm)
   [ -n "$refuse" ] && args+=(--refuse "$refuse")
   "$fake" "${args[@]}" >/dev/null &
   rxdm_pid=$!
