@@ -49,9 +49,10 @@ export NCCL_GPUDIRECTTCPX_SOCKET_IFNAME="${NCCL_GPUDIRECTTCPX_SOCKET_IFNAME:-lo}
 export NCCL_GPUDIRECTTCPX_CTRL_DEV="${NCCL_GPUDIRECTTCPX_CTRL_DEV:-lo}"
 export NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX="${NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX:-$TCPXD_FAKE_RXDM_PREFIX}"
 export NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS="${NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS:-1000}"
-# The CUDA stand-in: two devices, the current one 1. An odd ordinal with SKIP_ODDS keeps the plugin
-# from importing RxDM's GPU receive buffer (get_gpu_fd_<pci>, a dma-buf) for each receive comm:
-# without it accept fails in unpack1.cu (gpu_get_rxmem); host receives never use that buffer.
+# The CUDA stand-in: two devices, the current one 1 for tools that make none current. An odd ordinal
+# with SKIP_ODDS keeps the plugin from importing RxDM's GPU receive buffer (get_gpu_fd_<pci>) for
+# a receive comm; the daemon makes the NIC's GPU (0, even) current, so the fake RxDM below serves
+# that buffer (a3vm mode). Host receives never use it.
 export TCPXD_CUDASTUB_DEVICES="${TCPXD_CUDASTUB_DEVICES:-2}"
 export TCPXD_CUDASTUB_CURRENT_DEVICE="${TCPXD_CUDASTUB_CURRENT_DEVICE:-1}"
 export NCCL_TCPX_RXMEM_IMPORT_SKIP_ODDS="${NCCL_TCPX_RXMEM_IMPORT_SKIP_ODDS:-1}"
