@@ -146,20 +146,7 @@ impl DaemonState {
             return Ok(self.start_same_node(copy));
         }
         let one_status = r.ranges.is_some();
-        let (specs, total) = match &r.ranges {
-            Some(ranges) => {
-                only_ranges(r.entries.is_empty())?;
-                self.reach_peers(std::iter::once(ranges.remote_descriptor.as_str()), deadline)
-                    .await?;
-                self.range_specs(ranges)?
-            }
-            None => {
-                self.check_without_peers(r.entries.iter().map(EntryFields::from))?;
-                self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
-                    .await?;
-                self.entry_specs(r.entries.iter().map(EntryFields::from))?
-            }
-        };
+        let (specs, total) = self.batch_specs(&r.entries, r.ranges.as_ref(), deadline).await?;
         if !r.ready_event_ipc_handle.is_empty() {
             self.wait_ready_event(
                 &r.ready_event_ipc_handle,
@@ -194,20 +181,7 @@ impl DaemonState {
             return Ok(self.start_same_node(copy));
         }
         let one_status = r.ranges.is_some();
-        let (specs, total) = match &r.ranges {
-            Some(ranges) => {
-                only_ranges(r.entries.is_empty())?;
-                self.reach_peers(std::iter::once(ranges.remote_descriptor.as_str()), deadline)
-                    .await?;
-                self.range_specs(ranges)?
-            }
-            None => {
-                self.check_without_peers(r.entries.iter().map(EntryFields::from))?;
-                self.reach_peers(r.entries.iter().map(|e| e.remote_descriptor.as_str()), deadline)
-                    .await?;
-                self.entry_specs(r.entries.iter().map(EntryFields::from))?
-            }
-        };
+        let (specs, total) = self.batch_specs(&r.entries, r.ranges.as_ref(), deadline).await?;
         let (id, rx) = self
             .ask(|reply| Command::Read {
                 specs,
@@ -522,13 +496,37 @@ impl<'a> From<&'a pb::ReadEntry> for EntryFields<'a> {
 }
 
 impl DaemonState {
-    /// Checks what the API layer can (non-empty, lengths, local buffers, descriptors, peers) and
-    /// builds the engine's entries; the engine checks bounds and limits. Returns the total bytes.
+    /// A batch to other nodes, either form: checked on this side first (`check_without_peers`, so
+    /// a mistake in the request is answered as itself, not as a failed pairing), its nodes dialled,
+    /// then its engine entries built. Returns them with the total bytes.
+    async fn batch_specs<'a, E>(
+        &self,
+        entries: &'a [E],
+        ranges: Option<&pb::BatchRanges>,
+        deadline: Instant,
+    ) -> Result<(Vec<EntrySpec>, u64), Status>
+    where
+        &'a E: Into<EntryFields<'a>>,
+    {
+        if let Some(ranges) = ranges {
+            only_ranges(entries.is_empty())?;
+            self.reach_peers(std::iter::once(ranges.remote_descriptor.as_str()), deadline)
+                .await?;
+            return self.range_specs(ranges);
+        }
+        let fields = || entries.iter().map(Into::into);
+        self.check_without_peers(fields())?;
+        self.reach_peers(fields().map(|e: EntryFields<'a>| e.remote_descriptor), deadline)
+            .await?;
+        self.entry_specs(fields())
+    }
+
+    /// Builds the engine's entries of a batch `check_without_peers` passed (the peers are known
+    /// now); the engine checks bounds and limits. Returns the total bytes.
     fn entry_specs<'a>(
         &self,
-        entries: impl ExactSizeIterator<Item = EntryFields<'a>> + Clone,
+        entries: impl ExactSizeIterator<Item = EntryFields<'a>>,
     ) -> Result<(Vec<EntrySpec>, u64), Status> {
-        self.check_without_peers(entries.clone())?;
         let mut specs = Vec::with_capacity(entries.len());
         let mut total = 0u64;
         let mut last = None;
