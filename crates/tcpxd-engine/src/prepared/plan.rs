@@ -160,25 +160,10 @@ impl Engine {
             )));
         };
         let peer = self.live_peer_of_node("remote_prepared_id", node)?;
-        let n = local_idx.len();
-        if n == 0 {
-            return Err(EngineError::invalid(
-                "local_indices: at least one entry is required",
-            ));
-        }
-        if n > MAX_PREPARED_ENTRIES {
-            return Err(EngineError::invalid(format!(
-                "local_indices: {n} entries exceed the limit of {MAX_PREPARED_ENTRIES}"
-            )));
-        }
-        if remote_idx.len() != n {
-            return Err(EngineError::invalid(format!(
-                "remote_indices: {} entries, but local_indices names {n}",
-                remote_idx.len()
-            )));
-        }
-        check_indices(local_idx, local.entries.len(), "local_indices", local_id)?;
-        check_indices(remote_idx, remote.entries.len(), "remote_indices", remote_id)?;
+        check_index_pairs(
+            (local_id, local_idx, local.entries.len()),
+            (remote_id, remote_idx, remote.entries.len()),
+        )?;
         Ok(Sides {
             local,
             local_lists,
@@ -620,6 +605,33 @@ fn part_spec(local_list: u64, r: &RemoteList, peer: PeerIdx, p: Part) -> BlockSp
             indices: p.remote,
         },
     }
+}
+
+/// A transfer's two index arrays over two prepared lists (id, indices, entries of each): as many
+/// on each side, 1 to `MAX_PREPARED_ENTRIES`, each naming an entry of its list.
+pub(super) fn check_index_pairs(
+    (local_id, local_idx, local_entries): (u64, &[u32], usize),
+    (remote_id, remote_idx, remote_entries): (u64, &[u32], usize),
+) -> EngineResult<()> {
+    let n = local_idx.len();
+    if n == 0 {
+        return Err(EngineError::invalid(
+            "local_indices: at least one entry is required",
+        ));
+    }
+    if n > MAX_PREPARED_ENTRIES {
+        return Err(EngineError::invalid(format!(
+            "local_indices: {n} entries exceed the limit of {MAX_PREPARED_ENTRIES}"
+        )));
+    }
+    if remote_idx.len() != n {
+        return Err(EngineError::invalid(format!(
+            "remote_indices: {} entries, but local_indices names {n}",
+            remote_idx.len()
+        )));
+    }
+    check_indices(local_idx, local_entries, "local_indices", local_id)?;
+    check_indices(remote_idx, remote_entries, "remote_indices", remote_id)
 }
 
 /// Every index names an entry of the prepared list (`entries` of them); the error names the

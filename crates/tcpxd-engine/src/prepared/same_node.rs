@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 
-use super::plan::check_indices;
+use super::plan::check_index_pairs;
 use super::*;
 use crate::same_node::{SameNodePlan, SamePiece};
 
@@ -93,25 +93,10 @@ impl Engine {
                 "remote_prepared_id: prepared list {remote_id} does not name lists of this node by their tokens"
             )));
         };
-        let n = local_idx.len();
-        if n == 0 {
-            return Err(EngineError::invalid(
-                "local_indices: at least one entry is required",
-            ));
-        }
-        if n > MAX_PREPARED_ENTRIES {
-            return Err(EngineError::invalid(format!(
-                "local_indices: {n} entries exceed the limit of {MAX_PREPARED_ENTRIES}"
-            )));
-        }
-        if remote_idx.len() != n {
-            return Err(EngineError::invalid(format!(
-                "remote_indices: {} entries, but local_indices names {n}",
-                remote_idx.len()
-            )));
-        }
-        check_indices(local_idx, local.entries.len(), "local_indices", local_id)?;
-        check_indices(remote_idx, remote.entries.len(), "remote_indices", remote_id)?;
+        check_index_pairs(
+            (local_id, local_idx, local.entries.len()),
+            (remote_id, remote_idx, remote.entries.len()),
+        )?;
         // Each remote list once: it still exists and its token's key is still current.
         let mut checked: HashMap<u32, &blocks::BlockList> = HashMap::new();
         let mut dest: HashSet<(u32, u32)> = HashSet::new();
