@@ -266,7 +266,7 @@ unsafe extern "C" fn listen(dev: c_int, handle: *mut c_void, listen_comm: *mut *
                 return Err(abi::NCCL_INVALID_ARGUMENT);
             }
             let ctx = cuda_ctx(cfg, "listen")?;
-            let misbound = crate::topology::verdict(cfg, d, ctx.as_deref(), "listen");
+            let misbound = crate::misbound::verdict(cfg, d, ctx.as_deref(), "listen");
             let (comm, desc) = ListenComm::new(d, cfg).map_err(|e| {
                 warn!("tcpxemu: listen on {} (dev{dev}) failed: {e}", d.addr);
                 abi::NCCL_SYSTEM_ERROR
@@ -331,7 +331,7 @@ unsafe extern "C" fn connect(
                 Poll::Ready(conn) => {
                     let peer = conn.peer;
                     let ctx = cuda_ctx(cfg, "connect")?;
-                    let _ = crate::topology::verdict(cfg, d, ctx.as_deref(), "connect");
+                    let _ = crate::misbound::verdict(cfg, d, ctx.as_deref(), "connect");
                     let c = SendComm::new(conn, d, cfg.chunk_size, ctx.as_ref()).map_err(|e| {
                         warn!("tcpxemu: connect to {peer}: cannot start the send comm: {e}");
                         abi::NCCL_SYSTEM_ERROR

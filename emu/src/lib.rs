@@ -31,6 +31,7 @@ mod cuda;
 mod ffi;
 mod listen;
 mod memory;
+mod misbound;
 mod nccl;
 mod recv;
 mod rng;

@@ -1,10 +1,9 @@
 //! The binding between GPUs and emulated NICs that RxDM imposes on A3
 //! (reference/TCPX_PLUGIN_ABI.md §8): each NIC's `pciPath` (`TCPXEMU_DEV<n>_PCI_PATH`), the GPUs
 //! it serves (`TCPXEMU_DEV<n>_GPUS`, default RxDM's `a3vm` scaled to the GPUs present), and the
-//! verdict for a comm made under a GPU (served or not).
+//! queries the verdict on a comm asks (`misbound.rs`). It imports nothing of the crate's, so
+//! `config.rs` builds on it without a circle.
 
-use crate::config::{Config, Device};
-use crate::cuda::Ctx;
 use std::ffi::{CStr, CString};
 
 /// A3's data NICs' PCI bus ids (eth1..eth4), in device order.
@@ -189,41 +188,6 @@ impl Binding {
             None => "none".into(),
         }
     }
-}
-
-/// CUDA mode: is the comm's GPU (`ctx`'s device, i.e. the CUDA device current at listen or
-/// connect, as the real plugin's `gpu_current_dev`) one that device `d` serves? Logs the verdict;
-/// returns why not when it is not.
-pub(crate) fn verdict(cfg: &Config, d: &Device, ctx: Option<&Ctx>, what: &str) -> Option<String> {
-    let (ctx, b) = (ctx?, cfg.binding.as_ref()?);
-    let gpu = b.describe(ctx.device());
-    let nic = format!(
-        "dev{} {} ({})",
-        d.index,
-        d.ifname.to_string_lossy(),
-        d.pci_path
-            .map_or("no pciPath".into(), |p| p.to_string_lossy().into_owned())
-    );
-    let served = b.serves(d.index, ctx.device());
-    if what == "connect" {
-        // Sends are not bound: a NIC sends from any GPU's memory.
-        info!(
-            "tcpxemu: connect on {nic} under GPU {gpu} ({} by this NIC; sends are not bound)",
-            if served { "served" } else { "not served" }
-        );
-        return None;
-    }
-    if served {
-        info!("tcpxemu: {what} on {nic} under GPU {gpu}: served by this NIC");
-        return None;
-    }
-    let why = format!(
-        "GPU {gpu} is not served by {nic}, which serves {}: on A3, RxDM files this comm's \
-         flow-steering rules under another NIC and its data lands in host memory",
-        b.served_list(d.index)
-    );
-    info!("tcpxemu: {what} on {nic} under GPU {gpu}: NOT served by this NIC; {why}");
-    Some(why)
 }
 
 #[cfg(test)]
