@@ -462,21 +462,29 @@ impl RunningDaemon {
         self.health.set_not_serving::<TcpxdServer<ClientService>>().await;
         let deadline = Instant::now() + self.grace;
         let (tx, rx) = oneshot::channel();
-        let report = if self
+        let none = DrainReport {
+            finished_in_grace: 0,
+            failed_at_deadline: 0,
+        };
+        let sent = self
             .state
             .poller
             .send(Command::Drain { deadline, reply: tx })
-            .is_ok()
-        {
-            rx.await.unwrap_or(DrainReport {
-                finished_in_grace: 0,
-                failed_at_deadline: 0,
-            })
-        } else {
-            DrainReport {
-                finished_in_grace: 0,
-                failed_at_deadline: 0,
-            }
+            .is_ok();
+        // The poller's transfers and the same-node copies (which the daemon runs itself) drain
+        // together, under the same deadline.
+        let (poller, copies) = tokio::join!(
+            async {
+                match sent {
+                    true => rx.await.unwrap_or(none),
+                    false => none,
+                }
+            },
+            self.state.same_node.drain(deadline)
+        );
+        let report = DrainReport {
+            finished_in_grace: poller.finished_in_grace + copies.finished_in_grace,
+            failed_at_deadline: poller.failed_at_deadline + copies.failed_at_deadline,
         };
         // Give watchers a moment to read the final statuses.
         tokio::time::sleep(Duration::from_millis(50)).await;
