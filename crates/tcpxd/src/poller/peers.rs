@@ -96,6 +96,7 @@ impl Poller {
                 landing_slots: None,
                 credit_seq: 0,
                 scatter: blocks::RecvScatter::default(),
+                rules: None,
             })
             .collect::<Vec<_>>();
         let idx = self
@@ -198,4 +199,28 @@ fn close_comms(
              still under way on a comm whose peer stopped too): left to the process's exit"
         );
     }
+}
+
+/// The flow-steering rules Google's plugin installed for a receive comm just accepted on
+/// `at` (its data listen address) under GPU `gpu`: one per data socket, (peer → `at`).
+pub(super) fn lane_flows(
+    topology: &crate::engine::topology::Topology,
+    gpu: Option<u32>,
+    at: std::net::SocketAddr,
+) -> Vec<crate::rx_rules::Flow> {
+    let pci = gpu.and_then(|g| {
+        topology
+            .gpus
+            .iter()
+            .find(|i| i.ordinal == g)
+            .map(|i| crate::rx_rules::plugin_pci(&i.pci_bus_id))
+    });
+    crate::rx_rules::accepted_on(at)
+        .into_iter()
+        .map(|(src, dst)| crate::rx_rules::Flow {
+            src,
+            dst,
+            gpu: pci.clone(),
+        })
+        .collect()
 }
