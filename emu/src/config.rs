@@ -38,6 +38,17 @@ pub(crate) enum FailStop {
     Exit,
 }
 
+/// What `closeSend`/`closeRecv` do with requests still under way (`TCPXEMU_CLOSE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CloseMode {
+    /// Shut the sockets down and join the helpers at once; the default.
+    Prompt,
+    /// As Google's plugin: a comm with a posted request whose bytes have not all moved is
+    /// closed only once they have, or once the peer closed its end (`tcpxClose` joins helper
+    /// threads that look at their stop flag only when idle, src/net_tcpx.cc).
+    Plugin,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fragments {
     Page,
@@ -115,6 +126,8 @@ pub(crate) struct Config {
     /// `TCPXEMU_FAILSTOP`: fail the comm (default) or exit the process on the real plugin's
     /// `exit(1)` paths.
     pub(crate) failstop: FailStop,
+    /// `TCPXEMU_CLOSE`: close promptly (default) or wait for requests under way as the plugin.
+    pub(crate) close: CloseMode,
     /// CUDA mode: the GPUs present and which each NIC serves (`None` in host mode: no GPU, no
     /// binding).
     pub(crate) binding: Option<Binding>,
@@ -125,7 +138,7 @@ impl Config {
         let mut s = format!(
             "tcpxemu: {} device(s), {}x{} data sockets per comm, NCCL_DYNAMIC_CHUNK_SIZE={}, \
              bounce={} ({}), host receive={}, bounce pages={}{}, seed={:#x}, flow-steering wait={}us, \
-             connection retry={}, failstop={}",
+             connection retry={}, failstop={}, close={}",
             self.devices.len(),
             self.nsocks,
             self.nthreads,
@@ -152,6 +165,10 @@ impl Config {
             match self.failstop {
                 FailStop::Fail => "fail",
                 FailStop::Exit => "exit",
+            },
+            match self.close {
+                CloseMode::Prompt => "prompt",
+                CloseMode::Plugin => "plugin",
             }
         );
         for d in &self.devices {
@@ -506,6 +523,16 @@ fn from_env(w: &mut Vec<String>) -> Config {
             FailStop::Fail
         }
     };
+    let close = match var("TCPXEMU_CLOSE").as_deref() {
+        None | Some("prompt") => CloseMode::Prompt,
+        Some("plugin") => CloseMode::Plugin,
+        Some(other) => {
+            w.push(format!(
+                "tcpxemu: TCPXEMU_CLOSE={other:?} is neither prompt nor plugin; using prompt"
+            ));
+            CloseMode::Prompt
+        }
+    };
     Config {
         devices,
         nsocks,
@@ -523,6 +550,7 @@ fn from_env(w: &mut Vec<String>) -> Config {
         flow_wait,
         conn_retry,
         failstop,
+        close,
         binding,
     }
 }

@@ -8,7 +8,7 @@
 //! host-memory receives are direct, as in the real plugin.
 
 use crate::abi::{self, MAX_REQUESTS, NET_UNPACK_MAX_SLICE_PAGES, SLICE_PAGE_SIZE, loadMeta, ncclResult_t};
-use crate::config::{Config, Device, Fragments, HostRecv};
+use crate::config::{CloseMode, Config, Device, Fragments, HostRecv};
 use crate::cuda::Ctx;
 use crate::listen::Group;
 use crate::memory::{BouncePool, HandleMemory, RecvStaging, RingMemory};
@@ -483,7 +483,41 @@ impl RecvComm {
         Ok(())
     }
 
+    /// `TCPXEMU_CLOSE=plugin`: waits, as the real plugin's close does, while a posted receive
+    /// still expects bytes and the peer has not closed its end.
+    fn wait_like_plugin(&self) {
+        if crate::config::get().is_none_or(|c| c.close != CloseMode::Plugin) {
+            return;
+        }
+        let sh = &*self.shared;
+        let mut warned = false;
+        loop {
+            let waiting = {
+                let st = lock(&self.state);
+                (st.done..st.tail)
+                    .filter(|&n| {
+                        let q = (n % MAX_REQUESTS as u64) as usize;
+                        st.reqs[q].status == Status::Posted
+                            && sh.slots[q].bytes.load(Ordering::Acquire) < u64::from(st.reqs[q].size)
+                    })
+                    .count()
+            };
+            if waiting == 0 || sh.health.failure().is_some() || sh.ctrl_eof.load(Ordering::Acquire) {
+                return;
+            }
+            if !warned {
+                warn!(
+                    "tcpxemu: closeRecv waits for {waiting} posted receive(s) still expecting bytes, or for the peer's close, as the real plugin's close does (TCPXEMU_CLOSE=plugin; {})",
+                    sh.label
+                );
+                warned = true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     pub(crate) fn close(&self) {
+        self.wait_like_plugin();
         let sh = &*self.shared;
         sh.health.begin_close();
         for q in &sh.queues {

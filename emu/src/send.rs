@@ -4,7 +4,7 @@
 //! it reads sends from CUDA memory (device → pinned → socket).
 
 use crate::abi::{self, MAX_REQUESTS, ncclResult_t};
-use crate::config::Device;
+use crate::config::{CloseMode, Device};
 use crate::connect::Connected;
 use crate::cuda::Ctx;
 use crate::memory::{SendStaging, StageError};
@@ -315,8 +315,41 @@ impl SendComm {
         Ok(false)
     }
 
+    /// `TCPXEMU_CLOSE=plugin`: waits, as the real plugin's close does, while a posted send has
+    /// bytes left to write and the peer has not closed its end.
+    fn wait_like_plugin(&self) {
+        if crate::config::get().is_none_or(|c| c.close != CloseMode::Plugin) {
+            return;
+        }
+        let sh = &*self.shared;
+        let mut warned = false;
+        loop {
+            let waiting = {
+                let st = lock(&self.state);
+                (st.freed..st.posted)
+                    .filter(|&n| {
+                        let q = (n % MAX_REQUESTS as u64) as usize;
+                        sh.written[q].load(Ordering::Acquire) < u64::from(st.reqs[q].size)
+                    })
+                    .count()
+            };
+            if waiting == 0 || sh.health.failure().is_some() || sh.peer_gone.load(Ordering::Acquire) {
+                return;
+            }
+            if !warned {
+                warn!(
+                    "tcpxemu: closeSend waits for {waiting} posted send(s) with bytes left, or for the peer's close, as the real plugin's close does (TCPXEMU_CLOSE=plugin; {})",
+                    sh.label
+                );
+                warned = true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
     /// Stop the helpers (sockets shut down so blocked calls return) and join them.
     pub(crate) fn close(&self) {
+        self.wait_like_plugin();
         let sh = &*self.shared;
         sh.health.begin_close();
         for q in &sh.queues {

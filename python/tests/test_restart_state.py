@@ -30,9 +30,19 @@ GRACE_S = 2
 
 @pytest.fixture
 def nodes() -> Iterator[Tuple[Supervised, Supervised, Path]]:
+    yield from two_nodes(GRACE_S)
+
+
+@pytest.fixture
+def patient_nodes() -> Iterator[Tuple[Supervised, Supervised, Path]]:
+    """As `nodes`, with a grace period no loaded machine outlasts (for tests that do not wait for it)."""
+    yield from two_nodes(30)
+
+
+def two_nodes(grace_s: int) -> Iterator[Tuple[Supervised, Supervised, Path]]:
     d = Path(tempfile.mkdtemp(prefix="tcpxd-rt-"))
     conf = d / "tcpxd.toml"
-    conf.write_text(f"[runtime]\nreattach_grace_s = {GRACE_S}\n")
+    conf.write_text(f"[runtime]\nreattach_grace_s = {grace_s}\n")
     sups = []
     try:
         for name in ("sa", "sb"):
@@ -235,3 +245,87 @@ def test_a_re_attach_that_does_not_match_is_refused_and_changes_nothing(nodes: A
         with pytest.raises(tcpxd.TcpxdError) as e:
             c._unary("PrepareBlocks", _proto.message("PrepareBlocksRequest")(local_list_ids=[1], entries=b"\0" * 12, reattach_id=1))
         assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "keeps no state directory" in str(e.value), e.value
+
+
+def test_memory_registered_by_address_is_registered_again(patient_nodes: Any) -> None:
+    """A plain numpy array has no file to hand over: the daemon reads and writes it in this process
+    (docs/API.md, "Client host memory"). After a restart the client registers the same address again
+    under its id and key; the daemon takes it back only from the process that registered it (the
+    session's peer credentials), at the same address and size."""
+    import numpy as np
+
+    from tcpxd import _proto
+    from tcpxd._reattach import descriptor_key
+
+    a, b, d = patient_nodes
+    with tcpxd.Client(endpoint(a)) as ca, tcpxd.Client(endpoint(b)) as cb:
+        assert "reattach_client_memory" in cb.describe_node().features
+        mine = np.random.default_rng(40).integers(0, 256, 1 << 20, dtype=np.uint8)
+        buf = cb.register_host(mine)  # anonymous memory: by address
+        assert buf.kind == "host_attached"
+        blocks = cb.register_blocks(buf, block_size=4096)
+        desc, token = buf.descriptor, blocks.token
+        local = ca.register_host(1 << 20)
+        dst = ca.register_blocks(local, block_size=4096)
+        for sig in (signal.SIGKILL, signal.SIGTERM):
+            restart(b, sig)
+            local.numpy()[:] = 0
+            retry(lambda: ca.read(desc, local), "READ of memory registered by address, by its old descriptor")
+            assert np.array_equal(local.numpy(), mine)
+            local.numpy()[:4096] = sig
+            retry(lambda: ca.write(local, desc, 4096), "WRITE into it")
+            assert (mine[:4096] == sig).all(), "the WRITE landed in this process's array"
+            retry(lambda: ca.read_blocks(dst, [3], token, [5]), "READ by the old block-list token")
+            assert np.array_equal(local.numpy()[3 * 4096 : 4 * 4096], mine[5 * 4096 : 6 * 4096])
+            assert cb._reattach.wait(30)
+        assert (buf.descriptor, blocks.token) == (desc, token)
+        assert regs(d, "sb") == 2
+
+        # Once more with the client's re-attacher stopped: the registration waits, and another
+        # address of this process is refused with its id and key, naming why; the same address is
+        # taken back.
+        # (The other process of the check below starts now, its imports paid before the restart.)
+        parent, child = CTX.Pipe()
+        p = CTX.Process(target=claims_by_address, args=(child, endpoint(b)), daemon=True)
+        p.start()
+        assert parent.recv() == "ready"
+        cb._reattach.close()
+        restart(b)
+        cb._registrar.reset()  # type: ignore[union-attr]
+        other = np.zeros(1 << 20, dtype=np.uint8)
+        R = _proto.message("RegisterClientMemoryRequest")
+        key = descriptor_key(desc)
+        with pytest.raises(tcpxd.TcpxdError) as e:
+            cb._registrar.register_by_address(  # type: ignore[union-attr]
+                R(address=other.ctypes.data, size=1 << 20, reattach_id=buf.id, reattach_key=key), 10)
+        assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "it was at address" in str(e.value), e.value
+        # Another process, with the id and key: refused, naming the process it was of.
+        parent.send((buf.id, key))
+        answer = parent.recv()
+        p.join()
+        assert "FAILED_PRECONDITION" in answer and f"it was memory of process {os.getpid()}" in answer, answer
+        cb._registrar.register_by_address(  # type: ignore[union-attr]
+            R(address=mine.ctypes.data, size=1 << 20, reattach_id=buf.id, reattach_key=key), 10)
+        local.numpy()[:] = 0
+        retry(lambda: ca.read(desc, local), "READ after the re-attach by hand")
+        assert np.array_equal(local.numpy(), mine)
+
+
+def claims_by_address(conn: Any, ep: str) -> None:
+    """Another process presenting a registration by address's id and key (sent once its daemon
+    restarted), with memory of its own."""
+    import numpy as np
+
+    from tcpxd import _proto
+
+    with tcpxd.Client(ep) as c:
+        theirs = np.zeros(1 << 20, dtype=np.uint8)
+        R = _proto.message("RegisterClientMemoryRequest")
+        conn.send("ready")
+        buffer_id, key = conn.recv()
+        try:
+            c._registrar.register_by_address(  # type: ignore[union-attr]
+                R(address=theirs.ctypes.data, size=1 << 20, reattach_id=buffer_id, reattach_key=key), 10)
+            conn.send("accepted")
+        except tcpxd.TcpxdError as e:
+            conn.send(f"{e.code.name}: {e}")

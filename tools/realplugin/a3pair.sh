@@ -11,7 +11,7 @@
 # (mismatches: on A3 each of those comms' first CUDA receive kills the process, "rx no cmsg"),
 # and the daemons' per-lane statistics.
 #
-#   sudo tools/realplugin/a3pair.sh [--out DIR] [--bin DIR] [--size SIZE] [--gpu-pairs] [--keep]
+#   sudo tools/realplugin/a3pair.sh [--out DIR] [--bin DIR] [--size SIZE] [--gpu-pairs] [--kill-restart] [--keep]
 #
 #   --out DIR   build.sh's output folder (default target/realplugin; env REALPLUGIN_OUT)
 #   --bin DIR   where tcpxd, tcpxctl and tcpxd-fake-rxdm are (default target/release, else
@@ -20,6 +20,9 @@
 #   --gpu-pairs also WRITE CUDA buffers GPU i (a) -> GPU i (b) for i = 0..7 (the real plugin needs
 #               devmem-tcp and dma-bufs for CUDA memory, which the stand-in cannot give: expect
 #               failures that say so; the rules are made at accept, whatever the buffers)
+#   --kill-restart  after the transfers, SIGKILL node b's daemon (its comms never close: their
+#               rules stay in b's RxDM), start it again on the same state directory (it removes
+#               them, src/rx_rules.rs) and move the bytes again; b's rules left must be 0
 #   --keep      keep the work folder (logs, sockets) and print it
 #
 # Needs root (ip netns), iproute2, and the plugin from build.sh. Everything it makes (namespaces,
@@ -33,6 +36,7 @@ out="${REALPLUGIN_OUT:-$repo/target/realplugin}"
 bin=""
 size="64M"
 gpu_pairs=0
+kill_restart=0
 keep=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -40,8 +44,9 @@ while [ $# -gt 0 ]; do
     --bin) bin="$2"; shift 2 ;;
     --size) size="$2"; shift 2 ;;
     --gpu-pairs) gpu_pairs=1; shift ;;
+    --kill-restart) kill_restart=1; shift ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "a3pair.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -93,6 +98,10 @@ start_node() { # name ns host-octet
   pids+=($!)
   for _ in $(seq 100); do [ -S "$work/$name/rxdm/rx_rule_uninstall" ] && break; sleep 0.05; done
   [ -S "$work/$name/rxdm/rx_rule_uninstall" ] || die "node $name: the fake RxDM did not start ($(cat "$work/$name/rxdm.err"))"
+  start_tcpxd "$@"
+}
+start_tcpxd() { # name ns host-octet: the daemon (its state directory kept across restarts)
+  local name="$1" ns="$2" n="$3"
   ip netns exec "$ns" env \
     LD_LIBRARY_PATH="$out/lib" \
     NCCL_GPUDIRECTTCPX_SOCKET_IFNAME=eth1,eth2,eth3,eth4 \
@@ -106,7 +115,8 @@ start_node() { # name ns host-octet
     NCCL_PAT_ENABLE=0 \
     RUST_LOG="${RUST_LOG:-info}" \
     "$bin/tcpxd" --node-id "a3$name" --plugin "$plugin" --api-socket "$work/$name/api.sock" \
-    --peer-listen "10.100.0.$n:0" --ready-file "$work/$name/ready.json" 2>"$work/$name/tcpxd.log" &
+    --peer-listen "10.100.0.$n:7$n$n$n" --ready-file "$work/$name/ready.json" --state-dir "$work/$name/state" \
+    2>>"$work/$name/tcpxd.log" &
   pids+=($!)
 }
 start_node a "$ns_a" 1
@@ -153,6 +163,25 @@ if [ "$gpu_pairs" = 1 ]; then
       echo "GPU $g a -> GPU $g b failed: $r"; failed=1
     fi
   done
+fi
+
+if [ "$kill_restart" = 1 ]; then
+  # pids: a's fake RxDM, a's daemon, b's fake RxDM, b's daemon.
+  kill -KILL "${pids[3]}"; wait "${pids[3]}" 2>/dev/null || true
+  left=$(grep -c '^install' "$work/b/rules.log" || true); gone=$(grep -c '^uninstall' "$work/b/rules.log" || true)
+  echo "node b's daemon killed: its RxDM saw ${left:-0} installs, ${gone:-0} uninstalls"
+  rm -f "$work/b/api.sock"
+  start_tcpxd b "$ns_b" 2
+  pids[3]=${pids[-1]}; unset 'pids[-1]'
+  ctl --endpoint "$B" health --wait 60 >/dev/null || die "node b did not serve again (see $work/b/tcpxd.log; --keep)"
+  grep -h "flow-steering rules the previous instance left" "$work/b/tcpxd.log" | tail -1 || true
+  # The descriptor handed out before works again (b's daemon-allocated host memory came back).
+  if ctl --endpoint "$A" write --local "$src_id" --remote "$dst" --length "$size"; then
+    cb=$(crc "$B" "$dst_id")
+    if [ "$cb" = "${ca:-}" ]; then echo "host WRITE a -> b after b's restart: byte-exact"; else echo "host WRITE a -> b after b's restart: checksum differs"; failed=1; fi
+  else
+    echo "host WRITE a -> b after b's restart failed"; failed=1
+  fi
 fi
 
 echo "== node a stats"; ctl --endpoint "$A" stats || true

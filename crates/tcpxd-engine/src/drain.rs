@@ -1,8 +1,11 @@
 //! Draining, the daemon's orderly stop, decided here: from [`Engine::begin_drain`] on no
 //! transfer starts; those running get until the drain's deadline, when [`Engine::on_tick`] fails
-//! what is left; [`Engine::is_drained`] says when the driver may stop, and what the drain did.
+//! what is left; [`Engine::is_drained`] says when the driver may stop, and what the drain did;
+//! [`Engine::close_by`] until when the driver waits for its comms to close (a plugin's close
+//! may block for ever: Google's joins helper threads that never look up while a request they
+//! carry has bytes left, and a peer stopping at the same moment never sends them).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::{Code, Engine, EngineError, EngineResult};
 
@@ -14,6 +17,10 @@ pub struct DrainReport {
     /// Transfers failed when the grace period ended.
     pub failed_at_deadline: usize,
 }
+
+/// The least time the driver gets to close its comms once drained: the drain's deadline, or
+/// this long after the moment it was drained when the transfers took the whole grace period.
+pub const CLOSE_AT_LEAST: Duration = Duration::from_secs(1);
 
 /// A drain under way.
 #[derive(Debug)]
@@ -83,6 +90,14 @@ impl Engine {
         if let Some(d) = &mut self.drain {
             d.report.failed_at_deadline += ids.len();
         }
+    }
+
+    /// Query: until when the driver waits for its comms to close, once drained at `now` (or
+    /// stopping without a drain): the drain's deadline, never less than [`CLOSE_AT_LEAST`]
+    /// after `now`. Comms not closed by then are left to the process's exit.
+    pub fn close_by(&self, now: Instant) -> Instant {
+        let floor = now + CLOSE_AT_LEAST;
+        self.drain.as_ref().map_or(floor, |d| d.deadline.max(floor))
     }
 
     /// The drain's deadline, while one is under way and transfers remain.

@@ -97,7 +97,7 @@ use std::time::{Duration, Instant};
 pub use action::Action;
 pub use block_transfers::{BlockSpec, RemoteBlocks};
 pub use counters::{LaneCounters, PeerCounters};
-pub use drain::DrainReport;
+pub use drain::{CLOSE_AT_LEAST, DrainReport};
 pub use error::{Code, EngineError, EngineResult};
 pub use layout::LaneLayout;
 pub use plan::{Chunk, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};

@@ -335,6 +335,7 @@ impl BufferRegistry {
         pages: ClientPages,
         size: u64,
         label: &str,
+        ident: Option<Ident>,
     ) -> Result<Arc<BufferEntry>, EngineError> {
         self.check_new("size", size, label)?;
         let len =
@@ -345,12 +346,16 @@ impl BufferRegistry {
                 format!("size: cannot reserve {size} bytes: {e}"),
             )
         })?;
+        let (id, key) = match ident {
+            Some(i) => (i.id, i.key),
+            None => (self.next_id.fetch_add(1, Ordering::Relaxed), rand::random()),
+        };
         Ok(Arc::new(BufferEntry {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            id,
             kind: BufferKind::HostAttached,
             size,
             label: label.to_string(),
-            key: Mutex::new(rand::random()),
+            key: Mutex::new(key),
             memory: BufferMemory::Host(Arc::new(reserved)),
             attached: Some(pages),
         }))

@@ -209,6 +209,22 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
     if journal.is_some() {
         node.reattach_grace_s = cfg.reattach_grace.as_secs() as u32;
     }
+    // The flow-steering rules a previous instance left in RxDM (it died with comms open): removed
+    // before this one accepts anything (src/rx_rules.rs).
+    let rx_rules = match &cfg.state_dir {
+        Some(dir) => {
+            let (book, left) = crate::rx_rules::RuleBook::open(dir);
+            let b = book.clone();
+            let prefix = crate::rx_rules::rxdm_prefix();
+            let removed =
+                tokio::task::spawn_blocking(move || crate::rx_rules::remove_stale(&b, &prefix, left))
+                    .await
+                    .unwrap_or(0);
+            metrics.stale_rx_rules_removed(removed);
+            Some(book)
+        }
+        None => None,
+    };
     let (notify_tx, _) = broadcast::channel(4096);
     let (stop_tx, stop_rx) = watch::channel(false);
     // runtime.spin: an async worker kept awake while traffic flows (the poller lingers too).
@@ -226,6 +242,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             connect_timeout: cfg.peer_connect_timeout,
             metrics: metrics.clone(),
             warmth: warmth.clone(),
+            rx_rules,
         },
         notify_tx.clone(),
     )
@@ -462,21 +479,29 @@ impl RunningDaemon {
         self.health.set_not_serving::<TcpxdServer<ClientService>>().await;
         let deadline = Instant::now() + self.grace;
         let (tx, rx) = oneshot::channel();
-        let report = if self
+        let none = DrainReport {
+            finished_in_grace: 0,
+            failed_at_deadline: 0,
+        };
+        let sent = self
             .state
             .poller
             .send(Command::Drain { deadline, reply: tx })
-            .is_ok()
-        {
-            rx.await.unwrap_or(DrainReport {
-                finished_in_grace: 0,
-                failed_at_deadline: 0,
-            })
-        } else {
-            DrainReport {
-                finished_in_grace: 0,
-                failed_at_deadline: 0,
-            }
+            .is_ok();
+        // The poller's transfers and the same-node copies (which the daemon runs itself) drain
+        // together, under the same deadline.
+        let (poller, copies) = tokio::join!(
+            async {
+                match sent {
+                    true => rx.await.unwrap_or(none),
+                    false => none,
+                }
+            },
+            self.state.same_node.drain(deadline)
+        );
+        let report = DrainReport {
+            finished_in_grace: poller.finished_in_grace + copies.finished_in_grace,
+            failed_at_deadline: poller.failed_at_deadline + copies.failed_at_deadline,
         };
         // Give watchers a moment to read the final statuses.
         tokio::time::sleep(Duration::from_millis(50)).await;

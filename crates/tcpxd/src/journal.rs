@@ -72,11 +72,24 @@ pub enum Record {
         /// The current access key (hex): a rotated key stays rotated.
         key: String,
         label: String,
+        /// Memory registered by address: whose (only that process re-attaches it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        owner: Option<Owner>,
     },
     List {
         buffer: u64,
     },
     Prepared,
+}
+
+/// The process whose memory a registration by address is, and where in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Owner {
+    pub pid: i32,
+    /// Its start time (`/proc/<pid>/stat` field 22, clock ticks since boot): a pid reused by
+    /// another process does not match.
+    pub start: u64,
+    pub address: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -444,6 +457,7 @@ mod tests {
             size: 4096,
             key: key.into(),
             label: String::new(),
+            owner: None,
         }
     }
 

@@ -27,6 +27,7 @@ pub mod net;
 pub mod peer_stats;
 pub mod peers;
 pub mod poller;
+pub mod rx_rules;
 pub mod topology;
 pub mod unpack;
 

@@ -133,6 +133,7 @@ pub struct Metrics {
     reattached: IntCounterVec,
     reattach_forgotten: prometheus::IntCounter,
     reattach_pending: prometheus::IntGauge,
+    stale_rx_rules: prometheus::IntCounter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -223,6 +224,15 @@ impl Metrics {
                 r.register(Box::new(c.clone())).expect("registered once");
                 c
             },
+            stale_rx_rules: {
+                let c = prometheus::IntCounter::new(
+                    "tcpxd_stale_rx_rules_removed_total",
+                    "Flow-steering rules a previous instance left in RxDM (it died with receive comms open), removed at start-up",
+                )
+                .expect("valid metric");
+                r.register(Box::new(c.clone())).expect("registered once");
+                c
+            },
             reattach_pending: {
                 let g = prometheus::IntGauge::new(
                     "tcpxd_reattach_pending",
@@ -269,6 +279,11 @@ impl Metrics {
     /// host_restored).
     pub fn reattached(&self, kind: &str) {
         self.reattached.with_label_values(&[kind]).inc();
+    }
+
+    /// Flow-steering rules of a previous instance were removed from RxDM.
+    pub fn stale_rx_rules_removed(&self, n: usize) {
+        self.stale_rx_rules.inc_by(n as u64);
     }
 
     /// Registrations nobody re-attached were forgotten.

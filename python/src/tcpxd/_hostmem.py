@@ -77,8 +77,10 @@ class Shared:
 class HostMemory:
     """The client's side of a shared host buffer: its bytes, seen as numpy or torch without a copy."""
 
-    #: (descriptor kept open, offset, size, label): how the buffer is registered again after a
-    #: daemon restart (tcpxd._reattach).
+    #: How the buffer is registered again after a daemon restart (tcpxd._reattach): its
+    #: descriptor (a duplicate kept open) sent anew, or its address in this process.
+    again: Optional["_reattach.Again"] = None
+    #: By descriptor: (the duplicate kept open, offset, size, label) that `again` sends.
     reattach: Optional[Tuple[int, int, int, str]] = None
 
     def __init__(self, shared: Shared):
@@ -388,6 +390,21 @@ class Registrar:
                 raise Unavailable(f"register_host: the local session with {self.path} ended: {e!r}") from None
             return registered(ev, conn.tag)
 
+    def register_by_address(self, req: Any, timeout: Optional[float]) -> Any:
+        """Sends `req` (a RegisterClientMemoryRequest); returns the daemon's Buffer message. A
+        re-attach after a restart goes this way."""
+        with self._lock:
+            conn = self._connection()
+            try:
+                ev = conn.exchange("register_client_memory", req, timeout)
+            except socket.timeout:
+                self._drop()
+                raise Unavailable(f"register_host: no answer from the daemon at {self.path} within {timeout} s") from None
+            except (_local.Gone, OSError) as e:
+                self._drop()
+                raise Unavailable(f"register_host: the local session with {self.path} ended: {e!r}") from None
+            return registered(ev, conn.tag)
+
     def reset(self) -> None:
         """Forgets the connection (the daemon it went to is gone): the next registration opens one."""
         with self._lock:
@@ -475,9 +492,12 @@ def register(
         return None
     mem = prepare(memory, label, fd)
     host = HostMemory(mem)
-    # A duplicate of the descriptor, kept while the memory lives: what a restarted daemon is
-    # handed again (tcpxd._reattach). Memory registered by address has no descriptor: a restarted
-    # daemon does not get it back (docs/PYTHON.md, "When the daemon restarts"); register it again.
+    # What a restarted daemon is handed again (tcpxd._reattach): a duplicate of the descriptor,
+    # kept while the memory lives, or the same address of this process (the daemon checks that
+    # the request comes from the process it was registered by).
     if mem.address is None:
         host.reattach = (_reattach.keep_fd(mem.fd, host), mem.offset, mem.nbytes, label)
+        host.again = _reattach.host_fd_again(*host.reattach)
+    else:
+        host.again = _reattach.client_memory_again(mem.address, mem.nbytes, label)
     return registrar.register(mem, label, timeout), host

@@ -341,6 +341,19 @@ def host_fd_again(fd: int, offset: int, size: int, label: str) -> Again:
     return again
 
 
+def client_memory_again(address: int, size: int, label: str) -> Again:
+    """How host memory registered by address is registered again: the same range of this process,
+    on the connection of the client that holds the buffer (the daemon takes the process from the
+    connection's peer credentials and accepts only the one that registered it)."""
+
+    def again(buf: Any, rpc: "Client") -> None:
+        req = _proto.message("RegisterClientMemoryRequest")(
+            address=address, size=size, label=label, reattach_id=buf.id, reattach_key=descriptor_key(buf.descriptor))
+        buf._update(buf._client._registrar.register_by_address(req, rpc.timeout))
+
+    return again
+
+
 def cuda_ipc_again(req: Any) -> Again:
     def again(buf: Any, rpc: "Client") -> None:
         r = type(req)()

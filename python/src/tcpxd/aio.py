@@ -118,8 +118,8 @@ class AsyncClient:
             )
             if got is not None:
                 buf = AsyncBuffer(self, got[0], keepalive=got[1], host=got[1])
-                if got[1].reattach is not None:
-                    await self._track(self._reattach.track_buffer, buf, _reattach.host_fd_again(*got[1].reattach))
+                if got[1].again is not None:
+                    await self._track(self._reattach.track_buffer, buf, got[1].again)
                 return buf
         return AsyncBuffer(self, await self._unary("RegisterBuffer", _ops.host_register(memory, label)))
 

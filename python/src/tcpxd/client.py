@@ -145,8 +145,8 @@ class Client:
             got = _hostmem.register(self._registrar, self.endpoint, memory, label, fd, self.timeout, shared)
             if got is not None:
                 buf = Buffer(self, got[0], keepalive=got[1], host=got[1])
-                if got[1].reattach is not None:
-                    self._reattach.track_buffer(buf, _reattach.host_fd_again(*got[1].reattach))
+                if got[1].again is not None:
+                    self._reattach.track_buffer(buf, got[1].again)
                 return buf
         return Buffer(self, self._unary("RegisterBuffer", _ops.host_register(memory, label)))
 

@@ -86,6 +86,27 @@ fn a_drain_fails_what_is_left_when_its_grace_period_ends_in_mode() {
 }
 
 #[test]
+fn closing_the_comms_gets_the_rest_of_the_grace_period_or_at_least_a_second() {
+    let mut s = Sim::new(2, small_chunks(), 74);
+    let now = s.now;
+    // No drain (a stop without one): a second.
+    assert_eq!(s.nodes[0].eng.close_by(now), now + CLOSE_AT_LEAST);
+    // Drained early: until the grace period's end.
+    let deadline = now + Duration::from_secs(30);
+    s.nodes[0].eng.begin_drain(deadline);
+    assert_eq!(
+        s.nodes[0].eng.is_drained(now).map(|r| r.failed_at_deadline),
+        Some(0)
+    );
+    assert_eq!(s.nodes[0].eng.close_by(now), deadline);
+    // Drained at (or past) the deadline: a second more, never a wait without end.
+    let late = deadline + Duration::from_millis(1);
+    assert_eq!(s.nodes[0].eng.close_by(late), late + CLOSE_AT_LEAST);
+    s.run();
+    s.assert_idle();
+}
+
+#[test]
 fn a_buffer_watched_while_in_use_is_reported_idle_once_its_last_user_ends() {
     every_mode(a_buffer_watched_while_in_use_is_reported_idle_once_its_last_user_ends_in_mode);
 }

@@ -160,9 +160,23 @@ impl DaemonState {
             pid,
             addr: req.address,
         };
+        // A re-attach after a restart: the same process (pid and start time, the kernel's word
+        // for the session's peer), address and size, with the buffer's current key.
+        let owner = crate::journal::Owner {
+            pid,
+            start: super::reattach::process_start(pid).unwrap_or(0),
+            address: req.address,
+        };
+        let (ident, claim) = self.reattach_buffer_of(
+            req.reattach_id,
+            &req.reattach_key,
+            BufferKind::HostAttached,
+            req.size,
+            Some(owner),
+        )?;
         let state = self.clone();
         let entry = tokio::task::spawn_blocking(move || {
-            let entry = state.buffers.client_pages(pages, req.size, &req.label)?;
+            let entry = state.buffers.client_pages(pages, req.size, &req.label, ident)?;
             pages.probe(req.size).map_err(crate::buffers::attach_error)?;
             Ok::<_, engine::EngineError>(entry)
         })
@@ -170,10 +184,16 @@ impl DaemonState {
         .map_err(|e| Status::internal(e.to_string()))?
         .map_err(status)?;
         self.install(&entry).await?;
+        if let Err(e) = self.journal_buffer(&entry) {
+            let _ = self.release(entry.id, None).await;
+            return Err(e);
+        }
+        claim.keep();
         tracing::info!(
             buffer = entry.id,
             size = entry.size,
             pid,
+            reattached = ident.is_some(),
             "client memory registered by address"
         );
         Ok(self.buffer_pb(&entry))

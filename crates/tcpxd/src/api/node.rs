@@ -12,8 +12,14 @@ use crate::engine::topology::Topology;
 use crate::net::{Plugin, PluginSource};
 
 /// The request forms DescribeNode lists in `features`: WritePrepared/ReadPrepared's outer sums
-/// and index windows; WriteBatch/ReadBatch's packed `ranges` (api/batch_ranges.rs).
-pub const FEATURES: &[&str] = &["prepared_outer_indices", "prepared_index_windows", "batch_ranges"];
+/// and index windows; WriteBatch/ReadBatch's packed `ranges` (api/batch_ranges.rs);
+/// `register_client_memory`'s `reattach_id` (api/host_memory.rs).
+pub const FEATURES: &[&str] = &[
+    "prepared_outer_indices",
+    "prepared_index_windows",
+    "batch_ranges",
+    "reattach_client_memory",
+];
 
 /// What the daemon knows of itself, gathered at start-up (GPUs on first ask).
 pub struct NodeFacts {

@@ -11,7 +11,7 @@ use tonic::Status;
 
 use super::state::{DaemonState, status};
 use crate::buffers::{BufferEntry, BufferKind, Ident};
-use crate::journal::{Record, Space};
+use crate::journal::{Owner, Record, Space};
 
 /// The journal's name of a buffer kind.
 pub fn kind_name(kind: BufferKind) -> &'static str {
@@ -84,6 +84,19 @@ impl DaemonState {
         kind: BufferKind,
         size: u64,
     ) -> Result<(Option<Ident>, Claim), Status> {
+        self.reattach_buffer_of(id, key, kind, size, None)
+    }
+
+    /// As [`DaemonState::reattach_buffer`], for memory registered by address: `owner` (the
+    /// session's peer process, where its memory is) must be the one the buffer was of.
+    pub(crate) fn reattach_buffer_of(
+        &self,
+        id: u64,
+        key: &[u8],
+        kind: BufferKind,
+        size: u64,
+        owner: Option<Owner>,
+    ) -> Result<(Option<Ident>, Claim), Status> {
         if id == 0 {
             return Ok((None, Claim::none()));
         }
@@ -98,6 +111,7 @@ impl DaemonState {
                     kind: k,
                     size: s,
                     key: current,
+                    owner: was,
                     ..
                 } => {
                     if k != kind_name(kind) {
@@ -107,7 +121,17 @@ impl DaemonState {
                     } else if *current != want {
                         Err("reattach_key is not its access key (re-keyed since? describe it again)".into())
                     } else {
-                        Ok(())
+                        match (was, owner) {
+                            (Some(w), Some(o)) if w.pid != o.pid || w.start != o.start => Err(format!(
+                                "it was memory of process {} (started at tick {}), this request comes from process {} (tick {})",
+                                w.pid, w.start, o.pid, o.start
+                            )),
+                            (Some(w), Some(o)) if w.address != o.address => Err(format!(
+                                "it was at address {:#x}, this is {:#x}",
+                                w.address, o.address
+                            )),
+                            _ => Ok(()),
+                        }
                     }
                 }
                 _ => Err("not a buffer".into()),
@@ -124,11 +148,17 @@ impl DaemonState {
         let Some(journal) = &self.journal else {
             return Ok(());
         };
+        let owner = b.attached.map(|p| Owner {
+            pid: p.pid,
+            start: process_start(p.pid).unwrap_or(0),
+            address: p.addr,
+        });
         let record = Record::Buffer {
             kind: kind_name(b.kind).to_string(),
             size: b.size,
             key: hex::encode(b.key()),
             label: b.label.clone(),
+            owner,
         };
         journal.record(Space::Buffer, b.id, &record).map_err(status)
     }
@@ -178,6 +208,15 @@ impl DaemonState {
             j.forget(space, id);
         }
     }
+}
+
+/// When process `pid` started (`/proc/<pid>/stat` field 22, clock ticks since boot): with the
+/// pid, names one process for the machine's uptime.
+pub fn process_start(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces and parentheses): state is field 3.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
 }
 
 fn claimed(

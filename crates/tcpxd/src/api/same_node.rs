@@ -11,13 +11,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Instant;
 
 use tokio::sync::watch;
 use tonic::Status;
 
-use super::same_node_registry::SameNode;
+use super::same_node_registry::{CANCELLED, RUNNING, SameNode};
 use super::state::{DaemonState, status};
 use super::transfers::{EntryFields, Started};
 use crate::block_token::BlockToken;
@@ -286,23 +286,23 @@ impl DaemonState {
                 p.len,
             ));
         }
-        Ok(self.start_same_node(Copy {
+        self.start_same_node(Copy {
             op,
             pieces,
             entries: 1,
             total: plan.total,
             notification,
             deadline,
-        }))
+        })
     }
 
     /// Starts the copy: inline when small, else on the blocking pool. The transfer is known to
-    /// Watch, WaitTransfer and Cancel before this returns.
-    pub(crate) fn start_same_node(&self, copy: Copy) -> Started {
+    /// Watch, WaitTransfer and Cancel before this returns. UNAVAILABLE once the daemon drains.
+    pub(crate) fn start_same_node(&self, copy: Copy) -> Result<Started, Status> {
         let mut buffers: Vec<u64> = copy.pieces.iter().flat_map(|p| [p.src.id, p.dst.id]).collect();
         buffers.sort_unstable();
         buffers.dedup();
-        let (id, cancel) = self.same_node.open(buffers);
+        let (id, stop) = self.same_node.open(buffers)?;
         let started_at = Instant::now();
         let (tx, rx) = watch::channel(TransferStatus {
             phase: Phase::Running,
@@ -322,7 +322,7 @@ impl DaemonState {
             started_at,
         };
         let job = move || {
-            let outcome = run(&copy, &cancel, &tx);
+            let outcome = run(&copy, &stop, &tx);
             finish.done(&copy, outcome, &tx);
         };
         if started.total <= INLINE_BYTES {
@@ -330,7 +330,7 @@ impl DaemonState {
         } else {
             tokio::task::spawn_blocking(job);
         }
-        started
+        Ok(started)
     }
 }
 
@@ -405,18 +405,20 @@ impl Finish {
             code = ?outcome.code,
             "same-node transfer finished"
         );
+        // Off the book first: whoever sees it finished sees it no longer active.
+        self.same_node.close(self.id);
         tx.send_modify(|s| {
             s.bytes_done = outcome.landed;
             s.phase = Phase::Finished;
             s.outcome = Some(outcome);
             s.finished_at = Some(Instant::now());
         });
-        self.same_node.close(self.id);
     }
 }
 
-/// Copies every piece in chunks, checking cancel and the deadline before each.
-fn run(copy: &Copy, cancel: &AtomicBool, tx: &watch::Sender<TransferStatus>) -> Outcome {
+/// Copies every piece in chunks, checking the stop flag (cancel, the drain's end) and the
+/// deadline before each.
+fn run(copy: &Copy, stop: &AtomicU8, tx: &watch::Sender<TransferStatus>) -> Outcome {
     let mut entries: Vec<Option<(Code, String)>> = vec![None; copy.entries];
     let mut done = 0u64;
     let mut bounce = Vec::new();
@@ -424,8 +426,16 @@ fn run(copy: &Copy, cancel: &AtomicBool, tx: &watch::Sender<TransferStatus>) -> 
     for (k, p) in copy.pieces.iter().enumerate() {
         let mut at = 0u64;
         while at < p.len {
-            let stop = if cancel.load(Ordering::Relaxed) {
-                Some((Code::Cancelled, "cancelled by the client".to_string()))
+            let stop = match stop.load(Ordering::Relaxed) {
+                RUNNING => None,
+                CANCELLED => Some((Code::Cancelled, "cancelled by the client".to_string())),
+                _ => Some((
+                    Code::Unavailable,
+                    "the daemon is shutting down (grace period over)".to_string(),
+                )),
+            };
+            let stop = if stop.is_some() {
+                stop
             } else if Instant::now() >= copy.deadline {
                 Some((
                     Code::DeadlineExceeded,

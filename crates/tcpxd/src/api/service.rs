@@ -452,7 +452,7 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
     }
 
     async fn get_stats(&self, _: Request<pb::GetStatsRequest>) -> Result<Response<pb::Stats>, Status> {
-        let snap = self.state.ask(|reply| Command::Stats { reply }).await?;
+        let snap = self.state.stats_snapshot().await?;
         let buffers = self.state.buffers.list();
         let peers = snap
             .peers

@@ -56,6 +56,14 @@ impl DaemonState {
             .map_err(|_| Status::unavailable("the daemon is shutting down"))
     }
 
+    /// The poller's stats snapshot, its `active_transfers` counting the same-node copies in
+    /// flight too.
+    pub(crate) async fn stats_snapshot(&self) -> Result<crate::peer_stats::StatsSnapshot, Status> {
+        let mut snap = self.ask(|reply| Command::Stats { reply }).await?;
+        snap.active_transfers += self.same_node.active();
+        Ok(snap)
+    }
+
     /// Cancels a transfer, a same-node one or the poller's: `false` when it already ended.
     pub(crate) async fn cancel_transfer(&self, id: crate::engine::TransferId) -> Result<bool, Status> {
         match self.same_node.cancel(id.0) {

@@ -6,7 +6,6 @@ use tonic::Status;
 use super::proto::v1 as pb;
 use super::state::DaemonState;
 use crate::metrics::{Hist, Summary};
-use crate::poller::Command;
 
 fn hist_pb(h: &Hist) -> pb::Histogram {
     pb::Histogram {
@@ -63,7 +62,7 @@ pub fn event_stats(s: &Summary) -> pb::Stats {
 impl DaemonState {
     /// The Prometheus page: the event series and a fresh stats snapshot from the poller.
     pub async fn render_metrics(&self) -> Result<String, Status> {
-        let snap = self.ask(|reply| Command::Stats { reply }).await?;
+        let snap = self.stats_snapshot().await?;
         let buffers = self.buffers.list();
         if let Some(j) = &self.journal {
             self.metrics.set_reattach_pending(j.pending());

@@ -143,7 +143,7 @@ impl DaemonState {
                 self.wait_ready_event(&r.ready_event_ipc_handle, locals.into_iter(), deadline)
                     .await?;
             }
-            return Ok(self.start_same_node(copy));
+            return self.start_same_node(copy);
         }
         let one_status = r.ranges.is_some();
         let (specs, total) = self.batch_specs(&r.entries, r.ranges.as_ref(), deadline).await?;
@@ -178,7 +178,7 @@ impl DaemonState {
         if self.batch_is_same_node(batch_descriptors(&r.entries, r.ranges.as_ref())) {
             let fields = same_node_fields(&r.entries, r.ranges.as_ref())?;
             let copy = self.same_node_batch(Op::Read, fields.iter().copied(), Vec::new(), deadline)?;
-            return Ok(self.start_same_node(copy));
+            return self.start_same_node(copy);
         }
         let one_status = r.ranges.is_some();
         let (specs, total) = self.batch_specs(&r.entries, r.ranges.as_ref(), deadline).await?;

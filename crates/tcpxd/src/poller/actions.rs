@@ -361,6 +361,7 @@ impl Poller {
             l.deferred.clear();
             l.queue.clear();
             l.state = RecvLaneState::Closed;
+            l.rules = None; // after the close, which removed them
         }
         tracing::warn!(peer = %p.node_id, "peer failed: {reason}");
         // Stored even with nobody watching (a replaced pairing): GetStats reads it.

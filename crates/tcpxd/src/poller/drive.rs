@@ -18,6 +18,8 @@ impl Poller {
         let mut events = std::mem::take(&mut self.completions);
         let now = Instant::now();
         let meter = &self.meter;
+        let rules = &self.cfg.rx_rules;
+        let topology = &self.cfg.topology;
         for (&peer, p) in self.peers.iter_mut() {
             if p.failed {
                 continue;
@@ -51,9 +53,16 @@ impl Poller {
                         events.push(Completion::Failed(peer, format!("lane {li}: {e}")));
                         continue;
                     }
+                    let data_at = crate::rx_rules::data_listen_addr(&listen.handle().0);
                     match listen.accept_step() {
                         Ok(Some(comm)) => {
                             l.state = RecvLaneState::Ready(comm);
+                            // Google's plugin installed a flow-steering rule per data socket it
+                            // accepted: recorded until the comm's close removes them
+                            // (src/rx_rules.rs).
+                            if let (Some(book), Some(at)) = (rules, data_at) {
+                                l.rules = Some(book.record(super::peers::lane_flows(topology, l.gpu, at)));
+                            }
                             events.push(Completion::LaneReady(peer, li as u32, false));
                         }
                         Ok(None) if now > *deadline => {

@@ -309,6 +309,8 @@ pub struct PollerConfig {
     /// `runtime.spin`: keep polling for [`LINGER`] after the last progress before parking, and
     /// tell this of every pass that made progress (it keeps an async worker awake meanwhile).
     pub warmth: Option<Arc<crate::idle::Warmth>>,
+    /// With a state directory: where the receive comms' flow-steering rules are recorded.
+    pub rx_rules: Option<Arc<crate::rx_rules::RuleBook>>,
 }
 
 /// The running poller thread.
@@ -421,6 +423,9 @@ struct RecvLane {
     /// Block chunks: the host landing ring of scattered receives into host memory and the
     /// pinned segment tables of GPU scatters (one per ring slot).
     scatter: blocks::RecvScatter,
+    /// The flow-steering rules the plugin installed for this lane's comm, recorded in the state
+    /// directory (src/rx_rules.rs). Last: dropped after the comm, whose close removed them.
+    rules: Option<crate::rx_rules::Recorded>,
 }
 
 /// The buffer id of a credit receive's landing slot (no client buffer has it).

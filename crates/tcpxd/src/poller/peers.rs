@@ -96,6 +96,7 @@ impl Poller {
                 landing_slots: None,
                 credit_seq: 0,
                 scatter: blocks::RecvScatter::default(),
+                rules: None,
             })
             .collect::<Vec<_>>();
         let idx = self
@@ -133,15 +134,93 @@ impl Poller {
         true
     }
 
-    /// Fails whatever is left and closes every comm.
+    /// Fails whatever is left and closes every comm, waiting for the closes no longer than the
+    /// engine says ([`crate::engine::Engine::close_by`]).
     pub(super) fn shutdown_now(&mut self) {
         for id in self.engine.active_transfer_ids() {
             self.engine
                 .cancel(id, Code::Unavailable, "the daemon is shutting down");
         }
         self.run_actions();
-        self.peers.clear();
-        self.prepared.clear();
+        let by = self.engine.close_by(Instant::now());
+        close_comms(
+            std::mem::take(&mut self.peers),
+            std::mem::take(&mut self.prepared),
+            std::mem::take(&mut self.buffers),
+            by,
+        );
         tracing::debug!("poller stopped");
     }
+}
+
+/// Closes every comm on a thread of its own and waits for it until `by`. A plugin's close can
+/// block for ever: Google's `tcpxClose` joins the comm's helper threads, which look at their
+/// stop flag only when idle, and a helper carrying a request with bytes left (a receive whose
+/// sender stopped at the same moment, a send its receiver no longer takes) is never idle
+/// (src/net_tcpx.cc, `persistentSocketThread`). Send lanes close first, every peer's: their
+/// sockets' end is what ends the peer's receives on them. What is not closed by `by` is left
+/// to the process's exit, with the memory it may still write into (`buffers`, the lanes' own),
+/// so no plugin thread ever writes into memory given back.
+fn close_comms(
+    peers: std::collections::BTreeMap<PeerIdx, PeerSlot>,
+    prepared: HashMap<u64, Vec<ListenComm>>,
+    buffers: HashMap<u64, std::sync::Arc<crate::buffers::BufferEntry>>,
+    by: Instant,
+) {
+    let (done, closed) = std::sync::mpsc::channel::<()>();
+    let comms = peers.values().map(|p| p.send.len() + p.recv.len()).sum::<usize>();
+    let close = move || {
+        let mut peers = peers;
+        for p in peers.values_mut() {
+            drop(std::mem::take(&mut p.send));
+        }
+        drop(peers);
+        drop(prepared);
+        drop(buffers);
+        let _ = done.send(());
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("tcpxd-close".into())
+        .spawn(close)
+    {
+        // The closure went with the error: the comms were closed on this thread.
+        tracing::warn!("could not start a thread to close the comms ({e}): closed here");
+        return;
+    }
+    let wait = by.saturating_duration_since(Instant::now());
+    if closed
+        .recv_timeout(wait)
+        .is_err_and(|e| e == std::sync::mpsc::RecvTimeoutError::Timeout)
+    {
+        tracing::warn!(
+            comms,
+            waited_ms = wait.as_millis() as u64,
+            "the plugin did not close the lanes' comms within the drain's grace period (a request \
+             still under way on a comm whose peer stopped too): left to the process's exit"
+        );
+    }
+}
+
+/// The flow-steering rules Google's plugin installed for a receive comm just accepted on
+/// `at` (its data listen address) under GPU `gpu`: one per data socket, (peer → `at`).
+pub(super) fn lane_flows(
+    topology: &crate::engine::topology::Topology,
+    gpu: Option<u32>,
+    at: std::net::SocketAddr,
+) -> Vec<crate::rx_rules::Flow> {
+    let pci = gpu.and_then(|g| {
+        topology
+            .gpus
+            .iter()
+            .find(|i| i.ordinal == g)
+            .map(|i| crate::rx_rules::plugin_pci(&i.pci_bus_id))
+    });
+    crate::rx_rules::accepted_on(at)
+        .into_iter()
+        .map(|(src, dst)| crate::rx_rules::Flow {
+            src,
+            dst,
+            gpu: pci.clone(),
+        })
+        .collect()
 }

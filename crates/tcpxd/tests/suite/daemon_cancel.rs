@@ -316,3 +316,44 @@ async fn releasing_a_buffer_waits_for_the_transfers_that_use_it() {
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut bc).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_ends_within_its_grace_period_though_the_plugin_cannot_close_a_comm() {
+    // Google's plugin closes a comm only once every request on it has moved its bytes, or its
+    // peer closed its end (tcpxClose joins helper threads that look at their stop flag only when
+    // idle): a daemon stopping at the same moment as its peer, each with a request under way,
+    // once spun in its close for over ten minutes. The emulation closes as the plugin does with
+    // TCPXEMU_CLOSE=plugin; the peer, held stopped, never closes its end.
+    // SAFETY: each test runs in its own process (nextest) and sets the variable before the
+    // emulation is initialised and before any other thread reads the environment.
+    unsafe { std::env::set_var("TCPXEMU_CLOSE", "plugin") };
+    tcpxd::logging::init("warn");
+    let mut a = daemons::start("stuckclose-a", |args| args.shutdown_grace_s = Some(1)).await;
+    let (b, mut bc) = hold::peer_process(&mut a, "stuckclose-b", &[("TCPXEMU_CLOSE", "plugin")]).await;
+    let src = host_buffer(&mut a.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut bc, 128 * MIB, "").await;
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"")
+        .await
+        .unwrap();
+    let mut watcher = a.client.clone();
+    let waiter = tokio::spawn(async move { wait(&mut watcher, id).await });
+    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
+    // The drain fails the transfer when its second is over, then the send comm cannot close
+    // (its send has bytes left, the peer takes none). Before, the shutdown waited for ever; now
+    // it gives the close the rest of the grace period (at least CLOSE_AT_LEAST) and stops.
+    let report = tokio::time::timeout(Duration::from_secs(60), a.daemon.shutdown())
+        .await
+        .expect("the shutdown ended though a comm could not be closed");
+    frozen.thaw();
+    assert_eq!(report.failed_at_deadline, 1);
+    let e = waiter.await.unwrap();
+    assert_eq!(e.status_code, tonic::Code::Unavailable as i32);
+    assert!(
+        e.status_message.contains("grace period over"),
+        "{}",
+        e.status_message
+    );
+    // The peer goes on: its own buffers are there and it answers.
+    let s = bc.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(s.active_transfers, 0);
+}

@@ -645,3 +645,64 @@ async fn gpu_to_gpu_and_mixed_both_ways_on_one_daemon() {
     assert_eq!(crc(a, g1.id, 100, MIB).await, crc(&mut b, h2.id, 0, MIB).await);
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_in_flight_count_as_active_transfers_and_a_drain_waits_for_them() {
+    let (mut d, mut b) = one_daemon("same-drain").await;
+    let a = &mut d.client;
+    let size = 128 * MIB;
+    let src = host_buffer(a, size, "").await;
+    let dst = host_buffer(&mut b, size, "").await;
+    // GetStats counts a copy while it runs (a few tens of milliseconds; on a machine so loaded
+    // that the copy ends before the stats are read, the next try).
+    let mut seen = false;
+    for _ in 0..5 {
+        let id = write(a, write_entry(&src, 0, &dst, 0, size), b"").await.unwrap();
+        let s = a.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
+        wait_ok(a, id).await;
+        if s.active_transfers == 1 {
+            seen = true;
+            break;
+        }
+        assert_eq!(s.active_transfers, 0);
+    }
+    assert!(seen, "no GetStats saw a copy of 128 MiB running in 5 tries");
+    let s = a.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
+    assert_eq!(s.active_transfers, 0, "ended copies are not counted");
+    // A drain waits for the copy running when it began (grace: the default 30 s), and its
+    // report counts it.
+    let id = write(a, write_entry(&src, 0, &dst, 0, size), b"").await.unwrap();
+    let mut watcher = a.clone();
+    let waiter = tokio::spawn(async move { wait(&mut watcher, id).await });
+    let report = d.daemon.shutdown().await;
+    let e = waiter.await.unwrap();
+    assert_eq!(e.status_code, 0, "{}", e.status_message);
+    assert_eq!(report.failed_at_deadline, 0);
+    assert!(report.finished_in_grace <= 1);
+    assert_eq!(e.bytes_done, size, "the copy is whole");
+
+    // A grace period of zero: the copy running at the drain is stopped between two chunks,
+    // UNAVAILABLE and why (unless it ended first), and the report says so.
+    let mut d = daemons::start("same-drain0", |args| args.shutdown_grace_s = Some(0)).await;
+    let mut b = unix_client(d.daemon.api_socket.clone()).await;
+    let a = &mut d.client;
+    let src = host_buffer(a, size, "").await;
+    let dst = host_buffer(&mut b, size, "").await;
+    let id = write(a, write_entry(&src, 0, &dst, 0, size), b"").await.unwrap();
+    let mut watcher = a.clone();
+    let waiter = tokio::spawn(async move { wait(&mut watcher, id).await });
+    let report = d.daemon.shutdown().await;
+    let e = waiter.await.unwrap();
+    if e.status_code == 0 {
+        assert_eq!(report.failed_at_deadline, 0, "ended before the drain");
+    } else {
+        assert_eq!(e.status_code, Code::Unavailable as i32, "{}", e.status_message);
+        assert!(
+            e.status_message.contains("grace period over"),
+            "{}",
+            e.status_message
+        );
+        assert!(e.bytes_done < size);
+        assert_eq!(report.failed_at_deadline, 1);
+    }
+}
