@@ -49,8 +49,9 @@
 //!   [`Engine::begin_drain`]. Each checks before it changes anything: an `Err` left the engine
 //!   as it was.
 //! - **Actions**: [`Engine::poll_action`] until `None`: post sends and receives (within the
-//!   windows), send control messages, report progress and ends, deliver notifications, close
-//!   and release pairings, wake whoever waits for a buffer ([`Action::BufferIdle`]). The driver
+//!   windows), send control messages, report progress and ends, deliver notifications, open
+//!   and close lanes ([`Action::ListenLane`], [`Action::ConnectLane`], [`Action::CloseLane`]:
+//!   lanes open on first use and close when idle, `lane_life.rs`), close and release pairings, wake whoever waits for a buffer ([`Action::BufferIdle`]). The driver
 //!   carries them out in order and reports what came of them as events.
 //! - **Queries**, without effect: [`Engine::config`], [`Engine::layout`] (the lanes to open
 //!   towards each peer), [`Engine::next_deadline`] (how long the driver may sleep),
