@@ -17,6 +17,8 @@ pub struct LaneCounters {
     /// Eager mode: the credits per lane announced at pairing (the peer's for send lanes, ours
     /// for receive lanes); 0 for rendezvous.
     pub credit_limit: u32,
+    /// Where the lane is in its life (`lane_life.rs`): "closed", "opening", "open", "closing".
+    pub state: &'static str,
 }
 
 /// Per-peer counters.
@@ -48,6 +50,7 @@ impl Lane {
             window_full: self.window_full,
             credits: 0,
             credit_limit: 0,
+            state: self.life.name(),
         }
     }
 }
@@ -87,14 +90,23 @@ impl Engine {
                 .recv
                 .iter()
                 .enumerate()
-                .map(|(i, l)| LaneCounters {
-                    credits: l.recv_credits.posted(),
-                    credit_limit: if live && recv_eager.contains(&(i as u32)) {
+                .map(|(i, l)| {
+                    let limit = if live && recv_eager.contains(&(i as u32)) {
                         self.cfg.credits
                     } else {
                         0
-                    },
-                    ..l.counters()
+                    };
+                    LaneCounters {
+                        // A closed lane owes nothing: its credit receives are all posted again
+                        // (with the comm) when it opens, so it reads as back at its limit.
+                        credits: if l.life == crate::lane_life::Life::Closed {
+                            limit
+                        } else {
+                            l.recv_credits.posted()
+                        },
+                        credit_limit: limit,
+                        ..l.counters()
+                    }
                 })
                 .collect(),
         })

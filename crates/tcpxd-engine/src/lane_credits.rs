@@ -35,6 +35,11 @@ impl SendCredits {
         self.held
     }
 
+    /// Every credit the peer granted is back: none of its receives holds a send of ours.
+    pub(crate) fn all_back(&self) -> bool {
+        self.held == self.limit
+    }
+
     /// Spends one for a send; with none held, nothing changes and the send waits (false).
     pub(crate) fn spend(&mut self) -> bool {
         match self.held.checked_sub(1) {

@@ -14,6 +14,7 @@ mod coalesced;
 mod eager;
 mod failed_sends;
 mod gather_ahead;
+mod lane_life;
 mod lifecycle;
 mod prepared;
 mod prepared_early;

@@ -346,6 +346,10 @@ fn lane_json(l: &LaneStats) -> Value {
         "send_credit_limit": l.send_credit_limit,
         "recv_credits": l.recv_credits,
         "recv_credit_limit": l.recv_credit_limit,
+        "send_gpu": l.send_gpu,
+        "recv_gpu": l.recv_gpu,
+        "send_state": l.send_state,
+        "recv_state": l.recv_state,
     })
 }
 
@@ -502,6 +506,16 @@ transfers started here:"
     out
 }
 
+/// The GPU a lane's comm was opened under on this node ("-": none, a node without GPUs).
+fn gpu_text(gpu: i32) -> String {
+    if gpu < 0 { "-".to_string() } else { gpu.to_string() }
+}
+
+/// A lane state as `stats` shows it ("-": a daemon before peer protocol 6 did not say).
+fn or_dash(s: &str) -> &str {
+    if s.is_empty() { "-" } else { s }
+}
+
 /// How [`stats_text`] shows rates.
 #[derive(Clone, Copy)]
 pub enum Rates<'a> {
@@ -570,6 +584,8 @@ pub fn stats_text(s: &Stats, rates: Rates<'_>) -> String {
             "LANE",
             "DEVICE",
             "KIND",
+            "GPU S/R",
+            "STATE S/R",
             "SENT",
             "RECEIVED",
             "CHUNKS S/R",
@@ -586,6 +602,8 @@ pub fn stats_text(s: &Stats, rates: Rates<'_>) -> String {
                 l.lane.to_string(),
                 l.device.to_string(),
                 lane_kind(l),
+                format!("{}/{}", gpu_text(l.send_gpu), gpu_text(l.recv_gpu)),
+                format!("{}/{}", or_dash(&l.send_state), or_dash(&l.recv_state)),
                 format_bytes(l.bytes_sent),
                 format_bytes(l.bytes_received),
                 format!("{}/{}", l.chunks_sent, l.chunks_received),
@@ -758,7 +776,7 @@ mod tests {
                 error: "peer restarted".into(),
                 lanes: vec![LaneStats {
                     bytes_sent: 5 << 30,
-                    ..s.peers[0].lanes[0]
+                    ..s.peers[0].lanes[0].clone()
                 }],
                 ..Default::default()
             },
@@ -891,5 +909,43 @@ mod tests {
         let j = stats_json(&s);
         assert_eq!(j["transfer_totals"][0]["bytes"], 4u64 << 20);
         assert_eq!(j["latency"][0]["histogram"]["p50_le_seconds"], 0.001);
+    }
+
+    /// Each lane's GPU at this end and its state each way (lanes open on first use, close when
+    /// idle): the table's columns and the JSON's fields.
+    #[test]
+    fn stats_show_each_lanes_gpu_and_state() {
+        let lane = |lane: u32, gpu: i32, send: &str, recv: &str| LaneStats {
+            lane,
+            device: lane as i32,
+            send_gpu: gpu,
+            recv_gpu: gpu,
+            send_state: send.into(),
+            recv_state: recv.into(),
+            ..Default::default()
+        };
+        let s = Stats {
+            node_id: "a".into(),
+            peers: vec![PeerStats {
+                node_id: "b".into(),
+                lanes: vec![lane(0, 2, "open", "closed"), lane(1, -1, "", "")],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = stats_text(&s, Rates::Off);
+        assert!(text.contains("GPU S/R") && text.contains("STATE S/R"), "{text}");
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|l| l.trim_start().starts_with(['0', '1']))
+            .collect();
+        assert!(
+            rows[0].contains("2/2") && rows[0].contains("open/closed"),
+            "{text}"
+        );
+        assert!(rows[1].contains("-/-"), "{text}");
+        let j = stats_json(&s);
+        assert_eq!(j["peers"][0]["lanes"][0]["send_state"], "open");
+        assert_eq!(j["peers"][0]["lanes"][0]["recv_gpu"], 2);
     }
 }

@@ -501,6 +501,8 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                                 recv_credit_limit: r.credit_limit,
                                 send_gpu: gpu_pb(p.send_gpus.get(i)),
                                 recv_gpu: gpu_pb(p.recv_gpus.get(i)),
+                                send_state: s.state.to_string(),
+                                recv_state: r.state.to_string(),
                             }
                         })
                         .collect(),
