@@ -44,7 +44,10 @@ use settle::{Dialing, LockMap, Settle, Slot};
 /// lane would fall out of step: the two refuse to pair.
 /// 5: `Notify`, a prepared transfer's notification sent after its last part; a protocol-4 daemon
 /// would not understand it (the notification would be lost): the two refuse to pair.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6 (session 18; gpu-credits' part): `GpuCredits` and streamed headers (`MoreChunks`): a
+/// protocol-5 receiver would take a streamed header's first chunks for all of them and every
+/// lane would fall out of step.
+pub const PROTOCOL_VERSION: u32 = 6;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;
 /// Largest control message: a block offer's header carries the receiver's indices and the

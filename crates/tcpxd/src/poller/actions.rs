@@ -212,13 +212,18 @@ impl Poller {
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
             return Ok(());
         };
-        landing_slots(l, credits, len)
+        landing_slots(l, credits, len, self.cfg.engine.gpu_credits)
             .and_then(|()| {
                 let slot = l.credit_seq % credits;
                 l.credit_seq += 1;
                 l.deferred.push_back(RecvPost {
                     buffer: LANDING,
-                    offset: slot * u64::from(len),
+                    // A GPU landing registration: every credit receive names its start.
+                    offset: if l.landing_on_gpu {
+                        0
+                    } else {
+                        slot * u64::from(len)
+                    },
                     len,
                     scatter: None,
                 });
@@ -358,6 +363,7 @@ impl Poller {
             l.scatter = blocks::RecvScatter::default();
             l.handles.clear();
             l.landing_slots = None;
+            l.landing_on_gpu = false;
             l.deferred.clear();
             l.queue.clear();
             l.state = RecvLaneState::Closed;

@@ -510,6 +510,8 @@ mod hostile {
             coalesced: false,
             blocks: None,
             transfer_id: 0,
+            announced_chunks: 0,
+            streamed: false,
         }
     }
 

@@ -22,9 +22,9 @@ use tcpxd::api::proto::v1 as pb;
 use tcpxd_testkit::ScratchDir;
 
 /// A daemon process, killed when dropped.
-struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
-    client: Client,
+    pub(crate) client: Client,
 }
 
 impl Drop for Daemon {
@@ -36,7 +36,7 @@ impl Drop for Daemon {
 
 /// A daemon on `nics` emulated NICs; `binding`: the emulation's default GPU map, else
 /// `TCPXEMU_GPUS=all` (every NIC serves every GPU).
-async fn start(dir: &ScratchDir, node: &str, unpacker: &str, nics: u32, binding: bool) -> Daemon {
+pub(crate) async fn start(dir: &ScratchDir, node: &str, unpacker: &str, nics: u32, binding: bool) -> Daemon {
     let sock = dir.join(format!("{node}.sock"));
     let ready = dir.join(format!("{node}.ready"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_tcpxd"))
@@ -74,7 +74,7 @@ async fn start(dir: &ScratchDir, node: &str, unpacker: &str, nics: u32, binding:
     Daemon { child, client }
 }
 
-async fn cuda_buffer(c: &mut Client, device: u32, size: u64) -> pb::Buffer {
+pub(crate) async fn cuda_buffer(c: &mut Client, device: u32, size: u64) -> pb::Buffer {
     c.register_buffer(pb::RegisterBufferRequest {
         reattach_id: Default::default(),
         reattach_key: Default::default(),
@@ -89,7 +89,7 @@ async fn cuda_buffer(c: &mut Client, device: u32, size: u64) -> pb::Buffer {
     .into_inner()
 }
 
-async fn bytes(c: &mut Client, id: u64, offset: u64, len: u64) -> Vec<u8> {
+pub(crate) async fn bytes(c: &mut Client, id: u64, offset: u64, len: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(len as usize);
     let mut at = offset;
     while at < offset + len {
@@ -109,7 +109,14 @@ async fn bytes(c: &mut Client, id: u64, offset: u64, len: u64) -> Vec<u8> {
     out
 }
 
-async fn assert_same(a: &mut Client, x: (u64, u64), b: &mut Client, y: (u64, u64), len: u64, what: &str) {
+pub(crate) async fn assert_same(
+    a: &mut Client,
+    x: (u64, u64),
+    b: &mut Client,
+    y: (u64, u64),
+    len: u64,
+    what: &str,
+) {
     let want = bytes(a, x.0, x.1, len).await;
     assert!(want.iter().any(|&v| v != 0), "{what}: the source is all zeros");
     let got = bytes(b, y.0, y.1, len).await;

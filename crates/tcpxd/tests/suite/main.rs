@@ -37,6 +37,7 @@ mod daemon_session;
 mod daemon_smoke;
 mod daemon_soak;
 mod daemon_stub_gpus;
+mod daemon_stub_gpus_credits;
 mod daemon_tls;
 mod daemon_transfers;
 mod deploy;
