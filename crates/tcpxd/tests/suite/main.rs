@@ -24,6 +24,7 @@ mod daemon_first_use;
 mod daemon_gather_ahead;
 mod daemon_gpu;
 mod daemon_gpu_batches;
+mod daemon_gpu_credits;
 mod daemon_heartbeat;
 mod daemon_host_fd;
 mod daemon_hostile;
