@@ -2,7 +2,8 @@
 //! emulation in CUDA mode with the kernel unpacker. Every transfer into a GPU buffer goes by
 //! credits at any size (no offer/accept round trip: `sent_rendezvous` stays 0), its chunks
 //! unpacked by the kernel from the bounce pages of the lane's GPU; a large transfer and many small
-//! ones in flight together all complete; every credit and credit byte comes back. Needs a CUDA
+//! ones in flight together all complete; a coalesced batch is scattered from the bounce pages by
+//! the GPU's scatter kernel; every credit and credit byte comes back. Needs a CUDA
 //! GPU (one is enough): `cargo nextest run --release -p tcpxd --test suite --run-ignored only
 //! daemon_gpu_credits::` (or `cargo test --release -p tcpxd --test suite -- --ignored
 //! daemon_gpu_credits::`).
@@ -129,6 +130,31 @@ async fn gpu_credits_kernel_unpacker_4k_to_256m_write_read_mix() {
         );
     }
     assert_eq!(peer(&mut a.client).await.sent_rendezvous, 0);
+    // A coalesced batch of 48 scattered 1 KiB entries (eager): its chunk lands in the bounce
+    // pages and the GPU's scatter kernel puts each piece in place.
+    let entries: Vec<pb::WriteEntry> = (0..48u64)
+        .map(|k| write_entry(&src, MIB + k * 3 * KIB, &dst, 2 * MIB + (47 - k) * 2 * KIB, KIB))
+        .collect();
+    let id = a
+        .client
+        .write_batch(pb::WriteBatchRequest {
+            entries,
+            timeout_ms: 60_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .transfer_id;
+    wait_ok(&mut a.client, id).await;
+    for k in 0..48u64 {
+        let (s, d) = (MIB + k * 3 * KIB, 2 * MIB + (47 - k) * 2 * KIB);
+        assert_eq!(
+            crc(&mut a.client, src.id, s, KIB).await,
+            crc(&mut b.client, dst.id, d, KIB).await,
+            "batch entry {k}"
+        );
+    }
     credit_bytes_back(&mut a.client).await;
     credit_bytes_back(&mut b.client).await;
     a.stop().await;

@@ -231,3 +231,81 @@ async fn cancel_and_deadline_return_every_credit_and_the_lanes_stay_in_step() {
     let pa = peer(&mut a.client).await;
     assert_eq!(pa.sent_rendezvous, 0, "{pa:?}");
 }
+
+/// What else lands through GPU credit receives: small transfers into host memory (copied out of
+/// the GPU's bounce pages), WRITE and READ, and a coalesced batch of small entries into host
+/// memory (scattered from the bounce pages). (A batch from or into GPU memory gathers or scatters
+/// with the GPU's block kernels, which the stand-in cannot run: `daemon_gpu_credits::` on a GPU.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_destinations_and_coalesced_batches_through_gpu_credit_receives() {
+    let (_dir, mut a, mut b) = pair("batches").await;
+    let src = cuda_buffer(&mut a.client, 7, 4 * MIB).await;
+    let host_dst = crate::common::daemons::host_buffer(&mut b.client, 4 * MIB, "").await;
+    let host_back = crate::common::daemons::host_buffer(&mut a.client, 4 * MIB, "").await;
+    fill_seed(&mut a.client, src.id, 0, 0, 21).await;
+    // Small WRITE and READ into host memory: eager, through the GPU landing.
+    for len in [1, 4 * KIB + 1, 64 * KIB] {
+        let id = write(&mut a.client, write_entry(&src, 13, &host_dst, 5, len), b"")
+            .await
+            .unwrap();
+        wait_ok(&mut a.client, id).await;
+        let what = format!("WRITE GPU -> host of {len} bytes");
+        assert_same(
+            &mut a.client,
+            (src.id, 13),
+            &mut b.client,
+            (host_dst.id, 5),
+            len,
+            &what,
+        )
+        .await;
+        let id = read(&mut a.client, read_entry(&host_dst, 5, &host_back, 9, len))
+            .await
+            .unwrap();
+        wait_ok(&mut a.client, id).await;
+        let what = format!("READ host -> host of {len} bytes");
+        assert_same(
+            &mut b.client,
+            (host_dst.id, 5),
+            &mut a.client,
+            (host_back.id, 9),
+            len,
+            &what,
+        )
+        .await;
+    }
+    // A coalesced batch of 48 scattered 1 KiB entries (48 KiB: eager) into host memory.
+    let src = crate::common::daemons::host_buffer(&mut a.client, 4 * MIB, "").await;
+    fill_seed(&mut a.client, src.id, 0, 0, 22).await;
+    for dst in [&host_dst] {
+        let entries: Vec<pb::WriteEntry> = (0..48u64)
+            .map(|k| write_entry(&src, MIB + k * 3 * KIB, dst, 2 * MIB + (47 - k) * 2 * KIB, KIB))
+            .collect();
+        let id = a
+            .client
+            .write_batch(pb::WriteBatchRequest {
+                entries,
+                timeout_ms: 60_000,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .transfer_id;
+        wait_ok(&mut a.client, id).await;
+        for k in 0..48u64 {
+            let (s, d) = (MIB + k * 3 * KIB, 2 * MIB + (47 - k) * 2 * KIB);
+            assert_same(
+                &mut a.client,
+                (src.id, s),
+                &mut b.client,
+                (dst.id, d),
+                KIB,
+                "a batch entry",
+            )
+            .await;
+        }
+    }
+    credits_back(&mut a.client).await;
+    credits_back(&mut b.client).await;
+}
