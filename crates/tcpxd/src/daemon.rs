@@ -194,6 +194,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
     if engine.gpu_credits {
         tracing::info!(
             budget_bytes = cfg.credit_budget_bytes,
+            eager_lanes = engine.eager_lanes,
             "credit receives land in GPU memory: transfers into this node's GPU buffers take credits at any size"
         );
     }
