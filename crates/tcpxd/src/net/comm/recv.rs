@@ -333,9 +333,9 @@ impl RecvComm {
     }
 
     /// Copies completed receive slot `q`'s fragments out of the GPU's bounce pages into `dst`
-    /// (host memory), one device-to-host copy per fragment, each bounds-checked first: a host
-    /// destination's chunk that came by a credit receive landing in GPU memory (slower than the
-    /// plugin's own host receive; docs/ARCHITECTURE.md, "Credits on GPU lanes"). Returns the
+    /// (host memory), one device-to-host copy per run of fragments adjacent in both, each
+    /// bounds-checked first: a host destination's chunk that came by a credit receive landing in
+    /// GPU memory (slower than the plugin's own host receive; docs/ARCHITECTURE.md, "Credits on GPU lanes"). Returns the
     /// bytes copied.
     fn gather_device(&self, q: usize, dst: &mut [u8]) -> NetResult<usize> {
         let ring = self.unpack_ring()?;
@@ -345,6 +345,12 @@ impl RecvComm {
         let gpu = crate::gpu::shared(ordinal).map_err(|e| NetError::Ring(format!("GPU {ordinal}: {e}")))?;
         let base = ring.bounce_ptr() as u64;
         let mut total = 0usize;
+        // Runs of fragments adjacent on both sides go as one copy.
+        let mut run: Option<(u64, u64, u64)> = None;
+        let copy = |(src, at, len): (u64, u64, u64), dst: &mut [u8]| {
+            gpu.read_device(base + src, &mut dst[at as usize..][..len as usize])
+                .map_err(|e| NetError::Ring(format!("copying fragments out of GPU bounce pages: {e}")))
+        };
         for f in ring.fragments(q)? {
             let end = f.dst_off.checked_add(u64::from(f.len));
             if end.is_none_or(|e| e > dst.len() as u64) {
@@ -355,10 +361,19 @@ impl RecvComm {
                     dst.len()
                 )));
             }
-            let to = &mut dst[f.dst_off as usize..][..f.len as usize];
-            gpu.read_device(base + u64::from(f.src_off), to)
-                .map_err(|e| NetError::Ring(format!("copying a fragment out of GPU bounce pages: {e}")))?;
+            let (src, at, len) = (u64::from(f.src_off), f.dst_off, u64::from(f.len));
+            run = match run {
+                Some((s, a, l)) if s + l == src && a + l == at => Some((s, a, l + len)),
+                Some(r) => {
+                    copy(r, dst)?;
+                    Some((src, at, len))
+                }
+                None => Some((src, at, len)),
+            };
             total += f.len as usize;
+        }
+        if let Some(r) = run {
+            copy(r, dst)?;
         }
         Ok(total)
     }
