@@ -93,6 +93,22 @@ pub enum Action {
         payload: Vec<u8>,
         buffers: Vec<u64>,
     },
+    /// The peer asked to send on receive lane `lane` (`lane_life.rs`): listen for it on the
+    /// lane's NIC with the lane's GPU current, send the peer `PeerMsg::LaneListening` with the
+    /// handle (on the control stream, before any later action's message), accept, and report
+    /// `on_lane_ready(peer, lane, false)`.
+    ListenLane { peer: PeerIdx, lane: u32 },
+    /// The peer listens for send lane `lane`: connect to `handle` with the lane's GPU current
+    /// and report `on_lane_ready(peer, lane, true)` (a handle that cannot be read or a connect
+    /// that fails: `on_peer_failed`).
+    ConnectLane {
+        peer: PeerIdx,
+        lane: u32,
+        handle: Vec<u8>,
+    },
+    /// Both sides agreed the lane is idle: close its comm (and what was registered on it). Its
+    /// requests are all done (a receive lane's idle credit receives go with the comm).
+    CloseLane { peer: PeerIdx, lane: u32, send: bool },
     /// The peer failed: close its comms (the engine already dropped its queues).
     ClosePeer { peer: PeerIdx, reason: String },
     /// A failed pairing the engine forgot (`release.rs`): drop whatever the driver still keeps

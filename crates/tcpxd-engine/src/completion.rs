@@ -156,7 +156,7 @@ impl Engine {
         for l in p.send.iter_mut().chain(p.recv.iter_mut()) {
             l.queue.clear();
             l.posted.clear();
-            l.ready = false;
+            l.set_life(crate::lane_life::Life::Closed);
             l.send_credits = SendCredits::default();
             l.recv_credits = RecvCredits::default();
             l.targets.clear();
@@ -259,6 +259,7 @@ impl Engine {
         self.plan_pending();
         self.check_orphans(now);
         self.tick_drain(now);
+        self.tick_lanes(now);
         while let Some(&(when, id)) = self.deadlines.first() {
             if when > now {
                 break;
@@ -455,6 +456,11 @@ impl Engine {
         if p.failed.is_some() {
             return;
         }
+        // Closed lanes with chunks queued are opened first (`lane_life.rs`).
+        self.open_wanted(peer);
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
         // On the peer's eager lanes a send also needs a credit (a receive it posted for it).
         let (_, eager_lanes) = p.send_split();
         for (lane, l) in p.send.iter_mut().enumerate() {

@@ -20,6 +20,8 @@ pub struct LaneCounters {
     /// Send lanes towards a peer with GPU credits: bytes of sends whose credits have not come
     /// back (at most its byte budget; 0 once every credit is back).
     pub credit_bytes_out: u64,
+    /// Where the lane is in its life (`lane_life.rs`): "closed", "opening", "open", "closing".
+    pub state: &'static str,
 }
 
 /// Per-peer counters.
@@ -52,6 +54,7 @@ impl Lane {
             credits: 0,
             credit_limit: 0,
             credit_bytes_out: 0,
+            state: self.life.name(),
         }
     }
 }
@@ -92,14 +95,23 @@ impl Engine {
                 .recv
                 .iter()
                 .enumerate()
-                .map(|(i, l)| LaneCounters {
-                    credits: l.recv_credits.posted(),
-                    credit_limit: if live && recv_eager.contains(&(i as u32)) {
+                .map(|(i, l)| {
+                    let limit = if live && recv_eager.contains(&(i as u32)) {
                         self.cfg.credits
                     } else {
                         0
-                    },
-                    ..l.counters()
+                    };
+                    LaneCounters {
+                        // A closed lane owes nothing: its credit receives are all posted again
+                        // (with the comm) when it opens, so it reads as back at its limit.
+                        credits: if l.life == crate::lane_life::Life::Closed {
+                            limit
+                        } else {
+                            l.recv_credits.posted()
+                        },
+                        credit_limit: limit,
+                        ..l.counters()
+                    }
                 })
                 .collect(),
         })

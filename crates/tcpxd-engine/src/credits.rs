@@ -92,7 +92,7 @@ impl Engine {
     }
 
     /// Fails the pairing: the peer broke the protocol in a way that loses the lane order.
-    fn violation(&mut self, peer: PeerIdx, why: String) {
+    pub(super) fn violation(&mut self, peer: PeerIdx, why: String) {
         self.on_peer_failed(peer, &format!("protocol violation: {why}"));
     }
 

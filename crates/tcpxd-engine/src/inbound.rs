@@ -69,6 +69,10 @@ impl Engine {
             PeerMsg::Goodbye { reason } => {
                 self.on_peer_failed(peer, &format!("the peer ended the pairing: {reason}"))
             }
+            PeerMsg::LaneOpen { lane } => self.on_lane_open(peer, lane),
+            PeerMsg::LaneListening { lane, handle } => self.on_lane_listening(peer, lane, handle),
+            PeerMsg::LaneClose { lane } => self.on_lane_close(peer, lane),
+            PeerMsg::LaneCloseAnswer { lane, closed } => self.on_lane_close_answer(peer, lane, closed),
         }
     }
 

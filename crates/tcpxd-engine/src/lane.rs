@@ -28,6 +28,7 @@ impl Lane {
         }
         let item = self.queue.pop_front()?;
         self.posted.push_back(item);
+        self.touch();
         Some(item)
     }
 

@@ -75,6 +75,11 @@ impl SendCredits {
         self.held
     }
 
+    /// Every credit the peer granted is back: none of its receives holds a send of ours.
+    pub(crate) fn all_back(&self) -> bool {
+        self.held == self.limit
+    }
+
     /// Spends one (and `len` bytes of the budget) for a send; with none held or the bytes over
     /// budget, nothing changes and the send waits (false).
     pub(crate) fn spend(&mut self, len: u32) -> bool {

@@ -49,8 +49,9 @@
 //!   [`Engine::begin_drain`]. Each checks before it changes anything: an `Err` left the engine
 //!   as it was.
 //! - **Actions**: [`Engine::poll_action`] until `None`: post sends and receives (within the
-//!   windows), send control messages, report progress and ends, deliver notifications, close
-//!   and release pairings, wake whoever waits for a buffer ([`Action::BufferIdle`]). The driver
+//!   windows), send control messages, report progress and ends, deliver notifications, open
+//!   and close lanes ([`Action::ListenLane`], [`Action::ConnectLane`], [`Action::CloseLane`]:
+//!   lanes open on first use and close when idle, `lane_life.rs`), close and release pairings, wake whoever waits for a buffer ([`Action::BufferIdle`]). The driver
 //!   carries them out in order and reports what came of them as events.
 //! - **Queries**, without effect: [`Engine::config`], [`Engine::layout`] (the lanes to open
 //!   towards each peer), [`Engine::next_deadline`] (how long the driver may sleep),
@@ -76,7 +77,9 @@ pub mod error;
 mod inbound;
 mod lane;
 mod lane_credits;
+mod lane_life;
 use lane_credits::{RecvCredits, SendCredits};
+pub use lane_life::DEFAULT_LANE_OPEN_TIMEOUT;
 pub mod layout;
 pub mod plan;
 mod prepared;
@@ -166,6 +169,12 @@ pub struct EngineConfig {
     /// With `gpu_credits`: bytes of un-consumed chunks a sender may have on each credit lane
     /// (bounce memory the receiver holds for data not yet unpacked); 0: `credits × chunk_bytes`.
     pub credit_budget_bytes: u64,
+    /// A send lane with nothing queued, posted or lent (credits) for this long is closed on both
+    /// sides and opened again on its next chunk (`lane_life.rs`); `None`: kept open.
+    pub lane_idle_close: Option<Duration>,
+    /// How long a send lane may wait for the peer's listening handle once it asked for it
+    /// before the pairing fails.
+    pub lane_open_timeout: Duration,
 }
 
 impl Default for EngineConfig {
@@ -186,6 +195,8 @@ impl Default for EngineConfig {
             header_timeout: Duration::from_secs(5),
             gpu_credits: false,
             credit_budget_bytes: DEFAULT_CREDIT_BUDGET_BYTES,
+            lane_idle_close: None,
+            lane_open_timeout: DEFAULT_LANE_OPEN_TIMEOUT,
         }
     }
 }
@@ -246,7 +257,10 @@ struct Target {
 
 #[derive(Debug, Default)]
 struct Lane {
+    /// Requests may be posted: the lane's comm is open and not closing (`life` is `Open`).
     ready: bool,
+    /// Where the lane is in its life (`lane_life.rs`): closed, opening, open, closing.
+    life: lane_life::Life,
     queue: VecDeque<Item>,
     posted: VecDeque<Item>,
     /// Eager send lanes: credits held, of those the peer announced.
@@ -457,6 +471,8 @@ pub struct Engine {
     /// The prepared lists kept here (`prepared/`).
     prepared: prepared::PreparedRegistry,
     actions: VecDeque<Action>,
+    /// When `on_tick` next looks for idle lanes and lanes slow to open (`lane_life.rs`).
+    next_lane_scan: Option<Instant>,
 }
 
 fn keys_equal(a: &[u8; 16], b: &[u8; 16]) -> bool {
@@ -490,6 +506,7 @@ impl Engine {
             lists: blocks::BlockRegistry::default(),
             prepared: prepared::PreparedRegistry::default(),
             actions: VecDeque::new(),
+            next_lane_scan: None,
         }
     }
 
@@ -575,12 +592,13 @@ impl Engine {
             .is_some_and(|p| p.recv_split().1.contains(&lane))
     }
 
-    /// A lane's comm is ready: sends (`send == true`) or receives can be posted.
+    /// A lane's comm is ready: sends (`send == true`) or receives can be posted (from any state:
+    /// a driver may open its lanes before it needs them, as the engine tests do).
     pub fn on_lane_ready(&mut self, peer: PeerIdx, lane: u32, send: bool) {
         if let Some(p) = self.peers.get_mut(&peer) {
             let lanes = if send { &mut p.send } else { &mut p.recv };
             if let Some(l) = lanes.get_mut(lane as usize) {
-                l.ready = true;
+                l.set_life(lane_life::Life::OPEN);
                 if !send {
                     self.post_credits(peer, lane);
                 }

@@ -15,6 +15,7 @@ mod eager;
 mod failed_sends;
 mod gather_ahead;
 mod gpu_credits;
+mod lane_life;
 mod lifecycle;
 mod prepared;
 mod prepared_early;

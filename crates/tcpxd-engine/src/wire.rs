@@ -155,6 +155,26 @@ pub enum PeerMsg {
     Goodbye {
         reason: String,
     },
+    /// Peer protocol 6, lanes opened on first use (`lane_life.rs`): the sender of this message
+    /// will send on `lane` (one of the receiver's receive lanes) and asks it to listen for it.
+    LaneOpen {
+        lane: u32,
+    },
+    /// The answer: `lane` is listened for (and accepted), this is its connect handle.
+    LaneListening {
+        lane: u32,
+        handle: Vec<u8>,
+    },
+    /// The sender of this message has nothing on `lane` and would close it.
+    LaneClose {
+        lane: u32,
+    },
+    /// The answer: closed on this side too (`closed`), or kept because this side still has
+    /// receives on it (the lane stays open; the closing side sends on it again).
+    LaneCloseAnswer {
+        lane: u32,
+        closed: bool,
+    },
 }
 
 /// A peer's request that could not be read: a field missing or out of range. The engine
@@ -186,6 +206,10 @@ impl PeerMsg {
             PeerMsg::CancelRead { read_id } => ("cancel_read", *read_id),
             PeerMsg::Notify { transfer_id, .. } => ("notify", *transfer_id),
             PeerMsg::Goodbye { .. } => ("goodbye", 0),
+            PeerMsg::LaneOpen { lane } => ("lane_open", u64::from(*lane)),
+            PeerMsg::LaneListening { lane, .. } => ("lane_listening", u64::from(*lane)),
+            PeerMsg::LaneClose { lane } => ("lane_close", u64::from(*lane)),
+            PeerMsg::LaneCloseAnswer { lane, .. } => ("lane_close_answer", u64::from(*lane)),
         }
     }
 }

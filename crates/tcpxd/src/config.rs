@@ -132,6 +132,10 @@ pub struct DaemonArgs {
     /// (GPU: ordinal or PCI bus id; NIC: device name or index). Default: pci.
     #[arg(long, env = "TCPXD_TOPOLOGY", value_name = "pci|a3vm|GPU=NIC;…")]
     pub topology: Option<String>,
+    /// Milliseconds a lane towards a peer may stay idle before both sides close it (it opens
+    /// again on its next transfer); 0: never. Default: 120000.
+    #[arg(long, env = "TCPXD_LANE_IDLE_CLOSE_MS", value_name = "MS")]
+    pub lane_idle_close_ms: Option<u64>,
 }
 
 /// The TOML file: every field optional.
@@ -196,6 +200,7 @@ pub struct FilePeer {
     pub connect_timeout_s: Option<u64>,
     pub heartbeat_interval_ms: Option<u64>,
     pub heartbeat_timeout_ms: Option<u64>,
+    pub lane_idle_close_ms: Option<u64>,
     pub secret_file: Option<PathBuf>,
     pub tls_cert_file: Option<PathBuf>,
     pub tls_key_file: Option<PathBuf>,
@@ -269,6 +274,8 @@ pub struct Config {
     pub peer_connect_timeout: Duration,
     pub heartbeat_interval: Duration,
     pub heartbeat_timeout: Duration,
+    /// `peer.lane_idle_close_ms`: an idle lane closes after this long (`None`: never).
+    pub lane_idle_close: Option<Duration>,
     pub plugin: PluginChoice,
     pub lanes_per_device: u32,
     pub devices: Option<Vec<i32>>,
@@ -322,6 +329,9 @@ pub const MAX_GATHER_AHEAD: usize = 16;
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 500;
 /// A control stream silent this long fails its peer: the bound on noticing a dead peer.
 pub const DEFAULT_HEARTBEAT_TIMEOUT_MS: u64 = 3000;
+/// An idle lane closes after two minutes: reopening costs a listen, a connect and, on the real
+/// plugin, its flow-steering wait (0.5-5 s), so only lanes unused for long give their threads back.
+pub const DEFAULT_LANE_IDLE_CLOSE_MS: u64 = 120_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -545,6 +555,14 @@ impl Config {
             peer_connect_timeout: Duration::from_secs(file.peer.connect_timeout_s.unwrap_or(30)),
             heartbeat_interval: Duration::from_millis(heartbeat_interval_ms),
             heartbeat_timeout: Duration::from_millis(heartbeat_timeout_ms),
+            lane_idle_close: match args
+                .lane_idle_close_ms
+                .or(file.peer.lane_idle_close_ms)
+                .unwrap_or(DEFAULT_LANE_IDLE_CLOSE_MS)
+            {
+                0 => None,
+                ms => Some(Duration::from_millis(ms)),
+            },
             plugin,
             lanes_per_device,
             devices: file.plugin.devices,

@@ -127,6 +127,10 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         eager_lanes: cfg.eager_lanes,
         eager_max_bytes: cfg.eager_max_bytes,
         credit_budget_bytes: cfg.credit_budget_bytes,
+        lane_idle_close: cfg.lane_idle_close,
+        // The peer answers a LaneOpen at once; the connect and accept after it are bounded by
+        // the connect timeout too.
+        lane_open_timeout: cfg.peer_connect_timeout,
         ..EngineConfig::default()
     };
     // The handshake carries at most MAX_LANES lanes: refuse here rather than at every pairing.

@@ -728,6 +728,7 @@ mod tests {
                         credits: 5,
                         credit_limit: 16,
                         credit_bytes_out: 0,
+                        state: "open",
                     }],
                     recv: vec![LaneCounters::default()],
                 },

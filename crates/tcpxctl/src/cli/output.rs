@@ -346,6 +346,8 @@ fn lane_json(l: &LaneStats) -> Value {
         "send_credit_limit": l.send_credit_limit,
         "recv_credits": l.recv_credits,
         "recv_credit_limit": l.recv_credit_limit,
+        "send_state": l.send_state,
+        "recv_state": l.recv_state,
     })
 }
 
@@ -502,6 +504,11 @@ transfers started here:"
     out
 }
 
+/// A lane state as `stats` shows it ("-": a daemon before peer protocol 6 did not say).
+fn or_dash(s: &str) -> &str {
+    if s.is_empty() { "-" } else { s }
+}
+
 /// How [`stats_text`] shows rates.
 #[derive(Clone, Copy)]
 pub enum Rates<'a> {
@@ -570,6 +577,7 @@ pub fn stats_text(s: &Stats, rates: Rates<'_>) -> String {
             "LANE",
             "DEVICE",
             "KIND",
+            "STATE S/R",
             "SENT",
             "RECEIVED",
             "CHUNKS S/R",
@@ -586,6 +594,7 @@ pub fn stats_text(s: &Stats, rates: Rates<'_>) -> String {
                 l.lane.to_string(),
                 l.device.to_string(),
                 lane_kind(l),
+                format!("{}/{}", or_dash(&l.send_state), or_dash(&l.recv_state)),
                 format_bytes(l.bytes_sent),
                 format_bytes(l.bytes_received),
                 format!("{}/{}", l.chunks_sent, l.chunks_received),
@@ -758,7 +767,7 @@ mod tests {
                 error: "peer restarted".into(),
                 lanes: vec![LaneStats {
                     bytes_sent: 5 << 30,
-                    ..s.peers[0].lanes[0]
+                    ..s.peers[0].lanes[0].clone()
                 }],
                 ..Default::default()
             },

@@ -146,6 +146,9 @@ pub(super) struct Sim {
     pub(super) cfg: EngineConfig,
     /// Deliver control messages only (to stop data at a chosen stage).
     pub(super) hold_data: bool,
+    /// Receive lanes each node listened for (opened on first use) and closed when idle.
+    pub(super) opened: [u64; 2],
+    pub(super) closed_lanes: [u64; 2],
 }
 
 pub(super) fn key(n: u8) -> [u8; 16] {
@@ -169,16 +172,29 @@ impl Sim {
     /// Two engines of their own configurations (a mixed pair: say an auto node and an eager
     /// one). Node i's receive lanes are the other's send lanes.
     pub(super) fn pair(lanes: u32, cfgs: [EngineConfig; 2], seed: u64) -> Sim {
+        Sim::pair_opened(lanes, cfgs, seed, true)
+    }
+
+    /// Like [`Sim::pair`], every lane closed until its first use (`lane_life.rs`).
+    pub(super) fn pair_lazy(lanes: u32, cfgs: [EngineConfig; 2], seed: u64) -> Sim {
+        Sim::pair_opened(lanes, cfgs, seed, false)
+    }
+
+    fn pair_opened(lanes: u32, cfgs: [EngineConfig; 2], seed: u64, open: bool) -> Sim {
         let recv = [recv_lanes(lanes, &cfgs[0]), recv_lanes(lanes, &cfgs[1])];
         let mk = |i: usize, other: &str| {
             let mut eng = Engine::new(cfgs[i].clone());
             let p = eng.add_peer(other, recv[1 - i], recv[i]);
             assert_eq!(p, P);
             for l in 0..recv[1 - i] {
-                eng.on_lane_ready(P, l, true);
+                if open {
+                    eng.on_lane_ready(P, l, true);
+                }
             }
             for l in 0..recv[i] {
-                eng.on_lane_ready(P, l, false);
+                if open {
+                    eng.on_lane_ready(P, l, false);
+                }
             }
             Node {
                 eng,
@@ -203,6 +219,8 @@ impl Sim {
             now: Instant::now(),
             cfg: cfgs[0].clone(),
             hold_data: false,
+            opened: [0; 2],
+            closed_lanes: [0; 2],
         };
         // Pairing: each side's ReceiveMode (and credit receives) before any transfer.
         sim.drain();
@@ -367,6 +385,43 @@ impl Sim {
                     Action::Notify {
                         payload, transfer_id, ..
                     } => self.nodes[i].notes.push((transfer_id, payload)),
+                    // Lanes opened on first use (`lane_life.rs`): listened for and accepted at
+                    // once; the handle is the lane's number (the other side checks it).
+                    Action::ListenLane { lane, .. } => {
+                        self.ctrl[1 - i].push_back(PeerMsg::LaneListening {
+                            lane,
+                            handle: lane.to_le_bytes().to_vec(),
+                        });
+                        self.nodes[i].eng.on_lane_ready(P, lane, false);
+                        self.opened[i] += 1;
+                    }
+                    Action::ConnectLane { lane, handle, .. } => {
+                        assert_eq!(handle, lane.to_le_bytes().to_vec(), "the handle of lane {lane}");
+                        self.nodes[i].eng.on_lane_ready(P, lane, true);
+                    }
+                    Action::CloseLane { lane, send, .. } => {
+                        // Nothing of a transfer may be in flight on a comm that closes; a receive
+                        // lane's idle credit receives go with it.
+                        let w = if send {
+                            &mut self.wires[i][lane as usize]
+                        } else {
+                            &mut self.wires[1 - i][lane as usize]
+                        };
+                        if send {
+                            assert!(
+                                w.deferred.is_empty() && w.sends.is_empty(),
+                                "lane {lane} closed with sends"
+                            );
+                        } else {
+                            assert!(
+                                w.recvs.iter().all(|r| r.buffer == LANDING) && w.held.is_empty(),
+                                "lane {lane} closed with receives"
+                            );
+                            assert!(w.sends.is_empty(), "lane {lane} closed with data in flight");
+                            w.recvs.clear();
+                            self.closed_lanes[i] += 1;
+                        }
+                    }
                     Action::ClosePeer { reason, .. } => self.nodes[i].closed.push(reason),
                     Action::ReleasePeer { peer } => panic!("{peer:?} released: a pair's only pairing"),
                     Action::BufferIdle { buffer } => self.nodes[i].idle.push(buffer),

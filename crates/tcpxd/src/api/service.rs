@@ -502,6 +502,8 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                                 send_credit_bytes_out: s.credit_bytes_out,
                                 send_gpu: gpu_pb(p.send_gpus.get(i)),
                                 recv_gpu: gpu_pb(p.recv_gpus.get(i)),
+                                send_state: s.state.to_string(),
+                                recv_state: r.state.to_string(),
                             }
                         })
                         .collect(),

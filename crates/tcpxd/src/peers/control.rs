@@ -399,6 +399,16 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
         PeerMsg::Goodbye { reason } => Body::Goodbye(pb::Goodbye {
             reason: reason.clone(),
         }),
+        PeerMsg::LaneOpen { lane } => Body::LaneOpen(pb::LaneOpen { lane: *lane }),
+        PeerMsg::LaneListening { lane, handle } => Body::LaneListening(pb::LaneListening {
+            lane: *lane,
+            handle: handle.clone(),
+        }),
+        PeerMsg::LaneClose { lane } => Body::LaneClose(pb::LaneClose { lane: *lane }),
+        PeerMsg::LaneCloseAnswer { lane, closed } => Body::LaneCloseAnswer(pb::LaneCloseAnswer {
+            lane: *lane,
+            closed: *closed,
+        }),
     };
     pb::PeerMessage { body: Some(body) }
 }
@@ -556,6 +566,16 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
         },
         Body::Goodbye(g) => PeerMsg::Goodbye {
             reason: g.reason.chars().take(4096).collect(),
+        },
+        Body::LaneOpen(m) => PeerMsg::LaneOpen { lane: m.lane },
+        Body::LaneListening(m) => PeerMsg::LaneListening {
+            lane: m.lane,
+            handle: m.handle,
+        },
+        Body::LaneClose(m) => PeerMsg::LaneClose { lane: m.lane },
+        Body::LaneCloseAnswer(m) => PeerMsg::LaneCloseAnswer {
+            lane: m.lane,
+            closed: m.closed,
         },
     }))
 }

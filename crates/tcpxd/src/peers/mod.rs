@@ -24,8 +24,7 @@ use crate::auth::{
     self, Challenges, ClusterSecret, NONCE_BYTES, ProofOf, accept_fields, handshake_fields, hello_fields,
 };
 use crate::engine::{PeerIdx, PeerMsg};
-use crate::net::ConnectHandle;
-use crate::poller::{Command, LaneHandleInfo, PeerChannels, PeerLink};
+use crate::poller::{Command, LaneInfo, PeerChannels, PeerLink};
 
 mod callee;
 mod control;
@@ -47,6 +46,9 @@ use settle::{Dialing, LockMap, Settle, Slot};
 /// 6 (session 18; gpu-credits' part): `GpuCredits` and streamed headers (`MoreChunks`): a
 /// protocol-5 receiver would take a streamed header's first chunks for all of them and every
 /// lane would fall out of step.
+/// 6: lanes open on first use and close when idle (`LaneOpen`, `LaneListening`, `LaneClose`,
+/// `LaneCloseAnswer` on the control stream; the handshake's lanes carry no handle): a protocol-5
+/// daemon would wait for handles that never come: the two refuse to pair.
 pub const PROTOCOL_VERSION: u32 = 6;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;
@@ -607,15 +609,16 @@ impl Drop for PreparedGuard {
     }
 }
 
-fn lane_to_pb(l: &LaneHandleInfo) -> pb::LaneHandle {
+fn lane_to_pb(l: &LaneInfo) -> pb::LaneHandle {
     pb::LaneHandle {
         lane: l.lane,
         device: l.device,
-        handle: l.handle.0.to_vec(),
+        // Protocol 6: the handle comes on the control stream when the lane is first used.
+        handle: Vec::new(),
     }
 }
 
-fn lanes_from_pb(lanes: &[pb::LaneHandle]) -> Result<Vec<LaneHandleInfo>, String> {
+fn lanes_from_pb(lanes: &[pb::LaneHandle]) -> Result<Vec<LaneInfo>, String> {
     if lanes.is_empty() || lanes.len() > MAX_LANES {
         return Err(format!("lanes: {} lanes (1 to {MAX_LANES} allowed)", lanes.len()));
     }
@@ -626,12 +629,15 @@ fn lanes_from_pb(lanes: &[pb::LaneHandle]) -> Result<Vec<LaneHandleInfo>, String
             if l.lane as usize != i {
                 return Err(format!("lanes[{i}].lane: expected {i}, got {}", l.lane));
             }
-            let handle =
-                ConnectHandle::from_bytes(&l.handle).map_err(|e| format!("lanes[{i}].handle: {e}"))?;
-            Ok(LaneHandleInfo {
+            if !l.handle.is_empty() {
+                return Err(format!(
+                    "lanes[{i}].handle: {} bytes, but since peer protocol 6 a lane's handle comes on the control stream at its first use (LaneListening): the handshake carries none",
+                    l.handle.len()
+                ));
+            }
+            Ok(LaneInfo {
                 lane: l.lane,
                 device: l.device,
-                handle,
             })
         })
         .collect()

@@ -85,6 +85,11 @@ impl Poller {
                 buffers,
             } => self.notify(peer, transfer_id, payload, buffers),
             Action::ClosePeer { peer, reason } => self.close_peer(peer, reason),
+            Action::ListenLane { peer, lane } => self.listen_lane(peer, lane).map_err(fails(peer))?,
+            Action::ConnectLane { peer, lane, handle } => {
+                self.connect_lane(peer, lane, &handle).map_err(fails(peer))?
+            }
+            Action::CloseLane { peer, lane, send } => self.close_lane(peer, lane, send),
             Action::PostGatherSend {
                 peer,
                 lane,
@@ -121,7 +126,7 @@ impl Poller {
         Ok(())
     }
 
-    fn send_control(&mut self, peer: PeerIdx, msg: PeerMsg) {
+    pub(super) fn send_control(&mut self, peer: PeerIdx, msg: PeerMsg) {
         let (kind, id) = msg.label();
         tracing::trace!(target: "tcpxd::hop", hop = "poller.out", kind, id);
         if let Some(p) = self.peers.get(&peer) {

@@ -287,6 +287,17 @@ impl Poller {
             Command::Message { peer, msg } => {
                 let (kind, id) = msg.label();
                 tracing::trace!(target: "tcpxd::hop", hop = "poller.in", kind, id);
+                // The peer's first message (its ReceiveMode) says it keeps this pairing: up.
+                // (Lanes open on first use; a pairing the peer dropped while two handshakes
+                // settled never hears from it and never comes up.)
+                if let Some(p) = self.peers.get_mut(&peer)
+                    && !p.up
+                    && !p.failed
+                {
+                    p.up = true;
+                    tracing::info!(peer = %p.node_id, "peer up (lanes open on first use)");
+                    p.link.send_replace(super::PeerLink::Up);
+                }
                 self.engine.on_message(peer, msg, Instant::now())
             }
             Command::Malformed { peer, request } => self.engine.on_malformed(peer, request),

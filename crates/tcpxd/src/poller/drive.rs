@@ -9,7 +9,6 @@ use super::blocks::{self, STAGED};
 use super::posting::{Placed, post_recvs, post_sends, start_buffer_unpack};
 use super::{Completion, LANDING, Landing, Poller, Posted, RecvLaneState, SendLaneState};
 use crate::lanes::{self, Wait};
-use crate::poller::PeerLink;
 
 impl Poller {
     /// Drives non-blocking connects and accepts of lanes being set up.
@@ -71,17 +70,6 @@ impl Poller {
         let progressed = !events.is_empty();
         self.apply(&mut events);
         self.completions = events;
-        for p in self.peers.values_mut() {
-            if !p.up
-                && !p.failed
-                && p.send.iter().all(|l| matches!(l.state, SendLaneState::Ready(_)))
-                && p.recv.iter().all(|l| matches!(l.state, RecvLaneState::Ready(_)))
-            {
-                p.up = true;
-                tracing::info!(peer = %p.node_id, "peer up");
-                p.link.send_replace(PeerLink::Up);
-            }
-        }
         progressed
     }
 

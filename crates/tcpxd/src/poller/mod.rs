@@ -39,13 +39,14 @@ use crate::engine::{
 };
 use crate::idle::{Backoff, LINGER, Step};
 use crate::metrics::Meter;
-use crate::net::{ConnectHandle, Connector, ListenComm, MemHandle, Plugin, RecvComm, SendComm};
+use crate::net::{Connector, ListenComm, MemHandle, Plugin, RecvComm, SendComm};
 use crate::unpack::UnpackImpl;
 
 mod actions;
 mod blocks;
 mod commands;
 mod drive;
+mod lane_life;
 mod peers;
 mod posting;
 
@@ -53,12 +54,12 @@ use crate::lanes::{GpuStage, RecvQueue, Tag};
 pub use crate::peer_stats::{PeerLink, PeerStats, StatsSnapshot};
 pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
 
-/// One lane's listening side, as exchanged in the handshake.
+/// One lane a node receives on, as the handshake announces it (its handle comes on the control
+/// stream when the lane is first used: peer protocol 6).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LaneHandleInfo {
+pub struct LaneInfo {
     pub lane: u32,
     pub device: i32,
-    pub handle: ConnectHandle,
 }
 
 /// Where a transfer is.
@@ -121,9 +122,10 @@ pub enum Command {
         key: [u8; 16],
         reply: Reply<Result<(), EngineError>>,
     },
-    /// Initiator side: open listening comms for the lanes the peer will send on.
+    /// Initiator side: describe the lanes the peer will send on (none is listened for yet: each
+    /// is on first use; the prepared id only pairs this with `CompletePeer`).
     PrepareLanes {
-        reply: Reply<Result<(u64, Vec<LaneHandleInfo>), String>>,
+        reply: Reply<Result<(u64, Vec<LaneInfo>), String>>,
     },
     /// Initiator side: the handshake failed; close the listening comms prepared for it.
     DropPrepared {
@@ -133,16 +135,16 @@ pub enum Command {
     CompletePeer {
         prepared: u64,
         node_id: String,
-        remote: Vec<LaneHandleInfo>,
+        remote: Vec<LaneInfo>,
         channels: PeerChannels,
         reply: Reply<Result<PeerIdx, String>>,
     },
-    /// Callee side: a handshake arrived; listen for the caller's lanes and connect to its own.
+    /// Callee side: a handshake arrived; add the pairing, its lanes closed until first use.
     AcceptPeer {
         node_id: String,
-        remote: Vec<LaneHandleInfo>,
+        remote: Vec<LaneInfo>,
         channels: PeerChannels,
-        reply: Reply<Result<(PeerIdx, Vec<LaneHandleInfo>), String>>,
+        reply: Reply<Result<(PeerIdx, Vec<LaneInfo>), String>>,
     },
     Write {
         specs: Vec<WriteSpec>,
@@ -460,6 +462,7 @@ struct PeerSlot {
     link: watch::Sender<PeerLink>,
     send: Vec<SendLane>,
     recv: Vec<RecvLane>,
+    /// The peer's first control message came: the pairing is up (`PeerLink::Up`).
     up: bool,
     failed: bool,
 }

@@ -1,12 +1,12 @@
-//! Setting peers up and tearing everything down: the listening comms a handshake exchanges, a
-//! pairing's lanes (connectors and accepts, set up by the pass) and its engine peer; the end of
-//! a drain and the shutdown that fails what is left and closes every comm.
+//! Setting peers up and tearing everything down: the lanes a handshake announces, a pairing (its
+//! lanes closed until first use: `engine::lane_life`, driven in `lane_life.rs`) and its engine
+//! peer; the end of a drain and the shutdown that fails what is left and closes every comm.
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use super::{
-    LaneHandleInfo, PeerChannels, PeerSlot, Poller, RecvLane, RecvLaneState, SendLane, SendLaneState, blocks,
+    LaneInfo, PeerChannels, PeerSlot, Poller, RecvLane, RecvLaneState, SendLane, SendLaneState, blocks,
 };
 use crate::engine::{Code, PeerIdx};
 use crate::lanes::{RecvQueue, Tag};
@@ -28,32 +28,29 @@ impl Poller {
         t.nic_position(dev).and_then(|n| t.listen_gpu(n))
     }
 
-    pub(super) fn open_listens(&mut self) -> Result<(Vec<ListenComm>, Vec<LaneHandleInfo>), String> {
-        let mut listens = Vec::new();
-        let mut infos = Vec::new();
-        for (lane, dev) in self.lane_devices().into_iter().enumerate() {
-            // The plugin takes the listen comm's GPU from the CUDA device current now.
-            crate::topology::make_current(self.device_gpu(dev))
-                .map_err(|e| format!("listen on device {dev}: {e}"))?;
-            let l = self
-                .plugin
-                .listen(dev)
-                .map_err(|e| format!("listen on device {dev}: {e}"))?;
-            infos.push(LaneHandleInfo {
+    /// The lanes this node receives on from a peer, as the handshake announces them (peer
+    /// protocol 6: none is listened for until the peer first sends on it, `Action::ListenLane`).
+    /// The listening comms are none: the caller's `PrepareLanes` keeps an empty set.
+    pub(super) fn open_listens(&mut self) -> Result<(Vec<ListenComm>, Vec<LaneInfo>), String> {
+        let infos = self
+            .lane_devices()
+            .into_iter()
+            .enumerate()
+            .map(|(lane, device)| LaneInfo {
                 lane: lane as u32,
-                device: dev,
-                handle: l.handle(),
-            });
-            listens.push(l);
-        }
-        Ok((listens, infos))
+                device,
+            })
+            .collect();
+        Ok((Vec::new(), infos))
     }
 
+    /// A pairing: its control stream is up at once, its lanes are closed until first use
+    /// (`engine::lane_life`). `remote`: the lanes the peer receives on (our send lanes).
     pub(super) fn add_peer(
         &mut self,
         node_id: String,
         listens: Vec<ListenComm>,
-        remote: Vec<LaneHandleInfo>,
+        remote: Vec<LaneInfo>,
         channels: PeerChannels,
     ) -> Result<PeerIdx, String> {
         if remote.is_empty() || remote.len() > 64 {
@@ -62,34 +59,28 @@ impl Poller {
                 remote.len()
             ));
         }
-        let deadline = Instant::now() + self.cfg.connect_timeout;
+        drop(listens);
         let devices = self.lane_devices();
-        let mut send = Vec::new();
-        for (i, r) in remote.iter().enumerate() {
-            let dev = devices[i % devices.len()];
-            let gpu = self.device_gpu(dev);
-            crate::topology::make_current(gpu)
-                .map_err(|e| format!("connect lane {i} on device {dev}: {e}"))?;
-            let c = self
-                .plugin
-                .connector(dev, &r.handle)
-                .map_err(|e| format!("connect lane {i} on device {dev}: {e}"))?;
-            send.push(SendLane {
-                device: dev,
-                gpu,
-                state: SendLaneState::Connecting(c, deadline),
-                handles: HashMap::new(),
-                deferred: VecDeque::new(),
-                tag: Tag::default(),
-                staging: blocks::SendStaging::default(),
-            });
-        }
-        let recv = listens
-            .into_iter()
-            .map(|l| RecvLane {
-                device: l.dev(),
-                gpu: self.device_gpu(l.dev()),
-                state: RecvLaneState::Accepting(l, deadline),
+        let send = (0..remote.len())
+            .map(|i| {
+                let device = devices[i % devices.len()];
+                SendLane {
+                    device,
+                    gpu: self.device_gpu(device),
+                    state: SendLaneState::Closed,
+                    handles: HashMap::new(),
+                    deferred: VecDeque::new(),
+                    tag: Tag::default(),
+                    staging: blocks::SendStaging::default(),
+                }
+            })
+            .collect::<Vec<_>>();
+        let recv = devices
+            .iter()
+            .map(|&device| RecvLane {
+                device,
+                gpu: self.device_gpu(device),
+                state: RecvLaneState::Closed,
                 handles: HashMap::new(),
                 queue: RecvQueue::default(),
                 deferred: VecDeque::new(),
@@ -102,7 +93,7 @@ impl Poller {
         let idx = self
             .engine
             .add_peer(&node_id, send.len() as u32, recv.len() as u32);
-        tracing::info!(peer = %node_id, send_lanes = send.len(), recv_lanes = recv.len(), "peer lanes connecting");
+        tracing::info!(peer = %node_id, send_lanes = send.len(), recv_lanes = recv.len(), "peer paired, waiting for its first message");
         self.peers.insert(
             idx,
             PeerSlot {

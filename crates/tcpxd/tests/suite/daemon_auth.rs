@@ -91,8 +91,6 @@ async fn only_peers_proving_the_cluster_secret_pair() {
 
     // A raw client that knows the secret: one handshake works once; replayed, it is refused.
     let secret = ClusterSecret::from_bytes(SECRET);
-    let plugin = daemons::plugin();
-    let listen = plugin.listen(0).unwrap();
     let mut raw = TcpxdPeerClient::connect(format!("http://{}", b.peer_addr()))
         .await
         .unwrap();
@@ -109,7 +107,8 @@ async fn only_peers_proving_the_cluster_secret_pair() {
         lanes: vec![peer_pb::LaneHandle {
             lane: 0,
             device: 0,
-            handle: listen.handle().0.to_vec(),
+            // Peer protocol 6: handles come on the control stream at a lane's first use.
+            handle: Vec::new(),
         }],
         server_nonce: challenge.clone(),
         client_nonce: client_nonce.to_vec(),
@@ -195,7 +194,6 @@ async fn only_peers_proving_the_cluster_secret_pair() {
             .all(|p| p.node_id == "auth-a" || p.node_id == "auth-raw"),
         "{peers:?}"
     );
-    drop(listen);
 
     for d in [a, b, w, n] {
         d.stop().await;

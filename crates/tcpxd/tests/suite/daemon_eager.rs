@@ -426,7 +426,6 @@ mod hostile {
     struct FakePeer {
         tx: mpsc::Sender<ppb::PeerMessage>,
         rx: tonic::Streaming<ppb::PeerMessage>,
-        _listen: tcpxd::net::ListenComm,
     }
 
     fn msg(body: Body) -> ppb::PeerMessage {
@@ -434,7 +433,6 @@ mod hostile {
     }
 
     async fn fake_peer(addr: &str, node: &str) -> FakePeer {
-        let listen = daemons::plugin().listen(0).unwrap();
         let mut raw = TcpxdPeerClient::connect(format!("http://{addr}")).await.unwrap();
         let resp = raw
             .handshake(ppb::HandshakeRequest {
@@ -443,7 +441,7 @@ mod hostile {
                 lanes: vec![ppb::LaneHandle {
                     lane: 0,
                     device: 0,
-                    handle: listen.handle().0.to_vec(),
+                    handle: Vec::new(),
                 }],
                 ..Default::default()
             })
@@ -470,11 +468,7 @@ mod hostile {
             .await
             .expect("control")
             .into_inner();
-        FakePeer {
-            tx,
-            rx,
-            _listen: listen,
-        }
+        FakePeer { tx, rx }
     }
 
     impl FakePeer {

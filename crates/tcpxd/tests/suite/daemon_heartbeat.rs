@@ -45,8 +45,6 @@ async fn idle_pairings_stay_up_and_silent_peers_fail() {
     wait_ok(&mut a.client, id).await;
 
     // A peer that says Hello and then nothing: b fails it after the bound.
-    let plugin = daemons::plugin();
-    let listen = plugin.listen(0).unwrap();
     let mut fake = TcpxdPeerClient::connect(format!("http://{}", b.peer_addr()))
         .await
         .unwrap();
@@ -57,7 +55,7 @@ async fn idle_pairings_stay_up_and_silent_peers_fail() {
             lanes: vec![peer_pb::LaneHandle {
                 lane: 0,
                 device: 0,
-                handle: listen.handle().0.to_vec(),
+                handle: Vec::new(),
             }],
             ..Default::default()
         })
@@ -110,7 +108,6 @@ async fn idle_pairings_stay_up_and_silent_peers_fail() {
         .unwrap();
     wait_ok(&mut a.client, id).await;
     drop(keep_open);
-    drop(listen);
     a.stop().await;
     b.stop().await;
     std::fs::remove_file(cfg_a).ok();

@@ -29,6 +29,8 @@ mod daemon_heartbeat;
 mod daemon_host_fd;
 mod daemon_hostile;
 mod daemon_idle;
+mod daemon_idle_peers;
+mod daemon_lane_life;
 mod daemon_local;
 mod daemon_pairing;
 mod daemon_peer_loss;

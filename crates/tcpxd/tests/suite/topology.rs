@@ -179,8 +179,9 @@ async fn with_more_nics_than_gpus_every_nic_is_opened_under_a_gpu_it_serves() {
         .map(|l| (l.device, l.recv_gpu))
         .collect();
     assert_eq!(gpus, [(0, 0), (1, 0), (2, 1), (3, 1)]);
+    // Lanes open on first use: the write's 8 chunks opened the 8 rendezvous lanes a -> b.
     for d in [&a, &b] {
-        assert_every_comm_served(d, 10);
+        assert_every_comm_served(d, 8);
     }
 }
 

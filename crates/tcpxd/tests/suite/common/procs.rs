@@ -48,7 +48,9 @@ pub async fn spawn_in(
     std::fs::remove_file(&ready).ok();
     let cfg = dir.join("tcpxd.toml");
     std::fs::write(&cfg, config).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tcpxd"));
+    // TCPXD_TEST_DAEMON_BIN: another tcpxd binary (a release build, for benchmarks).
+    let bin = std::env::var_os("TCPXD_TEST_DAEMON_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_tcpxd").into());
+    let mut cmd = Command::new(bin);
     cmd.args(["--node-id", node]);
     // TCPXD_TEST_PLUGIN (tools/realplugin/run.sh) names a plugin file; unset, the emulation.
     match super::daemons::test_plugin_file() {

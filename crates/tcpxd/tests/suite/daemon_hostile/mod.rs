@@ -153,12 +153,9 @@ fn msg(body: ppb::peer_message::Body) -> ppb::PeerMessage {
 struct FakePeer {
     tx: mpsc::Sender<ppb::PeerMessage>,
     rx: tonic::Streaming<ppb::PeerMessage>,
-    _listen: tcpxd::net::ListenComm,
 }
 
 async fn fake_peer(addr: &str, node: &str) -> FakePeer {
-    let plugin = daemons::plugin();
-    let listen = plugin.listen(0).unwrap();
     let mut raw = TcpxdPeerClient::connect(format!("http://{addr}")).await.unwrap();
     let resp = raw
         .handshake(ppb::HandshakeRequest {
@@ -167,7 +164,8 @@ async fn fake_peer(addr: &str, node: &str) -> FakePeer {
             lanes: vec![ppb::LaneHandle {
                 lane: 0,
                 device: 0,
-                handle: listen.handle().0.to_vec(),
+                // Peer protocol 6: no handle (the lane is never used here).
+                handle: Vec::new(),
             }],
             ..Default::default()
         })
@@ -195,11 +193,7 @@ async fn fake_peer(addr: &str, node: &str) -> FakePeer {
         .await
         .expect("control")
         .into_inner();
-    FakePeer {
-        tx,
-        rx,
-        _listen: listen,
-    }
+    FakePeer { tx, rx }
 }
 
 impl FakePeer {

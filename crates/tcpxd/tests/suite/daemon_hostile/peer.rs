@@ -58,14 +58,13 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
     let mut n = 0usize;
 
     // ---- Handshake --------------------------------------------------------------------------
-    let plugin = daemons::plugin();
-    let listen = plugin.listen(0).unwrap();
     let lane = |l: u32, h: Vec<u8>| ppb::LaneHandle {
         lane: l,
         device: 0,
         handle: h,
     };
-    let good_handle = listen.handle().0.to_vec();
+    // Peer protocol 6: a lane's handle comes on the control stream at its first use.
+    let good_handle = Vec::new();
     let good = ppb::HandshakeRequest {
         protocol_version: tcpxd::peers::PROTOCOL_VERSION,
         node_id: "host-x".into(),
@@ -122,7 +121,7 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             "lanes[0].lane",
         ));
     }
-    for len in [0usize, 1, 64, 127, 129, 4096] {
+    for len in [1usize, 64, 128, 129, 4096] {
         cases.push((
             format!("handle of {len} bytes"),
             ppb::HandshakeRequest {
@@ -293,7 +292,6 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
         Code::PermissionDenied,
         "another node",
     );
-    drop(listen);
 
     // ---- Control messages --------------------------------------------------------------------
     let mut fake = fake_peer(&b.peer_addr(), "host-p").await;

@@ -1,0 +1,98 @@
+//! The driver's side of a lane's life (`engine::lane_life`, peer protocol 6): listening for a
+//! receive lane the peer asked for and sending it the handle, connecting a send lane to the
+//! handle the peer sent, and closing a lane both sides found idle. Each listen, connector and
+//! close runs with the lane's GPU current (the plugin takes a comm's GPU from it); the accept and
+//! connect steps that follow are the pass's (`drive.rs`), bounded by the connect timeout.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::{Poller, RecvLaneState, SendLaneState, blocks};
+use crate::engine::{PeerIdx, PeerMsg};
+use crate::lanes::{GpuStage, RecvQueue, Tag};
+use crate::net::ConnectHandle;
+
+impl Poller {
+    /// `Action::ListenLane`: listen for receive lane `lane` under its GPU, tell the peer the
+    /// handle (on the control stream, in order with the engine's messages), then accept.
+    pub(super) fn listen_lane(&mut self, peer: PeerIdx, lane: u32) -> Result<(), String> {
+        let deadline = Instant::now() + self.cfg.connect_timeout;
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return Ok(());
+        };
+        let Some(l) = p.recv.get_mut(lane as usize) else {
+            return Err(format!(
+                "lane {lane}: the peer asked for a lane this node does not have"
+            ));
+        };
+        crate::topology::make_current(l.gpu).map_err(|e| format!("listen for lane {lane}: {e}"))?;
+        let listen = self
+            .plugin
+            .listen(l.device)
+            .map_err(|e| format!("listen for lane {lane} on device {}: {e}", l.device))?;
+        let handle = listen.handle().0.to_vec();
+        l.state = RecvLaneState::Accepting(listen, deadline);
+        tracing::debug!(peer = %p.node_id, lane, device = l.device, gpu = ?l.gpu, "lane listened for");
+        self.send_control(peer, PeerMsg::LaneListening { lane, handle });
+        Ok(())
+    }
+
+    /// `Action::ConnectLane`: connect send lane `lane` to the peer's handle under its GPU.
+    pub(super) fn connect_lane(&mut self, peer: PeerIdx, lane: u32, handle: &[u8]) -> Result<(), String> {
+        let deadline = Instant::now() + self.cfg.connect_timeout;
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return Ok(());
+        };
+        let Some(l) = p.send.get_mut(lane as usize) else {
+            return Err(format!(
+                "lane {lane}: a handle for a lane this node does not have"
+            ));
+        };
+        let handle =
+            ConnectHandle::from_bytes(handle).map_err(|e| format!("lane {lane}: the peer's handle: {e}"))?;
+        crate::topology::make_current(l.gpu).map_err(|e| format!("connect lane {lane}: {e}"))?;
+        let c = self
+            .plugin
+            .connector(l.device, &handle)
+            .map_err(|e| format!("connect lane {lane} on device {}: {e}", l.device))?;
+        l.state = SendLaneState::Connecting(c, deadline);
+        tracing::debug!(peer = %p.node_id, lane, device = l.device, gpu = ?l.gpu, "lane connecting");
+        Ok(())
+    }
+
+    /// `Action::CloseLane`: both sides found the lane idle. Its registrations go first, then the
+    /// comm (a receive lane's idle credit receives with it); the next open starts afresh.
+    pub(super) fn close_lane(&mut self, peer: PeerIdx, lane: u32, send: bool) {
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        // Block kernels may still read a staging ring or a scatter table: let them finish.
+        let on_gpu = if send {
+            p.send.get(lane as usize).is_some_and(|l| l.staging.on_gpu())
+        } else {
+            p.recv.get(lane as usize).is_some_and(|l| l.scatter.on_gpu())
+        };
+        if on_gpu {
+            self.stages.values_mut().for_each(GpuStage::quiesce_blocks);
+        }
+        if send {
+            if let Some(l) = p.send.get_mut(lane as usize) {
+                l.handles = HashMap::new();
+                l.deferred.clear();
+                l.staging = blocks::SendStaging::default();
+                l.tag = Tag::default();
+                l.state = SendLaneState::Closed;
+            }
+        } else if let Some(l) = p.recv.get_mut(lane as usize) {
+            l.scatter = blocks::RecvScatter::default();
+            l.handles = HashMap::new();
+            l.landing_slots = None;
+            l.landing_on_gpu = false;
+            l.credit_seq = 0;
+            l.deferred.clear();
+            l.queue = RecvQueue::default();
+            l.state = RecvLaneState::Closed;
+        }
+        tracing::debug!(peer = %p.node_id, lane, send, "idle lane closed");
+    }
+}
