@@ -37,6 +37,18 @@ impl Drop for Daemon {
 /// A daemon on `nics` emulated NICs; `binding`: the emulation's default GPU map, else
 /// `TCPXEMU_GPUS=all` (every NIC serves every GPU).
 pub(crate) async fn start(dir: &ScratchDir, node: &str, unpacker: &str, nics: u32, binding: bool) -> Daemon {
+    start_with(dir, node, unpacker, nics, binding, &[]).await
+}
+
+/// [`start`] with more environment for the daemon.
+pub(crate) async fn start_with(
+    dir: &ScratchDir,
+    node: &str,
+    unpacker: &str,
+    nics: u32,
+    binding: bool,
+    env: &[(&str, &str)],
+) -> Daemon {
     let sock = dir.join(format!("{node}.sock"));
     let ready = dir.join(format!("{node}.ready"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_tcpxd"))
@@ -60,6 +72,7 @@ pub(crate) async fn start(dir: &ScratchDir, node: &str, unpacker: &str, nics: u3
         ])
         .env("TCPXEMU_DEVICES", nics.to_string())
         .envs((!binding).then_some(("TCPXEMU_GPUS", "all")))
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()

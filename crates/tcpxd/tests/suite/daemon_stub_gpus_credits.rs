@@ -7,7 +7,7 @@
 //! back after completions, cancels and deadlines.
 
 use crate::common::daemons::{Client, fill_seed, read, read_entry, wait, wait_ok, write, write_entry};
-use crate::daemon_stub_gpus::{Daemon, assert_same, cuda_buffer, start};
+use crate::daemon_stub_gpus::{Daemon, assert_same, cuda_buffer, start, start_with};
 use tcpxd::api::proto::v1 as pb;
 use tcpxd_testkit::ScratchDir;
 
@@ -308,4 +308,58 @@ async fn host_destinations_and_coalesced_batches_through_gpu_credit_receives() {
     }
     credits_back(&mut a.client).await;
     credits_back(&mut b.client).await;
+}
+
+/// Lanes closed when idle (`peer.lane_idle_close_ms`) and opened again: each reopened credit lane
+/// makes its GPU landing again, and the next transfers go by credits, byte-exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credit_lanes_closed_when_idle_land_in_gpu_memory_again_when_reopened() {
+    let dir = ScratchDir::fresh("tcpxd-gpu-credits", "idle");
+    std::fs::create_dir_all(&*dir).unwrap();
+    let idle = [("TCPXD_LANE_IDLE_CLOSE_MS", "200")];
+    let mut a = start_with(&dir, "idle-a", "d2d", 1, true, &idle).await;
+    let mut b = start_with(&dir, "idle-b", "d2d", 1, true, &idle).await;
+    let src = cuda_buffer(&mut a.client, 3, 8 * MIB).await;
+    let dst = cuda_buffer(&mut b.client, 4, 8 * MIB).await;
+    fill_seed(&mut a.client, src.id, 0, 0, 31).await;
+    for round in 0..3u64 {
+        for len in [4 * KIB, 3 * MIB] {
+            let at = round * 4096 + len / 8;
+            let id = write(&mut a.client, write_entry(&src, at, &dst, at + 1, len), b"")
+                .await
+                .unwrap();
+            wait_ok(&mut a.client, id).await;
+            let what = format!("round {round}: WRITE of {len} bytes");
+            assert_same(
+                &mut a.client,
+                (src.id, at),
+                &mut b.client,
+                (dst.id, at + 1),
+                len,
+                &what,
+            )
+            .await;
+        }
+        // Every lane closes (both sides idle), then the next round opens them again.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let s = a
+                .client
+                .get_stats(pb::GetStatsRequest {})
+                .await
+                .unwrap()
+                .into_inner();
+            let lanes: Vec<&pb::LaneStats> = s.peers.iter().flat_map(|p| &p.lanes).collect();
+            if !lanes.is_empty() && lanes.iter().all(|l| l.send_state == "closed") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "lanes never closed: {lanes:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    let pa = peer(&mut a.client).await;
+    assert_eq!((pa.sent_eager, pa.sent_rendezvous), (6, 0), "{pa:?}");
 }
