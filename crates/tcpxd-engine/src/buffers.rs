@@ -18,6 +18,7 @@ impl Engine {
                 key,
                 users: 0,
                 watched: false,
+                gpu: false,
             },
         );
         Ok(())

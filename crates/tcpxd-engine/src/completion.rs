@@ -22,14 +22,18 @@ impl Engine {
             o.unfinished -= 1;
             // Every send done: the plugin no longer reads the sources, which may be released
             // before `Done` comes (a READ's reader finishes first; its client may release at once).
-            let sent = o.unfinished == 0 && !o.sent;
+            // (A streamed offer's chunks not yet announced are still to be sent.)
+            let sent = o.unfinished == 0 && !o.sent && o.stream.is_none();
             o.sent |= sent;
             let sources: Vec<u64> = if sent {
                 o.sources.iter().map(|s| s.0).collect()
             } else {
                 Vec::new()
             };
-            let (transfer, finished) = (o.transfer, o.unfinished == 0 && (o.done || o.cancelled));
+            let (transfer, finished) = (
+                o.transfer,
+                o.unfinished == 0 && o.stream.is_none() && (o.done || o.cancelled),
+            );
             for b in sources {
                 self.unuse_buffer(b);
             }
@@ -370,8 +374,12 @@ impl Engine {
                     item.empty();
                 }
             }
-            if o.unfinished == 0 {
+            if o.unfinished == 0 && o.stream.is_none() {
                 self.drop_out_offer(offer_id);
+            } else if o.stream.is_some() {
+                // Its chunks not announced yet go out empty as credits allow.
+                self.stream_more(peer);
+                self.pump(peer);
             }
         }
         // Unaccepted: kept until the peer's Accept (then sent empty) or Reject arrives.

@@ -17,6 +17,9 @@ pub struct LaneCounters {
     /// Eager mode: the credits per lane announced at pairing (the peer's for send lanes, ours
     /// for receive lanes); 0 for rendezvous.
     pub credit_limit: u32,
+    /// Send lanes towards a peer with GPU credits: bytes of sends whose credits have not come
+    /// back (at most its byte budget; 0 once every credit is back).
+    pub credit_bytes_out: u64,
     /// Where the lane is in its life (`lane_life.rs`): "closed", "opening", "open", "closing".
     pub state: &'static str,
 }
@@ -50,6 +53,7 @@ impl Lane {
             window_full: self.window_full,
             credits: 0,
             credit_limit: 0,
+            credit_bytes_out: 0,
             state: self.life.name(),
         }
     }
@@ -78,6 +82,7 @@ impl Engine {
                 .enumerate()
                 .map(|(i, l)| LaneCounters {
                     credits: l.send_credits.held(),
+                    credit_bytes_out: l.send_credits.bytes_out(),
                     credit_limit: if live && send_eager.contains(&(i as u32)) {
                         remote_credits
                     } else {

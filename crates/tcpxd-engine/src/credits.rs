@@ -143,8 +143,10 @@ impl Engine {
             eager_from,
             eager_max,
         });
+        let budget = p.remote_gpu_budget.unwrap_or(0);
         for (i, l) in p.send.iter_mut().enumerate() {
             l.send_credits = SendCredits::granted(if i as u32 >= eager_from { credits } else { 0 });
+            l.send_credits.set_budget(budget);
         }
         for id in std::mem::take(&mut p.waiting) {
             self.send_offer(id);
@@ -178,6 +180,7 @@ impl Engine {
         for (l, n) in p.send.iter_mut().zip(returned) {
             l.send_credits.take_back(n).expect("checked");
         }
+        self.stream_more(peer);
         self.pump(peer);
     }
 
@@ -219,8 +222,13 @@ impl Engine {
                     self.cfg.max_entries
                 ));
             }
-            if coalesce::offer_chunks(&offer, MAX_HEADER_CHUNKS).is_none() {
+            let Some(chunks) = coalesce::offer_chunks(&offer, MAX_HEADER_CHUNKS) else {
                 return Err(format!("more than {MAX_HEADER_CHUNKS} chunks in one transfer"));
+            };
+            if let Some(n) = offer.announced
+                && n > chunks
+            {
+                return Err(format!("{n} chunks announced of {chunks}"));
             }
             if self.in_offers.contains_key(&(peer, offer.offer_id)) {
                 return Err(format!("transfer {} is already active", offer.offer_id));
@@ -249,34 +257,12 @@ impl Engine {
             Ok(p) => (p.places, p.plan, Ok(())),
             Err(e) => (Vec::new(), None, Err(e)),
         };
-        let lengths = Self::wire_lengths(&offer);
         let accepted = verdict.is_ok();
         for &(b, _) in &dests {
             self.use_buffer(b);
         }
-        let mut chunks_total = 0u64;
-        let p = &mut self.peers[&peer];
-        p.received_eager += 1;
-        for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, lanes.clone()) {
-            let target = if dests.is_empty() {
-                Target {
-                    offer: offer.offer_id,
-                    dest: None,
-                    len: c.len,
-                    pieces: false,
-                }
-            } else {
-                let item = coalesce::chunk_item(offer.offer_id, &dests, plan.as_ref(), &c);
-                Target {
-                    offer: offer.offer_id,
-                    dest: Some((item.buffer, item.offset)),
-                    len: c.len,
-                    pieces: item.pieces,
-                }
-            };
-            p.recv[c.lane as usize].targets.push_back(target);
-            chunks_total += 1;
-        }
+        self.peers.get_mut(&peer).expect("live").received_eager += 1;
+        let (chunks_total, stream) = self.lay_out_header(peer, &offer, &dests, plan.as_ref(), lanes.clone());
         let read = (offer.read_id != 0).then_some(offer.read_id);
         match verdict {
             Ok(()) => {
@@ -322,6 +308,7 @@ impl Engine {
                     notify_id: offer.notify_id(),
                     notification: offer.notification,
                     plan,
+                    stream,
                 },
             );
         }
@@ -351,7 +338,7 @@ impl Engine {
     }
 
     /// Pairs landed receives with announced chunks, in lane order.
-    fn match_landed(&mut self, peer: PeerIdx, lane: u32) {
+    pub(super) fn match_landed(&mut self, peer: PeerIdx, lane: u32) {
         let p = &mut self.peers[&peer];
         let l = &mut p.recv[lane as usize];
         while !l.landed.is_empty() && !l.targets.is_empty() {

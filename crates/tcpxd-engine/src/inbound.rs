@@ -17,6 +17,11 @@ impl Engine {
                 eager_max_bytes,
             } => self.on_receive_mode(peer, credits, chunk_bytes, eager_first_lane, eager_max_bytes),
             PeerMsg::Credits { returned } => self.on_credits(peer, returned),
+            PeerMsg::GpuCredits {
+                budget_bytes,
+                buffer_ids,
+            } => self.on_gpu_credits(peer, budget_bytes, buffer_ids),
+            PeerMsg::MoreChunks { offer_id, count } => self.on_more_chunks(peer, offer_id, count),
             PeerMsg::Header(offer) => self.on_header(peer, offer),
             PeerMsg::Offer(offer) => self.on_offer(peer, offer),
             PeerMsg::Accept { offer_id } => self.on_accept(peer, offer_id),
@@ -282,6 +287,7 @@ impl Engine {
                 notify_id: offer.notify_id(),
                 notification: offer.notification,
                 plan,
+                stream: None,
             },
         );
         self.actions.push_back(Action::Control {
@@ -347,7 +353,6 @@ impl Engine {
         let Some(o) = self.out_offers.get_mut(&offer_id) else {
             return;
         };
-        o.accepted = true;
         let peer = o.peer;
         let p = &mut self.peers[&peer];
         let mut n = 0u64;
@@ -361,7 +366,18 @@ impl Engine {
             n += 1;
         }
         o.unfinished = n;
-        if let Some(t) = o.transfer {
+        self.start_sending(offer_id);
+    }
+
+    /// An offer's sends may go (accepted, or eager): its transfer runs, the lanes post what
+    /// their windows and credits allow.
+    pub(super) fn start_sending(&mut self, offer_id: u64) {
+        let Some(o) = self.out_offers.get_mut(&offer_id) else {
+            return;
+        };
+        o.accepted = true;
+        let (peer, transfer) = (o.peer, o.transfer);
+        if let Some(t) = transfer {
             self.set_running(t);
         }
         self.pump(peer);

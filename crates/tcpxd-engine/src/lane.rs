@@ -23,7 +23,7 @@ impl Lane {
         if !self.ready || self.posted.len() >= limit {
             return None;
         }
-        if credit && !self.send_credits.spend() {
+        if credit && !self.send_credits.spend(head.len) {
             return None;
         }
         let item = self.queue.pop_front()?;

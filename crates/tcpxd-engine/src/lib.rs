@@ -89,11 +89,12 @@ mod same_node;
 use release::PeerMap;
 pub use same_node::{SameNodePlan, SamePiece};
 mod start;
+mod streams;
 pub mod topology;
 mod transfer;
 pub mod wire;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -103,7 +104,7 @@ pub use counters::{LaneCounters, PeerCounters};
 pub use drain::{CLOSE_AT_LEAST, DrainReport};
 pub use error::{Code, EngineError, EngineResult};
 pub use layout::LaneLayout;
-pub use plan::{Chunk, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
+pub use plan::{Chunk, ChunkCursor, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
 pub use prepared::{
     EARLY_PART_MIN_PAIRS, MAX_PREPARED, MAX_PREPARED_ENTRIES, MAX_PREPARED_LISTS, PreparedEntry,
     PreparedInfo, RemoteList, SEAL_MIN_BLOCKS,
@@ -160,6 +161,14 @@ pub struct EngineConfig {
     /// How long data may wait in its bounce pages for its header before the peer is failed
     /// (an honest sender writes the header before it posts the sends).
     pub header_timeout: Duration,
+    /// Auto: this node's credit receives land in GPU memory (the driver posts them into a
+    /// landing registration on the lane's GPU; the unpack alone decides where bytes go), so
+    /// they are `chunk_bytes` each and transfers into its GPU buffers take them at any size
+    /// (`crate::streams`). Announced to each peer (`PeerMsg::GpuCredits`).
+    pub gpu_credits: bool,
+    /// With `gpu_credits`: bytes of un-consumed chunks a sender may have on each credit lane
+    /// (bounce memory the receiver holds for data not yet unpacked); 0: `credits × chunk_bytes`.
+    pub credit_budget_bytes: u64,
     /// A send lane with nothing queued, posted or lent (credits) for this long is closed on both
     /// sides and opened again on its next chunk (`lane_life.rs`); `None`: kept open.
     pub lane_idle_close: Option<Duration>,
@@ -184,6 +193,8 @@ impl Default for EngineConfig {
             eager_lanes: 1,
             eager_max_bytes: DEFAULT_EAGER_MAX_BYTES,
             header_timeout: Duration::from_secs(5),
+            gpu_credits: false,
+            credit_budget_bytes: DEFAULT_CREDIT_BUDGET_BYTES,
             lane_idle_close: None,
             lane_open_timeout: DEFAULT_LANE_OPEN_TIMEOUT,
         }
@@ -200,6 +211,11 @@ pub const DEFAULT_GATHER_AHEAD: usize = 0;
 /// into wire chunks (docs/BLOCKS.md), so it costs chunks, not entries.
 pub const DEFAULT_MAX_ENTRIES: usize = 65_536;
 
+/// `transfer.credit_budget_bytes`' default: 32 MiB of un-consumed chunks per credit lane (8
+/// chunks of 4 MiB; the count, 16, binds first at 512 KiB chunks). The emulation's bounce pool is
+/// 64 MiB per receive comm; RxDM's is 4 GiB per GPU, shared by its comms.
+pub const DEFAULT_CREDIT_BUDGET_BYTES: u64 = 32 << 20;
+
 /// `transfer.eager_max_bytes`' default: transfers up to 64 KiB go eager under `auto` (measured:
 /// eager wins for small transfers, rendezvous from 1-4 MiB up; docs/BENCHMARKS.md).
 pub const DEFAULT_EAGER_MAX_BYTES: u64 = 64 * 1024;
@@ -212,6 +228,8 @@ struct BufferMeta {
     users: u32,
     /// Someone waits for its last user to end (`Action::BufferIdle`).
     watched: bool,
+    /// GPU memory (`Engine::mark_gpu_buffer`): told to peers when `gpu_credits` is on.
+    gpu: bool,
 }
 
 /// A queued or posted chunk: which offer it serves and where its bytes are.
@@ -297,6 +315,13 @@ struct Peer {
     remote: Option<RemoteMode>,
     /// Offers waiting for the peer's `ReceiveMode`, in order.
     waiting: Vec<u64>,
+    /// The peer's credit lanes land in GPU memory (`PeerMsg::GpuCredits`): its byte budget per
+    /// lane (`None`: it did not say; no byte budget, no credits at any size).
+    remote_gpu_budget: Option<u64>,
+    /// The peer's buffers it said are GPU memory (at most `MAX_GPU_DESTS`).
+    gpu_dests: HashSet<u64>,
+    /// Our streamed headers towards this peer with chunks still to announce, oldest first.
+    streams: VecDeque<u64>,
     transfers_started: u64,
     transfers_ok: u64,
     transfers_failed: u64,
@@ -356,6 +381,8 @@ struct OutOffer {
     /// A block or coalesced offer: its sources as one side's plan over the wire stream (the
     /// chunks are those of one range of its total), in the buffer `sources[0].0`.
     plan: Option<blocks::SidePlan>,
+    /// A streamed header: where its chunk plan stands (`streams.rs`).
+    stream: Option<streams::Stream>,
 }
 
 /// An offer this node accepted (it receives the data).
@@ -377,6 +404,8 @@ struct InOffer {
     /// A block or coalesced offer: its destinations as this side's plan over the wire stream,
     /// in the buffer `dests[0].0`.
     plan: Option<blocks::SidePlan>,
+    /// A streamed header: its lengths and where its chunk plan stands (`streams.rs`).
+    stream: Option<Box<streams::InStream>>,
 }
 
 /// A READ part: one peer's share of a local READ.
@@ -515,7 +544,7 @@ impl Engine {
             Protocol::Eager => 0,
             Protocol::Auto => recv_lanes.saturating_sub(self.layout().eager_lanes()),
         };
-        let credit_bytes = if eager_from > 0 && eager_from < recv_lanes {
+        let credit_bytes = if eager_from > 0 && eager_from < recv_lanes && !self.gpu_credits() {
             let needed =
                 self.cfg.eager_max_bytes.div_ceil(u64::from(MIN_CHUNK_BYTES)) * u64::from(MIN_CHUNK_BYTES);
             needed.min(u64::from(self.cfg.chunk_bytes)) as u32
@@ -535,6 +564,9 @@ impl Engine {
                 credit_bytes,
                 remote: None,
                 waiting: Vec::new(),
+                remote_gpu_budget: None,
+                gpu_dests: HashSet::new(),
+                streams: VecDeque::new(),
                 transfers_started: 0,
                 transfers_ok: 0,
                 transfers_failed: 0,
@@ -544,6 +576,7 @@ impl Engine {
                 received_rendezvous: 0,
             },
         );
+        self.announce_gpu_credits(idx);
         self.announce_mode(idx);
         idx
     }

@@ -36,6 +36,14 @@ pub struct Chunk {
     pub lane: u32,
 }
 
+/// Where a [`ChunkPlan`] stands between two chunks (plain data, kept by a streamed transfer).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChunkCursor {
+    range: usize,
+    offset: u64,
+    lane: u32,
+}
+
 /// Iterates the chunks of `range_lengths` cut at `chunk_bytes` over the lanes `lanes` (a range
 /// of lane indices: all of a peer's lanes, or only its eager or its rendezvous ones), the k-th
 /// chunk on lane `lanes.start + (first_lane - lanes.start + k) % lanes.len()`. `first_lane` is a
@@ -75,6 +83,31 @@ impl<'a> ChunkPlan<'a> {
             offset: 0,
             lane: first_lane.saturating_sub(lanes.start) % count,
         }
+    }
+
+    /// Where the plan stands: what [`ChunkPlan::resume`] needs to go on from the next chunk (a
+    /// streamed header's next chunks, announced later).
+    pub fn cursor(&self) -> ChunkCursor {
+        ChunkCursor {
+            range: self.range,
+            offset: self.offset,
+            lane: self.lane,
+        }
+    }
+
+    /// The plan of [`ChunkPlan::new`] with the same lengths, chunk size and lanes, from `at` on
+    /// (a cursor one of its own plans gave; the first lane is in it).
+    pub fn resume(
+        range_lengths: &'a [u64],
+        chunk_bytes: u32,
+        lanes: Range<u32>,
+        at: ChunkCursor,
+    ) -> ChunkPlan<'a> {
+        let mut plan = ChunkPlan::new(range_lengths, chunk_bytes, lanes.start, lanes);
+        plan.range = at.range;
+        plan.offset = at.offset;
+        plan.lane = at.lane % plan.lanes;
+        plan
     }
 
     /// Number of chunks the plan yields.
@@ -151,6 +184,18 @@ mod tests {
                 ChunkPlan::new(&ranges, chunk, 0, 0..4).count() as u64,
                 ChunkPlan::count(&ranges, chunk)
             );
+        }
+    }
+
+    #[test]
+    fn a_plan_resumed_from_its_cursor_goes_on_where_it_stood() {
+        let ranges = [10u64, 4, 0, 7];
+        let whole: Vec<Chunk> = ChunkPlan::new(&ranges, 4, 5, 4..7).collect();
+        for cut in 0..=whole.len() {
+            let mut plan = ChunkPlan::new(&ranges, 4, 5, 4..7);
+            let mut got: Vec<Chunk> = plan.by_ref().take(cut).collect();
+            got.extend(ChunkPlan::resume(&ranges, 4, 4..7, plan.cursor()));
+            assert_eq!(got, whole, "cut after {cut} chunks");
         }
     }
 

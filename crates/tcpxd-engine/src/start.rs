@@ -210,6 +210,7 @@ impl Engine {
                     blocks,
                     coalesced,
                     transfer_id: transfer.map_or(0, |t| t.0),
+                    announced: None,
                 }),
                 eager: false,
                 accepted: false,
@@ -218,6 +219,7 @@ impl Engine {
                 done: false,
                 sent: false,
                 plan,
+                stream: None,
             },
         );
         let p = &mut self.peers[&peer];
@@ -244,7 +246,12 @@ impl Engine {
         let remote = p.remote.expect("the peer's receive mode is known");
         let (rendezvous_lanes, eager_lanes) = p.send_split();
         let total = o.lengths.iter().fold(0u64, |a, &l| a.saturating_add(l));
-        let eager = choose_eager(&rendezvous_lanes, &eager_lanes, total, remote.eager_max);
+        // Into the receiver's GPU memory by its GPU credits: eager at any size, streamed when
+        // larger than what it wants eager otherwise (`streams.rs`).
+        let any_size = !eager_lanes.is_empty()
+            && Self::credits_at_any_size(p, &msg.ranges, msg.blocks.is_some() || o.plan.is_some());
+        let eager = any_size || choose_eager(&rendezvous_lanes, &eager_lanes, total, remote.eager_max);
+        let streamed = any_size && total > remote.eager_max;
         let chunk_bytes = if eager {
             self.cfg.chunk_bytes.min(remote.chunk_bytes)
         } else {
@@ -268,7 +275,14 @@ impl Engine {
         o.eager = eager;
         msg.chunk_bytes = chunk_bytes;
         msg.first_lane = first_lane;
-        if eager {
+        if streamed {
+            msg.announced = Some(self.start_stream(offer_id));
+            self.actions.push_back(Action::Control {
+                peer,
+                msg: PeerMsg::Header(msg),
+            });
+            self.start_sending(offer_id);
+        } else if eager {
             self.actions.push_back(Action::Control {
                 peer,
                 msg: PeerMsg::Header(msg),

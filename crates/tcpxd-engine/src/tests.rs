@@ -14,6 +14,7 @@ mod coalesced;
 mod eager;
 mod failed_sends;
 mod gather_ahead;
+mod gpu_credits;
 mod lane_life;
 mod lifecycle;
 mod prepared;
@@ -277,6 +278,7 @@ fn remote_bounds_unknown_buffers_and_bad_offers_are_refused_in_mode() {
                 blocks: None,
                 coalesced: false,
                 transfer_id: 0,
+                announced: None,
             }),
             Instant::now(),
         );

@@ -32,6 +32,10 @@ pub struct Offer {
     /// The sender's transfer this offer is part of (what the receiver's notification names);
     /// 0 for an offer serving a READ and from daemons before it (the offer id is named then).
     pub transfer_id: u64,
+    /// A streamed header (credits at any size, `crate::streams`): only its first `n` chunks
+    /// are announced; `MoreChunks` announces the rest. `None`: every chunk (offers, and every
+    /// header before peer protocol 6).
+    pub announced: Option<u64>,
 }
 
 impl Offer {
@@ -76,6 +80,20 @@ pub enum PeerMsg {
         chunk_bytes: u32,
         eager_first_lane: u32,
         eager_max_bytes: u64,
+    },
+    /// The sender of this message lands its credit receives in GPU memory: a transfer whose
+    /// destinations are all in `buffer_ids` (its GPU buffers, sent before its `ReceiveMode` and
+    /// again for each GPU buffer registered later) may take its credit lanes at any size, chunks
+    /// spending `budget_bytes` per lane (un-consumed bytes at most) besides one credit each.
+    GpuCredits {
+        budget_bytes: u64,
+        buffer_ids: Vec<u64>,
+    },
+    /// The next `count` chunks of a streamed header (its plan goes on where the last
+    /// announcement stopped), their sends already posted within credits.
+    MoreChunks {
+        offer_id: u64,
+        count: u64,
     },
     /// Credits returned, per lane (`returned[i]` receives re-posted on lane i since the last
     /// message).
@@ -174,6 +192,8 @@ impl PeerMsg {
         match self {
             PeerMsg::ReceiveMode { .. } => ("receive_mode", 0),
             PeerMsg::Credits { .. } => ("credits", 0),
+            PeerMsg::GpuCredits { .. } => ("gpu_credits", 0),
+            PeerMsg::MoreChunks { offer_id, .. } => ("more_chunks", *offer_id),
             PeerMsg::Header(o) => ("header", o.offer_id),
             PeerMsg::Offer(o) => ("offer", o.offer_id),
             PeerMsg::Accept { offer_id } => ("accept", *offer_id),
@@ -213,6 +233,7 @@ mod tests {
             blocks: None,
             coalesced: false,
             transfer_id: 9,
+            announced: None,
         };
         assert_eq!(o.notify_id(), 9);
         o.transfer_id = 0;

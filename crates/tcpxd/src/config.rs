@@ -16,7 +16,8 @@ use crate::engine::topology::MapSpec;
 mod protocol;
 
 pub use protocol::{
-    DEFAULT_EAGER_LANES, MAX_EAGER_LANES, MAX_EAGER_MAX_BYTES, ProtocolSettings, TransferProtocol,
+    DEFAULT_EAGER_LANES, GpuCredits, MAX_CREDIT_BUDGET_BYTES, MAX_EAGER_LANES, MAX_EAGER_MAX_BYTES,
+    ProtocolSettings, TransferProtocol,
 };
 
 /// Async workers when spinning (`runtime.async_workers` 0): one kept awake by
@@ -94,6 +95,15 @@ pub struct DaemonArgs {
     /// Default: 65536.
     #[arg(long, env = "TCPXD_EAGER_MAX_BYTES")]
     pub eager_max_bytes: Option<u64>,
+    /// `auto`: post credit receives into GPU memory, so transfers into this node's GPU buffers
+    /// take credits at any size, with no offer/accept round trip: `auto` (on when the node has a
+    /// GPU), `on`, `off`. Default: auto.
+    #[arg(long, env = "TCPXD_GPU_CREDITS", value_name = "auto|on|off")]
+    pub gpu_credits: Option<String>,
+    /// With GPU credits: bytes of un-consumed chunks a sender may have per credit lane
+    /// (4096..=4294967296). Default: 33554432 (32 MiB).
+    #[arg(long, env = "TCPXD_CREDIT_BUDGET_BYTES")]
+    pub credit_budget_bytes: Option<u64>,
     /// Whether the poller and one async worker keep polling between transfers while traffic
     /// flows: `auto` (on with 8 or more CPUs), `on`, `off` (docs/CONFIG.md, `runtime.spin`).
     /// Default: auto.
@@ -213,6 +223,8 @@ pub struct FileTransfer {
     pub protocol: Option<String>,
     pub eager_lanes: Option<u32>,
     pub eager_max_bytes: Option<u64>,
+    pub gpu_credits: Option<String>,
+    pub credit_budget_bytes: Option<u64>,
     pub unpack_impl: Option<String>,
     /// `kernel-persistent` only: how long the grid waits for a new batch (µs).
     pub unpack_linger_us: Option<u64>,
@@ -274,6 +286,11 @@ pub struct Config {
     pub eager_lanes: u32,
     /// `auto`: the largest transfer sent to this node eagerly (`transfer.eager_max_bytes`).
     pub eager_max_bytes: u64,
+    /// `auto`: credit receives in GPU memory (`transfer.gpu_credits`), resolved against the
+    /// node's GPUs at start.
+    pub gpu_credits: crate::config::GpuCredits,
+    /// `transfer.credit_budget_bytes`.
+    pub credit_budget_bytes: u64,
     pub unpack_impl: crate::unpack::UnpackImpl,
     pub send_window: usize,
     /// Block sends gathered ahead of `send_window` per lane (`transfer.gather_ahead`); each
@@ -553,6 +570,8 @@ impl Config {
             protocol: protocol.protocol,
             eager_lanes: protocol.eager_lanes,
             eager_max_bytes: protocol.eager_max_bytes,
+            gpu_credits: protocol.gpu_credits,
+            credit_budget_bytes: protocol.credit_budget_bytes,
             unpack_impl,
             send_window,
             gather_ahead,

@@ -115,7 +115,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         }
         None => (0..ndev as i32).collect(),
     };
-    let engine = EngineConfig {
+    let mut engine = EngineConfig {
         chunk_bytes: cfg.chunk_bytes,
         send_window: cfg.send_window,
         gather_ahead: cfg.gather_ahead,
@@ -126,6 +126,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         lanes_per_device: cfg.lanes_per_device,
         eager_lanes: cfg.eager_lanes,
         eager_max_bytes: cfg.eager_max_bytes,
+        credit_budget_bytes: cfg.credit_budget_bytes,
         lane_idle_close: cfg.lane_idle_close,
         // The peer answers a LaneOpen at once; the connect and accept after it are bounded by
         // the connect timeout too.
@@ -192,6 +193,15 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             })??
     };
     let topology = Arc::new(topology);
+    // Credit receives in GPU memory (auto: on a node with a GPU): resolved once, here.
+    engine.gpu_credits = cfg.gpu_credits.resolve(cfg.protocol, topology.gpus.len());
+    if engine.gpu_credits {
+        tracing::info!(
+            budget_bytes = cfg.credit_budget_bytes,
+            eager_lanes = engine.eager_lanes,
+            "credit receives land in GPU memory: transfers into this node's GPU buffers take credits at any size"
+        );
+    }
     let mut node = crate::api::node::NodeFacts::new(
         &plugin,
         &devices,
@@ -203,6 +213,8 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             protocol: cfg.protocol,
             eager_lanes: cfg.eager_lanes,
             eager_max_bytes: cfg.eager_max_bytes,
+            gpu_credits: cfg.gpu_credits,
+            credit_budget_bytes: cfg.credit_budget_bytes,
         },
     );
     // The state directory: ids never reused, registrations kept for their clients to re-attach.

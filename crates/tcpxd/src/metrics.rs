@@ -742,6 +742,7 @@ mod tests {
                         window_full: 4,
                         credits: 5,
                         credit_limit: 16,
+                        credit_bytes_out: 0,
                         state: "open",
                     }],
                     recv: vec![LaneCounters::default()],

@@ -12,6 +12,8 @@
 //! - `rules`: the plugin enforcing its own rules: the request limit, test and consume order.
 //! - `nccl`: the cases about the plugin under NCCL.
 //! - `binding`: `misbound_gpu`, a receive comm under a GPU its NIC does not serve (RxDM's binding).
+//! - `credits`: `credit_landing`, a CUDA receive naming a one-page registration and a 4 MiB posted
+//!   size (what the daemon's credits on GPU lanes rest on); CUDA test memory only.
 
 use std::sync::Arc;
 use std::sync::mpsc;
@@ -22,6 +24,7 @@ use tcpxd::net::Plugin;
 
 mod binding;
 mod comms;
+mod credits;
 mod data;
 mod harness;
 mod nccl;
@@ -201,9 +204,11 @@ pub fn run(plugin: &Arc<Plugin>, opts: &Options) -> Report {
         },
     };
     let misbound = misbound_runs(plugin, opts);
+    let cuda = matches!(opts.memory, TestMemory::Cuda(_));
     for dev in devices {
         let cases_here = DEVICE_CASES
             .iter()
+            .chain(cuda.then_some(&("credit_landing", credits::case_credit_landing as CaseFn)))
             .chain(misbound.then_some(&("misbound_gpu", binding::case_misbound_gpu as CaseFn)));
         for &(name, case) in cases_here {
             if !wanted(name) {

@@ -354,6 +354,7 @@ fn transfer(first_lane: u32, length: u64) -> Offer {
         blocks: None,
         coalesced: false,
         transfer_id: 0,
+        announced: None,
     }
 }
 

@@ -324,6 +324,7 @@ fn coalesced_offer(buffers: [u64; 2]) -> Offer {
         blocks: None,
         coalesced: true,
         transfer_id: 0,
+        announced: None,
     }
 }
 

@@ -294,6 +294,7 @@ fn header(id: u64, key_byte: u8, offset: u64, length: u64) -> PeerMsg {
         blocks: None,
         coalesced: false,
         transfer_id: 0,
+        announced: None,
     })
 }
 

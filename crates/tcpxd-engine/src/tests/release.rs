@@ -161,6 +161,7 @@ fn absorbing_adds_running_totals_lane_by_lane() {
         window_full: 1,
         credits: 3,
         credit_limit: 16,
+        credit_bytes_out: 0,
         state: "open",
     };
     let mut sum = PeerCounters {

@@ -680,6 +680,7 @@ impl Sim {
             let c = n.eng.peer_counters(P).unwrap();
             for l in c.send.iter().chain(&c.recv) {
                 assert_eq!(l.credits, l.credit_limit, "credits not back: {c:?}");
+                assert_eq!(l.credit_bytes_out, 0, "credit bytes not back: {c:?}");
             }
         }
     }

@@ -499,6 +499,7 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                                 send_credit_limit: s.credit_limit,
                                 recv_credits: r.credits,
                                 recv_credit_limit: r.credit_limit,
+                                send_credit_bytes_out: s.credit_bytes_out,
                                 send_gpu: gpu_pb(p.send_gpus.get(i)),
                                 recv_gpu: gpu_pb(p.recv_gpus.get(i)),
                                 send_state: s.state.to_string(),

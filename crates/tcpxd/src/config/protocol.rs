@@ -48,6 +48,43 @@ impl TransferProtocol {
     }
 }
 
+/// `transfer.gpu_credits` (docs/CONFIG.md): whether `auto`'s credit receives land in GPU memory,
+/// so that transfers into this node's GPU buffers take credits at any size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuCredits {
+    /// On when the node has a GPU (and `transfer.protocol` is `auto`).
+    Auto,
+    On,
+    Off,
+}
+
+impl GpuCredits {
+    pub fn parse(field: &str, v: &str) -> Result<GpuCredits, ConfigError> {
+        match v.trim() {
+            "auto" => Ok(GpuCredits::Auto),
+            "on" => Ok(GpuCredits::On),
+            "off" => Ok(GpuCredits::Off),
+            other => Err(ConfigError::Invalid(format!(
+                "{field}: {other:?} is not \"auto\", \"on\" or \"off\""
+            ))),
+        }
+    }
+
+    /// Whether credit receives land in GPU memory on a node with `gpus` GPUs receiving by
+    /// `protocol`.
+    pub fn resolve(self, protocol: TransferProtocol, gpus: usize) -> bool {
+        protocol == TransferProtocol::Auto
+            && match self {
+                GpuCredits::Auto => gpus > 0,
+                GpuCredits::On => true,
+                GpuCredits::Off => false,
+            }
+    }
+}
+
+/// `transfer.credit_budget_bytes` lies in 4096..=this (4 GiB: RxDM's bounce pool per GPU).
+pub const MAX_CREDIT_BUDGET_BYTES: u64 = 4 << 30;
+
 /// `transfer.eager_lanes`' default: one eager lane per device, besides the rendezvous lanes.
 pub const DEFAULT_EAGER_LANES: u32 = 1;
 /// At most this many eager lanes per device.
@@ -63,6 +100,11 @@ pub struct ProtocolSettings {
     pub eager_lanes: u32,
     /// Under `auto`: transfers of at most this many bytes (in total) towards this node go eager.
     pub eager_max_bytes: u64,
+    /// Under `auto`: credit receives in GPU memory (`transfer.gpu_credits`).
+    pub gpu_credits: GpuCredits,
+    /// Bytes of un-consumed chunks a sender may have per credit lane when they land in GPU
+    /// memory (`transfer.credit_budget_bytes`).
+    pub credit_budget_bytes: u64,
 }
 
 pub(super) fn resolve(args: &DaemonArgs, file: &FileTransfer) -> Result<ProtocolSettings, ConfigError> {
@@ -91,10 +133,30 @@ pub(super) fn resolve(args: &DaemonArgs, file: &FileTransfer) -> Result<Protocol
             "{max_field}: {eager_max_bytes} bytes is outside 1..={MAX_EAGER_MAX_BYTES}"
         )));
     }
+    let gpu_credits = match (&args.gpu_credits, &file.gpu_credits) {
+        (Some(v), _) => GpuCredits::parse("--gpu-credits", v)?,
+        (None, Some(v)) => GpuCredits::parse("transfer.gpu_credits", v)?,
+        (None, None) => GpuCredits::Auto,
+    };
+    let (budget_field, credit_budget_bytes) = match (args.credit_budget_bytes, file.credit_budget_bytes) {
+        (Some(v), _) => ("--credit-budget-bytes", v),
+        (None, Some(v)) => ("transfer.credit_budget_bytes", v),
+        (None, None) => (
+            "transfer.credit_budget_bytes",
+            crate::engine::DEFAULT_CREDIT_BUDGET_BYTES,
+        ),
+    };
+    if !(4096..=MAX_CREDIT_BUDGET_BYTES).contains(&credit_budget_bytes) {
+        return Err(ConfigError::Invalid(format!(
+            "{budget_field}: {credit_budget_bytes} bytes is outside 4096..={MAX_CREDIT_BUDGET_BYTES}"
+        )));
+    }
     Ok(ProtocolSettings {
         protocol,
         eager_lanes,
         eager_max_bytes,
+        gpu_credits,
+        credit_budget_bytes,
     })
 }
 
@@ -108,6 +170,37 @@ mod tests {
     }
 
     #[test]
+    fn gpu_credits_and_their_budget_resolve_and_name_the_field_when_bad() {
+        let s = resolve_with(
+            DaemonArgs::default(),
+            "gpu_credits = \"off\"\ncredit_budget_bytes = 8192\n",
+        )
+        .unwrap();
+        assert_eq!((s.gpu_credits, s.credit_budget_bytes), (GpuCredits::Off, 8192));
+        let args = DaemonArgs {
+            gpu_credits: Some("on".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            resolve_with(args, "gpu_credits = \"off\"\n").unwrap().gpu_credits,
+            GpuCredits::On
+        );
+        let e = resolve_with(DaemonArgs::default(), "gpu_credits = \"yes\"\n").unwrap_err();
+        assert!(e.to_string().contains("transfer.gpu_credits: \"yes\""), "{e}");
+        let e = resolve_with(DaemonArgs::default(), "credit_budget_bytes = 100\n").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("transfer.credit_budget_bytes: 100 bytes is outside"),
+            "{e}"
+        );
+        // Auto: on with a GPU, under transfer.protocol = auto only.
+        assert!(GpuCredits::Auto.resolve(TransferProtocol::Auto, 1));
+        assert!(!GpuCredits::Auto.resolve(TransferProtocol::Auto, 0));
+        assert!(!GpuCredits::On.resolve(TransferProtocol::Rendezvous, 8));
+        assert!(GpuCredits::On.resolve(TransferProtocol::Auto, 0));
+    }
+
+    #[test]
     fn auto_and_its_settings_resolve_flags_over_file_with_defaults() {
         let s = resolve_with(DaemonArgs::default(), "").unwrap();
         assert_eq!(
@@ -115,7 +208,9 @@ mod tests {
             ProtocolSettings {
                 protocol: TransferProtocol::DEFAULT,
                 eager_lanes: 1,
-                eager_max_bytes: 65536
+                eager_max_bytes: 65536,
+                gpu_credits: GpuCredits::Auto,
+                credit_budget_bytes: 32 << 20,
             }
         );
         let s = resolve_with(

@@ -79,7 +79,9 @@ pub fn start_unpack<'s>(
         Ok(f) => f,
         Err(e) => return Wait::Ready(Err(e.to_string())),
     };
-    if frags.is_empty() && !dest.staged {
+    // Nothing to unpack: the plugin received in place, or the chunk came empty (a cancelled
+    // sender's; into a GPU landing registration nothing ever lands in place).
+    if frags.is_empty() && (!dest.staged || comm.posted_on_gpu(id).unwrap_or(false)) {
         return Wait::Ready(Ok(()));
     }
     let (offset, len) = (dest.offset as usize, dest.len as usize);

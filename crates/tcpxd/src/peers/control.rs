@@ -296,6 +296,8 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
         coalesced: o.coalesced,
         blocks: o.blocks.as_deref().map(header_to_pb),
         transfer_id: o.transfer_id,
+        announced_chunks: o.announced.unwrap_or(0),
+        streamed: o.announced.is_some(),
     };
     let body = match m {
         PeerMsg::ReceiveMode {
@@ -311,6 +313,17 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
         }),
         PeerMsg::Credits { returned } => Body::Credits(pb::Credits {
             returned: returned.clone(),
+        }),
+        PeerMsg::GpuCredits {
+            budget_bytes,
+            buffer_ids,
+        } => Body::GpuCredits(pb::GpuCredits {
+            budget_bytes: *budget_bytes,
+            buffer_ids: buffer_ids.clone(),
+        }),
+        PeerMsg::MoreChunks { offer_id, count } => Body::MoreChunks(pb::MoreChunks {
+            offer_id: *offer_id,
+            count: *count,
         }),
         PeerMsg::Header(o) => Body::Header(offer(o)),
         PeerMsg::Offer(o) => Body::Offer(offer(o)),
@@ -425,6 +438,14 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
             eager_max_bytes: m.eager_max_bytes,
         },
         Body::Credits(c) => PeerMsg::Credits { returned: c.returned },
+        Body::GpuCredits(g) => PeerMsg::GpuCredits {
+            budget_bytes: g.budget_bytes,
+            buffer_ids: g.buffer_ids,
+        },
+        Body::MoreChunks(m) => PeerMsg::MoreChunks {
+            offer_id: m.offer_id,
+            count: m.count,
+        },
         Body::Header(o) => {
             // Its data may be on its way already: a header the engine cannot read breaks the
             // order of every lane, so it fails the pairing instead of a refusal.
@@ -449,6 +470,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                 blocks: blocks.map_err(Malformed::Fatal)?,
                 coalesced: o.coalesced,
                 transfer_id: o.transfer_id,
+                announced: o.streamed.then_some(o.announced_chunks),
             })
         }
         Body::Offer(o) => {
@@ -474,6 +496,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                     blocks,
                     coalesced: o.coalesced,
                     transfer_id: o.transfer_id,
+                    announced: None,
                 }),
                 Err(why) => {
                     return Err(Malformed::Refuse(engine::Malformed::Offer {
@@ -616,6 +639,7 @@ mod tests {
             blocks: blocks.map(Box::new),
             coalesced,
             transfer_id: 11,
+            announced: None,
         }
     }
 
@@ -643,6 +667,24 @@ mod tests {
             payload: b"done".to_vec(),
             lists: vec![3, 9],
         });
+    }
+
+    #[test]
+    fn gpu_credits_and_streamed_headers_survive_the_wire() {
+        round_trip(PeerMsg::GpuCredits {
+            budget_bytes: 32 << 20,
+            buffer_ids: vec![1, 7, 9],
+        });
+        round_trip(PeerMsg::MoreChunks {
+            offer_id: 5,
+            count: 12,
+        });
+        for announced in [Some(0), Some(9), None] {
+            round_trip(PeerMsg::Header(Offer {
+                announced,
+                ..offer(None, false)
+            }));
+        }
     }
 
     #[test]

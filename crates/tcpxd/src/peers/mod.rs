@@ -43,6 +43,9 @@ use settle::{Dialing, LockMap, Settle, Slot};
 /// lane would fall out of step: the two refuse to pair.
 /// 5: `Notify`, a prepared transfer's notification sent after its last part; a protocol-4 daemon
 /// would not understand it (the notification would be lost): the two refuse to pair.
+/// 6 (session 18; gpu-credits' part): `GpuCredits` and streamed headers (`MoreChunks`): a
+/// protocol-5 receiver would take a streamed header's first chunks for all of them and every
+/// lane would fall out of step.
 /// 6: lanes open on first use and close when idle (`LaneOpen`, `LaneListening`, `LaneClose`,
 /// `LaneCloseAnswer` on the control stream; the handshake's lanes carry no handle): a protocol-5
 /// daemon would wait for handles that never come: the two refuse to pair.

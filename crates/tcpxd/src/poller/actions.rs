@@ -217,13 +217,18 @@ impl Poller {
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
             return Ok(());
         };
-        landing_slots(l, credits, len)
+        landing_slots(l, credits, len, self.cfg.engine.gpu_credits)
             .and_then(|()| {
                 let slot = l.credit_seq % credits;
                 l.credit_seq += 1;
                 l.deferred.push_back(RecvPost {
                     buffer: LANDING,
-                    offset: slot * u64::from(len),
+                    // A GPU landing registration: every credit receive names its start.
+                    offset: if l.landing_on_gpu {
+                        0
+                    } else {
+                        slot * u64::from(len)
+                    },
                     len,
                     scatter: None,
                 });
@@ -242,18 +247,24 @@ impl Poller {
         offset: u64,
         len: u32,
     ) -> Result<(), String> {
-        landed_chunk(&mut self.peers, peer, lane, "a chunk", |comm, id| match buffer {
-            None => lanes::discard(comm, id),
-            Some(buffer) => {
-                let dest = Placed {
-                    buffer,
-                    offset,
-                    len,
-                    staged: true,
-                };
-                start_buffer_unpack(comm, id, dest, &self.buffers, &mut self.stages, self.unpack_impl)
-            }
-        })
+        landed_chunk(
+            &mut self.peers,
+            peer,
+            lane,
+            "a chunk",
+            |comm, id, _| match buffer {
+                None => lanes::discard(comm, id),
+                Some(buffer) => {
+                    let dest = Placed {
+                        buffer,
+                        offset,
+                        len,
+                        staged: true,
+                    };
+                    start_buffer_unpack(comm, id, dest, &self.buffers, &mut self.stages, self.unpack_impl)
+                }
+            },
+        )
     }
 
     /// A block chunk's header said which blocks it carries: scattered from the landing slot.
@@ -275,16 +286,37 @@ impl Poller {
             unpack_impl,
             ..
         } = self;
-        landed_chunk(peers, peer, lane, "a block chunk", |comm, id| {
-            let r = blocks::collect(
+        landed_chunk(peers, peer, lane, "a block chunk", |comm, id, scatter| {
+            let collected = blocks::collect(
                 engine.recv_pieces(peer, offer, wire, len),
                 segs,
                 "received",
                 offer,
                 wire,
                 len,
-            )
-            .and_then(|()| {
+            );
+            if collected.is_ok() && comm.posted_on_gpu(id).unwrap_or(false) {
+                // Landed in GPU bounce pages (a GPU landing registration): scattered from there
+                // as a block receive's chunk is, by the GPU's scatter kernel for GPU memory.
+                let to = ScatterTo {
+                    buffer,
+                    offer,
+                    wire,
+                    direct: None,
+                };
+                return blocks::start_scatter(
+                    comm,
+                    id,
+                    to,
+                    len,
+                    segs,
+                    buffers,
+                    stages,
+                    *unpack_impl,
+                    scatter,
+                );
+            }
+            let r = collected.and_then(|()| {
                 let entry = buffers
                     .get(&buffer)
                     .ok_or_else(|| format!("buffer {buffer} vanished"))?;
@@ -363,6 +395,7 @@ impl Poller {
             l.scatter = blocks::RecvScatter::default();
             l.handles.clear();
             l.landing_slots = None;
+            l.landing_on_gpu = false;
             l.deferred.clear();
             l.queue.clear();
             l.state = RecvLaneState::Closed;
@@ -484,14 +517,14 @@ fn lane_of<L>(
 }
 
 /// What `Land` and `LandScatter` share: the lane's oldest completed credit receive still waiting
-/// for its header gets what `unpack` starts on it. Nothing when the lane is gone or closed; an
-/// error when no receive waits (`what` names the chunk).
+/// for its header gets what `unpack` starts on it (given the lane's scatter state too). Nothing
+/// when the lane is gone or closed; an error when no receive waits (`what` names the chunk).
 fn landed_chunk(
     peers: &mut BTreeMap<PeerIdx, PeerSlot>,
     peer: PeerIdx,
     lane: u32,
     what: &str,
-    unpack: impl FnOnce(&RecvComm, RequestId) -> Wait,
+    unpack: impl FnOnce(&RecvComm, RequestId, &mut blocks::RecvScatter) -> Wait,
 ) -> Result<(), String> {
     let Some(l) = lane_of(peers, peer, lane, |p| &mut p.recv) else {
         return Ok(());
@@ -502,7 +535,7 @@ fn landed_chunk(
     let Some(landing) = l.queue.awaiting_header() else {
         return Err(format!("lane {lane}: {what} landed with no completed receive"));
     };
-    landing.wait = unpack(comm, landing.id);
+    landing.wait = unpack(comm, landing.id, &mut l.scatter);
     if matches!(landing.wait, Wait::Ready(_)) {
         landing.meta.unpacked = Some(Instant::now());
     }

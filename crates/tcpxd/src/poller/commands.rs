@@ -47,6 +47,10 @@ impl Poller {
                 }
                 let r = self.engine.add_buffer(entry.id, entry.size, entry.key());
                 if r.is_ok() {
+                    if entry.device_region().is_some() {
+                        // GPU memory: peers may send into it by credits at any size.
+                        self.engine.mark_gpu_buffer(entry.id);
+                    }
                     self.buffers.insert(entry.id, entry);
                 }
                 let _ = reply.send(r);

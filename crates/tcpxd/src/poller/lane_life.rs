@@ -87,6 +87,7 @@ impl Poller {
             l.scatter = blocks::RecvScatter::default();
             l.handles = HashMap::new();
             l.landing_slots = None;
+            l.landing_on_gpu = false;
             l.credit_seq = 0;
             l.deferred.clear();
             l.queue = RecvQueue::default();

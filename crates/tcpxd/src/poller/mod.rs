@@ -421,6 +421,9 @@ struct RecvLane {
     /// Eager: the landing slots credit receives are posted into (host memory, registered on
     /// this comm once), and how many credit receives were posted so far (slot `n % credits`).
     landing_slots: Option<MemHandle>,
+    /// The landing registration is CUDA memory on the lane's GPU (`transfer.gpu_credits`):
+    /// every credit receive names its start, whatever its size, and lands in bounce pages.
+    landing_on_gpu: bool,
     credit_seq: u64,
     /// Block chunks: the host landing ring of scattered receives into host memory and the
     /// pinned segment tables of GPU scatters (one per ring slot).
@@ -428,6 +431,14 @@ struct RecvLane {
     /// The flow-steering rules the plugin installed for this lane's comm, recorded in the state
     /// directory (src/rx_rules.rs). Last: dropped after the comm, whose close removed them.
     rules: Option<crate::rx_rules::Recorded>,
+}
+
+impl RecvLane {
+    /// The GPU this receive lane's comm was listened and accepted under (its bounce memory's):
+    /// the one place the credit machinery asks (the lane model may change under it).
+    fn lane_gpu(&self) -> Option<u32> {
+        self.gpu
+    }
 }
 
 /// The buffer id of a credit receive's landing slot (no client buffer has it).

@@ -85,6 +85,7 @@ impl Poller {
                 queue: RecvQueue::default(),
                 deferred: VecDeque::new(),
                 landing_slots: None,
+                landing_on_gpu: false,
                 credit_seq: 0,
                 scatter: blocks::RecvScatter::default(),
                 rules: None,

@@ -140,18 +140,52 @@ pub(super) fn post_recvs(l: &mut RecvLane, buffers: &HashMap<u64, Arc<BufferEntr
     Ok(())
 }
 
-/// Makes an eager lane's landing slots on first use: `credits` slots of `len` bytes of host
-/// memory, populated, registered on the lane's comm. A credit receive posted into one lands in
-/// bounce pages (emulation host mode) or in the slot itself (direct receives: host memory on the
-/// real plugin, `TCPXEMU_HOST_RECV=direct`), and is copied to its destination once its header
-/// said where.
-pub(super) fn landing_slots(l: &mut RecvLane, credits: u64, len: u32) -> Result<(), String> {
+/// Bytes of a GPU landing registration: one page, which every credit receive of the lane names
+/// whatever its size (a CUDA receive's posted destination is never written).
+pub(super) const GPU_LANDING_BYTES: usize = 4096;
+
+/// Makes an eager lane's landing slots on first use. With `gpu_credits` and a lane GPU: one
+/// page of that GPU's memory, registered on the lane's comm with the GPU current (`regMr`
+/// registers under the current GPU); every credit receive names it and lands in the GPU's bounce
+/// pages, and the unpack alone decides where its bytes go. Otherwise (or if that fails, logged):
+/// `credits` slots of `len` bytes of host memory, populated, registered on the lane's comm; a
+/// credit receive posted into one lands in bounce pages (emulation host mode) or in the slot
+/// itself (direct receives: host memory on the real plugin, `TCPXEMU_HOST_RECV=direct`), and is
+/// copied to its destination once its header said where.
+pub(super) fn landing_slots(
+    l: &mut RecvLane,
+    credits: u64,
+    len: u32,
+    gpu_credits: bool,
+) -> Result<(), String> {
     if l.landing_slots.is_some() {
         return Ok(());
     }
+    let gpu = l.lane_gpu();
     let RecvLaneState::Ready(comm) = &l.state else {
         return Err("the lane is not connected".into());
     };
+    if gpu_credits && let Some(g) = gpu {
+        let landing = crate::gpu::shared(g as usize)
+            .and_then(|gpu| {
+                let region = gpu.alloc(GPU_LANDING_BYTES)?;
+                gpu.bind_to_thread()?;
+                Ok(region)
+            })
+            .map_err(|e| e.to_string())
+            .and_then(|region| comm.register(Arc::new(region)).map_err(|e| e.to_string()));
+        match landing {
+            Ok(mh) => {
+                l.landing_slots = Some(mh);
+                l.landing_on_gpu = true;
+                return Ok(());
+            }
+            Err(why) => tracing::warn!(
+                gpu = g,
+                "credit receives land in host slots on this lane: a GPU landing registration failed: {why}"
+            ),
+        }
+    }
     let bytes = credits * u64::from(len);
     let region = crate::net::HostRegion::populated(bytes as usize).map_err(|e| e.to_string())?;
     let mh = comm.register(Arc::new(region)).map_err(|e| e.to_string())?;

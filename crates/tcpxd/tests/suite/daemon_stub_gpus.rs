@@ -22,9 +22,9 @@ use tcpxd::api::proto::v1 as pb;
 use tcpxd_testkit::ScratchDir;
 
 /// A daemon process, killed when dropped.
-struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
-    client: Client,
+    pub(crate) client: Client,
 }
 
 impl Drop for Daemon {
@@ -36,7 +36,19 @@ impl Drop for Daemon {
 
 /// A daemon on `nics` emulated NICs; `binding`: the emulation's default GPU map, else
 /// `TCPXEMU_GPUS=all` (every NIC serves every GPU).
-async fn start(dir: &ScratchDir, node: &str, unpacker: &str, nics: u32, binding: bool) -> Daemon {
+pub(crate) async fn start(dir: &ScratchDir, node: &str, unpacker: &str, nics: u32, binding: bool) -> Daemon {
+    start_with(dir, node, unpacker, nics, binding, &[]).await
+}
+
+/// [`start`] with more environment for the daemon.
+pub(crate) async fn start_with(
+    dir: &ScratchDir,
+    node: &str,
+    unpacker: &str,
+    nics: u32,
+    binding: bool,
+    env: &[(&str, &str)],
+) -> Daemon {
     let sock = dir.join(format!("{node}.sock"));
     let ready = dir.join(format!("{node}.ready"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_tcpxd"))
@@ -60,6 +72,7 @@ async fn start(dir: &ScratchDir, node: &str, unpacker: &str, nics: u32, binding:
         ])
         .env("TCPXEMU_DEVICES", nics.to_string())
         .envs((!binding).then_some(("TCPXEMU_GPUS", "all")))
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -74,7 +87,7 @@ async fn start(dir: &ScratchDir, node: &str, unpacker: &str, nics: u32, binding:
     Daemon { child, client }
 }
 
-async fn cuda_buffer(c: &mut Client, device: u32, size: u64) -> pb::Buffer {
+pub(crate) async fn cuda_buffer(c: &mut Client, device: u32, size: u64) -> pb::Buffer {
     c.register_buffer(pb::RegisterBufferRequest {
         reattach_id: Default::default(),
         reattach_key: Default::default(),
@@ -89,7 +102,7 @@ async fn cuda_buffer(c: &mut Client, device: u32, size: u64) -> pb::Buffer {
     .into_inner()
 }
 
-async fn bytes(c: &mut Client, id: u64, offset: u64, len: u64) -> Vec<u8> {
+pub(crate) async fn bytes(c: &mut Client, id: u64, offset: u64, len: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(len as usize);
     let mut at = offset;
     while at < offset + len {
@@ -109,7 +122,14 @@ async fn bytes(c: &mut Client, id: u64, offset: u64, len: u64) -> Vec<u8> {
     out
 }
 
-async fn assert_same(a: &mut Client, x: (u64, u64), b: &mut Client, y: (u64, u64), len: u64, what: &str) {
+pub(crate) async fn assert_same(
+    a: &mut Client,
+    x: (u64, u64),
+    b: &mut Client,
+    y: (u64, u64),
+    len: u64,
+    what: &str,
+) {
     let want = bytes(a, x.0, x.1, len).await;
     assert!(want.iter().any(|&v| v != 0), "{what}: the source is all zeros");
     let got = bytes(b, y.0, y.1, len).await;

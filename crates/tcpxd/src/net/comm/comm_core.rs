@@ -8,7 +8,7 @@ use super::SIZE_SENTINEL;
 use crate::net::abi::ncclNetDeviceHandle_v7_t;
 use crate::net::error::{NetError, NetResult};
 use crate::net::logger;
-use crate::net::memory::Region;
+use crate::net::memory::{MemType, Region};
 use crate::net::plugin::{Plugin, RawComm};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +99,29 @@ impl MemHandle {
         if end.is_none_or(|e| e > self.region.len()) {
             return Err(NetError::InvalidArgument(format!(
                 "range {offset}+{len} is outside the registered {}-byte region",
+                self.region.len()
+            )));
+        }
+        if len > i32::MAX as usize {
+            return Err(NetError::InvalidArgument(format!(
+                "request of {len} bytes exceeds the plugin's int size limit (2147483647)"
+            )));
+        }
+        // SAFETY: `offset` is within the region (checked above).
+        Ok(unsafe { self.region.as_ptr().add(offset) })
+    }
+    /// A receive's posted range: as [`MemHandle::check_range`] for host memory; for CUDA memory
+    /// only its start must lie inside the region, since the plugin never writes a CUDA receive's
+    /// posted destination — its payload lands in the GPU's bounce pages and the unpack decides
+    /// where it goes (docs/ARCHITECTURE.md, "What a CUDA receive may name"). So one small
+    /// landing registration serves credit receives of any size.
+    pub(super) fn check_receive(&self, offset: usize, len: usize) -> NetResult<*mut u8> {
+        if self.region.mem_type() == MemType::Host || len == 0 {
+            return self.check_range(offset, len);
+        }
+        if offset >= self.region.len() {
+            return Err(NetError::InvalidArgument(format!(
+                "a CUDA receive at offset {offset} starts outside the registered {}-byte region",
                 self.region.len()
             )));
         }

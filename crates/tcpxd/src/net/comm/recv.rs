@@ -155,15 +155,16 @@ impl RecvComm {
                 "the memory handle was registered on another comm".into(),
             ));
         }
-        let data = mh.check_range(offset, len)?;
+        let data = mh.check_receive(offset, len)?;
         let mut data_ptr: *mut c_void = data.cast();
         let mut size = len as c_int;
         let mut tag = tag;
         let mut mhandle = mh.raw;
         let mut req: *mut c_void = std::ptr::null_mut();
         let mark = logger::mark();
-        // SAFETY: one receive (n = 1) into `len` bytes inside the registered region, which the
-        // slot keeps alive until the request is consumed.
+        // SAFETY: one receive (n = 1) into `len` bytes inside the registered region (for CUDA
+        // memory: starting inside it, the posted destination never being written: see
+        // `check_receive`), which the slot keeps alive until the request is consumed.
         let rc = unsafe {
             self.core.plugin.table.irecv.expect("checked")(
                 self.core.raw,
@@ -259,6 +260,12 @@ impl RecvComm {
         Ok((self.unpack_ring()?, slot.q))
     }
 
+    /// Whether a receive was posted into CUDA memory (a GPU landing registration: its bytes are
+    /// only ever in the bounce pages, never in the posted range).
+    pub fn posted_on_gpu(&self, id: RequestId) -> NetResult<bool> {
+        Ok(self.slots[self.position(id)?].region.mem_type() == MemType::Cuda)
+    }
+
     /// Host unpack of a completed receive: gathers its fragments from a host bounce buffer into
     /// its destination. Returns the bytes copied (0 when the plugin received in place).
     pub fn unpack_host(&self, id: RequestId) -> NetResult<usize> {
@@ -312,6 +319,9 @@ impl RecvComm {
         let ring = self.unpack_ring()?;
         let len = dst.len();
         if ring.count(slot.q)? > 0 {
+            if !ring.bounce_is_host_readable() {
+                return self.gather_device(slot.q, dst);
+            }
             // SAFETY: `dst` is an exclusive Rust slice of `len` bytes; the plugin finished writing.
             return unsafe { ring.gather_host(slot.q, dst.as_mut_ptr(), len) };
         }
@@ -320,6 +330,52 @@ impl RecvComm {
             Ok(())
         })?;
         Ok(len)
+    }
+
+    /// Copies completed receive slot `q`'s fragments out of the GPU's bounce pages into `dst`
+    /// (host memory), one device-to-host copy per run of fragments adjacent in both, each
+    /// bounds-checked first: a host destination's chunk that came by a credit receive landing in
+    /// GPU memory (slower than the plugin's own host receive; docs/ARCHITECTURE.md, "Credits on GPU lanes"). Returns the
+    /// bytes copied.
+    fn gather_device(&self, q: usize, dst: &mut [u8]) -> NetResult<usize> {
+        let ring = self.unpack_ring()?;
+        let ordinal = ring.bounce_device().ok_or_else(|| {
+            NetError::Ring("the bounce buffer is neither host memory nor GPU memory CUDA knows".into())
+        })?;
+        let gpu = crate::gpu::shared(ordinal).map_err(|e| NetError::Ring(format!("GPU {ordinal}: {e}")))?;
+        let base = ring.bounce_ptr() as u64;
+        let mut total = 0usize;
+        // Runs of fragments adjacent on both sides go as one copy.
+        let mut run: Option<(u64, u64, u64)> = None;
+        let copy = |(src, at, len): (u64, u64, u64), dst: &mut [u8]| {
+            gpu.read_device(base + src, &mut dst[at as usize..][..len as usize])
+                .map_err(|e| NetError::Ring(format!("copying fragments out of GPU bounce pages: {e}")))
+        };
+        for f in ring.fragments(q)? {
+            let end = f.dst_off.checked_add(u64::from(f.len));
+            if end.is_none_or(|e| e > dst.len() as u64) {
+                return Err(NetError::Ring(format!(
+                    "fragment {}+{} lands outside the {}-byte chunk (sender sent more than was posted)",
+                    f.dst_off,
+                    f.len,
+                    dst.len()
+                )));
+            }
+            let (src, at, len) = (u64::from(f.src_off), f.dst_off, u64::from(f.len));
+            run = match run {
+                Some((s, a, l)) if s + l == src && a + l == at => Some((s, a, l + len)),
+                Some(r) => {
+                    copy(r, dst)?;
+                    Some((src, at, len))
+                }
+                None => Some((src, at, len)),
+            };
+            total += f.len as usize;
+        }
+        if let Some(r) = run {
+            copy(r, dst)?;
+        }
+        Ok(total)
     }
 
     /// Host scatter of a completed receive of a block chunk: its `bytes` bytes to the pieces of
@@ -400,12 +456,33 @@ impl RecvComm {
                 failed = Some(e);
             }
         };
-        if ring.count(slot.q)? > 0 {
-            if !ring.bounce_is_host_readable() {
-                return Err(NetError::Ring(
-                    "the bounce buffer is GPU memory; the host scatter cannot read it".into(),
-                ));
+        if ring.count(slot.q)? > 0 && !ring.bounce_is_host_readable() {
+            // GPU bounce pages (a credit receive landing in GPU memory): copied out whole first.
+            let mut landed = vec![0u8; bytes as usize];
+            let n = self.gather_device(slot.q, &mut landed)?;
+            if n != bytes as usize {
+                return Err(NetError::Ring(format!(
+                    "the fragments add up to {n} bytes, the chunk is {bytes}"
+                )));
             }
+            let whole = [loadMeta {
+                src_off: 0,
+                len: bytes,
+                dst_off: 0,
+            }];
+            let from = landed.as_ptr();
+            let copied = scatter_ops(&whole, u64::from(bytes), segs, bytes, dst_len, |f, t, n| {
+                // SAFETY: `scatter_ops` checked the source inside `landed`, alive until return.
+                copy(unsafe { from.add(f) }, t, n)
+            })
+            .map_err(bad)?;
+            let failed = failed.or_else(|| write(None).err());
+            return match failed {
+                Some(e) => Err(NetError::Ring(format!("scatter {e}"))),
+                None => Ok(copied),
+            };
+        }
+        if ring.count(slot.q)? > 0 {
             let frags = ring.fragments(slot.q)?;
             let landed: u64 = frags.iter().map(|f| u64::from(f.len)).sum();
             if landed != u64::from(bytes) {

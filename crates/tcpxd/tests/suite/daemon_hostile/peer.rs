@@ -309,6 +309,8 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             coalesced: false,
             blocks: None,
             transfer_id: 0,
+            announced_chunks: 0,
+            streamed: false,
         }
     };
     let ok_range = || range(dst.id, &key, 0, 4096);
