@@ -42,6 +42,9 @@ pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status
 /// requests until the client catches up.
 const EVENT_QUEUE: usize = 256;
 
+/// Block lists one registration may ask for (`RegisterHostFdRequest.block_lists`).
+pub const MAX_REGISTRATION_LISTS: usize = 8;
+
 /// Starts serving one gRPC session; `deadline` is the stream's own (its gRPC deadline), if any.
 pub fn start(
     state: Arc<DaemonState>,
@@ -289,17 +292,23 @@ impl<E: Events> Session<'_, E> {
                 "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd, prepare_blocks, release_prepared, write_prepared, read_prepared, register_client_memory",
             )),
             Some(Op::CancelTag(target)) => return self.cancel(tag, target).await,
-            Some(Op::RegisterHostFd(r)) => {
+            Some(Op::RegisterHostFd(mut r)) => {
                 let attached = attached.unwrap_or_else(|| Err(host_memory::no_descriptors()));
-                return self.register_host_fd(tag, r, attached).await;
-            }
-            Some(Op::RegisterClientMemory(r)) => {
-                let peer = peer.unwrap_or_else(|| Err(host_memory::no_peer_process()));
-                let registered = match peer {
-                    Ok(pid) => self.state.register_client_memory(r, pid).await,
+                let lists = std::mem::take(&mut r.block_lists);
+                let registered = match check_lists(&lists) {
+                    Ok(()) => self.state.register_host_fd(r, attached).await,
                     Err(e) => Err(e),
                 };
-                return self.registered(tag, registered).await;
+                return self.registered(tag, registered, lists).await;
+            }
+            Some(Op::RegisterClientMemory(mut r)) => {
+                let peer = peer.unwrap_or_else(|| Err(host_memory::no_peer_process()));
+                let lists = std::mem::take(&mut r.block_lists);
+                let registered = match (check_lists(&lists), peer) {
+                    (Ok(()), Ok(pid)) => self.state.register_client_memory(r, pid).await,
+                    (Err(e), _) | (_, Err(e)) => Err(e),
+                };
+                return self.registered(tag, registered, lists).await;
             }
             Some(Op::Write(r)) => match transfers::write_batch(r) {
                 Ok(b) => self.start_write(b).await,
@@ -365,21 +374,36 @@ impl<E: Events> Session<'_, E> {
         self.state.start_read(r, deadline).await
     }
 
-    async fn register_host_fd(
+    /// Answers a registration, with the block lists it asked for registered on the new buffer
+    /// (each refused one named in `block_list_status`); the buffer goes with this session.
+    async fn registered(
         &mut self,
         tag: u64,
-        req: pb::RegisterHostFdRequest,
-        attached: Result<Attached, Status>,
+        registered: Result<pb::Buffer, Status>,
+        lists: Vec<pb::StridedBlocks>,
     ) -> Result<(), Gone> {
-        let registered = self.state.register_host_fd(req, attached).await;
-        self.registered(tag, registered).await
-    }
-
-    /// Answers a registration; the buffer goes with this session.
-    async fn registered(&mut self, tag: u64, registered: Result<pb::Buffer, Status>) -> Result<(), Gone> {
         match registered {
-            Ok(buffer) => {
+            Ok(mut buffer) => {
                 self.owned.push(buffer.id);
+                for (i, strided) in lists.into_iter().enumerate() {
+                    let req = pb::RegisterBlocksRequest {
+                        buffer_id: buffer.id,
+                        layout: Some(pb::register_blocks_request::Layout::Strided(strided)),
+                        reattach_id: 0,
+                    };
+                    let (list, status) = match self.state.register_blocks(req).await {
+                        Ok(list) => (list, pb::EntryStatus::default()),
+                        Err(e) => (
+                            pb::BlockList::default(),
+                            pb::EntryStatus {
+                                code: e.code() as i32,
+                                message: format!("block_lists[{i}]: {}", e.message()),
+                            },
+                        ),
+                    };
+                    buffer.block_lists.push(list);
+                    buffer.block_list_status.push(status);
+                }
                 self.send(tag, Event::Registered(buffer)).await
             }
             Err(status) => self.refuse(tag, status).await,
@@ -428,4 +452,15 @@ impl<E: Events> Session<'_, E> {
             Err(status) => self.refuse(tag, status).await,
         }
     }
+}
+
+/// Refuses a registration asking for more block lists than one may (it changes nothing).
+fn check_lists(lists: &[pb::StridedBlocks]) -> Result<(), Status> {
+    if lists.len() > MAX_REGISTRATION_LISTS {
+        return Err(Status::invalid_argument(format!(
+            "block_lists: {} lists is over the limit of {MAX_REGISTRATION_LISTS} a registration",
+            lists.len()
+        )));
+    }
+    Ok(())
 }

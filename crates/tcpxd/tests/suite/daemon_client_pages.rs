@@ -18,6 +18,7 @@ fn register(addr: u64, size: u64) -> Op {
         address: addr,
         size,
         label: String::new(),
+        block_lists: Vec::new(),
     })
 }
 
