@@ -185,6 +185,43 @@ class Connection:
             self._buf[: self._ahead] = self._buf[end:have]
         return ev
 
+    def ready(self) -> List[Any]:
+        """The events that have arrived, without waiting (MSG_DONTWAIT, on a socket without a
+        timeout: Python would wait that long first): none when nothing has. Raises Gone once the
+        daemon closed the connection and every event before that was returned."""
+        have, ended = self._ahead, False
+        while True:
+            if have == len(self._buf):
+                self._buf.extend(bytes(len(self._buf)))
+            with memoryview(self._buf) as view:
+                try:
+                    got = self.sock.recv_into(view[have:], 0, socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except ConnectionResetError:
+                    got = 0
+            if got == 0:
+                ended = True
+                break
+            have += got
+        out, start = [], 0
+        decode = _proto.message("SessionEvent").FromString
+        while have - start >= HEADER.size:
+            end = start + HEADER.size + frame_length(self._buf[start : start + HEADER.size])
+            if end > have:
+                if end > len(self._buf):
+                    self._buf.extend(bytes(end - len(self._buf)))
+                break
+            with memoryview(self._buf) as view:
+                out.append(decode(view[start + HEADER.size : end]))
+            start = end
+        self._ahead = have - start
+        if start and self._ahead:
+            self._buf[: self._ahead] = self._buf[start:have]
+        if ended and not out:
+            raise Gone(sent=True)
+        return out
+
     def _fill(self, need: int, have: int) -> int:
         """Receives until `need` bytes are in the buffer; returns how many there are."""
         with memoryview(self._buf) as view:

@@ -29,6 +29,7 @@ mod daemon_host_fd;
 mod daemon_hostile;
 mod daemon_idle;
 mod daemon_local;
+mod daemon_local_notify;
 mod daemon_pairing;
 mod daemon_peer_loss;
 mod daemon_prepared;
