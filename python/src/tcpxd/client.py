@@ -219,6 +219,12 @@ class Client:
         """Connects to another daemon's peer address (not needed for descriptors carrying one)."""
         return self._unary("ConnectPeer", _proto.message("ConnectPeerRequest")(address=address))
 
+    def _connect_peer_started(self, address: str) -> Any:
+        """ConnectPeer started and not waited for: its grpc future (gRPC's thread completes it)."""
+        stub: Any = self._stub("ConnectPeer", "unary_unary")
+        return stub.future(_proto.message("ConnectPeerRequest")(address=address), timeout=self.timeout,
+                           metadata=self._metadata)
+
     def list_peers(self) -> List[Any]:
         return list(self._unary("ListPeers", _proto.message("ListPeersRequest")()).peers)
 
