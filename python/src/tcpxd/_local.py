@@ -193,6 +193,7 @@ class Connection:
         while True:
             if have == len(self._buf):
                 self._buf.extend(bytes(len(self._buf)))
+            room = len(self._buf) - have
             with memoryview(self._buf) as view:
                 try:
                     got = self.sock.recv_into(view[have:], 0, socket.MSG_DONTWAIT)
@@ -204,6 +205,8 @@ class Connection:
                 ended = True
                 break
             have += got
+            if got < room:  # all there was (one syscall saved; a later call reads what follows)
+                break
         out, start = [], 0
         decode = _proto.message("SessionEvent").FromString
         while have - start >= HEADER.size:

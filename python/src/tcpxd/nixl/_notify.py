@@ -20,10 +20,11 @@ local session (a TCP endpoint, a daemon before session 18), a thread reads the S
 from __future__ import annotations
 
 import logging
+import select
 import struct
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import Client, Subscription, _local, _proto
 from ..errors import TcpxdError
@@ -36,6 +37,13 @@ _LENS = struct.Struct(">HH")
 MAILBOX_BYTES = 4096
 #: How often a lost notification stream is asked for again.
 RESUBSCRIBE_S = 0.5
+#: A poll that finds nothing, this soon after the previous one found nothing, is a tight polling
+#: loop's: it waits up to TIGHT_WAIT_MS for the daemon to send something (the GIL and the CPU
+#: released: on a machine with few cores, the daemons a spinning loop waits for need the CPU it
+#: spins on), returning as soon as something comes. A loop that does anything between its polls
+#: (a model step) never waits.
+TIGHT_S = 50e-6
+TIGHT_WAIT_MS = 1
 #: How long a poll that finds nothing new waits for a notification, the GIL released (`take`).
 #: Notifications come on a gRPC stream, read by gRPC's thread and the inbox's: a loop polling
 #: get_new_notifs without a pause would hold the GIL they need until Python's switch interval
@@ -68,6 +76,7 @@ class _Feed:
 
     def __init__(self, conn: _local.Connection):
         self.conn = conn
+        self._poll: Any = None
 
     @staticmethod
     def open(path: str) -> Optional["_Feed"]:
@@ -89,6 +98,16 @@ class _Feed:
             return None
         conn.sock.setblocking(False)  # read only what has arrived (a socket timeout would wait)
         return _Feed(conn)
+
+    def wait(self, ms: int) -> None:
+        """Waits until the daemon has sent something (or `ms` passed), the GIL released."""
+        if self._poll is None:
+            self._poll = select.poll()
+            self._poll.register(self.conn.sock.fileno(), select.POLLIN)
+        try:
+            self._poll.poll(ms)
+        except InterruptedError:
+            pass
 
     def payloads(self) -> List[bytes]:
         """The notifications' payloads that have arrived; raises _local.Gone once the session ended."""
@@ -121,6 +140,8 @@ class Inbox:
         #: When the local feed ended (the daemon restarted, drained): when to subscribe again.
         self._retry_at = 0.0
         self._quiet = False
+        #: When take() last found nothing on the local feed (a tight loop's cue).
+        self._empty_at = 0.0
         self._sub: Optional[Subscription] = None
         if self._feed is None:
             self._sub = client.subscribe()
@@ -200,6 +221,13 @@ class Inbox:
         with self._lock:
             if self._path is not None:
                 self._read_feed()
+                if not self._new and self._feed is not None:
+                    now = time.perf_counter()
+                    if now - self._empty_at < TIGHT_S:  # a tight polling loop: wait for the daemon
+                        self._feed.wait(TIGHT_WAIT_MS)
+                        self._read_feed()
+                        now = time.perf_counter()
+                    self._empty_at = now
             elif not self._new and not self._closed:
                 self._arrived.wait(POLL_WAIT_S)
             out, self._new = self._new, {}
