@@ -182,7 +182,6 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
             #: thread, or a caller polling: `poll()`), and why the reading ended (`_read_end`).
             self._read_lock = threading.Lock()
             self._read_end: Optional[Tuple[Optional[TcpxdError]]] = None
-            self._waiter: Optional[Any] = None  # `wait_readable`'s poll object
             self._why = None
             self._timer: Optional[threading.Timer] = None
             if timeout is not None:
@@ -548,20 +547,6 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
                 self._read_end = (from_status(ev.refused.code, ev.refused.message),)
                 return
             self._dispatch(ev)
-
-    def wait_readable(self, ms: int) -> None:
-        """Waits, the GIL released, until the daemon has sent something on this session's
-        connection (or `ms` passed): what a caller polling in a tight loop does between polls, so
-        that the daemons it waits for get the CPU it would spin on. gRPC sessions: returns."""
-        if self._conn is None or self._read_end is not None:
-            return
-        if self._waiter is None:
-            self._waiter = select.poll()
-            self._waiter.register(self._conn.sock.fileno(), select.POLLIN)
-        try:
-            self._waiter.poll(ms)
-        except InterruptedError:
-            pass
 
     def _abort(self, why: str) -> None:
         """Ends the connection: the daemon cancels what is in flight; the futures fail (`why`)."""

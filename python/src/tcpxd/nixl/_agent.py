@@ -8,7 +8,6 @@ import logging
 import os
 import pickle
 import threading
-import time
 from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
@@ -42,7 +41,7 @@ from ._handles import (
 )
 from ._memory import LocalMemory
 from ._metadata import AgentMetadata
-from ._notify import MAILBOX_BYTES, TIGHT_S, TIGHT_WAIT_MS, Inbox, frame
+from ._notify import MAILBOX_BYTES, Inbox, frame
 from ._regions import RegionTable
 from ._xfer import Xfer, mailbox_entry, mailbox_write, nixlXferTelemetry
 
@@ -146,9 +145,6 @@ class nixl_agent:  # noqa: N801
         #: This agent as a loopback list's remote side (`_loopback`), with the table it was made on.
         self._self_remote: Optional[Any] = None
         self._session: Any = None
-        #: The handle check_xfer_state last found in progress, and when (a tight loop's cue).
-        self._spun: Any = None
-        self._spun_at = 0.0
         self.notifs: Dict[str, List[bytes]] = {}
         self._listener: Optional[_listen.Listener] = None
         self._closed = False
@@ -704,16 +700,6 @@ class nixl_agent:  # noqa: N801
         state = xfer.state
         if state == "PROC":  # read what the daemon sent, here: no wait for the session's reader thread
             xfer._session.poll()
-            if xfer.state == "PROC":
-                now = time.perf_counter()
-                if xfer is self._spun and now - self._spun_at < TIGHT_S:
-                    # The same handle polled again at once: a tight loop. Wait for the daemon's
-                    # answer, the GIL and the CPU released (the daemons need the CPU the loop
-                    # would spin on; the reader thread the GIL), then read it here.
-                    xfer._session.wait_readable(TIGHT_WAIT_MS)
-                    xfer._session.poll()
-                    now = time.perf_counter()
-                self._spun, self._spun_at = xfer, now
             return xfer.state
         if state == "INIT":
             raise nixlNotPostedError("handle: never posted (call transfer() first)")
