@@ -118,3 +118,39 @@ def test_a_daemon_that_makes_no_lists_gets_them_asked_for(pair, monkeypatch):
     assert calls.count("RegisterBlocks") == 2
     [region] = A._memory.regions()
     assert (region.granule, region.granules, region.fine, region.fine_granules) == (4096, 256, 512, 2048)
+
+
+def test_metadata_fetched_before_the_remote_registered_is_fetched_again(daemons):
+    """NIXL's two-peer examples fetch the target's metadata from its listener while the target may
+    still be registering: a descriptor outside the regions fetched has the metadata fetched again
+    once (then it resolves), bytes checked; one outside the new metadata too is still refused."""
+    import numpy as np
+
+    from tcpxd.nixl._errors import nixlNotFoundError as NotFound
+
+    a, b = daemons
+    T = nixl_agent("refetch-T", nixl_agent_config(enable_listen_thread=True, listen_port=0, endpoint=a.endpoint))
+    I = nixl_agent("refetch-I", nixl_agent_config(endpoint=b.endpoint))
+    try:
+        I.fetch_remote_metadata("refetch-T", "127.0.0.1", T._listener.port)
+        deadline = time.monotonic() + 30
+        while not I.check_remote_metadata("refetch-T"):
+            assert time.monotonic() < deadline, "the metadata never came"
+            time.sleep(0.001)
+        src = _utils.malloc_passthru(MIB)  # registered only now, after the fetch
+        np.ctypeslib.as_array((ctypes.c_uint8 * MIB).from_address(src))[:] = np.arange(MIB, dtype=np.uint64).astype(np.uint8) ^ 0x5A
+        T.register_memory(T.get_reg_descs([(src, MIB, 0, "")], "DRAM"))
+        dst = _utils.malloc_passthru(MIB)
+        I.register_memory(I.get_reg_descs([(dst, MIB, 0, "")], "DRAM"))
+        h = I.initialize_xfer("READ", I.get_xfer_descs([(dst, MIB, 0)], "DRAM"),
+                              I.get_xfer_descs([(src, MIB, 0)], "DRAM"), "refetch-T")
+        I.transfer(h)
+        assert _wait(I, h) == "DONE", h.error
+        got = np.ctypeslib.as_array((ctypes.c_uint8 * MIB).from_address(dst))
+        assert bytes(got) == bytes(np.ctypeslib.as_array((ctypes.c_uint8 * MIB).from_address(src)))
+        with pytest.raises(NotFound, match=r"remote_descs\[0\]"):
+            I.initialize_xfer("READ", I.get_xfer_descs([(dst, 4096, 0)], "DRAM"),
+                              I.get_xfer_descs([(src + MIB, 4096, 0)], "DRAM"), "refetch-T")
+    finally:
+        I.close()
+        T.close()
