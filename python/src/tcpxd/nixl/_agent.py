@@ -550,6 +550,7 @@ class nixl_agent:  # noqa: N801
         """A transfer of every local descriptor with the remote descriptor at the same position."""
         op = _op(operation)
         name = _name(remote_agent, "remote_agent")
+        self._peer(name, "remote_agent")  # an unknown agent is named before any descriptor
         ld = parse(local_descs, None, False, "local_descs")
         rd = parse(remote_descs, None, False, "remote_descs")
         local = _plan.prepare(self._memory.table(), ld.mem, ld.rows, "", f"agent {self.name!r}", "local_descs")
