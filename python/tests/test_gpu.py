@@ -109,3 +109,61 @@ def test_two_clients_of_one_daemon_move_tensors_gpu_to_gpu_and_mixed(torch, daem
             c1.read(host.descriptor, sb, 4 * MIB)  # host -> GPU, the first 4 MiB
             torch.cuda.synchronize()
             assert src[: 4 * MIB].cpu().numpy().tobytes() == expected[: 4 * MIB]
+
+
+def test_two_agents_of_one_process_register_one_cuda_allocation(torch, daemons):
+    """Two NIXL agents in one process, each registering part of the same CUDA allocation: the
+    daemon shares its one import of the allocation between their buffers (a process opens an IPC
+    handle once), byte-exact both ways, each agent's deregistration leaving the other's working."""
+    from tcpxd.nixl import nixl_agent, nixl_agent_config
+
+    a, _ = daemons
+    n = 4 * MIB
+    t = torch.zeros(2 * n, dtype=torch.uint8, device="cuda:0")
+    t[:n] = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda:0")
+    torch.cuda.synchronize()
+    A = nixl_agent("one-alloc-A", nixl_agent_config(endpoint=a.endpoint))
+    B = nixl_agent("one-alloc-B", nixl_agent_config(endpoint=a.endpoint))
+    try:
+        ra = A.register_memory([(t.data_ptr(), n, 0, "")], "VRAM")
+        B.register_memory([(t.data_ptr() + n, n, 0, "")], "VRAM")  # the same allocation's other half
+        A.add_remote_agent(B.get_agent_metadata())
+
+        def move(op: str) -> None:
+            local = A.get_xfer_descs([(t.data_ptr(), n, 0)], "VRAM")
+            remote = A.get_xfer_descs([(t.data_ptr() + n, n, 0)], "VRAM")
+            h = A.initialize_xfer(op, local, remote, "one-alloc-B")
+            A.transfer(h)
+            while (st := A.check_xfer_state(h)) == "PROC":
+                pass
+            assert st == "DONE", h.error
+            A.release_xfer_handle(h)
+            torch.cuda.synchronize()
+
+        move("WRITE")
+        assert torch.equal(t[n:], t[:n])
+        t[:n] = 0
+        torch.cuda.synchronize()
+        move("READ")
+        assert torch.equal(t[:n], t[n:]) and int(t[:n].sum()) != 0
+        # A's buffer goes; B's, over the same mapping, still serves a transfer from a new agent.
+        A.deregister_memory(ra)
+        C = nixl_agent("one-alloc-C", nixl_agent_config(endpoint=a.endpoint))
+        try:
+            src = torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda:0")
+            torch.cuda.synchronize()
+            C.register_memory([(src.data_ptr(), n, 0, "")], "VRAM")
+            C.add_remote_agent(B.get_agent_metadata())
+            h = C.initialize_xfer("WRITE", C.get_xfer_descs([(src.data_ptr(), n, 0)], "VRAM"),
+                                  C.get_xfer_descs([(t.data_ptr() + n, n, 0)], "VRAM"), "one-alloc-B")
+            C.transfer(h)
+            while (st := C.check_xfer_state(h)) == "PROC":
+                pass
+            assert st == "DONE", h.error
+            torch.cuda.synchronize()
+            assert torch.equal(t[n:], src)
+        finally:
+            C.close()
+    finally:
+        A.close()
+        B.close()

@@ -44,5 +44,5 @@ def test_the_nixl_comparison_runs_its_script_on_tcpxd(tmp_path: Path):
     rows = {line.split("  ")[0] for line in run.stdout.splitlines()[1:]}
     for want in ("register µs/region", "prep_xfer_dlist µs/desc", "4 MiB READ GB/s", "4 MiB WRITE GB/s",
                  "256 x 16 KiB random READ GB/s", "4 KiB READ p50 µs (tight)", "4 KiB READ p99 µs (sleep(0))",
-                 "notification round trip p50 µs"):
+                 "4 KiB READ p50 µs (tcpxd.Client.read)", "notification round trip p50 µs"):
         assert want in rows, run.stdout

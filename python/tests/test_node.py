@@ -40,6 +40,30 @@ def test_describe_node_says_how_to_reach_the_node(strangers):
             assert buf.descriptor.endswith("@" + ",".join(n.peer_addresses))
 
 
+def test_node_info_carries_topology_protocol_and_instance(strangers):
+    a, b = strangers
+    with tcpxd.Client(a.endpoint) as c, tcpxd.Client(b.endpoint) as cb:
+        n, m = c.describe_node(), cb.describe_node()
+        raw = n.raw
+        assert n.transfer_protocol == raw.transfer_protocol and n.transfer_protocol in ("eager", "rendezvous", "auto")
+        assert (n.eager_lanes_per_device, n.eager_max_bytes) == (raw.eager_lanes_per_device, raw.eager_max_bytes)
+        if n.transfer_protocol != "auto":
+            assert n.eager_lanes_per_device == 0 and n.eager_max_bytes == 0
+        # The emulation has no GPUs: no GPU-to-NIC map, and it says so.
+        assert n.gpus == [] and n.gpu_nics == [] and n.topology_source == raw.topology_source == "none"
+        assert len(n.instance_id) == 32 and int(n.instance_id, 16) >= 0 and n.instance_id != m.instance_id
+        assert n.instance_id == c.describe_node().instance_id  # the same process: the same instance
+        assert isinstance(n.reattach_grace_s, int) and n.reattach_grace_s == raw.reattach_grace_s
+    # A map as a GPU node reports it: typed, in the message's order.
+    msg = type(raw)(topology_source="pci")
+    g = msg.gpu_nics.add(gpu_ordinal=1, gpu_pci_bus_id="0000:0a:00.0", relation="same PCIe switch")
+    g.nic_devices.extend([2, 3])
+    g.nic_names.extend(["eth2", "eth3"])
+    info = tcpxd._ops.node_info(msg)
+    assert info.gpu_nics == [tcpxd.GpuNics(1, "0000:0a:00.0", [2, 3], ["eth2", "eth3"], "same PCIe switch")]
+    assert info.topology_source == "pci"
+
+
 def test_a_write_to_another_daemons_descriptor_needs_no_connect_peer(strangers):
     a, b = strangers
     with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:

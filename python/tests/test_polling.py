@@ -96,3 +96,51 @@ def test_check_xfer_state_learns_done_without_the_reader_thread(peered, parked_r
         got = np.frombuffer(bytes(m2), dtype=np.uint8).reshape(16, 4096)
         assert (got[::-1] == m1.reshape(16, 4096)).all()
         _ParkedPoll.release.set()
+
+
+def test_notifications_are_read_by_the_polling_call_with_no_other_thread(peered, parked_readers):
+    """get_new_notifs and check_remote_xfer_done read the agent's subscribed local session
+    themselves: no notification thread exists, and a loop that never sleeps sees each
+    notification (the WRITE's bytes already in place), with the sessions' reader threads held off."""
+    a, b = peered
+    n = 1 << 16
+    m1, m2 = host_array(n), host_array(n)
+    m1[:] = np.random.default_rng(5).integers(0, 256, n, dtype=np.uint8)
+    with nixl_agent("pn-1", nixl_agent_config(endpoint=a.endpoint)) as one, \
+            nixl_agent("pn-2", nixl_agent_config(endpoint=b.endpoint)) as two:
+        assert not [t for t in threading.enumerate() if t.name.startswith("tcpxd-nixl-notifs")]
+        one.register_memory([(m1.ctypes.data, n, 0, "")], "DRAM")
+        two.register_memory([(m2.ctypes.data, n, 0, "")], "DRAM")
+        one.add_remote_agent(two.get_agent_metadata())
+        two.add_remote_agent(one.get_agent_metadata())
+        local = one.prep_xfer_dlist("NIXL_INIT_AGENT", [(m1.ctypes.data, n, 0)], "DRAM")
+        remote = one.prep_xfer_dlist("pn-2", [(m2.ctypes.data, n, 0)], "DRAM")
+        for k in range(3):
+            m1[:8] = k
+            h = one.make_prepped_xfer("WRITE", local, [0], remote, [0], b"req-%d" % k)
+            one.transfer(h)
+            got: dict = {}
+            _spin_until(lambda: got.get("pn-1"), lambda: [got.setdefault(s, []).extend(v)
+                                                         for s, v in two.get_new_notifs().items()])
+            assert got == {"pn-1": [b"req-%d" % k]}
+            assert bytes(m2) == bytes(m1)  # the notification came after the bytes
+            _spin_until(lambda: one.check_xfer_state(h) != "PROC", lambda: None)
+            assert one.check_xfer_state(h) == "DONE", h.error
+            one.release_xfer_handle(h)
+        # send_notif, both ways; check_remote_xfer_done finds one by prefix and removes it
+        one.send_notif("pn-2", b"tag-1:rest")
+        _spin_until(lambda: two.check_remote_xfer_done("pn-1", b"tag-1"), lambda: None)
+        assert not two.check_remote_xfer_done("pn-1", b"tag-1")
+        two.send_notif("pn-1", b"back")
+        seen: dict = {}
+        _spin_until(lambda: seen, lambda: seen.update(one.get_new_notifs()))
+        assert seen == {"pn-2": [b"back"]}
+        # The subscribed session ends (as when the daemon restarts): a later poll subscribes again.
+        import socket as _socket
+
+        two._inbox._feed.conn.sock.shutdown(_socket.SHUT_RDWR)
+        _spin_until(lambda: two._inbox._feed is not None and two._inbox._quiet is False and two._inbox._retry_at > 0,
+                    two.get_new_notifs)
+        one.send_notif("pn-2", b"again")
+        _spin_until(lambda: two.check_remote_xfer_done("pn-1", b"again"), lambda: None)
+        _ParkedPoll.release.set()

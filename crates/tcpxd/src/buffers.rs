@@ -437,22 +437,34 @@ impl BufferRegistry {
                 handle.len()
             ))
         })?;
-        if let Some(other) = self.list().into_iter().find(|b| match &b.memory {
-            BufferMemory::Cuda { imported_from, .. } => imported_from.as_ref() == Some(&handle),
-            BufferMemory::Host(_) => false,
-        }) {
-            return Err(EngineError::new(
-                Code::AlreadyExists,
-                format!(
-                    "cuda_ipc.ipc_handle: this allocation is already imported as buffer {}",
-                    other.id
-                ),
-            ));
-        }
         let gpu = self.gpu("cuda_ipc.device", device)?;
-        let region = gpu
-            .import_ipc(&handle, offset, size as usize)
-            .map_err(|e| EngineError::invalid(format!("cuda_ipc: cannot import the handle: {e}")))?;
+        // A process opens an IPC handle once: an allocation imported already (by another client
+        // of the same process, say two NIXL agents) is shared with that buffer, its mapping closed
+        // with the last buffer using it.
+        let imported = self.list().into_iter().find_map(|b| match &b.memory {
+            BufferMemory::Cuda {
+                region,
+                imported_from,
+                ..
+            } if imported_from.as_ref() == Some(&handle) => Some((b.id, region.clone())),
+            _ => None,
+        });
+        let region = match imported {
+            Some((other, region)) => {
+                if region.gpu().ordinal() != gpu.ordinal() {
+                    return Err(EngineError::invalid(format!(
+                        "cuda_ipc.device: {device}, but this allocation is on GPU {} (imported as buffer {other})",
+                        region.gpu().ordinal()
+                    )));
+                }
+                DeviceRegion::view_of(&region, offset, size as usize).map_err(|e| {
+                    EngineError::invalid(format!("cuda_ipc: cannot share buffer {other}'s import: {e}"))
+                })?
+            }
+            None => gpu
+                .import_ipc(&handle, offset, size as usize)
+                .map_err(|e| EngineError::invalid(format!("cuda_ipc: cannot import the handle: {e}")))?,
+        };
         if region.device_ptr() % REGION_ALIGN as u64 != 0 {
             return Err(EngineError::invalid(format!(
                 "cuda_ipc.offset: the buffer starts at {:#x}, which is not 4 KiB-aligned; TCPX registers \

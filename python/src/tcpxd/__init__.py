@@ -10,6 +10,7 @@ Guide: docs/PYTHON.md. Errors are tcpxd.TcpxdError subclasses named after gRPC c
 from ._ops import (
     DEFAULT_ENDPOINT,
     GpuDevice,
+    GpuNics,
     NetDevice,
     NodeInfo,
     Notification,
@@ -63,6 +64,7 @@ __all__ = [
     "DeadlineExceeded",
     "FailedPrecondition",
     "GpuDevice",
+    "GpuNics",
     "Internal",
     "InvalidArgument",
     "NetDevice",

@@ -27,10 +27,14 @@ import stat
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _local, _proto, _reattach
 from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TcpxdError, Unavailable, from_status
+
+#: Registrations sent before their answers are read (`Registrar.register_many`): few enough that
+#: their answers fit the socket's buffer, so neither side blocks on the other.
+PIPELINE = 64
 
 #: The memfd flags the package allocates with: sealable, so the daemon can seal it against
 #: shrinking (F_SEAL_SHRINK) and never fault on a truncated page.
@@ -236,10 +240,45 @@ def address_of(obj: Any) -> Tuple[int, int, memoryview, Any]:
     return addr, view.nbytes, view, obj
 
 
-def locate(obj: Any, fd: Optional[int]) -> Shared:
-    """The file behind `obj`'s memory, a descriptor of it, and where in it the memory starts."""
+class Locator:
+    """What `locate` reads about this process, read once for many memories: /proc/self/maps, and
+    which read-write descriptor this process holds of each file (one scan of /proc/self/fd)."""
+
+    def __init__(self) -> None:
+        self._maps: Optional[List[Mapping]] = None
+        self._held: Optional[Dict[Tuple[int, Tuple[int, int]], int]] = None
+
+    def maps(self) -> List[Mapping]:
+        if self._maps is None:
+            self._maps = mappings()
+        return self._maps
+
+    def descriptor(self, m: Mapping) -> Optional[Tuple[int, bool]]:
+        """A read-write descriptor of the mapping's file: one this process holds (found by one
+        scan for all the memories), else the file opened by path; (fd, whether opened here)."""
+        if self._held is None:
+            self._held = {}
+            for fd in _held_descriptors():
+                st = os.fstat(fd)
+                self._held.setdefault((st.st_ino, (os.major(st.st_dev), os.minor(st.st_dev))), fd)
+        held = self._held.get((m.inode, m.dev))
+        if held is not None:
+            fd = held
+            try:
+                st = os.fstat(fd)
+                if (st.st_ino, (os.major(st.st_dev), os.minor(st.st_dev))) == (m.inode, m.dev):  # still that file
+                    return fd, False
+            except OSError:
+                pass
+        return _open_by_path(m)
+
+
+def locate(obj: Any, fd: Optional[int], where: Optional[Locator] = None) -> Shared:
+    """The file behind `obj`'s memory, a descriptor of it, and where in it the memory starts
+    (`where`: what is known of this process's mappings and descriptors already)."""
     addr, nbytes, view, keep = address_of(obj)
-    maps = mappings()
+    where = where if where is not None else Locator()
+    maps = where.maps()
     first = next((m for m in maps if m.start <= addr < m.end), None)
     if first is None:
         raise InvalidArgument("memory: its address is not mapped in this process")
@@ -263,7 +302,7 @@ def locate(obj: Any, fd: Optional[int]) -> Shared:
         if (st.st_ino, (os.major(st.st_dev), os.minor(st.st_dev))) != (first.inode, first.dev):
             raise InvalidArgument("fd: not the file this memory is mapped from")
         return Shared(fd, False, offset, nbytes, view, keep)
-    found = _open_descriptor(first)
+    found = where.descriptor(first)
     if found is None:
         raise FailedPrecondition(
             f"memory: mapped from {first.path or 'a file'}, which this process no longer holds open; pass fd= "
@@ -272,24 +311,23 @@ def locate(obj: Any, fd: Optional[int]) -> Shared:
     return Shared(found[0], found[1], offset, nbytes, view, keep)
 
 
-def _open_descriptor(m: Mapping) -> Optional[Tuple[int, bool]]:
-    """A read-write descriptor of the mapping's file: one this process holds, else the file opened
-    by path; (fd, whether it was opened here)."""
+def _held_descriptors() -> List[int]:
+    """The regular files this process holds open for reading and writing."""
+    import fcntl
+
+    out = []
     for name in os.listdir("/proc/self/fd"):
         try:
             fd = int(name)
-            st = os.fstat(fd)
+            if stat.S_ISREG(os.fstat(fd).st_mode) and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDWR:
+                out.append(fd)
         except (ValueError, OSError):
             continue
-        if st.st_ino != m.inode or (os.major(st.st_dev), os.minor(st.st_dev)) != m.dev or not stat.S_ISREG(st.st_mode):
-            continue
-        try:
-            import fcntl
+    return out
 
-            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDWR:
-                return fd, False
-        except OSError:
-            continue
+
+def _open_by_path(m: Mapping) -> Optional[Tuple[int, bool]]:
+    """The mapping's file opened by its path, read-write; (fd, True) or None."""
     if m.path and not m.path.endswith("(deleted)"):
         try:
             fd = os.open(m.path, os.O_RDWR | os.O_CLOEXEC)
@@ -374,6 +412,43 @@ class Registrar:
                 return registered(ev, conn.tag)
         finally:
             shared.done_sending()
+
+    def register_many(self, items: Sequence[Tuple[Shared, Sequence[Any]]], label: str, timeout: Optional[float]) -> List[Any]:
+        """Registers each memory with its block lists (StridedBlocks, made by the daemon on the new
+        buffer): the daemon's Buffer message, or the TcpxdError refusing it, per memory in order.
+        The requests go out PIPELINE at a time before their answers are read (one round trip for
+        each PIPELINE, not each memory)."""
+        out: List[Any] = []
+        try:
+            with self._lock:
+                conn = self._connection()
+                try:
+                    for at in range(0, len(items), PIPELINE):
+                        tags = []
+                        for shared, lists in items[at : at + PIPELINE]:
+                            [(field, req)] = shared.session_op(label).items()
+                            req.block_lists.extend(lists)
+                            try:
+                                if not conn.send(field, req, timeout, fd=shared.sent_fd):
+                                    raise InvalidArgument("register_host: the registration is too large for a frame")
+                            finally:
+                                shared.done_sending()
+                            tags.append(conn.tag)
+                        for tag in tags:
+                            try:
+                                out.append(registered(conn.receive(), tag))
+                            except TcpxdError as e:
+                                out.append(e)
+                except socket.timeout:
+                    self._drop()
+                    raise Unavailable(f"register_host: no answer from the daemon at {self.path} within {timeout} s") from None
+                except (_local.Gone, OSError) as e:
+                    self._drop()
+                    raise Unavailable(f"register_host: the local session with {self.path} ended: {e!r}") from None
+                return out
+        finally:
+            for shared, _ in items:
+                shared.done_sending()
 
     def register_fd(self, fd: int, req: Any, timeout: Optional[float]) -> Any:
         """Sends `req` (a RegisterHostFdRequest) with `fd` (kept open: the caller's); returns the
@@ -462,6 +537,35 @@ def prepare(memory: Any, label: str, fd: Optional[int]) -> Shared:
             raise InvalidArgument("fd: only with memory to register (an array, tensor or mmap), not a size")
         return allocate(memory, label)
     return locate(memory, fd)
+
+
+def register_many(
+    registrar: Optional[Registrar], endpoint: str, memories: Sequence[Any], lists: Sequence[Sequence[Any]], label: str,
+    timeout: Optional[float],
+) -> List[Any]:
+    """Shares each memory of this process (not sizes) with the daemon, with the block lists
+    (StridedBlocks) asked for each: per memory, (its Buffer message, this side of it), or the
+    TcpxdError that refused it (nothing registered for it). One read of this process's mappings
+    and descriptors for all of them; their registrations pipelined on the registrar's connection."""
+    if registrar is None:
+        raise no_unix_socket(endpoint)
+    where = Locator()
+    prepared: List[Any] = []
+    for memory in memories:
+        try:
+            prepared.append(locate(memory, None, where))
+        except TcpxdError as e:
+            prepared.append(e)
+    todo = [(i, p) for i, p in enumerate(prepared) if isinstance(p, Shared)]
+    hosts = {i: HostMemory(p) for i, p in todo}
+    for i, p in todo:
+        if p.address is None:
+            hosts[i].reattach = (_reattach.keep_fd(p.fd, hosts[i]), p.offset, p.nbytes, label)
+    answers = registrar.register_many([(p, lists[i]) for i, p in todo], label, timeout)
+    out: List[Any] = list(prepared)
+    for (i, _), ans in zip(todo, answers):
+        out[i] = ans if isinstance(ans, TcpxdError) else (ans, hosts[i])
+    return out
 
 
 def daemon_allocates(memory: Any, shared: Optional[bool], registrar: Optional[Registrar]) -> bool:

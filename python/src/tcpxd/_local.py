@@ -131,6 +131,8 @@ class Connection:
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self._buf = bytearray(64 << 10)
+        #: Bytes of the next events already received (`pipelined` requests' answers).
+        self._ahead = 0
         self._tag = 0
         self._timeout: Optional[float] = None  # the socket's, set only when it changes
 
@@ -139,10 +141,17 @@ class Connection:
         returns the daemon's event (a SessionEvent); None when the request is too large for a frame.
         Raises Gone when the connection ended unanswered, socket.timeout when `timeout` (plus
         BACKSTOP) passed."""
+        if not self.send(field, req, timeout, fd):
+            return None
+        return self.receive()
+
+    def send(self, field: str, req: Any, timeout: Optional[float], fd: Optional[int] = None) -> bool:
+        """Sends one request without waiting for its answer (`receive`, in order, for requests
+        the daemon answers in order: registrations); False when it is too large for a frame."""
         self._tag += 1
         frame = request_frame(self._tag, field, req)
         if frame is None:
-            return None
+            return False
         wait = None if timeout is None else timeout + BACKSTOP
         if wait != self._timeout:
             self.sock.settimeout(wait)
@@ -154,23 +163,67 @@ class Connection:
                 send_with_fd(self.sock, frame, fd)
         except (BrokenPipeError, ConnectionResetError):
             raise Gone(sent=False) from None
-        return self._receive()
+        return True
 
     @property
     def tag(self) -> int:
         """The tag of the last request."""
         return self._tag
 
-    def _receive(self) -> Any:
-        have = self._fill(HEADER.size, 0)
+    def receive(self) -> Any:
+        """The daemon's next event. Bytes past it (the next pipelined answers) are kept for the
+        next call; a connection carrying one request at a time never has any."""
+        have = self._fill(HEADER.size, self._ahead)
         end = HEADER.size + frame_length(self._buf[: HEADER.size])
         if end > len(self._buf):
             self._buf.extend(bytes(end - len(self._buf)))
         have = self._fill(end, have)
-        if have != end:  # one request, one event: anything more is not this protocol
-            raise TcpxdError(f"local session: {have - end} bytes after the daemon's answer")
         with memoryview(self._buf) as view:
-            return _proto.message("SessionEvent").FromString(view[HEADER.size : end])
+            ev = _proto.message("SessionEvent").FromString(view[HEADER.size : end])
+        self._ahead = have - end
+        if self._ahead:
+            self._buf[: self._ahead] = self._buf[end:have]
+        return ev
+
+    def ready(self) -> List[Any]:
+        """The events that have arrived, without waiting (MSG_DONTWAIT, on a socket without a
+        timeout: Python would wait that long first): none when nothing has. Raises Gone once the
+        daemon closed the connection and every event before that was returned."""
+        have, ended = self._ahead, False
+        while True:
+            if have == len(self._buf):
+                self._buf.extend(bytes(len(self._buf)))
+            room = len(self._buf) - have
+            with memoryview(self._buf) as view:
+                try:
+                    got = self.sock.recv_into(view[have:], 0, socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except ConnectionResetError:
+                    got = 0
+            if got == 0:
+                ended = True
+                break
+            have += got
+            if got < room:  # all there was (one syscall saved; a later call reads what follows)
+                break
+        out, start = [], 0
+        decode = _proto.message("SessionEvent").FromString
+        while have - start >= HEADER.size:
+            end = start + HEADER.size + frame_length(self._buf[start : start + HEADER.size])
+            if end > have:
+                if end > len(self._buf):
+                    self._buf.extend(bytes(end - len(self._buf)))
+                break
+            with memoryview(self._buf) as view:
+                out.append(decode(view[start + HEADER.size : end]))
+            start = end
+        self._ahead = have - start
+        if start and self._ahead:
+            self._buf[: self._ahead] = self._buf[start:have]
+        if ended and not out:
+            raise Gone(sent=True)
+        return out
 
     def _fill(self, need: int, have: int) -> int:
         """Receives until `need` bytes are in the buffer; returns how many there are."""

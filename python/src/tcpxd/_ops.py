@@ -133,6 +133,22 @@ class GpuDevice:
 
 
 @dataclass(frozen=True)
+class GpuNics:
+    """Which NIC(s) serve a GPU: every comm the daemon opens is opened under a GPU its NIC serves
+    (docs/OPERATIONS.md, "The topology")."""
+
+    gpu_ordinal: int
+    gpu_pci_bus_id: str
+    #: The plugin's device numbers (NetDevice.index), in order of preference.
+    nic_devices: List[int]
+    #: Their names, in the same order.
+    nic_names: List[str]
+    #: How they were chosen: "same PCIe switch", "same root complex", "different root complex",
+    #: "even spread (no PCI place)", "a3vm" or "config".
+    relation: str
+
+
+@dataclass(frozen=True)
 class NodeInfo:
     """What DescribeNode says about a daemon: hand `node_id` and `peer_addresses` (which every
     descriptor of this node carries already) to whoever needs to reach it."""
@@ -155,6 +171,24 @@ class NodeInfo:
     #: Request forms the daemon takes beyond the first ones ("prepared_index_windows", ...;
     #: empty on older daemons).
     features: List[str] = field(default_factory=list)
+    #: How this node receives (`transfer.protocol`): "eager", "rendezvous" or "auto"; empty from
+    #: older daemons.
+    transfer_protocol: str = ""
+    #: Under "auto": the eager lanes per network device (beside `lanes_per_device`); else 0.
+    eager_lanes_per_device: int = 0
+    #: Under "auto": transfers towards this node of at most this many bytes go eager; else 0.
+    eager_max_bytes: int = 0
+    #: Which NIC(s) serve each GPU, one per GPU in ordinal order (empty without GPUs).
+    gpu_nics: List[GpuNics] = field(default_factory=list)
+    #: Where that map came from (`topology.map`): "pci", "a3vm", "config" or "none"; empty from
+    #: older daemons.
+    topology_source: str = ""
+    #: This daemon process's instance (32 hex digits, new after every restart; empty from older
+    #: daemons): a change says the daemon restarted (the client re-attaches by itself).
+    instance_id: str = ""
+    #: Seconds a restarted daemon keeps its previous instance's registrations for their clients
+    #: to re-attach; 0: no state directory, nothing survives a restart.
+    reattach_grace_s: int = 0
     #: The tcpxd.v1.NodeDescription message itself.
     raw: Any = None
 
@@ -388,6 +422,16 @@ def node_info(m: Any) -> NodeInfo:
         peer_protocol_version=m.peer_protocol_version,
         local_session=m.local_session,
         features=list(m.features),
+        transfer_protocol=m.transfer_protocol,
+        eager_lanes_per_device=int(m.eager_lanes_per_device),
+        eager_max_bytes=int(m.eager_max_bytes),
+        gpu_nics=[
+            GpuNics(int(g.gpu_ordinal), g.gpu_pci_bus_id, [int(d) for d in g.nic_devices], list(g.nic_names), g.relation)
+            for g in m.gpu_nics
+        ],
+        topology_source=m.topology_source,
+        instance_id=m.instance_id,
+        reattach_grace_s=int(m.reattach_grace_s),
         raw=m,
     )
 

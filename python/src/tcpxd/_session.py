@@ -181,7 +181,6 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
             #: What the daemon sent, read by whichever thread holds `_read_lock` (the reader
             #: thread, or a caller polling: `poll()`), and why the reading ended (`_read_end`).
             self._read_lock = threading.Lock()
-            self._rbuf = bytearray()
             self._read_end: Optional[Tuple[Optional[TcpxdError]]] = None
             self._why = None
             self._timer: Optional[threading.Timer] = None
@@ -532,43 +531,22 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
     def _drain(self) -> None:
         """Reads what the connection holds, without blocking, and dispatches each whole event in
         order; sets `_read_end` at the connection's end or a refusal. Called under `_read_lock`."""
-        sock = self._conn.sock  # type: ignore[union-attr]
-        buf = self._rbuf
-        while True:
-            try:
-                got = sock.recv(1 << 16, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                break
-            except ConnectionResetError:
-                got = b""
-            except OSError as e:
-                self._read_end = (Unavailable(f"local session with {self._client.endpoint}: {e}"),)
-                return
-            if not got:
-                self._read_end = (None,)
-                break
-            buf += got
-            if len(got) < 1 << 16:
-                break
-        decode = _proto.message("SessionEvent").FromString
-        head = _local.HEADER.size
-        start = 0
         try:
-            while len(buf) - start >= head:
-                end = start + head + _local.frame_length(buf[start : start + head])
-                if len(buf) < end:
-                    break
-                ev = decode(bytes(buf[start + head : end]))
-                start = end
-                if ev.tag == 0 and ev.WhichOneof("event") == "refused":  # the daemon refused a frame
-                    self._read_end = (from_status(ev.refused.code, ev.refused.message),)
-                    return
-                self._dispatch(ev)
+            events = self._conn.ready()  # type: ignore[union-attr]
+        except _local.Gone:
+            self._read_end = (None,)
+            return
+        except OSError as e:
+            self._read_end = (Unavailable(f"local session with {self._client.endpoint}: {e}"),)
+            return
         except TcpxdError as e:  # (a frame over the limit: not this protocol)
             self._read_end = (e,)
-        finally:
-            if start:
-                del buf[:start]
+            return
+        for ev in events:
+            if ev.tag == 0 and ev.WhichOneof("event") == "refused":  # the daemon refused a frame
+                self._read_end = (from_status(ev.refused.code, ev.refused.message),)
+                return
+            self._dispatch(ev)
 
     def _abort(self, why: str) -> None:
         """Ends the connection: the daemon cancels what is in flight; the futures fail (`why`)."""

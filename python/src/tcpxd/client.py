@@ -34,7 +34,7 @@ from ._session import (  # noqa: F401 (re-exported: the session's framing helper
     _varint,
 )
 from ._session import Session as Session
-from .errors import from_rpc_error
+from .errors import TcpxdError, from_rpc_error
 
 #: Deadline of calls that are not transfers (registration, peers, ...), in seconds.
 DEFAULT_CALL_TIMEOUT = 60.0
@@ -150,6 +150,29 @@ class Client:
                 return buf
         return Buffer(self, self._unary("RegisterBuffer", _ops.host_register(memory, label)))
 
+    def _register_host_many(self, memories: Sequence[Any], lists: Sequence[Sequence[Any]], label: str = "") -> List[Any]:
+        """`register_host` of many memories of this process's own, each with the block lists
+        (StridedBlocks) the daemon makes on its buffer in the same step: per memory, (Buffer, the
+        daemon's BlockList messages, their EntryStatus messages; both empty from a daemon that
+        makes none), or the TcpxdError that refused it. One round trip for many (tcpxd.nixl's
+        register_memory)."""
+        got = _hostmem.register_many(self._registrar, self.endpoint, memories, lists, label, self.timeout)
+        out: List[Any] = []
+        for ans, asked in zip(got, lists):
+            if isinstance(ans, TcpxdError):
+                out.append(ans)
+                continue
+            msg, host = ans
+            buf = Buffer(self, msg, keepalive=host, host=host)
+            if host.reattach is not None:
+                self._reattach.track_buffer(buf, _reattach.host_fd_again(*host.reattach))
+            blocks = _proto.message("RegisterBlocksRequest")
+            for bl, st, strided in zip(msg.block_lists, msg.block_list_status, asked):
+                if st.code == 0 and bl.id:  # registered again with the buffer after a restart
+                    self._reattach.track_list_id(int(bl.id), blocks(buffer_id=buf.id, strided=strided))
+            out.append((buf, list(msg.block_lists), list(msg.block_list_status)))
+        return out
+
     def allocate_cuda(self, size: int, device: int = 0, label: str = "") -> Buffer:
         """A CUDA buffer the daemon allocates on GPU `device`."""
         return Buffer(self, self._unary("RegisterBuffer", _ops.cuda_register(size, device, label)))
@@ -195,6 +218,12 @@ class Client:
     def connect_peer(self, address: str) -> Any:
         """Connects to another daemon's peer address (not needed for descriptors carrying one)."""
         return self._unary("ConnectPeer", _proto.message("ConnectPeerRequest")(address=address))
+
+    def _connect_peer_started(self, address: str) -> Any:
+        """ConnectPeer started and not waited for: its grpc future (gRPC's thread completes it)."""
+        stub: Any = self._stub("ConnectPeer", "unary_unary")
+        return stub.future(_proto.message("ConnectPeerRequest")(address=address), timeout=self.timeout,
+                           metadata=self._metadata)
 
     def list_peers(self) -> List[Any]:
         return list(self._unary("ListPeers", _proto.message("ListPeersRequest")()).peers)

@@ -16,11 +16,12 @@
 //! event side ([`Events`]).
 
 use std::collections::HashMap;
-use std::future::Future;
+use std::future::{Future, pending};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
+use tokio::sync::broadcast::{self, error::RecvError};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_stream::Stream;
@@ -35,12 +36,16 @@ use super::proto::v1::session_request::Op;
 use super::state::DaemonState;
 use super::transfers::{self, Started, cancel_unheard};
 use crate::engine::{TransferId, TransferKind};
+use crate::poller::NotificationEvent;
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
 
 /// Events queued towards a client that reads slowly; past this the session stops reading
 /// requests until the client catches up.
 const EVENT_QUEUE: usize = 256;
+
+/// Block lists one registration may ask for (`RegisterHostFdRequest.block_lists`).
+pub const MAX_REGISTRATION_LISTS: usize = 8;
 
 /// Starts serving one gRPC session; `deadline` is the stream's own (its gRPC deadline), if any.
 pub fn start(
@@ -142,6 +147,7 @@ pub async fn serve<R: Requests, E: Events>(
         waiting: JoinSet::new(),
         owned: Vec::new(),
         prepared: Vec::new(),
+        notifications: None,
     };
     session.run(requests).await
 }
@@ -158,13 +164,26 @@ struct Session<'e, E> {
     owned: Vec<u64>,
     /// Prepared lists this session prepared (`prepare_blocks`): released when it ends.
     prepared: Vec<u64>,
+    /// The node's notifications, once the session subscribed (`subscribe`), and its tag.
+    notifications: Option<(u64, broadcast::Receiver<NotificationEvent>)>,
 }
 
 /// What the session does next.
 enum Next {
     Gone,
     Finished(u64, pb::TransferEvent),
+    Notified(u64, Result<NotificationEvent, RecvError>),
     Incoming(Incoming),
+}
+
+/// The subscribed session's next notification (never, unsubscribed), with its tag.
+async fn next_notification(
+    sub: &mut Option<(u64, broadcast::Receiver<NotificationEvent>)>,
+) -> (u64, Result<NotificationEvent, RecvError>) {
+    match sub {
+        Some((tag, rx)) => (*tag, rx.recv().await),
+        None => pending().await,
+    }
 }
 
 impl<E: Events> Session<'_, E> {
@@ -183,6 +202,7 @@ impl<E: Events> Session<'_, E> {
                     // The waiting tasks never panic; a runtime shutting down aborts them.
                     Err(_) => Next::Gone,
                 },
+                (tag, n) = next_notification(&mut self.notifications) => Next::Notified(tag, n),
                 next = requests.next(), if reading => Next::Incoming(next),
                 // The daemon drains: no new requests; the open ones end as the drain decides.
                 _ = stopping.wait_for(|s| *s), if reading => Next::Incoming(Incoming::HalfClosed),
@@ -190,6 +210,7 @@ impl<E: Events> Session<'_, E> {
             let step = match next {
                 Next::Gone | Next::Incoming(Incoming::Gone) => Err(Gone),
                 Next::Finished(tag, event) => self.finished(tag, event).await,
+                Next::Notified(tag, n) => self.notified(tag, n).await,
                 Next::Incoming(Incoming::Request(req)) => {
                     let attached = matches!(req.op, Some(Op::RegisterHostFd(_))).then(|| requests.attached());
                     let peer =
@@ -274,7 +295,7 @@ impl<E: Events> Session<'_, E> {
                 .refuse(0, Status::invalid_argument("tag: must be nonzero"))
                 .await;
         }
-        if self.open.contains_key(&tag) {
+        if self.open.contains_key(&tag) || self.notifications.as_ref().is_some_and(|s| s.0 == tag) {
             return self
                 .refuse(
                     tag,
@@ -286,20 +307,27 @@ impl<E: Events> Session<'_, E> {
         }
         let started = match req.op {
             None => Err(Status::invalid_argument(
-                "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd, prepare_blocks, release_prepared, write_prepared, read_prepared, register_client_memory",
+                "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd, prepare_blocks, release_prepared, write_prepared, read_prepared, register_client_memory, subscribe",
             )),
             Some(Op::CancelTag(target)) => return self.cancel(tag, target).await,
-            Some(Op::RegisterHostFd(r)) => {
+            Some(Op::Subscribe(_)) => return self.subscribe(tag).await,
+            Some(Op::RegisterHostFd(mut r)) => {
                 let attached = attached.unwrap_or_else(|| Err(host_memory::no_descriptors()));
-                return self.register_host_fd(tag, r, attached).await;
-            }
-            Some(Op::RegisterClientMemory(r)) => {
-                let peer = peer.unwrap_or_else(|| Err(host_memory::no_peer_process()));
-                let registered = match peer {
-                    Ok(pid) => self.state.register_client_memory(r, pid).await,
+                let lists = std::mem::take(&mut r.block_lists);
+                let registered = match check_lists(&lists) {
+                    Ok(()) => self.state.register_host_fd(r, attached).await,
                     Err(e) => Err(e),
                 };
-                return self.registered(tag, registered).await;
+                return self.registered(tag, registered, lists).await;
+            }
+            Some(Op::RegisterClientMemory(mut r)) => {
+                let peer = peer.unwrap_or_else(|| Err(host_memory::no_peer_process()));
+                let lists = std::mem::take(&mut r.block_lists);
+                let registered = match (check_lists(&lists), peer) {
+                    (Ok(()), Ok(pid)) => self.state.register_client_memory(r, pid).await,
+                    (Err(e), _) | (_, Err(e)) => Err(e),
+                };
+                return self.registered(tag, registered, lists).await;
             }
             Some(Op::Write(r)) => match transfers::write_batch(r) {
                 Ok(b) => self.start_write(b).await,
@@ -365,21 +393,36 @@ impl<E: Events> Session<'_, E> {
         self.state.start_read(r, deadline).await
     }
 
-    async fn register_host_fd(
+    /// Answers a registration, with the block lists it asked for registered on the new buffer
+    /// (each refused one named in `block_list_status`); the buffer goes with this session.
+    async fn registered(
         &mut self,
         tag: u64,
-        req: pb::RegisterHostFdRequest,
-        attached: Result<Attached, Status>,
+        registered: Result<pb::Buffer, Status>,
+        lists: Vec<pb::StridedBlocks>,
     ) -> Result<(), Gone> {
-        let registered = self.state.register_host_fd(req, attached).await;
-        self.registered(tag, registered).await
-    }
-
-    /// Answers a registration; the buffer goes with this session.
-    async fn registered(&mut self, tag: u64, registered: Result<pb::Buffer, Status>) -> Result<(), Gone> {
         match registered {
-            Ok(buffer) => {
+            Ok(mut buffer) => {
                 self.owned.push(buffer.id);
+                for (i, strided) in lists.into_iter().enumerate() {
+                    let req = pb::RegisterBlocksRequest {
+                        buffer_id: buffer.id,
+                        layout: Some(pb::register_blocks_request::Layout::Strided(strided)),
+                        reattach_id: 0,
+                    };
+                    let (list, status) = match self.state.register_blocks(req).await {
+                        Ok(list) => (list, pb::EntryStatus::default()),
+                        Err(e) => (
+                            pb::BlockList::default(),
+                            pb::EntryStatus {
+                                code: e.code() as i32,
+                                message: format!("block_lists[{i}]: {}", e.message()),
+                            },
+                        ),
+                    };
+                    buffer.block_lists.push(list);
+                    buffer.block_list_status.push(status);
+                }
                 self.send(tag, Event::Registered(buffer)).await
             }
             Err(status) => self.refuse(tag, status).await,
@@ -409,7 +452,50 @@ impl<E: Events> Session<'_, E> {
         }
     }
 
+    /// Subscribes the session to the node's notifications (one subscription a session).
+    async fn subscribe(&mut self, tag: u64) -> Result<(), Gone> {
+        if let Some((under, _)) = &self.notifications {
+            let status = Status::invalid_argument(format!(
+                "subscribe: this session is subscribed already (tag {under}); one subscription a session"
+            ));
+            return self.refuse(tag, status).await;
+        }
+        self.notifications = Some((tag, self.state.notifications.subscribe()));
+        self.send(tag, Event::Subscribed(pb::SessionSubscribed {})).await
+    }
+
+    /// Hands a notification to the subscribed client; one it fell behind on is reported as lost.
+    async fn notified(&mut self, tag: u64, n: Result<NotificationEvent, RecvError>) -> Result<(), Gone> {
+        match n {
+            Ok(n) => {
+                let n = pb::Notification {
+                    from_node: n.from_node,
+                    transfer_id: n.transfer_id,
+                    payload: n.payload,
+                    buffer_ids: n.buffers,
+                };
+                self.send(tag, Event::Notification(n)).await
+            }
+            Err(RecvError::Lagged(k)) => {
+                let status = Status::data_loss(format!(
+                    "subscribe: this session fell behind and missed {k} notifications; it stays subscribed"
+                ));
+                self.refuse(tag, status).await
+            }
+            Err(RecvError::Closed) => {
+                self.notifications = None;
+                Ok(())
+            }
+        }
+    }
+
     async fn cancel(&mut self, tag: u64, target: u64) -> Result<(), Gone> {
+        if self.notifications.as_ref().is_some_and(|s| s.0 == target) {
+            self.notifications = None;
+            return self
+                .send(tag, Event::Cancelled(pb::CancelResponse { cancelled: true }))
+                .await;
+        }
         let Some(&id) = self.open.get(&target) else {
             return self
                 .refuse(
@@ -428,4 +514,15 @@ impl<E: Events> Session<'_, E> {
             Err(status) => self.refuse(tag, status).await,
         }
     }
+}
+
+/// Refuses a registration asking for more block lists than one may (it changes nothing).
+fn check_lists(lists: &[pb::StridedBlocks]) -> Result<(), Status> {
+    if lists.len() > MAX_REGISTRATION_LISTS {
+        return Err(Status::invalid_argument(format!(
+            "block_lists: {} lists is over the limit of {MAX_REGISTRATION_LISTS} a registration",
+            lists.len()
+        )));
+    }
+    Ok(())
 }

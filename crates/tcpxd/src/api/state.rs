@@ -115,6 +115,8 @@ impl DaemonState {
             cuda_ipc_offset: b.ipc_export().map(|e| e.offset).unwrap_or(0),
             device: b.gpu().map(|g| g.ordinal() as u32).unwrap_or(0),
             active_transfers: 0,
+            block_lists: Vec::new(),
+            block_list_status: Vec::new(),
         }
     }
 }

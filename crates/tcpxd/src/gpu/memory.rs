@@ -151,6 +151,8 @@ enum Backing {
     Owned,
     /// cuIpcOpenMemHandle'd here; `base` is the mapping.
     Imported,
+    /// Another window onto an imported mapping, which `DeviceRegion::shares` keeps open.
+    View,
 }
 
 /// Device memory of one GPU, 4 KiB-aligned (as TCPX `regMr` demands), freed (or, for an
@@ -161,6 +163,8 @@ pub struct DeviceRegion {
     ptr: u64,
     len: usize,
     backing: Backing,
+    /// For a view (`DeviceRegion::view_of`): the imported region whose mapping it is a window of.
+    shares: Option<Arc<DeviceRegion>>,
 }
 
 /// What another process needs to import a [`DeviceRegion`]: the IPC handle of the allocation
@@ -201,6 +205,7 @@ impl Gpu {
             ptr,
             len,
             backing: Backing::Owned,
+            shares: None,
         };
         // SAFETY: the range lies inside the allocation just made.
         check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(ptr, 0, len) })?;
@@ -241,6 +246,7 @@ impl Gpu {
             ptr: base,
             len: 0,
             backing: Backing::Imported,
+            shares: None,
         };
         let mut range_base: sys::CUdeviceptr = 0;
         let mut range_len: usize = 0;
@@ -307,7 +313,34 @@ impl DeviceRegion {
 
     /// Whether this region was imported from another process.
     pub fn is_imported(&self) -> bool {
-        self.backing == Backing::Imported
+        matches!(self.backing, Backing::Imported | Backing::View)
+    }
+
+    /// Another window onto the mapping `of` was imported from (`import_ipc`): `len` bytes at
+    /// `offset` into the mapping, sharing it rather than opening the handle again (a process
+    /// opens an IPC handle once). The mapping is closed with the last region using it.
+    pub fn view_of(of: &Arc<DeviceRegion>, offset: u64, len: usize) -> GpuResult<DeviceRegion> {
+        let root = of.shares.clone().unwrap_or_else(|| of.clone());
+        if root.backing != Backing::Imported {
+            return Err(GpuError::InvalidArgument(
+                "only an imported region's mapping can be shared".into(),
+            ));
+        }
+        let (range_base, range_len) = root.gpu.allocation_range(root.base)?;
+        let avail = (range_base + range_len).saturating_sub(root.base);
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= avail => Ok(DeviceRegion {
+                gpu: root.gpu.clone(),
+                base: root.base,
+                ptr: root.base + offset,
+                len,
+                backing: Backing::View,
+                shares: Some(root),
+            }),
+            _ => Err(GpuError::InvalidArgument(format!(
+                "IPC range {offset}+{len} is outside the exported {avail}-byte allocation"
+            ))),
+        }
     }
 
     /// The whole region as a span.
@@ -339,7 +372,7 @@ impl DeviceRegion {
 
     /// The IPC handle of this region's allocation, with the region's place in it.
     pub fn export_ipc(&self) -> GpuResult<IpcExport> {
-        if self.backing == Backing::Imported {
+        if self.is_imported() {
             return Err(GpuError::InvalidArgument(
                 "an imported region cannot be exported again".into(),
             ));
@@ -406,6 +439,9 @@ fn legacy_sync() -> GpuResult<()> {
 
 impl Drop for DeviceRegion {
     fn drop(&mut self) {
+        if self.backing == Backing::View {
+            return; // the mapping is `shares`'s, closed when its last user goes
+        }
         if let Err(e) = self.gpu.bind_to_thread() {
             tracing::warn!("freeing device memory: {e}");
             return;
@@ -417,6 +453,7 @@ impl Drop for DeviceRegion {
             Backing::Imported => ("cuIpcCloseMemHandle", unsafe {
                 sys::cuIpcCloseMemHandle(self.base)
             }),
+            Backing::View => return,
         };
         if let Err(e) = check(call, code) {
             tracing::warn!("releasing device memory at {:#x}: {e}", self.base);

@@ -49,6 +49,7 @@ fn register(offset: u64, size: u64, label: &str) -> Op {
         offset,
         size,
         label: label.to_string(),
+        block_lists: Vec::new(),
     })
 }
 
@@ -261,4 +262,74 @@ async fn bad_descriptors_and_ranges_are_refused_by_name() {
     assert_eq!(code, tonic::Code::FailedPrecondition as i32);
     assert!(msg.contains("only over the framed local session"), "{msg}");
     drop(tx);
+}
+
+fn strided(stride: u64, count: u32) -> pb::StridedBlocks {
+    pb::StridedBlocks {
+        first: 0,
+        stride,
+        length: stride as u32,
+        count,
+    }
+}
+
+/// A registration that asks for block lists gets them made on the new buffer in the same step
+/// (what tcpxd.nixl's granule lists were two RegisterBlocks calls for); a list the daemon refuses
+/// leaves the buffer registered without it, named; too many lists change nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registration_makes_the_block_lists_it_asks_for() {
+    tcpxd::logging::init("warn");
+    let mut a = start("hostfd-lists", |_| {}).await;
+    let fd = memfd("hostfd-lists", MIB);
+    let mut s = Framed::open(&a.daemon.api_socket).await;
+    let Op::RegisterHostFd(mut req) = register(0, MIB, "lists") else {
+        unreachable!()
+    };
+    // 4 KiB and 512-byte tilings of the buffer, and one running past its end.
+    req.block_lists = vec![strided(4096, 256), strided(512, 2048), strided(4096, 257)];
+    s.send_with_fd(1, Op::RegisterHostFd(req.clone()), &fd).await;
+    let buf = s.registered(1).await.expect("registered");
+    assert_eq!((buf.block_lists.len(), buf.block_list_status.len()), (3, 3));
+    for (i, count) in [(0, 256), (1, 2048)] {
+        let (list, st) = (&buf.block_lists[i], &buf.block_list_status[i]);
+        assert_eq!(st.code, 0, "{st:?}");
+        assert_eq!((list.buffer_id, list.count), (buf.id, count));
+        let described = a
+            .client
+            .describe_blocks(pb::DescribeBlocksRequest { list_id: list.id })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(&described, list);
+    }
+    let (bad, st) = (&buf.block_lists[2], &buf.block_list_status[2]);
+    assert_eq!(
+        (bad.id, st.code),
+        (0, tonic::Code::InvalidArgument as i32),
+        "{st:?}"
+    );
+    assert!(st.message.starts_with("block_lists[2]: "), "{}", st.message);
+    // Too many lists: refused by name and limit, nothing registered.
+    req.block_lists = vec![strided(4096, 1); 9];
+    s.send_with_fd(2, Op::RegisterHostFd(req), &fd).await;
+    let (code, msg) = s.registered(2).await.unwrap_err();
+    assert_eq!(code, tonic::Code::InvalidArgument as i32);
+    assert_eq!(msg, "block_lists: 9 lists is over the limit of 8 a registration");
+    assert_eq!(buffers(&mut a.client).await.len(), 1);
+    // The lists go with the buffer when the session ends.
+    half_close(&mut s).await;
+    s.assert_eof().await;
+    let gone = Instant::now() + Duration::from_secs(10);
+    while !buffers(&mut a.client).await.is_empty() {
+        assert!(Instant::now() < gone, "the session's buffer was not released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let err = a
+        .client
+        .describe_blocks(pb::DescribeBlocksRequest {
+            list_id: buf.block_lists[0].id,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
 }

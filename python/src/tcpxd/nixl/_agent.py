@@ -8,7 +8,7 @@ import logging
 import os
 import pickle
 import threading
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -85,6 +85,8 @@ class _Remote:
         self.table = RegionTable(md.regions)
         #: The mailbox WRITE's entry field, encoded on first use.
         self.mailbox_entry: Optional[bytes] = None
+        #: The pairing with its node started when the metadata was loaded (`_pair_ahead`).
+        self.pairing: Any = None
 
 
 class nixl_agent:  # noqa: N801
@@ -140,6 +142,8 @@ class nixl_agent:  # noqa: N801
         #: finds them cheaper than the ring's check and pack): `Lane.take`.
         self._outer_native = False
         self._remotes: Dict[str, _Remote] = {}
+        #: Where fetch_remote_metadata fetched each remote agent's metadata (`_on_remote`).
+        self._fetched: Dict[str, Tuple[str, int]] = {}
         #: This agent as a loopback list's remote side (`_loopback`), with the table it was made on.
         self._self_remote: Optional[Any] = None
         self._session: Any = None
@@ -299,9 +303,23 @@ class nixl_agent:  # noqa: N801
         md = AgentMetadata.decode(metadata)
         if md.name == self.name:
             raise nixlInvalidParamError(f"metadata: names this agent itself ({self.name!r})")
+        remote = _Remote(md)
         with self._lock:
-            self._remotes[md.name] = _Remote(md)
+            self._remotes[md.name] = remote
+        self._pair_ahead(remote)
         return md.name.encode()
+
+    def _pair_ahead(self, remote: _Remote) -> None:
+        """Starts pairing with the remote agent's node, not waiting for it (gRPC's own thread
+        carries the call), as NIXL's backends connect when metadata is loaded: the first
+        prep_xfer_dlist or transfer towards it then finds the pairing done or under way (the
+        daemon pairs once however many ask). A failure here is left for that call to report."""
+        if remote.md.node_id == self._node.node_id or not remote.md.peer_addresses:
+            return
+        try:
+            remote.pairing = self._client._connect_peer_started(remote.md.peer_addresses[0])
+        except Exception as e:  # noqa: BLE001 - an optimisation only: the transfer pairs as before
+            log.debug("agent %s: pairing ahead with %s: %s", self.name, remote.md.name, e)
 
     def remove_remote_agent(self, agent: AgentName) -> None:
         with self._lock:
@@ -344,8 +362,23 @@ class nixl_agent:  # noqa: N801
         self._peer_exchange("send_partial_agent_metadata", ip_addr, port, b"SEND", self.get_partial_agent_metadata(descs))
 
     def fetch_remote_metadata(self, remote_agent: str, ip_addr: str = "", port: int = DEFAULT_COMM_PORT, label: str = "") -> None:
-        self._peer_exchange("fetch_remote_metadata", ip_addr, port, b"FTCH", _name(remote_agent, "remote_agent").encode(),
-                            self.add_remote_agent)
+        name = _name(remote_agent, "remote_agent")
+        self._peer_exchange("fetch_remote_metadata", ip_addr, port, b"FTCH", name.encode(), self.add_remote_agent)
+        self._fetched[name] = (ip_addr, int(port))
+
+    def _on_remote(self, name: str, what: str, resolve: Callable[[_Remote], Any]) -> Any:
+        """`resolve(remote)`; when a descriptor lies outside the remote agent's regions and its
+        metadata was fetched from its listener, fetched again once and retried: it may have
+        registered memory after it answered (NIXL's two-peer examples fetch while the target
+        registers)."""
+        try:
+            return resolve(self._peer(name, what))
+        except nixlNotFoundError:
+            got = _listen.fetch_now(self._fetched[name], name) if name in self._fetched else None
+            if not got:
+                raise
+            self.add_remote_agent(got)
+            return resolve(self._peer(name, what))
 
     def invalidate_local_metadata(self, ip_addr: str = "", port: int = DEFAULT_COMM_PORT) -> None:
         self._peer_exchange("invalidate_local_metadata", ip_addr, port, b"INVL", self.name.encode())
@@ -396,8 +429,8 @@ class nixl_agent:  # noqa: N801
         elif name == self.name:  # loopback: the remote side is this agent's own memory
             prepped = _plan.prepare(self._loopback().table, dl.mem, dl.rows, name, f"agent {name!r} (loopback)", "xfer_list")
         else:
-            remote = self._peer(name, "agent_name")
-            prepped = _plan.prepare(remote.table, dl.mem, dl.rows, name, f"remote agent {name!r}", "xfer_list")
+            prepped = self._on_remote(name, "agent_name", lambda r: _plan.prepare(
+                r.table, dl.mem, dl.rows, name, f"remote agent {name!r}", "xfer_list"))
         if prepped.preparable:  # held by the daemon too (the prepared path): prepared now, once
             try:
                 self._prepared_id(self._session_now(), prepped)
@@ -517,11 +550,12 @@ class nixl_agent:  # noqa: N801
         """A transfer of every local descriptor with the remote descriptor at the same position."""
         op = _op(operation)
         name = _name(remote_agent, "remote_agent")
-        remote = self._peer(name, "remote_agent")
+        self._peer(name, "remote_agent")  # an unknown agent is named before any descriptor
         ld = parse(local_descs, None, False, "local_descs")
         rd = parse(remote_descs, None, False, "remote_descs")
         local = _plan.prepare(self._memory.table(), ld.mem, ld.rows, "", f"agent {self.name!r}", "local_descs")
-        rem = _plan.prepare(remote.table, rd.mem, rd.rows, name, f"remote agent {name!r}", "remote_descs")
+        rem = self._on_remote(name, "remote_agent", lambda r: _plan.prepare(
+            r.table, rd.mem, rd.rows, name, f"remote agent {name!r}", "remote_descs"))
         return self._xfer_handle(_plan.descs_plan(op, local, rem, self._timeout_ms), name, notif_msg)
 
     def _windows_now(self) -> Optional[_indices.Windows]:

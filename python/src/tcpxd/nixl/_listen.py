@@ -97,6 +97,15 @@ def _exchange(addr: Tuple[str, int], kind: bytes, body: bytes, answer: bool) -> 
     return None
 
 
+def fetch_now(addr: Tuple[str, int], name: str) -> Optional[bytes]:
+    """The metadata of agent `name` from its listener at `addr`, now; None when it cannot be had."""
+    try:
+        return _exchange(addr, b"FTCH", name.encode(), True)
+    except (OSError, ValueError) as e:
+        log.debug("fetching %s's metadata again from %s:%d: %s", name, addr[0], addr[1], e)
+        return None
+
+
 def in_background(what: str, addr: Tuple[str, int], kind: bytes, body: bytes,
                   on_answer: Optional[Callable[[bytes], Any]] = None) -> None:
     """Sends one message to `addr` from a thread, retrying while nothing listens there (RETRY_S)."""

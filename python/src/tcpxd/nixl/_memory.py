@@ -72,6 +72,35 @@ class Granules:
                       self.list_id, f.granule, f.token, f.count, f.list_id)
 
 
+def granule_tilings(size: int) -> List[Any]:
+    """The granule lists of a `size`-byte buffer as the daemon makes them with its registration
+    (StridedBlocks): the coarse one and, where finer, the fine one; none below a granule."""
+    g = granule_for(size)
+    if not g:
+        return []
+    S = _proto.message("StridedBlocks")
+    out = [S(first=0, stride=g, length=g, count=size // g)]
+    fg = granule_for(size, FINE_GRANULE)
+    if fg and fg < g:
+        out.append(S(first=0, stride=fg, length=fg, count=size // fg))
+    return out
+
+
+def granules_made(buffer: Any, lists: List[Any], statuses: List[Any], asked: List[Any]) -> Granules:
+    """The Granules of the lists the daemon made with a buffer's registration (a refused one logged:
+    the coarse one refused, the buffer's transfers take the batch path)."""
+    made: List[Granules] = []
+    for bl, st, strided in zip(lists, statuses, asked):
+        if st.code != 0 or not bl.id:
+            log.warning("buffer %d: no %d-byte granule list (%s); its transfers take the batch path",
+                        buffer.id, strided.stride, st.message)
+            break
+        made.append(Granules(int(strided.stride), str(bl.token), int(bl.count), int(bl.id)))
+    if not made:
+        return Granules()
+    return dataclasses.replace(made[0], fine=made[1]) if len(made) > 1 else made[0]
+
+
 def granule_list(client: Client, buffer: Any, size: int) -> Granules:
     """Registers the granule lists of a daemon buffer of `size` bytes (strided: four numbers,
     however many granules): the coarse one and, where finer, the fine one; none (Granules())
@@ -161,6 +190,7 @@ class LocalMemory:
         if dl.mem not in MOVABLE:
             raise nixlNotSupportedError(f"reg_list: tcpxd moves DRAM and VRAM memory, not {dl.mem}")
         done: List[Key] = []
+        dram: Dict[Key, Tuple[int, Any]] = {}  # registered together, below
         try:
             for i in range(len(dl)):
                 addr, size, dev = (int(x) for x in dl.rows[i])
@@ -170,18 +200,22 @@ class LocalMemory:
                         continue  # registered already (NIXL accepts it again)
                 if size == 0:
                     raise nixlInvalidParamError(f"reg_list[{i}]: a region of 0 bytes")
-                what = f"reg_list[{i}] ({dl.mem} at {addr:#x}, {size} bytes)"
                 if dl.mem == "DRAM":
-                    region, release = self._dram(addr, size, dev, dl.objs[i], what)
-                else:
-                    region, release = self._vram(addr, size, dev, what)
-                with self._lock:
-                    self._regions[key] = (region, release)
-                    self._table = None
+                    dram.setdefault(key, (i, dl.objs[i]))
+                    continue
+                what = f"reg_list[{i}] ({dl.mem} at {addr:#x}, {size} bytes)"
+                self._add(key, *self._vram(addr, size, dev, what))
                 done.append(key)
+            if dram:
+                self._dram_many(dram, done)
         except BaseException:
             self._drop(done)
             raise
+
+    def _add(self, key: Key, region: Region, release: Callable[[], None]) -> None:
+        with self._lock:
+            self._regions[key] = (region, release)
+            self._table = None
 
     def deregister(self, dl: RegDList) -> None:
         keys = [(dl.mem, *(int(x) for x in dl.rows[i])) for i in range(len(dl))]
@@ -204,14 +238,32 @@ class LocalMemory:
             if entry is not None:
                 entry[1]()
 
-    def _dram(self, addr: int, size: int, dev: int, obj: Any, what: str) -> Tuple[Region, Callable[[], None]]:
-        memory = obj if obj is not None else (ctypes.c_char * size).from_address(addr)
+    def _dram_many(self, todo: Dict[Key, Tuple[int, Any]], done: List[Key]) -> None:
+        """Registers DRAM regions together: one round trip for the lot, each buffer's granule
+        lists made by the daemon with it (released by the daemon with the buffer)."""
+        keys = list(todo)
+        memories = [obj if obj is not None else (ctypes.c_char * k[2]).from_address(k[1]) for k, (_, obj) in todo.items()]
+        asked = [granule_tilings(k[2]) for k in keys]
         try:
-            buf = self._client.register_host(memory)
+            got = self._client._register_host_many(memories, asked)
         except TcpxdError as e:
-            raise from_tcpxd(e, what) from None
-        gl = granule_list(self._client, buf, size)  # released by the daemon with the buffer
-        return gl.region(addr, size, dev, "DRAM", buf, 0), buf.release
+            i = todo[keys[0]][0]
+            raise from_tcpxd(e, f"reg_list[{i}] (DRAM at {keys[0][1]:#x}, {keys[0][2]} bytes)") from None
+        failed: Optional[Tuple[Key, TcpxdError]] = None
+        for key, ans, tilings in zip(keys, got, asked):
+            if isinstance(ans, TcpxdError):
+                failed = failed or (key, ans)
+                continue
+            buf, lists, statuses = ans
+            if tilings and not lists:  # a daemon that makes no lists with a registration
+                gl = granule_list(self._client, buf, key[2])
+            else:
+                gl = granules_made(buf, lists, statuses, tilings)
+            self._add(key, gl.region(key[1], key[2], key[3], "DRAM", buf, 0), buf.release)
+            done.append(key)
+        if failed is not None:
+            key, err = failed
+            raise from_tcpxd(err, f"reg_list[{todo[key][0]}] (DRAM at {key[1]:#x}, {key[2]} bytes)") from None
 
     def _vram(self, addr: int, size: int, dev: int, what: str) -> Tuple[Region, Callable[[], None]]:
         ordinal, base, asize, handle = _cuda.allocation(addr)

@@ -218,6 +218,7 @@ mod tests {
                 offset: 0,
                 size: tag,
                 label: String::new(),
+                block_lists: Vec::new(),
             }),
         )
     }

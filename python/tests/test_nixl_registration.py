@@ -1,0 +1,156 @@
+"""register_memory of many DRAM regions in one step (issue #39, point 5): one pipelined round trip
+on the agent's local session for the lot, each buffer's granule lists made by the daemon with its
+registration (no RegisterBlocks call); all or none when one region cannot be registered; a daemon
+that makes no lists with a registration still gets them asked for one by one."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import numpy as np
+import pytest
+
+import tcpxd
+from tcpxd.nixl import _utils, nixl_agent, nixl_agent_config
+from tcpxd.nixl._errors import nixlInvalidParamError
+
+MIB = 1 << 20
+
+
+def _wait(agent, h, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while agent.check_xfer_state(h) == "PROC" and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return agent.check_xfer_state(h)
+
+
+@pytest.fixture
+def pair(daemons):
+    a, _ = daemons
+    A = nixl_agent("reg-A", nixl_agent_config(endpoint=a.endpoint))
+    B = nixl_agent("reg-B", nixl_agent_config(endpoint=a.endpoint))
+    calls: list = []
+    unary = A._client._unary
+
+    def counting(name, req, timeout=-1.0):
+        calls.append(name)
+        return unary(name, req, timeout)
+
+    A._client._unary = counting  # type: ignore[method-assign]
+    try:
+        yield A, B, calls
+    finally:
+        A.close()
+        B.close()
+
+
+def _buffers(endpoint):
+    with tcpxd.Client(endpoint) as c:
+        return {b.id: b for b in c.list_buffers()}
+
+
+def test_many_regions_register_in_one_step_with_their_granule_lists(daemons, pair):
+    A, B, calls = pair
+    n = 24
+    before = set(_buffers(daemons[0].endpoint))
+    regs = [_utils.malloc_passthru(MIB) for _ in range(n)]
+    odd = _utils.malloc_passthru(3 * 4096 + 512)  # not a multiple of 4 KiB: 3 coarse granules, 25 fine ones
+    rl = A.register_memory(A.get_reg_descs([(r, MIB, 0, "") for r in regs] + [(odd, 3 * 4096 + 512, 0, "")], "DRAM"))
+    assert "RegisterBlocks" not in calls and "RegisterBuffer" not in calls, calls
+    regions = {r.addr: r for r in A._memory.regions()}
+    assert len(regions) == n + 1
+    new = set(_buffers(daemons[0].endpoint)) - before
+    assert {r.buffer_id for r in regions.values()} == new
+    with tcpxd.Client(daemons[0].endpoint) as c:
+        for r in regions.values():
+            assert (r.granule, r.fine) == (4096, 512)
+            for g, count, list_id in (r.tiling(False)[:3], r.tiling(True)[:3]):
+                bl = c._unary("DescribeBlocks", tcpxd._proto.message("DescribeBlocksRequest")(list_id=list_id))
+                assert (bl.buffer_id, bl.count, bl.block_length) == (r.buffer_id, r.size // g, g) == (r.buffer_id, count, g)
+    # The lists serve transfers: B reads 512-byte blocks (the fine lists) and 4 KiB ones out of A's regions.
+    data = np.random.default_rng(3).integers(0, 256, n * MIB, dtype=np.uint8)
+    for i, r in enumerate(regs):
+        np.ctypeslib.as_array((ctypes.c_uint8 * MIB).from_address(r))[:] = data[i * MIB : (i + 1) * MIB]
+    B.add_remote_agent(A.get_agent_metadata())
+    mine = _utils.malloc_passthru(n * MIB)
+    B.register_memory(B.get_reg_descs([(mine, n * MIB, 0, "")], "DRAM"))
+    for blk in (512, 4096):
+        loc = B.prep_xfer_dlist("NIXL_INIT_AGENT", [(mine + i * blk, blk, 0) for i in range(n * MIB // blk)], "DRAM")
+        rem = B.prep_xfer_dlist("reg-A", [(regs[i * blk // MIB] + i * blk % MIB, blk, 0) for i in range(n * MIB // blk)], "DRAM")
+        idx = np.random.default_rng(blk).permutation(n * MIB // blk)
+        h = B.make_prepped_xfer("READ", loc, idx, rem, idx)
+        assert B.transfer(h) in ("PROC", "DONE")
+        assert _wait(B, h) == "DONE"
+        got = np.ctypeslib.as_array((ctypes.c_uint8 * (n * MIB)).from_address(mine))
+        assert np.array_equal(got, data), f"{blk}-byte blocks"
+        got[:] = 0
+        B.release_xfer_handle(h)
+    A.deregister_memory(rl)
+    assert not set(_buffers(daemons[0].endpoint)) & {r.buffer_id for r in regions.values()}
+
+
+def test_a_region_that_cannot_register_leaves_none_registered(daemons, pair):
+    A, _, _ = pair
+    before = set(_buffers(daemons[0].endpoint))
+    good = [_utils.malloc_passthru(MIB) for _ in range(3)]
+    nowhere = 0x1000  # the first page past NULL: never mapped
+    descs = A.get_reg_descs([(g, MIB, 0, "") for g in good[:2]] + [(nowhere, 4096, 0, "")] + [(good[2], MIB, 0, "")], "DRAM")
+    with pytest.raises(nixlInvalidParamError, match=r"reg_list\[2\] \(DRAM at 0x1000, 4096 bytes\): .*not mapped"):
+        A.register_memory(descs)
+    assert A._memory.regions() == []
+    deadline = time.monotonic() + 10
+    while set(_buffers(daemons[0].endpoint)) != before:
+        assert time.monotonic() < deadline, "the registered ones were not released"
+        time.sleep(0.01)
+
+
+def test_a_daemon_that_makes_no_lists_gets_them_asked_for(pair, monkeypatch):
+    A, _, calls = pair
+    many = tcpxd.Client._register_host_many
+
+    def older(self, memories, lists, label=""):  # a daemon that ignores block_lists: none made
+        return many(self, memories, [[] for _ in lists], label)
+
+    monkeypatch.setattr(tcpxd.Client, "_register_host_many", older)
+    r = _utils.malloc_passthru(MIB)
+    A.register_memory(A.get_reg_descs([(r, MIB, 0, "")], "DRAM"))
+    assert calls.count("RegisterBlocks") == 2
+    [region] = A._memory.regions()
+    assert (region.granule, region.granules, region.fine, region.fine_granules) == (4096, 256, 512, 2048)
+
+
+def test_metadata_fetched_before_the_remote_registered_is_fetched_again(daemons):
+    """NIXL's two-peer examples fetch the target's metadata from its listener while the target may
+    still be registering: a descriptor outside the regions fetched has the metadata fetched again
+    once (then it resolves), bytes checked; one outside the new metadata too is still refused."""
+    import numpy as np
+
+    from tcpxd.nixl._errors import nixlNotFoundError as NotFound
+
+    a, b = daemons
+    T = nixl_agent("refetch-T", nixl_agent_config(enable_listen_thread=True, listen_port=0, endpoint=a.endpoint))
+    I = nixl_agent("refetch-I", nixl_agent_config(endpoint=b.endpoint))
+    try:
+        I.fetch_remote_metadata("refetch-T", "127.0.0.1", T._listener.port)
+        deadline = time.monotonic() + 30
+        while not I.check_remote_metadata("refetch-T"):
+            assert time.monotonic() < deadline, "the metadata never came"
+            time.sleep(0.001)
+        src = _utils.malloc_passthru(MIB)  # registered only now, after the fetch
+        np.ctypeslib.as_array((ctypes.c_uint8 * MIB).from_address(src))[:] = np.arange(MIB, dtype=np.uint64).astype(np.uint8) ^ 0x5A
+        T.register_memory(T.get_reg_descs([(src, MIB, 0, "")], "DRAM"))
+        dst = _utils.malloc_passthru(MIB)
+        I.register_memory(I.get_reg_descs([(dst, MIB, 0, "")], "DRAM"))
+        h = I.initialize_xfer("READ", I.get_xfer_descs([(dst, MIB, 0)], "DRAM"),
+                              I.get_xfer_descs([(src, MIB, 0)], "DRAM"), "refetch-T")
+        I.transfer(h)
+        assert _wait(I, h) == "DONE", h.error
+        got = np.ctypeslib.as_array((ctypes.c_uint8 * MIB).from_address(dst))
+        assert bytes(got) == bytes(np.ctypeslib.as_array((ctypes.c_uint8 * MIB).from_address(src)))
+        with pytest.raises(NotFound, match=r"remote_descs\[0\]"):
+            I.initialize_xfer("READ", I.get_xfer_descs([(dst, 4096, 0)], "DRAM"),
+                              I.get_xfer_descs([(src + MIB, 4096, 0)], "DRAM"), "refetch-T")
+    finally:
+        I.close()
+        T.close()
