@@ -76,6 +76,7 @@ pub mod error;
 mod inbound;
 mod lane;
 mod lane_credits;
+pub mod packed_ranges;
 use lane_credits::{RecvCredits, SendCredits};
 pub mod layout;
 pub mod plan;
@@ -100,6 +101,7 @@ pub use counters::{LaneCounters, PeerCounters};
 pub use drain::DrainReport;
 pub use error::{Code, EngineError, EngineResult};
 pub use layout::LaneLayout;
+pub use packed_ranges::{PackedRanges, RangeLengths};
 pub use plan::{Chunk, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
 pub use prepared::{
     EARLY_PART_MIN_PAIRS, MAX_PREPARED, MAX_PREPARED_ENTRIES, MAX_PREPARED_LISTS, PreparedEntry,

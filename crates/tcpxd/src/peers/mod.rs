@@ -29,6 +29,7 @@ use crate::poller::{Command, LaneHandleInfo, PeerChannels, PeerLink};
 
 mod callee;
 mod control;
+mod packed_pb;
 mod settle;
 
 pub use control::{Malformed, OutboundResponse, msg_from_pb, msg_to_pb};
@@ -44,7 +45,9 @@ use settle::{Dialing, LockMap, Settle, Slot};
 /// lane would fall out of step: the two refuse to pair.
 /// 5: `Notify`, a prepared transfer's notification sent after its last part; a protocol-4 daemon
 /// would not understand it (the notification would be lost): the two refuse to pair.
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6 (wire-ranges): `PackedRanges` in offers, headers and read requests (one buffer id and key,
+/// packed offsets and lengths); a protocol-5 daemon would see an offer with no ranges.
+pub const PROTOCOL_VERSION: u32 = 6;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;
 /// Largest control message: a block offer's header carries the receiver's indices and the

@@ -510,6 +510,7 @@ mod hostile {
             coalesced: false,
             blocks: None,
             transfer_id: 0,
+            ..Default::default()
         }
     }
 
