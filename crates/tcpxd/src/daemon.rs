@@ -226,6 +226,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             connect_timeout: cfg.peer_connect_timeout,
             metrics: metrics.clone(),
             warmth: warmth.clone(),
+            host_copy_threads: cfg.host_copy_threads,
         },
         notify_tx.clone(),
     )

@@ -155,6 +155,7 @@ impl Poller {
                 slots,
                 &mut self.stages,
                 self.unpack_impl,
+                &self.host_copies,
             ),
             _ => Ok((SendPost::plain(buffer, offset, len), None)),
         };
@@ -268,6 +269,7 @@ impl Poller {
             buffers,
             stages,
             unpack_impl,
+            host_copies,
             ..
         } = self;
         landed_chunk(peers, peer, lane, "a block chunk", |comm, id| {
@@ -283,7 +285,7 @@ impl Poller {
                 let entry = buffers
                     .get(&buffer)
                     .ok_or_else(|| format!("buffer {buffer} vanished"))?;
-                blocks::land_scatter(comm, id, entry, len, segs, stages, *unpack_impl)
+                blocks::land_scatter(comm, id, entry, len, segs, stages, *unpack_impl, host_copies)
             });
             // The receive fails (the engine fails its transfer); the lane goes on, with nothing
             // of the chunk left in its landing slot.
@@ -401,6 +403,7 @@ impl Poller {
                 slots,
                 &mut self.stages,
                 self.unpack_impl,
+                &self.host_copies,
             )
         })
         .and_then(|(post, failed)| {

@@ -110,6 +110,7 @@ impl Poller {
             buffers,
             stages,
             unpack_impl,
+            host_copies,
             meter,
             engine,
             segs,
@@ -189,6 +190,7 @@ impl Poller {
                                 buffers,
                                 stages,
                                 *unpack_impl,
+                                host_copies,
                                 scatter,
                             ),
                             Err(why) => {

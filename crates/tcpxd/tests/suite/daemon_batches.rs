@@ -18,17 +18,41 @@ async fn run(protocol: &str, host_recv: &str, chunks: (u32, u32)) {
 }
 
 async fn run_as(protocol: &str, host_recv: &str, chunks: (u32, u32), form: Form) {
-    run_lists(protocol, host_recv, chunks, form, None).await;
+    run_lists(protocol, host_recv, chunks, form, None, 0).await;
+}
+
+/// The batches' host gathers and scatters split across 3 helper threads on both daemons
+/// (`transfer.host_copy_threads`, issue 38 point 3): default 512 KiB chunks (each split into
+/// parts), then small ones copied by the poller alone beside them; bytes compared as always.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_copies_split_across_helpers_land_byte_exact() {
+    tcpxd::logging::init("error");
+    for protocol in ["rendezvous", "eager"] {
+        for host_recv in ["bounce", "direct"] {
+            run_lists(
+                protocol,
+                host_recv,
+                (0, 0),
+                Form::Ranges,
+                Some(at_the_limit(7)),
+                3,
+            )
+            .await;
+            run_lists(protocol, host_recv, (0, 65536), Form::Entries, None, 3).await;
+        }
+    }
 }
 
 /// `lists`: the WRITE's and the READ's `(source, destination, length)` entries (None: the
-/// 600 scattered entries of `write_then_read`).
+/// 600 scattered entries of `write_then_read`); `helpers`: both daemons'
+/// `transfer.host_copy_threads` (0: their default).
 async fn run_lists(
     protocol: &str,
     host_recv: &str,
     chunks: (u32, u32),
     form: Form,
     lists: Option<(List, List)>,
+    helpers: usize,
 ) {
     let env = [
         ("TCPXD_TRANSFER_PROTOCOL", protocol),
@@ -38,9 +62,15 @@ async fn run_lists(
         "batches-{protocol}-{host_recv}-{}-{}-{form:?}",
         chunks.0, chunks.1
     );
-    let config = |c: u32| match c {
-        0 => String::new(),
-        c => format!("[transfer]\nchunk_bytes = {c}\n"),
+    let config = |c: u32| {
+        let mut t = String::from("[transfer]\n");
+        if c != 0 {
+            t += &format!("chunk_bytes = {c}\n");
+        }
+        if helpers != 0 {
+            t += &format!("host_copy_threads = {helpers}\n");
+        }
+        t
     };
     let a = procs::spawn(&format!("{tag}-a"), 0, &config(chunks.0), &env).await;
     let b = procs::spawn(&format!("{tag}-b"), 0, &config(chunks.1), &env).await;
@@ -104,15 +134,9 @@ fn at_the_limit(seed: u64) -> (List, List) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn packed_batches_of_65536_entries_both_ways() {
     tcpxd::logging::init("error");
-    run_lists(
-        "rendezvous",
-        "bounce",
-        (0, 0),
-        Form::Ranges,
-        Some(at_the_limit(5)),
-    )
-    .await;
-    run_lists("eager", "direct", (0, 0), Form::Ranges, Some(at_the_limit(6))).await;
+    let limit = |seed| Some(at_the_limit(seed));
+    run_lists("rendezvous", "bounce", (0, 0), Form::Ranges, limit(5), 0).await;
+    run_lists("eager", "direct", (0, 0), Form::Ranges, limit(6), 0).await;
 }
 
 /// The same batches as packed ranges of one buffer pair (issue 38): the same bytes and chunks,
