@@ -171,16 +171,19 @@ impl PackedRanges {
         }
     }
 
+    /// Range `i` (`i < len()`).
+    pub fn range(&self, i: usize) -> RemoteRange {
+        RemoteRange {
+            buffer_id: self.buffer_id,
+            access_key: self.access_key,
+            offset: u64_at(&self.offsets, i),
+            length: self.length(i),
+        }
+    }
+
     /// The ranges, in entry order.
     pub fn unpack(&self) -> Vec<RemoteRange> {
-        (0..self.len())
-            .map(|i| RemoteRange {
-                buffer_id: self.buffer_id,
-                access_key: self.access_key,
-                offset: u64_at(&self.offsets, i),
-                length: self.length(i),
-            })
-            .collect()
+        (0..self.len()).map(|i| self.range(i)).collect()
     }
 }
 
