@@ -373,7 +373,8 @@ struct ReadPart {
     peer: PeerIdx,
     transfer: TransferId,
     entries: Vec<usize>,
-    pairs: Vec<ReadPair>,
+    /// The destinations asked for (in our buffers): the holder's offer must carry them back.
+    dests: Vec<RemoteRange>,
     /// A block READ: the header the holder's offer must carry back (our list, indices, lengths).
     blocks: Option<Box<blocks::BlockHeader>>,
     /// The peer's offer serving this read, once it arrived and was accepted.
