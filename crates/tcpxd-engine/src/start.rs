@@ -29,14 +29,20 @@ impl Engine {
         self.check_common(specs.len(), notification)?;
         let mut total = 0u64;
         // A batch names one peer many times over, mostly in a row: checked once a run.
-        let mut last_peer = None;
+        let (mut last_peer, mut last_buffer) = (None, None);
         for (i, s) in specs.iter().enumerate() {
             if s.remote.length == 0 {
                 return Err(EngineError::invalid(format!(
                     "entries[{i}].length: must be at least 1 byte"
                 )));
             }
-            self.check_local(i, s.local_buffer, s.local_offset, s.remote.length)?;
+            self.check_local(
+                i,
+                s.local_buffer,
+                s.local_offset,
+                s.remote.length,
+                &mut last_buffer,
+            )?;
             if range_end(s.remote.offset, s.remote.length).is_none() {
                 return Err(EngineError::invalid(format!(
                     "entries[{i}].remote_offset: {} + length {} overflows 64 bits",
