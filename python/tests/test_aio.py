@@ -43,6 +43,47 @@ def test_async_write_read_batch_and_notifications(peered):
     run(main())
 
 
+def test_async_batches_follow_the_daemons_batch_ranges_feature(peered, monkeypatch):
+    """The asyncio client and its sessions send packed batches only to a daemon that lists
+    `batch_ranges`; to one that does not (an older daemon), entries, byte-checked."""
+    a, b = peered
+    from tcpxd import _ops
+
+    real_describe, real_w = tcpxd.AsyncClient.describe_node, _ops.write_batch_request
+    sent = []
+
+    async def older(self):
+        info = await real_describe(self)
+        info.features.remove("batch_ranges")
+        self._batch_ranges = _ops.packs_batches(info.features)
+        return info
+
+    def spy_w(ops, *a, **k):
+        req = real_w(ops, *a, **k)
+        sent.append((req.HasField("ranges"), len(req.entries)))
+        return req
+
+    monkeypatch.setattr(_ops, "write_batch_request", spy_w)
+
+    async def main():
+        async with tcpxd.AsyncClient(a.endpoint) as ca, tcpxd.AsyncClient(b.endpoint) as cb:
+            async with await ca.register_host(MIB) as src, await cb.register_host(MIB) as dst:
+                data = b"".join(bytes([i]) * 4096 for i in range(256))
+                await src.write_bytes(data)
+                ops = [tcpxd.WriteOp(src, dst, 4096, local_offset=i * 4096, remote_offset=(7 - i) * 4096) for i in range(8)]
+                assert (await ca.write_batch(ops)).entries == []  # the real daemon lists it: packed
+                monkeypatch.setattr(tcpxd.AsyncClient, "describe_node", older)
+                ca._batch_ranges = None
+                assert len((await ca.write_batch(ops)).entries) == 8
+                async with ca.session() as s:
+                    assert len((await s.write_batch(ops)).entries) == 8
+                got = await dst.read_bytes(0, 8 * 4096)
+                assert got == b"".join(data[(7 - i) * 4096:(8 - i) * 4096] for i in range(8))
+        assert sent == [(True, 0), (False, 8), (False, 8)]
+
+    run(main())
+
+
 def test_async_errors_are_the_same_exceptions(peered):
     a, _ = peered
 

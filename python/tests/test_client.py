@@ -134,6 +134,59 @@ def test_batches_of_one_buffer_pair_go_packed_and_others_as_entries(clients, mon
         assert dst.checksum() == before
 
 
+def test_batches_go_as_entries_to_a_daemon_without_packed_ranges(clients, monkeypatch):
+    """A daemon whose DescribeNode does not list `batch_ranges` (one from before session 17) would
+    refuse a packed batch ("entries: at least one entry is required"): the client asks the
+    daemon's features once and sends such a daemon entries (per-entry statuses), from the client
+    and from a session, byte-checked; a daemon that lists it gets packed batches."""
+    ca, cb = clients
+    from tcpxd import _ops
+
+    real_unary, real_w, real_r = tcpxd.Client._unary, _ops.write_batch_request, _ops.read_batch_request
+    asked, sent = [], []
+
+    def older(self, name, req, timeout=-1.0):
+        r = real_unary(self, name, req, timeout)
+        if name == "DescribeNode":
+            asked.append(name)
+            del r.features[:]  # as a daemon before `batch_ranges` answers
+        return r
+
+    def spy_w(ops, *a, **k):
+        req = real_w(ops, *a, **k)
+        sent.append(("WriteBatch", req.HasField("ranges"), len(req.entries)))
+        return req
+
+    def spy_r(ops, *a, **k):
+        req = real_r(ops, *a, **k)
+        sent.append(("ReadBatch", req.HasField("ranges"), len(req.entries)))
+        return req
+
+    monkeypatch.setattr(tcpxd.Client, "_unary", older)
+    monkeypatch.setattr(_ops, "write_batch_request", spy_w)
+    monkeypatch.setattr(_ops, "read_batch_request", spy_r)
+    monkeypatch.setattr(ca, "_batch_ranges", None)
+    with ca.register_host(MIB) as src, cb.register_host(MIB) as dst, ca.register_host(MIB) as back:
+        src.fill(seed=9)
+        s = src.read_bytes()
+        ops = [tcpxd.WriteOp(src, dst.descriptor, 4096, local_offset=i * 8192, remote_offset=(15 - i) * 4096)
+               for i in range(16)]
+        r = ca.write_batch(ops)
+        assert len(r.entries) == 16 and r.total_bytes == 16 * 4096
+        got = dst.read_bytes(0, 16 * 4096)
+        assert got == b"".join(s[(15 - i) * 8192:(15 - i) * 8192 + 4096] for i in range(16))
+        ca.read_batch([tcpxd.ReadOp(dst, back, 4096, remote_offset=i * 4096, local_offset=i * 4096) for i in range(16)])
+        assert back.read_bytes(0, 16 * 4096) == got
+        with ca.session() as sess:
+            assert len(sess.write_batch(ops).result(timeout=60).entries) == 16
+        assert sent == [("WriteBatch", False, 16), ("ReadBatch", False, 16), ("WriteBatch", False, 16)]
+        assert asked == ["DescribeNode"]  # asked once
+        # The real daemon lists the feature: packed from then on.
+        monkeypatch.setattr(tcpxd.Client, "_unary", real_unary)
+        ca.describe_node()
+        assert ca.write_batch(ops).entries == [] and sent[-1] == ("WriteBatch", True, 0)
+
+
 def test_unwaited_transfers_are_futures(clients):
     ca, cb = clients
     with ca.register_host(MIB) as src, cb.register_host(8 * MIB) as dst:

@@ -207,7 +207,7 @@ impl Engine {
                 peer: spec.peer,
                 transfer: id,
                 entries: vec![0],
-                pairs: Vec::new(),
+                dests: Vec::new(),
                 blocks: Some(dest),
                 offer: None,
                 cancelled: false,

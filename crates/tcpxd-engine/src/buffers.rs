@@ -89,21 +89,37 @@ impl Engine {
     }
 
     /// Entry `i`'s local range: `entries[i].local_buffer_id`, `.local_offset` and `.length`.
-    pub(super) fn check_local(&self, i: usize, buffer: u64, offset: u64, len: u64) -> EngineResult<()> {
-        let b = self.buffers.get(&buffer).ok_or_else(|| {
-            EngineError::not_found(format!(
-                "entries[{i}].local_buffer_id: buffer {buffer} does not exist"
-            ))
-        })?;
+    /// `last`: the buffer the previous entry named and its size, kept between calls (a batch
+    /// of one buffer pair names one local buffer 65,536 times: looked up once).
+    pub(super) fn check_local(
+        &self,
+        i: usize,
+        buffer: u64,
+        offset: u64,
+        len: u64,
+        last: &mut Option<(u64, u64)>,
+    ) -> EngineResult<()> {
+        let size = match *last {
+            Some((id, size)) if id == buffer => size,
+            _ => {
+                let b = self.buffers.get(&buffer).ok_or_else(|| {
+                    EngineError::not_found(format!(
+                        "entries[{i}].local_buffer_id: buffer {buffer} does not exist"
+                    ))
+                })?;
+                *last = Some((buffer, b.size));
+                b.size
+            }
+        };
         // The field names are formatted only for an error (a batch checks 65,536 entries).
-        if range_end(offset, len).is_some_and(|end| end <= b.size) {
+        if range_end(offset, len).is_some_and(|end| end <= size) {
             return Ok(());
         }
         check_bounds(
             &format!("entries[{i}].local_offset"),
             &format!("entries[{i}].length"),
             &format!("buffer {buffer}"),
-            b.size,
+            size,
             offset,
             len,
         )

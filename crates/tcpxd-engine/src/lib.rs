@@ -78,6 +78,7 @@ mod inbound;
 mod lane;
 mod lane_credits;
 mod lane_life;
+pub mod packed_ranges;
 use lane_credits::{RecvCredits, SendCredits};
 pub use lane_life::DEFAULT_LANE_OPEN_TIMEOUT;
 pub mod layout;
@@ -104,6 +105,7 @@ pub use counters::{LaneCounters, PeerCounters};
 pub use drain::{CLOSE_AT_LEAST, DrainReport};
 pub use error::{Code, EngineError, EngineResult};
 pub use layout::LaneLayout;
+pub use packed_ranges::{PackedRanges, RangeLengths};
 pub use plan::{Chunk, ChunkCursor, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
 pub use prepared::{
     EARLY_PART_MIN_PAIRS, MAX_PREPARED, MAX_PREPARED_ENTRIES, MAX_PREPARED_LISTS, PreparedEntry,
@@ -414,7 +416,8 @@ struct ReadPart {
     peer: PeerIdx,
     transfer: TransferId,
     entries: Vec<usize>,
-    pairs: Vec<ReadPair>,
+    /// The destinations asked for (in our buffers): the holder's offer must carry them back.
+    dests: Vec<RemoteRange>,
     /// A block READ: the header the holder's offer must carry back (our list, indices, lengths).
     blocks: Option<Box<blocks::BlockHeader>>,
     /// The peer's offer serving this read, once it arrived and was accepted.

@@ -29,14 +29,20 @@ impl Engine {
         self.check_common(specs.len(), notification)?;
         let mut total = 0u64;
         // A batch names one peer many times over, mostly in a row: checked once a run.
-        let mut last_peer = None;
+        let (mut last_peer, mut last_buffer) = (None, None);
         for (i, s) in specs.iter().enumerate() {
             if s.remote.length == 0 {
                 return Err(EngineError::invalid(format!(
                     "entries[{i}].length: must be at least 1 byte"
                 )));
             }
-            self.check_local(i, s.local_buffer, s.local_offset, s.remote.length)?;
+            self.check_local(
+                i,
+                s.local_buffer,
+                s.local_offset,
+                s.remote.length,
+                &mut last_buffer,
+            )?;
             if range_end(s.remote.offset, s.remote.length).is_none() {
                 return Err(EngineError::invalid(format!(
                     "entries[{i}].remote_offset: {} + length {} overflows 64 bits",
@@ -310,26 +316,39 @@ impl Engine {
         for (peer, idxs) in group_by_peer(&specs) {
             let read_id = self.next_read;
             self.next_read += 1;
+            // A batch of one buffer pair names one local buffer throughout: its key looked up
+            // once a run.
+            let mut key: Option<(u64, [u8; 16])> = None;
             let pairs: Vec<ReadPair> = idxs
                 .iter()
                 .map(|&i| {
                     let s = &specs[i];
+                    let access_key = match key {
+                        Some((b, k)) if b == s.local_buffer => k,
+                        _ => {
+                            let k = self.buffers[&s.local_buffer].key;
+                            key = Some((s.local_buffer, k));
+                            k
+                        }
+                    };
                     ReadPair {
                         source: s.remote.clone(),
                         dest: RemoteRange {
                             buffer_id: s.local_buffer,
-                            access_key: self.buffers[&s.local_buffer].key,
+                            access_key,
                             offset: s.local_offset,
                             length: s.remote.length,
                         },
                     }
                 })
                 .collect();
+            // What the holder's offer must carry back: the destinations alone.
+            let dests: Vec<RemoteRange> = pairs.iter().map(|p| p.dest.clone()).collect();
             self.actions.push_back(Action::Control {
                 peer,
                 msg: PeerMsg::ReadRequest {
                     read_id,
-                    pairs: pairs.clone(),
+                    pairs,
                     deadline_ms,
                     blocks: None,
                 },
@@ -340,7 +359,7 @@ impl Engine {
                     peer,
                     transfer: id,
                     entries: idxs,
-                    pairs,
+                    dests,
                     blocks: None,
                     offer: None,
                     cancelled: false,

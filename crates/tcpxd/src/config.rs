@@ -109,6 +109,10 @@ pub struct DaemonArgs {
     /// Default: auto.
     #[arg(long, env = "TCPXD_SPIN", value_name = "auto|on|off")]
     pub spin: Option<String>,
+    /// Helper threads for block chunks' host gathers and scatters (`transfer.host_copy_threads`;
+    /// 0: the poller copies alone). Default: a quarter of the CPUs, at most 4.
+    #[arg(long, env = "TCPXD_HOST_COPY_THREADS")]
+    pub host_copy_threads: Option<usize>,
     /// Async worker threads (0: two when spinning, else one per CPU). Default: 0.
     #[arg(long, env = "TCPXD_ASYNC_WORKERS")]
     pub async_workers: Option<usize>,
@@ -233,6 +237,8 @@ pub struct FileTransfer {
     pub send_window: Option<usize>,
     /// Block sends gathered ahead of `send_window` per lane (0..=16).
     pub gather_ahead: Option<usize>,
+    /// Helper threads for block chunks' host gathers and scatters (0..=64).
+    pub host_copy_threads: Option<usize>,
     pub recv_window: Option<usize>,
     pub default_timeout_s: Option<u64>,
     pub max_buffer_bytes: Option<u64>,
@@ -296,6 +302,9 @@ pub struct Config {
     /// Block sends gathered ahead of `send_window` per lane (`transfer.gather_ahead`); each
     /// send lane's staging ring has `send_window + gather_ahead` slots of `chunk_bytes`.
     pub gather_ahead: usize,
+    /// Helper threads splitting block chunks' host gathers and scatters with the poller
+    /// (`transfer.host_copy_threads`; 0: the poller copies alone).
+    pub host_copy_threads: usize,
     pub recv_window: usize,
     pub default_timeout: Duration,
     pub max_buffer_bytes: u64,
@@ -453,6 +462,16 @@ impl Config {
             _ if spin => SPIN_ASYNC_WORKERS,
             _ => crate::idle::cpus(),
         };
+        let host_copy_threads = match args.host_copy_threads.or(file.transfer.host_copy_threads) {
+            Some(n) if n > crate::net::host_copies::MAX_HOST_COPY_THREADS => {
+                return Err(ConfigError::Invalid(format!(
+                    "transfer.host_copy_threads: {n} (0 to {} allowed)",
+                    crate::net::host_copies::MAX_HOST_COPY_THREADS
+                )));
+            }
+            Some(n) => n,
+            None => crate::net::host_copies::default_threads(crate::idle::cpus()),
+        };
         let send_window = file.transfer.send_window.unwrap_or(12);
         let recv_window = file.transfer.recv_window.unwrap_or(16);
         if !(1..=16).contains(&send_window) || !(1..=16).contains(&recv_window) {
@@ -575,6 +594,7 @@ impl Config {
             unpack_impl,
             send_window,
             gather_ahead,
+            host_copy_threads,
             recv_window,
             default_timeout: Duration::from_secs(default_timeout_s),
             max_buffer_bytes: file.transfer.max_buffer_bytes.unwrap_or(64 << 30),

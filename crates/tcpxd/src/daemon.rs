@@ -259,6 +259,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             metrics: metrics.clone(),
             warmth: warmth.clone(),
             rx_rules,
+            host_copy_threads: cfg.host_copy_threads,
         },
         notify_tx.clone(),
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Optional, cast
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, Optional, Sequence, cast
 
 import grpc
 import grpc.aio
@@ -47,6 +47,9 @@ class AsyncSession(SessionRequests["asyncio.Future[TransferResult]"]):
         self._call: Any = None
         self._conn: Optional[_AsyncConnection] = None
         self._why: Optional[str] = None  # "cancelled", "expired", "client closed": why the client ended it
+        #: Its batches go packed once the client knows the daemon reads them (asked now, in the
+        #: background: a batch submitted before the answer goes as entries).
+        self._learning = asyncio.ensure_future(client._learn_batch_ranges()) if client._batch_ranges is None else None
         if client._local is not None and client._local.available is not False:
             client._sessions.add(self)
             self._reader = asyncio.ensure_future(self._run_local())
@@ -72,6 +75,9 @@ class AsyncSession(SessionRequests["asyncio.Future[TransferResult]"]):
                 item[1].done_sending()
                 item = item[0]
             yield item
+
+    def _packs(self, ops: Sequence[Any]) -> bool:
+        return len(ops) >= 2 and self._client._batch_ranges is True
 
     def _submit(self, _shared: Optional[_hostmem.Shared] = None, **op: Any) -> _TaggedFuture:
         if self._closed:

@@ -274,6 +274,17 @@ def read_request(op: ReadOp, timeout: Optional[float], wait: bool) -> Any:
     return _proto.message("ReadRequest")(**_maybe_wait("ReadRequest", f, wait))
 
 
+#: DescribeNode's feature naming WriteBatch / ReadBatch's packed `ranges` (BatchRanges). A daemon
+#: without it ignores the field and refuses the batch ("entries: at least one entry is required"),
+#: so the clients send packed batches only to a daemon that lists it (`packs_batches`).
+BATCH_RANGES_FEATURE = "batch_ranges"
+
+
+def packs_batches(features: Sequence[str]) -> bool:
+    """Whether a daemon whose DescribeNode lists `features` reads packed batch ranges."""
+    return BATCH_RANGES_FEATURE in features
+
+
 def batch_ranges(ops: Sequence[Any], request: str) -> Optional[Any]:
     """A `BatchRanges` for a batch of two or more WriteOps / ReadOps of ONE buffer pair (one local
     buffer, one remote descriptor, every length given), else None (the batch goes as entries).

@@ -21,6 +21,9 @@ class SessionRequests(Generic[F]):
     def _submit(self, **op: Any) -> F:  # the session's own
         raise NotImplementedError
 
+    def _packs(self, ops: Sequence[Any]) -> bool:  # the session's own: may a batch of `ops` go packed
+        raise NotImplementedError
+
     def write(
         self,
         local: BufferLike,
@@ -51,10 +54,11 @@ class SessionRequests(Generic[F]):
 
     def write_batch(self, ops: Sequence[WriteOp], *, notification: bytes = b"", ready_event: Any = None,
                     timeout: Optional[float] = None) -> F:
-        return self._submit(write_batch=_ops.write_batch_request(ops, notification, ready_event, timeout, False))
+        req = _ops.write_batch_request(ops, notification, ready_event, timeout, False, pack=self._packs(ops))
+        return self._submit(write_batch=req)
 
     def read_batch(self, ops: Sequence[ReadOp], *, timeout: Optional[float] = None) -> F:
-        return self._submit(read_batch=_ops.read_batch_request(ops, timeout, False))
+        return self._submit(read_batch=_ops.read_batch_request(ops, timeout, False, pack=self._packs(ops)))
 
     def write_blocks(
         self,

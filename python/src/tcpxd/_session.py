@@ -208,6 +208,9 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
                 return
             yield item
 
+    def _packs(self, ops: Sequence[Any]) -> bool:
+        return self._client._packs(ops)
+
     def _submit(self, _fd: Optional[int] = None, **op: Any) -> _TaggedFuture:
         if self._closed:
             raise TcpxdError("the session is closed")

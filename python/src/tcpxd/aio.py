@@ -67,6 +67,8 @@ class AsyncClient:
         ep = self.endpoint
         self._reattach = _reattach.Reattacher(
             self, lambda: Client(ep, token=token, timeout=timeout, stream=False, local=False))
+        #: Whether the daemon reads packed batch ranges (tcpxd.Client's): None until asked.
+        self._batch_ranges: Optional[bool] = None
 
     def _stub(self, name: str, kind: str) -> Any:
         s = self._stubs.get(name)
@@ -167,7 +169,26 @@ class AsyncClient:
         return list((await self._unary("ListPeers", _proto.message("ListPeersRequest")())).peers)
 
     async def describe_node(self) -> NodeInfo:
-        return _ops.node_info(await self._unary("DescribeNode", _proto.message("DescribeNodeRequest")()))
+        info = _ops.node_info(await self._unary("DescribeNode", _proto.message("DescribeNodeRequest")()))
+        self._batch_ranges = _ops.packs_batches(info.features)
+        return info
+
+    async def _packs(self, ops: Sequence[Any]) -> bool:
+        """Whether a batch of `ops` may go packed (tcpxd.Client's rule)."""
+        if len(ops) < 2:
+            return False
+        if self._batch_ranges is None:
+            await self.describe_node()
+        return bool(self._batch_ranges)
+
+    async def _learn_batch_ranges(self) -> None:
+        """Asks the daemon's features for a session's packed batches; a failure leaves it unknown
+        (the session's batches go as entries meanwhile)."""
+        try:
+            if self._batch_ranges is None:
+                await self.describe_node()
+        except Exception:  # the session's own calls report an unreachable daemon
+            pass
 
     async def stats(self) -> Any:
         return await self._unary("GetStats", _proto.message("GetStatsRequest")())
@@ -226,11 +247,12 @@ class AsyncClient:
         timeout: Optional[float] = None,
         wait: bool = True,
     ) -> Any:
-        req = _ops.write_batch_request(ops, notification, ready_event, timeout, wait)
+        req = _ops.write_batch_request(ops, notification, ready_event, timeout, wait, pack=await self._packs(ops))
         return await self._start("WriteBatch", req, timeout, wait)
 
     async def read_batch(self, ops: Sequence[ReadOp], *, timeout: Optional[float] = None, wait: bool = True) -> Any:
-        return await self._start("ReadBatch", _ops.read_batch_request(ops, timeout, wait), timeout, wait)
+        req = _ops.read_batch_request(ops, timeout, wait, pack=await self._packs(ops))
+        return await self._start("ReadBatch", req, timeout, wait)
 
     async def write_blocks(
         self,

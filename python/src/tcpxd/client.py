@@ -80,6 +80,9 @@ class Client:
         _exit.track_client(self)  # closed at exit if still open (tcpxd._exit)
         #: Re-attaches what this client registered when the daemon restarts (tcpxd._reattach).
         self._reattach = _reattach.Reattacher(self)
+        #: Whether the daemon reads packed batch ranges (its `batch_ranges` feature): None until a
+        #: batch of several ops (or describe_node) asked it; an older daemon gets entries.
+        self._batch_ranges: Optional[bool] = None
 
     # -- plumbing
 
@@ -230,7 +233,18 @@ class Client:
 
     def describe_node(self) -> NodeInfo:
         """The daemon's node id, peer address(es), version, plugin, devices and GPUs."""
-        return _ops.node_info(self._unary("DescribeNode", _proto.message("DescribeNodeRequest")()))
+        info = _ops.node_info(self._unary("DescribeNode", _proto.message("DescribeNodeRequest")()))
+        self._batch_ranges = _ops.packs_batches(info.features)
+        return info
+
+    def _packs(self, ops: Sequence[Any]) -> bool:
+        """Whether a batch of `ops` may go packed: the daemon lists `batch_ranges` (asked once, on
+        the first batch of several ops)."""
+        if len(ops) < 2:
+            return False
+        if self._batch_ranges is None:
+            self.describe_node()
+        return bool(self._batch_ranges)
 
     def stats(self) -> Any:
         return self._unary("GetStats", _proto.message("GetStatsRequest")())
@@ -297,11 +311,12 @@ class Client:
         wait: bool = True,
     ) -> Any:
         """Several WRITE entries as one transfer (one id; per-entry statuses in the result)."""
-        return self._start("WriteBatch", _ops.write_batch_request(ops, notification, ready_event, timeout, wait), timeout, wait)
+        req = _ops.write_batch_request(ops, notification, ready_event, timeout, wait, pack=self._packs(ops))
+        return self._start("WriteBatch", req, timeout, wait)
 
     def read_batch(self, ops: Sequence[ReadOp], *, timeout: Optional[float] = None, wait: bool = True) -> Any:
         """Several READ entries as one transfer."""
-        return self._start("ReadBatch", _ops.read_batch_request(ops, timeout, wait), timeout, wait)
+        return self._start("ReadBatch", _ops.read_batch_request(ops, timeout, wait, pack=self._packs(ops)), timeout, wait)
 
     def write_blocks(
         self,

@@ -14,6 +14,7 @@ use crate::engine::blocks::Segment;
 use super::abi::loadMeta;
 use super::cross_memory::{AttachError, ClientCopies, ClientPages};
 use super::error::{NetError, NetResult};
+use super::host_copies::{HostCopies, HostCopy};
 use super::memory::{MemType, Region};
 
 // kernels/blocks.cu reads the tables as 16-byte `BlockSeg`s.
@@ -201,6 +202,7 @@ pub fn gather_region(
     staging: &dyn Region,
     slot: usize,
     slot_len: usize,
+    copies: &HostCopies,
 ) -> NetResult<u32> {
     if src.mem_type() != MemType::Host || staging.mem_type() != MemType::Host {
         return Err(NetError::InvalidArgument(
@@ -214,14 +216,20 @@ pub fn gather_region(
         )));
     }
     let (from, to) = (src.as_ptr(), staging.as_ptr());
-    gather_ops(segs, src.len() as u64, slot_len as u64, |f, t, n| {
-        // SAFETY: `gather_ops` checked every piece inside `src` and the chunk inside the slot,
-        // which lies inside `staging` (checked above); both are live host regions; the slot is
-        // this send's alone (the ring's rule), so nothing else writes it, and the source bytes
-        // are the transfer's (the engine counts the buffer's users).
-        unsafe { std::ptr::copy_nonoverlapping(from.add(f), to.add(slot + t), n) }
+    let mut planned: Vec<HostCopy> = Vec::with_capacity(segs.len());
+    let bytes = gather_ops(segs, src.len() as u64, slot_len as u64, |f, t, n| {
+        // SAFETY: `gather_ops` checked `f..f + n` inside `src` and `t..t + n` inside the slot,
+        // which lies inside `staging` (checked above).
+        let (from, to) = unsafe { (from.add(f).cast_const(), to.add(slot + t)) };
+        planned.push(HostCopy { from, to, n });
     })
-    .map_err(|e| NetError::InvalidArgument(format!("gather: {e}")))
+    .map_err(|e| NetError::InvalidArgument(format!("gather: {e}")))?;
+    // SAFETY: every copy lies inside `src` and the slot (above); both are live host regions;
+    // the pieces' wire ranges are distinct, so no two targets overlap, and the slot is this
+    // send's alone (the ring's rule), so nothing else writes it; the source bytes are the
+    // transfer's (the engine counts the buffer's users). `copy_all` returns once all are copied.
+    unsafe { copies.copy_all(&planned) };
+    Ok(bytes)
 }
 
 /// Why a gather from a client's pages failed: the table (nothing copied) or the client's

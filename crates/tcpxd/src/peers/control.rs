@@ -13,9 +13,10 @@ use tokio::time::Sleep;
 use tokio_stream::Stream;
 use tonic::{Status, Streaming};
 
+use super::packed_pb;
 use crate::api::proto::peer as pb;
 use crate::engine::blocks::{BlockHeader, IndexArray, IndexEncoding, PairLengths};
-use crate::engine::{self, Code, Offer, PeerIdx, PeerMsg, ReadBlocks, ReadPair, RemoteRange};
+use crate::engine::{self, Code, Offer, PackedRanges, PeerIdx, PeerMsg, ReadBlocks, RemoteRange};
 use crate::poller::Command;
 
 /// How many messages [`Outbound`] hands over in a row before it lets its task yield (twice: once
@@ -164,7 +165,7 @@ pub(super) fn spawn_inbound(
     });
 }
 
-fn range_to_pb(r: &RemoteRange) -> pb::RemoteRange {
+pub(super) fn range_to_pb(r: &RemoteRange) -> pb::RemoteRange {
     pb::RemoteRange {
         buffer_id: r.buffer_id,
         access_key: r.access_key.to_vec(),
@@ -173,7 +174,7 @@ fn range_to_pb(r: &RemoteRange) -> pb::RemoteRange {
     }
 }
 
-fn range_from_pb(field: &str, r: Option<&pb::RemoteRange>) -> Result<RemoteRange, String> {
+pub(super) fn range_from_pb(field: &str, r: Option<&pb::RemoteRange>) -> Result<RemoteRange, String> {
     let r = r.ok_or_else(|| format!("{field}: missing"))?;
     let access_key: [u8; 16] = r
         .access_key
@@ -285,19 +286,27 @@ fn read_blocks_from_pb(b: pb::ReadBlocks) -> Result<ReadBlocks, String> {
 /// Engine message → wire.
 pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
     use pb::peer_message::Body;
-    let offer = |o: &Offer| pb::Offer {
-        offer_id: o.offer_id,
-        read_id: o.read_id,
-        chunk_bytes: o.chunk_bytes,
-        first_lane: o.first_lane,
-        ranges: o.ranges.iter().map(range_to_pb).collect(),
-        notification: o.notification.clone(),
-        deadline_ms: o.deadline_ms,
-        coalesced: o.coalesced,
-        blocks: o.blocks.as_deref().map(header_to_pb),
-        transfer_id: o.transfer_id,
-        announced_chunks: o.announced.unwrap_or(0),
-        streamed: o.announced.is_some(),
+    // Ranges of one buffer and key go packed (peer protocol 6): one key, not one per range.
+    let offer = |o: &Offer| {
+        let packed = PackedRanges::pack(&o.ranges).map(packed_pb::packed_to_pb);
+        pb::Offer {
+            offer_id: o.offer_id,
+            read_id: o.read_id,
+            chunk_bytes: o.chunk_bytes,
+            first_lane: o.first_lane,
+            ranges: match packed {
+                Some(_) => Vec::new(),
+                None => o.ranges.iter().map(range_to_pb).collect(),
+            },
+            notification: o.notification.clone(),
+            deadline_ms: o.deadline_ms,
+            coalesced: o.coalesced,
+            blocks: o.blocks.as_deref().map(header_to_pb),
+            transfer_id: o.transfer_id,
+            announced_chunks: o.announced.unwrap_or(0),
+            streamed: o.announced.is_some(),
+            packed,
+        }
     };
     let body = match m {
         PeerMsg::ReceiveMode {
@@ -363,18 +372,17 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             pairs,
             deadline_ms,
             blocks,
-        } => Body::ReadRequest(pb::ReadRequest {
-            read_id: *read_id,
-            pairs: pairs
-                .iter()
-                .map(|p| pb::ReadPair {
-                    source: Some(range_to_pb(&p.source)),
-                    dest: Some(range_to_pb(&p.dest)),
-                })
-                .collect(),
-            deadline_ms: *deadline_ms,
-            blocks: blocks.as_deref().map(read_blocks_to_pb),
-        }),
+        } => {
+            let (pairs_pb, packed_source, packed_dest) = packed_pb::read_pairs_to_pb(pairs);
+            Body::ReadRequest(pb::ReadRequest {
+                read_id: *read_id,
+                pairs: pairs_pb,
+                deadline_ms: *deadline_ms,
+                blocks: blocks.as_deref().map(read_blocks_to_pb),
+                packed_source,
+                packed_dest,
+            })
+        }
         PeerMsg::ReadReject {
             read_id,
             code,
@@ -449,12 +457,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
         Body::Header(o) => {
             // Its data may be on its way already: a header the engine cannot read breaks the
             // order of every lane, so it fails the pairing instead of a refusal.
-            let ranges: Result<Vec<RemoteRange>, String> = o
-                .ranges
-                .iter()
-                .enumerate()
-                .map(|(i, r)| range_from_pb(&format!("header.ranges[{i}]"), Some(r)))
-                .collect();
+            let ranges = packed_pb::offer_ranges_from_pb("header.", o.ranges, o.packed);
             let blocks = o
                 .blocks
                 .map(|h| header_from_pb("header.blocks", h).map(Box::new))
@@ -474,12 +477,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
             })
         }
         Body::Offer(o) => {
-            let ranges: Result<Vec<RemoteRange>, String> = o
-                .ranges
-                .iter()
-                .enumerate()
-                .map(|(i, r)| range_from_pb(&format!("ranges[{i}]"), Some(r)))
-                .collect();
+            let ranges = packed_pb::offer_ranges_from_pb("", o.ranges, o.packed);
             let blocks = o
                 .blocks
                 .map(|h| header_from_pb("blocks", h).map(Box::new))
@@ -524,18 +522,8 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
             code: Code::from_i32(c.code),
             message: c.message,
         },
-        Body::ReadRequest(r) => {
-            let pairs: Result<Vec<ReadPair>, String> = r
-                .pairs
-                .iter()
-                .enumerate()
-                .map(|(i, p)| {
-                    Ok(ReadPair {
-                        source: range_from_pb(&format!("pairs[{i}].source"), p.source.as_ref())?,
-                        dest: range_from_pb(&format!("pairs[{i}].dest"), p.dest.as_ref())?,
-                    })
-                })
-                .collect();
+        Body::ReadRequest(mut r) => {
+            let pairs = packed_pb::read_pairs_from_pb(&mut r);
             let blocks = r.blocks.map(|b| read_blocks_from_pb(b).map(Box::new)).transpose();
             match pairs.and_then(|p| Ok((p, blocks?))) {
                 Ok((pairs, blocks)) => PeerMsg::ReadRequest {

@@ -28,6 +28,7 @@ use crate::poller::{Command, LaneInfo, PeerChannels, PeerLink};
 
 mod callee;
 mod control;
+mod packed_pb;
 mod settle;
 
 pub use control::{Malformed, OutboundResponse, msg_from_pb, msg_to_pb};
@@ -49,6 +50,8 @@ use settle::{Dialing, LockMap, Settle, Slot};
 /// 6: lanes open on first use and close when idle (`LaneOpen`, `LaneListening`, `LaneClose`,
 /// `LaneCloseAnswer` on the control stream; the handshake's lanes carry no handle): a protocol-5
 /// daemon would wait for handles that never come: the two refuse to pair.
+/// 6 (wire-ranges): `PackedRanges` in offers, headers and read requests (one buffer id and key,
+/// packed offsets and lengths); a protocol-5 daemon would see an offer with no ranges.
 pub const PROTOCOL_VERSION: u32 = 6;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;

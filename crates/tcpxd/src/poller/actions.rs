@@ -160,6 +160,7 @@ impl Poller {
                 slots,
                 &mut self.stages,
                 self.unpack_impl,
+                &self.host_copies,
             ),
             _ => Ok((SendPost::plain(buffer, offset, len), None)),
         };
@@ -284,6 +285,7 @@ impl Poller {
             buffers,
             stages,
             unpack_impl,
+            host_copies,
             ..
         } = self;
         landed_chunk(peers, peer, lane, "a block chunk", |comm, id, scatter| {
@@ -313,6 +315,7 @@ impl Poller {
                     buffers,
                     stages,
                     *unpack_impl,
+                    host_copies,
                     scatter,
                 );
             }
@@ -320,7 +323,7 @@ impl Poller {
                 let entry = buffers
                     .get(&buffer)
                     .ok_or_else(|| format!("buffer {buffer} vanished"))?;
-                blocks::land_scatter(comm, id, entry, len, segs, stages, *unpack_impl)
+                blocks::land_scatter(comm, id, entry, len, segs, stages, *unpack_impl, host_copies)
             });
             // The receive fails (the engine fails its transfer); the lane goes on, with nothing
             // of the chunk left in its landing slot.
@@ -440,6 +443,7 @@ impl Poller {
                 slots,
                 &mut self.stages,
                 self.unpack_impl,
+                &self.host_copies,
             )
         })
         .and_then(|(post, failed)| {

@@ -45,6 +45,7 @@
 //! to the chunk, or a bad table fail the receive (or, for a send, the pairing: its FIFO order
 //! cannot be kept otherwise) with the reason.
 
+use crate::net::host_copies::HostCopies;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -217,6 +218,7 @@ pub(super) fn gather_send(
     slots: Slots,
     stages: &mut HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
+    copies: &HostCopies,
 ) -> Result<(SendPost, Option<String>), String> {
     let SendLaneState::Ready(comm) = &lane.state else {
         return Err("the lane is not connected".into());
@@ -302,6 +304,7 @@ pub(super) fn gather_send(
                 &**r.mh.region(),
                 offset as usize,
                 r.slot_bytes as usize,
+                copies,
             )
             .map_err(|e| e.to_string())?;
         }
@@ -383,6 +386,7 @@ pub(super) fn start_scatter(
     buffers: &HashMap<u64, Arc<BufferEntry>>,
     stages: &mut HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
+    copies: &HostCopies,
     scatter: &mut RecvScatter,
 ) -> Wait {
     let Some(entry) = buffers.get(&to.buffer) else {
@@ -393,7 +397,7 @@ pub(super) fn start_scatter(
         return Wait::Ready(scatter_to_client(comm, id, entry, segs, len));
     }
     let Some(region) = entry.device_region() else {
-        let r = comm.scatter_landed(id, segs, len, &*entry.region_dyn());
+        let r = comm.scatter_landed(id, segs, len, &*entry.region_dyn(), copies);
         return Wait::Ready(r.map(|_| ()).map_err(|e| e.to_string()));
     };
     let gpu = region.gpu().clone();
@@ -456,6 +460,7 @@ pub(super) fn scatter_to_client(
 }
 
 /// `LandScatter`: an eager credit receive (in the lane's landing slots) to the pieces `segs`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn land_scatter(
     comm: &RecvComm,
     id: RequestId,
@@ -464,13 +469,14 @@ pub(super) fn land_scatter(
     segs: &[Segment],
     stages: &mut HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
+    copies: &HostCopies,
 ) -> Result<(), String> {
     if entry.attached.is_some() {
         return scatter_to_client(comm, id, entry, segs, len);
     }
     let Some(region) = entry.device_region() else {
         return comm
-            .scatter_landed(id, segs, len, &*entry.region_dyn())
+            .scatter_landed(id, segs, len, &*entry.region_dyn(), copies)
             .map(|_| ())
             .map_err(|e| e.to_string());
     };

@@ -124,7 +124,7 @@ impl Poller {
                     if one_status {
                         self.engine.report_one_status(*id);
                     }
-                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write", id = id.0);
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total))));
             }
@@ -141,7 +141,7 @@ impl Poller {
                     if one_status {
                         self.engine.report_one_status(*id);
                     }
-                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read", id = id.0);
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total))));
             }

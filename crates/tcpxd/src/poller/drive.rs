@@ -107,6 +107,7 @@ impl Poller {
             buffers,
             stages,
             unpack_impl,
+            host_copies,
             meter,
             engine,
             segs,
@@ -186,6 +187,7 @@ impl Poller {
                                 buffers,
                                 stages,
                                 *unpack_impl,
+                                host_copies,
                                 scatter,
                             ),
                             Err(why) => {

@@ -24,6 +24,7 @@
 //! `blocks.rs` its block chunks. What the poller reports of its pairings (`PeerLink`, `PeerStats`,
 //! `StatsSnapshot`) is `crate::peer_stats`, below the metrics that read it.
 
+use crate::net::host_copies::HostCopies;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
@@ -313,6 +314,9 @@ pub struct PollerConfig {
     pub warmth: Option<Arc<crate::idle::Warmth>>,
     /// With a state directory: where the receive comms' flow-steering rules are recorded.
     pub rx_rules: Option<Arc<crate::rx_rules::RuleBook>>,
+    /// Helper threads for block chunks' host gathers and scatters (`transfer.host_copy_threads`;
+    /// 0: the poller copies alone).
+    pub host_copy_threads: usize,
 }
 
 /// The running poller thread.
@@ -330,6 +334,7 @@ impl PollerHandle {
     ) -> std::io::Result<PollerHandle> {
         let (tx, rx) = mpsc::channel();
         let unpack_impl = cfg.unpack_impl;
+        let host_copies = HostCopies::new(cfg.host_copy_threads);
         let meter = Meter::new(cfg.metrics.clone());
         let thread = std::thread::Builder::new()
             .name("tcpxd-poller".into())
@@ -349,6 +354,7 @@ impl PollerHandle {
                     idle_waiters: HashMap::new(),
                     stages: HashMap::new(),
                     unpack_impl,
+                    host_copies,
                     completions: Vec::new(),
                     meter,
                     segs: Vec::new(),
@@ -492,6 +498,8 @@ struct Poller {
     /// receive, if that failed).
     stages: HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
+    /// Block chunks' host copies, split across helper threads (`net::host_copies`).
+    host_copies: HostCopies,
     /// Scratch for the completions gathered during a pass.
     completions: Vec<Completion>,
     meter: Meter,

@@ -6,10 +6,11 @@
 //! every byte of the destination compared with a per-entry copy (untouched bytes included), far
 //! fewer chunks than entries on the wire, and every lane's slots and credits back at rest.
 
-use crate::common::batches::{Form, SIZE, write_then_read};
+use crate::common::batches::{Form, List, SIZE, write_then_read, write_then_read_lists};
 use crate::common::daemons::{fill_seed, host_buffer};
 use crate::common::procs;
 use tcpxd::api::proto::v1 as pb;
+use tcpxd_testkit::Rng;
 
 /// `chunks`: each daemon's `transfer.chunk_bytes` (0: the default).
 async fn run(protocol: &str, host_recv: &str, chunks: (u32, u32)) {
@@ -17,6 +18,42 @@ async fn run(protocol: &str, host_recv: &str, chunks: (u32, u32)) {
 }
 
 async fn run_as(protocol: &str, host_recv: &str, chunks: (u32, u32), form: Form) {
+    run_lists(protocol, host_recv, chunks, form, None, 0).await;
+}
+
+/// The batches' host gathers and scatters split across 3 helper threads on both daemons
+/// (`transfer.host_copy_threads`, issue 38 point 3): default 512 KiB chunks (each split into
+/// parts), then small ones copied by the poller alone beside them; bytes compared as always.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_copies_split_across_helpers_land_byte_exact() {
+    tcpxd::logging::init("error");
+    for protocol in ["rendezvous", "eager"] {
+        for host_recv in ["bounce", "direct"] {
+            run_lists(
+                protocol,
+                host_recv,
+                (0, 0),
+                Form::Ranges,
+                Some(at_the_limit(7)),
+                3,
+            )
+            .await;
+            run_lists(protocol, host_recv, (0, 65536), Form::Entries, None, 3).await;
+        }
+    }
+}
+
+/// `lists`: the WRITE's and the READ's `(source, destination, length)` entries (None: the
+/// 600 scattered entries of `write_then_read`); `helpers`: both daemons'
+/// `transfer.host_copy_threads` (0: their default).
+async fn run_lists(
+    protocol: &str,
+    host_recv: &str,
+    chunks: (u32, u32),
+    form: Form,
+    lists: Option<(List, List)>,
+    helpers: usize,
+) {
     let env = [
         ("TCPXD_TRANSFER_PROTOCOL", protocol),
         ("TCPXEMU_HOST_RECV", host_recv),
@@ -25,9 +62,15 @@ async fn run_as(protocol: &str, host_recv: &str, chunks: (u32, u32), form: Form)
         "batches-{protocol}-{host_recv}-{}-{}-{form:?}",
         chunks.0, chunks.1
     );
-    let config = |c: u32| match c {
-        0 => String::new(),
-        c => format!("[transfer]\nchunk_bytes = {c}\n"),
+    let config = |c: u32| {
+        let mut t = String::from("[transfer]\n");
+        if c != 0 {
+            t += &format!("chunk_bytes = {c}\n");
+        }
+        if helpers != 0 {
+            t += &format!("host_copy_threads = {helpers}\n");
+        }
+        t
     };
     let a = procs::spawn(&format!("{tag}-a"), 0, &config(chunks.0), &env).await;
     let b = procs::spawn(&format!("{tag}-b"), 0, &config(chunks.1), &env).await;
@@ -44,7 +87,56 @@ async fn run_as(protocol: &str, host_recv: &str, chunks: (u32, u32), form: Form)
     fill_seed(&mut ac, back.id, 0, 0, 22).await;
     fill_seed(&mut bc, dst.id, 0, 0, 23).await;
 
-    write_then_read(&mut ac, &mut bc, (&src, &back, &dst), &tag, form).await;
+    let bufs = (&src, &back, &dst);
+    match lists {
+        None => write_then_read(&mut ac, &mut bc, bufs, &tag, form).await,
+        Some(lists) => write_then_read_lists(&mut ac, &mut bc, bufs, &tag, form, lists).await,
+    }
+}
+
+/// 65,536 entries (the limit) of one buffer pair, every destination a distinct 64-byte slot in
+/// shuffled order: the WRITE's lengths vary (1 to 64 bytes: packed lengths on the peer wire), the
+/// READ's are all 64 bytes (one `uniform_length`), its sources shuffled too.
+fn at_the_limit(seed: u64) -> (List, List) {
+    let n = 65_536u64;
+    let slot = SIZE / n;
+    let mut rng = Rng::new(seed);
+    let shuffled = |rng: &mut Rng| {
+        let mut v: Vec<u64> = (0..n).collect();
+        for i in (1..v.len()).rev() {
+            v.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        v
+    };
+    let (dst, src) = (shuffled(&mut rng), shuffled(&mut rng));
+    let write = dst
+        .iter()
+        .map(|&d| {
+            let len = 1 + rng.below(slot);
+            (
+                rng.below(SIZE - len + 1),
+                d * slot + rng.below(slot - len + 1),
+                len,
+            )
+        })
+        .collect();
+    let read = dst
+        .iter()
+        .zip(&src)
+        .map(|(&d, &s)| (s * slot, d * slot, slot))
+        .collect();
+    (write, read)
+}
+
+/// Packed batches at the limit between two daemons (issue 38 point 4: packed ranges on the
+/// peer wire, peer protocol 6): 65,536 entries WRITE and READ, byte-checked, coalesced, lanes at
+/// rest; by rendezvous through bounce pages, then eagerly through direct receives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packed_batches_of_65536_entries_both_ways() {
+    tcpxd::logging::init("error");
+    let limit = |seed| Some(at_the_limit(seed));
+    run_lists("rendezvous", "bounce", (0, 0), Form::Ranges, limit(5), 0).await;
+    run_lists("eager", "direct", (0, 0), Form::Ranges, limit(6), 0).await;
 }
 
 /// The same batches as packed ranges of one buffer pair (issue 38): the same bytes and chunks,

@@ -357,3 +357,87 @@ async fn a_drain_ends_within_its_grace_period_though_the_plugin_cannot_close_a_c
     let s = bc.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
     assert_eq!(s.active_transfers, 0);
 }
+
+/// `n` shuffled 4 KiB slots (the same permutation on every call with one seed).
+fn shuffled_slots(n: u64, seed: u64) -> Vec<u64> {
+    let mut rng = tcpxd_testkit::Rng::new(seed);
+    let mut v: Vec<u64> = (0..n).collect();
+    for i in (1..v.len()).rev() {
+        v.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    v
+}
+
+/// Host block chunks gathered and scattered by the poller with 3 helper threads on both sides
+/// (`transfer.host_copy_threads`, issue 38 point 3): a packed batch of 32,768 scattered 4 KiB
+/// entries of one buffer pair, cancelled once it moves (its peer held stopped), ends CANCELLED
+/// and returns every slot and credit on both daemons; the next scattered batch lands exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_host_block_batch_with_copy_helpers_frees_every_slot() {
+    use crate::common::batches::ranges;
+    tcpxd::logging::init("warn");
+    let mut a = daemons::start("cancel-copies-a", |d| d.host_copy_threads = Some(3)).await;
+    let (b, mut bc) =
+        hold::peer_process(&mut a, "cancel-copies-b", &[("TCPXD_HOST_COPY_THREADS", "3")]).await;
+    let src = host_buffer(&mut a.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut bc, 128 * MIB, "").await;
+    fill_seed(&mut a.client, src.id, 0, 0, 5).await;
+    let (blocks, bs) = (32_768u64, 4096u64);
+    let (from, to) = (shuffled_slots(blocks, 1), shuffled_slots(blocks, 2));
+    let list: Vec<(u64, u64, u64)> = from
+        .iter()
+        .zip(&to)
+        .map(|(&f, &t)| (f * bs, t * bs, bs))
+        .collect();
+    let batch = |list: &[(u64, u64, u64)]| pb::WriteBatchRequest {
+        ranges: Some(ranges(&src, &dst, list)),
+        timeout_ms: 120_000,
+        ..Default::default()
+    };
+    let id = a
+        .client
+        .write_batch(batch(&list))
+        .await
+        .unwrap()
+        .into_inner()
+        .transfer_id;
+    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
+    let r = a
+        .client
+        .cancel(pb::CancelRequest { transfer_id: id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.cancelled);
+    frozen.thaw();
+    let e = wait(&mut a.client, id).await;
+    assert_eq!(
+        e.status_code,
+        tonic::Code::Cancelled as i32,
+        "{}",
+        e.status_message
+    );
+    assert!(e.bytes_done < blocks * bs);
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut bc).await;
+    // The next batch (the first 2,048 pairs, sources moved by 1 byte) lands exactly.
+    let next: Vec<(u64, u64, u64)> = list[..2048].iter().map(|&(f, t, l)| (f + 1, t, l - 1)).collect();
+    let id = a
+        .client
+        .write_batch(batch(&next))
+        .await
+        .unwrap()
+        .into_inner()
+        .transfer_id;
+    wait_ok(&mut a.client, id).await;
+    for &(f, t, l) in next.iter().step_by(97) {
+        assert_eq!(
+            crc(&mut a.client, src.id, f, l).await,
+            crc(&mut bc, dst.id, t, l).await,
+            "pair at {t}"
+        );
+    }
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut bc).await;
+    a.stop().await;
+}

@@ -504,8 +504,7 @@ mod hostile {
             coalesced: false,
             blocks: None,
             transfer_id: 0,
-            announced_chunks: 0,
-            streamed: false,
+            ..Default::default()
         }
     }
 

@@ -103,7 +103,28 @@ fn round_trip() {
             .copy_from_slice(&bytes[so as usize..(so + u64::from(l)) as usize]);
     }
 
-    let chunk = 65536u32;
+    // 64 KiB chunks copied by one thread, 256 KiB ones split across 3 helpers and this thread.
+    for (chunk, helpers) in [(65536u32, 0usize), (262_144, 3)] {
+        dbuf.write(0, &vec![0x5A; dbuf.len()]).unwrap();
+        chunks(&mut s, &mut r, (&send, &recv), (&sbuf, &dbuf), chunk, helpers);
+        assert!(
+            read(&dbuf) == want,
+            "{chunk}-byte chunks, {helpers} helpers: the destination differs from a per-block copy"
+        );
+    }
+}
+
+/// Moves `plans`' chunks of `chunk` bytes from `sbuf` into `dbuf` (gather, send, receive,
+/// scatter), `helpers` threads splitting the host copies.
+fn chunks(
+    s: &mut SendComm,
+    r: &mut RecvComm,
+    (send, recv): (&SidePlan, &SidePlan),
+    (sbuf, dbuf): (&HostRegion, &Arc<HostRegion>),
+    chunk: u32,
+    helpers: usize,
+) {
+    let copies = tcpxd::net::host_copies::HostCopies::new(helpers);
     let window = 4usize;
     let staging = Arc::new(HostRegion::populated(window * chunk as usize).unwrap());
     let landing = Arc::new(HostRegion::new(window * chunk as usize).unwrap());
@@ -114,39 +135,46 @@ fn round_trip() {
         send.chunk_into(chunk, k, &mut gt);
         recv.chunk_into(chunk, k, &mut st);
         let slot = (k as usize % window) * chunk as usize;
-        let n = tcpxd::net::blocks::gather_region(&sbuf, &gt, &*staging, slot, chunk as usize).unwrap();
+        let n =
+            tcpxd::net::blocks::gather_region(sbuf, &gt, &*staging, slot, chunk as usize, &copies).unwrap();
         if k % 3 == 0 {
             // A table that reaches past the destination is refused before a byte lands, and the
             // landing slot is left holding nothing of the chunk.
-            let rid = move_chunk(&mut s, &mut r, (&smh, slot), (&rmh, slot), n as usize);
+            let rid = move_chunk(s, r, (&smh, slot), (&rmh, slot), n as usize);
             let mut past = st.clone();
             past.last_mut().unwrap().offset = dbuf.len() as u64;
-            let before = read(&dbuf);
-            assert!(r.scatter_landed(rid, &past, n, &*dbuf).is_err());
-            assert!(read(&dbuf) == before, "chunk {k}: a refused scatter wrote");
+            let before = read(dbuf);
+            assert!(r.scatter_landed(rid, &past, n, &**dbuf, &copies).is_err());
+            assert!(read(dbuf) == before, "chunk {k}: a refused scatter wrote");
             r.consume(rid).unwrap();
             let mut left = vec![1u8; n as usize];
             landing.read(slot, &mut left).unwrap();
             assert!(left.iter().all(|&b| b == 0), "chunk {k}: the slot kept bytes");
         }
-        let rid = move_chunk(&mut s, &mut r, (&smh, slot), (&rmh, slot), n as usize);
-        assert_eq!(r.scatter_landed(rid, &st, n, &*dbuf).unwrap(), u64::from(n));
+        let rid = move_chunk(s, r, (&smh, slot), (&rmh, slot), n as usize);
+        assert_eq!(
+            r.scatter_landed(rid, &st, n, &**dbuf, &copies).unwrap(),
+            u64::from(n)
+        );
         r.consume(rid).unwrap();
     }
-    assert!(
-        read(&dbuf) == want,
-        "the destination differs from a per-block copy"
-    );
     // A gather whose table reaches past the source copies nothing.
     let bad = [Segment {
         offset: sbuf.len() as u64 - 10,
         wire: 0,
         len: 11,
     }];
-    assert!(tcpxd::net::blocks::gather_region(&sbuf, &bad, &*staging, 0, chunk as usize).is_err());
+    assert!(tcpxd::net::blocks::gather_region(sbuf, &bad, &*staging, 0, chunk as usize, &copies).is_err());
     assert!(
-        tcpxd::net::blocks::gather_region(&sbuf, &gt, &*staging, 3 * chunk as usize + 1, chunk as usize)
-            .is_err()
+        tcpxd::net::blocks::gather_region(
+            sbuf,
+            &gt,
+            &*staging,
+            3 * chunk as usize + 1,
+            chunk as usize,
+            &copies
+        )
+        .is_err()
     );
 }
 

@@ -10,6 +10,7 @@ use super::comm_core::{CommCore, DeviceHandleStorage, MemHandle, register, test_
 use crate::net::abi::{self, loadMeta, ncclNetDeviceHandle_v7_t};
 use crate::net::cross_memory::{ClientCopies, ClientPages};
 use crate::net::error::{NetError, NetResult};
+use crate::net::host_copies::{HostCopies, HostCopy};
 use crate::net::logger;
 use crate::net::memory::{MemType, Region};
 use crate::net::plugin::Plugin;
@@ -390,17 +391,25 @@ impl RecvComm {
         segs: &[crate::engine::blocks::Segment],
         bytes: u32,
         dst: &dyn Region,
+        copies: &HostCopies,
     ) -> NetResult<u64> {
         if dst.mem_type() != MemType::Host {
             return Err(NetError::Ring("a host scatter needs a host destination".into()));
         }
         let to = dst.as_ptr();
+        let mut planned: Vec<HostCopy> = Vec::with_capacity(segs.len() + 4);
         self.scatter_with(id, segs, bytes, dst.len() as u64, &mut |op| {
-            if let Some((from, t, n)) = op {
-                // SAFETY: `scatter_ops` checked the target inside `dst`, a live host region whose
-                // pieces are this chunk's alone (the engine's plan); `from` is `n` readable
-                // landed bytes (see `scatter_with`).
-                unsafe { std::ptr::copy_nonoverlapping(from, to.add(t), n) };
+            match op {
+                Some((from, t, n)) => {
+                    // SAFETY: `scatter_ops` checked `t..t + n` inside `dst`.
+                    let to = unsafe { to.add(t) };
+                    planned.push(HostCopy { from, to, n });
+                }
+                // SAFETY: every target lies inside `dst`, a live host region whose pieces are
+                // this chunk's alone (the engine's plan; distinct per chunk); every source is
+                // `n` readable landed bytes not written before the flush returns (see
+                // `scatter_with`); `copy_all` returns once all are copied.
+                None => unsafe { copies.copy_all(&planned) },
             }
             Ok(())
         })

@@ -32,6 +32,9 @@ pub fn ranges(local: &pb::Buffer, remote: &pb::Buffer, list: &[(u64, u64, u64)])
 }
 pub const ENTRIES: usize = 600;
 
+/// A batch's entries: `(source offset, destination offset, length)`.
+pub type List = Vec<(u64, u64, u64)>;
+
 /// `(source offset, destination offset, length)` of `ENTRIES` entries: destinations in distinct
 /// 6 KiB slots of the buffer in shuffled order at odd offsets, sources anywhere (they may
 /// overlap), lengths 1 to 5000 bytes.
@@ -104,12 +107,26 @@ pub fn first_difference(got: &[u8], want: &[u8]) -> String {
 pub async fn write_then_read(
     ac: &mut Client,
     bc: &mut Client,
-    (src, back, dst): (&pb::Buffer, &pb::Buffer, &pb::Buffer),
+    bufs: (&pb::Buffer, &pb::Buffer, &pb::Buffer),
     tag: &str,
     form: Form,
 ) {
+    let lists = (entries(0x9e37_79b9), entries(0x7f4a_7c15));
+    write_then_read_lists(ac, bc, bufs, tag, form, lists).await;
+}
+
+/// [`write_then_read`] of the given `(source, destination, length)` lists: the WRITE's, then the
+/// READ's (its sources in `dst`, its destinations in `back`).
+pub async fn write_then_read_lists(
+    ac: &mut Client,
+    bc: &mut Client,
+    (src, back, dst): (&pb::Buffer, &pb::Buffer, &pb::Buffer),
+    tag: &str,
+    form: Form,
+    (list, read_list): (List, List),
+) {
     // WRITE: a's scattered source entries into b's scattered destination entries.
-    let list = entries(0x9e37_79b9);
+    let count = list.len();
     let (s0, d0) = (bytes(ac, src.id).await, bytes(bc, dst.id).await);
     let want = expect(&s0, &d0, &list);
     let (sent0, _) = chunks(ac).await;
@@ -137,7 +154,7 @@ pub async fn write_then_read(
     let total: u64 = list.iter().map(|e| e.2).sum();
     assert_eq!(ev.total_bytes, total);
     let statuses = match form {
-        Form::Entries => ENTRIES,
+        Form::Entries => count,
         Form::Ranges => 0,
     };
     assert_eq!(ev.entries.len(), statuses);
@@ -145,15 +162,20 @@ pub async fn write_then_read(
     assert!(got == want, "{tag}: write: {}", first_difference(&got, &want));
     let (sent1, _) = chunks(ac).await;
     assert!(
-        sent1 - sent0 < ENTRIES as u64 / 4,
-        "{tag}: {} chunks for {ENTRIES} entries: the batch was not coalesced",
+        sent1 - sent0 < count as u64 / 4,
+        "{tag}: {} chunks for {count} entries: the batch was not coalesced",
         sent1 - sent0
     );
     assert_lanes_drain(ac).await;
     assert_lanes_drain(bc).await;
 
     // READ: b's scattered entries back into a's scattered entries (other offsets).
-    let list = entries(0x7f4a_7c15);
+    let list = read_list;
+    let count = list.len();
+    let statuses = match form {
+        Form::Entries => count,
+        Form::Ranges => 0,
+    };
     let (s0, d0) = (bytes(bc, dst.id).await, bytes(ac, back.id).await);
     let want = expect(&s0, &d0, &list);
     let (_, recv0) = chunks(ac).await;
@@ -188,8 +210,8 @@ pub async fn write_then_read(
     assert!(got == want, "{tag}: read: {}", first_difference(&got, &want));
     let (_, recv1) = chunks(ac).await;
     assert!(
-        recv1 - recv0 < ENTRIES as u64 / 4,
-        "{tag}: {} chunks for {ENTRIES} entries: the batch was not coalesced",
+        recv1 - recv0 < count as u64 / 4,
+        "{tag}: {} chunks for {count} entries: the batch was not coalesced",
         recv1 - recv0
     );
     assert_lanes_drain(ac).await;

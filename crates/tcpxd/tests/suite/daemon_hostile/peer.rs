@@ -309,8 +309,7 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             coalesced: false,
             blocks: None,
             transfer_id: 0,
-            announced_chunks: 0,
-            streamed: false,
+            ..Default::default()
         }
     };
     let ok_range = || range(dst.id, &key, 0, 4096);
@@ -478,6 +477,7 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             pairs,
             deadline_ms: 10_000,
             blocks: None,
+            ..Default::default()
         }
     };
     let far = || range(1, &[9; 16], 0, 4096);
