@@ -36,15 +36,15 @@ pub struct CUmemAllocationProp {
     pub alloc_flags: [u8; 8],
 }
 
-/// The device a property names, if it is a pinned allocation on a device of this stand-in.
-fn prop_device(prop: *const CUmemAllocationProp) -> Option<CUdevice> {
+/// The property and its device, if it is a pinned allocation on a device of this stand-in.
+fn prop_device(prop: *const CUmemAllocationProp) -> Option<(CUmemAllocationProp, CUdevice)> {
     if prop.is_null() {
         return None;
     }
     // SAFETY: non-null, and the CUDA contract is a pointer to a CUmemAllocationProp.
     let p = unsafe { prop.read() };
     (p.kind == ALLOCATION_PINNED && p.location_type == LOCATION_DEVICE && valid_device(p.location_id))
-        .then_some(p.location_id)
+        .then_some((p, p.location_id))
 }
 
 fn handle_of(fd: c_int) -> u64 {
@@ -84,11 +84,10 @@ pub extern "C" fn cuMemCreate(
     _flags: c_ulonglong,
 ) -> CUresult {
     driver!();
-    let Some(device) = prop_device(prop) else {
+    let Some((p, device)) = prop_device(prop) else {
         return CUDA_ERROR_INVALID_VALUE;
     };
-    // SAFETY: checked non-null by prop_device.
-    let wanted = unsafe { prop.read() }.requested_handle_types;
+    let wanted = p.requested_handle_types;
     if handle.is_null() || size == 0 || size % VMM_GRANULARITY != 0 {
         return CUDA_ERROR_INVALID_VALUE;
     }
