@@ -14,7 +14,7 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import grpc
 import pytest
@@ -329,3 +329,75 @@ def claims_by_address(conn: Any, ep: str) -> None:
             conn.send("accepted")
         except tcpxd.TcpxdError as e:
             conn.send(f"{e.code.name}: {e}")
+
+
+@pytest.mark.parametrize("gpu", ["stand-in", pytest.param("real", marks=pytest.mark.gpu)])
+def test_daemon_allocated_cuda_memory_keeps_its_bytes_in_the_descriptor_store(gpu: str) -> None:
+    """A CUDA buffer the daemon allocated (RegisterBuffer cuda) under a service manager that keeps
+    descriptors (systemd's FDSTORE; here supervisor.FdStore): VMM memory whose fd the store holds
+    across the restart, mapped again by the next process under the same id and key, every byte
+    there (ReadBuffer, and a READ by the other node with the descriptor handed out before); a
+    release takes the fd out of the store. `stand-in`: the CUDA stand-in's VMM over a memfd;
+    `real`: a GPU (`pytest -m gpu`)."""
+    import numpy as np
+
+    from test_restart import cuda_stand_in
+
+    d = Path(tempfile.mkdtemp(prefix="tcpxd-rtc-"))
+    sups: List[Supervised] = []
+    try:
+        env: Dict[str, str] = {}
+        device = 0
+        if gpu == "stand-in":
+            env = cuda_stand_in(d)
+            # One NIC serving every GPU, no fail-stop: this test restarts by signals only.
+            for k in ("TCPXEMU_DEV0_GPUS", "TCPXEMU_FAILSTOP"):
+                env.pop(k)
+            device = 5
+        conf = d / "tcpxd.toml"
+        conf.write_text("[runtime]\nreattach_grace_s = 30\n")
+        extra = ["--config", str(conf)]
+        a = supervised(str(tcpxd_bin()), d, "ca", free_port(), env=env, extra=extra)
+        sups.append(a)
+        b = supervised(str(tcpxd_bin()), d, "cb", free_port(), env=env, extra=extra, fd_store=True)
+        sups.append(b)
+        assert b.fd_store is not None
+        size = 3 << 20  # not a multiple of the 2 MiB granularity: the buffer is its first 3 MiB
+        data = np.random.default_rng(40).integers(0, 256, size, dtype=np.uint8).tobytes()
+        with tcpxd.Client(endpoint(a)) as ca, tcpxd.Client(endpoint(b)) as cb:
+            kept = cb.allocate_cuda(size, device=device, label="kv")
+            kept.write_bytes(data)
+            b.fd_store.drain()
+            assert b.fd_store.names() == [f"tcpxd-cuda-b{kept.id}"], b.fd_store.names()
+            local = ca.register_host(size)
+            ca.read(kept.descriptor, local)
+            assert local.numpy().tobytes() == data
+            desc = kept.descriptor
+            for i, sig in enumerate((signal.SIGKILL, signal.SIGTERM, signal.SIGKILL)):
+                restart(b, sig)
+                got = retry(lambda: kept.read_bytes(), "ReadBuffer of the kept CUDA buffer")
+                assert got == data, f"restart {i + 1}: the CUDA buffer lost bytes"
+                local.numpy()[:] = 0
+                retry(lambda: ca.read(desc, local), "READ of the kept CUDA buffer by its old descriptor")
+                assert local.numpy().tobytes() == data
+                # What is written after a restart is kept over the next one.
+                patch = bytes([i + 1]) * 4096
+                kept.write_bytes(patch, offset=i * 4096)
+                data = data[: i * 4096] + patch + data[(i + 1) * 4096 :]
+            from tcpxd import _proto
+
+            described = cb._unary("DescribeBuffer", _proto.message("DescribeBufferRequest")(buffer_id=kept.id))
+            assert (described.label, described.size, described.descriptor) == ("kv", size, desc)
+            kept.release()
+            deadline = time.monotonic() + 10
+            while b.fd_store.names() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert b.fd_store.names() == [], "a release takes the descriptor out of the store"
+            assert regs(d, "cb") == 0
+            with pytest.raises(tcpxd.TcpxdError) as e:
+                ca.read(desc, local, 4096, timeout=10)
+            assert e.value.code == grpc.StatusCode.NOT_FOUND, e.value
+    finally:
+        for s in sups:
+            s.close()
+        shutil.rmtree(d, ignore_errors=True)

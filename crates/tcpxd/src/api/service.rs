@@ -41,7 +41,8 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
         if r.reattach_id != 0 && !matches!(r.source, Some(pb::register_buffer_request::Source::CudaIpc(_))) {
             return Err(Status::invalid_argument(
                 "reattach_id: only a cuda_ipc import is re-attached by its client; daemon-allocated host \
-                 buffers come back by themselves, daemon-allocated CUDA memory does not outlive the daemon",
+                 buffers come back by themselves, daemon-allocated CUDA memory too where the service manager \
+                 keeps its descriptor (docs/OPERATIONS.md, \"Restarts\")",
             ));
         }
         // A re-attach taken from the state directory: put back if anything below fails.

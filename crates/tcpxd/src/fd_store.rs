@@ -1,0 +1,169 @@
+//! File descriptors kept across a restart by the service manager: systemd's file-descriptor store
+//! (`sd_notify(3)` `FDSTORE=1` with `FDNAME=`, the descriptor passed by SCM_RIGHTS; the unit's
+//! `FileDescriptorStoreMax=`), handed back to the next process as `LISTEN_FDS` /
+//! `LISTEN_FDNAMES` (`sd_listen_fds(3)`). The daemon keeps there the fds of its CUDA memory
+//! (gpu/vmm.rs), so that memory and its bytes outlive the process (docs/OPERATIONS.md,
+//! "Restarts").
+//!
+//! The store is used when the manager says it keeps one: `NOTIFY_SOCKET` is set and `FDSTORE`
+//! (set by systemd 254 and later to `FileDescriptorStoreMax=`; set it in the unit with
+//! `Environment=FDSTORE=` for older systemd) is above 0. Without it, nothing is sent.
+
+use std::collections::HashMap;
+use std::io::IoSlice;
+use std::mem::MaybeUninit;
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::net::{SocketAddr, UnixDatagram};
+use std::sync::Mutex;
+
+use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+
+/// The first descriptor `LISTEN_FDS` counts (`SD_LISTEN_FDS_START`).
+const LISTEN_FDS_START: i32 = 3;
+
+/// The service manager's descriptor store.
+#[derive(Debug)]
+pub struct FdStore {
+    socket: String,
+    /// How many descriptors the store keeps (`FDSTORE`).
+    pub max: usize,
+}
+
+impl FdStore {
+    /// The store the environment names, if any.
+    pub fn from_env() -> Option<FdStore> {
+        let socket = std::env::var("NOTIFY_SOCKET").ok().filter(|s| !s.is_empty())?;
+        let max = std::env::var("FDSTORE").ok()?.trim().parse::<usize>().ok()?;
+        (max > 0).then_some(FdStore { socket, max })
+    }
+
+    fn send(&self, text: &str, fd: Option<BorrowedFd<'_>>) -> std::io::Result<()> {
+        let sock = UnixDatagram::unbound()?;
+        match self.socket.strip_prefix('@') {
+            Some(name) => {
+                use std::os::linux::net::SocketAddrExt;
+                sock.connect_addr(&SocketAddr::from_abstract_name(name.as_bytes())?)?
+            }
+            None => sock.connect(&self.socket)?,
+        }
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        let fds;
+        if let Some(fd) = fd {
+            fds = [fd];
+            control.push(SendAncillaryMessage::ScmRights(&fds));
+        }
+        let sent = rustix::net::sendmsg(
+            &sock,
+            &[IoSlice::new(text.as_bytes())],
+            &mut control,
+            SendFlags::empty(),
+        )?;
+        if sent != text.len() {
+            return Err(std::io::Error::other("the notification was cut short"));
+        }
+        Ok(())
+    }
+
+    /// Hands a duplicate of `fd` to the store under `name` (the store keeps it until removed or
+    /// the service stops).
+    pub fn store(&self, name: &str, fd: BorrowedFd<'_>) -> std::io::Result<()> {
+        self.send(&format!("FDSTORE=1\nFDNAME={name}\n"), Some(fd))
+    }
+
+    /// Closes the store's descriptors named `name`.
+    pub fn remove(&self, name: &str) -> std::io::Result<()> {
+        self.send(&format!("FDSTOREREMOVE=1\nFDNAME={name}\n"), None)
+    }
+}
+
+static INHERITED: Mutex<Option<HashMap<String, OwnedFd>>> = Mutex::new(None);
+
+/// Takes the descriptors the manager passed to this process (`LISTEN_FDS` for this pid), by name,
+/// once (later calls find none). Made close-on-exec. Unnamed ones are `unknown`, as
+/// `sd_listen_fds_with_names(3)` names them.
+pub fn take_inherited() -> HashMap<String, OwnedFd> {
+    static TAKEN: std::sync::Once = std::sync::Once::new();
+    TAKEN.call_once(|| {
+        let mine = std::env::var("LISTEN_PID")
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok())
+            == Some(std::process::id());
+        let count = std::env::var("LISTEN_FDS")
+            .ok()
+            .and_then(|n| n.trim().parse::<i32>().ok())
+            .filter(|_| mine)
+            .unwrap_or(0)
+            .clamp(0, 1 << 16);
+        let names = std::env::var("LISTEN_FDNAMES").unwrap_or_default();
+        let mut names = names.split(':');
+        let mut fds = HashMap::new();
+        for raw in LISTEN_FDS_START..LISTEN_FDS_START + count {
+            let name = names.next().filter(|n| !n.is_empty()).unwrap_or("unknown");
+            // SAFETY: the manager passed descriptors 3..3+LISTEN_FDS to this very process
+            // (LISTEN_PID); nothing else in it owns them, and this runs once.
+            let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+            if rustix::io::fcntl_setfd(&fd, rustix::io::FdFlags::CLOEXEC).is_err() {
+                // Not open after all (a manager that lied): not ours to close.
+                std::mem::forget(fd);
+                continue;
+            }
+            fds.insert(name.to_string(), fd);
+        }
+        *INHERITED.lock().unwrap_or_else(|e| e.into_inner()) = Some(fds);
+    });
+    INHERITED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn a_stored_descriptor_reaches_the_manager_with_its_name() {
+        let dir = std::env::temp_dir().join(format!("tcpxd-fdstore-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("notify");
+        let manager = UnixDatagram::bind(&path).unwrap();
+        let store = FdStore {
+            socket: path.to_string_lossy().into_owned(),
+            max: 4,
+        };
+        let file = std::fs::File::create(dir.join("kept")).unwrap();
+        store.store("tcpxd-cuda-b7", file.as_fd()).unwrap();
+        let mut buf = [0u8; 256];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = rustix::net::RecvAncillaryBuffer::new(&mut space);
+        let got = rustix::net::recvmsg(
+            &manager,
+            &mut [std::io::IoSliceMut::new(&mut buf)],
+            &mut control,
+            rustix::net::RecvFlags::empty(),
+        )
+        .unwrap();
+        assert_eq!(&buf[..got.bytes], b"FDSTORE=1\nFDNAME=tcpxd-cuda-b7\n");
+        let fds: Vec<OwnedFd> = control
+            .drain()
+            .flat_map(|m| match m {
+                rustix::net::RecvAncillaryMessage::ScmRights(fds) => fds.collect(),
+                _ => Vec::new(),
+            })
+            .collect();
+        assert_eq!(fds.len(), 1);
+        assert_eq!(
+            rustix::fs::fstat(&fds[0]).unwrap().st_ino,
+            rustix::fs::fstat(&file).unwrap().st_ino,
+            "the same file"
+        );
+        store.remove("tcpxd-cuda-b7").unwrap();
+        let got = manager.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..got], b"FDSTOREREMOVE=1\nFDNAME=tcpxd-cuda-b7\n");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
