@@ -66,9 +66,10 @@ impl FdStore {
     }
 
     /// Hands a duplicate of `fd` to the store under `name` (the store keeps it until removed or
-    /// the service stops).
+    /// the service stops). `FDPOLL=0`: systemd drops a stored fd on which it sees POLLHUP or
+    /// POLLERR, and a driver's fd says nothing dependable there.
     pub fn store(&self, name: &str, fd: BorrowedFd<'_>) -> std::io::Result<()> {
-        self.send(&format!("FDSTORE=1\nFDNAME={name}\n"), Some(fd))
+        self.send(&format!("FDSTORE=1\nFDNAME={name}\nFDPOLL=0\n"), Some(fd))
     }
 
     /// Closes the store's descriptors named `name`.
@@ -147,7 +148,7 @@ mod tests {
             rustix::net::RecvFlags::empty(),
         )
         .unwrap();
-        assert_eq!(&buf[..got.bytes], b"FDSTORE=1\nFDNAME=tcpxd-cuda-b7\n");
+        assert_eq!(&buf[..got.bytes], b"FDSTORE=1\nFDNAME=tcpxd-cuda-b7\nFDPOLL=0\n");
         let fds: Vec<OwnedFd> = control
             .drain()
             .flat_map(|m| match m {

@@ -14,14 +14,28 @@ use super::Gpu;
 use super::error::{GpuError, GpuResult, check};
 use super::memory::{Backing, DeviceRegion};
 
-/// The allocation's properties: pinned device memory of `ordinal`, shareable as a POSIX fd.
-fn properties(ordinal: usize) -> sys::CUmemAllocationProp {
+/// The allocation's properties: pinned device memory of `gpu`, shareable as a POSIX fd, and
+/// usable for GPUDirect (dma-buf export for the plugin's sends) where the device supports that
+/// for VMM memory.
+fn properties(gpu: &Gpu) -> sys::CUmemAllocationProp {
     // SAFETY: a plain C struct of integers and one pointer, for which all-zero is valid.
     let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
     prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.requestedHandleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     prop.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = ordinal as i32;
+    prop.location.id = gpu.ordinal() as i32;
+    let mut rdma = 0;
+    // SAFETY: writes one int for a valid device; an unknown attribute is an error (then 0).
+    let asked = unsafe {
+        sys::cuDeviceGetAttribute(
+            &mut rdma,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+            gpu.dev,
+        )
+    };
+    if asked == sys::CUresult::CUDA_SUCCESS && rdma != 0 {
+        prop.allocFlags.gpuDirectRDMACapable = 1;
+    }
     prop
 }
 
@@ -30,7 +44,7 @@ impl Gpu {
     /// allocation granularity (2 MiB on current GPUs).
     pub fn shareable_size(&self, len: usize) -> GpuResult<usize> {
         self.bind_to_thread()?;
-        let prop = properties(self.ordinal());
+        let prop = properties(self);
         let mut gran = 0usize;
         // SAFETY: writes one size; `prop` is a valid property struct.
         check("cuMemGetAllocationGranularity", unsafe {
@@ -50,7 +64,7 @@ impl Gpu {
     /// after this one ended (the fd keeps the memory).
     pub fn alloc_shareable(self: &Arc<Self>, len: usize) -> GpuResult<(DeviceRegion, OwnedFd)> {
         let size = self.shareable_size(len)?;
-        let prop = properties(self.ordinal());
+        let prop = properties(self);
         let mut handle: sys::CUmemGenericAllocationHandle = 0;
         // SAFETY: writes one handle; released by the region (or below on failure).
         check("cuMemCreate", unsafe {
@@ -138,7 +152,7 @@ impl Gpu {
         // SAFETY: maps the whole allocation over the whole reservation made above.
         check("cuMemMap", unsafe { sys::cuMemMap(base, size, 0, handle, 0) })?;
         let access = sys::CUmemAccessDesc {
-            location: properties(self.ordinal()).location,
+            location: properties(self).location,
             flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         };
         // SAFETY: one access descriptor for the range mapped above.

@@ -303,6 +303,11 @@ fn the_systemd_unit_keeps_its_service_settings() {
     assert_eq!(one("Restart"), "always");
     assert!(one("RestartSec").ends_with("ms"), "restarted within the second");
     assert_eq!(one("RuntimeDirectoryPreserve"), "restart");
+    // Daemon-allocated CUDA memory's fds are kept in systemd's store, which tcpxd uses when
+    // $FDSTORE says it is there (src/fd_store.rs): the two agree.
+    let store_max: u64 = one("FileDescriptorStoreMax").parse().unwrap();
+    assert!(store_max > 0);
+    assert_eq!(one("Environment"), format!("FDSTORE={store_max}"));
     assert_eq!(one("EnvironmentFile"), "/etc/tcpxd/tcpx.env");
     assert!(one("ExecStart").contains("--config /etc/tcpxd/tcpxd.toml"));
     // The stop timeout leaves room for the 30 s drain.
