@@ -331,20 +331,51 @@ def claims_by_address(conn: Any, ep: str) -> None:
             conn.send(f"{e.code.name}: {e}")
 
 
-@pytest.mark.parametrize("gpu", ["stand-in", pytest.param("real", marks=pytest.mark.gpu)])
-def test_daemon_allocated_cuda_memory_keeps_its_bytes_in_the_descriptor_store(gpu: str) -> None:
-    """A CUDA buffer the daemon allocated (RegisterBuffer cuda) under a service manager that keeps
-    descriptors (systemd's FDSTORE; here supervisor.FdStore): VMM memory whose fd the store holds
-    across the restart, mapped again by the next process under the same id and key, every byte
-    there (ReadBuffer, and a READ by the other node with the descriptor handed out before); a
-    release takes the fd out of the store. `stand-in`: the CUDA stand-in's VMM over a memfd;
-    `real`: a GPU (`pytest -m gpu`)."""
+def keeper_names(sock: Path) -> List[str]:
+    """The names a `tcpxd fd-keeper` holds (its LISTEN=1 request; the duplicates are closed)."""
+    import array
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(10)
+        s.connect(str(sock))
+        s.send(b"LISTEN=1\n")
+        names = []
+        while True:
+            msg, anc, _, _ = s.recvmsg(4096, socket.CMSG_SPACE(4 * 4))
+            for level, kind, data in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    a = array.array("i")
+                    a.frombytes(data[: len(data) - len(data) % a.itemsize])
+                    for fd in a:
+                        os.close(fd)
+            text = msg.decode()
+            if text.startswith("END=1"):
+                return names
+            names.append(text.strip().split("=", 1)[1])
+
+
+@pytest.mark.parametrize(
+    "gpu,store",
+    [("stand-in", "systemd"), ("stand-in", "fd-keeper"),
+     pytest.param("real", "systemd", marks=pytest.mark.gpu), pytest.param("real", "fd-keeper", marks=pytest.mark.gpu)],
+)
+def test_daemon_allocated_cuda_memory_keeps_its_bytes_in_the_descriptor_store(gpu: str, store: str) -> None:
+    """A CUDA buffer the daemon allocated (RegisterBuffer cuda) where its fd is kept across the
+    restart: by systemd's file-descriptor store (FDSTORE; here supervisor.FdStore), or by a
+    `tcpxd fd-keeper` (runtime.fd_keeper; GKE's sidecar). VMM memory mapped again by the next
+    process under the same id and key, every byte there (ReadBuffer, and a READ by the other node
+    with the descriptor handed out before); a release takes the fd out of the store.
+    `stand-in`: the CUDA stand-in's VMM over a memfd; `real`: a GPU (`pytest -m gpu`)."""
+    import subprocess
+
     import numpy as np
 
     from test_restart import cuda_stand_in
 
     d = Path(tempfile.mkdtemp(prefix="tcpxd-rtc-"))
     sups: List[Supervised] = []
+    keeper = None
     try:
         env: Dict[str, str] = {}
         device = 0
@@ -359,16 +390,34 @@ def test_daemon_allocated_cuda_memory_keeps_its_bytes_in_the_descriptor_store(gp
         extra = ["--config", str(conf)]
         a = supervised(str(tcpxd_bin()), d, "ca", free_port(), env=env, extra=extra)
         sups.append(a)
-        b = supervised(str(tcpxd_bin()), d, "cb", free_port(), env=env, extra=extra, fd_store=True)
+        if store == "fd-keeper":
+            sock = d / "fd-keeper.sock"
+            with open(d / "keeper.log", "ab") as log:
+                keeper = subprocess.Popen([str(tcpxd_bin()), "fd-keeper", "--socket", str(sock)], stderr=log)
+            deadline = time.monotonic() + 30
+            while not sock.exists():
+                assert time.monotonic() < deadline and keeper.poll() is None, "the fd keeper serves"
+                time.sleep(0.01)
+            b = supervised(str(tcpxd_bin()), d, "cb", free_port(), env=env, extra=extra + ["--fd-keeper", str(sock)])
+
+            def names() -> List[str]:
+                return keeper_names(sock)
+        else:
+            b = supervised(str(tcpxd_bin()), d, "cb", free_port(), env=env, extra=extra, fd_store=True)
+            systemd = b.fd_store
+            assert systemd is not None
+
+            def names() -> List[str]:
+                systemd.drain()
+                return systemd.names()
+
         sups.append(b)
-        assert b.fd_store is not None
         size = 3 << 20  # not a multiple of the 2 MiB granularity: the buffer is its first 3 MiB
         data = np.random.default_rng(40).integers(0, 256, size, dtype=np.uint8).tobytes()
         with tcpxd.Client(endpoint(a)) as ca, tcpxd.Client(endpoint(b)) as cb:
             kept = cb.allocate_cuda(size, device=device, label="kv")
             kept.write_bytes(data)
-            b.fd_store.drain()
-            assert b.fd_store.names() == [f"tcpxd-cuda-b{kept.id}"], b.fd_store.names()
+            assert names() == [f"tcpxd-cuda-b{kept.id}"], names()
             local = ca.register_host(size)
             ca.read(kept.descriptor, local)
             assert local.numpy().tobytes() == data
@@ -390,9 +439,9 @@ def test_daemon_allocated_cuda_memory_keeps_its_bytes_in_the_descriptor_store(gp
             assert (described.label, described.size, described.descriptor) == ("kv", size, desc)
             kept.release()
             deadline = time.monotonic() + 10
-            while b.fd_store.names() and time.monotonic() < deadline:
+            while names() and time.monotonic() < deadline:
                 time.sleep(0.02)
-            assert b.fd_store.names() == [], "a release takes the descriptor out of the store"
+            assert names() == [], "a release takes the descriptor out of the store"
             assert regs(d, "cb") == 0
             with pytest.raises(tcpxd.TcpxdError) as e:
                 ca.read(desc, local, 4096, timeout=10)
@@ -400,4 +449,7 @@ def test_daemon_allocated_cuda_memory_keeps_its_bytes_in_the_descriptor_store(gp
     finally:
         for s in sups:
             s.close()
+        if keeper is not None:
+            keeper.terminate()
+            keeper.wait(10)
         shutil.rmtree(d, ignore_errors=True)

@@ -227,7 +227,7 @@ pub struct BufferRegistry {
     host_dir: Option<std::path::PathBuf>,
     /// Where daemon-allocated CUDA memory keeps its fd across a restart (src/cuda_kept.rs), and
     /// the buffers whose fd is there.
-    pub(crate) cuda_store: Option<crate::cuda_kept::CudaStore>,
+    pub(crate) cuda_store: Option<crate::fd_store::CudaStore>,
 }
 
 /// The id and key a registration takes back after a restart (re-attach).
@@ -396,9 +396,6 @@ impl BufferRegistry {
     ) -> Result<Arc<BufferEntry>, EngineError> {
         self.check_new("cuda.size", size, label)?;
         let gpu = self.gpu("cuda.device", device)?;
-        if let Some(store) = &self.cuda_store {
-            return self.allocate_cuda_kept(store, &gpu, size, label);
-        }
         let region = gpu.alloc(size as usize).map_err(|e| {
             EngineError::new(
                 Code::ResourceExhausted,

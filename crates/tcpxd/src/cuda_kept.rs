@@ -8,47 +8,13 @@
 //! Such a buffer has no CUDA IPC handle (`cuIpcGetMemHandle` does not serve VMM allocations):
 //! its `cuda_ipc_handle` is empty.
 
-use std::collections::HashSet;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use crate::buffers::{BufferEntry, BufferKind, BufferMemory, BufferRegistry, Ident};
 use crate::engine::{Code, EngineError};
-use crate::fd_store::FdStore;
-use crate::gpu::Gpu;
+use crate::fd_store::{CudaStore, FdStore, fd_name};
 use crate::journal::KeptCuda;
-
-/// The name a kept buffer's fd has in the store.
-pub fn fd_name(id: u64) -> String {
-    format!("tcpxd-cuda-b{id}")
-}
-
-/// The store, and which buffers have their fd there.
-#[derive(Debug)]
-pub struct CudaStore {
-    store: FdStore,
-    kept: Mutex<HashSet<u64>>,
-}
-
-impl CudaStore {
-    pub fn new(store: FdStore) -> CudaStore {
-        CudaStore {
-            store,
-            kept: Mutex::new(HashSet::new()),
-        }
-    }
-
-    fn kept(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
-        self.kept.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Drops a descriptor of the store that no buffer claims (a previous instance's leftover).
-    pub fn remove_unclaimed(&self, name: &str) {
-        if let Err(e) = self.store.remove(name) {
-            tracing::warn!(name, "removing a descriptor nobody claims from the store: {e}");
-        }
-    }
-}
 
 impl BufferRegistry {
     /// Keeps daemon-allocated CUDA memory's fds in `store`.
@@ -74,14 +40,19 @@ impl BufferRegistry {
         }
     }
 
-    /// Allocates `size` bytes of `gpu`'s memory with the VMM API and hands its fd to the store.
-    pub(crate) fn allocate_cuda_kept(
+    /// Allocates `size` bytes of CUDA memory on `device` with the VMM API and hands its fd to
+    /// the store ([`BufferRegistry::allocate_cuda`] where the registry has none).
+    pub fn allocate_cuda_kept(
         &self,
-        store: &CudaStore,
-        gpu: &Arc<Gpu>,
+        device: u32,
         size: u64,
         label: &str,
     ) -> Result<Arc<BufferEntry>, EngineError> {
+        let Some(store) = &self.cuda_store else {
+            return self.allocate_cuda(device, size, label);
+        };
+        self.check_new("cuda.size", size, label)?;
+        let gpu = self.gpu("cuda.device", device)?;
         if store.kept().len() >= store.store.max {
             return Err(EngineError::new(
                 Code::ResourceExhausted,

@@ -15,6 +15,7 @@ pub mod config;
 pub mod cuda_kept;
 pub mod daemon;
 pub mod doctor;
+pub mod fd_keeper;
 pub mod fd_store;
 pub mod gpu;
 pub mod headroom;

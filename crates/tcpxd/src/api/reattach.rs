@@ -305,11 +305,14 @@ pub async fn restore(state: &Arc<DaemonState>, grace: Duration, mut stop: watch:
 }
 
 /// Restores the previous instance's daemon-allocated CUDA buffers from the descriptors the
-/// service manager passed back (`LISTEN_FDS`); a record without its descriptor, or a descriptor
+/// store kept (systemd's, passed back as `LISTEN_FDS`; or the fd keeper's); a record without its descriptor, or a descriptor
 /// without its record, is dropped (and taken out of the store). Returns how many came back.
 async fn restore_cuda(state: &Arc<DaemonState>, journal: &Arc<crate::journal::Journal>) -> usize {
-    use crate::cuda_kept::fd_name;
-    let mut fds = crate::fd_store::take_inherited();
+    use crate::fd_store::fd_name;
+    let mut fds = match &state.buffers.cuda_store {
+        Some(store) => store.take_stored(),
+        None => crate::fd_store::take_inherited(),
+    };
     let mut restored = 0;
     for kept in journal.take_kept_cuda() {
         let Some(fd) = fds.remove(&fd_name(kept.id)) else {
@@ -325,7 +328,7 @@ async fn restore_cuda(state: &Arc<DaemonState>, journal: &Arc<crate::journal::Jo
             tracing::warn!(
                 buffer = kept.id,
                 "a daemon-allocated CUDA buffer's descriptor came back, but this instance has no descriptor \
-                 store (NOTIFY_SOCKET and FDSTORE): not restored"
+                 store (NOTIFY_SOCKET and FDSTORE, or runtime.fd_keeper): not restored"
             );
             journal.forget(Space::Buffer, kept.id);
             continue;

@@ -58,10 +58,12 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
             }
             Some(pb::register_buffer_request::Source::Cuda(c)) => {
                 let (label, state) = (r.label.clone(), self.state.clone());
-                tokio::task::spawn_blocking(move || state.buffers.allocate_cuda(c.device, c.size, &label))
-                    .await
-                    .map_err(|e| Status::internal(e.to_string()))?
-                    .map_err(status)?
+                tokio::task::spawn_blocking(move || {
+                    state.buffers.allocate_cuda_kept(c.device, c.size, &label)
+                })
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(status)?
             }
             Some(pb::register_buffer_request::Source::CudaIpc(c)) => {
                 let (ident, c_claim) = self.state.reattach_buffer(
