@@ -13,6 +13,7 @@ pub mod blocks;
 mod comm;
 pub mod cross_memory;
 mod error;
+pub mod inherited_fds;
 pub mod log_limit;
 pub mod logger;
 mod memory;
