@@ -14,7 +14,7 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import grpc
 import pytest
@@ -329,3 +329,127 @@ def claims_by_address(conn: Any, ep: str) -> None:
             conn.send("accepted")
         except tcpxd.TcpxdError as e:
             conn.send(f"{e.code.name}: {e}")
+
+
+def keeper_names(sock: Path) -> List[str]:
+    """The names a `tcpxd fd-keeper` holds (its LISTEN=1 request; the duplicates are closed)."""
+    import array
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(10)
+        s.connect(str(sock))
+        s.send(b"LISTEN=1\n")
+        names = []
+        while True:
+            msg, anc, _, _ = s.recvmsg(4096, socket.CMSG_SPACE(4 * 4))
+            for level, kind, data in anc:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    a = array.array("i")
+                    a.frombytes(data[: len(data) - len(data) % a.itemsize])
+                    for fd in a:
+                        os.close(fd)
+            text = msg.decode()
+            if text.startswith("END=1"):
+                return names
+            names.append(text.strip().split("=", 1)[1])
+
+
+@pytest.mark.parametrize(
+    "gpu,store",
+    [("stand-in", "systemd"), ("stand-in", "fd-keeper"),
+     pytest.param("real", "systemd", marks=pytest.mark.gpu), pytest.param("real", "fd-keeper", marks=pytest.mark.gpu)],
+)
+def test_daemon_allocated_cuda_memory_keeps_its_bytes_in_the_descriptor_store(gpu: str, store: str) -> None:
+    """A CUDA buffer the daemon allocated (RegisterBuffer cuda) where its fd is kept across the
+    restart: by systemd's file-descriptor store (FDSTORE; here supervisor.FdStore), or by a
+    `tcpxd fd-keeper` (runtime.fd_keeper; GKE's sidecar). VMM memory mapped again by the next
+    process under the same id and key, every byte there (ReadBuffer, and a READ by the other node
+    with the descriptor handed out before); a release takes the fd out of the store.
+    `stand-in`: the CUDA stand-in's VMM over a memfd; `real`: a GPU (`pytest -m gpu`)."""
+    import subprocess
+
+    import numpy as np
+
+    from test_restart import cuda_stand_in
+
+    d = Path(tempfile.mkdtemp(prefix="tcpxd-rtc-"))
+    sups: List[Supervised] = []
+    keeper = None
+    try:
+        env: Dict[str, str] = {}
+        device = 0
+        if gpu == "stand-in":
+            env = cuda_stand_in(d)
+            # One NIC serving every GPU, no fail-stop: this test restarts by signals only.
+            for k in ("TCPXEMU_DEV0_GPUS", "TCPXEMU_FAILSTOP"):
+                env.pop(k)
+            device = 5
+        conf = d / "tcpxd.toml"
+        conf.write_text("[runtime]\nreattach_grace_s = 30\n")
+        extra = ["--config", str(conf)]
+        a = supervised(str(tcpxd_bin()), d, "ca", free_port(), env=env, extra=extra)
+        sups.append(a)
+        if store == "fd-keeper":
+            sock = d / "fd-keeper.sock"
+            with open(d / "keeper.log", "ab") as log:
+                keeper = subprocess.Popen([str(tcpxd_bin()), "fd-keeper", "--socket", str(sock)], stderr=log)
+            deadline = time.monotonic() + 30
+            while not sock.exists():
+                assert time.monotonic() < deadline and keeper.poll() is None, "the fd keeper serves"
+                time.sleep(0.01)
+            b = supervised(str(tcpxd_bin()), d, "cb", free_port(), env=env, extra=extra + ["--fd-keeper", str(sock)])
+
+            def names() -> List[str]:
+                return keeper_names(sock)
+        else:
+            b = supervised(str(tcpxd_bin()), d, "cb", free_port(), env=env, extra=extra, fd_store=True)
+            systemd = b.fd_store
+            assert systemd is not None
+
+            def names() -> List[str]:
+                systemd.drain()
+                return systemd.names()
+
+        sups.append(b)
+        size = 3 << 20  # not a multiple of the 2 MiB granularity: the buffer is its first 3 MiB
+        data = np.random.default_rng(40).integers(0, 256, size, dtype=np.uint8).tobytes()
+        with tcpxd.Client(endpoint(a)) as ca, tcpxd.Client(endpoint(b)) as cb:
+            kept = cb.allocate_cuda(size, device=device, label="kv")
+            kept.write_bytes(data)
+            assert names() == [f"tcpxd-cuda-b{kept.id}"], names()
+            local = ca.register_host(size)
+            ca.read(kept.descriptor, local)
+            assert local.numpy().tobytes() == data
+            desc = kept.descriptor
+            for i, sig in enumerate((signal.SIGKILL, signal.SIGTERM, signal.SIGKILL)):
+                restart(b, sig)
+                got = retry(lambda: kept.read_bytes(), "ReadBuffer of the kept CUDA buffer")
+                assert got == data, f"restart {i + 1}: the CUDA buffer lost bytes"
+                local.numpy()[:] = 0
+                retry(lambda: ca.read(desc, local), "READ of the kept CUDA buffer by its old descriptor")
+                assert local.numpy().tobytes() == data
+                # What is written after a restart is kept over the next one.
+                patch = bytes([i + 1]) * 4096
+                kept.write_bytes(patch, offset=i * 4096)
+                data = data[: i * 4096] + patch + data[(i + 1) * 4096 :]
+            from tcpxd import _proto
+
+            described = cb._unary("DescribeBuffer", _proto.message("DescribeBufferRequest")(buffer_id=kept.id))
+            assert (described.label, described.size, described.descriptor) == ("kv", size, desc)
+            kept.release()
+            deadline = time.monotonic() + 10
+            while names() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert names() == [], "a release takes the descriptor out of the store"
+            assert regs(d, "cb") == 0
+            with pytest.raises(tcpxd.TcpxdError) as e:
+                ca.read(desc, local, 4096, timeout=10)
+            assert e.value.code == grpc.StatusCode.NOT_FOUND, e.value
+    finally:
+        for s in sups:
+            s.close()
+        if keeper is not None:
+            keeper.terminate()
+            keeper.wait(10)
+        shutil.rmtree(d, ignore_errors=True)

@@ -225,6 +225,9 @@ pub struct BufferRegistry {
     /// Where daemon-allocated host memory lives as files (the state directory's `host/`, on
     /// tmpfs): its bytes outlive the process. `None`: anonymous memory.
     host_dir: Option<std::path::PathBuf>,
+    /// Where daemon-allocated CUDA memory keeps its fd across a restart (src/cuda_kept.rs), and
+    /// the buffers whose fd is there.
+    pub(crate) cuda_store: Option<crate::fd_store::CudaStore>,
 }
 
 /// The id and key a registration takes back after a restart (re-attach).
@@ -244,7 +247,13 @@ impl BufferRegistry {
             next_id: AtomicU64::new(1),
             map: Mutex::new(HashMap::new()),
             host_dir: None,
+            cuda_store: None,
         }
+    }
+
+    /// A new buffer id.
+    pub(crate) fn new_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
     /// Daemon-allocated host memory lives in files named by buffer id in `dir` (a tmpfs).

@@ -120,6 +120,10 @@ pub struct DaemonArgs {
     /// created 0700). Default: none (nothing outlives the process).
     #[arg(long, env = "TCPXD_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<PathBuf>,
+    /// The socket of a `tcpxd fd-keeper` that keeps daemon-allocated CUDA memory's fds across
+    /// restarts where systemd does not (GKE, plain runs). Default: none (systemd's store if any).
+    #[arg(long, env = "TCPXD_FD_KEEPER", value_name = "PATH")]
+    pub fd_keeper: Option<PathBuf>,
     /// Transfer deadline in seconds, when a request carries none. Default: 600.
     #[arg(long, env = "TCPXD_DEFAULT_TIMEOUT_S")]
     pub default_timeout_s: Option<u64>,
@@ -179,6 +183,7 @@ pub struct FileRuntime {
     pub async_workers: Option<usize>,
     pub state_dir: Option<PathBuf>,
     pub reattach_grace_s: Option<u64>,
+    pub fd_keeper: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -324,6 +329,8 @@ pub struct Config {
     pub topology: MapSpec,
     /// Where registrations outlive the process (`runtime.state_dir`); `None`: nowhere.
     pub state_dir: Option<PathBuf>,
+    /// A `tcpxd fd-keeper`'s socket (`runtime.fd_keeper`): where CUDA memory's fds are kept.
+    pub fd_keeper: Option<PathBuf>,
     /// How long a restarted daemon keeps its previous instance's registrations for their
     /// clients to re-attach (`runtime.reattach_grace_s`).
     pub reattach_grace: Duration,
@@ -612,6 +619,7 @@ impl Config {
             async_workers,
             topology,
             state_dir: args.state_dir.clone().or_else(|| file.runtime.state_dir.clone()),
+            fd_keeper: args.fd_keeper.clone().or_else(|| file.runtime.fd_keeper.clone()),
             reattach_grace: Duration::from_secs(match file.runtime.reattach_grace_s.unwrap_or(60) {
                 g @ 1..=86_400 => g,
                 g => {

@@ -271,6 +271,25 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         use crate::journal::Space;
         buffers = buffers.with_host_dir(dir.join("host"));
         buffers.start_ids_at(j.first_id(Space::Buffer));
+        // Daemon-allocated CUDA memory outlives the process where its fd can (src/cuda_kept.rs).
+        let store = match &cfg.fd_keeper {
+            Some(socket) => Some(crate::fd_store::FdStore::keeper(socket)),
+            None => crate::fd_store::FdStore::from_env(),
+        };
+        match store {
+            Some(store) => {
+                tracing::info!(
+                    max = store.max,
+                    "daemon-allocated CUDA memory outlives restarts: its descriptors are kept in {}",
+                    store.describe()
+                );
+                buffers = buffers.with_cuda_store(store);
+            }
+            None => tracing::info!(
+                "daemon-allocated CUDA memory does not outlive this process: no descriptor store (systemd's \
+                 NOTIFY_SOCKET with FDSTORE, or runtime.fd_keeper; docs/OPERATIONS.md, \"Restarts\")"
+            ),
+        }
         let _ = poller.sender().send(Command::StartIdsAt {
             lists: j.first_id(Space::List),
             prepared: j.first_id(Space::Prepared),

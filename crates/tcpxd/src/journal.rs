@@ -11,6 +11,9 @@
 //! - `host/<id>`: the memory of a daemon-allocated host buffer (on tmpfs: the bytes survive the
 //!   process, not the machine).
 //!
+//! Daemon-allocated CUDA memory is not a file here: its fd is in the service manager's
+//! descriptor store (src/fd_store.rs), named `tcpxd-cuda-b<id>`; its record carries its device.
+//!
 //! At start-up the previous instance's registrations become *pending*: a client re-attaches one
 //! by presenting its id (and a buffer's key); what nobody re-attached within the grace period
 //! is forgotten (a client whose process died meanwhile). Daemon-allocated host buffers are not
@@ -75,6 +78,9 @@ pub enum Record {
         /// Memory registered by address: whose (only that process re-attaches it).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         owner: Option<Owner>,
+        /// Daemon-allocated CUDA memory kept in the descriptor store: its device.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        device: Option<u32>,
     },
     List {
         buffer: u64,
@@ -129,6 +135,16 @@ struct Inner {
     pending: HashMap<(Space, u64), Record>,
     /// This instance's block lists and their buffers (forgotten with the buffer).
     lists: HashMap<u64, u64>,
+}
+
+/// A daemon-allocated CUDA buffer of the previous instance, to restore from its kept fd.
+#[derive(Debug, Clone)]
+pub struct KeptCuda {
+    pub id: u64,
+    pub size: u64,
+    pub key: [u8; 16],
+    pub label: String,
+    pub device: u32,
 }
 
 /// The state directory of a running daemon.
@@ -384,6 +400,55 @@ impl Journal {
         kept
     }
 
+    /// Takes the previous instance's daemon-allocated CUDA buffers that were kept in the
+    /// descriptor store (a device recorded); the others (allocated without a store) are forgotten.
+    pub fn take_kept_cuda(&self) -> Vec<KeptCuda> {
+        let mut inner = self.lock();
+        let ids: Vec<u64> = inner
+            .pending
+            .iter()
+            .filter(|&(&(s, _), r)| {
+                s == Space::Buffer && matches!(r, Record::Buffer { kind, .. } if kind == "cuda")
+            })
+            .map(|(&(_, id), _)| id)
+            .collect();
+        let mut kept = Vec::new();
+        let mut gone = Vec::new();
+        for id in ids {
+            let Some(Record::Buffer {
+                size,
+                key,
+                label,
+                device,
+                ..
+            }) = inner.pending.remove(&(Space::Buffer, id))
+            else {
+                continue;
+            };
+            let key = hex::decode(&key).ok().and_then(|k| <[u8; 16]>::try_from(k).ok());
+            match (key, device) {
+                (Some(key), Some(device)) => kept.push(KeptCuda {
+                    id,
+                    size,
+                    key,
+                    label,
+                    device,
+                }),
+                _ => gone.push(id),
+            }
+        }
+        drop(inner);
+        for id in gone {
+            tracing::warn!(
+                buffer = id,
+                "a daemon-allocated CUDA buffer was not kept in a descriptor store: not restored"
+            );
+            self.forget(Space::Buffer, id);
+        }
+        kept.sort_by_key(|k| k.id);
+        kept
+    }
+
     /// Where daemon-allocated host buffer `id` keeps its memory.
     pub fn host_file(&self, id: u64) -> PathBuf {
         self.dir.join("host").join(id.to_string())
@@ -458,6 +523,7 @@ mod tests {
             key: key.into(),
             label: String::new(),
             owner: None,
+            device: None,
         }
     }
 

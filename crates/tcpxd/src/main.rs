@@ -26,7 +26,11 @@ struct Cli {
 enum Sub {
     /// Check this node's set-up for GPUDirect-TCPX and tcpxd: each check ok, warn or fail with a
     /// one-line fix; exits 1 when any check fails. See docs/OPERATIONS.md.
-    Doctor(tcpxd::doctor::DoctorArgs),
+    Doctor(Box<tcpxd::doctor::DoctorArgs>),
+    /// Hold the file descriptors of the daemon's CUDA memory across its restarts where no
+    /// systemd does (a GKE sidecar, a plain run): serve --socket, the daemon's runtime.fd_keeper.
+    /// See docs/OPERATIONS.md, "Restarts".
+    FdKeeper(tcpxd::fd_keeper::FdKeeperArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +42,16 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
+        };
+    }
+    if let Some(Sub::FdKeeper(args)) = &cli.command {
+        tcpxd::logging::init("info");
+        return match tcpxd::fd_keeper::serve(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!(socket = %args.socket.display(), "fd keeper: {e}");
+                ExitCode::FAILURE
+            }
         };
     }
     tcpxd::logging::init("info");

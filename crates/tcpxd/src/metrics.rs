@@ -212,7 +212,7 @@ impl Metrics {
             reattached: counter_vec(
                 &r,
                 "tcpxd_reattached_total",
-                "Registrations of the previous instance taken back after a restart, by kind (buffer, block_list, prepared_list: by their clients; host_restored: daemon-allocated host memory, by the daemon)",
+                "Registrations of the previous instance taken back after a restart, by kind (buffer, block_list, prepared_list: by their clients; host_restored, cuda_restored: daemon-allocated host and CUDA memory, by the daemon)",
                 &["kind"],
             ),
             reattach_forgotten: {
@@ -276,7 +276,7 @@ impl Metrics {
     }
 
     /// A registration came back after a restart (`kind`: buffer, block_list, prepared_list,
-    /// host_restored).
+    /// host_restored, cuda_restored).
     pub fn reattached(&self, kind: &str) {
         self.reattached.with_label_values(&[kind]).inc();
     }

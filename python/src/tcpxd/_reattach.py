@@ -10,7 +10,8 @@ does), and once a new instance answers, registers each again under its old id an
 and block-list tokens handed out before then work again, unchanged, on every node that holds them.
 
 What the daemon allocated in host memory comes back by itself (its bytes kept in the state
-directory); what it allocated on a GPU does not outlive it (logged here, once per buffer).
+directory); what it allocated on a GPU too where its descriptor is kept (systemd's store or `tcpxd
+fd-keeper`: docs/OPERATIONS.md, "Restarts"), else it does not outlive the daemon.
 Transfers in flight at the restart fail (UNAVAILABLE, within their deadline); the next ones
 succeed once the re-attach is done (`wait()` waits for it).
 """

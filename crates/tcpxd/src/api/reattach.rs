@@ -159,6 +159,7 @@ impl DaemonState {
             key: hex::encode(b.key()),
             label: b.label.clone(),
             owner,
+            device: self.buffers.kept_cuda_device(b),
         };
         journal.record(Space::Buffer, b.id, &record).map_err(status)
     }
@@ -207,6 +208,9 @@ impl DaemonState {
         if let Some(j) = &self.journal {
             j.forget(space, id);
         }
+        if space == Space::Buffer {
+            self.buffers.forget_kept_cuda(id);
+        }
     }
 }
 
@@ -236,7 +240,8 @@ fn claimed(
 }
 
 /// At start-up: restores the previous instance's daemon-allocated host buffers (their memory
-/// files, bytes and all, under their ids and keys), then forgets, once `grace` has passed, what
+/// files, bytes and all, under their ids and keys) and CUDA buffers (their fds from the
+/// descriptor store: src/cuda_kept.rs), then forgets, once `grace` has passed, what
 /// no client re-attached. Returns how many buffers came back.
 pub async fn restore(state: &Arc<DaemonState>, grace: Duration, mut stop: watch::Receiver<bool>) -> usize {
     let Some(journal) = state.journal.clone() else {
@@ -272,6 +277,7 @@ pub async fn restore(state: &Arc<DaemonState>, grace: Duration, mut stop: watch:
             }
         }
     }
+    restored += restore_cuda(state, &journal).await;
     let pending = journal.pending();
     state.metrics.set_reattach_pending(pending);
     if pending > 0 {
@@ -294,6 +300,79 @@ pub async fn restore(state: &Arc<DaemonState>, grace: Duration, mut stop: watch:
                 _ = stop.wait_for(|s| *s) => {}
             }
         });
+    }
+    restored
+}
+
+/// Restores the previous instance's daemon-allocated CUDA buffers from the descriptors the
+/// store kept (systemd's, passed back as `LISTEN_FDS`; or the fd keeper's); a record without its descriptor, or a descriptor
+/// without its record, is dropped (and taken out of the store). Returns how many came back.
+async fn restore_cuda(state: &Arc<DaemonState>, journal: &Arc<crate::journal::Journal>) -> usize {
+    use crate::fd_store::fd_name;
+    let mut fds = match &state.buffers.cuda_store {
+        Some(store) => store.take_stored(),
+        None => crate::fd_store::take_inherited(),
+    };
+    let mut restored = 0;
+    for kept in journal.take_kept_cuda() {
+        let Some(fd) = fds.remove(&fd_name(kept.id)) else {
+            tracing::warn!(
+                buffer = kept.id,
+                "a daemon-allocated CUDA buffer's descriptor did not come back from the service manager's \
+                 store (a restart outside it, or the store was emptied): not restored"
+            );
+            journal.forget(Space::Buffer, kept.id);
+            continue;
+        };
+        if !state.buffers.keeps_cuda() {
+            tracing::warn!(
+                buffer = kept.id,
+                "a daemon-allocated CUDA buffer's descriptor came back, but this instance has no descriptor \
+                 store (NOTIFY_SOCKET and FDSTORE, or runtime.fd_keeper): not restored"
+            );
+            journal.forget(Space::Buffer, kept.id);
+            continue;
+        }
+        let st = state.clone();
+        let k = kept.clone();
+        let entry = tokio::task::spawn_blocking(move || st.buffers.restore_cuda(&k, fd)).await;
+        let result = match entry {
+            Ok(Ok(entry)) => state.install(&entry).await.map(|_| entry),
+            Ok(Err(e)) => Err(status(e)),
+            Err(e) => Err(Status::internal(e.to_string())),
+        };
+        match result {
+            Ok(entry) => {
+                restored += 1;
+                state.metrics.reattached("cuda_restored");
+                tracing::info!(
+                    buffer = entry.id,
+                    size = entry.size,
+                    device = kept.device,
+                    "daemon-allocated CUDA buffer restored"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(
+                    buffer = kept.id,
+                    "a daemon-allocated CUDA buffer could not be restored: {}",
+                    e.message()
+                );
+                state.journal_forget(Space::Buffer, kept.id);
+            }
+        }
+    }
+    for (name, fd) in fds {
+        drop(fd);
+        if name.starts_with("tcpxd-cuda-b")
+            && let Some(store) = &state.buffers.cuda_store
+        {
+            tracing::info!(
+                name,
+                "a kept CUDA descriptor no registration claims: taken out of the store"
+            );
+            store.remove_unclaimed(&name);
+        }
     }
     restored
 }

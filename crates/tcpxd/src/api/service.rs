@@ -41,7 +41,8 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
         if r.reattach_id != 0 && !matches!(r.source, Some(pb::register_buffer_request::Source::CudaIpc(_))) {
             return Err(Status::invalid_argument(
                 "reattach_id: only a cuda_ipc import is re-attached by its client; daemon-allocated host \
-                 buffers come back by themselves, daemon-allocated CUDA memory does not outlive the daemon",
+                 buffers come back by themselves, daemon-allocated CUDA memory too where the service manager \
+                 keeps its descriptor (docs/OPERATIONS.md, \"Restarts\")",
             ));
         }
         // A re-attach taken from the state directory: put back if anything below fails.
@@ -57,10 +58,12 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
             }
             Some(pb::register_buffer_request::Source::Cuda(c)) => {
                 let (label, state) = (r.label.clone(), self.state.clone());
-                tokio::task::spawn_blocking(move || state.buffers.allocate_cuda(c.device, c.size, &label))
-                    .await
-                    .map_err(|e| Status::internal(e.to_string()))?
-                    .map_err(status)?
+                tokio::task::spawn_blocking(move || {
+                    state.buffers.allocate_cuda_kept(c.device, c.size, &label)
+                })
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?
+                .map_err(status)?
             }
             Some(pb::register_buffer_request::Source::CudaIpc(c)) => {
                 let (ident, c_claim) = self.state.reattach_buffer(

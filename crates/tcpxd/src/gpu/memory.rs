@@ -146,25 +146,28 @@ impl<'a> FragmentList<'a> {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backing {
+pub(super) enum Backing {
     /// cuMemAlloc'd here; `base` is the allocation.
     Owned,
     /// cuIpcOpenMemHandle'd here; `base` is the mapping.
     Imported,
     /// Another window onto an imported mapping, which `DeviceRegion::shares` keeps open.
     View,
+    /// A VMM allocation (`cuMemCreate` here, or `cuMemImportFromShareableHandle` of its fd) mapped
+    /// over `reserved` bytes reserved at `base` (vmm.rs): unmapped, released and unreserved on drop.
+    Vmm { handle: u64, reserved: usize },
 }
 
 /// Device memory of one GPU, 4 KiB-aligned (as TCPX `regMr` demands), freed (or, for an
 /// imported region, unmapped) on drop.
 pub struct DeviceRegion {
-    gpu: Arc<Gpu>,
-    base: u64,
-    ptr: u64,
-    len: usize,
-    backing: Backing,
+    pub(super) gpu: Arc<Gpu>,
+    pub(super) base: u64,
+    pub(super) ptr: u64,
+    pub(super) len: usize,
+    pub(super) backing: Backing,
     /// For a view (`DeviceRegion::view_of`): the imported region whose mapping it is a window of.
-    shares: Option<Arc<DeviceRegion>>,
+    pub(super) shares: Option<Arc<DeviceRegion>>,
 }
 
 /// What another process needs to import a [`DeviceRegion`]: the IPC handle of the allocation
@@ -372,10 +375,18 @@ impl DeviceRegion {
 
     /// The IPC handle of this region's allocation, with the region's place in it.
     pub fn export_ipc(&self) -> GpuResult<IpcExport> {
-        if self.is_imported() {
-            return Err(GpuError::InvalidArgument(
-                "an imported region cannot be exported again".into(),
-            ));
+        match self.backing {
+            Backing::Owned => {}
+            Backing::Imported | Backing::View => {
+                return Err(GpuError::InvalidArgument(
+                    "an imported region cannot be exported again".into(),
+                ));
+            }
+            Backing::Vmm { .. } => {
+                return Err(GpuError::InvalidArgument(
+                    "a VMM allocation has no CUDA IPC handle (it is shared by its POSIX fd)".into(),
+                ));
+            }
         }
         self.gpu.bind_to_thread()?;
         let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
@@ -454,6 +465,7 @@ impl Drop for DeviceRegion {
                 sys::cuIpcCloseMemHandle(self.base)
             }),
             Backing::View => return,
+            Backing::Vmm { handle, reserved } => super::vmm::release(self.base, reserved, handle),
         };
         if let Err(e) = check(call, code) {
             tracing::warn!("releasing device memory at {:#x}: {e}", self.base);

@@ -25,6 +25,7 @@ mod ops;
 mod peek;
 mod persist;
 mod stream;
+mod vmm;
 
 use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex, OnceLock};

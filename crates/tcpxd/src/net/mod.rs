@@ -14,6 +14,7 @@ mod comm;
 pub mod cross_memory;
 mod error;
 pub mod host_copies;
+pub mod inherited_fds;
 pub mod log_limit;
 pub mod logger;
 mod memory;

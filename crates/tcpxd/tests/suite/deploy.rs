@@ -185,6 +185,22 @@ fn gke_daemonset_keeps_its_key_fields() {
         .find(|v| v["name"] == "tcpxd-run")
         .expect("the tcpxd-run volume");
     assert!(host_run["hostPath"]["path"].as_str().is_some(), "{host_run:?}");
+    // The fd keeper (daemon-allocated CUDA memory's fds) serves the socket tcpxd is given, in the
+    // same volume.
+    let keeper_sock = args[args
+        .iter()
+        .position(|a| *a == "--fd-keeper")
+        .expect("--fd-keeper")
+        + 1];
+    let keeper = container(pod, "fd-keeper");
+    let cmd: Vec<&str> = keeper["command"]
+        .as_array()
+        .expect("the keeper's command")
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(cmd[1..], ["fd-keeper", "--socket", keeper_sock]);
+    assert_eq!(mounts(keeper).get(run_dir), mounts(tcpxd).get(run_dir));
 
     // The plugin is staged into an executable volume and named to tcpxd.
     let plugin = env_of(tcpxd)["TCPXD_PLUGIN"].clone();
@@ -303,6 +319,11 @@ fn the_systemd_unit_keeps_its_service_settings() {
     assert_eq!(one("Restart"), "always");
     assert!(one("RestartSec").ends_with("ms"), "restarted within the second");
     assert_eq!(one("RuntimeDirectoryPreserve"), "restart");
+    // Daemon-allocated CUDA memory's fds are kept in systemd's store, which tcpxd uses when
+    // $FDSTORE says it is there (src/fd_store.rs): the two agree.
+    let store_max: u64 = one("FileDescriptorStoreMax").parse().unwrap();
+    assert!(store_max > 0);
+    assert_eq!(one("Environment"), format!("FDSTORE={store_max}"));
     assert_eq!(one("EnvironmentFile"), "/etc/tcpxd/tcpx.env");
     assert!(one("ExecStart").contains("--config /etc/tcpxd/tcpxd.toml"));
     // The stop timeout leaves room for the 30 s drain.

@@ -12,8 +12,9 @@
 //! `0000:NN:00.0` with NN = 0x10 + ordinal beyond eight), or the comma-separated
 //! `TCPXD_CUDASTUB_PCI_BUS_IDS`; a thread's current device is its current context's, else the
 //! runtime's (`cudaSetDevice`), else `TCPXD_CUDASTUB_CURRENT_DEVICE` (default 0). Module loading and
-//! kernel launches, dma-buf export, IPC and the VMM calls answer `CUDA_ERROR_NOT_SUPPORTED`: the
-//! stand-in runs no kernel and never pretends to share device memory.
+//! kernel launches, dma-buf export and IPC import answer `CUDA_ERROR_NOT_SUPPORTED`: the stand-in
+//! runs no kernel. Device memory is shared between processes only through the VMM calls over a
+//! POSIX fd (vmm.rs), where the fd is a real file whose pages the processes map.
 //!
 //! Every function is an FFI edge called by C++ with C pointers; each checks its pointers for null
 //! and answers `CUDA_ERROR_INVALID_VALUE` rather than writing through one.
@@ -55,8 +56,10 @@ static ALLOCATIONS: Mutex<Option<HashMap<usize, Allocation>>> = Mutex::new(None)
 #[derive(Debug, Clone, Copy)]
 struct Allocation {
     bytes: usize,
-    /// `None`: host memory (pinned); `Some(d)`: device `d`'s memory (`cuMemAlloc`).
+    /// `None`: host memory (pinned); `Some(d)`: device `d`'s memory (`cuMemAlloc`, `cuMemMap`).
     device: Option<CUdevice>,
+    /// A file's pages `cuMemMap` put there (vmm.rs): unmapped by `cuMemUnmap`, never freed.
+    mapped: bool,
 }
 
 /// A3's eight GPUs' PCI bus ids (RxDM's a3vm preset), in CUDA ordinal order.
@@ -172,8 +175,40 @@ fn alloc_on(bytes: usize, device: Option<CUdevice>) -> Option<*mut c_void> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .get_or_insert_with(HashMap::new)
-        .insert(p as usize, Allocation { bytes, device });
+        .insert(
+            p as usize,
+            Allocation {
+                bytes,
+                device,
+                mapped: false,
+            },
+        );
     Some(p)
+}
+
+/// Device `device`'s memory mapped at `start` (vmm.rs's `cuMemMap`).
+fn mapped(start: usize, bytes: usize, device: CUdevice) {
+    ALLOCATIONS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(
+            start,
+            Allocation {
+                bytes,
+                device: Some(device),
+                mapped: true,
+            },
+        );
+}
+
+/// The mapping at `start` is gone (`cuMemUnmap`).
+fn unmapped(start: usize) {
+    if let Some(m) = ALLOCATIONS.lock().unwrap_or_else(|e| e.into_inner()).as_mut()
+        && m.get(&start).is_some_and(|a| a.mapped)
+    {
+        m.remove(&start);
+    }
 }
 
 fn release(p: *mut c_void) -> bool {
@@ -181,7 +216,10 @@ fn release(p: *mut c_void) -> bool {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .as_mut()
-        .is_some_and(|m| m.remove(&(p as usize)).is_some());
+        .is_some_and(|m| match m.get(&(p as usize)) {
+            Some(a) if !a.mapped => m.remove(&(p as usize)).is_some(),
+            _ => false,
+        });
     if known {
         // SAFETY: p came from posix_memalign in `alloc_on` and was still registered, so it is freed once.
         unsafe { libc::free(p) };

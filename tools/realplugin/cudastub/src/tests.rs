@@ -301,3 +301,76 @@ fn vmm_maps_an_imported_fd_shared() {
         libc::close(fd);
     }
 }
+
+#[test]
+fn vmm_memory_created_here_outlives_its_mappings_through_the_exported_fd() {
+    init();
+    let prop = CUmemAllocationProp {
+        kind: 1,
+        requested_handle_types: 1,
+        location_type: 1,
+        location_id: 3,
+        win32_handle_meta_data: null_mut(),
+        alloc_flags: [0; 8],
+    };
+    let mut gran = 0usize;
+    assert_eq!(cuMemGetAllocationGranularity(&mut gran, &prop, 0), CUDA_SUCCESS);
+    assert_eq!(gran, VMM_GRANULARITY);
+    let mut h: c_ulonglong = 0;
+    assert_eq!(
+        cuMemCreate(&mut h, gran + 1, &prop, 0),
+        CUDA_ERROR_INVALID_VALUE,
+        "not a multiple"
+    );
+    let no_fd = CUmemAllocationProp {
+        requested_handle_types: 0,
+        ..prop
+    };
+    assert_eq!(cuMemCreate(&mut h, gran, &no_fd, 0), CUDA_ERROR_NOT_SUPPORTED);
+    assert_eq!(cuMemCreate(&mut h, gran, &prop, 0), CUDA_SUCCESS);
+    let mut p: CUdeviceptr = 0;
+    assert_eq!(cuMemAddressReserve(&mut p, gran, gran, 0, 0), CUDA_SUCCESS);
+    assert_eq!(cuMemMap(p, gran, 0, h, 0), CUDA_SUCCESS);
+    // Device 3's memory, for pointer attributes; never freed by cuMemFree.
+    let mut dev: c_int = -1;
+    // SAFETY: an int out-parameter for the ordinal attribute.
+    let got = unsafe { cuPointerGetAttribute((&mut dev as *mut c_int).cast(), 9, p + 100) };
+    assert_eq!((got, dev), (CUDA_SUCCESS, 3));
+    assert_eq!(cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE);
+    let src = [7u8; 4096];
+    assert_eq!(cuMemcpyHtoD_v2(p + 4096, src.as_ptr().cast(), 4096), CUDA_SUCCESS);
+    let mut fd: c_int = -1;
+    assert_eq!(
+        cuMemExportToShareableHandle((&mut fd as *mut c_int).cast(), h, 2, 0),
+        CUDA_ERROR_NOT_SUPPORTED
+    );
+    assert_eq!(
+        cuMemExportToShareableHandle((&mut fd as *mut c_int).cast(), h, 1, 0),
+        CUDA_SUCCESS
+    );
+    assert!(fd >= 0);
+    // Everything of this "process" goes: the handle, the mapping, the reservation.
+    assert_eq!(cuMemUnmap(p, gran), CUDA_SUCCESS);
+    assert_eq!(cuMemRelease(h), CUDA_SUCCESS);
+    assert_eq!(cuMemAddressFree(p, gran), CUDA_SUCCESS);
+    // The exported fd still holds the bytes: imported and mapped again, they are there.
+    let mut h2: c_ulonglong = 0;
+    assert_eq!(
+        cuMemImportFromShareableHandle(&mut h2, fd as usize as *mut c_void, 1),
+        CUDA_SUCCESS
+    );
+    // SAFETY: our own fd, closed once; the import holds its own duplicate.
+    unsafe { libc::close(fd) };
+    let mut q: CUdeviceptr = 0;
+    assert_eq!(cuMemAddressReserve(&mut q, gran, gran, 0, 0), CUDA_SUCCESS);
+    assert_eq!(cuMemMap(q, gran, 0, h2, 0), CUDA_SUCCESS);
+    let mut back = [0u8; 4096];
+    assert_eq!(
+        cuMemcpyDtoH_v2(back.as_mut_ptr().cast(), q + 4096, 4096),
+        CUDA_SUCCESS
+    );
+    assert_eq!(back, src);
+    assert_eq!(cuMemUnmap(q, gran), CUDA_SUCCESS);
+    assert_eq!(cuMemRelease(h2), CUDA_SUCCESS);
+    assert_eq!(cuMemAddressFree(q, gran), CUDA_SUCCESS);
+}

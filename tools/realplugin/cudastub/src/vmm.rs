@@ -1,17 +1,143 @@
 //! The virtual memory management calls over a shared file: what Google's plugin does at accept to
 //! import RxDM's GPU receive memory (`CuIpcMemfdHandle`: `cuMemImportFromShareableHandle` of the
-//! POSIX fd RxDM sent, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`). Here the fd is a
-//! file (the fake RxDM's memfd), the reservation an inaccessible anonymous mapping, and mapping
-//! the handle maps the file there, shared: the "device" memory is the file's pages.
+//! POSIX fd RxDM sent, `cuMemAddressReserve`, `cuMemMap`, `cuMemSetAccess`), and what tcpxd does
+//! to allocate CUDA memory that outlives its process (`cuMemCreate` requesting a POSIX fd,
+//! `cuMemExportToShareableHandle`; docs/OPERATIONS.md, "Restarts"). Here the fd is a file (the
+//! fake RxDM's memfd, or a memfd `cuMemCreate` makes), the reservation an inaccessible anonymous
+//! mapping, and mapping the handle maps the file there, shared: the "device" memory is the file's
+//! pages, so bytes written through one process's mapping are there in another's, and after the
+//! first process died for as long as someone holds the fd.
 
 use super::*;
 
-/// Imported handles: handle value -> the process's own duplicate of the fd.
-static HANDLES: Mutex<Option<HashMap<u64, c_int>>> = Mutex::new(None);
+/// Imported or created handles: handle value -> the process's own fd of the memory, and the
+/// device it is memory of.
+static HANDLES: Mutex<Option<HashMap<u64, (c_int, CUdevice)>>> = Mutex::new(None);
 /// Reservations: start -> (the mapping's start, its length), kept for cuMemAddressFree.
 static RESERVED: Mutex<Option<HashMap<u64, (usize, usize)>>> = Mutex::new(None);
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
 const POSIX_FD: c_int = 1;
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+const ALLOCATION_PINNED: c_int = 1;
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+const LOCATION_DEVICE: c_int = 1;
+/// What `cuMemGetAllocationGranularity` answers: a GPU's 2 MiB pages.
+pub const VMM_GRANULARITY: usize = 2 << 20;
+
+/// `CUmemAllocationProp` (CUDA 12).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemAllocationProp {
+    pub kind: c_int,
+    pub requested_handle_types: c_int,
+    pub location_type: c_int,
+    pub location_id: c_int,
+    pub win32_handle_meta_data: *mut c_void,
+    pub alloc_flags: [u8; 8],
+}
+
+/// The property and its device, if it is a pinned allocation on a device of this stand-in.
+fn prop_device(prop: *const CUmemAllocationProp) -> Option<(CUmemAllocationProp, CUdevice)> {
+    if prop.is_null() {
+        return None;
+    }
+    // SAFETY: non-null, and the CUDA contract is a pointer to a CUmemAllocationProp.
+    let p = unsafe { prop.read() };
+    (p.kind == ALLOCATION_PINNED && p.location_type == LOCATION_DEVICE && valid_device(p.location_id))
+        .then_some((p, p.location_id))
+}
+
+fn handle_of(fd: c_int) -> u64 {
+    0x4d45_4d00_0000_0000u64 | fd as u64
+}
+
+fn add_handle(fd: c_int, device: CUdevice) -> u64 {
+    let h = handle_of(fd);
+    HANDLES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(h, (fd, device));
+    h
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemGetAllocationGranularity(
+    granularity: *mut usize,
+    prop: *const CUmemAllocationProp,
+    _option: c_int,
+) -> CUresult {
+    driver!();
+    if prop_device(prop).is_none() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    ok_or(put(granularity, VMM_GRANULARITY), CUDA_ERROR_INVALID_VALUE)
+}
+
+/// A new "physical allocation": a memfd of `size` bytes (zeroed, as the pages of a new file are).
+/// Only what can be exported as a POSIX fd is made (what tcpxd asks for).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemCreate(
+    handle: *mut c_ulonglong,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    _flags: c_ulonglong,
+) -> CUresult {
+    driver!();
+    let Some((p, device)) = prop_device(prop) else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    let wanted = p.requested_handle_types;
+    if handle.is_null() || size == 0 || size % VMM_GRANULARITY != 0 {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if wanted & POSIX_FD == 0 {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    // SAFETY: a fresh memfd (close-on-exec); the name is a NUL-terminated literal.
+    let fd = unsafe { libc::memfd_create(c"tcpxd-cudastub-vmm".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    // SAFETY: our own new fd; sizes the file (sparse: no memory until touched).
+    if unsafe { libc::ftruncate(fd, size as libc::off_t) } != 0 {
+        // SAFETY: our own fd, closed once.
+        unsafe { libc::close(fd) };
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    ok_or(put(handle, add_handle(fd, device)), CUDA_ERROR_INVALID_VALUE)
+}
+
+/// A new fd of the allocation's memory, the caller's to close (as CUDA's).
+#[unsafe(no_mangle)]
+pub extern "C" fn cuMemExportToShareableHandle(
+    shareable: *mut c_void,
+    handle: c_ulonglong,
+    kind: c_int,
+    _flags: c_ulonglong,
+) -> CUresult {
+    driver!();
+    if kind != POSIX_FD {
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    let fd = HANDLES
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&handle).map(|h| h.0));
+    let Some(fd) = fd else {
+        return CUDA_ERROR_INVALID_VALUE;
+    };
+    if shareable.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: duplicates our own live fd, close-on-exec.
+    let out = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if out < 0 {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    ok_or(put(shareable.cast::<c_int>(), out), CUDA_ERROR_INVALID_VALUE)
+}
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuMemImportFromShareableHandle(
@@ -25,17 +151,13 @@ pub extern "C" fn cuMemImportFromShareableHandle(
     }
     // SAFETY: dup of the caller's fd (the handle type says the pointer carries one); an invalid
     // fd is an error, nothing else happens.
-    let fd = unsafe { libc::dup(os as usize as c_int) };
+    let fd = unsafe { libc::fcntl(os as usize as c_int, libc::F_DUPFD_CLOEXEC, 0) };
     if fd < 0 {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    let h = 0x4d45_4d00_0000_0000u64 | fd as u64;
-    HANDLES
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_or_insert_with(HashMap::new)
-        .insert(h, fd);
-    ok_or(put(handle, h), CUDA_ERROR_INVALID_VALUE)
+    // The memory is the current device's (what the importer maps it as).
+    let device = current_device().unwrap_or_else(default_device);
+    ok_or(put(handle, add_handle(fd, device)), CUDA_ERROR_INVALID_VALUE)
 }
 
 #[unsafe(no_mangle)]
@@ -95,12 +217,12 @@ pub extern "C" fn cuMemMap(
     _flags: c_ulonglong,
 ) -> CUresult {
     driver!();
-    let fd = HANDLES
+    let found = HANDLES
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .as_ref()
         .and_then(|m| m.get(&handle).copied());
-    let Some(fd) = fd else {
+    let Some((fd, device)) = found else {
         return CUDA_ERROR_INVALID_VALUE;
     };
     if !reserved(ptr, size) {
@@ -117,7 +239,12 @@ pub extern "C" fn cuMemMap(
             offset as libc::off_t,
         )
     };
-    ok_or(p != libc::MAP_FAILED, CUDA_ERROR_INVALID_VALUE)
+    if p == libc::MAP_FAILED {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // Device memory from here on, for pointer attributes and copies' checks.
+    mapped(ptr as usize, size, device);
+    CUDA_SUCCESS
 }
 
 /// Access is granted by the mapping itself.
@@ -141,6 +268,7 @@ pub extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
     if !reserved(ptr, size) {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    unmapped(ptr as usize);
     // SAFETY: puts an inaccessible anonymous mapping back over our own reservation.
     let p = unsafe {
         libc::mmap(
@@ -164,7 +292,7 @@ pub extern "C" fn cuMemRelease(handle: c_ulonglong) -> CUresult {
         .as_mut()
         .and_then(|m| m.remove(&handle));
     match fd {
-        Some(fd) => {
+        Some((fd, _)) => {
             // SAFETY: our own duplicate, closed once (removed from the table above).
             unsafe { libc::close(fd) };
             CUDA_SUCCESS
