@@ -304,6 +304,8 @@ struct Peer {
     sent_rendezvous: u64,
     received_eager: u64,
     received_rendezvous: u64,
+    /// The peer's topology as it announced it at pairing (`None` until the driver set it).
+    topology: Option<topology::Topology>,
 }
 
 impl Peer {
@@ -542,10 +544,23 @@ impl Engine {
                 sent_rendezvous: 0,
                 received_eager: 0,
                 received_rendezvous: 0,
+                topology: None,
             },
         );
         self.announce_mode(idx);
         idx
+    }
+
+    /// Records the topology a peer announced at pairing (checked: `Topology::from_summary`).
+    pub fn set_peer_topology(&mut self, peer: PeerIdx, topology: topology::Topology) {
+        if let Some(p) = self.peers.get_mut(&peer) {
+            p.topology = Some(topology);
+        }
+    }
+
+    /// The topology a peer announced at pairing.
+    pub fn peer_topology(&self, peer: PeerIdx) -> Option<&topology::Topology> {
+        self.peers.get(&peer).and_then(|p| p.topology.as_ref())
     }
 
     pub fn peer_node(&self, peer: PeerIdx) -> Option<&str> {

@@ -85,23 +85,25 @@ impl Poller {
                 prepared,
                 node_id,
                 remote,
+                topology,
                 channels,
                 reply,
             } => {
                 let r = match self.prepared.remove(&prepared) {
                     None => Err("lane set-up expired".to_string()),
-                    Some(listens) => self.add_peer(node_id, listens, remote, channels),
+                    Some(listens) => self.add_peer(node_id, listens, remote, topology, channels),
                 };
                 let _ = reply.send(r);
             }
             Command::AcceptPeer {
                 node_id,
                 remote,
+                topology,
                 channels,
                 reply,
             } => {
                 let r = self.open_listens().and_then(|(listens, infos)| {
-                    self.add_peer(node_id, listens, remote, channels)
+                    self.add_peer(node_id, listens, remote, topology, channels)
                         .map(|idx| (idx, infos))
                 });
                 let _ = reply.send(r);

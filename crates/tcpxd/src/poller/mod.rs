@@ -136,6 +136,8 @@ pub enum Command {
         prepared: u64,
         node_id: String,
         remote: Vec<LaneInfo>,
+        /// The peer's topology from its handshake (checked).
+        topology: crate::engine::topology::Topology,
         channels: PeerChannels,
         reply: Reply<Result<PeerIdx, String>>,
     },
@@ -143,6 +145,7 @@ pub enum Command {
     AcceptPeer {
         node_id: String,
         remote: Vec<LaneInfo>,
+        topology: crate::engine::topology::Topology,
         channels: PeerChannels,
         reply: Reply<Result<(PeerIdx, Vec<LaneInfo>), String>>,
     },

@@ -51,6 +51,7 @@ impl Poller {
         node_id: String,
         listens: Vec<ListenComm>,
         remote: Vec<LaneInfo>,
+        topology: crate::engine::topology::Topology,
         channels: PeerChannels,
     ) -> Result<PeerIdx, String> {
         if remote.is_empty() || remote.len() > 64 {
@@ -92,7 +93,8 @@ impl Poller {
         let idx = self
             .engine
             .add_peer(&node_id, send.len() as u32, recv.len() as u32);
-        tracing::info!(peer = %node_id, send_lanes = send.len(), recv_lanes = recv.len(), "peer paired, waiting for its first message");
+        tracing::info!(peer = %node_id, send_lanes = send.len(), recv_lanes = recv.len(), peer_gpus = topology.gpus.len(), peer_nics = topology.nics.len(), "peer paired, waiting for its first message");
+        self.engine.set_peer_topology(idx, topology);
         self.peers.insert(
             idx,
             PeerSlot {
