@@ -18,6 +18,7 @@ impl Engine {
                 key,
                 users: 0,
                 watched: false,
+                memory: topology::Memory::Host,
             },
         );
         Ok(())

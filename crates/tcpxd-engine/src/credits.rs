@@ -105,7 +105,7 @@ impl Engine {
         eager_max_bytes: u64,
     ) {
         let p = &self.peers[&peer];
-        let lanes = p.send.len() as u32;
+        let lanes = p.send_layout;
         if p.remote.is_some() {
             return self.violation(peer, "a second ReceiveMode".into());
         }
@@ -143,8 +143,14 @@ impl Engine {
             eager_from,
             eager_max,
         });
+        // Routed lanes (after the layout's, `routes.rs`) carry rendezvous transfers only.
+        let eager_lanes = eager_from..p.send_layout;
         for (i, l) in p.send.iter_mut().enumerate() {
-            l.send_credits = SendCredits::granted(if i as u32 >= eager_from { credits } else { 0 });
+            l.send_credits = SendCredits::granted(if eager_lanes.contains(&(i as u32)) {
+                credits
+            } else {
+                0
+            });
         }
         for id in std::mem::take(&mut p.waiting) {
             self.send_offer(id);

@@ -261,7 +261,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         )
         .with_secret(secret)
         .with_tls(tls.as_ref().map(|t| t.client.clone()))
-        .with_topology(&topology),
+        .with_topology(&topology, cfg.lanes_per_device),
         notifications: notify_tx,
         transfers: Mutex::new(HashMap::new()),
         default_timeout: cfg.default_timeout,

@@ -499,6 +499,8 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                                 send_credit_limit: s.credit_limit,
                                 recv_credits: r.credits,
                                 recv_credit_limit: r.credit_limit,
+                                send_device: p.send_devices.get(i).copied().unwrap_or(-1),
+                                recv_device: p.recv_devices.get(i).copied().unwrap_or(-1),
                                 send_gpu: gpu_pb(p.send_gpus.get(i)),
                                 recv_gpu: gpu_pb(p.recv_gpus.get(i)),
                                 send_state: s.state.to_string(),

@@ -174,8 +174,12 @@ impl Peers {
     }
 
     /// Announces this topology in every handshake (without: none, as a node without GPUs).
-    pub fn with_topology(mut self, topology: &crate::engine::topology::Topology) -> Peers {
-        self.topology = Some(topology_to_pb(topology));
+    pub fn with_topology(
+        mut self,
+        topology: &crate::engine::topology::Topology,
+        lanes_per_route: u32,
+    ) -> Peers {
+        self.topology = Some(topology_to_pb(topology, lanes_per_route));
         self
     }
 

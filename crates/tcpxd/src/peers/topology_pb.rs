@@ -4,12 +4,16 @@
 
 use crate::api::proto::peer as pb;
 use crate::engine::topology::{SummaryGpu, Topology, TopologySummary};
-use crate::poller::LaneInfo;
+use crate::poller::{LaneInfo, PeerTopology};
 
-/// The node's topology as sent to peers.
-pub(super) fn topology_to_pb(t: &Topology) -> pb::PeerTopology {
+/// The most lanes per route a peer may announce.
+const MAX_LANES_PER_ROUTE: u32 = 64;
+
+/// The node's topology as sent to peers, with its lanes per route as a receiver.
+pub(super) fn topology_to_pb(t: &Topology, lanes_per_route: u32) -> pb::PeerTopology {
     let s = t.summary();
     pb::PeerTopology {
+        lanes_per_route,
         nics: s.nics,
         gpus: s
             .gpus
@@ -24,8 +28,20 @@ pub(super) fn topology_to_pb(t: &Topology) -> pb::PeerTopology {
 }
 
 /// The peer's topology from its handshake, checked (the message names the field). A handshake
-/// without one describes a node without GPUs whose NICs are the devices its lanes name.
-pub(super) fn topology_from_pb(t: Option<&pb::PeerTopology>, lanes: &[LaneInfo]) -> Result<Topology, String> {
+/// without one describes a node without GPUs whose NICs are the devices its lanes name, with
+/// its lanes spread evenly over them.
+pub(super) fn topology_from_pb(
+    t: Option<&pb::PeerTopology>,
+    lanes: &[LaneInfo],
+) -> Result<PeerTopology, String> {
+    if let Some(t) = t
+        && !(1..=MAX_LANES_PER_ROUTE).contains(&t.lanes_per_route)
+    {
+        return Err(format!(
+            "topology.lanes_per_route: {} (1 to {MAX_LANES_PER_ROUTE} allowed)",
+            t.lanes_per_route
+        ));
+    }
     let summary = match t {
         Some(t) => TopologySummary {
             nics: t.nics.clone(),
@@ -49,7 +65,14 @@ pub(super) fn topology_from_pb(t: Option<&pb::PeerTopology>, lanes: &[LaneInfo])
             }
         }
     };
-    Topology::from_summary(&summary)
+    let lanes_per_route = match t {
+        Some(t) => t.lanes_per_route,
+        None => (lanes.len() / summary.nics.len().max(1)).clamp(1, MAX_LANES_PER_ROUTE as usize) as u32,
+    };
+    Ok(PeerTopology {
+        topology: Topology::from_summary(&summary)?,
+        lanes_per_route,
+    })
 }
 
 #[cfg(test)]
@@ -82,8 +105,9 @@ mod tests {
     #[test]
     fn a_topology_survives_the_wire() {
         let t = node(8, 4);
-        let back = topology_from_pb(Some(&topology_to_pb(&t)), &[]).unwrap();
-        assert_eq!(back.summary(), t.summary());
+        let back = topology_from_pb(Some(&topology_to_pb(&t, 3)), &[]).unwrap();
+        assert_eq!(back.topology.summary(), t.summary());
+        assert_eq!(back.lanes_per_route, 3);
     }
 
     #[test]
@@ -95,14 +119,19 @@ mod tests {
             })
             .collect();
         let t = topology_from_pb(None, &lanes).unwrap();
-        assert_eq!((t.nics.len(), t.gpus.len()), (2, 0));
+        assert_eq!(
+            (t.topology.nics.len(), t.topology.gpus.len(), t.lanes_per_route),
+            (2, 0, 3)
+        );
     }
 
     #[test]
     fn a_bad_one_is_refused_naming_the_field() {
-        let mut pb = topology_to_pb(&node(2, 2));
+        let mut pb = topology_to_pb(&node(2, 2), 2);
         pb.gpus[1].nics = vec![7];
         let e = topology_from_pb(Some(&pb), &[]).unwrap_err();
         assert!(e.starts_with("topology.gpus[1].nics"), "{e}");
+        let e = topology_from_pb(Some(&topology_to_pb(&node(2, 2), 0)), &[]).unwrap_err();
+        assert!(e.starts_with("topology.lanes_per_route: 0"), "{e}");
     }
 }

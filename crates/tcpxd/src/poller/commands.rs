@@ -47,6 +47,10 @@ impl Poller {
                 }
                 let r = self.engine.add_buffer(entry.id, entry.size, entry.key());
                 if r.is_ok() {
+                    if let Some(region) = entry.device_region() {
+                        let gpu = crate::engine::topology::Memory::Gpu(region.gpu().ordinal() as u32);
+                        self.engine.set_buffer_memory(entry.id, gpu);
+                    }
                     self.buffers.insert(entry.id, entry);
                 }
                 let _ = reply.send(r);

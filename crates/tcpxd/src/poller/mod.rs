@@ -62,6 +62,14 @@ pub struct LaneInfo {
     pub device: i32,
 }
 
+/// What a peer announced of its topology at pairing (checked): its NICs and GPUs and its lanes
+/// per route as a receiver, from which the pairing's routed lanes follow (`engine::routes`).
+#[derive(Debug, Clone)]
+pub struct PeerTopology {
+    pub topology: crate::engine::topology::Topology,
+    pub lanes_per_route: u32,
+}
+
 /// Where a transfer is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -137,7 +145,7 @@ pub enum Command {
         node_id: String,
         remote: Vec<LaneInfo>,
         /// The peer's topology from its handshake (checked).
-        topology: crate::engine::topology::Topology,
+        topology: PeerTopology,
         channels: PeerChannels,
         reply: Reply<Result<PeerIdx, String>>,
     },
@@ -145,7 +153,7 @@ pub enum Command {
     AcceptPeer {
         node_id: String,
         remote: Vec<LaneInfo>,
-        topology: crate::engine::topology::Topology,
+        topology: PeerTopology,
         channels: PeerChannels,
         reply: Reply<Result<(PeerIdx, Vec<LaneInfo>), String>>,
     },
@@ -336,7 +344,11 @@ impl PollerHandle {
             .name("tcpxd-poller".into())
             .spawn(move || {
                 Poller {
-                    engine: Engine::new(cfg.engine.clone()),
+                    engine: {
+                        let mut e = Engine::new(cfg.engine.clone());
+                        e.set_topology((*cfg.topology).clone());
+                        e
+                    },
                     plugin,
                     cfg,
                     rx,

@@ -105,21 +105,29 @@ async fn every_lane_is_opened_under_a_gpu_its_nic_serves() {
     assert_eq!(crc(&mut bc, dst.id, 0, 16 * MIB).await, want);
     assert_eq!(crc(&mut ac, back.id, 0, 16 * MIB).await, want);
 
-    // Each lane's comms were opened under the first GPU its NIC serves (NIC d: GPU 2d), on both
-    // sides; every NIC carried bytes.
+    // Each lane's comms were opened under a GPU its NIC serves (GPU g on NIC g / 2), on both
+    // sides; host memory went over every NIC, each comm under the first GPU it serves.
     for (c, name) in [(&mut ac, "a"), (&mut bc, "b")] {
         let s = c.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
         assert_eq!(s.peers.len(), 1, "{name}");
         let lanes = &s.peers[0].lanes;
-        assert_eq!(lanes.len(), 12, "{name}: 4 NICs x (2 + 1 eager) lanes");
+        // The layout's 4 NICs x (2 + 1 eager) lanes, then the routed lanes of each memory pair
+        // (8 GPUs over 4 NICs, 2 per route: 264).
+        assert_eq!(lanes.len(), 12 + 264, "{name}");
         let mut per_nic = [0u64; 4];
         for l in lanes {
-            assert_eq!(
-                (l.send_gpu, l.recv_gpu),
-                (2 * l.device, 2 * l.device),
-                "{name}: {l:?}"
-            );
-            per_nic[l.device as usize] += l.bytes_sent + l.bytes_received;
+            assert_eq!(l.send_gpu / 2, l.send_device, "{name}: {l:?}");
+            assert_eq!(l.recv_gpu / 2, l.recv_device, "{name}: {l:?}");
+            per_nic[l.send_device as usize] += l.bytes_sent;
+            per_nic[l.recv_device as usize] += l.bytes_received;
+            if l.bytes_sent + l.bytes_received > 0 {
+                // Host memory both ways: host routes, each comm under the first GPU its NIC serves.
+                assert_eq!(
+                    (l.send_gpu, l.recv_gpu),
+                    (2 * l.send_device, 2 * l.recv_device),
+                    "{name}: {l:?}"
+                );
+            }
         }
         assert!(
             per_nic.iter().all(|&b| b > 0),
