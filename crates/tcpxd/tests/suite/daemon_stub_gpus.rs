@@ -74,7 +74,7 @@ async fn start(dir: &ScratchDir, node: &str, unpacker: &str, nics: u32, binding:
     Daemon { child, client }
 }
 
-async fn cuda_buffer(c: &mut Client, device: u32, size: u64) -> pb::Buffer {
+pub(crate) async fn cuda_buffer(c: &mut Client, device: u32, size: u64) -> pb::Buffer {
     c.register_buffer(pb::RegisterBufferRequest {
         reattach_id: Default::default(),
         reattach_key: Default::default(),
@@ -109,7 +109,14 @@ async fn bytes(c: &mut Client, id: u64, offset: u64, len: u64) -> Vec<u8> {
     out
 }
 
-async fn assert_same(a: &mut Client, x: (u64, u64), b: &mut Client, y: (u64, u64), len: u64, what: &str) {
+pub(crate) async fn assert_same(
+    a: &mut Client,
+    x: (u64, u64),
+    b: &mut Client,
+    y: (u64, u64),
+    len: u64,
+    what: &str,
+) {
     let want = bytes(a, x.0, x.1, len).await;
     assert!(want.iter().any(|&v| v != 0), "{what}: the source is all zeros");
     let got = bytes(b, y.0, y.1, len).await;

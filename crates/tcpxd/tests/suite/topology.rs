@@ -228,3 +228,157 @@ fn a_map_naming_what_the_node_lacks_stops_the_daemon() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Each lane's bytes sent and received so far, by lane.
+async fn lane_bytes(c: &mut Client) -> Vec<pb::LaneStats> {
+    let s = c.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
+    assert!(s.peers.len() <= 1);
+    // Before the first transfer paired the nodes: nothing yet.
+    s.peers.first().map(|p| p.lanes.clone()).unwrap_or_default()
+}
+
+/// The lanes whose bytes sent (`sent`) or received grew since `before`.
+fn grew<'a>(before: &[pb::LaneStats], after: &'a [pb::LaneStats], sent: bool) -> Vec<&'a pb::LaneStats> {
+    let zero = pb::LaneStats::default();
+    after
+        .iter()
+        .zip(before.iter().chain(std::iter::repeat(&zero)))
+        .filter(|(a, b)| {
+            if sent {
+                a.bytes_sent > b.bytes_sent
+            } else {
+                a.bytes_received > b.bytes_received
+            }
+        })
+        .map(|(a, _)| a)
+        .collect()
+}
+
+/// Issue #37 point 2: a transfer from GPU s to GPU d moves only on lanes from nic(s), opened
+/// under GPU s, to nic(d), listened under GPU d (GetStats' per-direction NIC and GPU, and each
+/// lane's byte counters), byte-exact by WRITE and READ; host memory to and from GPUs too; and
+/// the emulation (which takes a comm's GPU from the CUDA context current at listen / connect
+/// and fails a CUDA receive on a NIC that does not serve it, "rx no cmsg") found every comm
+/// served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_pairs_bytes_move_only_on_its_nics_lanes() {
+    use crate::daemon_stub_gpus::{assert_same, cuda_buffer};
+    tcpxd::logging::init("error");
+    if test_plugin_file().is_some() {
+        return;
+    }
+    let mut env = a3_env();
+    env.extend(
+        [
+            ("TCPXEMU_BOUNCE", "cuda"),
+            ("TCPXEMU_BOUNCE_PAGES", "2048"),
+            ("UCCL_TCPX_UNPACK_IMPL", "d2d"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    let a = procs::spawn("routes-a", 0, "", &refs(&env)).await;
+    let b = procs::spawn("routes-b", 0, "[topology]\nmap = \"a3vm\"\n", &refs(&env)).await;
+    let mut ac = a.client().await;
+    let mut bc = b.client().await;
+    // Larger than auto's eager limit: rendezvous, on the routed lanes.
+    let len = 2 * MIB + 5;
+    for (s, d, back_gpu) in [(3u32, 5u32, 6u32), (0, 7, 1), (6, 6, 2)] {
+        let src = cuda_buffer(&mut ac, s, 4 * MIB).await;
+        let dst = cuda_buffer(&mut bc, d, 4 * MIB).await;
+        let back = cuda_buffer(&mut ac, back_gpu, 4 * MIB).await;
+        fill_seed(&mut ac, src.id, 0, 0, 11 + u64::from(s)).await;
+        let (a0, b0) = (lane_bytes(&mut ac).await, lane_bytes(&mut bc).await);
+        let id = write(&mut ac, write_entry(&src, 3, &dst, 4096, len), b"")
+            .await
+            .unwrap();
+        wait_ok(&mut ac, id).await;
+        let what = format!("WRITE GPU {s} -> GPU {d}");
+        assert_same(&mut ac, (src.id, 3), &mut bc, (dst.id, 4096), len, &what).await;
+        let (a1, b1) = (lane_bytes(&mut ac).await, lane_bytes(&mut bc).await);
+        let sent = grew(&a0, &a1, true);
+        assert!(!sent.is_empty(), "{what}");
+        for l in &sent {
+            assert_eq!(
+                (l.send_device, l.send_gpu),
+                (s as i32 / 2, s as i32),
+                "{what}: {l:?}"
+            );
+            assert_eq!(
+                (l.recv_device, l.recv_gpu),
+                (d as i32 / 2, d as i32),
+                "{what}: {l:?}"
+            );
+        }
+        let received = grew(&b0, &b1, false);
+        assert_eq!(
+            received.iter().map(|l| l.lane).collect::<Vec<_>>(),
+            sent.iter().map(|l| l.lane).collect::<Vec<_>>(),
+            "{what}: the same lanes at both ends"
+        );
+        for l in &received {
+            assert_eq!(
+                (l.recv_device, l.recv_gpu),
+                (d as i32 / 2, d as i32),
+                "{what}: {l:?}"
+            );
+        }
+        // READ it back into another GPU of a: b's GPU d sends, a's GPU back_gpu receives.
+        let id = read(&mut ac, read_entry(&dst, 4096, &back, 0, len))
+            .await
+            .unwrap();
+        wait_ok(&mut ac, id).await;
+        let what = format!("READ GPU {d} -> GPU {back_gpu}");
+        assert_same(&mut bc, (dst.id, 4096), &mut ac, (back.id, 0), len, &what).await;
+        let (a2, b2) = (lane_bytes(&mut ac).await, lane_bytes(&mut bc).await);
+        for l in grew(&b1, &b2, true) {
+            assert_eq!(
+                (l.send_device, l.send_gpu),
+                (d as i32 / 2, d as i32),
+                "{what}: {l:?}"
+            );
+        }
+        let received = grew(&a1, &a2, false);
+        assert!(!received.is_empty(), "{what}");
+        for l in received {
+            assert_eq!(
+                (l.recv_device, l.recv_gpu),
+                (back_gpu as i32 / 2, back_gpu as i32),
+                "{what}: {l:?}"
+            );
+        }
+    }
+    // Host memory to a GPU and back: byte-exact, the GPU's end on its own NIC.
+    let host = host_buffer(&mut ac, 4 * MIB, "host").await;
+    let gpu = cuda_buffer(&mut bc, 4, 4 * MIB).await;
+    fill_seed(&mut ac, host.id, 0, 0, 5).await;
+    let b0 = lane_bytes(&mut bc).await;
+    let id = write(&mut ac, write_entry(&host, 0, &gpu, 0, len), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut ac, id).await;
+    assert_same(&mut ac, (host.id, 0), &mut bc, (gpu.id, 0), len, "host -> GPU 4").await;
+    for l in grew(&b0, &lane_bytes(&mut bc).await, false) {
+        assert_eq!((l.recv_device, l.recv_gpu), (2, 4), "host -> GPU 4: {l:?}");
+    }
+    let host_back = host_buffer(&mut ac, 4 * MIB, "host-back").await;
+    let id = read(&mut ac, read_entry(&gpu, 0, &host_back, 0, len))
+        .await
+        .unwrap();
+    wait_ok(&mut ac, id).await;
+    assert_same(
+        &mut bc,
+        (gpu.id, 0),
+        &mut ac,
+        (host_back.id, 0),
+        len,
+        "GPU 4 -> host",
+    )
+    .await;
+    for d in [&a, &b] {
+        let log = d.log();
+        assert!(!log.contains("NOT served"), "{}: {log}", d.node);
+        assert!(!log.contains("rx no cmsg"), "{}: {log}", d.node);
+    }
+    assert_every_comm_served(&a, 4);
+    assert_every_comm_served(&b, 4);
+}
