@@ -47,7 +47,9 @@ use topology_pb::{topology_from_pb, topology_to_pb};
 /// would not understand it (the notification would be lost): the two refuse to pair.
 /// 6: lanes open on first use and close when idle (`LaneOpen`, `LaneListening`, `LaneClose`,
 /// `LaneCloseAnswer` on the control stream; the handshake's lanes carry no handle): a protocol-5
-/// daemon would wait for handles that never come: the two refuse to pair.
+/// daemon would wait for handles that never come: the two refuse to pair. Also 6 (gpu-routes):
+/// the handshake's `topology` and `Accept.first_lane` route rendezvous lanes by memory pair
+/// (engine `routes.rs`); a daemon without them would plan other lanes.
 pub const PROTOCOL_VERSION: u32 = 6;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;
