@@ -242,3 +242,86 @@ fn an_offer_naming_no_routed_lane_is_refused_naming_it_and_changes_nothing() {
     );
     assert_eq!(s.nodes[1].eng.buffer_users(2), Some(0));
 }
+
+#[test]
+fn routed_lanes_close_when_idle_and_the_next_transfer_reopens_them() {
+    let idle = Duration::from_secs(1);
+    let c = EngineConfig {
+        lane_idle_close: Some(idle),
+        ..cfg(Protocol::Auto)
+    };
+    let mut s = Sim::pair_routed(8, [c.clone(), c], 17, [node(8, 4), node(8, 4)]);
+    s.buffer(0, 1, 96 * 1024, 4);
+    s.buffer(1, 2, 96 * 1024, 0);
+    s.nodes[0].eng.set_buffer_memory(1, Memory::Gpu(1));
+    s.nodes[1].eng.set_buffer_memory(2, Memory::Gpu(4));
+    for round in 0..3u8 {
+        s.nodes[0].bufs.get_mut(&1).unwrap()[0] = round;
+        let t = s.write(0, 1, 0, 2, 0, 96 * 1024);
+        s.run();
+        assert_eq!(s.outcome(0, t).code, Code::Ok, "round {round}");
+        assert!(s.same((0, 1, 0), (1, 2, 0), 96 * 1024), "round {round}");
+        assert_eq!(
+            s.nodes[0].eng.lanes_open().0,
+            2,
+            "round {round}: GPU 1 -> GPU 4's two lanes"
+        );
+        for step in [Duration::from_millis(200), idle + Duration::from_millis(200)] {
+            s.now += step;
+            for i in 0..2 {
+                s.nodes[i].eng.on_tick(s.now);
+            }
+            s.run();
+        }
+        assert_eq!(
+            s.nodes[0].eng.lanes_open(),
+            (0, 0),
+            "round {round}: closed when idle"
+        );
+        assert_eq!(s.nodes[1].eng.lanes_open(), (0, 0), "round {round}");
+    }
+    assert!(s.closed_lanes[0] + s.closed_lanes[1] >= 6);
+    s.assert_idle();
+}
+
+#[test]
+fn a_transfer_from_two_gpus_is_routed_as_host_memory_on_that_side() {
+    let mut s = routed(Protocol::Rendezvous, 19);
+    s.buffer(0, 1, 64 * 1024, 2);
+    s.buffer(0, 3, 64 * 1024, 6);
+    s.buffer(1, 2, 128 * 1024, 0);
+    s.nodes[0].eng.set_buffer_memory(1, Memory::Gpu(0));
+    s.nodes[0].eng.set_buffer_memory(3, Memory::Gpu(7));
+    s.nodes[1].eng.set_buffer_memory(2, Memory::Gpu(4));
+    let spec = |local: u64, offset: u64| WriteSpec {
+        local_buffer: local,
+        local_offset: 0,
+        peer: P,
+        remote: RemoteRange {
+            buffer_id: 2,
+            access_key: key(2),
+            offset,
+            length: 64 * 1024,
+        },
+    };
+    let deadline = s.now + Duration::from_secs(60);
+    let t = s.nodes[0]
+        .eng
+        .start_write(vec![spec(1, 0), spec(3, 64 * 1024)], Vec::new(), deadline, s.now)
+        .unwrap();
+    s.run();
+    assert_eq!(s.outcome(0, t).code, Code::Ok);
+    assert!(s.same((0, 1, 0), (1, 2, 0), 64 * 1024));
+    assert!(s.same((0, 3, 0), (1, 2, 64 * 1024), 64 * 1024));
+    let used = used_send_lanes(&s, 0);
+    let nics: std::collections::BTreeSet<usize> = used.iter().map(|(_, r)| r.unwrap().send.nic).collect();
+    assert_eq!(nics.len(), 4, "host routes on the sending side: every NIC");
+    for (lane, r) in used {
+        assert_eq!(
+            (r.unwrap().recv.nic, r.unwrap().recv.gpu),
+            (2, Some(4)),
+            "lane {lane}"
+        );
+    }
+    s.assert_idle();
+}
