@@ -325,3 +325,70 @@ fn a_transfer_from_two_gpus_is_routed_as_host_memory_on_that_side() {
     }
     s.assert_idle();
 }
+
+#[test]
+fn an_accept_naming_another_memorys_lane_fails_the_pairing() {
+    let mut s = routed(Protocol::Rendezvous, 23);
+    s.buffer(0, 1, 64 * 1024, 8);
+    s.nodes[0].eng.set_buffer_memory(1, Memory::Gpu(2));
+    let spec = WriteSpec {
+        local_buffer: 1,
+        local_offset: 0,
+        peer: P,
+        remote: RemoteRange {
+            buffer_id: 9,
+            access_key: key(9),
+            offset: 0,
+            length: 64 * 1024,
+        },
+    };
+    let deadline = s.now + Duration::from_secs(60);
+    s.nodes[0]
+        .eng
+        .start_write(vec![spec], Vec::new(), deadline, s.now)
+        .unwrap();
+    let mut offer = None;
+    while let Some(a) = s.nodes[0].eng.poll_action() {
+        if let Action::Control {
+            msg: PeerMsg::Offer(o),
+            ..
+        } = a
+        {
+            offer = Some(o);
+        }
+    }
+    let o = offer.expect("an offer");
+    // The offer names the first lane of (GPU 2, host): a routed lane, past the layout's.
+    let route = s.nodes[0]
+        .eng
+        .send_lane_route(P, o.first_lane)
+        .expect("a routed lane");
+    assert_eq!(route.send.gpu, Some(2));
+    // An accept naming a lane of GPU 0's pairs (the first routed lanes are host's, then GPU 0's).
+    let wrong = (0..o.first_lane)
+        .find(|&l| {
+            s.nodes[0]
+                .eng
+                .send_lane_route(P, l)
+                .is_some_and(|r| r.send.gpu == Some(0))
+        })
+        .expect("a lane of GPU 0");
+    s.nodes[0].eng.on_message(
+        P,
+        PeerMsg::Accept {
+            offer_id: o.offer_id,
+            first_lane: Some(wrong),
+        },
+        s.now,
+    );
+    let failed = s.nodes[0]
+        .eng
+        .peer_counters(P)
+        .unwrap()
+        .failed
+        .expect("the pairing failed");
+    assert!(
+        failed.contains("protocol violation") && failed.contains(&format!("accepted first lane {wrong}")),
+        "{failed}"
+    );
+}
