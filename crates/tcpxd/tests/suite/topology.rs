@@ -3,8 +3,10 @@
 //! NICs with A3's `pciPath`s. Each daemon works out each GPU's NIC (`pci`: the even spread, since
 //! the stand-in's GPUs have no sysfs place; `a3vm`: RxDM's preset) and shows it in DescribeNode;
 //! every lane's comms are opened with a GPU its NIC serves current (GetStats' `send_gpu` /
-//! `recv_gpu`); host memory moves byte-exact over all four NICs; a map naming what the node lacks
-//! stops the daemon at start-up with the part named.
+//! `recv_gpu`); host memory moves byte-exact over all four NICs; a GPU pair's bytes move only on
+//! its NICs' routed lanes (GetStats' per-direction NIC, GPU and bytes), also towards a node
+//! without GPUs; a map naming what the node lacks stops the daemon at start-up with the part
+//! named.
 
 use std::process::Command;
 
@@ -381,4 +383,64 @@ async fn a_gpu_pairs_bytes_move_only_on_its_nics_lanes() {
     }
     assert_every_comm_served(&a, 4);
     assert_every_comm_served(&b, 4);
+}
+
+/// A node without GPUs pairs with an eight-GPU node: the pairing is routed (one side has GPUs),
+/// host memory on a reaches GPU 5 of b only through b's NIC 2 under GPU 5, and back, byte-exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_gpus_reaches_a_gpu_on_its_own_nic() {
+    use crate::daemon_stub_gpus::{assert_same, cuda_buffer};
+    tcpxd::logging::init("error");
+    if test_plugin_file().is_some() {
+        return;
+    }
+    let plain = [("TCPXEMU_DEVICES", "2")];
+    let mut env = a3_env();
+    env.extend(
+        [
+            ("TCPXEMU_BOUNCE", "cuda"),
+            ("TCPXEMU_BOUNCE_PAGES", "2048"),
+            ("UCCL_TCPX_UNPACK_IMPL", "d2d"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    let a = procs::spawn("routes-plain", 0, "", &plain).await;
+    let b = procs::spawn("routes-gpus", 0, "", &refs(&env)).await;
+    let mut ac = a.client().await;
+    let mut bc = b.client().await;
+    let len = 2 * MIB + 5;
+    let host = host_buffer(&mut ac, 4 * MIB, "host").await;
+    let back = host_buffer(&mut ac, 4 * MIB, "back").await;
+    let gpu = cuda_buffer(&mut bc, 5, 4 * MIB).await;
+    fill_seed(&mut ac, host.id, 0, 0, 23).await;
+    let id = write(&mut ac, write_entry(&host, 1, &gpu, 0, len), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut ac, id).await;
+    assert_same(&mut ac, (host.id, 1), &mut bc, (gpu.id, 0), len, "host -> GPU 5").await;
+    let id = read(&mut ac, read_entry(&gpu, 0, &back, 0, len)).await.unwrap();
+    wait_ok(&mut ac, id).await;
+    assert_same(&mut bc, (gpu.id, 0), &mut ac, (back.id, 0), len, "GPU 5 -> host").await;
+    let (mut into, mut out) = (0, 0);
+    for l in lane_bytes(&mut bc).await {
+        if l.bytes_received > 0 {
+            assert_eq!((l.recv_device, l.recv_gpu), (2, 5), "{l:?}");
+            into += 1;
+        }
+        if l.bytes_sent > 0 {
+            assert_eq!((l.send_device, l.send_gpu), (2, 5), "{l:?}");
+            out += 1;
+        }
+    }
+    // Host side has two NICs: two routes, two lanes each, each way.
+    assert_eq!((into, out), (4, 4));
+    for l in lane_bytes(&mut ac).await {
+        // Nothing is made current on a node without GPUs.
+        assert_eq!((l.send_gpu, l.recv_gpu), (-1, -1), "{l:?}");
+    }
+    let log = b.log();
+    assert!(
+        !log.contains("NOT served") && !log.contains("rx no cmsg"),
+        "{log}"
+    );
 }
