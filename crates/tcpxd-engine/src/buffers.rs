@@ -19,6 +19,7 @@ impl Engine {
                 users: 0,
                 watched: false,
                 gpu: false,
+                memory: topology::Memory::Host,
             },
         );
         Ok(())

@@ -105,7 +105,7 @@ impl Engine {
         eager_max_bytes: u64,
     ) {
         let p = &self.peers[&peer];
-        let lanes = p.send.len() as u32;
+        let lanes = p.send_layout;
         if p.remote.is_some() {
             return self.violation(peer, "a second ReceiveMode".into());
         }
@@ -144,8 +144,14 @@ impl Engine {
             eager_max,
         });
         let budget = p.remote_gpu_budget.unwrap_or(0);
+        // Routed lanes (after the layout's, `routes.rs`) carry rendezvous transfers only.
+        let eager_lanes = eager_from..p.send_layout;
         for (i, l) in p.send.iter_mut().enumerate() {
-            l.send_credits = SendCredits::granted(if i as u32 >= eager_from { credits } else { 0 });
+            l.send_credits = SendCredits::granted(if eager_lanes.contains(&(i as u32)) {
+                credits
+            } else {
+                0
+            });
             l.send_credits.set_budget(budget);
         }
         for id in std::mem::take(&mut p.waiting) {

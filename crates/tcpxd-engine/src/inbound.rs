@@ -24,7 +24,7 @@ impl Engine {
             PeerMsg::MoreChunks { offer_id, count } => self.on_more_chunks(peer, offer_id, count),
             PeerMsg::Header(offer) => self.on_header(peer, offer),
             PeerMsg::Offer(offer) => self.on_offer(peer, offer),
-            PeerMsg::Accept { offer_id } => self.on_accept(peer, offer_id),
+            PeerMsg::Accept { offer_id, first_lane } => self.on_accept(peer, offer_id, first_lane),
             PeerMsg::Reject {
                 offer_id,
                 code,
@@ -204,6 +204,7 @@ impl Engine {
             range_index,
         };
         let (lanes, _) = self.peers[&peer].recv_split();
+        let routed = self.peers[&peer].routes.is_some();
         let verdict: Result<coalesce::Places, (Code, String, u32)> = (|| {
             if lanes.is_empty() {
                 // Nothing was posted for it: refusing keeps every lane in step.
@@ -223,7 +224,7 @@ impl Engine {
             }
             plan::check_chunk_bytes(u64::from(offer.chunk_bytes))
                 .map_err(|e| (Code::InvalidArgument, e, 0))?;
-            if !lanes.contains(&offer.first_lane) {
+            if !routed && !lanes.contains(&offer.first_lane) {
                 return Err((
                     Code::InvalidArgument,
                     format!(
@@ -235,12 +236,22 @@ impl Engine {
             }
             self.incoming_places(peer, &offer)
         })();
-        let coalesce::Places {
-            places: dests,
-            lengths,
-            plan,
-        } = match verdict {
-            Ok(places) => places,
+        let verdict = verdict.and_then(|places| {
+            let chunks = ChunkPlan::count(&places.lengths, offer.chunk_bytes);
+            match self.routed_recv_lanes(peer, offer.first_lane, &places.places, chunks) {
+                Ok(routed) => Ok((places, routed)),
+                Err(e) => Err((Code::FailedPrecondition, e, 0)),
+            }
+        });
+        let (
+            coalesce::Places {
+                places: dests,
+                lengths,
+                plan,
+            },
+            routed,
+        ) = match verdict {
+            Ok(v) => v,
             Err((code, message, idx)) => {
                 self.actions.push_back(Action::Control {
                     peer,
@@ -251,11 +262,16 @@ impl Engine {
                 return;
             }
         };
-        self.accept_offer(peer, offer, dests, lengths, plan, lanes);
+        let (first_lane, lanes, chosen) = match routed {
+            Some((first, lanes)) => (first, lanes, Some(first)),
+            None => (offer.first_lane, lanes, None),
+        };
+        self.accept_offer(peer, offer, dests, lengths, plan, lanes, first_lane, chosen);
     }
 
-    /// Records an offer found good and queues its receives on the lanes `lanes`, in plan order;
-    /// answers `Accept`.
+    /// Records an offer found good and queues its receives on the lanes `lanes` from
+    /// `first_lane`, in plan order; answers `Accept` (naming `chosen`, a routed pairing's lane).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn accept_offer(
         &mut self,
         peer: PeerIdx,
@@ -264,6 +280,8 @@ impl Engine {
         lengths: Vec<u64>,
         plan: Option<blocks::SidePlan>,
         lanes: Range<u32>,
+        first_lane: u32,
+        chosen: Option<u32>,
     ) {
         for &(b, _) in &dests {
             self.use_buffer(b);
@@ -271,7 +289,7 @@ impl Engine {
         let mut chunks_total = 0u64;
         let p = &mut self.peers[&peer];
         p.received_rendezvous += 1;
-        for c in ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, lanes) {
+        for c in ChunkPlan::new(&lengths, offer.chunk_bytes, first_lane, lanes) {
             p.recv[c.lane as usize].queue.push_back(coalesce::chunk_item(
                 offer.offer_id,
                 &dests,
@@ -307,6 +325,7 @@ impl Engine {
             peer,
             msg: PeerMsg::Accept {
                 offer_id: offer.offer_id,
+                first_lane: chosen,
             },
         });
         self.pump(peer);
@@ -349,13 +368,22 @@ impl Engine {
         }
     }
 
-    pub(super) fn on_accept(&mut self, peer: PeerIdx, offer_id: u64) {
-        if !self
+    pub(super) fn on_accept(&mut self, peer: PeerIdx, offer_id: u64, first_lane: Option<u32>) {
+        let Some(o) = self
             .out_offers
             .get(&offer_id)
-            .is_some_and(|o| o.peer == peer && !o.accepted && !o.eager)
-        {
+            .filter(|o| o.peer == peer && !o.accepted && !o.eager)
+        else {
             return;
+        };
+        match self.routed_send_lanes(peer, &o.sources, first_lane) {
+            Ok(Some((first, lanes))) => {
+                let o = self.out_offers.get_mut(&offer_id).expect("checked");
+                o.first_lane = first;
+                o.lanes = lanes;
+            }
+            Ok(None) => {}
+            Err(e) => return self.violation(peer, format!("offer {offer_id}: {e}")),
         }
         self.queue_sends(offer_id);
     }

@@ -86,6 +86,8 @@ pub mod plan;
 mod prepared;
 mod prepared_entries;
 mod release;
+mod routes;
+pub use routes::MAX_ROUTED_LANES;
 mod same_node;
 use release::PeerMap;
 pub use same_node::{SameNodePlan, SamePiece};
@@ -232,6 +234,8 @@ struct BufferMeta {
     watched: bool,
     /// GPU memory (`Engine::mark_gpu_buffer`): told to peers when `gpu_credits` is on.
     gpu: bool,
+    /// Where it is (`set_buffer_memory`; host memory by default): picks a routed pairing's lanes.
+    memory: topology::Memory,
 }
 
 /// A queued or posted chunk: which offer it serves and where its bytes are.
@@ -331,19 +335,28 @@ struct Peer {
     sent_rendezvous: u64,
     received_eager: u64,
     received_rendezvous: u64,
+    /// The peer's topology as it announced it at pairing (`None` until the driver set it).
+    topology: Option<topology::Topology>,
+    /// Lanes by memory pair (`routes.rs`); `None`: not routed.
+    routes: Option<routes::PeerRoutes>,
+    /// Where the next routed offer we accept starts inside its group's lanes.
+    next_routed_lane: u32,
+    /// The layout lanes of each direction (the catalogue's lanes follow them).
+    send_layout: u32,
+    recv_layout: u32,
 }
 
 impl Peer {
     /// This node's receive lanes that carry rendezvous transfers, and those that keep credits.
     fn recv_split(&self) -> (Range<u32>, Range<u32>) {
-        let n = self.recv.len() as u32;
+        let n = self.recv_layout;
         (0..self.eager_from, self.eager_from..n)
     }
 
     /// Our send lanes towards the peer's rendezvous receives, and towards its credits (both
     /// empty until its `ReceiveMode` came).
     fn send_split(&self) -> (Range<u32>, Range<u32>) {
-        let n = self.send.len() as u32;
+        let n = self.send_layout;
         match self.remote {
             Some(r) => (0..r.eager_from, r.eager_from..n),
             None => (0..0, 0..0),
@@ -454,6 +467,8 @@ pub struct Engine {
     /// failed one, plus failed ones transfers still name.
     peers: PeerMap,
     next_peer: u32,
+    /// This node's topology (`set_topology`): routes pairings' rendezvous lanes (`routes.rs`).
+    topology: Option<topology::Topology>,
     /// Failed pairings waiting to be released once nothing names them.
     dying: Vec<PeerIdx>,
     /// Per node: the counters of its released pairings, added up (the metrics count over every
@@ -495,6 +510,7 @@ impl Engine {
             buffers: HashMap::new(),
             peers: PeerMap::default(),
             next_peer: 0,
+            topology: None,
             dying: Vec::new(),
             retired: BTreeMap::new(),
             out_offers: HashMap::new(),
@@ -536,6 +552,18 @@ impl Engine {
 
     /// Adds a peer with `send_lanes` lanes towards it and `recv_lanes` from it (not ready yet).
     pub fn add_peer(&mut self, node_id: &str, send_lanes: u32, recv_lanes: u32) -> PeerIdx {
+        self.add_peer_lanes(node_id, send_lanes, recv_lanes, 0, 0)
+    }
+
+    /// A pairing with `extra_send` / `extra_recv` routed lanes after its layout lanes.
+    fn add_peer_lanes(
+        &mut self,
+        node_id: &str,
+        send_lanes: u32,
+        recv_lanes: u32,
+        extra_send: u32,
+        extra_recv: u32,
+    ) -> PeerIdx {
         // Never one still in use (only after 2^32 pairings could the counter come round to one).
         while self.peers.contains_key(&PeerIdx(self.next_peer)) {
             self.next_peer = self.next_peer.wrapping_add(1);
@@ -559,8 +587,8 @@ impl Engine {
             Peer {
                 node_id: node_id.to_string(),
                 failed: None,
-                send: (0..send_lanes).map(|_| Lane::default()).collect(),
-                recv: (0..recv_lanes).map(|_| Lane::default()).collect(),
+                send: (0..send_lanes + extra_send).map(|_| Lane::default()).collect(),
+                recv: (0..recv_lanes + extra_recv).map(|_| Lane::default()).collect(),
                 next_lane: 0,
                 next_eager_lane: 0,
                 eager_from,
@@ -577,11 +605,28 @@ impl Engine {
                 sent_rendezvous: 0,
                 received_eager: 0,
                 received_rendezvous: 0,
+                topology: None,
+                routes: None,
+                next_routed_lane: 0,
+                send_layout: send_lanes,
+                recv_layout: recv_lanes,
             },
         );
         self.announce_gpu_credits(idx);
         self.announce_mode(idx);
         idx
+    }
+
+    /// Records the topology a peer announced at pairing (checked: `Topology::from_summary`).
+    pub fn set_peer_topology(&mut self, peer: PeerIdx, topology: topology::Topology) {
+        if let Some(p) = self.peers.get_mut(&peer) {
+            p.topology = Some(topology);
+        }
+    }
+
+    /// The topology a peer announced at pairing.
+    pub fn peer_topology(&self, peer: PeerIdx) -> Option<&topology::Topology> {
+        self.peers.get(&peer).and_then(|p| p.topology.as_ref())
     }
 
     pub fn peer_node(&self, peer: PeerIdx) -> Option<&str> {

@@ -274,7 +274,12 @@ impl Engine {
         let at = *rotor % count;
         let chunks = ChunkPlan::count(&o.lengths, chunk_bytes);
         *rotor = ((u64::from(at) + chunks) % u64::from(count)) as u32;
-        let first_lane = lanes.start + at;
+        let mut first_lane = lanes.start + at;
+        if !eager && let Some(lane) = self.routed_offer_lane(peer, &self.out_offers[&offer_id].sources) {
+            // A routed pairing: the lane names the source memory; the receiver picks the lanes.
+            first_lane = lane;
+        }
+        let o = self.out_offers.get_mut(&offer_id).expect("present");
         o.chunk_bytes = chunk_bytes;
         o.first_lane = first_lane;
         o.lanes = lanes;

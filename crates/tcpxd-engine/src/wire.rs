@@ -106,6 +106,9 @@ pub enum PeerMsg {
     Offer(Offer),
     Accept {
         offer_id: u64,
+        /// A routed pairing's offer: the first lane the receiver chose in the offer's memory
+        /// pair's lanes (`routes.rs`); `None` otherwise (the offer's own first lane stands).
+        first_lane: Option<u32>,
     },
     Reject {
         offer_id: u64,
@@ -196,7 +199,7 @@ impl PeerMsg {
             PeerMsg::MoreChunks { offer_id, .. } => ("more_chunks", *offer_id),
             PeerMsg::Header(o) => ("header", o.offer_id),
             PeerMsg::Offer(o) => ("offer", o.offer_id),
-            PeerMsg::Accept { offer_id } => ("accept", *offer_id),
+            PeerMsg::Accept { offer_id, .. } => ("accept", *offer_id),
             PeerMsg::Reject { offer_id, .. } => ("reject", *offer_id),
             PeerMsg::Done { offer_id } => ("done", *offer_id),
             PeerMsg::Failed { offer_id, .. } => ("failed", *offer_id),

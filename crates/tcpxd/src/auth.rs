@@ -130,6 +130,16 @@ pub fn lanes_bytes(lanes: &[pb::LaneHandle]) -> Vec<u8> {
     out
 }
 
+/// The lanes and the topology a handshake announces, as proof input.
+fn lanes_and_topology(lanes: &[pb::LaneHandle], topology: Option<&pb::PeerTopology>) -> Vec<u8> {
+    let mut out = lanes_bytes(lanes);
+    if let Some(t) = topology {
+        out.extend_from_slice(b"topology");
+        out.extend_from_slice(&prost::Message::encode_to_vec(t));
+    }
+    out
+}
+
 /// What a Handshake's proof covers.
 pub fn handshake_fields(server: &[u8], client_nonce: &[u8], req: &pb::HandshakeRequest) -> [Vec<u8>; 5] {
     [
@@ -137,7 +147,7 @@ pub fn handshake_fields(server: &[u8], client_nonce: &[u8], req: &pb::HandshakeR
         client_nonce.to_vec(),
         req.node_id.as_bytes().to_vec(),
         req.listen_port.to_le_bytes().to_vec(),
-        lanes_bytes(&req.lanes),
+        lanes_and_topology(&req.lanes, req.topology.as_ref()),
     ]
 }
 
@@ -148,7 +158,7 @@ pub fn accept_fields(server: &[u8], client_nonce: &[u8], resp: &pb::HandshakeRes
         server.to_vec(),
         resp.session_id.to_le_bytes().to_vec(),
         resp.node_id.as_bytes().to_vec(),
-        lanes_bytes(&resp.lanes),
+        lanes_and_topology(&resp.lanes, resp.topology.as_ref()),
     ]
 }
 

@@ -254,7 +254,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             unpack_impl: cfg.unpack_impl,
             engine,
             devices,
-            topology,
+            topology: topology.clone(),
             connect_timeout: cfg.peer_connect_timeout,
             metrics: metrics.clone(),
             warmth: warmth.clone(),
@@ -309,7 +309,8 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             },
         )
         .with_secret(secret)
-        .with_tls(tls.as_ref().map(|t| t.client.clone())),
+        .with_tls(tls.as_ref().map(|t| t.client.clone()))
+        .with_topology(&topology, cfg.lanes_per_device),
         notifications: notify_tx,
         transfers: Mutex::new(HashMap::new()),
         default_timeout: cfg.default_timeout,

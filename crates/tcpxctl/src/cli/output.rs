@@ -348,6 +348,8 @@ fn lane_json(l: &LaneStats) -> Value {
         "recv_credit_limit": l.recv_credit_limit,
         "send_gpu": l.send_gpu,
         "recv_gpu": l.recv_gpu,
+        "send_device": l.send_device,
+        "recv_device": l.recv_device,
         "send_state": l.send_state,
         "recv_state": l.recv_state,
     })
@@ -582,7 +584,7 @@ pub fn stats_text(s: &Stats, rates: Rates<'_>) -> String {
         };
         let mut header = vec![
             "LANE",
-            "DEVICE",
+            "NIC S/R",
             "KIND",
             "GPU S/R",
             "STATE S/R",
@@ -597,10 +599,21 @@ pub fn stats_text(s: &Stats, rates: Rates<'_>) -> String {
             header.extend(["SEND RATE", "RECV RATE"]);
         }
         let mut t = Table::new(header).indent(2);
-        for l in &p.lanes {
+        // A routed pairing lists hundreds of lanes, most never opened: those are counted, not
+        // listed (the JSON has them all).
+        let unused = |l: &&LaneStats| {
+            l.send_state == "closed"
+                && l.recv_state == "closed"
+                && l.chunks_sent == 0
+                && l.chunks_received == 0
+                && l.send_credit_limit == 0
+                && l.recv_credit_limit == 0
+        };
+        let never_used = p.lanes.iter().filter(unused).count();
+        for l in p.lanes.iter().filter(|l| !unused(l)) {
             let mut row = vec![
                 l.lane.to_string(),
-                l.device.to_string(),
+                format!("{}/{}", l.send_device, l.recv_device),
                 lane_kind(l),
                 format!("{}/{}", gpu_text(l.send_gpu), gpu_text(l.recv_gpu)),
                 format!("{}/{}", or_dash(&l.send_state), or_dash(&l.recv_state)),
@@ -623,9 +636,12 @@ pub fn stats_text(s: &Stats, rates: Rates<'_>) -> String {
             t.row(row);
         }
         if t.is_empty() {
-            let _ = writeln!(out, "  no lanes");
+            let _ = writeln!(out, "  no lanes in use");
         } else {
             let _ = write!(out, "{t}");
+        }
+        if never_used > 0 {
+            let _ = writeln!(out, "  {never_used} more lanes never used (closed both ways)");
         }
     }
     out.push_str(&events_text(s));
@@ -909,6 +925,43 @@ mod tests {
         let j = stats_json(&s);
         assert_eq!(j["transfer_totals"][0]["bytes"], 4u64 << 20);
         assert_eq!(j["latency"][0]["histogram"]["p50_le_seconds"], 0.001);
+    }
+
+    /// A routed pairing's never-used lanes are counted, not listed; each listed lane shows its
+    /// NIC each way.
+    #[test]
+    fn stats_count_never_used_lanes_and_show_each_directions_nic() {
+        let lane = |lane: u32, state: &str, chunks: u64| LaneStats {
+            lane,
+            send_device: 1,
+            recv_device: 3,
+            send_state: state.into(),
+            recv_state: "closed".into(),
+            chunks_sent: chunks,
+            ..Default::default()
+        };
+        let s = Stats {
+            node_id: "a".into(),
+            peers: vec![PeerStats {
+                node_id: "b".into(),
+                lanes: vec![lane(0, "closed", 0), lane(7, "open", 4), lane(9, "closed", 0)],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = stats_text(&s, Rates::Off);
+        assert!(text.contains("NIC S/R"), "{text}");
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|l| l.trim_start().starts_with(char::is_numeric))
+            .collect();
+        assert_eq!(rows.len(), 2, "{text}");
+        assert!(
+            rows[0].trim_start().starts_with('7') && rows[0].contains("1/3"),
+            "{text}"
+        );
+        assert!(rows[1].contains("2 more lanes never used"), "{text}");
+        assert_eq!(stats_json(&s)["peers"][0]["lanes"].as_array().unwrap().len(), 3);
     }
 
     /// Each lane's GPU at this end and its state each way (lanes open on first use, close when

@@ -375,7 +375,10 @@ fn a_coalesced_offer_over_two_buffers_is_refused_naming_the_range() {
         matches!(
             a,
             Action::Control {
-                msg: PeerMsg::Accept { offer_id: 77 },
+                msg: PeerMsg::Accept {
+                    offer_id: 77,
+                    first_lane: None
+                },
                 ..
             }
         )

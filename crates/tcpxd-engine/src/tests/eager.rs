@@ -494,7 +494,10 @@ fn messages_about_unknown_transfers_change_nothing() {
     let (mut eng, now) = receiver();
     for msg in [
         PeerMsg::Done { offer_id: 77 },
-        PeerMsg::Accept { offer_id: 77 },
+        PeerMsg::Accept {
+            offer_id: 77,
+            first_lane: None,
+        },
         PeerMsg::CancelOffer {
             offer_id: 77,
             code: Code::Cancelled,

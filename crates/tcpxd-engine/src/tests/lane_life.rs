@@ -212,7 +212,14 @@ fn a_peer_that_never_listens_fails_the_pairing_after_the_open_timeout() {
         .unwrap();
     while eng.poll_action().is_some() {}
     let offer_id = offers_of(&mut eng);
-    eng.on_message(p, PeerMsg::Accept { offer_id }, now);
+    eng.on_message(
+        p,
+        PeerMsg::Accept {
+            offer_id,
+            first_lane: None,
+        },
+        now,
+    );
     let asked: Vec<Action> = std::iter::from_fn(|| eng.poll_action()).collect();
     assert!(
         asked.iter().any(|a| matches!(

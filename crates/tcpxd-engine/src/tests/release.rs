@@ -105,6 +105,7 @@ fn a_failed_pairing_a_transfer_still_names_goes_when_the_transfer_ends() {
         b1,
         PeerMsg::Accept {
             offer_id: offers[&b1],
+            first_lane: None,
         },
         now,
     );

@@ -181,10 +181,43 @@ impl Sim {
     }
 
     fn pair_opened(lanes: u32, cfgs: [EngineConfig; 2], seed: u64, open: bool) -> Sim {
-        let recv = [recv_lanes(lanes, &cfgs[0]), recv_lanes(lanes, &cfgs[1])];
-        let mk = |i: usize, other: &str| {
+        Sim::pair_topologies(lanes, cfgs, seed, open, None)
+    }
+
+    /// Like [`Sim::pair_lazy`], each node with a topology (node i's `topologies[i]`), the
+    /// pairing's rendezvous lanes routed by memory pair (`routes.rs`).
+    pub(super) fn pair_routed(
+        lanes: u32,
+        cfgs: [EngineConfig; 2],
+        seed: u64,
+        topologies: [crate::topology::Topology; 2],
+    ) -> Sim {
+        Sim::pair_topologies(lanes, cfgs, seed, false, Some(topologies))
+    }
+
+    fn pair_topologies(
+        lanes: u32,
+        cfgs: [EngineConfig; 2],
+        seed: u64,
+        open: bool,
+        topologies: Option<[crate::topology::Topology; 2]>,
+    ) -> Sim {
+        let layout = [recv_lanes(lanes, &cfgs[0]), recv_lanes(lanes, &cfgs[1])];
+        let mut recv = layout;
+        let mk = |i: usize, other: &str, recv: &mut [u32; 2]| {
             let mut eng = Engine::new(cfgs[i].clone());
-            let p = eng.add_peer(other, recv[1 - i], recv[i]);
+            let p = match &topologies {
+                None => eng.add_peer(other, layout[1 - i], layout[i]),
+                Some(t) => {
+                    eng.set_topology(t[i].clone());
+                    let per_route = cfgs[1 - i].lanes_per_device;
+                    let p = eng
+                        .add_peer_routed(other, layout[1 - i], layout[i], t[1 - i].clone(), per_route)
+                        .unwrap();
+                    recv[i] = eng.lane_counts(p).1;
+                    p
+                }
+            };
             assert_eq!(p, P);
             for l in 0..recv[1 - i] {
                 if open {
@@ -207,8 +240,9 @@ impl Sim {
                 pieces: PieceStats::default(),
             }
         };
+        let nodes = [mk(0, "node-b", &mut recv), mk(1, "node-a", &mut recv)];
         let mut sim = Sim {
-            nodes: [mk(0, "node-b"), mk(1, "node-a")],
+            nodes,
             ctrl: [VecDeque::new(), VecDeque::new()],
             // Lanes carrying bytes from node i: the other's receive lanes.
             wires: [

@@ -8,9 +8,13 @@
 //! (which NICs a GPU has, which GPU to make current for a NIC, which lanes a pair of memories
 //! takes: [`route`]). Pure: the daemon reads sysfs and CUDA and hands the facts in.
 
+mod catalogue;
 mod route;
 mod spec;
 
+pub use catalogue::{
+    CatalogueError, LaneCatalogue, LaneGroup, MAX_SUMMARY_GPUS, MAX_SUMMARY_NICS, SummaryGpu, TopologySummary,
+};
 pub use route::{Endpoint, Memory, Route, routes};
 pub use spec::{A3VM, A3vmNic, GpuRef, MAX_MAP_ENTRIES, MapSpec, NicRef, a3vm_nic_of, is_bus_id};
 

@@ -308,3 +308,158 @@ fn places_come_from_sysfs_paths() {
     assert_eq!(place_of("/sys/class/net/eth1"), None);
     assert_eq!(place_of("/sys/devices/"), None);
 }
+
+fn a3(map: &str) -> Topology {
+    Topology::build(a3_gpus(false), a3_nics(ETH, false), &MapSpec::parse(map).unwrap()).unwrap()
+}
+
+#[test]
+fn a_summary_round_trips_what_routes_read() {
+    let a = a3("a3vm");
+    let back = Topology::from_summary(&a.summary()).unwrap();
+    assert_eq!(back.nics.len(), 4);
+    for g in 0..8 {
+        assert_eq!(back.nics_of(g), a.nics_of(g));
+    }
+    for n in 0..4 {
+        assert_eq!(back.listen_gpu(n), a.listen_gpu(n));
+    }
+    // Without GPUs: NICs only.
+    let plain = Topology::build(Vec::new(), a3_nics(ETH, false)[..1].to_vec(), &MapSpec::Pci).unwrap();
+    let back = Topology::from_summary(&plain.summary()).unwrap();
+    assert_eq!(
+        (back.nics.len(), back.gpus.len(), back.listen_gpu(0)),
+        (1, 0, None)
+    );
+}
+
+#[test]
+fn a_bad_summary_is_refused_naming_the_field() {
+    let mut s = a3("a3vm").summary();
+    s.gpus[3].nics = vec![4];
+    let e = Topology::from_summary(&s).unwrap_err();
+    assert!(e.contains("topology.gpus[3].nics") && e.contains("NIC 4"), "{e}");
+    let mut s = a3("a3vm").summary();
+    s.gpus[2].ordinal = 0;
+    assert!(Topology::from_summary(&s).unwrap_err().contains("GPU 0 twice"));
+    let mut s = a3("a3vm").summary();
+    s.nics.clear();
+    assert!(
+        Topology::from_summary(&s)
+            .unwrap_err()
+            .contains("topology.nics: 0 NICs")
+    );
+    let mut s = a3("a3vm").summary();
+    s.gpus[0].nics.clear();
+    assert!(
+        Topology::from_summary(&s)
+            .unwrap_err()
+            .contains("topology.gpus[0].nics: 0")
+    );
+}
+
+#[test]
+fn both_sides_build_the_same_catalogue_from_the_exchanged_summaries() {
+    let a = a3("a3vm");
+    let b = Topology::build(
+        a3_gpus(false)[..4].to_vec(),
+        a3_nics(ETH, false)[..2].to_vec(),
+        &MapSpec::parse("0=eth1+eth2;1=eth1;2=eth2;3=eth2").unwrap(),
+    )
+    .unwrap();
+    // a sends to b: a builds (own, b's summary), b builds (a's summary, own).
+    let at_a = LaneCatalogue::build(&a, &Topology::from_summary(&b.summary()).unwrap(), 2, 1);
+    let at_b = LaneCatalogue::build(&Topology::from_summary(&a.summary()).unwrap(), &b, 2, 1);
+    assert_eq!(at_a.lanes(), at_b.lanes());
+    assert_eq!(at_a.groups(), at_b.groups());
+    for lane in 0..at_a.lanes() {
+        assert_eq!(at_a.route(lane), at_b.route(lane));
+        assert_eq!(at_a.group_of(lane), at_b.group_of(lane));
+    }
+    // 9 sources × 5 destinations, lanes consecutive and every lane in exactly one group.
+    assert_eq!(at_a.groups().len(), 45);
+    let mut next = 0;
+    for g in at_a.groups() {
+        assert_eq!(g.rendezvous.start, next);
+        assert_eq!(g.rendezvous.len(), 2 * g.routes.len());
+        assert_eq!(g.eager.start, g.rendezvous.end);
+        let eager = if g.dst == Memory::Host { g.routes.len() } else { 0 };
+        assert_eq!(g.eager.len(), eager);
+        next = g.eager.end;
+        // Each lane of the group takes one of the group's routes, in turn.
+        for (k, lane) in g.rendezvous.clone().chain(g.eager.clone()).enumerate() {
+            assert_eq!(at_a.route(lane), Some(g.routes[k % g.routes.len()]));
+        }
+    }
+    assert_eq!(next, at_a.lanes());
+}
+
+#[test]
+fn a_gpu_pairs_group_uses_only_their_nics_under_their_gpus() {
+    let a = a3("a3vm");
+    let cat = LaneCatalogue::build(&a, &a, 2, 1);
+    for s in 0..8u32 {
+        for d in 0..8u32 {
+            let g = cat.group(Memory::Gpu(s), Memory::Gpu(d)).unwrap();
+            assert_eq!(g.rendezvous.len(), 2, "one route, two lanes");
+            assert!(g.eager.is_empty(), "eager lanes only towards host memory");
+            for lane in g.rendezvous.clone() {
+                let r = cat.route(lane).unwrap();
+                assert_eq!((r.send.nic, r.send.gpu), (s as usize / 2, Some(s)));
+                assert_eq!((r.recv.nic, r.recv.gpu), (d as usize / 2, Some(d)));
+            }
+        }
+    }
+    // Host to host: every NIC, NIC i to NIC i, rotating over them lane by lane.
+    let hh = cat.group(Memory::Host, Memory::Host).unwrap();
+    let nics: Vec<usize> = hh
+        .rendezvous
+        .clone()
+        .map(|l| cat.route(l).unwrap().send.nic)
+        .collect();
+    assert_eq!(nics, [0, 1, 2, 3, 0, 1, 2, 3]);
+    assert_eq!(hh.eager.len(), 4);
+}
+
+#[test]
+fn a_gpu_either_side_lacks_is_an_error_naming_it() {
+    let a = a3("a3vm");
+    let four = Topology::build(
+        a3_gpus(false)[..4].to_vec(),
+        a3_nics(ETH, false)[..2].to_vec(),
+        &MapSpec::Pci,
+    )
+    .unwrap();
+    let cat = LaneCatalogue::build(&a, &four, 2, 0);
+    let e = cat.group(Memory::Host, Memory::Gpu(6)).unwrap_err().to_string();
+    assert_eq!(e, "GPU 6 is not one of the receiver's GPUs (0, 1, 2, 3)");
+    let e = cat.group(Memory::Gpu(9), Memory::Host).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "GPU 9 is not one of the sender's GPUs (0, 1, 2, 3, 4, 5, 6, 7)"
+    );
+    let plain = Topology::build(Vec::new(), a3_nics(ETH, false)[..1].to_vec(), &MapSpec::Pci).unwrap();
+    let cat = LaneCatalogue::build(&a, &plain, 2, 0);
+    let e = cat.group(Memory::Gpu(1), Memory::Gpu(0)).unwrap_err().to_string();
+    assert_eq!(e, "GPU 0 is not one of the receiver's GPUs (it has none)");
+}
+
+#[test]
+fn nodes_without_gpus_keep_todays_layout() {
+    let plain = Topology::build(Vec::new(), a3_nics(ETH, false)[..2].to_vec(), &MapSpec::Pci).unwrap();
+    let cat = LaneCatalogue::build(&plain, &plain, 2, 1);
+    assert_eq!(cat.groups().len(), 1);
+    let g = cat.group(Memory::Host, Memory::Host).unwrap();
+    assert_eq!((g.rendezvous.clone(), g.eager.clone()), (0..4, 4..6));
+    // Lane i on NIC i % 2, nothing made current: LaneLayout's devices.
+    let nics: Vec<(usize, Option<u32>)> = (0..6)
+        .map(|l| {
+            let r = cat.route(l).unwrap();
+            (r.send.nic, r.send.gpu)
+        })
+        .collect();
+    assert_eq!(
+        nics,
+        [(0, None), (1, None), (0, None), (1, None), (0, None), (1, None)]
+    );
+}

@@ -503,6 +503,8 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                                 recv_credits: r.credits,
                                 recv_credit_limit: r.credit_limit,
                                 send_credit_bytes_out: s.credit_bytes_out,
+                                send_device: p.send_devices.get(i).copied().unwrap_or(-1),
+                                recv_device: p.recv_devices.get(i).copied().unwrap_or(-1),
                                 send_gpu: gpu_pb(p.send_gpus.get(i)),
                                 recv_gpu: gpu_pb(p.recv_gpus.get(i)),
                                 send_state: s.state.to_string(),

@@ -8,7 +8,9 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::control::{Outbound, OutboundResponse, spawn_inbound};
 use super::settle::{Dialled, Slot};
-use super::{PROTOCOL_VERSION, PeerInfo, Peers, PendingSession, ask, lane_to_pb, lanes_from_pb};
+use super::{
+    PROTOCOL_VERSION, PeerInfo, Peers, PendingSession, ask, lane_to_pb, lanes_from_pb, topology_from_pb,
+};
 use crate::api::proto::peer as pb;
 use crate::auth::{ClusterSecret, NONCE_BYTES, ProofOf, accept_fields, handshake_fields, hello_fields};
 use crate::poller::{Command, PeerChannels, PeerLink};
@@ -43,6 +45,7 @@ impl Peers {
             ));
         }
         let remote = lanes_from_pb(&req.lanes).map_err(Status::invalid_argument)?;
+        let topology = topology_from_pb(req.topology.as_ref(), &remote).map_err(Status::invalid_argument)?;
         let dial = match (from.parse::<SocketAddr>(), u16::try_from(req.listen_port)) {
             (Ok(a), Ok(port)) if port != 0 => Some(SocketAddr::new(a.ip(), port).to_string()),
             _ => None,
@@ -60,6 +63,7 @@ impl Peers {
                 lanes: Vec::new(),
                 session_id: 0,
                 proof: Vec::new(),
+                topology: self.topology.clone(),
             };
             answer_proof(&mut resp);
             return Ok(resp);
@@ -69,6 +73,7 @@ impl Peers {
         let (idx, mine) = ask(&self.poller, |reply| Command::AcceptPeer {
             node_id: req.node_id.clone(),
             remote: remote.clone(),
+            topology,
             channels: PeerChannels {
                 control: control_tx,
                 link: link_tx,
@@ -130,6 +135,7 @@ impl Peers {
             lanes: mine.iter().map(lane_to_pb).collect(),
             session_id,
             proof: Vec::new(),
+            topology: self.topology.clone(),
         };
         answer_proof(&mut resp);
         Ok(resp)

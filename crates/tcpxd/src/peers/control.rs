@@ -336,7 +336,10 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
         }),
         PeerMsg::Header(o) => Body::Header(offer(o)),
         PeerMsg::Offer(o) => Body::Offer(offer(o)),
-        PeerMsg::Accept { offer_id } => Body::Accept(pb::Accept { offer_id: *offer_id }),
+        PeerMsg::Accept { offer_id, first_lane } => Body::Accept(pb::Accept {
+            offer_id: *offer_id,
+            first_lane: *first_lane,
+        }),
         PeerMsg::Reject {
             offer_id,
             code,
@@ -504,7 +507,10 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                 }
             }
         }
-        Body::Accept(a) => PeerMsg::Accept { offer_id: a.offer_id },
+        Body::Accept(a) => PeerMsg::Accept {
+            offer_id: a.offer_id,
+            first_lane: a.first_lane,
+        },
         Body::Reject(r) => PeerMsg::Reject {
             offer_id: r.offer_id,
             code: Code::from_i32(r.code),

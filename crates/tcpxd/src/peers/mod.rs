@@ -30,11 +30,13 @@ mod callee;
 mod control;
 mod packed_pb;
 mod settle;
+mod topology_pb;
 
 pub use control::{Malformed, OutboundResponse, msg_from_pb, msg_to_pb};
 use control::{Outbound, spawn_inbound};
 pub use settle::Dialled;
 use settle::{Dialing, LockMap, Settle, Slot};
+use topology_pb::{topology_from_pb, topology_to_pb};
 
 /// 3: `ReceiveMode` may split the lanes (auto: eager lanes and rendezvous lanes on one pairing),
 /// which a protocol-2 sender would misread (it would plan eager chunks over every lane), so the
@@ -49,7 +51,9 @@ use settle::{Dialing, LockMap, Settle, Slot};
 /// lane would fall out of step.
 /// 6: lanes open on first use and close when idle (`LaneOpen`, `LaneListening`, `LaneClose`,
 /// `LaneCloseAnswer` on the control stream; the handshake's lanes carry no handle): a protocol-5
-/// daemon would wait for handles that never come: the two refuse to pair.
+/// daemon would wait for handles that never come: the two refuse to pair. Also 6 (gpu-routes):
+/// the handshake's `topology` and `Accept.first_lane` route rendezvous lanes by memory pair
+/// (engine `routes.rs`); a daemon without them would plan other lanes.
 /// 6 (wire-ranges): `PackedRanges` in offers, headers and read requests (one buffer id and key,
 /// packed offsets and lengths); a protocol-5 daemon would see an offer with no ranges.
 pub const PROTOCOL_VERSION: u32 = 6;
@@ -135,6 +139,8 @@ pub struct Peers {
     challenges: Challenges,
     /// Mutual TLS to peers (their service requires it too).
     tls: Option<tonic::transport::ClientTlsConfig>,
+    /// This node's topology as its handshakes announce it.
+    topology: Option<pb::PeerTopology>,
 }
 
 fn unavailable_poller() -> Status {
@@ -171,7 +177,18 @@ impl Peers {
             secret: None,
             challenges: Challenges::new(connect_timeout),
             tls: None,
+            topology: None,
         }
+    }
+
+    /// Announces this topology in every handshake (without: none, as a node without GPUs).
+    pub fn with_topology(
+        mut self,
+        topology: &crate::engine::topology::Topology,
+        lanes_per_route: u32,
+    ) -> Peers {
+        self.topology = Some(topology_to_pb(topology, lanes_per_route));
+        self
     }
 
     /// Requires peers to prove this cluster secret (both directions).
@@ -361,6 +378,7 @@ impl Peers {
             node_id: self.node_id.clone(),
             lanes: lanes.iter().map(lane_to_pb).collect(),
             listen_port: self.listen_port.load(Ordering::Relaxed) as u32,
+            topology: self.topology.clone(),
             ..Default::default()
         };
         if let Some((secret, server, client_nonce)) = &auth {
@@ -433,6 +451,8 @@ impl Peers {
             (_, existing) => existing,
         };
         let remote = lanes_from_pb(&resp.lanes).map_err(Status::failed_precondition)?;
+        let topology = topology_from_pb(resp.topology.as_ref(), &remote)
+            .map_err(|e| Status::failed_precondition(format!("{address} (node {node}) sent a bad {e}")))?;
         guard.defuse();
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         let (link_tx, link_rx) = watch::channel(PeerLink::Connecting);
@@ -440,6 +460,7 @@ impl Peers {
             prepared,
             node_id: node.clone(),
             remote: remote.clone(),
+            topology,
             channels: PeerChannels {
                 control: control_tx,
                 link: link_tx,

@@ -47,7 +47,9 @@ impl Poller {
                 }
                 let r = self.engine.add_buffer(entry.id, entry.size, entry.key());
                 if r.is_ok() {
-                    if entry.device_region().is_some() {
+                    if let Some(region) = entry.device_region() {
+                        let gpu = crate::engine::topology::Memory::Gpu(region.gpu().ordinal() as u32);
+                        self.engine.set_buffer_memory(entry.id, gpu);
                         // GPU memory: peers may send into it by credits at any size.
                         self.engine.mark_gpu_buffer(entry.id);
                     }
@@ -89,23 +91,25 @@ impl Poller {
                 prepared,
                 node_id,
                 remote,
+                topology,
                 channels,
                 reply,
             } => {
                 let r = match self.prepared.remove(&prepared) {
                     None => Err("lane set-up expired".to_string()),
-                    Some(listens) => self.add_peer(node_id, listens, remote, channels),
+                    Some(listens) => self.add_peer(node_id, listens, remote, topology, channels),
                 };
                 let _ = reply.send(r);
             }
             Command::AcceptPeer {
                 node_id,
                 remote,
+                topology,
                 channels,
                 reply,
             } => {
                 let r = self.open_listens().and_then(|(listens, infos)| {
-                    self.add_peer(node_id, listens, remote, channels)
+                    self.add_peer(node_id, listens, remote, topology, channels)
                         .map(|idx| (idx, infos))
                 });
                 let _ = reply.send(r);

@@ -63,6 +63,14 @@ pub struct LaneInfo {
     pub device: i32,
 }
 
+/// What a peer announced of its topology at pairing (checked): its NICs and GPUs and its lanes
+/// per route as a receiver, from which the pairing's routed lanes follow (`engine::routes`).
+#[derive(Debug, Clone)]
+pub struct PeerTopology {
+    pub topology: crate::engine::topology::Topology,
+    pub lanes_per_route: u32,
+}
+
 /// Where a transfer is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -137,6 +145,8 @@ pub enum Command {
         prepared: u64,
         node_id: String,
         remote: Vec<LaneInfo>,
+        /// The peer's topology from its handshake (checked).
+        topology: PeerTopology,
         channels: PeerChannels,
         reply: Reply<Result<PeerIdx, String>>,
     },
@@ -144,6 +154,7 @@ pub enum Command {
     AcceptPeer {
         node_id: String,
         remote: Vec<LaneInfo>,
+        topology: PeerTopology,
         channels: PeerChannels,
         reply: Reply<Result<(PeerIdx, Vec<LaneInfo>), String>>,
     },
@@ -340,7 +351,11 @@ impl PollerHandle {
             .name("tcpxd-poller".into())
             .spawn(move || {
                 Poller {
-                    engine: Engine::new(cfg.engine.clone()),
+                    engine: {
+                        let mut e = Engine::new(cfg.engine.clone());
+                        e.set_topology((*cfg.topology).clone());
+                        e
+                    },
                     plugin,
                     cfg,
                     rx,

@@ -51,6 +51,7 @@ impl Poller {
         node_id: String,
         listens: Vec<ListenComm>,
         remote: Vec<LaneInfo>,
+        topology: super::PeerTopology,
         channels: PeerChannels,
     ) -> Result<PeerIdx, String> {
         if remote.is_empty() || remote.len() > 64 {
@@ -61,12 +62,30 @@ impl Poller {
         }
         drop(listens);
         let devices = self.lane_devices();
-        let send = (0..remote.len())
+        let peer_gpus = topology.topology.gpus.len();
+        let idx = self.engine.add_peer_routed(
+            &node_id,
+            remote.len() as u32,
+            devices.len() as u32,
+            topology.topology,
+            topology.lanes_per_route,
+        )?;
+        let (send_lanes, recv_lanes) = self.engine.lane_counts(idx);
+        // A routed lane's comm is on its route's NIC under its route's GPU; a layout lane's on
+        // the layout's device under a GPU that device serves.
+        let nic_device = |nic: usize| self.cfg.topology.nics[nic].device;
+        let send = (0..send_lanes)
             .map(|i| {
-                let device = devices[i % devices.len()];
+                let (device, gpu) = match self.engine.send_lane_route(idx, i) {
+                    Some(r) => (nic_device(r.send.nic), r.send.gpu),
+                    None => {
+                        let device = devices[i as usize % devices.len()];
+                        (device, self.device_gpu(device))
+                    }
+                };
                 SendLane {
                     device,
-                    gpu: self.device_gpu(device),
+                    gpu,
                     state: SendLaneState::Closed,
                     handles: HashMap::new(),
                     deferred: VecDeque::new(),
@@ -75,11 +94,20 @@ impl Poller {
                 }
             })
             .collect::<Vec<_>>();
-        let recv = devices
-            .iter()
-            .map(|&device| RecvLane {
+        let recv = (0..recv_lanes)
+            .map(|i| {
+                let (device, gpu) = match self.engine.recv_lane_route(idx, i) {
+                    Some(r) => (nic_device(r.recv.nic), r.recv.gpu),
+                    None => {
+                        let device = devices[i as usize % devices.len()];
+                        (device, self.device_gpu(device))
+                    }
+                };
+                (device, gpu)
+            })
+            .map(|(device, gpu)| RecvLane {
                 device,
-                gpu: self.device_gpu(device),
+                gpu,
                 state: RecvLaneState::Closed,
                 handles: HashMap::new(),
                 queue: RecvQueue::default(),
@@ -91,10 +119,7 @@ impl Poller {
                 rules: None,
             })
             .collect::<Vec<_>>();
-        let idx = self
-            .engine
-            .add_peer(&node_id, send.len() as u32, recv.len() as u32);
-        tracing::info!(peer = %node_id, send_lanes = send.len(), recv_lanes = recv.len(), "peer paired, waiting for its first message");
+        tracing::info!(peer = %node_id, send_lanes = send.len(), recv_lanes = recv.len(), peer_gpus, "peer paired, waiting for its first message");
         self.peers.insert(
             idx,
             PeerSlot {

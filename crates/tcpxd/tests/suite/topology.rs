@@ -3,8 +3,10 @@
 //! NICs with A3's `pciPath`s. Each daemon works out each GPU's NIC (`pci`: the even spread, since
 //! the stand-in's GPUs have no sysfs place; `a3vm`: RxDM's preset) and shows it in DescribeNode;
 //! every lane's comms are opened with a GPU its NIC serves current (GetStats' `send_gpu` /
-//! `recv_gpu`); host memory moves byte-exact over all four NICs; a map naming what the node lacks
-//! stops the daemon at start-up with the part named.
+//! `recv_gpu`); host memory moves byte-exact over all four NICs; a GPU pair's bytes move only on
+//! its NICs' routed lanes (GetStats' per-direction NIC, GPU and bytes), also towards a node
+//! without GPUs; a map naming what the node lacks stops the daemon at start-up with the part
+//! named.
 
 use std::process::Command;
 
@@ -105,21 +107,29 @@ async fn every_lane_is_opened_under_a_gpu_its_nic_serves() {
     assert_eq!(crc(&mut bc, dst.id, 0, 16 * MIB).await, want);
     assert_eq!(crc(&mut ac, back.id, 0, 16 * MIB).await, want);
 
-    // Each lane's comms were opened under the first GPU its NIC serves (NIC d: GPU 2d), on both
-    // sides; every NIC carried bytes.
+    // Each lane's comms were opened under a GPU its NIC serves (GPU g on NIC g / 2), on both
+    // sides; host memory went over every NIC, each comm under the first GPU it serves.
     for (c, name) in [(&mut ac, "a"), (&mut bc, "b")] {
         let s = c.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
         assert_eq!(s.peers.len(), 1, "{name}");
         let lanes = &s.peers[0].lanes;
-        assert_eq!(lanes.len(), 12, "{name}: 4 NICs x (2 + 1 eager) lanes");
+        // The layout's 4 NICs x (2 + 1 eager) lanes, then the routed lanes of each memory pair
+        // (8 GPUs over 4 NICs, 2 per route: 264).
+        assert_eq!(lanes.len(), 12 + 264, "{name}");
         let mut per_nic = [0u64; 4];
         for l in lanes {
-            assert_eq!(
-                (l.send_gpu, l.recv_gpu),
-                (2 * l.device, 2 * l.device),
-                "{name}: {l:?}"
-            );
-            per_nic[l.device as usize] += l.bytes_sent + l.bytes_received;
+            assert_eq!(l.send_gpu / 2, l.send_device, "{name}: {l:?}");
+            assert_eq!(l.recv_gpu / 2, l.recv_device, "{name}: {l:?}");
+            per_nic[l.send_device as usize] += l.bytes_sent;
+            per_nic[l.recv_device as usize] += l.bytes_received;
+            if l.bytes_sent + l.bytes_received > 0 {
+                // Host memory both ways: host routes, each comm under the first GPU its NIC serves.
+                assert_eq!(
+                    (l.send_gpu, l.recv_gpu),
+                    (2 * l.send_device, 2 * l.recv_device),
+                    "{name}: {l:?}"
+                );
+            }
         }
         assert!(
             per_nic.iter().all(|&b| b > 0),
@@ -219,4 +229,218 @@ fn a_map_naming_what_the_node_lacks_stops_the_daemon() {
         assert!(err.contains(says) && err.contains("topology.map"), "{map}: {err}");
     }
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Each lane's bytes sent and received so far, by lane.
+async fn lane_bytes(c: &mut Client) -> Vec<pb::LaneStats> {
+    let s = c.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
+    assert!(s.peers.len() <= 1);
+    // Before the first transfer paired the nodes: nothing yet.
+    s.peers.first().map(|p| p.lanes.clone()).unwrap_or_default()
+}
+
+/// The lanes whose bytes sent (`sent`) or received grew since `before`.
+fn grew<'a>(before: &[pb::LaneStats], after: &'a [pb::LaneStats], sent: bool) -> Vec<&'a pb::LaneStats> {
+    let zero = pb::LaneStats::default();
+    after
+        .iter()
+        .zip(before.iter().chain(std::iter::repeat(&zero)))
+        .filter(|(a, b)| {
+            if sent {
+                a.bytes_sent > b.bytes_sent
+            } else {
+                a.bytes_received > b.bytes_received
+            }
+        })
+        .map(|(a, _)| a)
+        .collect()
+}
+
+/// Issue #37 point 2: a transfer from GPU s to GPU d moves only on lanes from nic(s), opened
+/// under GPU s, to nic(d), listened under GPU d (GetStats' per-direction NIC and GPU, and each
+/// lane's byte counters), byte-exact by WRITE and READ; host memory to and from GPUs too; and
+/// the emulation (which takes a comm's GPU from the CUDA context current at listen / connect
+/// and fails a CUDA receive on a NIC that does not serve it, "rx no cmsg") found every comm
+/// served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_pairs_bytes_move_only_on_its_nics_lanes() {
+    use crate::daemon_stub_gpus::{assert_same, cuda_buffer};
+    tcpxd::logging::init("error");
+    if test_plugin_file().is_some() {
+        return;
+    }
+    let mut env = a3_env();
+    env.extend(
+        [
+            ("TCPXEMU_BOUNCE", "cuda"),
+            ("TCPXEMU_BOUNCE_PAGES", "2048"),
+            ("UCCL_TCPX_UNPACK_IMPL", "d2d"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    let a = procs::spawn("routes-a", 0, "", &refs(&env)).await;
+    let b = procs::spawn("routes-b", 0, "[topology]\nmap = \"a3vm\"\n", &refs(&env)).await;
+    let mut ac = a.client().await;
+    let mut bc = b.client().await;
+    // Larger than auto's eager limit: rendezvous, on the routed lanes.
+    let len = 2 * MIB + 5;
+    for (s, d, back_gpu) in [(3u32, 5u32, 6u32), (0, 7, 1), (6, 6, 2)] {
+        let src = cuda_buffer(&mut ac, s, 4 * MIB).await;
+        let dst = cuda_buffer(&mut bc, d, 4 * MIB).await;
+        let back = cuda_buffer(&mut ac, back_gpu, 4 * MIB).await;
+        fill_seed(&mut ac, src.id, 0, 0, 11 + u64::from(s)).await;
+        let (a0, b0) = (lane_bytes(&mut ac).await, lane_bytes(&mut bc).await);
+        let id = write(&mut ac, write_entry(&src, 3, &dst, 4096, len), b"")
+            .await
+            .unwrap();
+        wait_ok(&mut ac, id).await;
+        let what = format!("WRITE GPU {s} -> GPU {d}");
+        assert_same(&mut ac, (src.id, 3), &mut bc, (dst.id, 4096), len, &what).await;
+        let (a1, b1) = (lane_bytes(&mut ac).await, lane_bytes(&mut bc).await);
+        let sent = grew(&a0, &a1, true);
+        assert!(!sent.is_empty(), "{what}");
+        for l in &sent {
+            assert_eq!(
+                (l.send_device, l.send_gpu),
+                (s as i32 / 2, s as i32),
+                "{what}: {l:?}"
+            );
+            assert_eq!(
+                (l.recv_device, l.recv_gpu),
+                (d as i32 / 2, d as i32),
+                "{what}: {l:?}"
+            );
+        }
+        let received = grew(&b0, &b1, false);
+        assert_eq!(
+            received.iter().map(|l| l.lane).collect::<Vec<_>>(),
+            sent.iter().map(|l| l.lane).collect::<Vec<_>>(),
+            "{what}: the same lanes at both ends"
+        );
+        for l in &received {
+            assert_eq!(
+                (l.recv_device, l.recv_gpu),
+                (d as i32 / 2, d as i32),
+                "{what}: {l:?}"
+            );
+        }
+        // READ it back into another GPU of a: b's GPU d sends, a's GPU back_gpu receives.
+        let id = read(&mut ac, read_entry(&dst, 4096, &back, 0, len))
+            .await
+            .unwrap();
+        wait_ok(&mut ac, id).await;
+        let what = format!("READ GPU {d} -> GPU {back_gpu}");
+        assert_same(&mut bc, (dst.id, 4096), &mut ac, (back.id, 0), len, &what).await;
+        let (a2, b2) = (lane_bytes(&mut ac).await, lane_bytes(&mut bc).await);
+        for l in grew(&b1, &b2, true) {
+            assert_eq!(
+                (l.send_device, l.send_gpu),
+                (d as i32 / 2, d as i32),
+                "{what}: {l:?}"
+            );
+        }
+        let received = grew(&a1, &a2, false);
+        assert!(!received.is_empty(), "{what}");
+        for l in received {
+            assert_eq!(
+                (l.recv_device, l.recv_gpu),
+                (back_gpu as i32 / 2, back_gpu as i32),
+                "{what}: {l:?}"
+            );
+        }
+    }
+    // Host memory to a GPU and back: byte-exact, the GPU's end on its own NIC.
+    let host = host_buffer(&mut ac, 4 * MIB, "host").await;
+    let gpu = cuda_buffer(&mut bc, 4, 4 * MIB).await;
+    fill_seed(&mut ac, host.id, 0, 0, 5).await;
+    let b0 = lane_bytes(&mut bc).await;
+    let id = write(&mut ac, write_entry(&host, 0, &gpu, 0, len), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut ac, id).await;
+    assert_same(&mut ac, (host.id, 0), &mut bc, (gpu.id, 0), len, "host -> GPU 4").await;
+    for l in grew(&b0, &lane_bytes(&mut bc).await, false) {
+        assert_eq!((l.recv_device, l.recv_gpu), (2, 4), "host -> GPU 4: {l:?}");
+    }
+    let host_back = host_buffer(&mut ac, 4 * MIB, "host-back").await;
+    let id = read(&mut ac, read_entry(&gpu, 0, &host_back, 0, len))
+        .await
+        .unwrap();
+    wait_ok(&mut ac, id).await;
+    assert_same(
+        &mut bc,
+        (gpu.id, 0),
+        &mut ac,
+        (host_back.id, 0),
+        len,
+        "GPU 4 -> host",
+    )
+    .await;
+    for d in [&a, &b] {
+        let log = d.log();
+        assert!(!log.contains("NOT served"), "{}: {log}", d.node);
+        assert!(!log.contains("rx no cmsg"), "{}: {log}", d.node);
+    }
+    assert_every_comm_served(&a, 4);
+    assert_every_comm_served(&b, 4);
+}
+
+/// A node without GPUs pairs with an eight-GPU node: the pairing is routed (one side has GPUs),
+/// host memory on a reaches GPU 5 of b only through b's NIC 2 under GPU 5, and back, byte-exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_gpus_reaches_a_gpu_on_its_own_nic() {
+    use crate::daemon_stub_gpus::{assert_same, cuda_buffer};
+    tcpxd::logging::init("error");
+    if test_plugin_file().is_some() {
+        return;
+    }
+    let plain = [("TCPXEMU_DEVICES", "2")];
+    let mut env = a3_env();
+    env.extend(
+        [
+            ("TCPXEMU_BOUNCE", "cuda"),
+            ("TCPXEMU_BOUNCE_PAGES", "2048"),
+            ("UCCL_TCPX_UNPACK_IMPL", "d2d"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string())),
+    );
+    let a = procs::spawn("routes-plain", 0, "", &plain).await;
+    let b = procs::spawn("routes-gpus", 0, "", &refs(&env)).await;
+    let mut ac = a.client().await;
+    let mut bc = b.client().await;
+    let len = 2 * MIB + 5;
+    let host = host_buffer(&mut ac, 4 * MIB, "host").await;
+    let back = host_buffer(&mut ac, 4 * MIB, "back").await;
+    let gpu = cuda_buffer(&mut bc, 5, 4 * MIB).await;
+    fill_seed(&mut ac, host.id, 0, 0, 23).await;
+    let id = write(&mut ac, write_entry(&host, 1, &gpu, 0, len), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut ac, id).await;
+    assert_same(&mut ac, (host.id, 1), &mut bc, (gpu.id, 0), len, "host -> GPU 5").await;
+    let id = read(&mut ac, read_entry(&gpu, 0, &back, 0, len)).await.unwrap();
+    wait_ok(&mut ac, id).await;
+    assert_same(&mut bc, (gpu.id, 0), &mut ac, (back.id, 0), len, "GPU 5 -> host").await;
+    let (mut into, mut out) = (0, 0);
+    for l in lane_bytes(&mut bc).await {
+        if l.bytes_received > 0 {
+            assert_eq!((l.recv_device, l.recv_gpu), (2, 5), "{l:?}");
+            into += 1;
+        }
+        if l.bytes_sent > 0 {
+            assert_eq!((l.send_device, l.send_gpu), (2, 5), "{l:?}");
+            out += 1;
+        }
+    }
+    // Host side has two NICs: two routes, two lanes each, each way.
+    assert_eq!((into, out), (4, 4));
+    for l in lane_bytes(&mut ac).await {
+        // Nothing is made current on a node without GPUs.
+        assert_eq!((l.send_gpu, l.recv_gpu), (-1, -1), "{l:?}");
+    }
+    let log = b.log();
+    assert!(
+        !log.contains("NOT served") && !log.contains("rx no cmsg"),
+        "{log}"
+    );
 }

@@ -245,6 +245,7 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
         "control opened with an offer",
         open(vec![msg(ppb::peer_message::Body::Accept(ppb::Accept {
             offer_id: 1,
+            first_lane: None,
         }))])
         .await,
         Code::InvalidArgument,
@@ -871,7 +872,13 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
     use ppb::peer_message::Body;
     for id in [0u64, 1, 999_999, u64::MAX] {
         for (what, body) in [
-            ("accept", Body::Accept(ppb::Accept { offer_id: id })),
+            (
+                "accept",
+                Body::Accept(ppb::Accept {
+                    offer_id: id,
+                    first_lane: None,
+                }),
+            ),
             (
                 "reject",
                 Body::Reject(ppb::Reject {

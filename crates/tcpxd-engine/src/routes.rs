@@ -1,0 +1,209 @@
+//! Rendezvous lanes chosen by the memory pair (issue #37): a transfer from memory `src` on the
+//! sender to `dst` on the receiver goes only on the lanes of its group in the pairing's lane
+//! catalogue ([`LaneCatalogue`], `topology/catalogue.rs`), each lane a route — sent on the
+//! source GPU's NIC under that GPU, received on the destination GPU's NIC under that GPU.
+//!
+//! # Lane numbering
+//!
+//! A direction's lanes are the receiver's layout lanes as before (`0..layout`, its handshake's
+//! lane list: the eager lanes under `auto` and `eager`, and rendezvous lanes that a routed
+//! pairing leaves unused), then the catalogue's lanes (`layout + k` is catalogue lane `k`).
+//! Both sides compute the catalogue from the same two topologies (exchanged at pairing) and the
+//! receiver's `lanes_per_route` (its `lanes_per_device`, announced with its topology), so lane
+//! `L` is the same route on both sides: see the catalogue's module doc.
+//!
+//! # Who picks the group
+//!
+//! The sender knows its source memory, the receiver its destination's. So a routed offer's
+//! `first_lane` names a lane of a group whose source is the offer's source memory (the first
+//! lane of `(src, Host)`); the receiver takes `src` from it, `dst` from its destination buffers,
+//! picks the first lane inside group `(src, dst)`'s rendezvous lanes and names it in its
+//! `Accept`; it queues its receives on that group's lanes, and the sender queues its sends on
+//! the same lanes when the accept arrives (the same `ChunkPlan` from the same inputs). An accept
+//! naming a lane outside a group of the offer's source is a protocol violation. A transfer
+//! whose ranges lie in more than one memory on a side counts as host memory there (host
+//! routes use every NIC, each comm opened under a GPU that NIC serves).
+//!
+//! Eager transfers keep the layout's eager lanes (their bytes land in host slots). Without a
+//! topology on this node, or with no GPU on either side, a pairing is not routed: everything is
+//! as before.
+
+use super::*;
+use crate::topology::{LaneCatalogue, Memory, Route, Topology};
+
+/// The most routed lanes a direction of a pairing may have (8 GPUs over 4 NICs with 2 lanes per
+/// route: 264); a pairing whose topologies would need more is refused.
+pub const MAX_ROUTED_LANES: u32 = 4096;
+
+/// A routed pairing's two catalogues and where their lanes start.
+#[derive(Debug, Clone)]
+pub(crate) struct PeerRoutes {
+    /// Our send lanes' (to the peer).
+    out: LaneCatalogue,
+    /// Our receive lanes' (from the peer).
+    inn: LaneCatalogue,
+    /// The first catalogue lane of each direction (the receiver's layout lane count).
+    send_base: u32,
+    recv_base: u32,
+}
+
+/// The memory all of `buffers` are in, or host memory when they are in more than one.
+fn common_memory(mems: impl Iterator<Item = Memory>) -> Memory {
+    let mut it = mems;
+    let Some(first) = it.next() else {
+        return Memory::Host;
+    };
+    if it.all(|m| m == first) {
+        first
+    } else {
+        Memory::Host
+    }
+}
+
+impl Engine {
+    /// This node's topology: pairings added with [`Engine::add_peer_routed`] route their
+    /// rendezvous lanes by it.
+    pub fn set_topology(&mut self, topology: Topology) {
+        self.topology = Some(topology);
+    }
+
+    /// Where a buffer's memory is (host memory unless said otherwise).
+    pub fn set_buffer_memory(&mut self, id: u64, memory: Memory) {
+        if let Some(b) = self.buffers.get_mut(&id) {
+            b.memory = memory;
+        }
+    }
+
+    /// A pairing whose rendezvous lanes follow the memory pair. `send_lanes` / `recv_lanes`:
+    /// the layout lanes, as [`Engine::add_peer`]; `peer_topology` and `peer_lanes_per_route`
+    /// what the peer announced at pairing. Not routed (as `add_peer`) without a topology here
+    /// or with no GPU on either side.
+    pub fn add_peer_routed(
+        &mut self,
+        node_id: &str,
+        send_lanes: u32,
+        recv_lanes: u32,
+        peer_topology: Topology,
+        peer_lanes_per_route: u32,
+    ) -> Result<PeerIdx, String> {
+        let routes = match &self.topology {
+            Some(own) if !(own.gpus.is_empty() && peer_topology.gpus.is_empty()) => Some(PeerRoutes {
+                out: LaneCatalogue::build(own, &peer_topology, peer_lanes_per_route, 0),
+                inn: LaneCatalogue::build(&peer_topology, own, self.cfg.lanes_per_device, 0),
+                send_base: send_lanes,
+                recv_base: recv_lanes,
+            }),
+            _ => None,
+        };
+        let (extra_send, extra_recv) = routes.as_ref().map_or((0, 0), |r| (r.out.lanes(), r.inn.lanes()));
+        if extra_send.max(extra_recv) > MAX_ROUTED_LANES {
+            return Err(format!(
+                "the two topologies ({} and {} GPUs, {} and {} NICs) need {} routed lanes a direction, more than {MAX_ROUTED_LANES}",
+                self.topology.as_ref().map_or(0, |t| t.gpus.len()),
+                peer_topology.gpus.len(),
+                self.topology.as_ref().map_or(0, |t| t.nics.len()),
+                peer_topology.nics.len(),
+                extra_send.max(extra_recv)
+            ));
+        }
+        let idx = self.add_peer_lanes(node_id, send_lanes, recv_lanes, extra_send, extra_recv);
+        let p = &mut self.peers[&idx];
+        p.routes = routes;
+        p.topology = Some(peer_topology);
+        Ok(idx)
+    }
+
+    /// A pairing's lane counts (send, receive), routed lanes included.
+    pub fn lane_counts(&self, peer: PeerIdx) -> (u32, u32) {
+        self.peers
+            .get(&peer)
+            .map_or((0, 0), |p| (p.send.len() as u32, p.recv.len() as u32))
+    }
+
+    /// A send lane's route (`None`: a layout lane, or the pairing is not routed).
+    pub fn send_lane_route(&self, peer: PeerIdx, lane: u32) -> Option<Route> {
+        let r = self.peers.get(&peer)?.routes.as_ref()?;
+        r.out.route(lane.checked_sub(r.send_base)?)
+    }
+
+    /// A receive lane's route (`None`: a layout lane, or the pairing is not routed).
+    pub fn recv_lane_route(&self, peer: PeerIdx, lane: u32) -> Option<Route> {
+        let r = self.peers.get(&peer)?.routes.as_ref()?;
+        r.inn.route(lane.checked_sub(r.recv_base)?)
+    }
+
+    /// Sender: the `first_lane` a routed rendezvous offer carries (naming its source memory),
+    /// `None` for a pairing that is not routed.
+    pub(crate) fn routed_offer_lane(&self, peer: PeerIdx, sources: &[(u64, u64)]) -> Option<u32> {
+        let r = self.peers.get(&peer)?.routes.as_ref()?;
+        let src = common_memory(sources.iter().map(|(b, _)| self.memory_of(*b)));
+        let g = r.out.group(src, Memory::Host).ok()?;
+        Some(r.send_base + g.rendezvous.start)
+    }
+
+    /// Receiver: the lanes and first lane of a routed offer to these destinations (`None`: the
+    /// pairing is not routed). The error is the reason to refuse it.
+    pub(crate) fn routed_recv_lanes(
+        &mut self,
+        peer: PeerIdx,
+        first_lane: u32,
+        dests: &[(u64, u64)],
+        chunks: u64,
+    ) -> Result<Option<(u32, Range<u32>)>, String> {
+        let dst = common_memory(dests.iter().map(|(b, _)| self.memory_of(*b)));
+        let p = &mut self.peers[&peer];
+        let Some(r) = p.routes.as_ref() else {
+            return Ok(None);
+        };
+        let src = first_lane
+            .checked_sub(r.recv_base)
+            .and_then(|k| r.inn.group_of(k))
+            .filter(|g| g.rendezvous.contains(&(first_lane - r.recv_base)))
+            .map(|g| g.src)
+            .ok_or_else(|| {
+                format!(
+                    "first_lane {first_lane} is not a rendezvous lane of the routed lanes {}..{}",
+                    r.recv_base,
+                    r.recv_base + r.inn.lanes()
+                )
+            })?;
+        let g = r.inn.group(src, dst).map_err(|e| e.to_string())?;
+        let lanes = r.recv_base + g.rendezvous.start..r.recv_base + g.rendezvous.end;
+        let count = lanes.end - lanes.start;
+        let at = p.next_routed_lane % count;
+        p.next_routed_lane = ((u64::from(at) + chunks) % u64::from(count)) as u32;
+        Ok(Some((lanes.start + at, lanes)))
+    }
+
+    /// Sender: the lanes of an accepted routed offer, from the first lane the receiver chose
+    /// (`Ok(None)`: not routed, the offer's own lanes stand). The error is a protocol violation.
+    pub(crate) fn routed_send_lanes(
+        &self,
+        peer: PeerIdx,
+        sources: &[(u64, u64)],
+        chosen: Option<u32>,
+    ) -> Result<Option<(u32, Range<u32>)>, String> {
+        let Some(r) = self.peers.get(&peer).and_then(|p| p.routes.as_ref()) else {
+            return Ok(None);
+        };
+        let src = common_memory(sources.iter().map(|(b, _)| self.memory_of(*b)));
+        let lane = chosen.ok_or("an accept of a routed offer names no first lane")?;
+        let g = lane
+            .checked_sub(r.send_base)
+            .and_then(|k| r.out.group_of(k).filter(|g| g.rendezvous.contains(&k)))
+            .filter(|g| g.src == src)
+            .ok_or_else(|| {
+                format!(
+                    "accepted first lane {lane} is not a rendezvous lane of the offer's source memory {src:?}"
+                )
+            })?;
+        Ok(Some((
+            lane,
+            r.send_base + g.rendezvous.start..r.send_base + g.rendezvous.end,
+        )))
+    }
+
+    fn memory_of(&self, buffer: u64) -> Memory {
+        self.buffers.get(&buffer).map_or(Memory::Host, |b| b.memory)
+    }
+}
