@@ -170,3 +170,42 @@ fn a_header_naming_another_pairs_eager_lane_fails_the_pairing() {
         "{failed}"
     );
 }
+
+#[test]
+fn a_gpu_buffer_not_yet_announced_is_reached_on_the_host_pairs_eager_lanes() {
+    let mut s = routed(41);
+    gpu_buffer(&mut s, 0, 1, 64 * 1024, 6, 2);
+    s.buffer(1, 2, 64 * 1024, 0);
+    s.nodes[1].eng.set_buffer_memory(2, Memory::Gpu(7));
+    // Its GpuCredits is still on the control stream when the write starts: the sender takes
+    // the buffer for host memory (eager by size, the (GPU 2, host) pair), which the receiver
+    // accepts for a GPU destination too.
+    s.nodes[1].eng.mark_gpu_buffer(2);
+    let before = s.nodes[0].eng.peer_counters(P).unwrap();
+    let t = s.write(0, 1, 0, 2, 0, 8192);
+    s.run();
+    assert_eq!(s.outcome(0, t).code, Code::Ok, "{:?}", s.outcome(0, t));
+    assert!(s.same((0, 1, 0), (1, 2, 0), 8192));
+    let used = grew(&s, &before);
+    assert!(!used.is_empty());
+    for lane in used {
+        let r = s.nodes[0].eng.send_lane_route(P, lane).expect("a routed lane");
+        assert_eq!(r.send.gpu, Some(2), "lane {lane}");
+        assert_eq!(
+            s.nodes[1].eng.recv_lane_memory(P, lane),
+            Some(Memory::Host),
+            "lane {lane}: the host pair's"
+        );
+        assert!(s.nodes[1].eng.recv_lane_is_eager(P, lane));
+    }
+    // Announced since: the next one takes the (GPU 2, GPU 7) pair.
+    let before = s.nodes[0].eng.peer_counters(P).unwrap();
+    let t = s.write(0, 1, 8192, 2, 8192, 8192);
+    s.run();
+    assert_eq!(s.outcome(0, t).code, Code::Ok);
+    assert!(s.same((0, 1, 8192), (1, 2, 8192), 8192));
+    for lane in grew(&s, &before) {
+        assert_eq!(s.nodes[1].eng.recv_lane_memory(P, lane), Some(Memory::Gpu(7)));
+    }
+    s.assert_idle();
+}

@@ -376,6 +376,29 @@ async fn a_gpu_pairs_bytes_move_only_on_its_nics_lanes() {
         "GPU 4 -> host",
     )
     .await;
+    // Small transfers go eager: GPU 3 -> GPU 5 by b's GPU credits and GPU 3 -> host by size,
+    // each on its pair's eager lanes (into host memory: host slots), byte-exact.
+    let src = cuda_buffer(&mut ac, 3, 64 * 1024).await;
+    fill_seed(&mut ac, src.id, 0, 0, 31).await;
+    let gpu5 = cuda_buffer(&mut bc, 5, 64 * 1024).await;
+    let host_b = host_buffer(&mut bc, 64 * 1024, "host-b").await;
+    for (dst, what) in [(&gpu5, "small GPU 3 -> GPU 5"), (&host_b, "small GPU 3 -> host")] {
+        let a0 = lane_bytes(&mut ac).await;
+        let id = write(&mut ac, write_entry(&src, 0, dst, 8, 8192 + 3), b"")
+            .await
+            .unwrap();
+        wait_ok(&mut ac, id).await;
+        assert_same(&mut ac, (src.id, 0), &mut bc, (dst.id, 8), 8192 + 3, what).await;
+        let a1 = lane_bytes(&mut ac).await;
+        let sent = grew(&a0, &a1, true);
+        assert!(!sent.is_empty(), "{what}");
+        for l in sent {
+            assert_eq!((l.send_device, l.send_gpu), (1, 3), "{what}: {l:?}");
+            if dst.id == gpu5.id {
+                assert_eq!((l.recv_device, l.recv_gpu), (2, 5), "{what}: {l:?}");
+            }
+        }
+    }
     for d in [&a, &b] {
         let log = d.log();
         assert!(!log.contains("NOT served"), "{}: {log}", d.node);
