@@ -42,8 +42,8 @@
 use super::*;
 use crate::topology::{LaneCatalogue, Memory, Route, Topology};
 
-/// The most routed lanes a direction of a pairing may have (8 GPUs over 4 NICs with 2 lanes per
-/// route: 264); a pairing whose topologies would need more is refused.
+/// The most routed lanes a direction of a pairing may have (8 GPUs over 4 NICs with 2 + 1 lanes per
+/// route: 396); a pairing whose topologies would need more is refused.
 pub const MAX_ROUTED_LANES: u32 = 4096;
 
 /// Eager lanes per route of every memory pair (as the layout's one eager lane per device). Both
