@@ -63,8 +63,6 @@ impl Engine {
     pub fn peer_counters(&self, peer: PeerIdx) -> Option<PeerCounters> {
         let p = self.peers.get(&peer)?;
         let live = p.failed.is_none();
-        let (_, send_eager) = p.send_split();
-        let (_, recv_eager) = p.recv_split();
         let remote_credits = p.remote.map_or(0, |r| r.credits);
         Some(PeerCounters {
             node_id: p.node_id.clone(),
@@ -83,7 +81,7 @@ impl Engine {
                 .map(|(i, l)| LaneCounters {
                     credits: l.send_credits.held(),
                     credit_bytes_out: l.send_credits.bytes_out(),
-                    credit_limit: if live && send_eager.contains(&(i as u32)) {
+                    credit_limit: if live && p.send_lane_eager(i as u32) {
                         remote_credits
                     } else {
                         0
@@ -96,7 +94,7 @@ impl Engine {
                 .iter()
                 .enumerate()
                 .map(|(i, l)| {
-                    let limit = if live && recv_eager.contains(&(i as u32)) {
+                    let limit = if live && p.recv_lane_eager(i as u32) {
                         self.cfg.credits
                     } else {
                         0

@@ -144,14 +144,11 @@ impl Engine {
             eager_max,
         });
         let budget = p.remote_gpu_budget.unwrap_or(0);
-        // Routed lanes (after the layout's, `routes.rs`) carry rendezvous transfers only.
-        let eager_lanes = eager_from..p.send_layout;
-        for (i, l) in p.send.iter_mut().enumerate() {
-            l.send_credits = SendCredits::granted(if eager_lanes.contains(&(i as u32)) {
-                credits
-            } else {
-                0
-            });
+        // The layout's eager lanes, and on a routed pairing each group's eager lanes (`routes.rs`).
+        for lane in 0..p.send.len() as u32 {
+            let n = if p.send_lane_eager(lane) { credits } else { 0 };
+            let l = &mut p.send[lane as usize];
+            l.send_credits = SendCredits::granted(n);
             l.send_credits.set_budget(budget);
         }
         for id in std::mem::take(&mut p.waiting) {
@@ -192,9 +189,9 @@ impl Engine {
 
     /// An eager header: the data is already on its way (or here).
     pub(super) fn on_header(&mut self, peer: PeerIdx, offer: Offer) {
-        let (_, lanes) = self.peers[&peer].recv_split();
+        let (_, layout_lanes) = self.peers[&peer].recv_split();
         let credit_bytes = self.peers[&peer].credit_bytes;
-        if lanes.is_empty() {
+        if layout_lanes.is_empty() {
             return self.violation(
                 peer,
                 format!(
@@ -203,6 +200,13 @@ impl Engine {
                 ),
             );
         }
+        // A routed pairing's header names its memory pair's eager lanes (`routes.rs`).
+        let lanes = match self.routed_eager_recv_lanes(peer, offer.first_lane, &offer.ranges) {
+            Ok(routed) => routed.unwrap_or(layout_lanes),
+            Err(why) => {
+                return self.violation(peer, format!("header of transfer {}: {why}", offer.offer_id));
+            }
+        };
         // What the chunk plan rests on: if any of it is wrong, the k-th receive of a lane can no
         // longer be matched to its chunk, for this transfer and every later one.
         let plan: Result<(), String> = (|| {

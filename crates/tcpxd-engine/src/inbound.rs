@@ -20,7 +20,8 @@ impl Engine {
             PeerMsg::GpuCredits {
                 budget_bytes,
                 buffer_ids,
-            } => self.on_gpu_credits(peer, budget_bytes, buffer_ids),
+                buffer_gpus,
+            } => self.on_gpu_credits(peer, budget_bytes, buffer_ids, buffer_gpus),
             PeerMsg::MoreChunks { offer_id, count } => self.on_more_chunks(peer, offer_id, count),
             PeerMsg::Header(offer) => self.on_header(peer, offer),
             PeerMsg::Offer(offer) => self.on_offer(peer, offer),

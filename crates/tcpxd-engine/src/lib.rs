@@ -87,7 +87,8 @@ mod prepared;
 mod prepared_entries;
 mod release;
 mod routes;
-pub use routes::MAX_ROUTED_LANES;
+pub use routes::{MAX_ROUTED_LANES, ROUTED_EAGER_PER_ROUTE};
+pub use streams::GPU_NOT_KNOWN;
 mod same_node;
 use release::PeerMap;
 pub use same_node::{SameNodePlan, SamePiece};
@@ -97,7 +98,7 @@ pub mod topology;
 mod transfer;
 pub mod wire;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
@@ -324,8 +325,9 @@ struct Peer {
     /// The peer's credit lanes land in GPU memory (`PeerMsg::GpuCredits`): its byte budget per
     /// lane (`None`: it did not say; no byte budget, no credits at any size).
     remote_gpu_budget: Option<u64>,
-    /// The peer's buffers it said are GPU memory (at most `MAX_GPU_DESTS`).
-    gpu_dests: HashSet<u64>,
+    /// The peer's buffers it said are GPU memory (at most `MAX_GPU_DESTS`), with their GPU
+    /// ordinal when it said.
+    gpu_dests: HashMap<u64, Option<u32>>,
     /// Our streamed headers towards this peer with chunks still to announce, oldest first.
     streams: VecDeque<u64>,
     transfers_started: u64,
@@ -596,7 +598,7 @@ impl Engine {
                 remote: None,
                 waiting: Vec::new(),
                 remote_gpu_budget: None,
-                gpu_dests: HashSet::new(),
+                gpu_dests: HashMap::new(),
                 streams: VecDeque::new(),
                 transfers_started: 0,
                 transfers_ok: 0,
@@ -635,9 +637,7 @@ impl Engine {
 
     /// Whether a receive lane from a peer keeps credits (this node's protocol and lane split).
     pub fn recv_lane_is_eager(&self, peer: PeerIdx, lane: u32) -> bool {
-        self.peers
-            .get(&peer)
-            .is_some_and(|p| p.recv_split().1.contains(&lane))
+        self.peers.get(&peer).is_some_and(|p| p.recv_lane_eager(lane))
     }
 
     /// A lane's comm is ready: sends (`send == true`) or receives can be posted (from any state:

@@ -24,16 +24,31 @@
 //! whose ranges lie in more than one memory on a side counts as host memory there (host
 //! routes use every NIC, each comm opened under a GPU that NIC serves).
 //!
-//! Eager transfers keep the layout's eager lanes (their bytes land in host slots). Without a
-//! topology on this node, or with no GPU on either side, a pairing is not routed: everything is
-//! as before.
+//! # Eager (credit) transfers
+//!
+//! Each group also has [`ROUTED_EAGER_PER_ROUTE`] eager lanes per route after its rendezvous
+//! lanes. A receiver that keeps credits (auto, eager) posts them on each such lane when it opens,
+//! as on the layout's eager lanes, and the sender holds the credits its `ReceiveMode` announced
+//! on each; they land in the route's destination GPU with GPU credits (the lane's receive GPU
+//! is the destination GPU), in host slots for a host destination. The sender picks the group
+//! without a round trip: its source memory, and the destination memory it learned from the
+//! receiver's `GpuCredits` (each GPU buffer's ordinal; a buffer not announced is host memory);
+//! the header's `first_lane` names a lane of that group's eager lanes. The receiver checks the
+//! lane is an eager lane of a group whose destination is host memory or the destinations' GPU
+//! (host when it cannot tell) and fails the pairing otherwise, as for accepts. The layout's
+//! eager lanes then stay unused on a routed pairing. Without a topology on this node, or with
+//! no GPU on either side, a pairing is not routed: everything is as before.
 
 use super::*;
 use crate::topology::{LaneCatalogue, Memory, Route, Topology};
 
-/// The most routed lanes a direction of a pairing may have (8 GPUs over 4 NICs with 2 lanes per
-/// route: 264); a pairing whose topologies would need more is refused.
+/// The most routed lanes a direction of a pairing may have (8 GPUs over 4 NICs with 2 + 1 lanes per
+/// route: 396); a pairing whose topologies would need more is refused.
 pub const MAX_ROUTED_LANES: u32 = 4096;
+
+/// Eager lanes per route of every memory pair (as the layout's one eager lane per device). Both
+/// sides use this constant: no handshake field. They are opened only when used.
+pub const ROUTED_EAGER_PER_ROUTE: u32 = 1;
 
 /// A routed pairing's two catalogues and where their lanes start.
 #[derive(Debug, Clone)]
@@ -57,6 +72,38 @@ fn common_memory(mems: impl Iterator<Item = Memory>) -> Memory {
         first
     } else {
         Memory::Host
+    }
+}
+
+impl PeerRoutes {
+    /// Whether our send lane `lane` is a routed eager lane.
+    pub(crate) fn send_eager(&self, lane: u32) -> bool {
+        lane.checked_sub(self.send_base)
+            .is_some_and(|k| self.out.is_eager(k))
+    }
+
+    /// Whether our receive lane `lane` is a routed eager lane.
+    pub(crate) fn recv_eager(&self, lane: u32) -> bool {
+        lane.checked_sub(self.recv_base)
+            .is_some_and(|k| self.inn.is_eager(k))
+    }
+}
+
+impl Peer {
+    /// Whether our send lane `lane` is towards the peer's credits: one of the layout's eager
+    /// lanes, or a routed eager lane of a peer that keeps credits (`routes.rs`).
+    pub(crate) fn send_lane_eager(&self, lane: u32) -> bool {
+        let (_, eager) = self.send_split();
+        eager.contains(&lane)
+            || (!eager.is_empty() && self.routes.as_ref().is_some_and(|r| r.send_eager(lane)))
+    }
+
+    /// Whether our receive lane `lane` keeps credits: one of the layout's eager lanes, or a
+    /// routed eager lane when this node keeps credits.
+    pub(crate) fn recv_lane_eager(&self, lane: u32) -> bool {
+        let (_, eager) = self.recv_split();
+        eager.contains(&lane)
+            || (!eager.is_empty() && self.routes.as_ref().is_some_and(|r| r.recv_eager(lane)))
     }
 }
 
@@ -88,8 +135,13 @@ impl Engine {
     ) -> Result<PeerIdx, String> {
         let routes = match &self.topology {
             Some(own) if !(own.gpus.is_empty() && peer_topology.gpus.is_empty()) => Some(PeerRoutes {
-                out: LaneCatalogue::build(own, &peer_topology, peer_lanes_per_route, 0),
-                inn: LaneCatalogue::build(&peer_topology, own, self.cfg.lanes_per_device, 0),
+                out: LaneCatalogue::build(own, &peer_topology, peer_lanes_per_route, ROUTED_EAGER_PER_ROUTE),
+                inn: LaneCatalogue::build(
+                    &peer_topology,
+                    own,
+                    self.cfg.lanes_per_device,
+                    ROUTED_EAGER_PER_ROUTE,
+                ),
                 send_base: send_lanes,
                 recv_base: recv_lanes,
             }),
@@ -130,6 +182,13 @@ impl Engine {
     pub fn recv_lane_route(&self, peer: PeerIdx, lane: u32) -> Option<Route> {
         let r = self.peers.get(&peer)?.routes.as_ref()?;
         r.inn.route(lane.checked_sub(r.recv_base)?)
+    }
+
+    /// The destination memory of a routed receive lane's group (`None`: a layout lane, or the
+    /// pairing is not routed): a credit lane into host memory lands in host slots.
+    pub fn recv_lane_memory(&self, peer: PeerIdx, lane: u32) -> Option<Memory> {
+        let r = self.peers.get(&peer)?.routes.as_ref()?;
+        r.inn.group_of(lane.checked_sub(r.recv_base)?).map(|g| g.dst)
     }
 
     /// Sender: the `first_lane` a routed rendezvous offer carries (naming its source memory),
@@ -201,6 +260,63 @@ impl Engine {
             lane,
             r.send_base + g.rendezvous.start..r.send_base + g.rendezvous.end,
         )))
+    }
+
+    /// Sender: the eager lanes of an eager transfer from `sources` to the peer's buffers named in
+    /// `ranges` (`None`: the pairing is not routed, the layout's eager lanes stand). The
+    /// destination memory is what the peer announced (`GpuCredits`), host memory otherwise.
+    pub(crate) fn routed_eager_send_lanes(
+        &self,
+        peer: PeerIdx,
+        sources: &[(u64, u64)],
+        ranges: &[RemoteRange],
+    ) -> Option<Range<u32>> {
+        let p = self.peers.get(&peer)?;
+        let r = p.routes.as_ref()?;
+        let src = common_memory(sources.iter().map(|(b, _)| self.memory_of(*b)));
+        let dst = common_memory(ranges.iter().map(|d| {
+            p.gpu_dests
+                .get(&d.buffer_id)
+                .copied()
+                .flatten()
+                .map_or(Memory::Host, Memory::Gpu)
+        }));
+        let g = r
+            .out
+            .group(src, dst)
+            .or_else(|_| r.out.group(src, Memory::Host))
+            .or_else(|_| r.out.group(Memory::Host, Memory::Host))
+            .ok()?;
+        Some(r.send_base + g.eager.start..r.send_base + g.eager.end)
+    }
+
+    /// Receiver: the eager lanes a routed header's chunks take (`Ok(None)`: the pairing is not
+    /// routed, the layout's eager lanes stand). `first_lane` must be an eager lane of a group
+    /// whose destination is host memory or the destinations' own memory (any group when one
+    /// of them is not a buffer here: the header is refused and its chunks consumed unpacked).
+    /// The error is a protocol violation.
+    pub(crate) fn routed_eager_recv_lanes(
+        &self,
+        peer: PeerIdx,
+        first_lane: u32,
+        ranges: &[RemoteRange],
+    ) -> Result<Option<Range<u32>>, String> {
+        let Some(r) = self.peers.get(&peer).and_then(|p| p.routes.as_ref()) else {
+            return Ok(None);
+        };
+        let unknown = ranges.iter().any(|d| !self.buffers.contains_key(&d.buffer_id));
+        let dst = common_memory(ranges.iter().map(|d| self.memory_of(d.buffer_id)));
+        let g = first_lane
+            .checked_sub(r.recv_base)
+            .filter(|&k| r.inn.is_eager(k))
+            .and_then(|k| r.inn.group_of(k))
+            .filter(|g| unknown || g.dst == Memory::Host || g.dst == dst)
+            .ok_or_else(|| {
+                format!(
+                    "first_lane {first_lane} is not an eager lane of a routed group into {dst:?} or host memory"
+                )
+            })?;
+        Ok(Some(r.recv_base + g.eager.start..r.recv_base + g.eager.end))
     }
 
     fn memory_of(&self, buffer: u64) -> Memory {

@@ -248,6 +248,11 @@ impl Engine {
             return;
         };
         let peer = o.peer;
+        // A routed pairing: an eager transfer takes the eager lanes of its memory pair
+        // (`routes.rs`).
+        let routed_eager =
+            self.routed_eager_send_lanes(peer, &self.out_offers[&offer_id].sources, &msg.ranges);
+        let o = &self.out_offers[&offer_id];
         let p = &mut self.peers[&peer];
         let remote = p.remote.expect("the peer's receive mode is known");
         let (rendezvous_lanes, eager_lanes) = p.send_split();
@@ -265,7 +270,7 @@ impl Engine {
         };
         let (lanes, rotor) = if eager {
             p.sent_eager += 1;
-            (eager_lanes, &mut p.next_eager_lane)
+            (routed_eager.unwrap_or(eager_lanes), &mut p.next_eager_lane)
         } else {
             p.sent_rendezvous += 1;
             (rendezvous_lanes, &mut p.next_lane)

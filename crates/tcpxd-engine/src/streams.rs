@@ -31,6 +31,9 @@ use super::*;
 /// auto's size rule).
 pub const MAX_GPU_DESTS: usize = 1 << 16;
 
+/// A `GpuCredits` buffer whose GPU ordinal is not known (host routes for it).
+pub const GPU_NOT_KNOWN: u32 = u32::MAX;
+
 /// A streamed header on the sending side: where its chunk plan stands.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Stream {
@@ -94,6 +97,10 @@ impl Engine {
             return;
         };
         b.gpu = true;
+        let gpu = match b.memory {
+            topology::Memory::Gpu(g) => g,
+            topology::Memory::Host => GPU_NOT_KNOWN,
+        };
         if !self.gpu_credits() {
             return;
         }
@@ -105,6 +112,7 @@ impl Engine {
                     msg: PeerMsg::GpuCredits {
                         budget_bytes,
                         buffer_ids: vec![id],
+                        buffer_gpus: vec![gpu],
                     },
                 });
             }
@@ -116,24 +124,46 @@ impl Engine {
         if !self.gpu_credits() || self.peers[&peer].recv_split().1.is_empty() {
             return;
         }
-        let mut buffer_ids: Vec<u64> = self
+        let mut buffers: Vec<(u64, u32)> = self
             .buffers
             .iter()
             .filter(|(_, b)| b.gpu)
-            .map(|(&id, _)| id)
+            .map(|(&id, b)| {
+                let gpu = match b.memory {
+                    topology::Memory::Gpu(g) => g,
+                    topology::Memory::Host => GPU_NOT_KNOWN,
+                };
+                (id, gpu)
+            })
             .collect();
-        buffer_ids.sort_unstable();
+        buffers.sort_unstable();
+        let (buffer_ids, buffer_gpus) = buffers.into_iter().unzip();
         self.actions.push_back(Action::Control {
             peer,
             msg: PeerMsg::GpuCredits {
                 budget_bytes: self.own_budget(),
                 buffer_ids,
+                buffer_gpus,
             },
         });
     }
 
-    pub(super) fn on_gpu_credits(&mut self, peer: PeerIdx, budget_bytes: u64, buffer_ids: Vec<u64>) {
+    pub(super) fn on_gpu_credits(
+        &mut self,
+        peer: PeerIdx,
+        budget_bytes: u64,
+        buffer_ids: Vec<u64>,
+        buffer_gpus: Vec<u32>,
+    ) {
         let p = &mut self.peers[&peer];
+        if !buffer_gpus.is_empty() && buffer_gpus.len() != buffer_ids.len() {
+            let why = format!(
+                "GpuCredits: {} GPU ordinals for {} buffers",
+                buffer_gpus.len(),
+                buffer_ids.len()
+            );
+            return self.on_peer_failed(peer, &format!("protocol violation: {why}"));
+        }
         if let Some(b) = p.remote_gpu_budget
             && b != budget_bytes
         {
@@ -141,15 +171,17 @@ impl Engine {
             return self.on_peer_failed(peer, &format!("protocol violation: {why}"));
         }
         p.remote_gpu_budget = Some(budget_bytes);
-        for id in buffer_ids {
+        for (i, id) in buffer_ids.into_iter().enumerate() {
             if p.gpu_dests.len() >= MAX_GPU_DESTS {
                 break;
             }
-            p.gpu_dests.insert(id);
+            let gpu = buffer_gpus.get(i).copied().filter(|&g| g != GPU_NOT_KNOWN);
+            p.gpu_dests.insert(id, gpu);
         }
-        let (_, eager) = p.send_split();
-        for lane in eager {
-            p.send[lane as usize].send_credits.set_budget(budget_bytes);
+        for lane in 0..p.send.len() as u32 {
+            if p.send_lane_eager(lane) {
+                p.send[lane as usize].send_credits.set_budget(budget_bytes);
+            }
         }
     }
 
@@ -160,7 +192,7 @@ impl Engine {
         p.remote_gpu_budget.is_some()
             && !planned
             && !ranges.is_empty()
-            && ranges.iter().all(|r| p.gpu_dests.contains(&r.buffer_id))
+            && ranges.iter().all(|r| p.gpu_dests.contains_key(&r.buffer_id))
     }
 
     /// Starts streaming an eager offer just chosen (`send_offer`): queues the chunks that fit

@@ -20,6 +20,7 @@ mod lifecycle;
 mod prepared;
 mod prepared_early;
 mod release;
+mod routed_credits;
 mod routes;
 mod sim;
 mod teardown;

@@ -85,9 +85,12 @@ pub enum PeerMsg {
     /// destinations are all in `buffer_ids` (its GPU buffers, sent before its `ReceiveMode` and
     /// again for each GPU buffer registered later) may take its credit lanes at any size, chunks
     /// spending `budget_bytes` per lane (un-consumed bytes at most) besides one credit each.
+    /// `buffer_gpus`: each buffer's GPU ordinal, in order (empty: not said; `GPU_NOT_KNOWN`: not
+    /// known), from which a routed pairing's sender picks its eager lanes (`crate::routes`).
     GpuCredits {
         budget_bytes: u64,
         buffer_ids: Vec<u64>,
+        buffer_gpus: Vec<u32>,
     },
     /// The next `count` chunks of a streamed header (its plan goes on where the last
     /// announcement stopped), their sends already posted within credits.

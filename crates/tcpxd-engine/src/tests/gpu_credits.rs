@@ -263,6 +263,7 @@ fn more_chunks_beyond_the_plan_or_for_no_stream_fail_the_pairing() {
             PeerMsg::GpuCredits {
                 budget_bytes: 1,
                 buffer_ids: vec![],
+                buffer_gpus: vec![],
             },
             "budget 1 bytes after",
         ),

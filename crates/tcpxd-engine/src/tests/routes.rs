@@ -7,7 +7,7 @@ use super::*;
 use crate::topology::{GpuInfo, MapSpec, Memory, NicInfo, Topology};
 
 /// `gpus` GPUs spread evenly over `nics` NICs (A3: GPU g on NIC g / 2).
-fn node(gpus: u32, nics: i32) -> Topology {
+pub(super) fn node(gpus: u32, nics: i32) -> Topology {
     Topology::build(
         (0..gpus)
             .map(|o| GpuInfo {

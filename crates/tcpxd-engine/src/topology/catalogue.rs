@@ -2,18 +2,19 @@
 //!
 //! A transfer from memory `src` on the sending node to memory `dst` on the receiving node may
 //! use only the lanes of its group `(src, dst)`: `per_route` rendezvous lanes for each of
-//! [`routes`]`(sender, receiver, src, dst)` and, under `auto`, `eager_per_route` eager lanes per
-//! route after them (their bytes land in host slots, so only `(src, Host)` groups get them). A
-//! group's lanes are consecutive lane numbers, each lane's route the group's routes taken in
-//! turn, so a chunk plan rotating over a group's range spreads its chunks over the routes' NICs
+//! [`routes`]`(sender, receiver, src, dst)` and `eager_per_route` eager (credit) lanes per route
+//! after them (their credit receives land in the route's destination GPU with GPU credits, else
+//! in host slots: `crate::routes`). A group's lanes are consecutive lane numbers, each lane's
+//! route the group's routes taken in turn, so a chunk plan rotating over a group's range spreads its chunks over the routes' NICs
 //! exactly as today's layout spreads them over devices.
 //!
 //! # Why both sides agree on every lane
 //!
 //! The catalogue is a function of four values only: the sender's topology, the receiver's
 //! topology (each node's own, and the peer's as exchanged at pairing, [`TopologySummary`]) and
-//! the receiver's `per_route` / `eager_per_route` (announced in its handshake like its lane
-//! count today). The sender builds it for its send lanes as `build(own, peer's, …)`, the
+//! the receiver's `per_route` (announced in its handshake like its lane count today) and
+//! `eager_per_route` (`crate::routes::ROUTED_EAGER_PER_ROUTE`, the same on every node). The
+//! sender builds it for its send lanes as `build(own, peer's, …)`, the
 //! receiver for its receive lanes as `build(peer's, own, …)`: the same arguments in the same
 //! places. Groups are laid out in a fixed order — sources Host then the sender's GPUs by
 //! ordinal, for each the destinations Host then the receiver's GPUs by ordinal — and
@@ -141,7 +142,7 @@ pub struct LaneGroup {
     pub routes: Vec<Route>,
     /// Its rendezvous lanes (`per_route` × routes).
     pub rendezvous: Range<u32>,
-    /// Its eager lanes (`eager_per_route` × routes, only for a host destination; else empty).
+    /// Its eager lanes (`eager_per_route` × routes).
     pub eager: Range<u32>,
 }
 
@@ -162,6 +163,8 @@ pub struct LaneCatalogue {
     groups: Vec<LaneGroup>,
     /// Each lane's route, by lane number.
     lanes: Vec<Route>,
+    /// Whether each lane is an eager lane, by lane number.
+    eager: Vec<bool>,
     sender_gpus: Vec<u32>,
     receiver_gpus: Vec<u32>,
 }
@@ -198,20 +201,18 @@ impl LaneCatalogue {
         });
         let mut groups = Vec::new();
         let mut lanes = Vec::new();
+        let mut eager_lanes = Vec::new();
         for &src in &s_mem {
             for &dst in &r_mem {
                 let rs = routes(sender, receiver, src, dst);
                 let n = rs.len() as u32;
                 let start = lanes.len() as u32;
                 let rendezvous = start..start + per_route * n;
-                let eager_count = if dst == Memory::Host {
-                    eager_per_route * n
-                } else {
-                    0
-                };
+                let eager_count = eager_per_route * n;
                 let eager = rendezvous.end..rendezvous.end + eager_count;
                 for k in 0..(per_route * n + eager_count) {
                     lanes.push(rs[(k % n) as usize]);
+                    eager_lanes.push(k >= per_route * n);
                 }
                 groups.push(LaneGroup {
                     src,
@@ -225,6 +226,7 @@ impl LaneCatalogue {
         LaneCatalogue {
             groups,
             lanes,
+            eager: eager_lanes,
             sender_gpus: ordinals(sender),
             receiver_gpus: ordinals(receiver),
         }
@@ -243,6 +245,11 @@ impl LaneCatalogue {
     /// A lane's route (`None` past the last lane).
     pub fn route(&self, lane: u32) -> Option<Route> {
         self.lanes.get(lane as usize).copied()
+    }
+
+    /// Whether a lane is one of its group's eager lanes.
+    pub fn is_eager(&self, lane: u32) -> bool {
+        self.eager.get(lane as usize).copied().unwrap_or(false)
     }
 
     /// The group a lane belongs to.

@@ -383,8 +383,7 @@ fn both_sides_build_the_same_catalogue_from_the_exchanged_summaries() {
         assert_eq!(g.rendezvous.start, next);
         assert_eq!(g.rendezvous.len(), 2 * g.routes.len());
         assert_eq!(g.eager.start, g.rendezvous.end);
-        let eager = if g.dst == Memory::Host { g.routes.len() } else { 0 };
-        assert_eq!(g.eager.len(), eager);
+        assert_eq!(g.eager.len(), g.routes.len(), "one eager lane per route");
         next = g.eager.end;
         // Each lane of the group takes one of the group's routes, in turn.
         for (k, lane) in g.rendezvous.clone().chain(g.eager.clone()).enumerate() {
@@ -402,8 +401,9 @@ fn a_gpu_pairs_group_uses_only_their_nics_under_their_gpus() {
         for d in 0..8u32 {
             let g = cat.group(Memory::Gpu(s), Memory::Gpu(d)).unwrap();
             assert_eq!(g.rendezvous.len(), 2, "one route, two lanes");
-            assert!(g.eager.is_empty(), "eager lanes only towards host memory");
-            for lane in g.rendezvous.clone() {
+            assert_eq!(g.eager.len(), 1, "one route, one eager lane");
+            for lane in g.rendezvous.clone().chain(g.eager.clone()) {
+                assert_eq!(cat.is_eager(lane), g.eager.contains(&lane));
                 let r = cat.route(lane).unwrap();
                 assert_eq!((r.send.nic, r.send.gpu), (s as usize / 2, Some(s)));
                 assert_eq!((r.recv.nic, r.recv.gpu), (d as usize / 2, Some(d)));

@@ -326,9 +326,11 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
         PeerMsg::GpuCredits {
             budget_bytes,
             buffer_ids,
+            buffer_gpus,
         } => Body::GpuCredits(pb::GpuCredits {
             budget_bytes: *budget_bytes,
             buffer_ids: buffer_ids.clone(),
+            buffer_gpus: buffer_gpus.clone(),
         }),
         PeerMsg::MoreChunks { offer_id, count } => Body::MoreChunks(pb::MoreChunks {
             offer_id: *offer_id,
@@ -452,6 +454,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
         Body::GpuCredits(g) => PeerMsg::GpuCredits {
             budget_bytes: g.budget_bytes,
             buffer_ids: g.buffer_ids,
+            buffer_gpus: g.buffer_gpus,
         },
         Body::MoreChunks(m) => PeerMsg::MoreChunks {
             offer_id: m.offer_id,
@@ -668,6 +671,7 @@ mod tests {
         round_trip(PeerMsg::GpuCredits {
             budget_bytes: 32 << 20,
             buffer_ids: vec![1, 7, 9],
+            buffer_gpus: vec![0, 5, crate::engine::GPU_NOT_KNOWN],
         });
         round_trip(PeerMsg::MoreChunks {
             offer_id: 5,

@@ -56,6 +56,8 @@ use topology_pb::{topology_from_pb, topology_to_pb};
 /// (engine `routes.rs`); a daemon without them would plan other lanes.
 /// 6 (wire-ranges): `PackedRanges` in offers, headers and read requests (one buffer id and key,
 /// packed offsets and lengths); a protocol-5 daemon would see an offer with no ranges.
+/// 6 (routed-credits): a routed pairing's lane catalogue has an eager lane per route in every
+/// memory pair, and `GpuCredits.buffer_gpus`; eager headers name those lanes (engine `routes.rs`).
 pub const PROTOCOL_VERSION: u32 = 6;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;

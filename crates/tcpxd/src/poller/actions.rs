@@ -215,10 +215,14 @@ impl Poller {
     /// An eager credit receive, into the lane's next landing slot (made on first use).
     fn post_credit(&mut self, peer: PeerIdx, lane: u32, len: u32) -> Result<(), String> {
         let credits = u64::from(self.cfg.engine.credits);
+        // A routed lane into host memory lands in host slots; one into a GPU, in that GPU.
+        let into_host =
+            self.engine.recv_lane_memory(peer, lane) == Some(crate::engine::topology::Memory::Host);
+        let gpu_landing = self.cfg.engine.gpu_credits && !into_host;
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
             return Ok(());
         };
-        landing_slots(l, credits, len, self.cfg.engine.gpu_credits)
+        landing_slots(l, credits, len, gpu_landing)
             .and_then(|()| {
                 let slot = l.credit_seq % credits;
                 l.credit_seq += 1;

@@ -114,8 +114,8 @@ async fn every_lane_is_opened_under_a_gpu_its_nic_serves() {
         assert_eq!(s.peers.len(), 1, "{name}");
         let lanes = &s.peers[0].lanes;
         // The layout's 4 NICs x (2 + 1 eager) lanes, then the routed lanes of each memory pair
-        // (8 GPUs over 4 NICs, 2 per route: 264).
-        assert_eq!(lanes.len(), 12 + 264, "{name}");
+        // (8 GPUs over 4 NICs, 2 rendezvous + 1 eager lane per route: 264 + 132).
+        assert_eq!(lanes.len(), 12 + 264 + 132, "{name}");
         let mut per_nic = [0u64; 4];
         for l in lanes {
             assert_eq!(l.send_gpu / 2, l.send_device, "{name}: {l:?}");
@@ -376,6 +376,29 @@ async fn a_gpu_pairs_bytes_move_only_on_its_nics_lanes() {
         "GPU 4 -> host",
     )
     .await;
+    // Small transfers go eager: GPU 3 -> GPU 5 by b's GPU credits and GPU 3 -> host by size,
+    // each on its pair's eager lanes (into host memory: host slots), byte-exact.
+    let src = cuda_buffer(&mut ac, 3, 64 * 1024).await;
+    fill_seed(&mut ac, src.id, 0, 0, 31).await;
+    let gpu5 = cuda_buffer(&mut bc, 5, 64 * 1024).await;
+    let host_b = host_buffer(&mut bc, 64 * 1024, "host-b").await;
+    for (dst, what) in [(&gpu5, "small GPU 3 -> GPU 5"), (&host_b, "small GPU 3 -> host")] {
+        let a0 = lane_bytes(&mut ac).await;
+        let id = write(&mut ac, write_entry(&src, 0, dst, 8, 8192 + 3), b"")
+            .await
+            .unwrap();
+        wait_ok(&mut ac, id).await;
+        assert_same(&mut ac, (src.id, 0), &mut bc, (dst.id, 8), 8192 + 3, what).await;
+        let a1 = lane_bytes(&mut ac).await;
+        let sent = grew(&a0, &a1, true);
+        assert!(!sent.is_empty(), "{what}");
+        for l in sent {
+            assert_eq!((l.send_device, l.send_gpu), (1, 3), "{what}: {l:?}");
+            if dst.id == gpu5.id {
+                assert_eq!((l.recv_device, l.recv_gpu), (2, 5), "{what}: {l:?}");
+            }
+        }
+    }
     for d in [&a, &b] {
         let log = d.log();
         assert!(!log.contains("NOT served"), "{}: {log}", d.node);
@@ -432,8 +455,10 @@ async fn a_node_without_gpus_reaches_a_gpu_on_its_own_nic() {
             out += 1;
         }
     }
-    // Host side has two NICs: two routes, two lanes each, each way.
-    assert_eq!((into, out), (4, 4));
+    // Host side has two NICs: two routes each way. Into GPU 5 by b's GPU credits (at any
+    // size): the pair's eager lanes, one a route; back by rendezvous (a keeps no GPU credits
+    // and the READ is above its eager limit): two lanes a route.
+    assert_eq!((into, out), (2, 4));
     for l in lane_bytes(&mut ac).await {
         // Nothing is made current on a node without GPUs.
         assert_eq!((l.send_gpu, l.recv_gpu), (-1, -1), "{l:?}");
