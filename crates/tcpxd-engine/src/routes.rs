@@ -42,13 +42,16 @@
 use super::*;
 use crate::topology::{LaneCatalogue, Memory, Route, Topology};
 
-/// The most routed lanes a direction of a pairing may have (8 GPUs over 4 NICs with 2 + 1 lanes per
-/// route: 396); a pairing whose topologies would need more is refused.
+/// The most routed lanes a direction of a pairing may have (8 GPUs over 4 NICs with 2 + 2 lanes per
+/// route: 528); a pairing whose topologies would need more is refused.
 pub const MAX_ROUTED_LANES: u32 = 4096;
 
-/// Eager lanes per route of every memory pair (as the layout's one eager lane per device). Both
-/// sides use this constant: no handshake field. They are opened only when used.
-pub const ROUTED_EAGER_PER_ROUTE: u32 = 1;
+/// Eager lanes per route of every memory pair. Two, as the rendezvous lanes a route has by
+/// default: with GPU credits a large transfer into GPU memory runs on these, and on the H200 one
+/// lane held 256 MiB at 0.85x the raw path's rate where two reached 0.96-0.99x (session 18,
+/// docs/BENCHMARKS.md). Both sides use this constant: no handshake field. They are opened only
+/// when used.
+pub const ROUTED_EAGER_PER_ROUTE: u32 = 2;
 
 /// A routed pairing's two catalogues and where their lanes start.
 #[derive(Debug, Clone)]

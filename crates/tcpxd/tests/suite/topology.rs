@@ -114,8 +114,8 @@ async fn every_lane_is_opened_under_a_gpu_its_nic_serves() {
         assert_eq!(s.peers.len(), 1, "{name}");
         let lanes = &s.peers[0].lanes;
         // The layout's 4 NICs x (2 + 1 eager) lanes, then the routed lanes of each memory pair
-        // (8 GPUs over 4 NICs, 2 rendezvous + 1 eager lane per route: 264 + 132).
-        assert_eq!(lanes.len(), 12 + 264 + 132, "{name}");
+        // (8 GPUs over 4 NICs, 2 rendezvous + 2 eager lanes per route: 264 + 264).
+        assert_eq!(lanes.len(), 12 + 264 + 264, "{name}");
         let mut per_nic = [0u64; 4];
         for l in lanes {
             assert_eq!(l.send_gpu / 2, l.send_device, "{name}: {l:?}");
@@ -456,9 +456,9 @@ async fn a_node_without_gpus_reaches_a_gpu_on_its_own_nic() {
         }
     }
     // Host side has two NICs: two routes each way. Into GPU 5 by b's GPU credits (at any
-    // size): the pair's eager lanes, one a route; back by rendezvous (a keeps no GPU credits
-    // and the READ is above its eager limit): two lanes a route.
-    assert_eq!((into, out), (2, 4));
+    // size): the pair's eager lanes, two a route (ROUTED_EAGER_PER_ROUTE); back by rendezvous
+    // (a keeps no GPU credits and the READ is above its eager limit): two lanes a route.
+    assert_eq!((into, out), (4, 4));
     for l in lane_bytes(&mut ac).await {
         // Nothing is made current on a node without GPUs.
         assert_eq!((l.send_gpu, l.recv_gpu), (-1, -1), "{l:?}");
