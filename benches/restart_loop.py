@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Many daemon restarts in a row under load (issue #40's 100-restart target), and what leaked.
 
-    cargo build && python3 benches/restart_loop.py --restarts 100 [--kinds holder-sigkill,puller-sigkill,holder-sigterm]
+    cargo build && python3 benches/restart_loop.py --restarts 100 [--kinds holder-sigkill,puller-sigkill,holder-sigterm] [--series]
 
 Two supervised daemons on the built-in emulation (python/tests/supervisor.py stands in for
 systemd's Restart=always), a vLLM-pattern pull loop through tcpxd.nixl in two processes
