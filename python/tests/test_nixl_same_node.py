@@ -118,3 +118,35 @@ def test_two_clients_of_one_daemon_write_read_and_notify(daemons):
         finally:
             src.release()
             dst.release()
+
+
+def test_a_session_that_ended_is_closed_when_the_agent_opens_its_next(agents):
+    """An agent whose session ended (its daemon restarted: the connection shut down) opens a new
+    one for its next transfer and closes the old one's descriptor then, not whenever the garbage
+    collector gets to it: benches/restart_loop.py --series saw the puller hold one more unix socket
+    per restart of its own daemon, up to +7, between two collections."""
+    A, B = agents
+    nb = 8
+    amem, bmem = host_array(nb * K), host_array(nb * K)
+    bmem[:] = np.arange(bmem.nbytes, dtype=np.uint64).astype(np.uint8)
+    A.register_memory([(int(amem.ctypes.data), amem.nbytes, 0, "")], "DRAM")
+    B.register_memory([(int(bmem.ctypes.data), bmem.nbytes, 0, "")], "DRAM")
+    A.add_remote_agent(B.get_agent_metadata())
+    local = A.prep_xfer_dlist("NIXL_INIT_AGENT", [(int(amem.ctypes.data) + i * K, K, 0) for i in range(nb)], "DRAM")
+    remote = A.prep_xfer_dlist("sn-B", [(int(bmem.ctypes.data) + i * K, K, 0) for i in range(nb)], "DRAM")
+
+    def pull() -> None:
+        amem[:] = 0
+        h = A.make_prepped_xfer("READ", local, list(range(nb)), remote, list(range(nb)))
+        assert A.transfer(h) in ("PROC", "DONE")
+        assert _wait(A, h) == "DONE", h.error
+        assert np.array_equal(amem, bmem)
+        A.release_xfer_handle(h)
+
+    pull()
+    old = A._session
+    assert old is not None and old._conn is not None
+    old._abort("the daemon went away")  # as a restart ends it: shut down, its reader ends
+    pull()
+    assert A._session is not old
+    assert old._conn.sock.fileno() == -1, "the ended session's connection is still open"

@@ -11,7 +11,7 @@
 # (mismatches: on A3 each of those comms' first CUDA receive kills the process, "rx no cmsg"),
 # and the daemons' per-lane statistics.
 #
-#   sudo tools/realplugin/a3pair.sh [--out DIR] [--bin DIR] [--size SIZE] [--gpu-pairs] [--kill-restart] [--keep]
+#   sudo tools/realplugin/a3pair.sh [--out DIR] [--bin DIR] [--size SIZE] [--gpu-pairs] [--kill-restart [--restarts N]] [--keep]
 #
 #   --out DIR   build.sh's output folder (default target/realplugin; env REALPLUGIN_OUT)
 #   --bin DIR   where tcpxd, tcpxctl and tcpxd-fake-rxdm are (default target/release, else
@@ -23,6 +23,13 @@
 #   --kill-restart  after the transfers, SIGKILL node b's daemon (its comms never close: their
 #               rules stay in b's RxDM), start it again on the same state directory (it removes
 #               them, src/rx_rules.rs) and move the bytes again; b's rules left must be 0
+#   --restarts N  do --kill-restart's kill, start and checked WRITE N times in a row (default 1),
+#               printing after each the rules each fake RxDM holds (installs answered OK less
+#               uninstalls, per flow, as fake-rxdm's rules_left) and node a's daemon's open fds:
+#               both must stay bounded (b's new instance removes what the killed one left); each
+#               round also READs b -> a (a's rules for b's flows: a removes them when b dies)
+#   --under-load  kill b while WRITEs a -> b run back to back (the one under way must fail, not
+#               hang: 60 s bound each)
 #   --keep      keep the work folder (logs, sockets) and print it
 #
 # Needs root (ip netns), iproute2, and the plugin from build.sh. Everything it makes (namespaces,
@@ -37,6 +44,8 @@ bin=""
 size="64M"
 gpu_pairs=0
 kill_restart=0
+restarts=1
+under_load=0
 keep=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -45,8 +54,10 @@ while [ $# -gt 0 ]; do
     --size) size="$2"; shift 2 ;;
     --gpu-pairs) gpu_pairs=1; shift ;;
     --kill-restart) kill_restart=1; shift ;;
+    --restarts) restarts="$2"; shift 2 ;;
+    --under-load) under_load=1; shift ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
     *) echo "a3pair.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -165,23 +176,55 @@ if [ "$gpu_pairs" = 1 ]; then
   done
 fi
 
+# The rules a fake RxDM holds now, from its log (fake-rxdm's rules_left: one per flow).
+live_rules() { awk '$1 == "install" && / ok( |$)/ { r[$2 " " $3 " " $5] = 1 } $1 == "uninstall" { delete r[$2 " " $3 " " $5] } END { n = 0; for (k in r) n++; print n }' "$1" 2>/dev/null || echo 0; }
 if [ "$kill_restart" = 1 ]; then
+  echo "before any restart: rules held: a $(live_rules "$work/a/rules.log"), b $(live_rules "$work/b/rules.log"); node a's daemon fds $(ls /proc/${pids[1]}/fd | wc -l)"
+  for r in $(seq "$restarts"); do
+  if [ "$under_load" = 1 ]; then
+    rm -f "$work/stop-load" "$work/load.log"
+    ( while [ ! -e "$work/stop-load" ]; do
+        timeout 60 "$bin/tcpxctl" --endpoint "$A" write --local "$src_id" --remote "$dst" --length "$size" >>"$work/load.log" 2>&1 && st=0 || st=$?  # (set -e)
+        printf '\nrc=%s\n' "$st" >>"$work/load.log"  # (an error line may lack its newline)
+      done ) &
+    inflight=$!
+    sleep 0.5
+  fi
   # pids: a's fake RxDM, a's daemon, b's fake RxDM, b's daemon.
   kill -KILL "${pids[3]}"; wait "${pids[3]}" 2>/dev/null || true
+  if [ "$under_load" = 1 ]; then
+    touch "$work/stop-load"; wait "$inflight" || true
+    n_ok=$(grep -c '^rc=0$' "$work/load.log" || true); n_hung=$(grep -c '^rc=124$' "$work/load.log" || true)
+    n_err=$(grep -c '^rc=' "$work/load.log" || true); n_err=$((n_err - ${n_ok:-0} - ${n_hung:-0}))
+    echo "restart $r: the load: ${n_ok:-0} WRITEs ok before the kill, $n_err failed around it, ${n_hung:-0} hung ($(grep -v -e '^rc=' -e '^transfer' -e '^$' "$work/load.log" | tail -1 | cut -c1-160))"
+    [ "${n_hung:-0}" = 0 ] || failed=1
+  fi
   left=$(grep -c '^install' "$work/b/rules.log" || true); gone=$(grep -c '^uninstall' "$work/b/rules.log" || true)
-  echo "node b's daemon killed: its RxDM saw ${left:-0} installs, ${gone:-0} uninstalls"
+  held_kill=$(live_rules "$work/b/rules.log")
+  echo "restart $r: node b's daemon killed: its RxDM saw ${left:-0} installs, ${gone:-0} uninstalls, holds $held_kill rules"
   rm -f "$work/b/api.sock"
   start_tcpxd b "$ns_b" 2
   pids[3]=${pids[-1]}; unset 'pids[-1]'
   ctl --endpoint "$B" health --wait 60 >/dev/null || die "node b did not serve again (see $work/b/tcpxd.log; --keep)"
   grep -h "flow-steering rules the previous instance left" "$work/b/tcpxd.log" | tail -1 || true
   # The descriptor handed out before works again (b's daemon-allocated host memory came back).
-  if ctl --endpoint "$A" write --local "$src_id" --remote "$dst" --length "$size"; then
+  ok=0
+  for _ in 1 2 3 4 5; do  # (a's first WRITE may meet the pairing the kill broke)
+    if ctl --endpoint "$A" write --local "$src_id" --remote "$dst" --length "$size" >/dev/null 2>>"$work/writes.err"; then ok=1; break; fi
+    sleep 0.2
+  done
+  if [ "$ok" = 1 ]; then
     cb=$(crc "$B" "$dst_id")
-    if [ "$cb" = "${ca:-}" ]; then echo "host WRITE a -> b after b's restart: byte-exact"; else echo "host WRITE a -> b after b's restart: checksum differs"; failed=1; fi
+    if [ "$cb" = "${ca:-}" ]; then echo "restart $r: host WRITE a -> b after b's restart: byte-exact"; else echo "restart $r: host WRITE a -> b after b's restart: checksum differs"; failed=1; fi
   else
-    echo "host WRITE a -> b after b's restart failed"; failed=1
+    echo "restart $r: host WRITE a -> b after b's restart failed ($(tail -1 "$work/writes.err"))"; failed=1
   fi
+  if [ "$restarts" -gt 1 ]; then
+    if ctl --endpoint "$A" read --local "$back_id" --remote "$dst" --length "$size" >/dev/null 2>>"$work/writes.err" &&
+       [ "$(crc "$A" "$back_id")" = "${ca:-}" ]; then :; else echo "restart $r: host READ b -> a after b's restart failed or differs"; failed=1; fi
+  fi
+  echo "restart $r: rules held: a $(live_rules "$work/a/rules.log"), b $(live_rules "$work/b/rules.log") (b's at the kill: $held_kill); node a's daemon fds $(ls /proc/${pids[1]}/fd | wc -l)"
+  done
 fi
 
 echo "== node a stats"; ctl --endpoint "$A" stats || true

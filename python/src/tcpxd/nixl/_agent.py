@@ -581,6 +581,7 @@ class nixl_agent:  # noqa: N801
         s = self._session
         if s is not None and s._ended is None and not s._closed and s._why is None and not self._closed:
             return s
+        old = None
         with self._lock:
             if self._closed:
                 raise nixlBackendError("the agent is closed")
@@ -588,8 +589,14 @@ class nixl_agent:  # noqa: N801
             if s is None or s._ended is not None or s._closed or s._why is not None:
                 if s is not None:  # it failed: the daemon may have restarted (tcpxd._reattach)
                     self._client._reattach.sync()
+                    old = s
                 s = self._session = self._client.session()
-            return s
+        if old is not None:
+            # Its reader has ended (or is ending: the connection is shut down) but its descriptor
+            # stays open until closed: left to the garbage collector, one unix socket per daemon
+            # restart piled up between two collections (benches/restart_loop.py --series).
+            old.close()
+        return s
 
     def transfer(self, handle: nixl_xfer_handle, notif_msg: Any = b"") -> str:
         """Posts the transfer: "PROC" (or "DONE"/"ERR" if it already ended). A notification reaches
