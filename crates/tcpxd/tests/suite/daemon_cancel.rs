@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::common::daemons::{self, *};
-use crate::common::hold::{self, freeze_once_moving};
+use crate::common::hold::{self, Frozen, freeze_once_moving};
 use crate::common::procs::ProcDaemon;
 use tcpxd::api::proto::v1 as pb;
 
@@ -235,11 +235,13 @@ async fn releasing_a_buffer_waits_for_the_transfers_that_use_it() {
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
     let dst = host_buffer(&mut bc, 128 * MIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 9).await;
-    // Held in flight while a releases its buffer: the release waits for the transfer.
+    // Held in flight while a releases its buffer: the release waits for the transfer. The
+    // receiver is stopped before the write is posted (stopped once bytes moved, the sender
+    // could finish anyway, the rest fitting in the lanes' socket buffers).
+    let frozen = Frozen::now(&b);
     let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"")
         .await
         .unwrap();
-    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
     let mut releaser = a.client.clone();
     let release = tokio::spawn(async move {
         releaser
@@ -295,13 +297,14 @@ async fn releasing_a_buffer_waits_for_the_transfers_that_use_it() {
     assert!(err.message().contains("buffer_id"), "{}", err.message());
 
     // A deadline shorter than the transfer, held: FAILED_PRECONDITION, and the buffer stays
-    // usable.
+    // usable. The peer is stopped before the transfer is posted: stopped once bytes moved, a
+    // 64 MiB write could finish anyway, its rest fitting in the lanes' socket buffers.
     let src = host_buffer(&mut a.client, 64 * MIB, "").await;
     let dst = host_buffer(&mut bc, 64 * MIB, "").await;
+    let frozen = Frozen::now(&b);
     let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 64 * MIB), b"")
         .await
         .unwrap();
-    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
     let mut req = tonic::Request::new(pb::ReleaseBufferRequest { buffer_id: src.id });
     req.metadata_mut().insert("grpc-timeout", "100m".parse().unwrap());
     let err = a.client.release_buffer(req).await.unwrap_err();

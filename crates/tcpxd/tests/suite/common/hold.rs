@@ -48,8 +48,10 @@ impl Drop for Frozen {
 }
 
 /// Follows transfer `id` on `c` (its initiator's daemon) until it has moved bytes, then stops
-/// `peer`: from here the transfer cannot finish until the returned guard thaws it. Returns the
-/// event that showed the bytes. Panics if the transfer finished first (make it larger).
+/// `peer`. Returns the event that showed the bytes. Panics if the transfer finished first (make
+/// it larger). A stopped *sender* holds the transfer until thawed; a stopped *receiver* does so
+/// only while the rest is larger than the lanes' socket buffers can take (tens of MiB on
+/// loopback): to hold a write for sure, stop its receiver before posting it.
 pub async fn freeze_once_moving(c: &mut Client, id: u64, peer: &ProcDaemon) -> (Frozen, pb::TransferEvent) {
     let mut events = c
         .watch(pb::WatchRequest { transfer_id: id })
