@@ -293,6 +293,33 @@ impl Journal {
         write_atomic(&self.reg_path(space, id), &bytes).map_err(internal)
     }
 
+    /// Records several live registrations at once (a batch of registrations answered together),
+    /// each before its id is answered: per record, whether it was written. The id floors are
+    /// written at most once for the lot.
+    pub fn record_many(&self, records: &[(Space, u64, Record)]) -> Vec<Result<(), EngineError>> {
+        let mut inner = self.lock();
+        for space in Space::ALL {
+            let top = records.iter().filter(|r| r.0 == space).map(|r| r.1).max();
+            if let Some(id) = top
+                && let Err(e) = self.reserve(&mut inner, space, id)
+            {
+                let e = internal(e);
+                return records.iter().map(|_| Err(e.clone())).collect();
+            }
+        }
+        records
+            .iter()
+            .map(|(space, id, record)| {
+                if let Record::List { buffer } = record {
+                    inner.lists.insert(*id, *buffer);
+                }
+                let bytes = serde_json::to_vec(record)
+                    .map_err(|e| EngineError::new(Code::Internal, e.to_string()))?;
+                write_atomic(&self.reg_path(*space, *id), &bytes).map_err(internal)
+            })
+            .collect()
+    }
+
     /// Forgets a registration that was released.
     pub fn forget(&self, space: Space, id: u64) {
         let _ = std::fs::remove_file(self.reg_path(space, id));
@@ -572,6 +599,46 @@ mod tests {
         drop(j);
         let j = Journal::open(dir.path(), "a").unwrap();
         assert!(j.first_id(Space::Buffer) >= first);
+    }
+
+    #[test]
+    fn a_batch_is_recorded_with_one_reservation_and_comes_back_whole() {
+        let dir = TempDir::new("batch");
+        let j = Journal::open(dir.path(), "a").unwrap();
+        let floors = || std::fs::read_to_string(dir.path().join("floors")).unwrap();
+        let before = floors();
+        let records = vec![
+            (Space::Buffer, 1, buffer("00")),
+            (Space::List, 1, Record::List { buffer: 1 }),
+            (Space::List, 2, Record::List { buffer: 1 }),
+            (Space::Buffer, 2, buffer("11")),
+        ];
+        assert!(j.record_many(&records).iter().all(Result::is_ok));
+        assert_eq!(
+            floors(),
+            before,
+            "ids within the reservation: the floors stay as they were"
+        );
+        // Past the reservation: the floors move once, above the batch's highest id.
+        let far = RESERVE + 10;
+        let got = j.record_many(&[
+            (Space::Buffer, far, buffer("22")),
+            (Space::Buffer, far - 1, buffer("33")),
+        ]);
+        assert!(got.iter().all(Result::is_ok));
+        let reserved: u64 = floors().split_whitespace().next().unwrap().parse().unwrap();
+        assert!(reserved > far, "{reserved}");
+        // Released with its buffer: the lists go too.
+        j.forget(Space::Buffer, 1);
+        assert!(!dir.path().join("regs/l1").exists() && !dir.path().join("regs/l2").exists());
+        drop(j);
+        let j = Journal::open(dir.path(), "a").unwrap();
+        assert_eq!(
+            j.pending(),
+            3,
+            "buffers 2, far and far - 1 wait for their clients"
+        );
+        assert!(j.first_id(Space::Buffer) > far);
     }
 
     #[test]

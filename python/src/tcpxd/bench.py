@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import Client, _tensor
 
@@ -62,11 +62,11 @@ def _find(name: str, explicit: Optional[str]) -> Optional[str]:
     return shutil.which(name)
 
 
-def _start(tcpxd: str, dir: Path, name: str) -> Tuple[subprocess.Popen, Dict[str, Any]]:
+def _start(tcpxd: str, dir: Path, name: str, extra: Sequence[str] = ()) -> Tuple[subprocess.Popen, Dict[str, Any]]:
     ready = dir / f"{name}.ready"
     proc = subprocess.Popen(
         [tcpxd, "--node-id", name, "--builtin-emulation", "--api-socket", str(dir / f"{name}.sock"),
-         "--peer-listen", "127.0.0.1:0", "--ready-file", str(ready)],
+         "--peer-listen", "127.0.0.1:0", "--ready-file", str(ready), *extra],
         stdout=subprocess.DEVNULL, stderr=open(dir / f"{name}.log", "wb"),
     )
     for _ in range(600):

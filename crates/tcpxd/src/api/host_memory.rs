@@ -1,8 +1,9 @@
 //! Buffers coming and going through the client API: installing a new buffer (the registry, then
-//! the poller), releasing one once no transfer uses it, and registering a local client's own host
-//! memory from the file descriptor that came with its request (src/host_fd.rs). A buffer
-//! registered that way belongs to the session that registered it: released when that session
-//! ends (as by ReleaseBuffer), unless the client released it before.
+//! the poller), and releasing one once no transfer uses it. A local client's own host memory
+//! (the file descriptor that came with its request, src/host_fd.rs, or its addresses) is
+//! registered in batches (src/api/register_batch.rs); a buffer registered that way belongs to the
+//! session that registered it: released when that session ends (as by ReleaseBuffer), unless the
+//! client released it before.
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -10,12 +11,10 @@ use std::time::{Duration, Instant};
 
 use tonic::Status;
 
-use super::proto::v1 as pb;
 use super::state::{DaemonState, status};
-use crate::buffers::{BufferEntry, BufferKind};
+use crate::buffers::BufferEntry;
 use crate::engine::{self, Code};
-use crate::host_file::{Shrink, Unsealed};
-use crate::net::cross_memory::ClientPages;
+use crate::host_file::Unsealed;
 use crate::poller::Command;
 
 /// A file descriptor that came with a request (the framed local session's SCM_RIGHTS), and
@@ -99,104 +98,6 @@ impl DaemonState {
         self.journal_forget(crate::journal::Space::Buffer, id);
         tracing::info!(buffer = id, "buffer released");
         Ok(())
-    }
-
-    /// Registers a local client's host memory from the descriptor that came with the request.
-    pub(crate) async fn register_host_fd(
-        self: &Arc<Self>,
-        req: pb::RegisterHostFdRequest,
-        attached: Result<Attached, Status>,
-    ) -> Result<pb::Buffer, Status> {
-        let Attached { fd, unsealed } = attached?;
-        let (ident, claim) = self.reattach_buffer(
-            req.reattach_id,
-            &req.reattach_key,
-            BufferKind::HostShared,
-            req.size,
-        )?;
-        let state = self.clone();
-        let (entry, shrink) = tokio::task::spawn_blocking(move || {
-            // The descriptor closes here: the mapping holds the file.
-            state
-                .buffers
-                .register_host_file_as(&fd, req.offset, req.size, &req.label, unsealed, ident)
-        })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?
-        .map_err(status)?;
-        self.install(&entry).await?;
-        if let Err(e) = self.journal_buffer(&entry) {
-            let _ = self.release(entry.id, None).await;
-            return Err(e);
-        }
-        claim.keep();
-        tracing::info!(
-            buffer = entry.id,
-            size = entry.size,
-            reattached = ident.is_some(),
-            sealed = shrink == Shrink::Sealed,
-            "client host memory registered"
-        );
-        Ok(self.buffer_pb(&entry))
-    }
-
-    /// Registers a local client's memory by address (`pid`: the session's peer), after checking
-    /// that the daemon may read and write it (cross-memory attach).
-    pub(crate) async fn register_client_memory(
-        self: &Arc<Self>,
-        req: pb::RegisterClientMemoryRequest,
-        pid: i32,
-    ) -> Result<pb::Buffer, Status> {
-        if req.address == 0 {
-            return Err(Status::invalid_argument("address: must not be 0"));
-        }
-        if req.address.checked_add(req.size).is_none() {
-            return Err(Status::invalid_argument(format!(
-                "size: address {:#x} + {} bytes overflows 64 bits",
-                req.address, req.size
-            )));
-        }
-        let pages = ClientPages {
-            pid,
-            addr: req.address,
-        };
-        // A re-attach after a restart: the same process (pid and start time, the kernel's word
-        // for the session's peer), address and size, with the buffer's current key.
-        let owner = crate::journal::Owner {
-            pid,
-            start: super::reattach::process_start(pid).unwrap_or(0),
-            address: req.address,
-        };
-        let (ident, claim) = self.reattach_buffer_of(
-            req.reattach_id,
-            &req.reattach_key,
-            BufferKind::HostAttached,
-            req.size,
-            Some(owner),
-        )?;
-        let state = self.clone();
-        let entry = tokio::task::spawn_blocking(move || {
-            let entry = state.buffers.client_pages(pages, req.size, &req.label, ident)?;
-            pages.probe(req.size).map_err(crate::buffers::attach_error)?;
-            Ok::<_, engine::EngineError>(entry)
-        })
-        .await
-        .map_err(|e| Status::internal(e.to_string()))?
-        .map_err(status)?;
-        self.install(&entry).await?;
-        if let Err(e) = self.journal_buffer(&entry) {
-            let _ = self.release(entry.id, None).await;
-            return Err(e);
-        }
-        claim.keep();
-        tracing::info!(
-            buffer = entry.id,
-            size = entry.size,
-            pid,
-            reattached = ident.is_some(),
-            "client memory registered by address"
-        );
-        Ok(self.buffer_pb(&entry))
     }
 
     /// The session that registered `ids` ended: each still registered is made unreachable by

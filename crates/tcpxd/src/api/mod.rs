@@ -11,6 +11,7 @@ pub mod peer_service;
 pub mod prepared;
 pub mod proto;
 pub mod reattach;
+pub mod register_batch;
 pub mod same_node;
 pub mod same_node_registry;
 pub mod service;

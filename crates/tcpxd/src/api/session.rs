@@ -33,6 +33,7 @@ use super::prepared;
 use super::proto::v1 as pb;
 use super::proto::v1::session_event::Event;
 use super::proto::v1::session_request::Op;
+use super::register_batch::{MAX_BATCH, Registration};
 use super::state::DaemonState;
 use super::transfers::{self, Started, cancel_unheard};
 use crate::engine::{TransferId, TransferKind};
@@ -190,11 +191,16 @@ impl<E: Events> Session<'_, E> {
     async fn run<R: Requests>(mut self, requests: &mut R) -> Result<(), Gone> {
         let mut reading = true;
         let mut stopping = self.state.stopping.clone();
+        // A request read while gathering registrations, not one itself: handled next.
+        let mut held: Option<Incoming> = None;
         let ended = loop {
-            if !reading && self.waiting.is_empty() {
+            if !reading && self.waiting.is_empty() && held.is_none() {
                 break Ok(());
             }
-            let next = tokio::select! {
+            let next = if let Some(h) = held.take() {
+                Next::Incoming(h)
+            } else {
+                tokio::select! {
                 biased;
                 _ = self.events.gone(reading) => Next::Gone,
                 Some(done) = self.waiting.join_next(), if !self.waiting.is_empty() => match done {
@@ -206,17 +212,33 @@ impl<E: Events> Session<'_, E> {
                 next = requests.next(), if reading => Next::Incoming(next),
                 // The daemon drains: no new requests; the open ones end as the drain decides.
                 _ = stopping.wait_for(|s| *s), if reading => Next::Incoming(Incoming::HalfClosed),
+                }
             };
             let step = match next {
                 Next::Gone | Next::Incoming(Incoming::Gone) => Err(Gone),
                 Next::Finished(tag, event) => self.finished(tag, event).await,
                 Next::Notified(tag, n) => self.notified(tag, n).await,
-                Next::Incoming(Incoming::Request(req)) => {
-                    let attached = matches!(req.op, Some(Op::RegisterHostFd(_))).then(|| requests.attached());
-                    let peer =
-                        matches!(req.op, Some(Op::RegisterClientMemory(_))).then(|| requests.peer_pid());
-                    self.request(*req, attached, peer).await
+                Next::Incoming(Incoming::Request(req)) if registration(&req).is_some() => {
+                    let mut batch = Vec::new();
+                    let first = self.registration(*req, requests);
+                    batch.push(first);
+                    // The registrations already waiting behind it join its batch.
+                    while batch.len() < MAX_BATCH {
+                        match ready_now(requests.next()) {
+                            None => break,
+                            Some(Incoming::Request(r)) if registration(&r).is_some() => {
+                                let next = self.registration(*r, requests);
+                                batch.push(next);
+                            }
+                            Some(other) => {
+                                held = Some(other);
+                                break;
+                            }
+                        }
+                    }
+                    self.register(batch).await
                 }
+                Next::Incoming(Incoming::Request(req)) => self.request(*req).await,
                 Next::Incoming(Incoming::HalfClosed) => {
                     reading = false;
                     Ok(())
@@ -280,15 +302,9 @@ impl<E: Events> Session<'_, E> {
         self.send(tag, Event::Refused(refused)).await
     }
 
-    /// Handles one request: starts its transfer, answers a cancel or a registration, or refuses
-    /// it. `attached`: for a registration, the descriptor that came with it; `peer`: for a
-    /// registration by address, the client's process.
-    async fn request(
-        &mut self,
-        req: pb::SessionRequest,
-        attached: Option<Result<Attached, Status>>,
-        peer: Option<Result<i32, Status>>,
-    ) -> Result<(), Gone> {
+    /// Handles one request other than a registration (`register`): starts its transfer,
+    /// answers a cancel, or refuses it.
+    async fn request(&mut self, req: pb::SessionRequest) -> Result<(), Gone> {
         let tag = req.tag;
         if tag == 0 {
             return self
@@ -311,24 +327,9 @@ impl<E: Events> Session<'_, E> {
             )),
             Some(Op::CancelTag(target)) => return self.cancel(tag, target).await,
             Some(Op::Subscribe(_)) => return self.subscribe(tag).await,
-            Some(Op::RegisterHostFd(mut r)) => {
-                let attached = attached.unwrap_or_else(|| Err(host_memory::no_descriptors()));
-                let lists = std::mem::take(&mut r.block_lists);
-                let registered = match check_lists(&lists) {
-                    Ok(()) => self.state.register_host_fd(r, attached).await,
-                    Err(e) => Err(e),
-                };
-                return self.registered(tag, registered, lists).await;
-            }
-            Some(Op::RegisterClientMemory(mut r)) => {
-                let peer = peer.unwrap_or_else(|| Err(host_memory::no_peer_process()));
-                let lists = std::mem::take(&mut r.block_lists);
-                let registered = match (check_lists(&lists), peer) {
-                    (Ok(()), Ok(pid)) => self.state.register_client_memory(r, pid).await,
-                    (Err(e), _) | (_, Err(e)) => Err(e),
-                };
-                return self.registered(tag, registered, lists).await;
-            }
+            Some(Op::RegisterHostFd(_)) | Some(Op::RegisterClientMemory(_)) => Err(Status::internal(
+                "a registration reached the transfer path (registrations go in batches)",
+            )),
             Some(Op::Write(r)) => match transfers::write_batch(r) {
                 Ok(b) => self.start_write(b).await,
                 Err(e) => Err(e),
@@ -393,40 +394,68 @@ impl<E: Events> Session<'_, E> {
         self.state.start_read(r, deadline).await
     }
 
-    /// Answers a registration, with the block lists it asked for registered on the new buffer
-    /// (each refused one named in `block_list_status`); the buffer goes with this session.
-    async fn registered(
-        &mut self,
-        tag: u64,
-        registered: Result<pb::Buffer, Status>,
-        lists: Vec<pb::StridedBlocks>,
-    ) -> Result<(), Gone> {
-        match registered {
-            Ok(mut buffer) => {
-                self.owned.push(buffer.id);
-                for (i, strided) in lists.into_iter().enumerate() {
-                    let req = pb::RegisterBlocksRequest {
-                        buffer_id: buffer.id,
-                        layout: Some(pb::register_blocks_request::Layout::Strided(strided)),
-                        reattach_id: 0,
-                    };
-                    let (list, status) = match self.state.register_blocks(req).await {
-                        Ok(list) => (list, pb::EntryStatus::default()),
-                        Err(e) => (
-                            pb::BlockList::default(),
-                            pb::EntryStatus {
-                                code: e.code() as i32,
-                                message: format!("block_lists[{i}]: {}", e.message()),
-                            },
-                        ),
-                    };
-                    buffer.block_lists.push(list);
-                    buffer.block_list_status.push(status);
-                }
-                self.send(tag, Event::Registered(buffer)).await
+    /// A registration as read (its descriptor or peer process taken now, with its frame), or
+    /// the refusal of its tag or lists.
+    fn registration<R: Requests>(&self, req: pb::SessionRequest, requests: &mut R) -> Gathered {
+        let tag = req.tag;
+        let (reg, lists) = match req.op {
+            Some(Op::RegisterHostFd(mut r)) => {
+                let lists = std::mem::take(&mut r.block_lists);
+                (Registration::HostFd(r, requests.attached()), lists)
             }
-            Err(status) => self.refuse(tag, status).await,
+            Some(Op::RegisterClientMemory(mut r)) => {
+                let lists = std::mem::take(&mut r.block_lists);
+                (Registration::ClientMemory(r, requests.peer_pid()), lists)
+            }
+            _ => return (tag, Err(Status::internal("not a registration"))),
+        };
+        let refused = if tag == 0 {
+            Some(Status::invalid_argument("tag: must be nonzero"))
+        } else if self.open.contains_key(&tag) || self.notifications.as_ref().is_some_and(|s| s.0 == tag) {
+            Some(Status::invalid_argument(format!(
+                "tag: {tag} already names an unfinished request of this session"
+            )))
+        } else {
+            check_lists(&lists).err()
+        };
+        match refused {
+            Some(status) => (tag, Err(status)),
+            None => (tag, Ok((reg, lists))),
         }
+    }
+
+    /// Carries out registrations read together (src/api/register_batch.rs) and answers each, in
+    /// the order they came, with the block lists it asked for registered on its new buffer (each
+    /// refused one named in `block_list_status`); the buffers go with this session.
+    async fn register(&mut self, batch: Vec<Gathered>) -> Result<(), Gone> {
+        let mut tags = Vec::with_capacity(batch.len());
+        let mut todo = Vec::new();
+        for (tag, r) in batch {
+            match r {
+                Ok(reg) => {
+                    tags.push((tag, None));
+                    todo.push(reg);
+                }
+                Err(status) => tags.push((tag, Some(status))),
+            }
+        }
+        let mut done = self.state.register_batch(todo).await.into_iter();
+        for (tag, refused) in tags {
+            let answer = match refused {
+                Some(status) => Err(status),
+                None => done
+                    .next()
+                    .unwrap_or_else(|| Err(Status::internal("a registration of the batch went unanswered"))),
+            };
+            match answer {
+                Ok(buffer) => {
+                    self.owned.push(buffer.id);
+                    self.send(tag, Event::Registered(buffer)).await?;
+                }
+                Err(status) => self.refuse(tag, status).await?,
+            }
+        }
+        Ok(())
     }
 
     /// Prepares a list that goes with this session.
@@ -513,6 +542,31 @@ impl<E: Events> Session<'_, E> {
             }
             Err(status) => self.refuse(tag, status).await,
         }
+    }
+}
+
+/// A registration read from the session: its tag, and the registration with its lists or why
+/// it is refused.
+type Gathered = (u64, Result<(Registration, Vec<pb::StridedBlocks>), Status>);
+
+/// Whether a request registers memory (those are gathered into batches).
+fn registration(req: &pb::SessionRequest) -> Option<()> {
+    matches!(
+        req.op,
+        Some(Op::RegisterHostFd(_)) | Some(Op::RegisterClientMemory(_))
+    )
+    .then_some(())
+}
+
+/// What `fut` gives without waiting, if anything (polled once). For the request side's `next`,
+/// which keeps what it read of a frame across polls, so dropping it unfinished loses nothing
+/// (as `select!` does with it).
+fn ready_now<F: Future>(fut: F) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match fut.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => None,
     }
 }
 

@@ -57,6 +57,13 @@ impl Poller {
                 }
                 let _ = reply.send(r);
             }
+            Command::AddBuffers { items, reply } => {
+                let added = items
+                    .into_iter()
+                    .map(|(entry, layouts)| self.add_host_buffer(entry, layouts))
+                    .collect();
+                let _ = reply.send(added);
+            }
             Command::RekeyBuffer { id, key, reply } => {
                 let _ = reply.send(self.engine.rekey_buffer(id, key));
             }
@@ -326,6 +333,32 @@ impl Poller {
     }
 
     /// A list's facts for the API (its token's fields, the buffer's current key).
+    /// One buffer of `Command::AddBuffers` (host memory: no GPU stage or memory to set up, as
+    /// `Command::AddBuffer` does for device memory), with its block lists.
+    fn add_host_buffer(
+        &mut self,
+        entry: std::sync::Arc<crate::buffers::BufferEntry>,
+        layouts: Vec<crate::engine::blocks::Layout>,
+    ) -> super::AddedBuffer {
+        if entry.device_region().is_some() {
+            return Err(EngineError::new(
+                Code::Internal,
+                format!("buffer {}: AddBuffers carries host memory only", entry.id),
+            ));
+        }
+        let buffer = entry.id;
+        self.engine.add_buffer(buffer, entry.size, entry.key())?;
+        self.buffers.insert(buffer, entry);
+        Ok(layouts
+            .into_iter()
+            .map(|layout| {
+                self.engine
+                    .register_blocks_as(None, buffer, layout)
+                    .and_then(|id| self.list_facts(id))
+            })
+            .collect())
+    }
+
     fn list_facts(&self, id: u64) -> Result<ListFacts, EngineError> {
         let list = self
             .engine

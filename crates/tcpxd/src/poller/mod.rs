@@ -115,6 +115,12 @@ pub enum Command {
         entry: Arc<BufferEntry>,
         reply: Reply<Result<(), EngineError>>,
     },
+    /// Several buffers at once, each with the block lists registered on it (a local client's
+    /// registrations that came together): per buffer, its lists' facts or why it was refused.
+    AddBuffers {
+        items: Vec<(Arc<BufferEntry>, Vec<Layout>)>,
+        reply: Reply<Vec<AddedBuffer>>,
+    },
     RemoveBuffer {
         id: u64,
         reply: Reply<Result<(), EngineError>>,
@@ -294,6 +300,10 @@ pub struct PreparedTransfer {
 
 /// A block transfer the poller started: its id, its status channel and the bytes it moves.
 pub type BlocksStarted = (TransferId, watch::Receiver<TransferStatus>, u64);
+
+/// One buffer of [`Command::AddBuffers`]: refused, or added with each of its lists registered
+/// or refused.
+pub type AddedBuffer = Result<Vec<Result<ListFacts, EngineError>>, EngineError>;
 
 /// What the API hands out about a block list (its token's fields).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
