@@ -46,3 +46,20 @@ def test_the_nixl_comparison_runs_its_script_on_tcpxd(tmp_path: Path):
                  "256 x 16 KiB random READ GB/s", "4 KiB READ p50 µs (tight)", "4 KiB READ p99 µs (sleep(0))",
                  "4 KiB READ p50 µs (tcpxd.Client.read)", "notification round trip p50 µs"):
         assert want in rows, run.stdout
+
+
+def test_the_registration_benchmark_runs_on_tcpxd():
+    """`python -m tcpxd.nixl_registration --impl tcpxd` at CI sizes: a row per memory kind, count
+    and size, register and deregister, each a positive time a region."""
+    args = [sys.executable, "-m", "tcpxd.nixl_registration", "--impl", "tcpxd", "--tcpxd", str(tcpxd_bin()),
+            "--rounds", "1", "--counts", "1,3", "--sizes", "64K,1M", "--max-total", "2M", "--state-dir"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "python/src"), os.environ.get("PYTHONPATH")])))
+    run = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {line[:44].strip(): line[44:].split() for line in run.stdout.splitlines()[1:]}
+    for kind in ("numpy", "memfd"):
+        for what in ("1 x 64 KiB", "1 x 1 MiB", "3 x 64 KiB"):
+            for op in ("register", "deregister"):
+                cells = rows[f"{op} µs/region, {kind} {what}"]
+                assert float(cells[0]) > 0, run.stdout
+    assert f"{'register µs/region, numpy 3 x 1 MiB':44}" not in run.stdout, "over --max-total: left out"

@@ -1,7 +1,8 @@
-"""register_memory of many DRAM regions in one step (issue #39, point 5): one pipelined round trip
-on the agent's local session for the lot, each buffer's granule lists made by the daemon with its
-registration (no RegisterBlocks call); all or none when one region cannot be registered; a daemon
-that makes no lists with a registration still gets them asked for one by one."""
+"""register_memory of many DRAM regions in one step (issue #39, point 5): one `register_batch`
+frame on the agent's local session per 64 regions, their descriptors with it (a daemon without it:
+one pipelined round trip), each buffer's granule lists made by the daemon with its registration
+(no RegisterBlocks call); all or none when one region cannot be registered; a daemon that makes no
+lists with a registration still gets them asked for one by one."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 import tcpxd
+from tcpxd import _local, _proto
 from tcpxd.nixl import _utils, nixl_agent, nixl_agent_config
 from tcpxd.nixl._errors import nixlInvalidParamError
 
@@ -154,3 +156,50 @@ def test_metadata_fetched_before_the_remote_registered_is_fetched_again(daemons)
     finally:
         I.close()
         T.close()
+
+
+def test_regions_go_64_to_a_frame_and_to_an_older_daemon_one_request_each(daemons, pair, monkeypatch):
+    """Numpy arrays (by address) and memfds (by descriptor) mixed: 64 entries to a register_batch
+    frame with one descriptor per memfd entry; a daemon that refuses the op (one predating it)
+    gets the same regions as single requests, from then on."""
+    A, _, _ = pair
+    sent: list = []
+    send = _local.Connection.send
+
+    def spy(self, field, req, timeout, fd=None, fds=()):
+        sent.append((field, len(fds) if field == "register_batch" else int(fd is not None)))
+        return send(self, field, req, timeout, fd, fds)
+
+    monkeypatch.setattr(_local.Connection, "send", spy)
+    arrays = [np.full(64 << 10, i, np.uint8) for i in range(40)]
+    memfds = [_utils.malloc_passthru(MIB) for _ in range(40)]
+    descs = [(a.ctypes.data, a.nbytes, 0, "") for a in arrays] + [(m, MIB, 0, "") for m in memfds]
+
+    def registered():
+        rl = A.register_memory(A.get_reg_descs(descs, "DRAM"))
+        regions = A._memory.regions()
+        assert len(regions) == 80
+        kinds = {b.id: tcpxd._ops.kind_name(b.kind) for b in _buffers(daemons[0].endpoint).values()}
+        got = sorted(kinds[r.buffer_id] for r in regions)
+        assert got == ["host_attached"] * 40 + ["host_shared"] * 40, got
+        assert all((r.granule, r.fine) == (4096, 512) for r in regions)
+        return rl
+
+    A.deregister_memory(registered())
+    assert sent == [("register_batch", 24), ("register_batch", 16)], sent
+    sent.clear()
+
+    def older(self, field, req, timeout, fd=None, fds=()):  # the frame of a daemon's unknown op: none set
+        if field != "register_batch":
+            return spy(self, field, req, timeout, fd, fds)
+        sent.append((field, len(fds)))
+        self._tag += 1
+        _local.send_with_fds(self.sock, _local.frame(_proto.message("SessionRequest")(tag=self._tag)), fds)
+        return True
+
+    monkeypatch.setattr(_local.Connection, "send", older)
+    A.deregister_memory(registered())
+    assert sent == [("register_batch", 24)] + [("register_client_memory", 0)] * 40 + [("register_host_fd", 1)] * 40, sent
+    sent.clear()
+    A.deregister_memory(registered())
+    assert sent == [("register_client_memory", 0)] * 40 + [("register_host_fd", 1)] * 40, "asked once"

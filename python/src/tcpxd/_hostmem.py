@@ -382,6 +382,9 @@ class Registrar:
         self._conn: Optional[_local.Connection] = None
         self._closed = False
         self._pid = os.getpid()
+        #: False once the daemon turned out not to know `register_batch` (registrations then go
+        #: one request each, pipelined).
+        self._batches: Optional[bool] = None
         #: What the client found out about the daemon's local session (`available`): its pool of
         #: local sessions, shared so the daemon is asked once; else this registrar's own.
         self._known = known if known is not None else _Known()
@@ -416,14 +419,23 @@ class Registrar:
     def register_many(self, items: Sequence[Tuple[Shared, Sequence[Any]]], label: str, timeout: Optional[float]) -> List[Any]:
         """Registers each memory with its block lists (StridedBlocks, made by the daemon on the new
         buffer): the daemon's Buffer message, or the TcpxdError refusing it, per memory in order.
-        The requests go out PIPELINE at a time before their answers are read (one round trip for
-        each PIPELINE, not each memory)."""
+        PIPELINE at a time go in one `register_batch` frame, their descriptors with it; to a
+        daemon without it, PIPELINE requests go out before their answers are read (one round trip
+        for each PIPELINE, not each memory, either way)."""
         out: List[Any] = []
         try:
             with self._lock:
                 conn = self._connection()
                 try:
-                    for at in range(0, len(items), PIPELINE):
+                    start = 0
+                    while self._batches is not False and start < len(items):
+                        got = self._batch(conn, items[start : start + PIPELINE], label, timeout)
+                        if got is None:
+                            self._batches = False  # the daemon predates register_batch
+                            break
+                        out.extend(got)
+                        start += len(got)
+                    for at in range(start, len(items), PIPELINE):
                         tags = []
                         for shared, lists in items[at : at + PIPELINE]:
                             [(field, req)] = shared.session_op(label).items()
@@ -449,6 +461,38 @@ class Registrar:
         finally:
             for shared, _ in items:
                 shared.done_sending()
+
+    def _batch(self, conn: _local.Connection, items: Sequence[Tuple[Shared, Sequence[Any]]], label: str,
+               timeout: Optional[float]) -> Optional[List[Any]]:
+        """One `register_batch` of `items`: per memory, its Buffer message or the TcpxdError
+        refusing it; None when the daemon does not know the request (it refused the frame's op)."""
+        entry = _proto.message("RegisterBatchEntry")
+        entries, fds = [], []
+        for shared, lists in items:
+            [(field, req)] = shared.session_op(label).items()
+            req.block_lists.extend(lists)
+            entries.append(entry(**{"host_fd" if field == "register_host_fd" else "client_memory": req}))
+            if shared.sent_fd is not None:
+                fds.append(shared.sent_fd)
+        batch = _proto.message("RegisterBatchRequest")(entries=entries)
+        try:
+            if not conn.send("register_batch", batch, timeout, fds=fds):
+                raise InvalidArgument("register_host: the registrations are too large for a frame")
+        finally:
+            for shared, _ in items:
+                shared.done_sending()
+        ev = conn.receive()
+        kind = ev.WhichOneof("event")
+        if kind == "refused":
+            if ev.refused.code == 3 and ev.refused.message.startswith("op: set one of"):  # INVALID_ARGUMENT
+                return None
+            raise from_status(ev.refused.code, ev.refused.message)
+        if ev.tag != conn.tag or kind != "registered_batch":
+            raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to registration {conn.tag}")
+        got = ev.registered_batch
+        if len(got.buffers) != len(items) or len(got.statuses) != len(items):
+            raise TcpxdError(f"local session: the daemon answered {len(got.buffers)} registrations of {len(items)}")
+        return [b if st.code == 0 else from_status(st.code, st.message) for b, st in zip(got.buffers, got.statuses)]
 
     def register_fd(self, fd: int, req: Any, timeout: Optional[float]) -> Any:
         """Sends `req` (a RegisterHostFdRequest) with `fd` (kept open: the caller's); returns the

@@ -26,7 +26,7 @@ import socket
 import struct
 import threading
 import weakref
-from typing import Any, Iterator, List, Optional, Set, Union
+from typing import Any, Iterator, List, Optional, Sequence, Set, Union
 
 from . import _ops, _proto
 from ._ops import TransferResult
@@ -117,6 +117,13 @@ def send_with_fd(sock: socket.socket, frame: bytes, fd: int) -> None:
         sock.sendall(frame[sent:])
 
 
+def send_with_fds(sock: socket.socket, frame: bytes, fds: Sequence[int]) -> None:
+    """Sends `frame` with the descriptors `fds` attached in this order (a `register_batch`)."""
+    sent = sock.sendmsg([frame], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    if sent < len(frame):
+        sock.sendall(frame[sent:])
+
+
 class Gone(Exception):
     """The connection ended before the daemon answered; `sent`: whether the request went out."""
 
@@ -145,7 +152,8 @@ class Connection:
             return None
         return self.receive()
 
-    def send(self, field: str, req: Any, timeout: Optional[float], fd: Optional[int] = None) -> bool:
+    def send(self, field: str, req: Any, timeout: Optional[float], fd: Optional[int] = None,
+             fds: Sequence[int] = ()) -> bool:
         """Sends one request without waiting for its answer (`receive`, in order, for requests
         the daemon answers in order: registrations); False when it is too large for a frame."""
         self._tag += 1
@@ -157,10 +165,12 @@ class Connection:
             self.sock.settimeout(wait)
             self._timeout = wait
         try:
-            if fd is None:
-                self.sock.sendall(frame)
-            else:
+            if fd is not None:
                 send_with_fd(self.sock, frame, fd)
+            elif fds:
+                send_with_fds(self.sock, frame, fds)
+            else:
+                self.sock.sendall(frame)
         except (BrokenPipeError, ConnectionResetError):
             raise Gone(sent=False) from None
         return True

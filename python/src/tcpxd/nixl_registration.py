@@ -49,12 +49,8 @@ def _label(n: int) -> str:
 
 
 def _agent(impl: str) -> Any:
-    if impl == "tcpxd":
-        from .nixl import nixl_agent, nixl_agent_config
-    else:
-        api = importlib.import_module("nixl._api")
-        nixl_agent, nixl_agent_config = api.nixl_agent, api.nixl_agent_config
-    return nixl_agent("registrar", nixl_agent_config(backends=["UCX"]))
+    api: Any = importlib.import_module("tcpxd.nixl" if impl == "tcpxd" else "nixl._api")
+    return api.nixl_agent("registrar", api.nixl_agent_config(backends=["UCX"]))
 
 
 def _regions(kind: str, size: int, count: int, fresh: bool) -> Tuple[List[int], List[Any]]:

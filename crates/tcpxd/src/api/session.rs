@@ -86,6 +86,12 @@ pub trait Requests: Send {
         Err(host_memory::no_descriptors())
     }
 
+    /// The `n` file descriptors that came with the request `next` returned last
+    /// (`register_batch`), in order; a transport that cannot carry descriptors says so.
+    fn attached_n(&mut self, _n: usize) -> Result<Vec<Attached>, Status> {
+        Err(host_memory::no_descriptors())
+    }
+
     /// The client's process, from the connection's peer credentials (`register_client_memory`);
     /// a transport without them says so.
     fn peer_pid(&self) -> Result<i32, Status> {
@@ -218,6 +224,9 @@ impl<E: Events> Session<'_, E> {
                 Next::Gone | Next::Incoming(Incoming::Gone) => Err(Gone),
                 Next::Finished(tag, event) => self.finished(tag, event).await,
                 Next::Notified(tag, n) => self.notified(tag, n).await,
+                Next::Incoming(Incoming::Request(req)) if matches!(req.op, Some(Op::RegisterBatch(_))) => {
+                    self.register_frame(*req, requests).await
+                }
                 Next::Incoming(Incoming::Request(req)) if registration(&req).is_some() => {
                     let mut batch = Vec::new();
                     let first = self.registration(*req, requests);
@@ -323,13 +332,15 @@ impl<E: Events> Session<'_, E> {
         }
         let started = match req.op {
             None => Err(Status::invalid_argument(
-                "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd, prepare_blocks, release_prepared, write_prepared, read_prepared, register_client_memory, subscribe",
+                "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd, prepare_blocks, release_prepared, write_prepared, read_prepared, register_client_memory, subscribe, register_batch",
             )),
             Some(Op::CancelTag(target)) => return self.cancel(tag, target).await,
             Some(Op::Subscribe(_)) => return self.subscribe(tag).await,
-            Some(Op::RegisterHostFd(_)) | Some(Op::RegisterClientMemory(_)) => Err(Status::internal(
-                "a registration reached the transfer path (registrations go in batches)",
-            )),
+            Some(Op::RegisterHostFd(_)) | Some(Op::RegisterClientMemory(_)) | Some(Op::RegisterBatch(_)) => {
+                Err(Status::internal(
+                    "a registration reached the transfer path (registrations go in batches)",
+                ))
+            }
             Some(Op::Write(r)) => match transfers::write_batch(r) {
                 Ok(b) => self.start_write(b).await,
                 Err(e) => Err(e),
@@ -456,6 +467,102 @@ impl<E: Events> Session<'_, E> {
             }
         }
         Ok(())
+    }
+
+    /// Carries out a `register_batch` frame: its entries as one batch, answered by one
+    /// `registered_batch` event (an entry refused alone has an empty buffer and its status); the
+    /// whole frame refused, with nothing registered, when it has too many entries or the
+    /// descriptors that came with it are not one per `host_fd` entry.
+    async fn register_frame<R: Requests>(
+        &mut self,
+        req: pb::SessionRequest,
+        requests: &mut R,
+    ) -> Result<(), Gone> {
+        let tag = req.tag;
+        let Some(Op::RegisterBatch(batch)) = req.op else {
+            return self.refuse(tag, Status::internal("not a register_batch")).await;
+        };
+        let host_fds = batch
+            .entries
+            .iter()
+            .filter(|e| matches!(e.memory, Some(pb::register_batch_entry::Memory::HostFd(_))))
+            .count();
+        // The descriptors are taken first: refused, they are closed.
+        let attached = requests.attached_n(host_fds);
+        let refused = if tag == 0 {
+            Some(Status::invalid_argument("tag: must be nonzero"))
+        } else if self.open.contains_key(&tag) || self.notifications.as_ref().is_some_and(|s| s.0 == tag) {
+            Some(Status::invalid_argument(format!(
+                "tag: {tag} already names an unfinished request of this session"
+            )))
+        } else if batch.entries.len() > MAX_BATCH {
+            Some(Status::invalid_argument(format!(
+                "register_batch.entries: {} entries is over the limit of {MAX_BATCH} a batch",
+                batch.entries.len()
+            )))
+        } else {
+            None
+        };
+        let mut attached = match (refused, attached) {
+            (Some(status), _) | (None, Err(status)) => return self.refuse(tag, status).await,
+            (None, Ok(a)) => a.into_iter(),
+        };
+        let mut answers: Vec<Option<Result<pb::Buffer, Status>>> = Vec::with_capacity(batch.entries.len());
+        let mut todo = Vec::new();
+        for (i, entry) in batch.entries.into_iter().enumerate() {
+            use pb::register_batch_entry::Memory;
+            let (reg, lists) = match entry.memory {
+                Some(Memory::HostFd(mut r)) => {
+                    let lists = std::mem::take(&mut r.block_lists);
+                    let fd = attached
+                        .next()
+                        .ok_or_else(|| Status::internal("a host_fd entry without its descriptor"));
+                    (Registration::HostFd(r, fd), lists)
+                }
+                Some(Memory::ClientMemory(mut r)) => {
+                    let lists = std::mem::take(&mut r.block_lists);
+                    (Registration::ClientMemory(r, requests.peer_pid()), lists)
+                }
+                None => {
+                    let e = format!("register_batch.entries[{i}]: set one of host_fd, client_memory");
+                    answers.push(Some(Err(Status::invalid_argument(e))));
+                    continue;
+                }
+            };
+            match check_lists(&lists) {
+                Ok(()) => {
+                    answers.push(None);
+                    todo.push((reg, lists));
+                }
+                Err(e) => answers.push(Some(Err(Status::invalid_argument(format!(
+                    "register_batch.entries[{i}].{}",
+                    e.message()
+                ))))),
+            }
+        }
+        let mut done = self.state.register_batch(todo).await.into_iter();
+        let mut out = pb::RegisteredBatch::default();
+        for a in answers {
+            let answer = a.unwrap_or_else(|| {
+                done.next()
+                    .unwrap_or_else(|| Err(Status::internal("a registration of the batch went unanswered")))
+            });
+            match answer {
+                Ok(buffer) => {
+                    self.owned.push(buffer.id);
+                    out.buffers.push(buffer);
+                    out.statuses.push(pb::EntryStatus::default());
+                }
+                Err(status) => {
+                    out.buffers.push(pb::Buffer::default());
+                    out.statuses.push(pb::EntryStatus {
+                        code: status.code() as i32,
+                        message: status.message().to_string(),
+                    });
+                }
+            }
+        }
+        self.send(tag, Event::RegisteredBatch(out)).await
     }
 
     /// Prepares a list that goes with this session.

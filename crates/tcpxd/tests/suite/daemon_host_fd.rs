@@ -333,3 +333,120 @@ async fn a_registration_makes_the_block_lists_it_asks_for() {
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound, "{err:?}");
 }
+
+fn batch_fd(offset: u64, size: u64, lists: Vec<pb::StridedBlocks>) -> pb::RegisterBatchEntry {
+    let Op::RegisterHostFd(mut r) = register(offset, size, "") else {
+        unreachable!()
+    };
+    r.block_lists = lists;
+    pb::RegisterBatchEntry {
+        memory: Some(pb::register_batch_entry::Memory::HostFd(r)),
+    }
+}
+
+/// Registrations in one `register_batch` frame, their descriptors with it in order: each entry
+/// registered or refused alone, answered together in order; a frame whose descriptors are not one
+/// per host_fd entry, or with too many entries, refused whole with nothing registered; the batch's
+/// buffers go with the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_registrations_is_answered_entry_by_entry() {
+    use std::os::fd::AsFd;
+    use tcpxd::api::proto::v1::session_event::Event;
+    tcpxd::logging::init("warn");
+    let mut a = start("hostfd-batch", |_| {}).await;
+    let fds: Vec<OwnedFd> = (0..4).map(|_| memfd("hostfd-batch", MIB)).collect();
+    file(&fds[3]).write_all_at(b"fourth", 0).unwrap();
+    let mut s = Framed::open(&a.daemon.api_socket).await;
+    let entries = vec![
+        batch_fd(0, MIB, vec![strided(4096, 256)]),
+        batch_fd(4096, MIB, Vec::new()), // runs past the end of its file
+        pb::RegisterBatchEntry { memory: None },
+        batch_fd(0, MIB, vec![strided(4096, 1); 9]), // too many lists
+        batch_fd(0, MIB, Vec::new()),
+    ];
+    let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+    let op = Op::RegisterBatch(pb::RegisterBatchRequest { entries });
+    s.send_with_fds(1, op, &borrowed).await;
+    let ev = s.next().await;
+    assert_eq!(ev.tag, 1);
+    let Some(Event::RegisteredBatch(got)) = ev.event else {
+        panic!("expected a registered_batch, got {ev:?}")
+    };
+    assert_eq!((got.buffers.len(), got.statuses.len()), (5, 5));
+    let codes: Vec<i32> = got.statuses.iter().map(|st| st.code).collect();
+    let bad = tonic::Code::InvalidArgument as i32;
+    assert_eq!(codes, vec![0, bad, bad, bad, 0], "{:?}", got.statuses);
+    assert!(
+        got.statuses[1].message.contains("past the end of the file"),
+        "{:?}",
+        got.statuses[1]
+    );
+    assert_eq!(
+        got.statuses[2].message,
+        "register_batch.entries[2]: set one of host_fd, client_memory"
+    );
+    assert_eq!(
+        got.statuses[3].message,
+        "register_batch.entries[3].block_lists: 9 lists is over the limit of 8 a registration"
+    );
+    for refused in [1, 2, 3] {
+        assert_eq!(got.buffers[refused].id, 0);
+    }
+    let (first, fifth) = (&got.buffers[0], &got.buffers[4]);
+    assert_eq!((first.block_lists.len(), first.block_lists[0].count), (1, 256));
+    assert_eq!(first.block_list_status[0].code, 0);
+    // Each good entry got its own descriptor, in order: the fifth entry's buffer is the 4th file.
+    assert_eq!(
+        crc(&mut a.client, fifth.id, 0, 6).await,
+        crc32c::crc32c(b"fourth")
+    );
+    drop(fds);
+    assert_eq!(buffers(&mut a.client).await.len(), 2);
+    assert_eq!(mappings("hostfd-batch"), 2);
+    // Descriptors not one per host_fd entry: the frame refused, nothing registered.
+    let fd = memfd("hostfd-batch", MIB);
+    let op = Op::RegisterBatch(pb::RegisterBatchRequest {
+        entries: vec![batch_fd(0, MIB, Vec::new()), batch_fd(0, MIB, Vec::new())],
+    });
+    s.send_with_fds(2, op, &[fd.as_fd()]).await;
+    let (tag, code, msg) = refused(s.next().await);
+    assert_eq!((tag, code), (2, bad));
+    assert!(
+        msg.starts_with("register_batch: 1 file descriptors came with this request for 2 host_fd entries"),
+        "{msg}"
+    );
+    // Over the limit of entries: refused by name and limit.
+    let entry = pb::RegisterBatchEntry {
+        memory: Some(pb::register_batch_entry::Memory::ClientMemory(
+            pb::RegisterClientMemoryRequest {
+                address: 4096,
+                size: 4096,
+                ..Default::default()
+            },
+        )),
+    };
+    s.send(
+        3,
+        Op::RegisterBatch(pb::RegisterBatchRequest {
+            entries: vec![entry; 65],
+        }),
+    )
+    .await;
+    let (tag, code, msg) = refused(s.next().await);
+    assert_eq!((tag, code), (3, bad));
+    assert_eq!(
+        msg,
+        "register_batch.entries: 65 entries is over the limit of 64 a batch"
+    );
+    drop(fd);
+    assert_eq!(buffers(&mut a.client).await.len(), 2);
+    assert_eq!(mappings("hostfd-batch"), 2);
+    // The batch's buffers go with the session, mappings and all.
+    half_close(&mut s).await;
+    s.assert_eof().await;
+    let gone = Instant::now() + Duration::from_secs(10);
+    while !buffers(&mut a.client).await.is_empty() || mappings("hostfd-batch") != 0 {
+        assert!(Instant::now() < gone, "the session's buffers were not released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

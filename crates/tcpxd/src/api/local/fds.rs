@@ -28,8 +28,9 @@ use tonic::Status;
 use super::frame::{FrameError, RequestDecoder};
 use crate::api::proto::v1 as pb;
 
-/// Descriptors one `sendmsg` may carry; more are cut off by the kernel (and the frame refused).
-const MAX_FDS: usize = 4;
+/// Descriptors one `sendmsg` may carry (a `register_batch` of 64 memfds); more are cut off by
+/// the kernel (and the frame refused).
+const MAX_FDS: usize = crate::api::register_batch::MAX_BATCH;
 
 /// Batches kept waiting for their frame; past this the oldest are closed (a client spraying
 /// descriptors cannot make the daemon hold them).
@@ -70,19 +71,14 @@ impl FdReader {
 
     /// The one descriptor that came with the frame at stream offsets `[start, end)`. Batches
     /// that came wholly before it are closed.
-    pub fn take(&mut self, (start, end): (u64, u64)) -> Result<OwnedFd, Status> {
-        while self.batches.front().is_some_and(|b| b.end <= start) {
-            self.batches.pop_front();
-        }
-        let owned = |b: &Batch| b.start <= start && start < b.end && b.end <= end;
-        let Some(i) = self.batches.iter().position(owned) else {
+    pub fn take(&mut self, at: (u64, u64)) -> Result<OwnedFd, Status> {
+        let Some((fds, truncated)) = self.take_batch(at) else {
             return Err(Status::invalid_argument(
                 "register_host_fd: no file descriptor came with this request (send it as SCM_RIGHTS \
                  in the same sendmsg as the request's frame)",
             ));
         };
-        let batch = self.batches.remove(i).expect("found above");
-        match (batch.truncated, <[OwnedFd; 1]>::try_from(batch.fds)) {
+        match (truncated, <[OwnedFd; 1]>::try_from(fds)) {
             (false, Ok([fd])) => Ok(fd),
             (truncated, Err(fds)) => Err(Status::invalid_argument(format!(
                 "register_host_fd: {}{} file descriptors came with this request; send exactly one",
@@ -93,6 +89,40 @@ impl FdReader {
                 "register_host_fd: more than one file descriptor came with this request; send exactly one",
             )),
         }
+    }
+
+    /// The `n` descriptors that came with the frame at `[start, end)` (a `register_batch`), in
+    /// the order they were sent; none taken when `n` is 0 (a stray batch is closed as frames
+    /// pass it).
+    pub fn take_n(&mut self, at: (u64, u64), n: usize) -> Result<Vec<OwnedFd>, Status> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        match self.take_batch(at) {
+            Some((fds, false)) if fds.len() == n => Ok(fds),
+            Some((fds, truncated)) => Err(Status::invalid_argument(format!(
+                "register_batch: {}{} file descriptors came with this request for {n} host_fd entries; \
+                 send one per host_fd entry (at most {MAX_FDS})",
+                fds.len(),
+                if truncated { " or more" } else { "" },
+            ))),
+            None => Err(Status::invalid_argument(format!(
+                "register_batch: no file descriptor came with this request for its {n} host_fd entries \
+                 (send them as SCM_RIGHTS in the same sendmsg as the request's frame)"
+            ))),
+        }
+    }
+
+    /// The descriptors that came with the frame at `[start, end)`, and whether the kernel cut
+    /// them short. Batches that came wholly before it are closed.
+    fn take_batch(&mut self, (start, end): (u64, u64)) -> Option<(Vec<OwnedFd>, bool)> {
+        while self.batches.front().is_some_and(|b| b.end <= start) {
+            self.batches.pop_front();
+        }
+        let owned = |b: &Batch| b.start <= start && start < b.end && b.end <= end;
+        let i = self.batches.iter().position(owned)?;
+        let batch = self.batches.remove(i).expect("found above");
+        Some((batch.fds, batch.truncated))
     }
 
     fn keep(&mut self, batch: Batch) {

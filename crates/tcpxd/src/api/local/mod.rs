@@ -108,6 +108,18 @@ impl Requests for FramedRequests {
         })
     }
 
+    fn attached_n(&mut self, n: usize) -> Result<Vec<Attached>, tonic::Status> {
+        let at = self.frames.decoder().last_frame();
+        let fds = self.frames.get_mut().take_n(at, n)?;
+        Ok(fds
+            .into_iter()
+            .map(|fd| Attached {
+                fd,
+                unsealed: self.unsealed,
+            })
+            .collect())
+    }
+
     fn peer_pid(&self) -> Result<i32, tonic::Status> {
         self.peer_pid.ok_or_else(|| {
             tonic::Status::failed_precondition(

@@ -100,15 +100,20 @@ impl Framed {
     /// Sends a request with the file descriptor `fd` attached to its frame (SCM_RIGHTS), in one
     /// sendmsg, as `register_host_fd` wants.
     pub async fn send_with_fd(&mut self, tag: u64, op: Op, fd: impl AsFd) {
+        self.send_with_fds(tag, op, &[fd.as_fd()]).await
+    }
+
+    /// Sends a request with the file descriptors `fds` attached to its frame, in this order (at
+    /// most 64), in one sendmsg, as `register_batch` wants.
+    pub async fn send_with_fds(&mut self, tag: u64, op: Op, fds: &[std::os::fd::BorrowedFd<'_>]) {
         let body = pb::SessionRequest { tag, op: Some(op) }.encode_to_vec();
         let mut frame = (body.len() as u32).to_be_bytes().to_vec();
         frame.extend(body);
-        let fds = [fd.as_fd()];
         loop {
             self.io.writable().await.expect("connection open");
-            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(64))];
             let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
-            assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)));
+            assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(fds)));
             let sent = self.io.try_io(Interest::WRITABLE, || {
                 rustix::net::sendmsg(
                     &self.io,
