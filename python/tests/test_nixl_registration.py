@@ -185,21 +185,33 @@ def test_regions_go_64_to_a_frame_and_to_an_older_daemon_one_request_each(daemon
         assert all((r.granule, r.fine) == (4096, 512) for r in regions)
         return rl
 
-    A.deregister_memory(registered())
-    assert sent == [("register_batch", 24), ("register_batch", 16)], sent
+    def deregistered(rl):
+        ids = {r.buffer_id for r in A._memory.regions()}
+        A.deregister_memory(rl)
+        assert A._memory.regions() == []
+        assert not set(_buffers(daemons[0].endpoint)) & ids
+
+    deregistered(registered())
+    # Registered 64 to a frame, released likewise.
+    assert sent == [("register_batch", 24), ("register_batch", 16), ("release_batch", 0), ("release_batch", 0)], sent
     sent.clear()
 
     def older(self, field, req, timeout, fd=None, fds=()):  # the frame of a daemon's unknown op: none set
-        if field != "register_batch":
+        if field not in ("register_batch", "release_batch"):
             return spy(self, field, req, timeout, fd, fds)
         sent.append((field, len(fds)))
         self._tag += 1
-        _local.send_with_fds(self.sock, _local.frame(_proto.message("SessionRequest")(tag=self._tag)), fds)
+        empty = _local.frame(_proto.message("SessionRequest")(tag=self._tag))
+        if fds:
+            _local.send_with_fds(self.sock, empty, fds)
+        else:
+            self.sock.sendall(empty)
         return True
 
     monkeypatch.setattr(_local.Connection, "send", older)
-    A.deregister_memory(registered())
-    assert sent == [("register_batch", 24)] + [("register_client_memory", 0)] * 40 + [("register_host_fd", 1)] * 40, sent
+    deregistered(registered())
+    singles = [("register_client_memory", 0)] * 40 + [("register_host_fd", 1)] * 40
+    assert sent == [("register_batch", 24)] + singles, sent  # released by ReleaseBuffer calls
     sent.clear()
-    A.deregister_memory(registered())
-    assert sent == [("register_client_memory", 0)] * 40 + [("register_host_fd", 1)] * 40, "asked once"
+    deregistered(registered())
+    assert sent == singles, "asked once"

@@ -46,9 +46,13 @@ class Buffer(_hostmem.HostView):
         """Releases the buffer (its descriptor stops working). Idempotent."""
         if not self.released:
             self._client._unary("ReleaseBuffer", _proto.message("ReleaseBufferRequest")(buffer_id=self.id))
-            self.released = True
-            self._keepalive = None
-            self._client._reattach.forget("b", self.id)
+            self._released()
+
+    def _released(self) -> None:
+        """The daemon released it (here or in a batch: Client._release_many)."""
+        self.released = True
+        self._keepalive = None
+        self._client._reattach.forget("b", self.id)
 
     def rekey(self) -> str:
         """A new access key: every descriptor handed out before stops working. Returns the new one."""

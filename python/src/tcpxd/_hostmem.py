@@ -363,6 +363,11 @@ def no_unix_socket(endpoint: str) -> TcpxdError:
     )
 
 
+def _unreleased(n: int) -> List[Any]:
+    """What release_many answers for ids it did not get to release."""
+    return [FailedPrecondition("release: not released by a batch") for _ in range(n)]
+
+
 class _Known:
     available: Optional[bool] = None
 
@@ -493,6 +498,40 @@ class Registrar:
         if len(got.buffers) != len(items) or len(got.statuses) != len(items):
             raise TcpxdError(f"local session: the daemon answered {len(got.buffers)} registrations of {len(items)}")
         return [b if st.code == 0 else from_status(st.code, st.message) for b, st in zip(got.buffers, got.statuses)]
+
+    def release_many(self, ids: Sequence[int], timeout: Optional[float]) -> Optional[List[Any]]:
+        """Releases buffers registered on this connection, PIPELINE to a `release_batch`: per id,
+        None (released) or the TcpxdError the daemon answered (a buffer a transfer still uses is
+        not released: FailedPrecondition); None for all when the daemon does not know the request
+        or no connection is open (the caller releases them one by one)."""
+        if self._batches is False or not ids:
+            return None
+        out: List[Any] = []
+        with self._lock:
+            if self._conn is None or self._pid != os.getpid():
+                return None
+            conn = self._conn
+            R = _proto.message("ReleaseBatchRequest")
+            try:
+                for at in range(0, len(ids), PIPELINE):
+                    chunk = list(ids[at : at + PIPELINE])
+                    ev = conn.exchange("release_batch", R(buffer_ids=chunk), timeout)
+                    if ev is None:
+                        raise InvalidArgument("release: the ids are too large for a frame")
+                    kind = ev.WhichOneof("event")
+                    if kind == "refused" and ev.refused.code == 3 and ev.refused.message.startswith("op: set one of"):
+                        self._batches = False  # the daemon predates release_batch
+                        return out + _unreleased(len(ids) - len(out)) if out else None
+                    if kind != "released_batch" or ev.tag != conn.tag or len(ev.released_batch.statuses) != len(chunk):
+                        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to release {conn.tag}")
+                    out.extend(None if st.code == 0 else from_status(st.code, st.message) for st in ev.released_batch.statuses)
+            except socket.timeout:
+                self._drop()
+                raise Unavailable(f"release: no answer from the daemon at {self.path} within {timeout} s") from None
+            except (_local.Gone, OSError) as e:
+                self._drop()
+                raise Unavailable(f"release: the local session with {self.path} ended: {e!r}") from None
+        return out
 
     def register_fd(self, fd: int, req: Any, timeout: Optional[float]) -> Any:
         """Sends `req` (a RegisterHostFdRequest) with `fd` (kept open: the caller's); returns the

@@ -176,6 +176,32 @@ class Client:
             out.append((buf, list(msg.block_lists), list(msg.block_list_status)))
         return out
 
+    def _release_many(self, buffers: Sequence[Buffer]) -> None:
+        """Releases buffers: those this client shared its host memory into (`_register_host_many`)
+        in `release_batch`es on its registration session, the rest (and any a transfer still uses,
+        which ReleaseBuffer waits for) one call each. Raises the first error once all are tried."""
+        todo = [b for b in buffers if not b.released]
+        shared = [b for b in todo if b._host is not None and b.kind in ("host_shared", "host_attached")]
+        got = None
+        if self._registrar is not None and shared:
+            try:
+                got = self._registrar.release_many([b.id for b in shared], self.timeout)
+            except TcpxdError:  # the session ended (its buffers go with it): each asked below
+                got = None
+        if got is not None:
+            for b, err in zip(shared, got):
+                if err is None:
+                    b._released()
+        first: Optional[BaseException] = None
+        for b in todo:
+            if not b.released:
+                try:
+                    b.release()
+                except TcpxdError as e:
+                    first = first or e
+        if first is not None:
+            raise first
+
     def allocate_cuda(self, size: int, device: int = 0, label: str = "") -> Buffer:
         """A CUDA buffer the daemon allocates on GPU `device`."""
         return Buffer(self, self._unary("RegisterBuffer", _ops.cuda_register(size, device, label)))

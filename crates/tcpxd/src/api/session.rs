@@ -224,6 +224,9 @@ impl<E: Events> Session<'_, E> {
                 Next::Gone | Next::Incoming(Incoming::Gone) => Err(Gone),
                 Next::Finished(tag, event) => self.finished(tag, event).await,
                 Next::Notified(tag, n) => self.notified(tag, n).await,
+                Next::Incoming(Incoming::Request(req)) if matches!(req.op, Some(Op::ReleaseBatch(_))) => {
+                    self.release_batch(*req).await
+                }
                 Next::Incoming(Incoming::Request(req)) if matches!(req.op, Some(Op::RegisterBatch(_))) => {
                     self.register_frame(*req, requests).await
                 }
@@ -332,15 +335,16 @@ impl<E: Events> Session<'_, E> {
         }
         let started = match req.op {
             None => Err(Status::invalid_argument(
-                "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd, prepare_blocks, release_prepared, write_prepared, read_prepared, register_client_memory, subscribe, register_batch",
+                "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd, prepare_blocks, release_prepared, write_prepared, read_prepared, register_client_memory, subscribe, register_batch, release_batch",
             )),
             Some(Op::CancelTag(target)) => return self.cancel(tag, target).await,
             Some(Op::Subscribe(_)) => return self.subscribe(tag).await,
-            Some(Op::RegisterHostFd(_)) | Some(Op::RegisterClientMemory(_)) | Some(Op::RegisterBatch(_)) => {
-                Err(Status::internal(
-                    "a registration reached the transfer path (registrations go in batches)",
-                ))
-            }
+            Some(Op::RegisterHostFd(_))
+            | Some(Op::RegisterClientMemory(_))
+            | Some(Op::RegisterBatch(_))
+            | Some(Op::ReleaseBatch(_)) => Err(Status::internal(
+                "a registration reached the transfer path (registrations go in batches)",
+            )),
             Some(Op::Write(r)) => match transfers::write_batch(r) {
                 Ok(b) => self.start_write(b).await,
                 Err(e) => Err(e),
@@ -563,6 +567,44 @@ impl<E: Events> Session<'_, E> {
             }
         }
         self.send(tag, Event::RegisteredBatch(out)).await
+    }
+
+    /// Releases buffers this session registered (`release_batch`), none waiting for transfers:
+    /// one still in use is answered FAILED_PRECONDITION and stays (ReleaseBuffer waits).
+    async fn release_batch(&mut self, req: pb::SessionRequest) -> Result<(), Gone> {
+        let tag = req.tag;
+        let Some(Op::ReleaseBatch(batch)) = req.op else {
+            return self.refuse(tag, Status::internal("not a release_batch")).await;
+        };
+        if batch.buffer_ids.len() > MAX_BATCH {
+            let status = Status::invalid_argument(format!(
+                "release_batch.buffer_ids: {} ids is over the limit of {MAX_BATCH} a batch",
+                batch.buffer_ids.len()
+            ));
+            return self.refuse(tag, status).await;
+        }
+        let mut out = pb::ReleasedBatch::default();
+        for (i, id) in batch.buffer_ids.into_iter().enumerate() {
+            let released = if !self.owned.contains(&id) {
+                Err(Status::not_found(format!(
+                    "release_batch.buffer_ids[{i}]: buffer {id} was not registered on this session (or is released)"
+                )))
+            } else {
+                self.state.release(id, Some(Instant::now())).await
+            };
+            let st = match released {
+                Ok(()) => {
+                    self.owned.retain(|&b| b != id);
+                    pb::EntryStatus::default()
+                }
+                Err(e) => pb::EntryStatus {
+                    code: e.code() as i32,
+                    message: e.message().to_string(),
+                },
+            };
+            out.statuses.push(st);
+        }
+        self.send(tag, Event::ReleasedBatch(out)).await
     }
 
     /// Prepares a list that goes with this session.

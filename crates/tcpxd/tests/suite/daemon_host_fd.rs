@@ -182,6 +182,24 @@ async fn a_buffer_in_use_is_released_only_after_its_transfer() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
+    // A release_batch does not wait for the transfer: answered FAILED_PRECONDITION, it stays.
+    s.send(
+        2,
+        Op::ReleaseBatch(pb::ReleaseBatchRequest {
+            buffer_ids: vec![src.id],
+        }),
+    )
+    .await;
+    let ev = s.next().await;
+    let Some(tcpxd::api::proto::v1::session_event::Event::ReleasedBatch(rel)) = ev.event else {
+        panic!("expected a released_batch, got {ev:?}")
+    };
+    assert_eq!(
+        rel.statuses[0].code,
+        tonic::Code::FailedPrecondition as i32,
+        "{rel:?}"
+    );
+    assert_eq!(buffers(&mut a.client).await.len(), 1);
     drop(s); // the registering session ends mid-transfer
     // The transfer finishes with the buffer's bytes; only then does the buffer go.
     let ev = wait(&mut a.client, id).await;
@@ -346,8 +364,8 @@ fn batch_fd(offset: u64, size: u64, lists: Vec<pb::StridedBlocks>) -> pb::Regist
 
 /// Registrations in one `register_batch` frame, their descriptors with it in order: each entry
 /// registered or refused alone, answered together in order; a frame whose descriptors are not one
-/// per host_fd entry, or with too many entries, refused whole with nothing registered; the batch's
-/// buffers go with the session.
+/// per host_fd entry, or with too many entries, refused whole with nothing registered; a
+/// `release_batch` releases the session's own buffers by position; the rest go with the session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_registrations_is_answered_entry_by_entry() {
     use std::os::fd::AsFd;
@@ -441,6 +459,42 @@ async fn a_batch_of_registrations_is_answered_entry_by_entry() {
     drop(fd);
     assert_eq!(buffers(&mut a.client).await.len(), 2);
     assert_eq!(mappings("hostfd-batch"), 2);
+    // Released in a batch: this session's buffer at once (unmapped), an id it never registered
+    // and one released already answered NOT_FOUND by position.
+    let ids = vec![first.id, 12_345, first.id];
+    s.send(4, Op::ReleaseBatch(pb::ReleaseBatchRequest { buffer_ids: ids }))
+        .await;
+    let ev = s.next().await;
+    assert_eq!(ev.tag, 4);
+    let Some(Event::ReleasedBatch(rel)) = ev.event else {
+        panic!("expected a released_batch, got {ev:?}")
+    };
+    let codes: Vec<i32> = rel.statuses.iter().map(|st| st.code).collect();
+    let missing = tonic::Code::NotFound as i32;
+    assert_eq!(codes, vec![0, missing, missing], "{:?}", rel.statuses);
+    assert!(
+        rel.statuses[1]
+            .message
+            .starts_with("release_batch.buffer_ids[1]: buffer 12345 was not registered on this session"),
+        "{:?}",
+        rel.statuses[1]
+    );
+    assert_eq!(buffers(&mut a.client).await.len(), 1);
+    assert_eq!(mappings("hostfd-batch"), 1);
+    s.send(
+        5,
+        Op::ReleaseBatch(pb::ReleaseBatchRequest {
+            buffer_ids: vec![fifth.id; 65],
+        }),
+    )
+    .await;
+    let (tag, code, msg) = refused(s.next().await);
+    assert_eq!((tag, code), (5, bad));
+    assert_eq!(
+        msg,
+        "release_batch.buffer_ids: 65 ids is over the limit of 64 a batch"
+    );
+    assert_eq!(buffers(&mut a.client).await.len(), 1);
     // The batch's buffers go with the session, mappings and all.
     half_close(&mut s).await;
     s.assert_eof().await;

@@ -173,6 +173,8 @@ class LocalMemory:
         self._lock = threading.Lock()
         self._regions: Dict[Key, Tuple[Region, Callable[[], None]]] = {}
         self._imports: Dict[Tuple[int, int], _Import] = {}
+        #: The DRAM regions' buffers (released together by _drop).
+        self._dram: Dict[Key, Any] = {}
         self._table: Optional[RegionTable] = None
 
     def regions(self) -> List[Region]:
@@ -231,12 +233,32 @@ class LocalMemory:
         self._drop(keys)
 
     def _drop(self, keys: List[Key]) -> None:
-        for k in keys:
-            with self._lock:
+        """Releases the regions: the DRAM regions' buffers together (Client._release_many), the
+        others one by one."""
+        bufs: List[Any] = []
+        others: List[Callable[[], None]] = []
+        with self._lock:
+            for k in keys:
                 entry = self._regions.pop(k, None)
-                self._table = None
-            if entry is not None:
-                entry[1]()
+                buf = self._dram.pop(k, None)
+                if buf is not None:
+                    bufs.append(buf)
+                elif entry is not None:
+                    others.append(entry[1])
+            self._table = None
+        first: Optional[BaseException] = None
+        if bufs:
+            try:
+                self._client._release_many(bufs)
+            except TcpxdError as e:
+                first = e
+        for release in others:
+            try:
+                release()
+            except TcpxdError as e:
+                first = first or e
+        if first is not None:
+            raise first
 
     def _dram_many(self, todo: Dict[Key, Tuple[int, Any]], done: List[Key]) -> None:
         """Registers DRAM regions together: one round trip for the lot, each buffer's granule
@@ -260,6 +282,8 @@ class LocalMemory:
             else:
                 gl = granules_made(buf, lists, statuses, tilings)
             self._add(key, gl.region(key[1], key[2], key[3], "DRAM", buf, 0), buf.release)
+            with self._lock:
+                self._dram[key] = buf
             done.append(key)
         if failed is not None:
             key, err = failed
