@@ -19,6 +19,7 @@ own connection carries the frame and the descriptor; the buffer then goes when t
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import mmap
 import os
@@ -234,6 +235,8 @@ def address_of(obj: Any) -> Tuple[int, int, memoryview, Any]:
     view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
     if view.nbytes == 0:
         raise InvalidArgument("memory: 0 bytes")
+    if isinstance(obj, ctypes.Array):  # (tcpxd.nixl's raw addresses)
+        return ctypes.addressof(obj), view.nbytes, view, obj
     c = (ctypes.c_char * view.nbytes).from_buffer(view)
     addr = ctypes.addressof(c)
     del c
@@ -246,12 +249,20 @@ class Locator:
 
     def __init__(self) -> None:
         self._maps: Optional[List[Mapping]] = None
+        self._starts: List[int] = []
         self._held: Optional[Dict[Tuple[int, Tuple[int, int]], int]] = None
 
     def maps(self) -> List[Mapping]:
         if self._maps is None:
-            self._maps = mappings()
+            self._maps = sorted(mappings(), key=lambda m: m.start)
+            self._starts = [m.start for m in self._maps]
         return self._maps
+
+    def at(self, addr: int) -> int:
+        """The index in `maps()` of the mapping holding `addr` (binary search), -1 for none."""
+        maps = self.maps()
+        i = bisect.bisect_right(self._starts, addr) - 1
+        return i if i >= 0 and addr < maps[i].end else -1
 
     def descriptor(self, m: Mapping) -> Optional[Tuple[int, bool]]:
         """A read-write descriptor of the mapping's file: one this process holds (found by one
@@ -279,12 +290,13 @@ def locate(obj: Any, fd: Optional[int], where: Optional[Locator] = None) -> Shar
     addr, nbytes, view, keep = address_of(obj)
     where = where if where is not None else Locator()
     maps = where.maps()
-    first = next((m for m in maps if m.start <= addr < m.end), None)
-    if first is None:
+    at = where.at(addr)
+    if at < 0:
         raise InvalidArgument("memory: its address is not mapped in this process")
+    first = maps[at]
     # The range may span several mappings of the same file, back to back.
     covered, last = first.end, first
-    for m in maps:
+    for m in maps[at + 1 :]:
         if covered >= addr + nbytes:
             break
         if m.start == covered and m.inode == first.inode and m.dev == first.dev and m.offset == last.offset + (last.end - last.start):

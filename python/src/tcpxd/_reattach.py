@@ -73,6 +73,8 @@ class Reattacher:
         self.instance: Optional[str] = None
         #: Re-attaches done (a test or a tool can watch it).
         self.restarts = 0
+        #: Buffers tracked so far (how often _prune looks).
+        self._tracked = 0
         #: Held while a new instance is asked about and re-attached (the watch and sync()).
         self._recovering = threading.Lock()
         self._ready = threading.Event()
@@ -88,7 +90,11 @@ class Reattacher:
 
     def _prune(self) -> None:
         """Forgets buffers whose objects are gone (with the lock held; now and then): without
-        the object there is no descriptor of the memory to hand over again."""
+        the object there is no descriptor of the memory to hand over again. Looked at once
+        every 64 new buffers, so that tracking many stays linear."""
+        self._tracked += 1
+        if self._tracked % 64:
+            return
         live = len(self._buffers) + len(self._again_lists)
         if len(self._again) > 2 * live + 64:
             self._again = {k: v for k, v in self._again.items() if k[0] != "b" or k[1] in self._buffers}
