@@ -12,9 +12,11 @@ over --max-total bytes are left out), a fresh process allocates the regions, wri
 
 Each implementation gets the same memory. tcpxd runs on one daemon the script starts on the
 built-in emulation (--tcpxd, else target/{release,debug}/tcpxd; --state-dir gives it a restart
-journal, as deployments have); real NIXL with one UCX backend (UCX_TLS=tcp unless set). Times are
-medians over --rounds, each round running every implementation once, alternating; compare within
-one run on a shared machine.
+journal, as deployments have); real NIXL with one UCX backend (UCX_TLS=tcp unless set).
+--baseline PYTHONPATH:BINARY adds a column for another tcpxd (another checkout's python/src and
+daemon: before and after a change in one run). Each measurement runs in a fresh interpreter. Times
+are medians over --rounds, each round running every column once, alternating; compare within one
+run on a shared machine.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import argparse
 import ctypes
 import importlib
 import mmap
-import multiprocessing as mp
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -85,7 +88,8 @@ def _free(kind: str, keep: List[Any]) -> None:
     keep.clear()
 
 
-def child(impl: str, endpoint: str, cases: List[Case], fresh: bool, out: Any) -> None:
+def child(impl: str, endpoint: str, cases: List[Case], fresh: bool) -> Dict[str, float]:
+    """Times every case on a fresh agent of `impl` (run in a process of its own)."""
     if endpoint:
         os.environ["TCPXD_ENDPOINT"] = endpoint
     agent = _agent(impl)
@@ -107,22 +111,25 @@ def child(impl: str, endpoint: str, cases: List[Case], fresh: bool, out: Any) ->
         res[f"register µs/region, {name}"] = (t1 - t) / count * 1e6
         res[f"deregister µs/region, {name}"] = (t2 - t1) / count * 1e6
         _free(kind, keep)
-    out.send(res)
+    return res
 
 
-def run_once(impl: str, endpoint: str, cases: List[Case], fresh: bool) -> Dict[str, float]:
-    ctx = mp.get_context("spawn")
-    rx, tx = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=child, args=(impl, endpoint, cases, fresh, tx))
-    p.start()
-    try:
-        if not rx.poll(900):
-            raise RuntimeError(f"{impl}: no result within 900 s")
-        return dict(rx.recv())
-    finally:
-        p.join(30)
-        if p.is_alive():
-            p.kill()
+#: How the parent runs `child` in a fresh interpreter: this file by path (not the package's
+#: module: a baseline's package, on PYTHONPATH, may predate it), its answer one JSON line.
+_RUN_CHILD = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
+
+
+def run_once(impl: str, endpoint: str, cases: List[Case], fresh: bool, pythonpath: str = "") -> Dict[str, float]:
+    """`child` in a process of its own (`pythonpath`: where its `tcpxd` package comes from)."""
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    args = [sys.executable, "-c", _RUN_CHILD, __file__, "--child", impl, "--endpoint", endpoint,
+            "--cases", json.dumps(cases)] + (["--fresh"] if fresh else [])
+    run = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
+    if run.returncode != 0:
+        raise RuntimeError(f"{impl}: the measuring process failed:\n{run.stdout}{run.stderr}")
+    return dict(json.loads(run.stdout.strip().splitlines()[-1]))
 
 
 def cases_of(memory: List[str], sizes: List[int], counts: List[int], max_total: int) -> List[Case]:
@@ -139,8 +146,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--max-total", default="1G", help="leave out combinations of more bytes than this")
     p.add_argument("--fresh", action="store_true", help="register memory never written (its pages not allocated yet)")
     p.add_argument("--tcpxd", default=None, help="the daemon binary (default target/{release,debug}/tcpxd)")
-    p.add_argument("--state-dir", action="store_true", help="run the daemon with a restart journal (--state-dir)")
+    p.add_argument("--state-dir", action="store_true", help="run the daemons with a restart journal (--state-dir)")
+    p.add_argument("--baseline", default=None, metavar="PYTHONPATH:BINARY",
+                   help="a column for another tcpxd: its Python package's directory (python/src of another "
+                        "checkout) and daemon binary, e.g. /work/main/python/src:/tmp/tcpxd-main")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--endpoint", default="", help=argparse.SUPPRESS)
+    p.add_argument("--cases", default="[]", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.child:
+        cases = [(str(k), int(s), int(n)) for k, s, n in json.loads(a.cases)]
+        print(json.dumps(child(a.child, a.endpoint, cases, a.fresh)))
+        return 0
     from .bench import _find, _start
 
     memory = [m.strip() for m in a.memory.split(",") if m.strip()]
@@ -164,37 +181,51 @@ def main(argv: Optional[List[str]] = None) -> int:
             if Path(nixl.__file__ or "").read_text().startswith("# written by"):
                 raise SystemExit("`nixl` on this path is tcpxd's shim: run without it on PYTHONPATH to compare")
     os.environ.setdefault("UCX_TLS", "tcp")
-    proc = None
-    endpoint = ""
+    # (column, implementation, daemon binary, PYTHONPATH of its package)
+    columns: List[Tuple[str, str, str, str]] = []
     if "tcpxd" in impls:
         binary = _find("tcpxd", a.tcpxd)
         if binary is None:
             raise SystemExit("no tcpxd binary (cargo build, or --tcpxd)")
-        d = Path(tempfile.mkdtemp(prefix="tcpxd-nixl-reg-"))
-        extra = ["--state-dir", str(d / "state")] if a.state_dir else []
-        proc = _start(binary, d, "reg", extra)[0]
-        endpoint = f"unix:{d}/reg.sock"
-    results: Dict[str, List[Dict[str, float]]] = {i: [] for i in impls}
+        columns.append(("tcpxd.nixl", "tcpxd", binary, os.environ.get("PYTHONPATH", "")))
+        if a.baseline:
+            path, _, other = a.baseline.partition(":")
+            if not path or not other:
+                raise SystemExit(f"--baseline: {a.baseline!r} is not PYTHONPATH:BINARY")
+            columns.append(("baseline tcpxd.nixl", "tcpxd", other, path))
+    if "nixl" in impls:
+        columns.append((f"NIXL (UCX_TLS={os.environ['UCX_TLS']})", "nixl", "", os.environ.get("PYTHONPATH", "")))
+    procs = []
+    endpoints: Dict[str, str] = {}
+    results: Dict[str, List[Dict[str, float]]] = {c[0]: [] for c in columns}
     try:
+        for n, (name, impl, binary, _) in enumerate(columns):
+            if impl == "tcpxd":
+                d = Path(tempfile.mkdtemp(prefix="tcpxd-nixl-reg-"))
+                extra = ["--state-dir", str(d / "state")] if a.state_dir else []
+                procs.append(_start(binary, d, f"reg{n}", extra)[0])
+                endpoints[name] = f"unix:{d}/reg{n}.sock"
         for r in range(a.rounds):
-            for impl in impls:
-                results[impl].append(run_once(impl, endpoint, cases, a.fresh))
-                print(f"round {r + 1} {impl}: done", file=sys.stderr, flush=True)
+            for name, impl, _, path in columns:
+                results[name].append(run_once(impl, endpoints.get(name, ""), cases, a.fresh, path))
+                print(f"round {r + 1} {name}: done", file=sys.stderr, flush=True)
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait()
-    names = {"tcpxd": "tcpxd.nixl", "nixl": f"NIXL (UCX_TLS={os.environ['UCX_TLS']})"}
+        for pr in procs:
+            pr.terminate()
+            pr.wait()
+    names = [c[0] for c in columns]
+    ratio_of = (names[0], names[-1]) if len(columns) > 1 and columns[-1][1] == "nixl" and columns[0][1] == "tcpxd" else None
     written = "never written" if a.fresh else "written"
     print(f"{'(' + written + '; median of ' + str(a.rounds) + ' rounds, range)':44} "
-          + " ".join(f"{names[i]:>28}" for i in impls) + ("   tcpxd / NIXL" if len(impls) == 2 else ""))
-    for k in results[impls[0]][0]:
-        meds, cells = [], []
-        for i in impls:
-            xs = [res[k] for res in results[i]]
-            meds.append(statistics.median(xs))
-            cells.append(f"{statistics.median(xs):10.3g} [{min(xs):.3g}-{max(xs):.3g}]")
-        ratio = f"   {meds[0] / meds[1]:.2f}x" if len(impls) == 2 and meds[1] else ""
+          + " ".join(f"{col:>28}" for col in names) + ("   tcpxd / NIXL" if ratio_of else ""))
+    for k in results[names[0]][0]:
+        meds: Dict[str, float] = {}
+        cells = []
+        for col in names:
+            xs = [res[k] for res in results[col]]
+            meds[col] = statistics.median(xs)
+            cells.append(f"{meds[col]:10.3g} [{min(xs):.3g}-{max(xs):.3g}]")
+        ratio = f"   {meds[ratio_of[0]] / meds[ratio_of[1]]:.2f}x" if ratio_of and meds[ratio_of[1]] else ""
         print(f"{k:44} " + " ".join(f"{c:>28}" for c in cells) + ratio)
     return 0
 
