@@ -112,13 +112,16 @@ pub fn map_client_file(
     // are not in memory yet, and a file whose storage is complete may not be resident. A
     // hugetlbfs file's pages come from the huge page pool, reserved when the file was sized or
     // mapped, not from the memory `MemAvailable` counts: nothing to admit.
-    let missing = if on_hugetlbfs(fd) {
+    // A file whose storage is complete (what the client wrote, or allocated with `fallocate`)
+    // needs no `mincore`: nothing to allocate, whatever is resident (a pass over every page,
+    // ~13 % of the daemon's time registering written 1 MiB memfds).
+    let stored = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
+    let missing = if stored >= file_size || on_hugetlbfs(fd) {
         0
     } else {
         let (resident, pages) = region.resident_pages().map_err(failed)?;
         let absent = (pages - resident) as u64 * rustix::param::page_size() as u64;
-        let stored = u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512);
-        absent.min(file_size.saturating_sub(stored))
+        absent.min(file_size - stored)
     };
     let _admitted = headroom.admit("register_host_fd.size", missing)?;
     region.fault_in_file().map_err(failed)?;
