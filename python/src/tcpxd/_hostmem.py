@@ -184,19 +184,19 @@ class Mapping:
 
 
 def mappings() -> List[Mapping]:
-    out = []
     with open("/proc/self/maps") as f:
-        for line in f:
-            parts = line.split(maxsplit=5)
-            lo, hi = parts[0].split("-")
-            major, minor = parts[3].split(":")
-            out.append(
-                Mapping(
-                    int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), (int(major, 16), int(minor, 16)),
-                    int(parts[4]), parts[5].strip() if len(parts) > 5 else "",
-                )
-            )
-    return out
+        return [parse_mapping(line) for line in f]
+
+
+def parse_mapping(line: str) -> Mapping:
+    """One line of /proc/<pid>/maps."""
+    parts = line.split(maxsplit=5)
+    lo, hi = parts[0].split("-")
+    major, minor = parts[3].split(":")
+    return Mapping(
+        int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), (int(major, 16), int(minor, 16)),
+        int(parts[4]), parts[5].strip() if len(parts) > 5 else "",
+    )
 
 
 def address_of(obj: Any) -> Tuple[int, int, memoryview, Any]:
@@ -248,21 +248,35 @@ class Locator:
     which read-write descriptor this process holds of each file (one scan of /proc/self/fd)."""
 
     def __init__(self) -> None:
-        self._maps: Optional[List[Mapping]] = None
+        #: /proc/self/maps's lines (in address order, as the kernel writes them), each parsed
+        #: when first looked at: most registrations look at one or two of hundreds.
+        self._lines: Optional[List[str]] = None
+        self._parsed: Dict[int, Mapping] = {}
         self._starts: List[int] = []
         self._held: Optional[Dict[Tuple[int, Tuple[int, int]], int]] = None
 
-    def maps(self) -> List[Mapping]:
-        if self._maps is None:
-            self._maps = sorted(mappings(), key=lambda m: m.start)
-            self._starts = [m.start for m in self._maps]
-        return self._maps
+    def _load(self) -> List[str]:
+        if self._lines is None:
+            with open("/proc/self/maps") as f:
+                self._lines = f.read().splitlines()
+            self._starts = [int(line[: line.index("-")], 16) for line in self._lines]
+        return self._lines
+
+    def count(self) -> int:
+        return len(self._load())
+
+    def mapping(self, i: int) -> Mapping:
+        """The `i`-th mapping, in address order."""
+        m = self._parsed.get(i)
+        if m is None:
+            m = self._parsed[i] = parse_mapping(self._load()[i])
+        return m
 
     def at(self, addr: int) -> int:
-        """The index in `maps()` of the mapping holding `addr` (binary search), -1 for none."""
-        maps = self.maps()
+        """The index of the mapping holding `addr` (binary search), -1 for none."""
+        self._load()
         i = bisect.bisect_right(self._starts, addr) - 1
-        return i if i >= 0 and addr < maps[i].end else -1
+        return i if i >= 0 and addr < self.mapping(i).end else -1
 
     def descriptor(self, m: Mapping) -> Optional[Tuple[int, bool]]:
         """A read-write descriptor of the mapping's file: one this process holds (found by one
@@ -289,16 +303,16 @@ def locate(obj: Any, fd: Optional[int], where: Optional[Locator] = None) -> Shar
     (`where`: what is known of this process's mappings and descriptors already)."""
     addr, nbytes, view, keep = address_of(obj)
     where = where if where is not None else Locator()
-    maps = where.maps()
     at = where.at(addr)
     if at < 0:
         raise InvalidArgument("memory: its address is not mapped in this process")
-    first = maps[at]
+    first = where.mapping(at)
     # The range may span several mappings of the same file, back to back.
     covered, last = first.end, first
-    for m in maps[at + 1 :]:
+    for i in range(at + 1, where.count()):
         if covered >= addr + nbytes:
             break
+        m = where.mapping(i)
         if m.start == covered and m.inode == first.inode and m.dev == first.dev and m.offset == last.offset + (last.end - last.start):
             covered, last = m.end, m
     if first.inode == 0 or first.path.startswith("[") or "s" not in first.perms or covered < addr + nbytes:
