@@ -12,7 +12,8 @@ over --max-total bytes are left out), a fresh process allocates the regions, wri
 
 Each implementation gets the same memory. tcpxd runs on one daemon the script starts on the
 built-in emulation (--tcpxd, else target/{release,debug}/tcpxd; --state-dir gives it a restart
-journal, as deployments have); real NIXL with one UCX backend (UCX_TLS=tcp unless set).
+journal, as deployments have, on /dev/shm where there is one: tmpfs, as they keep it); real NIXL
+with one UCX backend (UCX_TLS=tcp unless set).
 --baseline PYTHONPATH:BINARY adds a column for another tcpxd (another checkout's python/src and
 daemon: before and after a change in one run). Each measurement runs in a fresh interpreter. Times
 are medians over --rounds, each round running every column once, alternating; compare within one
@@ -27,6 +28,7 @@ import importlib
 import mmap
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -196,13 +198,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     if "nixl" in impls:
         columns.append((f"NIXL (UCX_TLS={os.environ['UCX_TLS']})", "nixl", "", os.environ.get("PYTHONPATH", "")))
     procs = []
+    scratch: List[Path] = []
     endpoints: Dict[str, str] = {}
     results: Dict[str, List[Dict[str, float]]] = {c[0]: [] for c in columns}
     try:
         for n, (name, impl, binary, _) in enumerate(columns):
             if impl == "tcpxd":
                 d = Path(tempfile.mkdtemp(prefix="tcpxd-nixl-reg-"))
-                extra = ["--state-dir", str(d / "state")] if a.state_dir else []
+                # On tmpfs where there is one, as deployments keep it (/run/tcpxd/state): a state
+                # directory on disk costs the journal's file writes ~1 ms each here.
+                shm = Path("/dev/shm")
+                state = Path(tempfile.mkdtemp(prefix="tcpxd-nixl-reg-state-", dir=shm if shm.is_dir() else d))
+                scratch.append(state)
+                extra = ["--state-dir", str(state)] if a.state_dir else []
                 procs.append(_start(binary, d, f"reg{n}", extra)[0])
                 endpoints[name] = f"unix:{d}/reg{n}.sock"
         for r in range(a.rounds):
@@ -213,6 +221,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         for pr in procs:
             pr.terminate()
             pr.wait()
+        for state in scratch:
+            shutil.rmtree(state, ignore_errors=True)
     names = [c[0] for c in columns]
     ratio_of = (names[0], names[-1]) if len(columns) > 1 and columns[-1][1] == "nixl" and columns[0][1] == "tcpxd" else None
     written = "never written" if a.fresh else "written"
