@@ -241,7 +241,7 @@ impl Engine {
             let chunks = ChunkPlan::count(&places.lengths, offer.chunk_bytes);
             match self.routed_recv_lanes(peer, offer.first_lane, &places.places, chunks) {
                 Ok(routed) => Ok((places, routed)),
-                Err(e) => Err((Code::FailedPrecondition, e, 0)),
+                Err((code, e)) => Err((code, e, 0)),
             }
         });
         let (

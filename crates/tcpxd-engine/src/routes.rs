@@ -53,6 +53,9 @@ pub const MAX_ROUTED_LANES: u32 = 4096;
 /// when used.
 pub const ROUTED_EAGER_PER_ROUTE: u32 = 2;
 
+/// Why a routed offer is refused: the code and the message.
+pub(crate) type Refusal = (Code, String);
+
 /// A routed pairing's two catalogues and where their lanes start.
 #[derive(Debug, Clone)]
 pub(crate) struct PeerRoutes {
@@ -83,6 +86,18 @@ impl PeerRoutes {
     pub(crate) fn send_eager(&self, lane: u32) -> bool {
         lane.checked_sub(self.send_base)
             .is_some_and(|k| self.out.is_eager(k))
+    }
+
+    /// The memory pair of our send lane `lane`'s group (`None`: a layout lane).
+    pub(crate) fn send_memory(&self, lane: u32) -> Option<(Memory, Memory)> {
+        let g = self.out.group_of(lane.checked_sub(self.send_base)?)?;
+        Some((g.src, g.dst))
+    }
+
+    /// The memory pair of our receive lane `lane`'s group (`None`: a layout lane).
+    pub(crate) fn recv_memory(&self, lane: u32) -> Option<(Memory, Memory)> {
+        let g = self.inn.group_of(lane.checked_sub(self.recv_base)?)?;
+        Some((g.src, g.dst))
     }
 
     /// Whether our receive lane `lane` is a routed eager lane.
@@ -204,14 +219,16 @@ impl Engine {
     }
 
     /// Receiver: the lanes and first lane of a routed offer to these destinations (`None`: the
-    /// pairing is not routed). The error is the reason to refuse it.
+    /// pairing is not routed). The error is the code and reason to refuse it: a `first_lane`
+    /// that names no rendezvous lane is invalid (as on the layout), a memory pair without lanes
+    /// a failed precondition.
     pub(crate) fn routed_recv_lanes(
         &mut self,
         peer: PeerIdx,
         first_lane: u32,
         dests: &[(u64, u64)],
         chunks: u64,
-    ) -> Result<Option<(u32, Range<u32>)>, String> {
+    ) -> Result<Option<(u32, Range<u32>)>, Refusal> {
         let dst = common_memory(dests.iter().map(|(b, _)| self.memory_of(*b)));
         let p = &mut self.peers[&peer];
         let Some(r) = p.routes.as_ref() else {
@@ -223,13 +240,19 @@ impl Engine {
             .filter(|g| g.rendezvous.contains(&(first_lane - r.recv_base)))
             .map(|g| g.src)
             .ok_or_else(|| {
-                format!(
-                    "first_lane {first_lane} is not a rendezvous lane of the routed lanes {}..{}",
-                    r.recv_base,
-                    r.recv_base + r.inn.lanes()
+                (
+                    Code::InvalidArgument,
+                    format!(
+                        "first_lane {first_lane} is not a rendezvous lane of the routed lanes {}..{}",
+                        r.recv_base,
+                        r.recv_base + r.inn.lanes()
+                    ),
                 )
             })?;
-        let g = r.inn.group(src, dst).map_err(|e| e.to_string())?;
+        let g = r
+            .inn
+            .group(src, dst)
+            .map_err(|e| (Code::FailedPrecondition, e.to_string()))?;
         let lanes = r.recv_base + g.rendezvous.start..r.recv_base + g.rendezvous.end;
         let count = lanes.end - lanes.start;
         let at = p.next_routed_lane % count;

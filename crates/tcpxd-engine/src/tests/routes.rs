@@ -229,14 +229,16 @@ fn an_offer_naming_no_routed_lane_is_refused_naming_it_and_changes_nothing() {
     while let Some(a) = s.nodes[1].eng.poll_action() {
         match a {
             Action::Control {
-                msg: PeerMsg::Reject { message, .. },
+                msg: PeerMsg::Reject { message, code, .. },
                 ..
-            } => refused = Some(message),
+            } => refused = Some((code, message)),
             Action::PostRecv { .. } | Action::ListenLane { .. } => panic!("{a:?} for a refused offer"),
             _ => {}
         }
     }
-    let m = refused.expect("a Reject");
+    let (code, m) = refused.expect("a Reject");
+    // Invalid, as a first lane past the layout's on a pairing that is not routed.
+    assert_eq!(code, Code::InvalidArgument, "{m}");
     assert!(
         m.contains("first_lane 0 is not a rendezvous lane of the routed lanes"),
         "{m}"

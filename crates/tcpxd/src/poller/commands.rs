@@ -375,7 +375,7 @@ impl Poller {
                 .iter()
                 .filter_map(|(&i, p)| {
                     Some(PeerStats {
-                        counters: self.engine.peer_counters(i)?,
+                        counters: self.engine.listed_counters(i)?,
                         link: p.link.borrow().clone(),
                         send_devices: p.send.iter().map(|l| l.device).collect(),
                         recv_devices: p.recv.iter().map(|l| l.device).collect(),

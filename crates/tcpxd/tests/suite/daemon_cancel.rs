@@ -99,6 +99,15 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
     );
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut bc).await;
+    // A transfer's deadline counts the opening of its lanes, which open on first use: on a
+    // routed pairing (the real plugin's run, with GPUs) a → b's lanes took longer to open than
+    // the deadlines below, so the writes ended before they could be held. An untimed write of
+    // the same memory pair first opens every lane the timed ones take (they stay open: idle
+    // lanes close after peer.lane_idle_close_ms, 120 s).
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
     // WRITE whose deadline (from timeout_ms) passes mid-flight: b is held past it.
     let id = a
         .client

@@ -112,10 +112,20 @@ async fn every_lane_is_opened_under_a_gpu_its_nic_serves() {
     for (c, name) in [(&mut ac, "a"), (&mut bc, "b")] {
         let s = c.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
         assert_eq!(s.peers.len(), 1, "{name}");
-        let lanes = &s.peers[0].lanes;
+        let p = &s.peers[0];
+        let lanes = &p.lanes;
         // The layout's 4 NICs x (2 + 1 eager) lanes, then the routed lanes of each memory pair
-        // (8 GPUs over 4 NICs, 2 rendezvous + 2 eager lanes per route: 264 + 264).
-        assert_eq!(lanes.len(), 12 + 264 + 264, "{name}");
+        // (8 GPUs over 4 NICs, 2 rendezvous + 2 eager lanes per route: 264 + 264); GetStats
+        // lists those in use only: host memory's, no GPU pair's.
+        assert!(p.routed, "{name}");
+        assert_eq!((p.send_lanes, p.recv_lanes), (12 + 528, 12 + 528), "{name}");
+        assert!(!lanes.is_empty() && lanes.len() <= 4 * 4, "{name}: {lanes:?}");
+        assert_eq!(p.bytes_sent, lanes.iter().map(|l| l.bytes_sent).sum::<u64>());
+        for l in lanes {
+            for m in [&l.send_memory, &l.recv_memory] {
+                assert!(m.is_empty() || m == "host>host", "{name}: {l:?}");
+            }
+        }
         let mut per_nic = [0u64; 4];
         for l in lanes {
             assert_eq!(l.send_gpu / 2, l.send_device, "{name}: {l:?}");
@@ -181,14 +191,26 @@ async fn with_more_nics_than_gpus_every_nic_is_opened_under_a_gpu_it_serves() {
         crc(&mut bc, dst.id, 0, 4 * MIB).await,
         crc(&mut ac, src.id, 0, 4 * MIB).await
     );
-    let s = ac.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
-    let gpus: Vec<(i32, i32)> = s.peers[0]
-        .lanes
-        .iter()
-        .take(4)
-        .map(|l| (l.device, l.recv_gpu))
-        .collect();
-    assert_eq!(gpus, [(0, 0), (1, 0), (2, 1), (3, 1)]);
+    // Host memory's lanes, one route per NIC (NIC i to NIC i), each comm under the GPU its NIC
+    // serves first (NICs 1 and 3: none, so GPU 0 and GPU 1): a's sends, b's receives.
+    let ends = |lanes: Vec<pb::LaneStats>, send: bool| {
+        let mut v: Vec<(i32, i32)> = lanes
+            .iter()
+            .map(|l| {
+                if send {
+                    (l.send_device, l.send_gpu)
+                } else {
+                    (l.recv_device, l.recv_gpu)
+                }
+            })
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let want = [(0, 0), (1, 0), (2, 1), (3, 1)];
+    assert_eq!(ends(lane_bytes(&mut ac).await, true), want);
+    assert_eq!(ends(lane_bytes(&mut bc).await, false), want);
     // Lanes open on first use: the write's 8 chunks opened the 8 rendezvous lanes a -> b.
     for d in [&a, &b] {
         assert_every_comm_served(d, 8);
@@ -241,10 +263,11 @@ async fn lane_bytes(c: &mut Client) -> Vec<pb::LaneStats> {
 
 /// The lanes whose bytes sent (`sent`) or received grew since `before`.
 fn grew<'a>(before: &[pb::LaneStats], after: &'a [pb::LaneStats], sent: bool) -> Vec<&'a pb::LaneStats> {
+    // GetStats lists the lanes in use only: a lane new since `before` had counted nothing.
     let zero = pb::LaneStats::default();
     after
         .iter()
-        .zip(before.iter().chain(std::iter::repeat(&zero)))
+        .map(|a| (a, before.iter().find(|b| b.lane == a.lane).unwrap_or(&zero)))
         .filter(|(a, b)| {
             if sent {
                 a.bytes_sent > b.bytes_sent

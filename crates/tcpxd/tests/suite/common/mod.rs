@@ -3,6 +3,7 @@
 
 pub mod batches;
 pub mod daemons;
+pub mod fake_lanes;
 pub mod framed;
 pub mod hold;
 pub mod procs;
