@@ -462,11 +462,14 @@ impl Engine {
             return;
         };
         // On the peer's eager lanes a send also needs a credit (a receive it posted for it).
+        // (As `Peer::send_lane_eager`: a routed pairing's lanes are the catalogue's.)
         let (_, eager_lanes) = p.send_split();
-        let routed = p.routes.as_ref().filter(|_| !eager_lanes.is_empty());
+        let routes = p.routes.as_ref();
         for (lane, l) in p.send.iter_mut().enumerate() {
-            let eager =
-                eager_lanes.contains(&(lane as u32)) || routed.is_some_and(|r| r.send_eager(lane as u32));
+            let eager = match routes {
+                Some(r) => !eager_lanes.is_empty() && r.send_eager(lane as u32),
+                None => eager_lanes.contains(&(lane as u32)),
+            };
             while let Some(item) = l.post_next(send_window, gather_ahead, eager) {
                 let lane = lane as u32;
                 self.actions.push_back(if item.pieces {

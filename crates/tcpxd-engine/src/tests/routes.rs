@@ -209,8 +209,9 @@ fn an_offer_naming_no_routed_lane_is_refused_naming_it_and_changes_nothing() {
         offer_id: 900,
         read_id: 0,
         chunk_bytes: MIN_CHUNK_BYTES,
-        // A layout lane: routed offers name a lane of their source memory's group.
-        first_lane: 0,
+        // An eager lane of (host, host): routed offers name a rendezvous lane of their source
+        // memory's group.
+        first_lane: 12,
         ranges: vec![RemoteRange {
             buffer_id: 2,
             access_key: key(2),
@@ -237,10 +238,10 @@ fn an_offer_naming_no_routed_lane_is_refused_naming_it_and_changes_nothing() {
         }
     }
     let (code, m) = refused.expect("a Reject");
-    // Invalid, as a first lane past the layout's on a pairing that is not routed.
+    // Invalid, as a first lane past the layout's rendezvous lanes on a pairing not routed.
     assert_eq!(code, Code::InvalidArgument, "{m}");
     assert!(
-        m.contains("first_lane 0 is not a rendezvous lane of the routed lanes"),
+        m.contains("first_lane 12 is not a rendezvous lane of the routed lanes 0.."),
         "{m}"
     );
     assert_eq!(s.nodes[1].eng.buffer_users(2), Some(0));
@@ -361,7 +362,7 @@ fn an_accept_naming_another_memorys_lane_fails_the_pairing() {
         }
     }
     let o = offer.expect("an offer");
-    // The offer names the first lane of (GPU 2, host): a routed lane, past the layout's.
+    // The offer names the first lane of (GPU 2, host): a routed lane.
     let route = s.nodes[0]
         .eng
         .send_lane_route(P, o.first_lane)

@@ -106,6 +106,7 @@ async fn small_and_large_transfers_at_once_in_both_directions_each_take_their_pr
     // its catalogue's (each memory pair's rendezvous lanes, then its eager lanes). GetStats
     // lists only the lanes in use: none yet.
     let sa = peer_stats(&mut a.client, "auto-b").await;
+    assert_routed_as_expected(&sa);
     let n = sa.send_lanes;
     assert_eq!(sa.recv_lanes, n, "{sa:?}");
     if !sa.routed {
@@ -222,6 +223,8 @@ async fn an_auto_node_pairs_with_eager_and_rendezvous_nodes_both_ways() {
         mix(&mut [&mut a, &mut b], &bufs, &sizes).await;
         let sa = peer_stats(&mut a.client, &nb).await;
         let sb = peer_stats(&mut b.client, &na).await;
+        assert_routed_as_expected(&sa);
+        assert_routed_as_expected(&sb);
         // Towards b everything goes b's way; towards a the size decides (64 KiB: eager).
         match other {
             "eager" => assert_eq!((sa.sent_eager, sa.sent_rendezvous), (6, 0), "{other}"),

@@ -24,14 +24,14 @@ fn rendezvous(a: &mut tcpxd::config::DaemonArgs) {
 }
 
 async fn lanes(c: &mut Client) -> Vec<pb::LaneStats> {
-    c.get_stats(pb::GetStatsRequest {})
+    let peers = c
+        .get_stats(pb::GetStatsRequest {})
         .await
         .unwrap()
         .into_inner()
-        .peers
-        .into_iter()
-        .flat_map(|p| p.lanes)
-        .collect()
+        .peers;
+    peers.iter().for_each(assert_routed_as_expected);
+    peers.into_iter().flat_map(|p| p.lanes).collect()
 }
 
 /// Every lane that sent chunks between two `eager` nodes is an eager lane with `credits`

@@ -104,7 +104,7 @@ async fn a_descriptor_is_all_a_client_needs() {
     // DescribeNode counts the layout's lanes as the pairing has them: the rendezvous lanes, and
     // under `auto` the eager ones on top (`tcpxctl describe` once said 2 per device where stats
     // showed 3). A routed pairing (a node with GPUs: the CUDA stand-in) has its lane catalogue
-    // on top of those.
+    // instead (every memory pair's lanes: more than the layout's).
     let na = describe(&mut a.client).await;
     let auto = na.transfer_protocol == "auto";
     assert!(["auto", "eager", "rendezvous"].contains(&na.transfer_protocol.as_str()));
@@ -131,6 +131,7 @@ async fn a_descriptor_is_all_a_client_needs() {
         .iter()
         .find(|p| p.node_id == "fu-b")
         .expect("b in stats");
+    assert_routed_as_expected(peer);
     let per_device = na.lanes_per_device + na.eager_lanes_per_device;
     let layout = na.devices.len() as u32 * per_device;
     if peer.routed {

@@ -46,7 +46,8 @@ async fn credits_back(c: &mut Client) {
                 .peers
                 .iter()
                 .flat_map(|p| &p.lanes)
-                .filter(|l| l.recv_credit_limit > 0);
+                // GetStats lists the lanes in use: a sender's credit lanes are its send lanes.
+                .filter(|l| l.recv_credit_limit > 0 || l.send_credit_limit > 0);
             assert!(credit_lanes.count() > 0, "no credit lane: {s:?}");
             return;
         }

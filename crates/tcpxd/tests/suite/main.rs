@@ -55,4 +55,5 @@ mod monitoring;
 mod net_blocks;
 mod plugin_loading;
 mod reflection;
+mod routed_rerun;
 mod topology;

@@ -3,7 +3,8 @@
 //! its rendezvous lanes, a header's among its eager lanes); on a routed one (either side has
 //! GPUs: a daemon on the CUDA stand-in, or a fake peer announcing GPUs) the lanes of the memory
 //! pair's group in the lane catalogue both sides build from the two topologies
-//! (`engine::topology::LaneCatalogue`, `routes.rs`). Computed here from the handshake as the
+//! (`engine::topology::LaneCatalogue`, `routes.rs`: since peer protocol 7 a routed pairing's
+//! lanes are the catalogue's only, numbered from 0). Computed here from the handshake as the
 //! daemon computes it, with the engine's own catalogue, so the hostile messages are built from
 //! what the pairing really uses.
 
@@ -16,10 +17,9 @@ use tcpxd::engine::topology::{LaneCatalogue, Memory, SummaryGpu, Topology, Topol
 pub struct FakeLanes {
     /// Either side has GPUs: the pairing's lanes follow the memory pair.
     pub routed: bool,
-    /// The daemon's receive lanes in all (its layout's, then on a routed pairing its catalogue's).
+    /// The daemon's receive lanes from the fake: its layout's (its handshake's), or on a routed
+    /// pairing its catalogue's.
     pub lanes: u32,
-    /// The daemon's layout lanes (its handshake's).
-    pub layout: u32,
     /// A rendezvous offer's `first_lane` from host memory to host memory.
     pub offer_lane: u32,
     /// The lanes such an offer's accept may name: the routed (host, host) group's rendezvous
@@ -82,11 +82,15 @@ impl FakeLanes {
         });
         let layout = resp.lanes.len() as u32;
         let routed = !(daemon.gpus.is_empty() && ours.gpus.is_empty());
+        if req.topology.is_none()
+            && let Some(want) = super::daemons::expect_routed()
+        {
+            assert_eq!(routed, want, "the daemon's GPUs: {daemon:?}");
+        }
         if !routed {
             return FakeLanes {
                 routed,
                 lanes: layout,
-                layout,
                 offer_lane: 0,
                 offer_lanes: 0..layout,
                 routed_eager: None,
@@ -103,12 +107,11 @@ impl FakeLanes {
         let g = c.group(Memory::Host, Memory::Host).expect("host to host");
         FakeLanes {
             routed,
-            lanes: layout + c.lanes(),
-            layout,
-            offer_lane: layout + g.rendezvous.start,
-            offer_lanes: layout + g.rendezvous.start..layout + g.rendezvous.end,
-            routed_eager: Some(layout + g.eager.start),
-            routed_eager_end: Some(layout + g.eager.end),
+            lanes: c.lanes(),
+            offer_lane: g.rendezvous.start,
+            offer_lanes: g.rendezvous.clone(),
+            routed_eager: Some(g.eager.start),
+            routed_eager_end: Some(g.eager.end),
         }
     }
 
@@ -118,13 +121,11 @@ impl FakeLanes {
         self.routed_eager.unwrap_or(eager_first_lane)
     }
 
-    /// `first_lane`s no offer may name: past the daemon's lanes, and on a routed pairing a
-    /// layout lane and an eager lane (neither a rendezvous lane of a group).
+    /// `first_lane`s no offer may name: past the daemon's lanes, and on a routed pairing its
+    /// group's first and last eager lane (no rendezvous lane of a group).
     pub fn bad_offer_lanes(&self) -> Vec<u32> {
         let mut v = vec![self.lanes, self.lanes + 1, 1000.max(self.lanes + 2), u32::MAX];
         if self.routed {
-            v.push(0);
-            v.push(self.layout.saturating_sub(1));
             v.extend(self.routed_eager);
             v.extend(self.routed_eager_end.map(|e| e - 1));
         } else if self.lanes < 64 {

@@ -326,8 +326,8 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             Ctl::Offer(o, Code::InvalidArgument, "chunk size", 0),
         ));
     }
-    // Past the daemon's lanes (2 layout lanes: from 2 on), and on a routed pairing also a layout
-    // lane and an eager lane: no rendezvous lane of a group.
+    // Past the daemon's lanes (2 layout lanes: from 2 on), and on a routed pairing also eager
+    // lanes: no rendezvous lane of a group.
     for fl in lanes.bad_offer_lanes() {
         let mut o = offer(vec![ok_range()]);
         o.first_lane = fl;
