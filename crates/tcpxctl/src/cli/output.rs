@@ -1035,8 +1035,8 @@ mod tests {
             peers: vec![PeerStats {
                 node_id: "b".into(),
                 state: PeerState::Up as i32,
-                send_lanes: 540,
-                recv_lanes: 540,
+                send_lanes: 528,
+                recv_lanes: 528,
                 routed: true,
                 bytes_sent: 3 << 20,
                 bytes_received: 0,
@@ -1068,7 +1068,7 @@ mod tests {
         let text = stats_text(&s, Rates::Off);
         assert!(
             text.contains(
-                "sent 3.00 MiB, received 0 B; 2 lane(s) in use of 540 out, 540 in (routed by memory pair)"
+                "sent 3.00 MiB, received 0 B; 2 lane(s) in use of 528 out, 528 in (routed by memory pair)"
             ),
             "{text}"
         );
@@ -1084,7 +1084,7 @@ mod tests {
             "{text}"
         );
         let j = stats_json(&s);
-        assert_eq!(j["peers"][0]["send_lanes"], 540);
+        assert_eq!(j["peers"][0]["send_lanes"], 528);
         assert_eq!(j["peers"][0]["routed"], true);
         assert_eq!(j["peers"][0]["lanes"][1]["recv_memory"], "host>host");
     }
