@@ -117,13 +117,6 @@ impl Engine {
         self.topology = Some(topology);
     }
 
-    /// Where a buffer's memory is (host memory unless said otherwise).
-    pub fn set_buffer_memory(&mut self, id: u64, memory: Memory) {
-        if let Some(b) = self.buffers.get_mut(&id) {
-            b.memory = memory;
-        }
-    }
-
     /// A pairing whose rendezvous lanes follow the memory pair. `send_lanes` / `recv_lanes`:
     /// the layout lanes, as [`Engine::add_peer`]; `peer_topology` and `peer_lanes_per_route`
     /// what the peer announced at pairing. Not routed (as `add_peer`) without a topology here

@@ -29,9 +29,7 @@ fn routed(seed: u64) -> Sim {
 
 /// A buffer of `node` on GPU `gpu` (told to the peer with its ordinal).
 fn gpu_buffer(s: &mut Sim, node: usize, id: u64, size: usize, fill: u8, gpu: u32) {
-    s.buffer(node, id, size, fill);
-    s.nodes[node].eng.set_buffer_memory(id, Memory::Gpu(gpu));
-    s.nodes[node].eng.mark_gpu_buffer(id);
+    s.gpu_buffer(node, id, size, fill, gpu);
     // Delivered: the peer knows the buffer's GPU before any transfer starts.
     s.run();
 }
@@ -176,11 +174,10 @@ fn a_gpu_buffer_not_yet_announced_is_reached_on_the_host_pairs_eager_lanes() {
     let mut s = routed(41);
     gpu_buffer(&mut s, 0, 1, 64 * 1024, 6, 2);
     s.buffer(1, 2, 64 * 1024, 0);
-    s.nodes[1].eng.set_buffer_memory(2, Memory::Gpu(7));
     // Its GpuCredits is still on the control stream when the write starts: the sender takes
     // the buffer for host memory (eager by size, the (GPU 2, host) pair), which the receiver
     // accepts for a GPU destination too.
-    s.nodes[1].eng.mark_gpu_buffer(2);
+    s.nodes[1].eng.set_buffer_memory(2, Memory::Gpu(7));
     let before = s.nodes[0].eng.peer_counters(P).unwrap();
     let t = s.write(0, 1, 0, 2, 0, 8192);
     s.run();
