@@ -3,7 +3,7 @@
 //! lanes of the pair (s, d), host destinations on the eager lanes of (s, host), every credit
 //! back; a header naming another pair's lane fails the pairing.
 
-use super::routes::node;
+use super::routes::{assert_gpu_pair_lane, node};
 use super::sim::*;
 use super::*;
 use crate::topology::Memory;
@@ -66,21 +66,7 @@ fn gpu_to_gpu_credits_go_only_on_the_pairs_eager_lanes() {
             let used = grew(&s, &before);
             assert!(!used.is_empty());
             for lane in used {
-                let r = s.nodes[0]
-                    .eng
-                    .send_lane_route(P, lane)
-                    .unwrap_or_else(|| panic!("{len}: lane {lane} is a layout lane"));
-                assert_eq!(
-                    (r.send.nic, r.send.gpu),
-                    (s_gpu as usize / 2, Some(s_gpu)),
-                    "lane {lane}"
-                );
-                assert_eq!(
-                    (r.recv.nic, r.recv.gpu),
-                    (d_gpu as usize / 2, Some(d_gpu)),
-                    "lane {lane}"
-                );
-                assert_eq!(s.nodes[1].eng.recv_lane_route(P, lane), Some(r));
+                assert_gpu_pair_lane(&s, 0, lane, s_gpu, d_gpu);
                 assert!(
                     c.send[lane as usize].credit_limit > 0,
                     "lane {lane} is a credit lane"
