@@ -10,23 +10,9 @@
 
 use crate::common::batches::{Form, SIZE, bytes, write_then_read};
 use crate::common::daemons::{self, Client, assert_lanes_drain, connect, fill_seed, host_buffer};
+use crate::common::gpus::cuda_buffer;
 use tcpxd::api::proto::v1 as pb;
 use tcpxd::api::proto::v1::register_blocks_request::Layout as L;
-
-async fn cuda_buffer(c: &mut Client, size: u64) -> pb::Buffer {
-    c.register_buffer(pb::RegisterBufferRequest {
-        reattach_id: Default::default(),
-        reattach_key: Default::default(),
-        source: Some(pb::register_buffer_request::Source::Cuda(pb::CudaAllocation {
-            device: 0,
-            size,
-        })),
-        label: String::new(),
-    })
-    .await
-    .expect("CUDA buffer")
-    .into_inner()
-}
 
 #[derive(Clone, Copy, Debug)]
 enum Mem {
@@ -37,7 +23,7 @@ enum Mem {
 async fn buffer(c: &mut Client, mem: Mem, label: &str) -> pb::Buffer {
     match mem {
         Mem::Host => host_buffer(c, SIZE, label).await,
-        Mem::Gpu => cuda_buffer(c, SIZE).await,
+        Mem::Gpu => cuda_buffer(c, 0, SIZE).await,
     }
 }
 

@@ -5,6 +5,7 @@
 //! `daemon_gpu` (gated).
 
 use crate::common::daemons::{self, *};
+use crate::common::gpus::cuda_buffer;
 use tcpxd::api::proto::v1 as pb;
 use tcpxd::api::proto::v1::register_blocks_request::Layout as L;
 use tonic::Code;
@@ -597,29 +598,14 @@ async fn tcpxctl_writes_and_reads_between_buffers_of_one_daemon() {
     d.stop().await;
 }
 
-async fn cuda_buffer(c: &mut Client, size: u64) -> pb::Buffer {
-    c.register_buffer(pb::RegisterBufferRequest {
-        source: Some(pb::register_buffer_request::Source::Cuda(pb::CudaAllocation {
-            device: 0,
-            size,
-        })),
-        label: String::new(),
-        reattach_id: Default::default(),
-        reattach_key: Default::default(),
-    })
-    .await
-    .expect("CUDA buffer")
-    .into_inner()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a CUDA GPU: cargo test --release -p tcpxd --test suite -- --ignored daemon_same_node::"]
 async fn gpu_to_gpu_and_mixed_both_ways_on_one_daemon() {
     let (mut d, mut b) = one_daemon("same-gpu").await;
     let a = &mut d.client;
     let size = 24 * MIB + 4096;
-    let g1 = cuda_buffer(a, size).await;
-    let g2 = cuda_buffer(&mut b, size).await;
+    let g1 = cuda_buffer(a, 0, size).await;
+    let g2 = cuda_buffer(&mut b, 0, size).await;
     let h1 = host_buffer(a, size, "").await;
     let h2 = host_buffer(&mut b, size, "").await;
     fill_seed(a, g1.id, 0, 0, 51).await;

@@ -4,6 +4,7 @@
 pub mod batches;
 pub mod daemons;
 pub mod framed;
+pub mod gpus;
 pub mod hold;
 pub mod procs;
 pub mod scrape;
