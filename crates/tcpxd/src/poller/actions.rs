@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use super::blocks::{self, RecvPost, ScatterTo, SendPost, Slots};
 use super::posting::{Placed, landing_slots, post_recvs, post_sends, start_buffer_unpack};
-use super::{LANDING, PeerSlot, Phase, Poller, RecvLaneState, SendLaneState};
+use super::{LANDING, PeerSlot, Phase, Poller, RecvLane, RecvLaneState, SendLane};
 use crate::engine::{Action, Outcome, PeerIdx, PeerMsg, TransferId};
 use crate::lanes::{self, GpuStage, Wait};
 use crate::net::{RecvComm, RequestId};
@@ -412,22 +412,11 @@ impl Poller {
         if p.send.iter().any(|l| l.staging.on_gpu()) || p.recv.iter().any(|l| l.scatter.on_gpu()) {
             self.stages.values_mut().for_each(GpuStage::quiesce_blocks);
         }
-        for l in &mut p.send {
-            l.handles.clear();
-            l.deferred.clear();
-            l.staging = blocks::SendStaging::default();
-            l.state = SendLaneState::Closed;
-        }
-        for l in &mut p.recv {
-            l.scatter = blocks::RecvScatter::default();
-            l.handles.clear();
-            l.landing_slots = None;
-            l.landing_on_gpu = false;
-            l.deferred.clear();
-            l.queue.clear();
-            l.state = RecvLaneState::Closed;
-            l.rules = None; // after the close, which removed them
-        }
+        // The lanes' comms close apart: the plugin's close of a comm with a request under way
+        // waits for a hung peer, for ever if it never comes back; the poller must not.
+        let send = p.send.iter_mut().map(SendLane::take).collect();
+        let recv = p.recv.iter_mut().map(RecvLane::take).collect();
+        super::peers::close_apart(p.node_id.clone(), send, recv);
         tracing::warn!(peer = %p.node_id, "peer failed: {reason}");
         // Stored even with nobody watching (a replaced pairing): GetStats reads it.
         p.link.send_replace(PeerLink::Failed(reason));
