@@ -6,7 +6,9 @@
 use tcpxd::api::proto::v1 as pb;
 use tcpxd::config::DaemonArgs;
 
-use super::daemons::{Client, crc, fill_seed, host_buffer, read, read_entry, wait_ok, write, write_entry};
+use super::daemons::{
+    Client, bytes, crc, fill_seed, host_buffer, read, read_entry, wait_ok, write, write_entry,
+};
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -58,27 +60,6 @@ pub async fn assert_equal(
         Compare::Crc => assert_eq!(crc(a, x.0, x.1, len).await, crc(b, y.0, y.1, len).await, "{what}"),
         Compare::Bytes => assert_same(a, x, b, y, len, what).await,
     }
-}
-
-/// `len` bytes of buffer `id` from `offset`, through ReadBuffer.
-pub async fn bytes(c: &mut Client, id: u64, offset: u64, len: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len as usize);
-    let mut at = offset;
-    while at < offset + len {
-        let n = (offset + len - at).min(tcpxd::buffers::MAX_READ_BYTES);
-        let r = c
-            .read_buffer(pb::ReadBufferRequest {
-                buffer_id: id,
-                offset: at,
-                length: n,
-            })
-            .await
-            .expect("read buffer")
-            .into_inner();
-        out.extend_from_slice(&r.data);
-        at += n;
-    }
-    out
 }
 
 /// [`Compare::Bytes`].

@@ -2,6 +2,7 @@
 //! local session, metrics scrapes (where the build put the plugin and the tools: `tcpxd-testkit`).
 
 pub mod batches;
+pub mod blocks;
 pub mod daemons;
 pub mod framed;
 pub mod gpus;
