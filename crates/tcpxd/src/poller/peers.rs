@@ -249,13 +249,20 @@ fn close_comms(
 /// hangs (see [`close_comms`]); meanwhile the lanes' comms keep the memory their requests may
 /// still write into (`net::comm`'s keep-alive), and the flow-steering rules' record goes after
 /// the close that removed them (each lane drops its fields in order). Send lanes close first:
-/// their sockets' end is what ends the peer's receives on them.
+/// their sockets' end is what ends the peer's receives on them. Each open lane goes with the GPU
+/// its comm was opened under current (the plugin's close of a CUDA comm frees that GPU's memory).
 pub(super) fn close_apart(peer: String, send: Vec<SendLane>, recv: Vec<RecvLane>) {
     let comms = send.len() + recv.len();
     let close = move || {
         let started = Instant::now();
-        drop(send);
-        drop(recv);
+        for l in send {
+            let gpu = l.gpu.filter(|_| !matches!(l.state, SendLaneState::Closed));
+            drop_under(gpu, l);
+        }
+        for l in recv {
+            let gpu = l.gpu.filter(|_| !matches!(l.state, RecvLaneState::Closed));
+            drop_under(gpu, l);
+        }
         tracing::debug!(%peer, comms, took_ms = started.elapsed().as_millis() as u64, "failed pairing's comms closed");
     };
     if let Err(e) = std::thread::Builder::new()
@@ -265,6 +272,15 @@ pub(super) fn close_apart(peer: String, send: Vec<SendLane>, recv: Vec<RecvLane>
         // The closure went with the error: the comms were closed on this thread.
         tracing::warn!("could not start a thread to close a failed pairing's comms ({e}): closed here");
     }
+}
+
+/// Drops a lane (closing its comm) with GPU `gpu` current on this thread; without it where it
+/// cannot be made current (logged).
+fn drop_under<L>(gpu: Option<u32>, lane: L) {
+    if let Err(e) = crate::topology::make_current(gpu) {
+        tracing::warn!("closing a lane's comm: {e}");
+    }
+    drop(lane);
 }
 
 /// The flow-steering rules Google's plugin installed for a receive comm just accepted on
