@@ -24,19 +24,6 @@ impl Engine {
         Ok(())
     }
 
-    /// Where a buffer's memory is (host memory unless said otherwise; set once, at registration):
-    /// picks a routed pairing's lanes, and GPU memory is told to peers when `gpu_credits` is on,
-    /// so their transfers into it may take credits at any size. Unknown ids: nothing.
-    pub fn set_buffer_memory(&mut self, id: u64, memory: topology::Memory) {
-        let Some(b) = self.buffers.get_mut(&id) else {
-            return;
-        };
-        b.memory = memory;
-        if let topology::Memory::Gpu(gpu) = memory {
-            self.announce_gpu_buffer(id, gpu);
-        }
-    }
-
     /// Replaces a buffer's access key. Offers and reads already accepted keep going; every
     /// later one must carry the new key.
     pub fn rekey_buffer(&mut self, id: u64, key: [u8; 16]) -> EngineResult<()> {
