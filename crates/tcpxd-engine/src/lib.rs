@@ -233,9 +233,8 @@ struct BufferMeta {
     users: u32,
     /// Someone waits for its last user to end (`Action::BufferIdle`).
     watched: bool,
-    /// GPU memory (`Engine::mark_gpu_buffer`): told to peers when `gpu_credits` is on.
-    gpu: bool,
-    /// Where it is (`set_buffer_memory`; host memory by default): picks a routed pairing's lanes.
+    /// Where it is (`set_buffer_memory`; host memory by default): picks a routed pairing's lanes;
+    /// GPU memory is told to peers when `gpu_credits` is on.
     memory: topology::Memory,
 }
 

@@ -134,10 +134,17 @@ impl Engine {
         self.topology = Some(topology);
     }
 
-    /// Where a buffer's memory is (host memory unless said otherwise).
+    /// Where a buffer's memory is (host memory unless said otherwise; set once, at registration):
+    /// picks a routed pairing's lanes, and GPU memory is told to peers when `gpu_credits` is on,
+    /// so their transfers into it may take credits at any size (`streams.rs`). Unknown ids:
+    /// nothing.
     pub fn set_buffer_memory(&mut self, id: u64, memory: Memory) {
-        if let Some(b) = self.buffers.get_mut(&id) {
-            b.memory = memory;
+        let Some(b) = self.buffers.get_mut(&id) else {
+            return;
+        };
+        b.memory = memory;
+        if let Memory::Gpu(gpu) = memory {
+            self.announce_gpu_buffer(id, gpu);
         }
     }
 

@@ -28,6 +28,7 @@ mod daemon_gpu_credits;
 mod daemon_heartbeat;
 mod daemon_host_fd;
 mod daemon_hostile;
+mod daemon_hung_peer;
 mod daemon_idle;
 mod daemon_idle_peers;
 mod daemon_lane_life;

@@ -287,7 +287,7 @@ fn grew<'a>(before: &[pb::LaneStats], after: &'a [pb::LaneStats], sent: bool) ->
 /// served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gpu_pairs_bytes_move_only_on_its_nics_lanes() {
-    use crate::daemon_stub_gpus::{assert_same, cuda_buffer};
+    use crate::common::gpus::{assert_same, cuda_buffer};
     tcpxd::logging::init("error");
     if test_plugin_file().is_some() {
         return;
@@ -435,7 +435,7 @@ async fn a_gpu_pairs_bytes_move_only_on_its_nics_lanes() {
 /// host memory on a reaches GPU 5 of b only through b's NIC 2 under GPU 5, and back, byte-exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_without_gpus_reaches_a_gpu_on_its_own_nic() {
-    use crate::daemon_stub_gpus::{assert_same, cuda_buffer};
+    use crate::common::gpus::{assert_same, cuda_buffer};
     tcpxd::logging::init("error");
     if test_plugin_file().is_some() {
         return;

@@ -184,6 +184,27 @@ pub async fn crc(c: &mut Client, id: u64, offset: u64, length: u64) -> u32 {
     .crc32c
 }
 
+/// `len` bytes of buffer `id` from `offset`, through ReadBuffer.
+pub async fn bytes(c: &mut Client, id: u64, offset: u64, len: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len as usize);
+    let mut at = offset;
+    while at < offset + len {
+        let n = (offset + len - at).min(tcpxd::buffers::MAX_READ_BYTES);
+        let r = c
+            .read_buffer(pb::ReadBufferRequest {
+                buffer_id: id,
+                offset: at,
+                length: n,
+            })
+            .await
+            .expect("read buffer")
+            .into_inner();
+        out.extend_from_slice(&r.data);
+        at += n;
+    }
+    out
+}
+
 pub fn write_entry(
     local: &pb::Buffer,
     loff: u64,
