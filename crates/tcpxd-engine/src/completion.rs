@@ -446,6 +446,15 @@ impl Engine {
         });
     }
 
+    /// Whether a completed receive of offer `offer` from `peer` (`Action::PostRecv`,
+    /// `Action::PostScatterRecv`) may still be unpacked into its destination: `false` once the
+    /// transfer it belongs to failed or was cancelled on this node (or its peer failed), so that
+    /// no byte of a destination changes after its transfer was reported ended. The driver asks
+    /// when the receive completed, before it unpacks anything.
+    pub fn recv_lands(&self, peer: PeerIdx, offer: u64) -> bool {
+        self.in_offers.get(&(peer, offer)).is_some_and(|o| !o.discard)
+    }
+
     /// Posts what the windows allow on every lane of a peer.
     pub(super) fn pump(&mut self, peer: PeerIdx) {
         let (send_window, recv_window) = (self.cfg.send_window, self.cfg.recv_window);
@@ -492,7 +501,19 @@ impl Engine {
         for (lane, l) in p.recv.iter_mut().enumerate() {
             while let Some(item) = l.post_next(recv_window, 0, false) {
                 let lane = lane as u32;
-                self.actions.push_back(if item.pieces {
+                // A chunk of a transfer that ended here (failed, cancelled) still meets its
+                // send, but lands in the lane's own place, never in the destination.
+                let lands = self
+                    .in_offers
+                    .get(&(peer, item.offer))
+                    .is_some_and(|o| !o.discard);
+                self.actions.push_back(if !lands {
+                    Action::PostDropRecv {
+                        peer,
+                        lane,
+                        len: item.len,
+                    }
+                } else if item.pieces {
                     Action::PostScatterRecv {
                         peer,
                         lane,
@@ -508,6 +529,7 @@ impl Engine {
                         buffer: item.buffer,
                         offset: item.offset,
                         len: item.len,
+                        offer: item.offer,
                     }
                 });
             }
