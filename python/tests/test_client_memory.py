@@ -192,6 +192,44 @@ def test_cancel_and_deadline_of_a_numpy_transfer_across_nodes(slow, memory):
             far.release()
 
 
+def test_a_cancelled_write_into_a_numpy_array_on_another_node_leaves_old_or_source_bytes(slow):
+    """A WRITE into a numpy array of another node, cancelled while its chunks are on the wire:
+    once both daemons have nothing in flight, each byte of the array is its old one or the
+    source's, never the zeros of a chunk sent empty (the sender sends them only once the
+    receiver answered that it discards the offer, peer protocol 7's CancelSeen; before, an
+    emptied chunk outrunning the cancel was scattered from its zeroed landing slot into the
+    array). The source is never written."""
+    a, b = slow
+    rng = np.random.default_rng(7)
+    mine = rng.integers(0, 256, 64 * MIB, dtype=np.uint8)
+    original = mine.copy()
+    theirs = np.full(64 * MIB, 0x55, dtype=np.uint8)
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        src = ca.register_host(mine)
+        dst = cb.register_host(theirs)
+        try:
+            with ca.session() as s:
+                big = s.write(src, dst)
+                end = time.monotonic() + 30
+                while theirs[0] == 0x55:  # until its first chunk landed: the WRITE is under way
+                    assert time.monotonic() < end, "nothing landed"
+                    time.sleep(0.001)
+                assert s.cancel(big).result(timeout=30) is True
+                with pytest.raises(tcpxd.Cancelled):
+                    big.result(timeout=30)
+            end = time.monotonic() + 30
+            while not _settled(ca, cb):
+                assert time.monotonic() < end, "chunks left in flight after the cancel"
+                time.sleep(0.01)
+            assert np.array_equal(mine, original), "the cancelled WRITE changed its source"
+            foreign = np.flatnonzero((theirs != 0x55) & (theirs != mine))
+            assert foreign.size == 0, f"{foreign.size} bytes are neither the old ones nor the source's"
+            assert np.count_nonzero(theirs == 0x55) > 0, "the cancel came after the last chunk"
+        finally:
+            src.release()
+            dst.release()
+
+
 def _wait(agent, h, timeout=30.0):
     deadline = time.monotonic() + timeout
     while agent.check_xfer_state(h) == "PROC" and time.monotonic() < deadline:

@@ -150,6 +150,10 @@ pub(super) struct Node {
     pub(super) dropped: u64,
     /// Receives posted into the lane's own place (`Action::PostDropRecv`).
     pub(super) drop_posts: u64,
+    /// Emptied chunks (a cancelled sender's) that reached a receive still landing its offer:
+    /// the daemon's driver, which cannot tell an emptied chunk from one the plugin received in
+    /// place, lands such a chunk's landing slot (zeros) in the destination when it was staged.
+    pub(super) emptied_live: u64,
 }
 
 pub(super) struct Sim {
@@ -258,6 +262,7 @@ impl Sim {
                 unpacked: 0,
                 dropped: 0,
                 drop_posts: 0,
+                emptied_live: 0,
             }
         };
         let nodes = [mk(0, "node-b", &mut recv), mk(1, "node-a", &mut recv)];
@@ -421,6 +426,9 @@ impl Sim {
                         w.consume_pending += 1;
                         if buffer.is_none() && !data.is_empty() {
                             self.nodes[i].dropped += 1;
+                        }
+                        if buffer.is_some() && data.is_empty() {
+                            self.nodes[i].emptied_live += 1;
                         }
                         if let Some(b) = buffer {
                             // An emptied chunk (its sender cancelled) brings nothing.
@@ -645,6 +653,10 @@ impl Sim {
         let n = &mut self.nodes[at];
         n.unpacked += 1;
         if data.is_empty() {
+            let offer = r.scatter.map(|(o, _)| o).or(r.offer);
+            if r.buffer != DROPPED && offer.is_some_and(|o| n.eng.recv_lands(P, o)) {
+                n.emptied_live += 1;
+            }
             return;
         }
         if r.buffer == DROPPED {
