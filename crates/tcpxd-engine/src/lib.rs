@@ -26,10 +26,8 @@
 //!   every chunk finished; a READ when every chunk was consumed locally.
 //! - **Cancellation and deadlines.** Chunks already agreed on must still meet their partners, so a
 //!   cancelled offer sends its remaining chunks with zero length and the receiver discards them;
-//!   every slot drains back to zero. Nothing lands after a transfer's end: a receive of a
-//!   transfer that ended here is not unpacked ([`Engine::recv_lands`], `Action::PostDropRecv`),
-//!   and a cancelling sender holds its emptied chunks until the receiver answers `CancelSeen`
-//!   (it discards the offer from then on).
+//!   every slot drains back to zero (emptied chunks only once the receiver answered
+//!   `CancelSeen`). A receive of a transfer that ended here is not unpacked ([`Engine::recv_lands`]).
 //! - **Failure.** A failed peer fails every transfer that touches it, with the peer named, and its
 //!   queues are dropped.
 //!
@@ -392,9 +390,8 @@ struct OutOffer {
     accepted: bool,
     /// Remaining chunks go out with zero length.
     cancelled: bool,
-    /// Cancelled with the peer told (`CancelOffer`), its `CancelSeen` not yet here: the chunks
-    /// still queued wait (they go out empty once the peer discards the offer: a receive cannot
-    /// tell an emptied chunk from one received in place) and the offer is kept.
+    /// Cancelled with the peer told, its `CancelSeen` not yet here: the chunks still queued
+    /// wait (`wire::PeerMsg::CancelSeen` says why) and the offer is kept.
     held: bool,
     /// Chunks queued or posted and not yet reported sent.
     unfinished: u64,
