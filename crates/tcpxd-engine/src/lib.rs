@@ -26,7 +26,8 @@
 //!   every chunk finished; a READ when every chunk was consumed locally.
 //! - **Cancellation and deadlines.** Chunks already agreed on must still meet their partners, so a
 //!   cancelled offer sends its remaining chunks with zero length and the receiver discards them;
-//!   every slot drains back to zero.
+//!   every slot drains back to zero (emptied chunks only once the receiver answered
+//!   `CancelSeen`). A receive of a transfer that ended here is not unpacked ([`Engine::recv_lands`]).
 //! - **Failure.** A failed peer fails every transfer that touches it, with the peer named, and its
 //!   queues are dropped.
 //!
@@ -389,6 +390,9 @@ struct OutOffer {
     accepted: bool,
     /// Remaining chunks go out with zero length.
     cancelled: bool,
+    /// Cancelled with the peer told, its `CancelSeen` not yet here: the chunks still queued
+    /// wait (`wire::PeerMsg::CancelSeen` says why) and the offer is kept.
+    held: bool,
     /// Chunks queued or posted and not yet reported sent.
     unfinished: u64,
     done: bool,

@@ -24,6 +24,7 @@ mod release;
 mod routed_credits;
 mod routes;
 mod sim;
+mod sim_unpack;
 mod teardown;
 
 use sim::*;

@@ -58,9 +58,13 @@ impl Poller {
                 buffer,
                 offset,
                 len,
+                offer,
             } => self
-                .post_recv(peer, lane, buffer, offset, len)
+                .post_recv(peer, lane, buffer, offset, len, offer)
                 .map_err(fails(peer))?,
+            Action::PostDropRecv { peer, lane, len } => {
+                self.post_drop_recv(peer, lane, len).map_err(fails(peer))?
+            }
             Action::PostCredit { peer, lane, len } => {
                 self.post_credit(peer, lane, len).map_err(fails(peer))?
             }
@@ -201,6 +205,7 @@ impl Poller {
         buffer: u64,
         offset: u64,
         len: u32,
+        offer: u64,
     ) -> Result<(), String> {
         let slots = self.slots();
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
@@ -212,7 +217,7 @@ impl Poller {
             Some(entry) if entry.attached.is_some() => {
                 let to = ScatterTo {
                     buffer,
-                    offer: 0,
+                    offer,
                     wire: 0,
                     direct: Some(offset),
                 };
@@ -223,6 +228,7 @@ impl Poller {
                 offset,
                 len,
                 scatter: None,
+                offer: Some(offer),
             }),
         };
         post.and_then(|post| {
@@ -230,6 +236,22 @@ impl Poller {
             post_recvs(l, &self.buffers)
         })
         .map_err(|why| format!("lane {lane} receive: {why}"))
+    }
+
+    /// A receive for a chunk of a transfer that ended here: into the lane's landing ring, never
+    /// into the destination (a plugin receiving in place would write it there), dropped once it
+    /// completed (`test_lanes`).
+    fn post_drop_recv(&mut self, peer: PeerIdx, lane: u32, len: u32) -> Result<(), String> {
+        let slots = self.slots();
+        let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
+            return Ok(());
+        };
+        blocks::landing_ring_slot(l, len, slots)
+            .and_then(|post| {
+                l.deferred.push_back(post);
+                post_recvs(l, &self.buffers)
+            })
+            .map_err(|why| format!("lane {lane} receive: {why}"))
     }
 
     /// An eager credit receive, into the lane's next landing slot (made on first use).
@@ -256,6 +278,7 @@ impl Poller {
                     },
                     len,
                     scatter: None,
+                    offer: None,
                 });
                 post_recvs(l, &self.buffers)
             })
