@@ -108,7 +108,10 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
         .await
         .unwrap();
     wait_ok(&mut a.client, id).await;
-    // WRITE whose deadline (from timeout_ms) passes mid-flight: b is held past it.
+    // WRITE whose deadline (from timeout_ms) passes while b is held. b is stopped before the
+    // post: stopped once bytes moved, the write could finish first (its rest fitting in the
+    // lanes' socket buffers) or its deadline pass before the first event was seen.
+    let frozen = Frozen::now(&b);
     let id = a
         .client
         .write(pb::WriteRequest {
@@ -122,7 +125,6 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
         .unwrap()
         .into_inner()
         .transfer_id;
-    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
     let e = wait(&mut a.client, id).await;
     frozen.thaw();
     assert_eq!(
@@ -140,8 +142,8 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
         wait: false,
     });
     req.set_timeout(Duration::from_millis(300));
+    let frozen = Frozen::now(&b);
     let id = a.client.write(req).await.unwrap().into_inner().transfer_id;
-    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
     let e = wait(&mut a.client, id).await;
     frozen.thaw();
     assert_eq!(
