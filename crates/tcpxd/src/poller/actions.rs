@@ -392,6 +392,8 @@ impl Poller {
         if p.send.iter().any(|l| l.staging.on_gpu()) || p.recv.iter().any(|l| l.scatter.on_gpu()) {
             self.stages.values_mut().for_each(GpuStage::quiesce_blocks);
         }
+        // Host copies queued on helpers may still read bounce pages or write staging slots.
+        self.host_copies.quiesce();
         for l in &mut p.send {
             l.handles.clear();
             l.deferred.clear();
@@ -547,5 +549,6 @@ fn landed_chunk(
     if matches!(landing.wait, Wait::Ready(_)) {
         landing.meta.unpacked = Some(Instant::now());
     }
+    landing.meta.on_host = matches!(landing.wait, Wait::Ready(_) | Wait::Host(_));
     Ok(())
 }

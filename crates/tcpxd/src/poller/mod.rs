@@ -477,9 +477,12 @@ struct Posted {
 /// A completed receive waiting for its unpack before `irecvConsumed`.
 #[derive(Debug)]
 struct Landing {
-    /// When the plugin reported the receive complete, and when its data was in place.
+    /// When the plugin reported the receive complete, and when its data was in place (copied
+    /// at once on the host).
     landed: Instant,
     unpacked: Option<Instant>,
+    /// Unpacked by host copies (at once, or on a copy helper), not on a GPU.
+    on_host: bool,
 }
 
 struct PeerSlot {
