@@ -127,7 +127,15 @@ struct Helper {
     /// Jobs handed over (only the caller's thread adds to it).
     queued: AtomicU64,
     finished: Arc<AtomicU64>,
+    stats: Arc<HelperStats>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// What a helper did with queued jobs: bytes copied and zeroed, time spent on them.
+#[derive(Default)]
+struct HelperStats {
+    bytes: AtomicU64,
+    busy_ns: AtomicU64,
 }
 
 impl Helper {
@@ -139,7 +147,7 @@ impl Helper {
 
 /// A helper's loop: each job run and counted, in order; an idle helper spins a moment for the
 /// next before it sleeps on its channel.
-fn helper_loop(rx: mpsc::Receiver<Work>, finished: Arc<AtomicU64>) {
+fn helper_loop(rx: mpsc::Receiver<Work>, finished: Arc<AtomicU64>, stats: Arc<HelperStats>) {
     loop {
         let work = match rx.try_recv() {
             Ok(w) => w,
@@ -175,10 +183,15 @@ fn helper_loop(rx: mpsc::Receiver<Work>, finished: Arc<AtomicU64>) {
                 part.left.fetch_sub(1, Ordering::Release);
             }
             Work::Job(job) => {
+                let (since, bytes) = (Instant::now(), job.bytes() as u64);
                 // SAFETY: `HostCopies::queue`'s contract: valid until the ticket is done, which
                 // the count below makes it.
                 unsafe { job.run() };
                 drop(job);
+                stats
+                    .busy_ns
+                    .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                stats.bytes.fetch_add(bytes, Ordering::Relaxed);
                 finished.fetch_add(1, Ordering::Release);
             }
         }
@@ -213,14 +226,17 @@ impl HostCopies {
             let (tx, rx) = mpsc::channel::<Work>();
             let finished = Arc::new(AtomicU64::new(0));
             let theirs = finished.clone();
+            let stats = Arc::new(HelperStats::default());
+            let their_stats = stats.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("tcpxd-copy-{i}"))
-                .spawn(move || helper_loop(rx, theirs));
+                .spawn(move || helper_loop(rx, theirs, their_stats));
             match spawned {
                 Ok(thread) => helpers.push(Helper {
                     tx,
                     queued: AtomicU64::new(0),
                     finished,
+                    stats,
                     thread: Some(thread),
                 }),
                 Err(e) => {
@@ -353,6 +369,28 @@ impl HostCopies {
 impl Drop for HostCopies {
     fn drop(&mut self) {
         self.quiesce();
+        if !self.helpers.is_empty() {
+            // Where a host block path's time went (docs/BENCHMARKS.md, session 19): each
+            // helper's share of the queued bytes and how long it copied them.
+            let per: Vec<String> = self
+                .helpers
+                .iter()
+                .map(|h| {
+                    let (b, ns) = (
+                        h.stats.bytes.load(Ordering::Relaxed),
+                        h.stats.busy_ns.load(Ordering::Relaxed),
+                    );
+                    let gbps = if ns == 0 { 0.0 } else { b as f64 / ns as f64 };
+                    format!(
+                        "{} jobs, {:.1} MB in {:.1} ms ({gbps:.1} GB/s)",
+                        h.queued.load(Ordering::Relaxed),
+                        b as f64 / 1e6,
+                        ns as f64 / 1e6
+                    )
+                })
+                .collect();
+            tracing::info!(helpers = per.len(), "host copy helpers: {}", per.join("; "));
+        }
         let threads: Vec<JoinHandle<()>> = self.helpers.iter_mut().filter_map(|h| h.thread.take()).collect();
         self.helpers.clear(); // closes every channel: the helpers end
         for t in threads {
