@@ -516,13 +516,22 @@ struct Poller {
     /// receive, if that failed).
     stages: HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
-    /// Block chunks' host copies, split across helper threads (`net::host_copies`).
+    /// Block chunks' host copies on helper threads (`net::host_copies`): queued whole per chunk.
     host_copies: HostCopies,
     /// Scratch for the completions gathered during a pass.
     completions: Vec<Completion>,
     meter: Meter,
     /// Scratch for a block chunk's pieces (reused: nothing allocated per chunk).
     segs: Vec<crate::engine::blocks::Segment>,
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        // Before any field goes (the peers' comms, whose bounce pages a queued host copy may
+        // still read, are declared first): every queued copy ends. The shutdown quiesced
+        // already; this covers leaving `run` any other way (a panic).
+        self.host_copies.quiesce();
+    }
 }
 
 /// Plugin completions gathered during a pass, applied to the engine afterwards.
