@@ -17,12 +17,14 @@ mod gather_ahead;
 mod gpu_credits;
 mod lane_life;
 mod lifecycle;
+mod listed_lanes;
 mod prepared;
 mod prepared_early;
 mod release;
 mod routed_credits;
 mod routes;
 mod sim;
+mod sim_unpack;
 mod teardown;
 
 use sim::*;

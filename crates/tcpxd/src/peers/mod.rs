@@ -58,7 +58,13 @@ use topology_pb::{topology_from_pb, topology_to_pb};
 /// packed offsets and lengths); a protocol-5 daemon would see an offer with no ranges.
 /// 6 (routed-credits): a routed pairing's lane catalogue has an eager lane per route in every
 /// memory pair, and `GpuCredits.buffer_gpus`; eager headers name those lanes (engine `routes.rs`).
-pub const PROTOCOL_VERSION: u32 = 6;
+/// 7 (routed-lanes): a routed pairing's lanes are its catalogue's only, numbered from 0 (the
+/// layout's, never used there, no longer come first): a protocol-6 daemon would take every lane
+/// number for another route.
+/// 7 (session 19; numpy-zeros' part, same version): `CancelSeen`, the receiver's answer to `CancelOffer`, which
+/// the sender waits for before it sends the offer's remaining chunks empty: a protocol-6 receiver
+/// never answers, and the sender would hold them (and the lanes behind them) for ever.
+pub const PROTOCOL_VERSION: u32 = 7;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;
 /// Largest control message: a block offer's header carries the receiver's indices and the
