@@ -4,7 +4,8 @@
 #
 #   tools/bench-host-blocks.sh BIN_DIR [GPU]
 #
-# BIN_DIR holds release binaries `tcpxctl` and `tcpxd` (e.g. target/release). Each row is one
+# BIN_DIR holds release binaries `tcpxctl` and `tcpxd` (e.g. target/release), and, when built,
+# `tcpxd-host-copy-bench` (its rows come first: the host copies alone). Each row is one
 # `tcpxctl bench transfer --blocks N --block-size S` (two local daemons on the built-in emulation,
 # the block transfer, the contiguous transfer of the same bytes and the same pairs as one packed
 # WriteBatch / ReadBatch alternating transfer by transfer), whose ratios it prints:
@@ -39,6 +40,12 @@ run() {
 }
 
 rc=0
+if [ -x "$bin/tcpxd-host-copy-bench" ]; then
+  # The receiver's copies alone (no plugin): do helpers scale them on this host? (poller alone,
+  # fork-and-join as in session 18, queued whole per chunk as since session 19.)
+  echo "== host copies alone: 512 KiB chunks of 16 KiB pieces, slot zeroed after"
+  "$bin/tcpxd-host-copy-bench" --threads 1,2,4,8 || rc=1
+fi
 echo "== point 3: host copies, 4096 x 16 KiB, scattered/contiguous"
 for op in write read; do
   for t in 0 2 4; do

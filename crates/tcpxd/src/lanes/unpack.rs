@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use super::stage::{BatchEnd, GpuStage};
 use crate::gpu::{DeviceRegion, Gpu};
+use crate::net::host_copies::CopyTicket;
 use crate::net::{RecvComm, Region, RequestId};
 use crate::unpack::UnpackJob;
 
@@ -36,6 +37,8 @@ pub enum Wait {
     Ready(Result<(), String>),
     /// In batch `batch` of GPU `gpu`'s unpack stage; `len` bytes posted.
     Gpu { gpu: usize, batch: u64, len: u32 },
+    /// Host copies queued on a copy helper (`net::host_copies`): done with its ticket.
+    Host(CopyTicket),
 }
 
 impl Wait {
@@ -51,6 +54,7 @@ impl Wait {
         match self {
             Wait::Header => None,
             Wait::Ready(r) => Some(r.clone()),
+            Wait::Host(ticket) => ticket.is_done().then_some(Ok(())),
             Wait::Gpu { gpu, batch, len } => match outcome(*gpu, *batch)? {
                 BatchEnd::Unpacked => Some(Ok(())),
                 BatchEnd::Failed(why) => Some(Err(why)),

@@ -9,12 +9,14 @@
 //! A chunk's table is its pieces in wire order ([`Segment`]: `len` bytes at `offset` of this
 //! side's buffer, at byte `wire` of the chunk), as `engine::blocks::SidePlan` produces them.
 
+use std::sync::Arc;
+
 use crate::engine::blocks::Segment;
 
 use super::abi::loadMeta;
 use super::cross_memory::{AttachError, ClientCopies, ClientPages};
 use super::error::{NetError, NetResult};
-use super::host_copies::{HostCopies, HostCopy};
+use super::host_copies::{CopyJob, CopyTicket, HostCopies, HostCopy};
 use super::memory::{MemType, Region};
 
 // kernels/blocks.cu reads the tables as 16-byte `BlockSeg`s.
@@ -195,7 +197,7 @@ pub fn scatter_ops(
 /// Gathers a chunk: each piece of `segs` (offsets in `src`) to its wire offset in the
 /// `slot_len`-byte slot at byte `slot` of `staging`. Both regions must be host memory. The table
 /// is checked first (pieces in wire order, inside `src`, the chunk inside the slot); on error
-/// nothing is copied. Returns the chunk's length.
+/// nothing is copied. Returns the chunk's length once it is copied.
 pub fn gather_region(
     src: &dyn Region,
     segs: &[Segment],
@@ -204,6 +206,45 @@ pub fn gather_region(
     slot_len: usize,
     copies: &HostCopies,
 ) -> NetResult<u32> {
+    let (bytes, planned) = plan_gather(src, segs, staging, slot, slot_len)?;
+    // SAFETY: every copy lies inside `src` and the slot (`plan_gather`); both are live host
+    // regions; the pieces' wire ranges are distinct, so no two targets overlap, and the slot is
+    // this send's alone (the ring's rule), so nothing else writes it; the source bytes are the
+    // transfer's (the engine counts the buffer's users). `copy_all` returns once all are copied.
+    unsafe { copies.copy_all(&planned) };
+    Ok(bytes)
+}
+
+/// [`gather_region`] queued on a copy helper ([`HostCopies::queue`]): returns the chunk's length
+/// and, unless it was copied at once, the ticket the send must wait for. The regions are held
+/// by the job; the slot must not be reused, nor the send posted, before the ticket is done.
+pub fn gather_region_queued(
+    src: &Arc<dyn Region>,
+    segs: &[Segment],
+    staging: &Arc<dyn Region>,
+    slot: usize,
+    slot_len: usize,
+    copies: &HostCopies,
+) -> NetResult<(u32, Option<CopyTicket>)> {
+    let (bytes, planned) = plan_gather(&**src, segs, &**staging, slot, slot_len)?;
+    let job = CopyJob {
+        copies: planned,
+        zero: None,
+        keep: vec![src.clone(), staging.clone()],
+    };
+    // SAFETY: as in `gather_region`; both regions are held by the job until it is done, and the
+    // slot stays this send's until the send (posted only after the ticket is done) completes.
+    Ok((bytes, unsafe { copies.queue(job) }))
+}
+
+/// A gather's checks and copies: the chunk's length and one copy per piece.
+fn plan_gather(
+    src: &dyn Region,
+    segs: &[Segment],
+    staging: &dyn Region,
+    slot: usize,
+    slot_len: usize,
+) -> NetResult<(u32, Vec<HostCopy>)> {
     if src.mem_type() != MemType::Host || staging.mem_type() != MemType::Host {
         return Err(NetError::InvalidArgument(
             "a host gather needs a host buffer and a host staging slot".into(),
@@ -224,12 +265,7 @@ pub fn gather_region(
         planned.push(HostCopy { from, to, n });
     })
     .map_err(|e| NetError::InvalidArgument(format!("gather: {e}")))?;
-    // SAFETY: every copy lies inside `src` and the slot (above); both are live host regions;
-    // the pieces' wire ranges are distinct, so no two targets overlap, and the slot is this
-    // send's alone (the ring's rule), so nothing else writes it; the source bytes are the
-    // transfer's (the engine counts the buffer's users). `copy_all` returns once all are copied.
-    unsafe { copies.copy_all(&planned) };
-    Ok(bytes)
+    Ok((bytes, planned))
 }
 
 /// Why a gather from a client's pages failed: the table (nothing copied) or the client's

@@ -1,27 +1,47 @@
-//! Host copies of block chunks split across threads (issue 38 point 3): a chunk's gather (its
-//! pieces of a host buffer into a staging slot, `blocks::gather_region`) and scatter (the landed
-//! bytes into a host buffer's pieces, `RecvComm::scatter_landed`) run on the poller thread, one
-//! memcpy after another; on a host whose lanes move 13–15 GB/s of contiguous bytes that single
-//! thread bounds block transfers (~4 GB/s, issue 38). [`HostCopies::copy_all`] cuts a chunk's
-//! copies into parts of about equal bytes (a piece may be cut), hands all but the first to its
-//! helper threads, copies the first itself, and returns only once every part is done.
+//! Host copies of block chunks on helper threads (issue 38 point 3): a chunk's gather (its pieces
+//! of a host buffer into a staging slot, `blocks::gather_region`) and scatter (the landed bytes
+//! into a host buffer's pieces, `RecvComm::scatter_landed`). On a host whose lanes move 13–15
+//! GB/s of contiguous bytes, the poller copying one chunk after another bounds block transfers
+//! (~4 GB/s, issue 38).
 //!
-//! Fork and join, not a queue the poller leaves copies in: every copy has finished when the
-//! call returns, exactly as the single-threaded copy had, so nothing about a request's life
-//! changes (its staging slot, landing slot or bounce pages, cancellation, a peer lost mid-way,
-//! the slot zeroed after a direct receive). What the helpers take off the poller is the copy's
-//! time, which is most of a block chunk's host work.
+//! Two ways in:
+//! - [`HostCopies::queue`]: the chunk's copies (and, for a direct receive, the zeroing of its
+//!   landing slot afterwards) go whole to the least busy helper, and the poller goes on at once
+//!   with a [`CopyTicket`]; the send is posted, or the receive consumed, only once the ticket is
+//!   done (as a GPU gather or scatter waits for its batch). Several chunks of each lane are
+//!   copied at once on as many helpers, overlapping the poller's tests and posts: what a
+//!   fork-and-join copy (below) could not do, the poller waiting for its helpers on every chunk.
+//!   With no helpers, or a chunk under [`MIN_QUEUE_BYTES`], the copy runs at once on the caller
+//!   and no ticket is returned.
+//! - [`HostCopies::copy_all`]: fork and join: a chunk's copies cut into parts of about equal bytes
+//!   (a piece may be cut), all but the first handed to helpers, the first copied by the caller,
+//!   returning once every part is done (eager landings, tests).
+//!
+//! Whatever a queued job reads or writes stays valid until its ticket is done: the regions it
+//! names are held by the job ([`CopyJob::keep`]); the plugin's bounce pages are not consumed
+//! before the ticket is done, and every comm, ring or buffer is dropped only after
+//! [`HostCopies::quiesce`] (the poller's close and removal paths), as GPU block kernels are
+//! quiesced there.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::memory::Region;
 
 /// A chunk's copies of fewer bytes than this run on the calling thread alone: handing parts out
 /// costs a few µs a helper, a 128 KiB memcpy ~10–30 µs.
 pub const MIN_SPLIT_BYTES: usize = 128 * 1024;
 /// No part is smaller than this (fewer parts than helpers for a small chunk).
 pub const MIN_PART_BYTES: usize = 64 * 1024;
+/// A queued chunk of fewer bytes than this is copied by the caller at once (handing it over costs
+/// more than copying it).
+pub const MIN_QUEUE_BYTES: usize = 32 * 1024;
+/// How long an idle helper keeps looking for its next job before it sleeps: a chunk every few
+/// tens of µs keeps it awake (no wake-up per chunk), an idle daemon costs it nothing.
+const HELPER_SPIN: Duration = Duration::from_micros(200);
 /// `transfer.host_copy_threads` at most.
 pub const MAX_HOST_COPY_THREADS: usize = 64;
 
@@ -45,15 +65,137 @@ struct Part {
     left: Arc<AtomicUsize>,
 }
 
+/// A chunk's copies queued whole ([`HostCopies::queue`]): the copies, then `zero` (`n` bytes at
+/// a pointer: a direct receive's landing slot, zeroed once copied out), with the regions they
+/// lie in held until done.
+pub struct CopyJob {
+    pub copies: Vec<HostCopy>,
+    pub zero: Option<(*mut u8, usize)>,
+    /// Kept alive until the job is done (the source and target regions it copies between).
+    pub keep: Vec<Arc<dyn Region>>,
+}
+
+impl CopyJob {
+    /// The job's bytes: copied and zeroed.
+    pub fn bytes(&self) -> usize {
+        self.copies.iter().map(|c| c.n).sum::<usize>() + self.zero.map_or(0, |z| z.1)
+    }
+
+    /// Copies, then zeroes, on this thread.
+    ///
+    /// # Safety
+    /// As [`HostCopies::queue`].
+    unsafe fn run(&self) {
+        copy_part(&self.copies);
+        if let Some((at, n)) = self.zero {
+            // SAFETY: the caller's contract: `n` writable bytes nothing else touches.
+            unsafe { std::ptr::write_bytes(at, 0, n) };
+        }
+    }
+}
+
+/// What a helper is handed.
+enum Work {
+    Part(Part),
+    Job(CopyJob),
+}
+
 // SAFETY: a `Part` carries raw pointers into memory that `HostCopies::copy_all`'s caller
 // guarantees readable (`from`) and writable by this copy alone (`to`) until `copy_all` returns,
-// and `copy_all` returns only after every part it handed out was copied (`left` reached 0).
-unsafe impl Send for Part {}
+// and `copy_all` returns only after every part it handed out was copied (`left` reached 0). A
+// `Job`'s pointers are valid until its ticket is done (`HostCopies::queue`'s contract), which
+// is after the helper ran it.
+unsafe impl Send for Work {}
 
-/// A helper thread's end: where parts go.
+/// A queued job's ticket: done once its helper finished `seq` jobs.
+#[derive(Debug, Clone)]
+pub struct CopyTicket {
+    finished: Arc<AtomicU64>,
+    seq: u64,
+}
+
+impl CopyTicket {
+    /// Whether the job's copies (and zeroing) are over: its memory may be reused.
+    pub fn is_done(&self) -> bool {
+        self.finished.load(Ordering::Acquire) >= self.seq
+    }
+}
+
+/// A helper thread's end: where work goes, how many jobs it was given and finished.
 struct Helper {
-    tx: mpsc::Sender<Part>,
+    tx: mpsc::Sender<Work>,
+    /// Jobs handed over (only the caller's thread adds to it).
+    queued: AtomicU64,
+    finished: Arc<AtomicU64>,
+    stats: Arc<HelperStats>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// What a helper did with queued jobs: bytes copied and zeroed, time spent on them.
+#[derive(Default)]
+struct HelperStats {
+    bytes: AtomicU64,
+    busy_ns: AtomicU64,
+}
+
+impl Helper {
+    fn in_flight(&self) -> u64 {
+        let queued = self.queued.load(Ordering::Relaxed);
+        queued - self.finished.load(Ordering::Relaxed).min(queued)
+    }
+}
+
+/// A helper's loop: each job run and counted, in order; an idle helper spins a moment for the
+/// next before it sleeps on its channel.
+fn helper_loop(rx: mpsc::Receiver<Work>, finished: Arc<AtomicU64>, stats: Arc<HelperStats>) {
+    loop {
+        let work = match rx.try_recv() {
+            Ok(w) => w,
+            Err(mpsc::TryRecvError::Disconnected) => return,
+            Err(mpsc::TryRecvError::Empty) => {
+                let since = Instant::now();
+                let mut got = None;
+                while since.elapsed() < HELPER_SPIN {
+                    for _ in 0..64 {
+                        std::hint::spin_loop();
+                    }
+                    match rx.try_recv() {
+                        Ok(w) => {
+                            got = Some(w);
+                            break;
+                        }
+                        Err(mpsc::TryRecvError::Disconnected) => return,
+                        Err(mpsc::TryRecvError::Empty) => {}
+                    }
+                }
+                match got {
+                    Some(w) => w,
+                    None => match rx.recv() {
+                        Ok(w) => w,
+                        Err(_) => return,
+                    },
+                }
+            }
+        };
+        match work {
+            Work::Part(part) => {
+                copy_part(&part.copies);
+                part.left.fetch_sub(1, Ordering::Release);
+            }
+            Work::Job(job) => {
+                let (since, bytes) = (Instant::now(), job.bytes() as u64);
+                // SAFETY: `HostCopies::queue`'s contract: valid until the ticket is done, which
+                // the count below makes it.
+                unsafe { job.run() };
+                drop(job);
+                stats
+                    .busy_ns
+                    .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+                finished.fetch_add(1, Ordering::Release);
+            }
+        }
+    }
 }
 
 /// The poller's host copies and their helper threads (see the module's documentation).
@@ -81,18 +223,20 @@ impl HostCopies {
     pub fn new(threads: usize) -> HostCopies {
         let mut helpers = Vec::new();
         for i in 0..threads.min(MAX_HOST_COPY_THREADS) {
-            let (tx, rx) = mpsc::channel::<Part>();
+            let (tx, rx) = mpsc::channel::<Work>();
+            let finished = Arc::new(AtomicU64::new(0));
+            let theirs = finished.clone();
+            let stats = Arc::new(HelperStats::default());
+            let their_stats = stats.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("tcpxd-copy-{i}"))
-                .spawn(move || {
-                    while let Ok(part) = rx.recv() {
-                        copy_part(&part.copies);
-                        part.left.fetch_sub(1, Ordering::Release);
-                    }
-                });
+                .spawn(move || helper_loop(rx, theirs, their_stats));
             match spawned {
                 Ok(thread) => helpers.push(Helper {
                     tx,
+                    queued: AtomicU64::new(0),
+                    finished,
+                    stats,
                     thread: Some(thread),
                 }),
                 Err(e) => {
@@ -154,7 +298,7 @@ impl HostCopies {
                 copies: part,
                 left: left.clone(),
             };
-            if let Err(mpsc::SendError(part)) = helper.tx.send(part) {
+            if let Err(mpsc::SendError(Work::Part(part))) = helper.tx.send(Work::Part(part)) {
                 // The helper is gone: its part is copied here.
                 copy_part(&part.copies);
                 left.fetch_sub(1, Ordering::Release);
@@ -166,10 +310,87 @@ impl HostCopies {
             std::thread::yield_now();
         }
     }
+
+    /// Hands `job` whole to the helper with the fewest jobs under way and returns its ticket;
+    /// with no helper, or a job under [`MIN_QUEUE_BYTES`], runs it here and returns `None` (done).
+    ///
+    /// # Safety
+    /// Every copy's `from` must be readable and its `to` writable for `n` bytes, and `zero`'s
+    /// range writable, until the ticket is done (outside the regions in `job.keep`, the caller
+    /// keeps the memory alive that long, and [`HostCopies::quiesce`] before freeing it); no two
+    /// targets may overlap each other or any source, and nothing else may write the targets (or
+    /// the sources) meanwhile.
+    pub unsafe fn queue(&self, job: CopyJob) -> Option<CopyTicket> {
+        if self.helpers.is_empty() || job.bytes() < MIN_QUEUE_BYTES {
+            // SAFETY: the caller's contract, for this call's length.
+            unsafe { job.run() };
+            return None;
+        }
+        let helper = self
+            .helpers
+            .iter()
+            .min_by_key(|h| h.in_flight())
+            .expect("a helper");
+        match helper.tx.send(Work::Job(job)) {
+            Ok(()) => {
+                let seq = helper.queued.fetch_add(1, Ordering::Relaxed) + 1;
+                Some(CopyTicket {
+                    finished: helper.finished.clone(),
+                    seq,
+                })
+            }
+            Err(mpsc::SendError(Work::Job(job))) => {
+                // The helper is gone: the job runs here.
+                // SAFETY: as above.
+                unsafe { job.run() };
+                None
+            }
+            Err(mpsc::SendError(Work::Part(_))) => unreachable!("a job was sent"),
+        }
+    }
+
+    /// Returns once every queued job is done (before a comm, ring or buffer a job may touch is
+    /// dropped).
+    pub fn quiesce(&self) {
+        for h in &self.helpers {
+            while h.finished.load(Ordering::Acquire) < h.queued.load(Ordering::Relaxed) {
+                std::hint::spin_loop();
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Jobs queued and not done yet.
+    pub fn in_flight(&self) -> u64 {
+        self.helpers.iter().map(Helper::in_flight).sum()
+    }
 }
 
 impl Drop for HostCopies {
     fn drop(&mut self) {
+        self.quiesce();
+        if !self.helpers.is_empty() {
+            // Where a host block path's time went (docs/BENCHMARKS.md, session 19): each
+            // helper's share of the queued bytes and how long it copied them.
+            let per: Vec<String> = self
+                .helpers
+                .iter()
+                .map(|h| {
+                    let (b, ns) = (
+                        h.stats.bytes.load(Ordering::Relaxed),
+                        h.stats.busy_ns.load(Ordering::Relaxed),
+                    );
+                    let gbps = if ns == 0 { 0.0 } else { b as f64 / ns as f64 };
+                    format!(
+                        "{} jobs, {:.1} MB in {:.1} ms ({gbps:.1} GB/s)",
+                        h.queued.load(Ordering::Relaxed),
+                        b as f64 / 1e6,
+                        ns as f64 / 1e6
+                    )
+                })
+                .collect();
+            tracing::info!(helpers = per.len(), "host copy helpers: {}", per.join("; "));
+        }
         let threads: Vec<JoinHandle<()>> = self.helpers.iter_mut().filter_map(|h| h.thread.take()).collect();
         self.helpers.clear(); // closes every channel: the helpers end
         for t in threads {
@@ -219,6 +440,92 @@ mod tests {
                 assert!(dst == want, "{helpers} helpers, round {round}");
             }
         }
+    }
+
+    /// Queued jobs (many chunks at once, each with scattered copies and a zeroed source slot)
+    /// land exactly as copies one by one, on 0 to 4 helpers; a ticket is done only after its
+    /// job, `quiesce` waits for every one, and fork-and-join copies still work between them.
+    #[test]
+    fn queued_jobs_land_exactly_and_tickets_say_when() {
+        let mut rng = Rng::new(83);
+        for helpers in 0..5 {
+            let pool = HostCopies::new(helpers);
+            let chunk = 256 * 1024;
+            let jobs = 24;
+            // Sources: one slot per job (zeroed by its job once copied out); targets: 16 KiB
+            // blocks of `dst` in shuffled order.
+            let mut slots: Vec<u8> = (0..jobs * chunk).map(|i| (i * 13 + i / 977) as u8).collect();
+            let src = slots.clone();
+            let blocks = jobs * chunk / 16384;
+            let mut order: Vec<usize> = (0..blocks).collect();
+            for i in (1..blocks).rev() {
+                order.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            let mut dst = vec![0xEEu8; jobs * chunk];
+            let mut want = dst.clone();
+            let mut tickets = Vec::new();
+            for j in 0..jobs {
+                let mut copies = Vec::new();
+                for b in 0..chunk / 16384 {
+                    let from = j * chunk + b * 16384;
+                    let to = order[from / 16384] * 16384;
+                    want[to..to + 16384].copy_from_slice(&src[from..from + 16384]);
+                    copies.push(HostCopy {
+                        from: slots[from..].as_ptr(),
+                        to: dst[to..].as_mut_ptr(),
+                        n: 16384,
+                    });
+                }
+                let job = CopyJob {
+                    copies,
+                    zero: Some((slots[j * chunk..].as_mut_ptr(), chunk)),
+                    keep: Vec::new(),
+                };
+                // SAFETY: `slots` and `dst` outlive every job (`quiesce` below); targets are
+                // distinct blocks of `dst`, each job zeroes only its own slot after copying it.
+                match unsafe { pool.queue(job) } {
+                    Some(t) => tickets.push(t),
+                    None => assert_eq!(helpers, 0, "with helpers a 256 KiB job is queued"),
+                }
+            }
+            // A fork-and-join copy between the queued jobs (into a vector of its own).
+            let extra: Vec<u8> = (0..1 << 20).map(|i| (i % 241) as u8).collect();
+            let mut extra_dst = vec![0u8; 1 << 20];
+            let c = HostCopy {
+                from: extra.as_ptr(),
+                to: extra_dst.as_mut_ptr(),
+                n: extra.len(),
+            };
+            // SAFETY: two live, distinct vectors.
+            unsafe { pool.copy_all(&[c]) };
+            assert!(extra_dst == extra);
+            pool.quiesce();
+            assert_eq!(pool.in_flight(), 0);
+            assert!(tickets.iter().all(CopyTicket::is_done));
+            assert_eq!(tickets.len(), if helpers == 0 { 0 } else { jobs });
+            assert!(dst == want, "{helpers} helpers");
+            assert!(slots.iter().all(|&b| b == 0), "every slot zeroed");
+        }
+    }
+
+    /// A job under `MIN_QUEUE_BYTES` is copied at once, helpers or not.
+    #[test]
+    fn a_small_job_is_copied_at_once() {
+        let pool = HostCopies::new(2);
+        let src = vec![7u8; 4096];
+        let mut dst = vec![0u8; 4096];
+        let job = CopyJob {
+            copies: vec![HostCopy {
+                from: src.as_ptr(),
+                to: dst.as_mut_ptr(),
+                n: 4096,
+            }],
+            zero: None,
+            keep: Vec::new(),
+        };
+        // SAFETY: two live, distinct vectors; the copy is over when `queue` returns None.
+        assert!(unsafe { pool.queue(job) }.is_none());
+        assert!(dst == src);
     }
 
     /// One large piece is cut into parts of about equal bytes, one per thread.

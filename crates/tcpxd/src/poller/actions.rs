@@ -435,6 +435,8 @@ impl Poller {
         if p.send.iter().any(|l| l.staging.on_gpu()) || p.recv.iter().any(|l| l.scatter.on_gpu()) {
             self.stages.values_mut().for_each(GpuStage::quiesce_blocks);
         }
+        // Host copies queued on helpers may still read bounce pages or write staging slots.
+        self.host_copies.quiesce();
         // The lanes' comms close apart: the plugin's close of a comm with a request under way
         // waits for a hung peer, for ever if it never comes back; the poller must not.
         let send = p.send.iter_mut().map(SendLane::take).collect();
@@ -572,5 +574,6 @@ fn landed_chunk(
     if matches!(landing.wait, Wait::Ready(_)) {
         landing.meta.unpacked = Some(Instant::now());
     }
+    landing.meta.on_host = matches!(landing.wait, Wait::Ready(_) | Wait::Host(_));
     Ok(())
 }

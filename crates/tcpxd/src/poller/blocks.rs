@@ -45,7 +45,7 @@
 //! to the chunk, or a bad table fail the receive (or, for a send, the pairing: its FIFO order
 //! cannot be kept otherwise) with the reason.
 
-use crate::net::host_copies::HostCopies;
+use crate::net::host_copies::{CopyTicket, HostCopies};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -64,14 +64,16 @@ use crate::unpack::UnpackImpl;
 pub(super) const STAGED: u64 = u64::MAX - 1;
 
 /// A send waiting for the plugin: from a buffer, or (`buffer == STAGED`) from slot `offset` of
-/// the lane's staging ring `ring`, once the GPU batch `gate` (GPU ordinal, batch) has gathered it.
-#[derive(Debug, Clone, Copy)]
+/// the lane's staging ring `ring`, once the GPU batch `gate` (GPU ordinal, batch) or the host
+/// copy helper's job `copied` has gathered it.
+#[derive(Debug, Clone)]
 pub(super) struct SendPost {
     pub buffer: u64,
     pub offset: u64,
     pub len: u32,
     pub ring: usize,
     pub gate: Option<(usize, u64)>,
+    pub copied: Option<CopyTicket>,
 }
 
 impl SendPost {
@@ -82,6 +84,7 @@ impl SendPost {
             len,
             ring: 0,
             gate: None,
+            copied: None,
         }
     }
 }
@@ -274,6 +277,7 @@ pub(super) fn gather_send(
         len,
         ring,
         gate: None,
+        copied: None,
     };
     if len == 0 {
         return Ok((post, None));
@@ -300,15 +304,17 @@ pub(super) fn gather_send(
             }
         }
         (None, None, _) => {
-            crate::net::blocks::gather_region(
-                &*entry.region_dyn(),
+            // On a copy helper when there is one: the send waits in the lane's queue for it.
+            let (_, ticket) = crate::net::blocks::gather_region_queued(
+                &entry.region_dyn(),
                 segs,
-                &**r.mh.region(),
+                r.mh.region(),
                 offset as usize,
                 r.slot_bytes as usize,
                 copies,
             )
             .map_err(|e| e.to_string())?;
+            post.copied = ticket;
         }
         (None, Some(region), Some(ring_span)) => {
             crate::net::blocks::check_table(segs, len, region.len() as u64)
@@ -415,8 +421,12 @@ pub(super) fn start_scatter(
         return Wait::Ready(scatter_to_client(comm, id, entry, segs, len));
     }
     let Some(region) = entry.device_region() else {
-        let r = comm.scatter_landed(id, segs, len, &*entry.region_dyn(), copies);
-        return Wait::Ready(r.map(|_| ()).map_err(|e| e.to_string()));
+        // On a copy helper when there is one: the receive is consumed once it is done.
+        return match comm.scatter_landed_queued(id, segs, len, &entry.region_dyn(), copies) {
+            Ok((_, Some(ticket))) => Wait::Host(ticket),
+            Ok((_, None)) => Wait::Ready(Ok(())),
+            Err(e) => Wait::Ready(Err(e.to_string())),
+        };
     };
     let gpu = region.gpu().clone();
     let r = (|| -> Result<Option<u64>, String> {

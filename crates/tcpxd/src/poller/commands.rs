@@ -70,6 +70,9 @@ impl Poller {
             Command::RemoveBuffer { id, reply } => {
                 let r = self.engine.remove_buffer(id);
                 if r.is_ok() {
+                    // A host copy queued on a helper holds the region itself, but not the
+                    // registrations dropped below.
+                    self.host_copies.quiesce();
                     self.buffers.remove(&id);
                     for p in self.peers.values_mut() {
                         for l in &mut p.send {

@@ -226,7 +226,15 @@ impl Poller {
                         start_buffer_unpack(comm, id, dest, buffers, stages, *unpack_impl)
                     };
                     let unpacked = matches!(wait, Wait::Ready(_)).then(Instant::now);
-                    (wait, Landing { landed, unpacked })
+                    let on_host = matches!(wait, Wait::Ready(_) | Wait::Host(_));
+                    (
+                        wait,
+                        Landing {
+                            landed,
+                            unpacked,
+                            on_host,
+                        },
+                    )
                 });
                 if let Err(e) = tested {
                     meter.metrics.plugin_error(&e);
@@ -253,8 +261,12 @@ impl Poller {
                     |front, result| {
                         tracing::trace!(target: "tcpxd::hop", hop = "poller.consumed", lane = li);
                         let now = Instant::now();
-                        let Landing { landed, unpacked } = front.meta;
-                        let kind = if unpacked.is_some() { "host" } else { "gpu" };
+                        let Landing {
+                            landed,
+                            unpacked,
+                            on_host,
+                        } = front.meta;
+                        let kind = if on_host { "host" } else { "gpu" };
                         meter
                             .metrics
                             .recv_consumed(kind, unpacked.unwrap_or(now) - landed, now - landed);

@@ -75,6 +75,8 @@ impl Poller {
         if on_gpu {
             self.stages.values_mut().for_each(GpuStage::quiesce_blocks);
         }
+        // Host copies queued on helpers may still read its bounce pages or write its slots.
+        self.host_copies.quiesce();
         if send {
             if let Some(l) = p.send.get_mut(lane as usize) {
                 l.handles = HashMap::new();

@@ -491,9 +491,12 @@ struct Posted {
 /// A completed receive waiting for its unpack before `irecvConsumed`.
 #[derive(Debug)]
 struct Landing {
-    /// When the plugin reported the receive complete, and when its data was in place.
+    /// When the plugin reported the receive complete, and when its data was in place (copied
+    /// at once on the host).
     landed: Instant,
     unpacked: Option<Instant>,
+    /// Unpacked by host copies (at once, or on a copy helper), not on a GPU.
+    on_host: bool,
 }
 
 struct PeerSlot {
@@ -527,13 +530,22 @@ struct Poller {
     /// receive, if that failed).
     stages: HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
-    /// Block chunks' host copies, split across helper threads (`net::host_copies`).
+    /// Block chunks' host copies on helper threads (`net::host_copies`): queued whole per chunk.
     host_copies: HostCopies,
     /// Scratch for the completions gathered during a pass.
     completions: Vec<Completion>,
     meter: Meter,
     /// Scratch for a block chunk's pieces (reused: nothing allocated per chunk).
     segs: Vec<crate::engine::blocks::Segment>,
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        // Before any field goes (the peers' comms, whose bounce pages a queued host copy may
+        // still read, are declared first): every queued copy ends. The shutdown quiesced
+        // already; this covers leaving `run` any other way (a panic).
+        self.host_copies.quiesce();
+    }
 }
 
 /// Plugin completions gathered during a pass, applied to the engine afterwards.

@@ -185,6 +185,8 @@ impl Poller {
                 .cancel(id, Code::Unavailable, "the daemon is shutting down");
         }
         self.run_actions();
+        // No host copy may still read a comm's bounce pages once the comms close.
+        self.host_copies.quiesce();
         let by = self.engine.close_by(Instant::now());
         close_comms(
             std::mem::take(&mut self.peers),

@@ -73,8 +73,12 @@ pub(super) fn post_sends(
             len,
             ring,
             gate,
+            ref copied,
         }) = l.deferred.front()
     {
+        if copied.as_ref().is_some_and(|t| !t.is_done()) {
+            break;
+        }
         if let Some((gpu, batch)) = gate {
             match stages.get_mut(&gpu).and_then(|s| s.gather_outcome(batch)) {
                 None if stages.contains_key(&gpu) => break,

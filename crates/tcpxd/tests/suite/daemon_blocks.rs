@@ -253,12 +253,19 @@ fn crc_zero(n: u64) -> u32 {
 }
 
 /// WriteBlocks and ReadBlocks move scattered blocks pair by pair, byte-exact, unary and in a
-/// Session, under both protocols; a stale token (after a rekey) is refused.
+/// Session, under both protocols, and by rendezvous with each chunk's host copies queued on 2
+/// helper threads (`transfer.host_copy_threads`: the send waits for its gather, the receive's
+/// consume for its scatter); a stale token (after a rekey) is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_writes_and_reads_land_scattered_blocks_exactly() {
     tcpxd::logging::init("warn");
-    for protocol in ["rendezvous", "eager"] {
-        let proto = |args: &mut tcpxd::config::DaemonArgs| args.transfer_protocol = Some(protocol.into());
+    for (protocol, helpers) in [("rendezvous", 0), ("eager", 0), ("rendezvous", 2)] {
+        let proto = |args: &mut tcpxd::config::DaemonArgs| {
+            args.transfer_protocol = Some(protocol.into());
+            if helpers > 0 {
+                args.host_copy_threads = Some(helpers);
+            }
+        };
         let mut a = daemons::start("blocks-a", proto).await;
         let mut b = daemons::start("blocks-b", proto).await;
         connect(&mut a, &b).await;

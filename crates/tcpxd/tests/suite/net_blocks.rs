@@ -90,7 +90,7 @@ fn round_trip() {
     }
     let send = SidePlan::build(&src, &IndexArray::compact(&si), "s").unwrap();
     let recv = SidePlan::build(&dst, &IndexArray::compact(&di), "d").unwrap();
-    let sbuf = HostRegion::new(2_000_000).unwrap();
+    let sbuf = Arc::new(HostRegion::new(2_000_000).unwrap());
     let bytes: Vec<u8> = (0..sbuf.len()).map(|_| rng.next() as u8).collect();
     sbuf.write(0, &bytes).unwrap();
     let dbuf = Arc::new(HostRegion::new(2_000_000).unwrap());
@@ -103,27 +103,50 @@ fn round_trip() {
             .copy_from_slice(&bytes[so as usize..(so + u64::from(l)) as usize]);
     }
 
-    // 64 KiB chunks copied by one thread, 256 KiB ones split across 3 helpers and this thread.
-    for (chunk, helpers) in [(65536u32, 0usize), (262_144, 3)] {
+    // 64 KiB chunks copied by one thread, 256 KiB ones split across 3 helpers and this thread,
+    // then queued whole on 3 helpers (each send after its gather's ticket, each consume after
+    // its scatter's).
+    for (chunk, helpers, queued) in [(65536u32, 0usize, false), (262_144, 3, false), (262_144, 3, true)] {
         dbuf.write(0, &vec![0x5A; dbuf.len()]).unwrap();
-        chunks(&mut s, &mut r, (&send, &recv), (&sbuf, &dbuf), chunk, helpers);
+        chunks(
+            &mut s,
+            &mut r,
+            (&send, &recv),
+            (&sbuf, &dbuf),
+            chunk,
+            (helpers, queued),
+        );
         assert!(
             read(&dbuf) == want,
-            "{chunk}-byte chunks, {helpers} helpers: the destination differs from a per-block copy"
+            "{chunk}-byte chunks, {helpers} helpers (queued: {queued}): the destination differs from a per-block copy"
         );
     }
 }
 
+/// Waits for a queued copy's ticket (none: copied at once).
+fn done(ticket: Option<tcpxd::net::host_copies::CopyTicket>) {
+    let since = Instant::now();
+    while ticket.as_ref().is_some_and(|t| !t.is_done()) {
+        assert!(
+            since.elapsed() < Duration::from_secs(20),
+            "a queued copy never finished"
+        );
+        std::thread::yield_now();
+    }
+}
+
 /// Moves `plans`' chunks of `chunk` bytes from `sbuf` into `dbuf` (gather, send, receive,
-/// scatter), `helpers` threads splitting the host copies.
+/// scatter), `helpers` threads splitting the host copies (`queued`: each chunk's copies queued
+/// whole on a helper).
 fn chunks(
     s: &mut SendComm,
     r: &mut RecvComm,
     (send, recv): (&SidePlan, &SidePlan),
-    (sbuf, dbuf): (&HostRegion, &Arc<HostRegion>),
+    (sbuf, dbuf): (&Arc<HostRegion>, &Arc<HostRegion>),
     chunk: u32,
-    helpers: usize,
+    (helpers, queued): (usize, bool),
 ) {
+    let (sdyn, ddyn): (Arc<dyn Region>, Arc<dyn Region>) = (sbuf.clone(), dbuf.clone());
     let copies = tcpxd::net::host_copies::HostCopies::new(helpers);
     let window = 4usize;
     let staging = Arc::new(HostRegion::populated(window * chunk as usize).unwrap());
@@ -135,8 +158,22 @@ fn chunks(
         send.chunk_into(chunk, k, &mut gt);
         recv.chunk_into(chunk, k, &mut st);
         let slot = (k as usize % window) * chunk as usize;
-        let n =
-            tcpxd::net::blocks::gather_region(sbuf, &gt, &*staging, slot, chunk as usize, &copies).unwrap();
+        let n = if queued {
+            let sdyn_staging: Arc<dyn Region> = staging.clone();
+            let (n, t) = tcpxd::net::blocks::gather_region_queued(
+                &sdyn,
+                &gt,
+                &sdyn_staging,
+                slot,
+                chunk as usize,
+                &copies,
+            )
+            .unwrap();
+            done(t);
+            n
+        } else {
+            tcpxd::net::blocks::gather_region(&**sbuf, &gt, &*staging, slot, chunk as usize, &copies).unwrap()
+        };
         if k % 3 == 0 {
             // A table that reaches past the destination is refused before a byte lands, and the
             // landing slot is left holding nothing of the chunk.
@@ -152,11 +189,24 @@ fn chunks(
             assert!(left.iter().all(|&b| b == 0), "chunk {k}: the slot kept bytes");
         }
         let rid = move_chunk(s, r, (&smh, slot), (&rmh, slot), n as usize);
-        assert_eq!(
-            r.scatter_landed(rid, &st, n, &**dbuf, &copies).unwrap(),
-            u64::from(n)
-        );
+        if queued {
+            let (copied, t) = r.scatter_landed_queued(rid, &st, n, &ddyn, &copies).unwrap();
+            assert_eq!(copied, u64::from(n));
+            done(t);
+        } else {
+            assert_eq!(
+                r.scatter_landed(rid, &st, n, &**dbuf, &copies).unwrap(),
+                u64::from(n)
+            );
+        }
         r.consume(rid).unwrap();
+        if queued {
+            // A direct receive's slot is zeroed by the job once copied out (into bounce pages
+            // nothing lands in the slot).
+            let mut left = vec![1u8; n as usize];
+            landing.read(slot, &mut left).unwrap();
+            assert!(left.iter().all(|&b| b == 0), "chunk {k}: the slot kept bytes");
+        }
     }
     // A gather whose table reaches past the source copies nothing.
     let bad = [Segment {
@@ -164,10 +214,10 @@ fn chunks(
         wire: 0,
         len: 11,
     }];
-    assert!(tcpxd::net::blocks::gather_region(sbuf, &bad, &*staging, 0, chunk as usize, &copies).is_err());
+    assert!(tcpxd::net::blocks::gather_region(&**sbuf, &bad, &*staging, 0, chunk as usize, &copies).is_err());
     assert!(
         tcpxd::net::blocks::gather_region(
-            sbuf,
+            &**sbuf,
             &gt,
             &*staging,
             3 * chunk as usize + 1,

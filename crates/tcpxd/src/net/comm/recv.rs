@@ -10,7 +10,7 @@ use super::comm_core::{CommCore, DeviceHandleStorage, MemHandle, register, test_
 use crate::net::abi::{self, loadMeta, ncclNetDeviceHandle_v7_t};
 use crate::net::cross_memory::{ClientCopies, ClientPages};
 use crate::net::error::{NetError, NetResult};
-use crate::net::host_copies::{HostCopies, HostCopy};
+use crate::net::host_copies::{CopyJob, CopyTicket, HostCopies, HostCopy};
 use crate::net::logger;
 use crate::net::memory::{MemType, Region};
 use crate::net::plugin::Plugin;
@@ -18,6 +18,17 @@ use crate::net::ring::UnpackRing;
 
 /// One copy of a scatter: `n` landed bytes at a pointer to byte `to` of the destination.
 type LandedCopy = (*const u8, usize, usize);
+
+/// What a scatter's plan hands its writer (`RecvComm::scatter_with`).
+enum LandedOp {
+    Copy(LandedCopy),
+    /// Every copy handed over: copy them (later only when `lasting`: the sources stay readable
+    /// until the receive is consumed), then zero `zero` (`n` bytes at a pointer).
+    Flush {
+        zero: Option<(*mut u8, usize)>,
+        lasting: bool,
+    },
+}
 
 struct RecvSlot {
     id: RequestId,
@@ -384,7 +395,7 @@ impl RecvComm {
     /// host bounce pages of its fragment list (which must add up to `bytes`), or, for a direct
     /// receive (no fragments), from the posted range itself, which is then zeroed (as in
     /// [`RecvComm::land_host`]). Everything is checked before the first byte is written.
-    /// Returns the bytes copied.
+    /// Returns the bytes copied, once they are.
     pub fn scatter_landed(
         &self,
         id: RequestId,
@@ -393,26 +404,81 @@ impl RecvComm {
         dst: &dyn Region,
         copies: &HostCopies,
     ) -> NetResult<u64> {
+        self.scatter_host(id, segs, bytes, dst, None, copies)
+            .map(|(n, _)| n)
+    }
+
+    /// [`RecvComm::scatter_landed`] queued on a copy helper ([`HostCopies::queue`]): returns
+    /// the bytes to copy and, unless they were copied at once, the ticket to wait for. The
+    /// receive must not be consumed (its bounce pages or landing slot reused) before the ticket
+    /// is done, nor the comm closed before [`HostCopies::quiesce`]. `dst` is held by the job.
+    pub fn scatter_landed_queued(
+        &self,
+        id: RequestId,
+        segs: &[crate::engine::blocks::Segment],
+        bytes: u32,
+        dst: &Arc<dyn Region>,
+        copies: &HostCopies,
+    ) -> NetResult<(u64, Option<CopyTicket>)> {
+        self.scatter_host(id, segs, bytes, &**dst, Some(dst), copies)
+    }
+
+    /// The host scatters: copied at once (`queue` None), or queued as one job holding `queue`
+    /// (the destination) and the posted range's region.
+    fn scatter_host(
+        &self,
+        id: RequestId,
+        segs: &[crate::engine::blocks::Segment],
+        bytes: u32,
+        dst: &dyn Region,
+        queue: Option<&Arc<dyn Region>>,
+        copies: &HostCopies,
+    ) -> NetResult<(u64, Option<CopyTicket>)> {
         if dst.mem_type() != MemType::Host {
             return Err(NetError::Ring("a host scatter needs a host destination".into()));
         }
         let to = dst.as_ptr();
         let mut planned: Vec<HostCopy> = Vec::with_capacity(segs.len() + 4);
-        self.scatter_with(id, segs, bytes, dst.len() as u64, &mut |op| {
+        let mut ticket = None;
+        let slot_region = self.completed_slot(id)?.region.clone();
+        let copied = self.scatter_with(id, segs, bytes, dst.len() as u64, &mut |op| {
             match op {
-                Some((from, t, n)) => {
+                LandedOp::Copy((from, t, n)) => {
                     // SAFETY: `scatter_ops` checked `t..t + n` inside `dst`.
                     let to = unsafe { to.add(t) };
                     planned.push(HostCopy { from, to, n });
                 }
-                // SAFETY: every target lies inside `dst`, a live host region whose pieces are
-                // this chunk's alone (the engine's plan; distinct per chunk); every source is
-                // `n` readable landed bytes not written before the flush returns (see
-                // `scatter_with`); `copy_all` returns once all are copied.
-                None => unsafe { copies.copy_all(&planned) },
+                LandedOp::Flush { zero, lasting } => match queue {
+                    Some(dst) if lasting => {
+                        let job = CopyJob {
+                            copies: std::mem::take(&mut planned),
+                            zero,
+                            keep: vec![dst.clone(), slot_region.clone()],
+                        };
+                        // SAFETY: every target lies inside `dst`, a host region the job holds,
+                        // whose pieces are this chunk's alone (the engine's plan; distinct per
+                        // chunk); every source is landed bytes in the bounce pages or the
+                        // posted range (held by the job), which the plugin does not rewrite
+                        // before the receive is consumed, after the ticket is done (the
+                        // caller's contract); `zero` is the posted range, written by nothing
+                        // else until then.
+                        ticket = unsafe { copies.queue(job) };
+                    }
+                    _ => {
+                        // SAFETY: as above, and `copy_all` returns once all are copied, before
+                        // a temporary source (`lasting` false) is dropped.
+                        unsafe { copies.copy_all(&planned) };
+                        if let Some((at, n)) = zero {
+                            // SAFETY: the posted range (see `scatter_with`), no borrow of it
+                            // alive.
+                            unsafe { std::ptr::write_bytes(at, 0, n) };
+                        }
+                    }
+                },
             }
             Ok(())
-        })
+        })?;
+        Ok((copied, ticket))
     }
 
     /// [`RecvComm::scatter_landed`] into a client's pages (a buffer registered by address,
@@ -433,25 +499,33 @@ impl RecvComm {
             match op {
                 // SAFETY: `from` is `n` readable landed bytes that nothing writes until
                 // `scatter_with` has flushed (see there); the kernel checks the client's range.
-                Some((from, t, n)) => unsafe { w.push(from.cast_mut(), t as u64, n) },
-                None => w.flush(),
+                LandedOp::Copy((from, t, n)) => unsafe { w.push(from.cast_mut(), t as u64, n) },
+                LandedOp::Flush { zero, .. } => {
+                    let r = w.flush();
+                    if let Some((at, n)) = zero {
+                        // SAFETY: the posted range (see `scatter_with`), no borrow of it alive.
+                        unsafe { std::ptr::write_bytes(at, 0, n) };
+                    }
+                    r
+                }
             }
             .map_err(|e| format!("into the client's pages: {e}"))
         })
     }
 
-    /// The scatter's checks and copy plan; `write(Some((from, to, n)))` puts `n` landed bytes at
-    /// `from` (readable and not written until `write(None)` — the flush, once the copies are
-    /// planned, before the posted range is zeroed — has returned) at byte `to` of the
-    /// `dst_len`-byte destination. The first error `write` returns stops the copies and is
-    /// returned.
+    /// The scatter's checks and copy plan; `write(Copy((from, to, n)))` puts `n` landed bytes at
+    /// `from` at byte `to` of the `dst_len`-byte destination, then `write(Flush { .. })` says
+    /// every copy is planned: the writer copies (at once, or later when `lasting`: the sources
+    /// stay readable until the receive is consumed) and then zeroes `zero` (a direct receive's
+    /// posted range) — the writer's job once `Flush` is handed over, whatever it returns. The
+    /// first error `write` returns stops the copies and is returned.
     fn scatter_with(
         &self,
         id: RequestId,
         segs: &[crate::engine::blocks::Segment],
         bytes: u32,
         dst_len: u64,
-        write: &mut dyn FnMut(Option<LandedCopy>) -> Result<(), String>,
+        write: &mut dyn FnMut(LandedOp) -> Result<(), String>,
     ) -> NetResult<u64> {
         use crate::net::blocks::scatter_ops;
         let slot = self.completed_slot(id)?;
@@ -460,7 +534,7 @@ impl RecvComm {
         let mut failed: Option<String> = None;
         let mut copy = |from: *const u8, t: usize, n: usize| {
             if failed.is_none()
-                && let Err(e) = write(Some((from, t, n)))
+                && let Err(e) = write(LandedOp::Copy((from, t, n)))
             {
                 failed = Some(e);
             }
@@ -485,7 +559,11 @@ impl RecvComm {
                 copy(unsafe { from.add(f) }, t, n)
             })
             .map_err(bad)?;
-            let failed = failed.or_else(|| write(None).err());
+            let flush = LandedOp::Flush {
+                zero: None,
+                lasting: false,
+            };
+            let failed = failed.or_else(|| write(flush).err());
             return match failed {
                 Some(e) => Err(NetError::Ring(format!("scatter {e}"))),
                 None => Ok(copied),
@@ -514,7 +592,11 @@ impl RecvComm {
                 copy(unsafe { from.add(f) }, t, n)
             })
             .map_err(bad)?;
-            let failed = failed.or_else(|| write(None).err());
+            let flush = LandedOp::Flush {
+                zero: None,
+                lasting: true,
+            };
+            let failed = failed.or_else(|| write(flush).err());
             return match failed {
                 Some(e) => Err(NetError::Ring(format!("scatter {e}"))),
                 None => Ok(copied),
@@ -535,20 +617,37 @@ impl RecvComm {
             len: bytes,
             dst_off: 0,
         }];
-        let copied = scatter_ops(&whole, u64::from(bytes), segs, bytes, dst_len, |f, t, n| {
+        let planned = scatter_ops(&whole, u64::from(bytes), segs, bytes, dst_len, |f, t, n| {
             // SAFETY: the source lies in the posted range, which the plugin no longer writes
             // (`test` reported the receive done).
             copy(unsafe { from.add(f) }.cast_const(), t, n)
-        })
-        .map_err(bad)
-        .and_then(|c| match failed.take().or_else(|| write(None).err()) {
-            Some(e) => Err(NetError::Ring(format!("scatter {e}"))),
-            None => Ok(c),
         });
-        // Zeroed whatever happened, so that no later receive can hand these bytes on.
-        // SAFETY: the posted range, as above; no borrow of it is alive.
-        unsafe { std::ptr::write_bytes(from, 0, bytes as usize) };
-        copied
+        // Zeroed whatever happens, so that no later receive can hand these bytes on: by the
+        // writer once it has copied them out (`Flush`), else here.
+        let zero_here = || {
+            // SAFETY: the posted range, as above; no borrow of it is alive.
+            unsafe { std::ptr::write_bytes(from, 0, bytes as usize) }
+        };
+        match (planned, failed.take()) {
+            (Ok(copied), None) => {
+                let flush = LandedOp::Flush {
+                    zero: Some((from, bytes as usize)),
+                    lasting: true,
+                };
+                match write(flush) {
+                    Err(e) => Err(NetError::Ring(format!("scatter {e}"))),
+                    Ok(()) => Ok(copied),
+                }
+            }
+            (Ok(_), Some(e)) => {
+                zero_here();
+                Err(NetError::Ring(format!("scatter {e}")))
+            }
+            (Err(e), _) => {
+                zero_here();
+                Err(bad(e))
+            }
+        }
     }
 
     /// Zeroes the first `len` bytes of a completed receive's posted range when it is host memory
