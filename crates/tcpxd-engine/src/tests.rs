@@ -17,6 +17,7 @@ mod gather_ahead;
 mod gpu_credits;
 mod lane_life;
 mod lifecycle;
+mod pair_life;
 mod prepared;
 mod prepared_early;
 mod release;

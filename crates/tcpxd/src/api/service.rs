@@ -472,6 +472,7 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                     sent_rendezvous: p.counters.sent_rendezvous,
                     received_eager: p.counters.received_eager,
                     received_rendezvous: p.counters.received_rendezvous,
+                    idle_closes: p.counters.idle_closes,
                     error: match &p.link {
                         PeerLink::Failed(why) => why.clone(),
                         _ => String::new(),
@@ -534,7 +535,9 @@ fn gpu_pb(g: Option<&Option<u32>>) -> i32 {
 fn link_pb(l: &PeerLink) -> pb::PeerState {
     match l {
         PeerLink::Connecting => pb::PeerState::Connecting,
-        PeerLink::Up => pb::PeerState::Up,
+        // Closing: still up until the peer answered (a transfer waits for the answer).
+        PeerLink::Up | PeerLink::Closing => pb::PeerState::Up,
+        PeerLink::Idle => pb::PeerState::Idle,
         PeerLink::Failed(_) => pb::PeerState::Failed,
     }
 }

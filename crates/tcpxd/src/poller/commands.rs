@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use super::{Command, ListFacts, PeerStats, Phase, Poller, StatsSnapshot, TransferStatus};
+use super::{Command, ListFacts, PeerStats, Phase, Poller, Refused, StatsSnapshot, TransferStatus};
 use crate::engine::blocks::BlockList;
 use crate::engine::{BlockSpec, Code, Engine, EngineError, TransferId, TransferKind};
 use crate::metrics::Op;
@@ -204,12 +204,21 @@ impl Poller {
                 deadline,
                 reply,
             } => {
+                // Its pairing closed when idle: the spec goes back to be started again.
+                if let Some(error) = self.engine.pairing_closed(spec.peer) {
+                    let _ = reply.send(Err(Refused {
+                        error,
+                        again: Some(spec),
+                    }));
+                    return;
+                }
                 let now = Instant::now();
                 let total = self.block_total(&spec);
                 let r = self.engine.start_write_blocks(spec, notification, deadline, now);
                 if let Ok(id) = &r {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write_blocks", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
+                let r = r.map_err(Refused::from);
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total), total)));
             }
             Command::ReadBlocks {
@@ -217,12 +226,20 @@ impl Poller {
                 deadline,
                 reply,
             } => {
+                if let Some(error) = self.engine.pairing_closed(spec.peer) {
+                    let _ = reply.send(Err(Refused {
+                        error,
+                        again: Some(spec),
+                    }));
+                    return;
+                }
                 let now = Instant::now();
                 let total = self.block_total(&spec);
                 let r = self.engine.start_read_blocks(spec, deadline, now);
                 if let Ok(id) = &r {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read_blocks", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
+                let r = r.map_err(Refused::from);
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total), total)));
             }
             Command::PrepareLocal {
@@ -273,10 +290,18 @@ impl Poller {
                     &t.local_indices,
                     t.remote,
                     &t.remote_indices,
-                    t.notification,
+                    // Kept: a start refused because its pairing closed goes back whole.
+                    t.notification.clone(),
                     deadline,
                     now,
                 );
+                let r = r.map_err(|error| match error.closed_pairing {
+                    Some(_) => Refused {
+                        error,
+                        again: Some(t),
+                    },
+                    None => Refused::from(error),
+                });
                 let r = r.map(|id| {
                     // `us`: how long the engine took to check and plan it (the poller did nothing else).
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = label, id = id.0, us = now.elapsed().as_micros() as u64);
