@@ -338,3 +338,54 @@ fn the_next_pairing_takes_over_the_closed_ones_totals_and_releases_it() {
     assert_eq!(bytes(&after), 50_000);
     assert_eq!(eng.pairing_life(next), Some(PairLife::Live));
 }
+
+#[test]
+fn a_pairing_the_peer_replaced_while_this_side_was_closing_hands_its_totals_over() {
+    let mut eng = Engine::new(EngineConfig {
+        pairing_idle_close: Some(Duration::from_secs(1)),
+        ..EngineConfig::default()
+    });
+    let old = eng.add_peer("n", 1, 1);
+    rendezvous_peer(&mut eng, old);
+    let t = Instant::now();
+    eng.on_tick(t);
+    eng.on_tick(t + Duration::from_millis(1200));
+    assert_eq!(eng.pairing_life(old), Some(PairLife::Closing));
+    while eng.poll_action().is_some() {}
+    // The peer closed its side and dialled again: a new pairing, while this one still waits for
+    // its answer (on the old stream).
+    let new = eng.add_peer("n", 1, 1);
+    assert_eq!(eng.pairings(), vec![old, new]);
+    eng.on_message(old, PeerMsg::PairingCloseAnswer { closed: true }, t);
+    let mut released = Vec::new();
+    while let Some(a) = eng.poll_action() {
+        if let Action::ReleasePeer { peer } = a {
+            released.push(peer);
+        }
+    }
+    assert_eq!(released, vec![old]);
+    assert_eq!(eng.pairings(), vec![new]);
+    assert_eq!(eng.peer_counters(new).unwrap().idle_closes, 1);
+    assert_eq!(eng.pairing_life(new), Some(PairLife::Live));
+}
+
+#[test]
+fn an_idle_engine_asks_to_be_woken_only_for_what_is_due_to_close() {
+    let mut eng = Engine::new(EngineConfig {
+        pairing_idle_close: Some(Duration::from_secs(10)),
+        ..EngineConfig::default()
+    });
+    assert_eq!(eng.next_deadline(), None, "no pairing: nothing to wake for");
+    let p = eng.add_peer("n", 1, 1);
+    rendezvous_peer(&mut eng, p);
+    let t = Instant::now();
+    eng.on_tick(t);
+    // Noted idle at `t`: woken when its idle time is over, not before.
+    assert_eq!(eng.next_deadline(), Some(t + Duration::from_secs(10)));
+    eng.on_tick(t + Duration::from_secs(10));
+    while eng.poll_action().is_some() {}
+    eng.on_message(p, PeerMsg::PairingCloseAnswer { closed: true }, t);
+    while eng.poll_action().is_some() {}
+    assert_eq!(eng.pairing_life(p), Some(PairLife::Closed));
+    assert_eq!(eng.next_deadline(), None, "closed: nothing left to wake for");
+}

@@ -327,7 +327,14 @@ impl Poller {
                     tracing::info!(peer = %p.node_id, "peer up (lanes open on first use)");
                     p.link.send_replace(super::PeerLink::Up);
                 }
-                self.engine.on_message(peer, msg, Instant::now())
+                let life = self.engine.pairing_life(peer);
+                self.engine.on_message(peer, msg, Instant::now());
+                // A pairing closed when idle (or kept): its link follows before the next command,
+                // so a start refused for it (`EngineError::closed_pairing`) is answered to an API
+                // that sees why (`Peers::settle_close`, `revive`).
+                if self.engine.pairing_life(peer) != life {
+                    self.run_actions();
+                }
             }
             Command::Malformed { peer, request } => self.engine.on_malformed(peer, request),
             Command::PeerDown { peer, reason } => self.engine.on_peer_failed(peer, &reason),
