@@ -48,7 +48,8 @@ pub enum Action {
     },
     /// Post one receive on a lane whose bytes go to pieces of `buffer`
     /// ([`Engine::recv_pieces`]`(peer, offer, wire, len)`): posted into a landing place of the
-    /// lane, and once it completed, scattered into the pieces before `on_recv_consumed` is
+    /// lane, and once it completed, scattered into the pieces (only while
+    /// [`Engine::recv_lands`]`(peer, offer)`, as for `PostRecv`) before `on_recv_consumed` is
     /// reported. At most `recv_window` receives of a lane are posted (until consumed).
     PostScatterRecv {
         peer: PeerIdx,
@@ -68,14 +69,25 @@ pub enum Action {
         wire: u64,
         len: u32,
     },
-    /// Post one receive on a lane (the window has room).
+    /// Post one receive on a lane (the window has room), into `buffer` at `offset`, for the
+    /// chunk of offer `offer` (from `peer`). Once it completed, unpack it only while
+    /// [`Engine::recv_lands`]`(peer, offer)` says so (a transfer that failed or was cancelled
+    /// since: consume it without unpacking, so no byte of the destination changes after the
+    /// transfer ended); then report `on_recv_consumed`.
     PostRecv {
         peer: PeerIdx,
         lane: u32,
         buffer: u64,
         offset: u64,
         len: u32,
+        offer: u64,
     },
+    /// Post one receive of `len` bytes on a lane into a landing place of the lane's own, not
+    /// into any buffer: its chunk belongs to a transfer that failed or was cancelled on this
+    /// node (the chunks already agreed on still come, data or empty). Consume it without
+    /// unpacking, then report `on_recv_consumed`. (Posted into the destination, a plugin that
+    /// receives in place would write it there after the transfer ended.)
+    PostDropRecv { peer: PeerIdx, lane: u32, len: u32 },
     /// A transfer's end-to-end bytes advanced.
     Progress {
         transfer: TransferId,

@@ -18,7 +18,6 @@ impl Engine {
                 key,
                 users: 0,
                 watched: false,
-                gpu: false,
                 memory: topology::Memory::Host,
             },
         );

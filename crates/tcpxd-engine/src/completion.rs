@@ -32,7 +32,7 @@ impl Engine {
             };
             let (transfer, finished) = (
                 o.transfer,
-                o.unfinished == 0 && o.stream.is_none() && (o.done || o.cancelled),
+                o.unfinished == 0 && o.stream.is_none() && (o.done || o.cancelled) && !o.held,
             );
             for b in sources {
                 self.unuse_buffer(b);
@@ -346,6 +346,28 @@ impl Engine {
         });
     }
 
+    /// `CancelSeen` from `peer`: it discards offer `offer_id`'s chunks now, so those held go
+    /// out (empty).
+    pub(super) fn on_cancel_seen(&mut self, peer: PeerIdx, offer_id: u64) {
+        if self.out_offers.get(&offer_id).is_some_and(|o| o.peer == peer) {
+            self.release_held(offer_id);
+        }
+    }
+
+    /// A held offer's peer discards its chunks (it answered `CancelSeen`, or said so otherwise:
+    /// `Done`, `Failed`, `Reject`, `CancelRead`): the chunks held go out (empty).
+    pub(super) fn release_held(&mut self, offer_id: u64) {
+        let Some(o) = self.out_offers.get_mut(&offer_id).filter(|o| o.held) else {
+            return;
+        };
+        o.held = false;
+        let (peer, finished) = (o.peer, o.unfinished == 0 && o.stream.is_none());
+        if finished {
+            self.drop_out_offer(offer_id);
+        }
+        self.pump(peer);
+    }
+
     /// Stops an offer we made: unaccepted, it is withdrawn; accepted, its remaining chunks go out
     /// empty. The peer is told unless `notify` is `None`.
     pub(super) fn cancel_out_offer(&mut self, offer_id: u64, notify: Option<(Code, String)>) {
@@ -353,6 +375,10 @@ impl Engine {
             return;
         };
         if o.cancelled {
+            if notify.is_none() {
+                // The peer gave up the offer itself (`Failed`, `Reject`): it discards the rest.
+                self.release_held(offer_id);
+            }
             return;
         }
         let peer = o.peer;
@@ -364,6 +390,7 @@ impl Engine {
         }
         o.cancelled = true;
         if let Some((code, message)) = notify {
+            o.held = true;
             self.actions.push_back(Action::Control {
                 peer,
                 msg: PeerMsg::CancelOffer {
@@ -381,7 +408,7 @@ impl Engine {
                     item.empty();
                 }
             }
-            if o.unfinished == 0 && o.stream.is_none() {
+            if o.unfinished == 0 && o.stream.is_none() && !o.held {
                 self.drop_out_offer(offer_id);
             } else if o.stream.is_some() {
                 // Its chunks not announced yet go out empty as credits allow.
@@ -393,9 +420,10 @@ impl Engine {
     }
 
     pub(super) fn drop_out_offer(&mut self, offer_id: u64) {
-        if let Some(o) = self.out_offers.remove(&offer_id)
-            && !o.sent
-        {
+        let Some(o) = self.out_offers.remove(&offer_id) else {
+            return;
+        };
+        if !o.sent {
             for &(b, _) in &o.sources {
                 self.unuse_buffer(b);
             }
@@ -453,6 +481,15 @@ impl Engine {
         });
     }
 
+    /// Whether a completed receive of offer `offer` from `peer` (`Action::PostRecv`,
+    /// `Action::PostScatterRecv`) may still be unpacked into its destination: `false` once the
+    /// transfer it belongs to failed or was cancelled on this node (or its peer failed), so that
+    /// no byte of a destination changes after its transfer was reported ended. The driver asks
+    /// when the receive completed, before it unpacks anything.
+    pub fn recv_lands(&self, peer: PeerIdx, offer: u64) -> bool {
+        self.in_offers.get(&(peer, offer)).is_some_and(|o| !o.discard)
+    }
+
     /// Posts what the windows allow on every lane of a peer.
     pub(super) fn pump(&mut self, peer: PeerIdx) {
         let (send_window, recv_window) = (self.cfg.send_window, self.cfg.recv_window);
@@ -469,12 +506,24 @@ impl Engine {
             return;
         };
         // On the peer's eager lanes a send also needs a credit (a receive it posted for it).
+        // (As `Peer::send_lane_eager`: a routed pairing's lanes are the catalogue's.)
         let (_, eager_lanes) = p.send_split();
-        let routed = p.routes.as_ref().filter(|_| !eager_lanes.is_empty());
+        let routes = p.routes.as_ref();
         for (lane, l) in p.send.iter_mut().enumerate() {
-            let eager =
-                eager_lanes.contains(&(lane as u32)) || routed.is_some_and(|r| r.send_eager(lane as u32));
-            while let Some(item) = l.post_next(send_window, gather_ahead, eager) {
+            let eager = match routes {
+                Some(r) => !eager_lanes.is_empty() && r.send_eager(lane as u32),
+                None => eager_lanes.contains(&(lane as u32)),
+            };
+            // A cancelled offer's chunks wait for the peer's `CancelSeen` (and the lane's order
+            // with them).
+            let held = |l: &Lane| {
+                l.queue
+                    .front()
+                    .is_some_and(|i| self.out_offers.get(&i.offer).is_some_and(|o| o.held))
+            };
+            while !held(l)
+                && let Some(item) = l.post_next(send_window, gather_ahead, eager)
+            {
                 let lane = lane as u32;
                 self.actions.push_back(if item.pieces {
                     Action::PostGatherSend {
@@ -499,7 +548,19 @@ impl Engine {
         for (lane, l) in p.recv.iter_mut().enumerate() {
             while let Some(item) = l.post_next(recv_window, 0, false) {
                 let lane = lane as u32;
-                self.actions.push_back(if item.pieces {
+                // A chunk of a transfer that ended here (failed, cancelled) still meets its
+                // send, but lands in the lane's own place, never in the destination.
+                let lands = self
+                    .in_offers
+                    .get(&(peer, item.offer))
+                    .is_some_and(|o| !o.discard);
+                self.actions.push_back(if !lands {
+                    Action::PostDropRecv {
+                        peer,
+                        lane,
+                        len: item.len,
+                    }
+                } else if item.pieces {
                     Action::PostScatterRecv {
                         peer,
                         lane,
@@ -515,6 +576,7 @@ impl Engine {
                         buffer: item.buffer,
                         offset: item.offset,
                         len: item.len,
+                        offer: item.offer,
                     }
                 });
             }

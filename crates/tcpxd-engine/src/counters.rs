@@ -1,10 +1,14 @@
 //! What the engine counts per lane and per pairing, as GetStats and the metrics read it.
 
 use super::{Engine, Lane, PeerIdx};
+use crate::topology::Memory;
 
 /// Per-lane counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LaneCounters {
+    /// The lane's number in its direction (lane `i` towards the peer and lane `i` from it are
+    /// two lanes: each direction has its own).
+    pub lane: u32,
     pub bytes: u64,
     pub chunks: u64,
     pub posted: usize,
@@ -22,6 +26,30 @@ pub struct LaneCounters {
     pub credit_bytes_out: u64,
     /// Where the lane is in its life (`lane_life.rs`): "closed", "opening", "open", "closing".
     pub state: &'static str,
+    /// The lane carries eager transfers (the receiver keeps credit receives on it): one of the
+    /// receiver's eager lanes under `auto`, every lane of an `eager` receiver, a routed group's
+    /// eager lanes towards a receiver that keeps credits. Else rendezvous.
+    pub eager: bool,
+    /// A routed lane's memory pair: the source memory on the sending node and the destination
+    /// memory on the receiving node of its group (`topology::LaneCatalogue`); `None` for a
+    /// lane of the layout.
+    pub memory: Option<(Memory, Memory)>,
+}
+
+impl LaneCounters {
+    /// Whether statistics list the lane: it exists (its comm is opening, open or closing), or
+    /// it has counted something since the pairing (so a lane that moved bytes stays listed
+    /// after it closed, and its totals never vanish), or it holds requests. A pairing's lanes
+    /// that were never used are not listed: a routed pairing has hundreds
+    /// (`topology::LaneCatalogue`), which open on first use.
+    pub fn in_use(&self) -> bool {
+        (!self.state.is_empty() && self.state != "closed")
+            || self.bytes > 0
+            || self.chunks > 0
+            || self.window_full > 0
+            || self.posted > 0
+            || self.queued > 0
+    }
 }
 
 /// Per-peer counters.
@@ -42,13 +70,23 @@ pub struct PeerCounters {
     /// Times pairings with the node closed when idle (`pair_life.rs`; carried from one pairing
     /// to the next).
     pub idle_closes: u64,
+    /// Each lane of the direction, in lane order: every lane the pairing has
+    /// ([`Engine::peer_counters`]), or only those in use ([`Engine::listed_counters`],
+    /// [`LaneCounters::in_use`]).
     pub send: Vec<LaneCounters>,
     pub recv: Vec<LaneCounters>,
+    /// The lanes the pairing has each way, listed or not (on a routed pairing the layout's and
+    /// the catalogue's).
+    pub send_lanes: u32,
+    pub recv_lanes: u32,
+    /// Its lanes follow the memory pair (`routes.rs`).
+    pub routed: bool,
 }
 
 impl Lane {
-    pub(crate) fn counters(&self) -> LaneCounters {
+    fn counters(&self, lane: usize) -> LaneCounters {
         LaneCounters {
+            lane: lane as u32,
             bytes: self.bytes,
             chunks: self.chunks,
             posted: self.posted.len() + self.landed.len() + self.unpacking.len(),
@@ -58,11 +96,14 @@ impl Lane {
             credit_limit: 0,
             credit_bytes_out: 0,
             state: self.life.name(),
+            eager: false,
+            memory: None,
         }
     }
 }
 
 impl Engine {
+    /// A pairing's counters with every lane it has, in use or not.
     pub fn peer_counters(&self, peer: PeerIdx) -> Option<PeerCounters> {
         let p = self.peers.get(&peer)?;
         let live = !p.gone();
@@ -83,6 +124,8 @@ impl Engine {
                 .iter()
                 .enumerate()
                 .map(|(i, l)| LaneCounters {
+                    eager: p.send_lane_eager(i as u32),
+                    memory: p.routes.as_ref().and_then(|r| r.send_memory(i as u32)),
                     credits: l.send_credits.held(),
                     credit_bytes_out: l.send_credits.bytes_out(),
                     credit_limit: if live && p.send_lane_eager(i as u32) {
@@ -90,7 +133,7 @@ impl Engine {
                     } else {
                         0
                     },
-                    ..l.counters()
+                    ..l.counters(i)
                 })
                 .collect(),
             recv: p
@@ -112,10 +155,25 @@ impl Engine {
                             l.recv_credits.posted()
                         },
                         credit_limit: limit,
-                        ..l.counters()
+                        eager: p.recv_lane_eager(i as u32),
+                        memory: p.routes.as_ref().and_then(|r| r.recv_memory(i as u32)),
+                        ..l.counters(i)
                     }
                 })
                 .collect(),
+            send_lanes: p.send.len() as u32,
+            recv_lanes: p.recv.len() as u32,
+            routed: p.routes.is_some(),
         })
+    }
+
+    /// A pairing's counters with only the lanes in use ([`LaneCounters::in_use`]): what
+    /// GetStats and the metrics list. Lanes left out have counted nothing, so totals over the
+    /// listed lanes are the pairing's totals.
+    pub fn listed_counters(&self, peer: PeerIdx) -> Option<PeerCounters> {
+        let mut c = self.peer_counters(peer)?;
+        c.send.retain(LaneCounters::in_use);
+        c.recv.retain(LaneCounters::in_use);
+        Some(c)
     }
 }

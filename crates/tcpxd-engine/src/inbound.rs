@@ -43,6 +43,7 @@ impl Engine {
                 code,
                 message,
             } => self.on_cancel_offer(peer, offer_id, code, &message),
+            PeerMsg::CancelSeen { offer_id } => self.on_cancel_seen(peer, offer_id),
             PeerMsg::ReadRequest {
                 read_id,
                 pairs,
@@ -243,7 +244,7 @@ impl Engine {
             let chunks = ChunkPlan::count(&places.lengths, offer.chunk_bytes);
             match self.routed_recv_lanes(peer, offer.first_lane, &places.places, chunks) {
                 Ok(routed) => Ok((places, routed)),
-                Err(e) => Err((Code::FailedPrecondition, e, 0)),
+                Err((code, e)) => Err((code, e, 0)),
             }
         });
         let (
@@ -469,6 +470,9 @@ impl Engine {
             return;
         };
         o.done = true;
+        // Every chunk landed and was consumed there: none of it waits to land (a cancel that
+        // crossed this `Done` is never answered).
+        o.held = false;
         let transfer = o.transfer;
         let finished = o.unfinished == 0;
         let entries = o.entries.clone();
@@ -517,9 +521,17 @@ impl Engine {
 
     pub(super) fn on_cancel_offer(&mut self, peer: PeerIdx, offer_id: u64, code: Code, message: &str) {
         let Some(o) = self.in_offers.get_mut(&(peer, offer_id)) else {
+            // Finished (`Done` went first), refused (`Reject`) or failed here (`Failed`): its
+            // sender knows from those that nothing of it lands here any more.
             return;
         };
         o.discard = true;
+        // From here no chunk of it lands (`recv_lands`, eager `Land`): its sender may send the
+        // rest empty.
+        self.actions.push_back(Action::Control {
+            peer,
+            msg: PeerMsg::CancelSeen { offer_id },
+        });
         let read = o.read;
         if let Some(rid) = read
             && let Some(r) = self.reads.get(&rid)
@@ -640,6 +652,8 @@ impl Engine {
         });
         if let Some(id) = offer {
             self.cancel_out_offer(id, Some((Code::Cancelled, "the reader cancelled".to_string())));
+            // The reader discards the offer already (it did before it asked).
+            self.release_held(id);
         }
     }
 }

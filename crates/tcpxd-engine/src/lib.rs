@@ -26,7 +26,8 @@
 //!   every chunk finished; a READ when every chunk was consumed locally.
 //! - **Cancellation and deadlines.** Chunks already agreed on must still meet their partners, so a
 //!   cancelled offer sends its remaining chunks with zero length and the receiver discards them;
-//!   every slot drains back to zero.
+//!   every slot drains back to zero (emptied chunks only once the receiver answered
+//!   `CancelSeen`). A receive of a transfer that ended here is not unpacked ([`Engine::recv_lands`]).
 //! - **Failure.** A failed peer fails every transfer that touches it, with the peer named, and its
 //!   queues are dropped.
 //!
@@ -239,9 +240,8 @@ struct BufferMeta {
     users: u32,
     /// Someone waits for its last user to end (`Action::BufferIdle`).
     watched: bool,
-    /// GPU memory (`Engine::mark_gpu_buffer`): told to peers when `gpu_credits` is on.
-    gpu: bool,
-    /// Where it is (`set_buffer_memory`; host memory by default): picks a routed pairing's lanes.
+    /// Where it is (`set_buffer_memory`; host memory by default): picks a routed pairing's lanes;
+    /// GPU memory is told to peers when `gpu_credits` is on.
     memory: topology::Memory,
 }
 
@@ -354,7 +354,8 @@ struct Peer {
     routes: Option<routes::PeerRoutes>,
     /// Where the next routed offer we accept starts inside its group's lanes.
     next_routed_lane: u32,
-    /// The layout lanes of each direction (the catalogue's lanes follow them).
+    /// The layout lanes of each direction: how each side receives (its eager split). A routed
+    /// pairing's lanes are the catalogue's, not these (`routes.rs`).
     send_layout: u32,
     recv_layout: u32,
 }
@@ -400,6 +401,9 @@ struct OutOffer {
     accepted: bool,
     /// Remaining chunks go out with zero length.
     cancelled: bool,
+    /// Cancelled with the peer told, its `CancelSeen` not yet here: the chunks still queued
+    /// wait (`wire::PeerMsg::CancelSeen` says why) and the offer is kept.
+    held: bool,
     /// Chunks queued or posted and not yet reported sent.
     unfinished: u64,
     done: bool,
@@ -565,17 +569,18 @@ impl Engine {
 
     /// Adds a peer with `send_lanes` lanes towards it and `recv_lanes` from it (not ready yet).
     pub fn add_peer(&mut self, node_id: &str, send_lanes: u32, recv_lanes: u32) -> PeerIdx {
-        self.add_peer_lanes(node_id, send_lanes, recv_lanes, 0, 0)
+        self.add_peer_lanes(node_id, send_lanes, recv_lanes, send_lanes, recv_lanes)
     }
 
-    /// A pairing with `extra_send` / `extra_recv` routed lanes after its layout lanes.
+    /// A pairing whose layout (how each side receives: `send_lanes`, `recv_lanes`) may differ
+    /// from the lanes it has (`send_alloc`, `recv_alloc`: on a routed pairing the catalogue's).
     fn add_peer_lanes(
         &mut self,
         node_id: &str,
         send_lanes: u32,
         recv_lanes: u32,
-        extra_send: u32,
-        extra_recv: u32,
+        send_alloc: u32,
+        recv_alloc: u32,
     ) -> PeerIdx {
         // Never one still in use (only after 2^32 pairings could the counter come round to one).
         while self.peers.contains_key(&PeerIdx(self.next_peer)) {
@@ -602,8 +607,8 @@ impl Engine {
                 failed: None,
                 life: PairLife::Live,
                 idle: pair_life::Idle::default(),
-                send: (0..send_lanes + extra_send).map(|_| Lane::default()).collect(),
-                recv: (0..recv_lanes + extra_recv).map(|_| Lane::default()).collect(),
+                send: (0..send_alloc).map(|_| Lane::default()).collect(),
+                recv: (0..recv_alloc).map(|_| Lane::default()).collect(),
                 next_lane: 0,
                 next_eager_lane: 0,
                 eager_from,

@@ -340,6 +340,7 @@ impl Engine {
             .map(|(&i, _)| i)
             .collect();
         for old in closed {
+            let totals = self.peer_counters(old).expect("listed");
             let o = self.peers.remove(&old).expect("listed");
             let p = &mut self.peers[&idx];
             p.idle.closes += o.idle.closes;
@@ -362,12 +363,13 @@ impl Engine {
                     mine.window_full += theirs.window_full;
                 }
             } else {
-                let mut lanes = PeerCounters {
+                // Only the lanes: the totals above went to the new pairing.
+                let lanes = PeerCounters {
                     node_id: node.clone(),
+                    send: totals.send,
+                    recv: totals.recv,
                     ..PeerCounters::default()
                 };
-                lanes.send = o.send.iter().map(Lane::counters).collect();
-                lanes.recv = o.recv.iter().map(Lane::counters).collect();
                 self.retired
                     .entry(node.clone())
                     .or_insert_with(|| PeerCounters {

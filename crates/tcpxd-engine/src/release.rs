@@ -80,7 +80,7 @@ impl Engine {
                 self.dying.push(peer);
                 continue;
             }
-            let Some(counters) = self.peer_counters(peer) else {
+            let Some(counters) = self.listed_counters(peer) else {
                 continue;
             };
             self.peers.remove(&peer);
@@ -108,7 +108,8 @@ impl Engine {
 
 impl PeerCounters {
     /// Adds another pairing's running totals (transfers, protocol counts, each lane's bytes,
-    /// chunks and window-full stretches) to these, lane by lane. Gauges (requests in flight,
+    /// chunks and window-full stretches) to these, lane by lane (by lane number: lists of lanes
+    /// in use, [`Engine::listed_counters`], leave lanes out). Gauges (requests in flight,
     /// queued chunks, credits) describe a live pairing and are not carried over.
     pub fn absorb(&mut self, other: &PeerCounters) {
         self.transfers_started += other.transfers_started;
@@ -119,11 +120,27 @@ impl PeerCounters {
         self.received_eager += other.received_eager;
         self.received_rendezvous += other.received_rendezvous;
         self.idle_closes += other.idle_closes;
+        self.send_lanes = self.send_lanes.max(other.send_lanes);
+        self.recv_lanes = self.recv_lanes.max(other.recv_lanes);
+        self.routed |= other.routed;
         for (mine, theirs) in [(&mut self.send, &other.send), (&mut self.recv, &other.recv)] {
-            if mine.len() < theirs.len() {
-                mine.resize(theirs.len(), LaneCounters::default());
-            }
-            for (m, t) in mine.iter_mut().zip(theirs) {
+            for t in theirs {
+                let at = match mine.binary_search_by_key(&t.lane, |m| m.lane) {
+                    Ok(at) => at,
+                    Err(at) => {
+                        mine.insert(
+                            at,
+                            LaneCounters {
+                                lane: t.lane,
+                                eager: t.eager,
+                                memory: t.memory,
+                                ..LaneCounters::default()
+                            },
+                        );
+                        at
+                    }
+                };
+                let m = &mut mine[at];
                 m.bytes += t.bytes;
                 m.chunks += t.chunks;
                 m.window_full += t.window_full;

@@ -5,12 +5,14 @@
 //!
 //! # Lane numbering
 //!
-//! A direction's lanes are the receiver's layout lanes as before (`0..layout`, its handshake's
-//! lane list: the eager lanes under `auto` and `eager`, and rendezvous lanes that a routed
-//! pairing leaves unused), then the catalogue's lanes (`layout + k` is catalogue lane `k`).
-//! Both sides compute the catalogue from the same two topologies (exchanged at pairing) and the
-//! receiver's `lanes_per_route` (its `lanes_per_device`, announced with its topology), so lane
-//! `L` is the same route on both sides: see the catalogue's module doc.
+//! A routed pairing's lanes are the catalogue's only (peer protocol 7): lane `k` each way is
+//! catalogue lane `k`. The receiver's layout (its handshake's lane list, and under `auto` the
+//! split its `ReceiveMode` announces) still says how it receives — whether it keeps credits —
+//! but its lanes are neither allocated, opened, listed nor exported on a routed pairing; before
+//! protocol 7 they came first (`0..layout`) and were never used. Both sides compute the
+//! catalogue from the same two topologies (exchanged at pairing) and the receiver's
+//! `lanes_per_route` (its `lanes_per_device`, announced with its topology), so lane `L` is the
+//! same route on both sides: see the catalogue's module doc.
 //!
 //! # Who picks the group
 //!
@@ -35,9 +37,10 @@
 //! receiver's `GpuCredits` (each GPU buffer's ordinal; a buffer not announced is host memory);
 //! the header's `first_lane` names a lane of that group's eager lanes. The receiver checks the
 //! lane is an eager lane of a group whose destination is host memory or the destinations' GPU
-//! (host when it cannot tell) and fails the pairing otherwise, as for accepts. The layout's
-//! eager lanes then stay unused on a routed pairing. Without a topology on this node, or with
-//! no GPU on either side, a pairing is not routed: everything is as before.
+//! (host when it cannot tell) and fails the pairing otherwise, as for accepts. Whether a side
+//! keeps credits at all is its layout's split (its `ReceiveMode`): a routed eager lane keeps
+//! credits when the receiver's layout has eager lanes. Without a topology on this node, or with
+//! no GPU on either side, a pairing is not routed: its lanes are the layout's, as before.
 
 use super::*;
 use crate::topology::{LaneCatalogue, Memory, Route, Topology};
@@ -53,16 +56,16 @@ pub const MAX_ROUTED_LANES: u32 = 4096;
 /// when used.
 pub const ROUTED_EAGER_PER_ROUTE: u32 = 2;
 
-/// A routed pairing's two catalogues and where their lanes start.
+/// Why a routed offer is refused: the code and the message.
+pub(crate) type Refusal = (Code, String);
+
+/// A routed pairing's two catalogues: its lanes each way.
 #[derive(Debug, Clone)]
 pub(crate) struct PeerRoutes {
     /// Our send lanes' (to the peer).
     out: LaneCatalogue,
     /// Our receive lanes' (from the peer).
     inn: LaneCatalogue,
-    /// The first catalogue lane of each direction (the receiver's layout lane count).
-    send_base: u32,
-    recv_base: u32,
 }
 
 /// The memory all of `buffers` are in, or host memory when they are in more than one.
@@ -81,32 +84,46 @@ fn common_memory(mems: impl Iterator<Item = Memory>) -> Memory {
 impl PeerRoutes {
     /// Whether our send lane `lane` is a routed eager lane.
     pub(crate) fn send_eager(&self, lane: u32) -> bool {
-        lane.checked_sub(self.send_base)
-            .is_some_and(|k| self.out.is_eager(k))
+        self.out.is_eager(lane)
+    }
+
+    /// The memory pair of our send lane `lane`'s group (`None`: past the catalogue).
+    pub(crate) fn send_memory(&self, lane: u32) -> Option<(Memory, Memory)> {
+        let g = self.out.group_of(lane)?;
+        Some((g.src, g.dst))
+    }
+
+    /// The memory pair of our receive lane `lane`'s group (`None`: past the catalogue).
+    pub(crate) fn recv_memory(&self, lane: u32) -> Option<(Memory, Memory)> {
+        let g = self.inn.group_of(lane)?;
+        Some((g.src, g.dst))
     }
 
     /// Whether our receive lane `lane` is a routed eager lane.
     pub(crate) fn recv_eager(&self, lane: u32) -> bool {
-        lane.checked_sub(self.recv_base)
-            .is_some_and(|k| self.inn.is_eager(k))
+        self.inn.is_eager(lane)
     }
 }
 
 impl Peer {
     /// Whether our send lane `lane` is towards the peer's credits: one of the layout's eager
-    /// lanes, or a routed eager lane of a peer that keeps credits (`routes.rs`).
+    /// lanes, or on a routed pairing a routed eager lane of a peer that keeps credits.
     pub(crate) fn send_lane_eager(&self, lane: u32) -> bool {
         let (_, eager) = self.send_split();
-        eager.contains(&lane)
-            || (!eager.is_empty() && self.routes.as_ref().is_some_and(|r| r.send_eager(lane)))
+        match &self.routes {
+            Some(r) => !eager.is_empty() && r.send_eager(lane),
+            None => eager.contains(&lane),
+        }
     }
 
-    /// Whether our receive lane `lane` keeps credits: one of the layout's eager lanes, or a
-    /// routed eager lane when this node keeps credits.
+    /// Whether our receive lane `lane` keeps credits: one of the layout's eager lanes, or on a
+    /// routed pairing a routed eager lane when this node keeps credits.
     pub(crate) fn recv_lane_eager(&self, lane: u32) -> bool {
         let (_, eager) = self.recv_split();
-        eager.contains(&lane)
-            || (!eager.is_empty() && self.routes.as_ref().is_some_and(|r| r.recv_eager(lane)))
+        match &self.routes {
+            Some(r) => !eager.is_empty() && r.recv_eager(lane),
+            None => eager.contains(&lane),
+        }
     }
 }
 
@@ -117,17 +134,25 @@ impl Engine {
         self.topology = Some(topology);
     }
 
-    /// Where a buffer's memory is (host memory unless said otherwise).
+    /// Where a buffer's memory is (host memory unless said otherwise; set once, at registration):
+    /// picks a routed pairing's lanes, and GPU memory is told to peers when `gpu_credits` is on,
+    /// so their transfers into it may take credits at any size (`streams.rs`). Unknown ids:
+    /// nothing.
     pub fn set_buffer_memory(&mut self, id: u64, memory: Memory) {
-        if let Some(b) = self.buffers.get_mut(&id) {
-            b.memory = memory;
+        let Some(b) = self.buffers.get_mut(&id) else {
+            return;
+        };
+        b.memory = memory;
+        if let Memory::Gpu(gpu) = memory {
+            self.announce_gpu_buffer(id, gpu);
         }
     }
 
-    /// A pairing whose rendezvous lanes follow the memory pair. `send_lanes` / `recv_lanes`:
-    /// the layout lanes, as [`Engine::add_peer`]; `peer_topology` and `peer_lanes_per_route`
-    /// what the peer announced at pairing. Not routed (as `add_peer`) without a topology here
-    /// or with no GPU on either side.
+    /// A pairing whose lanes follow the memory pair. `send_lanes` / `recv_lanes`: the layout
+    /// lanes, as [`Engine::add_peer`] (on a routed pairing they say only how each side
+    /// receives: its lanes are the catalogue's, `routes.rs`); `peer_topology` and
+    /// `peer_lanes_per_route` what the peer announced at pairing. Not routed (as `add_peer`)
+    /// without a topology here or with no GPU on either side.
     pub fn add_peer_routed(
         &mut self,
         node_id: &str,
@@ -145,53 +170,56 @@ impl Engine {
                     self.cfg.lanes_per_device,
                     ROUTED_EAGER_PER_ROUTE,
                 ),
-                send_base: send_lanes,
-                recv_base: recv_lanes,
             }),
             _ => None,
         };
-        let (extra_send, extra_recv) = routes.as_ref().map_or((0, 0), |r| (r.out.lanes(), r.inn.lanes()));
-        if extra_send.max(extra_recv) > MAX_ROUTED_LANES {
+        let (routed_send, routed_recv) = routes.as_ref().map_or((0, 0), |r| (r.out.lanes(), r.inn.lanes()));
+        if routed_send.max(routed_recv) > MAX_ROUTED_LANES {
             return Err(format!(
                 "the two topologies ({} and {} GPUs, {} and {} NICs) need {} routed lanes a direction, more than {MAX_ROUTED_LANES}",
                 self.topology.as_ref().map_or(0, |t| t.gpus.len()),
                 peer_topology.gpus.len(),
                 self.topology.as_ref().map_or(0, |t| t.nics.len()),
                 peer_topology.nics.len(),
-                extra_send.max(extra_recv)
+                routed_send.max(routed_recv)
             ));
         }
-        let idx = self.add_peer_lanes(node_id, send_lanes, recv_lanes, extra_send, extra_recv);
+        // A routed pairing has the catalogue's lanes only: the layout's would never be used.
+        let (send_alloc, recv_alloc) = match &routes {
+            Some(_) => (routed_send, routed_recv),
+            None => (send_lanes, recv_lanes),
+        };
+        let idx = self.add_peer_lanes(node_id, send_lanes, recv_lanes, send_alloc, recv_alloc);
         let p = &mut self.peers[&idx];
         p.routes = routes;
         p.topology = Some(peer_topology);
         Ok(idx)
     }
 
-    /// A pairing's lane counts (send, receive), routed lanes included.
+    /// A pairing's lane counts (send, receive): the layout's, or on a routed pairing the
+    /// catalogue's.
     pub fn lane_counts(&self, peer: PeerIdx) -> (u32, u32) {
         self.peers
             .get(&peer)
             .map_or((0, 0), |p| (p.send.len() as u32, p.recv.len() as u32))
     }
 
-    /// A send lane's route (`None`: a layout lane, or the pairing is not routed).
+    /// A send lane's route (`None`: the pairing is not routed).
     pub fn send_lane_route(&self, peer: PeerIdx, lane: u32) -> Option<Route> {
         let r = self.peers.get(&peer)?.routes.as_ref()?;
-        r.out.route(lane.checked_sub(r.send_base)?)
+        r.out.route(lane)
     }
 
-    /// A receive lane's route (`None`: a layout lane, or the pairing is not routed).
+    /// A receive lane's route (`None`: the pairing is not routed).
     pub fn recv_lane_route(&self, peer: PeerIdx, lane: u32) -> Option<Route> {
         let r = self.peers.get(&peer)?.routes.as_ref()?;
-        r.inn.route(lane.checked_sub(r.recv_base)?)
+        r.inn.route(lane)
     }
 
-    /// The destination memory of a routed receive lane's group (`None`: a layout lane, or the
-    /// pairing is not routed): a credit lane into host memory lands in host slots.
+    /// The destination memory of a routed receive lane's group (`None`: the pairing is not routed): a credit lane into host memory lands in host slots.
     pub fn recv_lane_memory(&self, peer: PeerIdx, lane: u32) -> Option<Memory> {
         let r = self.peers.get(&peer)?.routes.as_ref()?;
-        r.inn.group_of(lane.checked_sub(r.recv_base)?).map(|g| g.dst)
+        r.inn.group_of(lane).map(|g| g.dst)
     }
 
     /// Sender: the `first_lane` a routed rendezvous offer carries (naming its source memory),
@@ -200,37 +228,44 @@ impl Engine {
         let r = self.peers.get(&peer)?.routes.as_ref()?;
         let src = common_memory(sources.iter().map(|(b, _)| self.memory_of(*b)));
         let g = r.out.group(src, Memory::Host).ok()?;
-        Some(r.send_base + g.rendezvous.start)
+        Some(g.rendezvous.start)
     }
 
     /// Receiver: the lanes and first lane of a routed offer to these destinations (`None`: the
-    /// pairing is not routed). The error is the reason to refuse it.
+    /// pairing is not routed). The error is the code and reason to refuse it: a `first_lane`
+    /// that names no rendezvous lane is invalid (as on the layout), a memory pair without lanes
+    /// a failed precondition.
     pub(crate) fn routed_recv_lanes(
         &mut self,
         peer: PeerIdx,
         first_lane: u32,
         dests: &[(u64, u64)],
         chunks: u64,
-    ) -> Result<Option<(u32, Range<u32>)>, String> {
+    ) -> Result<Option<(u32, Range<u32>)>, Refusal> {
         let dst = common_memory(dests.iter().map(|(b, _)| self.memory_of(*b)));
         let p = &mut self.peers[&peer];
         let Some(r) = p.routes.as_ref() else {
             return Ok(None);
         };
-        let src = first_lane
-            .checked_sub(r.recv_base)
-            .and_then(|k| r.inn.group_of(k))
-            .filter(|g| g.rendezvous.contains(&(first_lane - r.recv_base)))
+        let src = r
+            .inn
+            .group_of(first_lane)
+            .filter(|g| g.rendezvous.contains(&first_lane))
             .map(|g| g.src)
             .ok_or_else(|| {
-                format!(
-                    "first_lane {first_lane} is not a rendezvous lane of the routed lanes {}..{}",
-                    r.recv_base,
-                    r.recv_base + r.inn.lanes()
+                (
+                    Code::InvalidArgument,
+                    format!(
+                        "first_lane {first_lane} is not a rendezvous lane of the routed lanes 0..{}",
+                        r.inn.lanes()
+                    ),
                 )
             })?;
-        let g = r.inn.group(src, dst).map_err(|e| e.to_string())?;
-        let lanes = r.recv_base + g.rendezvous.start..r.recv_base + g.rendezvous.end;
+        let g = r
+            .inn
+            .group(src, dst)
+            .map_err(|e| (Code::FailedPrecondition, e.to_string()))?;
+        let lanes = g.rendezvous.clone();
         let count = lanes.end - lanes.start;
         let at = p.next_routed_lane % count;
         p.next_routed_lane = ((u64::from(at) + chunks) % u64::from(count)) as u32;
@@ -250,19 +285,17 @@ impl Engine {
         };
         let src = common_memory(sources.iter().map(|(b, _)| self.memory_of(*b)));
         let lane = chosen.ok_or("an accept of a routed offer names no first lane")?;
-        let g = lane
-            .checked_sub(r.send_base)
-            .and_then(|k| r.out.group_of(k).filter(|g| g.rendezvous.contains(&k)))
+        let g = r
+            .out
+            .group_of(lane)
+            .filter(|g| g.rendezvous.contains(&lane))
             .filter(|g| g.src == src)
             .ok_or_else(|| {
                 format!(
                     "accepted first lane {lane} is not a rendezvous lane of the offer's source memory {src:?}"
                 )
             })?;
-        Ok(Some((
-            lane,
-            r.send_base + g.rendezvous.start..r.send_base + g.rendezvous.end,
-        )))
+        Ok(Some((lane, g.rendezvous.clone())))
     }
 
     /// Sender: the eager lanes of an eager transfer from `sources` to the peer's buffers named in
@@ -290,7 +323,7 @@ impl Engine {
             .or_else(|_| r.out.group(src, Memory::Host))
             .or_else(|_| r.out.group(Memory::Host, Memory::Host))
             .ok()?;
-        Some(r.send_base + g.eager.start..r.send_base + g.eager.end)
+        Some(g.eager.clone())
     }
 
     /// Receiver: the eager lanes a routed header's chunks take (`Ok(None)`: the pairing is not
@@ -309,8 +342,7 @@ impl Engine {
         };
         let unknown = ranges.iter().any(|d| !self.buffers.contains_key(&d.buffer_id));
         let dst = common_memory(ranges.iter().map(|d| self.memory_of(d.buffer_id)));
-        let g = first_lane
-            .checked_sub(r.recv_base)
+        let g = Some(first_lane)
             .filter(|&k| r.inn.is_eager(k))
             .and_then(|k| r.inn.group_of(k))
             .filter(|g| unknown || g.dst == Memory::Host || g.dst == dst)
@@ -319,7 +351,7 @@ impl Engine {
                     "first_lane {first_lane} is not an eager lane of a routed group into {dst:?} or host memory"
                 )
             })?;
-        Ok(Some(r.recv_base + g.eager.start..r.recv_base + g.eager.end))
+        Ok(Some(g.eager.clone()))
     }
 
     fn memory_of(&self, buffer: u64) -> Memory {

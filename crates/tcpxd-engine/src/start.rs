@@ -221,6 +221,7 @@ impl Engine {
                 eager: false,
                 accepted: false,
                 cancelled: false,
+                held: false,
                 unfinished: 0,
                 done: false,
                 sent: false,

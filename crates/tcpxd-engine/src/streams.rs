@@ -31,7 +31,8 @@ use super::*;
 /// auto's size rule).
 pub const MAX_GPU_DESTS: usize = 1 << 16;
 
-/// A `GpuCredits` buffer whose GPU ordinal is not known (host routes for it).
+/// A `GpuCredits` buffer whose GPU ordinal is not known: accepted from a peer (host routes for
+/// it); this engine always names the ordinal.
 pub const GPU_NOT_KNOWN: u32 = u32::MAX;
 
 /// A streamed header on the sending side: where its chunk plan stands.
@@ -90,17 +91,9 @@ impl Engine {
         }
     }
 
-    /// Marks a registered buffer as GPU memory: with `gpu_credits`, every live peer is told, so
-    /// its transfers into the buffer may take credits at any size. Unknown ids: nothing.
-    pub fn mark_gpu_buffer(&mut self, id: u64) {
-        let Some(b) = self.buffers.get_mut(&id) else {
-            return;
-        };
-        b.gpu = true;
-        let gpu = match b.memory {
-            topology::Memory::Gpu(g) => g,
-            topology::Memory::Host => GPU_NOT_KNOWN,
-        };
+    /// Tells every live peer, with `gpu_credits`, that buffer `id` is memory of GPU `gpu`: its
+    /// transfers into the buffer may take credits at any size (`set_buffer_memory`).
+    pub(super) fn announce_gpu_buffer(&mut self, id: u64, gpu: u32) {
         if !self.gpu_credits() {
             return;
         }
@@ -127,13 +120,9 @@ impl Engine {
         let mut buffers: Vec<(u64, u32)> = self
             .buffers
             .iter()
-            .filter(|(_, b)| b.gpu)
-            .map(|(&id, b)| {
-                let gpu = match b.memory {
-                    topology::Memory::Gpu(g) => g,
-                    topology::Memory::Host => GPU_NOT_KNOWN,
-                };
-                (id, gpu)
+            .filter_map(|(&id, b)| match b.memory {
+                topology::Memory::Gpu(g) => Some((id, g)),
+                topology::Memory::Host => None,
             })
             .collect();
         buffers.sort_unstable();

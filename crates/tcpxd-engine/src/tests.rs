@@ -17,6 +17,7 @@ mod gather_ahead;
 mod gpu_credits;
 mod lane_life;
 mod lifecycle;
+mod listed_lanes;
 mod pair_life;
 mod prepared;
 mod prepared_early;
@@ -24,6 +25,7 @@ mod release;
 mod routed_credits;
 mod routes;
 mod sim;
+mod sim_unpack;
 mod teardown;
 
 use sim::*;

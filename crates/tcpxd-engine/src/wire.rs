@@ -132,6 +132,14 @@ pub enum PeerMsg {
         code: Code,
         message: String,
     },
+    /// Peer protocol 7 (numpy-zeros): the answer to `CancelOffer` for an offer the receiver
+    /// still has, sent once it discards the offer's chunks. Until it comes (or `Done`,
+    /// `Failed`, `Reject`, `CancelRead`) the sender holds the offer's chunks that go out empty:
+    /// an emptied chunk reaching a receiver that still lands the offer would be landed as zeros
+    /// wherever the receive cannot tell "empty" from "received in place".
+    CancelSeen {
+        offer_id: u64,
+    },
     ReadRequest {
         read_id: u64,
         pairs: Vec<ReadPair>,
@@ -216,6 +224,7 @@ impl PeerMsg {
             PeerMsg::Done { offer_id } => ("done", *offer_id),
             PeerMsg::Failed { offer_id, .. } => ("failed", *offer_id),
             PeerMsg::CancelOffer { offer_id, .. } => ("cancel_offer", *offer_id),
+            PeerMsg::CancelSeen { offer_id } => ("cancel_seen", *offer_id),
             PeerMsg::ReadRequest { read_id, .. } => ("read_request", *read_id),
             PeerMsg::ReadReject { read_id, .. } => ("read_reject", *read_id),
             PeerMsg::CancelRead { read_id } => ("cancel_read", *read_id),

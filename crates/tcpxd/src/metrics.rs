@@ -537,8 +537,11 @@ fn snapshot_registry(snap: &StatsSnapshot, node: &NodeGauges) -> Registry {
             states.insert(peer, link);
         }
         for (dir, lanes) in [("send", &c.send), ("recv", &c.recv)] {
-            for (i, l) in lanes.iter().enumerate() {
-                let lane = i.to_string();
+            // The lanes in use only (`Engine::listed_counters`): a lane that counted something
+            // stays listed for the pairing's life and then in the retired totals, so no counter
+            // goes back; a routed pairing's never-used catalogue lanes export no series.
+            for l in lanes.iter() {
+                let lane = l.lane.to_string();
                 let labels = [peer, lane.as_str(), dir];
                 lane_bytes.with_label_values(&labels).inc_by(l.bytes);
                 lane_chunks.with_label_values(&labels).inc_by(l.chunks);
@@ -753,8 +756,17 @@ mod tests {
                         credit_limit: 16,
                         credit_bytes_out: 0,
                         state: "open",
+                        ..LaneCounters::default()
                     }],
-                    recv: vec![LaneCounters::default()],
+                    // A lane in use receiving only: listed with its number.
+                    recv: vec![LaneCounters {
+                        lane: 5,
+                        bytes: 4096,
+                        chunks: 1,
+                        state: "closed",
+                        ..LaneCounters::default()
+                    }],
+                    ..PeerCounters::default()
                 },
                 link: PeerLink::Up,
                 send_devices: vec![0],
@@ -792,6 +804,7 @@ mod tests {
             "tcpxd_recv_to_consume_seconds_count 1",
             "tcpxd_plugin_errors_total{code=\"ncclSystemError\"} 1",
             "tcpxd_lane_bytes_total{direction=\"send\",lane=\"0\",peer=\"b\"} 2097152",
+            "tcpxd_lane_bytes_total{direction=\"recv\",lane=\"5\",peer=\"b\"} 4096",
             "tcpxd_lane_window_full_total{direction=\"send\",lane=\"0\",peer=\"b\"} 5",
             "tcpxd_lane_in_flight{direction=\"send\",lane=\"0\",peer=\"b\"} 1",
             "tcpxd_lane_queued{direction=\"send\",lane=\"0\",peer=\"b\"} 3",

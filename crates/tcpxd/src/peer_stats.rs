@@ -21,11 +21,13 @@ pub enum PeerLink {
 /// Counters for GetStats.
 #[derive(Debug, Clone)]
 pub struct PeerStats {
+    /// The lanes in use only (`Engine::listed_counters`), each with its lane number.
     pub counters: PeerCounters,
     pub link: PeerLink,
+    /// By lane number, every lane of the pairing: its device (NIC).
     pub send_devices: Vec<i32>,
     pub recv_devices: Vec<i32>,
-    /// The GPU made current when each lane's comm was opened (`None`: none).
+    /// By lane number: the GPU made current when each lane's comm was opened (`None`: none).
     pub send_gpus: Vec<Option<u32>>,
     pub recv_gpus: Vec<Option<u32>>,
 }

@@ -73,6 +73,13 @@ class _AsyncConnection:
     def close(self) -> None:
         self.writer.close()
 
+    async def closed(self) -> None:
+        """Once `close()` (or an abort of its transport) has closed the socket."""
+        try:
+            await self.writer.wait_closed()
+        except OSError:
+            pass
+
 
 async def _handshake(path: str) -> Optional[_AsyncConnection]:
     """tcpxd._local.handshake with asyncio streams."""
@@ -176,4 +183,4 @@ class _AsyncLocalSessions:
         conns, self._idle = self._idle + list(self._busy), []
         for conn in conns:
             conn.close()
-        await asyncio.gather(*(c.writer.wait_closed() for c in conns), return_exceptions=True)
+        await asyncio.gather(*(c.closed() for c in conns))

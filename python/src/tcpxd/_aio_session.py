@@ -188,6 +188,7 @@ class AsyncSession(SessionRequests["asyncio.Future[TransferResult]"]):
                 timer.cancel()
             sender.cancel()
             conn.close()
+        await conn.closed()
         self._end(local_end(err, self._why, self._closed, self._client.endpoint, self._timeout))
 
     async def _send_local(self, conn: _AsyncConnection) -> None:

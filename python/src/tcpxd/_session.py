@@ -144,6 +144,10 @@ def _body_size(body: Any) -> int:
 #: tcpxd.nixl's outer sums, a few KiB, included).
 _FRAME_ONE = 32768
 
+#: How long a closing client waits for an aborted session's reader before it closes the session's
+#: connection (longer, and the connection is left to the session: its reader may still use it).
+RELEASE_WAIT_S = 5.0
+
 #: The send buffer asked for a session's local-session socket (the kernel caps it at wmem_max):
 #: requests written at once are not held up while the daemon starts the earlier ones.
 SESSION_SNDBUF = 4 << 20
@@ -559,6 +563,20 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
             self._call.cancel()
             return
         self._conn.shutdown()  # wakes the reader, which closes nothing
+
+    def _release(self) -> None:
+        """After `_abort` (its client closed): waits for the reader, which the abort woke, and
+        closes the connection; as `close()` would, which may follow. Nothing on the reader's own
+        thread (a future's callback closing the client): the connection goes with the session."""
+        if self._reader is threading.current_thread():
+            return
+        self._reader.join(RELEASE_WAIT_S)
+        if self._reader.is_alive():  # (still in a future's callback: it may use the connection)
+            return
+        if self._conn is not None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._conn.close()
 
     def close(self) -> None:
         """Half-closes the stream: the daemon finishes what is in flight, then the stream ends."""

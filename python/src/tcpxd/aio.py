@@ -91,8 +91,14 @@ class AsyncClient:
         return "own stream" if self._own is not None and not self._own._closed else "unary"
 
     async def close(self) -> None:
-        for session in list(self._sessions):
+        """Ends the client's sessions (their unfinished transfers end Cancelled) and closes every
+        connection it opened: its sessions', its local-session pool's, its registrations' and the
+        gRPC channel's. Again: nothing more."""
+        sessions = list(self._sessions)
+        for session in sessions:
             session._abort("client closed")
+        # Their readers end at once (the abort closed their connections) and wait for the close.
+        await asyncio.gather(*(s._reader for s in sessions), return_exceptions=True)
         self._reattach.close()
         if self._registrar is not None:
             self._registrar.close()  # the daemon releases the host memory this client shared

@@ -344,6 +344,10 @@ fn lane_json(l: &LaneStats) -> Value {
         "send_window_full": l.send_window_full,
         "recv_window_full": l.recv_window_full,
         "kind": lane_kind(l),
+        "send_kind": l.send_kind,
+        "recv_kind": l.recv_kind,
+        "send_memory": l.send_memory,
+        "recv_memory": l.recv_memory,
         "send_credits": l.send_credits,
         "send_credit_limit": l.send_credit_limit,
         "recv_credits": l.recv_credits,
@@ -393,6 +397,11 @@ pub fn stats_json(s: &Stats) -> Value {
             "transfers_ok": p.transfers_ok,
             "transfers_failed": p.transfers_failed,
             "idle_closes": p.idle_closes,
+            "send_lanes": p.send_lanes,
+            "recv_lanes": p.recv_lanes,
+            "routed": p.routed,
+            "bytes_sent": p.bytes_sent,
+            "bytes_received": p.bytes_received,
             "lanes": p.lanes.iter().map(lane_json).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "transfer_totals": s.transfer_totals.iter().map(|t| json!({
@@ -531,16 +540,37 @@ pub enum Rates<'a> {
     Watch(Option<(&'a Stats, Duration)>),
 }
 
-/// What a lane carries each way: `eager` when the receiving side announced credits for it (its
-/// `transfer.protocol` is `eager`, or `auto` and this is one of its eager lanes), else
-/// `rendezvous`; one word when both ways agree.
+/// What a lane carries each way: `eager` when the receiving side keeps credits on it (its
+/// `transfer.protocol` is `eager`, or `auto` and this is one of its eager lanes, or a routed
+/// group's eager lane), else `rendezvous`; one word when both ways agree. A daemon before
+/// session 19 says no kind: then the credit limits tell.
 pub fn lane_kind(l: &LaneStats) -> String {
-    let kind = |limit: u32| if limit > 0 { "eager" } else { "rendezvous" };
-    let (send, recv) = (kind(l.send_credit_limit), kind(l.recv_credit_limit));
-    if send == recv {
-        send.to_string()
+    let by_limit = |limit: u32| if limit > 0 { "eager" } else { "rendezvous" };
+    let said = |kind: &str| (!kind.is_empty()).then(|| kind.to_string());
+    let both = said(&l.send_kind).is_some() || said(&l.recv_kind).is_some();
+    let (send, recv) = if both {
+        (said(&l.send_kind), said(&l.recv_kind))
     } else {
-        format!("{send}/{recv}")
+        (
+            Some(by_limit(l.send_credit_limit).to_string()),
+            Some(by_limit(l.recv_credit_limit).to_string()),
+        )
+    };
+    match (send, recv) {
+        (Some(s), Some(r)) if s == r => s,
+        (Some(s), Some(r)) => format!("{s}/{r}"),
+        (Some(s), None) => format!("{s}/-"),
+        (None, Some(r)) => format!("-/{r}"),
+        (None, None) => "-".into(),
+    }
+}
+
+/// A routed lane's memory pair each way ("gpu1>gpu4"), "-" for a layout lane.
+fn lane_memory(l: &LaneStats) -> String {
+    match (l.send_memory.as_str(), l.recv_memory.as_str()) {
+        ("", "") => "-".into(),
+        (s, r) if s == r => s.into(),
+        (s, r) => format!("{}/{}", or_dash(s), or_dash(r)),
     }
 }
 
@@ -576,6 +606,34 @@ pub fn stats_text(s: &Stats, rates: Rates<'_>) -> String {
         if !p.error.is_empty() {
             let _ = writeln!(out, "  error: {}", p.error);
         }
+        // Totals since the pairing (lanes not listed moved nothing), then how many of its
+        // lanes are in use: GetStats lists only those (a routed pairing has hundreds, opened on
+        // first use).
+        let (sent, received) = if p.send_lanes + p.recv_lanes > 0 {
+            (p.bytes_sent, p.bytes_received)
+        } else {
+            (
+                p.lanes.iter().map(|l| l.bytes_sent).sum(),
+                p.lanes.iter().map(|l| l.bytes_received).sum(),
+            )
+        };
+        let _ = write!(
+            out,
+            "  sent {}, received {}",
+            format_bytes(sent),
+            format_bytes(received)
+        );
+        if p.send_lanes + p.recv_lanes > 0 {
+            let _ = write!(
+                out,
+                "; {} lane(s) in use of {} out, {} in{}",
+                p.lanes.len(),
+                p.send_lanes,
+                p.recv_lanes,
+                if p.routed { " (routed by memory pair)" } else { "" }
+            );
+        }
+        let _ = writeln!(out);
         // Rates only for a pairing that can carry traffic, against the same node's pairing that
         // could in the last snapshot: GetStats also lists a node's newest failed pairing, whose
         // counters must not be taken for the live one's.
@@ -593,6 +651,7 @@ pub fn stats_text(s: &Stats, rates: Rates<'_>) -> String {
             "LANE",
             "NIC S/R",
             "KIND",
+            "MEMORY",
             "GPU S/R",
             "STATE S/R",
             "SENT",
@@ -606,10 +665,12 @@ pub fn stats_text(s: &Stats, rates: Rates<'_>) -> String {
             header.extend(["SEND RATE", "RECV RATE"]);
         }
         let mut t = Table::new(header).indent(2);
-        // A routed pairing lists hundreds of lanes, most never opened: those are counted, not
-        // listed (the JSON has them all).
+        // A daemon before session 19 listed every lane of a routed pairing, most never opened:
+        // those are counted, not shown (the JSON has them all).
+        let lists_all = p.send_lanes + p.recv_lanes == 0;
         let unused = |l: &&LaneStats| {
-            l.send_state == "closed"
+            lists_all
+                && l.send_state == "closed"
                 && l.recv_state == "closed"
                 && l.chunks_sent == 0
                 && l.chunks_received == 0
@@ -622,6 +683,7 @@ pub fn stats_text(s: &Stats, rates: Rates<'_>) -> String {
                 l.lane.to_string(),
                 format!("{}/{}", l.send_device, l.recv_device),
                 lane_kind(l),
+                lane_memory(l),
                 format!("{}/{}", gpu_text(l.send_gpu), gpu_text(l.recv_gpu)),
                 format!("{}/{}", or_dash(&l.send_state), or_dash(&l.recv_state)),
                 format_bytes(l.bytes_sent),
@@ -969,6 +1031,69 @@ mod tests {
         );
         assert!(rows[1].contains("2 more lanes never used"), "{text}");
         assert_eq!(stats_json(&s)["peers"][0]["lanes"].as_array().unwrap().len(), 3);
+    }
+
+    /// Since session 19 GetStats lists only the lanes in use: the peer line says how many of the
+    /// pairing's lanes that is and its totals, each lane its kind and memory pair each way.
+    #[test]
+    fn stats_say_lanes_in_use_of_the_pairings_with_kind_and_memory() {
+        let s = Stats {
+            node_id: "a".into(),
+            peers: vec![PeerStats {
+                node_id: "b".into(),
+                state: PeerState::Up as i32,
+                send_lanes: 528,
+                recv_lanes: 528,
+                routed: true,
+                bytes_sent: 3 << 20,
+                bytes_received: 0,
+                lanes: vec![
+                    LaneStats {
+                        lane: 40,
+                        bytes_sent: 3 << 20,
+                        send_kind: "rendezvous".into(),
+                        send_memory: "gpu1>gpu4".into(),
+                        send_state: "closed".into(),
+                        recv_state: "closed".into(),
+                        ..Default::default()
+                    },
+                    LaneStats {
+                        lane: 44,
+                        send_kind: "eager".into(),
+                        recv_kind: "eager".into(),
+                        send_memory: "host>host".into(),
+                        recv_memory: "host>host".into(),
+                        send_state: "open".into(),
+                        recv_state: "opening".into(),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = stats_text(&s, Rates::Off);
+        assert!(
+            text.contains(
+                "sent 3.00 MiB, received 0 B; 2 lane(s) in use of 528 out, 528 in (routed by memory pair)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("MEMORY"), "{text}");
+        let rows: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with("4")).collect();
+        assert_eq!(rows.len(), 2, "{text}");
+        assert!(
+            rows[0].contains("rendezvous/-") && rows[0].contains("gpu1>gpu4/-"),
+            "{text}"
+        );
+        assert!(
+            rows[1].contains(" eager ") && rows[1].contains(" host>host "),
+            "{text}"
+        );
+        let j = stats_json(&s);
+        assert_eq!(j["peers"][0]["send_lanes"], 528);
+        assert_eq!(j["peers"][0]["routed"], true);
+        assert_eq!(j["peers"][0]["lanes"][1]["recv_memory"], "host>host");
     }
 
     /// Each lane's GPU at this end and its state each way (lanes open on first use, close when

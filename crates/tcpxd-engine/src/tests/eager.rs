@@ -515,6 +515,7 @@ fn messages_about_unknown_transfers_change_nothing() {
             message: "x".into(),
         },
         PeerMsg::CancelRead { read_id: 77 },
+        PeerMsg::CancelSeen { offer_id: 77 },
     ] {
         eng.on_message(P, msg, now);
     }

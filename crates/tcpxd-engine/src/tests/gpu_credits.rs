@@ -3,6 +3,7 @@
 //! every credit back after refusals, cancels and deadlines.
 
 use super::*;
+use crate::topology::Memory;
 
 /// Auto with 1 rendezvous lane and 1 credit lane per peer (lane 1), 4 KiB chunks, eager up to
 /// 16 KiB, credit receives landing in GPU memory.
@@ -18,10 +19,11 @@ fn gpu_cfg() -> EngineConfig {
 }
 
 impl Sim {
-    /// A buffer of GPU memory on `node` (told to its peer).
-    fn gpu_buffer(&mut self, node: usize, id: u64, size: usize, fill: u8) {
+    /// A buffer of `node` on GPU `gpu` (told to its peer with its ordinal; queued, not yet
+    /// delivered).
+    pub(super) fn gpu_buffer(&mut self, node: usize, id: u64, size: usize, fill: u8, gpu: u32) {
         self.buffer(node, id, size, fill);
-        self.nodes[node].eng.mark_gpu_buffer(id);
+        self.nodes[node].eng.set_buffer_memory(id, Memory::Gpu(gpu));
         self.drain();
     }
 }
@@ -44,7 +46,7 @@ fn headers(msgs: &VecDeque<PeerMsg>) -> Vec<(u64, Option<u64>)> {
 #[test]
 fn gpu_destinations_take_credits_at_every_size_and_host_ones_keep_the_size_rule() {
     let mut s = Sim::new(1, gpu_cfg(), 41);
-    s.gpu_buffer(1, 2, 4 << 20, 0);
+    s.gpu_buffer(1, 2, 4 << 20, 0, 0);
     s.buffer(1, 3, 1 << 20, 0);
     s.buffer(0, 1, 4 << 20, 7);
     // Pairing: the credit receives are chunk-sized (not eager_max), the budget announced.
@@ -66,7 +68,7 @@ fn gpu_destinations_take_credits_at_every_size_and_host_ones_keep_the_size_rule(
         at += len / 2;
     }
     // READ: the holder sends into the reader's GPU buffer the same way.
-    s.gpu_buffer(0, 4, 2 << 20, 0);
+    s.gpu_buffer(0, 4, 2 << 20, 0, 0);
     s.buffer(1, 5, 2 << 20, 3);
     let t = s.read(0, 5, 0, 4, 0, 2 << 20);
     s.run();
@@ -85,7 +87,7 @@ fn gpu_destinations_take_credits_at_every_size_and_host_ones_keep_the_size_rule(
 #[test]
 fn a_large_transfer_is_streamed_within_its_share_of_the_credits() {
     let mut s = Sim::new(1, gpu_cfg(), 42);
-    s.gpu_buffer(1, 2, 1 << 20, 0);
+    s.gpu_buffer(1, 2, 1 << 20, 0, 0);
     s.buffer(0, 1, 1 << 20, 9);
     s.run();
     let t = s.write(0, 1, 0, 2, 0, 1 << 20);
@@ -108,7 +110,7 @@ fn a_large_transfer_is_streamed_within_its_share_of_the_credits() {
 #[test]
 fn a_large_transfer_cannot_starve_small_ones() {
     let mut s = Sim::new(1, gpu_cfg(), 43);
-    s.gpu_buffer(1, 2, 4 << 20, 0);
+    s.gpu_buffer(1, 2, 4 << 20, 0, 0);
     s.buffer(0, 1, 4 << 20, 9);
     s.run();
     let large = s.write(0, 1, 0, 2, 0, 2 << 20);
@@ -152,8 +154,8 @@ fn a_large_transfer_cannot_starve_small_ones() {
 fn two_large_transfers_and_a_read_stream_together() {
     every_seed(|seed| {
         let mut s = Sim::new(2, gpu_cfg(), seed);
-        s.gpu_buffer(1, 2, 2 << 20, 0);
-        s.gpu_buffer(0, 4, 1 << 20, 0);
+        s.gpu_buffer(1, 2, 2 << 20, 0, 0);
+        s.gpu_buffer(0, 4, 1 << 20, 0, 0);
         s.buffer(0, 1, 2 << 20, 5);
         s.buffer(1, 5, 1 << 20, 6);
         let a = s.write(0, 1, 0, 2, 0, 700_000);
@@ -179,7 +181,7 @@ fn every_seed(test: impl Fn(u64)) {
 fn cancel_deadline_and_refusal_of_a_streamed_transfer_return_every_credit() {
     every_seed(|seed| {
         let mut s = Sim::new(1, gpu_cfg(), seed);
-        s.gpu_buffer(1, 2, 1 << 20, 0);
+        s.gpu_buffer(1, 2, 1 << 20, 0, 0);
         s.buffer(0, 1, 1 << 20, 5);
         s.run();
         // Cancelled by its sender after a few steps: the rest goes out empty.
@@ -192,7 +194,7 @@ fn cancel_deadline_and_refusal_of_a_streamed_transfer_return_every_credit() {
         assert_eq!(s.outcome(0, t).code, Code::Cancelled);
         s.assert_idle();
         // A deadline on the receiving side (a READ into GPU memory).
-        s.gpu_buffer(0, 4, 1 << 20, 0);
+        s.gpu_buffer(0, 4, 1 << 20, 0, 0);
         s.buffer(1, 5, 1 << 20, 6);
         s.run();
         let spec = ReadSpec {
@@ -219,7 +221,7 @@ fn cancel_deadline_and_refusal_of_a_streamed_transfer_return_every_credit() {
         assert_eq!(s.outcome(0, r).code, Code::DeadlineExceeded);
         s.assert_idle();
         // Refused (a wrong key): every chunk is consumed without unpacking.
-        s.gpu_buffer(1, 6, 1 << 20, 0);
+        s.gpu_buffer(1, 6, 1 << 20, 0, 0);
         s.run();
         let spec = WriteSpec {
             local_buffer: 1,
@@ -280,7 +282,7 @@ fn more_chunks_beyond_the_plan_or_for_no_stream_fail_the_pairing() {
     }
     // Beyond the plan: a streamed header's announcement of more chunks than it has.
     let mut s = Sim::new(1, gpu_cfg(), 45);
-    s.gpu_buffer(1, 2, 1 << 20, 0);
+    s.gpu_buffer(1, 2, 1 << 20, 0, 0);
     s.buffer(0, 1, 1 << 20, 9);
     s.run();
     s.write(0, 1, 0, 2, 0, 1 << 20);

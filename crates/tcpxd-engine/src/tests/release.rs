@@ -154,7 +154,8 @@ fn a_failed_pairing_a_transfer_still_names_goes_when_the_transfer_ends() {
 
 #[test]
 fn absorbing_adds_running_totals_lane_by_lane() {
-    let lane = |bytes, posted| LaneCounters {
+    let lane = |lane, bytes, posted| LaneCounters {
+        lane,
         bytes,
         chunks: 1,
         posted,
@@ -164,28 +165,32 @@ fn absorbing_adds_running_totals_lane_by_lane() {
         credit_limit: 16,
         credit_bytes_out: 0,
         state: "open",
+        eager: false,
+        memory: None,
     };
     let mut sum = PeerCounters {
         node_id: "b".into(),
         transfers_ok: 1,
-        send: vec![lane(10, 0)],
+        send: vec![lane(0, 10, 0), lane(7, 3, 0)],
         ..PeerCounters::default()
     };
+    // Lists of lanes in use leave lanes out: they add up by lane number.
     sum.absorb(&PeerCounters {
         node_id: "b".into(),
         failed: Some("gone".into()),
         transfers_ok: 2,
         transfers_failed: 1,
         received_eager: 4,
-        send: vec![lane(5, 7), lane(6, 7)],
-        recv: vec![lane(1, 1)],
+        send: vec![lane(0, 5, 7), lane(3, 6, 7), lane(7, 1, 0)],
+        recv: vec![lane(2, 1, 1)],
+        send_lanes: 540,
         ..PeerCounters::default()
     });
     assert_eq!(
         (sum.transfers_ok, sum.transfers_failed, sum.received_eager),
         (3, 1, 4)
     );
-    assert_eq!(sum.send.len(), 2);
+    assert_eq!(sum.send.iter().map(|l| l.lane).collect::<Vec<_>>(), [0, 3, 7]);
     assert_eq!(
         (sum.send[0].bytes, sum.send[0].chunks, sum.send[0].window_full),
         (15, 2, 2)
@@ -194,6 +199,11 @@ fn absorbing_adds_running_totals_lane_by_lane() {
         (sum.send[1].bytes, sum.send[1].posted, sum.send[1].credits),
         (6, 0, 0)
     );
-    assert_eq!((sum.recv[0].bytes, sum.recv[0].queued), (1, 0));
+    assert_eq!(sum.send[2].bytes, 4);
+    assert_eq!(
+        (sum.recv[0].lane, sum.recv[0].bytes, sum.recv[0].queued),
+        (2, 1, 0)
+    );
+    assert_eq!(sum.send_lanes, 540);
     assert_eq!(sum.failed, None);
 }

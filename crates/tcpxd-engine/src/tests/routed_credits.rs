@@ -3,7 +3,7 @@
 //! lanes of the pair (s, d), host destinations on the eager lanes of (s, host), every credit
 //! back; a header naming another pair's lane fails the pairing.
 
-use super::routes::node;
+use super::routes::{assert_gpu_pair_lane, node};
 use super::sim::*;
 use super::*;
 use crate::topology::Memory;
@@ -29,9 +29,7 @@ fn routed(seed: u64) -> Sim {
 
 /// A buffer of `node` on GPU `gpu` (told to the peer with its ordinal).
 fn gpu_buffer(s: &mut Sim, node: usize, id: u64, size: usize, fill: u8, gpu: u32) {
-    s.buffer(node, id, size, fill);
-    s.nodes[node].eng.set_buffer_memory(id, Memory::Gpu(gpu));
-    s.nodes[node].eng.mark_gpu_buffer(id);
+    s.gpu_buffer(node, id, size, fill, gpu);
     // Delivered: the peer knows the buffer's GPU before any transfer starts.
     s.run();
 }
@@ -68,21 +66,7 @@ fn gpu_to_gpu_credits_go_only_on_the_pairs_eager_lanes() {
             let used = grew(&s, &before);
             assert!(!used.is_empty());
             for lane in used {
-                let r = s.nodes[0]
-                    .eng
-                    .send_lane_route(P, lane)
-                    .unwrap_or_else(|| panic!("{len}: lane {lane} is a layout lane"));
-                assert_eq!(
-                    (r.send.nic, r.send.gpu),
-                    (s_gpu as usize / 2, Some(s_gpu)),
-                    "lane {lane}"
-                );
-                assert_eq!(
-                    (r.recv.nic, r.recv.gpu),
-                    (d_gpu as usize / 2, Some(d_gpu)),
-                    "lane {lane}"
-                );
-                assert_eq!(s.nodes[1].eng.recv_lane_route(P, lane), Some(r));
+                assert_gpu_pair_lane(&s, 0, lane, s_gpu, d_gpu);
                 assert!(
                     c.send[lane as usize].credit_limit > 0,
                     "lane {lane} is a credit lane"
@@ -176,11 +160,10 @@ fn a_gpu_buffer_not_yet_announced_is_reached_on_the_host_pairs_eager_lanes() {
     let mut s = routed(41);
     gpu_buffer(&mut s, 0, 1, 64 * 1024, 6, 2);
     s.buffer(1, 2, 64 * 1024, 0);
-    s.nodes[1].eng.set_buffer_memory(2, Memory::Gpu(7));
     // Its GpuCredits is still on the control stream when the write starts: the sender takes
     // the buffer for host memory (eager by size, the (GPU 2, host) pair), which the receiver
     // accepts for a GPU destination too.
-    s.nodes[1].eng.mark_gpu_buffer(2);
+    s.nodes[1].eng.set_buffer_memory(2, Memory::Gpu(7));
     let before = s.nodes[0].eng.peer_counters(P).unwrap();
     let t = s.write(0, 1, 0, 2, 0, 8192);
     s.run();

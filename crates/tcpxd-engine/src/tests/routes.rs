@@ -60,6 +60,31 @@ fn used_send_lanes(s: &Sim, i: usize) -> Vec<(u32, Option<crate::topology::Route
         .collect()
 }
 
+/// Asserts that node `from`'s send lane `lane` is a lane of the pair (its GPU `s_gpu` → the
+/// other node's GPU `d_gpu`), from nic(s) to nic(d) (A3: GPU g on NIC g / 2), and the other
+/// node's receive lane of the same number the same route.
+pub(super) fn assert_gpu_pair_lane(s: &Sim, from: usize, lane: u32, s_gpu: u32, d_gpu: u32) {
+    let r = s.nodes[from]
+        .eng
+        .send_lane_route(P, lane)
+        .unwrap_or_else(|| panic!("lane {lane} is not a routed lane"));
+    assert_eq!(
+        (r.send.nic, r.send.gpu),
+        (s_gpu as usize / 2, Some(s_gpu)),
+        "lane {lane}"
+    );
+    assert_eq!(
+        (r.recv.nic, r.recv.gpu),
+        (d_gpu as usize / 2, Some(d_gpu)),
+        "lane {lane}"
+    );
+    assert_eq!(
+        s.nodes[1 - from].eng.recv_lane_route(P, lane),
+        Some(r),
+        "lane {lane}"
+    );
+}
+
 fn reset_bytes(s: &mut Sim) -> [u64; 2] {
     // Counters only grow: remember the totals so far.
     let mut t = [0; 2];
@@ -89,20 +114,8 @@ fn a_gpu_pairs_bytes_go_only_on_its_route_both_ways() {
             assert!(s.same((0, 1, 0), (1, 2, 0), 96 * 1024));
             let used = used_send_lanes(&s, 0);
             assert!(!used.is_empty());
-            for (lane, route) in &used {
-                let r = route.unwrap_or_else(|| panic!("lane {lane} is not a routed lane"));
-                assert_eq!(
-                    (r.send.nic, r.send.gpu),
-                    (s_gpu as usize / 2, Some(s_gpu)),
-                    "lane {lane}"
-                );
-                assert_eq!(
-                    (r.recv.nic, r.recv.gpu),
-                    (d_gpu as usize / 2, Some(d_gpu)),
-                    "lane {lane}"
-                );
-                // The receiver's lane of the same number is the same route.
-                assert_eq!(s.nodes[1].eng.recv_lane_route(P, *lane), Some(r));
+            for (lane, _) in &used {
+                assert_gpu_pair_lane(&s, 0, *lane, s_gpu, d_gpu);
             }
             // Both lanes of the pair's group carried the 24 chunks; no other lane opened.
             assert_eq!(used.len(), 2, "{used:?}");
@@ -122,18 +135,8 @@ fn a_gpu_pairs_bytes_go_only_on_its_route_both_ways() {
             s.run();
             assert!(s.outcome(0, r).code == Code::Ok);
             assert!(s.same((0, 1, 0), (0, 3, 0), 96 * 1024));
-            for (lane, route) in used_send_lanes(&s, 1) {
-                let r = route.unwrap();
-                assert_eq!(
-                    (r.send.nic, r.send.gpu),
-                    (d_gpu as usize / 2, Some(d_gpu)),
-                    "lane {lane}"
-                );
-                assert_eq!(
-                    (r.recv.nic, r.recv.gpu),
-                    (s_gpu as usize / 2, Some(s_gpu)),
-                    "lane {lane}"
-                );
+            for (lane, _) in used_send_lanes(&s, 1) {
+                assert_gpu_pair_lane(&s, 1, lane, d_gpu, s_gpu);
             }
             s.assert_idle();
         }
@@ -209,8 +212,9 @@ fn an_offer_naming_no_routed_lane_is_refused_naming_it_and_changes_nothing() {
         offer_id: 900,
         read_id: 0,
         chunk_bytes: MIN_CHUNK_BYTES,
-        // A layout lane: routed offers name a lane of their source memory's group.
-        first_lane: 0,
+        // An eager lane of (host, host): routed offers name a rendezvous lane of their source
+        // memory's group.
+        first_lane: 12,
         ranges: vec![RemoteRange {
             buffer_id: 2,
             access_key: key(2),
@@ -229,16 +233,18 @@ fn an_offer_naming_no_routed_lane_is_refused_naming_it_and_changes_nothing() {
     while let Some(a) = s.nodes[1].eng.poll_action() {
         match a {
             Action::Control {
-                msg: PeerMsg::Reject { message, .. },
+                msg: PeerMsg::Reject { message, code, .. },
                 ..
-            } => refused = Some(message),
+            } => refused = Some((code, message)),
             Action::PostRecv { .. } | Action::ListenLane { .. } => panic!("{a:?} for a refused offer"),
             _ => {}
         }
     }
-    let m = refused.expect("a Reject");
+    let (code, m) = refused.expect("a Reject");
+    // Invalid, as a first lane past the layout's rendezvous lanes on a pairing not routed.
+    assert_eq!(code, Code::InvalidArgument, "{m}");
     assert!(
-        m.contains("first_lane 0 is not a rendezvous lane of the routed lanes"),
+        m.contains("first_lane 12 is not a rendezvous lane of the routed lanes 0.."),
         "{m}"
     );
     assert_eq!(s.nodes[1].eng.buffer_users(2), Some(0));
@@ -359,7 +365,7 @@ fn an_accept_naming_another_memorys_lane_fails_the_pairing() {
         }
     }
     let o = offer.expect("an offer");
-    // The offer names the first lane of (GPU 2, host): a routed lane, past the layout's.
+    // The offer names the first lane of (GPU 2, host): a routed lane.
     let route = s.nodes[0]
         .eng
         .send_lane_route(P, o.first_lane)

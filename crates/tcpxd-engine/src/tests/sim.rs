@@ -10,6 +10,8 @@ use super::super::*;
 pub(super) const P: PeerIdx = PeerIdx(0);
 /// The buffer id the simulator gives credit receives (their bytes wait for a `Land`).
 pub(super) const LANDING: u64 = u64::MAX;
+/// The buffer of a receive posted into the lane's own landing place (`Action::PostDropRecv`).
+pub(super) const DROPPED: u64 = u64::MAX - 1;
 
 thread_local! {
     /// The receive protocol `Sim::new` gives both engines (see `every_mode`).
@@ -51,6 +53,8 @@ pub(super) struct Post {
     pub(super) staged: Option<Vec<u8>>,
     /// A scatter receive: (offer, wire); its bytes go to the pieces when it completes.
     pub(super) scatter: Option<(u64, u64)>,
+    /// A plain receive: the offer it belongs to (`Engine::recv_lands` is asked on completion).
+    pub(super) offer: Option<u64>,
 }
 
 impl Post {
@@ -61,6 +65,7 @@ impl Post {
             len,
             staged: None,
             scatter: None,
+            offer: None,
         }
     }
 }
@@ -119,6 +124,10 @@ pub(super) struct LaneSim {
     pub(super) done_credit: VecDeque<bool>,
     /// Bytes of completed credit receives, waiting for their `Land` (the bounce pages).
     pub(super) held: VecDeque<Vec<u8>>,
+    /// Plain and scatter receives that met their send, with the bytes that came (in the
+    /// plugin's bounce pages): unpacked when their completion is reported, as the daemon's
+    /// driver does, and only while the engine says they land (`Engine::recv_lands`).
+    pub(super) arrived: VecDeque<(Post, Vec<u8>)>,
     /// Credit receives landed and waiting to be reported consumed.
     pub(super) consume_pending: usize,
 }
@@ -135,6 +144,18 @@ pub(super) struct Node {
     /// Buffers reported idle (`Action::BufferIdle`), in order.
     pub(super) idle: Vec<u64>,
     pub(super) pieces: PieceStats,
+    /// Plain and scatter receives whose completion was reported (unpacked or not).
+    pub(super) unpacked: u64,
+    /// Chunks that came with data and were not unpacked: the engine said they do not land
+    /// (`Engine::recv_lands`, a `Land` with no buffer) or they were posted into the lane's own
+    /// place (`Action::PostDropRecv`).
+    pub(super) dropped: u64,
+    /// Receives posted into the lane's own place (`Action::PostDropRecv`).
+    pub(super) drop_posts: u64,
+    /// Emptied chunks (a cancelled sender's) that reached a receive still landing its offer:
+    /// the daemon's driver, which cannot tell an emptied chunk from one the plugin received in
+    /// place, lands such a chunk's landing slot (zeros) in the destination when it was staged.
+    pub(super) emptied_live: u64,
 }
 
 pub(super) struct Sim {
@@ -241,6 +262,10 @@ impl Sim {
                 progress: HashMap::new(),
                 idle: Vec::new(),
                 pieces: PieceStats::default(),
+                unpacked: 0,
+                dropped: 0,
+                drop_posts: 0,
+                emptied_live: 0,
             }
         };
         let nodes = [mk(0, "node-b", &mut recv), mk(1, "node-a", &mut recv)];
@@ -318,10 +343,18 @@ impl Sim {
                         buffer,
                         offset,
                         len,
+                        offer,
                         ..
-                    } => self.wires[1 - i][lane as usize]
-                        .recvs
-                        .push_back(Post::plain(buffer, offset, len)),
+                    } => self.wires[1 - i][lane as usize].recvs.push_back(Post {
+                        offer: Some(offer),
+                        ..Post::plain(buffer, offset, len)
+                    }),
+                    Action::PostDropRecv { lane, len, .. } => {
+                        self.nodes[i].drop_posts += 1;
+                        self.wires[1 - i][lane as usize]
+                            .recvs
+                            .push_back(Post::plain(DROPPED, 0, len))
+                    }
                     Action::PostCredit { lane, len, .. } => self.wires[1 - i][lane as usize]
                         .recvs
                         .push_back(Post::plain(LANDING, 0, len)),
@@ -394,6 +427,12 @@ impl Sim {
                         let w = &mut self.wires[1 - i][lane as usize];
                         let data = w.held.pop_front().expect("a Land with no landed receive");
                         w.consume_pending += 1;
+                        if buffer.is_none() && !data.is_empty() {
+                            self.nodes[i].dropped += 1;
+                        }
+                        if buffer.is_some() && data.is_empty() {
+                            self.nodes[i].emptied_live += 1;
+                        }
                         if let Some(b) = buffer {
                             // An emptied chunk (its sender cancelled) brings nothing.
                             if !data.is_empty() {
@@ -451,7 +490,9 @@ impl Sim {
                             );
                         } else {
                             assert!(
-                                w.recvs.iter().all(|r| r.buffer == LANDING) && w.held.is_empty(),
+                                w.recvs.iter().all(|r| r.buffer == LANDING)
+                                    && w.held.is_empty()
+                                    && w.arrived.is_empty(),
                                 "lane {lane} closed with receives"
                             );
                             assert!(w.sends.is_empty(), "lane {lane} closed with data in flight");
@@ -539,26 +580,13 @@ impl Sim {
                     };
                     if r.buffer == LANDING {
                         self.wires[from][lane].held.push_back(src);
-                    } else if s.len > 0 {
-                        assert_eq!(
-                            s.len, r.len,
+                    } else {
+                        assert!(
+                            s.len == 0 || s.len == r.len,
                             "a live chunk met a receive of another size: orders disagree"
                         );
-                        let n = &mut self.nodes[1 - from];
-                        match r.scatter {
-                            Some((offer, wire)) => {
-                                // The driver scatters once the receive completed; a transfer the
-                                // receiver dropped since (its peer failed) has no pieces left.
-                                if let Some(pieces) = n.eng.recv_pieces(P, offer, wire, r.len) {
-                                    let dst = n.bufs.get_mut(&r.buffer).unwrap();
-                                    n.pieces.pieces += scatter(dst, pieces, &src);
-                                }
-                            }
-                            None => {
-                                let dst = n.bufs.get_mut(&r.buffer).unwrap();
-                                dst[r.offset as usize..][..s.len as usize].copy_from_slice(&src);
-                            }
-                        }
+                        // In the bounce pages until its completion is reported (`step`).
+                        self.wires[from][lane].arrived.push_back((r, src));
                     }
                 }
                 // Eager lanes: every send the sender posted finds a receive posted for it
@@ -618,7 +646,9 @@ impl Sim {
                     // Eager: it landed; it is consumed after its Land.
                     self.nodes[1 - i].eng.on_recv_landed(P, lane as u32, self.now);
                 } else {
+                    let (r, data) = w.arrived.pop_front().expect("a completed receive met its send");
                     let result = w.recv_results.pop_front().unwrap_or(Ok(()));
+                    self.unpack(1 - i, &r, &data);
                     self.nodes[1 - i].eng.on_recv_consumed(P, lane as u32, result);
                 }
             }
@@ -725,7 +755,7 @@ impl Sim {
                 "a post never met its partner"
             );
             assert!(
-                w.held.is_empty() && w.consume_pending == 0,
+                w.held.is_empty() && w.consume_pending == 0 && w.arrived.is_empty(),
                 "a landed chunk was never consumed"
             );
         }

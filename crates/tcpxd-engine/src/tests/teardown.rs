@@ -188,3 +188,138 @@ fn an_unpack_failure_fails_the_write_and_still_drains_in_mode() {
     assert!(s.nodes[1].notes.is_empty());
     s.assert_idle();
 }
+
+/// A READ that ended here (cancelled, or its deadline passed) with its chunks in flight both
+/// ways — some already arrived in the bounce pages, some sent by the holder before it learned,
+/// the rest still queued — changes no byte of its destination from the moment it is reported
+/// ended: arrived chunks are not unpacked (`Engine::recv_lands`), receives not yet posted go into
+/// the lane's own place (`Action::PostDropRecv`), and every slot still drains. (The daemon's
+/// numpy array found zeroed after a timed-out READ: its emptied chunks were scattered from
+/// zeroed landing slots into the client's pages after the READ had failed.)
+#[test]
+fn a_read_that_ended_changes_no_byte_of_its_destination_afterwards() {
+    every_mode(a_read_that_ended_changes_no_byte_of_its_destination_afterwards_in_mode);
+}
+
+fn a_read_that_ended_changes_no_byte_of_its_destination_afterwards_in_mode() {
+    for (seed, deadline) in [(60, false), (61, true)] {
+        // A receive window smaller than the send window: the holder has data sends posted that
+        // no receive met yet when the READ ends.
+        let cfg = EngineConfig {
+            recv_window: 4,
+            credits: 4,
+            ..small_chunks()
+        };
+        let mut s = Sim::new(2, cfg, seed);
+        s.buffer(0, 1, 256 * 1024, 0);
+        s.buffer(1, 2, 256 * 1024, 9);
+        let source = s.nodes[1].bufs[&2].clone();
+        s.hold_data = true;
+        let t = s.read(0, 2, 0, 1, 0, 256 * 1024);
+        s.run(); // control messages only: offers, accepts, headers; data posted and met
+        assert!(!s.nodes[0].finished.contains_key(&t));
+        if deadline {
+            let late = s.now + Duration::from_secs(61);
+            s.nodes[0].eng.on_tick(late);
+        } else {
+            assert!(s.nodes[0].eng.cancel(t, Code::Cancelled, "stop"));
+        }
+        s.drain();
+        let code = s.outcome(0, t).code;
+        assert_eq!(
+            code,
+            if deadline {
+                Code::DeadlineExceeded
+            } else {
+                Code::Cancelled
+            }
+        );
+        let at_end = s.nodes[0].bufs[&1].clone();
+        s.hold_data = false;
+        s.run();
+        assert!(
+            s.nodes[0].bufs[&1] == at_end,
+            "{:?}: bytes of the destination changed after the READ ended",
+            mode_now()
+        );
+        assert!(
+            s.nodes[0].dropped > 0,
+            "{:?}: no chunk with data came after the end",
+            mode_now()
+        );
+        if mode_now() == Protocol::Rendezvous {
+            assert!(
+                s.nodes[0].drop_posts > 0,
+                "receives posted after the end went into the lanes' own place"
+            );
+        }
+        assert!(
+            s.nodes[1].bufs[&2] == source,
+            "the holder's source is never written"
+        );
+        s.assert_idle();
+    }
+}
+
+/// A WRITE its sender cancelled: its source is never written; it is reported at once; its chunks
+/// that go out empty wait until the receiver said it discards the offer (`CancelSeen`), so none
+/// reaches a receive that still lands the offer (the daemon would land a staged one, its zeroed
+/// landing slot, as zeros), even when the cancel is slow to reach the receiver and every other
+/// chunk moves first; and from the moment the receiver has the cancel no byte of the destination
+/// changes.
+#[test]
+fn a_cancelled_writes_emptied_chunks_wait_until_its_receiver_discards() {
+    every_mode(a_cancelled_writes_emptied_chunks_wait_until_its_receiver_discards_in_mode);
+}
+
+fn a_cancelled_writes_emptied_chunks_wait_until_its_receiver_discards_in_mode() {
+    let cfg = EngineConfig {
+        recv_window: 4,
+        credits: 4,
+        ..small_chunks()
+    };
+    let mut s = Sim::new(2, cfg, 70);
+    s.buffer(0, 1, 256 * 1024, 3);
+    s.buffer(1, 2, 256 * 1024, 0);
+    let source = s.nodes[0].bufs[&1].clone();
+    s.hold_data = true;
+    let t = s.write(0, 1, 0, 2, 0, 256 * 1024);
+    s.run(); // offer and accept (or header); data posted and met, nothing completed
+    assert!(s.nodes[0].eng.cancel(t, Code::Cancelled, "stop"));
+    s.drain();
+    assert_eq!(s.outcome(0, t).code, Code::Cancelled);
+    // The cancel is slow to reach the receiver: everything else moves first.
+    let slow: Vec<PeerMsg> = s.ctrl[1].drain(..).collect();
+    assert!(
+        slow.iter().any(|m| matches!(m, PeerMsg::CancelOffer { .. })),
+        "{:?}: the receiver is told",
+        mode_now()
+    );
+    s.hold_data = false;
+    s.run();
+    assert!(
+        !s.nodes[0].eng.is_idle(),
+        "{:?}: the emptied chunks wait",
+        mode_now()
+    );
+    for m in slow {
+        let now = s.now;
+        s.nodes[1].eng.on_message(P, m, now);
+    }
+    let at_cancel = s.nodes[1].bufs[&2].clone();
+    s.run();
+    assert!(
+        s.nodes[1].bufs[&2] == at_cancel,
+        "{:?}: the destination changed after the receiver had the cancel",
+        mode_now()
+    );
+    assert_eq!(
+        s.nodes[1].emptied_live,
+        0,
+        "{:?}: an emptied chunk reached a receive still landing it",
+        mode_now()
+    );
+    assert!(s.nodes[0].bufs[&1] == source, "the source is never written");
+    assert!(s.nodes[1].notes.is_empty());
+    s.assert_idle();
+}

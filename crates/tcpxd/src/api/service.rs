@@ -461,58 +461,28 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
             .peers
             .iter()
             .map(|p| {
-                let lanes = p.counters.send.len().max(p.counters.recv.len());
+                let c = &p.counters;
                 pb::PeerStats {
-                    node_id: p.counters.node_id.clone(),
+                    node_id: c.node_id.clone(),
                     state: link_pb(&p.link) as i32,
-                    transfers_started: p.counters.transfers_started,
-                    transfers_ok: p.counters.transfers_ok,
-                    transfers_failed: p.counters.transfers_failed,
-                    sent_eager: p.counters.sent_eager,
-                    sent_rendezvous: p.counters.sent_rendezvous,
-                    received_eager: p.counters.received_eager,
-                    received_rendezvous: p.counters.received_rendezvous,
-                    idle_closes: p.counters.idle_closes,
+                    transfers_started: c.transfers_started,
+                    transfers_ok: c.transfers_ok,
+                    transfers_failed: c.transfers_failed,
+                    sent_eager: c.sent_eager,
+                    sent_rendezvous: c.sent_rendezvous,
+                    received_eager: c.received_eager,
+                    received_rendezvous: c.received_rendezvous,
+                    idle_closes: c.idle_closes,
                     error: match &p.link {
                         PeerLink::Failed(why) => why.clone(),
                         _ => String::new(),
                     },
-                    lanes: (0..lanes)
-                        .map(|i| {
-                            let s = p.counters.send.get(i).cloned().unwrap_or_default();
-                            let r = p.counters.recv.get(i).cloned().unwrap_or_default();
-                            pb::LaneStats {
-                                lane: i as u32,
-                                device: p
-                                    .send_devices
-                                    .get(i)
-                                    .or(p.recv_devices.get(i))
-                                    .copied()
-                                    .unwrap_or(-1),
-                                bytes_sent: s.bytes,
-                                bytes_received: r.bytes,
-                                chunks_sent: s.chunks,
-                                chunks_received: r.chunks,
-                                sends_in_flight: s.posted as u32,
-                                recvs_in_flight: r.posted as u32,
-                                sends_queued: s.queued as u32,
-                                recvs_queued: r.queued as u32,
-                                send_window_full: s.window_full,
-                                recv_window_full: r.window_full,
-                                send_credits: s.credits,
-                                send_credit_limit: s.credit_limit,
-                                recv_credits: r.credits,
-                                recv_credit_limit: r.credit_limit,
-                                send_credit_bytes_out: s.credit_bytes_out,
-                                send_device: p.send_devices.get(i).copied().unwrap_or(-1),
-                                recv_device: p.recv_devices.get(i).copied().unwrap_or(-1),
-                                send_gpu: gpu_pb(p.send_gpus.get(i)),
-                                recv_gpu: gpu_pb(p.recv_gpus.get(i)),
-                                send_state: s.state.to_string(),
-                                recv_state: r.state.to_string(),
-                            }
-                        })
-                        .collect(),
+                    send_lanes: c.send_lanes,
+                    recv_lanes: c.recv_lanes,
+                    routed: c.routed,
+                    bytes_sent: c.send.iter().map(|l| l.bytes).sum(),
+                    bytes_received: c.recv.iter().map(|l| l.bytes).sum(),
+                    lanes: crate::api::stats::lane_stats(p),
                 }
             })
             .collect();
@@ -525,11 +495,6 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
             ..crate::api::stats::event_stats(&self.state.metrics.summary())
         }))
     }
-}
-
-/// A lane's GPU for `LaneStats`: -1 for none.
-fn gpu_pb(g: Option<&Option<u32>>) -> i32 {
-    g.copied().flatten().map_or(-1, |g| g as i32)
 }
 
 fn link_pb(l: &PeerLink) -> pb::PeerState {

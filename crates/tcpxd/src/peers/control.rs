@@ -374,6 +374,7 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             code: *code as i32,
             message: message.clone(),
         }),
+        PeerMsg::CancelSeen { offer_id } => Body::CancelSeen(pb::CancelSeen { offer_id: *offer_id }),
         PeerMsg::ReadRequest {
             read_id,
             pairs,
@@ -537,6 +538,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
             code: Code::from_i32(c.code),
             message: c.message,
         },
+        Body::CancelSeen(c) => PeerMsg::CancelSeen { offer_id: c.offer_id },
         Body::ReadRequest(mut r) => {
             let pairs = packed_pb::read_pairs_from_pb(&mut r);
             let blocks = r.blocks.map(|b| read_blocks_from_pb(b).map(Box::new)).transpose();

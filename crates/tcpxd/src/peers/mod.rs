@@ -58,6 +58,12 @@ use topology_pb::{topology_from_pb, topology_to_pb};
 /// packed offsets and lengths); a protocol-5 daemon would see an offer with no ranges.
 /// 6 (routed-credits): a routed pairing's lane catalogue has an eager lane per route in every
 /// memory pair, and `GpuCredits.buffer_gpus`; eager headers name those lanes (engine `routes.rs`).
+/// 7 (routed-lanes): a routed pairing's lanes are its catalogue's only, numbered from 0 (the
+/// layout's, never used there, no longer come first): a protocol-6 daemon would take every lane
+/// number for another route.
+/// 7 (session 19; numpy-zeros' part, same version): `CancelSeen`, the receiver's answer to `CancelOffer`, which
+/// the sender waits for before it sends the offer's remaining chunks empty: a protocol-6 receiver
+/// never answers, and the sender would hold them (and the lanes behind them) for ever.
 /// 7 (session 19, idle-pairings): pairings close by agreement once idle (`PairingClose`,
 /// `PairingCloseAnswer`, engine `pair_life.rs`); a protocol-6 daemon would take the message for
 /// a broken stream and fail the pairing. (Other branches' protocol-7 changes are listed with

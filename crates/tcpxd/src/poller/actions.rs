@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use super::blocks::{self, RecvPost, ScatterTo, SendPost, Slots};
 use super::posting::{Placed, landing_slots, post_recvs, post_sends, start_buffer_unpack};
-use super::{LANDING, PeerSlot, Phase, Poller, RecvLaneState, SendLaneState};
+use super::{LANDING, PeerSlot, Phase, Poller, RecvLane, RecvLaneState, SendLane};
 use crate::engine::{Action, Outcome, PeerIdx, PeerMsg, TransferId};
 use crate::lanes::{self, GpuStage, Wait};
 use crate::net::{RecvComm, RequestId};
@@ -58,9 +58,13 @@ impl Poller {
                 buffer,
                 offset,
                 len,
+                offer,
             } => self
-                .post_recv(peer, lane, buffer, offset, len)
+                .post_recv(peer, lane, buffer, offset, len, offer)
                 .map_err(fails(peer))?,
+            Action::PostDropRecv { peer, lane, len } => {
+                self.post_drop_recv(peer, lane, len).map_err(fails(peer))?
+            }
             Action::PostCredit { peer, lane, len } => {
                 self.post_credit(peer, lane, len).map_err(fails(peer))?
             }
@@ -144,7 +148,7 @@ impl Poller {
         len: u32,
     ) -> Result<(), String> {
         tracing::trace!(target: "tcpxd::hop", hop = "poller.isend", lane);
-        let (slots, window) = (self.slots(), self.cfg.engine.send_window);
+        let slots = self.slots();
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.send) else {
             return Ok(());
         };
@@ -152,7 +156,7 @@ impl Poller {
         // the lane's staging ring (as a block chunk of one piece) and sent from there. The
         // engine posts a plain send only while fewer than `send_window` of the lane's sends are
         // out, so the ring's rule holds.
-        let post = match self.buffers.get(&buffer) {
+        let made = match self.buffers.get(&buffer) {
             Some(entry) if entry.attached.is_some() => blocks::gather_send(
                 l,
                 entry,
@@ -165,14 +169,34 @@ impl Poller {
             ),
             _ => Ok((SendPost::plain(buffer, offset, len), None)),
         };
-        post.and_then(|(post, failed)| {
+        self.queue_send(peer, lane, (buffer, offset), made, "send")
+    }
+
+    /// Queues a send just made (`made`: a plain send, or a chunk gathered into the lane's
+    /// staging ring, with why the gather failed if it did) and posts what the lane's window
+    /// allows. A failed gather's chunk is sent all the same (the lanes stay in step) and the
+    /// engine fails the transfer that sent (buffer, offset). Errors name the lane and
+    /// `what` was sent.
+    fn queue_send(
+        &mut self,
+        peer: PeerIdx,
+        lane: u32,
+        (buffer, offset): (u64, u64),
+        made: Result<(SendPost, Option<String>), String>,
+        what: &str,
+    ) -> Result<(), String> {
+        let window = self.cfg.engine.send_window;
+        let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.send) else {
+            return Ok(());
+        };
+        made.and_then(|(post, failed)| {
             if let Some(why) = failed {
                 self.engine.fail_posted_send(peer, lane, buffer, offset, &why);
             }
             l.deferred.push_back(post);
             post_sends(l, window, &self.buffers, &mut self.stages)
         })
-        .map_err(|why| format!("lane {lane} send: {why}"))
+        .map_err(|why| format!("lane {lane} {what}: {why}"))
     }
 
     fn post_recv(
@@ -182,6 +206,7 @@ impl Poller {
         buffer: u64,
         offset: u64,
         len: u32,
+        offer: u64,
     ) -> Result<(), String> {
         let slots = self.slots();
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
@@ -193,7 +218,7 @@ impl Poller {
             Some(entry) if entry.attached.is_some() => {
                 let to = ScatterTo {
                     buffer,
-                    offer: 0,
+                    offer,
                     wire: 0,
                     direct: Some(offset),
                 };
@@ -204,6 +229,7 @@ impl Poller {
                 offset,
                 len,
                 scatter: None,
+                offer: Some(offer),
             }),
         };
         post.and_then(|post| {
@@ -211,6 +237,22 @@ impl Poller {
             post_recvs(l, &self.buffers)
         })
         .map_err(|why| format!("lane {lane} receive: {why}"))
+    }
+
+    /// A receive for a chunk of a transfer that ended here: into the lane's landing ring, never
+    /// into the destination (a plugin receiving in place would write it there), dropped once it
+    /// completed (`test_lanes`).
+    fn post_drop_recv(&mut self, peer: PeerIdx, lane: u32, len: u32) -> Result<(), String> {
+        let slots = self.slots();
+        let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
+            return Ok(());
+        };
+        blocks::landing_ring_slot(l, len, slots)
+            .and_then(|post| {
+                l.deferred.push_back(post);
+                post_recvs(l, &self.buffers)
+            })
+            .map_err(|why| format!("lane {lane} receive: {why}"))
     }
 
     /// An eager credit receive, into the lane's next landing slot (made on first use).
@@ -237,6 +279,7 @@ impl Poller {
                     },
                     len,
                     scatter: None,
+                    offer: None,
                 });
                 post_recvs(l, &self.buffers)
             })
@@ -393,22 +436,11 @@ impl Poller {
         if p.send.iter().any(|l| l.staging.on_gpu()) || p.recv.iter().any(|l| l.scatter.on_gpu()) {
             self.stages.values_mut().for_each(GpuStage::quiesce_blocks);
         }
-        for l in &mut p.send {
-            l.handles.clear();
-            l.deferred.clear();
-            l.staging = blocks::SendStaging::default();
-            l.state = SendLaneState::Closed;
-        }
-        for l in &mut p.recv {
-            l.scatter = blocks::RecvScatter::default();
-            l.handles.clear();
-            l.landing_slots = None;
-            l.landing_on_gpu = false;
-            l.deferred.clear();
-            l.queue.clear();
-            l.state = RecvLaneState::Closed;
-            l.rules = None; // after the close, which removed them
-        }
+        // The lanes' comms close apart: the plugin's close of a comm with a request under way
+        // waits for a hung peer, for ever if it never comes back; the poller must not.
+        let send = p.send.iter_mut().map(SendLane::take).collect();
+        let recv = p.recv.iter_mut().map(RecvLane::take).collect();
+        super::peers::close_apart(p.node_id.clone(), send, recv);
         tracing::warn!(peer = %p.node_id, "peer failed: {reason}");
         // Stored even with nobody watching (a replaced pairing): GetStats reads it.
         p.link.send_replace(PeerLink::Failed(reason));
@@ -423,11 +455,11 @@ impl Poller {
         wire: u64,
         len: u32,
     ) -> Result<(), String> {
-        let (slots, window) = (self.slots(), self.cfg.engine.send_window);
+        let slots = self.slots();
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.send) else {
             return Ok(());
         };
-        blocks::collect(
+        let made = blocks::collect(
             self.engine.send_pieces(offer, wire, len),
             &mut self.segs,
             "sent",
@@ -450,15 +482,8 @@ impl Poller {
                 self.unpack_impl,
                 &self.host_copies,
             )
-        })
-        .and_then(|(post, failed)| {
-            if let Some(why) = failed {
-                self.engine.fail_posted_send(peer, lane, buffer, wire, &why);
-            }
-            l.deferred.push_back(post);
-            post_sends(l, window, &self.buffers, &mut self.stages)
-        })
-        .map_err(|why| format!("lane {lane} block send: {why}"))
+        });
+        self.queue_send(peer, lane, (buffer, wire), made, "block send")
     }
 
     fn post_scatter_recv(

@@ -112,13 +112,15 @@ fn client_error(entry: &BufferEntry, e: impl std::fmt::Display) -> String {
 }
 
 /// A receive waiting for the plugin: into `buffer` at `offset` (`STAGED`: the host landing
-/// ring; `LANDING`: the eager landing slots), scattered afterwards when `scatter` says so.
+/// ring; `LANDING`: the eager landing slots), scattered afterwards when `scatter` says so, for
+/// the chunk of offer `offer` (see `Posted::offer`).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct RecvPost {
     pub buffer: u64,
     pub offset: u64,
     pub len: u32,
     pub scatter: Option<ScatterTo>,
+    pub offer: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -349,7 +351,22 @@ pub(super) fn scatter_recv(
             offset: 0,
             len,
             scatter: Some(to),
+            offer: Some(to.offer),
         });
+    }
+    Ok(RecvPost {
+        scatter: Some(to),
+        offer: Some(to.offer),
+        ..landing_ring_slot(lane, len, slots)?
+    })
+}
+
+/// A receive of `len` bytes into the next slot of the lane's host landing ring (reserved on
+/// first use), with nothing to scatter and no offer: what `PostDropRecv` posts, and what
+/// [`scatter_recv`] completes for host memory.
+pub(super) fn landing_ring_slot(lane: &mut RecvLane, len: u32, slots: Slots) -> Result<RecvPost, String> {
+    if len > MAX_CHUNK_BYTES {
+        return Err(format!("a {len}-byte chunk is over {MAX_CHUNK_BYTES} bytes"));
     }
     let RecvLaneState::Ready(comm) = &lane.state else {
         return Err("the lane is not connected".into());
@@ -370,7 +387,8 @@ pub(super) fn scatter_recv(
         buffer: STAGED,
         offset: slot * u64::from(MAX_CHUNK_BYTES),
         len,
-        scatter: Some(to),
+        scatter: None,
+        offer: None,
     })
 }
 

@@ -48,10 +48,10 @@ impl Poller {
                 let r = self.engine.add_buffer(entry.id, entry.size, entry.key());
                 if r.is_ok() {
                     if let Some(region) = entry.device_region() {
+                        // GPU memory: routed lanes follow it, and peers may send into it by
+                        // credits at any size.
                         let gpu = crate::engine::topology::Memory::Gpu(region.gpu().ordinal() as u32);
                         self.engine.set_buffer_memory(entry.id, gpu);
-                        // GPU memory: peers may send into it by credits at any size.
-                        self.engine.mark_gpu_buffer(entry.id);
                     }
                     self.buffers.insert(entry.id, entry);
                 }
@@ -407,7 +407,7 @@ impl Poller {
                 .iter()
                 .filter_map(|(&i, p)| {
                     Some(PeerStats {
-                        counters: self.engine.peer_counters(i)?,
+                        counters: self.engine.listed_counters(i)?,
                         link: p.link.borrow().clone(),
                         send_devices: p.send.iter().map(|l| l.device).collect(),
                         recv_devices: p.recv.iter().map(|l| l.device).collect(),

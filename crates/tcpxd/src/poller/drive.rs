@@ -159,8 +159,26 @@ impl Poller {
                         buffer,
                         offset,
                         scatter: to,
+                        offer,
                     } = posted.meta;
-                    let wait = if let Some(to) = to {
+                    let wait = if buffer == LANDING {
+                        // Eager: where it goes comes with its header (`Action::Land`).
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.landed", lane = li);
+                        events.push(Completion::Landed(peer, li as u32));
+                        Wait::Header
+                    } else if offer.is_none_or(|o| !engine.recv_lands(peer, o)) {
+                        // Its transfer ended here since it was posted (failed, cancelled), or it
+                        // was posted for one that had (`PostDropRecv`): nothing of it reaches the
+                        // destination. What a landing slot holds is zeroed (a direct receive's
+                        // bytes); a receive posted into the destination or a GPU anchor has
+                        // nothing to undo.
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.dropped", lane = li);
+                        if buffer == STAGED {
+                            lanes::discard(comm, id)
+                        } else {
+                            Wait::Ready(Ok(()))
+                        }
+                    } else if let Some(to) = to {
                         tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li);
                         let pieces = match to.direct {
                             Some(at) => {
@@ -197,11 +215,6 @@ impl Poller {
                                 Wait::Ready(Err(why))
                             }
                         }
-                    } else if buffer == LANDING {
-                        // Eager: where it goes comes with its header (`Action::Land`).
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.landed", lane = li);
-                        events.push(Completion::Landed(peer, li as u32));
-                        Wait::Header
                     } else {
                         tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li);
                         let dest = Placed {

@@ -488,6 +488,10 @@ struct Posted {
     offset: u64,
     /// A block chunk: where its bytes go once received.
     scatter: Option<blocks::ScatterTo>,
+    /// The offer whose chunk it receives: unpacked only while `Engine::recv_lands` says so.
+    /// `None` for an eager credit receive (its `Land` decides) and a receive posted into the
+    /// lane's own place for a transfer that ended (`PostDropRecv`: never unpacked).
+    offer: Option<u64>,
 }
 
 /// A completed receive waiting for its unpack before `irecvConsumed`.

@@ -12,6 +12,52 @@ use crate::engine::{Code, PeerIdx};
 use crate::lanes::{RecvQueue, Tag};
 use crate::net::ListenComm;
 
+impl SendLane {
+    /// A lane on `device` under `gpu`, closed: no comm, nothing registered or queued.
+    fn closed(device: i32, gpu: Option<u32>) -> SendLane {
+        SendLane {
+            device,
+            gpu,
+            state: SendLaneState::Closed,
+            handles: HashMap::new(),
+            deferred: VecDeque::new(),
+            tag: Tag::default(),
+            staging: blocks::SendStaging::default(),
+        }
+    }
+
+    /// Everything the lane holds (its comm, registrations, queues, staging rings), leaving it
+    /// closed.
+    pub(super) fn take(&mut self) -> SendLane {
+        std::mem::replace(self, SendLane::closed(self.device, self.gpu))
+    }
+}
+
+impl RecvLane {
+    /// A lane on `device` under `gpu`, closed: no comm, nothing registered, posted or recorded.
+    fn closed(device: i32, gpu: Option<u32>) -> RecvLane {
+        RecvLane {
+            device,
+            gpu,
+            state: RecvLaneState::Closed,
+            handles: HashMap::new(),
+            queue: RecvQueue::default(),
+            deferred: VecDeque::new(),
+            landing_slots: None,
+            landing_on_gpu: false,
+            credit_seq: 0,
+            scatter: blocks::RecvScatter::default(),
+            rules: None,
+        }
+    }
+
+    /// Everything the lane holds (its comm, registrations, posted receives, landing and scatter
+    /// rings, flow-steering rules' record), leaving it closed.
+    pub(super) fn take(&mut self) -> RecvLane {
+        std::mem::replace(self, RecvLane::closed(self.device, self.gpu))
+    }
+}
+
 impl Poller {
     /// The device of each lane this node listens on, as the engine's lane layout says.
     fn lane_devices(&self) -> Vec<i32> {
@@ -83,15 +129,7 @@ impl Poller {
                         (device, self.device_gpu(device))
                     }
                 };
-                SendLane {
-                    device,
-                    gpu,
-                    state: SendLaneState::Closed,
-                    handles: HashMap::new(),
-                    deferred: VecDeque::new(),
-                    tag: Tag::default(),
-                    staging: blocks::SendStaging::default(),
-                }
+                SendLane::closed(device, gpu)
             })
             .collect::<Vec<_>>();
         let recv = (0..recv_lanes)
@@ -105,19 +143,7 @@ impl Poller {
                 };
                 (device, gpu)
             })
-            .map(|(device, gpu)| RecvLane {
-                device,
-                gpu,
-                state: RecvLaneState::Closed,
-                handles: HashMap::new(),
-                queue: RecvQueue::default(),
-                deferred: VecDeque::new(),
-                landing_slots: None,
-                landing_on_gpu: false,
-                credit_seq: 0,
-                scatter: blocks::RecvScatter::default(),
-                rules: None,
-            })
+            .map(|(device, gpu)| RecvLane::closed(device, gpu))
             .collect::<Vec<_>>();
         tracing::info!(peer = %node_id, send_lanes = send.len(), recv_lanes = recv.len(), peer_gpus, "peer paired, waiting for its first message");
         self.peers.insert(
@@ -216,6 +242,45 @@ fn close_comms(
              still under way on a comm whose peer stopped too): left to the process's exit"
         );
     }
+}
+
+/// Closes a failed pairing's lanes (`peer` names it in logs) on a thread of their own, waited for
+/// by nobody: the poller goes on at once. A plugin's close can block for as long as the peer
+/// hangs (see [`close_comms`]); meanwhile the lanes' comms keep the memory their requests may
+/// still write into (`net::comm`'s keep-alive), and the flow-steering rules' record goes after
+/// the close that removed them (each lane drops its fields in order). Send lanes close first:
+/// their sockets' end is what ends the peer's receives on them. Each open lane goes with the GPU
+/// its comm was opened under current (the plugin's close of a CUDA comm frees that GPU's memory).
+pub(super) fn close_apart(peer: String, send: Vec<SendLane>, recv: Vec<RecvLane>) {
+    let comms = send.len() + recv.len();
+    let close = move || {
+        let started = Instant::now();
+        for l in send {
+            let gpu = l.gpu.filter(|_| !matches!(l.state, SendLaneState::Closed));
+            drop_under(gpu, l);
+        }
+        for l in recv {
+            let gpu = l.gpu.filter(|_| !matches!(l.state, RecvLaneState::Closed));
+            drop_under(gpu, l);
+        }
+        tracing::debug!(%peer, comms, took_ms = started.elapsed().as_millis() as u64, "failed pairing's comms closed");
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("tcpxd-close-peer".into())
+        .spawn(close)
+    {
+        // The closure went with the error: the comms were closed on this thread.
+        tracing::warn!("could not start a thread to close a failed pairing's comms ({e}): closed here");
+    }
+}
+
+/// Drops a lane (closing its comm) with GPU `gpu` current on this thread; without it where it
+/// cannot be made current (logged).
+fn drop_under<L>(gpu: Option<u32>, lane: L) {
+    if let Err(e) = crate::topology::make_current(gpu) {
+        tracing::warn!("closing a lane's comm: {e}");
+    }
+    drop(lane);
 }
 
 /// The flow-steering rules Google's plugin installed for a receive comm just accepted on

@@ -110,6 +110,7 @@ pub(super) fn post_recvs(l: &mut RecvLane, buffers: &HashMap<u64, Arc<BufferEntr
         offset,
         len,
         scatter,
+        offer,
     }) = l.deferred.front()
     {
         let (mh, at) = match (&l.landing_slots, buffer) {
@@ -127,6 +128,7 @@ pub(super) fn post_recvs(l: &mut RecvLane, buffers: &HashMap<u64, Arc<BufferEntr
             buffer,
             offset,
             scatter,
+            offer,
         };
         if !l
             .queue

@@ -101,21 +101,28 @@ async fn small_and_large_transfers_at_once_in_both_directions_each_take_their_pr
     .await;
     connect(&mut a, &b).await;
 
-    // The lane split: rendezvous lanes first, then the eager lanes (credits on those only), in
-    // addition: each node listens on lanes_per_device (2) + eager_lanes (1) lanes per device.
+    // The lanes: each node listens on lanes_per_device (2) + eager_lanes (1) lanes per device,
+    // its eager lanes last; a routed pairing (a node with GPUs: the CUDA stand-in) has those and
+    // its catalogue's (each memory pair's rendezvous lanes, then its eager lanes). GetStats
+    // lists only the lanes in use: none yet.
     let sa = peer_stats(&mut a.client, "auto-b").await;
-    let n = sa.lanes.len();
-    assert_eq!(n % 3, 0, "{:?}", sa.lanes);
-    let eager_from = n / 3 * 2;
-    for l in &sa.lanes {
-        let eager = l.lane as usize >= eager_from;
-        let limit = if eager { 16 } else { 0 };
-        assert_eq!(
-            (l.send_credit_limit, l.recv_credit_limit),
-            (limit, limit),
-            "{l:?}"
-        );
+    assert_routed_as_expected(&sa);
+    let n = sa.send_lanes;
+    assert_eq!(sa.recv_lanes, n, "{sa:?}");
+    if !sa.routed {
+        assert_eq!(n % 3, 0, "{sa:?}");
     }
+    assert!(sa.lanes.is_empty(), "nothing used yet: {:?}", sa.lanes);
+    let eager_from = n / 3 * 2;
+    let node = a
+        .client
+        .describe_node(pb::DescribeNodeRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    // The rendezvous lanes of host memory to host memory: lanes_per_device on each NIC (the
+    // layout's, or the (host, host) group's routes, NIC i to NIC i).
+    let host_rendezvous = node.devices.len() * node.lanes_per_device as usize;
 
     let bufs = [buffers(&mut a, 1).await, buffers(&mut b, 2).await];
     let sizes = [1, 4 * KIB, 64 * KIB, 64 * KIB + 1, MIB, MIB + 1, 8 * MIB];
@@ -147,27 +154,55 @@ async fn small_and_large_transfers_at_once_in_both_directions_each_take_their_pr
         (sa.sent_eager, sa.sent_rendezvous)
     );
 
-    // Each protocol's bytes went over its own lanes only.
-    let sent = |before: &pb::PeerStats, after: &pb::PeerStats, eager: bool| -> u64 {
-        after
+    // Each lane says what it carries; credits on the eager lanes only, 16 each way (on the
+    // layout, its last lane per device), every lane used of host memory to host memory (routed:
+    // the (host, host) group's).
+    for l in &sa.lanes {
+        for (kind, limit, memory) in [
+            (&l.send_kind, l.send_credit_limit, &l.send_memory),
+            (&l.recv_kind, l.recv_credit_limit, &l.recv_memory),
+        ] {
+            match kind.as_str() {
+                "eager" => assert_eq!(limit, 16, "{l:?}"),
+                "rendezvous" => assert_eq!(limit, 0, "{l:?}"),
+                "" => continue,
+                other => panic!("kind {other:?}: {l:?}"),
+            }
+            if sa.routed {
+                assert_eq!(memory, "host>host", "{l:?}");
+            } else {
+                assert_eq!(memory, "", "{l:?}");
+                assert_eq!(kind == "eager", l.lane >= eager_from, "{l:?}");
+            }
+        }
+    }
+    // Each protocol's bytes went over its own lanes only (lanes listed before are listed after:
+    // a lane that moved bytes stays listed).
+    let sent = |stats: &pb::PeerStats, eager: bool| -> u64 {
+        stats
             .lanes
             .iter()
-            .zip(&before.lanes)
-            .filter(|(l, _)| (l.lane as usize >= eager_from) == eager)
-            .map(|(l, b)| l.bytes_sent - b.bytes_sent)
+            .filter(|l| (l.send_kind == "eager") == eager)
+            .map(|l| l.bytes_sent)
             .sum()
     };
     let (small_a, large_a): (Vec<u64>, Vec<u64>) = sizes.iter().partition(|&&s| s <= MIB);
     let (small_b, large_b): (Vec<u64>, Vec<u64>) = sizes.iter().partition(|&&s| s <= 64 * KIB);
     let twice = |v: &[u64]| 2 * v.iter().sum::<u64>();
-    assert_eq!(sent(&before_a, &sa, true), twice(&small_a));
-    assert_eq!(sent(&before_a, &sa, false), twice(&large_a));
-    assert_eq!(sent(&before_b, &sb, true), twice(&small_b));
-    assert_eq!(sent(&before_b, &sb, false), twice(&large_b));
-    // The large ones kept the rendezvous lanes' parallelism: every rendezvous lane carried some.
-    for l in sa.lanes.iter().filter(|l| (l.lane as usize) < eager_from) {
-        assert!(l.bytes_sent > 0, "rendezvous lane {} idle: {l:?}", l.lane);
-    }
+    assert_eq!(sent(&sa, true) - sent(&before_a, true), twice(&small_a));
+    assert_eq!(sent(&sa, false) - sent(&before_a, false), twice(&large_a));
+    assert_eq!(sent(&sb, true) - sent(&before_b, true), twice(&small_b));
+    assert_eq!(sent(&sb, false) - sent(&before_b, false), twice(&large_b));
+    // The per-peer totals are the lanes' (no bytes on lanes left out).
+    assert_eq!(sa.bytes_sent, sent(&sa, true) + sent(&sa, false));
+    // The large ones kept the rendezvous lanes' parallelism: every rendezvous lane of host
+    // memory to host memory carried some.
+    let busy = sa
+        .lanes
+        .iter()
+        .filter(|l| l.send_kind == "rendezvous" && l.bytes_sent > 0)
+        .count();
+    assert_eq!(busy, host_rendezvous, "{:?}", sa.lanes);
 
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut b.client).await;
@@ -188,6 +223,8 @@ async fn an_auto_node_pairs_with_eager_and_rendezvous_nodes_both_ways() {
         mix(&mut [&mut a, &mut b], &bufs, &sizes).await;
         let sa = peer_stats(&mut a.client, &nb).await;
         let sb = peer_stats(&mut b.client, &na).await;
+        assert_routed_as_expected(&sa);
+        assert_routed_as_expected(&sb);
         // Towards b everything goes b's way; towards a the size decides (64 KiB: eager).
         match other {
             "eager" => assert_eq!((sa.sent_eager, sa.sent_rendezvous), (6, 0), "{other}"),
@@ -195,15 +232,29 @@ async fn an_auto_node_pairs_with_eager_and_rendezvous_nodes_both_ways() {
         }
         assert_eq!((sb.sent_eager, sb.sent_rendezvous), (4, 2), "{other}");
         // a listens on 3 lanes per device, b on 2: a's send lanes (b's receive lanes) hold
-        // credits on every lane or none, b's towards a on a's eager lanes only.
-        let b_lanes = sa.lanes.len() / 3 * 2;
+        // credits on every lane or none, b's towards a on a's eager lanes only. Each lane used
+        // says what it carries; on the layout a's eager lanes are its last per device.
         let want = if other == "eager" { 16 } else { 0 };
-        for l in &sa.lanes[..b_lanes] {
+        let towards_b: Vec<&pb::LaneStats> = sa.lanes.iter().filter(|l| !l.send_kind.is_empty()).collect();
+        assert!(!towards_b.is_empty(), "{other}: {:?}", sa.lanes);
+        for l in towards_b {
+            assert_eq!(l.send_kind == "eager", other == "eager", "{other}: {l:?}");
             assert_eq!(l.send_credit_limit, want, "{other}: {l:?}");
         }
-        for l in &sb.lanes {
-            let eager = l.lane as usize >= b_lanes;
+        let a_eager_from = sb.send_lanes / 3 * 2;
+        let towards_a: Vec<&pb::LaneStats> = sb.lanes.iter().filter(|l| !l.send_kind.is_empty()).collect();
+        for kind in ["eager", "rendezvous"] {
+            assert!(
+                towards_a.iter().any(|l| l.send_kind == kind && l.bytes_sent > 0),
+                "{other}: no {kind} lane towards a: {towards_a:?}"
+            );
+        }
+        for l in towards_a {
+            let eager = l.send_kind == "eager";
             assert_eq!(l.send_credit_limit, if eager { 16 } else { 0 }, "{other}: {l:?}");
+            if !sb.routed {
+                assert_eq!(eager, l.lane >= a_eager_from, "{other}: {l:?}");
+            }
         }
         assert_lanes_drain(&mut a.client).await;
         assert_lanes_drain(&mut b.client).await;

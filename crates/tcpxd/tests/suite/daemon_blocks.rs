@@ -2,6 +2,7 @@
 //! DescribeBlocks, ReleaseBlocks, WriteBlocks / ReadBlocks (unary and in a Session) between
 //! daemons on loopback over the built-in emulation; bad input refused naming the field.
 
+use crate::common::blocks::{permutation, register, strided, u32s, write_request};
 use crate::common::daemons::{self, *};
 use tcpxd::api::proto::v1 as pb;
 use tcpxd::api::proto::v1::register_blocks_request::Layout as L;
@@ -16,13 +17,6 @@ fn le64(v: &[u64]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-fn u32s(v: &[u32]) -> pb::BlockIndices {
-    pb::BlockIndices {
-        encoding: pb::IndexEncoding::U32 as i32,
-        data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
 fn ranges(v: &[(u32, u32)]) -> pb::BlockIndices {
     pb::BlockIndices {
         encoding: pb::IndexEncoding::Ranges as i32,
@@ -33,49 +27,10 @@ fn ranges(v: &[(u32, u32)]) -> pb::BlockIndices {
     }
 }
 
-async fn register(c: &mut Client, buffer: u64, layout: L) -> Result<pb::BlockList, tonic::Status> {
-    c.register_blocks(pb::RegisterBlocksRequest {
-        reattach_id: Default::default(),
-        buffer_id: buffer,
-        layout: Some(layout),
-    })
-    .await
-    .map(|r| r.into_inner())
-}
-
-fn strided(first: u64, stride: u64, length: u32, count: u32) -> L {
-    L::Strided(pb::StridedBlocks {
-        first,
-        stride,
-        length,
-        count,
-    })
-}
-
 async fn describe(c: &mut Client, list: u64) -> Result<pb::BlockList, tonic::Status> {
     c.describe_blocks(pb::DescribeBlocksRequest { list_id: list })
         .await
         .map(|r| r.into_inner())
-}
-
-async fn bytes_of(c: &mut Client, buffer: u64, size: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(size as usize);
-    let mut off = 0;
-    while off < size {
-        let n = (size - off).min(MIB);
-        let r = c
-            .read_buffer(pb::ReadBufferRequest {
-                buffer_id: buffer,
-                offset: off,
-                length: n,
-            })
-            .await
-            .expect("read")
-            .into_inner();
-        out.extend_from_slice(&r.data);
-        off += n;
-    }
-    out
 }
 
 fn assert_refused(r: Result<impl std::fmt::Debug, tonic::Status>, code: Code, starts: &str) {
@@ -297,20 +252,6 @@ fn crc_zero(n: u64) -> u32 {
     crc32c::crc32c(&vec![0u8; n as usize])
 }
 
-/// The permutation of 0..n a seed gives (a small LCG-driven Fisher-Yates).
-fn permutation(n: u32, seed: u64) -> Vec<u32> {
-    let mut v: Vec<u32> = (0..n).collect();
-    let mut x = seed | 1;
-    for i in (1..v.len()).rev() {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let j = ((x >> 33) % (i as u64 + 1)) as usize;
-        v.swap(i, j);
-    }
-    v
-}
-
 /// WriteBlocks and ReadBlocks move scattered blocks pair by pair, byte-exact, unary and in a
 /// Session, under both protocols; a stale token (after a rekey) is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -347,14 +288,8 @@ async fn block_writes_and_reads_land_scattered_blocks_exactly() {
         let started = a
             .client
             .write_blocks(pb::WriteBlocksRequest {
-                local_list_id: sl.id,
-                local_indices: Some(u32s(&li)),
-                remote_token: dl.token.clone(),
-                remote_indices: Some(u32s(&ri)),
                 notification: b"blocks".to_vec(),
-                timeout_ms: 60_000,
-                wait: true,
-                ..Default::default()
+                ..write_request(&sl, u32s(&li), &dl, u32s(&ri), true)
             })
             .await
             .expect("write_blocks")
@@ -362,8 +297,8 @@ async fn block_writes_and_reads_land_scattered_blocks_exactly() {
         assert_eq!(started.total_bytes, u64::from(N) * BS);
         let fin = started.r#final.expect("final");
         assert_eq!(fin.status_code, 0, "{}", fin.status_message);
-        let s = bytes_of(&mut a.client, src.id, MIB).await;
-        let d = bytes_of(&mut b.client, dst.id, MIB).await;
+        let s = bytes(&mut a.client, src.id, 0, MIB).await;
+        let d = bytes(&mut b.client, dst.id, 0, MIB).await;
         for k in 0..N as usize {
             let so = (u64::from(li[k]) * (BS + 512)) as usize;
             let d_o = doffs[ri[k] as usize] as usize;
@@ -406,7 +341,7 @@ async fn block_writes_and_reads_land_scattered_blocks_exactly() {
             Some(Event::Finished(f)) => assert_eq!(f.status_code, 0, "{}", f.status_message),
             other => panic!("{other:?}"),
         }
-        let r = bytes_of(&mut a.client, back.id, MIB).await;
+        let r = bytes(&mut a.client, back.id, 0, MIB).await;
         for (k, &off) in doffs.iter().enumerate() {
             let d_o = off as usize;
             let ro = k * BS as usize;
@@ -424,15 +359,13 @@ async fn block_writes_and_reads_land_scattered_blocks_exactly() {
             .unwrap();
         let stale = a
             .client
-            .write_blocks(pb::WriteBlocksRequest {
-                local_list_id: sl.id,
-                local_indices: Some(ranges(&[(0, 1)])),
-                remote_token: dl.token.clone(),
-                remote_indices: Some(ranges(&[(0, 1)])),
-                timeout_ms: 60_000,
-                wait: true,
-                ..Default::default()
-            })
+            .write_blocks(write_request(
+                &sl,
+                ranges(&[(0, 1)]),
+                &dl,
+                ranges(&[(0, 1)]),
+                true,
+            ))
             .await
             .expect("write_blocks")
             .into_inner()
@@ -492,13 +425,8 @@ async fn a_million_scattered_blocks_a_side_fit_in_one_call() {
     let done = a
         .client
         .write_blocks(pb::WriteBlocksRequest {
-            local_list_id: sl.id,
-            local_indices: Some(u32s(&li)),
-            remote_token: dl.token.clone(),
-            remote_indices: Some(u32s(&ri)),
             timeout_ms: 120_000,
-            wait: true,
-            ..Default::default()
+            ..write_request(&sl, u32s(&li), &dl, u32s(&ri), true)
         })
         .await
         .expect("4 MB of indices a side")
@@ -506,8 +434,8 @@ async fn a_million_scattered_blocks_a_side_fit_in_one_call() {
     let fin = done.r#final.expect("final");
     assert_eq!(fin.status_code, 0, "{}", fin.status_message);
     assert_eq!(fin.bytes_done, u64::from(N) * BS);
-    let s = bytes_of(&mut a.client, src.id, u64::from(N) * BS).await;
-    let d = bytes_of(&mut b.client, dst.id, u64::from(N) * BS).await;
+    let s = bytes(&mut a.client, src.id, 0, u64::from(N) * BS).await;
+    let d = bytes(&mut b.client, dst.id, 0, u64::from(N) * BS).await;
     let bs = BS as usize;
     for k in 0..N as usize {
         let (x, y) = (li[k] as usize * bs, ri[k] as usize * bs);

@@ -99,7 +99,19 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
     );
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut bc).await;
-    // WRITE whose deadline (from timeout_ms) passes mid-flight: b is held past it.
+    // A transfer's deadline counts the opening of its lanes, which open on first use: on a
+    // routed pairing (the real plugin's run, with GPUs) a → b's lanes took longer to open than
+    // the deadlines below, so the writes ended before they could be held. An untimed write of
+    // the same memory pair first opens every lane the timed ones take (they stay open: idle
+    // lanes close after peer.lane_idle_close_ms, 120 s).
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+    // WRITE whose deadline (from timeout_ms) passes while b is held. b is stopped before the
+    // post: stopped once bytes moved, the write could finish first (its rest fitting in the
+    // lanes' socket buffers) or its deadline pass before the first event was seen.
+    let frozen = Frozen::now(&b);
     let id = a
         .client
         .write(pb::WriteRequest {
@@ -113,7 +125,6 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
         .unwrap()
         .into_inner()
         .transfer_id;
-    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
     let e = wait(&mut a.client, id).await;
     frozen.thaw();
     assert_eq!(
@@ -131,8 +142,8 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
         wait: false,
     });
     req.set_timeout(Duration::from_millis(300));
+    let frozen = Frozen::now(&b);
     let id = a.client.write(req).await.unwrap().into_inner().transfer_id;
-    let (frozen, _) = freeze_once_moving(&mut a.client, id, &b).await;
     let e = wait(&mut a.client, id).await;
     frozen.thaw();
     assert_eq!(

@@ -5,6 +5,7 @@
 //! ways within one node and across nodes (staged through the lanes' slots); its memory gone
 //! fails the transfer naming the buffer, and the daemons go on.
 
+use crate::common::blocks::{list, read_request, u32s, write_request};
 use crate::common::daemons::{self, *};
 use crate::common::framed::Framed;
 use tcpxd::api::proto::v1 as pb;
@@ -266,24 +267,6 @@ fn blocks_at(offsets: &[u64], length: u32) -> pb::register_blocks_request::Layou
     })
 }
 
-fn indices(v: &[u32]) -> pb::BlockIndices {
-    pb::BlockIndices {
-        encoding: pb::IndexEncoding::U32 as i32,
-        data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
-async fn list(c: &mut Client, buffer: u64, offsets: &[u64], length: u32) -> pb::BlockList {
-    c.register_blocks(pb::RegisterBlocksRequest {
-        buffer_id: buffer,
-        layout: Some(blocks_at(offsets, length)),
-        reattach_id: Default::default(),
-    })
-    .await
-    .expect("register_blocks")
-    .into_inner()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_lists_over_client_pages_move_across_nodes() {
     let (mut a, mut b) = pair("pages-blk").await;
@@ -301,21 +284,13 @@ async fn block_lists_over_client_pages_move_across_nodes() {
     let far = host_buffer(&mut b.client, MIB, "").await;
     let src_offs: Vec<u64> = (0..N as u64).map(|k| 3 + k * 9001 % (MIB - 6000)).collect();
     let dst_offs: Vec<u64> = (0..N as u64).map(|k| 11 + (N as u64 - 1 - k) * 6000).collect();
-    let sl = list(&mut a.client, pages.id, &src_offs, BS).await;
-    let dl = list(&mut b.client, far.id, &dst_offs, BS).await;
+    let sl = list(&mut a.client, pages.id, blocks_at(&src_offs, BS)).await;
+    let dl = list(&mut b.client, far.id, blocks_at(&dst_offs, BS)).await;
     let all: Vec<u32> = (0..N as u32).collect();
     // WRITE: gathered from the client's pages.
     let fin = a
         .client
-        .write_blocks(pb::WriteBlocksRequest {
-            local_list_id: sl.id,
-            local_indices: Some(indices(&all)),
-            remote_token: dl.token.clone(),
-            remote_indices: Some(indices(&all)),
-            timeout_ms: 60_000,
-            wait: true,
-            ..Default::default()
-        })
+        .write_blocks(write_request(&sl, u32s(&all), &dl, u32s(&all), true))
         .await
         .expect("write_blocks")
         .into_inner()
@@ -335,14 +310,7 @@ async fn block_lists_over_client_pages_move_across_nodes() {
     let rev: Vec<u32> = all.iter().rev().copied().collect();
     let fin = a
         .client
-        .read_blocks(pb::ReadBlocksRequest {
-            remote_token: dl.token.clone(),
-            remote_indices: Some(indices(&rev)),
-            local_list_id: sl.id,
-            local_indices: Some(indices(&all)),
-            timeout_ms: 60_000,
-            wait: true,
-        })
+        .read_blocks(read_request(&dl, u32s(&rev), &sl, u32s(&all), true))
         .await
         .expect("read_blocks")
         .into_inner()

@@ -24,14 +24,28 @@ fn rendezvous(a: &mut tcpxd::config::DaemonArgs) {
 }
 
 async fn lanes(c: &mut Client) -> Vec<pb::LaneStats> {
-    c.get_stats(pb::GetStatsRequest {})
+    let peers = c
+        .get_stats(pb::GetStatsRequest {})
         .await
         .unwrap()
         .into_inner()
-        .peers
-        .into_iter()
-        .flat_map(|p| p.lanes)
-        .collect()
+        .peers;
+    peers.iter().for_each(assert_routed_as_expected);
+    peers.into_iter().flat_map(|p| p.lanes).collect()
+}
+
+/// Every lane that sent chunks between two `eager` nodes is an eager lane with `credits`
+/// credits, and at least one did.
+fn assert_eager_sends(l: &[pb::LaneStats], credits: u32) {
+    let used: Vec<&pb::LaneStats> = l.iter().filter(|l| l.chunks_sent > 0).collect();
+    assert!(!used.is_empty(), "{l:?}");
+    for l in used {
+        assert_eq!(
+            (l.send_kind.as_str(), l.send_credit_limit),
+            ("eager", credits),
+            "{l:?}"
+        );
+    }
 }
 
 /// A descriptor for `b` with its access key's first byte flipped.
@@ -62,13 +76,7 @@ async fn a_write_refused_after_its_data_left_changes_no_destination_byte() {
     fill_seed(&mut a.client, src.id, 0, 0, 5).await;
     fill_seed(&mut b.client, dst.id, 0, 0, 6).await;
     let before = crc(&mut b.client, dst.id, 0, 0).await;
-    let l = lanes(&mut a.client).await;
-    assert!(
-        l.iter()
-            .all(|l| l.send_credit_limit == 16 && l.recv_credit_limit == 16),
-        "{l:?}"
-    );
-    let sent_before: u64 = l.iter().map(|l| l.chunks_sent).sum();
+    let sent_before: u64 = lanes(&mut a.client).await.iter().map(|l| l.chunks_sent).sum();
 
     for len in [1, 4096, 8 * MIB] {
         let id = write(
@@ -94,8 +102,12 @@ async fn a_write_refused_after_its_data_left_changes_no_destination_byte() {
     // The data did leave before the refusal: the sends went out with no round trip.
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut b.client).await;
-    let sent: u64 = lanes(&mut a.client).await.iter().map(|l| l.chunks_sent).sum();
+    let l = lanes(&mut a.client).await;
+    let sent: u64 = l.iter().map(|l| l.chunks_sent).sum();
     assert!(sent - sent_before >= 18, "{} chunks sent", sent - sent_before);
+    // They went on eager lanes, 16 credits each (every lane of an eager node; on a routed
+    // pairing, a node with GPUs, the eager lanes of host memory to host memory).
+    assert_eager_sends(&l, 16);
     assert_eq!(
         crc(&mut b.client, dst.id, 0, 0).await,
         before,
@@ -151,18 +163,27 @@ async fn mixed_pairings_follow_each_receivers_mode_both_ways() {
         crc(&mut a.client, back.id, 0, 0).await,
         crc(&mut b.client, lb.id, 0, 0).await
     );
-    let l = lanes(&mut a.client).await;
-    assert!(
-        l.iter()
-            .all(|l| l.send_credit_limit == 0 && l.recv_credit_limit == 16),
-        "{l:?}"
-    );
-    let l = lanes(&mut b.client).await;
-    assert!(
-        l.iter()
-            .all(|l| l.send_credit_limit == 16 && l.recv_credit_limit == 0),
-        "{l:?}"
-    );
+    // Each way's lanes in use follow the receiver's mode: a → b rendezvous lanes without
+    // credits, b → a eager lanes with 16.
+    for (c, send, recv) in [
+        (&mut a.client, "rendezvous", "eager"),
+        (&mut b.client, "eager", "rendezvous"),
+    ] {
+        let l = lanes(c).await;
+        for (kind, dir) in [(send, "send"), (recv, "recv")] {
+            let used: Vec<(&String, u32)> = l
+                .iter()
+                .map(|l| match dir {
+                    "send" => (&l.send_kind, l.send_credit_limit),
+                    _ => (&l.recv_kind, l.recv_credit_limit),
+                })
+                .filter(|(k, _)| !k.is_empty())
+                .collect();
+            assert!(!used.is_empty(), "no {dir} lane in use: {l:?}");
+            let limit = if kind == "eager" { 16 } else { 0 };
+            assert!(used.iter().all(|&(k, n)| k == kind && n == limit), "{dir}: {l:?}");
+        }
+    }
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut b.client).await;
     a.stop().await;
@@ -253,10 +274,22 @@ async fn cancel_and_deadlines_give_every_credit_and_slot_back_on_both_sides() {
     // Every credit back with its sender, every credit receive posted again, no slot held.
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut bc).await;
+    // Each lane in use either way, eager with 16 credits (an eager node's every lane, or a
+    // routed pairing's eager lanes of host memory to host memory), has them all back.
     let l = lanes(&mut bc).await;
+    assert_eager_sends(&l, 16);
+    for l in &l {
+        if !l.send_kind.is_empty() {
+            assert_eq!((l.send_credits, l.send_credit_limit), (16, 16), "{l:?}");
+        }
+        if !l.recv_kind.is_empty() {
+            assert_eq!(l.recv_kind, "eager", "{l:?}");
+            assert_eq!((l.recv_credits, l.recv_credit_limit), (16, 16), "{l:?}");
+        }
+    }
     assert!(
-        l.iter().all(|l| l.recv_credits == 16 && l.send_credits == 16),
-        "{l:?}"
+        l.iter().any(|l| !l.recv_kind.is_empty()) && l.iter().any(|l| !l.send_kind.is_empty()),
+        "lanes in use both ways: {l:?}"
     );
     // And the lanes are in step: the next transfers are byte-exact.
     let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 4 * MIB), b"")
@@ -417,6 +450,7 @@ mod hostile {
     //! Hostile headers over the real wire: a raw peer-service client pretending to be a peer.
 
     use super::*;
+    use crate::common::fake_lanes::{FakeLanes, gpu_topology};
     use ppb::peer_message::Body;
     use tcpxd::api::proto::peer as ppb;
     use tcpxd::api::proto::peer::tcpxd_peer_client::TcpxdPeerClient;
@@ -426,28 +460,31 @@ mod hostile {
     struct FakePeer {
         tx: mpsc::Sender<ppb::PeerMessage>,
         rx: tonic::Streaming<ppb::PeerMessage>,
+        /// The lanes its headers name (`common::fake_lanes`).
+        lanes: FakeLanes,
     }
 
     fn msg(body: Body) -> ppb::PeerMessage {
         ppb::PeerMessage { body: Some(body) }
     }
 
-    async fn fake_peer(addr: &str, node: &str) -> FakePeer {
+    /// A fake peer announcing `gpus` GPUs (0: no topology, a node without GPUs): with GPUs
+    /// the pairing is routed, its headers name the (host, host) group's eager lanes.
+    async fn fake_peer(addr: &str, node: &str, gpus: u32) -> FakePeer {
         let mut raw = TcpxdPeerClient::connect(format!("http://{addr}")).await.unwrap();
-        let resp = raw
-            .handshake(ppb::HandshakeRequest {
-                protocol_version: tcpxd::peers::PROTOCOL_VERSION,
-                node_id: node.into(),
-                lanes: vec![ppb::LaneHandle {
-                    lane: 0,
-                    device: 0,
-                    handle: Vec::new(),
-                }],
-                ..Default::default()
-            })
-            .await
-            .expect("handshake")
-            .into_inner();
+        let req = ppb::HandshakeRequest {
+            protocol_version: tcpxd::peers::PROTOCOL_VERSION,
+            node_id: node.into(),
+            lanes: vec![ppb::LaneHandle {
+                lane: 0,
+                device: 0,
+                handle: Vec::new(),
+            }],
+            topology: (gpus > 0).then(|| gpu_topology(gpus)),
+            ..Default::default()
+        };
+        let resp = raw.handshake(req.clone()).await.expect("handshake").into_inner();
+        let lanes = FakeLanes::of(&req, &resp);
         let (tx, rx) = mpsc::channel(64);
         for body in [
             Body::Hello(ppb::Hello {
@@ -468,7 +505,7 @@ mod hostile {
             .await
             .expect("control")
             .into_inner();
-        FakePeer { tx, rx }
+        FakePeer { tx, rx, lanes }
     }
 
     impl FakePeer {
@@ -487,12 +524,21 @@ mod hostile {
         }
     }
 
-    fn header(id: u64, buffer_id: u64, key: &[u8], offset: u64, length: u64) -> ppb::Offer {
+    /// A header on `lanes`' first eager lane into host memory (an `eager` daemon's eager lanes
+    /// start at 0 on its layout).
+    fn header(
+        lanes: &FakeLanes,
+        id: u64,
+        buffer_id: u64,
+        key: &[u8],
+        offset: u64,
+        length: u64,
+    ) -> ppb::Offer {
         ppb::Offer {
             offer_id: id,
             read_id: 0,
             chunk_bytes: 512 * 1024,
-            first_lane: 0,
+            first_lane: lanes.header_lane(0),
             ranges: vec![ppb::RemoteRange {
                 buffer_id,
                 access_key: key.to_vec(),
@@ -547,102 +593,112 @@ mod hostile {
         let mut bad_key = key.clone();
         bad_key[15] ^= 1;
 
-        let mut fake = fake_peer(&b.peer_addr(), "eager-p").await;
-        // Refused one by one (their chunks would be consumed without unpacking); the pairing stays.
-        let mut unknown_read = header(5, dst.id, &key, 0, 4096);
-        unknown_read.read_id = 77;
-        let cases = [
-            (
-                header(1, dst.id, &bad_key, 0, 4096),
-                tonic::Code::PermissionDenied,
-                "wrong access key",
-            ),
-            (
-                header(2, dst.id, &key, 4 * MIB - 10, 4096),
-                tonic::Code::InvalidArgument,
-                "past the end",
-            ),
-            (
-                header(3, dst.id, &key, u64::MAX, 2),
-                tonic::Code::InvalidArgument,
-                "overflows",
-            ),
-            (
-                header(4, dst.id + 99, &key, 0, 4096),
-                tonic::Code::NotFound,
-                "does not exist",
-            ),
-            (unknown_read, tonic::Code::NotFound, "read 77 is unknown"),
-        ];
-        for (h, code, words) in cases {
-            let id = h.offer_id;
-            fake.tx.send(msg(Body::Header(h))).await.unwrap();
+        // Once with a fake without GPUs (not routed in CI: the layout's eager lanes), once
+        // with one announcing two (routed: the (host, host) group's eager lanes); on a daemon
+        // with GPUs (the CUDA stand-in) both pairings are routed.
+        for gpus in [0u32, 2] {
+            let node = |n: &str| format!("eager-{n}-{gpus}");
+            let mut fake = fake_peer(&b.peer_addr(), &node("p"), gpus).await;
+            // Refused one by one (their chunks would be consumed without unpacking); the pairing stays.
+            let h = |id, buffer_id, key: &[u8], offset, length| {
+                header(&fake.lanes, id, buffer_id, key, offset, length)
+            };
+            let mut unknown_read = h(5, dst.id, &key, 0, 4096);
+            unknown_read.read_id = 77;
+            let cases = [
+                (
+                    h(1, dst.id, &bad_key, 0, 4096),
+                    tonic::Code::PermissionDenied,
+                    "wrong access key",
+                ),
+                (
+                    h(2, dst.id, &key, 4 * MIB - 10, 4096),
+                    tonic::Code::InvalidArgument,
+                    "past the end",
+                ),
+                (
+                    h(3, dst.id, &key, u64::MAX, 2),
+                    tonic::Code::InvalidArgument,
+                    "overflows",
+                ),
+                (
+                    h(4, dst.id + 99, &key, 0, 4096),
+                    tonic::Code::NotFound,
+                    "does not exist",
+                ),
+                (unknown_read, tonic::Code::NotFound, "read 77 is unknown"),
+            ];
+            for (hd, code, words) in cases {
+                let id = hd.offer_id;
+                fake.tx.send(msg(Body::Header(hd))).await.unwrap();
+                match fake.next().await {
+                    Some(Body::Reject(r)) => {
+                        assert_eq!((r.offer_id, r.code), (id, code as i32), "{words}: {}", r.message);
+                        assert!(r.message.contains(words), "{:?} lacks {words:?}", r.message);
+                    }
+                    other => panic!("{words}: expected a Reject, got {other:?}"),
+                }
+            }
+            // Messages about transfers nobody knows are ignored; an offer gets a refusal (nothing
+            // was posted for it), and the stream still answers in order.
+            for body in [
+                Body::Done(ppb::Done { offer_id: 999 }),
+                Body::CancelOffer(ppb::CancelOffer {
+                    offer_id: 999,
+                    code: 1,
+                    message: String::new(),
+                }),
+                Body::Failed(ppb::Failed {
+                    offer_id: 999,
+                    code: 13,
+                    message: String::new(),
+                }),
+            ] {
+                fake.tx.send(msg(body)).await.unwrap();
+            }
+            fake.tx
+                .send(msg(Body::Offer(header(&fake.lanes, 6, dst.id, &key, 0, 4096))))
+                .await
+                .unwrap();
             match fake.next().await {
                 Some(Body::Reject(r)) => {
-                    assert_eq!((r.offer_id, r.code), (id, code as i32), "{words}: {}", r.message);
-                    assert!(r.message.contains(words), "{:?} lacks {words:?}", r.message);
+                    assert_eq!(r.code, tonic::Code::FailedPrecondition as i32);
+                    assert!(r.message.contains("receives eagerly"), "{}", r.message);
                 }
-                other => panic!("{words}: expected a Reject, got {other:?}"),
+                other => panic!("expected a Reject, got {other:?}"),
             }
-        }
-        // Messages about transfers nobody knows are ignored; an offer gets a refusal (nothing
-        // was posted for it), and the stream still answers in order.
-        for body in [
-            Body::Done(ppb::Done { offer_id: 999 }),
-            Body::CancelOffer(ppb::CancelOffer {
-                offer_id: 999,
-                code: 1,
-                message: String::new(),
-            }),
-            Body::Failed(ppb::Failed {
-                offer_id: 999,
-                code: 13,
-                message: String::new(),
-            }),
-        ] {
-            fake.tx.send(msg(body)).await.unwrap();
-        }
-        fake.tx
-            .send(msg(Body::Offer(header(6, dst.id, &key, 0, 4096))))
-            .await
-            .unwrap();
-        match fake.next().await {
-            Some(Body::Reject(r)) => {
-                assert_eq!(r.code, tonic::Code::FailedPrecondition as i32);
-                assert!(r.message.contains("receives eagerly"), "{}", r.message);
-            }
-            other => panic!("expected a Reject, got {other:?}"),
-        }
-        // A header whose chunks are larger than the credit receives: the pairing fails.
-        let mut big = header(7, dst.id, &key, 0, 8 * 4096);
-        big.chunk_bytes = 1 << 20;
-        fake.tx.send(msg(Body::Header(big))).await.unwrap();
-        failed_with(
-            &mut b.client,
-            "eager-p",
-            "exceeds the 524288-byte credit receives",
-        )
-        .await;
+            // A header whose chunks are larger than the credit receives: the pairing fails.
+            let mut big = header(&fake.lanes, 7, dst.id, &key, 0, 8 * 4096);
+            big.chunk_bytes = 1 << 20;
+            fake.tx.send(msg(Body::Header(big))).await.unwrap();
+            failed_with(
+                &mut b.client,
+                &node("p"),
+                "exceeds the 524288-byte credit receives",
+            )
+            .await;
 
-        // Credits from a peer the daemon never granted any to, a header with a 3-byte key and
-        // more chunks than one header may carry: each fails its pairing.
-        let mut bad_range = header(1, dst.id, &key, 0, 4096);
-        bad_range.ranges[0].access_key = vec![1, 2, 3];
-        let mut huge = header(1, dst.id, &bad_key, 0, u64::MAX);
-        huge.chunk_bytes = 4096;
-        let cases = [
-            (
-                "eager-q",
-                Body::Credits(ppb::Credits { returned: vec![1] }),
-                "receives by rendezvous",
-            ),
-            ("eager-r", Body::Header(bad_range), "access_key"),
-            ("eager-s", Body::Header(huge), "more than"),
-        ];
-        for (node, body, words) in cases {
-            let f = fake_peer(&b.peer_addr(), node).await;
-            f.tx.send(msg(body)).await.unwrap();
-            failed_with(&mut b.client, node, words).await;
+            // Credits from a peer the daemon never granted any to, a header with a 3-byte key and
+            // more chunks than one header may carry: each fails its pairing.
+            let lanes = fake.lanes.clone();
+            let mut bad_range = header(&lanes, 1, dst.id, &key, 0, 4096);
+            bad_range.ranges[0].access_key = vec![1, 2, 3];
+            let mut huge = header(&lanes, 1, dst.id, &bad_key, 0, u64::MAX);
+            huge.chunk_bytes = 4096;
+            let cases = [
+                (
+                    node("q"),
+                    Body::Credits(ppb::Credits { returned: vec![1] }),
+                    "receives by rendezvous",
+                ),
+                (node("r"), Body::Header(bad_range), "access_key"),
+                (node("s"), Body::Header(huge), "more than"),
+            ];
+            for (node, body, words) in cases {
+                let f = fake_peer(&b.peer_addr(), &node, gpus).await;
+                f.tx.send(msg(body)).await.unwrap();
+                failed_with(&mut b.client, &node, words).await;
+            }
         }
         assert_eq!(
             crc(&mut b.client, dst.id, 0, 0).await,

@@ -101,35 +101,63 @@ async fn a_descriptor_is_all_a_client_needs() {
         (peers[0].node_id.as_str(), peers[0].state),
         ("fu-b", pb::PeerState::Up as i32)
     );
-    // DescribeNode counts every lane GetStats lists: the rendezvous lanes, and under `auto` the
-    // eager ones on top (`tcpxctl describe` once said 2 per device where stats showed 3).
+    // DescribeNode counts the layout's lanes as the pairing has them: the rendezvous lanes, and
+    // under `auto` the eager ones on top (`tcpxctl describe` once said 2 per device where stats
+    // showed 3). A routed pairing (a node with GPUs: the CUDA stand-in) has its lane catalogue
+    // instead (every memory pair's lanes: more than the layout's).
     let na = describe(&mut a.client).await;
     let auto = na.transfer_protocol == "auto";
     assert!(["auto", "eager", "rendezvous"].contains(&na.transfer_protocol.as_str()));
     assert_eq!(na.eager_lanes_per_device > 0, auto, "{na:?}");
     assert_eq!(na.eager_max_bytes > 0, auto, "{na:?}");
+    // A small write from b to a: a's receive lanes in use too (under `auto` an eager one).
+    let small = host_buffer(&mut a.client, 4096, "small").await;
+    let id = write(&mut b.client, write_entry(&y, 0, &small, 0, 4096), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut b.client, id).await;
+    assert_eq!(
+        crc(&mut a.client, small.id, 0, 0).await,
+        crc(&mut b.client, y.id, 0, 4096).await
+    );
     let stats = a
         .client
         .get_stats(pb::GetStatsRequest {})
         .await
         .unwrap()
         .into_inner();
-    let lanes = &stats
+    let peer = stats
         .peers
         .iter()
         .find(|p| p.node_id == "fu-b")
-        .expect("b in stats")
-        .lanes;
+        .expect("b in stats");
+    assert_routed_as_expected(peer);
     let per_device = na.lanes_per_device + na.eager_lanes_per_device;
-    assert_eq!(lanes.len(), na.devices.len() * per_device as usize, "{lanes:?}");
-    if auto {
-        // The eager lanes are those a receiving `auto` node announced credits for.
-        let eager = lanes.iter().filter(|l| l.recv_credit_limit > 0).count();
-        assert_eq!(
-            eager,
-            na.devices.len() * na.eager_lanes_per_device as usize,
-            "{lanes:?}"
-        );
+    let layout = na.devices.len() as u32 * per_device;
+    if peer.routed {
+        assert!(peer.recv_lanes > layout, "{peer:?}");
+    } else {
+        assert_eq!(peer.recv_lanes, layout, "{peer:?}");
+    }
+    // GetStats lists the lanes in use: the write's.
+    let lanes = &peer.lanes;
+    assert!(!lanes.is_empty() && lanes.len() as u32 <= peer.send_lanes.max(peer.recv_lanes));
+    assert_eq!(peer.bytes_sent, lanes.iter().map(|l| l.bytes_sent).sum::<u64>());
+    assert!(peer.bytes_sent >= 4 * MIB, "{peer:?}");
+    assert!(lanes.iter().any(|l| l.bytes_received > 0), "{lanes:?}");
+    for l in lanes {
+        // The eager lanes are those a receiving `auto` node announced credits for (a's
+        // receive lanes: on the layout its last one per device).
+        if !l.recv_kind.is_empty() {
+            assert_eq!(l.recv_kind == "eager", l.recv_credit_limit > 0, "{l:?}");
+            if auto && !peer.routed {
+                assert_eq!(
+                    l.recv_kind == "eager",
+                    l.lane >= na.devices.len() as u32 * na.lanes_per_device,
+                    "{l:?}"
+                );
+            }
+        }
     }
     // And the other way: b reads a's buffer through a's descriptor (already paired from a's side).
     let z = host_buffer(&mut b.client, 4 * MIB, "z").await;

@@ -4,9 +4,9 @@
 //! thousands of small chunks keep up to 5 sends posted per lane (2 in the plugin, 3 gathered and
 //! held), never more, land byte-exact under both protocols, and every lane drains to zero.
 
+use crate::common::blocks::{self, permutation, read_request, strided, u32s, write_request};
 use crate::common::daemons::{self, *};
 use tcpxd::api::proto::v1 as pb;
-use tcpxd::api::proto::v1::register_blocks_request::Layout as L;
 
 const MIB: u64 = 1 << 20;
 /// Blocks of 1000 bytes in 4 KiB chunks: each chunk is gathered from 4-5 pieces.
@@ -14,59 +14,9 @@ const N: u32 = 4000;
 const BS: u64 = 1000;
 const SIZE: u64 = 8 * MIB;
 
-fn u32s(v: &[u32]) -> pb::BlockIndices {
-    pb::BlockIndices {
-        encoding: pb::IndexEncoding::U32 as i32,
-        data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
-/// The permutation of 0..n a seed gives (a small LCG-driven Fisher-Yates).
-fn permutation(n: u32, seed: u64) -> Vec<u32> {
-    let mut v: Vec<u32> = (0..n).collect();
-    let mut x = seed | 1;
-    for i in (1..v.len()).rev() {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let j = ((x >> 33) % (i as u64 + 1)) as usize;
-        v.swap(i, j);
-    }
-    v
-}
-
 /// A strided list of `N` blocks of `BS` bytes at `first`, `stride` apart.
 async fn list(c: &mut Client, buffer: u64, first: u64, stride: u64) -> pb::BlockList {
-    c.register_blocks(pb::RegisterBlocksRequest {
-        reattach_id: Default::default(),
-        buffer_id: buffer,
-        layout: Some(L::Strided(pb::StridedBlocks {
-            first,
-            stride,
-            length: BS as u32,
-            count: N,
-        })),
-    })
-    .await
-    .expect("register blocks")
-    .into_inner()
-}
-
-async fn bytes_of(c: &mut Client, buffer: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(SIZE as usize);
-    for off in (0..SIZE).step_by(MIB as usize) {
-        let r = c
-            .read_buffer(pb::ReadBufferRequest {
-                buffer_id: buffer,
-                offset: off,
-                length: MIB,
-            })
-            .await
-            .expect("read")
-            .into_inner();
-        out.extend_from_slice(&r.data);
-    }
-    out
+    blocks::list(c, buffer, strided(first, stride, BS as u32, N)).await
 }
 
 /// The most sends posted on one lane of `c`'s peers right now.
@@ -127,15 +77,7 @@ async fn block_sends_gather_a_window_ahead_and_land_byte_exact() {
         let (li, ri) = (permutation(N, 3), permutation(N, 7));
         let started = a
             .client
-            .write_blocks(pb::WriteBlocksRequest {
-                local_list_id: sl.id,
-                local_indices: Some(u32s(&li)),
-                remote_token: dl.token.clone(),
-                remote_indices: Some(u32s(&ri)),
-                timeout_ms: 60_000,
-                wait: false,
-                ..Default::default()
-            })
+            .write_blocks(write_request(&sl, u32s(&li), &dl, u32s(&ri), false))
             .await
             .expect("write_blocks")
             .into_inner();
@@ -146,8 +88,8 @@ async fn block_sends_gather_a_window_ahead_and_land_byte_exact() {
             most > 2,
             "{protocol}: the WRITE never had a send gathered ahead (most {most})"
         );
-        let s = bytes_of(&mut a.client, src.id).await;
-        let d = bytes_of(b_client, dst.id).await;
+        let s = bytes(&mut a.client, src.id, 0, SIZE).await;
+        let d = bytes(b_client, dst.id, 0, SIZE).await;
         for k in 0..N as usize {
             let so = (5 + u64::from(li[k]) * (BS + 24)) as usize;
             let d_o = (17 + u64::from(ri[k]) * (BS + 100)) as usize;
@@ -163,14 +105,7 @@ async fn block_sends_gather_a_window_ahead_and_land_byte_exact() {
         let all: Vec<u32> = (0..N).collect();
         let started = a
             .client
-            .read_blocks(pb::ReadBlocksRequest {
-                remote_token: dl.token.clone(),
-                remote_indices: Some(u32s(&all)),
-                local_list_id: bl.id,
-                local_indices: Some(u32s(&all)),
-                timeout_ms: 60_000,
-                wait: false,
-            })
+            .read_blocks(read_request(&dl, u32s(&all), &bl, u32s(&all), false))
             .await
             .expect("read_blocks")
             .into_inner();
@@ -179,7 +114,7 @@ async fn block_sends_gather_a_window_ahead_and_land_byte_exact() {
             most > 2,
             "{protocol}: the READ never had a send gathered ahead (most {most})"
         );
-        let r = bytes_of(&mut a.client, back.id).await;
+        let r = bytes(&mut a.client, back.id, 0, SIZE).await;
         for k in 0..N as usize {
             let d_o = (17 + k as u64 * (BS + 100)) as usize;
             assert!(

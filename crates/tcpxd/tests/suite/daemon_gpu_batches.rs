@@ -9,24 +9,10 @@
 //! Needs a CUDA GPU: `cargo test --release -p tcpxd --test suite -- --ignored --test-threads=1 daemon_gpu_batches::`.
 
 use crate::common::batches::{Form, SIZE, bytes, write_then_read};
+use crate::common::blocks::{list, permutation, read_request, strided, u32s, write_request};
 use crate::common::daemons::{self, Client, assert_lanes_drain, connect, fill_seed, host_buffer};
+use crate::common::gpus::cuda_buffer;
 use tcpxd::api::proto::v1 as pb;
-use tcpxd::api::proto::v1::register_blocks_request::Layout as L;
-
-async fn cuda_buffer(c: &mut Client, size: u64) -> pb::Buffer {
-    c.register_buffer(pb::RegisterBufferRequest {
-        reattach_id: Default::default(),
-        reattach_key: Default::default(),
-        source: Some(pb::register_buffer_request::Source::Cuda(pb::CudaAllocation {
-            device: 0,
-            size,
-        })),
-        label: String::new(),
-    })
-    .await
-    .expect("CUDA buffer")
-    .into_inner()
-}
 
 #[derive(Clone, Copy, Debug)]
 enum Mem {
@@ -37,7 +23,7 @@ enum Mem {
 async fn buffer(c: &mut Client, mem: Mem, label: &str) -> pb::Buffer {
     match mem {
         Mem::Host => host_buffer(c, SIZE, label).await,
-        Mem::Gpu => cuda_buffer(c, SIZE).await,
+        Mem::Gpu => cuda_buffer(c, 0, SIZE).await,
     }
 }
 
@@ -102,47 +88,6 @@ async fn gpu_to_gpu_packed_batches_rendezvous() {
     run_as("rendezvous", Mem::Gpu, Mem::Gpu, Form::Ranges).await;
 }
 
-fn u32s(v: &[u32]) -> pb::BlockIndices {
-    pb::BlockIndices {
-        encoding: pb::IndexEncoding::U32 as i32,
-        data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
-fn permutation(n: u32, mut seed: u64) -> Vec<u32> {
-    let mut v: Vec<u32> = (0..n).collect();
-    for i in (1..v.len()).rev() {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        v.swap(i, (seed % (i as u64 + 1)) as usize);
-    }
-    v
-}
-
-async fn strided(
-    c: &mut Client,
-    buffer: u64,
-    first: u64,
-    stride: u64,
-    length: u32,
-    count: u32,
-) -> pb::BlockList {
-    c.register_blocks(pb::RegisterBlocksRequest {
-        reattach_id: Default::default(),
-        buffer_id: buffer,
-        layout: Some(L::Strided(pb::StridedBlocks {
-            first,
-            stride,
-            length,
-            count,
-        })),
-    })
-    .await
-    .expect("register blocks")
-    .into_inner()
-}
-
 /// A block WRITE from a's list into b's, then a block READ of b's blocks into a third list on
 /// a, with `len`-byte blocks scattered (shuffled indices) on both sides; every pair compared.
 async fn blocks(protocol: &'static str, src_mem: Mem, dst_mem: Mem, len: u32) {
@@ -160,21 +105,13 @@ async fn blocks(protocol: &'static str, src_mem: Mem, dst_mem: Mem, len: u32) {
     fill_seed(&mut b.client, dst.id, 0, 0, 43).await;
     let n = ((SIZE - 64) / (u64::from(len) + 13)).min(2000) as u32;
     let (sstride, dstride) = (u64::from(len) + 13, u64::from(len) + 5);
-    let sl = strided(&mut a.client, src.id, 3, sstride, len, n).await;
-    let dl = strided(&mut b.client, dst.id, 11, dstride, len, n).await;
-    let bl = strided(&mut a.client, back.id, 7, sstride, len, n).await;
+    let sl = list(&mut a.client, src.id, strided(3, sstride, len, n)).await;
+    let dl = list(&mut b.client, dst.id, strided(11, dstride, len, n)).await;
+    let bl = list(&mut a.client, back.id, strided(7, sstride, len, n)).await;
     let (li, ri) = (permutation(n, 5), permutation(n, 9));
     let started = a
         .client
-        .write_blocks(pb::WriteBlocksRequest {
-            local_list_id: sl.id,
-            local_indices: Some(u32s(&li)),
-            remote_token: dl.token.clone(),
-            remote_indices: Some(u32s(&ri)),
-            timeout_ms: 60_000,
-            wait: true,
-            ..Default::default()
-        })
+        .write_blocks(write_request(&sl, u32s(&li), &dl, u32s(&ri), true))
         .await
         .expect("write_blocks")
         .into_inner();
@@ -191,14 +128,7 @@ async fn blocks(protocol: &'static str, src_mem: Mem, dst_mem: Mem, len: u32) {
     // READ: b's blocks ri[k] into a's back blocks li[k].
     let started = a
         .client
-        .read_blocks(pb::ReadBlocksRequest {
-            remote_token: dl.token.clone(),
-            remote_indices: Some(u32s(&ri)),
-            local_list_id: bl.id,
-            local_indices: Some(u32s(&li)),
-            timeout_ms: 60_000,
-            wait: true,
-        })
+        .read_blocks(read_request(&dl, u32s(&ri), &bl, u32s(&li), true))
         .await
         .expect("read_blocks")
         .into_inner();

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use crate::common::blocks::{list, permutation, strided};
 use crate::common::daemons::{self, *};
 use tcpxd::api::proto::v1 as pb;
 use tcpxd::api::proto::v1::register_blocks_request::Layout as L;
@@ -31,26 +32,6 @@ fn shape() -> Vec<u8> {
     )
 }
 
-async fn register(c: &mut Client, buffer: u64, layout: L) -> pb::BlockList {
-    c.register_blocks(pb::RegisterBlocksRequest {
-        reattach_id: Default::default(),
-        buffer_id: buffer,
-        layout: Some(layout),
-    })
-    .await
-    .expect("register_blocks")
-    .into_inner()
-}
-
-fn strided(first: u64, stride: u64) -> L {
-    L::Strided(pb::StridedBlocks {
-        first,
-        stride,
-        length: BS as u32,
-        count: N,
-    })
-}
-
 /// Uniform blocks at permuted slots (odd offsets).
 fn scattered(seed: u64) -> L {
     let offs: Vec<u64> = permutation(N, seed)
@@ -61,31 +42,6 @@ fn scattered(seed: u64) -> L {
         offsets: offs.iter().flat_map(|x| x.to_le_bytes()).collect(),
         length: BS as u32,
     })
-}
-
-fn permutation(n: u32, seed: u64) -> Vec<u32> {
-    let mut v: Vec<u32> = (0..n).collect();
-    let mut x = seed | 1;
-    for i in (1..v.len()).rev() {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let j = ((x >> 33) % (i as u64 + 1)) as usize;
-        v.swap(i, j);
-    }
-    v
-}
-
-async fn bytes_of(c: &mut Client, buffer: u64) -> Vec<u8> {
-    c.read_buffer(pb::ReadBufferRequest {
-        buffer_id: buffer,
-        offset: 0,
-        length: MIB,
-    })
-    .await
-    .expect("read")
-    .into_inner()
-    .data
 }
 
 async fn prepare_local(
@@ -180,8 +136,8 @@ impl Side {
             fill_seed(c, b0.id, 0, 0, seed).await;
             fill_seed(c, b1.id, 0, 0, seed + 1).await;
         }
-        let l0 = register(c, b0.id, strided(0, BS + 512)).await;
-        let l1 = register(c, b1.id, scattered(seed + 3)).await;
+        let l0 = list(c, b0.id, strided(0, BS + 512, BS as u32, N)).await;
+        let l1 = list(c, b1.id, scattered(seed + 3)).await;
         Side {
             bufs: [b0.id, b1.id],
             lists: [l0, l1],
@@ -208,7 +164,10 @@ impl Side {
     }
 
     async fn bytes(&self, c: &mut Client) -> [Vec<u8>; 2] {
-        [bytes_of(c, self.bufs[0]).await, bytes_of(c, self.bufs[1]).await]
+        [
+            bytes(c, self.bufs[0], 0, MIB).await,
+            bytes(c, self.bufs[1], 0, MIB).await,
+        ]
     }
 }
 

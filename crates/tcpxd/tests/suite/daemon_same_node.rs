@@ -4,9 +4,10 @@
 //! and bad input refused naming the field. Host memory here; the GPU variants are in
 //! `daemon_gpu` (gated).
 
+use crate::common::blocks::{list, read_request, strided, u32s, write_request};
 use crate::common::daemons::{self, *};
+use crate::common::gpus::cuda_buffer;
 use tcpxd::api::proto::v1 as pb;
-use tcpxd::api::proto::v1::register_blocks_request::Layout as L;
 use tonic::Code;
 
 const MIB: u64 = 1 << 20;
@@ -99,33 +100,6 @@ async fn two_clients_write_and_read_byte_exact_with_notifications() {
     d.stop().await;
 }
 
-fn strided(stride: u64, length: u32, count: u32) -> L {
-    L::Strided(pb::StridedBlocks {
-        first: 0,
-        stride,
-        length,
-        count,
-    })
-}
-
-fn u32s(v: &[u32]) -> pb::BlockIndices {
-    pb::BlockIndices {
-        encoding: pb::IndexEncoding::U32 as i32,
-        data: v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
-async fn list(c: &mut Client, buffer: u64, layout: L) -> pb::BlockList {
-    c.register_blocks(pb::RegisterBlocksRequest {
-        buffer_id: buffer,
-        layout: Some(layout),
-        reattach_id: Default::default(),
-    })
-    .await
-    .unwrap()
-    .into_inner()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_lists_of_two_clients_move_block_for_block() {
     let (mut d, mut b) = one_daemon("same-blocks").await;
@@ -133,20 +107,15 @@ async fn block_lists_of_two_clients_move_block_for_block() {
     let src = host_buffer(a, 4 * MIB, "").await;
     let dst = host_buffer(&mut b, 4 * MIB, "").await;
     fill_seed(a, src.id, 0, 0, 21).await;
-    let la = list(a, src.id, strided(16384, 16384, 256)).await;
-    let lb = list(&mut b, dst.id, strided(16384, 16384, 256)).await;
+    let la = list(a, src.id, strided(0, 16384, 16384, 256)).await;
+    let lb = list(&mut b, dst.id, strided(0, 16384, 16384, 256)).await;
     let mut sub = b.subscribe(pb::SubscribeRequest {}).await.unwrap().into_inner();
     let (li, ri): (Vec<u32>, Vec<u32>) = (0..64).map(|k| (k * 3, 255 - k)).unzip();
     let w = a
         .write_blocks(pb::WriteBlocksRequest {
-            local_list_id: la.id,
-            local_indices: Some(u32s(&li)),
-            remote_token: lb.token.clone(),
-            remote_indices: Some(u32s(&ri)),
             notification: b"blocks".to_vec(),
             timeout_ms: 10_000,
-            wait: true,
-            ..Default::default()
+            ..write_request(&la, u32s(&li), &lb, u32s(&ri), true)
         })
         .await
         .unwrap()
@@ -170,15 +139,17 @@ async fn block_lists_of_two_clients_move_block_for_block() {
     // READ back by B into other blocks of its own list, by ranges of A's.
     let r = b
         .read_blocks(pb::ReadBlocksRequest {
-            local_list_id: lb.id,
-            local_indices: Some(u32s(&[0, 1, 2, 3])),
-            remote_token: la.token.clone(),
-            remote_indices: Some(pb::BlockIndices {
-                encoding: pb::IndexEncoding::Ranges as i32,
-                data: [100u32, 4].iter().flat_map(|x| x.to_le_bytes()).collect(),
-            }),
             timeout_ms: 10_000,
-            wait: true,
+            ..read_request(
+                &la,
+                pb::BlockIndices {
+                    encoding: pb::IndexEncoding::Ranges as i32,
+                    data: [100u32, 4].iter().flat_map(|x| x.to_le_bytes()).collect(),
+                },
+                &lb,
+                u32s(&[0, 1, 2, 3]),
+                true,
+            )
         })
         .await
         .unwrap()
@@ -192,12 +163,8 @@ async fn block_lists_of_two_clients_move_block_for_block() {
     // Bad pairs are refused as for a peer's list, naming the field.
     let bad = a
         .write_blocks(pb::WriteBlocksRequest {
-            local_list_id: la.id,
-            local_indices: Some(u32s(&[0, 1])),
-            remote_token: lb.token.clone(),
-            remote_indices: Some(u32s(&[5, 5])),
             timeout_ms: 10_000,
-            ..Default::default()
+            ..write_request(&la, u32s(&[0, 1]), &lb, u32s(&[5, 5]), false)
         })
         .await
         .unwrap_err();
@@ -210,12 +177,8 @@ async fn block_lists_of_two_clients_move_block_for_block() {
     );
     let past = a
         .write_blocks(pb::WriteBlocksRequest {
-            local_list_id: la.id,
-            local_indices: Some(u32s(&[256])),
-            remote_token: lb.token.clone(),
-            remote_indices: Some(u32s(&[0])),
             timeout_ms: 10_000,
-            ..Default::default()
+            ..write_request(&la, u32s(&[256]), &lb, u32s(&[0]), false)
         })
         .await
         .unwrap_err();
@@ -230,12 +193,8 @@ async fn block_lists_of_two_clients_move_block_for_block() {
         .unwrap();
     let stale = a
         .write_blocks(pb::WriteBlocksRequest {
-            local_list_id: la.id,
-            local_indices: Some(u32s(&[0])),
-            remote_token: lb.token.clone(),
-            remote_indices: Some(u32s(&[0])),
             timeout_ms: 10_000,
-            ..Default::default()
+            ..write_request(&la, u32s(&[0]), &lb, u32s(&[0]), false)
         })
         .await
         .unwrap_err();
@@ -422,8 +381,8 @@ async fn prepared_lists_over_another_clients_lists_copy_and_notify() {
     let dst = host_buffer(&mut b, 2 * MIB, "").await;
     fill_seed(a, src.id, 0, 0, 31).await;
     fill_seed(&mut b, dst.id, 0, 0, 32).await;
-    let la = list(a, src.id, strided(4096, 4096, 512)).await;
-    let lb = list(&mut b, dst.id, strided(4096, 4096, 512)).await;
+    let la = list(a, src.id, strided(0, 4096, 4096, 512)).await;
+    let lb = list(&mut b, dst.id, strided(0, 4096, 4096, 512)).await;
     // Entries of 2 blocks each over both lists; A prepares its own and B's (by token).
     let shape = prepared_entries(&(0..64).map(|i| (0, i * 4, 2)).collect::<Vec<_>>());
     let local = a
@@ -597,29 +556,14 @@ async fn tcpxctl_writes_and_reads_between_buffers_of_one_daemon() {
     d.stop().await;
 }
 
-async fn cuda_buffer(c: &mut Client, size: u64) -> pb::Buffer {
-    c.register_buffer(pb::RegisterBufferRequest {
-        source: Some(pb::register_buffer_request::Source::Cuda(pb::CudaAllocation {
-            device: 0,
-            size,
-        })),
-        label: String::new(),
-        reattach_id: Default::default(),
-        reattach_key: Default::default(),
-    })
-    .await
-    .expect("CUDA buffer")
-    .into_inner()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a CUDA GPU: cargo test --release -p tcpxd --test suite -- --ignored daemon_same_node::"]
 async fn gpu_to_gpu_and_mixed_both_ways_on_one_daemon() {
     let (mut d, mut b) = one_daemon("same-gpu").await;
     let a = &mut d.client;
     let size = 24 * MIB + 4096;
-    let g1 = cuda_buffer(a, size).await;
-    let g2 = cuda_buffer(&mut b, size).await;
+    let g1 = cuda_buffer(a, 0, size).await;
+    let g2 = cuda_buffer(&mut b, 0, size).await;
     let h1 = host_buffer(a, size, "").await;
     let h2 = host_buffer(&mut b, size, "").await;
     fill_seed(a, g1.id, 0, 0, 51).await;

@@ -15,9 +15,8 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::daemons::{
-    Client, fill_seed, host_buffer, read, read_entry, unix_client, wait_ok, write, write_entry,
-};
+use crate::common::daemons::{Client, fill_seed, unix_client};
+use crate::common::gpus::{Compare, Trip, cuda_buffer, host_to_and_from_gpus, write_and_read_back};
 use tcpxd::api::proto::v1 as pb;
 use tcpxd_testkit::ScratchDir;
 
@@ -87,57 +86,6 @@ pub(crate) async fn start_with(
     Daemon { child, client }
 }
 
-pub(crate) async fn cuda_buffer(c: &mut Client, device: u32, size: u64) -> pb::Buffer {
-    c.register_buffer(pb::RegisterBufferRequest {
-        reattach_id: Default::default(),
-        reattach_key: Default::default(),
-        source: Some(pb::register_buffer_request::Source::Cuda(pb::CudaAllocation {
-            device,
-            size,
-        })),
-        label: String::new(),
-    })
-    .await
-    .expect("CUDA buffer on the stand-in")
-    .into_inner()
-}
-
-pub(crate) async fn bytes(c: &mut Client, id: u64, offset: u64, len: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len as usize);
-    let mut at = offset;
-    while at < offset + len {
-        let n = (offset + len - at).min(tcpxd::buffers::MAX_READ_BYTES);
-        let r = c
-            .read_buffer(pb::ReadBufferRequest {
-                buffer_id: id,
-                offset: at,
-                length: n,
-            })
-            .await
-            .expect("read buffer")
-            .into_inner();
-        out.extend_from_slice(&r.data);
-        at += n;
-    }
-    out
-}
-
-pub(crate) async fn assert_same(
-    a: &mut Client,
-    x: (u64, u64),
-    b: &mut Client,
-    y: (u64, u64),
-    len: u64,
-    what: &str,
-) {
-    let want = bytes(a, x.0, x.1, len).await;
-    assert!(want.iter().any(|&v| v != 0), "{what}: the source is all zeros");
-    let got = bytes(b, y.0, y.1, len).await;
-    if let Some(i) = want.iter().zip(&got).position(|(p, q)| p != q) {
-        panic!("{what}: byte {i} of {len} differs");
-    }
-}
-
 async fn gpu_to_gpu_on_the_stand_in(unpacker: &str, nics: u32, binding: bool) {
     let dir = ScratchDir::fresh("tcpxd-stub-gpus", unpacker);
     std::fs::create_dir_all(&*dir).unwrap();
@@ -161,65 +109,18 @@ async fn gpu_to_gpu_on_the_stand_in(unpacker: &str, nics: u32, binding: bool) {
     let dst = cuda_buffer(&mut b.client, 5, size).await;
     let back = cuda_buffer(&mut a.client, 0, size).await;
     fill_seed(&mut a.client, src.id, 0, 0, 77).await;
+    let trip = Trip {
+        src: &src,
+        dst: &dst,
+        back: &back,
+    };
     for (k, len) in [1u64, 4097, 3 * MIB + 5].into_iter().enumerate() {
-        let (soff, doff) = (k as u64 * 7, 4096 + k as u64 * 3);
-        let id = write(&mut a.client, write_entry(&src, soff, &dst, doff, len), b"")
-            .await
-            .unwrap();
-        wait_ok(&mut a.client, id).await;
-        assert_same(
-            &mut a.client,
-            (src.id, soff),
-            &mut b.client,
-            (dst.id, doff),
-            len,
-            &format!("{unpacker}: WRITE GPU 3 -> GPU 5 of {len} bytes"),
-        )
-        .await;
-        let id = read(&mut a.client, read_entry(&dst, doff, &back, 0, len))
-            .await
-            .unwrap();
-        wait_ok(&mut a.client, id).await;
-        assert_same(
-            &mut b.client,
-            (dst.id, doff),
-            &mut a.client,
-            (back.id, 0),
-            len,
-            &format!("{unpacker}: READ GPU 5 -> GPU 0 of {len} bytes"),
-        )
-        .await;
+        let at = [k as u64 * 7, 4096 + k as u64 * 3, 0];
+        let what = format!("{unpacker}: GPU 3 -> GPU 5 -> GPU 0");
+        write_and_read_back(&mut a.client, &mut b.client, trip, at, len, Compare::Bytes, &what).await;
     }
     // Host to GPU and GPU to host on the same pairing.
-    let host = host_buffer(&mut a.client, 2 * MIB, "").await;
-    fill_seed(&mut a.client, host.id, 0, 0, 5).await;
-    let id = write(&mut a.client, write_entry(&host, 0, &dst, 0, 2 * MIB), b"")
-        .await
-        .unwrap();
-    wait_ok(&mut a.client, id).await;
-    assert_same(
-        &mut a.client,
-        (host.id, 0),
-        &mut b.client,
-        (dst.id, 0),
-        2 * MIB,
-        "host -> GPU 5",
-    )
-    .await;
-    let hb = host_buffer(&mut b.client, 2 * MIB, "").await;
-    let id = write(&mut a.client, write_entry(&src, 0, &hb, 0, 2 * MIB), b"")
-        .await
-        .unwrap();
-    wait_ok(&mut a.client, id).await;
-    assert_same(
-        &mut a.client,
-        (src.id, 0),
-        &mut b.client,
-        (hb.id, 0),
-        2 * MIB,
-        "GPU 3 -> host",
-    )
-    .await;
+    host_to_and_from_gpus(&mut a.client, &mut b.client, &src, &dst, 2 * MIB, Compare::Bytes).await;
 }
 
 /// A3's GPU bus ids in ordinal order (RxDM's a3vm preset), as the stand-in presents them.

@@ -6,8 +6,11 @@
 //! transfer's protocol (`sent_eager`, `sent_rendezvous`) and every credit and credit byte comes
 //! back after completions, cancels and deadlines.
 
-use crate::common::daemons::{Client, fill_seed, read, read_entry, wait, wait_ok, write, write_entry};
-use crate::daemon_stub_gpus::{Daemon, assert_same, cuda_buffer, start, start_with};
+use crate::common::daemons::{Client, fill_seed, host_buffer, wait, wait_ok, write, write_entry};
+use crate::common::gpus::{
+    Compare, Trip, assert_same, cuda_buffer, large_and_small_in_flight, scattered_batch, write_and_read_back,
+};
+use crate::daemon_stub_gpus::{Daemon, start, start_with};
 use tcpxd::api::proto::v1 as pb;
 use tcpxd_testkit::ScratchDir;
 
@@ -46,7 +49,8 @@ async fn credits_back(c: &mut Client) {
                 .peers
                 .iter()
                 .flat_map(|p| &p.lanes)
-                .filter(|l| l.recv_credit_limit > 0);
+                // GetStats lists the lanes in use: a sender's credit lanes are its send lanes.
+                .filter(|l| l.recv_credit_limit > 0 || l.send_credit_limit > 0);
             assert!(credit_lanes.count() > 0, "no credit lane: {s:?}");
             return;
         }
@@ -66,36 +70,15 @@ async fn gpu_to_gpu_writes_and_reads_take_credits_at_every_size() {
     let dst = cuda_buffer(&mut b.client, 5, 32 * MIB).await;
     fill_seed(&mut a.client, src.id, 0, 0, 38).await;
     let sizes = [4 * KIB, 64 * KIB, MIB, 16 * MIB];
+    let trip = Trip {
+        src: &src,
+        dst: &dst,
+        back: &back,
+    };
     for (k, &len) in sizes.iter().enumerate() {
-        let (soff, doff) = (k as u64 * 4096 + 7, k as u64 * 8192 + 3);
-        let id = write(&mut a.client, write_entry(&src, soff, &dst, doff, len), b"")
-            .await
-            .unwrap();
-        wait_ok(&mut a.client, id).await;
-        let what = format!("WRITE GPU 3 -> GPU 5 of {len} bytes");
-        assert_same(
-            &mut a.client,
-            (src.id, soff),
-            &mut b.client,
-            (dst.id, doff),
-            len,
-            &what,
-        )
-        .await;
-        let id = read(&mut a.client, read_entry(&dst, doff, &back, 11, len))
-            .await
-            .unwrap();
-        wait_ok(&mut a.client, id).await;
-        let what = format!("READ GPU 5 -> GPU 0 of {len} bytes");
-        assert_same(
-            &mut b.client,
-            (dst.id, doff),
-            &mut a.client,
-            (back.id, 11),
-            len,
-            &what,
-        )
-        .await;
+        let at = [k as u64 * 4096 + 7, k as u64 * 8192 + 3, 11];
+        let what = "GPU 3 -> GPU 5 -> GPU 0";
+        write_and_read_back(&mut a.client, &mut b.client, trip, at, len, Compare::Bytes, what).await;
     }
     // No offer went either way: the writes were a's headers, the reads b's.
     let (pa, pb_) = (peer(&mut a.client).await, peer(&mut b.client).await);
@@ -119,54 +102,22 @@ async fn one_large_and_many_small_transfers_in_flight_all_complete() {
         .await
         .unwrap();
     wait_ok(&mut a.client, id).await;
-    let large = write(&mut a.client, write_entry(&src, 0, &dst, 0, 16 * MIB), b"")
-        .await
-        .unwrap();
-    let large_read = read(&mut a.client, read_entry(&dst, 24 * MIB, &back, 0, 8 * MIB))
-        .await
-        .unwrap();
-    let mut small = Vec::new();
-    for k in 0..32u64 {
-        let at = 16 * MIB + k * 8 * KIB;
-        let id = write(&mut a.client, write_entry(&src, at, &dst, at, 4 * KIB), b"")
-            .await
-            .unwrap();
-        small.push((id, at));
-    }
-    for &(id, _) in &small {
-        wait_ok(&mut a.client, id).await;
-    }
-    wait_ok(&mut a.client, large).await;
-    wait_ok(&mut a.client, large_read).await;
-    assert_same(
+    let trip = Trip {
+        src: &src,
+        dst: &dst,
+        back: &back,
+    };
+    let (read, small) = ((24 * MIB, 8 * MIB), (32, 16 * MIB, 8 * KIB));
+    large_and_small_in_flight(
         &mut a.client,
-        (src.id, 0),
         &mut b.client,
-        (dst.id, 0),
+        trip,
         16 * MIB,
-        "the large WRITE",
+        read,
+        small,
+        Compare::Bytes,
     )
     .await;
-    assert_same(
-        &mut b.client,
-        (dst.id, 24 * MIB),
-        &mut a.client,
-        (back.id, 0),
-        8 * MIB,
-        "the large READ",
-    )
-    .await;
-    for (_, at) in small {
-        assert_same(
-            &mut a.client,
-            (src.id, at),
-            &mut b.client,
-            (dst.id, at),
-            4 * KIB,
-            "a small WRITE",
-        )
-        .await;
-    }
     let pa = peer(&mut a.client).await;
     assert_eq!((pa.sent_eager, pa.sent_rendezvous), (34, 0), "{pa:?}");
     credits_back(&mut a.client).await;
@@ -240,72 +191,32 @@ async fn cancel_and_deadline_return_every_credit_and_the_lanes_stay_in_step() {
 async fn host_destinations_and_coalesced_batches_through_gpu_credit_receives() {
     let (_dir, mut a, mut b) = pair("batches").await;
     let src = cuda_buffer(&mut a.client, 7, 4 * MIB).await;
-    let host_dst = crate::common::daemons::host_buffer(&mut b.client, 4 * MIB, "").await;
-    let host_back = crate::common::daemons::host_buffer(&mut a.client, 4 * MIB, "").await;
+    let host_dst = host_buffer(&mut b.client, 4 * MIB, "").await;
+    let host_back = host_buffer(&mut a.client, 4 * MIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 21).await;
     // Small WRITE and READ into host memory: eager, through the GPU landing.
+    let trip = Trip {
+        src: &src,
+        dst: &host_dst,
+        back: &host_back,
+    };
     for len in [1, 4 * KIB + 1, 64 * KIB] {
-        let id = write(&mut a.client, write_entry(&src, 13, &host_dst, 5, len), b"")
-            .await
-            .unwrap();
-        wait_ok(&mut a.client, id).await;
-        let what = format!("WRITE GPU -> host of {len} bytes");
-        assert_same(
+        let what = "GPU -> host -> host";
+        write_and_read_back(
             &mut a.client,
-            (src.id, 13),
             &mut b.client,
-            (host_dst.id, 5),
+            trip,
+            [13, 5, 9],
             len,
-            &what,
-        )
-        .await;
-        let id = read(&mut a.client, read_entry(&host_dst, 5, &host_back, 9, len))
-            .await
-            .unwrap();
-        wait_ok(&mut a.client, id).await;
-        let what = format!("READ host -> host of {len} bytes");
-        assert_same(
-            &mut b.client,
-            (host_dst.id, 5),
-            &mut a.client,
-            (host_back.id, 9),
-            len,
-            &what,
+            Compare::Bytes,
+            what,
         )
         .await;
     }
     // A coalesced batch of 48 scattered 1 KiB entries (48 KiB: eager) into host memory.
-    let src = crate::common::daemons::host_buffer(&mut a.client, 4 * MIB, "").await;
+    let src = host_buffer(&mut a.client, 4 * MIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 22).await;
-    for dst in [&host_dst] {
-        let entries: Vec<pb::WriteEntry> = (0..48u64)
-            .map(|k| write_entry(&src, MIB + k * 3 * KIB, dst, 2 * MIB + (47 - k) * 2 * KIB, KIB))
-            .collect();
-        let id = a
-            .client
-            .write_batch(pb::WriteBatchRequest {
-                entries,
-                timeout_ms: 60_000,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .transfer_id;
-        wait_ok(&mut a.client, id).await;
-        for k in 0..48u64 {
-            let (s, d) = (MIB + k * 3 * KIB, 2 * MIB + (47 - k) * 2 * KIB);
-            assert_same(
-                &mut a.client,
-                (src.id, s),
-                &mut b.client,
-                (dst.id, d),
-                KIB,
-                "a batch entry",
-            )
-            .await;
-        }
-    }
+    scattered_batch(&mut a.client, &mut b.client, &src, &host_dst, Compare::Bytes).await;
     credits_back(&mut a.client).await;
     credits_back(&mut b.client).await;
 }

@@ -112,10 +112,20 @@ async fn every_lane_is_opened_under_a_gpu_its_nic_serves() {
     for (c, name) in [(&mut ac, "a"), (&mut bc, "b")] {
         let s = c.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
         assert_eq!(s.peers.len(), 1, "{name}");
-        let lanes = &s.peers[0].lanes;
-        // The layout's 4 NICs x (2 + 1 eager) lanes, then the routed lanes of each memory pair
-        // (8 GPUs over 4 NICs, 2 rendezvous + 2 eager lanes per route: 264 + 264).
-        assert_eq!(lanes.len(), 12 + 264 + 264, "{name}");
+        let p = &s.peers[0];
+        let lanes = &p.lanes;
+        // The routed lanes of each memory pair (8 GPUs over 4 NICs, 2 rendezvous + 2 eager lanes
+        // per route: 264 + 264), not the layout's 4 NICs x (2 + 1 eager), which a routed
+        // pairing never uses; GetStats lists those in use only: host memory's, no GPU pair's.
+        assert!(p.routed, "{name}");
+        assert_eq!((p.send_lanes, p.recv_lanes), (528, 528), "{name}");
+        assert!(!lanes.is_empty() && lanes.len() <= 4 * 4, "{name}: {lanes:?}");
+        assert_eq!(p.bytes_sent, lanes.iter().map(|l| l.bytes_sent).sum::<u64>());
+        for l in lanes {
+            for m in [&l.send_memory, &l.recv_memory] {
+                assert!(m.is_empty() || m == "host>host", "{name}: {l:?}");
+            }
+        }
         let mut per_nic = [0u64; 4];
         for l in lanes {
             assert_eq!(l.send_gpu / 2, l.send_device, "{name}: {l:?}");
@@ -181,14 +191,26 @@ async fn with_more_nics_than_gpus_every_nic_is_opened_under_a_gpu_it_serves() {
         crc(&mut bc, dst.id, 0, 4 * MIB).await,
         crc(&mut ac, src.id, 0, 4 * MIB).await
     );
-    let s = ac.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
-    let gpus: Vec<(i32, i32)> = s.peers[0]
-        .lanes
-        .iter()
-        .take(4)
-        .map(|l| (l.device, l.recv_gpu))
-        .collect();
-    assert_eq!(gpus, [(0, 0), (1, 0), (2, 1), (3, 1)]);
+    // Host memory's lanes, one route per NIC (NIC i to NIC i), each comm under the GPU its NIC
+    // serves first (NICs 1 and 3: none, so GPU 0 and GPU 1): a's sends, b's receives.
+    let ends = |lanes: Vec<pb::LaneStats>, send: bool| {
+        let mut v: Vec<(i32, i32)> = lanes
+            .iter()
+            .map(|l| {
+                if send {
+                    (l.send_device, l.send_gpu)
+                } else {
+                    (l.recv_device, l.recv_gpu)
+                }
+            })
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    };
+    let want = [(0, 0), (1, 0), (2, 1), (3, 1)];
+    assert_eq!(ends(lane_bytes(&mut ac).await, true), want);
+    assert_eq!(ends(lane_bytes(&mut bc).await, false), want);
     // Lanes open on first use: the write's 8 chunks opened the 8 rendezvous lanes a -> b.
     for d in [&a, &b] {
         assert_every_comm_served(d, 8);
@@ -241,10 +263,11 @@ async fn lane_bytes(c: &mut Client) -> Vec<pb::LaneStats> {
 
 /// The lanes whose bytes sent (`sent`) or received grew since `before`.
 fn grew<'a>(before: &[pb::LaneStats], after: &'a [pb::LaneStats], sent: bool) -> Vec<&'a pb::LaneStats> {
+    // GetStats lists the lanes in use only: a lane new since `before` had counted nothing.
     let zero = pb::LaneStats::default();
     after
         .iter()
-        .zip(before.iter().chain(std::iter::repeat(&zero)))
+        .map(|a| (a, before.iter().find(|b| b.lane == a.lane).unwrap_or(&zero)))
         .filter(|(a, b)| {
             if sent {
                 a.bytes_sent > b.bytes_sent
@@ -264,7 +287,7 @@ fn grew<'a>(before: &[pb::LaneStats], after: &'a [pb::LaneStats], sent: bool) ->
 /// served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gpu_pairs_bytes_move_only_on_its_nics_lanes() {
-    use crate::daemon_stub_gpus::{assert_same, cuda_buffer};
+    use crate::common::gpus::{assert_same, cuda_buffer};
     tcpxd::logging::init("error");
     if test_plugin_file().is_some() {
         return;
@@ -412,7 +435,7 @@ async fn a_gpu_pairs_bytes_move_only_on_its_nics_lanes() {
 /// host memory on a reaches GPU 5 of b only through b's NIC 2 under GPU 5, and back, byte-exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_without_gpus_reaches_a_gpu_on_its_own_nic() {
-    use crate::daemon_stub_gpus::{assert_same, cuda_buffer};
+    use crate::common::gpus::{assert_same, cuda_buffer};
     tcpxd::logging::init("error");
     if test_plugin_file().is_some() {
         return;

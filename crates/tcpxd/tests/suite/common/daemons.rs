@@ -35,6 +35,19 @@ pub fn plugin() -> Arc<Plugin> {
 }
 
 /// `TCPXD_TEST_PLUGIN`, when set: the daemons under test load that plugin file.
+/// Whether this run's pairings must be routed (`TCPXD_TEST_EXPECT_ROUTED=1`: `routed_rerun`'s
+/// children, whose daemons have stand-in GPUs); `None` when the run does not say.
+pub fn expect_routed() -> Option<bool> {
+    std::env::var("TCPXD_TEST_EXPECT_ROUTED").ok().map(|v| v == "1")
+}
+
+/// Checks a pairing is routed if and only if the run says it must be (see [`expect_routed`]).
+pub fn assert_routed_as_expected(p: &pb::PeerStats) {
+    if let Some(want) = expect_routed() {
+        assert_eq!(p.routed, want, "routed pairing expected: {want}: {p:?}");
+    }
+}
+
 pub fn test_plugin_file() -> Option<PathBuf> {
     std::env::var_os("TCPXD_TEST_PLUGIN")
         .filter(|p| !p.is_empty())
@@ -169,6 +182,27 @@ pub async fn crc(c: &mut Client, id: u64, offset: u64, length: u64) -> u32 {
     .expect("checksum")
     .into_inner()
     .crc32c
+}
+
+/// `len` bytes of buffer `id` from `offset`, through ReadBuffer.
+pub async fn bytes(c: &mut Client, id: u64, offset: u64, len: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len as usize);
+    let mut at = offset;
+    while at < offset + len {
+        let n = (offset + len - at).min(tcpxd::buffers::MAX_READ_BYTES);
+        let r = c
+            .read_buffer(pb::ReadBufferRequest {
+                buffer_id: id,
+                offset: at,
+                length: n,
+            })
+            .await
+            .expect("read buffer")
+            .into_inner();
+        out.extend_from_slice(&r.data);
+        at += n;
+    }
+    out
 }
 
 pub fn write_entry(

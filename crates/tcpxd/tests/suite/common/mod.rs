@@ -2,8 +2,11 @@
 //! local session, metrics scrapes (where the build put the plugin and the tools: `tcpxd-testkit`).
 
 pub mod batches;
+pub mod blocks;
 pub mod daemons;
+pub mod fake_lanes;
 pub mod framed;
+pub mod gpus;
 pub mod hold;
 pub mod procs;
 pub mod scrape;

@@ -7,10 +7,12 @@
 mod client;
 mod packed;
 mod peer;
+mod routed;
 
 use std::time::Duration;
 
 use crate::common::daemons::{self, *};
+use crate::common::fake_lanes::{FakeLanes, gpu_topology};
 use tcpxd::api::proto::peer as ppb;
 use tcpxd::api::proto::peer::tcpxd_peer_client::TcpxdPeerClient;
 use tcpxd::api::proto::v1 as pb;
@@ -154,25 +156,33 @@ fn msg(body: ppb::peer_message::Body) -> ppb::PeerMessage {
 struct FakePeer {
     tx: mpsc::Sender<ppb::PeerMessage>,
     rx: tonic::Streaming<ppb::PeerMessage>,
+    /// The lanes its messages must name (the layout's, or on a routed pairing its memory
+    /// pair's: `common::fake_lanes`).
+    lanes: FakeLanes,
 }
 
 async fn fake_peer(addr: &str, node: &str) -> FakePeer {
+    fake_peer_with(addr, node, None).await
+}
+
+/// A fake peer announcing `topology` (`None`: none, a node without GPUs). One with GPUs makes
+/// the pairing routed even with a daemon without any.
+async fn fake_peer_with(addr: &str, node: &str, topology: Option<ppb::PeerTopology>) -> FakePeer {
     let mut raw = TcpxdPeerClient::connect(format!("http://{addr}")).await.unwrap();
-    let resp = raw
-        .handshake(ppb::HandshakeRequest {
-            protocol_version: tcpxd::peers::PROTOCOL_VERSION,
-            node_id: node.into(),
-            lanes: vec![ppb::LaneHandle {
-                lane: 0,
-                device: 0,
-                // Peer protocol 6: no handle (the lane is never used here).
-                handle: Vec::new(),
-            }],
-            ..Default::default()
-        })
-        .await
-        .expect("handshake")
-        .into_inner();
+    let req = ppb::HandshakeRequest {
+        protocol_version: tcpxd::peers::PROTOCOL_VERSION,
+        node_id: node.into(),
+        lanes: vec![ppb::LaneHandle {
+            lane: 0,
+            device: 0,
+            // Peer protocol 6: no handle (the lane is never used here).
+            handle: Vec::new(),
+        }],
+        topology,
+        ..Default::default()
+    };
+    let resp = raw.handshake(req.clone()).await.expect("handshake").into_inner();
+    let lanes = FakeLanes::of(&req, &resp);
     let (tx, rx) = mpsc::channel(64);
     tx.send(msg(ppb::peer_message::Body::Hello(ppb::Hello {
         session_id: resp.session_id,
@@ -194,7 +204,7 @@ async fn fake_peer(addr: &str, node: &str) -> FakePeer {
         .await
         .expect("control")
         .into_inner();
-    FakePeer { tx, rx }
+    FakePeer { tx, rx, lanes }
 }
 
 impl FakePeer {

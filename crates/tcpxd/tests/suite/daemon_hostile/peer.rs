@@ -296,6 +296,9 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
 
     // ---- Control messages --------------------------------------------------------------------
     let mut fake = fake_peer(&b.peer_addr(), "host-p").await;
+    // Offers name a rendezvous lane of the pairing: the layout's first, or on a routed pairing
+    // (the daemon on the CUDA stand-in) the first of the (host, host) group's.
+    let lanes = fake.lanes.clone();
     let mut next_id = 1000u64;
     let mut offer = |ranges: Vec<ppb::RemoteRange>| {
         next_id += 1;
@@ -303,7 +306,7 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             offer_id: next_id,
             read_id: 0,
             chunk_bytes: 512 * 1024,
-            first_lane: 0,
+            first_lane: lanes.offer_lane,
             ranges,
             notification: Vec::new(),
             deadline_ms: 10_000,
@@ -323,7 +326,9 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
             Ctl::Offer(o, Code::InvalidArgument, "chunk size", 0),
         ));
     }
-    for fl in [2u32, 3, 64, 1000, u32::MAX] {
+    // Past the daemon's lanes (2 layout lanes: from 2 on), and on a routed pairing also eager
+    // lanes: no rendezvous lane of a group.
+    for fl in lanes.bad_offer_lanes() {
         let mut o = offer(vec![ok_range()]);
         o.first_lane = fl;
         ctl.push((
