@@ -4,7 +4,7 @@
 #[cfg(doc)]
 use crate::Engine;
 use crate::wire::PeerMsg;
-use crate::{Outcome, PeerIdx, TransferId};
+use crate::{Outcome, PairLife, PeerIdx, TransferId};
 
 /// What the driver must do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,7 +123,14 @@ pub enum Action {
     CloseLane { peer: PeerIdx, lane: u32, send: bool },
     /// The peer failed: close its comms (the engine already dropped its queues).
     ClosePeer { peer: PeerIdx, reason: String },
-    /// A failed pairing the engine forgot (`release.rs`): drop whatever the driver still keeps
+    /// A pairing's life changed (`pair_life.rs`). `Closing`: this side asked the peer to close
+    /// it (a transfer naming it is refused with `EngineError::closed_pairing` until it is `Live`
+    /// again or `Closed`); `Live`: the peer kept it; `Closed`: both sides agreed it is idle —
+    /// close every comm it has, end its control stream once the messages already sent to it
+    /// are out, and report it idle, not failed. Nothing names it again but `ReleasePeer`.
+    Pairing { peer: PeerIdx, life: PairLife },
+    /// A failed pairing the engine forgot (`release.rs`), or one closed when idle that a new
+    /// pairing with its node took over (`pair_life.rs`): drop whatever the driver still keeps
     /// for it. No action names it again.
     ReleasePeer { peer: PeerIdx },
     /// The last user of a buffer someone waits for ([`Engine::watch_buffer`]) ended: it can be

@@ -147,7 +147,9 @@ impl Engine {
         let Some(p) = self.peers.get_mut(&peer) else {
             return;
         };
-        if p.failed.is_some() {
+        // A pairing closed when idle has no stream or comm left to fail (its stream's end
+        // comes here too).
+        if p.gone() {
             return;
         }
         p.failed = Some(reason.to_string());
@@ -274,10 +276,15 @@ impl Engine {
     /// The next deadline, for the driver's sleep.
     pub fn next_deadline(&self) -> Option<Instant> {
         let transfers = self.deadlines.first().map(|&(t, _)| t);
-        [transfers, self.next_orphan_deadline(), self.drain_deadline()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            transfers,
+            self.next_orphan_deadline(),
+            self.drain_deadline(),
+            self.next_idle_check(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Ends a transfer with an error; stops its parts on both sides (slots drain normally).
@@ -490,7 +497,7 @@ impl Engine {
         let Some(p) = self.peers.get_mut(&peer) else {
             return;
         };
-        if p.failed.is_some() {
+        if p.gone() {
             return;
         }
         // Closed lanes with chunks queued are opened first (`lane_life.rs`).

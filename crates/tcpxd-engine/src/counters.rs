@@ -67,6 +67,9 @@ pub struct PeerCounters {
     /// Headers and offers the peer sent this node (those whose chunk plan was sound).
     pub received_eager: u64,
     pub received_rendezvous: u64,
+    /// Times pairings with the node closed when idle (`pair_life.rs`; carried from one pairing
+    /// to the next).
+    pub idle_closes: u64,
     /// Each lane of the direction, in lane order: every lane the pairing has
     /// ([`Engine::peer_counters`]), or only those in use ([`Engine::listed_counters`],
     /// [`LaneCounters::in_use`]).
@@ -103,7 +106,7 @@ impl Engine {
     /// A pairing's counters with every lane it has, in use or not.
     pub fn peer_counters(&self, peer: PeerIdx) -> Option<PeerCounters> {
         let p = self.peers.get(&peer)?;
-        let live = p.failed.is_none();
+        let live = !p.gone();
         let remote_credits = p.remote.map_or(0, |r| r.credits);
         Some(PeerCounters {
             node_id: p.node_id.clone(),
@@ -115,6 +118,7 @@ impl Engine {
             sent_rendezvous: p.sent_rendezvous,
             received_eager: p.received_eager,
             received_rendezvous: p.received_rendezvous,
+            idle_closes: p.idle.closes,
             send: p
                 .send
                 .iter()

@@ -332,7 +332,7 @@ impl Engine {
         let Some(l) = self
             .peers
             .get_mut(&peer)
-            .filter(|p| p.failed.is_none())
+            .filter(|p| !p.gone())
             .and_then(|p| p.recv.get_mut(lane as usize))
         else {
             return;
@@ -394,7 +394,7 @@ impl Engine {
     /// One `Credits` message per peer with credits to return.
     pub(super) fn flush_credits(&mut self) {
         for (&peer, p) in self.peers.iter_mut() {
-            if p.failed.is_some() || p.recv.iter().all(|l| l.recv_credits.owed() == 0) {
+            if p.gone() || p.recv.iter().all(|l| l.recv_credits.owed() == 0) {
                 continue;
             }
             let returned = p.recv.iter_mut().map(|l| l.recv_credits.take_owed()).collect();
@@ -409,7 +409,7 @@ impl Engine {
     pub(super) fn next_orphan_deadline(&self) -> Option<Instant> {
         self.peers
             .values()
-            .filter(|p| p.failed.is_none())
+            .filter(|p| !p.gone())
             .flat_map(|p| &p.recv)
             .filter_map(|l| l.landed.front())
             .min()
@@ -422,7 +422,7 @@ impl Engine {
         let late: Vec<(PeerIdx, usize)> = self
             .peers
             .iter()
-            .filter(|(_, p)| p.failed.is_none())
+            .filter(|(_, p)| !p.gone())
             .filter_map(|(&peer, p)| {
                 p.recv
                     .iter()

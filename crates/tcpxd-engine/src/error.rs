@@ -44,6 +44,10 @@ impl Code {
 pub struct EngineError {
     pub code: Code,
     pub message: String,
+    /// Refused only because the pairing with this node closed when idle or is closing
+    /// (`pair_life.rs`): the caller pairs with the node again and retries (a transfer never
+    /// fails because its pairing had been closed).
+    pub closed_pairing: Option<String>,
 }
 
 impl EngineError {
@@ -51,6 +55,14 @@ impl EngineError {
         EngineError {
             code,
             message: message.into(),
+            closed_pairing: None,
+        }
+    }
+    /// UNAVAILABLE, refused because the pairing with `node` closed when idle (or is closing).
+    pub fn pairing_closed(node: &str, message: impl Into<String>) -> EngineError {
+        EngineError {
+            closed_pairing: Some(node.to_string()),
+            ..Self::new(Code::Unavailable, message)
         }
     }
     pub fn invalid(message: impl Into<String>) -> EngineError {

@@ -6,7 +6,7 @@ use super::*;
 impl Engine {
     /// Handles one control message from a peer, in stream order.
     pub fn on_message(&mut self, peer: PeerIdx, msg: PeerMsg, now: Instant) {
-        if self.peers.get(&peer).is_none_or(|p| p.failed.is_some()) {
+        if self.peers.get(&peer).is_none_or(|p| p.gone()) {
             return;
         }
         match msg {
@@ -75,13 +75,15 @@ impl Engine {
             PeerMsg::LaneListening { lane, handle } => self.on_lane_listening(peer, lane, handle),
             PeerMsg::LaneClose { lane } => self.on_lane_close(peer, lane),
             PeerMsg::LaneCloseAnswer { lane, closed } => self.on_lane_close_answer(peer, lane, closed),
+            PeerMsg::PairingClose => self.on_pairing_close(peer),
+            PeerMsg::PairingCloseAnswer { closed } => self.on_pairing_close_answer(peer, closed),
         }
     }
 
     /// A peer sent a request that could not be read (`Malformed`, naming the field): refused,
     /// as an offer or read request that breaks a rule is.
     pub fn on_malformed(&mut self, peer: PeerIdx, request: Malformed) {
-        if self.peers.get(&peer).is_none_or(|p| p.failed.is_some()) {
+        if self.peers.get(&peer).is_none_or(|p| p.gone()) {
             return;
         }
         let msg = match request {

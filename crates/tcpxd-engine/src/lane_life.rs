@@ -105,13 +105,13 @@ impl Lane {
     }
 
     /// A send lane with nothing queued or posted and every credit back.
-    fn send_quiet(&self) -> bool {
+    pub(crate) fn send_quiet(&self) -> bool {
         self.queue.is_empty() && self.posted.is_empty() && self.send_credits.all_back()
     }
 
     /// A receive lane with nothing queued, posted, announced, landed or unpacking, and no credit
     /// owed.
-    fn recv_quiet(&self) -> bool {
+    pub(crate) fn recv_quiet(&self) -> bool {
         self.queue.is_empty()
             && self.posted.is_empty()
             && self.targets.is_empty()
@@ -264,17 +264,20 @@ impl Engine {
         self.pump(peer);
     }
 
-    /// From `on_tick`, at most every `LANE_SCAN`: closes send lanes quiet for `lane_idle_close`
-    /// and fails pairings whose peer did not listen for a lane within `lane_open_timeout`.
+    /// From `on_tick`, at most every `LANE_SCAN`: closes send lanes quiet for `lane_idle_close`,
+    /// fails pairings whose peer did not listen for a lane within `lane_open_timeout`, and closes
+    /// pairings quiet for `pairing_idle_close` (`pair_life.rs`).
     pub(super) fn tick_lanes(&mut self, now: Instant) {
         if self.next_lane_scan.is_some_and(|t| t > now) {
             return;
         }
         self.next_lane_scan = Some(now + LANE_SCAN);
+        self.scan_pairings(now);
         let (idle_close, open_timeout) = (self.cfg.lane_idle_close, self.cfg.lane_open_timeout);
         let mut late: Vec<(PeerIdx, String)> = Vec::new();
         for (&peer, p) in self.peers.iter_mut() {
-            if p.failed.is_some() {
+            // A closing pairing sends nothing of its own until the peer answered (`pair_life.rs`).
+            if p.failed.is_some() || p.life != crate::PairLife::Live {
                 continue;
             }
             for (lane, l) in p.send.iter_mut().enumerate() {

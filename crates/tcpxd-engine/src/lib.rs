@@ -80,8 +80,10 @@ mod lane;
 mod lane_credits;
 mod lane_life;
 pub mod packed_ranges;
+mod pair_life;
 use lane_credits::{RecvCredits, SendCredits};
 pub use lane_life::DEFAULT_LANE_OPEN_TIMEOUT;
+pub use pair_life::PairLife;
 pub mod layout;
 pub mod plan;
 mod prepared;
@@ -181,6 +183,9 @@ pub struct EngineConfig {
     /// How long a send lane may wait for the peer's listening handle once it asked for it
     /// before the pairing fails.
     pub lane_open_timeout: Duration,
+    /// A pairing with nothing on it for this long is closed by agreement of both sides and
+    /// paired anew by its next use (`pair_life.rs`); `None`: kept while the peer lives.
+    pub pairing_idle_close: Option<Duration>,
 }
 
 impl Default for EngineConfig {
@@ -203,6 +208,7 @@ impl Default for EngineConfig {
             credit_budget_bytes: DEFAULT_CREDIT_BUDGET_BYTES,
             lane_idle_close: None,
             lane_open_timeout: DEFAULT_LANE_OPEN_TIMEOUT,
+            pairing_idle_close: None,
         }
     }
 }
@@ -306,6 +312,11 @@ struct RemoteMode {
 struct Peer {
     node_id: String,
     failed: Option<String>,
+    /// Live, closing or closed when idle (`pair_life.rs`).
+    life: PairLife,
+    /// When idle: quiet since (noted by a scan), the activity seen then, and how often
+    /// pairings with this node closed when idle (`pair_life.rs`).
+    idle: pair_life::Idle,
     send: Vec<Lane>,
     recv: Vec<Lane>,
     /// Where the next transfer's chunks start, as an offset inside the rendezvous lanes and
@@ -594,6 +605,8 @@ impl Engine {
             Peer {
                 node_id: node_id.to_string(),
                 failed: None,
+                life: PairLife::Live,
+                idle: pair_life::Idle::default(),
                 send: (0..send_alloc).map(|_| Lane::default()).collect(),
                 recv: (0..recv_alloc).map(|_| Lane::default()).collect(),
                 next_lane: 0,
@@ -619,6 +632,7 @@ impl Engine {
                 recv_layout: recv_lanes,
             },
         );
+        self.adopt_closed(idx);
         self.announce_gpu_credits(idx);
         self.announce_mode(idx);
         idx
@@ -713,26 +727,6 @@ impl Engine {
                 l.posted.is_empty() && l.targets.is_empty() && l.landed.is_empty() && l.unpacking.is_empty()
             })
         })
-    }
-
-    fn live_peer(&self, field: &str, peer: PeerIdx) -> EngineResult<&Peer> {
-        let p = self
-            .peers
-            .get(&peer)
-            .ok_or_else(|| EngineError::not_found(format!("{field}: unknown peer")))?;
-        if let Some(why) = &p.failed {
-            return Err(EngineError::new(
-                Code::Unavailable,
-                format!("{field}: peer {} failed: {why}", p.node_id),
-            ));
-        }
-        if p.send.is_empty() || p.recv.is_empty() {
-            return Err(EngineError::new(
-                Code::Unavailable,
-                format!("{field}: peer {} has no data lanes", p.node_id),
-            ));
-        }
-        Ok(p)
     }
 }
 

@@ -62,7 +62,7 @@ impl Engine {
     }
 
     /// Whether a transfer, offer or read still names the pairing.
-    fn named(&self, peer: PeerIdx) -> bool {
+    pub(super) fn named(&self, peer: PeerIdx) -> bool {
         self.transfers.values().any(|t| t.peers.contains(&peer))
             || self.out_offers.values().any(|o| o.peer == peer)
             || self.in_offers.keys().any(|&(p, _)| p == peer)
@@ -119,6 +119,7 @@ impl PeerCounters {
         self.sent_rendezvous += other.sent_rendezvous;
         self.received_eager += other.received_eager;
         self.received_rendezvous += other.received_rendezvous;
+        self.idle_closes += other.idle_closes;
         self.send_lanes = self.send_lanes.max(other.send_lanes);
         self.recv_lanes = self.recv_lanes.max(other.recv_lanes);
         self.routed |= other.routed;

@@ -99,7 +99,7 @@ impl Engine {
         }
         let budget_bytes = self.own_budget();
         for (&peer, p) in self.peers.iter() {
-            if p.failed.is_none() && !p.recv_split().1.is_empty() {
+            if !p.gone() && !p.recv_split().1.is_empty() {
                 self.actions.push_back(Action::Control {
                     peer,
                     msg: PeerMsg::GpuCredits {
@@ -243,7 +243,7 @@ impl Engine {
     /// Credits came back (or a streamed offer was cancelled): each streamed offer of the peer,
     /// oldest first, announces the chunks that now fit (`MoreChunks`) and queues them.
     pub(super) fn stream_more(&mut self, peer: PeerIdx) {
-        let Some(p) = self.peers.get(&peer).filter(|p| p.failed.is_none()) else {
+        let Some(p) = self.peers.get(&peer).filter(|p| !p.gone()) else {
             return;
         };
         let ids: Vec<u64> = p.streams.iter().copied().collect();

@@ -189,6 +189,15 @@ pub enum PeerMsg {
         lane: u32,
         closed: bool,
     },
+    /// Peer protocol 7, pairings closed when idle (`pair_life.rs`): the sender of this message
+    /// has had nothing on the pairing for its `pairing_idle_close` and would close it.
+    PairingClose,
+    /// The answer: closed on this side too (`closed`: both end the control stream and every
+    /// comm of the pairing; the next use pairs anew), or kept because this side has something
+    /// on it.
+    PairingCloseAnswer {
+        closed: bool,
+    },
 }
 
 /// A peer's request that could not be read: a field missing or out of range. The engine
@@ -225,6 +234,8 @@ impl PeerMsg {
             PeerMsg::LaneListening { lane, .. } => ("lane_listening", u64::from(*lane)),
             PeerMsg::LaneClose { lane } => ("lane_close", u64::from(*lane)),
             PeerMsg::LaneCloseAnswer { lane, .. } => ("lane_close_answer", u64::from(*lane)),
+            PeerMsg::PairingClose => ("pairing_close", 0),
+            PeerMsg::PairingCloseAnswer { .. } => ("pairing_close_answer", 0),
         }
     }
 }

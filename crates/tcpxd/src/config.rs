@@ -144,6 +144,10 @@ pub struct DaemonArgs {
     /// again on its next transfer); 0: never. Default: 120000.
     #[arg(long, env = "TCPXD_LANE_IDLE_CLOSE_MS", value_name = "MS")]
     pub lane_idle_close_ms: Option<u64>,
+    /// Milliseconds a pairing may have nothing on it before both sides close it (control stream,
+    /// heartbeats and all; the next use pairs again); 0: never. Default: 300000.
+    #[arg(long, env = "TCPXD_PAIRING_IDLE_CLOSE_MS", value_name = "MS")]
+    pub pairing_idle_close_ms: Option<u64>,
 }
 
 /// The TOML file: every field optional.
@@ -210,6 +214,7 @@ pub struct FilePeer {
     pub heartbeat_interval_ms: Option<u64>,
     pub heartbeat_timeout_ms: Option<u64>,
     pub lane_idle_close_ms: Option<u64>,
+    pub pairing_idle_close_ms: Option<u64>,
     pub secret_file: Option<PathBuf>,
     pub tls_cert_file: Option<PathBuf>,
     pub tls_key_file: Option<PathBuf>,
@@ -287,6 +292,8 @@ pub struct Config {
     pub heartbeat_timeout: Duration,
     /// `peer.lane_idle_close_ms`: an idle lane closes after this long (`None`: never).
     pub lane_idle_close: Option<Duration>,
+    /// `peer.pairing_idle_close_ms`: an idle pairing closes after this long (`None`: never).
+    pub pairing_idle_close: Option<Duration>,
     pub plugin: PluginChoice,
     pub lanes_per_device: u32,
     pub devices: Option<Vec<i32>>,
@@ -348,6 +355,12 @@ pub const DEFAULT_HEARTBEAT_TIMEOUT_MS: u64 = 3000;
 /// An idle lane closes after two minutes: reopening costs a listen, a connect and, on the real
 /// plugin, its flow-steering wait (0.5-5 s), so only lanes unused for long give their threads back.
 pub const DEFAULT_LANE_IDLE_CLOSE_MS: u64 = 120_000;
+/// An idle pairing closes after five minutes: past the lanes' two, so a peer that talks every
+/// few minutes keeps it, while the next use of one silent for longer pays only a handshake (a
+/// round trip, two with a cluster secret, plus TLS's when configured: milliseconds on a LAN),
+/// against heartbeats forever (each idle pairing ~0.02% of a core with the default 500 ms ones,
+/// 64 peers 1.3%: docs/BENCHMARKS.md, "Idle daemon").
+pub const DEFAULT_PAIRING_IDLE_CLOSE_MS: u64 = 300_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -585,6 +598,14 @@ impl Config {
                 .lane_idle_close_ms
                 .or(file.peer.lane_idle_close_ms)
                 .unwrap_or(DEFAULT_LANE_IDLE_CLOSE_MS)
+            {
+                0 => None,
+                ms => Some(Duration::from_millis(ms)),
+            },
+            pairing_idle_close: match args
+                .pairing_idle_close_ms
+                .or(file.peer.pairing_idle_close_ms)
+                .unwrap_or(DEFAULT_PAIRING_IDLE_CLOSE_MS)
             {
                 0 => None,
                 ms => Some(Duration::from_millis(ms)),

@@ -128,6 +128,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         eager_max_bytes: cfg.eager_max_bytes,
         credit_budget_bytes: cfg.credit_budget_bytes,
         lane_idle_close: cfg.lane_idle_close,
+        pairing_idle_close: cfg.pairing_idle_close,
         // The peer answers a LaneOpen at once; the connect and accept after it are bounded by
         // the connect timeout too.
         lane_open_timeout: cfg.peer_connect_timeout,

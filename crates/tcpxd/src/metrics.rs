@@ -487,6 +487,12 @@ fn snapshot_registry(snap: &StatsSnapshot, node: &NodeGauges) -> Registry {
         "Transfers this node started with a peer, by result: started, ok, failed",
         &["peer", "result"],
     );
+    let peer_idle_closes = counter_vec(
+        &r,
+        "tcpxd_peer_idle_closes_total",
+        "Times pairings with a peer closed when idle (peer.pairing_idle_close_ms)",
+        &["peer"],
+    );
     let peer_protocol = counter_vec(
         &r,
         "tcpxd_peer_protocol_total",
@@ -555,6 +561,7 @@ fn snapshot_registry(snap: &StatsSnapshot, node: &NodeGauges) -> Registry {
         ] {
             peer_transfers.with_label_values(&[peer, result]).inc_by(v);
         }
+        peer_idle_closes.with_label_values(&[peer]).inc_by(c.idle_closes);
         for (dir, protocol, v) in [
             ("sent", "eager", c.sent_eager),
             ("sent", "rendezvous", c.sent_rendezvous),
@@ -565,7 +572,7 @@ fn snapshot_registry(snap: &StatsSnapshot, node: &NodeGauges) -> Registry {
         }
     }
     for (peer, link) in states {
-        for s in ["connecting", "up", "failed"] {
+        for s in ["connecting", "up", "idle", "failed"] {
             peer_state
                 .with_label_values(&[peer, s])
                 .set(i64::from(link_name(link) == s));
@@ -577,7 +584,8 @@ fn snapshot_registry(snap: &StatsSnapshot, node: &NodeGauges) -> Registry {
 pub fn link_name(l: &PeerLink) -> &'static str {
     match l {
         PeerLink::Connecting => "connecting",
-        PeerLink::Up => "up",
+        PeerLink::Up | PeerLink::Closing => "up",
+        PeerLink::Idle => "idle",
         PeerLink::Failed(_) => "failed",
     }
 }
@@ -737,6 +745,7 @@ mod tests {
                     sent_rendezvous: 7,
                     received_eager: 8,
                     received_rendezvous: 9,
+                    idle_closes: 3,
                     send: vec![LaneCounters {
                         bytes: 1 << 20,
                         chunks: 2,
@@ -805,6 +814,8 @@ mod tests {
             "tcpxd_peer_protocol_total{direction=\"sent\",peer=\"b\",protocol=\"eager\"} 7",
             "tcpxd_peer_protocol_total{direction=\"received\",peer=\"b\",protocol=\"rendezvous\"} 9",
             "tcpxd_peer_state{peer=\"b\",state=\"failed\"} 0",
+            "tcpxd_peer_state{peer=\"b\",state=\"idle\"} 0",
+            "tcpxd_peer_idle_closes_total{peer=\"b\"} 3",
             "tcpxd_peer_transfers_total{peer=\"b\",result=\"ok\"} 4",
             "tcpxd_active_transfers 1",
             "tcpxd_buffers 2",

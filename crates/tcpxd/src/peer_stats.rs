@@ -9,6 +9,12 @@ use crate::engine::PeerCounters;
 pub enum PeerLink {
     Connecting,
     Up,
+    /// Up, and this side asked the peer to close it when idle (engine `pair_life.rs`): a
+    /// transfer naming it waits for the answer (then `Up` again, or `Idle`).
+    Closing,
+    /// Closed by agreement of both sides when idle: no control stream, no comm; the next use
+    /// pairs anew. Not a failure.
+    Idle,
     Failed(String),
 }
 

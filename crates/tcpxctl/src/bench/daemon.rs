@@ -108,7 +108,10 @@ pub async fn ensure_peer(
             .into_inner()
             .peers;
         match peers.iter().find(|p| p.node_id == b_node) {
-            Some(p) if p.state == PeerState::Up as i32 => return Ok((b_node, p.lanes)),
+            // Idle: closed when idle by both daemons; the bench's first transfer pairs again.
+            Some(p) if p.state == PeerState::Up as i32 || p.state == PeerState::Idle as i32 => {
+                return Ok((b_node, p.lanes));
+            }
             Some(p) if p.state == PeerState::Failed as i32 => {
                 return Err(DaemonBenchError::Peer(format!(
                     "{a_node}'s link to {b_node} failed: {}",

@@ -127,6 +127,8 @@ pub fn peer_state_name(state: i32) -> &'static str {
         Ok(PeerState::Connecting) => "CONNECTING",
         Ok(PeerState::Up) => "UP",
         Ok(PeerState::Failed) => "FAILED",
+        // Closed when idle by both daemons; the next transfer pairs again.
+        Ok(PeerState::Idle) => "IDLE",
         _ => "UNSPECIFIED",
     }
 }
@@ -394,6 +396,7 @@ pub fn stats_json(s: &Stats) -> Value {
             "transfers_started": p.transfers_started,
             "transfers_ok": p.transfers_ok,
             "transfers_failed": p.transfers_failed,
+            "idle_closes": p.idle_closes,
             "send_lanes": p.send_lanes,
             "recv_lanes": p.recv_lanes,
             "routed": p.routed,
@@ -589,12 +592,16 @@ pub fn stats_text(s: &Stats, rates: Rates<'_>) -> String {
     for p in &s.peers {
         let _ = writeln!(
             out,
-            "\npeer {} {}: {} started, {} ok, {} failed",
+            "\npeer {} {}: {} started, {} ok, {} failed{}",
             p.node_id,
             peer_state_name(p.state),
             p.transfers_started,
             p.transfers_ok,
-            p.transfers_failed
+            p.transfers_failed,
+            match p.idle_closes {
+                0 => String::new(),
+                n => format!(", closed when idle {n} times"),
+            }
         );
         if !p.error.is_empty() {
             let _ = writeln!(out, "  error: {}", p.error);

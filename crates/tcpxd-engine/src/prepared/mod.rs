@@ -161,7 +161,9 @@ impl Engine {
     ) -> EngineResult<PreparedInfo> {
         self.check_prepared_room()?;
         self.check_prepared_id(id)?;
-        let node = self.live_peer("remote_tokens", peer)?.node_id.clone();
+        // Only the node matters here: a pairing closed when idle will do (the transfers pair
+        // again).
+        let node = self.named_peer("remote_tokens", peer)?.node_id.clone();
         check_list_count(lists.len(), "remote_tokens")?;
         let mut seen: HashMap<u64, usize> = HashMap::with_capacity(lists.len());
         for (i, l) in lists.iter().enumerate() {

@@ -138,6 +138,8 @@ pub(super) struct Node {
     pub(super) finished: HashMap<TransferId, Outcome>,
     pub(super) notes: Vec<(u64, Vec<u8>)>,
     pub(super) closed: Vec<String>,
+    /// The pairing's life as the engine reported it (`Action::Pairing`), in order.
+    pub(super) pairing: Vec<PairLife>,
     pub(super) progress: HashMap<TransferId, u64>,
     /// Buffers reported idle (`Action::BufferIdle`), in order.
     pub(super) idle: Vec<u64>,
@@ -256,6 +258,7 @@ impl Sim {
                 finished: HashMap::new(),
                 notes: Vec::new(),
                 closed: Vec::new(),
+                pairing: Vec::new(),
                 progress: HashMap::new(),
                 idle: Vec::new(),
                 pieces: PieceStats::default(),
@@ -498,6 +501,23 @@ impl Sim {
                         }
                     }
                     Action::ClosePeer { reason, .. } => self.nodes[i].closed.push(reason),
+                    Action::Pairing { life, .. } => {
+                        if life == PairLife::Closed {
+                            // Closed when idle: nothing of a transfer may be on its comms; a
+                            // receive lane's idle credit receives go with them.
+                            for w in &self.wires[i] {
+                                assert!(w.deferred.is_empty() && w.sends.is_empty(), "closed with sends");
+                            }
+                            for w in &mut self.wires[1 - i] {
+                                assert!(
+                                    w.recvs.iter().all(|r| r.buffer == LANDING) && w.held.is_empty(),
+                                    "closed with receives"
+                                );
+                                w.recvs.clear();
+                            }
+                        }
+                        self.nodes[i].pairing.push(life);
+                    }
                     Action::ReleasePeer { peer } => panic!("{peer:?} released: a pair's only pairing"),
                     Action::BufferIdle { buffer } => self.nodes[i].idle.push(buffer),
                 }

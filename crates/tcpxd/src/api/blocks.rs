@@ -263,16 +263,33 @@ impl DaemonState {
                 )
                 .await;
         };
-        let (id, rx, total) = self
-            .ask(|reply| Command::WriteBlocks {
-                spec,
-                notification: r.notification,
-                deadline,
-                reply,
-            })
-            .await?
-            .map_err(status)?;
-        Ok(self.started(id, rx, total))
+        let (mut spec, mut retries) = (spec, 0);
+        loop {
+            let asked = self
+                .ask(|reply| Command::WriteBlocks {
+                    spec,
+                    notification: r.notification.clone(),
+                    deadline,
+                    reply,
+                })
+                .await?;
+            match asked {
+                Ok((id, rx, total)) => return Ok(self.started(id, rx, total)),
+                Err(refused) => {
+                    spec = self.start_again(refused, &mut retries, deadline).await?;
+                    self.pair_again(&mut spec, &r.remote_token, deadline).await?;
+                }
+            }
+        }
+    }
+
+    /// A block transfer's pairing closed when idle before it started: its node reached anew
+    /// (`reach_token`), the spec names the new pairing.
+    async fn pair_again(&self, spec: &mut BlockSpec, token: &str, deadline: Instant) -> Result<(), Status> {
+        let token = BlockToken::parse("remote_token", token).map_err(status)?;
+        self.reach_token("remote_token", &token, deadline).await?;
+        spec.peer = self.peer_of("remote_token", &token.node_id)?;
+        Ok(())
     }
 
     /// Starts a block READ.
@@ -297,7 +314,7 @@ impl DaemonState {
                 )
                 .await;
         }
-        let spec = self
+        let mut spec = self
             .block_spec(
                 r.local_list_id,
                 r.local_indices,
@@ -306,15 +323,23 @@ impl DaemonState {
                 deadline,
             )
             .await?;
-        let (id, rx, total) = self
-            .ask(|reply| Command::ReadBlocks {
-                spec,
-                deadline,
-                reply,
-            })
-            .await?
-            .map_err(status)?;
-        Ok(self.started(id, rx, total))
+        let mut retries = 0;
+        loop {
+            match self
+                .ask(|reply| Command::ReadBlocks {
+                    spec,
+                    deadline,
+                    reply,
+                })
+                .await?
+            {
+                Ok((id, rx, total)) => return Ok(self.started(id, rx, total)),
+                Err(refused) => {
+                    spec = self.start_again(refused, &mut retries, deadline).await?;
+                    self.pair_again(&mut spec, &r.remote_token, deadline).await?;
+                }
+            }
+        }
     }
 
     /// The unary WriteBlocks, as `write_call`.

@@ -3,16 +3,29 @@
 //! peer addresses its descriptor carries. Both go through `Peers::connect`, so they authenticate
 //! as `ConnectPeer` does (cluster secret, mutual TLS) and concurrent first uses make one pairing.
 //! A pairing still connecting is waited for, so a transfer starts on the pairing that comes up.
+//! A pairing closed when idle is paired anew like a failed one, and a transfer the engine refused
+//! because its pairing closed (or was closing) meanwhile is started again (`after_idle_close`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use tonic::{Code, Status};
 
-use super::state::DaemonState;
+use super::state::{DaemonState, status};
 use crate::block_token::BlockToken;
 use crate::buffers::Descriptor;
-use crate::poller::PeerLink;
+use crate::engine::EngineError;
+use crate::poller::{PeerLink, Refused};
+
+/// How many times a transfer is started again after its pairing closed when idle: each needs a
+/// close, which needs the pairing idle for `peer.pairing_idle_close_ms`, so a second is already
+/// rare.
+const IDLE_CLOSE_RETRIES: u32 = 4;
+
+/// A pairing that failed or closed when idle: the next use pairs anew.
+fn gone(link: &PeerLink) -> bool {
+    matches!(link, PeerLink::Failed(_) | PeerLink::Idle)
+}
 
 /// The longest a first use waits for an address to accept a TCP connection before it asks
 /// `Peers::connect` to dial it.
@@ -84,7 +97,13 @@ impl DaemonState {
         let mut failed = Vec::new();
         for (node, named) in &nodes {
             match self.peers.by_node(node) {
-                Some(p) if matches!(*p.link.borrow(), PeerLink::Failed(_)) && p.dial.is_some() => {
+                // Failed, closed when idle, or closing (`revive` waits for the answer first).
+                Some(p)
+                    if matches!(
+                        *p.link.borrow(),
+                        PeerLink::Failed(_) | PeerLink::Idle | PeerLink::Closing
+                    ) && p.dial.is_some() =>
+                {
                     failed.push(node.as_str());
                 }
                 Some(p) if matches!(*p.link.borrow(), PeerLink::Connecting) => {
@@ -96,13 +115,14 @@ impl DaemonState {
                     if self
                         .peers
                         .by_node(node)
-                        .is_some_and(|p| matches!(*p.link.borrow(), PeerLink::Failed(_)) && p.dial.is_some())
+                        .is_some_and(|p| gone(&p.link.borrow()) && p.dial.is_some())
                     {
                         failed.push(node.as_str());
                     }
                 }
-                Some(p) if !matches!(*p.link.borrow(), PeerLink::Failed(_)) => {}
-                // Never met, or failed with no address of its own: the descriptor's addresses.
+                Some(p) if !gone(&p.link.borrow()) => {}
+                // Never met, or failed (or closed when idle) with no address of its own: the
+                // descriptor's addresses.
                 _ if !named.addresses.is_empty() => self.dial(node, named, deadline).await?,
                 _ => {}
             }
@@ -156,11 +176,7 @@ impl DaemonState {
                 Err(_) => tried.push(format!("{a}: no answer before the transfer's deadline")),
             }
             // Paired meanwhile by another call (through another of its addresses)?
-            if self
-                .peers
-                .by_node(node)
-                .is_some_and(|p| !matches!(*p.link.borrow(), PeerLink::Failed(_)))
-            {
+            if self.peers.by_node(node).is_some_and(|p| !gone(&p.link.borrow())) {
                 return Ok(());
             }
         }
@@ -169,5 +185,46 @@ impl DaemonState {
             named.field,
             tried.join("; ")
         )))
+    }
+
+    /// After the engine refused a transfer: when only because a pairing it named closed when
+    /// idle or is closing (`EngineError::closed_pairing`, engine `pair_life.rs`), waits for that
+    /// close to settle and answers `Ok`, for the caller to start the transfer again from its
+    /// `reach_*` (which pairs anew); otherwise, after `IDLE_CLOSE_RETRIES` such retries or past
+    /// the deadline, the refusal as a status. A transfer never fails because its pairing had
+    /// been closed.
+    pub(crate) async fn after_idle_close(
+        &self,
+        e: EngineError,
+        retries: &mut u32,
+        deadline: Instant,
+    ) -> Result<(), Status> {
+        let Some(node) = e.closed_pairing.as_deref() else {
+            return Err(status(e));
+        };
+        if *retries >= IDLE_CLOSE_RETRIES || Instant::now() >= deadline {
+            return Err(status(e));
+        }
+        *retries += 1;
+        tracing::debug!(peer = %node, "the transfer's pairing closed when idle: pairing again");
+        self.peers.settle_close(node, deadline).await;
+        Ok(())
+    }
+
+    /// As `after_idle_close`, for a start the poller refused with its request handed back: the
+    /// request, to be started again once its node is reached anew.
+    pub(crate) async fn start_again<T>(
+        &self,
+        refused: Refused<T>,
+        retries: &mut u32,
+        deadline: Instant,
+    ) -> Result<T, Status> {
+        match refused.again {
+            Some(request) => {
+                self.after_idle_close(refused.error, retries, deadline).await?;
+                Ok(request)
+            }
+            None => Err(status(refused.error)),
+        }
     }
 }

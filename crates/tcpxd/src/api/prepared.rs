@@ -398,32 +398,37 @@ impl DaemonState {
             };
             return self.same_node_prepared(op, transfer, deadline).await;
         }
-        // The other node may have restarted since: pair with it again (nothing to do, and
-        // nothing copied, while its pairing is up).
-        let token = {
-            let remote = self.remote_prepared.lock().unwrap_or_else(|e| e.into_inner());
-            remote
-                .get(&transfer.remote)
-                .filter(|t| {
-                    self.peers
-                        .by_node(&t.node_id)
-                        .is_none_or(|p| !matches!(*p.link.borrow(), crate::poller::PeerLink::Up))
+        let (mut transfer, mut retries) = (transfer, 0);
+        loop {
+            // The other node may have restarted, or its pairing closed when idle, since: pair
+            // with it again (nothing to do, and nothing copied, while its pairing is up).
+            let token = {
+                let remote = self.remote_prepared.lock().unwrap_or_else(|e| e.into_inner());
+                remote
+                    .get(&transfer.remote)
+                    .filter(|t| {
+                        self.peers
+                            .by_node(&t.node_id)
+                            .is_none_or(|p| !matches!(*p.link.borrow(), crate::poller::PeerLink::Up))
+                    })
+                    .cloned()
+            };
+            if let Some(token) = token {
+                self.reach_token("remote_prepared_id", &token, deadline).await?;
+            }
+            let asked = self
+                .ask(|reply| Command::StartPrepared {
+                    kind,
+                    transfer,
+                    deadline,
+                    reply,
                 })
-                .cloned()
-        };
-        if let Some(token) = token {
-            self.reach_token("remote_prepared_id", &token, deadline).await?;
+                .await?;
+            match asked {
+                Ok((id, rx, total)) => return Ok(self.started(id, rx, total)),
+                Err(refused) => transfer = self.start_again(refused, &mut retries, deadline).await?,
+            }
         }
-        let (id, rx, total) = self
-            .ask(|reply| Command::StartPrepared {
-                kind,
-                transfer,
-                deadline,
-                reply,
-            })
-            .await?
-            .map_err(status)?;
-        Ok(self.started(id, rx, total))
     }
 
     /// The unary PrepareBlocks.

@@ -472,6 +472,7 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                     sent_rendezvous: c.sent_rendezvous,
                     received_eager: c.received_eager,
                     received_rendezvous: c.received_rendezvous,
+                    idle_closes: c.idle_closes,
                     error: match &p.link {
                         PeerLink::Failed(why) => why.clone(),
                         _ => String::new(),
@@ -499,7 +500,9 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
 fn link_pb(l: &PeerLink) -> pb::PeerState {
     match l {
         PeerLink::Connecting => pb::PeerState::Connecting,
-        PeerLink::Up => pb::PeerState::Up,
+        // Closing: still up until the peer answered (a transfer waits for the answer).
+        PeerLink::Up | PeerLink::Closing => pb::PeerState::Up,
+        PeerLink::Idle => pb::PeerState::Idle,
         PeerLink::Failed(_) => pb::PeerState::Failed,
     }
 }

@@ -93,6 +93,8 @@ impl DaemonState {
         if let PeerLink::Failed(why) = &*peer.link.borrow() {
             return Err(Status::unavailable(format!("{field}: peer {node} failed: {why}")));
         }
+        // Closed when idle (and not paired anew: no address to dial) or closing: the engine
+        // refuses it for a retry (`after_idle_close`).
         Ok(peer.idx)
     }
 
@@ -146,26 +148,33 @@ impl DaemonState {
             return self.start_same_node(copy);
         }
         let one_status = r.ranges.is_some();
-        let (specs, total) = self.batch_specs(&r.entries, r.ranges.as_ref(), deadline).await?;
-        if !r.ready_event_ipc_handle.is_empty() {
-            self.wait_ready_event(
-                &r.ready_event_ipc_handle,
-                specs.iter().map(|s| s.local_buffer),
-                deadline,
-            )
-            .await?;
+        let (mut retries, mut ready) = (0, r.ready_event_ipc_handle.is_empty());
+        loop {
+            let (specs, total) = self.batch_specs(&r.entries, r.ranges.as_ref(), deadline).await?;
+            if !ready {
+                self.wait_ready_event(
+                    &r.ready_event_ipc_handle,
+                    specs.iter().map(|s| s.local_buffer),
+                    deadline,
+                )
+                .await?;
+                ready = true;
+            }
+            let asked = self
+                .ask(|reply| Command::Write {
+                    specs,
+                    notification: r.notification.clone(),
+                    deadline,
+                    one_status,
+                    reply,
+                })
+                .await?;
+            match asked {
+                Ok((id, rx)) => return Ok(self.started(id, rx, total)),
+                // Its pairing closed when idle meanwhile: again, on the next one.
+                Err(e) => self.after_idle_close(e, &mut retries, deadline).await?,
+            }
         }
-        let (id, rx) = self
-            .ask(|reply| Command::Write {
-                specs,
-                notification: r.notification,
-                deadline,
-                one_status,
-                reply,
-            })
-            .await?
-            .map_err(status)?;
-        Ok(self.started(id, rx, total))
     }
 
     /// Starts a READ batch.
@@ -181,17 +190,23 @@ impl DaemonState {
             return self.start_same_node(copy);
         }
         let one_status = r.ranges.is_some();
-        let (specs, total) = self.batch_specs(&r.entries, r.ranges.as_ref(), deadline).await?;
-        let (id, rx) = self
-            .ask(|reply| Command::Read {
-                specs,
-                deadline,
-                one_status,
-                reply,
-            })
-            .await?
-            .map_err(status)?;
-        Ok(self.started(id, rx, total))
+        let mut retries = 0;
+        loop {
+            let (specs, total) = self.batch_specs(&r.entries, r.ranges.as_ref(), deadline).await?;
+            let asked = self
+                .ask(|reply| Command::Read {
+                    specs,
+                    deadline,
+                    one_status,
+                    reply,
+                })
+                .await?;
+            match asked {
+                Ok((id, rx)) => return Ok(self.started(id, rx, total)),
+                // Its pairing closed when idle meanwhile: again, on the next one.
+                Err(e) => self.after_idle_close(e, &mut retries, deadline).await?,
+            }
+        }
     }
 
     /// The unary Write/WriteBatch: starts the transfer and, with `wait`, answers only when it

@@ -54,7 +54,13 @@ impl Peers {
         // daemon's addresses, or crossing one this daemon sent) sees the first one's pairing.
         let slot = Slot::take(&self.pairing, &req.node_id);
         let settled = slot.lock.lock().await;
-        if self.by_node(&req.node_id).is_some_and(|p| Self::usable(&p)) {
+        // A pairing this daemon is closing counts as gone: the node dials only once its side
+        // closed it (its answer is on the way on the old stream).
+        let closing = |p: &PeerInfo| matches!(*p.link.borrow(), PeerLink::Closing);
+        if self
+            .by_node(&req.node_id)
+            .is_some_and(|p| Self::usable(&p) && !closing(&p))
+        {
             // Already paired (the caller reached us by another address, or both sides called):
             // keep the working pairing; session 0 and no lanes tell the caller to use it.
             let mut resp = pb::HandshakeResponse {
@@ -105,9 +111,12 @@ impl Peers {
             },
         );
         drop(settled);
-        if let Some(old) = previous {
-            // A node reconnecting replaces its old pairing (failed: a usable one is kept above),
-            // which fails whatever still used it.
+        // A node reconnecting replaces its old pairing (failed: a usable one is kept above),
+        // which fails whatever still used it. One closed when idle, or closing, is no failure:
+        // the new pairing takes over its totals once it is closed (engine `pair_life.rs`).
+        if let Some(old) =
+            previous.filter(|p| !matches!(*p.link.borrow(), PeerLink::Idle | PeerLink::Closing))
+        {
             let _ = self.poller.send(Command::PeerDown {
                 peer: old.idx,
                 reason: "the peer connected again".into(),

@@ -160,7 +160,9 @@ pub(super) fn spawn_inbound(
                 Err(s) => break format!("control stream failed: {}", s.message()),
             }
         };
-        tracing::warn!(peer = %node, "{reason}");
+        // The poller logs it as a failure unless the pairing had closed when idle (its stream
+        // ends then too).
+        tracing::debug!(peer = %node, "{reason}");
         let _ = poller.send(Command::PeerDown { peer: idx, reason });
     });
 }
@@ -423,6 +425,10 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             lane: *lane,
             closed: *closed,
         }),
+        PeerMsg::PairingClose => Body::PairingClose(pb::PairingClose {}),
+        PeerMsg::PairingCloseAnswer { closed } => {
+            Body::PairingCloseAnswer(pb::PairingCloseAnswer { closed: *closed })
+        }
     };
     pb::PeerMessage { body: Some(body) }
 }
@@ -576,6 +582,8 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
             lane: m.lane,
             closed: m.closed,
         },
+        Body::PairingClose(_) => PeerMsg::PairingClose,
+        Body::PairingCloseAnswer(m) => PeerMsg::PairingCloseAnswer { closed: m.closed },
     }))
 }
 
@@ -657,6 +665,14 @@ mod tests {
             .expect("well formed")
             .expect("a message");
         assert_eq!(back, m);
+    }
+
+    #[test]
+    fn the_pairing_life_messages_survive_the_wire() {
+        round_trip(PeerMsg::PairingClose);
+        for closed in [true, false] {
+            round_trip(PeerMsg::PairingCloseAnswer { closed });
+        }
     }
 
     #[test]

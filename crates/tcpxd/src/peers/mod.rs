@@ -64,6 +64,10 @@ use topology_pb::{topology_from_pb, topology_to_pb};
 /// 7 (session 19; numpy-zeros' part, same version): `CancelSeen`, the receiver's answer to `CancelOffer`, which
 /// the sender waits for before it sends the offer's remaining chunks empty: a protocol-6 receiver
 /// never answers, and the sender would hold them (and the lanes behind them) for ever.
+/// 7 (session 19, idle-pairings): pairings close by agreement once idle (`PairingClose`,
+/// `PairingCloseAnswer`, engine `pair_life.rs`); a protocol-6 daemon would take the message for
+/// a broken stream and fail the pairing. (Other branches' protocol-7 changes are listed with
+/// theirs.)
 pub const PROTOCOL_VERSION: u32 = 7;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;
@@ -228,19 +232,26 @@ impl Peers {
         self.listen_port.store(port, Ordering::Relaxed);
     }
 
-    /// Reconnects, before a transfer uses them, the named peers that failed and can be dialled
-    /// again: the next use of a peer after it went down pairs anew, transparently. A peer that
-    /// cannot be reached fails the call with UNAVAILABLE naming it.
+    /// Reconnects, before a transfer uses them, the named peers that failed or whose pairing
+    /// closed when idle (waiting first for a close under way to settle), when they can be
+    /// dialled again: the next use of a peer pairs anew, transparently. A peer that cannot be
+    /// reached fails the call with UNAVAILABLE naming it.
     pub async fn revive(&self, nodes: &[&str], deadline: std::time::Instant) -> Result<(), Status> {
         for &node in nodes {
+            self.settle_close(node, deadline).await;
             let Some(p) = self.by_node(node) else { continue };
             let why = match &*p.link.borrow() {
                 PeerLink::Failed(why) => why.clone(),
+                PeerLink::Idle => "its pairing closed when idle".to_string(),
                 _ => continue,
             };
             let Some(addr) = p.dial.clone() else { continue };
             let budget = deadline.saturating_duration_since(std::time::Instant::now());
-            tracing::info!(peer = %node, address = %addr, "reconnecting to a failed peer");
+            if matches!(*p.link.borrow(), PeerLink::Idle) {
+                tracing::debug!(peer = %node, address = %addr, "pairing again with a peer whose pairing closed when idle");
+            } else {
+                tracing::info!(peer = %node, address = %addr, "reconnecting to a failed peer");
+            }
             let again = tokio::time::timeout(budget, self.connect(&addr)).await;
             let got = match again {
                 Ok(Ok(info)) => info,
@@ -296,8 +307,19 @@ impl Peers {
         }
     }
 
+    /// Up, connecting or closing (a close may still be answered "kept"): not failed, not
+    /// closed when idle.
     fn usable(info: &PeerInfo) -> bool {
-        !matches!(*info.link.borrow(), PeerLink::Failed(_))
+        !matches!(*info.link.borrow(), PeerLink::Failed(_) | PeerLink::Idle)
+    }
+
+    /// Waits (bounded by `deadline`) while this daemon asks `node` to close their pairing when
+    /// idle (`PeerLink::Closing`): the answer makes it `Up` again or `Idle`.
+    pub async fn settle_close(&self, node: &str, deadline: std::time::Instant) {
+        let Some(p) = self.by_node(node) else { return };
+        let mut link = p.link.clone();
+        let budget = deadline.saturating_duration_since(std::time::Instant::now());
+        let _ = tokio::time::timeout(budget, link.wait_for(|l| !matches!(l, PeerLink::Closing))).await;
     }
 
     /// Caller side of `ConnectPeer`.
@@ -316,6 +338,11 @@ impl Peers {
     }
 
     async fn connect_locked(&self, address: &str) -> Result<PeerInfo, Status> {
+        // A close under way settles first: kept, it is used; closed, the node is dialled anew.
+        if let Some(p) = self.list().into_iter().find(|p| p.address == address) {
+            let deadline = std::time::Instant::now() + self.connect_timeout;
+            self.settle_close(&p.node_id, deadline).await;
+        }
         if let Some(p) = self
             .list()
             .into_iter()
@@ -559,8 +586,9 @@ impl Peers {
             let mut link = info.link.clone();
             loop {
                 let failed = match &*link.borrow_and_update() {
-                    PeerLink::Up => return Ok(info),
+                    PeerLink::Up | PeerLink::Closing => return Ok(info),
                     PeerLink::Failed(why) => Some(why.clone()),
+                    PeerLink::Idle => Some("its pairing closed when idle".to_string()),
                     PeerLink::Connecting => None,
                 };
                 if let Some(why) = failed {

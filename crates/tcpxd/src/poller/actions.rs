@@ -125,6 +125,7 @@ impl Poller {
                 .land_scatter(peer, lane, buffer, offer, wire, len)
                 .map_err(fails(peer))?,
             Action::BufferIdle { buffer } => self.buffer_idle(buffer),
+            Action::Pairing { peer, life } => self.pairing_life(peer, life),
             Action::ReleasePeer { peer } => self.release_peer(peer),
         }
         Ok(())
@@ -524,10 +525,10 @@ impl Poller {
     }
 
     fn release_peer(&mut self, peer: PeerIdx) {
-        // Closed already (`ClosePeer` came first): what is left goes, and the link's last state
-        // stays with whoever still holds its receiver.
+        // Closed already (`ClosePeer`, or `Pairing` closed, came first): what is left goes, and
+        // the link's last state stays with whoever still holds its receiver.
         if let Some(p) = self.peers.remove(&peer) {
-            tracing::debug!(peer = %p.node_id, "failed pairing released");
+            tracing::debug!(peer = %p.node_id, "pairing released");
         }
     }
 

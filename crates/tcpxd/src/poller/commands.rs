@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use super::{Command, ListFacts, PeerStats, Phase, Poller, StatsSnapshot, TransferStatus};
+use super::{Command, ListFacts, PeerStats, Phase, Poller, Refused, StatsSnapshot, TransferStatus};
 use crate::engine::blocks::BlockList;
 use crate::engine::{BlockSpec, Code, Engine, EngineError, TransferId, TransferKind};
 use crate::metrics::Op;
@@ -214,12 +214,21 @@ impl Poller {
                 deadline,
                 reply,
             } => {
+                // Its pairing closed when idle: the spec goes back to be started again.
+                if let Some(error) = self.engine.pairing_closed(spec.peer) {
+                    let _ = reply.send(Err(Refused {
+                        error,
+                        again: Some(spec),
+                    }));
+                    return;
+                }
                 let now = Instant::now();
                 let total = self.block_total(&spec);
                 let r = self.engine.start_write_blocks(spec, notification, deadline, now);
                 if let Ok(id) = &r {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write_blocks", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
+                let r = r.map_err(Refused::from);
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total), total)));
             }
             Command::ReadBlocks {
@@ -227,12 +236,20 @@ impl Poller {
                 deadline,
                 reply,
             } => {
+                if let Some(error) = self.engine.pairing_closed(spec.peer) {
+                    let _ = reply.send(Err(Refused {
+                        error,
+                        again: Some(spec),
+                    }));
+                    return;
+                }
                 let now = Instant::now();
                 let total = self.block_total(&spec);
                 let r = self.engine.start_read_blocks(spec, deadline, now);
                 if let Ok(id) = &r {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read_blocks", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
+                let r = r.map_err(Refused::from);
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total), total)));
             }
             Command::PrepareLocal {
@@ -283,10 +300,18 @@ impl Poller {
                     &t.local_indices,
                     t.remote,
                     &t.remote_indices,
-                    t.notification,
+                    // Kept: a start refused because its pairing closed goes back whole.
+                    t.notification.clone(),
                     deadline,
                     now,
                 );
+                let r = r.map_err(|error| match error.closed_pairing {
+                    Some(_) => Refused {
+                        error,
+                        again: Some(t),
+                    },
+                    None => Refused::from(error),
+                });
                 let r = r.map(|id| {
                     // `us`: how long the engine took to check and plan it (the poller did nothing else).
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = label, id = id.0, us = now.elapsed().as_micros() as u64);
@@ -312,7 +337,14 @@ impl Poller {
                     tracing::info!(peer = %p.node_id, "peer up (lanes open on first use)");
                     p.link.send_replace(super::PeerLink::Up);
                 }
-                self.engine.on_message(peer, msg, Instant::now())
+                let life = self.engine.pairing_life(peer);
+                self.engine.on_message(peer, msg, Instant::now());
+                // A pairing closed when idle (or kept): its link follows before the next command,
+                // so a start refused for it (`EngineError::closed_pairing`) is answered to an API
+                // that sees why (`Peers::settle_close`, `revive`).
+                if self.engine.pairing_life(peer) != life {
+                    self.run_actions();
+                }
             }
             Command::Malformed { peer, request } => self.engine.on_malformed(peer, request),
             Command::PeerDown { peer, reason } => self.engine.on_peer_failed(peer, &reason),

@@ -1,14 +1,15 @@
 //! The driver's side of a lane's life (`engine::lane_life`, peer protocol 6): listening for a
 //! receive lane the peer asked for and sending it the handle, connecting a send lane to the
-//! handle the peer sent, and closing a lane both sides found idle. Each listen, connector and
+//! handle the peer sent, and closing a lane both sides found idle; and of a pairing's
+//! (`engine::pair_life`, peer protocol 7): closing one both sides found idle. Each listen, connector and
 //! close runs with the lane's GPU current (the plugin takes a comm's GPU from it); the accept and
 //! connect steps that follow are the pass's (`drive.rs`), bounded by the connect timeout.
 
 use std::collections::HashMap;
 use std::time::Instant;
 
-use super::{Poller, RecvLaneState, SendLaneState, blocks};
-use crate::engine::{PeerIdx, PeerMsg};
+use super::{PeerLink, Poller, RecvLaneState, SendLaneState, blocks};
+use crate::engine::{PairLife, PeerIdx, PeerMsg};
 use crate::lanes::{GpuStage, RecvQueue, Tag};
 use crate::net::ConnectHandle;
 
@@ -96,5 +97,41 @@ impl Poller {
             l.state = RecvLaneState::Closed;
         }
         tracing::debug!(peer = %p.node_id, lane, send, "idle lane closed");
+    }
+
+    /// `Action::Pairing`: the link follows the pairing's life. Closed (both sides agreed it is
+    /// idle): every lane still open closes, the control stream ends once the messages already
+    /// queued (the answer) are out, and the pairing reads idle, not failed; its stream's end and
+    /// anything after it are ignored (the engine's pairing is closed).
+    pub(super) fn pairing_life(&mut self, peer: PeerIdx, life: PairLife) {
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        let link = match life {
+            PairLife::Live => PeerLink::Up,
+            PairLife::Closing => PeerLink::Closing,
+            PairLife::Closed => PeerLink::Idle,
+        };
+        if life == PairLife::Closed {
+            p.control = tokio::sync::mpsc::unbounded_channel().0;
+            let (send, recv) = (p.send.len() as u32, p.recv.len() as u32);
+            let open_send: Vec<u32> = (0..send)
+                .filter(|&l| !matches!(p.send[l as usize].state, SendLaneState::Closed))
+                .collect();
+            let open_recv: Vec<u32> = (0..recv)
+                .filter(|&l| !matches!(p.recv[l as usize].state, RecvLaneState::Closed))
+                .collect();
+            for lane in open_send {
+                self.close_lane(peer, lane, true);
+            }
+            for lane in open_recv {
+                self.close_lane(peer, lane, false);
+            }
+            let p = &self.peers[&peer];
+            tracing::info!(peer = %p.node_id, "pairing closed when idle (both sides agreed); the next use pairs again");
+        }
+        if let Some(p) = self.peers.get(&peer) {
+            p.link.send_replace(link);
+        }
     }
 }

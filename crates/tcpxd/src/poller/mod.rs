@@ -206,12 +206,12 @@ pub enum Command {
         spec: BlockSpec,
         notification: Vec<u8>,
         deadline: Instant,
-        reply: Reply<Result<BlocksStarted, EngineError>>,
+        reply: Reply<Result<BlocksStarted, Refused<BlockSpec>>>,
     },
     ReadBlocks {
         spec: BlockSpec,
         deadline: Instant,
-        reply: Reply<Result<BlocksStarted, EngineError>>,
+        reply: Reply<Result<BlocksStarted, Refused<BlockSpec>>>,
     },
     /// A block transfer between two lists of this node (two clients of one daemon): checked and
     /// turned into byte ranges by the engine; the API copies them (`api/same_node.rs`).
@@ -259,7 +259,7 @@ pub enum Command {
         kind: TransferKind,
         transfer: PreparedTransfer,
         deadline: Instant,
-        reply: Reply<Result<BlocksStarted, EngineError>>,
+        reply: Reply<Result<BlocksStarted, Refused<PreparedTransfer>>>,
     },
     Cancel {
         id: TransferId,
@@ -304,6 +304,21 @@ pub type BlocksStarted = (TransferId, watch::Receiver<TransferStatus>, u64);
 /// One buffer of [`Command::AddBuffers`]: refused, or added with each of its lists registered
 /// or refused.
 pub type AddedBuffer = Result<Vec<Result<ListFacts, EngineError>>, EngineError>;
+/// A start the engine refused. `again`: the request, handed back when it was refused only
+/// because its pairing closed when idle or is closing (`EngineError::closed_pairing`), to be
+/// started again once paired anew (`api/dial.rs`, `after_idle_close`) without copying its index
+/// arrays.
+#[derive(Debug)]
+pub struct Refused<T> {
+    pub error: EngineError,
+    pub again: Option<T>,
+}
+
+impl<T> From<EngineError> for Refused<T> {
+    fn from(error: EngineError) -> Self {
+        Refused { error, again: None }
+    }
+}
 
 /// What the API hands out about a block list (its token's fields).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

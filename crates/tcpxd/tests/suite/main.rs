@@ -35,6 +35,7 @@ mod daemon_lane_life;
 mod daemon_local;
 mod daemon_local_notify;
 mod daemon_pairing;
+mod daemon_pairing_life;
 mod daemon_peer_loss;
 mod daemon_prepared;
 mod daemon_same_node;
