@@ -36,18 +36,44 @@ def descriptor_set_bytes() -> bytes:
     return resources.files("tcpxd").joinpath("tcpxd_v1.binpb").read_bytes()
 
 
+#: Every message class of the pool, by full name, held for the life of the process. protobuf's
+#: upb runtime keeps a dynamic class only in a weak cache: a class that became garbage could be
+#: handed out again by that cache while the garbage collector was tearing it down, and the next
+#: attribute read crashed the process (SIGSEGV in PyUpb_Descriptor_GetDef, seen under load in
+#: `codecs`; protocolbuffers/protobuf#12047 has the same shape). Held here, none ever dies.
+_CLASSES: Dict[str, Any] = {}
+
+
+def _hold_classes(d: Descriptor) -> None:
+    _CLASSES[d.full_name] = _get_class(d)
+    for nested in d.nested_types:
+        _hold_classes(nested)
+
+
 @functools.lru_cache(maxsize=None)
 def _pool() -> descriptor_pool.DescriptorPool:
     pool = descriptor_pool.DescriptorPool()
     for f in descriptor_pb2.FileDescriptorSet.FromString(descriptor_set_bytes()).file:
         pool.Add(f)
+    for f in descriptor_pb2.FileDescriptorSet.FromString(descriptor_set_bytes()).file:
+        for d in pool.FindFileByName(f.name).message_types_by_name.values():
+            _hold_classes(d)
     return pool
+
+
+def _class(d: Descriptor) -> Any:
+    """The class of message type `d`, one of those held for good."""
+    _pool()
+    c = _CLASSES.get(d.full_name)
+    if c is None:  # (not a type of the shipped set: made, and held, now)
+        c = _CLASSES[d.full_name] = _get_class(d)
+    return c
 
 
 @functools.lru_cache(maxsize=None)
 def message(name: str) -> Any:
     """The class of `tcpxd.v1.<name>` (e.g. `message("WriteRequest")`)."""
-    return _get_class(_pool().FindMessageTypeByName(f"{PACKAGE}.{name}"))
+    return _class(_pool().FindMessageTypeByName(f"{PACKAGE}.{name}"))
 
 
 def service() -> ServiceDescriptor:
@@ -82,5 +108,5 @@ def path(name: str) -> str:
 def codecs(name: str) -> Dict[str, Any]:
     """Serializer and deserializer for the method `name` (grpcio's generic stubs)."""
     m = method(name)
-    req, resp = _get_class(m.input_type), _get_class(m.output_type)
+    req, resp = _class(m.input_type), _class(m.output_type)
     return {"request_serializer": req.SerializeToString, "response_deserializer": resp.FromString}
