@@ -249,15 +249,8 @@ pub async fn restore(state: &Arc<DaemonState>, grace: Duration, mut stop: watch:
     };
     let mut restored = 0;
     for kept in journal.take_kept_host() {
-        let st = state.clone();
         let k = kept.clone();
-        let entry = tokio::task::spawn_blocking(move || st.buffers.restore_host(&k)).await;
-        let result = match entry {
-            Ok(Ok(entry)) => state.install(&entry).await.map(|_| entry),
-            Ok(Err(e)) => Err(status(e)),
-            Err(e) => Err(Status::internal(e.to_string())),
-        };
-        match result {
+        match restore_one(state, move |st| st.buffers.restore_host(&k)).await {
             Ok(entry) => {
                 restored += 1;
                 state.metrics.reattached("host_restored");
@@ -304,6 +297,20 @@ pub async fn restore(state: &Arc<DaemonState>, grace: Duration, mut stop: watch:
     restored
 }
 
+/// Makes one kept buffer again off the runtime (`restore`: its memory mapped back) and installs
+/// it: the buffer, or why it could not come back.
+async fn restore_one<F>(state: &Arc<DaemonState>, restore: F) -> Result<Arc<BufferEntry>, Status>
+where
+    F: FnOnce(&DaemonState) -> Result<Arc<BufferEntry>, crate::engine::EngineError> + Send + 'static,
+{
+    let st = state.clone();
+    match tokio::task::spawn_blocking(move || restore(&st)).await {
+        Ok(Ok(entry)) => state.install(&entry).await.map(|_| entry),
+        Ok(Err(e)) => Err(status(e)),
+        Err(e) => Err(Status::internal(e.to_string())),
+    }
+}
+
 /// Restores the previous instance's daemon-allocated CUDA buffers from the descriptors the
 /// store kept (systemd's, passed back as `LISTEN_FDS`; or the fd keeper's); a record without its descriptor, or a descriptor
 /// without its record, is dropped (and taken out of the store). Returns how many came back.
@@ -333,15 +340,8 @@ async fn restore_cuda(state: &Arc<DaemonState>, journal: &Arc<crate::journal::Jo
             journal.forget(Space::Buffer, kept.id);
             continue;
         }
-        let st = state.clone();
         let k = kept.clone();
-        let entry = tokio::task::spawn_blocking(move || st.buffers.restore_cuda(&k, fd)).await;
-        let result = match entry {
-            Ok(Ok(entry)) => state.install(&entry).await.map(|_| entry),
-            Ok(Err(e)) => Err(status(e)),
-            Err(e) => Err(Status::internal(e.to_string())),
-        };
-        match result {
+        match restore_one(state, move |st| st.buffers.restore_cuda(&k, fd)).await {
             Ok(entry) => {
                 restored += 1;
                 state.metrics.reattached("cuda_restored");
