@@ -106,6 +106,8 @@ pub enum ProofOf {
     Handshake,
     Accept,
     Hello,
+    /// A direct control connection's opening (`peers/direct.rs`).
+    Direct,
 }
 
 impl ProofOf {
@@ -114,6 +116,7 @@ impl ProofOf {
             ProofOf::Handshake => b"tcpxd.peer.v1 handshake",
             ProofOf::Accept => b"tcpxd.peer.v1 accept",
             ProofOf::Hello => b"tcpxd.peer.v1 hello",
+            ProofOf::Direct => b"tcpxd.peer.v1 direct",
         }
     }
 }
@@ -160,6 +163,12 @@ pub fn accept_fields(server: &[u8], client_nonce: &[u8], resp: &pb::HandshakeRes
         resp.node_id.as_bytes().to_vec(),
         lanes_and_topology(&resp.lanes, resp.topology.as_ref()),
     ]
+}
+
+/// What a direct control connection's proof covers: the handshake's nonces and the token the
+/// callee issued in its answer.
+pub fn direct_fields(server: &[u8], client_nonce: &[u8], token: &[u8]) -> [Vec<u8>; 3] {
+    [server.to_vec(), client_nonce.to_vec(), token.to_vec()]
 }
 
 /// What a Hello's proof covers.

@@ -148,6 +148,11 @@ pub struct DaemonArgs {
     /// heartbeats and all; the next use pairs again); 0: never. Default: 300000.
     #[arg(long, env = "TCPXD_PAIRING_IDLE_CLOSE_MS", value_name = "MS")]
     pub pairing_idle_close_ms: Option<u64>,
+    /// Carry a pairing's engine messages on a direct control connection the pollers write and
+    /// read themselves, not on the HTTP/2 control stream (`peer.direct_control`): `on` or
+    /// `off`. Off by itself under mutual TLS. Default: on.
+    #[arg(long, env = "TCPXD_DIRECT_CONTROL", value_name = "on|off")]
+    pub direct_control: Option<String>,
 }
 
 /// The TOML file: every field optional.
@@ -215,6 +220,7 @@ pub struct FilePeer {
     pub heartbeat_timeout_ms: Option<u64>,
     pub lane_idle_close_ms: Option<u64>,
     pub pairing_idle_close_ms: Option<u64>,
+    pub direct_control: Option<bool>,
     pub secret_file: Option<PathBuf>,
     pub tls_cert_file: Option<PathBuf>,
     pub tls_key_file: Option<PathBuf>,
@@ -294,6 +300,9 @@ pub struct Config {
     pub lane_idle_close: Option<Duration>,
     /// `peer.pairing_idle_close_ms`: an idle pairing closes after this long (`None`: never).
     pub pairing_idle_close: Option<Duration>,
+    /// `peer.direct_control`: pairings carry engine messages on a direct control connection
+    /// (docs/ARCHITECTURE.md, "The direct control connection"); never under mutual TLS.
+    pub direct_control: bool,
     pub plugin: PluginChoice,
     pub lanes_per_device: u32,
     pub devices: Option<Vec<i32>>,
@@ -609,6 +618,19 @@ impl Config {
             {
                 0 => None,
                 ms => Some(Duration::from_millis(ms)),
+            },
+            direct_control: match (&args.direct_control, file.peer.direct_control) {
+                (Some(v), _) => match v.as_str() {
+                    "on" => true,
+                    "off" => false,
+                    other => {
+                        return Err(ConfigError::Invalid(format!(
+                            "--direct-control: {other:?} (on or off)"
+                        )));
+                    }
+                },
+                (None, Some(v)) => v,
+                (None, None) => true,
             },
             plugin,
             lanes_per_device,

@@ -311,6 +311,8 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         )
         .with_secret(secret)
         .with_tls(tls.as_ref().map(|t| t.client.clone()))
+        // Plain TCP: never under mutual TLS (docs/OPERATIONS.md, "Peer security").
+        .with_direct_control(cfg.direct_control && tls.is_none())
         .with_topology(&topology, cfg.lanes_per_device),
         notifications: notify_tx,
         transfers: Mutex::new(HashMap::new()),
@@ -343,11 +345,24 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             .tls_config(t.server.clone())
             .map_err(|e| DaemonError::Tls(e.to_string()))?;
     }
-    servers.push(tokio::spawn(
-        peer_server
-            .add_service(peer_svc)
-            .serve_with_incoming_shutdown(nodelay(peer_listener), stopped(stop_rx.clone())),
-    ));
+    let peer_server = peer_server.add_service(peer_svc);
+    if cfg.direct_control && tls.is_none() {
+        // One port for gRPC and direct control connections, told apart by their first bytes.
+        let (incoming, accepting) =
+            crate::peers::incoming::listen(peer_listener, state.peers.direct_acceptor(), stop_rx.clone());
+        servers.push(tokio::spawn(async move {
+            accepting.await;
+            Ok(())
+        }));
+        servers.push(tokio::spawn(
+            peer_server.serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone())),
+        ));
+    } else {
+        servers.push(tokio::spawn(peer_server.serve_with_incoming_shutdown(
+            nodelay(peer_listener),
+            stopped(stop_rx.clone()),
+        )));
+    }
 
     // Client API: the service, reflection and health, on a unix socket and optionally TCP.
     let (health, health_svc) = tonic_health::server::health_reporter();

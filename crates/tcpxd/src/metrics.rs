@@ -773,6 +773,8 @@ mod tests {
                 recv_devices: vec![0],
                 send_gpus: vec![None],
                 recv_gpus: vec![None],
+                direct_control: true,
+                direct_messages_sent: 0,
             }],
             // Released pairings of b: their totals add to b's counters, not to its gauges.
             retired: vec![PeerCounters {

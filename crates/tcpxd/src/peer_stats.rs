@@ -30,6 +30,10 @@ pub struct PeerStats {
     /// By lane number: the GPU made current when each lane's comm was opened (`None`: none).
     pub send_gpus: Vec<Option<u32>>,
     pub recv_gpus: Vec<Option<u32>>,
+    /// This side sends its engine messages on the pairing's direct control connection.
+    pub direct_control: bool,
+    /// Messages sent on it since the pairing.
+    pub direct_messages_sent: u64,
 }
 
 #[derive(Debug, Clone)]

@@ -473,6 +473,8 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                     received_eager: c.received_eager,
                     received_rendezvous: c.received_rendezvous,
                     idle_closes: c.idle_closes,
+                    direct_control: p.direct_control,
+                    direct_messages_sent: p.direct_messages_sent,
                     error: match &p.link {
                         PeerLink::Failed(why) => why.clone(),
                         _ => String::new(),

@@ -70,6 +70,7 @@ impl Peers {
                 session_id: 0,
                 proof: Vec::new(),
                 topology: self.topology.clone(),
+                direct_token: Vec::new(),
             };
             answer_proof(&mut resp);
             return Ok(resp);
@@ -138,6 +139,23 @@ impl Peers {
                 });
             }
         });
+        // A direct control connection's token (`direct.rs`), usable as long as the session.
+        let direct_token = match self.direct_control {
+            true => {
+                let secret = self.secret.as_ref();
+                let proof = |token: &[u8]| match (secret, &nonces) {
+                    (Some(secret), Some((server, client_nonce))) => Some(secret.prove(
+                        ProofOf::Direct,
+                        &crate::auth::direct_fields(server, client_nonce, token),
+                    )),
+                    _ => None,
+                };
+                self.direct
+                    .issue(idx, &req.node_id, proof, self.connect_timeout)
+                    .to_vec()
+            }
+            false => Vec::new(),
+        };
         let mut resp = pb::HandshakeResponse {
             protocol_version: PROTOCOL_VERSION,
             node_id: self.node_id.clone(),
@@ -145,6 +163,7 @@ impl Peers {
             session_id,
             proof: Vec::new(),
             topology: self.topology.clone(),
+            direct_token,
         };
         answer_proof(&mut resp);
         Ok(resp)

@@ -17,7 +17,7 @@ use super::packed_pb;
 use crate::api::proto::peer as pb;
 use crate::engine::blocks::{BlockHeader, IndexArray, IndexEncoding, PairLengths};
 use crate::engine::{self, Code, Offer, PackedRanges, PeerIdx, PeerMsg, ReadBlocks, RemoteRange};
-use crate::poller::Command;
+use crate::poller::{Command, ControlOut};
 
 /// How many messages [`Outbound`] hands over in a row before it lets its task yield (twice: once
 /// for tonic's encoder to pass on what it buffered, once for the task itself). hyper drains a
@@ -39,7 +39,7 @@ const BURST: u32 = 4;
 /// task's wake already arranged by `yield_now`, so no wake-up is lost).
 pub(super) struct Outbound {
     first: Option<pb::PeerMessage>,
-    control: mpsc::UnboundedReceiver<PeerMsg>,
+    control: mpsc::UnboundedReceiver<ControlOut>,
     interval: Duration,
     quiet: Pin<Box<Sleep>>,
     seq: u64,
@@ -52,7 +52,7 @@ pub(super) struct Outbound {
 impl Outbound {
     pub(super) fn new(
         first: Option<pb::PeerMessage>,
-        control: mpsc::UnboundedReceiver<PeerMsg>,
+        control: mpsc::UnboundedReceiver<ControlOut>,
         interval: Duration,
     ) -> Outbound {
         Outbound {
@@ -87,7 +87,12 @@ impl Stream for Outbound {
             return Poll::Pending;
         }
         match self.control.poll_recv(cx) {
-            Poll::Ready(Some(m)) => {
+            Poll::Ready(Some(ControlOut::DirectSwitch)) => {
+                return self.sent(pb::PeerMessage {
+                    body: Some(pb::peer_message::Body::DirectSwitch(pb::DirectSwitch {})),
+                });
+            }
+            Poll::Ready(Some(ControlOut::Msg(m))) => {
                 let (kind, id) = m.label();
                 tracing::trace!(target: "tcpxd::hop", hop = "wire.out", kind, id);
                 self.burst += 1;
@@ -124,6 +129,14 @@ impl Stream for OutboundResponse {
     }
 }
 
+/// Why a control stream's inbound side ended.
+enum Ended {
+    /// The stream ended or broke.
+    Stream(String),
+    /// Silence or bad input: the pairing fails.
+    Failed(String),
+}
+
 /// Forwards a peer's inbound control messages to the poller, in order; a broken stream or a
 /// malformed message fails the peer. A malformed offer or read request goes to the engine,
 /// which refuses it.
@@ -137,9 +150,17 @@ pub(super) fn spawn_inbound(
     tokio::spawn(async move {
         let reason = loop {
             let Ok(next) = tokio::time::timeout(silence, inbound.message()).await else {
-                break format!("no control message or heartbeat for {silence:?}");
+                break Ended::Failed(format!("no control message or heartbeat for {silence:?}"));
             };
             match next {
+                // The last engine message on this stream: the rest come on the direct connection.
+                Ok(Some(pb::PeerMessage {
+                    body: Some(pb::peer_message::Body::DirectSwitch(_)),
+                })) => {
+                    if poller.send(Command::DirectSwitch { peer: idx }).is_err() {
+                        return;
+                    }
+                }
                 Ok(Some(m)) => match msg_from_pb(m) {
                     Ok(Some(msg)) => {
                         let (kind, id) = msg.label();
@@ -154,16 +175,29 @@ pub(super) fn spawn_inbound(
                             return;
                         }
                     }
-                    Err(Malformed::Fatal(why)) => break format!("malformed control message: {why}"),
+                    Err(Malformed::Fatal(why)) => {
+                        break Ended::Failed(format!("malformed control message: {why}"));
+                    }
                 },
-                Ok(None) => break "control stream closed by the peer".to_string(),
-                Err(s) => break format!("control stream failed: {}", s.message()),
+                Ok(None) => break Ended::Stream("control stream closed by the peer".to_string()),
+                Err(s) => break Ended::Stream(format!("control stream failed: {}", s.message())),
             }
         };
         // The poller logs it as a failure unless the pairing had closed when idle (its stream
-        // ends then too).
-        tracing::debug!(peer = %node, "{reason}");
-        let _ = poller.send(Command::PeerDown { peer: idx, reason });
+        // ends then too). The stream's end (not its silence) waits for the direct connection's,
+        // when the pairing has switched to one: the peer's last messages (a pairing close's
+        // answer, a Goodbye) come there and may arrive after it.
+        let cmd = match reason {
+            Ended::Stream(reason) => {
+                tracing::debug!(peer = %node, "{reason}");
+                Command::ControlStreamEnded { peer: idx, reason }
+            }
+            Ended::Failed(reason) => {
+                tracing::debug!(peer = %node, "{reason}");
+                Command::PeerDown { peer: idx, reason }
+            }
+        };
+        let _ = poller.send(cmd);
     });
 }
 
@@ -450,6 +484,11 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
         .ok_or_else(|| Malformed::Fatal("message without a body".into()))?;
     Ok(Some(match body {
         Body::Hello(_) => return Err(Malformed::Fatal("a second Hello".into())),
+        Body::DirectSwitch(_) => {
+            return Err(Malformed::Fatal(
+                "a DirectSwitch on the direct control connection itself".into(),
+            ));
+        }
         Body::Heartbeat(_) => return Ok(None),
         Body::ReceiveMode(m) => PeerMsg::ReceiveMode {
             credits: m.credits,
@@ -599,7 +638,7 @@ mod tests {
         let (tx, rx) = mpsc::unbounded_channel();
         let done = |id| PeerMsg::Done { offer_id: id };
         for id in 0..10u64 {
-            tx.send(done(id)).unwrap();
+            tx.send(ControlOut::Msg(done(id))).unwrap();
         }
         let mut out = Outbound::new(None, rx, Duration::from_secs(60));
         let (mut got, mut pendings) = (Vec::new(), Vec::new());
@@ -618,7 +657,7 @@ mod tests {
         assert_eq!(pendings, vec![4, 4, 8, 8]);
         // Awaited: every Pending wakes the task again, so the next burst comes through whole.
         for id in 10..30u64 {
-            tx.send(done(id)).unwrap();
+            tx.send(ControlOut::Msg(done(id))).unwrap();
         }
         drop(tx);
         let rest = tokio::time::timeout(Duration::from_secs(5), async {

@@ -23,11 +23,13 @@ use crate::api::proto::peer::tcpxd_peer_client::TcpxdPeerClient;
 use crate::auth::{
     self, Challenges, ClusterSecret, NONCE_BYTES, ProofOf, accept_fields, handshake_fields, hello_fields,
 };
-use crate::engine::{PeerIdx, PeerMsg};
+use crate::engine::PeerIdx;
 use crate::poller::{Command, LaneInfo, PeerChannels, PeerLink};
 
 mod callee;
 mod control;
+pub mod direct;
+pub mod incoming;
 mod packed_pb;
 mod settle;
 mod topology_pb;
@@ -122,7 +124,7 @@ pub struct PeerInfo {
 struct PendingSession {
     idx: PeerIdx,
     node_id: String,
-    outbound: mpsc::UnboundedReceiver<PeerMsg>,
+    outbound: mpsc::UnboundedReceiver<crate::poller::ControlOut>,
     /// With a cluster secret: the handshake's (server, client) nonces, for the Hello's proof.
     nonces: Option<([u8; NONCE_BYTES], [u8; NONCE_BYTES])>,
 }
@@ -153,6 +155,11 @@ pub struct Peers {
     tls: Option<tonic::transport::ClientTlsConfig>,
     /// This node's topology as its handshakes announce it.
     topology: Option<pb::PeerTopology>,
+    /// Direct control connections (`direct.rs`): the tokens this daemon issued as a callee, and
+    /// the poller's channel the connections' readers use.
+    direct: Arc<direct::DirectAcceptor>,
+    /// `peer.direct_control`, and no mutual TLS: pairings use direct control connections.
+    direct_control: bool,
 }
 
 fn unavailable_poller() -> Status {
@@ -177,6 +184,7 @@ impl Peers {
     ) -> Peers {
         Peers {
             node_id: node_id.to_string(),
+            direct: Arc::new(direct::DirectAcceptor::new(poller.clone())),
             poller,
             connect_timeout,
             heartbeat,
@@ -190,7 +198,20 @@ impl Peers {
             challenges: Challenges::new(connect_timeout),
             tls: None,
             topology: None,
+            direct_control: false,
         }
+    }
+
+    /// Offers and uses direct control connections (`peer.direct_control`; the daemon never
+    /// turns it on under mutual TLS: the connection is plain TCP).
+    pub fn with_direct_control(mut self, on: bool) -> Peers {
+        self.direct_control = on;
+        self
+    }
+
+    /// Where the peer port's accept path hands direct control connections (`incoming.rs`).
+    pub fn direct_acceptor(&self) -> Arc<direct::DirectAcceptor> {
+        self.direct.clone()
     }
 
     /// Announces this topology in every handshake (without: none, as a node without GPUs).
@@ -574,6 +595,31 @@ impl Peers {
             inbound,
             self.heartbeat.timeout,
         );
+        // The direct control connection, when the callee offers one: set up before the pairing
+        // is handed out, so its first transfer uses it. One that cannot be set up leaves the
+        // pairing on its control stream (the callee switches only once this side did).
+        if self.direct_control && !resp.direct_token.is_empty() {
+            let proof = auth.as_ref().map(|(secret, server, client_nonce)| {
+                secret.prove(
+                    ProofOf::Direct,
+                    &auth::direct_fields(server, client_nonce, &resp.direct_token),
+                )
+            });
+            if let Err(why) = self
+                .direct
+                .dial(
+                    address,
+                    idx,
+                    &info.node_id,
+                    &resp.direct_token,
+                    proof,
+                    self.connect_timeout,
+                )
+                .await
+            {
+                tracing::warn!(peer = %info.node_id, %address, "direct control connection not set up ({why}): the pairing's control messages stay on its HTTP/2 stream");
+            }
+        }
         self.wait_up(info).await
     }
 

@@ -134,8 +134,21 @@ impl Poller {
     pub(super) fn send_control(&mut self, peer: PeerIdx, msg: PeerMsg) {
         let (kind, id) = msg.label();
         tracing::trace!(target: "tcpxd::hop", hop = "poller.out", kind, id);
-        if let Some(p) = self.peers.get(&peer) {
-            let _ = p.control.send(msg);
+        let Some(p) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        match p.direct.as_mut().filter(|d| d.switched) {
+            // The direct control connection (`direct.rs`): on the wire now, from this thread.
+            Some(d) => {
+                let sent = d.send(&msg);
+                tracing::trace!(target: "tcpxd::hop", hop = "wire.out", kind, id);
+                if let Err(why) = sent {
+                    self.direct_broken.push((peer, why));
+                }
+            }
+            None => {
+                let _ = p.control.send(super::ControlOut::Msg(msg));
+            }
         }
     }
 
@@ -425,11 +438,23 @@ impl Poller {
             return;
         };
         p.failed = true;
-        // Tells the peer why, then ends the outbound control stream (its pump sees the channel
-        // close after sending what was queued).
-        let _ = p.control.send(PeerMsg::Goodbye {
+        // Tells the peer why (on the direct connection once switched to it), then ends the
+        // outbound control stream (its pump sees the channel close after sending what was
+        // queued) and the direct connection (after what it had left).
+        let goodbye = PeerMsg::Goodbye {
             reason: reason.clone(),
-        });
+        };
+        match p.direct.as_mut().filter(|d| d.switched) {
+            Some(d) => {
+                let _ = d.send(&goodbye);
+            }
+            None => {
+                let _ = p.control.send(super::ControlOut::Msg(goodbye));
+            }
+        }
+        if let Some(mut d) = p.direct.take() {
+            d.close(super::direct::CLOSE_FLUSH);
+        }
         p.control = tokio::sync::mpsc::unbounded_channel().0;
         // Block kernels may still write the lanes' staging rings or read their bounce buffers:
         // let them finish.

@@ -348,6 +348,9 @@ impl Poller {
             }
             Command::Malformed { peer, request } => self.engine.on_malformed(peer, request),
             Command::PeerDown { peer, reason } => self.engine.on_peer_failed(peer, &reason),
+            Command::DirectControl { peer, conn } => self.direct_control(peer, conn),
+            Command::DirectSwitch { peer } => self.direct_switch(peer),
+            Command::ControlStreamEnded { peer, reason } => self.stream_ended(peer, reason),
             Command::Stats { reply } => {
                 let _ = reply.send(self.stats());
             }
@@ -449,6 +452,8 @@ impl Poller {
                         recv_devices: p.recv.iter().map(|l| l.device).collect(),
                         send_gpus: p.send.iter().map(|l| l.gpu).collect(),
                         recv_gpus: p.recv.iter().map(|l| l.gpu).collect(),
+                        direct_control: p.direct.as_ref().is_some_and(|d| d.switched),
+                        direct_messages_sent: p.direct.as_ref().map_or(0, |d| d.messages_sent),
                     })
                 })
                 .collect(),

@@ -114,6 +114,10 @@ impl Poller {
         };
         if life == PairLife::Closed {
             p.control = tokio::sync::mpsc::unbounded_channel().0;
+            // The answer may still be in the direct connection's buffer: sent, then shut.
+            if let Some(mut d) = p.direct.take() {
+                d.close(super::direct::CLOSE_FLUSH);
+            }
             let (send, recv) = (p.send.len() as u32, p.recv.len() as u32);
             let open_send: Vec<u32> = (0..send)
                 .filter(|&l| !matches!(p.send[l as usize].state, SendLaneState::Closed))

@@ -46,6 +46,7 @@ use crate::unpack::UnpackImpl;
 mod actions;
 mod blocks;
 mod commands;
+mod direct;
 mod drive;
 mod lane_life;
 mod peers;
@@ -53,6 +54,7 @@ mod posting;
 
 use crate::lanes::{GpuStage, RecvQueue, Tag};
 pub use crate::peer_stats::{PeerLink, PeerStats, StatsSnapshot};
+pub use direct::{DirectConn, MAX_UNSENT};
 pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
 
 /// One lane a node receives on, as the handshake announces it (its handle comes on the control
@@ -100,9 +102,17 @@ pub struct NotificationEvent {
     pub buffers: Vec<u64>,
 }
 
+/// What the poller puts on a peer's control stream: an engine message, or the marker after
+/// which its engine messages go on the pairing's direct control connection (`direct.rs`).
+#[derive(Debug)]
+pub enum ControlOut {
+    Msg(PeerMsg),
+    DirectSwitch,
+}
+
 /// The channels a peer's async side gives the poller.
 pub struct PeerChannels {
-    pub control: tokio::sync::mpsc::UnboundedSender<PeerMsg>,
+    pub control: tokio::sync::mpsc::UnboundedSender<ControlOut>,
     pub link: watch::Sender<PeerLink>,
 }
 
@@ -278,6 +288,23 @@ pub enum Command {
         peer: PeerIdx,
         reason: String,
     },
+    /// A pairing's direct control connection, set up (the callee's after the caller presented
+    /// its token, the caller's after the callee's answer): `direct.rs`.
+    DirectControl {
+        peer: PeerIdx,
+        conn: DirectConn,
+    },
+    /// The peer's control stream ended or broke: the pairing fails, or, once the peer switched
+    /// to a direct connection, when that ends (`direct.rs`, `stream_ended`).
+    ControlStreamEnded {
+        peer: PeerIdx,
+        reason: String,
+    },
+    /// The peer's `DirectSwitch` came on its control stream (after every engine message it sent
+    /// there): its next ones come on the direct connection.
+    DirectSwitch {
+        peer: PeerIdx,
+    },
     Stats {
         reply: Reply<StatsSnapshot>,
     },
@@ -398,6 +425,7 @@ impl PollerHandle {
                     completions: Vec::new(),
                     meter,
                     segs: Vec::new(),
+                    direct_broken: Vec::new(),
                 }
                 .run()
             })?;
@@ -516,7 +544,11 @@ struct Landing {
 
 struct PeerSlot {
     node_id: String,
-    control: tokio::sync::mpsc::UnboundedSender<PeerMsg>,
+    control: tokio::sync::mpsc::UnboundedSender<ControlOut>,
+    /// The pairing's direct control connection, once set up (`direct.rs`).
+    direct: Option<direct::DirectLink>,
+    /// When the peer's control stream ended while its messages came on the direct connection.
+    stream_ended: Option<(Instant, String)>,
     link: watch::Sender<PeerLink>,
     send: Vec<SendLane>,
     recv: Vec<RecvLane>,
@@ -552,6 +584,9 @@ struct Poller {
     meter: Meter,
     /// Scratch for a block chunk's pieces (reused: nothing allocated per chunk).
     segs: Vec<crate::engine::blocks::Segment>,
+    /// Pairings whose direct control connection broke (or whose peer broke its protocol),
+    /// failed at the end of the pass (`direct.rs`, `flush_direct`).
+    direct_broken: Vec<(PeerIdx, String)>,
 }
 
 impl Drop for Poller {
@@ -617,6 +652,7 @@ impl Poller {
             progressed |= self.test_lanes();
             self.engine.on_tick(Instant::now());
             progressed |= self.run_actions();
+            progressed |= self.flush_direct();
             if self.check_drain() {
                 return;
             }
@@ -674,15 +710,17 @@ impl Poller {
         !self.engine.lanes_idle()
             || self.engine.planning()
             || self.peers.values().any(|p| {
-                p.send.iter().any(|l| match &l.state {
-                    SendLaneState::Connecting(..) => true,
-                    SendLaneState::Ready(_) => !l.deferred.is_empty(),
-                    SendLaneState::Closed => false,
-                }) || p.recv.iter().any(|l| match &l.state {
-                    RecvLaneState::Accepting(..) => true,
-                    RecvLaneState::Ready(_) => !l.deferred.is_empty() || l.queue.landed() > 0,
-                    RecvLaneState::Closed => false,
-                })
+                p.direct.as_ref().is_some_and(|d| d.unsent() > 0)
+                    || p.send.iter().any(|l| match &l.state {
+                        SendLaneState::Connecting(..) => true,
+                        SendLaneState::Ready(_) => !l.deferred.is_empty(),
+                        SendLaneState::Closed => false,
+                    })
+                    || p.recv.iter().any(|l| match &l.state {
+                        RecvLaneState::Accepting(..) => true,
+                        RecvLaneState::Ready(_) => !l.deferred.is_empty() || l.queue.landed() > 0,
+                        RecvLaneState::Closed => false,
+                    })
             })
     }
 }

@@ -151,6 +151,8 @@ impl Poller {
             PeerSlot {
                 node_id,
                 control: channels.control,
+                direct: None,
+                stream_ended: None,
                 link: channels.link,
                 send,
                 recv,

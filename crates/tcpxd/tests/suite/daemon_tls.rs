@@ -112,6 +112,22 @@ async fn only_peers_with_a_certificate_from_the_cluster_ca_pair() {
     // And the other way, over the callee's side of the same TLS pairing.
     let id = read(&mut a.client, read_entry(&y, 0, &x, 0, MIB)).await.unwrap();
     wait_ok(&mut a.client, id).await;
+    // Under mutual TLS the pairing stays on its (TLS) control stream: no plain direct
+    // control connection carries its messages (docs/OPERATIONS.md).
+    for c in [&mut a.client, &mut b.client] {
+        let peers = c
+            .get_stats(pb::GetStatsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .peers;
+        assert!(
+            peers
+                .iter()
+                .all(|p| !p.direct_control && p.direct_messages_sent == 0),
+            "{peers:?}"
+        );
+    }
 
     for d in [a, b, r, plain] {
         d.stop().await;

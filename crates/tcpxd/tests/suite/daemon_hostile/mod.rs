@@ -5,6 +5,7 @@
 //! without harm), no daemon crashes, and no byte of any buffer changes.
 
 mod client;
+mod direct;
 mod packed;
 mod peer;
 mod routed;

@@ -1,0 +1,440 @@
+//! A pairing's direct control connection (docs/ARCHITECTURE.md, "The direct control
+//! connection"): a plain TCP connection between the two daemons' peer ports on which each
+//! poller writes its engine messages itself (`poller/direct.rs`) and a reader thread per
+//! connection hands the peer's to the poller — no async worker and no HTTP/2 between two
+//! pollers.
+//!
+//! Set up after the pairing's authentication: the callee's `Handshake` answer carries a
+//! one-time random token (`HandshakeResponse.direct_token`); once its `Control` stream is open
+//! the caller dials the callee's peer address — the port the gRPC server listens on, whose
+//! accept path tells the two apart by the first 8 bytes (`incoming.rs`) — and sends
+//! [`PREFACE`], the token and, with a cluster secret, its proof over the handshake's nonces and
+//! the token (`auth::ProofOf::Direct`). The callee hands the connection to its poller first,
+//! then answers [`ACK`]; the caller hands its end to its poller on the answer. Never under mutual
+//! TLS (`peer.tls_*`): the callee issues no token and the pairing stays on the stream.
+//!
+//! On the wire: frames of a little-endian `u32` length and a `tcpxd.peer.v1.PeerMessage`, at
+//! most [`MAX_CONTROL_MESSAGE`] bytes. A frame longer, one that does not decode, a `Hello` or a
+//! `DirectSwitch` on it, the connection's end or error: the pairing fails with the reason
+//! (logged by the poller as the peer's failure), like a lost peer. A connection with a wrong
+//! token, or a wrong proof, is closed with a warning and changes nothing.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use prost::Message;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::MAX_CONTROL_MESSAGE;
+use super::control::{Malformed, msg_from_pb, msg_to_pb};
+use crate::api::proto::peer as pb;
+use crate::engine::{PeerIdx, PeerMsg};
+use crate::poller::{Command, DirectConn};
+
+/// A direct control connection's first 8 bytes (an HTTP/2 client's are `PRI * HT`).
+pub const PREFACE: &[u8; 8] = b"TCPXDC/1";
+/// The one-time token's length.
+pub const TOKEN_BYTES: usize = 16;
+/// A proof's length (HMAC-SHA256).
+const PROOF_BYTES: usize = 32;
+/// The callee's answer: the connection is bound to its pairing.
+pub const ACK: u8 = 0x01;
+/// How long an opening connection has to send its token (and proof).
+const OPENING_WAIT: Duration = Duration::from_secs(10);
+/// How often a reader waiting for data looks whether the daemon is still there.
+const READER_CHECK: Duration = Duration::from_millis(500);
+
+/// Frames an engine message: a little-endian `u32` length, then its `tcpxd.peer.v1` encoding.
+pub fn frame_msg(m: &PeerMsg, out: &mut Vec<u8>) {
+    let pbm = msg_to_pb(m);
+    let len = pbm.encoded_len();
+    out.reserve(4 + len);
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    pbm.encode(out).expect("a Vec grows as needed");
+}
+
+/// Why the bytes of a direct connection could not be read as frames.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("a frame of {len} bytes (at most {limit} may come)")]
+    Oversized { len: u64, limit: usize },
+    #[error("a frame that is not a tcpxd.peer.v1 PeerMessage ({0})")]
+    Garbage(#[from] prost::DecodeError),
+}
+
+/// The frames in the bytes read so far.
+pub struct Frames {
+    buf: Vec<u8>,
+    start: usize,
+    limit: usize,
+}
+
+impl Frames {
+    pub fn new(limit: usize) -> Frames {
+        Frames {
+            buf: Vec::new(),
+            start: 0,
+            limit,
+        }
+    }
+
+    pub fn push(&mut self, bytes: &[u8]) {
+        if self.start > 0 && self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        } else if self.start > (1 << 20) && self.start > self.buf.len() / 2 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next whole frame, decoded; `None` until one is complete. An oversized length is
+    /// refused as soon as its 4 bytes are in.
+    pub fn next_msg(&mut self) -> Result<Option<pb::PeerMessage>, FrameError> {
+        let rest = &self.buf[self.start..];
+        let Some(head) = rest.get(..4) else {
+            return Ok(None);
+        };
+        let len = u32::from_le_bytes(head.try_into().expect("4 bytes")) as usize;
+        if len > self.limit {
+            return Err(FrameError::Oversized {
+                len: len as u64,
+                limit: self.limit,
+            });
+        }
+        let Some(body) = rest.get(4..4 + len) else {
+            return Ok(None);
+        };
+        let m = pb::PeerMessage::decode(body)?;
+        self.start += 4 + len;
+        Ok(Some(m))
+    }
+}
+
+/// A token issued in a handshake's answer, not used yet.
+struct Pending {
+    idx: PeerIdx,
+    node: String,
+    /// With a cluster secret: the proof the connection must bring.
+    proof: Option<Vec<u8>>,
+    expires: Instant,
+}
+
+/// The callee's side: the tokens issued, and what a connection presenting one is handed to.
+pub struct DirectAcceptor {
+    tokens: Mutex<HashMap<[u8; TOKEN_BYTES], Pending>>,
+    /// The poller's channel, shared so that readers hold it weakly: a reader never keeps a
+    /// poller whose daemon is gone alive.
+    poller: Arc<std_mpsc::Sender<Command>>,
+}
+
+impl DirectAcceptor {
+    pub fn new(poller: std_mpsc::Sender<Command>) -> DirectAcceptor {
+        DirectAcceptor {
+            tokens: Mutex::new(HashMap::new()),
+            poller: Arc::new(poller),
+        }
+    }
+
+    /// A token for pairing `idx`, usable once within `ttl`.
+    /// `proof`: with a cluster secret, the proof a connection presenting the token must bring.
+    pub(super) fn issue(
+        &self,
+        idx: PeerIdx,
+        node: &str,
+        proof: impl FnOnce(&[u8]) -> Option<Vec<u8>>,
+        ttl: Duration,
+    ) -> [u8; TOKEN_BYTES] {
+        let token: [u8; TOKEN_BYTES] = rand::random();
+        let proof = proof(&token);
+        let now = Instant::now();
+        let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+        tokens.retain(|_, p| p.expires > now);
+        tokens.insert(
+            token,
+            Pending {
+                idx,
+                node: node.to_string(),
+                proof,
+                expires: now + ttl,
+            },
+        );
+        token
+    }
+
+    /// A connection whose first 8 bytes were [`PREFACE`]: its token (and proof) binds it to its
+    /// pairing, which the poller gets before the answer goes out. Anything wrong closes it with
+    /// a warning and changes nothing.
+    pub async fn accept(&self, mut stream: tokio::net::TcpStream, from: SocketAddr) {
+        let mut token = [0u8; TOKEN_BYTES];
+        if !matches!(
+            tokio::time::timeout(OPENING_WAIT, stream.read_exact(&mut token)).await,
+            Ok(Ok(_))
+        ) {
+            tracing::warn!(%from, "refused a direct control connection: no token within {OPENING_WAIT:?}");
+            return;
+        }
+        let pending = {
+            let mut tokens = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+            tokens.remove(&token).filter(|p| p.expires > Instant::now())
+        };
+        let Some(pending) = pending else {
+            tracing::warn!(%from, "refused a direct control connection: unknown, used or expired token");
+            return;
+        };
+        if let Some(want) = &pending.proof {
+            let mut proof = [0u8; PROOF_BYTES];
+            let read = tokio::time::timeout(OPENING_WAIT, stream.read_exact(&mut proof)).await;
+            if !matches!(read, Ok(Ok(_))) || !same(&proof, want) {
+                tracing::warn!(%from, peer = %pending.node, "refused a direct control connection: its proof does not prove the cluster secret (the pairing stays on its control stream)");
+                return;
+            }
+        }
+        let conn = match self.start(stream, pending.idx, &pending.node, false) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(%from, peer = %pending.node, "direct control connection: {e}");
+                return;
+            }
+        };
+        let stream = conn.stream.clone();
+        if self
+            .poller
+            .send(Command::DirectControl {
+                peer: pending.idx,
+                conn,
+            })
+            .is_err()
+        {
+            return;
+        }
+        // After the poller has it: the caller switches on this answer.
+        let _ = stream.set_write_timeout(Some(OPENING_WAIT));
+        if let Err(e) = (&*stream).write_all(&[ACK]) {
+            tracing::warn!(%from, peer = %pending.node, "direct control connection: answering: {e}");
+        }
+    }
+
+    /// A connection, blocking from now on, with its reader started (waiting for the poller's
+    /// go) and what the poller needs of it.
+    fn start(
+        &self,
+        stream: tokio::net::TcpStream,
+        idx: PeerIdx,
+        node: &str,
+        caller: bool,
+    ) -> std::io::Result<DirectConn> {
+        stream.set_nodelay(true)?;
+        let stream = stream.into_std()?;
+        stream.set_nonblocking(false)?;
+        let stream = Arc::new(stream);
+        let (go_tx, go_rx) = std_mpsc::channel();
+        let closing = Arc::new(AtomicBool::new(false));
+        let reader = Reader {
+            stream: stream.clone(),
+            go: go_rx,
+            closing: closing.clone(),
+            poller: Arc::downgrade(&self.poller),
+            idx,
+            node: node.to_string(),
+        };
+        std::thread::Builder::new()
+            .name("tcpxd-direct-rx".into())
+            .spawn(move || reader.run())?;
+        Ok(DirectConn {
+            stream,
+            frame: frame_msg,
+            go: go_tx,
+            closing,
+            caller,
+        })
+    }
+
+    /// Caller side: dials the callee's peer address, presents the token (and proof), waits for
+    /// the answer and hands the connection to the poller (which switches to it at once).
+    pub(super) async fn dial(
+        &self,
+        address: &str,
+        idx: PeerIdx,
+        node: &str,
+        token: &[u8],
+        proof: Option<Vec<u8>>,
+        within: Duration,
+    ) -> Result<(), String> {
+        let hostport = address
+            .split_once("://")
+            .map_or(address, |(_, rest)| rest)
+            .trim_end_matches('/');
+        let open = async {
+            let mut s = tokio::net::TcpStream::connect(hostport)
+                .await
+                .map_err(|e| format!("connecting to {hostport}: {e}"))?;
+            let mut opening = PREFACE.to_vec();
+            opening.extend_from_slice(token);
+            opening.extend_from_slice(proof.as_deref().unwrap_or_default());
+            s.write_all(&opening)
+                .await
+                .map_err(|e| format!("sending the token: {e}"))?;
+            let mut ack = [0u8; 1];
+            match s.read_exact(&mut ack).await {
+                Ok(_) if ack[0] == ACK => Ok(s),
+                Ok(_) => Err(format!("answered {:#04x}, not {ACK:#04x}", ack[0])),
+                Err(e) => Err(format!("no answer ({e}): the peer refused the token")),
+            }
+        };
+        let s = tokio::time::timeout(within, open)
+            .await
+            .map_err(|_| format!("not set up within {within:?}"))??;
+        let conn = self.start(s, idx, node, true).map_err(|e| e.to_string())?;
+        self.poller
+            .send(Command::DirectControl { peer: idx, conn })
+            .map_err(|_| "the daemon is shutting down".to_string())
+    }
+}
+
+/// Equal, in time independent of where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Reads a direct connection's frames and hands each message to the poller, once the poller
+/// says go (the peer's `DirectSwitch` was handled); reports the connection's end or bad input as
+/// the pairing's failure, unless the poller closed it.
+struct Reader {
+    stream: Arc<TcpStream>,
+    go: std_mpsc::Receiver<()>,
+    closing: Arc<AtomicBool>,
+    poller: Weak<std_mpsc::Sender<Command>>,
+    idx: PeerIdx,
+    node: String,
+}
+
+impl Reader {
+    fn gone(&self) -> bool {
+        self.closing.load(Ordering::Acquire) || self.poller.strong_count() == 0
+    }
+
+    fn run(self) {
+        loop {
+            match self.go.recv_timeout(READER_CHECK) {
+                Ok(()) => break,
+                Err(std_mpsc::RecvTimeoutError::Timeout) if !self.gone() => {}
+                Err(_) => return,
+            }
+        }
+        let _ = self.stream.set_read_timeout(Some(READER_CHECK));
+        let mut frames = Frames::new(MAX_CONTROL_MESSAGE);
+        let mut buf = vec![0u8; 256 << 10];
+        let reason = 'read: loop {
+            match (&*self.stream).read(&mut buf) {
+                Ok(0) => break "closed by the peer".to_string(),
+                Ok(n) => {
+                    frames.push(&buf[..n]);
+                    let Some(poller) = self.poller.upgrade() else {
+                        return;
+                    };
+                    loop {
+                        let m = match frames.next_msg() {
+                            Ok(Some(m)) => m,
+                            Ok(None) => break,
+                            Err(e) => break 'read e.to_string(),
+                        };
+                        let cmd = match msg_from_pb(m) {
+                            Ok(Some(msg)) => {
+                                let (kind, id) = msg.label();
+                                tracing::trace!(target: "tcpxd::hop", hop = "wire.in", kind, id);
+                                Command::Message { peer: self.idx, msg }
+                            }
+                            Ok(None) => continue,
+                            Err(Malformed::Refuse(request)) => Command::Malformed {
+                                peer: self.idx,
+                                request,
+                            },
+                            Err(Malformed::Fatal(why)) => {
+                                break 'read format!("malformed control message: {why}");
+                            }
+                        };
+                        if poller.send(cmd).is_err() {
+                            return;
+                        }
+                    }
+                }
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    if self.gone() {
+                        return;
+                    }
+                }
+                Err(e) => break e.to_string(),
+            }
+        };
+        if self.closing.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(poller) = self.poller.upgrade() else {
+            return;
+        };
+        tracing::debug!(peer = %self.node, "direct control connection: {reason}");
+        let _ = poller.send(Command::PeerDown {
+            peer: self.idx,
+            reason: format!("direct control connection: {reason}"),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_come_whole_in_order_however_the_bytes_are_cut() {
+        let msgs: Vec<PeerMsg> = (0..5u64).map(|id| PeerMsg::Done { offer_id: id }).collect();
+        let mut wire = Vec::new();
+        for m in &msgs {
+            frame_msg(m, &mut wire);
+        }
+        for cut in [1usize, 3, 7, wire.len()] {
+            let mut f = Frames::new(1 << 20);
+            let mut got = Vec::new();
+            for piece in wire.chunks(cut) {
+                f.push(piece);
+                while let Some(m) = f.next_msg().unwrap() {
+                    got.push(msg_from_pb(m).unwrap().unwrap());
+                }
+            }
+            assert_eq!(got, msgs, "cut every {cut} bytes");
+        }
+    }
+
+    #[test]
+    fn an_oversized_or_garbled_frame_is_refused_naming_why() {
+        let mut f = Frames::new(1024);
+        f.push(&u32::MAX.to_le_bytes());
+        let e = f.next_msg().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a frame of 4294967295 bytes (at most 1024 may come)"
+        );
+        let mut f = Frames::new(1024);
+        f.push(&3u32.to_le_bytes());
+        f.push(&[0xff, 0xff, 0xff]);
+        let e = f.next_msg().unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("a frame that is not a tcpxd.peer.v1 PeerMessage"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,258 @@
+//! A pairing's direct control connection as the poller drives it (docs/ARCHITECTURE.md, "The
+//! direct control connection"): once switched, the poller writes each engine message itself,
+//! framed, with one non-blocking `send` (no async worker, no HTTP/2), and keeps what the socket
+//! could not take yet to send in a later pass; a thread of the peers layer reads the other way
+//! and hands each message to the poller's channel, started only once the peer's `DirectSwitch`
+//! came on the control stream (so nothing the peer sent later overtakes what it sent before).
+//!
+//! # Order
+//! Each side's engine messages leave in the order the engine emitted them: before the switch on
+//! the control stream, the switch marker last there, every later one on this connection. The
+//! receiving side handles the stream's messages in order up to the marker (the inbound task
+//! forwards them to the poller's channel one by one, then `Command::DirectSwitch`), and only then
+//! lets the reader of this connection forward anything: a message sent here cannot be handled
+//! before one sent on the stream earlier. The caller switches as soon as it has the connection
+//! (the callee acknowledged the token, so it holds its end); the callee switches when the
+//! caller's marker arrives (so a caller that could not set the connection up never switches, and
+//! neither does the callee: both stay on the stream).
+
+use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::engine::PeerMsg;
+
+/// Bytes left unsent to a peer that reads nothing of its direct connection before the pairing
+/// fails: a few of the largest control messages (`peers::MAX_CONTROL_MESSAGE`).
+pub const MAX_UNSENT: usize = 256 << 20;
+
+/// What the peers layer hands the poller for a pairing's direct control connection.
+pub struct DirectConn {
+    /// The connected socket (blocking: the reader thread blocks on it; the poller's sends pass
+    /// `MSG_DONTWAIT`).
+    pub stream: Arc<TcpStream>,
+    /// Frames an engine message for the wire (length prefix and `tcpxd.peer.v1` encoding: the
+    /// peers layer's).
+    pub frame: fn(&PeerMsg, &mut Vec<u8>),
+    /// Starts the reader (the peers layer's thread waits for it; dropped unsent: it ends).
+    pub go: std::sync::mpsc::Sender<()>,
+    /// Set before the poller shuts the connection down: the reader ends without reporting.
+    pub closing: Arc<AtomicBool>,
+    /// This side dialled it (the pairing's caller): it switches at once.
+    pub caller: bool,
+}
+
+/// A pairing's direct control connection in the poller.
+pub(super) struct DirectLink {
+    conn: DirectConn,
+    /// Framed messages not yet taken by the socket, from `sent` on.
+    out: Vec<u8>,
+    sent: usize,
+    /// This side sends its engine messages here (its `DirectSwitch` went on the stream).
+    pub(super) switched: bool,
+    /// The reader forwards the peer's messages (its `DirectSwitch` came).
+    pub(super) reading: bool,
+    pub(super) messages_sent: u64,
+}
+
+impl DirectLink {
+    pub(super) fn new(conn: DirectConn) -> DirectLink {
+        DirectLink {
+            conn,
+            out: Vec::new(),
+            sent: 0,
+            switched: false,
+            reading: false,
+            messages_sent: 0,
+        }
+    }
+
+    pub(super) fn caller(&self) -> bool {
+        self.conn.caller
+    }
+
+    /// Lets the reader forward the peer's messages from now on.
+    pub(super) fn start_reading(&mut self) {
+        self.reading = true;
+        let _ = self.conn.go.send(());
+    }
+
+    /// Frames `msg` and sends what the socket takes now; the rest goes in later passes
+    /// ([`DirectLink::flush`]). `Err`: the connection broke (the pairing fails).
+    pub(super) fn send(&mut self, msg: &PeerMsg) -> Result<(), String> {
+        if self.sent == self.out.len() {
+            self.out.clear();
+            self.sent = 0;
+        }
+        (self.conn.frame)(msg, &mut self.out);
+        self.messages_sent += 1;
+        self.flush()
+    }
+
+    /// Bytes framed but not taken by the socket yet.
+    pub(super) fn unsent(&self) -> usize {
+        self.out.len() - self.sent
+    }
+
+    /// Sends what is left, as much as the socket takes without blocking.
+    pub(super) fn flush(&mut self) -> Result<(), String> {
+        let sock = socket2::SockRef::from(&*self.conn.stream);
+        while self.sent < self.out.len() {
+            match sock.send_with_flags(&self.out[self.sent..], libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
+                Ok(0) => return Err("direct control connection: the socket took nothing".into()),
+                Ok(n) => self.sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(format!("direct control connection: sending: {e}")),
+            }
+        }
+        if self.sent == self.out.len() {
+            self.out.clear();
+            self.sent = 0;
+        } else if self.unsent() > MAX_UNSENT {
+            return Err(format!(
+                "direct control connection: the peer has not read {} bytes of control messages (at most {MAX_UNSENT} may wait)",
+                self.unsent()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Ends the connection: what is framed and unsent (a `Goodbye`, a pairing close's answer)
+    /// is sent first on a thread of its own, bounded by `within`, so the poller never waits for a
+    /// peer that reads nothing; then both directions shut down (the reader ends, silently).
+    /// Once only (dropping the link closes it too).
+    pub(super) fn close(&mut self, within: std::time::Duration) {
+        if self.conn.closing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let rest = self.out.split_off(self.sent);
+        self.out.clear();
+        self.sent = 0;
+        let stream = self.conn.stream.clone();
+        if rest.is_empty() {
+            let _ = stream.shutdown(Shutdown::Both);
+            return;
+        }
+        let flush = move || {
+            use std::io::Write;
+            let _ = stream.set_write_timeout(Some(within));
+            let _ = (&*stream).write_all(&rest);
+            let _ = stream.shutdown(Shutdown::Both);
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("tcpxd-direct-close".into())
+            .spawn(flush)
+        {
+            tracing::warn!(
+                "could not start a thread to flush a direct control connection ({e}): closed unflushed"
+            );
+            let _ = self.conn.stream.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for DirectLink {
+    fn drop(&mut self) {
+        self.close(CLOSE_FLUSH);
+    }
+}
+
+/// How long a pairing whose peer ended its control stream waits for the peer's direct
+/// connection to end too before it fails (the peer's end of both comes at once).
+pub(super) const STREAM_END_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a closing direct connection may take to send what was left (a `Goodbye`, a pairing
+/// close's answer) before it is shut down anyway.
+pub(super) const CLOSE_FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl super::Poller {
+    /// `Command::DirectControl`: the pairing's direct connection is set up. The caller switches
+    /// its outbound messages to it at once (the marker last on the stream); the callee when the
+    /// caller's marker comes. A connection for a pairing that failed, closed or is gone is shut.
+    pub(super) fn direct_control(&mut self, peer: crate::engine::PeerIdx, conn: DirectConn) {
+        let closed = self.engine.pairing_life(peer) == Some(crate::engine::PairLife::Closed);
+        let Some(p) = self.peers.get_mut(&peer).filter(|p| !p.failed && !closed) else {
+            drop(DirectLink::new(conn));
+            return;
+        };
+        let mut link = DirectLink::new(conn);
+        if link.caller() {
+            let _ = p.control.send(super::ControlOut::DirectSwitch);
+            link.switched = true;
+        }
+        tracing::debug!(peer = %p.node_id, caller = link.caller(), "direct control connection up");
+        if let Some(mut old) = p.direct.replace(link) {
+            old.close(CLOSE_FLUSH);
+        }
+    }
+
+    /// `Command::DirectSwitch`: every message the peer sent on its stream before the marker has
+    /// been handled; its reader may forward the rest. The callee switches its own messages now.
+    pub(super) fn direct_switch(&mut self, peer: crate::engine::PeerIdx) {
+        let Some(p) = self.peers.get_mut(&peer).filter(|p| !p.failed) else {
+            return;
+        };
+        let why = match p.direct.as_mut() {
+            None => "the peer switched to a direct control connection this daemon does not have",
+            Some(d) if d.reading => "the peer switched to its direct control connection twice",
+            Some(d) => {
+                d.start_reading();
+                if !d.switched {
+                    let _ = p.control.send(super::ControlOut::DirectSwitch);
+                    d.switched = true;
+                }
+                return;
+            }
+        };
+        self.direct_broken.push((peer, why.to_string()));
+    }
+
+    /// `Command::ControlStreamEnded`. Before the peer switched: the pairing fails. After: the
+    /// peer's last messages (a pairing close's answer, a `Goodbye`) come on the direct
+    /// connection, which the peer closes after them, and may arrive after the stream's end on
+    /// the other connection: that end decides (its reader reports it), within
+    /// [`STREAM_END_GRACE`].
+    pub(super) fn stream_ended(&mut self, peer: crate::engine::PeerIdx, reason: String) {
+        match self.peers.get_mut(&peer) {
+            Some(p) if p.direct.as_ref().is_some_and(|d| d.reading) => {
+                if p.stream_ended.is_none() {
+                    p.stream_ended = Some((std::time::Instant::now(), reason));
+                }
+            }
+            _ => self.engine.on_peer_failed(peer, &reason),
+        }
+    }
+
+    /// Sends what the pairings' direct connections could not take earlier, and fails the
+    /// pairings whose connection broke (in this pass or while an action sent on it), or whose
+    /// control stream ended [`STREAM_END_GRACE`] ago with the direct connection still open.
+    /// True when a pairing failed (its actions ran).
+    pub(super) fn flush_direct(&mut self) -> bool {
+        for (&peer, p) in self.peers.iter_mut() {
+            if p.failed {
+                continue;
+            }
+            if let Some(d) = p.direct.as_mut().filter(|d| d.unsent() > 0)
+                && let Err(why) = d.flush()
+            {
+                self.direct_broken.push((peer, why));
+            }
+            if let Some((at, why)) = &p.stream_ended
+                && at.elapsed() > STREAM_END_GRACE
+            {
+                self.direct_broken
+                    .push((peer, format!("{why} (its direct control connection stayed open)")));
+                p.stream_ended = None;
+            }
+        }
+        if self.direct_broken.is_empty() {
+            return false;
+        }
+        for (peer, why) in std::mem::take(&mut self.direct_broken) {
+            self.engine.on_peer_failed(peer, &why);
+        }
+        self.run_actions();
+        true
+    }
+}
