@@ -28,6 +28,9 @@ impl Poller {
                 failures.push(failure);
             }
         }
+        if !self.direct_pending.is_empty() {
+            self.send_direct();
+        }
         // This pass's GPU gathers, one launch per GPU; their sends go out once they are done.
         for stage in self.stages.values_mut() {
             stage.submit_gathers();
@@ -138,13 +141,13 @@ impl Poller {
             return;
         };
         match p.direct.as_mut().filter(|d| d.switched) {
-            // The direct control connection (`direct.rs`): on the wire now, from this thread.
+            // The direct control connection (`direct.rs`): framed now, on the wire from this
+            // thread at the end of the batch of actions (`send_direct`).
             Some(d) => {
-                let sent = d.send(&msg);
-                tracing::trace!(target: "tcpxd::hop", hop = "wire.out", kind, id);
-                if let Err(why) = sent {
-                    self.direct_broken.push((peer, why));
+                if d.unsent() == 0 {
+                    self.direct_pending.push(peer);
                 }
+                d.push(&msg);
             }
             None => {
                 let _ = p.control.send(super::ControlOut::Msg(msg));

@@ -77,15 +77,21 @@ impl DirectLink {
         let _ = self.conn.go.send(());
     }
 
-    /// Frames `msg` and sends what the socket takes now; the rest goes in later passes
-    /// ([`DirectLink::flush`]). `Err`: the connection broke (the pairing fails).
-    pub(super) fn send(&mut self, msg: &PeerMsg) -> Result<(), String> {
+    /// Frames `msg` for the next [`DirectLink::flush`] (the end of the batch of actions that
+    /// sent it: `Poller::send_direct`).
+    pub(super) fn push(&mut self, msg: &PeerMsg) {
         if self.sent == self.out.len() {
             self.out.clear();
             self.sent = 0;
         }
         (self.conn.frame)(msg, &mut self.out);
         self.messages_sent += 1;
+    }
+
+    /// Frames `msg` and sends what the socket takes now; the rest goes in later passes
+    /// ([`DirectLink::flush`]). `Err`: the connection broke (the pairing fails).
+    pub(super) fn send(&mut self, msg: &PeerMsg) -> Result<(), String> {
+        self.push(msg);
         self.flush()
     }
 
@@ -221,6 +227,22 @@ impl super::Poller {
                 }
             }
             _ => self.engine.on_peer_failed(peer, &reason),
+        }
+    }
+
+    /// Sends the messages a batch of actions framed (`send_control`), once the batch's posts are
+    /// made: a header leaves after its sends are posted (on two busy CPUs the peer's reader,
+    /// woken by the `send`, may take this thread's CPU at once), and `Done` with the credits the
+    /// same batch returned.
+    pub(super) fn send_direct(&mut self) {
+        for peer in std::mem::take(&mut self.direct_pending) {
+            if let Some(d) = self.peers.get_mut(&peer).and_then(|p| p.direct.as_mut())
+                && d.unsent() > 0
+            {
+                if let Err(why) = d.flush() {
+                    self.direct_broken.push((peer, why));
+                }
+            }
         }
     }
 

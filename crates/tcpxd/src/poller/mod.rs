@@ -426,6 +426,7 @@ impl PollerHandle {
                     meter,
                     segs: Vec::new(),
                     direct_broken: Vec::new(),
+                    direct_pending: Vec::new(),
                 }
                 .run()
             })?;
@@ -587,6 +588,9 @@ struct Poller {
     /// Pairings whose direct control connection broke (or whose peer broke its protocol),
     /// failed at the end of the pass (`direct.rs`, `flush_direct`).
     direct_broken: Vec<(PeerIdx, String)>,
+    /// Pairings whose direct connection has messages framed in this batch of actions, not sent
+    /// yet (`direct.rs`, `send_direct`).
+    direct_pending: Vec<PeerIdx>,
 }
 
 impl Drop for Poller {
