@@ -492,3 +492,26 @@ fn every_option_says_its_default_in_help() {
         assert_eq!(said[id], value, "--{id}");
     }
 }
+
+#[test]
+fn direct_control_is_on_by_default_and_the_flag_beats_the_file() {
+    let path = write_toml("[peer]\ndirect_control = false\n");
+    let with = |config: Option<PathBuf>, flag: Option<&str>| DaemonArgs {
+        config,
+        node_id: Some("n".into()),
+        direct_control: flag.map(str::to_string),
+        ..Default::default()
+    };
+    let resolve = |a: &DaemonArgs| Config::resolve(a, &env_of(&[]));
+    assert!(resolve(&with(None, None)).unwrap().direct_control);
+    assert!(!resolve(&with(Some(path.clone()), None)).unwrap().direct_control);
+    assert!(
+        resolve(&with(Some(path.clone()), Some("on")))
+            .unwrap()
+            .direct_control
+    );
+    assert!(!resolve(&with(None, Some("off"))).unwrap().direct_control);
+    let e = resolve(&with(None, Some("maybe"))).unwrap_err().to_string();
+    assert_eq!(e, "--direct-control: \"maybe\" (on or off)");
+    let _ = std::fs::remove_file(path);
+}
