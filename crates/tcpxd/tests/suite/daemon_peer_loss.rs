@@ -101,6 +101,17 @@ async fn sigkilled_peers_fail_their_transfers_fast_and_come_back() {
             pb::TransferState::Finished as i32,
             "round {round}: the write ended before the kill: {seen:?}"
         );
+        // The pairing carries its control messages on its direct connection
+        // (`peer.direct_control`, on by default): that is what the kill breaks too.
+        let before = ac.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
+        assert!(
+            before
+                .peers
+                .iter()
+                .any(|p| p.node_id == "loss-b" && p.direct_control && p.direct_messages_sent > 0),
+            "round {round}: {:?}",
+            before.peers
+        );
         b.kill();
         let killed = Instant::now();
         let end = wait(&mut ac, id).await;
