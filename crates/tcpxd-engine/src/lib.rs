@@ -79,6 +79,7 @@ mod inbound;
 mod lane;
 mod lane_credits;
 mod lane_life;
+mod packed_batch;
 pub mod packed_ranges;
 mod pair_life;
 use lane_credits::{RecvCredits, SendCredits};
@@ -88,6 +89,7 @@ pub mod layout;
 pub mod plan;
 mod prepared;
 mod prepared_entries;
+pub mod ranges;
 mod release;
 mod routes;
 pub use routes::{MAX_ROUTED_LANES, ROUTED_EAGER_PER_ROUTE};
@@ -111,12 +113,14 @@ pub use counters::{LaneCounters, PeerCounters};
 pub use drain::{CLOSE_AT_LEAST, DrainReport};
 pub use error::{Code, EngineError, EngineResult};
 pub use layout::LaneLayout;
+pub use packed_batch::PackedBatch;
 pub use packed_ranges::{PackedRanges, RangeLengths};
 pub use plan::{Chunk, ChunkCursor, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
 pub use prepared::{
     EARLY_PART_MIN_PAIRS, MAX_PREPARED, MAX_PREPARED_ENTRIES, MAX_PREPARED_LISTS, PreparedEntry,
     PreparedInfo, RemoteList, SEAL_MIN_BLOCKS,
 };
+pub use ranges::{Ranges, ReadPairs};
 pub use transfer::{EntrySpec, Outcome, PeerIdx, ReadSpec, TransferId, TransferKind, WriteSpec};
 pub use wire::{Malformed, Offer, PeerMsg, ReadBlocks, ReadPair, RemoteRange};
 
@@ -447,7 +451,7 @@ struct ReadPart {
     transfer: TransferId,
     entries: Vec<usize>,
     /// The destinations asked for (in our buffers): the holder's offer must carry them back.
-    dests: Vec<RemoteRange>,
+    dests: Ranges,
     /// A block READ: the header the holder's offer must carry back (our list, indices, lengths).
     blocks: Option<Box<blocks::BlockHeader>>,
     /// The peer's offer serving this read, once it arrived and was accepted.

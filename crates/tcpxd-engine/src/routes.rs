@@ -305,14 +305,14 @@ impl Engine {
         &self,
         peer: PeerIdx,
         sources: &[(u64, u64)],
-        ranges: &[RemoteRange],
+        ranges: &Ranges,
     ) -> Option<Range<u32>> {
         let p = self.peers.get(&peer)?;
         let r = p.routes.as_ref()?;
         let src = common_memory(sources.iter().map(|(b, _)| self.memory_of(*b)));
-        let dst = common_memory(ranges.iter().map(|d| {
+        let dst = common_memory(ranges.buffers().map(|d| {
             p.gpu_dests
-                .get(&d.buffer_id)
+                .get(&d)
                 .copied()
                 .flatten()
                 .map_or(Memory::Host, Memory::Gpu)
@@ -335,13 +335,13 @@ impl Engine {
         &self,
         peer: PeerIdx,
         first_lane: u32,
-        ranges: &[RemoteRange],
+        ranges: &Ranges,
     ) -> Result<Option<Range<u32>>, String> {
         let Some(r) = self.peers.get(&peer).and_then(|p| p.routes.as_ref()) else {
             return Ok(None);
         };
-        let unknown = ranges.iter().any(|d| !self.buffers.contains_key(&d.buffer_id));
-        let dst = common_memory(ranges.iter().map(|d| self.memory_of(d.buffer_id)));
+        let unknown = ranges.buffers().any(|d| !self.buffers.contains_key(&d));
+        let dst = common_memory(ranges.buffers().map(|d| self.memory_of(d)));
         let g = Some(first_lane)
             .filter(|&k| r.inn.is_eager(k))
             .and_then(|k| r.inn.group_of(k))

@@ -220,7 +220,8 @@ fn an_offer_naming_no_routed_lane_is_refused_naming_it_and_changes_nothing() {
             access_key: key(2),
             offset: 0,
             length: 64 * 1024,
-        }],
+        }]
+        .into(),
         notification: Vec::new(),
         deadline_ms: 60_000,
         blocks: None,

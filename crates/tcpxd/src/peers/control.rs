@@ -16,7 +16,7 @@ use tonic::{Status, Streaming};
 use super::packed_pb;
 use crate::api::proto::peer as pb;
 use crate::engine::blocks::{BlockHeader, IndexArray, IndexEncoding, PairLengths};
-use crate::engine::{self, Code, Offer, PackedRanges, PeerIdx, PeerMsg, ReadBlocks, RemoteRange};
+use crate::engine::{self, Code, Offer, PeerIdx, PeerMsg, ReadBlocks, RemoteRange};
 use crate::poller::Command;
 
 /// How many messages [`Outbound`] hands over in a row before it lets its task yield (twice: once
@@ -290,16 +290,13 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
     use pb::peer_message::Body;
     // Ranges of one buffer and key go packed (peer protocol 6): one key, not one per range.
     let offer = |o: &Offer| {
-        let packed = PackedRanges::pack(&o.ranges).map(packed_pb::packed_to_pb);
+        let (ranges, packed) = packed_pb::offer_ranges_to_pb(&o.ranges);
         pb::Offer {
             offer_id: o.offer_id,
             read_id: o.read_id,
             chunk_bytes: o.chunk_bytes,
             first_lane: o.first_lane,
-            ranges: match packed {
-                Some(_) => Vec::new(),
-                None => o.ranges.iter().map(range_to_pb).collect(),
-            },
+            ranges,
             notification: o.notification.clone(),
             deadline_ms: o.deadline_ms,
             coalesced: o.coalesced,
@@ -640,7 +637,7 @@ mod tests {
             read_id: 3,
             chunk_bytes: 4096,
             first_lane: 1,
-            ranges: Vec::new(),
+            ranges: Vec::new().into(),
             notification: b"n".to_vec(),
             deadline_ms: 9,
             blocks: blocks.map(Box::new),
@@ -718,7 +715,7 @@ mod tests {
             round_trip(PeerMsg::Header(offer(Some(h.clone()), false)));
             round_trip(PeerMsg::ReadRequest {
                 read_id: 4,
-                pairs: Vec::new(),
+                pairs: Vec::new().into(),
                 deadline_ms: 100,
                 blocks: Some(Box::new(ReadBlocks {
                     source_list: 8,

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use super::{Command, ListFacts, PeerStats, Phase, Poller, Refused, StatsSnapshot, TransferStatus};
+use super::{Batch, Command, ListFacts, PeerStats, Phase, Poller, Refused, StatsSnapshot, TransferStatus};
 use crate::engine::blocks::BlockList;
 use crate::engine::{BlockSpec, Code, Engine, EngineError, TransferId, TransferKind};
 use crate::metrics::Op;
@@ -125,36 +125,47 @@ impl Poller {
                 let _ = reply.send(r);
             }
             Command::Write {
-                specs,
+                batch,
                 notification,
                 deadline,
-                one_status,
                 reply,
             } => {
                 let now = Instant::now();
-                let total = specs.iter().map(|s| s.remote.length).sum();
-                let r = self.engine.start_write(specs, notification, deadline, now);
-                if let Ok(id) = &r {
-                    if one_status {
-                        self.engine.report_one_status(*id);
+                let (r, total) = match batch {
+                    Batch::Entries(specs) => {
+                        let total = specs.iter().map(|s| s.remote.length).sum();
+                        (self.engine.start_write(specs, notification, deadline, now), total)
                     }
+                    Batch::Packed(b) => {
+                        let total = b.remote.total().unwrap_or(0);
+                        (
+                            self.engine.start_write_packed(b, notification, deadline, now),
+                            total,
+                        )
+                    }
+                };
+                if let Ok(id) = &r {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total))));
             }
             Command::Read {
-                specs,
+                batch,
                 deadline,
-                one_status,
                 reply,
             } => {
                 let now = Instant::now();
-                let total = specs.iter().map(|s| s.remote.length).sum();
-                let r = self.engine.start_read(specs, deadline, now);
-                if let Ok(id) = &r {
-                    if one_status {
-                        self.engine.report_one_status(*id);
+                let (r, total) = match batch {
+                    Batch::Entries(specs) => {
+                        let total = specs.iter().map(|s| s.remote.length).sum();
+                        (self.engine.start_read(specs, deadline, now), total)
                     }
+                    Batch::Packed(b) => {
+                        let total = b.remote.total().unwrap_or(0);
+                        (self.engine.start_read_packed(b, deadline, now), total)
+                    }
+                };
+                if let Ok(id) = &r {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total))));
