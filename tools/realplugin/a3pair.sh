@@ -42,7 +42,7 @@
 #               hang: 60 s bound each)
 #   --keep      keep the work folder (logs, sockets) and print it
 #
-# Needs root (ip netns), iproute2, a C compiler (for the shim), and the plugin from build.sh.
+# Needs root (ip netns), iproute2, jq, a C compiler (for the shim), and the plugin from build.sh.
 # Everything it makes (namespaces, veths, processes) goes when it exits. Exit status 0 only when
 # every transfer was byte-exact and no rule was mismatched (--misbind: only when the mis-bound
 # daemon died as A3's would). A3PAIR_WRAP runs each tcpxd under a wrapper (e.g. gdb's --args).
@@ -281,6 +281,32 @@ if [ "$kill_restart" = 1 ]; then
   done
 fi
 
+# Each GPU's bytes by NIC, from `tcpxctl stats --json`'s lanes: a lane's send half carries its
+# local GPU's bytes (send_memory "gpuS>..."), its receive half those landing in a local GPU
+# ("...>gpuD"). With RxDM's a3vm binding GPU g belongs on NIC g/2 (eth1..eth4 are devices 0..3).
+gpu_nics() { # endpoint node
+  ctl --endpoint "$1" stats --json 2>/dev/null | jq -r '
+    [.. | objects | select(has("send_memory") and has("send_device"))] as $l
+    | [($l[] | select(.bytes_sent > 0 and ((.send_memory // "") | test("^gpu[0-9]+>")))
+         | {dir: "sent", gpu: (.send_memory | capture("^gpu(?<g>[0-9]+)>").g | tonumber), nic: .send_device, bytes: .bytes_sent}),
+       ($l[] | select(.bytes_received > 0 and ((.recv_memory // "") | test(">gpu[0-9]+$")))
+         | {dir: "received", gpu: (.recv_memory | capture(">gpu(?<g>[0-9]+)$").g | tonumber), nic: .recv_device, bytes: .bytes_received})]
+    | group_by([.gpu, .dir, .nic])[] | "\(.[0].gpu) \(.[0].dir) \(.[0].nic) \(map(.bytes) | add)"' |
+  while read -r g dir nic bytes; do
+    own=$((g / 2)); verdict="its own NIC"
+    if [ "$nic" != "$own" ]; then verdict="NOT its NIC (eth$((own + 1)))"; fi
+    echo "  node $2: GPU $g $dir $bytes bytes on NIC $nic (eth$((nic + 1))): $verdict"
+  done
+}
+if [ "$gpu_pairs" = 1 ] && [ "$misbind" = 0 ]; then
+  echo "== GPU bytes per NIC (tcpxctl stats)"
+  per_nic="$( { gpu_nics "$A" a; gpu_nics "$B" b; } )"
+  echo "$per_nic"
+  off=$(grep -c "NOT its NIC" <<<"$per_nic" || true)
+  gpus_seen=$(grep -oE 'node [ab]: GPU [0-9]+ (sent|received)' <<<"$per_nic" | sort -u | wc -l)
+  echo "GPU bytes per NIC: $gpus_seen (node, GPU, direction) with bytes, ${off:-0} of them on another NIC"
+  [ "${off:-0}" = 0 ] && [ "$gpus_seen" -gt 0 ] || failed=1
+fi
 b_died=""
 if [ "$misbind" = 1 ]; then
   # The mis-bound daemon must die as on A3: the plugin's exit(1) at its first GPU receive.

@@ -103,6 +103,10 @@ struct flow {
   int pool;  /* -1: no rule steers it */
   char nic[64];
   uint64_t bytes;
+  /* Since when (CLOCK_MONOTONIC ns) fewer bytes than a page are waiting, and how many. */
+  uint64_t short_since;
+  int short_avail;
+  uint64_t partial; /* receives that took less than a page to unblock the flow */
 };
 struct pages_fd {
   int fd;
@@ -317,7 +321,10 @@ static void write_stats(void) {
             (unsigned long long)pools[i].landed, pools[i].used, pools[i].peak, pools[i].pages);
   for (int i = 0; i < MAX_PAGES_FDS; i++)
     if (pfds[i].fd >= 0 && pfds[i].sent) fprintf(f, "dmabuf device %d sent %llu\n", pfds[i].device, (unsigned long long)pfds[i].sent);
-  fprintf(f, "no_cmsg_bytes %llu\n", (unsigned long long)no_cmsg_bytes);
+  uint64_t partial = 0;
+  for (int i = 0; i < MAX_FDS; i++) partial += flows[i].partial;
+  fprintf(f, "no_cmsg_bytes %llu short_receives %llu\n", (unsigned long long)no_cmsg_bytes,
+          (unsigned long long)partial);
   fclose(f);
   rename(tmp, path);
 }
@@ -327,6 +334,15 @@ __attribute__((destructor)) static void shim_fini(void) {
   write_stats();
   pthread_mutex_unlock(&lock);
 }
+
+static uint64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + t.tv_nsec;
+}
+
+/* How long fewer than a page's bytes may wait for more before they are taken as they are. */
+#define SHORT_WAIT_NS 2000000u
 
 static void maybe_write_stats(void) {
   static time_t last;
@@ -375,15 +391,30 @@ static ssize_t devmem_recv(int fd, struct msghdr *msg, int flags) {
   if ((size_t)avail >= want) {
     n = want;
   } else {
-    /* Whole pages only, unless the rest of what the caller wants is there: the page pool hands
-     * out whole pages and the plugin's fragment budget per receive assumes them. */
+    /* Whole pages, unless the rest of what the caller wants is there: the page pool hands out
+     * whole pages and the plugin's fragment budget per receive (1024) assumes them. */
     n = (size_t)avail / PAGE * PAGE;
   }
-  if (n == 0) {
-    if (avail > 0) {
+  if (n == 0 && avail > 0) {
+    /* Less than a page waits. More usually follows at once; but a receive queue whose memory
+     * is full (small skbs of large truesize) closes the window and nothing more comes until
+     * these bytes are read: after SHORT_WAIT_NS with no more, take them as they are. */
+    uint64_t now = now_ns();
+    pthread_mutex_lock(&lock);
+    if (fl->short_since == 0 || fl->short_avail != avail) {
+      fl->short_since = now;
+      fl->short_avail = avail;
+    } else if (now - fl->short_since >= SHORT_WAIT_NS) {
+      n = (size_t)avail;
+      fl->partial++;
+    }
+    pthread_mutex_unlock(&lock);
+    if (n == 0) {
       errno = EAGAIN;
       return -1;
     }
+  }
+  if (n == 0) {
     char b;
     ssize_t r = recv(fd, &b, 1, MSG_PEEK | (flags & MSG_DONTWAIT));
     if (r <= 0) {
@@ -394,6 +425,7 @@ static ssize_t devmem_recv(int fd, struct msghdr *msg, int flags) {
     errno = EAGAIN;
     return -1;
   }
+  fl->short_since = 0;
   size_t pages = (n + PAGE - 1) / PAGE;
   if (pages > cap) {
     pages = cap;
