@@ -10,6 +10,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../../.." && pwd)"
 out="${1:-${REALPLUGIN_OUT:-$repo/target/realplugin}/lib}"
 mkdir -p "$out"
+# Built beside and renamed over: a running process that has the old one mapped keeps it.
 ${CC:-cc} -O2 -g -Wall -Wextra -Werror -std=gnu11 -shared -fPIC \
-  -o "$out/libtcpxd-devmem-shim.so" "$here/devmem_shim.c" -ldl -lpthread
+  -o "$out/.libtcpxd-devmem-shim.so.$$" "$here/devmem_shim.c" -ldl -lpthread
+mv -f "$out/.libtcpxd-devmem-shim.so.$$" "$out/libtcpxd-devmem-shim.so"
 echo "$out/libtcpxd-devmem-shim.so"

@@ -75,6 +75,7 @@ typedef ssize_t (*sendmsg_fn)(int, const struct msghdr *, int);
 typedef int (*setsockopt_fn)(int, int, int, const void *, socklen_t);
 typedef int (*ioctl_fn)(int, unsigned long, ...);
 typedef char *(*realpath_fn)(const char *, char *);
+typedef int (*close_fn)(int);
 typedef int (*range_fn)(int, uint64_t *, uint64_t *, int *);
 
 static recvmsg_fn real_recvmsg;
@@ -82,12 +83,14 @@ static sendmsg_fn real_sendmsg;
 static setsockopt_fn real_setsockopt;
 static ioctl_fn real_ioctl;
 static realpath_fn real_realpath;
+static close_fn real_close;
 
 struct pool {
   char gpu[64];
   uint8_t *base;
   uint32_t pages;
-  uint16_t *ref; /* per page: frags handed out and not yet returned */
+  uint16_t *ref;   /* per page: frags handed out and not yet returned */
+  int32_t *owner;  /* per page: the fd of the socket it was handed to (-1: free) */
   uint32_t hint, used, peak;
   uint64_t landed;
 };
@@ -106,7 +109,6 @@ struct flow {
   /* Since when (CLOCK_MONOTONIC ns) fewer bytes than a page are waiting, and how many. */
   uint64_t short_since;
   int short_avail;
-  uint64_t partial; /* receives that took less than a page to unblock the flow */
 };
 struct pages_fd {
   int fd;
@@ -117,7 +119,17 @@ struct pages_fd {
   uint64_t sent;
 };
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t lock_ = PTHREAD_MUTEX_INITIALIZER;
+/* Set while this thread holds the lock: a close() from inside (fclose) must not take it again. */
+static __thread int holding;
+static void lock_shim(void) {
+  pthread_mutex_lock(&lock_);
+  holding = 1;
+}
+static void unlock_shim(void) {
+  holding = 0;
+  pthread_mutex_unlock(&lock_);
+}
 static char dir[PATH_MAX];
 static struct pool pools[MAX_POOLS];
 static int npools;
@@ -130,6 +142,7 @@ static struct flow flows[MAX_FDS];
 static struct pages_fd pfds[MAX_PAGES_FDS];
 static int verbose;
 static uint64_t no_cmsg_bytes;
+static uint64_t short_receives; /* receives that took less than a page to unblock a flow */
 
 static void say(const char *fmt, ...) {
   char line[512];
@@ -150,6 +163,7 @@ __attribute__((constructor)) static void shim_init(void) {
   real_setsockopt = (setsockopt_fn)dlsym(RTLD_NEXT, "setsockopt");
   real_ioctl = (ioctl_fn)dlsym(RTLD_NEXT, "ioctl");
   real_realpath = (realpath_fn)dlsym(RTLD_NEXT, "realpath");
+  real_close = (close_fn)dlsym(RTLD_NEXT, "close");
   const char *d = getenv("TCPXD_DEVMEM_DIR");
   if (!d || !*d) d = getenv("NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX");
   if (d) snprintf(dir, sizeof dir, "%s", d);
@@ -174,7 +188,7 @@ static void normalise_ip(const char *in, char *out) {
   }
 }
 
-/* Re-reads the rules file when it changed. Called with `lock` held. */
+/* Re-reads the rules file when it changed. Called with the lock held. */
 static void load_rules(void) {
   char path[PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/devmem-rules", dir);
@@ -228,7 +242,7 @@ static int sockaddr_text(const struct sockaddr_storage *ss, char *ip, int *port)
   return -1;
 }
 
-/* The pool of `gpu`, opened on first use. Called with `lock` held. */
+/* The pool of `gpu`, opened on first use. Called with the lock held. */
 static int pool_of(const char *gpu) {
   for (int i = 0; i < npools; i++)
     if (strcasecmp(pools[i].gpu, gpu) == 0) return i;
@@ -243,21 +257,29 @@ static int pool_of(const char *gpu) {
   }
   struct stat st;
   if (fstat(fd, &st) != 0 || st.st_size < (off_t)PAGE) {
-    close(fd);
+    real_close(fd);
     return -1;
   }
   void *m = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
+  real_close(fd);
   if (m == MAP_FAILED) return -1;
   struct pool *p = &pools[npools];
   snprintf(p->gpu, sizeof p->gpu, "%s", gpu);
   p->base = m;
   p->pages = st.st_size / PAGE;
   p->ref = calloc(p->pages, sizeof *p->ref);
+  p->owner = malloc(p->pages * sizeof *p->owner);
+  if (!p->ref || !p->owner) {
+    munmap(m, st.st_size);
+    free(p->ref);
+    free(p->owner);
+    return -1;
+  }
+  for (uint32_t i = 0; i < p->pages; i++) p->owner[i] = -1;
   return npools++;
 }
 
-/* Classifies socket `fd` (cached per fd and inode). Called with `lock` held. Returns the flow or
+/* Classifies socket `fd` (cached per fd and inode). Called with the lock held. Returns the flow or
  * NULL (not a socket the shim can track). */
 static struct flow *classify(int fd) {
   if (fd < 0 || fd >= MAX_FDS) return NULL;
@@ -321,18 +343,16 @@ static void write_stats(void) {
             (unsigned long long)pools[i].landed, pools[i].used, pools[i].peak, pools[i].pages);
   for (int i = 0; i < MAX_PAGES_FDS; i++)
     if (pfds[i].fd >= 0 && pfds[i].sent) fprintf(f, "dmabuf device %d sent %llu\n", pfds[i].device, (unsigned long long)pfds[i].sent);
-  uint64_t partial = 0;
-  for (int i = 0; i < MAX_FDS; i++) partial += flows[i].partial;
   fprintf(f, "no_cmsg_bytes %llu short_receives %llu\n", (unsigned long long)no_cmsg_bytes,
-          (unsigned long long)partial);
+          (unsigned long long)short_receives);
   fclose(f);
   rename(tmp, path);
 }
 
 __attribute__((destructor)) static void shim_fini(void) {
-  pthread_mutex_lock(&lock);
+  lock_shim();
   write_stats();
-  pthread_mutex_unlock(&lock);
+  unlock_shim();
 }
 
 static uint64_t now_ns(void) {
@@ -357,19 +377,19 @@ static void maybe_write_stats(void) {
 
 static ssize_t devmem_recv(int fd, struct msghdr *msg, int flags) {
   flags &= ~MSG_SOCK_DEVMEM;
-  pthread_mutex_lock(&lock);
+  lock_shim();
   struct flow *fl = classify(fd);
   int pi = fl ? fl->pool : -1;
-  pthread_mutex_unlock(&lock);
+  unlock_shim();
   if (pi < 0) {
     /* Not steered: the bytes land in host memory (the user buffer), no devmem cmsg. */
     msg->msg_controllen = 0;
     ssize_t n = real_recvmsg(fd, msg, flags);
     if (n > 0) {
-      pthread_mutex_lock(&lock);
+      lock_shim();
       no_cmsg_bytes += n;
       maybe_write_stats();
-      pthread_mutex_unlock(&lock);
+      unlock_shim();
     }
     return n;
   }
@@ -400,15 +420,15 @@ static ssize_t devmem_recv(int fd, struct msghdr *msg, int flags) {
      * is full (small skbs of large truesize) closes the window and nothing more comes until
      * these bytes are read: after SHORT_WAIT_NS with no more, take them as they are. */
     uint64_t now = now_ns();
-    pthread_mutex_lock(&lock);
+    lock_shim();
     if (fl->short_since == 0 || fl->short_avail != avail) {
       fl->short_since = now;
       fl->short_avail = avail;
     } else if (now - fl->short_since >= SHORT_WAIT_NS) {
       n = (size_t)avail;
-      fl->partial++;
+      short_receives++;
     }
-    pthread_mutex_unlock(&lock);
+    unlock_shim();
     if (n == 0) {
       errno = EAGAIN;
       return -1;
@@ -433,19 +453,20 @@ static ssize_t devmem_recv(int fd, struct msghdr *msg, int flags) {
   }
   uint32_t idx[MAX_FRAGS];
   size_t got = 0;
-  pthread_mutex_lock(&lock);
+  lock_shim();
   struct pool *p = &pools[pi];
   for (uint32_t k = 0; k < p->pages && got < pages; k++) {
     uint32_t at = (p->hint + k) % p->pages;
     if (p->ref[at] == 0) {
       p->ref[at] = 1;
+      p->owner[at] = fd;
       idx[got++] = at;
     }
   }
   if (got) p->hint = (idx[got - 1] + 1) % p->pages;
   p->used += got;
   if (p->used > p->peak) p->peak = p->used;
-  pthread_mutex_unlock(&lock);
+  unlock_shim();
   if (got == 0) {
     /* The pool is exhausted until the plugin returns pages (the NIC would drop: retry later). */
     errno = EAGAIN;
@@ -468,15 +489,18 @@ static ssize_t devmem_recv(int fd, struct msghdr *msg, int flags) {
   m.msg_iovlen = pages;
   ssize_t r = real_recvmsg(fd, &m, flags);
   size_t used_pages = r > 0 ? ((size_t)r + PAGE - 1) / PAGE : 0;
-  pthread_mutex_lock(&lock);
-  for (size_t i = used_pages; i < pages; i++) p->ref[idx[i]] = 0;
+  lock_shim();
+  for (size_t i = used_pages; i < pages; i++) {
+    p->ref[idx[i]] = 0;
+    p->owner[idx[i]] = -1;
+  }
   p->used -= pages - used_pages;
   if (r > 0) {
     p->landed += r;
     fl->bytes += r;
   }
   maybe_write_stats();
-  pthread_mutex_unlock(&lock);
+  unlock_shim();
   if (r <= 0) {
     msg->msg_controllen = 0;
     return r;
@@ -504,11 +528,11 @@ ssize_t recvmsg(int fd, struct msghdr *msg, int flags) {
 }
 
 static int dontneed(int fd, const struct devmemtoken *t, size_t count) {
-  pthread_mutex_lock(&lock);
+  lock_shim();
   struct flow *fl = (fd >= 0 && fd < MAX_FDS) ? &flows[fd] : NULL;
   int pi = fl && fl->ino ? fl->pool : -1;
   if (pi < 0) {
-    pthread_mutex_unlock(&lock);
+    unlock_shim();
     errno = EINVAL;
     return -1;
   }
@@ -517,8 +541,9 @@ static int dontneed(int fd, const struct devmemtoken *t, size_t count) {
   for (size_t i = 0; i < count; i++)
     for (uint32_t k = 0; k < t[i].token_count; k++) {
       uint32_t tok = t[i].token_start + k;
-      if (tok < p->pages && p->ref[tok] > 0) {
+      if (tok < p->pages && p->ref[tok] > 0 && p->owner[tok] == fd) {
         if (--p->ref[tok] == 0) {
+          p->owner[tok] = -1;
           p->used--;
           freed++;
         }
@@ -526,7 +551,7 @@ static int dontneed(int fd, const struct devmemtoken *t, size_t count) {
         bad++;
       }
     }
-  pthread_mutex_unlock(&lock);
+  unlock_shim();
   if (verbose) say("devmem-shim: fd %d returned %zu pages of GPU %s", fd, freed, p->gpu);
   if (bad) {
     say("devmem-shim: fd %d returned %zu tokens it does not hold (GPU %s)", fd, bad, p->gpu);
@@ -579,16 +604,16 @@ static int create_pages(int dmabuf, struct dma_buf_create_pages_info *info) {
   }
   struct stat st;
   fstat(fd, &st);
-  pthread_mutex_lock(&lock);
+  lock_shim();
   struct pages_fd *slot = NULL;
   for (int i = 0; i < MAX_PAGES_FDS && !slot; i++)
     if (pfds[i].fd == fd) slot = &pfds[i];
   for (int i = 0; i < MAX_PAGES_FDS && !slot; i++)
     if (pfds[i].fd < 0) slot = &pfds[i];
   if (!slot) {
-    pthread_mutex_unlock(&lock);
+    unlock_shim();
     munmap(m, len + (off - start));
-    close(fd);
+    real_close(fd);
     errno = ENOMEM;
     return -1;
   }
@@ -599,7 +624,7 @@ static int create_pages(int dmabuf, struct dma_buf_create_pages_info *info) {
   slot->len = len;
   slot->device = device;
   slot->sent = 0;
-  pthread_mutex_unlock(&lock);
+  unlock_shim();
   if (verbose)
     say("devmem-shim: dma-buf of GPU %d (%llu bytes) for NIC %04llx:%02llx.%llx: pages fd %d", device,
         (unsigned long long)len, (unsigned long long)info->pci_bdf[0], (unsigned long long)info->pci_bdf[1],
@@ -620,28 +645,28 @@ int ioctl(int fd, unsigned long request, ...) {
 static ssize_t devmem_send(int fd, const struct msghdr *msg, int flags, int pfd, uint32_t off) {
   size_t want = 0;
   for (size_t i = 0; i < msg->msg_iovlen; i++) want += msg->msg_iov[i].iov_len;
-  pthread_mutex_lock(&lock);
+  lock_shim();
   struct pages_fd *pf = NULL;
   for (int i = 0; i < MAX_PAGES_FDS; i++)
     if (pfds[i].fd == pfd) pf = &pfds[i];
   struct stat st;
   if (!pf || fstat(pfd, &st) != 0 || st.st_ino != pf->ino || (uint64_t)off + want > pf->len) {
-    pthread_mutex_unlock(&lock);
+    unlock_shim();
     errno = pf ? EFAULT : EBADF;
     return -1;
   }
   struct iovec iov = {pf->map + off, want};
-  pthread_mutex_unlock(&lock);
+  unlock_shim();
   struct msghdr m;
   memset(&m, 0, sizeof m);
   m.msg_iov = &iov;
   m.msg_iovlen = 1;
   ssize_t r = real_sendmsg(fd, &m, flags);
   if (r > 0) {
-    pthread_mutex_lock(&lock);
+    lock_shim();
     pf->sent += r;
     maybe_write_stats();
-    pthread_mutex_unlock(&lock);
+    unlock_shim();
   }
   return r;
 }
@@ -658,6 +683,28 @@ ssize_t sendmsg(int fd, const struct msghdr *msg, int flags) {
     }
   }
   return real_sendmsg(fd, msg, flags);
+}
+
+/* A socket's pages go back to the pool when it closes, as the kernel frees a socket's
+ * outstanding tokens. */
+int close(int fd) {
+  if (!real_close) shim_init();
+  if (fd >= 0 && fd < MAX_FDS && !holding) {
+    lock_shim();
+    struct flow *fl = &flows[fd];
+    if (fl->ino && fl->pool >= 0) {
+      struct pool *p = &pools[fl->pool];
+      for (uint32_t i = 0; i < p->pages; i++)
+        if (p->owner[i] == fd) {
+          p->ref[i] = 0;
+          p->owner[i] = -1;
+          p->used--;
+        }
+    }
+    if (fl->ino) memset(fl, 0, sizeof *fl);
+    unlock_shim();
+  }
+  return real_close(fd);
 }
 
 /* ---- the NICs' PCI paths ---- */

@@ -207,6 +207,20 @@ fn a_steered_flow_lands_in_its_gpus_pages_and_others_get_no_devmem_cmsg() {
     let dir = ScratchDir::fresh("devmem-shim", "recv");
     let _rxdm = a3vm_on_loopback(&dir);
     run_child(test, "recv", &dir, &[]);
+    // The shim's statistics at the child's exit: both steered flows' bytes landed in GPU 0's
+    // memory, and no page is still out (the second flow's went back when its socket closed).
+    let stats = std::fs::read_dir(&*dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .find(|e| e.file_name().to_string_lossy().starts_with("devmem-stats."))
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .expect("the shim's statistics");
+    let landed = 2 * (3 * PAGE + 100);
+    assert!(
+        stats.contains(&format!("pool 0000:04:00.0 landed {landed} pages_in_use 0 ")),
+        "{stats}"
+    );
+    assert!(stats.contains("no_cmsg_bytes 12488 "), "{stats}");
 }
 
 fn receive_child() {
@@ -245,6 +259,19 @@ fn receive_child() {
     dontneed(&rx, &tokens).unwrap();
     let again = dontneed(&rx, &tokens[..1]).unwrap_err();
     assert_eq!(again.raw_os_error(), Some(libc::EINVAL));
+    // Another steered flow whose pages are never returned: they go back when it closes.
+    let (mut tx2, rx2) = flow([127, 0, 0, 11]);
+    install(
+        &dir,
+        tx2.local_addr().unwrap(),
+        rx2.local_addr().unwrap(),
+        "0000:04:00.0",
+    );
+    tx2.write_all(&data).unwrap();
+    let mut user = vec![0u8; data.len()];
+    let (frags2, _) = devmem_receive(&rx2, &mut user);
+    assert_eq!(frags2.iter().map(|f| f.size as usize).sum::<usize>(), data.len());
+    drop(rx2);
 
     // Arrives on eth3 (127.0.0.13) but its rule names GPU 0, so RxDM filed it under eth1: the
     // bytes land in the user buffer with no devmem cmsg (on A3: "rx no cmsg").
