@@ -59,3 +59,4 @@ mod plugin_loading;
 mod reflection;
 mod routed_rerun;
 mod topology;
+mod topology_mixed;
