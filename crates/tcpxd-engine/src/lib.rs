@@ -91,6 +91,7 @@ mod prepared_entries;
 mod release;
 mod route_parts;
 mod routes;
+pub use route_parts::MAX_SPLIT_PARTS;
 pub use routes::{MAX_ROUTED_LANES, ROUTED_EAGER_PER_ROUTE};
 pub use streams::GPU_NOT_KNOWN;
 mod same_node;

@@ -343,3 +343,36 @@ fn a_pairing_not_routed_keeps_one_part_per_peer() {
     assert_eq!(s.nodes[1].notes.len(), 1);
     s.assert_idle();
 }
+
+#[test]
+fn remote_buffers_of_unknown_memory_split_up_to_the_limit() {
+    let (_, c, lanes) = cfgs().remove(0);
+    let mut s = routed(&c, lanes, 53);
+    s.buffer(0, 1, 512 * K as usize, 9);
+    s.nodes[0].eng.set_buffer_memory(1, Memory::Gpu(2));
+    // Node 1's host buffers: their memory is not known on node 0.
+    for id in 100..100 + MAX_SPLIT_PARTS as u64 + 1 {
+        s.buffer(1, id, 8 * K as usize, 0);
+    }
+    for n in [10, MAX_SPLIT_PARTS as u64, MAX_SPLIT_PARTS as u64 + 1] {
+        let entries: Vec<_> = (0..n).map(|i| (1, i * 4 * K, 100 + i, 1, 4 * K)).collect();
+        let before = s.nodes[0].eng.peer_counters(P).unwrap().sent_rendezvous;
+        let t = write_mixed(&mut s, &entries);
+        s.run();
+        assert_eq!(s.outcome(0, t).code, Code::Ok, "{n}");
+        for &(lb, lo, rb, ro, len) in &entries {
+            assert!(s.same((0, lb, lo), (1, rb, ro), len), "{n}: buffer {rb}");
+        }
+        let offers = s.nodes[0].eng.peer_counters(P).unwrap().sent_rendezvous - before;
+        let want = if n as usize > MAX_SPLIT_PARTS { 1 } else { n };
+        assert_eq!(offers, want, "{n} remote buffers of unknown memory");
+        // Every part into host memory: GPU 2 → host lanes only.
+        let (sent, _) = pair_bytes(&s, 0);
+        assert_eq!(
+            sent.keys().collect::<Vec<_>>(),
+            [&(Memory::Gpu(2), Memory::Host)],
+            "{n}"
+        );
+        s.assert_idle();
+    }
+}
