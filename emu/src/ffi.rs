@@ -44,6 +44,8 @@ struct CommBox {
     magic: u64,
     slots: [ReqSlot; MAX_REQUESTS],
     kind: CommKind,
+    /// CUDA mode: the device of the context the comm was made under (its GPU).
+    gpu: Option<i32>,
 }
 
 #[repr(C)]
@@ -108,6 +110,26 @@ fn cuda_ctx(cfg: &Config, what: &str) -> Result<Option<Arc<Ctx>>, ncclResult_t> 
     })
 }
 
+/// CUDA mode: which GPU is current when a comm made under GPU `gpu` closes. Google's plugin
+/// frees a comm's device queue under the comm's own GPU (`__tcpxNetDeviceQueueFree` pushes it),
+/// and the runtime-API build leaves that GPU current on the closing thread; a caller that closes
+/// each comm with its own GPU current sees no such change. Logged only (each verdict its own line,
+/// the other GPU's first always logged), as nothing fails.
+fn log_close_gpu(what: &str, label: &str, gpu: Option<i32>) {
+    let Some(own) = gpu else { return };
+    let Ok(Some(cur)) = cfg().and_then(|c| cuda_ctx(c, "close")) else {
+        return;
+    };
+    if cur.device() == own {
+        info!("tcpxemu: {what} comm closed under its own GPU {own} ({label})");
+    } else {
+        info!(
+            "tcpxemu: {what} comm closed under GPU {}, not its own GPU {own} ({label})",
+            cur.device()
+        );
+    }
+}
+
 fn device(cfg: &'static Config, dev: c_int, what: &str) -> Result<&'static Device, ncclResult_t> {
     usize::try_from(dev)
         .ok()
@@ -121,7 +143,7 @@ fn device(cfg: &'static Config, dev: c_int, what: &str) -> Result<&'static Devic
         })
 }
 
-fn new_comm(kind: CommKind) -> *mut CommBox {
+fn new_comm(kind: CommKind, gpu: Option<i32>) -> *mut CommBox {
     let magic = match kind {
         CommKind::Send(_) => SEND_MAGIC,
         CommKind::Recv(_) => RECV_MAGIC,
@@ -134,6 +156,7 @@ fn new_comm(kind: CommKind) -> *mut CommBox {
             comm: ptr::null(),
         }),
         kind,
+        gpu,
     }));
     // SAFETY: `p` is a fresh, unique allocation; nothing else sees it yet.
     unsafe {
@@ -336,7 +359,7 @@ unsafe extern "C" fn connect(
                         warn!("tcpxemu: connect to {peer}: cannot start the send comm: {e}");
                         abi::NCCL_SYSTEM_ERROR
                     })?;
-                    let p = new_comm(CommKind::Send(c));
+                    let p = new_comm(CommKind::Send(c), ctx.as_ref().map(|c| c.device()));
                     // SAFETY: non-NULL out-parameter.
                     unsafe { *send_comm = p.cast() };
                     Ok(())
@@ -407,7 +430,7 @@ unsafe extern "C" fn accept(
                 // SAFETY: caller-owned storage for one ncclNetDeviceHandle_v7_t.
                 unsafe { ptr::write_unaligned(storage, dh) };
             }
-            let p = new_comm(CommKind::Recv(rc));
+            let p = new_comm(CommKind::Recv(rc), lb.ctx.as_ref().map(|c| c.device()));
             // SAFETY: non-NULL out-parameter.
             unsafe { *recv_comm = p.cast() };
             Ok(())
@@ -689,6 +712,7 @@ unsafe extern "C" fn close_send(send_comm: *mut c_void) -> ncclResult_t {
             };
             c.close();
             info!("tcpxemu: send comm closed ({})", c.label());
+            log_close_gpu("send", c.label(), cb.gpu);
             // SAFETY: a live Box<CommBox> from new_comm; its helpers are joined; freed once here.
             let mut b = unsafe { Box::from_raw(send_comm as *mut CommBox) };
             b.magic = 0;
@@ -708,6 +732,7 @@ unsafe extern "C" fn close_recv(recv_comm: *mut c_void) -> ncclResult_t {
             };
             c.close();
             info!("tcpxemu: recv comm closed ({})", c.label());
+            log_close_gpu("recv", c.label(), cb.gpu);
             // SAFETY: a live Box<CommBox> from new_comm; its helpers are joined; freed once here.
             let mut b = unsafe { Box::from_raw(recv_comm as *mut CommBox) };
             b.magic = 0;
