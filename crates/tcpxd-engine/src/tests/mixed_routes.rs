@@ -15,10 +15,12 @@ use crate::topology::Memory;
 const K: u64 = 1024;
 
 fn cfgs() -> Vec<(&'static str, EngineConfig, u32)> {
+    // 16 KiB chunks: a few per part (the sims of 528 lanes a direction are slow per event).
     let base = EngineConfig {
         devices: 4,
         lanes_per_device: 2,
         eager_max_bytes: SIM_EAGER_MAX,
+        chunk_bytes: 16 * 1024,
         ..small_chunks()
     };
     vec![
@@ -289,6 +291,8 @@ fn a_cancel_or_deadline_mid_way_stops_every_part() {
                 s.step();
             }
             assert!(!s.nodes[0].finished.contains_key(&t), "{name}: still running");
+            let moved = s.nodes[0].progress.get(&t).copied().unwrap_or(0);
+            assert!(moved > 0, "{name}: some chunks left before the end");
             if deadline {
                 s.now += Duration::from_secs(61);
                 s.nodes[0].eng.on_tick(s.now);
