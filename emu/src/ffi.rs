@@ -110,26 +110,6 @@ fn cuda_ctx(cfg: &Config, what: &str) -> Result<Option<Arc<Ctx>>, ncclResult_t> 
     })
 }
 
-/// CUDA mode: which GPU is current when a comm made under GPU `gpu` closes. Google's plugin
-/// frees a comm's device queue under the comm's own GPU (`__tcpxNetDeviceQueueFree` pushes it),
-/// and the runtime-API build leaves that GPU current on the closing thread; a caller that closes
-/// each comm with its own GPU current sees no such change. Logged only (each verdict its own line,
-/// the other GPU's first always logged), as nothing fails.
-fn log_close_gpu(what: &str, label: &str, gpu: Option<i32>) {
-    let Some(own) = gpu else { return };
-    let Ok(Some(cur)) = cfg().and_then(|c| cuda_ctx(c, "close")) else {
-        return;
-    };
-    if cur.device() == own {
-        info!("tcpxemu: {what} comm closed under its own GPU {own} ({label})");
-    } else {
-        info!(
-            "tcpxemu: {what} comm closed under GPU {}, not its own GPU {own} ({label})",
-            cur.device()
-        );
-    }
-}
-
 fn device(cfg: &'static Config, dev: c_int, what: &str) -> Result<&'static Device, ncclResult_t> {
     usize::try_from(dev)
         .ok()
@@ -712,7 +692,7 @@ unsafe extern "C" fn close_send(send_comm: *mut c_void) -> ncclResult_t {
             };
             c.close();
             info!("tcpxemu: send comm closed ({})", c.label());
-            log_close_gpu("send", c.label(), cb.gpu);
+            crate::misbound::closed("send", c.label(), cb.gpu);
             // SAFETY: a live Box<CommBox> from new_comm; its helpers are joined; freed once here.
             let mut b = unsafe { Box::from_raw(send_comm as *mut CommBox) };
             b.magic = 0;
@@ -732,7 +712,7 @@ unsafe extern "C" fn close_recv(recv_comm: *mut c_void) -> ncclResult_t {
             };
             c.close();
             info!("tcpxemu: recv comm closed ({})", c.label());
-            log_close_gpu("recv", c.label(), cb.gpu);
+            crate::misbound::closed("recv", c.label(), cb.gpu);
             // SAFETY: a live Box<CommBox> from new_comm; its helpers are joined; freed once here.
             let mut b = unsafe { Box::from_raw(recv_comm as *mut CommBox) };
             b.magic = 0;
