@@ -55,8 +55,8 @@ struct ConformanceArgs {
     #[arg(long, default_value_t = 3000)]
     wraparound_requests: usize,
     /// Use buffers in the memory of this CUDA device (NCCL_PTR_CUDA registrations; received
-    /// bytes gathered from the plugin's GPU bounce buffer by the unpack kernel) instead of host
-    /// memory.
+    /// bytes gathered from the plugin's GPU bounce buffer by the daemon's unpacker,
+    /// UCCL_TCPX_UNPACK_IMPL: the kernel by default) instead of host memory.
     #[arg(long, value_name = "DEVICE")]
     cuda: Option<usize>,
     /// Which NICs serve each GPU, as the daemon's `topology.map` (pci, a3vm or GPU=NIC;…): with
