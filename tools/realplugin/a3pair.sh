@@ -24,7 +24,8 @@
 #   --size      bytes per host transfer (default 64M)
 #   --gpu-pairs also WRITE (a -> b) and READ (b -> a) CUDA buffers for the GPU pairs
 #               0:0 1:1 ... 7:7, the cross pairs 0:5 3:6 6:1, and host:2 / 7:host, checksums
-#               compared (env A3PAIR_GPU_PAIRS: a list of S:D, S and D a GPU or `host`)
+#               compared (env A3PAIR_GPU_PAIRS: a list of S:D, S and D a GPU or `host`;
+#               A3PAIR_PARALLEL=1: every pair's WRITE at once, then every READ)
 #   --gpu-size  bytes per GPU transfer (default 4M)
 #   --misbind   the negative run: node b's daemon gets a wrong GPU -> NIC map (TCPXD_TOPOLOGY:
 #               every GPU on another NIC than RxDM's), so its GPU receive lanes are listened for
@@ -203,31 +204,56 @@ sum_of() { # endpoint id
 if [ "$gpu_pairs" = 1 ] || [ "$misbind" = 1 ]; then
   pairs="${A3PAIR_GPU_PAIRS:-0:0 1:1 2:2 3:3 4:4 5:5 6:6 7:7 0:5 3:6 6:1 host:2 7:host}"
   [ "$misbind" = 1 ] && pairs="${A3PAIR_GPU_PAIRS:-0:0}"
-  gpu_ok=0 gpu_n=0
+  # Every pair's three buffers first: src (a, S), dst (b, D), back (a, S).
+  declare -A SRC DST DSTD BACK
+  gpu_n=0
   for pair in $pairs; do
     s_=${pair%%:*} d_=${pair##*:}
     gpu_n=$((gpu_n + 1))
     gs=$(reg "$A" "$s_" "src$pair" 2>&1) || { echo "$pair: register on a ($s_): $gs"; failed=1; continue; }
-    gs_id=$(id_of "$gs")
-    ctl --endpoint "$A" buffer fill "$gs_id" --seed "$gpu_n" >/dev/null
+    ctl --endpoint "$A" buffer fill "$(id_of "$gs")" --seed "$gpu_n" >/dev/null
     gd=$(reg "$B" "$d_" "dst$pair" 2>&1) || { echo "$pair: register on b ($d_): $gd"; failed=1; continue; }
-    gd_id=$(id_of "$gd")
     gb=$(reg "$A" "$s_" "back$pair" 2>&1) || { echo "$pair: register on a ($s_): $gb"; failed=1; continue; }
-    gb_id=$(id_of "$gb")
-    if ! r=$(ctl --endpoint "$A" write --local "$gs_id" --remote "$gd" --length "$gpu_size" 2>&1); then
-      echo "$pair WRITE a:$s_ -> b:$d_ failed: $r"; failed=1; continue
-    fi
-    c1=$(sum_of "$A" "$gs_id"); c2=$(sum_of "$B" "$gd_id")
-    if [ -z "$c1" ] || [ "$c1" != "$c2" ]; then echo "$pair WRITE a:$s_ -> b:$d_: checksums differ ($c1 / $c2)"; failed=1; continue; fi
-    if ! r=$(ctl --endpoint "$A" read --local "$gb_id" --remote "$gd" --length "$gpu_size" 2>&1); then
-      echo "$pair READ b:$d_ -> a:$s_ failed: $r"; failed=1; continue
-    fi
-    c3=$(sum_of "$A" "$gb_id")
-    if [ "$c3" != "$c1" ]; then echo "$pair READ b:$d_ -> a:$s_: checksum differs ($c3 / $c1)"; failed=1; continue; fi
+    SRC[$pair]=$(id_of "$gs"); DST[$pair]=$(id_of "$gd"); DSTD[$pair]=$gd; BACK[$pair]=$(id_of "$gb")
+  done
+  # One step (WRITE a -> b, or READ b -> a) for every pair: one after another, or with
+  # A3PAIR_PARALLEL=1 all at once (every GPU moving at the same time).
+  step() { # write|read
+    local pids_=() pair
+    for pair in "${!SRC[@]}"; do
+      if [ "$1" = write ]; then
+        args=(write --local "${SRC[$pair]}" --remote "${DSTD[$pair]}")
+      else
+        args=(read --local "${BACK[$pair]}" --remote "${DSTD[$pair]}")
+      fi
+      if [ "${A3PAIR_PARALLEL:-0}" = 1 ]; then
+        ctl --endpoint "$A" "${args[@]}" --length "$gpu_size" >"$work/$1.$pair.out" 2>&1 &
+        pids_+=("$!:$pair")
+      else
+        ctl --endpoint "$A" "${args[@]}" --length "$gpu_size" >"$work/$1.$pair.out" 2>&1 || echo "$pair $1 failed: $(tail -1 "$work/$1.$pair.out")"
+      fi
+    done
+    for p_ in "${pids_[@]}"; do
+      wait "${p_%%:*}" || echo "${p_#*:} $1 failed: $(tail -1 "$work/$1.${p_#*:}.out")"
+    done
+  }
+  t0=$(date +%s.%N)
+  step write
+  t1=$(date +%s.%N)
+  step read
+  t2=$(date +%s.%N)
+  gpu_ok=0
+  for pair in $pairs; do
+    [ -n "${SRC[$pair]:-}" ] || continue
+    s_=${pair%%:*} d_=${pair##*:}
+    c1=$(sum_of "$A" "${SRC[$pair]}"); c2=$(sum_of "$B" "${DST[$pair]}"); c3=$(sum_of "$A" "${BACK[$pair]}")
+    if [ -z "$c1" ] || [ "$c1" != "$c2" ]; then echo "$pair WRITE a:$s_ -> b:$d_: differs (sha256 $c1 / $c2)"; failed=1; continue; fi
+    if [ "$c3" != "$c1" ]; then echo "$pair READ b:$d_ -> a:$s_: differs (sha256 $c3 / $c1)"; failed=1; continue; fi
     echo "$pair WRITE a:$s_ -> b:$d_ and READ back: byte-exact (sha256 $c1…, $gpu_size each way)"
     gpu_ok=$((gpu_ok + 1))
   done
-  echo "GPU pairs: $gpu_ok of $gpu_n byte-exact both ways"
+  [ "$gpu_ok" = "$gpu_n" ] || failed=1
+  echo "GPU pairs: $gpu_ok of $gpu_n byte-exact both ways ($([ "${A3PAIR_PARALLEL:-0}" = 1 ] && echo 'all at once' || echo 'one after another'): WRITEs $(echo "$t1 - $t0" | bc) s, READs $(echo "$t2 - $t1" | bc) s)"
 fi
 
 # The rules a fake RxDM holds now, from its log (fake-rxdm's rules_left: one per flow).
