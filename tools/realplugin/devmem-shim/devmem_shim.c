@@ -329,7 +329,8 @@ static struct flow *classify(int fd) {
   return fl;
 }
 
-/* Writes `devmem-stats` beside the rules: per pool and per flow-NIC, bytes landed. Called with
+/* Writes `devmem-stats.<pid>` beside the rules: per pool bytes landed and pages in use, per
+ * dma-buf bytes sent, bytes without devmem, short receives. Called with
  * `lock` held. */
 static void write_stats(void) {
   if (!*dir) return;
