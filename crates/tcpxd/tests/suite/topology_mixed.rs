@@ -20,7 +20,7 @@ const MIB: u64 = 1 << 20;
 
 /// Bytes per memory pair ("gpu0>gpu5") on the lanes whose bytes sent (`sent`) or received grew
 /// since `before`; each such lane's GPU ends checked: GPU g's end on NIC g / 2 under GPU g.
-fn per_pair(
+pub(crate) fn per_pair(
     before: &[pb::LaneStats],
     after: &[pb::LaneStats],
     sent: bool,
@@ -49,7 +49,7 @@ fn per_pair(
     m
 }
 
-fn expected(
+pub(crate) fn expected(
     entries: &[(usize, u64, usize, u64, u64)],
     from: [&str; 3],
     to: [&str; 3],
