@@ -67,7 +67,8 @@ impl Engine {
                 transfer_id,
                 payload,
                 lists,
-            } => self.on_notify(peer, transfer_id, payload, lists),
+                buffers,
+            } => self.on_notify(peer, transfer_id, payload, lists, buffers),
             PeerMsg::Goodbye { reason } => {
                 self.on_peer_failed(peer, &format!("the peer ended the pairing: {reason}"))
             }

@@ -91,7 +91,9 @@ mod prepared;
 mod prepared_entries;
 pub mod ranges;
 mod release;
+mod route_parts;
 mod routes;
+pub use route_parts::MAX_SPLIT_PARTS;
 pub use routes::{MAX_ROUTED_LANES, ROUTED_EAGER_PER_ROUTE};
 pub use streams::GPU_NOT_KNOWN;
 mod same_node;
@@ -732,18 +734,6 @@ impl Engine {
             })
         })
     }
-}
-
-/// Entry indices grouped by peer, peers in order of first appearance, entries in order.
-fn group_by_peer(specs: &[EntrySpec]) -> Vec<(PeerIdx, Vec<usize>)> {
-    let mut by_peer: Vec<(PeerIdx, Vec<usize>)> = Vec::new();
-    for (i, s) in specs.iter().enumerate() {
-        match by_peer.iter_mut().find(|(p, _)| *p == s.peer) {
-            Some((_, v)) => v.push(i),
-            None => by_peer.push((s.peer, vec![i])),
-        }
-    }
-    by_peer
 }
 
 fn check_bounds(

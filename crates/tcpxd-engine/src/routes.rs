@@ -23,8 +23,11 @@
 //! `Accept`; it queues its receives on that group's lanes, and the sender queues its sends on
 //! the same lanes when the accept arrives (the same `ChunkPlan` from the same inputs). An accept
 //! naming a lane outside a group of the offer's source is a protocol violation. A transfer
-//! whose ranges lie in more than one memory on a side counts as host memory there (host
-//! routes use every NIC, each comm opened under a GPU that NIC serves).
+//! whose ranges lie in more than one memory on a side is split into parts of one memory pair
+//! each (`route_parts.rs`); an offer that still has several (a peer buffer whose memory the
+//! sender could not know is a part of its own, so only an offer from another implementation)
+//! counts as host memory there (host routes use every NIC, each comm opened under a GPU that
+//! NIC serves).
 //!
 //! # Eager (credit) transfers
 //!
@@ -354,7 +357,7 @@ impl Engine {
         Ok(Some(g.eager.clone()))
     }
 
-    fn memory_of(&self, buffer: u64) -> Memory {
+    pub(crate) fn memory_of(&self, buffer: u64) -> Memory {
         self.buffers.get(&buffer).map_or(Memory::Host, |b| b.memory)
     }
 }

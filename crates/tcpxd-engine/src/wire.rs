@@ -159,13 +159,16 @@ pub enum PeerMsg {
     CancelRead {
         read_id: u64,
     },
-    /// A prepared transfer's notification (peer protocol 5): sent by the node that ran the
+    /// A prepared transfer's notification (peer protocol 5), or (protocol 8) a plain WRITE's
+    /// sent in several parts to this peer (`route_parts.rs`): sent by the node that ran the
     /// transfer once every part of it finished OK (a WRITE's after every `Done`, a READ's after
-    /// every byte landed there), never on failure. `lists`: the receiver's lists it touched.
+    /// every byte landed there), never on failure. `lists`: the receiver's lists it touched;
+    /// `buffers`: the receiver's buffers a split plain WRITE wrote.
     Notify {
         transfer_id: u64,
         payload: Vec<u8>,
         lists: Vec<u64>,
+        buffers: Vec<u64>,
     },
     /// The sender failed the pairing, for this reason (its last message on the stream): the
     /// receiver fails it too and reports the sender's reason, e.g. its plugin's words.

@@ -404,10 +404,12 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             transfer_id,
             payload,
             lists,
+            buffers,
         } => Body::Notify(pb::Notify {
             transfer_id: *transfer_id,
             payload: payload.clone(),
             lists: lists.clone(),
+            buffer_ids: buffers.clone(),
         }),
         PeerMsg::Goodbye { reason } => Body::Goodbye(pb::Goodbye {
             reason: reason.clone(),
@@ -565,6 +567,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
             transfer_id: n.transfer_id,
             payload: n.payload,
             lists: n.lists,
+            buffers: n.buffer_ids,
         },
         Body::Goodbye(g) => PeerMsg::Goodbye {
             reason: g.reason.chars().take(4096).collect(),
@@ -678,6 +681,13 @@ mod tests {
             transfer_id: 17,
             payload: b"done".to_vec(),
             lists: vec![3, 9],
+            buffers: vec![],
+        });
+        round_trip(PeerMsg::Notify {
+            transfer_id: 18,
+            payload: b"mixed".to_vec(),
+            lists: vec![],
+            buffers: vec![4, 1 << 40],
         });
     }
 
