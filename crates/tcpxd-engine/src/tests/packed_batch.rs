@@ -294,3 +294,102 @@ fn a_packed_read_past_the_holders_buffer_fails_naming_the_range() {
     assert!(s.nodes[0].bufs[&1].iter().all(|&b| b == 0), "nothing landed");
     s.assert_idle();
 }
+
+/// On a routed pairing (two 8-GPU, 4-NIC nodes) a packed batch is one memory pair: GPU 0 to
+/// GPU 5 and back to GPU 6, every byte on that pair's lanes, byte-exact, by rendezvous and by
+/// GPU credits.
+#[test]
+fn a_packed_batch_on_a_routed_pairing_takes_its_memory_pairs_lanes() {
+    use crate::topology::Memory;
+    const K: u64 = 1024;
+    let base = EngineConfig {
+        devices: 4,
+        lanes_per_device: 2,
+        eager_max_bytes: SIM_EAGER_MAX,
+        chunk_bytes: 16 * 1024,
+        ..small_chunks()
+    };
+    let credits = EngineConfig {
+        protocol: Protocol::Auto,
+        eager_lanes: 1,
+        gpu_credits: true,
+        credit_budget_bytes: 48 * K,
+        ..base.clone()
+    };
+    for (name, c, lanes) in [("rendezvous", base, 8), ("auto, GPU credits", credits, 12)] {
+        let mut s = Sim::pair_routed(
+            lanes,
+            [c.clone(), c],
+            9,
+            [super::routes::node(8, 4), super::routes::node(8, 4)],
+        );
+        for (node, id, gpu, fill) in [(0, 1, 0, 3), (1, 11, 5, 0), (0, 4, 6, 0)] {
+            s.buffer(node, id, 256 * K as usize, fill);
+            s.nodes[node].eng.set_buffer_memory(id, Memory::Gpu(gpu));
+        }
+        s.run();
+        let order = permutation(&mut s, 128);
+        let entries: Vec<(u64, u64, u64)> = order
+            .iter()
+            .enumerate()
+            .map(|(k, &slot)| (k as u64 * 2 * K, slot * 2 * K, 2 * K))
+            .collect();
+        let now = s.now;
+        let t = s.nodes[0]
+            .eng
+            .start_write_packed(
+                batch(1, 11, &entries),
+                b"n".to_vec(),
+                now + Duration::from_secs(60),
+                now,
+            )
+            .unwrap();
+        s.run();
+        assert_eq!(s.outcome(0, t).code, Code::Ok, "{name}: {:?}", s.outcome(0, t));
+        for &(lo, ro, len) in &entries {
+            assert!(s.same((0, 1, lo), (1, 11, ro), len), "{name}: {lo} → {ro}");
+        }
+        let routes = s.nodes[0].eng.peers[&P].routes.as_ref().unwrap();
+        let sent = s.nodes[0].eng.peer_counters(P).unwrap().send;
+        assert_eq!(sent.iter().map(|l| l.bytes).sum::<u64>(), 256 * K, "{name}");
+        for (lane, l) in sent.iter().enumerate() {
+            if l.bytes > 0 {
+                assert_eq!(
+                    routes.send_memory(lane as u32),
+                    Some((Memory::Gpu(0), Memory::Gpu(5))),
+                    "{name}: send lane {lane}"
+                );
+            }
+        }
+        s.assert_idle();
+
+        let now = s.now;
+        let r = s.nodes[0]
+            .eng
+            .start_read_packed(batch(4, 11, &entries), now + Duration::from_secs(60), now)
+            .unwrap();
+        s.run();
+        assert_eq!(
+            s.outcome(0, r).code,
+            Code::Ok,
+            "{name} READ: {:?}",
+            s.outcome(0, r)
+        );
+        for &(lo, ro, len) in &entries {
+            assert!(s.same((0, 4, lo), (1, 11, ro), len), "{name} READ: {ro} → {lo}");
+        }
+        let routes = s.nodes[1].eng.peers[&P].routes.as_ref().unwrap();
+        let sent = s.nodes[1].eng.peer_counters(P).unwrap().send;
+        assert_eq!(sent.iter().map(|l| l.bytes).sum::<u64>(), 256 * K, "{name} READ");
+        for (lane, l) in sent.iter().enumerate() {
+            if l.bytes > 0 {
+                assert_eq!(
+                    routes.send_memory(lane as u32),
+                    Some((Memory::Gpu(5), Memory::Gpu(6))),
+                    "{name} READ: the holder's send lane {lane}"
+                );
+            }
+        }
+        s.assert_idle();
+    }
+}
