@@ -19,6 +19,7 @@ own connection carries the frame and the descriptor; the buffer then goes when t
 
 from __future__ import annotations
 
+import array
 import bisect
 import ctypes
 import mmap
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _local, _proto, _reattach
+from ._addresses import BY_ADDRESS, _varint, address_entries, address_kinds
 from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TcpxdError, Unavailable, from_status
 
 #: Registrations sent before their answers are read (`Registrar.register_many`): few enough that
@@ -302,6 +304,9 @@ def locate(obj: Any, fd: Optional[int], where: Optional[Locator] = None) -> Shar
     """The file behind `obj`'s memory, a descriptor of it, and where in it the memory starts
     (`where`: what is known of this process's mappings and descriptors already)."""
     addr, nbytes, view, keep = address_of(obj)
+    if fd is None and where is None and address_kinds(array.array("Q", (addr,)))[0] == BY_ADDRESS:
+        # Anonymous or private memory, known without reading all of /proc/self/maps.
+        return Shared(-1, False, 0, nbytes, view, keep, address=addr)
     where = where if where is not None else Locator()
     at = where.at(addr)
     if at < 0:
@@ -512,18 +517,53 @@ class Registrar:
         finally:
             for shared, _ in items:
                 shared.done_sending()
-        ev = conn.receive()
-        kind = ev.WhichOneof("event")
-        if kind == "refused":
-            if ev.refused.code == 3 and ev.refused.message.startswith("op: set one of"):  # INVALID_ARGUMENT
-                return None
-            raise from_status(ev.refused.code, ev.refused.message)
-        if ev.tag != conn.tag or kind != "registered_batch":
-            raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to registration {conn.tag}")
-        got = ev.registered_batch
-        if len(got.buffers) != len(items) or len(got.statuses) != len(items):
-            raise TcpxdError(f"local session: the daemon answered {len(got.buffers)} registrations of {len(items)}")
-        return [b if st.code == 0 else from_status(st.code, st.message) for b, st in zip(got.buffers, got.statuses)]
+        return _batch_answer(conn, len(items))
+
+    def register_addresses(self, addrs: Any, tails: Sequence[bytes], timeout: Optional[float]) -> List[Any]:
+        """Registers memory of this process by address, region i at `addrs[i]` (a numpy u64
+        array) with the rest of its request serialized in `tails[i]` (`address_tail`): per
+        region, the daemon's Buffer message or the TcpxdError refusing it. As `register_many`,
+        PIPELINE to a `register_batch` frame, its entries written without a message object each
+        (`address_entries`); to a daemon without it, one request each, pipelined."""
+        out: List[Any] = []
+        n = len(tails)
+        with self._lock:
+            conn = self._connection()
+            try:
+                start = 0
+                while self._batches is not False and start < n:
+                    end = min(n, start + PIPELINE)
+                    batch = _proto.message("RegisterBatchRequest").FromString(
+                        address_entries(addrs[start:end], list(tails[start:end])))
+                    if not conn.send("register_batch", batch, timeout):
+                        raise InvalidArgument("register_host: the registrations are too large for a frame")
+                    got = _batch_answer(conn, end - start)
+                    if got is None:
+                        self._batches = False  # the daemon predates register_batch
+                        break
+                    out.extend(got)
+                    start = end
+                R = _proto.message("RegisterClientMemoryRequest")
+                for at in range(start, n, PIPELINE):
+                    tags = []
+                    for j in range(at, min(n, at + PIPELINE)):
+                        req = R.FromString(b"\x08" + _varint(int(addrs[j])) + tails[j])
+                        if not conn.send("register_client_memory", req, timeout):
+                            raise InvalidArgument("register_host: the registration is too large for a frame")
+                        tags.append(conn.tag)
+                    for tag in tags:
+                        try:
+                            out.append(registered(conn.receive(), tag))
+                        except TcpxdError as e:
+                            out.append(e)
+            except socket.timeout:
+                self._drop()
+                raise Unavailable(f"register_host: no answer from the daemon at {self.path} within {timeout} s") from None
+            except (_local.Gone, OSError) as e:
+                self._drop()
+                raise Unavailable(f"register_host: the local session with {self.path} ended: {e!r}") from None
+        return out
+
 
     def release_many(self, ids: Sequence[int], timeout: Optional[float]) -> Optional[List[Any]]:
         """Releases buffers registered on this connection, PIPELINE to a `release_batch`: per id,
@@ -637,6 +677,23 @@ class Registrar:
         with self._lock:
             self._closed = True
             self._drop()
+
+
+def _batch_answer(conn: _local.Connection, n: int) -> Optional[List[Any]]:
+    """The answer to the `register_batch` of `n` just sent: per registration, its Buffer message
+    or the TcpxdError refusing it; None when the daemon does not know the request."""
+    ev = conn.receive()
+    kind = ev.WhichOneof("event")
+    if kind == "refused":
+        if ev.refused.code == 3 and ev.refused.message.startswith("op: set one of"):  # INVALID_ARGUMENT
+            return None
+        raise from_status(ev.refused.code, ev.refused.message)
+    if ev.tag != conn.tag or kind != "registered_batch":
+        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to registration {conn.tag}")
+    got = ev.registered_batch
+    if len(got.buffers) != n or len(got.statuses) != n:
+        raise TcpxdError(f"local session: the daemon answered {len(got.buffers)} registrations of {n}")
+    return [b if st.code == 0 else from_status(st.code, st.message) for b, st in zip(got.buffers, got.statuses)]
 
 
 def prepare(memory: Any, label: str, fd: Optional[int]) -> Shared:
