@@ -38,6 +38,11 @@ from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Tcpx
 #: Registrations sent before their answers are read (`Registrar.register_many`): few enough that
 #: their answers fit the socket's buffer, so neither side blocks on the other.
 PIPELINE = 64
+#: `register_batch` and `release_batch` frames of memory by address sent before the first
+#: answer is read (`Registrar.register_addresses`, `release_many`): the daemon carries out the
+#: next while this process reads the last; their answers (~20 KB a registration frame) fit the
+#: socket's buffer together.
+FRAMES = 4
 
 #: The memfd flags the package allocates with: sealable, so the daemon can seal it against
 #: shrinking (F_SEAL_SHRINK) and never fault on a truncated page.
@@ -517,7 +522,7 @@ class Registrar:
         finally:
             for shared, _ in items:
                 shared.done_sending()
-        return _batch_answer(conn, len(items))
+        return _batch_answer(conn, len(items), conn.tag)
 
     def register_addresses(self, addrs: Any, tails: Sequence[bytes], timeout: Optional[float]) -> List[Any]:
         """Registers memory of this process by address, region i at `addrs[i]` (a numpy u64
@@ -531,18 +536,24 @@ class Registrar:
             conn = self._connection()
             try:
                 start = 0
-                while self._batches is not False and start < n:
-                    end = min(n, start + PIPELINE)
-                    batch = _proto.message("RegisterBatchRequest").FromString(
-                        address_entries(addrs[start:end], list(tails[start:end])))
-                    if not conn.send("register_batch", batch, timeout):
-                        raise InvalidArgument("register_host: the registrations are too large for a frame")
-                    got = _batch_answer(conn, end - start)
-                    if got is None:
-                        self._batches = False  # the daemon predates register_batch
+                sent: List[Tuple[int, int, int]] = []  # (first region, end, tag) of frames unanswered
+                B = _proto.message("RegisterBatchRequest")
+                while self._batches is not False and (start < n or sent):
+                    while start < n and len(sent) < FRAMES:
+                        end = min(n, start + PIPELINE)
+                        batch = B.FromString(address_entries(addrs[start:end], list(tails[start:end])))
+                        if not conn.send("register_batch", batch, timeout):
+                            raise InvalidArgument("register_host: the registrations are too large for a frame")
+                        sent.append((start, end, conn.tag))
+                        start = end
+                    first, end, tag = sent.pop(0)
+                    got = _batch_answer(conn, end - first, tag)
+                    if got is None:  # the daemon predates register_batch: it refuses every frame
+                        for _ in sent:
+                            _batch_answer(conn, 0, 0)
+                        self._batches, start = False, first
                         break
                     out.extend(got)
-                    start = end
                 R = _proto.message("RegisterClientMemoryRequest")
                 for at in range(start, n, PIPELINE):
                     tags = []
@@ -566,7 +577,8 @@ class Registrar:
 
 
     def release_many(self, ids: Sequence[int], timeout: Optional[float]) -> Optional[List[Any]]:
-        """Releases buffers registered on this connection, PIPELINE to a `release_batch`: per id,
+        """Releases buffers registered on this connection, PIPELINE to a `release_batch` (FRAMES
+        of them sent before the first answer is read): per id,
         None (released) or the TcpxdError the daemon answered (a buffer a transfer still uses is
         not released: FailedPrecondition); None for all when the daemon does not know the request
         or no connection is open (the caller releases them one by one)."""
@@ -579,17 +591,25 @@ class Registrar:
             conn = self._conn
             R = _proto.message("ReleaseBatchRequest")
             try:
-                for at in range(0, len(ids), PIPELINE):
-                    chunk = list(ids[at : at + PIPELINE])
-                    ev = conn.exchange("release_batch", R(buffer_ids=chunk), timeout)
-                    if ev is None:
-                        raise InvalidArgument("release: the ids are too large for a frame")
+                at = 0
+                sent: List[Tuple[int, int]] = []  # (ids in the frame, its tag), unanswered
+                while at < len(ids) or sent:
+                    while at < len(ids) and len(sent) < FRAMES:
+                        chunk = list(ids[at : at + PIPELINE])
+                        if not conn.send("release_batch", R(buffer_ids=chunk), timeout):
+                            raise InvalidArgument("release: the ids are too large for a frame")
+                        sent.append((len(chunk), conn.tag))
+                        at += len(chunk)
+                    count, tag = sent.pop(0)
+                    ev = conn.receive()
                     kind = ev.WhichOneof("event")
                     if kind == "refused" and ev.refused.code == 3 and ev.refused.message.startswith("op: set one of"):
+                        for _ in sent:  # (refused likewise)
+                            conn.receive()
                         self._batches = False  # the daemon predates release_batch
                         return out + _unreleased(len(ids) - len(out)) if out else None
-                    if kind != "released_batch" or ev.tag != conn.tag or len(ev.released_batch.statuses) != len(chunk):
-                        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to release {conn.tag}")
+                    if kind != "released_batch" or ev.tag != tag or len(ev.released_batch.statuses) != count:
+                        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to release {tag}")
                     out.extend(None if st.code == 0 else from_status(st.code, st.message) for st in ev.released_batch.statuses)
             except socket.timeout:
                 self._drop()
@@ -679,17 +699,18 @@ class Registrar:
             self._drop()
 
 
-def _batch_answer(conn: _local.Connection, n: int) -> Optional[List[Any]]:
-    """The answer to the `register_batch` of `n` just sent: per registration, its Buffer message
-    or the TcpxdError refusing it; None when the daemon does not know the request."""
+def _batch_answer(conn: _local.Connection, n: int, tag: int) -> Optional[List[Any]]:
+    """The answer to the `register_batch` of `n` registrations sent with `tag`: per registration,
+    its Buffer message or the TcpxdError refusing it; None when the daemon does not know the
+    request."""
     ev = conn.receive()
     kind = ev.WhichOneof("event")
     if kind == "refused":
         if ev.refused.code == 3 and ev.refused.message.startswith("op: set one of"):  # INVALID_ARGUMENT
             return None
         raise from_status(ev.refused.code, ev.refused.message)
-    if ev.tag != conn.tag or kind != "registered_batch":
-        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to registration {conn.tag}")
+    if ev.tag != tag or kind != "registered_batch":
+        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to registration {tag}")
     got = ev.registered_batch
     if len(got.buffers) != n or len(got.statuses) != n:
         raise TcpxdError(f"local session: the daemon answered {len(got.buffers)} registrations of {n}")
