@@ -85,3 +85,14 @@ def test_address_entries_are_the_requests_protobuf_reads_back(monkeypatch, name,
     if native is not None and ext is None:  # the two writers, byte for byte
         monkeypatch.setattr(_addresses, "_native", native)
         assert _addresses.address_entries(addrs, [tails[n] for n in sizes]) == body
+
+
+def test_a_region_made_in_bulk_is_the_dataclass_made_by_its_init():
+    from tcpxd.nixl._regions import Region, region
+
+    values = (0x7F00_0000_1000, 1 << 20, 0, "DRAM", "tcpxd1:n:7:1048576:00", 0, 7, 4096, "t", 256, 3, 512, "f", 2048, 4)
+    fast, slow = region(*values), Region(*values)
+    assert fast == slow and hash(fast) == hash(slow) and repr(fast) == repr(slow)
+    assert fast.tiling(True) == (512, 2048, 4, "f") and fast.to_json() == slow.to_json()
+    with pytest.raises(AttributeError):
+        fast.addr = 0  # type: ignore[misc]

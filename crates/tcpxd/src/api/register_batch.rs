@@ -4,9 +4,10 @@
 //! between the daemon's threads is paid once a batch rather than once a region:
 //!
 //! 1. each request checked, and a re-attach claimed from the state directory (async side);
-//! 2. every region mapped in one blocking task: a file descriptor's range mapped shared and its
-//!    pages faulted in (src/host_file.rs), or memory of the client's process checked for
-//!    cross-memory attach (src/net/cross_memory.rs);
+//! 2. every region mapped: a file descriptor's range mapped shared and its pages faulted in
+//!    (src/host_file.rs) in one blocking task, or, for a batch of memory by address only, on the
+//!    session's task, memory of the client's process checked for cross-memory attach
+//!    (src/net/cross_memory.rs);
 //! 3. the buffers published, then handed to the poller with the block lists asked for on each in
 //!    one command (`Command::AddBuffers`);
 //! 4. the state directory's records of every buffer and list written together
@@ -14,6 +15,9 @@
 //!
 //! Each registration still succeeds or fails alone, with its own status; one that fails leaves
 //! nothing registered for it. A batch of one is the single registration.
+//!
+//! Releases of a session's buffers that come together (`release_batch`) likewise go to the
+//! poller in one command (`release_batch` below).
 
 use std::sync::Arc;
 
@@ -63,6 +67,9 @@ struct Checked {
     claim: Claim,
     lists: Vec<pb::StridedBlocks>,
 }
+
+/// A buffer made for memory by address, its range not probed yet (`map_pages`).
+type Made = (Arc<BufferEntry>, ClientPages, u64);
 
 /// A registration mapped and added: its buffer and lists.
 struct Added {
@@ -142,6 +149,55 @@ impl DaemonState {
             .collect()
     }
 
+    /// Releases buffers together (a `release_batch`): per id, in order, released or why not.
+    /// Those no transfer uses go to the poller in one command (`Command::RemoveBuffers`) and
+    /// are logged in one line; one a transfer uses is refused at once (FAILED_PRECONDITION), as
+    /// `release` with a deadline of now refuses it.
+    pub(crate) async fn release_batch(&self, ids: &[u64]) -> Vec<Result<(), Status>> {
+        let now = Some(std::time::Instant::now());
+        let mut out: Vec<Option<Result<(), Status>>> = (0..ids.len()).map(|_| None).collect();
+        let mut todo: Vec<(usize, u64)> = Vec::with_capacity(ids.len());
+        for (i, &id) in ids.iter().enumerate() {
+            if let Err(e) = self.buffers.get(id) {
+                out[i] = Some(Err(status(e)));
+            } else if let Err(e) = self.same_node.idle(id, now).await {
+                out[i] = Some(Err(e));
+            } else {
+                todo.push((i, id));
+            }
+        }
+        if !todo.is_empty() {
+            let asked: Vec<u64> = todo.iter().map(|&(_, id)| id).collect();
+            match self
+                .ask(|reply| Command::RemoveBuffers { ids: asked, reply })
+                .await
+            {
+                Ok(results) => {
+                    let mut released = 0usize;
+                    for ((i, id), r) in todo.into_iter().zip(results) {
+                        out[i] = Some(r.map_err(status).map(|()| {
+                            self.buffers.remove(id);
+                            self.journal_forget(Space::Buffer, id);
+                            tracing::debug!(buffer = id, "buffer released");
+                            released += 1;
+                        }));
+                    }
+                    if released > 0 {
+                        tracing::info!(buffers = released, "buffers released");
+                    }
+                }
+                Err(e) => {
+                    for (i, _) in todo {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(Status::internal("a release of the batch went unanswered"))))
+            .collect()
+    }
+
     /// Step 1: the request's checks and its re-attach claim.
     fn check(
         &self,
@@ -217,13 +273,19 @@ impl DaemonState {
             claims.push((i, c.claim, c.lists));
             jobs.push((c.work, c.ident));
         }
-        let state = self.clone();
-        let mapped = tokio::task::spawn_blocking(move || {
-            jobs.into_iter()
-                .map(|(work, ident)| state.map_one(work, ident))
-                .collect::<Vec<_>>()
-        })
-        .await;
+        // Memory by address is a reservation and two small copies a region, done here; a file's
+        // mapping may fault in gigabytes, done off the runtime.
+        let mapped = if jobs.iter().all(|(w, _)| matches!(w, Work::Pages { .. })) {
+            Ok(self.map_pages(jobs))
+        } else {
+            let state = self.clone();
+            tokio::task::spawn_blocking(move || {
+                jobs.into_iter()
+                    .map(|(work, ident)| state.map_one(work, ident))
+                    .collect::<Vec<_>>()
+            })
+            .await
+        };
         let mapped = match mapped {
             Ok(m) => m,
             Err(e) => {
@@ -267,6 +329,40 @@ impl DaemonState {
             }
         }
         out
+    }
+
+    /// Step 2 for a batch of memory by address only: the buffers made, then the client's ranges
+    /// probed together (`probe_many`: two system calls for the batch rather than four a
+    /// region); a range that fails its probe leaves no buffer.
+    fn map_pages(&self, jobs: Vec<(Work, Option<Ident>)>) -> Vec<Result<Arc<BufferEntry>, EngineError>> {
+        let made: Vec<Result<Made, EngineError>> = jobs
+            .into_iter()
+            .map(|(work, ident)| match work {
+                Work::Pages { pages, size, label } => self
+                    .buffers
+                    .client_pages(pages, size, &label, ident)
+                    .map(|e| (e, pages, size)),
+                Work::File { .. } => Err(EngineError::new(
+                    crate::engine::Code::Internal,
+                    "map_pages: a file among memory by address",
+                )),
+            })
+            .collect();
+        let ranges: Vec<(ClientPages, u64)> = made.iter().flatten().map(|&(_, p, n)| (p, n)).collect();
+        let mut probed = crate::net::cross_memory::probe_many(&ranges).into_iter();
+        made.into_iter()
+            .map(|m| {
+                let (entry, _, _) = m?;
+                match probed.next() {
+                    Some(Ok(())) => Ok(entry),
+                    Some(Err(e)) => Err(crate::buffers::attach_error(e)),
+                    None => Err(EngineError::new(
+                        crate::engine::Code::Internal,
+                        "a range went unprobed",
+                    )),
+                }
+            })
+            .collect()
     }
 
     /// Step 2 for one region (blocking).

@@ -30,7 +30,7 @@ from ..errors import TcpxdError
 from . import _cuda
 from ._descs import MOVABLE, RegDList
 from ._errors import from_tcpxd, nixlInvalidParamError, nixlNotFoundError, nixlNotSupportedError
-from ._regions import Region, RegionTable
+from ._regions import Region, RegionTable, region as make_region
 
 Key = Tuple[str, int, int, int]
 
@@ -327,9 +327,9 @@ class LocalMemory:
             asked = tails[key[2]][1]
             lists, statuses = msg.block_lists, msg.block_list_status
             if len(asked) == 2 and len(lists) == 2 and not statuses[0].code and not statuses[1].code and lists[1].id:
-                c, f = lists[0], lists[1]  # (the usual: both made)
-                region = Region(key[1], key[2], key[3], "DRAM", msg.descriptor, 0, msg.id, asked[0].stride, c.token,
-                                c.count, c.id, asked[1].stride, f.token, f.count, f.id)
+                c, f = lists  # (the usual: both made)
+                region = make_region(key[1], key[2], key[3], "DRAM", msg.descriptor, 0, msg.id, asked[0].stride, c.token,
+                                     c.count, c.id, asked[1].stride, f.token, f.count, f.id)
             else:
                 gl = granule_list(self._client, msg, key[2]) if asked and not lists else \
                     granules_made(msg, list(lists), list(statuses), asked)
