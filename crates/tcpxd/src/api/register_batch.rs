@@ -10,8 +10,9 @@
 //!    (src/net/cross_memory.rs);
 //! 3. the buffers published, then handed to the poller with the block lists asked for on each in
 //!    one command (`Command::AddBuffers`);
-//! 4. the state directory's records of every buffer and list written together
-//!    (`Journal::record_many`, one write of the id floors), before any is answered.
+//! 4. the state directory's records of every buffer written together (`Journal::record_many`,
+//!    one write of the id floors; a buffer's lists named in its record, one file a region),
+//!    before any is answered.
 //!
 //! Each registration still succeeds or fails alone, with its own status; one that fails leaves
 //! nothing registered for it. A batch of one is the single registration.
@@ -393,9 +394,9 @@ impl DaemonState {
         }
     }
 
-    /// Step 4: the records of every buffer added and of its lists, written together before any
-    /// is answered. A buffer whose record could not be written is released (refused); a list
-    /// whose record could not be, released and refused in the buffer's `block_list_status`.
+    /// Step 4: the records of every buffer added, its lists named in it, written together before
+    /// any is answered. A buffer whose record could not be written is released (refused), its
+    /// lists with it.
     async fn journal_batch(
         &self,
         added: Vec<(usize, Result<Added, Status>)>,
@@ -423,38 +424,23 @@ impl DaemonState {
                     label: b.label.clone(),
                     owner,
                     device: None,
+                    // One record a region: its lists named in it, not a file each.
+                    lists: a.lists.iter().flatten().map(|f| f.id).collect(),
                 },
             ));
-            for f in a.lists.iter().flatten() {
-                records.push((Space::List, f.id, Record::List { buffer: b.id }));
-            }
         }
         let mut written = journal.record_many(&records).into_iter();
         let mut out = Vec::with_capacity(added.len());
         for (i, a) in added {
-            let Ok(mut a) = a else {
+            let Ok(a) = a else {
                 out.push((i, a));
                 continue;
             };
-            let buffer_written = written.next().unwrap_or(Ok(()));
-            let mut lists_written = Vec::new();
-            for l in a.lists.iter() {
-                if l.is_ok() {
-                    lists_written.push(written.next().unwrap_or(Ok(())));
-                } else {
-                    lists_written.push(Ok(()));
-                }
-            }
-            if let Err(e) = buffer_written {
+            // The buffer's record names its lists: written or not, they go with it.
+            if let Err(e) = written.next().unwrap_or(Ok(())) {
                 let _ = self.release(a.entry.id, None).await;
                 out.push((i, Err(status(e))));
                 continue;
-            }
-            for (list, w) in a.lists.iter_mut().zip(lists_written) {
-                if let (Ok(f), Err(e)) = (&*list, w) {
-                    let _ = self.release_blocks(f.id).await;
-                    *list = Err(e);
-                }
             }
             out.push((i, Ok(a)));
         }
