@@ -7,10 +7,17 @@ without a protobuf message object per region."""
 from __future__ import annotations
 
 import array
-from typing import Any, List, Optional, Sequence
+import logging
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _proto
 from ._native_gate import native as _native
+from .errors import TcpxdError
+
+if TYPE_CHECKING:
+    from .client import Client
+
+log = logging.getLogger("tcpxd")
 
 #: `address_kinds`: memory registered by address (anonymous, or a private mapping), a shared
 #: mapping of a file (handed over by descriptor: `locate` looks it up), no mapping.
@@ -87,3 +94,41 @@ def address_entries(addrs: Any, tails: List[bytes]) -> bytes:
         e = inner + _varint(len(req)) + req
         parts.append(entry + _varint(len(e)) + e)
     return b"".join(parts)
+
+
+class AddressBatch:
+    """Memory registered by address together (`Client._register_addresses`), as a restarted
+    daemon is handed it again (tcpxd._reattach): per buffer id, its address, size, descriptor and
+    the block lists made with it (their ids and the StridedBlocks asked for). One re-attach entry
+    for the lot, a tuple a region, rather than a Buffer and closures a region. Not thread-safe:
+    its owner (tcpxd.nixl's LocalMemory) adds and drops under its own lock."""
+
+    def __init__(self) -> None:
+        self.regions: Dict[int, Tuple[int, int, str, Sequence[Tuple[int, Any]]]] = {}
+        #: Its number in the client's re-attacher (`Reattacher.track_batch`).
+        self.n = 0
+
+    @property
+    def released(self) -> bool:
+        """Nothing left to register again (every buffer released)."""
+        return not self.regions
+
+    def again(self, client: "Client") -> None:
+        """Registers each buffer again under its id and key, the same address of this process,
+        then its lists under their ids (docs/API.md, "Restarts"); one that fails is logged, the
+        others go on."""
+        from ._reattach import descriptor_key
+
+        R, B = _proto.message("RegisterClientMemoryRequest"), _proto.message("RegisterBlocksRequest")
+        registrar = client._registrar
+        for id, (addr, size, desc, lists) in list(self.regions.items()):
+            try:
+                if registrar is None:
+                    raise TcpxdError("no unix socket to register memory by address on")
+                registrar.register_by_address(
+                    R(address=addr, size=size, reattach_id=id, reattach_key=descriptor_key(desc)), client.timeout)
+                for list_id, strided in lists:
+                    client._unary("RegisterBlocks", B(buffer_id=id, strided=strided, reattach_id=list_id))
+            except TcpxdError as e:
+                log.warning("tcpxd: re-attaching buffer %d (memory by address at %#x) to the restarted daemon failed: %s",
+                            id, addr, e)

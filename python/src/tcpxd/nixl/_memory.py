@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import Client, _proto
-from .._addresses import BY_ADDRESS, address_kinds, address_tail
+from .._addresses import BY_ADDRESS, AddressBatch, address_kinds, address_tail
 from ..errors import TcpxdError
 from . import _cuda
 from ._descs import MOVABLE, RegDList
@@ -183,6 +183,9 @@ class LocalMemory:
         self._dram: Dict[Key, Any] = {}
         #: The tensors and arrays given for regions registered by address (kept alive meanwhile).
         self._kept: Dict[Key, Any] = {}
+        #: What a restarted daemon is handed again of the regions registered by address: their
+        #: batches (held here; the client's re-attacher holds them weakly), by buffer id.
+        self._batch_of: Dict[int, AddressBatch] = {}
         self._table: Optional[RegionTable] = None
 
     def regions(self) -> List[Region]:
@@ -250,6 +253,7 @@ class LocalMemory:
         address: Client._release_ids; the others Client._release_many), the others one by one."""
         bufs: List[Any] = []
         ids: List[int] = []
+        emptied: List[int] = []
         others: List[Callable[[], None]] = []
         with self._lock:
             regions, dram = self._regions, self._dram
@@ -260,11 +264,18 @@ class LocalMemory:
                 if buf is not None:
                     if type(buf) is int:
                         ids.append(buf)
+                        batch = self._batch_of.pop(buf, None)
+                        if batch is not None:
+                            batch.regions.pop(buf, None)
+                            if batch.released:
+                                emptied.append(batch.n)
                     else:
                         bufs.append(buf)
                 elif entry is not None:
                     others.append(entry[1])
             self._table = None
+        for n in emptied:  # (not registered again after a restart any more)
+            self._client._reattach.forget("a", n)
         first: Optional[BaseException] = None
         if ids:
             try:
@@ -320,6 +331,7 @@ class LocalMemory:
         except TcpxdError as e:
             raise from_tcpxd(e, f"reg_list[{todo[keys[0]][0]}] (DRAM at {keys[0][1]:#x}, {keys[0][2]} bytes)") from None
         added: List[Tuple[Key, Region, int]] = []
+        batch = AddressBatch()
         for key, msg in zip(keys, got):
             if isinstance(msg, TcpxdError):
                 failed.append((key, msg))
@@ -330,15 +342,23 @@ class LocalMemory:
                 c, f = lists  # (the usual: both made)
                 region = make_region(key[1], key[2], key[3], "DRAM", msg.descriptor, 0, msg.id, asked[0].stride, c.token,
                                      c.count, c.id, asked[1].stride, f.token, f.count, f.id)
+                made: Tuple[Tuple[int, Any], ...] = ((c.id, asked[0]), (f.id, asked[1]))
+            elif asked and not lists:  # a daemon that makes no lists with a registration
+                region = granule_list(self._client, msg, key[2]).region(key[1], key[2], key[3], "DRAM", msg, 0)
+                made = ()  # (registered by RegisterBlocks: re-attached as such)
             else:
-                gl = granule_list(self._client, msg, key[2]) if asked and not lists else \
-                    granules_made(msg, list(lists), list(statuses), asked)
+                gl = granules_made(msg, list(lists), list(statuses), asked)
                 region = gl.region(key[1], key[2], key[3], "DRAM", msg, 0)
+                made = tuple((g.list_id, a) for g, a in zip((gl, gl.fine), asked) if g is not None and g.list_id)
             added.append((key, region, msg.id))
+            batch.regions[msg.id] = (key[1], key[2], msg.descriptor, made)
+        if batch.regions:
+            batch.n = self._client._reattach.track_batch(batch)
         with self._lock:
             for key, region, id in added:
                 self._regions[key] = (region, _in_dram)
                 self._dram[key] = id
+                self._batch_of[id] = batch
                 obj = todo[key][1]
                 if obj is not None:  # (a tensor or array given: kept alive while registered)
                     self._kept[key] = obj
