@@ -414,8 +414,9 @@ static PyObject *vma_kinds(PyObject *self, PyObject *args) {
             err = errno;
     }
     int fd = maps_fd;
-    Py_BEGIN_ALLOW_THREADS
-    for (size_t i = 0; fd >= 0 && i < n; i++) {
+    /* With the GIL held: the queries share one open file, whose state the kernel may keep
+     * between them (its lock context), so two threads never query it at once. */
+    for (size_t i = 0; err == 0 && fd >= 0 && i < n; i++) {
         uint64_t a;
         memcpy(&a, (const char *)v.buf + i * 8, 8);
         struct tcpxd_procmap_query q;
@@ -432,7 +433,6 @@ static PyObject *vma_kinds(PyObject *self, PyObject *args) {
         }
         k[i] = (q.inode != 0 && (q.vma_flags & TCPXD_PROCMAP_VMA_SHARED)) ? 1 : 0;
     }
-    Py_END_ALLOW_THREADS
     PyBuffer_Release(&v);
     if (err) {
         Py_DECREF(out);
