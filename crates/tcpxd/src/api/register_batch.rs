@@ -153,8 +153,11 @@ impl DaemonState {
     /// Releases buffers together (a `release_batch`): per id, in order, released or why not.
     /// Those no transfer uses go to the poller in one command (`Command::RemoveBuffers`) and
     /// are logged in one line; one a transfer uses is refused at once (FAILED_PRECONDITION), as
-    /// `release` with a deadline of now refuses it.
-    pub(crate) async fn release_batch(&self, ids: &[u64]) -> Vec<Result<(), Status>> {
+    /// `release` with a deadline of now refuses it. The released buffers' last references come
+    /// back with the answers (`Released`): their memory is unmapped where the caller drops them
+    /// (the session: right after it sent the answer).
+    pub(crate) async fn release_batch(&self, ids: &[u64]) -> (Vec<Result<(), Status>>, Released) {
+        let mut gone = Vec::new();
         let now = Some(std::time::Instant::now());
         let mut out: Vec<Option<Result<(), Status>>> = (0..ids.len()).map(|_| None).collect();
         let mut todo: Vec<(usize, u64)> = Vec::with_capacity(ids.len());
@@ -177,7 +180,7 @@ impl DaemonState {
                     let mut released = 0usize;
                     for ((i, id), r) in todo.into_iter().zip(results) {
                         out[i] = Some(r.map_err(status).map(|()| {
-                            self.buffers.remove(id);
+                            gone.extend(self.buffers.remove(id));
                             self.journal_forget(Space::Buffer, id);
                             tracing::debug!(buffer = id, "buffer released");
                             released += 1;
@@ -194,9 +197,11 @@ impl DaemonState {
                 }
             }
         }
-        out.into_iter()
+        let out = out
+            .into_iter()
             .map(|o| o.unwrap_or_else(|| Err(Status::internal("a release of the batch went unanswered"))))
-            .collect()
+            .collect();
+        (out, Released { _buffers: gone })
     }
 
     /// Step 1: the request's checks and its re-attach claim.
@@ -446,6 +451,14 @@ impl DaemonState {
         }
         out
     }
+}
+
+/// Buffers a `release_batch` released, held until dropped: the last references to their memory
+/// (a memfd's shared mapping is unmapped then, a reservation unmapped), so that the session
+/// answers first and unmaps after (docs/API.md, "Client host memory").
+#[must_use = "dropping it unmaps the released buffers' memory: drop it after answering"]
+pub struct Released {
+    _buffers: Vec<Arc<BufferEntry>>,
 }
 
 /// A registration's granule list, as the engine takes it.
