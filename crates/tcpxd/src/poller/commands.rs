@@ -68,22 +68,11 @@ impl Poller {
                 let _ = reply.send(self.engine.rekey_buffer(id, key));
             }
             Command::RemoveBuffer { id, reply } => {
-                let r = self.engine.remove_buffer(id);
-                if r.is_ok() {
-                    // A host copy queued on a helper holds the region itself, but not the
-                    // registrations dropped below.
-                    self.host_copies.quiesce();
-                    self.buffers.remove(&id);
-                    for p in self.peers.values_mut() {
-                        for l in &mut p.send {
-                            l.handles.retain(|(b, _), _| *b != id);
-                        }
-                        for l in &mut p.recv {
-                            l.handles.retain(|(b, _), _| *b != id);
-                        }
-                    }
-                }
+                let r = self.remove_buffers(&[id]).pop().unwrap_or(Ok(()));
                 let _ = reply.send(r);
+            }
+            Command::RemoveBuffers { ids, reply } => {
+                let _ = reply.send(self.remove_buffers(&ids));
             }
             Command::PrepareLanes { reply } => {
                 let r = self.open_listens().map(|(listens, infos)| {
@@ -379,6 +368,35 @@ impl Poller {
     }
 
     /// A list's facts for the API (its token's fields, the buffer's current key).
+    /// Removes buffers no transfer uses (`Command::RemoveBuffer`, `RemoveBuffers`): per id, in
+    /// order, removed or why not; the lanes' handles of those removed dropped in one pass.
+    fn remove_buffers(&mut self, ids: &[u64]) -> Vec<Result<(), EngineError>> {
+        let out: Vec<Result<(), EngineError>> = ids.iter().map(|&id| self.engine.remove_buffer(id)).collect();
+        let removed: std::collections::HashSet<u64> = ids
+            .iter()
+            .zip(&out)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(&id, _)| id)
+            .collect();
+        if !removed.is_empty() {
+            // A host copy queued on a helper holds the region itself, but not the
+            // registrations dropped below.
+            self.host_copies.quiesce();
+            for id in &removed {
+                self.buffers.remove(id);
+            }
+            for p in self.peers.values_mut() {
+                for l in &mut p.send {
+                    l.handles.retain(|(b, _), _| !removed.contains(b));
+                }
+                for l in &mut p.recv {
+                    l.handles.retain(|(b, _), _| !removed.contains(b));
+                }
+            }
+        }
+        out
+    }
+
     /// One buffer of `Command::AddBuffers` (host memory: no GPU stage or memory to set up, as
     /// `Command::AddBuffer` does for device memory), with its block lists.
     fn add_host_buffer(

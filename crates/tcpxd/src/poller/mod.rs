@@ -143,6 +143,12 @@ pub enum Command {
         id: u64,
         reply: Reply<Result<(), EngineError>>,
     },
+    /// Several buffers at once (a local client's `release_batch`): per id, in order, what
+    /// `RemoveBuffer` would answer.
+    RemoveBuffers {
+        ids: Vec<u64>,
+        reply: Reply<Vec<Result<(), EngineError>>>,
+    },
     /// Answers once no transfer uses the buffer (at once when none does): the engine's
     /// `Action::BufferIdle`.
     WhenBufferIdle {
