@@ -5,6 +5,9 @@ hop trace (`RUST_LOG=tcpxd::hop=trace`; both logs share the host's clock).
     RUST_LOG=tcpxd::hop=trace tcpxctl bench transfer --sizes 4K --iters 300 --warmup 30 --keep-dir
     python3 benches/hops.py /tmp/tcpxd-bench-PID/bench-a.log /tmp/tcpxd-bench-PID/bench-b.log
 
+With `tcpxctl bench transfer --blocks N` three kinds alternate (contiguous, the plain batch, the
+block lists): `--every 3 --pick 1` splits the batches, `--every 3 --pick 2` the block transfers.
+
 A is the daemon that issues the transfers (WRITE, eager or rendezvous; or READ), B its peer. For
 each transfer of A the script finds, by the transfer id the control messages carry, the events
 on both sides, and prints the p50 / p90 of each step between consecutive events (µs), and their
@@ -49,6 +52,13 @@ def main():
     ap.add_argument("a_log")
     ap.add_argument("b_log")
     ap.add_argument("--skip", type=int, default=10, help="transfers to leave out at the start (warm-up)")
+    ap.add_argument(
+        "--every",
+        type=int,
+        default=1,
+        help="kinds that alternate transfer by transfer (`bench transfer --blocks N`: 3, contiguous, batch, blocks)",
+    )
+    ap.add_argument("--pick", type=int, default=0, help="with --every: which of them to split (0-based)")
     args = ap.parse_args()
     a, b = parse(args.a_log), parse(args.b_log)
     if not a or not b:
@@ -95,7 +105,8 @@ def main():
             if label not in {l for l, _ in by_id[i]}:
                 by_id[i].append((label, t))
 
-    ids = sorted(by_id, key=lambda i: int(i))[args.skip:]
+    ids = sorted(by_id, key=lambda i: int(i))
+    ids = [i for n, i in enumerate(ids) if n % args.every == args.pick][args.skip:]
     seqs = {i: sorted(by_id[i], key=lambda e: e[1]) for i in ids}
     # The most common order of events is the one split; transfers in another order are counted.
     common = Counter(tuple(l for l, _ in ev) for ev in seqs.values() if any(l == "A api.out" for l, _ in ev))

@@ -44,6 +44,8 @@ struct CommBox {
     magic: u64,
     slots: [ReqSlot; MAX_REQUESTS],
     kind: CommKind,
+    /// CUDA mode: the device of the context the comm was made under (its GPU).
+    gpu: Option<i32>,
 }
 
 #[repr(C)]
@@ -121,7 +123,7 @@ fn device(cfg: &'static Config, dev: c_int, what: &str) -> Result<&'static Devic
         })
 }
 
-fn new_comm(kind: CommKind) -> *mut CommBox {
+fn new_comm(kind: CommKind, gpu: Option<i32>) -> *mut CommBox {
     let magic = match kind {
         CommKind::Send(_) => SEND_MAGIC,
         CommKind::Recv(_) => RECV_MAGIC,
@@ -134,6 +136,7 @@ fn new_comm(kind: CommKind) -> *mut CommBox {
             comm: ptr::null(),
         }),
         kind,
+        gpu,
     }));
     // SAFETY: `p` is a fresh, unique allocation; nothing else sees it yet.
     unsafe {
@@ -336,7 +339,7 @@ unsafe extern "C" fn connect(
                         warn!("tcpxemu: connect to {peer}: cannot start the send comm: {e}");
                         abi::NCCL_SYSTEM_ERROR
                     })?;
-                    let p = new_comm(CommKind::Send(c));
+                    let p = new_comm(CommKind::Send(c), ctx.as_ref().map(|c| c.device()));
                     // SAFETY: non-NULL out-parameter.
                     unsafe { *send_comm = p.cast() };
                     Ok(())
@@ -407,7 +410,7 @@ unsafe extern "C" fn accept(
                 // SAFETY: caller-owned storage for one ncclNetDeviceHandle_v7_t.
                 unsafe { ptr::write_unaligned(storage, dh) };
             }
-            let p = new_comm(CommKind::Recv(rc));
+            let p = new_comm(CommKind::Recv(rc), lb.ctx.as_ref().map(|c| c.device()));
             // SAFETY: non-NULL out-parameter.
             unsafe { *recv_comm = p.cast() };
             Ok(())
@@ -689,6 +692,7 @@ unsafe extern "C" fn close_send(send_comm: *mut c_void) -> ncclResult_t {
             };
             c.close();
             info!("tcpxemu: send comm closed ({})", c.label());
+            crate::misbound::closed("send", c.label(), cb.gpu);
             // SAFETY: a live Box<CommBox> from new_comm; its helpers are joined; freed once here.
             let mut b = unsafe { Box::from_raw(send_comm as *mut CommBox) };
             b.magic = 0;
@@ -708,6 +712,7 @@ unsafe extern "C" fn close_recv(recv_comm: *mut c_void) -> ncclResult_t {
             };
             c.close();
             info!("tcpxemu: recv comm closed ({})", c.label());
+            crate::misbound::closed("recv", c.label(), cb.gpu);
             // SAFETY: a live Box<CommBox> from new_comm; its helpers are joined; freed once here.
             let mut b = unsafe { Box::from_raw(recv_comm as *mut CommBox) };
             b.magic = 0;

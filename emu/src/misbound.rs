@@ -1,7 +1,8 @@
 //! The verdict for a comm made under a GPU: does its NIC serve that GPU (RxDM's binding, as
 //! `topology.rs` resolves it from the configuration)? Asked by `ffi.rs` at `listen` (a comm
 //! whose GPU is not served fails its CUDA receives with the real plugin's "rx no cmsg") and at
-//! `connect` (logged only: sends are not bound).
+//! `connect` (logged only: sends are not bound); and, at a comm's close, whether its own GPU is
+//! the one current (logged only).
 
 use crate::config::{Config, Device};
 use crate::cuda::Ctx;
@@ -39,4 +40,26 @@ pub(crate) fn verdict(cfg: &Config, d: &Device, ctx: Option<&Ctx>, what: &str) -
     );
     info!("tcpxemu: {what} on {nic} under GPU {gpu}: NOT served by this NIC; {why}");
     Some(why)
+}
+
+/// CUDA mode: logs which GPU is current as a comm made under GPU `gpu` closes. Google's plugin
+/// frees a comm's device queue under the comm's own GPU (`__tcpxNetDeviceQueueFree` pushes it)
+/// and its CUDA-runtime build leaves that GPU current on the closing thread; a caller that closes
+/// each comm with its own GPU current sees no such change. Logged only, each verdict on its own
+/// line (the first of "not its own GPU" always logged by a caller limiting per line), as nothing
+/// fails.
+pub(crate) fn closed(what: &str, label: &str, gpu: Option<i32>) {
+    let Some(own) = gpu else { return };
+    let Some(cfg) = crate::config::get() else { return };
+    let Ok(cur) = Ctx::current_or_primary(cfg.cuda_device) else {
+        return;
+    };
+    if cur.device() == own {
+        info!("tcpxemu: {what} comm closed under its own GPU {own} ({label})");
+    } else {
+        info!(
+            "tcpxemu: {what} comm closed under GPU {}, not its own GPU {own} ({label})",
+            cur.device()
+        );
+    }
 }

@@ -159,9 +159,10 @@ def test_metadata_fetched_before_the_remote_registered_is_fetched_again(daemons)
 
 
 def test_regions_go_64_to_a_frame_and_to_an_older_daemon_one_request_each(daemons, pair, monkeypatch):
-    """Numpy arrays (by address) and memfds (by descriptor) mixed: 64 entries to a register_batch
-    frame with one descriptor per memfd entry; a daemon that refuses the op (one predating it)
-    gets the same regions as single requests, from then on."""
+    """Numpy arrays (by address) and memfds (by descriptor) mixed: up to 64 entries to a
+    register_batch frame, those by address first in frames of their own, then the memfds' with
+    one descriptor per entry; a daemon that refuses the op (one predating it) gets the same
+    regions as single requests, from then on."""
     A, _, _ = pair
     sent: list = []
     send = _local.Connection.send
@@ -192,8 +193,8 @@ def test_regions_go_64_to_a_frame_and_to_an_older_daemon_one_request_each(daemon
         assert not set(_buffers(daemons[0].endpoint)) & ids
 
     deregistered(registered())
-    # Registered 64 to a frame, released likewise.
-    assert sent == [("register_batch", 24), ("register_batch", 16), ("release_batch", 0), ("release_batch", 0)], sent
+    # Registered 64 to a frame (by address, then by descriptor), released likewise.
+    assert sent == [("register_batch", 0), ("register_batch", 40), ("release_batch", 0), ("release_batch", 0)], sent
     sent.clear()
 
     def older(self, field, req, timeout, fd=None, fds=()):  # the frame of a daemon's unknown op: none set
@@ -211,7 +212,52 @@ def test_regions_go_64_to_a_frame_and_to_an_older_daemon_one_request_each(daemon
     monkeypatch.setattr(_local.Connection, "send", older)
     deregistered(registered())
     singles = [("register_client_memory", 0)] * 40 + [("register_host_fd", 1)] * 40
-    assert sent == [("register_batch", 24)] + singles, sent  # released by ReleaseBuffer calls
+    assert sent == [("register_batch", 0)] + singles, sent  # released by ReleaseBuffer calls
     sent.clear()
     deregistered(registered())
     assert sent == singles, "asked once"
+
+
+def test_regions_by_address_go_several_frames_at_once_and_to_an_older_daemon_one_request_each(daemons, pair, monkeypatch):
+    """200 numpy arrays: four register_batch frames (64, 64, 64, 8) sent before the first answer
+    is read, and four release_batch frames likewise; every region registered, then released. A
+    daemon that refuses the op has every frame it was sent answered before the regions go one
+    request each."""
+    A, _, _ = pair
+    sent: list = []
+    send = _local.Connection.send
+
+    def spy(self, field, req, timeout, fd=None, fds=()):
+        n = len(req.entries) if field == "register_batch" else len(req.buffer_ids) if field == "release_batch" else 1
+        sent.append((field, n))
+        return send(self, field, req, timeout, fd, fds)
+
+    monkeypatch.setattr(_local.Connection, "send", spy)
+    arrays = [np.full(4096, i % 256, np.uint8) for i in range(200)]
+    descs = [(a.ctypes.data, a.nbytes, 0, "") for a in arrays]
+
+    def round_trip():
+        rl = A.register_memory(A.get_reg_descs(descs, "DRAM"))
+        regions = A._memory.regions()
+        assert sorted(r.addr for r in regions) == sorted(d[0] for d in descs)
+        ids = {r.buffer_id for r in regions}
+        assert len(ids) == 200 and ids <= set(_buffers(daemons[0].endpoint))
+        A.deregister_memory(rl)
+        assert A._memory.regions() == [] and not set(_buffers(daemons[0].endpoint)) & ids
+
+    round_trip()
+    frames = [("register_batch", n) for n in (64, 64, 64, 8)] + [("release_batch", n) for n in (64, 64, 64, 8)]
+    assert sent == frames, sent
+    sent.clear()
+
+    def older(self, field, req, timeout, fd=None, fds=()):  # the frame of a daemon's unknown op: none set
+        if field not in ("register_batch", "release_batch"):
+            return spy(self, field, req, timeout, fd, fds)
+        sent.append((field, len(req.entries) if field == "register_batch" else len(req.buffer_ids)))
+        self._tag += 1
+        self.sock.sendall(_local.frame(_proto.message("SessionRequest")(tag=self._tag)))
+        return True
+
+    monkeypatch.setattr(_local.Connection, "send", older)
+    round_trip()
+    assert sent == frames[:4] + [("register_client_memory", 1)] * 200, sent  # released by ReleaseBuffer calls

@@ -453,3 +453,63 @@ def test_daemon_allocated_cuda_memory_keeps_its_bytes_in_the_descriptor_store(gp
             keeper.terminate()
             keeper.wait(10)
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_nixl_regions_registered_by_address_are_registered_again(patient_nodes: Any) -> None:
+    """tcpxd.nixl's DRAM regions of plain numpy arrays (registered by address, many at once) come
+    back after a restart of their daemon, under their ids, keys and granule lists: a peer agent's
+    READ by the old metadata, plain and by prepared lists (the lists' tokens), lands their bytes;
+    a region deregistered before the restart is not registered again."""
+    import numpy as np
+
+    from tcpxd.nixl import nixl_agent, nixl_agent_config
+
+    a, b, d = patient_nodes
+    K = 1 << 16
+    holder = nixl_agent("holder", nixl_agent_config(endpoint=endpoint(b)))
+    puller = nixl_agent("puller", nixl_agent_config(endpoint=endpoint(a)))
+    try:
+        arrays = [np.random.default_rng(i).integers(0, 256, K, dtype=np.uint8) for i in range(6)]
+        before = regs(d, "sb")  # (the agent's own buffers)
+        holder.register_memory(holder.get_reg_descs([(x.ctypes.data, K, 0, "") for x in arrays], "DRAM"))
+        gone = holder.get_reg_descs([(arrays[5].ctypes.data, K, 0, "")], "DRAM")
+        holder.deregister_memory(gone)
+        assert regs(d, "sb") == before + 5, "one record a region, its lists named in it"
+        assert puller.add_remote_agent(holder.get_agent_metadata()) in ("holder", b"holder")
+        mine = np.zeros(5 * K, dtype=np.uint8)
+        puller.register_memory(puller.get_reg_descs([(mine.ctypes.data, 5 * K, 0, "")], "DRAM"))
+        remote = [(x.ctypes.data + j * 4096, 4096, 0) for x in arrays[:5] for j in range(K // 4096)]
+        local = [(mine.ctypes.data + i * 4096, 4096, 0) for i in range(len(remote))]
+        want = np.concatenate(arrays[:5])
+
+        def pull(prepared: bool) -> None:
+            mine[:] = 0
+            if prepared:
+                lp = puller.prep_xfer_dlist("NIXL_INIT_AGENT", local, "DRAM")
+                rp = puller.prep_xfer_dlist("holder", remote, "DRAM")
+                idx = np.random.default_rng(1).permutation(len(local))
+                h = puller.make_prepped_xfer("READ", lp, idx, rp, idx)
+            else:
+                h = puller.initialize_xfer("READ", puller.get_xfer_descs(local, "DRAM"),
+                                           puller.get_xfer_descs(remote, "DRAM"), "holder")
+            try:
+                state = puller.transfer(h)
+                deadline = time.monotonic() + 30
+                while state == "PROC" and time.monotonic() < deadline:
+                    state = puller.check_xfer_state(h)
+                if state != "DONE":
+                    raise tcpxd.TcpxdError(f"the READ ended {state}")
+            finally:
+                puller.release_xfer_handle(h)
+            assert np.array_equal(mine, want)
+
+        pull(False)
+        restart(b)
+        retry(lambda: pull(False), "READ of regions registered by address, by the old metadata")
+        retry(lambda: pull(True), "READ by prepared lists over their granule lists")
+        assert holder._client._reattach.wait(30)
+        buffers = [f for f in os.listdir(d / "sb.state" / "regs") if f.startswith("b")]
+        assert len(buffers) == before + 5, "the deregistered region is not registered again"
+    finally:
+        puller.close()
+        holder.close()

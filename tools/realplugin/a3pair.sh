@@ -4,22 +4,33 @@
 # 10.100.K.1 on node a and 10.100.K.2 on node b), in each a fake RxDM in RxDM's `a3vm` mode
 # (tools/realplugin/fake-rxdm: every flow-steering rule filed under the NIC serving the GPU it
 # names, and recorded with whether that NIC is the one the flow's destination address belongs
-# to), and a tcpxd on the plugin built by build.sh with the CUDA stand-in presenting A3's eight
-# GPUs (their real PCI bus ids). The daemons pair, move host memory both ways byte-checked, and
-# (--gpu-pairs) try a WRITE from every GPU of a to its counterpart on b; then the script prints
-# each node's rules, how many were filed under another NIC than the one their flow arrives on
-# (mismatches: on A3 each of those comms' first CUDA receive kills the process, "rx no cmsg"),
-# and the daemons' per-lane statistics.
+# to; each GPU's receive memory a file), and a tcpxd on the plugin built by build.sh with the CUDA
+# stand-in presenting A3's eight GPUs (their real PCI bus ids) and the devmem shim
+# (tools/realplugin/devmem-shim: the plugin's devmem-tcp receive and dma-buf send, in user space;
+# a flow's bytes land in a GPU's receive memory only when a rule filed under the NIC it arrives
+# on steers it there). The daemons pair, move host memory both ways byte-checked, and
+# (--gpu-pairs) WRITE and READ CUDA buffers GPU s (a) <-> GPU d (b) for every GPU and a few cross
+# pairs; then the script prints each node's rules, how many were filed under another NIC than
+# the one their flow arrives on (mismatches: on A3 each of those comms' first CUDA receive kills
+# the process, "rx no cmsg"), the bytes each GPU's receive memory took, and the daemons'
+# per-lane statistics.
 #
-#   sudo tools/realplugin/a3pair.sh [--out DIR] [--bin DIR] [--size SIZE] [--gpu-pairs] [--kill-restart [--restarts N]] [--keep]
+#   sudo tools/realplugin/a3pair.sh [--out DIR] [--bin DIR] [--size SIZE] [--gpu-pairs [--gpu-size SIZE]] [--misbind] [--kill-restart [--restarts N]] [--keep]
 #
-#   --out DIR   build.sh's output folder (default target/realplugin; env REALPLUGIN_OUT)
+#   --out DIR   build.sh's output folder (default target/realplugin; env REALPLUGIN_OUT); the
+#               shim is built into OUT/lib when missing (devmem-shim/build.sh)
 #   --bin DIR   where tcpxd, tcpxctl and tcpxd-fake-rxdm are (default target/release, else
 #               target/debug)
 #   --size      bytes per host transfer (default 64M)
-#   --gpu-pairs also WRITE CUDA buffers GPU i (a) -> GPU i (b) for i = 0..7 (the real plugin needs
-#               devmem-tcp and dma-bufs for CUDA memory, which the stand-in cannot give: expect
-#               failures that say so; the rules are made at accept, whatever the buffers)
+#   --gpu-pairs also WRITE (a -> b) and READ (b -> a) CUDA buffers for the GPU pairs
+#               0:0 1:1 ... 7:7, the cross pairs 0:5 3:6 6:1, and host:2 / 7:host, checksums
+#               compared (env A3PAIR_GPU_PAIRS: a list of S:D, S and D a GPU or `host`;
+#               A3PAIR_PARALLEL=1: every pair's WRITE at once, then every READ)
+#   --gpu-size  bytes per GPU transfer (default 4M)
+#   --misbind   the negative run: node b's daemon gets a wrong GPU -> NIC map (TCPXD_TOPOLOGY:
+#               every GPU on another NIC than RxDM's), so its GPU receive lanes are listened for
+#               on NICs that do not serve their GPU; one GPU 0 -> GPU 0 WRITE must end node b's
+#               daemon as A3 would ("fatal, ... no cmsg", exit status 1). Exit status 0 only then
 #   --kill-restart  after the transfers, SIGKILL node b's daemon (its comms never close: their
 #               rules stay in b's RxDM), start it again on the same state directory (it removes
 #               them, src/rx_rules.rs) and move the bytes again; b's rules left must be 0
@@ -32,9 +43,10 @@
 #               hang: 60 s bound each)
 #   --keep      keep the work folder (logs, sockets) and print it
 #
-# Needs root (ip netns), iproute2, and the plugin from build.sh. Everything it makes (namespaces,
-# veths, processes) goes when it exits. Exit status 0 only when every transfer was byte-exact and
-# no rule was mismatched.
+# Needs root (ip netns), iproute2, jq, a C compiler (for the shim), and the plugin from build.sh.
+# Everything it makes (namespaces, veths, processes) goes when it exits. Exit status 0 only when
+# every transfer was byte-exact and no rule was mismatched (--misbind: only when the mis-bound
+# daemon died as A3's would). A3PAIR_WRAP runs each tcpxd under a wrapper (e.g. gdb's --args).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -43,6 +55,8 @@ out="${REALPLUGIN_OUT:-$repo/target/realplugin}"
 bin=""
 size="64M"
 gpu_pairs=0
+gpu_size="4M"
+misbind=0
 kill_restart=0
 restarts=1
 under_load=0
@@ -53,11 +67,13 @@ while [ $# -gt 0 ]; do
     --bin) bin="$2"; shift 2 ;;
     --size) size="$2"; shift 2 ;;
     --gpu-pairs) gpu_pairs=1; shift ;;
+    --gpu-size) gpu_size="$2"; shift 2 ;;
+    --misbind) misbind=1; shift ;;
     --kill-restart) kill_restart=1; shift ;;
     --restarts) restarts="$2"; shift 2 ;;
     --under-load) under_load=1; shift ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,52p' "$0"; exit 0 ;;
     *) echo "a3pair.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -67,6 +83,10 @@ plugin="$out/lib/libnccl-net.so"
 [ -f "$plugin" ] || die "$plugin not found: build it with tools/realplugin/build.sh"
 if [ -z "$bin" ]; then
   if [ -x "$repo/target/release/tcpxd" ]; then bin="$repo/target/release"; else bin="$repo/target/debug"; fi
+fi
+shim="$out/lib/libtcpxd-devmem-shim.so"
+if [ ! -f "$shim" ] || [ "$here/devmem-shim/devmem_shim.c" -nt "$shim" ]; then
+  "$here/devmem-shim/build.sh" "$out/lib" >/dev/null || die "building the devmem shim failed"
 fi
 for b in tcpxd tcpxctl tcpxd-fake-rxdm; do
   [ -x "$bin/$b" ] || die "$bin/$b not found: cargo build --release (-p tcpxd-fake-rxdm for the fake)"
@@ -111,21 +131,27 @@ start_node() { # name ns host-octet
   [ -S "$work/$name/rxdm/rx_rule_uninstall" ] || die "node $name: the fake RxDM did not start ($(cat "$work/$name/rxdm.err"))"
   start_tcpxd "$@"
 }
+# The negative run's map for node b: every GPU on a NIC RxDM does not file its rules under.
+misbound_map="0=eth3;1=eth3;2=eth4;3=eth4;4=eth1;5=eth1;6=eth2;7=eth2"
 start_tcpxd() { # name ns host-octet: the daemon (its state directory kept across restarts)
   local name="$1" ns="$2" n="$3"
+  local topo="${TCPXD_TOPOLOGY:-}"
+  if [ "$misbind" = 1 ] && [ "$name" = b ]; then topo="$misbound_map"; fi
   ip netns exec "$ns" env \
     LD_LIBRARY_PATH="$out/lib" \
+    LD_PRELOAD="$shim" \
+    ${topo:+TCPXD_TOPOLOGY="$topo"} \
+    UCCL_TCPX_UNPACK_IMPL="${UCCL_TCPX_UNPACK_IMPL:-d2d}" \
     NCCL_GPUDIRECTTCPX_SOCKET_IFNAME=eth1,eth2,eth3,eth4 \
     NCCL_GPUDIRECTTCPX_CTRL_DEV=eth0 \
     NCCL_GPUDIRECTTCPX_UNIX_CLIENT_PREFIX="$work/$name/rxdm" \
     NCCL_GPUDIRECTTCPX_PROGRAM_FLOW_STEERING_WAIT_MICROS=1000 \
     TCPXD_CUDASTUB_DEVICES=8 \
     TCPXD_CUDASTUB_CURRENT_DEVICE="${A3PAIR_CURRENT_DEVICE:-1}" \
-    NCCL_TCPX_RXMEM_IMPORT_SKIP_ODDS=1 \
     NCCL_DYNAMIC_CHUNK_SIZE=524288 \
     NCCL_PAT_ENABLE=0 \
     RUST_LOG="${RUST_LOG:-info}" \
-    "$bin/tcpxd" --node-id "a3$name" --plugin "$plugin" --api-socket "$work/$name/api.sock" \
+    ${A3PAIR_WRAP:-} "$bin/tcpxd" --node-id "a3$name" --plugin "$plugin" --api-socket "$work/$name/api.sock" \
     --peer-listen "10.100.0.$n:7$n$n$n" --ready-file "$work/$name/ready.json" --state-dir "$work/$name/state" \
     2>>"$work/$name/tcpxd.log" &
   pids+=($!)
@@ -162,18 +188,72 @@ else
   echo "host READ b -> a failed"; failed=1
 fi
 
-if [ "$gpu_pairs" = 1 ]; then
-  for g in 0 1 2 3 4 5 6 7; do
-    gs=$(ctl --endpoint "$A" buffer register --cuda "$g" 4M --label "gpu$g" --quiet 2>&1) || { echo "GPU $g (a): $gs"; failed=1; continue; }
-    gs_id=${gs#*:*:}; gs_id=${gs_id%%:*}
-    ctl --endpoint "$A" buffer fill "$gs_id" --seed "$g" >/dev/null
-    gd=$(ctl --endpoint "$B" buffer register --cuda "$g" 4M --label "gpu$g" --quiet 2>&1) || { echo "GPU $g (b): $gd"; failed=1; continue; }
-    if r=$(ctl --endpoint "$A" write --local "$gs_id" --remote "$gd" --length 4M 2>&1); then
-      echo "GPU $g a -> GPU $g b: $r"
-    else
-      echo "GPU $g a -> GPU $g b failed: $r"; failed=1
-    fi
+# A buffer on a node: `host` or a GPU ordinal; prints its descriptor.
+reg() { # endpoint where label
+  if [ "$2" = host ]; then ctl --endpoint "$1" buffer register --host "$gpu_size" --label "$3" --quiet
+  else ctl --endpoint "$1" buffer register --cuda "$2" "$gpu_size" --label "$3" --quiet; fi
+}
+id_of() { local d="${1#*:*:}"; echo "${d%%:*}"; }
+# The SHA-256 of a buffer's first --gpu-size bytes, read out through the daemon (tcpxd's CUDA
+# checksum runs a GPU kernel, which the stand-in has not; reading copies to the host).
+sum_of() { # endpoint id
+  rm -f "$work/sum.bin"
+  "$bin/tcpxctl" --endpoint "$1" buffer read "$2" --length "$gpu_size" --out "$work/sum.bin" >/dev/null 2>&1 || return 0
+  sha256sum "$work/sum.bin" | cut -c1-16
+}
+if [ "$gpu_pairs" = 1 ] || [ "$misbind" = 1 ]; then
+  pairs="${A3PAIR_GPU_PAIRS:-0:0 1:1 2:2 3:3 4:4 5:5 6:6 7:7 0:5 3:6 6:1 host:2 7:host}"
+  [ "$misbind" = 1 ] && pairs="${A3PAIR_GPU_PAIRS:-0:0}"
+  # Every pair's three buffers first: src (a, S), dst (b, D), back (a, S).
+  declare -A SRC DST DSTD BACK
+  gpu_n=0
+  for pair in $pairs; do
+    s_=${pair%%:*} d_=${pair##*:}
+    gpu_n=$((gpu_n + 1))
+    gs=$(reg "$A" "$s_" "src$pair" 2>&1) || { echo "$pair: register on a ($s_): $gs"; failed=1; continue; }
+    ctl --endpoint "$A" buffer fill "$(id_of "$gs")" --seed "$gpu_n" >/dev/null
+    gd=$(reg "$B" "$d_" "dst$pair" 2>&1) || { echo "$pair: register on b ($d_): $gd"; failed=1; continue; }
+    gb=$(reg "$A" "$s_" "back$pair" 2>&1) || { echo "$pair: register on a ($s_): $gb"; failed=1; continue; }
+    SRC[$pair]=$(id_of "$gs"); DST[$pair]=$(id_of "$gd"); DSTD[$pair]=$gd; BACK[$pair]=$(id_of "$gb")
   done
+  # One step (WRITE a -> b, or READ b -> a) for every pair: one after another, or with
+  # A3PAIR_PARALLEL=1 all at once (every GPU moving at the same time).
+  step() { # write|read
+    local pids_=() pair
+    for pair in "${!SRC[@]}"; do
+      if [ "$1" = write ]; then
+        args=(write --local "${SRC[$pair]}" --remote "${DSTD[$pair]}")
+      else
+        args=(read --local "${BACK[$pair]}" --remote "${DSTD[$pair]}")
+      fi
+      if [ "${A3PAIR_PARALLEL:-0}" = 1 ]; then
+        ctl --endpoint "$A" "${args[@]}" --length "$gpu_size" >"$work/$1.$pair.out" 2>&1 &
+        pids_+=("$!:$pair")
+      else
+        ctl --endpoint "$A" "${args[@]}" --length "$gpu_size" >"$work/$1.$pair.out" 2>&1 || echo "$pair $1 failed: $(tail -1 "$work/$1.$pair.out")"
+      fi
+    done
+    for p_ in "${pids_[@]}"; do
+      wait "${p_%%:*}" || echo "${p_#*:} $1 failed: $(tail -1 "$work/$1.${p_#*:}.out")"
+    done
+  }
+  t0=$(date +%s.%N)
+  step write
+  t1=$(date +%s.%N)
+  step read
+  t2=$(date +%s.%N)
+  gpu_ok=0
+  for pair in $pairs; do
+    [ -n "${SRC[$pair]:-}" ] || continue
+    s_=${pair%%:*} d_=${pair##*:}
+    c1=$(sum_of "$A" "${SRC[$pair]}"); c2=$(sum_of "$B" "${DST[$pair]}"); c3=$(sum_of "$A" "${BACK[$pair]}")
+    if [ -z "$c1" ] || [ "$c1" != "$c2" ]; then echo "$pair WRITE a:$s_ -> b:$d_: differs (sha256 $c1 / $c2)"; failed=1; continue; fi
+    if [ "$c3" != "$c1" ]; then echo "$pair READ b:$d_ -> a:$s_: differs (sha256 $c3 / $c1)"; failed=1; continue; fi
+    echo "$pair WRITE a:$s_ -> b:$d_ and READ back: byte-exact (sha256 $c1…, $gpu_size each way)"
+    gpu_ok=$((gpu_ok + 1))
+  done
+  [ "$gpu_ok" = "$gpu_n" ] || failed=1
+  echo "GPU pairs: $gpu_ok of $gpu_n byte-exact both ways ($([ "${A3PAIR_PARALLEL:-0}" = 1 ] && echo 'all at once' || echo 'one after another'): WRITEs $(echo "$t1 - $t0" | bc) s, READs $(echo "$t2 - $t1" | bc) s)"
 fi
 
 # The rules a fake RxDM holds now, from its log (fake-rxdm's rules_left: one per flow).
@@ -227,8 +307,45 @@ if [ "$kill_restart" = 1 ]; then
   done
 fi
 
+# Each GPU's bytes by NIC, from `tcpxctl stats --json`'s lanes: a lane's send half carries its
+# local GPU's bytes (send_memory "gpuS>..."), its receive half those landing in a local GPU
+# ("...>gpuD"). With RxDM's a3vm binding GPU g belongs on NIC g/2 (eth1..eth4 are devices 0..3).
+gpu_nics() { # endpoint node
+  ctl --endpoint "$1" stats --json 2>/dev/null | jq -r '
+    [.. | objects | select(has("send_memory") and has("send_device"))] as $l
+    | [($l[] | select(.bytes_sent > 0 and ((.send_memory // "") | test("^gpu[0-9]+>")))
+         | {dir: "sent", gpu: (.send_memory | capture("^gpu(?<g>[0-9]+)>").g | tonumber), nic: .send_device, bytes: .bytes_sent}),
+       ($l[] | select(.bytes_received > 0 and ((.recv_memory // "") | test(">gpu[0-9]+$")))
+         | {dir: "received", gpu: (.recv_memory | capture(">gpu(?<g>[0-9]+)$").g | tonumber), nic: .recv_device, bytes: .bytes_received})]
+    | group_by([.gpu, .dir, .nic])[] | "\(.[0].gpu) \(.[0].dir) \(.[0].nic) \(map(.bytes) | add)"' |
+  while read -r g dir nic bytes; do
+    own=$((g / 2)); verdict="its own NIC"
+    if [ "$nic" != "$own" ]; then verdict="NOT its NIC (eth$((own + 1)))"; fi
+    echo "  node $2: GPU $g $dir $bytes bytes on NIC $nic (eth$((nic + 1))): $verdict"
+  done
+}
+if [ "$gpu_pairs" = 1 ] && [ "$misbind" = 0 ]; then
+  echo "== GPU bytes per NIC (tcpxctl stats)"
+  per_nic="$( { gpu_nics "$A" a; gpu_nics "$B" b; } )"
+  echo "$per_nic"
+  off=$(grep -c "NOT its NIC" <<<"$per_nic" || true)
+  gpus_seen=$(grep -oE 'node [ab]: GPU [0-9]+ (sent|received)' <<<"$per_nic" | sort -u | wc -l)
+  echo "GPU bytes per NIC: $gpus_seen (node, GPU, direction) with bytes, ${off:-0} of them on another NIC"
+  [ "${off:-0}" = 0 ] && [ "$gpus_seen" -gt 0 ] || failed=1
+fi
+b_died=""
+if [ "$misbind" = 1 ]; then
+  # The mis-bound daemon must die as on A3: the plugin's exit(1) at its first GPU receive.
+  for _ in $(seq 100); do kill -0 "${pids[3]}" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "${pids[3]}" 2>/dev/null; then
+    b_died="no"
+  else
+    st=0; wait "${pids[3]}" || st=$?
+    b_died="exit status $st"
+  fi
+fi
 echo "== node a stats"; ctl --endpoint "$A" stats || true
-echo "== node b stats"; ctl --endpoint "$B" stats || true
+echo "== node b stats"; ctl --endpoint "$B" stats 2>&1 || true
 # Daemons first (SIGTERM, 40 s, then SIGKILL: seen 2026-11-29, a daemon on the real plugin whose
 # peer stopped at the same moment spun in its drain for minutes), then the fake RxDMs, whose
 # exit summaries count the rules.
@@ -253,6 +370,19 @@ for name in a b; do
   grep '^install' "$log" 2>/dev/null | sed -E 's/([0-9]+\.[0-9]+\.[0-9]+\.[0-9]+):[0-9]+/\1/g' | sort | uniq -c | sort -rn | head -20 || true
   mism=$((mism + ${bad:-0}))
 done
+for name in a b; do
+  echo "== node $name: GPU receive memory (the devmem shim, per daemon instance: bytes landed per GPU, dma-buf bytes sent per GPU)"
+  for f in "$work/$name"/rxdm/devmem-stats.*; do [ -f "$f" ] && sed "s/^/  /" "$f"; done
+  grep -h '^devmem-shim: flow' "$work/$name/tcpxd.log" | sed -E 's/:[0-9]+ -> ([0-9.]+):[0-9]+/ -> \1/; s/^devmem-shim: flow //' | sort | uniq -c | sed 's/^/  /' || true
+done
+if [ "$misbind" = 1 ]; then
+  why=$(grep -h -m1 -E 'fatal, .*no cmsg' "$work/b/tcpxd.log" || true)
+  echo "a3pair.sh: mis-bound node b: $mism mismatched rules; its daemon: ${b_died:-?}; the plugin said: ${why:-nothing about cmsgs}"
+  if [ "$mism" -gt 0 ] && [ "$b_died" = "exit status 1" ] && [ -n "$why" ]; then
+    echo "a3pair.sh: the mis-bound daemon died as on A3 (rx no cmsg)"; exit 0
+  fi
+  echo "a3pair.sh: the mis-bound daemon did NOT die as on A3"; exit 1
+fi
 [ "$mism" = 0 ] || failed=1
 echo "a3pair.sh: $mism mismatched rules; transfers $([ "$failed" = 0 ] && echo ok || echo 'NOT all ok')"
 exit "$failed"

@@ -18,7 +18,8 @@
 #
 # Needs (Debian 12): cmake g++ protobuf-compiler libprotobuf-dev libabsl-dev libgtest-dev unzip, and
 # cargo (for the CUDA stand-in). The result: OUT/lib/libnccl-net.so beside OUT/lib/libcuda.so.1 (the
-# stand-in, tools/realplugin/cudastub); tools/realplugin/run.sh runs things against it.
+# stand-in, tools/realplugin/cudastub) and OUT/lib/libtcpxd-devmem-shim.so (devmem-shim/, which
+# a3pair.sh preloads); tools/realplugin/run.sh runs things against it.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -93,6 +94,8 @@ cp "$repo/target/release/libtcpxd_cudastub.so" "$out/lib/libcuda.so.1"
 ln -sf libcuda.so.1 "$out/lib/libcuda.so"
 ln -sf libcuda.so.1 "$out/lib/libcudart.so.12"
 ln -sf libcuda.so.1 "$out/lib/libcudart.so"
+# The devmem shim (ours): the plugin's devmem-tcp and dma-buf interface in user space (a3pair.sh).
+"$here/devmem-shim/build.sh" "$out/lib" >/dev/null
 
 # 4. A patched copy of the plugin's source.
 step "patching a copy of $tcpx_src"

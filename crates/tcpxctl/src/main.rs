@@ -55,10 +55,15 @@ struct ConformanceArgs {
     #[arg(long, default_value_t = 3000)]
     wraparound_requests: usize,
     /// Use buffers in the memory of this CUDA device (NCCL_PTR_CUDA registrations; received
-    /// bytes gathered from the plugin's GPU bounce buffer by the unpack kernel) instead of host
-    /// memory.
+    /// bytes gathered from the plugin's GPU bounce buffer by the daemon's unpacker,
+    /// UCCL_TCPX_UNPACK_IMPL: the kernel by default) instead of host memory.
     #[arg(long, value_name = "DEVICE")]
     cuda: Option<usize>,
+    /// Which NICs serve each GPU, as the daemon's `topology.map` (pci, a3vm or GPU=NIC;…): with
+    /// --cuda, the per-device cases run only on the devices that serve that GPU (a device named
+    /// with --device that does not fails `gpu_binding`: on A3 its comms would end the process).
+    #[arg(long, value_name = "MAP", env = "TCPXD_TOPOLOGY", default_value = "pci")]
+    topology: String,
     /// Print JSON lines (one per case) instead of the table.
     #[arg(long)]
     json: bool,
@@ -137,7 +142,15 @@ fn run_conformance(args: ConformanceArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let topology = match tcpxd::engine::topology::MapSpec::parse(&args.topology) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("tcpxctl: --topology: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let opts = conformance::Options {
+        topology,
         devices: (!args.devices.is_empty()).then_some(args.devices),
         connect_timeout: Duration::from_secs(args.connect_timeout_secs),
         case_timeout: Duration::from_secs(args.case_timeout_secs),

@@ -208,7 +208,7 @@ impl Engine {
             None,
             vec![0],
             Places::planned(buffer, plan),
-            Vec::new(),
+            Ranges::default(),
             Some(Box::new(rb.dest)),
             Vec::new(),
             deadline_ms,

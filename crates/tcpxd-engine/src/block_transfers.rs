@@ -139,7 +139,7 @@ impl Engine {
             Some(id),
             vec![0],
             Places::planned(local.buffer, local.plan),
-            Vec::new(),
+            Ranges::default(),
             Some(Box::new(header)),
             notification,
             deadline_ms,
@@ -191,7 +191,7 @@ impl Engine {
             peer: spec.peer,
             msg: PeerMsg::ReadRequest {
                 read_id,
-                pairs: Vec::new(),
+                pairs: ReadPairs::default(),
                 deadline_ms,
                 blocks: Some(Box::new(ReadBlocks {
                     source_list: spec.remote.list_id,
@@ -207,7 +207,7 @@ impl Engine {
                 peer: spec.peer,
                 transfer: id,
                 entries: vec![0],
-                dests: Vec::new(),
+                dests: Ranges::default(),
                 blocks: Some(dest),
                 offer: None,
                 cancelled: false,

@@ -34,6 +34,21 @@ pub(super) fn should_coalesce<'a>(
     one_local && n > 1 && total < n.saturating_mul(u64::from(chunk_bytes))
 }
 
+/// [`should_coalesce`] of ranges in either form (packed ranges lie in one buffer under one key
+/// by construction: no pass over them).
+pub(super) fn should_coalesce_ranges(one_local: bool, remote: &Ranges, chunk_bytes: u32) -> bool {
+    match remote {
+        Ranges::Each(v) => should_coalesce(one_local, v, chunk_bytes),
+        Ranges::Packed(p) => {
+            let n = p.len() as u64;
+            one_local
+                && n > 1
+                && p.total()
+                    .is_some_and(|t| t < n.saturating_mul(u64::from(chunk_bytes)))
+        }
+    }
+}
+
 /// All equal (an empty sequence is not "one").
 pub(super) fn all_one<T: PartialEq>(mut it: impl Iterator<Item = T>) -> bool {
     match it.next() {
@@ -131,11 +146,7 @@ pub(super) fn offer_chunks(offer: &Offer, limit: u64) -> Option<u64> {
     let n = if let Some(h) = &offer.blocks {
         h.total.div_ceil(c)
     } else if offer.coalesced {
-        offer
-            .ranges
-            .iter()
-            .try_fold(0u64, |t, r| t.checked_add(r.length))?
-            .div_ceil(c)
+        offer.ranges.total()?.div_ceil(c)
     } else {
         offer
             .ranges
@@ -149,19 +160,22 @@ impl Engine {
     /// A coalesced offer's ranges must all lie in one of our buffers (keys and bounds are checked
     /// per range by `check_incoming`).
     pub(super) fn check_coalesced(offer: &Offer) -> Result<(), (Code, String, u32)> {
+        let Ranges::Each(ranges) = &offer.ranges else {
+            return Ok(()); // packed: one buffer
+        };
         if !offer.coalesced {
             return Ok(());
         }
-        let Some(first) = offer.ranges.first() else {
+        let Some(first) = ranges.first() else {
             return Ok(());
         };
-        match offer.ranges.iter().position(|r| r.buffer_id != first.buffer_id) {
+        match ranges.iter().position(|r| r.buffer_id != first.buffer_id) {
             None => Ok(()),
             Some(i) => Err((
                 Code::InvalidArgument,
                 format!(
                     "ranges[{i}].buffer_id: a coalesced offer's ranges must lie in one buffer, but ranges[0] is in buffer {} and ranges[{i}] in buffer {}",
-                    first.buffer_id, offer.ranges[i].buffer_id
+                    first.buffer_id, ranges[i].buffer_id
                 ),
                 i as u32,
             )),
@@ -170,14 +184,16 @@ impl Engine {
 
     /// Where an accepted plain or coalesced offer's chunks go here.
     pub(super) fn incoming_layout(offer: &Offer) -> Places {
-        if offer.coalesced {
-            let buffer = offer.ranges.first().map_or(0, |r| r.buffer_id);
-            Places::coalesced(buffer, offer.ranges.iter().map(|r| (r.offset, r.length)))
-        } else {
-            Places::ranges(
-                offer.ranges.iter().map(|r| (r.buffer_id, r.offset)).collect(),
-                offer.ranges.iter().map(|r| r.length).collect(),
-            )
+        match (&offer.ranges, offer.coalesced) {
+            (Ranges::Packed(p), true) => Places::coalesced(p.buffer_id, p.spans()),
+            (ranges, true) => {
+                let buffer = ranges.first().map_or(0, |r| r.buffer_id);
+                Places::coalesced(buffer, ranges.iter().map(|r| (r.offset, r.length)))
+            }
+            (ranges, false) => Places::ranges(
+                ranges.iter().map(|r| (r.buffer_id, r.offset)).collect(),
+                ranges.iter().map(|r| r.length).collect(),
+            ),
         }
     }
 
@@ -187,7 +203,7 @@ impl Engine {
         if let Some(h) = &offer.blocks {
             vec![h.total]
         } else if offer.coalesced {
-            vec![offer.ranges.iter().fold(0u64, |t, r| t.saturating_add(r.length))]
+            vec![offer.ranges.total().unwrap_or(u64::MAX)]
         } else {
             offer.ranges.iter().map(|r| r.length).collect()
         }

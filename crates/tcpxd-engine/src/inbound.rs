@@ -67,7 +67,8 @@ impl Engine {
                 transfer_id,
                 payload,
                 lists,
-            } => self.on_notify(peer, transfer_id, payload, lists),
+                buffers,
+            } => self.on_notify(peer, transfer_id, payload, lists, buffers),
             PeerMsg::Goodbye { reason } => {
                 self.on_peer_failed(peer, &format!("the peer ended the pairing: {reason}"))
             }
@@ -152,6 +153,39 @@ impl Engine {
         .map_err(|e| (e.code, e.message))
     }
 
+    /// Checks every range of a message as [`check_claimed`](Self::check_claimed) does, the
+    /// first bad one refused with its index. Packed ranges (one buffer, one key) look the buffer
+    /// up and compare the key once, then check each range's length and bounds in one pass over
+    /// the arrays.
+    pub(super) fn check_all_claimed(&self, ranges: &Ranges) -> Result<(), (Code, String, u32)> {
+        let p = match ranges {
+            Ranges::Each(v) => {
+                let mut last = None;
+                for (i, r) in v.iter().enumerate() {
+                    self.check_claimed(i, r, &mut last)
+                        .map_err(|(c, m)| (c, m, i as u32))?;
+                }
+                return Ok(());
+            }
+            Ranges::Packed(p) => p,
+        };
+        let Some(first) = ranges.first() else {
+            return Ok(());
+        };
+        let mut last = None;
+        self.check_claimed(0, &first, &mut last)
+            .map_err(|(c, m)| (c, m, 0))?;
+        let size = last.map_or(0, |(_, b)| b.size);
+        for (i, (offset, length)) in p.spans().enumerate() {
+            if length > 0 && range_end(offset, length).is_some_and(|end| end <= size) {
+                continue;
+            }
+            self.check_claimed(i, &p.range(i), &mut last)
+                .map_err(|(c, m)| (c, m, i as u32))?;
+        }
+        Ok(())
+    }
+
     /// What an offer or header rests on alone (its notification, keys and bounds, the READ it
     /// claims to serve): `Err` refuses that one transfer.
     pub(super) fn check_incoming(&self, peer: PeerIdx, offer: &Offer) -> Result<(), (Code, String, u32)> {
@@ -166,11 +200,7 @@ impl Engine {
                 0,
             ));
         }
-        let mut last = None;
-        for (i, r) in offer.ranges.iter().enumerate() {
-            self.check_claimed(i, r, &mut last)
-                .map_err(|(c, m)| (c, m, i as u32))?;
-        }
+        self.check_all_claimed(&offer.ranges)?;
         if offer.read_id != 0 {
             let read = self.reads.get(&offer.read_id).filter(|r| r.peer == peer);
             let Some(read) = read else {
@@ -551,64 +581,66 @@ impl Engine {
         &mut self,
         peer: PeerIdx,
         read_id: u64,
-        pairs: Vec<ReadPair>,
+        pairs: ReadPairs,
         deadline_ms: u64,
         _now: Instant,
     ) {
-        let verdict: Result<(), (Code, String, u32)> = (|| {
-            if pairs.is_empty() || pairs.len() > self.cfg.max_entries {
+        let n = pairs.len();
+        let verdict: Result<(Ranges, Ranges), (Code, String, u32)> = (|| {
+            if n == 0 || n > self.cfg.max_entries {
                 return Err((
                     Code::InvalidArgument,
-                    format!("{} ranges (1 to {} allowed)", pairs.len(), self.cfg.max_entries),
+                    format!("{n} ranges (1 to {} allowed)", self.cfg.max_entries),
                     0,
                 ));
             }
-            let mut last = None;
-            for (i, p) in pairs.iter().enumerate() {
-                self.check_claimed(i, &p.source, &mut last)
-                    .map_err(|(c, m)| (c, m, i as u32))?;
-                if p.dest.length != p.source.length {
-                    return Err((
-                        Code::InvalidArgument,
-                        format!("ranges[{i}]: source and destination lengths differ"),
-                        i as u32,
-                    ));
-                }
+            let (sources, dests) = pairs.split();
+            self.check_all_claimed(&sources)?;
+            if let Some(i) = differing_length(&sources, &dests) {
+                return Err((
+                    Code::InvalidArgument,
+                    format!("ranges[{i}]: source and destination lengths differ"),
+                    i as u32,
+                ));
             }
-            Ok(())
+            Ok((sources, dests))
         })();
-        if let Err((code, message, range_index)) = verdict {
-            self.actions.push_back(Action::Control {
-                peer,
-                msg: PeerMsg::ReadReject {
-                    read_id,
-                    code,
-                    message,
-                    range_index,
-                },
-            });
-            return;
-        }
+        let (sources, dests) = match verdict {
+            Ok(v) => v,
+            Err((code, message, range_index)) => {
+                self.actions.push_back(Action::Control {
+                    peer,
+                    msg: PeerMsg::ReadReject {
+                        read_id,
+                        code,
+                        message,
+                        range_index,
+                    },
+                });
+                return;
+            }
+        };
         let offer_id = self.next_offer;
         self.next_offer += 1;
-        let one_local = coalesce::all_one(pairs.iter().map(|p| p.source.buffer_id));
-        let src = if coalesce::should_coalesce(one_local, pairs.iter().map(|p| &p.dest), self.cfg.chunk_bytes)
-        {
-            coalesce::Places::coalesced(
-                pairs[0].source.buffer_id,
-                pairs.iter().map(|p| (p.source.offset, p.source.length)),
-            )
-        } else {
-            coalesce::Places::ranges(
-                pairs
-                    .iter()
-                    .map(|p| (p.source.buffer_id, p.source.offset))
-                    .collect(),
-                pairs.iter().map(|p| p.source.length).collect(),
-            )
+        let one_local = coalesce::all_one(sources.buffers());
+        let src = match &sources {
+            Ranges::Packed(s)
+                if coalesce::should_coalesce_ranges(one_local, &dests, self.cfg.chunk_bytes) =>
+            {
+                coalesce::Places::coalesced(s.buffer_id, s.spans())
+            }
+            _ if coalesce::should_coalesce_ranges(one_local, &dests, self.cfg.chunk_bytes) => {
+                coalesce::Places::coalesced(
+                    sources.first().map_or(0, |r| r.buffer_id),
+                    sources.iter().map(|r| (r.offset, r.length)),
+                )
+            }
+            _ => coalesce::Places::ranges(
+                sources.iter().map(|r| (r.buffer_id, r.offset)).collect(),
+                sources.iter().map(|r| r.length).collect(),
+            ),
         };
-        let ranges: Vec<RemoteRange> = pairs.into_iter().map(|p| p.dest).collect();
-        let entries = (0..ranges.len()).collect();
+        let entries = (0..n).collect();
         self.make_offer(
             peer,
             offer_id,
@@ -616,7 +648,7 @@ impl Engine {
             None,
             entries,
             src,
-            ranges,
+            dests,
             None,
             Vec::new(),
             deadline_ms,
@@ -656,4 +688,22 @@ impl Engine {
             self.release_held(id);
         }
     }
+}
+
+/// The first pair whose source and destination lengths differ (two packed arrays of equal
+/// lengths given alike: compared as bytes, without a pass per pair).
+fn differing_length(sources: &Ranges, dests: &Ranges) -> Option<usize> {
+    if let (Ranges::Packed(s), Ranges::Packed(d)) = (sources, dests)
+        && s.lengths == d.lengths
+        && s.len() == d.len()
+    {
+        return None;
+    }
+    if sources.len() != dests.len() {
+        return Some(sources.len().min(dests.len()));
+    }
+    sources
+        .iter()
+        .zip(dests.iter())
+        .position(|(s, d)| s.length != d.length)
 }

@@ -79,6 +79,7 @@ mod inbound;
 mod lane;
 mod lane_credits;
 mod lane_life;
+mod packed_batch;
 pub mod packed_ranges;
 mod pair_life;
 use lane_credits::{RecvCredits, SendCredits};
@@ -88,8 +89,11 @@ pub mod layout;
 pub mod plan;
 mod prepared;
 mod prepared_entries;
+pub mod ranges;
 mod release;
+mod route_parts;
 mod routes;
+pub use route_parts::MAX_SPLIT_PARTS;
 pub use routes::{MAX_ROUTED_LANES, ROUTED_EAGER_PER_ROUTE};
 pub use streams::GPU_NOT_KNOWN;
 mod same_node;
@@ -111,12 +115,14 @@ pub use counters::{LaneCounters, PeerCounters};
 pub use drain::{CLOSE_AT_LEAST, DrainReport};
 pub use error::{Code, EngineError, EngineResult};
 pub use layout::LaneLayout;
+pub use packed_batch::PackedBatch;
 pub use packed_ranges::{PackedRanges, RangeLengths};
 pub use plan::{Chunk, ChunkCursor, ChunkPlan, DEFAULT_CHUNK_BYTES, MAX_CHUNK_BYTES, MIN_CHUNK_BYTES};
 pub use prepared::{
     EARLY_PART_MIN_PAIRS, MAX_PREPARED, MAX_PREPARED_ENTRIES, MAX_PREPARED_LISTS, PreparedEntry,
     PreparedInfo, RemoteList, SEAL_MIN_BLOCKS,
 };
+pub use ranges::{Ranges, ReadPairs};
 pub use transfer::{EntrySpec, Outcome, PeerIdx, ReadSpec, TransferId, TransferKind, WriteSpec};
 pub use wire::{Malformed, Offer, PeerMsg, ReadBlocks, ReadPair, RemoteRange};
 
@@ -447,7 +453,7 @@ struct ReadPart {
     transfer: TransferId,
     entries: Vec<usize>,
     /// The destinations asked for (in our buffers): the holder's offer must carry them back.
-    dests: Vec<RemoteRange>,
+    dests: Ranges,
     /// A block READ: the header the holder's offer must carry back (our list, indices, lengths).
     blocks: Option<Box<blocks::BlockHeader>>,
     /// The peer's offer serving this read, once it arrived and was accepted.
@@ -728,18 +734,6 @@ impl Engine {
             })
         })
     }
-}
-
-/// Entry indices grouped by peer, peers in order of first appearance, entries in order.
-fn group_by_peer(specs: &[EntrySpec]) -> Vec<(PeerIdx, Vec<usize>)> {
-    let mut by_peer: Vec<(PeerIdx, Vec<usize>)> = Vec::new();
-    for (i, s) in specs.iter().enumerate() {
-        match by_peer.iter_mut().find(|(p, _)| *p == s.peer) {
-            Some((_, v)) => v.push(i),
-            None => by_peer.push((s.peer, vec![i])),
-        }
-    }
-    by_peer
 }
 
 fn check_bounds(

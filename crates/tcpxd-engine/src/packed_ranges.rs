@@ -164,11 +164,43 @@ impl PackedRanges {
         self.offsets.is_empty()
     }
 
-    fn length(&self, i: usize) -> u64 {
+    /// The sum of the lengths, `None` when it overflows.
+    pub fn total(&self) -> Option<u64> {
+        match &self.lengths {
+            RangeLengths::Uniform(l) => l.checked_mul(self.len() as u64),
+            RangeLengths::Each(b) => b.chunks_exact(8).try_fold(0u64, |t, c| {
+                t.checked_add(u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            }),
+        }
+    }
+
+    /// The lengths all equal, when they are (`Uniform`, or `Each` of one value).
+    pub fn uniform_length(&self) -> Option<u64> {
+        match &self.lengths {
+            RangeLengths::Uniform(l) => Some(*l),
+            RangeLengths::Each(b) => {
+                let first = b.get(..8)?;
+                b.chunks_exact(8).all(|c| c == first).then(|| u64_at(b, 0))
+            }
+        }
+    }
+
+    /// Range `i`'s length (`i < len()`).
+    pub fn length(&self, i: usize) -> u64 {
         match &self.lengths {
             RangeLengths::Uniform(l) => *l,
             RangeLengths::Each(b) => u64_at(b, i),
         }
+    }
+
+    /// Range `i`'s offset (`i < len()`).
+    pub fn offset(&self, i: usize) -> u64 {
+        u64_at(&self.offsets, i)
+    }
+
+    /// (offset, length) of every range, in order.
+    pub fn spans(&self) -> impl ExactSizeIterator<Item = (u64, u64)> + Clone + '_ {
+        (0..self.len()).map(|i| (self.offset(i), self.length(i)))
     }
 
     /// Range `i` (`i < len()`).

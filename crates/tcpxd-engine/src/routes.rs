@@ -23,8 +23,11 @@
 //! `Accept`; it queues its receives on that group's lanes, and the sender queues its sends on
 //! the same lanes when the accept arrives (the same `ChunkPlan` from the same inputs). An accept
 //! naming a lane outside a group of the offer's source is a protocol violation. A transfer
-//! whose ranges lie in more than one memory on a side counts as host memory there (host
-//! routes use every NIC, each comm opened under a GPU that NIC serves).
+//! whose ranges lie in more than one memory on a side is split into parts of one memory pair
+//! each (`route_parts.rs`); an offer that still has several (a peer buffer whose memory the
+//! sender could not know is a part of its own, so only an offer from another implementation)
+//! counts as host memory there (host routes use every NIC, each comm opened under a GPU that
+//! NIC serves).
 //!
 //! # Eager (credit) transfers
 //!
@@ -305,14 +308,14 @@ impl Engine {
         &self,
         peer: PeerIdx,
         sources: &[(u64, u64)],
-        ranges: &[RemoteRange],
+        ranges: &Ranges,
     ) -> Option<Range<u32>> {
         let p = self.peers.get(&peer)?;
         let r = p.routes.as_ref()?;
         let src = common_memory(sources.iter().map(|(b, _)| self.memory_of(*b)));
-        let dst = common_memory(ranges.iter().map(|d| {
+        let dst = common_memory(ranges.buffers().map(|d| {
             p.gpu_dests
-                .get(&d.buffer_id)
+                .get(&d)
                 .copied()
                 .flatten()
                 .map_or(Memory::Host, Memory::Gpu)
@@ -335,13 +338,13 @@ impl Engine {
         &self,
         peer: PeerIdx,
         first_lane: u32,
-        ranges: &[RemoteRange],
+        ranges: &Ranges,
     ) -> Result<Option<Range<u32>>, String> {
         let Some(r) = self.peers.get(&peer).and_then(|p| p.routes.as_ref()) else {
             return Ok(None);
         };
-        let unknown = ranges.iter().any(|d| !self.buffers.contains_key(&d.buffer_id));
-        let dst = common_memory(ranges.iter().map(|d| self.memory_of(d.buffer_id)));
+        let unknown = ranges.buffers().any(|d| !self.buffers.contains_key(&d));
+        let dst = common_memory(ranges.buffers().map(|d| self.memory_of(d)));
         let g = Some(first_lane)
             .filter(|&k| r.inn.is_eager(k))
             .and_then(|k| r.inn.group_of(k))
@@ -354,7 +357,7 @@ impl Engine {
         Ok(Some(g.eager.clone()))
     }
 
-    fn memory_of(&self, buffer: u64) -> Memory {
+    pub(crate) fn memory_of(&self, buffer: u64) -> Memory {
         self.buffers.get(&buffer).map_or(Memory::Host, |b| b.memory)
     }
 }

@@ -58,13 +58,16 @@ impl Engine {
         Ok(total)
     }
 
-    /// Records one peer's share of a transfer (an offer id or a read id).
+    /// Records one part of a transfer (an offer id or a read id) towards `peer`; the pairing
+    /// counts the transfer once, however many parts it has there.
     pub(super) fn add_part(&mut self, id: TransferId, part: u64, peer: PeerIdx) {
         let t = self.transfers.get_mut(&id).expect("just created");
         t.parts.push(part);
         t.pending_parts += 1;
-        t.peers.push(peer);
-        self.peers[&peer].transfers_started += 1;
+        if !t.peers.contains(&peer) {
+            t.peers.push(peer);
+            self.peers[&peer].transfers_started += 1;
+        }
     }
 
     /// The first progress event of a new transfer.
@@ -127,10 +130,22 @@ impl Engine {
         self.refuse_while_draining()?;
         let total = self.check_entries(&specs, notification.len())?;
         let id = self.new_transfer(TransferKind::Write, total, specs.len(), deadline);
-        // One offer per peer, ranges in entry order.
-        let by_peer = group_by_peer(&specs);
+        // One offer per peer and memory pair (`route_parts.rs`), ranges in entry order.
+        let parts = self.group_by_route(&specs);
+        // What each peer's offers carry: the notification, or nothing when it is kept until
+        // every part of several landed.
+        let mut carried: HashMap<PeerIdx, Vec<u8>> = HashMap::new();
+        for (peer, _) in &parts {
+            if carried.contains_key(peer) {
+                continue;
+            }
+            let mine = || parts.iter().filter(|(p, _)| p == peer);
+            let buffers = mine().flat_map(|(_, v)| v.iter().map(|&i| specs[i].remote.buffer_id));
+            let carry = self.split_notification(id, *peer, mine().count(), &notification, buffers);
+            carried.insert(*peer, carry);
+        }
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
-        for (peer, idxs) in by_peer {
+        for (peer, idxs) in parts {
             let offer_id = self.next_offer;
             self.next_offer += 1;
             let ranges: Vec<RemoteRange> = idxs.iter().map(|&i| specs[i].remote.clone()).collect();
@@ -156,9 +171,9 @@ impl Engine {
                 Some(id),
                 idxs,
                 src,
-                ranges,
+                ranges.into(),
                 None,
-                notification.clone(),
+                carried[&peer].clone(),
                 deadline_ms,
             );
             self.add_part(id, offer_id, peer);
@@ -179,7 +194,7 @@ impl Engine {
         transfer: Option<TransferId>,
         entries: Vec<usize>,
         src: coalesce::Places,
-        ranges: Vec<RemoteRange>,
+        ranges: Ranges,
         blocks: Option<Box<blocks::BlockHeader>>,
         notification: Vec<u8>,
         deadline_ms: u64,
@@ -324,7 +339,8 @@ impl Engine {
         let total = self.check_entries(&specs, 0)?;
         let id = self.new_transfer(TransferKind::Read, total, specs.len(), deadline);
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
-        for (peer, idxs) in group_by_peer(&specs) {
+        // One read request per peer and memory pair (`route_parts.rs`).
+        for (peer, idxs) in self.group_by_route(&specs) {
             let read_id = self.next_read;
             self.next_read += 1;
             // A batch of one buffer pair names one local buffer throughout: its key looked up
@@ -359,7 +375,7 @@ impl Engine {
                 peer,
                 msg: PeerMsg::ReadRequest {
                     read_id,
-                    pairs,
+                    pairs: pairs.into(),
                     deadline_ms,
                     blocks: None,
                 },
@@ -370,7 +386,7 @@ impl Engine {
                     peer,
                     transfer: id,
                     entries: idxs,
-                    dests,
+                    dests: dests.into(),
                     blocks: None,
                     offer: None,
                     cancelled: false,

@@ -177,11 +177,11 @@ impl Engine {
     /// Whether a transfer to `peer` of these ranges may take credits at any size: the peer lands
     /// credits in GPU memory and said every destination buffer is GPU memory, and the transfer
     /// is plain ranges (`planned`: a block or coalesced plan, scattered by pieces, is not).
-    pub(super) fn credits_at_any_size(p: &Peer, ranges: &[RemoteRange], planned: bool) -> bool {
+    pub(super) fn credits_at_any_size(p: &Peer, ranges: &Ranges, planned: bool) -> bool {
         p.remote_gpu_budget.is_some()
             && !planned
             && !ranges.is_empty()
-            && ranges.iter().all(|r| p.gpu_dests.contains_key(&r.buffer_id))
+            && ranges.buffers().all(|b| p.gpu_dests.contains_key(&b))
     }
 
     /// Starts streaming an eager offer just chosen (`send_offer`): queues the chunks that fit

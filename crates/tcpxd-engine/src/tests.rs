@@ -18,6 +18,8 @@ mod gpu_credits;
 mod lane_life;
 mod lifecycle;
 mod listed_lanes;
+mod mixed_routes;
+mod packed_batch;
 mod pair_life;
 mod prepared;
 mod prepared_early;
@@ -277,7 +279,8 @@ fn remote_bounds_unknown_buffers_and_bad_offers_are_refused_in_mode() {
                     access_key: key(5),
                     offset: 0,
                     length: 10,
-                }],
+                }]
+                .into(),
                 notification: vec![],
                 deadline_ms: 0,
                 blocks: None,

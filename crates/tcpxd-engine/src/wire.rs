@@ -3,6 +3,7 @@
 
 use super::blocks::{BlockHeader, IndexArray};
 use super::error::Code;
+use super::ranges::{Ranges, ReadPairs};
 
 /// A buffer range on the node that receives the message, as the sender claims it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,7 +20,8 @@ pub struct Offer {
     pub read_id: u64,
     pub chunk_bytes: u32,
     pub first_lane: u32,
-    pub ranges: Vec<RemoteRange>,
+    /// The receiver's ranges, in entry order: per range, or packed (a batch of one buffer pair).
+    pub ranges: Ranges,
     pub notification: Vec<u8>,
     pub deadline_ms: u64,
     /// A block transfer (`ranges` is empty): the receiver's list, its indices, the sender's
@@ -142,7 +144,8 @@ pub enum PeerMsg {
     },
     ReadRequest {
         read_id: u64,
-        pairs: Vec<ReadPair>,
+        /// Per pair, or packed (a batch of one buffer pair).
+        pairs: ReadPairs,
         deadline_ms: u64,
         /// A block READ (`pairs` is empty).
         blocks: Option<Box<ReadBlocks>>,
@@ -156,13 +159,16 @@ pub enum PeerMsg {
     CancelRead {
         read_id: u64,
     },
-    /// A prepared transfer's notification (peer protocol 5): sent by the node that ran the
+    /// A prepared transfer's notification (peer protocol 5), or (protocol 8) a plain WRITE's
+    /// sent in several parts to this peer (`route_parts.rs`): sent by the node that ran the
     /// transfer once every part of it finished OK (a WRITE's after every `Done`, a READ's after
-    /// every byte landed there), never on failure. `lists`: the receiver's lists it touched.
+    /// every byte landed there), never on failure. `lists`: the receiver's lists it touched;
+    /// `buffers`: the receiver's buffers a split plain WRITE wrote.
     Notify {
         transfer_id: u64,
         payload: Vec<u8>,
         lists: Vec<u64>,
+        buffers: Vec<u64>,
     },
     /// The sender failed the pairing, for this reason (its last message on the stream): the
     /// receiver fails it too and reports the sender's reason, e.g. its plugin's words.
@@ -253,7 +259,7 @@ mod tests {
             read_id: 0,
             chunk_bytes: 4096,
             first_lane: 0,
-            ranges: Vec::new(),
+            ranges: Ranges::default(),
             notification: b"n".to_vec(),
             deadline_ms: 0,
             blocks: None,

@@ -7,7 +7,10 @@
 //! - `node`: the node id the state belongs to (another node id: the state is set aside),
 //! - `floors`: three numbers, the ids reserved so far for buffers, block lists, prepared lists
 //!   (reserved [`RESERVE`] ahead, written before an id past them is handed out),
-//! - `regs/b<id>`, `regs/l<id>`, `regs/p<id>`: a live registration (JSON),
+//! - `regs/b<id>`, `regs/l<id>`, `regs/p<id>`: a live registration (JSON); the block lists
+//!   registered with a buffer in one step (a `register_batch` entry's granule lists) are named in
+//!   the buffer's record instead of a file each (one write a region), and come back pending
+//!   with it all the same,
 //! - `host/<id>`: the memory of a daemon-allocated host buffer (on tmpfs: the bytes survive the
 //!   process, not the machine).
 //!
@@ -81,6 +84,10 @@ pub enum Record {
         /// Daemon-allocated CUDA memory kept in the descriptor store: its device.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         device: Option<u32>,
+        /// Block lists registered with the buffer in one step, recorded here rather than in a
+        /// file each (`Journal::record_many`): each comes back pending as a list of this buffer.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        lists: Vec<u64>,
     },
     List {
         buffer: u64,
@@ -135,6 +142,9 @@ struct Inner {
     pending: HashMap<(Space, u64), Record>,
     /// This instance's block lists and their buffers (forgotten with the buffer).
     lists: HashMap<u64, u64>,
+    /// The records of buffers that name lists (`Record::Buffer::lists`), as written: rewritten
+    /// when one of those lists goes, kept when the buffer's record is written again.
+    carried: HashMap<u64, Record>,
 }
 
 /// A daemon-allocated CUDA buffer of the previous instance, to restore from its kept fd.
@@ -207,6 +217,7 @@ impl Journal {
             next: [1; 3],
             pending: HashMap::new(),
             lists: HashMap::new(),
+            carried: HashMap::new(),
         };
         if let Ok(text) = std::fs::read_to_string(dir.join("floors")) {
             for (i, n) in text.split_whitespace().take(3).enumerate() {
@@ -231,6 +242,18 @@ impl Journal {
                 (Some((space, id)), Some(record)) => {
                     let i = space.index();
                     inner.next[i] = inner.next[i].max(id + 1);
+                    if let Record::Buffer { lists, .. } = &record
+                        && !lists.is_empty()
+                    {
+                        let l = Space::List.index();
+                        for &list in lists {
+                            inner.next[l] = inner.next[l].max(list + 1);
+                            inner
+                                .pending
+                                .insert((Space::List, list), Record::List { buffer: id });
+                        }
+                        inner.carried.insert(id, record.clone());
+                    }
                     inner.pending.insert((space, id), record);
                 }
                 _ => {
@@ -285,11 +308,52 @@ impl Journal {
     pub fn record(&self, space: Space, id: u64, record: &Record) -> Result<(), EngineError> {
         let mut inner = self.lock();
         self.reserve(&mut inner, space, id).map_err(internal)?;
-        if let Record::List { buffer } = record {
-            inner.lists.insert(id, *buffer);
+        self.write(&mut inner, space, id, record)
+    }
+
+    /// Writes one record, the lock held (ids reserved already): a list's buffer noted; a
+    /// buffer's lists (`Record::Buffer::lists`) noted, or, when it names none, those its record
+    /// named before kept while they live or wait to be re-attached.
+    fn write(&self, inner: &mut Inner, space: Space, id: u64, record: &Record) -> Result<(), EngineError> {
+        let mut record = std::borrow::Cow::Borrowed(record);
+        match record.as_ref() {
+            Record::List { buffer } => {
+                inner.lists.insert(id, *buffer);
+            }
+            Record::Buffer { lists, .. } if space == Space::Buffer => {
+                let lists = if lists.is_empty() {
+                    let before = match inner.carried.get(&id) {
+                        Some(Record::Buffer { lists, .. }) => lists.clone(),
+                        _ => Vec::new(),
+                    };
+                    before
+                        .into_iter()
+                        .filter(|l| {
+                            inner.lists.get(l) == Some(&id) || inner.pending.contains_key(&(Space::List, *l))
+                        })
+                        .collect()
+                } else {
+                    for &l in lists {
+                        inner.lists.insert(l, id);
+                    }
+                    lists.clone()
+                };
+                if let Record::Buffer { lists: named, .. } = record.to_mut() {
+                    *named = lists;
+                }
+                match record.as_ref() {
+                    Record::Buffer { lists, .. } if !lists.is_empty() => {
+                        inner.carried.insert(id, record.as_ref().clone());
+                    }
+                    _ => {
+                        inner.carried.remove(&id);
+                    }
+                }
+            }
+            _ => {}
         }
-        let bytes =
-            serde_json::to_vec(record).map_err(|e| EngineError::new(Code::Internal, e.to_string()))?;
+        let bytes = serde_json::to_vec(record.as_ref())
+            .map_err(|e| EngineError::new(Code::Internal, e.to_string()))?;
         write_atomic(&self.reg_path(space, id), &bytes).map_err(internal)
     }
 
@@ -299,7 +363,16 @@ impl Journal {
     pub fn record_many(&self, records: &[(Space, u64, Record)]) -> Vec<Result<(), EngineError>> {
         let mut inner = self.lock();
         for space in Space::ALL {
-            let top = records.iter().filter(|r| r.0 == space).map(|r| r.1).max();
+            let carried = records.iter().flat_map(|(_, _, r)| match r {
+                Record::Buffer { lists, .. } if space == Space::List => lists.as_slice(),
+                _ => &[],
+            });
+            let top = records
+                .iter()
+                .filter(|r| r.0 == space)
+                .map(|r| r.1)
+                .chain(carried.copied())
+                .max();
             if let Some(id) = top
                 && let Err(e) = self.reserve(&mut inner, space, id)
             {
@@ -309,14 +382,7 @@ impl Journal {
         }
         records
             .iter()
-            .map(|(space, id, record)| {
-                if let Record::List { buffer } = record {
-                    inner.lists.insert(*id, *buffer);
-                }
-                let bytes = serde_json::to_vec(record)
-                    .map_err(|e| EngineError::new(Code::Internal, e.to_string()))?;
-                write_atomic(&self.reg_path(*space, *id), &bytes).map_err(internal)
-            })
+            .map(|(space, id, record)| self.write(&mut inner, *space, *id, record))
             .collect()
     }
 
@@ -329,6 +395,7 @@ impl Journal {
                 // Its lists went with it.
                 let lists: Vec<u64> = {
                     let mut inner = self.lock();
+                    inner.carried.remove(&id);
                     let ids: Vec<u64> = inner
                         .lists
                         .iter()
@@ -344,10 +411,48 @@ impl Journal {
                     let _ = std::fs::remove_file(self.reg_path(Space::List, l));
                 }
             }
-            Space::List => {
-                self.lock().lists.remove(&id);
-            }
+            Space::List => self.forget_list(id, None),
             Space::Prepared => {}
+        }
+    }
+
+    /// Forgets list `id` (of buffer `of`, where known: a pending list's record): a list named in
+    /// its buffer's record has that record written again without it.
+    fn forget_list(&self, id: u64, of: Option<u64>) {
+        {
+            {
+                let mut inner = self.lock();
+                let buffer =
+                    inner
+                        .lists
+                        .remove(&id)
+                        .or(of)
+                        .or_else(|| match inner.pending.get(&(Space::List, id)) {
+                            Some(Record::List { buffer }) => Some(*buffer),
+                            _ => None,
+                        });
+                // A list named in its buffer's record: the record written again without it.
+                let rewrite = buffer.and_then(|b| match inner.carried.get(&b) {
+                    Some(r @ Record::Buffer { lists, .. }) if lists.contains(&id) => {
+                        let mut r = r.clone();
+                        if let Record::Buffer { lists, .. } = &mut r {
+                            lists.retain(|&l| l != id);
+                        }
+                        Some((b, r))
+                    }
+                    _ => None,
+                });
+                if let Some((b, r)) = rewrite {
+                    inner.pending.remove(&(Space::List, id));
+                    if let Err(e) = self.write(&mut inner, Space::Buffer, b, &r) {
+                        tracing::warn!(
+                            buffer = b,
+                            list = id,
+                            "state directory: rewriting a buffer's record without a list gone: {e}"
+                        );
+                    }
+                }
+            }
         }
     }
 
@@ -488,9 +593,15 @@ impl Journal {
 
     /// Forgets every registration nobody re-attached (the grace period is over); returns how many.
     pub fn expire(&self) -> usize {
-        let gone: Vec<(Space, u64)> = self.lock().pending.drain().map(|(k, _)| k).collect();
-        for &(s, id) in &gone {
-            self.forget(s, id);
+        let gone: Vec<((Space, u64), Record)> = self.lock().pending.drain().collect();
+        for ((s, id), record) in &gone {
+            match record {
+                Record::List { buffer } => {
+                    let _ = std::fs::remove_file(self.reg_path(Space::List, *id));
+                    self.forget_list(*id, Some(*buffer));
+                }
+                _ => self.forget(*s, *id),
+            }
         }
         gone.len()
     }
@@ -551,6 +662,7 @@ mod tests {
             label: String::new(),
             owner: None,
             device: None,
+            lists: Vec::new(),
         }
     }
 
@@ -639,6 +751,45 @@ mod tests {
             "buffers 2, far and far - 1 wait for their clients"
         );
         assert!(j.first_id(Space::Buffer) > far);
+    }
+
+    #[test]
+    fn lists_named_in_their_buffers_record_come_back_pending_and_go_with_it() {
+        let dir = TempDir::new("carried");
+        let j = Journal::open(dir.path(), "a").unwrap();
+        let with = |named: Vec<u64>| {
+            let mut r = buffer("00");
+            if let Record::Buffer { lists, .. } = &mut r {
+                *lists = named;
+            }
+            r
+        };
+        let got = j.record_many(&[
+            (Space::Buffer, 1, with(vec![7, 8])),
+            (Space::Buffer, 2, with(vec![9])),
+        ]);
+        assert!(got.iter().all(Result::is_ok));
+        let files = || std::fs::read_dir(dir.path().join("regs")).unwrap().count();
+        assert_eq!(files(), 2, "one file a buffer, its lists in it");
+        j.record(Space::Buffer, 1, &buffer("11")).unwrap(); // re-keyed: its lists stay named
+        j.forget(Space::List, 8); // released alone: its buffer's record written without it
+        j.forget(Space::Buffer, 2);
+        drop(j);
+        let j = Journal::open(dir.path(), "a").unwrap();
+        assert!(j.first_id(Space::List) > 9);
+        assert_eq!(j.pending(), 2, "buffer 1 and its list 7");
+        let of_1 = |r: &Record| match r {
+            Record::List { buffer: 1 } => Ok(()),
+            _ => Err("another buffer's".into()),
+        };
+        assert!(j.claim("reattach_id", Space::List, 8, of_1).is_err());
+        let r = j.claim("reattach_id", Space::Buffer, 1, |_| Ok(())).unwrap();
+        assert!(matches!(r, Record::Buffer { ref key, ref lists, .. } if key == "11" && *lists == [7]));
+        // Re-attached without its list yet: still named, until the list expires unclaimed.
+        j.record(Space::Buffer, 1, &buffer("11")).unwrap();
+        assert_eq!(j.expire(), 1);
+        let record = std::fs::read(dir.path().join("regs/b1")).unwrap();
+        assert_eq!(serde_json::from_slice::<Record>(&record).unwrap(), buffer("11"));
     }
 
     #[test]

@@ -19,6 +19,7 @@ own connection carries the frame and the descriptor; the buffer then goes when t
 
 from __future__ import annotations
 
+import array
 import bisect
 import ctypes
 import mmap
@@ -31,11 +32,17 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import _local, _proto, _reattach
+from ._addresses import BY_ADDRESS, _varint, address_entries, address_kinds
 from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TcpxdError, Unavailable, from_status
 
 #: Registrations sent before their answers are read (`Registrar.register_many`): few enough that
 #: their answers fit the socket's buffer, so neither side blocks on the other.
 PIPELINE = 64
+#: `register_batch` and `release_batch` frames of memory by address sent before the first
+#: answer is read (`Registrar.register_addresses`, `release_many`): the daemon carries out the
+#: next while this process reads the last; their answers (~20 KB a registration frame) fit the
+#: socket's buffer together.
+FRAMES = 4
 
 #: The memfd flags the package allocates with: sealable, so the daemon can seal it against
 #: shrinking (F_SEAL_SHRINK) and never fault on a truncated page.
@@ -302,6 +309,9 @@ def locate(obj: Any, fd: Optional[int], where: Optional[Locator] = None) -> Shar
     """The file behind `obj`'s memory, a descriptor of it, and where in it the memory starts
     (`where`: what is known of this process's mappings and descriptors already)."""
     addr, nbytes, view, keep = address_of(obj)
+    if fd is None and where is None and address_kinds(array.array("Q", (addr,)))[0] == BY_ADDRESS:
+        # Anonymous or private memory, known without reading all of /proc/self/maps.
+        return Shared(-1, False, 0, nbytes, view, keep, address=addr)
     where = where if where is not None else Locator()
     at = where.at(addr)
     if at < 0:
@@ -512,21 +522,63 @@ class Registrar:
         finally:
             for shared, _ in items:
                 shared.done_sending()
-        ev = conn.receive()
-        kind = ev.WhichOneof("event")
-        if kind == "refused":
-            if ev.refused.code == 3 and ev.refused.message.startswith("op: set one of"):  # INVALID_ARGUMENT
-                return None
-            raise from_status(ev.refused.code, ev.refused.message)
-        if ev.tag != conn.tag or kind != "registered_batch":
-            raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to registration {conn.tag}")
-        got = ev.registered_batch
-        if len(got.buffers) != len(items) or len(got.statuses) != len(items):
-            raise TcpxdError(f"local session: the daemon answered {len(got.buffers)} registrations of {len(items)}")
-        return [b if st.code == 0 else from_status(st.code, st.message) for b, st in zip(got.buffers, got.statuses)]
+        return _batch_answer(conn, len(items), conn.tag)
+
+    def register_addresses(self, addrs: Any, tails: Sequence[bytes], timeout: Optional[float]) -> List[Any]:
+        """Registers memory of this process by address, region i at `addrs[i]` (a numpy u64
+        array) with the rest of its request serialized in `tails[i]` (`address_tail`): per
+        region, the daemon's Buffer message or the TcpxdError refusing it. As `register_many`,
+        PIPELINE to a `register_batch` frame, its entries written without a message object each
+        (`address_entries`); to a daemon without it, one request each, pipelined."""
+        out: List[Any] = []
+        n = len(tails)
+        with self._lock:
+            conn = self._connection()
+            try:
+                start = 0
+                sent: List[Tuple[int, int, int]] = []  # (first region, end, tag) of frames unanswered
+                B = _proto.message("RegisterBatchRequest")
+                while self._batches is not False and (start < n or sent):
+                    while start < n and len(sent) < FRAMES:
+                        end = min(n, start + PIPELINE)
+                        batch = B.FromString(address_entries(addrs[start:end], list(tails[start:end])))
+                        if not conn.send("register_batch", batch, timeout):
+                            raise InvalidArgument("register_host: the registrations are too large for a frame")
+                        sent.append((start, end, conn.tag))
+                        start = end
+                    first, end, tag = sent.pop(0)
+                    got = _batch_answer(conn, end - first, tag)
+                    if got is None:  # the daemon predates register_batch: it refuses every frame
+                        for _ in sent:
+                            _batch_answer(conn, 0, 0)
+                        self._batches, start = False, first
+                        break
+                    out.extend(got)
+                R = _proto.message("RegisterClientMemoryRequest")
+                for at in range(start, n, PIPELINE):
+                    tags = []
+                    for j in range(at, min(n, at + PIPELINE)):
+                        req = R.FromString(b"\x08" + _varint(int(addrs[j])) + tails[j])
+                        if not conn.send("register_client_memory", req, timeout):
+                            raise InvalidArgument("register_host: the registration is too large for a frame")
+                        tags.append(conn.tag)
+                    for tag in tags:
+                        try:
+                            out.append(registered(conn.receive(), tag))
+                        except TcpxdError as e:
+                            out.append(e)
+            except socket.timeout:
+                self._drop()
+                raise Unavailable(f"register_host: no answer from the daemon at {self.path} within {timeout} s") from None
+            except (_local.Gone, OSError) as e:
+                self._drop()
+                raise Unavailable(f"register_host: the local session with {self.path} ended: {e!r}") from None
+        return out
+
 
     def release_many(self, ids: Sequence[int], timeout: Optional[float]) -> Optional[List[Any]]:
-        """Releases buffers registered on this connection, PIPELINE to a `release_batch`: per id,
+        """Releases buffers registered on this connection, PIPELINE to a `release_batch` (FRAMES
+        of them sent before the first answer is read): per id,
         None (released) or the TcpxdError the daemon answered (a buffer a transfer still uses is
         not released: FailedPrecondition); None for all when the daemon does not know the request
         or no connection is open (the caller releases them one by one)."""
@@ -539,17 +591,25 @@ class Registrar:
             conn = self._conn
             R = _proto.message("ReleaseBatchRequest")
             try:
-                for at in range(0, len(ids), PIPELINE):
-                    chunk = list(ids[at : at + PIPELINE])
-                    ev = conn.exchange("release_batch", R(buffer_ids=chunk), timeout)
-                    if ev is None:
-                        raise InvalidArgument("release: the ids are too large for a frame")
+                at = 0
+                sent: List[Tuple[int, int]] = []  # (ids in the frame, its tag), unanswered
+                while at < len(ids) or sent:
+                    while at < len(ids) and len(sent) < FRAMES:
+                        chunk = list(ids[at : at + PIPELINE])
+                        if not conn.send("release_batch", R(buffer_ids=chunk), timeout):
+                            raise InvalidArgument("release: the ids are too large for a frame")
+                        sent.append((len(chunk), conn.tag))
+                        at += len(chunk)
+                    count, tag = sent.pop(0)
+                    ev = conn.receive()
                     kind = ev.WhichOneof("event")
                     if kind == "refused" and ev.refused.code == 3 and ev.refused.message.startswith("op: set one of"):
+                        for _ in sent:  # (refused likewise)
+                            conn.receive()
                         self._batches = False  # the daemon predates release_batch
                         return out + _unreleased(len(ids) - len(out)) if out else None
-                    if kind != "released_batch" or ev.tag != conn.tag or len(ev.released_batch.statuses) != len(chunk):
-                        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to release {conn.tag}")
+                    if kind != "released_batch" or ev.tag != tag or len(ev.released_batch.statuses) != count:
+                        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to release {tag}")
                     out.extend(None if st.code == 0 else from_status(st.code, st.message) for st in ev.released_batch.statuses)
             except socket.timeout:
                 self._drop()
@@ -637,6 +697,24 @@ class Registrar:
         with self._lock:
             self._closed = True
             self._drop()
+
+
+def _batch_answer(conn: _local.Connection, n: int, tag: int) -> Optional[List[Any]]:
+    """The answer to the `register_batch` of `n` registrations sent with `tag`: per registration,
+    its Buffer message or the TcpxdError refusing it; None when the daemon does not know the
+    request."""
+    ev = conn.receive()
+    kind = ev.WhichOneof("event")
+    if kind == "refused":
+        if ev.refused.code == 3 and ev.refused.message.startswith("op: set one of"):  # INVALID_ARGUMENT
+            return None
+        raise from_status(ev.refused.code, ev.refused.message)
+    if ev.tag != tag or kind != "registered_batch":
+        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to registration {tag}")
+    got = ev.registered_batch
+    if len(got.buffers) != n or len(got.statuses) != n:
+        raise TcpxdError(f"local session: the daemon answered {len(got.buffers)} registrations of {n}")
+    return [b if st.code == 0 else from_status(st.code, st.message) for b, st in zip(got.buffers, got.statuses)]
 
 
 def prepare(memory: Any, label: str, fd: Optional[int]) -> Shared:

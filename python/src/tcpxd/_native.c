@@ -19,13 +19,26 @@
  * get_reg_descs of tuples: millions of them for a vLLM prepared list), as NIXL's binding does
  * in C++: a type check and three integer conversions a tuple, no Python objects made.
  *
+ * `vma_kinds` asks the kernel, address by address, which kind of mapping holds each (the
+ * PROCMAP_QUERY ioctl on /proc/self/maps, Linux 6.11 and later): a registration of ordinary memory
+ * (anonymous or private: registered by address) needs no read of all of /proc/self/maps, whose
+ * text the kernel writes for every mapping (~450 us for a few hundred). `address_entries` writes
+ * a register_batch's entries for memory registered by address from each region's address and the
+ * serialized rest of its request (what is the same for every region of one size), as protobuf
+ * would, without a message object per region (docs/API.md, "Client host memory").
+ *
  * Built as an optional extension (python/setup.py): where it cannot be compiled the package
  * works as before, and TCPXD_NATIVE=0 turns it off at run time.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* The loops below vectorize; where the compiler can build clones for wider vectors and the
  * loader picks one at run time (GCC on glibc), it does. */
@@ -333,7 +346,165 @@ refuse:
     Py_RETURN_NONE;
 }
 
+/* The kernel's struct procmap_query (include/uapi/linux/fs.h, Linux 6.11), spelled out here so
+ * that the extension builds against older headers; a kernel without the ioctl answers ENOTTY. */
+struct tcpxd_procmap_query {
+    uint64_t size;
+    uint64_t query_flags;
+    uint64_t query_addr;
+    uint64_t vma_start;
+    uint64_t vma_end;
+    uint64_t vma_flags;
+    uint64_t vma_page_size;
+    uint64_t vma_offset;
+    uint64_t inode;
+    uint32_t dev_major;
+    uint32_t dev_minor;
+    uint32_t vma_name_size;
+    uint32_t build_id_size;
+    uint64_t vma_name_addr;
+    uint64_t build_id_addr;
+};
+#define TCPXD_PROCMAP_QUERY _IOWR('f', 17, struct tcpxd_procmap_query)
+#define TCPXD_PROCMAP_VMA_SHARED 0x08
+
+static const char vma_kinds_doc[] =
+    "vma_kinds(addrs, /) -> bytes\n\n"
+    "Per address of `addrs` (a buffer of native u64s), the kind of mapping of this process that\n"
+    "holds it: 0 anonymous or private (memory registered by address), 1 a shared mapping of a file\n"
+    "(the caller looks it up in /proc/self/maps), 2 none. Raises OSError where the kernel has no\n"
+    "PROCMAP_QUERY (before Linux 6.11: ENOTTY or EINVAL).";
+
+/* /proc/self/maps opened once per process (an inherited one names the parent's memory: a forked
+ * child opens its own). Read and replaced only with the GIL held. */
+static int maps_fd = -1;
+static pid_t maps_pid = 0;
+static struct stat maps_st;
+
+/* Whether maps_fd is still the file opened (closed under us, its number reused: not ours). */
+static int maps_fd_ours(void) {
+    struct stat st;
+    return maps_fd >= 0 && maps_pid == getpid() && fstat(maps_fd, &st) == 0 && st.st_dev == maps_st.st_dev &&
+           st.st_ino == maps_st.st_ino;
+}
+
+static PyObject *vma_kinds(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer v;
+    if (!PyArg_ParseTuple(args, "y*", &v))
+        return NULL;
+    if (v.len % 8) {
+        PyBuffer_Release(&v);
+        PyErr_SetString(PyExc_ValueError, "vma_kinds: addrs is not a buffer of u64s");
+        return NULL;
+    }
+    size_t n = (size_t)v.len / 8;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
+    if (out == NULL) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    unsigned char *k = (unsigned char *)PyBytes_AS_STRING(out);
+    int err = 0;
+    if (!maps_fd_ours()) {
+        /* (an inherited or stolen number is left alone: not this process's to close) */
+        maps_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+        maps_pid = getpid();
+        if (maps_fd < 0 || fstat(maps_fd, &maps_st) != 0)
+            err = errno;
+    }
+    int fd = maps_fd;
+    /* With the GIL held: the queries share one open file, whose state the kernel may keep
+     * between them (its lock context), so two threads never query it at once. */
+    for (size_t i = 0; err == 0 && fd >= 0 && i < n; i++) {
+        uint64_t a;
+        memcpy(&a, (const char *)v.buf + i * 8, 8);
+        struct tcpxd_procmap_query q;
+        memset(&q, 0, sizeof q);
+        q.size = sizeof q;
+        q.query_addr = a;
+        if (ioctl(fd, TCPXD_PROCMAP_QUERY, &q) != 0) {
+            if (errno == ENOENT) {
+                k[i] = 2;
+                continue;
+            }
+            err = errno;
+            break;
+        }
+        k[i] = (q.inode != 0 && (q.vma_flags & TCPXD_PROCMAP_VMA_SHARED)) ? 1 : 0;
+    }
+    PyBuffer_Release(&v);
+    if (err) {
+        Py_DECREF(out);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return out;
+}
+
+static const char address_entries_doc[] =
+    "address_entries(addrs, tails, entry_key, inner_key, /) -> bytes\n\n"
+    "A RegisterBatchRequest's entries of memory registered by address: per region i, `entry_key`,\n"
+    "the entry's length, `inner_key`, the request's length, its field 1 (the u64 addrs[i], a varint)\n"
+    "and tails[i] (the rest of the serialized RegisterClientMemoryRequest: size, label, lists).";
+
+static PyObject *address_entries(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer v;
+    PyObject *tails;
+    const char *ek, *ik;
+    Py_ssize_t ekl, ikl;
+    if (!PyArg_ParseTuple(args, "y*O!y#y#", &v, &PyList_Type, &tails, &ek, &ekl, &ik, &ikl))
+        return NULL;
+    size_t n = (size_t)v.len / 8;
+    if (v.len % 8 || (size_t)PyList_GET_SIZE(tails) != n) {
+        PyBuffer_Release(&v);
+        PyErr_SetString(PyExc_ValueError, "address_entries: one tail per u64 address is needed");
+        return NULL;
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(tails, (Py_ssize_t)i);
+        if (!PyBytes_Check(t)) {
+            PyBuffer_Release(&v);
+            PyErr_Format(PyExc_TypeError, "address_entries: tail %zu is not bytes", i);
+            return NULL;
+        }
+        uint64_t a;
+        memcpy(&a, (const char *)v.buf + i * 8, 8);
+        size_t inner = 1 + varint_len((size_t)a) + (size_t)PyBytes_GET_SIZE(t);
+        size_t entry = (size_t)ikl + varint_len(inner) + inner;
+        total += (size_t)ekl + varint_len(entry) + entry;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (out == NULL) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    char *p = PyBytes_AS_STRING(out);
+    for (size_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(tails, (Py_ssize_t)i);
+        size_t tl = (size_t)PyBytes_GET_SIZE(t);
+        uint64_t a;
+        memcpy(&a, (const char *)v.buf + i * 8, 8);
+        size_t inner = 1 + varint_len((size_t)a) + tl;
+        size_t entry = (size_t)ikl + varint_len(inner) + inner;
+        memcpy(p, ek, (size_t)ekl);
+        p = put_varint(p + ekl, entry);
+        memcpy(p, ik, (size_t)ikl);
+        p = put_varint(p + ikl, inner);
+        *p++ = 0x08;
+        p = put_varint(p, (size_t)a);
+        memcpy(p, PyBytes_AS_STRING(t), tl);
+        p += tl;
+    }
+    PyBuffer_Release(&v);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"vma_kinds", vma_kinds, METH_VARARGS, vma_kinds_doc},
+    {"address_entries", address_entries, METH_VARARGS, address_entries_doc},
     {"desc_rows", desc_rows, METH_VARARGS, desc_rows_doc},
     {"outer", outer, METH_VARARGS, outer_doc},
     {"outer_fields", outer_fields, METH_VARARGS, outer_fields_doc},
@@ -342,7 +513,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "tcpxd._native", "The NIXL agent's index pass (see outer), its descriptor rows (desc_rows) and the local session's frame.", -1, methods,
+    PyModuleDef_HEAD_INIT, "tcpxd._native", "The NIXL agent's index pass (see outer), its descriptor rows (desc_rows), the local session's frame and the registration of memory by address (vma_kinds, address_entries).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

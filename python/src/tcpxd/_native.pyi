@@ -17,3 +17,12 @@ def frame(tag: int, key: bytes, /, *pieces: bytes) -> bytes:
 def desc_rows(descs: list, width: int, /) -> Optional[bytearray]:
     """The rows (address, length, device id) of a list of `width`-tuples whose first three fields
     are ints in [0, 2**64), packed as native u64s; None if any element is not such a tuple."""
+
+def vma_kinds(addrs: Any, /) -> bytes:
+    """Per address of `addrs` (a buffer of native u64s), the kind of mapping of this process
+    holding it: 0 anonymous or private, 1 a shared mapping of a file, 2 none (PROCMAP_QUERY);
+    raises OSError where the kernel has no PROCMAP_QUERY (before Linux 6.11)."""
+
+def address_entries(addrs: Any, tails: list, entry_key: bytes, inner_key: bytes, /) -> bytes:
+    """A RegisterBatchRequest's entries of memory registered by address: per region, its
+    address (field 1 of the request) followed by tails[i], the rest of its serialized request."""

@@ -67,6 +67,10 @@ class Reattacher:
         self._again: Dict[Tuple[str, int], "Again"] = {}
         self._lists: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
         self._prepared: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+        #: Memory registered by address together (tcpxd._addresses.AddressBatch), one entry a
+        #: batch: registered again after the buffers, with its lists.
+        self._batches: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()
+        self._batch_ids = 0
         #: The block lists of each buffer (they go with it).
         self._lists_of: Dict[int, Set[int]] = {}
         #: The daemon instance the registrations belong to (None: not asked yet).
@@ -124,6 +128,17 @@ class Reattacher:
         with self._lock:
             self._again[("l", list_id)] = _list_again(req, list_id)
             self._lists_of.setdefault(int(req.buffer_id), set()).add(list_id)
+
+    def track_batch(self, batch: Any) -> int:
+        """An AddressBatch, registered again (its buffers, then their lists) while it lives and
+        holds any; returns the number `forget("a", n)` takes."""
+        self._start()
+        with self._lock:
+            self._batch_ids += 1
+            n = self._batch_ids
+            self._batches[n] = batch
+            self._again[("a", n)] = _batch_again
+        return n
 
     def track_prepared(self, p: Any, req: Any) -> None:
         """A prepared list, registered again by `req` until released."""
@@ -262,24 +277,26 @@ class Reattacher:
             alive = {("b", i): b for i, b in self._buffers.items()}
             alive.update({("l", i): b for i, b in self._lists.items()})
             alive.update({("p", i): b for i, b in self._prepared.items()})
+            alive.update({("a", i): b for i, b in self._batches.items()})
         if not msg.reattach_grace_s:
             log.warning("tcpxd daemon at %s restarted without a state directory (runtime.state_dir): %d registrations "
                         "of this client are gone; register them again", client.endpoint, len(alive))
         done, failed = 0, 0
-        # Buffers first, then the lists in them, then prepared lists over those.
-        for kind in ("b", "l", "p"):
+        # Buffers first (one by one, then those registered by address together, with their
+        # lists), then the lists in them, then prepared lists over those.
+        for kind in ("b", "a", "l", "p"):
             for key, again in todo:
                 obj = alive.get(key)
                 if key[0] != kind:
                     continue
-                if (obj is None and kind == "b") or getattr(obj, "released", False):
+                if (obj is None and kind in ("b", "a")) or getattr(obj, "released", False):
                     self.forget(*key)  # gone here: nothing to hand over, or released
                     continue
                 try:
                     again(obj, client)
                     done += 1
                 except TcpxdError as e:
-                    what = {"b": "buffer", "l": "block list", "p": "prepared list"}[kind]
+                    what = {"b": "buffer", "a": "memory by address", "l": "block list", "p": "prepared list"}[kind]
                     if obj is None and e.code == grpc.StatusCode.NOT_FOUND:
                         # A list whose object went: released with what it was over, most likely.
                         log.debug("tcpxd: block or prepared list %d not re-attached: %s", key[1], e)
@@ -324,6 +341,10 @@ def _list_again(req: Any, list_id: int) -> Again:
             bl._update(msg)
 
     return again
+
+
+def _batch_again(batch: Any, rpc: "Client") -> None:
+    batch.again(rpc)
 
 
 def _prepared_again(req: Any, prepared_id: int) -> Again:

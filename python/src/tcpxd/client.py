@@ -183,6 +183,37 @@ class Client:
             out.append((buf, list(msg.block_lists), list(msg.block_list_status)))
         return out
 
+    def _register_addresses(self, addrs: Any, tails: Sequence[bytes]) -> List[Any]:
+        """Memory of this process registered by address, many regions at once (tcpxd.nixl's
+        register_memory of anonymous memory): region i at `addrs[i]` (a numpy u64 array), the
+        rest of its request in `tails[i]` (_addresses.address_tail). Per region the daemon's
+        Buffer message (its lists in `block_lists`) or the TcpxdError that refused it; no Buffer
+        object is made (release them with `_release_ids`)."""
+        if self._registrar is None:
+            raise _hostmem.no_unix_socket(self.endpoint)
+        return self._registrar.register_addresses(addrs, tails, self.timeout)
+
+    def _release_ids(self, ids: Sequence[int]) -> None:
+        """Releases buffers registered by `_register_addresses`: in `release_batch`es on the
+        registration session, any it did not release (an older daemon, a buffer a transfer still
+        uses) by ReleaseBuffer. Raises the first error once all are tried."""
+        got = None
+        if self._registrar is not None and ids:
+            try:
+                got = self._registrar.release_many(ids, self.timeout)
+            except TcpxdError:  # the session ended (its buffers went with it): each asked below
+                got = None
+        first: Optional[BaseException] = None
+        R = _proto.message("ReleaseBufferRequest")
+        for i, id in enumerate(ids):
+            if got is None or got[i] is not None:
+                try:
+                    self._unary("ReleaseBuffer", R(buffer_id=id))
+                except TcpxdError as e:
+                    first = first or e
+        if first is not None:
+            raise first
+
     def _release_many(self, buffers: Sequence[Buffer]) -> None:
         """Releases buffers: those this client shared its host memory into (`_register_host_many`)
         in `release_batch`es on its registration session, the rest (and any a transfer still uses,

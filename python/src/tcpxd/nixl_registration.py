@@ -134,6 +134,21 @@ def run_once(impl: str, endpoint: str, cases: List[Case], fresh: bool, pythonpat
     return dict(json.loads(run.stdout.strip().splitlines()[-1]))
 
 
+def _how_kinds_are_found() -> str:
+    """How this package tells memory by address from memory a file backs, here (the kernel's
+    PROCMAP_QUERY, Linux 6.11+, needs the C extension; else one read of /proc/self/maps a call)."""
+    import array
+
+    from . import _addresses
+    from ._native_gate import native
+
+    _addresses.address_kinds(array.array("Q", [id(object())]))
+    if _addresses._procmap:
+        return f"tcpxd: the kind of each region's memory from PROCMAP_QUERY (kernel {os.uname().release})"
+    why = "no C extension (tcpxd._native)" if native is None else f"kernel {os.uname().release} has no PROCMAP_QUERY"
+    return f"tcpxd: the kind of each region's memory from /proc/self/maps ({why})"
+
+
 def cases_of(memory: List[str], sizes: List[int], counts: List[int], max_total: int) -> List[Case]:
     return [(k, s, n) for k in memory for n in counts for s in sizes if s * n <= max_total]
 
@@ -237,6 +252,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             cells.append(f"{meds[col]:10.3g} [{min(xs):.3g}-{max(xs):.3g}]")
         ratio = f"   {meds[ratio_of[0]] / meds[ratio_of[1]]:.2f}x" if ratio_of and meds[ratio_of[1]] else ""
         print(f"{k:44} " + " ".join(f"{c:>28}" for c in cells) + ratio)
+    if "tcpxd" in impls:
+        print(_how_kinds_are_found())
     return 0
 
 

@@ -96,7 +96,14 @@ impl Ctx {
         let unpacker = match &self.mem {
             MemCtx::Host => None,
             MemCtx::Cuda(gpu) => {
-                let u = UnpackImpl::default().build(gpu).map_err(|e| e.to_string())?;
+                // The daemon's unpacker (UCCL_TCPX_UNPACK_IMPL: `d2d` where no kernel can load,
+                // as on the CUDA stand-in), as the credit cases take it.
+                let u = std::env::var("UCCL_TCPX_UNPACK_IMPL")
+                    .ok()
+                    .and_then(|v| v.parse::<UnpackImpl>().ok())
+                    .unwrap_or_default()
+                    .build(gpu)
+                    .map_err(|e| e.to_string())?;
                 Some((gpu.clone(), std::sync::Mutex::new(u)))
             }
         };

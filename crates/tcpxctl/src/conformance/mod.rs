@@ -32,6 +32,7 @@ mod rules;
 
 pub use harness::pattern;
 use harness::{Ctx, MemCtx};
+use tcpxd::engine::topology::MapSpec;
 
 /// Where the suite's test buffers live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +59,9 @@ pub struct Options {
     pub filter: Option<String>,
     /// Where the test buffers live.
     pub memory: TestMemory,
+    /// Which NICs serve each GPU (as the daemon's `topology.map`): with CUDA test memory, the
+    /// per-device cases run only on devices that serve the test GPU, with it current.
+    pub topology: MapSpec,
 }
 
 impl Default for Options {
@@ -69,6 +73,7 @@ impl Default for Options {
             wraparound_requests: 3000,
             filter: None,
             memory: TestMemory::Host,
+            topology: MapSpec::Pci,
         }
     }
 }
@@ -90,6 +95,8 @@ pub struct Report {
     pub plugin: String,
     pub source: String,
     pub cases: Vec<CaseResult>,
+    /// What was left out and why (devices that do not serve the test GPU).
+    pub notes: Vec<String>,
 }
 
 impl Report {
@@ -117,6 +124,9 @@ impl std::fmt::Display for Report {
                 c.elapsed.as_secs_f64() * 1e3,
                 c.detail
             )?;
+        }
+        for n in &self.notes {
+            writeln!(f, "note: {n}")?;
         }
         let failed = self.failures().count();
         write!(
@@ -199,16 +209,47 @@ pub fn run(plugin: &Arc<Plugin>, opts: &Options) -> Report {
                     plugin: plugin.name().to_string(),
                     source: plugin.source().to_string(),
                     cases,
+                    notes: Vec::new(),
                 };
             }
         },
     };
     let misbound = misbound_runs(plugin, opts);
     let cuda = matches!(opts.memory, TestMemory::Cuda(_));
-    for dev in devices {
+    let mut notes = Vec::new();
+    let served = match served_devices(plugin, opts, &devices) {
+        Ok(s) => s,
+        Err(detail) => {
+            cases.push(CaseResult {
+                name: "gpu_binding",
+                dev: None,
+                passed: false,
+                detail,
+                elapsed: Duration::ZERO,
+            });
+            vec![false; devices.len()]
+        }
+    };
+    for (dev, serves) in devices.into_iter().zip(served) {
+        if !serves {
+            let why = unserved_why(plugin, opts, dev);
+            if opts.devices.is_some() {
+                // Asked for by name: on A3 this device's comms would end the process.
+                cases.push(CaseResult {
+                    name: "gpu_binding",
+                    dev: Some(dev),
+                    passed: false,
+                    detail: why,
+                    elapsed: Duration::ZERO,
+                });
+            } else {
+                notes.push(format!("device {dev}: only misbound_gpu ran: {why}"));
+            }
+        }
         let cases_here = DEVICE_CASES
             .iter()
             .chain(cuda.then_some(&("credit_landing", credits::case_credit_landing as CaseFn)))
+            .filter(|_| serves)
             .chain(misbound.then_some(&("misbound_gpu", binding::case_misbound_gpu as CaseFn)));
         for &(name, case) in cases_here {
             if !wanted(name) {
@@ -236,7 +277,64 @@ pub fn run(plugin: &Arc<Plugin>, opts: &Options) -> Report {
         plugin: plugin.name().to_string(),
         source: plugin.source().to_string(),
         cases,
+        notes,
     }
+}
+
+/// With CUDA test memory, whether each of `devices` serves the test GPU under the topology map
+/// (as the daemon resolves it): a comm of a device that does not, opened with that GPU current,
+/// gets its flow-steering rules filed under another NIC on A3 and the plugin ends the process at
+/// its first CUDA receive ("rx no cmsg", ABI §8). Host memory, or a node whose GPUs the topology
+/// does not know: every device.
+fn served_devices(plugin: &Plugin, opts: &Options, devices: &[i32]) -> Result<Vec<bool>, String> {
+    let TestMemory::Cuda(gpu) = opts.memory else {
+        return Ok(vec![true; devices.len()]);
+    };
+    let all: Vec<i32> = plugin.devices().iter().map(|d| d.dev).collect();
+    let topo = tcpxd::topology::discover(plugin, &all, &opts.topology).map_err(|e| e.to_string())?;
+    if topo.gpus.is_empty() {
+        return Ok(vec![true; devices.len()]);
+    }
+    let nics = topo.nics_of(gpu as u32);
+    if nics.is_empty() {
+        return Err(format!(
+            "GPU {gpu}: the topology ({}) knows no such GPU",
+            topo.source
+        ));
+    }
+    Ok(devices
+        .iter()
+        .map(|&d| topo.nic_position(d).is_some_and(|p| nics.contains(&p)))
+        .collect())
+}
+
+/// Why device `dev` does not serve the test GPU, and what to run instead.
+fn unserved_why(plugin: &Plugin, opts: &Options, dev: i32) -> String {
+    let TestMemory::Cuda(gpu) = opts.memory else {
+        return String::new();
+    };
+    let all: Vec<i32> = plugin.devices().iter().map(|d| d.dev).collect();
+    let Ok(topo) = tcpxd::topology::discover(plugin, &all, &opts.topology) else {
+        return format!("device {dev} does not serve GPU {gpu}");
+    };
+    let name = topo
+        .nic_position(dev)
+        .map(|p| topo.nics[p].name.clone())
+        .unwrap_or_else(|| format!("device {dev}"));
+    let theirs = topo
+        .nic_position(dev)
+        .map(|p| topo.gpus_served(p))
+        .unwrap_or_default();
+    let other = theirs
+        .first()
+        .map(|g| format!("; test it with --cuda {g}"))
+        .unwrap_or_default();
+    format!(
+        "{name} does not serve GPU {gpu} under topology {} (it serves GPUs {theirs:?}): on A3 RxDM would file \
+         its comms' flow-steering rules under another NIC and the plugin would exit at the first CUDA \
+         receive (\"rx no cmsg\"){other}",
+        topo.source
+    )
 }
 
 /// `misbound_gpu` needs CUDA test memory and two GPUs or more (with one, every NIC serves it).
@@ -262,6 +360,14 @@ fn run_with_watchdog(ctx: Ctx, case: CaseFn, timeout: Duration) -> (bool, String
     let spawned = std::thread::Builder::new()
         .name("conformance-case".into())
         .spawn(move || {
+            // Listen, connect and accept run on this thread: under the test GPU, as the daemon
+            // opens every comm under a GPU its NIC serves.
+            if let MemCtx::Cuda(gpu) = &ctx.mem
+                && let Err(e) = gpu.bind_to_thread()
+            {
+                let _ = tx.send(Ok(Err(format!("making the test GPU current: {e}"))));
+                return;
+            }
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(&ctx)));
             let _ = tx.send(r);
         });
@@ -297,5 +403,9 @@ pub fn report_json_lines(report: &Report) -> String {
             .to_string()
                 + "\n"
         })
+        .chain(report.notes.iter().map(|n| {
+            serde_json::json!({"plugin": report.plugin, "source": report.source, "note": n}).to_string()
+                + "\n"
+        }))
         .collect()
 }

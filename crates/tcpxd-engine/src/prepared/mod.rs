@@ -91,6 +91,9 @@ struct Notice {
     peer: PeerIdx,
     payload: Vec<u8>,
     lists: Vec<u64>,
+    /// The peer's buffers the transfer wrote, besides those of `lists` (a plain WRITE split per
+    /// memory pair, `route_parts.rs`).
+    buffers: Vec<u64>,
 }
 
 /// The prepared lists of a node, and the notifications of its prepared transfers in flight.
@@ -98,7 +101,8 @@ struct Notice {
 pub(super) struct PreparedRegistry {
     lists: HashMap<u64, Prepared>,
     pub(crate) next_id: u64,
-    notices: HashMap<TransferId, Notice>,
+    /// Per transfer, one per peer it notifies.
+    notices: HashMap<TransferId, Vec<Notice>>,
     /// Prepared READs whose early part went out, the rest still to plan (`plan` module).
     planning: Vec<Planning>,
 }
@@ -330,14 +334,7 @@ impl Engine {
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
         let on_offer = kind == TransferKind::Write && parts.len() == 1;
         if !on_offer && !notification.is_empty() {
-            self.prepared.notices.insert(
-                id,
-                Notice {
-                    peer,
-                    payload: std::mem::take(&mut notification),
-                    lists: touched,
-                },
-            );
+            self.keep_notice(id, peer, std::mem::take(&mut notification), touched, Vec::new());
         }
         for (spec, planned) in parts {
             match kind {
@@ -371,16 +368,34 @@ impl Engine {
     /// Every part of prepared transfer `id` finished OK: its kept notification goes to the peer
     /// now, after every part's data landed (the module's doc says why it arrives after them).
     pub(super) fn send_notice(&mut self, id: TransferId) {
-        if let Some(n) = self.prepared.notices.remove(&id) {
+        for n in self.prepared.notices.remove(&id).unwrap_or_default() {
             self.actions.push_back(Action::Control {
                 peer: n.peer,
                 msg: PeerMsg::Notify {
                     transfer_id: id.0,
                     payload: n.payload,
                     lists: n.lists,
+                    buffers: n.buffers,
                 },
             });
         }
+    }
+
+    /// Keeps transfer `id`'s notification to `peer` until every part finished OK.
+    pub(super) fn keep_notice(
+        &mut self,
+        id: TransferId,
+        peer: PeerIdx,
+        payload: Vec<u8>,
+        lists: Vec<u64>,
+        buffers: Vec<u64>,
+    ) {
+        self.prepared.notices.entry(id).or_default().push(Notice {
+            peer,
+            payload,
+            lists,
+            buffers,
+        });
     }
 
     /// Transfer `id` failed or was cancelled: its kept notification is never sent.
@@ -388,10 +403,18 @@ impl Engine {
         self.prepared.notices.remove(&id);
     }
 
-    /// A peer's prepared transfer touching our `lists` finished: its notification is delivered
-    /// (with the buffers of those lists that still exist). One larger than this node accepts is
-    /// dropped, as an offer carrying it would be refused.
-    pub(super) fn on_notify(&mut self, peer: PeerIdx, transfer_id: u64, payload: Vec<u8>, lists: Vec<u64>) {
+    /// A peer's prepared transfer touching our `lists` (or a plain WRITE split per memory pair
+    /// into our `buffers`, `route_parts.rs`) finished: its notification is delivered (with the
+    /// buffers of those lists, and those named, that still exist, each once). One larger than
+    /// this node accepts is dropped, as an offer carrying it would be refused.
+    pub(super) fn on_notify(
+        &mut self,
+        peer: PeerIdx,
+        transfer_id: u64,
+        payload: Vec<u8>,
+        lists: Vec<u64>,
+        named: Vec<u64>,
+    ) {
         if payload.is_empty() || payload.len() > self.cfg.max_notification {
             return;
         }
@@ -399,6 +422,7 @@ impl Engine {
         let buffers = lists
             .iter()
             .filter_map(|&l| self.lists.get(l).map(|l| l.buffer()))
+            .chain(named.into_iter().filter(|b| self.buffers.contains_key(b)))
             .filter(|b| seen.insert(*b))
             .collect();
         self.actions.push_back(Action::Notify {

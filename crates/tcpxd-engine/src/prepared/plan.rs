@@ -414,14 +414,7 @@ impl Engine {
             return true;
         }
         if !p.notification.is_empty() {
-            self.prepared.notices.insert(
-                p.id,
-                Notice {
-                    peer: p.peer,
-                    payload: p.notification,
-                    lists: p.touched,
-                },
-            );
+            self.keep_notice(p.id, p.peer, p.notification, p.touched, Vec::new());
         }
         // The plan's own pending part is done (the parts just sent keep the transfer going).
         self.part_done(p.id);

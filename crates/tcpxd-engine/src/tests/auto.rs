@@ -348,7 +348,8 @@ fn transfer(first_lane: u32, length: u64) -> Offer {
             access_key: key(5),
             offset: 0,
             length,
-        }],
+        }]
+        .into(),
         notification: vec![],
         deadline_ms: 1000,
         blocks: None,

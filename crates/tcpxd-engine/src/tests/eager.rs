@@ -288,7 +288,8 @@ fn header(id: u64, key_byte: u8, offset: u64, length: u64) -> PeerMsg {
             access_key: key(key_byte),
             offset,
             length,
-        }],
+        }]
+        .into(),
         notification: vec![],
         deadline_ms: 1000,
         blocks: None,
@@ -379,12 +380,15 @@ fn headers_that_break_the_lane_order_fail_the_pairing() {
         ),
         (bad_chunk(&|o| o.chunk_bytes = 100), "outside"),
         (bad_chunk(&|o| o.first_lane = 2), "first_lane 2"),
-        (bad_chunk(&|o| o.ranges.clear()), "0 ranges"),
+        (bad_chunk(&|o| o.ranges = Ranges::default()), "0 ranges"),
         (
-            bad_chunk(&|o| o.ranges[0].length = (credits::MAX_HEADER_CHUNKS + 1) * 4096),
+            bad_chunk(&|o| o.ranges.to_each()[0].length = (credits::MAX_HEADER_CHUNKS + 1) * 4096),
             "more than",
         ),
-        (bad_chunk(&|o| o.ranges[0].length = u64::MAX), "more than"),
+        (
+            bad_chunk(&|o| o.ranges.to_each()[0].length = u64::MAX),
+            "more than",
+        ),
     ];
     for (msg, words) in cases {
         let (mut eng, now) = receiver();

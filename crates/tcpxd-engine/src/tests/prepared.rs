@@ -640,6 +640,7 @@ fn a_notify_names_the_buffers_of_the_lists_still_there() {
             transfer_id: 42,
             payload: b"hi".to_vec(),
             lists: vec![c, d, c],
+            buffers: vec![],
         },
         st.s.now,
     );

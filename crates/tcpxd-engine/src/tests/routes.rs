@@ -220,7 +220,8 @@ fn an_offer_naming_no_routed_lane_is_refused_naming_it_and_changes_nothing() {
             access_key: key(2),
             offset: 0,
             length: 64 * 1024,
-        }],
+        }]
+        .into(),
         notification: Vec::new(),
         deadline_ms: 60_000,
         blocks: None,
@@ -292,7 +293,7 @@ fn routed_lanes_close_when_idle_and_the_next_transfer_reopens_them() {
 }
 
 #[test]
-fn a_transfer_from_two_gpus_is_routed_as_host_memory_on_that_side() {
+fn a_transfer_from_two_gpus_goes_from_each_gpus_own_nic() {
     let mut s = routed(Protocol::Rendezvous, 19);
     s.buffer(0, 1, 64 * 1024, 2);
     s.buffer(0, 3, 64 * 1024, 6);
@@ -320,16 +321,17 @@ fn a_transfer_from_two_gpus_is_routed_as_host_memory_on_that_side() {
     assert_eq!(s.outcome(0, t).code, Code::Ok);
     assert!(s.same((0, 1, 0), (1, 2, 0), 64 * 1024));
     assert!(s.same((0, 3, 0), (1, 2, 64 * 1024), 64 * 1024));
+    // Split per memory pair (`route_parts.rs`): GPU 0's range from NIC 0 under GPU 0, GPU 7's
+    // from NIC 3 under GPU 7, both into NIC 2 under GPU 4; no other sending NIC.
     let used = used_send_lanes(&s, 0);
     let nics: std::collections::BTreeSet<usize> = used.iter().map(|(_, r)| r.unwrap().send.nic).collect();
-    assert_eq!(nics.len(), 4, "host routes on the sending side: every NIC");
+    assert_eq!(nics, [0, 3].into(), "each GPU's own NIC only");
     for (lane, r) in used {
-        assert_eq!(
-            (r.unwrap().recv.nic, r.unwrap().recv.gpu),
-            (2, Some(4)),
-            "lane {lane}"
-        );
+        let r = r.unwrap();
+        assert!(r.send.gpu == Some(0) || r.send.gpu == Some(7), "lane {lane}");
+        assert_gpu_pair_lane(&s, 0, lane, r.send.gpu.unwrap(), 4);
     }
+    assert_eq!(s.nodes[0].eng.peer_counters(P).unwrap().transfers_started, 1);
     s.assert_idle();
 }
 

@@ -137,6 +137,8 @@ pub(super) struct Node {
     pub(super) bufs: HashMap<u64, Vec<u8>>,
     pub(super) finished: HashMap<TransferId, Outcome>,
     pub(super) notes: Vec<(u64, Vec<u8>)>,
+    /// The buffers each of `notes` named, in order.
+    pub(super) noted_buffers: Vec<Vec<u64>>,
     pub(super) closed: Vec<String>,
     /// The pairing's life as the engine reported it (`Action::Pairing`), in order.
     pub(super) pairing: Vec<PairLife>,
@@ -257,6 +259,7 @@ impl Sim {
                 bufs: HashMap::new(),
                 finished: HashMap::new(),
                 notes: Vec::new(),
+                noted_buffers: Vec::new(),
                 closed: Vec::new(),
                 pairing: Vec::new(),
                 progress: HashMap::new(),
@@ -459,8 +462,14 @@ impl Sim {
                         );
                     }
                     Action::Notify {
-                        payload, transfer_id, ..
-                    } => self.nodes[i].notes.push((transfer_id, payload)),
+                        payload,
+                        transfer_id,
+                        buffers,
+                        ..
+                    } => {
+                        self.nodes[i].notes.push((transfer_id, payload));
+                        self.nodes[i].noted_buffers.push(buffers);
+                    }
                     // Lanes opened on first use (`lane_life.rs`): listened for and accepted at
                     // once; the handle is the lane's number (the other side checks it).
                     Action::ListenLane { lane, .. } => {

@@ -7,7 +7,7 @@
 use super::Topology;
 
 /// Where a transfer's bytes are on one side.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Memory {
     Host,
     /// On the GPU with this CUDA ordinal.

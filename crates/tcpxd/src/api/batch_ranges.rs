@@ -1,14 +1,15 @@
 //! A plain batch of one buffer pair as packed arrays (`BatchRanges`, issue 38): one descriptor
-//! parsed, one local buffer looked up, three arrays checked in one pass into the engine's
-//! entries. The same transfer as the same entries given one message each, without the per-entry
-//! strings, messages and statuses that made a batch of many small entries cost ~3× its block-list
-//! twin.
+//! parsed, one local buffer looked up, three arrays checked in one pass, and handed to the engine
+//! still packed (`engine::PackedBatch`): no entry object per range here, in the engine or on the
+//! peer wire. The same transfer as the same entries given one message each, without the
+//! per-entry strings, messages, objects and statuses that made a batch of many small entries
+//! cost ~3× its block-list twin.
 
 use tonic::Status;
 
 use super::proto::v1 as pb;
 use super::state::{DaemonState, status};
-use crate::engine::{self, EntrySpec, RemoteRange};
+use crate::engine::{self, PackedBatch, PackedRanges, RangeLengths};
 
 /// The arrays of a `BatchRanges`, read and checked for shape (not yet against any buffer).
 #[derive(Debug, PartialEq, Eq)]
@@ -134,9 +135,10 @@ impl<'a> Ranges<'a> {
 }
 
 impl DaemonState {
-    /// The engine's entries of a `BatchRanges`: its arrays read, its one local buffer and one
-    /// descriptor resolved, every entry checked against both buffers. Returns the total bytes.
-    pub(crate) fn range_specs(&self, r: &pb::BatchRanges) -> Result<(Vec<EntrySpec>, u64), Status> {
+    /// The engine's packed batch of a `BatchRanges`: its arrays read, its one local buffer and
+    /// one descriptor resolved, every entry checked against both buffers in one pass. The arrays
+    /// go to the engine as they came (copied once, no entry objects). Returns the total bytes.
+    pub(crate) fn packed_batch(&self, r: &pb::BatchRanges) -> Result<(PackedBatch, u64), Status> {
         let ranges = Ranges::read(r, engine::DEFAULT_MAX_ENTRIES).map_err(Status::invalid_argument)?;
         let local = self
             .buffers
@@ -146,23 +148,22 @@ impl DaemonState {
         let total = ranges
             .check(local.size, d.size)
             .map_err(Status::invalid_argument)?;
-        let specs = (0..ranges.len())
-            .map(|k| {
-                let (lo, ro, len) = ranges.get(k);
-                EntrySpec {
-                    local_buffer: r.local_buffer_id,
-                    local_offset: lo,
-                    peer,
-                    remote: RemoteRange {
-                        buffer_id: d.buffer_id,
-                        access_key: d.key,
-                        offset: ro,
-                        length: len,
-                    },
-                }
-            })
-            .collect();
-        Ok((specs, total))
+        let lengths = match ranges.lengths {
+            Lengths::Uniform(l) => RangeLengths::Uniform(l),
+            Lengths::Each(b) => RangeLengths::Each(b.to_vec()),
+        };
+        let batch = PackedBatch {
+            local_buffer: r.local_buffer_id,
+            local_offsets: ranges.local.to_vec(),
+            peer,
+            remote: PackedRanges {
+                buffer_id: d.buffer_id,
+                access_key: d.key,
+                offsets: ranges.remote.to_vec(),
+                lengths,
+            },
+        };
+        Ok((batch, total))
     }
 }
 

@@ -160,6 +160,7 @@ impl DaemonState {
             label: b.label.clone(),
             owner,
             device: self.buffers.kept_cuda_device(b),
+            lists: Vec::new(), // (the lists its record named before are kept)
         };
         journal.record(Space::Buffer, b.id, &record).map_err(status)
     }

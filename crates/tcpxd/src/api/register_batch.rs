@@ -4,16 +4,21 @@
 //! between the daemon's threads is paid once a batch rather than once a region:
 //!
 //! 1. each request checked, and a re-attach claimed from the state directory (async side);
-//! 2. every region mapped in one blocking task: a file descriptor's range mapped shared and its
-//!    pages faulted in (src/host_file.rs), or memory of the client's process checked for
-//!    cross-memory attach (src/net/cross_memory.rs);
+//! 2. every region mapped: a file descriptor's range mapped shared and its pages faulted in
+//!    (src/host_file.rs) in one blocking task, or, for a batch of memory by address only, on the
+//!    session's task, memory of the client's process checked for cross-memory attach
+//!    (src/net/cross_memory.rs);
 //! 3. the buffers published, then handed to the poller with the block lists asked for on each in
 //!    one command (`Command::AddBuffers`);
-//! 4. the state directory's records of every buffer and list written together
-//!    (`Journal::record_many`, one write of the id floors), before any is answered.
+//! 4. the state directory's records of every buffer written together (`Journal::record_many`,
+//!    one write of the id floors; a buffer's lists named in its record, one file a region),
+//!    before any is answered.
 //!
 //! Each registration still succeeds or fails alone, with its own status; one that fails leaves
 //! nothing registered for it. A batch of one is the single registration.
+//!
+//! Releases of a session's buffers that come together (`release_batch`) likewise go to the
+//! poller in one command (`release_batch` below).
 
 use std::sync::Arc;
 
@@ -63,6 +68,9 @@ struct Checked {
     claim: Claim,
     lists: Vec<pb::StridedBlocks>,
 }
+
+/// A buffer made for memory by address, its range not probed yet (`map_pages`).
+type Made = (Arc<BufferEntry>, ClientPages, u64);
 
 /// A registration mapped and added: its buffer and lists.
 struct Added {
@@ -142,6 +150,60 @@ impl DaemonState {
             .collect()
     }
 
+    /// Releases buffers together (a `release_batch`): per id, in order, released or why not.
+    /// Those no transfer uses go to the poller in one command (`Command::RemoveBuffers`) and
+    /// are logged in one line; one a transfer uses is refused at once (FAILED_PRECONDITION), as
+    /// `release` with a deadline of now refuses it. The released buffers' last references come
+    /// back with the answers (`Released`): their memory is unmapped where the caller drops them
+    /// (the session: right after it sent the answer).
+    pub(crate) async fn release_batch(&self, ids: &[u64]) -> (Vec<Result<(), Status>>, Released) {
+        let mut gone = Vec::new();
+        let now = Some(std::time::Instant::now());
+        let mut out: Vec<Option<Result<(), Status>>> = (0..ids.len()).map(|_| None).collect();
+        let mut todo: Vec<(usize, u64)> = Vec::with_capacity(ids.len());
+        for (i, &id) in ids.iter().enumerate() {
+            if let Err(e) = self.buffers.get(id) {
+                out[i] = Some(Err(status(e)));
+            } else if let Err(e) = self.same_node.idle(id, now).await {
+                out[i] = Some(Err(e));
+            } else {
+                todo.push((i, id));
+            }
+        }
+        if !todo.is_empty() {
+            let asked: Vec<u64> = todo.iter().map(|&(_, id)| id).collect();
+            match self
+                .ask(|reply| Command::RemoveBuffers { ids: asked, reply })
+                .await
+            {
+                Ok(results) => {
+                    let mut released = 0usize;
+                    for ((i, id), r) in todo.into_iter().zip(results) {
+                        out[i] = Some(r.map_err(status).map(|()| {
+                            gone.extend(self.buffers.remove(id));
+                            self.journal_forget(Space::Buffer, id);
+                            tracing::debug!(buffer = id, "buffer released");
+                            released += 1;
+                        }));
+                    }
+                    if released > 0 {
+                        tracing::info!(buffers = released, "buffers released");
+                    }
+                }
+                Err(e) => {
+                    for (i, _) in todo {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        let out = out
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(Status::internal("a release of the batch went unanswered"))))
+            .collect();
+        (out, Released { _buffers: gone })
+    }
+
     /// Step 1: the request's checks and its re-attach claim.
     fn check(
         &self,
@@ -217,13 +279,19 @@ impl DaemonState {
             claims.push((i, c.claim, c.lists));
             jobs.push((c.work, c.ident));
         }
-        let state = self.clone();
-        let mapped = tokio::task::spawn_blocking(move || {
-            jobs.into_iter()
-                .map(|(work, ident)| state.map_one(work, ident))
-                .collect::<Vec<_>>()
-        })
-        .await;
+        // Memory by address is a reservation and two small copies a region, done here; a file's
+        // mapping may fault in gigabytes, done off the runtime.
+        let mapped = if jobs.iter().all(|(w, _)| matches!(w, Work::Pages { .. })) {
+            Ok(self.map_pages(jobs))
+        } else {
+            let state = self.clone();
+            tokio::task::spawn_blocking(move || {
+                jobs.into_iter()
+                    .map(|(work, ident)| state.map_one(work, ident))
+                    .collect::<Vec<_>>()
+            })
+            .await
+        };
         let mapped = match mapped {
             Ok(m) => m,
             Err(e) => {
@@ -269,6 +337,40 @@ impl DaemonState {
         out
     }
 
+    /// Step 2 for a batch of memory by address only: the buffers made, then the client's ranges
+    /// probed together (`probe_many`: two system calls for the batch rather than four a
+    /// region); a range that fails its probe leaves no buffer.
+    fn map_pages(&self, jobs: Vec<(Work, Option<Ident>)>) -> Vec<Result<Arc<BufferEntry>, EngineError>> {
+        let made: Vec<Result<Made, EngineError>> = jobs
+            .into_iter()
+            .map(|(work, ident)| match work {
+                Work::Pages { pages, size, label } => self
+                    .buffers
+                    .client_pages(pages, size, &label, ident)
+                    .map(|e| (e, pages, size)),
+                Work::File { .. } => Err(EngineError::new(
+                    crate::engine::Code::Internal,
+                    "map_pages: a file among memory by address",
+                )),
+            })
+            .collect();
+        let ranges: Vec<(ClientPages, u64)> = made.iter().flatten().map(|&(_, p, n)| (p, n)).collect();
+        let mut probed = crate::net::cross_memory::probe_many(&ranges).into_iter();
+        made.into_iter()
+            .map(|m| {
+                let (entry, _, _) = m?;
+                match probed.next() {
+                    Some(Ok(())) => Ok(entry),
+                    Some(Err(e)) => Err(crate::buffers::attach_error(e)),
+                    None => Err(EngineError::new(
+                        crate::engine::Code::Internal,
+                        "a range went unprobed",
+                    )),
+                }
+            })
+            .collect()
+    }
+
     /// Step 2 for one region (blocking).
     fn map_one(&self, work: Work, ident: Option<Ident>) -> Result<Arc<BufferEntry>, EngineError> {
         match work {
@@ -297,9 +399,9 @@ impl DaemonState {
         }
     }
 
-    /// Step 4: the records of every buffer added and of its lists, written together before any
-    /// is answered. A buffer whose record could not be written is released (refused); a list
-    /// whose record could not be, released and refused in the buffer's `block_list_status`.
+    /// Step 4: the records of every buffer added, its lists named in it, written together before
+    /// any is answered. A buffer whose record could not be written is released (refused), its
+    /// lists with it.
     async fn journal_batch(
         &self,
         added: Vec<(usize, Result<Added, Status>)>,
@@ -327,43 +429,36 @@ impl DaemonState {
                     label: b.label.clone(),
                     owner,
                     device: None,
+                    // One record a region: its lists named in it, not a file each.
+                    lists: a.lists.iter().flatten().map(|f| f.id).collect(),
                 },
             ));
-            for f in a.lists.iter().flatten() {
-                records.push((Space::List, f.id, Record::List { buffer: b.id }));
-            }
         }
         let mut written = journal.record_many(&records).into_iter();
         let mut out = Vec::with_capacity(added.len());
         for (i, a) in added {
-            let Ok(mut a) = a else {
+            let Ok(a) = a else {
                 out.push((i, a));
                 continue;
             };
-            let buffer_written = written.next().unwrap_or(Ok(()));
-            let mut lists_written = Vec::new();
-            for l in a.lists.iter() {
-                if l.is_ok() {
-                    lists_written.push(written.next().unwrap_or(Ok(())));
-                } else {
-                    lists_written.push(Ok(()));
-                }
-            }
-            if let Err(e) = buffer_written {
+            // The buffer's record names its lists: written or not, they go with it.
+            if let Err(e) = written.next().unwrap_or(Ok(())) {
                 let _ = self.release(a.entry.id, None).await;
                 out.push((i, Err(status(e))));
                 continue;
-            }
-            for (list, w) in a.lists.iter_mut().zip(lists_written) {
-                if let (Ok(f), Err(e)) = (&*list, w) {
-                    let _ = self.release_blocks(f.id).await;
-                    *list = Err(e);
-                }
             }
             out.push((i, Ok(a)));
         }
         out
     }
+}
+
+/// Buffers a `release_batch` released, held until dropped: the last references to their memory
+/// (a memfd's shared mapping is unmapped then, a reservation unmapped), so that the session
+/// answers first and unmaps after (docs/API.md, "Client host memory").
+#[must_use = "dropping it unmaps the released buffers' memory: drop it after answering"]
+pub struct Released {
+    _buffers: Vec<Arc<BufferEntry>>,
 }
 
 /// A registration's granule list, as the engine takes it.

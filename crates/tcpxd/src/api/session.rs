@@ -583,18 +583,32 @@ impl<E: Events> Session<'_, E> {
             ));
             return self.refuse(tag, status).await;
         }
+        // The buffers of this session, released together (api/register_batch.rs).
+        // (an id twice: the second is not this session's any more, as one by one)
+        let mut mine = std::collections::HashSet::new();
+        let asked: Vec<u64> = batch
+            .buffer_ids
+            .iter()
+            .copied()
+            .filter(|id| self.owned.contains(id) && mine.insert(*id))
+            .collect();
+        let (released, unmapped_after) = self.state.release_batch(&asked).await;
+        let mut released = released.into_iter();
         let mut out = pb::ReleasedBatch::default();
+        let mut gone = std::collections::HashSet::new();
         for (i, id) in batch.buffer_ids.into_iter().enumerate() {
-            let released = if !self.owned.contains(&id) {
+            let r = if mine.remove(&id) {
+                released
+                    .next()
+                    .unwrap_or_else(|| Err(Status::internal("a release of the batch went unanswered")))
+            } else {
                 Err(Status::not_found(format!(
                     "release_batch.buffer_ids[{i}]: buffer {id} was not registered on this session (or is released)"
                 )))
-            } else {
-                self.state.release(id, Some(Instant::now())).await
             };
-            let st = match released {
+            let st = match r {
                 Ok(()) => {
-                    self.owned.retain(|&b| b != id);
+                    gone.insert(id);
                     pb::EntryStatus::default()
                 }
                 Err(e) => pb::EntryStatus {
@@ -604,7 +618,12 @@ impl<E: Events> Session<'_, E> {
             };
             out.statuses.push(st);
         }
-        self.send(tag, Event::ReleasedBatch(out)).await
+        self.owned.retain(|b| !gone.contains(b));
+        let sent = self.send(tag, Event::ReleasedBatch(out)).await;
+        // The memory goes now, answered first: the client need not wait for the unmapping of
+        // (for memfds) every page of the batch; the session reads its next request after.
+        drop(unmapped_after);
+        sent
     }
 
     /// Prepares a list that goes with this session.

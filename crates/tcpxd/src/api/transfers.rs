@@ -12,7 +12,7 @@ use super::state::{DaemonState, status};
 use crate::buffers::Descriptor;
 use crate::engine::{self, EntrySpec, Outcome, RemoteRange, TransferId};
 use crate::metrics::Op;
-use crate::poller::{Command, PeerLink, Phase, TransferStatus};
+use crate::poller::{Batch, Command, PeerLink, Phase, TransferStatus};
 
 impl DaemonState {
     /// Entry `i`'s remote side: its descriptor parsed (or taken from `last`, the previous
@@ -147,14 +147,13 @@ impl DaemonState {
             }
             return self.start_same_node(copy);
         }
-        let one_status = r.ranges.is_some();
         let (mut retries, mut ready) = (0, r.ready_event_ipc_handle.is_empty());
         loop {
-            let (specs, total) = self.batch_specs(&r.entries, r.ranges.as_ref(), deadline).await?;
+            let (batch, total) = self.batch_specs(&r.entries, r.ranges.as_ref(), deadline).await?;
             if !ready {
                 self.wait_ready_event(
                     &r.ready_event_ipc_handle,
-                    specs.iter().map(|s| s.local_buffer),
+                    batch.local_buffers().into_iter(),
                     deadline,
                 )
                 .await?;
@@ -162,10 +161,9 @@ impl DaemonState {
             }
             let asked = self
                 .ask(|reply| Command::Write {
-                    specs,
+                    batch,
                     notification: r.notification.clone(),
                     deadline,
-                    one_status,
                     reply,
                 })
                 .await?;
@@ -189,15 +187,13 @@ impl DaemonState {
             let copy = self.same_node_batch(Op::Read, fields.iter().copied(), Vec::new(), deadline)?;
             return self.start_same_node(copy);
         }
-        let one_status = r.ranges.is_some();
         let mut retries = 0;
         loop {
-            let (specs, total) = self.batch_specs(&r.entries, r.ranges.as_ref(), deadline).await?;
+            let (batch, total) = self.batch_specs(&r.entries, r.ranges.as_ref(), deadline).await?;
             let asked = self
                 .ask(|reply| Command::Read {
-                    specs,
+                    batch,
                     deadline,
-                    one_status,
                     reply,
                 })
                 .await?;
@@ -513,13 +509,14 @@ impl<'a> From<&'a pb::ReadEntry> for EntryFields<'a> {
 impl DaemonState {
     /// A batch to other nodes, either form: checked on this side first (`check_without_peers`, so
     /// a mistake in the request is answered as itself, not as a failed pairing), its nodes dialled,
-    /// then its engine entries built. Returns them with the total bytes.
+    /// then its engine entries built, or its packed batch (`BatchRanges`). Returns it with the
+    /// total bytes.
     async fn batch_specs<'a, E>(
         &self,
         entries: &'a [E],
         ranges: Option<&pb::BatchRanges>,
         deadline: Instant,
-    ) -> Result<(Vec<EntrySpec>, u64), Status>
+    ) -> Result<(Batch, u64), Status>
     where
         &'a E: Into<EntryFields<'a>>,
     {
@@ -527,13 +524,15 @@ impl DaemonState {
             only_ranges(entries.is_empty())?;
             self.reach_peers(std::iter::once(ranges.remote_descriptor.as_str()), deadline)
                 .await?;
-            return self.range_specs(ranges);
+            let (b, total) = self.packed_batch(ranges)?;
+            return Ok((Batch::Packed(b), total));
         }
         let fields = || entries.iter().map(Into::into);
         self.check_without_peers(fields())?;
         self.reach_peers(fields().map(|e: EntryFields<'a>| e.remote_descriptor), deadline)
             .await?;
-        self.entry_specs(fields())
+        let (specs, total) = self.entry_specs(fields())?;
+        Ok((Batch::Entries(specs), total))
     }
 
     /// Builds the engine's entries of a batch `check_without_peers` passed (the peers are known

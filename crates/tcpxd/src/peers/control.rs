@@ -16,7 +16,7 @@ use tonic::{Status, Streaming};
 use super::packed_pb;
 use crate::api::proto::peer as pb;
 use crate::engine::blocks::{BlockHeader, IndexArray, IndexEncoding, PairLengths};
-use crate::engine::{self, Code, Offer, PackedRanges, PeerIdx, PeerMsg, ReadBlocks, RemoteRange};
+use crate::engine::{self, Code, Offer, PeerIdx, PeerMsg, ReadBlocks, RemoteRange};
 use crate::poller::{Command, ControlOut};
 
 /// How many messages [`Outbound`] hands over in a row before it lets its task yield (twice: once
@@ -324,16 +324,13 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
     use pb::peer_message::Body;
     // Ranges of one buffer and key go packed (peer protocol 6): one key, not one per range.
     let offer = |o: &Offer| {
-        let packed = PackedRanges::pack(&o.ranges).map(packed_pb::packed_to_pb);
+        let (ranges, packed) = packed_pb::offer_ranges_to_pb(&o.ranges);
         pb::Offer {
             offer_id: o.offer_id,
             read_id: o.read_id,
             chunk_bytes: o.chunk_bytes,
             first_lane: o.first_lane,
-            ranges: match packed {
-                Some(_) => Vec::new(),
-                None => o.ranges.iter().map(range_to_pb).collect(),
-            },
+            ranges,
             notification: o.notification.clone(),
             deadline_ms: o.deadline_ms,
             coalesced: o.coalesced,
@@ -441,10 +438,12 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             transfer_id,
             payload,
             lists,
+            buffers,
         } => Body::Notify(pb::Notify {
             transfer_id: *transfer_id,
             payload: payload.clone(),
             lists: lists.clone(),
+            buffer_ids: buffers.clone(),
         }),
         PeerMsg::Goodbye { reason } => Body::Goodbye(pb::Goodbye {
             reason: reason.clone(),
@@ -607,6 +606,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
             transfer_id: n.transfer_id,
             payload: n.payload,
             lists: n.lists,
+            buffers: n.buffer_ids,
         },
         Body::Goodbye(g) => PeerMsg::Goodbye {
             reason: g.reason.chars().take(4096).collect(),
@@ -679,7 +679,7 @@ mod tests {
             read_id: 3,
             chunk_bytes: 4096,
             first_lane: 1,
-            ranges: Vec::new(),
+            ranges: Vec::new().into(),
             notification: b"n".to_vec(),
             deadline_ms: 9,
             blocks: blocks.map(Box::new),
@@ -720,6 +720,13 @@ mod tests {
             transfer_id: 17,
             payload: b"done".to_vec(),
             lists: vec![3, 9],
+            buffers: vec![],
+        });
+        round_trip(PeerMsg::Notify {
+            transfer_id: 18,
+            payload: b"mixed".to_vec(),
+            lists: vec![],
+            buffers: vec![4, 1 << 40],
         });
     }
 
@@ -757,7 +764,7 @@ mod tests {
             round_trip(PeerMsg::Header(offer(Some(h.clone()), false)));
             round_trip(PeerMsg::ReadRequest {
                 read_id: 4,
-                pairs: Vec::new(),
+                pairs: Vec::new().into(),
                 deadline_ms: 100,
                 blocks: Some(Box::new(ReadBlocks {
                     source_list: 8,

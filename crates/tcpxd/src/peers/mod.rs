@@ -70,7 +70,11 @@ use topology_pb::{topology_from_pb, topology_to_pb};
 /// `PairingCloseAnswer`, engine `pair_life.rs`); a protocol-6 daemon would take the message for
 /// a broken stream and fail the pairing. (Other branches' protocol-7 changes are listed with
 /// theirs.)
-pub const PROTOCOL_VERSION: u32 = 7;
+/// 8 (session 20, mixed-routes): a plain WRITE whose ranges lie in several memories goes as one
+/// offer per memory pair (engine `route_parts.rs`), its notification sent after every part landed
+/// as `Notify` with `buffer_ids`, the receiver's buffers it wrote: a protocol-7 daemon would
+/// deliver it naming no buffer.
+pub const PROTOCOL_VERSION: u32 = 8;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;
 /// Largest control message: a block offer's header carries the receiver's indices and the

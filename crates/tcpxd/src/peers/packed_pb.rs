@@ -5,7 +5,7 @@
 
 use super::control::{range_from_pb, range_to_pb};
 use crate::api::proto::peer as pb;
-use crate::engine::{self, PackedRanges, RangeLengths, ReadPair, RemoteRange};
+use crate::engine::{self, PackedRanges, RangeLengths, Ranges, ReadPair, ReadPairs};
 
 pub(super) fn packed_to_pb(p: PackedRanges) -> pb::PackedRanges {
     let (lengths, uniform_length) = match p.lengths {
@@ -35,34 +35,44 @@ fn parse_pb(field: &str, p: pb::PackedRanges) -> Result<PackedRanges, String> {
     )
 }
 
-/// [`parse_pb`], expanded into the engine's ranges.
-pub(super) fn packed_from_pb(field: &str, p: pb::PackedRanges) -> Result<Vec<RemoteRange>, String> {
-    parse_pb(field, p).map(|p| p.unpack())
-}
-
-/// An offer's or header's ranges, per range or packed (never both).
+/// An offer's or header's ranges, per range or packed (never both); packed ranges stay packed.
 pub(super) fn offer_ranges_from_pb(
     field: &str,
     ranges: Vec<pb::RemoteRange>,
     packed: Option<pb::PackedRanges>,
-) -> Result<Vec<RemoteRange>, String> {
+) -> Result<Ranges, String> {
     match packed {
         Some(_) if !ranges.is_empty() => Err(format!(
             "{field}packed: given with {} ranges (give one of the two)",
             ranges.len()
         )),
-        Some(p) => packed_from_pb(&format!("{field}packed"), p),
+        Some(p) => parse_pb(&format!("{field}packed"), p).map(Ranges::Packed),
         None => ranges
             .iter()
             .enumerate()
             .map(|(i, r)| range_from_pb(&format!("{field}ranges[{i}]"), Some(r)))
-            .collect(),
+            .collect::<Result<Vec<_>, _>>()
+            .map(Ranges::Each),
+    }
+}
+
+/// An offer's or header's ranges on the wire: packed when they lie in one buffer under one key
+/// (as they are when the engine keeps them packed), else a `RemoteRange` each. Returns
+/// (ranges, packed).
+pub(super) fn offer_ranges_to_pb(ranges: &Ranges) -> (Vec<pb::RemoteRange>, Option<pb::PackedRanges>) {
+    let packed = match ranges {
+        Ranges::Packed(p) => Some(p.clone()),
+        Ranges::Each(v) => PackedRanges::pack(v),
+    };
+    match packed {
+        Some(p) => (Vec::new(), Some(packed_to_pb(p))),
+        None => (ranges.iter().map(|r| range_to_pb(&r)).collect(), None),
     }
 }
 
 /// A read request's pairs, per pair or as two packed arrays (both, or neither, and no pairs
 /// beside them).
-pub(super) fn read_pairs_from_pb(r: &mut pb::ReadRequest) -> Result<Vec<ReadPair>, String> {
+pub(super) fn read_pairs_from_pb(r: &mut pb::ReadRequest) -> Result<ReadPairs, String> {
     match (r.packed_source.take(), r.packed_dest.take()) {
         (None, None) => r
             .pairs
@@ -74,7 +84,8 @@ pub(super) fn read_pairs_from_pb(r: &mut pb::ReadRequest) -> Result<Vec<ReadPair
                     dest: range_from_pb(&format!("pairs[{i}].dest"), p.dest.as_ref())?,
                 })
             })
-            .collect(),
+            .collect::<Result<Vec<_>, String>>()
+            .map(ReadPairs::Each),
         (Some(s), Some(d)) => {
             if !r.pairs.is_empty() {
                 return Err(format!(
@@ -91,13 +102,8 @@ pub(super) fn read_pairs_from_pb(r: &mut pb::ReadRequest) -> Result<Vec<ReadPair
                     source.len()
                 ));
             }
-            // Straight into the pairs: no vector of each side first (65,536 pairs: 5 MiB).
-            Ok((0..source.len())
-                .map(|i| ReadPair {
-                    source: source.range(i),
-                    dest: dest.range(i),
-                })
-                .collect())
+            // Kept packed: no pair per entry (65,536 pairs: 6 MiB).
+            Ok(ReadPairs::Packed { source, dest })
         }
         (Some(_), None) => Err("packed_dest: missing (packed_source given)".into()),
         (None, Some(_)) => Err("packed_source: missing (packed_dest given)".into()),
@@ -105,15 +111,25 @@ pub(super) fn read_pairs_from_pb(r: &mut pb::ReadRequest) -> Result<Vec<ReadPair
 }
 
 /// A read request's pairs on the wire: two packed arrays when the sources lie in one buffer under
-/// one key and the destinations too, else a `ReadPair` each. Returns (pairs, packed_source,
-/// packed_dest).
+/// one key and the destinations too (as they are when the engine keeps them packed), else a
+/// `ReadPair` each. Returns (pairs, packed_source, packed_dest).
 pub(super) fn read_pairs_to_pb(
-    pairs: &[ReadPair],
+    pairs: &ReadPairs,
 ) -> (
     Vec<pb::ReadPair>,
     Option<pb::PackedRanges>,
     Option<pb::PackedRanges>,
 ) {
+    let pairs = match pairs {
+        ReadPairs::Packed { source, dest } => {
+            return (
+                Vec::new(),
+                Some(packed_to_pb(source.clone())),
+                Some(packed_to_pb(dest.clone())),
+            );
+        }
+        ReadPairs::Each(v) => v,
+    };
     let packed = PackedRanges::pack_iter(pairs.iter().map(|p| &p.source))
         .zip(PackedRanges::pack_iter(pairs.iter().map(|p| &p.dest)));
     match packed {
@@ -136,7 +152,7 @@ pub(super) fn read_pairs_to_pb(
 mod tests {
     use super::super::control::{Malformed, msg_from_pb, msg_to_pb};
     use super::*;
-    use crate::engine::{Offer, PeerMsg};
+    use crate::engine::{Offer, PeerMsg, RemoteRange};
 
     fn range(buffer_id: u64, key: u8, offset: u64, length: u64) -> RemoteRange {
         RemoteRange {
@@ -153,7 +169,7 @@ mod tests {
             read_id: 0,
             chunk_bytes: 4096,
             first_lane: 0,
-            ranges,
+            ranges: ranges.into(),
             notification: Vec::new(),
             deadline_ms: 9,
             blocks: None,
@@ -166,7 +182,7 @@ mod tests {
     fn read(pairs: Vec<ReadPair>) -> PeerMsg {
         PeerMsg::ReadRequest {
             read_id: 4,
-            pairs,
+            pairs: pairs.into(),
             deadline_ms: 100,
             blocks: None,
         }
@@ -198,6 +214,18 @@ mod tests {
             };
             assert!(o.ranges.is_empty());
             assert_eq!(o.packed.as_ref().map(|p| p.offsets.len()), Some(ranges.len() * 8));
+            // Received, they stay packed (no range object each); sent packed, they go as they are.
+            let got = msg_from_pb(pb::PeerMessage {
+                body: Some(Body::Offer(o)),
+            })
+            .expect("well formed")
+            .expect("a message");
+            let PeerMsg::Offer(got) = got else { unreachable!() };
+            assert!(matches!(got.ranges, Ranges::Packed(_)));
+            let wire = round_trip(PeerMsg::Header(got));
+            assert!(
+                matches!(wire.body, Some(Body::Header(ref h)) if h.ranges.is_empty() && h.packed.is_some())
+            );
             round_trip(PeerMsg::Header(offer(ranges)));
         }
         let pairs: Vec<ReadPair> = uniform
@@ -213,6 +241,19 @@ mod tests {
             unreachable!()
         };
         assert!(r.pairs.is_empty() && r.packed_source.is_some() && r.packed_dest.is_some());
+        let got = msg_from_pb(pb::PeerMessage {
+            body: Some(Body::ReadRequest(r)),
+        })
+        .expect("well formed")
+        .expect("a message");
+        assert!(matches!(
+            got,
+            PeerMsg::ReadRequest {
+                pairs: ReadPairs::Packed { .. },
+                ..
+            }
+        ));
+        round_trip(got);
 
         let two = vec![range(1, 1, 0, 8), range(2, 1, 0, 8)];
         let wire = round_trip(PeerMsg::Offer(offer(two.clone())));

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use tokio::sync::watch;
 
-use super::{Command, ListFacts, PeerStats, Phase, Poller, Refused, StatsSnapshot, TransferStatus};
+use super::{Batch, Command, ListFacts, PeerStats, Phase, Poller, Refused, StatsSnapshot, TransferStatus};
 use crate::engine::blocks::BlockList;
 use crate::engine::{BlockSpec, Code, Engine, EngineError, TransferId, TransferKind};
 use crate::metrics::Op;
@@ -68,22 +68,11 @@ impl Poller {
                 let _ = reply.send(self.engine.rekey_buffer(id, key));
             }
             Command::RemoveBuffer { id, reply } => {
-                let r = self.engine.remove_buffer(id);
-                if r.is_ok() {
-                    // A host copy queued on a helper holds the region itself, but not the
-                    // registrations dropped below.
-                    self.host_copies.quiesce();
-                    self.buffers.remove(&id);
-                    for p in self.peers.values_mut() {
-                        for l in &mut p.send {
-                            l.handles.retain(|(b, _), _| *b != id);
-                        }
-                        for l in &mut p.recv {
-                            l.handles.retain(|(b, _), _| *b != id);
-                        }
-                    }
-                }
+                let r = self.remove_buffers(&[id]).pop().unwrap_or(Ok(()));
                 let _ = reply.send(r);
+            }
+            Command::RemoveBuffers { ids, reply } => {
+                let _ = reply.send(self.remove_buffers(&ids));
             }
             Command::PrepareLanes { reply } => {
                 let r = self.open_listens().map(|(listens, infos)| {
@@ -125,36 +114,47 @@ impl Poller {
                 let _ = reply.send(r);
             }
             Command::Write {
-                specs,
+                batch,
                 notification,
                 deadline,
-                one_status,
                 reply,
             } => {
                 let now = Instant::now();
-                let total = specs.iter().map(|s| s.remote.length).sum();
-                let r = self.engine.start_write(specs, notification, deadline, now);
-                if let Ok(id) = &r {
-                    if one_status {
-                        self.engine.report_one_status(*id);
+                let (r, total) = match batch {
+                    Batch::Entries(specs) => {
+                        let total = specs.iter().map(|s| s.remote.length).sum();
+                        (self.engine.start_write(specs, notification, deadline, now), total)
                     }
+                    Batch::Packed(b) => {
+                        let total = b.remote.total().unwrap_or(0);
+                        (
+                            self.engine.start_write_packed(b, notification, deadline, now),
+                            total,
+                        )
+                    }
+                };
+                if let Ok(id) = &r {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total))));
             }
             Command::Read {
-                specs,
+                batch,
                 deadline,
-                one_status,
                 reply,
             } => {
                 let now = Instant::now();
-                let total = specs.iter().map(|s| s.remote.length).sum();
-                let r = self.engine.start_read(specs, deadline, now);
-                if let Ok(id) = &r {
-                    if one_status {
-                        self.engine.report_one_status(*id);
+                let (r, total) = match batch {
+                    Batch::Entries(specs) => {
+                        let total = specs.iter().map(|s| s.remote.length).sum();
+                        (self.engine.start_read(specs, deadline, now), total)
                     }
+                    Batch::Packed(b) => {
+                        let total = b.remote.total().unwrap_or(0);
+                        (self.engine.start_read_packed(b, deadline, now), total)
+                    }
+                };
+                if let Ok(id) = &r {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
                 let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total))));
@@ -371,6 +371,35 @@ impl Poller {
     }
 
     /// A list's facts for the API (its token's fields, the buffer's current key).
+    /// Removes buffers no transfer uses (`Command::RemoveBuffer`, `RemoveBuffers`): per id, in
+    /// order, removed or why not; the lanes' handles of those removed dropped in one pass.
+    fn remove_buffers(&mut self, ids: &[u64]) -> Vec<Result<(), EngineError>> {
+        let out: Vec<Result<(), EngineError>> = ids.iter().map(|&id| self.engine.remove_buffer(id)).collect();
+        let removed: std::collections::HashSet<u64> = ids
+            .iter()
+            .zip(&out)
+            .filter(|(_, r)| r.is_ok())
+            .map(|(&id, _)| id)
+            .collect();
+        if !removed.is_empty() {
+            // A host copy queued on a helper holds the region itself, but not the
+            // registrations dropped below.
+            self.host_copies.quiesce();
+            for id in &removed {
+                self.buffers.remove(id);
+            }
+            for p in self.peers.values_mut() {
+                for l in &mut p.send {
+                    l.handles.retain(|(b, _), _| !removed.contains(b));
+                }
+                for l in &mut p.recv {
+                    l.handles.retain(|(b, _), _| !removed.contains(b));
+                }
+            }
+        }
+        out
+    }
+
     /// One buffer of `Command::AddBuffers` (host memory: no GPU stage or memory to set up, as
     /// `Command::AddBuffer` does for device memory), with its block lists.
     fn add_host_buffer(

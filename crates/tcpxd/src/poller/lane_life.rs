@@ -2,7 +2,9 @@
 //! receive lane the peer asked for and sending it the handle, connecting a send lane to the
 //! handle the peer sent, and closing a lane both sides found idle; and of a pairing's
 //! (`engine::pair_life`, peer protocol 7): closing one both sides found idle. Each listen, connector and
-//! close runs with the lane's GPU current (the plugin takes a comm's GPU from it); the accept and
+//! close runs with the lane's GPU current (the plugin takes a comm's GPU from it at listen and
+//! connect; its close frees the comm's device queue under that GPU and, built on the CUDA runtime,
+//! leaves it current); the accept and
 //! connect steps that follow are the pass's (`drive.rs`), bounded by the connect timeout.
 
 use std::collections::HashMap;
@@ -78,6 +80,16 @@ impl Poller {
         }
         // Host copies queued on helpers may still read its bounce pages or write its slots.
         self.host_copies.quiesce();
+        // The comm closes under the GPU it was opened under, as every close does
+        // (`peers::drop_under`).
+        let gpu = if send {
+            p.send.get(lane as usize).and_then(|l| l.gpu)
+        } else {
+            p.recv.get(lane as usize).and_then(|l| l.gpu)
+        };
+        if let Err(e) = crate::topology::make_current(gpu) {
+            tracing::warn!(peer = %p.node_id, lane, send, "closing an idle lane's comm: {e}");
+        }
         if send {
             if let Some(l) = p.send.get_mut(lane as usize) {
                 l.handles = HashMap::new();

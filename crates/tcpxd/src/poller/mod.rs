@@ -35,8 +35,8 @@ use tokio::sync::{broadcast, oneshot, watch};
 use crate::buffers::BufferEntry;
 use crate::engine::blocks::Layout;
 use crate::engine::{
-    BlockSpec, Engine, EngineConfig, EngineError, Outcome, PeerIdx, PeerMsg, PreparedEntry, PreparedInfo,
-    ReadSpec, RemoteList, TransferId, TransferKind, WriteSpec,
+    BlockSpec, Engine, EngineConfig, EngineError, EntrySpec, Outcome, PackedBatch, PeerIdx, PeerMsg,
+    PreparedEntry, PreparedInfo, RemoteList, TransferId, TransferKind,
 };
 use crate::idle::{Backoff, LINGER, Step};
 use crate::metrics::Meter;
@@ -120,6 +120,24 @@ pub use crate::engine::DrainReport;
 
 type Reply<T> = oneshot::Sender<T>;
 
+/// A plain WRITE's or READ's entries as the API hands them over: an engine entry each, or one
+/// buffer pair packed (the API's `BatchRanges`: no entry objects, one status for all).
+#[derive(Debug)]
+pub enum Batch {
+    Entries(Vec<EntrySpec>),
+    Packed(PackedBatch),
+}
+
+impl Batch {
+    /// The local buffers the entries read from or write to (once for a packed batch).
+    pub fn local_buffers(&self) -> Vec<u64> {
+        match self {
+            Batch::Entries(s) => s.iter().map(|s| s.local_buffer).collect(),
+            Batch::Packed(b) => vec![b.local_buffer],
+        }
+    }
+}
+
 pub enum Command {
     AddBuffer {
         entry: Arc<BufferEntry>,
@@ -134,6 +152,12 @@ pub enum Command {
     RemoveBuffer {
         id: u64,
         reply: Reply<Result<(), EngineError>>,
+    },
+    /// Several buffers at once (a local client's `release_batch`): per id, in order, what
+    /// `RemoveBuffer` would answer.
+    RemoveBuffers {
+        ids: Vec<u64>,
+        reply: Reply<Vec<Result<(), EngineError>>>,
     },
     /// Answers once no transfer uses the buffer (at once when none does): the engine's
     /// `Action::BufferIdle`.
@@ -175,18 +199,14 @@ pub enum Command {
         reply: Reply<Result<(PeerIdx, Vec<LaneInfo>), String>>,
     },
     Write {
-        specs: Vec<WriteSpec>,
+        batch: Batch,
         notification: Vec<u8>,
         deadline: Instant,
-        /// The final outcome carries no per-entry statuses (a `BatchRanges` batch).
-        one_status: bool,
         reply: Reply<Result<(TransferId, watch::Receiver<TransferStatus>), EngineError>>,
     },
     Read {
-        specs: Vec<ReadSpec>,
+        batch: Batch,
         deadline: Instant,
-        /// As for `Write`.
-        one_status: bool,
         reply: Reply<Result<(TransferId, watch::Receiver<TransferStatus>), EngineError>>,
     },
     /// Registers a block list inside a buffer.

@@ -207,7 +207,8 @@ impl Poller {
 /// (src/net_tcpx.cc, `persistentSocketThread`). Send lanes close first, every peer's: their
 /// sockets' end is what ends the peer's receives on them. What is not closed by `by` is left
 /// to the process's exit, with the memory it may still write into (`buffers`, the lanes' own),
-/// so no plugin thread ever writes into memory given back.
+/// so no plugin thread ever writes into memory given back. Each lane's comm closes with the GPU
+/// it was opened under current ([`drop_under`]).
 fn close_comms(
     peers: std::collections::BTreeMap<PeerIdx, PeerSlot>,
     prepared: HashMap<u64, Vec<ListenComm>>,
@@ -218,8 +219,18 @@ fn close_comms(
     let comms = peers.values().map(|p| p.send.len() + p.recv.len()).sum::<usize>();
     let close = move || {
         let mut peers = peers;
+        // Each lane's comm under the GPU it was opened under, as `close_apart`.
         for p in peers.values_mut() {
-            drop(std::mem::take(&mut p.send));
+            for l in std::mem::take(&mut p.send) {
+                let gpu = l.gpu.filter(|_| !matches!(l.state, SendLaneState::Closed));
+                drop_under(gpu, l);
+            }
+        }
+        for p in peers.values_mut() {
+            for l in std::mem::take(&mut p.recv) {
+                let gpu = l.gpu.filter(|_| !matches!(l.state, RecvLaneState::Closed));
+                drop_under(gpu, l);
+            }
         }
         drop(peers);
         drop(prepared);

@@ -459,8 +459,8 @@ async fn a_batch_of_registrations_is_answered_entry_by_entry() {
     drop(fd);
     assert_eq!(buffers(&mut a.client).await.len(), 2);
     assert_eq!(mappings("hostfd-batch"), 2);
-    // Released in a batch: this session's buffer at once (unmapped), an id it never registered
-    // and one released already answered NOT_FOUND by position.
+    // Released in a batch: this session's buffer at once (unmapped right after the answer), an
+    // id it never registered and one released already answered NOT_FOUND by position.
     let ids = vec![first.id, 12_345, first.id];
     s.send(4, Op::ReleaseBatch(pb::ReleaseBatchRequest { buffer_ids: ids }))
         .await;
@@ -480,7 +480,8 @@ async fn a_batch_of_registrations_is_answered_entry_by_entry() {
         rel.statuses[1]
     );
     assert_eq!(buffers(&mut a.client).await.len(), 1);
-    assert_eq!(mappings("hostfd-batch"), 1);
+    // Its mapping goes right after the answer, before the session reads its next request: by
+    // the next answer on this session it is gone.
     s.send(
         5,
         Op::ReleaseBatch(pb::ReleaseBatchRequest {
@@ -494,6 +495,7 @@ async fn a_batch_of_registrations_is_answered_entry_by_entry() {
         msg,
         "release_batch.buffer_ids: 65 ids is over the limit of 64 a batch"
     );
+    assert_eq!(mappings("hostfd-batch"), 1);
     assert_eq!(buffers(&mut a.client).await.len(), 1);
     // The batch's buffers go with the session, mappings and all.
     half_close(&mut s).await;
@@ -503,4 +505,101 @@ async fn a_batch_of_registrations_is_answered_entry_by_entry() {
         assert!(Instant::now() < gone, "the session's buffers were not released");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+fn by_address(address: u64, size: u64) -> pb::RegisterBatchEntry {
+    pb::RegisterBatchEntry {
+        memory: Some(pb::register_batch_entry::Memory::ClientMemory(
+            pb::RegisterClientMemoryRequest {
+                address,
+                size,
+                ..Default::default()
+            },
+        )),
+    }
+}
+
+/// A batch of memory by address (this process's own: the daemons run in it) is probed together
+/// (two system calls for the batch): a range the kernel stops at — unmapped from its first byte,
+/// or only at its last — refused by name alone, the ranges after it registered all the same, their
+/// bytes the client's; released together, an id twice and one not this session's answered
+/// NOT_FOUND by position, the others gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_by_address_is_probed_and_released_together() {
+    use tcpxd::api::proto::v1::session_event::Event;
+    tcpxd::logging::init("warn");
+    let mut a = start("by-address-batch", |_| {}).await;
+    let page = 4096u64;
+    // Two pages mapped, the second unmapped: a range over both has its last byte unmapped.
+    // SAFETY: a fresh anonymous mapping of this test's own; its second page unmapped at once and
+    // the first unmapped at the end, nothing else holding either.
+    let two = unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            2 * page as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        assert_eq!(
+            libc::munmap(p.cast::<u8>().add(page as usize).cast(), page as usize),
+            0
+        );
+        p as u64
+    };
+    let mut mem: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i + 1; 64 << 10]).collect();
+    mem[2][..5].copy_from_slice(b"third");
+    let at = |v: &Vec<u8>| v.as_ptr() as u64;
+    let entries = vec![
+        by_address(at(&mem[0]), 64 << 10),
+        by_address(page, page), // nothing mapped there
+        by_address(at(&mem[1]), 64 << 10),
+        by_address(two, 2 * page), // its last byte unmapped
+        by_address(at(&mem[2]), 64 << 10),
+    ];
+    let mut s = Framed::open(&a.daemon.api_socket).await;
+    s.send(1, Op::RegisterBatch(pb::RegisterBatchRequest { entries }))
+        .await;
+    let ev = s.next().await;
+    let Some(Event::RegisteredBatch(got)) = ev.event else {
+        panic!("expected a registered_batch, got {ev:?}")
+    };
+    let codes: Vec<i32> = got.statuses.iter().map(|st| st.code).collect();
+    let bad = tonic::Code::InvalidArgument as i32;
+    assert_eq!(codes, vec![0, bad, 0, bad, 0], "{:?}", got.statuses);
+    for (i, addr) in [(1, page), (3, two + 2 * page - 1)] {
+        assert!(
+            got.statuses[i].message.contains("has no memory at"),
+            "{:?}",
+            got.statuses[i]
+        );
+        assert!(
+            got.statuses[i].message.contains(&format!("{addr:#x}")),
+            "{:?}",
+            got.statuses[i]
+        );
+        assert_eq!(got.buffers[i].id, 0);
+    }
+    let ids: Vec<u64> = [0, 2, 4].iter().map(|&i| got.buffers[i].id).collect();
+    assert_eq!(crc(&mut a.client, ids[2], 0, 5).await, crc32c::crc32c(b"third"));
+    assert_eq!(buffers(&mut a.client).await.len(), 3);
+    let asked = vec![ids[0], ids[0], 12_345, ids[1], ids[2]];
+    s.send(2, Op::ReleaseBatch(pb::ReleaseBatchRequest { buffer_ids: asked }))
+        .await;
+    let ev = s.next().await;
+    let Some(Event::ReleasedBatch(rel)) = ev.event else {
+        panic!("expected a released_batch, got {ev:?}")
+    };
+    let codes: Vec<i32> = rel.statuses.iter().map(|st| st.code).collect();
+    let missing = tonic::Code::NotFound as i32;
+    assert_eq!(codes, vec![0, missing, missing, 0, 0], "{:?}", rel.statuses);
+    assert!(buffers(&mut a.client).await.is_empty());
+    // SAFETY: the first page of the mapping made above, no buffer naming it any more.
+    assert_eq!(
+        unsafe { libc::munmap(two as *mut libc::c_void, page as usize) },
+        0
+    );
+    drop(mem);
 }

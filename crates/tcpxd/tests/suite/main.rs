@@ -60,3 +60,5 @@ mod plugin_loading;
 mod reflection;
 mod routed_rerun;
 mod topology;
+mod topology_closes;
+mod topology_mixed;

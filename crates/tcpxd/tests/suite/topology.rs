@@ -17,7 +17,7 @@ use tcpxd::api::proto::v1 as pb;
 const MIB: u64 = 1 << 20;
 
 /// The stand-in's eight GPUs and four emulated NICs, for a daemon process.
-fn a3_env() -> Vec<(String, String)> {
+pub(crate) fn a3_env() -> Vec<(String, String)> {
     gpus_over_four_nics(8)
 }
 
@@ -32,7 +32,7 @@ fn gpus_over_four_nics(gpus: usize) -> Vec<(String, String)> {
     env
 }
 
-fn refs(env: &[(String, String)]) -> Vec<(&str, &str)> {
+pub(crate) fn refs(env: &[(String, String)]) -> Vec<(&str, &str)> {
     env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()
 }
 
@@ -157,7 +157,7 @@ async fn every_lane_is_opened_under_a_gpu_its_nic_serves() {
 /// The emulation's verdicts on the daemon's comms were logged (at least `at_least` lines: the
 /// log's limit per call site) and none said "NOT served" (its own call site, whose first line
 /// is always logged).
-fn assert_every_comm_served(d: &procs::ProcDaemon, at_least: usize) {
+pub(crate) fn assert_every_comm_served(d: &procs::ProcDaemon, at_least: usize) {
     let log = d.log();
     let served = log.matches("served by this NIC").count();
     assert!(served >= at_least, "{}: {served} comms judged\n{log}", d.node);
@@ -254,7 +254,7 @@ fn a_map_naming_what_the_node_lacks_stops_the_daemon() {
 }
 
 /// Each lane's bytes sent and received so far, by lane.
-async fn lane_bytes(c: &mut Client) -> Vec<pb::LaneStats> {
+pub(crate) async fn lane_bytes(c: &mut Client) -> Vec<pb::LaneStats> {
     let s = c.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
     assert!(s.peers.len() <= 1);
     // Before the first transfer paired the nodes: nothing yet.
@@ -262,7 +262,11 @@ async fn lane_bytes(c: &mut Client) -> Vec<pb::LaneStats> {
 }
 
 /// The lanes whose bytes sent (`sent`) or received grew since `before`.
-fn grew<'a>(before: &[pb::LaneStats], after: &'a [pb::LaneStats], sent: bool) -> Vec<&'a pb::LaneStats> {
+pub(crate) fn grew<'a>(
+    before: &[pb::LaneStats],
+    after: &'a [pb::LaneStats],
+    sent: bool,
+) -> Vec<&'a pb::LaneStats> {
     // GetStats lists the lanes in use only: a lane new since `before` had counted nothing.
     let zero = pb::LaneStats::default();
     after

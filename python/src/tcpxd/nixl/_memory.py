@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import Client, _proto
+from .._addresses import BY_ADDRESS, AddressBatch, address_kinds, address_tail
 from ..errors import TcpxdError
 from . import _cuda
 from ._descs import MOVABLE, RegDList
 from ._errors import from_tcpxd, nixlInvalidParamError, nixlNotFoundError, nixlNotSupportedError
-from ._regions import Region, RegionTable
+from ._regions import Region, RegionTable, region as make_region
 
 Key = Tuple[str, int, int, int]
 
@@ -130,6 +131,10 @@ def _register(client: Client, buffer: Any, size: int, g: int) -> Granules:
     return Granules(g, str(msg.token), int(msg.count), int(msg.id))
 
 
+def _in_dram() -> None:
+    """The release of a region registered by address (`_drop` releases those by id, together)."""
+
+
 class _SharedMap(mmap.mmap):
     """A shared mapping of a memfd that keeps the descriptor open while it lives (the daemon is
     handed the memory by that descriptor)."""
@@ -173,8 +178,14 @@ class LocalMemory:
         self._lock = threading.Lock()
         self._regions: Dict[Key, Tuple[Region, Callable[[], None]]] = {}
         self._imports: Dict[Tuple[int, int], _Import] = {}
-        #: The DRAM regions' buffers (released together by _drop).
+        #: The DRAM regions' buffers (released together by _drop): a Buffer, or the id of one
+        #: registered by address (`_by_address`).
         self._dram: Dict[Key, Any] = {}
+        #: The tensors and arrays given for regions registered by address (kept alive meanwhile).
+        self._kept: Dict[Key, Any] = {}
+        #: What a restarted daemon is handed again of the regions registered by address: their
+        #: batches (held here; the client's re-attacher holds them weakly), by buffer id.
+        self._batch_of: Dict[int, AddressBatch] = {}
         self._table: Optional[RegionTable] = None
 
     def regions(self) -> List[Region]:
@@ -193,20 +204,24 @@ class LocalMemory:
             raise nixlNotSupportedError(f"reg_list: tcpxd moves DRAM and VRAM memory, not {dl.mem}")
         done: List[Key] = []
         dram: Dict[Key, Tuple[int, Any]] = {}  # registered together, below
+        mem = dl.mem
+        rows = dl.rows.tolist()
+        with self._lock:
+            have = self._regions
+            new = [(i, (mem, a, n, d)) for i, (a, n, d) in enumerate(rows) if (mem, a, n, d) not in have]
         try:
-            for i in range(len(dl)):
-                addr, size, dev = (int(x) for x in dl.rows[i])
-                key = (dl.mem, addr, size, dev)
+            for i, key in new:  # (registered already: NIXL accepts it again)
+                if key[2] == 0:
+                    raise nixlInvalidParamError(f"reg_list[{i}]: a region of 0 bytes")
+                if mem == "DRAM":
+                    if key not in dram:
+                        dram[key] = (i, dl.objs[i])
+                    continue
                 with self._lock:
                     if key in self._regions:
-                        continue  # registered already (NIXL accepts it again)
-                if size == 0:
-                    raise nixlInvalidParamError(f"reg_list[{i}]: a region of 0 bytes")
-                if dl.mem == "DRAM":
-                    dram.setdefault(key, (i, dl.objs[i]))
-                    continue
-                what = f"reg_list[{i}] ({dl.mem} at {addr:#x}, {size} bytes)"
-                self._add(key, *self._vram(addr, size, dev, what))
+                        continue  # (twice in the list)
+                what = f"reg_list[{i}] ({mem} at {key[1]:#x}, {key[2]} bytes)"
+                self._add(key, *self._vram(key[1], key[2], key[3], what))
                 done.append(key)
             if dram:
                 self._dram_many(dram, done)
@@ -220,12 +235,13 @@ class LocalMemory:
             self._table = None
 
     def deregister(self, dl: RegDList) -> None:
-        keys = [(dl.mem, *(int(x) for x in dl.rows[i])) for i in range(len(dl))]
+        mem = dl.mem
+        keys = [(mem, a, n, d) for a, n, d in dl.rows.tolist()]
         with self._lock:
             for i, k in enumerate(keys):
                 if k not in self._regions:
                     raise nixlNotFoundError(f"dereg_list[{i}]: {dl.mem} ({k[1]:#x}, {k[2]} bytes) is not registered")
-        self._drop(keys)  # type: ignore[arg-type]
+        self._drop(keys)
 
     def close(self) -> None:
         with self._lock:
@@ -233,25 +249,44 @@ class LocalMemory:
         self._drop(keys)
 
     def _drop(self, keys: List[Key]) -> None:
-        """Releases the regions: the DRAM regions' buffers together (Client._release_many), the
-        others one by one."""
+        """Releases the regions: the DRAM regions' buffers together (by id, those registered by
+        address: Client._release_ids; the others Client._release_many), the others one by one."""
         bufs: List[Any] = []
+        ids: List[int] = []
+        emptied: List[int] = []
         others: List[Callable[[], None]] = []
         with self._lock:
+            regions, dram = self._regions, self._dram
             for k in keys:
-                entry = self._regions.pop(k, None)
-                buf = self._dram.pop(k, None)
+                entry = regions.pop(k, None)
+                buf = dram.pop(k, None)
+                self._kept.pop(k, None)
                 if buf is not None:
-                    bufs.append(buf)
+                    if type(buf) is int:
+                        ids.append(buf)
+                        batch = self._batch_of.pop(buf, None)
+                        if batch is not None:
+                            batch.regions.pop(buf, None)
+                            if batch.released:
+                                emptied.append(batch.n)
+                    else:
+                        bufs.append(buf)
                 elif entry is not None:
                     others.append(entry[1])
             self._table = None
+        for n in emptied:  # (not registered again after a restart any more)
+            self._client._reattach.forget("a", n)
         first: Optional[BaseException] = None
+        if ids:
+            try:
+                self._client._release_ids(ids)
+            except TcpxdError as e:
+                first = e
         if bufs:
             try:
                 self._client._release_many(bufs)
             except TcpxdError as e:
-                first = e
+                first = first or e
         for release in others:
             try:
                 release()
@@ -261,8 +296,79 @@ class LocalMemory:
             raise first
 
     def _dram_many(self, todo: Dict[Key, Tuple[int, Any]], done: List[Key]) -> None:
-        """Registers DRAM regions together: one round trip for the lot, each buffer's granule
-        lists made by the daemon with it (released by the daemon with the buffer)."""
+        """Registers DRAM regions together: one round trip for up to PIPELINE of them, each
+        buffer's granule lists made by the daemon with it (released by the daemon with the
+        buffer). Memory with no file to hand over (anonymous or private: a numpy array, a CPU
+        tensor, a pinned one) goes by address (`_by_address`: no object a region but its Region);
+        the rest through Client._register_host_many (`_by_descriptor`)."""
+        keys = list(todo)
+        kinds = address_kinds([k[1] for k in keys])
+        fast = [k for k, kind in zip(keys, kinds) if kind == BY_ADDRESS]
+        failed: List[Tuple[Key, TcpxdError]] = []
+        if fast:
+            self._by_address(fast, todo, done, failed)
+        if len(fast) < len(keys):
+            fast_set = set(fast)
+            self._by_descriptor({k: v for k, v in todo.items() if k not in fast_set}, done, failed)
+        if failed:
+            key, err = min(failed, key=lambda f: todo[f[0]][0])
+            raise from_tcpxd(err, f"reg_list[{todo[key][0]}] (DRAM at {key[1]:#x}, {key[2]} bytes)") from None
+
+    def _by_address(self, keys: List[Key], todo: Dict[Key, Tuple[int, Any]], done: List[Key],
+                    failed: List[Tuple[Key, TcpxdError]]) -> None:
+        """`_dram_many`'s regions registered by address: their requests written from one
+        serialized tail a region size, the answers read into Regions, the table updated once."""
+        import numpy as np
+
+        tails: Dict[int, Tuple[bytes, List[Any]]] = {}
+        for k in keys:
+            if k[2] not in tails:
+                asked = granule_tilings(k[2])
+                tails[k[2]] = (address_tail(k[2], "", asked), asked)
+        addrs = np.fromiter((k[1] for k in keys), dtype=np.uint64, count=len(keys))
+        try:
+            got = self._client._register_addresses(addrs, [tails[k[2]][0] for k in keys])
+        except TcpxdError as e:
+            raise from_tcpxd(e, f"reg_list[{todo[keys[0]][0]}] (DRAM at {keys[0][1]:#x}, {keys[0][2]} bytes)") from None
+        added: List[Tuple[Key, Region, int]] = []
+        batch = AddressBatch()
+        for key, msg in zip(keys, got):
+            if isinstance(msg, TcpxdError):
+                failed.append((key, msg))
+                continue
+            asked = tails[key[2]][1]
+            lists, statuses = msg.block_lists, msg.block_list_status
+            if len(asked) == 2 and len(lists) == 2 and not statuses[0].code and not statuses[1].code and lists[1].id:
+                c, f = lists  # (the usual: both made)
+                region = make_region(key[1], key[2], key[3], "DRAM", msg.descriptor, 0, msg.id, asked[0].stride, c.token,
+                                     c.count, c.id, asked[1].stride, f.token, f.count, f.id)
+                made: Tuple[Tuple[int, Any], ...] = ((c.id, asked[0]), (f.id, asked[1]))
+            elif asked and not lists:  # a daemon that makes no lists with a registration
+                region = granule_list(self._client, msg, key[2]).region(key[1], key[2], key[3], "DRAM", msg, 0)
+                made = ()  # (registered by RegisterBlocks: re-attached as such)
+            else:
+                gl = granules_made(msg, list(lists), list(statuses), asked)
+                region = gl.region(key[1], key[2], key[3], "DRAM", msg, 0)
+                made = tuple((g.list_id, a) for g, a in zip((gl, gl.fine), asked) if g is not None and g.list_id)
+            added.append((key, region, msg.id))
+            batch.regions[msg.id] = (key[1], key[2], msg.descriptor, made)
+        if batch.regions:
+            batch.n = self._client._reattach.track_batch(batch)
+        with self._lock:
+            for key, region, id in added:
+                self._regions[key] = (region, _in_dram)
+                self._dram[key] = id
+                self._batch_of[id] = batch
+                obj = todo[key][1]
+                if obj is not None:  # (a tensor or array given: kept alive while registered)
+                    self._kept[key] = obj
+            self._table = None
+        done.extend(k for k, _, _ in added)
+
+    def _by_descriptor(self, todo: Dict[Key, Tuple[int, Any]], done: List[Key],
+                       failed: List[Tuple[Key, TcpxdError]]) -> None:
+        """`_dram_many`'s regions of memory a file backs (a memfd, /dev/shm): handed over by
+        descriptor, one Buffer each (Client._register_host_many)."""
         keys = list(todo)
         memories = [obj if obj is not None else (ctypes.c_char * k[2]).from_address(k[1]) for k, (_, obj) in todo.items()]
         asked = [granule_tilings(k[2]) for k in keys]
@@ -271,10 +377,9 @@ class LocalMemory:
         except TcpxdError as e:
             i = todo[keys[0]][0]
             raise from_tcpxd(e, f"reg_list[{i}] (DRAM at {keys[0][1]:#x}, {keys[0][2]} bytes)") from None
-        failed: Optional[Tuple[Key, TcpxdError]] = None
         for key, ans, tilings in zip(keys, got, asked):
             if isinstance(ans, TcpxdError):
-                failed = failed or (key, ans)
+                failed.append((key, ans))
                 continue
             buf, lists, statuses = ans
             if tilings and not lists:  # a daemon that makes no lists with a registration
@@ -285,9 +390,6 @@ class LocalMemory:
             with self._lock:
                 self._dram[key] = buf
             done.append(key)
-        if failed is not None:
-            key, err = failed
-            raise from_tcpxd(err, f"reg_list[{todo[key][0]}] (DRAM at {key[1]:#x}, {key[2]} bytes)") from None
 
     def _vram(self, addr: int, size: int, dev: int, what: str) -> Tuple[Region, Callable[[], None]]:
         ordinal, base, asize, handle = _cuda.allocation(addr)

@@ -10,6 +10,7 @@ buffer and offset, and one outside every region is refused.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
@@ -65,6 +66,18 @@ class Region:
         return Region(int(d["addr"]), int(d["len"]), int(d["dev"]), str(d["mem"]), str(d["desc"]), int(d["off"]),
                       0, g, str(d["blk"]) if g else "", int(d["n"]) if g else 0, 0,
                       fg, str(d["fblk"]) if fg else "", int(d["fn"]) if fg else 0)
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Region))
+_new = object.__new__
+
+
+def region(*values: Any) -> Region:
+    """Region(*values), made without the frozen dataclass's `__init__` (a `object.__setattr__`
+    a field: ~1.6 µs against ~0.5): what registering many regions makes one of a region."""
+    r: Region = _new(Region)
+    r.__dict__.update(zip(_FIELDS, values))
+    return r
 
 
 class RegionTable:

@@ -5,15 +5,15 @@
 //! events, asynchronous copies, pointer attributes: `datapath.rs`), so that both run over "GPUs"
 //! in CI (`tcpxd_testkit::cudastub`).
 //!
-//! "Device" memory is host memory: `cuMemAlloc` is an allocation the process can read, a device
+//! "Device" memory is host memory: `cuMemAlloc` is an allocation the process can read (a memfd's
+//! pages, so that it can be exported as a dma-buf: dmabuf.rs), a device
 //! pointer of host memory is the host pointer, and copies are `memcpy` (asynchronous ones done at
 //! once: every stream is always idle). Devices are `TCPXD_CUDASTUB_DEVICES` (default 8, at most
 //! 16) with A3's GPU PCI bus ids in ordinal order (0000:04:00.0, 05, 0a, 0b, 84, 85, 8a, 8b;
 //! `0000:NN:00.0` with NN = 0x10 + ordinal beyond eight), or the comma-separated
 //! `TCPXD_CUDASTUB_PCI_BUS_IDS`; a thread's current device is its current context's, else the
 //! runtime's (`cudaSetDevice`), else `TCPXD_CUDASTUB_CURRENT_DEVICE` (default 0). Module loading and
-//! kernel launches, dma-buf export and IPC import answer `CUDA_ERROR_NOT_SUPPORTED`: the stand-in
-//! runs no kernel. Device memory is shared between processes only through the VMM calls over a
+//! kernel launches and IPC import answer `CUDA_ERROR_NOT_SUPPORTED`: the stand-in runs no kernel. Device memory is shared between processes only through the VMM calls over a
 //! POSIX fd (vmm.rs), where the fd is a real file whose pages the processes map.
 //!
 //! Every function is an FFI edge called by C++ with C pointers; each checks its pointers for null
@@ -60,6 +60,9 @@ struct Allocation {
     device: Option<CUdevice>,
     /// A file's pages `cuMemMap` put there (vmm.rs): unmapped by `cuMemUnmap`, never freed.
     mapped: bool,
+    /// `cuMemAlloc`'s memory is a memfd's pages mapped here (so it can be exported as a dma-buf,
+    /// dmabuf.rs); -1 for host memory and `cuMemMap`'s.
+    memfd: c_int,
 }
 
 /// A3's eight GPUs' PCI bus ids (RxDM's a3vm preset), in CUDA ordinal order.
@@ -162,15 +165,10 @@ fn alloc(bytes: usize) -> Option<*mut c_void> {
 }
 
 fn alloc_on(bytes: usize, device: Option<CUdevice>) -> Option<*mut c_void> {
-    // Page-aligned, as CUDA's allocations are (a plugin's regMr of device memory needs 4 KiB).
-    let mut p: *mut c_void = std::ptr::null_mut();
-    // SAFETY: out-parameter on the stack; 4096 is a power of two and a multiple of the pointer
-    // size; one byte at least so the address is unique.
-    if unsafe { libc::posix_memalign(&mut p, 4096, bytes.max(1)) } != 0 || p.is_null() {
-        return None;
-    }
-    // SAFETY: a fresh allocation of at least `bytes.max(1)` bytes; zeroed as calloc would.
-    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, bytes.max(1)) };
+    let (p, memfd) = match device {
+        Some(_) => device_pages(bytes)?,
+        None => (host_pages(bytes)?, -1),
+    };
     ALLOCATIONS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -181,9 +179,61 @@ fn alloc_on(bytes: usize, device: Option<CUdevice>) -> Option<*mut c_void> {
                 bytes,
                 device,
                 mapped: false,
+                memfd,
             },
         );
     Some(p)
+}
+
+/// Host memory: page-aligned, as CUDA's allocations are (a plugin's regMr needs 4 KiB), zeroed.
+fn host_pages(bytes: usize) -> Option<*mut c_void> {
+    let mut p: *mut c_void = std::ptr::null_mut();
+    // SAFETY: out-parameter on the stack; 4096 is a power of two and a multiple of the pointer
+    // size; one byte at least so the address is unique.
+    if unsafe { libc::posix_memalign(&mut p, 4096, bytes.max(1)) } != 0 || p.is_null() {
+        return None;
+    }
+    // SAFETY: a fresh allocation of at least `bytes.max(1)` bytes; zeroed as calloc would.
+    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, bytes.max(1)) };
+    Some(p)
+}
+
+/// The length of the mapping behind a device allocation of `bytes`.
+fn device_map_len(bytes: usize) -> usize {
+    bytes.max(1).next_multiple_of(4096)
+}
+
+/// "Device" memory: a memfd's pages (zeroed, as a new file's are), mapped shared, so that the
+/// allocation can be exported as a dma-buf (`cuMemGetHandleForAddressRange`, dmabuf.rs) whose
+/// pages are the allocation's.
+fn device_pages(bytes: usize) -> Option<(*mut c_void, c_int)> {
+    let len = device_map_len(bytes);
+    // SAFETY: a fresh memfd (close-on-exec); the name is a NUL-terminated literal.
+    let fd = unsafe { libc::memfd_create(c"tcpxd-cudastub-mem".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: sizes our own new fd; maps `len` bytes of it, shared, at an address the kernel picks.
+    let p = unsafe {
+        if libc::ftruncate(fd, len as libc::off_t) != 0 {
+            libc::MAP_FAILED
+        } else {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        }
+    };
+    if p == libc::MAP_FAILED {
+        // SAFETY: our own fd, closed once.
+        unsafe { libc::close(fd) };
+        return None;
+    }
+    Some((p, fd))
 }
 
 /// Device `device`'s memory mapped at `start` (vmm.rs's `cuMemMap`).
@@ -198,6 +248,7 @@ fn mapped(start: usize, bytes: usize, device: CUdevice) {
                 bytes,
                 device: Some(device),
                 mapped: true,
+                memfd: -1,
             },
         );
 }
@@ -212,19 +263,33 @@ fn unmapped(start: usize) {
 }
 
 fn release(p: *mut c_void) -> bool {
-    let known = ALLOCATIONS
+    let gone = ALLOCATIONS
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .as_mut()
-        .is_some_and(|m| match m.get(&(p as usize)) {
-            Some(a) if !a.mapped => m.remove(&(p as usize)).is_some(),
-            _ => false,
+        .and_then(|m| match m.get(&(p as usize)) {
+            Some(a) if !a.mapped => m.remove(&(p as usize)),
+            _ => None,
         });
-    if known {
-        // SAFETY: p came from posix_memalign in `alloc_on` and was still registered, so it is freed once.
-        unsafe { libc::free(p) };
+    match gone {
+        Some(a) if a.memfd >= 0 => {
+            // SAFETY: the mapping and memfd `device_pages` made for this allocation, still
+            // registered until just now, so unmapped and closed once. A dma-buf exported from it
+            // holds its own fd (the pages live on for it, as a dma-buf keeps GPU memory).
+            unsafe {
+                libc::munmap(p, device_map_len(a.bytes));
+                libc::close(a.memfd);
+            }
+            true
+        }
+        Some(_) => {
+            // SAFETY: p came from posix_memalign in `host_pages` and was still registered, so it
+            // is freed once.
+            unsafe { libc::free(p) };
+            true
+        }
+        None => false,
     }
-    known
 }
 
 /// Writes `text` NUL-terminated into `buf` of `len` bytes.
@@ -547,19 +612,8 @@ pub struct CUipcMemHandle {
     pub reserved: [c_char; 64],
 }
 
-// The GPU data path: dma-buf export and IPC import. Not over host memory. (The virtual memory
-// management calls, over mmap of a shared file, are in vmm.rs.)
-#[unsafe(no_mangle)]
-pub extern "C" fn cuMemGetHandleForAddressRange(
-    _handle: *mut c_void,
-    _ptr: CUdeviceptr,
-    _size: usize,
-    _kind: c_int,
-    _flags: c_ulonglong,
-) -> CUresult {
-    CUDA_ERROR_NOT_SUPPORTED
-}
-
+// IPC import: not over host memory. (dma-buf export is in dmabuf.rs; the virtual memory
+// management calls, over mmap of a shared file, in vmm.rs.)
 #[unsafe(no_mangle)]
 pub extern "C" fn cuIpcOpenMemHandle_v2(
     _ptr: *mut CUdeviceptr,
@@ -716,8 +770,10 @@ pub extern "C" fn cudaGetLastError() -> CudaError {
 }
 
 mod datapath;
+mod dmabuf;
 mod vmm;
 pub use datapath::*;
+pub use dmabuf::*;
 pub use vmm::*;
 
 #[cfg(test)]

@@ -133,12 +133,71 @@ fn devices_have_pci_bus_ids_the_runtime_finds_again() {
 }
 
 #[test]
-fn the_gpu_data_path_answers_not_supported() {
+fn device_memory_exports_as_a_dma_buf_of_its_own_pages() {
+    init();
     let mut d: CUdeviceptr = 0;
+    assert_eq!(cuMemAlloc_v2(&mut d, 3 * 4096), CUDA_SUCCESS);
+    let src = tcpxd_pattern::seeded_vec(11, 3 * 4096);
+    assert_eq!(cuMemcpyHtoD_v2(d, src.as_ptr().cast(), src.len()), CUDA_SUCCESS);
+    let mut fd: c_int = -1;
+    let h = (&mut fd as *mut c_int).cast::<c_void>();
     assert_eq!(
-        cuMemGetHandleForAddressRange(null_mut(), 0, 4096, 1, 0),
+        cuMemGetHandleForAddressRange(h, d + 4096, 2 * 4096, 1, 0),
+        CUDA_SUCCESS
+    );
+    assert!(fd >= 0);
+    let (mut off, mut len, mut dev) = (0u64, 0u64, -1);
+    assert_eq!(tcpxd_cudastub_dmabuf_range(fd, &mut off, &mut len, &mut dev), 0);
+    assert_eq!((off, len), (4096, 2 * 4096));
+    assert!(valid_device(dev));
+    // The dma-buf's pages are the allocation's: bytes written after the export are there too.
+    let later = tcpxd_pattern::seeded_vec(12, 4096);
+    assert_eq!(
+        cuMemcpyHtoD_v2(d + 8192, later.as_ptr().cast(), 4096),
+        CUDA_SUCCESS
+    );
+    let mut back = vec![0u8; 2 * 4096];
+    // SAFETY: reads into our own buffer from the fd just exported.
+    let n = unsafe { libc::pread(fd, back.as_mut_ptr().cast(), back.len(), off as libc::off_t) };
+    assert_eq!(n, back.len() as isize);
+    assert_eq!(&back[..4096], &src[4096..8192]);
+    assert_eq!(&back[4096..], &later[..]);
+    // Ranges it cannot export: unaligned, past the allocation, host memory, another handle type.
+    assert_eq!(
+        cuMemGetHandleForAddressRange(h, d + 1, 4096, 1, 0),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        cuMemGetHandleForAddressRange(h, d, 4 * 4096, 1, 0),
+        CUDA_ERROR_INVALID_VALUE
+    );
+    assert_eq!(
+        cuMemGetHandleForAddressRange(h, d, 4096, 2, 0),
         CUDA_ERROR_NOT_SUPPORTED
     );
+    let mut host: *mut c_void = null_mut();
+    assert_eq!(cuMemAllocHost_v2(&mut host, 4096), CUDA_SUCCESS);
+    assert_eq!(
+        cuMemGetHandleForAddressRange(h, host as CUdeviceptr, 4096, 1, 0),
+        CUDA_ERROR_NOT_SUPPORTED
+    );
+    assert_eq!(cuMemFreeHost(host), CUDA_SUCCESS);
+    // The dma-buf outlives the allocation's free (it holds the pages), and an fd that is not
+    // one, or no longer one, is not answered.
+    assert_eq!(cuMemFree_v2(d), CUDA_SUCCESS);
+    // SAFETY: reads into our own buffer from our own fd.
+    let n = unsafe { libc::pread(fd, back.as_mut_ptr().cast(), 4096, off as libc::off_t) };
+    assert_eq!(n, 4096);
+    assert_eq!(&back[..4096], &src[4096..8192]);
+    // SAFETY: our own fd, closed once.
+    unsafe { libc::close(fd) };
+    assert_eq!(tcpxd_cudastub_dmabuf_range(fd, &mut off, &mut len, &mut dev), -1);
+    assert_eq!(tcpxd_cudastub_dmabuf_range(0, &mut off, &mut len, &mut dev), -1);
+}
+
+#[test]
+fn ipc_import_answers_not_supported() {
+    let mut d: CUdeviceptr = 0;
     assert_eq!(
         cuIpcOpenMemHandle_v2(&mut d, CUipcMemHandle { reserved: [0; 64] }, 1),
         CUDA_ERROR_NOT_SUPPORTED

@@ -102,6 +102,37 @@ impl Filing {
     }
 }
 
+/// The file, under the fake's prefix, where `a3vm` mode keeps the rules it holds for the devmem
+/// shim (tools/realplugin/devmem-shim): `nic NAME ADDR` per NIC address, then `rule NIC GPU
+/// SRC_IP SRC_PORT DST_IP DST_PORT` per rule (the NIC it was filed under, the GPU it names).
+pub const RULES_FILE: &str = "devmem-rules";
+
+/// Rewrites [`RULES_FILE`] under `prefix` (whole, by rename: a reader sees the old or the new).
+pub fn write_rules(
+    prefix: &std::path::Path,
+    binding: &Binding,
+    filed: &std::collections::BTreeMap<crate::Flow, (String, String)>,
+) -> std::io::Result<()> {
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    for (nic, addr) in &binding.nic_addrs {
+        let _ = writeln!(text, "nic {nic} {addr}");
+    }
+    for ((_, src, dst), (nic, gpu)) in filed {
+        let _ = writeln!(
+            text,
+            "rule {nic} {gpu} {} {} {} {}",
+            src.ip(),
+            src.port(),
+            dst.ip(),
+            dst.port()
+        );
+    }
+    let tmp = prefix.join(format!("{RULES_FILE}.tmp"));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, prefix.join(RULES_FILE))
+}
+
 /// The addresses of interfaces `names` in this network namespace (`getifaddrs`), in order.
 pub fn interface_addrs(names: &[&str]) -> std::io::Result<Vec<(String, IpAddr)>> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();

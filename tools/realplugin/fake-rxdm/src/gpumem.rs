@@ -1,12 +1,14 @@
 //! RxDM's GPU receive memory, as the plugin imports it at every accept (`src/gpu/rx_pool.cu`,
 //! `GpumemImport`): `get_gpu_fd_<pci>` answers a file descriptor (one dummy byte with
 //! `SCM_RIGHTS`), `get_gpu_metadata_<pci>` a framed `raw_bytes` holding `{int fd; size_t size;
-//! size_t align}`. Here each GPU's memory is a memfd, which the CUDA stand-in maps
-//! (`cuMemImportFromShareableHandle` / `cuMemMap`); without it the plugin's accept fails on every
-//! GPU whose import it does not skip (`NCCL_TCPX_RXMEM_IMPORT_SKIP_ODDS=1` skips the odd ones).
+//! size_t align}`. Here each GPU's memory is a file, `<prefix>/gpumem-<pci>`, which the CUDA
+//! stand-in maps (`cuMemImportFromShareableHandle` / `cuMemMap`) and the devmem shim
+//! (tools/realplugin/devmem-shim) opens by its name and maps too, to put each steered flow's bytes
+//! in its GPU's pages; without it the plugin's accept fails on every GPU whose import it does not
+//! skip (`NCCL_TCPX_RXMEM_IMPORT_SKIP_ODDS=1` skips the odd ones).
 
 use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -37,20 +39,21 @@ pub fn metadata_bytes(size: usize, align: usize) -> Vec<u8> {
     b
 }
 
-fn memfd(name: &str, len: usize) -> std::io::Result<OwnedFd> {
-    let cname = std::ffi::CString::new(name).map_err(std::io::Error::other)?;
-    // SAFETY: a fresh memfd owned below; the name is NUL-terminated.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is ours, just created.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: sizing our own memfd.
-    if unsafe { libc::ftruncate(owned.as_raw_fd(), len as libc::off_t) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(owned)
+/// GPU `gpu`'s receive memory under `prefix` (the devmem shim opens it by this name).
+pub fn pool_path(prefix: &Path, gpu: &str) -> PathBuf {
+    prefix.join(format!("gpumem-{gpu}"))
+}
+
+/// A fresh file of `len` zero bytes (sparse: pages only where written).
+fn pool_file(path: &Path, len: usize) -> std::io::Result<OwnedFd> {
+    let _ = std::fs::remove_file(path);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    f.set_len(len as u64)?;
+    Ok(OwnedFd::from(f))
 }
 
 /// Sends `fd` with one dummy byte, as RxDM's `UnixSocketConnection::SendFd`.
@@ -90,7 +93,9 @@ impl GpuMemServer {
         let mut paths = Vec::new();
         let mut threads = Vec::new();
         for gpu in gpus {
-            let fd = Arc::new(memfd(&format!("fake-rxdm-{gpu}"), GPU_MEM_BYTES)?);
+            let pool = pool_path(prefix, gpu);
+            let fd = Arc::new(pool_file(&pool, GPU_MEM_BYTES)?);
+            paths.push(pool);
             for (kind, is_fd) in [("get_gpu_fd_", true), ("get_gpu_metadata_", false)] {
                 let path = prefix.join(format!("{kind}{gpu}"));
                 let _ = std::fs::remove_file(&path);

@@ -285,6 +285,9 @@ struct Shared {
     on_request: Option<OnRequest>,
     /// `a3vm` mode: file each install under the named GPU's NIC and record whether it matches.
     binding: Option<Binding>,
+    /// `a3vm` mode: the rules filed (flow -> NIC, GPU), as written to `devmem-rules`.
+    filed: Mutex<std::collections::BTreeMap<Flow, (String, String)>>,
+    prefix: PathBuf,
 }
 
 /// A running fake RxDM; stops (and removes its sockets) when dropped.
@@ -335,7 +338,12 @@ impl FakeRxdm {
             stopping: AtomicBool::new(false),
             on_request,
             binding,
+            filed: Mutex::new(std::collections::BTreeMap::new()),
+            prefix: prefix.to_path_buf(),
         });
+        if let Some(b) = &shared.binding {
+            a3vm::write_rules(prefix, b, &std::collections::BTreeMap::new())?;
+        }
         let mut threads = Vec::new();
         for socket in [Socket::Install, Socket::Uninstall, Socket::Registry] {
             let path = prefix.join(socket.name());
@@ -454,6 +462,9 @@ fn serve(mut conn: UnixStream, socket: Socket, shared: &Shared) {
             request.filing = Some(filing);
         }
         request.answered_ok = matches!(answer, Answer::Ok);
+        if let Some(b) = &shared.binding {
+            file_for_the_shim(shared, b, &request);
+        }
         if let Some(f) = &shared.on_request {
             f(&request);
         }
@@ -466,6 +477,30 @@ fn serve(mut conn: UnixStream, socket: Socket, shared: &Shared) {
         if conn.write_all(&answer_frame(&answer)).is_err() {
             return;
         }
+    }
+}
+
+/// `a3vm` mode: keeps the rules RxDM holds (per flow, the NIC it was filed under and its GPU) in
+/// `devmem-rules` for the devmem shim, before the plugin hears the answer (so its first receive
+/// on the flow finds the rule).
+fn file_for_the_shim(shared: &Shared, binding: &Binding, request: &Request) {
+    let Some(flow) = request.flow() else { return };
+    let mut filed = shared.filed.lock().unwrap_or_else(|e| e.into_inner());
+    match (request.socket, &request.filing) {
+        (Socket::Install, Some(Filing::Filed { nic, .. })) if request.answered_ok => {
+            let gpu = request.gpu().unwrap_or_default().to_ascii_lowercase();
+            filed.insert(flow, (nic.clone(), gpu));
+        }
+        (Socket::Uninstall, _) => {
+            filed.remove(&flow);
+        }
+        _ => return,
+    }
+    if let Err(e) = a3vm::write_rules(&shared.prefix, binding, &filed) {
+        eprintln!(
+            "fake-rxdm: writing {}: {e}",
+            shared.prefix.join(a3vm::RULES_FILE).display()
+        );
     }
 }
 

@@ -1,4 +1,4 @@
-//! `tcpxd-fake-rxdm --prefix DIR [--log FILE] [--refuse TEXT] [--gpu-nic-preset a3vm [--nic NAME=IP]...]`:
+//! `tcpxd-fake-rxdm --prefix DIR [--log FILE] [--refuse TEXT] [--gpu-nic-preset a3vm | --gpu-nic NIC=GPU[,GPU]...]... [--nic NAME=IP]...]`:
 //! serves the TCPX plugin's RxDM sockets under DIR until SIGTERM or SIGINT, printing one line per
 //! request (and appending it to FILE), then a count of what it saw on stderr.
 //! tools/realplugin/run.sh starts and stops it.
@@ -7,7 +7,9 @@
 //! serving the GPU it names (eth1: GPUs 04/05, eth2: 0a/0b, eth3: 84/85, eth4: 8a/8b), and its
 //! line says whether that NIC is the one the flow's destination address belongs to
 //! (`nic=eth1 dst_nic=eth3 MISMATCH`). The NICs' addresses: `--nic eth1=10.1.1.1` (repeatable),
-//! else those of eth1..eth4 in this network namespace.
+//! else those of eth1..eth4 in this network namespace. `--gpu-nic NIC=GPU,…` (repeatable) files
+//! rules by that table instead of the preset's (e.g. `--gpu-nic lo=0000:04:00.0 --nic
+//! lo=127.0.0.1` on loopback, for the devmem shim; docs/CONFORMANCE.md).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -24,7 +26,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 
 fn usage() -> ! {
     eprintln!(
-        "usage: tcpxd-fake-rxdm --prefix DIR [--log FILE] [--refuse TEXT] [--gpu-nic-preset a3vm [--nic NAME=IP]...]"
+        "usage: tcpxd-fake-rxdm --prefix DIR [--log FILE] [--refuse TEXT] [--gpu-nic-preset a3vm | --gpu-nic NIC=GPU[,GPU]...]... [--nic NAME=IP]..."
     );
     std::process::exit(2)
 }
@@ -35,6 +37,7 @@ fn main() {
     let mut answer = Answer::Ok;
     let mut preset = false;
     let mut nics: Vec<(String, std::net::IpAddr)> = Vec::new();
+    let mut table: Vec<(String, String)> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -42,6 +45,14 @@ fn main() {
                 Some("a3vm") => preset = true,
                 _ => usage(),
             },
+            "--gpu-nic" => {
+                let v = args.next().unwrap_or_else(|| usage());
+                let (nic, gpus) = v.split_once('=').unwrap_or_else(|| usage());
+                for g in gpus.split(',').filter(|g| !g.is_empty()) {
+                    table.push((g.to_ascii_lowercase(), nic.to_string()));
+                }
+                preset = true;
+            }
             "--nic" => {
                 let v = args.next().unwrap_or_else(|| usage());
                 let (name, ip) = v.split_once('=').unwrap_or_else(|| usage());
@@ -80,14 +91,23 @@ fn main() {
             nics = tcpxd_fake_rxdm::a3vm::interface_addrs(&["eth1", "eth2", "eth3", "eth4"])
                 .unwrap_or_else(|e| panic!("reading eth1..eth4's addresses: {e}"));
         }
-        Binding::a3vm(nics.clone())
+        let mut b = Binding::a3vm(nics.clone());
+        if !table.is_empty() {
+            b.gpu_to_nic = table.clone();
+        }
+        b
     });
     let rxdm = FakeRxdm::start_bound(&prefix, answer, binding, Some(Box::new(print)))
         .unwrap_or_else(|e| panic!("--prefix {}: {e}", prefix.display()));
     eprintln!("fake-rxdm: listening under {}", prefix.display());
     if preset {
         let list: Vec<String> = nics.iter().map(|(n, a)| format!("{n}={a}")).collect();
-        eprintln!("fake-rxdm: a3vm preset, NICs {}", list.join(" "));
+        let how = if table.is_empty() {
+            "a3vm preset"
+        } else {
+            "--gpu-nic table"
+        };
+        eprintln!("fake-rxdm: {how}, NICs {}", list.join(" "));
     }
     while !STOP.load(Ordering::Acquire) {
         std::thread::sleep(Duration::from_millis(50));

@@ -211,6 +211,48 @@ fn a3vm_mode_files_under_the_named_gpus_nic_and_records_the_mismatch() {
 }
 
 #[test]
+fn a3vm_mode_keeps_the_rules_it_holds_for_the_devmem_shim() {
+    let dir = tmp("a3vm-rules");
+    let nics = vec![
+        ("eth1".to_string(), IpAddr::from([10, 0, 1, 1])),
+        ("eth3".to_string(), IpAddr::from([10, 0, 3, 1])),
+    ];
+    let rxdm = FakeRxdm::start_bound(&dir, Answer::Ok, Some(Binding::a3vm(nics)), None).unwrap();
+    let read = || std::fs::read_to_string(dir.join(a3vm::RULES_FILE)).unwrap();
+    assert_eq!(read(), "nic eth1 10.0.1.1\nnic eth3 10.0.3.1\n");
+    // Written before the answer: once the plugin hears "Ok.", the shim finds the rule. Filed
+    // under the named GPU's NIC, whatever NIC the flow arrives on; refused ones are not held.
+    let (a, b) = (("10.0.1.2:1", "10.0.3.1:2"), ("10.0.1.2:3", "10.0.3.1:4"));
+    ask(
+        &dir,
+        INSTALL_SOCKET,
+        &frame(&rule(a.0, a.1, Some("0000:84:00.0"))),
+    );
+    ask(
+        &dir,
+        INSTALL_SOCKET,
+        &frame(&rule(b.0, b.1, Some("0000:04:00.0"))),
+    );
+    ask(
+        &dir,
+        INSTALL_SOCKET,
+        &frame(&rule("10.0.1.2:5", "10.0.3.1:6", Some("0000:10:00.0"))),
+    );
+    assert_eq!(
+        read(),
+        "nic eth1 10.0.1.1\nnic eth3 10.0.3.1\n\
+         rule eth3 0000:84:00.0 10.0.1.2 1 10.0.3.1 2\n\
+         rule eth1 0000:04:00.0 10.0.1.2 3 10.0.3.1 4\n"
+    );
+    ask(&dir, UNINSTALL_SOCKET, &frame(&rule(a.0, a.1, None)));
+    assert_eq!(
+        read(),
+        "nic eth1 10.0.1.1\nnic eth3 10.0.3.1\nrule eth1 0000:04:00.0 10.0.1.2 3 10.0.3.1 4\n"
+    );
+    rxdm.stop();
+}
+
+#[test]
 fn a3vm_mode_serves_each_gpus_receive_memory_as_rxdm_does() {
     use std::os::fd::AsRawFd;
     let dir = tmp("gpumem");
@@ -265,6 +307,7 @@ fn a3vm_mode_serves_each_gpus_receive_memory_as_rxdm_does() {
     );
     rxdm.stop();
     assert!(!dir.join("get_gpu_fd_0000:8a:00.0").exists());
+    assert!(!gpumem::pool_path(&dir, "0000:8a:00.0").exists());
 }
 
 #[test]

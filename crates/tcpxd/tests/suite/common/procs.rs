@@ -113,6 +113,21 @@ impl ProcDaemon {
         &self.dir
     }
 
+    /// SIGTERM, then waits (at most 60 s, then SIGKILL) for the daemon to drain and exit.
+    pub fn terminate(&mut self) {
+        // SAFETY: sending SIGTERM to the child we spawned (not yet reaped).
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while let Ok(None) = self.child.try_wait() {
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("{}: still running 60 s after SIGTERM", self.node);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// What the daemon logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("tcpxd.log")).unwrap_or_default()
