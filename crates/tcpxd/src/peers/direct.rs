@@ -1,8 +1,8 @@
 //! A pairing's direct control connection (docs/ARCHITECTURE.md, "The direct control
 //! connection"): a plain TCP connection between the two daemons' peer ports on which each
-//! poller writes its engine messages itself (`poller/direct.rs`) and a reader thread per
-//! connection hands the peer's to the poller — no async worker and no HTTP/2 between two
-//! pollers.
+//! poller writes its engine messages itself (`poller/direct.rs`) and a reader task per
+//! connection (on the async runtime: no thread per pairing) hands the peer's to the poller — no
+//! async worker and no HTTP/2 between the poller and the wire.
 //!
 //! Set up after the pairing's authentication: the callee's `Handshake` answer carries a
 //! one-time random token (`HandshakeResponse.direct_token`); once its `Control` stream is open
@@ -20,8 +20,8 @@
 //! token, or a wrong proof, is closed with a warning and changes nothing.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex, Weak};
@@ -231,22 +231,21 @@ impl DirectAcceptor {
         caller: bool,
     ) -> std::io::Result<DirectConn> {
         stream.set_nodelay(true)?;
-        let stream = stream.into_std()?;
-        stream.set_nonblocking(false)?;
-        let stream = Arc::new(stream);
-        let (go_tx, go_rx) = std_mpsc::channel();
+        // Two descriptors of one socket: the poller's (its sends pass `MSG_DONTWAIT`; the socket
+        // is non-blocking for both, as the reader's runtime needs) and the reader task's.
+        let read_side = stream.into_std()?;
+        let stream = Arc::new(read_side.try_clone()?);
+        let read_side = tokio::net::TcpStream::from_std(read_side)?;
+        let (go_tx, go_rx) = tokio::sync::mpsc::unbounded_channel();
         let closing = Arc::new(AtomicBool::new(false));
         let reader = Reader {
-            stream: stream.clone(),
             go: go_rx,
             closing: closing.clone(),
             poller: Arc::downgrade(&self.poller),
             idx,
             node: node.to_string(),
         };
-        std::thread::Builder::new()
-            .name("tcpxd-direct-rx".into())
-            .spawn(move || reader.run())?;
+        tokio::spawn(reader.run(read_side));
         Ok(DirectConn {
             stream,
             frame: frame_msg,
@@ -305,10 +304,12 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 
 /// Reads a direct connection's frames and hands each message to the poller, once the poller
 /// says go (the peer's `DirectSwitch` was handled); reports the connection's end or bad input as
-/// the pairing's failure, unless the poller closed it.
+/// the pairing's failure, unless the poller closed it. A task on the async runtime, not a
+/// thread: a node paired with 64 idle peers keeps no thread per pairing (issue #37's 64-thread
+/// bound), and a message's wake-up is the runtime's reactor, as it was for the control stream's
+/// inbound task.
 struct Reader {
-    stream: Arc<TcpStream>,
-    go: std_mpsc::Receiver<()>,
+    go: tokio::sync::mpsc::UnboundedReceiver<()>,
     closing: Arc<AtomicBool>,
     poller: Weak<std_mpsc::Sender<Command>>,
     idx: PeerIdx,
@@ -320,19 +321,24 @@ impl Reader {
         self.closing.load(Ordering::Acquire) || self.poller.strong_count() == 0
     }
 
-    fn run(self) {
+    async fn run(mut self, mut stream: tokio::net::TcpStream) {
         loop {
-            match self.go.recv_timeout(READER_CHECK) {
-                Ok(()) => break,
-                Err(std_mpsc::RecvTimeoutError::Timeout) if !self.gone() => {}
+            match tokio::time::timeout(READER_CHECK, self.go.recv()).await {
+                Ok(Some(())) => break,
+                Ok(None) => return,
+                Err(_) if !self.gone() => {}
                 Err(_) => return,
             }
         }
-        let _ = self.stream.set_read_timeout(Some(READER_CHECK));
         let mut frames = Frames::new(MAX_CONTROL_MESSAGE);
         let mut buf = vec![0u8; 256 << 10];
         let reason = 'read: loop {
-            match (&*self.stream).read(&mut buf) {
+            let read = match tokio::time::timeout(READER_CHECK, stream.read(&mut buf)).await {
+                Ok(r) => r,
+                Err(_) if self.gone() => return,
+                Err(_) => continue,
+            };
+            match read {
                 Ok(0) => break "closed by the peer".to_string(),
                 Ok(n) => {
                     frames.push(&buf[..n]);
@@ -365,18 +371,7 @@ impl Reader {
                         }
                     }
                 }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock
-                            | std::io::ErrorKind::TimedOut
-                            | std::io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    if self.gone() {
-                        return;
-                    }
-                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => break e.to_string(),
             }
         };

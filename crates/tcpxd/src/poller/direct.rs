@@ -28,14 +28,14 @@ pub const MAX_UNSENT: usize = 256 << 20;
 
 /// What the peers layer hands the poller for a pairing's direct control connection.
 pub struct DirectConn {
-    /// The connected socket (blocking: the reader thread blocks on it; the poller's sends pass
-    /// `MSG_DONTWAIT`).
+    /// The connected socket (non-blocking: the reader task reads another descriptor of it on the
+    /// async runtime; the poller's sends pass `MSG_DONTWAIT`).
     pub stream: Arc<TcpStream>,
     /// Frames an engine message for the wire (length prefix and `tcpxd.peer.v1` encoding: the
     /// peers layer's).
     pub frame: fn(&PeerMsg, &mut Vec<u8>),
     /// Starts the reader (the peers layer's thread waits for it; dropped unsent: it ends).
-    pub go: std::sync::mpsc::Sender<()>,
+    pub go: tokio::sync::mpsc::UnboundedSender<()>,
     /// Set before the poller shuts the connection down: the reader ends without reporting.
     pub closing: Arc<AtomicBool>,
     /// This side dialled it (the pairing's caller): it switches at once.
@@ -141,9 +141,22 @@ impl DirectLink {
             return;
         }
         let flush = move || {
-            use std::io::Write;
-            let _ = stream.set_write_timeout(Some(within));
-            let _ = (&*stream).write_all(&rest);
+            // The socket is non-blocking (its reader task's runtime needs it): send what it
+            // takes, wait a little while it is full, until `within`.
+            let deadline = std::time::Instant::now() + within;
+            let sock = socket2::SockRef::from(&*stream);
+            let mut at = 0;
+            while at < rest.len() && std::time::Instant::now() < deadline {
+                match sock.send_with_flags(&rest[at..], libc::MSG_NOSIGNAL) {
+                    Ok(0) => break,
+                    Ok(n) => at += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(std::time::Duration::from_millis(1))
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => break,
+                }
+            }
             let _ = stream.shutdown(Shutdown::Both);
         };
         if let Err(e) = std::thread::Builder::new()
