@@ -63,3 +63,16 @@ def test_the_registration_benchmark_runs_on_tcpxd():
                 cells = rows[f"{op} µs/region, {kind} {what}"]
                 assert float(cells[0]) > 0, run.stdout
     assert f"{'register µs/region, numpy 3 x 1 MiB':44}" not in run.stdout, "over --max-total: left out"
+
+
+def test_the_comparison_says_at_once_when_a_role_process_dies() -> None:
+    """A role that dies (here: no daemon at its endpoint) ends the round with its exit status, not
+    after the 600 s the result may take."""
+    import time as _time
+
+    from tcpxd import nixl_compare
+
+    t = _time.monotonic()
+    with pytest.raises(RuntimeError, match="exited"):
+        nixl_compare.run_once("tcpxd", "unix:/nonexistent/cmp-a.sock", "unix:/nonexistent/cmp-b.sock", 1, 1, 1 << 20)
+    assert _time.monotonic() - t < 120

@@ -227,8 +227,20 @@ def run_once(impl: str, ea: str, eb: str, iters: int, small_iters: int, big: int
     target.start()
     init.start()
     try:
-        if not rx.poll(600):
-            raise RuntimeError(f"{impl}: no result within 600 s")
+        # Wait for the initiator's result, but not for a role that died: say which, at once.
+        deadline = time.monotonic() + 600
+        while not rx.poll(1.0):
+            failed = [
+                f"the {name} exited with status {p.exitcode}"
+                for name, p in (("target", target), ("initiator", init))
+                if p.exitcode not in (None, 0)
+            ]
+            if not failed and not init.is_alive() and not rx.poll(1.0):
+                failed.append("the initiator exited without a result")
+            if failed:
+                raise RuntimeError(f"{impl}: " + "; ".join(failed))
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{impl}: no result within 600 s")
         return dict(rx.recv())
     finally:
         for p in (init, target):
