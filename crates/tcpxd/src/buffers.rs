@@ -710,7 +710,7 @@ pub fn attach_error(e: crate::net::cross_memory::AttachError) -> EngineError {
     let code = match &e {
         A::Denied { .. } => Code::FailedPrecondition,
         A::Gone { .. } => Code::NotFound,
-        A::Fault { .. } => Code::InvalidArgument,
+        A::Fault { .. } | A::ReadOnly { .. } => Code::InvalidArgument,
         A::Other(..) => Code::Internal,
     };
     EngineError::new(code, e.to_string())

@@ -39,6 +39,10 @@ pub enum AttachError {
     Gone { pid: i32 },
     #[error("process {pid} has no memory at {addr:#x}..{end:#x} (unmapped or not readable and writable)", end = addr + len)]
     Fault { pid: i32, addr: u64, len: u64 },
+    #[error(
+        "process {pid}'s memory at {addr:#x} is not writable (a read-only mapping): transfers into it would fail; register read-write memory"
+    )]
+    ReadOnly { pid: i32, addr: u64 },
     #[error("copying process {pid}'s memory: {0}", pid = .1)]
     Other(io::Error, i32),
 }
@@ -280,20 +284,41 @@ impl ClientPages {
     }
 
     /// Checks now that the daemon may read and write the client's range `[0, len)`: its first
-    /// and last bytes are read and written back unchanged (the kernel checks each page's
-    /// permission on the copy itself too).
+    /// and last bytes are read (the kernel checks each page's permission on the copy), and its
+    /// mappings must all be writable (`client_maps`: read from the kernel, never by writing a
+    /// byte back, which would lose a client thread's write to it in between).
     pub fn probe(&self, len: u64) -> Result<(), AttachError> {
         for at in [0, len.saturating_sub(1)] {
             let mut b = [0u8; 1];
             self.read(at, &mut b)?;
-            self.write(at, &b)?;
         }
-        Ok(())
+        self.writable(&mut self.maps()?, len)
+    }
+
+    /// This client's mappings, opened (refusals named as the copies' are).
+    fn maps(&self) -> Result<super::client_maps::ClientMaps, AttachError> {
+        super::client_maps::ClientMaps::open(self.pid).map_err(|e| AttachError::of(e, self.pid, self.addr, 0))
+    }
+
+    /// `[0, len)` lies in writable mappings of the client.
+    fn writable(&self, maps: &mut super::client_maps::ClientMaps, len: u64) -> Result<(), AttachError> {
+        match maps.unwritable(self.addr, len) {
+            Ok(None) => Ok(()),
+            Ok(Some((addr, super::client_maps::Unwritable::ReadOnly))) => {
+                Err(AttachError::ReadOnly { pid: self.pid, addr })
+            }
+            Ok(Some((addr, super::client_maps::Unwritable::Unmapped))) => Err(AttachError::Fault {
+                pid: self.pid,
+                addr,
+                len: 1,
+            }),
+            Err(e) => Err(AttachError::of(e, self.pid, self.addr, len)),
+        }
     }
 }
 
-/// [`ClientPages::probe`] of many ranges (`(pages, len)` each), in one `process_vm_readv` and
-/// one `process_vm_writev` for up to [`MAX_IOV`] / 2 of one process rather than four calls
+/// [`ClientPages::probe`] of many ranges (`(pages, len)` each), in one `process_vm_readv` for up
+/// to [`MAX_IOV`] / 2 of one process and one opening of its mappings rather than calls for
 /// each: per range, in order, the same answer. A range the kernel stops at (the calls
 /// go a byte an iovec, in order, and say how many they copied) is probed alone, for its own
 /// error, and the rest go on together after it.
@@ -326,17 +351,17 @@ pub fn probe_many(ranges: &[(ClientPages, u64)]) -> Vec<Result<(), AttachError>>
         // mappings and stops at the first it cannot copy instead of touching it.
         let read = unsafe { libc::process_vm_readv(pid, &local, 1, remote.as_ptr(), remote.len() as _, 0) };
         let readable = if read < 0 { 0 } else { read as usize / 2 };
-        let mut good = readable;
+        // Writable: from the client's mappings (one query a range), never by writing back.
+        let mut good = 0;
         if readable > 0 {
-            let local = libc::iovec {
-                iov_base: bytes.as_mut_ptr().cast(),
-                iov_len: 2 * readable,
-            };
-            // SAFETY: as above; the kernel only reads `bytes` (the client's own bytes, read
-            // just now) and writes each back where it came from.
-            let wrote =
-                unsafe { libc::process_vm_writev(pid, &local, 1, remote.as_ptr(), (2 * readable) as _, 0) };
-            good = if wrote < 0 { 0 } else { wrote as usize / 2 };
+            match batch[0].0.maps() {
+                Ok(mut maps) => {
+                    while good < readable && batch[good].0.writable(&mut maps, batch[good].1).is_ok() {
+                        good += 1;
+                    }
+                }
+                Err(_) => good = 0,
+            }
         }
         out.extend((0..good).map(|_| Ok(())));
         if good < batch.len() {

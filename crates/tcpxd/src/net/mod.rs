@@ -10,6 +10,7 @@
 /// The v7 ABI mirror (the `tcpxd-abi` crate, shared with the emulation plugin).
 pub use tcpxd_abi as abi;
 pub mod blocks;
+pub mod client_maps;
 mod comm;
 pub mod cross_memory;
 mod error;

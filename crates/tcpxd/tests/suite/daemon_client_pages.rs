@@ -92,6 +92,22 @@ async fn anonymous_memory_moves_both_ways_within_the_node_and_to_another() {
     let (code, msg) = s.registered(3).await.unwrap_err();
     assert_eq!(code, Code::InvalidArgument as i32, "{msg}");
     assert!(msg.contains("has no memory at 0x1000"), "{msg}");
+    // A read-only page: refused from its mapping's permissions (never by writing to it).
+    let ro = anonymous(8192);
+    // SAFETY: the second page of this test's own mapping, made read-only.
+    assert_eq!(
+        unsafe { libc::mprotect(ro.add(4096).cast(), 4096, libc::PROT_READ) },
+        0
+    );
+    s.send(4, register(ro as u64, 8192)).await;
+    let (code, msg) = s.registered(4).await.unwrap_err();
+    assert_eq!(code, Code::InvalidArgument as i32, "{msg}");
+    assert!(
+        msg.contains(&format!("memory at {:#x} is not writable", ro as u64 + 4096)),
+        "{msg}"
+    );
+    s.send(5, register(ro as u64, 4096)).await;
+    s.registered(5).await.expect("its writable first page registers");
     drop(s); // the session's buffers go with it
     let _keep = &mut mine;
     a.stop().await;
