@@ -30,6 +30,7 @@ pub mod net;
 pub mod peer_stats;
 pub mod peers;
 pub mod poller;
+pub mod rewound;
 pub mod rx_rules;
 pub mod topology;
 pub mod unpack;

@@ -4,19 +4,17 @@
 //! for both: a firewall that lets the peer service through lets the direct connections through.
 
 use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::task::TaskTracker;
-use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use super::direct::{DirectAcceptor, PREFACE};
+use crate::rewound::Rewound;
 
 /// How long a new connection has to send its first 8 bytes.
 const PREFACE_WAIT: Duration = Duration::from_secs(10);
@@ -24,7 +22,7 @@ const PREFACE_WAIT: Duration = Duration::from_secs(10);
 const HANDOFF_QUEUE: usize = 64;
 
 /// The peer port's gRPC connections, for `serve_with_incoming_shutdown`.
-pub type PeerIncoming = ReceiverStream<io::Result<Rewound>>;
+pub type PeerIncoming = ReceiverStream<io::Result<Rewound<TcpStream>>>;
 
 /// Accepts on the peer port until `stop`: direct control connections go to `direct`, gRPC ones
 /// come out of the returned stream. The future ends once accepting stopped and every sniffing
@@ -42,7 +40,7 @@ async fn accept(
     listener: TcpListener,
     direct: Arc<DirectAcceptor>,
     mut stop: watch::Receiver<bool>,
-    grpc: mpsc::Sender<io::Result<Rewound>>,
+    grpc: mpsc::Sender<io::Result<Rewound<TcpStream>>>,
 ) {
     let tasks = TaskTracker::new();
     loop {
@@ -73,7 +71,7 @@ async fn sniff(
     from: std::net::SocketAddr,
     direct: Arc<DirectAcceptor>,
     mut stop: watch::Receiver<bool>,
-    grpc: mpsc::Sender<io::Result<Rewound>>,
+    grpc: mpsc::Sender<io::Result<Rewound<TcpStream>>>,
 ) {
     let mut head = [0u8; 8];
     let read = tokio::select! {
@@ -86,70 +84,7 @@ async fn sniff(
     }
     if &head == PREFACE {
         direct.accept(stream, from).await;
-    } else if grpc
-        .send(Ok(Rewound {
-            head,
-            given: 0,
-            io: stream,
-        }))
-        .await
-        .is_err()
-    {
+    } else if grpc.send(Ok(Rewound::new(head, stream))).await.is_err() {
         tracing::debug!("peer connection dropped: the peer service has stopped");
-    }
-}
-
-/// A connection whose first bytes were read already: reads give them back first.
-#[derive(Debug)]
-pub struct Rewound {
-    head: [u8; 8],
-    given: usize,
-    io: TcpStream,
-}
-
-impl AsyncRead for Rewound {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if this.given < this.head.len() {
-            let n = buf.remaining().min(this.head.len() - this.given);
-            buf.put_slice(&this.head[this.given..this.given + n]);
-            this.given += n;
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.io).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Rewound {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-}
-
-impl Connected for Rewound {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> TcpConnectInfo {
-        self.io.connect_info()
     }
 }
