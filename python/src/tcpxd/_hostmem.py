@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import array
 import bisect
+import contextlib
 import ctypes
 import mmap
 import os
@@ -29,7 +30,7 @@ import stat
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import _local, _proto, _reattach
 from ._addresses import BY_ADDRESS, _varint, address_entries, address_kinds
@@ -390,6 +391,18 @@ def registered(ev: Any, tag: int) -> Any:
     return ev.registered
 
 
+def _registered_each(conn: _local.Connection, tags: Sequence[int]) -> List[Any]:
+    """The answers to registrations sent as `tags`, in order: each one's Buffer message, or the
+    TcpxdError refusing it."""
+    out: List[Any] = []
+    for tag in tags:
+        try:
+            out.append(registered(conn.receive(), tag))
+        except TcpxdError as e:
+            out.append(e)
+    return out
+
+
 def no_unix_socket(endpoint: str) -> TcpxdError:
     return FailedPrecondition(
         f"register_host: host memory is handed to the daemon as a file descriptor over its unix socket, and "
@@ -439,20 +452,27 @@ class Registrar:
     def available(self, value: Optional[bool]) -> None:
         self._known.available = value
 
+    @contextlib.contextmanager
+    def _talking(self, what: str, timeout: Optional[float]) -> Iterator[None]:
+        """The local session's silence or end while doing `what` (`register_host`, `release`): the
+        connection is dropped (the next call opens one) and Unavailable says which."""
+        try:
+            yield
+        except socket.timeout:
+            self._drop()
+            raise Unavailable(f"{what}: no answer from the daemon at {self.path} within {timeout} s") from None
+        except (_local.Gone, OSError) as e:
+            self._drop()
+            raise Unavailable(f"{what}: the local session with {self.path} ended: {e!r}") from None
+
     def register(self, shared: Shared, label: str, timeout: Optional[float]) -> Any:
         """Registers the memory; returns the daemon's Buffer message."""
         try:
             with self._lock:
                 conn = self._connection()
-                try:
+                with self._talking("register_host", timeout):
                     [(field, req)] = shared.session_op(label).items()
                     ev = conn.exchange(field, req, timeout, fd=shared.sent_fd)
-                except socket.timeout:
-                    self._drop()
-                    raise Unavailable(f"register_host: no answer from the daemon at {self.path} within {timeout} s") from None
-                except (_local.Gone, OSError) as e:
-                    self._drop()
-                    raise Unavailable(f"register_host: the local session with {self.path} ended: {e!r}") from None
                 return registered(ev, conn.tag)
         finally:
             shared.done_sending()
@@ -467,7 +487,7 @@ class Registrar:
         try:
             with self._lock:
                 conn = self._connection()
-                try:
+                with self._talking("register_host", timeout):
                     start = 0
                     while self._batches is not False and start < len(items):
                         got = self._batch(conn, items[start : start + PIPELINE], label, timeout)
@@ -487,17 +507,7 @@ class Registrar:
                             finally:
                                 shared.done_sending()
                             tags.append(conn.tag)
-                        for tag in tags:
-                            try:
-                                out.append(registered(conn.receive(), tag))
-                            except TcpxdError as e:
-                                out.append(e)
-                except socket.timeout:
-                    self._drop()
-                    raise Unavailable(f"register_host: no answer from the daemon at {self.path} within {timeout} s") from None
-                except (_local.Gone, OSError) as e:
-                    self._drop()
-                    raise Unavailable(f"register_host: the local session with {self.path} ended: {e!r}") from None
+                        out.extend(_registered_each(conn, tags))
                 return out
         finally:
             for shared, _ in items:
@@ -534,7 +544,7 @@ class Registrar:
         n = len(tails)
         with self._lock:
             conn = self._connection()
-            try:
+            with self._talking("register_host", timeout):
                 start = 0
                 sent: List[Tuple[int, int, int]] = []  # (first region, end, tag) of frames unanswered
                 B = _proto.message("RegisterBatchRequest")
@@ -562,17 +572,7 @@ class Registrar:
                         if not conn.send("register_client_memory", req, timeout):
                             raise InvalidArgument("register_host: the registration is too large for a frame")
                         tags.append(conn.tag)
-                    for tag in tags:
-                        try:
-                            out.append(registered(conn.receive(), tag))
-                        except TcpxdError as e:
-                            out.append(e)
-            except socket.timeout:
-                self._drop()
-                raise Unavailable(f"register_host: no answer from the daemon at {self.path} within {timeout} s") from None
-            except (_local.Gone, OSError) as e:
-                self._drop()
-                raise Unavailable(f"register_host: the local session with {self.path} ended: {e!r}") from None
+                    out.extend(_registered_each(conn, tags))
         return out
 
 
@@ -590,7 +590,7 @@ class Registrar:
                 return None
             conn = self._conn
             R = _proto.message("ReleaseBatchRequest")
-            try:
+            with self._talking("release", timeout):
                 at = 0
                 sent: List[Tuple[int, int]] = []  # (ids in the frame, its tag), unanswered
                 while at < len(ids) or sent:
@@ -611,12 +611,6 @@ class Registrar:
                     if kind != "released_batch" or ev.tag != tag or len(ev.released_batch.statuses) != count:
                         raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to release {tag}")
                     out.extend(None if st.code == 0 else from_status(st.code, st.message) for st in ev.released_batch.statuses)
-            except socket.timeout:
-                self._drop()
-                raise Unavailable(f"release: no answer from the daemon at {self.path} within {timeout} s") from None
-            except (_local.Gone, OSError) as e:
-                self._drop()
-                raise Unavailable(f"release: the local session with {self.path} ended: {e!r}") from None
         return out
 
     def register_fd(self, fd: int, req: Any, timeout: Optional[float]) -> Any:
@@ -624,14 +618,8 @@ class Registrar:
         daemon's Buffer message. A re-attach after a restart goes this way."""
         with self._lock:
             conn = self._connection()
-            try:
+            with self._talking("register_host", timeout):
                 ev = conn.exchange("register_host_fd", req, timeout, fd=fd)
-            except socket.timeout:
-                self._drop()
-                raise Unavailable(f"register_host: no answer from the daemon at {self.path} within {timeout} s") from None
-            except (_local.Gone, OSError) as e:
-                self._drop()
-                raise Unavailable(f"register_host: the local session with {self.path} ended: {e!r}") from None
             return registered(ev, conn.tag)
 
     def register_by_address(self, req: Any, timeout: Optional[float]) -> Any:
@@ -639,14 +627,8 @@ class Registrar:
         re-attach after a restart goes this way."""
         with self._lock:
             conn = self._connection()
-            try:
+            with self._talking("register_host", timeout):
                 ev = conn.exchange("register_client_memory", req, timeout)
-            except socket.timeout:
-                self._drop()
-                raise Unavailable(f"register_host: no answer from the daemon at {self.path} within {timeout} s") from None
-            except (_local.Gone, OSError) as e:
-                self._drop()
-                raise Unavailable(f"register_host: the local session with {self.path} ended: {e!r}") from None
             return registered(ev, conn.tag)
 
     def reset(self) -> None:
