@@ -9,8 +9,9 @@
 //!   helpers): a connection takes milliseconds to seconds, so it naps from the start, 200 µs
 //!   doubling to 20 ms.
 //!
-//! The daemon's poller naps on its command channel (a command or control message ends the nap at
-//! once) and parks there outright when nothing is in flight — with `runtime.spin` on ([`Spin`]),
+//! The daemon's poller naps in `park_timeout` (a command ends the nap at once; a direct control
+//! socket's data waits for its end) and parks in `epoll_wait` on its command channel's eventfd and
+//! its direct control sockets when nothing is in flight (`poller/park.rs`) — with `runtime.spin` on ([`Spin`]),
 //! only once nothing has been in flight for [`LINGER`]: while traffic flows it keeps polling
 //! between transfers, so the next command, control message or eager receive finds it awake, and
 //! [`Warmth`] keeps an async worker awake as long.

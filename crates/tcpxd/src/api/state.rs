@@ -3,7 +3,6 @@
 //! to gRPC statuses.
 
 use std::collections::HashMap;
-use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,7 +24,7 @@ pub fn status(e: EngineError) -> Status {
 pub struct DaemonState {
     pub node_id: String,
     pub buffers: BufferRegistry,
-    pub poller: std_mpsc::Sender<Command>,
+    pub poller: crate::poller::PollerTx,
     pub peers: Peers,
     pub notifications: broadcast::Sender<NotificationEvent>,
     pub transfers: Mutex<HashMap<u64, watch::Receiver<TransferStatus>>>,

@@ -1,7 +1,6 @@
 //! Transfers through the client API: checking entries, starting WRITE and READ batches on the
 //! poller, the deadline of each, and waiting for the final event (the unary calls' `wait`).
 
-use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, watch};
@@ -276,7 +275,7 @@ pub(crate) async fn finished(
 
 /// Cancels a transfer (on both sides) when dropped armed: a waiting caller that went away.
 pub(crate) struct CancelOnDrop {
-    poller: std_mpsc::Sender<Command>,
+    poller: crate::poller::PollerTx,
     same_node: std::sync::Arc<super::same_node_registry::SameNode>,
     id: Option<TransferId>,
 }
@@ -308,7 +307,7 @@ impl Drop for CancelOnDrop {
 
 /// Asks the poller to cancel a transfer without waiting for its answer (same-node transfers:
 /// `SameNode::cancel` first).
-pub(crate) fn cancel_unheard(poller: &std_mpsc::Sender<Command>, id: TransferId) {
+pub(crate) fn cancel_unheard(poller: &crate::poller::PollerTx, id: TransferId) {
     let (reply, _) = oneshot::channel();
     let _ = poller.send(Command::Cancel { id, reply });
 }

@@ -4,7 +4,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::mpsc as std_mpsc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -141,7 +140,7 @@ enum Ended {
 /// malformed message fails the peer. A malformed offer or read request goes to the engine,
 /// which refuses it.
 pub(super) fn spawn_inbound(
-    poller: std_mpsc::Sender<Command>,
+    poller: crate::poller::PollerTx,
     idx: PeerIdx,
     node: String,
     mut inbound: Streaming<pb::PeerMessage>,

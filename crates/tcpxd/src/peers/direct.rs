@@ -1,8 +1,9 @@
 //! A pairing's direct control connection (docs/ARCHITECTURE.md, "The direct control
 //! connection"): a plain TCP connection between the two daemons' peer ports on which each
-//! poller writes its engine messages itself (`poller/direct.rs`) and a reader task per
-//! connection (on the async runtime: no thread per pairing) hands the peer's to the poller — no
-//! async worker and no HTTP/2 between the poller and the wire.
+//! poller writes its engine messages itself and reads the peer's itself, the socket in its epoll
+//! set (`poller/direct.rs`, `poller/park.rs`) — no async worker, no reader task and no HTTP/2
+//! between the poller and the wire. This module sets connections up and supplies the frames
+//! ([`frame_msg`], [`decoder`]).
 //!
 //! Set up after the pairing's authentication: the callee's `Handshake` answer carries a
 //! one-time random token (`HandshakeResponse.direct_token`); once its `Control` stream is open
@@ -19,12 +20,10 @@
 //! (logged by the poller as the peer's failure), like a lost peer. A connection with a wrong
 //! token, or a wrong proof, is closed with a warning and changes nothing.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use prost::Message;
@@ -34,7 +33,7 @@ use super::MAX_CONTROL_MESSAGE;
 use super::control::{Malformed, msg_from_pb, msg_to_pb};
 use crate::api::proto::peer as pb;
 use crate::engine::{PeerIdx, PeerMsg};
-use crate::poller::{Command, DirectConn};
+use crate::poller::{Command, Decode, DirectConn, PollerTx};
 
 /// A direct control connection's first 8 bytes (an HTTP/2 client's are `PRI * HT`).
 pub const PREFACE: &[u8; 8] = b"TCPXDC/1";
@@ -46,8 +45,6 @@ const PROOF_BYTES: usize = 32;
 pub const ACK: u8 = 0x01;
 /// How long an opening connection has to send its token (and proof).
 const OPENING_WAIT: Duration = Duration::from_secs(10);
-/// How often a reader waiting for data looks whether the daemon is still there.
-const READER_CHECK: Duration = Duration::from_millis(500);
 
 /// Frames an engine message: a little-endian `u32` length, then its `tcpxd.peer.v1` encoding.
 pub fn frame_msg(m: &PeerMsg, out: &mut Vec<u8>) {
@@ -129,16 +126,15 @@ struct Pending {
 /// The callee's side: the tokens issued, and what a connection presenting one is handed to.
 pub struct DirectAcceptor {
     tokens: Mutex<HashMap<[u8; TOKEN_BYTES], Pending>>,
-    /// The poller's channel, shared so that readers hold it weakly: a reader never keeps a
-    /// poller whose daemon is gone alive.
-    poller: Arc<std_mpsc::Sender<Command>>,
+    /// The poller's channel: set-up connections go to it.
+    poller: PollerTx,
 }
 
 impl DirectAcceptor {
-    pub fn new(poller: std_mpsc::Sender<Command>) -> DirectAcceptor {
+    pub fn new(poller: PollerTx) -> DirectAcceptor {
         DirectAcceptor {
             tokens: Mutex::new(HashMap::new()),
-            poller: Arc::new(poller),
+            poller,
         }
     }
 
@@ -196,7 +192,7 @@ impl DirectAcceptor {
                 return;
             }
         }
-        let conn = match self.start(stream, pending.idx, &pending.node, false) {
+        let conn = match start(stream, pending.idx, false) {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(%from, peer = %pending.node, "direct control connection: {e}");
@@ -221,47 +217,12 @@ impl DirectAcceptor {
         }
     }
 
-    /// A connection, blocking from now on, with its reader started (waiting for the poller's
-    /// go) and what the poller needs of it.
-    fn start(
-        &self,
-        stream: tokio::net::TcpStream,
-        idx: PeerIdx,
-        node: &str,
-        caller: bool,
-    ) -> std::io::Result<DirectConn> {
-        stream.set_nodelay(true)?;
-        // Two descriptors of one socket: the poller's (its sends pass `MSG_DONTWAIT`; the socket
-        // is non-blocking for both, as the reader's runtime needs) and the reader task's.
-        let read_side = stream.into_std()?;
-        let stream = Arc::new(read_side.try_clone()?);
-        let read_side = tokio::net::TcpStream::from_std(read_side)?;
-        let (go_tx, go_rx) = tokio::sync::mpsc::unbounded_channel();
-        let closing = Arc::new(AtomicBool::new(false));
-        let reader = Reader {
-            go: go_rx,
-            closing: closing.clone(),
-            poller: Arc::downgrade(&self.poller),
-            idx,
-            node: node.to_string(),
-        };
-        tokio::spawn(reader.run(read_side));
-        Ok(DirectConn {
-            stream,
-            frame: frame_msg,
-            go: go_tx,
-            closing,
-            caller,
-        })
-    }
-
     /// Caller side: dials the callee's peer address, presents the token (and proof), waits for
     /// the answer and hands the connection to the poller (which switches to it at once).
     pub(super) async fn dial(
         &self,
         address: &str,
         idx: PeerIdx,
-        node: &str,
         token: &[u8],
         proof: Option<Vec<u8>>,
         within: Duration,
@@ -290,7 +251,7 @@ impl DirectAcceptor {
         let s = tokio::time::timeout(within, open)
             .await
             .map_err(|_| format!("not set up within {within:?}"))??;
-        let conn = self.start(s, idx, node, true).map_err(|e| e.to_string())?;
+        let conn = start(s, idx, true).map_err(|e| e.to_string())?;
         self.poller
             .send(Command::DirectControl { peer: idx, conn })
             .map_err(|_| "the daemon is shutting down".to_string())
@@ -302,91 +263,45 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Reads a direct connection's frames and hands each message to the poller, once the poller
-/// says go (the peer's `DirectSwitch` was handled); reports the connection's end or bad input as
-/// the pairing's failure, unless the poller closed it. A task on the async runtime, not a
-/// thread: a node paired with 64 idle peers keeps no thread per pairing (issue #37's 64-thread
-/// bound), and a message's wake-up is the runtime's reactor, as it was for the control stream's
-/// inbound task.
-struct Reader {
-    go: tokio::sync::mpsc::UnboundedReceiver<()>,
-    closing: Arc<AtomicBool>,
-    poller: Weak<std_mpsc::Sender<Command>>,
-    idx: PeerIdx,
-    node: String,
+/// What the poller needs of a set-up connection: the socket, non-blocking (the poller reads it
+/// when its epoll says so and sends with `MSG_DONTWAIT`), and the frames both ways.
+fn start(stream: tokio::net::TcpStream, idx: PeerIdx, caller: bool) -> std::io::Result<DirectConn> {
+    stream.set_nodelay(true)?;
+    let stream = stream.into_std()?;
+    stream.set_nonblocking(true)?;
+    Ok(DirectConn {
+        stream: Arc::new(stream),
+        frame: frame_msg,
+        decode: decoder(idx),
+        caller,
+    })
 }
 
-impl Reader {
-    fn gone(&self) -> bool {
-        self.closing.load(Ordering::Acquire) || self.poller.strong_count() == 0
-    }
-
-    async fn run(mut self, mut stream: tokio::net::TcpStream) {
+/// The poller's decoder of pairing `idx`'s direct connection: whole frames become the peer's
+/// messages (a heartbeat none, a refusable bad offer `Command::Malformed`); an oversized frame,
+/// one that is no `PeerMessage`, a `Hello` or a `DirectSwitch` on it end the pairing.
+pub fn decoder(idx: PeerIdx) -> Decode {
+    let mut frames = Frames::new(MAX_CONTROL_MESSAGE);
+    Box::new(move |bytes: &[u8], out: &mut VecDeque<Command>| {
+        frames.push(bytes);
         loop {
-            match tokio::time::timeout(READER_CHECK, self.go.recv()).await {
-                Ok(Some(())) => break,
-                Ok(None) => return,
-                Err(_) if !self.gone() => {}
-                Err(_) => return,
-            }
-        }
-        let mut frames = Frames::new(MAX_CONTROL_MESSAGE);
-        let mut buf = vec![0u8; 256 << 10];
-        let reason = 'read: loop {
-            let read = match tokio::time::timeout(READER_CHECK, stream.read(&mut buf)).await {
-                Ok(r) => r,
-                Err(_) if self.gone() => return,
-                Err(_) => continue,
+            let Some(m) = frames.next_msg().map_err(|e| e.to_string())? else {
+                return Ok(());
             };
-            match read {
-                Ok(0) => break "closed by the peer".to_string(),
-                Ok(n) => {
-                    frames.push(&buf[..n]);
-                    let Some(poller) = self.poller.upgrade() else {
-                        return;
-                    };
-                    loop {
-                        let m = match frames.next_msg() {
-                            Ok(Some(m)) => m,
-                            Ok(None) => break,
-                            Err(e) => break 'read e.to_string(),
-                        };
-                        let cmd = match msg_from_pb(m) {
-                            Ok(Some(msg)) => {
-                                let (kind, id) = msg.label();
-                                tracing::trace!(target: "tcpxd::hop", hop = "wire.in", kind, id);
-                                Command::Message { peer: self.idx, msg }
-                            }
-                            Ok(None) => continue,
-                            Err(Malformed::Refuse(request)) => Command::Malformed {
-                                peer: self.idx,
-                                request,
-                            },
-                            Err(Malformed::Fatal(why)) => {
-                                break 'read format!("malformed control message: {why}");
-                            }
-                        };
-                        if poller.send(cmd).is_err() {
-                            return;
-                        }
-                    }
+            match msg_from_pb(m) {
+                Ok(Some(msg)) => {
+                    let (kind, id) = msg.label();
+                    tracing::trace!(target: "tcpxd::hop", hop = "wire.in", kind, id);
+                    out.push_back(Command::Message { peer: idx, msg });
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => break e.to_string(),
+                Ok(None) => {}
+                Err(Malformed::Refuse(request)) => out.push_back(Command::Malformed { peer: idx, request }),
+                Err(Malformed::Fatal(why)) => {
+                    return Err(format!("malformed control message: {why}"));
+                }
             }
-        };
-        if self.closing.load(Ordering::Acquire) {
-            return;
         }
-        let Some(poller) = self.poller.upgrade() else {
-            return;
-        };
-        tracing::debug!(peer = %self.node, "direct control connection: {reason}");
-        let _ = poller.send(Command::PeerDown {
-            peer: self.idx,
-            reason: format!("direct control connection: {reason}"),
-        });
-    }
+    })
 }
 
 #[cfg(test)]
@@ -431,5 +346,39 @@ mod tests {
                 .starts_with("a frame that is not a tcpxd.peer.v1 PeerMessage"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_decoder_hands_whole_messages_over_as_commands_and_names_a_broken_frame() {
+        let mut wire = Vec::new();
+        frame_msg(&PeerMsg::Done { offer_id: 4 }, &mut wire);
+        frame_msg(&PeerMsg::Credits { returned: vec![1, 2] }, &mut wire);
+        let mut decode = decoder(PeerIdx(3));
+        let mut out = VecDeque::new();
+        let (first, rest) = wire.split_at(5);
+        decode(first, &mut out).unwrap();
+        assert!(out.is_empty(), "half a frame is kept, not handed over");
+        decode(rest, &mut out).unwrap();
+        let got: Vec<_> = out
+            .drain(..)
+            .map(|c| match c {
+                Command::Message { peer, msg } => (peer, msg),
+                _ => panic!("a message"),
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (PeerIdx(3), PeerMsg::Done { offer_id: 4 }),
+                (PeerIdx(3), PeerMsg::Credits { returned: vec![1, 2] })
+            ]
+        );
+        let marker = pb::PeerMessage {
+            body: Some(pb::peer_message::Body::DirectSwitch(Default::default())),
+        };
+        let mut bad = (marker.encoded_len() as u32).to_le_bytes().to_vec();
+        marker.encode(&mut bad).unwrap();
+        let e = decode(&bad, &mut out).unwrap_err();
+        assert!(e.contains("DirectSwitch on the direct control connection"), "{e}");
     }
 }

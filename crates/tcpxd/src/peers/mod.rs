@@ -11,7 +11,6 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -136,7 +135,7 @@ struct PendingSession {
 /// All peers of this daemon.
 pub struct Peers {
     node_id: String,
-    poller: std_mpsc::Sender<Command>,
+    poller: crate::poller::PollerTx,
     connect_timeout: Duration,
     heartbeat: Heartbeat,
     by_node: Mutex<HashMap<String, PeerInfo>>,
@@ -171,7 +170,7 @@ fn unavailable_poller() -> Status {
 }
 
 async fn ask<T>(
-    poller: &std_mpsc::Sender<Command>,
+    poller: &crate::poller::PollerTx,
     make: impl FnOnce(oneshot::Sender<T>) -> Command,
 ) -> Result<T, Status> {
     let (tx, rx) = oneshot::channel();
@@ -182,7 +181,7 @@ async fn ask<T>(
 impl Peers {
     pub fn new(
         node_id: &str,
-        poller: std_mpsc::Sender<Command>,
+        poller: crate::poller::PollerTx,
         connect_timeout: Duration,
         heartbeat: Heartbeat,
     ) -> Peers {
@@ -611,14 +610,7 @@ impl Peers {
             });
             if let Err(why) = self
                 .direct
-                .dial(
-                    address,
-                    idx,
-                    &info.node_id,
-                    &resp.direct_token,
-                    proof,
-                    self.connect_timeout,
-                )
+                .dial(address, idx, &resp.direct_token, proof, self.connect_timeout)
                 .await
             {
                 tracing::warn!(peer = %info.node_id, %address, "direct control connection not set up ({why}): the pairing's control messages stay on its HTTP/2 stream");
@@ -701,7 +693,7 @@ fn remote_error(s: Status, what: &str) -> Status {
 
 /// Closes prepared listening comms unless the handshake got far enough to use them.
 struct PreparedGuard {
-    poller: std_mpsc::Sender<Command>,
+    poller: crate::poller::PollerTx,
     prepared: Option<u64>,
 }
 

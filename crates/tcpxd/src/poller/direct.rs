@@ -1,43 +1,55 @@
 //! A pairing's direct control connection as the poller drives it (docs/ARCHITECTURE.md, "The
 //! direct control connection"): once switched, the poller writes each engine message itself,
 //! framed, with one non-blocking `send` (no async worker, no HTTP/2), and keeps what the socket
-//! could not take yet to send in a later pass; a thread of the peers layer reads the other way
-//! and hands each message to the poller's channel, started only once the peer's `DirectSwitch`
-//! came on the control stream (so nothing the peer sent later overtakes what it sent before).
+//! could not take yet to send in a later pass; it reads the other way itself too: the socket is
+//! in its epoll set (`park.rs`) from the moment the peer's `DirectSwitch` came on the control
+//! stream (so nothing the peer sent later overtakes what it sent before), and each pass reads
+//! what epoll reported readable and decodes the frames (a partial one kept per connection) into
+//! the peer's messages, handled with the commands. One thread wake-up a message when the poller
+//! is parked, none when it runs.
 //!
 //! # Order
 //! Each side's engine messages leave in the order the engine emitted them: before the switch on
 //! the control stream, the switch marker last there, every later one on this connection. The
 //! receiving side handles the stream's messages in order up to the marker (the inbound task
 //! forwards them to the poller's channel one by one, then `Command::DirectSwitch`), and only then
-//! lets the reader of this connection forward anything: a message sent here cannot be handled
+//! does the poller read this connection: a message sent here cannot be handled
 //! before one sent on the stream earlier. The caller switches as soon as it has the connection
 //! (the callee acknowledged the token, so it holds its end); the callee switches when the
 //! caller's marker arrives (so a caller that could not set the connection up never switches, and
 //! neither does the callee: both stay on the stream).
 
+use std::collections::VecDeque;
+use std::io::Read;
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::Command;
 use crate::engine::PeerMsg;
 
 /// Bytes left unsent to a peer that reads nothing of its direct connection before the pairing
 /// fails: a few of the largest control messages (`peers::MAX_CONTROL_MESSAGE`).
 pub const MAX_UNSENT: usize = 256 << 20;
 
+/// How much one read of a direct socket takes at most (a pass reads until a short read).
+pub(super) const READ_BUF: usize = 64 << 10;
+
+/// Turns a direct connection's bytes, in the order read, into the peer's messages (as
+/// `Command::Message` / `Command::Malformed`), keeping a partial frame for the next bytes.
+/// `Err`: the bytes break the protocol (the pairing fails with that reason).
+pub type Decode = Box<dyn FnMut(&[u8], &mut VecDeque<Command>) -> Result<(), String> + Send>;
+
 /// What the peers layer hands the poller for a pairing's direct control connection.
 pub struct DirectConn {
-    /// The connected socket (non-blocking: the reader task reads another descriptor of it on the
-    /// async runtime; the poller's sends pass `MSG_DONTWAIT`).
+    /// The connected socket, non-blocking: the poller reads it when epoll says so and sends with
+    /// `MSG_DONTWAIT`.
     pub stream: Arc<TcpStream>,
     /// Frames an engine message for the wire (length prefix and `tcpxd.peer.v1` encoding: the
     /// peers layer's).
     pub frame: fn(&PeerMsg, &mut Vec<u8>),
-    /// Starts the reader (the peers layer's thread waits for it; dropped unsent: it ends).
-    pub go: tokio::sync::mpsc::UnboundedSender<()>,
-    /// Set before the poller shuts the connection down: the reader ends without reporting.
-    pub closing: Arc<AtomicBool>,
+    /// Decodes what the poller reads (the peers layer's frames and messages).
+    pub decode: Decode,
     /// This side dialled it (the pairing's caller): it switches at once.
     pub caller: bool,
 }
@@ -50,8 +62,13 @@ pub(super) struct DirectLink {
     sent: usize,
     /// This side sends its engine messages here (its `DirectSwitch` went on the stream).
     pub(super) switched: bool,
-    /// The reader forwards the peer's messages (its `DirectSwitch` came).
-    pub(super) reading: bool,
+    /// The poller reads the peer's messages (its `DirectSwitch` came), under this token of its
+    /// epoll set (`park.rs`).
+    pub(super) reading: Option<mio::Token>,
+    /// The connection ended (EOF, an error, bad bytes: reported once) or was closed: not read.
+    ended: bool,
+    /// [`DirectLink::close`] ran.
+    closed: bool,
     pub(super) messages_sent: u64,
 }
 
@@ -62,7 +79,9 @@ impl DirectLink {
             out: Vec::new(),
             sent: 0,
             switched: false,
-            reading: false,
+            reading: None,
+            ended: false,
+            closed: false,
             messages_sent: 0,
         }
     }
@@ -71,10 +90,18 @@ impl DirectLink {
         self.conn.caller
     }
 
-    /// Lets the reader forward the peer's messages from now on.
-    pub(super) fn start_reading(&mut self) {
-        self.reading = true;
-        let _ = self.conn.go.send(());
+    /// Reads the peer's messages from now on: the socket joins the poller's epoll set. The
+    /// token, for a first read of what came already.
+    pub(super) fn start_reading(
+        &mut self,
+        park: &mut super::park::Park,
+        peer: crate::engine::PeerIdx,
+    ) -> Result<mio::Token, String> {
+        let token = park
+            .register(self.conn.stream.as_raw_fd(), peer)
+            .map_err(|e| format!("direct control connection: watching it: {e}"))?;
+        self.reading = Some(token);
+        Ok(token)
     }
 
     /// Frames `msg` for the next [`DirectLink::flush`] (the end of the batch of actions that
@@ -126,10 +153,11 @@ impl DirectLink {
 
     /// Ends the connection: what is framed and unsent (a `Goodbye`, a pairing close's answer)
     /// is sent first on a thread of its own, bounded by `within`, so the poller never waits for a
-    /// peer that reads nothing; then both directions shut down (the reader ends, silently).
+    /// peer that reads nothing; then both directions shut down (the poller reads it no more).
     /// Once only (dropping the link closes it too).
     pub(super) fn close(&mut self, within: std::time::Duration) {
-        if self.conn.closing.swap(true, Ordering::AcqRel) {
+        self.ended = true;
+        if std::mem::replace(&mut self.closed, true) {
             return;
         }
         let rest = self.out.split_off(self.sent);
@@ -141,8 +169,8 @@ impl DirectLink {
             return;
         }
         let flush = move || {
-            // The socket is non-blocking (its reader task's runtime needs it): send what it
-            // takes, wait a little while it is full, until `within`.
+            // The socket is non-blocking (the poller's epoll needs it): send what it takes,
+            // wait a little while it is full, until `within`.
             let deadline = std::time::Instant::now() + within;
             let sock = socket2::SockRef::from(&*stream);
             let mut at = 0;
@@ -213,28 +241,34 @@ impl super::Poller {
             return;
         };
         let why = match p.direct.as_mut() {
-            None => "the peer switched to a direct control connection this daemon does not have",
-            Some(d) if d.reading => "the peer switched to its direct control connection twice",
-            Some(d) => {
-                d.start_reading();
-                if !d.switched {
-                    let _ = p.control.send(super::ControlOut::DirectSwitch);
-                    d.switched = true;
-                }
-                return;
+            None => "the peer switched to a direct control connection this daemon does not have".into(),
+            Some(d) if d.reading.is_some() => {
+                "the peer switched to its direct control connection twice".into()
             }
+            Some(d) => match d.start_reading(&mut self.park, peer) {
+                Ok(token) => {
+                    // What came before the switch was handled: read what waits already.
+                    self.direct_ready.push(token);
+                    if !d.switched {
+                        let _ = p.control.send(super::ControlOut::DirectSwitch);
+                        d.switched = true;
+                    }
+                    return;
+                }
+                Err(why) => why,
+            },
         };
-        self.direct_broken.push((peer, why.to_string()));
+        self.direct_broken.push((peer, why));
     }
 
     /// `Command::ControlStreamEnded`. Before the peer switched: the pairing fails. After: the
     /// peer's last messages (a pairing close's answer, a `Goodbye`) come on the direct
     /// connection, which the peer closes after them, and may arrive after the stream's end on
-    /// the other connection: that end decides (its reader reports it), within
+    /// the other connection: that end decides (the poller reads it), within
     /// [`STREAM_END_GRACE`].
     pub(super) fn stream_ended(&mut self, peer: crate::engine::PeerIdx, reason: String) {
         match self.peers.get_mut(&peer) {
-            Some(p) if p.direct.as_ref().is_some_and(|d| d.reading) => {
+            Some(p) if p.direct.as_ref().is_some_and(|d| d.reading.is_some()) => {
                 if p.stream_ended.is_none() {
                     p.stream_ended = Some((std::time::Instant::now(), reason));
                 }
@@ -289,5 +323,59 @@ impl super::Poller {
         }
         self.run_actions();
         true
+    }
+}
+
+impl super::Poller {
+    /// Reads the direct sockets epoll reported (`park.rs`) until each has nothing more now, and
+    /// queues the peers' messages they carried with the commands (`inbound`), in order; a
+    /// connection's end, error or bad bytes is queued after its last message as the pairing's
+    /// failure (`Command::PeerDown`), so a `Goodbye` before it is handled first. True when
+    /// something was read.
+    pub(super) fn read_direct(&mut self) -> bool {
+        if self.direct_ready.is_empty() {
+            return false;
+        }
+        let mut got = false;
+        let mut ready = std::mem::take(&mut self.direct_ready);
+        for token in ready.drain(..) {
+            let (peer, _) = super::park::direct_peer(token);
+            let Some(p) = self.peers.get_mut(&peer).filter(|p| !p.failed) else {
+                continue;
+            };
+            let Some(d) = p.direct.as_mut().filter(|d| d.reading == Some(token) && !d.ended) else {
+                // A link closed or replaced since: its late event.
+                continue;
+            };
+            let ended = loop {
+                match (&*d.conn.stream).read(&mut self.read_buf) {
+                    Ok(0) => break Some("closed by the peer".to_string()),
+                    Ok(n) => {
+                        got = true;
+                        if let Err(why) = (d.conn.decode)(&self.read_buf[..n], &mut self.inbound) {
+                            break Some(why);
+                        }
+                        // Short: the socket is empty now (any later byte raises a new edge).
+                        if n < self.read_buf.len() {
+                            break None;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break None,
+                    Err(e) => break Some(e.to_string()),
+                }
+            };
+            if let Some(reason) = ended {
+                got = true;
+                d.ended = true;
+                tracing::debug!(peer = %p.node_id, "direct control connection: {reason}");
+                self.inbound.push_back(Command::PeerDown {
+                    peer,
+                    reason: format!("direct control connection: {reason}"),
+                });
+            }
+        }
+        self.direct_ready = ready;
+        got
     }
 }

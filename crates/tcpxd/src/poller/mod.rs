@@ -3,15 +3,18 @@
 //! go out through tokio `watch` and `broadcast` channels; control messages for peers through one
 //! unbounded channel per peer.
 //!
-//! Each pass it: takes commands (for at most [`COMMAND_SLICE`]: the rest wait for the next pass),
+//! Each pass it: looks (a zero-timeout `epoll_wait`) which pairings' direct control sockets have
+//! bytes and reads them itself (`direct.rs`), takes the peers' messages read and the commands
+//! (for at most [`COMMAND_SLICE`]: the rest wait for the next pass),
 //! drives connect/accept of lanes being set up, executes the
 //! engine's actions (posting sends and receives as the windows allow) — then has the engine plan
 //! a slice of what a large prepared READ left after its early first part went out
 //! (`Engine::plan_pending`) and executes those too —, tests only the head of
 //! each comm, unpacks completed receives (host unpacker) and consumes them in ring order, and
 //! checks deadlines. With bytes in flight it spins, then yields at every pass, and naps only after
-//! a stall of 2 ms; with nothing in flight it parks on the command channel (no CPU; a command or a
-//! peer's control message wakes it at once), after lingering 1 ms since its last progress when
+//! a stall of 2 ms; with nothing in flight it parks in `epoll_wait` on the command channel's
+//! eventfd and its direct sockets (`park.rs`: no CPU; a command or a peer's control message
+//! wakes it at once, one wake-up), after lingering 1 ms since its last progress when
 //! `runtime.spin` is on (traffic flowing: the next transfer finds it awake); while it carries out
 //! a command it holds the async worker awake, so the messages a long command makes are sent by a
 //! running thread. See `crate::idle`.
@@ -23,11 +26,22 @@
 //! actions (one method each), `posting.rs` what they post to the plugin (registration windows, deferred sends and receives, landing slots, unpacks),
 //! `blocks.rs` its block chunks. What the poller reports of its pairings (`PeerLink`, `PeerStats`,
 //! `StatsSnapshot`) is `crate::peer_stats`, below the metrics that read it.
+//!
+//! # State
+//! The thread owns the engine, the comms and the pairings' direct sockets; nothing is shared
+//! but the command channel ([`PollerTx`]) and what goes out. Where it waits and who wakes it
+//! (awake, napping, parked in epoll) is `park.rs`'s `Bell`, which also argues why a command
+//! sent while the poller is between its last look and its wait is never missed.
+//!
+//! # Shutdown
+//! A drain (`Command::Drain`) ends the thread once the engine says it is drained; the channel's
+//! end (every [`PollerTx`] dropped: the last one rings) fails what is left and closes every comm
+//! (`peers.rs`, `shutdown_now`).
 
 use crate::net::host_copies::HostCopies;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
+use std::sync::mpsc::{self, TryRecvError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, oneshot, watch};
@@ -49,12 +63,14 @@ mod commands;
 mod direct;
 mod drive;
 mod lane_life;
+mod park;
 mod peers;
 mod posting;
 
 use crate::lanes::{GpuStage, RecvQueue, Tag};
 pub use crate::peer_stats::{PeerLink, PeerStats, StatsSnapshot};
-pub use direct::{DirectConn, MAX_UNSENT};
+pub use direct::{Decode, DirectConn, MAX_UNSENT};
+pub use park::PollerTx;
 pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
 
 /// One lane a node receives on, as the handshake announces it (its handle comes on the control
@@ -404,7 +420,7 @@ pub struct PollerConfig {
 
 /// The running poller thread.
 pub struct PollerHandle {
-    tx: mpsc::Sender<Command>,
+    tx: PollerTx,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -416,6 +432,7 @@ impl PollerHandle {
         notifications: broadcast::Sender<NotificationEvent>,
     ) -> std::io::Result<PollerHandle> {
         let (tx, rx) = mpsc::channel();
+        let (park, tx) = park::Park::new(tx)?;
         let unpack_impl = cfg.unpack_impl;
         let host_copies = HostCopies::new(cfg.host_copy_threads);
         let meter = Meter::new(cfg.metrics.clone());
@@ -447,6 +464,10 @@ impl PollerHandle {
                     segs: Vec::new(),
                     direct_broken: Vec::new(),
                     direct_pending: Vec::new(),
+                    park,
+                    direct_ready: Vec::new(),
+                    inbound: VecDeque::new(),
+                    read_buf: vec![0; direct::READ_BUF],
                 }
                 .run()
             })?;
@@ -461,7 +482,7 @@ impl PollerHandle {
         self.tx.send(cmd).is_ok()
     }
 
-    pub fn sender(&self) -> mpsc::Sender<Command> {
+    pub fn sender(&self) -> PollerTx {
         self.tx.clone()
     }
 
@@ -611,6 +632,15 @@ struct Poller {
     /// Pairings whose direct connection has messages framed in this batch of actions, not sent
     /// yet (`direct.rs`, `send_direct`).
     direct_pending: Vec<PeerIdx>,
+    /// Where the poller waits: epoll on the channel's eventfd and the direct sockets (`park.rs`).
+    park: park::Park,
+    /// Direct sockets epoll reported readable, read at the start of the next pass.
+    direct_ready: Vec<mio::Token>,
+    /// The peers' messages read from direct sockets, handled with the commands (in order per
+    /// connection, under the same [`COMMAND_SLICE`]).
+    inbound: VecDeque<Command>,
+    /// Scratch for a direct socket's read.
+    read_buf: Vec<u8>,
 }
 
 impl Drop for Poller {
@@ -646,23 +676,32 @@ const PARK_MAX: Duration = Duration::from_secs(1);
 impl Poller {
     fn run(mut self) {
         tracing::debug!("poller started");
+        self.park.bind_thread();
         let mut backoff = Backoff::new();
         // The last pass (or command) that made progress: the poller lingers after it.
         let mut last_progress = Instant::now();
+        // The wait that ended the last pass looked at the sockets already.
+        let mut looked = false;
         loop {
-            let mut progressed = false;
+            if !looked {
+                self.park.look(Duration::ZERO, &mut self.direct_ready);
+            }
+            looked = false;
+            let mut progressed = self.read_direct();
             let slice = Instant::now();
             loop {
-                match self.rx.try_recv() {
-                    Ok(cmd) => {
-                        progressed = true;
-                        self.handle_held(cmd);
-                        if slice.elapsed() >= COMMAND_SLICE {
-                            break;
-                        }
-                    }
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => return self.shutdown_now(),
+                let cmd = match self.inbound.pop_front() {
+                    Some(cmd) => cmd,
+                    None => match self.rx.try_recv() {
+                        Ok(cmd) => cmd,
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => return self.shutdown_now(),
+                    },
+                };
+                progressed = true;
+                self.handle_held(cmd);
+                if slice.elapsed() >= COMMAND_SLICE {
+                    break;
                 }
             }
             progressed |= self.drive_setup();
@@ -693,28 +732,31 @@ impl Poller {
                 // Bytes in flight, or traffic a moment ago: spin and yield; nap only once
                 // stalled (a command still ends the nap at once).
                 match backoff.step() {
-                    Step::Nap(d) => d,
+                    Step::Nap(d) => park::Wait::Nap(d),
                     Step::Spun | Step::Yielded => continue,
                 }
             } else {
-                // Nothing in flight: park until a command, a control message or the next
-                // deadline.
+                // Nothing in flight: park in epoll until a command, a peer's control message
+                // or the next deadline.
                 backoff.reset();
                 let now = Instant::now();
-                self.engine
-                    .next_deadline()
-                    .map(|d| d.saturating_duration_since(now))
-                    .unwrap_or(PARK_MAX)
-                    .min(PARK_MAX)
+                park::Wait::Park(
+                    self.engine
+                        .next_deadline()
+                        .map(|d| d.saturating_duration_since(now))
+                        .unwrap_or(PARK_MAX)
+                        .min(PARK_MAX),
+                )
             };
-            match self.rx.recv_timeout(wait) {
-                Ok(cmd) => {
+            match self.park.wait(wait, &self.rx, &mut self.direct_ready) {
+                park::Woken::Command(cmd) => {
                     backoff.reset();
                     last_progress = Instant::now();
                     self.handle_held(cmd)
                 }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return self.shutdown_now(),
+                // The park's `epoll_wait` collected the readable sockets.
+                park::Woken::Look => looked = matches!(wait, park::Wait::Park(_)),
+                park::Woken::Disconnected => return self.shutdown_now(),
             }
         }
     }
@@ -733,6 +775,8 @@ impl Poller {
     fn busy(&self) -> bool {
         !self.engine.lanes_idle()
             || self.engine.planning()
+            || !self.inbound.is_empty()
+            || !self.direct_ready.is_empty()
             || self.peers.values().any(|p| {
                 p.direct.as_ref().is_some_and(|d| d.unsent() > 0)
                     || p.send.iter().any(|l| match &l.state {

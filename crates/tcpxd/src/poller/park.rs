@@ -1,0 +1,361 @@
+//! Where the poller waits when a pass made no progress, and how it is woken: an epoll set
+//! (`mio::Poll`) holding an eventfd (`mio::Waker`) that the command channel's senders ring and
+//! the pairings' direct control sockets (`direct.rs`), which the poller reads itself. A control
+//! message from a peer therefore costs one thread wake-up when the poller is parked (the kernel
+//! wakes it in `epoll_wait`) and none when it is running passes (the next pass's zero-timeout
+//! look finds the socket readable); a command from the async side costs one eventfd write, and
+//! only when the poller is waiting.
+//!
+//! # State
+//! [`Bell`] holds where the poller is, written by the poller only:
+//! - `AWAKE`: running passes. Senders ring nothing; each pass begins with a zero-timeout
+//!   `epoll_wait` (`Park::look`) for the direct sockets and takes commands with `try_recv`.
+//! - `NAPPING`: stalled with bytes in flight, sleeping [`crate::idle::NAP`] in `park_timeout`
+//!   (epoll's timeout has millisecond resolution). A sender unparks the thread; a socket
+//!   becoming readable waits for the nap's end (≤ 50 µs, only during a stall).
+//! - `IN_EPOLL`: parked in `epoll_wait` until the next deadline (at most `PARK_MAX`): nothing
+//!   in flight. A sender writes the eventfd; a direct socket's data wakes it by itself. An idle
+//!   daemon therefore blocks here with no timeout-spin: no CPU, waking for its timers only.
+//!
+//! # Why no wake-up is lost
+//! A sender puts the command on the channel, then (a `SeqCst` fence between) reads the state;
+//! the poller writes the state, then (a `SeqCst` fence between) tries the channel once more and
+//! waits only if it is empty. Of two threads each writing one location and then reading the
+//! other's across a `SeqCst` fence, at least one reads the other's write: either the poller's
+//! last try finds the command (it does not wait), or the sender sees `NAPPING` / `IN_EPOLL` and
+//! rings. A ring before the wait begins is not lost either: the eventfd's write puts the waker
+//! on epoll's ready list at once (so the coming `epoll_wait` returns), and an `unpark` before
+//! `park_timeout` makes it return at once. A ring the poller did not need (it found the command
+//! itself) costs one spurious pass. Data on a direct socket needs no ring: epoll reports it
+//! whenever the poller looks (edge-triggered; the poller reads until a short read or
+//! `WouldBlock`, and any byte arriving later raises a new edge).
+//!
+//! # Shutdown
+//! The poller ends when every [`PollerTx`] is gone (the channel disconnects, and the last one
+//! rings on its way out, so a parked poller sees it at once) or when a drain ends (`peers.rs`).
+
+use std::io;
+use std::sync::atomic::{AtomicU8, Ordering, fence};
+use std::sync::mpsc;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use mio::{Events, Interest, Poll, Token, Waker};
+
+use super::Command;
+use crate::engine::PeerIdx;
+
+const AWAKE: u8 = 0;
+const NAPPING: u8 = 1;
+const IN_EPOLL: u8 = 2;
+
+/// The command channel's eventfd.
+const WAKE: Token = Token(usize::MAX);
+
+// A direct socket's token carries its pairing and the link's generation (`Park::register`).
+const _: () = assert!(usize::BITS >= 64, "tokens pack a pairing and a generation");
+
+/// How the poller is woken: where it waits, the eventfd, its thread.
+pub struct Bell {
+    state: AtomicU8,
+    waker: Waker,
+    thread: OnceLock<std::thread::Thread>,
+}
+
+impl Bell {
+    /// After a command went on the channel: wakes the poller if it waits (see the module's
+    /// "Why no wake-up is lost").
+    fn ring_if_waiting(&self) {
+        fence(Ordering::SeqCst);
+        match self.state.load(Ordering::Relaxed) {
+            NAPPING => self.unpark(),
+            IN_EPOLL => self.wake(),
+            _ => {}
+        }
+    }
+
+    fn wake(&self) {
+        if let Err(e) = self.waker.wake() {
+            tracing::warn!("could not wake the poller: {e}");
+        }
+    }
+
+    fn unpark(&self) {
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+    }
+}
+
+/// The poller has stopped: a command sent now is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the poller has stopped")]
+pub struct Stopped;
+
+/// The sending side of the poller's command channel: every sender wakes a waiting poller.
+#[derive(Clone)]
+pub struct PollerTx(Arc<TxInner>);
+
+struct TxInner {
+    /// `None` only while dropping.
+    tx: Option<mpsc::Sender<Command>>,
+    bell: Arc<Bell>,
+}
+
+impl PollerTx {
+    /// Puts `cmd` on the channel and wakes the poller if it waits; `Err` when it has stopped
+    /// (the command is dropped: its reply channel tells its sender).
+    pub fn send(&self, cmd: Command) -> Result<(), Stopped> {
+        let tx = self.0.tx.as_ref().expect("set until dropped");
+        tx.send(cmd).map_err(|_| Stopped)?;
+        self.0.bell.ring_if_waiting();
+        Ok(())
+    }
+}
+
+impl Drop for TxInner {
+    fn drop(&mut self) {
+        // The last sender: disconnect first, then ring whatever the state, so a poller that
+        // waits (or is about to) sees the channel's end at once and shuts down.
+        self.tx = None;
+        self.bell.wake();
+        self.bell.unpark();
+    }
+}
+
+/// How long the poller waits.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Wait {
+    /// Stalled with bytes in flight: a short sleep a command ends.
+    Nap(Duration),
+    /// Nothing in flight: until a command, a direct socket's data or this long.
+    Park(Duration),
+}
+
+/// What ended a wait.
+pub(super) enum Woken {
+    /// The channel held a command after all (handle it now).
+    Command(Command),
+    /// A ring, a socket, the timeout: the next pass looks.
+    Look,
+    /// Every sender is gone.
+    Disconnected,
+}
+
+/// The poller's side: its epoll set and what it reported.
+pub(super) struct Park {
+    poll: Poll,
+    events: Events,
+    bell: Arc<Bell>,
+    next_generation: u32,
+}
+
+impl Park {
+    /// The epoll set with the channel's eventfd in it, and the channel's first sender.
+    pub(super) fn new(tx: mpsc::Sender<Command>) -> io::Result<(Park, PollerTx)> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), WAKE)?;
+        let bell = Arc::new(Bell {
+            state: AtomicU8::new(AWAKE),
+            waker,
+            thread: OnceLock::new(),
+        });
+        let sender = PollerTx(Arc::new(TxInner {
+            tx: Some(tx),
+            bell: bell.clone(),
+        }));
+        let park = Park {
+            poll,
+            events: Events::with_capacity(256),
+            bell,
+            next_generation: 0,
+        };
+        Ok((park, sender))
+    }
+
+    /// On the poller's thread, before its first pass: whom a sender unparks.
+    pub(super) fn bind_thread(&self) {
+        let _ = self.bell.thread.set(std::thread::current());
+    }
+
+    /// Adds a direct control socket to the set (readable, edge-triggered): the token its events
+    /// will carry, unique to this link (`direct_peer` turns it back into the pairing).
+    pub(super) fn register(&mut self, fd: std::os::fd::RawFd, peer: PeerIdx) -> io::Result<Token> {
+        self.next_generation = self.next_generation.wrapping_add(1);
+        let token = Token(((peer.0 as usize) << 32) | self.next_generation as usize);
+        self.poll
+            .registry()
+            .register(&mut mio::unix::SourceFd(&fd), token, Interest::READABLE)?;
+        Ok(token)
+    }
+
+    /// Collects the tokens of the direct sockets that became readable (or ended) into `ready`,
+    /// waiting at most `timeout` (zero: only looks).
+    pub(super) fn look(&mut self, timeout: Duration, ready: &mut Vec<Token>) {
+        match self.poll.poll(&mut self.events, Some(timeout)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return,
+            Err(e) => {
+                // Not expected of epoll_wait with a valid set; never spin on it.
+                tracing::warn!("the poller's epoll_wait failed: {e}");
+                std::thread::sleep(crate::idle::NAP);
+                return;
+            }
+        }
+        ready.extend(self.events.iter().map(|e| e.token()).filter(|t| *t != WAKE));
+    }
+
+    /// Waits as `wait` says, unless the channel holds a command after all (see the module's
+    /// "Why no wake-up is lost"). Readable direct sockets go to `ready`.
+    pub(super) fn wait(&mut self, wait: Wait, rx: &mpsc::Receiver<Command>, ready: &mut Vec<Token>) -> Woken {
+        let state = match wait {
+            Wait::Nap(_) => NAPPING,
+            Wait::Park(_) => IN_EPOLL,
+        };
+        self.bell.state.store(state, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        let woken = match rx.try_recv() {
+            Ok(cmd) => Woken::Command(cmd),
+            Err(mpsc::TryRecvError::Disconnected) => Woken::Disconnected,
+            Err(mpsc::TryRecvError::Empty) => {
+                match wait {
+                    Wait::Nap(d) => std::thread::park_timeout(d),
+                    Wait::Park(d) => self.look(d, ready),
+                }
+                Woken::Look
+            }
+        };
+        self.bell.state.store(AWAKE, Ordering::Relaxed);
+        woken
+    }
+}
+
+/// The pairing a direct socket's token names, and the link's generation.
+pub(super) fn direct_peer(token: Token) -> (PeerIdx, u32) {
+    (PeerIdx((token.0 >> 32) as u32), token.0 as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits far longer than any test may take: only a ring, a socket or the channel's end can
+    /// end it (a lost wake-up hangs the test, which nextest reports).
+    const FOREVER: Duration = Duration::from_secs(3600);
+
+    fn command(n: u64) -> Command {
+        Command::StartIdsAt {
+            lists: n,
+            prepared: n,
+        }
+    }
+
+    fn number(cmd: Command) -> u64 {
+        match cmd {
+            Command::StartIdsAt { lists, .. } => lists,
+            _ => panic!("not a test command"),
+        }
+    }
+
+    #[test]
+    fn no_command_is_missed_by_a_poller_that_parks_or_naps_between_commands() {
+        let (tx, rx) = mpsc::channel();
+        let (mut park, sender) = Park::new(tx).unwrap();
+        park.bind_thread();
+        const N: u64 = 20_000;
+        let from = std::thread::spawn(move || {
+            for n in 0..N {
+                sender.send(command(n)).unwrap();
+                if n % 7 == 0 {
+                    std::thread::yield_now();
+                }
+            }
+        });
+        let mut ready = Vec::new();
+        let mut next = 0;
+        let mut waits = 0u64;
+        while next < N {
+            match rx.try_recv() {
+                Ok(cmd) => {
+                    assert_eq!(number(cmd), next);
+                    next += 1;
+                    continue;
+                }
+                Err(mpsc::TryRecvError::Empty) => {}
+                Err(mpsc::TryRecvError::Disconnected) => panic!("the sender ended early"),
+            }
+            // Every wait is an hour long: each command must end it (half parks, half naps).
+            let wait = if waits.is_multiple_of(2) {
+                Wait::Park(FOREVER)
+            } else {
+                Wait::Nap(FOREVER)
+            };
+            waits += 1;
+            match park.wait(wait, &rx, &mut ready) {
+                Woken::Command(cmd) => {
+                    assert_eq!(number(cmd), next);
+                    next += 1;
+                }
+                Woken::Look => {}
+                Woken::Disconnected => panic!("the sender ended early"),
+            }
+        }
+        from.join().unwrap();
+        assert!(ready.is_empty(), "no socket was registered: {ready:?}");
+    }
+
+    #[test]
+    fn the_last_sender_gone_wakes_a_parked_poller() {
+        let (tx, rx) = mpsc::channel();
+        let (mut park, sender) = Park::new(tx).unwrap();
+        park.bind_thread();
+        let other = sender.clone();
+        let from = std::thread::spawn(move || {
+            drop(other);
+            std::thread::sleep(Duration::from_millis(20));
+            drop(sender);
+        });
+        let mut ready = Vec::new();
+        loop {
+            match park.wait(Wait::Park(FOREVER), &rx, &mut ready) {
+                Woken::Disconnected => break,
+                Woken::Look => {}
+                Woken::Command(_) => panic!("nothing was sent"),
+            }
+        }
+        from.join().unwrap();
+    }
+
+    #[test]
+    fn a_registered_socket_with_data_ends_a_park_and_is_reported_by_its_token() {
+        use std::io::{Read, Write};
+        use std::os::fd::AsRawFd;
+        let (tx, rx) = mpsc::channel();
+        let (mut park, _sender) = Park::new(tx).unwrap();
+        let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        let token = park.register(b.as_raw_fd(), PeerIdx(7)).unwrap();
+        assert_eq!(direct_peer(token).0, PeerIdx(7));
+        let mut ready = Vec::new();
+        for round in 0..3u8 {
+            a.write_all(&[round; 5]).unwrap();
+            while ready.is_empty() {
+                assert!(matches!(
+                    park.wait(Wait::Park(FOREVER), &rx, &mut ready),
+                    Woken::Look
+                ));
+            }
+            assert_eq!(ready, vec![token]);
+            ready.clear();
+            let mut got = [0u8; 16];
+            assert_eq!(b.read(&mut got).unwrap(), 5, "round {round}");
+            assert_eq!(&got[..5], &[round; 5]);
+        }
+        // The peer's end is reported too (its read then gives 0).
+        drop(a);
+        while ready.is_empty() {
+            park.wait(Wait::Park(FOREVER), &rx, &mut ready);
+        }
+        assert_eq!(b.read(&mut [0u8; 4]).unwrap(), 0);
+    }
+}
