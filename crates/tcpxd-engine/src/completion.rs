@@ -123,9 +123,12 @@ impl Engine {
             }
             return;
         }
+        // The credits owed so far (this offer's last consume re-posted its receive) go with
+        // it: one message instead of `Done` and, at the batch's end, `Credits`.
+        let returned = self.take_owed_credits(peer).unwrap_or_default();
         self.actions.push_back(Action::Control {
             peer,
-            msg: PeerMsg::Done { offer_id },
+            msg: PeerMsg::Done { offer_id, returned },
         });
         if !o.notification.is_empty() {
             self.actions.push_back(Action::Notify {

@@ -16,7 +16,9 @@
 //!   whose destination is not known yet. The sender holds the same count per lane and spends one
 //!   per send, never more than the receiver posted, each chunk at most `chunk_bytes` (the posted
 //!   size). The receiver re-posts a receive as soon as it consumed one and returns the credit
-//!   ([`PeerMsg::Credits`], batched at the end of each action batch).
+//!   ([`PeerMsg::Credits`], batched at the end of each action batch; the consume that finishes
+//!   a transfer returns what is owed inside its [`PeerMsg::Done`] instead, so a small transfer
+//!   ends with one message).
 //! - **Header, then data, no wait.** The sender writes the transfer's header
 //!   ([`PeerMsg::Header`]: ranges, keys, chunk size, first lane) on the ordered control stream
 //!   and posts its sends at once. The receiver maps the k-th completed receive on lane L to the
@@ -391,18 +393,22 @@ impl Engine {
         Some((t.offer, t.len))
     }
 
-    /// One `Credits` message per peer with credits to return.
+    /// One `Credits` message per peer with credits to return (those a `Done` did not carry).
     pub(super) fn flush_credits(&mut self) {
         for (&peer, p) in self.peers.iter_mut() {
-            if p.gone() || p.recv.iter().all(|l| l.recv_credits.owed() == 0) {
-                continue;
+            if let Some(returned) = take_owed(p) {
+                self.actions.push_back(Action::Control {
+                    peer,
+                    msg: PeerMsg::Credits { returned },
+                });
             }
-            let returned = p.recv.iter_mut().map(|l| l.recv_credits.take_owed()).collect();
-            self.actions.push_back(Action::Control {
-                peer,
-                msg: PeerMsg::Credits { returned },
-            });
         }
+    }
+
+    /// The credits owed to `peer` per lane, taken (a `Done` carries them); `None` when none is
+    /// owed or the pairing is gone.
+    pub(super) fn take_owed_credits(&mut self, peer: PeerIdx) -> Option<Vec<u32>> {
+        self.peers.get_mut(&peer).and_then(take_owed)
     }
 
     /// The earliest moment data that is waiting for its header fails its peer.
@@ -437,4 +443,12 @@ impl Engine {
             );
         }
     }
+}
+
+/// A pairing's owed credits per lane, taken; `None` when none is owed or it is gone.
+fn take_owed(p: &mut Peer) -> Option<Vec<u32>> {
+    if p.gone() || p.recv.iter().all(|l| l.recv_credits.owed() == 0) {
+        return None;
+    }
+    Some(p.recv.iter_mut().map(|l| l.recv_credits.take_owed()).collect())
 }

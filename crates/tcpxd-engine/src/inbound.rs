@@ -32,7 +32,13 @@ impl Engine {
                 message,
                 range_index,
             } => self.on_reject(peer, offer_id, code, &message, range_index),
-            PeerMsg::Done { offer_id } => self.on_done(peer, offer_id),
+            PeerMsg::Done { offer_id, returned } => {
+                // As a `Done` and then a `Credits` message.
+                self.on_done(peer, offer_id);
+                if !returned.is_empty() {
+                    self.on_credits(peer, returned);
+                }
+            }
             PeerMsg::Failed {
                 offer_id,
                 code,

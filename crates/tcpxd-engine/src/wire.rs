@@ -121,8 +121,13 @@ pub enum PeerMsg {
         message: String,
         range_index: u32,
     },
+    /// The receiver holds every byte of `offer_id` (its chunks consumed). `returned`: the
+    /// credits returned with it, per lane, as [`PeerMsg::Credits`] would carry them (empty:
+    /// none) — the consume that finished the offer re-posted its receive, so a small eager
+    /// transfer's end is one message, not `Done` and `Credits` (peer protocol 9).
     Done {
         offer_id: u64,
+        returned: Vec<u32>,
     },
     Failed {
         offer_id: u64,
@@ -227,7 +232,7 @@ impl PeerMsg {
             PeerMsg::Offer(o) => ("offer", o.offer_id),
             PeerMsg::Accept { offer_id, .. } => ("accept", *offer_id),
             PeerMsg::Reject { offer_id, .. } => ("reject", *offer_id),
-            PeerMsg::Done { offer_id } => ("done", *offer_id),
+            PeerMsg::Done { offer_id, .. } => ("done", *offer_id),
             PeerMsg::Failed { offer_id, .. } => ("failed", *offer_id),
             PeerMsg::CancelOffer { offer_id, .. } => ("cancel_offer", *offer_id),
             PeerMsg::CancelSeen { offer_id } => ("cancel_seen", *offer_id),

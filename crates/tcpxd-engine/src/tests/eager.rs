@@ -497,7 +497,10 @@ fn credits_and_modes_that_break_the_rules_fail_the_pairing() {
 fn messages_about_unknown_transfers_change_nothing() {
     let (mut eng, now) = receiver();
     for msg in [
-        PeerMsg::Done { offer_id: 77 },
+        PeerMsg::Done {
+            offer_id: 77,
+            returned: Vec::new(),
+        },
         PeerMsg::Accept {
             offer_id: 77,
             first_lane: None,
@@ -547,4 +550,101 @@ fn messages_about_unknown_transfers_change_nothing() {
         acts.iter()
             .any(|a| matches!(a, Action::Land { buffer: None, .. }))
     );
+}
+
+/// The control messages among `acts`.
+fn messages(acts: &[Action]) -> Vec<&PeerMsg> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Action::Control { msg, .. } => Some(msg),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_finished_transfers_done_carries_the_credits_its_consumes_returned() {
+    let (mut eng, now) = receiver();
+    // Two 4 KiB chunks, lanes 0 and 1: landed, unpacked, consumed.
+    eng.on_message(P, header(1, 5, 0, 8192), now);
+    assert!(messages(&actions(&mut eng)).is_empty(), "nothing to answer yet");
+    for lane in 0..2 {
+        eng.on_recv_landed(P, lane, now);
+    }
+    let acts = actions(&mut eng);
+    assert_eq!(
+        acts.iter().filter(|a| matches!(a, Action::Land { .. })).count(),
+        2
+    );
+    eng.on_recv_consumed(P, 0, Ok(()));
+    // One chunk consumed, the transfer not finished: the credit goes back alone at the batch's end.
+    let acts = actions(&mut eng);
+    assert_eq!(
+        messages(&acts),
+        vec![&PeerMsg::Credits { returned: vec![1, 0] }],
+        "{acts:?}"
+    );
+    eng.on_recv_consumed(P, 1, Ok(()));
+    let acts = actions(&mut eng);
+    // Its receive posted again before the message that returns its credit.
+    let repost = acts
+        .iter()
+        .position(|a| matches!(a, Action::PostCredit { lane: 1, .. }));
+    let done = acts.iter().position(|a| {
+        matches!(
+            a,
+            Action::Control {
+                msg: PeerMsg::Done { .. },
+                ..
+            }
+        )
+    });
+    assert!(repost.is_some() && repost < done, "{acts:?}");
+    assert_eq!(
+        messages(&acts),
+        vec![&PeerMsg::Done {
+            offer_id: 1,
+            returned: vec![0, 1]
+        }],
+        "one message ends the transfer, no Credits after it: {acts:?}"
+    );
+    assert!(eng.is_idle() && eng.lanes_idle());
+    let c = eng.peer_counters(P).unwrap();
+    assert!(c.recv.iter().all(|l| l.credits == 16), "{c:?}");
+}
+
+#[test]
+fn credits_a_done_carries_are_taken_back_as_a_credits_message_would_be() {
+    // The sender's side, over the simulator: every credit is back after small transfers,
+    // whose receivers' last consumes returned their credits inside `Done`.
+    let mut s = Sim::new(2, eager(small_chunks()), 21);
+    s.buffer(0, 1, 64 * 1024, 7);
+    s.buffer(1, 2, 64 * 1024, 0);
+    for (i, len) in [4096u64, 8192, 4096, 65_536].into_iter().enumerate() {
+        let t = s.write(0, 1, 0, 2, 0, len);
+        s.run();
+        assert_eq!(s.outcome(0, t).code, Code::Ok, "transfer {i}");
+        assert!(s.same((0, 1, 0), (1, 2, 0), len));
+    }
+    s.assert_idle();
+    // And hostile ones: credits inside a `Done` are checked as a `Credits` message's are.
+    for (returned, words) in [
+        (vec![1, 0], "1 credits returned with 16 held of 16"),
+        (vec![0], "credits for 1 lanes"),
+    ] {
+        let (mut eng, now) = receiver();
+        eng.on_message(
+            P,
+            PeerMsg::Done {
+                offer_id: 77,
+                returned,
+            },
+            now,
+        );
+        let acts = actions(&mut eng);
+        assert!(
+            closed(&acts).is_some_and(|w| w.contains(words)),
+            "{words}: {acts:?}"
+        );
+    }
 }

@@ -66,7 +66,14 @@ fn a_node_keeps_its_live_and_its_newest_failed_pairing_only() {
     // A late message or failure for a released pairing changes nothing.
     let old = ids[1];
     assert!(eng.peer_counters(old).is_none());
-    eng.on_message(old, PeerMsg::Done { offer_id: 1 }, Instant::now());
+    eng.on_message(
+        old,
+        PeerMsg::Done {
+            offer_id: 1,
+            returned: Vec::new(),
+        },
+        Instant::now(),
+    );
     eng.on_peer_failed(old, "late");
     assert!(released(&mut eng, &mut closed).is_empty());
     assert_eq!(eng.pairings().len(), 3);
@@ -119,6 +126,7 @@ fn a_failed_pairing_a_transfer_still_names_goes_when_the_transfer_ends() {
         b1,
         PeerMsg::Done {
             offer_id: offers[&b1],
+            returned: Vec::new(),
         },
         now,
     );

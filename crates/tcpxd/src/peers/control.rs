@@ -385,7 +385,10 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             message: message.clone(),
             range_index: *range_index,
         }),
-        PeerMsg::Done { offer_id } => Body::Done(pb::Done { offer_id: *offer_id }),
+        PeerMsg::Done { offer_id, returned } => Body::Done(pb::Done {
+            offer_id: *offer_id,
+            returned: returned.clone(),
+        }),
         PeerMsg::Failed {
             offer_id,
             code,
@@ -564,7 +567,10 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
             message: r.message,
             range_index: r.range_index,
         },
-        Body::Done(d) => PeerMsg::Done { offer_id: d.offer_id },
+        Body::Done(d) => PeerMsg::Done {
+            offer_id: d.offer_id,
+            returned: d.returned,
+        },
         Body::Failed(f) => PeerMsg::Failed {
             offer_id: f.offer_id,
             code: Code::from_i32(f.code),
@@ -635,7 +641,10 @@ mod tests {
     #[tokio::test]
     async fn a_burst_leaves_in_order_yielding_every_few_messages_without_losing_a_wake() {
         let (tx, rx) = mpsc::unbounded_channel();
-        let done = |id| PeerMsg::Done { offer_id: id };
+        let done = |id| PeerMsg::Done {
+            offer_id: id,
+            returned: Vec::new(),
+        };
         for id in 0..10u64 {
             tx.send(ControlOut::Msg(done(id))).unwrap();
         }

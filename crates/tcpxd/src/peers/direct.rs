@@ -310,7 +310,12 @@ mod tests {
 
     #[test]
     fn frames_come_whole_in_order_however_the_bytes_are_cut() {
-        let msgs: Vec<PeerMsg> = (0..5u64).map(|id| PeerMsg::Done { offer_id: id }).collect();
+        let msgs: Vec<PeerMsg> = (0..5u64)
+            .map(|id| PeerMsg::Done {
+                offer_id: id,
+                returned: vec![id as u32, 1],
+            })
+            .collect();
         let mut wire = Vec::new();
         for m in &msgs {
             frame_msg(m, &mut wire);
@@ -351,7 +356,11 @@ mod tests {
     #[test]
     fn the_decoder_hands_whole_messages_over_as_commands_and_names_a_broken_frame() {
         let mut wire = Vec::new();
-        frame_msg(&PeerMsg::Done { offer_id: 4 }, &mut wire);
+        let done = PeerMsg::Done {
+            offer_id: 4,
+            returned: vec![0, 3],
+        };
+        frame_msg(&done, &mut wire);
         frame_msg(&PeerMsg::Credits { returned: vec![1, 2] }, &mut wire);
         let mut decode = decoder(PeerIdx(3));
         let mut out = VecDeque::new();
@@ -369,7 +378,7 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                (PeerIdx(3), PeerMsg::Done { offer_id: 4 }),
+                (PeerIdx(3), done),
                 (PeerIdx(3), PeerMsg::Credits { returned: vec![1, 2] })
             ]
         );

@@ -73,7 +73,10 @@ use topology_pb::{topology_from_pb, topology_to_pb};
 /// offer per memory pair (engine `route_parts.rs`), its notification sent after every part landed
 /// as `Notify` with `buffer_ids`, the receiver's buffers it wrote: a protocol-7 daemon would
 /// deliver it naming no buffer.
-pub const PROTOCOL_VERSION: u32 = 8;
+/// 9 (session 21, poll-epoll): `Done.returned` carries the credits the receiver's last consume
+/// returned (one message where a `Done` and a `Credits` went): a protocol-8 sender would drop
+/// them and run out of credits. (Other branches' protocol-9 changes are listed with theirs.)
+pub const PROTOCOL_VERSION: u32 = 9;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;
 /// Largest control message: a block offer's header carries the receiver's indices and the

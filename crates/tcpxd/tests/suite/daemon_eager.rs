@@ -642,7 +642,10 @@ mod hostile {
             // Messages about transfers nobody knows are ignored; an offer gets a refusal (nothing
             // was posted for it), and the stream still answers in order.
             for body in [
-                Body::Done(ppb::Done { offer_id: 999 }),
+                Body::Done(ppb::Done {
+                    offer_id: 999,
+                    ..Default::default()
+                }),
                 Body::CancelOffer(ppb::CancelOffer {
                     offer_id: 999,
                     code: 1,

@@ -893,7 +893,13 @@ async fn hostile_peer_messages_are_refused_and_change_nothing() {
                     range_index: u32::MAX,
                 }),
             ),
-            ("done", Body::Done(ppb::Done { offer_id: id })),
+            (
+                "done",
+                Body::Done(ppb::Done {
+                    offer_id: id,
+                    ..Default::default()
+                }),
+            ),
             (
                 "failed",
                 Body::Failed(ppb::Failed {
