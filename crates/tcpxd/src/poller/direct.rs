@@ -327,6 +327,14 @@ impl super::Poller {
 }
 
 impl super::Poller {
+    /// Some pairing's direct socket is in the epoll set: a pass looks at them (no syscall
+    /// otherwise: the control stream's pairings, a daemon without peers).
+    pub(super) fn reads_direct(&self) -> bool {
+        self.peers
+            .values()
+            .any(|p| p.direct.as_ref().is_some_and(|d| d.reading.is_some() && !d.ended))
+    }
+
     /// Reads the direct sockets epoll reported (`park.rs`) until each has nothing more now, and
     /// queues the peers' messages they carried with the commands (`inbound`), in order; a
     /// connection's end, error or bad bytes is queued after its last message as the pairing's

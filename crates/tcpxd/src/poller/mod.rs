@@ -3,8 +3,8 @@
 //! go out through tokio `watch` and `broadcast` channels; control messages for peers through one
 //! unbounded channel per peer.
 //!
-//! Each pass it: looks (a zero-timeout `epoll_wait`) which pairings' direct control sockets have
-//! bytes and reads them itself (`direct.rs`), takes the peers' messages read and the commands
+//! Each pass it: looks (a zero-timeout `epoll_wait`, when it has any) which direct control
+//! sockets have bytes and reads them itself (`direct.rs`), takes the peers' messages and the commands
 //! (for at most [`COMMAND_SLICE`]: the rest wait for the next pass),
 //! drives connect/accept of lanes being set up, executes the
 //! engine's actions (posting sends and receives as the windows allow) — then has the engine plan
@@ -683,7 +683,7 @@ impl Poller {
         // The wait that ended the last pass looked at the sockets already.
         let mut looked = false;
         loop {
-            if !looked {
+            if !looked && self.reads_direct() {
                 self.park.look(Duration::ZERO, &mut self.direct_ready);
             }
             looked = false;

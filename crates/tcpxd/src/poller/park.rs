@@ -9,7 +9,8 @@
 //! # State
 //! [`Bell`] holds where the poller is, written by the poller only:
 //! - `AWAKE`: running passes. Senders ring nothing; each pass begins with a zero-timeout
-//!   `epoll_wait` (`Park::look`) for the direct sockets and takes commands with `try_recv`.
+//!   `epoll_wait` (`Park::look`) for the direct sockets, when some pairing has one, and takes
+//!   commands with `try_recv`.
 //! - `NAPPING`: stalled with bytes in flight, sleeping [`crate::idle::NAP`] in `park_timeout`
 //!   (epoll's timeout has millisecond resolution). A sender unparks the thread; a socket
 //!   becoming readable waits for the nap's end (≤ 50 µs, only during a stall).
