@@ -4,7 +4,8 @@
 //! - [`Pace::POLL`], while requests carrying bytes are in flight (the daemon's poller, the raw
 //!   bench): it spins a little, then yields the CPU at every pass (so the plugin's own threads
 //!   run), and naps only once nothing has progressed for [`STALL_BEFORE_NAP`] — a stalled peer,
-//!   not a transfer in flight.
+//!   not a transfer in flight. [`Pace::POLL_SHARED`], the daemon's poller with `runtime.spin`
+//!   off (few CPUs): the same without the spins.
 //! - [`Pace::CONNECT`], between non-blocking connect/accept calls (`net::comm`'s blocking
 //!   helpers): a connection takes milliseconds to seconds, so it naps from the start, 200 µs
 //!   doubling to 20 ms.
@@ -65,6 +66,15 @@ impl Pace {
         yield_for: STALL_BEFORE_NAP,
         nap_min: NAP,
         nap_max: NAP,
+    };
+
+    /// [`Pace::POLL`] on a machine whose CPUs are scarce (the daemon's poller with
+    /// `runtime.spin` off): yields from the first pass without progress, spinning none — the
+    /// plugin's threads, the peer's poller and the client need the CPU a spinning pass holds,
+    /// and on two CPUs a spin phase delays the very completion it waits for.
+    pub const POLL_SHARED: Pace = Pace {
+        spins: 0,
+        ..Pace::POLL
     };
 
     /// Waiting for a connect or accept to complete: naps at once, 200 µs doubling to 20 ms.
@@ -341,6 +351,16 @@ mod tests {
         // Progress starts over.
         b.reset();
         assert_eq!(b.step(), Step::Spun);
+    }
+
+    #[test]
+    fn the_shared_poll_pace_yields_at_once_and_naps_as_the_poll_pace_does() {
+        let mut b = Backoff::with(Pace::POLL_SHARED);
+        assert_eq!(b.step(), Step::Yielded, "no spin on scarce CPUs");
+        std::thread::sleep(STALL_BEFORE_NAP + Duration::from_millis(1));
+        assert_eq!(b.step(), Step::Nap(NAP));
+        b.reset();
+        assert_eq!(b.step(), Step::Yielded);
     }
 
     #[test]

@@ -52,7 +52,7 @@ use crate::engine::{
     BlockSpec, Engine, EngineConfig, EngineError, EntrySpec, Outcome, PackedBatch, PeerIdx, PeerMsg,
     PreparedEntry, PreparedInfo, RemoteList, TransferId, TransferKind,
 };
-use crate::idle::{Backoff, LINGER, Step};
+use crate::idle::{Backoff, LINGER, Pace, Step};
 use crate::metrics::Meter;
 use crate::net::{Connector, ListenComm, MemHandle, Plugin, RecvComm, SendComm};
 use crate::unpack::UnpackImpl;
@@ -677,7 +677,10 @@ impl Poller {
     fn run(mut self) {
         tracing::debug!("poller started");
         self.park.bind_thread();
-        let mut backoff = Backoff::new();
+        let mut backoff = Backoff::with(match self.cfg.warmth {
+            Some(_) => Pace::POLL,
+            None => Pace::POLL_SHARED,
+        });
         // The last pass (or command) that made progress: the poller lingers after it.
         let mut last_progress = Instant::now();
         // The wait that ended the last pass looked at the sockets already.
