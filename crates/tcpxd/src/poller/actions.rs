@@ -31,6 +31,7 @@ impl Poller {
         if !self.direct_pending.is_empty() {
             self.send_direct();
         }
+        self.flush_progress();
         // This pass's GPU gathers, one launch per GPU; their sends go out once they are done.
         for stage in self.stages.values_mut() {
             stage.submit_gathers();
@@ -398,20 +399,38 @@ impl Poller {
         })
     }
 
+    /// Progress is published once per batch of actions (`flush_progress`), and not at all for
+    /// a transfer the same batch finishes: each publish wakes the tasks watching the transfer
+    /// (`WaitTransfer`'s), and a small transfer's last chunk used to wake its waiter twice for
+    /// progress just before its end — a thread wake-up each on a machine with idle workers.
     fn publish_progress(&mut self, transfer: TransferId, bytes_done: u64, total: u64, running: bool) {
-        if let Some(tx) = self.transfers.get(&transfer) {
-            tx.send_modify(|s| {
-                s.bytes_done = bytes_done;
-                s.total = total;
-                if running && s.phase == Phase::Offered {
-                    s.phase = Phase::Running;
-                }
-            });
+        if self.transfers.contains_key(&transfer) {
+            let p = self
+                .progress
+                .entry(transfer)
+                .or_insert((bytes_done, total, running));
+            *p = (bytes_done, total, p.2 || running);
+        }
+    }
+
+    /// Publishes the progress the batch's actions reported (the latest per transfer).
+    fn flush_progress(&mut self) {
+        for (transfer, (bytes_done, total, running)) in self.progress.drain() {
+            if let Some(tx) = self.transfers.get(&transfer) {
+                tx.send_modify(|s| {
+                    s.bytes_done = bytes_done;
+                    s.total = total;
+                    if running && s.phase == Phase::Offered {
+                        s.phase = Phase::Running;
+                    }
+                });
+            }
         }
     }
 
     fn finish(&mut self, transfer: TransferId, outcome: Outcome) {
         tracing::trace!(target: "tcpxd::hop", hop = "poller.finished", id = transfer.0);
+        self.progress.remove(&transfer);
         if let Some(tx) = self.transfers.remove(&transfer) {
             self.meter.finished(transfer, &outcome, outcome.landed);
             tx.send_modify(|s| {

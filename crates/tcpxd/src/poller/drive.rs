@@ -285,3 +285,28 @@ impl Poller {
         progressed
     }
 }
+
+impl Poller {
+    /// True while requests carrying bytes are in flight (the engine's view), or the poller
+    /// itself has work pending: lanes being set up, posts the plugin could not take yet,
+    /// receives being unpacked.
+    pub(super) fn busy(&self) -> bool {
+        !self.engine.lanes_idle()
+            || self.engine.planning()
+            || !self.inbound.is_empty()
+            || !self.direct_ready.is_empty()
+            || self.peers.values().any(|p| {
+                p.direct.as_ref().is_some_and(|d| d.unsent() > 0)
+                    || p.send.iter().any(|l| match &l.state {
+                        SendLaneState::Connecting(..) => true,
+                        SendLaneState::Ready(_) => !l.deferred.is_empty(),
+                        SendLaneState::Closed => false,
+                    })
+                    || p.recv.iter().any(|l| match &l.state {
+                        RecvLaneState::Accepting(..) => true,
+                        RecvLaneState::Ready(_) => !l.deferred.is_empty() || l.queue.landed() > 0,
+                        RecvLaneState::Closed => false,
+                    })
+            })
+    }
+}

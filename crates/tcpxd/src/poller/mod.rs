@@ -19,10 +19,10 @@
 //! a command it holds the async worker awake, so the messages a long command makes are sent by a
 //! running thread. See `crate::idle`.
 //!
-//! This file holds the types, the thread's start and join, and the pass loop (`run`, `busy`);
+//! This file holds the types, the thread's start and join, and the pass loop (`run`);
 //! `commands.rs` carries out each [`Command`], `peers.rs` sets pairings up and tears everything
 //! down (drain, shutdown), `drive.rs` the passes that drive the comms (connect and accept, test,
-//! consume) and turn what they report into completions, `actions.rs` executes the engine's
+//! consume), turn what they report into completions and say whether bytes are in flight (`busy`), `actions.rs` executes the engine's
 //! actions (one method each), `posting.rs` what they post to the plugin (registration windows, deferred sends and receives, landing slots, unpacks),
 //! `blocks.rs` its block chunks. What the poller reports of its pairings (`PeerLink`, `PeerStats`,
 //! `StatsSnapshot`) is `crate::peer_stats`, below the metrics that read it.
@@ -453,6 +453,7 @@ impl PollerHandle {
                     prepared: HashMap::new(),
                     next_prepared: 1,
                     transfers: HashMap::new(),
+                    progress: HashMap::new(),
                     notifications,
                     drain: None,
                     idle_waiters: HashMap::new(),
@@ -610,6 +611,8 @@ struct Poller {
     prepared: HashMap<u64, Vec<ListenComm>>,
     next_prepared: u64,
     transfers: HashMap<TransferId, watch::Sender<TransferStatus>>,
+    /// Progress the current batch of actions reported, published at its end (`actions.rs`).
+    progress: HashMap<TransferId, (u64, u64, bool)>,
     notifications: broadcast::Sender<NotificationEvent>,
     /// Who waits for the drain's end (the engine decides it).
     drain: Option<Reply<DrainReport>>,
@@ -770,28 +773,5 @@ impl Poller {
         let warmth = self.cfg.warmth.clone();
         let _held = warmth.as_deref().map(crate::idle::Warmth::hold);
         self.handle(cmd);
-    }
-
-    /// True while requests carrying bytes are in flight (the engine's view), or the poller
-    /// itself has work pending: lanes being set up, posts the plugin could not take yet,
-    /// receives being unpacked.
-    fn busy(&self) -> bool {
-        !self.engine.lanes_idle()
-            || self.engine.planning()
-            || !self.inbound.is_empty()
-            || !self.direct_ready.is_empty()
-            || self.peers.values().any(|p| {
-                p.direct.as_ref().is_some_and(|d| d.unsent() > 0)
-                    || p.send.iter().any(|l| match &l.state {
-                        SendLaneState::Connecting(..) => true,
-                        SendLaneState::Ready(_) => !l.deferred.is_empty(),
-                        SendLaneState::Closed => false,
-                    })
-                    || p.recv.iter().any(|l| match &l.state {
-                        RecvLaneState::Accepting(..) => true,
-                        RecvLaneState::Ready(_) => !l.deferred.is_empty() || l.queue.landed() > 0,
-                        RecvLaneState::Closed => false,
-                    })
-            })
     }
 }
