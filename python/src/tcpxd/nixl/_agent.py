@@ -8,6 +8,7 @@ import logging
 import os
 import pickle
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -61,6 +62,17 @@ def _say_no_native() -> None:
         log.info("tcpxd.nixl: the C pass tcpxd._native is %s; index arrays go through numpy and the index ring", why)
 
 AgentName = Union[str, bytes]
+
+#: A check_xfer_state that finds its transfer in progress this soon after the previous one did is a
+#: tight polling loop's (NIXL's examples poll so): with TIGHT_WAIT it waits up to TIGHT_WAIT_MS for
+#: the daemon to send something, the GIL and the CPU released, back as soon as something comes.
+TIGHT_S = 50e-6
+TIGHT_WAIT_MS = 1
+#: Whether a tight check_xfer_state loop waits so (else it spins, a system call a poll): on by
+#: default with fewer than 8 CPUs, where the two daemons a transfer waits for need the CPU the loop
+#: would spin on (the daemon's own `runtime.spin auto` rule, mirrored); TCPXD_NIXL_TIGHT_WAIT=1 or 0
+#: decides.
+TIGHT_WAIT = os.environ.get("TCPXD_NIXL_TIGHT_WAIT", "1" if (os.cpu_count() or 1) < 8 else "0") == "1"
 
 
 def _name(agent: AgentName, what: str) -> str:
@@ -127,6 +139,8 @@ class nixl_agent:  # noqa: N801
         #: How long a request answered at once (PrepareBlocks on the session) may take.
         self._call_timeout_s = DEFAULT_CALL_TIMEOUT if conf.timeout_s is None else max(conf.timeout_s, DEFAULT_CALL_TIMEOUT)
         self._lock = threading.RLock()
+        #: When check_xfer_state last found a transfer in progress (a tight loop's cue: TIGHT_S).
+        self._checked_at = 0.0
         self._ids = itertools.count(1)
         #: Where prepared transfers pack their indices as they are sent (_indices.Scratch).
         self._scratch = _indices.Scratch()
@@ -724,8 +738,18 @@ class nixl_agent:  # noqa: N801
         xfer = handle._xfer if type(handle) is nixl_xfer_handle and handle._agent is self and not handle._released else self._live(handle)
         state = xfer.state
         if state == "PROC":  # read what the daemon sent, here: no wait for the session's reader thread
-            xfer._session.poll()
-            return xfer.state
+            session = xfer._session
+            session.poll()
+            state = xfer.state
+            if state == "PROC" and TIGHT_WAIT:
+                now = time.perf_counter()
+                if now - self._checked_at < TIGHT_S:  # a tight loop: wait for the daemon instead
+                    session.wait_readable(TIGHT_WAIT_MS)
+                    session.poll()
+                    state = xfer.state
+                    now = time.perf_counter()
+                self._checked_at = now
+            return state
         if state == "INIT":
             raise nixlNotPostedError("handle: never posted (call transfer() first)")
         return state
