@@ -68,6 +68,8 @@ def pct(xs: List[float], p: float) -> float:
 
 
 LEGS = [
+    ("call → posted (the client's Python until its request is sent; nixl only)", "call", "posted"),
+    ("posted → api.in (socket, daemon task woken, frame decoded)", "posted", "api.in"),
     ("call → api.in (client Python, socket, daemon task woken, frame decoded)", "call", "api.in"),
     ("api.in → poller.cmd (the command to the poller thread)", "api.in", "poller.cmd"),
     ("poller.cmd → poller.finished (the daemons' part: peer legs, data)", "poller.cmd", "poller.finished"),
@@ -78,18 +80,21 @@ LEGS = [
 ]
 
 
-def split(windows: List[Tuple[float, float]], events: List[Tuple[float, Dict[str, str]]], skip: int) -> Dict[str, Any]:
+def split(windows: List[Tuple[float, ...]], events: List[Tuple[float, Dict[str, str]]], skip: int) -> Dict[str, Any]:
     """Legs of each call: the first event of each hop inside its window (api.out: the last)."""
     times = [t for t, _ in events]
     import bisect
 
     legs: Dict[str, List[float]] = {name: [] for name, _, _ in LEGS}
     totals = []
-    for i, (t0, t1) in enumerate(windows):
+    for i, w in enumerate(windows):
         if i < skip:
             continue
+        t0, t1 = w[0], w[1]
         lo, hi = bisect.bisect_left(times, t0), bisect.bisect_right(times, t1)
         seen: Dict[str, float] = {"call": t0, "done": t1}
+        if len(w) > 2:
+            seen["posted"] = w[2]
         for t, f in events[lo:hi]:
             hop = f.get("hop", "")
             if hop == "api.out":
@@ -148,7 +153,7 @@ def main() -> int:
     os.environ.pop("RUST_LOG", None)
     ea, eb = f"unix:{d}/legs-a.sock", f"unix:{d}/legs-b.sock"
     print(f"tcpxd {tcpxd.__file__}, daemon {a.tcpxd}, logs {d}", file=sys.stderr)
-    runs: Dict[str, List[Tuple[float, float]]] = {}
+    runs: Dict[str, List[Tuple[float, ...]]] = {}
     n = a.warmup + a.iters
     try:
         ca, cb = tcpxd.Client(ea), tcpxd.Client(eb)
@@ -192,6 +197,7 @@ def main() -> int:
                         t0 = now_us()
                         h = agent.make_prepped_xfer("READ", sl, [0], sr, [0])
                         agent.transfer(h)
+                        tp = now_us()
                         while True:
                             st = agent.check_xfer_state(h)
                             if st == "DONE":
@@ -200,7 +206,7 @@ def main() -> int:
                                 raise RuntimeError(f"the READ ended in {st}")
                             if not tight:
                                 time.sleep(0)
-                        w.append((t0, now_us()))
+                        w.append((t0, now_us(), tp))
                         agent.release_xfer_handle(h)
                     runs["nixl tight" if tight else "nixl sleep(0)"] = w
                 got = np.ctypeslib.as_array((__import__("ctypes").c_uint8 * SMALL).from_address(addr)).tobytes()
