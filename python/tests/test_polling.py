@@ -182,15 +182,15 @@ def test_the_reader_thread_leaves_the_connection_to_a_caller_polling(peered, mon
         s.close()
 
 
-@pytest.mark.parametrize("tight_wait", [True, False])
-def test_a_tight_check_xfer_state_loop_waits_for_the_daemon_or_spins(peered, parked_readers, monkeypatch, tight_wait):
-    """check_xfer_state in a loop without a pause (NIXL's examples): with TIGHT_WAIT (the default
-    below 8 CPUs) it waits for the session's socket, the GIL released, then reads; without, it
-    spins. Either way DONE is seen by the polling thread itself (the reader is held off) and the
-    bytes are there."""
+@pytest.mark.parametrize("spin_s", [0.0, 250e-6, float("inf")])
+def test_a_tight_check_xfer_state_loop_waits_for_the_daemon_or_spins(peered, parked_readers, monkeypatch, spin_s):
+    """check_xfer_state in a loop without a pause (NIXL's examples): it spins for TIGHT_SPIN_S
+    (none below 8 CPUs; without bound above), then waits for the session's socket, the GIL
+    released, before each poll. Whichever, DONE is seen by the polling thread itself (the reader is
+    held off) and the bytes are there."""
     from tcpxd.nixl import _agent
 
-    monkeypatch.setattr(_agent, "TIGHT_WAIT", tight_wait)
+    monkeypatch.setattr(_agent, "TIGHT_SPIN_S", spin_s)
     waits = []
     real = _session.Session.wait_readable
     monkeypatch.setattr(_session.Session, "wait_readable", lambda self, ms: (waits.append(ms), real(self, ms)))
@@ -214,5 +214,9 @@ def test_a_tight_check_xfer_state_loop_waits_for_the_daemon_or_spins(peered, par
             assert st == "DONE", h.error
             one.release_xfer_handle(h)
         assert bytes(m1) == bytes(m2)
-        assert bool(waits) == tight_wait and all(ms == _agent.TIGHT_WAIT_MS for ms in waits)
+        if spin_s == 0.0:
+            assert waits, "a loop that may not spin never waited"
+        elif spin_s == float("inf"):
+            assert not waits, "a loop without a spin bound waited"
+        assert all(ms == _agent.TIGHT_WAIT_MS for ms in waits)
         _ParkedPoll.release.set()
