@@ -7,7 +7,6 @@
 //! tools (`tcpxctl`) use this crate as a library, never the other way round.
 
 pub mod advertise;
-pub mod after_pass;
 pub mod api;
 pub mod auth;
 pub mod block_token;

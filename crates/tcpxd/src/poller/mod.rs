@@ -677,8 +677,6 @@ impl Poller {
             self.engine.on_tick(Instant::now());
             progressed |= self.run_actions();
             progressed |= self.flush_direct();
-            // Then the writes that wake local clients (their final events, notifications).
-            crate::after_pass::run();
             if self.check_drain() {
                 return;
             }

@@ -5,20 +5,17 @@
 //! socket takes it; what it does not take is left for the session's task, which waits until the
 //! socket is writable (`FramedEvents`, src/api/local/mod.rs). So a transfer's completion reaches
 //! the client's socket from where it is known, with no thread woken in between, and frames
-//! never interleave. On the poller's thread the write waits for the end of its pass
-//! (`crate::after_pass`): the client it wakes would otherwise take the poller's CPU before the
-//! pass has sent what it had for its peers.
+//! never interleave.
 
 use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::{Buf, BytesMut};
 use tokio::sync::Notify;
 
 use super::frame::put_event;
-use crate::after_pass;
 use crate::api::proto::v1 as pb;
 
 /// Bytes the client may leave unread before the session stops reading its requests, and its
@@ -36,8 +33,6 @@ pub struct Outbox {
     work: Notify,
     /// Writers waiting for the backlog to go under [`BACKLOG`].
     room: Notify,
-    /// Held for the end of a pass of the thread that pushed (`after_pass`), not written yet.
-    held: AtomicBool,
 }
 
 #[derive(Default)]
@@ -62,7 +57,6 @@ impl Outbox {
             backlog: AtomicUsize::new(0),
             work: Notify::new(),
             room: Notify::new(),
-            held: AtomicBool::new(false),
         })
     }
 
@@ -70,10 +64,10 @@ impl Outbox {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Frames `event` after those pushed before and writes what the socket takes now (on a
-    /// thread that defers to the end of its pass, then), without blocking; the rest is the
-    /// session task's to write (it is told). `Err` once the connection failed.
-    pub fn push(self: &Arc<Self>, event: &pb::SessionEvent) -> Result<(), Broken> {
+    /// Frames `event` after those pushed before and writes what the socket takes now, without
+    /// blocking; the rest is the session task's to write (it is told). `Err` once the
+    /// connection failed.
+    pub fn push(&self, event: &pb::SessionEvent) -> Result<(), Broken> {
         let mut st = self.lock();
         if st.broken {
             return Err(Broken);
@@ -83,16 +77,9 @@ impl Outbox {
             tracing::error!("local session: encoding an event: {e}");
             return Err(Broken);
         }
-        // Bytes already waiting mean the socket was full (the session's task writes them, and
-        // these, once it is writable) or a write is held for the end of a pass.
+        // Bytes already waiting mean the socket was full: the session's task writes them (and
+        // these) once it is writable.
         if was_empty {
-            if after_pass::deferring() {
-                if !self.held.swap(true, Ordering::AcqRel) {
-                    after_pass::defer(self.clone());
-                }
-                self.backlog.store(st.pending.len(), Ordering::Release);
-                return Ok(());
-            }
             let _ = self.write_locked(&mut st);
         }
         let left = st.pending.len();
@@ -143,23 +130,6 @@ impl Outbox {
         Ok(())
     }
 
-    /// Writes what was held for the end of a pass; the rest is the session task's (it is told).
-    fn write_held(&self) {
-        self.held.store(false, Ordering::Release);
-        let mut st = self.lock();
-        if st.broken {
-            return;
-        }
-        let _ = self.write_locked(&mut st);
-        let left = st.pending.len();
-        let broken = st.broken;
-        self.backlog.store(left, Ordering::Release);
-        drop(st);
-        if left > 0 || broken {
-            self.work.notify_one();
-        }
-    }
-
     /// Bytes pushed and not written yet.
     pub fn backlog(&self) -> usize {
         self.backlog.load(Ordering::Acquire)
@@ -190,11 +160,5 @@ impl Outbox {
             }
             notified.await;
         }
-    }
-}
-
-impl after_pass::Deferred for Outbox {
-    fn run(&self) {
-        self.write_held();
     }
 }
