@@ -123,7 +123,12 @@ impl Closers {
                     st.warned = false;
                 }
                 drop(st);
-                job();
+                // A close that panics costs its own comms, not this thread (the pool counts it).
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
+                    tracing::error!(
+                        "closing a failed pairing's comms panicked: the rest of its close was skipped"
+                    );
+                }
                 st = self.lock();
                 continue;
             }
@@ -183,6 +188,19 @@ mod tests {
         assert!(pool.threads() <= 3);
         // Without work, the threads end.
         until("the threads ended", || pool.threads() == 0);
+    }
+
+    #[test]
+    fn a_close_that_panics_keeps_its_thread_for_the_next() {
+        let pool = Closers::new("test-closer", 1, Duration::from_secs(30));
+        pool.run(Box::new(|| panic!("a close that panics")));
+        let ran = Arc::new(AtomicUsize::new(0));
+        let r = ran.clone();
+        pool.run(Box::new(move || {
+            r.fetch_add(1, Ordering::SeqCst);
+        }));
+        until("the next close ran", || ran.load(Ordering::SeqCst) == 1);
+        assert_eq!(pool.threads(), 1);
     }
 
     #[test]
