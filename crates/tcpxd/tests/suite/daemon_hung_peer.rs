@@ -28,6 +28,7 @@ async fn peer_state(c: &mut Client, node: &str) -> Option<pb::PeerState> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pairing_closed_on_a_hung_peer_freezes_neither_the_api_nor_other_pairings() {
+    hold::gate_on();
     // SAFETY: each test runs in its own process (nextest) and sets the variable before the
     // emulation is initialised and before any other thread reads the environment.
     unsafe { std::env::set_var("TCPXEMU_CLOSE", "plugin") };
@@ -43,7 +44,10 @@ async fn a_pairing_closed_on_a_hung_peer_freezes_neither_the_api_nor_other_pairi
     fill_seed(&mut a.client, src.id, 0, 0, 3).await;
     fill_seed(&mut bc, dst.id, 0, 0, 4).await;
     // A WRITE and a READ under way on b's lanes both ways when b stops: a's send comms have
-    // bytes left that b never takes, its receive comms expect bytes b never sends.
+    // bytes left that b never takes, its receive comms expect bytes b never sends. (The hold
+    // gate keeps both from ending before b is stopped, then opens for the other pairing: the
+    // WRITE cannot end without b's `Done`, the READ's rest is in b.)
+    hold::close_gate();
     let w = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"")
         .await
         .unwrap();
@@ -51,6 +55,7 @@ async fn a_pairing_closed_on_a_hung_peer_freezes_neither_the_api_nor_other_pairi
         .await
         .unwrap();
     let frozen = hold::freeze_once_lanes_move(&mut a.client, &b, 2).await;
+    hold::open_gate();
     // The heartbeat timeout closes the pairing: both transfers fail, naming the peer.
     for id in [w, r] {
         let e = tokio::time::timeout(BOUND * 5, wait(&mut a.client, id))

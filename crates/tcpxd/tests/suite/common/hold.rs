@@ -52,7 +52,9 @@ pub fn close_gate() {
     std::fs::write(file, format!("{g}\n")).expect("the hold gate's file");
 }
 
-fn open_gate() {
+/// Opens the hold gate (a thaw does too): for a test that keeps the peer stopped but needs this
+/// process's other transfers to move.
+pub fn open_gate() {
     if let Some(file) = GATE.get() {
         std::fs::remove_file(file).ok();
     }
