@@ -66,3 +66,45 @@ impl HoldGate {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[test]
+    fn the_gate_lets_its_budget_through_then_waits_until_the_file_goes_or_changes() {
+        let file = std::env::temp_dir().join(format!("tcpxemu-hold-{}", std::process::id()));
+        let _ = std::fs::remove_file(&file);
+        let gate = Arc::new(HoldGate::new(file.clone(), 10));
+        let health = Arc::new(Health::default());
+        // No file: anything goes, and zero-length chunks always do.
+        assert!(gate.admit(1 << 20, &health));
+        std::fs::write(&file, "1").unwrap();
+        assert!(gate.admit(0, &health));
+        assert!(gate.admit(4, &health) && gate.admit(6, &health), "the budget");
+        // Past it: waits, until the file goes.
+        let through = Arc::new(AtomicBool::new(false));
+        let waiter = {
+            let (gate, health, through) = (gate.clone(), health.clone(), through.clone());
+            std::thread::spawn(move || {
+                let ok = gate.admit(1, &health);
+                through.store(true, Ordering::SeqCst);
+                ok
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!through.load(Ordering::SeqCst), "held while the file is there");
+        std::fs::remove_file(&file).unwrap();
+        assert!(waiter.join().unwrap());
+        // New contents: a fresh budget; a comm that stops ends the wait (false).
+        std::fs::write(&file, "2").unwrap();
+        assert!(gate.admit(10, &health));
+        health.begin_close();
+        assert!(!gate.admit(1, &health));
+        std::fs::write(&file, "3").unwrap();
+        assert!(gate.admit(10, &Health::default()), "another generation");
+        let _ = std::fs::remove_file(&file);
+    }
+}
