@@ -566,6 +566,17 @@ impl RunningDaemon {
         if let Some(p) = self.poller.take() {
             let _ = tokio::task::spawn_blocking(move || p.join()).await;
         }
+        // Nothing registers any more: the lists kept in their buffers' records get their own
+        // records too, for an older daemon started on the directory next (docs/OPERATIONS.md).
+        if let Some(j) = self.state.journal.clone() {
+            let n = tokio::task::spawn_blocking(move || j.write_list_records())
+                .await
+                .unwrap_or(0);
+            tracing::debug!(
+                lists = n,
+                "state directory: list records written for older daemons"
+            );
+        }
         // Over the daemon's life, the transfers this node started (as tcpxd_transfers_total),
         // then what the drain did with those still in flight at the stop.
         let (ok, failed) = self.state.metrics.summary().ok_and_failed();

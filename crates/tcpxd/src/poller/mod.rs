@@ -45,6 +45,7 @@ use crate::unpack::UnpackImpl;
 
 mod actions;
 mod blocks;
+mod closer;
 mod commands;
 mod direct;
 mod drive;
