@@ -74,14 +74,20 @@ pub(crate) async fn deliver_finished(tag: u64, s: Started, outbox: Arc<Outbox>, 
         },
     };
     tracing::trace!(target: "tcpxd::hop", hop = "api.out", id = event.transfer_id);
-    delivered.tags.lock().unwrap_or_else(|e| e.into_inner()).push(tag);
-    delivered.rung.notify_one();
     let ev = pb::SessionEvent {
         tag,
         event: Some(Event::Finished(event)),
     };
-    // A broken connection: the session's task finds it so and cancels what is open.
-    let _ = outbox.push(&ev);
+    {
+        // The tag is marked and the event pushed under one lock of the tags: the client cannot
+        // see the event (and use the tag again) before the mark, and the session cannot see the
+        // mark (and end, the transfer no longer open) before the event is in the outbox.
+        let mut tags = delivered.tags.lock().unwrap_or_else(|e| e.into_inner());
+        tags.push(tag);
+        // A broken connection: the session's task finds it so and cancels what is open.
+        let _ = outbox.push(&ev);
+    }
+    delivered.rung.notify_one();
 }
 
 /// Pushes the node's notifications into the outbox as they are published (inline: on the
