@@ -39,9 +39,68 @@ pub const MIN_PART_BYTES: usize = 64 * 1024;
 /// A queued chunk of fewer bytes than this is copied by the caller at once (handing it over costs
 /// more than copying it).
 pub const MIN_QUEUE_BYTES: usize = 32 * 1024;
-/// How long an idle helper keeps looking for its next job before it sleeps: a chunk every few
-/// tens of µs keeps it awake (no wake-up per chunk), an idle daemon costs it nothing.
-const HELPER_SPIN: Duration = Duration::from_micros(200);
+/// `transfer.host_copy_spin_us` `auto` on a host that spins (`runtime.spin`): the most an idle
+/// helper looks for its next job before it sleeps.
+pub const AUTO_SPIN: Duration = Duration::from_micros(200);
+/// `transfer.host_copy_spin_us` at most.
+pub const MAX_SPIN_US: u64 = 100_000;
+
+/// How long an idle helper may spin for its next job before it sleeps on its channel
+/// (`transfer.host_copy_spin_us`): at most `max`, and only as long as its recent jobs say the
+/// next one is likely to come ([`SpinGauge`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelperSpin {
+    pub max: Duration,
+}
+
+impl HelperSpin {
+    /// `auto`: [`AUTO_SPIN`] where the daemon spins (`runtime.spin`: 8 CPUs or more, cores to
+    /// spare), none elsewhere (a helper spinning on a small host takes the CPU from the poller
+    /// and the plugin's threads).
+    pub fn auto(spin: bool) -> HelperSpin {
+        HelperSpin {
+            max: if spin { AUTO_SPIN } else { Duration::ZERO },
+        }
+    }
+}
+
+/// A helper's measure of how soon its next job comes: an average of its recent idle gaps (job
+/// done → next job taken), each counted at most `2 × max` (an idle daemon's hours weigh as
+/// little as a pause between transfers). An idle helper spins only while the average gap fits
+/// in `max`, and then for at most 1.5× it: a helper fed every few tens of µs stays awake, one
+/// whose jobs come further apart than `max` sleeps at once (spinning would end in the same sleep,
+/// its CPU time spent for nothing).
+#[derive(Debug, Clone, Copy)]
+pub struct SpinGauge {
+    max_ns: u64,
+    avg_ns: u64,
+}
+
+impl SpinGauge {
+    pub fn new(spin: HelperSpin) -> SpinGauge {
+        let max_ns = spin.max.as_nanos().min(u128::from(u64::MAX / 4)) as u64;
+        // Starts as if jobs came `max` apart: a fresh helper spins its first gap out.
+        SpinGauge {
+            max_ns,
+            avg_ns: max_ns,
+        }
+    }
+
+    /// How long to spin for the next job now.
+    pub fn budget(&self) -> Duration {
+        if self.max_ns == 0 || self.avg_ns > self.max_ns {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos((self.avg_ns + self.avg_ns / 2).clamp(1_000, self.max_ns))
+    }
+
+    /// One idle gap seen: `gap` from a job's end to the next job's start.
+    pub fn saw(&mut self, gap: Duration) {
+        let g = (gap.as_nanos().min(u128::from(u64::MAX)) as u64).min(2 * self.max_ns);
+        // An average over the last few gaps (weight 1/4 each).
+        self.avg_ns = (3 * self.avg_ns + g) / 4;
+    }
+}
 /// `transfer.host_copy_threads` at most.
 pub const MAX_HOST_COPY_THREADS: usize = 64;
 
@@ -136,6 +195,9 @@ struct Helper {
 struct HelperStats {
     bytes: AtomicU64,
     busy_ns: AtomicU64,
+    /// Time spent spinning for a next job, and how often it slept instead.
+    spun_ns: AtomicU64,
+    sleeps: AtomicU64,
 }
 
 impl Helper {
@@ -145,17 +207,26 @@ impl Helper {
     }
 }
 
-/// A helper's loop: each job run and counted, in order; an idle helper spins a moment for the
-/// next before it sleeps on its channel.
-fn helper_loop(rx: mpsc::Receiver<Work>, finished: Arc<AtomicU64>, stats: Arc<HelperStats>) {
+/// A helper's loop: each job run and counted, in order; an idle helper spins for the next as
+/// long as its [`SpinGauge`] allows before it sleeps on its channel.
+fn helper_loop(
+    rx: mpsc::Receiver<Work>,
+    finished: Arc<AtomicU64>,
+    stats: Arc<HelperStats>,
+    spin: HelperSpin,
+) {
+    let mut gauge = SpinGauge::new(spin);
+    // When the last job ended (None: none yet, or the gap was already counted).
+    let mut idle_since: Option<Instant> = None;
     loop {
         let work = match rx.try_recv() {
             Ok(w) => w,
             Err(mpsc::TryRecvError::Disconnected) => return,
             Err(mpsc::TryRecvError::Empty) => {
+                let budget = gauge.budget();
                 let since = Instant::now();
                 let mut got = None;
-                while since.elapsed() < HELPER_SPIN {
+                while since.elapsed() < budget {
                     for _ in 0..64 {
                         std::hint::spin_loop();
                     }
@@ -168,15 +239,23 @@ fn helper_loop(rx: mpsc::Receiver<Work>, finished: Arc<AtomicU64>, stats: Arc<He
                         Err(mpsc::TryRecvError::Empty) => {}
                     }
                 }
+                let spun = since.elapsed();
+                stats.spun_ns.fetch_add(spun.as_nanos() as u64, Ordering::Relaxed);
                 match got {
                     Some(w) => w,
-                    None => match rx.recv() {
-                        Ok(w) => w,
-                        Err(_) => return,
-                    },
+                    None => {
+                        stats.sleeps.fetch_add(1, Ordering::Relaxed);
+                        match rx.recv() {
+                            Ok(w) => w,
+                            Err(_) => return,
+                        }
+                    }
                 }
             }
         };
+        if let Some(t) = idle_since.take() {
+            gauge.saw(t.elapsed());
+        }
         match work {
             Work::Part(part) => {
                 copy_part(&part.copies);
@@ -195,6 +274,7 @@ fn helper_loop(rx: mpsc::Receiver<Work>, finished: Arc<AtomicU64>, stats: Arc<He
                 finished.fetch_add(1, Ordering::Release);
             }
         }
+        idle_since = Some(Instant::now());
     }
 }
 
@@ -218,9 +298,9 @@ fn copy_part(copies: &[HostCopy]) {
 }
 
 impl HostCopies {
-    /// `threads` helper threads besides the caller (0: every copy on the calling thread). A
-    /// helper that cannot be started leaves fewer (logged).
-    pub fn new(threads: usize) -> HostCopies {
+    /// `threads` helper threads besides the caller (0: every copy on the calling thread), idle
+    /// ones spinning as `spin` allows. A helper that cannot be started leaves fewer (logged).
+    pub fn new(threads: usize, spin: HelperSpin) -> HostCopies {
         let mut helpers = Vec::new();
         for i in 0..threads.min(MAX_HOST_COPY_THREADS) {
             let (tx, rx) = mpsc::channel::<Work>();
@@ -230,7 +310,7 @@ impl HostCopies {
             let their_stats = stats.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("tcpxd-copy-{i}"))
-                .spawn(move || helper_loop(rx, theirs, their_stats));
+                .spawn(move || helper_loop(rx, theirs, their_stats, spin));
             match spawned {
                 Ok(thread) => helpers.push(Helper {
                     tx,
@@ -382,10 +462,12 @@ impl Drop for HostCopies {
                     );
                     let gbps = if ns == 0 { 0.0 } else { b as f64 / ns as f64 };
                     format!(
-                        "{} jobs, {:.1} MB in {:.1} ms ({gbps:.1} GB/s)",
+                        "{} jobs, {:.1} MB in {:.1} ms ({gbps:.1} GB/s), spun {:.1} ms, slept {} times",
                         h.queued.load(Ordering::Relaxed),
                         b as f64 / 1e6,
-                        ns as f64 / 1e6
+                        ns as f64 / 1e6,
+                        h.stats.spun_ns.load(Ordering::Relaxed) as f64 / 1e6,
+                        h.stats.sleeps.load(Ordering::Relaxed),
                     )
                 })
                 .collect();
@@ -411,7 +493,7 @@ mod tests {
         let mut rng = Rng::new(38);
         let src: Vec<u8> = (0..4 << 20).map(|i| (i * 7 + i / 4096) as u8).collect();
         for helpers in 0..6 {
-            let pool = HostCopies::new(helpers);
+            let pool = HostCopies::new(helpers, HelperSpin::auto(true));
             assert_eq!(pool.threads(), helpers);
             for round in 0..20 {
                 // Targets: distinct slots of 32 KiB in shuffled order, lengths 1..=32 KiB.
@@ -449,7 +531,7 @@ mod tests {
     fn queued_jobs_land_exactly_and_tickets_say_when() {
         let mut rng = Rng::new(83);
         for helpers in 0..5 {
-            let pool = HostCopies::new(helpers);
+            let pool = HostCopies::new(helpers, HelperSpin::auto(true));
             let chunk = 256 * 1024;
             let jobs = 24;
             // Sources: one slot per job (zeroed by its job once copied out); targets: 16 KiB
@@ -508,10 +590,69 @@ mod tests {
         }
     }
 
+    /// A helper spins only while its jobs come within the most it may spin, and then about
+    /// 1.5× their recent gap: jobs every 20 µs keep it spinning ~30 µs, jobs a millisecond
+    /// apart (or an idle daemon) make it sleep at once, and it spins again once jobs come close.
+    #[test]
+    fn helpers_spin_only_as_long_as_their_jobs_need() {
+        let us = Duration::from_micros;
+        let mut g = SpinGauge::new(HelperSpin { max: us(200) });
+        assert_eq!(g.budget(), us(200), "a fresh helper spins its first gap out");
+        for _ in 0..20 {
+            g.saw(us(20));
+        }
+        assert!(g.budget() >= us(25) && g.budget() <= us(40), "{:?}", g.budget());
+        for _ in 0..3 {
+            g.saw(Duration::from_millis(1));
+        }
+        assert_eq!(g.budget(), Duration::ZERO, "jobs far apart: sleep at once");
+        let before = g.avg_ns;
+        g.saw(Duration::from_secs(3600));
+        assert_eq!(
+            g.avg_ns,
+            (3 * before + 400_000) / 4,
+            "a long idle counts as 2 × max"
+        );
+        for _ in 0..10 {
+            g.saw(us(20));
+        }
+        assert!(
+            g.budget() > Duration::ZERO && g.budget() <= us(200),
+            "{:?}",
+            g.budget()
+        );
+        // Off: never spins.
+        let mut off = SpinGauge::new(HelperSpin::auto(false));
+        off.saw(us(1));
+        assert_eq!(off.budget(), Duration::ZERO);
+        assert_eq!(HelperSpin::auto(true).max, AUTO_SPIN);
+        // A pool that never spins still copies every job and sleeps between them.
+        let pool = HostCopies::new(2, HelperSpin::auto(false));
+        let src = vec![5u8; 64 * 1024];
+        let mut dst = vec![0u8; 64 * 1024];
+        for round in 0..4 {
+            dst.fill(0);
+            let job = CopyJob {
+                copies: vec![HostCopy {
+                    from: src.as_ptr(),
+                    to: dst.as_mut_ptr(),
+                    n: src.len(),
+                }],
+                zero: None,
+                keep: Vec::new(),
+            };
+            // SAFETY: two live, distinct vectors; `quiesce` ends the job before they are read.
+            let t = unsafe { pool.queue(job) }.expect("64 KiB is queued");
+            pool.quiesce();
+            assert!(t.is_done());
+            assert!(dst == src, "round {round}");
+        }
+    }
+
     /// A job under `MIN_QUEUE_BYTES` is copied at once, helpers or not.
     #[test]
     fn a_small_job_is_copied_at_once() {
-        let pool = HostCopies::new(2);
+        let pool = HostCopies::new(2, HelperSpin::auto(true));
         let src = vec![7u8; 4096];
         let mut dst = vec![0u8; 4096];
         let job = CopyJob {
@@ -533,7 +674,7 @@ mod tests {
     fn one_large_piece_is_cut_across_every_thread() {
         let src: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
         let mut dst = vec![0u8; 1 << 20];
-        let pool = HostCopies::new(3);
+        let pool = HostCopies::new(3, HelperSpin::auto(true));
         let c = HostCopy {
             from: src.as_ptr(),
             to: dst.as_mut_ptr(),
