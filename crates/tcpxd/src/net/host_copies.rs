@@ -39,6 +39,10 @@ pub const MIN_PART_BYTES: usize = 64 * 1024;
 /// A queued chunk of fewer bytes than this is copied by the caller at once (handing it over costs
 /// more than copying it).
 pub const MIN_QUEUE_BYTES: usize = 32 * 1024;
+/// A queued chunk is cut across idle helpers in parts of at least this many bytes (a 512 KiB
+/// chunk over up to 4): its copies then take a quarter of the time when helpers are free — at a
+/// transfer's start and end, where one chunk's gather or scatter is all that runs.
+pub const MIN_QUEUED_PART_BYTES: usize = 128 * 1024;
 /// `transfer.host_copy_spin_us` `auto` on a host that spins (`runtime.spin`): the most an idle
 /// helper looks for its next job before it sleeps.
 pub const AUTO_SPIN: Duration = Duration::from_micros(200);
@@ -140,11 +144,34 @@ impl CopyJob {
         self.copies.iter().map(|c| c.n).sum::<usize>() + self.zero.map_or(0, |z| z.1)
     }
 
+    /// Whether the copies read `zero`'s range exactly, in order, each byte once (a direct
+    /// receive's scatter: its landed bytes in wire order): each source can then be zeroed as
+    /// soon as it is copied, and the job cut into parts that zero their own sources.
+    fn sources_tile_zero(&self) -> bool {
+        let Some((at, n)) = self.zero else {
+            return false;
+        };
+        let mut next = at.cast_const();
+        for c in &self.copies {
+            if c.from != next {
+                return false;
+            }
+            next = next.wrapping_add(c.n);
+        }
+        next == at.cast_const().wrapping_add(n)
+    }
+
     /// Copies, then zeroes, on this thread.
     ///
     /// # Safety
     /// As [`HostCopies::queue`].
     unsafe fn run(&self) {
+        if self.sources_tile_zero() {
+            // SAFETY: every source lies in `zero`'s range (checked just above), writable by
+            // this job alone (the caller's contract), and is read by this copy only.
+            unsafe { copy_and_zero_sources(&self.copies) };
+            return;
+        }
         copy_part(&self.copies);
         if let Some((at, n)) = self.zero {
             // SAFETY: the caller's contract: `n` writable bytes nothing else touches.
@@ -153,30 +180,84 @@ impl CopyJob {
     }
 }
 
+/// A part of a job whose sources tile its zeroed range ([`CopyJob::sources_tile_zero`]): each
+/// copy made, then its source zeroed while it is still in the cache.
+struct SourcesZeroed(Vec<HostCopy>);
+
+/// Each copy, then its source zeroed.
+///
+/// # Safety
+/// Every source must be writable by the caller alone (a landing slot's landed bytes), each read
+/// by one copy only; targets as for [`copy_part`].
+unsafe fn copy_and_zero_sources(copies: &[HostCopy]) {
+    for c in copies {
+        // SAFETY: the caller's contract: both ranges valid for `n` bytes, not overlapping.
+        unsafe { std::ptr::copy_nonoverlapping(c.from, c.to, c.n) };
+        // SAFETY: the caller's contract: the source is writable and read by no other copy.
+        unsafe { std::ptr::write_bytes(c.from.cast_mut(), 0, c.n) };
+    }
+}
+
+/// Cuts `copies` into `parts` runs of about equal bytes, in order (a piece may be cut in two).
+fn cut(copies: &[HostCopy], parts: usize) -> Vec<Vec<HostCopy>> {
+    let total: usize = copies.iter().map(|c| c.n).sum();
+    let per = total.div_ceil(parts.max(1));
+    let mut split: Vec<Vec<HostCopy>> = vec![Vec::new(); parts.max(1)];
+    let (mut k, mut room) = (0usize, per);
+    for c in copies {
+        let mut c = *c;
+        while c.n > 0 {
+            if room == 0 && k + 1 < split.len() {
+                k += 1;
+                room = per;
+            }
+            let n = if k + 1 == split.len() { c.n } else { c.n.min(room) };
+            split[k].push(HostCopy { n, ..c });
+            c = HostCopy {
+                from: c.from.wrapping_add(n),
+                to: c.to.wrapping_add(n),
+                n: c.n - n,
+            };
+            room = room.saturating_sub(n);
+        }
+    }
+    split
+}
+
 /// What a helper is handed.
 enum Work {
     Part(Part),
     Job(CopyJob),
+    /// A queued job's part, and what it keeps alive.
+    JobPart(SourcesZeroed, Vec<Arc<dyn Region>>),
 }
 
 // SAFETY: a `Part` carries raw pointers into memory that `HostCopies::copy_all`'s caller
 // guarantees readable (`from`) and writable by this copy alone (`to`) until `copy_all` returns,
 // and `copy_all` returns only after every part it handed out was copied (`left` reached 0). A
 // `Job`'s pointers are valid until its ticket is done (`HostCopies::queue`'s contract), which
-// is after the helper ran it.
+// is after the helper ran it; a `JobPart` is a part of such a job (its sources, which it zeroes,
+// lie in the job's zeroed range and are read by this part alone).
 unsafe impl Send for Work {}
 
-/// A queued job's ticket: done once its helper finished `seq` jobs.
+/// A queued job's ticket: done once each helper it went to finished its `seq`-th job (one
+/// helper, or several for a job cut into parts).
 #[derive(Debug, Clone)]
 pub struct CopyTicket {
-    finished: Arc<AtomicU64>,
-    seq: u64,
+    parts: Vec<(Arc<AtomicU64>, u64)>,
 }
 
 impl CopyTicket {
     /// Whether the job's copies (and zeroing) are over: its memory may be reused.
     pub fn is_done(&self) -> bool {
-        self.finished.load(Ordering::Acquire) >= self.seq
+        self.parts
+            .iter()
+            .all(|(finished, seq)| finished.load(Ordering::Acquire) >= *seq)
+    }
+
+    /// How many helpers the job went to.
+    pub fn parts(&self) -> usize {
+        self.parts.len()
     }
 }
 
@@ -261,6 +342,19 @@ fn helper_loop(
                 copy_part(&part.copies);
                 part.left.fetch_sub(1, Ordering::Release);
             }
+            Work::JobPart(SourcesZeroed(copies), keep) => {
+                let since = Instant::now();
+                let bytes = 2 * copies.iter().map(|c| c.n as u64).sum::<u64>();
+                // SAFETY: `HostCopies::queue`'s contract, and the job's sources tiled its zeroed
+                // range (checked before it was cut): this part's sources are its own.
+                unsafe { copy_and_zero_sources(&copies) };
+                drop((copies, keep));
+                stats
+                    .busy_ns
+                    .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+                finished.fetch_add(1, Ordering::Release);
+            }
             Work::Job(job) => {
                 let (since, bytes) = (Instant::now(), job.bytes() as u64);
                 // SAFETY: `HostCopies::queue`'s contract: valid until the ticket is done, which
@@ -286,6 +380,23 @@ pub struct HostCopies {
 impl std::fmt::Debug for HostCopies {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "HostCopies({} helpers)", self.helpers.len())
+    }
+}
+
+/// Work a helper could not take, done on the calling thread.
+///
+/// # Safety
+/// As for the helper that would have run it ([`HostCopies::queue`]'s contract).
+unsafe fn run_here(work: Work) {
+    match work {
+        Work::Part(part) => {
+            copy_part(&part.copies);
+            part.left.fetch_sub(1, Ordering::Release);
+        }
+        // SAFETY: the caller's contract.
+        Work::Job(job) => unsafe { job.run() },
+        // SAFETY: the caller's contract; the part's sources are its own.
+        Work::JobPart(SourcesZeroed(copies), _keep) => unsafe { copy_and_zero_sources(&copies) },
     }
 }
 
@@ -347,29 +458,7 @@ impl HostCopies {
             copy_part(copies);
             return;
         }
-        let per = total.div_ceil(parts);
-        let mut split: Vec<Vec<HostCopy>> = vec![Vec::new(); parts];
-        let (mut k, mut room) = (0usize, per);
-        for c in copies {
-            let mut c = *c;
-            while c.n > 0 {
-                if room == 0 && k + 1 < parts {
-                    k += 1;
-                    room = per;
-                }
-                let n = if k + 1 == parts { c.n } else { c.n.min(room) };
-                split[k].push(HostCopy { n, ..c });
-                // SAFETY: `n <= c.n`: the rest of the same valid ranges.
-                c = unsafe {
-                    HostCopy {
-                        from: c.from.add(n),
-                        to: c.to.add(n),
-                        n: c.n - n,
-                    }
-                };
-                room = room.saturating_sub(n);
-            }
-        }
+        let mut split = cut(copies, parts);
         let first = std::mem::take(&mut split[0]);
         let left = Arc::new(AtomicUsize::new(0));
         for (part, helper) in split.into_iter().skip(1).zip(&self.helpers) {
@@ -406,6 +495,36 @@ impl HostCopies {
             unsafe { job.run() };
             return None;
         }
+        // Helpers with nothing to do take a part each (a transfer's first and last chunks, or
+        // a lull); under load the job goes whole to the least busy one.
+        let copied: usize = job.copies.iter().map(|c| c.n).sum();
+        let tiles = job.sources_tile_zero();
+        let idle: Vec<&Helper> = self.helpers.iter().filter(|h| h.in_flight() == 0).collect();
+        let parts = idle.len().min(copied / MIN_QUEUED_PART_BYTES);
+        if parts >= 2 && (job.zero.is_none() || tiles) {
+            let mut ticket = Vec::with_capacity(parts);
+            for (copies, helper) in cut(&job.copies, parts).into_iter().zip(idle) {
+                let work = if tiles {
+                    Work::JobPart(SourcesZeroed(copies), job.keep.clone())
+                } else {
+                    Work::Job(CopyJob {
+                        copies,
+                        zero: None,
+                        keep: job.keep.clone(),
+                    })
+                };
+                match helper.tx.send(work) {
+                    Ok(()) => {
+                        let seq = helper.queued.fetch_add(1, Ordering::Relaxed) + 1;
+                        ticket.push((helper.finished.clone(), seq));
+                    }
+                    // The helper is gone: its part is copied here.
+                    // SAFETY: as the whole job's (a part of its copies; its own sources).
+                    Err(mpsc::SendError(w)) => unsafe { run_here(w) },
+                }
+            }
+            return (!ticket.is_empty()).then_some(CopyTicket { parts: ticket });
+        }
         let helper = self
             .helpers
             .iter()
@@ -415,17 +534,15 @@ impl HostCopies {
             Ok(()) => {
                 let seq = helper.queued.fetch_add(1, Ordering::Relaxed) + 1;
                 Some(CopyTicket {
-                    finished: helper.finished.clone(),
-                    seq,
+                    parts: vec![(helper.finished.clone(), seq)],
                 })
             }
-            Err(mpsc::SendError(Work::Job(job))) => {
+            Err(mpsc::SendError(w)) => {
                 // The helper is gone: the job runs here.
                 // SAFETY: as above.
-                unsafe { job.run() };
+                unsafe { run_here(w) };
                 None
             }
-            Err(mpsc::SendError(Work::Part(_))) => unreachable!("a job was sent"),
         }
     }
 
@@ -646,6 +763,71 @@ mod tests {
             pool.quiesce();
             assert!(t.is_done());
             assert!(dst == src, "round {round}");
+        }
+    }
+
+    /// A queued chunk is cut across idle helpers (each part zeroing the landed bytes it copied
+    /// out when the job zeroes its sources), lands exactly, and leaves its slot all zeros; a job
+    /// whose sources do not tile its zeroed range goes whole and is zeroed after; gathers (no
+    /// zeroing) are cut too and leave their sources alone.
+    #[test]
+    fn queued_chunks_are_cut_across_idle_helpers_and_land_exactly() {
+        let mut rng = Rng::new(21);
+        let chunk = 512 * 1024;
+        let piece = 16 * 1024;
+        let src: Vec<u8> = (0..chunk).map(|i| (i * 31 + i / 1013) as u8).collect();
+        for helpers in [1usize, 2, 4] {
+            let pool = HostCopies::new(helpers, HelperSpin::auto(true));
+            for round in 0..6 {
+                let mut order: Vec<usize> = (0..chunk / piece).collect();
+                for i in (1..order.len()).rev() {
+                    order.swap(i, rng.below(i as u64 + 1) as usize);
+                }
+                let mut slot = src.clone();
+                let mut dst = vec![0xEEu8; chunk];
+                let mut want = dst.clone();
+                // Rounds 0-1: a scatter out of a landing slot (sources in wire order, zeroed);
+                // 2-3: the same with its pieces out of order (sources do not tile); 4-5: a
+                // gather (no zeroing).
+                let mut copies: Vec<HostCopy> = (0..chunk / piece)
+                    .map(|k| {
+                        let to = order[k] * piece;
+                        want[to..to + piece].copy_from_slice(&src[k * piece..(k + 1) * piece]);
+                        HostCopy {
+                            from: slot[k * piece..].as_ptr(),
+                            to: dst[to..].as_mut_ptr(),
+                            n: piece,
+                        }
+                    })
+                    .collect();
+                if round / 2 == 1 {
+                    copies.swap(0, 5);
+                }
+                let zero = (round < 4).then_some((slot.as_mut_ptr(), chunk));
+                let job = CopyJob {
+                    copies,
+                    zero,
+                    keep: Vec::new(),
+                };
+                let tiles = job.sources_tile_zero();
+                assert_eq!(tiles, round < 2, "round {round}");
+                // SAFETY: `slot` and `dst` outlive the job (`quiesce` below); targets distinct.
+                let ticket = unsafe { pool.queue(job) }.expect("512 KiB is queued");
+                pool.quiesce();
+                assert!(ticket.is_done());
+                let cut = !(2..4).contains(&round);
+                assert_eq!(
+                    ticket.parts(),
+                    if cut { helpers } else { 1 },
+                    "{helpers} helpers, round {round}"
+                );
+                assert!(dst == want, "{helpers} helpers, round {round}");
+                if round < 4 {
+                    assert!(slot.iter().all(|&b| b == 0), "slot zeroed, round {round}");
+                } else {
+                    assert!(slot == src, "a gather's source untouched");
+                }
+            }
         }
     }
 
