@@ -163,13 +163,26 @@ impl PackedRanges {
         let RangeLengths::Uniform(u) = self.lengths else {
             return None;
         };
-        let mut slots = Vec::with_capacity(self.len() * 4);
-        for c in self.offsets.chunks_exact(8) {
+        let mut slots = vec![0u8; self.len() * 4];
+        // One pass, no division per range where the length is a power of two (4 KiB, 16 KiB
+        // blocks): a shift and a mask.
+        let (shift, mask) = (u.trailing_zeros(), u.wrapping_sub(1));
+        let pow2 = u.is_power_of_two();
+        for (c, out) in self.offsets.chunks_exact(8).zip(slots.chunks_exact_mut(4)) {
             let o = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-            if o % u != 0 {
-                return None;
-            }
-            slots.extend_from_slice(&u32::try_from(o / u).ok()?.to_le_bytes());
+            let slot = if pow2 {
+                if o & mask != 0 {
+                    return None;
+                }
+                o >> shift
+            } else {
+                let q = o / u;
+                if q * u != o {
+                    return None;
+                }
+                q
+            };
+            out.copy_from_slice(&u32::try_from(slot).ok()?.to_le_bytes());
         }
         Some(slots)
     }
@@ -199,13 +212,13 @@ impl PackedRanges {
                 "{field}.offset_slots: given without uniform_length (slots are in units of it)"
             ));
         }
-        let mut offsets = Vec::with_capacity(n * 8);
-        for (i, c) in slots.chunks_exact(4).enumerate() {
+        let mut offsets = vec![0u8; n * 8];
+        for (i, (c, out)) in slots.chunks_exact(4).zip(offsets.chunks_exact_mut(8)).enumerate() {
             let slot = u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes")));
             let o = slot.checked_mul(uniform_length).ok_or_else(|| {
                 format!("{field}.offset_slots[{i}]: slot {slot} × uniform_length {uniform_length} exceeds 2^64 - 1")
             })?;
-            offsets.extend_from_slice(&o.to_le_bytes());
+            out.copy_from_slice(&o.to_le_bytes());
         }
         Ok(offsets)
     }
@@ -332,7 +345,13 @@ mod tests {
     #[test]
     fn offsets_on_a_uniform_grid_travel_as_u32_slots() {
         let mut rng = tcpxd_testkit::Rng::new(9);
-        for (len, n) in [(4096u64, 65_536usize), (16_384, 100), (1, 7), (3, 1)] {
+        for (len, n) in [
+            (4096u64, 65_536usize),
+            (16_384, 100),
+            (1, 7),
+            (3, 1),
+            (18_432, 300),
+        ] {
             let ranges: Vec<RemoteRange> = (0..n)
                 .map(|_| range(4, 1, rng.below(1 << 20) * len, len))
                 .collect();
@@ -348,6 +367,16 @@ mod tests {
         // Not on a grid: u64 offsets stay.
         let off_grid = [range(4, 1, 0, 4096), range(4, 1, 4097, 4096)];
         assert!(PackedRanges::pack(&off_grid).unwrap().offset_slots().is_none());
+        let off_odd_grid = [
+            range(4, 1, 18_432 * 5, 18_432),
+            range(4, 1, 18_432 * 7 + 512, 18_432),
+        ];
+        assert!(
+            PackedRanges::pack(&off_odd_grid)
+                .unwrap()
+                .offset_slots()
+                .is_none()
+        );
         let mixed = [range(4, 1, 0, 4096), range(4, 1, 8192, 8192)];
         assert!(PackedRanges::pack(&mixed).unwrap().offset_slots().is_none());
         let far = [range(4, 1, (1u64 << 32) * 2, 2)];
