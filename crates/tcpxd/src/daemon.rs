@@ -261,6 +261,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             warmth: warmth.clone(),
             rx_rules,
             host_copy_threads: cfg.host_copy_threads,
+            host_copy_spin: cfg.host_copy_spin,
         },
         notify_tx.clone(),
     )

@@ -270,6 +270,7 @@ pub(super) fn gather_send(
     }
     let slot = staging.seq % slots.staging;
     staging.seq += 1;
+    tracing::trace!(target: "tcpxd::hop", hop = "poller.gather", len, comm = comm.trace_id());
     let offset = slot * u64::from(r.slot_bytes);
     let mut post = SendPost {
         buffer: STAGED,

@@ -99,6 +99,10 @@ pub(super) fn post_sends(
         if !lanes::post_send(comm, &mut l.tag, mh, at as usize, len).map_err(|e| e.to_string())? {
             break;
         }
+        if buffer == STAGED {
+            // Its gather is over (the k-th on this comm: `poller.gather`'s k-th).
+            tracing::trace!(target: "tcpxd::hop", hop = "poller.gathered", comm = comm.trace_id());
+        }
         l.deferred.pop_front();
     }
     Ok(())
