@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import Client, _proto
-from .._addresses import BY_ADDRESS, AddressBatch, address_kinds, address_tail
+from .._addresses import BY_ADDRESS, FILE_SHARED, AddressBatch, address_ranges, address_tail, range_refusal
+from .._hostmem import Pending
 from ..errors import TcpxdError
 from . import _cuda
 from ._descs import MOVABLE, RegDList
@@ -160,6 +161,20 @@ def host_array(nbytes: int) -> Any:
 
 
 @dataclass
+class _Sent:
+    """One `register_memory` call's regions by address, sent to the daemon without waiting for
+    its answers (`Registrar.send_addresses`): folded into the agent's regions at the next call
+    that needs them (`LocalMemory._settle`)."""
+
+    keys: List[Key]
+    #: Per region: its index in the call's reg_list, and the tensor or array given (kept alive).
+    todo: Dict[Key, Tuple[int, Any]]
+    #: Per region size: its request's serialized tail and the granule lists it asks for.
+    tails: Dict[int, Tuple[bytes, List[Any]]]
+    pending: Pending
+
+
+@dataclass
 class _Import:
     """A daemon buffer importing one cudaMalloc allocation, and how many regions use it."""
 
@@ -187,12 +202,20 @@ class LocalMemory:
         #: batches (held here; the client's re-attacher holds them weakly), by buffer id.
         self._batch_of: Dict[int, AddressBatch] = {}
         self._table: Optional[RegionTable] = None
+        #: Registrations sent and not answered yet (`_Sent`), in the order sent, and their keys.
+        self._sent: List[_Sent] = []
+        self._sent_keys: Dict[Key, _Sent] = {}
+        #: Held while the answers of `_sent[0]` are read and folded in (one thread at a time).
+        self._settling = threading.Lock()
 
     def regions(self) -> List[Region]:
+        self._settle()
         with self._lock:
             return [r for r, _ in self._regions.values()]
 
     def table(self) -> RegionTable:
+        if self._sent:
+            self._settle()
         with self._lock:
             if self._table is None:
                 self._table = RegionTable([r for r, _ in self._regions.values()])
@@ -207,8 +230,9 @@ class LocalMemory:
         mem = dl.mem
         rows = dl.rows.tolist()
         with self._lock:
-            have = self._regions
-            new = [(i, (mem, a, n, d)) for i, (a, n, d) in enumerate(rows) if (mem, a, n, d) not in have]
+            have, sent = self._regions, self._sent_keys
+            new = [(i, (mem, a, n, d)) for i, (a, n, d) in enumerate(rows)
+                   if (mem, a, n, d) not in have and (mem, a, n, d) not in sent]
         try:
             for i, key in new:  # (registered already: NIXL accepts it again)
                 if key[2] == 0:
@@ -235,6 +259,7 @@ class LocalMemory:
             self._table = None
 
     def deregister(self, dl: RegDList) -> None:
+        self._settle()
         mem = dl.mem
         keys = [(mem, a, n, d) for a, n, d in dl.rows.tolist()]
         with self._lock:
@@ -244,9 +269,53 @@ class LocalMemory:
         self._drop(keys)
 
     def close(self) -> None:
+        while self._sent:
+            try:
+                self._settle()
+            except TcpxdError as e:  # (raised at no later use: there is none)
+                log.warning("%s", e)
         with self._lock:
             keys = list(self._regions)
         self._drop(keys)
+
+    def _settle(self) -> None:
+        """Folds in the answers of registrations sent without waiting (`_Sent`), oldest first:
+        what needs the agent's regions (metadata, descriptors, transfers, deregistration) calls
+        it first. A registration the daemon refused raises here, naming its region, with every
+        region of its `register_memory` call released (all or none, as a registration waited
+        for); the next call folds the next."""
+        while self._sent:
+            with self._settling:
+                if not self._sent:
+                    return
+                sent = self._sent[0]
+                try:
+                    self._fold(sent)
+                finally:
+                    with self._lock:
+                        self._sent.pop(0)
+                        for k in sent.keys:
+                            self._sent_keys.pop(k, None)
+
+    def _fold(self, sent: _Sent) -> None:
+        """`_settle` of one call's registrations."""
+        registrar = self._client._registrar
+        assert registrar is not None  # (sent on it)
+        first = sent.keys[0]
+        try:
+            got = registrar.collect(sent.pending, self._client.timeout)
+        except TcpxdError as e:
+            i = sent.todo[first][0]
+            raise from_tcpxd(e, f"register_memory (answered later): reg_list[{i}] (DRAM at {first[1]:#x}, "
+                                f"{first[2]} bytes)") from None
+        done: List[Key] = []
+        failed: List[Tuple[Key, TcpxdError]] = []
+        self._fold_answers(sent.keys, got, sent.todo, sent.tails, done, failed)
+        if failed:
+            self._drop(done)
+            key, err = min(failed, key=lambda f: sent.todo[f[0]][0])
+            raise from_tcpxd(err, f"register_memory (answered later): reg_list[{sent.todo[key][0]}] (DRAM at "
+                                  f"{key[1]:#x}, {key[2]} bytes)") from None
 
     def _drop(self, keys: List[Key]) -> None:
         """Releases the regions: the DRAM regions' buffers together (by id, those registered by
@@ -300,16 +369,26 @@ class LocalMemory:
         buffer's granule lists made by the daemon with it (released by the daemon with the
         buffer). Memory with no file to hand over (anonymous or private: a numpy array, a CPU
         tensor, a pinned one) goes by address (`_by_address`: no object a region but its Region);
-        the rest through Client._register_host_many (`_by_descriptor`)."""
+        the rest through Client._register_host_many (`_by_descriptor`). Memory by address is
+        checked here first as the daemon would (mapped, writable: `address_ranges`), then sent
+        last, its answers read at the next call that needs them where the connection allows
+        (`Registrar.send_addresses`, `_settle`)."""
         keys = list(todo)
-        kinds = address_kinds([k[1] for k in keys])
-        fast = [k for k, kind in zip(keys, kinds) if kind == BY_ADDRESS]
+        kinds = address_ranges([k[1] for k in keys], [k[2] for k in keys])
+        fast = []
+        for k, kind in zip(keys, kinds):
+            if kind == BY_ADDRESS:
+                fast.append(k)
+            elif kind != FILE_SHARED:  # what the daemon would refuse, said now
+                raise nixlInvalidParamError(f"reg_list[{todo[k][0]}] (DRAM at {k[1]:#x}, {k[2]} bytes): "
+                                            f"{range_refusal(kind, k[1], k[2])}")
         failed: List[Tuple[Key, TcpxdError]] = []
-        if fast:
-            self._by_address(fast, todo, done, failed)
         if len(fast) < len(keys):
             fast_set = set(fast)
             self._by_descriptor({k: v for k, v in todo.items() if k not in fast_set}, done, failed)
+        # Last: sent without waiting where it can be (nothing after it can fail this call).
+        if fast and not failed:
+            self._by_address(fast, todo, done, failed)
         if failed:
             key, err = min(failed, key=lambda f: todo[f[0]][0])
             raise from_tcpxd(err, f"reg_list[{todo[key][0]}] (DRAM at {key[1]:#x}, {key[2]} bytes)") from None
@@ -326,10 +405,28 @@ class LocalMemory:
                 asked = granule_tilings(k[2])
                 tails[k[2]] = (address_tail(k[2], "", asked), asked)
         addrs = np.fromiter((k[1] for k in keys), dtype=np.uint64, count=len(keys))
+        what = f"reg_list[{todo[keys[0]][0]}] (DRAM at {keys[0][1]:#x}, {keys[0][2]} bytes)"
+        registrar = self._client._registrar
         try:
+            pending = None if registrar is None else registrar.send_addresses(
+                addrs, [tails[k[2]][0] for k in keys], self._client.timeout)
+            if pending is not None:  # answered later: folded in by `_settle`
+                with self._lock:
+                    sent = _Sent(keys, {k: todo[k] for k in keys}, tails, pending)
+                    self._sent.append(sent)
+                    for k in keys:
+                        self._sent_keys[k] = sent
+                return
             got = self._client._register_addresses(addrs, [tails[k[2]][0] for k in keys])
         except TcpxdError as e:
-            raise from_tcpxd(e, f"reg_list[{todo[keys[0]][0]}] (DRAM at {keys[0][1]:#x}, {keys[0][2]} bytes)") from None
+            raise from_tcpxd(e, what) from None
+        self._fold_answers(keys, got, todo, tails, done, failed)
+
+    def _fold_answers(self, keys: List[Key], got: List[Any], todo: Dict[Key, Tuple[int, Any]],
+                      tails: Dict[int, Tuple[bytes, List[Any]]], done: List[Key],
+                      failed: List[Tuple[Key, TcpxdError]]) -> None:
+        """The daemon's answers to registrations by address read into Regions, the table updated
+        once (`done`: the keys registered; `failed`: the others, with why)."""
         added: List[Tuple[Key, Region, int]] = []
         batch = AddressBatch()
         for key, msg in zip(keys, got):

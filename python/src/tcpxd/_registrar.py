@@ -1,0 +1,441 @@
+"""The client's connection for registering its host memory with the daemon (`Registrar`): one
+local session of its own, kept open while the client lives, its registrations by descriptor and by
+address, in batches, pipelined, and (since session 21) sent without waiting for their answers
+(`send_addresses`, `collect`: docs/NIXL.md, "Registration that does not wait"). Split out of
+tcpxd._hostmem, which re-exports these names."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import socket
+import threading
+from typing import TYPE_CHECKING, Any, Deque, Iterator, List, Optional, Sequence, Tuple
+
+from . import _local, _proto
+from ._addresses import _key, _varint, address_entries
+from .errors import FailedPrecondition, InvalidArgument, TcpxdError, Unavailable, from_status
+
+if TYPE_CHECKING:
+    from ._hostmem import Shared
+
+#: Registrations sent before their answers are read (`Registrar.register_many`): few enough that
+#: their answers fit the socket's buffer, so neither side blocks on the other.
+PIPELINE = 64
+#: `register_batch` and `release_batch` frames of memory by address sent before the first
+#: answer is read (`Registrar.register_addresses`, `release_many`): the daemon carries out the
+#: next while this process reads the last; their answers (~20 KB a registration frame) fit the
+#: socket's buffer together.
+FRAMES = 4
+
+def registered(ev: Any, tag: int) -> Any:
+    """The Buffer message the daemon's answer carries; raises its refusal."""
+    kind = ev.WhichOneof("event")
+    if kind == "refused":
+        raise from_status(ev.refused.code, ev.refused.message)
+    if ev.tag != tag or kind != "registered":
+        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to registration {tag}")
+    return ev.registered
+
+
+def _registered_each(conn: _local.Connection, tags: Sequence[int]) -> List[Any]:
+    """The answers to registrations sent as `tags`, in order: each one's Buffer message, or the
+    TcpxdError refusing it."""
+    out: List[Any] = []
+    for tag in tags:
+        try:
+            out.append(registered(conn.receive(), tag))
+        except TcpxdError as e:
+            out.append(e)
+    return out
+
+
+def _unreleased(n: int) -> List[Any]:
+    """What release_many answers for ids it did not get to release."""
+    return [FailedPrecondition("release: not released by a batch") for _ in range(n)]
+
+
+class _Known:
+    available: Optional[bool] = None
+
+
+class Pending:
+    """Registrations of memory by address sent without waiting for their answers
+    (`Registrar.send_addresses`): per region, once `Registrar.collect` read it, the daemon's
+    Buffer message or the TcpxdError that refused it."""
+
+    def __init__(self, addrs: Any, tails: Sequence[bytes]):
+        self.addrs = addrs
+        self.tails = tails
+        self.got: List[Any] = [None] * len(tails)
+        #: Its frames not answered yet.
+        self.frames = 0
+        #: The local session ended before some of its answers came (they are registered again,
+        #: on a new one, by `collect`).
+        self.lost: Optional[TcpxdError] = None
+
+
+class OldDaemon(FailedPrecondition):
+    """The daemon does not speak the local session: it cannot take host memory by descriptor."""
+
+
+class Registrar:
+    """The client's connection for registering its host memory: one local session of its own, kept
+    open while the client lives (the daemon releases the buffers registered on it when it closes),
+    one registration at a time."""
+
+    def __init__(self, path: str, known: Any = None):
+        self.path = path
+        self._lock = threading.Lock()
+        self._conn: Optional[_local.Connection] = None
+        self._closed = False
+        self._pid = os.getpid()
+        #: False once the daemon turned out not to know `register_batch` (registrations then go
+        #: one request each, pipelined).
+        self._batches: Optional[bool] = None
+        #: Whether the daemon registered memory of this process by address on this connection:
+        #: it may attach to it (ptrace access), known once a session (`send_addresses`).
+        self._attach_ok = False
+        #: `register_batch` frames sent by `send_addresses` and not answered yet, in order:
+        #: (tag, first region, end, the Pending they belong to).
+        self._unanswered: Deque[Tuple[int, int, int, Pending]] = collections.deque()
+        #: What the client found out about the daemon's local session (`available`): its pool of
+        #: local sessions, shared so the daemon is asked once; else this registrar's own.
+        self._known = known if known is not None else _Known()
+
+    @property
+    def available(self) -> Optional[bool]:
+        """False once the daemon turned out not to speak the local session (it predates it)."""
+        return self._known.available
+
+    @available.setter
+    def available(self, value: Optional[bool]) -> None:
+        self._known.available = value
+
+    @contextlib.contextmanager
+    def _talking(self, what: str, timeout: Optional[float]) -> Iterator[None]:
+        """The local session's silence or end while doing `what` (`register_host`, `release`): the
+        connection is dropped (the next call opens one) and Unavailable says which."""
+        try:
+            yield
+        except socket.timeout:
+            self._drop()
+            raise Unavailable(f"{what}: no answer from the daemon at {self.path} within {timeout} s") from None
+        except (_local.Gone, OSError) as e:
+            self._drop()
+            raise Unavailable(f"{what}: the local session with {self.path} ended: {e!r}") from None
+
+    def register(self, shared: Shared, label: str, timeout: Optional[float]) -> Any:
+        """Registers the memory; returns the daemon's Buffer message."""
+        try:
+            with self._lock:
+                conn = self._connection()
+                with self._talking("register_host", timeout):
+                    self._settle(conn)
+                    [(field, req)] = shared.session_op(label).items()
+                    ev = conn.exchange(field, req, timeout, fd=shared.sent_fd)
+                return registered(ev, conn.tag)
+        finally:
+            shared.done_sending()
+
+    def register_many(self, items: Sequence[Tuple[Shared, Sequence[Any]]], label: str, timeout: Optional[float]) -> List[Any]:
+        """Registers each memory with its block lists (StridedBlocks, made by the daemon on the new
+        buffer): the daemon's Buffer message, or the TcpxdError refusing it, per memory in order.
+        PIPELINE at a time go in one `register_batch` frame, their descriptors with it; to a
+        daemon without it, PIPELINE requests go out before their answers are read (one round trip
+        for each PIPELINE, not each memory, either way)."""
+        out: List[Any] = []
+        try:
+            with self._lock:
+                conn = self._connection()
+                with self._talking("register_host", timeout):
+                    self._settle(conn)
+                    start = 0
+                    while self._batches is not False and start < len(items):
+                        got = self._batch(conn, items[start : start + PIPELINE], label, timeout)
+                        if got is None:
+                            self._batches = False  # the daemon predates register_batch
+                            break
+                        out.extend(got)
+                        start += len(got)
+                    for at in range(start, len(items), PIPELINE):
+                        tags = []
+                        for shared, lists in items[at : at + PIPELINE]:
+                            [(field, req)] = shared.session_op(label).items()
+                            req.block_lists.extend(lists)
+                            try:
+                                if not conn.send(field, req, timeout, fd=shared.sent_fd):
+                                    raise InvalidArgument("register_host: the registration is too large for a frame")
+                            finally:
+                                shared.done_sending()
+                            tags.append(conn.tag)
+                        out.extend(_registered_each(conn, tags))
+                return out
+        finally:
+            for shared, _ in items:
+                shared.done_sending()
+
+    def _batch(self, conn: _local.Connection, items: Sequence[Tuple[Shared, Sequence[Any]]], label: str,
+               timeout: Optional[float]) -> Optional[List[Any]]:
+        """One `register_batch` of `items`: per memory, its Buffer message or the TcpxdError
+        refusing it; None when the daemon does not know the request (it refused the frame's op)."""
+        entry = _proto.message("RegisterBatchEntry")
+        entries, fds = [], []
+        for shared, lists in items:
+            [(field, req)] = shared.session_op(label).items()
+            req.block_lists.extend(lists)
+            entries.append(entry(**{"host_fd" if field == "register_host_fd" else "client_memory": req}))
+            if shared.sent_fd is not None:
+                fds.append(shared.sent_fd)
+        batch = _proto.message("RegisterBatchRequest")(entries=entries)
+        try:
+            if not conn.send("register_batch", batch, timeout, fds=fds):
+                raise InvalidArgument("register_host: the registrations are too large for a frame")
+        finally:
+            for shared, _ in items:
+                shared.done_sending()
+        return _batch_answer(conn, len(items), conn.tag)
+
+    def register_addresses(self, addrs: Any, tails: Sequence[bytes], timeout: Optional[float]) -> List[Any]:
+        """Registers memory of this process by address, region i at `addrs[i]` (a numpy u64
+        array) with the rest of its request serialized in `tails[i]` (`address_tail`): per
+        region, the daemon's Buffer message or the TcpxdError refusing it. As `register_many`,
+        PIPELINE to a `register_batch` frame, its entries written without a message object each
+        (`address_entries`); to a daemon without it, one request each, pipelined."""
+        out: List[Any] = []
+        n = len(tails)
+        with self._lock:
+            conn = self._connection()
+            with self._talking("register_host", timeout):
+                self._settle(conn)
+                start = 0
+                sent: List[Tuple[int, int, int]] = []  # (first region, end, tag) of frames unanswered
+                B = _proto.message("RegisterBatchRequest")
+                while self._batches is not False and (start < n or sent):
+                    while start < n and len(sent) < FRAMES:
+                        end = min(n, start + PIPELINE)
+                        batch = B.FromString(address_entries(addrs[start:end], list(tails[start:end])))
+                        if not conn.send("register_batch", batch, timeout):
+                            raise InvalidArgument("register_host: the registrations are too large for a frame")
+                        sent.append((start, end, conn.tag))
+                        start = end
+                    first, end, tag = sent.pop(0)
+                    got = _batch_answer(conn, end - first, tag)
+                    if got is None:  # the daemon predates register_batch: it refuses every frame
+                        for _ in sent:
+                            _batch_answer(conn, 0, 0)
+                        self._batches, start = False, first
+                        break
+                    self._batches = True
+                    self._attach_ok = self._attach_ok or any(not isinstance(g, TcpxdError) for g in got)
+                    out.extend(got)
+                R = _proto.message("RegisterClientMemoryRequest")
+                for at in range(start, n, PIPELINE):
+                    tags = []
+                    for j in range(at, min(n, at + PIPELINE)):
+                        req = R.FromString(b"\x08" + _varint(int(addrs[j])) + tails[j])
+                        if not conn.send("register_client_memory", req, timeout):
+                            raise InvalidArgument("register_host: the registration is too large for a frame")
+                        tags.append(conn.tag)
+                    out.extend(_registered_each(conn, tags))
+        return out
+
+
+    def send_addresses(self, addrs: Any, tails: Sequence[bytes], timeout: Optional[float]) -> Optional[Pending]:
+        """`register_addresses` without waiting for the answers: the `register_batch` frames sent
+        (at most FRAMES unanswered on the connection: older answers are read first, so neither
+        side ever blocks on the other), their answers read by `collect` (or any later use of the
+        connection, which reads them first). None where that cannot be done honestly — no
+        connection yet, a daemon not known to take `register_batch`, or not known to be allowed
+        to attach to this process (no registration by address answered on this connection yet):
+        the caller registers with `register_addresses`, which finds those out."""
+        n = len(tails)
+        with self._lock:
+            if (self._batches is not True or not self._attach_ok or self._conn is None or self._closed
+                    or self._pid != os.getpid()):
+                return None
+            conn = self._conn
+            pending = Pending(addrs, tails)
+            key = _key("SessionRequest", "register_batch")
+            with self._talking("register_host", timeout):
+                for start in range(0, n, PIPELINE):
+                    while len(self._unanswered) >= FRAMES:
+                        self._read_one(conn)
+                    end = min(n, start + PIPELINE)
+                    body = address_entries(addrs[start:end], list(tails[start:end]))
+                    if not conn.send_body(key, body, timeout):
+                        raise InvalidArgument("register_host: the registrations are too large for a frame")
+                    self._unanswered.append((conn.tag, start, end, pending))
+                    pending.frames += 1
+        return pending
+
+    def collect(self, pending: Pending, timeout: Optional[float]) -> List[Any]:
+        """The answers to `send_addresses`'s registrations, read now if they were not: per region,
+        its Buffer message or the TcpxdError refusing it. Where the local session ended before
+        they came (the daemon released what it registered on it), they are registered again on a
+        new one; raises what that raises (Unavailable: no daemon)."""
+        with self._lock:
+            conn = self._conn
+            if pending.frames and pending.lost is None and conn is not None:
+                try:
+                    with self._talking("register_host", timeout):
+                        while pending.frames and pending.lost is None:
+                            self._read_one(conn)
+                except Unavailable:
+                    pass  # (`pending.lost` says so: registered again below)
+        if pending.lost is not None:
+            redo = [i for i, g in enumerate(pending.got) if g is None]
+            got = self.register_addresses(pending.addrs[redo], [pending.tails[i] for i in redo], timeout)
+            for i, g in zip(redo, got):
+                pending.got[i] = g
+            pending.lost = None
+        return pending.got
+
+    def _read_one(self, conn: _local.Connection) -> None:
+        """Reads the answer to the oldest frame `send_addresses` sent into its Pending."""
+        tag, start, end, pending = self._unanswered.popleft()
+        pending.frames -= 1
+        try:
+            got = _batch_answer(conn, end - start, tag)
+        except TcpxdError as e:  # the frame refused whole: each of its regions refused so
+            got = [e] * (end - start)
+        if got is None:  # (not sent to a daemon without register_batch: never so)
+            got = [TcpxdError("register_batch: the daemon refused the op") for _ in range(end - start)]
+        pending.got[start:end] = got
+
+    def _settle(self, conn: _local.Connection) -> None:
+        """Reads every answer `send_addresses`'s frames still have coming (before the answer of a
+        request sent now: the daemon answers in order)."""
+        while self._unanswered:
+            self._read_one(conn)
+
+    def release_many(self, ids: Sequence[int], timeout: Optional[float]) -> Optional[List[Any]]:
+        """Releases buffers registered on this connection, PIPELINE to a `release_batch` (FRAMES
+        of them sent before the first answer is read): per id,
+        None (released) or the TcpxdError the daemon answered (a buffer a transfer still uses is
+        not released: FailedPrecondition); None for all when the daemon does not know the request
+        or no connection is open (the caller releases them one by one)."""
+        if self._batches is False or not ids:
+            return None
+        out: List[Any] = []
+        with self._lock:
+            if self._conn is None or self._pid != os.getpid():
+                return None
+            conn = self._conn
+            R = _proto.message("ReleaseBatchRequest")
+            with self._talking("release", timeout):
+                self._settle(conn)
+                at = 0
+                sent: List[Tuple[int, int]] = []  # (ids in the frame, its tag), unanswered
+                while at < len(ids) or sent:
+                    while at < len(ids) and len(sent) < FRAMES:
+                        chunk = list(ids[at : at + PIPELINE])
+                        if not conn.send("release_batch", R(buffer_ids=chunk), timeout):
+                            raise InvalidArgument("release: the ids are too large for a frame")
+                        sent.append((len(chunk), conn.tag))
+                        at += len(chunk)
+                    count, tag = sent.pop(0)
+                    ev = conn.receive()
+                    kind = ev.WhichOneof("event")
+                    if kind == "refused" and ev.refused.code == 3 and ev.refused.message.startswith("op: set one of"):
+                        for _ in sent:  # (refused likewise)
+                            conn.receive()
+                        self._batches = False  # the daemon predates release_batch
+                        return out + _unreleased(len(ids) - len(out)) if out else None
+                    if kind != "released_batch" or ev.tag != tag or len(ev.released_batch.statuses) != count:
+                        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to release {tag}")
+                    out.extend(None if st.code == 0 else from_status(st.code, st.message) for st in ev.released_batch.statuses)
+        return out
+
+    def register_fd(self, fd: int, req: Any, timeout: Optional[float]) -> Any:
+        """Sends `req` (a RegisterHostFdRequest) with `fd` (kept open: the caller's); returns the
+        daemon's Buffer message. A re-attach after a restart goes this way."""
+        with self._lock:
+            conn = self._connection()
+            with self._talking("register_host", timeout):
+                self._settle(conn)
+                ev = conn.exchange("register_host_fd", req, timeout, fd=fd)
+            return registered(ev, conn.tag)
+
+    def register_by_address(self, req: Any, timeout: Optional[float]) -> Any:
+        """Sends `req` (a RegisterClientMemoryRequest); returns the daemon's Buffer message. A
+        re-attach after a restart goes this way."""
+        with self._lock:
+            conn = self._connection()
+            with self._talking("register_host", timeout):
+                self._settle(conn)
+                ev = conn.exchange("register_client_memory", req, timeout)
+            return registered(ev, conn.tag)
+
+    def reset(self) -> None:
+        """Forgets the connection (the daemon it went to is gone): the next registration opens one."""
+        with self._lock:
+            self._drop()
+
+    def _connection(self) -> _local.Connection:
+        if self._closed:
+            raise TcpxdError("the client is closed")
+        if self._pid != os.getpid():  # a forked child: the parent's connection is not ours
+            if self._conn is not None:
+                self._conn.close()
+            self._conn, self._pid = None, os.getpid()
+        if self._conn is None:
+            try:
+                if self.available is False:
+                    raise _local.NotLocal("found out before")
+                conn = _local.handshake(self.path)
+            except _local.NotLocal as e:
+                self.available = False
+                raise OldDaemon(
+                    f"register_host: the daemon at {self.path} does not speak the local session ({e}); "
+                    "it predates host memory registration: upgrade it, or use register_host(size, shared=False)"
+                ) from None
+            if conn is None:
+                raise Unavailable(f"register_host: nothing answers at {self.path}")
+            self._conn, self.available = conn, True
+        return self._conn
+
+    def speaks_local(self) -> bool:
+        """Whether the daemon speaks the local session (connects to find out, once)."""
+        if self.available is None:
+            try:
+                with self._lock:
+                    self._connection()
+            except OldDaemon:
+                pass
+        return self.available is not False
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._attach_ok = False
+        while self._unanswered:  # (registered again on a new connection by `collect`)
+            _, _, _, pending = self._unanswered.popleft()
+            pending.frames -= 1
+            pending.lost = Unavailable(f"register_host: the local session with {self.path} ended before the daemon answered")
+
+    def close(self) -> None:
+        """Closes the connection: the daemon releases the buffers registered on it."""
+        with self._lock:
+            self._closed = True
+            self._drop()
+
+
+def _batch_answer(conn: _local.Connection, n: int, tag: int) -> Optional[List[Any]]:
+    """The answer to the `register_batch` of `n` registrations sent with `tag`: per registration,
+    its Buffer message or the TcpxdError refusing it; None when the daemon does not know the
+    request."""
+    ev = conn.receive()
+    kind = ev.WhichOneof("event")
+    if kind == "refused":
+        if ev.refused.code == 3 and ev.refused.message.startswith("op: set one of"):  # INVALID_ARGUMENT
+            return None
+        raise from_status(ev.refused.code, ev.refused.message)
+    if ev.tag != tag or kind != "registered_batch":
+        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to registration {tag}")
+    got = ev.registered_batch
+    if len(got.buffers) != n or len(got.statuses) != n:
+        raise TcpxdError(f"local session: the daemon answered {len(got.buffers)} registrations of {n}")
+    return [b if st.code == 0 else from_status(st.code, st.message) for b, st in zip(got.buffers, got.statuses)]
