@@ -140,6 +140,43 @@ async fn registration_by_address_needs_the_framed_session() {
     d.stop().await;
 }
 
+/// Memory by address maps nothing in the daemon: not even address space of its size (until
+/// session 21 each such buffer reserved it, an mmap at registration and a munmap at release). The
+/// daemon runs in this process, so its mappings are this process's: registering 4 GiB of
+/// untouched client memory must not add gigabytes to them, and the buffers still serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_by_address_maps_nothing_in_the_daemon() {
+    const GIB: usize = 1 << 30;
+    let mut d = daemons::start("pages-nomap", |_| {}).await;
+    let regions: Vec<*mut u8> = (0..4).map(|_| anonymous(GIB)).collect();
+    let before = vm_size();
+    let mut s = Framed::open(&d.daemon.api_socket).await;
+    let mut ids = Vec::new();
+    for (i, p) in regions.iter().enumerate() {
+        s.send(i as u64 + 1, register(*p as u64, GIB as u64)).await;
+        ids.push(s.registered(i as u64 + 1).await.expect("registered").id);
+    }
+    let grew = vm_size().saturating_sub(before);
+    assert!(
+        grew < GIB as u64 / 2,
+        "4 GiB registered by address grew the daemon's address space by {grew} bytes"
+    );
+    // They serve: the daemon's own reads see the client's bytes.
+    bytes(regions[3], 4096)[..5].copy_from_slice(b"hello");
+    assert_eq!(
+        crc(&mut d.client, ids[3], 0, 4096).await,
+        crc32c::crc32c(&bytes(regions[3], 4096)[..])
+    );
+    d.stop().await;
+}
+
+/// This process's address space in bytes (`VmSize` of /proc/self/status).
+fn vm_size() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmSize:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
 /// This process's anonymous memory of `len` bytes (its own mapping, so that a test can take it
 /// away under the daemon).
 fn anonymous(len: usize) -> *mut u8 {
