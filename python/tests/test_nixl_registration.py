@@ -52,6 +52,25 @@ def _buffers(endpoint):
         return {b.id: b for b in c.list_buffers()}
 
 
+def _body_spy(sent, count, older=False):
+    """A spy on Connection.send_body (register_batch frames of memory by address, written without
+    a message object): records ("register_batch", count(the request)); `older`: the frame sent is
+    the one a daemon predating the op sees, no op set."""
+    send_body = _local.Connection.send_body
+
+    def spy(self, key, body, timeout):
+        req = _proto.message("RegisterBatchRequest").FromString(body)
+        assert req.packed_answer, "the packed answer asked for"
+        sent.append(("register_batch", count(req)))
+        if not older:
+            return send_body(self, key, body, timeout)
+        self._tag += 1
+        self.sock.sendall(_local.frame(_proto.message("SessionRequest")(tag=self._tag)))
+        return True
+
+    return spy
+
+
 def test_many_regions_register_in_one_step_with_their_granule_lists(daemons, pair):
     A, B, calls = pair
     n = 24
@@ -172,6 +191,7 @@ def test_regions_go_64_to_a_frame_and_to_an_older_daemon_one_request_each(daemon
         return send(self, field, req, timeout, fd, fds)
 
     monkeypatch.setattr(_local.Connection, "send", spy)
+    monkeypatch.setattr(_local.Connection, "send_body", _body_spy(sent, lambda req: 0))
     arrays = [np.full(64 << 10, i, np.uint8) for i in range(40)]
     memfds = [_utils.malloc_passthru(MIB) for _ in range(40)]
     descs = [(a.ctypes.data, a.nbytes, 0, "") for a in arrays] + [(m, MIB, 0, "") for m in memfds]
@@ -210,6 +230,7 @@ def test_regions_go_64_to_a_frame_and_to_an_older_daemon_one_request_each(daemon
         return True
 
     monkeypatch.setattr(_local.Connection, "send", older)
+    monkeypatch.setattr(_local.Connection, "send_body", _body_spy(sent, lambda req: 0, older=True))
     deregistered(registered())
     singles = [("register_host_fd", 1)] * 40 + [("register_client_memory", 0)] * 40
     assert sent == [("register_batch", 40)] + singles, sent  # released by ReleaseBuffer calls
@@ -233,6 +254,7 @@ def test_regions_by_address_go_several_frames_at_once_and_to_an_older_daemon_one
         return send(self, field, req, timeout, fd, fds)
 
     monkeypatch.setattr(_local.Connection, "send", spy)
+    monkeypatch.setattr(_local.Connection, "send_body", _body_spy(sent, lambda req: len(req.entries)))
     arrays = [np.full(4096, i % 256, np.uint8) for i in range(200)]
     descs = [(a.ctypes.data, a.nbytes, 0, "") for a in arrays]
 
@@ -259,6 +281,7 @@ def test_regions_by_address_go_several_frames_at_once_and_to_an_older_daemon_one
         return True
 
     monkeypatch.setattr(_local.Connection, "send", older)
+    monkeypatch.setattr(_local.Connection, "send_body", _body_spy(sent, lambda req: len(req.entries), older=True))
     # (what a new session to a daemon predating the op knows: not yet that it takes none, so its
     # first registration waits to find out)
     A._client._registrar._batches = None

@@ -184,3 +184,35 @@ def test_answers_lost_with_the_session_are_registered_again_on_a_new_one(daemons
     assert B.transfer(h) in ("PROC", "DONE")
     assert _wait(B, h) == "DONE"
     assert (mine == 69).all()
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed_answer", "buffer_messages"])
+def test_regions_read_from_either_answer_are_what_the_daemon_says(daemons, agents, monkeypatch, packed):
+    """The daemon's packed answer (arrays: ids, list ids and counts, descriptors and tokens) and a
+    daemon without it (a Buffer message an entry: the flag stripped here) give the same regions:
+    each one's descriptor as ListBuffers says, its granule lists' tokens and counts as
+    DescribeBlocks says."""
+    from tcpxd import _proto, _registrar
+
+    if not packed:
+        monkeypatch.setattr(_registrar, "PACKED", b"")
+    A, _, _ = agents
+    arrays = [np.zeros(n, np.uint8) for n in (4 * KIB, 64 * KIB, 100 * KIB, 12 * KIB + 512, 3 * KIB)]
+    for _ in range(2):  # the session's second registration is answered later: both ways read
+        A.register_memory(A.get_reg_descs([(a.ctypes.data, a.nbytes, 0, "") for a in arrays], "DRAM"))
+        regions = {r.addr: r for r in A._memory.regions()}
+        with tcpxd.Client(daemons[0].endpoint) as c:
+            listed = {b.id: b for b in c.list_buffers()}
+            for a in arrays:
+                r = regions[a.ctypes.data]
+                assert listed[r.buffer_id].descriptor == r.descriptor
+                # (under 4 KiB: no granule lists at all, as tcpxd.nixl asks for them)
+                want = [(4096, a.nbytes // 4096), (512, a.nbytes // 512)] if a.nbytes >= 4096 else []
+                got = [(g, n) for g, n, _, _ in (r.tiling(False), r.tiling(True)) if g]
+                assert got == want, (a.nbytes, got)
+                for fine in (False, True):
+                    g, n, list_id, token = r.tiling(fine)
+                    if g:
+                        bl = c._unary("DescribeBlocks", _proto.message("DescribeBlocksRequest")(list_id=list_id))
+                        assert (bl.buffer_id, bl.count, bl.token) == (r.buffer_id, n, token)
+        A.deregister_memory(A.get_reg_descs([(a.ctypes.data, a.nbytes, 0, "") for a in arrays], "DRAM"))

@@ -6,10 +6,12 @@ tcpxd._hostmem, which re-exports these names."""
 
 from __future__ import annotations
 
+import array
 import collections
 import contextlib
 import os
 import socket
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Deque, Iterator, List, Optional, Sequence, Tuple
 
@@ -62,8 +64,8 @@ class _Known:
 
 class Pending:
     """Registrations of memory by address sent without waiting for their answers
-    (`Registrar.send_addresses`): per region, once `Registrar.collect` read it, the daemon's
-    Buffer message or the TcpxdError that refused it."""
+    (`Registrar.send_addresses`): per region, once `Registrar.collect` read it, its `Answer`
+    or the TcpxdError that refused it."""
 
     def __init__(self, addrs: Any, tails: Sequence[bytes]):
         self.addrs = addrs
@@ -200,9 +202,10 @@ class Registrar:
     def register_addresses(self, addrs: Any, tails: Sequence[bytes], timeout: Optional[float]) -> List[Any]:
         """Registers memory of this process by address, region i at `addrs[i]` (a numpy u64
         array) with the rest of its request serialized in `tails[i]` (`address_tail`): per
-        region, the daemon's Buffer message or the TcpxdError refusing it. As `register_many`,
-        PIPELINE to a `register_batch` frame, its entries written without a message object each
-        (`address_entries`); to a daemon without it, one request each, pipelined."""
+        region, its `Answer` or the TcpxdError refusing it. As `register_many`, PIPELINE to a
+        `register_batch` frame, its entries written without a message object each
+        (`address_entries`), answered as arrays (`packed_answer`: `unpack`); to a daemon without
+        it, one request each, pipelined."""
         out: List[Any] = []
         n = len(tails)
         with self._lock:
@@ -211,17 +214,17 @@ class Registrar:
                 self._settle(conn)
                 start = 0
                 sent: List[Tuple[int, int, int]] = []  # (first region, end, tag) of frames unanswered
-                B = _proto.message("RegisterBatchRequest")
+                key = _key("SessionRequest", "register_batch")
                 while self._batches is not False and (start < n or sent):
                     while start < n and len(sent) < FRAMES:
                         end = min(n, start + PIPELINE)
-                        batch = B.FromString(address_entries(addrs[start:end], list(tails[start:end])))
-                        if not conn.send("register_batch", batch, timeout):
+                        body = address_entries(addrs[start:end], list(tails[start:end])) + PACKED
+                        if not conn.send_body(key, body, timeout):
                             raise InvalidArgument("register_host: the registrations are too large for a frame")
                         sent.append((start, end, conn.tag))
                         start = end
                     first, end, tag = sent.pop(0)
-                    got = _batch_answer(conn, end - first, tag)
+                    got = _address_answers(conn, end - first, tag)
                     if got is None:  # the daemon predates register_batch: it refuses every frame
                         for _ in sent:
                             _batch_answer(conn, 0, 0)
@@ -238,7 +241,7 @@ class Registrar:
                         if not conn.send("register_client_memory", req, timeout):
                             raise InvalidArgument("register_host: the registration is too large for a frame")
                         tags.append(conn.tag)
-                    out.extend(_registered_each(conn, tags))
+                    out.extend(e if isinstance(e, TcpxdError) else answer_of(e) for e in _registered_each(conn, tags))
         return out
 
 
@@ -263,7 +266,7 @@ class Registrar:
                     while len(self._unanswered) >= FRAMES:
                         self._read_one(conn)
                     end = min(n, start + PIPELINE)
-                    body = address_entries(addrs[start:end], list(tails[start:end]))
+                    body = address_entries(addrs[start:end], list(tails[start:end])) + PACKED
                     if not conn.send_body(key, body, timeout):
                         raise InvalidArgument("register_host: the registrations are too large for a frame")
                     self._unanswered.append((conn.tag, start, end, pending))
@@ -272,7 +275,7 @@ class Registrar:
 
     def collect(self, pending: Pending, timeout: Optional[float]) -> List[Any]:
         """The answers to `send_addresses`'s registrations, read now if they were not: per region,
-        its Buffer message or the TcpxdError refusing it. Where the local session ended before
+        its `Answer` or the TcpxdError refusing it. Where the local session ended before
         they came (the daemon released what it registered on it), they are registered again on a
         new one; raises what that raises (Unavailable: no daemon)."""
         with self._lock:
@@ -297,7 +300,7 @@ class Registrar:
         tag, start, end, pending = self._unanswered.popleft()
         pending.frames -= 1
         try:
-            got = _batch_answer(conn, end - start, tag)
+            got = _address_answers(conn, end - start, tag)
         except TcpxdError as e:  # the frame refused whole: each of its regions refused so
             got = [e] * (end - start)
         if got is None:  # (not sent to a daemon without register_batch: never so)
@@ -423,10 +426,96 @@ class Registrar:
             self._drop()
 
 
+#: A region registered by address, as `register_addresses` and `collect` answer it: (buffer id,
+#: descriptor, lists), `lists` a tuple of (list id, block count, token, the TcpxdError refusing
+#: it or None) per list asked for, in order (empty from a daemon that makes no lists with a
+#: registration).
+Answer = Tuple[int, str, Tuple[Tuple[int, int, str, Optional[TcpxdError]], ...]]
+
+#: `RegisterBatchRequest.packed_answer = true` (field 420, a varint), appended to a batch's
+#: serialized entries: the daemon answers with arrays (`unpack`).
+PACKED = _varint(420 << 3) + b"\x01"
+
+
+def answer_of(b: Any) -> Answer:
+    """The `Answer` of a Buffer message (a daemon without the packed answer)."""
+    lists = tuple((int(bl.id), int(bl.count), str(bl.token),
+                   None if st.code == 0 and bl.id else from_status(st.code, st.message or "the list was not made"))
+                  for bl, st in zip(b.block_lists, b.block_list_status))
+    return int(b.id), str(b.descriptor), lists
+
+
+def unpack(p: Any, n: int) -> List[Any]:
+    """A PackedRegistrations of `n` entries read into their `Answer`s (or the TcpxdError refusing
+    each): its arrays read whole, one string slice a descriptor or token, no message an entry."""
+    ids, lids, counts, ends = array.array("Q"), array.array("Q"), array.array("Q"), array.array("I")
+    ids.frombytes(p.buffer_ids)
+    lids.frombytes(p.list_ids)
+    counts.frombytes(p.list_counts)
+    ends.frombytes(p.text_ends)
+    if sys.byteorder != "little":
+        for a in (ids, lids, counts, ends):
+            a.byteswap()
+    per = p.entry_lists
+    if len(ids) != n or len(per) != n or len(lids) != len(counts) or sum(per) != len(lids) or len(ends) != n + len(lids):
+        raise TcpxdError(f"local session: the daemon's packed answer does not describe {n} registrations")
+    text = p.text.decode("ascii")
+    refused = {int(i): st for i, st in zip(p.refused_entries, p.refused)}
+    lists_refused = {int(i): st for i, st in zip(p.refused_lists, p.lists_refused)}
+    out: List[Any] = []
+    at = s = slot = 0
+    for i in range(n):
+        e = ends[s]
+        s += 1
+        if not ids[i]:
+            st = refused.get(i)
+            out.append(from_status(st.code, st.message) if st is not None else TcpxdError(f"register_batch.entries[{i}]: refused"))
+            at = e
+            continue
+        desc = text[at:e]
+        at = e
+        lists = []
+        for _ in range(per[i]):
+            e = ends[s]
+            s += 1
+            st = lists_refused.get(slot)
+            lists.append((lids[slot], counts[slot], text[at:e], None if st is None else from_status(st.code, st.message)))
+            at = e
+            slot += 1
+        out.append((ids[i], desc, tuple(lists)))
+    return out
+
+
+def _address_answers(conn: _local.Connection, n: int, tag: int) -> Optional[List[Any]]:
+    """The answer to a `register_batch` of `n` registrations by address sent with `tag` and
+    PACKED: per registration, its `Answer` or the TcpxdError refusing it (from Buffer messages
+    where the daemon predates the packed answer); None when the daemon does not know the
+    request."""
+    got = _batch_event(conn, tag)
+    if got is None:
+        return None
+    if got.HasField("packed"):
+        return unpack(got.packed, n)
+    if len(got.buffers) != n or len(got.statuses) != n:
+        raise TcpxdError(f"local session: the daemon answered {len(got.buffers)} registrations of {n}")
+    return [answer_of(b) if st.code == 0 else from_status(st.code, st.message) for b, st in zip(got.buffers, got.statuses)]
+
+
 def _batch_answer(conn: _local.Connection, n: int, tag: int) -> Optional[List[Any]]:
     """The answer to the `register_batch` of `n` registrations sent with `tag`: per registration,
     its Buffer message or the TcpxdError refusing it; None when the daemon does not know the
     request."""
+    got = _batch_event(conn, tag)
+    if got is None:
+        return None
+    if len(got.buffers) != n or len(got.statuses) != n:
+        raise TcpxdError(f"local session: the daemon answered {len(got.buffers)} registrations of {n}")
+    return [b if st.code == 0 else from_status(st.code, st.message) for b, st in zip(got.buffers, got.statuses)]
+
+
+def _batch_event(conn: _local.Connection, tag: int) -> Any:
+    """The RegisteredBatch answering the `register_batch` sent with `tag`; None when the daemon
+    does not know the request (it refused the frame's op); raises a refusal of the whole frame."""
     ev = conn.receive()
     kind = ev.WhichOneof("event")
     if kind == "refused":
@@ -435,7 +524,4 @@ def _batch_answer(conn: _local.Connection, n: int, tag: int) -> Optional[List[An
         raise from_status(ev.refused.code, ev.refused.message)
     if ev.tag != tag or kind != "registered_batch":
         raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to registration {tag}")
-    got = ev.registered_batch
-    if len(got.buffers) != n or len(got.statuses) != n:
-        raise TcpxdError(f"local session: the daemon answered {len(got.buffers)} registrations of {n}")
-    return [b if st.code == 0 else from_status(st.code, st.message) for b, st in zip(got.buffers, got.statuses)]
+    return ev.registered_batch

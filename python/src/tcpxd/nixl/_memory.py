@@ -103,6 +103,29 @@ def granules_made(buffer: Any, lists: List[Any], statuses: List[Any], asked: Lis
     return dataclasses.replace(made[0], fine=made[1]) if len(made) > 1 else made[0]
 
 
+def granules_answered(buffer_id: int, lists: Tuple[Tuple[int, int, str, Optional[TcpxdError]], ...],
+                      asked: List[Any]) -> Granules:
+    """`granules_made` of a registration by address's answer (tcpxd._registrar.Answer's lists)."""
+    made: List[Granules] = []
+    for (list_id, count, token, err), strided in zip(lists, asked):
+        if err is not None or not list_id:
+            log.warning("buffer %d: no %d-byte granule list (%s); its transfers take the batch path",
+                        buffer_id, strided.stride, err)
+            break
+        made.append(Granules(int(strided.stride), token, int(count), int(list_id)))
+    if not made:
+        return Granules()
+    return dataclasses.replace(made[0], fine=made[1]) if len(made) > 1 else made[0]
+
+
+@dataclass(frozen=True)
+class _Named:
+    """A buffer as `Granules.region` and `granule_list` read it: its id and descriptor."""
+
+    id: int
+    descriptor: str
+
+
 def granule_list(client: Client, buffer: Any, size: int) -> Granules:
     """Registers the granule lists of a daemon buffer of `size` bytes (strided: four numbers,
     however many granules): the coarse one and, where finer, the fine one; none (Granules())
@@ -429,26 +452,27 @@ class LocalMemory:
         once (`done`: the keys registered; `failed`: the others, with why)."""
         added: List[Tuple[Key, Region, int]] = []
         batch = AddressBatch()
-        for key, msg in zip(keys, got):
-            if isinstance(msg, TcpxdError):
-                failed.append((key, msg))
+        for key, ans in zip(keys, got):
+            if isinstance(ans, TcpxdError):
+                failed.append((key, ans))
                 continue
+            id, desc, lists = ans  # (an Answer: tcpxd._registrar)
             asked = tails[key[2]][1]
-            lists, statuses = msg.block_lists, msg.block_list_status
-            if len(asked) == 2 and len(lists) == 2 and not statuses[0].code and not statuses[1].code and lists[1].id:
-                c, f = lists  # (the usual: both made)
-                region = make_region(key[1], key[2], key[3], "DRAM", msg.descriptor, 0, msg.id, asked[0].stride, c.token,
-                                     c.count, c.id, asked[1].stride, f.token, f.count, f.id)
-                made: Tuple[Tuple[int, Any], ...] = ((c.id, asked[0]), (f.id, asked[1]))
+            if len(asked) == 2 and len(lists) == 2 and lists[0][3] is None and lists[1][3] is None and lists[1][0]:
+                (cid, cn, ctok, _), (fid, fn, ftok, _) = lists  # (the usual: both made)
+                region = make_region(key[1], key[2], key[3], "DRAM", desc, 0, id, asked[0].stride, ctok, cn, cid,
+                                     asked[1].stride, ftok, fn, fid)
+                made: Tuple[Tuple[int, Any], ...] = ((cid, asked[0]), (fid, asked[1]))
             elif asked and not lists:  # a daemon that makes no lists with a registration
-                region = granule_list(self._client, msg, key[2]).region(key[1], key[2], key[3], "DRAM", msg, 0)
+                buf = _Named(id, desc)
+                region = granule_list(self._client, buf, key[2]).region(key[1], key[2], key[3], "DRAM", buf, 0)
                 made = ()  # (registered by RegisterBlocks: re-attached as such)
             else:
-                gl = granules_made(msg, list(lists), list(statuses), asked)
-                region = gl.region(key[1], key[2], key[3], "DRAM", msg, 0)
+                gl = granules_answered(id, lists, asked)
+                region = gl.region(key[1], key[2], key[3], "DRAM", _Named(id, desc), 0)
                 made = tuple((g.list_id, a) for g, a in zip((gl, gl.fine), asked) if g is not None and g.list_id)
-            added.append((key, region, msg.id))
-            batch.regions[msg.id] = (key[1], key[2], msg.descriptor, made)
+            added.append((key, region, id))
+            batch.regions[id] = (key[1], key[2], desc, made)
         if batch.regions:
             batch.n = self._client._reattach.track_batch(batch)
         with self._lock:
