@@ -216,3 +216,80 @@ def test_regions_read_from_either_answer_are_what_the_daemon_says(daemons, agent
                         bl = c._unary("DescribeBlocks", _proto.message("DescribeBlocksRequest")(list_id=list_id))
                         assert (bl.buffer_id, bl.count, bl.token) == (r.buffer_id, n, token)
         A.deregister_memory(A.get_reg_descs([(a.ctypes.data, a.nbytes, 0, "") for a in arrays], "DRAM"))
+
+
+def test_memory_a_file_backs_is_sent_without_waiting_too_and_serves(daemons, agents):
+    """memfd regions (nixl._utils.malloc_passthru) past the session's first registration: sent
+    with their descriptors, register_memory returning before the daemon mapped them; a peer's
+    READ through the metadata gets every byte; deregistering releases every buffer."""
+    from tcpxd.nixl import _utils
+
+    A, B, _ = agents
+    before = _buffers(daemons[0].endpoint)
+    n, size = 40, 64 * KIB
+    regs = [_utils.malloc_passthru(size) for _ in range(n)]
+    for i, r in enumerate(regs):
+        ctypes.memset(r, i + 1, size)
+    rl = A.register_memory(A.get_reg_descs([(r, size, 0, "") for r in regs], "DRAM"))
+    assert A._memory._sent and A._memory._sent[0].answers is not None, "by descriptor, answered later"
+    B.add_remote_agent(A.get_agent_metadata())
+    regions = {r.addr: r for r in A._memory.regions()}
+    new = _buffers(daemons[0].endpoint) - before
+    assert {regions[r].buffer_id for r in regs} == new and len(new) == n
+    mine = np.zeros(n * size, np.uint8)
+    B.register_memory(B.get_reg_descs([(mine.ctypes.data, mine.nbytes, 0, "")], "DRAM"))
+    h = B.initialize_xfer("READ", B.get_xfer_descs([(mine.ctypes.data + i * size, size, 0) for i in range(n)], "DRAM"),
+                          B.get_xfer_descs([(r, size, 0) for r in regs], "DRAM"), "async-A")
+    assert B.transfer(h) in ("PROC", "DONE")
+    assert _wait(B, h) == "DONE"
+    assert all((mine[i * size:(i + 1) * size] == i + 1).all() for i in range(n))
+    A.deregister_memory(rl)
+    assert not _buffers(daemons[0].endpoint) & new
+
+
+def test_which_files_are_taken_without_asking():
+    """taken_as_is: a sealable memfd yes; one that cannot be sealed against shrinking, one sealed
+    against writing, a range past the file's end no (those wait for the daemon's word)."""
+    import os
+
+    from tcpxd import _hostmem
+
+    def shared(flags, size=8192, offset=0, nbytes=4096, seal=0):
+        fd = os.memfd_create("t", flags)
+        os.ftruncate(fd, size)
+        if seal:
+            import fcntl
+            fcntl.fcntl(fd, 1033, seal)  # F_ADD_SEALS
+        return _hostmem.Shared(fd, True, offset, nbytes, memoryview(b""), None)
+
+    sealable = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
+    cases = [(shared(sealable), True), (shared(os.MFD_CLOEXEC), False), (shared(sealable, seal=0x8), False),
+             (shared(sealable, offset=4096, nbytes=8192), False), (shared(sealable, seal=0x2), True)]
+    for s, want in cases:
+        assert _hostmem.taken_as_is(s) is want, (s.offset, s.nbytes, want)
+        s.done_sending()
+
+
+def test_descriptors_lost_with_the_session_are_handed_over_again(daemons, agents):
+    """The registrar's connection ends with a descriptor batch unanswered: the first use hands the
+    same descriptors over again on a new session (kept open until answered), and they serve."""
+    from tcpxd.nixl import _utils
+
+    A, B, _ = agents
+    regs = [_utils.malloc_passthru(16 * KIB) for _ in range(5)]
+    for i, r in enumerate(regs):
+        ctypes.memset(r, 40 + i, 16 * KIB)
+    A.register_memory(A.get_reg_descs([(r, 16 * KIB, 0, "") for r in regs], "DRAM"))
+    assert A._memory._sent
+    A._client._registrar.reset()
+    regions = {r.addr: r for r in A._memory.regions()}
+    live = _buffers(daemons[0].endpoint)
+    assert all(regions[r].buffer_id in live for r in regs)
+    mine = np.zeros(16 * KIB, np.uint8)
+    B.register_memory(B.get_reg_descs([(mine.ctypes.data, mine.nbytes, 0, "")], "DRAM"))
+    B.add_remote_agent(A.get_agent_metadata())
+    h = B.initialize_xfer("READ", B.get_xfer_descs([(mine.ctypes.data, mine.nbytes, 0)], "DRAM"),
+                          B.get_xfer_descs([(regs[4], 16 * KIB, 0)], "DRAM"), "async-A")
+    assert B.transfer(h) in ("PROC", "DONE")
+    assert _wait(B, h) == "DONE"
+    assert (mine == 44).all()

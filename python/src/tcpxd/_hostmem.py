@@ -398,6 +398,19 @@ def register_many(
     and descriptors for all of them; their registrations pipelined on the registrar's connection."""
     if registrar is None:
         raise no_unix_socket(endpoint)
+    prepared, hosts = prepare_many(memories, label)
+    todo = [(i, p) for i, p in enumerate(prepared) if isinstance(p, Shared)]
+    answers = registrar.register_many([(p, lists[i]) for i, p in todo], label, timeout)
+    out: List[Any] = list(prepared)
+    for (i, _), ans in zip(todo, answers):
+        out[i] = ans if isinstance(ans, TcpxdError) else (ans, hosts[i])
+    return out
+
+
+def prepare_many(memories: Sequence[Any], label: str) -> Tuple[List[Any], Dict[int, HostMemory]]:
+    """What `register_many` hands over: per memory its Shared (or the TcpxdError saying why it
+    cannot be), and this side of each (HostMemory, by index; a duplicate of the descriptor kept
+    to register it again after a restart). One read of this process's mappings and descriptors."""
     where = Locator()
     prepared: List[Any] = []
     for memory in memories:
@@ -405,16 +418,39 @@ def register_many(
             prepared.append(locate(memory, None, where))
         except TcpxdError as e:
             prepared.append(e)
-    todo = [(i, p) for i, p in enumerate(prepared) if isinstance(p, Shared)]
-    hosts = {i: HostMemory(p) for i, p in todo}
-    for i, p in todo:
+    hosts = {i: HostMemory(p) for i, p in enumerate(prepared) if isinstance(p, Shared)}
+    for i, h in hosts.items():
+        p = prepared[i]
         if p.address is None:
-            hosts[i].reattach = (_reattach.keep_fd(p.fd, hosts[i]), p.offset, p.nbytes, label)
-    answers = registrar.register_many([(p, lists[i]) for i, p in todo], label, timeout)
-    out: List[Any] = list(prepared)
-    for (i, _), ans in zip(todo, answers):
-        out[i] = ans if isinstance(ans, TcpxdError) else (ans, hosts[i])
-    return out
+            h.reattach = (_reattach.keep_fd(p.fd, h), p.offset, p.nbytes, label)
+    return prepared, hosts
+
+
+#: fcntl's F_GET_SEALS and the seals (linux/fcntl.h), for Pythons that do not name them.
+_F_GET_SEALS = 1034
+_F_SEAL_SEAL, _F_SEAL_SHRINK, _F_SEAL_WRITE, _F_SEAL_FUTURE_WRITE = 0x1, 0x2, 0x8, 0x10
+
+
+def taken_as_is(shared: Shared) -> bool:
+    """Whether the daemon takes this memory by descriptor whoever this process is, as far as this
+    process can tell (docs/API.md, "Client host memory"): a regular file open read-write, the
+    range inside it, not sealed against writing, and sealable against shrinking (else the daemon
+    takes it only from its own user, which only its answer tells). What can be registered without
+    waiting for the answer (tcpxd.nixl)."""
+    import fcntl
+
+    try:
+        st = os.fstat(shared.fd)
+        if not stat.S_ISREG(st.st_mode) or fcntl.fcntl(shared.fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDWR:
+            return False
+        if shared.offset + shared.nbytes > st.st_size:
+            return False
+        seals = fcntl.fcntl(shared.fd, _F_GET_SEALS)
+    except OSError:  # (not a file that takes seals: the daemon takes it from its own user only)
+        return False
+    if seals & (_F_SEAL_WRITE | _F_SEAL_FUTURE_WRITE):
+        return False
+    return bool(seals & _F_SEAL_SHRINK) or not seals & _F_SEAL_SEAL
 
 
 def daemon_allocates(memory: Any, shared: Optional[bool], registrar: Optional[Registrar]) -> bool:

@@ -67,10 +67,16 @@ class Pending:
     (`Registrar.send_addresses`): per region, once `Registrar.collect` read it, its `Answer`
     or the TcpxdError that refused it."""
 
-    def __init__(self, addrs: Any, tails: Sequence[bytes]):
+    def __init__(self, addrs: Any, tails: Sequence[bytes], items: Optional[Sequence[Tuple["Shared", Sequence[Any]]]] = None,
+                 label: str = ""):
         self.addrs = addrs
         self.tails = tails
-        self.got: List[Any] = [None] * len(tails)
+        #: Memory handed over by descriptor instead (`send_many`): per memory, its Shared (its
+        #: descriptor kept open until the answers are read) and block lists; answered by Buffer
+        #: messages, not `Answer`s.
+        self.items = items
+        self.label = label
+        self.got: List[Any] = [None] * (len(items) if items is not None else len(tails))
         #: Its frames not answered yet.
         self.frames = 0
         #: The local session ended before some of its answers came (they are registered again,
@@ -159,6 +165,7 @@ class Registrar:
                         if got is None:
                             self._batches = False  # the daemon predates register_batch
                             break
+                        self._batches = True
                         out.extend(got)
                         start += len(got)
                     for at in range(start, len(items), PIPELINE):
@@ -182,18 +189,8 @@ class Registrar:
                timeout: Optional[float]) -> Optional[List[Any]]:
         """One `register_batch` of `items`: per memory, its Buffer message or the TcpxdError
         refusing it; None when the daemon does not know the request (it refused the frame's op)."""
-        entry = _proto.message("RegisterBatchEntry")
-        entries, fds = [], []
-        for shared, lists in items:
-            [(field, req)] = shared.session_op(label).items()
-            req.block_lists.extend(lists)
-            entries.append(entry(**{"host_fd" if field == "register_host_fd" else "client_memory": req}))
-            if shared.sent_fd is not None:
-                fds.append(shared.sent_fd)
-        batch = _proto.message("RegisterBatchRequest")(entries=entries)
         try:
-            if not conn.send("register_batch", batch, timeout, fds=fds):
-                raise InvalidArgument("register_host: the registrations are too large for a frame")
+            _send_batch(conn, items, label, timeout)
         finally:
             for shared, _ in items:
                 shared.done_sending()
@@ -273,6 +270,29 @@ class Registrar:
                     pending.frames += 1
         return pending
 
+    def send_many(self, items: Sequence[Tuple[Shared, Sequence[Any]]], label: str,
+                  timeout: Optional[float]) -> Optional[Pending]:
+        """`register_many` of memory handed over by descriptor without waiting for the answers
+        (read by `collect`: per memory its Buffer message or the TcpxdError refusing it), as
+        `send_addresses`. None where the daemon is not known to take `register_batch` (the caller
+        registers with `register_many`). The descriptors the memories hold are closed once the
+        answers are read (`collect`), so that a lost session can hand them over again."""
+        n = len(items)
+        with self._lock:
+            if self._batches is not True or self._conn is None or self._closed or self._pid != os.getpid():
+                return None
+            conn = self._conn
+            pending = Pending(None, (), items, label)
+            with self._talking("register_host", timeout):
+                for start in range(0, n, PIPELINE):
+                    while len(self._unanswered) >= FRAMES:
+                        self._read_one(conn)
+                    end = min(n, start + PIPELINE)
+                    _send_batch(conn, items[start:end], label, timeout)
+                    self._unanswered.append((conn.tag, start, end, pending))
+                    pending.frames += 1
+        return pending
+
     def collect(self, pending: Pending, timeout: Optional[float]) -> List[Any]:
         """The answers to `send_addresses`'s registrations, read now if they were not: per region,
         its `Answer` or the TcpxdError refusing it. Where the local session ended before
@@ -287,12 +307,19 @@ class Registrar:
                             self._read_one(conn)
                 except Unavailable:
                     pass  # (`pending.lost` says so: registered again below)
-        if pending.lost is not None:
-            redo = [i for i, g in enumerate(pending.got) if g is None]
-            got = self.register_addresses(pending.addrs[redo], [pending.tails[i] for i in redo], timeout)
-            for i, g in zip(redo, got):
-                pending.got[i] = g
-            pending.lost = None
+        try:
+            if pending.lost is not None:
+                redo = [i for i, g in enumerate(pending.got) if g is None]
+                if pending.items is not None:
+                    got = self.register_many([pending.items[i] for i in redo], pending.label, timeout)
+                else:
+                    got = self.register_addresses(pending.addrs[redo], [pending.tails[i] for i in redo], timeout)
+                for i, g in zip(redo, got):
+                    pending.got[i] = g
+                pending.lost = None
+        finally:
+            for shared, _ in pending.items or ():
+                shared.done_sending()
         return pending.got
 
     def _read_one(self, conn: _local.Connection) -> None:
@@ -300,7 +327,10 @@ class Registrar:
         tag, start, end, pending = self._unanswered.popleft()
         pending.frames -= 1
         try:
-            got = _address_answers(conn, end - start, tag)
+            if pending.items is not None:
+                got = _batch_answer(conn, end - start, tag)
+            else:
+                got = _address_answers(conn, end - start, tag)
         except TcpxdError as e:  # the frame refused whole: each of its regions refused so
             got = [e] * (end - start)
         if got is None:  # (not sent to a daemon without register_batch: never so)
@@ -525,3 +555,20 @@ def _batch_event(conn: _local.Connection, tag: int) -> Any:
     if ev.tag != tag or kind != "registered_batch":
         raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to registration {tag}")
     return ev.registered_batch
+
+
+def _send_batch(conn: _local.Connection, items: Sequence[Tuple[Shared, Sequence[Any]]], label: str,
+                timeout: Optional[float]) -> None:
+    """Sends one `register_batch` of `items` (each memory with its block lists), the descriptors
+    of those handed over by descriptor with it."""
+    entry = _proto.message("RegisterBatchEntry")
+    entries, fds = [], []
+    for shared, lists in items:
+        [(field, req)] = shared.session_op(label).items()
+        req.block_lists.extend(lists)
+        entries.append(entry(**{"host_fd" if field == "register_host_fd" else "client_memory": req}))
+        if shared.sent_fd is not None:
+            fds.append(shared.sent_fd)
+    batch = _proto.message("RegisterBatchRequest")(entries=entries)
+    if not conn.send("register_batch", batch, timeout, fds=fds):
+        raise InvalidArgument("register_host: the registrations are too large for a frame")

@@ -185,16 +185,21 @@ def host_array(nbytes: int) -> Any:
 
 @dataclass
 class _Sent:
-    """One `register_memory` call's regions by address, sent to the daemon without waiting for
-    its answers (`Registrar.send_addresses`): folded into the agent's regions at the next call
+    """One `register_memory` call's DRAM regions sent to the daemon without waiting for its
+    answers — by address (`Registrar.send_addresses`: `pending`) or by descriptor
+    (`Client._send_host_many`: `answers`) —, folded into the agent's regions at the next call
     that needs them (`LocalMemory._settle`)."""
 
     keys: List[Key]
     #: Per region: its index in the call's reg_list, and the tensor or array given (kept alive).
     todo: Dict[Key, Tuple[int, Any]]
-    #: Per region size: its request's serialized tail and the granule lists it asks for.
+    #: By address: per region size, its request's serialized tail and the granule lists it asks.
     tails: Dict[int, Tuple[bytes, List[Any]]]
-    pending: Pending
+    pending: Optional[Pending]
+    #: By descriptor: what reads the answers (Client._register_host_many's), and per region the
+    #: granule lists asked for.
+    answers: Optional[Callable[[], List[Any]]] = None
+    asked: Optional[List[List[Any]]] = None
 
 
 @dataclass
@@ -249,6 +254,7 @@ class LocalMemory:
         if dl.mem not in MOVABLE:
             raise nixlNotSupportedError(f"reg_list: tcpxd moves DRAM and VRAM memory, not {dl.mem}")
         done: List[Key] = []
+        sent_here: List[_Sent] = []  # (sent without waiting, by `_dram_many`)
         dram: Dict[Key, Tuple[int, Any]] = {}  # registered together, below
         mem = dl.mem
         rows = dl.rows.tolist()
@@ -271,8 +277,9 @@ class LocalMemory:
                 self._add(key, *self._vram(key[1], key[2], key[3], what))
                 done.append(key)
             if dram:
-                self._dram_many(dram, done)
+                self._dram_many(dram, done, sent_here)
         except BaseException:
+            self._undo_sent(sent_here, done)
             self._drop(done)
             raise
 
@@ -301,6 +308,35 @@ class LocalMemory:
             keys = list(self._regions)
         self._drop(keys)
 
+    def _sent_now(self, sent: _Sent) -> _Sent:
+        """Records registrations sent without waiting (the answers read by `_settle`)."""
+        with self._lock:
+            self._sent.append(sent)
+            for k in sent.keys:
+                self._sent_keys[k] = sent
+        return sent
+
+    def _undo_sent(self, sent_here: List[_Sent], done: List[Key]) -> None:
+        """A `register` failing after some of its regions were sent without waiting
+        (`sent_here`): their answers read now, what they registered added to `done` (which the
+        caller releases)."""
+        for sent in sent_here:
+            with self._settling:
+                with self._lock:
+                    if sent not in self._sent:
+                        continue  # (folded by another thread meanwhile)
+                try:
+                    self._fold(sent)
+                except TcpxdError:
+                    pass  # (refused: nothing of it stays registered)
+                finally:
+                    with self._lock:
+                        self._sent.remove(sent)
+                        for k in sent.keys:
+                            self._sent_keys.pop(k, None)
+            with self._lock:
+                done.extend(k for k in sent.keys if k in self._regions)
+
     def _settle(self) -> None:
         """Folds in the answers of registrations sent without waiting (`_Sent`), oldest first:
         what needs the agent's regions (metadata, descriptors, transfers, deregistration) calls
@@ -326,14 +362,22 @@ class LocalMemory:
         assert registrar is not None  # (sent on it)
         first = sent.keys[0]
         try:
-            got = registrar.collect(sent.pending, self._client.timeout)
+            if sent.answers is not None:
+                got = sent.answers()
+            else:
+                assert sent.pending is not None
+                got = registrar.collect(sent.pending, self._client.timeout)
         except TcpxdError as e:
             i = sent.todo[first][0]
             raise from_tcpxd(e, f"register_memory (answered later): reg_list[{i}] (DRAM at {first[1]:#x}, "
                                 f"{first[2]} bytes)") from None
         done: List[Key] = []
         failed: List[Tuple[Key, TcpxdError]] = []
-        self._fold_answers(sent.keys, got, sent.todo, sent.tails, done, failed)
+        if sent.answers is not None:
+            assert sent.asked is not None
+            self._fold_buffers(sent.keys, got, sent.asked, done, failed)
+        else:
+            self._fold_answers(sent.keys, got, sent.todo, sent.tails, done, failed)
         if failed:
             self._drop(done)
             key, err = min(failed, key=lambda f: sent.todo[f[0]][0])
@@ -387,7 +431,7 @@ class LocalMemory:
         if first is not None:
             raise first
 
-    def _dram_many(self, todo: Dict[Key, Tuple[int, Any]], done: List[Key]) -> None:
+    def _dram_many(self, todo: Dict[Key, Tuple[int, Any]], done: List[Key], sent_here: List[_Sent]) -> None:
         """Registers DRAM regions together: one round trip for up to PIPELINE of them, each
         buffer's granule lists made by the daemon with it (released by the daemon with the
         buffer). Memory with no file to hand over (anonymous or private: a numpy array, a CPU
@@ -408,16 +452,16 @@ class LocalMemory:
         failed: List[Tuple[Key, TcpxdError]] = []
         if len(fast) < len(keys):
             fast_set = set(fast)
-            self._by_descriptor({k: v for k, v in todo.items() if k not in fast_set}, done, failed)
+            self._by_descriptor({k: v for k, v in todo.items() if k not in fast_set}, done, failed, sent_here)
         # Last: sent without waiting where it can be (nothing after it can fail this call).
         if fast and not failed:
-            self._by_address(fast, todo, done, failed)
+            self._by_address(fast, todo, done, failed, sent_here)
         if failed:
             key, err = min(failed, key=lambda f: todo[f[0]][0])
             raise from_tcpxd(err, f"reg_list[{todo[key][0]}] (DRAM at {key[1]:#x}, {key[2]} bytes)") from None
 
     def _by_address(self, keys: List[Key], todo: Dict[Key, Tuple[int, Any]], done: List[Key],
-                    failed: List[Tuple[Key, TcpxdError]]) -> None:
+                    failed: List[Tuple[Key, TcpxdError]], sent_here: List[_Sent]) -> None:
         """`_dram_many`'s regions registered by address: their requests written from one
         serialized tail a region size, the answers read into Regions, the table updated once."""
         import numpy as np
@@ -434,11 +478,7 @@ class LocalMemory:
             pending = None if registrar is None else registrar.send_addresses(
                 addrs, [tails[k[2]][0] for k in keys], self._client.timeout)
             if pending is not None:  # answered later: folded in by `_settle`
-                with self._lock:
-                    sent = _Sent(keys, {k: todo[k] for k in keys}, tails, pending)
-                    self._sent.append(sent)
-                    for k in keys:
-                        self._sent_keys[k] = sent
+                sent_here.append(self._sent_now(_Sent(keys, {k: todo[k] for k in keys}, tails, pending)))
                 return
             got = self._client._register_addresses(addrs, [tails[k[2]][0] for k in keys])
         except TcpxdError as e:
@@ -487,17 +527,27 @@ class LocalMemory:
         done.extend(k for k, _, _ in added)
 
     def _by_descriptor(self, todo: Dict[Key, Tuple[int, Any]], done: List[Key],
-                       failed: List[Tuple[Key, TcpxdError]]) -> None:
+                       failed: List[Tuple[Key, TcpxdError]], sent_here: List[_Sent]) -> None:
         """`_dram_many`'s regions of memory a file backs (a memfd, /dev/shm): handed over by
         descriptor, one Buffer each (Client._register_host_many)."""
         keys = list(todo)
         memories = [obj if obj is not None else (ctypes.c_char * k[2]).from_address(k[1]) for k, (_, obj) in todo.items()]
         asked = [granule_tilings(k[2]) for k in keys]
         try:
+            answers = self._client._send_host_many(memories, asked)
+            if answers is not None:  # answered later: folded in by `_settle`
+                sent_here.append(self._sent_now(_Sent(keys, {k: todo[k] for k in keys}, {}, None, answers, asked)))
+                return
             got = self._client._register_host_many(memories, asked)
         except TcpxdError as e:
             i = todo[keys[0]][0]
             raise from_tcpxd(e, f"reg_list[{i}] (DRAM at {keys[0][1]:#x}, {keys[0][2]} bytes)") from None
+        self._fold_buffers(keys, got, asked, done, failed)
+
+    def _fold_buffers(self, keys: List[Key], got: List[Any], asked: List[List[Any]], done: List[Key],
+                      failed: List[Tuple[Key, TcpxdError]]) -> None:
+        """The daemon's answers to registrations by descriptor (Client._register_host_many's)
+        read into Regions (`done`: the keys registered; `failed`: the others, with why)."""
         for key, ans, tilings in zip(keys, got, asked):
             if isinstance(ans, TcpxdError):
                 failed.append((key, ans))
