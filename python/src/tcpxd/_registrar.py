@@ -30,6 +30,11 @@ PIPELINE = 64
 #: next while this process reads the last; their answers (~20 KB a registration frame) fit the
 #: socket's buffer together.
 FRAMES = 4
+#: Bytes of answers `send_addresses` and `send_many` leave unread at most (`Registrar._room`):
+#: well under a unix socket's default send buffer (net.core.wmem_default, 208 KiB), which the
+#: daemon's answers fill before it blocks; and at most MAX_UNANSWERED frames.
+ANSWER_ROOM = 128 << 10
+MAX_UNANSWERED = 64
 
 def registered(ev: Any, tag: int) -> Any:
     """The Buffer message the daemon's answer carries; raises its refusal."""
@@ -105,6 +110,8 @@ class Registrar:
         #: Whether the daemon registered memory of this process by address on this connection:
         #: it may attach to it (ptrace access), known once a session (`send_addresses`).
         self._attach_ok = False
+        #: The largest answer a registration has had, in bytes (frame overhead included).
+        self._entry_bytes = 0
         #: `register_batch` frames sent by `send_addresses` and not answered yet, in order:
         #: (tag, first region, end, the Pending they belong to).
         self._unanswered: Deque[Tuple[int, int, int, Pending]] = collections.deque()
@@ -221,7 +228,7 @@ class Registrar:
                         sent.append((start, end, conn.tag))
                         start = end
                     first, end, tag = sent.pop(0)
-                    got = _address_answers(conn, end - first, tag)
+                    got = _address_answers(conn, end - first, tag, self)
                     if got is None:  # the daemon predates register_batch: it refuses every frame
                         for _ in sent:
                             _batch_answer(conn, 0, 0)
@@ -260,7 +267,7 @@ class Registrar:
             key = _key("SessionRequest", "register_batch")
             with self._talking("register_host", timeout):
                 for start in range(0, n, PIPELINE):
-                    while len(self._unanswered) >= FRAMES:
+                    while len(self._unanswered) >= self._room():
                         self._read_one(conn)
                     end = min(n, start + PIPELINE)
                     body = address_entries(addrs[start:end], list(tails[start:end])) + PACKED
@@ -285,7 +292,7 @@ class Registrar:
             pending = Pending(None, (), items, label)
             with self._talking("register_host", timeout):
                 for start in range(0, n, PIPELINE):
-                    while len(self._unanswered) >= FRAMES:
+                    while len(self._unanswered) >= self._room():
                         self._read_one(conn)
                     end = min(n, start + PIPELINE)
                     _send_batch(conn, items[start:end], label, timeout)
@@ -322,15 +329,27 @@ class Registrar:
                 shared.done_sending()
         return pending.got
 
+    def _room(self) -> int:
+        """How many frames `send_addresses` / `send_many` may leave unanswered: as many as the
+        answers seen so far say fit ANSWER_ROOM (the daemon blocks writing an answer the socket
+        has no room for, and reads nothing meanwhile), at least FRAMES."""
+        if not self._entry_bytes:
+            return FRAMES
+        return max(FRAMES, min(MAX_UNANSWERED, ANSWER_ROOM // (self._entry_bytes * PIPELINE)))
+
+    def _answered(self, size: int, n: int) -> None:
+        """An answer of `size` bytes to `n` registrations came (what `_room` goes by)."""
+        self._entry_bytes = max(self._entry_bytes, -(-size // n) + 16)
+
     def _read_one(self, conn: _local.Connection) -> None:
         """Reads the answer to the oldest frame `send_addresses` sent into its Pending."""
         tag, start, end, pending = self._unanswered.popleft()
         pending.frames -= 1
         try:
             if pending.items is not None:
-                got = _batch_answer(conn, end - start, tag)
+                got = _batch_answer(conn, end - start, tag, self)
             else:
-                got = _address_answers(conn, end - start, tag)
+                got = _address_answers(conn, end - start, tag, self)
         except TcpxdError as e:  # the frame refused whole: each of its regions refused so
             got = [e] * (end - start)
         if got is None:  # (not sent to a daemon without register_batch: never so)
@@ -516,7 +535,7 @@ def unpack(p: Any, n: int) -> List[Any]:
     return out
 
 
-def _address_answers(conn: _local.Connection, n: int, tag: int) -> Optional[List[Any]]:
+def _address_answers(conn: _local.Connection, n: int, tag: int, seen: Optional["Registrar"] = None) -> Optional[List[Any]]:
     """The answer to a `register_batch` of `n` registrations by address sent with `tag` and
     PACKED: per registration, its `Answer` or the TcpxdError refusing it (from Buffer messages
     where the daemon predates the packed answer); None when the daemon does not know the
@@ -524,6 +543,8 @@ def _address_answers(conn: _local.Connection, n: int, tag: int) -> Optional[List
     got = _batch_event(conn, tag)
     if got is None:
         return None
+    if seen is not None and n:
+        seen._answered(got.ByteSize(), n)
     if got.HasField("packed"):
         return unpack(got.packed, n)
     if len(got.buffers) != n or len(got.statuses) != n:
@@ -531,13 +552,15 @@ def _address_answers(conn: _local.Connection, n: int, tag: int) -> Optional[List
     return [answer_of(b) if st.code == 0 else from_status(st.code, st.message) for b, st in zip(got.buffers, got.statuses)]
 
 
-def _batch_answer(conn: _local.Connection, n: int, tag: int) -> Optional[List[Any]]:
+def _batch_answer(conn: _local.Connection, n: int, tag: int, seen: Optional["Registrar"] = None) -> Optional[List[Any]]:
     """The answer to the `register_batch` of `n` registrations sent with `tag`: per registration,
     its Buffer message or the TcpxdError refusing it; None when the daemon does not know the
     request."""
     got = _batch_event(conn, tag)
     if got is None:
         return None
+    if seen is not None and n:
+        seen._answered(got.ByteSize(), n)
     if len(got.buffers) != n or len(got.statuses) != n:
         raise TcpxdError(f"local session: the daemon answered {len(got.buffers)} registrations of {n}")
     return [b if st.code == 0 else from_status(st.code, st.message) for b, st in zip(got.buffers, got.statuses)]
