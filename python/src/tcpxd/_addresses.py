@@ -7,6 +7,7 @@ without a protobuf message object per region."""
 from __future__ import annotations
 
 import array
+import functools
 import logging
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
@@ -75,10 +76,14 @@ def address_ranges(addrs: Any, sizes: Any) -> bytes:
     tcpxd._native.vma_ranges), else one read of /proc/self/maps. Of the moment: the daemon's
     own probe decides."""
     global _procmap
-    import numpy as np
+    if isinstance(addrs, list) and isinstance(sizes, list):  # (few: no numpy conversion)
+        a: Any = array.array("Q", addrs)
+        n: Any = array.array("Q", sizes)
+    else:
+        import numpy as np
 
-    a = np.ascontiguousarray(addrs, dtype=np.uint64)
-    n = np.ascontiguousarray(sizes, dtype=np.uint64)
+        a = np.ascontiguousarray(addrs, dtype=np.uint64)
+        n = np.ascontiguousarray(sizes, dtype=np.uint64)
     if _native is not None and _procmap is not False and hasattr(_native, "vma_ranges"):
         try:
             kinds: bytes = _native.vma_ranges(a, n)
@@ -142,6 +147,7 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+@functools.lru_cache(maxsize=None)
 def _key(message: str, field: str) -> bytes:
     """The key of a length-delimited field (its number, wire type 2) as protobuf writes it."""
     return _varint(_proto.message(message).DESCRIPTOR.fields_by_name[field].number << 3 | 2)

@@ -8,7 +8,9 @@ over --max-total bytes are left out), a fresh process allocates the regions, wri
 `deregister_memory`, in microseconds a region; then `register_memory` again until its regions
 are answered (tcpxd.nixl's `register_memory` returns before the daemon's answers, which the
 agent's next use of its regions reads first: timed here by that read, `_memory.table()`;
-docs/NIXL.md, "Semantics"; NIXL's returns registered). Kinds of memory:
+docs/NIXL.md, "Semantics"; NIXL's returns registered). The "caller's CPU" rows are the CPU time of
+the thread calling `register_memory` (on a machine with few cores the daemon woken by the send can
+preempt the caller: wall time then includes the daemon's work). Kinds of memory:
 
 - `numpy`: one numpy array a region (ordinary process memory: tcpxd registers it by address);
 - `memfd`: one memfd a region, mapped shared (tcpxd: handed to the daemon by file descriptor).
@@ -110,9 +112,9 @@ def child(impl: str, endpoint: str, cases: List[Case], fresh: bool) -> Dict[str,
     for kind, size, count in cases:
         addrs, keep = _regions(kind, size, count, fresh)
         descs = agent.get_reg_descs([(a, size, 0, "") for a in addrs], "DRAM")
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         reg = agent.register_memory(descs)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         agent.deregister_memory(reg)
         t2 = time.perf_counter()
         # Registered and answered: until the regions are in the agent's table, as any first use
@@ -126,6 +128,7 @@ def child(impl: str, endpoint: str, cases: List[Case], fresh: bool) -> Dict[str,
         agent.deregister_memory(reg)
         name = f"{kind} {count} x {_label(size)}"
         res[f"register µs/region, {name}"] = (t1 - t) / count * 1e6
+        res[f"register, caller's CPU µs/region, {name}"] = (c1 - c) / count * 1e6
         res[f"register, answered µs/region, {name}"] = (t4 - t3) / count * 1e6
         res[f"deregister µs/region, {name}"] = (t2 - t1) / count * 1e6
         _free(kind, keep)

@@ -235,6 +235,9 @@ class LocalMemory:
         self._sent_keys: Dict[Key, _Sent] = {}
         #: Held while the answers of `_sent[0]` are read and folded in (one thread at a time).
         self._settling = threading.Lock()
+        #: Per region size: the serialized tail of its request by address and the granule
+        #: lists it asks for (`_by_address`), made once.
+        self._tails: Dict[int, Tuple[bytes, List[Any]]] = {}
 
     def regions(self) -> List[Region]:
         self._settle()
@@ -467,10 +470,16 @@ class LocalMemory:
         import numpy as np
 
         tails: Dict[int, Tuple[bytes, List[Any]]] = {}
+        known = self._tails
         for k in keys:
             if k[2] not in tails:
-                asked = granule_tilings(k[2])
-                tails[k[2]] = (address_tail(k[2], "", asked), asked)
+                tail = known.get(k[2])
+                if tail is None:
+                    asked = granule_tilings(k[2])
+                    tail = (address_tail(k[2], "", asked), asked)
+                    if len(known) < 64:  # (the sizes an agent registers are few)
+                        known[k[2]] = tail
+                tails[k[2]] = tail
         addrs = np.fromiter((k[1] for k in keys), dtype=np.uint64, count=len(keys))
         what = f"reg_list[{todo[keys[0]][0]}] (DRAM at {keys[0][1]:#x}, {keys[0][2]} bytes)"
         registrar = self._client._registrar
