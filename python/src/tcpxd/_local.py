@@ -211,6 +211,34 @@ class Connection:
             raise Gone(sent=False) from None
         return True
 
+    def send_body(self, key: bytes, body: bytes, timeout: Optional[float]) -> bool:
+        """`send` of a request whose one field is serialized already: `key` the field's key bytes
+        (its number and wire type), `body` its message's bytes (a register_batch's entries written
+        by tcpxd._addresses: no message object to parse and serialize again); False when it is
+        too large for a frame."""
+        self._tag += 1
+        tag = self._tag
+        head = bytearray(b"\x08")
+        for n in (tag, -1, len(body)):
+            if n < 0:
+                head += key
+                continue
+            while n >= 0x80:
+                head.append((n & 0x7F) | 0x80)
+                n >>= 7
+            head.append(n)
+        if len(head) + len(body) > MAX_FRAME:
+            return False
+        wait = None if timeout is None else timeout + BACKSTOP
+        if wait != self._timeout:
+            self.sock.settimeout(wait)
+            self._timeout = wait
+        try:
+            self.sock.sendall(HEADER.pack(len(head) + len(body)) + head + body)
+        except (BrokenPipeError, ConnectionResetError):
+            raise Gone(sent=False) from None
+        return True
+
     @property
     def tag(self) -> int:
         """The tag of the last request."""

@@ -36,7 +36,7 @@ use super::prepared;
 use super::proto::v1 as pb;
 use super::proto::v1::session_event::Event;
 use super::proto::v1::session_request::Op;
-use super::register_batch::{MAX_BATCH, Registration};
+use super::register_batch::{MAX_BATCH, Registered, Registration};
 use super::state::DaemonState;
 use super::transfers::{self, Started, cancel_unheard};
 use crate::engine::{TransferId, TransferKind};
@@ -539,9 +539,10 @@ impl<E: Events> Session<'_, E> {
                     .unwrap_or_else(|| Err(Status::internal("a registration of the batch went unanswered"))),
             };
             match answer {
-                Ok(buffer) => {
-                    self.owned.push(buffer.id);
-                    self.send(tag, Event::Registered(buffer)).await?;
+                Ok(r) => {
+                    self.owned.push(r.entry.id);
+                    self.send(tag, Event::Registered(self.state.buffer_answer(r)))
+                        .await?;
                 }
                 Err(status) => self.refuse(tag, status).await?,
             }
@@ -587,7 +588,8 @@ impl<E: Events> Session<'_, E> {
             (Some(status), _) | (None, Err(status)) => return self.refuse(tag, status).await,
             (None, Ok(a)) => a.into_iter(),
         };
-        let mut answers: Vec<Option<Result<pb::Buffer, Status>>> = Vec::with_capacity(batch.entries.len());
+        let packed = batch.packed_answer;
+        let mut answers: Vec<Option<Result<Registered, Status>>> = Vec::with_capacity(batch.entries.len());
         let mut todo = Vec::new();
         for (i, entry) in batch.entries.into_iter().enumerate() {
             use pb::register_batch_entry::Memory;
@@ -621,16 +623,31 @@ impl<E: Events> Session<'_, E> {
             }
         }
         let mut done = self.state.register_batch(todo).await.into_iter();
+        let answers: Vec<Result<Registered, Status>> = answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    done.next().unwrap_or_else(|| {
+                        Err(Status::internal("a registration of the batch went unanswered"))
+                    })
+                })
+            })
+            .collect();
+        self.owned
+            .extend(answers.iter().filter_map(|a| a.as_ref().ok().map(|r| r.entry.id)));
+        if packed {
+            // (reg-async) Arrays, no message an entry (api/register_batch.rs).
+            let out = pb::RegisteredBatch {
+                packed: Some(self.state.packed_answer(answers)),
+                ..Default::default()
+            };
+            return self.send(tag, Event::RegisteredBatch(out)).await;
+        }
         let mut out = pb::RegisteredBatch::default();
-        for a in answers {
-            let answer = a.unwrap_or_else(|| {
-                done.next()
-                    .unwrap_or_else(|| Err(Status::internal("a registration of the batch went unanswered")))
-            });
+        for answer in answers {
             match answer {
-                Ok(buffer) => {
-                    self.owned.push(buffer.id);
-                    out.buffers.push(buffer);
+                Ok(r) => {
+                    out.buffers.push(self.state.buffer_answer(r));
                     out.statuses.push(pb::EntryStatus::default());
                 }
                 Err(status) => {
