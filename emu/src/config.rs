@@ -1,5 +1,6 @@
 //! The environment, read once at the first `init` (see `docs/EMULATION.md` for every variable).
 
+use crate::hold::{self, HoldGate};
 use crate::rng;
 use crate::topology::{self, Binding, GpuSpec};
 use std::ffi::{CStr, CString};
@@ -131,6 +132,8 @@ pub(crate) struct Config {
     /// CUDA mode: the GPUs present and which each NIC serves (`None` in host mode: no GPU, no
     /// binding).
     pub(crate) binding: Option<Binding>,
+    /// `TCPXEMU_HOLD_FILE`: the hold gate of every send comm of the process (`hold.rs`).
+    pub(crate) hold: Option<HoldGate>,
 }
 
 impl Config {
@@ -138,7 +141,7 @@ impl Config {
         let mut s = format!(
             "tcpxemu: {} device(s), {}x{} data sockets per comm, NCCL_DYNAMIC_CHUNK_SIZE={}, \
              bounce={} ({}), host receive={}, bounce pages={}{}, seed={:#x}, flow-steering wait={}us, \
-             connection retry={}, failstop={}, close={}",
+             connection retry={}, failstop={}, close={}, hold={}",
             self.devices.len(),
             self.nsocks,
             self.nthreads,
@@ -169,6 +172,10 @@ impl Config {
             match self.close {
                 CloseMode::Prompt => "prompt",
                 CloseMode::Plugin => "plugin",
+            },
+            match &self.hold {
+                Some(h) => format!("{} bytes while {} exists", h.after, h.file.display()),
+                None => "off".to_string(),
             }
         );
         for d in &self.devices {
@@ -533,7 +540,17 @@ fn from_env(w: &mut Vec<String>) -> Config {
             CloseMode::Prompt
         }
     };
+    let hold = var("TCPXEMU_HOLD_FILE").map(|f| {
+        let after = parse(
+            "TCPXEMU_HOLD_AFTER_BYTES",
+            var("TCPXEMU_HOLD_AFTER_BYTES"),
+            hold::DEFAULT_AFTER_BYTES,
+            w,
+        );
+        HoldGate::new(f.into(), after)
+    });
     Config {
+        hold,
         devices,
         nsocks,
         nthreads,

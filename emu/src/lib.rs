@@ -17,6 +17,7 @@
 //! - `sockio`, `sync`, `rng`: socket calls (`MSG_NOSIGNAL`), comm health and queues, a PRNG.
 //! - `listen`, `connect`, `send`, `recv`: the comms and their helper threads.
 //! - `topology`: each NIC's `pciPath` and the GPUs it serves (RxDM's binding on A3).
+//! - `hold`: the hold gate, a test knob that keeps sends from finishing while a file exists.
 //! - `nccl`: the PAT guard (keeps NCCL 2.24+ off an algorithm that ignores device unpack).
 //! - `ffi`: the 19 table entries, each behind `catch_unwind`.
 
@@ -29,6 +30,7 @@ mod config;
 mod connect;
 mod cuda;
 mod ffi;
+mod hold;
 mod listen;
 mod memory;
 mod misbound;

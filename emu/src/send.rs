@@ -405,6 +405,7 @@ fn data_thread(sh: &SendShared, me: usize, staging: Option<SendStaging>) {
     };
     let fd = sh.data[me].as_raw_fd();
     let nsocks = sh.queues.len() as u64;
+    let hold = crate::config::get().and_then(|c| c.hold.as_ref());
     while let Some(t) = sh.queues[me].pop(&sh.health) {
         let total = wire::nchunks(t.size, t.chunk);
         let mut k = wire::first_chunk_for(t.start, me, nsocks as usize);
@@ -418,6 +419,11 @@ fn data_thread(sh: &SendShared, me: usize, staging: Option<SendStaging>) {
             }
             let off = k * u64::from(t.chunk);
             let len = (u64::from(t.size) - off).min(u64::from(t.chunk));
+            if let Some(gate) = hold
+                && !gate.admit(len, &sh.health)
+            {
+                return;
+            }
             if let Some(end) = sh.dev.pacer.reserve(len) {
                 if !sh.health.sleep_until(end) {
                     return;

@@ -103,6 +103,30 @@ def test_waited_transfers_go_over_it_byte_exact(peered, monkeypatch):
             assert len(ca._local._idle) == 1  # one thread, one connection, reused
 
 
+@pytest.mark.parametrize("spin_s", [50e-3, 1e-6])
+def test_a_bounded_spin_before_blocking_reads_the_same_answers(peered, monkeypatch, spin_s):
+    """`_local.SPIN_S` (TCPXD_CLIENT_SPIN_US; 200 µs on 8 CPUs or more): a waited transfer's thread
+    looks at its connection without blocking for that long, then blocks as before. An answer that
+    comes within (50 ms) or after (1 µs) it is the same: bytes, refusals, the connection kept."""
+    monkeypatch.setattr(_local, "SPIN_S", spin_s)
+    a, b = peered
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        with ca.register_host(MIB) as src, cb.register_host(MIB) as dst, ca.register_host(MIB) as back:
+            data = pattern(MIB, 3)
+            src.write_bytes(data)
+            for i in range(8):
+                ca.write(src, dst, 4096, local_offset=i * 4096, remote_offset=i * 4096)
+                ca.read(dst.descriptor, back, 4096, remote_offset=i * 4096, local_offset=i * 4096)
+            assert back.read_bytes(0, 8 * 4096) == data[: 8 * 4096]
+            (conn,) = ca._local._idle
+            assert conn._poll is not None  # it looked before it blocked
+            with pytest.raises(tcpxd.InvalidArgument, match="past the end"):
+                ca.write(src, dst, 2 * MIB)
+            r = ca.write(src, dst)
+            assert r.bytes_done == MIB and dst.read_bytes() == data
+            assert ca._local._idle == [conn]
+
+
 def test_refused_requests_raise_their_exception_and_the_connection_stays(peered):
     a, b = peered
     with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:

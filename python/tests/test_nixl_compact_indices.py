@@ -535,3 +535,20 @@ def test_the_window_body_names_its_slot_and_carries_every_field(op, msg, notific
             assert window.count == 0 and np.array_equal(decoded(field.SerializeToString()), want)
     ring.give(slot)
     assert ring.free == _indices.WINDOW_SLOTS
+
+
+@pytest.mark.parametrize("idx", [[0], [3, 1, 2], list(range(16)), [0] * 16])
+def test_a_short_list_of_indices_comes_back_as_the_array_numpy_makes(idx):
+    """Session 21: a list of up to 16 ints (a small request's) skips numpy's checks; the same
+    int64 array comes back, and anything out of range or not an int is still refused by name."""
+    got = _indices.indices(idx, 16, "local_idx")
+    assert got.dtype == np.int64 and got.tolist() == idx
+    assert np.array_equal(got, _indices.indices(np.array(idx, dtype=np.int32), 16, "local_idx"))
+
+
+@pytest.mark.parametrize("idx, k, v", [([0, 16], 1, 16), ([-1], 0, -1), ([2, 3, 99], 2, 99)])
+def test_a_short_list_out_of_range_is_refused_naming_the_index(idx, k, v):
+    with pytest.raises(nixlInvalidParamError, match=rf"local_idx\[{k}\]: index {v} is outside the prepared list of 16"):
+        _indices.indices(idx, 16, "local_idx")
+    with pytest.raises(nixlInvalidParamError, match="integer indices"):
+        _indices.indices([0, 1.5], 16, "local_idx")

@@ -52,6 +52,25 @@ def _buffers(endpoint):
         return {b.id: b for b in c.list_buffers()}
 
 
+def _body_spy(sent, count, older=False):
+    """A spy on Connection.send_body (register_batch frames of memory by address, written without
+    a message object): records ("register_batch", count(the request)); `older`: the frame sent is
+    the one a daemon predating the op sees, no op set."""
+    send_body = _local.Connection.send_body
+
+    def spy(self, key, body, timeout):
+        req = _proto.message("RegisterBatchRequest").FromString(body)
+        assert req.packed_answer, "the packed answer asked for"
+        sent.append(("register_batch", count(req)))
+        if not older:
+            return send_body(self, key, body, timeout)
+        self._tag += 1
+        self.sock.sendall(_local.frame(_proto.message("SessionRequest")(tag=self._tag)))
+        return True
+
+    return spy
+
+
 def test_many_regions_register_in_one_step_with_their_granule_lists(daemons, pair):
     A, B, calls = pair
     n = 24
@@ -160,8 +179,8 @@ def test_metadata_fetched_before_the_remote_registered_is_fetched_again(daemons)
 
 def test_regions_go_64_to_a_frame_and_to_an_older_daemon_one_request_each(daemons, pair, monkeypatch):
     """Numpy arrays (by address) and memfds (by descriptor) mixed: up to 64 entries to a
-    register_batch frame, those by address first in frames of their own, then the memfds' with
-    one descriptor per entry; a daemon that refuses the op (one predating it) gets the same
+    register_batch frame, the memfds' first with one descriptor per entry, then those by address
+    in frames of their own (last: past a session's first, they are not waited for); a daemon that refuses the op (one predating it) gets the same
     regions as single requests, from then on."""
     A, _, _ = pair
     sent: list = []
@@ -172,6 +191,7 @@ def test_regions_go_64_to_a_frame_and_to_an_older_daemon_one_request_each(daemon
         return send(self, field, req, timeout, fd, fds)
 
     monkeypatch.setattr(_local.Connection, "send", spy)
+    monkeypatch.setattr(_local.Connection, "send_body", _body_spy(sent, lambda req: 0))
     arrays = [np.full(64 << 10, i, np.uint8) for i in range(40)]
     memfds = [_utils.malloc_passthru(MIB) for _ in range(40)]
     descs = [(a.ctypes.data, a.nbytes, 0, "") for a in arrays] + [(m, MIB, 0, "") for m in memfds]
@@ -193,8 +213,8 @@ def test_regions_go_64_to_a_frame_and_to_an_older_daemon_one_request_each(daemon
         assert not set(_buffers(daemons[0].endpoint)) & ids
 
     deregistered(registered())
-    # Registered 64 to a frame (by address, then by descriptor), released likewise.
-    assert sent == [("register_batch", 0), ("register_batch", 40), ("release_batch", 0), ("release_batch", 0)], sent
+    # Registered 64 to a frame (by descriptor, then by address), released likewise.
+    assert sent == [("register_batch", 40), ("register_batch", 0), ("release_batch", 0), ("release_batch", 0)], sent
     sent.clear()
 
     def older(self, field, req, timeout, fd=None, fds=()):  # the frame of a daemon's unknown op: none set
@@ -210,9 +230,13 @@ def test_regions_go_64_to_a_frame_and_to_an_older_daemon_one_request_each(daemon
         return True
 
     monkeypatch.setattr(_local.Connection, "send", older)
+    monkeypatch.setattr(_local.Connection, "send_body", _body_spy(sent, lambda req: 0, older=True))
+    # (what a new session to a daemon predating the op knows: not yet that it takes none, so its
+    # first registrations wait to find out)
+    A._client._registrar._batches = None
     deregistered(registered())
-    singles = [("register_client_memory", 0)] * 40 + [("register_host_fd", 1)] * 40
-    assert sent == [("register_batch", 0)] + singles, sent  # released by ReleaseBuffer calls
+    singles = [("register_host_fd", 1)] * 40 + [("register_client_memory", 0)] * 40
+    assert sent == [("register_batch", 40)] + singles, sent  # released by ReleaseBuffer calls
     sent.clear()
     deregistered(registered())
     assert sent == singles, "asked once"
@@ -233,6 +257,7 @@ def test_regions_by_address_go_several_frames_at_once_and_to_an_older_daemon_one
         return send(self, field, req, timeout, fd, fds)
 
     monkeypatch.setattr(_local.Connection, "send", spy)
+    monkeypatch.setattr(_local.Connection, "send_body", _body_spy(sent, lambda req: len(req.entries)))
     arrays = [np.full(4096, i % 256, np.uint8) for i in range(200)]
     descs = [(a.ctypes.data, a.nbytes, 0, "") for a in arrays]
 
@@ -259,5 +284,9 @@ def test_regions_by_address_go_several_frames_at_once_and_to_an_older_daemon_one
         return True
 
     monkeypatch.setattr(_local.Connection, "send", older)
+    monkeypatch.setattr(_local.Connection, "send_body", _body_spy(sent, lambda req: len(req.entries), older=True))
+    # (what a new session to a daemon predating the op knows: not yet that it takes none, so its
+    # first registration waits to find out)
+    A._client._registrar._batches = None
     round_trip()
     assert sent == frames[:4] + [("register_client_memory", 1)] * 200, sent  # released by ReleaseBuffer calls

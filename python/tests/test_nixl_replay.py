@@ -138,7 +138,13 @@ def test_nixl_expanded_two_peers_example(daemons):
 
 
 def test_a_killed_peer_ends_in_err_within_the_deadline(tmp_root: Path):
-    env = {"TCPXEMU_RATE_GBPS": "1"}  # slow NICs: the READ is still in flight when the peer dies
+    # The READ must still be in flight when the peer dies. Slow NICs (1 Gbit/s) once held it
+    # for ~2 s, which a loaded machine could overrun between "started" and the kill; the
+    # emulation's hold gate holds it for sure: while the file exists, each daemon's sends stop
+    # after 16 MiB (the 1 MiB warm-up READ passes), so the 256 MiB READ waits for the kill.
+    hold = tmp_root / "hold"
+    hold.write_text("1\n")
+    env = {"TCPXEMU_HOLD_FILE": str(hold)}
     a = start_daemon(tmp_root, "ra", env=env)
     b = start_daemon(tmp_root, "rb", env=env)
     try:
@@ -162,6 +168,7 @@ def test_a_killed_peer_ends_in_err_within_the_deadline(tmp_root: Path):
         prefill.send("stop")
         prefill.proc.join(10)
     finally:
+        hold.unlink(missing_ok=True)
         stop_daemon(a)
         stop_daemon(b)
 

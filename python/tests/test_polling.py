@@ -144,3 +144,79 @@ def test_notifications_are_read_by_the_polling_call_with_no_other_thread(peered,
         one.send_notif("pn-2", b"again")
         _spin_until(lambda: two.check_remote_xfer_done("pn-1", b"again"), lambda: None)
         _ParkedPoll.release.set()
+
+
+def test_the_reader_thread_leaves_the_connection_to_a_caller_polling(peered, monkeypatch):
+    """Session 21: while a caller polls, the session's reader thread does not read (it would take
+    the GIL from the polling thread just as that thread's answer came); once nobody polls it reads
+    again, so a future no one looks at still resolves."""
+    monkeypatch.setattr(_session, "READER_QUIET_S", 0.25)
+    a, b = peered
+    drained_by = []
+    real = _session.Session._drain
+
+    def drain(self):  # (called under the read lock: no other thread drains at once)
+        drained_by.append(threading.current_thread().name)
+        real(self)
+
+    monkeypatch.setattr(_session.Session, "_drain", drain)
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        src = ca.register_host(1 << 16)
+        src.numpy()[:] = np.random.default_rng(9).integers(0, 256, 1 << 16, dtype=np.uint8)
+        dst = cb.register_host(1 << 16)
+        s = ca.session()
+        s.poll()  # the caller polls from here on
+        for i in range(16):
+            f = s.write(src, dst.descriptor, 4096, local_offset=4096 * i, remote_offset=4096 * i)
+            _spin_until(f.done, s.poll)
+            assert f.result().bytes_done == 4096
+        assert set(drained_by) == {threading.current_thread().name}, drained_by
+        assert bytes(dst.numpy()) == bytes(src.numpy())
+        # Nobody polls: the reader thread resolves the next one (a callback, on its thread).
+        seen = threading.Event()
+        names = []
+        f = s.write(src, dst.descriptor, 1 << 16)
+        f.add_done_callback(lambda _f: (names.append(threading.current_thread().name), seen.set()))
+        assert seen.wait(30), "no one resolved the unpolled transfer"
+        assert names == ["tcpxd-session"] and f.result().bytes_done == 1 << 16
+        s.close()
+
+
+@pytest.mark.parametrize("spin_s", [0.0, 250e-6, float("inf")])
+def test_a_tight_check_xfer_state_loop_waits_for_the_daemon_or_spins(peered, parked_readers, monkeypatch, spin_s):
+    """check_xfer_state in a loop without a pause (NIXL's examples): it spins for TIGHT_SPIN_S
+    (none below 8 CPUs; without bound above), then waits for the session's socket, the GIL
+    released, before each poll. Whichever, DONE is seen by the polling thread itself (the reader is
+    held off) and the bytes are there."""
+    from tcpxd.nixl import _agent
+
+    monkeypatch.setattr(_agent, "TIGHT_SPIN_S", spin_s)
+    waits = []
+    real = _session.Session.wait_readable
+    monkeypatch.setattr(_session.Session, "wait_readable", lambda self, ms: (waits.append(ms), real(self, ms)))
+    a, b = peered
+    n = 1 << 16
+    m1, m2 = host_array(n), host_array(n)
+    m2[:] = np.random.default_rng(11).integers(0, 256, n, dtype=np.uint8)
+    with nixl_agent("tw-1", nixl_agent_config(endpoint=a.endpoint)) as one, \
+            nixl_agent("tw-2", nixl_agent_config(endpoint=b.endpoint)) as two:
+        one.register_memory([(m1.ctypes.data, n, 0, "")], "DRAM")
+        two.register_memory([(m2.ctypes.data, n, 0, "")], "DRAM")
+        one.add_remote_agent(two.get_agent_metadata())
+        local = one.prep_xfer_dlist("NIXL_INIT_AGENT", [(m1.ctypes.data + i * 4096, 4096, 0) for i in range(16)], "DRAM")
+        remote = one.prep_xfer_dlist("tw-2", [(m2.ctypes.data + i * 4096, 4096, 0) for i in range(16)], "DRAM")
+        for i in range(16):
+            h = one.make_prepped_xfer("READ", local, [i], remote, [i])
+            one.transfer(h)
+            deadline = time.monotonic() + 30
+            while (st := one.check_xfer_state(h)) == "PROC":
+                assert time.monotonic() < deadline, "never finished"
+            assert st == "DONE", h.error
+            one.release_xfer_handle(h)
+        assert bytes(m1) == bytes(m2)
+        if spin_s == 0.0:
+            assert waits, "a loop that may not spin never waited"
+        elif spin_s == float("inf"):
+            assert not waits, "a loop without a spin bound waited"
+        assert all(ms == _agent.TIGHT_WAIT_MS for ms in waits)
+        _ParkedPoll.release.set()

@@ -513,3 +513,37 @@ def test_nixl_regions_registered_by_address_are_registered_again(patient_nodes: 
     finally:
         puller.close()
         holder.close()
+
+
+def test_a_clean_stop_gives_lists_named_in_their_region_records_of_their_own(patient_nodes: Any) -> None:
+    """tcpxd.nixl registers a region with its granule lists in one step, one state file a region
+    naming its lists; at a clean stop (SIGTERM) the daemon writes each such list a record of its
+    own too, the form daemons before session 20 read, so a downgrade finds them
+    (docs/OPERATIONS.md, "Downgrading"); the restarted daemon reads both forms."""
+    import json
+
+    import numpy as np
+
+    from tcpxd.nixl import nixl_agent, nixl_agent_config
+
+    a, b, d = patient_nodes
+    K = 1 << 16
+    regs_dir = d / "sb.state" / "regs"
+
+    def records() -> Dict[str, Any]:
+        return {f: json.loads((regs_dir / f).read_text()) for f in os.listdir(regs_dir) if not f.endswith(".tmp")}
+
+    holder = nixl_agent("holder", nixl_agent_config(endpoint=endpoint(b)))
+    try:
+        arrays = [np.random.default_rng(i).integers(0, 256, K, dtype=np.uint8) for i in range(3)]
+        holder.register_memory(holder.get_reg_descs([(x.ctypes.data, K, 0, "") for x in arrays], "DRAM"))
+        named = {lst: int(f[1:]) for f, r in records().items() if f.startswith("b") for lst in r.get("lists", [])}
+        assert len(named) >= 3, f"each region names its granule lists: {records()}"
+        assert not any(f"l{lst}" in records() for lst in named), "one file a region while it runs"
+        restart(b, signal.SIGTERM)
+        after = records()
+        for lst, buffer in named.items():
+            assert after.get(f"l{lst}") == {"t": "list", "buffer": buffer}, (lst, after)
+        assert holder._client._reattach.wait(30), "the regions and their lists re-attached"
+    finally:
+        holder.close()

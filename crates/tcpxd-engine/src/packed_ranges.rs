@@ -154,6 +154,75 @@ impl PackedRanges {
         Ok(p)
     }
 
+    /// The offsets as little-endian `u32` slots of the uniform length (offset = slot × length),
+    /// when every range has one length and every offset is a multiple of it below 2^32 slots:
+    /// half the bytes of the `u64` offsets on the wire (peer protocol 9's
+    /// `PackedRanges.offset_slots`; a plain batch of 4 KiB entries is usually that, as a block
+    /// list's `u32` indices are). `None` otherwise (the `u64` offsets go).
+    pub fn offset_slots(&self) -> Option<Vec<u8>> {
+        let RangeLengths::Uniform(u) = self.lengths else {
+            return None;
+        };
+        let mut slots = vec![0u8; self.len() * 4];
+        // One pass, no division per range where the length is a power of two (4 KiB, 16 KiB
+        // blocks): a shift and a mask.
+        let (shift, mask) = (u.trailing_zeros(), u.wrapping_sub(1));
+        let pow2 = u.is_power_of_two();
+        for (c, out) in self.offsets.chunks_exact(8).zip(slots.chunks_exact_mut(4)) {
+            let o = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+            let slot = if pow2 {
+                if o & mask != 0 {
+                    return None;
+                }
+                o >> shift
+            } else {
+                let q = o / u;
+                if q * u != o {
+                    return None;
+                }
+                q
+            };
+            out.copy_from_slice(&u32::try_from(slot).ok()?.to_le_bytes());
+        }
+        Some(slots)
+    }
+
+    /// The `u64` offsets of `offset_slots` as they came off the wire (`field`: where they sit),
+    /// for [`parse`](Self::parse): each slot × `uniform_length`. Refused, naming the field and
+    /// the limit: slots that are not whole `u32`s, no slot or more than `limit` (nothing is
+    /// allocated before), no `uniform_length`, and a product that does not fit in a `u64`.
+    pub fn offsets_from_slots(
+        field: &str,
+        slots: &[u8],
+        uniform_length: u64,
+        limit: usize,
+    ) -> Result<Vec<u8>, String> {
+        if slots.len() % 4 != 0 {
+            return Err(format!(
+                "{field}.offset_slots: {} bytes are not a whole number of u32 slots",
+                slots.len()
+            ));
+        }
+        let n = slots.len() / 4;
+        if n == 0 || n > limit {
+            return Err(format!("{field}.offset_slots: {n} ranges (1 to {limit} allowed)"));
+        }
+        if uniform_length == 0 {
+            return Err(format!(
+                "{field}.offset_slots: given without uniform_length (slots are in units of it)"
+            ));
+        }
+        let mut offsets = vec![0u8; n * 8];
+        for (i, (c, out)) in slots.chunks_exact(4).zip(offsets.chunks_exact_mut(8)).enumerate() {
+            let slot = u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes")));
+            let o = slot.checked_mul(uniform_length).ok_or_else(|| {
+                format!("{field}.offset_slots[{i}]: slot {slot} × uniform_length {uniform_length} exceeds 2^64 - 1")
+            })?;
+            out.copy_from_slice(&o.to_le_bytes());
+        }
+        Ok(offsets)
+    }
+
     /// How many ranges.
     pub fn len(&self) -> usize {
         self.offsets.len() / 8
@@ -270,6 +339,82 @@ mod tests {
     }
 
     /// Two buffers, or two keys, or none: the per-range form carries them.
+    /// Offsets that are multiples of a uniform length travel as u32 slots (half the bytes) and
+    /// come back exactly; anything else (a length that differs, an offset off the grid, a slot
+    /// past 2^32) keeps u64 offsets; malformed slots are refused naming the field and limit.
+    #[test]
+    fn offsets_on_a_uniform_grid_travel_as_u32_slots() {
+        let mut rng = tcpxd_testkit::Rng::new(9);
+        for (len, n) in [
+            (4096u64, 65_536usize),
+            (16_384, 100),
+            (1, 7),
+            (3, 1),
+            (18_432, 300),
+        ] {
+            let ranges: Vec<RemoteRange> = (0..n)
+                .map(|_| range(4, 1, rng.below(1 << 20) * len, len))
+                .collect();
+            let p = PackedRanges::pack(&ranges).unwrap();
+            let slots = p.offset_slots().expect("a uniform grid");
+            assert_eq!(slots.len(), n * 4, "half the bytes of u64 offsets");
+            let offsets = PackedRanges::offsets_from_slots("packed", &slots, len, 65_536).unwrap();
+            assert!(offsets == p.offsets);
+            let back = PackedRanges::parse("packed", 4, &[1; 16], offsets, Vec::new(), len, 65_536).unwrap();
+            assert_eq!(back, p);
+            assert!(back.unpack() == ranges);
+        }
+        // Not on a grid: u64 offsets stay.
+        let off_grid = [range(4, 1, 0, 4096), range(4, 1, 4097, 4096)];
+        assert!(PackedRanges::pack(&off_grid).unwrap().offset_slots().is_none());
+        let off_odd_grid = [
+            range(4, 1, 18_432 * 5, 18_432),
+            range(4, 1, 18_432 * 7 + 512, 18_432),
+        ];
+        assert!(
+            PackedRanges::pack(&off_odd_grid)
+                .unwrap()
+                .offset_slots()
+                .is_none()
+        );
+        let mixed = [range(4, 1, 0, 4096), range(4, 1, 8192, 8192)];
+        assert!(PackedRanges::pack(&mixed).unwrap().offset_slots().is_none());
+        let far = [range(4, 1, (1u64 << 32) * 2, 2)];
+        assert!(PackedRanges::pack(&far).unwrap().offset_slots().is_none());
+        let last = [range(4, 1, ((1u64 << 32) - 1) * 2, 2)];
+        assert_eq!(
+            PackedRanges::pack(&last).unwrap().offset_slots().unwrap(),
+            u32::MAX.to_le_bytes().to_vec()
+        );
+        // Malformed slots.
+        let cases: [(&[u8], u64, usize, &str); 5] = [
+            (
+                &[1, 0, 0],
+                4096,
+                8,
+                "packed.offset_slots: 3 bytes are not a whole number of u32 slots",
+            ),
+            (&[], 4096, 8, "packed.offset_slots: 0 ranges (1 to 8 allowed)"),
+            (
+                &[0; 12],
+                4096,
+                2,
+                "packed.offset_slots: 3 ranges (1 to 2 allowed)",
+            ),
+            (&[0; 4], 0, 8, "packed.offset_slots: given without uniform_length"),
+            (
+                &[0, 0, 0, 0, 255, 255, 255, 255],
+                u64::MAX / 2,
+                8,
+                "packed.offset_slots[1]: slot 4294967295 × uniform_length",
+            ),
+        ];
+        for (slots, u, limit, want) in cases {
+            let e = PackedRanges::offsets_from_slots("packed", slots, u, limit).unwrap_err();
+            assert!(e.starts_with(want), "{e}");
+        }
+    }
+
     #[test]
     fn ranges_of_two_buffers_or_keys_are_not_packed() {
         assert!(PackedRanges::pack(&[]).is_none());

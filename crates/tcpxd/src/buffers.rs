@@ -38,6 +38,11 @@ pub enum BufferKind {
 /// A buffer's memory.
 pub enum BufferMemory {
     Host(Arc<HostRegion>),
+    /// Memory of a client's process, reached by cross-memory attach (`BufferEntry::attached`
+    /// holds where): nothing of it is mapped here, not even reserved address space (until
+    /// session 21 an unused reservation of its size: an mmap at registration, a munmap at
+    /// release).
+    Client,
     Cuda {
         region: Arc<DeviceRegion>,
         /// For daemon-allocated memory: the handle clients open.
@@ -56,9 +61,9 @@ pub struct BufferEntry {
     /// The access key; replaced by `RekeyBuffer` (old descriptors stop working).
     key: Mutex<[u8; 16]>,
     pub memory: BufferMemory,
-    /// For `HostAttached`: the client's pages, which hold the bytes (`memory` is then address
-    /// space reserved, never touched: across the network such a buffer's chunks are staged
-    /// through the lanes' own slots, poller/blocks.rs).
+    /// For `HostAttached`: the client's pages, which hold the bytes (`memory` is then
+    /// `BufferMemory::Client`: across the network such a buffer's chunks are staged through the
+    /// lanes' own slots, poller/blocks.rs).
     pub attached: Option<ClientPages>,
 }
 
@@ -87,25 +92,40 @@ impl std::fmt::Debug for BufferEntry {
 }
 
 impl BufferEntry {
-    pub fn region_dyn(&self) -> Arc<dyn Region> {
+    /// The memory as the plugin registers it; None for memory of a client's process (by
+    /// address), which is never handed to the plugin (its chunks are staged through the lanes'
+    /// slots).
+    pub fn region_dyn(&self) -> Option<Arc<dyn Region>> {
         match &self.memory {
-            BufferMemory::Host(r) => r.clone(),
-            BufferMemory::Cuda { region, .. } => region.clone(),
+            BufferMemory::Host(r) => Some(r.clone()),
+            BufferMemory::Cuda { region, .. } => Some(region.clone()),
+            BufferMemory::Client => None,
         }
+    }
+
+    /// `region_dyn`, or an error naming the buffer (a path that only memory this daemon maps
+    /// may take).
+    pub fn mapped_region(&self) -> Result<Arc<dyn Region>, String> {
+        self.region_dyn().ok_or_else(|| {
+            format!(
+                "buffer {} is memory of a client's process (registered by address), not mapped here",
+                self.id
+            )
+        })
     }
 
     /// The host memory, for host buffers.
     pub fn host_region(&self) -> Option<&Arc<HostRegion>> {
         match &self.memory {
             BufferMemory::Host(r) => Some(r),
-            BufferMemory::Cuda { .. } => None,
+            BufferMemory::Cuda { .. } | BufferMemory::Client => None,
         }
     }
 
     /// The GPU holding the buffer, for CUDA buffers.
     pub fn gpu(&self) -> Option<&Arc<Gpu>> {
         match &self.memory {
-            BufferMemory::Host(_) => None,
+            BufferMemory::Host(_) | BufferMemory::Client => None,
             BufferMemory::Cuda { region, .. } => Some(region.gpu()),
         }
     }
@@ -113,7 +133,7 @@ impl BufferEntry {
     /// The device memory, for CUDA buffers.
     pub fn device_region(&self) -> Option<&Arc<DeviceRegion>> {
         match &self.memory {
-            BufferMemory::Host(_) => None,
+            BufferMemory::Host(_) | BufferMemory::Client => None,
             BufferMemory::Cuda { region, .. } => Some(region),
         }
     }
@@ -122,7 +142,7 @@ impl BufferEntry {
     pub fn ipc_export(&self) -> Option<&IpcExport> {
         match &self.memory {
             BufferMemory::Cuda { export, .. } => export.as_ref(),
-            BufferMemory::Host(_) => None,
+            BufferMemory::Host(_) | BufferMemory::Client => None,
         }
     }
 }
@@ -347,14 +367,7 @@ impl BufferRegistry {
         ident: Option<Ident>,
     ) -> Result<Arc<BufferEntry>, EngineError> {
         self.check_new("size", size, label)?;
-        let len =
-            usize::try_from(size).map_err(|_| EngineError::invalid("size: too large for this machine"))?;
-        let reserved = HostRegion::new(len).map_err(|e| {
-            EngineError::new(
-                Code::ResourceExhausted,
-                format!("size: cannot reserve {size} bytes: {e}"),
-            )
-        })?;
+        usize::try_from(size).map_err(|_| EngineError::invalid("size: too large for this machine"))?;
         let (id, key) = match ident {
             Some(i) => (i.id, i.key),
             None => (self.next_id.fetch_add(1, Ordering::Relaxed), rand::random()),
@@ -365,7 +378,7 @@ impl BufferRegistry {
             size,
             label: label.to_string(),
             key: Mutex::new(key),
-            memory: BufferMemory::Host(Arc::new(reserved)),
+            memory: BufferMemory::Client,
             attached: Some(pages),
         }))
     }
@@ -734,6 +747,10 @@ pub fn fill(b: &BufferEntry, offset: u64, length: u64, pattern: &Pattern) -> Res
         return Ok(());
     }
     match &b.memory {
+        BufferMemory::Client => Err(EngineError::new(
+            Code::Internal,
+            format!("buffer {}: client memory without its pages", b.id),
+        )),
         BufferMemory::Host(region) => {
             let mut scratch = vec![0u8; SCRATCH.min(length as usize)];
             let mut pos = offset;
@@ -767,6 +784,10 @@ pub fn read(b: &BufferEntry, offset: u64, len: u64) -> Result<Vec<u8>, EngineErr
         return Ok(out);
     }
     match &b.memory {
+        BufferMemory::Client => Err(EngineError::new(
+            Code::Internal,
+            format!("buffer {}: client memory without its pages", b.id),
+        )),
         BufferMemory::Host(region) => region
             .to_vec(offset as usize, len as usize)
             .map_err(|e| EngineError::new(Code::Internal, e.to_string())),
@@ -792,6 +813,10 @@ pub fn checksum(b: &BufferEntry, offset: u64, length: u64) -> Result<u32, Engine
         return Ok(crc);
     }
     match &b.memory {
+        BufferMemory::Client => Err(EngineError::new(
+            Code::Internal,
+            format!("buffer {}: client memory without its pages", b.id),
+        )),
         BufferMemory::Host(region) => {
             let mut scratch = vec![0u8; SCRATCH.min(length as usize)];
             let mut crc = 0u32;

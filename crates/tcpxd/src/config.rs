@@ -27,6 +27,33 @@ pub use protocol::{
 /// with two, 25–120 µs, and the pull's first byte came ~0.5 ms sooner.
 pub const SPIN_ASYNC_WORKERS: usize = 2;
 
+/// A setting that is `"auto"` or a number, in the file (`host_copy_spin_us = "auto"` or `= 50`);
+/// a flag or variable gives it as a word.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum AutoOrNumber {
+    Number(u64),
+    Word(String),
+}
+
+impl AutoOrNumber {
+    /// `None` for auto, else the number, at most `max`; an error names `what` and the limit.
+    pub fn resolve(&self, what: &str, max: u64) -> Result<Option<u64>, String> {
+        let n = match self {
+            AutoOrNumber::Word(w) if w.trim() == "auto" => return Ok(None),
+            AutoOrNumber::Word(w) => w
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| format!("{what}: {w:?} is neither auto nor a number (0 to {max})"))?,
+            AutoOrNumber::Number(n) => *n,
+        };
+        if n > max {
+            return Err(format!("{what}: {n} (0 to {max} allowed, or auto)"));
+        }
+        Ok(Some(n))
+    }
+}
+
 /// Where a setting may come from, highest precedence last.
 #[derive(Debug, Clone, Default, Args)]
 pub struct DaemonArgs {
@@ -113,6 +140,11 @@ pub struct DaemonArgs {
     /// 0: the poller copies alone). Default: a quarter of the CPUs, at most 4.
     #[arg(long, env = "TCPXD_HOST_COPY_THREADS")]
     pub host_copy_threads: Option<usize>,
+    /// The most an idle host copy helper spins for its next chunk before it sleeps, in µs
+    /// (`transfer.host_copy_spin_us`: 0..=100000, or `auto`: 200 where `runtime.spin` is on, else
+    /// 0); a helper spins only while its recent chunks came that close together. Default: auto.
+    #[arg(long, env = "TCPXD_HOST_COPY_SPIN_US", value_name = "auto|MICROSECONDS")]
+    pub host_copy_spin_us: Option<String>,
     /// Async worker threads (0: two when spinning, else one per CPU). Default: 0.
     #[arg(long, env = "TCPXD_ASYNC_WORKERS")]
     pub async_workers: Option<usize>,
@@ -255,6 +287,8 @@ pub struct FileTransfer {
     pub gather_ahead: Option<usize>,
     /// Helper threads for block chunks' host gathers and scatters (0..=64).
     pub host_copy_threads: Option<usize>,
+    /// `auto` or µs (0..=100000): the most an idle copy helper spins.
+    pub host_copy_spin_us: Option<AutoOrNumber>,
     pub recv_window: Option<usize>,
     pub default_timeout_s: Option<u64>,
     pub max_buffer_bytes: Option<u64>,
@@ -326,6 +360,8 @@ pub struct Config {
     /// Helper threads splitting block chunks' host gathers and scatters with the poller
     /// (`transfer.host_copy_threads`; 0: the poller copies alone).
     pub host_copy_threads: usize,
+    /// How long idle copy helpers may spin (`transfer.host_copy_spin_us`).
+    pub host_copy_spin: crate::net::host_copies::HelperSpin,
     pub recv_window: usize,
     pub default_timeout: Duration,
     pub max_buffer_bytes: u64,
@@ -501,6 +537,20 @@ impl Config {
             Some(n) => n,
             None => crate::net::host_copies::default_threads(crate::idle::cpus()),
         };
+        let host_copy_spin = {
+            use crate::net::host_copies::{HelperSpin, MAX_SPIN_US};
+            let (what, v) = match (&args.host_copy_spin_us, &file.transfer.host_copy_spin_us) {
+                (Some(v), _) => ("--host-copy-spin-us", AutoOrNumber::Word(v.clone())),
+                (None, Some(v)) => ("transfer.host_copy_spin_us", v.clone()),
+                (None, None) => ("", AutoOrNumber::Word("auto".into())),
+            };
+            match v.resolve(what, MAX_SPIN_US).map_err(ConfigError::Invalid)? {
+                None => HelperSpin::auto(spin),
+                Some(us) => HelperSpin {
+                    max: Duration::from_micros(us),
+                },
+            }
+        };
         let send_window = file.transfer.send_window.unwrap_or(12);
         let recv_window = file.transfer.recv_window.unwrap_or(16);
         if !(1..=16).contains(&send_window) || !(1..=16).contains(&recv_window) {
@@ -645,6 +695,7 @@ impl Config {
             send_window,
             gather_ahead,
             host_copy_threads,
+            host_copy_spin,
             recv_window,
             default_timeout: Duration::from_secs(default_timeout_s),
             max_buffer_bytes: file.transfer.max_buffer_bytes.unwrap_or(64 << 30),

@@ -36,7 +36,7 @@ impl BufferRegistry {
         }
         match &b.memory {
             BufferMemory::Cuda { region, .. } => Some(region.gpu().ordinal() as u32),
-            BufferMemory::Host(_) => None,
+            BufferMemory::Host(_) | BufferMemory::Client => None,
         }
     }
 

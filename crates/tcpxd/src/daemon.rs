@@ -261,6 +261,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             warmth: warmth.clone(),
             rx_rules,
             host_copy_threads: cfg.host_copy_threads,
+            host_copy_spin: cfg.host_copy_spin,
         },
         notify_tx.clone(),
     )
@@ -565,6 +566,17 @@ impl RunningDaemon {
         let _ = std::fs::remove_file(&self.api_socket);
         if let Some(p) = self.poller.take() {
             let _ = tokio::task::spawn_blocking(move || p.join()).await;
+        }
+        // Nothing registers any more: the lists kept in their buffers' records get their own
+        // records too, for an older daemon started on the directory next (docs/OPERATIONS.md).
+        if let Some(j) = self.state.journal.clone() {
+            let n = tokio::task::spawn_blocking(move || j.write_list_records())
+                .await
+                .unwrap_or(0);
+            tracing::debug!(
+                lists = n,
+                "state directory: list records written for older daemons"
+            );
         }
         // Over the daemon's life, the transfers this node started (as tcpxd_transfers_total),
         // then what the drain did with those still in flight at the stop.

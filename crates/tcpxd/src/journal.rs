@@ -5,12 +5,16 @@
 //!
 //! Layout of the directory (mode 0700):
 //! - `node`: the node id the state belongs to (another node id: the state is set aside),
+//! - `format`: the journal's format ([`FORMAT`]); a daemon refuses to start on a directory of a
+//!   newer format than it reads (its registrations would not all come back), and writes its own,
 //! - `floors`: three numbers, the ids reserved so far for buffers, block lists, prepared lists
 //!   (reserved [`RESERVE`] ahead, written before an id past them is handed out),
 //! - `regs/b<id>`, `regs/l<id>`, `regs/p<id>`: a live registration (JSON); the block lists
 //!   registered with a buffer in one step (a `register_batch` entry's granule lists) are named in
 //!   the buffer's record instead of a file each (one write a region), and come back pending
-//!   with it all the same,
+//!   with it all the same; at a clean stop each of them gets its own `l<id>` record too
+//!   ([`Journal::write_list_records`]), the form daemons before session 20 read, so that one of
+//!   them started on the directory (a downgrade) finds them,
 //! - `host/<id>`: the memory of a daemon-allocated host buffer (on tmpfs: the bytes survive the
 //!   process, not the machine).
 //!
@@ -34,6 +38,12 @@ use crate::engine::{Code, EngineError};
 
 /// Ids reserved ahead of the last handed out, per write of `floors`.
 pub const RESERVE: u64 = 4096;
+
+/// The journal's format, in the `format` file. 1 (no file): sessions up to 20 (20's buffer
+/// records may name lists, which older daemons ignore). 2: since session 21, the file itself, and
+/// lists named in buffer records written as their own records too at a clean stop. A daemon
+/// refuses a directory whose format is newer than this.
+pub const FORMAT: u32 = 2;
 
 /// The three id spaces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -112,6 +122,18 @@ pub enum JournalError {
         path: PathBuf,
         #[source]
         source: std::io::Error,
+    },
+    #[error(
+        "state directory {dir}: written by a newer tcpxd (journal format {found} in its `format` \
+         file; this tcpxd reads formats up to {known}), whose registrations would not all come back \
+         here: start the newer tcpxd, or move the directory aside (its registrations are then not \
+         restored) and start this one"
+    )]
+    Newer {
+        dir: PathBuf,
+        /// The `format` file's text (a number, or what could not be read as one).
+        found: String,
+        known: u32,
     },
 }
 
@@ -195,7 +217,7 @@ impl Journal {
                 );
                 let _ = std::fs::remove_dir_all(&aside);
                 std::fs::create_dir(&aside).map_err(io(&aside))?;
-                for sub in ["regs", "host", "floors"] {
+                for sub in ["regs", "host", "floors", "format"] {
                     let from = dir.join(sub);
                     if from.exists() {
                         std::fs::rename(&from, aside.join(sub)).map_err(io(&from))?;
@@ -211,6 +233,22 @@ impl Journal {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(io(&node_file)(e)),
         }
+        let format_file = dir.join("format");
+        match std::fs::read_to_string(&format_file) {
+            Ok(text) => {
+                // Unreadable counts as newer: never guess at a format.
+                if !text.trim().parse::<u32>().is_ok_and(|f| f <= FORMAT) {
+                    return Err(JournalError::Newer {
+                        dir: dir.to_path_buf(),
+                        found: text.trim().chars().take(32).collect(),
+                        known: FORMAT,
+                    });
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(&format_file)(e)),
+        }
+        write_atomic(&format_file, format!("{FORMAT}\n").as_bytes())?;
         write_atomic(&node_file, node_id.as_bytes())?;
         let mut inner = Inner {
             reserved: [1; 3],
@@ -591,6 +629,29 @@ impl Journal {
         self.lock().pending.len()
     }
 
+    /// Writes each block list named in a buffer's record (live, or waiting to be re-attached) as
+    /// its own `l<id>` record too, as daemons before session 20 wrote every list: called at a
+    /// clean stop, so that such a daemon started on the directory next (a downgrade) finds them
+    /// (it ignores the buffer records' `lists`). Returns how many were written.
+    pub fn write_list_records(&self) -> usize {
+        let inner = self.lock();
+        let mut written = 0;
+        for (&buffer, record) in &inner.carried {
+            let Record::Buffer { lists, .. } = record else {
+                continue;
+            };
+            for &list in lists {
+                let path = self.reg_path(Space::List, list);
+                let bytes = serde_json::to_vec(&Record::List { buffer }).expect("a list record serialises");
+                match write_atomic(&path, &bytes) {
+                    Ok(()) => written += 1,
+                    Err(e) => tracing::warn!("state directory: a list's own record for older daemons: {e}"),
+                }
+            }
+        }
+        written
+    }
+
     /// Forgets every registration nobody re-attached (the grace period is over); returns how many.
     pub fn expire(&self) -> usize {
         let gone: Vec<((Space, u64), Record)> = self.lock().pending.drain().collect();
@@ -634,172 +695,5 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), JournalError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    struct TempDir(PathBuf);
-    impl TempDir {
-        fn new(name: &str) -> TempDir {
-            let p = std::env::temp_dir().join(format!("tcpxd-journal-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&p);
-            TempDir(p)
-        }
-        fn path(&self) -> &Path {
-            &self.0
-        }
-    }
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    fn buffer(key: &str) -> Record {
-        Record::Buffer {
-            kind: "host_shared".into(),
-            size: 4096,
-            key: key.into(),
-            label: String::new(),
-            owner: None,
-            device: None,
-            lists: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn ids_are_never_reused_and_registrations_come_back_pending() {
-        let dir = TempDir::new("ids");
-        let j = Journal::open(dir.path(), "a").unwrap();
-        assert_eq!(j.first_id(Space::Buffer), 1);
-        j.record(Space::Buffer, 1, &buffer("00")).unwrap();
-        j.record(Space::Buffer, 2, &buffer("11")).unwrap();
-        j.record(Space::List, 7, &Record::List { buffer: 1 }).unwrap();
-        j.forget(Space::Buffer, 2);
-        drop(j);
-        // A restart: ids start past everything reserved, the live ones wait for their clients.
-        let j = Journal::open(dir.path(), "a").unwrap();
-        assert!(j.first_id(Space::Buffer) > 2, "{}", j.first_id(Space::Buffer));
-        assert!(j.first_id(Space::List) > 7);
-        assert_eq!(j.pending(), 2);
-        let e = j
-            .claim("reattach_id", Space::Buffer, 1, |r| match r {
-                Record::Buffer { key, .. } if key == "ff" => Ok(()),
-                _ => Err("the key differs".into()),
-            })
-            .unwrap_err();
-        assert_eq!(e.code, Code::FailedPrecondition);
-        assert!(
-            e.message
-                .contains("buffer 1 cannot be re-attached: the key differs"),
-            "{e}"
-        );
-        // A re-attach that fails after its claim puts it back.
-        let r = j.claim("reattach_id", Space::Buffer, 1, |_| Ok(())).unwrap();
-        j.unclaim(Space::Buffer, 1, r);
-        j.claim("reattach_id", Space::Buffer, 1, |_| Ok(())).unwrap();
-        let e = j.claim("reattach_id", Space::Buffer, 1, |_| Ok(())).unwrap_err();
-        assert!(e.message.contains("not waiting to be re-attached"), "{e}");
-        assert!(
-            j.claim("f", Space::Buffer, 2, |_| Ok(())).is_err(),
-            "released before: gone"
-        );
-        // The list nobody re-attached goes when the grace period ends.
-        assert_eq!(j.expire(), 1);
-        assert!(!dir.path().join("regs/l7").exists());
-        // A third instance: still no reuse, though nothing of 1 was recorded again.
-        let first = j.first_id(Space::Buffer);
-        drop(j);
-        let j = Journal::open(dir.path(), "a").unwrap();
-        assert!(j.first_id(Space::Buffer) >= first);
-    }
-
-    #[test]
-    fn a_batch_is_recorded_with_one_reservation_and_comes_back_whole() {
-        let dir = TempDir::new("batch");
-        let j = Journal::open(dir.path(), "a").unwrap();
-        let floors = || std::fs::read_to_string(dir.path().join("floors")).unwrap();
-        let before = floors();
-        let records = vec![
-            (Space::Buffer, 1, buffer("00")),
-            (Space::List, 1, Record::List { buffer: 1 }),
-            (Space::List, 2, Record::List { buffer: 1 }),
-            (Space::Buffer, 2, buffer("11")),
-        ];
-        assert!(j.record_many(&records).iter().all(Result::is_ok));
-        assert_eq!(
-            floors(),
-            before,
-            "ids within the reservation: the floors stay as they were"
-        );
-        // Past the reservation: the floors move once, above the batch's highest id.
-        let far = RESERVE + 10;
-        let got = j.record_many(&[
-            (Space::Buffer, far, buffer("22")),
-            (Space::Buffer, far - 1, buffer("33")),
-        ]);
-        assert!(got.iter().all(Result::is_ok));
-        let reserved: u64 = floors().split_whitespace().next().unwrap().parse().unwrap();
-        assert!(reserved > far, "{reserved}");
-        // Released with its buffer: the lists go too.
-        j.forget(Space::Buffer, 1);
-        assert!(!dir.path().join("regs/l1").exists() && !dir.path().join("regs/l2").exists());
-        drop(j);
-        let j = Journal::open(dir.path(), "a").unwrap();
-        assert_eq!(
-            j.pending(),
-            3,
-            "buffers 2, far and far - 1 wait for their clients"
-        );
-        assert!(j.first_id(Space::Buffer) > far);
-    }
-
-    #[test]
-    fn lists_named_in_their_buffers_record_come_back_pending_and_go_with_it() {
-        let dir = TempDir::new("carried");
-        let j = Journal::open(dir.path(), "a").unwrap();
-        let with = |named: Vec<u64>| {
-            let mut r = buffer("00");
-            if let Record::Buffer { lists, .. } = &mut r {
-                *lists = named;
-            }
-            r
-        };
-        let got = j.record_many(&[
-            (Space::Buffer, 1, with(vec![7, 8])),
-            (Space::Buffer, 2, with(vec![9])),
-        ]);
-        assert!(got.iter().all(Result::is_ok));
-        let files = || std::fs::read_dir(dir.path().join("regs")).unwrap().count();
-        assert_eq!(files(), 2, "one file a buffer, its lists in it");
-        j.record(Space::Buffer, 1, &buffer("11")).unwrap(); // re-keyed: its lists stay named
-        j.forget(Space::List, 8); // released alone: its buffer's record written without it
-        j.forget(Space::Buffer, 2);
-        drop(j);
-        let j = Journal::open(dir.path(), "a").unwrap();
-        assert!(j.first_id(Space::List) > 9);
-        assert_eq!(j.pending(), 2, "buffer 1 and its list 7");
-        let of_1 = |r: &Record| match r {
-            Record::List { buffer: 1 } => Ok(()),
-            _ => Err("another buffer's".into()),
-        };
-        assert!(j.claim("reattach_id", Space::List, 8, of_1).is_err());
-        let r = j.claim("reattach_id", Space::Buffer, 1, |_| Ok(())).unwrap();
-        assert!(matches!(r, Record::Buffer { ref key, ref lists, .. } if key == "11" && *lists == [7]));
-        // Re-attached without its list yet: still named, until the list expires unclaimed.
-        j.record(Space::Buffer, 1, &buffer("11")).unwrap();
-        assert_eq!(j.expire(), 1);
-        let record = std::fs::read(dir.path().join("regs/b1")).unwrap();
-        assert_eq!(serde_json::from_slice::<Record>(&record).unwrap(), buffer("11"));
-    }
-
-    #[test]
-    fn another_nodes_state_is_set_aside() {
-        let dir = TempDir::new("aside");
-        let j = Journal::open(dir.path(), "a").unwrap();
-        j.record(Space::Buffer, 1, &buffer("00")).unwrap();
-        drop(j);
-        let j = Journal::open(dir.path(), "b").unwrap();
-        assert_eq!(j.pending(), 0);
-        assert!(dir.path().join("previous-node-a/regs/b1").exists());
-    }
-}
+#[path = "journal_tests.rs"]
+mod tests;

@@ -7,6 +7,7 @@ without a protobuf message object per region."""
 from __future__ import annotations
 
 import array
+import functools
 import logging
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
@@ -61,6 +62,76 @@ def address_kinds(addrs: Any) -> bytes:
     return bytes(out)
 
 
+#: `address_ranges`, besides BY_ADDRESS, FILE_SHARED and UNMAPPED (the region's first byte): a
+#: hole inside the range, a mapping under it that is not writable.
+HOLE, READ_ONLY = 3, 4
+
+
+def address_ranges(addrs: Any, sizes: Any) -> bytes:
+    """Per region (addrs[i], sizes[i]), what registering it by address would find, as the daemon
+    checks it (docs/API.md, "Memory with no file: by address"): BY_ADDRESS (every byte mapped and
+    writable, an anonymous or private mapping at its start), FILE_SHARED (a shared mapping of a
+    file at its start: handed over by descriptor, not checked further here), UNMAPPED (its start),
+    HOLE or READ_ONLY. The kernel asked region by region where it can (PROCMAP_QUERY through
+    tcpxd._native.vma_ranges), else one read of /proc/self/maps. Of the moment: the daemon's
+    own probe decides."""
+    global _procmap
+    if isinstance(addrs, list) and isinstance(sizes, list):  # (few: no numpy conversion)
+        a: Any = array.array("Q", addrs)
+        n: Any = array.array("Q", sizes)
+    else:
+        import numpy as np
+
+        a = np.ascontiguousarray(addrs, dtype=np.uint64)
+        n = np.ascontiguousarray(sizes, dtype=np.uint64)
+    if _native is not None and _procmap is not False and hasattr(_native, "vma_ranges"):
+        try:
+            kinds: bytes = _native.vma_ranges(a, n)
+            _procmap = True
+            return kinds
+        except OSError:
+            if _procmap is None:
+                _procmap = False
+    from ._hostmem import Locator
+
+    where = Locator()
+    out = bytearray(len(a))
+    for j, (addr, size) in enumerate(zip(a.tolist(), n.tolist())):
+        i = where.at(addr)
+        if i < 0:
+            out[j] = UNMAPPED
+            continue
+        m = where.mapping(i)
+        if m.inode != 0 and not m.path.startswith("[") and "s" in m.perms:
+            out[j] = FILE_SHARED
+            continue
+        end, kind = addr + size, BY_ADDRESS
+        while True:
+            if "w" not in m.perms:
+                kind = READ_ONLY
+                break
+            if m.end >= end:
+                break
+            i += 1
+            if i >= where.count() or where.mapping(i).start != m.end:
+                kind = HOLE
+                break
+            m = where.mapping(i)
+        out[j] = kind
+    return bytes(out)
+
+
+def range_refusal(kind: int, addr: int, size: int) -> str:
+    """Why a region `address_ranges` found `kind` (not BY_ADDRESS or FILE_SHARED) cannot be
+    registered, as the daemon would say it."""
+    span = f"{addr:#x}..{addr + size:#x}"
+    if kind == UNMAPPED:
+        return f"{addr:#x} is not mapped in this process (the range {span})"
+    if kind == HOLE:
+        return f"the range {span} has a hole: part of it is not mapped in this process"
+    return f"the range {span} is not writable throughout (a read-only mapping under it); transfers write into it"
+
+
 def address_tail(size: int, label: str, lists: Sequence[Any]) -> bytes:
     """The serialized RegisterClientMemoryRequest of a `size`-byte region with its block lists,
     but for its address (`Registrar.register_addresses`): the same for every region of one size."""
@@ -76,6 +147,7 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+@functools.lru_cache(maxsize=None)
 def _key(message: str, field: str) -> bytes:
     """The key of a length-delimited field (its number, wire type 2) as protobuf writes it."""
     return _varint(_proto.message(message).DESCRIPTOR.fields_by_name[field].number << 3 | 2)

@@ -10,7 +10,7 @@ daemon could map (anonymous memory: a plain numpy array, a CPU tensor; a private
 registered by address instead (`register_client_memory`): the daemon reads and writes this process's
 pages by cross-memory attach, which needs its ptrace permission (docs/OPERATIONS.md); between nodes
 the daemon stages such a buffer's chunks through its lanes' slots. The descriptor travels on a connection of the daemon's local session
-(`Registrar`) as SCM_RIGHTS with its `register_host_fd` frame; the buffer belongs to that connection:
+(`Registrar`, tcpxd._registrar) as SCM_RIGHTS with its `register_host_fd` frame; the buffer belongs to that connection:
 released when it closes (the client's `close()`), or by `release()`.
 
 Shared by the sync client, the asyncio client (which runs `register` in a thread) and sessions (whose
@@ -21,29 +21,18 @@ from __future__ import annotations
 
 import array
 import bisect
-import contextlib
 import ctypes
 import mmap
 import os
-import socket
 import stat
-import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from . import _local, _proto, _reattach
-from ._addresses import BY_ADDRESS, _varint, address_entries, address_kinds
-from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TcpxdError, Unavailable, from_status
-
-#: Registrations sent before their answers are read (`Registrar.register_many`): few enough that
-#: their answers fit the socket's buffer, so neither side blocks on the other.
-PIPELINE = 64
-#: `register_batch` and `release_batch` frames of memory by address sent before the first
-#: answer is read (`Registrar.register_addresses`, `release_many`): the daemon carries out the
-#: next while this process reads the last; their answers (~20 KB a registration frame) fit the
-#: socket's buffer together.
-FRAMES = 4
+from . import _proto, _reattach
+from ._addresses import BY_ADDRESS, address_kinds
+from ._registrar import FRAMES, PIPELINE, OldDaemon, Pending, Registrar, registered  # noqa: F401 (re-exported)
+from .errors import FailedPrecondition, InvalidArgument, ResourceExhausted, TcpxdError
 
 #: The memfd flags the package allocates with: sealable, so the daemon can seal it against
 #: shrinking (F_SEAL_SHRINK) and never fault on a truncated page.
@@ -381,28 +370,6 @@ def register_request(shared: Shared, label: str) -> Any:
     return _proto.message("RegisterHostFdRequest")(offset=shared.offset, size=shared.nbytes, label=label)
 
 
-def registered(ev: Any, tag: int) -> Any:
-    """The Buffer message the daemon's answer carries; raises its refusal."""
-    kind = ev.WhichOneof("event")
-    if kind == "refused":
-        raise from_status(ev.refused.code, ev.refused.message)
-    if ev.tag != tag or kind != "registered":
-        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to registration {tag}")
-    return ev.registered
-
-
-def _registered_each(conn: _local.Connection, tags: Sequence[int]) -> List[Any]:
-    """The answers to registrations sent as `tags`, in order: each one's Buffer message, or the
-    TcpxdError refusing it."""
-    out: List[Any] = []
-    for tag in tags:
-        try:
-            out.append(registered(conn.receive(), tag))
-        except TcpxdError as e:
-            out.append(e)
-    return out
-
-
 def no_unix_socket(endpoint: str) -> TcpxdError:
     return FailedPrecondition(
         f"register_host: host memory is handed to the daemon as a file descriptor over its unix socket, and "
@@ -410,293 +377,6 @@ def no_unix_socket(endpoint: str) -> TcpxdError:
         "node, or let the daemon allocate the buffer (register_host(size, shared=False)) and use "
         "write_bytes()/read_bytes()"
     )
-
-
-def _unreleased(n: int) -> List[Any]:
-    """What release_many answers for ids it did not get to release."""
-    return [FailedPrecondition("release: not released by a batch") for _ in range(n)]
-
-
-class _Known:
-    available: Optional[bool] = None
-
-
-class OldDaemon(FailedPrecondition):
-    """The daemon does not speak the local session: it cannot take host memory by descriptor."""
-
-
-class Registrar:
-    """The client's connection for registering its host memory: one local session of its own, kept
-    open while the client lives (the daemon releases the buffers registered on it when it closes),
-    one registration at a time."""
-
-    def __init__(self, path: str, known: Any = None):
-        self.path = path
-        self._lock = threading.Lock()
-        self._conn: Optional[_local.Connection] = None
-        self._closed = False
-        self._pid = os.getpid()
-        #: False once the daemon turned out not to know `register_batch` (registrations then go
-        #: one request each, pipelined).
-        self._batches: Optional[bool] = None
-        #: What the client found out about the daemon's local session (`available`): its pool of
-        #: local sessions, shared so the daemon is asked once; else this registrar's own.
-        self._known = known if known is not None else _Known()
-
-    @property
-    def available(self) -> Optional[bool]:
-        """False once the daemon turned out not to speak the local session (it predates it)."""
-        return self._known.available
-
-    @available.setter
-    def available(self, value: Optional[bool]) -> None:
-        self._known.available = value
-
-    @contextlib.contextmanager
-    def _talking(self, what: str, timeout: Optional[float]) -> Iterator[None]:
-        """The local session's silence or end while doing `what` (`register_host`, `release`): the
-        connection is dropped (the next call opens one) and Unavailable says which."""
-        try:
-            yield
-        except socket.timeout:
-            self._drop()
-            raise Unavailable(f"{what}: no answer from the daemon at {self.path} within {timeout} s") from None
-        except (_local.Gone, OSError) as e:
-            self._drop()
-            raise Unavailable(f"{what}: the local session with {self.path} ended: {e!r}") from None
-
-    def register(self, shared: Shared, label: str, timeout: Optional[float]) -> Any:
-        """Registers the memory; returns the daemon's Buffer message."""
-        try:
-            with self._lock:
-                conn = self._connection()
-                with self._talking("register_host", timeout):
-                    [(field, req)] = shared.session_op(label).items()
-                    ev = conn.exchange(field, req, timeout, fd=shared.sent_fd)
-                return registered(ev, conn.tag)
-        finally:
-            shared.done_sending()
-
-    def register_many(self, items: Sequence[Tuple[Shared, Sequence[Any]]], label: str, timeout: Optional[float]) -> List[Any]:
-        """Registers each memory with its block lists (StridedBlocks, made by the daemon on the new
-        buffer): the daemon's Buffer message, or the TcpxdError refusing it, per memory in order.
-        PIPELINE at a time go in one `register_batch` frame, their descriptors with it; to a
-        daemon without it, PIPELINE requests go out before their answers are read (one round trip
-        for each PIPELINE, not each memory, either way)."""
-        out: List[Any] = []
-        try:
-            with self._lock:
-                conn = self._connection()
-                with self._talking("register_host", timeout):
-                    start = 0
-                    while self._batches is not False and start < len(items):
-                        got = self._batch(conn, items[start : start + PIPELINE], label, timeout)
-                        if got is None:
-                            self._batches = False  # the daemon predates register_batch
-                            break
-                        out.extend(got)
-                        start += len(got)
-                    for at in range(start, len(items), PIPELINE):
-                        tags = []
-                        for shared, lists in items[at : at + PIPELINE]:
-                            [(field, req)] = shared.session_op(label).items()
-                            req.block_lists.extend(lists)
-                            try:
-                                if not conn.send(field, req, timeout, fd=shared.sent_fd):
-                                    raise InvalidArgument("register_host: the registration is too large for a frame")
-                            finally:
-                                shared.done_sending()
-                            tags.append(conn.tag)
-                        out.extend(_registered_each(conn, tags))
-                return out
-        finally:
-            for shared, _ in items:
-                shared.done_sending()
-
-    def _batch(self, conn: _local.Connection, items: Sequence[Tuple[Shared, Sequence[Any]]], label: str,
-               timeout: Optional[float]) -> Optional[List[Any]]:
-        """One `register_batch` of `items`: per memory, its Buffer message or the TcpxdError
-        refusing it; None when the daemon does not know the request (it refused the frame's op)."""
-        entry = _proto.message("RegisterBatchEntry")
-        entries, fds = [], []
-        for shared, lists in items:
-            [(field, req)] = shared.session_op(label).items()
-            req.block_lists.extend(lists)
-            entries.append(entry(**{"host_fd" if field == "register_host_fd" else "client_memory": req}))
-            if shared.sent_fd is not None:
-                fds.append(shared.sent_fd)
-        batch = _proto.message("RegisterBatchRequest")(entries=entries)
-        try:
-            if not conn.send("register_batch", batch, timeout, fds=fds):
-                raise InvalidArgument("register_host: the registrations are too large for a frame")
-        finally:
-            for shared, _ in items:
-                shared.done_sending()
-        return _batch_answer(conn, len(items), conn.tag)
-
-    def register_addresses(self, addrs: Any, tails: Sequence[bytes], timeout: Optional[float]) -> List[Any]:
-        """Registers memory of this process by address, region i at `addrs[i]` (a numpy u64
-        array) with the rest of its request serialized in `tails[i]` (`address_tail`): per
-        region, the daemon's Buffer message or the TcpxdError refusing it. As `register_many`,
-        PIPELINE to a `register_batch` frame, its entries written without a message object each
-        (`address_entries`); to a daemon without it, one request each, pipelined."""
-        out: List[Any] = []
-        n = len(tails)
-        with self._lock:
-            conn = self._connection()
-            with self._talking("register_host", timeout):
-                start = 0
-                sent: List[Tuple[int, int, int]] = []  # (first region, end, tag) of frames unanswered
-                B = _proto.message("RegisterBatchRequest")
-                while self._batches is not False and (start < n or sent):
-                    while start < n and len(sent) < FRAMES:
-                        end = min(n, start + PIPELINE)
-                        batch = B.FromString(address_entries(addrs[start:end], list(tails[start:end])))
-                        if not conn.send("register_batch", batch, timeout):
-                            raise InvalidArgument("register_host: the registrations are too large for a frame")
-                        sent.append((start, end, conn.tag))
-                        start = end
-                    first, end, tag = sent.pop(0)
-                    got = _batch_answer(conn, end - first, tag)
-                    if got is None:  # the daemon predates register_batch: it refuses every frame
-                        for _ in sent:
-                            _batch_answer(conn, 0, 0)
-                        self._batches, start = False, first
-                        break
-                    out.extend(got)
-                R = _proto.message("RegisterClientMemoryRequest")
-                for at in range(start, n, PIPELINE):
-                    tags = []
-                    for j in range(at, min(n, at + PIPELINE)):
-                        req = R.FromString(b"\x08" + _varint(int(addrs[j])) + tails[j])
-                        if not conn.send("register_client_memory", req, timeout):
-                            raise InvalidArgument("register_host: the registration is too large for a frame")
-                        tags.append(conn.tag)
-                    out.extend(_registered_each(conn, tags))
-        return out
-
-
-    def release_many(self, ids: Sequence[int], timeout: Optional[float]) -> Optional[List[Any]]:
-        """Releases buffers registered on this connection, PIPELINE to a `release_batch` (FRAMES
-        of them sent before the first answer is read): per id,
-        None (released) or the TcpxdError the daemon answered (a buffer a transfer still uses is
-        not released: FailedPrecondition); None for all when the daemon does not know the request
-        or no connection is open (the caller releases them one by one)."""
-        if self._batches is False or not ids:
-            return None
-        out: List[Any] = []
-        with self._lock:
-            if self._conn is None or self._pid != os.getpid():
-                return None
-            conn = self._conn
-            R = _proto.message("ReleaseBatchRequest")
-            with self._talking("release", timeout):
-                at = 0
-                sent: List[Tuple[int, int]] = []  # (ids in the frame, its tag), unanswered
-                while at < len(ids) or sent:
-                    while at < len(ids) and len(sent) < FRAMES:
-                        chunk = list(ids[at : at + PIPELINE])
-                        if not conn.send("release_batch", R(buffer_ids=chunk), timeout):
-                            raise InvalidArgument("release: the ids are too large for a frame")
-                        sent.append((len(chunk), conn.tag))
-                        at += len(chunk)
-                    count, tag = sent.pop(0)
-                    ev = conn.receive()
-                    kind = ev.WhichOneof("event")
-                    if kind == "refused" and ev.refused.code == 3 and ev.refused.message.startswith("op: set one of"):
-                        for _ in sent:  # (refused likewise)
-                            conn.receive()
-                        self._batches = False  # the daemon predates release_batch
-                        return out + _unreleased(len(ids) - len(out)) if out else None
-                    if kind != "released_batch" or ev.tag != tag or len(ev.released_batch.statuses) != count:
-                        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to release {tag}")
-                    out.extend(None if st.code == 0 else from_status(st.code, st.message) for st in ev.released_batch.statuses)
-        return out
-
-    def register_fd(self, fd: int, req: Any, timeout: Optional[float]) -> Any:
-        """Sends `req` (a RegisterHostFdRequest) with `fd` (kept open: the caller's); returns the
-        daemon's Buffer message. A re-attach after a restart goes this way."""
-        with self._lock:
-            conn = self._connection()
-            with self._talking("register_host", timeout):
-                ev = conn.exchange("register_host_fd", req, timeout, fd=fd)
-            return registered(ev, conn.tag)
-
-    def register_by_address(self, req: Any, timeout: Optional[float]) -> Any:
-        """Sends `req` (a RegisterClientMemoryRequest); returns the daemon's Buffer message. A
-        re-attach after a restart goes this way."""
-        with self._lock:
-            conn = self._connection()
-            with self._talking("register_host", timeout):
-                ev = conn.exchange("register_client_memory", req, timeout)
-            return registered(ev, conn.tag)
-
-    def reset(self) -> None:
-        """Forgets the connection (the daemon it went to is gone): the next registration opens one."""
-        with self._lock:
-            self._drop()
-
-    def _connection(self) -> _local.Connection:
-        if self._closed:
-            raise TcpxdError("the client is closed")
-        if self._pid != os.getpid():  # a forked child: the parent's connection is not ours
-            if self._conn is not None:
-                self._conn.close()
-            self._conn, self._pid = None, os.getpid()
-        if self._conn is None:
-            try:
-                if self.available is False:
-                    raise _local.NotLocal("found out before")
-                conn = _local.handshake(self.path)
-            except _local.NotLocal as e:
-                self.available = False
-                raise OldDaemon(
-                    f"register_host: the daemon at {self.path} does not speak the local session ({e}); "
-                    "it predates host memory registration: upgrade it, or use register_host(size, shared=False)"
-                ) from None
-            if conn is None:
-                raise Unavailable(f"register_host: nothing answers at {self.path}")
-            self._conn, self.available = conn, True
-        return self._conn
-
-    def speaks_local(self) -> bool:
-        """Whether the daemon speaks the local session (connects to find out, once)."""
-        if self.available is None:
-            try:
-                with self._lock:
-                    self._connection()
-            except OldDaemon:
-                pass
-        return self.available is not False
-
-    def _drop(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def close(self) -> None:
-        """Closes the connection: the daemon releases the buffers registered on it."""
-        with self._lock:
-            self._closed = True
-            self._drop()
-
-
-def _batch_answer(conn: _local.Connection, n: int, tag: int) -> Optional[List[Any]]:
-    """The answer to the `register_batch` of `n` registrations sent with `tag`: per registration,
-    its Buffer message or the TcpxdError refusing it; None when the daemon does not know the
-    request."""
-    ev = conn.receive()
-    kind = ev.WhichOneof("event")
-    if kind == "refused":
-        if ev.refused.code == 3 and ev.refused.message.startswith("op: set one of"):  # INVALID_ARGUMENT
-            return None
-        raise from_status(ev.refused.code, ev.refused.message)
-    if ev.tag != tag or kind != "registered_batch":
-        raise TcpxdError(f"local session: the daemon answered tag {ev.tag} ({kind}) to registration {tag}")
-    got = ev.registered_batch
-    if len(got.buffers) != n or len(got.statuses) != n:
-        raise TcpxdError(f"local session: the daemon answered {len(got.buffers)} registrations of {n}")
-    return [b if st.code == 0 else from_status(st.code, st.message) for b, st in zip(got.buffers, got.statuses)]
 
 
 def prepare(memory: Any, label: str, fd: Optional[int]) -> Shared:
@@ -718,6 +398,19 @@ def register_many(
     and descriptors for all of them; their registrations pipelined on the registrar's connection."""
     if registrar is None:
         raise no_unix_socket(endpoint)
+    prepared, hosts = prepare_many(memories, label)
+    todo = [(i, p) for i, p in enumerate(prepared) if isinstance(p, Shared)]
+    answers = registrar.register_many([(p, lists[i]) for i, p in todo], label, timeout)
+    out: List[Any] = list(prepared)
+    for (i, _), ans in zip(todo, answers):
+        out[i] = ans if isinstance(ans, TcpxdError) else (ans, hosts[i])
+    return out
+
+
+def prepare_many(memories: Sequence[Any], label: str) -> Tuple[List[Any], Dict[int, HostMemory]]:
+    """What `register_many` hands over: per memory its Shared (or the TcpxdError saying why it
+    cannot be), and this side of each (HostMemory, by index; a duplicate of the descriptor kept
+    to register it again after a restart). One read of this process's mappings and descriptors."""
     where = Locator()
     prepared: List[Any] = []
     for memory in memories:
@@ -725,16 +418,39 @@ def register_many(
             prepared.append(locate(memory, None, where))
         except TcpxdError as e:
             prepared.append(e)
-    todo = [(i, p) for i, p in enumerate(prepared) if isinstance(p, Shared)]
-    hosts = {i: HostMemory(p) for i, p in todo}
-    for i, p in todo:
+    hosts = {i: HostMemory(p) for i, p in enumerate(prepared) if isinstance(p, Shared)}
+    for i, h in hosts.items():
+        p = prepared[i]
         if p.address is None:
-            hosts[i].reattach = (_reattach.keep_fd(p.fd, hosts[i]), p.offset, p.nbytes, label)
-    answers = registrar.register_many([(p, lists[i]) for i, p in todo], label, timeout)
-    out: List[Any] = list(prepared)
-    for (i, _), ans in zip(todo, answers):
-        out[i] = ans if isinstance(ans, TcpxdError) else (ans, hosts[i])
-    return out
+            h.reattach = (_reattach.keep_fd(p.fd, h), p.offset, p.nbytes, label)
+    return prepared, hosts
+
+
+#: fcntl's F_GET_SEALS and the seals (linux/fcntl.h), for Pythons that do not name them.
+_F_GET_SEALS = 1034
+_F_SEAL_SEAL, _F_SEAL_SHRINK, _F_SEAL_WRITE, _F_SEAL_FUTURE_WRITE = 0x1, 0x2, 0x8, 0x10
+
+
+def taken_as_is(shared: Shared) -> bool:
+    """Whether the daemon takes this memory by descriptor whoever this process is, as far as this
+    process can tell (docs/API.md, "Client host memory"): a regular file open read-write, the
+    range inside it, not sealed against writing, and sealable against shrinking (else the daemon
+    takes it only from its own user, which only its answer tells). What can be registered without
+    waiting for the answer (tcpxd.nixl)."""
+    import fcntl
+
+    try:
+        st = os.fstat(shared.fd)
+        if not stat.S_ISREG(st.st_mode) or fcntl.fcntl(shared.fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDWR:
+            return False
+        if shared.offset + shared.nbytes > st.st_size:
+            return False
+        seals = fcntl.fcntl(shared.fd, _F_GET_SEALS)
+    except OSError:  # (not a file that takes seals: the daemon takes it from its own user only)
+        return False
+    if seals & (_F_SEAL_WRITE | _F_SEAL_FUTURE_WRITE):
+        return False
+    return bool(seals & _F_SEAL_SHRINK) or not seals & _F_SEAL_SEAL
 
 
 def daemon_allocates(memory: Any, shared: Optional[bool], registrar: Optional[Registrar]) -> bool:

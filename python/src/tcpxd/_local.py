@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import array
 import os
+import select
 import socket
 import struct
 import threading
+import time
 import weakref
 from typing import Any, Iterator, List, Optional, Sequence, Set, Union
 
@@ -43,6 +45,26 @@ HANDSHAKE_TIMEOUT = 5.0
 BACKSTOP = 1.0
 
 HEADER = struct.Struct(">I")
+
+
+def _spin_default() -> float:
+    """SPIN_S: TCPXD_CLIENT_SPIN_US (µs), else 200 µs with 8 CPUs or more and 0 below (the
+    daemon's `runtime.spin auto` rule: on a machine with few cores the daemons need the CPU a
+    spinning client would take)."""
+    v = os.environ.get("TCPXD_CLIENT_SPIN_US", "")
+    if v:
+        try:
+            return max(0.0, float(v) / 1e6)
+        except ValueError:
+            pass
+    return 200e-6 if (os.cpu_count() or 1) >= 8 else 0.0
+
+
+#: How long a waited transfer's thread looks at its connection without blocking (`poll(0)`, the
+#: GIL released at each look) before it blocks on it: a small transfer's answer, which comes
+#: within that, is read without the thread having been put to sleep and woken again. Bounded;
+#: 0: block at once.
+SPIN_S = _spin_default()
 
 
 def socket_path(endpoint: str) -> Optional[str]:
@@ -142,6 +164,7 @@ class Connection:
         self._ahead = 0
         self._tag = 0
         self._timeout: Optional[float] = None  # the socket's, set only when it changes
+        self._poll: Any = None  # `_spin`'s (made on first use; a connection is one thread's at a time)
 
     def exchange(self, field: str, req: Any, timeout: Optional[float], fd: Optional[int] = None) -> Optional[Any]:
         """Sends one request (with the file descriptor `fd` attached, for `register_host_fd`) and
@@ -150,7 +173,20 @@ class Connection:
         BACKSTOP) passed."""
         if not self.send(field, req, timeout, fd):
             return None
+        if SPIN_S > 0 and not self._ahead:
+            self._spin(SPIN_S)
         return self.receive()
+
+    def _spin(self, budget: float) -> None:
+        """Looks for the answer without blocking for up to `budget` seconds (then `receive`
+        blocks as ever)."""
+        waiter = self._poll
+        if waiter is None:
+            waiter = self._poll = select.poll()
+            waiter.register(self.sock.fileno(), select.POLLIN)
+        end = time.perf_counter() + budget
+        while not waiter.poll(0) and time.perf_counter() < end:
+            pass
 
     def send(self, field: str, req: Any, timeout: Optional[float], fd: Optional[int] = None,
              fds: Sequence[int] = ()) -> bool:
@@ -171,6 +207,34 @@ class Connection:
                 send_with_fds(self.sock, frame, fds)
             else:
                 self.sock.sendall(frame)
+        except (BrokenPipeError, ConnectionResetError):
+            raise Gone(sent=False) from None
+        return True
+
+    def send_body(self, key: bytes, body: bytes, timeout: Optional[float]) -> bool:
+        """`send` of a request whose one field is serialized already: `key` the field's key bytes
+        (its number and wire type), `body` its message's bytes (a register_batch's entries written
+        by tcpxd._addresses: no message object to parse and serialize again); False when it is
+        too large for a frame."""
+        self._tag += 1
+        tag = self._tag
+        head = bytearray(b"\x08")
+        for n in (tag, -1, len(body)):
+            if n < 0:
+                head += key
+                continue
+            while n >= 0x80:
+                head.append((n & 0x7F) | 0x80)
+                n >>= 7
+            head.append(n)
+        if len(head) + len(body) > MAX_FRAME:
+            return False
+        wait = None if timeout is None else timeout + BACKSTOP
+        if wait != self._timeout:
+            self.sock.settimeout(wait)
+            self._timeout = wait
+        try:
+            self.sock.sendall(HEADER.pack(len(head) + len(body)) + head + body)
         except (BrokenPipeError, ConnectionResetError):
             raise Gone(sent=False) from None
         return True

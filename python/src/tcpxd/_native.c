@@ -442,6 +442,102 @@ static PyObject *vma_kinds(PyObject *self, PyObject *args) {
     return out;
 }
 
+static const char vma_ranges_doc[] =
+    "vma_ranges(addrs, sizes, /) -> bytes\n\n"
+    "Per region i of `addrs` and `sizes` (buffers of native u64s, one each a region), what the\n"
+    "daemon would find of it registered by address: 0 every byte mapped and writable, the first\n"
+    "in an anonymous or private mapping (registered by address); 1 the first byte in a shared\n"
+    "mapping of a file (handed over by descriptor: not checked further); 2 the first byte not\n"
+    "mapped; 3 a hole inside the range; 4 a mapping under it not writable. Raises OSError where\n"
+    "the kernel has no PROCMAP_QUERY (before Linux 6.11: ENOTTY or EINVAL).";
+
+#define TCPXD_PROCMAP_VMA_WRITABLE 0x02
+
+/* One PROCMAP_QUERY of the mapping covering `a`: 0, ENOENT (none) or the ioctl's errno. */
+static int vma_at(int fd, uint64_t a, struct tcpxd_procmap_query *q) {
+    memset(q, 0, sizeof *q);
+    q->size = sizeof *q;
+    q->query_addr = a;
+    return ioctl(fd, TCPXD_PROCMAP_QUERY, q) != 0 ? errno : 0;
+}
+
+static PyObject *vma_ranges(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer v, s;
+    if (!PyArg_ParseTuple(args, "y*y*", &v, &s))
+        return NULL;
+    if (v.len % 8 || v.len != s.len) {
+        PyBuffer_Release(&v);
+        PyBuffer_Release(&s);
+        PyErr_SetString(PyExc_ValueError, "vma_ranges: addrs and sizes are not two buffers of as many u64s");
+        return NULL;
+    }
+    size_t n = (size_t)v.len / 8;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
+    if (out == NULL) {
+        PyBuffer_Release(&v);
+        PyBuffer_Release(&s);
+        return NULL;
+    }
+    unsigned char *k = (unsigned char *)PyBytes_AS_STRING(out);
+    int err = 0;
+    if (!maps_fd_ours()) {
+        maps_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+        maps_pid = getpid();
+        if (maps_fd < 0 || fstat(maps_fd, &maps_st) != 0)
+            err = errno;
+    }
+    int fd = maps_fd;
+    /* With the GIL held, as vma_kinds. */
+    for (size_t i = 0; err == 0 && fd >= 0 && i < n; i++) {
+        uint64_t a, len;
+        memcpy(&a, (const char *)v.buf + i * 8, 8);
+        memcpy(&len, (const char *)s.buf + i * 8, 8);
+        uint64_t end = a + len < a ? UINT64_MAX : a + len;
+        struct tcpxd_procmap_query q;
+        int e = vma_at(fd, a, &q);
+        if (e == ENOENT) {
+            k[i] = 2;
+            continue;
+        }
+        if (e) {
+            err = e;
+            break;
+        }
+        if (q.inode != 0 && (q.vma_flags & TCPXD_PROCMAP_VMA_SHARED)) {
+            k[i] = 1;
+            continue;
+        }
+        k[i] = 0;
+        for (;;) {
+            if (!(q.vma_flags & TCPXD_PROCMAP_VMA_WRITABLE)) {
+                k[i] = 4;
+                break;
+            }
+            if (q.vma_end >= end)
+                break;
+            uint64_t next = q.vma_end;
+            e = vma_at(fd, next, &q);
+            if (e == ENOENT || (e == 0 && q.vma_start != next)) {
+                k[i] = 3;
+                break;
+            }
+            if (e) {
+                err = e;
+                break;
+            }
+        }
+    }
+    PyBuffer_Release(&v);
+    PyBuffer_Release(&s);
+    if (err) {
+        Py_DECREF(out);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return out;
+}
+
 static const char address_entries_doc[] =
     "address_entries(addrs, tails, entry_key, inner_key, /) -> bytes\n\n"
     "A RegisterBatchRequest's entries of memory registered by address: per region i, `entry_key`,\n"
@@ -504,6 +600,7 @@ static PyObject *address_entries(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"vma_kinds", vma_kinds, METH_VARARGS, vma_kinds_doc},
+    {"vma_ranges", vma_ranges, METH_VARARGS, vma_ranges_doc},
     {"address_entries", address_entries, METH_VARARGS, address_entries_doc},
     {"desc_rows", desc_rows, METH_VARARGS, desc_rows_doc},
     {"outer", outer, METH_VARARGS, outer_doc},
@@ -513,7 +610,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "tcpxd._native", "The NIXL agent's index pass (see outer), its descriptor rows (desc_rows), the local session's frame and the registration of memory by address (vma_kinds, address_entries).", -1, methods,
+    PyModuleDef_HEAD_INIT, "tcpxd._native", "The NIXL agent's index pass (see outer), its descriptor rows (desc_rows), the local session's frame and the registration of memory by address (vma_kinds, vma_ranges, address_entries).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -23,6 +23,12 @@ def vma_kinds(addrs: Any, /) -> bytes:
     holding it: 0 anonymous or private, 1 a shared mapping of a file, 2 none (PROCMAP_QUERY);
     raises OSError where the kernel has no PROCMAP_QUERY (before Linux 6.11)."""
 
+def vma_ranges(addrs: Any, sizes: Any, /) -> bytes:
+    """Per region (addrs[i], sizes[i]: buffers of native u64s), what registering it by address
+    would find: 0 mapped and writable throughout, anonymous or private at its start; 1 a shared
+    mapping of a file at its start; 2 its start not mapped; 3 a hole inside; 4 a mapping under it
+    not writable (PROCMAP_QUERY); raises OSError where the kernel has no PROCMAP_QUERY."""
+
 def address_entries(addrs: Any, tails: list, entry_key: bytes, inner_key: bytes, /) -> bytes:
     """A RegisterBatchRequest's entries of memory registered by address: per region, its
     address (field 1 of the request) followed by tails[i], the rest of its serialized request."""

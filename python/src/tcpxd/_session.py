@@ -148,6 +148,15 @@ _FRAME_ONE = 32768
 #: connection (longer, and the connection is left to the session: its reader may still use it).
 RELEASE_WAIT_S = 5.0
 
+#: While a caller has polled a session (`poll()`, a future's `done()` or `result()`) within this
+#: long, the session's reader thread leaves its connection to that caller: it sleeps instead of
+#: waiting on the socket, so an event does not wake it just when the polling thread is about to
+#: read that event itself (the reader would then want the GIL the polling thread holds, and the
+#: two hand it back and forth: on the 2-core VM that doubled a tight check_xfer_state loop's wait).
+#: What no one polls for is read at most this late after the last poll. 0: the reader always waits
+#: on the socket (as before session 21).
+READER_QUIET_S = 0.002
+
 #: The send buffer asked for a session's local-session socket (the kernel caps it at wmem_max):
 #: requests written at once are not held up while the daemon starts the earlier ones.
 SESSION_SNDBUF = 4 << 20
@@ -164,6 +173,11 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
 
     #: Why the client ended it ("cancelled", "expired", "client closed"), on the local session.
     _why: Optional[str] = None
+    #: When a caller last polled or waited (time.monotonic()): the reader thread stays quiet
+    #: for READER_QUIET_S after it.
+    _polled_at = 0.0
+    #: wait_readable's poll objects, one a thread (made on first use).
+    _ready_polls: Any = None
 
     def __init__(self, client: "Client", timeout: Optional[float]):
         self._client = client
@@ -478,10 +492,16 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         waiter = select.poll()
         waiter.register(conn.sock.fileno(), select.POLLIN)
         while self._read_end is None:
+            quiet = self._polled_at + READER_QUIET_S - time.monotonic()
+            if quiet > 0:  # a caller polls: it reads the connection itself
+                time.sleep(quiet)
+                continue
             try:
                 waiter.poll()
             except InterruptedError:
                 continue
+            if self._polled_at + READER_QUIET_S > time.monotonic():
+                continue  # a caller polls (began while this waited): it reads what came
             with self._read_lock:
                 if self._read_end is None:
                     self._drain()
@@ -494,6 +514,7 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         caller polling a transfer learns it finished without waiting for the reader thread, which
         would need the GIL the polling loop holds. gRPC sessions: nothing (their reader resolves)."""
         lock = getattr(self, "_read_lock", None)
+        self._polled_at = time.monotonic()
         if lock is not None and self._read_end is None and lock.acquire(blocking=False):
             try:
                 if self._read_end is None:
@@ -503,6 +524,26 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
             finally:
                 lock.release()
 
+    def wait_readable(self, ms: int) -> None:
+        """Waits until the daemon has sent something on this session (or `ms` passed), the GIL
+        released; at once on a gRPC session. For a loop polling without a pause (tcpxd.nixl's
+        check_xfer_state): the CPU it would spin on goes to the daemons, and `poll()` after it
+        reads what came (the reader thread stays quiet meanwhile: READER_QUIET_S)."""
+        if self._conn is None or self._read_end is not None:
+            return
+        self._polled_at = time.monotonic()
+        mine = self._ready_polls
+        if mine is None:
+            mine = self._ready_polls = threading.local()
+        waiter = getattr(mine, "poll", None)
+        if waiter is None:  # (a poll object is not for two threads at once: one a thread)
+            waiter = mine.poll = select.poll()
+            waiter.register(self._conn.sock.fileno(), select.POLLIN)
+        try:
+            waiter.poll(ms)
+        except InterruptedError:
+            pass
+
     def _wait(self, fut: concurrent.futures.Future, timeout: Optional[float]) -> None:
         """Waits until `fut` is done (or `timeout` passed), reading the connection in this thread
         while no other thread is (the GIL released while it waits for the connection), else
@@ -511,7 +552,8 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         deadline = None if timeout is None else time.monotonic() + timeout
         waiter: Optional[Any] = None
         while not concurrent.futures.Future.done(fut) and self._read_end is None:
-            left = None if deadline is None else deadline - time.monotonic()
+            self._polled_at = now = time.monotonic()
+            left = None if deadline is None else deadline - now
             if left is not None and left <= 0:
                 return
             if lock.acquire(blocking=False):

@@ -19,7 +19,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use tcpxd::net::host_copies::{CopyJob, HostCopies, HostCopy};
+use tcpxd::net::host_copies::{CopyJob, HelperSpin, HostCopies, HostCopy};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -48,6 +48,10 @@ struct Args {
     /// Seconds per row.
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
+    /// The most an idle helper spins for its next chunk, µs (the daemon's
+    /// `transfer.host_copy_spin_us`; 200 is its `auto` where it spins).
+    #[arg(long, default_value_t = 200)]
+    spin_us: u64,
 }
 
 struct Setup {
@@ -136,7 +140,10 @@ fn main() {
     row("memcpy 1 thread", bytes, t0.elapsed(), None);
 
     // The poller alone.
-    let none = HostCopies::new(0);
+    let spin = HelperSpin {
+        max: Duration::from_micros(a.spin_us),
+    };
+    let none = HostCopies::new(0, spin);
     let (t0, mut n) = (Instant::now(), 0usize);
     while t0.elapsed() < run_for {
         let job = s.job(n);
@@ -149,7 +156,7 @@ fn main() {
     let base = row("poller", (n * chunk) as u64, t0.elapsed(), None);
 
     for &threads in &a.threads {
-        let pool = HostCopies::new(threads);
+        let pool = HostCopies::new(threads, spin);
         let (t0, mut n) = (Instant::now(), 0usize);
         while t0.elapsed() < run_for {
             let job = s.job(n);

@@ -3,6 +3,7 @@
 
 pub mod batch_ranges;
 pub mod blocks;
+pub mod delivery;
 pub mod dial;
 pub mod host_memory;
 pub mod local;

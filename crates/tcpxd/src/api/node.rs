@@ -14,13 +14,15 @@ use crate::net::{Plugin, PluginSource};
 /// The request forms DescribeNode lists in `features`: WritePrepared/ReadPrepared's outer sums
 /// and index windows; WriteBatch/ReadBatch's packed `ranges` (api/batch_ranges.rs);
 /// `register_client_memory`'s `reattach_id` (api/host_memory.rs); the local session's
-/// `register_batch` (api/register_batch.rs).
+/// `register_batch` and its packed answer (api/register_batch.rs).
 pub const FEATURES: &[&str] = &[
     "prepared_outer_indices",
     "prepared_index_windows",
     "batch_ranges",
     "reattach_client_memory",
     "register_batch",
+    // (reg-async) `register_batch.packed_answer` (api/register_batch.rs).
+    "register_packed",
 ];
 
 /// What the daemon knows of itself, gathered at start-up (GPUs on first ask).

@@ -79,16 +79,21 @@ struct Added {
     lists: Vec<Result<ListFacts, EngineError>>,
 }
 
+/// A registration carried out: its buffer, and each list asked for with it (made, or why not).
+pub struct Registered {
+    pub entry: Arc<BufferEntry>,
+    pub lists: Vec<Result<ListFacts, EngineError>>,
+}
+
 impl DaemonState {
     /// Registers a batch (each with the strided block lists it asked for): per registration, in
-    /// order, its buffer (lists and their statuses in `block_lists`, `block_list_status`) or why
-    /// it was refused.
+    /// order, its buffer and lists (`buffer_answer`, `packed_answer`) or why it was refused.
     pub(crate) async fn register_batch(
         self: &Arc<Self>,
         batch: Vec<(Registration, Vec<pb::StridedBlocks>)>,
-    ) -> Vec<Result<pb::Buffer, Status>> {
+    ) -> Vec<Result<Registered, Status>> {
         let mut starts = ProcessStarts::default();
-        let mut out: Vec<Option<Result<pb::Buffer, Status>>> = (0..batch.len()).map(|_| None).collect();
+        let mut out: Vec<Option<Result<Registered, Status>>> = (0..batch.len()).map(|_| None).collect();
         let mut checked: Vec<(usize, Checked)> = Vec::new();
         for (i, (reg, lists)) in batch.into_iter().enumerate() {
             match self.check(reg, &mut starts) {
@@ -112,28 +117,16 @@ impl DaemonState {
                 a.claim.keep();
                 registered.0 += 1;
                 registered.1 += a.entry.size;
-                let mut buffer = self.buffer_pb(&a.entry);
-                for (k, list) in a.lists.into_iter().enumerate() {
-                    let (list, st) = match list {
-                        Ok(f) => (self.block_list_pb(&f), pb::EntryStatus::default()),
-                        Err(e) => (
-                            pb::BlockList::default(),
-                            pb::EntryStatus {
-                                code: e.code as i32,
-                                message: format!("block_lists[{k}]: {}", e.message),
-                            },
-                        ),
-                    };
-                    buffer.block_lists.push(list);
-                    buffer.block_list_status.push(st);
-                }
                 tracing::debug!(
                     buffer = a.entry.id,
                     size = a.entry.size,
                     kind = kind_name(a.entry.kind),
                     "client host memory registered"
                 );
-                buffer
+                Registered {
+                    entry: a.entry,
+                    lists: a.lists,
+                }
             }));
         }
         if registered.0 > 0 {
@@ -148,6 +141,83 @@ impl DaemonState {
                 o.unwrap_or_else(|| Err(Status::internal("a registration of the batch went unanswered")))
             })
             .collect()
+    }
+
+    /// A registration's answer as a Buffer message: its lists and their statuses in
+    /// `block_lists`, `block_list_status`.
+    pub(crate) fn buffer_answer(&self, r: Registered) -> pb::Buffer {
+        let mut buffer = self.buffer_pb(&r.entry);
+        for (k, list) in r.lists.into_iter().enumerate() {
+            let (list, st) = match list {
+                Ok(f) => (self.block_list_pb(&f), pb::EntryStatus::default()),
+                Err(e) => (pb::BlockList::default(), list_status(k, &e)),
+            };
+            buffer.block_lists.push(list);
+            buffer.block_list_status.push(st);
+        }
+        buffer
+    }
+
+    /// A `register_batch`'s answers as arrays (`packed_answer`): per entry, its outcome
+    /// (refused before or by the batch).
+    pub(crate) fn packed_answer(&self, answers: Vec<Result<Registered, Status>>) -> pb::PackedRegistrations {
+        let mut p = pb::PackedRegistrations::default();
+        let mut text = String::new();
+        let mut ends: Vec<u8> = Vec::new();
+        let end = |text: &String, ends: &mut Vec<u8>| {
+            ends.extend_from_slice(&u32::try_from(text.len()).unwrap_or(u32::MAX).to_le_bytes())
+        };
+        let mut slot = 0u32;
+        for (i, answer) in answers.into_iter().enumerate() {
+            match answer {
+                Ok(r) => {
+                    // (at most 8 lists a registration: session.rs's check_lists)
+                    p.entry_lists.push(u8::try_from(r.lists.len()).unwrap_or(u8::MAX));
+                    p.buffer_ids.extend_from_slice(&r.entry.id.to_le_bytes());
+                    let key = r.entry.key();
+                    text.push_str(&self.buffers.descriptor(&r.entry).encode());
+                    end(&text, &mut ends);
+                    for (k, list) in r.lists.into_iter().enumerate() {
+                        match list {
+                            Ok(f) => {
+                                p.list_ids.extend_from_slice(&f.id.to_le_bytes());
+                                p.list_counts.extend_from_slice(&u64::from(f.count).to_le_bytes());
+                                let token = crate::block_token::BlockToken {
+                                    node_id: self.node_id.clone(),
+                                    list_id: f.id,
+                                    blocks: f.count,
+                                    block_len: f.block_len,
+                                    key,
+                                    addresses: self.buffers.descriptor(&r.entry).addresses,
+                                };
+                                text.push_str(&token.encode());
+                            }
+                            Err(e) => {
+                                p.list_ids.extend_from_slice(&0u64.to_le_bytes());
+                                p.list_counts.extend_from_slice(&0u64.to_le_bytes());
+                                p.refused_lists.push(slot);
+                                p.lists_refused.push(list_status(k, &e));
+                            }
+                        }
+                        end(&text, &mut ends);
+                        slot += 1;
+                    }
+                }
+                Err(status) => {
+                    p.buffer_ids.extend_from_slice(&0u64.to_le_bytes());
+                    p.refused_entries.push(i as u32);
+                    p.refused.push(pb::EntryStatus {
+                        code: status.code() as i32,
+                        message: status.message().to_string(),
+                    });
+                    p.entry_lists.push(0);
+                    end(&text, &mut ends);
+                }
+            }
+        }
+        p.text = text.into_bytes();
+        p.text_ends = ends;
+        p
     }
 
     /// Releases buffers together (a `release_batch`): per id, in order, released or why not.
@@ -459,6 +529,14 @@ impl DaemonState {
 #[must_use = "dropping it unmaps the released buffers' memory: drop it after answering"]
 pub struct Released {
     _buffers: Vec<Arc<BufferEntry>>,
+}
+
+/// The status of a list asked for with a registration and not made (`k`: its place).
+fn list_status(k: usize, e: &EngineError) -> pb::EntryStatus {
+    pb::EntryStatus {
+        code: e.code as i32,
+        message: format!("block_lists[{k}]: {}", e.message),
+    }
 }
 
 /// A registration's granule list, as the engine takes it.

@@ -522,6 +522,10 @@ fn copy_chunk(
             return to.write(d, bounce).map_err(attach);
         }
         (None, None, ..) => {}
+        // (memory of a client's process always comes with its pages)
+        (Some(_), None, _, BufferMemory::Client) | (None, Some(_), BufferMemory::Client, _) => {
+            return Err((Code::Internal, "a client's memory without its pages".to_string()));
+        }
     }
     match (&p.src.memory, &p.dst.memory) {
         (BufferMemory::Host(a), BufferMemory::Host(b)) => {
@@ -544,6 +548,10 @@ fn copy_chunk(
             let st = stream.as_ref().expect("just made");
             st.copy_d2d(to, d, from, s, n).map_err(gpu)?;
             st.synchronize().map_err(gpu)
+        }
+        // (memory of a client's process always comes with its pages: taken above)
+        (BufferMemory::Client, _) | (_, BufferMemory::Client) => {
+            Err((Code::Internal, "a client's memory without its pages".to_string()))
         }
     }
 }

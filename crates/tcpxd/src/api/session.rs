@@ -21,19 +21,22 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::broadcast::{self, error::RecvError};
+use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
+use super::delivery::{Delivered, Subscription, deliver_finished, deliver_notifications, notification_event};
 use super::host_memory::{self, Attached};
+use super::local::inline::Inline;
+use super::local::outbox::{BACKLOG, Outbox};
 use super::prepared;
 use super::proto::v1 as pb;
 use super::proto::v1::session_event::Event;
 use super::proto::v1::session_request::Op;
-use super::register_batch::{MAX_BATCH, Registration};
+use super::register_batch::{MAX_BATCH, Registered, Registration};
 use super::state::DaemonState;
 use super::transfers::{self, Started, cancel_unheard};
 use crate::engine::{TransferId, TransferKind};
@@ -108,6 +111,24 @@ pub trait Events: Send {
     /// whether the request side is still open (a transport that learns of the client's going
     /// from its request side only needs to watch once that side has ended).
     fn gone(&mut self, reading: bool) -> impl Future<Output = ()> + Send;
+
+    /// Where other threads may push this session's events straight to the client (the framed
+    /// session: src/api/local/outbox.rs): the session's transfers then end and its
+    /// notifications arrive without its task (src/api/local/inline.rs). `None`: every event
+    /// goes through `send`.
+    fn outbox(&self) -> Option<Arc<Outbox>> {
+        None
+    }
+
+    /// What the session's task waits on besides its own work: `Ok` once it has written events
+    /// that others pushed and the socket did not take at once (the session looks again at its
+    /// backlog), `Err` when the client is gone. Without an outbox: `gone`.
+    fn attend(&mut self, reading: bool) -> impl Future<Output = Result<(), Gone>> + Send {
+        async move {
+            self.gone(reading).await;
+            Err(Gone)
+        }
+    }
 }
 
 /// The session ended early: the client went away.
@@ -149,9 +170,12 @@ pub async fn serve<R: Requests, E: Events>(
     let session = Session {
         state,
         deadline,
+        outbox: events.outbox(),
         events,
         open: HashMap::new(),
         waiting: JoinSet::new(),
+        inline: HashMap::new(),
+        delivered: Arc::new(Delivered::default()),
         owned: Vec::new(),
         prepared: Vec::new(),
         notifications: None,
@@ -165,19 +189,26 @@ struct Session<'e, E> {
     events: &'e mut E,
     /// Unfinished transfers by tag.
     open: HashMap<u64, TransferId>,
-    /// One task per open transfer, ending with its tag and final event.
+    /// One task per open transfer, ending with its tag and final event (without an outbox).
     waiting: JoinSet<(u64, pb::TransferEvent)>,
+    /// With an outbox: where the open transfers' final events go, from the thread that
+    /// finishes each (`inline`), and the tags whose event went (`delivered`).
+    outbox: Option<Arc<Outbox>>,
+    inline: HashMap<u64, Arc<Inline>>,
+    delivered: Arc<Delivered>,
     /// Buffers this session registered (`register_host_fd`): released when it ends.
     owned: Vec<u64>,
     /// Prepared lists this session prepared (`prepare_blocks`): released when it ends.
     prepared: Vec<u64>,
     /// The node's notifications, once the session subscribed (`subscribe`), and its tag.
-    notifications: Option<(u64, broadcast::Receiver<NotificationEvent>)>,
+    notifications: Option<(u64, Subscription)>,
 }
 
 /// What the session does next.
 enum Next {
     Gone,
+    /// Nothing but a look at what changed (transfers delivered inline, events written).
+    Look,
     Finished(u64, pb::TransferEvent),
     Notified(u64, Result<NotificationEvent, RecvError>),
     Incoming(Incoming),
@@ -185,11 +216,11 @@ enum Next {
 
 /// The subscribed session's next notification (never, unsubscribed), with its tag.
 async fn next_notification(
-    sub: &mut Option<(u64, broadcast::Receiver<NotificationEvent>)>,
+    sub: &mut Option<(u64, Subscription)>,
 ) -> (u64, Result<NotificationEvent, RecvError>) {
     match sub {
-        Some((tag, rx)) => (*tag, rx.recv().await),
-        None => pending().await,
+        Some((tag, Subscription::Task(rx))) => (*tag, rx.recv().await),
+        _ => pending().await,
     }
 }
 
@@ -200,28 +231,39 @@ impl<E: Events> Session<'_, E> {
         // A request read while gathering registrations, not one itself: handled next.
         let mut held: Option<Incoming> = None;
         let ended = loop {
-            if !reading && self.waiting.is_empty() && held.is_none() {
+            self.reap();
+            if !reading && self.waiting.is_empty() && self.open.is_empty() && held.is_none() {
                 break Ok(());
             }
+            // A client that does not read its events is not read from either (backpressure).
+            let room = self.outbox.as_ref().is_none_or(|o| o.backlog() < BACKLOG);
+            let draining = !reading && !self.open.is_empty();
             let next = if let Some(h) = held.take() {
                 Next::Incoming(h)
             } else {
                 tokio::select! {
                 biased;
-                _ = self.events.gone(reading) => Next::Gone,
+                attended = self.events.attend(reading) => match attended {
+                    Ok(()) => Next::Look,
+                    Err(Gone) => Next::Gone,
+                },
+                _ = self.delivered.rung.notified(), if draining => Next::Look,
                 Some(done) = self.waiting.join_next(), if !self.waiting.is_empty() => match done {
                     Ok((tag, event)) => Next::Finished(tag, event),
                     // The waiting tasks never panic; a runtime shutting down aborts them.
                     Err(_) => Next::Gone,
                 },
                 (tag, n) = next_notification(&mut self.notifications) => Next::Notified(tag, n),
-                next = requests.next(), if reading => Next::Incoming(next),
+                next = requests.next(), if reading && room => Next::Incoming(next),
                 // The daemon drains: no new requests; the open ones end as the drain decides.
                 _ = stopping.wait_for(|s| *s), if reading => Next::Incoming(Incoming::HalfClosed),
                 }
             };
+            // What was delivered meanwhile is not open (its tag may come again in this request).
+            self.reap();
             let step = match next {
                 Next::Gone | Next::Incoming(Incoming::Gone) => Err(Gone),
+                Next::Look => Ok(()),
                 Next::Finished(tag, event) => self.finished(tag, event).await,
                 Next::Notified(tag, n) => self.notified(tag, n).await,
                 Next::Incoming(Incoming::Request(req)) if matches!(req.op, Some(Op::ReleaseBatch(_))) => {
@@ -266,6 +308,9 @@ impl<E: Events> Session<'_, E> {
                 break Err(gone);
             }
         };
+        // The inline deliveries stop first: the cancellations below would end their transfers
+        // with events written after the session's last one.
+        self.stop_inline();
         if ended.is_err() {
             self.cancel_all();
         }
@@ -290,6 +335,28 @@ impl<E: Events> Session<'_, E> {
             }
         }
         self.waiting.abort_all();
+    }
+
+    /// Stops the inline deliveries still waiting (the session ends: nothing more is written).
+    fn stop_inline(&mut self) {
+        for (_, task) in self.inline.drain() {
+            task.stop();
+        }
+        if let Some((_, Subscription::Inline(task))) = self.notifications.take() {
+            task.stop();
+        }
+    }
+
+    /// Forgets the transfers whose final event was delivered inline.
+    fn reap(&mut self) {
+        if self.outbox.is_none() {
+            return;
+        }
+        let tags = std::mem::take(&mut *self.delivered.tags.lock().unwrap_or_else(|e| e.into_inner()));
+        for tag in tags {
+            self.open.remove(&tag);
+            self.inline.remove(&tag);
+        }
     }
 
     async fn send(&mut self, tag: u64, event: Event) -> Result<(), Gone> {
@@ -377,6 +444,15 @@ impl<E: Events> Session<'_, E> {
             }
         };
         match started {
+            Ok(s) if self.outbox.is_some() => {
+                self.open.insert(tag, s.id);
+                let outbox = self.outbox.clone().expect("checked");
+                let task = Inline::start(deliver_finished(tag, s, outbox, self.delivered.clone()));
+                if !task.finished() {
+                    self.inline.insert(tag, task);
+                }
+                Ok(())
+            }
             Ok(s) => {
                 self.open.insert(tag, s.id);
                 self.waiting.spawn(async move {
@@ -463,9 +539,10 @@ impl<E: Events> Session<'_, E> {
                     .unwrap_or_else(|| Err(Status::internal("a registration of the batch went unanswered"))),
             };
             match answer {
-                Ok(buffer) => {
-                    self.owned.push(buffer.id);
-                    self.send(tag, Event::Registered(buffer)).await?;
+                Ok(r) => {
+                    self.owned.push(r.entry.id);
+                    self.send(tag, Event::Registered(self.state.buffer_answer(r)))
+                        .await?;
                 }
                 Err(status) => self.refuse(tag, status).await?,
             }
@@ -511,7 +588,8 @@ impl<E: Events> Session<'_, E> {
             (Some(status), _) | (None, Err(status)) => return self.refuse(tag, status).await,
             (None, Ok(a)) => a.into_iter(),
         };
-        let mut answers: Vec<Option<Result<pb::Buffer, Status>>> = Vec::with_capacity(batch.entries.len());
+        let packed = batch.packed_answer;
+        let mut answers: Vec<Option<Result<Registered, Status>>> = Vec::with_capacity(batch.entries.len());
         let mut todo = Vec::new();
         for (i, entry) in batch.entries.into_iter().enumerate() {
             use pb::register_batch_entry::Memory;
@@ -545,16 +623,31 @@ impl<E: Events> Session<'_, E> {
             }
         }
         let mut done = self.state.register_batch(todo).await.into_iter();
+        let answers: Vec<Result<Registered, Status>> = answers
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    done.next().unwrap_or_else(|| {
+                        Err(Status::internal("a registration of the batch went unanswered"))
+                    })
+                })
+            })
+            .collect();
+        self.owned
+            .extend(answers.iter().filter_map(|a| a.as_ref().ok().map(|r| r.entry.id)));
+        if packed {
+            // (reg-async) Arrays, no message an entry (api/register_batch.rs).
+            let out = pb::RegisteredBatch {
+                packed: Some(self.state.packed_answer(answers)),
+                ..Default::default()
+            };
+            return self.send(tag, Event::RegisteredBatch(out)).await;
+        }
         let mut out = pb::RegisteredBatch::default();
-        for a in answers {
-            let answer = a.unwrap_or_else(|| {
-                done.next()
-                    .unwrap_or_else(|| Err(Status::internal("a registration of the batch went unanswered")))
-            });
+        for answer in answers {
             match answer {
-                Ok(buffer) => {
-                    self.owned.push(buffer.id);
-                    out.buffers.push(buffer);
+                Ok(r) => {
+                    out.buffers.push(self.state.buffer_answer(r));
                     out.statuses.push(pb::EntryStatus::default());
                 }
                 Err(status) => {
@@ -657,29 +750,25 @@ impl<E: Events> Session<'_, E> {
             ));
             return self.refuse(tag, status).await;
         }
-        self.notifications = Some((tag, self.state.notifications.subscribe()));
-        self.send(tag, Event::Subscribed(pb::SessionSubscribed {})).await
+        let rx = self.state.notifications.subscribe();
+        // Answered first: the notifications follow it on the connection.
+        self.send(tag, Event::Subscribed(pb::SessionSubscribed {}))
+            .await?;
+        let sub = match &self.outbox {
+            Some(outbox) => {
+                Subscription::Inline(Inline::start(deliver_notifications(tag, rx, outbox.clone())))
+            }
+            None => Subscription::Task(rx),
+        };
+        self.notifications = Some((tag, sub));
+        Ok(())
     }
 
     /// Hands a notification to the subscribed client; one it fell behind on is reported as lost.
     async fn notified(&mut self, tag: u64, n: Result<NotificationEvent, RecvError>) -> Result<(), Gone> {
-        match n {
-            Ok(n) => {
-                let n = pb::Notification {
-                    from_node: n.from_node,
-                    transfer_id: n.transfer_id,
-                    payload: n.payload,
-                    buffer_ids: n.buffers,
-                };
-                self.send(tag, Event::Notification(n)).await
-            }
-            Err(RecvError::Lagged(k)) => {
-                let status = Status::data_loss(format!(
-                    "subscribe: this session fell behind and missed {k} notifications; it stays subscribed"
-                ));
-                self.refuse(tag, status).await
-            }
-            Err(RecvError::Closed) => {
+        match notification_event(n) {
+            Some(event) => self.send(tag, event).await,
+            None => {
                 self.notifications = None;
                 Ok(())
             }
@@ -688,7 +777,9 @@ impl<E: Events> Session<'_, E> {
 
     async fn cancel(&mut self, tag: u64, target: u64) -> Result<(), Gone> {
         if self.notifications.as_ref().is_some_and(|s| s.0 == target) {
-            self.notifications = None;
+            if let Some((_, Subscription::Inline(task))) = self.notifications.take() {
+                task.stop();
+            }
             return self
                 .send(tag, Event::Cancelled(pb::CancelResponse { cancelled: true }))
                 .await;

@@ -92,6 +92,65 @@ fn spin_and_async_workers() {
 }
 
 #[test]
+fn host_copy_spin_is_auto_a_number_or_refused() {
+    use crate::net::host_copies::{AUTO_SPIN, HelperSpin};
+    let cfg = |file: &str, args: DaemonArgs| {
+        let path = write_toml(file);
+        let args = DaemonArgs {
+            node_id: Some("n".into()),
+            config: Some(path.clone()),
+            ..args
+        };
+        let r = Config::resolve(&args, &env_of(&[]));
+        std::fs::remove_file(path).unwrap();
+        r
+    };
+    let us = Duration::from_micros;
+    // Auto follows runtime.spin: 200 µs where the daemon spins, none where it does not.
+    let c = cfg("", DaemonArgs::default()).unwrap();
+    assert_eq!(c.host_copy_spin, HelperSpin::auto(c.spin));
+    let c = cfg("[runtime]\nspin = \"on\"\n", DaemonArgs::default()).unwrap();
+    assert_eq!(c.host_copy_spin.max, AUTO_SPIN);
+    let c = cfg("[runtime]\nspin = \"off\"\n", DaemonArgs::default()).unwrap();
+    assert_eq!(c.host_copy_spin.max, Duration::ZERO);
+    let c = cfg(
+        "[runtime]\nspin = \"off\"\n[transfer]\nhost_copy_spin_us = \"auto\"\n",
+        DaemonArgs::default(),
+    )
+    .unwrap();
+    assert_eq!(c.host_copy_spin.max, Duration::ZERO);
+    // A number in the file, as a number or a word; the flag beats the file.
+    let c = cfg("[transfer]\nhost_copy_spin_us = 50\n", DaemonArgs::default()).unwrap();
+    assert_eq!(c.host_copy_spin.max, us(50));
+    let c = cfg("[transfer]\nhost_copy_spin_us = \"0\"\n", DaemonArgs::default()).unwrap();
+    assert_eq!(c.host_copy_spin.max, Duration::ZERO);
+    let flag = DaemonArgs {
+        host_copy_spin_us: Some("75".into()),
+        ..Default::default()
+    };
+    let c = cfg("[transfer]\nhost_copy_spin_us = 50\n", flag).unwrap();
+    assert_eq!(c.host_copy_spin.max, us(75));
+    // Bad values name the setting and the limit.
+    let e = cfg("[transfer]\nhost_copy_spin_us = 100001\n", DaemonArgs::default()).unwrap_err();
+    assert!(
+        e.to_string().contains("transfer.host_copy_spin_us: 100001") && e.to_string().contains("0 to 100000"),
+        "{e}"
+    );
+    let e = cfg(
+        "[transfer]\nhost_copy_spin_us = \"often\"\n",
+        DaemonArgs::default(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("transfer.host_copy_spin_us"), "{e}");
+    let flag = DaemonArgs {
+        host_copy_spin_us: Some("-3".into()),
+        ..Default::default()
+    };
+    let e = cfg("", flag).unwrap_err();
+    assert!(e.to_string().contains("--host-copy-spin-us"), "{e}");
+}
+
+#[test]
 fn file_then_environment_then_flags() {
     let path = write_toml(
         r#"

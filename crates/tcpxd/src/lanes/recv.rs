@@ -58,7 +58,7 @@ impl<P: Copy, L> RecvQueue<P, L> {
     ) -> NetResult<bool> {
         match comm.irecv(mh, at, len as usize, self.tag.advance())? {
             Some(id) => {
-                tracing::trace!(target: "tcpxd::hop", hop = "lane.irecv", len);
+                tracing::trace!(target: "tcpxd::hop", hop = "lane.irecv", len, comm = comm.trace_id());
                 self.posted.push_back(Posted { id, len, meta });
                 Ok(true)
             }

@@ -8,7 +8,7 @@ use crate::net::{MemHandle, NetResult, SendComm};
 pub fn post_send(comm: &mut SendComm, tag: &mut Tag, mh: &MemHandle, at: usize, len: u32) -> NetResult<bool> {
     let posted = comm.isend(mh, at, len as usize, tag.advance())?.is_some();
     if posted {
-        tracing::trace!(target: "tcpxd::hop", hop = "lane.isend", len);
+        tracing::trace!(target: "tcpxd::hop", hop = "lane.isend", len, comm = comm.trace_id());
     }
     Ok(posted)
 }

@@ -39,9 +39,72 @@ pub const MIN_PART_BYTES: usize = 64 * 1024;
 /// A queued chunk of fewer bytes than this is copied by the caller at once (handing it over costs
 /// more than copying it).
 pub const MIN_QUEUE_BYTES: usize = 32 * 1024;
-/// How long an idle helper keeps looking for its next job before it sleeps: a chunk every few
-/// tens of µs keeps it awake (no wake-up per chunk), an idle daemon costs it nothing.
-const HELPER_SPIN: Duration = Duration::from_micros(200);
+/// A queued chunk is cut across idle helpers in parts of at least this many bytes (a 512 KiB
+/// chunk over up to 4): its copies then take a quarter of the time when helpers are free — at a
+/// transfer's start and end, where one chunk's gather or scatter is all that runs.
+pub const MIN_QUEUED_PART_BYTES: usize = 128 * 1024;
+/// `transfer.host_copy_spin_us` `auto` on a host that spins (`runtime.spin`): the most an idle
+/// helper looks for its next job before it sleeps.
+pub const AUTO_SPIN: Duration = Duration::from_micros(200);
+/// `transfer.host_copy_spin_us` at most.
+pub const MAX_SPIN_US: u64 = 100_000;
+
+/// How long an idle helper may spin for its next job before it sleeps on its channel
+/// (`transfer.host_copy_spin_us`): at most `max`, and only as long as its recent jobs say the
+/// next one is likely to come ([`SpinGauge`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelperSpin {
+    pub max: Duration,
+}
+
+impl HelperSpin {
+    /// `auto`: [`AUTO_SPIN`] where the daemon spins (`runtime.spin`: 8 CPUs or more, cores to
+    /// spare), none elsewhere (a helper spinning on a small host takes the CPU from the poller
+    /// and the plugin's threads).
+    pub fn auto(spin: bool) -> HelperSpin {
+        HelperSpin {
+            max: if spin { AUTO_SPIN } else { Duration::ZERO },
+        }
+    }
+}
+
+/// A helper's measure of how soon its next job comes: an average of its recent idle gaps (job
+/// done → next job taken), each counted at most `2 × max` (an idle daemon's hours weigh as
+/// little as a pause between transfers). An idle helper spins only while the average gap fits
+/// in `max`, and then for at most 1.5× it: a helper fed every few tens of µs stays awake, one
+/// whose jobs come further apart than `max` sleeps at once (spinning would end in the same sleep,
+/// its CPU time spent for nothing).
+#[derive(Debug, Clone, Copy)]
+pub struct SpinGauge {
+    max_ns: u64,
+    avg_ns: u64,
+}
+
+impl SpinGauge {
+    pub fn new(spin: HelperSpin) -> SpinGauge {
+        let max_ns = spin.max.as_nanos().min(u128::from(u64::MAX / 4)) as u64;
+        // Starts as if jobs came `max` apart: a fresh helper spins its first gap out.
+        SpinGauge {
+            max_ns,
+            avg_ns: max_ns,
+        }
+    }
+
+    /// How long to spin for the next job now.
+    pub fn budget(&self) -> Duration {
+        if self.max_ns == 0 || self.avg_ns > self.max_ns {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos((self.avg_ns + self.avg_ns / 2).clamp(1_000, self.max_ns))
+    }
+
+    /// One idle gap seen: `gap` from a job's end to the next job's start.
+    pub fn saw(&mut self, gap: Duration) {
+        let g = (gap.as_nanos().min(u128::from(u64::MAX)) as u64).min(2 * self.max_ns);
+        // An average over the last few gaps (weight 1/4 each).
+        self.avg_ns = (3 * self.avg_ns + g) / 4;
+    }
+}
 /// `transfer.host_copy_threads` at most.
 pub const MAX_HOST_COPY_THREADS: usize = 64;
 
@@ -81,11 +144,34 @@ impl CopyJob {
         self.copies.iter().map(|c| c.n).sum::<usize>() + self.zero.map_or(0, |z| z.1)
     }
 
+    /// Whether the copies read `zero`'s range exactly, in order, each byte once (a direct
+    /// receive's scatter: its landed bytes in wire order): each source can then be zeroed as
+    /// soon as it is copied, and the job cut into parts that zero their own sources.
+    fn sources_tile_zero(&self) -> bool {
+        let Some((at, n)) = self.zero else {
+            return false;
+        };
+        let mut next = at.cast_const();
+        for c in &self.copies {
+            if c.from != next {
+                return false;
+            }
+            next = next.wrapping_add(c.n);
+        }
+        next == at.cast_const().wrapping_add(n)
+    }
+
     /// Copies, then zeroes, on this thread.
     ///
     /// # Safety
     /// As [`HostCopies::queue`].
     unsafe fn run(&self) {
+        if self.sources_tile_zero() {
+            // SAFETY: every source lies in `zero`'s range (checked just above), writable by
+            // this job alone (the caller's contract), and is read by this copy only.
+            unsafe { copy_and_zero_sources(&self.copies) };
+            return;
+        }
         copy_part(&self.copies);
         if let Some((at, n)) = self.zero {
             // SAFETY: the caller's contract: `n` writable bytes nothing else touches.
@@ -94,30 +180,84 @@ impl CopyJob {
     }
 }
 
+/// A part of a job whose sources tile its zeroed range ([`CopyJob::sources_tile_zero`]): each
+/// copy made, then its source zeroed while it is still in the cache.
+struct SourcesZeroed(Vec<HostCopy>);
+
+/// Each copy, then its source zeroed.
+///
+/// # Safety
+/// Every source must be writable by the caller alone (a landing slot's landed bytes), each read
+/// by one copy only; targets as for [`copy_part`].
+unsafe fn copy_and_zero_sources(copies: &[HostCopy]) {
+    for c in copies {
+        // SAFETY: the caller's contract: both ranges valid for `n` bytes, not overlapping.
+        unsafe { std::ptr::copy_nonoverlapping(c.from, c.to, c.n) };
+        // SAFETY: the caller's contract: the source is writable and read by no other copy.
+        unsafe { std::ptr::write_bytes(c.from.cast_mut(), 0, c.n) };
+    }
+}
+
+/// Cuts `copies` into `parts` runs of about equal bytes, in order (a piece may be cut in two).
+fn cut(copies: &[HostCopy], parts: usize) -> Vec<Vec<HostCopy>> {
+    let total: usize = copies.iter().map(|c| c.n).sum();
+    let per = total.div_ceil(parts.max(1));
+    let mut split: Vec<Vec<HostCopy>> = vec![Vec::new(); parts.max(1)];
+    let (mut k, mut room) = (0usize, per);
+    for c in copies {
+        let mut c = *c;
+        while c.n > 0 {
+            if room == 0 && k + 1 < split.len() {
+                k += 1;
+                room = per;
+            }
+            let n = if k + 1 == split.len() { c.n } else { c.n.min(room) };
+            split[k].push(HostCopy { n, ..c });
+            c = HostCopy {
+                from: c.from.wrapping_add(n),
+                to: c.to.wrapping_add(n),
+                n: c.n - n,
+            };
+            room = room.saturating_sub(n);
+        }
+    }
+    split
+}
+
 /// What a helper is handed.
 enum Work {
     Part(Part),
     Job(CopyJob),
+    /// A queued job's part, and what it keeps alive.
+    JobPart(SourcesZeroed, Vec<Arc<dyn Region>>),
 }
 
 // SAFETY: a `Part` carries raw pointers into memory that `HostCopies::copy_all`'s caller
 // guarantees readable (`from`) and writable by this copy alone (`to`) until `copy_all` returns,
 // and `copy_all` returns only after every part it handed out was copied (`left` reached 0). A
 // `Job`'s pointers are valid until its ticket is done (`HostCopies::queue`'s contract), which
-// is after the helper ran it.
+// is after the helper ran it; a `JobPart` is a part of such a job (its sources, which it zeroes,
+// lie in the job's zeroed range and are read by this part alone).
 unsafe impl Send for Work {}
 
-/// A queued job's ticket: done once its helper finished `seq` jobs.
+/// A queued job's ticket: done once each helper it went to finished its `seq`-th job (one
+/// helper, or several for a job cut into parts).
 #[derive(Debug, Clone)]
 pub struct CopyTicket {
-    finished: Arc<AtomicU64>,
-    seq: u64,
+    parts: Vec<(Arc<AtomicU64>, u64)>,
 }
 
 impl CopyTicket {
     /// Whether the job's copies (and zeroing) are over: its memory may be reused.
     pub fn is_done(&self) -> bool {
-        self.finished.load(Ordering::Acquire) >= self.seq
+        self.parts
+            .iter()
+            .all(|(finished, seq)| finished.load(Ordering::Acquire) >= *seq)
+    }
+
+    /// How many helpers the job went to.
+    pub fn parts(&self) -> usize {
+        self.parts.len()
     }
 }
 
@@ -136,6 +276,9 @@ struct Helper {
 struct HelperStats {
     bytes: AtomicU64,
     busy_ns: AtomicU64,
+    /// Time spent spinning for a next job, and how often it slept instead.
+    spun_ns: AtomicU64,
+    sleeps: AtomicU64,
 }
 
 impl Helper {
@@ -145,17 +288,26 @@ impl Helper {
     }
 }
 
-/// A helper's loop: each job run and counted, in order; an idle helper spins a moment for the
-/// next before it sleeps on its channel.
-fn helper_loop(rx: mpsc::Receiver<Work>, finished: Arc<AtomicU64>, stats: Arc<HelperStats>) {
+/// A helper's loop: each job run and counted, in order; an idle helper spins for the next as
+/// long as its [`SpinGauge`] allows before it sleeps on its channel.
+fn helper_loop(
+    rx: mpsc::Receiver<Work>,
+    finished: Arc<AtomicU64>,
+    stats: Arc<HelperStats>,
+    spin: HelperSpin,
+) {
+    let mut gauge = SpinGauge::new(spin);
+    // When the last job ended (None: none yet, or the gap was already counted).
+    let mut idle_since: Option<Instant> = None;
     loop {
         let work = match rx.try_recv() {
             Ok(w) => w,
             Err(mpsc::TryRecvError::Disconnected) => return,
             Err(mpsc::TryRecvError::Empty) => {
+                let budget = gauge.budget();
                 let since = Instant::now();
                 let mut got = None;
-                while since.elapsed() < HELPER_SPIN {
+                while since.elapsed() < budget {
                     for _ in 0..64 {
                         std::hint::spin_loop();
                     }
@@ -168,19 +320,40 @@ fn helper_loop(rx: mpsc::Receiver<Work>, finished: Arc<AtomicU64>, stats: Arc<He
                         Err(mpsc::TryRecvError::Empty) => {}
                     }
                 }
+                let spun = since.elapsed();
+                stats.spun_ns.fetch_add(spun.as_nanos() as u64, Ordering::Relaxed);
                 match got {
                     Some(w) => w,
-                    None => match rx.recv() {
-                        Ok(w) => w,
-                        Err(_) => return,
-                    },
+                    None => {
+                        stats.sleeps.fetch_add(1, Ordering::Relaxed);
+                        match rx.recv() {
+                            Ok(w) => w,
+                            Err(_) => return,
+                        }
+                    }
                 }
             }
         };
+        if let Some(t) = idle_since.take() {
+            gauge.saw(t.elapsed());
+        }
         match work {
             Work::Part(part) => {
                 copy_part(&part.copies);
                 part.left.fetch_sub(1, Ordering::Release);
+            }
+            Work::JobPart(SourcesZeroed(copies), keep) => {
+                let since = Instant::now();
+                let bytes = 2 * copies.iter().map(|c| c.n as u64).sum::<u64>();
+                // SAFETY: `HostCopies::queue`'s contract, and the job's sources tiled its zeroed
+                // range (checked before it was cut): this part's sources are its own.
+                unsafe { copy_and_zero_sources(&copies) };
+                drop((copies, keep));
+                stats
+                    .busy_ns
+                    .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+                finished.fetch_add(1, Ordering::Release);
             }
             Work::Job(job) => {
                 let (since, bytes) = (Instant::now(), job.bytes() as u64);
@@ -195,6 +368,7 @@ fn helper_loop(rx: mpsc::Receiver<Work>, finished: Arc<AtomicU64>, stats: Arc<He
                 finished.fetch_add(1, Ordering::Release);
             }
         }
+        idle_since = Some(Instant::now());
     }
 }
 
@@ -209,6 +383,23 @@ impl std::fmt::Debug for HostCopies {
     }
 }
 
+/// Work a helper could not take, done on the calling thread.
+///
+/// # Safety
+/// As for the helper that would have run it ([`HostCopies::queue`]'s contract).
+unsafe fn run_here(work: Work) {
+    match work {
+        Work::Part(part) => {
+            copy_part(&part.copies);
+            part.left.fetch_sub(1, Ordering::Release);
+        }
+        // SAFETY: the caller's contract.
+        Work::Job(job) => unsafe { job.run() },
+        // SAFETY: the caller's contract; the part's sources are its own.
+        Work::JobPart(SourcesZeroed(copies), _keep) => unsafe { copy_and_zero_sources(&copies) },
+    }
+}
+
 fn copy_part(copies: &[HostCopy]) {
     for c in copies {
         // SAFETY: see `Part` and `HostCopies::copy_all`'s contract: both ranges are valid for
@@ -218,9 +409,9 @@ fn copy_part(copies: &[HostCopy]) {
 }
 
 impl HostCopies {
-    /// `threads` helper threads besides the caller (0: every copy on the calling thread). A
-    /// helper that cannot be started leaves fewer (logged).
-    pub fn new(threads: usize) -> HostCopies {
+    /// `threads` helper threads besides the caller (0: every copy on the calling thread), idle
+    /// ones spinning as `spin` allows. A helper that cannot be started leaves fewer (logged).
+    pub fn new(threads: usize, spin: HelperSpin) -> HostCopies {
         let mut helpers = Vec::new();
         for i in 0..threads.min(MAX_HOST_COPY_THREADS) {
             let (tx, rx) = mpsc::channel::<Work>();
@@ -230,7 +421,7 @@ impl HostCopies {
             let their_stats = stats.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("tcpxd-copy-{i}"))
-                .spawn(move || helper_loop(rx, theirs, their_stats));
+                .spawn(move || helper_loop(rx, theirs, their_stats, spin));
             match spawned {
                 Ok(thread) => helpers.push(Helper {
                     tx,
@@ -267,29 +458,7 @@ impl HostCopies {
             copy_part(copies);
             return;
         }
-        let per = total.div_ceil(parts);
-        let mut split: Vec<Vec<HostCopy>> = vec![Vec::new(); parts];
-        let (mut k, mut room) = (0usize, per);
-        for c in copies {
-            let mut c = *c;
-            while c.n > 0 {
-                if room == 0 && k + 1 < parts {
-                    k += 1;
-                    room = per;
-                }
-                let n = if k + 1 == parts { c.n } else { c.n.min(room) };
-                split[k].push(HostCopy { n, ..c });
-                // SAFETY: `n <= c.n`: the rest of the same valid ranges.
-                c = unsafe {
-                    HostCopy {
-                        from: c.from.add(n),
-                        to: c.to.add(n),
-                        n: c.n - n,
-                    }
-                };
-                room = room.saturating_sub(n);
-            }
-        }
+        let mut split = cut(copies, parts);
         let first = std::mem::take(&mut split[0]);
         let left = Arc::new(AtomicUsize::new(0));
         for (part, helper) in split.into_iter().skip(1).zip(&self.helpers) {
@@ -326,6 +495,36 @@ impl HostCopies {
             unsafe { job.run() };
             return None;
         }
+        // Helpers with nothing to do take a part each (a transfer's first and last chunks, or
+        // a lull); under load the job goes whole to the least busy one.
+        let copied: usize = job.copies.iter().map(|c| c.n).sum();
+        let tiles = job.sources_tile_zero();
+        let idle: Vec<&Helper> = self.helpers.iter().filter(|h| h.in_flight() == 0).collect();
+        let parts = idle.len().min(copied / MIN_QUEUED_PART_BYTES);
+        if parts >= 2 && (job.zero.is_none() || tiles) {
+            let mut ticket = Vec::with_capacity(parts);
+            for (copies, helper) in cut(&job.copies, parts).into_iter().zip(idle) {
+                let work = if tiles {
+                    Work::JobPart(SourcesZeroed(copies), job.keep.clone())
+                } else {
+                    Work::Job(CopyJob {
+                        copies,
+                        zero: None,
+                        keep: job.keep.clone(),
+                    })
+                };
+                match helper.tx.send(work) {
+                    Ok(()) => {
+                        let seq = helper.queued.fetch_add(1, Ordering::Relaxed) + 1;
+                        ticket.push((helper.finished.clone(), seq));
+                    }
+                    // The helper is gone: its part is copied here.
+                    // SAFETY: as the whole job's (a part of its copies; its own sources).
+                    Err(mpsc::SendError(w)) => unsafe { run_here(w) },
+                }
+            }
+            return (!ticket.is_empty()).then_some(CopyTicket { parts: ticket });
+        }
         let helper = self
             .helpers
             .iter()
@@ -335,17 +534,15 @@ impl HostCopies {
             Ok(()) => {
                 let seq = helper.queued.fetch_add(1, Ordering::Relaxed) + 1;
                 Some(CopyTicket {
-                    finished: helper.finished.clone(),
-                    seq,
+                    parts: vec![(helper.finished.clone(), seq)],
                 })
             }
-            Err(mpsc::SendError(Work::Job(job))) => {
+            Err(mpsc::SendError(w)) => {
                 // The helper is gone: the job runs here.
                 // SAFETY: as above.
-                unsafe { job.run() };
+                unsafe { run_here(w) };
                 None
             }
-            Err(mpsc::SendError(Work::Part(_))) => unreachable!("a job was sent"),
         }
     }
 
@@ -382,10 +579,12 @@ impl Drop for HostCopies {
                     );
                     let gbps = if ns == 0 { 0.0 } else { b as f64 / ns as f64 };
                     format!(
-                        "{} jobs, {:.1} MB in {:.1} ms ({gbps:.1} GB/s)",
+                        "{} jobs, {:.1} MB in {:.1} ms ({gbps:.1} GB/s), spun {:.1} ms, slept {} times",
                         h.queued.load(Ordering::Relaxed),
                         b as f64 / 1e6,
-                        ns as f64 / 1e6
+                        ns as f64 / 1e6,
+                        h.stats.spun_ns.load(Ordering::Relaxed) as f64 / 1e6,
+                        h.stats.sleeps.load(Ordering::Relaxed),
                     )
                 })
                 .collect();
@@ -400,150 +599,5 @@ impl Drop for HostCopies {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use tcpxd_testkit::Rng;
-
-    /// Random scattered copies (pieces cut across parts, tiny and large ones) land exactly as a
-    /// copy one by one, with 0 to 5 helpers; nothing outside the targets is touched.
-    #[test]
-    fn split_copies_land_exactly_as_one_by_one() {
-        let mut rng = Rng::new(38);
-        let src: Vec<u8> = (0..4 << 20).map(|i| (i * 7 + i / 4096) as u8).collect();
-        for helpers in 0..6 {
-            let pool = HostCopies::new(helpers);
-            assert_eq!(pool.threads(), helpers);
-            for round in 0..20 {
-                // Targets: distinct slots of 32 KiB in shuffled order, lengths 1..=32 KiB.
-                let slots = 128usize;
-                let mut order: Vec<usize> = (0..slots).collect();
-                for i in (1..slots).rev() {
-                    order.swap(i, rng.below(i as u64 + 1) as usize);
-                }
-                let count = 1 + rng.below(slots as u64) as usize;
-                let mut dst = vec![0xEEu8; slots * 32768];
-                let mut want = dst.clone();
-                let mut copies = Vec::new();
-                for &s in order.iter().take(count) {
-                    let n = 1 + rng.below(if round % 2 == 0 { 32768 } else { 64 }) as usize;
-                    let from = rng.below((src.len() - n) as u64) as usize;
-                    let to = s * 32768 + rng.below((32768 - n + 1) as u64) as usize;
-                    want[to..to + n].copy_from_slice(&src[from..from + n]);
-                    copies.push(HostCopy {
-                        from: src[from..].as_ptr(),
-                        to: dst[to..].as_mut_ptr(),
-                        n,
-                    });
-                }
-                // SAFETY: sources in `src`, distinct targets in `dst`, both alive across the call.
-                unsafe { pool.copy_all(&copies) };
-                assert!(dst == want, "{helpers} helpers, round {round}");
-            }
-        }
-    }
-
-    /// Queued jobs (many chunks at once, each with scattered copies and a zeroed source slot)
-    /// land exactly as copies one by one, on 0 to 4 helpers; a ticket is done only after its
-    /// job, `quiesce` waits for every one, and fork-and-join copies still work between them.
-    #[test]
-    fn queued_jobs_land_exactly_and_tickets_say_when() {
-        let mut rng = Rng::new(83);
-        for helpers in 0..5 {
-            let pool = HostCopies::new(helpers);
-            let chunk = 256 * 1024;
-            let jobs = 24;
-            // Sources: one slot per job (zeroed by its job once copied out); targets: 16 KiB
-            // blocks of `dst` in shuffled order.
-            let mut slots: Vec<u8> = (0..jobs * chunk).map(|i| (i * 13 + i / 977) as u8).collect();
-            let src = slots.clone();
-            let blocks = jobs * chunk / 16384;
-            let mut order: Vec<usize> = (0..blocks).collect();
-            for i in (1..blocks).rev() {
-                order.swap(i, rng.below(i as u64 + 1) as usize);
-            }
-            let mut dst = vec![0xEEu8; jobs * chunk];
-            let mut want = dst.clone();
-            let mut tickets = Vec::new();
-            for j in 0..jobs {
-                let mut copies = Vec::new();
-                for b in 0..chunk / 16384 {
-                    let from = j * chunk + b * 16384;
-                    let to = order[from / 16384] * 16384;
-                    want[to..to + 16384].copy_from_slice(&src[from..from + 16384]);
-                    copies.push(HostCopy {
-                        from: slots[from..].as_ptr(),
-                        to: dst[to..].as_mut_ptr(),
-                        n: 16384,
-                    });
-                }
-                let job = CopyJob {
-                    copies,
-                    zero: Some((slots[j * chunk..].as_mut_ptr(), chunk)),
-                    keep: Vec::new(),
-                };
-                // SAFETY: `slots` and `dst` outlive every job (`quiesce` below); targets are
-                // distinct blocks of `dst`, each job zeroes only its own slot after copying it.
-                match unsafe { pool.queue(job) } {
-                    Some(t) => tickets.push(t),
-                    None => assert_eq!(helpers, 0, "with helpers a 256 KiB job is queued"),
-                }
-            }
-            // A fork-and-join copy between the queued jobs (into a vector of its own).
-            let extra: Vec<u8> = (0..1 << 20).map(|i| (i % 241) as u8).collect();
-            let mut extra_dst = vec![0u8; 1 << 20];
-            let c = HostCopy {
-                from: extra.as_ptr(),
-                to: extra_dst.as_mut_ptr(),
-                n: extra.len(),
-            };
-            // SAFETY: two live, distinct vectors.
-            unsafe { pool.copy_all(&[c]) };
-            assert!(extra_dst == extra);
-            pool.quiesce();
-            assert_eq!(pool.in_flight(), 0);
-            assert!(tickets.iter().all(CopyTicket::is_done));
-            assert_eq!(tickets.len(), if helpers == 0 { 0 } else { jobs });
-            assert!(dst == want, "{helpers} helpers");
-            assert!(slots.iter().all(|&b| b == 0), "every slot zeroed");
-        }
-    }
-
-    /// A job under `MIN_QUEUE_BYTES` is copied at once, helpers or not.
-    #[test]
-    fn a_small_job_is_copied_at_once() {
-        let pool = HostCopies::new(2);
-        let src = vec![7u8; 4096];
-        let mut dst = vec![0u8; 4096];
-        let job = CopyJob {
-            copies: vec![HostCopy {
-                from: src.as_ptr(),
-                to: dst.as_mut_ptr(),
-                n: 4096,
-            }],
-            zero: None,
-            keep: Vec::new(),
-        };
-        // SAFETY: two live, distinct vectors; the copy is over when `queue` returns None.
-        assert!(unsafe { pool.queue(job) }.is_none());
-        assert!(dst == src);
-    }
-
-    /// One large piece is cut into parts of about equal bytes, one per thread.
-    #[test]
-    fn one_large_piece_is_cut_across_every_thread() {
-        let src: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
-        let mut dst = vec![0u8; 1 << 20];
-        let pool = HostCopies::new(3);
-        let c = HostCopy {
-            from: src.as_ptr(),
-            to: dst.as_mut_ptr(),
-            n: src.len(),
-        };
-        // SAFETY: two live, distinct 1 MiB vectors.
-        unsafe { pool.copy_all(&[c]) };
-        assert!(dst == src);
-        assert_eq!(default_threads(2), 0);
-        assert_eq!(default_threads(16), 4);
-        assert_eq!(default_threads(128), 4);
-    }
-}
+#[path = "host_copies_tests.rs"]
+mod tests;

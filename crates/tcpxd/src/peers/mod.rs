@@ -73,9 +73,12 @@ use topology_pb::{topology_from_pb, topology_to_pb};
 /// offer per memory pair (engine `route_parts.rs`), its notification sent after every part landed
 /// as `Notify` with `buffer_ids`, the receiver's buffers it wrote: a protocol-7 daemon would
 /// deliver it naming no buffer.
+/// 9 (session 21, host-blocks): packed ranges on a uniform length's grid carry their offsets as
+/// `u32` slots (`PackedRanges.offset_slots`, half the bytes of a 65,536-entry batch's request and
+/// offer): a protocol-8 daemon would read no offsets.
 /// 9 (session 21, poll-epoll): `Done.returned` carries the credits the receiver's last consume
 /// returned (one message where a `Done` and a `Credits` went): a protocol-8 sender would drop
-/// them and run out of credits. (Other branches' protocol-9 changes are listed with theirs.)
+/// them and run out of credits.
 pub const PROTOCOL_VERSION: u32 = 9;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;

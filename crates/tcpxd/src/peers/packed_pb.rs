@@ -7,7 +7,10 @@ use super::control::{range_from_pb, range_to_pb};
 use crate::api::proto::peer as pb;
 use crate::engine::{self, PackedRanges, RangeLengths, Ranges, ReadPair, ReadPairs};
 
+/// Packed ranges on the wire: offsets on a uniform length's grid as `u32` slots (peer protocol
+/// 9, `offset_slots`: half the bytes), else as `u64`s.
 pub(super) fn packed_to_pb(p: PackedRanges) -> pb::PackedRanges {
+    let offset_slots = p.offset_slots().unwrap_or_default();
     let (lengths, uniform_length) = match p.lengths {
         RangeLengths::Uniform(u) => (Vec::new(), u),
         RangeLengths::Each(b) => (b, 0),
@@ -15,20 +18,41 @@ pub(super) fn packed_to_pb(p: PackedRanges) -> pb::PackedRanges {
     pb::PackedRanges {
         buffer_id: p.buffer_id,
         access_key: p.access_key.to_vec(),
-        offsets: p.offsets,
+        offsets: if offset_slots.is_empty() {
+            p.offsets
+        } else {
+            Vec::new()
+        },
         lengths,
         uniform_length,
+        offset_slots,
     }
 }
 
 /// Packed ranges as received (`field`: where they sit), read by the engine's parse, which names
-/// the field and limit of anything malformed (at most `DEFAULT_MAX_ENTRIES` ranges).
+/// the field and limit of anything malformed (at most `DEFAULT_MAX_ENTRIES` ranges); offsets
+/// given as slots are multiplied out first (`PackedRanges::offsets_from_slots`, checked as
+/// strictly), given both ways they are refused.
 fn parse_pb(field: &str, p: pb::PackedRanges) -> Result<PackedRanges, String> {
+    let offsets = match (p.offset_slots.is_empty(), p.offsets.is_empty()) {
+        (true, _) => p.offsets,
+        (false, true) => PackedRanges::offsets_from_slots(
+            field,
+            &p.offset_slots,
+            p.uniform_length,
+            engine::DEFAULT_MAX_ENTRIES,
+        )?,
+        (false, false) => {
+            return Err(format!(
+                "{field}.offset_slots: given with offsets (give one of the two)"
+            ));
+        }
+    };
     PackedRanges::parse(
         field,
         p.buffer_id,
         &p.access_key,
-        p.offsets,
+        offsets,
         p.lengths,
         p.uniform_length,
         engine::DEFAULT_MAX_ENTRIES,
@@ -213,7 +237,11 @@ mod tests {
                 unreachable!()
             };
             assert!(o.ranges.is_empty());
-            assert_eq!(o.packed.as_ref().map(|p| p.offsets.len()), Some(ranges.len() * 8));
+            // On a uniform grid the offsets go as u32 slots (protocol 9), else as u64s.
+            let p = o.packed.as_ref().expect("packed");
+            let grid = ranges.iter().all(|r| r.length == 4096);
+            assert_eq!(p.offsets.len(), if grid { 0 } else { ranges.len() * 8 });
+            assert_eq!(p.offset_slots.len(), if grid { ranges.len() * 4 } else { 0 });
             // Received, they stay packed (no range object each); sent packed, they go as they are.
             let got = msg_from_pb(pb::PeerMessage {
                 body: Some(Body::Offer(o)),
@@ -282,6 +310,14 @@ mod tests {
             offsets: offsets.iter().flat_map(|x| x.to_le_bytes()).collect(),
             lengths: lengths.iter().flat_map(|x| x.to_le_bytes()).collect(),
             uniform_length,
+            offset_slots: Vec::new(),
+        }
+    }
+
+    fn slots(slots: &[u32], lengths: &[u64], uniform_length: u64) -> pb::PackedRanges {
+        pb::PackedRanges {
+            offset_slots: slots.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            ..packed(&[], lengths, uniform_length)
         }
     }
 
@@ -306,6 +342,19 @@ mod tests {
                 packed(&[0], &[], 8),
                 vec![range_to_pb(&range(3, 9, 0, 8))],
                 "packed: given with 1 ranges (give one of the two)",
+            ),
+            (
+                pb::PackedRanges {
+                    offsets: vec![0; 8],
+                    ..slots(&[0], &[], 8)
+                },
+                Vec::new(),
+                "packed.offset_slots: given with offsets (give one of the two)",
+            ),
+            (
+                slots(&[0, 1], &[8, 8], 0),
+                Vec::new(),
+                "packed.offset_slots: given without uniform_length (slots are in units of it)",
             ),
         ];
         for (p, ranges, want) in offer_cases {
@@ -358,6 +407,16 @@ mod tests {
                 Some(packed(&[0], &[], 8)),
                 Some(packed(&[u64::MAX], &[], 8)),
                 "packed_dest.offsets[0]: offset 18446744073709551615 + length 8 exceeds 2^64 - 1",
+            ),
+            (
+                Some(packed(&[0], &[], 8)),
+                Some(slots(&[u32::MAX], &[], u64::MAX / 2)),
+                "packed_dest.offset_slots[0]: slot 4294967295 × uniform_length 9223372036854775807 exceeds 2^64 - 1",
+            ),
+            (
+                Some(slots(&[0, 1, 2], &[], 8)),
+                Some(slots(&[0, 1], &[], 8)),
+                "packed_dest: 2 ranges for 3 in packed_source (one per pair)",
             ),
         ];
         for (s, d, want) in read_cases {

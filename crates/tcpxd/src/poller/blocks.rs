@@ -270,6 +270,7 @@ pub(super) fn gather_send(
     }
     let slot = staging.seq % slots.staging;
     staging.seq += 1;
+    tracing::trace!(target: "tcpxd::hop", hop = "poller.gather", len, comm = comm.trace_id());
     let offset = slot * u64::from(r.slot_bytes);
     let mut post = SendPost {
         buffer: STAGED,
@@ -306,7 +307,7 @@ pub(super) fn gather_send(
         (None, None, _) => {
             // On a copy helper when there is one: the send waits in the lane's queue for it.
             let (_, ticket) = crate::net::blocks::gather_region_queued(
-                &entry.region_dyn(),
+                &entry.mapped_region()?,
                 segs,
                 r.mh.region(),
                 offset as usize,
@@ -422,7 +423,14 @@ pub(super) fn start_scatter(
     }
     let Some(region) = entry.device_region() else {
         // On a copy helper when there is one: the receive is consumed once it is done.
-        return match comm.scatter_landed_queued(id, segs, len, &entry.region_dyn(), copies) {
+        let host = match entry.mapped_region() {
+            Ok(r) => r,
+            Err(why) => {
+                let _ = comm.zero_posted(id, len as usize);
+                return Wait::Ready(Err(why));
+            }
+        };
+        return match comm.scatter_landed_queued(id, segs, len, &host, copies) {
             Ok((_, Some(ticket))) => Wait::Host(ticket),
             Ok((_, None)) => Wait::Ready(Ok(())),
             Err(e) => Wait::Ready(Err(e.to_string())),
@@ -504,7 +512,7 @@ pub(super) fn land_scatter(
     }
     let Some(region) = entry.device_region() else {
         return comm
-            .scatter_landed(id, segs, len, &*entry.region_dyn(), copies)
+            .scatter_landed(id, segs, len, &*entry.mapped_region()?, copies)
             .map(|_| ())
             .map_err(|e| e.to_string());
     };

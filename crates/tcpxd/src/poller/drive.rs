@@ -123,8 +123,9 @@ impl Poller {
                 let SendLaneState::Ready(comm) = &mut l.state else {
                     continue;
                 };
+                let cid = comm.trace_id();
                 let tested = lanes::test_sends(comm, || {
-                    tracing::trace!(target: "tcpxd::hop", hop = "poller.sent", lane = li);
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.sent", lane = li, comm = cid);
                     events.push(Completion::SendDone(peer, li as u32))
                 });
                 if let Err(e) = tested {
@@ -163,7 +164,7 @@ impl Poller {
                     } = posted.meta;
                     let wait = if buffer == LANDING {
                         // Eager: where it goes comes with its header (`Action::Land`).
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.landed", lane = li);
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.landed", lane = li, comm = comm.trace_id());
                         events.push(Completion::Landed(peer, li as u32));
                         Wait::Header
                     } else if offer.is_none_or(|o| !engine.recv_lands(peer, o)) {
@@ -172,14 +173,14 @@ impl Poller {
                         // destination. What a landing slot holds is zeroed (a direct receive's
                         // bytes); a receive posted into the destination or a GPU anchor has
                         // nothing to undo.
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.dropped", lane = li);
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.dropped", lane = li, comm = comm.trace_id());
                         if buffer == STAGED {
                             lanes::discard(comm, id)
                         } else {
                             Wait::Ready(Ok(()))
                         }
                     } else if let Some(to) = to {
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li);
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li, comm = comm.trace_id());
                         let pieces = match to.direct {
                             Some(at) => {
                                 segs.clear();
@@ -216,7 +217,7 @@ impl Poller {
                             }
                         }
                     } else {
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li);
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li, comm = comm.trace_id());
                         let dest = Placed {
                             buffer,
                             offset,
@@ -255,11 +256,12 @@ impl Poller {
                 let RecvLaneState::Ready(comm) = &mut l.state else {
                     continue;
                 };
+                let cid = comm.trace_id();
                 let consumed = l.queue.consume_ready(
                     comm,
                     |gpu, batch| stages.get(&gpu).and_then(|s| s.outcome(batch)),
                     |front, result| {
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.consumed", lane = li);
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.consumed", lane = li, comm = cid);
                         let now = Instant::now();
                         let Landing {
                             landed,

@@ -59,6 +59,7 @@ use crate::unpack::UnpackImpl;
 
 mod actions;
 mod blocks;
+mod closer;
 mod commands;
 mod direct;
 mod drive;
@@ -416,6 +417,8 @@ pub struct PollerConfig {
     /// Helper threads for block chunks' host gathers and scatters (`transfer.host_copy_threads`;
     /// 0: the poller copies alone).
     pub host_copy_threads: usize,
+    /// How long idle helpers may spin for their next chunk (`transfer.host_copy_spin_us`).
+    pub host_copy_spin: crate::net::host_copies::HelperSpin,
 }
 
 /// The running poller thread.
@@ -434,7 +437,7 @@ impl PollerHandle {
         let (tx, rx) = mpsc::channel();
         let (park, tx) = park::Park::new(tx)?;
         let unpack_impl = cfg.unpack_impl;
-        let host_copies = HostCopies::new(cfg.host_copy_threads);
+        let host_copies = HostCopies::new(cfg.host_copy_threads, cfg.host_copy_spin);
         let meter = Meter::new(cfg.metrics.clone());
         let thread = std::thread::Builder::new()
             .name("tcpxd-poller".into())

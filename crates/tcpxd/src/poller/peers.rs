@@ -259,9 +259,10 @@ fn close_comms(
     }
 }
 
-/// Closes a failed pairing's lanes (`peer` names it in logs) on a thread of their own, waited for
-/// by nobody: the poller goes on at once. A plugin's close can block for as long as the peer
-/// hangs (see [`close_comms`]); meanwhile the lanes' comms keep the memory their requests may
+/// Closes a failed pairing's lanes (`peer` names it in logs) on one of the daemon's closer
+/// threads ([`super::closer`]: a few at most, whatever the failures), waited for by nobody: the
+/// poller goes on at once. A plugin's close can block for as long as the peer hangs (see
+/// [`close_comms`]); meanwhile the lanes' comms keep the memory their requests may
 /// still write into (`net::comm`'s keep-alive), and the flow-steering rules' record goes after
 /// the close that removed them (each lane drops its fields in order). Send lanes close first:
 /// their sockets' end is what ends the peer's receives on them. Each open lane goes with the GPU
@@ -280,13 +281,7 @@ pub(super) fn close_apart(peer: String, send: Vec<SendLane>, recv: Vec<RecvLane>
         }
         tracing::debug!(%peer, comms, took_ms = started.elapsed().as_millis() as u64, "failed pairing's comms closed");
     };
-    if let Err(e) = std::thread::Builder::new()
-        .name("tcpxd-close-peer".into())
-        .spawn(close)
-    {
-        // The closure went with the error: the comms were closed on this thread.
-        tracing::warn!("could not start a thread to close a failed pairing's comms ({e}): closed here");
-    }
+    super::closer::Closers::global().run(Box::new(close));
 }
 
 /// Drops a lane (closing its comm) with GPU `gpu` current on this thread; without it where it

@@ -39,11 +39,12 @@ pub(super) fn handle_for<'a>(
                 gpu.bind_to_thread().map_err(|e| e.to_string())?;
             }
             let len = WINDOW_LEN.min(entry.size - start);
+            let whole = entry.mapped_region()?;
             let region: Arc<dyn crate::net::Region> = if start == 0 && len == entry.size {
-                entry.region_dyn()
+                whole
             } else {
                 Arc::new(
-                    crate::net::RegionWindow::new(entry.region_dyn(), start as usize, len as usize)
+                    crate::net::RegionWindow::new(whole, start as usize, len as usize)
                         .map_err(|e| e.to_string())?,
                 )
             };
@@ -98,6 +99,10 @@ pub(super) fn post_sends(
         };
         if !lanes::post_send(comm, &mut l.tag, mh, at as usize, len).map_err(|e| e.to_string())? {
             break;
+        }
+        if buffer == STAGED {
+            // Its gather is over (the k-th on this comm: `poller.gather`'s k-th).
+            tracing::trace!(target: "tcpxd::hop", hop = "poller.gathered", comm = comm.trace_id());
         }
         l.deferred.pop_front();
     }
@@ -231,7 +236,10 @@ pub(super) fn start_buffer_unpack(
     let target = match entry.device_region() {
         Some(region) => Target::Gpu(region),
         None => {
-            host = entry.region_dyn();
+            host = match entry.mapped_region() {
+                Ok(r) => r,
+                Err(why) => return Wait::Ready(Err(why)),
+            };
             Target::Host(&*host)
         }
     };

@@ -1,6 +1,8 @@
 //! Cancellation, deadlines and shutdown draining with transfers still in flight: the peer runs
 //! as its own process and is held stopped (SIGSTOP) once the transfer moved its first bytes
-//! (`common::hold`), which works on any plugin; the test acts, then lets it go on. Every test
+//! (`common::hold`), which works on any plugin, with the emulation's hold gate closed before the
+//! post so that the transfer cannot end before the peer is stopped, however loaded the machine;
+//! the test acts, then lets it go on. Every test
 //! checks that the lanes drain back to zero and that the next transfer is byte-exact (the
 //! zero-length chunks that keep both sides in step did their job).
 
@@ -29,11 +31,13 @@ async fn next_transfer_is_exact(a: &mut TestDaemon, src: &pb::Buffer, dst: &pb::
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_write_mid_flight_frees_every_slot() {
+    hold::gate_on();
     let mut a = daemons::start("cancel-a", |_| {}).await;
     let (b, mut bc) = peer_process(&mut a, "cancel-b").await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
     let dst = host_buffer(&mut bc, 128 * MIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 3).await;
+    hold::close_gate();
     let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"never")
         .await
         .unwrap();
@@ -74,12 +78,14 @@ async fn cancelling_a_write_mid_flight_frees_every_slot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
+    hold::gate_on();
     let mut a = daemons::start("dl-a", |_| {}).await;
     let (b, mut bc) = peer_process(&mut a, "dl-b").await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
     let dst = host_buffer(&mut bc, 128 * MIB, "").await;
     fill_seed(&mut bc, dst.id, 0, 0, 11).await;
     // READ cancelled mid-flight.
+    hold::close_gate();
     let id = read(&mut a.client, read_entry(&dst, 0, &src, 0, 128 * MIB))
         .await
         .unwrap();
@@ -165,12 +171,14 @@ async fn cancelling_a_read_and_missing_a_deadline_drain_too() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_drains_within_grace_and_fails_the_rest() {
+    hold::gate_on();
     // Grace long enough: the transfer in flight finishes.
     let mut a = daemons::start("grace-a", |args| args.shutdown_grace_s = Some(20)).await;
     let (b, mut bc) = peer_process(&mut a, "grace-b").await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
     let dst = host_buffer(&mut bc, 128 * MIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 21).await;
+    hold::close_gate();
     let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"")
         .await
         .unwrap();
@@ -225,6 +233,7 @@ async fn shutdown_drains_within_grace_and_fails_the_rest() {
     let (b, mut bc) = peer_process(&mut a, "grace2-b").await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
     let dst = host_buffer(&mut bc, 128 * MIB, "").await;
+    hold::close_gate();
     let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"")
         .await
         .unwrap();
@@ -241,6 +250,7 @@ async fn shutdown_drains_within_grace_and_fails_the_rest() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releasing_a_buffer_waits_for_the_transfers_that_use_it() {
+    hold::gate_on();
     let mut a = daemons::start("release-a", |_| {}).await;
     let (b, mut bc) = peer_process(&mut a, "release-b").await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
@@ -277,6 +287,7 @@ async fn releasing_a_buffer_waits_for_the_transfers_that_use_it() {
     // The receiver's release waits the same way: b writes into a's buffer and is held (the
     // sender stopped this time), while a releases the destination.
     let back = host_buffer(&mut a.client, 128 * MIB, "back").await;
+    hold::close_gate();
     let id = write(&mut bc, write_entry(&dst, 0, &back, 0, 128 * MIB), b"")
         .await
         .unwrap();
@@ -318,7 +329,11 @@ async fn releasing_a_buffer_waits_for_the_transfers_that_use_it() {
         .unwrap();
     let mut req = tonic::Request::new(pb::ReleaseBufferRequest { buffer_id: src.id });
     req.metadata_mut().insert("grpc-timeout", "100m".parse().unwrap());
-    let err = a.client.release_buffer(req).await.unwrap_err();
+    // Sent by a client that does not give up at the deadline itself: the daemon answers up to
+    // 50 ms before it, which a loaded machine can delay past it (tonic's client then answered
+    // CANCELLED "Timeout expired" in its place).
+    let mut untimed = crate::common::untimed::client(&a.daemon.api_socket).await;
+    let err = untimed.release_buffer(req).await.unwrap_err();
     frozen.thaw();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("in use"), "{}", err.message());
@@ -333,6 +348,7 @@ async fn releasing_a_buffer_waits_for_the_transfers_that_use_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_ends_within_its_grace_period_though_the_plugin_cannot_close_a_comm() {
+    hold::gate_on();
     // Google's plugin closes a comm only once every request on it has moved its bytes, or its
     // peer closed its end (tcpxClose joins helper threads that look at their stop flag only when
     // idle): a daemon stopping at the same moment as its peer, each with a request under way,
@@ -346,6 +362,7 @@ async fn a_drain_ends_within_its_grace_period_though_the_plugin_cannot_close_a_c
     let (b, mut bc) = hold::peer_process(&mut a, "stuckclose-b", &[("TCPXEMU_CLOSE", "plugin")]).await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
     let dst = host_buffer(&mut bc, 128 * MIB, "").await;
+    hold::close_gate();
     let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"")
         .await
         .unwrap();
@@ -388,6 +405,7 @@ fn shuffled_slots(n: u64, seed: u64) -> Vec<u64> {
 /// and returns every slot and credit on both daemons; the next scattered batch lands exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_host_block_batch_with_copy_helpers_frees_every_slot() {
+    hold::gate_on();
     use crate::common::batches::ranges;
     tcpxd::logging::init("warn");
     let mut a = daemons::start("cancel-copies-a", |d| d.host_copy_threads = Some(3)).await;
@@ -408,6 +426,7 @@ async fn cancelling_a_host_block_batch_with_copy_helpers_frees_every_slot() {
         timeout_ms: 120_000,
         ..Default::default()
     };
+    hold::close_gate();
     let id = a
         .client
         .write_batch(batch(&list))

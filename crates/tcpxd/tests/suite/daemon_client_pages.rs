@@ -140,6 +140,150 @@ async fn registration_by_address_needs_the_framed_session() {
     d.stop().await;
 }
 
+/// Memory by address maps nothing in the daemon: not even address space of its size (until
+/// session 21 each such buffer reserved it, an mmap at registration and a munmap at release). The
+/// daemon runs in this process, so its mappings are this process's: registering 4 GiB of
+/// untouched client memory must not add gigabytes to them, and the buffers still serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_by_address_maps_nothing_in_the_daemon() {
+    const GIB: usize = 1 << 30;
+    let mut d = daemons::start("pages-nomap", |_| {}).await;
+    let regions: Vec<*mut u8> = (0..4).map(|_| anonymous(GIB)).collect();
+    let before = vm_size();
+    let mut s = Framed::open(&d.daemon.api_socket).await;
+    let mut ids = Vec::new();
+    for (i, p) in regions.iter().enumerate() {
+        s.send(i as u64 + 1, register(*p as u64, GIB as u64)).await;
+        ids.push(s.registered(i as u64 + 1).await.expect("registered").id);
+    }
+    let grew = vm_size().saturating_sub(before);
+    assert!(
+        grew < GIB as u64 / 2,
+        "4 GiB registered by address grew the daemon's address space by {grew} bytes"
+    );
+    // They serve: the daemon's own reads see the client's bytes.
+    bytes(regions[3], 4096)[..5].copy_from_slice(b"hello");
+    assert_eq!(
+        crc(&mut d.client, ids[3], 0, 4096).await,
+        crc32c::crc32c(&bytes(regions[3], 4096)[..])
+    );
+    d.stop().await;
+}
+
+/// A `register_batch` asking `packed_answer` is answered by arrays rather than a Buffer message
+/// an entry: ids, list ids and counts, descriptors and tokens back to back, and the refusals
+/// (an entry, a list) with their statuses; what they say is what the unary calls say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_packed_answer_carries_ids_lists_descriptors_and_refusals() {
+    use tcpxd::api::proto::v1::register_batch_entry::Memory;
+    use tcpxd::api::proto::v1::session_event::Event;
+    let mut d = daemons::start("pages-packed", |_| {}).await;
+    let (a, b) = (anonymous(2 * MIB as usize), anonymous(MIB as usize));
+    let strided = |g: u32, count: u32| pb::StridedBlocks {
+        first: 0,
+        stride: u64::from(g),
+        length: g,
+        count,
+    };
+    let entry = |address: u64, size: u64, block_lists: Vec<pb::StridedBlocks>| pb::RegisterBatchEntry {
+        memory: Some(Memory::ClientMemory(pb::RegisterClientMemoryRequest {
+            address,
+            size,
+            block_lists,
+            ..Default::default()
+        })),
+    };
+    let entries = vec![
+        entry(a as u64, 2 * MIB, vec![strided(4096, 512), strided(512, 4096)]),
+        entry(0, 4096, vec![strided(4096, 1)]), // refused: address 0
+        entry(b as u64, MIB, vec![strided(4096, 512)]), // its list runs past the end: not made
+    ];
+    let mut s = Framed::open(&d.daemon.api_socket).await;
+    s.send(
+        1,
+        Op::RegisterBatch(pb::RegisterBatchRequest {
+            entries,
+            packed_answer: true,
+        }),
+    )
+    .await;
+    let ev = s.next().await;
+    let Some(Event::RegisteredBatch(got)) = ev.event else {
+        panic!("{ev:?}")
+    };
+    assert!(got.buffers.is_empty() && got.statuses.is_empty());
+    let p = got.packed.expect("packed");
+    let u64s = |b: &[u8]| -> Vec<u64> {
+        b.chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let ids = u64s(&p.buffer_ids);
+    assert_eq!(ids.len(), 3);
+    assert!(ids[0] != 0 && ids[1] == 0 && ids[2] != 0, "{ids:?}");
+    assert_eq!(p.refused_entries, vec![1]);
+    assert_eq!(p.refused[0].code, Code::InvalidArgument as i32);
+    assert!(
+        p.refused[0].message.contains("address"),
+        "{}",
+        p.refused[0].message
+    );
+    let lists = u64s(&p.list_ids);
+    assert_eq!(u64s(&p.list_counts), vec![512, 4096, 0]);
+    assert_eq!(p.entry_lists, vec![2, 0, 1]);
+    assert!(lists[0] != 0 && lists[1] != 0 && lists[2] == 0, "{lists:?}");
+    assert_eq!(p.refused_lists, vec![2]);
+    assert!(
+        p.lists_refused[0].message.starts_with("block_lists[0]: "),
+        "{}",
+        p.lists_refused[0].message
+    );
+    // Descriptors and tokens: per entry its descriptor, then a token per list slot.
+    let ends: Vec<usize> = p
+        .text_ends
+        .chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as usize)
+        .collect();
+    let text = String::from_utf8(p.text.clone()).unwrap();
+    let mut at = 0;
+    let strs: Vec<&str> = ends
+        .iter()
+        .map(|&e| {
+            let s = &text[at..e];
+            at = e;
+            s
+        })
+        .collect();
+    assert_eq!(strs.len(), 3 + 3);
+    assert!(strs[3].is_empty() && strs[5].is_empty());
+    let listed = d
+        .client
+        .list_buffers(pb::ListBuffersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .buffers;
+    let desc = |id: u64| listed.iter().find(|b| b.id == id).unwrap().descriptor.clone();
+    assert_eq!((strs[0], strs[4]), (desc(ids[0]).as_str(), desc(ids[2]).as_str()));
+    for (slot, k) in [(1usize, 0usize), (2, 1)] {
+        let bl = d
+            .client
+            .describe_blocks(pb::DescribeBlocksRequest { list_id: lists[k] })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!((bl.buffer_id, bl.token.as_str()), (ids[0], strs[slot]));
+    }
+    d.stop().await;
+}
+
+/// This process's address space in bytes (`VmSize` of /proc/self/status).
+fn vm_size() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmSize:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
 /// This process's anonymous memory of `len` bytes (its own mapping, so that a test can take it
 /// away under the daemon).
 fn anonymous(len: usize) -> *mut u8 {

@@ -193,7 +193,9 @@ async fn mixed_pairings_follow_each_receivers_mode_both_ways() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_and_deadlines_give_every_credit_and_slot_back_on_both_sides() {
     // The peer as its own process, held stopped (SIGSTOP) to keep each transfer in flight on any
-    // plugin (`common::hold`).
+    // plugin, and the emulation's hold gate closed before each post so that none can end before
+    // the peer is stopped (`common::hold`).
+    hold::gate_on();
     tcpxd::logging::init("error");
     let mut a = daemons::start("eager-cancel-a", eager).await;
     let (b, mut bc) =
@@ -203,6 +205,7 @@ async fn cancel_and_deadlines_give_every_credit_and_slot_back_on_both_sides() {
     fill_seed(&mut a.client, src.id, 0, 0, 3).await;
     fill_seed(&mut bc, dst.id, 0, 0, 4).await;
     // A write cancelled mid-flight.
+    hold::close_gate();
     let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 128 * MIB), b"")
         .await
         .unwrap();
@@ -225,7 +228,10 @@ async fn cancel_and_deadlines_give_every_credit_and_slot_back_on_both_sides() {
     );
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut bc).await;
-    // A write whose deadline passes mid-flight.
+    // A write whose deadline passes mid-flight. (The gate keeps it from ending; the deadline
+    // leaves the test a generous second to see its first bytes move and stop the peer, which
+    // stays stopped well within the heartbeat timeout.)
+    hold::close_gate();
     let mut caller = a.client.clone();
     let (s2, d2) = (src.clone(), dst.clone());
     let call = tokio::spawn(async move {
@@ -233,7 +239,7 @@ async fn cancel_and_deadlines_give_every_credit_and_slot_back_on_both_sides() {
             .write(pb::WriteRequest {
                 entry: Some(write_entry(&s2, 0, &d2, 0, 128 * MIB)),
                 notification: Vec::new(),
-                timeout_ms: 150,
+                timeout_ms: 1000,
                 ready_event_ipc_handle: Vec::new(),
                 wait: true,
             })
@@ -255,6 +261,7 @@ async fn cancel_and_deadlines_give_every_credit_and_slot_back_on_both_sides() {
         Err(s) => assert_eq!(s.code(), tonic::Code::DeadlineExceeded, "{}", s.message()),
     }
     // A read (the holder's eager write back) cancelled mid-flight by the reader.
+    hold::close_gate();
     let id = read(&mut a.client, read_entry(&dst, 0, &src, 0, 128 * MIB))
         .await
         .unwrap();

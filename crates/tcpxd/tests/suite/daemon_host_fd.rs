@@ -383,7 +383,10 @@ async fn a_batch_of_registrations_is_answered_entry_by_entry() {
         batch_fd(0, MIB, Vec::new()),
     ];
     let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
-    let op = Op::RegisterBatch(pb::RegisterBatchRequest { entries });
+    let op = Op::RegisterBatch(pb::RegisterBatchRequest {
+        entries,
+        ..Default::default()
+    });
     s.send_with_fds(1, op, &borrowed).await;
     let ev = s.next().await;
     assert_eq!(ev.tag, 1);
@@ -425,6 +428,7 @@ async fn a_batch_of_registrations_is_answered_entry_by_entry() {
     let fd = memfd("hostfd-batch", MIB);
     let op = Op::RegisterBatch(pb::RegisterBatchRequest {
         entries: vec![batch_fd(0, MIB, Vec::new()), batch_fd(0, MIB, Vec::new())],
+        ..Default::default()
     });
     s.send_with_fds(2, op, &[fd.as_fd()]).await;
     let (tag, code, msg) = refused(s.next().await);
@@ -447,6 +451,7 @@ async fn a_batch_of_registrations_is_answered_entry_by_entry() {
         3,
         Op::RegisterBatch(pb::RegisterBatchRequest {
             entries: vec![entry; 65],
+            ..Default::default()
         }),
     )
     .await;
@@ -560,8 +565,14 @@ async fn a_batch_by_address_is_probed_and_released_together() {
         by_address(at(&mem[2]), 64 << 10),
     ];
     let mut s = Framed::open(&a.daemon.api_socket).await;
-    s.send(1, Op::RegisterBatch(pb::RegisterBatchRequest { entries }))
-        .await;
+    s.send(
+        1,
+        Op::RegisterBatch(pb::RegisterBatchRequest {
+            entries,
+            ..Default::default()
+        }),
+    )
+    .await;
     let ev = s.next().await;
     let Some(Event::RegisteredBatch(got)) = ev.event else {
         panic!("expected a registered_batch, got {ev:?}")

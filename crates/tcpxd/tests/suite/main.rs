@@ -34,6 +34,7 @@ mod daemon_idle;
 mod daemon_idle_peers;
 mod daemon_lane_life;
 mod daemon_local;
+mod daemon_local_inline;
 mod daemon_local_notify;
 mod daemon_pairing;
 mod daemon_pairing_life;

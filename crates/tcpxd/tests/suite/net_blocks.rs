@@ -147,7 +147,8 @@ fn chunks(
     (helpers, queued): (usize, bool),
 ) {
     let (sdyn, ddyn): (Arc<dyn Region>, Arc<dyn Region>) = (sbuf.clone(), dbuf.clone());
-    let copies = tcpxd::net::host_copies::HostCopies::new(helpers);
+    let copies =
+        tcpxd::net::host_copies::HostCopies::new(helpers, tcpxd::net::host_copies::HelperSpin::auto(true));
     let window = 4usize;
     let staging = Arc::new(HostRegion::populated(window * chunk as usize).unwrap());
     let landing = Arc::new(HostRegion::new(window * chunk as usize).unwrap());

@@ -75,6 +75,12 @@ def indices(idx: Any, n: int, what: str) -> np.ndarray:
     """`idx` (a list or integer numpy array) as integers each in [0, n): a native-endian integer
     array comes back as it is (checked in one pass: its elements read as unsigned, a negative one
     is above any n), anything else as int64."""
+    if type(idx) is list and 0 < len(idx) <= 16:  # a few, as a list (a small request): no numpy pass
+        for i in idx:
+            if type(i) is not int or not 0 <= i < n:
+                break
+        else:
+            return np.array(idx, dtype=_I64)
     if type(idx) is np.ndarray and idx.dtype is _I64 and idx.ndim == 1 and idx.size:  # the commonest: one reduction
         if int(_umax(idx.view(_U64))) < n:
             return idx

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import Client, _proto
-from .._addresses import BY_ADDRESS, AddressBatch, address_kinds, address_tail
+from .._addresses import BY_ADDRESS, FILE_SHARED, AddressBatch, address_ranges, address_tail, range_refusal
+from .._hostmem import Pending
 from ..errors import TcpxdError
 from . import _cuda
 from ._descs import MOVABLE, RegDList
@@ -102,6 +103,29 @@ def granules_made(buffer: Any, lists: List[Any], statuses: List[Any], asked: Lis
     return dataclasses.replace(made[0], fine=made[1]) if len(made) > 1 else made[0]
 
 
+def granules_answered(buffer_id: int, lists: Tuple[Tuple[int, int, str, Optional[TcpxdError]], ...],
+                      asked: List[Any]) -> Granules:
+    """`granules_made` of a registration by address's answer (tcpxd._registrar.Answer's lists)."""
+    made: List[Granules] = []
+    for (list_id, count, token, err), strided in zip(lists, asked):
+        if err is not None or not list_id:
+            log.warning("buffer %d: no %d-byte granule list (%s); its transfers take the batch path",
+                        buffer_id, strided.stride, err)
+            break
+        made.append(Granules(int(strided.stride), token, int(count), int(list_id)))
+    if not made:
+        return Granules()
+    return dataclasses.replace(made[0], fine=made[1]) if len(made) > 1 else made[0]
+
+
+@dataclass(frozen=True)
+class _Named:
+    """A buffer as `Granules.region` and `granule_list` read it: its id and descriptor."""
+
+    id: int
+    descriptor: str
+
+
 def granule_list(client: Client, buffer: Any, size: int) -> Granules:
     """Registers the granule lists of a daemon buffer of `size` bytes (strided: four numbers,
     however many granules): the coarse one and, where finer, the fine one; none (Granules())
@@ -160,6 +184,25 @@ def host_array(nbytes: int) -> Any:
 
 
 @dataclass
+class _Sent:
+    """One `register_memory` call's DRAM regions sent to the daemon without waiting for its
+    answers — by address (`Registrar.send_addresses`: `pending`) or by descriptor
+    (`Client._send_host_many`: `answers`) —, folded into the agent's regions at the next call
+    that needs them (`LocalMemory._settle`)."""
+
+    keys: List[Key]
+    #: Per region: its index in the call's reg_list, and the tensor or array given (kept alive).
+    todo: Dict[Key, Tuple[int, Any]]
+    #: By address: per region size, its request's serialized tail and the granule lists it asks.
+    tails: Dict[int, Tuple[bytes, List[Any]]]
+    pending: Optional[Pending]
+    #: By descriptor: what reads the answers (Client._register_host_many's), and per region the
+    #: granule lists asked for.
+    answers: Optional[Callable[[], List[Any]]] = None
+    asked: Optional[List[List[Any]]] = None
+
+
+@dataclass
 class _Import:
     """A daemon buffer importing one cudaMalloc allocation, and how many regions use it."""
 
@@ -187,12 +230,23 @@ class LocalMemory:
         #: batches (held here; the client's re-attacher holds them weakly), by buffer id.
         self._batch_of: Dict[int, AddressBatch] = {}
         self._table: Optional[RegionTable] = None
+        #: Registrations sent and not answered yet (`_Sent`), in the order sent, and their keys.
+        self._sent: List[_Sent] = []
+        self._sent_keys: Dict[Key, _Sent] = {}
+        #: Held while the answers of `_sent[0]` are read and folded in (one thread at a time).
+        self._settling = threading.Lock()
+        #: Per region size: the serialized tail of its request by address and the granule
+        #: lists it asks for (`_by_address`), made once.
+        self._tails: Dict[int, Tuple[bytes, List[Any]]] = {}
 
     def regions(self) -> List[Region]:
+        self._settle()
         with self._lock:
             return [r for r, _ in self._regions.values()]
 
     def table(self) -> RegionTable:
+        if self._sent:
+            self._settle()
         with self._lock:
             if self._table is None:
                 self._table = RegionTable([r for r, _ in self._regions.values()])
@@ -203,12 +257,14 @@ class LocalMemory:
         if dl.mem not in MOVABLE:
             raise nixlNotSupportedError(f"reg_list: tcpxd moves DRAM and VRAM memory, not {dl.mem}")
         done: List[Key] = []
+        sent_here: List[_Sent] = []  # (sent without waiting, by `_dram_many`)
         dram: Dict[Key, Tuple[int, Any]] = {}  # registered together, below
         mem = dl.mem
         rows = dl.rows.tolist()
         with self._lock:
-            have = self._regions
-            new = [(i, (mem, a, n, d)) for i, (a, n, d) in enumerate(rows) if (mem, a, n, d) not in have]
+            have, sent = self._regions, self._sent_keys
+            new = [(i, (mem, a, n, d)) for i, (a, n, d) in enumerate(rows)
+                   if (mem, a, n, d) not in have and (mem, a, n, d) not in sent]
         try:
             for i, key in new:  # (registered already: NIXL accepts it again)
                 if key[2] == 0:
@@ -224,8 +280,9 @@ class LocalMemory:
                 self._add(key, *self._vram(key[1], key[2], key[3], what))
                 done.append(key)
             if dram:
-                self._dram_many(dram, done)
+                self._dram_many(dram, done, sent_here)
         except BaseException:
+            self._undo_sent(sent_here, done)
             self._drop(done)
             raise
 
@@ -235,6 +292,7 @@ class LocalMemory:
             self._table = None
 
     def deregister(self, dl: RegDList) -> None:
+        self._settle()
         mem = dl.mem
         keys = [(mem, a, n, d) for a, n, d in dl.rows.tolist()]
         with self._lock:
@@ -244,9 +302,90 @@ class LocalMemory:
         self._drop(keys)
 
     def close(self) -> None:
+        while self._sent:
+            try:
+                self._settle()
+            except TcpxdError as e:  # (raised at no later use: there is none)
+                log.warning("%s", e)
         with self._lock:
             keys = list(self._regions)
         self._drop(keys)
+
+    def _sent_now(self, sent: _Sent) -> _Sent:
+        """Records registrations sent without waiting (the answers read by `_settle`)."""
+        with self._lock:
+            self._sent.append(sent)
+            for k in sent.keys:
+                self._sent_keys[k] = sent
+        return sent
+
+    def _undo_sent(self, sent_here: List[_Sent], done: List[Key]) -> None:
+        """A `register` failing after some of its regions were sent without waiting
+        (`sent_here`): their answers read now, what they registered added to `done` (which the
+        caller releases)."""
+        for sent in sent_here:
+            with self._settling:
+                with self._lock:
+                    if sent not in self._sent:
+                        continue  # (folded by another thread meanwhile)
+                try:
+                    self._fold(sent)
+                except TcpxdError:
+                    pass  # (refused: nothing of it stays registered)
+                finally:
+                    with self._lock:
+                        self._sent.remove(sent)
+                        for k in sent.keys:
+                            self._sent_keys.pop(k, None)
+            with self._lock:
+                done.extend(k for k in sent.keys if k in self._regions)
+
+    def _settle(self) -> None:
+        """Folds in the answers of registrations sent without waiting (`_Sent`), oldest first:
+        what needs the agent's regions (metadata, descriptors, transfers, deregistration) calls
+        it first. A registration the daemon refused raises here, naming its region, with every
+        region of its `register_memory` call released (all or none, as a registration waited
+        for); the next call folds the next."""
+        while self._sent:
+            with self._settling:
+                if not self._sent:
+                    return
+                sent = self._sent[0]
+                try:
+                    self._fold(sent)
+                finally:
+                    with self._lock:
+                        self._sent.pop(0)
+                        for k in sent.keys:
+                            self._sent_keys.pop(k, None)
+
+    def _fold(self, sent: _Sent) -> None:
+        """`_settle` of one call's registrations."""
+        registrar = self._client._registrar
+        assert registrar is not None  # (sent on it)
+        first = sent.keys[0]
+        try:
+            if sent.answers is not None:
+                got = sent.answers()
+            else:
+                assert sent.pending is not None
+                got = registrar.collect(sent.pending, self._client.timeout)
+        except TcpxdError as e:
+            i = sent.todo[first][0]
+            raise from_tcpxd(e, f"register_memory (answered later): reg_list[{i}] (DRAM at {first[1]:#x}, "
+                                f"{first[2]} bytes)") from None
+        done: List[Key] = []
+        failed: List[Tuple[Key, TcpxdError]] = []
+        if sent.answers is not None:
+            assert sent.asked is not None
+            self._fold_buffers(sent.keys, got, sent.asked, done, failed)
+        else:
+            self._fold_answers(sent.keys, got, sent.todo, sent.tails, done, failed)
+        if failed:
+            self._drop(done)
+            key, err = min(failed, key=lambda f: sent.todo[f[0]][0])
+            raise from_tcpxd(err, f"register_memory (answered later): reg_list[{sent.todo[key][0]}] (DRAM at "
+                                  f"{key[1]:#x}, {key[2]} bytes)") from None
 
     def _drop(self, keys: List[Key]) -> None:
         """Releases the regions: the DRAM regions' buffers together (by id, those registered by
@@ -295,63 +434,94 @@ class LocalMemory:
         if first is not None:
             raise first
 
-    def _dram_many(self, todo: Dict[Key, Tuple[int, Any]], done: List[Key]) -> None:
+    def _dram_many(self, todo: Dict[Key, Tuple[int, Any]], done: List[Key], sent_here: List[_Sent]) -> None:
         """Registers DRAM regions together: one round trip for up to PIPELINE of them, each
         buffer's granule lists made by the daemon with it (released by the daemon with the
         buffer). Memory with no file to hand over (anonymous or private: a numpy array, a CPU
         tensor, a pinned one) goes by address (`_by_address`: no object a region but its Region);
-        the rest through Client._register_host_many (`_by_descriptor`)."""
+        the rest through Client._register_host_many (`_by_descriptor`). Memory by address is
+        checked here first as the daemon would (mapped, writable: `address_ranges`), then sent
+        last, its answers read at the next call that needs them where the connection allows
+        (`Registrar.send_addresses`, `_settle`)."""
         keys = list(todo)
-        kinds = address_kinds([k[1] for k in keys])
-        fast = [k for k, kind in zip(keys, kinds) if kind == BY_ADDRESS]
+        kinds = address_ranges([k[1] for k in keys], [k[2] for k in keys])
+        fast = []
+        for k, kind in zip(keys, kinds):
+            if kind == BY_ADDRESS:
+                fast.append(k)
+            elif kind != FILE_SHARED:  # what the daemon would refuse, said now
+                raise nixlInvalidParamError(f"reg_list[{todo[k][0]}] (DRAM at {k[1]:#x}, {k[2]} bytes): "
+                                            f"{range_refusal(kind, k[1], k[2])}")
         failed: List[Tuple[Key, TcpxdError]] = []
-        if fast:
-            self._by_address(fast, todo, done, failed)
         if len(fast) < len(keys):
             fast_set = set(fast)
-            self._by_descriptor({k: v for k, v in todo.items() if k not in fast_set}, done, failed)
+            self._by_descriptor({k: v for k, v in todo.items() if k not in fast_set}, done, failed, sent_here)
+        # Last: sent without waiting where it can be (nothing after it can fail this call).
+        if fast and not failed:
+            self._by_address(fast, todo, done, failed, sent_here)
         if failed:
             key, err = min(failed, key=lambda f: todo[f[0]][0])
             raise from_tcpxd(err, f"reg_list[{todo[key][0]}] (DRAM at {key[1]:#x}, {key[2]} bytes)") from None
 
     def _by_address(self, keys: List[Key], todo: Dict[Key, Tuple[int, Any]], done: List[Key],
-                    failed: List[Tuple[Key, TcpxdError]]) -> None:
+                    failed: List[Tuple[Key, TcpxdError]], sent_here: List[_Sent]) -> None:
         """`_dram_many`'s regions registered by address: their requests written from one
         serialized tail a region size, the answers read into Regions, the table updated once."""
         import numpy as np
 
         tails: Dict[int, Tuple[bytes, List[Any]]] = {}
+        known = self._tails
         for k in keys:
             if k[2] not in tails:
-                asked = granule_tilings(k[2])
-                tails[k[2]] = (address_tail(k[2], "", asked), asked)
+                tail = known.get(k[2])
+                if tail is None:
+                    asked = granule_tilings(k[2])
+                    tail = (address_tail(k[2], "", asked), asked)
+                    if len(known) < 64:  # (the sizes an agent registers are few)
+                        known[k[2]] = tail
+                tails[k[2]] = tail
         addrs = np.fromiter((k[1] for k in keys), dtype=np.uint64, count=len(keys))
+        what = f"reg_list[{todo[keys[0]][0]}] (DRAM at {keys[0][1]:#x}, {keys[0][2]} bytes)"
+        registrar = self._client._registrar
         try:
+            pending = None if registrar is None else registrar.send_addresses(
+                addrs, [tails[k[2]][0] for k in keys], self._client.timeout)
+            if pending is not None:  # answered later: folded in by `_settle`
+                sent_here.append(self._sent_now(_Sent(keys, {k: todo[k] for k in keys}, tails, pending)))
+                return
             got = self._client._register_addresses(addrs, [tails[k[2]][0] for k in keys])
         except TcpxdError as e:
-            raise from_tcpxd(e, f"reg_list[{todo[keys[0]][0]}] (DRAM at {keys[0][1]:#x}, {keys[0][2]} bytes)") from None
+            raise from_tcpxd(e, what) from None
+        self._fold_answers(keys, got, todo, tails, done, failed)
+
+    def _fold_answers(self, keys: List[Key], got: List[Any], todo: Dict[Key, Tuple[int, Any]],
+                      tails: Dict[int, Tuple[bytes, List[Any]]], done: List[Key],
+                      failed: List[Tuple[Key, TcpxdError]]) -> None:
+        """The daemon's answers to registrations by address read into Regions, the table updated
+        once (`done`: the keys registered; `failed`: the others, with why)."""
         added: List[Tuple[Key, Region, int]] = []
         batch = AddressBatch()
-        for key, msg in zip(keys, got):
-            if isinstance(msg, TcpxdError):
-                failed.append((key, msg))
+        for key, ans in zip(keys, got):
+            if isinstance(ans, TcpxdError):
+                failed.append((key, ans))
                 continue
+            id, desc, lists = ans  # (an Answer: tcpxd._registrar)
             asked = tails[key[2]][1]
-            lists, statuses = msg.block_lists, msg.block_list_status
-            if len(asked) == 2 and len(lists) == 2 and not statuses[0].code and not statuses[1].code and lists[1].id:
-                c, f = lists  # (the usual: both made)
-                region = make_region(key[1], key[2], key[3], "DRAM", msg.descriptor, 0, msg.id, asked[0].stride, c.token,
-                                     c.count, c.id, asked[1].stride, f.token, f.count, f.id)
-                made: Tuple[Tuple[int, Any], ...] = ((c.id, asked[0]), (f.id, asked[1]))
+            if len(asked) == 2 and len(lists) == 2 and lists[0][3] is None and lists[1][3] is None and lists[1][0]:
+                (cid, cn, ctok, _), (fid, fn, ftok, _) = lists  # (the usual: both made)
+                region = make_region(key[1], key[2], key[3], "DRAM", desc, 0, id, asked[0].stride, ctok, cn, cid,
+                                     asked[1].stride, ftok, fn, fid)
+                made: Tuple[Tuple[int, Any], ...] = ((cid, asked[0]), (fid, asked[1]))
             elif asked and not lists:  # a daemon that makes no lists with a registration
-                region = granule_list(self._client, msg, key[2]).region(key[1], key[2], key[3], "DRAM", msg, 0)
+                buf = _Named(id, desc)
+                region = granule_list(self._client, buf, key[2]).region(key[1], key[2], key[3], "DRAM", buf, 0)
                 made = ()  # (registered by RegisterBlocks: re-attached as such)
             else:
-                gl = granules_made(msg, list(lists), list(statuses), asked)
-                region = gl.region(key[1], key[2], key[3], "DRAM", msg, 0)
+                gl = granules_answered(id, lists, asked)
+                region = gl.region(key[1], key[2], key[3], "DRAM", _Named(id, desc), 0)
                 made = tuple((g.list_id, a) for g, a in zip((gl, gl.fine), asked) if g is not None and g.list_id)
-            added.append((key, region, msg.id))
-            batch.regions[msg.id] = (key[1], key[2], msg.descriptor, made)
+            added.append((key, region, id))
+            batch.regions[id] = (key[1], key[2], desc, made)
         if batch.regions:
             batch.n = self._client._reattach.track_batch(batch)
         with self._lock:
@@ -366,17 +536,27 @@ class LocalMemory:
         done.extend(k for k, _, _ in added)
 
     def _by_descriptor(self, todo: Dict[Key, Tuple[int, Any]], done: List[Key],
-                       failed: List[Tuple[Key, TcpxdError]]) -> None:
+                       failed: List[Tuple[Key, TcpxdError]], sent_here: List[_Sent]) -> None:
         """`_dram_many`'s regions of memory a file backs (a memfd, /dev/shm): handed over by
         descriptor, one Buffer each (Client._register_host_many)."""
         keys = list(todo)
         memories = [obj if obj is not None else (ctypes.c_char * k[2]).from_address(k[1]) for k, (_, obj) in todo.items()]
         asked = [granule_tilings(k[2]) for k in keys]
         try:
+            answers = self._client._send_host_many(memories, asked)
+            if answers is not None:  # answered later: folded in by `_settle`
+                sent_here.append(self._sent_now(_Sent(keys, {k: todo[k] for k in keys}, {}, None, answers, asked)))
+                return
             got = self._client._register_host_many(memories, asked)
         except TcpxdError as e:
             i = todo[keys[0]][0]
             raise from_tcpxd(e, f"reg_list[{i}] (DRAM at {keys[0][1]:#x}, {keys[0][2]} bytes)") from None
+        self._fold_buffers(keys, got, asked, done, failed)
+
+    def _fold_buffers(self, keys: List[Key], got: List[Any], asked: List[List[Any]], done: List[Key],
+                      failed: List[Tuple[Key, TcpxdError]]) -> None:
+        """The daemon's answers to registrations by descriptor (Client._register_host_many's)
+        read into Regions (`done`: the keys registered; `failed`: the others, with why)."""
         for key, ans, tilings in zip(keys, got, asked):
             if isinstance(ans, TcpxdError):
                 failed.append((key, ans))

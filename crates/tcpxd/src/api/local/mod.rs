@@ -4,21 +4,24 @@
 //! back, then sends `SessionRequest` frames and reads `SessionEvent` frames (docs/API.md, "The
 //! framed local session"); any other connection is gRPC as before (`listener`).
 //!
-//! One task per connection: it reads the frames and runs the session (src/api/session.rs), and
-//! writes each event straight to the socket, one write per event.
+//! One task per connection: it reads the frames and runs the session (src/api/session.rs). Its
+//! events go out through the connection's [`outbox::Outbox`]: written at once, one write per
+//! event, from whichever thread has the event — the session's task, or the thread that finished
+//! a transfer or published a notification (`inline`: the poller's, between nodes).
 //! It reads with `recvmsg`, so a `register_host_fd` frame's file descriptor comes with it
 //! (`fds`); the client's credentials decide whether it may hand over an unsealable file.
 
 pub mod fds;
 pub mod frame;
+pub mod inline;
 pub mod listener;
+pub mod outbox;
 
 use std::future::pending;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedWriteHalf;
@@ -27,6 +30,7 @@ use tokio_util::codec::FramedRead;
 
 use self::fds::{FdReader, Positioned};
 use self::frame::PREFACE;
+use self::outbox::Outbox;
 use super::host_memory::Attached;
 use super::proto::v1 as pb;
 use super::session::{self, Events, Gone, Incoming, Requests};
@@ -52,6 +56,18 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
     let peer_pid = cred.and_then(|c| c.pid()).filter(|&p| p > 0);
     let unsealed = Unsealed::for_peer(peer_uid, rustix::process::geteuid().as_raw());
     tracing::debug!(?peer_uid, "local session opened");
+    let outbox = match stream
+        .as_fd()
+        .try_clone_to_owned()
+        .map(std::os::unix::net::UnixStream::from)
+        .and_then(Outbox::new)
+    {
+        Ok(o) => Arc::new(o),
+        Err(e) => {
+            tracing::warn!("local session: cannot share the connection for writing ({e}); closing it");
+            return;
+        }
+    };
     let (read, write) = stream.into_split();
     let mut requests = FramedRequests {
         frames: FramedRead::new(FdReader::new(read), Positioned::default()),
@@ -60,11 +76,14 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
     };
     let mut events = FramedEvents {
         io: write,
-        buf: BytesMut::new(),
+        outbox,
         hangup: None,
     };
     let ended = session::serve(state, None, &mut requests, &mut events).await;
     // Either way nothing more is sent: the client reads EOF after the last event.
+    if ended.is_ok() {
+        let _ = events.flush().await;
+    }
     let _ = events.io.shutdown().await;
     if ended.is_err() {
         let mut read = requests.frames.into_inner().into_inner();
@@ -131,26 +150,54 @@ impl Requests for FramedRequests {
     }
 }
 
-/// The event side: frames written to the connection, one write each.
+/// The event side: frames pushed into the connection's outbox, written at once as far as the
+/// socket takes them; the rest written here once it is writable.
 struct FramedEvents {
     io: OwnedWriteHalf,
-    /// The frame being written (reused).
-    buf: BytesMut,
+    outbox: Arc<Outbox>,
     /// Watches the connection for the client's going away once it has half-closed.
     hangup: Option<UnixStream>,
 }
 
+impl FramedEvents {
+    /// Writes everything pushed so far, waiting for the socket to take it; `Err` once the
+    /// connection failed.
+    async fn flush(&mut self) -> Result<(), Gone> {
+        while self.outbox.backlog() > 0 || self.outbox.is_broken() {
+            if self.io.as_ref().writable().await.is_err() {
+                return Err(Gone);
+            }
+            match self
+                .io
+                .as_ref()
+                .try_io(Interest::WRITABLE, || self.outbox.flush())
+            {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return Err(Gone),
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Events for FramedEvents {
     async fn send(&mut self, event: pb::SessionEvent) -> Result<(), Gone> {
-        self.buf.clear();
-        if let Err(e) = frame::put_event(&mut self.buf, &event) {
-            tracing::error!("local session: encoding an event: {e}");
-            return Err(Gone);
+        self.outbox.push(&event).map_err(|_| Gone)?;
+        // Written whole before the session goes on (as the client reads: backpressure).
+        self.flush().await
+    }
+
+    fn outbox(&self) -> Option<Arc<Outbox>> {
+        Some(self.outbox.clone())
+    }
+
+    async fn attend(&mut self, reading: bool) -> Result<(), Gone> {
+        let outbox = self.outbox.clone();
+        tokio::select! {
+            _ = outbox.work() => self.flush().await,
+            _ = self.gone(reading) => Err(Gone),
         }
-        self.io.write_all(&self.buf).await.map_err(|e| {
-            tracing::debug!("local session: the client went away: {e}");
-            Gone
-        })
     }
 
     /// While the client may still send, its going away ends the request side (EOF or reset).

@@ -95,6 +95,11 @@ impl RecvComm {
         self.core.dev
     }
 
+    /// A number naming this comm in the hop trace, as [`super::SendComm::trace_id`].
+    pub fn trace_id(&self) -> usize {
+        Arc::as_ptr(&self.core) as usize
+    }
+
     pub fn plugin(&self) -> &Arc<Plugin> {
         &self.core.plugin
     }

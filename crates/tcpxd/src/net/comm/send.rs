@@ -43,6 +43,12 @@ impl SendComm {
         self.core.dev
     }
 
+    /// A number naming this comm in the hop trace (`tcpxd::hop`): its requests are FIFO, so a
+    /// trace's k-th post on a comm is its k-th completion (`benches/chunks.py`).
+    pub fn trace_id(&self) -> usize {
+        Arc::as_ptr(&self.core) as usize
+    }
+
     pub fn plugin(&self) -> &Arc<Plugin> {
         &self.core.plugin
     }

@@ -5,12 +5,84 @@
 //! stops it (SIGSTOP) as soon as the transfer has moved its first bytes: the receiver takes no
 //! more data and the sender's sockets fill, whatever the plugin. The test does what it needs
 //! mid-flight, then lets the peer go on (SIGCONT) well within the peer heartbeat timeout (3 s).
+//!
+//! Stopping the peer once bytes moved races the transfer's end: on a loaded machine the test may
+//! see its first event late, and stop the peer after the last byte (or with the rest already in
+//! the lanes' socket buffers, tens of MiB on loopback). On the emulation the race is gone: a
+//! test calls [`gate_on`] before any daemon starts and [`close_gate`] before posting the
+//! transfer, and the emulation's hold gate (`TCPXEMU_HOLD_FILE`, docs/EMULATION.md) lets the
+//! senders of this process and of the peers it spawns write 16 MiB more and then wait until the
+//! peer is thawed: the transfer moves its first bytes and cannot end before. (On another plugin,
+//! `TCPXD_TEST_PLUGIN`, the gate is ignored and the race is back, as before it.)
 
-use std::time::Duration;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use super::daemons::Client;
 use super::procs::ProcDaemon;
 use tcpxd::api::proto::v1 as pb;
+
+static GATE: OnceLock<PathBuf> = OnceLock::new();
+
+/// Turns the emulation's hold gate on for this test's process and the peer daemons it spawns
+/// afterwards (they inherit the environment). Call it first, before any daemon starts: the
+/// emulation reads its environment once.
+pub fn gate_on() {
+    GATE.get_or_init(|| {
+        let file = std::env::temp_dir().join(format!("tcpxd-hold-{}", std::process::id()));
+        std::fs::remove_file(&file).ok();
+        // SAFETY: each test runs in its own process (nextest); this runs before any daemon (and
+        // so the emulation, which reads the variable) starts.
+        unsafe { std::env::set_var("TCPXEMU_HOLD_FILE", &file) };
+        file
+    });
+}
+
+/// Closes the hold gate (see the module's comment) until the next thaw: call it before posting
+/// a transfer to be held with [`freeze_once_moving`] or [`freeze_once_lanes_move`].
+pub fn close_gate() {
+    static GENERATION: AtomicU64 = AtomicU64::new(0);
+    let file = GATE
+        .get()
+        .expect("hold::gate_on() first, before any daemon starts");
+    // New contents each time: the emulation grants a fresh budget per contents.
+    let g = GENERATION.fetch_add(1, Ordering::Relaxed);
+    std::fs::write(file, format!("{g}\n")).expect("the hold gate's file");
+}
+
+/// Opens the hold gate (a thaw does too): for a test that keeps the peer stopped but needs this
+/// process's other transfers to move.
+pub fn open_gate() {
+    if let Some(file) = GATE.get() {
+        std::fs::remove_file(file).ok();
+    }
+}
+
+/// Waits until every thread of `pid` is stopped: kill(2) returns before a SIGSTOP has taken
+/// effect on threads running on other CPUs.
+fn wait_stopped(pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let stopped = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .expect("the peer's threads")
+            .filter_map(Result::ok)
+            .all(|t| {
+                std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| {
+                    // `pid (comm) S ...`: the state follows the last ')'.
+                    s.rfind(')')
+                        .and_then(|i| s[i + 1..].split_whitespace().next())
+                        .is_some_and(|st| st == "T" || st == "t")
+                })
+            });
+        if stopped {
+            return;
+        }
+        assert!(Instant::now() < deadline, "pid {pid} not stopped within 30 s");
+        std::thread::yield_now();
+    }
+}
 
 /// A peer daemon stopped with SIGSTOP; continued by [`Frozen::thaw`], or when dropped.
 pub struct Frozen {
@@ -24,15 +96,17 @@ fn signal(pid: i32, sig: i32) {
 }
 
 impl Frozen {
-    /// Stops `peer` now.
+    /// Stops `peer` now (every thread of it, on return).
     pub fn now(peer: &ProcDaemon) -> Frozen {
         let pid = peer.child.id() as i32;
         signal(pid, libc::SIGSTOP);
+        wait_stopped(pid);
         Frozen { pid, thawed: false }
     }
 
-    /// Lets the peer go on.
+    /// Lets the peer go on, and opens the hold gate.
     pub fn thaw(mut self) {
+        open_gate();
         signal(self.pid, libc::SIGCONT);
         self.thawed = true;
     }
@@ -41,6 +115,7 @@ impl Frozen {
 impl Drop for Frozen {
     fn drop(&mut self) {
         if !self.thawed {
+            open_gate();
             // SAFETY: as in `signal`; a failed test must not leave a stopped process behind.
             unsafe { libc::kill(self.pid, libc::SIGCONT) };
         }
@@ -48,10 +123,11 @@ impl Drop for Frozen {
 }
 
 /// Follows transfer `id` on `c` (its initiator's daemon) until it has moved bytes, then stops
-/// `peer`. Returns the event that showed the bytes. Panics if the transfer finished first (make
-/// it larger). A stopped *sender* holds the transfer until thawed; a stopped *receiver* does so
-/// only while the rest is larger than the lanes' socket buffers can take (tens of MiB on
-/// loopback): to hold a write for sure, stop its receiver before posting it.
+/// `peer`. Returns the event that showed the bytes. Panics if the transfer finished first.
+/// With the hold gate closed before the post ([`close_gate`]) it cannot have: the transfer's
+/// senders wait at the gate until the thaw. Without it (another plugin), a stopped *sender*
+/// holds the transfer only if it is stopped before the rest is in the lanes' socket buffers,
+/// a stopped *receiver* only if it is stopped before it took the last byte.
 pub async fn freeze_once_moving(c: &mut Client, id: u64, peer: &ProcDaemon) -> (Frozen, pb::TransferEvent) {
     let mut events = c
         .watch(pb::WatchRequest { transfer_id: id })

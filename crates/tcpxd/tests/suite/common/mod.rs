@@ -10,6 +10,7 @@ pub mod gpus;
 pub mod hold;
 pub mod procs;
 pub mod scrape;
+pub mod untimed;
 
 /// The name libtest knows a test by in this binary (`net_blocks::child_round_trip`), for a test
 /// that runs another of its own tests in a child process with `--exact`: `module` is the

@@ -22,6 +22,15 @@ fn packed(
         offsets: le(offsets),
         lengths: le(lengths),
         uniform_length,
+        offset_slots: Vec::new(),
+    }
+}
+
+/// Offsets as u32 slots of `uniform_length` (peer protocol 9).
+fn slotted(buffer_id: u64, key: &[u8], slots: &[u32], uniform_length: u64) -> ppb::PackedRanges {
+    ppb::PackedRanges {
+        offset_slots: slots.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ..packed(buffer_id, key, &[], &[], uniform_length)
     }
 }
 
@@ -177,6 +186,43 @@ async fn hostile_packed_ranges_are_refused_and_change_nothing() {
             Code::InvalidArgument,
             "ranges[1].".into(),
             1,
+        ),
+        (
+            "a slot past the end at 4095",
+            slotted(
+                dst.id,
+                &key,
+                &(0..4096u32)
+                    .map(|i| if i == 4095 { (SIZE / 1024) as u32 } else { i })
+                    .collect::<Vec<_>>(),
+                1024,
+            ),
+            0,
+            Code::InvalidArgument,
+            "ranges[4095].".into(),
+            4095,
+        ),
+        (
+            "slots and offsets both",
+            ppb::PackedRanges {
+                offsets: le(&[0, 8192]),
+                ..slotted(dst.id, &key, &[0, 2], 4096)
+            },
+            0,
+            Code::InvalidArgument,
+            "packed.offset_slots: given with offsets (give one of the two)".into(),
+            0,
+        ),
+        (
+            "slots not whole",
+            ppb::PackedRanges {
+                offset_slots: vec![0; 6],
+                ..slotted(dst.id, &key, &[], 4096)
+            },
+            0,
+            Code::InvalidArgument,
+            "packed.offset_slots: 6 bytes are not a whole number of u32 slots".into(),
+            0,
         ),
     ];
     let mut n = 0;

@@ -1,0 +1,118 @@
+//! How a session's events reach a client of the framed local session without its task: a
+//! transfer's final event pushed into the connection's outbox by the thread that finished the
+//! transfer, the node's notifications by the thread that published each (src/api/local/inline.rs,
+//! outbox.rs). The session (src/api/session.rs) starts these and forgets the transfers they
+//! delivered (`Delivered`).
+
+use std::sync::Arc;
+
+use tokio::sync::broadcast::{self, error::RecvError};
+use tonic::Status;
+
+use super::local::inline::Inline;
+use super::local::outbox::{BACKLOG, Outbox};
+use super::proto::v1 as pb;
+use super::proto::v1::session_event::Event;
+use super::transfers::{self, Started};
+use crate::poller::NotificationEvent;
+
+/// A session's subscription to the node's notifications: read by its task, or (with an outbox)
+/// delivered by the thread that publishes each.
+pub(crate) enum Subscription {
+    Task(broadcast::Receiver<NotificationEvent>),
+    Inline(Arc<Inline>),
+}
+
+/// The tags of transfers whose final event an inline delivery pushed: no longer open once the
+/// session's task takes them (`reap`).
+#[derive(Default)]
+pub(crate) struct Delivered {
+    pub(crate) tags: std::sync::Mutex<Vec<u64>>,
+    /// Rung after each: a session draining its last transfers looks.
+    pub(crate) rung: tokio::sync::Notify,
+}
+
+/// The event a notification (or a subscriber's falling behind) makes; `None` once the node's
+/// notifications ended (the daemon stops).
+pub(crate) fn notification_event(n: Result<NotificationEvent, RecvError>) -> Option<Event> {
+    match n {
+        Ok(n) => {
+            tracing::trace!(target: "tcpxd::hop", hop = "api.notify", id = n.transfer_id);
+            Some(Event::Notification(pb::Notification {
+                from_node: n.from_node,
+                transfer_id: n.transfer_id,
+                payload: n.payload,
+                buffer_ids: n.buffers,
+            }))
+        }
+        Err(RecvError::Lagged(k)) => {
+            let status = Status::data_loss(format!(
+                "subscribe: this session fell behind and missed {k} notifications; it stays subscribed"
+            ));
+            Some(Event::Refused(pb::EntryStatus {
+                code: status.code() as i32,
+                message: status.message().to_string(),
+            }))
+        }
+        Err(RecvError::Closed) => None,
+    }
+}
+
+/// Waits for a transfer's end and pushes its final event into the outbox: run inline
+/// (src/api/local/inline.rs), so on the thread that finished the transfer. The tag is marked
+/// delivered first: once the client has the event it may use the tag again.
+pub(crate) async fn deliver_finished(tag: u64, s: Started, outbox: Arc<Outbox>, delivered: Arc<Delivered>) {
+    let event = match transfers::finished(s.id, s.rx).await {
+        Ok(ev) => ev,
+        Err(status) => pb::TransferEvent {
+            transfer_id: s.id.0,
+            state: pb::TransferState::Finished as i32,
+            total_bytes: s.total,
+            status_code: status.code() as i32,
+            status_message: status.message().to_string(),
+            ..Default::default()
+        },
+    };
+    tracing::trace!(target: "tcpxd::hop", hop = "api.out", id = event.transfer_id);
+    let ev = pb::SessionEvent {
+        tag,
+        event: Some(Event::Finished(event)),
+    };
+    {
+        // The tag is marked and the event pushed under one lock of the tags: the client cannot
+        // see the event (and use the tag again) before the mark, and the session cannot see the
+        // mark (and end, the transfer no longer open) before the event is in the outbox.
+        let mut tags = delivered.tags.lock().unwrap_or_else(|e| e.into_inner());
+        tags.push(tag);
+        // A broken connection: the session's task finds it so and cancels what is open.
+        let _ = outbox.push(&ev);
+    }
+    delivered.rung.notify_one();
+}
+
+/// Pushes the node's notifications into the outbox as they are published (inline: on the
+/// publishing thread), waiting while the client leaves too much unread (it then falls behind
+/// and is told how many it missed, as a slow subscriber is).
+pub(crate) async fn deliver_notifications(
+    tag: u64,
+    mut rx: broadcast::Receiver<NotificationEvent>,
+    outbox: Arc<Outbox>,
+) {
+    loop {
+        if outbox.backlog() >= BACKLOG {
+            outbox.room().await;
+        }
+        let Some(event) = notification_event(rx.recv().await) else {
+            return;
+        };
+        if outbox
+            .push(&pb::SessionEvent {
+                tag,
+                event: Some(event),
+            })
+            .is_err()
+        {
+            return;
+        }
+    }
+}

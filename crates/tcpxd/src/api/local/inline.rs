@@ -1,0 +1,193 @@
+//! Futures run by the thread that wakes them: a framed session's wait for a transfer's end, and
+//! its notification subscription. The poller publishes a transfer's final status on its `watch`
+//! channel and a notification on the node's `broadcast` channel from its own thread; tokio calls
+//! the wakers of those channels' waiters right there, after releasing the channel's locks. A
+//! future woken through an [`Inline`] is polled in that call: it reads the status (or the
+//! notification) and pushes its event into the session's [`Outbox`](super::outbox::Outbox),
+//! which writes it to the client's socket at once. Before, the poller woke a task (a runtime
+//! worker thread woken), which woke the session's task, which wrote the event: two thread hops
+//! on every small transfer's way back (docs/BENCHMARKS.md, "session 21").
+//!
+//! What such a future may do when polled is what the waking thread may: only non-blocking work
+//! (the channels' reads, encoding an event, a non-blocking write). It runs on no runtime: no
+//! timers, no I/O readiness, no spawning.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Wake, Waker};
+
+/// Not being polled.
+const IDLE: u8 = 0;
+/// Being polled by some thread.
+const POLLING: u8 = 1;
+/// Being polled, and woken meanwhile: the polling thread polls once more.
+const AGAIN: u8 = 2;
+
+type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// A future polled by whoever wakes it, until it completes or is stopped.
+pub struct Inline {
+    state: AtomicU8,
+    /// `None` once completed or stopped.
+    future: Mutex<Option<Task>>,
+}
+
+impl Inline {
+    /// Polls `future` once now (on the calling thread), then each time it is woken.
+    pub fn start(future: impl Future<Output = ()> + Send + 'static) -> Arc<Inline> {
+        let task = Arc::new(Inline {
+            state: AtomicU8::new(IDLE),
+            future: Mutex::new(Some(Box::pin(future))),
+        });
+        task.clone().run();
+        task
+    }
+
+    /// Drops the future (its channel waits with it), after the poll in progress if one is (never
+    /// call it from the future itself). A future that completed is gone already.
+    pub fn stop(&self) {
+        let taken = self.future.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(taken);
+    }
+
+    /// Whether the future completed (or was stopped).
+    pub fn finished(&self) -> bool {
+        self.future.lock().unwrap_or_else(|e| e.into_inner()).is_none()
+    }
+
+    fn run(self: Arc<Self>) {
+        // One thread polls at a time; a wake during its poll makes it poll again (none is lost).
+        let mut cur = self.state.load(Ordering::Acquire);
+        loop {
+            let next = if cur == IDLE { POLLING } else { AGAIN };
+            match self
+                .state
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) if next == AGAIN => return,
+                Ok(_) => break,
+                Err(now) => cur = now,
+            }
+        }
+        let waker = Waker::from(self.clone());
+        let mut cx = Context::from_waker(&waker);
+        loop {
+            {
+                let mut slot = self.future.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(f) = slot.as_mut()
+                    && f.as_mut().poll(&mut cx).is_ready()
+                {
+                    *slot = None;
+                }
+            }
+            if self
+                .state
+                .compare_exchange(POLLING, IDLE, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return;
+            }
+            // Woken while polling: poll again.
+            self.state.store(POLLING, Ordering::Release);
+        }
+    }
+}
+
+impl Wake for Inline {
+    fn wake(self: Arc<Self>) {
+        self.run();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::sync::{broadcast, watch};
+
+    #[test]
+    fn a_watch_send_runs_the_future_on_the_sending_thread() {
+        let (tx, mut rx) = watch::channel(0u32);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let s = seen.clone();
+        let task = Inline::start(async move {
+            let v = *rx.wait_for(|v| *v >= 3).await.unwrap();
+            s.lock().unwrap().push((v, std::thread::current().id()));
+        });
+        assert!(!task.finished());
+        let sender = std::thread::spawn(move || {
+            for v in 1..=3 {
+                tx.send(v).unwrap();
+            }
+            std::thread::current().id()
+        })
+        .join()
+        .unwrap();
+        assert!(task.finished());
+        assert_eq!(*seen.lock().unwrap(), vec![(3, sender)]);
+    }
+
+    #[test]
+    fn a_future_ready_at_once_completes_in_start() {
+        let (tx, mut rx) = watch::channel(5u32);
+        let hits = Arc::new(AtomicUsize::new(0));
+        let h = hits.clone();
+        let task = Inline::start(async move {
+            rx.wait_for(|v| *v == 5).await.unwrap();
+            h.fetch_add(1, Ordering::SeqCst);
+        });
+        assert!(task.finished());
+        // (its receiver went with the future: nothing runs again)
+        assert!(tx.send(6).is_err());
+        assert_eq!(hits.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn broadcast_items_are_taken_in_order_and_stop_ends_it() {
+        let (tx, mut rx) = broadcast::channel(16);
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let g = got.clone();
+        let task = Inline::start(async move {
+            while let Ok(v) = rx.recv().await {
+                g.lock().unwrap().push(v);
+            }
+        });
+        for v in 0..10u32 {
+            tx.send(v).unwrap();
+        }
+        assert_eq!(*got.lock().unwrap(), (0..10).collect::<Vec<_>>());
+        task.stop();
+        assert!(task.finished());
+        // Its receiver is gone with it.
+        assert_eq!(tx.receiver_count(), 0);
+    }
+
+    #[test]
+    fn wakes_from_many_threads_lose_nothing() {
+        let (tx, rx) = broadcast::channel(1 << 16);
+        let count = Arc::new(AtomicUsize::new(0));
+        let c = count.clone();
+        let mut rx = rx;
+        let _task = Inline::start(async move {
+            while rx.recv().await.is_ok() {
+                c.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        let senders: Vec<_> = (0..4)
+            .map(|_| {
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    for v in 0..2000u32 {
+                        tx.send(v).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for s in senders {
+            s.join().unwrap();
+        }
+        assert_eq!(count.load(Ordering::SeqCst), 8000);
+    }
+}

@@ -1,0 +1,164 @@
+//! What a framed local session writes to its client, from any thread: the session's task and
+//! the threads that finish its transfers and deliver its notifications (`inline.rs`: the
+//! poller's thread, for a transfer between nodes). Every event is framed whole into one buffer
+//! under one lock, in the order pushed, and written at once without blocking as far as the
+//! socket takes it; what it does not take is left for the session's task, which waits until the
+//! socket is writable (`FramedEvents`, src/api/local/mod.rs). So a transfer's completion reaches
+//! the client's socket from where it is known, with no thread woken in between, and frames
+//! never interleave.
+
+use std::io::{self, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::{Buf, BytesMut};
+use tokio::sync::Notify;
+
+use super::frame::put_event;
+use crate::api::proto::v1 as pb;
+
+/// Bytes the client may leave unread before the session stops reading its requests, and its
+/// notifications wait (then lag, as a slow subscriber's do: DATA_LOSS, "missed N").
+pub const BACKLOG: usize = 256 << 10;
+
+/// The framed session's writing side, shared.
+pub struct Outbox {
+    /// The connection (a descriptor of its own, non-blocking): written from any thread.
+    sock: UnixStream,
+    state: Mutex<State>,
+    /// Bytes in `state.pending`, readable without the lock.
+    backlog: AtomicUsize,
+    /// The session's task: something is left to write, or the connection broke.
+    work: Notify,
+    /// Writers waiting for the backlog to go under [`BACKLOG`].
+    room: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    /// Framed events not written yet, in order.
+    pending: BytesMut,
+    /// The connection failed (the client is gone): nothing more is written.
+    broken: bool,
+}
+
+/// Why an event could not be handed over: the client is gone.
+#[derive(Debug)]
+pub struct Broken;
+
+impl Outbox {
+    /// An outbox writing to `sock` (made non-blocking here).
+    pub fn new(sock: UnixStream) -> io::Result<Outbox> {
+        sock.set_nonblocking(true)?;
+        Ok(Outbox {
+            sock,
+            state: Mutex::new(State::default()),
+            backlog: AtomicUsize::new(0),
+            work: Notify::new(),
+            room: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Frames `event` after those pushed before and writes what the socket takes now, without
+    /// blocking; the rest is the session task's to write (it is told). `Err` once the
+    /// connection failed.
+    pub fn push(&self, event: &pb::SessionEvent) -> Result<(), Broken> {
+        let mut st = self.lock();
+        if st.broken {
+            return Err(Broken);
+        }
+        let was_empty = st.pending.is_empty();
+        if let Err(e) = put_event(&mut st.pending, event) {
+            tracing::error!("local session: encoding an event: {e}");
+            return Err(Broken);
+        }
+        // Bytes already waiting mean the socket was full: the session's task writes them (and
+        // these) once it is writable.
+        if was_empty {
+            let _ = self.write_locked(&mut st);
+        }
+        let left = st.pending.len();
+        let broken = st.broken;
+        self.backlog.store(left, Ordering::Release);
+        drop(st);
+        if left > 0 || broken {
+            self.work.notify_one();
+        }
+        if broken { Err(Broken) } else { Ok(()) }
+    }
+
+    /// Writes what is pending until done or the socket is full (`WouldBlock`); `Err(Broken)`
+    /// once the connection failed.
+    pub fn flush(&self) -> io::Result<()> {
+        let mut st = self.lock();
+        if st.broken {
+            return Err(io::ErrorKind::BrokenPipe.into());
+        }
+        let r = self.write_locked(&mut st);
+        let left = st.pending.len();
+        self.backlog.store(left, Ordering::Release);
+        drop(st);
+        if left < BACKLOG {
+            self.room.notify_waiters();
+        }
+        r
+    }
+
+    fn write_locked(&self, st: &mut State) -> io::Result<()> {
+        while !st.pending.is_empty() {
+            match (&self.sock).write(&st.pending) {
+                Ok(0) => {
+                    st.broken = true;
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                Ok(n) => st.pending.advance(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Err(e),
+                Err(e) => {
+                    tracing::debug!("local session: the client went away: {e}");
+                    st.broken = true;
+                    st.pending.clear();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes pushed and not written yet.
+    pub fn backlog(&self) -> usize {
+        self.backlog.load(Ordering::Acquire)
+    }
+
+    pub fn is_broken(&self) -> bool {
+        self.lock().broken
+    }
+
+    /// Resolves when something pushed is left to write or the connection broke (a push from
+    /// another thread tells the session's task so).
+    pub async fn work(&self) {
+        loop {
+            let notified = self.work.notified();
+            if self.backlog() > 0 || self.is_broken() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Resolves once the backlog is under [`BACKLOG`] (or the connection broke).
+    pub async fn room(&self) {
+        loop {
+            let notified = self.room.notified();
+            if self.backlog() < BACKLOG || self.is_broken() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}

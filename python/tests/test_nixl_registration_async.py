@@ -1,0 +1,296 @@
+"""register_memory that does not wait for the daemon (issue #39 point 5; docs/NIXL.md, "Registration
+that does not wait"): memory by address is checked by the client first (mapped, writable: the
+kernel's PROCMAP_QUERY, or /proc/self/maps), sent, and answered later; what needs the regions
+(metadata, descriptors, transfers, deregistration) folds the answers in first, and a refusal the
+daemon still makes is raised there, naming the region, none of its call left registered."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import time
+
+import numpy as np
+import pytest
+
+import tcpxd
+from tcpxd import _addresses
+from tcpxd.nixl import nixl_agent, nixl_agent_config
+from tcpxd.nixl._errors import nixlInvalidParamError, nixlNotFoundError
+
+KIB = 1 << 10
+
+
+def _wait(agent, h, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while agent.check_xfer_state(h) == "PROC" and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return agent.check_xfer_state(h)
+
+
+def _buffers(endpoint):
+    with tcpxd.Client(endpoint) as c:
+        return {b.id for b in c.list_buffers()}
+
+
+@pytest.fixture
+def agents(daemons):
+    a, _ = daemons
+    A = nixl_agent("async-A", nixl_agent_config(endpoint=a.endpoint))
+    B = nixl_agent("async-B", nixl_agent_config(endpoint=a.endpoint))
+    # The session's first registration by address is waited for: it shows the daemon may attach.
+    first = np.zeros(4 * KIB, np.uint8)
+    A.register_memory(A.get_reg_descs([(first.ctypes.data, first.nbytes, 0, "")], "DRAM"))
+    try:
+        yield A, B, first
+    finally:
+        A.close()
+        B.close()
+
+
+def _anon(pages: int) -> int:
+    """`pages` pages of anonymous private memory (libc mmap), read-write."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    p = libc.mmap(None, pages * mmap.PAGESIZE, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert p and p != ctypes.c_void_p(-1).value
+    return int(p)
+
+
+def _libc():
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["procmap_query", "proc_self_maps"])
+def test_the_client_finds_what_the_daemon_would_refuse(monkeypatch, kernel):
+    """address_ranges: mapped and writable throughout, a hole, a read-only page, nothing mapped,
+    a shared file mapping; the kernel's answer and /proc/self/maps's agree."""
+    if not kernel:
+        monkeypatch.setattr(_addresses, "_procmap", False)
+    page = mmap.PAGESIZE
+    libc = _libc()
+    B, F, U, H, R = _addresses.BY_ADDRESS, _addresses.FILE_SHARED, _addresses.UNMAPPED, _addresses.HOLE, _addresses.READ_ONLY
+    for _ in range(20):  # (another thread's mmap may land in the hole meanwhile: then again)
+        ok, hole, ro = _anon(3), _anon(3), _anon(3)
+        assert libc.munmap(hole + page, page) == 0
+        assert libc.mprotect(ro + 2 * page, page, mmap.PROT_READ) == 0
+        shared = mmap.mmap(-1, page)  # (anonymous shared: a file of the kernel's, handed over by descriptor)
+        shared_at = ctypes.addressof(ctypes.c_char.from_buffer(shared))
+        arr = np.ones(1 << 20, np.uint8)
+        addrs = [ok, ok + 100, hole, hole, ro, ro, 0x1000, shared_at, arr.ctypes.data]
+        sizes = [3 * page, 5, page, 2 * page + 1, 2 * page, 3 * page, 4096, page, arr.nbytes]
+        got = list(_addresses.address_ranges(addrs, sizes))
+        if _addresses.address_ranges([hole + page], [1]) == bytes([U]):
+            break
+    assert got == [B, B, B, H, B, R, U, F, B]
+    if not kernel:
+        assert _addresses._procmap is False, "the maps were read"
+    del shared_at
+    libc.munmap(ok, 3 * page)
+    libc.munmap(hole, page)
+    libc.munmap(hole + 2 * page, page)
+    libc.munmap(ro, 3 * page)
+
+
+def test_memory_the_daemon_would_refuse_is_refused_before_anything_is_sent(agents):
+    A, _, _ = agents
+    page = mmap.PAGESIZE
+    ro = _anon(2)
+    assert _libc().mprotect(ro + page, page, mmap.PROT_READ) == 0
+    good = np.zeros(page, np.uint8)
+    sent = A._client._registrar._conn.tag
+    with pytest.raises(nixlInvalidParamError, match=r"reg_list\[1\] \(DRAM at 0x[0-9a-f]+, 8192 bytes\): .*not writable"):
+        A.register_memory(A.get_reg_descs([(good.ctypes.data, page, 0, ""), (ro, 2 * page, 0, "")], "DRAM"))
+    assert A._client._registrar._conn.tag == sent, "nothing went to the daemon"
+    assert [r.addr for r in A._memory.regions()] == [agents[2].ctypes.data]
+
+
+def test_register_memory_returns_before_the_answers_and_the_regions_serve_transfers(daemons, agents):
+    """Past the session's first, 200 numpy arrays are sent and register_memory returns with their
+    answers unread; a peer's READ through the metadata (the first use folds them in) gets every
+    byte; deregistering releases every buffer."""
+    A, B, _ = agents
+    before = _buffers(daemons[0].endpoint)
+    rng = np.random.default_rng(5)
+    arrays = [rng.integers(0, 256, 16 * KIB, dtype=np.uint8) for _ in range(200)]
+    rl = A.register_memory(A.get_reg_descs([(a.ctypes.data, a.nbytes, 0, "") for a in arrays], "DRAM"))
+    assert A._memory._sent, "answered later"
+    pending = A._memory._sent[0].pending
+    B.add_remote_agent(A.get_agent_metadata())  # folds them in
+    assert not A._memory._sent and pending.frames == 0
+    regions = {r.addr: r for r in A._memory.regions()}
+    assert all(regions[a.ctypes.data].buffer_id for a in arrays)
+    new = _buffers(daemons[0].endpoint) - before
+    assert {regions[a.ctypes.data].buffer_id for a in arrays} == new
+    mine = np.zeros(200 * 16 * KIB, np.uint8)
+    B.register_memory(B.get_reg_descs([(mine.ctypes.data, mine.nbytes, 0, "")], "DRAM"))
+    loc = B.get_xfer_descs([(mine.ctypes.data + i * 16 * KIB, 16 * KIB, 0) for i in range(200)], "DRAM")
+    rem = B.get_xfer_descs([(a.ctypes.data, a.nbytes, 0) for a in arrays], "DRAM")
+    h = B.initialize_xfer("READ", loc, rem, "async-A")
+    assert B.transfer(h) in ("PROC", "DONE")
+    assert _wait(B, h) == "DONE"
+    assert np.array_equal(mine, np.concatenate(arrays))
+    B.release_xfer_handle(h)
+    A.deregister_memory(rl)
+    assert not _buffers(daemons[0].endpoint) & new
+
+
+def test_a_refusal_the_daemon_still_makes_is_raised_at_first_use_naming_the_region(daemons, agents, monkeypatch):
+    """Memory gone between the client's check and the daemon's probe (here: the check told it is
+    there): register_memory returns; the next call needing the regions raises the daemon's
+    refusal naming reg_list[2], the call's other regions released; the agent goes on."""
+    A, B, first = agents
+    before = _buffers(daemons[0].endpoint)
+    real = _addresses.address_ranges
+    monkeypatch.setattr("tcpxd.nixl._memory.address_ranges", lambda a, s: bytes(len(list(a))))  # "all fine"
+    good = [np.zeros(8 * KIB, np.uint8) for _ in range(3)]
+    descs = [(g.ctypes.data, g.nbytes, 0, "") for g in good[:2]] + [(0x1000, 4096, 0, "")] + [(good[2].ctypes.data, good[2].nbytes, 0, "")]
+    rl = A.register_memory(A.get_reg_descs(descs, "DRAM"))
+    monkeypatch.setattr("tcpxd.nixl._memory.address_ranges", real)
+    with pytest.raises(nixlInvalidParamError, match=r"register_memory \(answered later\): reg_list\[2\] \(DRAM at 0x1000, 4096 bytes\): .*0x1000"):
+        A.get_agent_metadata()
+    assert [r.addr for r in A._memory.regions()] == [first.ctypes.data], "none of the call registered"
+    deadline = time.monotonic() + 10
+    while _buffers(daemons[0].endpoint) != before:
+        assert time.monotonic() < deadline, "the call's registered regions were not released"
+        time.sleep(0.01)
+    with pytest.raises(nixlNotFoundError):
+        A.deregister_memory(rl)
+    # The agent goes on: a later registration is answered and usable.
+    again = np.full(8 * KIB, 7, np.uint8)
+    A.register_memory(A.get_reg_descs([(again.ctypes.data, again.nbytes, 0, "")], "DRAM"))
+    assert again.ctypes.data in {r.addr for r in A._memory.regions()}
+
+
+def test_answers_lost_with_the_session_are_registered_again_on_a_new_one(daemons, agents):
+    """The registrar's connection ends with answers unread (its buffers released by the daemon with
+    the session): the first use registers the regions again on a new session, and they serve."""
+    A, B, first = agents
+    arrays = [np.full(8 * KIB, i, np.uint8) for i in range(70)]
+    A.register_memory(A.get_reg_descs([(a.ctypes.data, a.nbytes, 0, "") for a in arrays], "DRAM"))
+    assert A._memory._sent
+    A._client._registrar.reset()  # (as a daemon restart noticed does)
+    regions = {r.addr: r for r in A._memory.regions()}
+    live = _buffers(daemons[0].endpoint)
+    assert all(regions[a.ctypes.data].buffer_id in live for a in arrays)
+    mine = np.zeros(8 * KIB, np.uint8)
+    B.register_memory(B.get_reg_descs([(mine.ctypes.data, mine.nbytes, 0, "")], "DRAM"))
+    B.add_remote_agent(A.get_agent_metadata())
+    h = B.initialize_xfer("READ", B.get_xfer_descs([(mine.ctypes.data, mine.nbytes, 0)], "DRAM"),
+                          B.get_xfer_descs([(arrays[69].ctypes.data, 8 * KIB, 0)], "DRAM"), "async-A")
+    assert B.transfer(h) in ("PROC", "DONE")
+    assert _wait(B, h) == "DONE"
+    assert (mine == 69).all()
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed_answer", "buffer_messages"])
+def test_regions_read_from_either_answer_are_what_the_daemon_says(daemons, agents, monkeypatch, packed):
+    """The daemon's packed answer (arrays: ids, list ids and counts, descriptors and tokens) and a
+    daemon without it (a Buffer message an entry: the flag stripped here) give the same regions:
+    each one's descriptor as ListBuffers says, its granule lists' tokens and counts as
+    DescribeBlocks says."""
+    from tcpxd import _proto, _registrar
+
+    if not packed:
+        monkeypatch.setattr(_registrar, "PACKED", b"")
+    A, _, _ = agents
+    arrays = [np.zeros(n, np.uint8) for n in (4 * KIB, 64 * KIB, 100 * KIB, 12 * KIB + 512, 3 * KIB)]
+    for _ in range(2):  # the session's second registration is answered later: both ways read
+        A.register_memory(A.get_reg_descs([(a.ctypes.data, a.nbytes, 0, "") for a in arrays], "DRAM"))
+        regions = {r.addr: r for r in A._memory.regions()}
+        with tcpxd.Client(daemons[0].endpoint) as c:
+            listed = {b.id: b for b in c.list_buffers()}
+            for a in arrays:
+                r = regions[a.ctypes.data]
+                assert listed[r.buffer_id].descriptor == r.descriptor
+                # (under 4 KiB: no granule lists at all, as tcpxd.nixl asks for them)
+                want = [(4096, a.nbytes // 4096), (512, a.nbytes // 512)] if a.nbytes >= 4096 else []
+                got = [(g, n) for g, n, _, _ in (r.tiling(False), r.tiling(True)) if g]
+                assert got == want, (a.nbytes, got)
+                for fine in (False, True):
+                    g, n, list_id, token = r.tiling(fine)
+                    if g:
+                        bl = c._unary("DescribeBlocks", _proto.message("DescribeBlocksRequest")(list_id=list_id))
+                        assert (bl.buffer_id, bl.count, bl.token) == (r.buffer_id, n, token)
+        A.deregister_memory(A.get_reg_descs([(a.ctypes.data, a.nbytes, 0, "") for a in arrays], "DRAM"))
+
+
+def test_memory_a_file_backs_is_sent_without_waiting_too_and_serves(daemons, agents):
+    """memfd regions (nixl._utils.malloc_passthru) past the session's first registration: sent
+    with their descriptors, register_memory returning before the daemon mapped them; a peer's
+    READ through the metadata gets every byte; deregistering releases every buffer."""
+    from tcpxd.nixl import _utils
+
+    A, B, _ = agents
+    before = _buffers(daemons[0].endpoint)
+    n, size = 40, 64 * KIB
+    regs = [_utils.malloc_passthru(size) for _ in range(n)]
+    for i, r in enumerate(regs):
+        ctypes.memset(r, i + 1, size)
+    rl = A.register_memory(A.get_reg_descs([(r, size, 0, "") for r in regs], "DRAM"))
+    assert A._memory._sent and A._memory._sent[0].answers is not None, "by descriptor, answered later"
+    B.add_remote_agent(A.get_agent_metadata())
+    regions = {r.addr: r for r in A._memory.regions()}
+    new = _buffers(daemons[0].endpoint) - before
+    assert {regions[r].buffer_id for r in regs} == new and len(new) == n
+    mine = np.zeros(n * size, np.uint8)
+    B.register_memory(B.get_reg_descs([(mine.ctypes.data, mine.nbytes, 0, "")], "DRAM"))
+    h = B.initialize_xfer("READ", B.get_xfer_descs([(mine.ctypes.data + i * size, size, 0) for i in range(n)], "DRAM"),
+                          B.get_xfer_descs([(r, size, 0) for r in regs], "DRAM"), "async-A")
+    assert B.transfer(h) in ("PROC", "DONE")
+    assert _wait(B, h) == "DONE"
+    assert all((mine[i * size:(i + 1) * size] == i + 1).all() for i in range(n))
+    A.deregister_memory(rl)
+    assert not _buffers(daemons[0].endpoint) & new
+
+
+def test_which_files_are_taken_without_asking():
+    """taken_as_is: a sealable memfd yes; one that cannot be sealed against shrinking, one sealed
+    against writing, a range past the file's end no (those wait for the daemon's word)."""
+    import os
+
+    from tcpxd import _hostmem
+
+    def shared(flags, size=8192, offset=0, nbytes=4096, seal=0):
+        fd = os.memfd_create("t", flags)
+        os.ftruncate(fd, size)
+        if seal:
+            import fcntl
+            fcntl.fcntl(fd, 1033, seal)  # F_ADD_SEALS
+        return _hostmem.Shared(fd, True, offset, nbytes, memoryview(b""), None)
+
+    sealable = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
+    cases = [(shared(sealable), True), (shared(os.MFD_CLOEXEC), False), (shared(sealable, seal=0x8), False),
+             (shared(sealable, offset=4096, nbytes=8192), False), (shared(sealable, seal=0x2), True)]
+    for s, want in cases:
+        assert _hostmem.taken_as_is(s) is want, (s.offset, s.nbytes, want)
+        s.done_sending()
+
+
+def test_descriptors_lost_with_the_session_are_handed_over_again(daemons, agents):
+    """The registrar's connection ends with a descriptor batch unanswered: the first use hands the
+    same descriptors over again on a new session (kept open until answered), and they serve."""
+    from tcpxd.nixl import _utils
+
+    A, B, _ = agents
+    regs = [_utils.malloc_passthru(16 * KIB) for _ in range(5)]
+    for i, r in enumerate(regs):
+        ctypes.memset(r, 40 + i, 16 * KIB)
+    A.register_memory(A.get_reg_descs([(r, 16 * KIB, 0, "") for r in regs], "DRAM"))
+    assert A._memory._sent
+    A._client._registrar.reset()
+    regions = {r.addr: r for r in A._memory.regions()}
+    live = _buffers(daemons[0].endpoint)
+    assert all(regions[r].buffer_id in live for r in regs)
+    mine = np.zeros(16 * KIB, np.uint8)
+    B.register_memory(B.get_reg_descs([(mine.ctypes.data, mine.nbytes, 0, "")], "DRAM"))
+    B.add_remote_agent(A.get_agent_metadata())
+    h = B.initialize_xfer("READ", B.get_xfer_descs([(mine.ctypes.data, mine.nbytes, 0)], "DRAM"),
+                          B.get_xfer_descs([(regs[4], 16 * KIB, 0)], "DRAM"), "async-A")
+    assert B.transfer(h) in ("PROC", "DONE")
+    assert _wait(B, h) == "DONE"
+    assert (mine == 44).all()
