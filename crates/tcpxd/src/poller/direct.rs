@@ -152,8 +152,9 @@ impl DirectLink {
     }
 
     /// Ends the connection: what is framed and unsent (a `Goodbye`, a pairing close's answer)
-    /// is sent first on a thread of its own, bounded by `within`, so the poller never waits for a
-    /// peer that reads nothing; then both directions shut down (the poller reads it no more).
+    /// is sent first on one of a few flusher threads ([`flushers`]), bounded by `within`, so the
+    /// poller never waits for a peer that reads nothing; then both directions shut down (the
+    /// poller reads it no more).
     /// Once only (dropping the link closes it too).
     pub(super) fn close(&mut self, within: std::time::Duration) {
         self.ended = true;
@@ -187,17 +188,23 @@ impl DirectLink {
             }
             let _ = stream.shutdown(Shutdown::Both);
         };
-        if let Err(e) = std::thread::Builder::new()
-            .name("tcpxd-direct-close".into())
-            .spawn(flush)
-        {
-            tracing::warn!(
-                "could not start a thread to flush a direct control connection ({e}): closed unflushed"
-            );
-            let _ = self.conn.stream.shutdown(Shutdown::Both);
-        }
+        flushers().run(Box::new(flush));
     }
 }
+
+/// The threads that flush closing direct connections: a few, started on demand and gone when
+/// idle ([`super::closer::Closers`]), not a thread a close — many pairings closing at once (a
+/// daemon's stop, a flapping peer) queue here instead. Each flush ends within its `within`, so
+/// the queue drains; kept apart from the lanes' closers, whose closes can hang as long as a peer.
+fn flushers() -> &'static std::sync::Arc<super::closer::Closers> {
+    static FLUSHERS: std::sync::OnceLock<std::sync::Arc<super::closer::Closers>> = std::sync::OnceLock::new();
+    FLUSHERS.get_or_init(|| {
+        super::closer::Closers::new("tcpxd-direct-close", MAX_FLUSHERS, super::closer::LINGER)
+    })
+}
+
+/// At most this many threads flush closing direct connections at once.
+const MAX_FLUSHERS: usize = 4;
 
 impl Drop for DirectLink {
     fn drop(&mut self) {
