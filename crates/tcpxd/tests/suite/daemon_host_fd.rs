@@ -165,7 +165,9 @@ async fn a_sessions_buffers_and_mappings_go_when_it_ends() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_buffer_in_use_is_released_only_after_its_transfer() {
-    slow_nic();
+    // The WRITE is held in flight by the emulation's hold gate (16 MiB moved, then its senders
+    // wait) until the release was refused and the session ended, whatever the machine's load.
+    crate::common::hold::gate_on();
     let (mut a, mut b) = pair("hostfd-busy").await;
     let len = 64 * MIB;
     let fd = memfd("hostfd-busy", len);
@@ -177,11 +179,12 @@ async fn a_buffer_in_use_is_released_only_after_its_transfer() {
     let src = s.registered(1).await.expect("registered");
     drop(fd);
     let dst = host_buffer(&mut b.client, len, "").await;
-    // 64 MiB at 1 Gbit/s: about half a second in flight, started on another connection.
+    // Started on another connection, and held by the gate once it moved bytes.
+    crate::common::hold::close_gate();
     let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, len), b"")
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    crate::common::hold::once_moving(&mut a.client, id).await;
     // A release_batch does not wait for the transfer: answered FAILED_PRECONDITION, it stays.
     s.send(
         2,
@@ -201,6 +204,7 @@ async fn a_buffer_in_use_is_released_only_after_its_transfer() {
     );
     assert_eq!(buffers(&mut a.client).await.len(), 1);
     drop(s); // the registering session ends mid-transfer
+    crate::common::hold::open_gate();
     // The transfer finishes with the buffer's bytes; only then does the buffer go.
     let ev = wait(&mut a.client, id).await;
     assert_eq!(ev.status_code, 0, "{ev:?}");

@@ -129,6 +129,14 @@ impl Drop for Frozen {
 /// holds the transfer only if it is stopped before the rest is in the lanes' socket buffers,
 /// a stopped *receiver* only if it is stopped before it took the last byte.
 pub async fn freeze_once_moving(c: &mut Client, id: u64, peer: &ProcDaemon) -> (Frozen, pb::TransferEvent) {
+    let e = once_moving(c, id).await;
+    (Frozen::now(peer), e)
+}
+
+/// Follows transfer `id` on `c` (its initiator's daemon) until it has moved bytes, and returns
+/// the event that showed them. Panics if the transfer finished first (with the hold gate closed
+/// before the post, [`close_gate`], it cannot have until [`open_gate`]).
+pub async fn once_moving(c: &mut Client, id: u64) -> pb::TransferEvent {
     let mut events = c
         .watch(pb::WatchRequest { transfer_id: id })
         .await
@@ -146,7 +154,7 @@ pub async fn freeze_once_moving(c: &mut Client, id: u64, peer: &ProcDaemon) -> (
             "transfer {id} finished before it could be held: {e:?}"
         );
         if e.bytes_done > 0 {
-            return (Frozen::now(peer), e);
+            return e;
         }
     }
 }
