@@ -58,11 +58,10 @@ pub(crate) fn notification_event(n: Result<NotificationEvent, RecvError>) -> Opt
     }
 }
 
-/// Waits for a transfer's end and pushes its final event into the outbox: run inline
-/// (src/api/local/inline.rs), so on the thread that finished the transfer. The tag is marked
-/// delivered first: once the client has the event it may use the tag again.
-pub(crate) async fn deliver_finished(tag: u64, s: Started, outbox: Arc<Outbox>, delivered: Arc<Delivered>) {
-    let event = match transfers::finished(s.id, s.rx).await {
+/// A started transfer's final event, once it ended: its own, or one carrying the status it
+/// failed with (for a session's `Finished` event, delivered inline or by the session's task).
+pub(crate) async fn final_event(s: Started) -> pb::TransferEvent {
+    match transfers::finished(s.id, s.rx).await {
         Ok(ev) => ev,
         Err(status) => pb::TransferEvent {
             transfer_id: s.id.0,
@@ -72,7 +71,14 @@ pub(crate) async fn deliver_finished(tag: u64, s: Started, outbox: Arc<Outbox>, 
             status_message: status.message().to_string(),
             ..Default::default()
         },
-    };
+    }
+}
+
+/// Waits for a transfer's end and pushes its final event into the outbox: run inline
+/// (src/api/local/inline.rs), so on the thread that finished the transfer. The tag is marked
+/// delivered first: once the client has the event it may use the tag again.
+pub(crate) async fn deliver_finished(tag: u64, s: Started, outbox: Arc<Outbox>, delivered: Arc<Delivered>) {
+    let event = final_event(s).await;
     tracing::trace!(target: "tcpxd::hop", hop = "api.out", id = event.transfer_id);
     let ev = pb::SessionEvent {
         tag,

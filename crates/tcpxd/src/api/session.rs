@@ -455,20 +455,8 @@ impl<E: Events> Session<'_, E> {
             }
             Ok(s) => {
                 self.open.insert(tag, s.id);
-                self.waiting.spawn(async move {
-                    let event = match transfers::finished(s.id, s.rx).await {
-                        Ok(ev) => ev,
-                        Err(status) => pb::TransferEvent {
-                            transfer_id: s.id.0,
-                            state: pb::TransferState::Finished as i32,
-                            total_bytes: s.total,
-                            status_code: status.code() as i32,
-                            status_message: status.message().to_string(),
-                            ..Default::default()
-                        },
-                    };
-                    (tag, event)
-                });
+                self.waiting
+                    .spawn(async move { (tag, super::delivery::final_event(s).await) });
                 Ok(())
             }
             Err(status) => self.refuse(tag, status).await,

@@ -133,26 +133,6 @@ fn closer_threads() -> usize {
         .count()
 }
 
-/// Waits until transfer `id` on `c` moved bytes (and has not finished).
-async fn moving(c: &mut Client, id: u64) {
-    let mut events = c
-        .watch(pb::WatchRequest { transfer_id: id })
-        .await
-        .expect("watch")
-        .into_inner();
-    loop {
-        let e = tokio::time::timeout(Duration::from_secs(30), events.message())
-            .await
-            .expect("an event within 30 s")
-            .expect("watch stream")
-            .expect("the transfer's events");
-        assert_ne!(e.state, pb::TransferState::Finished as i32, "{e:?}");
-        if e.bytes_done > 0 {
-            return;
-        }
-    }
-}
-
 /// Many pairings failing at once, each on a peer that hangs with a READ under way (the hub's
 /// receive comms expect bytes the peer never sends, so their closes wait until it comes back):
 /// the closes take at most `MAX_CLOSERS` (4) threads however many pairings failed (once a thread
@@ -184,7 +164,7 @@ async fn many_pairings_failing_on_hung_peers_take_a_bounded_number_of_closer_thr
         reads.push(id);
     }
     for &id in &reads {
-        moving(&mut a.client, id).await;
+        hold::once_moving(&mut a.client, id).await;
     }
     assert_eq!(closer_threads(), 0, "no pairing failed yet");
     let frozen: Vec<hold::Frozen> = peers.iter().map(|(p, _, _)| hold::Frozen::now(p)).collect();
