@@ -28,20 +28,17 @@ transfer's waiter woken), `api.woken` → `api.out` (the session's task sends th
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import multiprocessing as mp
 import os
-import re
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
-LINE = re.compile(r"^(\S+)\s+TRACE\s+.*?tcpxd::hop:\s*(.*)$")
-FIELD = re.compile(r'(\w+)=("([^"]*)"|\S+)')
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hops  # noqa: E402  (the hop trace's log format, parsed once)
+
 SMALL = 4096
 
 
@@ -50,16 +47,7 @@ def now_us() -> float:
 
 
 def parse(path: Path) -> List[Tuple[float, Dict[str, str]]]:
-    out = []
-    with open(path, errors="replace") as f:
-        for raw in f:
-            m = LINE.match(ANSI.sub("", raw.rstrip("\n")))
-            if not m:
-                continue
-            t = dt.datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp() * 1e6
-            fields = {k: (q if v.startswith('"') else v) for k, v, q in FIELD.findall(m.group(2))}
-            out.append((t, fields))
-    return out
+    return hops.parse(path)
 
 
 def pct(xs: List[float], p: float) -> float:

@@ -30,28 +30,18 @@ lost its time elsewhere (the copies' CPU, the plugin's threads).
 
 import argparse
 import bisect
-import datetime as dt
-import re
+import os
 import statistics
+import sys
 from collections import defaultdict
 
-LINE = re.compile(r"^(\S+)\s+TRACE\s+.*?tcpxd::hop:\s*(.*)$")
-FIELD = re.compile(r'(\w+)=("([^"]*)"|\S+)')
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hops  # noqa: E402  (the hop trace's log format, parsed once)
 
 
 def parse(path, side):
-    out = []
-    with open(path, errors="replace") as f:
-        for raw in f:
-            m = LINE.match(ANSI.sub("", raw.rstrip("\n")))
-            if not m:
-                continue
-            t = dt.datetime.fromisoformat(m.group(1).replace("Z", "+00:00")).timestamp() * 1e6
-            fields = {k: (q if q is not None and v.startswith('"') else v) for k, v, q in FIELD.findall(m.group(2))}
-            fields["side"] = side
-            out.append((t, fields))
-    return out
+    """`hops.parse`'s events of one daemon's log, each marked with its `side`."""
+    return [(t, {**fields, "side": side}) for t, fields in hops.parse(path)]
 
 
 def pairs(events, start, ends):
