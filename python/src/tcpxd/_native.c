@@ -388,6 +388,19 @@ static int maps_fd_ours(void) {
            st.st_ino == maps_st.st_ino;
 }
 
+/* This process's descriptor of /proc/self/maps, opened once (and again after a fork or when the
+ * number was closed or reused under us): 0, or the errno of the open. An inherited or stolen
+ * number is left alone: not this process's to close. */
+static int maps_fd_open(void) {
+    if (maps_fd_ours())
+        return 0;
+    maps_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    maps_pid = getpid();
+    if (maps_fd < 0 || fstat(maps_fd, &maps_st) != 0)
+        return errno;
+    return 0;
+}
+
 static PyObject *vma_kinds(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer v;
@@ -405,14 +418,7 @@ static PyObject *vma_kinds(PyObject *self, PyObject *args) {
         return NULL;
     }
     unsigned char *k = (unsigned char *)PyBytes_AS_STRING(out);
-    int err = 0;
-    if (!maps_fd_ours()) {
-        /* (an inherited or stolen number is left alone: not this process's to close) */
-        maps_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-        maps_pid = getpid();
-        if (maps_fd < 0 || fstat(maps_fd, &maps_st) != 0)
-            err = errno;
-    }
+    int err = maps_fd_open();
     int fd = maps_fd;
     /* With the GIL held: the queries share one open file, whose state the kernel may keep
      * between them (its lock context), so two threads never query it at once. */
@@ -480,13 +486,7 @@ static PyObject *vma_ranges(PyObject *self, PyObject *args) {
         return NULL;
     }
     unsigned char *k = (unsigned char *)PyBytes_AS_STRING(out);
-    int err = 0;
-    if (!maps_fd_ours()) {
-        maps_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-        maps_pid = getpid();
-        if (maps_fd < 0 || fstat(maps_fd, &maps_st) != 0)
-            err = errno;
-    }
+    int err = maps_fd_open();
     int fd = maps_fd;
     /* With the GIL held, as vma_kinds. */
     for (size_t i = 0; err == 0 && fd >= 0 && i < n; i++) {
