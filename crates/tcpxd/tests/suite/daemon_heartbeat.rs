@@ -1,21 +1,50 @@
 //! Heartbeats on the control stream: an idle pairing stays up well past the silence bound, and a
 //! peer whose control stream goes silent is failed, with a message that says so.
+//!
+//! No sleep decides anything here: a stand-in peer (a plain gRPC client of b's peer service)
+//! answers each of b's heartbeats with one of its own, and the test waits until b has sent
+//! enough of them that two silence bounds have passed on b's own clock (b sends one only after
+//! `heartbeat_interval_ms` of quiet). The bound is 20 intervals, so only a stall of the whole
+//! process close to a second could fail a live pairing.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::common::daemons::{self, *};
 use tcpxd::api::proto::peer as peer_pb;
+use tcpxd::api::proto::peer::peer_message::Body;
 use tcpxd::api::proto::peer::tcpxd_peer_client::TcpxdPeerClient;
 use tcpxd::api::proto::v1 as pb;
+
+const INTERVAL_MS: u64 = 50;
+const TIMEOUT_MS: u64 = 1000;
 
 fn fast_heartbeats(dir_tag: &str) -> std::path::PathBuf {
     let path = std::env::temp_dir().join(format!("tcpxd-hb-{dir_tag}-{}.toml", std::process::id()));
     std::fs::write(
         &path,
-        "[peer]\nheartbeat_interval_ms = 100\nheartbeat_timeout_ms = 600\n",
+        format!("[peer]\nheartbeat_interval_ms = {INTERVAL_MS}\nheartbeat_timeout_ms = {TIMEOUT_MS}\n"),
     )
     .unwrap();
     path
+}
+
+fn heartbeat(seq: u64) -> peer_pb::PeerMessage {
+    peer_pb::PeerMessage {
+        body: Some(Body::Heartbeat(peer_pb::Heartbeat { seq })),
+    }
+}
+
+async fn peer_state(c: &mut Client, node: &str) -> pb::Peer {
+    c.list_peers(pb::ListPeersRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .peers
+        .into_iter()
+        .find(|p| p.node_id == node)
+        .unwrap_or_else(|| panic!("{node} is not a peer"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -26,25 +55,8 @@ async fn idle_pairings_stay_up_and_silent_peers_fail() {
     let mut a = daemons::start("hb-a", |args| args.config = Some(cfg_a.clone())).await;
     let mut b = daemons::start("hb-b", |args| args.config = Some(cfg_b.clone())).await;
     connect(&mut a, &b).await;
-    // Six silence bounds with no traffic but heartbeats.
-    tokio::time::sleep(Duration::from_millis(3600)).await;
-    for c in [&mut a.client, &mut b.client] {
-        let peers = c
-            .list_peers(pb::ListPeersRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .peers;
-        assert_eq!(peers[0].state, pb::PeerState::Up as i32, "{peers:?}");
-    }
-    let x = host_buffer(&mut a.client, 1 << 20, "").await;
-    let y = host_buffer(&mut b.client, 1 << 20, "").await;
-    let id = write(&mut a.client, write_entry(&x, 0, &y, 0, 1 << 20), b"")
-        .await
-        .unwrap();
-    wait_ok(&mut a.client, id).await;
 
-    // A peer that says Hello and then nothing: b fails it after the bound.
+    // A stand-in peer that says Hello, then answers each of b's heartbeats until muted.
     let mut fake = TcpxdPeerClient::connect(format!("http://{}", b.peer_addr()))
         .await
         .unwrap();
@@ -63,31 +75,63 @@ async fn idle_pairings_stay_up_and_silent_peers_fail() {
         .unwrap()
         .into_inner();
     let hello = peer_pb::PeerMessage {
-        body: Some(peer_pb::peer_message::Body::Hello(peer_pb::Hello {
+        body: Some(Body::Hello(peer_pb::Hello {
             session_id: resp.session_id,
             node_id: "hb-silent".into(),
             proof: Vec::new(),
         })),
     };
-    let (keep_open, rx) = tokio::sync::mpsc::channel::<peer_pb::PeerMessage>(1);
-    keep_open.send(hello).await.unwrap();
-    let _stream = fake
+    let (to_b, rx) = tokio::sync::mpsc::channel::<peer_pb::PeerMessage>(16);
+    to_b.send(hello).await.unwrap();
+    let mut from_b = fake
         .control(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
+        .unwrap()
+        .into_inner();
+    let (seen_tx, mut seen) = tokio::sync::watch::channel(0u64);
+    let muted = Arc::new(AtomicBool::new(false));
+    let mute = muted.clone();
+    let echo = tokio::spawn(async move {
+        while let Ok(Some(m)) = from_b.message().await {
+            if let Some(Body::Heartbeat(h)) = m.body {
+                seen_tx.send_replace(h.seq);
+                if !mute.load(Ordering::Relaxed) && to_b.send(heartbeat(h.seq)).await.is_err() {
+                    break;
+                }
+            }
+        }
+        // The stream stays open (silent) until b ends it.
+        drop(to_b);
+    });
+
+    // Two silence bounds with no traffic but heartbeats, on b's clock.
+    let enough = 2 * TIMEOUT_MS / INTERVAL_MS + 1;
+    tokio::time::timeout(Duration::from_secs(60), seen.wait_for(|s| *s >= enough))
+        .await
+        .expect("b's heartbeats within 60 s")
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    assert_eq!(
+        peer_state(&mut a.client, "hb-b").await.state,
+        pb::PeerState::Up as i32
+    );
+    assert_eq!(
+        peer_state(&mut b.client, "hb-a").await.state,
+        pb::PeerState::Up as i32
+    );
+    let fake_state = peer_state(&mut b.client, "hb-silent").await;
+    assert_ne!(fake_state.state, pb::PeerState::Failed as i32, "{fake_state:?}");
+    let x = host_buffer(&mut a.client, 1 << 20, "").await;
+    let y = host_buffer(&mut b.client, 1 << 20, "").await;
+    let id = write(&mut a.client, write_entry(&x, 0, &y, 0, 1 << 20), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+
+    // The stand-in goes silent (its stream open): b fails it after the bound.
+    muted.store(true, Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let peers = b
-            .client
-            .list_peers(pb::ListPeersRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .peers;
-        let silent = peers
-            .iter()
-            .find(|p| p.node_id == "hb-silent")
-            .expect("registered");
+        let silent = peer_state(&mut b.client, "hb-silent").await;
         if silent.state == pb::PeerState::Failed as i32 {
             assert!(
                 silent.error.contains("no control message or heartbeat"),
@@ -100,14 +144,14 @@ async fn idle_pairings_stay_up_and_silent_peers_fail() {
             Instant::now() < deadline,
             "a silent peer was never failed: {silent:?}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // The real pairing is unaffected.
     let id = write(&mut a.client, write_entry(&x, 0, &y, 0, 1 << 20), b"")
         .await
         .unwrap();
     wait_ok(&mut a.client, id).await;
-    drop(keep_open);
+    echo.abort();
     a.stop().await;
     b.stop().await;
     std::fs::remove_file(cfg_a).ok();
