@@ -1,6 +1,10 @@
 //! Heartbeats on the control stream: an idle pairing stays up well past the silence bound, and a
 //! peer whose control stream goes silent is failed, with a message that says so.
 //!
+//! A pairing switched to its direct control connection whose control stream ends while that
+//! connection stays open is failed after the stream-end grace (5 s), by an otherwise idle
+//! poller: the park's timeout counts that grace (poller/park.rs, "Why no timer is missed").
+//!
 //! No sleep decides anything here: a stand-in peer (a plain gRPC client of b's peer service)
 //! answers each of b's heartbeats with one of its own, and the test waits until b has sent
 //! enough of them that two silence bounds have passed on b's own clock (b sends one only after
@@ -156,4 +160,103 @@ async fn idle_pairings_stay_up_and_silent_peers_fail() {
     b.stop().await;
     std::fs::remove_file(cfg_a).ok();
     std::fs::remove_file(cfg_b).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_ended_beside_an_open_direct_connection_fails_after_the_grace_on_an_idle_poller() {
+    use tcpxd::peers::direct::{ACK, PREFACE};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tcpxd::logging::init("error");
+    let mut b = daemons::start("se-b", |_| {}).await;
+    // A stand-in caller: handshake, control stream, direct connection, switch.
+    let mut fake = TcpxdPeerClient::connect(format!("http://{}", b.peer_addr()))
+        .await
+        .unwrap();
+    let resp = fake
+        .handshake(peer_pb::HandshakeRequest {
+            protocol_version: tcpxd::peers::PROTOCOL_VERSION,
+            node_id: "se-caller".into(),
+            lanes: vec![peer_pb::LaneHandle {
+                lane: 0,
+                device: 0,
+                handle: Vec::new(),
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!resp.direct_token.is_empty(), "b offers a direct connection");
+    let (to_b, rx) = tokio::sync::mpsc::channel::<peer_pb::PeerMessage>(16);
+    to_b.send(peer_pb::PeerMessage {
+        body: Some(Body::Hello(peer_pb::Hello {
+            session_id: resp.session_id,
+            node_id: "se-caller".into(),
+            proof: Vec::new(),
+        })),
+    })
+    .await
+    .unwrap();
+    let _from_b = fake
+        .control(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut direct = tokio::net::TcpStream::connect(b.peer_addr()).await.unwrap();
+    direct.write_all(PREFACE).await.unwrap();
+    direct.write_all(&resp.direct_token).await.unwrap();
+    let mut ack = [0u8; 1];
+    direct.read_exact(&mut ack).await.unwrap();
+    assert_eq!(ack[0], ACK);
+    // How it receives (rendezvous): the pairing is up, and quiet (no lane, no transfer), so b's
+    // engine has nothing due for 300 s (`peer.pairing_idle_close_ms`); then the switch.
+    for body in [
+        Body::ReceiveMode(peer_pb::ReceiveMode {
+            credits: 0,
+            chunk_bytes: 512 << 10,
+            eager_first_lane: 0,
+            eager_max_bytes: 0,
+        }),
+        Body::DirectSwitch(peer_pb::DirectSwitch {}),
+    ] {
+        to_b.send(peer_pb::PeerMessage { body: Some(body) })
+            .await
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while peer_state(&mut b.client, "se-caller").await.state != pb::PeerState::Up as i32 {
+        assert!(Instant::now() < deadline, "the stand-in never came up");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Its control stream ends; the direct connection stays open. Nothing else asks b's poller
+    // anything (ListPeers does not): only the park's timeout can fail the pairing, which closes
+    // the direct connection.
+    let ended = Instant::now();
+    drop(to_b);
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), direct.read_to_end(&mut rest))
+        .await
+        .expect("b closes the direct connection within 30 s")
+        .ok();
+    let took = ended.elapsed();
+    assert!(
+        took >= Duration::from_secs(5),
+        "closed after {took:?}, before the grace"
+    );
+    // (The registry hears of the failure just after the connection closed.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let failed = loop {
+        let p = peer_state(&mut b.client, "se-caller").await;
+        if p.state == pb::PeerState::Failed as i32 {
+            break p;
+        }
+        assert!(Instant::now() < deadline, "closed but not failed: {p:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        failed.error.contains("its direct control connection stayed open"),
+        "{}",
+        failed.error
+    );
+    b.stop().await;
 }
