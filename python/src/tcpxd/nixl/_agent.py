@@ -42,7 +42,7 @@ from ._handles import (
 )
 from ._memory import LocalMemory
 from ._metadata import AgentMetadata
-from ._notify import MAILBOX_BYTES, Inbox, frame
+from ._notify import CLOSE_NOTIFS_S, MAILBOX_BYTES, Inbox, frame, notif_future
 from ._regions import RegionTable
 from ._xfer import Xfer, mailbox_entry, mailbox_write, nixlXferTelemetry
 
@@ -114,6 +114,10 @@ class _Remote:
         self.mailbox_entry: Optional[bytes] = None
         #: The pairing with its node started when the metadata was loaded (`_pair_ahead`).
         self.pairing: Any = None
+        #: The last send_notif to it (its WRITE's future, on the agent's session) and the lock
+        #: that orders them (`nixl_agent.send_notif`).
+        self.notif_sent: Any = None
+        self.notif_lock = threading.Lock()
 
 
 class nixl_agent:  # noqa: N801
@@ -224,6 +228,7 @@ class nixl_agent:  # noqa: N801
             session, self._session = self._session, None
         if self._listener is not None:
             self._listener.close()
+        self._notifs_sent(CLOSE_NOTIFS_S)  # closing their session would cancel them
         self._inbox.close()
         if session is not None:
             session._abort("client closed")
@@ -796,14 +801,51 @@ class nixl_agent:  # noqa: N801
     # -- notifications
 
     def send_notif(self, remote_agent_name: AgentName, notif_msg: Any, backend: Optional[str] = None) -> None:
-        """Sends a notification alone; returns once it reached the remote agent's node."""
+        """Posts a notification alone, as NIXL's does: returns once the daemon has it, not waiting
+        for it to reach the remote agent (a 1-byte WRITE between the two agents' mailboxes carries
+        it, on the agent's session). Notifications to one agent arrive in the order sent: while
+        the previous one to it is still on its way, this one waits for it first. One that failed
+        is logged, and raised by the next send_notif to the same agent (which then sends nothing)."""
         remote = self._peer(remote_agent_name, "remote_agent_name")
-        framed = frame(self.name, remote.md.name, _bytes(notif_msg, "notif_msg"))
-        try:
-            self._client.write(self._mailbox, remote.md.mailbox, 1, notification=framed,
-                               timeout=None if self._conf.timeout_s is None else self._conf.timeout_s)
-        except TcpxdError as e:
-            raise from_tcpxd(e, f"send_notif to {remote.md.name}") from None
+        msg = _bytes(notif_msg, "notif_msg")
+        with remote.notif_lock:
+            prev = remote.notif_sent
+            if prev is not None:
+                remote.notif_sent = None
+                err = prev.exception()  # at once when it is done (else waits: the order kept)
+                if err is not None:
+                    if isinstance(err, TcpxdError):
+                        raise from_tcpxd(err, f"send_notif to {remote.md.name}: the previous notification to it failed "
+                                              "(this one was not sent)") from None
+                    raise nixlBackendError(f"send_notif to {remote.md.name}: the previous notification to it failed "
+                                           f"({err!r}; this one was not sent)")
+            entry = remote.mailbox_entry
+            if entry is None:
+                entry = remote.mailbox_entry = mailbox_entry(self._mailbox.id, remote.md.mailbox)
+            body = mailbox_write(entry, frame(self.name, remote.md.name, msg), self._timeout_ms)
+            sent: Any = self._inbox.post(body, remote.md.name)  # on the notification feed's session
+            if sent is None:  # no local feed (a TCP endpoint, an older daemon): on the agent's session
+                session = self._session_now()
+                sent = notif_future(session, remote.md.name)
+                try:
+                    session._submit_frame("write", body, sent)
+                except TcpxdError as e:  # the session was closed under us: nothing was sent
+                    raise from_tcpxd(e, f"send_notif to {remote.md.name}") from None
+            remote.notif_sent = sent
+
+    def _notifs_sent(self, timeout: float) -> None:
+        """Waits (up to `timeout` s in all) for the notifications still on their way: before the
+        agent's session ends (closing it would cancel them)."""
+        end = time.monotonic() + timeout
+        with self._lock:
+            remotes = list(self._remotes.values()) + ([self._self_remote[1]] if self._self_remote is not None else [])
+        for remote in remotes:
+            sent = remote.notif_sent
+            if sent is not None and not sent.done():
+                try:
+                    sent.exception(max(0.0, end - time.monotonic()))
+                except Exception:  # noqa: BLE001 - timed out, or the session ended: closing goes on
+                    pass
 
     def get_new_notifs(self, backends: Optional[List[str]] = None) -> Dict[str, List[bytes]]:
         """Notifications that arrived since the last call, by the sending agent's name."""

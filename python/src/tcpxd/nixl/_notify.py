@@ -19,6 +19,8 @@ local session (a TCP endpoint, a daemon before session 18), a thread reads the S
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import logging
 import select
 import struct
@@ -26,8 +28,10 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import Client, Subscription, _local, _proto
-from ..errors import TcpxdError
+from .. import Client, Subscription, _local, _ops, _proto
+from .._session import _SessionFuture
+from ..errors import TcpxdError, Unavailable
+from . import _wire
 
 log = logging.getLogger("tcpxd.nixl")
 
@@ -54,6 +58,26 @@ TIGHT_WAIT_MS = 1
 POLL_WAIT_S = 50e-6
 
 
+#: How long closing an agent waits for its notifications still on their way (send_notif returns
+#: before they arrive; closing the agent's session would cancel them).
+CLOSE_NOTIFS_S = 5.0
+
+
+def notif_future(session: Any, to: str) -> "concurrent.futures.Future[Any]":
+    """The future of a send_notif's WRITE on `session` (resolved by whichever thread reads the
+    session: its reader, or a caller polling it); a failure is logged when it comes."""
+    fut: "concurrent.futures.Future[Any]" = (
+        _SessionFuture(session) if getattr(session, "_conn", None) is not None else concurrent.futures.Future())
+    fut.add_done_callback(functools.partial(_notif_failed, to))
+    return fut
+
+
+def _notif_failed(to: str, fut: "concurrent.futures.Future[Any]") -> None:
+    err = fut.exception()
+    if err is not None:
+        log.warning("send_notif to %s failed: %s (the next send_notif to it raises this)", to, err)
+
+
 def frame(src: str, dst: str, msg: bytes) -> bytes:
     s, d = src.encode(), dst.encode()
     return MAGIC + _LENS.pack(len(s), len(d)) + s + d + msg
@@ -74,12 +98,51 @@ def parse(payload: bytes) -> Optional[Tuple[str, str, bytes]]:
     return src, dst, payload[at + ls + ld :]
 
 
+class Sent:
+    """A send_notif's WRITE posted on an inbox's feed (`Inbox.post`): done once the daemon answered
+    it, read by whichever thread reads the feed (get_new_notifs, or a send_notif waiting for it)."""
+
+    __slots__ = ("_inbox", "_to", "_done", "_error")
+
+    def __init__(self, inbox: "Inbox", to: str):
+        self._inbox = inbox
+        self._to = to
+        self._done = False
+        self._error: Optional[BaseException] = None
+
+    def set_result(self, _result: Any) -> None:
+        self._done = True
+
+    def set_exception(self, err: BaseException) -> None:
+        self._error = err
+        self._done = True
+        log.warning("send_notif to %s failed: %s (the next send_notif to it raises this)", self._to, err)
+
+    def done(self) -> bool:
+        if not self._done:
+            self._inbox.read()
+        return self._done
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        """Its failure, None when it arrived; waits (up to `timeout` s) while it is on its way;
+        raises TimeoutError past it."""
+        if not self._done:
+            self._inbox.wait_for(self, timeout)
+        if not self._done:
+            raise TimeoutError(f"send_notif to {self._to}: not answered within {timeout} s")
+        return self._error
+
+
 class _Feed:
-    """A local session subscribed to the node's notifications, read without waiting."""
+    """A local session subscribed to the node's notifications, read without waiting. It also
+    carries send_notif's WRITEs (`send`): their answers come in the same reads as the
+    notifications, so no other thread wakes for them."""
 
     def __init__(self, conn: _local.Connection):
         self.conn = conn
         self._poll: Any = None
+        #: The WRITEs sent on it not answered yet, by tag.
+        self.sent: Dict[int, Sent] = {}
 
     @staticmethod
     def open(path: str) -> Optional["_Feed"]:
@@ -112,16 +175,52 @@ class _Feed:
         except InterruptedError:
             pass
 
+    def send(self, body: bytes, sent: Sent) -> bool:
+        """Sends a WriteRequest (`body`, serialized) on the feed's session, answered into `sent`;
+        False when nothing could be sent (the connection ended: the daemon went away)."""
+        conn = self.conn
+        tag = conn._tag = conn._tag + 1
+        blen = len(body)
+        head = b"\x08" + _wire.varint(tag) + b"\x12" + _wire.varint(blen)  # tag = 1, write = 2
+        data = memoryview(_local.HEADER.pack(len(head) + blen) + head + body)
+        sock = conn.sock
+        n = 0
+        while n < len(data):  # (non-blocking: a frame this small goes whole unless the daemon stopped reading)
+            try:
+                n += sock.send(data[n:])
+            except (BlockingIOError, InterruptedError):
+                waiter = select.poll()
+                waiter.register(sock.fileno(), select.POLLOUT)
+                waiter.poll(100)
+            except OSError:
+                if n == 0:
+                    return False
+                break  # part of it went: the next read fails it (unanswered)
+        self.sent[tag] = sent
+        return True
+
     def payloads(self) -> List[bytes]:
-        """The notifications' payloads that have arrived; raises _local.Gone once the session ended."""
+        """The notifications' payloads that have arrived (and the answers to its WRITEs, settled);
+        raises _local.Gone once the session ended."""
         out = []
         for ev in self.conn.ready():
             kind = ev.WhichOneof("event")
             if kind == "notification":
                 out.append(ev.notification.payload)
+                continue
+            sent = self.sent.pop(ev.tag, None)
+            if sent is not None:
+                _ops.settle(sent, ev)
             elif kind == "refused":
                 log.warning("notifications: %s", ev.refused.message)
         return out
+
+    def end(self, why: str) -> None:
+        """The session ended: its WRITEs not answered fail (they may or may not have arrived)."""
+        left, self.sent = self.sent, {}
+        for sent in left.values():
+            sent.set_exception(Unavailable(f"the daemon's session ended before the notification was answered ({why}); "
+                                           "it may not have arrived"))
 
 
 class Inbox:
@@ -193,6 +292,7 @@ class Inbox:
             if self._closed or self._path is None or time.monotonic() < self._retry_at:
                 return
             try:
+                self._client._reattach.sync()  # (the daemon restarted: the mailbox registered again first)
                 self._feed = _Feed.open(self._path)
             except TcpxdError as e:
                 self._retry_at = time.monotonic() + RESUBSCRIBE_S
@@ -208,9 +308,7 @@ class Inbox:
             for p in self._feed.payloads():
                 self._keep(p)
         except (_local.Gone, OSError, TcpxdError) as e:
-            self._feed.conn.close()
-            self._feed = None
-            self._retry_at = time.monotonic() + RESUBSCRIBE_S
+            self._drop_feed(repr(e))
             if not self._closed and not self._quiet:
                 log.warning("agent %s: the notification session ended (%r); subscribing again every %.1f s",
                             self._name, e, RESUBSCRIBE_S)
@@ -236,11 +334,73 @@ class Inbox:
             out, self._new = self._new, {}
         return out
 
+    def post(self, body: bytes, to: str) -> Optional[Sent]:
+        """Sends a WriteRequest (`body`, serialized: send_notif's) on the local feed, not waiting
+        for its answer; None when there is no feed now (the caller sends it otherwise)."""
+        with self._lock:
+            if self._path is None or self._closed:
+                return None
+            if self._feed is None:
+                self._read_feed()  # subscribes again (at most every RESUBSCRIBE_S)
+                if self._feed is None:
+                    return None
+            sent = Sent(self, to)
+            if self._feed.send(body, sent):
+                return sent
+            self._drop_feed("its connection ended")  # (the daemon went away): sent the other way
+            return None
+
+    def _drop_feed(self, why: str) -> None:
+        """The feed's session ended (the lock held): its WRITEs not answered fail, and it is
+        subscribed again at most every RESUBSCRIBE_S."""
+        assert self._feed is not None
+        self._feed.conn.close()
+        self._feed.end(why)
+        self._feed = None
+        self._retry_at = time.monotonic() + RESUBSCRIBE_S
+
+    def read(self) -> None:
+        """Reads what the feed has (notifications kept for take(), answers settled), at once."""
+        with self._lock:
+            if self._feed is not None:
+                self._read_feed()
+
+    def wait_for(self, sent: Sent, timeout: Optional[float]) -> None:
+        """Reads the feed until `sent` is answered (or `timeout` s passed), waiting for the
+        daemon in between (the GIL released)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not sent._done:
+            with self._lock:
+                if self._feed is None:
+                    return  # ended: what it left unanswered failed
+                self._read_feed()
+                feed = self._feed
+            if sent._done or feed is None:
+                return
+            left = 10.0 if end is None else end - time.monotonic()
+            if left <= 0:
+                return
+            waiter = select.poll()  # (its own: take() may be waiting on the feed's meanwhile)
+            waiter.register(feed.conn.sock.fileno(), select.POLLIN)
+            try:
+                waiter.poll(max(1, min(100, int(left * 1000))))
+            except (InterruptedError, ValueError):  # (ValueError: closed meanwhile)
+                pass
+
+    def flush(self, timeout: float) -> None:
+        """Waits (up to `timeout` s) for the answers to every WRITE sent on the feed."""
+        end = time.monotonic() + timeout
+        with self._lock:
+            pending = list(self._feed.sent.values()) if self._feed is not None else []
+        for sent in pending:
+            self.wait_for(sent, max(0.0, end - time.monotonic()))
+
     def close(self) -> None:
         self._closed = True
         with self._lock:
             if self._feed is not None:
                 self._feed.conn.close()
+                self._feed.end("the agent was closed")
                 self._feed = None
         if self._sub is not None:
             self._sub.close()
