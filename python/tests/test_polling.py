@@ -220,3 +220,38 @@ def test_a_tight_check_xfer_state_loop_waits_for_the_daemon_or_spins(peered, par
             assert not waits, "a loop without a spin bound waited"
         assert all(ms == _agent.TIGHT_WAIT_MS for ms in waits)
         _ParkedPoll.release.set()
+
+
+@pytest.mark.parametrize("spin_s", [0.0, float("inf")])
+def test_a_tight_get_new_notifs_loop_waits_for_the_daemon_or_spins(peered, monkeypatch, spin_s):
+    """get_new_notifs in a loop without a pause (a target answering pings, as nixl_compare's):
+    it spins for TIGHT_SPIN_S (none below 8 CPUs; without bound above), then waits on the feed's
+    socket before each poll. Either way every ping is seen and answered, in order, and the
+    answers to the target's own send_notif WRITEs are read by its polls (none left unanswered)."""
+    from tcpxd.nixl import _notify
+
+    monkeypatch.setattr(_notify, "TIGHT_SPIN_S", spin_s)
+    waits = []
+    real = _notify._Feed.wait
+    monkeypatch.setattr(_notify._Feed, "wait", lambda self, ms: (waits.append(ms), real(self, ms)))
+    a, b = peered
+    with nixl_agent("tn-1", nixl_agent_config(endpoint=a.endpoint)) as one, \
+            nixl_agent("tn-2", nixl_agent_config(endpoint=b.endpoint)) as two:
+        one.add_remote_agent(two.get_agent_metadata())
+        two.add_remote_agent(one.get_agent_metadata())
+        for i in range(20):
+            one.send_notif("tn-2", b"ping-%d" % i)
+            deadline = time.monotonic() + 30
+            while not (got := two.get_new_notifs()):
+                assert time.monotonic() < deadline, "never arrived"
+            assert got == {"tn-1": [b"ping-%d" % i]}
+            two.send_notif("tn-1", b"pong-%d" % i)
+            while not (got := one.get_new_notifs()):
+                assert time.monotonic() < deadline, "never arrived"
+            assert got == {"tn-2": [b"pong-%d" % i]}
+        assert two._remotes["tn-1"].notif_sent.exception(10) is None
+        if spin_s == 0.0:
+            assert waits, "a loop that may not spin never waited"
+        else:
+            assert not waits, "a loop without a spin bound waited"
+        assert all(ms == _notify.TIGHT_WAIT_MS for ms in waits)

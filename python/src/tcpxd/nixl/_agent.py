@@ -42,7 +42,7 @@ from ._handles import (
 )
 from ._memory import LocalMemory
 from ._metadata import AgentMetadata
-from ._notify import CLOSE_NOTIFS_S, MAILBOX_BYTES, Inbox, frame, notif_future
+from ._notify import CLOSE_NOTIFS_S, MAILBOX_BYTES, Inbox, _tight_spin_s, frame, notif_future
 from ._regions import RegionTable
 from ._xfer import Xfer, mailbox_entry, mailbox_write, nixlXferTelemetry
 
@@ -70,21 +70,6 @@ AgentName = Union[str, bytes]
 #: thread to wake), and a loop that would spin long gives the CPU to the daemons it waits for.
 TIGHT_S = 50e-6
 TIGHT_WAIT_MS = 1
-
-
-def _tight_spin_s() -> float:
-    """TIGHT_SPIN_S: TCPXD_NIXL_TIGHT_SPIN_US (µs; "inf": never wait), else 0 with fewer than 8
-    CPUs (the two daemons need the CPU a spin would take: on the 2-core VM, 4 KiB READ p50 / p90
-    / p99 199–222 / 264–321 / 294–3,818 µs waiting at once, 194–287 / 472–530 / 722–824 after 250
-    µs of spin, 200–506 / 2,396–2,997 / 4,128–14,308 spinning, session 21), else no bound (the
-    daemon's own `runtime.spin auto` rule, mirrored)."""
-    v = os.environ.get("TCPXD_NIXL_TIGHT_SPIN_US", "")
-    if v:
-        try:
-            return float(v) / 1e6
-        except ValueError:
-            log.warning("TCPXD_NIXL_TIGHT_SPIN_US=%r is not a number of µs (or inf): using the default", v)
-    return 0.0 if (os.cpu_count() or 1) < 8 else float("inf")
 
 
 TIGHT_SPIN_S = _tight_spin_s()

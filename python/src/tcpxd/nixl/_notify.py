@@ -22,6 +22,7 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
+import os
 import select
 import struct
 import threading
@@ -42,14 +43,34 @@ MAILBOX_BYTES = 4096
 #: How often a lost notification stream is asked for again.
 RESUBSCRIBE_S = 0.5
 #: A take() that finds nothing, this soon after the previous one found nothing, is a tight polling
-#: loop's: it waits up to TIGHT_WAIT_MS for the daemon to write to the feed (the GIL and the CPU
-#: released: on a machine with few cores, the daemons a spinning loop waits for need the CPU it
-#: spins on), back as soon as something comes (the feed has no other reader to take it first). A
-#: loop that does anything between its polls (a model step) never waits. (check_xfer_state does
-#: not wait so: its session's reader thread may take the answer while it waits; measured on the
-#: 16-core H200 host, session 18: 4 KiB READ p50 670 us waiting, 174-181 spinning.)
+#: loop's: once it has spun for TIGHT_SPIN_S (0 below 8 CPUs: at once), each such take waits up to
+#: TIGHT_WAIT_MS for the daemon to write to the feed (the GIL and the CPU released: on a machine
+#: with few cores, the daemons a spinning loop waits for need the CPU it spins on), back as soon as
+#: something comes (the feed has no other reader to take it first). A loop that does anything
+#: between its polls never waits.
 TIGHT_S = 50e-6
 TIGHT_WAIT_MS = 1
+
+
+def _tight_spin_s() -> float:
+    """TIGHT_SPIN_S: TCPXD_NIXL_TIGHT_SPIN_US (µs; "inf": never wait), else 0 with fewer than 8
+    CPUs (the two daemons need the CPU a spin would take: on the 2-core VM, 4 KiB READ p50 / p90
+    / p99 199–222 / 264–321 / 294–3,818 µs waiting at once, 194–287 / 472–530 / 722–824 after 250
+    µs of spin, 200–506 / 2,396–2,997 / 4,128–14,308 spinning, session 21), else no bound (the
+    daemon's own `runtime.spin auto` rule, mirrored). check_xfer_state's and get_new_notifs' tight
+    loops (tcpxd.nixl._agent, Inbox.take)."""
+    v = os.environ.get("TCPXD_NIXL_TIGHT_SPIN_US", "")
+    if v:
+        try:
+            return float(v) / 1e6
+        except ValueError:
+            log.warning("TCPXD_NIXL_TIGHT_SPIN_US=%r is not a number of µs (or inf): using the default", v)
+    return 0.0 if (os.cpu_count() or 1) < 8 else float("inf")
+
+
+#: How long a tight get_new_notifs / check_remote_xfer_done loop spins before its polls wait
+#: (TIGHT_WAIT_MS each) for the daemon: as check_xfer_state's (session 22).
+TIGHT_SPIN_S = _tight_spin_s()
 
 #: How long a poll that finds nothing new waits for a notification, the GIL released (`take`).
 #: Notifications come on a gRPC stream, read by gRPC's thread and the inbox's: a loop polling
@@ -242,8 +263,10 @@ class Inbox:
         #: When the local feed ended (the daemon restarted, drained): when to subscribe again.
         self._retry_at = 0.0
         self._quiet = False
-        #: When take() last found nothing on the local feed (a tight loop's cue).
+        #: When take() last found nothing on the local feed (a tight loop's cue), and when the
+        #: current tight loop began (TIGHT_SPIN_S).
         self._empty_at = 0.0
+        self._spin_from = 0.0
         self._sub: Optional[Subscription] = None
         if self._feed is None:
             self._sub = client.subscribe()
@@ -324,7 +347,9 @@ class Inbox:
                 self._read_feed()
                 if not self._new and self._feed is not None:
                     now = time.perf_counter()
-                    if now - self._empty_at < TIGHT_S:  # a tight polling loop: wait for the daemon
+                    if now - self._empty_at >= TIGHT_S:  # not a tight loop (or its first poll)
+                        self._spin_from = now
+                    elif now - self._spin_from >= TIGHT_SPIN_S:  # a tight loop, spun enough: wait for the daemon
                         self._feed.wait(TIGHT_WAIT_MS)
                         self._read_feed()
                         now = time.perf_counter()
