@@ -255,3 +255,37 @@ def test_a_tight_get_new_notifs_loop_waits_for_the_daemon_or_spins(peered, monke
         else:
             assert not waits, "a loop without a spin bound waited"
         assert all(ms == _notify.TIGHT_WAIT_MS for ms in waits)
+
+
+def test_send_notif_does_not_wait_for_a_thread_waiting_in_get_new_notifs(peered, monkeypatch):
+    """One thread polls get_new_notifs tight (its wait on the feed's socket held here until
+    released); another's send_notif goes meanwhile: the wait holds no lock send_notif needs."""
+    from tcpxd.nixl import _notify
+
+    monkeypatch.setattr(_notify, "TIGHT_SPIN_S", 0.0)
+    entered, release = threading.Event(), threading.Event()
+    real = _notify._Feed.wait
+
+    def held(self, ms):
+        entered.set()
+        release.wait(60)
+        return real(self, ms)
+
+    monkeypatch.setattr(_notify._Feed, "wait", held)
+    a, b = peered
+    with nixl_agent("tl-1", nixl_agent_config(endpoint=a.endpoint)) as one, \
+            nixl_agent("tl-2", nixl_agent_config(endpoint=b.endpoint)) as two:
+        one.add_remote_agent(two.get_agent_metadata())
+        poller = threading.Thread(target=lambda: [one.get_new_notifs() for _ in range(3)])
+        poller.start()
+        assert entered.wait(30), "the polling loop never waited"
+        sender = threading.Thread(target=one.send_notif, args=("tl-2", b"while it waits"))
+        sender.start()
+        sender.join(20)  # (a send_notif needing the waiting thread's lock would hang until released)
+        assert not sender.is_alive(), "send_notif waited for the polling thread's wait"
+        assert poller.is_alive()  # still held in its wait
+        release.set()
+        poller.join(30)
+        seen: dict = {}
+        _spin_until(lambda: seen, lambda: seen.update(two.get_new_notifs()))
+        assert seen == {"tl-1": [b"while it waits"]}

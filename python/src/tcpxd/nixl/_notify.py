@@ -254,6 +254,8 @@ class Inbox:
         self._name = name
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
+        #: Held by the thread waiting on the feed's socket (take(), without `_lock`).
+        self._waiting = threading.Lock()
         self._new: Dict[str, List[bytes]] = {}
         self._closed = False
         path = _local.socket_path(client.endpoint)
@@ -342,6 +344,7 @@ class Inbox:
         feed: what the daemon has written to it, read now, without waiting. On the gRPC stream:
         when nothing has arrived, waits up to POLL_WAIT_S, the GIL released (so a loop polling
         this lets the threads that deliver notifications run)."""
+        feed = None
         with self._lock:
             if self._path is not None:
                 self._read_feed()
@@ -350,12 +353,24 @@ class Inbox:
                     if now - self._empty_at >= TIGHT_S:  # not a tight loop (or its first poll)
                         self._spin_from = now
                     elif now - self._spin_from >= TIGHT_SPIN_S:  # a tight loop, spun enough: wait for the daemon
-                        self._feed.wait(TIGHT_WAIT_MS)
-                        self._read_feed()
-                        now = time.perf_counter()
+                        feed = self._feed
                     self._empty_at = now
             elif not self._new and not self._closed:
                 self._arrived.wait(POLL_WAIT_S)
+            if feed is None:
+                out, self._new = self._new, {}
+                return out
+        # The wait without the lock (a send_notif of another thread goes meanwhile), by one
+        # thread at a time (a poll object is not for two): another finds it taken and returns.
+        if self._waiting.acquire(blocking=False):
+            try:
+                feed.wait(TIGHT_WAIT_MS)
+            finally:
+                self._waiting.release()
+        with self._lock:
+            if self._feed is not None:
+                self._read_feed()
+            self._empty_at = time.perf_counter()
             out, self._new = self._new, {}
         return out
 
