@@ -99,8 +99,9 @@ class _Remote:
         self.mailbox_entry: Optional[bytes] = None
         #: The pairing with its node started when the metadata was loaded (`_pair_ahead`).
         self.pairing: Any = None
-        #: The last send_notif to it (its WRITE's future, on the agent's session) and the lock
-        #: that orders them (`nixl_agent.send_notif`).
+        #: The last send_notif to it (its WRITE's answer to come: a `_notify.Sent` on the
+        #: notification feed, else a future of the agent's session) and the lock that orders
+        #: them (`nixl_agent.send_notif`).
         self.notif_sent: Any = None
         self.notif_lock = threading.Lock()
 

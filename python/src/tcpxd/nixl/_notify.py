@@ -15,6 +15,12 @@ daemon writes each as an event on its socket): each `take` (get_new_notifs, chec
 reads what has arrived without waiting, on the polling thread, so a tight polling loop sees a
 notification as soon as the daemon has it and no other thread needs the GIL. Where there is no
 local session (a TCP endpoint, a daemon before session 18), a thread reads the Subscribe stream.
+
+send_notif's mailbox WRITE goes on that same session (`Inbox.post`, since session 22) and the call
+returns without its answer, as NIXL's genNotif posts: the answer is read by the same reads as the
+notifications (a `Sent` settled), so no thread wakes for it. The agent keeps the order of its
+notifications to one agent (the next waits while the previous is unanswered) and raises a failure
+at the next send_notif to that agent (tcpxd.nixl._agent).
 """
 
 from __future__ import annotations
@@ -426,14 +432,6 @@ class Inbox:
                 waiter.poll(max(1, min(100, int(left * 1000))))
             except (InterruptedError, ValueError):  # (ValueError: closed meanwhile)
                 pass
-
-    def flush(self, timeout: float) -> None:
-        """Waits (up to `timeout` s) for the answers to every WRITE sent on the feed."""
-        end = time.monotonic() + timeout
-        with self._lock:
-            pending = list(self._feed.sent.values()) if self._feed is not None else []
-        for sent in pending:
-            self.wait_for(sent, max(0.0, end - time.monotonic()))
 
     def close(self) -> None:
         self._closed = True
