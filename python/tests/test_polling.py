@@ -289,3 +289,32 @@ def test_send_notif_does_not_wait_for_a_thread_waiting_in_get_new_notifs(peered,
         seen: dict = {}
         _spin_until(lambda: seen, lambda: seen.update(two.get_new_notifs()))
         assert seen == {"tl-1": [b"while it waits"]}
+
+
+@pytest.mark.parametrize("op", ["READ", "WRITE"])
+def test_a_transfers_notification_does_not_overtake_a_send_notif_before_it(peered, op):
+    """vLLM's pull: a prefix hit's send_notif, then the next request's transfer with its own
+    notification. send_notif returns before its notification arrived, so the transfer waits for it
+    first: the target sees them in the order the initiator made them (as NIXL's, one endpoint)."""
+    a, b = peered
+    n = 4096
+    m1, m2 = host_array(n), host_array(n)
+    with nixl_agent("ov-1", nixl_agent_config(endpoint=a.endpoint)) as one, \
+            nixl_agent("ov-2", nixl_agent_config(endpoint=b.endpoint)) as two:
+        one.register_memory([(m1.ctypes.data, n, 0, "")], "DRAM")
+        two.register_memory([(m2.ctypes.data, n, 0, "")], "DRAM")
+        one.add_remote_agent(two.get_agent_metadata())
+        local = one.prep_xfer_dlist("NIXL_INIT_AGENT", [(m1.ctypes.data, n, 0)], "DRAM")
+        remote = one.prep_xfer_dlist("ov-2", [(m2.ctypes.data, n, 0)], "DRAM")
+        want = []
+        for k in range(15):
+            one.send_notif("ov-2", b"hit-%d" % k)
+            h = one.make_prepped_xfer(op, local, [0], remote, [0], b"req-%d" % k)
+            one.transfer(h)
+            _spin_until(lambda: one.check_xfer_state(h) != "PROC", lambda: None)
+            assert one.check_xfer_state(h) == "DONE", h.error
+            one.release_xfer_handle(h)
+            want += [b"hit-%d" % k, b"req-%d" % k]
+        got: list = []
+        _spin_until(lambda: len(got) >= len(want), lambda: got.extend(two.get_new_notifs().get("ov-1", [])))
+        assert got == want

@@ -625,6 +625,9 @@ class nixl_agent:  # noqa: N801
         the remote agent after the data landed (after it was read, for a READ)."""
         xfer = handle._xfer if type(handle) is nixl_xfer_handle and handle._agent is self and not handle._released else self._live(handle)
         plan = xfer.plan
+        to = self._remotes.get(xfer.remote)  # (a dict read is atomic: no lock)
+        if to is not None and to.notif_sent is not None and (xfer.notif or not (type(notif_msg) is bytes and not notif_msg)):
+            _notif_first(to.notif_sent)
         if type(plan) is _plan.Prepared and plan.lane.note_head is not None and type(notif_msg) is bytes and not notif_msg:
             state = self._post_lane(xfer, plan)
             if state is not None:
@@ -857,6 +860,18 @@ class nixl_agent:  # noqa: N801
                     del msgs[i]
                     return True
         return False
+
+
+def _notif_first(sent: Any) -> None:
+    """Before a transfer whose notification goes to an agent a send_notif was just posted to:
+    waits for that send_notif's answer, so the transfer's notification cannot arrive first (NIXL's
+    keep that order: both ride one UCX endpoint; vLLM's prefix-hit send_notif, then the next
+    request's READ with its own, relies on it). Its failure is the next send_notif's to raise."""
+    if not sent.done():
+        try:
+            sent.exception()
+        except Exception:  # noqa: BLE001 - a failure: raised by the next send_notif (and logged)
+            pass
 
 
 def _size(idx: Any) -> int:
