@@ -19,6 +19,7 @@ from ._handles import Buffer as Buffer
 from ._handles import PreparedList as PreparedList
 from ._handles import Subscription as Subscription
 from ._handles import Transfer as Transfer
+from ._subscription import LocalSubscription
 from ._local import local_end, too_large  # noqa: F401 (re-exported)
 from ._ops import SESSION_FIELD, BufferLike, NodeInfo, ReadOp, RemoteLike, WriteOp, settle  # noqa: F401 (settle re-exported)
 from ._session import (  # noqa: F401 (re-exported: the session's framing helpers)
@@ -74,6 +75,8 @@ class Client:
         self._local: Optional[_local.LocalSessions] = _local.LocalSessions(path) if path else None
         #: Sessions on the local session (closing the client ends them, as closing the channel ends gRPC's).
         self._sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
+        #: Subscriptions on the local session (closing the client ends them too).
+        self._subscriptions: "weakref.WeakSet[LocalSubscription]" = weakref.WeakSet()
         unix = _local.socket_path(self.endpoint)
         #: Registers host memory this process shares (its connection holds those buffers).
         self._registrar: Optional[_hostmem.Registrar] = _hostmem.Registrar(unix, self._local) if unix else None
@@ -119,6 +122,8 @@ class Client:
         sessions = list(self._sessions)
         for session in sessions:
             session._abort("client closed")
+        for sub in list(self._subscriptions):
+            sub.close()
         if not _exit.finalizing():  # (past the exit handlers the sessions' reader threads are frozen)
             for session in sessions:
                 session._release()
@@ -509,7 +514,14 @@ class Client:
 
     def subscribe(self) -> Subscription:
         """Notifications other nodes attach to transfers into this node's buffers. Returns once the
-        subscription is in place: notifications of transfers finishing after that are delivered."""
+        subscription is in place: notifications of transfers finishing after that are delivered.
+        On the local session (a unix endpoint) a session of its own, read on the caller's thread
+        (tcpxd._subscription); else the Subscribe RPC."""
+        if self._local is not None:
+            sub = LocalSubscription.open(self._local, self.endpoint)
+            if sub is not None:
+                self._subscriptions.add(sub)
+                return sub
         call = self._stream("Subscribe", _proto.message("SubscribeRequest")())
         try:
             call.initial_metadata()  # the daemon answers headers once it has subscribed
