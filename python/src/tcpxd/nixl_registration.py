@@ -6,9 +6,11 @@ For each kind of memory, region size and region count (--memory, --sizes, --coun
 over --max-total bytes are left out), a fresh process allocates the regions, writes every byte
 (--fresh: leaves them untouched), then times one `register_memory` of all of them and one
 `deregister_memory`, in microseconds a region; then `register_memory` again until its regions
-are answered (tcpxd.nixl's `register_memory` returns before the daemon's answers, which the
-agent's next use of its regions reads first: timed here by that read, `_memory.table()`;
-docs/NIXL.md, "Semantics"; NIXL's returns registered). The "caller's CPU" rows are the CPU time of
+are answered (tcpxd.nixl's `register_memory` holds the regions back and returns before the daemon
+has them: the agent's next use of its regions sends them and reads the answers first, timed here
+by that use, `_memory.table()`; docs/NIXL.md, "Semantics"; NIXL's returns registered) and
+`deregister_memory` after that use ("deregister after use": tcpxd.nixl's plain "deregister"
+right after `register_memory` withdraws regions the daemon never had). The "caller's CPU" rows are the CPU time of
 the thread calling `register_memory` (on a machine with few cores the daemon woken by the send can
 preempt the caller: wall time then includes the daemon's work). Kinds of memory:
 
@@ -126,11 +128,13 @@ def child(impl: str, endpoint: str, cases: List[Case], fresh: bool) -> Dict[str,
         answered()
         t4 = time.perf_counter()
         agent.deregister_memory(reg)
+        t5 = time.perf_counter()
         name = f"{kind} {count} x {_label(size)}"
         res[f"register µs/region, {name}"] = (t1 - t) / count * 1e6
         res[f"register, caller's CPU µs/region, {name}"] = (c1 - c) / count * 1e6
         res[f"register, answered µs/region, {name}"] = (t4 - t3) / count * 1e6
         res[f"deregister µs/region, {name}"] = (t2 - t1) / count * 1e6
+        res[f"deregister after use µs/region, {name}"] = (t5 - t4) / count * 1e6
         _free(kind, keep)
     return res
 
