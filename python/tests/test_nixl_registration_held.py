@@ -9,6 +9,7 @@ left registered."""
 from __future__ import annotations
 
 import ctypes
+import socket
 import time
 
 import numpy as np
@@ -202,3 +203,26 @@ def test_closing_an_agent_with_registrations_held_sends_none(daemons):
     assert sent[1] <= 1, "nothing but the mailbox went to the daemon"
     assert _buffers(a.endpoint) == before
     _utils.free_passthru(f)
+
+
+@pytest.mark.parametrize("answered_before", [False, True], ids=["sessions_first", "later"])
+def test_a_connection_found_gone_at_first_use_is_replaced(daemons, pair, answered_before):
+    """The registration connection dead when the held regions go (as a daemon restart not
+    noticed yet leaves it): the first use registers them on a new connection, and they serve."""
+    A, B = pair
+    if answered_before:
+        first = np.zeros(4 * KIB, np.uint8)
+        A.register_memory(A.get_reg_descs([(first.ctypes.data, first.nbytes, 0, "")], "DRAM"))
+        A.get_agent_metadata()
+    arrays = [np.full(8 * KIB, 50 + i, np.uint8) for i in range(3)]
+    A.register_memory(A.get_reg_descs([(a.ctypes.data, a.nbytes, 0, "") for a in arrays], "DRAM"))
+    old = A._client._registrar._conn
+    old.sock.shutdown(socket.SHUT_RDWR)
+    regions = {r.addr: r for r in A._memory.regions()}
+    assert A._client._registrar._conn is not old
+    assert all(regions[a.ctypes.data].buffer_id in _buffers(daemons[0].endpoint) for a in arrays)
+    mine = np.zeros(8 * KIB, np.uint8)
+    B.register_memory(B.get_reg_descs([(mine.ctypes.data, mine.nbytes, 0, "")], "DRAM"))
+    B.add_remote_agent(A.get_agent_metadata())
+    _read(B, "held-A", mine, arrays[2].ctypes.data, mine.nbytes)
+    assert (mine == 52).all()

@@ -209,8 +209,8 @@ class Registrar:
         return _batch_answer(conn, len(items), conn.tag)
 
     def register_addresses(self, addrs: Any, tails: Sequence[bytes], timeout: Optional[float]) -> List[Any]:
-        """Registers memory of this process by address, region i at `addrs[i]` (a numpy u64
-        array) with the rest of its request serialized in `tails[i]` (`address_tail`): per
+        """Registers memory of this process by address, region i at `addrs[i]` (u64s: an
+        array.array("Q") or a numpy array) with the rest of its request serialized in `tails[i]` (`address_tail`): per
         region, its `Answer` or the TcpxdError refusing it. As `register_many`, PIPELINE to a
         `register_batch` frame, its entries written without a message object each
         (`address_entries`), answered as arrays (`packed_answer`: `unpack`); to a daemon without
@@ -267,10 +267,10 @@ class Registrar:
         answers fit the socket's buffer: neither side blocks on the other) where the connection
         is known to take them and, for memory by address, the daemon to be allowed to attach to
         this process (a registration by address answered on it); else registered and answered
-        there and then, which finds those out. None once closed (or in a forked child): the
-        caller registers with `register_addresses`."""
-        with self._lock:
-            if self._closed or self._pid != os.getpid():
+        there and then, which finds those out. None once closed (the caller's
+        `register_addresses` says so)."""
+        with self._lock:  # (a forked child's: sent on a connection of its own, `_connection`)
+            if self._closed:
                 return None
             pending = Pending(addrs, tails)
             pending.held = True
@@ -333,15 +333,26 @@ class Registrar:
 
     def collect(self, pending: Pending, timeout: Optional[float]) -> List[Any]:
         """The answers to held registrations (`hold_addresses`), sent now if they were not and
-        read now if they were not: per region, its `Answer` or the TcpxdError refusing it. Where the local session ended before they
-        came (the daemon released what it registered on it), they are registered again on a new
-        one; raises what that raises (Unavailable: no daemon)."""
+        read now if they were not: per region, its `Answer` or the TcpxdError refusing it. Where
+        the local session ended before they came (the daemon released what it registered on it),
+        they are registered again on a new one; raises what that raises (Unavailable: no
+        daemon)."""
         with self._lock:
             try:
-                if pending.held:
-                    opened = self._connection()
-                    with self._talking("register_host", timeout):
-                        self._flush(opened, timeout)
+                tries = 2
+                while pending.held:
+                    tries -= 1
+                    try:
+                        opened = self._connection()
+                        with self._talking("register_host", timeout):
+                            self._flush(opened, timeout)
+                    except Unavailable:
+                        if not pending.held:
+                            break  # (sent; or lost on the way: registered again below)
+                        if not tries:
+                            raise
+                        # (a connection found gone, e.g. a daemon restart not noticed yet: once
+                        # more, on a new one)
             finally:
                 if pending.held:  # (not sent: what stopped it is raised for it)
                     self._held.remove(pending)
@@ -356,7 +367,8 @@ class Registrar:
                     pass  # (`pending.lost` says so: registered again below)
         if pending.lost is not None:
             redo = [i for i, g in enumerate(pending.got) if g is None]
-            got = self.register_addresses(pending.addrs[redo], [pending.tails[i] for i in redo], timeout)
+            got = self.register_addresses(array.array("Q", [pending.addrs[i] for i in redo]),
+                                          [pending.tails[i] for i in redo], timeout)
             for i, g in zip(redo, got):
                 pending.got[i] = g
             pending.lost = None

@@ -14,6 +14,7 @@ reached) leaves the buffer without: its regions' transfers take the batch path.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import logging
 import mmap
@@ -263,37 +264,47 @@ class LocalMemory:
 
     def register(self, dl: RegDList) -> None:
         """Registers every region of the list (all or none)."""
-        if dl.mem not in MOVABLE:
+        mem = dl.mem
+        if mem == "DRAM":
+            self._register_dram(dl)
+            return
+        if mem not in MOVABLE:
             raise nixlNotSupportedError(f"reg_list: tcpxd moves DRAM and VRAM memory, not {dl.mem}")
         done: List[Key] = []
-        sent_here: List[_Sent] = []  # (sent without waiting, by `_dram_many`)
-        dram: Dict[Key, Tuple[int, Any]] = {}  # registered together, below
-        mem = dl.mem
         rows = dl.rows.tolist()
         with self._lock:
-            have, sent = self._regions, self._sent_keys
-            new = [(i, (mem, a, n, d)) for i, (a, n, d) in enumerate(rows)
-                   if (mem, a, n, d) not in have and (mem, a, n, d) not in sent]
+            have = self._regions
+            new = [(i, (mem, a, n, d)) for i, (a, n, d) in enumerate(rows) if (mem, a, n, d) not in have]
         try:
             for i, key in new:  # (registered already: NIXL accepts it again)
                 if key[2] == 0:
                     raise nixlInvalidParamError(f"reg_list[{i}]: a region of 0 bytes")
-                if mem == "DRAM":
-                    if key not in dram:
-                        dram[key] = (i, dl.objs[i])
-                    continue
                 with self._lock:
                     if key in self._regions:
                         continue  # (twice in the list)
                 what = f"reg_list[{i}] ({mem} at {key[1]:#x}, {key[2]} bytes)"
                 self._add(key, *self._vram(key[1], key[2], key[3], what))
                 done.append(key)
-            if dram:  # (last: nothing after it can fail the call)
-                self._dram_many(dram, sent_here)
         except BaseException:
-            self._undo_sent(sent_here, done)
             self._drop(done)
             raise
+
+    def _register_dram(self, dl: RegDList) -> None:
+        """`register` of DRAM regions: those not registered (or held) already, together
+        (`_dram_many`: checked now, held back, all or none)."""
+        rows = dl.rows.tolist()
+        objs = dl.objs
+        todo: Dict[Key, Tuple[int, Any]] = {}
+        with self._lock:
+            have, sent = self._regions, self._sent_keys
+            for i, (a, n, d) in enumerate(rows):
+                key = ("DRAM", a, n, d)
+                if key not in have and key not in sent and key not in todo:  # (NIXL accepts one again)
+                    if not n:
+                        raise nixlInvalidParamError(f"reg_list[{i}]: a region of 0 bytes")
+                    todo[key] = (i, objs[i])
+        if todo:
+            self._dram_many(todo)
 
     def _add(self, key: Key, region: Region, release: Callable[[], None]) -> None:
         with self._lock:
@@ -306,12 +317,21 @@ class LocalMemory:
         once the answers before them are folded in."""
         mem = dl.mem
         keys = [(mem, a, n, d) for a, n, d in dl.rows.tolist()]
+        held = False
         with self._lock:
+            regions, sent = self._regions, self._sent_keys
             for i, k in enumerate(keys):
-                if k not in self._regions and k not in self._sent_keys:
-                    raise nixlNotFoundError(f"dereg_list[{i}]: {dl.mem} ({k[1]:#x}, {k[2]} bytes) is not registered")
+                if k not in regions:
+                    if k not in sent:
+                        raise nixlNotFoundError(f"dereg_list[{i}]: {dl.mem} ({k[1]:#x}, {k[2]} bytes) is not registered")
+                    held = True
+        if not held:  # (all answered: released)
+            self._drop(keys)
+            return
         gone = self._withdraw(set(keys))
         rest = [k for k in keys if k not in gone]
+        if not rest:
+            return
         with self._lock:
             unanswered = {k for k in rest if k in self._sent_keys}
         if unanswered:
@@ -351,36 +371,6 @@ class LocalMemory:
         with self._lock:
             keys = list(self._regions)
         self._drop(keys)
-
-    def _sent_now(self, sent: _Sent) -> _Sent:
-        """Records registrations sent without waiting (the answers read by `_settle`)."""
-        with self._lock:
-            self._sent.append(sent)
-            for k in sent.keys:
-                self._sent_keys[k] = sent
-        return sent
-
-    def _undo_sent(self, sent_here: List[_Sent], done: List[Key]) -> None:
-        """A `register` failing after some of its regions were sent without waiting
-        (`sent_here`): their answers read now, what they registered added to `done` (which the
-        caller releases)."""
-        self._withdraw({k for sent in sent_here for k in sent.keys})
-        for sent in sent_here:
-            with self._settling:
-                with self._lock:
-                    if sent not in self._sent:
-                        continue  # (folded by another thread meanwhile)
-                try:
-                    self._fold(sent)
-                except TcpxdError:
-                    pass  # (refused: nothing of it stays registered)
-                finally:
-                    with self._lock:
-                        self._sent.remove(sent)
-                        for k in sent.keys:
-                            self._sent_keys.pop(k, None)
-            with self._lock:
-                done.extend(k for k in sent.keys if k in self._regions)
 
     def _settle(self, wanted: Optional[Set[Key]] = None) -> None:
         """Folds in the answers of registrations sent without waiting (`_Sent`), oldest first:
@@ -487,7 +477,7 @@ class LocalMemory:
         if first is not None:
             raise first
 
-    def _dram_many(self, todo: Dict[Key, Tuple[int, Any]], sent_here: List[_Sent]) -> None:
+    def _dram_many(self, todo: Dict[Key, Tuple[int, Any]]) -> None:
         """Registers DRAM regions together, each buffer's granule lists made by the daemon with
         it (released by the daemon with the buffer). Checked here first as the daemon would
         (mapped, writable: `address_ranges`), what it would refuse raised now; then held back
@@ -498,41 +488,44 @@ class LocalMemory:
         (Client._register_host_many) at the first call that needs the regions, which reads all
         the answers (`_settle`). Registered now where nothing can be held (no local session: a
         TCP endpoint, which refuses it)."""
-        import numpy as np
-
         keys = list(todo)
         kinds = address_ranges([k[1] for k in keys], [k[2] for k in keys])
-        fast: List[Key] = []
+        fast: List[Key] = keys
         files: List[Key] = []
-        for k, kind in zip(keys, kinds):
-            if kind == BY_ADDRESS:
-                fast.append(k)
-            elif kind == FILE_SHARED:
-                files.append(k)
-            else:  # what the daemon would refuse, said now
-                raise nixlInvalidParamError(f"reg_list[{todo[k][0]}] (DRAM at {k[1]:#x}, {k[2]} bytes): "
-                                            f"{range_refusal(kind, k[1], k[2])}")
+        if kinds.count(BY_ADDRESS) != len(keys):  # (else the usual: all anonymous memory)
+            fast = []
+            for k, kind in zip(keys, kinds):
+                if kind == BY_ADDRESS:
+                    fast.append(k)
+                elif kind == FILE_SHARED:
+                    files.append(k)
+                else:  # what the daemon would refuse, said now
+                    raise nixlInvalidParamError(f"reg_list[{todo[k][0]}] (DRAM at {k[1]:#x}, {k[2]} bytes): "
+                                                f"{range_refusal(kind, k[1], k[2])}")
         tails: Dict[int, Tuple[bytes, List[Any]]] = {}
         known = self._tails
-        for k in fast:
-            if k[2] not in tails:
-                tail = known.get(k[2])
-                if tail is None:
-                    asked = granule_tilings(k[2])
-                    tail = (address_tail(k[2], "", asked), asked)
-                    if len(known) < 64:  # (the sizes an agent registers are few)
-                        known[k[2]] = tail
-                tails[k[2]] = tail
-        addrs = np.fromiter((k[1] for k in fast), dtype=np.uint64, count=len(fast))
+        for size in {k[2] for k in fast}:
+            tail = known.get(size)
+            if tail is None:
+                asked = granule_tilings(size)
+                tail = (address_tail(size, "", asked), asked)
+                if len(known) < 64:  # (the sizes an agent registers are few)
+                    known[size] = tail
+            tails[size] = tail
+        addrs = array.array("Q", [k[1] for k in fast])
         registrar = self._client._registrar
         pending = None
         if registrar is not None and fast:
             pending = registrar.hold_addresses(addrs, [tails[k[2]][0] for k in fast])
         sent = _Sent(keys, todo, fast, addrs, tails, pending, files)
-        if registrar is not None and (pending is not None or not fast):
-            sent_here.append(self._sent_now(sent))  # folded in by `_settle`
+        if registrar is None or (pending is None and fast):
+            self._fold(sent, later=False)
             return
-        self._fold(sent, later=False)
+        with self._lock:  # folded in by `_settle`
+            self._sent.append(sent)
+            sent_keys = self._sent_keys
+            for k in keys:
+                sent_keys[k] = sent
 
     def _fold_answers(self, keys: List[Key], got: List[Any], todo: Dict[Key, Tuple[int, Any]],
                       tails: Dict[int, Tuple[bytes, List[Any]]], done: List[Key],
