@@ -76,7 +76,7 @@ def test_lone_regions_and_the_sessions_first_are_held_until_first_use(daemons, p
     A, B = pair
     before, sent = _buffers(daemons[0].endpoint), _sent(A)
     arrays = [np.full(8 * KIB, i + 1, np.uint8) for i in range(20)]
-    for a in arrays:
+    for a in arrays + arrays[:2]:  # (the last two again: NIXL accepts a region registered twice)
         A.register_memory(A.get_reg_descs([(a.ctypes.data, a.nbytes, 0, "")], "DRAM"))
     assert _sent(A) == sent, "nothing sent"
     assert len(A._memory._sent) == 20 and all(s.pending.held for s in A._memory._sent)
@@ -226,3 +226,25 @@ def test_a_connection_found_gone_at_first_use_is_replaced(daemons, pair, answere
     B.add_remote_agent(A.get_agent_metadata())
     _read(B, "held-A", mine, arrays[2].ctypes.data, mine.nbytes)
     assert (mine == 52).all()
+
+
+def test_a_lone_region_the_daemon_would_refuse_is_refused_at_once(pair):
+    """A lone region of a size registered before (the lone path) that is not writable
+    throughout: refused by register_memory, naming it, nothing held."""
+    import mmap
+
+    A, _ = pair
+    page = mmap.PAGESIZE
+    good = np.zeros(2 * page, np.uint8)
+    A.register_memory(A.get_reg_descs([(good.ctypes.data, good.nbytes, 0, "")], "DRAM"))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    ro = libc.mmap(None, 2 * page, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert libc.mprotect(ro + page, page, mmap.PROT_READ) == 0
+    held = len(A._memory._sent)
+    with pytest.raises(nixlInvalidParamError, match=rf"reg_list\[0\] \(DRAM at 0x[0-9a-f]+, {2 * page} bytes\): .*not writable"):
+        A.register_memory(A.get_reg_descs([(ro, 2 * page, 0, "")], "DRAM"))
+    assert len(A._memory._sent) == held
+    assert [r.addr for r in A._memory.regions()] == [good.ctypes.data]

@@ -36,6 +36,9 @@ from ._regions import Region, RegionTable, region as make_region
 
 Key = Tuple[str, int, int, int]
 
+#: `address_ranges` of one region of memory by address.
+_ONE_BY_ADDRESS = bytes((BY_ADDRESS,))
+
 log = logging.getLogger("tcpxd.nixl")
 
 #: A granule list's granule: 4 KiB, doubled while the buffer would hold more granules than a list
@@ -294,6 +297,8 @@ class LocalMemory:
         (`_dram_many`: checked now, held back, all or none)."""
         rows = dl.rows.tolist()
         objs = dl.objs
+        if len(rows) == 1 and self._one(rows[0], objs[0]):
+            return
         todo: Dict[Key, Tuple[int, Any]] = {}
         with self._lock:
             have, sent = self._regions, self._sent_keys
@@ -317,6 +322,8 @@ class LocalMemory:
         once the answers before them are folded in."""
         mem = dl.mem
         keys = [(mem, a, n, d) for a, n, d in dl.rows.tolist()]
+        if len(keys) == 1 and self._withdraw_one(keys[0]):
+            return
         held = False
         with self._lock:
             regions, sent = self._regions, self._sent_keys
@@ -342,6 +349,21 @@ class LocalMemory:
                     raise nixlNotFoundError(f"dereg_list[{i}]: {dl.mem} ({k[1]:#x}, {k[2]} bytes) is not registered")
         self._drop(rest)
 
+    def _withdraw_one(self, key: Key) -> bool:
+        """`_withdraw` of one region held alone (the usual lone deregistration) in fewer steps:
+        False where it is not that."""
+        sent = self._sent_keys.get(key)
+        registrar = self._client._registrar
+        if sent is None or registrar is None or sent.keys != [key] or sent.pending is None:
+            return False
+        with self._settling:
+            if self._sent_keys.get(key) is not sent or not registrar.withdraw(sent.pending):
+                return False
+            with self._lock:
+                self._sent.remove(sent)
+                del self._sent_keys[key]
+        return True
+
     def _withdraw(self, keys: Optional[Set[Key]]) -> Set[Key]:
         """Takes back the held registrations (not sent yet) of every `register_memory` call all of
         whose regions are in `keys` (None: all): the keys withdrawn."""
@@ -351,7 +373,12 @@ class LocalMemory:
             return gone
         with self._settling:
             with self._lock:
-                whole = [s for s in self._sent if s.withdrawable and (keys is None or all(k in keys for k in s.keys))]
+                if keys is None:
+                    calls = list(self._sent)
+                else:
+                    found = {id(s): s for s in map(self._sent_keys.get, keys) if s is not None}
+                    calls = [s for s in found.values() if all(k in keys for k in s.keys)]
+                whole = [s for s in calls if s.withdrawable]
             for sent in whole:
                 if sent.pending is None or registrar.withdraw(sent.pending):
                     with self._lock:
@@ -476,6 +503,30 @@ class LocalMemory:
                 first = first or e
         if first is not None:
             raise first
+
+    def _one(self, row: List[int], obj: Any) -> bool:
+        """`_register_dram` of one region of memory by address, of a size registered before,
+        in fewer steps (what `_dram_many` does for it): False, nothing done, where it is not that
+        (the caller takes the general path)."""
+        a, n, d = row
+        tail = self._tails.get(n)
+        registrar = self._client._registrar
+        if tail is None or registrar is None:
+            return False
+        key = ("DRAM", a, n, d)
+        if key in self._regions or key in self._sent_keys:
+            return True  # (registered already: NIXL accepts it again)
+        if address_ranges([a], [n]) != _ONE_BY_ADDRESS:  # (else the general path says why)
+            return False
+        addrs = array.array("Q", (a,))
+        pending = registrar.hold_addresses(addrs, [tail[0]])
+        if pending is None:
+            return False
+        sent = _Sent([key], {key: (0, obj)}, [key], addrs, {n: tail}, pending, [])
+        with self._lock:
+            self._sent.append(sent)
+            self._sent_keys[key] = sent
+        return True
 
     def _dram_many(self, todo: Dict[Key, Tuple[int, Any]]) -> None:
         """Registers DRAM regions together, each buffer's granule lists made by the daemon with
