@@ -82,7 +82,7 @@ def test_lone_regions_and_the_sessions_first_are_held_until_first_use(daemons, p
     assert len(A._memory._sent) == 20 and all(s.pending.held for s in A._memory._sent)
     assert _buffers(daemons[0].endpoint) == before
     B.add_remote_agent(A.get_agent_metadata())  # the first use: sent, answered, folded in
-    assert not A._memory._sent
+    assert not A._memory._sent and not A._memory._sent_keys and not A._memory._by_list
     regions = {r.addr: r for r in A._memory.regions()}
     with tcpxd.Client(daemons[0].endpoint) as c:
         listed = {b.id: b for b in c.list_buffers()}
@@ -248,3 +248,28 @@ def test_a_lone_region_the_daemon_would_refuse_is_refused_at_once(pair):
         A.register_memory(A.get_reg_descs([(ro, 2 * page, 0, "")], "DRAM"))
     assert len(A._memory._sent) == held
     assert [r.addr for r in A._memory.regions()] == [good.ctypes.data]
+
+
+def test_a_call_is_withdrawn_by_its_list_or_by_another_naming_its_regions(daemons, pair):
+    """Regions held by one call are withdrawn whether the deregistration names them by the list
+    register_memory returned (found whole), by a new list of the same regions, or by that list
+    changed since (each region looked at); nothing reaches the daemon."""
+    A, _ = pair
+    first = np.zeros(4 * KIB, np.uint8)
+    A.register_memory(A.get_reg_descs([(first.ctypes.data, first.nbytes, 0, "")], "DRAM"))
+    A.get_agent_metadata()
+    before, sent = _buffers(daemons[0].endpoint), _sent(A)
+    arrays = [np.zeros(16 * KIB, np.uint8) for _ in range(3 * 10)]
+    lists = [A.get_reg_descs([(a.ctypes.data, a.nbytes, 0, "") for a in arrays[i * 10:(i + 1) * 10]], "DRAM")
+             for i in range(3)]
+    regs = [A.register_memory(dl) for dl in lists]
+    assert len(A._memory._by_list) == 3
+    A.deregister_memory(regs[0])  # the very list: found whole
+    A.deregister_memory(A.get_reg_descs([(a.ctypes.data, a.nbytes, 0, "") for a in arrays[10:20]], "DRAM"))
+    regs[2].rows[[0, 1]] = regs[2].rows[[1, 0]]  # (changed: the same regions in another order)
+    A.deregister_memory(regs[2])
+    assert _sent(A) == sent and _buffers(daemons[0].endpoint) == before
+    assert not A._memory._sent and not A._memory._sent_keys and not A._memory._by_list
+    assert [r.addr for r in A._memory.regions()] == [first.ctypes.data]
+    with pytest.raises(nixlNotFoundError):
+        A.deregister_memory(regs[0])

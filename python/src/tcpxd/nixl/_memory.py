@@ -36,8 +36,10 @@ from ._regions import Region, RegionTable, region as make_region
 
 Key = Tuple[str, int, int, int]
 
-#: `address_ranges` of one region of memory by address.
-_ONE_BY_ADDRESS = bytes((BY_ADDRESS,))
+#: `address_ranges` of one region of memory by address, of one a file backs.
+_ONE_BY_ADDRESS, _ONE_FILE = bytes((BY_ADDRESS,)), bytes((FILE_SHARED,))
+#: A call's addresses where it has no memory by address.
+_NO_ADDRESSES = array.array("Q")
 
 log = logging.getLogger("tcpxd.nixl")
 
@@ -208,6 +210,11 @@ class _Sent:
     pending: Optional[Pending]
     #: By descriptor: the regions.
     files: List[Key]
+    #: The registration list's rows, where the call took every one of them (a deregistration of
+    #: the same list withdraws it without a look at each region: `LocalMemory._withdraw_list`),
+    #: and the list's id(), which `LocalMemory._by_list` finds it by.
+    rows: Any = None
+    list_id: int = 0
 
     @property
     def withdrawable(self) -> bool:
@@ -248,6 +255,8 @@ class LocalMemory:
         self._sent_keys: Dict[Key, _Sent] = {}
         #: Held while the answers of `_sent[0]` are read and folded in (one thread at a time).
         self._settling = threading.Lock()
+        #: Held calls (`_Sent`) that took a whole registration list, by the list's id().
+        self._by_list: Dict[int, _Sent] = {}
         #: Per region size: the serialized tail of its request by address and the granule
         #: lists it asks for (`_by_address`), made once.
         self._tails: Dict[int, Tuple[bytes, List[Any]]] = {}
@@ -309,7 +318,7 @@ class LocalMemory:
                         raise nixlInvalidParamError(f"reg_list[{i}]: a region of 0 bytes")
                     todo[key] = (i, objs[i])
         if todo:
-            self._dram_many(todo)
+            self._dram_many(todo, dl if len(todo) == len(rows) else None)
 
     def _add(self, key: Key, region: Region, release: Callable[[], None]) -> None:
         with self._lock:
@@ -320,6 +329,8 @@ class LocalMemory:
         """Deregisters every region of the list: those of a `register_memory` call held back
         whole and not sent yet are withdrawn (the daemon never hears of them); the rest released
         once the answers before them are folded in."""
+        if self._by_list and self._withdraw_list(dl):
+            return
         mem = dl.mem
         keys = [(mem, a, n, d) for a, n, d in dl.rows.tolist()]
         if len(keys) == 1 and self._withdraw_one(keys[0]):
@@ -354,15 +365,45 @@ class LocalMemory:
         False where it is not that."""
         sent = self._sent_keys.get(key)
         registrar = self._client._registrar
-        if sent is None or registrar is None or sent.keys != [key] or sent.pending is None:
+        if sent is None or registrar is None or sent.keys != [key]:
             return False
         with self._settling:
-            if self._sent_keys.get(key) is not sent or not registrar.withdraw(sent.pending):
+            if self._sent_keys.get(key) is not sent:
+                return False  # (folded meanwhile)
+            if sent.pending is not None and not registrar.withdraw(sent.pending):
                 return False
             with self._lock:
                 self._sent.remove(sent)
                 del self._sent_keys[key]
+                self._unlist(sent)
         return True
+
+    def _withdraw_list(self, dl: RegDList) -> bool:
+        """`_withdraw` of the call that took every region of `dl` (the list `register_memory`
+        returned, unchanged), without a look at each region: False where it is not that."""
+        sent = self._by_list.get(id(dl))
+        registrar = self._client._registrar
+        if sent is None or registrar is None or dl.mem != "DRAM" or not sent.withdrawable:
+            return False
+        if sent.rows.shape != dl.rows.shape or not bool((sent.rows == dl.rows).all()):
+            return False  # (another list at the same id, or this one changed since)
+        with self._settling:
+            if self._by_list.get(id(dl)) is not sent:
+                return False  # (folded meanwhile)
+            if sent.pending is not None and not registrar.withdraw(sent.pending):
+                return False
+            with self._lock:
+                self._sent.remove(sent)
+                sent_keys = self._sent_keys
+                for k in sent.keys:
+                    del sent_keys[k]
+                self._unlist(sent)
+        return True
+
+    def _unlist(self, sent: _Sent) -> None:
+        """Forgets the list `sent` took whole (the lock held)."""
+        if sent.list_id and self._by_list.get(sent.list_id) is sent:
+            del self._by_list[sent.list_id]
 
     def _withdraw(self, keys: Optional[Set[Key]]) -> Set[Key]:
         """Takes back the held registrations (not sent yet) of every `register_memory` call all of
@@ -385,6 +426,7 @@ class LocalMemory:
                         self._sent.remove(sent)
                         for k in sent.keys:
                             self._sent_keys.pop(k, None)
+                        self._unlist(sent)
                     gone.update(sent.keys)
         return gone
 
@@ -422,6 +464,7 @@ class LocalMemory:
                         self._sent.pop(0)
                         for k in sent.keys:
                             self._sent_keys.pop(k, None)
+                        self._unlist(sent)
 
     def _fold(self, sent: _Sent, later: bool = True) -> None:
         """`_settle` of one call's registrations: the held ones by address sent if they were not
@@ -505,30 +548,34 @@ class LocalMemory:
             raise first
 
     def _one(self, row: List[int], obj: Any) -> bool:
-        """`_register_dram` of one region of memory by address, of a size registered before,
-        in fewer steps (what `_dram_many` does for it): False, nothing done, where it is not that
-        (the caller takes the general path)."""
+        """`_register_dram` of one region — memory by address of a size registered before, or
+        memory a file backs — in fewer steps (what `_dram_many` does for it): False, nothing
+        done, where it is not that (the caller takes the general path)."""
         a, n, d = row
-        tail = self._tails.get(n)
         registrar = self._client._registrar
-        if tail is None or registrar is None:
+        if registrar is None or not n:
             return False
         key = ("DRAM", a, n, d)
         if key in self._regions or key in self._sent_keys:
             return True  # (registered already: NIXL accepts it again)
-        if address_ranges([a], [n]) != _ONE_BY_ADDRESS:  # (else the general path says why)
-            return False
-        addrs = array.array("Q", (a,))
-        pending = registrar.hold_addresses(addrs, [tail[0]])
-        if pending is None:
-            return False
-        sent = _Sent([key], {key: (0, obj)}, [key], addrs, {n: tail}, pending, [])
+        kind = address_ranges([a], [n])
+        if kind == _ONE_FILE:  # (looked up and handed over at the first use)
+            sent = _Sent([key], {key: (0, obj)}, [], _NO_ADDRESSES, {}, None, [key])
+        else:
+            tail = self._tails.get(n)
+            if kind != _ONE_BY_ADDRESS or tail is None:  # (else the general path says why)
+                return False
+            addrs = array.array("Q", (a,))
+            pending = registrar.hold_addresses(addrs, [tail[0]])
+            if pending is None:
+                return False
+            sent = _Sent([key], {key: (0, obj)}, [key], addrs, {n: tail}, pending, [])
         with self._lock:
             self._sent.append(sent)
             self._sent_keys[key] = sent
         return True
 
-    def _dram_many(self, todo: Dict[Key, Tuple[int, Any]]) -> None:
+    def _dram_many(self, todo: Dict[Key, Tuple[int, Any]], whole: Optional[RegDList] = None) -> None:
         """Registers DRAM regions together, each buffer's granule lists made by the daemon with
         it (released by the daemon with the buffer). Checked here first as the daemon would
         (mapped, writable: `address_ranges`), what it would refuse raised now; then held back
@@ -572,11 +619,15 @@ class LocalMemory:
         if registrar is None or (pending is None and fast):
             self._fold(sent, later=False)
             return
+        if whole is not None:  # (every region of the list: `_withdraw_list` finds it)
+            sent.rows, sent.list_id = whole.rows.copy(), id(whole)
         with self._lock:  # folded in by `_settle`
             self._sent.append(sent)
             sent_keys = self._sent_keys
             for k in keys:
                 sent_keys[k] = sent
+            if whole is not None:
+                self._by_list[sent.list_id] = sent
 
     def _fold_answers(self, keys: List[Key], got: List[Any], todo: Dict[Key, Tuple[int, Any]],
                       tails: Dict[int, Tuple[bytes, List[Any]]], done: List[Key],
