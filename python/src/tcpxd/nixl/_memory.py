@@ -479,11 +479,10 @@ class LocalMemory:
         part = sent.by_address or sent.files
         try:
             if sent.by_address:
-                tails = [sent.tails[k[2]][0] for k in sent.by_address]
                 if sent.pending is not None and registrar is not None:
                     got = registrar.collect(sent.pending, timeout)
                 else:
-                    got = self._client._register_addresses(sent.addrs, tails)
+                    got = self._client._register_addresses(sent.addrs, [sent.tails[k[2]][0] for k in sent.by_address])
                 self._fold_answers(sent.by_address, got, sent.todo, sent.tails, done, failed)
             if sent.files and not failed:
                 part = sent.files
