@@ -174,35 +174,6 @@ class Client:
         got = _hostmem.register_many(self._registrar, self.endpoint, memories, lists, label, self.timeout)
         return self._host_buffers(got, lists)
 
-    def _send_host_many(self, memories: Sequence[Any], lists: Sequence[Sequence[Any]],
-                        label: str = "") -> Optional[Callable[[], List[Any]]]:
-        """`_register_host_many` without waiting for the daemon's answers: the memories checked
-        here (each one the daemon takes whoever this process is: `_hostmem.taken_as_is`) and
-        sent; returns what reads the answers (what `_register_host_many` returns). None where
-        that cannot be done (a memory it cannot check, a daemon not known to take register_batch):
-        the caller registers with `_register_host_many`."""
-        registrar = self._registrar
-        if registrar is None:
-            return None
-        prepared, hosts = _hostmem.prepare_many(memories, label)
-        if not all(isinstance(p, _hostmem.Shared) and p.address is None and _hostmem.taken_as_is(p) for p in prepared):
-            for p in prepared:
-                if isinstance(p, _hostmem.Shared):
-                    p.done_sending()
-            return None
-        pending = registrar.send_many([(p, lists[i]) for i, p in enumerate(prepared)], label, self.timeout)
-        if pending is None:
-            for p in prepared:
-                p.done_sending()
-            return None
-
-        def answers() -> List[Any]:
-            got = registrar.collect(pending, self.timeout)
-            return self._host_buffers([a if isinstance(a, TcpxdError) else (a, hosts[i]) for i, a in enumerate(got)],
-                                      lists)
-
-        return answers
-
     def _host_buffers(self, got: Sequence[Any], lists: Sequence[Sequence[Any]]) -> List[Any]:
         """`_register_host_many`'s answer from `_hostmem.register_many`'s: Buffers, tracked to be
         registered again after a restart, with their lists."""
