@@ -67,6 +67,10 @@ pub struct PeerCounters {
     /// Headers and offers the peer sent this node (those whose chunk plan was sound).
     pub received_eager: u64,
     pub received_rendezvous: u64,
+    /// Notifications alone (a WRITE of one zero-byte entry, `notice.rs`) sent to the peer and
+    /// received from it: control messages only, no lane touched (not in the counts above).
+    pub sent_notices: u64,
+    pub received_notices: u64,
     /// Times pairings with the node closed when idle (`pair_life.rs`; carried from one pairing
     /// to the next).
     pub idle_closes: u64,
@@ -118,6 +122,8 @@ impl Engine {
             sent_rendezvous: p.sent_rendezvous,
             received_eager: p.received_eager,
             received_rendezvous: p.received_rendezvous,
+            sent_notices: p.sent_notices,
+            received_notices: p.received_notices,
             idle_closes: p.idle.closes,
             send: p
                 .send

@@ -191,6 +191,10 @@ impl Engine {
 
     /// An eager header: the data is already on its way (or here).
     pub(super) fn on_header(&mut self, peer: PeerIdx, offer: Offer) {
+        if Self::is_lone_notice(&offer) {
+            // No chunks follow it, on any lane: its lanes and plan do not matter.
+            return self.on_lone_notice(peer, offer);
+        }
         let (_, layout_lanes) = self.peers[&peer].recv_split();
         let credit_bytes = self.peers[&peer].credit_bytes;
         if layout_lanes.is_empty() {

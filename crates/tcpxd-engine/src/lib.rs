@@ -79,6 +79,7 @@ mod inbound;
 mod lane;
 mod lane_credits;
 mod lane_life;
+mod notice;
 mod packed_batch;
 pub mod packed_ranges;
 mod pair_life;
@@ -354,6 +355,9 @@ struct Peer {
     sent_rendezvous: u64,
     received_eager: u64,
     received_rendezvous: u64,
+    /// Notifications alone (`notice.rs`) sent to and received from the peer.
+    sent_notices: u64,
+    received_notices: u64,
     /// The peer's topology as it announced it at pairing (`None` until the driver set it).
     topology: Option<topology::Topology>,
     /// Lanes by memory pair (`routes.rs`); `None`: not routed.
@@ -631,6 +635,8 @@ impl Engine {
                 sent_rendezvous: 0,
                 received_eager: 0,
                 received_rendezvous: 0,
+                sent_notices: 0,
+                received_notices: 0,
                 topology: None,
                 routes: None,
                 next_routed_lane: 0,

@@ -40,7 +40,7 @@ fn u64_at(bytes: &[u8], i: usize) -> u64 {
 
 impl PackedRanges {
     /// The packed form of `ranges`, when there is at least one and they all name one buffer
-    /// under one key; `None` otherwise (the per-range form carries them).
+    /// under one key, none of zero bytes; `None` otherwise (the per-range form carries them).
     pub fn pack(ranges: &[RemoteRange]) -> Option<PackedRanges> {
         Self::pack_iter(ranges.iter())
     }
@@ -54,7 +54,9 @@ impl PackedRanges {
         let first = ranges.clone().next()?;
         let (mut n, mut uniform) = (0usize, true);
         for r in ranges.clone() {
-            if r.buffer_id != first.buffer_id || r.access_key != first.access_key {
+            // A zero-byte range (a notification alone, `notice.rs`) goes as itself: the packed
+            // form's lengths are at least 1 (`uniform_length` 0 means "each given").
+            if r.buffer_id != first.buffer_id || r.access_key != first.access_key || r.length == 0 {
                 return None;
             }
             uniform &= r.length == first.length;
@@ -163,6 +165,9 @@ impl PackedRanges {
         let RangeLengths::Uniform(u) = self.lengths else {
             return None;
         };
+        if u == 0 {
+            return None;
+        }
         let mut slots = vec![0u8; self.len() * 4];
         // One pass, no division per range where the length is a power of two (4 KiB, 16 KiB
         // blocks): a shift and a mask.

@@ -101,6 +101,8 @@ impl Peer {
             + self.sent_rendezvous
             + self.received_eager
             + self.received_rendezvous
+            + self.sent_notices
+            + self.received_notices
             + chunks
     }
 }
@@ -351,6 +353,8 @@ impl Engine {
             p.sent_rendezvous += o.sent_rendezvous;
             p.received_eager += o.received_eager;
             p.received_rendezvous += o.received_rendezvous;
+            p.sent_notices += o.sent_notices;
+            p.received_notices += o.received_notices;
             if p.send.len() == o.send.len() && p.recv.len() == o.recv.len() {
                 for (mine, theirs) in p
                     .send

@@ -119,6 +119,8 @@ impl PeerCounters {
         self.sent_rendezvous += other.sent_rendezvous;
         self.received_eager += other.received_eager;
         self.received_rendezvous += other.received_rendezvous;
+        self.sent_notices += other.sent_notices;
+        self.received_notices += other.received_notices;
         self.idle_closes += other.idle_closes;
         self.send_lanes = self.send_lanes.max(other.send_lanes);
         self.recv_lanes = self.recv_lanes.max(other.recv_lanes);

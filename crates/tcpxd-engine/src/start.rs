@@ -31,9 +31,10 @@ impl Engine {
         // A batch names one peer many times over, mostly in a row: checked once a run.
         let (mut last_peer, mut last_buffer) = (None, None);
         for (i, s) in specs.iter().enumerate() {
-            if s.remote.length == 0 {
+            // Zero bytes: a notification alone (`notice.rs`), one entry carrying one.
+            if s.remote.length == 0 && (specs.len() != 1 || notification == 0) {
                 return Err(EngineError::invalid(format!(
-                    "entries[{i}].length: must be at least 1 byte"
+                    "entries[{i}].length: must be at least 1 byte (0 only for a WRITE of one entry that carries a notification)"
                 )));
             }
             self.check_local(
@@ -264,6 +265,9 @@ impl Engine {
             return;
         };
         let peer = o.peer;
+        if Self::is_lone_notice(&msg) {
+            return self.send_lone_notice(offer_id, msg);
+        }
         // A routed pairing: an eager transfer takes the eager lanes of its memory pair
         // (`routes.rs`).
         let routed_eager =

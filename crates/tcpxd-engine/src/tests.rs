@@ -18,6 +18,7 @@ mod gpu_credits;
 mod lane_life;
 mod lifecycle;
 mod listed_lanes;
+mod lone_notice;
 mod mixed_routes;
 mod packed_batch;
 mod pair_life;

@@ -101,14 +101,13 @@ impl DaemonState {
                 "entries: {n} entries exceed the limit of {limit}"
             )));
         }
+        let alone = op == Op::Write && super::transfers::notification_alone(n, &notification);
         let mut pieces = Vec::with_capacity(n);
         let mut total = 0u64;
         let mut last: Option<(&str, Arc<BufferEntry>)> = None;
         for (i, e) in entries.enumerate() {
-            if e.length == 0 {
-                return Err(Status::invalid_argument(format!(
-                    "entries[{i}].length: must be at least 1 byte"
-                )));
+            if e.length == 0 && !alone {
+                return Err(super::transfers::zero_length(i));
             }
             let local = self
                 .buffers

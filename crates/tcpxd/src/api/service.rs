@@ -472,6 +472,8 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                     sent_rendezvous: c.sent_rendezvous,
                     received_eager: c.received_eager,
                     received_rendezvous: c.received_rendezvous,
+                    sent_notices: c.sent_notices,
+                    received_notices: c.received_notices,
                     idle_closes: c.idle_closes,
                     direct_control: p.direct_control,
                     direct_messages_sent: p.direct_messages_sent,

@@ -148,7 +148,10 @@ impl DaemonState {
         }
         let (mut retries, mut ready) = (0, r.ready_event_ipc_handle.is_empty());
         loop {
-            let (batch, total) = self.batch_specs(&r.entries, r.ranges.as_ref(), deadline).await?;
+            let alone = notification_alone(r.entries.len(), &r.notification);
+            let (batch, total) = self
+                .batch_specs(&r.entries, r.ranges.as_ref(), alone, deadline)
+                .await?;
             if !ready {
                 self.wait_ready_event(
                     &r.ready_event_ipc_handle,
@@ -188,7 +191,9 @@ impl DaemonState {
         }
         let mut retries = 0;
         loop {
-            let (batch, total) = self.batch_specs(&r.entries, r.ranges.as_ref(), deadline).await?;
+            let (batch, total) = self
+                .batch_specs(&r.entries, r.ranges.as_ref(), false, deadline)
+                .await?;
             let asked = self
                 .ask(|reply| Command::Read {
                     batch,
@@ -509,11 +514,13 @@ impl DaemonState {
     /// A batch to other nodes, either form: checked on this side first (`check_without_peers`, so
     /// a mistake in the request is answered as itself, not as a failed pairing), its nodes dialled,
     /// then its engine entries built, or its packed batch (`BatchRanges`). Returns it with the
-    /// total bytes.
+    /// total bytes. `alone`: a WRITE of one entry with a notification, whose entry may be of zero
+    /// bytes (a notification alone, [`notification_alone`]).
     async fn batch_specs<'a, E>(
         &self,
         entries: &'a [E],
         ranges: Option<&pb::BatchRanges>,
+        alone: bool,
         deadline: Instant,
     ) -> Result<(Batch, u64), Status>
     where
@@ -527,7 +534,7 @@ impl DaemonState {
             return Ok((Batch::Packed(b), total));
         }
         let fields = || entries.iter().map(Into::into);
-        self.check_without_peers(fields())?;
+        self.check_without_peers(fields(), alone)?;
         self.reach_peers(fields().map(|e: EntryFields<'a>| e.remote_descriptor), deadline)
             .await?;
         let (specs, total) = self.entry_specs(fields())?;
@@ -564,6 +571,7 @@ impl DaemonState {
     fn check_without_peers<'a>(
         &self,
         entries: impl ExactSizeIterator<Item = EntryFields<'a>>,
+        alone: bool,
     ) -> Result<(), Status> {
         if entries.len() == 0 {
             return Err(Status::invalid_argument(
@@ -581,10 +589,8 @@ impl DaemonState {
         let mut last_local: Option<(u64, u64)> = None;
         let mut last_remote: Option<(&str, u64)> = None;
         for (i, e) in entries.enumerate() {
-            if e.length == 0 {
-                return Err(Status::invalid_argument(format!(
-                    "entries[{i}].length: must be at least 1 byte"
-                )));
+            if e.length == 0 && !alone {
+                return Err(zero_length(i));
             }
             let size = match last_local {
                 Some((id, size)) if id == e.local_buffer => size,
@@ -668,4 +674,18 @@ pub(crate) fn read_batch(r: pb::ReadRequest) -> Result<pb::ReadBatchRequest, Sta
         wait: r.wait,
         ranges: None,
     })
+}
+
+/// Whether a WRITE of `entries` entries carrying `notification` may have an entry of zero bytes:
+/// a notification alone, exactly one entry with a notification (it travels as control messages
+/// only, peer protocol 10; within this node, a copy of nothing).
+pub(crate) fn notification_alone(entries: usize, notification: &[u8]) -> bool {
+    entries == 1 && !notification.is_empty()
+}
+
+/// An entry of zero bytes where no notification alone is allowed.
+pub(crate) fn zero_length(i: usize) -> Status {
+    Status::invalid_argument(format!(
+        "entries[{i}].length: must be at least 1 byte (0 only for a WRITE of one entry that carries a notification)"
+    ))
 }

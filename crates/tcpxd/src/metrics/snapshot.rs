@@ -88,7 +88,7 @@ pub(super) fn snapshot_registry(snap: &StatsSnapshot, node: &NodeGauges) -> Regi
     let peer_protocol = counter_vec(
         &r,
         "tcpxd_peer_protocol_total",
-        "Transfers with a peer by the protocol they went by (eager header or rendezvous offer): sent by this node, or received from the peer",
+        "Transfers with a peer by the protocol they went by (eager header, rendezvous offer, or notice: a notification alone): sent by this node, or received from the peer",
         &["peer", "direction", "protocol"],
     );
     let single = |name: &str, help: &str, v: i64| {
@@ -159,6 +159,8 @@ pub(super) fn snapshot_registry(snap: &StatsSnapshot, node: &NodeGauges) -> Regi
             ("sent", "rendezvous", c.sent_rendezvous),
             ("received", "eager", c.received_eager),
             ("received", "rendezvous", c.received_rendezvous),
+            ("sent", "notice", c.sent_notices),
+            ("received", "notice", c.received_notices),
         ] {
             peer_protocol.with_label_values(&[peer, dir, protocol]).inc_by(v);
         }

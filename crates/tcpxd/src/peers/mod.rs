@@ -79,7 +79,11 @@ use topology_pb::{topology_from_pb, topology_to_pb};
 /// 9 (session 21, poll-epoll): `Done.returned` carries the credits the receiver's last consume
 /// returned (one message where a `Done` and a `Credits` went): a protocol-8 sender would drop
 /// them and run out of credits.
-pub const PROTOCOL_VERSION: u32 = 9;
+/// 10 (session 22, notify-ctl): a header of one zero-byte range carrying a notification is a
+/// notification alone (engine `notice.rs`): the receiver checks the key and offset, delivers it and
+/// answers `Done`, with no chunk on any lane. A protocol-9 receiver would refuse its length, or,
+/// receiving by rendezvous, take the header for a broken pairing.
+pub const PROTOCOL_VERSION: u32 = 10;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;
 /// Largest control message: a block offer's header carries the receiver's indices and the

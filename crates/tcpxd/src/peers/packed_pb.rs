@@ -223,6 +223,20 @@ mod tests {
         wire
     }
 
+    /// A notification alone's header (one range of zero bytes, peer protocol 10) goes as that
+    /// range, never packed (the packed form has no zero length), and comes back the same.
+    #[test]
+    fn a_zero_byte_range_goes_as_itself() {
+        use pb::peer_message::Body;
+        let mut o = offer(vec![range(3, 9, 4096, 0)]);
+        o.notification = b"alone".to_vec();
+        let wire = round_trip(PeerMsg::Header(o));
+        let Some(Body::Header(h)) = wire.body else {
+            unreachable!()
+        };
+        assert!(h.packed.is_none() && h.ranges.len() == 1 && h.ranges[0].length == 0);
+    }
+
     /// Offers, headers and read requests of one buffer (pair) go packed at 65,536 ranges and
     /// come back the same; two buffers go a message per range.
     #[test]
