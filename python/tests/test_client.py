@@ -214,6 +214,19 @@ def test_notifications_arrive_through_subscribe(clients):
             sub.next(timeout=0.2)
 
 
+def test_a_notification_alone_is_a_write_of_zero_bytes(clients):
+    """length=0 with a notification: a notification alone (no byte moves, control messages only
+    between the daemons); zero bytes without one are refused naming the field."""
+    ca, cb = clients
+    with cb.subscribe() as sub, ca.register_host(MIB) as src, cb.register_host(MIB) as dst:
+        r = ca.write(src, dst, 0, remote_offset=MIB, notification=b"alone")
+        assert r.bytes_done == 0
+        n = sub.next(timeout=10)
+        assert (n.payload, n.transfer_id, n.buffer_ids) == (b"alone", r.transfer_id, [dst.id])
+        with pytest.raises(tcpxd.InvalidArgument, match=r"entries\[0\]\.length: must be at least 1 byte"):
+            ca.write(src, dst, 0)
+
+
 @pytest.mark.parametrize("local", [True, False])
 def test_subscribe_on_the_local_session_or_grpc(daemons, local):
     """On a unix endpoint the subscription is a local session of its own, read on the caller's

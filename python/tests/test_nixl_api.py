@@ -68,6 +68,38 @@ def test_send_notif_reaches_the_agent_keyed_by_the_sender(pair):
     assert not A.check_remote_xfer_done("api-B", b"tag-77")  # the one found was removed
 
 
+def test_send_notif_is_a_notification_alone_no_lane_carries_a_byte(daemons, pair):
+    """send_notif's mailbox WRITE is of zero bytes (the daemons list `notification_alone`): it goes
+    between the daemons as control messages only, counted as notices, no lane carrying a byte, and
+    the receiving daemon checks the mailbox's key before it delivers."""
+    A, B = pair
+    a, b = daemons
+
+    def peer(c, other):
+        """The counters of every pairing with node `other` (a pairing closed when idle, or one
+        dialled from each side, is listed beside the live one), summed, and their lanes' bytes."""
+        ps = [p for p in c.stats().peers if p.node_id == other]
+        counts = {k: sum(getattr(p, k) for p in ps)
+                  for k in ("sent_notices", "received_notices", "sent_eager", "sent_rendezvous")}
+        return counts, sorted((ln.lane, ln.bytes_sent, ln.bytes_received) for p in ps for ln in p.lanes)
+
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        node_a, node_b = ca.describe_node().node_id, cb.describe_node().node_id
+        B.send_notif("api-A", b"first")  # pairs the daemons
+        assert wait_notifs(A, 1) == {"api-B": [b"first"]}
+        B._remotes["api-A"].notif_sent.exception(10)
+        (pb0, lanes_b), (pa0, lanes_a) = peer(cb, node_a), peer(ca, node_b)
+        for i in range(20):
+            B.send_notif("api-A", b"n-%d" % i)
+        assert wait_notifs(A, 20) == {"api-B": [b"n-%d" % i for i in range(20)]}
+        B._remotes["api-A"].notif_sent.exception(10)
+        (pb1, lanes_b1), (pa1, lanes_a1) = peer(cb, node_a), peer(ca, node_b)
+        assert (lanes_b1, lanes_a1) == (lanes_b, lanes_a), "a lane carried a notification"
+        assert pb1["sent_notices"] - pb0["sent_notices"] == 20
+        assert pa1["received_notices"] - pa0["received_notices"] == 20
+        assert pb1["sent_eager"] + pb1["sent_rendezvous"] == pb0["sent_eager"] + pb0["sent_rendezvous"]
+
+
 def test_notifications_go_only_to_the_agent_named(daemons, pair):
     A, B = pair
     a, _ = daemons

@@ -23,6 +23,9 @@ pub const FEATURES: &[&str] = &[
     "register_batch",
     // (reg-async) `register_batch.packed_answer` (api/register_batch.rs).
     "register_packed",
+    // (notify-ctl) A WRITE of one zero-byte entry carrying a notification: a notification alone,
+    // control messages only between daemons (peer protocol 10, engine notice.rs).
+    "notification_alone",
 ];
 
 /// What the daemon knows of itself, gathered at start-up (GPUs on first ask).

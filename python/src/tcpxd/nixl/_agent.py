@@ -44,7 +44,7 @@ from ._memory import LocalMemory
 from ._metadata import AgentMetadata
 from ._notify import CLOSE_NOTIFS_S, MAILBOX_BYTES, Inbox, _tight_spin_s, frame, notif_future
 from ._regions import RegionTable
-from ._xfer import Xfer, mailbox_entry, mailbox_write, nixlXferTelemetry
+from ._xfer import NOTIFICATION_ALONE, Xfer, mailbox_entry, mailbox_write, nixlXferTelemetry
 
 log = logging.getLogger("tcpxd.nixl")
 
@@ -176,6 +176,8 @@ class nixl_agent:  # noqa: N801
             self._node = self._client.describe_node()
             self._no_windows = "prepared_index_windows" not in self._node.features
             self._outer_ok = "prepared_outer_indices" in self._node.features
+            #: The mailbox WRITE is of zero bytes: a notification alone (control messages only).
+            self._notif_alone = NOTIFICATION_ALONE in self._node.features
             self._outer_native = self._outer_ok and self._outer.native
             if self._outer_ok and not self._outer.native:
                 _say_no_native()
@@ -677,9 +679,9 @@ class nixl_agent:  # noqa: N801
                         raise from_tcpxd(e, "transfer") from None
         ride = framed if xfer.plan.carries_notification else b""
         followup = None
-        if framed and not ride:  # after every part: a 1-byte WRITE between the mailboxes carries it
+        if framed and not ride:  # after every part: a WRITE between the mailboxes carries it alone
             if remote.mailbox_entry is None:
-                remote.mailbox_entry = mailbox_entry(self._mailbox.id, remote.md.mailbox)
+                remote.mailbox_entry = mailbox_entry(self._mailbox.id, remote.md.mailbox, self._notif_alone)
             body = mailbox_write(remote.mailbox_entry, framed, self._timeout_ms)
             followup = lambda s, sink: s._submit_encoded("write", [body], [sink])  # noqa: E731
         try:
@@ -791,8 +793,10 @@ class nixl_agent:  # noqa: N801
 
     def send_notif(self, remote_agent_name: AgentName, notif_msg: Any, backend: Optional[str] = None) -> None:
         """Posts a notification alone, as NIXL's does: returns once the daemon has it, not waiting
-        for it to reach the remote agent (a 1-byte WRITE between the two agents' mailboxes carries
-        it, on the agent's session). Notifications to one agent arrive in the order sent: while
+        for it to reach the remote agent (a zero-byte WRITE between the two agents' mailboxes
+        carries it, on the agent's session: control messages only between the daemons, the
+        receiving daemon checking the mailbox's key before it delivers; a 1-byte WRITE where the
+        daemon does not list the `notification_alone` feature). Notifications to one agent arrive in the order sent: while
         the previous one to it is still on its way, this one waits for it first. One that failed
         is logged, and raised by the next send_notif to the same agent (which then sends nothing)."""
         remote = self._peer(remote_agent_name, "remote_agent_name")
@@ -810,7 +814,7 @@ class nixl_agent:  # noqa: N801
                                            f"({err!r}; this one was not sent)")
             entry = remote.mailbox_entry
             if entry is None:
-                entry = remote.mailbox_entry = mailbox_entry(self._mailbox.id, remote.md.mailbox)
+                entry = remote.mailbox_entry = mailbox_entry(self._mailbox.id, remote.md.mailbox, self._notif_alone)
             body = mailbox_write(entry, frame(self.name, remote.md.name, msg), self._timeout_ms)
             sent: Any = self._inbox.post(body, remote.md.name)  # on the notification feed's session
             if sent is None:  # no local feed (a TCP endpoint, an older daemon): on the agent's session

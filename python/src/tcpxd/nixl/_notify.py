@@ -7,8 +7,10 @@ name, and several agents may share a node, so its bytes carry both names:
 and skips everything else (other agents', other tcpxd users').
 
 A notification that rides no WRITE of its own (send_notif, a READ's, one after a transfer split into
-several requests) is a 1-byte WRITE from the initiator's mailbox (a small host buffer each agent
-registers) into the target's, carrying it.
+several requests) is a WRITE from the initiator's mailbox (a small host buffer each agent
+registers) into the target's, carrying it: of zero bytes (since session 22, where the daemon lists
+the `notification_alone` feature), which travels between the daemons as control messages only, the
+receiving daemon checking the mailbox's key before it delivers; of one byte before.
 
 The inbox learns of notifications on a local session of its own that subscribed to them (the
 daemon writes each as an event on its socket): each `take` (get_new_notifs, check_remote_xfer_done)

@@ -271,16 +271,25 @@ def _cancel(session: Any, part: Any) -> None:
         pass  # the session ended: its transfers were cancelled with it
 
 
-def mailbox_entry(mailbox_id: int, remote_mailbox: str) -> bytes:
-    """WriteRequest's `entry` field (1) of the 1-byte WRITE between mailboxes, encoded once per
-    remote agent."""
+#: DescribeNode's feature of a daemon that takes a notification alone: a WRITE of one zero-byte
+#: entry carrying a notification, control messages only between daemons (peer protocol 10).
+NOTIFICATION_ALONE = "notification_alone"
+
+
+def mailbox_entry(mailbox_id: int, remote_mailbox: str, alone: bool) -> bytes:
+    """WriteRequest's `entry` field (1) of the WRITE between mailboxes that carries a notification
+    alone, encoded once per remote agent: of zero bytes where the daemon takes a notification alone
+    (`alone`: NOTIFICATION_ALONE in its features; nothing touches a lane, the receiving daemon
+    checks the mailbox's key and delivers it), else of one byte (a whole WRITE of a byte nobody
+    reads)."""
     entry = _proto.message("WriteEntry")(
-        local_buffer_id=mailbox_id, local_offset=0, remote_descriptor=remote_mailbox, remote_offset=0, length=1
+        local_buffer_id=mailbox_id, local_offset=0, remote_descriptor=remote_mailbox, remote_offset=0,
+        length=0 if alone else 1,
     ).SerializeToString()
     return b"\x0a" + _wire.varint(len(entry)) + entry
 
 
 def mailbox_write(entry: bytes, framed: bytes, timeout_ms: int) -> bytes:
-    """The WriteRequest (serialized) of the 1-byte WRITE between mailboxes that carries a
-    notification alone: `entry` from mailbox_entry, notification (2), timeout_ms (3)."""
+    """The WriteRequest (serialized) of the WRITE between mailboxes that carries a notification
+    alone: `entry` from mailbox_entry, notification (2), timeout_ms (3)."""
     return entry + b"\x12" + _wire.varint(len(framed)) + framed + (b"\x18" + _wire.varint(timeout_ms) if timeout_ms else b"")
