@@ -2,6 +2,7 @@
 //! and the answer, delivered after the receiver's key check, with no lane touched.
 
 use super::*;
+use crate::topology::Memory;
 
 /// Starts a notification alone from node `from` to buffer `remote` at `offset` under `access`.
 fn notice(s: &mut Sim, from: usize, remote: u64, offset: u64, access: [u8; 16], note: &[u8]) -> TransferId {
@@ -233,4 +234,32 @@ fn deadline_in_mode() {
     assert_eq!(s.outcome(0, t).code, Code::DeadlineExceeded, "finished once");
     assert_eq!(s.nodes[1].notes.len(), 2);
     s.assert_idle();
+}
+
+#[test]
+fn a_notification_alone_between_gpus_on_a_routed_pairing_opens_no_lane() {
+    for protocol in [Protocol::Rendezvous, Protocol::Eager, Protocol::Auto] {
+        let c = EngineConfig {
+            protocol,
+            devices: 4,
+            lanes_per_device: 2,
+            eager_max_bytes: SIM_EAGER_MAX,
+            ..small_chunks()
+        };
+        let topo = || super::routes::node(8, 4);
+        let mut s = Sim::pair_routed(8, [c.clone(), c], 12, [topo(), topo()]);
+        s.buffer(0, 1, 4096, 1);
+        s.buffer(1, 2, 4096, 0);
+        s.nodes[0].eng.set_buffer_memory(1, Memory::Gpu(7));
+        s.nodes[1].eng.set_buffer_memory(2, Memory::Gpu(3));
+        let t = notice(&mut s, 0, 2, 0, key(2), b"gpu");
+        s.run();
+        assert_eq!(s.outcome(0, t).code, Code::Ok, "{protocol:?}");
+        assert_eq!(s.nodes[1].notes, vec![(t.0, b"gpu".to_vec())], "{protocol:?}");
+        assert_no_lane_traffic(&s);
+        for n in &s.nodes {
+            assert_eq!(n.eng.lanes_open(), (0, 0), "{protocol:?}: a lane opened for it");
+        }
+        s.assert_idle();
+    }
 }
