@@ -78,7 +78,10 @@ impl Poller {
                 buffer,
                 offset,
                 len,
-            } => self.land(peer, lane, buffer, offset, len).map_err(fails(peer))?,
+            } => {
+                self.landed_in_actions = true;
+                self.land(peer, lane, buffer, offset, len).map_err(fails(peer))?
+            }
             Action::Progress {
                 transfer,
                 bytes_done,
@@ -125,9 +128,11 @@ impl Poller {
                 offer,
                 wire,
                 len,
-            } => self
-                .land_scatter(peer, lane, buffer, offer, wire, len)
-                .map_err(fails(peer))?,
+            } => {
+                self.landed_in_actions = true;
+                self.land_scatter(peer, lane, buffer, offer, wire, len)
+                    .map_err(fails(peer))?
+            }
             Action::BufferIdle { buffer } => self.buffer_idle(buffer),
             Action::Pairing { peer, life } => self.pairing_life(peer, life),
             Action::ReleasePeer { peer } => self.release_peer(peer),
@@ -145,10 +150,21 @@ impl Poller {
             // The direct control connection (`direct.rs`): framed now, on the wire from this
             // thread at the end of the batch of actions (`send_direct`).
             Some(d) => {
-                if d.unsent() == 0 {
+                let first = d.unsent() == 0;
+                if first {
                     self.direct_pending.push(peer);
                 }
                 d.push(&msg);
+                // The batch's first message a header: on the wire now, before its sends are
+                // posted. It is what wakes the peer's poller, and the peer's plugin moves the
+                // data only in its `test`s: the wake-up overlaps this side's posting. The rest of
+                // the batch goes at its end, in one `send`, as before.
+                if first
+                    && matches!(msg, PeerMsg::Header(_))
+                    && let Err(why) = d.flush()
+                {
+                    self.direct_broken.push((peer, why));
+                }
             }
             None => {
                 let _ = p.control.send(super::ControlOut::Msg(msg));
