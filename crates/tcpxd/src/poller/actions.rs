@@ -150,21 +150,10 @@ impl Poller {
             // The direct control connection (`direct.rs`): framed now, on the wire from this
             // thread at the end of the batch of actions (`send_direct`).
             Some(d) => {
-                let first = d.unsent() == 0;
-                if first {
+                if d.unsent() == 0 {
                     self.direct_pending.push(peer);
                 }
                 d.push(&msg);
-                // The batch's first message a header: on the wire now, before its sends are
-                // posted. It is what wakes the peer's poller, and the peer's plugin moves the
-                // data only in its `test`s: the wake-up overlaps this side's posting. The rest of
-                // the batch goes at its end, in one `send`, as before.
-                if first
-                    && matches!(msg, PeerMsg::Header(_))
-                    && let Err(why) = d.flush()
-                {
-                    self.direct_broken.push((peer, why));
-                }
             }
             None => {
                 let _ = p.control.send(super::ControlOut::Msg(msg));

@@ -285,9 +285,9 @@ impl super::Poller {
     }
 
     /// Sends the messages a batch of actions framed (`send_control`), once the batch's posts are
-    /// made: `Done` with the credits the same batch returned, and whatever followed the batch's
-    /// first message. A header that is the batch's first message left already, as it was framed
-    /// (`actions.rs`, `send_control`): it wakes the peer's poller, whose `test`s move the data.
+    /// made: a header leaves after its sends are posted (on two busy CPUs the peer's reader,
+    /// woken by the `send`, may take this thread's CPU at once), and `Done` with the credits the
+    /// same batch returned.
     pub(super) fn send_direct(&mut self) {
         for peer in std::mem::take(&mut self.direct_pending) {
             if let Some(d) = self.peers.get_mut(&peer).and_then(|p| p.direct.as_mut())
