@@ -78,7 +78,10 @@ impl Poller {
                 buffer,
                 offset,
                 len,
-            } => self.land(peer, lane, buffer, offset, len).map_err(fails(peer))?,
+            } => {
+                self.landed_in_actions = true;
+                self.land(peer, lane, buffer, offset, len).map_err(fails(peer))?
+            }
             Action::Progress {
                 transfer,
                 bytes_done,
@@ -125,9 +128,11 @@ impl Poller {
                 offer,
                 wire,
                 len,
-            } => self
-                .land_scatter(peer, lane, buffer, offer, wire, len)
-                .map_err(fails(peer))?,
+            } => {
+                self.landed_in_actions = true;
+                self.land_scatter(peer, lane, buffer, offer, wire, len)
+                    .map_err(fails(peer))?
+            }
             Action::BufferIdle { buffer } => self.buffer_idle(buffer),
             Action::Pairing { peer, life } => self.pairing_life(peer, life),
             Action::ReleasePeer { peer } => self.release_peer(peer),

@@ -3,12 +3,16 @@
 //! completed receives in ring order once unpacked. What the plugin reports becomes a
 //! [`Completion`], applied to the engine at the end of the pass.
 
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use super::blocks::{self, STAGED};
 use super::posting::{Placed, post_recvs, post_sends, start_buffer_unpack};
-use super::{Completion, LANDING, Landing, Poller, Posted, RecvLaneState, SendLaneState};
+use super::{Completion, LANDING, Landing, PeerSlot, Poller, Posted, RecvLaneState, SendLaneState};
+use crate::engine::PeerIdx;
+use crate::lanes::GpuStage;
 use crate::lanes::{self, Wait};
+use crate::metrics::Meter;
 
 impl Poller {
     /// Drives non-blocking connects and accepts of lanes being set up.
@@ -101,6 +105,8 @@ impl Poller {
 
     /// Tests the head of every comm; completes, unpacks and consumes what finished.
     pub(super) fn test_lanes(&mut self) -> bool {
+        // Everything unpacked by now is consumed below.
+        self.landed_in_actions = false;
         let window = self.cfg.engine.send_window;
         let Poller {
             peers,
@@ -247,7 +253,39 @@ impl Poller {
         for stage in stages.values_mut() {
             stage.advance();
         }
-        // Consume what is unpacked, in ring order: only now are the pages returned.
+        consume_unpacked(peers, stages, meter, &mut events);
+        let progressed = !events.is_empty();
+        self.apply(&mut events);
+        self.completions = events;
+        progressed
+    }
+
+    /// After a batch of actions that landed eager chunks (`Action::Land`, `LandScatter`): those
+    /// whose unpack is already over (a host copy, done at once) are consumed now, in this
+    /// pass, so their transfer's end (`Done`, `Finished`) goes out with this pass's actions
+    /// rather than after another pass. True when something was consumed.
+    pub(super) fn consume_landed(&mut self) -> bool {
+        if !std::mem::take(&mut self.landed_in_actions) {
+            return false;
+        }
+        let mut events = std::mem::take(&mut self.completions);
+        consume_unpacked(&mut self.peers, &self.stages, &self.meter, &mut events);
+        let progressed = !events.is_empty();
+        self.apply(&mut events);
+        self.completions = events;
+        progressed
+    }
+}
+
+/// Consumes each lane's completed receives whose unpack is over, in ring order (only now are
+/// the pages returned), as [`Completion::RecvConsumed`] events.
+fn consume_unpacked(
+    peers: &mut BTreeMap<PeerIdx, PeerSlot>,
+    stages: &HashMap<usize, GpuStage>,
+    meter: &Meter,
+    events: &mut Vec<Completion>,
+) {
+    {
         for (&peer, p) in peers.iter_mut() {
             if p.failed {
                 continue;
@@ -281,10 +319,6 @@ impl Poller {
                 }
             }
         }
-        let progressed = !events.is_empty();
-        self.apply(&mut events);
-        self.completions = events;
-        progressed
     }
 }
 
