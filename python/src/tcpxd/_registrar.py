@@ -73,7 +73,9 @@ class Pending:
     (`Registrar.hold_addresses`): per region, once `Registrar.collect` read it, its `Answer`
     or the TcpxdError that refused it."""
 
-    def __init__(self, addrs: Any, tails: Sequence[bytes]):
+    __slots__ = ("addrs", "tails", "got", "frames", "lost", "held")
+
+    def __init__(self, addrs: Any, tails: Sequence[bytes], held: bool = False):
         self.addrs = addrs
         self.tails = tails
         self.got: List[Any] = [None] * len(tails)
@@ -84,7 +86,7 @@ class Pending:
         self.lost: Optional[TcpxdError] = None
         #: Not sent yet (`Registrar.hold_addresses`): it goes with the connection's next
         #: message, or when collected; withdrawn unsent by `Registrar.withdraw`.
-        self.held = False
+        self.held = held
 
 
 class OldDaemon(FailedPrecondition):
@@ -269,11 +271,10 @@ class Registrar:
         this process (a registration by address answered on it); else registered and answered
         there and then, which finds those out. None once closed (the caller's
         `register_addresses` says so)."""
+        pending = Pending(addrs, tails, True)
         with self._lock:  # (a forked child's: sent on a connection of its own, `_connection`)
             if self._closed:
                 return None
-            pending = Pending(addrs, tails)
-            pending.held = True
             self._held.append(pending)
         return pending
 
