@@ -24,7 +24,7 @@ import threading
 import weakref
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .. import Client, _proto
 from .._addresses import (BY_ADDRESS, FILE_SHARED, AddressBatch, address_ranges, address_tail, range_refusal,
@@ -42,6 +42,7 @@ Key = Tuple[str, int, int, int]
 #: (never changed: shared).
 _NO_ADDRESSES = array.array("Q")
 _NO_KEYS: List[Key] = []
+_NO_SIZES: Dict[int, "Tail"] = {}
 #: Per region size, what a registration by address sends but for the address (its request's
 #: serialized tail), the granule lists it asks, and the tail alone in a tuple (a lone region's
 #: `Registrar.hold_addresses`).
@@ -195,28 +196,37 @@ def host_array(nbytes: int) -> Any:
     return np.frombuffer(mm, dtype=np.uint8)
 
 
-class _Sent:
+class _Sent(Pending):
     """One `register_memory` call's DRAM regions held back (since session 22): memory by
-    address, sent with the registration connection's next message (`Registrar.hold_addresses`:
-    `pending`), and memory a file backs (`files`), looked up and handed over by descriptor at
-    the first use; folded into the agent's regions, all or none, at the next call that needs
-    them (`LocalMemory._settle`); withdrawn unsent when deregistered before any use
-    (`LocalMemory._withdraw`). Slotted: a lone region's registration makes one."""
+    address, sent with the registration connection's next message (it is the `Pending` the
+    registrar holds: `Registrar.hold`, `pending` itself), and memory a file backs (`files`),
+    looked up and handed over by descriptor at the first use; folded into the agent's regions,
+    all or none, at the next call that needs them (`LocalMemory._settle`); withdrawn unsent when
+    deregistered before any use (`LocalMemory._withdraw`). One slotted object: a lone region's
+    registration makes one (and its key list)."""
 
-    __slots__ = ("keys", "todo", "by_address", "addrs", "tails", "pending", "files", "rows", "list_id")
+    __slots__ = ("keys", "todo", "by_address", "sizes", "pending", "files", "rows", "list_id")
 
     def __init__(self, keys: List[Key], todo: Dict[Key, Tuple[int, Any]], by_address: List[Key], addrs: Any,
-                 tails: Dict[int, Tail], pending: Optional[Pending], files: List[Key]):
+                 tails: Sequence[bytes], sizes: Dict[int, Tail], files: List[Key]):
+        #: Pending's: the regions by address's addresses (u64s) and serialized tails, held
+        #: (`held`) until the registrar sends them.
+        self.addrs = addrs
+        self.tails = tails
+        self.got: List[Any] = [None] * len(tails)
+        self.frames = 0
+        self.lost = None
+        self.held = False
         self.keys = keys
         #: Per region: its index in the call's reg_list, and the tensor or array given (kept alive).
         self.todo = todo
-        #: By address: the regions, their addresses (u64s), per region size its request's
-        #: serialized tail and the granule lists it asks, and what holds them (None: not held, as
-        #: after a fork: registered when folded).
+        #: By address: the regions, per region size its request's serialized tail and the
+        #: granule lists it asks (`sizes`), and what holds them: itself once the registrar took
+        #: it (`Registrar.hold`), else None (nothing by address, or not held: no registrar,
+        #: or a closed one: registered when folded).
         self.by_address = by_address
-        self.addrs = addrs
-        self.tails = tails
-        self.pending = pending
+        self.sizes = sizes
+        self.pending: Optional[Pending] = None
         #: By descriptor: the regions.
         self.files = files
         #: The registration list's rows as bytes, where the call took every one of them (a
@@ -495,8 +505,8 @@ class LocalMemory:
                 if sent.pending is not None and registrar is not None:
                     got = registrar.collect(sent.pending, timeout)
                 else:
-                    got = self._client._register_addresses(sent.addrs, [sent.tails[k[2]][0] for k in sent.by_address])
-                self._fold_answers(sent.by_address, got, sent.todo, sent.tails, done, failed)
+                    got = self._client._register_addresses(sent.addrs, sent.tails)
+                self._fold_answers(sent.by_address, got, sent.todo, sent.sizes, done, failed)
             if sent.files and not failed:
                 part = sent.files
                 memories = [sent.todo[k][1] if sent.todo[k][1] is not None else (ctypes.c_char * k[2]).from_address(k[1])
@@ -582,13 +592,12 @@ class LocalMemory:
             tail = tails.get(n)
             if tail is None:  # (a size not registered before: the general path makes its tail)
                 return False
-            addrs = array.array("Q", (a,))
-            pending = registrar.hold_addresses(addrs, tail[2])
-            if pending is None:
+            sent = _Sent(keys, {key: (0, dl.objs[0])}, keys, array.array("Q", (a,)), tail[2], tails, _NO_KEYS)
+            if not registrar.hold(sent):
                 return False
-            sent = _Sent(keys, {key: (0, dl.objs[0])}, keys, addrs, tails, pending, _NO_KEYS)
+            sent.pending = sent
         elif kind == FILE_SHARED:  # (looked up and handed over at the first use)
-            sent = _Sent(keys, {key: (0, dl.objs[0])}, _NO_KEYS, _NO_ADDRESSES, {}, None, keys)
+            sent = _Sent(keys, {key: (0, dl.objs[0])}, _NO_KEYS, _NO_ADDRESSES, (), _NO_SIZES, keys)
         else:  # (refused by the general path, which says why)
             return False
         with self._lock:
@@ -634,11 +643,10 @@ class LocalMemory:
             tails[size] = tail
         addrs = array.array("Q", [k[1] for k in fast])
         registrar = self._client._registrar
-        pending = None
-        if registrar is not None and fast:
-            pending = registrar.hold_addresses(addrs, [tails[k[2]][0] for k in fast])
-        sent = _Sent(keys, todo, fast, addrs, tails, pending, files)
-        if registrar is None or (pending is None and fast):
+        sent = _Sent(keys, todo, fast, addrs, [tails[k[2]][0] for k in fast], tails, files)
+        if registrar is not None and fast and registrar.hold(sent):
+            sent.pending = sent
+        if registrar is None or (sent.pending is None and fast):
             self._fold(sent, later=False)
             return
         if whole is not None:  # (every region of the list: `_withdraw_list` finds it)
