@@ -400,7 +400,8 @@ class LocalMemory:
             with self._lock:
                 self._sent.remove(sent)
                 del self._sent_keys[key]
-                self._unlist(sent)
+                if sent.list_id:
+                    self._unlist(sent)
         return True
 
     def _withdraw_list(self, dl: RegDList) -> bool:
