@@ -75,7 +75,7 @@ class Pending:
 
     __slots__ = ("addrs", "tails", "got", "frames", "lost", "held")
 
-    def __init__(self, addrs: Any, tails: Sequence[bytes], held: bool = False):
+    def __init__(self, addrs: Any, tails: Sequence[bytes]):
         self.addrs = addrs
         self.tails = tails
         self.got: List[Any] = [None] * len(tails)
@@ -86,7 +86,7 @@ class Pending:
         self.lost: Optional[TcpxdError] = None
         #: Not sent yet (`Registrar.hold_addresses`): it goes with the connection's next
         #: message, or when collected; withdrawn unsent by `Registrar.withdraw`.
-        self.held = held
+        self.held = False
 
 
 class OldDaemon(FailedPrecondition):
@@ -271,7 +271,7 @@ class Registrar:
         this process (a registration by address answered on it); else registered and answered
         there and then, which finds those out. None once closed (the caller's
         `register_addresses` says so)."""
-        pending = Pending(addrs, tails, True)
+        pending = Pending(addrs, tails)
         return pending if self.hold(pending) else None
 
     def hold(self, pending: Pending) -> bool:
