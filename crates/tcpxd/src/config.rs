@@ -145,6 +145,10 @@ pub struct DaemonArgs {
     /// runs on a copy helper. Default: 8.
     #[arg(long, env = "TCPXD_SCATTER_AHEAD")]
     pub scatter_ahead: Option<usize>,
+    /// Block sends gathered ahead of `send_window` per lane (`transfer.gather_ahead`, 0..=16).
+    /// Default: 0.
+    #[arg(long, env = "TCPXD_GATHER_AHEAD")]
+    pub gather_ahead: Option<usize>,
     /// The most an idle host copy helper spins for its next chunk before it sleeps, in µs
     /// (`transfer.host_copy_spin_us`: 0..=100000, or `auto`: 200 where `runtime.spin` is on, else
     /// 0); a helper spins only while its recent chunks came that close together. Default: auto.
@@ -574,9 +578,9 @@ impl Config {
                     .into(),
             ));
         }
-        let gather_ahead = file
-            .transfer
+        let gather_ahead = args
             .gather_ahead
+            .or(file.transfer.gather_ahead)
             .unwrap_or(crate::engine::DEFAULT_GATHER_AHEAD);
         if gather_ahead > MAX_GATHER_AHEAD {
             return Err(ConfigError::Invalid(format!(

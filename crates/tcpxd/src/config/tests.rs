@@ -548,6 +548,7 @@ fn every_option_says_its_default_in_help() {
         ("spin", "auto".to_string()),
         ("topology", "pci".to_string()),
         ("scatter_ahead", c.scatter_ahead.to_string()),
+        ("gather_ahead", c.gather_ahead.to_string()),
     ] {
         assert_eq!(said[id], value, "--{id}");
     }
@@ -577,7 +578,7 @@ fn direct_control_is_on_by_default_and_the_flag_beats_the_file() {
 }
 
 #[test]
-fn scatter_ahead_comes_from_the_file_or_the_flag_and_is_bounded() {
+fn scatter_and_gather_ahead_come_from_the_file_or_the_flag_and_are_bounded() {
     let base = DaemonArgs {
         node_id: Some("n".into()),
         ..Default::default()
@@ -595,9 +596,11 @@ fn scatter_ahead_comes_from_the_file_or_the_flag_and_is_bounded() {
     );
     let flag = DaemonArgs {
         scatter_ahead: Some(16),
+        gather_ahead: Some(4),
         ..from_file
     };
-    assert_eq!(Config::resolve(&flag, &env_of(&[])).unwrap().scatter_ahead, 16);
+    let c = Config::resolve(&flag, &env_of(&[])).unwrap();
+    assert_eq!((c.scatter_ahead, c.gather_ahead), (16, 4));
     let _ = std::fs::remove_file(path);
     let over = DaemonArgs {
         scatter_ahead: Some(17),
