@@ -10,7 +10,9 @@ then, each call stamped on the client's wall clock (the daemons' log lines share
 - a `tcpxd.nixl` 4 KiB READ (prepared lists), polled with `check_xfer_state` in a tight loop and
   with `time.sleep(0)` between polls;
 - a notification round trip (send_notif, the target agent in another process polling
-  get_new_notifs tight and answering, the initiator polling tight).
+  get_new_notifs tight and answering, the initiator polling tight), split across both daemons'
+  traces and both processes' stamps: the ping's way to daemon b and its target, the target's
+  answer, the pong's way back (`NOTIF_LEGS`).
 
 For each call it places daemon a's hop events inside the call's window and prints the p50 of each
 leg: the call → `api.in` (the client's Python, the socket, the daemon's task woken and the frame
@@ -109,11 +111,86 @@ def report(title: str, s: Dict[str, Any]) -> None:
             print(f"  {name:78} p50 {pct(xs, 50):7.1f}  p90 {pct(xs, 90):7.1f}  (n={len(xs)})")
 
 
-def _target(endpoint: str, conn: Any, mib: int) -> None:
-    sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p]
-    from tcpxd.nixl_compare import target_main
+NOTIF_LEGS = [
+    ("the call → a: api.in (the initiator's send_notif: Python, socket, decoded)", "call", "a:api.in"),
+    ("a: api.in → a: poller.cmd", "a:api.in", "a:poller.cmd"),
+    ("a: poller.cmd → b: api.notify (the ping between the daemons, delivered)", "a:poller.cmd", "b:api.notify"),
+    ("b: api.notify → the target sees it (its feed, its Python)", "b:api.notify", "seen"),
+    ("the target sees it → b: api.in (its send_notif: Python, socket, decoded)", "seen", "b:api.in"),
+    ("b: api.in → b: poller.cmd", "b:api.in", "b:poller.cmd"),
+    ("b: poller.cmd → a: api.notify (the pong between the daemons, delivered)", "b:poller.cmd", "a:api.notify"),
+    ("a: api.notify → the initiator sees it (its feed, its Python)", "a:api.notify", "done"),
+    ("(the call → the initiator's send_notif returned)", "call", "returned"),
+    ("(the target sees it → its send_notif returned)", "seen", "sent"),
+]
 
-    target_main("tcpxd", endpoint, conn, mib << 20)
+
+def split_notif(windows: List[Tuple[float, ...]], stamps: List[Tuple[float, float]],
+                events: List[Tuple[float, Dict[str, str]]], skip: int) -> Dict[str, Any]:
+    """The round trip's legs across both daemons' traces (events' fields carry `node`: a or b)
+    and both processes' stamps (the initiator's call, send_notif returned, the answer seen; the
+    target's ping seen and its send_notif returned), each window's first event of each hop
+    (a's api.notify: the last, the pong's)."""
+    import bisect
+
+    times = [t for t, _ in events]
+    legs: Dict[str, List[float]] = {name: [] for name, _, _ in NOTIF_LEGS}
+    totals = []
+    for i, w in enumerate(windows):
+        if i < skip:
+            continue
+        t0, t1 = w[0], w[1]
+        seen: Dict[str, float] = {"call": t0, "done": t1, "returned": w[2]}
+        if i < len(stamps) and t0 <= stamps[i][0] <= t1:
+            seen["seen"], seen["sent"] = stamps[i]
+        lo, hi = bisect.bisect_left(times, t0), bisect.bisect_right(times, t1)
+        for t, f in events[lo:hi]:
+            key = f"{f['node']}:{f.get('hop', '')}"
+            if key == "a:api.notify":
+                seen[key] = t
+            else:
+                seen.setdefault(key, t)
+        totals.append(t1 - t0)
+        for name, x, y in NOTIF_LEGS:
+            if x in seen and y in seen and seen[y] >= seen[x]:
+                legs[name].append(seen[y] - seen[x])
+    return {"total": totals, "legs": legs}
+
+
+def _target(endpoint: str, conn: Any, mib: int) -> None:
+    """The target agent (its own loop, so that main's package runs it too): answers the
+    initiator's pings, stamping when it saw each and when its send_notif returned."""
+    sys.path[:0] = [p for p in os.environ.get("PYTHONPATH", "").split(":") if p]
+    import ctypes
+
+    os.environ["TCPXD_ENDPOINT"] = endpoint
+    from tcpxd.nixl import _utils, nixl_agent, nixl_agent_config
+
+    big = mib << 20
+    agent = nixl_agent("target", nixl_agent_config(backends=["UCX"]))
+    addr = _utils.malloc_passthru(big)
+    mem = (ctypes.c_uint8 * big).from_address(addr)
+    ctypes.memmove(mem, os.urandom(big), big)
+    agent.register_memory(agent.get_reg_descs([(addr, big, 0, "")], "DRAM"))
+    conn.send((agent.get_agent_metadata(), addr))
+    agent.add_remote_agent(conn.recv())
+    while True:
+        cmd = conn.recv()
+        if cmd[0] == "pong":  # answer cmd[1] pings, polling tight; then the stamps
+            stamps = []
+            for _ in range(cmd[1]):
+                while not agent.get_new_notifs().get("initiator"):
+                    pass
+                ts = now_us()
+                agent.send_notif("initiator", b"pong")
+                stamps.append((ts, now_us()))
+            conn.send(("ok", stamps))
+        elif cmd[0] == "checksum":
+            conn.send(bytes(mem[: cmd[1]]))
+        else:
+            break
+    agent.close()
+    conn.send("bye")
 
 
 def main() -> int:
@@ -206,10 +283,12 @@ def main() -> int:
                 for _ in range(n):
                     t0 = now_us()
                     agent.send_notif("target", b"ping")
+                    tr = now_us()
                     while not agent.get_new_notifs().get("target"):
                         pass
-                    w.append((t0, now_us()))
-                assert p2.recv() == "ok"
+                    w.append((t0, now_us(), tr))
+                ok, stamps = p2.recv()
+                assert ok == "ok"
                 runs["notification round trip"] = w
             p2.send(("quit",))
             p2.recv()
@@ -225,7 +304,13 @@ def main() -> int:
             p.wait()
     ev = [] if a.no_trace else parse(d / "legs-a.log")
     for kind, w in runs.items():
-        report(f"{kind} (4 KiB)" if kind != "notification round trip" else kind, split(w, ev, a.warmup))
+        if kind == "notification round trip":
+            both = [] if a.no_trace else sorted(
+                [(t, {**f, "node": "a"}) for t, f in ev] + [(t, {**f, "node": "b"}) for t, f in parse(d / "legs-b.log")],
+                key=lambda e: e[0])
+            report(kind, split_notif(w, stamps, both, a.warmup))
+            continue
+        report(f"{kind} (4 KiB)", split(w, ev, a.warmup))
     if not a.keep:
         for f in d.iterdir():
             f.unlink()

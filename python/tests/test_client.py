@@ -214,6 +214,47 @@ def test_notifications_arrive_through_subscribe(clients):
             sub.next(timeout=0.2)
 
 
+@pytest.mark.parametrize("local", [True, False])
+def test_subscribe_on_the_local_session_or_grpc(daemons, local):
+    """On a unix endpoint the subscription is a local session of its own, read on the caller's
+    thread (no helper thread, no gRPC stream); `local=False`, the Subscribe RPC. Either way:
+    notifications in order, a timeout, closing from another thread ends the iteration."""
+    import threading
+
+    from tcpxd._subscription import LocalSubscription
+
+    a, b = daemons
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint, local=local) as cb:
+        with ca.register_host(MIB) as src, cb.register_host(MIB) as dst:
+            sub = cb.subscribe()
+            assert isinstance(sub, LocalSubscription) == local
+            started = []
+            real_start = threading.Thread.start
+            threading.Thread.start = lambda t: (started.append(t.name), real_start(t))[1]  # type: ignore[method-assign]
+            try:
+                for i in range(50):
+                    ca.write(src, dst, 16, notification=b"n-%d" % i)
+                got = [sub.next(timeout=10).payload for _ in range(50)]
+            finally:
+                threading.Thread.start = real_start  # type: ignore[method-assign]
+            assert got == [b"n-%d" % i for i in range(50)]
+            if local:
+                assert not started, started  # read on this thread (the gRPC form starts one a next())
+                with pytest.raises(tcpxd.DeadlineExceeded):
+                    sub.next(timeout=0.1)
+                ca.write(src, dst, 16, notification=b"after a timeout")  # the subscription stays
+                n = sub.next(timeout=10)
+                assert (n.payload, n.from_node, n.buffer_ids) == (b"after a timeout", "pa", [dst.id])
+            ca.write(src, dst, 16, notification=b"iterated")
+            seen = []
+            closer = threading.Timer(0.5, sub.close)
+            closer.start()
+            for n in sub:  # ends once closed
+                seen.append(n.payload)
+            closer.join()
+            assert seen == [b"iterated"]
+
+
 def test_bad_input_raises_the_exception_of_its_code(clients):
     ca, cb = clients
     with pytest.raises(tcpxd.InvalidArgument) as e:

@@ -380,8 +380,9 @@ def test_a_killed_peer_fails_send_notif_quickly(tmp_root: Path):
         B.close()
         stop_daemon(b)
         t0 = time.monotonic()
-        with pytest.raises(tcpxd.TcpxdError):
-            A.send_notif("kill-B", b"after")
+        with pytest.raises(tcpxd.TcpxdError, match="previous notification to it failed.*peer kb"):
+            A.send_notif("kill-B", b"after")  # posted (or refused at once: the peer is known down)
+            A.send_notif("kill-B", b"again")  # the first one's failure, which came quickly
         assert time.monotonic() - t0 < 15
         A.close()
     finally:
@@ -456,3 +457,57 @@ def test_closing_an_agent_releases_what_it_held(daemons):
         ag.close()
         ag.close()  # idempotent
         assert {b.id for b in c.list_buffers()} - before == set()
+
+
+@pytest.mark.parametrize("path", ["feed", "session"])
+def test_send_notif_posts_keeps_the_order_and_close_delivers_the_last(daemons, path):
+    """send_notif returns once the daemon has the notification (NIXL's genNotif posts too): on the
+    agent's notification feed (the subscribed local session), else on its transfers' session.
+    Notifications to one agent still arrive in the order sent, and closing the agent right after
+    one delivers it (the close waits for it rather than cancelling it)."""
+    a, b = daemons
+    A = nixl_agent("ord-A", nixl_agent_config(endpoint=a.endpoint))
+    B = nixl_agent("ord-B", nixl_agent_config(endpoint=b.endpoint))
+    try:
+        B.add_remote_agent(A.get_agent_metadata())
+        if path == "session":
+            B._inbox.post = lambda body, to: None  # as without a local feed (a TCP endpoint)
+        sent = [b"n-%d" % i for i in range(200)]
+        for m in sent:
+            B.send_notif("ord-A", m)
+        assert wait_notifs(A, len(sent)) == {"ord-B": sent}
+        last = B._remotes["ord-A"].notif_sent
+        assert last is not None and last.exception(10) is None
+        if path == "feed":
+            assert B._session is None  # nothing went on the transfers' session
+            assert not B._inbox._feed.sent  # every answer read (by the waits and the polls)
+        B.send_notif("ord-A", b"the last")
+        B.close()
+        assert wait_notifs(A, 1) == {"ord-B": [b"the last"]}
+    finally:
+        A.close()
+        B.close()
+
+
+def test_send_notif_falls_back_when_the_feed_connection_ended(daemons):
+    """A feed whose connection the daemon ended (a restart, a drain) is not written into: the
+    notification goes on the agent's session, and the feed is subscribed again later."""
+    import socket as _socket
+
+    a, b = daemons
+    with nixl_agent("fb-A", nixl_agent_config(endpoint=a.endpoint)) as A, \
+            nixl_agent("fb-B", nixl_agent_config(endpoint=b.endpoint)) as B:
+        B.add_remote_agent(A.get_agent_metadata())
+        B.send_notif("fb-A", b"one")
+        assert wait_notifs(A, 1) == {"fb-B": [b"one"]}
+        B._remotes["fb-A"].notif_sent.exception(10)
+        B._inbox._feed.conn.sock.shutdown(_socket.SHUT_RDWR)  # as the daemon closing it
+        B.send_notif("fb-A", b"two")
+        assert B._inbox._feed is None and B._session is not None
+        assert wait_notifs(A, 1) == {"fb-B": [b"two"]}
+        deadline = time.monotonic() + 10
+        while B._inbox._feed is None and time.monotonic() < deadline:
+            B.get_new_notifs()
+            time.sleep(0.05)
+        B.send_notif("fb-A", b"three")
+        assert wait_notifs(A, 1) == {"fb-B": [b"three"]}

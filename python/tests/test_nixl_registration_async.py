@@ -38,9 +38,11 @@ def agents(daemons):
     a, _ = daemons
     A = nixl_agent("async-A", nixl_agent_config(endpoint=a.endpoint))
     B = nixl_agent("async-B", nixl_agent_config(endpoint=a.endpoint))
-    # The session's first registration by address is waited for: it shows the daemon may attach.
+    # The session's first registration by address, answered at its first use (the metadata
+    # here): it shows the daemon may attach, so later ones are sent without waiting.
     first = np.zeros(4 * KIB, np.uint8)
     A.register_memory(A.get_reg_descs([(first.ctypes.data, first.nbytes, 0, "")], "DRAM"))
+    A.get_agent_metadata()
     try:
         yield A, B, first
     finally:
@@ -173,6 +175,8 @@ def test_answers_lost_with_the_session_are_registered_again_on_a_new_one(daemons
     arrays = [np.full(8 * KIB, i, np.uint8) for i in range(70)]
     A.register_memory(A.get_reg_descs([(a.ctypes.data, a.nbytes, 0, "") for a in arrays], "DRAM"))
     assert A._memory._sent
+    A._client._registrar.send_held(10.0)  # (sent: as the connection's next message does)
+    assert A._client._registrar._unanswered and not A._memory._sent[0].pending.held
     A._client._registrar.reset()  # (as a daemon restart noticed does)
     regions = {r.addr: r for r in A._memory.regions()}
     live = _buffers(daemons[0].endpoint)
@@ -219,9 +223,9 @@ def test_regions_read_from_either_answer_are_what_the_daemon_says(daemons, agent
         A.deregister_memory(A.get_reg_descs([(a.ctypes.data, a.nbytes, 0, "") for a in arrays], "DRAM"))
 
 
-def test_memory_a_file_backs_is_sent_without_waiting_too_and_serves(daemons, agents):
-    """memfd regions (nixl._utils.malloc_passthru) past the session's first registration: sent
-    with their descriptors, register_memory returning before the daemon mapped them; a peer's
+def test_memory_a_file_backs_is_looked_up_at_first_use_and_serves(daemons, agents):
+    """memfd regions (nixl._utils.malloc_passthru): register_memory holds them (the files are
+    looked up and handed over by descriptor at the first use, the answers read there); a peer's
     READ through the metadata gets every byte; deregistering releases every buffer."""
     from tcpxd.nixl import _utils
 
@@ -231,8 +235,10 @@ def test_memory_a_file_backs_is_sent_without_waiting_too_and_serves(daemons, age
     regs = [_utils.malloc_passthru(size) for _ in range(n)]
     for i, r in enumerate(regs):
         ctypes.memset(r, i + 1, size)
+    sent = A._client._registrar._conn.tag
     rl = A.register_memory(A.get_reg_descs([(r, size, 0, "") for r in regs], "DRAM"))
-    assert A._memory._sent and A._memory._sent[0].answers is not None, "by descriptor, answered later"
+    assert A._memory._sent and A._memory._sent[0].files, "by descriptor, at first use"
+    assert A._client._registrar._conn.tag == sent and _buffers(daemons[0].endpoint) == before
     B.add_remote_agent(A.get_agent_metadata())
     regions = {r.addr: r for r in A._memory.regions()}
     new = _buffers(daemons[0].endpoint) - before
@@ -248,49 +254,25 @@ def test_memory_a_file_backs_is_sent_without_waiting_too_and_serves(daemons, age
     assert not _buffers(daemons[0].endpoint) & new
 
 
-def test_which_files_are_taken_without_asking():
-    """taken_as_is: a sealable memfd yes; one that cannot be sealed against shrinking, one sealed
-    against writing, a range past the file's end no (those wait for the daemon's word)."""
+def test_memory_a_file_backs_that_cannot_be_handed_over_is_refused_at_first_use(daemons, agents):
+    """A shared mapping of a file this process no longer holds open (and that has no path):
+    register_memory holds it; the first use raises, naming the region, and none of the call
+    stays registered."""
     import os
 
-    from tcpxd import _hostmem
-
-    def shared(flags, size=8192, offset=0, nbytes=4096, seal=0):
-        fd = os.memfd_create("t", flags)
-        os.ftruncate(fd, size)
-        if seal:
-            import fcntl
-            fcntl.fcntl(fd, 1033, seal)  # F_ADD_SEALS
-        return _hostmem.Shared(fd, True, offset, nbytes, memoryview(b""), None)
-
-    sealable = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
-    cases = [(shared(sealable), True), (shared(os.MFD_CLOEXEC), False), (shared(sealable, seal=0x8), False),
-             (shared(sealable, offset=4096, nbytes=8192), False), (shared(sealable, seal=0x2), True)]
-    for s, want in cases:
-        assert _hostmem.taken_as_is(s) is want, (s.offset, s.nbytes, want)
-        s.done_sending()
-
-
-def test_descriptors_lost_with_the_session_are_handed_over_again(daemons, agents):
-    """The registrar's connection ends with a descriptor batch unanswered: the first use hands the
-    same descriptors over again on a new session (kept open until answered), and they serve."""
-    from tcpxd.nixl import _utils
-
-    A, B, _ = agents
-    regs = [_utils.malloc_passthru(16 * KIB) for _ in range(5)]
-    for i, r in enumerate(regs):
-        ctypes.memset(r, 40 + i, 16 * KIB)
-    A.register_memory(A.get_reg_descs([(r, 16 * KIB, 0, "") for r in regs], "DRAM"))
-    assert A._memory._sent
-    A._client._registrar.reset()
-    regions = {r.addr: r for r in A._memory.regions()}
-    live = _buffers(daemons[0].endpoint)
-    assert all(regions[r].buffer_id in live for r in regs)
-    mine = np.zeros(16 * KIB, np.uint8)
-    B.register_memory(B.get_reg_descs([(mine.ctypes.data, mine.nbytes, 0, "")], "DRAM"))
-    B.add_remote_agent(A.get_agent_metadata())
-    h = B.initialize_xfer("READ", B.get_xfer_descs([(mine.ctypes.data, mine.nbytes, 0)], "DRAM"),
-                          B.get_xfer_descs([(regs[4], 16 * KIB, 0)], "DRAM"), "async-A")
-    assert B.transfer(h) in ("PROC", "DONE")
-    assert _wait(B, h) == "DONE"
-    assert (mine == 44).all()
+    A, _, first = agents
+    fd = os.memfd_create("gone", os.MFD_CLOEXEC)
+    os.ftruncate(fd, 16 * KIB)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    at = libc.mmap(None, 16 * KIB, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    assert at and at != ctypes.c_void_p(-1).value
+    os.close(fd)  # (mmap.mmap would keep a duplicate of it open)
+    good = np.zeros(8 * KIB, np.uint8)
+    rl = A.register_memory(A.get_reg_descs([(good.ctypes.data, good.nbytes, 0, ""), (at, 16 * KIB, 0, "")], "DRAM"))
+    with pytest.raises(Exception, match=r"register_memory \(answered later\): reg_list\[1\] \(DRAM at 0x[0-9a-f]+, 16384 bytes\): .*no longer holds open"):
+        A.get_agent_metadata()
+    assert [r.addr for r in A._memory.regions()] == [first.ctypes.data], "none of the call registered"
+    with pytest.raises(nixlNotFoundError):
+        A.deregister_memory(rl)

@@ -220,3 +220,101 @@ def test_a_tight_check_xfer_state_loop_waits_for_the_daemon_or_spins(peered, par
             assert not waits, "a loop without a spin bound waited"
         assert all(ms == _agent.TIGHT_WAIT_MS for ms in waits)
         _ParkedPoll.release.set()
+
+
+@pytest.mark.parametrize("spin_s", [0.0, float("inf")])
+def test_a_tight_get_new_notifs_loop_waits_for_the_daemon_or_spins(peered, monkeypatch, spin_s):
+    """get_new_notifs in a loop without a pause (a target answering pings, as nixl_compare's):
+    it spins for TIGHT_SPIN_S (none below 8 CPUs; without bound above), then waits on the feed's
+    socket before each poll. Either way every ping is seen and answered, in order, and the
+    answers to the target's own send_notif WRITEs are read by its polls (none left unanswered)."""
+    from tcpxd.nixl import _notify
+
+    monkeypatch.setattr(_notify, "TIGHT_SPIN_S", spin_s)
+    waits = []
+    real = _notify._Feed.wait
+    monkeypatch.setattr(_notify._Feed, "wait", lambda self, ms: (waits.append(ms), real(self, ms)))
+    a, b = peered
+    with nixl_agent("tn-1", nixl_agent_config(endpoint=a.endpoint)) as one, \
+            nixl_agent("tn-2", nixl_agent_config(endpoint=b.endpoint)) as two:
+        one.add_remote_agent(two.get_agent_metadata())
+        two.add_remote_agent(one.get_agent_metadata())
+        for i in range(20):
+            one.send_notif("tn-2", b"ping-%d" % i)
+            deadline = time.monotonic() + 30
+            while not (got := two.get_new_notifs()):
+                assert time.monotonic() < deadline, "never arrived"
+            assert got == {"tn-1": [b"ping-%d" % i]}
+            two.send_notif("tn-1", b"pong-%d" % i)
+            while not (got := one.get_new_notifs()):
+                assert time.monotonic() < deadline, "never arrived"
+            assert got == {"tn-2": [b"pong-%d" % i]}
+        assert two._remotes["tn-1"].notif_sent.exception(10) is None
+        if spin_s == 0.0:
+            assert waits, "a loop that may not spin never waited"
+        else:
+            assert not waits, "a loop without a spin bound waited"
+        assert all(ms == _notify.TIGHT_WAIT_MS for ms in waits)
+
+
+def test_send_notif_does_not_wait_for_a_thread_waiting_in_get_new_notifs(peered, monkeypatch):
+    """One thread polls get_new_notifs tight (its wait on the feed's socket held here until
+    released); another's send_notif goes meanwhile: the wait holds no lock send_notif needs."""
+    from tcpxd.nixl import _notify
+
+    monkeypatch.setattr(_notify, "TIGHT_SPIN_S", 0.0)
+    entered, release = threading.Event(), threading.Event()
+    real = _notify._Feed.wait
+
+    def held(self, ms):
+        entered.set()
+        release.wait(60)
+        return real(self, ms)
+
+    monkeypatch.setattr(_notify._Feed, "wait", held)
+    a, b = peered
+    with nixl_agent("tl-1", nixl_agent_config(endpoint=a.endpoint)) as one, \
+            nixl_agent("tl-2", nixl_agent_config(endpoint=b.endpoint)) as two:
+        one.add_remote_agent(two.get_agent_metadata())
+        poller = threading.Thread(target=lambda: [one.get_new_notifs() for _ in range(3)])
+        poller.start()
+        assert entered.wait(30), "the polling loop never waited"
+        sender = threading.Thread(target=one.send_notif, args=("tl-2", b"while it waits"))
+        sender.start()
+        sender.join(20)  # (a send_notif needing the waiting thread's lock would hang until released)
+        assert not sender.is_alive(), "send_notif waited for the polling thread's wait"
+        assert poller.is_alive()  # still held in its wait
+        release.set()
+        poller.join(30)
+        seen: dict = {}
+        _spin_until(lambda: seen, lambda: seen.update(two.get_new_notifs()))
+        assert seen == {"tl-1": [b"while it waits"]}
+
+
+@pytest.mark.parametrize("op", ["READ", "WRITE"])
+def test_a_transfers_notification_does_not_overtake_a_send_notif_before_it(peered, op):
+    """vLLM's pull: a prefix hit's send_notif, then the next request's transfer with its own
+    notification. send_notif returns before its notification arrived, so the transfer waits for it
+    first: the target sees them in the order the initiator made them (as NIXL's, one endpoint)."""
+    a, b = peered
+    n = 4096
+    m1, m2 = host_array(n), host_array(n)
+    with nixl_agent("ov-1", nixl_agent_config(endpoint=a.endpoint)) as one, \
+            nixl_agent("ov-2", nixl_agent_config(endpoint=b.endpoint)) as two:
+        one.register_memory([(m1.ctypes.data, n, 0, "")], "DRAM")
+        two.register_memory([(m2.ctypes.data, n, 0, "")], "DRAM")
+        one.add_remote_agent(two.get_agent_metadata())
+        local = one.prep_xfer_dlist("NIXL_INIT_AGENT", [(m1.ctypes.data, n, 0)], "DRAM")
+        remote = one.prep_xfer_dlist("ov-2", [(m2.ctypes.data, n, 0)], "DRAM")
+        want = []
+        for k in range(15):
+            one.send_notif("ov-2", b"hit-%d" % k)
+            h = one.make_prepped_xfer(op, local, [0], remote, [0], b"req-%d" % k)
+            one.transfer(h)
+            _spin_until(lambda: one.check_xfer_state(h) != "PROC", lambda: None)
+            assert one.check_xfer_state(h) == "DONE", h.error
+            one.release_xfer_handle(h)
+            want += [b"hit-%d" % k, b"req-%d" % k]
+        got: list = []
+        _spin_until(lambda: len(got) >= len(want), lambda: got.extend(two.get_new_notifs().get("ov-1", [])))
+        assert got == want

@@ -537,6 +537,7 @@ def test_a_clean_stop_gives_lists_named_in_their_region_records_of_their_own(pat
     try:
         arrays = [np.random.default_rng(i).integers(0, 256, K, dtype=np.uint8) for i in range(3)]
         holder.register_memory(holder.get_reg_descs([(x.ctypes.data, K, 0, "") for x in arrays], "DRAM"))
+        holder.get_agent_metadata()  # (held until a first use: answered here)
         named = {lst: int(f[1:]) for f, r in records().items() if f.startswith("b") for lst in r.get("lists", [])}
         assert len(named) >= 3, f"each region names its granule lists: {records()}"
         assert not any(f"l{lst}" in records() for lst in named), "one file a region while it runs"

@@ -32,6 +32,7 @@ pub mod peers;
 pub mod poller;
 pub mod rewound;
 pub mod rx_rules;
+pub mod sniffing;
 pub mod topology;
 pub mod unpack;
 

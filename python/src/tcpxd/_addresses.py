@@ -62,6 +62,9 @@ def address_kinds(addrs: Any) -> bytes:
     return bytes(out)
 
 
+#: tcpxd._native.vma_ranges where the extension has it.
+_vma_ranges = getattr(_native, "vma_ranges", None)
+
 #: `address_ranges`, besides BY_ADDRESS, FILE_SHARED and UNMAPPED (the region's first byte): a
 #: hole inside the range, a mapping under it that is not writable.
 HOLE, READ_ONLY = 3, 4
@@ -79,6 +82,9 @@ def address_ranges(addrs: Any, sizes: Any) -> bytes:
     if isinstance(addrs, list) and isinstance(sizes, list):  # (few: no numpy conversion)
         a: Any = array.array("Q", addrs)
         n: Any = array.array("Q", sizes)
+        if _procmap and _vma_ranges is not None:  # (the kernel answers: the usual, once known)
+            kinds: bytes = _vma_ranges(a, n)
+            return kinds
     else:
         import numpy as np
 
@@ -86,7 +92,7 @@ def address_ranges(addrs: Any, sizes: Any) -> bytes:
         n = np.ascontiguousarray(sizes, dtype=np.uint64)
     if _native is not None and _procmap is not False and hasattr(_native, "vma_ranges"):
         try:
-            kinds: bytes = _native.vma_ranges(a, n)
+            kinds = _native.vma_ranges(a, n)
             _procmap = True
             return kinds
         except OSError:

@@ -281,7 +281,10 @@ class Locator:
         if self._held is None:
             self._held = {}
             for fd in _held_descriptors():
-                st = os.fstat(fd)
+                try:
+                    st = os.fstat(fd)
+                except OSError:  # (closed meanwhile: by another thread, or a finalizer)
+                    continue
                 self._held.setdefault((st.st_ino, (os.major(st.st_dev), os.minor(st.st_dev))), fd)
         held = self._held.get((m.inode, m.dev))
         if held is not None:
@@ -424,33 +427,6 @@ def prepare_many(memories: Sequence[Any], label: str) -> Tuple[List[Any], Dict[i
         if p.address is None:
             h.reattach = (_reattach.keep_fd(p.fd, h), p.offset, p.nbytes, label)
     return prepared, hosts
-
-
-#: fcntl's F_GET_SEALS and the seals (linux/fcntl.h), for Pythons that do not name them.
-_F_GET_SEALS = 1034
-_F_SEAL_SEAL, _F_SEAL_SHRINK, _F_SEAL_WRITE, _F_SEAL_FUTURE_WRITE = 0x1, 0x2, 0x8, 0x10
-
-
-def taken_as_is(shared: Shared) -> bool:
-    """Whether the daemon takes this memory by descriptor whoever this process is, as far as this
-    process can tell (docs/API.md, "Client host memory"): a regular file open read-write, the
-    range inside it, not sealed against writing, and sealable against shrinking (else the daemon
-    takes it only from its own user, which only its answer tells). What can be registered without
-    waiting for the answer (tcpxd.nixl)."""
-    import fcntl
-
-    try:
-        st = os.fstat(shared.fd)
-        if not stat.S_ISREG(st.st_mode) or fcntl.fcntl(shared.fd, fcntl.F_GETFL) & os.O_ACCMODE != os.O_RDWR:
-            return False
-        if shared.offset + shared.nbytes > st.st_size:
-            return False
-        seals = fcntl.fcntl(shared.fd, _F_GET_SEALS)
-    except OSError:  # (not a file that takes seals: the daemon takes it from its own user only)
-        return False
-    if seals & (_F_SEAL_WRITE | _F_SEAL_FUTURE_WRITE):
-        return False
-    return bool(seals & _F_SEAL_SHRINK) or not seals & _F_SEAL_SEAL
 
 
 def daemon_allocates(memory: Any, shared: Optional[bool], registrar: Optional[Registrar]) -> bool:

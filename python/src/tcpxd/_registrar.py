@@ -1,7 +1,8 @@
 """The client's connection for registering its host memory with the daemon (`Registrar`): one
 local session of its own, kept open while the client lives, its registrations by descriptor and by
 address, in batches, pipelined, and (since session 21) sent without waiting for their answers
-(`send_addresses`, `collect`: docs/NIXL.md, "Registration that does not wait"). Split out of
+(`hold_addresses`, `collect`: docs/NIXL.md, "Registration that does not wait"; held back until
+the connection's next message or first use since session 22). Split out of
 tcpxd._hostmem, which re-exports these names."""
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ PIPELINE = 64
 #: next while this process reads the last; their answers (~20 KB a registration frame) fit the
 #: socket's buffer together.
 FRAMES = 4
-#: Bytes of answers `send_addresses` and `send_many` leave unread at most (`Registrar._room`):
+#: Bytes of answers held registrations' frames leave unread at most (`Registrar._room`):
 #: well under a unix socket's default send buffer (net.core.wmem_default, 208 KiB), which the
 #: daemon's answers fill before it blocks; and at most MAX_UNANSWERED frames.
 ANSWER_ROOM = 128 << 10
@@ -68,25 +69,22 @@ class _Known:
 
 
 class Pending:
-    """Registrations of memory by address sent without waiting for their answers
-    (`Registrar.send_addresses`): per region, once `Registrar.collect` read it, its `Answer`
+    """Registrations of memory by address held back and sent without waiting for their answers
+    (`Registrar.hold_addresses`): per region, once `Registrar.collect` read it, its `Answer`
     or the TcpxdError that refused it."""
 
-    def __init__(self, addrs: Any, tails: Sequence[bytes], items: Optional[Sequence[Tuple["Shared", Sequence[Any]]]] = None,
-                 label: str = ""):
+    def __init__(self, addrs: Any, tails: Sequence[bytes]):
         self.addrs = addrs
         self.tails = tails
-        #: Memory handed over by descriptor instead (`send_many`): per memory, its Shared (its
-        #: descriptor kept open until the answers are read) and block lists; answered by Buffer
-        #: messages, not `Answer`s.
-        self.items = items
-        self.label = label
-        self.got: List[Any] = [None] * (len(items) if items is not None else len(tails))
+        self.got: List[Any] = [None] * len(tails)
         #: Its frames not answered yet.
         self.frames = 0
         #: The local session ended before some of its answers came (they are registered again,
         #: on a new one, by `collect`).
         self.lost: Optional[TcpxdError] = None
+        #: Not sent yet (`Registrar.hold_addresses`): it goes with the connection's next
+        #: message, or when collected; withdrawn unsent by `Registrar.withdraw`.
+        self.held = False
 
 
 class OldDaemon(FailedPrecondition):
@@ -108,13 +106,15 @@ class Registrar:
         #: one request each, pipelined).
         self._batches: Optional[bool] = None
         #: Whether the daemon registered memory of this process by address on this connection:
-        #: it may attach to it (ptrace access), known once a session (`send_addresses`).
+        #: it may attach to it (ptrace access), known once a session (`_flush`).
         self._attach_ok = False
         #: The largest answer a registration has had, in bytes (frame overhead included).
         self._entry_bytes = 0
-        #: `register_batch` frames sent by `send_addresses` and not answered yet, in order:
+        #: `register_batch` frames sent of held registrations and not answered yet, in order:
         #: (tag, first region, end, the Pending they belong to).
         self._unanswered: Deque[Tuple[int, int, int, Pending]] = collections.deque()
+        #: Registrations held back (`hold_addresses`), not sent yet, in order.
+        self._held: Deque[Pending] = collections.deque()
         #: What the client found out about the daemon's local session (`available`): its pool of
         #: local sessions, shared so the daemon is asked once; else this registrar's own.
         self._known = known if known is not None else _Known()
@@ -147,7 +147,7 @@ class Registrar:
             with self._lock:
                 conn = self._connection()
                 with self._talking("register_host", timeout):
-                    self._settle(conn)
+                    self._settle(conn, timeout)
                     [(field, req)] = shared.session_op(label).items()
                     ev = conn.exchange(field, req, timeout, fd=shared.sent_fd)
                 return registered(ev, conn.tag)
@@ -160,37 +160,42 @@ class Registrar:
         PIPELINE at a time go in one `register_batch` frame, their descriptors with it; to a
         daemon without it, PIPELINE requests go out before their answers are read (one round trip
         for each PIPELINE, not each memory, either way)."""
-        out: List[Any] = []
         try:
             with self._lock:
                 conn = self._connection()
                 with self._talking("register_host", timeout):
-                    self._settle(conn)
-                    start = 0
-                    while self._batches is not False and start < len(items):
-                        got = self._batch(conn, items[start : start + PIPELINE], label, timeout)
-                        if got is None:
-                            self._batches = False  # the daemon predates register_batch
-                            break
-                        self._batches = True
-                        out.extend(got)
-                        start += len(got)
-                    for at in range(start, len(items), PIPELINE):
-                        tags = []
-                        for shared, lists in items[at : at + PIPELINE]:
-                            [(field, req)] = shared.session_op(label).items()
-                            req.block_lists.extend(lists)
-                            try:
-                                if not conn.send(field, req, timeout, fd=shared.sent_fd):
-                                    raise InvalidArgument("register_host: the registration is too large for a frame")
-                            finally:
-                                shared.done_sending()
-                            tags.append(conn.tag)
-                        out.extend(_registered_each(conn, tags))
-                return out
+                    self._settle(conn, timeout)
+                    return self._many_now(conn, items, label, timeout)
         finally:
             for shared, _ in items:
                 shared.done_sending()
+
+    def _many_now(self, conn: _local.Connection, items: Sequence[Tuple[Shared, Sequence[Any]]], label: str,
+                  timeout: Optional[float]) -> List[Any]:
+        """`register_many` on `conn`, nothing else unanswered on it (the lock held)."""
+        out: List[Any] = []
+        start = 0
+        while self._batches is not False and start < len(items):
+            got = self._batch(conn, items[start : start + PIPELINE], label, timeout)
+            if got is None:
+                self._batches = False  # the daemon predates register_batch
+                break
+            self._batches = True
+            out.extend(got)
+            start += len(got)
+        for at in range(start, len(items), PIPELINE):
+            tags = []
+            for shared, lists in items[at : at + PIPELINE]:
+                [(field, req)] = shared.session_op(label).items()
+                req.block_lists.extend(lists)
+                try:
+                    if not conn.send(field, req, timeout, fd=shared.sent_fd):
+                        raise InvalidArgument("register_host: the registration is too large for a frame")
+                finally:
+                    shared.done_sending()
+                tags.append(conn.tag)
+            out.extend(_registered_each(conn, tags))
+        return out
 
     def _batch(self, conn: _local.Connection, items: Sequence[Tuple[Shared, Sequence[Any]]], label: str,
                timeout: Optional[float]) -> Optional[List[Any]]:
@@ -204,108 +209,154 @@ class Registrar:
         return _batch_answer(conn, len(items), conn.tag)
 
     def register_addresses(self, addrs: Any, tails: Sequence[bytes], timeout: Optional[float]) -> List[Any]:
-        """Registers memory of this process by address, region i at `addrs[i]` (a numpy u64
-        array) with the rest of its request serialized in `tails[i]` (`address_tail`): per
+        """Registers memory of this process by address, region i at `addrs[i]` (u64s: an
+        array.array("Q") or a numpy array) with the rest of its request serialized in `tails[i]` (`address_tail`): per
         region, its `Answer` or the TcpxdError refusing it. As `register_many`, PIPELINE to a
         `register_batch` frame, its entries written without a message object each
         (`address_entries`), answered as arrays (`packed_answer`: `unpack`); to a daemon without
         it, one request each, pipelined."""
-        out: List[Any] = []
-        n = len(tails)
         with self._lock:
             conn = self._connection()
             with self._talking("register_host", timeout):
-                self._settle(conn)
-                start = 0
-                sent: List[Tuple[int, int, int]] = []  # (first region, end, tag) of frames unanswered
-                key = _key("SessionRequest", "register_batch")
-                while self._batches is not False and (start < n or sent):
-                    while start < n and len(sent) < FRAMES:
-                        end = min(n, start + PIPELINE)
-                        body = address_entries(addrs[start:end], list(tails[start:end])) + PACKED
-                        if not conn.send_body(key, body, timeout):
-                            raise InvalidArgument("register_host: the registrations are too large for a frame")
-                        sent.append((start, end, conn.tag))
-                        start = end
-                    first, end, tag = sent.pop(0)
-                    got = _address_answers(conn, end - first, tag, self)
-                    if got is None:  # the daemon predates register_batch: it refuses every frame
-                        for _ in sent:
-                            _batch_answer(conn, 0, 0)
-                        self._batches, start = False, first
-                        break
-                    self._batches = True
-                    self._attach_ok = self._attach_ok or any(not isinstance(g, TcpxdError) for g in got)
-                    out.extend(got)
-                R = _proto.message("RegisterClientMemoryRequest")
-                for at in range(start, n, PIPELINE):
-                    tags = []
-                    for j in range(at, min(n, at + PIPELINE)):
-                        req = R.FromString(b"\x08" + _varint(int(addrs[j])) + tails[j])
-                        if not conn.send("register_client_memory", req, timeout):
-                            raise InvalidArgument("register_host: the registration is too large for a frame")
-                        tags.append(conn.tag)
-                    out.extend(e if isinstance(e, TcpxdError) else answer_of(e) for e in _registered_each(conn, tags))
+                self._settle(conn, timeout)
+                return self._addresses_now(conn, addrs, tails, timeout)
+
+    def _addresses_now(self, conn: _local.Connection, addrs: Any, tails: Sequence[bytes],
+                       timeout: Optional[float]) -> List[Any]:
+        """`register_addresses` on `conn`, nothing else unanswered on it (the lock held)."""
+        out: List[Any] = []
+        n = len(tails)
+        start = 0
+        sent: List[Tuple[int, int, int]] = []  # (first region, end, tag) of frames unanswered
+        key = _key("SessionRequest", "register_batch")
+        while self._batches is not False and (start < n or sent):
+            while start < n and len(sent) < FRAMES:
+                end = min(n, start + PIPELINE)
+                body = address_entries(addrs[start:end], list(tails[start:end])) + PACKED
+                if not conn.send_body(key, body, timeout):
+                    raise InvalidArgument("register_host: the registrations are too large for a frame")
+                sent.append((start, end, conn.tag))
+                start = end
+            first, end, tag = sent.pop(0)
+            got = _address_answers(conn, end - first, tag, self)
+            if got is None:  # the daemon predates register_batch: it refuses every frame
+                for _ in sent:
+                    _batch_answer(conn, 0, 0)
+                self._batches, start = False, first
+                break
+            self._batches = True
+            self._attach_ok = self._attach_ok or any(not isinstance(g, TcpxdError) for g in got)
+            out.extend(got)
+        R = _proto.message("RegisterClientMemoryRequest")
+        for at in range(start, n, PIPELINE):
+            tags = []
+            for j in range(at, min(n, at + PIPELINE)):
+                req = R.FromString(b"\x08" + _varint(int(addrs[j])) + tails[j])
+                if not conn.send("register_client_memory", req, timeout):
+                    raise InvalidArgument("register_host: the registration is too large for a frame")
+                tags.append(conn.tag)
+            out.extend(e if isinstance(e, TcpxdError) else answer_of(e) for e in _registered_each(conn, tags))
         return out
 
-
-    def send_addresses(self, addrs: Any, tails: Sequence[bytes], timeout: Optional[float]) -> Optional[Pending]:
-        """`register_addresses` without waiting for the answers: the `register_batch` frames sent
-        (at most FRAMES unanswered on the connection: older answers are read first, so neither
-        side ever blocks on the other), their answers read by `collect` (or any later use of the
-        connection, which reads them first). None where that cannot be done honestly — no
-        connection yet, a daemon not known to take `register_batch`, or not known to be allowed
-        to attach to this process (no registration by address answered on this connection yet):
-        the caller registers with `register_addresses`, which finds those out."""
-        n = len(tails)
-        with self._lock:
-            if (self._batches is not True or not self._attach_ok or self._conn is None or self._closed
-                    or self._pid != os.getpid()):
+    def hold_addresses(self, addrs: Any, tails: Sequence[bytes]) -> Optional[Pending]:
+        """`register_addresses` held back (since session 22): nothing is sent now. The
+        registrations go out with the connection's next message (any call of this registrar sends
+        what is held first, in order) or when `collect` wants their answers; `withdraw` takes them
+        back unsent (a deregistration before any use: the daemon never hears of them). Sent as
+        `register_batch` frames whose answers are read later (at most as many unanswered as their
+        answers fit the socket's buffer: neither side blocks on the other) where the connection
+        is known to take them and, for memory by address, the daemon to be allowed to attach to
+        this process (a registration by address answered on it); else registered and answered
+        there and then, which finds those out. None once closed (the caller's
+        `register_addresses` says so)."""
+        with self._lock:  # (a forked child's: sent on a connection of its own, `_connection`)
+            if self._closed:
                 return None
-            conn = self._conn
             pending = Pending(addrs, tails)
-            key = _key("SessionRequest", "register_batch")
+            pending.held = True
+            self._held.append(pending)
+        return pending
+
+    def withdraw(self, pending: Pending) -> bool:
+        """Takes back registrations held and not sent yet (True: the daemon never heard of them;
+        False: already sent, so they are answered and released as any)."""
+        with self._lock:
+            if not pending.held:
+                return False
+            self._held.remove(pending)
+            pending.held = False
+        return True
+
+    def send_held(self, timeout: Optional[float]) -> None:
+        """Sends what is held now (their answers read later, by `collect`)."""
+        with self._lock:
+            if not self._held:
+                return
+            conn = self._connection()
             with self._talking("register_host", timeout):
+                self._flush(conn, timeout)
+
+    def _flush(self, conn: _local.Connection, timeout: Optional[float]) -> None:
+        """Sends every held registration, oldest first (the lock held)."""
+        while self._held:
+            pending = self._held[0]
+            if self._batches is not True or not self._attach_ok:
+                # Not known yet whether the daemon takes them so: registered now, answered here.
+                while self._unanswered:
+                    self._read_one(conn)
+                self._held.popleft()
+                pending.held = False
+                try:
+                    pending.got = self._addresses_now(conn, pending.addrs, pending.tails, timeout)
+                except BaseException as e:
+                    pending.lost = e if isinstance(e, TcpxdError) else Unavailable(f"register_host: {e!r}")
+                    raise
+                continue
+            self._held.popleft()
+            pending.held = False
+            n = len(pending.tails)
+            key = _key("SessionRequest", "register_batch")
+            try:
                 for start in range(0, n, PIPELINE):
                     while len(self._unanswered) >= self._room():
                         self._read_one(conn)
                     end = min(n, start + PIPELINE)
-                    body = address_entries(addrs[start:end], list(tails[start:end])) + PACKED
+                    body = address_entries(pending.addrs[start:end], list(pending.tails[start:end])) + PACKED
                     if not conn.send_body(key, body, timeout):
                         raise InvalidArgument("register_host: the registrations are too large for a frame")
                     self._unanswered.append((conn.tag, start, end, pending))
                     pending.frames += 1
-        return pending
-
-    def send_many(self, items: Sequence[Tuple[Shared, Sequence[Any]]], label: str,
-                  timeout: Optional[float]) -> Optional[Pending]:
-        """`register_many` of memory handed over by descriptor without waiting for the answers
-        (read by `collect`: per memory its Buffer message or the TcpxdError refusing it), as
-        `send_addresses`. None where the daemon is not known to take `register_batch` (the caller
-        registers with `register_many`). The descriptors the memories hold are closed once the
-        answers are read (`collect`), so that a lost session can hand them over again."""
-        n = len(items)
-        with self._lock:
-            if self._batches is not True or self._conn is None or self._closed or self._pid != os.getpid():
-                return None
-            conn = self._conn
-            pending = Pending(None, (), items, label)
-            with self._talking("register_host", timeout):
-                for start in range(0, n, PIPELINE):
-                    while len(self._unanswered) >= self._room():
-                        self._read_one(conn)
-                    end = min(n, start + PIPELINE)
-                    _send_batch(conn, items[start:end], label, timeout)
-                    self._unanswered.append((conn.tag, start, end, pending))
-                    pending.frames += 1
-        return pending
+            except BaseException as e:  # (what was not sent is registered again by `collect`)
+                if pending.lost is None:
+                    pending.lost = e if isinstance(e, TcpxdError) else Unavailable(f"register_host: {e!r}")
+                raise
 
     def collect(self, pending: Pending, timeout: Optional[float]) -> List[Any]:
-        """The answers to `send_addresses`'s registrations, read now if they were not: per region,
-        its `Answer` or the TcpxdError refusing it. Where the local session ended before
-        they came (the daemon released what it registered on it), they are registered again on a
-        new one; raises what that raises (Unavailable: no daemon)."""
+        """The answers to held registrations (`hold_addresses`), sent now if they were not and
+        read now if they were not: per region, its `Answer` or the TcpxdError refusing it. Where
+        the local session ended before they came (the daemon released what it registered on it),
+        they are registered again on a new one; raises what that raises (Unavailable: no
+        daemon)."""
         with self._lock:
+            try:
+                tries = 2
+                while pending.held:
+                    tries -= 1
+                    try:
+                        opened = self._connection()
+                        with self._talking("register_host", timeout):
+                            self._flush(opened, timeout)
+                    except Unavailable:
+                        if not pending.held:
+                            break  # (sent; or lost on the way: registered again below)
+                        if not tries:
+                            raise
+                        # (a connection found gone, e.g. a daemon restart not noticed yet: once
+                        # more, on a new one)
+            finally:
+                if pending.held:  # (not sent: what stopped it is raised for it)
+                    self._held.remove(pending)
+                    pending.held = False
             conn = self._conn
             if pending.frames and pending.lost is None and conn is not None:
                 try:
@@ -314,23 +365,17 @@ class Registrar:
                             self._read_one(conn)
                 except Unavailable:
                     pass  # (`pending.lost` says so: registered again below)
-        try:
-            if pending.lost is not None:
-                redo = [i for i, g in enumerate(pending.got) if g is None]
-                if pending.items is not None:
-                    got = self.register_many([pending.items[i] for i in redo], pending.label, timeout)
-                else:
-                    got = self.register_addresses(pending.addrs[redo], [pending.tails[i] for i in redo], timeout)
-                for i, g in zip(redo, got):
-                    pending.got[i] = g
-                pending.lost = None
-        finally:
-            for shared, _ in pending.items or ():
-                shared.done_sending()
+        if pending.lost is not None:
+            redo = [i for i, g in enumerate(pending.got) if g is None]
+            got = self.register_addresses(array.array("Q", [pending.addrs[i] for i in redo]),
+                                          [pending.tails[i] for i in redo], timeout)
+            for i, g in zip(redo, got):
+                pending.got[i] = g
+            pending.lost = None
         return pending.got
 
     def _room(self) -> int:
-        """How many frames `send_addresses` / `send_many` may leave unanswered: as many as the
+        """How many frames held registrations (`_flush`) may leave unanswered: as many as the
         answers seen so far say fit ANSWER_ROOM (the daemon blocks writing an answer the socket
         has no room for, and reads nothing meanwhile), at least FRAMES."""
         if not self._entry_bytes:
@@ -342,23 +387,21 @@ class Registrar:
         self._entry_bytes = max(self._entry_bytes, -(-size // n) + 16)
 
     def _read_one(self, conn: _local.Connection) -> None:
-        """Reads the answer to the oldest frame `send_addresses` sent into its Pending."""
+        """Reads the answer to the oldest frame `_flush` sent into its Pending."""
         tag, start, end, pending = self._unanswered.popleft()
         pending.frames -= 1
         try:
-            if pending.items is not None:
-                got = _batch_answer(conn, end - start, tag, self)
-            else:
-                got = _address_answers(conn, end - start, tag, self)
+            got = _address_answers(conn, end - start, tag, self)
         except TcpxdError as e:  # the frame refused whole: each of its regions refused so
             got = [e] * (end - start)
         if got is None:  # (not sent to a daemon without register_batch: never so)
             got = [TcpxdError("register_batch: the daemon refused the op") for _ in range(end - start)]
         pending.got[start:end] = got
 
-    def _settle(self, conn: _local.Connection) -> None:
-        """Reads every answer `send_addresses`'s frames still have coming (before the answer of a
-        request sent now: the daemon answers in order)."""
+    def _settle(self, conn: _local.Connection, timeout: Optional[float]) -> None:
+        """Sends what is held, then reads every answer the held registrations' frames still have
+        coming (before the answer of a request sent now: the daemon answers in order)."""
+        self._flush(conn, timeout)
         while self._unanswered:
             self._read_one(conn)
 
@@ -377,7 +420,7 @@ class Registrar:
             conn = self._conn
             R = _proto.message("ReleaseBatchRequest")
             with self._talking("release", timeout):
-                self._settle(conn)
+                self._settle(conn, timeout)
                 at = 0
                 sent: List[Tuple[int, int]] = []  # (ids in the frame, its tag), unanswered
                 while at < len(ids) or sent:
@@ -406,7 +449,7 @@ class Registrar:
         with self._lock:
             conn = self._connection()
             with self._talking("register_host", timeout):
-                self._settle(conn)
+                self._settle(conn, timeout)
                 ev = conn.exchange("register_host_fd", req, timeout, fd=fd)
             return registered(ev, conn.tag)
 
@@ -416,7 +459,7 @@ class Registrar:
         with self._lock:
             conn = self._connection()
             with self._talking("register_host", timeout):
-                self._settle(conn)
+                self._settle(conn, timeout)
                 ev = conn.exchange("register_client_memory", req, timeout)
             return registered(ev, conn.tag)
 
@@ -469,10 +512,15 @@ class Registrar:
             pending.lost = Unavailable(f"register_host: the local session with {self.path} ended before the daemon answered")
 
     def close(self) -> None:
-        """Closes the connection: the daemon releases the buffers registered on it."""
+        """Closes the connection: the daemon releases the buffers registered on it (what is held
+        is never sent)."""
         with self._lock:
             self._closed = True
             self._drop()
+            held, self._held = list(self._held), collections.deque()
+        for pending in held:
+            pending.held = False
+            pending.lost = TcpxdError("the client is closed")
 
 
 #: A region registered by address, as `register_addresses` and `collect` answer it: (buffer id,
@@ -552,15 +600,13 @@ def _address_answers(conn: _local.Connection, n: int, tag: int, seen: Optional["
     return [answer_of(b) if st.code == 0 else from_status(st.code, st.message) for b, st in zip(got.buffers, got.statuses)]
 
 
-def _batch_answer(conn: _local.Connection, n: int, tag: int, seen: Optional["Registrar"] = None) -> Optional[List[Any]]:
+def _batch_answer(conn: _local.Connection, n: int, tag: int) -> Optional[List[Any]]:
     """The answer to the `register_batch` of `n` registrations sent with `tag`: per registration,
     its Buffer message or the TcpxdError refusing it; None when the daemon does not know the
     request."""
     got = _batch_event(conn, tag)
     if got is None:
         return None
-    if seen is not None and n:
-        seen._answered(got.ByteSize(), n)
     if len(got.buffers) != n or len(got.statuses) != n:
         raise TcpxdError(f"local session: the daemon answered {len(got.buffers)} registrations of {n}")
     return [b if st.code == 0 else from_status(st.code, st.message) for b, st in zip(got.buffers, got.statuses)]

@@ -459,7 +459,8 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
 
     def cancel(self, fut: concurrent.futures.Future) -> "concurrent.futures.Future[bool]":
         """Cancels the transfer behind `fut` (it then fails with tcpxd.Cancelled); the returned
-        future says whether it was still unfinished."""
+        future gives True, or fails with tcpxd.FailedPrecondition when the transfer had already
+        finished (nothing changes)."""
         return self._submit(cancel_tag=fut.tag)  # type: ignore[attr-defined]
 
     def _dispatch(self, ev: Any) -> None:

@@ -19,6 +19,7 @@ from ._handles import Buffer as Buffer
 from ._handles import PreparedList as PreparedList
 from ._handles import Subscription as Subscription
 from ._handles import Transfer as Transfer
+from ._subscription import LocalSubscription
 from ._local import local_end, too_large  # noqa: F401 (re-exported)
 from ._ops import SESSION_FIELD, BufferLike, NodeInfo, ReadOp, RemoteLike, WriteOp, settle  # noqa: F401 (settle re-exported)
 from ._session import (  # noqa: F401 (re-exported: the session's framing helpers)
@@ -74,6 +75,8 @@ class Client:
         self._local: Optional[_local.LocalSessions] = _local.LocalSessions(path) if path else None
         #: Sessions on the local session (closing the client ends them, as closing the channel ends gRPC's).
         self._sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
+        #: Subscriptions on the local session (closing the client ends them too).
+        self._subscriptions: "weakref.WeakSet[LocalSubscription]" = weakref.WeakSet()
         unix = _local.socket_path(self.endpoint)
         #: Registers host memory this process shares (its connection holds those buffers).
         self._registrar: Optional[_hostmem.Registrar] = _hostmem.Registrar(unix, self._local) if unix else None
@@ -119,6 +122,8 @@ class Client:
         sessions = list(self._sessions)
         for session in sessions:
             session._abort("client closed")
+        for sub in list(self._subscriptions):
+            sub.close()
         if not _exit.finalizing():  # (past the exit handlers the sessions' reader threads are frozen)
             for session in sessions:
                 session._release()
@@ -168,35 +173,6 @@ class Client:
         register_memory)."""
         got = _hostmem.register_many(self._registrar, self.endpoint, memories, lists, label, self.timeout)
         return self._host_buffers(got, lists)
-
-    def _send_host_many(self, memories: Sequence[Any], lists: Sequence[Sequence[Any]],
-                        label: str = "") -> Optional[Callable[[], List[Any]]]:
-        """`_register_host_many` without waiting for the daemon's answers: the memories checked
-        here (each one the daemon takes whoever this process is: `_hostmem.taken_as_is`) and
-        sent; returns what reads the answers (what `_register_host_many` returns). None where
-        that cannot be done (a memory it cannot check, a daemon not known to take register_batch):
-        the caller registers with `_register_host_many`."""
-        registrar = self._registrar
-        if registrar is None:
-            return None
-        prepared, hosts = _hostmem.prepare_many(memories, label)
-        if not all(isinstance(p, _hostmem.Shared) and p.address is None and _hostmem.taken_as_is(p) for p in prepared):
-            for p in prepared:
-                if isinstance(p, _hostmem.Shared):
-                    p.done_sending()
-            return None
-        pending = registrar.send_many([(p, lists[i]) for i, p in enumerate(prepared)], label, self.timeout)
-        if pending is None:
-            for p in prepared:
-                p.done_sending()
-            return None
-
-        def answers() -> List[Any]:
-            got = registrar.collect(pending, self.timeout)
-            return self._host_buffers([a if isinstance(a, TcpxdError) else (a, hosts[i]) for i, a in enumerate(got)],
-                                      lists)
-
-        return answers
 
     def _host_buffers(self, got: Sequence[Any], lists: Sequence[Sequence[Any]]) -> List[Any]:
         """`_register_host_many`'s answer from `_hostmem.register_many`'s: Buffers, tracked to be
@@ -509,7 +485,14 @@ class Client:
 
     def subscribe(self) -> Subscription:
         """Notifications other nodes attach to transfers into this node's buffers. Returns once the
-        subscription is in place: notifications of transfers finishing after that are delivered."""
+        subscription is in place: notifications of transfers finishing after that are delivered.
+        On the local session (a unix endpoint) a session of its own, read on the caller's thread
+        (tcpxd._subscription); else the Subscribe RPC."""
+        if self._local is not None:
+            sub = LocalSubscription.open(self._local, self.endpoint)
+            if sub is not None:
+                self._subscriptions.add(sub)
+                return sub
         call = self._stream("Subscribe", _proto.message("SubscribeRequest")())
         try:
             call.initial_metadata()  # the daemon answers headers once it has subscribed

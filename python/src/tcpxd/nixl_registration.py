@@ -6,11 +6,16 @@ For each kind of memory, region size and region count (--memory, --sizes, --coun
 over --max-total bytes are left out), a fresh process allocates the regions, writes every byte
 (--fresh: leaves them untouched), then times one `register_memory` of all of them and one
 `deregister_memory`, in microseconds a region; then `register_memory` again until its regions
-are answered (tcpxd.nixl's `register_memory` returns before the daemon's answers, which the
-agent's next use of its regions reads first: timed here by that read, `_memory.table()`;
-docs/NIXL.md, "Semantics"; NIXL's returns registered). The "caller's CPU" rows are the CPU time of
-the thread calling `register_memory` (on a machine with few cores the daemon woken by the send can
-preempt the caller: wall time then includes the daemon's work). Kinds of memory:
+are answered (tcpxd.nixl's `register_memory` holds the regions back and returns before the daemon
+has them: the agent's next use of its regions sends them and reads the answers first, timed here
+by that use, `_memory.table()`; docs/NIXL.md, "Semantics"; NIXL's returns registered) and
+`deregister_memory` after that use ("deregister after use": tcpxd.nixl's plain "deregister"
+right after `register_memory` withdraws regions the daemon never had). Each figure is the median
+of as many rounds of that as make 64 regions, at least 3, each on new memory (the "answered"
+registration is that memory's second, which NIXL answers from what it kept). The "caller's CPU"
+rows are the CPU time of the thread calling `register_memory` (on a machine with few cores the
+daemon woken by the send can preempt the caller: wall time then includes the daemon's work).
+Kinds of memory:
 
 - `numpy`: one numpy array a region (ordinary process memory: tcpxd registers it by address);
 - `memfd`: one memfd a region, mapped shared (tcpxd: handed to the daemon by file descriptor).
@@ -110,28 +115,38 @@ def child(impl: str, endpoint: str, cases: List[Case], fresh: bool) -> Dict[str,
     agent.deregister_memory(reg)
     _free("numpy", keep)
     for kind, size, count in cases:
-        addrs, keep = _regions(kind, size, count, fresh)
-        descs = agent.get_reg_descs([(a, size, 0, "") for a in addrs], "DRAM")
-        t, c = time.perf_counter(), time.thread_time()
-        reg = agent.register_memory(descs)
-        t1, c1 = time.perf_counter(), time.thread_time()
-        agent.deregister_memory(reg)
-        t2 = time.perf_counter()
-        # Registered and answered: until the regions are in the agent's table, as any first use
-        # needs them (tcpxd.nixl's register_memory may return before the daemon's answers, which
-        # that use reads first; NIXL's returns registered).
-        answered = getattr(getattr(agent, "_memory", None), "table", lambda: None)
-        t3 = time.perf_counter()
-        reg = agent.register_memory(descs)
-        answered()
-        t4 = time.perf_counter()
-        agent.deregister_memory(reg)
-        name = f"{kind} {count} x {_label(size)}"
-        res[f"register µs/region, {name}"] = (t1 - t) / count * 1e6
-        res[f"register, caller's CPU µs/region, {name}"] = (c1 - c) / count * 1e6
-        res[f"register, answered µs/region, {name}"] = (t4 - t3) / count * 1e6
-        res[f"deregister µs/region, {name}"] = (t2 - t1) / count * 1e6
-        _free(kind, keep)
+        # As many rounds as make 64 regions, at least 3: the median of those (one registration
+        # alone is too short to time once on a shared machine). New memory each round (NIXL's
+        # UCX keeps what it registered: the same memory again costs it a lookup).
+        times: Dict[str, List[float]] = {}
+        for _ in range(max(3, 64 // count)):
+            addrs, keep = _regions(kind, size, count, fresh)
+            descs = agent.get_reg_descs([(a, size, 0, "") for a in addrs], "DRAM")
+            t, c = time.perf_counter(), time.thread_time()
+            reg = agent.register_memory(descs)
+            t1, c1 = time.perf_counter(), time.thread_time()
+            agent.deregister_memory(reg)
+            t2 = time.perf_counter()
+            # Registered and answered: until the regions are in the agent's table, as any first
+            # use needs them (tcpxd.nixl's register_memory holds them back: that use sends them
+            # and reads the answers; NIXL's returns registered).
+            answered = getattr(getattr(agent, "_memory", None), "table", lambda: None)
+            t3 = time.perf_counter()
+            reg = agent.register_memory(descs)
+            answered()
+            t4 = time.perf_counter()
+            agent.deregister_memory(reg)
+            t5 = time.perf_counter()
+            name = f"{kind} {count} x {_label(size)}"
+            for k, v in ((f"register µs/region, {name}", t1 - t), (f"register, caller's CPU µs/region, {name}", c1 - c),
+                         (f"register, answered µs/region, {name}", t4 - t3), (f"deregister µs/region, {name}", t2 - t1),
+                         (f"deregister after use µs/region, {name}", t5 - t4)):
+                times.setdefault(k, []).append(v / count * 1e6)
+            _free(kind, keep)
+        res.update({k: statistics.median(v) for k, v in times.items()})
+        # (and the first round alone: a region size's first registration in the process, code
+        # and caches cold, as an application registering its memory once at start-up sees it)
+        res[f"register, first round µs/region, {name}"] = times[f"register µs/region, {name}"][0]
     return res
 
 

@@ -5,6 +5,7 @@ pub mod batch_ranges;
 pub mod blocks;
 pub mod delivery;
 pub mod dial;
+pub mod finished_tags;
 pub mod host_memory;
 pub mod local;
 pub mod node;

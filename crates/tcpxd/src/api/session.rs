@@ -29,6 +29,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
 use super::delivery::{Delivered, Subscription, deliver_finished, deliver_notifications, notification_event};
+use super::finished_tags::{FinishedTags, already_finished};
 use super::host_memory::{self, Attached};
 use super::local::inline::Inline;
 use super::local::outbox::{BACKLOG, Outbox};
@@ -173,6 +174,7 @@ pub async fn serve<R: Requests, E: Events>(
         outbox: events.outbox(),
         events,
         open: HashMap::new(),
+        finished: FinishedTags::default(),
         waiting: JoinSet::new(),
         inline: HashMap::new(),
         delivered: Arc::new(Delivered::default()),
@@ -189,6 +191,8 @@ struct Session<'e, E> {
     events: &'e mut E,
     /// Unfinished transfers by tag.
     open: HashMap<u64, TransferId>,
+    /// The last finished ones, for `cancel_tag`'s answer.
+    finished: FinishedTags,
     /// One task per open transfer, ending with its tag and final event (without an outbox).
     waiting: JoinSet<(u64, pb::TransferEvent)>,
     /// With an outbox: where the open transfers' final events go, from the thread that
@@ -354,7 +358,9 @@ impl<E: Events> Session<'_, E> {
         }
         let tags = std::mem::take(&mut *self.delivered.tags.lock().unwrap_or_else(|e| e.into_inner()));
         for tag in tags {
-            self.open.remove(&tag);
+            if let Some(id) = self.open.remove(&tag) {
+                self.finished.record(tag, id);
+            }
             self.inline.remove(&tag);
         }
     }
@@ -369,7 +375,9 @@ impl<E: Events> Session<'_, E> {
 
     async fn finished(&mut self, tag: u64, event: pb::TransferEvent) -> Result<(), Gone> {
         tracing::trace!(target: "tcpxd::hop", hop = "api.out", id = event.transfer_id);
-        self.open.remove(&tag);
+        if let Some(id) = self.open.remove(&tag) {
+            self.finished.record(tag, id);
+        }
         self.send(tag, Event::Finished(event)).await
     }
 
@@ -772,20 +780,25 @@ impl<E: Events> Session<'_, E> {
                 .send(tag, Event::Cancelled(pb::CancelResponse { cancelled: true }))
                 .await;
         }
+        // A transfer that finished (its event delivered or about to be) is refused alike
+        // whether or not the session has seen its end yet: FAILED_PRECONDITION, nothing changed.
         let Some(&id) = self.open.get(&target) else {
-            return self
-                .refuse(
-                    tag,
-                    Status::not_found(format!(
-                        "cancel_tag: no unfinished request of this session has tag {target}"
-                    )),
-                )
-                .await;
+            let status = match self.finished.get(target) {
+                Some(id) => already_finished(&self.state, target, id),
+                None => Status::not_found(format!(
+                    "cancel_tag: no unfinished request of this session has tag {target}"
+                )),
+            };
+            return self.refuse(tag, status).await;
         };
         match self.state.cancel_transfer(id).await {
-            Ok(cancelled) => {
-                self.send(tag, Event::Cancelled(pb::CancelResponse { cancelled }))
+            Ok(true) => {
+                self.send(tag, Event::Cancelled(pb::CancelResponse { cancelled: true }))
                     .await
+            }
+            Ok(false) => {
+                let status = already_finished(&self.state, target, id);
+                self.refuse(tag, status).await
             }
             Err(status) => self.refuse(tag, status).await,
         }

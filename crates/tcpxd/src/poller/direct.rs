@@ -300,6 +300,18 @@ impl super::Poller {
         }
     }
 
+    /// When the first pairing whose control stream ended with its direct connection open is due
+    /// to fail ([`STREAM_END_GRACE`] after the end; `flush_direct`): the one timer of the poller
+    /// that the engine's `next_deadline` does not know, so the park's timeout counts it too.
+    pub(super) fn stream_end_due(&self) -> Option<std::time::Instant> {
+        self.peers
+            .values()
+            .filter(|p| !p.failed)
+            .filter_map(|p| p.stream_ended.as_ref())
+            .map(|(at, _)| *at + STREAM_END_GRACE)
+            .min()
+    }
+
     /// Sends what the pairings' direct connections could not take earlier, and fails the
     /// pairings whose connection broke (in this pass or while an action sent on it), or whose
     /// control stream ended [`STREAM_END_GRACE`] ago with the direct connection still open.

@@ -676,9 +676,6 @@ enum Completion {
 /// transfers) still go in one pass.
 pub(crate) const COMMAND_SLICE: Duration = Duration::from_micros(50);
 
-/// The longest park with nothing in flight (deadlines are checked at least this often).
-const PARK_MAX: Duration = Duration::from_secs(1);
-
 impl Poller {
     fn run(mut self) {
         tracing::debug!("poller started");
@@ -693,7 +690,7 @@ impl Poller {
         let mut looked = false;
         loop {
             if !looked && self.reads_direct() {
-                self.park.look(Duration::ZERO, &mut self.direct_ready);
+                self.park.look(Some(Duration::ZERO), &mut self.direct_ready);
             }
             looked = false;
             let mut progressed = self.read_direct();
@@ -746,16 +743,14 @@ impl Poller {
                 }
             } else {
                 // Nothing in flight: park in epoll until a command, a peer's control message
-                // or the next deadline.
+                // or the next timer (none due: no timeout; park.rs, "State").
                 backoff.reset();
                 let now = Instant::now();
-                park::Wait::Park(
-                    self.engine
-                        .next_deadline()
-                        .map(|d| d.saturating_duration_since(now))
-                        .unwrap_or(PARK_MAX)
-                        .min(PARK_MAX),
-                )
+                let due = [self.engine.next_deadline(), self.stream_end_due()]
+                    .into_iter()
+                    .flatten()
+                    .min();
+                park::Wait::Park(due.map(|d| d.saturating_duration_since(now)))
             };
             match self.park.wait(wait, &self.rx, &mut self.direct_ready) {
                 park::Woken::Command(cmd) => {

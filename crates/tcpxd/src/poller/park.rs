@@ -14,9 +14,24 @@
 //! - `NAPPING`: stalled with bytes in flight, sleeping [`crate::idle::NAP`] in `park_timeout`
 //!   (epoll's timeout has millisecond resolution). A sender unparks the thread; a socket
 //!   becoming readable waits for the nap's end (≤ 50 µs, only during a stall).
-//! - `IN_EPOLL`: parked in `epoll_wait` until the next deadline (at most `PARK_MAX`): nothing
-//!   in flight. A sender writes the eventfd; a direct socket's data wakes it by itself. An idle
-//!   daemon therefore blocks here with no timeout-spin: no CPU, waking for its timers only.
+//! - `IN_EPOLL`: parked in `epoll_wait` until the next timer is due, with no timeout when none
+//!   is: nothing in flight. A sender writes the eventfd; a direct socket's data wakes it by
+//!   itself. An idle daemon therefore blocks here with no timeout-spin: no CPU, waking for its
+//!   timers only.
+//!
+//! # Why no timer is missed
+//! Everything the poller does when no command or socket asks it to is due at a time it knows
+//! when it parks: the engine's deadlines, orphaned eager data's header timeout, the drain's
+//! grace period and the idle lanes' and pairings' closes (`Engine::next_deadline`), and the
+//! poller's own one, a pairing whose control stream ended while its direct connection stayed
+//! open, failed [`super::direct::STREAM_END_GRACE`] later (`Poller::stream_end_due`). The park
+//! waits until the earliest. Everything else reaches the poller as a command (the bell) or a
+//! direct socket's data (epoll): the API's and the peers' streams, the heartbeat's silence
+//! (`Command::PeerDown`, from the stream's reader), a direct connection handed over; work the
+//! poller started (posted requests, unpacks, host copies, lanes connecting or accepting) keeps
+//! it out of the park (`busy`). Until session 22 the park was capped at 1 s (`PARK_MAX`), which
+//! only the stream-end grace needed: a timer added outside `next_deadline` must join
+//! `stream_end_due`'s minimum, or it fires only at the next command.
 //!
 //! # Why no wake-up is lost
 //! A sender puts the command on the channel, then (a `SeqCst` fence between) reads the state;
@@ -129,8 +144,9 @@ impl Drop for TxInner {
 pub(super) enum Wait {
     /// Stalled with bytes in flight: a short sleep a command ends.
     Nap(Duration),
-    /// Nothing in flight: until a command, a direct socket's data or this long.
-    Park(Duration),
+    /// Nothing in flight: until a command, a direct socket's data or this long (`None`: no
+    /// timer is due; see the module's "Why no timer is missed").
+    Park(Option<Duration>),
 }
 
 /// What ended a wait.
@@ -191,9 +207,9 @@ impl Park {
     }
 
     /// Collects the tokens of the direct sockets that became readable (or ended) into `ready`,
-    /// waiting at most `timeout` (zero: only looks).
-    pub(super) fn look(&mut self, timeout: Duration, ready: &mut Vec<Token>) {
-        match self.poll.poll(&mut self.events, Some(timeout)) {
+    /// waiting at most `timeout` (zero: only looks; `None`: until a socket or a ring).
+    pub(super) fn look(&mut self, timeout: Option<Duration>, ready: &mut Vec<Token>) {
+        match self.poll.poll(&mut self.events, timeout) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => return,
             Err(e) => {
@@ -287,7 +303,7 @@ mod tests {
             }
             // Every wait is an hour long: each command must end it (half parks, half naps).
             let wait = if waits.is_multiple_of(2) {
-                Wait::Park(FOREVER)
+                Wait::Park(None)
             } else {
                 Wait::Nap(FOREVER)
             };
@@ -318,7 +334,7 @@ mod tests {
         });
         let mut ready = Vec::new();
         loop {
-            match park.wait(Wait::Park(FOREVER), &rx, &mut ready) {
+            match park.wait(Wait::Park(None), &rx, &mut ready) {
                 Woken::Disconnected => break,
                 Woken::Look => {}
                 Woken::Command(_) => panic!("nothing was sent"),
@@ -342,7 +358,7 @@ mod tests {
             a.write_all(&[round; 5]).unwrap();
             while ready.is_empty() {
                 assert!(matches!(
-                    park.wait(Wait::Park(FOREVER), &rx, &mut ready),
+                    park.wait(Wait::Park(None), &rx, &mut ready),
                     Woken::Look
                 ));
             }
@@ -355,7 +371,7 @@ mod tests {
         // The peer's end is reported too (its read then gives 0).
         drop(a);
         while ready.is_empty() {
-            park.wait(Wait::Park(FOREVER), &rx, &mut ready);
+            park.wait(Wait::Park(None), &rx, &mut ready);
         }
         assert_eq!(b.read(&mut [0u8; 4]).unwrap(), 0);
     }

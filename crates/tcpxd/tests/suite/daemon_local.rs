@@ -1,13 +1,16 @@
 //! The framed local session on the API unix socket (#15): the `Session` RPC's semantics driven
 //! with a plain `UnixStream`, the preface, the frame limits, half-close, resets, and gRPC still
 //! served on the same socket. Every test compares bytes or statuses and checks that the lanes and
-//! transfer slots of both daemons drain back to zero.
+//! transfer slots of both daemons drain back to zero. A test that needs a transfer in flight holds
+//! it with the emulation's hold gate (`common::hold`: closed before the post, the transfer moves
+//! 16 MiB and then waits until the test opens it), whatever the machine's load.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::common::daemons::*;
 use crate::common::framed::*;
+use crate::common::hold;
 use tcpxd::api::proto::v1 as pb;
 use tcpxd::api::proto::v1::session_event::Event;
 use tcpxd::api::proto::v1::session_request::Op;
@@ -16,14 +19,38 @@ use tokio::net::UnixStream;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
-async fn cancelled_total(c: &mut Client) -> u64 {
+/// Transfers of `c` that ended with `status` (a metrics label: "ok", "cancelled", ...).
+async fn total(c: &mut Client, status: &str) -> u64 {
     let stats = c.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
     stats
         .transfer_totals
         .iter()
-        .filter(|t| t.status == "cancelled")
+        .filter(|t| t.status == status)
         .map(|t| t.transfers)
         .sum()
+}
+
+async fn cancelled_total(c: &mut Client) -> u64 {
+    total(c, "cancelled").await
+}
+
+/// Waits until `want` transfers of `c` have ended cancelled (the engine ends a cancelled transfer
+/// at once, its chunks held at the gate or not).
+async fn until_cancelled(c: &mut Client, want: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while cancelled_total(c).await < want {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{want} transfers not cancelled within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The hold gate on for this test's process (before any daemon starts), and logs at `warn`.
+fn held() {
+    hold::gate_on();
+    tcpxd::logging::init("warn");
 }
 
 async fn active(c: &mut Client) -> u32 {
@@ -191,13 +218,25 @@ async fn bad_requests_are_refused_and_the_session_goes_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_by_tag_and_half_close_finishes_in_flight() {
-    slow_nic();
+    held();
     let (mut a, mut b) = pair("local-cancel").await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
     let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 10).await;
     let mut s = Framed::open(&a.daemon.api_socket).await;
-    // A long WRITE (about 1 s at 1 Gbit/s), cancelled by its tag.
+    // A finished transfer's tag: cancelling it says so and changes nothing.
+    s.send(9, write_op(write_entry(&src, 0, &dst, 0, 4 * KIB))).await;
+    assert_eq!(finished(&s.next().await).status_code, 0);
+    s.send(8, Op::CancelTag(9)).await;
+    let (tag, code, msg) = refused(s.next().await);
+    assert_eq!((tag, code), (8, tonic::Code::FailedPrecondition as i32), "{msg}");
+    assert_eq!(
+        msg,
+        "cancel_tag: tag 9 already finished (OK); nothing was cancelled"
+    );
+    assert_eq!(cancelled_total(&mut a.client).await, 0);
+    // A long WRITE, held in flight, cancelled by its tag.
+    hold::close_gate();
     s.send(10, write_op(write_entry(&src, 0, &dst, 0, 120 * MIB)))
         .await;
     // A tag in use is refused (the request is ordered after the WRITE's start).
@@ -227,23 +266,58 @@ async fn cancel_by_tag_and_half_close_finishes_in_flight() {
         }
         other => panic!("{other:?}"),
     }
-    // Half-close with a transfer in flight: it finishes, its event comes, then EOF.
-    s.send(12, write_op(write_entry(&src, 0, &dst, 0, 16 * MIB)))
+    // Cancelled again once it ended: refused, with how it ended.
+    s.send(13, Op::CancelTag(10)).await;
+    let (tag, code, msg) = refused(s.next().await);
+    assert_eq!((tag, code), (13, tonic::Code::FailedPrecondition as i32), "{msg}");
+    assert!(
+        msg.starts_with("cancel_tag: tag 10 already finished (CANCELLED: "),
+        "{msg}"
+    );
+    assert_eq!(cancelled_total(&mut a.client).await, 1);
+    hold::open_gate();
+    // A transfer that finished before its cancel was read, its event not read yet: the same
+    // answer, whichever the session saw first (the event, or the cancel of a transfer ended).
+    let ok_before = total(&mut a.client, "ok").await;
+    s.send(14, write_op(write_entry(&src, 0, &dst, 0, 4 * KIB))).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while total(&mut a.client, "ok").await == ok_before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a 4 KiB write unfinished after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    s.send(15, Op::CancelTag(14)).await;
+    let mut got = HashMap::new();
+    for _ in 0..2 {
+        let ev = s.next().await;
+        got.insert(ev.tag, ev);
+    }
+    assert_eq!(finished(&got[&14]).status_code, 0);
+    let (_, code, msg) = refused(got.remove(&15).expect("the cancel's answer"));
+    assert_eq!(code, tonic::Code::FailedPrecondition as i32, "{msg}");
+    assert!(msg.contains("tag 14 already finished (OK)"), "{msg}");
+    assert_eq!(cancelled_total(&mut a.client).await, 1);
+    // Half-close with a transfer held in flight: it finishes, its event comes, then EOF.
+    hold::close_gate();
+    s.send(12, write_op(write_entry(&src, 0, &dst, 0, 32 * MIB)))
         .await;
     half_close(&mut s).await;
+    hold::open_gate();
     let ev = s.next().await;
     assert_eq!(ev.tag, 12);
     let t = finished(&ev);
     assert_eq!(
         (t.status_code, t.bytes_done),
-        (0, 16 * MIB),
+        (0, 32 * MIB),
         "{}",
         t.status_message
     );
     s.assert_eof().await;
     assert_eq!(
-        crc(&mut b.client, dst.id, 0, 16 * MIB).await,
-        crc(&mut a.client, src.id, 0, 16 * MIB).await
+        crc(&mut b.client, dst.id, 0, 32 * MIB).await,
+        crc(&mut a.client, src.id, 0, 32 * MIB).await
     );
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut b.client).await;
@@ -251,11 +325,13 @@ async fn cancel_by_tag_and_half_close_finishes_in_flight() {
     b.stop().await;
 }
 
-/// Starts a long WRITE and a long READ on a framed connection and waits until both run.
+/// Starts a long WRITE and a long READ on a framed connection, held in flight by the hold gate
+/// (closed here: the caller opens it), and waits until both run.
 async fn two_long_transfers(a: &mut TestDaemon, b: &mut TestDaemon) -> Framed {
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
     let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
     let mut s = Framed::open(&a.daemon.api_socket).await;
+    hold::close_gate();
     s.send(1, write_op(write_entry(&src, 0, &dst, 0, 120 * MIB)))
         .await;
     s.send(2, read_op(read_entry(&dst, 0, &src, 0, 120 * MIB))).await;
@@ -269,10 +345,13 @@ async fn two_long_transfers(a: &mut TestDaemon, b: &mut TestDaemon) -> Framed {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_connection_cancels_its_transfers_on_both_sides() {
-    slow_nic();
+    held();
     let (mut a, mut b) = pair("local-drop").await;
     let s = two_long_transfers(&mut a, &mut b).await;
     drop(s);
+    // Both cancelled while held; then their chunks go on (emptied) and the lanes drain.
+    until_cancelled(&mut a.client, 2).await;
+    hold::open_gate();
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut b.client).await;
     assert_eq!(active(&mut b.client).await, 0);
@@ -283,14 +362,16 @@ async fn a_dropped_connection_cancels_its_transfers_on_both_sides() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_dropped_after_its_half_close_cancels_its_transfers() {
-    slow_nic();
+    held();
     let (mut a, mut b) = pair("local-hup").await;
     let mut s = two_long_transfers(&mut a, &mut b).await;
     half_close(&mut s).await;
     assert_eq!(active(&mut a.client).await, 2, "a half-close cancels nothing");
     // Gone after its half-close (whether or not the daemon saw that first): only the hang-up
-    // tells, the transfers would otherwise run on for about 2 s and then finish.
+    // tells, the transfers (held at the gate) would otherwise run on and finish.
     drop(s);
+    until_cancelled(&mut a.client, 2).await;
+    hold::open_gate();
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut b.client).await;
     assert_eq!(cancelled_total(&mut a.client).await, 2);
@@ -300,12 +381,13 @@ async fn a_connection_dropped_after_its_half_close_cancels_its_transfers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broken_frames_are_refused_under_tag_zero_then_closed() {
-    slow_nic();
+    held();
     let (mut a, mut b) = pair("local-broken").await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
     let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
-    // Over the limit, with a transfer in flight: one refusal, EOF, the transfer cancelled.
+    // Over the limit, with a transfer held in flight: one refusal, EOF, the transfer cancelled.
     let mut s = Framed::open(&a.daemon.api_socket).await;
+    hold::close_gate();
     s.send(1, write_op(write_entry(&src, 0, &dst, 0, 120 * MIB)))
         .await;
     s.send(2, Op::CancelTag(99)).await;
@@ -318,6 +400,8 @@ async fn broken_frames_are_refused_under_tag_zero_then_closed() {
     assert_eq!((tag, code), (0, tonic::Code::ResourceExhausted as i32));
     assert_eq!(msg, "frame: 67108865 bytes is over the 67108864-byte limit");
     s.assert_eof().await;
+    until_cancelled(&mut a.client, 1).await;
+    hold::open_gate();
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut b.client).await;
     assert_eq!(cancelled_total(&mut a.client).await, 1);
@@ -379,18 +463,39 @@ async fn a_silent_connection_blocks_no_one_and_is_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_daemon_finishes_framed_transfers_then_closes() {
-    slow_nic();
+    held();
     let (mut a, mut b) = pair("local-drain").await;
     let src = host_buffer(&mut a.client, 64 * MIB, "").await;
     let dst = host_buffer(&mut b.client, 64 * MIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 3).await;
     let mut s = Framed::open(&a.daemon.api_socket).await;
+    hold::close_gate();
     s.send(1, write_op(write_entry(&src, 0, &dst, 0, 32 * MIB))).await;
     s.send(2, Op::CancelTag(99)).await;
     let (tag, _, _) = refused(s.next().await);
     assert_eq!(tag, 2);
     let want = crc(&mut a.client, src.id, 0, 32 * MIB).await;
+    let mut probe = a.client.clone();
     let stopping = tokio::spawn(a.stop());
+    // The drain has begun once a new transfer is refused (one started before waits at the gate
+    // too, and finishes in the grace period with the rest); only then does the WRITE go on.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = probe
+            .write(pb::WriteRequest {
+                entry: Some(write_entry(&src, 48 * MIB, &dst, 48 * MIB, 1)),
+                ..Default::default()
+            })
+            .await;
+        match r {
+            Err(e) if e.code() == tonic::Code::Unavailable => break,
+            Err(e) => panic!("a probe write while draining: {e}"),
+            Ok(_) => {}
+        }
+        assert!(std::time::Instant::now() < deadline, "no drain within 30 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    hold::open_gate();
     // The in-flight WRITE finishes within the grace period; then the daemon closes.
     let ev = s.next().await;
     assert_eq!(ev.tag, 1);

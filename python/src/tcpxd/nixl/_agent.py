@@ -42,7 +42,7 @@ from ._handles import (
 )
 from ._memory import LocalMemory
 from ._metadata import AgentMetadata
-from ._notify import MAILBOX_BYTES, Inbox, frame
+from ._notify import CLOSE_NOTIFS_S, MAILBOX_BYTES, Inbox, _tight_spin_s, frame, notif_future
 from ._regions import RegionTable
 from ._xfer import Xfer, mailbox_entry, mailbox_write, nixlXferTelemetry
 
@@ -72,21 +72,6 @@ TIGHT_S = 50e-6
 TIGHT_WAIT_MS = 1
 
 
-def _tight_spin_s() -> float:
-    """TIGHT_SPIN_S: TCPXD_NIXL_TIGHT_SPIN_US (µs; "inf": never wait), else 0 with fewer than 8
-    CPUs (the two daemons need the CPU a spin would take: on the 2-core VM, 4 KiB READ p50 / p90
-    / p99 199–222 / 264–321 / 294–3,818 µs waiting at once, 194–287 / 472–530 / 722–824 after 250
-    µs of spin, 200–506 / 2,396–2,997 / 4,128–14,308 spinning, session 21), else no bound (the
-    daemon's own `runtime.spin auto` rule, mirrored)."""
-    v = os.environ.get("TCPXD_NIXL_TIGHT_SPIN_US", "")
-    if v:
-        try:
-            return float(v) / 1e6
-        except ValueError:
-            log.warning("TCPXD_NIXL_TIGHT_SPIN_US=%r is not a number of µs (or inf): using the default", v)
-    return 0.0 if (os.cpu_count() or 1) < 8 else float("inf")
-
-
 TIGHT_SPIN_S = _tight_spin_s()
 
 
@@ -114,6 +99,11 @@ class _Remote:
         self.mailbox_entry: Optional[bytes] = None
         #: The pairing with its node started when the metadata was loaded (`_pair_ahead`).
         self.pairing: Any = None
+        #: The last send_notif to it (its WRITE's answer to come: a `_notify.Sent` on the
+        #: notification feed, else a future of the agent's session) and the lock that orders
+        #: them (`nixl_agent.send_notif`).
+        self.notif_sent: Any = None
+        self.notif_lock = threading.Lock()
 
 
 class nixl_agent:  # noqa: N801
@@ -224,6 +214,7 @@ class nixl_agent:  # noqa: N801
             session, self._session = self._session, None
         if self._listener is not None:
             self._listener.close()
+        self._notifs_sent(CLOSE_NOTIFS_S)  # closing their session would cancel them
         self._inbox.close()
         if session is not None:
             session._abort("client closed")
@@ -634,6 +625,9 @@ class nixl_agent:  # noqa: N801
         the remote agent after the data landed (after it was read, for a READ)."""
         xfer = handle._xfer if type(handle) is nixl_xfer_handle and handle._agent is self and not handle._released else self._live(handle)
         plan = xfer.plan
+        to = self._remotes.get(xfer.remote)  # (a dict read is atomic: no lock)
+        if to is not None and to.notif_sent is not None and (xfer.notif or not (type(notif_msg) is bytes and not notif_msg)):
+            _notif_first(to.notif_sent)
         if type(plan) is _plan.Prepared and plan.lane.note_head is not None and type(notif_msg) is bytes and not notif_msg:
             state = self._post_lane(xfer, plan)
             if state is not None:
@@ -796,14 +790,51 @@ class nixl_agent:  # noqa: N801
     # -- notifications
 
     def send_notif(self, remote_agent_name: AgentName, notif_msg: Any, backend: Optional[str] = None) -> None:
-        """Sends a notification alone; returns once it reached the remote agent's node."""
+        """Posts a notification alone, as NIXL's does: returns once the daemon has it, not waiting
+        for it to reach the remote agent (a 1-byte WRITE between the two agents' mailboxes carries
+        it, on the agent's session). Notifications to one agent arrive in the order sent: while
+        the previous one to it is still on its way, this one waits for it first. One that failed
+        is logged, and raised by the next send_notif to the same agent (which then sends nothing)."""
         remote = self._peer(remote_agent_name, "remote_agent_name")
-        framed = frame(self.name, remote.md.name, _bytes(notif_msg, "notif_msg"))
-        try:
-            self._client.write(self._mailbox, remote.md.mailbox, 1, notification=framed,
-                               timeout=None if self._conf.timeout_s is None else self._conf.timeout_s)
-        except TcpxdError as e:
-            raise from_tcpxd(e, f"send_notif to {remote.md.name}") from None
+        msg = _bytes(notif_msg, "notif_msg")
+        with remote.notif_lock:
+            prev = remote.notif_sent
+            if prev is not None:
+                remote.notif_sent = None
+                err = prev.exception()  # at once when it is done (else waits: the order kept)
+                if err is not None:
+                    if isinstance(err, TcpxdError):
+                        raise from_tcpxd(err, f"send_notif to {remote.md.name}: the previous notification to it failed "
+                                              "(this one was not sent)") from None
+                    raise nixlBackendError(f"send_notif to {remote.md.name}: the previous notification to it failed "
+                                           f"({err!r}; this one was not sent)")
+            entry = remote.mailbox_entry
+            if entry is None:
+                entry = remote.mailbox_entry = mailbox_entry(self._mailbox.id, remote.md.mailbox)
+            body = mailbox_write(entry, frame(self.name, remote.md.name, msg), self._timeout_ms)
+            sent: Any = self._inbox.post(body, remote.md.name)  # on the notification feed's session
+            if sent is None:  # no local feed (a TCP endpoint, an older daemon): on the agent's session
+                session = self._session_now()
+                sent = notif_future(session, remote.md.name)
+                try:
+                    session._submit_frame("write", body, sent)
+                except TcpxdError as e:  # the session was closed under us: nothing was sent
+                    raise from_tcpxd(e, f"send_notif to {remote.md.name}") from None
+            remote.notif_sent = sent
+
+    def _notifs_sent(self, timeout: float) -> None:
+        """Waits (up to `timeout` s in all) for the notifications still on their way: before the
+        agent's session ends (closing it would cancel them)."""
+        end = time.monotonic() + timeout
+        with self._lock:
+            remotes = list(self._remotes.values()) + ([self._self_remote[1]] if self._self_remote is not None else [])
+        for remote in remotes:
+            sent = remote.notif_sent
+            if sent is not None and not sent.done():
+                try:
+                    sent.exception(max(0.0, end - time.monotonic()))
+                except Exception:  # noqa: BLE001 - timed out, or the session ended: closing goes on
+                    pass
 
     def get_new_notifs(self, backends: Optional[List[str]] = None) -> Dict[str, List[bytes]]:
         """Notifications that arrived since the last call, by the sending agent's name."""
@@ -829,6 +860,18 @@ class nixl_agent:  # noqa: N801
                     del msgs[i]
                     return True
         return False
+
+
+def _notif_first(sent: Any) -> None:
+    """Before a transfer whose notification goes to an agent a send_notif was just posted to:
+    waits for that send_notif's answer, so the transfer's notification cannot arrive first (NIXL's
+    keep that order: both ride one UCX endpoint; vLLM's prefix-hit send_notif, then the next
+    request's READ with its own, relies on it). Its failure is the next send_notif's to raise."""
+    if not sent.done():
+        try:
+            sent.exception()
+        except Exception:  # noqa: BLE001 - a failure: raised by the next send_notif (and logged)
+            pass
 
 
 def _size(idx: Any) -> int:

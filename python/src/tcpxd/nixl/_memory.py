@@ -14,6 +14,7 @@ reached) leaves the buffer without: its regions' transfers take the batch path.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import logging
 import mmap
@@ -22,7 +23,7 @@ import threading
 import weakref
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .. import Client, _proto
 from .._addresses import BY_ADDRESS, FILE_SHARED, AddressBatch, address_ranges, address_tail, range_refusal
@@ -34,6 +35,11 @@ from ._errors import from_tcpxd, nixlInvalidParamError, nixlNotFoundError, nixlN
 from ._regions import Region, RegionTable, region as make_region
 
 Key = Tuple[str, int, int, int]
+
+#: `address_ranges` of one region of memory by address, of one a file backs.
+_ONE_BY_ADDRESS, _ONE_FILE = bytes((BY_ADDRESS,)), bytes((FILE_SHARED,))
+#: A call's addresses where it has no memory by address.
+_NO_ADDRESSES = array.array("Q")
 
 log = logging.getLogger("tcpxd.nixl")
 
@@ -185,21 +191,35 @@ def host_array(nbytes: int) -> Any:
 
 @dataclass
 class _Sent:
-    """One `register_memory` call's DRAM regions sent to the daemon without waiting for its
-    answers — by address (`Registrar.send_addresses`: `pending`) or by descriptor
-    (`Client._send_host_many`: `answers`) —, folded into the agent's regions at the next call
-    that needs them (`LocalMemory._settle`)."""
+    """One `register_memory` call's DRAM regions held back (since session 22): memory by
+    address, sent with the registration connection's next message (`Registrar.hold_addresses`:
+    `pending`), and memory a file backs (`files`), looked up and handed over by descriptor at
+    the first use; folded into the agent's regions, all or none, at the next call that needs
+    them (`LocalMemory._settle`); withdrawn unsent when deregistered before any use
+    (`LocalMemory._withdraw`)."""
 
     keys: List[Key]
     #: Per region: its index in the call's reg_list, and the tensor or array given (kept alive).
     todo: Dict[Key, Tuple[int, Any]]
-    #: By address: per region size, its request's serialized tail and the granule lists it asks.
+    #: By address: the regions, their addresses (u64s), per region size its request's
+    #: serialized tail and the granule lists it asks, and what holds them (None: not held, as
+    #: after a fork: registered when folded).
+    by_address: List[Key]
+    addrs: Any
     tails: Dict[int, Tuple[bytes, List[Any]]]
     pending: Optional[Pending]
-    #: By descriptor: what reads the answers (Client._register_host_many's), and per region the
-    #: granule lists asked for.
-    answers: Optional[Callable[[], List[Any]]] = None
-    asked: Optional[List[List[Any]]] = None
+    #: By descriptor: the regions.
+    files: List[Key]
+    #: The registration list's rows, where the call took every one of them (a deregistration of
+    #: the same list withdraws it without a look at each region: `LocalMemory._withdraw_list`),
+    #: and the list's id(), which `LocalMemory._by_list` finds it by.
+    rows: Any = None
+    list_id: int = 0
+
+    @property
+    def withdrawable(self) -> bool:
+        """Nothing of it sent yet."""
+        return self.pending is None or self.pending.held
 
 
 @dataclass
@@ -235,6 +255,8 @@ class LocalMemory:
         self._sent_keys: Dict[Key, _Sent] = {}
         #: Held while the answers of `_sent[0]` are read and folded in (one thread at a time).
         self._settling = threading.Lock()
+        #: Held calls (`_Sent`) that took a whole registration list, by the list's id().
+        self._by_list: Dict[int, _Sent] = {}
         #: Per region size: the serialized tail of its request by address and the granule
         #: lists it asks for (`_by_address`), made once.
         self._tails: Dict[int, Tuple[bytes, List[Any]]] = {}
@@ -254,37 +276,49 @@ class LocalMemory:
 
     def register(self, dl: RegDList) -> None:
         """Registers every region of the list (all or none)."""
-        if dl.mem not in MOVABLE:
+        mem = dl.mem
+        if mem == "DRAM":
+            self._register_dram(dl)
+            return
+        if mem not in MOVABLE:
             raise nixlNotSupportedError(f"reg_list: tcpxd moves DRAM and VRAM memory, not {dl.mem}")
         done: List[Key] = []
-        sent_here: List[_Sent] = []  # (sent without waiting, by `_dram_many`)
-        dram: Dict[Key, Tuple[int, Any]] = {}  # registered together, below
-        mem = dl.mem
         rows = dl.rows.tolist()
         with self._lock:
-            have, sent = self._regions, self._sent_keys
-            new = [(i, (mem, a, n, d)) for i, (a, n, d) in enumerate(rows)
-                   if (mem, a, n, d) not in have and (mem, a, n, d) not in sent]
+            have = self._regions
+            new = [(i, (mem, a, n, d)) for i, (a, n, d) in enumerate(rows) if (mem, a, n, d) not in have]
         try:
             for i, key in new:  # (registered already: NIXL accepts it again)
                 if key[2] == 0:
                     raise nixlInvalidParamError(f"reg_list[{i}]: a region of 0 bytes")
-                if mem == "DRAM":
-                    if key not in dram:
-                        dram[key] = (i, dl.objs[i])
-                    continue
                 with self._lock:
                     if key in self._regions:
                         continue  # (twice in the list)
                 what = f"reg_list[{i}] ({mem} at {key[1]:#x}, {key[2]} bytes)"
                 self._add(key, *self._vram(key[1], key[2], key[3], what))
                 done.append(key)
-            if dram:
-                self._dram_many(dram, done, sent_here)
         except BaseException:
-            self._undo_sent(sent_here, done)
             self._drop(done)
             raise
+
+    def _register_dram(self, dl: RegDList) -> None:
+        """`register` of DRAM regions: those not registered (or held) already, together
+        (`_dram_many`: checked now, held back, all or none)."""
+        rows = dl.rows.tolist()
+        objs = dl.objs
+        if len(rows) == 1 and self._one(rows[0], objs[0]):
+            return
+        todo: Dict[Key, Tuple[int, Any]] = {}
+        with self._lock:
+            have, sent = self._regions, self._sent_keys
+            for i, (a, n, d) in enumerate(rows):
+                key = ("DRAM", a, n, d)
+                if key not in have and key not in sent and key not in todo:  # (NIXL accepts one again)
+                    if not n:
+                        raise nixlInvalidParamError(f"reg_list[{i}]: a region of 0 bytes")
+                    todo[key] = (i, objs[i])
+        if todo:
+            self._dram_many(todo, dl if len(todo) == len(rows) else None)
 
     def _add(self, key: Key, region: Region, release: Callable[[], None]) -> None:
         with self._lock:
@@ -292,16 +326,112 @@ class LocalMemory:
             self._table = None
 
     def deregister(self, dl: RegDList) -> None:
-        self._settle()
+        """Deregisters every region of the list: those of a `register_memory` call held back
+        whole and not sent yet are withdrawn (the daemon never hears of them); the rest released
+        once the answers before them are folded in."""
+        if self._by_list and self._withdraw_list(dl):
+            return
         mem = dl.mem
         keys = [(mem, a, n, d) for a, n, d in dl.rows.tolist()]
+        if len(keys) == 1 and self._withdraw_one(keys[0]):
+            return
+        held = False
         with self._lock:
+            regions, sent = self._regions, self._sent_keys
             for i, k in enumerate(keys):
+                if k not in regions:
+                    if k not in sent:
+                        raise nixlNotFoundError(f"dereg_list[{i}]: {dl.mem} ({k[1]:#x}, {k[2]} bytes) is not registered")
+                    held = True
+        if not held:  # (all answered: released)
+            self._drop(keys)
+            return
+        gone = self._withdraw(set(keys))
+        rest = [k for k in keys if k not in gone]
+        if not rest:
+            return
+        with self._lock:
+            unanswered = {k for k in rest if k in self._sent_keys}
+        if unanswered:
+            self._settle(unanswered)
+        with self._lock:
+            for i, k in enumerate(rest):
                 if k not in self._regions:
                     raise nixlNotFoundError(f"dereg_list[{i}]: {dl.mem} ({k[1]:#x}, {k[2]} bytes) is not registered")
-        self._drop(keys)
+        self._drop(rest)
+
+    def _withdraw_one(self, key: Key) -> bool:
+        """`_withdraw` of one region held alone (the usual lone deregistration) in fewer steps:
+        False where it is not that."""
+        sent = self._sent_keys.get(key)
+        registrar = self._client._registrar
+        if sent is None or registrar is None or sent.keys != [key]:
+            return False
+        with self._settling:
+            if self._sent_keys.get(key) is not sent:
+                return False  # (folded meanwhile)
+            if sent.pending is not None and not registrar.withdraw(sent.pending):
+                return False
+            with self._lock:
+                self._sent.remove(sent)
+                del self._sent_keys[key]
+                self._unlist(sent)
+        return True
+
+    def _withdraw_list(self, dl: RegDList) -> bool:
+        """`_withdraw` of the call that took every region of `dl` (the list `register_memory`
+        returned, unchanged), without a look at each region: False where it is not that."""
+        sent = self._by_list.get(id(dl))
+        registrar = self._client._registrar
+        if sent is None or registrar is None or dl.mem != "DRAM" or not sent.withdrawable:
+            return False
+        if sent.rows.shape != dl.rows.shape or not bool((sent.rows == dl.rows).all()):
+            return False  # (another list at the same id, or this one changed since)
+        with self._settling:
+            if self._by_list.get(id(dl)) is not sent:
+                return False  # (folded meanwhile)
+            if sent.pending is not None and not registrar.withdraw(sent.pending):
+                return False
+            with self._lock:
+                self._sent.remove(sent)
+                sent_keys = self._sent_keys
+                for k in sent.keys:
+                    del sent_keys[k]
+                self._unlist(sent)
+        return True
+
+    def _unlist(self, sent: _Sent) -> None:
+        """Forgets the list `sent` took whole (the lock held)."""
+        if sent.list_id and self._by_list.get(sent.list_id) is sent:
+            del self._by_list[sent.list_id]
+
+    def _withdraw(self, keys: Optional[Set[Key]]) -> Set[Key]:
+        """Takes back the held registrations (not sent yet) of every `register_memory` call all of
+        whose regions are in `keys` (None: all): the keys withdrawn."""
+        gone: Set[Key] = set()
+        registrar = self._client._registrar
+        if registrar is None or not self._sent:
+            return gone
+        with self._settling:
+            with self._lock:
+                if keys is None:
+                    calls = list(self._sent)
+                else:
+                    found = {id(s): s for s in map(self._sent_keys.get, keys) if s is not None}
+                    calls = [s for s in found.values() if all(k in keys for k in s.keys)]
+                whole = [s for s in calls if s.withdrawable]
+            for sent in whole:
+                if sent.pending is None or registrar.withdraw(sent.pending):
+                    with self._lock:
+                        self._sent.remove(sent)
+                        for k in sent.keys:
+                            self._sent_keys.pop(k, None)
+                        self._unlist(sent)
+                    gone.update(sent.keys)
+        return gone
 
     def close(self) -> None:
+        self._withdraw(None)
         while self._sent:
             try:
                 self._settle()
@@ -311,45 +441,21 @@ class LocalMemory:
             keys = list(self._regions)
         self._drop(keys)
 
-    def _sent_now(self, sent: _Sent) -> _Sent:
-        """Records registrations sent without waiting (the answers read by `_settle`)."""
-        with self._lock:
-            self._sent.append(sent)
-            for k in sent.keys:
-                self._sent_keys[k] = sent
-        return sent
-
-    def _undo_sent(self, sent_here: List[_Sent], done: List[Key]) -> None:
-        """A `register` failing after some of its regions were sent without waiting
-        (`sent_here`): their answers read now, what they registered added to `done` (which the
-        caller releases)."""
-        for sent in sent_here:
-            with self._settling:
-                with self._lock:
-                    if sent not in self._sent:
-                        continue  # (folded by another thread meanwhile)
-                try:
-                    self._fold(sent)
-                except TcpxdError:
-                    pass  # (refused: nothing of it stays registered)
-                finally:
-                    with self._lock:
-                        self._sent.remove(sent)
-                        for k in sent.keys:
-                            self._sent_keys.pop(k, None)
-            with self._lock:
-                done.extend(k for k in sent.keys if k in self._regions)
-
-    def _settle(self) -> None:
+    def _settle(self, wanted: Optional[Set[Key]] = None) -> None:
         """Folds in the answers of registrations sent without waiting (`_Sent`), oldest first:
         what needs the agent's regions (metadata, descriptors, transfers, deregistration) calls
         it first. A registration the daemon refused raises here, naming its region, with every
         region of its `register_memory` call released (all or none, as a registration waited
-        for); the next call folds the next."""
+        for); the next call folds the next. `wanted`: only until none of those keys is left
+        unanswered (the older ones with them, in order)."""
         while self._sent:
             with self._settling:
                 if not self._sent:
                     return
+                if wanted is not None:
+                    with self._lock:
+                        if not any(k in self._sent_keys for k in wanted):
+                            return
                 sent = self._sent[0]
                 try:
                     self._fold(sent)
@@ -358,34 +464,40 @@ class LocalMemory:
                         self._sent.pop(0)
                         for k in sent.keys:
                             self._sent_keys.pop(k, None)
+                        self._unlist(sent)
 
-    def _fold(self, sent: _Sent) -> None:
-        """`_settle` of one call's registrations."""
+    def _fold(self, sent: _Sent, later: bool = True) -> None:
+        """`_settle` of one call's registrations: the held ones by address sent if they were not
+        and their answers read, the files handed over by descriptor and answered, all read into
+        Regions; a refusal raised naming its region, the call's other regions released
+        (`later`: "answered later" said; else registered now, as where nothing can be held)."""
         registrar = self._client._registrar
-        assert registrar is not None  # (sent on it)
-        first = sent.keys[0]
-        try:
-            if sent.answers is not None:
-                got = sent.answers()
-            else:
-                assert sent.pending is not None
-                got = registrar.collect(sent.pending, self._client.timeout)
-        except TcpxdError as e:
-            i = sent.todo[first][0]
-            raise from_tcpxd(e, f"register_memory (answered later): reg_list[{i}] (DRAM at {first[1]:#x}, "
-                                f"{first[2]} bytes)") from None
+        timeout = self._client.timeout
+        said = "register_memory (answered later): " if later else ""
         done: List[Key] = []
         failed: List[Tuple[Key, TcpxdError]] = []
-        if sent.answers is not None:
-            assert sent.asked is not None
-            self._fold_buffers(sent.keys, got, sent.asked, done, failed)
-        else:
-            self._fold_answers(sent.keys, got, sent.todo, sent.tails, done, failed)
+        part = sent.by_address or sent.files
+        try:
+            if sent.by_address:
+                if sent.pending is not None and registrar is not None:
+                    got = registrar.collect(sent.pending, timeout)
+                else:
+                    got = self._client._register_addresses(sent.addrs, [sent.tails[k[2]][0] for k in sent.by_address])
+                self._fold_answers(sent.by_address, got, sent.todo, sent.tails, done, failed)
+            if sent.files and not failed:
+                part = sent.files
+                memories = [sent.todo[k][1] if sent.todo[k][1] is not None else (ctypes.c_char * k[2]).from_address(k[1])
+                            for k in part]
+                asked = [granule_tilings(k[2]) for k in part]
+                self._fold_buffers(part, self._client._register_host_many(memories, asked), asked, done, failed)
+        except TcpxdError as e:
+            self._drop(done)
+            i = sent.todo[part[0]][0]
+            raise from_tcpxd(e, f"{said}reg_list[{i}] (DRAM at {part[0][1]:#x}, {part[0][2]} bytes)") from None
         if failed:
             self._drop(done)
             key, err = min(failed, key=lambda f: sent.todo[f[0]][0])
-            raise from_tcpxd(err, f"register_memory (answered later): reg_list[{sent.todo[key][0]}] (DRAM at "
-                                  f"{key[1]:#x}, {key[2]} bytes)") from None
+            raise from_tcpxd(err, f"{said}reg_list[{sent.todo[key][0]}] (DRAM at {key[1]:#x}, {key[2]} bytes)") from None
 
     def _drop(self, keys: List[Key]) -> None:
         """Releases the regions: the DRAM regions' buffers together (by id, those registered by
@@ -434,65 +546,87 @@ class LocalMemory:
         if first is not None:
             raise first
 
-    def _dram_many(self, todo: Dict[Key, Tuple[int, Any]], done: List[Key], sent_here: List[_Sent]) -> None:
-        """Registers DRAM regions together: one round trip for up to PIPELINE of them, each
-        buffer's granule lists made by the daemon with it (released by the daemon with the
-        buffer). Memory with no file to hand over (anonymous or private: a numpy array, a CPU
-        tensor, a pinned one) goes by address (`_by_address`: no object a region but its Region);
-        the rest through Client._register_host_many (`_by_descriptor`). Memory by address is
-        checked here first as the daemon would (mapped, writable: `address_ranges`), then sent
-        last, its answers read at the next call that needs them where the connection allows
-        (`Registrar.send_addresses`, `_settle`)."""
+    def _one(self, row: List[int], obj: Any) -> bool:
+        """`_register_dram` of one region — memory by address of a size registered before, or
+        memory a file backs — in fewer steps (what `_dram_many` does for it): False, nothing
+        done, where it is not that (the caller takes the general path)."""
+        a, n, d = row
+        registrar = self._client._registrar
+        if registrar is None or not n:
+            return False
+        key = ("DRAM", a, n, d)
+        if key in self._regions or key in self._sent_keys:
+            return True  # (registered already: NIXL accepts it again)
+        kind = address_ranges([a], [n])
+        if kind == _ONE_FILE:  # (looked up and handed over at the first use)
+            sent = _Sent([key], {key: (0, obj)}, [], _NO_ADDRESSES, {}, None, [key])
+        else:
+            tail = self._tails.get(n)
+            if kind != _ONE_BY_ADDRESS or tail is None:  # (else the general path says why)
+                return False
+            addrs = array.array("Q", (a,))
+            pending = registrar.hold_addresses(addrs, [tail[0]])
+            if pending is None:
+                return False
+            sent = _Sent([key], {key: (0, obj)}, [key], addrs, {n: tail}, pending, [])
+        with self._lock:
+            self._sent.append(sent)
+            self._sent_keys[key] = sent
+        return True
+
+    def _dram_many(self, todo: Dict[Key, Tuple[int, Any]], whole: Optional[RegDList] = None) -> None:
+        """Registers DRAM regions together, each buffer's granule lists made by the daemon with
+        it (released by the daemon with the buffer). Checked here first as the daemon would
+        (mapped, writable: `address_ranges`), what it would refuse raised now; then held back
+        (`_Sent`): memory with no file to hand over (anonymous or private: a numpy array, a CPU
+        tensor, a pinned one) by address (`Registrar.hold_addresses`: sent with the registration
+        connection's next message, PIPELINE to a frame, no object a region but its Region), the
+        rest (a memfd, /dev/shm) looked up and handed over by descriptor
+        (Client._register_host_many) at the first call that needs the regions, which reads all
+        the answers (`_settle`). Registered now where nothing can be held (no local session: a
+        TCP endpoint, which refuses it)."""
         keys = list(todo)
         kinds = address_ranges([k[1] for k in keys], [k[2] for k in keys])
-        fast = []
-        for k, kind in zip(keys, kinds):
-            if kind == BY_ADDRESS:
-                fast.append(k)
-            elif kind != FILE_SHARED:  # what the daemon would refuse, said now
-                raise nixlInvalidParamError(f"reg_list[{todo[k][0]}] (DRAM at {k[1]:#x}, {k[2]} bytes): "
-                                            f"{range_refusal(kind, k[1], k[2])}")
-        failed: List[Tuple[Key, TcpxdError]] = []
-        if len(fast) < len(keys):
-            fast_set = set(fast)
-            self._by_descriptor({k: v for k, v in todo.items() if k not in fast_set}, done, failed, sent_here)
-        # Last: sent without waiting where it can be (nothing after it can fail this call).
-        if fast and not failed:
-            self._by_address(fast, todo, done, failed, sent_here)
-        if failed:
-            key, err = min(failed, key=lambda f: todo[f[0]][0])
-            raise from_tcpxd(err, f"reg_list[{todo[key][0]}] (DRAM at {key[1]:#x}, {key[2]} bytes)") from None
-
-    def _by_address(self, keys: List[Key], todo: Dict[Key, Tuple[int, Any]], done: List[Key],
-                    failed: List[Tuple[Key, TcpxdError]], sent_here: List[_Sent]) -> None:
-        """`_dram_many`'s regions registered by address: their requests written from one
-        serialized tail a region size, the answers read into Regions, the table updated once."""
-        import numpy as np
-
+        fast: List[Key] = keys
+        files: List[Key] = []
+        if kinds.count(BY_ADDRESS) != len(keys):  # (else the usual: all anonymous memory)
+            fast = []
+            for k, kind in zip(keys, kinds):
+                if kind == BY_ADDRESS:
+                    fast.append(k)
+                elif kind == FILE_SHARED:
+                    files.append(k)
+                else:  # what the daemon would refuse, said now
+                    raise nixlInvalidParamError(f"reg_list[{todo[k][0]}] (DRAM at {k[1]:#x}, {k[2]} bytes): "
+                                                f"{range_refusal(kind, k[1], k[2])}")
         tails: Dict[int, Tuple[bytes, List[Any]]] = {}
         known = self._tails
-        for k in keys:
-            if k[2] not in tails:
-                tail = known.get(k[2])
-                if tail is None:
-                    asked = granule_tilings(k[2])
-                    tail = (address_tail(k[2], "", asked), asked)
-                    if len(known) < 64:  # (the sizes an agent registers are few)
-                        known[k[2]] = tail
-                tails[k[2]] = tail
-        addrs = np.fromiter((k[1] for k in keys), dtype=np.uint64, count=len(keys))
-        what = f"reg_list[{todo[keys[0]][0]}] (DRAM at {keys[0][1]:#x}, {keys[0][2]} bytes)"
+        for size in {k[2] for k in fast}:
+            tail = known.get(size)
+            if tail is None:
+                asked = granule_tilings(size)
+                tail = (address_tail(size, "", asked), asked)
+                if len(known) < 64:  # (the sizes an agent registers are few)
+                    known[size] = tail
+            tails[size] = tail
+        addrs = array.array("Q", [k[1] for k in fast])
         registrar = self._client._registrar
-        try:
-            pending = None if registrar is None else registrar.send_addresses(
-                addrs, [tails[k[2]][0] for k in keys], self._client.timeout)
-            if pending is not None:  # answered later: folded in by `_settle`
-                sent_here.append(self._sent_now(_Sent(keys, {k: todo[k] for k in keys}, tails, pending)))
-                return
-            got = self._client._register_addresses(addrs, [tails[k[2]][0] for k in keys])
-        except TcpxdError as e:
-            raise from_tcpxd(e, what) from None
-        self._fold_answers(keys, got, todo, tails, done, failed)
+        pending = None
+        if registrar is not None and fast:
+            pending = registrar.hold_addresses(addrs, [tails[k[2]][0] for k in fast])
+        sent = _Sent(keys, todo, fast, addrs, tails, pending, files)
+        if registrar is None or (pending is None and fast):
+            self._fold(sent, later=False)
+            return
+        if whole is not None:  # (every region of the list: `_withdraw_list` finds it)
+            sent.rows, sent.list_id = whole.rows.copy(), id(whole)
+        with self._lock:  # folded in by `_settle`
+            self._sent.append(sent)
+            sent_keys = self._sent_keys
+            for k in keys:
+                sent_keys[k] = sent
+            if whole is not None:
+                self._by_list[sent.list_id] = sent
 
     def _fold_answers(self, keys: List[Key], got: List[Any], todo: Dict[Key, Tuple[int, Any]],
                       tails: Dict[int, Tuple[bytes, List[Any]]], done: List[Key],
@@ -534,24 +668,6 @@ class LocalMemory:
                     self._kept[key] = obj
             self._table = None
         done.extend(k for k, _, _ in added)
-
-    def _by_descriptor(self, todo: Dict[Key, Tuple[int, Any]], done: List[Key],
-                       failed: List[Tuple[Key, TcpxdError]], sent_here: List[_Sent]) -> None:
-        """`_dram_many`'s regions of memory a file backs (a memfd, /dev/shm): handed over by
-        descriptor, one Buffer each (Client._register_host_many)."""
-        keys = list(todo)
-        memories = [obj if obj is not None else (ctypes.c_char * k[2]).from_address(k[1]) for k, (_, obj) in todo.items()]
-        asked = [granule_tilings(k[2]) for k in keys]
-        try:
-            answers = self._client._send_host_many(memories, asked)
-            if answers is not None:  # answered later: folded in by `_settle`
-                sent_here.append(self._sent_now(_Sent(keys, {k: todo[k] for k in keys}, {}, None, answers, asked)))
-                return
-            got = self._client._register_host_many(memories, asked)
-        except TcpxdError as e:
-            i = todo[keys[0]][0]
-            raise from_tcpxd(e, f"reg_list[{i}] (DRAM at {keys[0][1]:#x}, {keys[0][2]} bytes)") from None
-        self._fold_buffers(keys, got, asked, done, failed)
 
     def _fold_buffers(self, keys: List[Key], got: List[Any], asked: List[List[Any]], done: List[Key],
                       failed: List[Tuple[Key, TcpxdError]]) -> None:

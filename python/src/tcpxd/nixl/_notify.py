@@ -15,19 +15,30 @@ daemon writes each as an event on its socket): each `take` (get_new_notifs, chec
 reads what has arrived without waiting, on the polling thread, so a tight polling loop sees a
 notification as soon as the daemon has it and no other thread needs the GIL. Where there is no
 local session (a TCP endpoint, a daemon before session 18), a thread reads the Subscribe stream.
+
+send_notif's mailbox WRITE goes on that same session (`Inbox.post`, since session 22) and the call
+returns without its answer, as NIXL's genNotif posts: the answer is read by the same reads as the
+notifications (a `Sent` settled), so no thread wakes for it. The agent keeps the order of its
+notifications to one agent (the next waits while the previous is unanswered) and raises a failure
+at the next send_notif to that agent (tcpxd.nixl._agent).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import logging
+import os
 import select
 import struct
 import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import Client, Subscription, _local, _proto
-from ..errors import TcpxdError
+from .. import Client, Subscription, _local, _ops, _proto
+from .._session import _SessionFuture
+from ..errors import TcpxdError, Unavailable
+from . import _wire
 
 log = logging.getLogger("tcpxd.nixl")
 
@@ -38,20 +49,60 @@ MAILBOX_BYTES = 4096
 #: How often a lost notification stream is asked for again.
 RESUBSCRIBE_S = 0.5
 #: A take() that finds nothing, this soon after the previous one found nothing, is a tight polling
-#: loop's: it waits up to TIGHT_WAIT_MS for the daemon to write to the feed (the GIL and the CPU
-#: released: on a machine with few cores, the daemons a spinning loop waits for need the CPU it
-#: spins on), back as soon as something comes (the feed has no other reader to take it first). A
-#: loop that does anything between its polls (a model step) never waits. (check_xfer_state does
-#: not wait so: its session's reader thread may take the answer while it waits; measured on the
-#: 16-core H200 host, session 18: 4 KiB READ p50 670 us waiting, 174-181 spinning.)
+#: loop's: once it has spun for TIGHT_SPIN_S (0 below 8 CPUs: at once), each such take waits up to
+#: TIGHT_WAIT_MS for the daemon to write to the feed (the GIL and the CPU released: on a machine
+#: with few cores, the daemons a spinning loop waits for need the CPU it spins on), back as soon as
+#: something comes (the feed has no other reader to take it first). A loop that does anything
+#: between its polls never waits.
 TIGHT_S = 50e-6
 TIGHT_WAIT_MS = 1
+
+
+def _tight_spin_s() -> float:
+    """TIGHT_SPIN_S: TCPXD_NIXL_TIGHT_SPIN_US (µs; "inf": never wait), else 0 with fewer than 8
+    CPUs (the two daemons need the CPU a spin would take: on the 2-core VM, 4 KiB READ p50 / p90
+    / p99 199–222 / 264–321 / 294–3,818 µs waiting at once, 194–287 / 472–530 / 722–824 after 250
+    µs of spin, 200–506 / 2,396–2,997 / 4,128–14,308 spinning, session 21), else no bound (the
+    daemon's own `runtime.spin auto` rule, mirrored). check_xfer_state's and get_new_notifs' tight
+    loops (tcpxd.nixl._agent, Inbox.take)."""
+    v = os.environ.get("TCPXD_NIXL_TIGHT_SPIN_US", "")
+    if v:
+        try:
+            return float(v) / 1e6
+        except ValueError:
+            log.warning("TCPXD_NIXL_TIGHT_SPIN_US=%r is not a number of µs (or inf): using the default", v)
+    return 0.0 if (os.cpu_count() or 1) < 8 else float("inf")
+
+
+#: How long a tight get_new_notifs / check_remote_xfer_done loop spins before its polls wait
+#: (TIGHT_WAIT_MS each) for the daemon: as check_xfer_state's (session 22).
+TIGHT_SPIN_S = _tight_spin_s()
 
 #: How long a poll that finds nothing new waits for a notification, the GIL released (`take`).
 #: Notifications come on a gRPC stream, read by gRPC's thread and the inbox's: a loop polling
 #: get_new_notifs without a pause would hold the GIL they need until Python's switch interval
 #: (5 ms) each; a wait this long lets them run, and ends as soon as one is delivered.
 POLL_WAIT_S = 50e-6
+
+
+#: How long closing an agent waits for its notifications still on their way (send_notif returns
+#: before they arrive; closing the agent's session would cancel them).
+CLOSE_NOTIFS_S = 5.0
+
+
+def notif_future(session: Any, to: str) -> "concurrent.futures.Future[Any]":
+    """The future of a send_notif's WRITE on `session` (resolved by whichever thread reads the
+    session: its reader, or a caller polling it); a failure is logged when it comes."""
+    fut: "concurrent.futures.Future[Any]" = (
+        _SessionFuture(session) if getattr(session, "_conn", None) is not None else concurrent.futures.Future())
+    fut.add_done_callback(functools.partial(_notif_failed, to))
+    return fut
+
+
+def _notif_failed(to: str, fut: "concurrent.futures.Future[Any]") -> None:
+    err = fut.exception()
+    if err is not None:
+        log.warning("send_notif to %s failed: %s (the next send_notif to it raises this)", to, err)
 
 
 def frame(src: str, dst: str, msg: bytes) -> bytes:
@@ -74,12 +125,51 @@ def parse(payload: bytes) -> Optional[Tuple[str, str, bytes]]:
     return src, dst, payload[at + ls + ld :]
 
 
+class Sent:
+    """A send_notif's WRITE posted on an inbox's feed (`Inbox.post`): done once the daemon answered
+    it, read by whichever thread reads the feed (get_new_notifs, or a send_notif waiting for it)."""
+
+    __slots__ = ("_inbox", "_to", "_done", "_error")
+
+    def __init__(self, inbox: "Inbox", to: str):
+        self._inbox = inbox
+        self._to = to
+        self._done = False
+        self._error: Optional[BaseException] = None
+
+    def set_result(self, _result: Any) -> None:
+        self._done = True
+
+    def set_exception(self, err: BaseException) -> None:
+        self._error = err
+        self._done = True
+        log.warning("send_notif to %s failed: %s (the next send_notif to it raises this)", self._to, err)
+
+    def done(self) -> bool:
+        if not self._done:
+            self._inbox.read()
+        return self._done
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        """Its failure, None when it arrived; waits (up to `timeout` s) while it is on its way;
+        raises TimeoutError past it."""
+        if not self._done:
+            self._inbox.wait_for(self, timeout)
+        if not self._done:
+            raise TimeoutError(f"send_notif to {self._to}: not answered within {timeout} s")
+        return self._error
+
+
 class _Feed:
-    """A local session subscribed to the node's notifications, read without waiting."""
+    """A local session subscribed to the node's notifications, read without waiting. It also
+    carries send_notif's WRITEs (`send`): their answers come in the same reads as the
+    notifications, so no other thread wakes for them."""
 
     def __init__(self, conn: _local.Connection):
         self.conn = conn
         self._poll: Any = None
+        #: The WRITEs sent on it not answered yet, by tag.
+        self.sent: Dict[int, Sent] = {}
 
     @staticmethod
     def open(path: str) -> Optional["_Feed"]:
@@ -112,16 +202,52 @@ class _Feed:
         except InterruptedError:
             pass
 
+    def send(self, body: bytes, sent: Sent) -> bool:
+        """Sends a WriteRequest (`body`, serialized) on the feed's session, answered into `sent`;
+        False when nothing could be sent (the connection ended: the daemon went away)."""
+        conn = self.conn
+        tag = conn._tag = conn._tag + 1
+        blen = len(body)
+        head = b"\x08" + _wire.varint(tag) + b"\x12" + _wire.varint(blen)  # tag = 1, write = 2
+        data = memoryview(_local.HEADER.pack(len(head) + blen) + head + body)
+        sock = conn.sock
+        n = 0
+        while n < len(data):  # (non-blocking: a frame this small goes whole unless the daemon stopped reading)
+            try:
+                n += sock.send(data[n:])
+            except (BlockingIOError, InterruptedError):
+                waiter = select.poll()
+                waiter.register(sock.fileno(), select.POLLOUT)
+                waiter.poll(100)
+            except OSError:
+                if n == 0:
+                    return False
+                break  # part of it went: the next read fails it (unanswered)
+        self.sent[tag] = sent
+        return True
+
     def payloads(self) -> List[bytes]:
-        """The notifications' payloads that have arrived; raises _local.Gone once the session ended."""
+        """The notifications' payloads that have arrived (and the answers to its WRITEs, settled);
+        raises _local.Gone once the session ended."""
         out = []
         for ev in self.conn.ready():
             kind = ev.WhichOneof("event")
             if kind == "notification":
                 out.append(ev.notification.payload)
+                continue
+            sent = self.sent.pop(ev.tag, None)
+            if sent is not None:
+                _ops.settle(sent, ev)
             elif kind == "refused":
                 log.warning("notifications: %s", ev.refused.message)
         return out
+
+    def end(self, why: str) -> None:
+        """The session ended: its WRITEs not answered fail (they may or may not have arrived)."""
+        left, self.sent = self.sent, {}
+        for sent in left.values():
+            sent.set_exception(Unavailable(f"the daemon's session ended before the notification was answered ({why}); "
+                                           "it may not have arrived"))
 
 
 class Inbox:
@@ -134,6 +260,8 @@ class Inbox:
         self._name = name
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
+        #: Held by the thread waiting on the feed's socket (take(), without `_lock`).
+        self._waiting = threading.Lock()
         self._new: Dict[str, List[bytes]] = {}
         self._closed = False
         path = _local.socket_path(client.endpoint)
@@ -143,8 +271,10 @@ class Inbox:
         #: When the local feed ended (the daemon restarted, drained): when to subscribe again.
         self._retry_at = 0.0
         self._quiet = False
-        #: When take() last found nothing on the local feed (a tight loop's cue).
+        #: When take() last found nothing on the local feed (a tight loop's cue), and when the
+        #: current tight loop began (TIGHT_SPIN_S).
         self._empty_at = 0.0
+        self._spin_from = 0.0
         self._sub: Optional[Subscription] = None
         if self._feed is None:
             self._sub = client.subscribe()
@@ -193,6 +323,7 @@ class Inbox:
             if self._closed or self._path is None or time.monotonic() < self._retry_at:
                 return
             try:
+                self._client._reattach.sync()  # (the daemon restarted: the mailbox registered again first)
                 self._feed = _Feed.open(self._path)
             except TcpxdError as e:
                 self._retry_at = time.monotonic() + RESUBSCRIBE_S
@@ -208,9 +339,7 @@ class Inbox:
             for p in self._feed.payloads():
                 self._keep(p)
         except (_local.Gone, OSError, TcpxdError) as e:
-            self._feed.conn.close()
-            self._feed = None
-            self._retry_at = time.monotonic() + RESUBSCRIBE_S
+            self._drop_feed(repr(e))
             if not self._closed and not self._quiet:
                 log.warning("agent %s: the notification session ended (%r); subscribing again every %.1f s",
                             self._name, e, RESUBSCRIBE_S)
@@ -221,26 +350,95 @@ class Inbox:
         feed: what the daemon has written to it, read now, without waiting. On the gRPC stream:
         when nothing has arrived, waits up to POLL_WAIT_S, the GIL released (so a loop polling
         this lets the threads that deliver notifications run)."""
+        feed = None
         with self._lock:
             if self._path is not None:
                 self._read_feed()
                 if not self._new and self._feed is not None:
                     now = time.perf_counter()
-                    if now - self._empty_at < TIGHT_S:  # a tight polling loop: wait for the daemon
-                        self._feed.wait(TIGHT_WAIT_MS)
-                        self._read_feed()
-                        now = time.perf_counter()
+                    if now - self._empty_at >= TIGHT_S:  # not a tight loop (or its first poll)
+                        self._spin_from = now
+                    elif now - self._spin_from >= TIGHT_SPIN_S:  # a tight loop, spun enough: wait for the daemon
+                        feed = self._feed
                     self._empty_at = now
             elif not self._new and not self._closed:
                 self._arrived.wait(POLL_WAIT_S)
+            if feed is None:
+                out, self._new = self._new, {}
+                return out
+        # The wait without the lock (a send_notif of another thread goes meanwhile), by one
+        # thread at a time (a poll object is not for two): another finds it taken and returns.
+        if self._waiting.acquire(blocking=False):
+            try:
+                feed.wait(TIGHT_WAIT_MS)
+            finally:
+                self._waiting.release()
+        with self._lock:
+            if self._feed is not None:
+                self._read_feed()
+            self._empty_at = time.perf_counter()
             out, self._new = self._new, {}
         return out
+
+    def post(self, body: bytes, to: str) -> Optional[Sent]:
+        """Sends a WriteRequest (`body`, serialized: send_notif's) on the local feed, not waiting
+        for its answer; None when there is no feed now (the caller sends it otherwise)."""
+        with self._lock:
+            if self._path is None or self._closed:
+                return None
+            if self._feed is None:
+                self._read_feed()  # subscribes again (at most every RESUBSCRIBE_S)
+                if self._feed is None:
+                    return None
+            sent = Sent(self, to)
+            if self._feed.send(body, sent):
+                return sent
+            self._drop_feed("its connection ended")  # (the daemon went away): sent the other way
+            return None
+
+    def _drop_feed(self, why: str) -> None:
+        """The feed's session ended (the lock held): its WRITEs not answered fail, and it is
+        subscribed again at most every RESUBSCRIBE_S."""
+        assert self._feed is not None
+        self._feed.conn.close()
+        self._feed.end(why)
+        self._feed = None
+        self._retry_at = time.monotonic() + RESUBSCRIBE_S
+
+    def read(self) -> None:
+        """Reads what the feed has (notifications kept for take(), answers settled), at once."""
+        with self._lock:
+            if self._feed is not None:
+                self._read_feed()
+
+    def wait_for(self, sent: Sent, timeout: Optional[float]) -> None:
+        """Reads the feed until `sent` is answered (or `timeout` s passed), waiting for the
+        daemon in between (the GIL released)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not sent._done:
+            with self._lock:
+                if self._feed is None:
+                    return  # ended: what it left unanswered failed
+                self._read_feed()
+                feed = self._feed
+            if sent._done or feed is None:
+                return
+            left = 10.0 if end is None else end - time.monotonic()
+            if left <= 0:
+                return
+            waiter = select.poll()  # (its own: take() may be waiting on the feed's meanwhile)
+            waiter.register(feed.conn.sock.fileno(), select.POLLIN)
+            try:
+                waiter.poll(max(1, min(100, int(left * 1000))))
+            except (InterruptedError, ValueError):  # (ValueError: closed meanwhile)
+                pass
 
     def close(self) -> None:
         self._closed = True
         with self._lock:
             if self._feed is not None:
                 self._feed.conn.close()
+                self._feed.end("the agent was closed")
                 self._feed = None
         if self._sub is not None:
             self._sub.close()
