@@ -533,7 +533,7 @@ impl Engine {
     /// Posts what the windows allow on every lane of a peer.
     pub(super) fn pump(&mut self, peer: PeerIdx) {
         let (send_window, recv_window) = (self.cfg.send_window, self.cfg.recv_window);
-        let gather_ahead = self.cfg.gather_ahead;
+        let (gather_ahead, scatter_ahead) = (self.cfg.gather_ahead, self.cfg.scatter_ahead);
         let Some(p) = self.peers.get_mut(&peer) else {
             return;
         };
@@ -586,7 +586,7 @@ impl Engine {
             }
         }
         for (lane, l) in p.recv.iter_mut().enumerate() {
-            while let Some(item) = l.post_next(recv_window, 0, false) {
+            while let Some(item) = l.post_next(recv_window, scatter_ahead, false) {
                 let lane = lane as u32;
                 // A chunk of a transfer that ended here (failed, cancelled) still meets its
                 // send, but lands in the lane's own place, never in the destination.

@@ -108,6 +108,7 @@ impl Poller {
         // Everything unpacked by now is consumed below.
         self.landed_in_actions = false;
         let window = self.cfg.engine.send_window;
+        let recv_window = self.cfg.engine.recv_window;
         let Poller {
             peers,
             buffers,
@@ -150,7 +151,7 @@ impl Poller {
             // Completed receives start their unpack, in ring order.
             for (li, l) in p.recv.iter_mut().enumerate() {
                 if !l.deferred.is_empty()
-                    && let Err(why) = post_recvs(l, buffers)
+                    && let Err(why) = post_recvs(l, recv_window, buffers)
                 {
                     events.push(Completion::Failed(peer, format!("lane {li} receive: {why}")));
                     continue;
@@ -233,7 +234,7 @@ impl Poller {
                         start_buffer_unpack(comm, id, dest, buffers, stages, *unpack_impl)
                     };
                     let unpacked = matches!(wait, Wait::Ready(_)).then(Instant::now);
-                    let on_host = matches!(wait, Wait::Ready(_) | Wait::Host(_));
+                    let on_host = wait.on_host();
                     (
                         wait,
                         Landing {
@@ -316,6 +317,14 @@ fn consume_unpacked(
                 if let Err(e) = consumed {
                     meter.metrics.plugin_error(&e);
                     events.push(Completion::Failed(peer, format!("lane {li} irecvConsumed: {e}")));
+                    continue;
+                }
+                // Slots given back (consumed, or released while their copies run) take the
+                // receives posted ahead in this pass rather than the next.
+                if !l.deferred.is_empty()
+                    && let Err(why) = post_recvs(l, recv_window, buffers)
+                {
+                    events.push(Completion::Failed(peer, format!("lane {li} receive: {why}")));
                 }
             }
         }
