@@ -4,11 +4,13 @@
 //! [`Completion`], applied to the engine at the end of the pass.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::blocks::{self, STAGED};
 use super::posting::{Placed, post_recvs, post_sends, start_buffer_unpack};
 use super::{Completion, LANDING, Landing, PeerSlot, Poller, Posted, RecvLaneState, SendLaneState};
+use crate::buffers::BufferEntry;
 use crate::engine::PeerIdx;
 use crate::lanes::GpuStage;
 use crate::lanes::{self, Wait};
@@ -254,7 +256,7 @@ impl Poller {
         for stage in stages.values_mut() {
             stage.advance();
         }
-        consume_unpacked(peers, stages, meter, &mut events);
+        consume_unpacked(peers, buffers, recv_window, stages, meter, &mut events);
         let progressed = !events.is_empty();
         self.apply(&mut events);
         self.completions = events;
@@ -270,7 +272,15 @@ impl Poller {
             return false;
         }
         let mut events = std::mem::take(&mut self.completions);
-        consume_unpacked(&mut self.peers, &self.stages, &self.meter, &mut events);
+        let recv_window = self.cfg.engine.recv_window;
+        consume_unpacked(
+            &mut self.peers,
+            &self.buffers,
+            recv_window,
+            &self.stages,
+            &self.meter,
+            &mut events,
+        );
         let progressed = !events.is_empty();
         self.apply(&mut events);
         self.completions = events;
@@ -279,9 +289,12 @@ impl Poller {
 }
 
 /// Consumes each lane's completed receives whose unpack is over, in ring order (only now are
-/// the pages returned), as [`Completion::RecvConsumed`] events.
+/// the pages returned), as [`Completion::RecvConsumed`] events; then posts the receives held
+/// beyond `recv_window` (`transfer.scatter_ahead`) into the slots that came back.
 fn consume_unpacked(
     peers: &mut BTreeMap<PeerIdx, PeerSlot>,
+    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    recv_window: usize,
     stages: &HashMap<usize, GpuStage>,
     meter: &Meter,
     events: &mut Vec<Completion>,
