@@ -14,7 +14,11 @@
 #      helpers that never spin, TCPXD_HOST_COPY_SPIN_US=0), and 2 MiB chunks with 4 helpers:
 #      scattered/contiguous (target >= 0.9 on a 16-core host), with the host's CPUs busy (%, all
 #      of them, from /proc/stat) during the run: near 100 the host is the bound, not the daemon;
+#   1a. (session 22, a build with --scatter-ahead) the same rows with block receives posted
+#      ahead off (TCPXD_SCATTER_AHEAD=0), at the default (8) and with sends gathered ahead too
+#      (TCPXD_GATHER_AHEAD=8), alternating A B C C B A, two rounds per op;
 #   1b. where the time goes (session 21): one traced WRITE and READ run each (RUST_LOG=tcpxd::hop=trace),
+#      (and, session 22, with TCPXD_SCATTER_AHEAD=0 and with TCPXD_GATHER_AHEAD=8),
 #      split chunk by chunk by benches/chunks.py (gather, send in the plugin, receive in the
 #      plugin, scatter: each step's p50 and how many chunks sat in it at once, contiguous against
 #      block transfers), then each daemon's helper line (jobs, bytes, busy ms, GB/s, spun ms);
@@ -91,10 +95,30 @@ for op in write read; do
   TCPXD_HOST_COPY_THREADS=4 run "$op helpers=4 chunk=2M" --op "$op" --blocks 4096 --block-size 16K --no-batch --chunk-bytes 2097152 || rc=1
 done
 fi
+if [ "$only" != 4 ] && "$bin/tcpxd" --help | grep -q -- --scatter-ahead; then
+# Session 22: block receives posted ahead of recv_window (a direct receive's plugin slot given
+# back while its scatter runs) and sends gathered ahead, default helpers, the same binary:
+# scatter_ahead 0 (session 21's path) / 8 (the default) / 8 with gather_ahead 8, rounds of
+# A B C C B A.
+echo "== point 3b: receives and gathers ahead, 4096 x 16 KiB, scattered/contiguous (A B C C B A)"
+for op in write read; do
+  for round in 1 2; do
+    for cfg in "0 0" "8 0" "8 8" "8 8" "8 0" "0 0"; do
+      set -- $cfg
+      TCPXD_SCATTER_AHEAD=$1 TCPXD_GATHER_AHEAD=$2 run "$op scatter_ahead=$1 gather_ahead=$2" \
+        --op "$op" --blocks 4096 --block-size 16K --no-batch || rc=1
+    done
+  done
+done
+fi
 if [ -z "$only" ]; then
 echo "== point 3: where the time goes, chunk by chunk (default helpers)"
 for op in write read; do
   traced "$op" --op "$op" --blocks 4096 --block-size 16K --no-batch || rc=1
+  if "$bin/tcpxd" --help | grep -q -- --scatter-ahead; then
+    TCPXD_SCATTER_AHEAD=0 traced "$op scatter_ahead=0" --op "$op" --blocks 4096 --block-size 16K --no-batch || rc=1
+    TCPXD_GATHER_AHEAD=8 traced "$op gather_ahead=8" --op "$op" --blocks 4096 --block-size 16K --no-batch || rc=1
+  fi
 done
 fi
 [ "$only" = 3 ] && exit $rc

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import os
 import time
 
 import numpy as np
@@ -15,6 +16,7 @@ import pytest
 
 import tcpxd
 from tcpxd import _addresses
+from tcpxd._native_gate import native as _native
 from tcpxd.nixl import nixl_agent, nixl_agent_config
 from tcpxd.nixl._errors import nixlInvalidParamError, nixlNotFoundError
 
@@ -95,6 +97,74 @@ def test_the_client_finds_what_the_daemon_would_refuse(monkeypatch, kernel):
     libc.munmap(ok, 3 * page)
     libc.munmap(hole, page)
     libc.munmap(hole + 2 * page, page)
+    libc.munmap(ro, 3 * page)
+
+
+def _maps_fds():
+    """This process's descriptors of /proc/<pid>/maps."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").endswith("/maps"):
+                out.append(int(name))
+        except OSError:
+            continue
+    return out
+
+
+def test_a_lone_row_is_found_in_one_call_as_address_ranges_finds_it():
+    """row_range (tcpxd._native.vma_row: a registration list of one region, checked in one
+    call, the descriptor of /proc/self/maps used without a check each query): what
+    address_ranges finds, each case; None for a list that is not one row; right again after its
+    descriptor was closed under it (the number reused), and in a forked child (its own memory,
+    not the parent's)."""
+    if getattr(_native, "vma_row", None) is None:
+        pytest.skip("tcpxd._native is not built here")
+    page = mmap.PAGESIZE
+    arr = np.ones(1 << 20, np.uint8)
+    _addresses.address_ranges([arr.ctypes.data], [arr.nbytes])  # (finds out whether the kernel answers)
+    if not _addresses._procmap:
+        pytest.skip("the kernel has no PROCMAP_QUERY (before Linux 6.11)")
+    libc = _libc()
+    ok, ro = _anon(3), _anon(3)
+    assert libc.mprotect(ro + 2 * page, page, mmap.PROT_READ) == 0
+    shared = mmap.mmap(-1, page)
+    shared_at = ctypes.addressof(ctypes.c_char.from_buffer(shared))
+    cases = [(ok, 3 * page), (ro, 2 * page), (ro, 3 * page), (0x1000, 4096), (shared_at, page), (arr.ctypes.data, arr.nbytes)]
+
+    def check():
+        for a, n in cases:
+            assert _addresses.row_range(np.array([[a, n, 7]], np.uint64)) == (a, n, 7, _addresses.address_ranges([a], [n])[0])
+
+    check()
+    assert [k for *_, k in (_addresses.row_range(np.array([[a, n, 0]], np.uint64)) for a, n in cases)] == [
+        _addresses.BY_ADDRESS, _addresses.BY_ADDRESS, _addresses.READ_ONLY, _addresses.UNMAPPED, _addresses.FILE_SHARED,
+        _addresses.BY_ADDRESS]
+    assert _addresses.row_range(np.zeros((2, 3), np.uint64)) is None
+    assert _addresses.row_range(np.zeros((1, 3), np.float64)) is None
+    # Its descriptor closed under it, the number taken by another file: found out, opened again.
+    for fd in _maps_fds():
+        os.close(fd)
+    other = os.open("/dev/null", os.O_RDONLY)
+    try:
+        check()
+    finally:
+        os.close(other)
+    # A forked child asks about its own memory (the parent's descriptor names the parent's).
+    assert libc.munmap(ok, page) == 0
+    pid = os.fork()
+    if pid == 0:  # (the child: only the extension's call, then out)
+        try:
+            libc.munmap(ok + page, page)
+            got = _addresses.row_range(np.array([[ok + page, page, 0]], np.uint64))
+            os._exit(0 if got is not None and got[3] == _addresses.UNMAPPED else 1)
+        finally:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0, "the child was answered for the parent's memory"
+    assert _addresses.row_range(np.array([[ok + page, page, 0]], np.uint64))[3] == _addresses.BY_ADDRESS
+    del shared_at
+    libc.munmap(ok + page, 2 * page)
     libc.munmap(ro, 3 * page)
 
 

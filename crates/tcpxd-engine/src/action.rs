@@ -50,7 +50,8 @@ pub enum Action {
     /// ([`Engine::recv_pieces`]`(peer, offer, wire, len)`): posted into a landing place of the
     /// lane, and once it completed, scattered into the pieces (only while
     /// [`Engine::recv_lands`]`(peer, offer)`, as for `PostRecv`) before `on_recv_consumed` is
-    /// reported. At most `recv_window` receives of a lane are posted (until consumed).
+    /// reported. At most `recv_window + scatter_ahead` receives of a lane are posted (until
+    /// consumed), the driver handing the plugin at most `recv_window` of them.
     PostScatterRecv {
         peer: PeerIdx,
         lane: u32,

@@ -49,18 +49,54 @@ impl Engine {
 
     /// The oldest posted receive on a lane was unpacked and consumed (`Err`: its unpack failed).
     pub fn on_recv_consumed(&mut self, peer: PeerIdx, lane: u32, result: Result<(), String>) {
-        let item = if self.recv_lane_is_eager(peer, lane) {
-            self.eager_consumed(peer, lane)
+        if self.recv_lane_is_eager(peer, lane) {
+            let Some((offer_id, len, credit_len)) = self.eager_consumed(peer, lane) else {
+                return;
+            };
+            let mark = self.actions.len();
+            self.chunk_consumed(peer, lane, offer_id, len, result);
+            // The credit receive is posted again before any message that returns its credit
+            // (the first control message the consume made), and after what only this node
+            // sees: a READ's `Finished` reaches its client without waiting for the `irecv`.
+            if self.peers.get(&peer).is_some_and(|p| !p.gone()) {
+                let at = self
+                    .actions
+                    .range(mark..)
+                    .position(|a| matches!(a, Action::Control { .. }))
+                    .map_or(self.actions.len(), |i| mark + i);
+                self.actions.insert(
+                    at,
+                    Action::PostCredit {
+                        peer,
+                        lane,
+                        len: credit_len,
+                    },
+                );
+            }
         } else {
-            self.peers
+            let Some((offer_id, len)) = self
+                .peers
                 .get_mut(&peer)
                 .and_then(|p| p.recv.get_mut(lane as usize))
                 .and_then(|l| l.posted.pop_front())
                 .map(|i| (i.offer, i.len))
-        };
-        let Some((offer_id, len)) = item else {
-            return;
-        };
+            else {
+                return;
+            };
+            self.chunk_consumed(peer, lane, offer_id, len, result);
+        }
+        self.pump(peer);
+    }
+
+    /// A consumed chunk counted against its transfer (finished when it was the last).
+    fn chunk_consumed(
+        &mut self,
+        peer: PeerIdx,
+        lane: u32,
+        offer_id: u64,
+        len: u32,
+        result: Result<(), String>,
+    ) {
         let l = &mut self.peers[&peer].recv[lane as usize];
         l.bytes += u64::from(len);
         l.chunks += 1;
@@ -109,7 +145,6 @@ impl Engine {
                 self.finish_in_offer(peer, item.offer);
             }
         }
-        self.pump(peer);
     }
 
     pub(super) fn finish_in_offer(&mut self, peer: PeerIdx, offer_id: u64) {
@@ -122,6 +157,13 @@ impl Engine {
                 self.reads.remove(&rid);
             }
             return;
+        }
+        // Our READ this offer served ends first: its `Finished` reaches the client before the
+        // driver frames the `Done` and re-posts the credit receive.
+        if let Some(rid) = o.read
+            && let Some(r) = self.reads.remove(&rid)
+        {
+            self.part_done(r.transfer);
         }
         // The credits owed so far (this offer's last consume re-posted its receive) go with
         // it: one message instead of `Done` and, at the batch's end, `Credits`.
@@ -137,11 +179,6 @@ impl Engine {
                 payload: o.notification,
                 buffers: o.dests.iter().map(|d| d.0).collect(),
             });
-        }
-        if let Some(rid) = o.read
-            && let Some(r) = self.reads.remove(&rid)
-        {
-            self.part_done(r.transfer);
         }
     }
 
@@ -496,7 +533,7 @@ impl Engine {
     /// Posts what the windows allow on every lane of a peer.
     pub(super) fn pump(&mut self, peer: PeerIdx) {
         let (send_window, recv_window) = (self.cfg.send_window, self.cfg.recv_window);
-        let gather_ahead = self.cfg.gather_ahead;
+        let (gather_ahead, scatter_ahead) = (self.cfg.gather_ahead, self.cfg.scatter_ahead);
         let Some(p) = self.peers.get_mut(&peer) else {
             return;
         };
@@ -549,7 +586,7 @@ impl Engine {
             }
         }
         for (lane, l) in p.recv.iter_mut().enumerate() {
-            while let Some(item) = l.post_next(recv_window, 0, false) {
+            while let Some(item) = l.post_next(recv_window, scatter_ahead, false) {
                 let lane = lane as u32;
                 // A chunk of a transfer that ended here (failed, cancelled) still meets its
                 // send, but lands in the lane's own place, never in the destination.

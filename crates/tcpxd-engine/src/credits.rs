@@ -385,16 +385,17 @@ impl Engine {
     }
 
     /// An eager lane's oldest chunk handed to the driver was consumed: its credit receive is
-    /// posted again and the credit goes back to the peer. Returns the chunk's transfer and
-    /// length.
-    pub(super) fn eager_consumed(&mut self, peer: PeerIdx, lane: u32) -> Option<(u64, u32)> {
+    /// to be posted again (counted here, so the credit goes back to the peer with this batch's
+    /// `Done` or `Credits`). Returns the chunk's transfer and length, and the length of the
+    /// credit receive the caller posts ([`Action::PostCredit`], before the first message that
+    /// returns the credit: `on_recv_consumed`).
+    pub(super) fn eager_consumed(&mut self, peer: PeerIdx, lane: u32) -> Option<(u64, u32, u32)> {
         let p = self.peers.get_mut(&peer)?;
         let len = p.credit_bytes;
         let l = p.recv.get_mut(lane as usize)?;
         let t = l.unpacking.pop_front()?;
         l.recv_credits.repost();
-        self.actions.push_back(Action::PostCredit { peer, lane, len });
-        Some((t.offer, t.len))
+        Some((t.offer, t.len, len))
     }
 
     /// One `Credits` message per peer with credits to return (those a `Done` did not carry).

@@ -21,7 +21,13 @@
 //!   `n % (send_window + gather_ahead)` of the lane's staging ring: the engine never has more
 //!   of them posted and unfinished, so the slot's previous send is done) but hands the plugin
 //!   at most `send_window` sends per lane, the rest waiting, in order, until one completes: the
-//!   plugin sees the windows it saw without gathers ahead.
+//!   plugin sees the windows it saw without gathers ahead. Likewise a receive in pieces
+//!   (`PostScatterRecv`) may be posted `scatter_ahead` (default 0 here; the daemon's
+//!   `transfer.scatter_ahead`) beyond `recv_window`: the driver hands the plugin at most
+//!   `recv_window` receives per lane and posts the rest as the plugin's slots come back, which
+//!   for a receive that landed in the driver's own host slot is before its scatter finished
+//!   (the receive is reported consumed only after it). Its landing slot is `n %
+//!   (recv_window + scatter_ahead)`: the engine never has more of them posted and unconsumed.
 //! - **Completion.** A WRITE finishes when the receiver reports `Done`, i.e. after its unpack of
 //!   every chunk finished; a READ when every chunk was consumed locally.
 //! - **Cancellation and deadlines.** Chunks already agreed on must still meet their partners, so a
@@ -152,6 +158,9 @@ pub struct EngineConfig {
     pub gather_ahead: usize,
     /// Receives posted (until consumed) per lane at most; the plugin allows 16.
     pub recv_window: usize,
+    /// Receives in pieces (`PostScatterRecv`) posted per lane beyond `recv_window`: they wait in
+    /// the driver until the plugin has a slot of the lane free (see "Windows" above).
+    pub scatter_ahead: usize,
     /// Entries per transfer (and ranges per offer or read request).
     pub max_entries: usize,
     /// Notification bytes per transfer.
@@ -202,6 +211,7 @@ impl Default for EngineConfig {
             send_window: 12,
             gather_ahead: DEFAULT_GATHER_AHEAD,
             recv_window: 16,
+            scatter_ahead: 0,
             max_entries: DEFAULT_MAX_ENTRIES,
             max_notification: 1 << 20,
             protocol: Protocol::Rendezvous,

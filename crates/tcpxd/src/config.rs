@@ -140,6 +140,15 @@ pub struct DaemonArgs {
     /// 0: the poller copies alone). Default: a quarter of the CPUs, at most 4.
     #[arg(long, env = "TCPXD_HOST_COPY_THREADS")]
     pub host_copy_threads: Option<usize>,
+    /// Block receives posted ahead of `recv_window` per lane (`transfer.scatter_ahead`, 0..=16):
+    /// those that land in a host landing slot give their plugin slot back while their scatter
+    /// runs on a copy helper. Default: 8.
+    #[arg(long, env = "TCPXD_SCATTER_AHEAD")]
+    pub scatter_ahead: Option<usize>,
+    /// Block sends gathered ahead of `send_window` per lane (`transfer.gather_ahead`, 0..=16).
+    /// Default: 0.
+    #[arg(long, env = "TCPXD_GATHER_AHEAD")]
+    pub gather_ahead: Option<usize>,
     /// The most an idle host copy helper spins for its next chunk before it sleeps, in µs
     /// (`transfer.host_copy_spin_us`: 0..=100000, or `auto`: 200 where `runtime.spin` is on, else
     /// 0); a helper spins only while its recent chunks came that close together. Default: auto.
@@ -287,6 +296,8 @@ pub struct FileTransfer {
     pub gather_ahead: Option<usize>,
     /// Helper threads for block chunks' host gathers and scatters (0..=64).
     pub host_copy_threads: Option<usize>,
+    /// Block receives posted ahead of `recv_window` per lane (0..=16).
+    pub scatter_ahead: Option<usize>,
     /// `auto` or µs (0..=100000): the most an idle copy helper spins.
     pub host_copy_spin_us: Option<AutoOrNumber>,
     pub recv_window: Option<usize>,
@@ -357,6 +368,9 @@ pub struct Config {
     /// Block sends gathered ahead of `send_window` per lane (`transfer.gather_ahead`); each
     /// send lane's staging ring has `send_window + gather_ahead` slots of `chunk_bytes`.
     pub gather_ahead: usize,
+    /// Block receives posted ahead of `recv_window` per lane (`transfer.scatter_ahead`): each
+    /// receive lane's host landing ring has `recv_window + scatter_ahead` slots.
+    pub scatter_ahead: usize,
     /// Helper threads splitting block chunks' host gathers and scatters with the poller
     /// (`transfer.host_copy_threads`; 0: the poller copies alone).
     pub host_copy_threads: usize,
@@ -393,6 +407,11 @@ pub const DEFAULT_PEER_LISTEN: &str = "0.0.0.0:50052";
 pub const DEFAULT_PLUGIN: &str = "/usr/local/tcpx/lib64/libnccl-net.so";
 /// `transfer.gather_ahead` at most: a window's worth beyond the plugin's 16 request slots.
 pub const MAX_GATHER_AHEAD: usize = 16;
+/// `transfer.scatter_ahead` at most, and its default: block receives that landed in a host
+/// landing slot give their plugin slot back before their scatter is over, so up to this many
+/// more are posted behind them (docs/BLOCKS.md, "Receiving into host memory").
+pub const MAX_SCATTER_AHEAD: usize = 16;
+pub const DEFAULT_SCATTER_AHEAD: usize = 8;
 /// A quiet control stream sends a heartbeat this often.
 pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 500;
 /// A control stream silent this long fails its peer: the bound on noticing a dead peer.
@@ -559,14 +578,24 @@ impl Config {
                     .into(),
             ));
         }
-        let gather_ahead = file
-            .transfer
+        let gather_ahead = args
             .gather_ahead
+            .or(file.transfer.gather_ahead)
             .unwrap_or(crate::engine::DEFAULT_GATHER_AHEAD);
         if gather_ahead > MAX_GATHER_AHEAD {
             return Err(ConfigError::Invalid(format!(
                 "transfer.gather_ahead: {gather_ahead} is over {MAX_GATHER_AHEAD} (0 to {MAX_GATHER_AHEAD} allowed; each \
                  send lane stages send_window + gather_ahead chunks)"
+            )));
+        }
+        let scatter_ahead = args
+            .scatter_ahead
+            .or(file.transfer.scatter_ahead)
+            .unwrap_or(DEFAULT_SCATTER_AHEAD);
+        if scatter_ahead > MAX_SCATTER_AHEAD {
+            return Err(ConfigError::Invalid(format!(
+                "transfer.scatter_ahead: {scatter_ahead} is over {MAX_SCATTER_AHEAD} (0 to {MAX_SCATTER_AHEAD} allowed; each \
+                 receive lane lands block chunks in recv_window + scatter_ahead host slots)"
             )));
         }
         let socket_mode = match file.api.socket_mode.as_deref() {
@@ -694,6 +723,7 @@ impl Config {
             unpack_impl,
             send_window,
             gather_ahead,
+            scatter_ahead,
             host_copy_threads,
             host_copy_spin,
             recv_window,

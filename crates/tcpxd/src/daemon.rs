@@ -120,6 +120,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         send_window: cfg.send_window,
         gather_ahead: cfg.gather_ahead,
         recv_window: cfg.recv_window,
+        scatter_ahead: cfg.scatter_ahead,
         protocol: cfg.protocol.engine(),
         credits: cfg.recv_window as u32,
         devices: devices.len() as u32,

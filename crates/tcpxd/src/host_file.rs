@@ -1,6 +1,6 @@
 //! Mapping host memory that lives in a file: a local client's own, handed to the daemon as a file
 //! descriptor (SCM_RIGHTS on the framed local session, src/api/local; registered as a buffer by
-//! src/host_fd.rs), or the daemon's own allocations under its state directory (src/buffers.rs):
+//! src/host_fd.rs), or the daemon's own allocations under its state directory (src/buffers/allocate.rs):
 //! both processes map the same pages, so nothing is copied on either side.
 //!
 //! What the daemon checks before it maps the file (each refusal names the field and what to do):

@@ -127,6 +127,24 @@ def address_ranges(addrs: Any, sizes: Any) -> bytes:
     return bytes(out)
 
 
+#: tcpxd._native.vma_row where the extension has it.
+_vma_row = getattr(_native, "vma_row", None)
+
+
+def row_range(rows: Any) -> Optional[Tuple[int, int, int, int]]:
+    """A registration list of one region (`rows`: its N×3 u64 rows) in one call of the
+    extension (since session 22): (address, length, device id, what `address_ranges` finds
+    of the range); None where the kernel is not known to answer PROCMAP_QUERY (or the extension
+    is not built), or `rows` is not one row: the caller takes `address_ranges`."""
+    if not _procmap or _vma_row is None:
+        return None
+    try:
+        got: Optional[Tuple[int, int, int, int]] = _vma_row(rows)
+        return got
+    except OSError:  # (asked again, and found out, by `address_ranges`)
+        return None
+
+
 def range_refusal(kind: int, addr: int, size: int) -> str:
     """Why a region `address_ranges` found `kind` (not BY_ADDRESS or FILE_SHARED) cannot be
     registered, as the daemon would say it."""

@@ -26,6 +26,9 @@
  * a register_batch's entries for memory registered by address from each region's address and the
  * serialized rest of its request (what is the same for every region of one size), as protobuf
  * would, without a message object per region (docs/API.md, "Client host memory").
+ * `vma_row` reads a registration list of one region (its N×3 rows) and checks that region's range
+ * the same way in one call: tcpxd.nixl's `register_memory` of one region costs one system call and
+ * no Python objects for the check (docs/NIXL.md, "Session 22, the lone region in C where it counts").
  *
  * Built as an optional extension (python/setup.py): where it cannot be compiled the package
  * works as before, and TCPXD_NATIVE=0 turns it off at run time.
@@ -33,6 +36,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <string.h>
@@ -375,30 +379,59 @@ static const char vma_kinds_doc[] =
     "(the caller looks it up in /proc/self/maps), 2 none. Raises OSError where the kernel has no\n"
     "PROCMAP_QUERY (before Linux 6.11: ENOTTY or EINVAL).";
 
-/* /proc/self/maps opened once per process (an inherited one names the parent's memory: a forked
- * child opens its own). Read and replaced only with the GIL held. */
+/* /proc/self/maps opened once per process, asked without a check a query (each system call
+ * costs ~0.3-0.9 us on a VM, more than the query): a query that fails on it checks then whether
+ * the number is still that file (closed under us, its number reused: not ours) and opens it again.
+ * A forked child forgets it (pthread_atfork: an inherited one names the parent's memory) and opens
+ * its own; an inherited or stolen number is left alone: not this process's to close. Read and
+ * replaced only with the GIL held (a forked child runs its handler before any Python code). */
 static int maps_fd = -1;
-static pid_t maps_pid = 0;
 static struct stat maps_st;
+static int maps_atfork = 0;
 
-/* Whether maps_fd is still the file opened (closed under us, its number reused: not ours). */
-static int maps_fd_ours(void) {
-    struct stat st;
-    return maps_fd >= 0 && maps_pid == getpid() && fstat(maps_fd, &st) == 0 && st.st_dev == maps_st.st_dev &&
-           st.st_ino == maps_st.st_ino;
+static void maps_forget(void) {
+    maps_fd = -1;
 }
 
-/* This process's descriptor of /proc/self/maps, opened once (and again after a fork or when the
- * number was closed or reused under us): 0, or the errno of the open. An inherited or stolen
- * number is left alone: not this process's to close. */
+/* Whether maps_fd is still the file opened. */
+static int maps_fd_ours(void) {
+    struct stat st;
+    return maps_fd >= 0 && fstat(maps_fd, &st) == 0 && st.st_dev == maps_st.st_dev && st.st_ino == maps_st.st_ino;
+}
+
+/* This process's descriptor of /proc/self/maps, opened (again): 0, or the errno. */
 static int maps_fd_open(void) {
-    if (maps_fd_ours())
-        return 0;
+    if (!maps_atfork) {
+        int e = pthread_atfork(NULL, NULL, maps_forget);
+        if (e != 0)
+            return e;
+        maps_atfork = 1;
+    }
     maps_fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    maps_pid = getpid();
-    if (maps_fd < 0 || fstat(maps_fd, &maps_st) != 0)
-        return errno;
+    if (maps_fd < 0 || fstat(maps_fd, &maps_st) != 0) {
+        int e = errno;
+        maps_fd = -1;
+        return e;
+    }
     return 0;
+}
+
+/* One PROCMAP_QUERY of the mapping covering `a`: 0, ENOENT (none) or the ioctl's errno. */
+static int vma_at(int fd, uint64_t a, struct tcpxd_procmap_query *q) {
+    memset(q, 0, sizeof *q);
+    q->size = sizeof *q;
+    q->query_addr = a;
+    return ioctl(fd, TCPXD_PROCMAP_QUERY, q) != 0 ? errno : 0;
+}
+
+/* vma_at on this process's /proc/self/maps, opened at the first query and again where a query
+ * fails on a number that is no longer that file. */
+static int vma_query(uint64_t a, struct tcpxd_procmap_query *q) {
+    int e = maps_fd >= 0 ? vma_at(maps_fd, a, q) : EBADF;
+    if (e == 0 || e == ENOENT || (maps_fd >= 0 && maps_fd_ours()))
+        return e;
+    e = maps_fd_open();
+    return e ? e : vma_at(maps_fd, a, q);
 }
 
 static PyObject *vma_kinds(PyObject *self, PyObject *args) {
@@ -418,23 +451,20 @@ static PyObject *vma_kinds(PyObject *self, PyObject *args) {
         return NULL;
     }
     unsigned char *k = (unsigned char *)PyBytes_AS_STRING(out);
-    int err = maps_fd_open();
-    int fd = maps_fd;
+    int err = 0;
     /* With the GIL held: the queries share one open file, whose state the kernel may keep
      * between them (its lock context), so two threads never query it at once. */
-    for (size_t i = 0; err == 0 && fd >= 0 && i < n; i++) {
+    for (size_t i = 0; err == 0 && i < n; i++) {
         uint64_t a;
         memcpy(&a, (const char *)v.buf + i * 8, 8);
         struct tcpxd_procmap_query q;
-        memset(&q, 0, sizeof q);
-        q.size = sizeof q;
-        q.query_addr = a;
-        if (ioctl(fd, TCPXD_PROCMAP_QUERY, &q) != 0) {
-            if (errno == ENOENT) {
-                k[i] = 2;
-                continue;
-            }
-            err = errno;
+        int e = vma_query(a, &q);
+        if (e == ENOENT) {
+            k[i] = 2;
+            continue;
+        }
+        if (e) {
+            err = e;
             break;
         }
         k[i] = (q.inode != 0 && (q.vma_flags & TCPXD_PROCMAP_VMA_SHARED)) ? 1 : 0;
@@ -459,12 +489,40 @@ static const char vma_ranges_doc[] =
 
 #define TCPXD_PROCMAP_VMA_WRITABLE 0x02
 
-/* One PROCMAP_QUERY of the mapping covering `a`: 0, ENOENT (none) or the ioctl's errno. */
-static int vma_at(int fd, uint64_t a, struct tcpxd_procmap_query *q) {
-    memset(q, 0, sizeof *q);
-    q->size = sizeof *q;
-    q->query_addr = a;
-    return ioctl(fd, TCPXD_PROCMAP_QUERY, q) != 0 ? errno : 0;
+/* What registering [a, a + len) by address would find (vma_ranges' kinds) into *kind: 0, or the
+ * errno of a query that failed. */
+static int range_kind(uint64_t a, uint64_t len, unsigned char *kind) {
+    uint64_t end = a + len < a ? UINT64_MAX : a + len;
+    struct tcpxd_procmap_query q;
+    int e = vma_query(a, &q);
+    if (e == ENOENT) {
+        *kind = 2;
+        return 0;
+    }
+    if (e)
+        return e;
+    if (q.inode != 0 && (q.vma_flags & TCPXD_PROCMAP_VMA_SHARED)) {
+        *kind = 1;
+        return 0;
+    }
+    for (;;) {
+        if (!(q.vma_flags & TCPXD_PROCMAP_VMA_WRITABLE)) {
+            *kind = 4;
+            return 0;
+        }
+        if (q.vma_end >= end) {
+            *kind = 0;
+            return 0;
+        }
+        uint64_t next = q.vma_end;
+        e = vma_query(next, &q);
+        if (e == ENOENT || (e == 0 && q.vma_start != next)) {
+            *kind = 3;
+            return 0;
+        }
+        if (e)
+            return e;
+    }
 }
 
 static PyObject *vma_ranges(PyObject *self, PyObject *args) {
@@ -486,47 +544,13 @@ static PyObject *vma_ranges(PyObject *self, PyObject *args) {
         return NULL;
     }
     unsigned char *k = (unsigned char *)PyBytes_AS_STRING(out);
-    int err = maps_fd_open();
-    int fd = maps_fd;
+    int err = 0;
     /* With the GIL held, as vma_kinds. */
-    for (size_t i = 0; err == 0 && fd >= 0 && i < n; i++) {
+    for (size_t i = 0; err == 0 && i < n; i++) {
         uint64_t a, len;
         memcpy(&a, (const char *)v.buf + i * 8, 8);
         memcpy(&len, (const char *)s.buf + i * 8, 8);
-        uint64_t end = a + len < a ? UINT64_MAX : a + len;
-        struct tcpxd_procmap_query q;
-        int e = vma_at(fd, a, &q);
-        if (e == ENOENT) {
-            k[i] = 2;
-            continue;
-        }
-        if (e) {
-            err = e;
-            break;
-        }
-        if (q.inode != 0 && (q.vma_flags & TCPXD_PROCMAP_VMA_SHARED)) {
-            k[i] = 1;
-            continue;
-        }
-        k[i] = 0;
-        for (;;) {
-            if (!(q.vma_flags & TCPXD_PROCMAP_VMA_WRITABLE)) {
-                k[i] = 4;
-                break;
-            }
-            if (q.vma_end >= end)
-                break;
-            uint64_t next = q.vma_end;
-            e = vma_at(fd, next, &q);
-            if (e == ENOENT || (e == 0 && q.vma_start != next)) {
-                k[i] = 3;
-                break;
-            }
-            if (e) {
-                err = e;
-                break;
-            }
-        }
+        err = range_kind(a, len, &k[i]);
     }
     PyBuffer_Release(&v);
     PyBuffer_Release(&s);
@@ -536,6 +560,39 @@ static PyObject *vma_ranges(PyObject *self, PyObject *args) {
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     return out;
+}
+
+static const char vma_row_doc[] =
+    "vma_row(rows, /) -> Optional[tuple[int, int, int, int]]\n\n"
+    "A registration list of one region in one call: (address, length, device id, kind) of `rows`\n"
+    "(a C-contiguous buffer of three native u64s, the list's one row), `kind` as vma_ranges finds\n"
+    "the range; None where `rows` is not that. Raises OSError where the kernel has no PROCMAP_QUERY.";
+
+static PyObject *vma_row(PyObject *self, PyObject *rows) {
+    (void)self;
+    Py_buffer v;
+    if (PyObject_GetBuffer(rows, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    const char *f = v.format != NULL ? v.format : "B";
+    size_t fl = strlen(f);
+    if (v.len != 24 || v.itemsize != 8 || fl == 0 || (f[fl - 1] != 'Q' && f[fl - 1] != 'L') ||
+        (fl > 1 && f[0] != '<' && f[0] != '=' && f[0] != '@')) {
+        PyBuffer_Release(&v);
+        Py_RETURN_NONE;
+    }
+    uint64_t r[3];
+    memcpy(r, v.buf, 24);
+    PyBuffer_Release(&v);
+    unsigned char kind = 0;
+    int err = range_kind(r[0], r[1], &kind);
+    if (err) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return Py_BuildValue("(KKKi)", (unsigned long long)r[0], (unsigned long long)r[1], (unsigned long long)r[2],
+                         (int)kind);
 }
 
 static const char address_entries_doc[] =
@@ -601,6 +658,7 @@ static PyObject *address_entries(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"vma_kinds", vma_kinds, METH_VARARGS, vma_kinds_doc},
     {"vma_ranges", vma_ranges, METH_VARARGS, vma_ranges_doc},
+    {"vma_row", vma_row, METH_O, vma_row_doc},
     {"address_entries", address_entries, METH_VARARGS, address_entries_doc},
     {"desc_rows", desc_rows, METH_VARARGS, desc_rows_doc},
     {"outer", outer, METH_VARARGS, outer_doc},
@@ -610,7 +668,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "tcpxd._native", "The NIXL agent's index pass (see outer), its descriptor rows (desc_rows), the local session's frame and the registration of memory by address (vma_kinds, vma_ranges, address_entries).", -1, methods,
+    PyModuleDef_HEAD_INIT, "tcpxd._native", "The NIXL agent's index pass (see outer), its descriptor rows (desc_rows), the local session's frame and the registration of memory by address (vma_kinds, vma_ranges, vma_row, address_entries).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 

@@ -1,6 +1,6 @@
 """Types of tcpxd._native (python/src/tcpxd/_native.c), the optional C pass."""
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 def outer(a: Any, rows: int, n: int, /) -> Optional[bytes]:
     """The OuterIndices message of `a` (C-contiguous 8-byte integers) when it is `rows` rows of
@@ -28,6 +28,11 @@ def vma_ranges(addrs: Any, sizes: Any, /) -> bytes:
     would find: 0 mapped and writable throughout, anonymous or private at its start; 1 a shared
     mapping of a file at its start; 2 its start not mapped; 3 a hole inside; 4 a mapping under it
     not writable (PROCMAP_QUERY); raises OSError where the kernel has no PROCMAP_QUERY."""
+
+def vma_row(rows: Any, /) -> Optional[Tuple[int, int, int, int]]:
+    """A registration list of one region in one call: (address, length, device id, kind) of
+    `rows` (a C-contiguous buffer of three native u64s), `kind` as vma_ranges finds the range;
+    None where `rows` is not that; raises OSError where the kernel has no PROCMAP_QUERY."""
 
 def address_entries(addrs: Any, tails: list, entry_key: bytes, inner_key: bytes, /) -> bytes:
     """A RegisterBatchRequest's entries of memory registered by address: per region, its

@@ -73,6 +73,8 @@ class Pending:
     (`Registrar.hold_addresses`): per region, once `Registrar.collect` read it, its `Answer`
     or the TcpxdError that refused it."""
 
+    __slots__ = ("addrs", "tails", "got", "frames", "lost", "held")
+
     def __init__(self, addrs: Any, tails: Sequence[bytes]):
         self.addrs = addrs
         self.tails = tails
@@ -269,13 +271,19 @@ class Registrar:
         this process (a registration by address answered on it); else registered and answered
         there and then, which finds those out. None once closed (the caller's
         `register_addresses` says so)."""
+        pending = Pending(addrs, tails)
+        return pending if self.hold(pending) else None
+
+    def hold(self, pending: Pending) -> bool:
+        """`hold_addresses` of a Pending made by the caller (tcpxd.nixl's record of a
+        `register_memory` call is one, so a lone region's makes one object); False once closed
+        (nothing held)."""
         with self._lock:  # (a forked child's: sent on a connection of its own, `_connection`)
             if self._closed:
-                return None
-            pending = Pending(addrs, tails)
+                return False
             pending.held = True
             self._held.append(pending)
-        return pending
+        return True
 
     def withdraw(self, pending: Pending) -> bool:
         """Takes back registrations held and not sent yet (True: the daemon never heard of them;

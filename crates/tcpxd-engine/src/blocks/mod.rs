@@ -39,6 +39,8 @@ mod wire;
 mod tests;
 #[cfg(test)]
 mod tests_ranges;
+#[cfg(test)]
+mod tests_refusals;
 
 pub use index::{IndexArray, IndexEncoding, IndexIter};
 pub use list::{BlockList, Layout};

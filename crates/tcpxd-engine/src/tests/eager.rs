@@ -648,3 +648,70 @@ fn credits_a_done_carries_are_taken_back_as_a_credits_message_would_be() {
         );
     }
 }
+
+#[test]
+fn a_reads_end_comes_before_its_credits_repost_which_comes_before_the_done() {
+    // The reader's side: its READ's one chunk lands and is consumed. The client hears first
+    // (`Finished`), then the credit receive is posted again, then the `Done` that returns it.
+    let (mut eng, now) = receiver();
+    let spec = ReadSpec {
+        peer: P,
+        remote: RemoteRange {
+            buffer_id: 77,
+            access_key: key(1),
+            offset: 0,
+            length: 4096,
+        },
+        local_buffer: 5,
+        local_offset: 0,
+    };
+    let t = eng
+        .start_read(vec![spec], now + Duration::from_secs(5), now)
+        .unwrap();
+    let read_id = actions(&mut eng)
+        .iter()
+        .find_map(|a| match a {
+            Action::Control {
+                msg: PeerMsg::ReadRequest { read_id, .. },
+                ..
+            } => Some(*read_id),
+            _ => None,
+        })
+        .expect("the read request");
+    let PeerMsg::Header(mut o) = header(3, 5, 0, 4096) else {
+        unreachable!()
+    };
+    o.read_id = read_id;
+    eng.on_message(P, PeerMsg::Header(o), now);
+    eng.on_recv_landed(P, 0, now);
+    assert!(
+        actions(&mut eng)
+            .iter()
+            .any(|a| matches!(a, Action::Land { buffer: Some(5), .. }))
+    );
+    eng.on_recv_consumed(P, 0, Ok(()));
+    let acts = actions(&mut eng);
+    let at = |f: &dyn Fn(&Action) -> bool| acts.iter().position(f).unwrap_or_else(|| panic!("{acts:?}"));
+    let finished = at(
+        &|a| matches!(a, Action::Finished { transfer, outcome } if *transfer == t && outcome.code == Code::Ok),
+    );
+    let repost = at(&|a| matches!(a, Action::PostCredit { lane: 0, .. }));
+    let done = at(&|a| {
+        matches!(
+            a,
+            Action::Control {
+                msg: PeerMsg::Done { offer_id: 3, .. },
+                ..
+            }
+        )
+    });
+    assert!(finished < repost && repost < done, "{acts:?}");
+    assert_eq!(
+        messages(&acts),
+        vec![&PeerMsg::Done {
+            offer_id: 3,
+            returned: vec![1, 0]
+        }]
+    );
+    assert!(eng.is_idle() && eng.lanes_idle());
+}

@@ -543,8 +543,8 @@ impl Sim {
             }
             for l in &c.recv {
                 assert!(
-                    l.posted <= self.cfg.recv_window,
-                    "recv window exceeded: {}",
+                    l.posted <= self.cfg.recv_window + self.cfg.scatter_ahead,
+                    "recv window (and scatters ahead) exceeded: {}",
                     l.posted
                 );
             }

@@ -1,7 +1,7 @@
 //! How a session's events reach a client of the framed local session without its task: a
 //! transfer's final event pushed into the connection's outbox by the thread that finished the
 //! transfer, the node's notifications by the thread that published each (src/api/local/inline.rs,
-//! outbox.rs). The session (src/api/session.rs) starts these and forgets the transfers they
+//! outbox.rs). The session (src/api/session/) starts these and forgets the transfers they
 //! delivered (`Delivered`).
 
 use std::sync::Arc;

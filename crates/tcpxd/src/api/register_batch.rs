@@ -171,7 +171,7 @@ impl DaemonState {
         for (i, answer) in answers.into_iter().enumerate() {
             match answer {
                 Ok(r) => {
-                    // (at most 8 lists a registration: session.rs's check_lists)
+                    // (at most 8 lists a registration: session/registrations.rs's check_lists)
                     p.entry_lists.push(u8::try_from(r.lists.len()).unwrap_or(u8::MAX));
                     p.buffer_ids.extend_from_slice(&r.entry.id.to_le_bytes());
                     let key = r.entry.key();

@@ -547,6 +547,8 @@ fn every_option_says_its_default_in_help() {
         ("async_workers", "0".to_string()),
         ("spin", "auto".to_string()),
         ("topology", "pci".to_string()),
+        ("scatter_ahead", c.scatter_ahead.to_string()),
+        ("gather_ahead", c.gather_ahead.to_string()),
     ] {
         assert_eq!(said[id], value, "--{id}");
     }
@@ -573,4 +575,40 @@ fn direct_control_is_on_by_default_and_the_flag_beats_the_file() {
     let e = resolve(&with(None, Some("maybe"))).unwrap_err().to_string();
     assert_eq!(e, "--direct-control: \"maybe\" (on or off)");
     let _ = std::fs::remove_file(path);
+}
+
+#[test]
+fn scatter_and_gather_ahead_come_from_the_file_or_the_flag_and_are_bounded() {
+    let base = DaemonArgs {
+        node_id: Some("n".into()),
+        ..Default::default()
+    };
+    let c = Config::resolve(&base, &env_of(&[])).unwrap();
+    assert_eq!(c.scatter_ahead, super::DEFAULT_SCATTER_AHEAD);
+    let path = write_toml("[transfer]\nscatter_ahead = 0\n");
+    let from_file = DaemonArgs {
+        config: Some(path.clone()),
+        ..base.clone()
+    };
+    assert_eq!(
+        Config::resolve(&from_file, &env_of(&[])).unwrap().scatter_ahead,
+        0
+    );
+    let flag = DaemonArgs {
+        scatter_ahead: Some(16),
+        gather_ahead: Some(4),
+        ..from_file
+    };
+    let c = Config::resolve(&flag, &env_of(&[])).unwrap();
+    assert_eq!((c.scatter_ahead, c.gather_ahead), (16, 4));
+    let _ = std::fs::remove_file(path);
+    let over = DaemonArgs {
+        scatter_ahead: Some(17),
+        ..base
+    };
+    let e = Config::resolve(&over, &env_of(&[])).unwrap_err().to_string();
+    assert!(
+        e.contains("transfer.scatter_ahead: 17") && e.contains("0 to 16"),
+        "{e}"
+    );
 }

@@ -17,12 +17,16 @@ pub struct Posted<P> {
     pub meta: P,
 }
 
-/// A completed receive waiting for its unpack before `irecvConsumed`.
+/// A completed receive waiting for its unpack before `irecvConsumed`, or (`released`) after it:
+/// a receive whose bytes are in its own posted range gives its plugin slot back at once
+/// ([`Wait::releases_early`]) and waits here for its copies only.
 #[derive(Debug)]
 pub struct Landed<L> {
     pub id: RequestId,
     pub wait: Wait,
     pub meta: L,
+    /// `irecvConsumed` was called already.
+    pub released: bool,
 }
 
 /// One receive lane's queues, in ring order (the plugin's order): `posted` until `test` reports
@@ -85,6 +89,7 @@ impl<P: Copy, L> RecvQueue<P, L> {
                 id: posted.id,
                 wait,
                 meta,
+                released: false,
             });
             n += 1;
         }
@@ -93,7 +98,10 @@ impl<P: Copy, L> RecvQueue<P, L> {
 
     /// Consumes completed receives from the front while their unpack is over (`outcome` tells
     /// how a GPU's batch ended, `None` while it runs), handing each to `done` with its outcome.
-    /// Returns how many were consumed; on a plugin error the front stays.
+    /// Then gives the plugin back the slots of the completed receives behind them, in ring
+    /// order, whose wait [releases early](Wait::releases_early) (their copies run on): the
+    /// plugin's oldest completed request is always the first not yet released. Returns how many
+    /// were consumed; on a plugin error the front stays.
     pub fn consume_ready(
         &mut self,
         comm: &mut RecvComm,
@@ -105,10 +113,19 @@ impl<P: Copy, L> RecvQueue<P, L> {
             let Some(result) = front.wait.outcome(comm, front.id, &mut outcome) else {
                 break;
             };
-            comm.consume(front.id)?;
+            if !front.released {
+                comm.consume(front.id)?;
+            }
             let landed = self.landing.pop_front().expect("the front");
             done(landed, result);
             n += 1;
+        }
+        for l in self.landing.iter_mut().filter(|l| !l.released) {
+            if !l.wait.releases_early() {
+                break;
+            }
+            comm.consume(l.id)?;
+            l.released = true;
         }
         Ok(n)
     }

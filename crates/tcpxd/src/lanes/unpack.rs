@@ -39,9 +39,25 @@ pub enum Wait {
     Gpu { gpu: usize, batch: u64, len: u32 },
     /// Host copies queued on a copy helper (`net::host_copies`): done with its ticket.
     Host(CopyTicket),
+    /// As `Host`, out of the receive's own posted range (a direct receive into the lane's host
+    /// landing ring, `RecvComm::landed_in_place`): the plugin's request may be consumed before
+    /// the ticket is done ([`Wait::releases_early`]); the receive counts as consumed (its
+    /// destination written, its slot free for a later receive) only once it is.
+    Slot(CopyTicket),
 }
 
 impl Wait {
+    /// Whether the plugin's request may be consumed before this wait is over: nothing of the
+    /// receive is read from the plugin's memory.
+    pub fn releases_early(&self) -> bool {
+        matches!(self, Wait::Slot(_))
+    }
+
+    /// Whether the unpack runs on the host (at once or on a copy helper).
+    pub fn on_host(&self) -> bool {
+        matches!(self, Wait::Ready(_) | Wait::Host(_) | Wait::Slot(_))
+    }
+
     /// The receive's outcome once it may be consumed (`None`: not yet). `outcome` tells how a
     /// GPU's batch ended; a batch the GPU rejected part of leaves the decision to the receive's
     /// own list (still in the ring: not consumed yet).
@@ -54,7 +70,7 @@ impl Wait {
         match self {
             Wait::Header => None,
             Wait::Ready(r) => Some(r.clone()),
-            Wait::Host(ticket) => ticket.is_done().then_some(Ok(())),
+            Wait::Host(ticket) | Wait::Slot(ticket) => ticket.is_done().then_some(Ok(())),
             Wait::Gpu { gpu, batch, len } => match outcome(*gpu, *batch)? {
                 BatchEnd::Unpacked => Some(Ok(())),
                 BatchEnd::Failed(why) => Some(Err(why)),

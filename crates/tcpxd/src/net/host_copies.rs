@@ -259,6 +259,15 @@ impl CopyTicket {
     pub fn parts(&self) -> usize {
         self.parts.len()
     }
+
+    /// A ticket done once `gate` holds 1 or more, for tests of what waits on tickets (a copy
+    /// that finishes when the test says).
+    #[doc(hidden)]
+    pub fn gated(gate: Arc<AtomicU64>) -> CopyTicket {
+        CopyTicket {
+            parts: vec![(gate, 1)],
+        }
+    }
 }
 
 /// A helper thread's end: where work goes, how many jobs it was given and finished.

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use tokio::sync::{mpsc, watch};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::control::{Outbound, OutboundResponse, spawn_inbound};
+use super::control_stream::{Outbound, OutboundResponse, spawn_inbound};
 use super::settle::{Dialled, Slot};
 use super::{
     PROTOCOL_VERSION, PeerInfo, Peers, PendingSession, ask, lane_to_pb, lanes_from_pb, topology_from_pb,

@@ -1,5 +1,6 @@
-//! Peers: the handshake (both sides), the ordered control stream of each peer, and conversions
-//! between the engine's control messages and `tcpxd.peer.v1`.
+//! Peers: the handshake (both sides), the ordered control stream of each peer
+//! (`control_stream.rs`), and conversions between the engine's control messages and
+//! `tcpxd.peer.v1` (`control.rs`).
 //!
 //! The daemon a client asks to `ConnectPeer` (the caller) opens listening comms for the lanes the
 //! callee will send on, calls `Handshake` with their handles, gets the callee's handles back and
@@ -27,14 +28,16 @@ use crate::poller::{Command, LaneInfo, PeerChannels, PeerLink};
 
 mod callee;
 mod control;
+mod control_stream;
 pub mod direct;
 pub mod incoming;
 mod packed_pb;
 mod settle;
 mod topology_pb;
 
-pub use control::{Malformed, OutboundResponse, msg_from_pb, msg_to_pb};
-use control::{Outbound, spawn_inbound};
+pub use control::{Malformed, msg_from_pb, msg_to_pb};
+pub use control_stream::OutboundResponse;
+use control_stream::{Outbound, spawn_inbound};
 pub use settle::Dialled;
 use settle::{Dialing, LockMap, Settle, Slot};
 use topology_pb::{topology_from_pb, topology_to_pb};
@@ -96,7 +99,7 @@ pub const MAX_CONTROL_MESSAGE: usize = 64 << 20;
 /// NIXL pull's 32 read requests (~8 KiB each, their index ranges) and the holder's 32 block
 /// offers took 0.3–0.8 ms a direction to cross on one host (hop traces, 2 × H200), all before
 /// the first byte of data moved. The inbound side reads each message at once
-/// (`control::spawn_inbound`), so the window bounds nothing the daemon holds for long.
+/// (`control_stream::spawn_inbound`), so the window bounds nothing the daemon holds for long.
 pub const CONTROL_STREAM_WINDOW: u32 = 8 << 20;
 /// See [`CONTROL_STREAM_WINDOW`]: the connection's window, over its one control stream and the
 /// handshakes.

@@ -78,7 +78,10 @@ impl Poller {
                 buffer,
                 offset,
                 len,
-            } => self.land(peer, lane, buffer, offset, len).map_err(fails(peer))?,
+            } => {
+                self.landed_in_actions = true;
+                self.land(peer, lane, buffer, offset, len).map_err(fails(peer))?
+            }
             Action::Progress {
                 transfer,
                 bytes_done,
@@ -125,9 +128,11 @@ impl Poller {
                 offer,
                 wire,
                 len,
-            } => self
-                .land_scatter(peer, lane, buffer, offer, wire, len)
-                .map_err(fails(peer))?,
+            } => {
+                self.landed_in_actions = true;
+                self.land_scatter(peer, lane, buffer, offer, wire, len)
+                    .map_err(fails(peer))?
+            }
             Action::BufferIdle { buffer } => self.buffer_idle(buffer),
             Action::Pairing { peer, life } => self.pairing_life(peer, life),
             Action::ReleasePeer { peer } => self.release_peer(peer),
@@ -226,6 +231,7 @@ impl Poller {
         offer: u64,
     ) -> Result<(), String> {
         let slots = self.slots();
+        let recv_window = self.cfg.engine.recv_window;
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
             return Ok(());
         };
@@ -251,7 +257,7 @@ impl Poller {
         };
         post.and_then(|post| {
             l.deferred.push_back(post);
-            post_recvs(l, &self.buffers)
+            post_recvs(l, recv_window, &self.buffers)
         })
         .map_err(|why| format!("lane {lane} receive: {why}"))
     }
@@ -261,13 +267,14 @@ impl Poller {
     /// completed (`test_lanes`).
     fn post_drop_recv(&mut self, peer: PeerIdx, lane: u32, len: u32) -> Result<(), String> {
         let slots = self.slots();
+        let recv_window = self.cfg.engine.recv_window;
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
             return Ok(());
         };
         blocks::landing_ring_slot(l, len, slots)
             .and_then(|post| {
                 l.deferred.push_back(post);
-                post_recvs(l, &self.buffers)
+                post_recvs(l, recv_window, &self.buffers)
             })
             .map_err(|why| format!("lane {lane} receive: {why}"))
     }
@@ -275,6 +282,7 @@ impl Poller {
     /// An eager credit receive, into the lane's next landing slot (made on first use).
     fn post_credit(&mut self, peer: PeerIdx, lane: u32, len: u32) -> Result<(), String> {
         let credits = u64::from(self.cfg.engine.credits);
+        let recv_window = self.cfg.engine.recv_window;
         // A routed lane into host memory lands in host slots; one into a GPU, in that GPU.
         let into_host =
             self.engine.recv_lane_memory(peer, lane) == Some(crate::engine::topology::Memory::Host);
@@ -298,7 +306,7 @@ impl Poller {
                     scatter: None,
                     offer: None,
                 });
-                post_recvs(l, &self.buffers)
+                post_recvs(l, recv_window, &self.buffers)
             })
             .map_err(|why| format!("lane {lane} credit receive: {why}"))
     }
@@ -545,6 +553,7 @@ impl Poller {
         len: u32,
     ) -> Result<(), String> {
         let slots = self.slots();
+        let recv_window = self.cfg.engine.recv_window;
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
             return Ok(());
         };
@@ -560,7 +569,7 @@ impl Poller {
             .and_then(|entry| blocks::scatter_recv(l, entry, to, len, slots))
             .and_then(|post| {
                 l.deferred.push_back(post);
-                post_recvs(l, &self.buffers)
+                post_recvs(l, recv_window, &self.buffers)
             })
             .map_err(|why| format!("lane {lane} block receive: {why}"))
     }
@@ -583,7 +592,7 @@ impl Poller {
         let e = &self.cfg.engine;
         Slots {
             staging: (e.send_window + e.gather_ahead).max(1) as u64,
-            recv_window: e.recv_window.max(1) as u64,
+            landing: (e.recv_window + e.scatter_ahead).max(1) as u64,
             chunk_bytes: e.chunk_bytes,
         }
     }
@@ -622,6 +631,6 @@ fn landed_chunk(
     if matches!(landing.wait, Wait::Ready(_)) {
         landing.meta.unpacked = Some(Instant::now());
     }
-    landing.meta.on_host = matches!(landing.wait, Wait::Ready(_) | Wait::Host(_));
+    landing.meta.on_host = landing.wait.on_host();
     Ok(())
 }

@@ -18,9 +18,14 @@
 //!   the send waits in the lane's queue (`deferred`) until its gather is done and the plugin has
 //!   fewer than `send_window` of the lane's sends (`lanes::post_sends`): gathers run a window
 //!   ahead of the sends, and the plugin sees no more than it did without them.
-//! - **Receives into host memory** land in the lane's host landing ring (`recv_window` slots of
-//!   `MAX_CHUNK_BYTES`, reserved lazily, never populated) and are scattered once complete, from
-//!   the bounce pages or the slot (`RecvComm::scatter_landed`).
+//! - **Receives into host memory** land in the lane's host landing ring (`recv_window +
+//!   scatter_ahead` slots of `MAX_CHUNK_BYTES`, reserved lazily, never populated; slot `n %
+//!   (recv_window + scatter_ahead)`: the engine never has more of the lane's receives posted and
+//!   unconsumed, and a receive is consumed only after its scatter) and are scattered once
+//!   complete, from the bounce pages or the slot (`RecvComm::scatter_landed`). A direct receive
+//!   scattered out of its own slot on a copy helper gives its plugin slot back at once
+//!   (`lanes::Wait::Slot`), so the receives posted ahead take the plugin's slots while it is
+//!   copied.
 //! - **Receives into GPU memory** are posted with the destination buffer's registration as their
 //!   data pointer (at offset 0: any in-bounds range of a registered window does). By the ABI
 //!   (TCPX_PLUGIN_ABI.md §2) a CUDA receive's payload never lands there: it lands in the
@@ -184,7 +189,8 @@ impl RecvScatter {
 pub(super) struct Slots {
     /// A send lane's staging slots: `send_window + gather_ahead`.
     pub staging: u64,
-    pub recv_window: u64,
+    /// A receive lane's host landing slots: `recv_window + scatter_ahead`.
+    pub landing: u64,
     pub chunk_bytes: u32,
 }
 
@@ -380,7 +386,7 @@ pub(super) fn landing_ring_slot(lane: &mut RecvLane, len: u32, slots: Slots) -> 
     };
     let sc = &mut lane.scatter;
     if sc.landing.is_none() {
-        let bytes = slots.recv_window as usize * MAX_CHUNK_BYTES as usize;
+        let bytes = slots.landing as usize * MAX_CHUNK_BYTES as usize;
         let region = HostRegion::new(bytes).map_err(|e| format!("landing ring: {e}"))?;
         sc.landing = Some(
             comm.register(Arc::new(region))
@@ -388,7 +394,7 @@ pub(super) fn landing_ring_slot(lane: &mut RecvLane, len: u32, slots: Slots) -> 
         );
         tracing::debug!(bytes, "receive lane landing ring reserved");
     }
-    let slot = sc.seq % slots.recv_window;
+    let slot = sc.seq % slots.landing;
     sc.seq += 1;
     Ok(RecvPost {
         buffer: STAGED,
@@ -430,7 +436,11 @@ pub(super) fn start_scatter(
                 return Wait::Ready(Err(why));
             }
         };
+        // A direct receive in the landing ring: its plugin slot may go back before the copy
+        // is over (`Wait::Slot`), while the landing slot stays this receive's until it is.
+        let in_place = comm.landed_in_place(id).unwrap_or(false);
         return match comm.scatter_landed_queued(id, segs, len, &host, copies) {
+            Ok((_, Some(ticket))) if in_place => Wait::Slot(ticket),
             Ok((_, Some(ticket))) => Wait::Host(ticket),
             Ok((_, None)) => Wait::Ready(Ok(())),
             Err(e) => Wait::Ready(Err(e.to_string())),

@@ -136,7 +136,8 @@ impl Poller {
                 if let Ok(id) = &r {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
-                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total))));
+                let r = r.map(|id| (id, self.track(id, Op::Write, total)));
+                self.answer_started(reply, r);
             }
             Command::Read {
                 batch,
@@ -157,7 +158,8 @@ impl Poller {
                 if let Ok(id) = &r {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
-                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total))));
+                let r = r.map(|id| (id, self.track(id, Op::Read, total)));
+                self.answer_started(reply, r);
             }
             Command::RegisterBlocks {
                 buffer,
@@ -229,7 +231,8 @@ impl Poller {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write_blocks", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
                 let r = r.map_err(Refused::from);
-                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Write, total), total)));
+                let r = r.map(|id| (id, self.track(id, Op::Write, total), total));
+                self.answer_started(reply, r);
             }
             Command::ReadBlocks {
                 spec,
@@ -250,7 +253,8 @@ impl Poller {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read_blocks", id = id.0, us = now.elapsed().as_micros() as u64);
                 }
                 let r = r.map_err(Refused::from);
-                let _ = reply.send(r.map(|id| (id, self.track(id, Op::Read, total), total)));
+                let r = r.map(|id| (id, self.track(id, Op::Read, total), total));
+                self.answer_started(reply, r);
             }
             Command::PrepareLocal {
                 reattach,
@@ -318,7 +322,7 @@ impl Poller {
                     let total = self.engine.transfer_total(id).unwrap_or(0);
                     (id, self.track(id, op, total), total)
                 });
-                let _ = reply.send(r);
+                self.answer_started(reply, r);
             }
             Command::Cancel { id, reply } => {
                 let _ = reply.send(self.engine.cancel(id, Code::Cancelled, "cancelled by the client"));
@@ -452,6 +456,34 @@ impl Poller {
         self.engine
             .block_list(spec.local_list)
             .map_or(0, |l| selected_bytes(l, &spec.local_indices))
+    }
+
+    /// Answers a command that started a transfer: a refusal at once, a start at the end of the
+    /// pass ([`Poller::send_answers`]), once the transfer's first messages are on the wire and
+    /// its first posts made. The answer wakes the API's task; on few CPUs the woken thread may
+    /// take this one's CPU at once, and the peer should not wait for that. The transfer's
+    /// status channel exists already (`track`), so an end published before the API reads the
+    /// answer is kept for it.
+    fn answer_started<T: Send + 'static, E: Send + 'static>(
+        &mut self,
+        reply: super::Reply<Result<T, E>>,
+        r: Result<T, E>,
+    ) {
+        if r.is_ok() {
+            self.answers.push(Box::new(move || {
+                let _ = reply.send(r);
+            }));
+        } else {
+            let _ = reply.send(r);
+        }
+    }
+
+    /// Sends the answers [`Poller::answer_started`] held back (end of each pass, and before
+    /// the poller stops).
+    pub(super) fn send_answers(&mut self) {
+        for answer in self.answers.drain(..) {
+            answer();
+        }
     }
 
     fn track(&mut self, id: TransferId, op: Op, total: u64) -> watch::Receiver<TransferStatus> {

@@ -3,12 +3,18 @@
 //! completed receives in ring order once unpacked. What the plugin reports becomes a
 //! [`Completion`], applied to the engine at the end of the pass.
 
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::blocks::{self, STAGED};
 use super::posting::{Placed, post_recvs, post_sends, start_buffer_unpack};
-use super::{Completion, LANDING, Landing, Poller, Posted, RecvLaneState, SendLaneState};
+use super::{Completion, LANDING, Landing, PeerSlot, Poller, Posted, RecvLaneState, SendLaneState};
+use crate::buffers::BufferEntry;
+use crate::engine::PeerIdx;
+use crate::lanes::GpuStage;
 use crate::lanes::{self, Wait};
+use crate::metrics::Meter;
 
 impl Poller {
     /// Drives non-blocking connects and accepts of lanes being set up.
@@ -101,7 +107,10 @@ impl Poller {
 
     /// Tests the head of every comm; completes, unpacks and consumes what finished.
     pub(super) fn test_lanes(&mut self) -> bool {
+        // Everything unpacked by now is consumed below.
+        self.landed_in_actions = false;
         let window = self.cfg.engine.send_window;
+        let recv_window = self.cfg.engine.recv_window;
         let Poller {
             peers,
             buffers,
@@ -144,7 +153,7 @@ impl Poller {
             // Completed receives start their unpack, in ring order.
             for (li, l) in p.recv.iter_mut().enumerate() {
                 if !l.deferred.is_empty()
-                    && let Err(why) = post_recvs(l, buffers)
+                    && let Err(why) = post_recvs(l, recv_window, buffers)
                 {
                     events.push(Completion::Failed(peer, format!("lane {li} receive: {why}")));
                     continue;
@@ -227,7 +236,7 @@ impl Poller {
                         start_buffer_unpack(comm, id, dest, buffers, stages, *unpack_impl)
                     };
                     let unpacked = matches!(wait, Wait::Ready(_)).then(Instant::now);
-                    let on_host = matches!(wait, Wait::Ready(_) | Wait::Host(_));
+                    let on_host = wait.on_host();
                     (
                         wait,
                         Landing {
@@ -247,7 +256,50 @@ impl Poller {
         for stage in stages.values_mut() {
             stage.advance();
         }
-        // Consume what is unpacked, in ring order: only now are the pages returned.
+        consume_unpacked(peers, buffers, recv_window, stages, meter, &mut events);
+        let progressed = !events.is_empty();
+        self.apply(&mut events);
+        self.completions = events;
+        progressed
+    }
+
+    /// After a batch of actions that landed eager chunks (`Action::Land`, `LandScatter`): those
+    /// whose unpack is already over (a host copy, done at once) are consumed now, in this
+    /// pass, so their transfer's end (`Done`, `Finished`) goes out with this pass's actions
+    /// rather than after another pass. True when something was consumed.
+    pub(super) fn consume_landed(&mut self) -> bool {
+        if !std::mem::take(&mut self.landed_in_actions) {
+            return false;
+        }
+        let mut events = std::mem::take(&mut self.completions);
+        let recv_window = self.cfg.engine.recv_window;
+        consume_unpacked(
+            &mut self.peers,
+            &self.buffers,
+            recv_window,
+            &self.stages,
+            &self.meter,
+            &mut events,
+        );
+        let progressed = !events.is_empty();
+        self.apply(&mut events);
+        self.completions = events;
+        progressed
+    }
+}
+
+/// Consumes each lane's completed receives whose unpack is over, in ring order (only now are
+/// the pages returned), as [`Completion::RecvConsumed`] events; then posts the receives held
+/// beyond `recv_window` (`transfer.scatter_ahead`) into the slots that came back.
+fn consume_unpacked(
+    peers: &mut BTreeMap<PeerIdx, PeerSlot>,
+    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    recv_window: usize,
+    stages: &HashMap<usize, GpuStage>,
+    meter: &Meter,
+    events: &mut Vec<Completion>,
+) {
+    {
         for (&peer, p) in peers.iter_mut() {
             if p.failed {
                 continue;
@@ -278,13 +330,17 @@ impl Poller {
                 if let Err(e) = consumed {
                     meter.metrics.plugin_error(&e);
                     events.push(Completion::Failed(peer, format!("lane {li} irecvConsumed: {e}")));
+                    continue;
+                }
+                // Slots given back (consumed, or released while their copies run) take the
+                // receives posted ahead in this pass rather than the next.
+                if !l.deferred.is_empty()
+                    && let Err(why) = post_recvs(l, recv_window, buffers)
+                {
+                    events.push(Completion::Failed(peer, format!("lane {li} receive: {why}")));
                 }
             }
         }
-        let progressed = !events.is_empty();
-        self.apply(&mut events);
-        self.completions = events;
-        progressed
     }
 }
 

@@ -468,6 +468,8 @@ impl PollerHandle {
                     segs: Vec::new(),
                     direct_broken: Vec::new(),
                     direct_pending: Vec::new(),
+                    answers: Vec::new(),
+                    landed_in_actions: false,
                     park,
                     direct_ready: Vec::new(),
                     inbound: VecDeque::new(),
@@ -638,6 +640,12 @@ struct Poller {
     /// Pairings whose direct connection has messages framed in this batch of actions, not sent
     /// yet (`direct.rs`, `send_direct`).
     direct_pending: Vec<PeerIdx>,
+    /// Answers to the commands that started transfers, sent at the end of the pass
+    /// (`commands.rs`, `answer_later`): the transfer's first messages and posts go out before
+    /// the API's task is woken.
+    answers: Vec<Box<dyn FnOnce() + Send>>,
+    /// The batch of actions just run landed eager chunks (`drive.rs`, `consume_landed`).
+    landed_in_actions: bool,
     /// Where the poller waits: epoll on the channel's eventfd and the direct sockets (`park.rs`).
     park: park::Park,
     /// Direct sockets epoll reported readable, read at the start of the next pass.
@@ -721,7 +729,14 @@ impl Poller {
             progressed |= self.test_lanes();
             self.engine.on_tick(Instant::now());
             progressed |= self.run_actions();
+            // Eager chunks landed by those actions and unpacked at once: consumed in this pass,
+            // their transfers' ends sent with it.
+            if self.consume_landed() {
+                progressed = true;
+                self.run_actions();
+            }
             progressed |= self.flush_direct();
+            self.send_answers();
             if self.check_drain() {
                 return;
             }

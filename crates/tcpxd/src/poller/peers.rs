@@ -187,6 +187,7 @@ impl Poller {
                 .cancel(id, Code::Unavailable, "the daemon is shutting down");
         }
         self.run_actions();
+        self.send_answers();
         // No host copy may still read a comm's bounce pages once the comms close.
         self.host_copies.quiesce();
         let by = self.engine.close_by(Instant::now());

@@ -109,18 +109,27 @@ pub(super) fn post_sends(
     Ok(())
 }
 
-/// Posts deferred receives in order while the plugin takes them.
-pub(super) fn post_recvs(l: &mut RecvLane, buffers: &HashMap<u64, Arc<BufferEntry>>) -> Result<(), String> {
+/// Posts deferred receives in order while the plugin takes them and holds fewer than `window`
+/// (`recv_window`) of the lane's receives. The engine posts receives in pieces up to
+/// `scatter_ahead` beyond the window: they wait here until a receive's plugin slot comes back,
+/// which for one that landed in the lane's host landing ring is as soon as it completed
+/// (`lanes::RecvQueue::consume_ready`), before its scatter is over.
+pub(super) fn post_recvs(
+    l: &mut RecvLane,
+    window: usize,
+    buffers: &HashMap<u64, Arc<BufferEntry>>,
+) -> Result<(), String> {
     let RecvLaneState::Ready(comm) = &mut l.state else {
         return Ok(());
     };
-    while let Some(&RecvPost {
-        buffer,
-        offset,
-        len,
-        scatter,
-        offer,
-    }) = l.deferred.front()
+    while comm.outstanding() < window
+        && let Some(&RecvPost {
+            buffer,
+            offset,
+            len,
+            scatter,
+            offer,
+        }) = l.deferred.front()
     {
         let (mh, at) = match (&l.landing_slots, buffer) {
             (Some(mh), LANDING) => (mh, offset),

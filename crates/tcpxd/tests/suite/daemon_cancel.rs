@@ -405,12 +405,26 @@ fn shuffled_slots(n: u64, seed: u64) -> Vec<u64> {
 /// and returns every slot and credit on both daemons; the next scattered batch lands exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_host_block_batch_with_copy_helpers_frees_every_slot() {
+    cancel_host_block_batch("cancel-copies", &[]).await;
+}
+
+/// The same with direct receives at the receiver (`TCPXEMU_HOST_RECV=direct`, as the real
+/// plugin receives host memory): its receives, posted `scatter_ahead` beyond the window, give
+/// their plugin slots back while their scatters run (`lanes::Wait::Slot`); cancelled midway,
+/// every one is still consumed and every slot comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_host_block_batch_received_in_place_frees_every_slot() {
+    cancel_host_block_batch("cancel-inplace", &[("TCPXEMU_HOST_RECV", "direct")]).await;
+}
+
+async fn cancel_host_block_batch(name: &str, peer_env: &[(&str, &str)]) {
     hold::gate_on();
     use crate::common::batches::ranges;
     tcpxd::logging::init("warn");
-    let mut a = daemons::start("cancel-copies-a", |d| d.host_copy_threads = Some(3)).await;
-    let (b, mut bc) =
-        hold::peer_process(&mut a, "cancel-copies-b", &[("TCPXD_HOST_COPY_THREADS", "3")]).await;
+    let mut a = daemons::start(&format!("{name}-a"), |d| d.host_copy_threads = Some(3)).await;
+    let mut env = vec![("TCPXD_HOST_COPY_THREADS", "3")];
+    env.extend_from_slice(peer_env);
+    let (b, mut bc) = hold::peer_process(&mut a, &format!("{name}-b"), &env).await;
     let src = host_buffer(&mut a.client, 128 * MIB, "").await;
     let dst = host_buffer(&mut bc, 128 * MIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 5).await;

@@ -119,6 +119,94 @@ fn a_pass_posts_within_the_window_unpacks_and_consumes_in_ring_order() {
     assert_eq!((r.outstanding(), s.outstanding()), (0, 0), "every slot back");
 }
 
+/// Receives whose copies run out of their own posted range (`Wait::Slot`) give their plugin
+/// slots back before the copies finish, in ring order, never past one whose unpack still needs
+/// the plugin (`Wait::Host`), and are reported consumed only once their copies are done, in ring
+/// order; the slots given back take new receives meanwhile.
+#[test]
+fn receives_landed_in_place_give_their_plugin_slots_back_before_their_copies_end() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tcpxd::net::host_copies::CopyTicket;
+    let (mut s, mut r) = pair();
+    const LEN: u32 = 4096;
+    let (src, _) = region(5 * LEN as usize);
+    let (slots, _) = region(5 * LEN as usize);
+    let smh = s.register(src.clone()).unwrap();
+    let rmh = r.register(slots.clone()).unwrap();
+    let mut queue: RecvQueue<usize, usize> = RecvQueue::default();
+    let mut tag = Tag::default();
+    let gates: Vec<Arc<AtomicU64>> = (0..5).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    // Receive k's copies: out of its own slot, except receive 1's (as from bounce pages).
+    let wait = |k: usize| {
+        let t = CopyTicket::gated(gates[k].clone());
+        if k == 1 { Wait::Host(t) } else { Wait::Slot(t) }
+    };
+    let mut post = |queue: &mut RecvQueue<usize, usize>, r: &mut RecvComm, s: &mut SendComm, k: usize| {
+        let at = k * LEN as usize;
+        assert!(queue.post(r, &rmh, at, LEN, k).unwrap());
+        assert!(lanes::post_send(s, &mut tag, &smh, at, LEN).unwrap());
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let land_all = |queue: &mut RecvQueue<usize, usize>, r: &mut RecvComm, s: &mut SendComm| {
+        while queue.posted() > 0 {
+            assert!(Instant::now() < deadline, "chunks stuck");
+            lanes::test_sends(s, || {}).unwrap();
+            queue.test_heads(r, |_, p| (wait(p.meta), p.meta)).unwrap();
+        }
+    };
+    for k in 0..3 {
+        post(&mut queue, &mut r, &mut s, k);
+    }
+    land_all(&mut queue, &mut r, &mut s);
+    let mut done = Vec::new();
+    let consume = |queue: &mut RecvQueue<usize, usize>, r: &mut RecvComm, done: &mut Vec<usize>| {
+        queue
+            .consume_ready(
+                r,
+                |_, _| None,
+                |l, result| {
+                    result.unwrap();
+                    done.push(l.meta);
+                },
+            )
+            .unwrap()
+    };
+    // Nothing copied yet: receive 0 gives its slot back, receive 1 (and so 2) keeps theirs.
+    assert_eq!(consume(&mut queue, &mut r, &mut done), 0);
+    assert_eq!((queue.landed(), r.outstanding()), (3, 2));
+    gates[0].store(1, Ordering::Release);
+    assert_eq!(consume(&mut queue, &mut r, &mut done), 1);
+    assert_eq!(
+        (queue.landed(), r.outstanding()),
+        (2, 2),
+        "receive 1 still needs its slot"
+    );
+    gates[1].store(1, Ordering::Release);
+    assert_eq!(consume(&mut queue, &mut r, &mut done), 1);
+    assert_eq!(
+        (queue.landed(), r.outstanding()),
+        (1, 0),
+        "receive 2 gave its slot back"
+    );
+    // Its slot takes new receives while its copies run.
+    for k in 3..5 {
+        post(&mut queue, &mut r, &mut s, k);
+    }
+    land_all(&mut queue, &mut r, &mut s);
+    assert_eq!(consume(&mut queue, &mut r, &mut done), 0);
+    assert_eq!((queue.landed(), r.outstanding()), (3, 0));
+    for g in &gates[2..] {
+        g.store(1, Ordering::Release);
+    }
+    assert_eq!(consume(&mut queue, &mut r, &mut done), 3);
+    assert_eq!(done, [0, 1, 2, 3, 4], "reported in ring order");
+    while s.outstanding() > 0 {
+        assert!(Instant::now() < deadline, "sends stuck");
+        lanes::test_sends(&mut s, || {}).unwrap();
+    }
+    assert_eq!((queue.posted(), queue.landed(), r.outstanding()), (0, 0, 0));
+}
+
 /// Posts a receive of `len` bytes into the landing slot and a send of `send_len` bytes of `src`;
 /// returns the receive once both completed, in the lane's landing queue.
 fn land(

@@ -42,6 +42,7 @@ mod daemon_pairing_life;
 mod daemon_peer_loss;
 mod daemon_prepared;
 mod daemon_same_node;
+mod daemon_scatter_ahead;
 mod daemon_session;
 mod daemon_smoke;
 mod daemon_soak;

@@ -285,14 +285,18 @@ class nixl_agent:  # noqa: N801
     def register_memory(self, reg_list: Any, mem_type: Optional[str] = None, backends: Optional[List[str]] = None) -> RegDList:
         """Registers each region with the daemon (DRAM: its pages shared by file descriptor; VRAM:
         its allocation imported by IPC handle). Returns the registration list."""
-        dl = parse(reg_list, mem_type, True, "reg_list")
-        assert isinstance(dl, RegDList)
+        dl = reg_list
+        if type(dl) is not RegDList:  # (else as given: get_reg_descs's, the usual)
+            dl = parse(reg_list, mem_type, True, "reg_list")
+            assert isinstance(dl, RegDList)
         self._memory.register(dl)
         return dl
 
     def deregister_memory(self, dereg_list: Any, backends: Optional[List[str]] = None) -> None:
-        dl = parse(dereg_list, None, True, "dereg_list")
-        assert isinstance(dl, RegDList)
+        dl = dereg_list
+        if type(dl) is not RegDList:  # (else as given: register_memory's, the usual)
+            dl = parse(dereg_list, None, True, "dereg_list")
+            assert isinstance(dl, RegDList)
         self._memory.deregister(dl)
 
     def get_serialized_descs(self, descs: DescList) -> bytes:

@@ -15,6 +15,7 @@ reached) leaves the buffer without: its regions' transfers take the batch path.
 from __future__ import annotations
 
 import array
+import collections
 import ctypes
 import logging
 import mmap
@@ -23,10 +24,11 @@ import threading
 import weakref
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .. import Client, _proto
-from .._addresses import BY_ADDRESS, FILE_SHARED, AddressBatch, address_ranges, address_tail, range_refusal
+from .._addresses import (BY_ADDRESS, FILE_SHARED, AddressBatch, address_ranges, address_tail, range_refusal,
+                          row_range)
 from .._hostmem import Pending
 from ..errors import TcpxdError
 from . import _cuda
@@ -36,10 +38,15 @@ from ._regions import Region, RegionTable, region as make_region
 
 Key = Tuple[str, int, int, int]
 
-#: `address_ranges` of one region of memory by address, of one a file backs.
-_ONE_BY_ADDRESS, _ONE_FILE = bytes((BY_ADDRESS,)), bytes((FILE_SHARED,))
-#: A call's addresses where it has no memory by address.
+#: A call's addresses where it has no memory by address, its keys where it has none of a kind
+#: (never changed: shared).
 _NO_ADDRESSES = array.array("Q")
+_NO_KEYS: List[Key] = []
+_NO_SIZES: Dict[int, "Tail"] = {}
+#: Per region size, what a registration by address sends but for the address (its request's
+#: serialized tail), the granule lists it asks, and the tail alone in a tuple (a lone region's
+#: `Registrar.hold_addresses`).
+Tail = Tuple[bytes, List[Any], Tuple[bytes]]
 
 log = logging.getLogger("tcpxd.nixl")
 
@@ -189,32 +196,45 @@ def host_array(nbytes: int) -> Any:
     return np.frombuffer(mm, dtype=np.uint8)
 
 
-@dataclass
-class _Sent:
+class _Sent(Pending):
     """One `register_memory` call's DRAM regions held back (since session 22): memory by
-    address, sent with the registration connection's next message (`Registrar.hold_addresses`:
-    `pending`), and memory a file backs (`files`), looked up and handed over by descriptor at
-    the first use; folded into the agent's regions, all or none, at the next call that needs
-    them (`LocalMemory._settle`); withdrawn unsent when deregistered before any use
-    (`LocalMemory._withdraw`)."""
+    address, sent with the registration connection's next message (it is the `Pending` the
+    registrar holds: `Registrar.hold`, `pending` itself), and memory a file backs (`files`),
+    looked up and handed over by descriptor at the first use; folded into the agent's regions,
+    all or none, at the next call that needs them (`LocalMemory._settle`); withdrawn unsent when
+    deregistered before any use (`LocalMemory._withdraw`). One slotted object: a lone region's
+    registration makes one (and its key list)."""
 
-    keys: List[Key]
-    #: Per region: its index in the call's reg_list, and the tensor or array given (kept alive).
-    todo: Dict[Key, Tuple[int, Any]]
-    #: By address: the regions, their addresses (u64s), per region size its request's
-    #: serialized tail and the granule lists it asks, and what holds them (None: not held, as
-    #: after a fork: registered when folded).
-    by_address: List[Key]
-    addrs: Any
-    tails: Dict[int, Tuple[bytes, List[Any]]]
-    pending: Optional[Pending]
-    #: By descriptor: the regions.
-    files: List[Key]
-    #: The registration list's rows, where the call took every one of them (a deregistration of
-    #: the same list withdraws it without a look at each region: `LocalMemory._withdraw_list`),
-    #: and the list's id(), which `LocalMemory._by_list` finds it by.
-    rows: Any = None
-    list_id: int = 0
+    __slots__ = ("keys", "todo", "by_address", "sizes", "pending", "files", "rows", "list_id")
+
+    def __init__(self, keys: List[Key], todo: Dict[Key, Tuple[int, Any]], by_address: List[Key], addrs: Any,
+                 tails: Sequence[bytes], sizes: Dict[int, Tail], files: List[Key]):
+        #: Pending's: the regions by address's addresses (u64s) and serialized tails, held
+        #: (`held`) until the registrar sends them.
+        self.addrs = addrs
+        self.tails = tails
+        self.got: List[Any] = [None] * len(tails)
+        self.frames = 0
+        self.lost = None
+        self.held = False
+        self.keys = keys
+        #: Per region: its index in the call's reg_list, and the tensor or array given (kept alive).
+        self.todo = todo
+        #: By address: the regions, per region size its request's serialized tail and the
+        #: granule lists it asks (`sizes`), and what holds them: itself once the registrar took
+        #: it (`Registrar.hold`), else None (nothing by address, or not held: no registrar,
+        #: or a closed one: registered when folded).
+        self.by_address = by_address
+        self.sizes = sizes
+        self.pending: Optional[Pending] = None
+        #: By descriptor: the regions.
+        self.files = files
+        #: The registration list's rows as bytes, where the call took every one of them (a
+        #: deregistration of the same list withdraws it without a look at each region:
+        #: `LocalMemory._withdraw_list`), and the list's id(), which `LocalMemory._by_list`
+        #: finds it by.
+        self.rows = b""
+        self.list_id = 0
 
     @property
     def withdrawable(self) -> bool:
@@ -238,6 +258,7 @@ class LocalMemory:
 
     def __init__(self, client: Client):
         self._client = client
+        self._registrar = client._registrar
         self._lock = threading.Lock()
         self._regions: Dict[Key, Tuple[Region, Callable[[], None]]] = {}
         self._imports: Dict[Tuple[int, int], _Import] = {}
@@ -259,7 +280,7 @@ class LocalMemory:
         self._by_list: Dict[int, _Sent] = {}
         #: Per region size: the serialized tail of its request by address and the granule
         #: lists it asks for (`_by_address`), made once.
-        self._tails: Dict[int, Tuple[bytes, List[Any]]] = {}
+        self._tails: Dict[int, Tail] = {}
 
     def regions(self) -> List[Region]:
         self._settle()
@@ -278,7 +299,8 @@ class LocalMemory:
         """Registers every region of the list (all or none)."""
         mem = dl.mem
         if mem == "DRAM":
-            self._register_dram(dl)
+            if len(dl.rows) != 1 or not self._one(dl):
+                self._register_dram(dl)
             return
         if mem not in MOVABLE:
             raise nixlNotSupportedError(f"reg_list: tcpxd moves DRAM and VRAM memory, not {dl.mem}")
@@ -306,8 +328,6 @@ class LocalMemory:
         (`_dram_many`: checked now, held back, all or none)."""
         rows = dl.rows.tolist()
         objs = dl.objs
-        if len(rows) == 1 and self._one(rows[0], objs[0]):
-            return
         todo: Dict[Key, Tuple[int, Any]] = {}
         with self._lock:
             have, sent = self._regions, self._sent_keys
@@ -332,9 +352,14 @@ class LocalMemory:
         if self._by_list and self._withdraw_list(dl):
             return
         mem = dl.mem
-        keys = [(mem, a, n, d) for a, n, d in dl.rows.tolist()]
-        if len(keys) == 1 and self._withdraw_one(keys[0]):
-            return
+        rows = dl.rows.tolist()
+        if len(rows) == 1:
+            a, n, d = rows[0]
+            keys = [(mem, a, n, d)]
+            if self._withdraw_one(keys[0]):
+                return
+        else:
+            keys = [(mem, a, n, d) for a, n, d in rows]
         held = False
         with self._lock:
             regions, sent = self._regions, self._sent_keys
@@ -364,8 +389,8 @@ class LocalMemory:
         """`_withdraw` of one region held alone (the usual lone deregistration) in fewer steps:
         False where it is not that."""
         sent = self._sent_keys.get(key)
-        registrar = self._client._registrar
-        if sent is None or registrar is None or sent.keys != [key]:
+        registrar = self._registrar
+        if sent is None or registrar is None or len(sent.keys) != 1:  # (found by `key`: its one)
             return False
         with self._settling:
             if self._sent_keys.get(key) is not sent:
@@ -375,7 +400,8 @@ class LocalMemory:
             with self._lock:
                 self._sent.remove(sent)
                 del self._sent_keys[key]
-                self._unlist(sent)
+                if sent.list_id:
+                    self._unlist(sent)
         return True
 
     def _withdraw_list(self, dl: RegDList) -> bool:
@@ -385,7 +411,7 @@ class LocalMemory:
         registrar = self._client._registrar
         if sent is None or registrar is None or dl.mem != "DRAM" or not sent.withdrawable:
             return False
-        if sent.rows.shape != dl.rows.shape or not bool((sent.rows == dl.rows).all()):
+        if sent.rows != dl.rows.tobytes():
             return False  # (another list at the same id, or this one changed since)
         with self._settling:
             if self._by_list.get(id(dl)) is not sent:
@@ -394,9 +420,7 @@ class LocalMemory:
                 return False
             with self._lock:
                 self._sent.remove(sent)
-                sent_keys = self._sent_keys
-                for k in sent.keys:
-                    del sent_keys[k]
+                collections.deque(map(self._sent_keys.__delitem__, sent.keys), 0)  # (one C loop)
                 self._unlist(sent)
         return True
 
@@ -482,8 +506,8 @@ class LocalMemory:
                 if sent.pending is not None and registrar is not None:
                     got = registrar.collect(sent.pending, timeout)
                 else:
-                    got = self._client._register_addresses(sent.addrs, [sent.tails[k[2]][0] for k in sent.by_address])
-                self._fold_answers(sent.by_address, got, sent.todo, sent.tails, done, failed)
+                    got = self._client._register_addresses(sent.addrs, sent.tails)
+                self._fold_answers(sent.by_address, got, sent.todo, sent.sizes, done, failed)
             if sent.files and not failed:
                 part = sent.files
                 memories = [sent.todo[k][1] if sent.todo[k][1] is not None else (ctypes.c_char * k[2]).from_address(k[1])
@@ -546,29 +570,37 @@ class LocalMemory:
         if first is not None:
             raise first
 
-    def _one(self, row: List[int], obj: Any) -> bool:
-        """`_register_dram` of one region — memory by address of a size registered before, or
-        memory a file backs — in fewer steps (what `_dram_many` does for it): False, nothing
-        done, where it is not that (the caller takes the general path)."""
-        a, n, d = row
-        registrar = self._client._registrar
-        if registrar is None or not n:
+    def _one(self, dl: RegDList) -> bool:
+        """`_register_dram` of a list of one region — memory by address of a size registered
+        before, or memory a file backs — in fewer steps (what `_dram_many` does for it): its row
+        read and its range checked in one call of the extension (`row_range`), the objects held
+        shared where they can be (the size's tail and its one-tuple, the key list). False,
+        nothing done, where it is not that, or the kernel or the extension cannot answer so (the
+        caller takes the general path, which says why)."""
+        registrar = self._registrar
+        if registrar is None:
             return False
+        got = row_range(dl.rows)
+        if got is None or not got[1]:
+            return False
+        a, n, d, kind = got
         key = ("DRAM", a, n, d)
         if key in self._regions or key in self._sent_keys:
             return True  # (registered already: NIXL accepts it again)
-        kind = address_ranges([a], [n])
-        if kind == _ONE_FILE:  # (looked up and handed over at the first use)
-            sent = _Sent([key], {key: (0, obj)}, [], _NO_ADDRESSES, {}, None, [key])
-        else:
-            tail = self._tails.get(n)
-            if kind != _ONE_BY_ADDRESS or tail is None:  # (else the general path says why)
+        keys = [key]
+        if kind == BY_ADDRESS:
+            tails = self._tails
+            tail = tails.get(n)
+            if tail is None:  # (a size not registered before: the general path makes its tail)
                 return False
-            addrs = array.array("Q", (a,))
-            pending = registrar.hold_addresses(addrs, [tail[0]])
-            if pending is None:
+            sent = _Sent(keys, {key: (0, dl.objs[0])}, keys, array.array("Q", (a,)), tail[2], tails, _NO_KEYS)
+            if not registrar.hold(sent):
                 return False
-            sent = _Sent([key], {key: (0, obj)}, [key], addrs, {n: tail}, pending, [])
+            sent.pending = sent
+        elif kind == FILE_SHARED:  # (looked up and handed over at the first use)
+            sent = _Sent(keys, {key: (0, dl.objs[0])}, _NO_KEYS, _NO_ADDRESSES, (), _NO_SIZES, keys)
+        else:  # (refused by the general path, which says why)
+            return False
         with self._lock:
             self._sent.append(sent)
             self._sent_keys[key] = sent
@@ -599,27 +631,27 @@ class LocalMemory:
                 else:  # what the daemon would refuse, said now
                     raise nixlInvalidParamError(f"reg_list[{todo[k][0]}] (DRAM at {k[1]:#x}, {k[2]} bytes): "
                                                 f"{range_refusal(kind, k[1], k[2])}")
-        tails: Dict[int, Tuple[bytes, List[Any]]] = {}
+        tails: Dict[int, Tail] = {}
         known = self._tails
         for size in {k[2] for k in fast}:
             tail = known.get(size)
             if tail is None:
                 asked = granule_tilings(size)
-                tail = (address_tail(size, "", asked), asked)
+                t = address_tail(size, "", asked)
+                tail = (t, asked, (t,))
                 if len(known) < 64:  # (the sizes an agent registers are few)
                     known[size] = tail
             tails[size] = tail
         addrs = array.array("Q", [k[1] for k in fast])
         registrar = self._client._registrar
-        pending = None
-        if registrar is not None and fast:
-            pending = registrar.hold_addresses(addrs, [tails[k[2]][0] for k in fast])
-        sent = _Sent(keys, todo, fast, addrs, tails, pending, files)
-        if registrar is None or (pending is None and fast):
+        sent = _Sent(keys, todo, fast, addrs, [tails[k[2]][0] for k in fast], tails, files)
+        if registrar is not None and fast and registrar.hold(sent):
+            sent.pending = sent
+        if registrar is None or (sent.pending is None and fast):
             self._fold(sent, later=False)
             return
         if whole is not None:  # (every region of the list: `_withdraw_list` finds it)
-            sent.rows, sent.list_id = whole.rows.copy(), id(whole)
+            sent.rows, sent.list_id = whole.rows.tobytes(), id(whole)
         with self._lock:  # folded in by `_settle`
             self._sent.append(sent)
             sent_keys = self._sent_keys
@@ -629,7 +661,7 @@ class LocalMemory:
                 self._by_list[sent.list_id] = sent
 
     def _fold_answers(self, keys: List[Key], got: List[Any], todo: Dict[Key, Tuple[int, Any]],
-                      tails: Dict[int, Tuple[bytes, List[Any]]], done: List[Key],
+                      tails: Dict[int, Tail], done: List[Key],
                       failed: List[Tuple[Key, TcpxdError]]) -> None:
         """The daemon's answers to registrations by address read into Regions, the table updated
         once (`done`: the keys registered; `failed`: the others, with why)."""

@@ -4,7 +4,7 @@
 //! back, then sends `SessionRequest` frames and reads `SessionEvent` frames (docs/API.md, "The
 //! framed local session"); any other connection is gRPC as before (`listener`).
 //!
-//! One task per connection: it reads the frames and runs the session (src/api/session.rs). Its
+//! One task per connection: it reads the frames and runs the session (src/api/session/). Its
 //! events go out through the connection's [`outbox::Outbox`]: written at once, one write per
 //! event, from whichever thread has the event — the session's task, or the thread that finished
 //! a transfer or published a notification (`inline`: the poller's, between nodes).

@@ -669,6 +669,16 @@ impl RecvComm {
         Ok(())
     }
 
+    /// Whether completed receive `id` holds its bytes in its own posted range of host memory
+    /// (a direct receive: no fragments in the plugin's bounce pages), so that nothing of it is
+    /// read from the plugin's memory: it may be consumed (`irecvConsumed`, its request slot
+    /// given back) while its posted range is still being copied out, which the plugin does
+    /// not write again until a receive is posted there.
+    pub fn landed_in_place(&self, id: RequestId) -> NetResult<bool> {
+        let slot = self.completed_slot(id)?;
+        Ok(slot.region.mem_type() == MemType::Host && self.unpack_ring()?.count(slot.q)? == 0)
+    }
+
     fn completed_slot(&self, id: RequestId) -> NetResult<&RecvSlot> {
         let slot = &self.slots[self.position(id)?];
         if !slot.done {

@@ -14,6 +14,11 @@
 //! The same logic serves two transports: the gRPC stream (`start`) and the framed local session
 //! on the API unix socket (`super::local`), each supplying its request side ([`Requests`]) and its
 //! event side ([`Events`]).
+//!
+//! This file holds the session's loop and its transfer, cancel, prepared-list and notification
+//! requests; `transport.rs` the two sides a transport supplies ([`Requests`], [`Events`]) and the
+//! gRPC stream's; `registrations.rs` the registrations (gathered into batches, `register_batch`
+//! frames, `release_batch`).
 
 use std::collections::HashMap;
 use std::future::{Future, pending};
@@ -30,27 +35,30 @@ use tonic::{Status, Streaming};
 
 use super::delivery::{Delivered, Subscription, deliver_finished, deliver_notifications, notification_event};
 use super::finished_tags::{FinishedTags, already_finished};
-use super::host_memory::{self, Attached};
 use super::local::inline::Inline;
 use super::local::outbox::{BACKLOG, Outbox};
 use super::prepared;
 use super::proto::v1 as pb;
 use super::proto::v1::session_event::Event;
 use super::proto::v1::session_request::Op;
-use super::register_batch::{MAX_BATCH, Registered, Registration};
+use super::register_batch::MAX_BATCH;
 use super::state::DaemonState;
 use super::transfers::{self, Started, cancel_unheard};
 use crate::engine::{TransferId, TransferKind};
 use crate::poller::NotificationEvent;
+
+mod registrations;
+mod transport;
+
+pub use registrations::MAX_REGISTRATION_LISTS;
+use registrations::registration;
+pub use transport::{Events, Gone, Incoming, Requests};
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
 
 /// Events queued towards a client that reads slowly; past this the session stops reading
 /// requests until the client catches up.
 const EVENT_QUEUE: usize = 256;
-
-/// Block lists one registration may ask for (`RegisterHostFdRequest.block_lists`).
-pub const MAX_REGISTRATION_LISTS: usize = 8;
 
 /// Starts serving one gRPC session; `deadline` is the stream's own (its gRPC deadline), if any.
 pub fn start(
@@ -64,99 +72,6 @@ pub fn start(
         serve(state, deadline, &mut requests, &mut tx).await
     });
     Box::pin(ReceiverStream::new(rx))
-}
-
-/// What a session's request side yields next.
-pub enum Incoming {
-    /// Boxed: a request is far larger than the other variants.
-    Request(Box<pb::SessionRequest>),
-    /// The client half-closed: no more requests; the open ones finish, then the session ends.
-    HalfClosed,
-    /// The client went away: the open transfers are cancelled.
-    Gone,
-    /// The client broke the transport's rules (a frame over the limit, one that does not
-    /// decode): answered with one refusal under tag 0, then the session ends as for `Gone`.
-    Broken(Status),
-}
-
-/// A session's request side.
-pub trait Requests: Send {
-    /// The next request, or why there is none.
-    fn next(&mut self) -> impl Future<Output = Incoming> + Send;
-
-    /// The file descriptor that came with the request `next` returned last (`register_host_fd`);
-    /// a transport that cannot carry descriptors says so.
-    fn attached(&mut self) -> Result<Attached, Status> {
-        Err(host_memory::no_descriptors())
-    }
-
-    /// The `n` file descriptors that came with the request `next` returned last
-    /// (`register_batch`), in order; a transport that cannot carry descriptors says so.
-    fn attached_n(&mut self, _n: usize) -> Result<Vec<Attached>, Status> {
-        Err(host_memory::no_descriptors())
-    }
-
-    /// The client's process, from the connection's peer credentials (`register_client_memory`);
-    /// a transport without them says so.
-    fn peer_pid(&self) -> Result<i32, Status> {
-        Err(host_memory::no_peer_process())
-    }
-}
-
-/// A session's event side.
-pub trait Events: Send {
-    /// Hands one event to the client; `Err` when the client is gone.
-    fn send(&mut self, event: pb::SessionEvent) -> impl Future<Output = Result<(), Gone>> + Send;
-
-    /// Resolves when the client is known to be gone though nothing is being sent. `reading`:
-    /// whether the request side is still open (a transport that learns of the client's going
-    /// from its request side only needs to watch once that side has ended).
-    fn gone(&mut self, reading: bool) -> impl Future<Output = ()> + Send;
-
-    /// Where other threads may push this session's events straight to the client (the framed
-    /// session: src/api/local/outbox.rs): the session's transfers then end and its
-    /// notifications arrive without its task (src/api/local/inline.rs). `None`: every event
-    /// goes through `send`.
-    fn outbox(&self) -> Option<Arc<Outbox>> {
-        None
-    }
-
-    /// What the session's task waits on besides its own work: `Ok` once it has written events
-    /// that others pushed and the socket did not take at once (the session looks again at its
-    /// backlog), `Err` when the client is gone. Without an outbox: `gone`.
-    fn attend(&mut self, reading: bool) -> impl Future<Output = Result<(), Gone>> + Send {
-        async move {
-            self.gone(reading).await;
-            Err(Gone)
-        }
-    }
-}
-
-/// The session ended early: the client went away.
-#[derive(Debug)]
-pub struct Gone;
-
-impl Requests for Streaming<pb::SessionRequest> {
-    async fn next(&mut self) -> Incoming {
-        match self.message().await {
-            Ok(Some(req)) => Incoming::Request(Box::new(req)),
-            Ok(None) => Incoming::HalfClosed,
-            Err(status) => {
-                tracing::debug!("session: the client went away: {status}");
-                Incoming::Gone
-            }
-        }
-    }
-}
-
-impl Events for mpsc::Sender<Result<pb::SessionEvent, Status>> {
-    async fn send(&mut self, event: pb::SessionEvent) -> Result<(), Gone> {
-        mpsc::Sender::send(self, Ok(event)).await.map_err(|_| Gone)
-    }
-
-    async fn gone(&mut self, _reading: bool) {
-        self.closed().await
-    }
 }
 
 /// Serves one session to its end: `Ok` once the request side has ended (half-close, or the
@@ -481,240 +396,6 @@ impl<E: Events> Session<'_, E> {
         self.state.start_read(r, deadline).await
     }
 
-    /// A registration as read (its descriptor or peer process taken now, with its frame), or
-    /// the refusal of its tag or lists.
-    fn registration<R: Requests>(&self, req: pb::SessionRequest, requests: &mut R) -> Gathered {
-        let tag = req.tag;
-        let (reg, lists) = match req.op {
-            Some(Op::RegisterHostFd(mut r)) => {
-                let lists = std::mem::take(&mut r.block_lists);
-                (Registration::HostFd(r, requests.attached()), lists)
-            }
-            Some(Op::RegisterClientMemory(mut r)) => {
-                let lists = std::mem::take(&mut r.block_lists);
-                (Registration::ClientMemory(r, requests.peer_pid()), lists)
-            }
-            _ => return (tag, Err(Status::internal("not a registration"))),
-        };
-        let refused = if tag == 0 {
-            Some(Status::invalid_argument("tag: must be nonzero"))
-        } else if self.open.contains_key(&tag) || self.notifications.as_ref().is_some_and(|s| s.0 == tag) {
-            Some(Status::invalid_argument(format!(
-                "tag: {tag} already names an unfinished request of this session"
-            )))
-        } else {
-            check_lists(&lists).err()
-        };
-        match refused {
-            Some(status) => (tag, Err(status)),
-            None => (tag, Ok((reg, lists))),
-        }
-    }
-
-    /// Carries out registrations read together (src/api/register_batch.rs) and answers each, in
-    /// the order they came, with the block lists it asked for registered on its new buffer (each
-    /// refused one named in `block_list_status`); the buffers go with this session.
-    async fn register(&mut self, batch: Vec<Gathered>) -> Result<(), Gone> {
-        let mut tags = Vec::with_capacity(batch.len());
-        let mut todo = Vec::new();
-        for (tag, r) in batch {
-            match r {
-                Ok(reg) => {
-                    tags.push((tag, None));
-                    todo.push(reg);
-                }
-                Err(status) => tags.push((tag, Some(status))),
-            }
-        }
-        let mut done = self.state.register_batch(todo).await.into_iter();
-        for (tag, refused) in tags {
-            let answer = match refused {
-                Some(status) => Err(status),
-                None => done
-                    .next()
-                    .unwrap_or_else(|| Err(Status::internal("a registration of the batch went unanswered"))),
-            };
-            match answer {
-                Ok(r) => {
-                    self.owned.push(r.entry.id);
-                    self.send(tag, Event::Registered(self.state.buffer_answer(r)))
-                        .await?;
-                }
-                Err(status) => self.refuse(tag, status).await?,
-            }
-        }
-        Ok(())
-    }
-
-    /// Carries out a `register_batch` frame: its entries as one batch, answered by one
-    /// `registered_batch` event (an entry refused alone has an empty buffer and its status); the
-    /// whole frame refused, with nothing registered, when it has too many entries or the
-    /// descriptors that came with it are not one per `host_fd` entry.
-    async fn register_frame<R: Requests>(
-        &mut self,
-        req: pb::SessionRequest,
-        requests: &mut R,
-    ) -> Result<(), Gone> {
-        let tag = req.tag;
-        let Some(Op::RegisterBatch(batch)) = req.op else {
-            return self.refuse(tag, Status::internal("not a register_batch")).await;
-        };
-        let host_fds = batch
-            .entries
-            .iter()
-            .filter(|e| matches!(e.memory, Some(pb::register_batch_entry::Memory::HostFd(_))))
-            .count();
-        // The descriptors are taken first: refused, they are closed.
-        let attached = requests.attached_n(host_fds);
-        let refused = if tag == 0 {
-            Some(Status::invalid_argument("tag: must be nonzero"))
-        } else if self.open.contains_key(&tag) || self.notifications.as_ref().is_some_and(|s| s.0 == tag) {
-            Some(Status::invalid_argument(format!(
-                "tag: {tag} already names an unfinished request of this session"
-            )))
-        } else if batch.entries.len() > MAX_BATCH {
-            Some(Status::invalid_argument(format!(
-                "register_batch.entries: {} entries is over the limit of {MAX_BATCH} a batch",
-                batch.entries.len()
-            )))
-        } else {
-            None
-        };
-        let mut attached = match (refused, attached) {
-            (Some(status), _) | (None, Err(status)) => return self.refuse(tag, status).await,
-            (None, Ok(a)) => a.into_iter(),
-        };
-        let packed = batch.packed_answer;
-        let mut answers: Vec<Option<Result<Registered, Status>>> = Vec::with_capacity(batch.entries.len());
-        let mut todo = Vec::new();
-        for (i, entry) in batch.entries.into_iter().enumerate() {
-            use pb::register_batch_entry::Memory;
-            let (reg, lists) = match entry.memory {
-                Some(Memory::HostFd(mut r)) => {
-                    let lists = std::mem::take(&mut r.block_lists);
-                    let fd = attached
-                        .next()
-                        .ok_or_else(|| Status::internal("a host_fd entry without its descriptor"));
-                    (Registration::HostFd(r, fd), lists)
-                }
-                Some(Memory::ClientMemory(mut r)) => {
-                    let lists = std::mem::take(&mut r.block_lists);
-                    (Registration::ClientMemory(r, requests.peer_pid()), lists)
-                }
-                None => {
-                    let e = format!("register_batch.entries[{i}]: set one of host_fd, client_memory");
-                    answers.push(Some(Err(Status::invalid_argument(e))));
-                    continue;
-                }
-            };
-            match check_lists(&lists) {
-                Ok(()) => {
-                    answers.push(None);
-                    todo.push((reg, lists));
-                }
-                Err(e) => answers.push(Some(Err(Status::invalid_argument(format!(
-                    "register_batch.entries[{i}].{}",
-                    e.message()
-                ))))),
-            }
-        }
-        let mut done = self.state.register_batch(todo).await.into_iter();
-        let answers: Vec<Result<Registered, Status>> = answers
-            .into_iter()
-            .map(|a| {
-                a.unwrap_or_else(|| {
-                    done.next().unwrap_or_else(|| {
-                        Err(Status::internal("a registration of the batch went unanswered"))
-                    })
-                })
-            })
-            .collect();
-        self.owned
-            .extend(answers.iter().filter_map(|a| a.as_ref().ok().map(|r| r.entry.id)));
-        if packed {
-            // (reg-async) Arrays, no message an entry (api/register_batch.rs).
-            let out = pb::RegisteredBatch {
-                packed: Some(self.state.packed_answer(answers)),
-                ..Default::default()
-            };
-            return self.send(tag, Event::RegisteredBatch(out)).await;
-        }
-        let mut out = pb::RegisteredBatch::default();
-        for answer in answers {
-            match answer {
-                Ok(r) => {
-                    out.buffers.push(self.state.buffer_answer(r));
-                    out.statuses.push(pb::EntryStatus::default());
-                }
-                Err(status) => {
-                    out.buffers.push(pb::Buffer::default());
-                    out.statuses.push(pb::EntryStatus {
-                        code: status.code() as i32,
-                        message: status.message().to_string(),
-                    });
-                }
-            }
-        }
-        self.send(tag, Event::RegisteredBatch(out)).await
-    }
-
-    /// Releases buffers this session registered (`release_batch`), none waiting for transfers:
-    /// one still in use is answered FAILED_PRECONDITION and stays (ReleaseBuffer waits).
-    async fn release_batch(&mut self, req: pb::SessionRequest) -> Result<(), Gone> {
-        let tag = req.tag;
-        let Some(Op::ReleaseBatch(batch)) = req.op else {
-            return self.refuse(tag, Status::internal("not a release_batch")).await;
-        };
-        if batch.buffer_ids.len() > MAX_BATCH {
-            let status = Status::invalid_argument(format!(
-                "release_batch.buffer_ids: {} ids is over the limit of {MAX_BATCH} a batch",
-                batch.buffer_ids.len()
-            ));
-            return self.refuse(tag, status).await;
-        }
-        // The buffers of this session, released together (api/register_batch.rs).
-        // (an id twice: the second is not this session's any more, as one by one)
-        let mut mine = std::collections::HashSet::new();
-        let asked: Vec<u64> = batch
-            .buffer_ids
-            .iter()
-            .copied()
-            .filter(|id| self.owned.contains(id) && mine.insert(*id))
-            .collect();
-        let (released, unmapped_after) = self.state.release_batch(&asked).await;
-        let mut released = released.into_iter();
-        let mut out = pb::ReleasedBatch::default();
-        let mut gone = std::collections::HashSet::new();
-        for (i, id) in batch.buffer_ids.into_iter().enumerate() {
-            let r = if mine.remove(&id) {
-                released
-                    .next()
-                    .unwrap_or_else(|| Err(Status::internal("a release of the batch went unanswered")))
-            } else {
-                Err(Status::not_found(format!(
-                    "release_batch.buffer_ids[{i}]: buffer {id} was not registered on this session (or is released)"
-                )))
-            };
-            let st = match r {
-                Ok(()) => {
-                    gone.insert(id);
-                    pb::EntryStatus::default()
-                }
-                Err(e) => pb::EntryStatus {
-                    code: e.code() as i32,
-                    message: e.message().to_string(),
-                },
-            };
-            out.statuses.push(st);
-        }
-        self.owned.retain(|b| !gone.contains(b));
-        let sent = self.send(tag, Event::ReleasedBatch(out)).await;
-        // The memory goes now, answered first: the client need not wait for the unmapping of
-        // (for memfds) every page of the batch; the session reads its next request after.
-        drop(unmapped_after);
-        sent
-    }
-
     /// Prepares a list that goes with this session.
     async fn prepare(&mut self, tag: u64, r: pb::PrepareBlocksRequest) -> Result<(), Gone> {
         let deadline = self.state.request_deadline(0, self.deadline);
@@ -805,19 +486,6 @@ impl<E: Events> Session<'_, E> {
     }
 }
 
-/// A registration read from the session: its tag, and the registration with its lists or why
-/// it is refused.
-type Gathered = (u64, Result<(Registration, Vec<pb::StridedBlocks>), Status>);
-
-/// Whether a request registers memory (those are gathered into batches).
-fn registration(req: &pb::SessionRequest) -> Option<()> {
-    matches!(
-        req.op,
-        Some(Op::RegisterHostFd(_)) | Some(Op::RegisterClientMemory(_))
-    )
-    .then_some(())
-}
-
 /// What `fut` gives without waiting, if anything (polled once). For the request side's `next`,
 /// which keeps what it read of a frame across polls, so dropping it unfinished loses nothing
 /// (as `select!` does with it).
@@ -828,15 +496,4 @@ fn ready_now<F: Future>(fut: F) -> Option<F::Output> {
         std::task::Poll::Ready(v) => Some(v),
         std::task::Poll::Pending => None,
     }
-}
-
-/// Refuses a registration asking for more block lists than one may (it changes nothing).
-fn check_lists(lists: &[pb::StridedBlocks]) -> Result<(), Status> {
-    if lists.len() > MAX_REGISTRATION_LISTS {
-        return Err(Status::invalid_argument(format!(
-            "block_lists: {} lists is over the limit of {MAX_REGISTRATION_LISTS} a registration",
-            lists.len()
-        )));
-    }
-    Ok(())
 }
