@@ -48,6 +48,8 @@ pub struct DaemonState {
 impl DaemonState {
     pub(crate) async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, Status> {
         let (tx, rx) = oneshot::channel();
+        // The hop trace's split of `api.in → poller.cmd`: the API's own checks end here.
+        tracing::trace!(target: "tcpxd::hop", hop = "api.ask");
         self.poller
             .send(make(tx))
             .map_err(|_| Status::unavailable("the daemon is shutting down"))?;
