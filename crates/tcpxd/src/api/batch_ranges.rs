@@ -9,6 +9,7 @@ use tonic::Status;
 
 use super::proto::v1 as pb;
 use super::state::{DaemonState, status};
+use crate::buffers::Descriptor;
 use crate::engine::{self, PackedBatch, PackedRanges, RangeLengths};
 
 /// The arrays of a `BatchRanges`, read and checked for shape (not yet against any buffer).
@@ -138,13 +139,25 @@ impl DaemonState {
     /// The engine's packed batch of a `BatchRanges`: its arrays read, its one local buffer and
     /// one descriptor resolved, every entry checked against both buffers in one pass. The arrays
     /// go to the engine as they came (copied once, no entry objects). Returns the total bytes.
-    pub(crate) fn packed_batch(&self, r: &pb::BatchRanges) -> Result<(PackedBatch, u64), Status> {
+    /// `parsed`: its descriptor already parsed, if it was (else parsed here).
+    pub(crate) fn packed_batch(
+        &self,
+        r: &pb::BatchRanges,
+        parsed: Option<Descriptor>,
+    ) -> Result<(PackedBatch, u64), Status> {
         let ranges = Ranges::read(r, engine::DEFAULT_MAX_ENTRIES).map_err(Status::invalid_argument)?;
         let local = self
             .buffers
             .get_as("ranges.local_buffer_id", r.local_buffer_id)
             .map_err(status)?;
-        let (peer, d) = self.remote_buffer("ranges.remote_descriptor", &r.remote_descriptor)?;
+        const FIELD: &str = "ranges.remote_descriptor";
+        let (peer, d) = match parsed {
+            Some(d) => {
+                self.not_this_node(&d, || FIELD.to_string())?;
+                (self.peer_of(FIELD, &d.node_id)?, d)
+            }
+            None => self.remote_buffer(FIELD, &r.remote_descriptor)?,
+        };
         let total = ranges
             .check(local.size, d.size)
             .map_err(Status::invalid_argument)?;

@@ -31,41 +31,51 @@ fn gone(link: &PeerLink) -> bool {
 /// `Peers::connect` to dial it.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A node named by a transfer's descriptors: the first entry naming it and its addresses.
-struct Named {
-    field: String,
-    addresses: Vec<String>,
+/// A node named by a transfer's descriptors (or a token): which field named it first and its
+/// addresses. The field's name is formatted only for an error.
+struct Named<'a> {
+    by: NamedBy<'a>,
+    addresses: Vec<&'a str>,
+}
+
+/// The field that named a node first.
+enum NamedBy<'a> {
+    /// `entries[i].remote_descriptor`.
+    Entry(usize),
+    /// A field named as it is (a block-list token's).
+    Field(&'a str),
+}
+
+impl Named<'_> {
+    fn field(&self) -> String {
+        match self.by {
+            NamedBy::Entry(i) => format!("entries[{i}].remote_descriptor"),
+            NamedBy::Field(f) => f.to_string(),
+        }
+    }
 }
 
 impl DaemonState {
-    /// Re-pairs the failed peers and connects the never-met nodes the descriptors name (bad
-    /// descriptors are left for the entry checks to report). A node that cannot be reached fails
-    /// the call, naming the entry and every address tried.
+    /// Re-pairs the failed peers and connects the never-met nodes the descriptors name: the
+    /// batch's descriptors, each parsed once by the entry checks, with the index of the first
+    /// entry naming it (descriptors of this node are skipped). A node that cannot be reached
+    /// fails the call, naming the entry and every address tried.
     pub(crate) async fn reach_peers<'a>(
         &self,
-        descriptors: impl Iterator<Item = &'a str>,
+        descriptors: impl Iterator<Item = (usize, &'a Descriptor)>,
         deadline: Instant,
     ) -> Result<(), Status> {
-        let mut nodes: BTreeMap<String, Named> = BTreeMap::new();
-        let mut last = None;
-        for (i, d) in descriptors.enumerate() {
-            // A batch names one descriptor many times over, mostly in a row: parsed once a run.
-            if last == Some(d) {
-                continue;
-            }
-            last = Some(d);
-            let Ok(d) = Descriptor::parse("remote_descriptor", d) else {
-                continue;
-            };
+        let mut nodes: BTreeMap<&str, Named<'_>> = BTreeMap::new();
+        for (i, d) in descriptors {
             if d.node_id == self.node_id {
                 continue;
             }
-            let named = nodes.entry(d.node_id).or_insert_with(|| Named {
-                field: format!("entries[{i}].remote_descriptor"),
+            let named = nodes.entry(d.node_id.as_str()).or_insert_with(|| Named {
+                by: NamedBy::Entry(i),
                 addresses: Vec::new(),
             });
-            for a in d.addresses {
-                if !named.addresses.contains(&a) {
+            for a in &d.addresses {
+                if !named.addresses.contains(&a.as_str()) {
                     named.addresses.push(a);
                 }
             }
@@ -84,18 +94,18 @@ impl DaemonState {
             return Ok(());
         }
         let nodes = BTreeMap::from([(
-            token.node_id.clone(),
+            token.node_id.as_str(),
             Named {
-                field: field.to_string(),
-                addresses: token.addresses.clone(),
+                by: NamedBy::Field(field),
+                addresses: token.addresses.iter().map(String::as_str).collect(),
             },
         )]);
         self.reach(nodes, deadline).await
     }
 
-    async fn reach(&self, nodes: BTreeMap<String, Named>, deadline: Instant) -> Result<(), Status> {
+    async fn reach(&self, nodes: BTreeMap<&str, Named<'_>>, deadline: Instant) -> Result<(), Status> {
         let mut failed = Vec::new();
-        for (node, named) in &nodes {
+        for (&node, named) in &nodes {
             match self.peers.by_node(node) {
                 // Failed, closed when idle, or closing (`revive` waits for the answer first).
                 Some(p)
@@ -104,7 +114,7 @@ impl DaemonState {
                         PeerLink::Failed(_) | PeerLink::Idle | PeerLink::Closing
                     ) && p.dial.is_some() =>
                 {
-                    failed.push(node.as_str());
+                    failed.push(node);
                 }
                 Some(p) if matches!(*p.link.borrow(), PeerLink::Connecting) => {
                     // Still setting up, perhaps a pairing about to be replaced by the one the
@@ -117,7 +127,7 @@ impl DaemonState {
                         .by_node(node)
                         .is_some_and(|p| gone(&p.link.borrow()) && p.dial.is_some())
                     {
-                        failed.push(node.as_str());
+                        failed.push(node);
                     }
                 }
                 Some(p) if !gone(&p.link.borrow()) => {}
@@ -131,18 +141,13 @@ impl DaemonState {
     }
 
     /// Connects to `node` at the first of its descriptor's addresses that answers as that node.
-    async fn dial(&self, node: &str, named: &Named, deadline: Instant) -> Result<(), Status> {
+    async fn dial(&self, node: &str, named: &Named<'_>, deadline: Instant) -> Result<(), Status> {
         let mut tried = Vec::new();
         for a in &named.addresses {
             let budget = deadline.saturating_duration_since(Instant::now());
             // An address that does not take a TCP connection fails here, costing only this
             // call, not a pairing's connect timeout (30 s by default).
-            match tokio::time::timeout(
-                budget.min(PROBE_TIMEOUT),
-                tokio::net::TcpStream::connect(a.as_str()),
-            )
-            .await
-            {
+            match tokio::time::timeout(budget.min(PROBE_TIMEOUT), tokio::net::TcpStream::connect(*a)).await {
                 Ok(Ok(_probe)) => {}
                 Ok(Err(e)) => {
                     tried.push(format!("{a}: cannot reach a tcpxd peer service there: {e}"));
@@ -167,7 +172,7 @@ impl DaemonState {
                         s.code(),
                         format!(
                             "{}: connecting to node {node} at {a}: {}",
-                            named.field,
+                            named.field(),
                             s.message()
                         ),
                     ));
@@ -182,7 +187,7 @@ impl DaemonState {
         }
         Err(Status::unavailable(format!(
             "{}: node {node} is not paired with this daemon and none of the descriptor's peer addresses answers as it: {}",
-            named.field,
+            named.field(),
             tried.join("; ")
         )))
     }

@@ -70,13 +70,10 @@ pub(crate) struct Copy {
 }
 
 impl DaemonState {
-    /// Whether a batch goes within this node: its first entry's descriptor names this node (one
-    /// that does not parse is left for the normal path to refuse).
-    pub(crate) fn batch_is_same_node<'a>(&self, mut descriptors: impl Iterator<Item = &'a str>) -> bool {
-        descriptors
-            .next()
-            .and_then(|d| Descriptor::parse("", d).ok())
-            .is_some_and(|d| d.node_id == self.node_id)
+    /// Whether a batch goes within this node: its first entry's descriptor (parsed once, by the
+    /// caller) names this node (one that does not parse is left for the normal path to refuse).
+    pub(crate) fn batch_is_same_node(&self, first: Option<&Descriptor>) -> bool {
+        first.is_some_and(|d| d.node_id == self.node_id)
     }
 
     /// Checks a same-node batch as the engine checks a remote one (and the peer the claimed

@@ -14,55 +14,23 @@ use crate::metrics::Op;
 use crate::poller::{Batch, Command, PeerLink, Phase, TransferStatus};
 
 impl DaemonState {
-    /// Entry `i`'s remote side: its descriptor parsed (or taken from `last`, the previous
-    /// entry's when the string is the same, as in most batches), checked against the range and
-    /// resolved to a pairing. Field names are formatted only for an error.
-    fn remote<'d>(
-        &self,
-        i: usize,
-        descriptor: &'d str,
-        offset: u64,
-        length: u64,
-        last: &mut Option<(&'d str, Descriptor, engine::PeerIdx)>,
-    ) -> Result<(engine::PeerIdx, RemoteRange), Status> {
-        if last.as_ref().is_none_or(|(s, _, _)| *s != descriptor) {
-            let (peer, d) = self.remote_buffer(&format!("entries[{i}].remote_descriptor"), descriptor)?;
-            *last = Some((descriptor, d, peer));
-        }
-        let (_, d, peer) = last.as_ref().expect("just set");
-        if offset.checked_add(length).is_none_or(|end| end > d.size)
-            && let Some(why) = engine::range_fault(
-                &format!("entries[{i}].remote_offset"),
-                &format!("entries[{i}].length"),
-                "the remote buffer",
-                d.size,
-                offset,
-                length,
-            )
-        {
-            return Err(Status::invalid_argument(why));
-        }
-        Ok((
-            *peer,
-            RemoteRange {
-                buffer_id: d.buffer_id,
-                access_key: d.key,
-                offset,
-                length,
-            },
-        ))
-    }
-
     /// A remote descriptor parsed, refused when it names this node.
     fn remote_descriptor(&self, field: &str, descriptor: &str) -> Result<Descriptor, Status> {
         let d = Descriptor::parse(field, descriptor).map_err(status)?;
+        self.not_this_node(&d, || field.to_string())?;
+        Ok(d)
+    }
+
+    /// Refuses a parsed remote descriptor naming this node (`field` formatted only then).
+    pub(crate) fn not_this_node(&self, d: &Descriptor, field: impl FnOnce() -> String) -> Result<(), Status> {
         if d.node_id == self.node_id {
             return Err(Status::invalid_argument(format!(
-                "{field}: names a buffer of this node ({}) while other entries name other nodes: a batch goes within this node or to other nodes, not both",
+                "{}: names a buffer of this node ({}) while other entries name other nodes: a batch goes within this node or to other nodes, not both",
+                field(),
                 self.node_id
             )));
         }
-        Ok(d)
+        Ok(())
     }
 
     /// The remote buffer a descriptor (the field `field`) names, and the pairing with its node.
@@ -79,18 +47,27 @@ impl DaemonState {
     /// The pairing with `node`, which `field` names: NOT_FOUND when there is none (a descriptor
     /// or token without addresses), UNAVAILABLE when it failed.
     pub(crate) fn peer_of(&self, field: &str, node: &str) -> Result<engine::PeerIdx, Status> {
-        let what = if field.ends_with("token") {
-            "token"
-        } else {
-            "descriptor"
-        };
+        self.peer_named(|| field.to_string(), node)
+    }
+
+    /// As `peer_of`, the field's name made only for an error.
+    fn peer_named(&self, field: impl Fn() -> String, node: &str) -> Result<engine::PeerIdx, Status> {
         let peer = self.peers.by_node(node).ok_or_else(|| {
+            let field = field();
+            let what = if field.ends_with("token") {
+                "token"
+            } else {
+                "descriptor"
+            };
             Status::not_found(format!(
                 "{field}: node {node} is not a connected peer and its {what} carries no peer address (one from an older daemon): connect to the node first with its peer address, `tcpxctl peer connect HOST:PORT` or the ConnectPeer call"
             ))
         })?;
         if let PeerLink::Failed(why) = &*peer.link.borrow() {
-            return Err(Status::unavailable(format!("{field}: peer {node} failed: {why}")));
+            return Err(Status::unavailable(format!(
+                "{}: peer {node} failed: {why}",
+                field()
+            )));
         }
         // Closed when idle (and not paired anew: no address to dial) or closing: the engine
         // refuses it for a retry (`after_idle_close`).
@@ -136,7 +113,8 @@ impl DaemonState {
         deadline: Instant,
     ) -> Result<Started, Status> {
         tracing::trace!(target: "tcpxd::hop", hop = "api.in");
-        if self.batch_is_same_node(batch_descriptors(&r.entries, r.ranges.as_ref())) {
+        let mut first = first_descriptor(&r.entries, r.ranges.as_ref());
+        if self.batch_is_same_node(first.as_ref()) {
             let fields = same_node_fields(&r.entries, r.ranges.as_ref())?;
             let copy = self.same_node_batch(Op::Write, fields.iter().copied(), r.notification, deadline)?;
             if !r.ready_event_ipc_handle.is_empty() {
@@ -150,7 +128,7 @@ impl DaemonState {
         loop {
             let alone = notification_alone(r.entries.len(), &r.notification);
             let (batch, total) = self
-                .batch_specs(&r.entries, r.ranges.as_ref(), alone, deadline)
+                .batch_specs(&r.entries, r.ranges.as_ref(), alone, first.take(), deadline)
                 .await?;
             if !ready {
                 self.wait_ready_event(
@@ -184,7 +162,8 @@ impl DaemonState {
         deadline: Instant,
     ) -> Result<Started, Status> {
         tracing::trace!(target: "tcpxd::hop", hop = "api.in");
-        if self.batch_is_same_node(batch_descriptors(&r.entries, r.ranges.as_ref())) {
+        let mut first = first_descriptor(&r.entries, r.ranges.as_ref());
+        if self.batch_is_same_node(first.as_ref()) {
             let fields = same_node_fields(&r.entries, r.ranges.as_ref())?;
             let copy = self.same_node_batch(Op::Read, fields.iter().copied(), Vec::new(), deadline)?;
             return self.start_same_node(copy);
@@ -192,7 +171,7 @@ impl DaemonState {
         let mut retries = 0;
         loop {
             let (batch, total) = self
-                .batch_specs(&r.entries, r.ranges.as_ref(), false, deadline)
+                .batch_specs(&r.entries, r.ranges.as_ref(), false, first.take(), deadline)
                 .await?;
             let asked = self
                 .ask(|reply| Command::Read {
@@ -395,6 +374,12 @@ fn only_ranges(no_entries: bool) -> Result<(), Status> {
     }
 }
 
+/// Whether `length` bytes from `offset` do not fit in `size` bytes (or overflow): only then is
+/// `engine::range_fault` asked for its words.
+fn past_end(offset: u64, length: u64, size: u64) -> bool {
+    offset.checked_add(length).is_none_or(|end| end > size)
+}
+
 fn local_buffer_field(i: usize) -> String {
     format!("entries[{i}].local_buffer_id")
 }
@@ -433,18 +418,31 @@ impl DaemonState {
     }
 }
 
-/// The descriptors a batch names, in either form (entries, or one packed buffer pair).
-fn batch_descriptors<'a, E>(
-    entries: &'a [E],
-    ranges: Option<&'a pb::BatchRanges>,
-) -> impl Iterator<Item = &'a str>
+/// The first descriptor a batch names, in either form (the packed buffer pair's, else the first
+/// entry's), parsed: `None` when it does not parse (for the checks to refuse, naming the field).
+/// Parsed once per request: it decides whether the batch stays within this node, and the remote
+/// path's checks start from it.
+fn first_descriptor<'a, E>(entries: &'a [E], ranges: Option<&'a pb::BatchRanges>) -> Option<Descriptor>
 where
     &'a E: Into<EntryFields<'a>>,
 {
-    let packed = ranges.map(|g| g.remote_descriptor.as_str());
-    packed
-        .into_iter()
-        .chain(entries.iter().map(|e| e.into().remote_descriptor))
+    let first = match ranges {
+        Some(g) => g.remote_descriptor.as_str(),
+        None => entries.first()?.into().remote_descriptor,
+    };
+    Descriptor::read(first).ok()
+}
+
+/// A run of a batch's entries naming the same remote descriptor (as most batches do), parsed
+/// once: `first`, the index of its first entry.
+pub(crate) struct Run<'a> {
+    first: usize,
+    text: &'a str,
+    descriptor: Descriptor,
+}
+
+fn remote_field(i: usize) -> String {
+    format!("entries[{i}].remote_descriptor")
 }
 
 /// A same-node batch's entries, either form: packed ranges are read (shape checked, naming the
@@ -515,12 +513,15 @@ impl DaemonState {
     /// a mistake in the request is answered as itself, not as a failed pairing), its nodes dialled,
     /// then its engine entries built, or its packed batch (`BatchRanges`). Returns it with the
     /// total bytes. `alone`: a WRITE of one entry with a notification, whose entry may be of zero
-    /// bytes (a notification alone, [`notification_alone`]).
+    /// bytes (a notification alone, [`notification_alone`]). `first`: the batch's first
+    /// descriptor already parsed ([`first_descriptor`]; `None` parses it again). Each descriptor
+    /// is parsed once per call.
     async fn batch_specs<'a, E>(
         &self,
         entries: &'a [E],
         ranges: Option<&pb::BatchRanges>,
         alone: bool,
+        first: Option<Descriptor>,
         deadline: Instant,
     ) -> Result<(Batch, u64), Status>
     where
@@ -528,36 +529,51 @@ impl DaemonState {
     {
         if let Some(ranges) = ranges {
             only_ranges(entries.is_empty())?;
-            self.reach_peers(std::iter::once(ranges.remote_descriptor.as_str()), deadline)
-                .await?;
-            let (b, total) = self.packed_batch(ranges)?;
+            let first = first.or_else(|| Descriptor::read(&ranges.remote_descriptor).ok());
+            self.reach_peers(first.iter().map(|d| (0, d)), deadline).await?;
+            let (b, total) = self.packed_batch(ranges, first)?;
             return Ok((Batch::Packed(b), total));
         }
         let fields = || entries.iter().map(Into::into);
-        self.check_without_peers(fields(), alone)?;
-        self.reach_peers(fields().map(|e: EntryFields<'a>| e.remote_descriptor), deadline)
+        let runs = self.check_without_peers(fields(), alone, first)?;
+        self.reach_peers(runs.iter().map(|r| (r.first, &r.descriptor)), deadline)
             .await?;
-        let (specs, total) = self.entry_specs(fields())?;
+        let (specs, total) = self.entry_specs(fields(), &runs)?;
         Ok((Batch::Entries(specs), total))
     }
 
     /// Builds the engine's entries of a batch `check_without_peers` passed (the peers are known
     /// now); the engine checks bounds and limits. Returns the total bytes.
+    /// `runs`: the batch's descriptors as `check_without_peers` parsed and checked them (each
+    /// entry's remote range is inside its buffer); each run's pairing is looked up once.
     fn entry_specs<'a>(
         &self,
         entries: impl ExactSizeIterator<Item = EntryFields<'a>>,
+        runs: &[Run<'a>],
     ) -> Result<(Vec<EntrySpec>, u64), Status> {
         let mut specs = Vec::with_capacity(entries.len());
         let mut total = 0u64;
-        let mut last = None;
+        let Some(run) = runs.first() else {
+            return Ok((specs, total));
+        };
+        let (mut k, mut d) = (0, &run.descriptor);
+        let mut peer = self.peer_named(|| remote_field(run.first), &d.node_id)?;
         for (i, e) in entries.enumerate() {
-            let (peer, remote) = self.remote(i, e.remote_descriptor, e.remote_offset, e.length, &mut last)?;
+            if let Some(next) = runs.get(k + 1).filter(|r| r.first == i) {
+                (k, d) = (k + 1, &next.descriptor);
+                peer = self.peer_named(|| remote_field(i), &d.node_id)?;
+            }
             total = total.saturating_add(e.length);
             specs.push(EntrySpec {
                 local_buffer: e.local_buffer,
                 local_offset: e.local_offset,
                 peer,
-                remote,
+                remote: RemoteRange {
+                    buffer_id: d.buffer_id,
+                    access_key: d.key,
+                    offset: e.remote_offset,
+                    length: e.length,
+                },
             });
         }
         Ok((specs, total))
@@ -567,12 +583,15 @@ impl DaemonState {
     /// descriptor's form, and both ranges (the remote one against the size the descriptor
     /// carries), in the order a single pass always reported them. Checked before the remote nodes
     /// are dialled, so a mistake in the request (`--local 9`) is answered at once as itself, not
-    /// after, or as, a failed pairing.
+    /// after, or as, a failed pairing. Returns the descriptors parsed, one per run of entries
+    /// naming the same one (`first`: entries[0]'s, already parsed, if it was); field names are
+    /// formatted only for an error.
     fn check_without_peers<'a>(
         &self,
         entries: impl ExactSizeIterator<Item = EntryFields<'a>>,
         alone: bool,
-    ) -> Result<(), Status> {
+        mut first: Option<Descriptor>,
+    ) -> Result<Vec<Run<'a>>, Status> {
         if entries.len() == 0 {
             return Err(Status::invalid_argument(
                 "entries: at least one entry is required",
@@ -587,7 +606,7 @@ impl DaemonState {
             )));
         }
         let mut last_local: Option<(u64, u64)> = None;
-        let mut last_remote: Option<(&str, u64)> = None;
+        let mut runs: Vec<Run<'a>> = Vec::new();
         for (i, e) in entries.enumerate() {
             if e.length == 0 && !alone {
                 return Err(zero_length(i));
@@ -597,45 +616,55 @@ impl DaemonState {
                 _ => {
                     let b = self
                         .buffers
-                        .get_as(&local_buffer_field(i), e.local_buffer)
+                        .get_named(e.local_buffer, || local_buffer_field(i))
                         .map_err(status)?;
                     last_local = Some((b.id, b.size));
                     b.size
                 }
             };
-            let remote_size = match last_remote {
-                Some((d, size)) if d == e.remote_descriptor => size,
-                _ => {
-                    let field = format!("entries[{i}].remote_descriptor");
-                    let size = self.remote_descriptor(&field, e.remote_descriptor)?.size;
-                    last_remote = Some((e.remote_descriptor, size));
-                    size
-                }
-            };
-            // Worded as `remote` words it, and the local range as the engine does (both check
-            // again when the transfer starts).
-            if let Some(why) = engine::range_fault(
-                &format!("entries[{i}].remote_offset"),
-                &format!("entries[{i}].length"),
-                "the remote buffer",
-                remote_size,
-                e.remote_offset,
-                e.length,
-            ) {
+            if runs.last().is_none_or(|r| r.text != e.remote_descriptor) {
+                let descriptor = match first.take().filter(|_| i == 0) {
+                    Some(d) => d,
+                    None => Descriptor::read(e.remote_descriptor)
+                        .map_err(|fault| status(fault.named(&remote_field(i))))?,
+                };
+                self.not_this_node(&descriptor, || remote_field(i))?;
+                runs.push(Run {
+                    first: i,
+                    text: e.remote_descriptor,
+                    descriptor,
+                });
+            }
+            let remote_size = runs.last().map_or(0, |r| r.descriptor.size);
+            // The remote range worded as the engine's peer words it, and the local range as the
+            // engine does (the engine checks the local one again when the transfer starts); the
+            // words are made only for a range that does not fit.
+            if past_end(e.remote_offset, e.length, remote_size)
+                && let Some(why) = engine::range_fault(
+                    &format!("entries[{i}].remote_offset"),
+                    &format!("entries[{i}].length"),
+                    "the remote buffer",
+                    remote_size,
+                    e.remote_offset,
+                    e.length,
+                )
+            {
                 return Err(Status::invalid_argument(why));
             }
-            if let Some(why) = engine::range_fault(
-                &format!("entries[{i}].local_offset"),
-                &format!("entries[{i}].length"),
-                &format!("buffer {}", e.local_buffer),
-                size,
-                e.local_offset,
-                e.length,
-            ) {
+            if past_end(e.local_offset, e.length, size)
+                && let Some(why) = engine::range_fault(
+                    &format!("entries[{i}].local_offset"),
+                    &format!("entries[{i}].length"),
+                    &format!("buffer {}", e.local_buffer),
+                    size,
+                    e.local_offset,
+                    e.length,
+                )
+            {
                 return Err(Status::invalid_argument(why));
             }
         }
-        Ok(())
+        Ok(runs)
     }
 }
 

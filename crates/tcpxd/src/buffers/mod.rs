@@ -3,7 +3,7 @@
 //!
 //! This file holds what a buffer is (`BufferKind`, `BufferMemory`, `BufferEntry`); the rest, each
 //! in its own file:
-//! - `descriptor.rs`: `Descriptor`, the token another node addresses a buffer by (encode, parse);
+//! - `descriptor.rs`: `Descriptor`, the token another node addresses a buffer by (encode, parse, read);
 //! - `registry.rs`: `BufferRegistry`, the daemon's buffers (ids and keys, limits, publish, look-up);
 //! - `allocate.rs`: making a buffer's memory (host, host file, CUDA, CUDA IPC import, a client's
 //!   pages, a previous instance's host file);
@@ -21,7 +21,7 @@ mod descriptor;
 mod registry;
 
 pub use bytes::{attach_error, checksum, fill, read, resolve_range};
-pub use descriptor::{Descriptor, MAX_DESCRIPTOR_BYTES};
+pub use descriptor::{Descriptor, DescriptorFault, MAX_DESCRIPTOR_BYTES};
 pub use registry::{BufferRegistry, Ident};
 
 /// Largest range `ReadBuffer` returns.

@@ -161,12 +161,22 @@ impl BufferRegistry {
 
     /// Like [`Buffers::get`], naming the request's field in the error (`entries[0].local_buffer_id`).
     pub fn get_as(&self, field: &str, id: u64) -> Result<Arc<BufferEntry>, EngineError> {
+        self.get_named(id, || field.to_string())
+    }
+
+    /// Like [`Buffers::get_as`], the field's name made only for the error (a batch's
+    /// `entries[i].local_buffer_id`, formatted only when buffer `id` does not exist).
+    pub fn get_named(
+        &self,
+        id: u64,
+        field: impl FnOnce() -> String,
+    ) -> Result<Arc<BufferEntry>, EngineError> {
         self.map
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&id)
             .cloned()
-            .ok_or_else(|| EngineError::not_found(format!("{field}: buffer {id} does not exist")))
+            .ok_or_else(|| EngineError::not_found(format!("{}: buffer {id} does not exist", field())))
     }
 
     pub fn list(&self) -> Vec<Arc<BufferEntry>> {
