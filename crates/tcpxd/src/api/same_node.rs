@@ -108,7 +108,7 @@ impl DaemonState {
             }
             let local = self
                 .buffers
-                .get_as(&format!("entries[{i}].local_buffer_id"), e.local_buffer)
+                .get_named(e.local_buffer, || format!("entries[{i}].local_buffer_id"))
                 .map_err(status)?;
             let field = || format!("entries[{i}].remote_descriptor");
             let theirs = match &last {
@@ -145,14 +145,16 @@ impl DaemonState {
                 ("local_offset", "the local buffer", local.size, e.local_offset),
                 ("remote_offset", "the remote buffer", theirs.size, e.remote_offset),
             ] {
-                if let Some(why) = engine::range_fault(
-                    &format!("entries[{i}].{off_field}"),
-                    &format!("entries[{i}].length"),
-                    what,
-                    size,
-                    offset,
-                    e.length,
-                ) {
+                if super::transfers::past_end(offset, e.length, size)
+                    && let Some(why) = engine::range_fault(
+                        &format!("entries[{i}].{off_field}"),
+                        &format!("entries[{i}].length"),
+                        what,
+                        size,
+                        offset,
+                        e.length,
+                    )
+                {
                     return Err(Status::invalid_argument(why));
                 }
             }

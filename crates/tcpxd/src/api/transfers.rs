@@ -376,7 +376,7 @@ fn only_ranges(no_entries: bool) -> Result<(), Status> {
 
 /// Whether `length` bytes from `offset` do not fit in `size` bytes (or overflow): only then is
 /// `engine::range_fault` asked for its words.
-fn past_end(offset: u64, length: u64, size: u64) -> bool {
+pub(crate) fn past_end(offset: u64, length: u64, size: u64) -> bool {
     offset.checked_add(length).is_none_or(|end| end > size)
 }
 
