@@ -430,9 +430,10 @@ fn a_list_of_a_million_blocks_registers_and_plans() {
 }
 
 #[test]
-fn planning_costs_well_under_a_microsecond_per_block() {
-    // 1,048,576 scattered 4 KiB blocks on both sides, every chunk's table produced. Timed in
-    // optimised builds only (a debug build of the crate is ~10x slower and proves nothing).
+fn a_million_scattered_blocks_plan_every_chunk() {
+    // 1,048,576 scattered 4 KiB blocks on both sides, every chunk's table produced, every block
+    // in exactly one piece. The time a block is printed, never asserted (targets are checked by
+    // benchmarks: `tcpxctl bench transfer --blocks N`); a release build's is the one to read.
     let n = 1u32 << 20;
     let mut rng = Rng::new(7);
     let mut perm: Vec<u32> = (0..n).collect();
@@ -455,23 +456,17 @@ fn planning_costs_well_under_a_microsecond_per_block() {
     let t = std::time::Instant::now();
     let plan = SidePlan::build(&list, &idx, "indices").unwrap();
     let mut table = Vec::new();
-    let mut pieces = 0usize;
+    let (mut pieces, mut covered) = (0usize, 0u64);
     for k in 0..plan.chunk_count(524288) {
         plan.chunk_into(524288, k, &mut table);
         pieces += table.len();
+        covered += table.iter().map(|s| u64::from(s.len)).sum::<u64>();
     }
     let per_block = t.elapsed() / n;
     assert!(pieces >= n as usize / 2, "scattered blocks barely merge");
-    if !cfg!(debug_assertions) {
-        assert!(
-            per_block < std::time::Duration::from_nanos(200),
-            "{per_block:?} per block"
-        );
-    }
-    assert!(
-        per_block < std::time::Duration::from_micros(5),
-        "{per_block:?} per block"
-    );
+    assert_eq!(plan.total(), u64::from(n) * 4096);
+    assert_eq!(covered, plan.total());
+    eprintln!("planning: {per_block:?} per block ({pieces} pieces)");
 }
 
 #[test]
