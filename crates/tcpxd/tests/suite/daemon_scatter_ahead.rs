@@ -8,6 +8,7 @@
 
 use crate::common::blocks::{self, permutation, read_request, strided, u32s, write_request};
 use crate::common::daemons::{self, *};
+use crate::common::windows::{self, Posted};
 use tcpxd::api::proto::v1 as pb;
 
 const MIB: u64 = 1 << 20;
@@ -20,39 +21,9 @@ async fn list(c: &mut Client, buffer: u64, first: u64, stride: u64) -> pb::Block
     blocks::list(c, buffer, strided(first, stride, BS as u32, N)).await
 }
 
-/// The most receives posted on one lane of `c`'s peers right now.
-async fn recvs_in_flight(c: &mut Client) -> u32 {
-    let s = c
-        .get_stats(pb::GetStatsRequest {})
-        .await
-        .expect("stats")
-        .into_inner();
-    s.peers
-        .iter()
-        .flat_map(|p| &p.lanes)
-        .map(|l| l.recvs_in_flight)
-        .max()
-        .unwrap_or(0)
-}
-
-/// Waits for transfer `id` of `c`, sampling the receiver `r`'s lanes meanwhile: the most
-/// receives seen posted on one lane.
-async fn wait_sampling(c: &Client, id: u64, r: &mut Client) -> u32 {
-    let mut c = c.clone();
-    let waiting = tokio::spawn(async move { daemons::wait(&mut c, id).await });
-    let mut most = 0;
-    while !waiting.is_finished() {
-        let n = recvs_in_flight(r).await;
-        assert!(
-            n <= 5,
-            "{n} receives posted on a lane: recv_window 2 + scatter_ahead 3 at most"
-        );
-        most = most.max(n);
-        tokio::time::sleep(std::time::Duration::from_micros(200)).await;
-    }
-    let ev = waiting.await.expect("the wait");
-    assert_eq!(ev.status_code, 0, "transfer {id}: {}", ev.status_message);
-    most
+/// Waits for transfer `id` of `c`, sampling the receiver's lanes (`on`) meanwhile: the most posted on one lane.
+async fn wait_sampling(c: &Client, id: u64, on: &mut Client) -> u32 {
+    windows::wait_sampling(c, id, on, Posted::Recvs, 5, "recv_window 2 + scatter_ahead 3").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,7 @@ pub mod hold;
 pub mod procs;
 pub mod scrape;
 pub mod untimed;
+pub mod windows;
 
 /// The name libtest knows a test by in this binary (`net_blocks::child_round_trip`), for a test
 /// that runs another of its own tests in a child process with `--exact`: `module` is the
