@@ -28,6 +28,7 @@ mod release;
 mod routed_credits;
 mod routes;
 mod sim;
+mod sim_actions;
 mod sim_unpack;
 mod teardown;
 
