@@ -79,7 +79,7 @@ pub(super) fn pair(s: ppb::RemoteRange, d: ppb::RemoteRange) -> ppb::ReadPair {
     }
 }
 
-/// A destination on the fake peer (never checked by the daemon: the source is refused first).
+/// A read's destination: 4 KiB of buffer 1 on the fake peer's side, under a key of nines.
 pub(super) fn far() -> ppb::RemoteRange {
     range(1, &[9; 16], 0, 4096)
 }
