@@ -1,7 +1,7 @@
 //! The simulator the engine tests run on: two engines wired back to back through a simulated
-//! plugin (see the parent module's documentation): its types, its set-up, the random order of
-//! events and the assertions; what the driver does with each action is `sim_actions.rs`, its
-//! unpack of a completed receive `sim_unpack.rs`.
+//! plugin (see the parent module's documentation): its types, the driver carrying out the
+//! engines' actions (`drain`), the random order of events, and WRITE / READ with the checks of
+//! the end state. How a pair is made is `sim_pair.rs`; the driver's unpack, `sim_unpack.rs`.
 
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
@@ -183,123 +183,6 @@ pub(super) fn key(n: u8) -> [u8; 16] {
 }
 
 impl Sim {
-    /// Two engines of the configuration `cfg`, under the protocol `every_mode` runs (unless
-    /// `cfg` names one other than rendezvous), `lanes` lanes each way (plus the eager lanes of
-    /// auto).
-    pub(super) fn new(lanes: u32, mut cfg: EngineConfig, seed: u64) -> Sim {
-        if cfg.protocol == Protocol::Rendezvous {
-            cfg.protocol = mode_now();
-            if cfg.protocol == Protocol::Auto {
-                cfg.eager_max_bytes = SIM_EAGER_MAX;
-            }
-        }
-        Sim::pair(lanes, [cfg.clone(), cfg], seed)
-    }
-
-    /// Two engines of their own configurations (a mixed pair: say an auto node and an eager
-    /// one). Node i's receive lanes are the other's send lanes.
-    pub(super) fn pair(lanes: u32, cfgs: [EngineConfig; 2], seed: u64) -> Sim {
-        Sim::pair_opened(lanes, cfgs, seed, true)
-    }
-
-    /// Like [`Sim::pair`], every lane closed until its first use (`lane_life.rs`).
-    pub(super) fn pair_lazy(lanes: u32, cfgs: [EngineConfig; 2], seed: u64) -> Sim {
-        Sim::pair_opened(lanes, cfgs, seed, false)
-    }
-
-    fn pair_opened(lanes: u32, cfgs: [EngineConfig; 2], seed: u64, open: bool) -> Sim {
-        Sim::pair_topologies(lanes, cfgs, seed, open, None)
-    }
-
-    /// Like [`Sim::pair_lazy`], each node with a topology (node i's `topologies[i]`), the
-    /// pairing's rendezvous lanes routed by memory pair (`routes.rs`).
-    pub(super) fn pair_routed(
-        lanes: u32,
-        cfgs: [EngineConfig; 2],
-        seed: u64,
-        topologies: [crate::topology::Topology; 2],
-    ) -> Sim {
-        Sim::pair_topologies(lanes, cfgs, seed, false, Some(topologies))
-    }
-
-    fn pair_topologies(
-        lanes: u32,
-        cfgs: [EngineConfig; 2],
-        seed: u64,
-        open: bool,
-        topologies: Option<[crate::topology::Topology; 2]>,
-    ) -> Sim {
-        let layout = [recv_lanes(lanes, &cfgs[0]), recv_lanes(lanes, &cfgs[1])];
-        let mut recv = layout;
-        let mk = |i: usize, other: &str, recv: &mut [u32; 2]| {
-            let mut eng = Engine::new(cfgs[i].clone());
-            let p = match &topologies {
-                None => eng.add_peer(other, layout[1 - i], layout[i]),
-                Some(t) => {
-                    eng.set_topology(t[i].clone());
-                    let per_route = cfgs[1 - i].lanes_per_device;
-                    let p = eng
-                        .add_peer_routed(other, layout[1 - i], layout[i], t[1 - i].clone(), per_route)
-                        .unwrap();
-                    recv[i] = eng.lane_counts(p).1;
-                    p
-                }
-            };
-            assert_eq!(p, P);
-            for l in 0..recv[1 - i] {
-                if open {
-                    eng.on_lane_ready(P, l, true);
-                }
-            }
-            for l in 0..recv[i] {
-                if open {
-                    eng.on_lane_ready(P, l, false);
-                }
-            }
-            Node {
-                eng,
-                bufs: HashMap::new(),
-                finished: HashMap::new(),
-                notes: Vec::new(),
-                noted_buffers: Vec::new(),
-                closed: Vec::new(),
-                pairing: Vec::new(),
-                progress: HashMap::new(),
-                idle: Vec::new(),
-                pieces: PieceStats::default(),
-                unpacked: 0,
-                dropped: 0,
-                drop_posts: 0,
-                emptied_live: 0,
-            }
-        };
-        let nodes = [mk(0, "node-b", &mut recv), mk(1, "node-a", &mut recv)];
-        let mut sim = Sim {
-            nodes,
-            ctrl: [VecDeque::new(), VecDeque::new()],
-            // Lanes carrying bytes from node i: the other's receive lanes.
-            wires: [
-                (0..recv[1]).map(|_| LaneSim::default()).collect(),
-                (0..recv[0]).map(|_| LaneSim::default()).collect(),
-            ],
-            rng: seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
-            now: Instant::now(),
-            cfg: cfgs[0].clone(),
-            hold_data: false,
-            opened: [0; 2],
-            closed_lanes: [0; 2],
-        };
-        // Pairing: each side's ReceiveMode (and credit receives) before any transfer.
-        sim.drain();
-        for i in 0..2 {
-            while let Some(msg) = sim.ctrl[i].pop_front() {
-                sim.nodes[i].eng.on_message(P, msg, sim.now);
-            }
-        }
-        sim.drain();
-        sim
-    }
-
     pub(super) fn rand(&mut self, n: usize) -> usize {
         self.rng ^= self.rng << 13;
         self.rng ^= self.rng >> 7;
@@ -307,22 +190,290 @@ impl Sim {
         (self.rng % n as u64) as usize
     }
 
-    pub(super) fn buffer(&mut self, node: usize, id: u64, size: usize, fill: u8) {
-        self.nodes[node]
-            .eng
-            .add_buffer(id, size as u64, key(id as u8))
-            .unwrap();
-        // `fill` 0 gives zeros (a clean destination); anything else a recognisable pattern.
-        let data: Vec<u8> = (0..size)
-            .map(|i| {
-                if fill == 0 {
-                    0
-                } else {
-                    fill.wrapping_add((i % 251) as u8)
+    /// Executes every pending action of both engines.
+    pub(super) fn drain(&mut self) {
+        for i in 0..2 {
+            while let Some(a) = self.nodes[i].eng.poll_action() {
+                match a {
+                    Action::Control { peer, msg } => {
+                        assert_eq!(peer, P);
+                        self.ctrl[1 - i].push_back(msg);
+                    }
+                    Action::PostSend {
+                        lane,
+                        buffer,
+                        offset,
+                        len,
+                        ..
+                    } => self.wires[i][lane as usize]
+                        .deferred
+                        .push_back(Post::plain(buffer, offset, len)),
+                    Action::PostRecv {
+                        lane,
+                        buffer,
+                        offset,
+                        len,
+                        offer,
+                        ..
+                    } => self.wires[1 - i][lane as usize].recvs.push_back(Post {
+                        offer: Some(offer),
+                        ..Post::plain(buffer, offset, len)
+                    }),
+                    Action::PostDropRecv { lane, len, .. } => {
+                        self.nodes[i].drop_posts += 1;
+                        self.wires[1 - i][lane as usize]
+                            .recvs
+                            .push_back(Post::plain(DROPPED, 0, len))
+                    }
+                    Action::PostCredit { lane, len, .. } => self.wires[1 - i][lane as usize]
+                        .recvs
+                        .push_back(Post::plain(LANDING, 0, len)),
+                    Action::PostGatherSend {
+                        lane,
+                        buffer,
+                        offer,
+                        wire,
+                        len,
+                        ..
+                    } => {
+                        let n = &mut self.nodes[i];
+                        let pieces = n
+                            .eng
+                            .send_pieces(offer, wire, len)
+                            .expect("a gather for a live offer");
+                        let (data, count) = gather(&n.bufs[&buffer], pieces, len);
+                        n.pieces.gathers += 1;
+                        n.pieces.pieces += count;
+                        self.wires[i][lane as usize].deferred.push_back(Post {
+                            staged: Some(data),
+                            ..Post::plain(buffer, wire, len)
+                        });
+                    }
+                    Action::PostScatterRecv {
+                        lane,
+                        buffer,
+                        offer,
+                        wire,
+                        len,
+                        ..
+                    } => {
+                        self.nodes[i].pieces.scatters += 1;
+                        self.wires[1 - i][lane as usize].recvs.push_back(Post {
+                            scatter: Some((offer, wire)),
+                            ..Post::plain(buffer, wire, len)
+                        });
+                    }
+                    Action::LandScatter {
+                        lane,
+                        buffer,
+                        offer,
+                        wire,
+                        len,
+                        ..
+                    } => {
+                        let w = &mut self.wires[1 - i][lane as usize];
+                        let data = w.held.pop_front().expect("a Land with no landed receive");
+                        w.consume_pending += 1;
+                        let n = &mut self.nodes[i];
+                        n.pieces.land_scatters += 1;
+                        // An emptied chunk (its sender cancelled) brings nothing.
+                        if !data.is_empty() {
+                            assert_eq!(data.len(), len as usize, "a chunk landed with another size");
+                            let pieces = n
+                                .eng
+                                .recv_pieces(P, offer, wire, len)
+                                .expect("a scatter for a live offer");
+                            let dst = n.bufs.get_mut(&buffer).expect("Land into a known buffer");
+                            n.pieces.pieces += scatter(dst, pieces, &data);
+                        }
+                    }
+                    Action::Land {
+                        lane,
+                        buffer,
+                        offset,
+                        len,
+                        ..
+                    } => {
+                        let w = &mut self.wires[1 - i][lane as usize];
+                        let data = w.held.pop_front().expect("a Land with no landed receive");
+                        w.consume_pending += 1;
+                        if buffer.is_none() && !data.is_empty() {
+                            self.nodes[i].dropped += 1;
+                        }
+                        if buffer.is_some() && data.is_empty() {
+                            self.nodes[i].emptied_live += 1;
+                        }
+                        if let Some(b) = buffer {
+                            // An emptied chunk (its sender cancelled) brings nothing.
+                            if !data.is_empty() {
+                                assert_eq!(data.len(), len as usize, "a chunk landed with another size");
+                                let dst = self.nodes[i].bufs.get_mut(&b).expect("Land into a known buffer");
+                                dst[offset as usize..][..data.len()].copy_from_slice(&data);
+                            }
+                        }
+                    }
+                    Action::Progress {
+                        transfer,
+                        bytes_done,
+                        total,
+                        ..
+                    } => {
+                        assert!(bytes_done <= total);
+                        let prev = self.nodes[i].progress.insert(transfer, bytes_done).unwrap_or(0);
+                        assert!(bytes_done >= prev, "progress never goes back");
+                    }
+                    Action::Finished { transfer, outcome } => {
+                        assert!(
+                            self.nodes[i].finished.insert(transfer, outcome).is_none(),
+                            "finished twice"
+                        );
+                    }
+                    Action::Notify {
+                        payload,
+                        transfer_id,
+                        buffers,
+                        ..
+                    } => {
+                        self.nodes[i].notes.push((transfer_id, payload));
+                        self.nodes[i].noted_buffers.push(buffers);
+                    }
+                    // Lanes opened on first use (`lane_life.rs`): listened for and accepted at
+                    // once; the handle is the lane's number (the other side checks it).
+                    Action::ListenLane { lane, .. } => {
+                        self.ctrl[1 - i].push_back(PeerMsg::LaneListening {
+                            lane,
+                            handle: lane.to_le_bytes().to_vec(),
+                        });
+                        self.nodes[i].eng.on_lane_ready(P, lane, false);
+                        self.opened[i] += 1;
+                    }
+                    Action::ConnectLane { lane, handle, .. } => {
+                        assert_eq!(handle, lane.to_le_bytes().to_vec(), "the handle of lane {lane}");
+                        self.nodes[i].eng.on_lane_ready(P, lane, true);
+                    }
+                    Action::CloseLane { lane, send, .. } => {
+                        // Nothing of a transfer may be in flight on a comm that closes; a receive
+                        // lane's idle credit receives go with it.
+                        let w = if send {
+                            &mut self.wires[i][lane as usize]
+                        } else {
+                            &mut self.wires[1 - i][lane as usize]
+                        };
+                        if send {
+                            assert!(
+                                w.deferred.is_empty() && w.sends.is_empty(),
+                                "lane {lane} closed with sends"
+                            );
+                        } else {
+                            assert!(
+                                w.recvs.iter().all(|r| r.buffer == LANDING)
+                                    && w.held.is_empty()
+                                    && w.arrived.is_empty(),
+                                "lane {lane} closed with receives"
+                            );
+                            assert!(w.sends.is_empty(), "lane {lane} closed with data in flight");
+                            w.recvs.clear();
+                            self.closed_lanes[i] += 1;
+                        }
+                    }
+                    Action::ClosePeer { reason, .. } => self.nodes[i].closed.push(reason),
+                    Action::Pairing { life, .. } => {
+                        if life == PairLife::Closed {
+                            // Closed when idle: nothing of a transfer may be on its comms; a
+                            // receive lane's idle credit receives go with them.
+                            for w in &self.wires[i] {
+                                assert!(w.deferred.is_empty() && w.sends.is_empty(), "closed with sends");
+                            }
+                            for w in &mut self.wires[1 - i] {
+                                assert!(
+                                    w.recvs.iter().all(|r| r.buffer == LANDING) && w.held.is_empty(),
+                                    "closed with receives"
+                                );
+                                w.recvs.clear();
+                            }
+                        }
+                        self.nodes[i].pairing.push(life);
+                    }
+                    Action::ReleasePeer { peer } => panic!("{peer:?} released: a pair's only pairing"),
+                    Action::BufferIdle { buffer } => self.nodes[i].idle.push(buffer),
                 }
-            })
-            .collect();
-        self.nodes[node].bufs.insert(id, data);
+            }
+            let c = self.nodes[i].eng.peer_counters(P).unwrap();
+            let cfg = self.nodes[i].eng.config();
+            for l in &c.send {
+                assert!(
+                    l.posted <= cfg.send_window + cfg.gather_ahead,
+                    "send window (and gathers ahead) exceeded: {}",
+                    l.posted
+                );
+                assert!(l.credits <= l.credit_limit, "more credits held than granted");
+            }
+            for l in &c.recv {
+                assert!(
+                    l.posted <= self.cfg.recv_window + self.cfg.scatter_ahead,
+                    "recv window (and scatters ahead) exceeded: {}",
+                    l.posted
+                );
+            }
+        }
+        // The driver hands the plugin at most `send_window` sends per lane; the plugin matches
+        // heads FIFO and moves the bytes.
+        for from in 0..2 {
+            let window = self.nodes[from].eng.config().send_window;
+            for lane in 0..self.wires[from].len() {
+                let w = &mut self.wires[from][lane];
+                while w.sends.len() + w.send_done_pending < window
+                    && let Some(post) = w.deferred.pop_front()
+                {
+                    w.sends.push_back(post);
+                }
+                assert!(
+                    w.sends.len() + w.send_done_pending <= window,
+                    "the plugin holds more than send_window sends of a lane"
+                );
+                loop {
+                    let w = &mut self.wires[from][lane];
+                    let (Some(s), Some(r)) = (w.sends.front().cloned(), w.recvs.front().cloned()) else {
+                        break;
+                    };
+                    w.sends.pop_front();
+                    w.recvs.pop_front();
+                    w.send_done_pending += 1;
+                    w.recv_done_pending += 1;
+                    w.done_credit.push_back(r.buffer == LANDING);
+                    assert!(
+                        s.len <= r.len,
+                        "sender sent {} bytes into a {}-byte receive: orders disagree",
+                        s.len,
+                        r.len
+                    );
+                    let src = match s.staged {
+                        Some(data) => data,
+                        None if s.len > 0 => {
+                            self.nodes[from].bufs[&s.buffer][s.offset as usize..][..s.len as usize].to_vec()
+                        }
+                        None => Vec::new(),
+                    };
+                    if r.buffer == LANDING {
+                        self.wires[from][lane].held.push_back(src);
+                    } else {
+                        assert!(
+                            s.len == 0 || s.len == r.len,
+                            "a live chunk met a receive of another size: orders disagree"
+                        );
+                        // In the bounce pages until its completion is reported (`step`).
+                        self.wires[from][lane].arrived.push_back((r, src));
+                    }
+                }
+                // Eager lanes: every send the sender posted finds a receive posted for it
+                // (credits).
+                let eager = self.nodes[1 - from].eng.recv_lane_is_eager(P, lane as u32);
+                assert!(
+                    !eager || self.wires[from][lane].sends.is_empty(),
+                    "a send was posted with no credit receive to meet it"
+                );
+            }
+        }
     }
 
     /// Delivers one random pending event; false when none is left.
@@ -492,27 +643,5 @@ impl Sim {
                 assert_eq!(l.credit_bytes_out, 0, "credit bytes not back: {c:?}");
             }
         }
-    }
-}
-
-/// The peer's pairing message (it receives by rendezvous); this engine's own is dropped.
-pub(super) fn rendezvous_peer(eng: &mut Engine, p: PeerIdx) {
-    eng.on_message(
-        p,
-        PeerMsg::ReceiveMode {
-            credits: 0,
-            chunk_bytes: DEFAULT_CHUNK_BYTES,
-            eager_first_lane: 0,
-            eager_max_bytes: 0,
-        },
-        Instant::now(),
-    );
-    while eng.poll_action().is_some() {}
-}
-
-pub(super) fn small_chunks() -> EngineConfig {
-    EngineConfig {
-        chunk_bytes: MIN_CHUNK_BYTES,
-        ..EngineConfig::default()
     }
 }
