@@ -13,6 +13,7 @@ use crate::idle::Spin;
 use crate::engine::plan;
 use crate::engine::topology::MapSpec;
 
+pub mod host_copy;
 mod protocol;
 
 pub use protocol::{
@@ -154,6 +155,8 @@ pub struct DaemonArgs {
     /// 0); a helper spins only while its recent chunks came that close together. Default: auto.
     #[arg(long, env = "TCPXD_HOST_COPY_SPIN_US", value_name = "auto|MICROSECONDS")]
     pub host_copy_spin_us: Option<String>,
+    #[command(flatten)]
+    pub host_copy: host_copy::HostCopyArgs,
     /// Async worker threads (0: two when spinning, else one per CPU). Default: 0.
     #[arg(long, env = "TCPXD_ASYNC_WORKERS")]
     pub async_workers: Option<usize>,
@@ -300,6 +303,12 @@ pub struct FileTransfer {
     pub scatter_ahead: Option<usize>,
     /// `auto` or µs (0..=100000): the most an idle copy helper spins.
     pub host_copy_spin_us: Option<AutoOrNumber>,
+    /// `auto` or 0..=64: helpers that may spin.
+    pub host_copy_spinners: Option<AutoOrNumber>,
+    /// `plain`, `prefetch` or `stream`.
+    pub host_copy_routine: Option<String>,
+    /// `on` or `off`.
+    pub host_copy_split: Option<String>,
     pub recv_window: Option<usize>,
     pub default_timeout_s: Option<u64>,
     pub max_buffer_bytes: Option<u64>,
@@ -376,6 +385,8 @@ pub struct Config {
     pub host_copy_threads: usize,
     /// How long idle copy helpers may spin (`transfer.host_copy_spin_us`).
     pub host_copy_spin: crate::net::host_copies::HelperSpin,
+    /// The helpers' policy: `host_copy_spin`, and `transfer.host_copy_{spinners,routine,split}`.
+    pub host_copy: crate::net::host_copies::HelperPolicy,
     pub recv_window: usize,
     pub default_timeout: Duration,
     pub max_buffer_bytes: u64,
@@ -570,6 +581,7 @@ impl Config {
                 },
             }
         };
+        let host_copy = host_copy::resolve(&args.host_copy, &file.transfer, host_copy_spin)?;
         let send_window = file.transfer.send_window.unwrap_or(12);
         let recv_window = file.transfer.recv_window.unwrap_or(16);
         if !(1..=16).contains(&send_window) || !(1..=16).contains(&recv_window) {
@@ -726,6 +738,7 @@ impl Config {
             scatter_ahead,
             host_copy_threads,
             host_copy_spin,
+            host_copy,
             recv_window,
             default_timeout: Duration::from_secs(default_timeout_s),
             max_buffer_bytes: file.transfer.max_buffer_bytes.unwrap_or(64 << 30),
