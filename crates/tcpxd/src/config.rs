@@ -567,20 +567,8 @@ impl Config {
             Some(n) => n,
             None => crate::net::host_copies::default_threads(crate::idle::cpus()),
         };
-        let host_copy_spin = {
-            use crate::net::host_copies::{HelperSpin, MAX_SPIN_US};
-            let (what, v) = match (&args.host_copy_spin_us, &file.transfer.host_copy_spin_us) {
-                (Some(v), _) => ("--host-copy-spin-us", AutoOrNumber::Word(v.clone())),
-                (None, Some(v)) => ("transfer.host_copy_spin_us", v.clone()),
-                (None, None) => ("", AutoOrNumber::Word("auto".into())),
-            };
-            match v.resolve(what, MAX_SPIN_US).map_err(ConfigError::Invalid)? {
-                None => HelperSpin::auto(spin),
-                Some(us) => HelperSpin {
-                    max: Duration::from_micros(us),
-                },
-            }
-        };
+        let host_copy_spin =
+            host_copy::resolve_spin(args.host_copy_spin_us.as_deref(), &file.transfer, spin)?;
         let host_copy = host_copy::resolve(&args.host_copy, &file.transfer, host_copy_spin)?;
         let send_window = file.transfer.send_window.unwrap_or(12);
         let recv_window = file.transfer.recv_window.unwrap_or(16);

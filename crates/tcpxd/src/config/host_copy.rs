@@ -2,11 +2,13 @@
 //! the block chunks' host copy helpers work besides their count and spin (`net::host_copies`,
 //! docs/CONFIG.md, docs/BLOCKS.md).
 
+use std::time::Duration;
+
 use clap::Args;
 
 use super::{AutoOrNumber, ConfigError, FileTransfer};
 use crate::net::copy_routines::CopyRoutine;
-use crate::net::host_copies::{AUTO_SPINNERS, HelperPolicy, HelperSpin, MAX_HOST_COPY_THREADS};
+use crate::net::host_copies::{AUTO_SPINNERS, HelperPolicy, HelperSpin, MAX_HOST_COPY_THREADS, MAX_SPIN_US};
 
 /// `transfer.host_copy_routine`'s default.
 pub const DEFAULT_ROUTINE: CopyRoutine = CopyRoutine::Plain;
@@ -27,6 +29,28 @@ pub struct HostCopyArgs {
     /// goes whole to one (`off`). Default: on.
     #[arg(long, env = "TCPXD_HOST_COPY_SPLIT", value_name = "on|off")]
     pub host_copy_split: Option<String>,
+}
+
+/// `transfer.host_copy_spin_us` (`flag`: `--host-copy-spin-us`'s word): `auto` follows
+/// `runtime.spin` (`spin`).
+pub(super) fn resolve_spin(
+    flag: Option<&str>,
+    file: &FileTransfer,
+    spin: bool,
+) -> Result<HelperSpin, ConfigError> {
+    let (what, v) = match (flag, &file.host_copy_spin_us) {
+        (Some(v), _) => ("--host-copy-spin-us", AutoOrNumber::Word(v.to_owned())),
+        (None, Some(v)) => ("transfer.host_copy_spin_us", v.clone()),
+        (None, None) => ("", AutoOrNumber::Word("auto".into())),
+    };
+    Ok(
+        match v.resolve(what, MAX_SPIN_US).map_err(ConfigError::Invalid)? {
+            None => HelperSpin::auto(spin),
+            Some(us) => HelperSpin {
+                max: Duration::from_micros(us),
+            },
+        },
+    )
 }
 
 /// The helpers' policy, `spin` already resolved (`transfer.host_copy_spin_us`).
