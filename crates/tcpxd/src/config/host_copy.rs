@@ -20,8 +20,8 @@ pub struct HostCopyArgs {
     /// chunk; the others sleep between chunks (`auto`: 1; 0..=64). Default: auto.
     #[arg(long, env = "TCPXD_HOST_COPY_SPINNERS", value_name = "auto|N")]
     pub host_copy_spinners: Option<String>,
-    /// How the helpers copy a chunk's pieces: `plain`, `prefetch` (sources and targets
-    /// prefetched ahead, across pieces) or `stream` (as prefetch, a scatter's targets written
+    /// How the helpers copy a chunk's pieces: `plain`, `prefetch` (the next piece's
+    /// source prefetched while one is copied) or `stream` (as prefetch, a scatter's targets written
     /// non-temporally). Default: plain.
     #[arg(long, env = "TCPXD_HOST_COPY_ROUTINE", value_name = "plain|prefetch|stream")]
     pub host_copy_routine: Option<String>,
