@@ -20,7 +20,7 @@
 #   h8 s1 nosplit                               chunks whole to one helper
 # Rounds go forward then backward (A B C ... C B A) until the budget is spent; the summary gives
 # each row's median (and count) per op. Extra arguments for every run: BENCH_ARGS (default
-# "--iters 12 --warmup 2"); SWEEP_SECONDS the budget; ROWS a space-separated subset of row names
+# "--iters 20 --warmup 3", as tools/bench-host-blocks.sh); SWEEP_SECONDS the budget; ROWS a space-separated subset of row names
 # with spaces written as '_' (e.g. ROWS="base default h8_s1").
 set -uo pipefail
 if [ $# -lt 1 ] || [ ! -x "$1/tcpxctl" ] || [ ! -x "$1/tcpxd" ]; then
@@ -29,7 +29,7 @@ if [ $# -lt 1 ] || [ ! -x "$1/tcpxctl" ] || [ ! -x "$1/tcpxd" ]; then
 fi
 bin="$(cd "$1" && pwd)"
 base="${2:+$(cd "$2" && pwd)}"
-args=(${BENCH_ARGS:---iters 12 --warmup 2})
+args=(${BENCH_ARGS:---iters 20 --warmup 3})
 budget="${SWEEP_SECONDS:-330}"
 export TCPXEMU_HOST_RECV=direct
 start=$(date +%s)
