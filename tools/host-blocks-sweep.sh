@@ -13,15 +13,15 @@
 # Rows (h = TCPXD_HOST_COPY_THREADS, s = TCPXD_HOST_COPY_SPINNERS: helpers that may spin,
 # r = TCPXD_HOST_COPY_ROUTINE, split = TCPXD_HOST_COPY_SPLIT):
 #   base          BASE at its defaults (4 helpers on 16 CPUs, all spinning, plain, split)
-#   default       BIN at its defaults
-#   h4 s64        BIN as session 22 (every helper spins)
-#   h4 s0 / h8 s0 / h8 s1 / h12 s1 / h12 s0     spin policy x helper count
+#   default       BIN at its defaults (16 CPUs: 8 helpers, 1 spinning, plain copies, split)
+#   h4 s64        BIN as session 22 (4 helpers, every one spinning)
+#   h4 s1 / h4 s0 / h8 s0 / h12 s1 / h12 s0     spin policy x helper count
 #   h8 s1 prefetch / h8 s1 stream               copy routines
 #   h8 s1 nosplit                               chunks whole to one helper
 # Rounds go forward then backward (A B C ... C B A) until the budget is spent; the summary gives
 # each row's median (and count) per op. Extra arguments for every run: BENCH_ARGS (default
 # "--iters 20 --warmup 3", as tools/bench-host-blocks.sh); SWEEP_SECONDS the budget; ROWS a space-separated subset of row names
-# with spaces written as '_' (e.g. ROWS="base default h8_s1").
+# with spaces written as '_' (e.g. ROWS="base default h4_s1").
 set -uo pipefail
 if [ $# -lt 1 ] || [ ! -x "$1/tcpxctl" ] || [ ! -x "$1/tcpxd" ]; then
   echo "usage: $0 BIN [BASE]  (directories with tcpxctl and tcpxd)" >&2
@@ -40,9 +40,9 @@ all_rows=(
   "base|"
   "default|"
   "h4_s64|TCPXD_HOST_COPY_THREADS=4 TCPXD_HOST_COPY_SPINNERS=64"
+  "h4_s1|TCPXD_HOST_COPY_THREADS=4 TCPXD_HOST_COPY_SPINNERS=1"
   "h4_s0|TCPXD_HOST_COPY_THREADS=4 TCPXD_HOST_COPY_SPINNERS=0"
   "h8_s0|TCPXD_HOST_COPY_THREADS=8 TCPXD_HOST_COPY_SPINNERS=0"
-  "h8_s1|TCPXD_HOST_COPY_THREADS=8 TCPXD_HOST_COPY_SPINNERS=1"
   "h12_s1|TCPXD_HOST_COPY_THREADS=12 TCPXD_HOST_COPY_SPINNERS=1"
   "h12_s0|TCPXD_HOST_COPY_THREADS=12 TCPXD_HOST_COPY_SPINNERS=0"
   "h8_s1_prefetch|TCPXD_HOST_COPY_THREADS=8 TCPXD_HOST_COPY_SPINNERS=1 TCPXD_HOST_COPY_ROUTINE=prefetch"

@@ -138,7 +138,7 @@ pub struct DaemonArgs {
     #[arg(long, env = "TCPXD_SPIN", value_name = "auto|on|off")]
     pub spin: Option<String>,
     /// Helper threads for block chunks' host gathers and scatters (`transfer.host_copy_threads`;
-    /// 0: the poller copies alone). Default: a quarter of the CPUs, at most 4.
+    /// 0: the poller copies alone). Default: none below 4 CPUs, else half of them, at most 8.
     #[arg(long, env = "TCPXD_HOST_COPY_THREADS")]
     pub host_copy_threads: Option<usize>,
     /// Block receives posted ahead of `recv_window` per lane (`transfer.scatter_ahead`, 0..=16):

@@ -305,6 +305,8 @@ fn one_large_piece_is_cut_across_every_thread() {
     unsafe { pool.copy_all(&[c]) };
     assert!(dst == src);
     assert_eq!(default_threads(2), 0);
-    assert_eq!(default_threads(16), 4);
-    assert_eq!(default_threads(128), 4);
+    assert_eq!(default_threads(3), 0);
+    assert_eq!(default_threads(4), 2);
+    assert_eq!(default_threads(16), 8);
+    assert_eq!(default_threads(128), MAX_DEFAULT_THREADS);
 }
