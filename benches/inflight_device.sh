@@ -15,6 +15,7 @@
 #   --sizes LIST                 default 4K,64K,1M
 #   --iters N                    measured transfers per row (default 400; more than 128 needs the
 #                                fixed raw bench of session 23, whose wall time no longer wraps)
+#   --op write|read              default write (raw rows are the same path either way)
 #
 # On the H200 (one GPU, `--same-gpu`'s case), with this tree's release build and main's:
 #   benches/inflight_device.sh target/release/tcpxctl BEFORE/tcpxd target/release/tcpxd OUT
@@ -23,12 +24,12 @@
 # The same tcpxctl drives both daemons (the bench client is not what is compared).
 set -euo pipefail
 if [ $# -lt 4 ]; then
-    sed -n 2,23p "$0"
+    sed -n 2,24p "$0"
     exit 2
 fi
 ctl=$1 before=$2 after=$3 out=$4
 shift 4
-memory=gpu cuda=0 peer_cuda="" rounds=2 sizes=4K,64K,1M iters=400
+memory=gpu cuda=0 peer_cuda="" rounds=2 sizes=4K,64K,1M iters=400 op=write
 while [ $# -gt 0 ]; do
     case $1 in
         --memory) memory=$2; shift 2 ;;
@@ -37,6 +38,7 @@ while [ $# -gt 0 ]; do
         --rounds) rounds=$2; shift 2 ;;
         --sizes) sizes=$2; shift 2 ;;
         --iters) iters=$2; shift 2 ;;
+        --op) op=$2; shift 2 ;;
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -67,8 +69,8 @@ for who in "${order[@]}"; do
     for c in 1 8; do
         f="$out/run$n-$who-c$c.jsonl"
         "$ctl" bench raw "${where[@]}" --sizes "$sizes" --iters "$iters" --concurrency "$c" --json --out "$f" >/dev/null
-        "$ctl" bench transfer --daemon "$bin" "${where[@]}" "${peer[@]}" --sizes "$sizes" --iters "$iters" \
-            --concurrency "$c" --json --out "$f" >/dev/null
+        "$ctl" bench transfer --daemon "$bin" --op "$op" "${where[@]}" "${peer[@]}" --sizes "$sizes" \
+            --iters "$iters" --concurrency "$c" --json --out "$f" >/dev/null
     done
     echo "round $n ($who) done" >&2
 done

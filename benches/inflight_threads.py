@@ -15,7 +15,10 @@ not the wall time).
 
 Everything after `--` goes to `tcpxctl bench transfer` (use one size: the transfer count is
 `--iters + --warmup` of it). Setup (start, pairing, fill, checksum) is counted too; with a few
-thousand transfers it is a small part.
+thousand transfers it is a small part. A poller's CPU includes its polling while transfers are
+in flight (yields on a small host; with `runtime.spin`, on by default from 8 CPUs, it never
+sleeps while traffic flows): set `TCPXD_SPIN=off` for the work alone, and split a thread's time
+with `perf record -t TID` (the daemons' release builds keep their symbols).
 """
 
 import argparse

@@ -6,8 +6,9 @@
 //! transfer uses its memory pair's lanes only, so a workload between two GPUs touches four of
 //! them; yet `pump` (after every completion, credit return and start), `lanes_idle` (every
 //! poller pass) and the credits owed (every batch of actions) walked every lane. On the CUDA
-//! stand-in's eight GPUs (324 lanes a direction) that walk was a quarter of the time of a 64 KiB
-//! transfer with 8 in flight (docs/BENCHMARKS.md, "Session 23, gpu-inflight").
+//! stand-in's eight GPUs (324 lanes a direction), with 8 transfers of 4 or 64 KiB in flight,
+//! walking the lanes in use took ~15% off the daemon's p50 (docs/BENCHMARKS.md, "Session 23,
+//! gpu-inflight").
 //!
 //! [`LanesInUse`] lists each direction's lanes that have ever held work on this pairing: a lane
 //! is marked when a chunk is queued on it, a header's chunk announced on it, or it is opened.
