@@ -61,6 +61,19 @@ impl super::Lane {
 }
 
 impl super::Peer {
+    /// Marks our send (`send`) or receive lane `lane` in use; a lane the pairing does not have
+    /// is not listed.
+    pub(crate) fn mark_used(&mut self, lane: u32, send: bool) {
+        let (n, used) = if send {
+            (self.send.len(), &mut self.send_used)
+        } else {
+            (self.recv.len(), &mut self.recv_used)
+        };
+        if (lane as usize) < n {
+            used.mark(lane);
+        }
+    }
+
     /// The lanes of both directions that held work.
     pub(crate) fn lanes_in_use(&self) -> impl Iterator<Item = &super::Lane> {
         let send = self.send_used.lanes().iter().map(|&i| &self.send[i as usize]);

@@ -691,13 +691,9 @@ impl Engine {
     /// a driver may open its lanes before it needs them, as the engine tests do).
     pub fn on_lane_ready(&mut self, peer: PeerIdx, lane: u32, send: bool) {
         if let Some(p) = self.peers.get_mut(&peer) {
-            let (lanes, used) = if send {
-                (&mut p.send, &mut p.send_used)
-            } else {
-                (&mut p.recv, &mut p.recv_used)
-            };
+            p.mark_used(lane, send);
+            let lanes = if send { &mut p.send } else { &mut p.recv };
             if let Some(l) = lanes.get_mut(lane as usize) {
-                used.mark(lane);
                 l.set_life(lane_life::Life::OPEN);
                 if !send {
                     self.post_credits(peer, lane);
