@@ -525,6 +525,11 @@ static int range_kind(uint64_t a, uint64_t len, unsigned char *kind) {
     }
 }
 
+/* range_kind for _native_lone.c (Lone.hold). */
+int tcpxd_range_kind(uint64_t a, uint64_t len, unsigned char *kind) {
+    return range_kind(a, len, kind);
+}
+
 static PyObject *vma_ranges(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer v, s;
@@ -668,10 +673,15 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "tcpxd._native", "The NIXL agent's index pass (see outer), its descriptor rows (desc_rows), the local session's frame and the registration of memory by address (vma_kinds, vma_ranges, vma_row, address_entries).", -1, methods,
+    PyModuleDef_HEAD_INIT, "tcpxd._native", "The NIXL agent's index pass (see outer), its descriptor rows (desc_rows), the local session's frame and the registration of memory by address (vma_kinds, vma_ranges, vma_row, address_entries, Lone).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
+int tcpxd_lone_add(PyObject *module); /* _native_lone.c */
+
 PyMODINIT_FUNC PyInit__native(void) {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && tcpxd_lone_add(m) < 0)
+        Py_CLEAR(m);
+    return m;
 }
