@@ -280,6 +280,9 @@ class nixl_agent:  # noqa: N801
             assert isinstance(dl, RegDList)
         elif self._memory.hold_one(dl):  # (one DRAM region, checked and held in one C call)
             return dl
+        else:
+            self._memory.register(dl, lone_tried=True)
+            return dl
         self._memory.register(dl)
         return dl
 

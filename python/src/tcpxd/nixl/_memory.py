@@ -315,11 +315,12 @@ class LocalMemory:
                 self._table = RegionTable([r for r, _ in self._regions.values()])
             return self._table
 
-    def register(self, dl: RegDList) -> None:
-        """Registers every region of the list (all or none)."""
+    def register(self, dl: RegDList, lone_tried: bool = False) -> None:
+        """Registers every region of the list (all or none); `lone_tried`: `hold_one` said no
+        already (not asked again: its check is a system call)."""
         mem = dl.mem
         if mem == "DRAM":
-            if not self.hold_one(dl):  # (one region, checked and held in one C call)
+            if lone_tried or not self.hold_one(dl):  # (one region, checked and held in one C call)
                 self._register_dram(dl)
             return
         if mem not in MOVABLE:
