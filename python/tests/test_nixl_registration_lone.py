@@ -195,7 +195,8 @@ def _anon(pages):
 
 def test_what_the_daemon_would_refuse_is_refused_at_once_naming_the_region(agents):
     """A lone region of a size registered before that is read-only in part, has a hole, or is not
-    mapped: register_memory raises the general path's message, nothing held."""
+    mapped, or a region of 0 bytes: register_memory raises the general path's message, nothing
+    held."""
     A, _, _ = agents
     page = mmap.PAGESIZE
     libc, ro = _anon(4)
@@ -209,6 +210,14 @@ def test_what_the_daemon_would_refuse_is_refused_at_once_naming_the_region(agent
         with pytest.raises(nixlInvalidParamError, match=rf"reg_list\[0\] \(DRAM at {at:#x}, {4 * page} bytes\): .*{why}"):
             A.register_memory(A.get_reg_descs([(at, 4 * page, 0, "")], "DRAM"))
         assert len(A._memory._sent) == held
+    shared = _utils.malloc_passthru(page)
+    try:
+        for at in (ok.ctypes.data, shared):  # (by address; a file's, which needs no size seen before)
+            with pytest.raises(nixlInvalidParamError, match=r"reg_list\[0\]: a region of 0 bytes"):
+                A.register_memory(A.get_reg_descs([(at, 0, 0, "")], "DRAM"))
+            assert len(A._memory._sent) == held
+    finally:
+        _utils.free_passthru(shared)
     libc.munmap(ro, 4 * page)
     libc.munmap(hole, 2 * page)
     libc.munmap(hole + 3 * page, page)

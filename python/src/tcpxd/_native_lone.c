@@ -15,7 +15,7 @@
  *   construction), held by the registrar (`Registrar.hold`: its lock, `_closed`, `_held`), then
  *   appended to the agent's `_sent` and `_sent_keys` under the agent's lock. Memory a file backs:
  *   the record of its file (handed over at the first use), appended likewise. Anything else
- *   (more than one row, a size not seen yet, a range the daemon would refuse, a kernel without
+ *   (more than one row, 0 bytes, a size not seen yet, a range the daemon would refuse, a kernel without
  *   PROCMAP_QUERY, an allocation failing) returns False with nothing changed: the caller takes
  *   the general path, which says why.
  * - withdraw(dl): the record held alone for `dl`'s one row, not sent yet, taken back from the
@@ -244,7 +244,7 @@ static int is_dram(PyObject *dl) {
 
 static PyObject *lone_hold(Lone *self, PyObject *dl) {
     uint64_t r[3];
-    if (self->no_query || !is_dram(dl) || one_row(dl, r))
+    if (self->no_query || !is_dram(dl) || one_row(dl, r) || r[1] == 0) /* (0 bytes: refused there) */
         Py_RETURN_FALSE;
     unsigned char kind = 0;
     int err = tcpxd_range_kind(r[0], r[1], &kind);
