@@ -225,9 +225,10 @@ def test_what_the_daemon_would_refuse_is_refused_at_once_naming_the_region(agent
 
 @needs_lone
 def test_the_one_call_leaves_what_it_does_not_take_unchanged(daemons):
-    """Lone.hold / withdraw answer False, nothing changed, for what is not theirs: a size not
-    registered before, two rows, VRAM, a list that is not rows of u64s, a closed registrar, a
-    region sent already (then released by the general path); True for one registered already."""
+    """Lone.hold / withdraw answer False, nothing changed, for what is not theirs: two rows, VRAM,
+    a list that is not rows of u64s, a size past the 64 whose tails are kept, a closed registrar,
+    a region sent already (then released by the general path); True for one registered already
+    and for a size's first region (its tail made once and kept)."""
     a, _ = daemons
     A = nixl_agent("lone-C", nixl_agent_config(endpoint=a.endpoint))
     try:
@@ -236,8 +237,9 @@ def test_the_one_call_leaves_what_it_does_not_take_unchanged(daemons):
             pytest.skip("a kernel without PROCMAP_QUERY")
         arrs = [np.zeros(32 * KIB, np.uint8) for _ in range(3)]
         lone = [A.get_reg_descs([(x.ctypes.data, x.nbytes, 0, "")], "DRAM") for x in arrs]
-        assert not mem.hold_one(lone[0]) and not mem._sent, "a size not seen yet: the general path"
-        A.register_memory(lone[0])  # (the general path: the size's tail made)
+        assert 32 * KIB not in mem._tails
+        assert mem.hold_one(lone[0]) and len(mem._sent) == 1, "a size's first region: held by the one call"
+        assert 32 * KIB in mem._tails and mem._sent[0].sizes is mem._tails
         pair = A.get_reg_descs([(x.ctypes.data, x.nbytes, 0, "") for x in arrs[1:]], "DRAM")
         vram = A.get_reg_descs([(arrs[1].ctypes.data, arrs[1].nbytes, 0, "")], "VRAM")
         odd = A.get_reg_descs([(arrs[1].ctypes.data, arrs[1].nbytes, 0, "")], "DRAM")
@@ -253,6 +255,17 @@ def test_the_one_call_leaves_what_it_does_not_take_unchanged(daemons):
         before = _buffers(a.endpoint)
         A.deregister_memory(lone[1])
         assert len(before - _buffers(a.endpoint)) == 1
+        # Past the 64 sizes whose tails are kept: the general path (which makes the tail for the call).
+        for n in range(64 - len(mem._tails)):
+            mem._tail(KIB * (100 + n))
+        odd_size = np.zeros(48 * KIB, np.uint8)
+        past = A.get_reg_descs([(odd_size.ctypes.data, odd_size.nbytes, 0, "")], "DRAM")
+        n = len(mem._sent)
+        assert not mem.hold_one(past) and len(mem._sent) == n and 48 * KIB not in mem._tails
+        A.register_memory(past)
+        assert len(mem._sent) == n + 1 and mem._sent[-1].sizes[48 * KIB][0] == mem._tail(48 * KIB)[0]
+        A.get_agent_metadata()
+        assert odd_size.ctypes.data in {r.addr for r in mem.regions()}
         registrar = A._client._registrar
         registrar._closed = True
         try:
@@ -274,7 +287,7 @@ def test_the_one_call_takes_only_a_record_class_with_the_slots_it_writes():
     class Reg:
         _lock = threading.Lock()
 
-    args = (threading.Lock(), threading.Lock(), [], {}, {}, {}, Reg(), [], array.array("Q"), {})
+    args = (threading.Lock(), threading.Lock(), [], {}, {}, {}, len, Reg(), [], array.array("Q"), {})
     with pytest.raises(TypeError, match=r"Bare\.tails is not a writable __slots__ slot|has no attribute 'tails'"):
         native.Lone(Bare, *args)
     assert native.Lone(_memory._Sent, *args) is not None

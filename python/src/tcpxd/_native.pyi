@@ -43,7 +43,7 @@ class Lone:
     (_native_lone.c): LocalMemory's record class (`_Sent`), locks and tables, its registrar."""
 
     def __init__(self, cls: type, lock: Any, settling: Any, sent: list, sent_keys: dict, regions: dict, tails: dict,
-                 registrar: Any, no_keys: list, no_addresses: Any, no_sizes: dict, /) -> None: ...
+                 tail_for: Any, registrar: Any, no_keys: list, no_addresses: Any, no_sizes: dict, /) -> None: ...
 
     def hold(self, dl: Any, /) -> bool:
         """register_memory of `dl` where it is a DRAM list of one region: checked (one

@@ -8,16 +8,17 @@
  * `LocalMemory`'s former `_one` in that order, and `Lone.withdraw` those of `_withdraw_one`:
  *
  * - hold(dl): `dl`'s one row (a C-contiguous 1x3 u64 array) read; its range checked by one
- *   PROCMAP_QUERY (tcpxd_range_kind, _native.c); the key ("DRAM", address, length, device);
- *   True at once where the agent has it registered or held already (NIXL accepts it again).
- *   Memory by address of a size registered before: a record made as `_Sent.__init__` makes it
- *   (its slots written in place: the class's member descriptors give their offsets, checked at
+ *   PROCMAP_QUERY (tcpxd_range_kind, _native.c); the key ("DRAM", address, length, device).
+ *   Memory by address: the size's request tail (made by `tail_for`, Python, for a size's first
+ *   region, before any lock is taken); True at once where the agent has the region registered or
+ *   held already (NIXL accepts it again); else a record made as `_Sent.__init__` makes it (its
+ *   slots written in place: the class's member descriptors give their offsets, checked at
  *   construction), held by the registrar (`Registrar.hold`: its lock, `_closed`, `_held`), then
- *   appended to the agent's `_sent` and `_sent_keys` under the agent's lock. Memory a file backs:
- *   the record of its file (handed over at the first use), appended likewise. Anything else
- *   (more than one row, 0 bytes, a size not seen yet, a range the daemon would refuse, a kernel without
- *   PROCMAP_QUERY, an allocation failing) returns False with nothing changed: the caller takes
- *   the general path, which says why.
+ *   appended to the agent's `_sent` and `_sent_keys` under the agent's lock. Memory a file
+ *   backs: the record of its file (handed over at the first use), appended likewise. Anything
+ *   else (more than one row, 0 bytes, a size past the 64 whose tails are kept, a range the daemon
+ *   would refuse, a kernel without PROCMAP_QUERY, a closed registrar, an allocation failing)
+ *   returns False with nothing changed: the caller takes the general path, which says why.
  * - withdraw(dl): the record held alone for `dl`'s one row, not sent yet, taken back from the
  *   registrar's queue and the agent's tables under `_settling` (True); False with nothing
  *   changed where it is not that (sent already, part of a larger call, a list taken whole).
@@ -44,10 +45,10 @@ static const char *const field_names[NFIELDS] = {"addrs", "tails",      "got",  
                                                  "pending", "files",    "rows",  "list_id"};
 
 /* Objects the constructor takes, in its argument order. */
-enum { A_CLS, A_LOCK, A_SETTLING, A_SENT, A_SENT_KEYS, A_REGIONS, A_TAILS, A_REGISTRAR, A_NO_KEYS, A_NO_ADDRESSES,
-       A_NO_SIZES, NARGS };
+enum { A_CLS, A_LOCK, A_SETTLING, A_SENT, A_SENT_KEYS, A_REGIONS, A_TAILS, A_TAIL_FOR, A_REGISTRAR, A_NO_KEYS,
+       A_NO_ADDRESSES, A_NO_SIZES, NARGS };
 static const char *const arg_names[NARGS] = {"cls", "lock", "settling", "sent", "sent_keys", "regions", "tails",
-                                             "registrar", "no_keys", "no_addresses", "no_sizes"};
+                                             "tail_for", "registrar", "no_keys", "no_addresses", "no_sizes"};
 
 typedef struct {
     PyObject_HEAD PyObject *a[NARGS];
@@ -129,8 +130,8 @@ static PyObject *lone_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     PyObject *cls = PyTuple_GET_ITEM(args, A_CLS);
     if (!PyType_Check(cls) || !PyList_Check(PyTuple_GET_ITEM(args, A_SENT)) ||
         !PyDict_Check(PyTuple_GET_ITEM(args, A_SENT_KEYS)) || !PyDict_Check(PyTuple_GET_ITEM(args, A_REGIONS)) ||
-        !PyDict_Check(PyTuple_GET_ITEM(args, A_TAILS))) {
-        PyErr_SetString(PyExc_TypeError, "Lone: cls a type; sent a list; sent_keys, regions, tails dicts");
+        !PyDict_Check(PyTuple_GET_ITEM(args, A_TAILS)) || !PyCallable_Check(PyTuple_GET_ITEM(args, A_TAIL_FOR))) {
+        PyErr_SetString(PyExc_TypeError, "Lone: cls a type; sent a list; sent_keys, regions, tails dicts; tail_for callable");
         return NULL;
     }
     Lone *self = (Lone *)type->tp_alloc(type, 0);
@@ -258,23 +259,31 @@ static PyObject *lone_hold(Lone *self, PyObject *dl) {
     PyObject *key = key_of(r);
     if (key == NULL)
         return not_here();
+    PyObject *tail = NULL, *objs = NULL, *rec = NULL, *keys = NULL, *todo = NULL, *entry = NULL, *addrs = NULL,
+             *got = NULL;
+    if (kind == 0) { /* by address: the size's tail, made by `tail_for` the first time (before any lock) */
+        PyObject *n = PyTuple_GET_ITEM(key, 2);
+        PyObject *t = PyDict_GetItemWithError(self->a[A_TAILS], n);
+        if (t == NULL && !PyErr_Occurred()) {
+            PyObject *made = PyObject_CallOneArg(self->a[A_TAIL_FOR], n);
+            if (made == NULL)
+                goto not_here;
+            Py_DECREF(made);
+            t = PyDict_GetItemWithError(self->a[A_TAILS], n); /* (none: not kept, over its limit) */
+        }
+        if (t == NULL || !PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3)
+            goto not_here;
+        tail = Py_NewRef(PyTuple_GET_ITEM(t, 2));
+    }
     int have = PyDict_Contains(self->a[A_REGIONS], key);
     if (have == 0)
         have = PyDict_Contains(self->a[A_SENT_KEYS], key);
     if (have) { /* (registered or held already: NIXL accepts it again) */
+        Py_XDECREF(tail);
         Py_DECREF(key);
         if (have < 0)
             return not_here();
         Py_RETURN_TRUE;
-    }
-    PyObject *tail = NULL, *objs = NULL, *rec = NULL, *keys = NULL, *todo = NULL, *entry = NULL, *addrs = NULL,
-             *got = NULL;
-    if (kind == 0) { /* by address: the size's tail, made by the general path the first time */
-        PyObject *n = PyTuple_GET_ITEM(key, 2);
-        PyObject *t = PyDict_GetItemWithError(self->a[A_TAILS], n);
-        if (t == NULL || !PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 3)
-            goto not_here;
-        tail = Py_NewRef(PyTuple_GET_ITEM(t, 2));
     }
     objs = PyObject_GetAttr(dl, s_objs);
     if (objs == NULL || !PyList_Check(objs) || PyList_GET_SIZE(objs) != 1)
@@ -464,8 +473,8 @@ static PyTypeObject LoneType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tcpxd._native.Lone",
     .tp_basicsize = sizeof(Lone),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Lone(cls, lock, settling, sent, sent_keys, regions, tails, registrar, no_keys, no_addresses, "
-              "no_sizes)\n\ntcpxd.nixl's register_memory / deregister_memory of one DRAM region in one call "
+    .tp_doc = "Lone(cls, lock, settling, sent, sent_keys, regions, tails, tail_for, registrar, no_keys, "
+              "no_addresses, no_sizes)\n\ntcpxd.nixl's register_memory / deregister_memory of one DRAM region in one call "
               "each (hold, withdraw): LocalMemory's record class, locks and tables, its registrar.",
     .tp_new = lone_new,
     .tp_dealloc = (destructor)lone_dealloc,

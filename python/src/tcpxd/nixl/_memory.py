@@ -299,7 +299,7 @@ class LocalMemory:
         self.withdraw_one: Callable[[RegDList], bool] = _no
         if _Lone is not None and self._registrar is not None:
             self._lone = _Lone(_Sent, self._lock, self._settling, self._sent, self._sent_keys, self._regions,
-                               self._tails, self._registrar, _NO_KEYS, _NO_ADDRESSES, _NO_SIZES)
+                               self._tails, self._tail, self._registrar, _NO_KEYS, _NO_ADDRESSES, _NO_SIZES)
             self.hold_one, self.withdraw_one = self._lone.hold, self._lone.withdraw
 
     def regions(self) -> List[Region]:
@@ -594,6 +594,19 @@ class LocalMemory:
         if first is not None:
             raise first
 
+    def _tail(self, size: int) -> Tail:
+        """The serialized tail of a `size`-byte region's request by address and the granule lists it
+        asks, kept in `_tails` (up to 64 sizes: those an agent registers are few). `Lone.hold` calls
+        it for a size's first lone region."""
+        tail = self._tails.get(size)
+        if tail is None:
+            asked = granule_tilings(size)
+            t = address_tail(size, "", asked)
+            tail = (t, asked, (t,))
+            if len(self._tails) < 64:
+                self._tails[size] = tail
+        return tail
+
     def _dram_many(self, todo: Dict[Key, Tuple[int, Any]], whole: Optional[RegDList] = None) -> None:
         """Registers DRAM regions together, each buffer's granule lists made by the daemon with
         it (released by the daemon with the buffer). Checked here first as the daemon would
@@ -623,13 +636,7 @@ class LocalMemory:
         known = self._tails
         for size in {k[2] for k in fast}:
             tail = known.get(size)
-            if tail is None:
-                asked = granule_tilings(size)
-                t = address_tail(size, "", asked)
-                tail = (t, asked, (t,))
-                if len(known) < 64:  # (the sizes an agent registers are few)
-                    known[size] = tail
-            tails[size] = tail
+            tails[size] = tail if tail is not None else self._tail(size)
         addrs = array.array("Q", [k[1] for k in fast])
         registrar = self._client._registrar
         sent = _Sent(keys, todo, fast, addrs, [tails[k[2]][0] for k in fast], tails, files)
