@@ -27,8 +27,10 @@
  * serialized rest of its request (what is the same for every region of one size), as protobuf
  * would, without a message object per region (docs/API.md, "Client host memory").
  * `vma_row` reads a registration list of one region (its N×3 rows) and checks that region's range
- * the same way in one call: tcpxd.nixl's `register_memory` of one region costs one system call and
- * no Python objects for the check (docs/NIXL.md, "Session 22, the lone region in C where it counts").
+ * the same way in one call (docs/NIXL.md, "Session 22, the lone region in C where it counts");
+ * since session 23 tcpxd.nixl's `register_memory` and `deregister_memory` of one region are each
+ * one call of `Lone` (_native_lone.c, the extension's second file), which checks the range here
+ * (`tcpxd_range_kind`).
  *
  * Built as an optional extension (python/setup.py): where it cannot be compiled the package
  * works as before, and TCPXD_NATIVE=0 turns it off at run time.
