@@ -37,6 +37,14 @@
 
 int tcpxd_range_kind(uint64_t a, uint64_t len, unsigned char *kind);
 
+#if PY_VERSION_HEX < 0x030A0000 /* (Py_NewRef is 3.10's; the package supports 3.9) */
+static inline PyObject *tcpxd_new_ref(PyObject *o) {
+    Py_INCREF(o);
+    return o;
+}
+#define Py_NewRef(o) tcpxd_new_ref((PyObject *)(o))
+#endif
+
 /* The record's slots, as `_memory._Sent` (and `_registrar.Pending`) name them. */
 enum { F_ADDRS, F_TAILS, F_GOT, F_FRAMES, F_LOST, F_HELD, F_KEYS, F_TODO, F_BY_ADDRESS, F_SIZES, F_PENDING, F_FILES,
        F_ROWS, F_LIST_ID, NFIELDS };
