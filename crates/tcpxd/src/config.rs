@@ -13,8 +13,9 @@ use crate::idle::Spin;
 use crate::engine::plan;
 use crate::engine::topology::MapSpec;
 
-pub mod host_copy;
 mod protocol;
+
+pub mod host_copy;
 
 pub use protocol::{
     DEFAULT_EAGER_LANES, GpuCredits, MAX_CREDIT_BUDGET_BYTES, MAX_EAGER_LANES, MAX_EAGER_MAX_BYTES,
