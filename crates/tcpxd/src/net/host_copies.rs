@@ -320,6 +320,8 @@ struct Helper {
     queued: AtomicU64,
     finished: Arc<AtomicU64>,
     stats: Arc<HelperStats>,
+    /// How long it may spin when idle (none past the policy's `spinners`).
+    spin: HelperSpin,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -492,6 +494,7 @@ impl HostCopies {
                     queued: AtomicU64::new(0),
                     finished,
                     stats,
+                    spin,
                     thread: Some(thread),
                 }),
                 Err(e) => {
@@ -648,11 +651,12 @@ impl Drop for HostCopies {
                     );
                     let gbps = if ns == 0 { 0.0 } else { b as f64 / ns as f64 };
                     format!(
-                        "{} jobs, {:.1} MB in {:.1} ms ({gbps:.1} GB/s), spun {:.1} ms, slept {} times",
+                        "{} jobs, {:.1} MB in {:.1} ms ({gbps:.1} GB/s), spun {:.1} ms (at most {} µs a gap), slept {} times",
                         h.queued.load(Ordering::Relaxed),
                         b as f64 / 1e6,
                         ns as f64 / 1e6,
                         h.stats.spun_ns.load(Ordering::Relaxed) as f64 / 1e6,
+                        h.spin.max.as_micros(),
                         h.stats.sleeps.load(Ordering::Relaxed),
                     )
                 })

@@ -154,6 +154,30 @@ fn helpers_spin_only_as_long_as_their_jobs_need() {
     assert_eq!(one.spin_of(0).max, AUTO_SPIN);
     assert_eq!(one.spin_of(1).max, Duration::ZERO);
     assert_eq!(one.spin_of(7).max, Duration::ZERO);
+    // A pool under that policy: helper 0 spins, the others never do, and they copy alike.
+    let pool = HostCopies::with_policy(3, one);
+    let spins: Vec<Duration> = pool.helpers.iter().map(|h| h.spin.max).collect();
+    assert_eq!(spins, [AUTO_SPIN, Duration::ZERO, Duration::ZERO]);
+    let src = vec![9u8; 3 * 64 * 1024];
+    let mut dst = vec![0u8; 3 * 64 * 1024];
+    let mut tickets = Vec::new();
+    for k in 0..3 {
+        let job = CopyJob {
+            copies: vec![HostCopy {
+                from: src[k * 65536..].as_ptr(),
+                to: dst[k * 65536..].as_mut_ptr(),
+                n: 65536,
+            }],
+            zero: None,
+            cold_targets: true,
+            keep: Vec::new(),
+        };
+        // SAFETY: two live vectors, distinct 64 KiB targets; `quiesce` ends the jobs first.
+        tickets.push(unsafe { pool.queue(job) }.expect("64 KiB is queued"));
+    }
+    pool.quiesce();
+    assert!(tickets.iter().all(CopyTicket::is_done));
+    assert!(dst == src);
     // A pool that never spins still copies every job and sleeps between them.
     let pool = HostCopies::new(2, HelperSpin::auto(false));
     let src = vec![5u8; 64 * 1024];
