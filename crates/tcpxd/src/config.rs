@@ -304,11 +304,9 @@ pub struct FileTransfer {
     pub scatter_ahead: Option<usize>,
     /// `auto` or µs (0..=100000): the most an idle copy helper spins.
     pub host_copy_spin_us: Option<AutoOrNumber>,
-    /// `auto` or 0..=64: helpers that may spin.
+    /// The helpers' policy (config/host_copy.rs): `auto` or 0..=64; plain|prefetch|stream; on|off.
     pub host_copy_spinners: Option<AutoOrNumber>,
-    /// `plain`, `prefetch` or `stream`.
     pub host_copy_routine: Option<String>,
-    /// `on` or `off`.
     pub host_copy_split: Option<String>,
     pub recv_window: Option<usize>,
     pub default_timeout_s: Option<u64>,
