@@ -73,7 +73,7 @@ traced() {
   dir="$(echo "$out" | sed -n 's|^tcpxctl: kept ||p' | tail -1)"
   echo "-- $label: $(echo "$out" | grep -E '^scattered/contiguous')"
   python3 "$here/../benches/chunks.py" "$dir/bench-a.log" "$dir/bench-b.log" || return 1
-  grep -h "host copy helpers" "$dir/bench-a.log" "$dir/bench-b.log" | sed 's|^.*host copy helpers|  helpers|' | cut -c1-400
+  grep -h "host copy helpers" "$dir/bench-a.log" "$dir/bench-b.log" | sed 's|^.*host copy helpers|  helpers|' | cut -c1-1400
   rm -rf "$dir"
 }
 

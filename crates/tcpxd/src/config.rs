@@ -15,6 +15,8 @@ use crate::engine::topology::MapSpec;
 
 mod protocol;
 
+pub mod host_copy;
+
 pub use protocol::{
     DEFAULT_EAGER_LANES, GpuCredits, MAX_CREDIT_BUDGET_BYTES, MAX_EAGER_LANES, MAX_EAGER_MAX_BYTES,
     ProtocolSettings, TransferProtocol,
@@ -137,7 +139,7 @@ pub struct DaemonArgs {
     #[arg(long, env = "TCPXD_SPIN", value_name = "auto|on|off")]
     pub spin: Option<String>,
     /// Helper threads for block chunks' host gathers and scatters (`transfer.host_copy_threads`;
-    /// 0: the poller copies alone). Default: a quarter of the CPUs, at most 4.
+    /// 0: the poller copies alone). Default: none below 4 CPUs, else half of them, at most 8.
     #[arg(long, env = "TCPXD_HOST_COPY_THREADS")]
     pub host_copy_threads: Option<usize>,
     /// Block receives posted ahead of `recv_window` per lane (`transfer.scatter_ahead`, 0..=16):
@@ -154,6 +156,8 @@ pub struct DaemonArgs {
     /// 0); a helper spins only while its recent chunks came that close together. Default: auto.
     #[arg(long, env = "TCPXD_HOST_COPY_SPIN_US", value_name = "auto|MICROSECONDS")]
     pub host_copy_spin_us: Option<String>,
+    #[command(flatten)]
+    pub host_copy: host_copy::HostCopyArgs,
     /// Async worker threads (0: two when spinning, else one per CPU). Default: 0.
     #[arg(long, env = "TCPXD_ASYNC_WORKERS")]
     pub async_workers: Option<usize>,
@@ -300,6 +304,10 @@ pub struct FileTransfer {
     pub scatter_ahead: Option<usize>,
     /// `auto` or µs (0..=100000): the most an idle copy helper spins.
     pub host_copy_spin_us: Option<AutoOrNumber>,
+    /// The helpers' policy (config/host_copy.rs): `auto` or 0..=64; plain|prefetch|stream; on|off.
+    pub host_copy_spinners: Option<AutoOrNumber>,
+    pub host_copy_routine: Option<String>,
+    pub host_copy_split: Option<String>,
     pub recv_window: Option<usize>,
     pub default_timeout_s: Option<u64>,
     pub max_buffer_bytes: Option<u64>,
@@ -376,6 +384,8 @@ pub struct Config {
     pub host_copy_threads: usize,
     /// How long idle copy helpers may spin (`transfer.host_copy_spin_us`).
     pub host_copy_spin: crate::net::host_copies::HelperSpin,
+    /// The helpers' policy: `host_copy_spin`, and `transfer.host_copy_{spinners,routine,split}`.
+    pub host_copy: crate::net::host_copies::HelperPolicy,
     pub recv_window: usize,
     pub default_timeout: Duration,
     pub max_buffer_bytes: u64,
@@ -556,20 +566,9 @@ impl Config {
             Some(n) => n,
             None => crate::net::host_copies::default_threads(crate::idle::cpus()),
         };
-        let host_copy_spin = {
-            use crate::net::host_copies::{HelperSpin, MAX_SPIN_US};
-            let (what, v) = match (&args.host_copy_spin_us, &file.transfer.host_copy_spin_us) {
-                (Some(v), _) => ("--host-copy-spin-us", AutoOrNumber::Word(v.clone())),
-                (None, Some(v)) => ("transfer.host_copy_spin_us", v.clone()),
-                (None, None) => ("", AutoOrNumber::Word("auto".into())),
-            };
-            match v.resolve(what, MAX_SPIN_US).map_err(ConfigError::Invalid)? {
-                None => HelperSpin::auto(spin),
-                Some(us) => HelperSpin {
-                    max: Duration::from_micros(us),
-                },
-            }
-        };
+        let host_copy_spin =
+            host_copy::resolve_spin(args.host_copy_spin_us.as_deref(), &file.transfer, spin)?;
+        let host_copy = host_copy::resolve(&args.host_copy, &file.transfer, host_copy_spin)?;
         let send_window = file.transfer.send_window.unwrap_or(12);
         let recv_window = file.transfer.recv_window.unwrap_or(16);
         if !(1..=16).contains(&send_window) || !(1..=16).contains(&recv_window) {
@@ -726,6 +725,7 @@ impl Config {
             scatter_ahead,
             host_copy_threads,
             host_copy_spin,
+            host_copy,
             recv_window,
             default_timeout: Duration::from_secs(default_timeout_s),
             max_buffer_bytes: file.transfer.max_buffer_bytes.unwrap_or(64 << 30),

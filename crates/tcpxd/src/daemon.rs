@@ -262,7 +262,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             warmth: warmth.clone(),
             rx_rules,
             host_copy_threads: cfg.host_copy_threads,
-            host_copy_spin: cfg.host_copy_spin,
+            host_copy: cfg.host_copy,
         },
         notify_tx.clone(),
     )

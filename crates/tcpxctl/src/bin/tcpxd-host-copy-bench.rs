@@ -13,13 +13,17 @@
 //!   back in order as the poller consumes receives.
 //!
 //! Each row prints GB/s of chunk bytes and its ratio to `poller`; a memcpy of the same bytes
-//! contiguous on one thread is the first row. Reports only: nothing here asserts a speed.
+//! contiguous on one thread is the first row. `--routines` repeats the rows for each copy
+//! routine (`transfer.host_copy_routine`: plain, prefetch, stream; session 23), `--spinners`
+//! says how many helpers may spin (`transfer.host_copy_spinners`). Reports only: nothing here
+//! asserts a speed.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use tcpxd::net::host_copies::{CopyJob, HelperSpin, HostCopies, HostCopy};
+use tcpxd::net::copy_routines::CopyRoutine;
+use tcpxd::net::host_copies::{CopyJob, HelperPolicy, HelperSpin, HostCopies, HostCopy};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -52,6 +56,15 @@ struct Args {
     /// `transfer.host_copy_spin_us`; 200 is its `auto` where it spins).
     #[arg(long, default_value_t = 200)]
     spin_us: u64,
+    /// Helpers that may spin (the daemon's `transfer.host_copy_spinners`).
+    #[arg(long, default_value_t = 64)]
+    spinners: usize,
+    /// Copy routines, comma-separated: plain, prefetch, stream (each runs every row).
+    #[arg(long, default_value = "plain", value_delimiter = ',')]
+    routines: Vec<String>,
+    /// Skip the fork-and-join rows.
+    #[arg(long)]
+    no_fork_join: bool,
 }
 
 struct Setup {
@@ -80,6 +93,7 @@ impl Setup {
         CopyJob {
             copies,
             zero: Some((self.slots[slot..].as_mut_ptr(), self.chunk)),
+            cold_targets: true,
             keep: Vec::new(),
         }
     }
@@ -139,11 +153,32 @@ fn main() {
     }
     row("memcpy 1 thread", bytes, t0.elapsed(), None);
 
-    // The poller alone.
     let spin = HelperSpin {
         max: Duration::from_micros(a.spin_us),
     };
-    let none = HostCopies::new(0, spin);
+    for word in &a.routines {
+        let routine = match CopyRoutine::parse("--routines", word) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("tcpxd-host-copy-bench: {e}");
+                std::process::exit(2);
+            }
+        };
+        let policy = HelperPolicy {
+            spinners: a.spinners,
+            routine,
+            ..HelperPolicy::with_spin(spin)
+        };
+        println!("-- routine {}, {} helpers may spin", routine.name(), a.spinners);
+        rows(&a, &mut s, policy, run_for);
+    }
+    std::hint::black_box(&s.dest);
+}
+
+/// The poller row, then fork-and-join and queued rows per helper count, copying as `policy` says.
+fn rows(a: &Args, s: &mut Setup, policy: HelperPolicy, run_for: Duration) {
+    // The poller alone.
+    let none = HostCopies::with_policy(0, policy);
     let (t0, mut n) = (Instant::now(), 0usize);
     while t0.elapsed() < run_for {
         let job = s.job(n);
@@ -153,12 +188,12 @@ fn main() {
         assert!(t.is_none());
         n += 1;
     }
-    let base = row("poller", (n * chunk) as u64, t0.elapsed(), None);
+    let base = row("poller", (n * s.chunk) as u64, t0.elapsed(), None);
 
     for &threads in &a.threads {
-        let pool = HostCopies::new(threads, spin);
+        let pool = HostCopies::with_policy(threads, policy);
         let (t0, mut n) = (Instant::now(), 0usize);
-        while t0.elapsed() < run_for {
+        while !a.no_fork_join && t0.elapsed() < run_for {
             let job = s.job(n);
             // SAFETY: as above; `copy_all` returns once every part is copied.
             unsafe { pool.copy_all(&job.copies) };
@@ -167,12 +202,14 @@ fn main() {
             unsafe { std::ptr::write_bytes(at, 0, len) };
             n += 1;
         }
-        row(
-            &format!("fork-join {threads}"),
-            (n * chunk) as u64,
-            t0.elapsed(),
-            Some(base),
-        );
+        if !a.no_fork_join {
+            row(
+                &format!("fork-join {threads}"),
+                (n * s.chunk) as u64,
+                t0.elapsed(),
+                Some(base),
+            );
+        }
 
         let (t0, mut n) = (Instant::now(), 0usize);
         let mut under_way = VecDeque::new();
@@ -201,10 +238,9 @@ fn main() {
         pool.quiesce();
         row(
             &format!("queued {threads}"),
-            (n * chunk) as u64,
+            (n * s.chunk) as u64,
             t0.elapsed(),
             Some(base),
         );
     }
-    std::hint::black_box(&s.dest);
 }

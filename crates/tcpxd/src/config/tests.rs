@@ -150,6 +150,76 @@ fn host_copy_spin_is_auto_a_number_or_refused() {
     assert!(e.to_string().contains("--host-copy-spin-us"), "{e}");
 }
 
+/// `transfer.host_copy_spinners` (auto: `AUTO_SPINNERS`), `host_copy_routine` and
+/// `host_copy_split`: defaults, file, flags over the file, bad values naming the setting.
+#[test]
+fn host_copy_policy_from_file_and_flags() {
+    use crate::config::host_copy::HostCopyArgs;
+    use crate::net::copy_routines::CopyRoutine;
+    use crate::net::host_copies::AUTO_SPINNERS;
+    let cfg = |file: &str, host_copy: HostCopyArgs| {
+        let path = write_toml(file);
+        let args = DaemonArgs {
+            node_id: Some("n".into()),
+            config: Some(path.clone()),
+            host_copy,
+            ..Default::default()
+        };
+        let r = Config::resolve(&args, &env_of(&[]));
+        std::fs::remove_file(path).unwrap();
+        r
+    };
+    let none = HostCopyArgs::default;
+    let c = cfg("", none()).unwrap();
+    assert_eq!(
+        (c.host_copy.spinners, c.host_copy.routine, c.host_copy.split),
+        (AUTO_SPINNERS, CopyRoutine::Plain, true)
+    );
+    assert_eq!(c.host_copy.spin, c.host_copy_spin);
+    let file =
+        "[transfer]\nhost_copy_spinners = 3\nhost_copy_routine = \"stream\"\nhost_copy_split = \"off\"\n";
+    let c = cfg(file, none()).unwrap();
+    assert_eq!(
+        (c.host_copy.spinners, c.host_copy.routine, c.host_copy.split),
+        (3, CopyRoutine::Stream, false)
+    );
+    let c = cfg("[transfer]\nhost_copy_spinners = \"auto\"\n", none()).unwrap();
+    assert_eq!(c.host_copy.spinners, AUTO_SPINNERS);
+    let flags = HostCopyArgs {
+        host_copy_spinners: Some("0".into()),
+        host_copy_routine: Some("prefetch".into()),
+        host_copy_split: Some("on".into()),
+    };
+    let c = cfg(file, flags).unwrap();
+    assert_eq!(
+        (c.host_copy.spinners, c.host_copy.routine, c.host_copy.split),
+        (0, CopyRoutine::Prefetch, true)
+    );
+    let e = cfg("[transfer]\nhost_copy_spinners = 65\n", none()).unwrap_err();
+    assert!(
+        e.to_string().contains("transfer.host_copy_spinners: 65") && e.to_string().contains("0 to 64"),
+        "{e}"
+    );
+    let e = cfg("[transfer]\nhost_copy_routine = \"fast\"\n", none()).unwrap_err();
+    assert!(
+        e.to_string().contains("transfer.host_copy_routine")
+            && e.to_string().contains("plain, prefetch or stream"),
+        "{e}"
+    );
+    let e = cfg(
+        "",
+        HostCopyArgs {
+            host_copy_split: Some("maybe".into()),
+            ..none()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("--host-copy-split") && e.to_string().contains("on or off"),
+        "{e}"
+    );
+}
+
 #[test]
 fn file_then_environment_then_flags() {
     let path = write_toml(

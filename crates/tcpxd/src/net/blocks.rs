@@ -230,6 +230,8 @@ pub fn gather_region_queued(
     let job = CopyJob {
         copies: planned,
         zero: None,
+        // The staging slot: read by the plugin's send next.
+        cold_targets: false,
         keep: vec![src.clone(), staging.clone()],
     };
     // SAFETY: as in `gather_region`; both regions are held by the job until it is done, and the

@@ -29,6 +29,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::copy_routines::{CopyRoutine, copy_list};
 use super::memory::Region;
 
 /// A chunk's copies of fewer bytes than this run on the calling thread alone: handing parts out
@@ -48,6 +49,47 @@ pub const MIN_QUEUED_PART_BYTES: usize = 128 * 1024;
 pub const AUTO_SPIN: Duration = Duration::from_micros(200);
 /// `transfer.host_copy_spin_us` at most.
 pub const MAX_SPIN_US: u64 = 100_000;
+/// `transfer.host_copy_spinners` `auto`: how many helpers (the first ones, which jobs go to
+/// first) may spin for their next job; the others sleep on their channels between jobs. On the
+/// 16-core host 8 helpers all spinning moved scattered blocks at 0.59–0.60× contiguous bytes and
+/// 8 that never spin at 0.79–0.83× (session 22): helpers spinning there take the CPUs the
+/// pollers and the plugin's threads want, while one kept awake still takes a job at once.
+pub const AUTO_SPINNERS: usize = 1;
+
+/// How the helpers work, besides how many there are: how long and how many of them spin, how
+/// they copy, whether a chunk is cut across idle ones (`transfer.host_copy_*`, docs/CONFIG.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelperPolicy {
+    pub spin: HelperSpin,
+    /// Helpers that may spin (the first ones); the rest never do.
+    pub spinners: usize,
+    pub routine: CopyRoutine,
+    /// Whether a queued chunk of at least 2 × [`MIN_QUEUED_PART_BYTES`] is cut across the
+    /// helpers with nothing under way (`transfer.host_copy_split`).
+    pub split: bool,
+}
+
+impl HelperPolicy {
+    /// Every helper spinning as `spin` allows, plain copies, chunks cut across idle helpers
+    /// (session 22's helpers).
+    pub fn with_spin(spin: HelperSpin) -> HelperPolicy {
+        HelperPolicy {
+            spin,
+            spinners: MAX_HOST_COPY_THREADS,
+            routine: CopyRoutine::Plain,
+            split: true,
+        }
+    }
+
+    /// Helper `i`'s spin: the policy's for the first `spinners`, none for the others.
+    pub fn spin_of(&self, i: usize) -> HelperSpin {
+        if i < self.spinners {
+            self.spin
+        } else {
+            HelperSpin { max: Duration::ZERO }
+        }
+    }
+}
 
 /// How long an idle helper may spin for its next job before it sleeps on its channel
 /// (`transfer.host_copy_spin_us`): at most `max`, and only as long as its recent jobs say the
@@ -108,11 +150,21 @@ impl SpinGauge {
 /// `transfer.host_copy_threads` at most.
 pub const MAX_HOST_COPY_THREADS: usize = 64;
 
-/// `transfer.host_copy_threads`' default for a host of `cores` cores: a quarter of them, at most
-/// 4 (16 cores: 4 helpers besides the poller; 2 cores: none, the poller copies alone).
+/// `transfer.host_copy_threads`' default for a host of `cores` cores: none below 4 cores (2
+/// cores: the poller copies alone), else half of them, at most [`MAX_DEFAULT_THREADS`] (16
+/// cores: 8 helpers besides the poller, one of them spinning, [`AUTO_SPINNERS`]). Session 22 on
+/// the 16-core host: 4 helpers all spinning 0.62–0.73× contiguous, 8 that never spin 0.79–0.83×
+/// (the best rows; session 21's default was a quarter of the cores, at most 4).
 pub fn default_threads(cores: usize) -> usize {
-    (cores / 4).min(4)
+    if cores < 4 {
+        0
+    } else {
+        (cores / 2).min(MAX_DEFAULT_THREADS)
+    }
 }
+
+/// The most helpers [`default_threads`] gives.
+pub const MAX_DEFAULT_THREADS: usize = 8;
 
 /// One copy: `n` bytes from `from` to `to`.
 #[derive(Debug, Clone, Copy)]
@@ -134,6 +186,9 @@ struct Part {
 pub struct CopyJob {
     pub copies: Vec<HostCopy>,
     pub zero: Option<(*mut u8, usize)>,
+    /// Whether the targets are read by nobody soon (a scatter into a buffer, not a staging slot
+    /// the plugin sends from next): [`CopyRoutine::Stream`] writes them non-temporally.
+    pub cold_targets: bool,
     /// Kept alive until the job is done (the source and target regions it copies between).
     pub keep: Vec<Arc<dyn Region>>,
 }
@@ -161,18 +216,19 @@ impl CopyJob {
         next == at.cast_const().wrapping_add(n)
     }
 
-    /// Copies, then zeroes, on this thread.
+    /// Copies with `routine`, then zeroes, on this thread.
     ///
     /// # Safety
     /// As [`HostCopies::queue`].
-    unsafe fn run(&self) {
+    unsafe fn run(&self, routine: CopyRoutine) {
         if self.sources_tile_zero() {
             // SAFETY: every source lies in `zero`'s range (checked just above), writable by
             // this job alone (the caller's contract), and is read by this copy only.
-            unsafe { copy_and_zero_sources(&self.copies) };
+            unsafe { copy_list(&self.copies, routine, true, self.cold_targets) };
             return;
         }
-        copy_part(&self.copies);
+        // SAFETY: the caller's contract (sources readable, targets this job's alone).
+        unsafe { copy_list(&self.copies, routine, false, self.cold_targets) };
         if let Some((at, n)) = self.zero {
             // SAFETY: the caller's contract: `n` writable bytes nothing else touches.
             unsafe { std::ptr::write_bytes(at, 0, n) };
@@ -181,22 +237,9 @@ impl CopyJob {
 }
 
 /// A part of a job whose sources tile its zeroed range ([`CopyJob::sources_tile_zero`]): each
-/// copy made, then its source zeroed while it is still in the cache.
-struct SourcesZeroed(Vec<HostCopy>);
-
-/// Each copy, then its source zeroed.
-///
-/// # Safety
-/// Every source must be writable by the caller alone (a landing slot's landed bytes), each read
-/// by one copy only; targets as for [`copy_part`].
-unsafe fn copy_and_zero_sources(copies: &[HostCopy]) {
-    for c in copies {
-        // SAFETY: the caller's contract: both ranges valid for `n` bytes, not overlapping.
-        unsafe { std::ptr::copy_nonoverlapping(c.from, c.to, c.n) };
-        // SAFETY: the caller's contract: the source is writable and read by no other copy.
-        unsafe { std::ptr::write_bytes(c.from.cast_mut(), 0, c.n) };
-    }
-}
+/// copy made, then its source zeroed while it is still in the cache; and whether its targets
+/// are cold ([`CopyJob::cold_targets`]).
+struct SourcesZeroed(Vec<HostCopy>, bool);
 
 /// Cuts `copies` into `parts` runs of about equal bytes, in order (a piece may be cut in two).
 fn cut(copies: &[HostCopy], parts: usize) -> Vec<Vec<HostCopy>> {
@@ -277,6 +320,8 @@ struct Helper {
     queued: AtomicU64,
     finished: Arc<AtomicU64>,
     stats: Arc<HelperStats>,
+    /// How long it may spin when idle (none past the policy's `spinners`).
+    spin: HelperSpin,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -304,6 +349,7 @@ fn helper_loop(
     finished: Arc<AtomicU64>,
     stats: Arc<HelperStats>,
     spin: HelperSpin,
+    routine: CopyRoutine,
 ) {
     let mut gauge = SpinGauge::new(spin);
     // When the last job ended (None: none yet, or the gap was already counted).
@@ -351,12 +397,12 @@ fn helper_loop(
                 copy_part(&part.copies);
                 part.left.fetch_sub(1, Ordering::Release);
             }
-            Work::JobPart(SourcesZeroed(copies), keep) => {
+            Work::JobPart(SourcesZeroed(copies, cold), keep) => {
                 let since = Instant::now();
                 let bytes = 2 * copies.iter().map(|c| c.n as u64).sum::<u64>();
                 // SAFETY: `HostCopies::queue`'s contract, and the job's sources tiled its zeroed
                 // range (checked before it was cut): this part's sources are its own.
-                unsafe { copy_and_zero_sources(&copies) };
+                unsafe { copy_list(&copies, routine, true, cold) };
                 drop((copies, keep));
                 stats
                     .busy_ns
@@ -368,7 +414,7 @@ fn helper_loop(
                 let (since, bytes) = (Instant::now(), job.bytes() as u64);
                 // SAFETY: `HostCopies::queue`'s contract: valid until the ticket is done, which
                 // the count below makes it.
-                unsafe { job.run() };
+                unsafe { job.run(routine) };
                 drop(job);
                 stats
                     .busy_ns
@@ -384,6 +430,8 @@ fn helper_loop(
 /// The poller's host copies and their helper threads (see the module's documentation).
 pub struct HostCopies {
     helpers: Vec<Helper>,
+    routine: CopyRoutine,
+    split: bool,
 }
 
 impl std::fmt::Debug for HostCopies {
@@ -396,16 +444,18 @@ impl std::fmt::Debug for HostCopies {
 ///
 /// # Safety
 /// As for the helper that would have run it ([`HostCopies::queue`]'s contract).
-unsafe fn run_here(work: Work) {
+unsafe fn run_here(work: Work, routine: CopyRoutine) {
     match work {
         Work::Part(part) => {
             copy_part(&part.copies);
             part.left.fetch_sub(1, Ordering::Release);
         }
         // SAFETY: the caller's contract.
-        Work::Job(job) => unsafe { job.run() },
+        Work::Job(job) => unsafe { job.run(routine) },
         // SAFETY: the caller's contract; the part's sources are its own.
-        Work::JobPart(SourcesZeroed(copies), _keep) => unsafe { copy_and_zero_sources(&copies) },
+        Work::JobPart(SourcesZeroed(copies, cold), _keep) => unsafe {
+            copy_list(&copies, routine, true, cold)
+        },
     }
 }
 
@@ -419,8 +469,14 @@ fn copy_part(copies: &[HostCopy]) {
 
 impl HostCopies {
     /// `threads` helper threads besides the caller (0: every copy on the calling thread), idle
-    /// ones spinning as `spin` allows. A helper that cannot be started leaves fewer (logged).
+    /// ones spinning as `spin` allows, all of them. A helper that cannot be started leaves fewer
+    /// (logged).
     pub fn new(threads: usize, spin: HelperSpin) -> HostCopies {
+        HostCopies::with_policy(threads, HelperPolicy::with_spin(spin))
+    }
+
+    /// `threads` helper threads working as `policy` says.
+    pub fn with_policy(threads: usize, policy: HelperPolicy) -> HostCopies {
         let mut helpers = Vec::new();
         for i in 0..threads.min(MAX_HOST_COPY_THREADS) {
             let (tx, rx) = mpsc::channel::<Work>();
@@ -428,15 +484,17 @@ impl HostCopies {
             let theirs = finished.clone();
             let stats = Arc::new(HelperStats::default());
             let their_stats = stats.clone();
+            let (spin, routine) = (policy.spin_of(i), policy.routine);
             let spawned = std::thread::Builder::new()
                 .name(format!("tcpxd-copy-{i}"))
-                .spawn(move || helper_loop(rx, theirs, their_stats, spin));
+                .spawn(move || helper_loop(rx, theirs, their_stats, spin, routine));
             match spawned {
                 Ok(thread) => helpers.push(Helper {
                     tx,
                     queued: AtomicU64::new(0),
                     finished,
                     stats,
+                    spin,
                     thread: Some(thread),
                 }),
                 Err(e) => {
@@ -445,7 +503,11 @@ impl HostCopies {
                 }
             }
         }
-        HostCopies { helpers }
+        HostCopies {
+            helpers,
+            routine: policy.routine,
+            split: policy.split,
+        }
     }
 
     /// Helper threads besides the caller.
@@ -501,7 +563,7 @@ impl HostCopies {
     pub unsafe fn queue(&self, job: CopyJob) -> Option<CopyTicket> {
         if self.helpers.is_empty() || job.bytes() < MIN_QUEUE_BYTES {
             // SAFETY: the caller's contract, for this call's length.
-            unsafe { job.run() };
+            unsafe { job.run(self.routine) };
             return None;
         }
         // Helpers with nothing to do take a part each (a transfer's first and last chunks, or
@@ -510,15 +572,16 @@ impl HostCopies {
         let tiles = job.sources_tile_zero();
         let idle: Vec<&Helper> = self.helpers.iter().filter(|h| h.in_flight() == 0).collect();
         let parts = idle.len().min(copied / MIN_QUEUED_PART_BYTES);
-        if parts >= 2 && (job.zero.is_none() || tiles) {
+        if self.split && parts >= 2 && (job.zero.is_none() || tiles) {
             let mut ticket = Vec::with_capacity(parts);
             for (copies, helper) in cut(&job.copies, parts).into_iter().zip(idle) {
                 let work = if tiles {
-                    Work::JobPart(SourcesZeroed(copies), job.keep.clone())
+                    Work::JobPart(SourcesZeroed(copies, job.cold_targets), job.keep.clone())
                 } else {
                     Work::Job(CopyJob {
                         copies,
                         zero: None,
+                        cold_targets: job.cold_targets,
                         keep: job.keep.clone(),
                     })
                 };
@@ -529,7 +592,7 @@ impl HostCopies {
                     }
                     // The helper is gone: its part is copied here.
                     // SAFETY: as the whole job's (a part of its copies; its own sources).
-                    Err(mpsc::SendError(w)) => unsafe { run_here(w) },
+                    Err(mpsc::SendError(w)) => unsafe { run_here(w, self.routine) },
                 }
             }
             return (!ticket.is_empty()).then_some(CopyTicket { parts: ticket });
@@ -549,7 +612,7 @@ impl HostCopies {
             Err(mpsc::SendError(w)) => {
                 // The helper is gone: the job runs here.
                 // SAFETY: as above.
-                unsafe { run_here(w) };
+                unsafe { run_here(w, self.routine) };
                 None
             }
         }
@@ -588,11 +651,12 @@ impl Drop for HostCopies {
                     );
                     let gbps = if ns == 0 { 0.0 } else { b as f64 / ns as f64 };
                     format!(
-                        "{} jobs, {:.1} MB in {:.1} ms ({gbps:.1} GB/s), spun {:.1} ms, slept {} times",
+                        "{} jobs, {:.1} MB in {:.1} ms ({gbps:.1} GB/s), spun {:.1} ms (at most {} µs a gap), slept {} times",
                         h.queued.load(Ordering::Relaxed),
                         b as f64 / 1e6,
                         ns as f64 / 1e6,
                         h.stats.spun_ns.load(Ordering::Relaxed) as f64 / 1e6,
+                        h.spin.max.as_micros(),
                         h.stats.sleeps.load(Ordering::Relaxed),
                     )
                 })

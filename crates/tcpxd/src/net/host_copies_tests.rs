@@ -2,6 +2,7 @@
 //! tickets, chunks cut across idle helpers, and how long idle helpers spin.
 
 use super::*;
+use crate::net::copy_routines::CopyRoutine;
 use tcpxd_testkit::Rng;
 
 /// Random scattered copies (pieces cut across parts, tiny and large ones) land exactly as a
@@ -79,6 +80,7 @@ fn queued_jobs_land_exactly_and_tickets_say_when() {
             let job = CopyJob {
                 copies,
                 zero: Some((slots[j * chunk..].as_mut_ptr(), chunk)),
+                cold_targets: true,
                 keep: Vec::new(),
             };
             // SAFETY: `slots` and `dst` outlive every job (`quiesce` below); targets are
@@ -144,6 +146,38 @@ fn helpers_spin_only_as_long_as_their_jobs_need() {
     off.saw(us(1));
     assert_eq!(off.budget(), Duration::ZERO);
     assert_eq!(HelperSpin::auto(true).max, AUTO_SPIN);
+    // Only the first `spinners` helpers spin.
+    let one = HelperPolicy {
+        spinners: 1,
+        ..HelperPolicy::with_spin(HelperSpin::auto(true))
+    };
+    assert_eq!(one.spin_of(0).max, AUTO_SPIN);
+    assert_eq!(one.spin_of(1).max, Duration::ZERO);
+    assert_eq!(one.spin_of(7).max, Duration::ZERO);
+    // A pool under that policy: helper 0 spins, the others never do, and they copy alike.
+    let pool = HostCopies::with_policy(3, one);
+    let spins: Vec<Duration> = pool.helpers.iter().map(|h| h.spin.max).collect();
+    assert_eq!(spins, [AUTO_SPIN, Duration::ZERO, Duration::ZERO]);
+    let src = vec![9u8; 3 * 64 * 1024];
+    let mut dst = vec![0u8; 3 * 64 * 1024];
+    let mut tickets = Vec::new();
+    for k in 0..3 {
+        let job = CopyJob {
+            copies: vec![HostCopy {
+                from: src[k * 65536..].as_ptr(),
+                to: dst[k * 65536..].as_mut_ptr(),
+                n: 65536,
+            }],
+            zero: None,
+            cold_targets: true,
+            keep: Vec::new(),
+        };
+        // SAFETY: two live vectors, distinct 64 KiB targets; `quiesce` ends the jobs first.
+        tickets.push(unsafe { pool.queue(job) }.expect("64 KiB is queued"));
+    }
+    pool.quiesce();
+    assert!(tickets.iter().all(CopyTicket::is_done));
+    assert!(dst == src);
     // A pool that never spins still copies every job and sleeps between them.
     let pool = HostCopies::new(2, HelperSpin::auto(false));
     let src = vec![5u8; 64 * 1024];
@@ -157,6 +191,7 @@ fn helpers_spin_only_as_long_as_their_jobs_need() {
                 n: src.len(),
             }],
             zero: None,
+            cold_targets: false,
             keep: Vec::new(),
         };
         // SAFETY: two live, distinct vectors; `quiesce` ends the job before they are read.
@@ -167,18 +202,43 @@ fn helpers_spin_only_as_long_as_their_jobs_need() {
     }
 }
 
+/// The policies the queued-chunk test runs under: session 22's (all spin, plain, split), and
+/// one spinner or none, each copy routine, split off.
+fn policies() -> Vec<HelperPolicy> {
+    let base = HelperPolicy::with_spin(HelperSpin::auto(true));
+    let mut all = vec![base];
+    for (spinners, routine, split) in [
+        (1, CopyRoutine::Prefetch, true),
+        (0, CopyRoutine::Stream, true),
+        (1, CopyRoutine::Stream, false),
+        (1, CopyRoutine::Plain, false),
+    ] {
+        all.push(HelperPolicy {
+            spinners,
+            routine,
+            split,
+            ..base
+        });
+    }
+    all
+}
+
 /// A queued chunk is cut across idle helpers (each part zeroing the landed bytes it copied
 /// out when the job zeroes its sources), lands exactly, and leaves its slot all zeros; a job
 /// whose sources do not tile its zeroed range goes whole and is zeroed after; gathers (no
-/// zeroing) are cut too and leave their sources alone.
+/// zeroing) are cut too and leave their sources alone. With `split` off every job goes whole;
+/// every copy routine and spinner count lands the same bytes.
 #[test]
 fn queued_chunks_are_cut_across_idle_helpers_and_land_exactly() {
     let mut rng = Rng::new(21);
     let chunk = 512 * 1024;
     let piece = 16 * 1024;
     let src: Vec<u8> = (0..chunk).map(|i| (i * 31 + i / 1013) as u8).collect();
-    for helpers in [1usize, 2, 4] {
-        let pool = HostCopies::new(helpers, HelperSpin::auto(true));
+    for (helpers, policy) in [1usize, 2, 4]
+        .into_iter()
+        .flat_map(|h| policies().into_iter().map(move |p| (h, p)))
+    {
+        let pool = HostCopies::with_policy(helpers, policy);
         for round in 0..6 {
             let mut order: Vec<usize> = (0..chunk / piece).collect();
             for i in (1..order.len()).rev() {
@@ -208,6 +268,7 @@ fn queued_chunks_are_cut_across_idle_helpers_and_land_exactly() {
             let job = CopyJob {
                 copies,
                 zero,
+                cold_targets: round < 4,
                 keep: Vec::new(),
             };
             let tiles = job.sources_tile_zero();
@@ -216,13 +277,13 @@ fn queued_chunks_are_cut_across_idle_helpers_and_land_exactly() {
             let ticket = unsafe { pool.queue(job) }.expect("512 KiB is queued");
             pool.quiesce();
             assert!(ticket.is_done());
-            let cut = !(2..4).contains(&round);
+            let cut = policy.split && !(2..4).contains(&round);
             assert_eq!(
                 ticket.parts(),
                 if cut { helpers } else { 1 },
-                "{helpers} helpers, round {round}"
+                "{helpers} helpers, round {round}, {policy:?}"
             );
-            assert!(dst == want, "{helpers} helpers, round {round}");
+            assert!(dst == want, "{helpers} helpers, round {round}, {policy:?}");
             if round < 4 {
                 assert!(slot.iter().all(|&b| b == 0), "slot zeroed, round {round}");
             } else {
@@ -245,6 +306,7 @@ fn a_small_job_is_copied_at_once() {
             n: 4096,
         }],
         zero: None,
+        cold_targets: false,
         keep: Vec::new(),
     };
     // SAFETY: two live, distinct vectors; the copy is over when `queue` returns None.
@@ -267,6 +329,8 @@ fn one_large_piece_is_cut_across_every_thread() {
     unsafe { pool.copy_all(&[c]) };
     assert!(dst == src);
     assert_eq!(default_threads(2), 0);
-    assert_eq!(default_threads(16), 4);
-    assert_eq!(default_threads(128), 4);
+    assert_eq!(default_threads(3), 0);
+    assert_eq!(default_threads(4), 2);
+    assert_eq!(default_threads(16), 8);
+    assert_eq!(default_threads(128), MAX_DEFAULT_THREADS);
 }

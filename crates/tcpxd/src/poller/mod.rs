@@ -417,8 +417,9 @@ pub struct PollerConfig {
     /// Helper threads for block chunks' host gathers and scatters (`transfer.host_copy_threads`;
     /// 0: the poller copies alone).
     pub host_copy_threads: usize,
-    /// How long idle helpers may spin for their next chunk (`transfer.host_copy_spin_us`).
-    pub host_copy_spin: crate::net::host_copies::HelperSpin,
+    /// How the helpers spin and copy (`transfer.host_copy_spin_us`, `host_copy_spinners`,
+    /// `host_copy_routine`, `host_copy_split`).
+    pub host_copy: crate::net::host_copies::HelperPolicy,
 }
 
 /// The running poller thread.
@@ -437,7 +438,7 @@ impl PollerHandle {
         let (tx, rx) = mpsc::channel();
         let (park, tx) = park::Park::new(tx)?;
         let unpack_impl = cfg.unpack_impl;
-        let host_copies = HostCopies::new(cfg.host_copy_threads, cfg.host_copy_spin);
+        let host_copies = HostCopies::with_policy(cfg.host_copy_threads, cfg.host_copy);
         let meter = Meter::new(cfg.metrics.clone());
         let thread = std::thread::Builder::new()
             .name("tcpxd-poller".into())

@@ -24,6 +24,7 @@ async fn run_as(protocol: &str, host_recv: &str, chunks: (u32, u32), form: Form)
 /// The batches' host gathers and scatters split across 3 helper threads on both daemons
 /// (`transfer.host_copy_threads`, issue 38 point 3): default 512 KiB chunks (each split into
 /// parts), then small ones copied by the poller alone beside them; bytes compared as always.
+/// The helpers copy with `transfer.host_copy_routine` `stream` (direct receives) or `prefetch`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_copies_split_across_helpers_land_byte_exact() {
     tcpxd::logging::init("error");
@@ -69,6 +70,14 @@ async fn run_lists(
         }
         if helpers != 0 {
             t += &format!("host_copy_threads = {helpers}\n");
+            // The copy routines (session 23): non-temporal scatters where receives land in
+            // place, prefetching copies elsewhere; one helper spinning.
+            let routine = if host_recv == "direct" {
+                "stream"
+            } else {
+                "prefetch"
+            };
+            t += &format!("host_copy_routine = \"{routine}\"\nhost_copy_spinners = 1\n");
         }
         t
     };

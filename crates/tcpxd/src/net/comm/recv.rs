@@ -458,6 +458,8 @@ impl RecvComm {
                         let job = CopyJob {
                             copies: std::mem::take(&mut planned),
                             zero,
+                            // The destination buffer's blocks: nobody reads them soon.
+                            cold_targets: true,
                             keep: vec![dst.clone(), slot_region.clone()],
                         };
                         // SAFETY: every target lies inside `dst`, a host region the job holds,

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Issue 38 point 3 (session 23, host-blocks3): which host copy helper policy brings scattered host
+# blocks nearest contiguous bytes on this host. One call, a time budget (default 330 s: fits a
+# 6-minute device call), rows alternating:
+#
+#   tools/host-blocks-sweep.sh BIN [BASE]
+#
+# BIN: release `tcpxd` and `tcpxctl` of host-blocks3 (or later); BASE: main's (optional, one
+# "base" row per round, its defaults). Each row is one `tcpxctl bench transfer --blocks 4096
+# --block-size 16K --no-batch` (two local daemons on the built-in emulation, host memory,
+# TCPXEMU_HOST_RECV=direct as on the real plugin and in the emulation's CUDA mode), WRITE then
+# READ, printing scattered/contiguous and how busy the host's CPUs were (all of them, /proc/stat).
+# Rows (h = TCPXD_HOST_COPY_THREADS, s = TCPXD_HOST_COPY_SPINNERS: helpers that may spin,
+# r = TCPXD_HOST_COPY_ROUTINE, split = TCPXD_HOST_COPY_SPLIT):
+#   base          BASE at its defaults (4 helpers on 16 CPUs, all spinning, plain, split)
+#   default       BIN at its defaults (16 CPUs: 8 helpers, 1 spinning, plain copies, split)
+#   h4 s64        BIN as session 22 (4 helpers, every one spinning)
+#   h4 s1 / h4 s0 / h8 s0 / h12 s1 / h12 s0     spin policy x helper count
+#   h8 s1 prefetch / h8 s1 stream               copy routines
+#   h8 s1 nosplit                               chunks whole to one helper
+# Rounds go forward then backward (A B C ... C B A) until the budget is spent; the summary gives
+# each row's median (and count) per op. Extra arguments for every run: BENCH_ARGS (default
+# "--iters 20 --warmup 3", as tools/bench-host-blocks.sh); SWEEP_SECONDS the budget; ROWS a space-separated subset of row names
+# with spaces written as '_' (e.g. ROWS="base default h4_s1").
+set -uo pipefail
+if [ $# -lt 1 ] || [ ! -x "$1/tcpxctl" ] || [ ! -x "$1/tcpxd" ]; then
+  echo "usage: $0 BIN [BASE]  (directories with tcpxctl and tcpxd)" >&2
+  exit 2
+fi
+bin="$(cd "$1" && pwd)"
+base="${2:+$(cd "$2" && pwd)}"
+args=(${BENCH_ARGS:---iters 20 --warmup 3})
+budget="${SWEEP_SECONDS:-330}"
+export TCPXEMU_HOST_RECV=direct
+start=$(date +%s)
+echo "host: $(nproc) CPUs; BIN $bin; BASE ${base:-none}; budget ${budget}s; bench ${args[*]}"
+
+# name|env assignments (space-separated) -- BIN rows; "base" uses BASE.
+all_rows=(
+  "base|"
+  "default|"
+  "h4_s64|TCPXD_HOST_COPY_THREADS=4 TCPXD_HOST_COPY_SPINNERS=64"
+  "h4_s1|TCPXD_HOST_COPY_THREADS=4 TCPXD_HOST_COPY_SPINNERS=1"
+  "h4_s0|TCPXD_HOST_COPY_THREADS=4 TCPXD_HOST_COPY_SPINNERS=0"
+  "h8_s0|TCPXD_HOST_COPY_THREADS=8 TCPXD_HOST_COPY_SPINNERS=0"
+  "h12_s1|TCPXD_HOST_COPY_THREADS=12 TCPXD_HOST_COPY_SPINNERS=1"
+  "h12_s0|TCPXD_HOST_COPY_THREADS=12 TCPXD_HOST_COPY_SPINNERS=0"
+  "h8_s1_prefetch|TCPXD_HOST_COPY_THREADS=8 TCPXD_HOST_COPY_SPINNERS=1 TCPXD_HOST_COPY_ROUTINE=prefetch"
+  "h8_s1_stream|TCPXD_HOST_COPY_THREADS=8 TCPXD_HOST_COPY_SPINNERS=1 TCPXD_HOST_COPY_ROUTINE=stream"
+  "h8_s1_nosplit|TCPXD_HOST_COPY_THREADS=8 TCPXD_HOST_COPY_SPINNERS=1 TCPXD_HOST_COPY_SPLIT=off"
+)
+rows=()
+for r in "${all_rows[@]}"; do
+  name="${r%%|*}"
+  [ "$name" = base ] && [ -z "$base" ] && continue
+  if [ -n "${ROWS:-}" ] && [[ " $ROWS " != *" $name "* ]]; then continue; fi
+  rows+=("$r")
+done
+
+# The host's busy and total CPU jiffies so far (all CPUs).
+jiffies() {
+  awk '/^cpu /{ t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t }' /proc/stat
+}
+
+results="$(mktemp)"
+trap 'rm -f "$results"' EXIT
+
+# One row: op, name, env. Prints the ratio and the CPUs busy; records "op name ratio".
+one() {
+  local op="$1" name="$2" envs="$3" dir="$bin" out b0 t0 b1 t1 ratio
+  [ "$name" = base ] && dir="$base"
+  read -r b0 t0 < <(jiffies)
+  if ! out="$(env $envs "$dir/tcpxctl" bench transfer --daemon "$dir/tcpxd" "${args[@]}" \
+      --op "$op" --blocks 4096 --block-size 16K --no-batch 2>&1)"; then
+    echo "$op $name: FAILED"
+    echo "$out" | tail -3
+    return 1
+  fi
+  read -r b1 t1 < <(jiffies)
+  local busy=$(( (b1 - b0) * 100 / (t1 - t0 > 0 ? t1 - t0 : 1) ))
+  ratio="$(echo "$out" | sed -n 's|^scattered/contiguous: \([0-9.]*\).*|\1|p' | head -1)"
+  printf '%-6s %-16s scattered/contiguous %s [CPUs busy %s%%] (%ss)\n' "$op" "$name" "${ratio:-?}" "$busy" "$(( $(date +%s) - start ))"
+  [ -n "$ratio" ] && echo "$op $name $ratio" >>"$results"
+}
+
+rc=0
+round=0
+while :; do
+  order=("${rows[@]}")
+  if [ $((round % 2)) -eq 1 ]; then
+    order=()
+    for ((i = ${#rows[@]} - 1; i >= 0; i--)); do order+=("${rows[$i]}"); done
+  fi
+  echo "== round $((round + 1))"
+  for r in "${order[@]}"; do
+    for op in write read; do
+      if [ $(( $(date +%s) - start )) -ge "$budget" ]; then break 3; fi
+      one "$op" "${r%%|*}" "$(echo "${r#*|}")" || rc=1
+    done
+  done
+  round=$((round + 1))
+done
+
+echo "== summary: median scattered/contiguous per row (runs), $(( $(date +%s) - start ))s"
+python3 - "$results" <<'EOF'
+import sys, statistics, collections
+rows = collections.OrderedDict()
+for line in open(sys.argv[1]):
+    op, name, r = line.split()
+    rows.setdefault(name, {}).setdefault(op, []).append(float(r))
+print(f"{'row':<16} {'WRITE':>14} {'READ':>14}")
+for name, ops in rows.items():
+    cell = lambda op: (f"{statistics.median(ops[op]):.2f} ({len(ops[op])})" if op in ops else "-")
+    print(f"{name:<16} {cell('write'):>14} {cell('read'):>14}")
+EOF
+exit $rc
