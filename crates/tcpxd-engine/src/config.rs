@@ -74,6 +74,17 @@ pub struct EngineConfig {
     /// A pairing with nothing on it for this long is closed by agreement of both sides and
     /// paired anew by its next use (`pair_life.rs`); `None`: kept while the peer lives.
     pub pairing_idle_close: Option<Duration>,
+    /// Transfers of at most this many bytes in total go inline on the control connection
+    /// (`inline.rs`): the payload in the header, no lane, credit or landing slot. Announced to
+    /// each peer (`PeerMsg::InlineLimit`); a sender inlines up to the smaller of both limits.
+    /// 0: off (the engine's default; the daemon's is `transfer.inline_max_bytes`).
+    pub inline_max_bytes: u64,
+    /// Inline bytes sent to a peer and not yet answered (`Done`, `Reject`) at most: a transfer
+    /// that would pass it takes its lanes at once (it never waits).
+    pub inline_window_bytes: u64,
+    /// Inline transfers may read GPU sources (a synchronous copy in the driver) and write into
+    /// destinations the peer announced as GPU memory; off: only host memory to host memory.
+    pub inline_gpu: bool,
 }
 
 impl Default for EngineConfig {
@@ -98,6 +109,9 @@ impl Default for EngineConfig {
             lane_idle_close: None,
             lane_open_timeout: DEFAULT_LANE_OPEN_TIMEOUT,
             pairing_idle_close: None,
+            inline_max_bytes: 0,
+            inline_window_bytes: DEFAULT_INLINE_WINDOW_BYTES,
+            inline_gpu: false,
         }
     }
 }
@@ -120,3 +134,10 @@ pub const DEFAULT_CREDIT_BUDGET_BYTES: u64 = 32 << 20;
 /// `transfer.eager_max_bytes`' default: transfers up to 64 KiB go eager under `auto` (measured:
 /// eager wins for small transfers, rendezvous from 1-4 MiB up; docs/BENCHMARKS.md).
 pub const DEFAULT_EAGER_MAX_BYTES: u64 = 64 * 1024;
+
+/// `transfer.inline_window_bytes`' default: 256 KiB of inline payloads per pairing awaiting their
+/// answer (64 transfers of 4 KiB), so the control connection never queues unbounded data.
+pub const DEFAULT_INLINE_WINDOW_BYTES: u64 = 256 * 1024;
+
+/// The largest `inline_max_bytes` a node takes (a control message carries the payload whole).
+pub const MAX_INLINE_BYTES: u64 = 1 << 20;

@@ -84,6 +84,8 @@ impl Engine {
             PeerMsg::LaneCloseAnswer { lane, closed } => self.on_lane_close_answer(peer, lane, closed),
             PeerMsg::PairingClose => self.on_pairing_close(peer),
             PeerMsg::PairingCloseAnswer { closed } => self.on_pairing_close_answer(peer, closed),
+            PeerMsg::InlineLimit { max_bytes } => self.on_inline_limit(peer, max_bytes),
+            PeerMsg::Inline { offer, payload } => self.on_inline(peer, offer, payload),
         }
     }
 

@@ -83,6 +83,7 @@ pub mod credits;
 mod drain;
 pub mod error;
 mod inbound;
+mod inline;
 mod lane;
 mod lane_credits;
 mod lane_life;
@@ -120,8 +121,8 @@ use std::time::{Duration, Instant};
 pub use action::Action;
 pub use block_transfers::{BlockSpec, RemoteBlocks};
 pub use config::{
-    DEFAULT_CREDIT_BUDGET_BYTES, DEFAULT_EAGER_MAX_BYTES, DEFAULT_GATHER_AHEAD, DEFAULT_MAX_ENTRIES,
-    EngineConfig, Protocol,
+    DEFAULT_CREDIT_BUDGET_BYTES, DEFAULT_EAGER_MAX_BYTES, DEFAULT_GATHER_AHEAD, DEFAULT_INLINE_WINDOW_BYTES,
+    DEFAULT_MAX_ENTRIES, EngineConfig, MAX_INLINE_BYTES, Protocol,
 };
 pub use counters::{LaneCounters, PeerCounters};
 pub use drain::{CLOSE_AT_LEAST, DrainReport};
@@ -257,6 +258,13 @@ struct Peer {
     /// Notifications alone (`notice.rs`) sent to and received from the peer.
     sent_notices: u64,
     received_notices: u64,
+    /// Inline transfers (`inline.rs`) sent to and received from the peer, the peer's inline
+    /// limit (0 until its `InlineLimit`: never inline), and our inline bytes it has not
+    /// answered yet.
+    sent_inline: u64,
+    received_inline: u64,
+    remote_inline_max: u64,
+    inline_outstanding: u64,
     /// The peer's topology as it announced it at pairing (`None` until the driver set it).
     topology: Option<topology::Topology>,
     /// Lanes by memory pair (`routes.rs`); `None`: not routed.
@@ -324,6 +332,9 @@ struct OutOffer {
     plan: Option<blocks::SidePlan>,
     /// A streamed header: where its chunk plan stands (`streams.rs`).
     stream: Option<streams::Stream>,
+    /// Sent inline (`inline.rs`): its payload's bytes, counted in the peer's inline window
+    /// until the offer is dropped.
+    inline_bytes: u64,
 }
 
 /// An offer this node accepted (it receives the data).
@@ -536,6 +547,10 @@ impl Engine {
                 received_rendezvous: 0,
                 sent_notices: 0,
                 received_notices: 0,
+                sent_inline: 0,
+                received_inline: 0,
+                remote_inline_max: 0,
+                inline_outstanding: 0,
                 topology: None,
                 routes: None,
                 next_routed_lane: 0,
@@ -545,6 +560,7 @@ impl Engine {
         );
         self.adopt_closed(idx);
         self.announce_gpu_credits(idx);
+        self.announce_inline(idx);
         self.announce_mode(idx);
         idx
     }

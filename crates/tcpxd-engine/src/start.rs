@@ -243,6 +243,7 @@ impl Engine {
                 sent: false,
                 plan,
                 stream: None,
+                inline_bytes: 0,
             },
         );
         let p = &mut self.peers[&peer];
@@ -267,6 +268,9 @@ impl Engine {
         let peer = o.peer;
         if Self::is_lone_notice(&msg) {
             return self.send_lone_notice(offer_id, msg);
+        }
+        if let Some(sources) = self.inline_sources(offer_id, &msg) {
+            return self.send_inline(offer_id, msg, sources);
         }
         // A routed pairing: an eager transfer takes the eager lanes of its memory pair
         // (`routes.rs`).

@@ -269,6 +269,13 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             closed: *closed,
         }),
         PeerMsg::PairingClose => Body::PairingClose(pb::PairingClose {}),
+        PeerMsg::InlineLimit { max_bytes } => Body::InlineLimit(pb::InlineLimit {
+            max_bytes: *max_bytes,
+        }),
+        PeerMsg::Inline { offer: o, payload } => Body::InlineTransfer(pb::InlineTransfer {
+            header: Some(offer(o)),
+            payload: payload.clone(),
+        }),
         PeerMsg::PairingCloseAnswer { closed } => {
             Body::PairingCloseAnswer(pb::PairingCloseAnswer { closed: *closed })
         }
@@ -436,6 +443,43 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
         },
         Body::PairingClose(_) => PeerMsg::PairingClose,
         Body::PairingCloseAnswer(m) => PeerMsg::PairingCloseAnswer { closed: m.closed },
+        Body::InlineLimit(m) => PeerMsg::InlineLimit {
+            max_bytes: m.max_bytes,
+        },
+        Body::InlineTransfer(m) => {
+            // Nothing on a lane rests on it: a header that cannot be read refuses that one
+            // transfer (as an offer's), it does not fail the pairing.
+            let o = m.header.unwrap_or_default();
+            let ranges = packed_pb::offer_ranges_from_pb("header.", o.ranges, o.packed);
+            let blocks = o
+                .blocks
+                .map(|h| header_from_pb("header.blocks", h).map(Box::new))
+                .transpose();
+            match ranges.and_then(|r| Ok((r, blocks?))) {
+                Ok((ranges, blocks)) => PeerMsg::Inline {
+                    offer: Offer {
+                        offer_id: o.offer_id,
+                        read_id: o.read_id,
+                        chunk_bytes: o.chunk_bytes,
+                        first_lane: o.first_lane,
+                        ranges,
+                        notification: o.notification,
+                        deadline_ms: o.deadline_ms,
+                        blocks,
+                        coalesced: o.coalesced,
+                        transfer_id: o.transfer_id,
+                        announced: None,
+                    },
+                    payload: m.payload,
+                },
+                Err(why) => {
+                    return Err(Malformed::Refuse(engine::Malformed::Offer {
+                        offer_id: o.offer_id,
+                        why,
+                    }));
+                }
+            }
+        }
     }))
 }
 

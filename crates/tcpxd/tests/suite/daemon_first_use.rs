@@ -110,15 +110,16 @@ async fn a_descriptor_is_all_a_client_needs() {
     assert!(["auto", "eager", "rendezvous"].contains(&na.transfer_protocol.as_str()));
     assert_eq!(na.eager_lanes_per_device > 0, auto, "{na:?}");
     assert_eq!(na.eager_max_bytes > 0, auto, "{na:?}");
-    // A small write from b to a: a's receive lanes in use too (under `auto` an eager one).
-    let small = host_buffer(&mut a.client, 4096, "small").await;
-    let id = write(&mut b.client, write_entry(&y, 0, &small, 0, 4096), b"")
+    // A small write from b to a: a's receive lanes in use too (under `auto` an eager one). 32
+    // KiB: above `transfer.inline_max_bytes`, which would carry it on the control connection.
+    let small = host_buffer(&mut a.client, 32 * 1024, "small").await;
+    let id = write(&mut b.client, write_entry(&y, 0, &small, 0, 32 * 1024), b"")
         .await
         .unwrap();
     wait_ok(&mut b.client, id).await;
     assert_eq!(
         crc(&mut a.client, small.id, 0, 0).await,
-        crc(&mut b.client, y.id, 0, 4096).await
+        crc(&mut b.client, y.id, 0, 32 * 1024).await
     );
     let stats = a
         .client
