@@ -529,6 +529,37 @@ mod tests {
     }
 
     #[test]
+    fn inline_messages_survive_the_wire_and_an_unreadable_one_is_refused() {
+        round_trip(PeerMsg::InlineLimit { max_bytes: 16384 });
+        round_trip(PeerMsg::Inline {
+            offer: offer(None, true),
+            payload: (0..=255).collect(),
+        });
+        // Ranges that cannot be read refuse the one transfer (no lane depends on it).
+        let mut m = msg_to_pb(&PeerMsg::Inline {
+            offer: offer(None, false),
+            payload: vec![1; 8],
+        });
+        if let Some(pb::peer_message::Body::InlineTransfer(t)) = m.body.as_mut() {
+            let h = t.header.as_mut().unwrap();
+            h.ranges.clear();
+            h.packed = Some(pb::PackedRanges {
+                buffer_id: 1,
+                access_key: vec![0; 16],
+                offsets: vec![1, 2, 3],
+                ..Default::default()
+            });
+        }
+        match msg_from_pb(m) {
+            Err(Malformed::Refuse(engine::Malformed::Offer { offer_id, why })) => {
+                assert_eq!(offer_id, 7);
+                assert!(why.starts_with("header.packed"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn a_notify_survives_the_wire() {
         round_trip(PeerMsg::Notify {
             transfer_id: 17,

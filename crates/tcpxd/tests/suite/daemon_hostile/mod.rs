@@ -221,6 +221,7 @@ impl FakePeer {
                 Some(
                     ppb::peer_message::Body::Heartbeat(_)
                     | ppb::peer_message::Body::ReceiveMode(_)
+                    | ppb::peer_message::Body::InlineLimit(_)
                     | ppb::peer_message::Body::Credits(_),
                 ) => continue,
                 Some(b) => return b,
