@@ -229,3 +229,42 @@ async fn a_wrong_key_is_refused_and_writes_nothing() {
     a.stop().await;
     b.stop().await;
 }
+
+/// GPU memory on the CUDA stand-in (two daemon processes, `daemon_stub_gpus`): with
+/// `transfer.inline_gpu` on, GPU → GPU WRITEs and READs up to the limit go inline (a synchronous
+/// copy out of and into device memory on each poller), byte-exact; off (the default), they take
+/// the lanes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_memory_goes_inline_only_with_inline_gpu_on_the_cuda_stand_in() {
+    use crate::common::gpus::{Compare, Trip, cuda_buffer, write_and_read_back};
+    use crate::daemon_stub_gpus::start_with;
+    for on in [true, false] {
+        let dir = tcpxd_testkit::ScratchDir::fresh("tcpxd-inline-gpu", if on { "on" } else { "off" });
+        std::fs::create_dir_all(&*dir).unwrap();
+        let env = [("TCPXD_INLINE_GPU", if on { "on" } else { "off" })];
+        let mut a = start_with(&dir, "inline-gpu-a", "d2d", 1, true, &env).await;
+        let mut b = start_with(&dir, "inline-gpu-b", "d2d", 1, true, &env).await;
+        let size = 64 * KIB;
+        let src = cuda_buffer(&mut a.client, 3, size).await;
+        let dst = cuda_buffer(&mut b.client, 5, size).await;
+        let back = cuda_buffer(&mut a.client, 0, size).await;
+        fill_seed(&mut a.client, src.id, 0, 0, 61).await;
+        let trip = Trip {
+            src: &src,
+            dst: &dst,
+            back: &back,
+        };
+        for (k, len) in [1u64, 4 * KIB, 16 * KIB].into_iter().enumerate() {
+            let at = [k as u64 * 5, 100 + k as u64, 7];
+            let what = format!("inline_gpu {on}");
+            write_and_read_back(&mut a.client, &mut b.client, trip, at, len, Compare::Bytes, &what).await;
+        }
+        let s = peer_stats(&mut a.client).await;
+        let n = if on { 3 } else { 0 };
+        assert_eq!(
+            (s.sent_inline, s.received_inline),
+            (n, n),
+            "inline_gpu {on}: {s:?}"
+        );
+    }
+}
