@@ -6,7 +6,7 @@
 #
 # BIN_DIR: this tree's release `tcpxctl` and `tcpxd`; BEFORE_BIN_DIR: main's (optional: its
 # `tcpxd`, run in the same rounds). GPU: the CUDA device for part 3 (default 0).
-#   1. host memory, ABBA rounds (A = inline on, the default 16 KiB; B = TCPXD_INLINE_MAX_BYTES=0,
+#   1. host memory, ABBA rounds (A = inline on, the default 64 KiB; B = TCPXD_INLINE_MAX_BYTES=0,
 #      the lanes; C = main when given), WRITE and READ at 4K,16K,64K: p50 / p99 per round.
 #   2. hop traces of an inline 4 KiB WRITE and READ (RUST_LOG=tcpxd::hop=trace, benches/hops.py):
 #      the steps between the two daemons' events.

@@ -7,8 +7,9 @@
 //!   `ReceiveMode`; none announced: nothing inline, so a receiver with `inline_max_bytes` 0 is
 //!   never sent one). A sender inlines a transfer of 1 byte to the smaller of both limits.
 //! - **Sender** ([`Engine::send_offer`] asks [`Engine::inline_sources`]): a WRITE's share for a
-//!   peer, or the holder's answer to a READ request, that is not a block transfer, whose sources
-//!   are host memory and whose destinations are not GPU memory the peer announced (both allowed
+//!   peer, or the holder's answer to a READ request (plain, coalesced, block or prepared: the
+//!   payload is the wire stream, its pieces from the offer's plan), whose sources are host memory
+//!   and whose destinations it knows are host memory (`host_destinations_known`; both lifted
 //!   with `inline_gpu`), and that fits the pairing's inline window (bytes sent inline and not yet
 //!   answered; a transfer that would pass it takes its lanes at once, it never waits). The
 //!   engine names the source pieces ([`Action::SendInline`]); the driver reads them into the
@@ -73,7 +74,7 @@ impl Engine {
         let o = &self.out_offers[&offer_id];
         let p = &self.peers[&o.peer];
         let limit = self.cfg.inline_max_bytes.min(p.remote_inline_max);
-        if limit == 0 || msg.blocks.is_some() || o.stream.is_some() {
+        if limit == 0 || o.stream.is_some() {
             return None;
         }
         let total = o.lengths.iter().try_fold(0u64, |a, &l| a.checked_add(l))?;
@@ -88,12 +89,24 @@ impl Engine {
                 .sources
                 .iter()
                 .all(|(b, _)| self.memory_of(*b) == topology::Memory::Host);
-            let gpu_dest = msg.ranges.buffers().any(|b| p.gpu_dests.contains_key(&b));
-            if !host_sources || gpu_dest {
+            if !host_sources || !Self::host_destinations_known(p, msg) {
                 return None;
             }
         }
         Some(flat_pieces(&o.sources, &o.lengths, o.plan.as_ref()))
+    }
+
+    /// Whether the sender knows every destination of `msg` is host memory: the peer has no GPU
+    /// (its topology, as announced at pairing, lists none; a driver that gives none knows of no
+    /// GPU), or it tells its GPU buffers (`GpuCredits`) and none of the ranges names one (a block
+    /// transfer's list does not say its buffer to the sender: not known).
+    fn host_destinations_known(p: &Peer, msg: &Offer) -> bool {
+        if p.topology.as_ref().is_none_or(|t| t.gpus.is_empty()) {
+            return true;
+        }
+        p.remote_gpu_budget.is_some()
+            && msg.blocks.is_none()
+            && !msg.ranges.buffers().any(|b| p.gpu_dests.contains_key(&b))
     }
 
     /// Sends a recorded offer inline (`inline_sources` said it goes so): answered as a notice
@@ -213,8 +226,8 @@ impl Engine {
         });
     }
 
-    /// What an inline transfer rests on: not a block transfer, not a duplicate, its payload the
-    /// ranges' total and within this node's limit, then the ranges as a header's are checked.
+    /// What an inline transfer rests on: not a duplicate, its payload within this node's limit,
+    /// the ranges (or block header) as a header's are checked, the payload exactly their total.
     fn check_inline(
         &self,
         peer: PeerIdx,
@@ -222,9 +235,6 @@ impl Engine {
         payload: u64,
     ) -> Result<coalesce::Places, (Code, String, u32)> {
         let invalid = |m: String| Err((Code::InvalidArgument, m, 0));
-        if offer.blocks.is_some() {
-            return invalid("blocks: a block transfer is never sent inline".into());
-        }
         if self.in_offers.contains_key(&(peer, offer.offer_id)) {
             return Err((
                 Code::AlreadyExists,

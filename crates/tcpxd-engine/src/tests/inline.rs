@@ -549,3 +549,67 @@ fn a_peer_limit_above_this_node_is_taken_as_the_smaller() {
     assert!(!a.iter().any(|a| matches!(a, Action::SendInline { .. })), "{a:?}");
     assert_eq!(e.inline_outstanding(PEER), 0);
 }
+
+#[test]
+fn block_writes_and_reads_go_inline_as_their_wire_stream() {
+    use crate::blocks::{IndexArray, Layout};
+    let mut s = Sim::new(1, inline_cfg(8192, 1 << 20), 12);
+    s.buffer(0, 1, 1 << 16, 3);
+    s.buffer(1, 2, 1 << 16, 0);
+    let strided = |first| Layout::Strided {
+        first,
+        stride: 1024,
+        len: 1000,
+        count: 16,
+    };
+    let a = s.nodes[0].eng.register_blocks(1, strided(0)).unwrap();
+    let b = s.nodes[1].eng.register_blocks(2, strided(7)).unwrap();
+    let remote = |s: &Sim, indices: &[u32]| RemoteBlocks {
+        list_id: b,
+        access_key: s.nodes[1].eng.buffer_key(2).unwrap(),
+        blocks: 0,
+        block_len: 0,
+        indices: IndexArray::compact(indices),
+    };
+    let deadline = s.now + Duration::from_secs(60);
+    // Blocks 3, 0, 9 of a into 5, 15, 1 of b (3000 bytes), then 8 of them back (8000).
+    let w = BlockSpec {
+        local_list: a,
+        local_indices: IndexArray::compact(&[3, 0, 9]),
+        peer: P,
+        remote: remote(&s, &[5, 15, 1]),
+    };
+    let tw = s.nodes[0]
+        .eng
+        .start_write_blocks(w, b"blocks".to_vec(), deadline, s.now)
+        .unwrap();
+    s.run();
+    assert_eq!(s.outcome(0, tw).code, Code::Ok);
+    for (x, y) in [(3u64, 5u64), (0, 15), (9, 1)] {
+        assert!(
+            s.same((0, 1, x * 1024), (1, 2, 7 + y * 1024), 1000),
+            "block {x} -> {y}"
+        );
+    }
+    assert_eq!(s.nodes[1].notes.len(), 1);
+    let back: Vec<u32> = (8..16).collect();
+    let r = BlockSpec {
+        local_list: a,
+        local_indices: IndexArray::compact(&back),
+        peer: P,
+        remote: remote(&s, &[0, 1, 2, 3, 4, 5, 6, 7]),
+    };
+    let tr = s.nodes[0].eng.start_read_blocks(r, deadline, s.now).unwrap();
+    s.run();
+    assert_eq!(s.outcome(0, tr).code, Code::Ok);
+    for k in 0..8u64 {
+        assert!(
+            s.same((1, 2, 7 + k * 1024), (0, 1, (8 + k) * 1024), 1000),
+            "block {k}"
+        );
+    }
+    assert_eq!(lane_traffic(&s), 0, "no lane carried anything");
+    assert_eq!(sent_inline(&s, 0), (1, 1));
+    assert_eq!(sent_inline(&s, 1), (1, 1));
+    s.assert_idle();
+}

@@ -6,16 +6,17 @@ use clap::Args;
 use super::{ConfigError, FileTransfer};
 use crate::engine::{DEFAULT_INLINE_WINDOW_BYTES, MAX_INLINE_BYTES};
 
-/// `transfer.inline_max_bytes`' default: transfers of at most 16 KiB in total go inline
-/// (measured on the 2-core VM against the eager lanes: docs/BENCHMARKS.md, "Session 23, inline").
-pub const DEFAULT_INLINE_MAX_BYTES: u64 = 16 * 1024;
+/// `transfer.inline_max_bytes`' default: transfers of at most 64 KiB in total go inline, as many
+/// as `auto` sends eager (measured on the 2-core VM: p50 0.57-0.64x main's at 4-64 KiB one at a
+/// time, GB/s 0.98-2.1x with 8 in flight; docs/BENCHMARKS.md, "Session 23, inline").
+pub const DEFAULT_INLINE_MAX_BYTES: u64 = 64 * 1024;
 
 /// The flags (and their environment variables).
 #[derive(Debug, Clone, Default, Args)]
 pub struct InlineArgs {
     /// Transfers of at most this many bytes in total go inline on the control connection, no
     /// lane touched (0..=1048576; 0: off; a pairing uses the smaller of both nodes' limits).
-    /// Default: 16384.
+    /// Default: 65536.
     #[arg(long, env = "TCPXD_INLINE_MAX_BYTES")]
     pub inline_max_bytes: Option<u64>,
     /// Inline bytes sent to one peer and not yet answered, at most (a transfer that would pass

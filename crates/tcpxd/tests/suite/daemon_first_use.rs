@@ -40,7 +40,8 @@ fn bare(descriptor: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_descriptor_is_all_a_client_needs() {
     tcpxd::logging::init("error");
-    let mut a = daemons::start("fu-a", |_| {}).await;
+    // a takes nothing inline, so b's small write below uses a's receive lanes (stats checked).
+    let mut a = daemons::start("fu-a", |a| a.inline.inline_max_bytes = Some(0)).await;
     let mut b = daemons::start("fu-b", |_| {}).await;
 
     // DescribeNode: the id, the peer address descriptors carry, what the node runs.
@@ -110,16 +111,15 @@ async fn a_descriptor_is_all_a_client_needs() {
     assert!(["auto", "eager", "rendezvous"].contains(&na.transfer_protocol.as_str()));
     assert_eq!(na.eager_lanes_per_device > 0, auto, "{na:?}");
     assert_eq!(na.eager_max_bytes > 0, auto, "{na:?}");
-    // A small write from b to a: a's receive lanes in use too (under `auto` an eager one). 32
-    // KiB: above `transfer.inline_max_bytes`, which would carry it on the control connection.
-    let small = host_buffer(&mut a.client, 32 * 1024, "small").await;
-    let id = write(&mut b.client, write_entry(&y, 0, &small, 0, 32 * 1024), b"")
+    // A small write from b to a: a's receive lanes in use too (under `auto` an eager one).
+    let small = host_buffer(&mut a.client, 4096, "small").await;
+    let id = write(&mut b.client, write_entry(&y, 0, &small, 0, 4096), b"")
         .await
         .unwrap();
     wait_ok(&mut b.client, id).await;
     assert_eq!(
         crc(&mut a.client, small.id, 0, 0).await,
-        crc(&mut b.client, y.id, 0, 32 * 1024).await
+        crc(&mut b.client, y.id, 0, 4096).await
     );
     let stats = a
         .client

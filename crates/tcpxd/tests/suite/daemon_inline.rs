@@ -9,7 +9,7 @@ use tcpxd::api::proto::v1 as pb;
 use tonic::Code;
 
 const KIB: u64 = 1 << 10;
-/// The limit both daemons run with here (the default is 16 KiB).
+/// The limit both daemons run with here (the default is 64 KiB).
 const LIMIT: u64 = 8 * KIB;
 
 async fn inline_pair(name: &str) -> (TestDaemon, TestDaemon) {
