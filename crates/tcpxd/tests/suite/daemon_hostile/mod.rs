@@ -6,6 +6,7 @@
 
 mod client;
 mod direct;
+mod inline;
 mod packed;
 mod peer;
 mod routed;
