@@ -53,7 +53,8 @@ async fn a_notification_alone_is_delivered_with_no_lane_traffic_and_a_wrong_key_
     let src = host_buffer(&mut a.client, 64 * KIB, "").await;
     let dst = host_buffer(&mut b.client, 64 * KIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 22).await;
-    // A WRITE first: the lanes are open and have carried something.
+    // A WRITE first (4 KiB: carried inline on the control connection since session 23, as the
+    // notices are; the lanes' counts below must not move either way).
     let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 4 * KIB), b"")
         .await
         .unwrap();
