@@ -55,13 +55,15 @@ impl Engine {
                 pairs,
                 deadline_ms,
                 blocks: Some(rb),
-            } => self.on_read_blocks(peer, read_id, pairs.len(), *rb, deadline_ms),
+                host_dests,
+            } => self.on_read_blocks(peer, read_id, pairs.len(), *rb, deadline_ms, host_dests),
             PeerMsg::ReadRequest {
                 read_id,
                 pairs,
                 deadline_ms,
                 blocks: None,
-            } => self.on_read_request(peer, read_id, pairs, deadline_ms, now),
+                host_dests,
+            } => self.on_read_request(peer, read_id, pairs, deadline_ms, host_dests, now),
             PeerMsg::ReadReject {
                 read_id,
                 code,
@@ -591,6 +593,7 @@ impl Engine {
         read_id: u64,
         pairs: ReadPairs,
         deadline_ms: u64,
+        host_dests: bool,
         _now: Instant,
     ) {
         let n = pairs.len();
@@ -660,6 +663,7 @@ impl Engine {
             None,
             Vec::new(),
             deadline_ms,
+            host_dests,
         );
     }
 

@@ -9,8 +9,8 @@
 //! - **Sender** ([`Engine::send_offer`] asks [`Engine::inline_sources`]): a WRITE's share for a
 //!   peer, or the holder's answer to a READ request (plain, coalesced, block or prepared: the
 //!   payload is the wire stream, its pieces from the offer's plan), whose sources are host memory
-//!   and whose destinations it knows are host memory (`host_destinations_known`; both lifted
-//!   with `inline_gpu`), and that fits the pairing's inline window (bytes sent inline and not yet
+//!   and whose destinations it knows are host memory (`host_destinations_known`, or the READ's
+//!   reader said so in its request: `ReadRequest::host_dests`; both lifted with `inline_gpu`), and that fits the pairing's inline window (bytes sent inline and not yet
 //!   answered; a transfer that would pass it takes its lanes at once, it never waits). The
 //!   engine names the source pieces ([`Action::SendInline`]); the driver reads them into the
 //!   payload as it frames the message. The offer then waits only for `Done` or `Reject`, as a
@@ -89,7 +89,7 @@ impl Engine {
                 .sources
                 .iter()
                 .all(|(b, _)| self.memory_of(*b) == topology::Memory::Host);
-            if !host_sources || !Self::host_destinations_known(p, msg) {
+            if !host_sources || !(o.host_dests || Self::host_destinations_known(p, msg)) {
                 return None;
             }
         }
@@ -272,6 +272,11 @@ impl Engine {
         for a in made.into_iter().rev() {
             self.actions.push_front(a);
         }
+    }
+
+    /// Whether every one of `buffers` is host memory here (a READ tells its holder so).
+    pub(super) fn host_memory(&self, mut buffers: impl Iterator<Item = u64>) -> bool {
+        buffers.all(|b| self.memory_of(b) == topology::Memory::Host)
     }
 
     /// Inline bytes sent to `peer` and not answered yet (the pairing's inline window in use).

@@ -335,6 +335,8 @@ struct OutOffer {
     /// Sent inline (`inline.rs`): its payload's bytes, counted in the peer's inline window
     /// until the offer is dropped.
     inline_bytes: u64,
+    /// Serving a READ whose reader said every destination is host memory (`inline.rs`).
+    host_dests: bool,
 }
 
 /// An offer this node accepted (it receives the data).

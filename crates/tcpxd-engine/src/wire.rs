@@ -154,6 +154,9 @@ pub enum PeerMsg {
         deadline_ms: u64,
         /// A block READ (`pairs` is empty).
         blocks: Option<Box<ReadBlocks>>,
+        /// Peer protocol 11: every destination is host memory on the reader (the holder may
+        /// answer inline without knowing the reader's memory itself: `inline.rs`).
+        host_dests: bool,
     },
     ReadReject {
         read_id: u64,

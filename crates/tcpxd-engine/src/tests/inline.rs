@@ -613,3 +613,68 @@ fn block_writes_and_reads_go_inline_as_their_wire_stream() {
     assert_eq!(sent_inline(&s, 1), (1, 1));
     s.assert_idle();
 }
+
+/// Peers with GPUs (their topologies say so) that announce no GPU buffers: a WRITE cannot know
+/// its destination is host memory, so it takes the lanes; a READ's reader says its destinations
+/// are host memory (`ReadRequest::host_dests`), so the holder answers inline — plain and block.
+#[test]
+fn towards_a_peer_with_gpus_only_reads_that_say_host_destinations_go_inline() {
+    use crate::blocks::{IndexArray, Layout};
+    let mut s = Sim::new(1, inline_cfg(8192, 1 << 20), 13);
+    for n in &mut s.nodes {
+        n.eng.set_peer_topology(P, super::routes::node(2, 1));
+    }
+    s.buffer(0, 1, 1 << 16, 3);
+    s.buffer(1, 2, 1 << 16, 4);
+    let w = s.write(0, 1, 0, 2, 0, 4096);
+    let r = s.read(0, 2, 8192, 1, 8192, 4096);
+    s.run();
+    assert_eq!(s.outcome(0, w).code, Code::Ok);
+    assert_eq!(s.outcome(0, r).code, Code::Ok);
+    assert!(s.same((0, 1, 0), (1, 2, 0), 4096));
+    assert!(s.same((1, 2, 8192), (0, 1, 8192), 4096));
+    assert_eq!(
+        sent_inline(&s, 0),
+        (0, 1),
+        "the WRITE by the lanes, the READ's answer inline"
+    );
+    assert_eq!(sent_inline(&s, 1), (1, 0));
+    // A block READ too; and with its destination in GPU memory, by the lanes.
+    let strided = |first| Layout::Strided {
+        first,
+        stride: 1024,
+        len: 1000,
+        count: 8,
+    };
+    let a = s.nodes[0].eng.register_blocks(1, strided(20_000)).unwrap();
+    let b = s.nodes[1].eng.register_blocks(2, strided(30_000)).unwrap();
+    for gpu in [false, true] {
+        if gpu {
+            s.nodes[0].eng.set_buffer_memory(1, Memory::Gpu(0));
+        }
+        let spec = BlockSpec {
+            local_list: a,
+            local_indices: IndexArray::compact(&[1, 2, 3]),
+            peer: P,
+            remote: RemoteBlocks {
+                list_id: b,
+                access_key: s.nodes[1].eng.buffer_key(2).unwrap(),
+                blocks: 0,
+                block_len: 0,
+                indices: IndexArray::compact(&[7, 0, 4]),
+            },
+        };
+        let deadline = s.now + Duration::from_secs(60);
+        let t = s.nodes[0].eng.start_read_blocks(spec, deadline, s.now).unwrap();
+        s.run();
+        assert_eq!(s.outcome(0, t).code, Code::Ok);
+        for (x, y) in [(1u64, 7u64), (2, 0), (3, 4)] {
+            assert!(
+                s.same((1, 2, 30_000 + y * 1024), (0, 1, 20_000 + x * 1024), 1000),
+                "gpu {gpu}"
+            );
+        }
+        assert_eq!(sent_inline(&s, 1).0, 2, "gpu {gpu}: only the host one inline");
+    }
+    s.assert_idle();
+}

@@ -221,6 +221,7 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             pairs,
             deadline_ms,
             blocks,
+            host_dests,
         } => {
             let (pairs_pb, packed_source, packed_dest) = packed_pb::read_pairs_to_pb(pairs);
             Body::ReadRequest(pb::ReadRequest {
@@ -230,6 +231,7 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
                 blocks: blocks.as_deref().map(read_blocks_to_pb),
                 packed_source,
                 packed_dest,
+                host_dests: *host_dests,
             })
         }
         PeerMsg::ReadReject {
@@ -406,6 +408,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                     pairs,
                     deadline_ms: r.deadline_ms,
                     blocks,
+                    host_dests: r.host_dests,
                 },
                 Err(why) => {
                     return Err(Malformed::Refuse(engine::Malformed::ReadRequest {
@@ -617,6 +620,7 @@ mod tests {
                     source_indices: IndexArray::from_indices(&[0, 0, 2]),
                     dest: h,
                 })),
+                host_dests: true,
             });
         }
         round_trip(PeerMsg::Offer(offer(None, true)));
