@@ -168,20 +168,27 @@ async fn a_notification_alone_is_delivered_with_no_lane_traffic_and_a_wrong_key_
             "notice-b",
             "sent",
             "sent_notices",
-            (after.0.sent_eager, after.0.sent_rendezvous),
+            (after.0.sent_eager, after.0.sent_rendezvous, after.0.sent_inline),
         ),
         (
             &b,
             "notice-a",
             "received",
             "received_notices",
-            (after.1.received_eager, after.1.received_rendezvous),
+            (
+                after.1.received_eager,
+                after.1.received_rendezvous,
+                after.1.received_inline,
+            ),
         ),
     ] {
         let (text, json) = tcpxctl_stats(d).await;
-        let line = format!("{direction} {} eager, {} rendezvous, 3 notices", data.0, data.1);
+        let line = format!(
+            "{direction} {} eager, {} rendezvous, 3 notices, {} inline",
+            data.0, data.1, data.2
+        );
         assert!(text.contains(&line), "{line:?} not in:\n{text}");
-        assert_eq!(data.0 + data.1, 1, "the WRITE before went as data");
+        assert_eq!(data.0 + data.1 + data.2, 1, "the WRITE before went as data");
         assert_eq!(json["peers"][0]["node_id"], peer, "{json}");
         assert_eq!(json["peers"][0][field], 3, "{json}");
         assert_eq!(protocol_total(d, peer, direction, "notice").await, 3.0);
