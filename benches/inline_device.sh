@@ -32,7 +32,7 @@ run() {
   shift 4
   echo "-- $label $op"
   "$bin/tcpxctl" bench transfer --daemon "$daemon" --op "$op" --sizes "$sizes" \
-    --iters "$iters" --warmup 50 "$@" 2>&1 | grep -E "^ *(size|[0-9]+ ?[KMG]i?B?)|p50|p99" || true
+    --iters "$iters" --warmup 50 "$@" 2>&1 | grep -E "^(harness|daemon)" || true
 }
 
 echo "== 1. host memory, alternating (A inline, B lanes${before:+, C main})"
