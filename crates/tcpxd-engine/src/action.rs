@@ -134,6 +134,25 @@ pub enum Action {
     /// pairing with its node took over (`pair_life.rs`): drop whatever the driver still keeps
     /// for it. No action names it again.
     ReleasePeer { peer: PeerIdx },
+    /// Send an inline transfer (`inline.rs`): read the bytes of `sources` (buffer, offset,
+    /// length), in order, into one payload and send `PeerMsg::Inline { offer, payload }` on the
+    /// control stream, before any later action's message. A source that cannot be read: send
+    /// nothing and report [`Engine::on_inline_unsent`].
+    SendInline {
+        peer: PeerIdx,
+        offer: crate::Offer,
+        sources: Vec<(u64, u64, u64)>,
+    },
+    /// Land an inline transfer from `peer` (its ranges checked): only while
+    /// [`Engine::recv_lands`]`(peer, offer)`, copy `payload` into `dests` (buffer, offset,
+    /// length), in order; then, whatever came of it, report [`Engine::on_inline_landed`]
+    /// before carrying out the next action (its `Done` and notification follow from that).
+    LandInline {
+        peer: PeerIdx,
+        offer: u64,
+        dests: Vec<(u64, u64, u64)>,
+        payload: Vec<u8>,
+    },
     /// The last user of a buffer someone waits for ([`Engine::watch_buffer`]) ended: it can be
     /// released now.
     BufferIdle { buffer: u64 },

@@ -174,6 +174,7 @@ impl Engine {
         pairs: usize,
         rb: ReadBlocks,
         deadline_ms: u64,
+        host_dests: bool,
     ) {
         let verdict = if pairs > 0 {
             Err((
@@ -212,6 +213,7 @@ impl Engine {
             Some(Box::new(rb.dest)),
             Vec::new(),
             deadline_ms,
+            host_dests,
         );
     }
 }

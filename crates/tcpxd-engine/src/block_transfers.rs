@@ -143,6 +143,7 @@ impl Engine {
             Some(Box::new(header)),
             notification,
             deadline_ms,
+            false,
         );
         self.add_part(id, offer_id, spec.peer);
     }
@@ -199,6 +200,7 @@ impl Engine {
                     source_indices: spec.remote.indices,
                     dest: (*dest).clone(),
                 })),
+                host_dests: self.memory_of(local.buffer) == crate::topology::Memory::Host,
             },
         });
         self.reads.insert(

@@ -100,14 +100,19 @@ impl Engine {
         let l = &mut self.peers[&peer].recv[lane as usize];
         l.bytes += u64::from(len);
         l.chunks += 1;
-        let item = Item {
-            offer: offer_id,
-            buffer: 0,
-            offset: 0,
-            len,
-            pieces: false,
-        };
-        let key = (peer, item.offer);
+        self.offer_chunk_consumed(peer, offer_id, u64::from(len), result);
+    }
+
+    /// A chunk of `len` bytes of an offer this node receives was consumed (a lane's, or an
+    /// inline transfer's one chunk): counted against its transfer, finished when the last.
+    pub(super) fn offer_chunk_consumed(
+        &mut self,
+        peer: PeerIdx,
+        offer_id: u64,
+        len: u64,
+        result: Result<(), String>,
+    ) {
+        let key = (peer, offer_id);
         if let Some(o) = self.in_offers.get_mut(&key) {
             o.chunks_done += 1;
             if let Err(why) = result
@@ -115,7 +120,6 @@ impl Engine {
             {
                 o.discard = true;
                 o.failed = true;
-                let offer_id = item.offer;
                 self.actions.push_back(Action::Control {
                     peer,
                     msg: PeerMsg::Failed {
@@ -132,17 +136,17 @@ impl Engine {
                 return;
             };
             if !o.discard {
-                o.bytes_done += u64::from(item.len);
+                o.bytes_done += len;
             }
             let (read, discard) = (o.read, o.discard);
             if !discard && let Some(t) = read.and_then(|r| self.reads.get(&r)).map(|r| r.transfer) {
-                self.add_progress(t, u64::from(item.len));
+                self.add_progress(t, len);
                 if let Some(tr) = self.transfers.get_mut(&t) {
-                    tr.landed += u64::from(item.len);
+                    tr.landed += len;
                 }
             }
             if self.in_offers[&key].chunks_done == self.in_offers[&key].chunks_total {
-                self.finish_in_offer(peer, item.offer);
+                self.finish_in_offer(peer, offer_id);
             }
         }
     }
@@ -463,6 +467,11 @@ impl Engine {
         let Some(o) = self.out_offers.remove(&offer_id) else {
             return;
         };
+        if o.inline_bytes > 0
+            && let Some(p) = self.peers.get_mut(&o.peer)
+        {
+            p.inline_outstanding = p.inline_outstanding.saturating_sub(o.inline_bytes);
+        }
         if !o.sent {
             for &(b, _) in &o.sources {
                 self.unuse_buffer(b);

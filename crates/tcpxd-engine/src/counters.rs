@@ -71,6 +71,10 @@ pub struct PeerCounters {
     /// received from it: control messages only, no lane touched (not in the counts above).
     pub sent_notices: u64,
     pub received_notices: u64,
+    /// Transfers sent to the peer and received from it inline on the control connection
+    /// (`inline.rs`): no lane touched (not in the eager or rendezvous counts).
+    pub sent_inline: u64,
+    pub received_inline: u64,
     /// Times pairings with the node closed when idle (`pair_life.rs`; carried from one pairing
     /// to the next).
     pub idle_closes: u64,
@@ -124,6 +128,8 @@ impl Engine {
             received_rendezvous: p.received_rendezvous,
             sent_notices: p.sent_notices,
             received_notices: p.received_notices,
+            sent_inline: p.sent_inline,
+            received_inline: p.received_inline,
             idle_closes: p.idle.closes,
             send: p
                 .send

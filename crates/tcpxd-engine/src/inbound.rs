@@ -55,13 +55,15 @@ impl Engine {
                 pairs,
                 deadline_ms,
                 blocks: Some(rb),
-            } => self.on_read_blocks(peer, read_id, pairs.len(), *rb, deadline_ms),
+                host_dests,
+            } => self.on_read_blocks(peer, read_id, pairs.len(), *rb, deadline_ms, host_dests),
             PeerMsg::ReadRequest {
                 read_id,
                 pairs,
                 deadline_ms,
                 blocks: None,
-            } => self.on_read_request(peer, read_id, pairs, deadline_ms, now),
+                host_dests,
+            } => self.on_read_request(peer, read_id, pairs, deadline_ms, host_dests, now),
             PeerMsg::ReadReject {
                 read_id,
                 code,
@@ -84,6 +86,8 @@ impl Engine {
             PeerMsg::LaneCloseAnswer { lane, closed } => self.on_lane_close_answer(peer, lane, closed),
             PeerMsg::PairingClose => self.on_pairing_close(peer),
             PeerMsg::PairingCloseAnswer { closed } => self.on_pairing_close_answer(peer, closed),
+            PeerMsg::InlineLimit { max_bytes } => self.on_inline_limit(peer, max_bytes),
+            PeerMsg::Inline { offer, payload } => self.on_inline(peer, offer, payload),
         }
     }
 
@@ -591,6 +595,7 @@ impl Engine {
         read_id: u64,
         pairs: ReadPairs,
         deadline_ms: u64,
+        host_dests: bool,
         _now: Instant,
     ) {
         let n = pairs.len();
@@ -660,6 +665,7 @@ impl Engine {
             None,
             Vec::new(),
             deadline_ms,
+            host_dests,
         );
     }
 

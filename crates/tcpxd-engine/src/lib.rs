@@ -77,11 +77,13 @@ pub mod blocks;
 mod buffers;
 mod coalesce;
 mod completion;
+mod config;
 mod counters;
 pub mod credits;
 mod drain;
 pub mod error;
 mod inbound;
+mod inline;
 mod lane;
 mod lane_credits;
 mod lane_life;
@@ -119,6 +121,10 @@ use std::time::{Duration, Instant};
 
 pub use action::Action;
 pub use block_transfers::{BlockSpec, RemoteBlocks};
+pub use config::{
+    DEFAULT_CREDIT_BUDGET_BYTES, DEFAULT_EAGER_MAX_BYTES, DEFAULT_GATHER_AHEAD, DEFAULT_INLINE_WINDOW_BYTES,
+    DEFAULT_MAX_ENTRIES, EngineConfig, MAX_INLINE_BYTES, Protocol,
+};
 pub use counters::{LaneCounters, PeerCounters};
 pub use drain::{CLOSE_AT_LEAST, DrainReport};
 pub use error::{Code, EngineError, EngineResult};
@@ -133,122 +139,6 @@ pub use prepared::{
 pub use ranges::{Ranges, ReadPairs};
 pub use transfer::{EntrySpec, Outcome, PeerIdx, ReadSpec, TransferId, TransferKind, WriteSpec};
 pub use wire::{Malformed, Offer, PeerMsg, ReadBlocks, ReadPair, RemoteRange};
-
-/// How this node receives (`transfer.protocol`), announced to each peer at pairing; senders
-/// follow it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    /// Offer, accept, then receives posted into the destination, on every lane.
-    Rendezvous,
-    /// Credit receives of `chunk_bytes` kept posted on every lane; every transfer is eager.
-    Eager,
-    /// The last `eager_lanes` receive lanes of each peer keep credits; transfers of at most
-    /// `eager_max_bytes` go eager over those, larger ones by rendezvous over the others.
-    Auto,
-}
-
-/// Limits and sizes.
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    /// Chunk size for the offers this node makes.
-    pub chunk_bytes: u32,
-    /// Sends posted per lane at most (the sends the driver hands the plugin).
-    pub send_window: usize,
-    /// Sends in pieces (`PostGatherSend`) posted per lane beyond `send_window`: gathered ahead,
-    /// they wait in the driver until the plugin's window has room (see "Windows" above).
-    pub gather_ahead: usize,
-    /// Receives posted (until consumed) per lane at most; the plugin allows 16.
-    pub recv_window: usize,
-    /// Receives in pieces (`PostScatterRecv`) posted per lane beyond `recv_window`: they wait in
-    /// the driver until the plugin has a slot of the lane free (see "Windows" above).
-    pub scatter_ahead: usize,
-    /// Entries per transfer (and ranges per offer or read request).
-    pub max_entries: usize,
-    /// Notification bytes per transfer.
-    pub max_notification: usize,
-    /// How this node receives: eager (credit receives of `chunk_bytes` kept posted on a lane,
-    /// destinations decided when the header arrives), rendezvous (offer, accept, then receives
-    /// posted into the destination), or auto (both, on separate lanes, chosen per transfer by
-    /// size). Announced to each peer at pairing; the sender follows the receiver's mode.
-    pub protocol: Protocol,
-    /// Credit receives per eager lane (1..=recv_window).
-    pub credits: u32,
-    /// Devices this node's lanes use (the lane layout: [`LaneLayout`]).
-    pub devices: u32,
-    /// Lanes per device towards each peer, besides the eager ones.
-    pub lanes_per_device: u32,
-    /// Auto: eager lanes per device, opened after the others (so each peer's last receive
-    /// lanes, `devices × eager_lanes` of them, keep credits); the others carry rendezvous
-    /// transfers. With no lane left for rendezvous every lane is eager.
-    pub eager_lanes: u32,
-    /// Auto: the largest transfer (its total bytes towards this node) senders send eagerly.
-    pub eager_max_bytes: u64,
-    /// How long data may wait in its bounce pages for its header before the peer is failed
-    /// (an honest sender writes the header before it posts the sends).
-    pub header_timeout: Duration,
-    /// Auto: this node's credit receives land in GPU memory (the driver posts them into a
-    /// landing registration on the lane's GPU; the unpack alone decides where bytes go), so
-    /// they are `chunk_bytes` each and transfers into its GPU buffers take them at any size
-    /// (`crate::streams`). Announced to each peer (`PeerMsg::GpuCredits`).
-    pub gpu_credits: bool,
-    /// With `gpu_credits`: bytes of un-consumed chunks a sender may have on each credit lane
-    /// (bounce memory the receiver holds for data not yet unpacked); 0: `credits × chunk_bytes`.
-    pub credit_budget_bytes: u64,
-    /// A send lane with nothing queued, posted or lent (credits) for this long is closed on both
-    /// sides and opened again on its next chunk (`lane_life.rs`); `None`: kept open.
-    pub lane_idle_close: Option<Duration>,
-    /// How long a send lane may wait for the peer's listening handle once it asked for it
-    /// before the pairing fails.
-    pub lane_open_timeout: Duration,
-    /// A pairing with nothing on it for this long is closed by agreement of both sides and
-    /// paired anew by its next use (`pair_life.rs`); `None`: kept while the peer lives.
-    pub pairing_idle_close: Option<Duration>,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            chunk_bytes: DEFAULT_CHUNK_BYTES,
-            send_window: 12,
-            gather_ahead: DEFAULT_GATHER_AHEAD,
-            recv_window: 16,
-            scatter_ahead: 0,
-            max_entries: DEFAULT_MAX_ENTRIES,
-            max_notification: 1 << 20,
-            protocol: Protocol::Rendezvous,
-            credits: 16,
-            devices: 1,
-            lanes_per_device: 1,
-            eager_lanes: 1,
-            eager_max_bytes: DEFAULT_EAGER_MAX_BYTES,
-            header_timeout: Duration::from_secs(5),
-            gpu_credits: false,
-            credit_budget_bytes: DEFAULT_CREDIT_BUDGET_BYTES,
-            lane_idle_close: None,
-            lane_open_timeout: DEFAULT_LANE_OPEN_TIMEOUT,
-            pairing_idle_close: None,
-        }
-    }
-}
-
-/// `gather_ahead`'s default: off. Gathering a window ahead (12) was measured on two H200s over
-/// the emulation and moved block transfers no faster (the receiver bounds them there, not the
-/// sender's gathers: docs/BENCHMARKS.md, session 9) for twice the staging memory; it stays a
-/// setting for links where the sender is the bound.
-pub const DEFAULT_GATHER_AHEAD: usize = 0;
-
-/// `max_entries`' default: a batch of this many small entries of one buffer pair is coalesced
-/// into wire chunks (docs/BLOCKS.md), so it costs chunks, not entries.
-pub const DEFAULT_MAX_ENTRIES: usize = 65_536;
-
-/// `transfer.credit_budget_bytes`' default: 32 MiB of un-consumed chunks per credit lane (8
-/// chunks of 4 MiB; the count, 16, binds first at 512 KiB chunks). The emulation's bounce pool is
-/// 64 MiB per receive comm; RxDM's is 4 GiB per GPU, shared by its comms.
-pub const DEFAULT_CREDIT_BUDGET_BYTES: u64 = 32 << 20;
-
-/// `transfer.eager_max_bytes`' default: transfers up to 64 KiB go eager under `auto` (measured:
-/// eager wins for small transfers, rendezvous from 1-4 MiB up; docs/BENCHMARKS.md).
-pub const DEFAULT_EAGER_MAX_BYTES: u64 = 64 * 1024;
 
 /// A registered buffer as the engine knows it: its size, key and users.
 #[derive(Debug, Clone)]
@@ -372,6 +262,13 @@ struct Peer {
     /// Notifications alone (`notice.rs`) sent to and received from the peer.
     sent_notices: u64,
     received_notices: u64,
+    /// Inline transfers (`inline.rs`) sent to and received from the peer, the peer's inline
+    /// limit (0 until its `InlineLimit`: never inline), and our inline bytes it has not
+    /// answered yet.
+    sent_inline: u64,
+    received_inline: u64,
+    remote_inline_max: u64,
+    inline_outstanding: u64,
     /// The peer's topology as it announced it at pairing (`None` until the driver set it).
     topology: Option<topology::Topology>,
     /// Lanes by memory pair (`routes.rs`); `None`: not routed.
@@ -439,6 +336,11 @@ struct OutOffer {
     plan: Option<blocks::SidePlan>,
     /// A streamed header: where its chunk plan stands (`streams.rs`).
     stream: Option<streams::Stream>,
+    /// Sent inline (`inline.rs`): its payload's bytes, counted in the peer's inline window
+    /// until the offer is dropped.
+    inline_bytes: u64,
+    /// Serving a READ whose reader said every destination is host memory (`inline.rs`).
+    host_dests: bool,
 }
 
 /// An offer this node accepted (it receives the data).
@@ -653,6 +555,10 @@ impl Engine {
                 received_rendezvous: 0,
                 sent_notices: 0,
                 received_notices: 0,
+                sent_inline: 0,
+                received_inline: 0,
+                remote_inline_max: 0,
+                inline_outstanding: 0,
                 topology: None,
                 routes: None,
                 next_routed_lane: 0,
@@ -662,6 +568,7 @@ impl Engine {
         );
         self.adopt_closed(idx);
         self.announce_gpu_credits(idx);
+        self.announce_inline(idx);
         self.announce_mode(idx);
         idx
     }

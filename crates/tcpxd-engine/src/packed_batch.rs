@@ -172,6 +172,7 @@ impl Engine {
             None,
             notification,
             deadline_ms,
+            false,
         );
         self.add_part(id, offer_id, peer);
         self.announce(id, total);
@@ -190,6 +191,7 @@ impl Engine {
         self.refuse_while_draining()?;
         let total = self.check_packed(&b, 0)?;
         let key = self.buffers[&b.local_buffer].key;
+        let host_dests = self.memory_of(b.local_buffer) == crate::topology::Memory::Host;
         let id = self.new_packed_transfer(TransferKind::Read, total, deadline);
         let deadline_ms = deadline.saturating_duration_since(now).as_millis() as u64;
         let read_id = self.next_read;
@@ -217,6 +219,7 @@ impl Engine {
                 },
                 deadline_ms,
                 blocks: None,
+                host_dests,
             },
         });
         self.add_part(id, read_id, b.peer);

@@ -103,6 +103,8 @@ impl Peer {
             + self.received_rendezvous
             + self.sent_notices
             + self.received_notices
+            + self.sent_inline
+            + self.received_inline
             + chunks
     }
 }
@@ -355,6 +357,8 @@ impl Engine {
             p.received_rendezvous += o.received_rendezvous;
             p.sent_notices += o.sent_notices;
             p.received_notices += o.received_notices;
+            p.sent_inline += o.sent_inline;
+            p.received_inline += o.received_inline;
             if p.send.len() == o.send.len() && p.recv.len() == o.recv.len() {
                 for (mine, theirs) in p
                     .send

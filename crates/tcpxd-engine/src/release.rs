@@ -121,6 +121,8 @@ impl PeerCounters {
         self.received_rendezvous += other.received_rendezvous;
         self.sent_notices += other.sent_notices;
         self.received_notices += other.received_notices;
+        self.sent_inline += other.sent_inline;
+        self.received_inline += other.received_inline;
         self.idle_closes += other.idle_closes;
         self.send_lanes = self.send_lanes.max(other.send_lanes);
         self.recv_lanes = self.recv_lanes.max(other.recv_lanes);

@@ -176,6 +176,7 @@ impl Engine {
                 None,
                 carried[&peer].clone(),
                 deadline_ms,
+                false,
             );
             self.add_part(id, offer_id, peer);
         }
@@ -185,7 +186,8 @@ impl Engine {
 
     /// Records an offer this node makes and sends it, or keeps it until the peer's receive mode
     /// is known. `src`: where its chunks come from (per range, or planned: coalesced or blocks,
-    /// with the block header for the receiver in `blocks`).
+    /// with the block header for the receiver in `blocks`). `host_dests`: a READ's reader said
+    /// every destination is host memory (it may go inline: `inline.rs`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn make_offer(
         &mut self,
@@ -199,6 +201,7 @@ impl Engine {
         blocks: Option<Box<blocks::BlockHeader>>,
         notification: Vec<u8>,
         deadline_ms: u64,
+        host_dests: bool,
     ) {
         let coalesce::Places {
             places: sources,
@@ -243,6 +246,8 @@ impl Engine {
                 sent: false,
                 plan,
                 stream: None,
+                inline_bytes: 0,
+                host_dests,
             },
         );
         let p = &mut self.peers[&peer];
@@ -267,6 +272,9 @@ impl Engine {
         let peer = o.peer;
         if Self::is_lone_notice(&msg) {
             return self.send_lone_notice(offer_id, msg);
+        }
+        if let Some(sources) = self.inline_sources(offer_id, &msg) {
+            return self.send_inline(offer_id, msg, sources);
         }
         // A routed pairing: an eager transfer takes the eager lanes of its memory pair
         // (`routes.rs`).
@@ -375,6 +383,7 @@ impl Engine {
                 .collect();
             // What the holder's offer must carry back: the destinations alone.
             let dests: Vec<RemoteRange> = pairs.iter().map(|p| p.dest.clone()).collect();
+            let host_dests = self.host_memory(dests.iter().map(|d| d.buffer_id));
             self.actions.push_back(Action::Control {
                 peer,
                 msg: PeerMsg::ReadRequest {
@@ -382,6 +391,7 @@ impl Engine {
                     pairs: pairs.into(),
                     deadline_ms,
                     blocks: None,
+                    host_dests,
                 },
             });
             self.reads.insert(

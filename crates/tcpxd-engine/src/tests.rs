@@ -15,6 +15,7 @@ mod eager;
 mod failed_sends;
 mod gather_ahead;
 mod gpu_credits;
+mod inline;
 mod lane_life;
 mod lifecycle;
 mod listed_lanes;

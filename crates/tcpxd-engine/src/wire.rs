@@ -154,6 +154,9 @@ pub enum PeerMsg {
         deadline_ms: u64,
         /// A block READ (`pairs` is empty).
         blocks: Option<Box<ReadBlocks>>,
+        /// Peer protocol 11: every destination is host memory on the reader (the holder may
+        /// answer inline without knowing the reader's memory itself: `inline.rs`).
+        host_dests: bool,
     },
     ReadReject {
         read_id: u64,
@@ -209,6 +212,18 @@ pub enum PeerMsg {
     PairingCloseAnswer {
         closed: bool,
     },
+    /// Peer protocol 11 (`inline.rs`): the sender of this message takes transfers of at most
+    /// `max_bytes` in total inline (sent before its `ReceiveMode`; never sent: none).
+    InlineLimit {
+        max_bytes: u64,
+    },
+    /// Peer protocol 11: a small transfer whole, its header (`offer`: ranges, keys,
+    /// notification, the READ it serves) and its bytes (`payload`: the ranges' bytes in order).
+    /// No chunk follows on any lane; the receiver answers `Done`, `Reject` or `Failed`.
+    Inline {
+        offer: Offer,
+        payload: Vec<u8>,
+    },
 }
 
 /// A peer's request that could not be read: a field missing or out of range. The engine
@@ -247,6 +262,8 @@ impl PeerMsg {
             PeerMsg::LaneCloseAnswer { lane, .. } => ("lane_close_answer", u64::from(*lane)),
             PeerMsg::PairingClose => ("pairing_close", 0),
             PeerMsg::PairingCloseAnswer { .. } => ("pairing_close_answer", 0),
+            PeerMsg::InlineLimit { .. } => ("inline_limit", 0),
+            PeerMsg::Inline { offer, .. } => ("inline", offer.offer_id),
         }
     }
 }

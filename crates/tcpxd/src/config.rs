@@ -13,6 +13,7 @@ use crate::idle::Spin;
 use crate::engine::plan;
 use crate::engine::topology::MapSpec;
 
+pub mod inline;
 mod protocol;
 
 pub mod host_copy;
@@ -133,6 +134,8 @@ pub struct DaemonArgs {
     /// (4096..=4294967296). Default: 33554432 (32 MiB).
     #[arg(long, env = "TCPXD_CREDIT_BUDGET_BYTES")]
     pub credit_budget_bytes: Option<u64>,
+    #[command(flatten)]
+    pub inline: inline::InlineArgs,
     /// Whether the poller and one async worker keep polling between transfers while traffic
     /// flows: `auto` (on with 8 or more CPUs), `on`, `off` (docs/CONFIG.md, `runtime.spin`).
     /// Default: auto.
@@ -290,6 +293,9 @@ pub struct FileTransfer {
     pub eager_max_bytes: Option<u64>,
     pub gpu_credits: Option<String>,
     pub credit_budget_bytes: Option<u64>,
+    pub inline_max_bytes: Option<u64>,
+    pub inline_window_bytes: Option<u64>,
+    pub inline_gpu: Option<String>,
     pub unpack_impl: Option<String>,
     /// `kernel-persistent` only: how long the grid waits for a new batch (µs).
     pub unpack_linger_us: Option<u64>,
@@ -371,6 +377,8 @@ pub struct Config {
     pub gpu_credits: crate::config::GpuCredits,
     /// `transfer.credit_budget_bytes`.
     pub credit_budget_bytes: u64,
+    /// `transfer.inline_*`.
+    pub inline: inline::InlineSettings,
     pub unpack_impl: crate::unpack::UnpackImpl,
     pub send_window: usize,
     /// Block sends gathered ahead of `send_window` per lane (`transfer.gather_ahead`); each
@@ -540,6 +548,7 @@ impl Config {
             })?
         };
         let protocol = protocol::resolve(args, &file.transfer)?;
+        let inline = inline::resolve(&args.inline, &file.transfer)?;
         let spin = match (&args.spin, &file.runtime.spin) {
             (Some(v), _) => Spin::parse("--spin", v).map_err(ConfigError::Invalid)?,
             (None, Some(v)) => Spin::parse("runtime.spin", v).map_err(ConfigError::Invalid)?,
@@ -719,6 +728,7 @@ impl Config {
             eager_max_bytes: protocol.eager_max_bytes,
             gpu_credits: protocol.gpu_credits,
             credit_budget_bytes: protocol.credit_budget_bytes,
+            inline,
             unpack_impl,
             send_window,
             gather_ahead,

@@ -128,6 +128,9 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         eager_lanes: cfg.eager_lanes,
         eager_max_bytes: cfg.eager_max_bytes,
         credit_budget_bytes: cfg.credit_budget_bytes,
+        inline_max_bytes: cfg.inline.max_bytes,
+        inline_window_bytes: cfg.inline.window_bytes,
+        inline_gpu: cfg.inline.gpu,
         lane_idle_close: cfg.lane_idle_close,
         pairing_idle_close: cfg.pairing_idle_close,
         // The peer answers a LaneOpen at once; the connect and accept after it are bounded by

@@ -396,6 +396,16 @@ impl Sim {
                     }
                     Action::ReleasePeer { peer } => panic!("{peer:?} released: a pair's only pairing"),
                     Action::BufferIdle { buffer } => self.nodes[i].idle.push(buffer),
+                    // Inline transfers (`inline.rs`): their helpers are in `tests/inline.rs`.
+                    Action::SendInline { offer, sources, .. } => {
+                        super::inline::sim_send(self, i, offer, sources)
+                    }
+                    Action::LandInline {
+                        offer,
+                        dests,
+                        payload,
+                        ..
+                    } => super::inline::sim_land(self, i, offer, dests, payload),
                 }
             }
             let c = self.nodes[i].eng.peer_counters(P).unwrap();

@@ -26,6 +26,9 @@ pub const FEATURES: &[&str] = &[
     // (notify-ctl) A WRITE of one zero-byte entry carrying a notification: a notification alone,
     // control messages only between daemons (peer protocol 10, engine notice.rs).
     "notification_alone",
+    // (inline) Small transfers carried whole on the control connection between daemons
+    // (transfer.inline_max_bytes; peer protocol 11, engine inline.rs).
+    "inline_small_transfers",
 ];
 
 /// What the daemon knows of itself, gathered at start-up (GPUs on first ask).

@@ -473,6 +473,8 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
                     received_eager: c.received_eager,
                     received_rendezvous: c.received_rendezvous,
                     sent_notices: c.sent_notices,
+                    sent_inline: c.sent_inline,
+                    received_inline: c.received_inline,
                     received_notices: c.received_notices,
                     idle_closes: c.idle_closes,
                     direct_control: p.direct_control,

@@ -120,6 +120,32 @@ pub fn read(b: &BufferEntry, offset: u64, len: u64) -> Result<Vec<u8>, EngineErr
     }
 }
 
+/// Copies `dst.len()` bytes at `offset` out of the buffer into `dst` (an inline transfer's
+/// gather: `poller/inline.rs`). GPU memory by a synchronous copy.
+pub fn read_into(b: &BufferEntry, offset: u64, dst: &mut [u8]) -> Result<(), String> {
+    if let Some(pages) = &b.attached {
+        return pages.read(offset, dst).map_err(|e| e.to_string());
+    }
+    match &b.memory {
+        BufferMemory::Client => Err(format!("buffer {}: client memory without its pages", b.id)),
+        BufferMemory::Host(region) => region.read(offset as usize, dst).map_err(|e| e.to_string()),
+        BufferMemory::Cuda { region, .. } => region.read(offset, dst).map_err(|e| format!("GPU: {e}")),
+    }
+}
+
+/// Copies `src` into the buffer at `offset` (an inline transfer's landing). GPU memory by a
+/// synchronous copy.
+pub fn write_from(b: &BufferEntry, offset: u64, src: &[u8]) -> Result<(), String> {
+    if let Some(pages) = &b.attached {
+        return pages.write(offset, src).map_err(|e| e.to_string());
+    }
+    match &b.memory {
+        BufferMemory::Client => Err(format!("buffer {}: client memory without its pages", b.id)),
+        BufferMemory::Host(region) => region.write(offset as usize, src).map_err(|e| e.to_string()),
+        BufferMemory::Cuda { region, .. } => region.write(offset, src).map_err(|e| format!("GPU: {e}")),
+    }
+}
+
 /// CRC-32C of `[offset, offset + length)`.
 pub fn checksum(b: &BufferEntry, offset: u64, length: u64) -> Result<u32, EngineError> {
     if let Some(pages) = &b.attached {

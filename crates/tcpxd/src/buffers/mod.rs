@@ -20,7 +20,7 @@ mod bytes;
 mod descriptor;
 mod registry;
 
-pub use bytes::{attach_error, checksum, fill, read, resolve_range};
+pub use bytes::{attach_error, checksum, fill, read, read_into, resolve_range, write_from};
 pub use descriptor::{Descriptor, DescriptorFault, MAX_DESCRIPTOR_BYTES};
 pub use registry::{BufferRegistry, Ident};
 

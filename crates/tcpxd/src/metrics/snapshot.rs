@@ -161,6 +161,8 @@ pub(super) fn snapshot_registry(snap: &StatsSnapshot, node: &NodeGauges) -> Regi
             ("received", "rendezvous", c.received_rendezvous),
             ("sent", "notice", c.sent_notices),
             ("received", "notice", c.received_notices),
+            ("sent", "inline", c.sent_inline),
+            ("received", "inline", c.received_inline),
         ] {
             peer_protocol.with_label_values(&[peer, dir, protocol]).inc_by(v);
         }

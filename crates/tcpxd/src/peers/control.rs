@@ -221,6 +221,7 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             pairs,
             deadline_ms,
             blocks,
+            host_dests,
         } => {
             let (pairs_pb, packed_source, packed_dest) = packed_pb::read_pairs_to_pb(pairs);
             Body::ReadRequest(pb::ReadRequest {
@@ -230,6 +231,7 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
                 blocks: blocks.as_deref().map(read_blocks_to_pb),
                 packed_source,
                 packed_dest,
+                host_dests: *host_dests,
             })
         }
         PeerMsg::ReadReject {
@@ -269,6 +271,13 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             closed: *closed,
         }),
         PeerMsg::PairingClose => Body::PairingClose(pb::PairingClose {}),
+        PeerMsg::InlineLimit { max_bytes } => Body::InlineLimit(pb::InlineLimit {
+            max_bytes: *max_bytes,
+        }),
+        PeerMsg::Inline { offer: o, payload } => Body::InlineTransfer(pb::InlineTransfer {
+            header: Some(offer(o)),
+            payload: payload.clone(),
+        }),
         PeerMsg::PairingCloseAnswer { closed } => {
             Body::PairingCloseAnswer(pb::PairingCloseAnswer { closed: *closed })
         }
@@ -399,6 +408,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
                     pairs,
                     deadline_ms: r.deadline_ms,
                     blocks,
+                    host_dests: r.host_dests,
                 },
                 Err(why) => {
                     return Err(Malformed::Refuse(engine::Malformed::ReadRequest {
@@ -436,6 +446,43 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
         },
         Body::PairingClose(_) => PeerMsg::PairingClose,
         Body::PairingCloseAnswer(m) => PeerMsg::PairingCloseAnswer { closed: m.closed },
+        Body::InlineLimit(m) => PeerMsg::InlineLimit {
+            max_bytes: m.max_bytes,
+        },
+        Body::InlineTransfer(m) => {
+            // Nothing on a lane rests on it: a header that cannot be read refuses that one
+            // transfer (as an offer's), it does not fail the pairing.
+            let o = m.header.unwrap_or_default();
+            let ranges = packed_pb::offer_ranges_from_pb("header.", o.ranges, o.packed);
+            let blocks = o
+                .blocks
+                .map(|h| header_from_pb("header.blocks", h).map(Box::new))
+                .transpose();
+            match ranges.and_then(|r| Ok((r, blocks?))) {
+                Ok((ranges, blocks)) => PeerMsg::Inline {
+                    offer: Offer {
+                        offer_id: o.offer_id,
+                        read_id: o.read_id,
+                        chunk_bytes: o.chunk_bytes,
+                        first_lane: o.first_lane,
+                        ranges,
+                        notification: o.notification,
+                        deadline_ms: o.deadline_ms,
+                        blocks,
+                        coalesced: o.coalesced,
+                        transfer_id: o.transfer_id,
+                        announced: None,
+                    },
+                    payload: m.payload,
+                },
+                Err(why) => {
+                    return Err(Malformed::Refuse(engine::Malformed::Offer {
+                        offer_id: o.offer_id,
+                        why,
+                    }));
+                }
+            }
+        }
     }))
 }
 
@@ -481,6 +528,37 @@ mod tests {
         round_trip(PeerMsg::PairingClose);
         for closed in [true, false] {
             round_trip(PeerMsg::PairingCloseAnswer { closed });
+        }
+    }
+
+    #[test]
+    fn inline_messages_survive_the_wire_and_an_unreadable_one_is_refused() {
+        round_trip(PeerMsg::InlineLimit { max_bytes: 16384 });
+        round_trip(PeerMsg::Inline {
+            offer: offer(None, true),
+            payload: (0..=255).collect(),
+        });
+        // Ranges that cannot be read refuse the one transfer (no lane depends on it).
+        let mut m = msg_to_pb(&PeerMsg::Inline {
+            offer: offer(None, false),
+            payload: vec![1; 8],
+        });
+        if let Some(pb::peer_message::Body::InlineTransfer(t)) = m.body.as_mut() {
+            let h = t.header.as_mut().unwrap();
+            h.ranges.clear();
+            h.packed = Some(pb::PackedRanges {
+                buffer_id: 1,
+                access_key: vec![0; 16],
+                offsets: vec![1, 2, 3],
+                ..Default::default()
+            });
+        }
+        match msg_from_pb(m) {
+            Err(Malformed::Refuse(engine::Malformed::Offer { offer_id, why })) => {
+                assert_eq!(offer_id, 7);
+                assert!(why.starts_with("header.packed"), "{why}");
+            }
+            other => panic!("{other:?}"),
         }
     }
 
@@ -542,6 +620,7 @@ mod tests {
                     source_indices: IndexArray::from_indices(&[0, 0, 2]),
                     dest: h,
                 })),
+                host_dests: true,
             });
         }
         round_trip(PeerMsg::Offer(offer(None, true)));

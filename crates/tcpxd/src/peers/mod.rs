@@ -86,7 +86,9 @@ use topology_pb::{topology_from_pb, topology_to_pb};
 /// notification alone (engine `notice.rs`): the receiver checks the key and offset, delivers it and
 /// answers `Done`, with no chunk on any lane. A protocol-9 receiver would refuse its length, or,
 /// receiving by rendezvous, take the header for a broken pairing.
-pub const PROTOCOL_VERSION: u32 = 10;
+/// 11 (session 23, inline): `InlineLimit` and `InlineTransfer` (engine `inline.rs`): small
+/// transfers carried whole on the control connection; a protocol-10 daemon knows neither.
+pub const PROTOCOL_VERSION: u32 = 11;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;
 /// Largest control message: a block offer's header carries the receiver's indices and the

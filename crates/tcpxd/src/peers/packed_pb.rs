@@ -209,6 +209,7 @@ mod tests {
             pairs: pairs.into(),
             deadline_ms: 100,
             blocks: None,
+            host_dests: false,
         }
     }
 

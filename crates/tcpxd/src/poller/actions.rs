@@ -138,6 +138,13 @@ impl Poller {
                 self.land_scatter(peer, lane, buffer, offer, wire, len)
                     .map_err(fails(peer))?
             }
+            Action::SendInline { peer, offer, sources } => self.send_inline(peer, offer, sources),
+            Action::LandInline {
+                peer,
+                offer,
+                dests,
+                payload,
+            } => self.land_inline(peer, offer, dests, payload),
             Action::BufferIdle { buffer } => self.buffer_idle(buffer),
             Action::Pairing { peer, life } => self.pairing_life(peer, life),
             Action::ReleasePeer { peer } => self.release_peer(peer),

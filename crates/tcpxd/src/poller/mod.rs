@@ -63,6 +63,7 @@ mod closer;
 mod commands;
 mod direct;
 mod drive;
+mod inline;
 mod lane_life;
 mod park;
 mod peers;

@@ -10,8 +10,13 @@ use tcpxd::api::proto::v1 as pb;
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 
+/// The per-transfer choice of eager or rendezvous is under test here: small transfers are not
+/// carried inline (daemon_inline.rs tests that path).
 fn mode(protocol: &'static str) -> impl FnOnce(&mut tcpxd::config::DaemonArgs) {
-    move |a| a.transfer_protocol = Some(protocol.into())
+    move |a| {
+        a.transfer_protocol = Some(protocol.into());
+        a.inline.inline_max_bytes = Some(0);
+    }
 }
 
 async fn peer_stats(c: &mut Client, node: &str) -> pb::PeerStats {
@@ -97,6 +102,7 @@ async fn small_and_large_transfers_at_once_in_both_directions_each_take_their_pr
     let mut b = daemons::start("auto-b", |args| {
         args.transfer_protocol = Some("auto".into());
         args.eager_max_bytes = Some(MIB);
+        args.inline.inline_max_bytes = Some(0);
     })
     .await;
     connect(&mut a, &b).await;

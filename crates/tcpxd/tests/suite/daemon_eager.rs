@@ -15,12 +15,16 @@ use tcpxd::api::proto::v1 as pb;
 
 const MIB: u64 = 1 << 20;
 
+/// The eager lanes themselves are under test here: small transfers are not carried inline
+/// (daemon_inline.rs tests that path).
 fn eager(a: &mut tcpxd::config::DaemonArgs) {
     a.transfer_protocol = Some("eager".into());
+    a.inline.inline_max_bytes = Some(0);
 }
 
 fn rendezvous(a: &mut tcpxd::config::DaemonArgs) {
     a.transfer_protocol = Some("rendezvous".into());
+    a.inline.inline_max_bytes = Some(0);
 }
 
 async fn lanes(c: &mut Client) -> Vec<pb::LaneStats> {

@@ -40,7 +40,8 @@ fn bare(descriptor: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_descriptor_is_all_a_client_needs() {
     tcpxd::logging::init("error");
-    let mut a = daemons::start("fu-a", |_| {}).await;
+    // a takes nothing inline, so b's small write below uses a's receive lanes (stats checked).
+    let mut a = daemons::start("fu-a", |a| a.inline.inline_max_bytes = Some(0)).await;
     let mut b = daemons::start("fu-b", |_| {}).await;
 
     // DescribeNode: the id, the peer address descriptors carry, what the node runs.

@@ -93,7 +93,8 @@ async fn a_notification_alone_is_delivered_with_no_lane_traffic_and_a_wrong_key_
     let src = host_buffer(&mut a.client, 64 * KIB, "").await;
     let dst = host_buffer(&mut b.client, 64 * KIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 22).await;
-    // A WRITE first: the lanes are open and have carried something.
+    // A WRITE first (4 KiB: carried inline on the control connection since session 23, as the
+    // notices are; the lanes' counts below must not move either way).
     let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 4 * KIB), b"")
         .await
         .unwrap();
@@ -167,20 +168,27 @@ async fn a_notification_alone_is_delivered_with_no_lane_traffic_and_a_wrong_key_
             "notice-b",
             "sent",
             "sent_notices",
-            (after.0.sent_eager, after.0.sent_rendezvous),
+            (after.0.sent_eager, after.0.sent_rendezvous, after.0.sent_inline),
         ),
         (
             &b,
             "notice-a",
             "received",
             "received_notices",
-            (after.1.received_eager, after.1.received_rendezvous),
+            (
+                after.1.received_eager,
+                after.1.received_rendezvous,
+                after.1.received_inline,
+            ),
         ),
     ] {
         let (text, json) = tcpxctl_stats(d).await;
-        let line = format!("{direction} {} eager, {} rendezvous, 3 notices", data.0, data.1);
+        let line = format!(
+            "{direction} {} eager, {} rendezvous, 3 notices, {} inline",
+            data.0, data.1, data.2
+        );
         assert!(text.contains(&line), "{line:?} not in:\n{text}");
-        assert_eq!(data.0 + data.1, 1, "the WRITE before went as data");
+        assert_eq!(data.0 + data.1 + data.2, 1, "the WRITE before went as data");
         assert_eq!(json["peers"][0]["node_id"], peer, "{json}");
         assert_eq!(json["peers"][0][field], 3, "{json}");
         assert_eq!(protocol_total(d, peer, direction, "notice").await, 3.0);

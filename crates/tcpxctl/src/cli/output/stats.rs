@@ -56,9 +56,11 @@ pub fn stats_json(s: &Stats) -> Value {
             "sent_eager": p.sent_eager,
             "sent_rendezvous": p.sent_rendezvous,
             "sent_notices": p.sent_notices,
+            "sent_inline": p.sent_inline,
             "received_eager": p.received_eager,
             "received_rendezvous": p.received_rendezvous,
             "received_notices": p.received_notices,
+            "received_inline": p.received_inline,
             "lanes": p.lanes.iter().map(lane_json).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "transfer_totals": s.transfer_totals.iter().map(|t| json!({
@@ -231,16 +233,22 @@ fn lane_memory(l: &LaneStats) -> String {
     }
 }
 
-/// How the pairing's transfers went, each way: by eager header, by rendezvous offer, or as a
-/// notice (a notification alone: control messages only); `None` while all are 0.
+/// How the pairing's transfers went, each way: by eager header, by rendezvous offer, as a
+/// notice (a notification alone: control messages only), or inline on the control connection
+/// (`transfer.inline_max_bytes`); `None` while all are 0.
 fn protocols_text(p: &PeerStats) -> Option<String> {
-    let sent = [p.sent_eager, p.sent_rendezvous, p.sent_notices];
-    let received = [p.received_eager, p.received_rendezvous, p.received_notices];
+    let sent = [p.sent_eager, p.sent_rendezvous, p.sent_notices, p.sent_inline];
+    let received = [
+        p.received_eager,
+        p.received_rendezvous,
+        p.received_notices,
+        p.received_inline,
+    ];
     if sent.iter().chain(&received).all(|&n| n == 0) {
         return None;
     }
-    let side = |[eager, rendezvous, notices]: [u64; 3]| {
-        format!("{eager} eager, {rendezvous} rendezvous, {notices} notices")
+    let side = |[eager, rendezvous, notices, inline]: [u64; 4]| {
+        format!("{eager} eager, {rendezvous} rendezvous, {notices} notices, {inline} inline")
     };
     Some(format!(
         "transfers by protocol: sent {}; received {}",
@@ -679,6 +687,7 @@ mod tests {
                 sent_rendezvous: 1,
                 sent_notices: 3,
                 received_notices: 4,
+                sent_inline: 5,
                 ..peer
             }],
             ..quiet
@@ -686,15 +695,20 @@ mod tests {
         let text = stats_text(&s, Rates::Off);
         assert!(
             text.contains(
-                "  transfers by protocol: sent 2 eager, 1 rendezvous, 3 notices; received 0 eager, \
-                 0 rendezvous, 4 notices"
+                "  transfers by protocol: sent 2 eager, 1 rendezvous, 3 notices, 5 inline; received \
+                 0 eager, 0 rendezvous, 4 notices, 0 inline"
             ),
             "{text}"
         );
         let j = &stats_json(&s)["peers"][0];
         assert_eq!(
-            [&j["sent_eager"], &j["sent_rendezvous"], &j["sent_notices"]],
-            [2, 1, 3]
+            [
+                &j["sent_eager"],
+                &j["sent_rendezvous"],
+                &j["sent_notices"],
+                &j["sent_inline"]
+            ],
+            [2, 1, 3, 5]
         );
         assert_eq!(
             [

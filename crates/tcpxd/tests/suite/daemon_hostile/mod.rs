@@ -6,6 +6,7 @@
 
 mod client;
 mod direct;
+mod inline;
 mod packed;
 mod peer;
 mod routed;
@@ -221,6 +222,7 @@ impl FakePeer {
                 Some(
                     ppb::peer_message::Body::Heartbeat(_)
                     | ppb::peer_message::Body::ReceiveMode(_)
+                    | ppb::peer_message::Body::InlineLimit(_)
                     | ppb::peer_message::Body::Credits(_),
                 ) => continue,
                 Some(b) => return b,

@@ -1,0 +1,286 @@
+//! Small transfers inline on the control connection (peer protocol 11), as UCX's active-message
+//! "eager short": a transfer of at most the pairing's inline limit carries its bytes in its
+//! header (`PeerMsg::Inline`) and touches no lane, credit or landing slot. It generalises the
+//! notification alone (`notice.rs`), which is the same with no bytes.
+//!
+//! - **Limit.** Each side announces the most it takes inline (`PeerMsg::InlineLimit`, before its
+//!   `ReceiveMode`; none announced: nothing inline, so a receiver with `inline_max_bytes` 0 is
+//!   never sent one). A sender inlines a transfer of 1 byte to the smaller of both limits.
+//! - **Sender** ([`Engine::send_offer`] asks [`Engine::inline_sources`]): a WRITE's share for a
+//!   peer, or the holder's answer to a READ request (plain, coalesced, block or prepared: the
+//!   payload is the wire stream, its pieces from the offer's plan), whose sources are host memory
+//!   and whose destinations it knows are host memory (`host_destinations_known`, or the READ's
+//!   reader said so in its request: `ReadRequest::host_dests`; both lifted with `inline_gpu`), and that fits the pairing's inline window (bytes sent inline and not yet
+//!   answered; a transfer that would pass it takes its lanes at once, it never waits). The
+//!   engine names the source pieces ([`Action::SendInline`]); the driver reads them into the
+//!   payload as it frames the message. The offer then waits only for `Done` or `Reject`, as a
+//!   notice's does: accepted at once, no chunk unfinished. Cancel and deadline follow the
+//!   eager header's rules (`CancelOffer`, the receiver's answer ends the held offer).
+//! - **Receiver** ([`Engine::on_inline`]): the payload's length must be the ranges' total and
+//!   within this node's limit; then every check an eager header's ranges get (notification
+//!   size, each buffer, key and bounds, the READ it serves) BEFORE any byte lands. Good: the
+//!   offer is recorded as one chunk ([`Action::LandInline`]), the driver copies the payload and
+//!   reports it ([`Engine::on_inline_landed`]), then, as a header's last consume: a READ served
+//!   ends here, `Done` goes back (with the credits owed), the notification is delivered, in
+//!   that order. Refused: `Reject` naming the range, nothing written. Nothing on a lane depends
+//!   on it, so a bad inline message refuses that one transfer and never fails the pairing.
+
+use super::*;
+
+/// Buffer, offset and length of each piece of a transfer's bytes, in wire order.
+type Pieces = Vec<(u64, u64, u64)>;
+
+/// Pieces of one side of an offer, in wire order: a plan's (coalesced), else its ranges'.
+fn flat_pieces(places: &[(u64, u64)], lengths: &[u64], plan: Option<&blocks::SidePlan>) -> Pieces {
+    match plan {
+        Some(plan) => {
+            let buffer = places.first().map_or(0, |p| p.0);
+            let total = plan.total().min(u64::from(u32::MAX)) as u32;
+            plan.pieces(0, total)
+                .map(|s| (buffer, s.offset, u64::from(s.len)))
+                .collect()
+        }
+        None => places
+            .iter()
+            .zip(lengths)
+            .map(|(&(b, o), &l)| (b, o, l))
+            .collect(),
+    }
+}
+
+impl Engine {
+    /// The first message to a new peer when this node takes transfers inline: its limit.
+    pub(super) fn announce_inline(&mut self, peer: PeerIdx) {
+        if self.cfg.inline_max_bytes > 0 {
+            self.actions.push_back(Action::Control {
+                peer,
+                msg: PeerMsg::InlineLimit {
+                    max_bytes: self.cfg.inline_max_bytes,
+                },
+            });
+        }
+    }
+
+    /// A peer's inline limit (taken as announced up to [`MAX_INLINE_BYTES`]).
+    pub(super) fn on_inline_limit(&mut self, peer: PeerIdx, max_bytes: u64) {
+        if let Some(p) = self.peers.get_mut(&peer) {
+            p.remote_inline_max = max_bytes.min(MAX_INLINE_BYTES);
+        }
+    }
+
+    /// The source pieces of a recorded offer (`msg`, taken from it) if it goes inline: see the
+    /// module doc for when. `None`: it takes its lanes.
+    pub(super) fn inline_sources(&self, offer_id: u64, msg: &Offer) -> Option<Pieces> {
+        let o = &self.out_offers[&offer_id];
+        let p = &self.peers[&o.peer];
+        let limit = self.cfg.inline_max_bytes.min(p.remote_inline_max);
+        if limit == 0 || o.stream.is_some() {
+            return None;
+        }
+        let total = o.lengths.iter().try_fold(0u64, |a, &l| a.checked_add(l))?;
+        if total == 0
+            || total > limit
+            || p.inline_outstanding.saturating_add(total) > self.cfg.inline_window_bytes
+        {
+            return None;
+        }
+        if !self.cfg.inline_gpu {
+            let host_sources = o
+                .sources
+                .iter()
+                .all(|(b, _)| self.memory_of(*b) == topology::Memory::Host);
+            if !host_sources || !(o.host_dests || Self::host_destinations_known(p, msg)) {
+                return None;
+            }
+        }
+        Some(flat_pieces(&o.sources, &o.lengths, o.plan.as_ref()))
+    }
+
+    /// Whether the sender knows every destination of `msg` is host memory: the peer has no GPU
+    /// (its topology, as announced at pairing, lists none; a driver that gives none knows of no
+    /// GPU), or it tells its GPU buffers (`GpuCredits`) and none of the ranges names one (a block
+    /// transfer's list does not say its buffer to the sender: not known).
+    fn host_destinations_known(p: &Peer, msg: &Offer) -> bool {
+        if p.topology.as_ref().is_none_or(|t| t.gpus.is_empty()) {
+            return true;
+        }
+        p.remote_gpu_budget.is_some()
+            && msg.blocks.is_none()
+            && !msg.ranges.buffers().any(|b| p.gpu_dests.contains_key(&b))
+    }
+
+    /// Sends a recorded offer inline (`inline_sources` said it goes so): answered as a notice
+    /// is, its bytes counted in the pairing's inline window until the offer is dropped.
+    pub(super) fn send_inline(&mut self, offer_id: u64, mut msg: Offer, sources: Pieces) {
+        let chunk_bytes = self.cfg.chunk_bytes;
+        let o = self.out_offers.get_mut(&offer_id).expect("present");
+        let (peer, transfer) = (o.peer, o.transfer);
+        let total: u64 = sources.iter().map(|s| s.2).sum();
+        o.chunk_bytes = chunk_bytes;
+        o.first_lane = 0;
+        o.lanes = 0..0;
+        o.eager = true;
+        o.accepted = true;
+        o.unfinished = 0;
+        o.inline_bytes = total;
+        msg.chunk_bytes = chunk_bytes;
+        msg.first_lane = 0;
+        let p = self.peers.get_mut(&peer).expect("live");
+        p.sent_inline += 1;
+        p.inline_outstanding += total;
+        self.actions.push_back(Action::SendInline {
+            peer,
+            offer: msg,
+            sources,
+        });
+        if let Some(t) = transfer {
+            self.set_running(t);
+        }
+    }
+
+    /// The driver could not read an inline offer's sources (`SendInline`): nothing was sent. The
+    /// offer ends here; its WRITE fails, or the READ it serves is refused to the reader.
+    pub fn on_inline_unsent(&mut self, offer_id: u64, message: &str) {
+        let Some(o) = self.out_offers.get(&offer_id).filter(|o| o.inline_bytes > 0) else {
+            return;
+        };
+        let (peer, transfer, read_id) = (o.peer, o.transfer, o.read_id);
+        self.drop_out_offer(offer_id);
+        match transfer {
+            Some(t) => self.fail_transfer(t, Code::FailedPrecondition, message, None),
+            None if self.peers.get(&peer).is_some_and(|p| !p.gone()) => {
+                self.actions.push_back(Action::Control {
+                    peer,
+                    msg: PeerMsg::ReadReject {
+                        read_id,
+                        code: Code::FailedPrecondition,
+                        message: message.to_string(),
+                        range_index: 0,
+                    },
+                });
+            }
+            None => {}
+        }
+    }
+
+    /// A peer's inline transfer: checked whole before any byte lands, then landed
+    /// ([`Action::LandInline`]) or refused (`Reject`).
+    pub(super) fn on_inline(&mut self, peer: PeerIdx, offer: Offer, payload: Vec<u8>) {
+        self.peers.get_mut(&peer).expect("live").received_inline += 1;
+        let verdict = self.check_inline(peer, &offer, payload.len() as u64);
+        let read = (offer.read_id != 0).then_some(offer.read_id);
+        let places = match verdict {
+            Ok(places) => places,
+            Err((code, message, range_index)) => {
+                self.actions.push_back(Action::Control {
+                    peer,
+                    msg: PeerMsg::Reject {
+                        offer_id: offer.offer_id,
+                        code,
+                        message: message.clone(),
+                        range_index,
+                    },
+                });
+                self.fail_refused_read(
+                    peer,
+                    read,
+                    code,
+                    "sent data this node refused",
+                    &message,
+                    range_index,
+                );
+                return;
+            }
+        };
+        let dests = flat_pieces(&places.places, &places.lengths, places.plan.as_ref());
+        for &(b, _) in &places.places {
+            self.use_buffer(b);
+        }
+        if let Some(rid) = read {
+            let r = self.reads.get_mut(&rid).expect("checked");
+            r.offer = Some(offer.offer_id);
+            let t = r.transfer;
+            self.set_running(t);
+        }
+        self.in_offers.insert(
+            (peer, offer.offer_id),
+            InOffer {
+                read,
+                dests: places.places,
+                chunks_total: 1,
+                chunks_done: 0,
+                bytes_done: 0,
+                discard: false,
+                failed: false,
+                notify_id: offer.notify_id(),
+                notification: offer.notification,
+                plan: places.plan,
+                stream: None,
+            },
+        );
+        self.actions.push_back(Action::LandInline {
+            peer,
+            offer: offer.offer_id,
+            dests,
+            payload,
+        });
+    }
+
+    /// What an inline transfer rests on: not a duplicate, its payload within this node's limit,
+    /// the ranges (or block header) as a header's are checked, the payload exactly their total.
+    fn check_inline(
+        &self,
+        peer: PeerIdx,
+        offer: &Offer,
+        payload: u64,
+    ) -> Result<coalesce::Places, (Code, String, u32)> {
+        let invalid = |m: String| Err((Code::InvalidArgument, m, 0));
+        if self.in_offers.contains_key(&(peer, offer.offer_id)) {
+            return Err((
+                Code::AlreadyExists,
+                format!("transfer {} is already active", offer.offer_id),
+                0,
+            ));
+        }
+        if payload > self.cfg.inline_max_bytes {
+            return invalid(format!(
+                "payload: {payload} bytes inline exceeds this node's inline limit of {}",
+                self.cfg.inline_max_bytes
+            ));
+        }
+        let places = self.incoming_places(peer, offer)?;
+        let total = places
+            .lengths
+            .iter()
+            .try_fold(0u64, |a, &l| a.checked_add(l))
+            .unwrap_or(u64::MAX);
+        if total != payload {
+            return invalid(format!(
+                "payload: {payload} bytes inline for ranges of {total} bytes"
+            ));
+        }
+        Ok(places)
+    }
+
+    /// The driver carried out `LandInline` for offer `offer` from `peer` (`len` bytes; `Err`:
+    /// the copy failed). Its consequences come next, ahead of any action queued before:
+    /// the READ it served ends, `Done` (or `Failed`) goes back, the notification is delivered.
+    pub fn on_inline_landed(&mut self, peer: PeerIdx, offer: u64, len: u64, result: Result<(), String>) {
+        let mark = self.actions.len();
+        self.offer_chunk_consumed(peer, offer, len, result);
+        let made: Vec<Action> = self.actions.drain(mark..).collect();
+        for a in made.into_iter().rev() {
+            self.actions.push_front(a);
+        }
+    }
+
+    /// Whether every one of `buffers` is host memory here (a READ tells its holder so).
+    pub(super) fn host_memory(&self, mut buffers: impl Iterator<Item = u64>) -> bool {
+        buffers.all(|b| self.memory_of(b) == topology::Memory::Host)
+    }
+
+    /// Inline bytes sent to `peer` and not answered yet (the pairing's inline window in use).
+    pub fn inline_outstanding(&self, peer: PeerIdx) -> u64 {
+        self.peers.get(&peer).map_or(0, |p| p.inline_outstanding)
+    }
+}
