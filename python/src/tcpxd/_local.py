@@ -184,6 +184,7 @@ class Connection:
         self._timeout: Optional[float] = None  # the socket's, set only when it changes
         self._poll: Any = None  # `_spin`'s (made on first use; a connection is one thread's at a time)
         self._ready_poll: Any = None  # `ready`'s (its callers hold a lock)
+        self._readable = False  # `_spin` saw the answer: `_fill` reads without waiting
 
     def exchange(self, field: str, req: Any, timeout: Optional[float], fd: Optional[int] = None,
                  body: Optional[bytes] = None) -> Optional[Any]:
@@ -194,19 +195,25 @@ class Connection:
         if not self.send(field, req, timeout, fd, body=body):
             return None
         if SPIN_S > 0 and not self._ahead:
-            self._spin(SPIN_S)
+            self._readable = self._spin(SPIN_S)
         return self.receive()
 
-    def _spin(self, budget: float) -> None:
-        """Looks for the answer without blocking for up to `budget` seconds (then `receive`
-        blocks as ever)."""
+    def _poller(self) -> Any:
         waiter = self._poll
         if waiter is None:
             waiter = self._poll = select.poll()
             waiter.register(self.sock.fileno(), select.POLLIN)
+        return waiter
+
+    def _spin(self, budget: float) -> bool:
+        """Looks for the answer without blocking for up to `budget` seconds (then `receive`
+        blocks as ever); whether it came."""
+        waiter = self._poller()
         end = time.perf_counter() + budget
-        while not waiter.poll(0) and time.perf_counter() < end:
-            pass
+        while not waiter.poll(0):
+            if time.perf_counter() >= end:
+                return False
+        return True
 
     def send(self, field: str, req: Any, timeout: Optional[float], fd: Optional[int] = None,
              fds: Sequence[int] = (), body: Optional[bytes] = None) -> bool:
@@ -335,9 +342,19 @@ class Connection:
         return out
 
     def _fill(self, need: int, have: int) -> int:
-        """Receives until `need` bytes are in the buffer; returns how many there are."""
+        """Receives until `need` bytes are in the buffer; returns how many there are.
+
+        On a blocking socket (no timeout) it waits in `poll` for POLLIN, not in `recv`: a thread
+        asleep in a unix socket's `recv` is also woken (for nothing) when the daemon reads the
+        request this thread just sent — the kernel wakes the socket's waiters for room to write,
+        and a `recv`'s wait does not filter that out, `poll`'s does (2 context switches a call
+        instead of 1 on the 2-core VM; docs/BENCHMARKS.md, "Session 23, client-leg"). With a
+        timeout Python itself polls first."""
         with memoryview(self._buf) as view:
             while have < need:
+                if self._timeout is None and not self._readable:
+                    self._poller().poll()
+                self._readable = False
                 try:
                     got = self.sock.recv_into(view[have:])
                 except ConnectionResetError:
