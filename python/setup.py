@@ -4,4 +4,4 @@ uses numpy for the same work; everything else is in pyproject.toml."""
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("tcpxd._native", ["src/tcpxd/_native.c"], optional=True, extra_compile_args=["-O3"])])
+setup(ext_modules=[Extension("tcpxd._native", ["src/tcpxd/_native.c", "src/tcpxd/_native_lone.c"], optional=True, extra_compile_args=["-O3"])])

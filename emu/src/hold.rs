@@ -4,18 +4,20 @@
 //! the transfer moves its first bytes, and then cannot end whatever the machine's load, until
 //! the test removes the file (`crates/tcpxd/tests/suite/common/hold.rs`). Without it, a test
 //! that reacts to the first bytes races the transfer's end.
+//!
+//! The gate only answers whether a chunk may go now; its writer waits (`send.rs`, as for the
+//! pacer), so this file imports nothing of the crate.
 
-use crate::sync::{Health, lock};
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The budget when `TCPXEMU_HOLD_AFTER_BYTES` is unset: enough for a few chunks on every lane of
 /// a pairing (512 KiB chunks, a few lanes), far below the 128 MiB the hold tests move.
 pub(crate) const DEFAULT_AFTER_BYTES: u64 = 16 << 20;
 
 /// How often a held writer looks at the file again.
-const POLL: Duration = Duration::from_millis(1);
+pub(crate) const POLL: Duration = Duration::from_millis(1);
 
 #[derive(Debug)]
 pub(crate) struct HoldGate {
@@ -36,33 +38,29 @@ impl HoldGate {
         }
     }
 
-    /// Waits until `len` more payload bytes may be written; false when the comm stopped first.
-    /// A chunk goes whole or not at all.
-    pub(crate) fn admit(&self, len: u64, health: &Health) -> bool {
+    /// Whether `len` more payload bytes may be written now, taking them from the budget: true
+    /// while the file is absent or its budget holds them (a chunk goes whole or not at all),
+    /// false while the writer must wait (it looks again after [`POLL`], as long as its comm
+    /// lives: the waiting is the writer's, `send.rs`, as the pacer's is).
+    pub(crate) fn try_admit(&self, len: u64) -> bool {
         if len == 0 {
             return true;
         }
-        loop {
-            let Ok(generation) = std::fs::read(&self.file) else {
-                *lock(&self.state) = None;
-                return true;
-            };
-            {
-                let mut st = lock(&self.state);
-                let fresh = !matches!(&*st, Some((g, _)) if *g == generation);
-                if fresh {
-                    *st = Some((generation, self.after));
-                }
-                if let Some((_, left)) = st.as_mut()
-                    && *left >= len
-                {
-                    *left -= len;
-                    return true;
-                }
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let Ok(generation) = std::fs::read(&self.file) else {
+            *st = None;
+            return true;
+        };
+        let fresh = !matches!(&*st, Some((g, _)) if *g == generation);
+        if fresh {
+            *st = Some((generation, self.after));
+        }
+        match st.as_mut() {
+            Some((_, left)) if *left >= len => {
+                *left -= len;
+                true
             }
-            if !health.sleep_until(Instant::now() + POLL) {
-                return false;
-            }
+            _ => false,
         }
     }
 }
@@ -70,41 +68,30 @@ impl HoldGate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
 
     #[test]
-    fn the_gate_lets_its_budget_through_then_waits_until_the_file_goes_or_changes() {
+    fn the_gate_lets_its_budget_through_then_holds_until_the_file_goes_or_changes() {
         let file = std::env::temp_dir().join(format!("tcpxemu-hold-{}", std::process::id()));
         let _ = std::fs::remove_file(&file);
-        let gate = Arc::new(HoldGate::new(file.clone(), 10));
-        let health = Arc::new(Health::default());
+        let gate = HoldGate::new(file.clone(), 10);
         // No file: anything goes, and zero-length chunks always do.
-        assert!(gate.admit(1 << 20, &health));
+        assert!(gate.try_admit(1 << 20));
         std::fs::write(&file, "1").unwrap();
-        assert!(gate.admit(0, &health));
-        assert!(gate.admit(4, &health) && gate.admit(6, &health), "the budget");
-        // Past it: waits, until the file goes.
-        let through = Arc::new(AtomicBool::new(false));
-        let waiter = {
-            let (gate, health, through) = (gate.clone(), health.clone(), through.clone());
-            std::thread::spawn(move || {
-                let ok = gate.admit(1, &health);
-                through.store(true, Ordering::SeqCst);
-                ok
-            })
-        };
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(!through.load(Ordering::SeqCst), "held while the file is there");
+        assert!(gate.try_admit(0));
+        assert!(gate.try_admit(4) && gate.try_admit(6), "the budget");
+        // Past it: held (a chunk goes whole or not at all), until the file goes.
+        assert!(!gate.try_admit(1));
+        assert!(!gate.try_admit(1), "held while the file is there");
+        assert!(gate.try_admit(0));
         std::fs::remove_file(&file).unwrap();
-        assert!(waiter.join().unwrap());
-        // New contents: a fresh budget; a comm that stops ends the wait (false).
+        assert!(gate.try_admit(1 << 20));
+        // New contents: a fresh budget.
         std::fs::write(&file, "2").unwrap();
-        assert!(gate.admit(10, &health));
-        health.begin_close();
-        assert!(!gate.admit(1, &health));
+        assert!(!gate.try_admit(11), "larger than the whole budget");
+        assert!(gate.try_admit(10));
+        assert!(!gate.try_admit(1));
         std::fs::write(&file, "3").unwrap();
-        assert!(gate.admit(10, &Health::default()), "another generation");
+        assert!(gate.try_admit(10), "another generation");
         let _ = std::fs::remove_file(&file);
     }
 }

@@ -15,11 +15,13 @@
 //! - `cuda`: the CUDA driver API (loaded at run time; probed before first use), contexts.
 //! - `wire`: the listen handle, the socket hellos and the control header.
 //! - `sockio`, `sync`, `rng`: socket calls (`MSG_NOSIGNAL`), comm health and queues, a PRNG.
-//! - `listen`, `connect`, `send`, `recv`: the comms and their helper threads.
+//! - `listen`, `connect`, `send`, `recv`: the comms and their helper threads (`recv::readers`: the
+//!   receive comm's socket threads).
 //! - `topology`: each NIC's `pciPath` and the GPUs it serves (RxDM's binding on A3).
 //! - `hold`: the hold gate, a test knob that keeps sends from finishing while a file exists.
 //! - `nccl`: the PAT guard (keeps NCCL 2.24+ off an algorithm that ignores device unpack).
-//! - `ffi`: the 19 table entries, each behind `catch_unwind`.
+//! - `ffi`: the 19 table entries, each behind `catch_unwind` (`ffi::requests`: memory registration
+//!   and the request entries).
 
 pub use tcpxd_abi as abi;
 

@@ -419,10 +419,12 @@ fn data_thread(sh: &SendShared, me: usize, staging: Option<SendStaging>) {
             }
             let off = k * u64::from(t.chunk);
             let len = (u64::from(t.size) - off).min(u64::from(t.chunk));
-            if let Some(gate) = hold
-                && !gate.admit(len, &sh.health)
-            {
-                return;
+            if let Some(gate) = hold {
+                while !gate.try_admit(len) {
+                    if !sh.health.sleep_until(Instant::now() + crate::hold::POLL) {
+                        return;
+                    }
+                }
             }
             if let Some(end) = sh.dev.pacer.reserve(len) {
                 if !sh.health.sleep_until(end) {

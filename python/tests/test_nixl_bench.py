@@ -65,6 +65,21 @@ def test_the_registration_benchmark_runs_on_tcpxd():
     assert f"{'register µs/region, numpy 3 x 1 MiB':44}" not in run.stdout, "over --max-total: left out"
 
 
+def test_the_registration_benchmark_times_the_calls_alone_when_warm():
+    """`--warm`: register and deregister rows only (no first use between rounds: no "answered"
+    or "after use" rows), each a positive time a region."""
+    args = [sys.executable, "-m", "tcpxd.nixl_registration", "--impl", "tcpxd", "--tcpxd", str(tcpxd_bin()),
+            "--rounds", "1", "--counts", "1", "--sizes", "64K", "--memory", "numpy", "--warm"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "python/src"), os.environ.get("PYTHONPATH")])))
+    run = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    rows = {line[:44].strip(): line[44:].split() for line in run.stdout.splitlines()[1:]}
+    for op in ("register", "deregister"):
+        assert float(rows[f"{op} µs/region, numpy 1 x 64 KiB"][0]) > 0, run.stdout
+    assert "register, first round µs/region, numpy 1 x 64 KiB" in run.stdout, run.stdout
+    assert "answered" not in run.stdout and "after use" not in run.stdout, run.stdout
+
+
 def test_the_comparison_says_at_once_when_a_role_process_dies() -> None:
     """A role that dies (here: no daemon at its endpoint) ends the round with its exit status, not
     after the 600 s the result may take."""

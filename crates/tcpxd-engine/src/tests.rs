@@ -28,10 +28,12 @@ mod release;
 mod routed_credits;
 mod routes;
 mod sim;
+mod sim_pair;
 mod sim_unpack;
 mod teardown;
 
 use sim::*;
+use sim_pair::{rendezvous_peer, small_chunks};
 
 /// Drains the engine's actions; the offer each peer was sent, by peer.
 fn offers_by_peer(eng: &mut Engine) -> HashMap<PeerIdx, u64> {

@@ -27,8 +27,10 @@
  * serialized rest of its request (what is the same for every region of one size), as protobuf
  * would, without a message object per region (docs/API.md, "Client host memory").
  * `vma_row` reads a registration list of one region (its N×3 rows) and checks that region's range
- * the same way in one call: tcpxd.nixl's `register_memory` of one region costs one system call and
- * no Python objects for the check (docs/NIXL.md, "Session 22, the lone region in C where it counts").
+ * the same way in one call (docs/NIXL.md, "Session 22, the lone region in C where it counts");
+ * since session 23 tcpxd.nixl's `register_memory` and `deregister_memory` of one region are each
+ * one call of `Lone` (_native_lone.c, the extension's second file), which checks the range here
+ * (`tcpxd_range_kind`).
  *
  * Built as an optional extension (python/setup.py): where it cannot be compiled the package
  * works as before, and TCPXD_NATIVE=0 turns it off at run time.
@@ -525,6 +527,11 @@ static int range_kind(uint64_t a, uint64_t len, unsigned char *kind) {
     }
 }
 
+/* range_kind for _native_lone.c (Lone.hold). */
+int tcpxd_range_kind(uint64_t a, uint64_t len, unsigned char *kind) {
+    return range_kind(a, len, kind);
+}
+
 static PyObject *vma_ranges(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer v, s;
@@ -668,10 +675,15 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "tcpxd._native", "The NIXL agent's index pass (see outer), its descriptor rows (desc_rows), the local session's frame and the registration of memory by address (vma_kinds, vma_ranges, vma_row, address_entries).", -1, methods,
+    PyModuleDef_HEAD_INIT, "tcpxd._native", "The NIXL agent's index pass (see outer), its descriptor rows (desc_rows), the local session's frame and the registration of memory by address (vma_kinds, vma_ranges, vma_row, address_entries, Lone).", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
+int tcpxd_lone_add(PyObject *module); /* _native_lone.c */
+
 PyMODINIT_FUNC PyInit__native(void) {
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && tcpxd_lone_add(m) < 0)
+        Py_CLEAR(m);
+    return m;
 }

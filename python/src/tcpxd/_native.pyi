@@ -37,3 +37,19 @@ def vma_row(rows: Any, /) -> Optional[Tuple[int, int, int, int]]:
 def address_entries(addrs: Any, tails: list, entry_key: bytes, inner_key: bytes, /) -> bytes:
     """A RegisterBatchRequest's entries of memory registered by address: per region, its
     address (field 1 of the request) followed by tails[i], the rest of its serialized request."""
+
+class Lone:
+    """tcpxd.nixl's register_memory / deregister_memory of one DRAM region in one call each
+    (_native_lone.c): LocalMemory's record class (`_Sent`), locks and tables, its registrar."""
+
+    def __init__(self, cls: type, lock: Any, settling: Any, sent: list, sent_keys: dict, regions: dict, tails: dict,
+                 tail_for: Any, registrar: Any, no_keys: list, no_addresses: Any, no_sizes: dict, /) -> None: ...
+
+    def hold(self, dl: Any, /) -> bool:
+        """register_memory of `dl` where it is a DRAM list of one region: checked (one
+        PROCMAP_QUERY) and held back as the general path holds it; True where registered or held
+        already; False, nothing changed, where it is not that."""
+
+    def withdraw(self, dl: Any, /) -> bool:
+        """deregister_memory of `dl` where it is a DRAM list of one region held alone and not sent
+        yet: taken back (True); False, nothing changed, where it is not that."""

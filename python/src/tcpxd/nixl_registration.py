@@ -27,7 +27,10 @@ with one UCX backend (UCX_TLS=tcp unless set).
 --baseline PYTHONPATH:BINARY adds a column for another tcpxd (another checkout's python/src and
 daemon: before and after a change in one run). Each measurement runs in a fresh interpreter. Times
 are medians over --rounds, each round running every column once, alternating; compare within one
-run on a shared machine.
+run on a shared machine. --warm times the calls alone: each round registers and deregisters its
+regions, nothing between (without it, each round's first use and release come between the timed
+calls, as in a program, which leave tcpxd's code and the kernel's cold: the daemon's work and the
+first use's Python run in between; NIXL's have neither).
 """
 
 from __future__ import annotations
@@ -100,8 +103,9 @@ def _free(kind: str, keep: List[Any]) -> None:
     keep.clear()
 
 
-def child(impl: str, endpoint: str, cases: List[Case], fresh: bool) -> Dict[str, float]:
-    """Times every case on a fresh agent of `impl` (run in a process of its own)."""
+def child(impl: str, endpoint: str, cases: List[Case], fresh: bool, warm: bool = False) -> Dict[str, float]:
+    """Times every case on a fresh agent of `impl` (run in a process of its own); `warm`: each
+    round registers and deregisters only (no first use between the timed calls)."""
     if endpoint:
         os.environ["TCPXD_ENDPOINT"] = endpoint
     agent = _agent(impl)
@@ -130,6 +134,13 @@ def child(impl: str, endpoint: str, cases: List[Case], fresh: bool) -> Dict[str,
             c1 = time.thread_time()
             agent.deregister_memory(reg)
             t2 = time.perf_counter()
+            name = f"{kind} {count} x {_label(size)}"
+            if warm:  # (--warm: the calls alone, back to back, round after round)
+                for k, v in ((f"register µs/region, {name}", t1 - t), (f"register, caller's CPU µs/region, {name}", c1 - c),
+                             (f"deregister µs/region, {name}", t2 - t1)):
+                    times.setdefault(k, []).append(v / count * 1e6)
+                _free(kind, keep)
+                continue
             # Registered and answered: until the regions are in the agent's table, as any first
             # use needs them (tcpxd.nixl's register_memory holds them back: that use sends them
             # and reads the answers; NIXL's returns registered).
@@ -140,7 +151,6 @@ def child(impl: str, endpoint: str, cases: List[Case], fresh: bool) -> Dict[str,
             t4 = time.perf_counter()
             agent.deregister_memory(reg)
             t5 = time.perf_counter()
-            name = f"{kind} {count} x {_label(size)}"
             for k, v in ((f"register µs/region, {name}", t1 - t), (f"register, caller's CPU µs/region, {name}", c1 - c),
                          (f"register, answered µs/region, {name}", t4 - t3), (f"deregister µs/region, {name}", t2 - t1),
                          (f"deregister after use µs/region, {name}", t5 - t4)):
@@ -158,13 +168,14 @@ def child(impl: str, endpoint: str, cases: List[Case], fresh: bool) -> Dict[str,
 _RUN_CHILD = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 
 
-def run_once(impl: str, endpoint: str, cases: List[Case], fresh: bool, pythonpath: str = "") -> Dict[str, float]:
+def run_once(impl: str, endpoint: str, cases: List[Case], fresh: bool, pythonpath: str = "",
+             warm: bool = False) -> Dict[str, float]:
     """`child` in a process of its own (`pythonpath`: where its `tcpxd` package comes from)."""
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     args = [sys.executable, "-c", _RUN_CHILD, __file__, "--child", impl, "--endpoint", endpoint,
-            "--cases", json.dumps(cases)] + (["--fresh"] if fresh else [])
+            "--cases", json.dumps(cases)] + (["--fresh"] if fresh else []) + (["--warm"] if warm else [])
     run = subprocess.run(args, capture_output=True, text=True, timeout=900, env=env)
     if run.returncode != 0:
         raise RuntimeError(f"{impl}: the measuring process failed:\n{run.stdout}{run.stderr}")
@@ -199,6 +210,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--counts", default="1,64,1024", help="regions registered together")
     p.add_argument("--max-total", default="1G", help="leave out combinations of more bytes than this")
     p.add_argument("--fresh", action="store_true", help="register memory never written (its pages not allocated yet)")
+    p.add_argument("--warm", action="store_true",
+                   help="each round only registers and deregisters (no first use between the timed calls: their own "
+                        "cost, caches warm); no 'answered' or 'after use' rows")
     p.add_argument("--tcpxd", default=None, help="the daemon binary (default target/{release,debug}/tcpxd)")
     p.add_argument("--state-dir", action="store_true", help="run the daemons with a restart journal (--state-dir)")
     p.add_argument("--baseline", default=None, metavar="PYTHONPATH:BINARY",
@@ -210,7 +224,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = p.parse_args(argv)
     if a.child:
         cases = [(str(k), int(s), int(n)) for k, s, n in json.loads(a.cases)]
-        print(json.dumps(child(a.child, a.endpoint, cases, a.fresh)))
+        print(json.dumps(child(a.child, a.endpoint, cases, a.fresh, a.warm)))
         return 0
     from .bench import _find, _start
 
@@ -267,7 +281,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 endpoints[name] = f"unix:{d}/reg{n}.sock"
         for r in range(a.rounds):
             for name, impl, _, path in columns:
-                results[name].append(run_once(impl, endpoints.get(name, ""), cases, a.fresh, path))
+                results[name].append(run_once(impl, endpoints.get(name, ""), cases, a.fresh, path, a.warm))
                 print(f"round {r + 1} {name}: done", file=sys.stderr, flush=True)
     finally:
         for pr in procs:

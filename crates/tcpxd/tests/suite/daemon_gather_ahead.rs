@@ -1,11 +1,17 @@
 //! Block sends gathered a window ahead (`transfer.gather_ahead`, docs/BLOCKS.md "The driver")
-//! between two daemons on loopback over the built-in emulation, paced at 1 Gbit/s so the lanes
-//! stay full: with `send_window = 2` and `gather_ahead = 3`, a block WRITE and a block READ of
-//! thousands of small chunks keep up to 5 sends posted per lane (2 in the plugin, 3 gathered and
-//! held), never more, land byte-exact under both protocols, and every lane drains to zero.
+//! between two daemons on loopback over the built-in emulation: with `send_window = 2` and
+//! `gather_ahead = 3`, a block WRITE and a block READ of thousands of small chunks keep up to 5
+//! sends posted per lane (2 in the plugin, 3 gathered and held), never more, land byte-exact
+//! under both protocols, and every lane drains to zero.
+//!
+//! The lanes are kept full by the emulation's hold gate (`common::hold`), not by pacing: closed
+//! before each transfer is posted, it lets the senders write 64 KiB and then holds their sends
+//! in the plugin, so the driver gathers ahead whatever the machine's load; the test opens it
+//! once a lane holds more than its send window, and samples the lanes until the transfer ends.
 
 use crate::common::blocks::{self, permutation, read_request, strided, u32s, write_request};
 use crate::common::daemons::{self, *};
+use crate::common::hold;
 use crate::common::windows::{self, Posted};
 use tcpxd::api::proto::v1 as pb;
 
@@ -20,14 +26,32 @@ async fn list(c: &mut Client, buffer: u64, first: u64, stride: u64) -> pb::Block
     blocks::list(c, buffer, strided(first, stride, BS as u32, N)).await
 }
 
-/// Waits for transfer `id` of `c`, sampling the sender's lanes (`on`) meanwhile: the most posted on one lane.
+/// With the hold gate closed before transfer `id` of `c` was posted: waits until one of the
+/// sender's lanes (`on`) holds more sends than its window (gathered ahead), opens the gate, and
+/// waits for the transfer, sampling those lanes meanwhile. The most posted on one lane.
 async fn wait_sampling(c: &Client, id: u64, on: &mut Client) -> u32 {
-    windows::wait_sampling(c, id, on, Posted::Sends, 5, "send_window 2 + gather_ahead 3").await
+    let bound = "send_window 2 + gather_ahead 3";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let held = loop {
+        let n = windows::most_posted(on, Posted::Sends).await;
+        assert!(n <= 5, "{n} sends posted on a lane: {bound} at most");
+        if n > 2 {
+            break n;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no send gathered ahead within 30 s with the senders held (most {n})"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    };
+    hold::open_gate();
+    held.max(windows::wait_sampling(c, id, on, Posted::Sends, 5, bound).await)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_sends_gather_a_window_ahead_and_land_byte_exact() {
-    daemons::slow_nic();
+    hold::gate_on_with_budget(64 << 10);
+    tcpxd::logging::init("warn");
     let config = std::env::temp_dir().join(format!("tcpxd-gather-ahead-{}.toml", std::process::id()));
     std::fs::write(&config, "[transfer]\nsend_window = 2\ngather_ahead = 3\n").unwrap();
     for protocol in ["rendezvous", "eager"] {
@@ -46,6 +70,7 @@ async fn block_sends_gather_a_window_ahead_and_land_byte_exact() {
         let sl = list(&mut a.client, src.id, 5, BS + 24).await;
         let dl = list(&mut b.client, dst.id, 17, BS + 100).await;
         let (li, ri) = (permutation(N, 3), permutation(N, 7));
+        hold::close_gate();
         let started = a
             .client
             .write_blocks(write_request(&sl, u32s(&li), &dl, u32s(&ri), false))
@@ -74,6 +99,7 @@ async fn block_sends_gather_a_window_ahead_and_land_byte_exact() {
         let back = host_buffer(&mut a.client, SIZE, "").await;
         let bl = list(&mut a.client, back.id, 0, BS).await;
         let all: Vec<u32> = (0..N).collect();
+        hold::close_gate();
         let started = a
             .client
             .read_blocks(read_request(&dl, u32s(&all), &bl, u32s(&all), false))

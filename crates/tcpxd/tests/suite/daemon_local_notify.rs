@@ -1,7 +1,8 @@
 //! Notifications on the framed local session (#39 point 4): a session that subscribes gets each
 //! notification its node receives as an event under the subscription's tag, after the data
 //! landed, so a client polling its own socket learns of one without another thread; one
-//! subscription a session, ended by `cancel_tag`; it does not keep a half-closed session open.
+//! subscription a session, ended by `cancel_tag` (a second `cancel_tag` is refused saying how it
+//! ended); it does not keep a half-closed session open.
 
 use crate::common::daemons::*;
 use crate::common::framed::*;
@@ -88,9 +89,22 @@ async fn a_subscribed_session_gets_each_notification_after_its_data() {
         .await
         .unwrap();
     assert_eq!(notification(two.next().await).1.payload, b"third");
+    // Cancelled again once it ended: refused, saying how it ended; still unsubscribed.
     one.send(10, Op::CancelTag(7)).await;
+    let (tag, code, msg) = refused(one.next().await);
+    assert_eq!((tag, code), (10, tonic::Code::FailedPrecondition as i32), "{msg}");
+    assert_eq!(
+        msg,
+        "cancel_tag: tag 7 already finished (a subscription, cancelled by tag 9); nothing was cancelled"
+    );
+    write(&mut a.client, write_entry(&src, 0, &dst, 0, 4096), b"fourth")
+        .await
+        .unwrap();
+    assert_eq!(notification(two.next().await).1.payload, b"fourth");
+    // A tag never used is still NOT_FOUND.
+    one.send(11, Op::CancelTag(424_242)).await;
     let (tag, code, _) = refused(one.next().await);
-    assert_eq!((tag, code), (10, tonic::Code::NotFound as i32));
+    assert_eq!((tag, code), (11, tonic::Code::NotFound as i32));
     // A subscription does not keep a half-closed session open.
     for s in [&mut one, &mut two] {
         half_close(s).await;

@@ -5,6 +5,7 @@
 //! anywhere else are refused naming the field.
 
 use crate::common::daemons::*;
+use crate::common::scrape::{http_get, samples, sum};
 use tcpxd::api::proto::v1 as pb;
 use tonic::Code;
 
@@ -46,10 +47,49 @@ fn lane_bytes(p: &pb::PeerStats) -> Vec<(u32, u64, u64)> {
         .collect()
 }
 
+/// `tcpxctl stats` of daemon `d`: its text and its `--json`.
+async fn tcpxctl_stats(d: &TestDaemon) -> (String, serde_json::Value) {
+    let endpoint = format!("unix:{}", d.daemon.api_socket.display());
+    let run = |json: bool| {
+        let endpoint = endpoint.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut cmd = std::process::Command::new(tcpxd_testkit::workspace_bin("tcpxctl"));
+            cmd.arg("--endpoint").arg(endpoint);
+            if json {
+                cmd.arg("--json");
+            }
+            let out = cmd.arg("stats").output().expect("tcpxctl runs");
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            out.stdout
+        })
+    };
+    let text = String::from_utf8(run(false).await.unwrap()).unwrap();
+    let json = serde_json::from_slice(&run(true).await.unwrap()).unwrap();
+    (text, json)
+}
+
+/// The `tcpxd_peer_protocol_total` sample of `peer`, `direction` and `protocol` on `d`'s scrape.
+async fn protocol_total(d: &TestDaemon, peer: &str, direction: &str, protocol: &str) -> f64 {
+    let (status, body) = http_get(d.daemon.metrics_addr.expect("metrics enabled"), "/metrics").await;
+    assert!(status.contains("200"), "{status}");
+    sum(
+        &samples(&body),
+        "tcpxd_peer_protocol_total",
+        &[
+            &format!("peer=\"{peer}\""),
+            &format!("direction=\"{direction}\""),
+            &format!("protocol=\"{protocol}\""),
+        ],
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notification_alone_is_delivered_with_no_lane_traffic_and_a_wrong_key_is_refused() {
     tcpxd::logging::init("warn");
-    let (mut a, mut b) = pair("notice").await;
+    let metrics = |a: &mut tcpxd::config::DaemonArgs| a.metrics_listen = Some("127.0.0.1:0".parse().unwrap());
+    let mut a = start("notice-a", metrics).await;
+    let mut b = start("notice-b", metrics).await;
+    connect(&mut a, &b).await;
     let src = host_buffer(&mut a.client, 64 * KIB, "").await;
     let dst = host_buffer(&mut b.client, 64 * KIB, "").await;
     fill_seed(&mut a.client, src.id, 0, 0, 22).await;
@@ -119,6 +159,32 @@ async fn a_notification_alone_is_delivered_with_no_lane_traffic_and_a_wrong_key_
         after.1
     );
     assert_eq!((after.0.sent_notices, after.1.received_notices), (3, 3));
+    // `tcpxctl stats` shows them, as text and JSON, and so does the scrape (the refused one is
+    // counted too: it went as a notice and the receiver answered).
+    for (d, peer, direction, field, data) in [
+        (
+            &a,
+            "notice-b",
+            "sent",
+            "sent_notices",
+            (after.0.sent_eager, after.0.sent_rendezvous),
+        ),
+        (
+            &b,
+            "notice-a",
+            "received",
+            "received_notices",
+            (after.1.received_eager, after.1.received_rendezvous),
+        ),
+    ] {
+        let (text, json) = tcpxctl_stats(d).await;
+        let line = format!("{direction} {} eager, {} rendezvous, 3 notices", data.0, data.1);
+        assert!(text.contains(&line), "{line:?} not in:\n{text}");
+        assert_eq!(data.0 + data.1, 1, "the WRITE before went as data");
+        assert_eq!(json["peers"][0]["node_id"], peer, "{json}");
+        assert_eq!(json["peers"][0][field], 3, "{json}");
+        assert_eq!(protocol_total(d, peer, direction, "notice").await, 3.0);
+    }
     assert_eq!(
         (after.0.sent_eager + after.0.sent_rendezvous),
         (before.0.sent_eager + before.0.sent_rendezvous),

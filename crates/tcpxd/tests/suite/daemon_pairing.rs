@@ -2,11 +2,16 @@
 //! after another, while transfers run on the pairing, and by two nodes dialling each other at
 //! once (with first-use writes racing the dials). Every `ConnectPeer` answers the live pairing,
 //! each side keeps exactly one, no transfer fails, and lanes and credits drain back to zero.
+//!
+//! The dials of a paired node go on while a write each way is held in flight by the emulation's
+//! hold gate (`common::hold`, no payload byte written while it is closed), not by pacing: they
+//! are in flight during every dial whatever the machine's load, and land byte-exact after.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::common::daemons::{self, *};
+use crate::common::hold;
 use tcpxd::api::proto::v1 as pb;
 
 const MIB: u64 = 1 << 20;
@@ -152,7 +157,9 @@ async fn one_node_dialled_through_four_addresses_at_once_pairs_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dialling_a_paired_node_again_by_any_address_keeps_its_transfers_running() {
-    slow_nic();
+    // Closed, the gate lets no payload byte through: a write posted then waits, unfinished.
+    hold::gate_on_with_budget(0);
+    tcpxd::logging::init("warn");
     let (mut a, mut b) = (
         daemons::start("again-a", |_| {}).await,
         daemons::start("again-b", |_| {}).await,
@@ -200,6 +207,23 @@ async fn dialling_a_paired_node_again_by_any_address_keeps_its_transfers_running
         tokio::task::yield_now().await;
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
+    // Then a write each way held in flight for the dials (the traffic's next writes wait too).
+    let mut held = Vec::new();
+    for (from, to) in [(&a, &b), (&b, &a)] {
+        let (mut fc, mut tc) = (from.client.clone(), to.client.clone());
+        let src = host_buffer(&mut fc, 4 * MIB, "held-src").await;
+        let dst = host_buffer(&mut tc, 4 * MIB, "held-dst").await;
+        fill_seed(&mut fc, src.id, 0, 0, 99).await;
+        held.push((fc, tc, src, dst));
+    }
+    hold::close_gate();
+    let mut held_ids = Vec::new();
+    for (fc, _, src, dst) in &mut held {
+        let id = write(fc, write_entry(src, 0, dst, 0, 4 * MIB), b"")
+            .await
+            .expect("a held write starts");
+        held_ids.push(id);
+    }
 
     // One after another, then all at once, from each side: every call answers the live pairing.
     for address in &to_b {
@@ -228,6 +252,32 @@ async fn dialling_a_paired_node_again_by_any_address_keeps_its_transfers_running
     assert_eq!(all_answer_one_pairing(&from_a, "again-b"), first);
     assert_eq!(all_answer_one_pairing(&from_b, "again-a"), b_side);
 
+    // The held writes were in flight all along; let them go: they land byte-exact.
+    for ((fc, _, _, _), &id) in held.iter_mut().zip(&held_ids) {
+        let now = fc
+            .watch(pb::WatchRequest { transfer_id: id })
+            .await
+            .expect("watch")
+            .into_inner()
+            .message()
+            .await
+            .expect("watch stream")
+            .expect("the transfer's state");
+        assert_ne!(
+            now.state,
+            pb::TransferState::Finished as i32,
+            "held write {id} finished before the gate opened: {now:?}"
+        );
+    }
+    hold::open_gate();
+    for ((fc, tc, src, dst), &id) in held.iter_mut().zip(&held_ids) {
+        wait_ok(fc, id).await;
+        assert_eq!(
+            crc(fc, src.id, 0, 0).await,
+            crc(tc, dst.id, 0, 0).await,
+            "held write {id}"
+        );
+    }
     stop.store(true, Ordering::Relaxed);
     for t in traffic {
         t.await.expect("no write failed while the node was dialled again");

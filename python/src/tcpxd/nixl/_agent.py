@@ -278,6 +278,11 @@ class nixl_agent:  # noqa: N801
         if type(dl) is not RegDList:  # (else as given: get_reg_descs's, the usual)
             dl = parse(reg_list, mem_type, True, "reg_list")
             assert isinstance(dl, RegDList)
+        elif self._memory.hold_one(dl):  # (one DRAM region, checked and held in one C call)
+            return dl
+        else:
+            self._memory.register(dl, lone_tried=True)
+            return dl
         self._memory.register(dl)
         return dl
 
@@ -286,6 +291,8 @@ class nixl_agent:  # noqa: N801
         if type(dl) is not RegDList:  # (else as given: register_memory's, the usual)
             dl = parse(dereg_list, None, True, "dereg_list")
             assert isinstance(dl, RegDList)
+        elif self._memory.withdraw_one(dl):  # (one DRAM region held alone: withdrawn in one C call)
+            return
         self._memory.deregister(dl)
 
     def get_serialized_descs(self, descs: DescList) -> bytes:

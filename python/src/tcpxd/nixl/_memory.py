@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from .. import Client, _proto
-from .._addresses import (BY_ADDRESS, FILE_SHARED, AddressBatch, address_ranges, address_tail, range_refusal,
-                          row_range)
+from .._addresses import BY_ADDRESS, FILE_SHARED, AddressBatch, address_ranges, address_tail, range_refusal
 from .._hostmem import Pending
+from .._native_gate import native as _native
 from ..errors import TcpxdError
 from . import _cuda
 from ._descs import MOVABLE, RegDList
@@ -49,6 +49,14 @@ _NO_SIZES: Dict[int, "Tail"] = {}
 Tail = Tuple[bytes, List[Any], Tuple[bytes]]
 
 log = logging.getLogger("tcpxd.nixl")
+
+#: tcpxd._native.Lone where the extension has it (`LocalMemory._lone`).
+_Lone = getattr(_native, "Lone", None)
+
+
+def _no(dl: Any) -> bool:
+    """`LocalMemory.hold_one` and `withdraw_one` without the extension: never (the general path)."""
+    return False
 
 #: A granule list's granule: 4 KiB, doubled while the buffer would hold more granules than a list
 #: may (the engine's MAX_LIST_BLOCKS).
@@ -281,6 +289,18 @@ class LocalMemory:
         #: Per region size: the serialized tail of its request by address and the granule
         #: lists it asks for (`_by_address`), made once.
         self._tails: Dict[int, Tail] = {}
+        #: A lone DRAM region's registration and its withdrawal in one C call each (since
+        #: session 23: `tcpxd._native.Lone`, the steps of the general path for one region; None
+        #: without the extension or a registrar: the general path).
+        self._lone: Any = None
+        #: `register` of a lone DRAM region held in one call, and `deregister` of one withdrawn so
+        #: (`Lone.hold`, `Lone.withdraw`; the agent calls them first): False where it is not that.
+        self.hold_one: Callable[[RegDList], bool] = _no
+        self.withdraw_one: Callable[[RegDList], bool] = _no
+        if _Lone is not None and self._registrar is not None:
+            self._lone = _Lone(_Sent, self._lock, self._settling, self._sent, self._sent_keys, self._regions,
+                               self._tails, self._tail, self._registrar, _NO_KEYS, _NO_ADDRESSES, _NO_SIZES)
+            self.hold_one, self.withdraw_one = self._lone.hold, self._lone.withdraw
 
     def regions(self) -> List[Region]:
         self._settle()
@@ -295,11 +315,12 @@ class LocalMemory:
                 self._table = RegionTable([r for r, _ in self._regions.values()])
             return self._table
 
-    def register(self, dl: RegDList) -> None:
-        """Registers every region of the list (all or none)."""
+    def register(self, dl: RegDList, lone_tried: bool = False) -> None:
+        """Registers every region of the list (all or none); `lone_tried`: `hold_one` said no
+        already (not asked again: its check is a system call)."""
         mem = dl.mem
         if mem == "DRAM":
-            if len(dl.rows) != 1 or not self._one(dl):
+            if lone_tried or not self.hold_one(dl):  # (one region, checked and held in one C call)
                 self._register_dram(dl)
             return
         if mem not in MOVABLE:
@@ -350,6 +371,8 @@ class LocalMemory:
         whole and not sent yet are withdrawn (the daemon never hears of them); the rest released
         once the answers before them are folded in."""
         if self._by_list and self._withdraw_list(dl):
+            return
+        if self.withdraw_one(dl):  # (one region held alone: one C call)
             return
         mem = dl.mem
         rows = dl.rows.tolist()
@@ -489,6 +512,7 @@ class LocalMemory:
                         for k in sent.keys:
                             self._sent_keys.pop(k, None)
                         self._unlist(sent)
+                    sent.pending = None  # (itself where held: the cycle broken, the record freed now)
 
     def _fold(self, sent: _Sent, later: bool = True) -> None:
         """`_settle` of one call's registrations: the held ones by address sent if they were not
@@ -570,41 +594,18 @@ class LocalMemory:
         if first is not None:
             raise first
 
-    def _one(self, dl: RegDList) -> bool:
-        """`_register_dram` of a list of one region — memory by address of a size registered
-        before, or memory a file backs — in fewer steps (what `_dram_many` does for it): its row
-        read and its range checked in one call of the extension (`row_range`), the objects held
-        shared where they can be (the size's tail and its one-tuple, the key list). False,
-        nothing done, where it is not that, or the kernel or the extension cannot answer so (the
-        caller takes the general path, which says why)."""
-        registrar = self._registrar
-        if registrar is None:
-            return False
-        got = row_range(dl.rows)
-        if got is None or not got[1]:
-            return False
-        a, n, d, kind = got
-        key = ("DRAM", a, n, d)
-        if key in self._regions or key in self._sent_keys:
-            return True  # (registered already: NIXL accepts it again)
-        keys = [key]
-        if kind == BY_ADDRESS:
-            tails = self._tails
-            tail = tails.get(n)
-            if tail is None:  # (a size not registered before: the general path makes its tail)
-                return False
-            sent = _Sent(keys, {key: (0, dl.objs[0])}, keys, array.array("Q", (a,)), tail[2], tails, _NO_KEYS)
-            if not registrar.hold(sent):
-                return False
-            sent.pending = sent
-        elif kind == FILE_SHARED:  # (looked up and handed over at the first use)
-            sent = _Sent(keys, {key: (0, dl.objs[0])}, _NO_KEYS, _NO_ADDRESSES, (), _NO_SIZES, keys)
-        else:  # (refused by the general path, which says why)
-            return False
-        with self._lock:
-            self._sent.append(sent)
-            self._sent_keys[key] = sent
-        return True
+    def _tail(self, size: int) -> Tail:
+        """The serialized tail of a `size`-byte region's request by address and the granule lists it
+        asks, kept in `_tails` (up to 64 sizes: those an agent registers are few). `Lone.hold` calls
+        it for a size's first lone region."""
+        tail = self._tails.get(size)
+        if tail is None:
+            asked = granule_tilings(size)
+            t = address_tail(size, "", asked)
+            tail = (t, asked, (t,))
+            if len(self._tails) < 64:
+                self._tails[size] = tail
+        return tail
 
     def _dram_many(self, todo: Dict[Key, Tuple[int, Any]], whole: Optional[RegDList] = None) -> None:
         """Registers DRAM regions together, each buffer's granule lists made by the daemon with
@@ -635,13 +636,7 @@ class LocalMemory:
         known = self._tails
         for size in {k[2] for k in fast}:
             tail = known.get(size)
-            if tail is None:
-                asked = granule_tilings(size)
-                t = address_tail(size, "", asked)
-                tail = (t, asked, (t,))
-                if len(known) < 64:  # (the sizes an agent registers are few)
-                    known[size] = tail
-            tails[size] = tail
+            tails[size] = tail if tail is not None else self._tail(size)
         addrs = array.array("Q", [k[1] for k in fast])
         registrar = self._client._registrar
         sent = _Sent(keys, todo, fast, addrs, [tails[k[2]][0] for k in fast], tails, files)

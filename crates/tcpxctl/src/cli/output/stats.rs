@@ -53,6 +53,12 @@ pub fn stats_json(s: &Stats) -> Value {
             "routed": p.routed,
             "bytes_sent": p.bytes_sent,
             "bytes_received": p.bytes_received,
+            "sent_eager": p.sent_eager,
+            "sent_rendezvous": p.sent_rendezvous,
+            "sent_notices": p.sent_notices,
+            "received_eager": p.received_eager,
+            "received_rendezvous": p.received_rendezvous,
+            "received_notices": p.received_notices,
             "lanes": p.lanes.iter().map(lane_json).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "transfer_totals": s.transfer_totals.iter().map(|t| json!({
@@ -225,6 +231,24 @@ fn lane_memory(l: &LaneStats) -> String {
     }
 }
 
+/// How the pairing's transfers went, each way: by eager header, by rendezvous offer, or as a
+/// notice (a notification alone: control messages only); `None` while all are 0.
+fn protocols_text(p: &PeerStats) -> Option<String> {
+    let sent = [p.sent_eager, p.sent_rendezvous, p.sent_notices];
+    let received = [p.received_eager, p.received_rendezvous, p.received_notices];
+    if sent.iter().chain(&received).all(|&n| n == 0) {
+        return None;
+    }
+    let side = |[eager, rendezvous, notices]: [u64; 3]| {
+        format!("{eager} eager, {rendezvous} rendezvous, {notices} notices")
+    };
+    Some(format!(
+        "transfers by protocol: sent {}; received {}",
+        side(sent),
+        side(received)
+    ))
+}
+
 /// Stats as text: a node line, then per peer a line and a lane table (with `Rates::Watch`,
 /// send/receive rates per lane).
 pub fn stats_text(s: &Stats, rates: Rates<'_>) -> String {
@@ -285,6 +309,9 @@ pub fn stats_text(s: &Stats, rates: Rates<'_>) -> String {
             );
         }
         let _ = writeln!(out);
+        if let Some(line) = protocols_text(p) {
+            let _ = writeln!(out, "  {line}");
+        }
         // Rates only for a pairing that can carry traffic, against the same node's pairing that
         // could in the last snapshot: GetStats also lists a node's newest failed pairing, whose
         // counters must not be taken for the live one's.
@@ -629,6 +656,54 @@ mod tests {
         assert_eq!(j["peers"][0]["send_lanes"], 528);
         assert_eq!(j["peers"][0]["routed"], true);
         assert_eq!(j["peers"][0]["lanes"][1]["recv_memory"], "host>host");
+    }
+
+    /// The pairing's transfers by protocol, notices (notifications alone) among them: a line
+    /// under the peer's totals once any moved, and the JSON's fields.
+    #[test]
+    fn stats_show_transfers_by_protocol_with_notices() {
+        let peer = PeerStats {
+            node_id: "b".into(),
+            state: PeerState::Up as i32,
+            ..Default::default()
+        };
+        let quiet = Stats {
+            node_id: "a".into(),
+            peers: vec![peer.clone()],
+            ..Default::default()
+        };
+        assert!(!stats_text(&quiet, Rates::Off).contains("by protocol"));
+        let s = Stats {
+            peers: vec![PeerStats {
+                sent_eager: 2,
+                sent_rendezvous: 1,
+                sent_notices: 3,
+                received_notices: 4,
+                ..peer
+            }],
+            ..quiet
+        };
+        let text = stats_text(&s, Rates::Off);
+        assert!(
+            text.contains(
+                "  transfers by protocol: sent 2 eager, 1 rendezvous, 3 notices; received 0 eager, \
+                 0 rendezvous, 4 notices"
+            ),
+            "{text}"
+        );
+        let j = &stats_json(&s)["peers"][0];
+        assert_eq!(
+            [&j["sent_eager"], &j["sent_rendezvous"], &j["sent_notices"]],
+            [2, 1, 3]
+        );
+        assert_eq!(
+            [
+                &j["received_eager"],
+                &j["received_rendezvous"],
+                &j["received_notices"]
+            ],
+            [0, 0, 4]
+        );
     }
 
     /// Each lane's GPU at this end and its state each way (lanes open on first use, close when

@@ -515,12 +515,14 @@ impl<E: Events> Session<'_, E> {
             if let Some((_, Subscription::Inline(task))) = self.notifications.take() {
                 task.stop();
             }
+            self.finished.record_unsubscribed(target, tag);
             return self
                 .send(tag, Event::Cancelled(pb::CancelResponse { cancelled: true }))
                 .await;
         }
         // A transfer that finished (its event delivered or about to be) is refused alike
-        // whether or not the session has seen its end yet: FAILED_PRECONDITION, nothing changed.
+        // whether or not the session has seen its end yet, and so is a subscription that ended:
+        // FAILED_PRECONDITION, nothing changed.
         let id = match self.starting.get(&target).cloned() {
             // (its start on its way: the id comes at the end of the poller's pass)
             Some(slot) => match slot.wait().await {
@@ -530,12 +532,11 @@ impl<E: Events> Session<'_, E> {
             None => self.open.get(&target).copied(),
         };
         let Some(id) = id else {
-            let status = match self.finished.get(target) {
-                Some(id) => already_finished(&self.state, target, id),
-                None => Status::not_found(format!(
+            let status = self.finished.refusal(&self.state, target).unwrap_or_else(|| {
+                Status::not_found(format!(
                     "cancel_tag: no unfinished request of this session has tag {target}"
-                )),
-            };
+                ))
+            });
             return self.refuse(tag, status).await;
         };
         match self.state.cancel_transfer(id).await {

@@ -40,6 +40,14 @@ pub fn gate_on() {
     });
 }
 
+/// [`gate_on`] with a budget of `bytes` (`TCPXEMU_HOLD_AFTER_BYTES`; 16 MiB by default): for a
+/// test whose transfers are smaller than the default budget, so that they too are held.
+pub fn gate_on_with_budget(bytes: u64) {
+    // SAFETY: as in `gate_on`, which this runs first of all.
+    unsafe { std::env::set_var("TCPXEMU_HOLD_AFTER_BYTES", bytes.to_string()) };
+    gate_on();
+}
+
 /// Closes the hold gate (see the module's comment) until the next thaw: call it before posting
 /// a transfer to be held with [`freeze_once_moving`] or [`freeze_once_lanes_move`].
 pub fn close_gate() {
