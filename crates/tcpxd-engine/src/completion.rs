@@ -549,10 +549,12 @@ impl Engine {
         // (As `Peer::send_lane_eager`: a routed pairing's lanes are the catalogue's.)
         let (_, eager_lanes) = p.send_split();
         let routes = p.routes.as_ref();
-        for (lane, l) in p.send.iter_mut().enumerate() {
+        // Only lanes that held work can have any to post (`lane_use.rs`).
+        for &lane in p.send_used.lanes() {
+            let l = &mut p.send[lane as usize];
             let eager = match routes {
-                Some(r) => !eager_lanes.is_empty() && r.send_eager(lane as u32),
-                None => eager_lanes.contains(&(lane as u32)),
+                Some(r) => !eager_lanes.is_empty() && r.send_eager(lane),
+                None => eager_lanes.contains(&lane),
             };
             // A cancelled offer's chunks wait for the peer's `CancelSeen` (and the lane's order
             // with them).
@@ -564,7 +566,6 @@ impl Engine {
             while !held(l)
                 && let Some(item) = l.post_next(send_window, gather_ahead, eager)
             {
-                let lane = lane as u32;
                 self.actions.push_back(if item.pieces {
                     Action::PostGatherSend {
                         peer,
@@ -585,9 +586,9 @@ impl Engine {
                 });
             }
         }
-        for (lane, l) in p.recv.iter_mut().enumerate() {
+        for &lane in p.recv_used.lanes() {
+            let l = &mut p.recv[lane as usize];
             while let Some(item) = l.post_next(recv_window, scatter_ahead, false) {
-                let lane = lane as u32;
                 // A chunk of a transfer that ended here (failed, cancelled) still meets its
                 // send, but lands in the lane's own place, never in the destination.
                 let lands = self
@@ -621,8 +622,11 @@ impl Engine {
                 });
             }
         }
-        for l in p.send.iter_mut().chain(p.recv.iter_mut()) {
-            l.note_window();
+        for &lane in p.send_used.lanes() {
+            p.send[lane as usize].note_window();
+        }
+        for &lane in p.recv_used.lanes() {
+            p.recv[lane as usize].note_window();
         }
     }
 }

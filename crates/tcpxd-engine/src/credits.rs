@@ -83,6 +83,7 @@ impl Engine {
         let Some(l) = p.recv.get_mut(lane as usize) else {
             return;
         };
+        p.recv_used.mark(lane);
         if l.recv_credits.posted() > 0 || !l.landed.is_empty() || !l.unpacking.is_empty() {
             // Already posted (a second ready event).
             return;
@@ -452,8 +453,19 @@ impl Engine {
 
 /// A pairing's owed credits per lane, taken; `None` when none is owed or it is gone.
 fn take_owed(p: &mut Peer) -> Option<Vec<u32>> {
-    if p.gone() || p.recv.iter().all(|l| l.recv_credits.owed() == 0) {
+    // Only a lane in use can owe a credit (`lane_use.rs`); the wire form is one count per lane.
+    let owing = |p: &Peer| {
+        p.recv_used
+            .lanes()
+            .iter()
+            .any(|&i| p.recv[i as usize].recv_credits.owed() > 0)
+    };
+    if p.gone() || !owing(p) {
         return None;
     }
-    Some(p.recv.iter_mut().map(|l| l.recv_credits.take_owed()).collect())
+    let mut returned = vec![0u32; p.recv.len()];
+    for &i in p.recv_used.lanes() {
+        returned[i as usize] = p.recv[i as usize].recv_credits.take_owed();
+    }
+    Some(returned)
 }

@@ -330,6 +330,7 @@ impl Engine {
         let p = &mut self.peers[&peer];
         p.received_rendezvous += 1;
         for c in ChunkPlan::new(&lengths, offer.chunk_bytes, first_lane, lanes) {
+            p.recv_used.mark(c.lane);
             p.recv[c.lane as usize].queue.push_back(coalesce::chunk_item(
                 offer.offer_id,
                 &dests,
@@ -443,6 +444,7 @@ impl Engine {
                 // A cancelled offer still meets every posted receive, with nothing in it.
                 item.empty();
             }
+            p.send_used.mark(c.lane);
             p.send[c.lane as usize].queue.push_back(item);
             n += 1;
         }

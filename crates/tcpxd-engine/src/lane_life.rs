@@ -142,7 +142,8 @@ impl Engine {
         let Some(p) = self.peers.get_mut(&peer) else {
             return;
         };
-        for (lane, l) in p.send.iter_mut().enumerate() {
+        for &lane in p.send_used.lanes() {
+            let l = &mut p.send[lane as usize];
             if l.life == Life::Closed && !l.queue.is_empty() {
                 l.set_life(Life::Opening {
                     since: None,
@@ -150,7 +151,7 @@ impl Engine {
                 });
                 self.actions.push_back(Action::Control {
                     peer,
-                    msg: PeerMsg::LaneOpen { lane: lane as u32 },
+                    msg: PeerMsg::LaneOpen { lane },
                 });
             }
         }
@@ -162,6 +163,7 @@ impl Engine {
         let n = p.recv.len();
         match p.recv.get_mut(lane as usize) {
             Some(l) if l.life == Life::Closed => {
+                p.recv_used.mark(lane);
                 l.set_life(Life::Opening {
                     since: None,
                     connecting: true,
@@ -276,6 +278,10 @@ impl Engine {
         let (idle_close, open_timeout) = (self.cfg.lane_idle_close, self.cfg.lane_open_timeout);
         let mut late: Vec<(PeerIdx, String)> = Vec::new();
         for (&peer, p) in self.peers.iter_mut() {
+            // Every lane with work is listed in use (`lane_use.rs`): checked here, so a path that
+            // forgot to list one delays that lane by a scan at most (and fails debug builds).
+            let missing = p.mark_lanes_with_work();
+            debug_assert_eq!(missing, 0, "lanes with work not listed in use");
             // A closing pairing sends nothing of its own until the peer answered (`pair_life.rs`).
             if p.failed.is_some() || p.life != crate::PairLife::Live {
                 continue;

@@ -85,6 +85,7 @@ mod inbound;
 mod lane;
 mod lane_credits;
 mod lane_life;
+mod lane_use;
 mod notice;
 mod packed_batch;
 pub mod packed_ranges;
@@ -336,6 +337,9 @@ struct Peer {
     idle: pair_life::Idle,
     send: Vec<Lane>,
     recv: Vec<Lane>,
+    /// The lanes of each direction that held work: what the scans for work walk (`lane_use.rs`).
+    send_used: lane_use::LanesInUse,
+    recv_used: lane_use::LanesInUse,
     /// Where the next transfer's chunks start, as an offset inside the rendezvous lanes and
     /// inside the eager lanes (each protocol rotates over its own lanes).
     next_lane: u32,
@@ -629,6 +633,8 @@ impl Engine {
                 idle: pair_life::Idle::default(),
                 send: (0..send_alloc).map(|_| Lane::default()).collect(),
                 recv: (0..recv_alloc).map(|_| Lane::default()).collect(),
+                send_used: Default::default(),
+                recv_used: Default::default(),
                 next_lane: 0,
                 next_eager_lane: 0,
                 eager_from,
@@ -685,6 +691,7 @@ impl Engine {
     /// a driver may open its lanes before it needs them, as the engine tests do).
     pub fn on_lane_ready(&mut self, peer: PeerIdx, lane: u32, send: bool) {
         if let Some(p) = self.peers.get_mut(&peer) {
+            p.mark_used(lane, send);
             let lanes = if send { &mut p.send } else { &mut p.recv };
             if let Some(l) = lanes.get_mut(lane as usize) {
                 l.set_life(lane_life::Life::OPEN);
@@ -745,7 +752,7 @@ impl Engine {
     /// and control messages, headers included, wake it). Idle credit receives do not count.
     pub fn lanes_idle(&self) -> bool {
         self.peers.values().all(|p| {
-            p.send.iter().chain(&p.recv).all(|l| {
+            p.lanes_in_use().all(|l| {
                 l.posted.is_empty() && l.targets.is_empty() && l.landed.is_empty() && l.unpacking.is_empty()
             })
         })

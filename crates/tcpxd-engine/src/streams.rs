@@ -231,6 +231,7 @@ impl Engine {
                 item.empty();
             }
             l.queue.push_back(item);
+            p.send_used.mark(c.lane);
             n += 1;
         }
         s.cursor = plan.cursor();
@@ -285,6 +286,7 @@ impl Engine {
         let p = &mut self.peers[&peer];
         let mut chunks = ChunkPlan::new(&lengths, offer.chunk_bytes, offer.first_lane, lanes.clone());
         for c in chunks.by_ref().take(count as usize) {
+            p.recv_used.mark(c.lane);
             p.recv[c.lane as usize]
                 .targets
                 .push_back(target_of(offer.offer_id, dests, plan, &c));
@@ -332,6 +334,7 @@ impl Engine {
         let p = self.peers.get_mut(&peer).expect("live");
         let mut chunks = ChunkPlan::resume(&s.lengths, s.chunk_bytes, s.lanes.clone(), s.cursor);
         for c in chunks.by_ref().take(count as usize) {
+            p.recv_used.mark(c.lane);
             p.recv[c.lane as usize]
                 .targets
                 .push_back(target_of(offer_id, dests, plan.as_ref(), &c));

@@ -192,3 +192,48 @@ fn a_gpu_buffer_not_yet_announced_is_reached_on_the_host_pairs_eager_lanes() {
     }
     s.assert_idle();
 }
+
+#[test]
+fn eight_in_flight_between_two_gpus_use_only_their_pairs_lanes_and_return_every_credit() {
+    // Two A3-shaped nodes: hundreds of routed lanes a direction. The scans for work walk the
+    // lanes in use (`lane_use.rs`): those of the memory pairs that moved bytes, and nothing else.
+    let mut s = routed(77);
+    let lanes = s.nodes[0].eng.lane_counts(P);
+    assert!(lanes.0 > 100 && lanes.1 > 100, "{lanes:?}");
+    gpu_buffer(&mut s, 0, 1, 1 << 20, 9, 2);
+    gpu_buffer(&mut s, 1, 2, 1 << 20, 0, 6);
+    // Eight small and one large (streamed) in flight at once, then run to the end.
+    let mut ts = Vec::new();
+    for k in 0..8u64 {
+        ts.push((s.write(0, 1, k * 8192, 2, k * 8192, 8192), k * 8192, 8192));
+    }
+    ts.push((
+        s.write(0, 1, 512 * 1024, 2, 512 * 1024, 300 * 1024),
+        512 * 1024,
+        300 * 1024,
+    ));
+    s.run();
+    for (t, at, len) in ts {
+        assert_eq!(s.outcome(0, t).code, Code::Ok, "{:?}", s.outcome(0, t));
+        assert!(s.same((0, 1, at), (1, 2, at), len), "{len} at {at} byte-exact");
+    }
+    s.assert_idle();
+    let sent = s.nodes[0].eng.peers[&P].send_used.lanes().to_vec();
+    let received = s.nodes[1].eng.peers[&P].recv_used.lanes().to_vec();
+    assert!(
+        !sent.is_empty() && sent.len() <= 2,
+        "the pair's eager lanes: {sent:?}"
+    );
+    for &lane in &sent {
+        assert_gpu_pair_lane(&s, 0, lane, 2, 6);
+    }
+    let (mut a, mut b) = (sent.clone(), received);
+    a.sort_unstable();
+    b.sort_unstable();
+    assert_eq!(a, b, "the receiver lists the same lanes");
+    // The lane scan finds no lane with work missing from the lists.
+    for n in &mut s.nodes {
+        let p = n.eng.peers.get_mut(&P).unwrap();
+        assert_eq!(p.mark_lanes_with_work(), 0);
+    }
+}

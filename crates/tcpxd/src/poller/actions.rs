@@ -14,6 +14,11 @@ use crate::lanes::{self, GpuStage, Wait};
 use crate::net::{RecvComm, RequestId};
 use crate::poller::{NotificationEvent, PeerLink};
 
+/// A transfer's progress wakes its waiters only once it is this old: before, it only updates
+/// the status they read (`flush_progress`). `Watch` streams see a longer transfer's progress as
+/// before; one shorter than this sends its final event alone.
+pub(super) const PROGRESS_QUIET: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// A lane's failure: its pairing fails once the pass's actions are done.
 type Failure = (PeerIdx, String);
 
@@ -421,16 +426,26 @@ impl Poller {
         }
     }
 
-    /// Publishes the progress the batch's actions reported (the latest per transfer).
+    /// Publishes the progress the batch's actions reported (the latest per transfer). Waiters
+    /// (`Watch`, and the tasks waiting for the end) are woken only for a transfer older than
+    /// [`PROGRESS_QUIET`]: a short transfer's progress updates its status in place and its end
+    /// is the one wake-up, where each was one more cross-thread wake of the API's runtime for
+    /// the poller (the largest part of the sending poller's time with 8 small transfers in
+    /// flight: docs/BENCHMARKS.md, session 23 gpu-inflight).
     fn flush_progress(&mut self) {
+        if self.progress.is_empty() {
+            return;
+        }
+        let now = Instant::now();
         for (transfer, (bytes_done, total, running)) in self.progress.drain() {
             if let Some(tx) = self.transfers.get(&transfer) {
-                tx.send_modify(|s| {
+                tx.send_if_modified(|s| {
                     s.bytes_done = bytes_done;
                     s.total = total;
                     if running && s.phase == Phase::Offered {
                         s.phase = Phase::Running;
                     }
+                    now.saturating_duration_since(s.started) >= PROGRESS_QUIET
                 });
             }
         }

@@ -29,7 +29,9 @@ impl Poller {
             if p.failed {
                 continue;
             }
-            for (li, l) in p.send.iter_mut().enumerate() {
+            // Only lanes ever opened have a comm (`PeerSlot::send_opened`).
+            for &li in &p.send_opened {
+                let l = &mut p.send[li];
                 if let SendLaneState::Connecting(c, deadline) = &mut l.state {
                     // Each call under the lane's GPU: the plugin reads the current device.
                     if let Err(e) = crate::topology::make_current(l.gpu) {
@@ -52,7 +54,8 @@ impl Poller {
                     }
                 }
             }
-            for (li, l) in p.recv.iter_mut().enumerate() {
+            for &li in &p.recv_opened {
+                let l = &mut p.recv[li];
                 if let RecvLaneState::Accepting(listen, deadline) = &mut l.state {
                     if let Err(e) = crate::topology::make_current(l.gpu) {
                         events.push(Completion::Failed(peer, format!("lane {li}: {e}")));
@@ -128,7 +131,8 @@ impl Poller {
             if p.failed {
                 continue;
             }
-            for (li, l) in p.send.iter_mut().enumerate() {
+            for &li in &p.send_opened {
+                let l = &mut p.send[li];
                 let SendLaneState::Ready(comm) = &mut l.state else {
                     continue;
                 };
@@ -151,7 +155,8 @@ impl Poller {
                 }
             }
             // Completed receives start their unpack, in ring order.
-            for (li, l) in p.recv.iter_mut().enumerate() {
+            for &li in &p.recv_opened {
+                let l = &mut p.recv[li];
                 if !l.deferred.is_empty()
                     && let Err(why) = post_recvs(l, recv_window, buffers)
                 {
@@ -304,7 +309,8 @@ fn consume_unpacked(
             if p.failed {
                 continue;
             }
-            for (li, l) in p.recv.iter_mut().enumerate() {
+            for &li in &p.recv_opened {
+                let l = &mut p.recv[li];
                 let RecvLaneState::Ready(comm) = &mut l.state else {
                     continue;
                 };
@@ -355,12 +361,12 @@ impl Poller {
             || !self.direct_ready.is_empty()
             || self.peers.values().any(|p| {
                 p.direct.as_ref().is_some_and(|d| d.unsent() > 0)
-                    || p.send.iter().any(|l| match &l.state {
+                    || p.send_opened.iter().map(|&i| &p.send[i]).any(|l| match &l.state {
                         SendLaneState::Connecting(..) => true,
                         SendLaneState::Ready(_) => !l.deferred.is_empty(),
                         SendLaneState::Closed => false,
                     })
-                    || p.recv.iter().any(|l| match &l.state {
+                    || p.recv_opened.iter().map(|&i| &p.recv[i]).any(|l| match &l.state {
                         RecvLaneState::Accepting(..) => true,
                         RecvLaneState::Ready(_) => !l.deferred.is_empty() || l.queue.landed() > 0,
                         RecvLaneState::Closed => false,

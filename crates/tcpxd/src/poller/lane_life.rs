@@ -35,6 +35,7 @@ impl Poller {
             .map_err(|e| format!("listen for lane {lane} on device {}: {e}", l.device))?;
         let handle = listen.handle().0.to_vec();
         l.state = RecvLaneState::Accepting(listen, deadline);
+        opened(&mut p.recv_opened, lane);
         tracing::debug!(peer = %p.node_id, lane, device = l.device, gpu = ?l.gpu, "lane listened for");
         self.send_control(peer, PeerMsg::LaneListening { lane, handle });
         Ok(())
@@ -59,6 +60,7 @@ impl Poller {
             .connector(l.device, &handle)
             .map_err(|e| format!("connect lane {lane} on device {}: {e}", l.device))?;
         l.state = SendLaneState::Connecting(c, deadline);
+        opened(&mut p.send_opened, lane);
         tracing::debug!(peer = %p.node_id, lane, device = l.device, gpu = ?l.gpu, "lane connecting");
         Ok(())
     }
@@ -149,5 +151,13 @@ impl Poller {
         if let Some(p) = self.peers.get(&peer) {
             p.link.send_replace(link);
         }
+    }
+}
+
+/// Lists `lane` among a direction's lanes ever opened (once).
+fn opened(list: &mut Vec<usize>, lane: u32) {
+    let lane = lane as usize;
+    if !list.contains(&lane) {
+        list.push(lane);
     }
 }

@@ -600,6 +600,10 @@ struct PeerSlot {
     link: watch::Sender<PeerLink>,
     send: Vec<SendLane>,
     recv: Vec<RecvLane>,
+    /// The lanes of each direction ever opened on this pairing, which the passes walk (a routed
+    /// pairing has hundreds of lanes, a workload uses a few: `engine::lane_use`); only grows.
+    send_opened: Vec<usize>,
+    recv_opened: Vec<usize>,
     /// The peer's first control message came: the pairing is up (`PeerLink::Up`).
     up: bool,
     failed: bool,

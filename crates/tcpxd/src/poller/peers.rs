@@ -156,6 +156,8 @@ impl Poller {
                 link: channels.link,
                 send,
                 recv,
+                send_opened: Vec::new(),
+                recv_opened: Vec::new(),
                 up: false,
                 failed: false,
             },

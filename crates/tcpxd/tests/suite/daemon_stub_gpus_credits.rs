@@ -274,3 +274,59 @@ async fn credit_lanes_closed_when_idle_land_in_gpu_memory_again_when_reopened() 
     let pa = peer(&mut a.client).await;
     assert_eq!((pa.sent_eager, pa.sent_rendezvous), (6, 0), "{pa:?}");
 }
+
+/// Eight transfers in flight between two GPUs at each of 4 KiB, 64 KiB and 1 MiB (the pattern of
+/// `tcpxctl bench transfer --concurrency 8`) on the stand-in's eight GPUs, whose routed pairing
+/// has hundreds of lanes: all by credits, byte-exact, every credit back, and bytes only on the
+/// memory pair's eager lanes (the passes walk the lanes in use: `engine::lane_use`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_in_flight_between_two_gpus_land_by_credits_and_return_every_credit() {
+    let (_dir, mut a, mut b) = pair("inflight").await;
+    let src = cuda_buffer(&mut a.client, 1, 16 * MIB).await;
+    let dst = cuda_buffer(&mut b.client, 6, 16 * MIB).await;
+    fill_seed(&mut a.client, src.id, 0, 0, 23).await;
+    let mut sent = 0;
+    for len in [4 * KIB, 64 * KIB, MIB] {
+        // All eight started before any is waited for.
+        let mut ids = Vec::new();
+        for k in 0..8u64 {
+            let at = k * (2 * MIB) + len / 3;
+            let id = write(&mut a.client, write_entry(&src, at, &dst, at + 5, len), b"")
+                .await
+                .unwrap();
+            ids.push((id, at));
+        }
+        for (id, at) in ids {
+            wait_ok(&mut a.client, id).await;
+            let what = format!("{len} bytes at {at}, 8 in flight");
+            assert_same(
+                &mut a.client,
+                (src.id, at),
+                &mut b.client,
+                (dst.id, at + 5),
+                len,
+                &what,
+            )
+            .await;
+        }
+        sent += 8;
+    }
+    let pa = peer(&mut a.client).await;
+    assert_eq!((pa.sent_eager, pa.sent_rendezvous), (sent, 0), "{pa:?}");
+    let used: Vec<&pb::LaneStats> = pa.lanes.iter().filter(|l| l.bytes_sent > 0).collect();
+    assert!(!used.is_empty() && used.len() <= 2, "{used:?}");
+    for l in &used {
+        assert_eq!(
+            (l.send_kind.as_str(), l.send_memory.as_str()),
+            ("eager", "gpu1>gpu6"),
+            "{l:?}"
+        );
+    }
+    assert!(
+        pa.send_lanes > 100,
+        "the stand-in's routed pairing has hundreds of lanes: {}",
+        pa.send_lanes
+    );
+    credits_back(&mut a.client).await;
+    credits_back(&mut b.client).await;
+}

@@ -51,6 +51,9 @@ impl RecvSide {
         let mut oldest = first;
         let (mut planned, mut finished) = (0u32, 0u32);
         let mut last_end = None;
+        // The first measured transfer's start, read when it is planned: the ring of start times
+        // (`T0_RING`) has reused its slot by the end of a long run.
+        let mut measured_from = None;
         let mut idle = Backoff::new();
         let mut last_progress = Instant::now();
         while finished < job.transfers {
@@ -62,6 +65,9 @@ impl RecvSide {
                     lanes[lane].queue.push_back((at, len, t))
                 });
                 left.push_back(chunks);
+                if t == first + u64::from(job.warmup) {
+                    measured_from = Some(shared.t0(t));
+                }
                 planned += 1;
                 progressed = true;
             }
@@ -104,9 +110,10 @@ impl RecvSide {
             }
             idle.step_or_sleep();
         }
-        let wall = last_end.map_or(Duration::ZERO, |end| {
-            end.saturating_duration_since(shared.t0(first + u64::from(job.warmup)))
-        });
+        let wall = match (last_end, measured_from) {
+            (Some(end), Some(from)) => end.saturating_duration_since(from),
+            _ => Duration::ZERO,
+        };
         Ok((latencies, wall))
     }
 

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Where a many-in-flight run's CPU goes, thread by thread: runs one `tcpxctl bench transfer` (its
+two local daemons) and samples every thread's on-CPU time (`/proc/PID/task/TID/schedstat`) of
+tcpxctl and the daemons it starts, every 10 ms, until they exit. Prints each thread kind's CPU
+time in all and per transfer (µs), beside the bench's own rows.
+
+With N transfers in flight and a core for each busy thread, the slowest thread bounds the rate:
+a thread at X µs of CPU per transfer caps it at 1/X transfers a second, however deep the queue.
+So the thread whose CPU per transfer is nearest the measured wall time per transfer is the one
+that serializes (on a host with cores to spare; on a loaded 2-core VM read the per-transfer CPU,
+not the wall time).
+
+    python3 benches/inflight_threads.py --tcpxctl target/release/tcpxctl -- \\
+        --sizes 64K --iters 2000 --warmup 50 --concurrency 8 [--cuda 0]
+
+Everything after `--` goes to `tcpxctl bench transfer` (use one size: the transfer count is
+`--iters + --warmup` of it). Setup (start, pairing, fill, checksum) is counted too; with a few
+thousand transfers it is a small part. A poller's CPU includes its polling while transfers are
+in flight (yields on a small host; with `runtime.spin`, on by default from 8 CPUs, it never
+sleeps while traffic flows): set `TCPXD_SPIN=off` for the work alone, and split a thread's time
+with `perf record -t TID` (the daemons' release builds keep their symbols).
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+
+def threads_of(pid):
+    """{tid: (name, on-CPU ns)} of one process; {} once it is gone."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except OSError:
+            continue
+        out[int(tid)] = (name, ns)
+    return out
+
+
+def children(pid):
+    """The pids of `pid`'s children (every thread's)."""
+    kids = set()
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids.update(int(k) for k in f.read().split())
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return kids
+
+
+def arg_value(args, name, default):
+    for i, a in enumerate(args):
+        if a == name and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return default
+
+
+def kind(name):
+    """Threads grouped by what they are: numbered threads of one kind together."""
+    return re.sub(r"[-_ ]?\d+$", "", name) or name
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tcpxctl", default="tcpxctl")
+    ap.add_argument("--raw", action="store_true", help="run `tcpxctl bench raw` (the plugin alone, one process) instead")
+    ap.add_argument("bench", nargs=argparse.REMAINDER, help="-- then `tcpxctl bench transfer`'s arguments")
+    a = ap.parse_args()
+    bench = [x for x in a.bench if x != "--"] if a.bench[:1] == ["--"] else a.bench
+    transfers = int(arg_value(bench, "--iters", "100")) + int(arg_value(bench, "--warmup", "10"))
+    proc = subprocess.Popen([a.tcpxctl, "bench", "raw" if a.raw else "transfer", *bench], stdout=subprocess.PIPE, text=True)
+    # (role, tid) -> (name, last ns seen)
+    seen = {}
+    roles = {proc.pid: "tcpxctl"}
+    while proc.poll() is None:
+        for kid in children(proc.pid):
+            if kid not in roles:
+                roles[kid] = f"daemon{len(roles)}"  # a (issues the transfers) first, then b
+        for pid, role in roles.items():
+            for tid, (name, ns) in threads_of(pid).items():
+                seen[(role, tid)] = (name, ns)
+        time.sleep(0.01)
+    out = proc.stdout.read()
+    print(out, end="")
+    per = defaultdict(lambda: [0, 0])
+    for (role, _), (name, ns) in seen.items():
+        k = (role.replace("daemon1", "daemon a").replace("daemon2", "daemon b"), kind(name))
+        per[k][0] += ns
+        per[k][1] += 1
+    print(f"\nCPU per thread kind ({transfers} transfers; µs per transfer = CPU ÷ transfers):")
+    print(f"{'process':<10} {'threads':<28} {'n':>3} {'CPU ms':>9} {'µs/transfer':>12}")
+    for (role, k), (ns, n) in sorted(per.items(), key=lambda kv: -kv[1][0]):
+        if ns < 1e6:
+            continue
+        print(f"{role:<10} {k:<28} {n:>3} {ns / 1e6:>9.1f} {ns / 1e3 / transfers:>12.1f}")
+    return proc.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
