@@ -30,7 +30,7 @@ import time
 import weakref
 from typing import Any, Iterator, List, Optional, Sequence, Set, Union
 
-from . import _ops, _proto
+from . import _ops, _proto, _waited
 from ._ops import TransferResult
 from .errors import Cancelled, DeadlineExceeded, ResourceExhausted, TcpxdError, Unavailable, from_status
 
@@ -81,6 +81,24 @@ def socket_path(endpoint: str) -> Optional[str]:
 def request_frame(tag: int, field: str, req: Any) -> Optional[bytes]:
     """The frame of a `SessionRequest` carrying `req` in its `field`; None when it is too large."""
     return frame(_proto.message("SessionRequest")(tag=tag, **{field: req}))
+
+
+_SESSION_KEYS: dict = {}
+
+
+def body_frame(tag: int, field: str, body: bytes) -> Optional[bytes]:
+    """The frame of a `SessionRequest` whose `field` carries `body`, that field's message already
+    serialized (tcpxd._waited): the same bytes as `request_frame`, without a message to build and
+    copy; None when it is too large."""
+    key = _SESSION_KEYS.get(field)
+    if key is None:
+        num = _proto.message("SessionRequest").DESCRIPTOR.fields_by_name[field].number
+        key = _SESSION_KEYS[field] = _waited.varint((num << 3) | 2)
+    head = b"\x08" + _waited.varint(tag) + key + _waited.varint(len(body)) if tag else key + _waited.varint(len(body))
+    n = len(head) + len(body)
+    if n > MAX_FRAME:
+        return None
+    return HEADER.pack(n) + head + body
 
 
 def frame(msg: Any) -> Optional[bytes]:
@@ -165,35 +183,45 @@ class Connection:
         self._tag = 0
         self._timeout: Optional[float] = None  # the socket's, set only when it changes
         self._poll: Any = None  # `_spin`'s (made on first use; a connection is one thread's at a time)
+        self._ready_poll: Any = None  # `ready`'s (its callers hold a lock)
+        self._readable = False  # `_spin` saw the answer: `_fill` reads without waiting
 
-    def exchange(self, field: str, req: Any, timeout: Optional[float], fd: Optional[int] = None) -> Optional[Any]:
-        """Sends one request (with the file descriptor `fd` attached, for `register_host_fd`) and
-        returns the daemon's event (a SessionEvent); None when the request is too large for a frame.
-        Raises Gone when the connection ended unanswered, socket.timeout when `timeout` (plus
-        BACKSTOP) passed."""
-        if not self.send(field, req, timeout, fd):
+    def exchange(self, field: str, req: Any, timeout: Optional[float], fd: Optional[int] = None,
+                 body: Optional[bytes] = None) -> Optional[Any]:
+        """Sends one request (with the file descriptor `fd` attached, for `register_host_fd`; `body`:
+        its field's message serialized already, in place of `req`) and returns the daemon's event
+        (a SessionEvent); None when the request is too large for a frame. Raises Gone when the
+        connection ended unanswered, socket.timeout when `timeout` (plus BACKSTOP) passed."""
+        if not self.send(field, req, timeout, fd, body=body):
             return None
         if SPIN_S > 0 and not self._ahead:
-            self._spin(SPIN_S)
+            self._readable = self._spin(SPIN_S)
         return self.receive()
 
-    def _spin(self, budget: float) -> None:
-        """Looks for the answer without blocking for up to `budget` seconds (then `receive`
-        blocks as ever)."""
+    def _poller(self) -> Any:
         waiter = self._poll
         if waiter is None:
             waiter = self._poll = select.poll()
             waiter.register(self.sock.fileno(), select.POLLIN)
+        return waiter
+
+    def _spin(self, budget: float) -> bool:
+        """Looks for the answer without blocking for up to `budget` seconds (then `receive`
+        blocks as ever); whether it came."""
+        waiter = self._poller()
         end = time.perf_counter() + budget
-        while not waiter.poll(0) and time.perf_counter() < end:
-            pass
+        while not waiter.poll(0):
+            if time.perf_counter() >= end:
+                return False
+        return True
 
     def send(self, field: str, req: Any, timeout: Optional[float], fd: Optional[int] = None,
-             fds: Sequence[int] = ()) -> bool:
+             fds: Sequence[int] = (), body: Optional[bytes] = None) -> bool:
         """Sends one request without waiting for its answer (`receive`, in order, for requests
-        the daemon answers in order: registrations); False when it is too large for a frame."""
+        the daemon answers in order: registrations); False when it is too large for a frame.
+        `body`: the field's message serialized already (then `req` is not used)."""
         self._tag += 1
-        frame = request_frame(self._tag, field, req)
+        frame = request_frame(self._tag, field, req) if body is None else body_frame(self._tag, field, body)
         if frame is None:
             return False
         wait = None if timeout is None else timeout + BACKSTOP
@@ -247,12 +275,17 @@ class Connection:
     def receive(self) -> Any:
         """The daemon's next event. Bytes past it (the next pipelined answers) are kept for the
         next call; a connection carrying one request at a time never has any."""
-        have = self._fill(HEADER.size, self._ahead)
-        end = HEADER.size + frame_length(self._buf[: HEADER.size])
-        if end > len(self._buf):
-            self._buf.extend(bytes(end - len(self._buf)))
-        have = self._fill(end, have)
-        with memoryview(self._buf) as view:
+        buf = self._buf
+        have = self._ahead
+        if have < HEADER.size:
+            have = self._fill(HEADER.size, have)
+        (n,) = HEADER.unpack_from(buf)
+        end = HEADER.size + (n if n <= _ops.MAX_MESSAGE else frame_length(buf[: HEADER.size]))
+        if end > have:
+            if end > len(buf):
+                buf.extend(bytes(end - len(buf)))
+            have = self._fill(end, have)
+        with memoryview(buf) as view:
             ev = _proto.message("SessionEvent").FromString(view[HEADER.size : end])
         self._ahead = have - end
         if self._ahead:
@@ -262,8 +295,17 @@ class Connection:
     def ready(self) -> List[Any]:
         """The events that have arrived, without waiting (MSG_DONTWAIT, on a socket without a
         timeout: Python would wait that long first): none when nothing has. Raises Gone once the
-        daemon closed the connection and every event before that was returned."""
+        daemon closed the connection and every event before that was returned. Nothing there is
+        found by a `poll(0)` (~0.4 µs), not by a receive that raises (~1.2 µs): a loop polling
+        tight mostly finds nothing. Called by one thread at a time (its caller's lock)."""
         have, ended = self._ahead, False
+        if not have:
+            waiter = self._ready_poll
+            if waiter is None:
+                waiter = self._ready_poll = select.poll()
+                waiter.register(self.sock.fileno(), select.POLLIN)
+            if not waiter.poll(0):  # (the end of the connection and errors are reported too)
+                return []
         while True:
             if have == len(self._buf):
                 self._buf.extend(bytes(len(self._buf)))
@@ -300,9 +342,19 @@ class Connection:
         return out
 
     def _fill(self, need: int, have: int) -> int:
-        """Receives until `need` bytes are in the buffer; returns how many there are."""
+        """Receives until `need` bytes are in the buffer; returns how many there are.
+
+        On a blocking socket (no timeout) it waits in `poll` for POLLIN, not in `recv`: a thread
+        asleep in a unix socket's `recv` is also woken (for nothing) when the daemon reads the
+        request this thread just sent — the kernel wakes the socket's waiters for room to write,
+        and a `recv`'s wait does not filter that out, `poll`'s does (2 context switches a call
+        instead of 1 on the 2-core VM; docs/BENCHMARKS.md, "Session 23, client-leg"). With a
+        timeout Python itself polls first."""
         with memoryview(self._buf) as view:
             while have < need:
+                if self._timeout is None and not self._readable:
+                    self._poller().poll()
+                self._readable = False
                 try:
                     got = self.sock.recv_into(view[have:])
                 except ConnectionResetError:
@@ -415,8 +467,9 @@ class LocalSessions:
         self._closed = False
         _pools.add(self)
 
-    def run(self, field: str, req: Any, timeout: Optional[float]) -> Optional[TransferResult]:
-        """The transfer's result (or its exception); None when it should go through gRPC."""
+    def run(self, field: str, req: Any, timeout: Optional[float], body: Optional[bytes] = None) -> Optional[TransferResult]:
+        """The transfer's result (or its exception); None when it should go through gRPC. `body`:
+        the request serialized already (tcpxd._waited), in place of `req`."""
         reused = True
         while True:
             conn = self._take()
@@ -425,7 +478,7 @@ class LocalSessions:
                 if conn is None:
                     return None
             try:
-                ev = conn.exchange(field, req, timeout)
+                ev = conn.exchange(field, req, timeout, body=body)
             except Gone as e:
                 self._drop(conn)
                 if self._closed:

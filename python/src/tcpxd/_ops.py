@@ -367,7 +367,8 @@ def result(event: Any) -> TransferResult:
         total_bytes=event.total_bytes,
         bytes_done=event.bytes_done,
         elapsed_us=event.elapsed_us,
-        entries=[(e.code, e.message) for e in event.entries],
+        # (a transfer of one range, or a packed batch, has none: no comprehension to run)
+        entries=[(e.code, e.message) for e in entries] if (entries := event.entries) else [],
     )
 
 

@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import grpc
 
-from . import _blocks, _exit, _hostmem, _local, _ops, _proto, _reattach, _tensor
+from . import _blocks, _exit, _hostmem, _local, _ops, _proto, _reattach, _tensor, _waited
 # The public classes that live in other modules, re-exported explicitly (`X as X`: strict type
 # checkers see them as this module's).
 from ._handles import BlockList as BlockList
@@ -325,9 +325,9 @@ class Client:
 
     # -- transfers
 
-    def _start(self, name: str, req: Any, timeout: Optional[float], wait: bool) -> Any:
+    def _start(self, name: str, req: Any, timeout: Optional[float], wait: bool, tried_local: bool = False) -> Any:
         # `wait` means nothing in a session; the request's `timeout_ms` is its deadline there.
-        if wait and self._local is not None:
+        if wait and self._local is not None and not tried_local:
             r = self._local.run(SESSION_FIELD[name], req, timeout)
             if r is not None:
                 return r
@@ -357,8 +357,16 @@ class Client:
         orders the send after the GPU work recorded before it. With `wait` (default) returns a
         TransferResult once the bytes landed; else a Transfer to wait on or cancel. `timeout`
         (seconds) is the transfer's deadline (default: the daemon's)."""
+        tried = False
+        if wait and self._local is not None and self._local.available is not False:  # the request written directly
+            body = _waited.write_body(local, remote, length, local_offset, remote_offset, notification, ready_event, timeout)
+            if body is not None:
+                r = self._local.run("write", None, timeout, body)
+                if r is not None:
+                    return r
+                tried = True
         req = _ops.write_request(WriteOp(local, remote, length, local_offset, remote_offset), notification, ready_event, timeout, wait)
-        return self._start("Write", req, timeout, wait)
+        return self._start("Write", req, timeout, wait, tried)
 
     def read(
         self,
@@ -372,8 +380,16 @@ class Client:
         wait: bool = True,
     ) -> Any:
         """READ `length` bytes (default: the rest of `local`) of a remote buffer into `local`."""
+        tried = False
+        if wait and self._local is not None and self._local.available is not False:  # the request written directly
+            body = _waited.read_body(remote, local, length, remote_offset, local_offset, timeout)
+            if body is not None:
+                r = self._local.run("read", None, timeout, body)
+                if r is not None:
+                    return r
+                tried = True
         req = _ops.read_request(ReadOp(remote, local, length, remote_offset, local_offset), timeout, wait)
-        return self._start("Read", req, timeout, wait)
+        return self._start("Read", req, timeout, wait, tried)
 
     def write_batch(
         self,

@@ -37,6 +37,7 @@ mod daemon_lane_life;
 mod daemon_local;
 mod daemon_local_inline;
 mod daemon_local_notify;
+mod daemon_local_starting;
 mod daemon_lone_notice;
 mod daemon_pairing;
 mod daemon_pairing_life;

@@ -10,6 +10,13 @@
 //! earlier in the same read ends before the owner starts). Batches no frame claimed (a client
 //! that sent descriptors with other frames) are closed as the frames pass them. Safe code only:
 //! rustix's `recvmsg` hands the descriptors over as `OwnedFd`s (close-on-exec).
+//!
+//! The connection is registered with the runtime for reading only ([`AsyncFd`] with
+//! `Interest::READABLE`): a registration that also asked for writability (tokio's `UnixStream`
+//! does) is woken by every event the client reads — the kernel wakes a socket's EPOLLOUT waiters
+//! when the peer's read frees its send buffer — so each answer cost the client's `recv` the wake
+//! of a parked runtime worker (1.8 → 6.1–6.4 µs a `recv` on the 2-core VM) and the daemon a
+//! worker woken for nothing (docs/BENCHMARKS.md, "Session 23, client-leg").
 
 use std::collections::VecDeque;
 use std::io;
@@ -20,8 +27,10 @@ use std::task::{Context, Poll, ready};
 
 use bytes::BytesMut;
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags};
-use tokio::io::{AsyncRead, Interest, ReadBuf};
-use tokio::net::unix::OwnedReadHalf;
+use std::os::unix::net::UnixStream;
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, ReadBuf};
 use tokio_util::codec::Decoder;
 use tonic::Status;
 
@@ -47,26 +56,35 @@ struct Batch {
     truncated: bool,
 }
 
+/// `io` registered with the current runtime for `interest` only (tokio's own socket types always
+/// ask for both directions).
+///
+/// tokio deprecated this constructor (#8587) because, generic over any `AsRawFd`, it cannot
+/// know that the descriptor stays the same while registered; for an owned `UnixStream` it does
+/// (the stream is moved in and its descriptor never changes), which is what the unsafe
+/// replacement asks its caller to promise — without an `unsafe` block outside the FFI edges.
+#[allow(deprecated)]
+pub fn register(io: UnixStream, interest: tokio::io::Interest) -> io::Result<AsyncFd<UnixStream>> {
+    AsyncFd::with_interest(io, interest)
+}
+
 /// The request side of a local session, read with `recvmsg` so descriptors can come along.
 pub struct FdReader {
-    io: OwnedReadHalf,
+    io: AsyncFd<UnixStream>,
     /// Bytes read so far (after the preface).
     received: u64,
     batches: VecDeque<Batch>,
 }
 
 impl FdReader {
-    pub fn new(io: OwnedReadHalf) -> FdReader {
-        FdReader {
-            io,
+    /// Reads `io` (non-blocking), registered with the current runtime for reading only.
+    pub fn new(io: UnixStream) -> io::Result<FdReader> {
+        io.set_nonblocking(true)?;
+        Ok(FdReader {
+            io: register(io, tokio::io::Interest::READABLE)?,
             received: 0,
             batches: VecDeque::new(),
-        }
-    }
-
-    /// The connection.
-    pub fn into_inner(self) -> OwnedReadHalf {
-        self.io
+        })
     }
 
     /// The one descriptor that came with the frame at stream offsets `[start, end)`. Batches
@@ -137,13 +155,13 @@ impl AsyncRead for FdReader {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         loop {
-            ready!(this.io.as_ref().poll_read_ready(cx))?;
+            let mut guard = ready!(this.io.poll_read_ready(cx))?;
             let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
             let mut control = RecvAncillaryBuffer::new(&mut space);
             let dst = buf.initialize_unfilled();
-            let got = this.io.as_ref().try_io(Interest::READABLE, || {
+            let got = guard.try_io(|io| {
                 rustix::net::recvmsg(
-                    this.io.as_ref(),
+                    io.get_ref(),
                     &mut [io::IoSliceMut::new(dst)],
                     &mut control,
                     RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
@@ -151,9 +169,11 @@ impl AsyncRead for FdReader {
                 .map_err(io::Error::from)
             });
             let msg = match got {
-                Ok(msg) => msg,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Err(e) => return Poll::Ready(Err(e)),
+                Ok(Ok(msg)) => msg,
+                Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                // Not readable after all (readiness cleared): wait for the next edge.
+                Err(_would_block) => continue,
             };
             let mut fds = Vec::new();
             for m in control.drain() {
@@ -225,7 +245,6 @@ mod tests {
 
     use prost::Message;
     use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
-    use tokio::net::UnixStream;
     use tokio_stream::StreamExt;
     use tokio_util::codec::FramedRead;
 
@@ -270,15 +289,52 @@ mod tests {
         rustix::fs::fstat(fd).unwrap().st_ino
     }
 
+    /// The epoll events every epoll set of this process asks for `fd` (from /proc/self/fdinfo).
+    fn epoll_masks(fd: i32) -> Vec<u32> {
+        let mut masks = Vec::new();
+        for entry in std::fs::read_dir("/proc/self/fdinfo").unwrap().flatten() {
+            let Ok(info) = std::fs::read_to_string(entry.path()) else {
+                continue;
+            };
+            for line in info.lines().filter(|l| l.starts_with("tfd:")) {
+                let mut words = line.split_whitespace();
+                let tfd = words.nth(1).and_then(|w| w.parse::<i32>().ok());
+                let events = words.nth(1).and_then(|w| u32::from_str_radix(w, 16).ok());
+                if let (Some(t), Some(ev)) = (tfd, events)
+                    && t == fd
+                {
+                    masks.push(ev);
+                }
+            }
+        }
+        masks
+    }
+
+    #[tokio::test]
+    async fn the_connection_is_registered_for_reading_only() {
+        use std::os::fd::AsRawFd;
+        const EPOLLIN: u32 = 0x1;
+        const EPOLLOUT: u32 = 0x4;
+        let (ours, _theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let fd = ours.as_raw_fd();
+        let reader = FdReader::new(ours).unwrap();
+        let masks = epoll_masks(fd);
+        assert!(!masks.is_empty(), "registered");
+        // Asked for, EPOLLOUT would wake a parked worker on every read the client makes.
+        assert!(
+            masks.iter().all(|m| m & EPOLLIN != 0 && m & EPOLLOUT == 0),
+            "{masks:x?}"
+        );
+        drop(reader);
+        // What tokio's own socket asks for (why the reader does not use it).
+        let (plain, _other) = tokio::net::UnixStream::pair().unwrap();
+        let masks = epoll_masks(plain.as_raw_fd());
+        assert!(masks.iter().any(|m| m & EPOLLOUT != 0), "{masks:x?}");
+    }
+
     #[tokio::test]
     async fn each_registration_gets_the_descriptor_sent_with_its_frame() {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
-        let (read, _write) = UnixStream::from_std({
-            ours.set_nonblocking(true).unwrap();
-            ours
-        })
-        .unwrap()
-        .into_split();
         let files: Vec<OwnedFd> = (0..3).map(|_| OwnedFd::from(tempfile_like())).collect();
         // A plain frame, then three registrations each with its descriptor, then a frame that
         // brings a stray descriptor, then a registration without one: all in the socket before
@@ -291,7 +347,7 @@ mod tests {
         send_with(&theirs, &register(20), &[]);
         send_with(&theirs, &register(21), &[&files[1], &files[2]]);
         drop(theirs);
-        let mut framed = FramedRead::new(FdReader::new(read), Positioned::default());
+        let mut framed = FramedRead::new(FdReader::new(ours).unwrap(), Positioned::default());
         let mut got = Vec::new();
         while let Some(req) = framed.next().await {
             let req = req.unwrap();

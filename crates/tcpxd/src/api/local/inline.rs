@@ -10,7 +10,10 @@
 //!
 //! What such a future may do when polled is what the waking thread may: only non-blocking work
 //! (the channels' reads, encoding an event, a non-blocking write). It runs on no runtime: no
-//! timers, no I/O readiness, no spawning.
+//! timers, no I/O readiness, no spawning — unless it was started with a runtime's handle
+//! ([`Inline::start_in`]): then each poll runs inside that runtime's context, so a future that
+//! may, on a rare path, wait for a timer or a connection (a transfer's start whose pairing closed
+//! when idle meanwhile, `crate::api::session::starting`) can, whichever thread polls it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -32,14 +35,33 @@ pub struct Inline {
     state: AtomicU8,
     /// `None` once completed or stopped.
     future: Mutex<Option<Task>>,
+    /// The runtime whose context each poll enters, if any.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Inline {
     /// Polls `future` once now (on the calling thread), then each time it is woken.
     pub fn start(future: impl Future<Output = ()> + Send + 'static) -> Arc<Inline> {
+        Inline::begin(future, None)
+    }
+
+    /// As [`Inline::start`], each poll inside `runtime`'s context (timers and I/O may be
+    /// created and awaited, whichever thread polls).
+    pub fn start_in(
+        runtime: tokio::runtime::Handle,
+        future: impl Future<Output = ()> + Send + 'static,
+    ) -> Arc<Inline> {
+        Inline::begin(future, Some(runtime))
+    }
+
+    fn begin(
+        future: impl Future<Output = ()> + Send + 'static,
+        runtime: Option<tokio::runtime::Handle>,
+    ) -> Arc<Inline> {
         let task = Arc::new(Inline {
             state: AtomicU8::new(IDLE),
             future: Mutex::new(Some(Box::pin(future))),
+            runtime,
         });
         task.clone().run();
         task
@@ -73,6 +95,7 @@ impl Inline {
         }
         let waker = Waker::from(self.clone());
         let mut cx = Context::from_waker(&waker);
+        let _context = self.runtime.as_ref().map(|r| r.enter());
         loop {
             {
                 let mut slot = self.future.lock().unwrap_or_else(|e| e.into_inner());
@@ -127,6 +150,35 @@ mod tests {
         .unwrap();
         assert!(task.finished());
         assert_eq!(*seen.lock().unwrap(), vec![(3, sender)]);
+    }
+
+    #[test]
+    fn start_in_polls_inside_the_runtime_whichever_thread_wakes_it() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_time()
+            .build()
+            .unwrap();
+        let (tx, mut rx) = watch::channel(0u32);
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let task = Inline::start_in(rt.handle().clone(), async move {
+            rx.wait_for(|v| *v == 1).await.unwrap();
+            // Polled by the plain thread below: a timer needs the runtime's context.
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            done_tx.send(std::thread::current().id()).unwrap();
+        });
+        let waker = std::thread::spawn(move || {
+            tx.send(1).unwrap();
+            std::thread::current().id()
+        })
+        .join()
+        .unwrap();
+        let finisher = done_rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("the timer fired");
+        // The sleep's end was polled by the runtime's timer, not the thread that sent.
+        assert_ne!(finisher, waker);
+        drop(task);
     }
 
     #[test]

@@ -18,13 +18,14 @@ pub mod listener;
 pub mod outbox;
 
 use std::future::pending;
+use std::net::Shutdown;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
-use tokio::net::unix::OwnedWriteHalf;
 use tokio_stream::StreamExt;
 use tokio_util::codec::FramedRead;
 
@@ -68,14 +69,26 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
             return;
         }
     };
-    let (read, write) = stream.into_split();
+    // Registered for reading only (fds.rs says why): writability is asked for only while events
+    // wait for room (`FramedEvents::flush`).
+    let reader = stream
+        .into_std()
+        .and_then(|io| Ok((io.try_clone()?, FdReader::new(io)?)));
+    let (conn, reader) = match reader {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!("local session: cannot register the connection for reading ({e}); closing it");
+            return;
+        }
+    };
     let mut requests = FramedRequests {
-        frames: FramedRead::new(FdReader::new(read), Positioned::default()),
+        frames: FramedRead::new(reader, Positioned::default()),
         unsealed,
         peer_pid,
     };
     let mut events = FramedEvents {
-        io: write,
+        conn,
+        writable: None,
         outbox,
         hangup: None,
     };
@@ -84,9 +97,9 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
     if ended.is_ok() {
         let _ = events.flush().await;
     }
-    let _ = events.io.shutdown().await;
+    let _ = events.conn.shutdown(Shutdown::Write);
     if ended.is_err() {
-        let mut read = requests.frames.into_inner().into_inner();
+        let mut read = requests.frames.into_inner();
         let mut sink = [0u8; 16 << 10];
         let _ = tokio::time::timeout(LINGER, async {
             while matches!(read.read(&mut sink).await, Ok(n) if n > 0) {}
@@ -153,7 +166,11 @@ impl Requests for FramedRequests {
 /// The event side: frames pushed into the connection's outbox, written at once as far as the
 /// socket takes them; the rest written here once it is writable.
 struct FramedEvents {
-    io: OwnedWriteHalf,
+    /// The connection (a descriptor of its own): shut down for writing at the end.
+    conn: std::os::unix::net::UnixStream,
+    /// Registered for writability only while pushed events wait for room: a registration for it
+    /// is woken by every event the client reads (fds.rs).
+    writable: Option<AsyncFd<std::os::unix::net::UnixStream>>,
     outbox: Arc<Outbox>,
     /// Watches the connection for the client's going away once it has half-closed.
     hangup: Option<UnixStream>,
@@ -164,19 +181,35 @@ impl FramedEvents {
     /// connection failed.
     async fn flush(&mut self) -> Result<(), Gone> {
         while self.outbox.backlog() > 0 || self.outbox.is_broken() {
-            if self.io.as_ref().writable().await.is_err() {
-                return Err(Gone);
+            if self.writable.is_none() {
+                let watch = self
+                    .conn
+                    .try_clone()
+                    .and_then(|w| fds::register(w, Interest::WRITABLE));
+                match watch {
+                    Ok(w) => self.writable = Some(w),
+                    Err(e) => {
+                        tracing::warn!("local session: cannot wait for room to write ({e}); closing it");
+                        return Err(Gone);
+                    }
+                }
             }
-            match self
-                .io
-                .as_ref()
-                .try_io(Interest::WRITABLE, || self.outbox.flush())
-            {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(_) => return Err(Gone),
+            let Some(w) = &self.writable else {
+                return Err(Gone);
+            };
+            let Ok(mut ready) = w.writable().await else {
+                return Err(Gone);
+            };
+            match ready.try_io(|_| self.outbox.flush()) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Ok(Err(_)) => return Err(Gone),
+                // Not writable after all (readiness cleared): wait for the next edge.
+                Err(_would_block) => {}
             }
         }
+        // Nothing waits for room: no registration that the client's reads would wake.
+        self.writable = None;
         Ok(())
     }
 }
@@ -210,8 +243,7 @@ impl Events for FramedEvents {
         }
         if self.hangup.is_none() {
             let watch = self
-                .io
-                .as_ref()
+                .conn
                 .as_fd()
                 .try_clone_to_owned()
                 .map(std::os::unix::net::UnixStream::from)

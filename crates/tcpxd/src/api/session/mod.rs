@@ -33,7 +33,7 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::delivery::{Delivered, Subscription, deliver_finished, deliver_notifications, notification_event};
+use super::delivery::{Delivered, Subscription, deliver_notifications, notification_event};
 use super::finished_tags::{FinishedTags, already_finished};
 use super::local::inline::Inline;
 use super::local::outbox::{BACKLOG, Outbox};
@@ -43,15 +43,17 @@ use super::proto::v1::session_event::Event;
 use super::proto::v1::session_request::Op;
 use super::register_batch::MAX_BATCH;
 use super::state::DaemonState;
-use super::transfers::{self, Started, cancel_unheard};
+use super::transfers::{self, cancel_unheard};
 use crate::engine::{TransferId, TransferKind};
 use crate::poller::NotificationEvent;
 
 mod registrations;
+mod starting;
 mod transport;
 
 pub use registrations::MAX_REGISTRATION_LISTS;
 use registrations::registration;
+use starting::{Known, Start, Starting};
 pub use transport::{Events, Gone, Incoming, Requests};
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
@@ -89,6 +91,7 @@ pub async fn serve<R: Requests, E: Events>(
         outbox: events.outbox(),
         events,
         open: HashMap::new(),
+        starting: HashMap::new(),
         finished: FinishedTags::default(),
         waiting: JoinSet::new(),
         inline: HashMap::new(),
@@ -106,6 +109,9 @@ struct Session<'e, E> {
     events: &'e mut E,
     /// Unfinished transfers by tag.
     open: HashMap<u64, TransferId>,
+    /// With an outbox: unfinished transfers by tag, each started inline (`starting.rs`), its
+    /// id once the poller gave it.
+    starting: HashMap<u64, Arc<Starting>>,
     /// The last finished ones, for `cancel_tag`'s answer.
     finished: FinishedTags,
     /// One task per open transfer, ending with its tag and final event (without an outbox).
@@ -151,12 +157,17 @@ impl<E: Events> Session<'_, E> {
         let mut held: Option<Incoming> = None;
         let ended = loop {
             self.reap();
-            if !reading && self.waiting.is_empty() && self.open.is_empty() && held.is_none() {
+            if !reading
+                && self.waiting.is_empty()
+                && self.open.is_empty()
+                && self.starting.is_empty()
+                && held.is_none()
+            {
                 break Ok(());
             }
             // A client that does not read its events is not read from either (backpressure).
             let room = self.outbox.as_ref().is_none_or(|o| o.backlog() < BACKLOG);
-            let draining = !reading && !self.open.is_empty();
+            let draining = !reading && (!self.open.is_empty() || !self.starting.is_empty());
             let next = if let Some(h) = held.take() {
                 Next::Incoming(h)
             } else {
@@ -253,12 +264,25 @@ impl<E: Events> Session<'_, E> {
                 cancel_unheard(&self.state.poller, id);
             }
         }
+        // A start still on its way cancels its transfer itself when the id comes (`abandon`).
+        for (_, slot) in self.starting.drain() {
+            if let Some(id) = slot.abandon()
+                && self.state.same_node.cancel(id.0).is_none()
+            {
+                cancel_unheard(&self.state.poller, id);
+            }
+        }
         self.waiting.abort_all();
     }
 
     /// Stops the inline deliveries still waiting (the session ends: nothing more is written).
     fn stop_inline(&mut self) {
-        for (_, task) in self.inline.drain() {
+        for (tag, task) in self.inline.drain() {
+            // A start still waiting for its id is left to run: dropping it would drop the
+            // poller's answer, and with it the id to cancel (`cancel_all` marks it abandoned).
+            if self.starting.get(&tag).is_some_and(|s| s.id().is_none()) {
+                continue;
+            }
             task.stop();
         }
         if let Some((_, Subscription::Inline(task))) = self.notifications.take() {
@@ -274,6 +298,10 @@ impl<E: Events> Session<'_, E> {
         let tags = std::mem::take(&mut *self.delivered.tags.lock().unwrap_or_else(|e| e.into_inner()));
         for tag in tags {
             if let Some(id) = self.open.remove(&tag) {
+                self.finished.record(tag, id);
+            }
+            // (a refused start has no id: nothing to record)
+            if let Some(id) = self.starting.remove(&tag).and_then(|s| s.id()) {
                 self.finished.record(tag, id);
             }
             self.inline.remove(&tag);
@@ -313,7 +341,7 @@ impl<E: Events> Session<'_, E> {
                 .refuse(0, Status::invalid_argument("tag: must be nonzero"))
                 .await;
         }
-        if self.open.contains_key(&tag) || self.notifications.as_ref().is_some_and(|s| s.0 == tag) {
+        if self.tag_open(tag) {
             return self
                 .refuse(
                     tag,
@@ -323,7 +351,7 @@ impl<E: Events> Session<'_, E> {
                 )
                 .await;
         }
-        let started = match req.op {
+        let start = match req.op {
             None => Err(Status::invalid_argument(
                 "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd, prepare_blocks, release_prepared, write_prepared, read_prepared, register_client_memory, subscribe, register_batch, release_batch",
             )),
@@ -335,47 +363,33 @@ impl<E: Events> Session<'_, E> {
             | Some(Op::ReleaseBatch(_)) => Err(Status::internal(
                 "a registration reached the transfer path (registrations go in batches)",
             )),
-            Some(Op::Write(r)) => match transfers::write_batch(r) {
-                Ok(b) => self.start_write(b).await,
-                Err(e) => Err(e),
-            },
-            Some(Op::WriteBatch(b)) => self.start_write(b).await,
-            Some(Op::Read(r)) => match transfers::read_batch(r) {
-                Ok(b) => self.start_read(b).await,
-                Err(e) => Err(e),
-            },
-            Some(Op::ReadBatch(b)) => self.start_read(b).await,
             Some(Op::PrepareBlocks(r)) => return self.prepare(tag, r).await,
             Some(Op::ReleasePrepared(id)) => return self.release_prepared(tag, id).await,
-            Some(Op::WritePrepared(r)) => {
-                let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
-                let t = prepared::write_transfer(r, &self.state.buffers);
-                self.state.start_prepared(TransferKind::Write, t, deadline).await
-            }
-            Some(Op::ReadPrepared(r)) => {
-                let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
-                let t = prepared::read_transfer(r, &self.state.buffers);
-                self.state.start_prepared(TransferKind::Read, t, deadline).await
-            }
-            Some(Op::WriteBlocks(r)) => {
-                let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
-                self.state.start_write_blocks(r, deadline).await
-            }
-            Some(Op::ReadBlocks(r)) => {
-                let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
-                self.state.start_read_blocks(r, deadline).await
-            }
+            Some(op) => self.transfer_start(op),
         };
-        match started {
-            Ok(s) if self.outbox.is_some() => {
-                self.open.insert(tag, s.id);
-                let outbox = self.outbox.clone().expect("checked");
-                let task = Inline::start(deliver_finished(tag, s, outbox, self.delivered.clone()));
-                if !task.finished() {
-                    self.inline.insert(tag, task);
-                }
-                Ok(())
+        let start = match start {
+            Ok(s) => s,
+            Err(status) => return self.refuse(tag, status).await,
+        };
+        if let Some(outbox) = self.outbox.clone() {
+            // Its checks run now, in the first poll; the rest where the poller answers.
+            let slot = Arc::new(Starting::default());
+            let run = starting::run(
+                tag,
+                start,
+                slot.clone(),
+                self.state.clone(),
+                outbox,
+                self.delivered.clone(),
+            );
+            let task = Inline::start_in(tokio::runtime::Handle::current(), run);
+            if !task.finished() {
+                self.inline.insert(tag, task);
             }
+            self.starting.insert(tag, slot);
+            return Ok(());
+        }
+        match start.await {
             Ok(s) => {
                 self.open.insert(tag, s.id);
                 self.waiting
@@ -386,14 +400,58 @@ impl<E: Events> Session<'_, E> {
         }
     }
 
-    async fn start_write(&self, r: pb::WriteBatchRequest) -> Result<Started, Status> {
-        let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
-        self.state.start_write(r, deadline).await
+    /// A transfer request's start: its synchronous checks now (a refusal), the rest as a future
+    /// that owns what it needs.
+    fn transfer_start(&self, op: Op) -> Result<Start, Status> {
+        let state = self.state.clone();
+        let session = self.deadline;
+        let start: Start = match op {
+            Op::Write(r) => {
+                let b = transfers::write_batch(r)?;
+                let deadline = state.request_deadline(b.timeout_ms, session);
+                Box::pin(async move { state.start_write(b, deadline).await })
+            }
+            Op::WriteBatch(b) => {
+                let deadline = state.request_deadline(b.timeout_ms, session);
+                Box::pin(async move { state.start_write(b, deadline).await })
+            }
+            Op::Read(r) => {
+                let b = transfers::read_batch(r)?;
+                let deadline = state.request_deadline(b.timeout_ms, session);
+                Box::pin(async move { state.start_read(b, deadline).await })
+            }
+            Op::ReadBatch(b) => {
+                let deadline = state.request_deadline(b.timeout_ms, session);
+                Box::pin(async move { state.start_read(b, deadline).await })
+            }
+            Op::WritePrepared(r) => {
+                let deadline = state.request_deadline(r.timeout_ms, session);
+                let t = prepared::write_transfer(r, &state.buffers);
+                Box::pin(async move { state.start_prepared(TransferKind::Write, t, deadline).await })
+            }
+            Op::ReadPrepared(r) => {
+                let deadline = state.request_deadline(r.timeout_ms, session);
+                let t = prepared::read_transfer(r, &state.buffers);
+                Box::pin(async move { state.start_prepared(TransferKind::Read, t, deadline).await })
+            }
+            Op::WriteBlocks(r) => {
+                let deadline = state.request_deadline(r.timeout_ms, session);
+                Box::pin(async move { state.start_write_blocks(r, deadline).await })
+            }
+            Op::ReadBlocks(r) => {
+                let deadline = state.request_deadline(r.timeout_ms, session);
+                Box::pin(async move { state.start_read_blocks(r, deadline).await })
+            }
+            _ => return Err(Status::internal("not a transfer request")),
+        };
+        Ok(start)
     }
 
-    async fn start_read(&self, r: pb::ReadBatchRequest) -> Result<Started, Status> {
-        let deadline = self.state.request_deadline(r.timeout_ms, self.deadline);
-        self.state.start_read(r, deadline).await
+    /// Whether `tag` names an unfinished request of this session.
+    fn tag_open(&self, tag: u64) -> bool {
+        self.open.contains_key(&tag)
+            || self.starting.contains_key(&tag)
+            || self.notifications.as_ref().is_some_and(|s| s.0 == tag)
     }
 
     /// Prepares a list that goes with this session.
@@ -465,7 +523,15 @@ impl<E: Events> Session<'_, E> {
         // A transfer that finished (its event delivered or about to be) is refused alike
         // whether or not the session has seen its end yet, and so is a subscription that ended:
         // FAILED_PRECONDITION, nothing changed.
-        let Some(&id) = self.open.get(&target) else {
+        let id = match self.starting.get(&target).cloned() {
+            // (its start on its way: the id comes at the end of the poller's pass)
+            Some(slot) => match slot.wait().await {
+                Known::Id(id) => Some(id),
+                Known::Refused => None,
+            },
+            None => self.open.get(&target).copied(),
+        };
+        let Some(id) = id else {
             let status = self.finished.refusal(&self.state, target).unwrap_or_else(|| {
                 Status::not_found(format!(
                     "cancel_tag: no unfinished request of this session has tag {target}"

@@ -31,7 +31,7 @@ impl<E: Events> Session<'_, E> {
         };
         let refused = if tag == 0 {
             Some(Status::invalid_argument("tag: must be nonzero"))
-        } else if self.open.contains_key(&tag) || self.notifications.as_ref().is_some_and(|s| s.0 == tag) {
+        } else if self.tag_open(tag) {
             Some(Status::invalid_argument(format!(
                 "tag: {tag} already names an unfinished request of this session"
             )))
@@ -101,7 +101,7 @@ impl<E: Events> Session<'_, E> {
         let attached = requests.attached_n(host_fds);
         let refused = if tag == 0 {
             Some(Status::invalid_argument("tag: must be nonzero"))
-        } else if self.open.contains_key(&tag) || self.notifications.as_ref().is_some_and(|s| s.0 == tag) {
+        } else if self.tag_open(tag) {
             Some(Status::invalid_argument(format!(
                 "tag: {tag} already names an unfinished request of this session"
             )))
