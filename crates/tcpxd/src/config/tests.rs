@@ -173,7 +173,7 @@ fn host_copy_policy_from_file_and_flags() {
     let c = cfg("", none()).unwrap();
     assert_eq!(
         (c.host_copy.spinners, c.host_copy.routine, c.host_copy.split),
-        (AUTO_SPINNERS, CopyRoutine::Plain, true)
+        (AUTO_SPINNERS, CopyRoutine::Stream, true)
     );
     assert_eq!(c.host_copy.spin, c.host_copy_spin);
     let file =
