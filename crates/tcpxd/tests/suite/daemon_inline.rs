@@ -175,7 +175,12 @@ async fn a_batch_of_ranges_goes_inline_and_its_notification_comes_after_its_byte
     }
     wait_ok(&mut a.client, id).await;
     let s = peer_stats(&mut a.client).await;
-    assert_eq!((s.sent_inline, s.sent_eager + s.sent_rendezvous), (1, 0), "{s:?}");
+    // One inline message, or one per memory pair where the peer's topology puts the two host
+    // buffers on different routes (the A3-shaped real-plugin pair, tools/realplugin): never a lane.
+    assert!(
+        (1..=2).contains(&s.sent_inline) && s.sent_eager + s.sent_rendezvous == 0,
+        "{s:?}"
+    );
     assert_eq!(lane_bytes(&s), 0);
     a.stop().await;
     b.stop().await;

@@ -223,6 +223,7 @@ impl FakePeer {
                     ppb::peer_message::Body::Heartbeat(_)
                     | ppb::peer_message::Body::ReceiveMode(_)
                     | ppb::peer_message::Body::InlineLimit(_)
+                    | ppb::peer_message::Body::GpuCredits(_)
                     | ppb::peer_message::Body::Credits(_),
                 ) => continue,
                 Some(b) => return b,
