@@ -11,7 +11,8 @@
 #   2. hop traces of an inline 4 KiB WRITE and READ (RUST_LOG=tcpxd::hop=trace, benches/hops.py):
 #      the steps between the two daemons' events.
 #   3. GPU memory (both daemons' buffers on GPU, one GPU under MPS), 4K and 16K WRITE and READ:
-#      TCPXD_INLINE_GPU=on against off (off is the default: turn it on only if "on" wins here).
+#      TCPXD_INLINE_GPU=on against off (on is the default, one GPU transfer inline per pairing at a
+#      time: benches/inline_gpu_window.sh checks it with 8 in flight between two GPUs).
 # Rounds: ROUNDS (default 2); iterations ITERS (default 500).
 set -euo pipefail
 if [ $# -lt 1 ] || [ ! -x "$1/tcpxctl" ] || [ ! -x "$1/tcpxd" ]; then

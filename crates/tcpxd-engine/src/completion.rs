@@ -471,6 +471,9 @@ impl Engine {
             && let Some(p) = self.peers.get_mut(&o.peer)
         {
             p.inline_outstanding = p.inline_outstanding.saturating_sub(o.inline_bytes);
+            if o.inline_gpu {
+                p.inline_gpu_outstanding = p.inline_gpu_outstanding.saturating_sub(1);
+            }
         }
         if !o.sent {
             for &(b, _) in &o.sources {

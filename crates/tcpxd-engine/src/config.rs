@@ -85,6 +85,10 @@ pub struct EngineConfig {
     /// Inline transfers may read GPU sources (a synchronous copy in the driver) and write into
     /// destinations the peer announced as GPU memory; off: only host memory to host memory.
     pub inline_gpu: bool,
+    /// Inline transfers touching GPU memory (a synchronous device copy on a poller) sent to a
+    /// peer and not yet answered, at most: a GPU transfer past it takes its lanes at once (it
+    /// never waits). 0: none inline even with `inline_gpu`.
+    pub inline_gpu_in_flight: u64,
 }
 
 impl Default for EngineConfig {
@@ -112,6 +116,7 @@ impl Default for EngineConfig {
             inline_max_bytes: 0,
             inline_window_bytes: DEFAULT_INLINE_WINDOW_BYTES,
             inline_gpu: false,
+            inline_gpu_in_flight: DEFAULT_INLINE_GPU_IN_FLIGHT,
         }
     }
 }
@@ -138,6 +143,12 @@ pub const DEFAULT_EAGER_MAX_BYTES: u64 = 64 * 1024;
 /// `transfer.inline_window_bytes`' default: 256 KiB of inline payloads per pairing awaiting their
 /// answer (64 transfers of 4 KiB), so the control connection never queues unbounded data.
 pub const DEFAULT_INLINE_WINDOW_BYTES: u64 = 256 * 1024;
+
+/// `transfer.inline_gpu_in_flight`' default: one GPU transfer inline per pairing at a time, so a
+/// poller makes at most one small synchronous device copy per pairing while the rest take the
+/// lanes (two H200s: one at a time GPU inline won, 4 KiB WRITE p50 65-74 us against 177-210;
+/// eight in flight, all inline, lost, 64 KiB 1.0 GB/s against 1.9: docs/BENCHMARKS.md).
+pub const DEFAULT_INLINE_GPU_IN_FLIGHT: u64 = 1;
 
 /// The largest `inline_max_bytes` a node takes (a control message carries the payload whole).
 pub const MAX_INLINE_BYTES: u64 = 1 << 20;

@@ -11,7 +11,11 @@
 //!   payload is the wire stream, its pieces from the offer's plan), whose sources are host memory
 //!   and whose destinations it knows are host memory (`host_destinations_known`, or the READ's
 //!   reader said so in its request: `ReadRequest::host_dests`; both lifted with `inline_gpu`), and that fits the pairing's inline window (bytes sent inline and not yet
-//!   answered; a transfer that would pass it takes its lanes at once, it never waits). The
+//!   answered; a transfer that would pass it takes its lanes at once, it never waits). One
+//!   touching GPU memory (a source or a destination not known to be host memory: a synchronous
+//!   device copy on a poller, the sender's or the receiver's) goes inline only while fewer than
+//!   `inline_gpu_in_flight` such are unanswered on the pairing; the rest take their lanes at
+//!   once. A READ's answer is sent by its holder, so the holder's bound covers its source copy. The
 //!   engine names the source pieces ([`Action::SendInline`]); the driver reads them into the
 //!   payload as it frames the message. The offer then waits only for `Done` or `Reject`, as a
 //!   notice's does: accepted at once, no chunk unfinished. Cancel and deadline follow the
@@ -68,9 +72,9 @@ impl Engine {
         }
     }
 
-    /// The source pieces of a recorded offer (`msg`, taken from it) if it goes inline: see the
-    /// module doc for when. `None`: it takes its lanes.
-    pub(super) fn inline_sources(&self, offer_id: u64, msg: &Offer) -> Option<Pieces> {
+    /// The source pieces of a recorded offer (`msg`, taken from it) if it goes inline, and
+    /// whether it touches GPU memory: see the module doc for when. `None`: it takes its lanes.
+    pub(super) fn inline_sources(&self, offer_id: u64, msg: &Offer) -> Option<(Pieces, bool)> {
         let o = &self.out_offers[&offer_id];
         let p = &self.peers[&o.peer];
         let limit = self.cfg.inline_max_bytes.min(p.remote_inline_max);
@@ -84,16 +88,15 @@ impl Engine {
         {
             return None;
         }
-        if !self.cfg.inline_gpu {
-            let host_sources = o
-                .sources
-                .iter()
-                .all(|(b, _)| self.memory_of(*b) == topology::Memory::Host);
-            if !host_sources || !(o.host_dests || Self::host_destinations_known(p, msg)) {
-                return None;
-            }
+        let host_sources = o
+            .sources
+            .iter()
+            .all(|(b, _)| self.memory_of(*b) == topology::Memory::Host);
+        let gpu = !host_sources || !(o.host_dests || Self::host_destinations_known(p, msg));
+        if gpu && (!self.cfg.inline_gpu || p.inline_gpu_outstanding >= self.cfg.inline_gpu_in_flight) {
+            return None;
         }
-        Some(flat_pieces(&o.sources, &o.lengths, o.plan.as_ref()))
+        Some((flat_pieces(&o.sources, &o.lengths, o.plan.as_ref()), gpu))
     }
 
     /// Whether the sender knows every destination of `msg` is host memory: the peer has no GPU
@@ -111,7 +114,7 @@ impl Engine {
 
     /// Sends a recorded offer inline (`inline_sources` said it goes so): answered as a notice
     /// is, its bytes counted in the pairing's inline window until the offer is dropped.
-    pub(super) fn send_inline(&mut self, offer_id: u64, mut msg: Offer, sources: Pieces) {
+    pub(super) fn send_inline(&mut self, offer_id: u64, mut msg: Offer, sources: Pieces, gpu: bool) {
         let chunk_bytes = self.cfg.chunk_bytes;
         let o = self.out_offers.get_mut(&offer_id).expect("present");
         let (peer, transfer) = (o.peer, o.transfer);
@@ -123,11 +126,13 @@ impl Engine {
         o.accepted = true;
         o.unfinished = 0;
         o.inline_bytes = total;
+        o.inline_gpu = gpu;
         msg.chunk_bytes = chunk_bytes;
         msg.first_lane = 0;
         let p = self.peers.get_mut(&peer).expect("live");
         p.sent_inline += 1;
         p.inline_outstanding += total;
+        p.inline_gpu_outstanding += u64::from(gpu);
         self.actions.push_back(Action::SendInline {
             peer,
             offer: msg,
@@ -282,5 +287,11 @@ impl Engine {
     /// Inline bytes sent to `peer` and not answered yet (the pairing's inline window in use).
     pub fn inline_outstanding(&self, peer: PeerIdx) -> u64 {
         self.peers.get(&peer).map_or(0, |p| p.inline_outstanding)
+    }
+
+    /// Inline transfers touching GPU memory sent to `peer` and not answered yet (bounded by
+    /// `inline_gpu_in_flight`).
+    pub fn inline_gpu_in_flight(&self, peer: PeerIdx) -> u64 {
+        self.peers.get(&peer).map_or(0, |p| p.inline_gpu_outstanding)
     }
 }

@@ -122,8 +122,8 @@ use std::time::{Duration, Instant};
 pub use action::Action;
 pub use block_transfers::{BlockSpec, RemoteBlocks};
 pub use config::{
-    DEFAULT_CREDIT_BUDGET_BYTES, DEFAULT_EAGER_MAX_BYTES, DEFAULT_GATHER_AHEAD, DEFAULT_INLINE_WINDOW_BYTES,
-    DEFAULT_MAX_ENTRIES, EngineConfig, MAX_INLINE_BYTES, Protocol,
+    DEFAULT_CREDIT_BUDGET_BYTES, DEFAULT_EAGER_MAX_BYTES, DEFAULT_GATHER_AHEAD, DEFAULT_INLINE_GPU_IN_FLIGHT,
+    DEFAULT_INLINE_WINDOW_BYTES, DEFAULT_MAX_ENTRIES, EngineConfig, MAX_INLINE_BYTES, Protocol,
 };
 pub use counters::{LaneCounters, PeerCounters};
 pub use drain::{CLOSE_AT_LEAST, DrainReport};
@@ -264,11 +264,12 @@ struct Peer {
     received_notices: u64,
     /// Inline transfers (`inline.rs`) sent to and received from the peer, the peer's inline
     /// limit (0 until its `InlineLimit`: never inline), and our inline bytes it has not
-    /// answered yet.
+    /// answered yet (bytes; and how many of them touch GPU memory: `inline_gpu_in_flight`).
     sent_inline: u64,
     received_inline: u64,
     remote_inline_max: u64,
     inline_outstanding: u64,
+    inline_gpu_outstanding: u64,
     /// The peer's topology as it announced it at pairing (`None` until the driver set it).
     topology: Option<topology::Topology>,
     /// Lanes by memory pair (`routes.rs`); `None`: not routed.
@@ -339,6 +340,9 @@ struct OutOffer {
     /// Sent inline (`inline.rs`): its payload's bytes, counted in the peer's inline window
     /// until the offer is dropped.
     inline_bytes: u64,
+    /// Sent inline touching GPU memory (`inline.rs`): counted in the peer's GPU inline bound
+    /// (`inline_gpu_in_flight`) until the offer is dropped.
+    inline_gpu: bool,
     /// Serving a READ whose reader said every destination is host memory (`inline.rs`).
     host_dests: bool,
 }
@@ -559,6 +563,7 @@ impl Engine {
                 received_inline: 0,
                 remote_inline_max: 0,
                 inline_outstanding: 0,
+                inline_gpu_outstanding: 0,
                 topology: None,
                 routes: None,
                 next_routed_lane: 0,

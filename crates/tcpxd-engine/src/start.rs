@@ -247,6 +247,7 @@ impl Engine {
                 plan,
                 stream: None,
                 inline_bytes: 0,
+                inline_gpu: false,
                 host_dests,
             },
         );
@@ -273,8 +274,8 @@ impl Engine {
         if Self::is_lone_notice(&msg) {
             return self.send_lone_notice(offer_id, msg);
         }
-        if let Some(sources) = self.inline_sources(offer_id, &msg) {
-            return self.send_inline(offer_id, msg, sources);
+        if let Some((sources, gpu)) = self.inline_sources(offer_id, &msg) {
+            return self.send_inline(offer_id, msg, sources, gpu);
         }
         // A routed pairing: an eager transfer takes the eager lanes of its memory pair
         // (`routes.rs`).

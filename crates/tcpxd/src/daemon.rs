@@ -131,6 +131,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         inline_max_bytes: cfg.inline.max_bytes,
         inline_window_bytes: cfg.inline.window_bytes,
         inline_gpu: cfg.inline.gpu,
+        inline_gpu_in_flight: cfg.inline.gpu_in_flight,
         lane_idle_close: cfg.lane_idle_close,
         pairing_idle_close: cfg.pairing_idle_close,
         // The peer answers a LaneOpen at once; the connect and accept after it are bounded by

@@ -101,6 +101,7 @@ pub struct FileTransfer {
     pub inline_max_bytes: Option<u64>,
     pub inline_window_bytes: Option<u64>,
     pub inline_gpu: Option<String>,
+    pub inline_gpu_in_flight: Option<u64>,
     pub unpack_impl: Option<String>,
     /// `kernel-persistent` only: how long the grid waits for a new batch (µs).
     pub unpack_linger_us: Option<u64>,

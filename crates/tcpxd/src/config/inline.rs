@@ -1,15 +1,25 @@
-//! `transfer.inline_max_bytes`, `transfer.inline_window_bytes`, `transfer.inline_gpu`: small
-//! transfers carried inline on the control connection (engine `inline.rs`; docs/CONFIG.md).
+//! `transfer.inline_max_bytes`, `transfer.inline_window_bytes`, `transfer.inline_gpu`,
+//! `transfer.inline_gpu_in_flight`: small transfers carried inline on the control connection
+//! (engine `inline.rs`; docs/CONFIG.md).
 
 use clap::Args;
 
 use super::{ConfigError, FileTransfer};
-use crate::engine::{DEFAULT_INLINE_WINDOW_BYTES, MAX_INLINE_BYTES};
+use crate::engine::{DEFAULT_INLINE_GPU_IN_FLIGHT, DEFAULT_INLINE_WINDOW_BYTES, MAX_INLINE_BYTES};
 
 /// `transfer.inline_max_bytes`' default: transfers of at most 64 KiB in total go inline, as many
 /// as `auto` sends eager (measured on the 2-core VM: p50 0.57-0.64x main's at 4-64 KiB one at a
 /// time, GB/s 0.98-2.1x with 8 in flight; docs/BENCHMARKS.md, "Session 23, inline").
 pub const DEFAULT_INLINE_MAX_BYTES: u64 = 64 * 1024;
+
+/// `transfer.inline_gpu`'s default: on, since `transfer.inline_gpu_in_flight` (default 1) keeps
+/// a pairing to one synchronous device copy inline at a time, the rest on the lanes (two H200s,
+/// all GPU transfers inline: one at a time 4 KiB WRITE p50 65-74 us against 177-210 on the lanes,
+/// eight in flight 64 KiB 1.0 GB/s against 1.9; docs/BENCHMARKS.md).
+pub const DEFAULT_INLINE_GPU: bool = true;
+
+/// The largest `transfer.inline_gpu_in_flight`.
+pub const MAX_INLINE_GPU_IN_FLIGHT: u64 = 1024;
 
 /// The flags (and their environment variables).
 #[derive(Debug, Clone, Default, Args)]
@@ -24,9 +34,13 @@ pub struct InlineArgs {
     #[arg(long, env = "TCPXD_INLINE_WINDOW_BYTES")]
     pub inline_window_bytes: Option<u64>,
     /// Inline transfers may read GPU sources (a synchronous copy on the poller) and write into
-    /// GPU memory a peer announced: `on` or `off`. Default: off.
+    /// GPU memory a peer announced: `on` or `off`. Default: on.
     #[arg(long, env = "TCPXD_INLINE_GPU", value_name = "on|off")]
     pub inline_gpu: Option<String>,
+    /// Inline transfers touching GPU memory sent to one peer and not yet answered, at most (one
+    /// past it takes the lanes at once) (0..=1024; 0: none inline). Default: 1.
+    #[arg(long, env = "TCPXD_INLINE_GPU_IN_FLIGHT")]
+    pub inline_gpu_in_flight: Option<u64>,
 }
 
 /// The largest `transfer.inline_window_bytes` (64 MiB).
@@ -38,6 +52,7 @@ pub struct InlineSettings {
     pub max_bytes: u64,
     pub window_bytes: u64,
     pub gpu: bool,
+    pub gpu_in_flight: u64,
 }
 
 impl Default for InlineSettings {
@@ -45,7 +60,8 @@ impl Default for InlineSettings {
         InlineSettings {
             max_bytes: DEFAULT_INLINE_MAX_BYTES,
             window_bytes: DEFAULT_INLINE_WINDOW_BYTES,
-            gpu: false,
+            gpu: DEFAULT_INLINE_GPU,
+            gpu_in_flight: DEFAULT_INLINE_GPU_IN_FLIGHT,
         }
     }
 }
@@ -83,7 +99,10 @@ pub(super) fn resolve(args: &InlineArgs, file: &FileTransfer) -> Result<InlineSe
     let (field, gpu) = match (&args.inline_gpu, &file.inline_gpu) {
         (Some(v), _) => ("--inline-gpu", v.as_str()),
         (None, Some(v)) => ("transfer.inline_gpu", v.as_str()),
-        (None, None) => ("transfer.inline_gpu", "off"),
+        (None, None) => (
+            "transfer.inline_gpu",
+            if DEFAULT_INLINE_GPU { "on" } else { "off" },
+        ),
     };
     let gpu = match gpu {
         "on" => true,
@@ -94,10 +113,23 @@ pub(super) fn resolve(args: &InlineArgs, file: &FileTransfer) -> Result<InlineSe
             )));
         }
     };
+    let (field, gpu_in_flight) = pick(
+        "--inline-gpu-in-flight",
+        args.inline_gpu_in_flight,
+        "transfer.inline_gpu_in_flight",
+        file.inline_gpu_in_flight,
+        DEFAULT_INLINE_GPU_IN_FLIGHT,
+    );
+    if gpu_in_flight > MAX_INLINE_GPU_IN_FLIGHT {
+        return Err(ConfigError::Invalid(format!(
+            "{field}: {gpu_in_flight} transfers is outside 0..={MAX_INLINE_GPU_IN_FLIGHT}"
+        )));
+    }
     Ok(InlineSettings {
         max_bytes,
         window_bytes,
         gpu,
+        gpu_in_flight,
     })
 }
 
@@ -118,17 +150,26 @@ mod tests {
         );
         let s = resolve_with(
             InlineArgs::default(),
-            "inline_max_bytes = 0\ninline_window_bytes = 8192\ninline_gpu = \"on\"\n",
+            "inline_max_bytes = 0\ninline_window_bytes = 8192\ninline_gpu = \"off\"\n\
+             inline_gpu_in_flight = 0\n",
         )
         .unwrap();
-        assert_eq!((s.max_bytes, s.window_bytes, s.gpu), (0, 8192, true));
+        assert_eq!(
+            (s.max_bytes, s.window_bytes, s.gpu, s.gpu_in_flight),
+            (0, 8192, false, 0)
+        );
         let args = InlineArgs {
             inline_max_bytes: Some(4096),
             inline_gpu: Some("off".into()),
+            inline_gpu_in_flight: Some(3),
             ..InlineArgs::default()
         };
-        let s = resolve_with(args, "inline_max_bytes = 0\ninline_gpu = \"on\"\n").unwrap();
-        assert_eq!((s.max_bytes, s.gpu), (4096, false));
+        let s = resolve_with(
+            args,
+            "inline_max_bytes = 0\ninline_gpu = \"on\"\ninline_gpu_in_flight = 8\n",
+        )
+        .unwrap();
+        assert_eq!((s.max_bytes, s.gpu, s.gpu_in_flight), (4096, false, 3));
     }
 
     #[test]
@@ -146,5 +187,16 @@ mod tests {
         assert!(e.contains("--inline-window-bytes") && e.contains("4096"), "{e}");
         let e = resolve_with(InlineArgs::default(), "inline_gpu = \"maybe\"\n").unwrap_err();
         assert!(e.contains("transfer.inline_gpu") && e.contains("maybe"), "{e}");
+        let e = resolve_with(InlineArgs::default(), "inline_gpu_in_flight = 1025\n").unwrap_err();
+        assert!(
+            e.contains("transfer.inline_gpu_in_flight") && e.contains("0..=1024"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn gpu_inline_is_on_by_default_one_transfer_in_flight() {
+        let s = resolve_with(InlineArgs::default(), "").unwrap();
+        assert_eq!((s.gpu, s.gpu_in_flight), (true, 1));
     }
 }

@@ -17,7 +17,8 @@ use tcpxd::api::proto::v1 as pb;
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 
-const CONFIG: &str = "[transfer]\nunpack_impl = \"kernel\"\ngpu_credits = \"on\"\n";
+/// GPU inline off: these transfers follow the credits (GPU memory inline is `daemon_inline`'s).
+const CONFIG: &str = "[transfer]\nunpack_impl = \"kernel\"\ngpu_credits = \"on\"\ninline_gpu = \"off\"\n";
 
 async fn peer(c: &mut Client) -> pb::PeerStats {
     let s = c.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();

@@ -237,8 +237,7 @@ async fn a_wrong_key_is_refused_and_writes_nothing() {
 
 /// GPU memory on the CUDA stand-in (two daemon processes, `daemon_stub_gpus`): with
 /// `transfer.inline_gpu` on, GPU → GPU WRITEs and READs up to the limit go inline (a synchronous
-/// copy out of and into device memory on each poller), byte-exact; off (the default), they take
-/// the lanes.
+/// copy out of and into device memory on each poller), byte-exact; off, they take the lanes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_memory_goes_inline_only_with_inline_gpu_on_the_cuda_stand_in() {
     use crate::common::gpus::{Compare, Trip, cuda_buffer, write_and_read_back};
@@ -272,4 +271,58 @@ async fn gpu_memory_goes_inline_only_with_inline_gpu_on_the_cuda_stand_in() {
             "inline_gpu {on}: {s:?}"
         );
     }
+}
+
+/// Several GPU → GPU WRITEs in flight on the CUDA stand-in with `transfer.inline_gpu` on and
+/// `transfer.inline_gpu_in_flight` at its default (1): one at a time goes inline, the others take
+/// the lanes at once; all byte-exact, and GetStats counts both. Rounds of eight started before
+/// any is waited for, until both ways were seen (which one a WRITE takes depends on when the
+/// inline one before it was answered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_writes_in_flight_go_inline_one_at_a_time_and_the_rest_by_the_lanes() {
+    use crate::common::gpus::{assert_same, cuda_buffer};
+    use crate::daemon_stub_gpus::start_with;
+    let dir = tcpxd_testkit::ScratchDir::fresh("tcpxd-inline-gpu", "in-flight");
+    std::fs::create_dir_all(&*dir).unwrap();
+    let env = [("TCPXD_INLINE_GPU", "on")];
+    let mut a = start_with(&dir, "gpu-window-a", "d2d", 1, true, &env).await;
+    let mut b = start_with(&dir, "gpu-window-b", "d2d", 1, true, &env).await;
+    let len = 16 * KIB;
+    let src = cuda_buffer(&mut a.client, 2, 8 * 2 * len).await;
+    let dst = cuda_buffer(&mut b.client, 4, 8 * 2 * len + 64).await;
+    let mut sent = 0;
+    for round in 0..40u64 {
+        fill_seed(&mut a.client, src.id, 0, 0, 70 + round).await;
+        let mut ids = Vec::new();
+        for k in 0..8u64 {
+            let at = k * 2 * len + round % 7;
+            let id = write(&mut a.client, write_entry(&src, at, &dst, at + 3, len), b"")
+                .await
+                .unwrap();
+            ids.push((id, at));
+        }
+        for (id, at) in ids {
+            wait_ok(&mut a.client, id).await;
+            let what = format!("round {round}: {len} bytes at {at}, 8 in flight");
+            assert_same(
+                &mut a.client,
+                (src.id, at),
+                &mut b.client,
+                (dst.id, at + 3),
+                len,
+                &what,
+            )
+            .await;
+        }
+        sent += 8;
+        let s = peer_stats(&mut a.client).await;
+        assert_eq!(s.sent_inline + s.sent_eager + s.sent_rendezvous, sent, "{s:?}");
+        if s.sent_inline > 0 && s.sent_inline < sent {
+            let r = peer_stats(&mut b.client).await;
+            assert_eq!(r.received_inline, s.sent_inline, "{r:?}");
+            assert!(lane_bytes(&s) > 0, "the lanes carried the others: {s:?}");
+            return;
+        }
+    }
+    panic!("40 rounds of eight GPU WRITEs in flight never went both inline and by the lanes");
 }

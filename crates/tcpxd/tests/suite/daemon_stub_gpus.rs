@@ -71,6 +71,9 @@ pub(crate) async fn start_with(
         ])
         .env("TCPXEMU_DEVICES", nics.to_string())
         .envs((!binding).then_some(("TCPXEMU_GPUS", "all")))
+        // These tests follow GPU bytes on the lanes and credits: GPU memory inline (on by
+        // default) is daemon_inline's, which passes `TCPXD_INLINE_GPU` in `env`.
+        .env("TCPXD_INLINE_GPU", "off")
         .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

@@ -29,6 +29,9 @@ fn gpus_over_four_nics(gpus: usize) -> Vec<(String, String)> {
     // is an INFO line of the plugin's, which the daemon logs at debug (each call site's first 10
     // lines per 10 s, then a summary naming the last: crate::net::log_limit).
     env.push(("RUST_LOG".into(), "error,tcpxd::plugin=debug".into()));
+    // These tests follow GPU bytes on their lanes: GPU memory inline (on by default, one
+    // transfer in flight per pairing) is daemon_inline's.
+    env.push(("TCPXD_INLINE_GPU".into(), "off".into()));
     env
 }
 
