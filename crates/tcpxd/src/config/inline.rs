@@ -12,11 +12,12 @@ use crate::engine::{DEFAULT_INLINE_GPU_IN_FLIGHT, DEFAULT_INLINE_WINDOW_BYTES, M
 /// time, GB/s 0.98-2.1x with 8 in flight; docs/BENCHMARKS.md, "Session 23, inline").
 pub const DEFAULT_INLINE_MAX_BYTES: u64 = 64 * 1024;
 
-/// `transfer.inline_gpu`'s default: on, since `transfer.inline_gpu_in_flight` (default 1) keeps
-/// a pairing to one synchronous device copy inline at a time, the rest on the lanes (two H200s,
-/// all GPU transfers inline: one at a time 4 KiB WRITE p50 65-74 us against 177-210 on the lanes,
-/// eight in flight 64 KiB 1.0 GB/s against 1.9; docs/BENCHMARKS.md).
-pub const DEFAULT_INLINE_GPU: bool = true;
+/// `transfer.inline_gpu`'s default: off. Two H200s (GPU 0 -> GPU 1, session 23, A B B A): with it
+/// on and `transfer.inline_gpu_in_flight` 1, one at a time is 0.45-0.6x the lanes' p50 (4 KiB
+/// WRITE 103-106 us against 220-234), but eight 64 KiB transfers in flight move 0.66-1.08x the
+/// lanes' rate (mostly 0.75-0.85x: the one synchronous device copy still holds both pollers), and
+/// a default must not cost concurrent transfers their rate. docs/BENCHMARKS.md, session 23.
+pub const DEFAULT_INLINE_GPU: bool = false;
 
 /// The largest `transfer.inline_gpu_in_flight`.
 pub const MAX_INLINE_GPU_IN_FLIGHT: u64 = 1024;
@@ -195,8 +196,10 @@ mod tests {
     }
 
     #[test]
-    fn gpu_inline_is_on_by_default_one_transfer_in_flight() {
+    fn gpu_inline_is_off_by_default_and_one_transfer_in_flight_when_on() {
         let s = resolve_with(InlineArgs::default(), "").unwrap();
+        assert_eq!((s.gpu, s.gpu_in_flight), (false, 1));
+        let s = resolve_with(InlineArgs::default(), "inline_gpu = \"on\"\n").unwrap();
         assert_eq!((s.gpu, s.gpu_in_flight), (true, 1));
     }
 }
