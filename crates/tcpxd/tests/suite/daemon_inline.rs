@@ -276,8 +276,11 @@ async fn gpu_memory_goes_inline_only_with_inline_gpu_on_the_cuda_stand_in() {
 /// Several GPU → GPU WRITEs in flight on the CUDA stand-in with `transfer.inline_gpu` on and
 /// `transfer.inline_gpu_in_flight` at its default (1): one at a time goes inline, the others take
 /// the lanes at once; all byte-exact, and GetStats counts both. Rounds of eight started before
-/// any is waited for, until both ways were seen (which one a WRITE takes depends on when the
-/// inline one before it was answered).
+/// any is waited for. Which way a WRITE goes depends on when the inline one before it was
+/// answered (on a loaded 2-core machine each may be answered before the next starts, so every
+/// one goes inline), so this checks what holds either way — every WRITE counted once, the
+/// receiver's count equal to the sender's, the lanes used exactly when some did not go inline —
+/// and the engine's `tests/inline_gpu.rs` checks the bound itself deterministically.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_writes_in_flight_go_inline_one_at_a_time_and_the_rest_by_the_lanes() {
     use crate::common::gpus::{assert_same, cuda_buffer};
@@ -291,7 +294,7 @@ async fn gpu_writes_in_flight_go_inline_one_at_a_time_and_the_rest_by_the_lanes(
     let src = cuda_buffer(&mut a.client, 2, 8 * 2 * len).await;
     let dst = cuda_buffer(&mut b.client, 4, 8 * 2 * len + 64).await;
     let mut sent = 0;
-    for round in 0..40u64 {
+    for round in 0..8u64 {
         fill_seed(&mut a.client, src.id, 0, 0, 70 + round).await;
         let mut ids = Vec::new();
         for k in 0..8u64 {
@@ -317,12 +320,17 @@ async fn gpu_writes_in_flight_go_inline_one_at_a_time_and_the_rest_by_the_lanes(
         sent += 8;
         let s = peer_stats(&mut a.client).await;
         assert_eq!(s.sent_inline + s.sent_eager + s.sent_rendezvous, sent, "{s:?}");
-        if s.sent_inline > 0 && s.sent_inline < sent {
-            let r = peer_stats(&mut b.client).await;
-            assert_eq!(r.received_inline, s.sent_inline, "{r:?}");
-            assert!(lane_bytes(&s) > 0, "the lanes carried the others: {s:?}");
+        // The test's first WRITE finds nothing in flight: it goes inline.
+        assert!(s.sent_inline > 0, "{s:?}");
+        let r = peer_stats(&mut b.client).await;
+        assert_eq!(r.received_inline, s.sent_inline, "{r:?}");
+        assert_eq!(
+            lane_bytes(&s) > 0,
+            s.sent_inline < sent,
+            "the lanes carry exactly the WRITEs that did not go inline: {s:?}"
+        );
+        if s.sent_inline < sent {
             return;
         }
     }
-    panic!("40 rounds of eight GPU WRITEs in flight never went both inline and by the lanes");
 }
