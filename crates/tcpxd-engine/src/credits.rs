@@ -290,26 +290,8 @@ impl Engine {
                     self.set_running(t);
                 }
             }
-            Err((code, message, range_index)) => {
-                self.actions.push_back(Action::Control {
-                    peer,
-                    msg: PeerMsg::Reject {
-                        offer_id: offer.offer_id,
-                        code,
-                        message: message.clone(),
-                        range_index,
-                    },
-                });
-                // Our READ this header claims to serve fails with the reason.
-                self.fail_refused_read(
-                    peer,
-                    read,
-                    code,
-                    "sent data this node refused",
-                    &message,
-                    range_index,
-                );
-            }
+            // Our READ this header claims to serve fails with the reason.
+            Err(why) => self.refuse_sent_data(peer, offer.offer_id, read, why),
         }
         if chunks_total > 0 {
             self.in_offers.insert(

@@ -376,6 +376,34 @@ impl Engine {
         self.pump(peer);
     }
 
+    /// Refuses a header or inline transfer the peer sent (`Reject` naming the range), and fails our
+    /// READ it claimed to serve with the same reason.
+    pub(super) fn refuse_sent_data(
+        &mut self,
+        peer: PeerIdx,
+        offer_id: u64,
+        read: Option<u64>,
+        (code, message, range_index): (Code, String, u32),
+    ) {
+        self.actions.push_back(Action::Control {
+            peer,
+            msg: PeerMsg::Reject {
+                offer_id,
+                code,
+                message: message.clone(),
+                range_index,
+            },
+        });
+        self.fail_refused_read(
+            peer,
+            read,
+            code,
+            "sent data this node refused",
+            &message,
+            range_index,
+        );
+    }
+
     /// Our READ that a refused offer or header claimed to serve (still waiting for it) fails with
     /// the reason: the holder sent what we did not ask for.
     pub(super) fn fail_refused_read(

@@ -176,24 +176,8 @@ impl Engine {
         let read = (offer.read_id != 0).then_some(offer.read_id);
         let places = match verdict {
             Ok(places) => places,
-            Err((code, message, range_index)) => {
-                self.actions.push_back(Action::Control {
-                    peer,
-                    msg: PeerMsg::Reject {
-                        offer_id: offer.offer_id,
-                        code,
-                        message: message.clone(),
-                        range_index,
-                    },
-                });
-                self.fail_refused_read(
-                    peer,
-                    read,
-                    code,
-                    "sent data this node refused",
-                    &message,
-                    range_index,
-                );
+            Err(why) => {
+                self.refuse_sent_data(peer, offer.offer_id, read, why);
                 return;
             }
         };

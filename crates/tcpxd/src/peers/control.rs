@@ -294,6 +294,39 @@ pub enum Malformed {
     Fatal(String),
 }
 
+/// An offer, header or inline transfer's offer read from the wire; `prefix` starts the field
+/// names an error gives: "" for an offer, "header." for the others.
+fn offer_from_pb(prefix: &str, o: pb::Offer, announced: Option<u64>) -> Result<Offer, String> {
+    let ranges = packed_pb::offer_ranges_from_pb(prefix, o.ranges, o.packed)?;
+    let blocks_field = if prefix.is_empty() {
+        "blocks"
+    } else {
+        "header.blocks"
+    };
+    let blocks = o
+        .blocks
+        .map(|h| header_from_pb(blocks_field, h).map(Box::new))
+        .transpose()?;
+    Ok(Offer {
+        offer_id: o.offer_id,
+        read_id: o.read_id,
+        chunk_bytes: o.chunk_bytes,
+        first_lane: o.first_lane,
+        ranges,
+        notification: o.notification,
+        deadline_ms: o.deadline_ms,
+        blocks,
+        coalesced: o.coalesced,
+        transfer_id: o.transfer_id,
+        announced,
+    })
+}
+
+/// An offer the engine refuses (its sender hears why) rather than a broken pairing.
+fn refuse_offer(offer_id: u64, why: String) -> Malformed {
+    Malformed::Refuse(engine::Malformed::Offer { offer_id, why })
+}
+
 /// Wire → engine message. `Ok(None)`: nothing for the engine (a heartbeat).
 pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
     use pb::peer_message::Body;
@@ -327,52 +360,12 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
         Body::Header(o) => {
             // Its data may be on its way already: a header the engine cannot read breaks the
             // order of every lane, so it fails the pairing instead of a refusal.
-            let ranges = packed_pb::offer_ranges_from_pb("header.", o.ranges, o.packed);
-            let blocks = o
-                .blocks
-                .map(|h| header_from_pb("header.blocks", h).map(Box::new))
-                .transpose();
-            PeerMsg::Header(Offer {
-                offer_id: o.offer_id,
-                read_id: o.read_id,
-                chunk_bytes: o.chunk_bytes,
-                first_lane: o.first_lane,
-                ranges: ranges.map_err(Malformed::Fatal)?,
-                notification: o.notification,
-                deadline_ms: o.deadline_ms,
-                blocks: blocks.map_err(Malformed::Fatal)?,
-                coalesced: o.coalesced,
-                transfer_id: o.transfer_id,
-                announced: o.streamed.then_some(o.announced_chunks),
-            })
+            let announced = o.streamed.then_some(o.announced_chunks);
+            PeerMsg::Header(offer_from_pb("header.", o, announced).map_err(Malformed::Fatal)?)
         }
         Body::Offer(o) => {
-            let ranges = packed_pb::offer_ranges_from_pb("", o.ranges, o.packed);
-            let blocks = o
-                .blocks
-                .map(|h| header_from_pb("blocks", h).map(Box::new))
-                .transpose();
-            match ranges.and_then(|r| Ok((r, blocks?))) {
-                Ok((ranges, blocks)) => PeerMsg::Offer(Offer {
-                    offer_id: o.offer_id,
-                    read_id: o.read_id,
-                    chunk_bytes: o.chunk_bytes,
-                    first_lane: o.first_lane,
-                    ranges,
-                    notification: o.notification,
-                    deadline_ms: o.deadline_ms,
-                    blocks,
-                    coalesced: o.coalesced,
-                    transfer_id: o.transfer_id,
-                    announced: None,
-                }),
-                Err(why) => {
-                    return Err(Malformed::Refuse(engine::Malformed::Offer {
-                        offer_id: o.offer_id,
-                        why,
-                    }));
-                }
-            }
+            let offer_id = o.offer_id;
+            PeerMsg::Offer(offer_from_pb("", o, None).map_err(|why| refuse_offer(offer_id, why))?)
         }
         Body::Accept(a) => PeerMsg::Accept {
             offer_id: a.offer_id,
@@ -453,34 +446,10 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
             // Nothing on a lane rests on it: a header that cannot be read refuses that one
             // transfer (as an offer's), it does not fail the pairing.
             let o = m.header.unwrap_or_default();
-            let ranges = packed_pb::offer_ranges_from_pb("header.", o.ranges, o.packed);
-            let blocks = o
-                .blocks
-                .map(|h| header_from_pb("header.blocks", h).map(Box::new))
-                .transpose();
-            match ranges.and_then(|r| Ok((r, blocks?))) {
-                Ok((ranges, blocks)) => PeerMsg::Inline {
-                    offer: Offer {
-                        offer_id: o.offer_id,
-                        read_id: o.read_id,
-                        chunk_bytes: o.chunk_bytes,
-                        first_lane: o.first_lane,
-                        ranges,
-                        notification: o.notification,
-                        deadline_ms: o.deadline_ms,
-                        blocks,
-                        coalesced: o.coalesced,
-                        transfer_id: o.transfer_id,
-                        announced: None,
-                    },
-                    payload: m.payload,
-                },
-                Err(why) => {
-                    return Err(Malformed::Refuse(engine::Malformed::Offer {
-                        offer_id: o.offer_id,
-                        why,
-                    }));
-                }
+            let offer_id = o.offer_id;
+            PeerMsg::Inline {
+                offer: offer_from_pb("header.", o, None).map_err(|why| refuse_offer(offer_id, why))?,
+                payload: m.payload,
             }
         }
     }))
