@@ -386,9 +386,15 @@ SESSION_FIELD = {
 
 
 def settle(fut: Any, ev: Any) -> None:
-    """Resolves a session's future (concurrent.futures or asyncio) by the daemon's event for it."""
+    """Resolves a session's future (concurrent.futures or asyncio) by the daemon's event for it.
+    A sink whose class says `skips_result` (tcpxd.nixl's transfer parts and notifications: they
+    keep only whether it succeeded) gets None for a transfer that finished OK, not a
+    TransferResult (~3 µs of frozen dataclass a transfer, on the 2-core build VM)."""
     kind = ev.WhichOneof("event")
     if kind == "finished":
+        if getattr(fut, "skips_result", False) and ev.finished.status_code == 0:
+            fut.set_result(None)
+            return
         try:
             fut.set_result(result(ev.finished))
         except TcpxdError as e:

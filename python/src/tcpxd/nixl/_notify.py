@@ -133,6 +133,9 @@ class Sent:
 
     __slots__ = ("_inbox", "_to", "_done", "_error")
 
+    #: Settled with None when the WRITE finished OK (`_ops.settle`): only whether it did matters.
+    skips_result = True
+
     def __init__(self, inbox: "Inbox", to: str):
         self._inbox = inbox
         self._to = to

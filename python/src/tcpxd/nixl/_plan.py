@@ -333,7 +333,8 @@ class Lane:
     handle, skip_desc_merge) once a transfer between them took the index ring (`fits`); the
     outer-sum and packed forms make one per request."""
 
-    __slots__ = ("op", "local", "remote", "merge", "timeout_ms", "tmo", "field", "key", "bound", "note_head", "dims")
+    __slots__ = ("op", "local", "remote", "merge", "timeout_ms", "tmo", "field", "key", "bound", "note_head", "dims",
+                 "singles")
 
     def __init__(self, op: str, local: Prepped, remote: Prepped, merge: bool, timeout_ms: int, note_head: Optional[bytes] = None) -> None:
         self.op = op
@@ -353,6 +354,9 @@ class Lane:
         self.note_head = note_head
         #: Both lists' (rows, count), for `take`'s outer sums (None until first needed).
         self.dims: Optional[Tuple[int, int, int, int]] = None
+        #: One-pair requests made on this lane (`one`), by (local index, remote index): both
+        #: index arrays and the plain request's pieces (`single_fields`), worked out once.
+        self.singles: Dict[Tuple[int, int], Tuple[np.ndarray, np.ndarray, Tuple[bytes, bytes]]] = {}
 
     def bind(self, ld: Tuple[Any, int], rd: Tuple[Any, int]) -> bytes:
         """The prepared ids' fields for the lists' daemon ids `ld`, `rd` (kept for the next request)."""
@@ -362,12 +366,15 @@ class Lane:
 
     def take(self, li: Any, ri: Any, native: bool, ring: bool) -> Optional["Prepared"]:
         """The request on this lane for index arrays `li`, `ri`, or None where the general way
-        must make it (which checks and names what is wrong). Both 1-D numpy arrays of one length:
-        as outer sums where `native` (the daemon takes them and the C pass is built) and both are
-        of vLLM's form, found in one call reading each array once (`_native.outer_fields`: a few
-        KiB sent), else through the index ring where `ring` and they `fit`."""
+        must make it (which checks and names what is wrong). One index a side (a list, tuple or
+        array of one integer): `one`. Both 1-D numpy arrays of one length: as outer sums where
+        `native` (the daemon takes them and the C pass is built) and both are of vLLM's form,
+        found in one call reading each array once (`_native.outer_fields`: a few KiB sent), else
+        through the index ring where `ring` and they `fit`."""
         if type(li) is not np.ndarray or type(ri) is not np.ndarray or li.size != ri.size:
-            return None
+            return self.one(li, ri)
+        if li.size == 1:
+            return self.one(li, ri)
         if native and _indices.OUTER_MIN <= li.size <= MAX_PREPARED:
             dims = self.dims
             if dims is None:  # (a list's rows are counted once, on first use)
@@ -387,6 +394,27 @@ class Lane:
                 and int(_umax(li.view(_U64))) < self.local.count and int(_umax(ri.view(_U64))) < self.remote.count)
 
 
+    def one(self, li: Any, ri: Any) -> Optional["Prepared"]:
+        """The request of one descriptor a side (`li`, `ri`: a list or tuple of one int, or a 1-D
+        integer numpy array of one element), both in range; else None (the general way checks and
+        names what is wrong). Made once per pair of indices and kept (a few dozen pairs: a loop
+        moving one block at a time reuses them), its `single`: the plain ReadRequest /
+        WriteRequest the agent sends in place of the prepared request (`single_fields`)."""
+        i, j = _one_index(li), _one_index(ri)
+        if i is None or j is None or not (0 <= i < self.local.count and 0 <= j < self.remote.count):
+            return None
+        got = self.singles.get((i, j))
+        if got is None:
+            fields = single_fields(self.op, self.local, i, self.remote, j, self.timeout_ms)
+            if fields is None:
+                return None
+            la, ra = np.array([i], dtype=_I64), np.array([j], dtype=_I64)
+            la.flags.writeable = ra.flags.writeable = False
+            if len(self.singles) >= 64:
+                self.singles.clear()
+            got = self.singles[i, j] = (la, ra, fields)
+        return Prepared(self, got[0], got[1], single=got[2])
+
     @staticmethod
     def packed(li: np.ndarray, ri: np.ndarray) -> bytes:
         """Both sides (fewer than WINDOW_MIN indices: not worth a ring slot) packed as u32s into
@@ -402,7 +430,7 @@ class Prepared:
     given, checked to be in range) and each side's indices as an encoded OuterIndices when they
     have that form."""
 
-    __slots__ = ("lane", "li", "ri", "_lo", "_ro", "windowed", "fields")
+    __slots__ = ("lane", "li", "ri", "_lo", "_ro", "windowed", "fields", "single")
 
     path = "prepared"
     #: None serialized ahead: the request is built as it is sent, bound to the session's ids.
@@ -412,7 +440,7 @@ class Prepared:
     parts = 1
 
     def __init__(self, lane: Lane, li: np.ndarray, ri: np.ndarray, lo: Optional[bytes] = None, ro: Optional[bytes] = None,
-                 fields: Optional[bytes] = None) -> None:
+                 fields: Optional[bytes] = None, single: Optional[Tuple[bytes, bytes]] = None) -> None:
         self.lane = lane
         self.li = li
         self.ri = ri
@@ -423,6 +451,10 @@ class Prepared:
         #: Both outer sums as the request's fields, when the C pass found both (`Lane.take`):
         #: then `lo` and `ro` are read out of them when asked.
         self.fields = fields
+        #: One descriptor a side (`Lane.one`): the plain request's fields before and after a
+        #: WRITE's notification (`single_fields`), sent in place of the prepared request where
+        #: nothing needs that (the agent's `_post_lane`).
+        self.single = single
 
     @property
     def lo(self) -> Optional[bytes]:
@@ -516,6 +548,49 @@ class Prepared:
         lane = self.lane
         li, ri = self.li.astype(np.int64, copy=False), self.ri.astype(np.int64, copy=False)
         return unprepared_plan(op, lane.local, li, lane.remote, ri, lane.merge, lane.timeout_ms)
+
+
+def _one_index(idx: Any) -> Optional[int]:
+    """The one index of a list or tuple of one int, or of a 1-D integer numpy array of one
+    element; else None."""
+    t = type(idx)
+    if t is list or t is tuple:
+        if len(idx) == 1 and type(idx[0]) is int:
+            return int(idx[0])
+        return None
+    if t is np.ndarray and idx.ndim == 1 and idx.size == 1 and idx.dtype.kind in "iu":
+        return int(idx[0])
+    return None
+
+
+def single_fields(op: str, local: Prepped, i: int, remote: Prepped, j: int, timeout_ms: int) -> Optional[Tuple[bytes, bytes]]:
+    """A transfer of local descriptor `i` with remote descriptor `j` as the plain ReadRequest or
+    WriteRequest (the daemon's path for one range: `tcpxd.Client.read` / `write`'s, cheaper than
+    the prepared path's, which expands indices and plans blocks for one pair), split where a
+    WRITE's notification goes: (its entry, its timeout) — the whole request is `entry + timeout`,
+    or for a WRITE with a notification `entry + b"\x12" + len + frame + timeout`
+    (WriteRequest.notification = 2). A ReadRequest carries no notification: a READ with one
+    takes the prepared request. None when the two descriptors' lengths differ (the general
+    way names it)."""
+    n = int(local.length[i])
+    if n != int(remote.length[j]) or n <= 0:
+        return None
+    lb = int(local.buffer_ids[int(local.region[i])])
+    lo, ro = int(local.offset[i]), int(remote.offset[j])
+    rdesc = remote.desc_rows[op][int(remote.region[j])]  # the remote descriptor as its entry field
+    u = _u
+    if op == "WRITE":  # WriteEntry: local_buffer_id 1, local_offset 2, remote_descriptor 3, remote_offset 4, length 5
+        entry = u(b"\x08", lb) + u(b"\x10", lo) + rdesc + u(b"\x20", ro) + u(b"\x28", n)
+        tmo = _timeout(b"\x18", timeout_ms)  # WriteRequest.timeout_ms = 3
+    else:  # ReadEntry: remote_descriptor 1, remote_offset 2, local_buffer_id 3, local_offset 4, length 5
+        entry = rdesc + u(b"\x10", ro) + u(b"\x18", lb) + u(b"\x20", lo) + u(b"\x28", n)
+        tmo = _timeout(b"\x10", timeout_ms)  # ReadRequest.timeout_ms = 2
+    return b"\x0a" + V(len(entry)) + entry, tmo  # entry = 1 in both
+
+
+def _u(key: bytes, v: int) -> bytes:
+    """A varint field, nothing for 0 (as proto3 writes it)."""
+    return key + V(v) if v else b""
 
 
 def note_field(note_head: bytes, notif: bytes) -> bytes:

@@ -286,6 +286,17 @@ def _post_lane(self: nixl_agent, xfer: Xfer, pr: _plan.Prepared) -> Optional[str
     session = self._session
     if session is None or session._ended is not None or session._closed or session._why is not None or self._closed:
         session = self._session_now()
+    single = pr.single
+    if single is not None and (lane.op == "WRITE" or not xfer.notif):  # one pair: the plain request (`Lane.one`)
+        pr.windowed = 0
+        framed = xfer.framed
+        if framed is None:
+            framed = xfer.framed = lane.note_head + xfer.notif if xfer.notif else b""  # type: ignore[operator]
+        body = single[0] + (b"\x12" + _plan.V(len(framed)) + framed if framed else b"") + single[1]  # WriteRequest.notification = 2
+        try:
+            return xfer.post_one(session, _PLAIN[lane.op], body, None)
+        except TcpxdError as e:
+            raise from_tcpxd(e, "transfer") from None
     ld, rd = lane.local.daemon, lane.remote.daemon  # (session, id) tuples: read without a lock
     bound = lane.bound
     if ld is bound[0] and rd is bound[1] and ld[0] is session:
@@ -326,6 +337,10 @@ def _post_lane(self: nixl_agent, xfer: Xfer, pr: _plan.Prepared) -> Optional[str
         if isinstance(e, TcpxdError):
             raise from_tcpxd(e, "transfer") from None
         raise
+
+
+#: The SessionRequest field of a one-pair request (`Lane.one`) by operation.
+_PLAIN = {"READ": "read", "WRITE": "write"}
 
 
 def _notif_first(sent: Any) -> None:

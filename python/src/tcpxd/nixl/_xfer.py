@@ -37,6 +37,10 @@ class _Part:
 
     __slots__ = ("tag", "xfer", "gen", "finished", "answered")
 
+    #: The session settles it with None for a transfer that finished OK (`_ops.settle`): only
+    #: whether it did matters here.
+    skips_result = True
+
     def __init__(self, xfer: "Xfer", gen: int, answered: Optional[Callable[[], None]] = None):
         self.tag = 0
         self.xfer = xfer

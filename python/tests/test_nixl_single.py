@@ -1,0 +1,172 @@
+"""A one-descriptor transfer on a kept lane (`_plan.Lane.one`): made without the general way's
+planning, sent as the plain ReadRequest / WriteRequest (the daemon's one-range path, as
+`tcpxd.Client.read` / `write`), bytes moved and checked, a WRITE's notification riding it, a
+READ's notification on the prepared request; what the lane does not take still goes the general
+way, which names it; a transfer the daemon refuses ends in "ERR" with why. With the C pass and
+without it (the agent then keeps its lanes through the index ring only)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from tcpxd import _proto
+from tcpxd.nixl import nixlInvalidParamError, nixlMismatchError
+from tcpxd.nixl import _plan
+
+from test_nixl_transfers import BLOCK, calls, pair, regions, wait
+
+
+@pytest.fixture(params=["C pass", "no C pass"])
+def agents(request, daemons):
+    a, b = daemons
+    A, B = pair(a, b)
+    if request.param == "no C pass":
+        A._outer_native = False  # as an agent without tcpxd._native: lanes through the index ring
+    try:
+        yield A, B
+    finally:
+        A.close()
+        B.close()
+
+
+def _lists(A, B, n=16):
+    amem, ablocks = regions(A, n)
+    bmem, bblocks = regions(B, n)
+    A.add_remote_agent(B.get_agent_metadata())  # again, now with B's region
+    rng = np.random.default_rng(5)
+    amem[:] = rng.integers(0, 256, amem.nbytes, dtype=np.uint8)
+    bmem[:] = rng.integers(0, 256, bmem.nbytes, dtype=np.uint8)
+    local = A.prep_xfer_dlist("NIXL_INIT_AGENT", ablocks, "DRAM")
+    remote = A.prep_xfer_dlist("xf-B", bblocks, "DRAM")
+    return amem, bmem, local, remote
+
+
+def _notifs(B, want, timeout=10.0):
+    got = {}
+    deadline = time.monotonic() + timeout
+    while sum(map(len, got.values())) < want and time.monotonic() < deadline:
+        for k, v in B.get_new_notifs().items():
+            got.setdefault(k, []).extend(v)
+    return got
+
+
+@pytest.mark.parametrize("op", ["READ", "WRITE"])
+def test_one_block_at_a_time_goes_as_the_plain_request(agents, monkeypatch, op):
+    A, B = agents
+    amem, bmem, local, remote = _lists(A, B)
+    first = A.make_prepped_xfer(op, local, [3], remote, [4])  # the general way: the lane is kept
+    assert first._xfer.plan.path == "prepared" and first._xfer.plan.single is None
+    assert A.transfer(first) in ("PROC", "DONE") and wait(A, first) == "DONE", first.error
+    A.release_xfer_handle(first)
+    sent = calls(monkeypatch, A)
+    forms = [([0], [15]), ((7,), (2,)), (np.array([9], dtype=np.int32), np.array([9], dtype=np.uint16)),
+             (np.array([12]), [1]), ([15], np.array([0], dtype=np.uint64))]
+    for li, ri in forms:
+        h = A.make_prepped_xfer(op, local, li, remote, ri)
+        pr = h._xfer.plan
+        assert pr.path == "prepared" and pr.single is not None, (li, ri)  # made on the lane
+        assert A.transfer(h) in ("PROC", "DONE") and wait(A, h) == "DONE", h.error
+        i, j = int(np.asarray(li)[0]), int(np.asarray(ri)[0])
+        src, dst = (bmem, amem) if op == "READ" else (amem, bmem)
+        s, d = (j, i) if op == "READ" else (i, j)
+        assert np.array_equal(dst[d * BLOCK:(d + 1) * BLOCK], src[s * BLOCK:(s + 1) * BLOCK]), (li, ri)
+        t = A.get_xfer_telemetry(h)
+        assert (t.totalBytes, t.descCount) == (BLOCK, 1)
+        A.release_xfer_handle(h)
+    assert sent == [op.lower()] * len(forms)  # one plain request each, nothing else
+
+
+@pytest.mark.parametrize("op", ["READ", "WRITE"])
+def test_the_plain_request_is_what_protobuf_writes(agents, op):
+    A, B = agents
+    _, _, local, remote = _lists(A, B)
+    A.transfer(first := A.make_prepped_xfer(op, local, [0], remote, [0]))
+    assert wait(A, first) == "DONE", first.error
+    h = A.make_prepped_xfer(op, local, [5], remote, [11])
+    pr = h._xfer.plan
+    lp, rp = pr.lane.local, pr.lane.remote
+    lreg, rreg = lp.regions[int(lp.region[5])], rp.regions[int(rp.region[11])]
+    if op == "READ":
+        want = _proto.message("ReadRequest")(entry=_proto.message("ReadEntry")(
+            remote_descriptor=rreg.descriptor, remote_offset=int(rp.offset[11]), local_buffer_id=lreg.buffer_id,
+            local_offset=int(lp.offset[5]), length=BLOCK), timeout_ms=pr.lane.timeout_ms)
+        assert pr.single[0] + pr.single[1] == want.SerializeToString()
+    else:
+        want = _proto.message("WriteRequest")(entry=_proto.message("WriteEntry")(
+            local_buffer_id=lreg.buffer_id, local_offset=int(lp.offset[5]), remote_descriptor=rreg.descriptor,
+            remote_offset=int(rp.offset[11]), length=BLOCK), notification=b"n-1", timeout_ms=pr.lane.timeout_ms)
+        assert pr.single[0] + b"\x12\x03n-1" + pr.single[1] == want.SerializeToString()
+
+
+def test_notifications_ride_one_block_transfers(agents, monkeypatch):
+    A, B = agents
+    amem, bmem, local, remote = _lists(A, B)
+    for op in ("READ", "WRITE"):
+        A.transfer(first := A.make_prepped_xfer(op, local, [0], remote, [0]))
+        assert wait(A, first) == "DONE", first.error
+    sent = calls(monkeypatch, A)
+    w = A.make_prepped_xfer("WRITE", local, [2], remote, [6], notif_msg=b"wrote 2")
+    assert A.transfer(w) in ("PROC", "DONE") and wait(A, w) == "DONE", w.error
+    assert _notifs(B, 1) == {"xf-A": [b"wrote 2"]}
+    assert np.array_equal(bmem[6 * BLOCK:7 * BLOCK], amem[2 * BLOCK:3 * BLOCK])  # landed before it was told
+    r = A.make_prepped_xfer("READ", local, [8], remote, [1], notif_msg=b"read 1")
+    assert r._xfer.plan.single is not None
+    assert A.transfer(r) in ("PROC", "DONE") and wait(A, r) == "DONE", r.error
+    assert _notifs(B, 1) == {"xf-A": [b"read 1"]}
+    assert np.array_equal(amem[8 * BLOCK:9 * BLOCK], bmem[BLOCK:2 * BLOCK])
+    # A WRITE's notification is in its plain request; a READ's rides the prepared one (a
+    # ReadRequest has no notification): one request each, no mailbox WRITE after.
+    assert sent == ["write", "read_prepared"]
+    A.transfer(w, b"again")  # a notification given to transfer(): the general way, as before
+    assert wait(A, w) == "DONE" and _notifs(B, 1) == {"xf-A": [b"again"]}
+    assert sent[2:] == ["write_prepared"]
+
+
+def test_what_the_lane_does_not_take_is_named_by_the_general_way(agents):
+    A, B = agents
+    _, _, local, remote = _lists(A, B)
+    A.transfer(first := A.make_prepped_xfer("READ", local, [0], remote, [0]))
+    assert wait(A, first) == "DONE", first.error
+    with pytest.raises(nixlInvalidParamError, match=r"local_indices\[0\]: index 16 is outside"):
+        A.make_prepped_xfer("READ", local, [16], remote, [0])
+    with pytest.raises(nixlInvalidParamError, match=r"remote_indices\[0\]: index -1 is outside"):
+        A.make_prepped_xfer("READ", local, [0], remote, [-1])
+    with pytest.raises(nixlMismatchError):
+        A.make_prepped_xfer("READ", local, [0], remote, [0, 1])
+    two = A.make_prepped_xfer("READ", local, [1, 2], remote, [3, 4])  # two a side: the prepared request
+    assert two._xfer.plan.single is None
+    assert A.transfer(two) in ("PROC", "DONE") and wait(A, two) == "DONE", two.error
+
+
+def test_a_refused_one_block_transfer_ends_in_err_with_why(agents):
+    A, B = agents
+    _, bmem, local, remote = _lists(A, B)
+    A.transfer(first := A.make_prepped_xfer("WRITE", local, [0], remote, [0]))
+    assert wait(A, first) == "DONE", first.error
+    base = int(bmem.ctypes.data)  # the remote buffer goes; A's metadata still names it
+    B.deregister_memory(B.get_reg_descs([(base, bmem.nbytes, 0, "")], "DRAM"))
+    h = A.make_prepped_xfer("WRITE", local, [1], remote, [1])
+    assert h._xfer.plan.single is not None
+    A.transfer(h)
+    assert wait(A, h) == "ERR" and h.error is not None
+    assert A.transfer(h) in ("PROC", "ERR")  # re-posted: refused again, not stuck
+    assert wait(A, h) == "ERR"
+
+
+def test_single_fields_are_none_for_unequal_lengths():
+    class Side:
+        length = np.array([4096, 8192])
+        region = np.array([0, 0])
+        offset = np.array([0, 4096])
+        buffer_ids = np.array([7], dtype=np.uint64)
+        desc_rows = {"READ": [b"\x0a\x01d"], "WRITE": [b"\x1a\x01d"]}
+
+    s = Side()
+    assert _plan.single_fields("READ", s, 0, s, 1, 0) is None  # type: ignore[arg-type]
+    entry = b"\x0a\x01d" + b"\x10\x80\x20" + b"\x18\x07" + b"\x20\x80\x20" + b"\x28\x80\x40"
+    assert _plan.single_fields("READ", s, 1, s, 1, 5) == (b"\x0a" + bytes([len(entry)]) + entry, b"\x10\x05")  # type: ignore[arg-type]
+    entry = b"\x08\x07" + b"\x10\x80\x20" + b"\x1a\x01d" + b"\x20\x80\x20" + b"\x28\x80\x40"
+    assert _plan.single_fields("WRITE", s, 1, s, 1, 0) == (b"\x0a" + bytes([len(entry)]) + entry, b"")  # type: ignore[arg-type]
