@@ -170,3 +170,30 @@ def test_single_fields_are_none_for_unequal_lengths():
     assert _plan.single_fields("READ", s, 1, s, 1, 5) == (b"\x0a" + bytes([len(entry)]) + entry, b"\x10\x05")  # type: ignore[arg-type]
     entry = b"\x08\x07" + b"\x10\x80\x20" + b"\x1a\x01d" + b"\x20\x80\x20" + b"\x28\x80\x40"
     assert _plan.single_fields("WRITE", s, 1, s, 1, 0) == (b"\x0a" + bytes([len(entry)]) + entry, b"")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("timeout_s", [None, 2.5])
+def test_send_notif_sends_the_mailbox_write_from_its_kept_head(daemons, monkeypatch, timeout_s):
+    """send_notif's WriteRequest is made from pieces kept per remote agent (`_Remote.notif_head`):
+    the same bytes as mailbox_write of the framed message, for short and long messages alike."""
+    from tcpxd.nixl import nixl_agent, nixl_agent_config
+    from tcpxd.nixl._notify import frame
+    from tcpxd.nixl._xfer import mailbox_write
+
+    a, b = daemons
+    A = nixl_agent("nh-A", nixl_agent_config(endpoint=a.endpoint, timeout_s=timeout_s))
+    B = nixl_agent("nh-B", nixl_agent_config(endpoint=b.endpoint))
+    try:
+        A.add_remote_agent(B.get_agent_metadata())
+        bodies = []
+        post = A._inbox.post
+        monkeypatch.setattr(A._inbox, "post", lambda body, to: (bodies.append(body), post(body, to))[1])
+        msgs = [b"", b"x", b"m" * 200, b"n" * 70000]
+        for m in msgs:
+            A.send_notif("nh-B", m)
+        remote = A._remotes["nh-B"]
+        assert bodies == [mailbox_write(remote.mailbox_entry, frame("nh-A", "nh-B", m), A._timeout_ms) for m in msgs]
+        assert _notifs(B, len(msgs)) == {"nh-A": msgs}
+    finally:
+        A.close()
+        B.close()

@@ -16,6 +16,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import Client, _exit
+from .._session import _varint
 from ..client import DEFAULT_CALL_TIMEOUT
 from ..errors import TcpxdError
 from . import _bindings, _indices, _listen, _remotes, _transfers
@@ -42,7 +43,7 @@ from ._memory import LocalMemory
 from ._notify import CLOSE_NOTIFS_S, MAILBOX_BYTES, Inbox, _tight_spin_s, frame, notif_future
 from ._remotes import AgentName, _name, _Remote
 from ._transfers import _bytes
-from ._xfer import NOTIFICATION_ALONE, Xfer, mailbox_entry, mailbox_write, nixlXferTelemetry
+from ._xfer import NOTIFICATION_ALONE, Xfer, mailbox_entry, mailbox_timeout, nixlXferTelemetry
 
 log = logging.getLogger("tcpxd.nixl")
 
@@ -406,10 +407,13 @@ class nixl_agent:  # noqa: N801
                                               "(this one was not sent)") from None
                     raise nixlBackendError(f"send_notif to {remote.md.name}: the previous notification to it failed "
                                            f"({err!r}; this one was not sent)")
-            entry = remote.mailbox_entry
-            if entry is None:
-                entry = remote.mailbox_entry = mailbox_entry(self._mailbox.id, remote.md.mailbox, self._notif_alone)
-            body = mailbox_write(entry, frame(self.name, remote.md.name, msg), self._timeout_ms)
+            head = remote.notif_head
+            if head is None:  # mailbox_write's bytes but for the message, once a remote agent
+                entry = remote.mailbox_entry
+                if entry is None:
+                    entry = remote.mailbox_entry = mailbox_entry(self._mailbox.id, remote.md.mailbox, self._notif_alone)
+                head = remote.notif_head = (entry + b"\x12", frame(self.name, remote.md.name, b""), mailbox_timeout(self._timeout_ms))
+            body = head[0] + _varint(len(head[1]) + len(msg)) + head[1] + msg + head[2]
             sent: Any = self._inbox.post(body, remote.md.name)  # on the notification feed's session
             if sent is None:  # no local feed (a TCP endpoint, an older daemon): on the agent's session
                 session = self._session_now()

@@ -38,9 +38,8 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import Client, Subscription, _local, _ops, _proto
-from .._session import _SessionFuture
+from .._session import _SessionFuture, _varint
 from ..errors import TcpxdError, Unavailable
-from . import _wire
 
 log = logging.getLogger("tcpxd.nixl")
 
@@ -213,7 +212,7 @@ class _Feed:
         conn = self.conn
         tag = conn._tag = conn._tag + 1
         blen = len(body)
-        head = b"\x08" + _wire.varint(tag) + b"\x12" + _wire.varint(blen)  # tag = 1, write = 2
+        head = b"\x08" + _varint(tag) + b"\x12" + _varint(blen)  # tag = 1, write = 2
         data = memoryview(_local.HEADER.pack(len(head) + blen) + head + body)
         sock = conn.sock
         n = 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Union
 
 from ..errors import TcpxdError
 from . import _listen
@@ -39,6 +39,10 @@ class _Remote:
         self.table = RegionTable(md.regions)
         #: The mailbox WRITE's entry field, encoded on first use.
         self.mailbox_entry: Optional[bytes] = None
+        #: send_notif's WriteRequest to it up to the message, in three pieces (the entry field
+        #: and the notification's key; the notification frame's head; the timeout field),
+        #: encoded on first use (`nixl_agent.send_notif`).
+        self.notif_head: Optional[Tuple[bytes, bytes, bytes]] = None
         #: The pairing with its node started when the metadata was loaded (`_pair_ahead`).
         self.pairing: Any = None
         #: The last send_notif to it (its WRITE's answer to come: a `_notify.Sent` on the

@@ -296,4 +296,9 @@ def mailbox_entry(mailbox_id: int, remote_mailbox: str, alone: bool) -> bytes:
 def mailbox_write(entry: bytes, framed: bytes, timeout_ms: int) -> bytes:
     """The WriteRequest (serialized) of the WRITE between mailboxes that carries a notification
     alone: `entry` from mailbox_entry, notification (2), timeout_ms (3)."""
-    return entry + b"\x12" + _wire.varint(len(framed)) + framed + (b"\x18" + _wire.varint(timeout_ms) if timeout_ms else b"")
+    return entry + b"\x12" + _wire.varint(len(framed)) + framed + mailbox_timeout(timeout_ms)
+
+
+def mailbox_timeout(timeout_ms: int) -> bytes:
+    """mailbox_write's last field, timeout_ms (3); nothing for the daemon's default (0)."""
+    return b"\x18" + _wire.varint(timeout_ms) if timeout_ms else b""
