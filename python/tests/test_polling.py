@@ -155,9 +155,9 @@ def test_the_reader_thread_leaves_the_connection_to_a_caller_polling(peered, mon
     drained_by = []
     real = _session.Session._drain
 
-    def drain(self):  # (called under the read lock: no other thread drains at once)
+    def drain(self, readable=False):  # (called under the read lock: no other thread drains at once)
         drained_by.append(threading.current_thread().name)
-        real(self)
+        real(self, readable)
 
     monkeypatch.setattr(_session.Session, "_drain", drain)
     with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:

@@ -292,14 +292,15 @@ class Connection:
             self._buf[: self._ahead] = self._buf[end:have]
         return ev
 
-    def ready(self) -> List[Any]:
+    def ready(self, readable: bool = False) -> List[Any]:
         """The events that have arrived, without waiting (MSG_DONTWAIT, on a socket without a
         timeout: Python would wait that long first): none when nothing has. Raises Gone once the
         daemon closed the connection and every event before that was returned. Nothing there is
         found by a `poll(0)` (~0.4 µs), not by a receive that raises (~1.2 µs): a loop polling
-        tight mostly finds nothing. Called by one thread at a time (its caller's lock)."""
+        tight mostly finds nothing; `readable`: the caller's own poll just found the connection
+        readable (no second look). Called by one thread at a time (its caller's lock)."""
         have, ended = self._ahead, False
-        if not have:
+        if not have and not readable:
             waiter = self._ready_poll
             if waiter is None:
                 waiter = self._ready_poll = select.poll()

@@ -505,33 +505,36 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
                 continue  # a caller polls (began while this waited): it reads what came
             with self._read_lock:
                 if self._read_end is None:
-                    self._drain()
+                    self._drain(True)
         conn.shutdown()
         self._end(local_end(self._read_end[0], self._why, self._closed, self._client.endpoint, self._timeout))
 
-    def poll(self) -> None:
+    def poll(self, readable: bool = False) -> None:
         """Reads what the daemon has sent on this session, without blocking, and resolves the
         futures it finishes in the calling thread (nothing when another thread is reading): a
         caller polling a transfer learns it finished without waiting for the reader thread, which
-        would need the GIL the polling loop holds. gRPC sessions: nothing (their reader resolves)."""
+        would need the GIL the polling loop holds. `readable`: `wait_readable` just found
+        something there (read without looking first). gRPC sessions: nothing (their reader
+        resolves)."""
         lock = getattr(self, "_read_lock", None)
         self._polled_at = time.monotonic()
         if lock is not None and self._read_end is None and lock.acquire(blocking=False):
             try:
                 if self._read_end is None:
-                    self._drain()
+                    self._drain(readable)
                     if self._read_end is not None:
                         self._conn.shutdown()  # (the reader thread ends the session)
             finally:
                 lock.release()
 
-    def wait_readable(self, ms: int) -> None:
+    def wait_readable(self, ms: int) -> bool:
         """Waits until the daemon has sent something on this session (or `ms` passed), the GIL
         released; at once on a gRPC session. For a loop polling without a pause (tcpxd.nixl's
         check_xfer_state): the CPU it would spin on goes to the daemons, and `poll()` after it
-        reads what came (the reader thread stays quiet meanwhile: READER_QUIET_S)."""
+        reads what came (the reader thread stays quiet meanwhile: READER_QUIET_S). Whether
+        something came (`poll(readable=...)`)."""
         if self._conn is None or self._read_end is not None:
-            return
+            return False
         self._polled_at = time.monotonic()
         mine = self._ready_polls
         if mine is None:
@@ -541,9 +544,9 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
             waiter = mine.poll = select.poll()
             waiter.register(self._conn.sock.fileno(), select.POLLIN)
         try:
-            waiter.poll(ms)
+            return bool(waiter.poll(ms))
         except InterruptedError:
-            pass
+            return False
 
     def _wait(self, fut: concurrent.futures.Future, timeout: Optional[float]) -> None:
         """Waits until `fut` is done (or `timeout` passed), reading the connection in this thread
@@ -578,11 +581,12 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
             else:  # the reader thread is reading: it resolves the future
                 concurrent.futures.wait([fut], timeout=0.001 if left is None else min(left, 0.001))
 
-    def _drain(self) -> None:
+    def _drain(self, readable: bool = False) -> None:
         """Reads what the connection holds, without blocking, and dispatches each whole event in
-        order; sets `_read_end` at the connection's end or a refusal. Called under `_read_lock`."""
+        order; sets `_read_end` at the connection's end or a refusal. Called under `_read_lock`.
+        `readable`: a poll just found the connection readable (`Connection.ready`)."""
         try:
-            events = self._conn.ready()  # type: ignore[union-attr]
+            events = self._conn.ready(readable)  # type: ignore[union-attr]
         except _local.Gone:
             self._read_end = (None,)
             return

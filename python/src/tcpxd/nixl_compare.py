@@ -13,7 +13,7 @@ exchanged by pipe. The initiator measures, every byte of the bulk transfers chec
 - its random 16 KiB blocks (4096 of 64 MiB) READ by prepared lists (GB/s; Python time in make_prepped_xfer +
   transfer, per request);
 - a 4 KiB READ polled with check_xfer_state in a tight loop, and with time.sleep(0) between polls
-  (p50 / p99 over --small-iters);
+  (p50 / p99 over --small-iters), and a 4 KiB WRITE polled tight;
 - a notification round trip: send_notif, the target polls get_new_notifs (tight) and answers, the
   initiator polls (tight) for the answer (p50 / p99).
 
@@ -181,6 +181,17 @@ def initiator_main(impl: str, endpoint: str, conn: Any, out: Any, iters: int, sm
         how = "tight" if tight else "sleep(0)"
         res[f"4 KiB READ p50 µs ({how})"] = _pct(lat, 50)
         res[f"4 KiB READ p99 µs ({how})"] = _pct(lat, 99)
+    lat = []  # the same WRITE, polled tight
+    for i in range(small_iters + 20):
+        t = time.perf_counter()
+        h = agent.make_prepped_xfer("WRITE", sl, [0], sr, [0])
+        agent.transfer(h)
+        _wait(agent, h)
+        if i >= 20:
+            lat.append((time.perf_counter() - t) * 1e6)
+        agent.release_xfer_handle(h)
+    res["4 KiB WRITE p50 µs (tight)"] = _pct(lat, 50)
+    res["4 KiB WRITE p99 µs (tight)"] = _pct(lat, 99)
     if impl == "tcpxd":  # the same READ on tcpxd's own client, no NIXL layer: what the agent adds
         raw = _raw_read_latency(agent, small_iters)
         res["4 KiB READ p50 µs (tcpxd.Client.read)"] = _pct(raw, 50)

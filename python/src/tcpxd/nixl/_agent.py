@@ -354,8 +354,7 @@ class nixl_agent:  # noqa: N801
                 if now - self._checked_at >= TIGHT_S:  # not a tight loop (or its first poll)
                     self._spin_from = now
                 elif now - self._spin_from >= TIGHT_SPIN_S:  # spun long enough: wait for the daemon
-                    session.wait_readable(TIGHT_WAIT_MS)
-                    session.poll()
+                    session.poll(session.wait_readable(TIGHT_WAIT_MS))
                     state = xfer.state
                     now = time.perf_counter()
                 self._checked_at = now
