@@ -101,8 +101,9 @@ def test_sglang_writes_chunks_with_notifications(daemons):
     prefill.send(decode.recv())
     pushed = prefill.result()
     assert pushed["states"] == ["DONE"] * (chunks + 1)
-    # 2 KiB pages: the block path over the fine (512-byte) granule lists; the 64-byte aux item: a batch
-    assert pushed["paths"] == ["blocks"] * chunks + ["batch"]
+    # 2 KiB pages: the block path over the fine (512-byte) granule lists; the 64-byte aux item, one
+    # range: the plain WRITE, its notification in it
+    assert pushed["paths"] == ["blocks"] * chunks + ["plain"]
     decode.send("done")
     got = decode.result()
     assert got["received"] == list(range(chunks)) and got["expected"] == chunks and got["aux_done"]
@@ -204,8 +205,9 @@ def test_sglang_on_gpu_memory(daemons):
     prefill.send(decode.recv())
     pushed = prefill.result()
     assert pushed["states"] == ["DONE"] * (chunks + 1)
-    # 64 KiB pages: the block path over the 4 KiB granule lists; the 64-byte aux item: a batch
-    assert pushed["paths"] == ["blocks"] * chunks + ["batch"]
+    # 64 KiB pages: the block path over the 4 KiB granule lists; the 64-byte aux item, one range:
+    # the plain WRITE, its notification in it
+    assert pushed["paths"] == ["blocks"] * chunks + ["plain"]
     decode.send("done")
     got = decode.result()
     assert got["received"] == list(range(chunks)) and got["aux_done"]

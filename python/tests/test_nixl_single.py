@@ -197,3 +197,44 @@ def test_send_notif_sends_the_mailbox_write_from_its_kept_head(daemons, monkeypa
     finally:
         A.close()
         B.close()
+
+
+@pytest.mark.parametrize("op", ["READ", "WRITE"])
+def test_initialize_xfer_of_one_range_sends_the_plain_request(agents, monkeypatch, op):
+    """initialize_xfer of one descriptor a side (NIXL's examples' small transfers), aligned or not:
+    the plain request; a WRITE's notification in it, a READ's after it (a mailbox WRITE, as the
+    block and batch paths send it); a range past SINGLE_MAX keeps the block path."""
+    A, B = agents
+    amem, bmem, _, _ = _lists(A, B)
+    a0, b0 = int(amem.ctypes.data), int(bmem.ctypes.data)
+    sent = calls(monkeypatch, A)
+    for off, n, note in ((0, BLOCK, b""), (3 * BLOCK + 100, 999, b""), (5 * BLOCK, 2 * BLOCK, b"one range")):
+        h = A.initialize_xfer(op, A.get_xfer_descs([(a0 + off, n, 0)], "DRAM"),
+                              A.get_xfer_descs([(b0 + off + BLOCK, n, 0)], "DRAM"), "xf-B", note)
+        assert h._xfer.plan.path == "plain" and len(h._xfer.plan.requests) == 1
+        assert A.transfer(h) in ("PROC", "DONE") and wait(A, h) == "DONE", h.error
+        src, so, do = (bmem, off + BLOCK, off) if op == "READ" else (amem, off, off + BLOCK)
+        dst = amem if op == "READ" else bmem
+        assert np.array_equal(dst[do:do + n], src[so:so + n])
+        if note:
+            assert _notifs(B, 1) == {"xf-A": [note]}
+    assert sent == [op.lower()] * 3 + ([] if op == "WRITE" else ["write"])  # (a READ's notification: the mailbox WRITE)
+    monkeypatch.setattr(_plan, "SINGLE_MAX", BLOCK)  # (a range past it: as before)
+    h = A.initialize_xfer(op, A.get_xfer_descs([(a0, 2 * BLOCK, 0)], "DRAM"),
+                          A.get_xfer_descs([(b0 + 2 * BLOCK, 2 * BLOCK, 0)], "DRAM"), "xf-B")
+    assert h._xfer.plan.path == "blocks"
+    assert A.transfer(h) in ("PROC", "DONE") and wait(A, h) == "DONE", h.error
+
+
+def test_a_lane_of_ranges_past_single_max_keeps_the_prepared_request(agents, monkeypatch):
+    A, B = agents
+    _, _, local, remote = _lists(A, B)
+    monkeypatch.setattr(_plan, "SINGLE_MAX", BLOCK - 1)
+    A.transfer(first := A.make_prepped_xfer("READ", local, [0], remote, [0]))
+    assert wait(A, first) == "DONE", first.error
+    sent = calls(monkeypatch, A)
+    for li in ([1], np.array([2])):
+        h = A.make_prepped_xfer("READ", local, li, remote, [3])
+        assert h._xfer.plan.path == "prepared" and h._xfer.plan.single is None
+        assert A.transfer(h) in ("PROC", "DONE") and wait(A, h) == "DONE", h.error
+    assert sent == ["read_prepared"] * 2

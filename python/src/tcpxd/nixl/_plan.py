@@ -90,6 +90,9 @@ MAX_BLOCKS = 1 << 22
 RANGES = 1
 #: Entries a daemon prepared list may hold, and indices a prepared transfer may name per side.
 MAX_PREPARED = 1 << 22
+#: The largest range a one-pair transfer sends as the plain ReadRequest / WriteRequest
+#: (`single_fields`); a larger one keeps the block or prepared path, as bulk transfers had it.
+SINGLE_MAX = 1 << 20
 
 _LIST_SHIFT = np.int64(32)
 _U32 = np.dtype("<u4")
@@ -285,7 +288,8 @@ class Plan:
     `field` of a SessionRequest, without a notification, or a list of pieces whose concatenation
     they are; `notif_key` is the key of a WRITE's notification field, appended when one rides),
     and its size. `path`: "prepared" (one request naming two daemon prepared lists), "blocks"
-    (granule lists) or "batch". `prepared`: the prepared path's request before it is bound to a
+    (granule lists), "batch", or "plain" (one range of at most SINGLE_MAX bytes: the plain
+    ReadRequest / WriteRequest, `descs_plan`). `prepared`: the prepared path's request before it is bound to a
     session's prepared ids."""
 
     __slots__ = ("op", "bodies", "total_bytes", "desc_count", "entries", "path", "field", "notif_key", "prepared")
@@ -374,7 +378,9 @@ class Lane:
         if type(li) is not np.ndarray or type(ri) is not np.ndarray or li.size != ri.size:
             return self.one(li, ri)
         if li.size == 1:
-            return self.one(li, ri)
+            one = self.one(li, ri)
+            if one is not None:
+                return one
         if native and _indices.OUTER_MIN <= li.size <= MAX_PREPARED:
             dims = self.dims
             if dims is None:  # (a list's rows are counted once, on first use)
@@ -571,9 +577,9 @@ def single_fields(op: str, local: Prepped, i: int, remote: Prepped, j: int, time
     or for a WRITE with a notification `entry + b"\x12" + len + frame + timeout`
     (WriteRequest.notification = 2). A ReadRequest carries no notification: a READ with one
     takes the prepared request. None when the two descriptors' lengths differ (the general
-    way names it)."""
+    way names it) or pass SINGLE_MAX (a bulk range keeps the block and prepared paths)."""
     n = int(local.length[i])
-    if n != int(remote.length[j]) or n <= 0:
+    if n != int(remote.length[j]) or not 0 < n <= SINGLE_MAX:
         return None
     lb = int(local.buffer_ids[int(local.region[i])])
     lo, ro = int(local.offset[i]), int(remote.offset[j])
@@ -610,9 +616,11 @@ def ids_field(lid: int, rid: int) -> bytes:
 #: A request message by SessionRequest field, and a notification's key by path.
 _MESSAGE = {"write_batch": "WriteBatchRequest", "read_batch": "ReadBatchRequest",
             "write_blocks": "WriteBlocksRequest", "read_blocks": "ReadBlocksRequest",
-            "write_prepared": "WritePreparedRequest", "read_prepared": "ReadPreparedRequest"}
-# WriteBatchRequest.notification = 2, WriteBlocksRequest's = 5, Write/ReadPreparedRequest's = 5
-_NOTIF_KEY = {"batch": b"\x12", "blocks": b"\x2a", "prepared": b"\x2a"}
+            "write_prepared": "WritePreparedRequest", "read_prepared": "ReadPreparedRequest",
+            "write": "WriteRequest", "read": "ReadRequest"}
+# WriteBatchRequest.notification = 2, WriteBlocksRequest's = 5, Write/ReadPreparedRequest's = 5,
+# WriteRequest's = 2 (a ReadRequest has none: a READ's notification follows it)
+_NOTIF_KEY = {"batch": b"\x12", "blocks": b"\x2a", "prepared": b"\x2a", "plain": b"\x12"}
 def _timeout(key: bytes, ms: int) -> bytes:
     return key + V(ms) if ms else b""
 
@@ -806,6 +814,10 @@ def descs_plan(op: str, local: Prepped, remote: Prepped, timeout_ms: int) -> Pla
         raise nixlMismatchError(f"local_descs: {len(local)} descriptors against remote_descs' {len(remote)}")
     if len(local) == 0:
         raise nixlInvalidParamError("local_descs: no descriptors to transfer")
+    if len(local) == 1:  # one range: the plain request (`single_fields`), as a lane's one pair
+        one = single_fields(op, local, 0, remote, 0, timeout_ms)
+        if one is not None:
+            return Plan(op, [one[0] + one[1]], int(local.length[0]), 1, 1, "plain")
     idx = np.arange(len(local), dtype=np.int64)
     # Lists made for one transfer are not prepared in the daemon (a round trip to save none).
     return unprepared_plan(op, local, idx, remote, idx, True, timeout_ms)
@@ -817,3 +829,4 @@ def field(op: str, path: str = "batch") -> str:
 
 
 _FIELD = {(op, path): f"{op.lower()}_{path}" for op in ("WRITE", "READ") for path in ("batch", "blocks", "prepared")}
+_FIELD.update({("WRITE", "plain"): "write", ("READ", "plain"): "read"})
