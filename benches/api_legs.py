@@ -8,7 +8,7 @@ then, each call stamped on the client's wall clock (the daemons' log lines share
 - `tcpxd.Client.read` and `.write` of 4 KiB, a → b (waited, on the local session);
 - the same READ with both buffers on daemon a (api/same_node.rs: no peer, no poller);
 - a `tcpxd.nixl` 4 KiB READ (prepared lists), polled with `check_xfer_state` in a tight loop and
-  with `time.sleep(0)` between polls;
+  with `time.sleep(0)` between polls, and the same range WRITTEN back, polled tight;
 - a notification round trip (send_notif, the target agent in another process polling
   get_new_notifs tight and answering, the initiator polling tight), split across both daemons'
   traces and both processes' stamps: the ping's way to daemon b and its target, the target's
@@ -277,6 +277,21 @@ def main() -> int:
                 got = np.ctypeslib.as_array((__import__("ctypes").c_uint8 * SMALL).from_address(addr)).tobytes()
                 p2.send(("checksum", SMALL))
                 assert p2.recv() == got, "the nixl READ's bytes differ"
+                w = []  # the same range WRITTEN back (its bytes equal now: nothing changes), polled tight
+                for _ in range(n):
+                    t0 = now_us()
+                    h = agent.make_prepped_xfer("WRITE", sl, [0], sr, [0])
+                    agent.transfer(h)
+                    tp = now_us()
+                    while True:
+                        st = agent.check_xfer_state(h)
+                        if st == "DONE":
+                            break
+                        if st != "PROC":
+                            raise RuntimeError(f"the WRITE ended in {st}")
+                    w.append((t0, now_us(), tp))
+                    agent.release_xfer_handle(h)
+                runs["nixl WRITE tight"] = w
             if "notif" in only:
                 p2.send(("pong", n))
                 w = []
