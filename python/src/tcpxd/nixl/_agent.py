@@ -71,6 +71,7 @@ TIGHT_WAIT_MS = 1
 
 
 TIGHT_SPIN_S = _tight_spin_s()
+_INF = float("inf")
 
 
 
@@ -347,16 +348,20 @@ class nixl_agent:  # noqa: N801
         state = xfer.state
         if state == "PROC":  # read what the daemon sent, here: no wait for the session's reader thread
             session = xfer._session
+            bounded = TIGHT_SPIN_S != _INF  # (read each call: tests set it)
+            if bounded:
+                now = time.perf_counter()
+                if now - self._checked_at < TIGHT_S and now - self._spin_from >= TIGHT_SPIN_S:
+                    # a tight loop that spun long enough: wait for the daemon (at once when
+                    # something is there already), then read it: no look before the wait
+                    session.poll(session.wait_readable(TIGHT_WAIT_MS))
+                    self._checked_at = time.perf_counter()
+                    return xfer.state
             session.poll()
             state = xfer.state
-            if state == "PROC" and TIGHT_SPIN_S != float("inf"):
-                now = time.perf_counter()
+            if state == "PROC" and bounded:
                 if now - self._checked_at >= TIGHT_S:  # not a tight loop (or its first poll)
                     self._spin_from = now
-                elif now - self._spin_from >= TIGHT_SPIN_S:  # spun long enough: wait for the daemon
-                    session.poll(session.wait_readable(TIGHT_WAIT_MS))
-                    state = xfer.state
-                    now = time.perf_counter()
                 self._checked_at = now
             return state
         if state == "INIT":
