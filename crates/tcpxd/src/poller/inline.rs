@@ -11,7 +11,13 @@ use crate::engine::{Offer, PeerIdx, PeerMsg};
 impl Poller {
     /// `Action::SendInline`: the payload gathered, then the message sent as any control message
     /// is. A source that cannot be read sends nothing; the engine ends the offer.
-    pub(super) fn send_inline(&mut self, peer: PeerIdx, offer: Offer, sources: Vec<(u64, u64, u64)>) {
+    pub(super) fn send_inline(
+        &mut self,
+        peer: PeerIdx,
+        offer: Offer,
+        sources: Vec<(u64, u64, u64)>,
+        gather: bool,
+    ) {
         let total: u64 = sources.iter().map(|s| s.2).sum();
         let mut payload = vec![0u8; total as usize];
         let mut at = 0usize;
@@ -31,6 +37,9 @@ impl Poller {
         if let Some(why) = fault {
             let message = format!("reading the inline transfer's source: {why}");
             self.engine.on_inline_unsent(offer.offer_id, &message);
+            return;
+        }
+        if gather && !self.engine.on_inline_gathered(offer.offer_id, Ok(())) {
             return;
         }
         self.send_control(peer, PeerMsg::Inline { offer, payload });
