@@ -227,6 +227,12 @@ impl Engine {
         }
     }
 
+    /// Whether the inline transfer `offer` from `peer` lands in GPU memory here (its
+    /// `LandInline` copy may run asynchronously).
+    pub fn lands_on_gpu(&self, peer: PeerIdx, offer: u64) -> bool {
+        !self.inline_copies.is_empty() && self.inline_copies.contains_key(&InlineCopy::Land(peer, offer))
+    }
+
     /// Inline copies to or from GPU memory the driver has not reported ended yet.
     pub fn inline_copies_in_flight(&self) -> usize {
         self.inline_copies.len()

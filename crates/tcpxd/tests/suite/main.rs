@@ -33,6 +33,7 @@ mod daemon_hung_peer;
 mod daemon_idle;
 mod daemon_idle_peers;
 mod daemon_inline;
+mod daemon_inline_copies;
 mod daemon_lane_life;
 mod daemon_local;
 mod daemon_local_inline;
