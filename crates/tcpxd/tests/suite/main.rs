@@ -26,6 +26,7 @@ mod daemon_gather_ahead;
 mod daemon_gpu;
 mod daemon_gpu_batches;
 mod daemon_gpu_credits;
+mod daemon_gpu_inline;
 mod daemon_heartbeat;
 mod daemon_host_fd;
 mod daemon_hostile;
