@@ -45,10 +45,22 @@ impl Slot {
 /// Pinned host memory for the copies in flight, in granules.
 struct Staging {
     region: PinnedRegion,
+    granules: Granules,
+}
+
+/// Which granules of the staging are taken: first fit, runs given back whole.
+#[derive(Debug)]
+struct Granules {
     used: Vec<bool>,
 }
 
-impl Staging {
+impl Granules {
+    fn new(count: usize) -> Granules {
+        Granules {
+            used: vec![false; count],
+        }
+    }
+
     /// First fit of `bytes` (at least one granule), or `None` when no run is free.
     fn take(&mut self, bytes: usize) -> Option<Slot> {
         let granules = bytes.div_ceil(GRANULE).max(1);
@@ -132,7 +144,7 @@ impl InlineCopies {
                 Ok(region) => {
                     self.staging = Some(Staging {
                         region,
-                        used: vec![false; size / GRANULE],
+                        granules: Granules::new(size / GRANULE),
                     })
                 }
                 Err(e) => {
@@ -141,7 +153,11 @@ impl InlineCopies {
                 }
             }
         }
-        self.staging.as_mut()?.take(bytes)
+        let slot = self.staging.as_mut()?.granules.take(bytes);
+        if slot.is_none() {
+            tracing::debug!(bytes, "inline GPU copy synchronous: the staging is full");
+        }
+        slot
     }
 
     /// A stream of `gpu` for a job's copies (its pool made at first use), round-robin: the
@@ -453,18 +469,43 @@ impl Poller {
                             result = Err(format!("GPU staging: {e}"));
                         }
                     }
-                    staging.give(job.slot);
+                    staging.granules.give(job.slot);
                     if self.engine.on_inline_gathered(offer.offer_id, result) {
                         self.send_control(peer, PeerMsg::Inline { offer, payload });
                     }
                 }
                 Purpose::Land { peer, offer, len } => {
-                    staging.give(job.slot);
+                    staging.granules.give(job.slot);
                     self.engine.on_inline_landed(peer, offer, len, result);
                 }
             }
             // `ended` moved the last job to `i`: look at it next.
         }
         any
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn granules_fit_first_and_come_back_whole() {
+        let mut g = Granules::new(8);
+        let a = g.take(1).unwrap();
+        assert_eq!((a.first, a.granules), (0, 1), "at least one granule");
+        let b = g.take(3 * GRANULE).unwrap();
+        assert_eq!((b.first, b.granules), (1, 3));
+        let c = g.take(3 * GRANULE + 1).unwrap();
+        assert_eq!((c.first, c.granules), (4, 4), "rounded up");
+        assert!(g.take(1).is_none(), "full: the caller copies synchronously");
+        g.give(b);
+        assert!(g.take(4 * GRANULE).is_none(), "three free granules hold no four");
+        let d = g.take(2 * GRANULE).unwrap();
+        assert_eq!((d.first, d.offset()), (1, GRANULE as u64));
+        g.give(a);
+        g.give(d);
+        g.give(c);
+        assert_eq!(g.take(8 * GRANULE).map(|s| s.first), Some(0), "all back");
     }
 }

@@ -18,12 +18,17 @@ const KIB: u64 = 1 << 10;
 /// A pair of daemons on the stand-in with GPU inline on, eight GPU transfers and 1 MiB inline
 /// per pairing; `delay_ms` for each one's copies' events.
 async fn pair(name: &str, delay_ms: [u64; 2], window: u64) -> (Daemon, Daemon) {
+    pair_windows(name, delay_ms, [window; 2]).await
+}
+
+/// [`pair`] with each daemon's own inline window (its staging is that, at least 64 KiB).
+async fn pair_windows(name: &str, delay_ms: [u64; 2], windows: [u64; 2]) -> (Daemon, Daemon) {
     let dir = tcpxd_testkit::ScratchDir::fresh("tcpxd-inline-copies", name);
     std::fs::create_dir_all(&*dir).unwrap();
-    let window = window.to_string();
     let mut out = Vec::new();
-    for (side, delay) in ["a", "b"].into_iter().zip(delay_ms) {
+    for ((side, delay), window) in ["a", "b"].into_iter().zip(delay_ms).zip(windows) {
         let delay = delay.to_string();
+        let window = window.to_string();
         let env = [
             ("TCPXD_INLINE_GPU", "on"),
             ("TCPXD_INLINE_GPU_IN_FLIGHT", "8"),
@@ -208,4 +213,38 @@ async fn a_destination_released_or_the_peer_lost_while_its_copy_runs_waits_for_i
             assert_eq!((s.sent_inline, lane_bytes(&s)), (1, 0), "{s:?}");
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn landings_past_the_receivers_staging_copy_synchronously_byte_exact() {
+    // a may send eight 16 KiB inline at once; b's staging (its 4 KiB window, at least 64 KiB)
+    // holds four landings, held in flight by the delay: the others land synchronously.
+    let (mut a, mut b) = pair_windows("full", [0, 300], [1 << 20, 4096]).await;
+    let len = 16 * KIB;
+    let src = cuda_buffer(&mut a.client, 2, 8 * len).await;
+    let dst = cuda_buffer(&mut b.client, 4, 8 * len).await;
+    fill_seed(&mut a.client, src.id, 0, 0, 21).await;
+    let mut ids = Vec::new();
+    for k in 0..8u64 {
+        ids.push(
+            write(&mut a.client, write_entry(&src, k * len, &dst, k * len, len), b"")
+                .await
+                .unwrap(),
+        );
+    }
+    for id in ids {
+        wait_ok(&mut a.client, id).await;
+    }
+    assert_same(
+        &mut a.client,
+        (src.id, 0),
+        &mut b.client,
+        (dst.id, 0),
+        8 * len,
+        "staging full",
+    )
+    .await;
+    let r = peer_stats(&mut b.client).await;
+    assert_eq!(r.received_inline, 8, "{r:?}");
+    release(&mut b.client, dst.id).await;
 }
