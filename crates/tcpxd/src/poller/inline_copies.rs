@@ -9,7 +9,8 @@
 //! overlap their copies instead of queueing behind one synchronous copy each.
 //!
 //! The staging is one pinned allocation of `transfer.inline_window_bytes` (at least
-//! `transfer.inline_max_bytes`), made at the first GPU inline copy and handed out in
+//! `transfer.inline_max_bytes`), made with the first GPU buffer (`prepare_inline_copies`; else at
+//! the first GPU inline copy) and handed out in
 //! [`GRANULE`]s; a job is freed from it only after its events completed. When it is full (several
 //! pairings' windows at once) or cannot be made, a transfer's copy is synchronous, as before:
 //! nothing ever waits for staging. Each job holds its buffers (`Arc<BufferEntry>`) until its
@@ -135,24 +136,30 @@ impl InlineCopies {
         self.jobs.is_empty()
     }
 
-    /// A slot of `bytes` of staging, made on `gpu` at first use (`size` bytes); `None`: copy
-    /// synchronously.
-    fn slot(&mut self, gpu: &Arc<Gpu>, size: usize, bytes: usize) -> Option<Slot> {
-        if self.staging.is_none() && !self.no_staging {
-            let size = size.div_ceil(GRANULE) * GRANULE;
-            match gpu.alloc_pinned(size) {
-                Ok(region) => {
-                    self.staging = Some(Staging {
-                        region,
-                        granules: Granules::new(size / GRANULE),
-                    })
-                }
-                Err(e) => {
-                    tracing::warn!("inline GPU copies stay synchronous: no pinned staging: {e}");
-                    self.no_staging = true;
-                }
+    /// Makes the staging (`size` bytes, on `gpu`) unless made, or failed, before.
+    fn ensure_staging(&mut self, gpu: &Arc<Gpu>, size: usize) {
+        if self.staging.is_some() || self.no_staging {
+            return;
+        }
+        let size = size.div_ceil(GRANULE) * GRANULE;
+        match gpu.alloc_pinned(size) {
+            Ok(region) => {
+                self.staging = Some(Staging {
+                    region,
+                    granules: Granules::new(size / GRANULE),
+                })
+            }
+            Err(e) => {
+                tracing::warn!("inline GPU copies stay synchronous: no pinned staging: {e}");
+                self.no_staging = true;
             }
         }
+    }
+
+    /// A slot of `bytes` of staging (made on `gpu` at first use, `size` bytes); `None`: copy
+    /// synchronously.
+    fn slot(&mut self, gpu: &Arc<Gpu>, size: usize, bytes: usize) -> Option<Slot> {
+        self.ensure_staging(gpu, size);
         let slot = self.staging.as_mut()?.granules.take(bytes);
         if slot.is_none() {
             tracing::debug!(bytes, "inline GPU copy synchronous: the staging is full");
@@ -160,22 +167,25 @@ impl InlineCopies {
         slot
     }
 
-    /// A stream of `gpu` for a job's copies (its pool made at first use), round-robin: the
-    /// GPU's ordinal and the stream's index.
-    fn pick(&mut self, gpu: &Arc<Gpu>) -> Result<(usize, usize), String> {
-        let ordinal = gpu.ordinal();
-        if let std::collections::hash_map::Entry::Vacant(v) = self.copiers.entry(ordinal) {
-            let streams = StreamPool::new(gpu, STREAMS_PER_GPU).map_err(|e| e.to_string())?;
-            let events = EventPool::new(gpu, 8).map_err(|e| e.to_string())?;
-            v.insert(Copier {
-                streams,
-                events,
+    /// `gpu`'s streams and events, made at first use.
+    fn copier(&mut self, gpu: &Arc<Gpu>) -> Result<&mut Copier, String> {
+        let c = match self.copiers.entry(gpu.ordinal()) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(Copier {
+                streams: StreamPool::new(gpu, STREAMS_PER_GPU).map_err(|e| e.to_string())?,
+                events: EventPool::new(gpu, 8).map_err(|e| e.to_string())?,
                 next: 0,
-            });
-        }
-        let c = self.copiers.get_mut(&ordinal).expect("made above");
+            }),
+        };
+        Ok(c)
+    }
+
+    /// A stream of `gpu` for a job's copies, round-robin: the GPU's ordinal and the stream's
+    /// index.
+    fn pick(&mut self, gpu: &Arc<Gpu>) -> Result<(usize, usize), String> {
+        let c = self.copier(gpu)?;
         c.next = c.next.wrapping_add(1);
-        Ok((ordinal, c.next % c.streams.len()))
+        Ok((gpu.ordinal(), c.next % c.streams.len()))
     }
 
     /// Queues a copy on stream `k` of GPU `gpu` (picked by [`InlineCopies::pick`]) with the
@@ -271,6 +281,19 @@ impl Poller {
     fn inline_staging_bytes(&self) -> usize {
         let c = self.engine.config();
         c.inline_window_bytes.max(c.inline_max_bytes) as usize
+    }
+
+    /// Makes `gpu`'s streams and events and the staging before the first inline GPU copy needs
+    /// them (at a GPU's first buffer: a pinned allocation costs far more than a small copy).
+    pub(super) fn prepare_inline_copies(&mut self, gpu: &Arc<Gpu>) {
+        if self.engine.config().inline_max_bytes == 0 {
+            return;
+        }
+        let size = self.inline_staging_bytes();
+        if let Err(e) = self.inline_copies.copier(gpu) {
+            tracing::warn!("inline GPU copies on GPU {}: {e}", gpu.ordinal());
+        }
+        self.inline_copies.ensure_staging(gpu, size);
     }
 
     /// `SendInline` with GPU sources: the payload's GPU pieces copied out asynchronously, the
