@@ -637,7 +637,6 @@ struct Poller {
     unpack_impl: UnpackImpl,
     /// Block chunks' host copies on helper threads (`net::host_copies`): queued whole per chunk.
     host_copies: HostCopies,
-    /// Inline transfers' GPU copies in flight (`inline_copies.rs`).
     inline_copies: inline_copies::InlineCopies,
     /// Scratch for the completions gathered during a pass.
     completions: Vec<Completion>,
