@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Session 24 (fastlane): the framed sessions' requests read on the poller's thread
+# (`runtime.poller_sessions`), measured on a host with CPUs to spin (the H200 host: 16 CPUs,
+# `runtime.spin` auto = on), as a user sees it and hop by hop:
+#
+#   benches/fastlane_device.sh AFTER_BIN_DIR BEFORE_BIN_DIR
+#
+# AFTER_BIN_DIR / BEFORE_BIN_DIR: directories with a release `tcpxd` (this tree's; main's before
+# the session, e.g. /work/before-s24). The client package is this tree's (python/src) for every
+# run, so only the daemon differs. Three daemons, in ABBA order:
+#   A  AFTER's tcpxd as configured (poller_sessions auto: on where spin is on)
+#   O  AFTER's tcpxd with TCPXD_POLLER_SESSIONS=off (this change alone, the rest of the tree kept)
+#   B  BEFORE's tcpxd
+#   1. benches/api_legs.py --no-trace --only notif,read,write,nixl: rounds A O B B O A (p50 / p99
+#      of each call as a user sees it; the summary prints each label's runs and their median).
+#   2. the same traced (RUST_LOG=tcpxd::hop=trace) A B B A: where the µs of each leg go.
+#   3. python -m tcpxd.nixl_compare --impl tcpxd with A (the issue's table, tcpxd's side).
+# ITERS (default 400) calls per kind a run. Takes about 3 minutes on the H200 host.
+set -euo pipefail
+if [ $# -lt 2 ] || [ ! -x "$1/tcpxd" ] || [ ! -x "$2/tcpxd" ]; then
+  echo "usage: $0 AFTER_BIN_DIR BEFORE_BIN_DIR  (each with a release tcpxd)" >&2
+  exit 2
+fi
+here="$(cd "$(dirname "$0")/.." && pwd)"
+after="$(cd "$1" && pwd)/tcpxd"
+before="$(cd "$2" && pwd)/tcpxd"
+iters="${ITERS:-400}"
+export PYTHONPATH="$here/python/src${PYTHONPATH:+:$PYTHONPATH}"
+py="${PYTHON:-python3}"
+out="$(mktemp -d)"
+echo "host: $(nproc) CPUs; after: $after; before: $before; iters $iters; raw output in $out"
+
+# One api_legs run: label, daemon, extra env (k=v or -), then api_legs arguments.
+legs() {
+  local label="$1" daemon="$2" envset="$3"
+  shift 3
+  local f="$out/$label.$(date +%s%N).txt"
+  echo "-- $label ($daemon${envset:+, $envset})"
+  if [ "$envset" = "-" ]; then
+    timeout 120 "$py" "$here/benches/api_legs.py" --tcpxd "$daemon" --iters "$iters" "$@" >"$f" 2>&1 || true
+  else
+    env "$envset" timeout 120 "$py" "$here/benches/api_legs.py" --tcpxd "$daemon" --iters "$iters" "$@" >"$f" 2>&1 || true
+  fi
+  grep -E "calls, p50|Traceback|Error" "$f" | sed "s/^/   /" || true
+}
+
+echo "== 1. untraced, A O B B O A"
+for label in A O B B O A; do
+  case $label in
+    A) legs A "$after" - --no-trace --only notif,read,write,nixl ;;
+    O) legs O "$after" TCPXD_POLLER_SESSIONS=off --no-trace --only notif,read,write,nixl ;;
+    B) legs B "$before" - --no-trace --only notif,read,write,nixl ;;
+  esac
+done
+
+echo "== 1. summary: p50 / p99 µs of each run, then the median of the runs' p50"
+for label in A O B; do
+  cat "$out"/$label.*.txt 2>/dev/null | grep "calls, p50" |
+    sed -E 's/^(.*): [0-9]+ calls, p50 ([0-9]+) µs, p90 [0-9]+, p99 ([0-9]+).*/\1|\2|\3/' |
+    awk -F'|' -v L="$label" '{ p50[$1] = p50[$1] " " $2; p99[$1] = p99[$1] " " $3; n[$1]++; v[$1, n[$1]] = $2 }
+      END { for (k in n) { m = n[k]; for (i = 1; i <= m; i++) a[i] = v[k, i];
+              for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+              med = (m % 2) ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2;
+              printf "   %s %-32s p50:%s  p99:%s  median p50 %s\n", L, k, p50[k], p99[k], med } }' | sort
+done
+
+echo "== 2. traced (RUST_LOG=tcpxd::hop=trace), A B B A: the legs"
+for label in A B B A; do
+  daemon="$after"
+  [ "$label" = B ] && daemon="$before"
+  f="$out/traced-$label.$(date +%s%N).txt"
+  echo "-- traced $label"
+  timeout 150 "$py" "$here/benches/api_legs.py" --tcpxd "$daemon" --iters "$iters" --only notif,read,nixl >"$f" 2>&1 || true
+  grep -vE "^tcpxd |^\s*$" "$f" | sed "s/^/   /" || true
+done
+
+echo "== 3. python -m tcpxd.nixl_compare --impl tcpxd (A)"
+(cd "$here" && timeout 120 "$py" -m tcpxd.nixl_compare --impl tcpxd --tcpxd "$after" --rounds 2 2>&1 | tail -25) || true
+echo "raw output: $out"
