@@ -8,14 +8,16 @@
 # AFTER_BIN_DIR / BEFORE_BIN_DIR: directories with a release `tcpxd` (this tree's; main's before
 # the session, e.g. /work/before-s24). The client package is this tree's (python/src) for every
 # run, so only the daemon differs. Three daemons, in ABBA order:
-#   A  AFTER's tcpxd as configured (poller_sessions auto: on where spin is on)
+#   A  AFTER's tcpxd with TCPXD_POLLER_SESSIONS=on (what `auto` gives where `runtime.spin` is on)
 #   O  AFTER's tcpxd with TCPXD_POLLER_SESSIONS=off (this change alone, the rest of the tree kept)
 #   B  BEFORE's tcpxd
 #   1. benches/api_legs.py --no-trace --only notif,read,write,nixl: rounds A O B B O A (p50 / p99
 #      of each call as a user sees it; the summary prints each label's runs and their median).
 #   2. the same traced (RUST_LOG=tcpxd::hop=trace) A B B A: where the µs of each leg go.
 #   3. python -m tcpxd.nixl_compare --impl tcpxd with A (the table, tcpxd's side).
-# ITERS (default 400) calls per kind a run. Takes about 3 minutes on the H200 host.
+# ITERS (default 400) calls per kind a run; PYTHON (default python3) with the package's
+# dependencies (grpcio, numpy). Takes under 3 minutes on the H200 host (35 s at ITERS=50 on the
+# 2-core VM). BEFORE's daemon ignores TCPXD_POLLER_SESSIONS (it has no such key).
 set -euo pipefail
 if [ $# -lt 2 ] || [ ! -x "$1/tcpxd" ] || [ ! -x "$2/tcpxd" ]; then
   echo "usage: $0 AFTER_BIN_DIR BEFORE_BIN_DIR  (each with a release tcpxd)" >&2
@@ -47,7 +49,7 @@ legs() {
 echo "== 1. untraced, A O B B O A"
 for label in A O B B O A; do
   case $label in
-    A) legs A "$after" - --no-trace --only notif,read,write,nixl ;;
+    A) legs A "$after" TCPXD_POLLER_SESSIONS=on --no-trace --only notif,read,write,nixl ;;
     O) legs O "$after" TCPXD_POLLER_SESSIONS=off --no-trace --only notif,read,write,nixl ;;
     B) legs B "$before" - --no-trace --only notif,read,write,nixl ;;
   esac
@@ -70,10 +72,11 @@ for label in A B B A; do
   [ "$label" = B ] && daemon="$before"
   f="$out/traced-$label.$(date +%s%N).txt"
   echo "-- traced $label"
-  timeout 150 "$py" "$here/benches/api_legs.py" --tcpxd "$daemon" --iters "$iters" --only notif,read,nixl >"$f" 2>&1 || true
+  TCPXD_POLLER_SESSIONS=on timeout 150 "$py" "$here/benches/api_legs.py" --tcpxd "$daemon" --iters "$iters" \
+    --only notif,read,nixl >"$f" 2>&1 || true
   grep -vE "^tcpxd |^\s*$" "$f" | sed "s/^/   /" || true
 done
 
 echo "== 3. python -m tcpxd.nixl_compare --impl tcpxd (A)"
-(cd "$here" && timeout 120 "$py" -m tcpxd.nixl_compare --impl tcpxd --tcpxd "$after" --rounds 2 2>&1 | tail -25) || true
+(cd "$here" && TCPXD_POLLER_SESSIONS=on timeout 120 "$py" -m tcpxd.nixl_compare --impl tcpxd --tcpxd "$after" --rounds 2 2>&1 | tail -25) || true
 echo "raw output: $out"
