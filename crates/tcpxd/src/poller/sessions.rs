@@ -266,6 +266,51 @@ mod tests {
         assert!(events.is_empty(), "a removed socket is not reported");
     }
 
+    /// A session's future woken on the poller's thread runs there; while it holds itself off
+    /// (`OffPoller`) its polls go to a runtime worker, and back to the poller's thread after.
+    #[test]
+    fn a_future_held_off_the_poller_thread_is_polled_by_the_runtime_until_released() {
+        use crate::api::local::inline::{Inline, OffPoller, off_poller};
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("test-worker")
+            .build()
+            .unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<bool>();
+        let (seen_tx, seen) = std::sync::mpsc::channel::<(bool, bool)>();
+        let off = Arc::new(OffPoller::default());
+        let hold = off.clone();
+        // Each message: whether to hold off; reports (held, polled on the poller's thread).
+        let task = Inline::start_served(rt.handle().clone(), off, async move {
+            while let Some(heavy) = rx.recv().await {
+                let _held = heavy.then(|| hold.hold());
+                if heavy {
+                    off_poller().await;
+                }
+                seen_tx.send((heavy, on_poller_thread())).unwrap();
+            }
+        });
+        let polled = task.clone();
+        let poller = std::thread::spawn(move || {
+            mark_poller_thread();
+            let wait = || seen.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
+            for heavy in [false, true, false, true, false] {
+                // The worker's poll that reported last has returned (bounded: 30 s).
+                let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+                while !polled.idle() {
+                    assert!(std::time::Instant::now() < end, "a poll never ended");
+                    std::thread::yield_now();
+                }
+                // The send wakes the future here, on the "poller's" thread.
+                tx.send(heavy).unwrap();
+                let got = wait();
+                assert_eq!(got, (heavy, !heavy), "held: off the poller's thread; else on it");
+            }
+        });
+        poller.join().unwrap();
+        assert!(task.finished(), "the channel closed: the future ended");
+    }
+
     #[test]
     fn bytes_that_came_before_the_waker_was_stored_are_read_by_the_second_try() {
         let poll = mio::Poll::new().unwrap();

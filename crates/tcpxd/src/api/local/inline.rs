@@ -134,6 +134,12 @@ impl Inline {
         drop(taken);
     }
 
+    /// No thread is polling the future now (tests: wait for a poll on another thread to end).
+    #[cfg(test)]
+    pub(crate) fn idle(&self) -> bool {
+        self.state.load(Ordering::Acquire) == IDLE
+    }
+
     /// Whether the future completed (or was stopped).
     pub fn finished(&self) -> bool {
         self.future.lock().unwrap_or_else(|e| e.into_inner()).is_none()
