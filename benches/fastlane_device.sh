@@ -14,7 +14,9 @@
 #   1. benches/api_legs.py --no-trace --only notif,read,write,nixl: rounds A O B B O A (p50 / p99
 #      of each call as a user sees it; the summary prints each label's runs and their median).
 #   2. the same traced (RUST_LOG=tcpxd::hop=trace) A B B A: where the µs of each leg go.
-#   3. python -m tcpxd.nixl_compare --impl tcpxd with A (the issue's table, tcpxd's side).
+#   3. the daemons' part of a traced 4 KiB READ hop by hop (benches/hops.py), A then B: where one
+#      control message's way between the two pollers goes (issue #39's 22-23 µs legs).
+#   4. python -m tcpxd.nixl_compare --impl tcpxd with A (the issue's table, tcpxd's side).
 # ITERS (default 400) calls per kind a run; PYTHON (default python3) with the package's
 # dependencies (grpcio, numpy). Takes under 3 minutes on the H200 host (35 s at ITERS=50 on the
 # 2-core VM). BEFORE's daemon ignores TCPXD_POLLER_SESSIONS (it has no such key).
@@ -77,6 +79,21 @@ for label in A B B A; do
   grep -vE "^tcpxd |^\s*$" "$f" | sed "s/^/   /" || true
 done
 
-echo "== 3. python -m tcpxd.nixl_compare --impl tcpxd (A)"
+echo "== 3. the daemons' part of a 4 KiB Client.read hop by hop (benches/hops.py on the traced logs:"
+echo "   a's poller.out -> b's wire.in is one control message's way between the pollers), A then B"
+for label in A B; do
+  daemon="$after"
+  [ "$label" = B ] && daemon="$before"
+  f="$out/hops-$label.txt"
+  TCPXD_POLLER_SESSIONS=on timeout 150 "$py" "$here/benches/api_legs.py" --tcpxd "$daemon" --iters "$iters" \
+    --only read --keep >"$f" 2>&1 || true
+  logs="$(sed -n 's/.*, logs \(\S*\)$/\1/p' "$f" | tail -1)"
+  echo "-- hops $label (logs in $logs)"
+  if [ -n "$logs" ] && [ -f "$logs/legs-a.log" ]; then
+    "$py" "$here/benches/hops.py" "$logs/legs-a.log" "$logs/legs-b.log" 2>&1 | sed "s/^/   /" || true
+  fi
+done
+
+echo "== 4. python -m tcpxd.nixl_compare --impl tcpxd (A)"
 (cd "$here" && TCPXD_POLLER_SESSIONS=on timeout 120 "$py" -m tcpxd.nixl_compare --impl tcpxd --tcpxd "$after" --rounds 2 2>&1 | tail -25) || true
 echo "raw output: $out"
