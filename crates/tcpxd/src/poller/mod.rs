@@ -75,7 +75,7 @@ pub use crate::peer_stats::{PeerLink, PeerStats, StatsSnapshot};
 pub use direct::{Decode, DirectConn, MAX_UNSENT};
 pub use park::PollerTx;
 pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
-pub use sessions::{SessionWatch, Watched, Watching, on_poller_thread};
+pub use sessions::{PASS_BUDGET, PassBudget, SessionWatch, Watched, Watching, on_poller_thread};
 
 /// One lane a node receives on, as the handshake announces it (its handle comes on the control
 /// stream when the lane is first used: peer protocol 6).

@@ -10,7 +10,9 @@
 //!
 //! What a session does that could stall the poller runs on the runtime instead: the session
 //! holds its task off this thread ([`crate::api::local::inline::OffPoller`]) for registrations,
-//! prepared lists and requests larger than `crate::api::session::OFF_POLLER_BYTES`.
+//! prepared lists and requests larger than `crate::api::session::OFF_POLLER_BYTES`, and for the
+//! rest of a burst once it has handled [`PASS_BUDGET`] requests in one of the poller's passes (a
+//! client that writes thousands of small requests at once does not hold the data path).
 //!
 //! # State
 //! [`SessionWatch`] is shared by the poller and the sessions: a clone of the epoll set's registry
@@ -64,6 +66,17 @@ pub fn on_poller_thread() -> bool {
     ON_POLLER.with(|p| p.get())
 }
 
+/// Requests one session handles on the poller's thread in one pass; the rest of its burst goes
+/// to the runtime (about 3–5 µs each: within the poller's [`super::COMMAND_SLICE`]-sized slices).
+pub const PASS_BUDGET: u32 = 16;
+
+/// A session's count of the requests it handled on the poller's thread in its current pass.
+#[derive(Debug, Default)]
+pub struct PassBudget {
+    pass: u64,
+    used: u32,
+}
+
 /// The framed sessions' sockets in the poller's epoll set.
 pub struct SessionWatch {
     registry: Registry,
@@ -74,6 +87,9 @@ pub struct SessionWatch {
     /// Requests the watched sessions handled on the poller's thread, and off it (`counted`).
     on_poller: AtomicU64,
     off_poller: AtomicU64,
+    /// The poller's passes (each `wake` call), for [`PassBudget`]; bursts sent to the runtime.
+    pass: AtomicU64,
+    over_budget: AtomicU64,
 }
 
 /// One watched socket: the waker of the session's read that last found nothing.
@@ -145,7 +161,33 @@ impl SessionWatch {
             count: AtomicUsize::new(0),
             on_poller: AtomicU64::new(0),
             off_poller: AtomicU64::new(0),
+            pass: AtomicU64::new(0),
+            over_budget: AtomicU64::new(0),
         }
+    }
+
+    /// Counts a request about to be handled by a watched session on the calling thread against
+    /// its pass budget: `true` when it is on the poller's thread and over [`PASS_BUDGET`] in this
+    /// pass (the session then goes on off the poller's thread).
+    pub fn spend(&self, budget: &mut PassBudget) -> bool {
+        if !on_poller_thread() {
+            return false;
+        }
+        let pass = self.pass.load(Ordering::Relaxed);
+        if budget.pass != pass {
+            *budget = PassBudget { pass, used: 0 };
+        }
+        budget.used += 1;
+        let over = budget.used > PASS_BUDGET;
+        if over {
+            self.over_budget.fetch_add(1, Ordering::Relaxed);
+        }
+        over
+    }
+
+    /// Requests that went to the runtime because their session's burst was over the budget.
+    pub fn over_budget(&self) -> u64 {
+        self.over_budget.load(Ordering::Relaxed)
     }
 
     /// A watched session handles a request on the calling thread: counted as on the poller's
@@ -198,6 +240,7 @@ impl SessionWatch {
     /// Wakes the sessions whose sockets epoll reported (on the poller's thread: each session's
     /// future is polled right here).
     pub(super) fn wake(&self, ready: &mut Vec<Token>) {
+        self.pass.fetch_add(1, Ordering::Relaxed);
         if ready.is_empty() {
             return;
         }

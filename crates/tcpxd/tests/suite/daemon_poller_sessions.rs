@@ -78,19 +78,18 @@ async fn requests_are_read_checked_and_started_on_the_poller_thread_in_order() {
     let dst = host_buffer(&mut b.client, MIB, "").await;
     fill_seed(&mut a.client, src.id, 0, MIB, 24).await;
     let mut s = Framed::open(&a.daemon.api_socket).await;
-    // One round trip first: the session then waits for its next request on the poller.
-    s.send(500, write_op(write_entry(&src, 0, &dst, 0, 4 * KIB)))
-        .await;
-    assert_eq!(finished(&s.next().await).status_code, 0);
+    // Round trips first, until one was on the poller: the session then waits there.
+    let small = write_op(write_entry(&src, 0, &dst, 0, 4 * KIB));
+    until_on_poller(&mut s, &a, 500, &small).await;
     let (on0, off0, _) = handled(&a);
-    assert_eq!(on0 + off0, 1);
-    // 64 WRITEs of 16 KiB in one write, then tag 1 again right behind its first use: read and
-    // handled in order in one poll, the second is refused (its tag still open) whatever the
-    // machine's speed.
-    let mut reqs: Vec<(u64, Op)> = (0..64u64)
+    // 15 WRITEs of 64 KiB in one write, then tag 1 again right behind its first use (16
+    // requests: the pass's budget): read and handled in order in one poll, the second is
+    // refused (its tag still open) whatever the machine's speed.
+    let n = u64::from(tcpxd::poller::PASS_BUDGET) - 1;
+    let mut reqs: Vec<(u64, Op)> = (0..n)
         .map(|i| {
-            let at = i * 16 * KIB;
-            (i + 1, write_op(write_entry(&src, at, &dst, at, 16 * KIB)))
+            let at = i * 64 * KIB;
+            (i + 1, write_op(write_entry(&src, at, &dst, at, 64 * KIB)))
         })
         .collect();
     reqs.push((1, Op::CancelTag(999)));
@@ -116,16 +115,17 @@ async fn requests_are_read_checked_and_started_on_the_poller_thread_in_order() {
             other => panic!("tag {}: {other:?}", ev.tag),
         }
     }
-    assert_eq!(done, 64);
+    assert_eq!(done, n);
     assert!(refused_again, "the repeated tag came after its first use");
+    let len = n * 64 * KIB;
     assert_eq!(
-        crc(&mut a.client, src.id, 0, MIB).await,
-        crc(&mut b.client, dst.id, 0, MIB).await
+        crc(&mut a.client, src.id, 0, len).await,
+        crc(&mut b.client, dst.id, 0, len).await
     );
     let (on, off, watched) = handled(&a);
     assert_eq!(
         (on - on0, off - off0, watched),
-        (65, 0, 1),
+        (n + 1, 0, 1),
         "every request on the poller's thread"
     );
     // A READ back into the source, then the half-close: the session ends OK and leaves the set.
@@ -226,6 +226,51 @@ async fn a_large_request_and_a_registration_are_served_off_the_poller_thread() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_over_the_pass_budget_goes_on_off_the_poller_thread_in_order() {
+    let (mut a, mut b) = pair_with("ps-burst", "on").await;
+    let src = host_buffer(&mut a.client, MIB, "").await;
+    let dst = host_buffer(&mut b.client, MIB, "").await;
+    fill_seed(&mut a.client, src.id, 0, MIB, 11).await;
+    let mut s = Framed::open(&a.daemon.api_socket).await;
+    let small = write_op(write_entry(&src, 0, &dst, 0, 4 * KIB));
+    until_on_poller(&mut s, &a, 1000, &small).await;
+    let watch = a.daemon.state().poller.sessions().unwrap().clone();
+    let before = watch.over_budget();
+    // 256 WRITEs of 4 KiB in one write: read in one poll on the poller's thread, the first
+    // PASS_BUDGET handled there, the rest of the burst off it; every one answered, bytes right.
+    let n = 256u64;
+    let reqs: Vec<(u64, Op)> = (0..n)
+        .map(|i| {
+            let at = i * 4 * KIB;
+            (i + 1, write_op(write_entry(&src, at, &dst, at, 4 * KIB)))
+        })
+        .collect();
+    s.send_raw(&frames(&reqs)).await;
+    let mut tags = std::collections::HashSet::new();
+    for _ in 0..n {
+        let ev = s.next().await;
+        assert_eq!(finished(&ev).status_code, 0, "tag {}", ev.tag);
+        assert!(tags.insert(ev.tag));
+    }
+    assert_eq!(tags.len() as u64, n);
+    assert!(
+        watch.over_budget() > before,
+        "a burst of {n} went past the budget of {}",
+        tcpxd::poller::PASS_BUDGET
+    );
+    assert_eq!(
+        crc(&mut a.client, src.id, 0, MIB).await,
+        crc(&mut b.client, dst.id, 0, MIB).await
+    );
+    // Back on the poller's thread for the next requests.
+    until_on_poller(&mut s, &a, 2000, &small).await;
+    half_close(&mut s).await;
+    s.assert_eof().await;
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut b.client).await;
 }

@@ -155,6 +155,7 @@ impl<E: Events> Session<'_, E> {
         let mut stopping = self.state.stopping.clone();
         // A request read while gathering registrations, not one itself: handled next.
         let mut held: Option<Incoming> = None;
+        let mut budget = crate::poller::PassBudget::default();
         let ended = loop {
             self.reap();
             if !reading
@@ -191,9 +192,14 @@ impl<E: Events> Session<'_, E> {
             };
             // What was delivered meanwhile is not open (its tag may come again in this request).
             self.reap();
-            // Served on the poller's thread: what could stall it runs on the runtime.
+            // Served on the poller's thread: what could stall it runs on the runtime (as does the
+            // rest of a burst over the pass's budget, `crate::poller::PASS_BUDGET`).
+            let over = match (requests.watch(), &next) {
+                (Some(watch), Next::Incoming(Incoming::Request(_))) => watch.spend(&mut budget),
+                _ => false,
+            };
             let _off = match &next {
-                Next::Incoming(Incoming::Request(req)) if stalls_poller(req, requests.last_len()) => {
+                Next::Incoming(Incoming::Request(req)) if over || stalls_poller(req, requests.last_len()) => {
                     requests.off_poller()
                 }
                 _ => None,
