@@ -711,7 +711,6 @@ impl Poller {
                 self.park.look(Some(Duration::ZERO), &mut self.direct_ready);
             }
             looked = false;
-            // Framed sessions with requests: read, checked and queued here (`sessions.rs`).
             self.park.serve_sessions();
             let mut progressed = self.read_direct();
             let slice = Instant::now();
