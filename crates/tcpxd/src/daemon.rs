@@ -267,6 +267,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             rx_rules,
             host_copy_threads: cfg.host_copy_threads,
             host_copy: cfg.host_copy,
+            serve_sessions: cfg.poller_sessions,
         },
         notify_tx.clone(),
     )

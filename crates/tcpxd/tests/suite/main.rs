@@ -44,6 +44,7 @@ mod daemon_lone_notice;
 mod daemon_pairing;
 mod daemon_pairing_life;
 mod daemon_peer_loss;
+mod daemon_poller_sessions;
 mod daemon_prepared;
 mod daemon_same_node;
 mod daemon_scatter_ahead;

@@ -113,6 +113,8 @@ pub async fn start(node: &str, extra: impl FnOnce(&mut DaemonArgs)) -> TestDaemo
         // and with spinning on or off: TCPXD_SPIN=on|off (unset: auto, off on a 2-core machine).
         transfer_protocol: std::env::var("TCPXD_TRANSFER_PROTOCOL").ok(),
         spin: std::env::var("TCPXD_SPIN").ok(),
+        // And with the framed sessions read on the poller's thread: TCPXD_POLLER_SESSIONS=on.
+        poller_sessions: std::env::var("TCPXD_POLLER_SESSIONS").ok(),
         ..Default::default()
     };
     extra(&mut args);
