@@ -189,6 +189,15 @@ class NodeInfo:
     #: Seconds a restarted daemon keeps its previous instance's registrations for their clients
     #: to re-attach; 0: no state directory, nothing survives a restart.
     reattach_grace_s: int = 0
+    #: The transfers the daemon carries inline on a pairing's control connection (no lane): at
+    #: most `inline_max_bytes` in total (0: none; a pairing uses the smaller of both nodes'),
+    #: `inline_window_bytes` unanswered per peer, GPU memory only with `inline_gpu`, then at most
+    #: `inline_gpu_in_flight` such unanswered per peer (`transfer.inline_*`, docs/CONFIG.md). All
+    #: 0 / False from older daemons.
+    inline_max_bytes: int = 0
+    inline_window_bytes: int = 0
+    inline_gpu: bool = False
+    inline_gpu_in_flight: int = 0
     #: The tcpxd.v1.NodeDescription message itself.
     raw: Any = None
 
@@ -444,6 +453,10 @@ def node_info(m: Any) -> NodeInfo:
         topology_source=m.topology_source,
         instance_id=m.instance_id,
         reattach_grace_s=int(m.reattach_grace_s),
+        inline_max_bytes=int(m.inline_max_bytes),
+        inline_window_bytes=int(m.inline_window_bytes),
+        inline_gpu=bool(m.inline_gpu),
+        inline_gpu_in_flight=int(m.inline_gpu_in_flight),
         raw=m,
     )
 
