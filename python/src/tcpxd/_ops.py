@@ -53,8 +53,13 @@ def channel_options() -> List[Tuple[str, Any]]:
         # A daemon that restarts is found again within ~0.1-0.5 s, not after gRPC's default
         # backoff (1 s growing to 2 min).
         ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 500),
+        # Despite its name, how long one connection attempt may take until the daemon's HTTP/2
+        # SETTINGS arrive (gRPC's MIN_CONNECT_TIMEOUT, doc/connection-backoff.md): its default,
+        # 20 s. At 100 ms (as it was, beside the backoff above) a busy 2-core machine failed calls
+        # with UNAVAILABLE "connection attempt timed out before receiving SETTINGS frame". A
+        # daemon that is gone refuses the connect at once, so this does not slow finding it again.
+        ("grpc.min_reconnect_backoff_ms", 20_000),
     ]
 
 
