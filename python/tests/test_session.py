@@ -74,18 +74,21 @@ def test_many_in_flight_byte_exact(peered, path, monkeypatch):
     assert calls == ([] if path == "local" else ["Session"])
 
 
-def test_cancel_one_in_flight(slow, path):
+def test_cancel_one_in_flight(slow, slow_gate: Gate, path):
     a, b = slow
     with tcpxd.Client(a.endpoint, **PATHS[path]) as ca, tcpxd.Client(b.endpoint) as cb:
         with ca.register_host(128 * MIB) as src, cb.register_host(128 * MIB) as dst:
             before = cancelled_transfers(ca)
             with ca.session() as s:
-                big = s.write(src, dst)  # 128 MiB at 1 Gbit/s: about a second
-                small = s.write(src, dst, 4096)
-                assert small.result(timeout=30).bytes_done == 4096
-                assert s.cancel(big).result(timeout=30) is True
-                with pytest.raises(tcpxd.Cancelled):
-                    big.result(timeout=30)
+                # The big one held by the gate until cancelled; the 4 KiB WRITE goes inline on the
+                # control connection (transfer.inline_max_bytes), which the gate does not hold.
+                with slow_gate.closed():
+                    big = s.write(src, dst)
+                    small = s.write(src, dst, 4096)
+                    assert small.result(timeout=30).bytes_done == 4096
+                    assert s.cancel(big).result(timeout=30) is True
+                    with pytest.raises(tcpxd.Cancelled):
+                        big.result(timeout=30)
                 with pytest.raises(tcpxd.FailedPrecondition, match=r"already finished \(OK\)"):
                     s.cancel(small).result(timeout=30)  # it changes nothing
                 assert s.write(src, dst, 4096).result(timeout=30).bytes_done == 4096
