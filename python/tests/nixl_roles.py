@@ -325,7 +325,9 @@ def nixl_target(conn: Any, endpoint: str, port: int) -> Dict[str, Any]:
     target_descs = agent.get_xfer_descs([(base_addr + i * ROW_BYTES, ROW_BYTES, 0) for i in range(ROWS)], "DRAM")
     target_desc_str = agent.get_serialized_descs(target_descs)
     conn.send("listening")
-    deadline = time.monotonic() + POLL_S
+    # The initiator's process starts after this one's (spawned: its imports, agent and
+    # registration come first): 3 POLL_S for its metadata, within the parent's 120 s.
+    deadline = time.monotonic() + 3 * POLL_S
     while not agent.check_remote_metadata("initiator"):
         assert time.monotonic() < deadline, "no metadata from the initiator"
         time.sleep(0.01)
