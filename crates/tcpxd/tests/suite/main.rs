@@ -18,6 +18,7 @@ mod daemon_blocks;
 mod daemon_cancel;
 mod daemon_churn;
 mod daemon_client_pages;
+mod daemon_describe_inline;
 mod daemon_direct_control;
 mod daemon_eager;
 mod daemon_faults;

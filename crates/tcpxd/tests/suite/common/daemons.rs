@@ -309,15 +309,6 @@ pub async fn assert_lanes_drain(c: &mut Client) {
     }
 }
 
-/// Paces the emulated NICs at 1 Gbit/s, so a long transfer is still in flight when a test
-/// cancels or drops it; call first in the test, before any daemon starts.
-pub fn slow_nic() {
-    // SAFETY: each test runs in its own process (nextest) and sets the variable before the
-    // emulation is initialised and before any other thread reads the environment.
-    unsafe { std::env::set_var("TCPXEMU_RATE_GBPS", "1") };
-    tcpxd::logging::init("warn");
-}
-
 /// Two daemons `<name>-a` and `<name>-b`, a paired with b.
 pub async fn pair(name: &str) -> (TestDaemon, TestDaemon) {
     let mut a = start(&format!("{name}-a"), |_| {}).await;
