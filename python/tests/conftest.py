@@ -7,16 +7,19 @@ and are skipped, reported as not run, without them.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -133,10 +136,11 @@ def sigint() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def slow(tmp_root: Path) -> Iterator[tuple]:
-    """Two connected daemons whose emulated NICs run at 1 Gbit/s: transfers stay in flight."""
+    """Two connected daemons whose emulated NICs run at 1 Gbit/s: transfers stay in flight (a
+    test that must act before one ends holds it with `slow_gate` too)."""
     import tcpxd
 
-    env = {"TCPXEMU_RATE_GBPS": "1"}
+    env = {"TCPXEMU_RATE_GBPS": "1", "TCPXEMU_HOLD_FILE": str(tmp_root / "slow.hold")}
     a = start_daemon(tmp_root, "sa", env=env)
     b = start_daemon(tmp_root, "sb", env=env)
     with tcpxd.Client(a.endpoint) as ca:
@@ -144,6 +148,66 @@ def slow(tmp_root: Path) -> Iterator[tuple]:
     yield a, b
     for d in (a, b):
         stop_daemon(d)
+
+
+_GENERATIONS = itertools.count(1)
+
+
+class Gate:
+    """The `slow` daemons' hold gate (the emulation's TCPXEMU_HOLD_FILE, docs/EMULATION.md): while
+    closed, their senders write 16 MiB more and then wait until it opens, so a transfer posted
+    after `close()` moves its first bytes and cannot end, however loaded the machine, before the
+    test has acted (cancelled it, let its deadline pass, interrupted its wait) and opened it."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def close(self) -> None:
+        self.path.write_text(f"{next(_GENERATIONS)}\n")  # new contents: a fresh budget
+
+    def open(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def closed(self) -> Iterator[None]:
+        self.close()
+        try:
+            yield
+        finally:
+            self.open()
+
+
+@pytest.fixture
+def slow_gate(slow: tuple, tmp_root: Path) -> Iterator[Gate]:
+    gate = Gate(tmp_root / "slow.hold")
+    yield gate
+    gate.open()
+
+
+def when_in_flight(endpoint: str, action: Callable[[], None], deadline_s: float = 60.0) -> threading.Thread:
+    """Runs `action` on a thread of its own once the daemon at `endpoint` has a transfer active
+    (its GetStats, through a client of the thread's own): for a test that acts on a transfer it
+    posts next and waits for, held by `slow_gate`, instead of acting after a fixed delay. Call it
+    just before posting: it first waits here until the daemon has none active."""
+    import tcpxd
+
+    c = tcpxd.Client(endpoint)
+    end = time.monotonic() + deadline_s
+    while c.stats().active_transfers != 0:
+        assert time.monotonic() < end, "a transfer still active on the daemon"
+        time.sleep(0.005)
+
+    def run() -> None:
+        try:
+            while c.stats().active_transfers == 0 and time.monotonic() < end:
+                time.sleep(0.005)
+        finally:
+            c.close()
+        action()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
 
 
 def _has_gpu() -> bool:

@@ -127,8 +127,10 @@ def vllm_prefill_pull(conn: Any, endpoint: str, shape: Tuple[Any, ...], seed: in
     agent, descs, src = vllm_worker(endpoint, kv)
     conn.send(pickle.dumps({"agent_metadata": agent.get_agent_metadata(), "kv_caches_base_addr": kv.base_addrs,
                             "num_blocks": kv.num_blocks, "block_len": kv.block_len, "device_id": kv.dev}))
+    # Decode is done (every READ DONE, each notification sent) before the notifications are
+    # waited for: POLL_S bounds their delivery, not however long the decode side took.
+    conn.recv()
     notifs = wait_notifs(agent, len(requests))
-    conn.recv()  # decode is done
     agent.release_dlist_handle(src)
     agent.deregister_memory(descs)
     agent.close()
@@ -180,6 +182,7 @@ def vllm_decode_push(conn: Any, endpoint: str, shape: Tuple[Any, ...], nreqs: in
     agent, descs, src = vllm_worker(endpoint, kv)
     conn.send(pickle.dumps({"agent_metadata": agent.get_agent_metadata(), "kv_caches_base_addr": kv.base_addrs,
                             "num_blocks": kv.num_blocks, "device_id": kv.dev}))
+    conn.recv()  # prefill is done (every WRITE DONE): POLL_S bounds only the notifications' delivery
     notifs = wait_notifs(agent, nreqs)
     snap = [host(r) for r in kv.regions]  # what had landed when the notifications came
     agent.release_dlist_handle(src)
@@ -235,6 +238,7 @@ def sglang_decode(conn: Any, endpoint: str, layers: int, pages: int, item_len: i
                "dst_kv_ptrs": [addr(k) for k in kv], "dst_aux_ptrs": [addr(aux)], "gpu_id": gpu,
                "dst_kv_indices": dst_pages, "dst_aux_index": 3})
     received, expected, got_aux = set(), None, False
+    conn.recv()  # prefill is done (every WRITE DONE): POLL_S bounds only the notifications' delivery
     deadline = time.monotonic() + POLL_S
     while not (expected is not None and len(received) == expected and got_aux) and time.monotonic() < deadline:
         for peer, msgs in agent.get_new_notifs().items():
@@ -250,7 +254,6 @@ def sglang_decode(conn: Any, endpoint: str, layers: int, pages: int, item_len: i
         time.sleep(0.002)
     snap = {"kv": [host(k) for k in kv], "aux": np.array(aux), "received": sorted(received), "expected": expected,
             "aux_done": got_aux, "dst_pages": dst_pages}
-    conn.recv()  # prefill is done
     agent.deregister_memory(kv_descs)
     agent.deregister_memory(aux_descs)
     agent.close()
@@ -322,7 +325,9 @@ def nixl_target(conn: Any, endpoint: str, port: int) -> Dict[str, Any]:
     target_descs = agent.get_xfer_descs([(base_addr + i * ROW_BYTES, ROW_BYTES, 0) for i in range(ROWS)], "DRAM")
     target_desc_str = agent.get_serialized_descs(target_descs)
     conn.send("listening")
-    deadline = time.monotonic() + POLL_S
+    # The initiator's process starts after this one's (spawned: its imports, agent and
+    # registration come first): 3 POLL_S for its metadata, within the parent's 120 s.
+    deadline = time.monotonic() + 3 * POLL_S
     while not agent.check_remote_metadata("initiator"):
         assert time.monotonic() < deadline, "no metadata from the initiator"
         time.sleep(0.01)

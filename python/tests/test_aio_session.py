@@ -9,6 +9,7 @@ from typing import List
 import pytest
 
 import tcpxd
+from conftest import Gate
 from fakes import OldDaemon
 
 MIB = 1 << 20
@@ -74,13 +75,17 @@ def test_async_many_in_flight_byte_exact(peered, path, monkeypatch):
     assert "Session" not in stubs if path == "local" else stubs.count("Session") == 1
 
 
-def test_async_cancel_and_exception_exit_cancel_in_the_daemon(slow, path):
+def test_async_cancel_and_exception_exit_cancel_in_the_daemon(slow, slow_gate: Gate, path):
     a, b = slow
 
     async def main():
         async with tcpxd.AsyncClient(a.endpoint, **PATHS[path]) as ca, tcpxd.AsyncClient(b.endpoint) as cb:
             src, dst = await ca.register_host(128 * MIB), await cb.register_host(128 * MIB)
             before = await cancelled_transfers(ca)
+            # The gate holds each big transfer until it was cancelled, deadline or not; the 4 KiB
+            # WRITE meanwhile goes inline on the control connection (transfer.inline_max_bytes),
+            # which the gate does not hold.
+            slow_gate.close()
             async with ca.session() as s:
                 big = s.write(src, dst, 64 * MIB)
                 assert (await s.write(src, dst, 4096)).bytes_done == 4096
@@ -88,6 +93,7 @@ def test_async_cancel_and_exception_exit_cancel_in_the_daemon(slow, path):
                 with pytest.raises(tcpxd.Cancelled):
                     await big
             assert await cancelled_transfers(ca) == before + 1
+            slow_gate.close()
             with pytest.raises(RuntimeError):
                 async with ca.session() as s:
                     futs = [s.write(src, dst, 32 * MIB, remote_offset=i * 32 * MIB) for i in range(4)]
@@ -96,12 +102,15 @@ def test_async_cancel_and_exception_exit_cancel_in_the_daemon(slow, path):
             for f in futs:
                 with pytest.raises(tcpxd.Cancelled):
                     await f
+            slow_gate.open()
             await settle(ca)
             await settle(cb)
             assert await cancelled_transfers(ca) > before + 1
+            slow_gate.close()
             async with ca.session(timeout=0.3) as s:
                 with pytest.raises(tcpxd.DeadlineExceeded):
                     await s.write(src, dst)
+            slow_gate.open()
             await settle(ca)
 
     asyncio.run(main())

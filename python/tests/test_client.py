@@ -11,7 +11,7 @@ import pytest
 from grpc._cython import cygrpc
 
 import tcpxd
-from conftest import start_daemon, stop_daemon
+from conftest import Gate, start_daemon, stop_daemon, when_in_flight
 
 MIB = 1 << 20
 
@@ -297,15 +297,15 @@ def test_bad_input_raises_the_exception_of_its_code(clients):
     assert issubclass(tcpxd.PermissionDenied, tcpxd.TcpxdError)
 
 
-def test_cancel_stops_a_transfer_on_both_sides(slow):
+def test_cancel_stops_a_transfer_on_both_sides(slow, slow_gate: Gate):
     a, b = slow
     with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
         with ca.register_host(128 * MIB) as src, cb.register_host(128 * MIB) as dst:
-            t = ca.write(src, dst, wait=False)
-            time.sleep(0.15)
-            assert t.cancel() is True
-            with pytest.raises(tcpxd.Cancelled) as e:
-                t.result()
+            with slow_gate.closed():  # it cannot end before the cancel
+                t = ca.write(src, dst, wait=False)
+                assert t.cancel() is True
+                with pytest.raises(tcpxd.Cancelled) as e:
+                    t.result()
             assert e.value.event.bytes_done < 128 * MIB
             # The lanes are usable again: the next transfer is byte-exact.
             src.write_bytes(pattern(MIB, 3))
@@ -313,18 +313,19 @@ def test_cancel_stops_a_transfer_on_both_sides(slow):
             assert dst.read_bytes(0, MIB) == pattern(MIB, 3)
 
 
-def test_deadline_fails_a_transfer_with_deadline_exceeded(slow):
+def test_deadline_fails_a_transfer_with_deadline_exceeded(slow, slow_gate: Gate):
     a, b = slow
     with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
         with ca.register_host(128 * MIB) as src, cb.register_host(128 * MIB) as dst:
-            t0 = time.monotonic()
-            with pytest.raises(tcpxd.DeadlineExceeded):
-                ca.write(src, dst, timeout=0.2)
-            assert time.monotonic() - t0 < 5
-            # Unwaited with a deadline: the result says so too.
-            t = ca.write(src, dst, timeout=0.2, wait=False)
-            with pytest.raises(tcpxd.DeadlineExceeded):
-                t.result()
+            with slow_gate.closed():  # they cannot end before their deadline
+                t0 = time.monotonic()
+                with pytest.raises(tcpxd.DeadlineExceeded):
+                    ca.write(src, dst, timeout=0.2)
+                assert time.monotonic() - t0 < 30  # the deadline, not the 128 MiB held
+                # Unwaited with a deadline: the result says so too.
+                t = ca.write(src, dst, timeout=0.2, wait=False)
+                with pytest.raises(tcpxd.DeadlineExceeded):
+                    t.result()
             ca.write(src, dst, MIB, timeout=30)
 
 
@@ -423,7 +424,7 @@ def test_own_stream_recovers_and_falls_back(clients):
         assert dst.checksum() == src.checksum()
 
 
-def test_failure_on_the_own_stream_raises_and_the_next_transfer_works(slow):
+def test_failure_on_the_own_stream_raises_and_the_next_transfer_works(slow, slow_gate: Gate):
     """A transfer whose stream fails while it waits raises the stream's status; the daemon cancels
     it (as for a unary caller that went away) and the next transfer opens a new stream."""
     a, b = slow
@@ -431,9 +432,10 @@ def test_failure_on_the_own_stream_raises_and_the_next_transfer_works(slow):
         with ca.register_host(128 * MIB) as src, cb.register_host(128 * MIB) as dst:
             ca.write(src, dst, 4096)
             call = ca._own._call
-            threading.Timer(0.15, call.cancel, (cygrpc.StatusCode.cancelled, "test")).start()
-            with pytest.raises(tcpxd.Cancelled):
-                ca.write(src, dst)
+            with slow_gate.closed():  # the stream fails while the write waits
+                when_in_flight(a.endpoint, lambda: call.cancel(cygrpc.StatusCode.cancelled, "test"))
+                with pytest.raises(tcpxd.Cancelled):
+                    ca.write(src, dst)
             src.write_bytes(pattern(MIB, 5))
             ca.write(src, dst, MIB)
             assert ca._own._call is not call
@@ -441,7 +443,7 @@ def test_failure_on_the_own_stream_raises_and_the_next_transfer_works(slow):
 
 
 @pytest.mark.parametrize("path", ["local", "stream"])
-def test_closing_the_client_ends_a_transfer_waiting_on_it(slow, path):
+def test_closing_the_client_ends_a_transfer_waiting_on_it(slow, slow_gate: Gate, path):
     """close() does not wait for another thread's transfer on the client's local session or own
     stream: the transfer ends Cancelled (as a unary call does when its channel closes)."""
     a, b = slow
@@ -457,15 +459,16 @@ def test_closing_the_client_ends_a_transfer_waiting_on_it(slow, path):
             except tcpxd.TcpxdError as e:
                 got.append(e)
 
-        t = threading.Thread(target=writer)
-        t.start()
-        time.sleep(0.15)
-        ca.close()
-        t.join(30)
+        with slow_gate.closed():  # closed while the write waits
+            closer = when_in_flight(a.endpoint, ca.close)
+            t = threading.Thread(target=writer)
+            t.start()
+            closer.join(60)
+            t.join(30)
         assert not t.is_alive() and len(got) == 1 and isinstance(got[0], tcpxd.Cancelled)
 
 
-def test_an_interrupted_wait_on_the_own_stream_cancels_the_transfer(slow, sigint):
+def test_an_interrupted_wait_on_the_own_stream_cancels_the_transfer(slow, slow_gate: Gate, sigint):
     """Ctrl-C while write() waits on the client's own stream: KeyboardInterrupt, the daemon cancels
     the transfer (as for a unary call that goes away), and the client's next transfer works."""
     import _thread
@@ -479,9 +482,10 @@ def test_an_interrupted_wait_on_the_own_stream_cancels_the_transfer(slow, sigint
                 return sum(t.transfers for t in ca.stats().transfer_totals if t.status == "cancelled")
 
             before = cancelled()
-            threading.Timer(0.15, _thread.interrupt_main).start()
-            with pytest.raises(KeyboardInterrupt):
-                ca.write(src, dst)
+            with slow_gate.closed():  # interrupted while the write waits
+                when_in_flight(a.endpoint, _thread.interrupt_main)
+                with pytest.raises(KeyboardInterrupt):
+                    ca.write(src, dst)
             for _ in range(100):
                 if cancelled() > before:
                     break

@@ -149,7 +149,7 @@ def _settled(*clients) -> bool:
 
 
 @pytest.mark.parametrize("memory", ["numpy", "daemon"])
-def test_cancel_and_deadline_of_a_numpy_transfer_across_nodes(slow, memory):
+def test_cancel_and_deadline_of_a_numpy_transfer_across_nodes(slow, slow_gate, memory):
     """At 1 Gbit/s a 64 MiB transfer stays in flight: cancelled (out of the array) and timed out
     (into it) as any transfer, and the array then moves again, byte-checked. A cancelled WRITE
     never writes its source, and from the moment the READ is reported failed no byte of its
@@ -170,15 +170,20 @@ def test_cancel_and_deadline_of_a_numpy_transfer_across_nodes(slow, memory):
         original = mine.copy()
         far = cb.register_host(64 * MIB)
         try:
+            # Held by the gate (the senders stop after 16 MiB) until cancelled, and until the
+            # READ failed and its destination was copied: what arrives after must not land.
+            slow_gate.close()
             with ca.session() as s:
                 big = s.write(buf, far)
                 assert s.cancel(big).result(timeout=30) is True
                 with pytest.raises(tcpxd.Cancelled):
                     big.result(timeout=30)
             assert np.array_equal(mine, original), "the cancelled WRITE changed its source"
+            slow_gate.close()
             with pytest.raises(tcpxd.DeadlineExceeded):
                 ca.read(far.descriptor, buf, timeout=0.05)
             at_failure = mine.copy()
+            slow_gate.open()
             end = time.monotonic() + 30
             while not _settled(ca, cb):
                 assert time.monotonic() < end, "chunks left in flight after the deadline"
@@ -192,7 +197,7 @@ def test_cancel_and_deadline_of_a_numpy_transfer_across_nodes(slow, memory):
             far.release()
 
 
-def test_a_cancelled_write_into_a_numpy_array_on_another_node_leaves_old_or_source_bytes(slow):
+def test_a_cancelled_write_into_a_numpy_array_on_another_node_leaves_old_or_source_bytes(slow, slow_gate):
     """A WRITE into a numpy array of another node, cancelled while its chunks are on the wire:
     once both daemons have nothing in flight, each byte of the array is its old one or the
     source's, never the zeros of a chunk sent empty (the sender sends them only once the
@@ -208,7 +213,7 @@ def test_a_cancelled_write_into_a_numpy_array_on_another_node_leaves_old_or_sour
         src = ca.register_host(mine)
         dst = cb.register_host(theirs)
         try:
-            with ca.session() as s:
+            with slow_gate.closed(), ca.session() as s:  # held after 16 MiB: it cannot end before the cancel
                 big = s.write(src, dst)
                 end = time.monotonic() + 30
                 while theirs[0] == 0x55:  # until its first chunk landed: the WRITE is under way

@@ -15,6 +15,7 @@ from typing import List
 import pytest
 
 import tcpxd
+from conftest import Gate, when_in_flight
 from fakes import HTTP2_SETTINGS, FakeDaemon, OldDaemon, recv_exactly
 from tcpxd import _local, _proto
 
@@ -148,12 +149,12 @@ def test_refused_requests_raise_their_exception_and_the_connection_stays(peered)
             assert ca._local._idle == [conn]
 
 
-def test_a_timeout_raises_deadline_exceeded_and_leaves_no_transfer(slow, monkeypatch):
+def test_a_timeout_raises_deadline_exceeded_and_leaves_no_transfer(slow, slow_gate: Gate, monkeypatch):
     a, b = slow
     with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
         with ca.register_host(128 * MIB) as src, cb.register_host(128 * MIB) as dst:
             calls = transfer_calls(monkeypatch)
-            with pytest.raises(tcpxd.DeadlineExceeded) as e:
+            with slow_gate.closed(), pytest.raises(tcpxd.DeadlineExceeded) as e:  # it cannot end first
                 ca.write(src, dst, timeout=0.2)
             assert calls == [] and ca._waited_path() == "local session"
             if e.value.event is not None:  # the daemon's answer (else the client's backstop, 1 s later)
@@ -235,7 +236,7 @@ def test_an_idle_connection_gone_bad_is_replaced(peered, monkeypatch):
             assert calls == [] and len(ca._local._idle) == 1 and ca._local._idle[0] is not conn
 
 
-def test_ctrl_c_while_waiting_cancels_the_transfer(slow, sigint):
+def test_ctrl_c_while_waiting_cancels_the_transfer(slow, slow_gate: Gate, sigint):
     """SIGINT while write() waits for the daemon's answer: KeyboardInterrupt, the connection is
     closed (the daemon cancels the transfer), and the next transfer takes a new one."""
     a, b = slow
@@ -248,10 +249,14 @@ def test_ctrl_c_while_waiting_cancels_the_transfer(slow, sigint):
                 return sum(t.transfers for t in ca.stats().transfer_totals if t.status == "cancelled")
 
             before = cancelled()
-            # To the main thread itself, so that its recv() is interrupted (as by Ctrl-C).
-            threading.Timer(0.15, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)).start()
-            with pytest.raises(KeyboardInterrupt):
-                ca.write(src, dst)
+            # To the main thread itself, so that its recv() is interrupted (as by Ctrl-C), once
+            # the transfer is in flight (held by the gate: it cannot end first).
+            main = threading.main_thread().ident
+            assert main is not None
+            with slow_gate.closed():
+                when_in_flight(a.endpoint, lambda: signal.pthread_kill(main, signal.SIGINT))
+                with pytest.raises(KeyboardInterrupt):
+                    ca.write(src, dst)
             assert ca._local._idle == [] and not ca._local._busy and conn.sock.fileno() == -1
             wait_until(lambda: cancelled() == before + 1, "the interrupted transfer cancelled")
             src.write_bytes(pattern(MIB, 4))

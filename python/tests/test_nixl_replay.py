@@ -38,7 +38,12 @@ class Side:
         return msg
 
     def send(self, msg: Any) -> None:
-        self.conn.send(msg)
+        try:
+            self.conn.send(msg)
+        except (BrokenPipeError, ConnectionResetError):
+            # The role ended early (it failed): say why, not "Broken pipe".
+            self.recv()
+            raise AssertionError(f"the role ended (exit code {self.proc.exitcode}) before it was told {msg!r}") from None
 
     def result(self) -> Dict[str, Any]:
         msg = self.recv()
@@ -80,6 +85,7 @@ def test_vllm_push_writes_blocks_with_notifications(daemons, block):
     prefill = Side(roles.vllm_prefill_push, b.endpoint, shape, 9, reqs)
     prefill.send(decode.recv())
     pushed = prefill.result()
+    decode.send("done")
     assert pushed["states"] == ["DONE", "DONE"]
     assert pushed["paths"] == ["batch" if block == 1000 else "prepared"] * 2
     got = decode.result()

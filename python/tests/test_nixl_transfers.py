@@ -120,7 +120,7 @@ def test_a_transfer_cut_into_requests_notifies_once_after_all(daemons, monkeypat
         B.close()
 
 
-def test_releasing_an_unfinished_transfer_cancels_it(slow):
+def test_releasing_an_unfinished_transfer_cancels_it(slow, slow_gate):
     a, b = slow
     A, B = pair(a, b)
     try:
@@ -132,10 +132,11 @@ def test_releasing_an_unfinished_transfer_cancels_it(slow):
             A.initialize_xfer("READ", [(int(amem.ctypes.data), n, 0)], [(1, 1, 0)], "xf-B")  # tuples need a mem_type
         h = A.initialize_xfer("READ", A.get_xfer_descs([(int(amem.ctypes.data), n, 0)], "DRAM"),
                               A.get_xfer_descs([(int(bmem.ctypes.data), n, 0)], "DRAM"), "xf-B")
-        assert A.transfer(h) == "PROC"  # 64 MiB at 1 Gbit/s: half a second
-        xfer = h._xfer
-        A.release_xfer_handle(h)
-        assert xfer.state == "ERR" and isinstance(xfer.error, tcpxd.Cancelled)
+        with slow_gate.closed():  # 64 MiB held (the senders stop after 16 MiB) until released
+            assert A.transfer(h) == "PROC"
+            xfer = h._xfer
+            A.release_xfer_handle(h)
+            assert xfer.state == "ERR" and isinstance(xfer.error, tcpxd.Cancelled)
         deadline = time.monotonic() + 10
         with tcpxd.Client(a.endpoint) as c:
             while time.monotonic() < deadline:

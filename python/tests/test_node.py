@@ -54,6 +54,7 @@ def test_node_info_carries_topology_protocol_and_instance(strangers):
         assert len(n.instance_id) == 32 and int(n.instance_id, 16) >= 0 and n.instance_id != m.instance_id
         assert n.instance_id == c.describe_node().instance_id  # the same process: the same instance
         assert isinstance(n.reattach_grace_s, int) and n.reattach_grace_s == raw.reattach_grace_s
+        assert n.inline_max_bytes == raw.inline_max_bytes > 0 and n.inline_window_bytes == raw.inline_window_bytes > 0
     # A map as a GPU node reports it: typed, in the message's order.
     msg = type(raw)(topology_source="pci")
     g = msg.gpu_nics.add(gpu_ordinal=1, gpu_pci_bus_id="0000:0a:00.0", relation="same PCIe switch")
@@ -62,6 +63,18 @@ def test_node_info_carries_topology_protocol_and_instance(strangers):
     info = tcpxd._ops.node_info(msg)
     assert info.gpu_nics == [tcpxd.GpuNics(1, "0000:0a:00.0", [2, 3], ["eth2", "eth3"], "same PCIe switch")]
     assert info.topology_source == "pci"
+
+
+def test_node_info_reports_the_inline_settings_the_daemon_was_given(tmp_root):
+    d = start_daemon(tmp_root, "ni", ["--inline-max-bytes", "4096", "--inline-window-bytes", "8192",
+                                      "--inline-gpu", "on", "--inline-gpu-in-flight", "2"])
+    try:
+        with tcpxd.Client(d.endpoint) as c:
+            n = c.describe_node()
+        assert (n.inline_max_bytes, n.inline_window_bytes, n.inline_gpu, n.inline_gpu_in_flight) == (4096, 8192, True, 2)
+        assert "inline_small_transfers" in n.features
+    finally:
+        stop_daemon(d)
 
 
 def test_a_write_to_another_daemons_descriptor_needs_no_connect_peer(strangers):

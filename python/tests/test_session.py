@@ -10,6 +10,7 @@ from typing import List
 import pytest
 
 import tcpxd
+from conftest import Gate
 from fakes import OldDaemon
 
 MIB = 1 << 20
@@ -73,18 +74,21 @@ def test_many_in_flight_byte_exact(peered, path, monkeypatch):
     assert calls == ([] if path == "local" else ["Session"])
 
 
-def test_cancel_one_in_flight(slow, path):
+def test_cancel_one_in_flight(slow, slow_gate: Gate, path):
     a, b = slow
     with tcpxd.Client(a.endpoint, **PATHS[path]) as ca, tcpxd.Client(b.endpoint) as cb:
         with ca.register_host(128 * MIB) as src, cb.register_host(128 * MIB) as dst:
             before = cancelled_transfers(ca)
             with ca.session() as s:
-                big = s.write(src, dst)  # 128 MiB at 1 Gbit/s: about a second
-                small = s.write(src, dst, 4096)
-                assert small.result(timeout=30).bytes_done == 4096
-                assert s.cancel(big).result(timeout=30) is True
-                with pytest.raises(tcpxd.Cancelled):
-                    big.result(timeout=30)
+                # The big one held by the gate until cancelled; the 4 KiB WRITE goes inline on the
+                # control connection (transfer.inline_max_bytes), which the gate does not hold.
+                with slow_gate.closed():
+                    big = s.write(src, dst)
+                    small = s.write(src, dst, 4096)
+                    assert small.result(timeout=30).bytes_done == 4096
+                    assert s.cancel(big).result(timeout=30) is True
+                    with pytest.raises(tcpxd.Cancelled):
+                        big.result(timeout=30)
                 with pytest.raises(tcpxd.FailedPrecondition, match=r"already finished \(OK\)"):
                     s.cancel(small).result(timeout=30)  # it changes nothing
                 assert s.write(src, dst, 4096).result(timeout=30).bytes_done == 4096
@@ -135,30 +139,32 @@ def test_close_waits_for_in_flight_transfers(slow, path):
             assert dst.checksum() == src.checksum()
 
 
-def test_leaving_by_an_exception_cancels_in_flight_transfers(slow, path):
+def test_leaving_by_an_exception_cancels_in_flight_transfers(slow, slow_gate: Gate, path):
     a, b = slow
     with tcpxd.Client(a.endpoint, **PATHS[path]) as ca, tcpxd.Client(b.endpoint) as cb:
         with ca.register_host(128 * MIB) as src, cb.register_host(128 * MIB) as dst:
             before = cancelled_transfers(ca)
-            with pytest.raises(RuntimeError):
-                with ca.session() as s:
-                    futs = [s.write(src, dst, 32 * MIB, local_offset=i * 32 * MIB, remote_offset=i * 32 * MIB) for i in range(4)]
-                    time.sleep(0.1)
-                    raise RuntimeError("the caller failed")
-            for f in futs:
-                with pytest.raises(tcpxd.Cancelled):
-                    f.result(timeout=30)
+            with slow_gate.closed():  # none can end before the session is left
+                with pytest.raises(RuntimeError):
+                    with ca.session() as s:
+                        futs = [s.write(src, dst, 32 * MIB, local_offset=i * 32 * MIB, remote_offset=i * 32 * MIB)
+                                for i in range(4)]
+                        time.sleep(0.1)
+                        raise RuntimeError("the caller failed")
+                for f in futs:
+                    with pytest.raises(tcpxd.Cancelled):
+                        f.result(timeout=30)
             wait_until(lambda: ca.stats().active_transfers == 0 and cb.stats().active_transfers == 0,
                        "no transfer left on either daemon")
             assert cancelled_transfers(ca) > before  # not every one need have started on the peer
             assert ca.write(src, dst, MIB, timeout=30).bytes_done == MIB
 
 
-def test_session_timeout_fails_what_is_in_flight(slow, path):
+def test_session_timeout_fails_what_is_in_flight(slow, slow_gate: Gate, path):
     a, b = slow
     with tcpxd.Client(a.endpoint, **PATHS[path]) as ca, tcpxd.Client(b.endpoint) as cb:
         with ca.register_host(128 * MIB) as src, cb.register_host(128 * MIB) as dst:
-            with ca.session(timeout=0.3) as s:
+            with slow_gate.closed(), ca.session(timeout=0.3) as s:  # it cannot end before the timeout
                 fut = s.write(src, dst)
                 with pytest.raises(tcpxd.DeadlineExceeded):
                     fut.result(timeout=30)
@@ -166,28 +172,30 @@ def test_session_timeout_fails_what_is_in_flight(slow, path):
                        "no transfer left on either daemon")
 
 
-def test_a_request_timeout_is_the_daemons(slow, path):
+def test_a_request_timeout_is_the_daemons(slow, slow_gate: Gate, path):
     a, b = slow
     with tcpxd.Client(a.endpoint, **PATHS[path]) as ca, tcpxd.Client(b.endpoint) as cb:
         with ca.register_host(128 * MIB) as src, cb.register_host(128 * MIB) as dst:
             with ca.session() as s:
-                slow_one = s.write(src, dst, timeout=0.2)
-                with pytest.raises(tcpxd.DeadlineExceeded):
-                    slow_one.result(timeout=30)
+                with slow_gate.closed():  # it cannot end before its timeout
+                    slow_one = s.write(src, dst, timeout=0.2)
+                    with pytest.raises(tcpxd.DeadlineExceeded):
+                        slow_one.result(timeout=30)
                 assert s.write(src, dst, 4096).result(timeout=30).bytes_done == 4096
 
 
-def test_closing_the_client_ends_its_local_sessions(slow):
+def test_closing_the_client_ends_its_local_sessions(slow, slow_gate: Gate):
     a, b = slow
     ca = tcpxd.Client(a.endpoint)
     with tcpxd.Client(b.endpoint) as cb, cb.register_host(128 * MIB) as dst:
         src = ca.register_host(128 * MIB)
         s = ca.session()
-        fut = s.write(src, dst)
-        time.sleep(0.1)
-        ca.close()
-        with pytest.raises(tcpxd.Cancelled):
-            fut.result(timeout=30)
+        with slow_gate.closed():  # it cannot end before the close
+            fut = s.write(src, dst)
+            time.sleep(0.1)
+            ca.close()
+            with pytest.raises(tcpxd.Cancelled):
+                fut.result(timeout=30)
         s.close()
         wait_until(lambda: cb.stats().active_transfers == 0, "no transfer left on the receiving daemon")
 

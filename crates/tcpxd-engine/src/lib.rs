@@ -270,6 +270,10 @@ struct Peer {
     remote_inline_max: u64,
     inline_outstanding: u64,
     inline_gpu_outstanding: u64,
+    /// Our offers towards the peer not yet dropped, and how many of them went inline: the rest
+    /// hold or wait for lanes, and a GPU transfer goes inline only while none does (`inline.rs`).
+    offers_open: u64,
+    inline_open: u64,
     /// The peer's topology as it announced it at pairing (`None` until the driver set it).
     topology: Option<topology::Topology>,
     /// Lanes by memory pair (`routes.rs`); `None`: not routed.
@@ -343,6 +347,9 @@ struct OutOffer {
     /// Sent inline touching GPU memory (`inline.rs`): counted in the peer's GPU inline bound
     /// (`inline_gpu_in_flight`) until the offer is dropped.
     inline_gpu: bool,
+    /// Sent inline from GPU memory, its payload still being copied out (`inline.rs`): the
+    /// message is not framed yet, so a cancel only marks it (`Engine::on_inline_gathered`).
+    gathering: bool,
     /// Serving a READ whose reader said every destination is host memory (`inline.rs`).
     host_dests: bool,
 }
@@ -436,6 +443,9 @@ pub struct Engine {
     /// The prepared lists kept here (`prepared/`).
     prepared: prepared::PreparedRegistry,
     actions: VecDeque<Action>,
+    /// Inline payloads a driver copies to or from GPU memory asynchronously, with the buffers
+    /// each keeps in use until it reports the copy's end (`inline.rs`).
+    inline_copies: HashMap<inline::InlineCopy, Vec<u64>>,
     /// When `on_tick` next looks for idle lanes and lanes slow to open (`lane_life.rs`).
     next_lane_scan: Option<Instant>,
 }
@@ -473,6 +483,7 @@ impl Engine {
             prepared: prepared::PreparedRegistry::default(),
             actions: VecDeque::new(),
             next_lane_scan: None,
+            inline_copies: HashMap::new(),
         }
     }
 
@@ -564,6 +575,8 @@ impl Engine {
                 remote_inline_max: 0,
                 inline_outstanding: 0,
                 inline_gpu_outstanding: 0,
+                offers_open: 0,
+                inline_open: 0,
                 topology: None,
                 routes: None,
                 next_routed_lane: 0,
@@ -647,6 +660,7 @@ impl Engine {
         self.transfers.is_empty()
             && self.out_offers.is_empty()
             && self.in_offers.is_empty()
+            && self.inline_copies.is_empty()
             && self.reads.is_empty()
             && self.peers.values().all(|p| {
                 p.send.iter().chain(&p.recv).all(|l| {

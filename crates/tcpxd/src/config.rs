@@ -146,6 +146,11 @@ pub struct DaemonArgs {
     /// Default: auto.
     #[arg(long, env = "TCPXD_SPIN", value_name = "auto|on|off")]
     pub spin: Option<String>,
+    /// Whether the poller thread reads and starts the framed local sessions' requests itself:
+    /// `auto` (as `runtime.spin`), `on`, `off` (docs/CONFIG.md, `runtime.poller_sessions`).
+    /// Default: auto.
+    #[arg(long, env = "TCPXD_POLLER_SESSIONS", value_name = "auto|on|off")]
+    pub poller_sessions: Option<String>,
     /// Helper threads for block chunks' host gathers and scatters (`transfer.host_copy_threads`;
     /// 0: the poller copies alone). Default: none below 4 CPUs, else half of them, at most 8.
     #[arg(long, env = "TCPXD_HOST_COPY_THREADS")]
@@ -287,6 +292,8 @@ pub struct Config {
     /// Whether the poller lingers and an async worker stays awake while traffic flows (resolved:
     /// `auto` is decided here).
     pub spin: bool,
+    /// Whether the poller reads the framed sessions' requests (resolved: `auto` is `spin`).
+    pub poller_sessions: bool,
     /// Async worker threads for the runtime (resolved: never 0).
     pub async_workers: usize,
     /// Each GPU's NIC(s) (`topology.map`): checked against the GPUs and devices at start-up.
@@ -435,6 +442,16 @@ impl Config {
             (None, None) => Spin::Auto,
         }
         .resolve(crate::idle::cpus());
+        let poller_sessions = match (&args.poller_sessions, &file.runtime.poller_sessions) {
+            (Some(v), _) => Spin::parse("--poller-sessions", v).map_err(ConfigError::Invalid)?,
+            (None, Some(v)) => Spin::parse("runtime.poller_sessions", v).map_err(ConfigError::Invalid)?,
+            (None, None) => Spin::Auto,
+        };
+        // `auto` follows `runtime.spin`: the poller is awake between requests only when it spins.
+        let poller_sessions = match poller_sessions {
+            Spin::Auto => spin,
+            s => s.resolve(0),
+        };
         let async_workers = match args.async_workers.or(file.runtime.async_workers) {
             Some(n) if n > 1024 => {
                 return Err(ConfigError::Invalid(format!(
@@ -630,6 +647,7 @@ impl Config {
             ready_file: args.ready_file.clone(),
             metrics_listen: args.metrics_listen.or(file.metrics.listen),
             spin,
+            poller_sessions,
             async_workers,
             topology,
             state_dir: args.state_dir.clone().or_else(|| file.runtime.state_dir.clone()),

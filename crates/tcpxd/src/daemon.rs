@@ -223,6 +223,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             credit_budget_bytes: cfg.credit_budget_bytes,
         },
     );
+    node.inline = cfg.inline;
     // The state directory: ids never reused, registrations kept for their clients to re-attach.
     let journal = match &cfg.state_dir {
         Some(dir) => Some(Arc::new(crate::journal::Journal::open(dir, &cfg.node_id)?)),
@@ -267,6 +268,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             rx_rules,
             host_copy_threads: cfg.host_copy_threads,
             host_copy: cfg.host_copy,
+            serve_sessions: cfg.poller_sessions,
         },
         notify_tx.clone(),
     )

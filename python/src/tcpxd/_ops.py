@@ -53,8 +53,13 @@ def channel_options() -> List[Tuple[str, Any]]:
         # A daemon that restarts is found again within ~0.1-0.5 s, not after gRPC's default
         # backoff (1 s growing to 2 min).
         ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 500),
+        # Despite its name, how long one connection attempt may take until the daemon's HTTP/2
+        # SETTINGS arrive (gRPC's MIN_CONNECT_TIMEOUT, doc/connection-backoff.md): its default,
+        # 20 s. At 100 ms (as it was, beside the backoff above) a busy 2-core machine failed calls
+        # with UNAVAILABLE "connection attempt timed out before receiving SETTINGS frame". A
+        # daemon that is gone refuses the connect at once, so this does not slow finding it again.
+        ("grpc.min_reconnect_backoff_ms", 20_000),
     ]
 
 
@@ -189,6 +194,15 @@ class NodeInfo:
     #: Seconds a restarted daemon keeps its previous instance's registrations for their clients
     #: to re-attach; 0: no state directory, nothing survives a restart.
     reattach_grace_s: int = 0
+    #: The transfers the daemon carries inline on a pairing's control connection (no lane): at
+    #: most `inline_max_bytes` in total (0: none; a pairing uses the smaller of both nodes'),
+    #: `inline_window_bytes` unanswered per peer, GPU memory only with `inline_gpu`, then at most
+    #: `inline_gpu_in_flight` such unanswered per peer (`transfer.inline_*`, docs/CONFIG.md). All
+    #: 0 / False from older daemons.
+    inline_max_bytes: int = 0
+    inline_window_bytes: int = 0
+    inline_gpu: bool = False
+    inline_gpu_in_flight: int = 0
     #: The tcpxd.v1.NodeDescription message itself.
     raw: Any = None
 
@@ -450,6 +464,10 @@ def node_info(m: Any) -> NodeInfo:
         topology_source=m.topology_source,
         instance_id=m.instance_id,
         reattach_grace_s=int(m.reattach_grace_s),
+        inline_max_bytes=int(m.inline_max_bytes),
+        inline_window_bytes=int(m.inline_window_bytes),
+        inline_gpu=bool(m.inline_gpu),
+        inline_gpu_in_flight=int(m.inline_gpu_in_flight),
         raw=m,
     )
 

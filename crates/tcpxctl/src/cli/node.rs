@@ -1,5 +1,5 @@
 //! `tcpxctl describe`: the daemon's node id, the peer addresses its descriptors carry, version,
-//! plugin, network devices and GPUs (DescribeNode).
+//! plugin, network devices and GPUs, which transfers it carries inline (DescribeNode).
 
 use serde_json::{Value, json};
 
@@ -35,6 +35,10 @@ pub fn node_json(n: &NodeDescription) -> Value {
         "eager_lanes_per_device": n.eager_lanes_per_device,
         "eager_max_bytes": n.eager_max_bytes,
         "chunk_bytes": n.chunk_bytes,
+        "inline_max_bytes": n.inline_max_bytes,
+        "inline_window_bytes": n.inline_window_bytes,
+        "inline_gpu": n.inline_gpu,
+        "inline_gpu_in_flight": n.inline_gpu_in_flight,
         "peer_protocol_version": n.peer_protocol_version,
         "local_session": n.local_session,
         "devices": n.devices.iter().map(|d| json!({
@@ -82,9 +86,37 @@ fn lanes_text(n: &NodeDescription) -> String {
     }
 }
 
+/// Which transfers the node carries inline on a pairing's control connection (`transfer.inline_*`).
+fn inline_text(n: &NodeDescription) -> String {
+    if n.inline_window_bytes == 0 {
+        // A daemon older than these fields: the feature says whether it inlines at all.
+        return if n.features.iter().any(|f| f == "inline_small_transfers") {
+            "on (limits not reported by this daemon)".to_string()
+        } else {
+            "off".to_string()
+        };
+    }
+    if n.inline_max_bytes == 0 {
+        return "off (transfer.inline_max_bytes 0)".to_string();
+    }
+    let gpu = if !n.inline_gpu {
+        "host memory only".to_string()
+    } else {
+        format!(
+            "GPU memory too, {} such unanswered per peer",
+            n.inline_gpu_in_flight
+        )
+    };
+    format!(
+        "up to {} a transfer, {} unanswered per peer, {gpu}",
+        format_bytes(n.inline_max_bytes),
+        format_bytes(n.inline_window_bytes)
+    )
+}
+
 pub fn node_text(n: &NodeDescription) -> String {
     let mut s = format!(
-        "node            {}\npeer addresses  {}\nversion         {} (peer protocol {})\nplugin          {} ({})\nlanes           {}, chunks of {}\n",
+        "node            {}\npeer addresses  {}\nversion         {} (peer protocol {})\nplugin          {} ({})\nlanes           {}, chunks of {}\ninline          {}\n",
         n.node_id,
         if n.peer_addresses.is_empty() {
             "none".to_string()
@@ -97,6 +129,7 @@ pub fn node_text(n: &NodeDescription) -> String {
         n.plugin_path,
         lanes_text(n),
         format_bytes(n.chunk_bytes as u64),
+        inline_text(n),
     );
     for d in &n.devices {
         let mut kinds = Vec::new();
@@ -207,5 +240,40 @@ mod tests {
         );
         n.transfer_protocol.clear();
         assert!(node_text(&n).contains("lanes           2 per device, chunks"));
+    }
+
+    #[test]
+    fn describe_shows_the_inline_limits() {
+        let mut n = NodeDescription {
+            node_id: "a".into(),
+            inline_max_bytes: 64 << 10,
+            inline_window_bytes: 256 << 10,
+            features: vec!["inline_small_transfers".into()],
+            ..Default::default()
+        };
+        let text = node_text(&n);
+        assert!(
+            text.contains("inline          up to 64.00 KiB a transfer, 256.00 KiB unanswered per peer, host memory only\n"),
+            "{text}"
+        );
+        n.inline_gpu = true;
+        n.inline_gpu_in_flight = 2;
+        assert!(
+            node_text(&n).contains(", GPU memory too, 2 such unanswered per peer\n"),
+            "{}",
+            node_text(&n)
+        );
+        let j = node_json(&n);
+        assert_eq!(j["inline_max_bytes"], 64 << 10);
+        assert_eq!(j["inline_window_bytes"], 256 << 10);
+        assert_eq!(j["inline_gpu"], true);
+        assert_eq!(j["inline_gpu_in_flight"], 2);
+        n.inline_max_bytes = 0;
+        assert!(node_text(&n).contains("inline          off (transfer.inline_max_bytes 0)\n"));
+        // Older daemons: no limits reported; the feature says whether they inline at all.
+        n.inline_window_bytes = 0;
+        assert!(node_text(&n).contains("inline          on (limits not reported by this daemon)\n"));
+        n.features.clear();
+        assert!(node_text(&n).contains("inline          off\n"));
     }
 }

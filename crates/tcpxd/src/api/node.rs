@@ -1,6 +1,6 @@
 //! `DescribeNode`: what a client hands out so that other nodes can reach this one (node id, the
 //! advertised peer addresses every descriptor carries), and what the node runs (version, plugin,
-//! network devices, GPUs).
+//! network devices, GPUs, which transfers it carries inline).
 
 use tokio::sync::OnceCell;
 use tonic::Status;
@@ -43,6 +43,9 @@ pub struct NodeFacts {
     pub topology: Arc<Topology>,
     /// How this node receives, with `auto`'s eager lanes and threshold.
     pub protocol: crate::config::ProtocolSettings,
+    /// Which transfers this node carries inline on the control connection (`transfer.inline_*`;
+    /// the defaults until the daemon sets what it resolved).
+    pub inline: crate::config::inline::InlineSettings,
     /// This process's instance (new at every start: clients re-attach when it changes).
     pub instance_id: String,
     /// `runtime.reattach_grace_s` when a state directory keeps registrations, else 0.
@@ -86,6 +89,7 @@ impl NodeFacts {
             chunk_bytes,
             topology,
             protocol,
+            inline: crate::config::inline::InlineSettings::default(),
             instance_id: hex::encode(rand::random::<[u8; 16]>()),
             reattach_grace_s: 0,
             gpus: OnceCell::new(),
@@ -139,6 +143,11 @@ impl NodeFacts {
             eager_max_bytes: self.auto().map_or(0, |p| p.eager_max_bytes),
             instance_id: self.instance_id.clone(),
             reattach_grace_s: self.reattach_grace_s,
+            inline_max_bytes: self.inline.max_bytes,
+            inline_window_bytes: self.inline.window_bytes,
+            inline_gpu: self.inline.gpu,
+            // At most MAX_INLINE_GPU_IN_FLIGHT (1024): config/inline.rs refuses more.
+            inline_gpu_in_flight: u32::try_from(self.inline.gpu_in_flight).unwrap_or(u32::MAX),
         })
     }
 

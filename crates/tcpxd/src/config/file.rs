@@ -42,6 +42,7 @@ pub struct FileTopology {
 #[serde(deny_unknown_fields)]
 pub struct FileRuntime {
     pub spin: Option<String>,
+    pub poller_sessions: Option<String>,
     pub async_workers: Option<usize>,
     pub state_dir: Option<PathBuf>,
     pub reattach_grace_s: Option<u64>,

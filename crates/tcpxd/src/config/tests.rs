@@ -84,6 +84,25 @@ fn spin_and_async_workers() {
     };
     let c = cfg("[runtime]\nspin = \"on\"\n", flag).unwrap();
     assert!(!c.spin);
+    // runtime.poller_sessions: auto follows spin; on and off whatever spin says.
+    let c = cfg("[runtime]\nspin = \"on\"\n", DaemonArgs::default()).unwrap();
+    assert!(c.poller_sessions);
+    let c = cfg("[runtime]\nspin = \"off\"\n", DaemonArgs::default()).unwrap();
+    assert!(!c.poller_sessions);
+    let c = cfg(
+        "[runtime]\nspin = \"on\"\npoller_sessions = \"off\"\n",
+        DaemonArgs::default(),
+    )
+    .unwrap();
+    assert!(!c.poller_sessions);
+    let on = DaemonArgs {
+        spin: Some("off".into()),
+        poller_sessions: Some("on".into()),
+        ..Default::default()
+    };
+    assert!(cfg("", on).unwrap().poller_sessions);
+    let e = cfg("[runtime]\npoller_sessions = \"maybe\"\n", DaemonArgs::default()).unwrap_err();
+    assert!(e.to_string().contains("runtime.poller_sessions"), "{e}");
     // Bad values name the setting.
     let e = cfg("[runtime]\nspin = \"sometimes\"\n", DaemonArgs::default()).unwrap_err();
     assert!(e.to_string().contains("runtime.spin"), "{e}");

@@ -130,6 +130,9 @@ impl DirectLink {
     /// Sends what is left, as much as the socket takes without blocking.
     pub(super) fn flush(&mut self) -> Result<(), String> {
         let sock = socket2::SockRef::from(&*self.conn.stream);
+        // The hop trace's split of a control message's way: framed (`poller.out`), sent here,
+        // read by the peer's poller (`poller.read`), decoded (`wire.in`).
+        tracing::trace!(target: "tcpxd::hop", hop = "poller.flush", bytes = self.out.len() - self.sent);
         while self.sent < self.out.len() {
             match sock.send_with_flags(&self.out[self.sent..], libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
                 Ok(0) => return Err("direct control connection: the socket took nothing".into()),
@@ -379,6 +382,7 @@ impl super::Poller {
                     Ok(0) => break Some("closed by the peer".to_string()),
                     Ok(n) => {
                         got = true;
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.read", bytes = n);
                         if let Err(why) = (d.conn.decode)(&self.read_buf[..n], &mut self.inbound) {
                             break Some(why);
                         }

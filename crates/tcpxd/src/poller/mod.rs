@@ -64,16 +64,19 @@ mod commands;
 mod direct;
 mod drive;
 mod inline;
+mod inline_copies;
 mod lane_life;
 mod park;
 mod peers;
 mod posting;
+mod sessions;
 
 use crate::lanes::{GpuStage, RecvQueue, Tag};
 pub use crate::peer_stats::{PeerLink, PeerStats, StatsSnapshot};
 pub use direct::{Decode, DirectConn, MAX_UNSENT};
 pub use park::PollerTx;
 pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
+pub use sessions::{PASS_BUDGET, PassBudget, SessionWatch, Watched, Watching, on_poller_thread};
 
 /// One lane a node receives on, as the handshake announces it (its handle comes on the control
 /// stream when the lane is first used: peer protocol 6).
@@ -421,6 +424,8 @@ pub struct PollerConfig {
     /// How the helpers spin and copy (`transfer.host_copy_spin_us`, `host_copy_spinners`,
     /// `host_copy_routine`, `host_copy_split`).
     pub host_copy: crate::net::host_copies::HelperPolicy,
+    /// `runtime.poller_sessions`: framed sessions' requests are read on this thread (`sessions.rs`).
+    pub serve_sessions: bool,
 }
 
 /// The running poller thread.
@@ -437,7 +442,7 @@ impl PollerHandle {
         notifications: broadcast::Sender<NotificationEvent>,
     ) -> std::io::Result<PollerHandle> {
         let (tx, rx) = mpsc::channel();
-        let (park, tx) = park::Park::new(tx)?;
+        let (park, tx) = park::Park::new(tx, cfg.serve_sessions)?;
         let unpack_impl = cfg.unpack_impl;
         let host_copies = HostCopies::with_policy(cfg.host_copy_threads, cfg.host_copy);
         let meter = Meter::new(cfg.metrics.clone());
@@ -465,6 +470,7 @@ impl PollerHandle {
                     stages: HashMap::new(),
                     unpack_impl,
                     host_copies,
+                    inline_copies: Default::default(),
                     completions: Vec::new(),
                     meter,
                     segs: Vec::new(),
@@ -635,6 +641,7 @@ struct Poller {
     unpack_impl: UnpackImpl,
     /// Block chunks' host copies on helper threads (`net::host_copies`): queued whole per chunk.
     host_copies: HostCopies,
+    inline_copies: inline_copies::InlineCopies,
     /// Scratch for the completions gathered during a pass.
     completions: Vec<Completion>,
     meter: Meter,
@@ -703,10 +710,11 @@ impl Poller {
         // The wait that ended the last pass looked at the sockets already.
         let mut looked = false;
         loop {
-            if !looked && self.reads_direct() {
+            if !looked && (self.reads_direct() || self.park.serves_sessions()) {
                 self.park.look(Some(Duration::ZERO), &mut self.direct_ready);
             }
             looked = false;
+            self.park.serve_sessions();
             let mut progressed = self.read_direct();
             let slice = Instant::now();
             loop {

@@ -4,13 +4,16 @@
 //! message from a peer therefore costs one thread wake-up when the poller is parked (the kernel
 //! wakes it in `epoll_wait`) and none when it is running passes (the next pass's zero-timeout
 //! look finds the socket readable); a command from the async side costs one eventfd write, and
-//! only when the poller is waiting.
+//! only when the poller is waiting. With `runtime.poller_sessions` the set also holds the framed
+//! local sessions' sockets (`sessions.rs`): a client's request wakes a parked poller the same
+//! way, and the session is polled on the poller's thread at the start of the next pass.
 //!
 //! # State
 //! [`Bell`] holds where the poller is, written by the poller only:
 //! - `AWAKE`: running passes. Senders ring nothing; each pass begins with a zero-timeout
-//!   `epoll_wait` (`Park::look`) for the direct sockets, when some pairing has one, and takes
-//!   commands with `try_recv`.
+//!   `epoll_wait` (`Park::look`) for the direct sockets, when some pairing has one, or a framed
+//!   session's socket is watched, wakes the sessions it reported (`Park::serve_sessions`: the
+//!   commands they make are taken by the same pass), and takes commands with `try_recv`.
 //! - `NAPPING`: stalled with bytes in flight, sleeping [`crate::idle::NAP`] in `park_timeout`
 //!   (epoll's timeout has millisecond resolution). A sender unparks the thread; a socket
 //!   becoming readable waits for the nap's end (≤ 50 µs, only during a stall).
@@ -44,11 +47,14 @@
 //! `park_timeout` makes it return at once. A ring the poller did not need (it found the command
 //! itself) costs one spurious pass. Data on a direct socket needs no ring: epoll reports it
 //! whenever the poller looks (edge-triggered; the poller reads until a short read or
-//! `WouldBlock`, and any byte arriving later raises a new edge).
+//! `WouldBlock`, and any byte arriving later raises a new edge). A session's socket is the same
+//! (`sessions.rs`, "Why no request is missed"): its tokens are kept apart in the park
+//! (`sessions_ready`) until the next pass wakes them, whichever `epoll_wait` reported them.
 //!
 //! # Shutdown
 //! The poller ends when every [`PollerTx`] is gone (the channel disconnects, and the last one
 //! rings on its way out, so a parked poller sees it at once) or when a drain ends (`peers.rs`).
+//! Framed sessions still watched then are woken by nothing more (`sessions.rs`, "Shutdown").
 
 use std::io;
 use std::sync::atomic::{AtomicU8, Ordering, fence};
@@ -59,6 +65,7 @@ use std::time::Duration;
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::Command;
+use super::sessions::{self, SessionWatch};
 use crate::engine::PeerIdx;
 
 const AWAKE: u8 = 0;
@@ -116,6 +123,8 @@ struct TxInner {
     /// `None` only while dropping.
     tx: Option<mpsc::Sender<Command>>,
     bell: Arc<Bell>,
+    /// With `runtime.poller_sessions`: where framed sessions put their sockets (`sessions.rs`).
+    sessions: Option<Arc<SessionWatch>>,
 }
 
 impl PollerTx {
@@ -126,6 +135,12 @@ impl PollerTx {
         tx.send(cmd).map_err(|_| Stopped)?;
         self.0.bell.ring_if_waiting();
         Ok(())
+    }
+
+    /// Where a framed session puts its socket to be served on the poller's thread; `None` when
+    /// `runtime.poller_sessions` is off (sessions run on the runtime).
+    pub fn sessions(&self) -> Option<&Arc<SessionWatch>> {
+        self.0.sessions.as_ref()
     }
 }
 
@@ -165,13 +180,22 @@ pub(super) struct Park {
     events: Events,
     bell: Arc<Bell>,
     next_generation: u32,
+    /// Framed sessions' sockets in the set (`sessions.rs`), and those epoll reported readable,
+    /// woken at the start of the next pass (`serve_sessions`).
+    sessions: Option<Arc<SessionWatch>>,
+    sessions_ready: Vec<Token>,
 }
 
 impl Park {
     /// The epoll set with the channel's eventfd in it, and the channel's first sender.
-    pub(super) fn new(tx: mpsc::Sender<Command>) -> io::Result<(Park, PollerTx)> {
+    /// `serve_sessions`: framed sessions may put their sockets in the set (`sessions.rs`).
+    pub(super) fn new(tx: mpsc::Sender<Command>, serve_sessions: bool) -> io::Result<(Park, PollerTx)> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKE)?;
+        let sessions = match serve_sessions {
+            true => Some(Arc::new(SessionWatch::new(poll.registry().try_clone()?))),
+            false => None,
+        };
         let bell = Arc::new(Bell {
             state: AtomicU8::new(AWAKE),
             waker,
@@ -180,12 +204,15 @@ impl Park {
         let sender = PollerTx(Arc::new(TxInner {
             tx: Some(tx),
             bell: bell.clone(),
+            sessions: sessions.clone(),
         }));
         let park = Park {
             poll,
             events: Events::with_capacity(256),
             bell,
             next_generation: 0,
+            sessions,
+            sessions_ready: Vec::new(),
         };
         Ok((park, sender))
     }
@@ -193,12 +220,27 @@ impl Park {
     /// On the poller's thread, before its first pass: whom a sender unparks.
     pub(super) fn bind_thread(&self) {
         let _ = self.bell.thread.set(std::thread::current());
+        sessions::mark_poller_thread();
+    }
+
+    /// Whether some framed session's socket is in the set: each pass looks at it then.
+    pub(super) fn serves_sessions(&self) -> bool {
+        self.sessions.as_ref().is_some_and(|s| s.any())
+    }
+
+    /// Wakes the sessions whose sockets were reported readable since the last call: each is
+    /// polled here, on the poller's thread, and the commands it makes are taken by this pass.
+    pub(super) fn serve_sessions(&mut self) {
+        if let Some(s) = &self.sessions {
+            s.wake(&mut self.sessions_ready);
+        }
     }
 
     /// Adds a direct control socket to the set (readable, edge-triggered): the token its events
     /// will carry, unique to this link (`direct_peer` turns it back into the pairing).
     pub(super) fn register(&mut self, fd: std::os::fd::RawFd, peer: PeerIdx) -> io::Result<Token> {
         self.next_generation = self.next_generation.wrapping_add(1);
+        debug_assert!(peer.0 < 1 << 31, "a pairing's token never has the session bit");
         let token = Token(((peer.0 as usize) << 32) | self.next_generation as usize);
         self.poll
             .registry()
@@ -219,7 +261,16 @@ impl Park {
                 return;
             }
         }
-        ready.extend(self.events.iter().map(|e| e.token()).filter(|t| *t != WAKE));
+        for t in self.events.iter().map(|e| e.token()) {
+            if t == WAKE {
+                continue;
+            }
+            if t.0 & sessions::SESSION != 0 {
+                self.sessions_ready.push(t);
+            } else {
+                ready.push(t);
+            }
+        }
     }
 
     /// Waits as `wait` says, unless the channel holds a command after all (see the module's
@@ -277,7 +328,7 @@ mod tests {
     #[test]
     fn no_command_is_missed_by_a_poller_that_parks_or_naps_between_commands() {
         let (tx, rx) = mpsc::channel();
-        let (mut park, sender) = Park::new(tx).unwrap();
+        let (mut park, sender) = Park::new(tx, false).unwrap();
         park.bind_thread();
         const N: u64 = 20_000;
         let from = std::thread::spawn(move || {
@@ -324,7 +375,7 @@ mod tests {
     #[test]
     fn the_last_sender_gone_wakes_a_parked_poller() {
         let (tx, rx) = mpsc::channel();
-        let (mut park, sender) = Park::new(tx).unwrap();
+        let (mut park, sender) = Park::new(tx, false).unwrap();
         park.bind_thread();
         let other = sender.clone();
         let from = std::thread::spawn(move || {
@@ -348,7 +399,7 @@ mod tests {
         use std::io::{Read, Write};
         use std::os::fd::AsRawFd;
         let (tx, rx) = mpsc::channel();
-        let (mut park, _sender) = Park::new(tx).unwrap();
+        let (mut park, _sender) = Park::new(tx, false).unwrap();
         let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
         b.set_nonblocking(true).unwrap();
         let token = park.register(b.as_raw_fd(), PeerIdx(7)).unwrap();

@@ -1,13 +1,20 @@
 //! Block receives posted a window ahead (`transfer.scatter_ahead`, docs/BLOCKS.md "Receiving
 //! into host memory") between two daemons on loopback over the built-in emulation in its direct
-//! receive mode (host receives land where they were posted, as on the real plugin), paced at
-//! 1 Gbit/s so the lanes stay full, the scatters on copy helpers: with `recv_window = 2` and
-//! `scatter_ahead = 3`, a block WRITE and a block READ of ~120 chunks of scattered blocks keep up
-//! to 5 receives posted per lane (at most 2 in the plugin: one more would fail the lane), never
-//! more, land byte-exact, and every lane drains to zero.
+//! receive mode (host receives land where they were posted, as on the real plugin), the
+//! scatters on copy helpers: with `recv_window = 2` and `scatter_ahead = 3`, a block WRITE and a
+//! block READ of ~120 chunks of scattered blocks keep up to 5 receives posted per lane (at most 2
+//! in the plugin: one more would fail the lane), never more, land byte-exact, and every lane
+//! drains to zero.
+//!
+//! The receives are caught posted ahead by the emulation's hold gate (`common::hold`), not by
+//! pacing the NICs: closed before each transfer is posted, it lets the senders write 64 KiB and
+//! then holds their sends, so the receiver's lanes sit with their receives posted (the engine
+//! posts them as it plans, whatever has landed) however loaded the machine; the test opens it
+//! once a lane holds more than its receive window, and samples the lanes until the transfer ends.
 
 use crate::common::blocks::{self, permutation, read_request, strided, u32s, write_request};
 use crate::common::daemons::{self, *};
+use crate::common::hold;
 use crate::common::windows::{self, Posted};
 use tcpxd::api::proto::v1 as pb;
 
@@ -21,17 +28,35 @@ async fn list(c: &mut Client, buffer: u64, first: u64, stride: u64) -> pb::Block
     blocks::list(c, buffer, strided(first, stride, BS as u32, N)).await
 }
 
-/// Waits for transfer `id` of `c`, sampling the receiver's lanes (`on`) meanwhile: the most posted on one lane.
+/// With the hold gate closed before transfer `id` of `c` was posted: waits until one of the
+/// receiver's lanes (`on`) holds more receives than its window (posted ahead), opens the gate,
+/// and waits for the transfer, sampling those lanes meanwhile. The most posted on one lane.
 async fn wait_sampling(c: &Client, id: u64, on: &mut Client) -> u32 {
-    windows::wait_sampling(c, id, on, Posted::Recvs, 5, "recv_window 2 + scatter_ahead 3").await
+    let bound = "recv_window 2 + scatter_ahead 3";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let held = loop {
+        let n = windows::most_posted(on, Posted::Recvs).await;
+        assert!(n <= 5, "{n} receives posted on a lane: {bound} at most");
+        if n > 2 {
+            break n;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no receive posted ahead within 30 s with the senders held (most {n})"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    };
+    hold::open_gate();
+    held.max(windows::wait_sampling(c, id, on, Posted::Recvs, 5, bound).await)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_receives_post_a_window_ahead_and_land_byte_exact() {
+    hold::gate_on_with_budget(64 << 10);
+    tcpxd::logging::init("warn");
     // SAFETY: each test runs in its own process (nextest) and sets the variable before the
     // emulation is initialised and before any other thread reads the environment.
     unsafe { std::env::set_var("TCPXEMU_HOST_RECV", "direct") };
-    daemons::slow_nic();
     let config = std::env::temp_dir().join(format!("tcpxd-scatter-ahead-{}.toml", std::process::id()));
     std::fs::write(
         &config,
@@ -54,6 +79,7 @@ async fn block_receives_post_a_window_ahead_and_land_byte_exact() {
     let sl = list(&mut a.client, src.id, 5, BS + 24).await;
     let dl = list(&mut b.client, dst.id, 17, BS + 100).await;
     let (li, ri) = (permutation(N, 5), permutation(N, 9));
+    hold::close_gate();
     let started = a
         .client
         .write_blocks(write_request(&sl, u32s(&li), &dl, u32s(&ri), false))
@@ -83,6 +109,7 @@ async fn block_receives_post_a_window_ahead_and_land_byte_exact() {
     let bl = list(&mut a.client, back.id, 3, BS + 50).await;
     let all: Vec<u32> = (0..N).collect();
     let into = permutation(N, 13);
+    hold::close_gate();
     let started = a
         .client
         .read_blocks(read_request(&dl, u32s(&all), &bl, u32s(&into), false))

@@ -68,9 +68,24 @@ pub fn register(io: UnixStream, interest: tokio::io::Interest) -> io::Result<Asy
     AsyncFd::with_interest(io, interest)
 }
 
+/// Who tells a session's reader that its socket has bytes.
+enum Source {
+    /// The runtime's reactor (registered for reading only).
+    Runtime(AsyncFd<UnixStream>),
+    /// The poller's epoll set (`runtime.poller_sessions`: `crate::poller::SessionWatch`); its
+    /// registration first, so it leaves the set before the socket closes.
+    Poller(crate::poller::Watching, UnixStream),
+}
+
 /// The request side of a local session, read with `recvmsg` so descriptors can come along.
 pub struct FdReader {
-    io: AsyncFd<UnixStream>,
+    io: Source,
+    files: Files,
+}
+
+/// What came with the reads: their byte count, and the descriptors by byte range.
+#[derive(Default)]
+struct Files {
     /// Bytes read so far (after the preface).
     received: u64,
     batches: VecDeque<Batch>,
@@ -81,16 +96,29 @@ impl FdReader {
     pub fn new(io: UnixStream) -> io::Result<FdReader> {
         io.set_nonblocking(true)?;
         Ok(FdReader {
-            io: register(io, tokio::io::Interest::READABLE)?,
-            received: 0,
-            batches: VecDeque::new(),
+            io: Source::Runtime(register(io, tokio::io::Interest::READABLE)?),
+            files: Files::default(),
+        })
+    }
+
+    /// Reads `io` (non-blocking), woken by the poller when it has bytes (`watch`'s set).
+    pub fn on_poller(
+        io: UnixStream,
+        watch: &std::sync::Arc<crate::poller::SessionWatch>,
+    ) -> io::Result<FdReader> {
+        use std::os::fd::AsRawFd;
+        io.set_nonblocking(true)?;
+        let watching = watch.watch(io.as_raw_fd())?;
+        Ok(FdReader {
+            io: Source::Poller(watching, io),
+            files: Files::default(),
         })
     }
 
     /// The one descriptor that came with the frame at stream offsets `[start, end)`. Batches
     /// that came wholly before it are closed.
     pub fn take(&mut self, at: (u64, u64)) -> Result<OwnedFd, Status> {
-        let Some((fds, truncated)) = self.take_batch(at) else {
+        let Some((fds, truncated)) = self.files.take_batch(at) else {
             return Err(Status::invalid_argument(
                 "register_host_fd: no file descriptor came with this request (send it as SCM_RIGHTS \
                  in the same sendmsg as the request's frame)",
@@ -116,7 +144,7 @@ impl FdReader {
         if n == 0 {
             return Ok(Vec::new());
         }
-        match self.take_batch(at) {
+        match self.files.take_batch(at) {
             Some((fds, false)) if fds.len() == n => Ok(fds),
             Some((fds, truncated)) => Err(Status::invalid_argument(format!(
                 "register_batch: {}{} file descriptors came with this request for {n} host_fd entries; \
@@ -129,6 +157,39 @@ impl FdReader {
                  (send them as SCM_RIGHTS in the same sendmsg as the request's frame)"
             ))),
         }
+    }
+}
+
+impl Files {
+    /// One `recvmsg` into `dst` without waiting; its descriptors filed under its byte range.
+    fn recv(&mut self, io: &UnixStream, dst: &mut [u8]) -> io::Result<usize> {
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let msg = rustix::net::recvmsg(
+            io,
+            &mut [io::IoSliceMut::new(dst)],
+            &mut control,
+            RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
+        )
+        .map_err(io::Error::from)?;
+        let mut fds = Vec::new();
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(rights) = m {
+                fds.extend(rights);
+            }
+        }
+        let truncated = msg.flags.contains(ReturnFlags::CTRUNC);
+        let start = self.received;
+        self.received += msg.bytes as u64;
+        if !fds.is_empty() || truncated {
+            self.keep(Batch {
+                start,
+                end: self.received.max(start + 1),
+                fds,
+                truncated,
+            });
+        }
+        Ok(msg.bytes)
     }
 
     /// The descriptors that came with the frame at `[start, end)`, and whether the kernel cut
@@ -154,47 +215,25 @@ impl FdReader {
 impl AsyncRead for FdReader {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        loop {
-            let mut guard = ready!(this.io.poll_read_ready(cx))?;
-            let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS))];
-            let mut control = RecvAncillaryBuffer::new(&mut space);
-            let dst = buf.initialize_unfilled();
-            let got = guard.try_io(|io| {
-                rustix::net::recvmsg(
-                    io.get_ref(),
-                    &mut [io::IoSliceMut::new(dst)],
-                    &mut control,
-                    RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT,
-                )
-                .map_err(io::Error::from)
-            });
-            let msg = match got {
-                Ok(Ok(msg)) => msg,
-                Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                Ok(Err(e)) => return Poll::Ready(Err(e)),
-                // Not readable after all (readiness cleared): wait for the next edge.
-                Err(_would_block) => continue,
-            };
-            let mut fds = Vec::new();
-            for m in control.drain() {
-                if let RecvAncillaryMessage::ScmRights(rights) = m {
-                    fds.extend(rights);
+        let dst = buf.initialize_unfilled();
+        let n = match &this.io {
+            Source::Poller(watching, io) => match watching.watched().poll(cx, || this.files.recv(io, dst)) {
+                Some(r) => r?,
+                None => return Poll::Pending,
+            },
+            Source::Runtime(afd) => loop {
+                let mut guard = ready!(afd.poll_read_ready(cx))?;
+                match guard.try_io(|io| this.files.recv(io.get_ref(), dst)) {
+                    Ok(Ok(n)) => break n,
+                    Ok(Err(e)) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                    Ok(Err(e)) => return Poll::Ready(Err(e)),
+                    // Not readable after all (readiness cleared): wait for the next edge.
+                    Err(_would_block) => continue,
                 }
-            }
-            let truncated = msg.flags.contains(ReturnFlags::CTRUNC);
-            let start = this.received;
-            this.received += msg.bytes as u64;
-            if !fds.is_empty() || truncated {
-                this.keep(Batch {
-                    start,
-                    end: this.received.max(start + 1),
-                    fds,
-                    truncated,
-                });
-            }
-            buf.advance(msg.bytes);
-            return Poll::Ready(Ok(()));
-        }
+            },
+        };
+        buf.advance(n);
+        Poll::Ready(Ok(()))
     }
 }
 
@@ -371,7 +410,7 @@ mod tests {
         let two = got[4].1.as_ref().unwrap_err();
         assert!(two.message().contains("send exactly one"), "{two:?}");
         assert!(
-            framed.get_ref().batches.is_empty(),
+            framed.get_ref().files.batches.is_empty(),
             "the stray descriptor was closed"
         );
     }

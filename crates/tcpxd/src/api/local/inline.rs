@@ -14,10 +14,15 @@
 //! ([`Inline::start_in`]): then each poll runs inside that runtime's context, so a future that
 //! may, on a rare path, wait for a timer or a connection (a transfer's start whose pairing closed
 //! when idle meanwhile, `crate::api::session::starting`) can, whichever thread polls it.
+//!
+//! A framed session served on the poller's thread (`crate::poller::SessionWatch`) is such a
+//! future too ([`Inline::start_served`]); while it does what could stall the poller (a
+//! registration, a large request) it holds itself off that thread ([`OffPoller::hold`]): a wake
+//! there hands the poll to a runtime worker instead ([`off_poller`] moves it at once).
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Wake, Waker};
 
@@ -37,12 +42,55 @@ pub struct Inline {
     future: Mutex<Option<Task>>,
     /// The runtime whose context each poll enters, if any.
     runtime: Option<tokio::runtime::Handle>,
+    /// While held, the future is not polled on the poller's thread (`runtime` polls it).
+    off_poller: Option<Arc<OffPoller>>,
+}
+
+/// Holds an [`Inline`] future off the poller's thread while any [`OffPollerHold`] lives.
+#[derive(Debug, Default)]
+pub struct OffPoller(AtomicUsize);
+
+impl OffPoller {
+    /// Until the hold is dropped, a wake on the poller's thread hands the poll to the runtime.
+    /// (Await [`off_poller`] after taking it to leave the poller's thread at once.)
+    pub fn hold(self: &Arc<Self>) -> OffPollerHold {
+        self.0.fetch_add(1, Ordering::AcqRel);
+        OffPollerHold(self.clone())
+    }
+
+    fn held(&self) -> bool {
+        self.0.load(Ordering::Acquire) > 0
+    }
+}
+
+/// See [`OffPoller::hold`].
+#[derive(Debug)]
+pub struct OffPollerHold(Arc<OffPoller>);
+
+impl Drop for OffPollerHold {
+    fn drop(&mut self) {
+        self.0.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Resolves at once off the poller's thread; on it, wakes its task and yields, so that a future
+/// whose [`OffPoller`] is held is polled again by the runtime. (Elsewhere a no-op.)
+pub async fn off_poller() {
+    std::future::poll_fn(|cx| {
+        if crate::poller::on_poller_thread() {
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await
 }
 
 impl Inline {
     /// Polls `future` once now (on the calling thread), then each time it is woken.
     pub fn start(future: impl Future<Output = ()> + Send + 'static) -> Arc<Inline> {
-        Inline::begin(future, None)
+        Inline::begin(future, None, None)
     }
 
     /// As [`Inline::start`], each poll inside `runtime`'s context (timers and I/O may be
@@ -51,17 +99,29 @@ impl Inline {
         runtime: tokio::runtime::Handle,
         future: impl Future<Output = ()> + Send + 'static,
     ) -> Arc<Inline> {
-        Inline::begin(future, Some(runtime))
+        Inline::begin(future, Some(runtime), None)
+    }
+
+    /// As [`Inline::start_in`], never polled on the poller's thread while `off` is held: a
+    /// wake there spawns the poll on `runtime`.
+    pub fn start_served(
+        runtime: tokio::runtime::Handle,
+        off: Arc<OffPoller>,
+        future: impl Future<Output = ()> + Send + 'static,
+    ) -> Arc<Inline> {
+        Inline::begin(future, Some(runtime), Some(off))
     }
 
     fn begin(
         future: impl Future<Output = ()> + Send + 'static,
         runtime: Option<tokio::runtime::Handle>,
+        off_poller: Option<Arc<OffPoller>>,
     ) -> Arc<Inline> {
         let task = Arc::new(Inline {
             state: AtomicU8::new(IDLE),
             future: Mutex::new(Some(Box::pin(future))),
             runtime,
+            off_poller,
         });
         task.clone().run();
         task
@@ -72,6 +132,12 @@ impl Inline {
     pub fn stop(&self) {
         let taken = self.future.lock().unwrap_or_else(|e| e.into_inner()).take();
         drop(taken);
+    }
+
+    /// No thread is polling the future now (tests: wait for a poll on another thread to end).
+    #[cfg(test)]
+    pub(crate) fn idle(&self) -> bool {
+        self.state.load(Ordering::Acquire) == IDLE
     }
 
     /// Whether the future completed (or was stopped).
@@ -97,6 +163,17 @@ impl Inline {
         let mut cx = Context::from_waker(&waker);
         let _context = self.runtime.as_ref().map(|r| r.enter());
         loop {
+            if let (Some(off), Some(rt)) = (&self.off_poller, &self.runtime)
+                && off.held()
+                && crate::poller::on_poller_thread()
+            {
+                // Held off the poller's thread: a worker polls it (a wake meanwhile, here or
+                // there, polls it again or finds it being polled: none is lost).
+                self.state.store(IDLE, Ordering::Release);
+                let task = self.clone();
+                rt.spawn(async move { task.run() });
+                return;
+            }
             {
                 let mut slot = self.future.lock().unwrap_or_else(|e| e.into_inner());
                 if let Some(f) = slot.as_mut()

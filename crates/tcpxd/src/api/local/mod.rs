@@ -31,6 +31,7 @@ use tokio_util::codec::FramedRead;
 
 use self::fds::{FdReader, Positioned};
 use self::frame::PREFACE;
+use self::inline::{Inline, OffPoller, OffPollerHold};
 use self::outbox::Outbox;
 use super::host_memory::Attached;
 use super::proto::v1 as pb;
@@ -70,10 +71,18 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
         }
     };
     // Registered for reading only (fds.rs says why): writability is asked for only while events
-    // wait for room (`FramedEvents::flush`).
-    let reader = stream
-        .into_std()
-        .and_then(|io| Ok((io.try_clone()?, FdReader::new(io)?)));
+    // wait for room (`FramedEvents::flush`). With `runtime.poller_sessions`, the poller's epoll
+    // set watches it instead, and the session is polled by whoever wakes it: the poller, for
+    // its requests (`crate::poller::SessionWatch`).
+    let watch = state.poller.sessions().cloned();
+    let reader = stream.into_std().and_then(|io| {
+        let conn = io.try_clone()?;
+        let reader = match &watch {
+            Some(w) => FdReader::on_poller(io, w)?,
+            None => FdReader::new(io)?,
+        };
+        Ok((conn, reader))
+    });
     let (conn, reader) = match reader {
         Ok(r) => r,
         Err(e) => {
@@ -81,17 +90,35 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
             return;
         }
     };
-    let mut requests = FramedRequests {
+    let off_poller = watch.as_ref().map(|_| Arc::new(OffPoller::default()));
+    let requests = FramedRequests {
         frames: FramedRead::new(reader, Positioned::default()),
         unsealed,
         peer_pid,
+        off_poller: off_poller.clone(),
+        watch,
     };
-    let mut events = FramedEvents {
+    let events = FramedEvents {
         conn,
         writable: None,
         outbox,
         hangup: None,
     };
+    let Some(off) = off_poller else {
+        return run(state, requests, events).await;
+    };
+    // The session's own task only waits for its end (the listener's drain waits for this task).
+    let (done, ended) = tokio::sync::oneshot::channel();
+    let served = Inline::start_served(tokio::runtime::Handle::current(), off, async move {
+        run(state, requests, events).await;
+        let _ = done.send(());
+    });
+    let _ = ended.await;
+    drop(served);
+}
+
+/// Runs the session to its end, then closes the connection.
+async fn run(state: Arc<DaemonState>, mut requests: FramedRequests, mut events: FramedEvents) {
     let ended = session::serve(state, None, &mut requests, &mut events).await;
     // Either way nothing more is sent: the client reads EOF after the last event.
     if ended.is_ok() {
@@ -114,6 +141,9 @@ struct FramedRequests {
     frames: FramedRead<FdReader, Positioned>,
     unsealed: Unsealed,
     peer_pid: Option<i32>,
+    /// Served on the poller's thread: what holds the session off it (`Requests::off_poller`).
+    off_poller: Option<Arc<OffPoller>>,
+    watch: Option<Arc<crate::poller::SessionWatch>>,
 }
 
 impl Requests for FramedRequests {
@@ -150,6 +180,19 @@ impl Requests for FramedRequests {
                 unsealed: self.unsealed,
             })
             .collect())
+    }
+
+    fn off_poller(&self) -> Option<OffPollerHold> {
+        self.off_poller.as_ref().map(|o| o.hold())
+    }
+
+    fn watch(&self) -> Option<&Arc<crate::poller::SessionWatch>> {
+        self.watch.as_ref()
+    }
+
+    fn last_len(&self) -> u64 {
+        let (start, end) = self.frames.decoder().last_frame();
+        end - start
     }
 
     fn peer_pid(&self) -> Result<i32, tonic::Status> {

@@ -35,7 +35,7 @@ use tonic::{Status, Streaming};
 
 use super::delivery::{Delivered, Subscription, deliver_notifications, notification_event};
 use super::finished_tags::{FinishedTags, already_finished};
-use super::local::inline::Inline;
+use super::local::inline::{Inline, off_poller};
 use super::local::outbox::{BACKLOG, Outbox};
 use super::prepared;
 use super::proto::v1 as pb;
@@ -155,6 +155,7 @@ impl<E: Events> Session<'_, E> {
         let mut stopping = self.state.stopping.clone();
         // A request read while gathering registrations, not one itself: handled next.
         let mut held: Option<Incoming> = None;
+        let mut budget = crate::poller::PassBudget::default();
         let ended = loop {
             self.reap();
             if !reading
@@ -191,6 +192,24 @@ impl<E: Events> Session<'_, E> {
             };
             // What was delivered meanwhile is not open (its tag may come again in this request).
             self.reap();
+            // Served on the poller's thread: what could stall it runs on the runtime (as does the
+            // rest of a burst over the pass's budget, `crate::poller::PASS_BUDGET`).
+            let over = match (requests.watch(), &next) {
+                (Some(watch), Next::Incoming(Incoming::Request(_))) => watch.spend(&mut budget),
+                _ => false,
+            };
+            let _off = match &next {
+                Next::Incoming(Incoming::Request(req)) if over || stalls_poller(req, requests.last_len()) => {
+                    requests.off_poller()
+                }
+                _ => None,
+            };
+            if _off.is_some() {
+                off_poller().await;
+            }
+            if let (Some(watch), Next::Incoming(Incoming::Request(_))) = (requests.watch(), &next) {
+                watch.counted();
+            }
             let step = match next {
                 Next::Gone | Next::Incoming(Incoming::Gone) => Err(Gone),
                 Next::Look => Ok(()),
@@ -243,6 +262,13 @@ impl<E: Events> Session<'_, E> {
         self.stop_inline();
         if ended.is_err() {
             self.cancel_all();
+        }
+        let _off = match self.owned.is_empty() && self.prepared.is_empty() {
+            true => None,
+            false => requests.off_poller(),
+        };
+        if _off.is_some() {
+            off_poller().await;
         }
         self.state.release_owned(std::mem::take(&mut self.owned));
         let state = self.state.clone();
@@ -551,6 +577,28 @@ impl<E: Events> Session<'_, E> {
             Err(status) => self.refuse(tag, status).await,
         }
     }
+}
+
+/// Requests larger than this are handled off the poller's thread when the session is served
+/// there (`crate::poller::SessionWatch`): decoding and checking one costs roughly a µs per KiB,
+/// and the poller's pass gives its commands [`crate::poller::COMMAND_SLICE`] (50 µs) at a time.
+pub const OFF_POLLER_BYTES: u64 = 16 << 10;
+
+/// Whether handling `req` (of `len` bytes) could stall the poller's thread: registrations and
+/// releases (system calls, the state directory's journal), prepared lists, large requests.
+fn stalls_poller(req: &pb::SessionRequest, len: u64) -> bool {
+    len > OFF_POLLER_BYTES
+        || matches!(
+            req.op,
+            Some(
+                Op::RegisterHostFd(_)
+                    | Op::RegisterClientMemory(_)
+                    | Op::RegisterBatch(_)
+                    | Op::ReleaseBatch(_)
+                    | Op::PrepareBlocks(_)
+                    | Op::ReleasePrepared(_)
+            )
+        )
 }
 
 /// What `fut` gives without waiting, if anything (polled once). For the request side's `next`,

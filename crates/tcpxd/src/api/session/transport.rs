@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
 use crate::api::host_memory::{self, Attached};
+use crate::api::local::inline::OffPollerHold;
 use crate::api::local::outbox::Outbox;
 use crate::api::proto::v1 as pb;
 
@@ -40,6 +41,23 @@ pub trait Requests: Send {
     /// (`register_batch`), in order; a transport that cannot carry descriptors says so.
     fn attached_n(&mut self, _n: usize) -> Result<Vec<Attached>, Status> {
         Err(host_memory::no_descriptors())
+    }
+
+    /// Served on the poller's thread (`crate::poller::SessionWatch`): a hold that keeps the
+    /// session's polls off that thread while it lives (a registration, a large request). `None`:
+    /// the session runs on the runtime anyway.
+    fn off_poller(&self) -> Option<OffPollerHold> {
+        None
+    }
+
+    /// The poller's watch of this session's socket, when served there.
+    fn watch(&self) -> Option<&Arc<crate::poller::SessionWatch>> {
+        None
+    }
+
+    /// The bytes of the request `next` returned last, where the transport knows (else 0).
+    fn last_len(&self) -> u64 {
+        0
     }
 
     /// The client's process, from the connection's peer credentials (`register_client_memory`);

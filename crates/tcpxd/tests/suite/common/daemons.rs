@@ -113,6 +113,8 @@ pub async fn start(node: &str, extra: impl FnOnce(&mut DaemonArgs)) -> TestDaemo
         // and with spinning on or off: TCPXD_SPIN=on|off (unset: auto, off on a 2-core machine).
         transfer_protocol: std::env::var("TCPXD_TRANSFER_PROTOCOL").ok(),
         spin: std::env::var("TCPXD_SPIN").ok(),
+        // And with the framed sessions read on the poller's thread: TCPXD_POLLER_SESSIONS=on.
+        poller_sessions: std::env::var("TCPXD_POLLER_SESSIONS").ok(),
         ..Default::default()
     };
     extra(&mut args);
@@ -305,15 +307,6 @@ pub async fn assert_lanes_drain(c: &mut Client) {
         assert!(std::time::Instant::now() < deadline, "lanes never drained: {s:?}");
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-}
-
-/// Paces the emulated NICs at 1 Gbit/s, so a long transfer is still in flight when a test
-/// cancels or drops it; call first in the test, before any daemon starts.
-pub fn slow_nic() {
-    // SAFETY: each test runs in its own process (nextest) and sets the variable before the
-    // emulation is initialised and before any other thread reads the environment.
-    unsafe { std::env::set_var("TCPXEMU_RATE_GBPS", "1") };
-    tcpxd::logging::init("warn");
 }
 
 /// Two daemons `<name>-a` and `<name>-b`, a paired with b.
