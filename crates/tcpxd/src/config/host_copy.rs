@@ -1,6 +1,7 @@
 //! `transfer.host_copy_spinners`, `transfer.host_copy_routine`, `transfer.host_copy_split`: how
 //! the block chunks' host copy helpers work besides their count and spin (`net::host_copies`,
-//! docs/CONFIG.md, docs/BLOCKS.md).
+//! docs/CONFIG.md, docs/BLOCKS.md); and `transfer.host_gather_ahead`, how far ahead of the
+//! plugin's window their gathers run.
 
 use std::time::Duration;
 
@@ -31,6 +32,27 @@ pub struct HostCopyArgs {
     /// goes whole to one (`off`). Default: on.
     #[arg(long, env = "TCPXD_HOST_COPY_SPLIT", value_name = "on|off")]
     pub host_copy_split: Option<String>,
+    /// Block sends from host memory gathered ahead of `send_window` per lane (0..=16): their
+    /// gathers run while the plugin holds the window's sends; each send lane's host staging ring
+    /// has `send_window` + this many slots. Default: 12.
+    #[arg(long, env = "TCPXD_HOST_GATHER_AHEAD", value_name = "N")]
+    pub host_gather_ahead: Option<usize>,
+}
+
+/// `transfer.host_gather_ahead` (flag beats file), bounded as `transfer.gather_ahead`.
+pub(super) fn resolve_gather_ahead(args: &HostCopyArgs, file: &FileTransfer) -> Result<usize, ConfigError> {
+    let n = args
+        .host_gather_ahead
+        .or(file.host_gather_ahead)
+        .unwrap_or(crate::engine::DEFAULT_HOST_GATHER_AHEAD);
+    if n > super::MAX_GATHER_AHEAD {
+        return Err(ConfigError::Invalid(format!(
+            "transfer.host_gather_ahead: {n} is over {max} (0 to {max} allowed; each send lane stages \
+             send_window + host_gather_ahead chunks of host memory)",
+            max = super::MAX_GATHER_AHEAD
+        )));
+    }
+    Ok(n)
 }
 
 /// `transfer.host_copy_spin_us` (`flag`: `--host-copy-spin-us`'s word): `auto` follows
