@@ -13,9 +13,11 @@
 # /proc/stat).
 #
 # Rows of session 24 (host-blocks4; the default ROWS): base, default (BIN's defaults: 8 helpers on
-# 16 CPUs, 1 spinning, stream, host_gather_ahead 12), ga0 (TCPXD_HOST_GATHER_AHEAD=0: session
-# 23's sender, gathers inside the send window), ga6, ga16, sa16 (TCPXD_SCATTER_AHEAD=16),
-# ga16_sa16. Session 23's rows stay available by name (h = TCPXD_HOST_COPY_THREADS, s =
+# 16 CPUs, 1 spinning, stream, host_gather_ahead 12, scatter_ahead 8), ga0
+# (TCPXD_HOST_GATHER_AHEAD=0: session 23's sender, gathers inside the send window), ga16,
+# sa16 (TCPXD_SCATTER_AHEAD=16), ga16_sa16, all_nt (TCPXD_HOST_COPY_ROUTINE=stream-all: gathers'
+# staging slots and the landing slots' zeroing written non-temporally too), ga16_sa16_all_nt;
+# ga6 by name. Session 23's rows stay available by name (h = TCPXD_HOST_COPY_THREADS, s =
 # TCPXD_HOST_COPY_SPINNERS, r = TCPXD_HOST_COPY_ROUTINE, split = TCPXD_HOST_COPY_SPLIT): h4_s64,
 # h4_s1, h4_s0, h8_s0, h12_s1, h12_s0, h8_s1_prefetch, h8_s1_stream, h8_s1_nosplit.
 #
@@ -37,7 +39,7 @@ bin="$(cd "$1" && pwd)"
 base="${2:+$(cd "$2" && pwd)}"
 args=(${BENCH_ARGS:---iters 20 --warmup 3})
 budget="${SWEEP_SECONDS:-200}"
-rows_wanted="${ROWS:-base default ga0 ga6 ga16 sa16 ga16_sa16}"
+rows_wanted="${ROWS:-base default ga0 ga16 sa16 ga16_sa16 all_nt ga16_sa16_all_nt}"
 here="$(cd "$(dirname "$0")/.." && pwd)"
 export TCPXEMU_HOST_RECV=direct
 start=$(date +%s)
@@ -61,6 +63,8 @@ all_rows=(
   "ga16|TCPXD_HOST_GATHER_AHEAD=16"
   "sa16|TCPXD_SCATTER_AHEAD=16"
   "ga16_sa16|TCPXD_HOST_GATHER_AHEAD=16 TCPXD_SCATTER_AHEAD=16"
+  "all_nt|TCPXD_HOST_COPY_ROUTINE=stream-all"
+  "ga16_sa16_all_nt|TCPXD_HOST_GATHER_AHEAD=16 TCPXD_SCATTER_AHEAD=16 TCPXD_HOST_COPY_ROUTINE=stream-all"
 )
 rows=()
 for r in "${all_rows[@]}"; do

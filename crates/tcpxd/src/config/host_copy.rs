@@ -24,9 +24,14 @@ pub struct HostCopyArgs {
     #[arg(long, env = "TCPXD_HOST_COPY_SPINNERS", value_name = "auto|N")]
     pub host_copy_spinners: Option<String>,
     /// How the helpers copy a chunk's pieces: `plain`, `prefetch` (the next piece's
-    /// source prefetched while one is copied) or `stream` (as prefetch, a scatter's targets written
-    /// non-temporally). Default: plain.
-    #[arg(long, env = "TCPXD_HOST_COPY_ROUTINE", value_name = "plain|prefetch|stream")]
+    /// source prefetched while one is copied), `stream` (as prefetch, a scatter's targets written
+    /// non-temporally) or `stream-all` (as stream, a gather's staging slot and a landing slot's
+    /// zeroing too). Default: stream.
+    #[arg(
+        long,
+        env = "TCPXD_HOST_COPY_ROUTINE",
+        value_name = "plain|prefetch|stream|stream-all"
+    )]
     pub host_copy_routine: Option<String>,
     /// Whether a chunk is cut across the helpers that have nothing under way (`on`) or always
     /// goes whole to one (`off`). Default: on.

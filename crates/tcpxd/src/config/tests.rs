@@ -204,7 +204,7 @@ fn host_copy_policy_from_file_and_flags() {
     let e = cfg("[transfer]\nhost_copy_routine = \"fast\"\n", none()).unwrap_err();
     assert!(
         e.to_string().contains("transfer.host_copy_routine")
-            && e.to_string().contains("plain, prefetch or stream"),
+            && e.to_string().contains("plain, prefetch, stream or stream-all"),
         "{e}"
     );
     let e = cfg(

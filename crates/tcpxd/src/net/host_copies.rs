@@ -233,7 +233,7 @@ impl CopyJob {
         unsafe { copy_list(&self.copies, routine, false, self.cold_targets) };
         if let Some((at, n)) = self.zero {
             // SAFETY: the caller's contract: `n` writable bytes nothing else touches.
-            unsafe { std::ptr::write_bytes(at, 0, n) };
+            unsafe { super::copy_routines::zero(at, n, routine) };
         }
     }
 }
