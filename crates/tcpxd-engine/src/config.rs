@@ -134,8 +134,8 @@ impl Default for EngineConfig {
 /// setting for links where the sender is the bound.
 pub const DEFAULT_GATHER_AHEAD: usize = 0;
 
-/// The daemon's `transfer.host_gather_ahead` default (the engine's own default keeps
-/// `gather_ahead`'s 0): a send window ahead. Session 24 (host-blocks4, the 2-core VM's chunk
+/// The daemon's `transfer.host_gather_ahead` default where there are copy helpers (without,
+/// 0; the engine's own default keeps `gather_ahead`'s 0): a send window ahead. Session 24 (host-blocks4, the 2-core VM's chunk
 /// trace, `benches/chunks.py`): with none, a host block chunk's gather holds one of the lane's
 /// `send_window` places while it waits for a helper and copies, so the plugin held 6.1–7.0 of a
 /// lane's sends against 10.0 for contiguous bytes, under 4 (its sockets per comm) 38–40% of the

@@ -462,7 +462,8 @@ impl Config {
         let host_copy_spin =
             host_copy::resolve_spin(args.host_copy_spin_us.as_deref(), &file.transfer, spin)?;
         let host_copy = host_copy::resolve(&args.host_copy, &file.transfer, host_copy_spin)?;
-        let host_gather_ahead = host_copy::resolve_gather_ahead(&args.host_copy, &file.transfer)?;
+        let host_gather_ahead =
+            host_copy::resolve_gather_ahead(&args.host_copy, &file.transfer, host_copy_threads)?;
         let send_window = file.transfer.send_window.unwrap_or(12);
         let recv_window = file.transfer.recv_window.unwrap_or(16);
         if !(1..=16).contains(&send_window) || !(1..=16).contains(&recv_window) {

@@ -221,8 +221,8 @@ fn host_copy_policy_from_file_and_flags() {
     );
 }
 
-/// `transfer.host_gather_ahead`: its default, the file, the flag over the file, and a value
-/// past 16 refused naming the setting and the limit.
+/// `transfer.host_gather_ahead`: its default (with copy helpers; 0 without), the file, the flag
+/// over the file, and a value past 16 refused naming the setting and the limit.
 #[test]
 fn host_gather_ahead_from_file_and_flag() {
     use crate::config::host_copy::HostCopyArgs;
@@ -241,11 +241,18 @@ fn host_gather_ahead_from_file_and_flag() {
         std::fs::remove_file(path).unwrap();
         r
     };
-    let c = cfg("", None).unwrap();
+    let c = cfg("[transfer]\nhost_copy_threads = 2\n", None).unwrap();
     assert_eq!(
         (c.host_gather_ahead, c.gather_ahead),
         (crate::engine::DEFAULT_HOST_GATHER_AHEAD, 0)
     );
+    let c = cfg("[transfer]\nhost_copy_threads = 0\n", None).unwrap();
+    assert_eq!(
+        c.host_gather_ahead, 0,
+        "no helpers: nothing gathered ahead unless asked"
+    );
+    let c = cfg("[transfer]\nhost_copy_threads = 0\nhost_gather_ahead = 4\n", None).unwrap();
+    assert_eq!(c.host_gather_ahead, 4);
     let c = cfg("[transfer]\nhost_gather_ahead = 5\ngather_ahead = 2\n", None).unwrap();
     assert_eq!((c.host_gather_ahead, c.gather_ahead), (5, 2));
     let c = cfg("[transfer]\nhost_gather_ahead = 5\n", Some(0)).unwrap();
@@ -656,7 +663,11 @@ fn every_option_says_its_default_in_help() {
         ("topology", "pci".to_string()),
         ("scatter_ahead", c.scatter_ahead.to_string()),
         ("gather_ahead", c.gather_ahead.to_string()),
-        ("host_gather_ahead", c.host_gather_ahead.to_string()),
+        // With copy helpers (none on a small machine: then 0, as the help says).
+        (
+            "host_gather_ahead",
+            crate::engine::DEFAULT_HOST_GATHER_AHEAD.to_string(),
+        ),
     ] {
         assert_eq!(said[id], value, "--{id}");
     }
