@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 38 point 3: which host block settings bring scattered host blocks nearest contiguous bytes
-# on this host. One call, a time budget (default 200 s of rows, then ~30 s of traced runs: fits a
+# on this host. One call, a time budget (default 190 s of rows, then ~30 s of traced runs: fits a
 # 4-minute device call on the 16-core host), rows alternating:
 #
 #   tools/host-blocks-sweep.sh BIN [BASE]
@@ -38,7 +38,7 @@ fi
 bin="$(cd "$1" && pwd)"
 base="${2:+$(cd "$2" && pwd)}"
 args=(${BENCH_ARGS:---iters 20 --warmup 3})
-budget="${SWEEP_SECONDS:-200}"
+budget="${SWEEP_SECONDS:-190}"
 rows_wanted="${ROWS:-base default ga0 ga16 sa16 ga16_sa16 all_nt ga16_sa16_all_nt}"
 here="$(cd "$(dirname "$0")/.." && pwd)"
 export TCPXEMU_HOST_RECV=direct
