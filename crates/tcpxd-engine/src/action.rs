@@ -142,11 +142,17 @@ pub enum Action {
         peer: PeerIdx,
         offer: crate::Offer,
         sources: Vec<(u64, u64, u64)>,
+        /// Some source is GPU memory: the driver may copy the payload out asynchronously and
+        /// send the message once the copy ended; either way it reports
+        /// [`Engine::on_inline_gathered`] first and sends only if that says so.
+        gather: bool,
     },
     /// Land an inline transfer from `peer` (its ranges checked): only while
     /// [`Engine::recv_lands`]`(peer, offer)`, copy `payload` into `dests` (buffer, offset,
     /// length), in order; then, whatever came of it, report [`Engine::on_inline_landed`]
     /// before carrying out the next action (its `Done` and notification follow from that).
+    /// Into GPU memory the copy may run asynchronously: then report it once the copy ended
+    /// (the engine keeps the destination buffers in use until then, whatever else happens).
     LandInline {
         peer: PeerIdx,
         offer: u64,

@@ -433,6 +433,11 @@ impl Engine {
             return;
         }
         o.cancelled = true;
+        if o.gathering {
+            // Inline, its payload still being copied out of GPU memory: the peer has heard
+            // nothing of it, and hears nothing; it ends when the copy does (`inline.rs`).
+            return;
+        }
         if let Some((code, message)) = notify {
             o.held = true;
             self.actions.push_back(Action::Control {

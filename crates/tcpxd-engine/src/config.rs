@@ -161,10 +161,11 @@ pub const DEFAULT_EAGER_MAX_BYTES: u64 = 64 * 1024;
 /// answer (64 transfers of 4 KiB), so the control connection never queues unbounded data.
 pub const DEFAULT_INLINE_WINDOW_BYTES: u64 = 256 * 1024;
 
-/// `transfer.inline_gpu_in_flight`' default: one GPU transfer inline per pairing at a time, so a
-/// poller makes at most one small synchronous device copy per pairing while the rest take the
-/// lanes (two H200s: one at a time GPU inline won, 4 KiB WRITE p50 65-74 us against 177-210;
-/// eight in flight, all inline, lost, 64 KiB 1.0 GB/s against 1.9: docs/BENCHMARKS.md).
+/// `transfer.inline_gpu_in_flight`' default: one GPU transfer inline per pairing at a time, set
+/// when the device copies were synchronous on the poller (two H200s, session 23: one at a time GPU
+/// inline won, 4 KiB WRITE p50 65-74 us against 177-210; eight in flight, all inline, lost, 64 KiB
+/// 1.0 GB/s against 1.9: docs/BENCHMARKS.md). Session 24 made them asynchronous
+/// (poller/inline_copies.rs): `benches/inline_gpu_async.sh` measures 8 against this.
 pub const DEFAULT_INLINE_GPU_IN_FLIGHT: u64 = 1;
 
 /// The largest `inline_max_bytes` a node takes (a control message carries the payload whole).

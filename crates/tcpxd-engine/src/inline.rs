@@ -28,11 +28,38 @@
 //!   ends here, `Done` goes back (with the credits owed), the notification is delivered, in
 //!   that order. Refused: `Reject` naming the range, nothing written. Nothing on a lane depends
 //!   on it, so a bad inline message refuses that one transfer and never fails the pairing.
+//! - **GPU copies off the driver's thread.** A GPU source's payload may be copied out
+//!   asynchronously (`SendInline::gather`): the offer is *gathering* until the driver reports
+//!   [`Engine::on_inline_gathered`], and only then is the message framed. A cancel, deadline or
+//!   reader's `CancelRead` meanwhile ends the transfer at once but only marks the offer: no
+//!   `CancelOffer` goes out (the peer has heard nothing of it), and the offer, its inline window
+//!   and GPU count are given back when the copy ends, nothing sent. A payload landing in GPU
+//!   memory may likewise be copied asynchronously; `Done` and the notification wait for
+//!   [`Engine::on_inline_landed`]. Either copy keeps its buffers in use (`InlineCopy`) until
+//!   the driver reports its end, past peer loss and cancel, so a release waits for it.
 
 use super::*;
 
 /// Buffer, offset and length of each piece of a transfer's bytes, in wire order.
 type Pieces = Vec<(u64, u64, u64)>;
+
+/// An inline payload's copy to or from GPU memory that the driver may still be running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum InlineCopy {
+    /// An offer's payload copied out of its GPU sources (`SendInline::gather`).
+    Gather(u64),
+    /// A peer's offer landing in GPU destinations (`LandInline`).
+    Land(PeerIdx, u64),
+}
+
+/// What [`Engine::inline_sources`] decided for an offer that goes inline.
+pub(super) struct InlineSend {
+    pub(super) sources: Pieces,
+    /// It touches GPU memory (counted in `inline_gpu_in_flight`).
+    pub(super) gpu: bool,
+    /// Some source is GPU memory (the driver may copy the payload out asynchronously).
+    pub(super) gather: bool,
+}
 
 /// Pieces of one side of an offer, in wire order: a plan's (coalesced), else its ranges'.
 fn flat_pieces(places: &[(u64, u64)], lengths: &[u64], plan: Option<&blocks::SidePlan>) -> Pieces {
@@ -74,7 +101,7 @@ impl Engine {
 
     /// The source pieces of a recorded offer (`msg`, taken from it) if it goes inline, and
     /// whether it touches GPU memory: see the module doc for when. `None`: it takes its lanes.
-    pub(super) fn inline_sources(&self, offer_id: u64, msg: &Offer) -> Option<(Pieces, bool)> {
+    pub(super) fn inline_sources(&self, offer_id: u64, msg: &Offer) -> Option<InlineSend> {
         let o = &self.out_offers[&offer_id];
         let p = &self.peers[&o.peer];
         let limit = self.cfg.inline_max_bytes.min(p.remote_inline_max);
@@ -96,7 +123,11 @@ impl Engine {
         if gpu && (!self.cfg.inline_gpu || p.inline_gpu_outstanding >= self.cfg.inline_gpu_in_flight) {
             return None;
         }
-        Some((flat_pieces(&o.sources, &o.lengths, o.plan.as_ref()), gpu))
+        Some(InlineSend {
+            sources: flat_pieces(&o.sources, &o.lengths, o.plan.as_ref()),
+            gpu,
+            gather: !host_sources,
+        })
     }
 
     /// Whether the sender knows every destination of `msg` is host memory: the peer has no GPU
@@ -114,7 +145,8 @@ impl Engine {
 
     /// Sends a recorded offer inline (`inline_sources` said it goes so): answered as a notice
     /// is, its bytes counted in the pairing's inline window until the offer is dropped.
-    pub(super) fn send_inline(&mut self, offer_id: u64, mut msg: Offer, sources: Pieces, gpu: bool) {
+    pub(super) fn send_inline(&mut self, offer_id: u64, mut msg: Offer, send: InlineSend) {
+        let InlineSend { sources, gpu, gather } = send;
         let chunk_bytes = self.cfg.chunk_bytes;
         let o = self.out_offers.get_mut(&offer_id).expect("present");
         let (peer, transfer) = (o.peer, o.transfer);
@@ -127,25 +159,89 @@ impl Engine {
         o.unfinished = 0;
         o.inline_bytes = total;
         o.inline_gpu = gpu;
+        o.gathering = gather;
+        let source_buffers: Vec<u64> = if gather {
+            o.sources.iter().map(|s| s.0).collect()
+        } else {
+            Vec::new()
+        };
         msg.chunk_bytes = chunk_bytes;
         msg.first_lane = 0;
         let p = self.peers.get_mut(&peer).expect("live");
         p.sent_inline += 1;
         p.inline_outstanding += total;
         p.inline_gpu_outstanding += u64::from(gpu);
+        if gather {
+            self.copy_started(InlineCopy::Gather(offer_id), source_buffers);
+        }
         self.actions.push_back(Action::SendInline {
             peer,
             offer: msg,
             sources,
+            gather,
         });
         if let Some(t) = transfer {
             self.set_running(t);
         }
     }
 
+    /// The driver's copy of a gathering offer's payload (`SendInline::gather`) ended (`Err`: it
+    /// failed). `true`: send the message now. `false`: send nothing — the offer was cancelled
+    /// meanwhile (it ends here, its window and GPU count given back), its pairing failed, or
+    /// the copy failed (handled as [`Engine::on_inline_unsent`]).
+    pub fn on_inline_gathered(&mut self, offer_id: u64, result: Result<(), String>) -> bool {
+        self.copy_ended(InlineCopy::Gather(offer_id));
+        let Some(o) = self.out_offers.get_mut(&offer_id).filter(|o| o.gathering) else {
+            return false;
+        };
+        o.gathering = false;
+        if o.cancelled {
+            self.drop_out_offer(offer_id);
+            return false;
+        }
+        match result {
+            Ok(()) => true,
+            Err(why) => {
+                let message = format!("reading the inline transfer's GPU source: {why}");
+                self.on_inline_unsent(offer_id, &message);
+                false
+            }
+        }
+    }
+
+    /// An asynchronous inline copy began: `buffers` stay in use until [`Engine::copy_ended`].
+    fn copy_started(&mut self, copy: InlineCopy, buffers: Vec<u64>) {
+        for &b in &buffers {
+            self.use_buffer(b);
+        }
+        self.inline_copies.insert(copy, buffers);
+    }
+
+    /// The driver reported an inline copy's end (if it was asynchronous): its buffers are free.
+    fn copy_ended(&mut self, copy: InlineCopy) {
+        if self.inline_copies.is_empty() {
+            return;
+        }
+        for b in self.inline_copies.remove(&copy).unwrap_or_default() {
+            self.unuse_buffer(b);
+        }
+    }
+
+    /// Whether the inline transfer `offer` from `peer` lands in GPU memory here (its
+    /// `LandInline` copy may run asynchronously).
+    pub fn lands_on_gpu(&self, peer: PeerIdx, offer: u64) -> bool {
+        !self.inline_copies.is_empty() && self.inline_copies.contains_key(&InlineCopy::Land(peer, offer))
+    }
+
+    /// Inline copies to or from GPU memory the driver has not reported ended yet.
+    pub fn inline_copies_in_flight(&self) -> usize {
+        self.inline_copies.len()
+    }
+
     /// The driver could not read an inline offer's sources (`SendInline`): nothing was sent. The
     /// offer ends here; its WRITE fails, or the READ it serves is refused to the reader.
     pub fn on_inline_unsent(&mut self, offer_id: u64, message: &str) {
+        self.copy_ended(InlineCopy::Gather(offer_id));
         let Some(o) = self.out_offers.get(&offer_id).filter(|o| o.inline_bytes > 0) else {
             return;
         };
@@ -184,6 +280,15 @@ impl Engine {
         let dests = flat_pieces(&places.places, &places.lengths, places.plan.as_ref());
         for &(b, _) in &places.places {
             self.use_buffer(b);
+        }
+        let gpu_dests: Vec<u64> = places
+            .places
+            .iter()
+            .map(|p| p.0)
+            .filter(|&b| self.memory_of(b) != topology::Memory::Host)
+            .collect();
+        if !gpu_dests.is_empty() {
+            self.copy_started(InlineCopy::Land(peer, offer.offer_id), gpu_dests);
         }
         if let Some(rid) = read {
             let r = self.reads.get_mut(&rid).expect("checked");
@@ -257,6 +362,7 @@ impl Engine {
     pub fn on_inline_landed(&mut self, peer: PeerIdx, offer: u64, len: u64, result: Result<(), String>) {
         let mark = self.actions.len();
         self.offer_chunk_consumed(peer, offer, len, result);
+        self.copy_ended(InlineCopy::Land(peer, offer));
         let made: Vec<Action> = self.actions.drain(mark..).collect();
         for a in made.into_iter().rev() {
             self.actions.push_front(a);

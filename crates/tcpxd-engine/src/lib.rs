@@ -345,6 +345,9 @@ struct OutOffer {
     /// Sent inline touching GPU memory (`inline.rs`): counted in the peer's GPU inline bound
     /// (`inline_gpu_in_flight`) until the offer is dropped.
     inline_gpu: bool,
+    /// Sent inline from GPU memory, its payload still being copied out (`inline.rs`): the
+    /// message is not framed yet, so a cancel only marks it (`Engine::on_inline_gathered`).
+    gathering: bool,
     /// Serving a READ whose reader said every destination is host memory (`inline.rs`).
     host_dests: bool,
 }
@@ -438,6 +441,9 @@ pub struct Engine {
     /// The prepared lists kept here (`prepared/`).
     prepared: prepared::PreparedRegistry,
     actions: VecDeque<Action>,
+    /// Inline payloads a driver copies to or from GPU memory asynchronously, with the buffers
+    /// each keeps in use until it reports the copy's end (`inline.rs`).
+    inline_copies: HashMap<inline::InlineCopy, Vec<u64>>,
     /// When `on_tick` next looks for idle lanes and lanes slow to open (`lane_life.rs`).
     next_lane_scan: Option<Instant>,
 }
@@ -475,6 +481,7 @@ impl Engine {
             prepared: prepared::PreparedRegistry::default(),
             actions: VecDeque::new(),
             next_lane_scan: None,
+            inline_copies: HashMap::new(),
         }
     }
 
@@ -649,6 +656,7 @@ impl Engine {
         self.transfers.is_empty()
             && self.out_offers.is_empty()
             && self.in_offers.is_empty()
+            && self.inline_copies.is_empty()
             && self.reads.is_empty()
             && self.peers.values().all(|p| {
                 p.send.iter().chain(&p.recv).all(|l| {

@@ -248,6 +248,7 @@ impl Engine {
                 stream: None,
                 inline_bytes: 0,
                 inline_gpu: false,
+                gathering: false,
                 host_dests,
             },
         );
@@ -274,8 +275,8 @@ impl Engine {
         if Self::is_lone_notice(&msg) {
             return self.send_lone_notice(offer_id, msg);
         }
-        if let Some((sources, gpu)) = self.inline_sources(offer_id, &msg) {
-            return self.send_inline(offer_id, msg, sources, gpu);
+        if let Some(send) = self.inline_sources(offer_id, &msg) {
+            return self.send_inline(offer_id, msg, send);
         }
         // A routed pairing: an eager transfer takes the eager lanes of its memory pair
         // (`routes.rs`).

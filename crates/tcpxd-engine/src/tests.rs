@@ -16,6 +16,7 @@ mod failed_sends;
 mod gather_ahead;
 mod gpu_credits;
 mod inline;
+mod inline_copies;
 mod inline_gpu;
 mod lane_life;
 mod lifecycle;

@@ -6,8 +6,10 @@ use super::*;
 use crate::topology::Memory;
 
 /// The simulator's `SendInline`: the payload gathered from the sender's buffers (a source buffer
-/// the simulator does not have cannot be read: the engine is told), sent on control.
-pub(super) fn sim_send(s: &mut Sim, i: usize, offer: Offer, sources: Vec<(u64, u64, u64)>) {
+/// the simulator does not have cannot be read: the engine is told), sent on control. A gathered
+/// payload (GPU sources) is held while the node defers its copies (`Node::copies`), else
+/// reported gathered at once.
+pub(super) fn sim_send(s: &mut Sim, i: usize, offer: Offer, sources: Vec<(u64, u64, u64)>, gather: bool) {
     let mut payload = Vec::new();
     for (b, off, len) in sources {
         let Some(buf) = s.nodes[i].bufs.get(&b) else {
@@ -18,22 +20,86 @@ pub(super) fn sim_send(s: &mut Sim, i: usize, offer: Offer, sources: Vec<(u64, u
         };
         payload.extend_from_slice(&buf[off as usize..][..len as usize]);
     }
+    if gather {
+        if let Some(held) = &mut s.nodes[i].copies {
+            held.push_back(SimCopy::Gather { offer, payload });
+            return;
+        }
+        if !s.nodes[i].eng.on_inline_gathered(offer.offer_id, Ok(())) {
+            return;
+        }
+    }
     s.ctrl[1 - i].push_back(PeerMsg::Inline { offer, payload });
 }
 
-/// The simulator's `LandInline`: copied only while the transfer lands, then reported.
+/// The simulator's `LandInline`: copied only while the transfer lands, then reported (held,
+/// copied and reported later, while the node defers its copies).
 pub(super) fn sim_land(s: &mut Sim, i: usize, offer: u64, dests: Vec<(u64, u64, u64)>, payload: Vec<u8>) {
     let n = &mut s.nodes[i];
     if n.eng.recv_lands(P, offer) {
-        let mut at = 0usize;
-        for (b, off, len) in dests {
-            let dst = n.bufs.get_mut(&b).expect("a checked destination");
-            dst[off as usize..][..len as usize].copy_from_slice(&payload[at..][..len as usize]);
-            at += len as usize;
+        if let Some(held) = &mut n.copies {
+            held.push_back(SimCopy::Land {
+                offer,
+                dests,
+                payload,
+            });
+            return;
         }
-        assert_eq!(at, payload.len(), "the destinations cover the payload");
+        copy_in(n, &dests, &payload);
     }
     n.eng.on_inline_landed(P, offer, payload.len() as u64, Ok(()));
+}
+
+fn copy_in(n: &mut Node, dests: &[(u64, u64, u64)], payload: &[u8]) {
+    let mut at = 0usize;
+    for &(b, off, len) in dests {
+        let dst = n.bufs.get_mut(&b).expect("a checked destination");
+        dst[off as usize..][..len as usize].copy_from_slice(&payload[at..][..len as usize]);
+        at += len as usize;
+    }
+    assert_eq!(at, payload.len(), "the destinations cover the payload");
+}
+
+/// A driver's asynchronous inline copy the simulator holds (`Node::copies`).
+#[derive(Debug)]
+pub(super) enum SimCopy {
+    Gather {
+        offer: Offer,
+        payload: Vec<u8>,
+    },
+    Land {
+        offer: u64,
+        dests: Vec<(u64, u64, u64)>,
+        payload: Vec<u8>,
+    },
+}
+
+/// Ends node `i`'s oldest held copy (`Err`: it failed): a gathered payload is sent if the
+/// engine says so, a landed one written and reported.
+pub(super) fn finish_copy(s: &mut Sim, i: usize, result: Result<(), String>) {
+    let copy = s.nodes[i]
+        .copies
+        .as_mut()
+        .and_then(|c| c.pop_front())
+        .expect("a held copy");
+    match copy {
+        SimCopy::Gather { offer, payload } => {
+            if s.nodes[i].eng.on_inline_gathered(offer.offer_id, result) {
+                s.ctrl[1 - i].push_back(PeerMsg::Inline { offer, payload });
+            }
+        }
+        SimCopy::Land {
+            offer,
+            dests,
+            payload,
+        } => {
+            let n = &mut s.nodes[i];
+            if result.is_ok() {
+                copy_in(n, &dests, &payload);
+            }
+            n.eng.on_inline_landed(P, offer, payload.len() as u64, result);
+        }
+    }
 }
 
 /// Both nodes take up to `max` bytes inline, window `window`.

@@ -160,6 +160,9 @@ pub(super) struct Node {
     /// the daemon's driver, which cannot tell an emptied chunk from one the plugin received in
     /// place, lands such a chunk's landing slot (zeros) in the destination when it was staged.
     pub(super) emptied_live: u64,
+    /// `Some`: the driver's inline GPU copies run asynchronously, held here until the test ends
+    /// them (`tests/inline.rs`, `finish_copy`); `None`: done at once.
+    pub(super) copies: Option<VecDeque<super::inline::SimCopy>>,
 }
 
 pub(super) struct Sim {
@@ -397,9 +400,12 @@ impl Sim {
                     Action::ReleasePeer { peer } => panic!("{peer:?} released: a pair's only pairing"),
                     Action::BufferIdle { buffer } => self.nodes[i].idle.push(buffer),
                     // Inline transfers (`inline.rs`): their helpers are in `tests/inline.rs`.
-                    Action::SendInline { offer, sources, .. } => {
-                        super::inline::sim_send(self, i, offer, sources)
-                    }
+                    Action::SendInline {
+                        offer,
+                        sources,
+                        gather,
+                        ..
+                    } => super::inline::sim_send(self, i, offer, sources, gather),
                     Action::LandInline {
                         offer,
                         dests,

@@ -94,6 +94,7 @@ impl Sim {
                 dropped: 0,
                 drop_posts: 0,
                 emptied_live: 0,
+                copies: None,
             }
         };
         let nodes = [mk(0, "node-b", &mut recv), mk(1, "node-a", &mut recv)];

@@ -17,6 +17,8 @@ pub const DEFAULT_INLINE_MAX_BYTES: u64 = 64 * 1024;
 /// WRITE 103-106 us against 220-234), but eight 64 KiB transfers in flight move 0.66-1.08x the
 /// lanes' rate (mostly 0.75-0.85x: the one synchronous device copy still holds both pollers), and
 /// a default must not cost concurrent transfers their rate. docs/BENCHMARKS.md, session 23.
+/// Session 24 made the copies asynchronous (poller/inline_copies.rs); whether this flips to
+/// `true` is decided by `benches/inline_gpu_async.sh` on the H200.
 pub const DEFAULT_INLINE_GPU: bool = false;
 
 /// The largest `transfer.inline_gpu_in_flight`.
@@ -34,8 +36,8 @@ pub struct InlineArgs {
     /// it takes the lanes at once) (4096..=67108864). Default: 262144.
     #[arg(long, env = "TCPXD_INLINE_WINDOW_BYTES")]
     pub inline_window_bytes: Option<u64>,
-    /// Inline transfers may read GPU sources (a synchronous copy on the poller) and write into
-    /// GPU memory a peer announced: `on` or `off`. Default: on.
+    /// Inline transfers may read GPU sources and write into GPU memory a peer announced (their
+    /// device copies asynchronous through pinned staging): `on` or `off`. Default: off.
     #[arg(long, env = "TCPXD_INLINE_GPU", value_name = "on|off")]
     pub inline_gpu: Option<String>,
     /// Inline transfers touching GPU memory sent to one peer and not yet answered, at most (one

@@ -138,7 +138,12 @@ impl Poller {
                 self.land_scatter(peer, lane, buffer, offer, wire, len)
                     .map_err(fails(peer))?
             }
-            Action::SendInline { peer, offer, sources } => self.send_inline(peer, offer, sources),
+            Action::SendInline {
+                peer,
+                offer,
+                sources,
+                gather,
+            } => self.send_inline(peer, offer, sources, gather),
             Action::LandInline {
                 peer,
                 offer,

@@ -45,6 +45,9 @@ impl Poller {
                 {
                     tracing::warn!("{e}");
                 }
+                if let Some(region) = entry.device_region() {
+                    self.prepare_inline_copies(region.gpu());
+                }
                 let r = self.engine.add_buffer(entry.id, entry.size, entry.key());
                 if r.is_ok() {
                     if let Some(region) = entry.device_region() {

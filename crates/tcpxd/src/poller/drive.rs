@@ -112,6 +112,7 @@ impl Poller {
     pub(super) fn test_lanes(&mut self) -> bool {
         // Everything unpacked by now is consumed below.
         self.landed_in_actions = false;
+        let copied = !self.inline_copies.is_idle() && self.finish_inline_copies();
         let window = self.cfg.engine.send_window;
         let recv_window = self.cfg.engine.recv_window;
         let Poller {
@@ -262,7 +263,7 @@ impl Poller {
             stage.advance();
         }
         consume_unpacked(peers, buffers, recv_window, stages, meter, &mut events);
-        let progressed = !events.is_empty();
+        let progressed = copied || !events.is_empty();
         self.apply(&mut events);
         self.completions = events;
         progressed
@@ -370,6 +371,7 @@ impl Poller {
     /// receives being unpacked.
     pub(super) fn busy(&self) -> bool {
         !self.engine.lanes_idle()
+            || !self.inline_copies.is_idle()
             || self.engine.planning()
             || !self.inbound.is_empty()
             || !self.direct_ready.is_empty()

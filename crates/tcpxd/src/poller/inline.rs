@@ -1,8 +1,9 @@
 //! The poller's side of inline transfers (engine `inline.rs`): the sender's payload read from
 //! its source pieces as the message is framed, the receiver's payload copied into its checked
-//! destinations, each synchronous on this thread (a few KiB: host memory by `memcpy`, a client's
-//! pages by cross-memory copy, GPU memory — only with `transfer.inline_gpu` on the sending side
-//! — by a synchronous device copy).
+//! destinations, synchronous on this thread for host memory (a few KiB: `memcpy`, a client's
+//! pages by cross-memory copy). GPU memory (only with `transfer.inline_gpu` on the sending side)
+//! is copied asynchronously through pinned staging (`inline_copies.rs`), synchronously only
+//! when the staging is full.
 
 use super::Poller;
 use crate::buffers;
@@ -11,7 +12,21 @@ use crate::engine::{Offer, PeerIdx, PeerMsg};
 impl Poller {
     /// `Action::SendInline`: the payload gathered, then the message sent as any control message
     /// is. A source that cannot be read sends nothing; the engine ends the offer.
-    pub(super) fn send_inline(&mut self, peer: PeerIdx, offer: Offer, sources: Vec<(u64, u64, u64)>) {
+    pub(super) fn send_inline(
+        &mut self,
+        peer: PeerIdx,
+        offer: Offer,
+        sources: Vec<(u64, u64, u64)>,
+        gather: bool,
+    ) {
+        let offer = if gather {
+            match self.gather_async(peer, offer, &sources) {
+                None => return,
+                Some(offer) => offer,
+            }
+        } else {
+            offer
+        };
         let total: u64 = sources.iter().map(|s| s.2).sum();
         let mut payload = vec![0u8; total as usize];
         let mut at = 0usize;
@@ -33,6 +48,9 @@ impl Poller {
             self.engine.on_inline_unsent(offer.offer_id, &message);
             return;
         }
+        if gather && !self.engine.on_inline_gathered(offer.offer_id, Ok(())) {
+            return;
+        }
         self.send_control(peer, PeerMsg::Inline { offer, payload });
     }
 
@@ -47,7 +65,16 @@ impl Poller {
     ) {
         tracing::trace!(target: "tcpxd::hop", hop = "poller.land_inline", offer);
         let mut result = Ok(());
-        if self.engine.recv_lands(peer, offer) {
+        let lands = self.engine.recv_lands(peer, offer);
+        let payload = if lands && self.engine.lands_on_gpu(peer, offer) {
+            match self.land_async(peer, offer, &dests, payload) {
+                Ok(()) => return,
+                Err(payload) => payload,
+            }
+        } else {
+            payload
+        };
+        if lands {
             let mut at = 0usize;
             for (buffer, offset, len) in dests {
                 let Some(src) = payload.get(at..at + len as usize) else {

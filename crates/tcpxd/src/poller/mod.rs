@@ -64,6 +64,7 @@ mod commands;
 mod direct;
 mod drive;
 mod inline;
+mod inline_copies;
 mod lane_life;
 mod park;
 mod peers;
@@ -465,6 +466,7 @@ impl PollerHandle {
                     stages: HashMap::new(),
                     unpack_impl,
                     host_copies,
+                    inline_copies: Default::default(),
                     completions: Vec::new(),
                     meter,
                     segs: Vec::new(),
@@ -635,6 +637,7 @@ struct Poller {
     unpack_impl: UnpackImpl,
     /// Block chunks' host copies on helper threads (`net::host_copies`): queued whole per chunk.
     host_copies: HostCopies,
+    inline_copies: inline_copies::InlineCopies,
     /// Scratch for the completions gathered during a pass.
     completions: Vec<Completion>,
     meter: Meter,

@@ -236,8 +236,9 @@ async fn a_wrong_key_is_refused_and_writes_nothing() {
 }
 
 /// GPU memory on the CUDA stand-in (two daemon processes, `daemon_stub_gpus`): with
-/// `transfer.inline_gpu` on, GPU → GPU WRITEs and READs up to the limit go inline (a synchronous
-/// copy out of and into device memory on each poller), byte-exact; off, they take the lanes.
+/// `transfer.inline_gpu` on, GPU → GPU WRITEs and READs up to the limit go inline (their copies
+/// out of and into device memory through each poller's pinned staging, `inline_copies.rs`),
+/// byte-exact; off, they take the lanes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gpu_memory_goes_inline_only_with_inline_gpu_on_the_cuda_stand_in() {
     use crate::common::gpus::{Compare, Trip, cuda_buffer, write_and_read_back};

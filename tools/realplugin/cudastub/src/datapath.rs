@@ -130,15 +130,47 @@ pub extern "C" fn cuEventRecordWithFlags(e: CUevent, s: CUstream, _flags: c_uint
     cuEventRecord(e, s)
 }
 
+/// `TCPXD_CUDASTUB_EVENT_DELAY_MS`: an event reports its work done only this long after it was
+/// recorded (the copies themselves are done at once): a test holds the daemon's asynchronous
+/// copies "in flight" for that long. Unset: 0.
+fn event_delay() -> std::time::Duration {
+    static DELAY: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        let ms = std::env::var("TCPXD_CUDASTUB_EVENT_DELAY_MS")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        std::time::Duration::from_millis(ms)
+    })
+}
+
+/// When a recorded event's work counts as done (`None`: never recorded, done).
+fn event_ready(e: CUevent) -> Option<Option<Instant>> {
+    with_event(e, |t| t.map(|at| at + event_delay()))
+}
+
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventQuery(e: CUevent) -> CUresult {
     driver!();
-    ok_or(with_event(e, |_| ()).is_some(), CUDA_ERROR_INVALID_VALUE)
+    match event_ready(e) {
+        None => CUDA_ERROR_INVALID_VALUE,
+        Some(Some(at)) if Instant::now() < at => CUDA_ERROR_NOT_READY,
+        Some(_) => CUDA_SUCCESS,
+    }
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuEventSynchronize(e: CUevent) -> CUresult {
-    cuEventQuery(e)
+    driver!();
+    match event_ready(e) {
+        None => CUDA_ERROR_INVALID_VALUE,
+        Some(at) => {
+            if let Some(wait) = at.and_then(|at| at.checked_duration_since(Instant::now())) {
+                std::thread::sleep(wait);
+            }
+            CUDA_SUCCESS
+        }
+    }
 }
 
 #[unsafe(no_mangle)]
