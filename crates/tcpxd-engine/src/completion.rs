@@ -472,9 +472,13 @@ impl Engine {
         let Some(o) = self.out_offers.remove(&offer_id) else {
             return;
         };
+        if let Some(p) = self.peers.get_mut(&o.peer) {
+            p.offers_open = p.offers_open.saturating_sub(1);
+        }
         if o.inline_bytes > 0
             && let Some(p) = self.peers.get_mut(&o.peer)
         {
+            p.inline_open = p.inline_open.saturating_sub(1);
             p.inline_outstanding = p.inline_outstanding.saturating_sub(o.inline_bytes);
             if o.inline_gpu {
                 p.inline_gpu_outstanding = p.inline_gpu_outstanding.saturating_sub(1);

@@ -14,8 +14,9 @@
 //!   answered; a transfer that would pass it takes its lanes at once, it never waits). One
 //!   touching GPU memory (a source or a destination not known to be host memory: a synchronous
 //!   device copy on a poller, the sender's or the receiver's) goes inline only while fewer than
-//!   `inline_gpu_in_flight` such are unanswered on the pairing; the rest take their lanes at
-//!   once. A READ's answer is sent by its holder, so the holder's bound covers its source copy. The
+//!   `inline_gpu_in_flight` such are unanswered on the pairing and none of the pairing's other
+//!   offers from this node is on the lanes (beside lane traffic an inline GPU transfer costs it
+//!   more than it saves); the rest take their lanes at once. A READ's answer is sent by its holder, so the holder's bound covers its source copy. The
 //!   engine names the source pieces ([`Action::SendInline`]); the driver reads them into the
 //!   payload as it frames the message. The offer then waits only for `Done` or `Reject`, as a
 //!   notice's does: accepted at once, no chunk unfinished. Cancel and deadline follow the
@@ -120,7 +121,15 @@ impl Engine {
             .iter()
             .all(|(b, _)| self.memory_of(*b) == topology::Memory::Host);
         let gpu = !host_sources || !(o.host_dests || Self::host_destinations_known(p, msg));
-        if gpu && (!self.cfg.inline_gpu || p.inline_gpu_outstanding >= self.cfg.inline_gpu_in_flight) {
+        // A GPU transfer goes inline only while the pairing's other offers all went inline too:
+        // beside transfers on the lanes it would take the control connection and the pollers'
+        // time from them (8 x 64 KiB in flight lost 5-20% so; docs/BENCHMARKS.md, session 24).
+        let on_lanes = p.offers_open.saturating_sub(p.inline_open + 1);
+        if gpu
+            && (!self.cfg.inline_gpu
+                || p.inline_gpu_outstanding >= self.cfg.inline_gpu_in_flight
+                || on_lanes > 0)
+        {
             return None;
         }
         Some(InlineSend {
@@ -171,6 +180,7 @@ impl Engine {
         p.sent_inline += 1;
         p.inline_outstanding += total;
         p.inline_gpu_outstanding += u64::from(gpu);
+        p.inline_open += 1;
         if gather {
             self.copy_started(InlineCopy::Gather(offer_id), source_buffers);
         }

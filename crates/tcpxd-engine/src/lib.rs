@@ -272,6 +272,10 @@ struct Peer {
     remote_inline_max: u64,
     inline_outstanding: u64,
     inline_gpu_outstanding: u64,
+    /// Our offers towards the peer not yet dropped, and how many of them went inline: the rest
+    /// hold or wait for lanes, and a GPU transfer goes inline only while none does (`inline.rs`).
+    offers_open: u64,
+    inline_open: u64,
     /// The peer's topology as it announced it at pairing (`None` until the driver set it).
     topology: Option<topology::Topology>,
     /// Lanes by memory pair (`routes.rs`); `None`: not routed.
@@ -573,6 +577,8 @@ impl Engine {
                 remote_inline_max: 0,
                 inline_outstanding: 0,
                 inline_gpu_outstanding: 0,
+                offers_open: 0,
+                inline_open: 0,
                 topology: None,
                 routes: None,
                 next_routed_lane: 0,

@@ -252,7 +252,8 @@ impl Engine {
                 host_dests,
             },
         );
-        let p = &mut self.peers[&peer];
+        let p = self.peers.get_mut(&peer).expect("live");
+        p.offers_open += 1;
         if p.remote.is_some() {
             self.send_offer(offer_id);
         } else {

@@ -155,3 +155,40 @@ fn cancel_deadline_and_peer_loss_return_the_gpu_count() {
         }
     }
 }
+
+#[test]
+fn a_gpu_transfer_takes_the_lanes_while_the_pairing_has_offers_on_them() {
+    let mut s = Sim::new(1, gpu_cfg(8), 23);
+    s.buffer(0, 1, 1 << 20, 1);
+    s.buffer(0, 3, 1 << 16, 5);
+    s.buffer(1, 2, 1 << 20, 0);
+    s.nodes[0].eng.set_buffer_memory(1, Memory::Gpu(0));
+    // Alone, a small GPU WRITE goes inline; with a large one on the lanes, the next small GPU
+    // WRITE takes the lanes too, while a host WRITE still goes inline.
+    let first = s.write(0, 1, 0, 2, 0, 4096);
+    s.drain();
+    assert_eq!(inline_and_lanes(&s, 0), (1, 0));
+    let big = s.write(0, 1, 65536, 2, 65536, 65536);
+    let small = s.write(0, 1, 4096, 2, 4096, 4096);
+    let host = s.write(0, 3, 0, 2, 8192, 4096);
+    s.drain();
+    assert_eq!(
+        inline_and_lanes(&s, 0),
+        (2, 2),
+        "the big WRITE and the small GPU one on the lanes, the host one inline"
+    );
+    s.run();
+    for t in [first, big, small, host] {
+        assert_eq!(s.outcome(0, t).code, Code::Ok);
+    }
+    assert!(s.same((0, 1, 0), (1, 2, 0), 8192));
+    assert!(s.same((0, 1, 65536), (1, 2, 65536), 65536));
+    assert!(s.same((0, 3, 0), (1, 2, 8192), 4096));
+    // Everything answered: a small GPU WRITE goes inline again.
+    let again = s.write(0, 1, 0, 2, 0, 4096);
+    s.run();
+    assert_eq!(s.outcome(0, again).code, Code::Ok);
+    assert_eq!(inline_and_lanes(&s, 0).0, 3);
+    assert_eq!(s.nodes[0].eng.inline_gpu_in_flight(P), 0);
+    s.assert_idle();
+}

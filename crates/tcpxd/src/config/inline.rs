@@ -12,14 +12,13 @@ use crate::engine::{DEFAULT_INLINE_GPU_IN_FLIGHT, DEFAULT_INLINE_WINDOW_BYTES, M
 /// time, GB/s 0.98-2.1x with 8 in flight; docs/BENCHMARKS.md, "Session 23, inline").
 pub const DEFAULT_INLINE_MAX_BYTES: u64 = 64 * 1024;
 
-/// `transfer.inline_gpu`'s default: off. Two H200s (GPU 0 -> GPU 1, session 23, A B B A): with it
-/// on and `transfer.inline_gpu_in_flight` 1, one at a time is 0.45-0.6x the lanes' p50 (4 KiB
-/// WRITE 103-106 us against 220-234), but eight 64 KiB transfers in flight move 0.66-1.08x the
-/// lanes' rate (mostly 0.75-0.85x: the one synchronous device copy still holds both pollers), and
-/// a default must not cost concurrent transfers their rate. docs/BENCHMARKS.md, session 23.
-/// Session 24 made the copies asynchronous (poller/inline_copies.rs); whether this flips to
-/// `true` is decided by `benches/inline_gpu_async.sh` on the H200.
-pub const DEFAULT_INLINE_GPU: bool = false;
+/// `transfer.inline_gpu`'s default: on (session 24). Session 23 left it off: its synchronous
+/// device copies held the pollers, so eight 64 KiB transfers in flight moved 0.66-1.08x the
+/// lanes' rate. Session 24 made the copies asynchronous (poller/inline_copies.rs) and sends a
+/// GPU transfer inline only while none of the pairing's other offers is on the lanes (engine
+/// `inline.rs`); on two H200s (`benches/inline_gpu_async.sh`) one at a time it is 0.41-0.53x
+/// the lanes' p50 at 4-64 KiB (0.75-1.02x the raw plugin path's). docs/BENCHMARKS.md, session 24.
+pub const DEFAULT_INLINE_GPU: bool = true;
 
 /// The largest `transfer.inline_gpu_in_flight`.
 pub const MAX_INLINE_GPU_IN_FLIGHT: u64 = 1024;
@@ -37,7 +36,7 @@ pub struct InlineArgs {
     #[arg(long, env = "TCPXD_INLINE_WINDOW_BYTES")]
     pub inline_window_bytes: Option<u64>,
     /// Inline transfers may read GPU sources and write into GPU memory a peer announced (their
-    /// device copies asynchronous through pinned staging): `on` or `off`. Default: off.
+    /// device copies asynchronous through pinned staging): `on` or `off`. Default: on.
     #[arg(long, env = "TCPXD_INLINE_GPU", value_name = "on|off")]
     pub inline_gpu: Option<String>,
     /// Inline transfers touching GPU memory sent to one peer and not yet answered, at most (one
@@ -198,10 +197,10 @@ mod tests {
     }
 
     #[test]
-    fn gpu_inline_is_off_by_default_and_one_transfer_in_flight_when_on() {
+    fn gpu_inline_is_on_by_default_one_transfer_in_flight_and_may_be_turned_off() {
         let s = resolve_with(InlineArgs::default(), "").unwrap();
-        assert_eq!((s.gpu, s.gpu_in_flight), (false, 1));
-        let s = resolve_with(InlineArgs::default(), "inline_gpu = \"on\"\n").unwrap();
         assert_eq!((s.gpu, s.gpu_in_flight), (true, 1));
+        let s = resolve_with(InlineArgs::default(), "inline_gpu = \"off\"\n").unwrap();
+        assert_eq!((s.gpu, s.gpu_in_flight), (false, 1));
     }
 }
