@@ -26,6 +26,17 @@ transfer's data phase (first post to last completion, all lanes together), how m
 in each step at once: a block transfer that holds fewer sends or receives in the plugin than a
 contiguous one lost them to its gathers or scatters; one that holds as many but takes longer
 lost its time elsewhere (the copies' CPU, the plugin's threads).
+
+A copy on a helper (session 24: its clock rides `poller.gathered` / `poller.consumed`) splits
+into **helper wait** (queued → a helper started it), **copy** (its copying, all parts) and
+**unseen** (done → the poller posted the send, or consumed the receive: the window, or an
+older chunk of the lane still copying). Then **per lane** (each comm; the mean over lanes and
+the worst lane), over each data phase: the lane's **slots held** (sender: a send granted by the
+engine, `poller.gather` or a plain `lane.isend`, until `poller.sent`, of `send_window +
+gather_ahead`; receiver: `poller.recv_slot` until `poller.consumed`, of `recv_window +
+scatter_ahead`), how many it had **in the plugin**, and the share of the data phase it had
+fewer than `--starved` (4: the plugin's sockets per comm, `NCCL_NSOCKS_PERTHREAD`, each
+moving whole 512 KiB chunks) in the plugin: sockets with nothing to move.
 """
 
 import argparse
@@ -76,6 +87,79 @@ def med(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
+def p90(xs):
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.9 * len(xs)))]
+
+
+def levels(events, side, ups, downs, plain_isend=False):
+    """Per comm of `side`, the level (ups seen minus downs seen) as [(t, level after t)], in time
+    order. With `plain_isend`, a `lane.isend` counts up only when no `poller.gathered` follows it
+    on its comm (a plain send; a staged one was counted at its `poller.gather`)."""
+    steps = defaultdict(list)
+    last_isend = {}
+    for t, f in events:
+        if f["side"] != side or f.get("comm") is None:
+            continue
+        c, h = f["comm"], f["hop"]
+        if plain_isend and c in last_isend:
+            # Decided at the comm's next event: staged when it is that send's `poller.gathered`.
+            t0 = last_isend.pop(c)
+            if h != "poller.gathered":
+                steps[c].append((t0, 1))
+        if plain_isend and h == "lane.isend":
+            last_isend[c] = t
+            continue
+        if h in ups:
+            steps[c].append((t, 1))
+        elif h in downs:
+            steps[c].append((t, -1))
+    for c, t0 in last_isend.items():
+        steps[c].append((t0, 1))
+    out = {}
+    for c, st in steps.items():
+        st.sort(key=lambda x: x[0])
+        lvl, series = 0, []
+        for t, d in st:
+            lvl += d
+            series.append((t, lvl))
+        out[c] = series
+    return out
+
+
+def level_stats(series, lo, hi, below):
+    """Time-averaged level over [lo, hi] and the share of it spent under `below`."""
+    if hi <= lo or not series:
+        return None
+    times = [t for t, _ in series]
+    i = bisect.bisect_right(times, lo) - 1
+    lvl = series[i][1] if i >= 0 else 0
+    t, area, under = lo, 0.0, 0.0
+    for t1, l1 in series[i + 1 :]:
+        if t1 >= hi:
+            break
+        area += lvl * (t1 - t)
+        under += (t1 - t) if lvl < below else 0.0
+        t, lvl = t1, l1
+    area += lvl * (hi - t)
+    under += (hi - t) if lvl < below else 0.0
+    return area / (hi - lo), under / (hi - lo)
+
+
+def copy_times(events, hop):
+    """(t, wait_us, copy_us, since_us) of each `hop` carrying a helper's clock."""
+    out = []
+    for t, f in events:
+        if f["hop"] != hop or "copy_us" not in f:
+            continue
+        w, c, u = int(f["wait_us"]), int(f["copy_us"]), int(f["since_us"])
+        if w or c or u:
+            out.append((t, w, c, u))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("a_log")
@@ -83,6 +167,7 @@ def main():
     ap.add_argument("--skip", type=int, default=2, help="transfers to leave out at the start (warm-up)")
     ap.add_argument("--every", type=int, default=2, help="kinds that alternate transfer by transfer")
     ap.add_argument("--names", default="contiguous,blocks", help="names of the kinds, in their order")
+    ap.add_argument("--starved", type=int, default=4, help="a lane with fewer in the plugin is starved")
     args = ap.parse_args()
 
     a = parse(args.a_log, "a")
@@ -115,6 +200,30 @@ def main():
                 continue
             per[i][name].append((t0, t1))
 
+    lane_levels = {
+        "send slots held": levels(events, "a", {"poller.gather"}, {"poller.sent"}, plain_isend=True),
+        "send in plugin": levels(events, "a", {"lane.isend"}, {"poller.sent"}),
+        "recv slots held": levels(events, "b", {"poller.recv_slot"}, {"poller.consumed"}),
+        "recv in plugin": levels(
+            events, "b", {"lane.irecv"}, {"poller.received", "poller.dropped", "poller.landed"}
+        ),
+    }
+    # A READ: A receives, B sends (B posts no data receives, A no data sends).
+    for k in ("send slots held", "send in plugin"):
+        if not lane_levels[k]:
+            lane_levels[k] = levels(
+                events, "b", {"poller.gather"} if "slots" in k else {"lane.isend"}, {"poller.sent"},
+                plain_isend="slots" in k,
+            )
+    for k, ups, downs in (
+        ("recv slots held", {"poller.recv_slot"}, {"poller.consumed"}),
+        ("recv in plugin", {"lane.irecv"}, {"poller.received", "poller.dropped", "poller.landed"}),
+    ):
+        if not lane_levels[k]:
+            lane_levels[k] = levels(events, "a", ups, downs)
+    gathered = copy_times(events, "poller.gathered")
+    scattered = copy_times(events, "poller.consumed")
+
     names = args.names.split(",")
     kinds = defaultdict(list)
     for i, (lo, hi) in enumerate(windows):
@@ -139,21 +248,46 @@ def main():
             v = spans.get(name, [])
             row[f"{name} p50"] = med([t1 - t0 for t0, t1 in v]) if v else 0.0
             row[f"{name} at once"] = occupancy(v, d0, d1)
+        for what, got in (("gather", gathered), ("scatter", scattered)):
+            mine = [x for x in got if d0 <= x[0] <= d1 + 1]
+            for j, part in enumerate(("helper wait", "copy", "unseen")):
+                xs = [x[1 + j] for x in mine]
+                row[f"{what} {part} p50"] = med(xs) if xs else 0.0
+                row[f"{what} {part} p90"] = p90(xs) if xs else 0.0
+        for name, per_comm in lane_levels.items():
+            got = [level_stats(sr, d0, d1, args.starved) for sr in per_comm.values()]
+            got = [g for g in got if g and g[0] > 0.05]
+            row[f"{name} per lane"] = statistics.mean(g[0] for g in got) if got else 0.0
+            row[f"{name} worst lane"] = min(g[0] for g in got) if got else 0.0
+            if "in plugin" in name:
+                row[f"{name} time < {args.starved}"] = max(g[1] for g in got) if got else 0.0
         kinds[kind].append(row)
 
     if not kinds:
         print("no transfers found (were the daemons run with RUST_LOG=tcpxd::hop=trace?)")
         return
     order = [n for n in names if n in kinds] + [k for k in kinds if k not in names]
-    print(f"{'µs (p50 over transfers)':<28}" + "".join(f"{k:>14}" for k in order))
-    print(f"{'transfers':<28}" + "".join(f"{len(kinds[k]):>14}" for k in order))
+    print(f"{'µs (p50 over transfers)':<34}" + "".join(f"{k:>14}" for k in order))
+    print(f"{'transfers':<34}" + "".join(f"{len(kinds[k]):>14}" for k in order))
     keys = ["transfer", "before data", "data phase", "after data", "chunks"]
     for name in steps:
         keys += [f"{name} p50", f"{name} at once"]
+    for what in ("gather", "scatter"):
+        for part in ("helper wait", "copy", "unseen"):
+            keys += [f"{what} {part} p50", f"{what} {part} p90"]
+    for name in lane_levels:
+        keys += [f"{name} per lane", f"{name} worst lane"]
+        if "in plugin" in name:
+            keys.append(f"{name} time < {args.starved}")
     for key in keys:
-        vals = [med([r[key] for r in kinds[k]]) for k in order]
-        fmt = "{:>14.2f}" if key.endswith("at once") else "{:>14.0f}"
-        print(f"{key:<28}" + "".join(fmt.format(v) for v in vals))
+        vals = [med([r.get(key, 0.0) for r in kinds[k]]) for k in order]
+        fmt = "{:>14.0f}"
+        if key.endswith(("at once", "lane")):
+            fmt = "{:>14.2f}"
+        elif f"< {args.starved}" in key:
+            fmt = "{:>13.0f}%"
+            vals = [100 * v for v in vals]
+        print(f"{key:<34}" + "".join(fmt.format(v) for v in vals))
 
 
 if __name__ == "__main__":

@@ -555,6 +555,7 @@ impl Engine {
     pub(super) fn pump(&mut self, peer: PeerIdx) {
         let (send_window, recv_window) = (self.cfg.send_window, self.cfg.recv_window);
         let (gather_ahead, scatter_ahead) = (self.cfg.gather_ahead, self.cfg.scatter_ahead);
+        let host_gather_ahead = self.cfg.host_gather_ahead;
         let Some(p) = self.peers.get_mut(&peer) else {
             return;
         };
@@ -570,6 +571,13 @@ impl Engine {
         // (As `Peer::send_lane_eager`: a routed pairing's lanes are the catalogue's.)
         let (_, eager_lanes) = p.send_split();
         let routes = p.routes.as_ref();
+        // A send in pieces from host memory is gathered `host_gather_ahead` ahead, from GPU
+        // memory `gather_ahead` (the driver's staging ring of each kind has as many more slots).
+        let buffers = &self.buffers;
+        let ahead = |i: &Item| match buffers.get(&i.buffer).map(|b| b.memory) {
+            Some(topology::Memory::Gpu(_)) => gather_ahead,
+            _ => host_gather_ahead,
+        };
         // Only lanes that held work can have any to post (`lane_use.rs`).
         for &lane in p.send_used.lanes() {
             let l = &mut p.send[lane as usize];
@@ -585,7 +593,7 @@ impl Engine {
                     .is_some_and(|i| self.out_offers.get(&i.offer).is_some_and(|o| o.held))
             };
             while !held(l)
-                && let Some(item) = l.post_next(send_window, gather_ahead, eager)
+                && let Some(item) = l.post_next_by(send_window, ahead, eager)
             {
                 self.actions.push_back(if item.pieces {
                     Action::PostGatherSend {

@@ -28,6 +28,12 @@ pub struct EngineConfig {
     /// Sends in pieces (`PostGatherSend`) posted per lane beyond `send_window`: gathered ahead,
     /// they wait in the driver until the plugin's window has room (see "Windows" above).
     pub gather_ahead: usize,
+    /// As `gather_ahead`, for sends in pieces from host memory (the buffer's memory as
+    /// [`crate::Engine::set_buffer_memory`] said; host memory unless it said otherwise): their
+    /// gathers run on the host's copy helpers, whose latency would otherwise hold the lane's
+    /// window ([`DEFAULT_HOST_GATHER_AHEAD`]; `gather_ahead` stays for GPU memory, whose staging
+    /// slots are GPU memory).
+    pub host_gather_ahead: usize,
     /// Receives posted (until consumed) per lane at most; the plugin allows 16.
     pub recv_window: usize,
     /// Receives in pieces (`PostScatterRecv`) posted per lane beyond `recv_window`: they wait in
@@ -97,6 +103,7 @@ impl Default for EngineConfig {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             send_window: 12,
             gather_ahead: DEFAULT_GATHER_AHEAD,
+            host_gather_ahead: DEFAULT_GATHER_AHEAD,
             recv_window: 16,
             scatter_ahead: 0,
             max_entries: DEFAULT_MAX_ENTRIES,
@@ -126,6 +133,16 @@ impl Default for EngineConfig {
 /// sender's gathers: docs/BENCHMARKS.md, session 9) for twice the staging memory; it stays a
 /// setting for links where the sender is the bound.
 pub const DEFAULT_GATHER_AHEAD: usize = 0;
+
+/// The daemon's `transfer.host_gather_ahead` default where there are copy helpers (without,
+/// 0; the engine's own default keeps `gather_ahead`'s 0): a send window ahead. Session 24 (host-blocks4, the 2-core VM's chunk
+/// trace, `benches/chunks.py`): with none, a host block chunk's gather holds one of the lane's
+/// `send_window` places while it waits for a helper and copies, so the plugin held 6.1–7.0 of a
+/// lane's sends against 10.0 for contiguous bytes, under 4 (its sockets per comm) 38–40% of the
+/// data phase against 20–22%; 12 ahead: 8.8–9.4, under 4 25–30%. The ratio there is the 2 CPUs'
+/// (unchanged within its noise); the 16-core host's verdict is `tools/host-blocks-sweep.sh`'s
+/// `ga0` row against `default` (docs/BENCHMARKS.md, session 24).
+pub const DEFAULT_HOST_GATHER_AHEAD: usize = 12;
 
 /// `max_entries`' default: a batch of this many small entries of one buffer pair is coalesced
 /// into wire chunks (docs/BLOCKS.md), so it costs chunks, not entries.

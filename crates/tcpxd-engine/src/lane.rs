@@ -14,9 +14,20 @@ impl Lane {
     /// `window` requests are posted (`window + ahead` when that chunk is in pieces) and, with
     /// `credit`, a credit is held (spent here).
     pub(crate) fn post_next(&mut self, window: usize, ahead: usize, credit: bool) -> Option<Item> {
+        self.post_next_by(window, |_| ahead, credit)
+    }
+
+    /// As [`Lane::post_next`], the room beyond `window` for a chunk in pieces told by `ahead`
+    /// (of that chunk: host and GPU memory have their own).
+    pub(crate) fn post_next_by(
+        &mut self,
+        window: usize,
+        ahead: impl Fn(&Item) -> usize,
+        credit: bool,
+    ) -> Option<Item> {
         let head = self.queue.front()?;
         let limit = if head.pieces {
-            window.saturating_add(ahead)
+            window.saturating_add(ahead(head))
         } else {
             window
         };

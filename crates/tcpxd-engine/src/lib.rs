@@ -15,7 +15,8 @@
 //!   so both sides build every lane's queue in the same order.
 //! - **Windows.** At most `send_window` sends (default 12) and `recv_window` receives (16, held
 //!   until consumed) are posted per lane. A send in pieces (`PostGatherSend`) may be posted
-//!   `gather_ahead` (default 0: off) further, so that its gather runs while the sends before it are
+//!   `gather_ahead` (default 0: off; from host memory `host_gather_ahead`) further, so that its
+//!   gather runs while the sends before it are
 //!   in flight; the queue's head decides, so a plain send still waits until fewer than
 //!   `send_window` sends are posted. The driver then gathers each such send at once (into slot
 //!   `n % (send_window + gather_ahead)` of the lane's staging ring: the engine never has more
@@ -122,8 +123,9 @@ use std::time::{Duration, Instant};
 pub use action::Action;
 pub use block_transfers::{BlockSpec, RemoteBlocks};
 pub use config::{
-    DEFAULT_CREDIT_BUDGET_BYTES, DEFAULT_EAGER_MAX_BYTES, DEFAULT_GATHER_AHEAD, DEFAULT_INLINE_GPU_IN_FLIGHT,
-    DEFAULT_INLINE_WINDOW_BYTES, DEFAULT_MAX_ENTRIES, EngineConfig, MAX_INLINE_BYTES, Protocol,
+    DEFAULT_CREDIT_BUDGET_BYTES, DEFAULT_EAGER_MAX_BYTES, DEFAULT_GATHER_AHEAD, DEFAULT_HOST_GATHER_AHEAD,
+    DEFAULT_INLINE_GPU_IN_FLIGHT, DEFAULT_INLINE_WINDOW_BYTES, DEFAULT_MAX_ENTRIES, EngineConfig,
+    MAX_INLINE_BYTES, Protocol,
 };
 pub use counters::{LaneCounters, PeerCounters};
 pub use drain::{CLOSE_AT_LEAST, DrainReport};

@@ -279,6 +279,10 @@ pub struct Config {
     pub host_copy_spin: crate::net::host_copies::HelperSpin,
     /// The helpers' policy: `host_copy_spin`, and `transfer.host_copy_{spinners,routine,split}`.
     pub host_copy: crate::net::host_copies::HelperPolicy,
+    /// Block sends from host memory gathered ahead of `send_window` per lane
+    /// (`transfer.host_gather_ahead`); each send lane's host staging ring has `send_window +
+    /// host_gather_ahead` slots.
+    pub host_gather_ahead: usize,
     pub recv_window: usize,
     pub default_timeout: Duration,
     pub max_buffer_bytes: u64,
@@ -475,6 +479,8 @@ impl Config {
         let host_copy_spin =
             host_copy::resolve_spin(args.host_copy_spin_us.as_deref(), &file.transfer, spin)?;
         let host_copy = host_copy::resolve(&args.host_copy, &file.transfer, host_copy_spin)?;
+        let host_gather_ahead =
+            host_copy::resolve_gather_ahead(&args.host_copy, &file.transfer, host_copy_threads)?;
         let send_window = file.transfer.send_window.unwrap_or(12);
         let recv_window = file.transfer.recv_window.unwrap_or(16);
         if !(1..=16).contains(&send_window) || !(1..=16).contains(&recv_window) {
@@ -633,6 +639,7 @@ impl Config {
             host_copy_threads,
             host_copy_spin,
             host_copy,
+            host_gather_ahead,
             recv_window,
             default_timeout: Duration::from_secs(default_timeout_s),
             max_buffer_bytes: file.transfer.max_buffer_bytes.unwrap_or(64 << 30),

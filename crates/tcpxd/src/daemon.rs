@@ -119,6 +119,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         chunk_bytes: cfg.chunk_bytes,
         send_window: cfg.send_window,
         gather_ahead: cfg.gather_ahead,
+        host_gather_ahead: cfg.host_gather_ahead,
         recv_window: cfg.recv_window,
         scatter_ahead: cfg.scatter_ahead,
         protocol: cfg.protocol.engine(),

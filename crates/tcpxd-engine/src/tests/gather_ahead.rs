@@ -1,6 +1,7 @@
-//! Gathers ahead (`EngineConfig::gather_ahead`) through the simulator, which hands the plugin at
-//! most `send_window` sends per lane as the driver does: block WRITEs and READs post their
-//! gathered sends a window ahead, plain transfers keep the window, and the bytes land exact.
+//! Gathers ahead (`EngineConfig::gather_ahead` for GPU sources, `host_gather_ahead` for host
+//! ones) through the simulator, which hands the plugin at most `send_window` sends per lane as
+//! the driver does: block WRITEs and READs post their gathered sends a window ahead, plain
+//! transfers keep the window, each memory takes its own setting, and the bytes land exact.
 //! Scatters ahead (`EngineConfig::scatter_ahead`): the receiver posts its receives in pieces
 //! beyond `recv_window` (the daemon's driver holds them until the plugin has a slot; the
 //! simulator's plugin takes them all), plain receives keep the window.
@@ -26,6 +27,7 @@ fn ahead_cfg(gather_ahead: usize) -> EngineConfig {
     EngineConfig {
         send_window: 2,
         gather_ahead,
+        host_gather_ahead: gather_ahead,
         ..small_chunks()
     }
 }
@@ -271,4 +273,45 @@ fn plain_transfers_keep_the_send_window_in_mode() {
     assert!(s.same((0, 1, 0), (1, 2, 0), SIZE as u64));
     assert_eq!(s.nodes[0].pieces.gathers, 0);
     s.assert_idle();
+}
+
+#[test]
+fn host_and_gpu_sources_gather_ahead_by_their_own_settings() {
+    every_mode(host_and_gpu_sources_gather_ahead_in_mode);
+}
+
+fn host_and_gpu_sources_gather_ahead_in_mode() {
+    // GPU sources 1 ahead, host sources 3 (the simulator's buffers are host memory unless the
+    // engine is told otherwise, as the daemon tells it at registration).
+    for (gpu, ahead) in [(false, 3), (true, 1)] {
+        let cfg = EngineConfig {
+            send_window: 2,
+            gather_ahead: 1,
+            host_gather_ahead: 3,
+            ..small_chunks()
+        };
+        let mut s = Sim::new(1, cfg, 50 + u64::from(gpu));
+        let (a, b) = lists(&mut s, 0);
+        if gpu {
+            s.nodes[0]
+                .eng
+                .set_buffer_memory(1, crate::topology::Memory::Gpu(0));
+        }
+        let want = expected(&s.nodes[0].bufs[&1], 3, &s.nodes[1].bufs[&2], 17);
+        let t = start_blocks(&mut s, false, a, b);
+        s.hold_data = true;
+        s.run();
+        assert_eq!(sends(&s, 0), (2 + ahead, 2, ahead), "{:?} gpu {gpu}", mode_now());
+        s.hold_data = false;
+        s.run();
+        let o = s.outcome(0, t);
+        assert_eq!(o.code, Code::Ok, "{:?} gpu {gpu}: {}", mode_now(), o.message);
+        assert!(
+            s.nodes[1].bufs[&2] == want,
+            "{:?} gpu {gpu}: the destination differs",
+            mode_now()
+        );
+        assert_eq!(sends(&s, 0), (0, 0, 0));
+        s.assert_idle();
+    }
 }

@@ -418,7 +418,7 @@ impl Sim {
             let cfg = self.nodes[i].eng.config();
             for l in &c.send {
                 assert!(
-                    l.posted <= cfg.send_window + cfg.gather_ahead,
+                    l.posted <= cfg.send_window + cfg.gather_ahead.max(cfg.host_gather_ahead),
                     "send window (and gathers ahead) exceeded: {}",
                     l.posted
                 );

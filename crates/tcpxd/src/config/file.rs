@@ -121,6 +121,8 @@ pub struct FileTransfer {
     pub host_copy_spinners: Option<AutoOrNumber>,
     pub host_copy_routine: Option<String>,
     pub host_copy_split: Option<String>,
+    /// Block sends from host memory gathered ahead of `send_window` per lane (0..=16).
+    pub host_gather_ahead: Option<usize>,
     pub recv_window: Option<usize>,
     pub default_timeout_s: Option<u64>,
     pub max_buffer_bytes: Option<u64>,

@@ -208,6 +208,7 @@ fn host_copy_policy_from_file_and_flags() {
         host_copy_spinners: Some("0".into()),
         host_copy_routine: Some("prefetch".into()),
         host_copy_split: Some("on".into()),
+        host_gather_ahead: None,
     };
     let c = cfg(file, flags).unwrap();
     assert_eq!(
@@ -222,7 +223,7 @@ fn host_copy_policy_from_file_and_flags() {
     let e = cfg("[transfer]\nhost_copy_routine = \"fast\"\n", none()).unwrap_err();
     assert!(
         e.to_string().contains("transfer.host_copy_routine")
-            && e.to_string().contains("plain, prefetch or stream"),
+            && e.to_string().contains("plain, prefetch, stream or stream-all"),
         "{e}"
     );
     let e = cfg(
@@ -235,6 +236,49 @@ fn host_copy_policy_from_file_and_flags() {
     .unwrap_err();
     assert!(
         e.to_string().contains("--host-copy-split") && e.to_string().contains("on or off"),
+        "{e}"
+    );
+}
+
+/// `transfer.host_gather_ahead`: its default (with copy helpers; 0 without), the file, the flag
+/// over the file, and a value past 16 refused naming the setting and the limit.
+#[test]
+fn host_gather_ahead_from_file_and_flag() {
+    use crate::config::host_copy::HostCopyArgs;
+    let cfg = |file: &str, host_gather_ahead: Option<usize>| {
+        let path = write_toml(file);
+        let args = DaemonArgs {
+            node_id: Some("n".into()),
+            config: Some(path.clone()),
+            host_copy: HostCopyArgs {
+                host_gather_ahead,
+                ..HostCopyArgs::default()
+            },
+            ..Default::default()
+        };
+        let r = Config::resolve(&args, &env_of(&[]));
+        std::fs::remove_file(path).unwrap();
+        r
+    };
+    let c = cfg("[transfer]\nhost_copy_threads = 2\n", None).unwrap();
+    assert_eq!(
+        (c.host_gather_ahead, c.gather_ahead),
+        (crate::engine::DEFAULT_HOST_GATHER_AHEAD, 0)
+    );
+    let c = cfg("[transfer]\nhost_copy_threads = 0\n", None).unwrap();
+    assert_eq!(
+        c.host_gather_ahead, 0,
+        "no helpers: nothing gathered ahead unless asked"
+    );
+    let c = cfg("[transfer]\nhost_copy_threads = 0\nhost_gather_ahead = 4\n", None).unwrap();
+    assert_eq!(c.host_gather_ahead, 4);
+    let c = cfg("[transfer]\nhost_gather_ahead = 5\ngather_ahead = 2\n", None).unwrap();
+    assert_eq!((c.host_gather_ahead, c.gather_ahead), (5, 2));
+    let c = cfg("[transfer]\nhost_gather_ahead = 5\n", Some(0)).unwrap();
+    assert_eq!(c.host_gather_ahead, 0, "the flag beats the file");
+    let e = cfg("[transfer]\nhost_gather_ahead = 17\n", None).unwrap_err();
+    assert!(
+        e.to_string().contains("transfer.host_gather_ahead: 17") && e.to_string().contains("0 to 16"),
         "{e}"
     );
 }
@@ -638,6 +682,11 @@ fn every_option_says_its_default_in_help() {
         ("topology", "pci".to_string()),
         ("scatter_ahead", c.scatter_ahead.to_string()),
         ("gather_ahead", c.gather_ahead.to_string()),
+        // With copy helpers (none on a small machine: then 0, as the help says).
+        (
+            "host_gather_ahead",
+            crate::engine::DEFAULT_HOST_GATHER_AHEAD.to_string(),
+        ),
     ] {
         assert_eq!(said[id], value, "--{id}");
     }

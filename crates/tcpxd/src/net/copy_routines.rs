@@ -14,8 +14,14 @@
 //!   into the client's buffer, not a staging slot the plugin reads next) the target is written
 //!   with non-temporal stores (no read for ownership, no cache filled with bytes nobody reads),
 //!   followed by a store fence before the job is reported done.
+//! - [`CopyRoutine::StreamAll`] (session 24): as `Stream`, and every other store of a helper
+//!   too: a gather's staging slot and the zeroing of a direct receive's landing slot. Those
+//!   slots are read or written next by the plugin's socket threads on other cores; written
+//!   normally they sit modified in the helper's cache, and each line the socket thread then
+//!   reads (a send) or overwrites (the next receive) is fetched from that cache, core to core,
+//!   instead of streamed from memory.
 //!
-//! Elsewhere than x86-64, `Prefetch` and `Stream` copy as `Plain`.
+//! Elsewhere than x86-64, `Prefetch`, `Stream` and `StreamAll` copy as `Plain`.
 
 use super::host_copies::HostCopy;
 
@@ -26,6 +32,7 @@ pub enum CopyRoutine {
     Plain,
     Prefetch,
     Stream,
+    StreamAll,
 }
 
 impl CopyRoutine {
@@ -35,7 +42,10 @@ impl CopyRoutine {
             "plain" => Ok(CopyRoutine::Plain),
             "prefetch" => Ok(CopyRoutine::Prefetch),
             "stream" => Ok(CopyRoutine::Stream),
-            _ => Err(format!("{what}: {v:?} (plain, prefetch or stream allowed)")),
+            "stream-all" => Ok(CopyRoutine::StreamAll),
+            _ => Err(format!(
+                "{what}: {v:?} (plain, prefetch, stream or stream-all allowed)"
+            )),
         }
     }
 
@@ -45,6 +55,7 @@ impl CopyRoutine {
             CopyRoutine::Plain => "plain",
             CopyRoutine::Prefetch => "prefetch",
             CopyRoutine::Stream => "stream",
+            CopyRoutine::StreamAll => "stream-all",
         }
     }
 }
@@ -56,15 +67,20 @@ const LINE: usize = 64;
 
 /// Copies every piece with `routine`; with `zero_sources`, each piece's source is zeroed right
 /// after it is copied (a direct receive's landed bytes); with `cold_targets` (a scatter into a
-/// buffer) `Stream` writes the targets non-temporally, and the stores are fenced before this
-/// returns.
+/// buffer) `Stream` writes the targets non-temporally, `StreamAll` every target and the zeroes,
+/// and the stores are fenced before this returns.
 ///
 /// # Safety
 /// Every copy's `from` readable and `to` writable for `n` bytes, targets overlapping no other
 /// target or source, nothing else writing them meanwhile; with `zero_sources`, every source
 /// writable by the caller alone and read by this copy only.
 pub unsafe fn copy_list(copies: &[HostCopy], routine: CopyRoutine, zero_sources: bool, cold_targets: bool) {
-    let stream = routine == CopyRoutine::Stream && cold_targets;
+    let stream = match routine {
+        CopyRoutine::Stream => cold_targets,
+        CopyRoutine::StreamAll => true,
+        CopyRoutine::Plain | CopyRoutine::Prefetch => false,
+    };
+    let nt_zero = routine == CopyRoutine::StreamAll && zero_sources;
     for (k, c) in copies.iter().enumerate() {
         if routine != CopyRoutine::Plain
             && let Some(next) = copies.get(k + 1)
@@ -84,14 +100,59 @@ pub unsafe fn copy_list(copies: &[HostCopy], routine: CopyRoutine, zero_sources:
             // SAFETY: the caller's contract.
             unsafe { std::ptr::copy_nonoverlapping(c.from, c.to, c.n) };
         }
-        if zero_sources {
+        if nt_zero {
+            // SAFETY: the caller's contract: the source is the caller's to write.
+            unsafe { zero_nt(c.from.cast_mut(), c.n) };
+        } else if zero_sources {
             // SAFETY: the caller's contract: the source is the caller's to write.
             unsafe { std::ptr::write_bytes(c.from.cast_mut(), 0, c.n) };
         }
     }
-    if stream {
+    if stream || nt_zero {
         store_fence();
     }
+}
+
+/// Zeroes `n` bytes at `at` as `routine` writes: non-temporally, fenced, for `StreamAll`.
+///
+/// # Safety
+/// `n` bytes at `at` writable by the caller alone.
+pub unsafe fn zero(at: *mut u8, n: usize, routine: CopyRoutine) {
+    if routine == CopyRoutine::StreamAll {
+        // SAFETY: the caller's contract.
+        unsafe { zero_nt(at, n) };
+        store_fence();
+    } else {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::write_bytes(at, 0, n) };
+    }
+}
+
+/// `n` zero bytes at `to`, its aligned 16-byte words written non-temporally (not fenced).
+///
+/// # Safety
+/// As `write_bytes`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn zero_nt(to: *mut u8, n: usize) {
+    use std::arch::x86_64::{_mm_setzero_si128, _mm_stream_si128};
+    let head = to.align_offset(16).min(n);
+    // SAFETY: the caller's contract, for the first `head` bytes.
+    unsafe { std::ptr::write_bytes(to, 0, head) };
+    let mut i = head;
+    while i + 16 <= n {
+        // SAFETY: `i + 16 <= n`: inside the range; `to + i` is 16-byte aligned (`head`); SSE2
+        // is part of x86-64.
+        unsafe { _mm_stream_si128(to.add(i).cast(), _mm_setzero_si128()) };
+        i += 16;
+    }
+    // SAFETY: the caller's contract, for the last `n - i` bytes.
+    unsafe { std::ptr::write_bytes(to.add(i), 0, n - i) };
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn zero_nt(to: *mut u8, n: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::write_bytes(to, 0, n) };
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -171,7 +232,12 @@ mod tests {
     #[test]
     fn every_routine_lands_exactly_as_plain_copies() {
         let mut rng = Rng::new(23);
-        for routine in [CopyRoutine::Plain, CopyRoutine::Prefetch, CopyRoutine::Stream] {
+        for routine in [
+            CopyRoutine::Plain,
+            CopyRoutine::Prefetch,
+            CopyRoutine::Stream,
+            CopyRoutine::StreamAll,
+        ] {
             for (zero, cold) in [(false, false), (false, true), (true, false), (true, true)] {
                 let slot_len = 40 * 1024 + 64;
                 let slots = 24usize;
@@ -216,13 +282,50 @@ mod tests {
 
     #[test]
     fn routine_words_parse_and_others_are_refused() {
-        for r in [CopyRoutine::Plain, CopyRoutine::Prefetch, CopyRoutine::Stream] {
+        for r in [
+            CopyRoutine::Plain,
+            CopyRoutine::Prefetch,
+            CopyRoutine::Stream,
+            CopyRoutine::StreamAll,
+        ] {
             assert_eq!(CopyRoutine::parse("x", r.name()), Ok(r));
         }
         let e = CopyRoutine::parse("transfer.host_copy_routine", "fast").unwrap_err();
         assert!(
-            e.contains("transfer.host_copy_routine") && e.contains("plain, prefetch or stream"),
+            e.contains("transfer.host_copy_routine") && e.contains("plain, prefetch, stream or stream-all"),
             "{e}"
         );
+    }
+
+    /// `zero` clears exactly its range, whatever its alignment and length, with every routine.
+    #[test]
+    fn zeroing_clears_exactly_its_range() {
+        for routine in [CopyRoutine::Plain, CopyRoutine::StreamAll] {
+            for (at, n) in [
+                (0, 0),
+                (3, 1),
+                (5, 15),
+                (16, 16),
+                (7, 100),
+                (1, 4096 + 33),
+                (0, 65536),
+            ] {
+                let mut buf = vec![0xA5u8; 70_000];
+                // SAFETY: `at + n` lies inside `buf`, which nothing else touches.
+                unsafe { zero(buf.as_mut_ptr().add(at), n, routine) };
+                assert!(
+                    buf[..at].iter().all(|&b| b == 0xA5),
+                    "{routine:?} {at}+{n}: before"
+                );
+                assert!(
+                    buf[at..at + n].iter().all(|&b| b == 0),
+                    "{routine:?} {at}+{n}: the range"
+                );
+                assert!(
+                    buf[at + n..].iter().all(|&b| b == 0xA5),
+                    "{routine:?} {at}+{n}: after"
+                );
+            }
+        }
     }
 }

@@ -29,6 +29,8 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+pub use super::copy_clock::JobTimes;
+use super::copy_clock::{Clock, JobClock, clock_finish, clock_start};
 use super::copy_routines::{CopyRoutine, copy_list};
 use super::memory::Region;
 
@@ -231,7 +233,7 @@ impl CopyJob {
         unsafe { copy_list(&self.copies, routine, false, self.cold_targets) };
         if let Some((at, n)) = self.zero {
             // SAFETY: the caller's contract: `n` writable bytes nothing else touches.
-            unsafe { std::ptr::write_bytes(at, 0, n) };
+            unsafe { super::copy_routines::zero(at, n, routine) };
         }
     }
 }
@@ -270,9 +272,9 @@ fn cut(copies: &[HostCopy], parts: usize) -> Vec<Vec<HostCopy>> {
 /// What a helper is handed.
 enum Work {
     Part(Part),
-    Job(CopyJob),
+    Job(CopyJob, Clock),
     /// A queued job's part, and what it keeps alive.
-    JobPart(SourcesZeroed, Vec<Arc<dyn Region>>),
+    JobPart(SourcesZeroed, Vec<Arc<dyn Region>>, Clock),
 }
 
 // SAFETY: a `Part` carries raw pointers into memory that `HostCopies::copy_all`'s caller
@@ -288,6 +290,7 @@ unsafe impl Send for Work {}
 #[derive(Debug, Clone)]
 pub struct CopyTicket {
     parts: Vec<(Arc<AtomicU64>, u64)>,
+    clock: Clock,
 }
 
 impl CopyTicket {
@@ -303,12 +306,18 @@ impl CopyTicket {
         self.parts.len()
     }
 
+    /// When the job waited and ran, while the hop trace is on ([`JobClock`]).
+    pub fn times(&self) -> Option<JobTimes> {
+        self.clock.as_ref().and_then(|c| c.times())
+    }
+
     /// A ticket done once `gate` holds 1 or more, for tests of what waits on tickets (a copy
     /// that finishes when the test says).
     #[doc(hidden)]
     pub fn gated(gate: Arc<AtomicU64>) -> CopyTicket {
         CopyTicket {
             parts: vec![(gate, 1)],
+            clock: None,
         }
     }
 }
@@ -397,25 +406,29 @@ fn helper_loop(
                 copy_part(&part.copies);
                 part.left.fetch_sub(1, Ordering::Release);
             }
-            Work::JobPart(SourcesZeroed(copies, cold), keep) => {
+            Work::JobPart(SourcesZeroed(copies, cold), keep, clock) => {
+                clock_start(&clock);
                 let since = Instant::now();
                 let bytes = 2 * copies.iter().map(|c| c.n as u64).sum::<u64>();
                 // SAFETY: `HostCopies::queue`'s contract, and the job's sources tiled its zeroed
                 // range (checked before it was cut): this part's sources are its own.
                 unsafe { copy_list(&copies, routine, true, cold) };
                 drop((copies, keep));
+                clock_finish(&clock);
                 stats
                     .busy_ns
                     .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
                 stats.bytes.fetch_add(bytes, Ordering::Relaxed);
                 finished.fetch_add(1, Ordering::Release);
             }
-            Work::Job(job) => {
+            Work::Job(job, clock) => {
+                clock_start(&clock);
                 let (since, bytes) = (Instant::now(), job.bytes() as u64);
                 // SAFETY: `HostCopies::queue`'s contract: valid until the ticket is done, which
                 // the count below makes it.
                 unsafe { job.run(routine) };
                 drop(job);
+                clock_finish(&clock);
                 stats
                     .busy_ns
                     .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -450,12 +463,18 @@ unsafe fn run_here(work: Work, routine: CopyRoutine) {
             copy_part(&part.copies);
             part.left.fetch_sub(1, Ordering::Release);
         }
-        // SAFETY: the caller's contract.
-        Work::Job(job) => unsafe { job.run(routine) },
-        // SAFETY: the caller's contract; the part's sources are its own.
-        Work::JobPart(SourcesZeroed(copies, cold), _keep) => unsafe {
-            copy_list(&copies, routine, true, cold)
-        },
+        Work::Job(job, clock) => {
+            clock_start(&clock);
+            // SAFETY: the caller's contract.
+            unsafe { job.run(routine) };
+            clock_finish(&clock);
+        }
+        Work::JobPart(SourcesZeroed(copies, cold), _keep, clock) => {
+            clock_start(&clock);
+            // SAFETY: the caller's contract; the part's sources are its own.
+            unsafe { copy_list(&copies, routine, true, cold) };
+            clock_finish(&clock);
+        }
     }
 }
 
@@ -571,19 +590,28 @@ impl HostCopies {
         let copied: usize = job.copies.iter().map(|c| c.n).sum();
         let tiles = job.sources_tile_zero();
         let idle: Vec<&Helper> = self.helpers.iter().filter(|h| h.in_flight() == 0).collect();
+        let clock: Clock =
+            tracing::enabled!(target: "tcpxd::hop", tracing::Level::TRACE).then(|| Arc::new(JobClock::new()));
         let parts = idle.len().min(copied / MIN_QUEUED_PART_BYTES);
         if self.split && parts >= 2 && (job.zero.is_none() || tiles) {
             let mut ticket = Vec::with_capacity(parts);
             for (copies, helper) in cut(&job.copies, parts).into_iter().zip(idle) {
                 let work = if tiles {
-                    Work::JobPart(SourcesZeroed(copies, job.cold_targets), job.keep.clone())
+                    Work::JobPart(
+                        SourcesZeroed(copies, job.cold_targets),
+                        job.keep.clone(),
+                        clock.clone(),
+                    )
                 } else {
-                    Work::Job(CopyJob {
-                        copies,
-                        zero: None,
-                        cold_targets: job.cold_targets,
-                        keep: job.keep.clone(),
-                    })
+                    Work::Job(
+                        CopyJob {
+                            copies,
+                            zero: None,
+                            cold_targets: job.cold_targets,
+                            keep: job.keep.clone(),
+                        },
+                        clock.clone(),
+                    )
                 };
                 match helper.tx.send(work) {
                     Ok(()) => {
@@ -595,18 +623,19 @@ impl HostCopies {
                     Err(mpsc::SendError(w)) => unsafe { run_here(w, self.routine) },
                 }
             }
-            return (!ticket.is_empty()).then_some(CopyTicket { parts: ticket });
+            return (!ticket.is_empty()).then_some(CopyTicket { parts: ticket, clock });
         }
         let helper = self
             .helpers
             .iter()
             .min_by_key(|h| h.in_flight())
             .expect("a helper");
-        match helper.tx.send(Work::Job(job)) {
+        match helper.tx.send(Work::Job(job, clock.clone())) {
             Ok(()) => {
                 let seq = helper.queued.fetch_add(1, Ordering::Relaxed) + 1;
                 Some(CopyTicket {
                     parts: vec![(helper.finished.clone(), seq)],
+                    clock,
                 })
             }
             Err(mpsc::SendError(w)) => {

@@ -12,6 +12,7 @@ pub use tcpxd_abi as abi;
 pub mod blocks;
 pub mod client_maps;
 mod comm;
+mod copy_clock;
 pub mod copy_routines;
 pub mod cross_memory;
 mod error;

@@ -272,6 +272,7 @@ impl Poller {
                 offer: Some(offer),
             }),
         };
+        trace_recv_slot(l);
         post.and_then(|post| {
             l.deferred.push_back(post);
             post_recvs(l, recv_window, &self.buffers)
@@ -288,6 +289,7 @@ impl Poller {
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
             return Ok(());
         };
+        trace_recv_slot(l);
         blocks::landing_ring_slot(l, len, slots)
             .and_then(|post| {
                 l.deferred.push_back(post);
@@ -590,6 +592,7 @@ impl Poller {
             wire,
             direct: None,
         };
+        trace_recv_slot(l);
         self.buffers
             .get(&buffer)
             .ok_or_else(|| format!("buffer {buffer} vanished"))
@@ -618,10 +621,20 @@ impl Poller {
     fn slots(&self) -> Slots {
         let e = &self.cfg.engine;
         Slots {
-            staging: (e.send_window + e.gather_ahead).max(1) as u64,
+            staging_host: (e.send_window + e.host_gather_ahead).max(1) as u64,
+            staging_gpu: (e.send_window + e.gather_ahead).max(1) as u64,
             landing: (e.recv_window + e.scatter_ahead).max(1) as u64,
             chunk_bytes: e.chunk_bytes,
         }
+    }
+}
+
+/// The hop trace's mark of a receive the engine posted on a lane (`poller.recv_slot`): from here
+/// until its `poller.consumed` it holds one of the lane's `recv_window + scatter_ahead` places,
+/// whether it waits in the daemon, in the plugin or for its scatter (`benches/chunks.py`).
+fn trace_recv_slot(l: &RecvLane) {
+    if let RecvLaneState::Ready(comm) = &l.state {
+        tracing::trace!(target: "tcpxd::hop", hop = "poller.recv_slot", comm = comm.trace_id());
     }
 }
 

@@ -4,14 +4,15 @@
 //! - **Sends.** Each send lane keeps a staging ring per memory kind (host memory for host
 //!   buffers, device memory on the buffer's GPU for GPU buffers), made on first use:
 //!   `send_window + gather_ahead` slots of `chunk_bytes` (the GPU memory a lane's ring costs on
-//!   each GPU it sends from), registered once with the lane's comm. A gather takes slot
-//!   `n % (send_window + gather_ahead)` (`n` counts the lane's gathers, one per
+//!   each GPU it sends from), registered once with the lane's comm; a host ring has
+//!   `send_window + host_gather_ahead` slots (`transfer.host_gather_ahead`). A gather takes slot
+//!   `n % S` of its ring of `S` slots (`n` counts the lane's gathers, one per
 //!   `PostGatherSend`). The slot is free again by the time it comes round: the engine posts a
-//!   send in pieces only while fewer than `send_window + gather_ahead` of the lane's sends are
-//!   posted and unfinished, and sends finish in order, so when gather `n` comes, send
-//!   `n - (send_window + gather_ahead)` (and every send before it, plain or staged) was reported
-//!   done: the plugin no longer reads the slot and its GPU gather (which the send waited for)
-//!   is over. Host: the pieces are copied into the slot at once
+//!   send in pieces of that memory only while fewer than `S` of the lane's sends are posted and
+//!   unfinished (it knows each buffer's memory from registration), and sends finish in order,
+//!   so when gather `n` comes, the gather `n - S` (and every send before it, plain or staged)
+//!   was reported done: the plugin no longer reads the slot and its GPU gather (which the send
+//!   waited for) is over. Host: the pieces are copied into the slot at once
 //!   (`net::blocks::gather_region`). GPU: the gather, with its table, joins the GPU's batch of
 //!   this pass (one launch for up to 16 chunks; the batch takes its tables to device memory
 //!   first: `unpack::block_batch`). Either way
@@ -187,8 +188,11 @@ impl RecvScatter {
 /// What the poller's configuration says about slots.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Slots {
-    /// A send lane's staging slots: `send_window + gather_ahead`.
-    pub staging: u64,
+    /// A send lane's host staging slots: `send_window + host_gather_ahead` (the engine posts no
+    /// more sends in pieces from host memory on a lane unfinished).
+    pub staging_host: u64,
+    /// A send lane's staging slots on a GPU: `send_window + gather_ahead`.
+    pub staging_gpu: u64,
     /// A receive lane's host landing slots: `recv_window + scatter_ahead`.
     pub landing: u64,
     pub chunk_bytes: u32,
@@ -235,12 +239,18 @@ pub(super) fn gather_send(
         return Err("the lane is not connected".into());
     };
     let kind = entry.gpu().map_or(Kind::Host, |g| Kind::Gpu(g.ordinal()));
+    // The engine's limit for this memory's sends in pieces (host or GPU: the buffer's memory as
+    // it was told at registration) is the ring's size, so slot `n % ring_slots` is free.
+    let ring_slots = match kind {
+        Kind::Host => slots.staging_host,
+        Kind::Gpu(_) => slots.staging_gpu,
+    };
     let staging = &mut lane.staging;
     let ring = match staging.rings.iter().position(|r| r.kind == kind) {
         Some(i) => i,
         None => {
             let slot_bytes = slots.chunk_bytes;
-            let bytes = slots.staging as usize * slot_bytes as usize;
+            let bytes = ring_slots as usize * slot_bytes as usize;
             let (region, span): (Arc<dyn Region>, _) = match entry.gpu() {
                 None => (
                     Arc::new(HostRegion::populated(bytes).map_err(|e| format!("staging ring: {e}"))?),
@@ -274,7 +284,7 @@ pub(super) fn gather_send(
             r.slot_bytes
         ));
     }
-    let slot = staging.seq % slots.staging;
+    let slot = staging.seq % ring_slots;
     staging.seq += 1;
     tracing::trace!(target: "tcpxd::hop", hop = "poller.gather", len, comm = comm.trace_id());
     let offset = slot * u64::from(r.slot_bytes);

@@ -320,7 +320,21 @@ fn consume_unpacked(
                     comm,
                     |gpu, batch| stages.get(&gpu).and_then(|s| s.outcome(batch)),
                     |front, result| {
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.consumed", lane = li, comm = cid);
+                        // A scatter on a copy helper: its wait, copying and end unseen until now.
+                        let t = match &front.wait {
+                            Wait::Host(t) | Wait::Slot(t) => t.times(),
+                            _ => None,
+                        }
+                        .unwrap_or_default();
+                        tracing::trace!(
+                            target: "tcpxd::hop",
+                            hop = "poller.consumed",
+                            lane = li,
+                            comm = cid,
+                            wait_us = t.wait_us,
+                            copy_us = t.copy_us,
+                            since_us = t.since_us
+                        );
                         let now = Instant::now();
                         let Landing {
                             landed,

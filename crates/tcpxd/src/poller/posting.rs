@@ -101,8 +101,17 @@ pub(super) fn post_sends(
             break;
         }
         if buffer == STAGED {
-            // Its gather is over (the k-th on this comm: `poller.gather`'s k-th).
-            tracing::trace!(target: "tcpxd::hop", hop = "poller.gathered", comm = comm.trace_id());
+            // Its gather is over (the k-th on this comm: `poller.gather`'s k-th); with its copy's
+            // wait for a helper, copying and end unseen until now, when a helper copied it.
+            let t = copied.as_ref().and_then(|t| t.times()).unwrap_or_default();
+            tracing::trace!(
+                target: "tcpxd::hop",
+                hop = "poller.gathered",
+                comm = comm.trace_id(),
+                wait_us = t.wait_us,
+                copy_us = t.copy_us,
+                since_us = t.since_us
+            );
         }
         l.deferred.pop_front();
     }

@@ -70,10 +70,11 @@ async fn run_lists(
         }
         if helpers != 0 {
             t += &format!("host_copy_threads = {helpers}\n");
-            // The copy routines (session 23): non-temporal scatters where receives land in
-            // place, prefetching copies elsewhere; one helper spinning.
+            // The copy routines (sessions 23-24): every helper store non-temporal where receives
+            // land in place (the landing slot zeroed so too), prefetching copies elsewhere; one
+            // helper spinning.
             let routine = if host_recv == "direct" {
-                "stream"
+                "stream-all"
             } else {
                 "prefetch"
             };

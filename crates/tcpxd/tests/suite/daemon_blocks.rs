@@ -255,8 +255,9 @@ fn crc_zero(n: u64) -> u32 {
 /// WriteBlocks and ReadBlocks move scattered blocks pair by pair, byte-exact, unary and in a
 /// Session, under both protocols, and by rendezvous with each chunk's host copies queued on 2
 /// helper threads (`transfer.host_copy_threads`: the send waits for its gather, the receive's
-/// consume for its scatter), and on 3 copying with the `stream` routine, chunks whole
-/// (`transfer.host_copy_routine`, `host_copy_split` off); a stale token (after a rekey) is refused.
+/// consume for its scatter), and on 3 copying with the `stream` and `stream-all` routines, chunks
+/// whole (`transfer.host_copy_routine`, `host_copy_split` off); a stale token (after a rekey) is
+/// refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn block_writes_and_reads_land_scattered_blocks_exactly() {
     tcpxd::logging::init("warn");
@@ -265,6 +266,7 @@ async fn block_writes_and_reads_land_scattered_blocks_exactly() {
         ("eager", 0, "plain"),
         ("rendezvous", 2, "plain"),
         ("rendezvous", 3, "stream"),
+        ("rendezvous", 3, "stream-all"),
     ] {
         let proto = |args: &mut tcpxd::config::DaemonArgs| {
             args.transfer_protocol = Some(protocol.into());

@@ -1,4 +1,5 @@
-//! Block sends gathered a window ahead (`transfer.gather_ahead`, docs/BLOCKS.md "The driver")
+//! Block sends gathered a window ahead (`transfer.gather_ahead`, and `transfer.host_gather_ahead`
+//! for these host buffers; docs/BLOCKS.md "The driver")
 //! between two daemons on loopback over the built-in emulation: with `send_window = 2` and
 //! `gather_ahead = 3`, a block WRITE and a block READ of thousands of small chunks keep up to 5
 //! sends posted per lane (2 in the plugin, 3 gathered and held), never more, land byte-exact
@@ -53,7 +54,11 @@ async fn block_sends_gather_a_window_ahead_and_land_byte_exact() {
     hold::gate_on_with_budget(64 << 10);
     tcpxd::logging::init("warn");
     let config = std::env::temp_dir().join(format!("tcpxd-gather-ahead-{}.toml", std::process::id()));
-    std::fs::write(&config, "[transfer]\nsend_window = 2\ngather_ahead = 3\n").unwrap();
+    std::fs::write(
+        &config,
+        "[transfer]\nsend_window = 2\ngather_ahead = 3\nhost_gather_ahead = 3\n",
+    )
+    .unwrap();
     for protocol in ["rendezvous", "eager"] {
         let args = |args: &mut tcpxd::config::DaemonArgs| {
             args.transfer_protocol = Some(protocol.into());
