@@ -147,7 +147,7 @@ pub struct DaemonArgs {
     #[arg(long, env = "TCPXD_SPIN", value_name = "auto|on|off")]
     pub spin: Option<String>,
     /// Whether the poller thread reads and starts the framed local sessions' requests itself:
-    /// `auto` (as `runtime.spin`), `on`, `off` (docs/CONFIG.md, `runtime.poller_sessions`).
+    /// `auto` (the opposite of `runtime.spin`), `on`, `off` (docs/CONFIG.md, `runtime.poller_sessions`).
     /// Default: auto.
     #[arg(long, env = "TCPXD_POLLER_SESSIONS", value_name = "auto|on|off")]
     pub poller_sessions: Option<String>,
@@ -296,7 +296,7 @@ pub struct Config {
     /// Whether the poller lingers and an async worker stays awake while traffic flows (resolved:
     /// `auto` is decided here).
     pub spin: bool,
-    /// Whether the poller reads the framed sessions' requests (resolved: `auto` is `spin`).
+    /// Whether the poller reads the framed sessions' requests (resolved: `auto` is `!spin`).
     pub poller_sessions: bool,
     /// Async worker threads for the runtime (resolved: never 0).
     pub async_workers: usize,
@@ -451,9 +451,12 @@ impl Config {
             (None, Some(v)) => Spin::parse("runtime.poller_sessions", v).map_err(ConfigError::Invalid)?,
             (None, None) => Spin::Auto,
         };
-        // `auto` follows `runtime.spin`: the poller is awake between requests only when it spins.
+        // `auto` is the opposite of `runtime.spin`. Without spinning the poller parks in
+        // `epoll_wait`; with the sessions in its set a request wakes it directly instead of a
+        // runtime worker that then wakes it (2-core VM: p50 0.79-0.99x). Where it spins, the
+        // H200 hosts measured no gain (docs/BENCHMARKS.md, session 24), so the runtime reads.
         let poller_sessions = match poller_sessions {
-            Spin::Auto => spin,
+            Spin::Auto => !spin,
             s => s.resolve(0),
         };
         let async_workers = match args.async_workers.or(file.runtime.async_workers) {
