@@ -5,24 +5,14 @@
 //! `cargo test --release -p tcpxd --test suite -- --ignored --test-threads=1 daemon_gpu_inline::`.
 
 use crate::common::daemons::{self, *};
-use crate::common::gpus::{assert_same, cuda_buffer, with_config};
+use crate::common::gpus::{cuda_buffer, eight_writes_then_reads, with_config};
+use crate::common::peer_stats::only_peer;
 use tcpxd::api::proto::v1 as pb;
 
 const KIB: u64 = 1 << 10;
 
 const CONFIG: &str =
     "[transfer]\ninline_gpu = \"on\"\ninline_gpu_in_flight = 8\ninline_window_bytes = 1048576\n";
-
-/// This node's stats of its one peer.
-async fn peer_stats(c: &mut Client) -> pb::PeerStats {
-    let s = c
-        .get_stats(pb::GetStatsRequest {})
-        .await
-        .expect("stats")
-        .into_inner();
-    assert_eq!(s.peers.len(), 1, "{s:?}");
-    s.peers.into_iter().next().unwrap()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs a CUDA GPU: cargo test --release -p tcpxd --test suite -- --ignored daemon_gpu_inline::"]
@@ -47,44 +37,11 @@ async fn gpu_inline_eight_64k_writes_and_reads_in_flight_byte_exact() {
     let dst = cuda_buffer(&mut b.client, peer_gpu, span + 4096).await;
     for round in 0..4u64 {
         fill_seed(&mut a.client, src.id, 0, 0, 300 + round).await;
-        let mut writes = Vec::new();
-        for k in 0..8u64 {
-            let at = k * 2 * len + round * 3;
-            let id = write(&mut a.client, write_entry(&src, at, &dst, at + 1000, len), b"")
-                .await
-                .unwrap();
-            writes.push((id, at));
-        }
-        for &(id, _) in &writes {
-            wait_ok(&mut a.client, id).await;
-        }
-        let mut reads = Vec::new();
-        for &(_, at) in &writes {
-            reads.push(
-                read(&mut a.client, read_entry(&dst, at + 1000, &back, at, len))
-                    .await
-                    .unwrap(),
-            );
-        }
-        for id in reads {
-            wait_ok(&mut a.client, id).await;
-        }
-        for &(_, at) in &writes {
-            let what = format!("round {round}: 64 KiB at {at}, 8 in flight");
-            assert_same(
-                &mut a.client,
-                (src.id, at),
-                &mut b.client,
-                (dst.id, at + 1000),
-                len,
-                &what,
-            )
-            .await;
-            let mut again = a.client.clone();
-            assert_same(&mut a.client, (src.id, at), &mut again, (back.id, at), len, &what).await;
-        }
+        let bufs = (&src, &back, &dst);
+        let what = format!("round {round}");
+        eight_writes_then_reads(&mut a.client, &mut b.client, bufs, len, round * 3, 1000, &what).await;
     }
-    let s = peer_stats(&mut a.client).await;
+    let s = only_peer(&mut a.client).await;
     assert_eq!(
         (s.sent_inline, s.received_inline),
         (32, 32),

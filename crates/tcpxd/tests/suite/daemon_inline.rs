@@ -5,6 +5,7 @@
 //! key refused with nothing written.
 
 use crate::common::daemons::*;
+use crate::common::peer_stats::{lane_bytes_total, only_peer};
 use tcpxd::api::proto::v1 as pb;
 use tonic::Code;
 
@@ -18,22 +19,6 @@ async fn inline_pair(name: &str) -> (TestDaemon, TestDaemon) {
     let b = start(&format!("{name}-b"), limit).await;
     connect(&mut a, &b).await;
     (a, b)
-}
-
-/// This node's stats of its one peer.
-async fn peer_stats(c: &mut Client) -> pb::PeerStats {
-    let s = c
-        .get_stats(pb::GetStatsRequest {})
-        .await
-        .expect("stats")
-        .into_inner();
-    assert_eq!(s.peers.len(), 1, "{s:?}");
-    s.peers.into_iter().next().unwrap()
-}
-
-/// Bytes every listed lane carried, both ways.
-fn lane_bytes(p: &pb::PeerStats) -> u64 {
-    p.lanes.iter().map(|l| l.bytes_sent + l.bytes_received).sum()
 }
 
 /// A descriptor for `b` with its access key's first byte flipped.
@@ -66,7 +51,7 @@ async fn writes_and_reads_up_to_the_limit_go_inline_and_one_byte_more_takes_the_
 
     let mut inline = 0;
     for (len, goes_inline) in [(1, true), (4 * KIB, true), (LIMIT, true), (LIMIT + 1, false)] {
-        let before = (peer_stats(&mut a.client).await, peer_stats(&mut b.client).await);
+        let before = (only_peer(&mut a.client).await, only_peer(&mut b.client).await);
         let id = write(&mut a.client, write_entry(&src, 7, &dst, 100, len), b"")
             .await
             .unwrap();
@@ -86,7 +71,7 @@ async fn writes_and_reads_up_to_the_limit_go_inline_and_one_byte_more_takes_the_
             bytes(&mut b.client, dst.id, 300, len).await,
             "READ of {len}"
         );
-        let after = (peer_stats(&mut a.client).await, peer_stats(&mut b.client).await);
+        let after = (only_peer(&mut a.client).await, only_peer(&mut b.client).await);
         let n = u64::from(goes_inline);
         assert_eq!(
             after.0.sent_inline - before.0.sent_inline,
@@ -101,7 +86,7 @@ async fn writes_and_reads_up_to_the_limit_go_inline_and_one_byte_more_takes_the_
             "{len}: the READ's answer"
         );
         assert_eq!(after.0.received_inline - before.0.received_inline, n, "{len}");
-        let lanes = lane_bytes(&after.0) - lane_bytes(&before.0);
+        let lanes = lane_bytes_total(&after.0) - lane_bytes_total(&before.0);
         if goes_inline {
             inline += 2;
             assert_eq!(lanes, 0, "{len}: no lane carried a byte");
@@ -109,7 +94,7 @@ async fn writes_and_reads_up_to_the_limit_go_inline_and_one_byte_more_takes_the_
             assert!(lanes >= 2 * len, "{len}: {lanes} bytes on the lanes");
         }
     }
-    let s = peer_stats(&mut a.client).await;
+    let s = only_peer(&mut a.client).await;
     assert_eq!(s.sent_inline + s.received_inline, inline);
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut b.client).await;
@@ -174,14 +159,14 @@ async fn a_batch_of_ranges_goes_inline_and_its_notification_comes_after_its_byte
         );
     }
     wait_ok(&mut a.client, id).await;
-    let s = peer_stats(&mut a.client).await;
+    let s = only_peer(&mut a.client).await;
     // One inline message, or one per memory pair where the peer's topology puts the two host
     // buffers on different routes (the A3-shaped real-plugin pair, tools/realplugin): never a lane.
     assert!(
         (1..=2).contains(&s.sent_inline) && s.sent_eager + s.sent_rendezvous == 0,
         "{s:?}"
     );
-    assert_eq!(lane_bytes(&s), 0);
+    assert_eq!(lane_bytes_total(&s), 0);
     a.stop().await;
     b.stop().await;
 }
@@ -215,7 +200,7 @@ async fn a_wrong_key_is_refused_and_writes_nothing() {
     let e = wait(&mut a.client, id).await;
     assert_eq!(e.status_code, Code::PermissionDenied as i32, "{e:?}");
     assert_eq!(crc(&mut b.client, dst.id, 0, 0).await, before, "no byte written");
-    let (sa, sb) = (peer_stats(&mut a.client).await, peer_stats(&mut b.client).await);
+    let (sa, sb) = (only_peer(&mut a.client).await, only_peer(&mut b.client).await);
     assert_eq!(
         (sa.sent_inline, sb.received_inline),
         (1, 1),
@@ -264,7 +249,7 @@ async fn gpu_memory_goes_inline_only_with_inline_gpu_on_the_cuda_stand_in() {
             let what = format!("inline_gpu {on}");
             write_and_read_back(&mut a.client, &mut b.client, trip, at, len, Compare::Bytes, &what).await;
         }
-        let s = peer_stats(&mut a.client).await;
+        let s = only_peer(&mut a.client).await;
         let n = if on { 3 } else { 0 };
         assert_eq!(
             (s.sent_inline, s.received_inline),
@@ -319,14 +304,14 @@ async fn gpu_writes_in_flight_go_inline_one_at_a_time_and_the_rest_by_the_lanes(
             .await;
         }
         sent += 8;
-        let s = peer_stats(&mut a.client).await;
+        let s = only_peer(&mut a.client).await;
         assert_eq!(s.sent_inline + s.sent_eager + s.sent_rendezvous, sent, "{s:?}");
         // The test's first WRITE finds nothing in flight: it goes inline.
         assert!(s.sent_inline > 0, "{s:?}");
-        let r = peer_stats(&mut b.client).await;
+        let r = only_peer(&mut b.client).await;
         assert_eq!(r.received_inline, s.sent_inline, "{r:?}");
         assert_eq!(
-            lane_bytes(&s) > 0,
+            lane_bytes_total(&s) > 0,
             s.sent_inline < sent,
             "the lanes carry exactly the WRITEs that did not go inline: {s:?}"
         );

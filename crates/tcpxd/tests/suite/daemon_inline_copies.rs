@@ -6,10 +6,11 @@
 //! once; `TCPXD_CUDASTUB_EVENT_DELAY_MS` holds their events "not ready" that long, so the
 //! daemon's copies stay in flight while the test acts.
 
+use crate::common::peer_stats::{lane_bytes_total, only_peer};
 use std::time::{Duration, Instant};
 
-use crate::common::daemons::{Client, bytes, fill_seed, read, read_entry, wait, wait_ok, write, write_entry};
-use crate::common::gpus::{assert_same, cuda_buffer};
+use crate::common::daemons::{Client, bytes, fill_seed, wait, wait_ok, write, write_entry};
+use crate::common::gpus::{assert_same, cuda_buffer, eight_writes_then_reads};
 use crate::daemon_stub_gpus::{Daemon, start_with};
 use tcpxd::api::proto::v1 as pb;
 
@@ -39,21 +40,6 @@ async fn pair_windows(name: &str, delay_ms: [u64; 2], windows: [u64; 2]) -> (Dae
     }
     let b = out.pop().unwrap();
     (out.pop().unwrap(), b)
-}
-
-/// This node's stats of its one peer.
-async fn peer_stats(c: &mut Client) -> pb::PeerStats {
-    let s = c
-        .get_stats(pb::GetStatsRequest {})
-        .await
-        .expect("stats")
-        .into_inner();
-    assert_eq!(s.peers.len(), 1, "{s:?}");
-    s.peers.into_iter().next().unwrap()
-}
-
-fn lane_bytes(p: &pb::PeerStats) -> u64 {
-    p.lanes.iter().map(|l| l.bytes_sent + l.bytes_received).sum()
 }
 
 /// Waits (generously) until `c`'s peer has received `n` inline transfers: the last one's
@@ -89,49 +75,16 @@ async fn eight_gpu_writes_and_reads_in_flight_all_go_inline_byte_exact() {
     let dst = cuda_buffer(&mut b.client, 4, 8 * 2 * len + 64).await;
     for round in 0..2u64 {
         fill_seed(&mut a.client, src.id, 0, 0, 90 + round).await;
-        let mut ids = Vec::new();
-        for k in 0..8u64 {
-            let at = k * 2 * len + round;
-            let id = write(&mut a.client, write_entry(&src, at, &dst, at + 5, len), b"")
-                .await
-                .unwrap();
-            ids.push((id, at));
-        }
-        for &(id, _) in &ids {
-            wait_ok(&mut a.client, id).await;
-        }
-        let mut reads = Vec::new();
-        for &(_, at) in &ids {
-            reads.push(
-                read(&mut a.client, read_entry(&dst, at + 5, &back, at, len))
-                    .await
-                    .unwrap(),
-            );
-        }
-        for id in reads {
-            wait_ok(&mut a.client, id).await;
-        }
-        for &(_, at) in &ids {
-            let what = format!("round {round}: {len} bytes at {at}, 8 in flight");
-            assert_same(
-                &mut a.client,
-                (src.id, at),
-                &mut b.client,
-                (dst.id, at + 5),
-                len,
-                &what,
-            )
-            .await;
-            let mut again = a.client.clone();
-            assert_same(&mut a.client, (src.id, at), &mut again, (back.id, at), len, &what).await;
-        }
+        let bufs = (&src, &back, &dst);
+        let what = format!("round {round}");
+        eight_writes_then_reads(&mut a.client, &mut b.client, bufs, len, round, 5, &what).await;
     }
-    let s = peer_stats(&mut a.client).await;
-    let r = peer_stats(&mut b.client).await;
+    let s = only_peer(&mut a.client).await;
+    let r = only_peer(&mut b.client).await;
     // Eight GPU transfers fit both the GPU bound and the window: every one went inline.
     assert_eq!((s.sent_inline, s.received_inline), (16, 16), "{s:?}");
     assert_eq!((r.sent_inline, r.received_inline), (16, 16), "{r:?}");
-    assert_eq!(lane_bytes(&s), 0, "no lane carried a byte: {s:?}");
+    assert_eq!(lane_bytes_total(&s), 0, "no lane carried a byte: {s:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -176,11 +129,11 @@ async fn a_cancel_while_the_source_copy_runs_sends_nothing_and_the_window_comes_
         vec![0u8; len as usize],
         "nothing of the cancelled WRITE landed"
     );
-    let s = peer_stats(&mut a.client).await;
-    let r = peer_stats(&mut b.client).await;
+    let s = only_peer(&mut a.client).await;
+    let r = only_peer(&mut b.client).await;
     assert_eq!(s.sent_inline, 2, "both went inline (the window came back): {s:?}");
     assert_eq!(r.received_inline, 1, "the cancelled one was never sent: {r:?}");
-    assert_eq!(lane_bytes(&s), 0, "{s:?}");
+    assert_eq!(lane_bytes_total(&s), 0, "{s:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,8 +162,8 @@ async fn a_destination_released_or_the_peer_lost_while_its_copy_runs_waits_for_i
             let released = tokio::spawn(async move { release(&mut other, dst.id).await });
             wait_ok(&mut a.client, id).await;
             released.await.unwrap();
-            let s = peer_stats(&mut a.client).await;
-            assert_eq!((s.sent_inline, lane_bytes(&s)), (1, 0), "{s:?}");
+            let s = only_peer(&mut a.client).await;
+            assert_eq!((s.sent_inline, lane_bytes_total(&s)), (1, 0), "{s:?}");
         }
     }
 }
@@ -244,7 +197,7 @@ async fn landings_past_the_receivers_staging_copy_synchronously_byte_exact() {
         "staging full",
     )
     .await;
-    let r = peer_stats(&mut b.client).await;
+    let r = only_peer(&mut b.client).await;
     assert_eq!(r.received_inline, 8, "{r:?}");
     release(&mut b.client, dst.id).await;
 }

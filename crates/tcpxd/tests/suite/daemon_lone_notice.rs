@@ -5,6 +5,7 @@
 //! anywhere else are refused naming the field.
 
 use crate::common::daemons::*;
+use crate::common::peer_stats::only_peer;
 use crate::common::scrape::{http_get, samples, sum};
 use tcpxd::api::proto::v1 as pb;
 use tonic::Code;
@@ -26,17 +27,6 @@ fn wrong_key(b: &pb::Buffer) -> pb::Buffer {
         descriptor: format!("{head}:{}{tail}", hex::encode(k)),
         ..b.clone()
     }
-}
-
-/// This node's stats of its one peer.
-async fn peer_stats(c: &mut Client) -> pb::PeerStats {
-    let s = c
-        .get_stats(pb::GetStatsRequest {})
-        .await
-        .expect("stats")
-        .into_inner();
-    assert_eq!(s.peers.len(), 1, "{s:?}");
-    s.peers.into_iter().next().unwrap()
 }
 
 /// Bytes each listed lane carried, by lane, each way.
@@ -99,7 +89,7 @@ async fn a_notification_alone_is_delivered_with_no_lane_traffic_and_a_wrong_key_
         .await
         .unwrap();
     wait_ok(&mut a.client, id).await;
-    let before = (peer_stats(&mut a.client).await, peer_stats(&mut b.client).await);
+    let before = (only_peer(&mut a.client).await, only_peer(&mut b.client).await);
     let dst_crc = crc(&mut b.client, dst.id, 0, 0).await;
     let mut sub = b
         .client
@@ -146,7 +136,7 @@ async fn a_notification_alone_is_delivered_with_no_lane_traffic_and_a_wrong_key_
     assert_eq!(crc(&mut b.client, dst.id, 0, 0).await, dst_crc, "no byte changed");
 
     // Control messages only: no lane carried a byte more; counted as notices.
-    let after = (peer_stats(&mut a.client).await, peer_stats(&mut b.client).await);
+    let after = (only_peer(&mut a.client).await, only_peer(&mut b.client).await);
     assert_eq!(
         lane_bytes(&after.0),
         lane_bytes(&before.0),

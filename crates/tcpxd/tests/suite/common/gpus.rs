@@ -204,3 +204,47 @@ pub async fn large_and_small_in_flight(
         assert_equal(how, a, (t.src.id, at), b, (t.dst.id, at), 4 * KIB, &what).await;
     }
 }
+
+/// Eight WRITEs of `len` bytes from `src` into `dst` in flight at once (the k-th at `k * 2 * len
+/// + shift`, landing `dst_gap` bytes further on), each waited for, then the eight READs of them
+/// back into `back` in flight at once, then every range compared both ways.
+pub async fn eight_writes_then_reads(
+    a: &mut Client,
+    b: &mut Client,
+    (src, back, dst): (&pb::Buffer, &pb::Buffer, &pb::Buffer),
+    len: u64,
+    shift: u64,
+    dst_gap: u64,
+    what: &str,
+) {
+    let mut ats = Vec::new();
+    let mut ids = Vec::new();
+    for k in 0..8u64 {
+        let at = k * 2 * len + shift;
+        ids.push(
+            write(a, write_entry(src, at, dst, at + dst_gap, len), b"")
+                .await
+                .unwrap(),
+        );
+        ats.push(at);
+    }
+    for id in ids.drain(..) {
+        wait_ok(a, id).await;
+    }
+    for &at in &ats {
+        ids.push(
+            read(a, read_entry(dst, at + dst_gap, back, at, len))
+                .await
+                .unwrap(),
+        );
+    }
+    for id in ids {
+        wait_ok(a, id).await;
+    }
+    for &at in &ats {
+        let what = format!("{what}: {len} bytes at {at}, 8 in flight");
+        assert_same(a, (src.id, at), b, (dst.id, at + dst_gap), len, &what).await;
+        let mut again = a.clone();
+        assert_same(a, (src.id, at), &mut again, (back.id, at), len, &what).await;
+    }
+}

@@ -8,6 +8,7 @@ pub mod fake_lanes;
 pub mod framed;
 pub mod gpus;
 pub mod hold;
+pub mod peer_stats;
 pub mod procs;
 pub mod scrape;
 pub mod untimed;
