@@ -256,11 +256,12 @@ def main() -> int:
             sl = agent.prep_xfer_dlist("NIXL_INIT_AGENT", [(addr, SMALL, 0)], "DRAM")
             sr = agent.prep_xfer_dlist("target", [(taddr, SMALL, 0)], "DRAM")
             if "nixl" in only:
-                for tight in (True, False):
+                def timed(op: str, tight: bool) -> list:
+                    """n `op`s of the range, each polled until DONE: (start, end, posted) µs."""
                     w = []
                     for _ in range(n):
                         t0 = now_us()
-                        h = agent.make_prepped_xfer("READ", sl, [0], sr, [0])
+                        h = agent.make_prepped_xfer(op, sl, [0], sr, [0])
                         agent.transfer(h)
                         tp = now_us()
                         while True:
@@ -268,30 +269,20 @@ def main() -> int:
                             if st == "DONE":
                                 break
                             if st != "PROC":
-                                raise RuntimeError(f"the READ ended in {st}")
+                                raise RuntimeError(f"the {op} ended in {st}")
                             if not tight:
                                 time.sleep(0)
                         w.append((t0, now_us(), tp))
                         agent.release_xfer_handle(h)
-                    runs["nixl tight" if tight else "nixl sleep(0)"] = w
+                    return w
+
+                for tight in (True, False):
+                    runs["nixl tight" if tight else "nixl sleep(0)"] = timed("READ", tight)
                 got = np.ctypeslib.as_array((__import__("ctypes").c_uint8 * SMALL).from_address(addr)).tobytes()
                 p2.send(("checksum", SMALL))
                 assert p2.recv() == got, "the nixl READ's bytes differ"
-                w = []  # the same range WRITTEN back (its bytes equal now: nothing changes), polled tight
-                for _ in range(n):
-                    t0 = now_us()
-                    h = agent.make_prepped_xfer("WRITE", sl, [0], sr, [0])
-                    agent.transfer(h)
-                    tp = now_us()
-                    while True:
-                        st = agent.check_xfer_state(h)
-                        if st == "DONE":
-                            break
-                        if st != "PROC":
-                            raise RuntimeError(f"the WRITE ended in {st}")
-                    w.append((t0, now_us(), tp))
-                    agent.release_xfer_handle(h)
-                runs["nixl WRITE tight"] = w
+                # The same range WRITTEN back (its bytes equal now: nothing changes), polled tight.
+                runs["nixl WRITE tight"] = timed("WRITE", True)
             if "notif" in only:
                 p2.send(("pong", n))
                 w = []
