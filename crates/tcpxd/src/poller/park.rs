@@ -184,6 +184,8 @@ pub(super) struct Park {
     /// woken at the start of the next pass (`serve_sessions`).
     sessions: Option<Arc<SessionWatch>>,
     sessions_ready: Vec<Token>,
+    /// Scratch for their wakers while the sessions' map is locked (kept: no allocation a pass).
+    session_wakers: Vec<std::task::Waker>,
 }
 
 impl Park {
@@ -213,6 +215,7 @@ impl Park {
             next_generation: 0,
             sessions,
             sessions_ready: Vec::new(),
+            session_wakers: Vec::new(),
         };
         Ok((park, sender))
     }
@@ -232,7 +235,7 @@ impl Park {
     /// polled here, on the poller's thread, and the commands it makes are taken by this pass.
     pub(super) fn serve_sessions(&mut self) {
         if let Some(s) = &self.sessions {
-            s.wake(&mut self.sessions_ready);
+            s.wake(&mut self.sessions_ready, &mut self.session_wakers);
         }
     }
 

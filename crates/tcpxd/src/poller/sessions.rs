@@ -238,17 +238,18 @@ impl SessionWatch {
     }
 
     /// Wakes the sessions whose sockets epoll reported (on the poller's thread: each session's
-    /// future is polled right here).
-    pub(super) fn wake(&self, ready: &mut Vec<Token>) {
+    /// future is polled right here). `wakers` is the caller's scratch space (empty on return), so
+    /// a pass allocates nothing.
+    pub(super) fn wake(&self, ready: &mut Vec<Token>, wakers: &mut Vec<Waker>) {
         self.pass.fetch_add(1, Ordering::Relaxed);
         if ready.is_empty() {
             return;
         }
-        let wakers: Vec<Waker> = {
+        {
             let map = self.lock();
-            ready.drain(..).filter_map(|t| map.get(&t.0)?.waker()).collect()
-        };
-        for w in wakers {
+            wakers.extend(ready.drain(..).filter_map(|t| map.get(&t.0)?.waker()));
+        }
+        for w in wakers.drain(..) {
             w.wake();
         }
     }
@@ -294,7 +295,7 @@ mod tests {
                 ready.extend(events.iter().map(|e| e.token()));
             }
             assert!(ready.iter().all(|t| t.0 & SESSION != 0));
-            watch.wake(&mut ready);
+            watch.wake(&mut ready, &mut Vec::new());
             assert_eq!(count.0.load(Ordering::SeqCst), round);
             match watching.watched().poll(&mut cx, read) {
                 Some(Ok(1)) => {}
