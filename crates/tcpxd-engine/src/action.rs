@@ -158,6 +158,8 @@ pub enum Action {
         offer: u64,
         dests: Vec<(u64, u64, u64)>,
         payload: Vec<u8>,
+        /// Some destination is GPU memory (the copy may run asynchronously).
+        gpu: bool,
     },
     /// The last user of a buffer someone waits for ([`Engine::watch_buffer`]) ended: it can be
     /// released now.

@@ -237,12 +237,6 @@ impl Engine {
         }
     }
 
-    /// Whether the inline transfer `offer` from `peer` lands in GPU memory here (its
-    /// `LandInline` copy may run asynchronously).
-    pub fn lands_on_gpu(&self, peer: PeerIdx, offer: u64) -> bool {
-        !self.inline_copies.is_empty() && self.inline_copies.contains_key(&InlineCopy::Land(peer, offer))
-    }
-
     /// Inline copies to or from GPU memory the driver has not reported ended yet.
     pub fn inline_copies_in_flight(&self) -> usize {
         self.inline_copies.len()
@@ -297,7 +291,8 @@ impl Engine {
             .map(|p| p.0)
             .filter(|&b| self.memory_of(b) != topology::Memory::Host)
             .collect();
-        if !gpu_dests.is_empty() {
+        let gpu = !gpu_dests.is_empty();
+        if gpu {
             self.copy_started(InlineCopy::Land(peer, offer.offer_id), gpu_dests);
         }
         if let Some(rid) = read {
@@ -327,6 +322,7 @@ impl Engine {
             offer: offer.offer_id,
             dests,
             payload,
+            gpu,
         });
     }
 
@@ -373,10 +369,9 @@ impl Engine {
         let mark = self.actions.len();
         self.offer_chunk_consumed(peer, offer, len, result);
         self.copy_ended(InlineCopy::Land(peer, offer));
-        let made: Vec<Action> = self.actions.drain(mark..).collect();
-        for a in made.into_iter().rev() {
-            self.actions.push_front(a);
-        }
+        // What it made moves ahead of everything queued before it, in order.
+        let made = self.actions.len() - mark;
+        self.actions.rotate_right(made);
     }
 
     /// Whether every one of `buffers` is host memory here (a READ tells its holder so).

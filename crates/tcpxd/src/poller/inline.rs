@@ -62,11 +62,12 @@ impl Poller {
         offer: u64,
         dests: Vec<(u64, u64, u64)>,
         payload: Vec<u8>,
+        gpu: bool,
     ) {
         tracing::trace!(target: "tcpxd::hop", hop = "poller.land_inline", offer);
         let mut result = Ok(());
         let lands = self.engine.recv_lands(peer, offer);
-        let payload = if lands && self.engine.lands_on_gpu(peer, offer) {
+        let payload = if lands && gpu {
             match self.land_async(peer, offer, &dests, payload) {
                 Ok(()) => return,
                 Err(payload) => payload,
