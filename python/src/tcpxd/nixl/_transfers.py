@@ -289,12 +289,11 @@ def _post_lane(self: nixl_agent, xfer: Xfer, pr: _plan.Prepared) -> Optional[str
     single = pr.single
     if single is not None and (lane.op == "WRITE" or not xfer.notif):  # one pair: the plain request (`Lane.one`)
         pr.windowed = 0
-        framed = xfer.framed
-        if framed is None:
-            framed = xfer.framed = lane.note_head + xfer.notif if xfer.notif else b""  # type: ignore[operator]
-        body = single[0] + (b"\x12" + _plan.V(len(framed)) + framed if framed else b"") + single[1]  # WriteRequest.notification = 2
+        framed = _framed_note(xfer, lane)
+        key = _plan._NOTIF_KEY["plain"]  # WriteRequest.notification = 2
+        body = single[0] + (key + _plan.V(len(framed)) + framed if framed else b"") + single[1]
         try:
-            return xfer.post_one(session, _PLAIN[lane.op], body, None)
+            return xfer.post_one(session, _plan.field(lane.op, "plain"), body, None)
         except TcpxdError as e:
             raise from_tcpxd(e, "transfer") from None
     ld, rd = lane.local.daemon, lane.remote.daemon  # (session, id) tuples: read without a lock
@@ -314,9 +313,7 @@ def _post_lane(self: nixl_agent, xfer: Xfer, pr: _plan.Prepared) -> Optional[str
             return xfer.post_one(session, lane.field, (ids, note, lane.tmo, fields), None, lane.key)
         except TcpxdError as e:
             raise from_tcpxd(e, "transfer") from None
-    framed = xfer.framed
-    if framed is None:
-        framed = xfer.framed = lane.note_head + xfer.notif if xfer.notif else b""  # type: ignore[operator]
+    framed = _framed_note(xfer, lane)
     head = ids + (b"\x2a" + _plan.V(len(framed)) + framed if framed else b"") + lane.tmo  # notification = 5
     if len(pr.li) < _indices.WINDOW_MIN:  # few indices: packed into the request
         pr.windowed = 0
@@ -339,8 +336,13 @@ def _post_lane(self: nixl_agent, xfer: Xfer, pr: _plan.Prepared) -> Optional[str
         raise
 
 
-#: The SessionRequest field of a one-pair request (`Lane.one`) by operation.
-_PLAIN = {"READ": "read", "WRITE": "write"}
+def _framed_note(xfer: Any, lane: Any) -> bytes:
+    """The transfer's notification framed for its remote agent (empty without one), made once
+    per handle and kept on it."""
+    framed = xfer.framed
+    if framed is None:
+        framed = xfer.framed = lane.note_head + xfer.notif if xfer.notif else b""
+    return framed
 
 
 def _notif_first(sent: Any) -> None:
