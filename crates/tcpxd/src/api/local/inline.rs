@@ -19,7 +19,19 @@
 //! future too ([`Inline::start_served`]); while it does what could stall the poller (a
 //! registration, a large request) it holds itself off that thread ([`OffPoller::hold`]): a wake
 //! there hands the poll to a runtime worker instead ([`off_poller`] moves it at once).
+//!
+//! # No poll inside a poll
+//! A wake that comes while the calling thread is polling some [`Inline`] (a delivery pushing an
+//! event wakes the session it belongs to; a session starts a delivery) does not poll the woken
+//! future there: it is queued, and the outermost poll on that thread runs the queue, in order,
+//! once its own poll returned. A future polled inside another's poll would run while the outer
+//! one holds its locks: a delivery marks its tag and pushes its event under the session's lock
+//! of delivered tags, and the session woken by that push takes the same lock to reap (CI, session
+//! 24: the poller's thread deadlocked there when the client's connection broke). Queued, the
+//! woken future still runs on the same thread, right after: no hop is added.
 
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -34,6 +46,30 @@ const POLLING: u8 = 1;
 const AGAIN: u8 = 2;
 
 type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+thread_local! {
+    /// Whether this thread is inside an [`Inline`]'s poll (the module's "No poll inside a poll").
+    static POLLING_HERE: Cell<bool> = const { Cell::new(false) };
+    /// Futures woken meanwhile, polled by the outermost poll once it returned.
+    static WOKEN_HERE: RefCell<VecDeque<Arc<Inline>>> = const { RefCell::new(VecDeque::new()) };
+}
+
+/// Marks the thread as polling until dropped (also when a poll panics: later wakes on this thread
+/// poll again, and the queue is left to the next outermost poll).
+struct PollingHere;
+
+impl PollingHere {
+    /// `None` when the thread is polling already (the caller queues its future instead).
+    fn enter() -> Option<PollingHere> {
+        POLLING_HERE.with(|p| (!p.replace(true)).then_some(PollingHere))
+    }
+}
+
+impl Drop for PollingHere {
+    fn drop(&mut self) {
+        POLLING_HERE.with(|p| p.set(false));
+    }
+}
 
 /// A future polled by whoever wakes it, until it completes or is stopped.
 pub struct Inline {
@@ -146,6 +182,18 @@ impl Inline {
     }
 
     fn run(self: Arc<Self>) {
+        let Some(_polling) = PollingHere::enter() else {
+            WOKEN_HERE.with(|q| q.borrow_mut().push_back(self));
+            return;
+        };
+        self.run_here();
+        while let Some(next) = WOKEN_HERE.with(|q| q.borrow_mut().pop_front()) {
+            next.run_here();
+        }
+    }
+
+    /// Polls the future on this thread (the caller made sure no other poll is in progress here).
+    fn run_here(self: Arc<Self>) {
         // One thread polls at a time; a wake during its poll makes it poll again (none is lost).
         let mut cur = self.state.load(Ordering::Acquire);
         loop {
@@ -256,6 +304,57 @@ mod tests {
         // The sleep's end was polled by the runtime's timer, not the thread that sent.
         assert_ne!(finisher, waker);
         drop(task);
+    }
+
+    /// A future woken while the thread polls another (a delivery pushing its event wakes its
+    /// session while holding the session's lock of delivered tags, which the session then takes)
+    /// is polled after that poll returned, on the same thread: no deadlock, nothing lost.
+    #[test]
+    fn a_future_woken_inside_another_poll_runs_after_it_on_the_same_thread() {
+        let tags = Arc::new(Mutex::new(Vec::<u32>::new()));
+        let rung = Arc::new(tokio::sync::Notify::new());
+        let (reaped_tx, reaped) = std::sync::mpsc::channel::<(Vec<u32>, std::thread::ThreadId)>();
+        let (t, r) = (tags.clone(), rung.clone());
+        let session = Inline::start(async move {
+            loop {
+                r.notified().await;
+                let got = std::mem::take(&mut *t.lock().unwrap());
+                reaped_tx.send((got, std::thread::current().id())).unwrap();
+            }
+        });
+        let (tx, mut rx) = watch::channel(0u32);
+        let (t, r) = (tags.clone(), rung.clone());
+        let delivery = Inline::start(async move {
+            for want in 1..=2u32 {
+                let v = *rx.wait_for(|v| *v >= want).await.unwrap();
+                let mut held = t.lock().unwrap();
+                held.push(v);
+                r.notify_one(); // wakes the session while `held` is locked
+                drop(held);
+            }
+        });
+        let sender = std::thread::spawn(move || {
+            tx.send(1).unwrap();
+            tx.send(2).unwrap();
+            std::thread::current().id()
+        });
+        // (a deadlock leaves the sender stuck: the waits time out before the join)
+        let wait = || {
+            reaped
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .expect("the session reaped")
+        };
+        let mut seen = wait().0;
+        let (more, on) = wait();
+        seen.extend(more);
+        let sender = sender.join().unwrap();
+        assert_eq!(seen, vec![1, 2]);
+        assert_eq!(
+            on, sender,
+            "polled on the waking thread, after the delivery's poll"
+        );
+        assert!(delivery.finished());
+        session.stop();
     }
 
     #[test]
