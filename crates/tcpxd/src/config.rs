@@ -151,6 +151,10 @@ pub struct DaemonArgs {
     /// Default: auto.
     #[arg(long, env = "TCPXD_POLLER_SESSIONS", value_name = "auto|on|off")]
     pub poller_sessions: Option<String>,
+    /// Whether framed local sessions may attach a completion board (`runtime.shared_completions`):
+    /// `on` or `off` (docs/CONFIG.md). Default: on.
+    #[arg(long, env = "TCPXD_SHARED_COMPLETIONS", value_name = "on|off")]
+    pub shared_completions: Option<String>,
     /// Helper threads for block chunks' host gathers and scatters (`transfer.host_copy_threads`;
     /// 0: the poller copies alone). Default: none below 4 CPUs, else half of them, at most 8.
     #[arg(long, env = "TCPXD_HOST_COPY_THREADS")]
@@ -298,6 +302,8 @@ pub struct Config {
     pub spin: bool,
     /// Whether the poller reads the framed sessions' requests (resolved: `auto` is `!spin`).
     pub poller_sessions: bool,
+    /// Whether framed sessions may attach a completion board (src/api/local/board.rs).
+    pub shared_completions: bool,
     /// Async worker threads for the runtime (resolved: never 0).
     pub async_workers: usize,
     /// Each GPU's NIC(s) (`topology.map`): checked against the GPUs and devices at start-up.
@@ -458,6 +464,19 @@ impl Config {
         let poller_sessions = match poller_sessions {
             Spin::Auto => !spin,
             s => s.resolve(0),
+        };
+        let shared_completions = match (&args.shared_completions, file.runtime.shared_completions) {
+            (Some(v), _) => match v.as_str() {
+                "on" => true,
+                "off" => false,
+                other => {
+                    return Err(ConfigError::Invalid(format!(
+                        "--shared-completions: {other:?} (on or off)"
+                    )));
+                }
+            },
+            (None, Some(v)) => v,
+            (None, None) => true,
         };
         let async_workers = match args.async_workers.or(file.runtime.async_workers) {
             Some(n) if n > 1024 => {
@@ -658,6 +677,7 @@ impl Config {
             metrics_listen: args.metrics_listen.or(file.metrics.listen),
             spin,
             poller_sessions,
+            shared_completions,
             async_workers,
             topology,
             state_dir: args.state_dir.clone().or_else(|| file.runtime.state_dir.clone()),

@@ -333,6 +333,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         same_node: Default::default(),
         journal,
         remote_prepared: Mutex::new(HashMap::new()),
+        shared_completions: cfg.shared_completions,
     });
     let restored = crate::api::reattach::restore(&state, cfg.reattach_grace, stop_rx.clone()).await;
     let stopped = move |mut rx: watch::Receiver<bool>| async move {

@@ -425,6 +425,22 @@ def settle(fut: Any, ev: Any) -> None:
         fut.set_result(ev.released)
 
 
+#: An OK entry's (code, message), as a finished event's OK entries give it.
+_OK_ENTRY = (0, "")
+
+
+def settle_done(fut: Any, transfer_id: int, total_bytes: int, bytes_done: int, elapsed_us: int, entries: int) -> None:
+    """Resolves a session's future by its transfer's OK end as the completion board published it
+    (tcpxd._board): what `settle` gives for the `finished` event of status OK, with `entries`
+    per-entry statuses each OK and without a message, that the daemon writes right after (the
+    only ends the board carries)."""
+    if getattr(fut, "skips_result", False):
+        fut.set_result(None)
+        return
+    fut.set_result(TransferResult(transfer_id=transfer_id, total_bytes=total_bytes, bytes_done=bytes_done,
+                                  elapsed_us=elapsed_us, entries=[_OK_ENTRY] * entries if entries else []))
+
+
 def notification(n: Any) -> Notification:
     return Notification(
         from_node=n.from_node, transfer_id=n.transfer_id, payload=bytes(n.payload), buffer_ids=list(n.buffer_ids)

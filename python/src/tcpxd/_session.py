@@ -29,7 +29,7 @@ import grpc
 # the segregated call of _OwnStream (grpcio's own layer: private, so types-grpcio has no stub for it)
 from grpc._cython import cygrpc  # type: ignore[attr-defined]
 
-from . import _blocks, _hostmem, _local, _ops, _proto
+from . import _blocks, _board, _hostmem, _local, _ops, _proto
 from ._handles import Buffer, PreparedList
 from ._local import local_end, too_large
 from ._native_gate import native as _native
@@ -178,6 +178,9 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
     _polled_at = 0.0
     #: wait_readable's poll objects, one a thread (made on first use).
     _ready_polls: Any = None
+    #: The local session's completion board (tcpxd._board), where the daemon gives it one: a poll
+    #: or a wait reads the OK ends of transfers there before it looks at the socket.
+    _board: Optional[_board.Board] = None
 
     def __init__(self, client: "Client", timeout: Optional[float]):
         self._client = client
@@ -189,6 +192,10 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         self._timeout = timeout
         self._conn = client._local.connect() if client._local is not None else None
         if self._conn is not None:
+            try:
+                self._board = _board.attach(self._conn)
+            except (_local.Gone, OSError):
+                pass  # the connection failed: the reader finds it so and ends the session
             try:  # room for a burst of requests (tcpxd.nixl posts a transfer's parts in one write)
                 self._conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SESSION_SNDBUF)
             except OSError:
@@ -464,10 +471,29 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         return self._submit(cancel_tag=fut.tag)  # type: ignore[attr-defined]
 
     def _dispatch(self, ev: Any) -> None:
+        board = self._board
         with self._lock:
             fut = self._pending.pop(ev.tag, None)
+            if fut is not None and board is not None:
+                board.forget(ev.tag)  # (an end published there too: its slot is free again)
         if fut is not None:
             settle(fut, ev)
+
+    def _from_board(self) -> bool:
+        """Settles the pending requests whose OK end the board holds (their slots freed); whether
+        it settled any. Their events, read later, find nothing pending and are dropped."""
+        board = self._board
+        assert board is not None
+        done = []
+        with self._lock:
+            pending = self._pending
+            for tag in list(pending) if len(pending) > 1 else tuple(pending):
+                got = board.take(tag)
+                if got is not None:
+                    done.append((pending.pop(tag), got))
+        for fut, got in done:
+            _ops.settle_done(fut, *got)
+        return bool(done)
 
     def _end(self, err: TcpxdError) -> None:
         with self._lock:
@@ -518,6 +544,9 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         resolves)."""
         lock = getattr(self, "_read_lock", None)
         self._polled_at = time.monotonic()
+        board = self._board
+        if board is not None and board.news() and self._from_board():
+            return  # (the socket's copy of those ends is read by a later poll, and dropped)
         if lock is not None and self._read_end is None and lock.acquire(blocking=False):
             try:
                 if self._read_end is None:
@@ -555,7 +584,10 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         lock = self._read_lock
         deadline = None if timeout is None else time.monotonic() + timeout
         waiter: Optional[Any] = None
+        board = self._board
         while not concurrent.futures.Future.done(fut) and self._read_end is None:
+            if board is not None and board.news() and self._from_board():
+                continue
             self._polled_at = now = time.monotonic()
             left = None if deadline is None else deadline - now
             if left is not None and left <= 0:

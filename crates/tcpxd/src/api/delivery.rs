@@ -80,16 +80,19 @@ pub(crate) async fn final_event(s: Started) -> pb::TransferEvent {
 pub(crate) async fn deliver_finished(tag: u64, s: Started, outbox: Arc<Outbox>, delivered: Arc<Delivered>) {
     let event = final_event(s).await;
     tracing::trace!(target: "tcpxd::hop", hop = "api.out", id = event.transfer_id);
-    let ev = pb::SessionEvent {
-        tag,
-        event: Some(Event::Finished(event)),
-    };
     {
         // The tag is marked and the event pushed under one lock of the tags: the client cannot
         // see the event (and use the tag again) before the mark, and the session cannot see the
-        // mark (and end, the transfer no longer open) before the event is in the outbox.
+        // mark (and end, the transfer no longer open) before the event is in the outbox. The
+        // board's copy (local/board.rs) goes under the same lock, after the mark, before the
+        // event: a client that reads it first knows what the event will say.
         let mut tags = delivered.tags.lock().unwrap_or_else(|e| e.into_inner());
         tags.push(tag);
+        outbox.publish(tag, &event);
+        let ev = pb::SessionEvent {
+            tag,
+            event: Some(Event::Finished(event)),
+        };
         // A broken connection: the session's task finds it so and cancels what is open.
         let _ = outbox.push(&ev);
     }

@@ -29,6 +29,9 @@ pub const FEATURES: &[&str] = &[
     // (inline) Small transfers carried whole on the control connection between daemons
     // (transfer.inline_max_bytes; peer protocol 11, engine inline.rs).
     "inline_small_transfers",
+    // (shmring) The framed session's `attach_board`: transfers' ends published in memory the
+    // client maps (api/local/board.rs); refused where `runtime.shared_completions` is off.
+    "shared_completions",
 ];
 
 /// What the daemon knows of itself, gathered at start-up (GPUs on first ask).

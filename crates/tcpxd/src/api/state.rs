@@ -43,6 +43,8 @@ pub struct DaemonState {
     /// Remote prepared lists: the first token each was prepared from (its node and where to
     /// dial it), so a transfer pairs again with a node that restarted.
     pub remote_prepared: Mutex<HashMap<u64, crate::block_token::BlockToken>>,
+    /// `runtime.shared_completions`: framed sessions may attach a completion board.
+    pub shared_completions: bool,
 }
 
 impl DaemonState {

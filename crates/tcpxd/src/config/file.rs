@@ -43,6 +43,7 @@ pub struct FileTopology {
 pub struct FileRuntime {
     pub spin: Option<String>,
     pub poller_sessions: Option<String>,
+    pub shared_completions: Option<bool>,
     pub async_workers: Option<usize>,
     pub state_dir: Option<PathBuf>,
     pub reattach_grace_s: Option<u64>,

@@ -109,6 +109,25 @@ fn spin_and_async_workers() {
     assert!(cfg("", on).unwrap().poller_sessions);
     let e = cfg("[runtime]\npoller_sessions = \"maybe\"\n", DaemonArgs::default()).unwrap_err();
     assert!(e.to_string().contains("runtime.poller_sessions"), "{e}");
+    // runtime.shared_completions: on by default; the file's bool, the flag's on / off.
+    assert!(cfg("", DaemonArgs::default()).unwrap().shared_completions);
+    let c = cfg("[runtime]\nshared_completions = false\n", DaemonArgs::default()).unwrap();
+    assert!(!c.shared_completions);
+    let on = DaemonArgs {
+        shared_completions: Some("on".into()),
+        ..Default::default()
+    };
+    assert!(
+        cfg("[runtime]\nshared_completions = false\n", on)
+            .unwrap()
+            .shared_completions
+    );
+    let bad = DaemonArgs {
+        shared_completions: Some("maybe".into()),
+        ..Default::default()
+    };
+    let e = cfg("", bad).unwrap_err();
+    assert!(e.to_string().contains("--shared-completions"), "{e}");
     // Bad values name the setting.
     let e = cfg("[runtime]\nspin = \"sometimes\"\n", DaemonArgs::default()).unwrap_err();
     assert!(e.to_string().contains("runtime.spin"), "{e}");

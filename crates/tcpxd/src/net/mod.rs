@@ -23,6 +23,7 @@ pub mod logger;
 mod memory;
 mod plugin;
 mod ring;
+pub mod shared_words;
 
 pub use comm::{
     ConnectHandle, Connector, ListenComm, MemHandle, RecvComm, RecvCompletion, RequestId, SIZE_SENTINEL,

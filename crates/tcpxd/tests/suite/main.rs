@@ -38,6 +38,7 @@ mod daemon_inline;
 mod daemon_inline_copies;
 mod daemon_lane_life;
 mod daemon_local;
+mod daemon_local_board;
 mod daemon_local_inline;
 mod daemon_local_notify;
 mod daemon_local_starting;

@@ -11,6 +11,7 @@
 //! It reads with `recvmsg`, so a `register_host_fd` frame's file descriptor comes with it
 //! (`fds`); the client's credentials decide whether it may hand over an unsealable file.
 
+pub mod board;
 pub mod fds;
 pub mod frame;
 pub mod inline;

@@ -9,12 +9,13 @@
 
 use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use bytes::{Buf, BytesMut};
 use tokio::sync::Notify;
 
+use super::board::Board;
 use super::frame::put_event;
 use crate::api::proto::v1 as pb;
 
@@ -33,6 +34,9 @@ pub struct Outbox {
     work: Notify,
     /// Writers waiting for the backlog to go under [`BACKLOG`].
     room: Notify,
+    /// The session's completion board, once attached (`attach_board`; board.rs): transfers'
+    /// ends are published there too, right before their events are pushed.
+    board: OnceLock<Board>,
 }
 
 #[derive(Default)]
@@ -57,7 +61,19 @@ impl Outbox {
             backlog: AtomicUsize::new(0),
             work: Notify::new(),
             room: Notify::new(),
+            board: OnceLock::new(),
         })
+    }
+
+    /// Attaches the session's board; `Err` (the board back) when it has one already.
+    pub fn attach_board(&self, board: Board) -> Result<(), Board> {
+        self.board.set(board)
+    }
+
+    /// Publishes a transfer's end on the session's board, if it has one and the end goes there
+    /// (`Board::publish`); whether it did. Called right before the end's event is pushed.
+    pub fn publish(&self, tag: u64, ev: &pb::TransferEvent) -> bool {
+        self.board.get().is_some_and(|b| b.publish(tag, ev))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

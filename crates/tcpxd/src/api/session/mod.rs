@@ -218,6 +218,9 @@ impl<E: Events> Session<'_, E> {
                 Next::Incoming(Incoming::Request(req)) if matches!(req.op, Some(Op::ReleaseBatch(_))) => {
                     self.release_batch(*req).await
                 }
+                Next::Incoming(Incoming::Request(req)) if matches!(req.op, Some(Op::AttachBoard(_))) => {
+                    self.attach_board(*req, requests).await
+                }
                 Next::Incoming(Incoming::Request(req)) if matches!(req.op, Some(Op::RegisterBatch(_))) => {
                     self.register_frame(*req, requests).await
                 }
@@ -386,7 +389,8 @@ impl<E: Events> Session<'_, E> {
             Some(Op::RegisterHostFd(_))
             | Some(Op::RegisterClientMemory(_))
             | Some(Op::RegisterBatch(_))
-            | Some(Op::ReleaseBatch(_)) => Err(Status::internal(
+            | Some(Op::ReleaseBatch(_))
+            | Some(Op::AttachBoard(_)) => Err(Status::internal(
                 "a registration reached the transfer path (registrations go in batches)",
             )),
             Some(Op::PrepareBlocks(r)) => return self.prepare(tag, r).await,
@@ -503,6 +507,58 @@ impl<E: Events> Session<'_, E> {
         }
     }
 
+    /// Attaches the client's completion board (src/api/local/board.rs), whose memfd came with
+    /// the frame: answered `board_attached`, or refused (nothing changes; the session goes on
+    /// with its events alone).
+    async fn attach_board<R: Requests>(
+        &mut self,
+        req: pb::SessionRequest,
+        requests: &mut R,
+    ) -> Result<(), Gone> {
+        let tag = req.tag;
+        let Some(Op::AttachBoard(r)) = req.op else {
+            return Ok(());
+        };
+        if tag == 0 {
+            let _ = requests.attached();
+            return self
+                .refuse(0, Status::invalid_argument("tag: must be nonzero"))
+                .await;
+        }
+        // The descriptor is taken first, whatever the answer: one that stayed would be given to
+        // the session's next frame.
+        let fd = requests
+            .attached()
+            .map_err(|s| Status::invalid_argument(s.message().replace("register_host_fd", "attach_board")));
+        let attached = match (&self.outbox, fd) {
+            (None, _) => Err(Status::failed_precondition(
+                "attach_board: only on the framed local session (the gRPC stream cannot carry its memfd)",
+            )),
+            (Some(_), _) if !self.state.shared_completions => Err(Status::failed_precondition(
+                "attach_board: this daemon has runtime.shared_completions off; the session's events carry every end",
+            )),
+            (Some(_), Err(status)) => Err(status),
+            (Some(outbox), Ok(a)) => super::local::board::Board::attach(&a.fd, r.slots).and_then(|b| {
+                let slots = b.slots();
+                outbox
+                    .attach_board(b)
+                    .map(|()| slots)
+                    .map_err(|_| Status::invalid_argument("attach_board: this session has a board already"))
+            }),
+        };
+        match attached {
+            Ok(slots) => {
+                tracing::debug!(slots, "local session: completion board attached");
+                self.send(tag, Event::BoardAttached(pb::BoardAttached { slots }))
+                    .await
+            }
+            Err(status) => {
+                tracing::debug!("local session: no completion board: {}", status.message());
+                self.refuse(tag, status).await
+            }
+        }
+    }
+
     /// Subscribes the session to the node's notifications (one subscription a session).
     async fn subscribe(&mut self, tag: u64) -> Result<(), Gone> {
         if let Some((under, _)) = &self.notifications {
@@ -595,6 +651,7 @@ fn stalls_poller(req: &pb::SessionRequest, len: u64) -> bool {
                     | Op::RegisterClientMemory(_)
                     | Op::RegisterBatch(_)
                     | Op::ReleaseBatch(_)
+                    | Op::AttachBoard(_)
                     | Op::PrepareBlocks(_)
                     | Op::ReleasePrepared(_)
             )

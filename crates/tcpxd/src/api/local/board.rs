@@ -1,0 +1,293 @@
+//! A framed session's completion board: memory the client and the daemon both map (a sealed
+//! memfd the client hands over with `attach_board`), where the daemon publishes the end of each
+//! of the session's transfers that finished OK, so that a client polling in a tight loop learns
+//! it by reading memory — no `recv`, no protobuf decode (docs/API.md, "The completion board").
+//!
+//! # Layout
+//!
+//! Little-endian u64 words. Word 0 is `published`: how many ends the daemon has published (the
+//! client's cheap "anything new?"). Words 1–7 are reserved (zero). Then `slots` slots of 8 words
+//! (one 64-byte cache line each); slot `i` starts at word `8 × (i + 1)`:
+//!
+//! | word | what |
+//! | --- | --- |
+//! | 0 | state: 0 free; [`CLAIMED`] being written; else the tag whose end it holds |
+//! | 1 | the transfer's id |
+//! | 2 | `total_bytes` |
+//! | 3 | `bytes_done` |
+//! | 4 | `elapsed_us` |
+//! | 5 | how many per-entry statuses the event has (each OK, with no message) |
+//! | 6–7 | reserved |
+//!
+//! A request with tag `t` is published in slot `t mod slots`.
+//!
+//! # State
+//!
+//! A slot goes free → CLAIMED → tag (the daemon) → free (the client, once it has read it). The
+//! daemon claims a slot only by a compare-exchange from 0 (acquire), so of two ends racing for
+//! one slot (tags `slots` apart) one wins and the other is not published; it writes words 1–4,
+//! then the tag (release), then adds 1 to `published` (release). The client reads `published`
+//! (acquire), then a slot's state (acquire): equal to its tag, words 1–4 are that end's; it
+//! reads them, then frees the slot (a release store of 0), after which the daemon may claim it
+//! again (its acquire pairs with that release, so it does not overwrite words the client is
+//! still reading). The Python reader relies on x86-64's ordering (loads are not reordered with
+//! loads, nor stores with earlier loads) and the C pass on acquire / release builtins.
+//!
+//! # Why nothing is missed
+//!
+//! The board is only ever in addition to the socket: every end the daemon publishes is also
+//! written as its `finished` event right after, under the same lock of the session's delivered
+//! tags (`crate::api::delivery::deliver_finished`), and refusals, failures and ends with a
+//! per-entry status that is not a plain OK go only as events. So a slot that is taken (an earlier end the client has
+//! not read), a client that never reads the board, or a hostile one that scribbles on it, only
+//! sends ends the socket's way; and a client that sleeps in `poll` on the socket is woken by the
+//! event as before. A DONE on the board means exactly what the `finished` event with status OK
+//! means: it is published at the same point, after the transfer's bytes are in place and its
+//! status is final. The client skips an event whose tag it already settled from the board.
+//!
+//! # What the daemon trusts
+//!
+//! Nothing it reads from the board: a slot's state decides only whether this session's end is
+//! published there (a compare-exchange), `published` is only added to. Every access is
+//! bounds-checked in `crate::net::shared_words`; the file is a memfd sealed against shrinking
+//! (`F_SEAL_SHRINK`, checked, so it can never be truncated under the mapping) and at least the
+//! board's size. A session's board is its own: another session's client cannot reach it.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::Ordering;
+
+use rustix::fs::{FileType, SealFlags};
+use tonic::Status;
+
+use crate::api::proto::v1 as pb;
+use crate::net::shared_words::SharedWords;
+
+/// A slot's state while the daemon writes it.
+pub const CLAIMED: u64 = u64::MAX;
+/// Words of the header and of each slot.
+pub const SLOT_WORDS: usize = 8;
+/// The fewest and the most slots a board may have.
+pub const MIN_SLOTS: u32 = 64;
+pub const MAX_SLOTS: u32 = 65_536;
+
+/// A session's board, mapped.
+pub struct Board {
+    words: SharedWords,
+    slots: u64,
+}
+
+impl Board {
+    /// Checks the client's file (a memfd sealed against shrinking, holding the board) and maps
+    /// it; the refusal names the field and the limit.
+    pub fn attach(fd: &OwnedFd, slots: u32) -> Result<Board, Status> {
+        if !slots.is_power_of_two() || !(MIN_SLOTS..=MAX_SLOTS).contains(&slots) {
+            return Err(Status::invalid_argument(format!(
+                "attach_board.slots: {slots} (a power of two, {MIN_SLOTS} to {MAX_SLOTS})"
+            )));
+        }
+        let words = (slots as usize + 1) * SLOT_WORDS;
+        let bad = |why: String| Status::invalid_argument(format!("attach_board: {why}"));
+        let st = rustix::fs::fstat(fd).map_err(|e| bad(format!("fstat: {e}")))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(bad("the descriptor is not a memfd".into()));
+        }
+        let seals = rustix::fs::fcntl_get_seals(fd).map_err(|e| {
+            bad(format!(
+                "the descriptor is not a memfd that takes seals (F_GET_SEALS: {e})"
+            ))
+        })?;
+        if !seals.contains(SealFlags::SHRINK) {
+            return Err(bad(
+                "the memfd is not sealed against shrinking (F_SEAL_SHRINK): the daemon maps only a board that cannot be \
+                 truncated under it"
+                    .into(),
+            ));
+        }
+        if seals.contains(SealFlags::WRITE) || seals.contains(SealFlags::FUTURE_WRITE) {
+            return Err(bad(
+                "the memfd is sealed against writing: the daemon writes the board".into(),
+            ));
+        }
+        let need = words as u64 * 8;
+        let size = u64::try_from(st.st_size).unwrap_or(0);
+        if size < need {
+            return Err(bad(format!(
+                "the memfd is {size} bytes; a board of {slots} slots needs {need} (64 × (slots + 1))"
+            )));
+        }
+        let words = SharedWords::map(fd.as_fd(), words)
+            .map_err(|e| Status::failed_precondition(format!("attach_board: {e}")))?;
+        Ok(Board {
+            words,
+            slots: u64::from(slots),
+        })
+    }
+
+    pub fn slots(&self) -> u32 {
+        self.slots as u32
+    }
+
+    /// Publishes a transfer's end under `tag` when its event says OK (and every per-entry status
+    /// OK, with no message) and its slot is free; whether it did. (The event goes to the socket
+    /// either way.)
+    pub fn publish(&self, tag: u64, ev: &pb::TransferEvent) -> bool {
+        let all_ok = ev.entries.iter().all(|e| e.code == 0 && e.message.is_empty());
+        if tag == 0 || tag == CLAIMED || ev.status_code != 0 || !all_ok {
+            return false;
+        }
+        let at = ((tag & (self.slots - 1)) as usize + 1) * SLOT_WORDS;
+        if !self.words.claim(at, 0, CLAIMED) {
+            return false;
+        }
+        let w = &self.words;
+        w.store(at + 1, ev.transfer_id, Ordering::Relaxed);
+        w.store(at + 2, ev.total_bytes, Ordering::Relaxed);
+        w.store(at + 3, ev.bytes_done, Ordering::Relaxed);
+        w.store(at + 4, ev.elapsed_us, Ordering::Relaxed);
+        w.store(at + 5, ev.entries.len() as u64, Ordering::Relaxed);
+        w.store(at, tag, Ordering::Release);
+        w.fetch_add(0, 1, Ordering::Release);
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::fs::MemfdFlags;
+
+    fn memfd(bytes: u64, seals: SealFlags) -> OwnedFd {
+        let fd = rustix::fs::memfd_create(
+            "tcpxd-board-test",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )
+        .unwrap();
+        rustix::fs::ftruncate(&fd, bytes).unwrap();
+        if !seals.is_empty() {
+            rustix::fs::fcntl_add_seals(&fd, seals).unwrap();
+        }
+        fd
+    }
+
+    fn ok(id: u64, bytes: u64) -> pb::TransferEvent {
+        pb::TransferEvent {
+            transfer_id: id,
+            total_bytes: bytes,
+            bytes_done: bytes,
+            elapsed_us: 7,
+            ..Default::default()
+        }
+    }
+
+    /// What a client sees: the file's words read back through a mapping of its own.
+    fn client_view(fd: &OwnedFd, words: usize) -> SharedWords {
+        SharedWords::map(fd.as_fd(), words).unwrap()
+    }
+
+    #[test]
+    fn an_end_is_published_in_its_slot_with_its_fields_then_freed_and_reused() {
+        let fd = memfd(64 * 65, SealFlags::SHRINK);
+        let board = Board::attach(&fd, 64).unwrap();
+        let view = client_view(&fd, 65 * 8);
+        assert!(board.publish(70, &ok(9, 4096)));
+        // tag 70 is slot 6: words 56.. (header 8, 8 a slot)
+        let at = (6 + 1) * 8;
+        assert_eq!(view.load(at, Ordering::Acquire), 70);
+        assert_eq!(
+            (1..6)
+                .map(|k| view.load(at + k, Ordering::Relaxed))
+                .collect::<Vec<_>>(),
+            vec![9, 4096, 4096, 7, 0]
+        );
+        assert_eq!(view.load(0, Ordering::Acquire), 1, "published counted");
+        // Taken until the client frees it: tag 134 (= 70 + 64) is not published.
+        assert!(!board.publish(134, &ok(10, 1)));
+        view.store(at, 0, Ordering::Release);
+        let mut two = ok(10, 1);
+        two.entries = vec![pb::EntryStatus::default(); 2];
+        assert!(board.publish(134, &two));
+        assert_eq!(view.load(at, Ordering::Acquire), 134);
+        assert_eq!(view.load(at + 5, Ordering::Relaxed), 2, "two OK entries");
+        assert_eq!(view.load(0, Ordering::Acquire), 2);
+    }
+
+    #[test]
+    fn failures_entries_tag_zero_and_claimed_go_only_as_events() {
+        let fd = memfd(64 * 65, SealFlags::SHRINK);
+        let board = Board::attach(&fd, 64).unwrap();
+        let mut failed = ok(1, 1);
+        failed.status_code = tonic::Code::DeadlineExceeded as i32;
+        failed.status_message = "the transfer's deadline passed".into();
+        assert!(!board.publish(1, &failed));
+        let mut entries = ok(2, 1);
+        entries.entries.push(pb::EntryStatus::default());
+        entries.entries.push(pb::EntryStatus {
+            code: 0,
+            message: "a message".into(),
+        });
+        assert!(!board.publish(2, &entries));
+        assert!(!board.publish(0, &ok(3, 1)));
+        assert!(!board.publish(CLAIMED, &ok(4, 1)));
+        let view = client_view(&fd, 65 * 8);
+        assert!(
+            (0..65 * 8).all(|i| view.load(i, Ordering::Relaxed) == 0),
+            "nothing written"
+        );
+    }
+
+    #[test]
+    fn garbage_from_the_client_never_reaches_past_the_board_nor_stops_the_daemon() {
+        let fd = memfd(64 * 65, SealFlags::SHRINK);
+        let board = Board::attach(&fd, 64).unwrap();
+        let view = client_view(&fd, 65 * 8);
+        for i in 0..65 * 8 {
+            view.store(i, 0xdead_beef_dead_beef ^ i as u64, Ordering::Relaxed);
+        }
+        // Every slot taken (nonzero): nothing is published, the events carry the ends.
+        assert!((1..200).all(|tag| !board.publish(tag, &ok(tag, 1))));
+        // `published` is only added to, whatever it held.
+        view.store(0, u64::MAX, Ordering::Relaxed);
+        view.store(8, 0, Ordering::Relaxed);
+        assert!(board.publish(64, &ok(1, 1)));
+        assert_eq!(view.load(0, Ordering::Relaxed), 0, "wrapped, no panic");
+    }
+
+    #[test]
+    fn the_file_must_be_a_sealed_memfd_of_the_boards_size() {
+        let code = |r: Result<Board, Status>| {
+            let e = r.err().expect("refused");
+            (e.code(), e.message().to_string())
+        };
+        let (c, m) = code(Board::attach(&memfd(64 * 65, SealFlags::SHRINK), 100));
+        assert_eq!(c, tonic::Code::InvalidArgument);
+        assert_eq!(m, "attach_board.slots: 100 (a power of two, 64 to 65536)");
+        assert!(
+            code(Board::attach(&memfd(64 * 65, SealFlags::SHRINK), 32))
+                .1
+                .contains("32")
+        );
+        assert!(
+            code(Board::attach(&memfd(64 * 65, SealFlags::SHRINK), 1 << 17))
+                .1
+                .contains("131072")
+        );
+        let (_, m) = code(Board::attach(&memfd(64 * 65, SealFlags::empty()), 64));
+        assert!(m.contains("F_SEAL_SHRINK"), "{m}");
+        let (_, m) = code(Board::attach(&memfd(64 * 64, SealFlags::SHRINK), 64));
+        assert_eq!(
+            m,
+            "attach_board: the memfd is 4096 bytes; a board of 64 slots needs 4160 (64 × (slots + 1))"
+        );
+        // A socket is not a memfd.
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (_, m) = code(Board::attach(&OwnedFd::from(a), 64));
+        assert!(m.contains("not a memfd"), "{m}");
+        // Larger than needed is fine.
+        assert_eq!(
+            Board::attach(&memfd(1 << 20, SealFlags::SHRINK), 64)
+                .unwrap()
+                .slots(),
+            64
+        );
+    }
+}

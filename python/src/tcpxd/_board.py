@@ -1,0 +1,169 @@
+"""A framed local session's completion board: memory this process and the daemon both map, where
+the daemon publishes each of the session's transfers that finished OK, so a caller polling a
+transfer learns its end by reading memory — no `recv`, no protobuf decode (docs/API.md, "The
+completion board"; the daemon's side and the memory's layout: crates/tcpxd/src/api/local/board.rs).
+
+The client makes the board (a memfd sealed against shrinking and growing, of 64 × (slots + 1)
+bytes), sends it with the session's first frame (`attach_board`, SCM_RIGHTS) and keeps it if the
+daemon answers `board_attached`; a daemon that predates it, or has `runtime.shared_completions`
+off, refuses the request and the session goes on with its events alone (said once in the log).
+
+What the board says is never all there is: every end published there also comes as its event on
+the socket right after, and failures and refusals come only as events. So the board only lets a
+poller see an OK end sooner and cheaper; whoever settles a tag (from the board or from its event)
+frees its slot, under the session's lock, and an event whose tag is settled already is dropped as
+any event without a pending request is. Word 0 (`published`, how many ends the daemon published)
+tells a poller in one read whether there is anything new to look for.
+
+Reading order: `published`, then a slot's state word, then its fields, then the free (a store of
+0) — loads in program order and a store after them, which x86-64 keeps in that order (this
+package's platform, as the daemon's).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import mmap
+import os
+import struct
+from typing import Optional, Tuple
+
+from . import _local, _proto
+
+log = logging.getLogger("tcpxd")
+
+#: Slots a board has: a request with tag t goes in slot t mod SLOTS (a tag whose slot an unread
+#: end still holds goes the socket's way). TCPXD_BOARD_SLOTS (a power of two, 64 to 65,536);
+#: 0 makes no board (every end comes as an event, as before).
+SLOTS = 256
+#: Bytes of the header and of each slot (a cache line each).
+SLOT_BYTES = 64
+
+_U64 = struct.Struct("<Q")
+_FIELDS = struct.Struct("<5Q")
+
+_told = False
+
+
+def slots_wanted() -> int:
+    """The slots a new session's board gets (TCPXD_BOARD_SLOTS, else SLOTS); 0: no board."""
+    v = os.environ.get("TCPXD_BOARD_SLOTS", "")
+    if not v:
+        return SLOTS
+    try:
+        n = int(v)
+    except ValueError:
+        return SLOTS
+    return n if n == 0 or (64 <= n <= 65536 and n & (n - 1) == 0) else SLOTS
+
+
+def refused(why: str) -> None:
+    """A session went without a board: said once a process (every later one goes without it alike)."""
+    global _told
+    if not _told:
+        _told = True
+        log.info("tcpxd: the daemon's sessions carry no completion board (%s); transfers' ends come as events", why)
+
+
+class Board:
+    """The client's mapping of a board (`fd`, to send with `attach_board`, closed by `sent()`)."""
+
+    __slots__ = ("mem", "mask", "slots", "fd", "seen")
+
+    def __init__(self, slots: int):
+        size = SLOT_BYTES * (slots + 1)
+        fd = os.memfd_create("tcpxd-board", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            self.mem = mmap.mmap(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd: Optional[int] = fd
+        self.slots = slots
+        self.mask = slots - 1
+        #: `published` as last read (`news`).
+        self.seen = 0
+
+    @staticmethod
+    def make() -> Optional["Board"]:
+        """A new board of slots_wanted() slots; None when none is wanted or none can be made (no
+        memfd here: said once)."""
+        n = slots_wanted()
+        if n == 0:
+            return None
+        try:
+            return Board(n)
+        except (OSError, AttributeError, ValueError) as e:
+            refused(f"no sealed memfd could be made here: {e}")
+            return None
+
+    def sent(self) -> None:
+        """The descriptor went with `attach_board` (or the session has none): closed here; the
+        mapping stays."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def news(self) -> bool:
+        """Whether the daemon published an end since the last call that said so (one read)."""
+        n = _U64.unpack_from(self.mem, 0)[0]
+        if n == self.seen:
+            return False
+        self.seen = n
+        return True
+
+    def take(self, tag: int) -> Optional[Tuple[int, int, int, int, int]]:
+        """The end published for `tag` — (transfer_id, total_bytes, bytes_done, elapsed_us, the
+        number of per-entry statuses, each OK) —
+        its slot freed; None when its slot holds no end of this tag. Callers serialize takes and
+        `forget`s (the session's lock)."""
+        off = ((tag & self.mask) + 1) * SLOT_BYTES
+        mem = self.mem
+        if _U64.unpack_from(mem, off)[0] != tag:
+            return None
+        fields: Tuple[int, int, int, int, int] = _FIELDS.unpack_from(mem, off + 8)
+        _U64.pack_into(mem, off, 0)
+        return fields
+
+    def forget(self, tag: int) -> None:
+        """`tag` was settled by its event: its slot is freed if the daemon published it there."""
+        off = ((tag & self.mask) + 1) * SLOT_BYTES
+        if _U64.unpack_from(self.mem, off)[0] == tag:
+            _U64.pack_into(self.mem, off, 0)
+
+    def close(self) -> None:
+        self.sent()
+        try:
+            self.mem.close()
+        except BufferError:  # (a view of it still alive: the mapping goes with the object)
+            pass
+
+
+def attach(conn: _local.Connection) -> Optional[Board]:
+    """Makes a board and attaches it to the new session on `conn` (one round trip, before the
+    session's first request); None when the session goes without (the daemon refused it: too old,
+    `runtime.shared_completions` off; or no memfd here). Raises what the exchange raises when the
+    connection itself failed (`_local.Gone`, OSError)."""
+    board = Board.make()
+    if board is None:
+        return None
+    try:
+        req = _proto.message("AttachBoardRequest")(slots=board.slots)
+        ev = conn.exchange("attach_board", req, _local.HANDSHAKE_TIMEOUT, fd=board.fd)
+    except BaseException:
+        board.close()
+        raise
+    finally:
+        board.sent()
+        conn.sock.settimeout(None)  # (the exchange's deadline: the session's socket blocks)
+        conn._timeout = None
+    kind = None if ev is None else ev.WhichOneof("event")
+    if kind == "board_attached":
+        return board
+    board.close()
+    refused(ev.refused.message if ev is not None and kind == "refused" else f"answered {kind}")
+    return None
+

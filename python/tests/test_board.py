@@ -1,0 +1,196 @@
+"""The local session's completion board (tcpxd._board; the daemon's side crates/tcpxd/src/api/local/board.rs):
+a session attaches one when it opens, and a poll or a wait settles a transfer's OK end from it
+before the socket's event; what the board settles is what the event says (ids, sizes, entries),
+failures and refusals still come as events, bytes are compared. The same through tcpxd.nixl's
+agent (with and without the C pass). Without a board — the daemon's `runtime.shared_completions`
+off (as an older daemon refuses the request), TCPXD_BOARD_SLOTS=0, no memfd here — every end comes
+as an event, as before, and the refusal is said once in the log. A client that scribbles on its
+own board only sends its ends the socket's way."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+import pytest
+
+import tcpxd
+from tcpxd import _board
+from tcpxd.nixl import nixl_agent, nixl_agent_config
+
+from conftest import start_daemon, stop_daemon
+from test_nixl_transfers import pair, regions
+
+KIB = 1 << 10
+
+
+def _reads(s, src, dst, n, size=4 * KIB):
+    """`n` 4 KiB WRITEs one at a time on session `s`, each polled until done; their results."""
+    out = []
+    for i in range(n):
+        f = s.write(src, dst, size, local_offset=i * size, remote_offset=i * size)
+        deadline = time.monotonic() + 30
+        while not f.done():
+            assert time.monotonic() < deadline, "not done within 30 s"
+        out.append(f.result())
+    return out
+
+
+def test_a_sessions_ok_ends_are_settled_from_its_board_as_their_events_say(peered):
+    a, b = peered
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        with ca.register_host(1 << 20) as src, cb.register_host(1 << 20) as dst:
+            src.fill(seed=11)
+            with ca.session() as s:
+                board = s._board
+                assert board is not None and board.slots == _board.SLOTS
+                settled = []
+                from_board = s._from_board
+
+                def counting():
+                    got = from_board()
+                    settled.append(got)
+                    return got
+
+                s._from_board = counting  # type: ignore[method-assign]
+                results = _reads(s, src, dst, 64)
+                assert any(settled), "no end was settled from the board"
+                assert board.seen >= 1
+                assert all(r.total_bytes == r.bytes_done == 4 * KIB and r.entries == [(0, "")] for r in results)
+                assert len({r.transfer_id for r in results}) == 64
+                # Many in flight, waited with result(): the board and the events agree.
+                futs = [s.write(src, dst, 16 * KIB, local_offset=i * 16 * KIB, remote_offset=i * 16 * KIB) for i in range(48)]
+                assert [f.result(timeout=60).total_bytes for f in futs] == [16 * KIB] * 48
+                # A refusal still comes as its event (nothing on the board for it).
+                bad = s.write(src, dst, 4 * KIB, remote_offset=(1 << 20) - 10)
+                with pytest.raises(tcpxd.InvalidArgument, match="remote_offset"):
+                    bad.result(timeout=30)
+                # Every slot the session settled is free again (by the board or by the event).
+                time.sleep(0.05)
+                s.poll()
+                mem = board.mem
+                assert all(int.from_bytes(mem[64 * (i + 1) : 64 * (i + 1) + 8], "little") == 0 for i in range(board.slots))
+            assert src.read_bytes()[: 48 * 16 * KIB] == dst.read_bytes()[: 48 * 16 * KIB]
+
+
+def test_a_client_scribbling_on_its_board_still_gets_every_end(peered):
+    a, b = peered
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        with ca.register_host(1 << 20) as src, cb.register_host(1 << 20) as dst:
+            src.fill(seed=12)
+            with ca.session() as s:
+                board = s._board
+                assert board is not None
+                board.mem[:] = b"\xa5" * len(board.mem)  # every slot "taken" by garbage
+                results = _reads(s, src, dst, 40)  # each settled by its event
+                assert [r.total_bytes for r in results] == [4 * KIB] * 40
+            assert src.read_bytes()[: 40 * 4 * KIB] == dst.read_bytes()[: 40 * 4 * KIB]
+
+
+@pytest.mark.parametrize("native", ["C pass", "no C pass"])
+def test_a_tight_nixl_loop_sees_done_on_the_board(daemons, native):
+    a, b = daemons
+    A, B = pair(a, b)
+    if native == "no C pass":
+        A._outer_native = False
+    try:
+        amem, ablocks = regions(A, 8)
+        bmem, bblocks = regions(B, 8)
+        A.add_remote_agent(B.get_agent_metadata())
+        bmem[:] = np.random.default_rng(3).integers(0, 256, bmem.nbytes, dtype=np.uint8)
+        local = A.prep_xfer_dlist("NIXL_INIT_AGENT", ablocks, "DRAM")
+        remote = A.prep_xfer_dlist("xf-B", bblocks, "DRAM")
+        session = A._session_now()
+        assert session._board is not None
+        before = session._board.seen
+        for i in range(40):
+            h = A.make_prepped_xfer("READ", local, [i % 8], remote, [(i + 3) % 8])
+            A.transfer(h)
+            deadline = time.monotonic() + 30
+            while (state := A.check_xfer_state(h)) == "PROC":
+                assert time.monotonic() < deadline
+            assert state == "DONE", h.error
+            A.release_xfer_handle(h)
+        assert session._board.seen > before, "no end was seen on the board"
+        blk = bmem.nbytes // 8
+        for i in range(8):
+            j = (i + 3) % 8
+            assert bytes(amem[i * blk : (i + 1) * blk]) == bytes(bmem[j * blk : (j + 1) * blk])
+    finally:
+        A.close()
+        B.close()
+
+
+def test_without_a_board_every_end_comes_as_an_event_and_it_is_said_once(tmp_root, caplog, monkeypatch):
+    off_a = start_daemon(tmp_root, "brd-off-a", ["--shared-completions", "off"])
+    off_b = start_daemon(tmp_root, "brd-off-b")
+    monkeypatch.setattr(_board, "_told", False)
+    try:
+        with caplog.at_level(logging.INFO, logger="tcpxd"):
+            with tcpxd.Client(off_a.endpoint) as ca, tcpxd.Client(off_b.endpoint) as cb:
+                with ca.register_host(1 << 20) as src, cb.register_host(1 << 20) as dst:
+                    src.fill(seed=13)
+                    for _ in range(2):
+                        with ca.session() as s:
+                            assert s.path == "local session" and s._board is None
+                            assert [r.total_bytes for r in _reads(s, src, dst, 8)] == [4 * KIB] * 8
+                    assert src.read_bytes()[: 8 * 4 * KIB] == dst.read_bytes()[: 8 * 4 * KIB]
+        said = [r.getMessage() for r in caplog.records if "completion board" in r.getMessage()]
+        assert len(said) == 1 and "runtime.shared_completions off" in said[0], said
+        # No board wanted, or none can be made here: the same, on a daemon that offers one.
+        monkeypatch.setenv("TCPXD_BOARD_SLOTS", "0")
+        with tcpxd.Client(off_b.endpoint) as cb:
+            with cb.session() as s:
+                assert s._board is None
+        monkeypatch.delenv("TCPXD_BOARD_SLOTS")
+
+        def no_memfd(*_a):
+            raise OSError(38, "Function not implemented")
+
+        monkeypatch.setattr(os, "memfd_create", no_memfd)
+        monkeypatch.setattr(_board, "_told", False)
+        with caplog.at_level(logging.INFO, logger="tcpxd"):
+            with tcpxd.Client(off_b.endpoint) as cb:
+                with cb.session() as s:
+                    assert s._board is None
+        assert any("no sealed memfd" in r.getMessage() for r in caplog.records)
+    finally:
+        stop_daemon(off_a)
+        stop_daemon(off_b)
+
+
+def test_slots_wanted_reads_the_environment(monkeypatch):
+    for v, want in [("", 256), ("0", 0), ("64", 64), ("65536", 65536), ("100", 256), ("32", 256), ("x", 256)]:
+        monkeypatch.setenv("TCPXD_BOARD_SLOTS", v)
+        assert _board.slots_wanted() == want, v
+
+
+def test_a_nixl_agent_on_a_daemon_without_boards_works_as_before(tmp_root):
+    a = start_daemon(tmp_root, "brd-nx-a", ["--shared-completions", "off"])
+    b = start_daemon(tmp_root, "brd-nx-b")
+    A = nixl_agent("xf-A", nixl_agent_config(endpoint=a.endpoint))
+    B = nixl_agent("xf-B", nixl_agent_config(endpoint=b.endpoint))
+    try:
+        A.add_remote_agent(B.get_agent_metadata())
+        amem, ablocks = regions(A, 4)
+        bmem, bblocks = regions(B, 4)
+        A.add_remote_agent(B.get_agent_metadata())
+        amem[:] = 7
+        local = A.prep_xfer_dlist("NIXL_INIT_AGENT", ablocks, "DRAM")
+        remote = A.prep_xfer_dlist("xf-B", bblocks, "DRAM")
+        assert A._session_now()._board is None
+        h = A.make_prepped_xfer("WRITE", local, [0, 1], remote, [2, 3])
+        A.transfer(h)
+        deadline = time.monotonic() + 30
+        while A.check_xfer_state(h) == "PROC":
+            assert time.monotonic() < deadline
+        assert A.check_xfer_state(h) == "DONE", h.error
+        blk = amem.nbytes // 4
+        assert bytes(bmem[2 * blk : 4 * blk]) == bytes(amem[:2 * blk])
+    finally:
+        A.close()
+        B.close()
+        stop_daemon(a)
+        stop_daemon(b)
