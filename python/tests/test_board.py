@@ -194,3 +194,48 @@ def test_a_nixl_agent_on_a_daemon_without_boards_works_as_before(tmp_root):
         B.close()
         stop_daemon(a)
         stop_daemon(b)
+
+
+@pytest.mark.parametrize("spin_s", [0.0, 0.02])
+def test_the_plain_clients_waits_read_the_board(peered, monkeypatch, spin_s):
+    """`Client.read` / `write` (waited, on the pool's connections): with a spin the OK end is taken
+    from the board and the event that follows is dropped by the next call; without one the event
+    settles it and frees the slot. Either way every result is what the event says."""
+    from tcpxd import _local, _ops
+
+    a, b = peered
+    monkeypatch.setattr(_local, "SPIN_S", spin_s)
+    from_board = []
+    done_result = _ops.done_result
+
+    def counting(*fields):
+        from_board.append(fields)
+        return done_result(*fields)
+
+    monkeypatch.setattr(_ops, "done_result", counting)
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        with ca.register_host(1 << 20) as src, cb.register_host(1 << 20) as dst, ca.register_host(1 << 20) as back:
+            src.fill(seed=14)
+            ids = set()
+            for i in range(30):
+                w = ca.write(src, dst, 4 * KIB, local_offset=i * 4 * KIB, remote_offset=i * 4 * KIB)
+                r = ca.read(dst, back, 4 * KIB, remote_offset=i * 4 * KIB, local_offset=i * 4 * KIB)
+                assert (w.total_bytes, r.total_bytes, w.bytes_done, r.bytes_done) == (4 * KIB,) * 4
+                assert w.entries == r.entries == [(0, "")]
+                ids |= {w.transfer_id, r.transfer_id}
+            assert len(ids) == 60
+            # A refusal after ends the board gave: its own event, not a stale one.
+            with pytest.raises(tcpxd.InvalidArgument, match="remote_offset"):
+                ca.write(src, dst, 4 * KIB, remote_offset=(1 << 20) - 10)
+            assert back.read_bytes()[: 30 * 4 * KIB] == src.read_bytes()[: 30 * 4 * KIB]
+            pool = ca._local
+            conns = pool._idle + list(pool._busy)
+            assert conns and all(c.board is not None for c in conns)
+            if spin_s:
+                assert from_board, "no waited call took its end from the board"
+            else:
+                assert not from_board
+                for c in conns:  # every slot freed by the events that settled them
+                    mem = c.board.mem
+                    assert all(int.from_bytes(mem[64 * (i + 1) : 64 * (i + 1) + 8], "little") == 0
+                               for i in range(c.board.slots))

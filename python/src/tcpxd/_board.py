@@ -27,9 +27,9 @@ import logging
 import mmap
 import os
 import struct
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
-from . import _local, _proto
+from . import _proto
 
 log = logging.getLogger("tcpxd")
 
@@ -108,8 +108,12 @@ class Board:
             os.close(fd)
 
     def news(self) -> bool:
-        """Whether the daemon published an end since the last call that said so (one read)."""
-        n = _U64.unpack_from(self.mem, 0)[0]
+        """Whether the daemon published an end since the last call that said so (one read); False
+        once the board is closed (its session ended)."""
+        try:
+            n = _U64.unpack_from(self.mem, 0)[0]
+        except ValueError:  # closed
+            return False
         if n == self.seen:
             return False
         self.seen = n
@@ -122,19 +126,27 @@ class Board:
         `forget`s (the session's lock)."""
         off = ((tag & self.mask) + 1) * SLOT_BYTES
         mem = self.mem
-        if _U64.unpack_from(mem, off)[0] != tag:
+        try:
+            if _U64.unpack_from(mem, off)[0] != tag:
+                return None
+            fields: Tuple[int, int, int, int, int] = _FIELDS.unpack_from(mem, off + 8)
+            _U64.pack_into(mem, off, 0)
+        except ValueError:  # closed
             return None
-        fields: Tuple[int, int, int, int, int] = _FIELDS.unpack_from(mem, off + 8)
-        _U64.pack_into(mem, off, 0)
         return fields
 
     def forget(self, tag: int) -> None:
         """`tag` was settled by its event: its slot is freed if the daemon published it there."""
         off = ((tag & self.mask) + 1) * SLOT_BYTES
-        if _U64.unpack_from(self.mem, off)[0] == tag:
-            _U64.pack_into(self.mem, off, 0)
+        try:
+            if _U64.unpack_from(self.mem, off)[0] == tag:
+                _U64.pack_into(self.mem, off, 0)
+        except ValueError:  # closed
+            pass
 
     def close(self) -> None:
+        """Unmaps the board (and closes the descriptor Python's mmap keeps of the memfd): for when
+        its session or connection is closed; a later read finds nothing."""
         self.sent()
         try:
             self.mem.close()
@@ -142,17 +154,18 @@ class Board:
             pass
 
 
-def attach(conn: _local.Connection) -> Optional[Board]:
+def attach(conn: Any, timeout: float) -> Optional[Board]:
     """Makes a board and attaches it to the new session on `conn` (one round trip, before the
     session's first request); None when the session goes without (the daemon refused it: too old,
     `runtime.shared_completions` off; or no memfd here). Raises what the exchange raises when the
-    connection itself failed (`_local.Gone`, OSError)."""
+    connection itself failed (`_local.Gone`, OSError). `conn`: a tcpxd._local.Connection just
+    opened; `timeout`: how long the answer may take."""
     board = Board.make()
     if board is None:
         return None
     try:
         req = _proto.message("AttachBoardRequest")(slots=board.slots)
-        ev = conn.exchange("attach_board", req, _local.HANDSHAKE_TIMEOUT, fd=board.fd)
+        ev = conn.exchange("attach_board", req, timeout, fd=board.fd)
     except BaseException:
         board.close()
         raise

@@ -30,7 +30,7 @@ import time
 import weakref
 from typing import Any, Iterator, List, Optional, Sequence, Set, Union
 
-from . import _ops, _proto, _waited
+from . import _board, _ops, _proto, _waited
 from ._ops import TransferResult
 from .errors import Cancelled, DeadlineExceeded, ResourceExhausted, TcpxdError, Unavailable, from_status
 
@@ -173,7 +173,14 @@ class Gone(Exception):
 
 
 class Connection:
-    """One framed session with the daemon, carrying one transfer at a time on the caller's thread."""
+    """One framed session with the daemon, carrying one transfer at a time on the caller's thread.
+
+    With a completion board (tcpxd._board; the pool's connections attach one when they open), a
+    waited transfer's spin looks at the board for its OK end: found there, the call returns without
+    reading the socket, and the event, which follows, is dropped when it comes (`_stale`)."""
+
+    #: The connection's completion board, where the daemon gave it one.
+    board: Optional[_board.Board] = None
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -185,6 +192,10 @@ class Connection:
         self._poll: Any = None  # `_spin`'s (made on first use; a connection is one thread's at a time)
         self._ready_poll: Any = None  # `ready`'s (its callers hold a lock)
         self._readable = False  # `_spin` saw the answer: `_fill` reads without waiting
+        #: Tags settled from the board whose events are still to come (dropped when read).
+        self._stale: Set[int] = set()
+        #: Events read ahead while spinning (not stale), for `receive` to return first.
+        self._early: List[Any] = []
 
     def exchange(self, field: str, req: Any, timeout: Optional[float], fd: Optional[int] = None,
                  body: Optional[bytes] = None) -> Optional[Any]:
@@ -194,9 +205,47 @@ class Connection:
         connection ended unanswered, socket.timeout when `timeout` (plus BACKSTOP) passed."""
         if not self.send(field, req, timeout, fd, body=body):
             return None
-        if SPIN_S > 0 and not self._ahead:
+        board = self.board
+        if board is not None and SPIN_S > 0 and not self._early:
+            got = self._spin_board(board, SPIN_S)
+            if got is not None:
+                return got
+        elif SPIN_S > 0 and not self._ahead:
             self._readable = self._spin(SPIN_S)
         return self.receive()
+
+    def _spin_board(self, board: _board.Board, budget: float) -> Optional[Any]:
+        """`_spin` with a board: up to `budget` seconds, the request's OK end on the board (then
+        returned, its slot freed, its event left to drop: a tuple, `_board.Board.take`'s), or
+        an event that is not a stale one read (kept for `receive`); None: `receive` next."""
+        tag = self._tag
+        waiter = self._poller()
+        end = time.perf_counter() + budget
+        while True:
+            got = board.take(tag)
+            if got is not None:
+                self._stale.add(tag)
+                return got
+            if self._ahead or waiter.poll(0):
+                # Stale events (ends the board gave) are dropped here; anything else is kept.
+                early = [ev for ev in self.ready(True) if not self._dropped(ev)]
+                if early:
+                    self._early = early
+                    return None
+            elif time.perf_counter() >= end:
+                return None
+
+    def _dropped(self, ev: Any) -> bool:
+        """Whether `ev` is the event of an end the board gave (dropped); else its slot is freed
+        if the board holds it (settled by the event)."""
+        tag = ev.tag
+        if tag in self._stale:
+            self._stale.discard(tag)
+            return True
+        board = self.board
+        if board is not None:
+            board.forget(tag)
+        return False
 
     def _poller(self) -> Any:
         waiter = self._poll
@@ -273,8 +322,20 @@ class Connection:
         return self._tag
 
     def receive(self) -> Any:
-        """The daemon's next event. Bytes past it (the next pipelined answers) are kept for the
-        next call; a connection carrying one request at a time never has any."""
+        """The daemon's next event (never a stale one: `_dropped`). Bytes past it (the next
+        pipelined answers) are kept for the next call; a connection carrying one request at a time
+        never has any but the events of ends the board gave."""
+        while True:
+            if self._early:
+                ev = self._early.pop(0)
+            else:
+                ev = self._receive()
+            if not self._stale and self.board is None:
+                return ev
+            if not self._dropped(ev):
+                return ev
+
+    def _receive(self) -> Any:
         buf = self._buf
         have = self._ahead
         if have < HEADER.size:
@@ -392,6 +453,8 @@ class Connection:
 
     def close(self) -> None:
         self.sock.close()
+        if self.board is not None:
+            self.board.close()
 
     def half_close(self) -> None:
         """Sends no more: the daemon finishes what is in flight, then closes the connection."""
@@ -504,6 +567,9 @@ class LocalSessions:
             if ev is None:
                 self._give_back(conn)
                 return None  # too large for a frame
+            if type(ev) is tuple:  # its OK end, from the board
+                self._give_back(conn)
+                return _ops.done_result(*ev)
             if ev.tag == conn.tag:
                 self._give_back(conn)
             else:
@@ -535,6 +601,11 @@ class LocalSessions:
     def _open(self) -> Optional[Connection]:
         conn = self.connect()
         if conn is None:
+            return None
+        try:  # its completion board (none where the daemon gives none: events alone)
+            conn.board = _board.attach(conn, HANDSHAKE_TIMEOUT)
+        except (Gone, OSError):
+            conn.close()  # (it failed at once: the gRPC call gets its own answer)
             return None
         with self._lock:
             if not self._closed:

@@ -429,6 +429,13 @@ def settle(fut: Any, ev: Any) -> None:
 _OK_ENTRY = (0, "")
 
 
+def done_result(transfer_id: int, total_bytes: int, bytes_done: int, elapsed_us: int, entries: int) -> TransferResult:
+    """The result of an OK end as the completion board published it (tcpxd._board): what
+    `result` gives for its `finished` event (status OK, `entries` per-entry statuses each OK)."""
+    return TransferResult(transfer_id=transfer_id, total_bytes=total_bytes, bytes_done=bytes_done,
+                          elapsed_us=elapsed_us, entries=[_OK_ENTRY] * entries if entries else [])
+
+
 def settle_done(fut: Any, transfer_id: int, total_bytes: int, bytes_done: int, elapsed_us: int, entries: int) -> None:
     """Resolves a session's future by its transfer's OK end as the completion board published it
     (tcpxd._board): what `settle` gives for the `finished` event of status OK, with `entries`
@@ -437,8 +444,7 @@ def settle_done(fut: Any, transfer_id: int, total_bytes: int, bytes_done: int, e
     if getattr(fut, "skips_result", False):
         fut.set_result(None)
         return
-    fut.set_result(TransferResult(transfer_id=transfer_id, total_bytes=total_bytes, bytes_done=bytes_done,
-                                  elapsed_us=elapsed_us, entries=[_OK_ENTRY] * entries if entries else []))
+    fut.set_result(done_result(transfer_id, total_bytes, bytes_done, elapsed_us, entries))
 
 
 def notification(n: Any) -> Notification:

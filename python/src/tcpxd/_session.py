@@ -193,7 +193,7 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         self._conn = client._local.connect() if client._local is not None else None
         if self._conn is not None:
             try:
-                self._board = _board.attach(self._conn)
+                self._board = _board.attach(self._conn, _local.HANDSHAKE_TIMEOUT)
             except (_local.Gone, OSError):
                 pass  # the connection failed: the reader finds it so and ends the session
             try:  # room for a burst of requests (tcpxd.nixl posts a transfer's parts in one write)
@@ -656,6 +656,8 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
             if self._timer is not None:
                 self._timer.cancel()
             self._conn.close()
+            if self._board is not None:
+                self._board.close()
 
     def close(self) -> None:
         """Half-closes the stream: the daemon finishes what is in flight, then the stream ends."""
@@ -671,6 +673,8 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
             if self._timer is not None:
                 self._timer.cancel()
             self._conn.close()  # the reader has ended: the descriptor is not in use
+            if self._board is not None:
+                self._board.close()  # (a poll after this finds nothing there)
 
     def __enter__(self) -> "Session":
         return self

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""The completion board (session 25, shmring) before and after, alternating: small calls as a user
+sees them, three ways in one invocation —
+
+- A: the after tree's package and daemon, the board on (the default);
+- O: the same package and daemon with the board off on the client (`TCPXD_BOARD_SLOTS=0`: every
+  end read from the socket, as before), which isolates the board from everything else;
+- B: the before tree's package and daemon (e.g. /work/before-s25: `tcpxd` and `python/src`).
+
+Each round runs A O B B O A; each run is `benches/api_legs.py --no-trace --only read,write,nixl,notif`
+(two daemons on the emulation, `tcpxd.Client.read` / `write` 4 KiB, tcpxd.nixl 4 KiB READ polled
+tight and with `sleep(0)`, a WRITE polled tight, the notification round trip) and, with
+`--compare`, `python -m tcpxd.nixl_compare --impl tcpxd` (its small rows). Prints each row's p50 and
+p99 (median of the runs) per label, and per round the A runs' sum ÷ the B runs' (and ÷ O's), with
+their median: read the ratios, which are measured within a round.
+
+    python3 benches/board_ab.py --after-bin target/release/tcpxd --before-bin /work/before-s25/tcpxd \\
+        --before-py /work/before-s25/python/src --rounds 3 --iters 1000 --compare
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+LEGS = re.compile(r"^(\S.*?): (\d+) calls, p50 ([\d.]+) µs, p90 ([\d.]+), p99 ([\d.]+)")
+COMPARE = re.compile(r"^(4 KiB (?:READ|WRITE) p(?:50|99) µs \([^)]*\)|notification round trip p(?:50|99) µs)\s+([\d.]+)")
+
+
+def run(label: str, py: str, binary: str, env_extra: Dict[str, str], a: argparse.Namespace) -> Dict[str, Tuple[float, float]]:
+    """One run: {row: (p50, p99)}."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = py
+    env.update(env_extra)
+    out: Dict[str, Tuple[float, float]] = {}
+    cmd = [a.python, str(HERE / "api_legs.py"), "--tcpxd", binary, "--no-trace", "--only", a.only, "--iters", str(a.iters)]
+    got = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
+    for line in got.stdout.splitlines():
+        m = LEGS.match(line)
+        if m:
+            out[m.group(1)] = (float(m.group(3)), float(m.group(5)))
+    if got.returncode != 0 or not out:
+        print(f"{label}: api_legs failed ({got.returncode}):\n{got.stderr[-2000:]}", file=sys.stderr)
+    if a.compare:
+        cmd = [a.python, "-m", "tcpxd.nixl_compare", "--impl", "tcpxd", "--rounds", "1", "--iters", "1",
+               "--mib", "16", "--small-iters", str(a.iters), "--tcpxd", binary]
+        got = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout)
+        p: Dict[str, float] = {}
+        for line in got.stdout.splitlines():
+            m = COMPARE.match(line.strip())
+            if m:
+                p[m.group(1)] = float(m.group(2))
+        for k, v in p.items():
+            if " p50 " in k:
+                out["compare: " + k.replace(" p50 µs", "")] = (v, p.get(k.replace(" p50 ", " p99 "), float("nan")))
+        if got.returncode != 0 or not p:
+            print(f"{label}: nixl_compare failed ({got.returncode}):\n{got.stderr[-2000:]}", file=sys.stderr)
+    print(f"{label}: " + ", ".join(f"{k} {v[0]:.1f}/{v[1]:.0f}" for k, v in out.items()), file=sys.stderr, flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--after-bin", required=True)
+    ap.add_argument("--after-py", default=str(ROOT / "python/src"))
+    ap.add_argument("--before-bin", required=True)
+    ap.add_argument("--before-py", required=True)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=1000)
+    ap.add_argument("--only", default="read,write,nixl,notif")
+    ap.add_argument("--compare", action="store_true", help="also tcpxd.nixl_compare --impl tcpxd's small rows")
+    ap.add_argument("--no-off", action="store_true", help="leave out O (the board off on the client)")
+    ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--timeout", type=float, default=900)
+    a = ap.parse_args()
+    labels = {
+        "A": (a.after_py, a.after_bin, {}),
+        "O": (a.after_py, a.after_bin, {"TCPXD_BOARD_SLOTS": "0"}),
+        "B": (a.before_py, a.before_bin, {}),
+    }
+    order = "ABBA" if a.no_off else "AOBBOA"
+    runs: List[List[Tuple[str, Dict[str, Tuple[float, float]]]]] = []
+    for r in range(a.rounds):
+        this = []
+        for label in order:
+            py, binary, env = labels[label]
+            this.append((label, run(f"round {r + 1} {label}", py, binary, env, a)))
+        runs.append(this)
+    rows: List[str] = []
+    for rnd in runs:
+        for _, res in rnd:
+            rows += [k for k in res if k not in rows]
+    print(f"{'row (p50 / p99 µs, median of runs)':52} " + " ".join(f"{l:>14}" for l in sorted(set(order)))
+          + "   A÷B p50 per round (median)" + ("" if a.no_off else "   A÷O p50 per round (median)"))
+    for row in rows:
+        cells = []
+        for label in sorted(set(order)):
+            v = [res[row] for rnd in runs for l, res in rnd if l == label and row in res]
+            cells.append(f"{statistics.median(x[0] for x in v):.1f} / {statistics.median(x[1] for x in v):.0f}" if v else "-")
+
+        def ratios(other: str) -> str:
+            per = []
+            for rnd in runs:
+                mine = [res[row][0] for l, res in rnd if l == "A" and row in res]
+                theirs = [res[row][0] for l, res in rnd if l == other and row in res]
+                if mine and theirs:
+                    per.append(sum(mine) / sum(theirs))
+            return " ".join(f"{x:.2f}" for x in per) + (f" ({statistics.median(per):.2f})" if per else "")
+
+        print(f"{row:52} " + " ".join(f"{c:>14}" for c in cells) + "   " + ratios("B")
+              + ("" if a.no_off else "   " + ratios("O")))
+
+
+if __name__ == "__main__":
+    main()
