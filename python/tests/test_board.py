@@ -49,8 +49,8 @@ def test_a_sessions_ok_ends_are_settled_from_its_board_as_their_events_say(peere
                 settled = []
                 from_board = s._from_board
 
-                def counting():
-                    got = from_board()
+                def counting(new):
+                    got = from_board(new)
                     settled.append(got)
                     return got
 

@@ -107,17 +107,16 @@ class Board:
         if fd is not None:
             os.close(fd)
 
-    def news(self) -> bool:
-        """Whether the daemon published an end since the last call that said so (one read); False
+    def news(self) -> int:
+        """How many ends the daemon published since the last call that found any (one read); 0
         once the board is closed (its session ended)."""
         try:
             n = _U64.unpack_from(self.mem, 0)[0]
         except ValueError:  # closed
-            return False
-        if n == self.seen:
-            return False
+            return 0
+        new = (n - self.seen) & 0xFFFFFFFFFFFFFFFF
         self.seen = n
-        return True
+        return new
 
     def take(self, tag: int) -> Optional[Tuple[int, int, int, int, int]]:
         """The end published for `tag` — (transfer_id, total_bytes, bytes_done, elapsed_us, the

@@ -479,9 +479,11 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         if fut is not None:
             settle(fut, ev)
 
-    def _from_board(self) -> bool:
-        """Settles the pending requests whose OK end the board holds (their slots freed); whether
-        it settled any. Their events, read later, find nothing pending and are dropped."""
+    def _from_board(self, new: int) -> bool:
+        """Settles the pending requests whose OK end the board holds (their slots freed), looking
+        until it found the `new` ends the board says were published since its last look (or every
+        pending tag was looked at: some of them were settled by their events); whether it settled
+        any. Their events, read later, find nothing pending and are dropped."""
         board = self._board
         assert board is not None
         done = []
@@ -491,6 +493,8 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
                 got = board.take(tag)
                 if got is not None:
                     done.append((pending.pop(tag), got))
+                    if len(done) == new:
+                        break
         for fut, got in done:
             _ops.settle_done(fut, *got)
         return bool(done)
@@ -545,7 +549,7 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         lock = getattr(self, "_read_lock", None)
         self._polled_at = time.monotonic()
         board = self._board
-        if board is not None and board.news() and self._from_board():
+        if board is not None and (new := board.news()) and self._from_board(new):
             return  # (the socket's copy of those ends is read by a later poll, and dropped)
         if lock is not None and self._read_end is None and lock.acquire(blocking=False):
             try:
@@ -586,7 +590,7 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         waiter: Optional[Any] = None
         board = self._board
         while not concurrent.futures.Future.done(fut) and self._read_end is None:
-            if board is not None and board.news() and self._from_board():
+            if board is not None and (new := board.news()) and self._from_board(new):
                 continue
             self._polled_at = now = time.monotonic()
             left = None if deadline is None else deadline - now
