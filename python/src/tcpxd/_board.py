@@ -27,9 +27,9 @@ import logging
 import mmap
 import os
 import struct
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
-from . import _proto
+from . import _ops, _proto
 
 log = logging.getLogger("tcpxd")
 
@@ -151,6 +151,24 @@ class Board:
             self.mem.close()
         except BufferError:  # (a view of it still alive: the mapping goes with the object)
             pass
+
+
+def settle(board: Board, lock: Any, pending: Dict[int, Any], new: int) -> bool:
+    """Settles the futures in `pending` (by tag; `lock` guards it) whose OK end the board holds,
+    each taken out of `pending` and its slot freed, looking until it found the `new` ends the board
+    says were published since its last look (or every pending tag was looked at: some of those
+    were settled by their events); whether it settled any."""
+    done = []
+    with lock:
+        for tag in list(pending) if len(pending) > 1 else tuple(pending):
+            got = board.take(tag)
+            if got is not None:
+                done.append((pending.pop(tag), got))
+                if len(done) == new:
+                    break
+    for fut, got in done:
+        _ops.settle_done(fut, *got)
+    return bool(done)
 
 
 def attach(conn: Any, timeout: float) -> Optional[Board]:
