@@ -34,7 +34,7 @@ from . import _ops, _proto
 log = logging.getLogger("tcpxd")
 
 #: Slots a board has: a request with tag t goes in slot t mod SLOTS (a tag whose slot an unread
-#: end still holds goes the socket's way). TCPXD_BOARD_SLOTS (a power of two, 64 to 65,536);
+#: end still holds goes the socket's way). TCPXD_BOARD_SLOTS (a power of two, 64 to 4,096);
 #: 0 makes no board (every end comes as an event, as before).
 SLOTS = 256
 #: Bytes of the header and of each slot (a cache line each).
@@ -55,7 +55,7 @@ def slots_wanted() -> int:
         n = int(v)
     except ValueError:
         return SLOTS
-    return n if n == 0 or (64 <= n <= 65536 and n & (n - 1) == 0) else SLOTS
+    return n if n == 0 or (64 <= n <= 4096 and n & (n - 1) == 0) else SLOTS
 
 
 def refused(why: str) -> None:

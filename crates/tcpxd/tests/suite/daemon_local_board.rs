@@ -226,7 +226,7 @@ async fn a_board_its_client_scribbles_on_changes_nothing_but_the_board() {
     let (_, msg) = attach(&mut s, 3, memfd(64 * 65, SealFlags::SHRINK), 65)
         .await
         .unwrap_err();
-    assert_eq!(msg, "attach_board.slots: 65 (a power of two, 64 to 65536)");
+    assert_eq!(msg, "attach_board.slots: 65 (a power of two, 64 to 4096)");
     s.send(4, Op::AttachBoard(pb::AttachBoardRequest { slots: SLOTS }))
         .await;
     let (tag, code, msg) = refused(s.next().await);

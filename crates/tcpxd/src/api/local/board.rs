@@ -66,9 +66,10 @@ use crate::net::shared_words::SharedWords;
 pub const CLAIMED: u64 = u64::MAX;
 /// Words of the header and of each slot.
 pub const SLOT_WORDS: usize = 8;
-/// The fewest and the most slots a board may have.
+/// The fewest and the most slots a board may have: at most 256 KiB (+ its header), whose pages
+/// the daemon faults in when it maps the board (none of its own then waits on a page fault).
 pub const MIN_SLOTS: u32 = 64;
-pub const MAX_SLOTS: u32 = 65_536;
+pub const MAX_SLOTS: u32 = 4_096;
 
 /// A session's board, mapped.
 pub struct Board {
@@ -260,16 +261,16 @@ mod tests {
         };
         let (c, m) = code(Board::attach(&memfd(64 * 65, SealFlags::SHRINK), 100));
         assert_eq!(c, tonic::Code::InvalidArgument);
-        assert_eq!(m, "attach_board.slots: 100 (a power of two, 64 to 65536)");
+        assert_eq!(m, "attach_board.slots: 100 (a power of two, 64 to 4096)");
         assert!(
             code(Board::attach(&memfd(64 * 65, SealFlags::SHRINK), 32))
                 .1
                 .contains("32")
         );
         assert!(
-            code(Board::attach(&memfd(64 * 65, SealFlags::SHRINK), 1 << 17))
+            code(Board::attach(&memfd(64 * 65, SealFlags::SHRINK), 1 << 13))
                 .1
-                .contains("131072")
+                .contains("8192")
         );
         let (_, m) = code(Board::attach(&memfd(64 * 65, SealFlags::empty()), 64));
         assert!(m.contains("F_SEAL_SHRINK"), "{m}");
