@@ -239,3 +239,51 @@ def test_the_plain_clients_waits_read_the_board(peered, monkeypatch, spin_s):
                     mem = c.board.mem
                     assert all(int.from_bytes(mem[64 * (i + 1) : 64 * (i + 1) + 8], "little") == 0
                                for i in range(c.board.slots))
+
+
+@pytest.mark.parametrize("notes", [64, 4])
+def test_notifications_come_from_the_feeds_board_in_order(daemons, monkeypatch, notes):
+    """A tcpxd.nixl agent's feed attaches a board with notification slots: a notification's
+    payload is read there before its event (which is then dropped); too long ones, and those that
+    found the slots full (4 slots, ten sent before a look), come by their events, in order."""
+    from tcpxd.nixl import _notify
+
+    monkeypatch.setattr(_notify, "FEED_NOTES", notes)
+    a, b = daemons
+    A, B = pair(a, b)
+    try:
+        B.add_remote_agent(A.get_agent_metadata())
+        feed = B._inbox._feed
+        assert feed is not None and feed.board is not None and feed.board.notes == notes
+        taken = []
+        take_notes = _board.Board.take_notes
+
+        def counting(self):
+            got = take_notes(self)
+            if self is feed.board:
+                taken.extend(got)
+            return got
+
+        monkeypatch.setattr(_board.Board, "take_notes", counting)
+        msgs = [f"n{i}".encode() for i in range(10)] + [b"L" * 300] + [b"after the long one"]
+        for m in msgs:
+            A.send_notif("xf-B", m)
+        got: list = []
+        deadline = time.monotonic() + 30
+        while len(got) < len(msgs):
+            assert time.monotonic() < deadline, got
+            got += B.get_new_notifs().get("xf-A", [])
+        assert got == msgs
+        assert taken, "no notification was read from the board"
+        assert b"L" * 300 not in taken  # (too long for a slot: its event)
+        if notes == 4:
+            assert len(taken) < len(msgs)
+        # A notification round trip after all that: still in order, still from the board.
+        A.send_notif("xf-B", b"ping")
+        deadline = time.monotonic() + 30
+        while not (n := B.get_new_notifs()):
+            assert time.monotonic() < deadline
+        assert n == {"xf-A": [b"ping"]}
+    finally:
+        A.close()
+        B.close()

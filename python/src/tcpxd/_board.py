@@ -18,6 +18,12 @@ tells a poller in one read whether there is anything new to look for.
 Reading order: `published`, then a slot's state word, then its fields, then the free (a store of
 0) — loads in program order and a store after them, which x86-64 keeps in that order (this
 package's platform, as the daemon's).
+
+A board may also carry notification slots (tcpxd.nixl's feed asks for them): a subscribed
+session's notifications' payloads, numbered in the order of their events, each put in its slot
+before its event when it fits (240 bytes) and the slot is consumed. `take_notes` reads them in
+order, `note_event` tells which events to drop (their payload was taken from a slot); a
+notification that did not go in a slot is taken by its event, so the order is the events'.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import logging
 import mmap
 import os
 import struct
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import _ops, _proto
 
@@ -42,6 +48,10 @@ SLOT_BYTES = 64
 
 _U64 = struct.Struct("<Q")
 _FIELDS = struct.Struct("<5Q")
+_NOTE_HEAD = struct.Struct("<2Q")
+#: Bytes of a notification slot, and of the payload it holds.
+NOTE_SLOT = 256
+NOTE_BYTES = NOTE_SLOT - 16
 
 _told = False
 
@@ -69,10 +79,10 @@ def refused(why: str) -> None:
 class Board:
     """The client's mapping of a board (`fd`, to send with `attach_board`, closed by `sent()`)."""
 
-    __slots__ = ("mem", "mask", "slots", "fd", "seen")
+    __slots__ = ("mem", "mask", "slots", "fd", "seen", "notes", "notes_at", "consumed", "noted")
 
-    def __init__(self, slots: int):
-        size = SLOT_BYTES * (slots + 1)
+    def __init__(self, slots: int, notes: int = 0):
+        size = SLOT_BYTES * (slots + 1) + NOTE_SLOT * notes
         fd = os.memfd_create("tcpxd-board", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, size)
@@ -86,16 +96,23 @@ class Board:
         self.mask = slots - 1
         #: `published` as last read (`news`).
         self.seen = 0
+        #: Notification slots (0: none), where they start, the number of the last notification
+        #: taken (from a slot or its event: `consumed`, mirrored in the header for the daemon),
+        #: and of the last notification event read (`noted`).
+        self.notes = notes
+        self.notes_at = SLOT_BYTES * (slots + 1)
+        self.consumed = 0
+        self.noted = 0
 
     @staticmethod
-    def make() -> Optional["Board"]:
-        """A new board of slots_wanted() slots; None when none is wanted or none can be made (no
-        memfd here: said once)."""
+    def make(notes: int = 0) -> Optional["Board"]:
+        """A new board of slots_wanted() slots (and `notes` notification slots); None when none is
+        wanted or none can be made (no memfd here: said once)."""
         n = slots_wanted()
         if n == 0:
             return None
         try:
-            return Board(n)
+            return Board(n, notes)
         except (OSError, AttributeError, ValueError) as e:
             refused(f"no sealed memfd could be made here: {e}")
             return None
@@ -143,6 +160,41 @@ class Board:
         except ValueError:  # closed
             pass
 
+    def take_notes(self) -> List[bytes]:
+        """The payloads of the notifications in their slots that come next in order (each after
+        the last one taken), `consumed` stored for the daemon after them; none once closed."""
+        out: List[bytes] = []
+        if not self.notes:
+            return out
+        mem, k = self.mem, self.consumed
+        try:
+            while True:
+                at = self.notes_at + (k % self.notes) * NOTE_SLOT
+                got, n = _NOTE_HEAD.unpack_from(mem, at)
+                if got != k + 1:
+                    break
+                out.append(bytes(mem[at + 16 : at + 16 + min(n, NOTE_BYTES)]))
+                k += 1
+            if out:
+                self.consumed = k
+                _U64.pack_into(mem, 24, k)  # (header word 3: the daemon may reuse those slots)
+        except ValueError:  # closed
+            return []
+        return out
+
+    def note_event(self) -> bool:
+        """A notification event was read: whether to deliver it (False: its payload was taken
+        from its slot already)."""
+        self.noted += 1
+        if self.noted <= self.consumed:
+            return False
+        self.consumed = self.noted
+        try:
+            _U64.pack_into(self.mem, 24, self.noted)
+        except ValueError:  # closed
+            pass
+        return True
+
     def close(self) -> None:
         """Unmaps the board (and closes the descriptor Python's mmap keeps of the memfd): for when
         its session or connection is closed; a later read finds nothing."""
@@ -171,17 +223,17 @@ def settle(board: Board, lock: Any, pending: Dict[int, Any], new: int) -> bool:
     return bool(done)
 
 
-def attach(conn: Any, timeout: float) -> Optional[Board]:
-    """Makes a board and attaches it to the new session on `conn` (one round trip, before the
-    session's first request); None when the session goes without (the daemon refused it: too old,
+def attach(conn: Any, timeout: float, notes: int = 0) -> Optional[Board]:
+    """Makes a board (with `notes` notification slots) and attaches it to the new session on
+    `conn` (one round trip, before the session's first request); None when the session goes without (the daemon refused it: too old,
     `runtime.shared_completions` off; or no memfd here). Raises what the exchange raises when the
     connection itself failed (`_local.Gone`, OSError). `conn`: a tcpxd._local.Connection just
     opened; `timeout`: how long the answer may take."""
-    board = Board.make()
+    board = Board.make(notes)
     if board is None:
         return None
     try:
-        req = _proto.message("AttachBoardRequest")(slots=board.slots)
+        req = _proto.message("AttachBoardRequest")(slots=board.slots, notification_slots=notes)
         ev = conn.exchange("attach_board", req, timeout, fd=board.fd)
     except BaseException:
         board.close()
@@ -192,6 +244,7 @@ def attach(conn: Any, timeout: float) -> Optional[Board]:
         conn._timeout = None
     kind = None if ev is None else ev.WhichOneof("event")
     if kind == "board_attached":
+        board.notes = min(board.notes, ev.board_attached.notification_slots)  # (0: a daemon without them)
         return board
     board.close()
     refused(ev.refused.message if ev is not None and kind == "refused" else f"answered {kind}")

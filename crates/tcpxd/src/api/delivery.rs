@@ -114,6 +114,10 @@ pub(crate) async fn deliver_notifications(
         let Some(event) = notification_event(rx.recv().await) else {
             return;
         };
+        // Its payload on the session's board too, numbered in the events' order (local/board.rs).
+        if let Event::Notification(n) = &event {
+            outbox.note(&n.payload);
+        }
         if outbox
             .push(&pb::SessionEvent {
                 tag,

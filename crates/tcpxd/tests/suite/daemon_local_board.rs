@@ -74,8 +74,11 @@ impl ClientBoard {
 
 /// Attaches `board` under `tag`: the answer (`Ok(slots)`) or the refusal's (code, message).
 async fn attach(s: &mut Framed, tag: u64, fd: impl AsFd, slots: u32) -> Result<u32, (i32, String)> {
-    s.send_with_fd(tag, Op::AttachBoard(pb::AttachBoardRequest { slots }), fd)
-        .await;
+    let req = pb::AttachBoardRequest {
+        slots,
+        notification_slots: 0,
+    };
+    s.send_with_fd(tag, Op::AttachBoard(req), fd).await;
     let ev = s.next().await;
     assert_eq!(ev.tag, tag);
     match ev.event {
@@ -227,8 +230,14 @@ async fn a_board_its_client_scribbles_on_changes_nothing_but_the_board() {
         .await
         .unwrap_err();
     assert_eq!(msg, "attach_board.slots: 65 (a power of two, 64 to 4096)");
-    s.send(4, Op::AttachBoard(pb::AttachBoardRequest { slots: SLOTS }))
-        .await;
+    s.send(
+        4,
+        Op::AttachBoard(pb::AttachBoardRequest {
+            slots: SLOTS,
+            notification_slots: 0,
+        }),
+    )
+    .await;
     let (tag, code, msg) = refused(s.next().await);
     assert_eq!((tag, code), (4, tonic::Code::InvalidArgument as i32));
     assert!(msg.starts_with("attach_board: no file descriptor"), "{msg}");
@@ -350,6 +359,85 @@ async fn the_switch_off_refuses_boards_and_a_client_gone_mid_transfer_is_cancell
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     hold::open_gate();
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribed_sessions_notifications_go_on_its_board_in_order_and_as_events() {
+    tcpxd::logging::init("warn");
+    let (mut a, mut b) = pair("board-notes").await;
+    let src = host_buffer(&mut a.client, MIB, "").await;
+    let dst = host_buffer(&mut b.client, MIB, "").await;
+    let mut s = Framed::open(&b.daemon.api_socket).await;
+    // 64 end slots and 4 notification slots.
+    let fd = memfd(64 * 65 + 256 * 4, SealFlags::SHRINK);
+    let words = SharedWords::map(fd.as_fd(), 65 * 8 + 4 * 32).unwrap();
+    s.send_with_fd(
+        1,
+        Op::AttachBoard(pb::AttachBoardRequest {
+            slots: SLOTS,
+            notification_slots: 4,
+        }),
+        &fd,
+    )
+    .await;
+    match s.next().await.event {
+        Some(Event::BoardAttached(b)) => assert_eq!((b.slots, b.notification_slots), (SLOTS, 4)),
+        other => panic!("{other:?}"),
+    }
+    s.send(2, Op::Subscribe(pb::SubscribeRequest {})).await;
+    assert!(matches!(s.next().await.event, Some(Event::Subscribed(_))));
+    let note = |k: u64| -> Option<Vec<u8>> {
+        let at = 65 * 8 + ((k - 1) % 4) as usize * 32;
+        (words.load(at, Ordering::Acquire) == k).then(|| {
+            let len = words.load(at + 1, Ordering::Relaxed) as usize;
+            let bytes: Vec<u8> = (0..30)
+                .flat_map(|i| words.load(at + 2 + i, Ordering::Relaxed).to_le_bytes())
+                .collect();
+            bytes[..len].to_vec()
+        })
+    };
+    let long = vec![b'x'; 300];
+    let sent: Vec<Vec<u8>> = (1..=6)
+        .map(|k| format!("note {k}").into_bytes())
+        .chain([long.clone()])
+        .collect();
+    for n in &sent {
+        write(&mut a.client, write_entry(&src, 0, &dst, 0, 4 * KIB), n)
+            .await
+            .unwrap();
+    }
+    // Every one as its event, in order.
+    for n in &sent {
+        let ev = s.next().await;
+        match ev.event {
+            Some(Event::Notification(got)) => assert_eq!(&got.payload, n),
+            other => panic!("{other:?}"),
+        }
+    }
+    // The first four on the board too; 5 and 6 found the ring full (nothing consumed), 7 too long.
+    for k in 1..=4u64 {
+        assert_eq!(note(k).as_deref(), Some(&sent[k as usize - 1][..]), "note {k}");
+    }
+    assert_eq!(
+        words.load(2, Ordering::Acquire),
+        7,
+        "notified: every event numbered"
+    );
+    // The client consumed all seven (four from the board, three by their events): 8 goes on.
+    words.store(3, 7, Ordering::Release);
+    write(&mut a.client, write_entry(&src, 0, &dst, 0, 4 * KIB), b"note 8")
+        .await
+        .unwrap();
+    match s.next().await.event {
+        Some(Event::Notification(got)) => assert_eq!(got.payload, b"note 8"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(note(8).as_deref(), Some(&b"note 8"[..]));
+    drop(s);
     assert_lanes_drain(&mut a.client).await;
     assert_lanes_drain(&mut b.client).await;
     a.stop().await;

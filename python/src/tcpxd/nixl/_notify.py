@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import Client, Subscription, _local, _ops, _proto
+from .. import Client, Subscription, _board, _local, _ops, _proto
 from .._session import _SessionFuture, _varint
 from ..errors import TcpxdError, Unavailable
 
@@ -85,6 +85,10 @@ TIGHT_SPIN_S = _tight_spin_s()
 #: (5 ms) each; a wait this long lets them run, and ends as soon as one is delivered.
 POLL_WAIT_S = 50e-6
 
+
+#: Notification slots of the feed's completion board (tcpxd._board): a notification's payload of
+#: at most 240 bytes is read from memory the agent maps, before (and instead of) its event.
+FEED_NOTES = 64
 
 #: How long closing an agent waits for its notifications still on their way (send_notif returns
 #: before they arrive; closing the agent's session would cancel them).
@@ -169,8 +173,11 @@ class _Feed:
     carries send_notif's WRITEs (`send`): their answers come in the same reads as the
     notifications, so no other thread wakes for them."""
 
-    def __init__(self, conn: _local.Connection):
+    def __init__(self, conn: _local.Connection, board: Optional[_board.Board] = None):
         self.conn = conn
+        #: Its completion board, where the daemon gave one (closed with the connection).
+        self.board = board
+        conn.board = board
         self._poll: Any = None
         #: The WRITEs sent on it not answered yet, by tag.
         self.sent: Dict[int, Sent] = {}
@@ -185,16 +192,22 @@ class _Feed:
             return None
         if conn is None:
             raise TcpxdError(f"nothing answers at {path}")
+        board: Optional[_board.Board] = None
         try:
+            board = _board.attach(conn, _local.HANDSHAKE_TIMEOUT, FEED_NOTES)
             ev = conn.exchange("subscribe", _proto.message("SubscribeRequest")(), _local.HANDSHAKE_TIMEOUT)
         except (_local.Gone, OSError) as e:
             conn.close()
+            if board is not None:
+                board.close()
             raise TcpxdError(f"subscribing to notifications at {path}: {e!r}") from None
         if ev is None or ev.WhichOneof("event") != "subscribed":
             conn.close()  # an older daemon refuses the request it does not know
+            if board is not None:
+                board.close()
             return None
         conn.sock.setblocking(False)  # read only what has arrived (a socket timeout would wait)
-        return _Feed(conn)
+        return _Feed(conn, board)
 
     def wait(self, ms: int) -> None:
         """Waits until the daemon has sent something (or `ms` passed), the GIL released."""
@@ -231,19 +244,27 @@ class _Feed:
         return True
 
     def payloads(self) -> List[bytes]:
-        """The notifications' payloads that have arrived (and the answers to its WRITEs, settled);
-        raises _local.Gone once the session ended."""
-        out = []
+        """The notifications' payloads that have arrived, in order — from the board's notification
+        slots first (tcpxd._board), then the events (those whose payload the board gave dropped),
+        then the slots again — and the answers to its WRITEs, settled; raises _local.Gone once the
+        session ended."""
+        board = self.board
+        out = board.take_notes() if board is not None else []
         for ev in self.conn.ready():
             kind = ev.WhichOneof("event")
             if kind == "notification":
-                out.append(ev.notification.payload)
+                if board is None or board.note_event():
+                    out.append(ev.notification.payload)
                 continue
             sent = self.sent.pop(ev.tag, None)
             if sent is not None:
+                if board is not None:
+                    board.forget(ev.tag)  # (its end may be on the board too: the slot freed)
                 _ops.settle(sent, ev)
             elif kind == "refused":
                 log.warning("notifications: %s", ev.refused.message)
+        if board is not None:
+            out += board.take_notes()
         return out
 
     def end(self, why: str) -> None:

@@ -21,6 +21,14 @@
 //!
 //! A request with tag `t` is published in slot `t mod slots`.
 //!
+//! A board may also have `notification_slots` after those (`attach_board.notification_slots`):
+//! 32 words (256 bytes) each, where a subscribed session's notifications go in order — the `k`th
+//! notification event of the session is number `k` (from 1) and goes in slot `(k - 1) mod
+//! notification_slots`: word 0 its number (0: none yet), word 1 its payload's length, words 2–31
+//! the payload (at most [`NOTE_BYTES`]). Header word 2 is `notified`, the number of the newest
+//! notification event (whether or not its payload went in a slot), word 3 `consumed`, written by
+//! the client: the number of the last notification it has taken (from a slot or its event).
+//!
 //! # State
 //!
 //! A slot goes free → CLAIMED → tag (the daemon) → free (the client, once it has read it). The
@@ -33,6 +41,14 @@
 //! still reading). The Python reader relies on x86-64's ordering (loads are not reordered with
 //! loads, nor stores with earlier loads) and the C pass on acquire / release builtins.
 //!
+//! A notification `k` goes in its slot only when its payload fits and the slot's previous one
+//! (`k - notification_slots`) is consumed (`consumed` read with acquire); the daemon writes the
+//! length and payload, then `k` (release), then `notified` (release), then pushes the event. The
+//! client takes slot by slot while the next one holds the number after `consumed`, then stores
+//! `consumed` (release: the daemon may reuse the slot), and drops the events whose number it has
+//! consumed already; where a slot does not hold the next number (skipped: too long, or the ring
+//! was full) it waits for that notification's event, so the order is the events' order.
+//!
 //! # Why nothing is missed
 //!
 //! The board is only ever in addition to the socket: every end the daemon publishes is also
@@ -43,7 +59,9 @@
 //! sends ends the socket's way; and a client that sleeps in `poll` on the socket is woken by the
 //! event as before. A DONE on the board means exactly what the `finished` event with status OK
 //! means: it is published at the same point, after the transfer's bytes are in place and its
-//! status is final. The client skips an event whose tag it already settled from the board.
+//! status is final. The client skips an event whose tag it already settled from the board. The
+//! same for notifications: each still comes as its event (the ring carries only the payload,
+//! which is what tcpxd.nixl reads; the event has the rest), right after it went in the ring.
 //!
 //! # What the daemon trusts
 //!
@@ -70,23 +88,37 @@ pub const SLOT_WORDS: usize = 8;
 /// the daemon faults in when it maps the board (none of its own then waits on a page fault).
 pub const MIN_SLOTS: u32 = 64;
 pub const MAX_SLOTS: u32 = 4_096;
+/// Words of a notification slot, and the payload bytes it holds.
+pub const NOTE_WORDS: usize = 32;
+pub const NOTE_BYTES: usize = (NOTE_WORDS - 2) * 8;
 
 /// A session's board, mapped.
 pub struct Board {
     words: SharedWords,
     slots: u64,
+    /// Notification slots (0: none) and where they start (a word index).
+    notes: u64,
+    notes_at: usize,
+    /// The number of the session's last notification event (this side's own count).
+    noted: std::sync::atomic::AtomicU64,
 }
 
 impl Board {
     /// Checks the client's file (a memfd sealed against shrinking, holding the board) and maps
     /// it; the refusal names the field and the limit.
-    pub fn attach(fd: &OwnedFd, slots: u32) -> Result<Board, Status> {
+    pub fn attach(fd: &OwnedFd, slots: u32, notes: u32) -> Result<Board, Status> {
         if !slots.is_power_of_two() || !(MIN_SLOTS..=MAX_SLOTS).contains(&slots) {
             return Err(Status::invalid_argument(format!(
                 "attach_board.slots: {slots} (a power of two, {MIN_SLOTS} to {MAX_SLOTS})"
             )));
         }
-        let words = (slots as usize + 1) * SLOT_WORDS;
+        if notes != 0 && (!notes.is_power_of_two() || notes > MAX_SLOTS) {
+            return Err(Status::invalid_argument(format!(
+                "attach_board.notification_slots: {notes} (0, or a power of two up to {MAX_SLOTS})"
+            )));
+        }
+        let notes_at = (slots as usize + 1) * SLOT_WORDS;
+        let words = notes_at + notes as usize * NOTE_WORDS;
         let bad = |why: String| Status::invalid_argument(format!("attach_board: {why}"));
         let st = rustix::fs::fstat(fd).map_err(|e| bad(format!("fstat: {e}")))?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
@@ -113,7 +145,8 @@ impl Board {
         let size = u64::try_from(st.st_size).unwrap_or(0);
         if size < need {
             return Err(bad(format!(
-                "the memfd is {size} bytes; a board of {slots} slots needs {need} (64 × (slots + 1))"
+                "the memfd is {size} bytes; a board of {slots} slots and {notes} notification slots needs {need} \
+                 (64 × (slots + 1) + 256 × notification_slots)"
             )));
         }
         let words = SharedWords::map(fd.as_fd(), words)
@@ -121,11 +154,44 @@ impl Board {
         Ok(Board {
             words,
             slots: u64::from(slots),
+            notes: u64::from(notes),
+            notes_at,
+            noted: Default::default(),
         })
     }
 
     pub fn slots(&self) -> u32 {
         self.slots as u32
+    }
+
+    pub fn notification_slots(&self) -> u32 {
+        self.notes as u32
+    }
+
+    /// Numbers the session's next notification event and puts its payload in its slot when it
+    /// fits and the slot is consumed; whether it did. Called for every notification event, right
+    /// before it is pushed, by the session's one delivery (in order).
+    pub fn note(&self, payload: &[u8]) -> bool {
+        let k = self.noted.fetch_add(1, Ordering::Relaxed) + 1;
+        let w = &self.words;
+        let mut put = false;
+        if self.notes > 0 && payload.len() <= NOTE_BYTES {
+            let consumed = w.load(3, Ordering::Acquire);
+            // The slot's previous notification (k - notes) is taken: the client is done with it.
+            if k.wrapping_sub(consumed) <= self.notes {
+                let at = self.notes_at + ((k - 1) % self.notes) as usize * NOTE_WORDS;
+                w.store(at + 1, payload.len() as u64, Ordering::Relaxed);
+                for (i, chunk) in payload.chunks(8).enumerate() {
+                    let mut b = [0u8; 8];
+                    b[..chunk.len()].copy_from_slice(chunk);
+                    w.store(at + 2 + i, u64::from_le_bytes(b), Ordering::Relaxed);
+                }
+                w.store(at, k, Ordering::Release);
+                put = true;
+            }
+        }
+        w.store(2, k, Ordering::Release);
+        put
     }
 
     /// Publishes a transfer's end under `tag` when its event says OK (and every per-entry status
@@ -188,7 +254,7 @@ mod tests {
     #[test]
     fn an_end_is_published_in_its_slot_with_its_fields_then_freed_and_reused() {
         let fd = memfd(64 * 65, SealFlags::SHRINK);
-        let board = Board::attach(&fd, 64).unwrap();
+        let board = Board::attach(&fd, 64, 0).unwrap();
         let view = client_view(&fd, 65 * 8);
         assert!(board.publish(70, &ok(9, 4096)));
         // tag 70 is slot 6: words 56.. (header 8, 8 a slot)
@@ -215,7 +281,7 @@ mod tests {
     #[test]
     fn failures_entries_tag_zero_and_claimed_go_only_as_events() {
         let fd = memfd(64 * 65, SealFlags::SHRINK);
-        let board = Board::attach(&fd, 64).unwrap();
+        let board = Board::attach(&fd, 64, 0).unwrap();
         let mut failed = ok(1, 1);
         failed.status_code = tonic::Code::DeadlineExceeded as i32;
         failed.status_message = "the transfer's deadline passed".into();
@@ -239,7 +305,7 @@ mod tests {
     #[test]
     fn garbage_from_the_client_never_reaches_past_the_board_nor_stops_the_daemon() {
         let fd = memfd(64 * 65, SealFlags::SHRINK);
-        let board = Board::attach(&fd, 64).unwrap();
+        let board = Board::attach(&fd, 64, 0).unwrap();
         let view = client_view(&fd, 65 * 8);
         for i in 0..65 * 8 {
             view.store(i, 0xdead_beef_dead_beef ^ i as u64, Ordering::Relaxed);
@@ -254,38 +320,95 @@ mod tests {
     }
 
     #[test]
+    fn notifications_go_in_order_in_their_slots_when_consumed_and_short_enough() {
+        // 64 end slots, 4 notification slots: 64 × 65 + 256 × 4 bytes.
+        let fd = memfd(64 * 65 + 256 * 4, SealFlags::SHRINK);
+        let board = Board::attach(&fd, 64, 4).unwrap();
+        assert_eq!(board.notification_slots(), 4);
+        let view = client_view(&fd, 65 * 8 + 4 * 32);
+        let slot = |k: u64| 65 * 8 + ((k - 1) % 4) as usize * 32;
+        let read = |k: u64| -> Option<Vec<u8>> {
+            let at = slot(k);
+            (view.load(at, Ordering::Acquire) == k).then(|| {
+                let len = view.load(at + 1, Ordering::Relaxed) as usize;
+                let bytes: Vec<u8> = (0..30)
+                    .flat_map(|i| view.load(at + 2 + i, Ordering::Relaxed).to_le_bytes())
+                    .collect();
+                bytes[..len].to_vec()
+            })
+        };
+        // 1..=4 fit; 5 waits for 1 to be consumed: skipped (its event carries it).
+        for k in 1..=4u64 {
+            assert!(board.note(format!("note {k}").as_bytes()));
+        }
+        assert!(!board.note(b"note 5"));
+        assert_eq!(view.load(2, Ordering::Acquire), 5, "notified counts every event");
+        assert_eq!(read(1).as_deref(), Some(&b"note 1"[..]));
+        assert_eq!(read(4).as_deref(), Some(&b"note 4"[..]));
+        // The client took 1..=5 (5 by its event): 6 goes in slot 2 (1's).
+        view.store(3, 5, Ordering::Release);
+        assert!(board.note(b"note 6"));
+        assert_eq!(read(6).as_deref(), Some(&b"note 6"[..]));
+        // Too long for a slot: not put there, still numbered.
+        view.store(3, 6, Ordering::Release);
+        assert!(!board.note(&[7u8; NOTE_BYTES + 1]));
+        assert!(board.note(&[8u8; NOTE_BYTES]));
+        assert_eq!(read(8), Some(vec![8u8; NOTE_BYTES]));
+        assert_eq!(view.load(2, Ordering::Acquire), 8);
+        // A client that says it consumed what it never could changes only its own slots.
+        view.store(3, u64::MAX, Ordering::Release);
+        assert!(!board.note(b"note 9"));
+        // No notification slots: numbered, never put.
+        let fd = memfd(64 * 65, SealFlags::SHRINK);
+        let plain = Board::attach(&fd, 64, 0).unwrap();
+        assert!(!plain.note(b"x"));
+        let e = Board::attach(&memfd(64 * 65 + 256 * 3, SealFlags::SHRINK), 64, 3)
+            .err()
+            .unwrap();
+        assert_eq!(
+            e.message(),
+            "attach_board.notification_slots: 3 (0, or a power of two up to 4096)"
+        );
+        let e = Board::attach(&memfd(64 * 65, SealFlags::SHRINK), 64, 4)
+            .err()
+            .unwrap();
+        assert!(e.message().contains("needs 5184"), "{}", e.message());
+    }
+
+    #[test]
     fn the_file_must_be_a_sealed_memfd_of_the_boards_size() {
         let code = |r: Result<Board, Status>| {
             let e = r.err().expect("refused");
             (e.code(), e.message().to_string())
         };
-        let (c, m) = code(Board::attach(&memfd(64 * 65, SealFlags::SHRINK), 100));
+        let (c, m) = code(Board::attach(&memfd(64 * 65, SealFlags::SHRINK), 100, 0));
         assert_eq!(c, tonic::Code::InvalidArgument);
         assert_eq!(m, "attach_board.slots: 100 (a power of two, 64 to 4096)");
         assert!(
-            code(Board::attach(&memfd(64 * 65, SealFlags::SHRINK), 32))
+            code(Board::attach(&memfd(64 * 65, SealFlags::SHRINK), 32, 0))
                 .1
                 .contains("32")
         );
         assert!(
-            code(Board::attach(&memfd(64 * 65, SealFlags::SHRINK), 1 << 13))
+            code(Board::attach(&memfd(64 * 65, SealFlags::SHRINK), 1 << 13, 0))
                 .1
                 .contains("8192")
         );
-        let (_, m) = code(Board::attach(&memfd(64 * 65, SealFlags::empty()), 64));
+        let (_, m) = code(Board::attach(&memfd(64 * 65, SealFlags::empty()), 64, 0));
         assert!(m.contains("F_SEAL_SHRINK"), "{m}");
-        let (_, m) = code(Board::attach(&memfd(64 * 64, SealFlags::SHRINK), 64));
+        let (_, m) = code(Board::attach(&memfd(64 * 64, SealFlags::SHRINK), 64, 0));
         assert_eq!(
             m,
-            "attach_board: the memfd is 4096 bytes; a board of 64 slots needs 4160 (64 × (slots + 1))"
+            "attach_board: the memfd is 4096 bytes; a board of 64 slots and 0 notification slots needs 4160 \
+             (64 × (slots + 1) + 256 × notification_slots)"
         );
         // A socket is not a memfd.
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
-        let (_, m) = code(Board::attach(&OwnedFd::from(a), 64));
+        let (_, m) = code(Board::attach(&OwnedFd::from(a), 64, 0));
         assert!(m.contains("not a memfd"), "{m}");
         // Larger than needed is fine.
         assert_eq!(
-            Board::attach(&memfd(1 << 20, SealFlags::SHRINK), 64)
+            Board::attach(&memfd(1 << 20, SealFlags::SHRINK), 64, 0)
                 .unwrap()
                 .slots(),
             64

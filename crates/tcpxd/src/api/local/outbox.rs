@@ -76,6 +76,12 @@ impl Outbox {
         self.board.get().is_some_and(|b| b.publish(tag, ev))
     }
 
+    /// Numbers a notification event about to be pushed and puts its payload on the session's
+    /// board, if it has one with room (`Board::note`); whether it did.
+    pub fn note(&self, payload: &[u8]) -> bool {
+        self.board.get().is_some_and(|b| b.note(payload))
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -538,19 +538,26 @@ impl<E: Events> Session<'_, E> {
                 "attach_board: this daemon has runtime.shared_completions off; the session's events carry every end",
             )),
             (Some(_), Err(status)) => Err(status),
-            (Some(outbox), Ok(a)) => super::local::board::Board::attach(&a.fd, r.slots).and_then(|b| {
-                let slots = b.slots();
-                outbox
-                    .attach_board(b)
-                    .map(|()| slots)
-                    .map_err(|_| Status::invalid_argument("attach_board: this session has a board already"))
-            }),
+            (Some(outbox), Ok(a)) => super::local::board::Board::attach(&a.fd, r.slots, r.notification_slots)
+                .and_then(|b| {
+                    let slots = (b.slots(), b.notification_slots());
+                    outbox.attach_board(b).map(|()| slots).map_err(|_| {
+                        Status::invalid_argument("attach_board: this session has a board already")
+                    })
+                }),
         };
         match attached {
-            Ok(slots) => {
-                tracing::debug!(slots, "local session: completion board attached");
-                self.send(tag, Event::BoardAttached(pb::BoardAttached { slots }))
-                    .await
+            Ok((slots, notification_slots)) => {
+                tracing::debug!(
+                    slots,
+                    notification_slots,
+                    "local session: completion board attached"
+                );
+                let attached = pb::BoardAttached {
+                    slots,
+                    notification_slots,
+                };
+                self.send(tag, Event::BoardAttached(attached)).await
             }
             Err(status) => {
                 tracing::debug!("local session: no completion board: {}", status.message());
