@@ -185,6 +185,13 @@ impl GpuStage {
                 Some(s) => s.submit(),
                 None => Ok(None),
             };
+            tracing::trace!(
+                target: "tcpxd::hop",
+                hop = "stage.submit",
+                pass = super::pass(),
+                gpu = self.gpu.ordinal(),
+                batch
+            );
             match (unpacked, scattered) {
                 (Ok(t), Ok(s)) => {
                     let launch = Launch::after(first_push, submitted);
@@ -218,6 +225,13 @@ impl GpuStage {
             } else if ticket.is_some() {
                 launched.log(self.gpu.ordinal(), batch, "unpack");
             }
+            tracing::trace!(
+                target: "tcpxd::hop",
+                hop = "stage.done",
+                pass = super::pass(),
+                gpu = self.gpu.ordinal(),
+                batch
+            );
             self.done_upto = batch;
             self.in_flight.pop_front();
         }

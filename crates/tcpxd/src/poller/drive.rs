@@ -139,7 +139,7 @@ impl Poller {
                 };
                 let cid = comm.trace_id();
                 let tested = lanes::test_sends(comm, || {
-                    tracing::trace!(target: "tcpxd::hop", hop = "poller.sent", lane = li, comm = cid);
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.sent", pass = crate::lanes::pass(), lane = li, comm = cid);
                     events.push(Completion::SendDone(peer, li as u32))
                 });
                 if let Err(e) = tested {
@@ -179,7 +179,7 @@ impl Poller {
                     } = posted.meta;
                     let wait = if buffer == LANDING {
                         // Eager: where it goes comes with its header (`Action::Land`).
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.landed", lane = li, comm = comm.trace_id());
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.landed", pass = crate::lanes::pass(), lane = li, comm = comm.trace_id());
                         events.push(Completion::Landed(peer, li as u32));
                         Wait::Header
                     } else if offer.is_none_or(|o| !engine.recv_lands(peer, o)) {
@@ -188,14 +188,14 @@ impl Poller {
                         // destination. What a landing slot holds is zeroed (a direct receive's
                         // bytes); a receive posted into the destination or a GPU anchor has
                         // nothing to undo.
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.dropped", lane = li, comm = comm.trace_id());
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.dropped", pass = crate::lanes::pass(), lane = li, comm = comm.trace_id());
                         if buffer == STAGED {
                             lanes::discard(comm, id)
                         } else {
                             Wait::Ready(Ok(()))
                         }
                     } else if let Some(to) = to {
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li, comm = comm.trace_id());
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", pass = crate::lanes::pass(), lane = li, comm = comm.trace_id());
                         let pieces = match to.direct {
                             Some(at) => {
                                 segs.clear();
@@ -232,7 +232,7 @@ impl Poller {
                             }
                         }
                     } else {
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li, comm = comm.trace_id());
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", pass = crate::lanes::pass(), lane = li, comm = comm.trace_id());
                         let dest = Placed {
                             buffer,
                             offset,
@@ -329,6 +329,7 @@ fn consume_unpacked(
                         tracing::trace!(
                             target: "tcpxd::hop",
                             hop = "poller.consumed",
+                            pass = crate::lanes::pass(),
                             lane = li,
                             comm = cid,
                             wait_us = t.wait_us,

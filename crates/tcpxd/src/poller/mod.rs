@@ -360,6 +360,7 @@ impl Poller {
         // The wait that ended the last pass looked at the sockets already.
         let mut looked = false;
         loop {
+            crate::lanes::next_pass();
             if !looked && (self.reads_direct() || self.park.serves_sessions()) {
                 self.park.look(Some(Duration::ZERO), &mut self.direct_ready);
             }
