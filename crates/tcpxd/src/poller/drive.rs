@@ -269,13 +269,18 @@ impl Poller {
         progressed
     }
 
-    /// After a batch of actions that landed eager chunks (`Action::Land`, `LandScatter`): those
-    /// whose unpack is already over (a host copy, done at once) are consumed now, in this
-    /// pass, so their transfer's end (`Done`, `Finished`) goes out with this pass's actions
-    /// rather than after another pass. True when something was consumed.
+    /// After a batch of actions that landed eager chunks (`Action::Land`, `LandScatter`): the
+    /// GPU unpacks they pushed are launched now (a second batch in this pass, not the next
+    /// pass's first), and those whose unpack is already over (a host copy, done at once; a GPU
+    /// batch that finished) are consumed now, in this pass, so their transfer's end (`Done`,
+    /// `Finished`) goes out with this pass's actions rather than after another pass. True when
+    /// something was consumed.
     pub(super) fn consume_landed(&mut self) -> bool {
         if !std::mem::take(&mut self.landed_in_actions) {
             return false;
+        }
+        for stage in self.stages.values_mut() {
+            stage.advance();
         }
         let mut events = std::mem::take(&mut self.completions);
         let recv_window = self.cfg.engine.recv_window;
