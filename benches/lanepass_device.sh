@@ -17,6 +17,11 @@
 #
 # The daemons get TCPXD_INLINE_GPU=off: 64 KiB would otherwise go inline on the control
 # connection (session 24) and skip the lanes this compares.
+#
+# Then (TRACE=0 skips it, ~15 s) one traced run of AFTER's daemons, 1 MiB WRITE and READ on the
+# last path (RUST_LOG=tcpxd::hop=trace,tcpxd::blocks=debug, logs kept under OUT_DIR/trace-*):
+# benches/passes.py counts the passes between a chunk's landing, its unpack's launch, its consume
+# and the transfer's end at the receiver; benches/hops.py splits the transfer hop by hop.
 set -euo pipefail
 if [ $# -lt 2 ]; then
     sed -n 2,21p "$0"
@@ -65,7 +70,7 @@ for who in "${order[@]}"; do
     done
     echo "round $n ($who) done, $((SECONDS - start)) s" >&2
 done
-python3 - "$out" <<'EOF'
+python3 - "$out" <<'EOF' | tee "$out/summary.txt"
 import glob, json, os, re, statistics, sys
 from collections import defaultdict
 out = sys.argv[1]
@@ -100,3 +105,22 @@ for (path, op, sz) in sorted({(k[2], k[1], k[3]) for k in daemon}, key=lambda k:
           f"{med(b.values()) / med(a.values()):>13.2f} {med(ra):>11.2f} {med(rb):>10.2f}  {rounds}")
 print("every row verified" if ok else "SOME ROWS NOT VERIFIED")
 EOF
+
+if [ "${TRACE:-1}" = 1 ]; then
+    here=$(cd "$(dirname "$0")" && pwd)
+    peer=${peers[-1]}
+    for op in write read; do
+        t="$out/trace-$op-0to$peer"
+        mkdir -p "$t"
+        RUST_LOG=tcpxd::hop=trace,tcpxd::blocks=debug "$after/tcpxctl" bench transfer --daemon "$after/tcpxd" \
+            --op "$op" --cuda 0 --peer-cuda "$peer" --sizes 1M --iters 200 --warmup 20 --keep-dir >"$t/bench.txt" 2>&1
+        kept=$(grep -o '/tmp/tcpxd-bench-[0-9]*' "$t/bench.txt" | head -1)
+        mv "$kept"/*.log "$t/" && rm -rf "$kept"
+        # The receiver: b for a WRITE, a (the reader) for a READ.
+        recv=$t/bench-b.log
+        [ "$op" = read ] && recv=$t/bench-a.log
+        echo "== traced 1 MiB $op, GPU 0 -> $peer (AFTER): passes at the receiver, then hops"
+        python3 "$here/passes.py" "$recv" || true
+        python3 "$here/hops.py" "$t/bench-a.log" "$t/bench-b.log" || true
+    done 2>&1 | tee "$out/trace.txt"
+fi
