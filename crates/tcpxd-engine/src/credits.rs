@@ -18,7 +18,8 @@
 //!   size). The receiver re-posts a receive as soon as it consumed one and returns the credit
 //!   ([`PeerMsg::Credits`], batched at the end of each action batch; the consume that finishes
 //!   a transfer returns what is owed inside its [`PeerMsg::Done`] instead, so a small transfer
-//!   ends with one message).
+//!   ends with one message; and while each lane owes at most one and a lane that owes nothing
+//!   still expects a chunk, the credits wait for that `Done`: `credits_may_wait`).
 //! - **Header, then data, no wait.** The sender writes the transfer's header
 //!   ([`PeerMsg::Header`]: ranges, keys, chunk size, first lane) on the ordered control stream
 //!   and posts its sends at once. The receiver maps the k-th completed receive on lane L to the

@@ -4,8 +4,8 @@
 //! - Receive lanes ([`RecvQueue`]): post receives as the window allows, test the head of the
 //!   comm, start the unpack of what completed ([`start_unpack`]: nothing when the plugin received
 //!   in place, a host gather for host memory, a push into the GPU's [`GpuStage`] for CUDA
-//!   memory, one batch per GPU per pass), and consume (`irecvConsumed`) in ring order once
-//!   unpacked. A receive dropped without unpacking is [`discard`]ed (its host landing slot
+//!   memory, one batch per GPU per [`GpuStage::advance`]), and consume (`irecvConsumed`) in ring
+//!   order once unpacked. A receive dropped without unpacking is [`discard`]ed (its host landing slot
 //!   zeroed).
 //! - Send lanes ([`post_send`], [`test_sends`]): post within the window, test the head.
 //!
