@@ -16,6 +16,7 @@ failing); now once (2, 1 failing). Needs strace, ptrace permission and the `tcpx
 import argparse
 import json
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -67,6 +68,7 @@ def count(binary: str, n: int) -> "tuple[int, int]":
         for p in (a, b):
             p.terminate()
             p.wait(10)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> None:
