@@ -78,6 +78,20 @@ def kind(name):
     return re.sub(r"[-_ ]?\d+$", "", name) or name
 
 
+def daemon_role(pid):
+    """A daemon's role by its node id (`bench-a` issues the transfers, `bench-b` is the peer);
+    None until the child runs tcpxd (a child not yet past its exec shows tcpxctl's arguments)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        args = []
+    for node, role in ((b"bench-a", "daemon1"), (b"bench-b", "daemon2")):
+        if node in args:
+            return role
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tcpxctl", default="tcpxctl")
@@ -92,8 +106,9 @@ def main():
     roles = {proc.pid: "tcpxctl"}
     while proc.poll() is None:
         for kid in children(proc.pid):
-            if kid not in roles:
-                roles[kid] = f"daemon{len(roles)}"  # a (issues the transfers) first, then b
+            role = roles.get(kid) or daemon_role(kid)
+            if role:
+                roles[kid] = role
         for pid, role in roles.items():
             for tid, (name, ns) in threads_of(pid).items():
                 seen[(role, tid)] = (name, ns)

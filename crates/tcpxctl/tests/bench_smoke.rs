@@ -116,6 +116,42 @@ fn bench_transfer_between_two_local_daemons_with_the_raw_bench_beside_it() {
     let _ = std::fs::remove_file(&out_file);
 }
 
+/// `--via local`: the same transfers on a framed local session (rows `daemon-local`), WRITE and
+/// READ with several in flight, the bytes verified.
+#[test]
+fn bench_transfer_via_the_framed_local_session() {
+    for op in ["write", "read"] {
+        let out = tcpxctl(&[
+            "bench",
+            "transfer",
+            "--via",
+            "local",
+            "--op",
+            op,
+            "--sizes",
+            "4K,64K,1M",
+            "--iters",
+            "6",
+            "--warmup",
+            "1",
+            "--concurrency",
+            "4",
+            "--chunk-bytes",
+            "512K",
+            "--daemon",
+            &tcpxd_testkit::workspace_bin("tcpxd").display().to_string(),
+            "--json",
+        ]);
+        let rows = json_lines(&String::from_utf8_lossy(&out.stdout));
+        assert_eq!(rows.len(), 3, "{rows:?}");
+        check_rows(&rows, "daemon-local", &op.to_uppercase(), 1, 6);
+        assert!(
+            rows.iter().all(|r| r["concurrency"].as_u64() == Some(4)),
+            "{rows:?}"
+        );
+    }
+}
+
 #[test]
 fn bench_transfer_prints_a_table_for_batched_reads() {
     let out = tcpxctl(&[

@@ -18,7 +18,8 @@
 //!   size). The receiver re-posts a receive as soon as it consumed one and returns the credit
 //!   ([`PeerMsg::Credits`], batched at the end of each action batch; the consume that finishes
 //!   a transfer returns what is owed inside its [`PeerMsg::Done`] instead, so a small transfer
-//!   ends with one message).
+//!   ends with one message; and while each lane owes at most one and a lane that owes nothing
+//!   still expects a chunk, the credits wait for that `Done`: `credits_may_wait`).
 //! - **Header, then data, no wait.** The sender writes the transfer's header
 //!   ([`PeerMsg::Header`]: ranges, keys, chunk size, first lane) on the ordered control stream
 //!   and posts its sends at once. The receiver maps the k-th completed receive on lane L to the
@@ -381,9 +382,13 @@ impl Engine {
         Some((t.offer, t.len, len))
     }
 
-    /// One `Credits` message per peer with credits to return (those a `Done` did not carry).
+    /// One `Credits` message per peer with credits to return (those a `Done` did not carry),
+    /// unless they may wait for a `Done` that is coming ([`credits_may_wait`]).
     pub(super) fn flush_credits(&mut self) {
         for (&peer, p) in self.peers.iter_mut() {
+            if credits_may_wait(p) {
+                continue;
+            }
             if let Some(returned) = take_owed(p) {
                 self.actions.push_back(Action::Control {
                     peer,
@@ -431,6 +436,36 @@ impl Engine {
             );
         }
     }
+}
+
+/// Whether a pairing's owed credits may wait for the next batch of actions rather than go back
+/// now in a `Credits` message of their own: each lane owes at most one, and some lane that owes
+/// nothing still expects a chunk (announced, landed before its header, or being unpacked). A
+/// transfer of a few chunks over several lanes then returns all its credits in its `Done`: one
+/// message back, not one more per chunk consumed before the last (issue #38's fixed cost per
+/// transfer).
+///
+/// Why no sender waits for ever: the lane that owes nothing holds back none of the sender's
+/// credits or credit bytes for it, so its expected chunk is sent (the sender has its credit, or
+/// every credit of that lane is a chunk on its way here, consumed in turn); the consume of a
+/// chunk on that lane makes it owe one, and the next batch returns every credit owed — or that
+/// consume ends the transfer, whose `Done` (or refusal) carries them. A lane owing more than one
+/// never waits, so a large transfer's credits flow as before once each of its lanes consumed a
+/// chunk. A pairing that failed returns nothing (its credits die with its lanes).
+fn credits_may_wait(p: &Peer) -> bool {
+    if p.gone() {
+        return false;
+    }
+    let mut expecting = false;
+    for &i in p.recv_used.lanes() {
+        let l = &p.recv[i as usize];
+        match l.recv_credits.owed() {
+            0 => expecting |= !l.targets.is_empty() || !l.landed.is_empty() || !l.unpacking.is_empty(),
+            1 => {}
+            _ => return false,
+        }
+    }
+    expecting
 }
 
 /// A pairing's owed credits per lane, taken; `None` when none is owed or it is gone.

@@ -12,6 +12,7 @@ mod auto;
 mod block_transfers;
 mod coalesced;
 mod eager;
+mod eager_credits;
 mod failed_sends;
 mod gather_ahead;
 mod gpu_credits;

@@ -309,20 +309,22 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         node_id: cfg.node_id.clone(),
         buffers,
         poller: poller.sender(),
-        peers: Peers::new(
-            &cfg.node_id,
-            poller.sender(),
-            cfg.peer_connect_timeout,
-            crate::peers::Heartbeat {
-                interval: cfg.heartbeat_interval,
-                timeout: cfg.heartbeat_timeout,
-            },
-        )
-        .with_secret(secret)
-        .with_tls(tls.as_ref().map(|t| t.client.clone()))
-        // Plain TCP: never under mutual TLS (docs/OPERATIONS.md, "Peer security").
-        .with_direct_control(cfg.direct_control && tls.is_none())
-        .with_topology(&topology, cfg.lanes_per_device),
+        peers: Arc::new(
+            Peers::new(
+                &cfg.node_id,
+                poller.sender(),
+                cfg.peer_connect_timeout,
+                crate::peers::Heartbeat {
+                    interval: cfg.heartbeat_interval,
+                    timeout: cfg.heartbeat_timeout,
+                },
+            )
+            .with_secret(secret)
+            .with_tls(tls.as_ref().map(|t| t.client.clone()))
+            // Plain TCP: never under mutual TLS (docs/OPERATIONS.md, "Peer security").
+            .with_direct_control(cfg.direct_control && tls.is_none())
+            .with_topology(&topology, cfg.lanes_per_device),
+        ),
         notifications: notify_tx,
         transfers: Mutex::new(HashMap::new()),
         default_timeout: cfg.default_timeout,

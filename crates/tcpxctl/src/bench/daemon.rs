@@ -11,11 +11,17 @@
 //! the source and destination ranges are checksummed (CRC-32C) once. A transfer's latency runs
 //! from just before its request is handed to the stream to the arrival of its `finished` event
 //! (one client round trip, no polling). The buffers are released at the end, whatever happened.
+//!
+//! The transfers go on a gRPC `Session` stream (harness `daemon`), or with `--via local` on a
+//! framed local session on A's API unix socket (harness `daemon-local`: the crossing the Python
+//! package's client uses, `local_session.rs`).
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tonic::Status;
 
+use crate::bench::local_session::LocalSession;
 use crate::bench::{BenchRow, Harness, LatencyStats, Memory, Op, SEED, Workload};
 use crate::client::ApiClient;
 use crate::client::{code_and_message, code_number_name, status_line};
@@ -63,6 +69,18 @@ pub struct DaemonPair {
     pub b: ApiClient,
     /// The chunk size the daemons use, when the caller knows it (it started them).
     pub chunk_bytes: Option<u32>,
+    /// How the size sweep's transfers reach A.
+    pub via: Via,
+}
+
+/// How the daemon bench's transfers reach daemon A.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Via {
+    /// A gRPC `Session` stream on A's client API.
+    #[default]
+    Grpc,
+    /// A framed local session on A's API unix socket (this path).
+    Local(PathBuf),
 }
 
 /// Makes sure A has B as an UP peer: connects to `peer_address` when given (and waits for UP),
@@ -234,12 +252,20 @@ async fn run_sizes(
             .map(|slot| slot_op(w.op, w.batch, size, slot, local.id, &remote.descriptor))
             .collect();
         let cpu = crate::bench::steal::now();
-        let (latencies, wall) = run_session(&mut pair.a, w, size, &slots, progress).await?;
+        let mut session = match &pair.via {
+            Via::Grpc => Transport::grpc(&mut pair.a, w).await?,
+            Via::Local(socket) => Transport::local(socket).await?,
+        };
+        let (latencies, wall) = run_session(&mut session, w, size, &slots, progress).await?;
+        session.close().await?;
         let steal = crate::bench::steal::since(cpu);
         let a = checksum(&mut pair.a, local.id, span, "the local buffer").await?;
         let b = checksum(&mut pair.b, remote.id, span, "the remote buffer").await?;
         rows.push(BenchRow {
-            harness: Harness::Daemon,
+            harness: match pair.via {
+                Via::Grpc => Harness::Daemon,
+                Via::Local(_) => Harness::DaemonLocal,
+            },
             op: w.op,
             memory: w.memory,
             block_size: size,
@@ -299,7 +325,7 @@ fn slot_op(op: Op, batch: u32, size: u64, slot: u32, local: u64, descriptor: &st
 /// Runs one size's transfers on one session, `concurrency` in flight. Returns the measured
 /// latencies and the wall time from the first measured start to the last measured end.
 async fn run_session(
-    client: &mut ApiClient,
+    session: &mut Transport,
     w: &Workload,
     size: u64,
     slots: &[SessionOp],
@@ -307,12 +333,6 @@ async fn run_session(
 ) -> Result<(Vec<Duration>, Duration), DaemonBenchError> {
     let total = w.warmup + w.iterations;
     let depth = w.concurrency.max(1);
-    let (tx, rx) = tokio::sync::mpsc::channel(depth as usize + 1);
-    let mut events = client
-        .session(tokio_stream::wrappers::ReceiverStream::new(rx))
-        .await
-        .map_err(rpc("opening a Session"))?
-        .into_inner();
     let what = |k: u32| format!("{} {k} of {} × {size} bytes", w.op.name(), w.batch);
     // Start times by transfer (transfer k has tag k + 1).
     let mut started: Vec<Option<Instant>> = vec![None; total as usize];
@@ -331,22 +351,14 @@ async fn run_session(
                 tag: u64::from(next) + 1,
                 op: Some(op),
             };
-            if tx.send(request).await.is_err() {
-                return Err(DaemonBenchError::Rpc {
-                    what: what(next),
-                    status: Status::unavailable("the session closed"),
-                });
-            }
+            session.send(request, &what(next)).await?;
             next += 1;
         }
-        let ev = events
-            .message()
-            .await
-            .map_err(rpc("the Session stream"))?
-            .ok_or_else(|| DaemonBenchError::Rpc {
-                what: "the Session stream".into(),
-                status: Status::unavailable("the daemon ended the session early"),
-            })?;
+        session.flush().await?;
+        let ev = session.next().await?.ok_or_else(|| DaemonBenchError::Rpc {
+            what: "the Session stream".into(),
+            status: Status::unavailable("the daemon ended the session early"),
+        })?;
         let end = Instant::now();
         let k = ev.tag.wrapping_sub(1) as u32;
         let t0 = started
@@ -378,13 +390,107 @@ async fn run_session(
         done += 1;
         progress.inc(1);
     }
-    // Half-closed with nothing in flight: the daemon ends the stream.
-    drop(tx);
     let wall = match (first, last) {
         (Some(f), Some(l)) => l - f,
         _ => Duration::ZERO,
     };
     Ok((latencies, wall))
+}
+
+/// One size's session: a gRPC `Session` stream, or a framed local session.
+enum Transport {
+    Grpc {
+        tx: tokio::sync::mpsc::Sender<SessionRequest>,
+        events: Box<tonic::Streaming<tcpxd::api::proto::v1::SessionEvent>>,
+    },
+    Local(Box<LocalSession>),
+}
+
+impl Transport {
+    async fn grpc(client: &mut ApiClient, w: &Workload) -> Result<Transport, DaemonBenchError> {
+        let (tx, rx) = tokio::sync::mpsc::channel(w.concurrency.max(1) as usize + 1);
+        let events = client
+            .session(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .map_err(rpc("opening a Session"))?
+            .into_inner();
+        Ok(Transport::Grpc {
+            tx,
+            events: Box::new(events),
+        })
+    }
+
+    async fn local(socket: &std::path::Path) -> Result<Transport, DaemonBenchError> {
+        let s = LocalSession::open(socket).await.map_err(local_failed(format!(
+            "opening a framed session on {}",
+            socket.display()
+        )))?;
+        Ok(Transport::Local(Box::new(s)))
+    }
+
+    /// Hands one request on (the framed session queues it until [`Transport::flush`]).
+    async fn send(&mut self, request: SessionRequest, what: &str) -> Result<(), DaemonBenchError> {
+        match self {
+            Transport::Grpc { tx, .. } => tx.send(request).await.map_err(|_| DaemonBenchError::Rpc {
+                what: what.to_string(),
+                status: Status::unavailable("the session closed"),
+            }),
+            Transport::Local(s) => {
+                s.queue(&request);
+                Ok(())
+            }
+        }
+    }
+
+    async fn flush(&mut self) -> Result<(), DaemonBenchError> {
+        match self {
+            Transport::Grpc { .. } => Ok(()),
+            Transport::Local(s) => s.flush().await.map_err(local_failed("the framed session")),
+        }
+    }
+
+    async fn next(&mut self) -> Result<Option<tcpxd::api::proto::v1::SessionEvent>, DaemonBenchError> {
+        match self {
+            Transport::Grpc { events, .. } => events.message().await.map_err(rpc("the Session stream")),
+            Transport::Local(s) => s.next().await.map_err(local_failed("the framed session")),
+        }
+    }
+
+    /// Half-closes the request side with nothing in flight; the daemon ends the session.
+    async fn close(self) -> Result<(), DaemonBenchError> {
+        match self {
+            Transport::Grpc { tx, mut events } => {
+                drop(tx);
+                while events
+                    .message()
+                    .await
+                    .map_err(rpc("the Session stream"))?
+                    .is_some()
+                {}
+                Ok(())
+            }
+            Transport::Local(mut s) => {
+                s.close()
+                    .await
+                    .map_err(local_failed("closing the framed session"))?;
+                while s
+                    .next()
+                    .await
+                    .map_err(local_failed("the framed session"))?
+                    .is_some()
+                {}
+                Ok(())
+            }
+        }
+    }
+}
+
+fn local_failed(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> DaemonBenchError {
+    let what = what.into();
+    move |e| DaemonBenchError::Rpc {
+        what,
+        status: Status::unavailable(e.to_string()),
+    }
 }
 
 pub(crate) fn transfer_failed(what: String, ev: TransferEvent) -> DaemonBenchError {

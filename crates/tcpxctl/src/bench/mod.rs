@@ -7,6 +7,7 @@
 
 pub mod blocks;
 pub mod daemon;
+pub mod local_session;
 pub mod raw;
 pub mod steal;
 
@@ -66,8 +67,12 @@ impl Memory {
 pub enum Harness {
     /// The plugin driven directly, in one process (`tcpxctl bench raw`).
     Raw,
-    /// Two daemons through the client API (`tcpxctl bench transfer`).
+    /// Two daemons through the client API (`tcpxctl bench transfer`), the transfers on a gRPC
+    /// `Session` stream.
     Daemon,
+    /// The same, the transfers on a framed local session (`--via local`: the API unix socket
+    /// without HTTP/2, as the Python package's client sends them).
+    DaemonLocal,
 }
 
 impl Harness {
@@ -75,6 +80,7 @@ impl Harness {
         match self {
             Harness::Raw => "raw",
             Harness::Daemon => "daemon",
+            Harness::DaemonLocal => "daemon-local",
         }
     }
 }

@@ -575,6 +575,13 @@ pub struct PathArgs {
     pub lanes_per_device: Option<u32>,
 }
 
+/// `bench transfer --via`: how the transfers reach the daemon.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    Grpc,
+    Local,
+}
+
 #[derive(Args, Debug)]
 pub struct BenchTransferArgs {
     #[command(flatten)]
@@ -613,6 +620,11 @@ pub struct BenchTransferArgs {
     /// With --blocks: leave the plain batch out.
     #[arg(long, requires = "blocks")]
     pub no_batch: bool,
+    /// How the transfers reach the daemon: `grpc`, on a gRPC `Session` stream (rows `daemon`);
+    /// `local`, on a framed local session on its API unix socket, the crossing the Python
+    /// package's client uses (rows `daemon-local`).
+    #[arg(long, value_enum, default_value_t = Via::Grpc, conflicts_with = "blocks")]
+    pub via: Via,
     /// Also run the raw plugin bench (same plugin, workload, chunk size and lanes) first, and
     /// print both side by side.
     #[arg(long)]

@@ -300,6 +300,7 @@ async fn transfer_rows(
                 a,
                 b,
                 chunk_bytes: None,
+                via: via(args.via, &global.endpoint)?,
             };
             let (_, lanes) = tokio::select! {
                 r = ensure_peer(&mut pair, args.peer_address.as_deref()) => r.map_err(|e| CliError::Bench(e.to_string()))?,
@@ -321,6 +322,24 @@ async fn transfer_rows(
         None => local_daemons_bench(args, job, bar).await?,
     };
     Ok(rows)
+}
+
+/// How the transfers reach the daemon at `endpoint` (`--via`): the framed local session needs
+/// its API unix socket.
+fn via(via: crate::cli::args::Via, endpoint: &str) -> Result<crate::bench::daemon::Via, CliError> {
+    use crate::bench::daemon::Via as On;
+    match via {
+        crate::cli::args::Via::Grpc => Ok(On::Grpc),
+        crate::cli::args::Via::Local => {
+            let path = endpoint.strip_prefix("unix:").unwrap_or(endpoint);
+            match path.starts_with('/') {
+                true => Ok(On::Local(PathBuf::from(path))),
+                false => Err(CliError::Usage(format!(
+                    "--via local: the framed local session runs on the daemon's API unix socket; --endpoint {endpoint} is not one (unix:/path or /path)"
+                ))),
+            }
+        }
+    }
 }
 
 /// Starts two local daemons (as `demo` does), runs the bench between them, stops them.
@@ -376,6 +395,7 @@ async fn local_daemons_bench(
             a: ca,
             b: cb,
             chunk_bytes: Some(chunk_bytes),
+            via: via(args.via, &a.api_socket)?,
         };
         let (_, lanes) = ensure_peer(&mut pair, None)
             .await
@@ -423,7 +443,7 @@ pub fn side_by_side(rows: &[BenchRow]) -> Option<Table> {
         "raw p99 (us)",
         "daemon p99 (us)",
     ]);
-    for d in rows.iter().filter(|r| r.harness == Harness::Daemon) {
+    for d in rows.iter().filter(|r| r.harness != Harness::Raw) {
         let Some(r) = raw.iter().find(|r| {
             r.op == d.op
                 && r.memory == d.memory

@@ -25,7 +25,8 @@ pub struct DaemonState {
     pub node_id: String,
     pub buffers: BufferRegistry,
     pub poller: crate::poller::PollerTx,
-    pub peers: Peers,
+    /// Shared with the dials it runs as tasks of their own (`Peers::connect`).
+    pub peers: Arc<Peers>,
     pub notifications: broadcast::Sender<NotificationEvent>,
     pub transfers: Mutex<HashMap<u64, watch::Receiver<TransferStatus>>>,
     pub default_timeout: Duration,

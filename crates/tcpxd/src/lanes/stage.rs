@@ -1,6 +1,7 @@
-//! A GPU's unpack stage: the unpacker's batches (one per pass of the lanes), the block scatters
-//! that ride in the same batches, and the block gathers of the send side, each batch launched at
-//! the end of a pass.
+//! A GPU's unpack stage: the unpacker's batches (one per [`GpuStage::advance`]: the lanes' test
+//! in each pass, and the poller's again after a batch of actions that landed eager chunks), the
+//! block scatters that ride in the same batches, and the block gathers of the send side, each
+//! batch launched by the advance (the gathers at the end of a batch of actions).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -75,12 +76,12 @@ pub enum BatchEnd {
 pub struct GpuStage {
     gpu: Arc<Gpu>,
     unpacker: Box<dyn Unpacker>,
-    /// The batch number receives pushed during this pass belong to.
+    /// The batch number receives pushed since the last advance belong to.
     next_batch: u64,
     pushed: bool,
     /// Batches in flight: the unpacker's ticket, the block scatters' ticket and the launch time.
     in_flight: VecDeque<(u64, Option<Ticket>, Option<Ticket>, Launch)>,
-    /// When this pass's batch got its first unpack or block scatter.
+    /// When the batch being filled got its first unpack or block scatter.
     first_push: Option<Instant>,
     /// Block chunks received into this GPU: scattered in the same batches (made on first use).
     scatters: Option<BlockBatcher>,
@@ -169,7 +170,7 @@ impl GpuStage {
         })
     }
 
-    /// Submits this pass's batch (if anything was pushed) and retires finished batches.
+    /// Submits the batch being filled (if anything was pushed) and retires finished batches.
     pub fn advance(&mut self) {
         if self.gpu.bind_to_thread().is_err() {
             return;
@@ -185,6 +186,13 @@ impl GpuStage {
                 Some(s) => s.submit(),
                 None => Ok(None),
             };
+            tracing::trace!(
+                target: "tcpxd::hop",
+                hop = "stage.submit",
+                pass = super::pass(),
+                gpu = self.gpu.ordinal(),
+                batch
+            );
             match (unpacked, scattered) {
                 (Ok(t), Ok(s)) => {
                     let launch = Launch::after(first_push, submitted);
@@ -218,6 +226,13 @@ impl GpuStage {
             } else if ticket.is_some() {
                 launched.log(self.gpu.ordinal(), batch, "unpack");
             }
+            tracing::trace!(
+                target: "tcpxd::hop",
+                hop = "stage.done",
+                pass = super::pass(),
+                gpu = self.gpu.ordinal(),
+                batch
+            );
             self.done_upto = batch;
             self.in_flight.pop_front();
         }
@@ -235,7 +250,7 @@ impl GpuStage {
         &self.gpu
     }
 
-    /// Queues an unpack into this pass's batch (the unpacker checks its list: on the host here,
+    /// Queues an unpack into the batch being filled (the unpacker checks its list: on the host here,
     /// or, read in place, on the GPU, reported as [`BatchEnd::Rejected`]); returns the batch.
     pub fn push_unpack(&mut self, job: &UnpackJob) -> Result<u64, String> {
         self.gpu.bind_to_thread().map_err(|e| e.to_string())?;
@@ -245,7 +260,7 @@ impl GpuStage {
         Ok(self.next_batch)
     }
 
-    /// Queues a block chunk's scatter into this pass's batch; returns the batch.
+    /// Queues a block chunk's scatter into the batch being filled; returns the batch.
     pub fn push_scatter(
         &mut self,
         task: ScatterTask,

@@ -125,7 +125,11 @@ pub fn start_unpack<'s>(
         Ok(s) => s,
         Err(e) => return Wait::Ready(Err(e)),
     };
-    if dest.staged && (frags.is_empty() || ring.bounce_is_host_readable()) {
+    // Host bounce pages (the emulation's host mode): CUDA knows no GPU of theirs. A GPU's bounce
+    // pages go through the GPU's unpack even where the host can read them too (the CUDA
+    // stand-in's "device" memory, which is host memory; coherent machines), as on TCPX.
+    let host_bounce = ring.bounce_is_host_readable() && ring.bounce_device().is_none();
+    if dest.staged && (frags.is_empty() || host_bounce) {
         // Staged in host memory (received in place into the landing slot, or into host bounce
         // pages): a synchronous copy to the GPU through the stage's host staging buffer.
         let staging = stage.host_staging(len);

@@ -401,40 +401,13 @@ fn helper_loop(
         if let Some(t) = idle_since.take() {
             gauge.saw(t.elapsed());
         }
-        match work {
-            Work::Part(part) => {
-                copy_part(&part.copies);
-                part.left.fetch_sub(1, Ordering::Release);
-            }
-            Work::JobPart(SourcesZeroed(copies, cold), keep, clock) => {
-                clock_start(&clock);
-                let since = Instant::now();
-                let bytes = 2 * copies.iter().map(|c| c.n as u64).sum::<u64>();
-                // SAFETY: `HostCopies::queue`'s contract, and the job's sources tiled its zeroed
-                // range (checked before it was cut): this part's sources are its own.
-                unsafe { copy_list(&copies, routine, true, cold) };
-                drop((copies, keep));
-                clock_finish(&clock);
-                stats
-                    .busy_ns
-                    .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                stats.bytes.fetch_add(bytes, Ordering::Relaxed);
-                finished.fetch_add(1, Ordering::Release);
-            }
-            Work::Job(job, clock) => {
-                clock_start(&clock);
-                let (since, bytes) = (Instant::now(), job.bytes() as u64);
-                // SAFETY: `HostCopies::queue`'s contract: valid until the ticket is done, which
-                // the count below makes it.
-                unsafe { job.run(routine) };
-                drop(job);
-                clock_finish(&clock);
-                stats
-                    .busy_ns
-                    .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
-                stats.bytes.fetch_add(bytes, Ordering::Relaxed);
-                finished.fetch_add(1, Ordering::Release);
-            }
+        // SAFETY: `HostCopies::copy_all`'s contract for a part (valid until it returns, which
+        // waits for `left`), `HostCopies::queue`'s for a job or a job's part (valid until the
+        // ticket is done, which the count below makes it).
+        if let Some(Ran { bytes, busy }) = unsafe { run_work(work, routine) } {
+            stats.busy_ns.fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+            stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+            finished.fetch_add(1, Ordering::Release);
         }
         idle_since = Some(Instant::now());
     }
@@ -453,27 +426,48 @@ impl std::fmt::Debug for HostCopies {
     }
 }
 
-/// Work a helper could not take, done on the calling thread.
+/// A queued job's (or job part's) run: bytes copied and zeroed, and how long it took.
+struct Ran {
+    bytes: u64,
+    busy: std::time::Duration,
+}
+
+/// Runs `work` on this thread: a helper's, or the caller's for work a gone helper could not
+/// take. A `copy_all` part is counted down on its `left`; a queued job or job part runs between
+/// its clock's start and finish, then drops what it kept alive, and says what it did (a helper
+/// counts it: [`HelperStats`], its ticket's `finished`).
 ///
 /// # Safety
-/// As for the helper that would have run it ([`HostCopies::queue`]'s contract).
-unsafe fn run_here(work: Work, routine: CopyRoutine) {
+/// As for the helper that would have run it: [`HostCopies::copy_all`]'s contract for a part,
+/// [`HostCopies::queue`]'s for a job or a job's part.
+unsafe fn run_work(work: Work, routine: CopyRoutine) -> Option<Ran> {
     match work {
         Work::Part(part) => {
             copy_part(&part.copies);
             part.left.fetch_sub(1, Ordering::Release);
+            None
+        }
+        Work::JobPart(SourcesZeroed(copies, cold), keep, clock) => {
+            clock_start(&clock);
+            let since = Instant::now();
+            let bytes = 2 * copies.iter().map(|c| c.n as u64).sum::<u64>();
+            // SAFETY: the caller's contract, and the job's sources tiled its zeroed range
+            // (checked before it was cut): this part's sources are its own.
+            unsafe { copy_list(&copies, routine, true, cold) };
+            drop((copies, keep));
+            clock_finish(&clock);
+            let busy = since.elapsed();
+            Some(Ran { bytes, busy })
         }
         Work::Job(job, clock) => {
             clock_start(&clock);
+            let (since, bytes) = (Instant::now(), job.bytes() as u64);
             // SAFETY: the caller's contract.
             unsafe { job.run(routine) };
+            drop(job);
             clock_finish(&clock);
-        }
-        Work::JobPart(SourcesZeroed(copies, cold), _keep, clock) => {
-            clock_start(&clock);
-            // SAFETY: the caller's contract; the part's sources are its own.
-            unsafe { copy_list(&copies, routine, true, cold) };
-            clock_finish(&clock);
+            let busy = since.elapsed();
+            Some(Ran { bytes, busy })
         }
     }
 }
@@ -620,7 +614,9 @@ impl HostCopies {
                     }
                     // The helper is gone: its part is copied here.
                     // SAFETY: as the whole job's (a part of its copies; its own sources).
-                    Err(mpsc::SendError(w)) => unsafe { run_here(w, self.routine) },
+                    Err(mpsc::SendError(w)) => {
+                        let _ = unsafe { run_work(w, self.routine) };
+                    }
                 }
             }
             return (!ticket.is_empty()).then_some(CopyTicket { parts: ticket, clock });
@@ -641,7 +637,7 @@ impl HostCopies {
             Err(mpsc::SendError(w)) => {
                 // The helper is gone: the job runs here.
                 // SAFETY: as above.
-                unsafe { run_here(w, self.routine) };
+                let _ = unsafe { run_work(w, self.routine) };
                 None
             }
         }

@@ -334,3 +334,65 @@ fn one_large_piece_is_cut_across_every_thread() {
     assert_eq!(default_threads(16), 8);
     assert_eq!(default_threads(128), MAX_DEFAULT_THREADS);
 }
+
+/// Work a gone helper cannot take runs on the calling thread (`run_work`, as a helper runs
+/// it): a scatter out of a landing slot cut in parts (sources zeroed), one whose pieces do not
+/// tile the slot (whole, zeroed after), a gather; bytes exact, no ticket, nothing in flight.
+#[test]
+fn work_a_gone_helper_cannot_take_runs_on_the_calling_thread() {
+    let chunk = 512 * 1024;
+    let piece = 16 * 1024;
+    let src: Vec<u8> = (0..chunk).map(|i| (i * 29 + i / 811) as u8).collect();
+    for (helpers, policy) in [1usize, 3]
+        .into_iter()
+        .flat_map(|h| policies().into_iter().map(move |p| (h, p)))
+    {
+        let mut pool = HostCopies::with_policy(helpers, policy);
+        for h in &mut pool.helpers {
+            let (tx, rx) = mpsc::channel();
+            drop(rx);
+            h.tx = tx; // the helper's own channel closes: it ends
+        }
+        for round in 0..3 {
+            let mut slot = src.clone();
+            let mut dst = vec![0xEEu8; chunk];
+            let mut copies: Vec<HostCopy> = (0..chunk / piece)
+                .map(|k| {
+                    let to = (chunk / piece - 1 - k) * piece;
+                    HostCopy {
+                        from: slot[k * piece..].as_ptr(),
+                        to: dst[to..].as_mut_ptr(),
+                        n: piece,
+                    }
+                })
+                .collect();
+            if round == 1 {
+                copies.swap(0, 3);
+            }
+            let zero = (round < 2).then_some((slot.as_mut_ptr(), chunk));
+            let job = CopyJob {
+                copies,
+                zero,
+                cold_targets: false,
+                keep: Vec::new(),
+            };
+            assert_eq!(job.sources_tile_zero(), round == 0);
+            // SAFETY: `slot` and `dst` outlive the call, which copies them before it returns.
+            let ticket = unsafe { pool.queue(job) };
+            assert!(ticket.is_none(), "{helpers} helpers, round {round}: run here");
+            assert_eq!(pool.in_flight(), 0);
+            for k in 0..chunk / piece {
+                let to = (chunk / piece - 1 - k) * piece;
+                assert!(
+                    dst[to..to + piece] == src[k * piece..(k + 1) * piece],
+                    "{helpers} helpers, round {round}, {policy:?}: piece {k}"
+                );
+            }
+            if round < 2 {
+                assert!(slot.iter().all(|&b| b == 0), "slot zeroed, round {round}");
+            } else {
+                assert!(slot == src, "a gather's source untouched");
+            }
+        }
+    }
+}

@@ -275,7 +275,11 @@ impl Peers {
     /// closed when idle (waiting first for a close under way to settle), when they can be
     /// dialled again: the next use of a peer pairs anew, transparently. A peer that cannot be
     /// reached fails the call with UNAVAILABLE naming it.
-    pub async fn revive(&self, nodes: &[&str], deadline: std::time::Instant) -> Result<(), Status> {
+    pub async fn revive(
+        self: &Arc<Self>,
+        nodes: &[&str],
+        deadline: std::time::Instant,
+    ) -> Result<(), Status> {
         for &node in nodes {
             self.settle_close(node, deadline).await;
             let Some(p) = self.by_node(node) else { continue };
@@ -361,11 +365,22 @@ impl Peers {
         let _ = tokio::time::timeout(budget, link.wait_for(|l| !matches!(l, PeerLink::Closing))).await;
     }
 
-    /// Caller side of `ConnectPeer`.
-    pub async fn connect(&self, address: &str) -> Result<PeerInfo, Status> {
-        let slot = Slot::take(&self.connecting, address);
-        let _guard = slot.lock.lock().await;
-        self.connect_locked(address).await
+    /// Caller side of `ConnectPeer`. The dial runs as a task of its own, which the caller
+    /// awaits: a caller that goes away meanwhile (a client cancelling its ConnectPeer, as a
+    /// Python agent's pairing ahead is when its remote agent is loaded again; a caller's budget
+    /// running out) does not cut it short. Cut between the poller's making the pairing and the
+    /// control stream's opening, it left the pairing connecting for good here while the callee
+    /// failed its side, and every transfer to that node waited on it (python
+    /// test_nixl_single.py under CPU load: the first READ still "PROC" after 30 s).
+    pub async fn connect(self: &Arc<Self>, address: &str) -> Result<PeerInfo, Status> {
+        let (peers, address) = (self.clone(), address.to_string());
+        tokio::spawn(async move {
+            let slot = Slot::take(&peers.connecting, &address);
+            let _guard = slot.lock.lock().await;
+            peers.connect_locked(&address).await
+        })
+        .await
+        .unwrap_or_else(|e| Err(Status::internal(format!("connecting to a peer: {e}"))))
     }
 
     /// A peer call's answer within the connect timeout: a peer that takes the connection and

@@ -85,6 +85,7 @@ impl Poller {
                 len,
             } => {
                 self.landed_in_actions = true;
+                tracing::trace!(target: "tcpxd::hop", hop = "poller.land", pass = crate::lanes::pass(), lane);
                 self.land(peer, lane, buffer, offset, len).map_err(fails(peer))?
             }
             Action::Progress {
@@ -135,6 +136,7 @@ impl Poller {
                 len,
             } => {
                 self.landed_in_actions = true;
+                tracing::trace!(target: "tcpxd::hop", hop = "poller.land", pass = crate::lanes::pass(), lane);
                 self.land_scatter(peer, lane, buffer, offer, wire, len)
                     .map_err(fails(peer))?
             }
@@ -160,7 +162,7 @@ impl Poller {
 
     pub(super) fn send_control(&mut self, peer: PeerIdx, msg: PeerMsg) {
         let (kind, id) = msg.label();
-        tracing::trace!(target: "tcpxd::hop", hop = "poller.out", kind, id);
+        tracing::trace!(target: "tcpxd::hop", hop = "poller.out", pass = crate::lanes::pass(), kind, id);
         let Some(p) = self.peers.get_mut(&peer) else {
             return;
         };
@@ -187,7 +189,7 @@ impl Poller {
         offset: u64,
         len: u32,
     ) -> Result<(), String> {
-        tracing::trace!(target: "tcpxd::hop", hop = "poller.isend", lane);
+        tracing::trace!(target: "tcpxd::hop", hop = "poller.isend", pass = crate::lanes::pass(), lane);
         let slots = self.slots();
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.send) else {
             return Ok(());
@@ -467,7 +469,7 @@ impl Poller {
     }
 
     fn finish(&mut self, transfer: TransferId, outcome: Outcome) {
-        tracing::trace!(target: "tcpxd::hop", hop = "poller.finished", id = transfer.0);
+        tracing::trace!(target: "tcpxd::hop", hop = "poller.finished", pass = crate::lanes::pass(), id = transfer.0);
         self.progress.remove(&transfer);
         if let Some(tx) = self.transfers.remove(&transfer) {
             self.meter.finished(transfer, &outcome, outcome.landed);

@@ -332,7 +332,7 @@ impl Poller {
             }
             Command::Message { peer, msg } => {
                 let (kind, id) = msg.label();
-                tracing::trace!(target: "tcpxd::hop", hop = "poller.in", kind, id);
+                tracing::trace!(target: "tcpxd::hop", hop = "poller.in", pass = crate::lanes::pass(), kind, id);
                 // The peer's first message (its ReceiveMode) says it keeps this pairing: up.
                 // (Lanes open on first use; a pairing the peer dropped while two handshakes
                 // settled never hears from it and never comes up.)

@@ -132,7 +132,7 @@ impl DirectLink {
         let sock = socket2::SockRef::from(&*self.conn.stream);
         // The hop trace's split of a control message's way: framed (`poller.out`), sent here,
         // read by the peer's poller (`poller.read`), decoded (`wire.in`).
-        tracing::trace!(target: "tcpxd::hop", hop = "poller.flush", bytes = self.out.len() - self.sent);
+        tracing::trace!(target: "tcpxd::hop", hop = "poller.flush", pass = crate::lanes::pass(), bytes = self.out.len() - self.sent);
         while self.sent < self.out.len() {
             match sock.send_with_flags(&self.out[self.sent..], libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
                 Ok(0) => return Err("direct control connection: the socket took nothing".into()),
@@ -382,7 +382,7 @@ impl super::Poller {
                     Ok(0) => break Some("closed by the peer".to_string()),
                     Ok(n) => {
                         got = true;
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.read", bytes = n);
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.read", pass = crate::lanes::pass(), bytes = n);
                         if let Err(why) = (d.conn.decode)(&self.read_buf[..n], &mut self.inbound) {
                             break Some(why);
                         }

@@ -139,7 +139,7 @@ impl Poller {
                 };
                 let cid = comm.trace_id();
                 let tested = lanes::test_sends(comm, || {
-                    tracing::trace!(target: "tcpxd::hop", hop = "poller.sent", lane = li, comm = cid);
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.sent", pass = crate::lanes::pass(), lane = li, comm = cid);
                     events.push(Completion::SendDone(peer, li as u32))
                 });
                 if let Err(e) = tested {
@@ -179,7 +179,7 @@ impl Poller {
                     } = posted.meta;
                     let wait = if buffer == LANDING {
                         // Eager: where it goes comes with its header (`Action::Land`).
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.landed", lane = li, comm = comm.trace_id());
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.landed", pass = crate::lanes::pass(), lane = li, comm = comm.trace_id());
                         events.push(Completion::Landed(peer, li as u32));
                         Wait::Header
                     } else if offer.is_none_or(|o| !engine.recv_lands(peer, o)) {
@@ -188,14 +188,14 @@ impl Poller {
                         // destination. What a landing slot holds is zeroed (a direct receive's
                         // bytes); a receive posted into the destination or a GPU anchor has
                         // nothing to undo.
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.dropped", lane = li, comm = comm.trace_id());
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.dropped", pass = crate::lanes::pass(), lane = li, comm = comm.trace_id());
                         if buffer == STAGED {
                             lanes::discard(comm, id)
                         } else {
                             Wait::Ready(Ok(()))
                         }
                     } else if let Some(to) = to {
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li, comm = comm.trace_id());
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", pass = crate::lanes::pass(), lane = li, comm = comm.trace_id());
                         let pieces = match to.direct {
                             Some(at) => {
                                 segs.clear();
@@ -232,7 +232,7 @@ impl Poller {
                             }
                         }
                     } else {
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", lane = li, comm = comm.trace_id());
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.received", pass = crate::lanes::pass(), lane = li, comm = comm.trace_id());
                         let dest = Placed {
                             buffer,
                             offset,
@@ -269,13 +269,18 @@ impl Poller {
         progressed
     }
 
-    /// After a batch of actions that landed eager chunks (`Action::Land`, `LandScatter`): those
-    /// whose unpack is already over (a host copy, done at once) are consumed now, in this
-    /// pass, so their transfer's end (`Done`, `Finished`) goes out with this pass's actions
-    /// rather than after another pass. True when something was consumed.
+    /// After a batch of actions that landed eager chunks (`Action::Land`, `LandScatter`): the
+    /// GPU unpacks they pushed are launched now (a second batch in this pass, not the next
+    /// pass's first), and those whose unpack is already over (a host copy, done at once; a GPU
+    /// batch that finished) are consumed now, in this pass, so their transfer's end (`Done`,
+    /// `Finished`) goes out with this pass's actions rather than after another pass. True when
+    /// something was consumed.
     pub(super) fn consume_landed(&mut self) -> bool {
         if !std::mem::take(&mut self.landed_in_actions) {
             return false;
+        }
+        for stage in self.stages.values_mut() {
+            stage.advance();
         }
         let mut events = std::mem::take(&mut self.completions);
         let recv_window = self.cfg.engine.recv_window;
@@ -329,6 +334,7 @@ fn consume_unpacked(
                         tracing::trace!(
                             target: "tcpxd::hop",
                             hop = "poller.consumed",
+                            pass = crate::lanes::pass(),
                             lane = li,
                             comm = cid,
                             wait_us = t.wait_us,

@@ -13,11 +13,13 @@
 //! the first GPU inline copy) and handed out in
 //! [`GRANULE`]s; a job is freed from it only after its events completed. When it is full (several
 //! pairings' windows at once) or cannot be made, a transfer's copy is synchronous, as before:
-//! nothing ever waits for staging. Each job holds its buffers (`Arc<BufferEntry>`) until its
+//! nothing ever waits for staging. So it is on a GPU whose streams or events for these copies
+//! cannot be made: the failure is remembered for that GPU (logged once, with the CUDA error),
+//! and its transfers' copies stay synchronous instead of each failing and making them again. Each job holds its buffers (`Arc<BufferEntry>`) until its
 //! copies ended, besides the engine's use counts, so memory is never freed under a copy. Host
 //! memory is copied synchronously (a `memcpy` of a few KiB costs less than an event).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::Poller;
@@ -127,6 +129,8 @@ pub(super) struct InlineCopies {
     /// Making the staging failed once: every copy stays synchronous.
     no_staging: bool,
     copiers: HashMap<usize, Copier>,
+    /// GPUs (ordinals) whose streams or events could not be made: their copies stay synchronous.
+    no_copier: HashSet<usize>,
     jobs: Vec<Job>,
 }
 
@@ -167,23 +171,51 @@ impl InlineCopies {
         slot
     }
 
-    /// `gpu`'s streams and events, made at first use.
-    fn copier(&mut self, gpu: &Arc<Gpu>) -> Result<&mut Copier, String> {
-        let c = match self.copiers.entry(gpu.ordinal()) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => v.insert(Copier {
-                streams: StreamPool::new(gpu, STREAMS_PER_GPU).map_err(|e| e.to_string())?,
-                events: EventPool::new(gpu, 8).map_err(|e| e.to_string())?,
-                next: 0,
-            }),
-        };
-        Ok(c)
+    /// `gpu`'s streams and events, made at first use; `None` when they could not be (then, or
+    /// before: a failure is logged once and remembered, and the GPU's copies stay synchronous).
+    fn copier(&mut self, gpu: &Arc<Gpu>) -> Option<&mut Copier> {
+        let ordinal = gpu.ordinal();
+        if self.no_copier.contains(&ordinal) {
+            return None;
+        }
+        match self.copiers.entry(ordinal) {
+            std::collections::hash_map::Entry::Occupied(o) => Some(o.into_mut()),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                let made = StreamPool::new(gpu, STREAMS_PER_GPU)
+                    .and_then(|streams| Ok((streams, EventPool::new(gpu, 8)?)));
+                match made {
+                    Ok((streams, events)) => Some(v.insert(Copier {
+                        streams,
+                        events,
+                        next: 0,
+                    })),
+                    Err(e) => {
+                        tracing::warn!(
+                            "inline GPU copies on GPU {ordinal} stay synchronous: its streams or events cannot be made: {e}"
+                        );
+                        self.no_copier.insert(ordinal);
+                        None
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether every GPU of `keep`'s GPU pieces has its streams and events (made here at first
+    /// use): else the caller copies synchronously, before taking any staging.
+    fn copiers_for(&mut self, keep: &[Arc<BufferEntry>]) -> bool {
+        keep.iter().all(|entry| match piece(entry) {
+            Piece::Gpu(region) => self.copier(region.gpu()).is_some(),
+            Piece::Host(_) => true,
+        })
     }
 
     /// A stream of `gpu` for a job's copies, round-robin: the GPU's ordinal and the stream's
     /// index.
     fn pick(&mut self, gpu: &Arc<Gpu>) -> Result<(usize, usize), String> {
-        let c = self.copier(gpu)?;
+        let c = self
+            .copier(gpu)
+            .ok_or_else(|| format!("GPU {}: no streams for inline copies", gpu.ordinal()))?;
         c.next = c.next.wrapping_add(1);
         Ok((gpu.ordinal(), c.next % c.streams.len()))
     }
@@ -290,9 +322,8 @@ impl Poller {
             return;
         }
         let size = self.inline_staging_bytes();
-        if let Err(e) = self.inline_copies.copier(gpu) {
-            tracing::warn!("inline GPU copies on GPU {}: {e}", gpu.ordinal());
-        }
+        // (a failure is logged and remembered there)
+        let _ = self.inline_copies.copier(gpu);
         self.inline_copies.ensure_staging(gpu, size);
     }
 
@@ -308,6 +339,9 @@ impl Poller {
         let Some((keep, gpu, gpu_bytes)) = self.gpu_pieces(sources) else {
             return Some(offer);
         };
+        if !self.inline_copies.copiers_for(&keep) {
+            return Some(offer);
+        }
         let size = self.inline_staging_bytes();
         let Some(slot) = self.inline_copies.slot(&gpu, size, gpu_bytes) else {
             return Some(offer);
@@ -372,6 +406,9 @@ impl Poller {
         let Some((keep, gpu, gpu_bytes)) = self.gpu_pieces(dests).filter(|_| covered) else {
             return Err(payload);
         };
+        if !self.inline_copies.copiers_for(&keep) {
+            return Err(payload);
+        }
         let size = self.inline_staging_bytes();
         let Some(slot) = self.inline_copies.slot(&gpu, size, gpu_bytes) else {
             return Err(payload);

@@ -10,8 +10,10 @@
 //! engine's actions (posting sends and receives as the windows allow) — then has the engine plan
 //! a slice of what a large prepared READ left after its early first part went out
 //! (`Engine::plan_pending`) and executes those too —, tests only the head of
-//! each comm, unpacks completed receives (host unpacker) and consumes them in ring order, and
-//! checks deadlines. With bytes in flight it spins, then yields at every pass, and naps only after
+//! each comm, unpacks completed receives (host unpacker) and consumes them in ring order,
+//! executes the actions that made (an eager chunk's `Land`: its GPU unpack launched and, once
+//! done, the chunk consumed in this pass, `drive.rs`'s `consume_landed`), and checks deadlines.
+//! Every pass advances a per-thread count (`crate::lanes::next_pass`): the hop trace's `pass`. With bytes in flight it spins, then yields at every pass, and naps only after
 //! a stall of 2 ms; with nothing in flight it parks in `epoll_wait` on the command channel's
 //! eventfd and its direct sockets (`park.rs`: no CPU; a command or a peer's control message
 //! wakes it at once, one wake-up), after lingering 1 ms since its last progress when
@@ -360,6 +362,7 @@ impl Poller {
         // The wait that ended the last pass looked at the sockets already.
         let mut looked = false;
         loop {
+            crate::lanes::next_pass();
             if !looked && (self.reads_direct() || self.park.serves_sessions()) {
                 self.park.look(Some(Duration::ZERO), &mut self.direct_ready);
             }

@@ -25,12 +25,23 @@
 //! is released (a session woken here may itself add or remove a socket).
 //!
 //! # Why no request is missed
-//! The socket is registered edge-triggered for reading. A session's read ([`Watched::poll`])
-//! tries `recvmsg`; on `WouldBlock` it stores its waker, then tries once more, and waits only if
-//! that finds nothing too. Bytes arriving after the second try raise a new edge, which epoll
-//! reports at the poller's next look (or ends its park), and the poller wakes the waker stored
-//! before that try; bytes arriving before it are read by it. A wake the session did not need
-//! (it had read the bytes already) costs one poll that finds nothing.
+//! The socket is registered edge-triggered for reading: every arrival of bytes raises an edge,
+//! which epoll reports at the poller's next look (or ends its park), whether or not earlier bytes
+//! were read; the poller then wakes the waker stored for the socket at that moment (a stored
+//! waker stays until another replaces it: a wake does not take it). A session's read
+//! ([`Watched::poll`]) tries `recvmsg`; on `WouldBlock`:
+//! - if its waker is the one stored already (stored by an earlier poll, so before this try:
+//!   the session's waker is the same on every poll), it waits. Bytes that arrived before the
+//!   try were read by it; bytes arriving after it raise an edge after the waker was stored, and
+//!   the poller wakes that waker.
+//! - if its waker is new (the first read, or the session is polled through another waker), it
+//!   stores it, then tries once more, and waits only if that finds nothing too: bytes arriving
+//!   between the first try and the store raised an edge the poller may have answered with the
+//!   old waker (or none), and the second try reads them; bytes arriving after it are as above.
+//!
+//! So a session waiting for its next request makes one `recvmsg` that finds nothing, not two
+//! (session 25; before, every `WouldBlock` was tried again after the store). A wake the session
+//! did not need (it had read the bytes already) costs one poll that finds nothing.
 //!
 //! # Shutdown
 //! The poller's thread ends after a drain or when its channel closes; sessions still open then
@@ -99,8 +110,9 @@ pub struct Watched {
 }
 
 impl Watched {
-    /// Runs `read` (a non-blocking read of the socket); when it would block, stores the waker
-    /// and runs it once more (the module's "Why no request is missed"). `None`: wait for the wake.
+    /// Runs `read` (a non-blocking read of the socket); when it would block, waits if `cx`'s
+    /// waker was stored already, else stores it and runs `read` once more (the module's "Why no
+    /// request is missed"). `None`: wait for the wake.
     pub fn poll<T>(
         &self,
         cx: &mut Context<'_>,
@@ -110,16 +122,25 @@ impl Watched {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             done => return Some(done),
         }
-        {
-            let mut w = self.waker.lock().unwrap_or_else(|e| e.into_inner());
-            match w.as_ref() {
-                Some(old) if old.will_wake(cx.waker()) => {}
-                _ => *w = Some(cx.waker().clone()),
-            }
+        if !self.store(cx.waker()) {
+            // Stored before the try above: an edge after it wakes this waker.
+            return None;
         }
         match read() {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
             done => Some(done),
+        }
+    }
+
+    /// Stores `waker` unless the one stored would wake the same task; `true` when it was new.
+    fn store(&self, waker: &Waker) -> bool {
+        let mut w = self.waker.lock().unwrap_or_else(|e| e.into_inner());
+        match w.as_ref() {
+            Some(old) if old.will_wake(waker) => false,
+            _ => {
+                *w = Some(waker.clone());
+                true
+            }
         }
     }
 
@@ -282,12 +303,18 @@ mod tests {
         let waker = Waker::from(count.clone());
         let mut cx = Context::from_waker(&waker);
         let mut events = mio::Events::with_capacity(8);
+        let tries = Cell::new(0usize);
         let read = || {
+            tries.set(tries.get() + 1);
             let mut b = [0u8; 8];
             (&server).read(&mut b)
         };
         for round in 1..=3usize {
+            tries.set(0);
             assert!(watching.watched().poll(&mut cx, read).is_none(), "nothing yet");
+            // The waker is stored by the first read that finds nothing (tried again after the
+            // store); later ones find it stored already: one recvmsg each.
+            assert_eq!(tries.get(), if round == 1 { 2 } else { 1 }, "round {round}");
             client.write_all(&[round as u8]).unwrap();
             let mut ready = Vec::new();
             while ready.is_empty() {
@@ -377,5 +404,49 @@ mod tests {
             (&server).read(&mut b)
         });
         assert!(matches!(got, Some(Ok(2))), "{got:?}");
+    }
+
+    /// A session polled through another waker (a different task): its first read that finds
+    /// nothing stores the new waker and tries again; the next edge wakes the new one, not the old.
+    #[test]
+    fn a_new_waker_is_stored_and_tried_again_and_the_next_bytes_wake_it() {
+        let mut poll = mio::Poll::new().unwrap();
+        let watch = Arc::new(SessionWatch::new(poll.registry().try_clone().unwrap()));
+        let (mut client, server) = std::os::unix::net::UnixStream::pair().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let watching = watch.watch(server.as_raw_fd()).unwrap();
+        let (old, new) = (
+            Arc::new(Count(AtomicUsize::new(0))),
+            Arc::new(Count(AtomicUsize::new(0))),
+        );
+        let tries = Cell::new(0usize);
+        let read = || {
+            tries.set(tries.get() + 1);
+            (&server).read(&mut [0u8; 8])
+        };
+        let mut events = mio::Events::with_capacity(8);
+        for (count, want_tries) in [(&old, 2), (&old, 1), (&new, 2), (&new, 1)] {
+            tries.set(0);
+            let waker = Waker::from(count.clone());
+            assert!(
+                watching
+                    .watched()
+                    .poll(&mut Context::from_waker(&waker), read)
+                    .is_none()
+            );
+            assert_eq!(tries.get(), want_tries);
+        }
+        client.write_all(b"x").unwrap();
+        let mut ready = Vec::new();
+        while ready.is_empty() {
+            poll.poll(&mut events, None).unwrap();
+            ready.extend(events.iter().map(|e| e.token()));
+        }
+        watch.wake(&mut ready, &mut Vec::new());
+        assert_eq!(
+            (old.0.load(Ordering::SeqCst), new.0.load(Ordering::SeqCst)),
+            (0, 1),
+            "the waker stored last is woken"
+        );
     }
 }

@@ -24,6 +24,16 @@ async fn pair(name: &str, delay_ms: [u64; 2], window: u64) -> (Daemon, Daemon) {
 
 /// [`pair`] with each daemon's own inline window (its staging is that, at least 64 KiB).
 async fn pair_windows(name: &str, delay_ms: [u64; 2], windows: [u64; 2]) -> (Daemon, Daemon) {
+    pair_env(name, delay_ms, windows, &[]).await
+}
+
+/// [`pair_windows`] with more of the daemons' environment (the stand-in's knobs).
+async fn pair_env(
+    name: &str,
+    delay_ms: [u64; 2],
+    windows: [u64; 2],
+    more: &[(&str, &str)],
+) -> (Daemon, Daemon) {
     let dir = tcpxd_testkit::ScratchDir::fresh("tcpxd-inline-copies", name);
     std::fs::create_dir_all(&*dir).unwrap();
     let mut out = Vec::new();
@@ -36,6 +46,7 @@ async fn pair_windows(name: &str, delay_ms: [u64; 2], windows: [u64; 2]) -> (Dae
             ("TCPXD_INLINE_WINDOW_BYTES", window.as_str()),
             ("TCPXD_CUDASTUB_EVENT_DELAY_MS", delay.as_str()),
         ];
+        let env: Vec<(&str, &str)> = env.into_iter().chain(more.iter().copied()).collect();
         out.push(start_with(&dir, &format!("{name}-{side}"), "d2d", 1, true, &env).await);
     }
     let b = out.pop().unwrap();
@@ -82,6 +93,33 @@ async fn eight_gpu_writes_and_reads_in_flight_all_go_inline_byte_exact() {
     let s = only_peer(&mut a.client).await;
     let r = only_peer(&mut b.client).await;
     // Eight GPU transfers fit both the GPU bound and the window: every one went inline.
+    assert_eq!((s.sent_inline, s.received_inline), (16, 16), "{s:?}");
+    assert_eq!((r.sent_inline, r.received_inline), (16, 16), "{r:?}");
+    assert_eq!(lane_bytes_total(&s), 0, "no lane carried a byte: {s:?}");
+}
+
+/// A GPU whose streams for the inline copies cannot be made (the stand-in's
+/// `TCPXD_CUDASTUB_MAX_STREAMS`: the copier's pool of four fails, while the one stream of a
+/// synchronous copy is still made): the failure is remembered for the GPU (logged once) and its
+/// inline transfers copy synchronously, still inline and byte-exact. Before, each GPU inline
+/// transfer tried to make the pool again and failed with its error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_inline_transfers_copy_synchronously_where_the_copy_streams_cannot_be_made() {
+    // Two streams a GPU: a lane's unpack stage's and a synchronous copy's; the pool needs four.
+    let more = [("TCPXD_CUDASTUB_MAX_STREAMS", "2")];
+    let (mut a, mut b) = pair_env("no-streams", [0, 0], [1 << 20; 2], &more).await;
+    let len = 16 * KIB;
+    let src = cuda_buffer(&mut a.client, 2, 8 * 2 * len).await;
+    let back = cuda_buffer(&mut a.client, 1, 8 * 2 * len).await;
+    let dst = cuda_buffer(&mut b.client, 4, 8 * 2 * len + 64).await;
+    for round in 0..2u64 {
+        fill_seed(&mut a.client, src.id, 0, 0, 70 + round).await;
+        let bufs = (&src, &back, &dst);
+        let what = format!("round {round}");
+        eight_writes_then_reads(&mut a.client, &mut b.client, bufs, len, round, 5, &what).await;
+    }
+    let s = only_peer(&mut a.client).await;
+    let r = only_peer(&mut b.client).await;
     assert_eq!((s.sent_inline, s.received_inline), (16, 16), "{s:?}");
     assert_eq!((r.sent_inline, r.received_inline), (16, 16), "{r:?}");
     assert_eq!(lane_bytes_total(&s), 0, "no lane carried a byte: {s:?}");

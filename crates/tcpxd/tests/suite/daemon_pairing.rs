@@ -351,3 +351,49 @@ async fn two_nodes_dialling_each_other_at_once_pair_once() {
         b.stop().await;
     }
 }
+
+/// A `ConnectPeer` its client cancels (as a Python agent's pairing ahead is, by gRPC, when its
+/// remote agent is loaded again) does not cut the dial short: cut between the poller's making
+/// the pairing and the control stream's opening, the caller's pairing stayed connecting for
+/// good while the callee failed its side, and a WRITE to that node waited until its deadline
+/// (python test_nixl_single.py under CPU load). Cancelled at 0 to 8 ms, on fresh pairs: each
+/// WRITE afterwards lands, well within its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connect_peer_cancelled_by_its_client_leaves_no_pairing_half_made() {
+    tcpxd::logging::init("warn");
+    for round in 0..16u64 {
+        let mut a = daemons::start(&format!("cut-{round}-a"), |_| {}).await;
+        let mut b = daemons::start(&format!("cut-{round}-b"), |_| {}).await;
+        let src = host_buffer(&mut a.client, MIB, "").await;
+        let dst = host_buffer(&mut b.client, MIB, "").await;
+        fill_seed(&mut a.client, src.id, 0, MIB, round).await;
+        let mut c = a.client.clone();
+        let addr = b.peer_addr();
+        let dial = tokio::spawn(async move {
+            let _ = c.connect_peer(pb::ConnectPeerRequest { address: addr }).await;
+        });
+        tokio::time::sleep(std::time::Duration::from_micros(round * 500)).await;
+        dial.abort(); // the call's stream reset: the daemon drops its handler
+        let _ = dial.await;
+        let id = a
+            .client
+            .write(pb::WriteRequest {
+                entry: Some(write_entry(&src, 0, &dst, 0, MIB)),
+                timeout_ms: 20_000,
+                ..Default::default()
+            })
+            .await
+            .expect("write")
+            .into_inner()
+            .transfer_id;
+        let e = wait(&mut a.client, id).await;
+        assert_eq!(e.status_code, 0, "round {round}: {}", e.status_message);
+        assert_eq!(
+            crc(&mut a.client, src.id, 0, MIB).await,
+            crc(&mut b.client, dst.id, 0, MIB).await,
+            "round {round}"
+        );
+        a.stop().await;
+        b.stop().await;
+    }
+}

@@ -3,7 +3,8 @@
 //! their requests itself; registrations and large requests go to the runtime. Checked through
 //! what the daemon counts (`SessionWatch::handled`: requests handled on the poller's thread and
 //! off it, sockets watched) and what the client gets: bytes compared, statuses, the order of a
-//! session's requests, the watch left when a client goes away mid-frame. The whole framed suite
+//! session's requests, the watch left when a client goes away mid-frame or shuts its socket down
+//! while its events are pushed. The whole framed suite
 //! also runs this way with `TCPXD_POLLER_SESSIONS=on` (common/daemons.rs).
 
 use std::time::Duration;
@@ -318,4 +319,77 @@ async fn with_poller_sessions_off_sessions_run_on_the_runtime() {
     );
     half_close(&mut s).await;
     s.assert_eof().await;
+}
+
+/// main 09fbede ("No poll inside a poll", src/api/local/inline.rs): a subscribed session whose
+/// client shuts its socket down (SHUT_RDWR) while its transfers' final events and the node's
+/// notifications are being pushed. The push that finds the connection broken wakes the session
+/// from inside the delivery's poll, under the session's lock of delivered tags; polled there,
+/// the session took that lock again and the poller's thread deadlocked (CI, session 24:
+/// test_polling.py). Each round checks the daemon still serves: a new session registers a
+/// memfd, WRITEs from it and the bytes arrive. With the fix reverted this failed 5 runs of 5
+/// (the new session's answer never came: "an event or EOF within 30 s"); with it, 12 rounds
+/// take well under a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_shutting_down_while_its_events_are_pushed_leaves_the_daemon_serving() {
+    let (mut a, mut b) = pair_with("ps-shut", "on").await;
+    let src = host_buffer(&mut a.client, MIB, "").await;
+    let dst = host_buffer(&mut b.client, MIB, "").await;
+    // Written by b into a with notifications, published on a's poller thread.
+    let noted_src = host_buffer(&mut b.client, 64 * KIB, "").await;
+    let noted = host_buffer(&mut a.client, 64 * KIB, "").await;
+    // Where the new sessions write (apart from what the cancelled WRITEs may still land on).
+    let fresh_dst = host_buffer(&mut b.client, 64 * KIB, "").await;
+    fill_seed(&mut a.client, src.id, 0, MIB, 25).await;
+    let n = 64u64;
+    let each = MIB / n;
+    for round in 0..12u64 {
+        let mut s = Framed::open(&a.daemon.api_socket).await;
+        s.send(1, Op::Subscribe(pb::SubscribeRequest {})).await;
+        assert!(matches!(s.next().await.event, Some(Event::Subscribed(_))));
+        let mut notes = b.client.clone();
+        let e = write_entry(&noted_src, 0, &noted, 0, 4 * KIB);
+        let notifying = tokio::spawn(async move {
+            for i in 0..16u32 {
+                let id = write(&mut notes, e.clone(), &i.to_be_bytes()).await.unwrap();
+                wait_ok(&mut notes, id).await;
+            }
+        });
+        let reqs: Vec<(u64, Op)> = (0..n)
+            .map(|i| (i + 2, write_op(write_entry(&src, i * each, &dst, i * each, each))))
+            .collect();
+        s.send_raw(&frames(&reqs)).await;
+        // The first transfer's end: the others are finishing, each event pushed as it does.
+        while !matches!(s.next().await.event, Some(Event::Finished(_))) {}
+        rustix::net::shutdown(&s.io, rustix::net::Shutdown::Both).unwrap();
+        // Still served: a new session registers, transfers and gets its bytes (a poller
+        // deadlocked in the pushes above never answers it).
+        let mut fresh = Framed::open(&a.daemon.api_socket).await;
+        let fd = rustix::fs::memfd_create(
+            "ps-shut",
+            rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+        )
+        .unwrap();
+        let pattern: Vec<u8> = (0..64 * KIB).map(|i| (i as u8) ^ (round as u8)).collect();
+        rustix::io::write(&fd, &pattern).unwrap();
+        let reg = Op::RegisterHostFd(pb::RegisterHostFdRequest {
+            size: 64 * KIB,
+            ..Default::default()
+        });
+        fresh.send_with_fd(1, reg, &fd).await;
+        let mine = fresh.registered(1).await.expect("registered");
+        fresh
+            .send(2, write_op(write_entry(&mine, 0, &fresh_dst, 0, 64 * KIB)))
+            .await;
+        let ev = fresh.next().await;
+        assert_eq!((ev.tag, finished(&ev).status_code), (2, 0), "round {round}");
+        assert_eq!(bytes(&mut b.client, fresh_dst.id, 0, 64 * KIB).await, pattern);
+        half_close(&mut fresh).await;
+        fresh.assert_eof().await;
+        notifying.await.unwrap();
+        drop(s);
+        until_unwatched(&a).await;
+    }
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
 }

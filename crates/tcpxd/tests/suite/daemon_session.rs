@@ -462,3 +462,152 @@ async fn a_dropped_waiting_call_cancels_its_transfer() {
     assert_eq!(cancelled, 1, "{:?}", stats.transfer_totals);
     a.stop().await;
 }
+
+/// The gRPC session reads on while its starts are on their way (src/api/session/grpc_pending.rs):
+/// a tag reused right behind its request is refused, a cancel right behind its request finds
+/// the transfer (the session's task polls the start it waits for), and a deep queue sent at once
+/// lands byte for byte, each tag answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_right_behind_a_start_see_it() {
+    tcpxd::logging::init("warn");
+    let (mut a, mut b) = pair("sess-behind").await;
+    let src = host_buffer(&mut a.client, 128 * MIB, "").await;
+    let dst = host_buffer(&mut b.client, 128 * MIB, "").await;
+    fill_seed(&mut a.client, src.id, 0, 0, 41).await;
+    let mut s = open(&mut a.client).await;
+    // The same tag twice, then a cancel of it, in one burst: the second is refused, the cancel
+    // answered (a 120 MiB WRITE cannot end in the meantime on the emulation; if it did, the
+    // cancel is refused FAILED_PRECONDITION and the WRITE's event is OK).
+    s.send(1, write_op(write_entry(&src, 0, &dst, 0, 120 * MIB)))
+        .await;
+    s.send(1, write_op(write_entry(&src, 0, &dst, 0, 10))).await;
+    s.send(2, Op::CancelTag(1)).await;
+    let mut got: HashMap<u64, Vec<Event>> = HashMap::new();
+    for _ in 0..3 {
+        let ev = s.next().await;
+        got.entry(ev.tag).or_default().push(ev.event.expect("an event"));
+    }
+    let one = &got[&1];
+    assert_eq!(one.len(), 2, "{got:?}");
+    assert!(
+        one.iter().any(|e| matches!(e, Event::Refused(st) if st.code == tonic::Code::InvalidArgument as i32 && st.message.starts_with("tag:"))),
+        "{got:?}"
+    );
+    let finished = one
+        .iter()
+        .find_map(|e| match e {
+            Event::Finished(t) => Some(t),
+            _ => None,
+        })
+        .expect("the WRITE's event");
+    match &got[&2][..] {
+        [Event::Cancelled(pb::CancelResponse { cancelled: true })] => {
+            assert_eq!(finished.status_code, tonic::Code::Cancelled as i32, "{got:?}")
+        }
+        [Event::Refused(st)] if st.code == tonic::Code::FailedPrecondition as i32 => {
+            assert_eq!(finished.status_code, 0, "{got:?}")
+        }
+        other => panic!("cancel_tag answered {other:?}"),
+    }
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+    // 64 WRITEs of 64 KiB sent at once, then READs of them back: every tag answered once, OK,
+    // the bytes where they belong.
+    let block = 64 * KIB;
+    for i in 0..64u64 {
+        s.send(
+            100 + i,
+            write_op(write_entry(&src, i * block, &dst, i * block, block)),
+        )
+        .await;
+    }
+    let mut seen = HashMap::new();
+    for _ in 0..64 {
+        let ev = s.next().await;
+        let Some(Event::Finished(t)) = ev.event else {
+            panic!("expected a finished event, got {ev:?}");
+        };
+        assert_eq!(t.status_code, 0, "tag {}: {}", ev.tag, t.status_message);
+        assert!(
+            seen.insert(ev.tag, t.transfer_id).is_none(),
+            "tag {} twice",
+            ev.tag
+        );
+    }
+    assert_eq!(seen.keys().copied().min(), Some(100));
+    assert_eq!(seen.keys().copied().max(), Some(163));
+    for i in 0..64u64 {
+        let at = 64 * MIB + i * block;
+        s.send(200 + i, read_op(read_entry(&dst, i * block, &src, at, block)))
+            .await;
+    }
+    for _ in 0..64 {
+        let ev = s.next().await;
+        assert!(
+            matches!(ev.event, Some(Event::Finished(ref t)) if t.status_code == 0),
+            "{ev:?}"
+        );
+    }
+    let want = crc(&mut a.client, src.id, 0, 64 * block).await;
+    assert_eq!(crc(&mut b.client, dst.id, 0, 64 * block).await, want);
+    assert_eq!(crc(&mut a.client, src.id, 64 * MIB, 64 * block).await, want);
+    drop(s.tx);
+    assert!(s.events.message().await.expect("ends OK").is_none());
+    assert_lanes_drain(&mut a.client).await;
+    assert_lanes_drain(&mut b.client).await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A client that goes away right behind a burst of requests, their starts still on their way:
+/// whatever the daemon started is cancelled or ends, on both sides (nothing left active, the
+/// lanes and credits back to zero), and the daemon serves the next session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_behind_its_starts_leaves_nothing_running() {
+    tcpxd::logging::init("warn");
+    let (mut a, mut b) = pair("sess-gone-starts").await;
+    let src = host_buffer(&mut a.client, 64 * MIB, "").await;
+    let dst = host_buffer(&mut b.client, 64 * MIB, "").await;
+    fill_seed(&mut a.client, src.id, 0, 0, 43).await;
+    for round in 0..4u64 {
+        let mut own = unix_client(a.daemon.api_socket.clone()).await;
+        let s = open(&mut own).await;
+        for i in 0..16u64 {
+            s.send(
+                i + 1,
+                write_op(write_entry(&src, i * 4 * MIB, &dst, i * 4 * MIB, 4 * MIB)),
+            )
+            .await;
+        }
+        // Dropped after a first event in the later rounds: some starts known, some not.
+        let mut s = s;
+        if round > 0 {
+            let _ = s.next().await;
+        }
+        drop(s);
+        drop(own);
+        assert_lanes_drain(&mut a.client).await;
+        assert_lanes_drain(&mut b.client).await;
+    }
+    let stats = b
+        .client
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.active_transfers, 0);
+    // A new session on the same daemons moves bytes exactly.
+    let mut s = open(&mut a.client).await;
+    s.send(1, write_op(write_entry(&src, 0, &dst, 0, 8 * MIB))).await;
+    let ev = s.next().await;
+    assert!(
+        matches!(ev.event, Some(Event::Finished(ref t)) if t.status_code == 0),
+        "{ev:?}"
+    );
+    assert_eq!(
+        crc(&mut b.client, dst.id, 0, 8 * MIB).await,
+        crc(&mut a.client, src.id, 0, 8 * MIB).await
+    );
+    a.stop().await;
+    b.stop().await;
+}

@@ -48,6 +48,19 @@ pub(crate) async fn start_with(
     binding: bool,
     env: &[(&str, &str)],
 ) -> Daemon {
+    start_logged(dir, node, unpacker, nics, binding, env, Stdio::inherit()).await
+}
+
+/// [`start_with`], the daemon's log (stderr) going to `log`.
+pub(crate) async fn start_logged(
+    dir: &ScratchDir,
+    node: &str,
+    unpacker: &str,
+    nics: u32,
+    binding: bool,
+    env: &[(&str, &str)],
+    log: Stdio,
+) -> Daemon {
     let sock = dir.join(format!("{node}.sock"));
     let ready = dir.join(format!("{node}.ready"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_tcpxd"))
@@ -76,7 +89,7 @@ pub(crate) async fn start_with(
         .env("TCPXD_INLINE_GPU", "off")
         .envs(env.iter().copied())
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(log)
         .spawn()
         .expect("tcpxd starts");
     let deadline = Instant::now() + Duration::from_secs(30);

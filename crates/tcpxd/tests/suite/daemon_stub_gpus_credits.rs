@@ -26,14 +26,14 @@ async fn pair(name: &str) -> (ScratchDir, Daemon, Daemon) {
 }
 
 /// This node's stats of its one peer.
-async fn peer(c: &mut Client) -> pb::PeerStats {
+pub(crate) async fn peer(c: &mut Client) -> pb::PeerStats {
     let s = c.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();
     assert_eq!(s.peers.len(), 1, "{s:?}");
     s.peers.into_iter().next().unwrap()
 }
 
 /// Waits (bounded) until nothing is in flight and every credit and credit byte is back.
-async fn credits_back(c: &mut Client) {
+pub(crate) async fn credits_back(c: &mut Client) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
         let s = c.get_stats(pb::GetStatsRequest {}).await.unwrap().into_inner();

@@ -40,7 +40,7 @@ from ._handles import (
     nixl_xfer_handle,
 )
 from ._memory import LocalMemory
-from ._notify import CLOSE_NOTIFS_S, MAILBOX_BYTES, Inbox, _tight_spin_s, frame, notif_future
+from ._notify import MAILBOX_BYTES, Inbox, _tight_spin_s, close_notifs_s, frame, notif_future
 from ._remotes import AgentName, _name, _Remote
 from ._transfers import _bytes
 from ._xfer import NOTIFICATION_ALONE, Xfer, mailbox_entry, mailbox_timeout, nixlXferTelemetry
@@ -110,6 +110,8 @@ class nixl_agent:  # noqa: N801
         #: Whether transfers keep telemetry: NIXL_TELEMETRY_ENABLE when set, else capture_telemetry.
         self._telemetry = _bindings.telemetry_enabled(conf.capture_telemetry)
         self._timeout_ms = 0 if conf.timeout_s is None else max(1, int(conf.timeout_s * 1000))
+        #: How long close() waits for notifications still on their way (close_notifs_s).
+        self._close_notifs_s = close_notifs_s(getattr(conf, "close_notifs_s", None))
         #: How long a request answered at once (PrepareBlocks on the session) may take.
         self._call_timeout_s = DEFAULT_CALL_TIMEOUT if conf.timeout_s is None else max(conf.timeout_s, DEFAULT_CALL_TIMEOUT)
         self._lock = threading.RLock()
@@ -185,7 +187,11 @@ class nixl_agent:  # noqa: N801
             session, self._session = self._session, None
         if self._listener is not None:
             self._listener.close()
-        self._notifs_sent(CLOSE_NOTIFS_S)  # closing their session would cancel them
+        left = self._notifs_sent(self._close_notifs_s)  # closing their session would cancel them
+        if left:
+            log.warning("agent %s: closing cancels its notifications still on their way after %g s to %s "
+                        "(nixl_agent_config(close_notifs_s=...) or TCPXD_NIXL_CLOSE_NOTIFS_S waits longer)",
+                        self.name, self._close_notifs_s, ", ".join(sorted(left)))
         self._inbox.close()
         if session is not None:
             session._abort("client closed")
@@ -428,19 +434,26 @@ class nixl_agent:  # noqa: N801
                     raise from_tcpxd(e, f"send_notif to {remote.md.name}") from None
             remote.notif_sent = sent
 
-    def _notifs_sent(self, timeout: float) -> None:
+    def _notifs_sent(self, timeout: float) -> List[str]:
         """Waits (up to `timeout` s in all) for the notifications still on their way: before the
-        agent's session ends (closing it would cancel them)."""
+        agent's session ends (closing it would cancel them). The names of the agents whose
+        notification is still on its way after it."""
         end = time.monotonic() + timeout
         with self._lock:
-            remotes = list(self._remotes.values()) + ([self._self_remote[1]] if self._self_remote is not None else [])
-        for remote in remotes:
+            remotes = list(self._remotes.items())
+            if self._self_remote is not None:
+                remotes.append((self.name, self._self_remote[1]))
+        left = []
+        for name, remote in remotes:
             sent = remote.notif_sent
             if sent is not None and not sent.done():
                 try:
-                    sent.exception(max(0.0, end - time.monotonic()))
+                    sent.exception(max(0.0, end - time.monotonic()) if timeout != _INF else None)
                 except Exception:  # noqa: BLE001 - timed out, or the session ended: closing goes on
                     pass
+                if not sent.done():
+                    left.append(name)
+        return left
 
     def get_new_notifs(self, backends: Optional[List[str]] = None) -> Dict[str, List[bytes]]:
         """Notifications that arrived since the last call, by the sending agent's name."""

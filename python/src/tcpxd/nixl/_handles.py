@@ -40,8 +40,10 @@ class nixl_thread_sync_t(Enum):  # noqa: N801 - NIXL's name
 
 class nixl_agent_config:  # noqa: N801
     """NIXL's agent configuration, plus tcpxd's own keywords: `endpoint` (the daemon: default
-    $TCPXD_ENDPOINT, else unix:/run/tcpxd/tcpxd.sock) and `timeout_s` (each transfer's deadline,
-    default the daemon's transfer.default_timeout_s). enable_prog_thread and num_threads mean
+    $TCPXD_ENDPOINT, else unix:/run/tcpxd/tcpxd.sock), `timeout_s` (each transfer's deadline,
+    default the daemon's transfer.default_timeout_s) and `close_notifs_s` (how long close() waits
+    for notifications still on their way before cancelling them: default
+    $TCPXD_NIXL_CLOSE_NOTIFS_S, else 5; docs/NIXL.md). enable_prog_thread and num_threads mean
     nothing here (the daemon progresses transfers); backends name the NIXL backends this agent
     stands in for (reported by get_plugin_list)."""
 
@@ -57,11 +59,14 @@ class nixl_agent_config:  # noqa: N801
         *,
         endpoint: Optional[str] = None,
         timeout_s: Optional[float] = None,
+        close_notifs_s: Optional[float] = None,
     ):
         if sync_mode is not None and not isinstance(sync_mode, nixl_thread_sync_t):
             raise TypeError(f"sync_mode must be a nixl_thread_sync_t (got {type(sync_mode).__name__!r})")
         if timeout_s is not None and not timeout_s > 0:
             raise nixlInvalidParamError(f"timeout_s: {timeout_s!r} is not a positive number of seconds")
+        if close_notifs_s is not None and not close_notifs_s >= 0:
+            raise nixlInvalidParamError(f"close_notifs_s: {close_notifs_s!r} is not a number of seconds (0 or more)")
         self.backends = list(backends) if backends is not None else ["UCX"]
         self.enable_pthread = enable_prog_thread
         self.enable_listen = enable_listen_thread
@@ -71,6 +76,7 @@ class nixl_agent_config:  # noqa: N801
         self.sync_mode = sync_mode
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.close_notifs_s = close_notifs_s
 
 
 class nixl_prepped_dlist_handle:  # noqa: N801

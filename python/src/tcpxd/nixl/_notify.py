@@ -90,9 +90,29 @@ POLL_WAIT_S = 50e-6
 #: at most 240 bytes is read from memory the agent maps, before (and instead of) its event.
 FEED_NOTES = 64
 
-#: How long closing an agent waits for its notifications still on their way (send_notif returns
-#: before they arrive; closing the agent's session would cancel them).
+#: How long closing an agent waits for its notifications still on their way, by default
+#: (send_notif returns before they arrive; closing the agent's session would cancel them):
+#: nixl_agent_config(close_notifs_s=...), else TCPXD_NIXL_CLOSE_NOTIFS_S, else this.
 CLOSE_NOTIFS_S = 5.0
+
+
+def close_notifs_s(configured: Optional[float]) -> float:
+    """How long an agent's close() waits for its notifications on their way: `configured`
+    (nixl_agent_config's close_notifs_s), else TCPXD_NIXL_CLOSE_NOTIFS_S (seconds; "inf": until
+    each is answered, which its WRITE's deadline bounds), else CLOSE_NOTIFS_S."""
+    if configured is not None:
+        return configured
+    v = os.environ.get("TCPXD_NIXL_CLOSE_NOTIFS_S", "")
+    if v:
+        try:
+            s = float(v)
+            if s >= 0:
+                return s
+        except ValueError:
+            pass
+        log.warning("TCPXD_NIXL_CLOSE_NOTIFS_S=%r is not a number of seconds (0 or more, or inf): using %g",
+                    v, CLOSE_NOTIFS_S)
+    return CLOSE_NOTIFS_S
 
 
 def notif_future(session: Any, to: str) -> "concurrent.futures.Future[Any]":

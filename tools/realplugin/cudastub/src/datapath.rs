@@ -5,7 +5,6 @@
 //! and kernel launches answer `CUDA_ERROR_NOT_SUPPORTED`, IPC too.
 
 use super::*;
-use std::collections::HashSet;
 use std::sync::atomic::AtomicUsize;
 use std::time::Instant;
 
@@ -21,7 +20,8 @@ pub struct CUipcEventHandle {
 
 /// Handles of live streams and events (distinct non-null values; never dereferenced).
 static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(0x5157_0000);
-static STREAMS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+/// Live stream → the device current when it was made (`None`: no current device).
+static STREAMS: Mutex<Option<HashMap<usize, Option<CUdevice>>>> = Mutex::new(None);
 /// Event → when it was last recorded (for cuEventElapsedTime).
 static EVENTS: Mutex<Option<HashMap<usize, Option<Instant>>>> = Mutex::new(None);
 
@@ -36,21 +36,36 @@ fn valid_stream(s: CUstream) -> bool {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .is_some_and(|m| m.contains(&(s as usize)))
+            .is_some_and(|m| m.contains_key(&(s as usize)))
+}
+
+/// `TCPXD_CUDASTUB_MAX_STREAMS`: at most this many streams exist at once on a device (the
+/// current one when made); a `cuStreamCreate` beyond them answers `CUDA_ERROR_OUT_OF_MEMORY` (as
+/// a driver out of resources does), so a test makes the creation of a pool of streams fail
+/// while single streams are still made. Unset: no limit.
+fn max_streams() -> Option<usize> {
+    static MAX: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("TCPXD_CUDASTUB_MAX_STREAMS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    })
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn cuStreamCreate(out: *mut CUstream, _flags: c_uint) -> CUresult {
     driver!();
+    let mut streams = STREAMS.lock().unwrap_or_else(|e| e.into_inner());
+    let streams = streams.get_or_insert_with(HashMap::new);
+    let device = current_device();
+    if max_streams().is_some_and(|max| streams.values().filter(|d| **d == device).count() >= max) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     let h = new_handle();
     if !put(out, h as CUstream) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    STREAMS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get_or_insert_with(HashSet::new)
-        .insert(h);
+    streams.insert(h, device);
     CUDA_SUCCESS
 }
 
@@ -70,7 +85,7 @@ pub extern "C" fn cuStreamDestroy_v2(s: CUstream) -> CUresult {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .as_mut()
-        .is_some_and(|m| m.remove(&(s as usize)));
+        .is_some_and(|m| m.remove(&(s as usize)).is_some());
     ok_or(known, CUDA_ERROR_INVALID_VALUE)
 }
 

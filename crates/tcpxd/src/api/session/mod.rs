@@ -1,8 +1,9 @@
 //! The `Session` stream: many transfers on one bidirectional call, each request under a tag the
 //! client chose, one event per request back as each transfer finishes (completion order).
 //!
-//! One task per session reads the requests in order and starts each on the poller; a task per
-//! accepted transfer waits for its final status. Half-closing the request side lets the in-flight
+//! One task per session reads the requests in order and starts each on the poller without
+//! waiting for its answer; the gRPC session's task itself then waits for each transfer's final
+//! status (`grpc_pending.rs`), the framed session's transfers end inline (`starting.rs`). Half-closing the request side lets the in-flight
 //! transfers finish before the stream ends OK; a client that goes away (the request stream fails
 //! or the event stream is dropped) gets its in-flight transfers cancelled on both sides.
 //!
@@ -28,7 +29,6 @@ use std::time::Instant;
 
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::mpsc;
-use tokio::task::JoinSet;
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
@@ -47,10 +47,12 @@ use super::transfers::{self, cancel_unheard};
 use crate::engine::{TransferId, TransferKind};
 use crate::poller::NotificationEvent;
 
+mod grpc_pending;
 mod registrations;
 mod starting;
 mod transport;
 
+use grpc_pending::{GrpcPending, Progress};
 pub use registrations::MAX_REGISTRATION_LISTS;
 use registrations::registration;
 use starting::{Known, Start, Starting};
@@ -93,7 +95,7 @@ pub async fn serve<R: Requests, E: Events>(
         open: HashMap::new(),
         starting: HashMap::new(),
         finished: FinishedTags::default(),
-        waiting: JoinSet::new(),
+        pending: GrpcPending::default(),
         inline: HashMap::new(),
         delivered: Arc::new(Delivered::default()),
         owned: Vec::new(),
@@ -114,8 +116,8 @@ struct Session<'e, E> {
     starting: HashMap<u64, Arc<Starting>>,
     /// The last finished ones, for `cancel_tag`'s answer.
     finished: FinishedTags,
-    /// One task per open transfer, ending with its tag and final event (without an outbox).
-    waiting: JoinSet<(u64, pb::TransferEvent)>,
+    /// Without an outbox: the transfers whose start or end is on its way, polled by this task.
+    pending: GrpcPending,
     /// With an outbox: where the open transfers' final events go, from the thread that
     /// finishes each (`inline`), and the tags whose event went (`delivered`).
     outbox: Option<Arc<Outbox>>,
@@ -134,7 +136,7 @@ enum Next {
     Gone,
     /// Nothing but a look at what changed (transfers delivered inline, events written).
     Look,
-    Finished(u64, pb::TransferEvent),
+    Pending(Progress),
     Notified(u64, Result<NotificationEvent, RecvError>),
     Incoming(Incoming),
 }
@@ -159,7 +161,7 @@ impl<E: Events> Session<'_, E> {
         let ended = loop {
             self.reap();
             if !reading
-                && self.waiting.is_empty()
+                && self.pending.is_empty()
                 && self.open.is_empty()
                 && self.starting.is_empty()
                 && held.is_none()
@@ -179,11 +181,8 @@ impl<E: Events> Session<'_, E> {
                     Err(Gone) => Next::Gone,
                 },
                 _ = self.delivered.rung.notified(), if draining => Next::Look,
-                Some(done) = self.waiting.join_next(), if !self.waiting.is_empty() => match done {
-                    Ok((tag, event)) => Next::Finished(tag, event),
-                    // The waiting tasks never panic; a runtime shutting down aborts them.
-                    Err(_) => Next::Gone,
-                },
+                // (before the requests: a start's first poll hands its command to the poller)
+                progress = self.pending.next(), if !self.pending.is_empty() => Next::Pending(progress),
                 (tag, n) = next_notification(&mut self.notifications) => Next::Notified(tag, n),
                 next = requests.next(), if reading && room => Next::Incoming(next),
                 // The daemon drains: no new requests; the open ones end as the drain decides.
@@ -213,7 +212,7 @@ impl<E: Events> Session<'_, E> {
             let step = match next {
                 Next::Gone | Next::Incoming(Incoming::Gone) => Err(Gone),
                 Next::Look => Ok(()),
-                Next::Finished(tag, event) => self.finished(tag, event).await,
+                Next::Pending(progress) => self.progress(progress).await,
                 Next::Notified(tag, n) => self.notified(tag, n).await,
                 Next::Incoming(Incoming::Request(req)) if matches!(req.op, Some(Op::ReleaseBatch(_))) => {
                     self.release_batch(*req).await
@@ -301,7 +300,7 @@ impl<E: Events> Session<'_, E> {
                 cancel_unheard(&self.state.poller, id);
             }
         }
-        self.waiting.abort_all();
+        self.pending.abandon(&self.state);
     }
 
     /// Stops the inline deliveries still waiting (the session ends: nothing more is written).
@@ -343,6 +342,20 @@ impl<E: Events> Session<'_, E> {
             event: Some(event),
         };
         self.events.send(ev).await
+    }
+
+    /// A gRPC session's transfer started (its id recorded, its end awaited), was refused, or
+    /// ended.
+    async fn progress(&mut self, progress: Progress) -> Result<(), Gone> {
+        match progress {
+            Progress::Started(tag, s) => {
+                self.open.insert(tag, s.id);
+                self.pending.wait_end(tag, s);
+                Ok(())
+            }
+            Progress::Refused(tag, status) => self.refuse(tag, status).await,
+            Progress::Finished(tag, event) => self.finished(tag, event).await,
+        }
     }
 
     async fn finished(&mut self, tag: u64, event: pb::TransferEvent) -> Result<(), Gone> {
@@ -419,15 +432,10 @@ impl<E: Events> Session<'_, E> {
             self.starting.insert(tag, slot);
             return Ok(());
         }
-        match start.await {
-            Ok(s) => {
-                self.open.insert(tag, s.id);
-                self.waiting
-                    .spawn(async move { (tag, super::delivery::final_event(s).await) });
-                Ok(())
-            }
-            Err(status) => self.refuse(tag, status).await,
-        }
+        // Its command goes to the poller at its first poll, the session's next look at what
+        // is pending, before it reads another request.
+        self.pending.start(tag, start);
+        Ok(())
     }
 
     /// A transfer request's start: its synchronous checks now (a refusal), the rest as a future
@@ -481,6 +489,7 @@ impl<E: Events> Session<'_, E> {
     fn tag_open(&self, tag: u64) -> bool {
         self.open.contains_key(&tag)
             || self.starting.contains_key(&tag)
+            || self.pending.is_starting(tag)
             || self.notifications.as_ref().is_some_and(|s| s.0 == tag)
     }
 
@@ -618,7 +627,15 @@ impl<E: Events> Session<'_, E> {
                 Known::Id(id) => Some(id),
                 Known::Refused => None,
             },
-            None => self.open.get(&target).copied(),
+            None => {
+                // A gRPC start on its way: this task polls it, so it waits by doing its work
+                // (the other transfers' progress included) until the start has its answer.
+                while self.pending.is_starting(target) {
+                    let progress = self.pending.next().await;
+                    self.progress(progress).await?;
+                }
+                self.open.get(&target).copied()
+            }
         };
         let Some(id) = id else {
             let status = self.finished.refusal(&self.state, target).unwrap_or_else(|| {
