@@ -2,7 +2,8 @@
 """The completion board (session 25, shmring) before and after, alternating: small calls as a user
 sees them, three ways in one invocation —
 
-- A: the after tree's package and daemon, the board on (the default);
+- A: the after tree's package and daemon, the board on (`TCPXD_BOARD_SLOTS=256`: the default
+  with 8 CPUs or more, set here so that it is on whatever the machine);
 - O: the same package and daemon with the board off on the client (`TCPXD_BOARD_SLOTS=0`: every
   end read from the socket, as before), which isolates the board from everything else;
 - B: the before tree's package and daemon (e.g. /work/before-s25: `tcpxd` and `python/src`).
@@ -83,7 +84,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=900)
     a = ap.parse_args()
     labels = {
-        "A": (a.after_py, a.after_bin, {}),
+        "A": (a.after_py, a.after_bin, {"TCPXD_BOARD_SLOTS": "256"}),
         "O": (a.after_py, a.after_bin, {"TCPXD_BOARD_SLOTS": "0"}),
         "B": (a.before_py, a.before_bin, {}),
     }

@@ -176,13 +176,15 @@ def test_an_unanswered_transfer_gives_up_past_its_timeout(tmp_root):
         assert recv_exactly(conn, 8) == _local.PREFACE
         conn.sendall(_local.PREFACE)
         (n,) = struct.unpack(">I", recv_exactly(conn, 4))
-        first = _proto.message("SessionRequest").FromString(recv_exactly(conn, n))
+        frame = recv_exactly(conn, n)
+        first = _proto.message("SessionRequest").FromString(frame)
         if first.WhichOneof("op") == "attach_board":  # refused, as a daemon without boards does
             ev = _proto.message("SessionEvent")(tag=first.tag, refused={"code": 3, "message": "op: unknown"})
             body = ev.SerializeToString()
             conn.sendall(struct.pack(">I", len(body)) + body)
             (n,) = struct.unpack(">I", recv_exactly(conn, 4))
-        frames.append(recv_exactly(conn, n))
+            frame = recv_exactly(conn, n)
+        frames.append(frame)
         if conn.recv(1) == b"":
             closed.set()
 

@@ -41,7 +41,8 @@ log = logging.getLogger("tcpxd")
 
 #: Slots a board has: a request with tag t goes in slot t mod SLOTS (a tag whose slot an unread
 #: end still holds goes the socket's way). TCPXD_BOARD_SLOTS (a power of two, 64 to 4,096);
-#: 0 makes no board (every end comes as an event, as before).
+#: 0 makes no board (every end comes as an event, as before); unset: SLOTS with 8 CPUs or more,
+#: else none (`slots_wanted`).
 SLOTS = 256
 #: Bytes of the header and of each slot (a cache line each).
 SLOT_BYTES = 64
@@ -57,10 +58,13 @@ _told = False
 
 
 def slots_wanted() -> int:
-    """The slots a new session's board gets (TCPXD_BOARD_SLOTS, else SLOTS); 0: no board."""
+    """The slots a new session's board gets: TCPXD_BOARD_SLOTS, else SLOTS with 8 CPUs or more
+    and none below (where the package's polls and waits block on the socket instead of spinning:
+    TCPXD_CLIENT_SPIN_US, TCPXD_NIXL_TIGHT_SPIN_US; a client woken by the event gains nothing from
+    the board, docs/BENCHMARKS.md "Session 25, shmring"); 0: no board."""
     v = os.environ.get("TCPXD_BOARD_SLOTS", "")
     if not v:
-        return SLOTS
+        return SLOTS if (os.cpu_count() or 1) >= 8 else 0
     try:
         n = int(v)
     except ValueError:
