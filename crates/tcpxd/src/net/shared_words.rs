@@ -8,51 +8,30 @@
 //! mapping. The file cannot shrink under the mapping (the caller checks `F_SEAL_SHRINK`), so no
 //! access raises SIGBUS.
 
-use std::os::fd::{AsRawFd, BorrowedFd};
-use std::ptr::NonNull;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::memory::{HostRegion, Region};
 use super::{NetError, NetResult};
 
-/// A shared mapping of `len` u64 words (unmapped on drop).
+/// A shared mapping of `len` u64 words: a [`HostRegion`] of the file, read as atomic words.
 pub struct SharedWords {
-    ptr: NonNull<u64>,
+    region: HostRegion,
     len: usize,
 }
 
-// SAFETY: the mapping is owned by this value and only touched through atomic operations.
-unsafe impl Send for SharedWords {}
-// SAFETY: as above: atomic operations from any thread.
-unsafe impl Sync for SharedWords {}
-
 impl SharedWords {
-    /// Maps the first `words` u64 words of the file `fd` shared, read-write, faulted in now.
-    /// The caller has checked that the file holds them and cannot shrink.
+    /// Maps the first `words` u64 words of the file `fd` shared, read-write, faulted in now
+    /// ([`HostRegion::map_file_lazily`], [`HostRegion::fault_in_file`]). The caller has checked
+    /// that the file holds them and cannot shrink.
     pub fn map(fd: BorrowedFd<'_>, words: usize) -> NetResult<SharedWords> {
         let bytes = words
             .checked_mul(8)
             .filter(|&b| b > 0)
             .ok_or_else(|| NetError::InvalidArgument(format!("{words} words cannot be mapped")))?;
-        // SAFETY: a new shared mapping of a caller-owned descriptor with no address hint; the
-        // result is checked; the mapping is unmapped once, on drop.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(NetError::InvalidArgument(format!(
-                "could not map {bytes} bytes of the file: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
-        let ptr = NonNull::new(ptr.cast::<u64>()).expect("mmap never returns NULL on success");
-        Ok(SharedWords { ptr, len: words })
+        let region = HostRegion::map_file_lazily(fd, 0, bytes)?;
+        region.fault_in_file()?;
+        Ok(SharedWords { region, len: words })
     }
 
     /// How many words.
@@ -66,10 +45,10 @@ impl SharedWords {
 
     fn word(&self, i: usize) -> &AtomicU64 {
         assert!(i < self.len, "shared word {i} of {}", self.len);
-        // SAFETY: `i` is within the mapping (checked above), which is page-aligned, so the word
-        // is 8-byte aligned; the mapping lives as long as `self`. AtomicU64 has u64's layout,
-        // and every access to the word from this process is atomic.
-        unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(i)) }
+        // SAFETY: `i` is within the mapping (checked above), which starts at the file's offset 0,
+        // page-aligned, so the word is 8-byte aligned; the mapping lives as long as `self`.
+        // AtomicU64 has u64's layout, and every access to the word from this process is atomic.
+        unsafe { AtomicU64::from_ptr(self.region.as_ptr().cast::<u64>().add(i)) }
     }
 
     pub fn load(&self, i: usize, order: Ordering) -> u64 {
@@ -89,14 +68,5 @@ impl SharedWords {
 
     pub fn fetch_add(&self, i: usize, v: u64, order: Ordering) -> u64 {
         self.word(i).fetch_add(v, order)
-    }
-}
-
-impl Drop for SharedWords {
-    fn drop(&mut self) {
-        // SAFETY: the mapping was made in `map` with this base and length and is unmapped once.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len * 8);
-        }
     }
 }
