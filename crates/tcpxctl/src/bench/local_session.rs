@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 
-use tcpxd::api::local::frame::{MAX_FRAME, PREFACE};
+use tcpxd::api::local::frame::{MAX_FRAME, PREFACE, put_frame};
 use tcpxd::api::proto::v1::{SessionEvent, SessionRequest};
 
 /// One framed session on a daemon's API socket.
@@ -54,10 +54,7 @@ impl LocalSession {
 
     /// Queues one request's frame (sent by the next [`LocalSession::flush`]).
     pub fn queue(&mut self, req: &SessionRequest) {
-        let len = req.encoded_len();
-        self.out.extend_from_slice(&(len as u32).to_be_bytes());
-        req.encode(&mut self.out)
-            .expect("a Vec grows to take any message");
+        put_frame(&mut self.out, req).expect("a Vec grows to take any message");
     }
 
     /// Writes the queued frames (one write when the socket takes them).

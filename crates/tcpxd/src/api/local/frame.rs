@@ -86,10 +86,16 @@ impl Decoder for RequestDecoder {
 /// Appends one event as a frame (length, then the message) to `out`. (A `BytesMut` grows as
 /// needed: encoding into it does not run out of room.)
 pub fn put_event(out: &mut BytesMut, event: &pb::SessionEvent) -> Result<(), prost::EncodeError> {
-    let len = event.encoded_len();
-    out.reserve(HEADER + len);
-    out.put_u32(len as u32);
-    event.encode(out)
+    out.reserve(HEADER + event.encoded_len());
+    put_frame(out, event)
+}
+
+/// Appends one message as a frame (its length, then the message) to `out`: the one encoding of
+/// the framing, for events here and for requests on the client side (`tcpxctl bench --via
+/// local`, the suite's framed client). A growable buffer (`Vec`, `BytesMut`) never runs out of room.
+pub fn put_frame(out: &mut impl BufMut, msg: &impl Message) -> Result<(), prost::EncodeError> {
+    out.put_u32(msg.encoded_len() as u32);
+    msg.encode(out)
 }
 
 #[cfg(test)]

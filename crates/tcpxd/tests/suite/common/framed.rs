@@ -9,6 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use prost::Message;
+use tcpxd::api::local::frame::put_frame;
 use tcpxd::api::proto::v1 as pb;
 use tcpxd::api::proto::v1::session_event::Event;
 use tcpxd::api::proto::v1::session_request::Op;
@@ -44,9 +45,8 @@ impl Framed {
     }
 
     pub async fn send_request(&mut self, req: pb::SessionRequest) {
-        let body = req.encode_to_vec();
-        let mut frame = (body.len() as u32).to_be_bytes().to_vec();
-        frame.extend(body);
+        let mut frame = Vec::new();
+        put_frame(&mut frame, &req).expect("a Vec grows");
         self.send_raw(&frame).await;
     }
 
@@ -106,9 +106,8 @@ impl Framed {
     /// Sends a request with the file descriptors `fds` attached to its frame, in this order (at
     /// most 64), in one sendmsg, as `register_batch` wants.
     pub async fn send_with_fds(&mut self, tag: u64, op: Op, fds: &[std::os::fd::BorrowedFd<'_>]) {
-        let body = pb::SessionRequest { tag, op: Some(op) }.encode_to_vec();
-        let mut frame = (body.len() as u32).to_be_bytes().to_vec();
-        frame.extend(body);
+        let mut frame = Vec::new();
+        put_frame(&mut frame, &pb::SessionRequest { tag, op: Some(op) }).expect("a Vec grows");
         loop {
             self.io.writable().await.expect("connection open");
             let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(64))];
