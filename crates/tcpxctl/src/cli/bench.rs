@@ -267,6 +267,16 @@ fn raw_options(
 }
 
 async fn raw_rows(opts: RawOptions, progress: bool) -> Result<Vec<BenchRow>, CliError> {
+    // `RUST_LOG=tcpxd::hop=trace`: the raw bench's transfers (`raw.start`, `raw.end`) and its
+    // lanes' events (`lane.isend`, `lane.sent`, `lane.irecv`, `lane.recvd`, `stage.*`) on
+    // stderr, in the daemon's format, for `benches/lanes.py` to set beside a daemon pair's.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .try_init();
+    }
     let bar = progress_bar(&opts.workload, "raw", progress);
     let b = bar.clone();
     let rows = tokio::task::spawn_blocking(move || run_raw(&opts, &b))
