@@ -56,6 +56,14 @@ impl PathArgs {
             ),
         }
     }
+
+    fn spread_min_chunk(&self) -> Result<u32, String> {
+        match self.spread_min_chunk_bytes {
+            None | Some(0) => Ok(0),
+            Some(v) => tcpxd::engine::plan::check_chunk_bytes(v)
+                .map_err(|e| format!("--spread-min-chunk-bytes: {e} (or 0: off)")),
+        }
+    }
 }
 
 /// What `bench transfer` runs between the two daemons: the size sweep, or the block bench.
@@ -256,6 +264,7 @@ fn raw_options(
         plugin,
         chunk_bytes: path.chunk_bytes().map_err(CliError::Usage)?,
         lanes_per_device: path.lanes_per_device.unwrap_or(2),
+        spread_min_chunk: path.spread_min_chunk().map_err(CliError::Usage)?,
         devices: (!devices.is_empty()).then_some(devices),
         send_window,
         recv_window,
@@ -368,7 +377,12 @@ async fn local_daemons_bench(
         ready_timeout: args.ready_timeout,
         progress: false,
         handle_signals: true,
-        extra_daemon_args: vec!["--lanes-per-device".into(), lanes_per_device.to_string()],
+        extra_daemon_args: vec![
+            "--lanes-per-device".into(),
+            lanes_per_device.to_string(),
+            "--spread-min-chunk-bytes".into(),
+            args.path.spread_min_chunk().map_err(CliError::Usage)?.to_string(),
+        ],
         // One daemon per GPU: each keeps its emulated bounce buffers on its own GPU.
         emulation_cuda_devices: match job.memories() {
             (Memory::Cuda(a), Some(Memory::Cuda(b))) => vec![a, b],
