@@ -488,6 +488,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         advertise = ?peer_addresses,
         metrics = ?metrics_addr,
         chunk_bytes = cfg.chunk_bytes,
+        spread_min_chunk_bytes = cfg.spread_min_chunk_bytes,
         spin = cfg.spin,
         async_workers = cfg.async_workers,
         instance = %state.node.instance_id,
