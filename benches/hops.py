@@ -13,6 +13,11 @@ each transfer of A the script finds, by the transfer id the control messages car
 on both sides, and prints the p50 / p90 of each step between consecutive events (µs), and their
 sum against A's own span (the client's call arriving → its answer leaving). The trace itself
 costs a few µs per event (one write to the log per event): read the split, not the sum.
+
+An event that happens several times in one transfer (a chunk's `poller.landed`, `poller.consumed`,
+`lane.irecv` on each lane) counts once, at its first occurrence: with two chunks, "consumed →
+irecv → out done" runs from the *first* chunk's consume, so it holds the other lane's landing and
+unpack. `benches/lanes.py` splits a transfer lane by lane, raw beside the daemon.
 """
 
 import argparse

@@ -238,6 +238,7 @@ fn raw_options(memory: Memory) -> RawOptions {
         plugin: None,
         chunk_bytes: 64 << 10,
         lanes_per_device: 3,
+        spread_min_chunk: 0,
         devices: None,
         send_window: 12,
         recv_window: 16,
@@ -260,6 +261,22 @@ fn raw_bench_moves_odd_sizes_over_several_lanes() {
         assert_eq!(r.lanes, Some(3));
         assert!(r.latency.min <= r.latency.p50 && r.latency.p50 <= r.latency.p99);
     }
+}
+
+#[test]
+fn raw_bench_spreads_transfers_of_few_chunks_as_the_engine_does() {
+    // A batch of 3 × (4 KiB + 5) over 3 lanes at 64 KiB is 3 chunks, spread: 6 of at most 4 KiB;
+    // 3 × 1 byte cannot be cut; 3 × (192 KiB + 7) is 12 chunks already. Every byte lands.
+    let mut opts = raw_options(Memory::Host);
+    opts.spread_min_chunk = 4096;
+    let rows = run_raw(&opts, &indicatif::ProgressBar::hidden()).expect("raw bench runs");
+    assert_eq!(rows.len(), 3);
+    assert!(rows.iter().all(|r| r.verified), "every byte compared");
+    opts.spread_min_chunk = 100;
+    let e = run_raw(&opts, &indicatif::ProgressBar::hidden())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--spread-min-chunk-bytes"), "{e}");
 }
 
 #[test]

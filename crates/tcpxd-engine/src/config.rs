@@ -23,6 +23,10 @@ pub enum Protocol {
 pub struct EngineConfig {
     /// Chunk size for the offers this node makes.
     pub chunk_bytes: u32,
+    /// Plain transfers cut into fewer than two chunks per lane of their protocol take a smaller
+    /// chunk, halved down to no less than this ([`crate::plan::spread_chunk_bytes`]); 0: off.
+    /// The chunk size travels in each header and offer, so the receiver needs nothing.
+    pub spread_min_chunk: u32,
     /// Sends posted per lane at most (the sends the driver hands the plugin).
     pub send_window: usize,
     /// Sends in pieces (`PostGatherSend`) posted per lane beyond `send_window`: gathered ahead,
@@ -101,6 +105,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
+            spread_min_chunk: 0,
             send_window: 12,
             gather_ahead: DEFAULT_GATHER_AHEAD,
             host_gather_ahead: DEFAULT_GATHER_AHEAD,

@@ -307,6 +307,13 @@ impl Engine {
             (rendezvous_lanes, &mut p.next_lane)
         };
         let count = lanes.end - lanes.start;
+        // A plain transfer of few chunks is spread over more, smaller ones (`spread_min_chunk`);
+        // block and coalesced transfers keep their pieces' plan.
+        let chunk_bytes = if msg.blocks.is_none() && o.plan.is_none() {
+            crate::plan::spread_chunk_bytes(&o.lengths, chunk_bytes, count, self.cfg.spread_min_chunk)
+        } else {
+            chunk_bytes
+        };
         let at = *rotor % count;
         let chunks = ChunkPlan::count(&o.lengths, chunk_bytes);
         *rotor = ((u64::from(at) + chunks) % u64::from(count)) as u32;

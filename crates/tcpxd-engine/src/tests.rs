@@ -34,6 +34,7 @@ mod routes;
 mod sim;
 mod sim_pair;
 mod sim_unpack;
+mod spread;
 mod teardown;
 
 use sim::*;

@@ -139,6 +139,10 @@ pub struct DaemonArgs {
     /// (4096..=4294967296). Default: 33554432 (32 MiB).
     #[arg(long, env = "TCPXD_CREDIT_BUDGET_BYTES")]
     pub credit_budget_bytes: Option<u64>,
+    /// A plain transfer of fewer than two chunks per lane is cut into smaller chunks, halved
+    /// down to no less than this (0: off, else 4096..=4194304). Default: 0.
+    #[arg(long, env = "TCPXD_SPREAD_MIN_CHUNK_BYTES")]
+    pub spread_min_chunk_bytes: Option<u64>,
     #[command(flatten)]
     pub inline: inline::InlineArgs,
     /// Whether the poller and one async worker keep polling between transfers while traffic
@@ -266,6 +270,8 @@ pub struct Config {
     pub gpu_credits: crate::config::GpuCredits,
     /// `transfer.credit_budget_bytes`.
     pub credit_budget_bytes: u64,
+    /// `transfer.spread_min_chunk_bytes` (0: off).
+    pub spread_min_chunk_bytes: u32,
     /// `transfer.inline_*`.
     pub inline: inline::InlineSettings,
     pub unpack_impl: crate::unpack::UnpackImpl,
@@ -653,6 +659,7 @@ impl Config {
             eager_max_bytes: protocol.eager_max_bytes,
             gpu_credits: protocol.gpu_credits,
             credit_budget_bytes: protocol.credit_budget_bytes,
+            spread_min_chunk_bytes: protocol.spread_min_chunk_bytes,
             inline,
             unpack_impl,
             send_window,

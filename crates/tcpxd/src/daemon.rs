@@ -129,6 +129,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         eager_lanes: cfg.eager_lanes,
         eager_max_bytes: cfg.eager_max_bytes,
         credit_budget_bytes: cfg.credit_budget_bytes,
+        spread_min_chunk: cfg.spread_min_chunk_bytes,
         inline_max_bytes: cfg.inline.max_bytes,
         inline_window_bytes: cfg.inline.window_bytes,
         inline_gpu: cfg.inline.gpu,
@@ -222,6 +223,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             eager_max_bytes: cfg.eager_max_bytes,
             gpu_credits: cfg.gpu_credits,
             credit_budget_bytes: cfg.credit_budget_bytes,
+            spread_min_chunk_bytes: cfg.spread_min_chunk_bytes,
         },
     );
     node.inline = cfg.inline;
@@ -486,6 +488,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         advertise = ?peer_addresses,
         metrics = ?metrics_addr,
         chunk_bytes = cfg.chunk_bytes,
+        spread_min_chunk_bytes = cfg.spread_min_chunk_bytes,
         spin = cfg.spin,
         async_workers = cfg.async_workers,
         instance = %state.node.instance_id,

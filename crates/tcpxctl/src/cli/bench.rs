@@ -56,6 +56,14 @@ impl PathArgs {
             ),
         }
     }
+
+    fn spread_min_chunk(&self) -> Result<u32, String> {
+        match self.spread_min_chunk_bytes {
+            None | Some(0) => Ok(0),
+            Some(v) => tcpxd::engine::plan::check_chunk_bytes(v)
+                .map_err(|e| format!("--spread-min-chunk-bytes: {e} (or 0: off)")),
+        }
+    }
 }
 
 /// What `bench transfer` runs between the two daemons: the size sweep, or the block bench.
@@ -256,6 +264,7 @@ fn raw_options(
         plugin,
         chunk_bytes: path.chunk_bytes().map_err(CliError::Usage)?,
         lanes_per_device: path.lanes_per_device.unwrap_or(2),
+        spread_min_chunk: path.spread_min_chunk().map_err(CliError::Usage)?,
         devices: (!devices.is_empty()).then_some(devices),
         send_window,
         recv_window,
@@ -267,6 +276,16 @@ fn raw_options(
 }
 
 async fn raw_rows(opts: RawOptions, progress: bool) -> Result<Vec<BenchRow>, CliError> {
+    // `RUST_LOG=tcpxd::hop=trace`: the raw bench's transfers (`raw.start`, `raw.end`) and its
+    // lanes' events (`lane.isend`, `lane.sent`, `lane.irecv`, `lane.recvd`, `stage.*`) on
+    // stderr, in the daemon's format, for `benches/lanes.py` to set beside a daemon pair's.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .try_init();
+    }
     let bar = progress_bar(&opts.workload, "raw", progress);
     let b = bar.clone();
     let rows = tokio::task::spawn_blocking(move || run_raw(&opts, &b))
@@ -358,7 +377,12 @@ async fn local_daemons_bench(
         ready_timeout: args.ready_timeout,
         progress: false,
         handle_signals: true,
-        extra_daemon_args: vec!["--lanes-per-device".into(), lanes_per_device.to_string()],
+        extra_daemon_args: vec![
+            "--lanes-per-device".into(),
+            lanes_per_device.to_string(),
+            "--spread-min-chunk-bytes".into(),
+            args.path.spread_min_chunk().map_err(CliError::Usage)?.to_string(),
+        ],
         // One daemon per GPU: each keeps its emulated bounce buffers on its own GPU.
         emulation_cuda_devices: match job.memories() {
             (Memory::Cuda(a), Some(Memory::Cuda(b))) => vec![a, b],

@@ -105,6 +105,9 @@ pub struct ProtocolSettings {
     /// Bytes of un-consumed chunks a sender may have per credit lane when they land in GPU
     /// memory (`transfer.credit_budget_bytes`).
     pub credit_budget_bytes: u64,
+    /// Plain transfers of fewer than two chunks per lane take chunks halved down to no less
+    /// than this (`transfer.spread_min_chunk_bytes`); 0: off.
+    pub spread_min_chunk_bytes: u32,
 }
 
 pub(super) fn resolve(args: &DaemonArgs, file: &FileTransfer) -> Result<ProtocolSettings, ConfigError> {
@@ -151,12 +154,23 @@ pub(super) fn resolve(args: &DaemonArgs, file: &FileTransfer) -> Result<Protocol
             "{budget_field}: {credit_budget_bytes} bytes is outside 4096..={MAX_CREDIT_BUDGET_BYTES}"
         )));
     }
+    let (spread_field, spread) = match (args.spread_min_chunk_bytes, file.spread_min_chunk_bytes) {
+        (Some(v), _) => ("--spread-min-chunk-bytes", v),
+        (None, Some(v)) => ("transfer.spread_min_chunk_bytes", v),
+        (None, None) => ("transfer.spread_min_chunk_bytes", 0),
+    };
+    let spread_min_chunk_bytes = match spread {
+        0 => 0,
+        v => crate::engine::plan::check_chunk_bytes(v)
+            .map_err(|e| ConfigError::Invalid(format!("{spread_field}: {e} (or 0: off)")))?,
+    };
     Ok(ProtocolSettings {
         protocol,
         eager_lanes,
         eager_max_bytes,
         gpu_credits,
         credit_budget_bytes,
+        spread_min_chunk_bytes,
     })
 }
 
@@ -211,6 +225,7 @@ mod tests {
                 eager_max_bytes: 65536,
                 gpu_credits: GpuCredits::Auto,
                 credit_budget_bytes: 32 << 20,
+                spread_min_chunk_bytes: 0,
             }
         );
         let s = resolve_with(
@@ -263,5 +278,32 @@ mod tests {
             "",
         );
         assert!(e.contains("--eager-lanes") && e.contains("5"), "{e}");
+    }
+
+    #[test]
+    fn spread_min_chunk_is_off_by_default_a_chunk_size_or_zero_and_flags_win() {
+        let s = resolve_with(DaemonArgs::default(), "spread_min_chunk_bytes = 131072\n").unwrap();
+        assert_eq!(s.spread_min_chunk_bytes, 131072);
+        let args = DaemonArgs {
+            spread_min_chunk_bytes: Some(0),
+            ..DaemonArgs::default()
+        };
+        let s = resolve_with(args, "spread_min_chunk_bytes = 131072\n").unwrap();
+        assert_eq!(s.spread_min_chunk_bytes, 0, "the flag wins: off");
+        let e = resolve_with(DaemonArgs::default(), "spread_min_chunk_bytes = 100\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("transfer.spread_min_chunk_bytes")
+                && e.contains("4096..=4194304")
+                && e.contains("0: off"),
+            "{e}"
+        );
+        let args = DaemonArgs {
+            spread_min_chunk_bytes: Some(8 << 20),
+            ..DaemonArgs::default()
+        };
+        let e = resolve(&args, &FileTransfer::default()).unwrap_err().to_string();
+        assert!(e.contains("--spread-min-chunk-bytes"), "{e}");
     }
 }

@@ -83,6 +83,7 @@ impl<P: Copy, L> RecvQueue<P, L> {
             if comm.test(posted.id)?.is_none() {
                 break;
             }
+            tracing::trace!(target: "tcpxd::hop", hop = "lane.recvd", len = posted.len, comm = comm.trace_id());
             let (wait, meta) = start(comm, &posted);
             self.posted.pop_front();
             self.landing.push_back(Landed {

@@ -21,6 +21,7 @@ pub fn test_sends(comm: &mut SendComm, mut done: impl FnMut()) -> NetResult<usiz
         if !comm.test(id)? {
             break;
         }
+        tracing::trace!(target: "tcpxd::hop", hop = "lane.sent", comm = comm.trace_id());
         done();
         n += 1;
     }

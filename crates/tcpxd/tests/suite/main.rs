@@ -56,6 +56,7 @@ mod daemon_soak;
 mod daemon_stub_gpus;
 mod daemon_stub_gpus_credits;
 mod daemon_stub_gpus_passes;
+mod daemon_stub_gpus_spread;
 mod daemon_tls;
 mod daemon_transfers;
 mod deploy;

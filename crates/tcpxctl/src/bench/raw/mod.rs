@@ -54,6 +54,9 @@ pub struct RawOptions {
     pub plugin: Option<PathBuf>,
     pub chunk_bytes: u32,
     pub lanes_per_device: u32,
+    /// The daemon's `transfer.spread_min_chunk_bytes` (0: off): transfers of fewer than two
+    /// chunks per lane take smaller chunks, as the engine plans them.
+    pub spread_min_chunk: u32,
     /// Plugin devices to use; `None`: all of them.
     pub devices: Option<Vec<i32>>,
     pub send_window: usize,
@@ -202,6 +205,7 @@ struct Shared {
     abort: AtomicBool,
     lanes: u32,
     chunk_bytes: u32,
+    spread_min_chunk: u32,
     stall: Duration,
 }
 
@@ -232,6 +236,10 @@ pub fn run_raw(opts: &RawOptions, progress: &indicatif::ProgressBar) -> Result<V
     w.validate().map_err(RawError::BadOption)?;
     tcpxd::engine::plan::check_chunk_bytes(u64::from(opts.chunk_bytes))
         .map_err(|e| RawError::BadOption(format!("--chunk-bytes: {e}")))?;
+    if opts.spread_min_chunk != 0 {
+        tcpxd::engine::plan::check_chunk_bytes(u64::from(opts.spread_min_chunk))
+            .map_err(|e| RawError::BadOption(format!("--spread-min-chunk-bytes: {e} (or 0: off)")))?;
+    }
     if !(1..=16).contains(&opts.lanes_per_device) {
         return Err(RawError::BadOption(format!(
             "--lanes-per-device: {} is outside 1..=16",
@@ -316,6 +324,7 @@ pub fn run_raw(opts: &RawOptions, progress: &indicatif::ProgressBar) -> Result<V
         abort: AtomicBool::new(false),
         lanes,
         chunk_bytes: opts.chunk_bytes,
+        spread_min_chunk: opts.spread_min_chunk,
         stall: opts.stall_timeout,
     });
     let (send_jobs, send_rx) = mpsc::channel::<Job>();
@@ -523,7 +532,13 @@ fn plan_into(
 ) -> u64 {
     let mut count = 0u64;
     let base = job.slot_base(k);
-    for c in ChunkPlan::new(&job.ranges, shared.chunk_bytes, *next_lane, 0..shared.lanes) {
+    let chunk_bytes = tcpxd::engine::plan::spread_chunk_bytes(
+        &job.ranges,
+        shared.chunk_bytes,
+        shared.lanes,
+        shared.spread_min_chunk,
+    );
+    for c in ChunkPlan::new(&job.ranges, chunk_bytes, *next_lane, 0..shared.lanes) {
         push(
             c.lane as usize,
             base + u64::from(c.range) * job.size + c.offset,

@@ -81,6 +81,7 @@ impl RecvSide {
                     if *chunks > 0 {
                         continue;
                     }
+                    tracing::trace!(target: "tcpxd::hop", hop = "raw.end", id = t);
                     if t - first >= u64::from(job.warmup) {
                         latencies.push(end.saturating_duration_since(shared.t0(t)));
                         last_end = Some(end);

@@ -40,6 +40,7 @@ impl SendSide {
             {
                 *n += 1;
                 shared.set_t0(*n, Instant::now());
+                tracing::trace!(target: "tcpxd::hop", hop = "raw.start", id = *n);
                 let queues = &mut self.queues;
                 plan_into(job, issued, shared, &mut self.next_lane, |lane, at, len| {
                     queues[lane].push_back((at, len))

@@ -1,0 +1,123 @@
+//! Spread plans (`EngineConfig::spread_min_chunk`, `plan::spread_chunk_bytes`, issue #38): a plain
+//! transfer of fewer than two chunks per lane of its protocol is cut into smaller chunks, the size
+//! carried in its header or offer, so the receiver plans the same chunks with nothing new.
+
+use super::*;
+use crate::plan::spread_chunk_bytes;
+
+const KIB: u32 = 1024;
+
+#[test]
+fn the_spread_chunk_halves_until_two_chunks_a_lane_or_the_floor() {
+    let c = 512 * KIB;
+    let floor = 128 * KIB;
+    assert_eq!(
+        spread_chunk_bytes(&[1 << 20], c, 2, floor),
+        256 * KIB,
+        "1 MiB, 2 lanes: 4 chunks"
+    );
+    assert_eq!(
+        spread_chunk_bytes(&[1 << 20], c, 4, floor),
+        128 * KIB,
+        "4 lanes: 8 chunks"
+    );
+    assert_eq!(spread_chunk_bytes(&[512 << 10], c, 2, floor), 128 * KIB);
+    assert_eq!(
+        spread_chunk_bytes(&[200_000], c, 2, floor),
+        128 * KIB,
+        "as far as the floor goes"
+    );
+    assert_eq!(
+        spread_chunk_bytes(&[64 << 10], c, 2, floor),
+        c,
+        "too small to halve: as given"
+    );
+    assert_eq!(
+        spread_chunk_bytes(&[16 << 20], c, 2, floor),
+        c,
+        "enough chunks already"
+    );
+    assert_eq!(
+        spread_chunk_bytes(&[2 << 20], c, 2, floor),
+        c,
+        "two a lane already"
+    );
+    assert_eq!(spread_chunk_bytes(&[1 << 20], c, 2, 0), c, "off");
+    assert_eq!(
+        spread_chunk_bytes(&[256 << 10, 256 << 10], c, 2, floor),
+        128 * KIB,
+        "ranges count together"
+    );
+    assert_eq!(spread_chunk_bytes(&[0], c, 2, 4096), c, "nothing to move");
+    // A chunk size that is no multiple of 4 KiB halves to one.
+    assert_eq!(spread_chunk_bytes(&[100_000], 100_000, 2, 4096), 24 * KIB);
+    // Never below the smallest chunk, whatever the floor says.
+    assert_eq!(spread_chunk_bytes(&[8192], 8192, 16, 1), 4096);
+}
+
+/// Auto, 2 rendezvous lanes and 2 GPU credit lanes per peer, 16 KiB chunks spread down to 4 KiB.
+fn spread_cfg(min: u32) -> EngineConfig {
+    EngineConfig {
+        protocol: Protocol::Auto,
+        eager_lanes: 2,
+        eager_max_bytes: 16 * 1024,
+        gpu_credits: true,
+        chunk_bytes: 16 * KIB,
+        spread_min_chunk: min,
+        ..EngineConfig::default()
+    }
+}
+
+/// The chunk size of the first header or offer queued towards node 1.
+fn announced_chunk(s: &Sim) -> u32 {
+    s.ctrl[1]
+        .iter()
+        .find_map(|m| match m {
+            PeerMsg::Header(h) | PeerMsg::Offer(h) => Some(h.chunk_bytes),
+            _ => None,
+        })
+        .expect("a header or an offer")
+}
+
+#[test]
+fn a_transfer_of_few_chunks_goes_in_smaller_ones_and_lands_whole() {
+    for (min, gpu_chunk, host_chunk) in [(0, 16 * KIB, 16 * KIB), (4096, 8 * KIB, 8 * KIB)] {
+        let mut s = Sim::new(2, spread_cfg(min), 71);
+        s.gpu_buffer(1, 2, 1 << 20, 0, 0);
+        s.buffer(1, 3, 1 << 20, 0);
+        s.buffer(0, 1, 1 << 20, 5);
+        s.run();
+        // Into GPU memory by credits: 32 KiB over the 2 credit lanes, 4 chunks of 8 KiB spread.
+        let t = s.write(0, 1, 0, 2, 0, 32 * 1024);
+        s.drain();
+        assert_eq!(
+            announced_chunk(&s),
+            gpu_chunk,
+            "min {min}: the header's chunk size"
+        );
+        s.run();
+        assert_eq!(s.outcome(0, t).code, Code::Ok);
+        assert!(s.same((0, 1, 0), (1, 2, 0), 32 * 1024), "min {min}: byte-exact");
+        // Into host memory above eager_max: an offer over the 2 rendezvous lanes, 48 KiB (3
+        // chunks of 16 KiB, 6 of 8 KiB spread).
+        let t = s.write(0, 1, 4096, 3, 100, 48 * 1024);
+        s.drain();
+        assert_eq!(
+            announced_chunk(&s),
+            host_chunk,
+            "min {min}: the offer's chunk size"
+        );
+        s.run();
+        assert_eq!(s.outcome(0, t).code, Code::Ok);
+        assert!(
+            s.same((0, 1, 4096), (1, 3, 100), 48 * 1024),
+            "min {min}: byte-exact"
+        );
+        // A READ into the reader's GPU memory: the holder spreads its sends the same way.
+        let t = s.read(1, 1, 0, 2, 64 * 1024, 20 * 1024);
+        s.run();
+        assert_eq!(s.outcome(1, t).code, Code::Ok);
+        assert!(s.same((0, 1, 0), (1, 2, 64 * 1024), 20 * 1024));
+        s.assert_idle();
+    }
+}

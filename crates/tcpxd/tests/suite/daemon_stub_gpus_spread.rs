@@ -1,0 +1,96 @@
+//! Spread plans between two `tcpxd` processes on the CUDA stand-in (issue #38, as
+//! `daemon_stub_gpus_credits`): with `transfer.spread_min_chunk_bytes` (here through
+//! `TCPXD_SPREAD_MIN_CHUNK_BYTES`, 128 KiB) a transfer of fewer than two chunks per lane of its
+//! protocol is cut into smaller chunks — a 1 MiB WRITE or READ by GPU credits over the two credit
+//! lanes goes as four of 256 KiB, 512 KiB + 3 bytes as four of 128 KiB and the 3 bytes, a 1 MiB
+//! rendezvous transfer into host memory as four of 256 KiB — while 64 KiB (too small to halve)
+//! and 16 MiB (enough chunks) keep 512 KiB. The chunk sizes are read from each daemon's hop trace
+//! (`lane.isend len=…`); bytes are compared and every credit comes back.
+
+use std::fs::File;
+use std::path::Path;
+use std::process::Stdio;
+
+use crate::common::daemons::{fill_seed, wait_ok, write, write_entry};
+use crate::common::gpus::{Compare, Trip, cuda_buffer, host_to_and_from_gpus, write_and_read_back};
+use crate::daemon_stub_gpus::{Daemon, start_logged};
+use crate::daemon_stub_gpus_credits::credits_back;
+use tcpxd_testkit::ScratchDir;
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+
+async fn spread(dir: &ScratchDir, node: &str) -> Daemon {
+    let log = File::create(dir.join(format!("{node}.log"))).expect("a log file");
+    let env = [
+        ("RUST_LOG", "warn,tcpxd::hop=trace"),
+        ("TCPXD_SPREAD_MIN_CHUNK_BYTES", "131072"),
+    ];
+    start_logged(dir, node, "d2d", 1, true, &env, Stdio::from(log)).await
+}
+
+/// The sends of `len` bytes a daemon's lanes posted, from its trace.
+fn sends_of(log: &Path, len: u64) -> usize {
+    let text = std::fs::read_to_string(log).expect("the daemon's log");
+    let needle = format!("hop=\"lane.isend\" len={len} ");
+    text.lines().filter(|l| l.contains(&needle)).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transfers_of_few_chunks_go_as_smaller_ones_and_land_whole() {
+    let dir = ScratchDir::fresh("tcpxd-stub-spread", "sizes");
+    std::fs::create_dir_all(&*dir).unwrap();
+    let mut a = spread(&dir, "spread-a").await;
+    let mut b = spread(&dir, "spread-b").await;
+    let src = cuda_buffer(&mut a.client, 3, 32 * MIB).await;
+    let back = cuda_buffer(&mut a.client, 0, 32 * MIB).await;
+    let dst = cuda_buffer(&mut b.client, 5, 32 * MIB).await;
+    fill_seed(&mut a.client, src.id, 0, 0, 26).await;
+    // Pair first, so every transfer below knows the peer's GPU buffers (credits at any size).
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 4096), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+    let trip = Trip {
+        src: &src,
+        dst: &dst,
+        back: &back,
+    };
+    for (k, len) in [MIB, 512 * KIB + 3, 64 * KIB, 16 * MIB].into_iter().enumerate() {
+        let at = [k as u64 * 4096 + 5, k as u64 * 8192 + 1, 13];
+        let what = "GPU 3 -> GPU 5 -> GPU 0, spread";
+        write_and_read_back(&mut a.client, &mut b.client, trip, at, len, Compare::Bytes, what).await;
+    }
+    // Into and out of host memory: 1 MiB above eager_max goes by rendezvous, spread the same way.
+    host_to_and_from_gpus(&mut a.client, &mut b.client, &src, &dst, MIB, Compare::Bytes).await;
+    credits_back(&mut a.client).await;
+    credits_back(&mut b.client).await;
+    let (la, lb) = (dir.join("spread-a.log"), dir.join("spread-b.log"));
+    // a sent the WRITEs (1 MiB by credits, then two by rendezvous), b the READs' data.
+    assert_eq!(
+        sends_of(&la, 256 * KIB),
+        4 + 8,
+        "a's 1 MiB transfers in 256 KiB chunks"
+    );
+    assert_eq!(
+        sends_of(&lb, 256 * KIB),
+        4,
+        "b's 1 MiB READ data in 256 KiB chunks"
+    );
+    for log in [&la, &lb] {
+        assert_eq!(
+            sends_of(log, 128 * KIB),
+            4,
+            "{}: 512 KiB + 3 in 128 KiB chunks",
+            log.display()
+        );
+        assert_eq!(sends_of(log, 3), 1, "{}: and its 3 bytes", log.display());
+        assert_eq!(sends_of(log, 64 * KIB), 1, "{}: 64 KiB whole", log.display());
+        assert_eq!(
+            sends_of(log, 512 * KIB),
+            32,
+            "{}: 16 MiB in 512 KiB chunks",
+            log.display()
+        );
+    }
+}
