@@ -1,7 +1,7 @@
 /* The variadic ncclDebugLogger_t the plugin calls. Stable Rust cannot define a C-variadic function,
  * so this shim formats the message with vsnprintf and hands the finished string to Rust. A line
- * nobody reads (a trace line while `tcpxd::plugin` traces are off: the emulation logs one per
- * completed request) is counted and dropped before it is formatted. */
+ * nobody reads (a trace line while `tcpxd::plugin` traces are off: the emulation logs two per
+ * request, posted and done) is counted and dropped before it is formatted. */
 #include <stdarg.h>
 #include <stdio.h>
 

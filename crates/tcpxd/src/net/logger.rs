@@ -55,8 +55,8 @@ pub fn logger_fn() -> abi::ncclDebugLogger_t {
 /// Called by the C shim before it formats a line: nonzero when the line is dropped unformatted —
 /// a trace line while nothing records `tcpxd::plugin` at trace level (such lines are never kept
 /// for errors either: see [`tcpxd_plugin_log_sink`]). The line still counts in
-/// `tcpxd_plugin_log_lines_total`. The emulation logs one per completed request, so this saves
-/// the poller a `vsnprintf`, a copy and the rate limiter's lock per request.
+/// `tcpxd_plugin_log_lines_total`. The emulation logs two per request (posted, done), so this
+/// saves the poller a `vsnprintf`, a copy and the rate limiter's lock and hashing twice a request.
 #[unsafe(no_mangle)]
 extern "C" fn tcpxd_plugin_log_skip(level: c_int) -> c_int {
     let skip =
