@@ -19,9 +19,18 @@ thousand transfers it is a small part. A poller's CPU includes its polling while
 in flight (yields on a small host; with `runtime.spin`, on by default from 8 CPUs, it never
 sleeps while traffic flows): set `TCPXD_SPIN=off` for the work alone, and split a thread's time
 with `perf record -t TID` (the daemons' release builds keep their symbols).
+
+A poller that never sleeps while transfers are in flight (it yields, and on a host with CPUs to
+spare a yield returns at once) shows about as much CPU as the run is long, whatever its work: so
+the script also reads each daemon's `tcpxd_poller_pass_seconds_total` (its `/metrics`, every
+100 ms): the time in passes that made progress (`busy`) and in passes that found nothing
+(`idle`), apart from the waits between passes. `busy µs/transfer` is the poller's work per
+transfer; `peak busy` the largest share of any 0.5 s of the run its busy passes took (near 1.0:
+the poller is the ceiling; well below: something else is).
 """
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -92,6 +101,37 @@ def daemon_role(pid):
     return None
 
 
+def ready_file(pid):
+    """A daemon's `--ready-file` (tcpxctl's local daemons are started with one)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    for i, a in enumerate(args):
+        if a == "--ready-file" and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def pass_seconds(addr):
+    """{("s"|"n", "yes"|"no"): value} from a daemon's `tcpxd_poller_pass_seconds_total` and
+    `tcpxd_poller_passes_total`; None if unreadable."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{addr}/metrics", timeout=0.5) as r:
+            text = r.read().decode()
+    except Exception:
+        return None
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r'tcpxd_poller_pass(es|_seconds)_total\{progress="(yes|no)"\} (\S+)', line)
+        if m:
+            out[("n" if m.group(1) == "es" else "s", m.group(2))] = float(m.group(3))
+    return out or None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tcpxctl", default="tcpxctl")
@@ -104,6 +144,9 @@ def main():
     # (role, tid) -> (name, last ns seen)
     seen = {}
     roles = {proc.pid: "tcpxctl"}
+    # role -> metrics address; role -> [(t, busy s, idle s)]
+    metrics, passes = {}, defaultdict(list)
+    last_scrape = 0.0
     while proc.poll() is None:
         for kid in children(proc.pid):
             role = roles.get(kid) or daemon_role(kid)
@@ -112,6 +155,29 @@ def main():
         for pid, role in roles.items():
             for tid, (name, ns) in threads_of(pid).items():
                 seen[(role, tid)] = (name, ns)
+        now = time.monotonic()
+        if now - last_scrape >= 0.1:
+            last_scrape = now
+            for pid, role in roles.items():
+                if role == "tcpxctl":
+                    continue
+                if role not in metrics:
+                    try:
+                        with open(ready_file(pid) or "/nonexistent") as f:
+                            metrics[role] = json.load(f).get("metrics")
+                    except (OSError, ValueError):
+                        continue
+                p = metrics[role] and pass_seconds(metrics[role])
+                if p:
+                    passes[role].append(
+                        (
+                            time.monotonic(),
+                            p.get(("s", "yes"), 0.0),
+                            p.get(("s", "no"), 0.0),
+                            p.get(("n", "yes"), 0.0),
+                            p.get(("n", "no"), 0.0),
+                        )
+                    )
         time.sleep(0.01)
     out = proc.stdout.read()
     print(out, end="")
@@ -126,6 +192,30 @@ def main():
         if ns < 1e6:
             continue
         print(f"{role:<10} {k:<28} {n:>3} {ns / 1e6:>9.1f} {ns / 1e3 / transfers:>12.1f}")
+    if passes:
+        print("\nPoller passes (tcpxd_poller_pass_seconds_total; the waits between passes not counted):")
+        print(
+            f"{'process':<10} {'busy ms':>9} {'idle ms':>9} {'busy µs/transfer':>17} {'idle µs/transfer':>17}"
+            f" {'busy passes/tr':>15} {'µs/busy pass':>13} {'µs/idle pass':>13} {'peak busy':>10}"
+        )
+        for role in sorted(passes):
+            ss = passes[role]
+            busy, idle, nbusy, nidle = ss[-1][1:]
+            peak = 0.0
+            j = 0
+            for i in range(len(ss)):
+                while ss[i][0] - ss[j][0] > 0.5:
+                    j += 1
+                # the window ending at sample i, at least 0.3 s long
+                k = max((x for x in range(j + 1) if ss[i][0] - ss[x][0] >= 0.3), default=None)
+                if k is not None:
+                    peak = max(peak, (ss[i][1] - ss[k][1]) / (ss[i][0] - ss[k][0]))
+            name = role.replace("daemon1", "daemon a").replace("daemon2", "daemon b")
+            print(
+                f"{name:<10} {busy * 1e3:>9.1f} {idle * 1e3:>9.1f} {busy * 1e6 / transfers:>17.1f}"
+                f" {idle * 1e6 / transfers:>17.1f} {nbusy / transfers:>15.2f}"
+                f" {busy * 1e6 / max(nbusy, 1):>13.1f} {idle * 1e6 / max(nidle, 1):>13.2f} {peak:>10.2f}"
+            )
     return proc.returncode
 
 

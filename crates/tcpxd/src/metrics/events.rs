@@ -25,12 +25,36 @@ pub struct Metrics {
     bytes: IntCounterVec,
     latency: HistogramVec,
     unpack: HistogramVec,
+    /// `unpack`'s two series, resolved at their first receive (no label lookup per receive; a
+    /// kind never seen is never exported).
+    unpack_kinds: [std::sync::OnceLock<Histogram>; 2],
     recv_to_consume: Histogram,
     plugin_errors: IntCounterVec,
     reattached: IntCounterVec,
     reattach_forgotten: prometheus::IntCounter,
     reattach_pending: prometheus::IntGauge,
     stale_rx_rules: prometheus::IntCounter,
+    passes: IntCounterVec,
+    pass_seconds: prometheus::CounterVec,
+}
+
+/// The poller's pass series resolved once ([`Metrics::pass_counters`]): each pass adds to them
+/// without a label lookup.
+#[derive(Clone)]
+pub struct PassCounters {
+    /// Passes that made progress, and their time.
+    pub busy: (prometheus::IntCounter, prometheus::Counter),
+    /// Passes that found nothing to do, and their time (the wait after them not included).
+    pub idle: (prometheus::IntCounter, prometheus::Counter),
+}
+
+impl PassCounters {
+    /// One pass of the poller's loop: `took` from its start to its end, before any wait.
+    pub fn pass(&self, progressed: bool, took: Duration) {
+        let (n, t) = if progressed { &self.busy } else { &self.idle };
+        n.inc();
+        t.inc_by(took.as_secs_f64());
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -68,6 +92,7 @@ impl Metrics {
                 &["op", "size_class"],
                 LATENCY_BUCKETS,
             ),
+            unpack_kinds: Default::default(),
             unpack: histogram_vec(
                 &r,
                 "tcpxd_unpack_seconds",
@@ -112,6 +137,24 @@ impl Metrics {
                 let c = prometheus::IntCounter::new(
                     "tcpxd_stale_rx_rules_removed_total",
                     "Flow-steering rules a previous instance left in RxDM (it died with receive comms open), removed at start-up",
+                )
+                .expect("valid metric");
+                r.register(Box::new(c.clone())).expect("registered once");
+                c
+            },
+            passes: counter_vec(
+                &r,
+                "tcpxd_poller_passes_total",
+                "Passes of the poller's loop, by whether they made progress (progress=\"yes\") or found nothing to do",
+                &["progress"],
+            ),
+            pass_seconds: {
+                let c = prometheus::CounterVec::new(
+                    prometheus::Opts::new(
+                        "tcpxd_poller_pass_seconds_total",
+                        "Time in the poller's passes (not in its waits between them), by progress: the busy share of its thread is the rate of progress=\"yes\"",
+                    ),
+                    &["progress"],
                 )
                 .expect("valid metric");
                 r.register(Box::new(c.clone())).expect("registered once");
@@ -195,9 +238,18 @@ impl Metrics {
     /// A receive was consumed: `unpack` after its completion its data was in place (`kind`:
     /// "host" or "gpu"), `consume` after it the plugin got its pages back.
     pub fn recv_consumed(&self, kind: &'static str, unpack: Duration, consume: Duration) {
-        self.unpack
-            .with_label_values(&[kind])
-            .observe(unpack.as_secs_f64());
+        let secs = unpack.as_secs_f64();
+        let slot = match kind {
+            "host" => Some(&self.unpack_kinds[0]),
+            "gpu" => Some(&self.unpack_kinds[1]),
+            _ => None,
+        };
+        match slot {
+            Some(h) => h
+                .get_or_init(|| self.unpack.with_label_values(&[kind]))
+                .observe(secs),
+            None => self.unpack.with_label_values(&[kind]).observe(secs),
+        }
         self.recv_to_consume.observe(consume.as_secs_f64());
     }
 
@@ -222,6 +274,20 @@ impl Metrics {
             .encode(&families, &mut out)
             .expect("text encoding of valid families");
         String::from_utf8(out).expect("the text format is UTF-8")
+    }
+
+    /// The poller's pass series, resolved for its loop.
+    pub fn pass_counters(&self) -> PassCounters {
+        let pair = |label: &str| {
+            (
+                self.passes.with_label_values(&[label]),
+                self.pass_seconds.with_label_values(&[label]),
+            )
+        };
+        PassCounters {
+            busy: pair("yes"),
+            idle: pair("no"),
+        }
     }
 
     /// The event series as the `GetStats` RPC returns them.

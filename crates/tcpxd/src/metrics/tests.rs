@@ -176,3 +176,26 @@ fn events_render_and_summarise_alike() {
         "every status exported from 0: {text}"
     );
 }
+
+#[test]
+fn poller_passes_count_busy_and_idle_apart() {
+    let m = Metrics::new();
+    let passes = m.pass_counters();
+    passes.pass(true, Duration::from_micros(30));
+    passes.pass(true, Duration::from_micros(20));
+    passes.pass(false, Duration::from_micros(2));
+    let snap = StatsSnapshot {
+        peers: Vec::new(),
+        retired: Vec::new(),
+        active_transfers: 0,
+    };
+    let text = m.render(&snap, &NodeGauges::default());
+    for line in [
+        "tcpxd_poller_passes_total{progress=\"yes\"} 2",
+        "tcpxd_poller_passes_total{progress=\"no\"} 1",
+        "tcpxd_poller_pass_seconds_total{progress=\"yes\"} 0.00005",
+        "tcpxd_poller_pass_seconds_total{progress=\"no\"} 0.000002",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+}

@@ -237,6 +237,12 @@ pub fn admit(level: i32, file: &str, line: i32, text: &str, emit_summary: fn(&Su
     verdict
 }
 
+/// Counts a line dropped before it was formatted (`logger.rs`, `tcpxd_plugin_log_skip`): no
+/// call site window, no summary — nobody would read either.
+pub fn count_unformatted(level: i32) {
+    LINES[level_index(level)].fetch_add(1, Ordering::Relaxed);
+}
+
 /// Lines the plugin logged and lines held back, per level name, since the process started.
 pub fn totals() -> Vec<(&'static str, u64, u64)> {
     LEVELS

@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 use std::ffi::{CStr, c_char, c_int, c_ulong};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::abi;
 
@@ -24,14 +25,16 @@ pub struct PluginLine {
 }
 
 struct Recent {
-    next_seq: u64,
     lines: VecDeque<PluginLine>,
 }
 
 static RECENT: Mutex<Recent> = Mutex::new(Recent {
-    next_seq: 0,
     lines: VecDeque::new(),
 });
+
+/// The sequence number the next kept line gets: taken under `RECENT`'s lock, read without it by
+/// [`mark`] (every plugin call takes a mark: a lock there cost each `test` of the poller's pass).
+static NEXT_SEQ: AtomicU64 = AtomicU64::new(0);
 
 unsafe extern "C" {
     fn tcpxd_plugin_logger(
@@ -49,7 +52,22 @@ pub fn logger_fn() -> abi::ncclDebugLogger_t {
     Some(tcpxd_plugin_logger)
 }
 
-/// Called by the C shim for every line the plugin logs.
+/// Called by the C shim before it formats a line: nonzero when the line is dropped unformatted —
+/// a trace line while nothing records `tcpxd::plugin` at trace level (such lines are never kept
+/// for errors either: see [`tcpxd_plugin_log_sink`]). The line still counts in
+/// `tcpxd_plugin_log_lines_total`. The emulation logs two per request (posted, done), so this
+/// saves the poller a `vsnprintf`, a copy and the rate limiter's lock and hashing twice a request.
+#[unsafe(no_mangle)]
+extern "C" fn tcpxd_plugin_log_skip(level: c_int) -> c_int {
+    let skip =
+        level == abi::NCCL_LOG_TRACE && !tracing::enabled!(target: "tcpxd::plugin", tracing::Level::TRACE);
+    if skip {
+        super::log_limit::count_unformatted(level);
+    }
+    c_int::from(skip)
+}
+
+/// Called by the C shim for every line the plugin logs (and [`tcpxd_plugin_log_skip`] keeps).
 #[unsafe(no_mangle)]
 extern "C" fn tcpxd_plugin_log_sink(
     level: c_int,
@@ -108,8 +126,8 @@ pub(super) fn emit_summary(s: &super::log_limit::Summary) {
 
 fn record(level: i32, text: String) {
     let mut recent = RECENT.lock().unwrap_or_else(|e| e.into_inner());
-    let seq = recent.next_seq;
-    recent.next_seq += 1;
+    // Under the lock: the lines stay in sequence order.
+    let seq = NEXT_SEQ.fetch_add(1, Ordering::AcqRel);
     if recent.lines.len() == KEPT_LINES {
         recent.lines.pop_front();
     }
@@ -119,7 +137,7 @@ fn record(level: i32, text: String) {
 /// The sequence number the next plugin line will get: take it before a call, then ask
 /// [`lines_since`] for what the plugin said during it.
 pub fn mark() -> u64 {
-    RECENT.lock().unwrap_or_else(|e| e.into_inner()).next_seq
+    NEXT_SEQ.load(Ordering::Acquire)
 }
 
 /// Warnings (and worse) the plugin logged since `mark`, oldest first. When it logged no warning,
@@ -162,6 +180,55 @@ mod tests {
             lines.contains(&"unable to allocate requests (17 of 16)".to_string()),
             "{lines:?}"
         );
+    }
+
+    fn trace_lines() -> u64 {
+        super::super::log_limit::totals()
+            .into_iter()
+            .find(|&(name, _, _)| name == "trace")
+            .map_or(0, |(_, n, _)| n)
+    }
+
+    #[test]
+    fn trace_lines_nobody_reads_are_counted_not_formatted() {
+        // No subscriber here: `tcpxd::plugin` traces are off.
+        let before = trace_lines();
+        assert_eq!(tcpxd_plugin_log_skip(abi::NCCL_LOG_TRACE), 1);
+        assert!(trace_lines() > before, "a skipped line still counts");
+        for level in [
+            abi::NCCL_LOG_WARN,
+            abi::NCCL_LOG_INFO,
+            abi::NCCL_LOG_ABORT,
+            abi::NCCL_LOG_VERSION,
+        ] {
+            assert_eq!(
+                tcpxd_plugin_log_skip(level),
+                0,
+                "level {level} is always formatted"
+            );
+        }
+        // Through the shim: dropped before the sink, so nothing is kept.
+        let mark = mark();
+        // SAFETY: calling our own shim with a format string and a matching argument.
+        unsafe {
+            tcpxd_plugin_logger(
+                abi::NCCL_LOG_TRACE,
+                abi::NCCL_NET,
+                c"trace.c".as_ptr(),
+                3,
+                c"recv seq %d done".as_ptr(),
+                5 as c_int,
+            );
+        }
+        assert!(lines_since(mark).is_empty());
+        // With a subscriber that records plugin traces, they are formatted and forwarded.
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_writer(std::io::sink)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            assert_eq!(tcpxd_plugin_log_skip(abi::NCCL_LOG_TRACE), 0);
+        });
     }
 
     #[test]

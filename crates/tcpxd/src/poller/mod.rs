@@ -361,8 +361,12 @@ impl Poller {
         let mut last_progress = Instant::now();
         // The wait that ended the last pass looked at the sockets already.
         let mut looked = false;
+        // Each pass's time, busy or idle (`tcpxd_poller_pass_seconds_total`): how much of the
+        // thread the work takes, apart from its polling and waits.
+        let passes = self.meter.metrics.pass_counters();
         loop {
             crate::lanes::next_pass();
+            let pass_start = Instant::now();
             if !looked && (self.reads_direct() || self.park.serves_sessions()) {
                 self.park.look(Some(Duration::ZERO), &mut self.direct_ready);
             }
@@ -407,9 +411,11 @@ impl Poller {
             if self.check_drain() {
                 return;
             }
+            let pass_end = Instant::now();
+            passes.pass(progressed, pass_end - pass_start);
             if progressed {
                 backoff.reset();
-                last_progress = Instant::now();
+                last_progress = pass_end;
                 if let Some(w) = &self.cfg.warmth {
                     w.touch();
                 }
