@@ -7,7 +7,8 @@ them (the payload in its slot, `notified` raised, then the event on the socket).
 - an empty poll: `take()` when nothing has arrived (what a tight loop repeats while it waits);
 - a notification: its slot and its event written, then `take()` until it returns it (the poll that
   sees it, and the event it drops);
-- a notification read from its event alone (no board), for comparison.
+- a notification read from its event alone (no board), for comparison;
+- send_notif's post (`Inbox.post`: its pre-encoded WriteRequest framed and sent on the feed).
 
 Each measured `--iters` times after a warm-up, the smallest of `--rounds` rounds' medians printed,
 in µs.
@@ -122,6 +123,28 @@ def one(iters: int, board: bool) -> float:
     return statistics.median(times) * 1e6
 
 
+def post(iters: int, board: bool) -> float:
+    """send_notif's post: its WriteRequest (pre-encoded, as the agent's) sent on the feed, its
+    answer left for a later read (the other end drained between calls, untimed)."""
+    box, a, bd = inbox(board)
+    a.setblocking(False)
+    body = b"\x0a" + bytes(60)  # (the size of send_notif's WriteRequest; never decoded here)
+    times = []
+    for i in range(iters):
+        t0 = time.perf_counter()
+        box.post(body, SENDER)
+        times.append(time.perf_counter() - t0)
+        if i % 64 == 63:
+            box._feed.sent.clear()
+            try:
+                while a.recv(1 << 16):
+                    pass
+            except BlockingIOError:
+                pass
+    a.close()
+    return statistics.median(times) * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iters", type=int, default=20000)
@@ -132,6 +155,7 @@ def main() -> None:
         ("empty poll, no board", lambda n: empty(n, False)),
         ("a notification, board", lambda n: one(n, True)),
         ("a notification, its event alone", lambda n: one(n, False)),
+        ("send_notif's post (Inbox.post: the frame sent on the feed)", lambda n: post(n, True)),
     ]
     for _, f in rows:
         f(2000)

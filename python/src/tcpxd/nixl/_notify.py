@@ -147,19 +147,31 @@ def frame(src: str, dst: str, msg: bytes) -> bytes:
     return MAGIC + _LENS.pack(len(s), len(d)) + s + d + msg
 
 
+#: The names of the framings seen (`parse`), by the bytes before the message: a polling loop
+#: decodes each pair of agent names once (bounded: cleared when full).
+_NAMES: Dict[bytes, Tuple[str, str]] = {}
+_NAMES_MAX = 1024
+_HEAD = len(MAGIC) + _LENS.size
+
+
 def parse(payload: bytes) -> Optional[Tuple[str, str, bytes]]:
-    if not payload.startswith(MAGIC) or len(payload) < len(MAGIC) + _LENS.size:
+    if not payload.startswith(MAGIC) or len(payload) < _HEAD:
         return None
     ls, ld = _LENS.unpack_from(payload, len(MAGIC))
-    at = len(MAGIC) + _LENS.size
-    if len(payload) < at + ls + ld:
+    end = _HEAD + ls + ld
+    if len(payload) < end:
         return None
-    try:
-        src = payload[at : at + ls].decode()
-        dst = payload[at + ls : at + ls + ld].decode()
-    except UnicodeDecodeError:
-        return None
-    return src, dst, payload[at + ls + ld :]
+    head = payload[:end]
+    names = _NAMES.get(head)
+    if names is None:
+        try:
+            names = (payload[_HEAD : _HEAD + ls].decode(), payload[_HEAD + ls : end].decode())
+        except UnicodeDecodeError:
+            return None
+        if len(_NAMES) >= _NAMES_MAX:
+            _NAMES.clear()
+        _NAMES[head] = names
+    return names[0], names[1], payload[end:]
 
 
 class Sent:
