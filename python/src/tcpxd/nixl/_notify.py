@@ -18,6 +18,11 @@ reads what has arrived without waiting, on the polling thread, so a tight pollin
 notification as soon as the daemon has it and no other thread needs the GIL. Where there is no
 local session (a TCP endpoint, a daemon before session 18), a thread reads the Subscribe stream.
 
+Where the feed has a completion board with notification slots (tcpxd._board), a polling loop
+reads the board first (`_Feed.noted`): payloads from their slots, send_notif's answers from the
+board's end slots, and the socket only when the board numbers a notification it does not hold, or
+DRAIN_S after the last read; so a poll that finds nothing makes no system call.
+
 send_notif's mailbox WRITE goes on that same session (`Inbox.post`, since session 22) and the call
 returns without its answer, as NIXL's genNotif posts: the answer is read by the same reads as the
 notifications (a `Sent` settled), so no thread wakes for it. The agent keeps the order of its
