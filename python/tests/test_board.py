@@ -295,3 +295,70 @@ def test_notifications_come_from_the_feeds_board_in_order(daemons, monkeypatch, 
     finally:
         A.close()
         B.close()
+
+
+def test_a_polling_loop_reads_the_feeds_board_and_no_socket_until_something_is_not_there(daemons, monkeypatch):
+    """A get_new_notifs loop on a feed with notification slots reads the board alone while it
+    says nothing new (no `recv`, no decode: `_Feed.noted`), takes a notification from its slot and
+    settles a send_notif's answer from the board; the socket is read when the board says a
+    notification is not in its slot (too long), and every DRAIN_S (the events left behind are
+    dropped, never delivered twice). A loop that waits on the socket (below 8 CPUs) reads it after
+    each wait, as before."""
+    from tcpxd import _local
+    from tcpxd.nixl import _notify
+
+    monkeypatch.setattr(_notify, "DRAIN_S", 3600.0)  # (only what the board says reads the socket)
+    monkeypatch.setattr(_notify, "TIGHT_SPIN_S", float("inf"))  # (spinning, as with 8 CPUs: no wait on the socket)
+    monkeypatch.setattr(_notify, "SENT_SPIN_S", 30.0)  # (a loaded machine may publish an answer late)
+    a, b = daemons
+    A, B = pair(a, b)
+    try:
+        A.add_remote_agent(B.get_agent_metadata())
+        B.add_remote_agent(A.get_agent_metadata())
+        fa, fb = A._inbox._feed, B._inbox._feed
+        assert fa is not None and fa.noting and fb is not None and fb.noting
+        for f in (fa, fb):  # what the subscription left unread, read once
+            f.drain_at = 0.0
+        A.get_new_notifs()
+        B.get_new_notifs()
+        reads = {"n": 0}
+        ready = _local.Connection.ready
+
+        def counting(self, readable=False):
+            reads["n"] += 1
+            return ready(self, readable)
+
+        monkeypatch.setattr(_local.Connection, "ready", counting)
+        for _ in range(1000):
+            assert B.get_new_notifs() == {}
+        assert reads["n"] == 0, "an empty poll read the socket"
+        for i in range(20):  # round trips, each side polling tight
+            A.send_notif("xf-B", b"ping%d" % i)
+            deadline = time.monotonic() + 30
+            while not (got := B.get_new_notifs()):
+                assert time.monotonic() < deadline
+            assert got == {"xf-A": [b"ping%d" % i]}
+            B.send_notif("xf-A", b"pong%d" % i)
+            while not (got := A.get_new_notifs()):
+                assert time.monotonic() < deadline
+            assert got == {"xf-B": [b"pong%d" % i]}
+        # Each answer (the send_notif's WRITE) settled from the board, each payload from its slot.
+        assert reads["n"] == 0, "a notification or an answer was read from the socket"
+        assert not A._inbox._feed.sent or len(A._inbox._feed.sent) == 1  # (the last may be on its way)
+        # Too long for a slot: `notified` passes `consumed`, the event is read, in order.
+        long = b"L" * 300
+        A.send_notif("xf-B", long)
+        A.send_notif("xf-B", b"after")
+        got_all: list = []
+        deadline = time.monotonic() + 30
+        while len(got_all) < 2:
+            assert time.monotonic() < deadline
+            got_all += B.get_new_notifs().get("xf-A", [])
+        assert got_all == [long, b"after"] and reads["n"] > 0
+        # The events the board's notifications left behind: dropped when read, none again.
+        fb.drain_at = 0.0
+        assert B.get_new_notifs() == {}
+        assert B.get_new_notifs() == {}
+    finally:
+        A.close()
+        B.close()

@@ -117,14 +117,18 @@ impl Engine {
                 format!("ranges[0]: wrong access key for buffer {}", r.buffer_id),
             ));
         }
-        if let Some(why) = range_fault(
-            "ranges[0].offset",
-            "ranges[0].length",
-            &format!("buffer {}", r.buffer_id),
-            b.size,
-            r.offset,
-            0,
-        ) {
+        // Zero bytes at an offset inside the buffer (its size allowed); the message is formatted
+        // only for a fault (every notice delivered passes here).
+        if r.offset > b.size
+            && let Some(why) = range_fault(
+                "ranges[0].offset",
+                "ranges[0].length",
+                &format!("buffer {}", r.buffer_id),
+                b.size,
+                r.offset,
+                0,
+            )
+        {
             return Err((Code::InvalidArgument, why));
         }
         Ok(r.buffer_id)

@@ -112,7 +112,8 @@ impl Peer {
 impl Engine {
     /// The pairing, if it can carry a new transfer: UNAVAILABLE naming `field` when it failed or
     /// has no lanes; closed when idle or closing, refused with `EngineError::closed_pairing`.
-    pub(super) fn live_peer(&self, field: &str, peer: PeerIdx) -> EngineResult<&Peer> {
+    /// (`field` is formatted only for an error: a start names `entries[i]…` without a string.)
+    pub(super) fn live_peer(&self, field: impl std::fmt::Display, peer: PeerIdx) -> EngineResult<&Peer> {
         let p = self
             .peers
             .get(&peer)

@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// `entries[i].remote_descriptor`, written only when an error names it.
+struct RemoteField(usize);
+
+impl std::fmt::Display for RemoteField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "entries[{}].remote_descriptor", self.0)
+    }
+}
+
 impl Engine {
     pub(super) fn check_common(&self, entries: usize, notification: usize) -> EngineResult<()> {
         if entries == 0 {
@@ -51,7 +60,7 @@ impl Engine {
                 )));
             }
             if last_peer != Some(s.peer) {
-                self.live_peer(&format!("entries[{i}].remote_descriptor"), s.peer)?;
+                self.live_peer(RemoteField(i), s.peer)?;
                 last_peer = Some(s.peer);
             }
             total += s.remote.length;
@@ -132,11 +141,23 @@ impl Engine {
         let total = self.check_entries(&specs, notification.len())?;
         let id = self.new_transfer(TransferKind::Write, total, specs.len(), deadline);
         // One offer per peer and memory pair (`route_parts.rs`), ranges in entry order.
-        let parts = self.group_by_route(&specs);
+        // (One entry is one part: no grouping, as `group_by_route` would give.)
+        let parts = if specs.len() == 1 {
+            vec![(specs[0].peer, vec![0])]
+        } else {
+            self.group_by_route(&specs)
+        };
+        // One part (a one-entry WRITE, a notification alone) carries the notification itself:
+        // nothing to split (`split_notification` of one part gives it back), no map, no copy.
+        let (mut whole, notification) = if parts.len() == 1 {
+            (Some(notification), Vec::new())
+        } else {
+            (None, notification)
+        };
         // What each peer's offers carry: the notification, or nothing when it is kept until
         // every part of several landed.
         let mut carried: HashMap<PeerIdx, Vec<u8>> = HashMap::new();
-        for (peer, _) in &parts {
+        for (peer, _) in parts.iter().filter(|_| whole.is_none()) {
             if carried.contains_key(peer) {
                 continue;
             }
@@ -174,7 +195,7 @@ impl Engine {
                 src,
                 ranges.into(),
                 None,
-                carried[&peer].clone(),
+                whole.take().unwrap_or_else(|| carried[&peer].clone()),
                 deadline_ms,
                 false,
             );

@@ -186,6 +186,16 @@ class Board:
             return []
         return out
 
+    def behind(self) -> bool:
+        """Whether the daemon numbered a notification after the last one taken (`notified` past
+        `consumed`: header word 2, one read): its payload is not in its slot yet, or never will be
+        (too long, the ring was full), so its event is to be read; False once closed."""
+        try:
+            # (`>`: a slot taken before the daemon raised `notified` after writing it is not behind)
+            return bool(_U64.unpack_from(self.mem, 16)[0] > self.consumed)
+        except ValueError:  # closed
+            return False
+
     def note_event(self) -> bool:
         """A notification event was read: whether to deliver it (False: its payload was taken
         from its slot already)."""

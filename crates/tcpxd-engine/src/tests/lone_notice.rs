@@ -193,6 +193,31 @@ fn a_notification_alone_fails_with_its_peer() {
     assert!(o.message.contains("the stream broke"), "{}", o.message);
     assert!(s.nodes[0].eng.is_idle());
     assert_eq!(s.nodes[0].eng.buffer_users(1), Some(0));
+    // A later one is refused at its start, naming the entry's field (formatted only then).
+    let spec = WriteSpec {
+        local_buffer: 1,
+        local_offset: 0,
+        peer: P,
+        remote: RemoteRange {
+            buffer_id: 2,
+            access_key: key(2),
+            offset: 0,
+            length: 0,
+        },
+    };
+    let deadline = s.now + Duration::from_secs(5);
+    let e = s.nodes[0]
+        .eng
+        .start_write(vec![spec], b"again".to_vec(), deadline, s.now)
+        .unwrap_err();
+    assert_eq!(e.code, Code::Unavailable);
+    assert!(
+        e.message.starts_with("entries[0].remote_descriptor: peer ")
+            && e.message.contains("failed: the stream broke"),
+        "{}",
+        e.message
+    );
+    assert!(s.nodes[0].eng.is_idle());
 }
 
 #[test]

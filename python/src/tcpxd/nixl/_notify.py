@@ -18,6 +18,11 @@ reads what has arrived without waiting, on the polling thread, so a tight pollin
 notification as soon as the daemon has it and no other thread needs the GIL. Where there is no
 local session (a TCP endpoint, a daemon before session 18), a thread reads the Subscribe stream.
 
+Where the feed has a completion board with notification slots (tcpxd._board), a polling loop
+reads the board first (`_Feed.noted`): payloads from their slots, send_notif's answers from the
+board's end slots, and the socket only when the board numbers a notification it does not hold, or
+DRAIN_S after the last read; so a poll that finds nothing makes no system call.
+
 send_notif's mailbox WRITE goes on that same session (`Inbox.post`, since session 22) and the call
 returns without its answer, as NIXL's genNotif posts: the answer is read by the same reads as the
 notifications (a `Sent` settled), so no thread wakes for it. The agent keeps the order of its
@@ -75,6 +80,8 @@ def _tight_spin_s() -> float:
     return 0.0 if (os.cpu_count() or 1) < 8 else float("inf")
 
 
+_INF = float("inf")
+
 #: How long a tight get_new_notifs / check_remote_xfer_done loop spins before its polls wait
 #: (TIGHT_WAIT_MS each) for the daemon: as check_xfer_state's (session 22).
 TIGHT_SPIN_S = _tight_spin_s()
@@ -89,6 +96,16 @@ POLL_WAIT_S = 50e-6
 #: Notification slots of the feed's completion board (tcpxd._board): a notification's payload of
 #: at most 240 bytes is read from memory the agent maps, before (and instead of) its event.
 FEED_NOTES = 64
+
+#: With notification slots on the feed's board, how often a polling loop that finds nothing new
+#: there reads the feed's socket anyway (`_Feed.noted`): the events whose payloads the board gave,
+#: a failed send_notif's answer, the session's end (a restarted daemon). Each such read is ~3 µs.
+DRAIN_S = 1e-3
+
+#: How long a send_notif whose previous notification to the same agent is not answered yet looks
+#: for that answer on the feed's board before it reads the socket (where polling loops spin:
+#: TIGHT_SPIN_S; the daemon may publish the answer a little after a notification that came later).
+SENT_SPIN_S = 200e-6
 
 #: How long closing an agent waits for its notifications still on their way, by default
 #: (send_notif returns before they arrive; closing the agent's session would cancel them):
@@ -135,19 +152,31 @@ def frame(src: str, dst: str, msg: bytes) -> bytes:
     return MAGIC + _LENS.pack(len(s), len(d)) + s + d + msg
 
 
+#: The names of the framings seen (`parse`), by the bytes before the message: a polling loop
+#: decodes each pair of agent names once (bounded: cleared when full).
+_NAMES: Dict[bytes, Tuple[str, str]] = {}
+_NAMES_MAX = 1024
+_HEAD = len(MAGIC) + _LENS.size
+
+
 def parse(payload: bytes) -> Optional[Tuple[str, str, bytes]]:
-    if not payload.startswith(MAGIC) or len(payload) < len(MAGIC) + _LENS.size:
+    if not payload.startswith(MAGIC) or len(payload) < _HEAD:
         return None
     ls, ld = _LENS.unpack_from(payload, len(MAGIC))
-    at = len(MAGIC) + _LENS.size
-    if len(payload) < at + ls + ld:
+    end = _HEAD + ls + ld
+    if len(payload) < end:
         return None
-    try:
-        src = payload[at : at + ls].decode()
-        dst = payload[at + ls : at + ls + ld].decode()
-    except UnicodeDecodeError:
-        return None
-    return src, dst, payload[at + ls + ld :]
+    head = payload[:end]
+    names = _NAMES.get(head)
+    if names is None:
+        try:
+            names = (payload[_HEAD : _HEAD + ls].decode(), payload[_HEAD + ls : end].decode())
+        except UnicodeDecodeError:
+            return None
+        if len(_NAMES) >= _NAMES_MAX:
+            _NAMES.clear()
+        _NAMES[head] = names
+    return names[0], names[1], payload[end:]
 
 
 class Sent:
@@ -201,6 +230,10 @@ class _Feed:
         self._poll: Any = None
         #: The WRITEs sent on it not answered yet, by tag.
         self.sent: Dict[int, Sent] = {}
+        #: When `noted` reads the socket next though the board says nothing is there.
+        self.drain_at = 0.0
+        #: Whether `noted` serves (a board with notification slots).
+        self.noting = board is not None and board.notes > 0
 
     @staticmethod
     def open(path: str) -> Optional["_Feed"]:
@@ -263,6 +296,30 @@ class _Feed:
         self.sent[tag] = sent
         return True
 
+    def noted(self) -> List[bytes]:
+        """`payloads()` for a polling loop, from the board where it can: the notifications in its
+        slots taken, the WRITEs whose OK end it holds settled (their events, which follow, are
+        dropped when read), and the socket read only when the board says something came that it
+        does not hold (a payload too long for a slot, the slots full), or DRAIN_S after the last
+        read (the events whose payloads the board gave, failures, the session's end). So a poll
+        that finds nothing new makes no system call and decodes nothing."""
+        board = self.board
+        assert board is not None
+        out = board.take_notes()
+        sent = self.sent
+        if sent:
+            for tag in list(sent):
+                got = board.take(tag)
+                if got is not None:
+                    _ops.settle_done(sent.pop(tag), *got)
+        if board.behind():  # (raised since take_notes looked: its slot, written before, is read first)
+            out += board.take_notes()
+            if board.behind():
+                self.drain_at = 0.0
+        if time.perf_counter() >= self.drain_at:
+            out += self.payloads()
+        return out
+
     def payloads(self) -> List[bytes]:
         """The notifications' payloads that have arrived, in order — from the board's notification
         slots first (tcpxd._board), then the events (those whose payload the board gave dropped),
@@ -270,6 +327,7 @@ class _Feed:
         session ended."""
         board = self.board
         out = board.take_notes() if board is not None else []
+        self.drain_at = time.perf_counter() + DRAIN_S
         for ev in self.conn.ready():
             kind = ev.WhichOneof("event")
             if kind == "notification":
@@ -361,9 +419,10 @@ class Inbox:
         if got is not None and got[1] == self._name:
             self._new.setdefault(got[0], []).append(got[2])
 
-    def _read_feed(self) -> None:
+    def _read_feed(self, noted: bool = False) -> None:
         """What the local feed has (the lock held); subscribes again, at most every RESUBSCRIBE_S,
-        once it ended."""
+        once it ended. `noted`: a polling loop's read, from the feed's board where it has
+        notification slots (`_Feed.noted`: no system call when nothing new is there)."""
         if self._feed is None:
             if self._closed or self._path is None or time.monotonic() < self._retry_at:
                 return
@@ -380,8 +439,9 @@ class Inbox:
                 self._retry_at = time.monotonic() + RESUBSCRIBE_S
                 return
             self._quiet = False
+        feed = self._feed
         try:
-            for p in self._feed.payloads():
+            for p in (feed.noted() if noted and feed.noting else feed.payloads()):
                 self._keep(p)
         except (_local.Gone, OSError, TcpxdError) as e:
             self._drop_feed(repr(e))
@@ -398,8 +458,8 @@ class Inbox:
         feed = None
         with self._lock:
             if self._path is not None:
-                self._read_feed()
-                if not self._new and self._feed is not None:
+                self._read_feed(True)
+                if not self._new and self._feed is not None and TIGHT_SPIN_S != _INF:
                     now = time.perf_counter()
                     if now - self._empty_at >= TIGHT_S:  # not a tight loop (or its first poll)
                         self._spin_from = now
@@ -460,14 +520,20 @@ class Inbox:
         """Reads the feed until `sent` is answered (or `timeout` s passed), waiting for the
         daemon in between (the GIL released)."""
         end = None if timeout is None else time.monotonic() + timeout
+        # A loop that spins looks at the board first (its OK end may come there a little after
+        # the notification the caller just saw), for up to SENT_SPIN_S; then the socket.
+        spin_until = time.perf_counter() + min(TIGHT_SPIN_S, SENT_SPIN_S)
         while not sent._done:
             with self._lock:
                 if self._feed is None:
                     return  # ended: what it left unanswered failed
-                self._read_feed()
+                noted = self._feed.noting and time.perf_counter() < spin_until
+                self._read_feed(noted)
                 feed = self._feed
             if sent._done or feed is None:
                 return
+            if noted:
+                continue
             left = 10.0 if end is None else end - time.monotonic()
             if left <= 0:
                 return
