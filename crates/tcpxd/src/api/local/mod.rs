@@ -133,6 +133,9 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
 /// Runs the session to its end, then closes the connection.
 async fn run(state: Arc<DaemonState>, mut requests: FramedRequests, mut events: FramedEvents) {
     let ended = session::serve(state, None, &mut requests, &mut events).await;
+    // The ring says first that no one reads it any more (`spinning` 0: a client's next request
+    // rings the doorbell, which finds the connection closed).
+    requests.ring = None;
     // Either way nothing more is sent: the client reads EOF after the last event.
     if ended.is_ok() {
         let _ = events.flush().await;

@@ -19,7 +19,10 @@
 //! daemon: how many entries it has copied out (a slot's entry `k` may be overwritten by entry
 //! `k + slots` once `taken ≥ k`); word 1 `spinning`, written by the daemon: 1 while its poller
 //! looks at the ring every pass, 0 when it may be parked (then a client that put an entry rings
-//! the doorbell: an empty `ring_doorbell` frame on the socket); words 2–7 reserved. Then `slots`
+//! the doorbell: an empty `ring_doorbell` frame on the socket); word 2 `ended`, written by the
+//! daemon: 1 once the session no longer reads the ring (an entry past `taken` then never will
+//! be: the client may send it another way; set before the daemon closes the connection, so a
+//! client that finds the connection closed reads it); words 3–7 reserved. Then `slots`
 //! slots of `slot_bytes` each; entry `k` (from 1) is in slot `(k - 1) mod slots`:
 //!
 //! | word | what |
@@ -116,7 +119,8 @@ pub struct Taken {
 }
 
 /// A session's ring, mapped: shared by the session's reader (which takes) and the poller (which
-/// looks, wakes the reader and says whether it spins).
+/// looks, wakes the reader and says whether it spins). Dropped when the session stops reading,
+/// saying so (`spinning` 0) to a client that still writes in it.
 pub struct Ring {
     words: SharedWords,
     slots: u64,
@@ -160,6 +164,7 @@ impl Ring {
         // Whatever the client left there: nothing taken yet, not spinning until the poller says.
         words.store(0, 0, Ordering::Relaxed);
         words.store(1, 0, Ordering::Relaxed);
+        words.store(2, 0, Ordering::Relaxed);
         Ok(Ring {
             words,
             slots: u64::from(slots),
@@ -273,6 +278,15 @@ impl Ring {
     /// Says whether the poller looks every pass (the poller, under its rings' lock).
     pub fn set_spinning(&self, on: bool) {
         self.words.store(1, u64::from(on), Ordering::Relaxed);
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // (out of the poller's list by now: `RingWatching` holds an `Arc` of it) No entry past
+        // `taken` will ever be: the client may send it another way.
+        self.words.store(2, 1, Ordering::SeqCst);
+        self.words.store(1, 0, Ordering::SeqCst);
     }
 }
 
@@ -487,6 +501,17 @@ mod tests {
         assert_eq!(c.view.load(1, Ordering::Relaxed), 1);
         r.set_spinning(false);
         assert_eq!(c.view.load(1, Ordering::Relaxed), 0);
+        // Dropped (the session stopped reading): `ended`, and not spinning.
+        r.set_spinning(true);
+        assert_eq!(c.view.load(2, Ordering::Relaxed), 0);
+        drop(r);
+        assert_eq!(
+            (
+                c.view.load(1, Ordering::Relaxed),
+                c.view.load(2, Ordering::Relaxed)
+            ),
+            (0, 1)
+        );
     }
 
     #[test]
