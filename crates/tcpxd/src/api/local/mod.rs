@@ -167,6 +167,10 @@ struct FramedRequests {
     from_ring: Option<usize>,
 }
 
+/// Looks at the ring and the socket in one poll of the request side, at most: only an entry that
+/// appears and vanishes again (a client rewriting it) costs more than two.
+const LOOKS: usize = 64;
+
 /// A session's request ring as its reader holds it.
 struct RingReader {
     ring: Arc<Ring>,
@@ -181,16 +185,22 @@ struct RingReader {
 impl FramedRequests {
     /// The next request in the client's order (ring.rs, "Order"): the ring's next entry when
     /// every socket frame before it was handed out, else the socket's next frame; doorbells are
-    /// dropped here (they only wake the session).
+    /// handed on as requests, not counted (the session ignores them; they count against the
+    /// poller's pass budget as any request). At most [`LOOKS`] looks a poll: an entry that comes
+    /// and goes under the daemon (a client rewriting it) cannot hold the thread that polls.
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Incoming> {
-        loop {
+        for _ in 0..LOOKS {
             if let Some(r) = &mut self.ring
                 && r.ring.peek().is_some_and(|before| before <= r.socket_read)
             {
                 r.ring.unwait();
                 let taken = match r.ring.take(&mut r.buf) {
                     Ok(Some(t)) => t,
-                    Ok(None) => continue,
+                    // There a moment ago, gone now: the client rewrote it.
+                    Ok(None) => {
+                        let entry = r.ring.taken() + 1;
+                        return Poll::Ready(Incoming::Broken(RingError::Torn { entry }.status()));
+                    }
                     Err(e) => return Poll::Ready(Incoming::Broken(e.status())),
                 };
                 return Poll::Ready(match pb::SessionRequest::decode(r.buf.as_slice()) {
@@ -229,9 +239,10 @@ impl FramedRequests {
                 Poll::Ready(f) => f,
             };
             return Poll::Ready(match frame {
-                Some(Ok(req)) if matches!(req.op, Some(Op::RingDoorbell(_))) => continue,
                 Some(Ok(req)) => {
-                    if let Some(r) = &mut self.ring {
+                    if let Some(r) = &mut self.ring
+                        && !matches!(req.op, Some(Op::RingDoorbell(_)))
+                    {
                         r.socket_read += 1;
                     }
                     self.from_ring = None;
@@ -258,6 +269,10 @@ impl FramedRequests {
                 },
             });
         }
+        let entry = self.ring.as_ref().map_or(0, |r| r.ring.taken() + 1);
+        Poll::Ready(Incoming::Broken(
+            RingError::Flicker { entry, looks: LOOKS }.status(),
+        ))
     }
 
     /// A request that came on the ring carries no descriptor: refused naming why.

@@ -99,6 +99,10 @@ pub enum RingError {
     #[error("request ring: entry {entry} is not a SessionRequest: {err}")]
     NotARequest { entry: u64, err: prost::DecodeError },
     #[error(
+        "request ring: entry {entry} appeared and vanished again {looks} times in one look (the client rewrites it)"
+    )]
+    Flicker { entry: u64, looks: usize },
+    #[error(
         "request ring: entry {entry} says {said} socket requests came before it, but the socket ended after {read}"
     )]
     Ahead { entry: u64, said: u64, read: u64 },

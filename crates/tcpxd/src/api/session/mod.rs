@@ -383,6 +383,10 @@ impl<E: Events> Session<'_, E> {
     /// answers a cancel, or refuses it.
     async fn request(&mut self, req: pb::SessionRequest) -> Result<(), Gone> {
         let tag = req.tag;
+        // A doorbell (tag 0) only woke the session: its ring is read by the request side.
+        if matches!(req.op, Some(Op::RingDoorbell(_))) {
+            return Ok(());
+        }
         if tag == 0 {
             return self
                 .refuse(0, Status::invalid_argument("tag: must be nonzero"))
@@ -403,7 +407,6 @@ impl<E: Events> Session<'_, E> {
                 "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd, prepare_blocks, release_prepared, write_prepared, read_prepared, register_client_memory, subscribe, register_batch, release_batch",
             )),
             Some(Op::CancelTag(target)) => return self.cancel(tag, target).await,
-            // (the framed session drops doorbells before they get here; the gRPC stream has no ring)
             Some(Op::RingDoorbell(_)) => return Ok(()),
             Some(Op::Subscribe(_)) => return self.subscribe(tag).await,
             Some(Op::RegisterHostFd(_))
