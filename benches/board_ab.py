@@ -6,7 +6,7 @@ sees them, three ways in one invocation —
   with 8 CPUs or more, set here so that it is on whatever the machine);
 - O: the same package and daemon with the board off on the client (`TCPXD_BOARD_SLOTS=0`: every
   end read from the socket, as before), which isolates the board from everything else;
-- R: the same with the board on and the request ring off on the client (`TCPXD_REQUEST_RING=0`:
+- R: the same with the board on and the request ring off on the client (`TCPXD_RING_SLOTS=0`:
   every request on the socket, as before session 26), which isolates the ring (session 26, reqring);
 - B: the before tree's package and daemon (e.g. /work/before-s25: `tcpxd` and `python/src`).
 
@@ -91,7 +91,7 @@ def main() -> None:
     labels = {
         "A": (a.after_py, a.after_bin, {"TCPXD_BOARD_SLOTS": "256"}),
         "O": (a.after_py, a.after_bin, {"TCPXD_BOARD_SLOTS": "0"}),
-        "R": (a.after_py, a.after_bin, {"TCPXD_BOARD_SLOTS": "256", "TCPXD_REQUEST_RING": "0"}),
+        "R": (a.after_py, a.after_bin, {"TCPXD_BOARD_SLOTS": "256", "TCPXD_RING_SLOTS": "0"}),
         "B": (a.before_py, a.before_bin, {}),
     }
     variants = a.variants if a.variants is not None else ("B" if a.no_off else "OB")

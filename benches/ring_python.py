@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     a = ap.parse_args()
     if not _ring.wanted():
-        raise SystemExit("no C pass here (or TCPXD_REQUEST_RING=0): build it, python3 setup.py build_ext --inplace")
+        raise SystemExit("no C pass here (or TCPXD_RING_SLOTS=0): build it, python3 setup.py build_ext --inplace")
     res: dict = {"socket sendall": [], "ring put": []}
     for _ in range(a.rounds):  # alternating
         for name, fn in (("socket sendall", by_socket), ("ring put", by_ring)):

@@ -4,7 +4,7 @@ socket — the plain client's calls, a Session's submits, tcpxd.nixl's transfers
 WRITEs — the rest on the socket, in one order with them (each entry counts the socket frames
 before it); where the daemon's poller may be parked the client rings the doorbell. Bytes
 compared, every end checked. Without a ring — the daemon's `runtime.request_ring` off (as an older
-daemon refuses the request), TCPXD_REQUEST_RING=0, no C pass — requests go on the socket as
+daemon refuses the request), TCPXD_RING_SLOTS=0, no C pass — requests go on the socket as
 before, and the refusal is said once. A client that scribbles on its own ring fails only its own
 session, with the daemon's reason."""
 
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(not _ring.wanted(), reason="no C pass built (the
 def boards(monkeypatch):
     """Boards (and so rings) on whatever the CPUs (unset, a client below 8 CPUs makes none)."""
     monkeypatch.setenv("TCPXD_BOARD_SLOTS", str(_board.SLOTS))
-    monkeypatch.delenv("TCPXD_REQUEST_RING", raising=False)
+    monkeypatch.delenv("TCPXD_RING_SLOTS", raising=False)
 
 
 def _wait(f, what="the transfer"):
@@ -165,12 +165,12 @@ def test_without_a_ring_requests_go_on_the_socket_and_it_is_said_once(tmp_root, 
                 assert len(said) == 1 and "runtime.request_ring off" in said[0], said
                 assert dst.read_bytes()[: 8 * 4 * KIB] == src.read_bytes()[: 8 * 4 * KIB]
         # Off on the client's side: no ring asked for, on a daemon that offers one.
-        monkeypatch.setenv("TCPXD_REQUEST_RING", "0")
+        monkeypatch.setenv("TCPXD_RING_SLOTS", "0")
         with tcpxd.Client(off_b.endpoint) as cb:
             with cb.session() as s:
                 assert s._board is not None and s._conn.ring is None
         # No board, no ring.
-        monkeypatch.setenv("TCPXD_REQUEST_RING", "1")
+        monkeypatch.setenv("TCPXD_RING_SLOTS", "16")
         monkeypatch.setenv("TCPXD_BOARD_SLOTS", "0")
         with tcpxd.Client(off_b.endpoint) as cb:
             with cb.session() as s:
@@ -201,3 +201,13 @@ def test_a_client_scribbling_on_its_ring_fails_only_its_own_session(peered):
                 assert _wait(good.write(src, dst, 4 * KIB)).bytes_done == 4 * KIB
             with ca.session() as again:
                 assert _wait(again.write(src, dst, 4 * KIB)).bytes_done == 4 * KIB
+
+
+def test_slots_wanted_reads_the_environment(monkeypatch):
+    assert _ring.slots_wanted() == _ring.SLOTS
+    for v, want in [("0", 0), ("16", 16), ("2048", 2048), ("4096", 64), ("8", 64), ("100", 64), ("x", 64)]:
+        monkeypatch.setenv("TCPXD_RING_SLOTS", v)
+        assert _ring.slots_wanted() == want, v
+    monkeypatch.setattr(_ring, "_put", None)  # no C pass: no ring
+    monkeypatch.delenv("TCPXD_RING_SLOTS")
+    assert _ring.slots_wanted() == 0 and not _ring.wanted()

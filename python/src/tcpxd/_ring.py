@@ -21,7 +21,7 @@ doorbell: DOORBELL on the socket, which wakes the session (and a parked poller) 
 and is not counted. So no request sits unseen. Without the C pass (`_native`), no ring.
 
 Used where the board is (the package's 8-CPU rule, TCPXD_BOARD_SLOTS): a client whose calls wait on
-the socket gains nothing from it. TCPXD_REQUEST_RING=0 turns it off.
+the socket gains nothing from it. TCPXD_RING_SLOTS sets its slots (0: no ring).
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ from ._native_gate import native
 log = logging.getLogger("tcpxd")
 
 #: Slots of a ring and bytes of a slot (a request of up to SLOT_BYTES - 32 bytes fits: a 4 KiB
-#: transfer's request is ~60-150 bytes, tcpxd.nixl's prepared one a few hundred).
+#: transfer's request is ~60-150 bytes, tcpxd.nixl's prepared one a few hundred). TCPXD_RING_SLOTS
+#: (a power of two, 16 to 2,048: the daemon takes rings of at most 1 MiB) sets the slots; 0 makes
+#: no ring (`slots_wanted`).
 SLOTS = 64
 SLOT_BYTES = 512
 HEADER_BYTES = 64
@@ -54,10 +56,22 @@ _put = native.ring_put if native is not None else None
 _told = False
 
 
+def slots_wanted() -> int:
+    """The slots of a new session's ring (where it has a board): TCPXD_RING_SLOTS, else SLOTS; 0
+    (no ring) without the C pass."""
+    if _put is None:
+        return 0
+    v = os.environ.get("TCPXD_RING_SLOTS", "")
+    try:
+        n = int(v) if v else SLOTS
+    except ValueError:
+        return SLOTS
+    return n if n == 0 or (16 <= n <= 2048 and n & (n - 1) == 0) else SLOTS
+
+
 def wanted() -> bool:
-    """Whether a session with a board attaches a ring: TCPXD_REQUEST_RING is not 0 and the C pass
-    is built."""
-    return os.environ.get("TCPXD_REQUEST_RING", "") != "0" and _put is not None
+    """Whether a session with a board attaches a ring (`slots_wanted`)."""
+    return slots_wanted() > 0
 
 
 def _refused(why: str) -> None:
@@ -150,10 +164,11 @@ def attach(conn: Any, timeout: float) -> Optional[Ring]:
     tcpxd._local.Connection that has sent nothing but its board yet); None when the session goes
     without (turned off here, no C pass, or the daemon refused: too old, `runtime.request_ring`
     off). Raises what the exchange raises when the connection itself failed."""
-    if not wanted():
+    slots = slots_wanted()
+    if not slots:
         return None
     try:
-        ring = Ring()
+        ring = Ring(slots)
     except (OSError, AttributeError, ValueError) as e:
         _refused(f"no sealed memfd could be made here: {e}")
         return None
