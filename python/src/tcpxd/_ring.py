@@ -15,10 +15,12 @@ each entry says how many socket frames the client sent before it (`sent`, counte
 that sends on the socket once the ring is attached), and the daemon takes an entry only after
 those frames, and every entry before a socket frame before that frame.
 
-Where the daemon's poller may be parked (the ring's `spinning` word is 0 after the entry is
-written, read across a fence that only C can make: `_native.ring_put`), the caller rings the
-doorbell: DOORBELL on the socket, which wakes the session (and a parked poller) as a request would,
-and is not counted. So no request sits unseen. Without the C pass (`_native`), no ring.
+Where the daemon's poller may be parked (the ring's `spinning` word is 0) a request goes on the
+socket, which wakes it in one step; where it said it spins but is 0 after the entry is written
+(read across a fence that only C can make: `_native.ring_put`), the caller rings the doorbell:
+DOORBELL on the socket, which wakes the session (and a parked poller) as a request would, and is
+not counted. So no request sits unseen, and the ring costs nothing where the poller parks. Without
+the C pass (`_native`), no ring.
 
 Used where the board is (the package's 8-CPU rule, TCPXD_BOARD_SLOTS): a client whose calls wait on
 the socket gains nothing from it. TCPXD_RING_SLOTS sets its slots (0: no ring).
@@ -115,23 +117,28 @@ class Ring:
             os.close(fd)
 
     def put(self, frame: bytes) -> Optional[bool]:
-        """Puts one frame's request on the ring: None when it does not fit or the ring is full
-        (send it on the socket and count it: `sent += 1`); else whether the caller must ring the
-        doorbell (DOORBELL on the socket, not counted)."""
+        """Puts one frame's request on the ring: None when it does not fit, the ring is full, or
+        the daemon's poller says it may be parked (`spinning` 0: the socket wakes it in one step,
+        where the ring would need the doorbell too) — send it on the socket and count it
+        (`sent += 1`); else whether the caller must ring the doorbell (the poller stopped spinning
+        meanwhile: DOORBELL on the socket, not counted)."""
         if len(frame) > self.cap:
             return None
+        mem = self.mem
         k = self.written + 1
         slots = self.slots
-        if k - self.taken > slots:
-            try:
-                self.taken = _U64.unpack_from(self.mem, 0)[0]
-            except ValueError:  # closed
+        try:
+            if not _U64.unpack_from(mem, 8)[0]:
                 return None
             if k - self.taken > slots:
-                return None
+                self.taken = _U64.unpack_from(mem, 0)[0]
+                if k - self.taken > slots:
+                    return None
+        except ValueError:  # closed
+            return None
         assert _put is not None
         try:
-            spinning = _put(self.mem, HEADER_BYTES + ((k - 1) % slots) * (self.cap + SLOT_HEAD - 4), k, self.sent, frame)
+            spinning = _put(mem, HEADER_BYTES + ((k - 1) % slots) * (self.cap + SLOT_HEAD - 4), k, self.sent, frame)
         except ValueError:  # closed
             return None
         self.written = k
