@@ -6,9 +6,12 @@ sees them, three ways in one invocation —
   with 8 CPUs or more, set here so that it is on whatever the machine);
 - O: the same package and daemon with the board off on the client (`TCPXD_BOARD_SLOTS=0`: every
   end read from the socket, as before), which isolates the board from everything else;
+- R: the same with the board on and the request ring off on the client (`TCPXD_RING_SLOTS=0`:
+  every request on the socket, as before session 26), which isolates the ring (session 26, reqring);
 - B: the before tree's package and daemon (e.g. /work/before-s25: `tcpxd` and `python/src`).
 
-Each round runs A O B B O A; each run is `benches/api_legs.py --no-trace --only read,write,nixl,notif`
+`--variants` picks the labels beside A (default `OB`; `R`, `RB`, `ORB` ...); each round runs A, the
+variants, then the same backwards (A O B B O A), and the ratios are A's ÷ each variant's. Each run is `benches/api_legs.py --no-trace --only read,write,nixl,notif`
 (two daemons on the emulation, `tcpxd.Client.read` / `write` 4 KiB, tcpxd.nixl 4 KiB READ polled
 tight and with `sleep(0)`, a WRITE polled tight, the notification round trip) and, with
 `--compare`, `python -m tcpxd.nixl_compare --impl tcpxd` (its small rows). Prints each row's p50 and
@@ -17,6 +20,7 @@ their median: read the ratios, which are measured within a round.
 
     python3 benches/board_ab.py --after-bin target/release/tcpxd --before-bin /work/before-s25/tcpxd \\
         --before-py /work/before-s25/python/src --rounds 3 --iters 1000 --compare
+    python3 benches/board_ab.py --after-bin target/release/tcpxd --variants R --rounds 3 --iters 1000
 """
 
 from __future__ import annotations
@@ -73,22 +77,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--after-bin", required=True)
     ap.add_argument("--after-py", default=str(ROOT / "python/src"))
-    ap.add_argument("--before-bin", required=True)
-    ap.add_argument("--before-py", required=True)
+    ap.add_argument("--before-bin", help="the before tree's daemon (for B)")
+    ap.add_argument("--before-py", help="the before tree's python/src (for B)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--only", default="read,write,nixl,notif")
     ap.add_argument("--compare", action="store_true", help="also tcpxd.nixl_compare --impl tcpxd's small rows")
-    ap.add_argument("--no-off", action="store_true", help="leave out O (the board off on the client)")
+    ap.add_argument("--no-off", action="store_true", help="leave out O (the board off on the client): --variants B")
+    ap.add_argument("--variants", default=None, help="the labels beside A: O (board off), R (ring off), B (before); default OB")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--timeout", type=float, default=900)
     a = ap.parse_args()
     labels = {
         "A": (a.after_py, a.after_bin, {"TCPXD_BOARD_SLOTS": "256"}),
         "O": (a.after_py, a.after_bin, {"TCPXD_BOARD_SLOTS": "0"}),
+        "R": (a.after_py, a.after_bin, {"TCPXD_BOARD_SLOTS": "256", "TCPXD_RING_SLOTS": "0"}),
         "B": (a.before_py, a.before_bin, {}),
     }
-    order = "ABBA" if a.no_off else "AOBBOA"
+    variants = a.variants if a.variants is not None else ("B" if a.no_off else "OB")
+    if any(v not in "ORB" for v in variants) or not variants:
+        ap.error(f"--variants {variants!r}: letters of O, R, B")
+    if "B" in variants and not (a.before_bin and a.before_py):
+        ap.error("B needs --before-bin and --before-py")
+    order = "A" + variants + variants[::-1] + "A"
+    others = [v for v in "ORB" if v in variants]
     runs: List[List[Tuple[str, Dict[str, Tuple[float, float]]]]] = []
     for r in range(a.rounds):
         this = []
@@ -101,7 +113,7 @@ def main() -> None:
         for _, res in rnd:
             rows += [k for k in res if k not in rows]
     print(f"{'row (p50 / p99 µs, median of runs)':52} " + " ".join(f"{l:>14}" for l in sorted(set(order)))
-          + "   A÷B p50 per round (median)" + ("" if a.no_off else "   A÷O p50 per round (median)"))
+          + "".join(f"   A÷{o} p50 per round (median)" for o in others))
     for row in rows:
         cells = []
         for label in sorted(set(order)):
@@ -117,8 +129,7 @@ def main() -> None:
                     per.append(sum(mine) / sum(theirs))
             return " ".join(f"{x:.2f}" for x in per) + (f" ({statistics.median(per):.2f})" if per else "")
 
-        print(f"{row:52} " + " ".join(f"{c:>14}" for c in cells) + "   " + ratios("B")
-              + ("" if a.no_off else "   " + ratios("O")))
+        print(f"{row:52} " + " ".join(f"{c:>14}" for c in cells) + "".join("   " + ratios(o) for o in others))
 
 
 if __name__ == "__main__":

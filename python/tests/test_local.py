@@ -239,6 +239,12 @@ def test_an_idle_connection_gone_bad_is_replaced(peered, monkeypatch):
             ca.write(src, dst, 4096)
             (conn,) = ca._local._idle
             conn.sock.shutdown(socket.SHUT_RDWR)  # as if the daemon had closed it (it restarted)
+            deadline = time.monotonic() + 10
+            while conn.ring is not None and not int.from_bytes(conn.ring.mem[16:24], "little"):
+                # (with a request ring: a daemon closing the connection says first on the ring
+                # that it ended the session (`ended`): wait for that, as for a real close)
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
             calls = transfer_calls(monkeypatch)
             ca.write(src, dst, 4096)
             assert calls == [] and len(ca._local._idle) == 1 and ca._local._idle[0] is not conn

@@ -533,7 +533,15 @@ def test_send_notif_falls_back_when_the_feed_connection_ended(daemons):
         B.send_notif("fb-A", b"one")
         assert wait_notifs(A, 1) == {"fb-B": [b"one"]}
         B._remotes["fb-A"].notif_sent.exception(10)
-        B._inbox._feed.conn.sock.shutdown(_socket.SHUT_RDWR)  # as the daemon closing it
+        feed = B._inbox._feed
+        feed.conn.sock.shutdown(_socket.SHUT_RDWR)  # as the daemon closing it
+        ring = feed.conn.ring
+        deadline = time.monotonic() + 10
+        while ring is not None and not int.from_bytes(ring.mem[16:24], "little"):
+            # (with a request ring: the daemon ends the session, which says so on the ring
+            # (`ended`) before it closes the connection, as a daemon closing it does)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         B.send_notif("fb-A", b"two")
         assert B._inbox._feed is None and B._session is not None
         assert wait_notifs(A, 1) == {"fb-B": [b"two"]}

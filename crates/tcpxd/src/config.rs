@@ -159,6 +159,10 @@ pub struct DaemonArgs {
     /// `on` or `off` (docs/CONFIG.md). Default: on.
     #[arg(long, env = "TCPXD_SHARED_COMPLETIONS", value_name = "on|off")]
     pub shared_completions: Option<String>,
+    /// Whether framed local sessions may attach a request ring (`runtime.request_ring`): `on` or
+    /// `off` (docs/CONFIG.md). Default: on.
+    #[arg(long, env = "TCPXD_REQUEST_RING", value_name = "on|off")]
+    pub request_ring: Option<String>,
     /// Helper threads for block chunks' host gathers and scatters (`transfer.host_copy_threads`;
     /// 0: the poller copies alone). Default: none below 4 CPUs, else half of them, at most 8.
     #[arg(long, env = "TCPXD_HOST_COPY_THREADS")]
@@ -310,6 +314,8 @@ pub struct Config {
     pub poller_sessions: bool,
     /// Whether framed sessions may attach a completion board (src/api/local/board.rs).
     pub shared_completions: bool,
+    /// Whether framed sessions may attach a request ring (src/api/local/ring.rs).
+    pub request_ring: bool,
     /// Async worker threads for the runtime (resolved: never 0).
     pub async_workers: usize,
     /// Each GPU's NIC(s) (`topology.map`): checked against the GPUs and devices at start-up.
@@ -471,19 +477,12 @@ impl Config {
             Spin::Auto => !spin,
             s => s.resolve(0),
         };
-        let shared_completions = match (&args.shared_completions, file.runtime.shared_completions) {
-            (Some(v), _) => match v.as_str() {
-                "on" => true,
-                "off" => false,
-                other => {
-                    return Err(ConfigError::Invalid(format!(
-                        "--shared-completions: {other:?} (on or off)"
-                    )));
-                }
-            },
-            (None, Some(v)) => v,
-            (None, None) => true,
-        };
+        let shared_completions = on_off(
+            "--shared-completions",
+            &args.shared_completions,
+            file.runtime.shared_completions,
+        )?;
+        let request_ring = on_off("--request-ring", &args.request_ring, file.runtime.request_ring)?;
         let async_workers = match args.async_workers.or(file.runtime.async_workers) {
             Some(n) if n > 1024 => {
                 return Err(ConfigError::Invalid(format!(
@@ -685,6 +684,7 @@ impl Config {
             spin,
             poller_sessions,
             shared_completions,
+            request_ring,
             async_workers,
             topology,
             state_dir: args.state_dir.clone().or_else(|| file.runtime.state_dir.clone()),
@@ -732,6 +732,18 @@ pub fn check_node_id(id: &str) -> Result<(), ConfigError> {
 pub fn hostname() -> std::io::Result<String> {
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname")?;
     Ok(name.trim().to_string())
+}
+
+/// An `on|off` flag over the file's bool, on when neither says (`runtime.shared_completions`,
+/// `runtime.request_ring`).
+fn on_off(flag: &str, arg: &Option<String>, file: Option<bool>) -> Result<bool, ConfigError> {
+    match (arg.as_deref(), file) {
+        (Some("on"), _) => Ok(true),
+        (Some("off"), _) => Ok(false),
+        (Some(other), _) => Err(ConfigError::Invalid(format!("{flag}: {other:?} (on or off)"))),
+        (None, Some(v)) => Ok(v),
+        (None, None) => Ok(true),
+    }
 }
 
 #[cfg(test)]

@@ -338,6 +338,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         journal,
         remote_prepared: Mutex::new(HashMap::new()),
         shared_completions: cfg.shared_completions,
+        request_ring: cfg.request_ring,
     });
     let restored = crate::api::reattach::restore(&state, cfg.reattach_grace, stop_rx.clone()).await;
     let stopped = move |mut rx: watch::Receiver<bool>| async move {

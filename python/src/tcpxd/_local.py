@@ -30,7 +30,7 @@ import time
 import weakref
 from typing import Any, Iterator, List, Optional, Sequence, Set, Union
 
-from . import _board, _ops, _proto, _waited
+from . import _board, _ops, _proto, _ring, _waited
 from ._ops import TransferResult
 from .errors import Cancelled, DeadlineExceeded, ResourceExhausted, TcpxdError, Unavailable, from_status
 
@@ -181,6 +181,9 @@ class Connection:
 
     #: The connection's completion board, where the daemon gave it one.
     board: Optional[_board.Board] = None
+    #: Its request ring (tcpxd._ring), where the daemon took one: `send` puts a request there when
+    #: it fits, and counts what it sends on the socket.
+    ring: Optional[_ring.Ring] = None
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -205,14 +208,20 @@ class Connection:
         connection ended unanswered, socket.timeout when `timeout` (plus BACKSTOP) passed."""
         if not self.send(field, req, timeout, fd, body=body):
             return None
-        board = self.board
-        if board is not None and SPIN_S > 0 and not self._early:
-            got = self._spin_board(board, SPIN_S)
-            if got is not None:
-                return got
-        elif SPIN_S > 0 and not self._ahead:
-            self._readable = self._spin(SPIN_S)
-        return self.receive()
+        try:
+            board = self.board
+            if board is not None and SPIN_S > 0 and not self._early:
+                got = self._spin_board(board, SPIN_S)
+                if got is not None:
+                    return got
+            elif SPIN_S > 0 and not self._ahead:
+                self._readable = self._spin(SPIN_S)
+            return self.receive()
+        except Gone:
+            ring = self.ring
+            if ring is not None and ring.dropped():
+                raise Gone(sent=False) from None  # (on the ring, never taken: the daemon had ended it)
+            raise
 
     def _spin_board(self, board: _board.Board, budget: float) -> Optional[Any]:
         """`_spin` with a board: up to `budget` seconds, the request's OK end on the board (then
@@ -277,16 +286,36 @@ class Connection:
         if wait != self._timeout:
             self.sock.settimeout(wait)
             self._timeout = wait
+        ring = self.ring
         try:
             if fd is not None:
                 send_with_fd(self.sock, frame, fd)
             elif fds:
                 send_with_fds(self.sock, frame, fds)
+            elif ring is not None:
+                self._put(ring, frame)
+                return True
             else:
                 self.sock.sendall(frame)
         except (BrokenPipeError, ConnectionResetError):
             raise Gone(sent=False) from None
+        if ring is not None:
+            ring.sent += 1
         return True
+
+    def _put(self, ring: _ring.Ring, frame: bytes) -> None:
+        """Sends one frame (no descriptors) on the request ring, ringing the doorbell where the
+        daemon's poller may be parked, or on the socket (counted) when the ring does not take it."""
+        bell = ring.put(frame)
+        if bell is None:
+            self.sock.sendall(frame)
+            ring.sent += 1
+        elif bell:
+            try:
+                self.sock.sendall(_ring.DOORBELL)
+            except (BrokenPipeError, ConnectionResetError):
+                # (a session the daemon ended says so on its ring: the request was not taken)
+                raise Gone(sent=not ring.dropped()) from None
 
     def send_body(self, key: bytes, body: bytes, timeout: Optional[float]) -> bool:
         """`send` of a request whose one field is serialized already: `key` the field's key bytes
@@ -311,7 +340,10 @@ class Connection:
             self.sock.settimeout(wait)
             self._timeout = wait
         try:
-            self.sock.sendall(HEADER.pack(len(head) + len(body)) + head + body)
+            if self.ring is not None:
+                self._put(self.ring, HEADER.pack(len(head) + len(body)) + head + body)
+            else:
+                self.sock.sendall(HEADER.pack(len(head) + len(body)) + head + body)
         except (BrokenPipeError, ConnectionResetError):
             raise Gone(sent=False) from None
         return True
@@ -455,6 +487,8 @@ class Connection:
         self.sock.close()
         if self.board is not None:
             self.board.close()
+        if self.ring is not None:
+            self.ring.close()
 
     def half_close(self) -> None:
         """Sends no more: the daemon finishes what is in flight, then closes the connection."""
@@ -604,6 +638,8 @@ class LocalSessions:
             return None
         try:  # its completion board (none where the daemon gives none: events alone)
             conn.board = _board.attach(conn, HANDSHAKE_TIMEOUT)
+            if conn.board is not None:  # (and its request ring, where the board is: tcpxd._ring)
+                conn.ring = _ring.attach(conn, HANDSHAKE_TIMEOUT)
         except (Gone, OSError):
             conn.close()  # (it failed at once: the gRPC call gets its own answer)
             return None

@@ -15,6 +15,9 @@
  * the prepared path's request costs one call here instead of a dozen Python statements, which
  * matter because a serving loop meets them with cold caches (docs/NIXL.md, "Python per request").
  *
+ * `ring_put` writes one request in the local session's request ring (tcpxd._ring) and reads the
+ * ring's `spinning` word after a sequentially consistent fence, which Python cannot make.
+ *
  * `desc_rows` reads a list of descriptor tuples into their rows (NIXL's get_xfer_descs and
  * get_reg_descs of tuples: millions of them for a vLLM prepared list), as NIXL's binding does
  * in C++: a type check and three integer conversions a tuple, no Python objects made.
@@ -662,6 +665,47 @@ static PyObject *address_entries(PyObject *self, PyObject *args) {
     return out;
 }
 
+PyDoc_STRVAR(ring_put_doc,
+"ring_put(mem, at, k, before, frame) -> int\n\n"
+"Puts a local-session frame's request (`frame` without its 4-byte length) in the request ring's\n"
+"slot at byte offset `at` of `mem` (a writable buffer: the ring's mapping) as entry `k`, saying\n"
+"`before` socket frames came first: its length and `before`, the bytes, then `k` (a release\n"
+"store); then, after a sequentially consistent fence, reads the ring's `spinning` word (byte 8)\n"
+"and returns it (0: ring the doorbell). The caller has checked that the slot is free and the\n"
+"request fits (tcpxd._ring; crates/tcpxd/src/api/local/ring.rs).");
+
+static PyObject *ring_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5 || !PyBytes_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "ring_put(mem, at: int, k: int, before: int, frame: bytes)");
+        return NULL;
+    }
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
+    unsigned long long k = PyLong_AsUnsignedLongLong(args[2]);
+    unsigned long long before = PyLong_AsUnsignedLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t n = PyBytes_GET_SIZE(args[4]) - 4;
+    Py_buffer v;
+    if (PyObject_GetBuffer(args[0], &v, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (n < 0 || at < 64 || (at & 7) != 0 || at + 32 + n > v.len) {
+        PyBuffer_Release(&v);
+        PyErr_SetString(PyExc_ValueError, "ring_put: the slot is outside the ring");
+        return NULL;
+    }
+    char *slot = (char *)v.buf + at;
+    uint64_t len = (uint64_t)n, b = (uint64_t)before;
+    memcpy(slot + 8, &len, 8);
+    memcpy(slot + 16, &b, 8);
+    memcpy(slot + 32, PyBytes_AS_STRING(args[4]) + 4, (size_t)n);
+    __atomic_store_n((uint64_t *)slot, (uint64_t)k, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    uint64_t spinning = __atomic_load_n((uint64_t *)((char *)v.buf + 8), __ATOMIC_RELAXED);
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLongLong(spinning);
+}
+
 static PyMethodDef methods[] = {
     {"vma_kinds", vma_kinds, METH_VARARGS, vma_kinds_doc},
     {"vma_ranges", vma_ranges, METH_VARARGS, vma_ranges_doc},
@@ -671,6 +715,7 @@ static PyMethodDef methods[] = {
     {"outer", outer, METH_VARARGS, outer_doc},
     {"outer_fields", outer_fields, METH_VARARGS, outer_fields_doc},
     {"frame", (PyCFunction)(void (*)(void))frame, METH_FASTCALL, frame_doc},
+    {"ring_put", (PyCFunction)(void (*)(void))ring_put, METH_FASTCALL, ring_put_doc},
     {NULL, NULL, 0, NULL},
 };
 

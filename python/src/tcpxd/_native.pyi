@@ -14,6 +14,11 @@ def frame(tag: int, key: bytes, /, *pieces: bytes) -> bytes:
     """A local session's frame: the big-endian u32 length of the rest, the SessionRequest's tag
     (field 1), `key`, the pieces' length together as a varint, the pieces."""
 
+def ring_put(mem: Any, at: int, k: int, before: int, frame: bytes, /) -> int:
+    """Puts `frame`'s request (the frame less its length) in the request ring's slot at byte `at`
+    as entry `k`, `before` socket frames before it; the ring's `spinning` word read after a
+    sequentially consistent fence (0: ring the doorbell; tcpxd._ring)."""
+
 def desc_rows(descs: list, width: int, /) -> Optional[bytearray]:
     """The rows (address, length, device id) of a list of `width`-tuples whose first three fields
     are ints in [0, 2**64), packed as native u64s; None if any element is not such a tuple."""

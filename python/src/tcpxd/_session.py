@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence,
 
 import grpc
 
-from . import _blocks, _board, _hostmem, _local, _ops, _proto
+from . import _blocks, _board, _hostmem, _local, _ops, _proto, _ring
 from ._handles import Buffer, PreparedList
 from ._local import local_end, too_large
 from ._native_gate import native as _native
@@ -193,6 +193,8 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         if self._conn is not None:
             try:
                 self._board = _board.attach(self._conn, _local.HANDSHAKE_TIMEOUT)
+                if self._board is not None:  # its request ring where the board is (tcpxd._ring)
+                    self._conn.ring = _ring.attach(self._conn, _local.HANDSHAKE_TIMEOUT)
             except (_local.Gone, OSError):
                 pass  # the connection failed: the reader finds it so and ends the session
             try:  # room for a burst of requests (tcpxd.nixl posts a transfer's parts in one write)
@@ -312,6 +314,7 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         with self._send_lock:
             try:
                 _send_pieces(self._conn.sock, pieces, total)
+                self._counted(len(bodies))
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
 
@@ -333,9 +336,10 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         with self._send_lock:
             try:
                 if blen < 1024:
-                    self._conn.sock.sendall(_local.HEADER.pack(size) + head + body)
+                    self._sendall(_local.HEADER.pack(size) + head + body)
                 else:  # (a few KiB of outer sums: the body goes as it is, not copied again)
                     _send_pieces(self._conn.sock, [_local.HEADER.pack(size) + head, body], 4 + size)
+                    self._counted(1)
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
 
@@ -357,7 +361,7 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
             return
         with self._send_lock:
             try:
-                conn.sock.sendall(frame)
+                self._sendall(frame)
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
 
@@ -402,7 +406,11 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
             pieces = [head, *body]
         with self._send_lock:
             try:
-                _send_pieces(self._conn.sock, pieces, _local.HEADER.size + size)  # type: ignore[union-attr]
+                if len(pieces) == 1:
+                    self._sendall(pieces[0])
+                else:
+                    _send_pieces(self._conn.sock, pieces, _local.HEADER.size + size)  # type: ignore[union-attr]
+                    self._counted(1)
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
 
@@ -416,11 +424,35 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         with self._send_lock:
             try:
                 if fd is None:
-                    self._conn.sock.sendall(frame)  # type: ignore[union-attr]
+                    self._sendall(frame)
                 else:
                     _local.send_with_fd(self._conn.sock, frame, fd)  # type: ignore[union-attr]
+                    self._counted(1)
             except OSError:
                 pass  # the connection ended: the reader fails the pending futures
+
+    def _sendall(self, frame: bytes) -> None:
+        """Sends one frame (the send lock held): on the connection's request ring when it takes it
+        (the doorbell rung where the daemon's poller may be parked), else on the socket, counted
+        (tcpxd._ring)."""
+        conn = self._conn
+        assert conn is not None
+        ring = conn.ring
+        if ring is None:
+            conn.sock.sendall(frame)
+            return
+        bell = ring.put(frame)
+        if bell is None:
+            conn.sock.sendall(frame)
+            ring.sent += 1
+        elif bell:
+            conn.sock.sendall(_ring.DOORBELL)
+
+    def _counted(self, frames: int) -> None:
+        """`frames` went on the socket (the send lock held): counted for the request ring's order."""
+        ring = self._conn.ring if self._conn is not None else None
+        if ring is not None:
+            ring.sent += frames
 
     def prepare_blocks(self, lists: Any, entries: Any) -> PreparedList:
         """As Client.prepare_blocks, on this session: the list goes with the session. Waits for

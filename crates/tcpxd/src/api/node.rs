@@ -32,6 +32,9 @@ pub const FEATURES: &[&str] = &[
     // (shmring) The framed session's `attach_board`: transfers' ends published in memory the
     // client maps (api/local/board.rs); refused where `runtime.shared_completions` is off.
     "shared_completions",
+    // (reqring) The framed session's `attach_request_ring`: requests written in memory the
+    // daemon's poller reads (api/local/ring.rs); refused where `runtime.request_ring` is off.
+    "request_ring",
 ];
 
 /// What the daemon knows of itself, gathered at start-up (GPUs on first ask).

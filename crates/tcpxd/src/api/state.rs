@@ -46,6 +46,8 @@ pub struct DaemonState {
     pub remote_prepared: Mutex<HashMap<u64, crate::block_token::BlockToken>>,
     /// `runtime.shared_completions`: framed sessions may attach a completion board.
     pub shared_completions: bool,
+    /// `runtime.request_ring`: framed sessions may attach a request ring.
+    pub request_ring: bool,
 }
 
 impl DaemonState {

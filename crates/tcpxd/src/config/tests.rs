@@ -128,6 +128,24 @@ fn spin_and_async_workers() {
     };
     let e = cfg("", bad).unwrap_err();
     assert!(e.to_string().contains("--shared-completions"), "{e}");
+    // runtime.request_ring: the same.
+    assert!(cfg("", DaemonArgs::default()).unwrap().request_ring);
+    assert!(
+        !cfg("[runtime]\nrequest_ring = false\n", DaemonArgs::default())
+            .unwrap()
+            .request_ring
+    );
+    let off = DaemonArgs {
+        request_ring: Some("off".into()),
+        ..Default::default()
+    };
+    assert!(!cfg("", off).unwrap().request_ring);
+    let bad = DaemonArgs {
+        request_ring: Some("maybe".into()),
+        ..Default::default()
+    };
+    let e = cfg("", bad).unwrap_err();
+    assert!(e.to_string().contains("--request-ring"), "{e}");
     // Bad values name the setting.
     let e = cfg("[runtime]\nspin = \"sometimes\"\n", DaemonArgs::default()).unwrap_err();
     assert!(e.to_string().contains("runtime.spin"), "{e}");

@@ -69,6 +69,7 @@ mod lane_life;
 mod park;
 mod peers;
 mod posting;
+mod rings;
 mod sessions;
 
 use crate::lanes::{GpuStage, RecvQueue, Tag};
@@ -76,6 +77,7 @@ pub use crate::peer_stats::{PeerLink, PeerStats, StatsSnapshot};
 pub use direct::{Decode, DirectConn, MAX_UNSENT};
 pub use park::PollerTx;
 pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
+pub use rings::{RingWatch, RingWatching};
 pub use sessions::{PASS_BUDGET, PassBudget, SessionWatch, Watched, Watching, on_poller_thread};
 
 pub use interface::*;
@@ -448,6 +450,7 @@ impl Poller {
                 }
                 // The park's `epoll_wait` collected the readable sockets.
                 park::Woken::Look => looked = matches!(wait, park::Wait::Park(_)),
+                park::Woken::Ring => {}
                 park::Woken::Disconnected => return self.shutdown_now(),
             }
         }

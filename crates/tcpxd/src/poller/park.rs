@@ -65,6 +65,7 @@ use std::time::Duration;
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::Command;
+use super::rings::RingWatch;
 use super::sessions::{self, SessionWatch};
 use crate::engine::PeerIdx;
 
@@ -125,6 +126,8 @@ struct TxInner {
     bell: Arc<Bell>,
     /// With `runtime.poller_sessions`: where framed sessions put their sockets (`sessions.rs`).
     sessions: Option<Arc<SessionWatch>>,
+    /// Where framed sessions put their request rings (`rings.rs`).
+    rings: Arc<RingWatch>,
 }
 
 impl PollerTx {
@@ -141,6 +144,11 @@ impl PollerTx {
     /// `runtime.poller_sessions` is off (sessions run on the runtime).
     pub fn sessions(&self) -> Option<&Arc<SessionWatch>> {
         self.0.sessions.as_ref()
+    }
+
+    /// Where a framed session puts its request ring, looked at every pass (`rings.rs`).
+    pub fn rings(&self) -> &Arc<RingWatch> {
+        &self.0.rings
     }
 }
 
@@ -170,6 +178,8 @@ pub(super) enum Woken {
     Command(Command),
     /// A ring, a socket, the timeout: the next pass looks.
     Look,
+    /// A request ring held an entry its session waits for: no wait (the next pass wakes it).
+    Ring,
     /// Every sender is gone.
     Disconnected,
 }
@@ -186,6 +196,9 @@ pub(super) struct Park {
     sessions_ready: Vec<Token>,
     /// Scratch for their wakers while the sessions' map is locked (kept: no allocation a pass).
     session_wakers: Vec<std::task::Waker>,
+    /// The framed sessions' request rings (`rings.rs`): looked at every pass, told when the
+    /// poller waits.
+    rings: Arc<RingWatch>,
 }
 
 impl Park {
@@ -203,10 +216,12 @@ impl Park {
             waker,
             thread: OnceLock::new(),
         });
+        let rings = Arc::new(RingWatch::default());
         let sender = PollerTx(Arc::new(TxInner {
             tx: Some(tx),
             bell: bell.clone(),
             sessions: sessions.clone(),
+            rings: rings.clone(),
         }));
         let park = Park {
             poll,
@@ -216,6 +231,7 @@ impl Park {
             sessions,
             sessions_ready: Vec::new(),
             session_wakers: Vec::new(),
+            rings,
         };
         Ok((park, sender))
     }
@@ -231,12 +247,14 @@ impl Park {
         self.sessions.as_ref().is_some_and(|s| s.any())
     }
 
-    /// Wakes the sessions whose sockets were reported readable since the last call: each is
-    /// polled here, on the poller's thread, and the commands it makes are taken by this pass.
+    /// Wakes the sessions whose sockets were reported readable since the last call, and those
+    /// whose request ring holds what they wait for (`rings.rs`): each served on the poller's
+    /// thread is polled here, and the commands it makes are taken by this pass.
     pub(super) fn serve_sessions(&mut self) {
         if let Some(s) = &self.sessions {
             s.wake(&mut self.sessions_ready, &mut self.session_wakers);
         }
+        self.rings.wake(&mut self.session_wakers);
     }
 
     /// Adds a direct control socket to the set (readable, edge-triggered): the token its events
@@ -285,6 +303,12 @@ impl Park {
         };
         self.bell.state.store(state, Ordering::Relaxed);
         fence(Ordering::SeqCst);
+        // The request rings say the poller may not look, then it looks once more (rings.rs).
+        if self.rings.parking() {
+            self.rings.unparked();
+            self.bell.state.store(AWAKE, Ordering::Relaxed);
+            return Woken::Ring;
+        }
         let woken = match rx.try_recv() {
             Ok(cmd) => Woken::Command(cmd),
             Err(mpsc::TryRecvError::Disconnected) => Woken::Disconnected,
@@ -297,6 +321,7 @@ impl Park {
             }
         };
         self.bell.state.store(AWAKE, Ordering::Relaxed);
+        self.rings.unparked();
         woken
     }
 }
@@ -367,7 +392,7 @@ mod tests {
                     assert_eq!(number(cmd), next);
                     next += 1;
                 }
-                Woken::Look => {}
+                Woken::Look | Woken::Ring => {}
                 Woken::Disconnected => panic!("the sender ended early"),
             }
         }
@@ -390,7 +415,7 @@ mod tests {
         loop {
             match park.wait(Wait::Park(None), &rx, &mut ready) {
                 Woken::Disconnected => break,
-                Woken::Look => {}
+                Woken::Look | Woken::Ring => {}
                 Woken::Command(_) => panic!("nothing was sent"),
             }
         }

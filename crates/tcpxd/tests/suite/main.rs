@@ -41,6 +41,7 @@ mod daemon_local;
 mod daemon_local_board;
 mod daemon_local_inline;
 mod daemon_local_notify;
+mod daemon_local_ring;
 mod daemon_local_starting;
 mod daemon_lone_notice;
 mod daemon_pairing;

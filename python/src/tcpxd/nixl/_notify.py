@@ -42,7 +42,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import Client, Subscription, _board, _local, _ops, _proto
+from .. import Client, Subscription, _board, _local, _ops, _proto, _ring
 from .._session import _SessionFuture, _varint
 from ..errors import TcpxdError, Unavailable
 
@@ -248,6 +248,8 @@ class _Feed:
         board: Optional[_board.Board] = None
         try:
             board = _board.attach(conn, _local.HANDSHAKE_TIMEOUT, FEED_NOTES)
+            if board is not None:  # send_notif's WRITEs on a request ring where the board is (tcpxd._ring)
+                conn.ring = _ring.attach(conn, _local.HANDSHAKE_TIMEOUT)
             ev = conn.exchange("subscribe", _proto.message("SubscribeRequest")(), _local.HANDSHAKE_TIMEOUT)
         except (_local.Gone, OSError) as e:
             conn.close()
@@ -279,7 +281,19 @@ class _Feed:
         tag = conn._tag = conn._tag + 1
         blen = len(body)
         head = b"\x08" + _varint(tag) + b"\x12" + _varint(blen)  # tag = 1, write = 2
-        data = memoryview(_local.HEADER.pack(len(head) + blen) + head + body)
+        frame = _local.HEADER.pack(len(head) + blen) + head + body
+        ring = conn.ring
+        bell = None
+        if ring is not None:
+            bell = ring.put(frame)
+            if bell is False:  # on the ring, the daemon's poller spinning
+                self.sent[tag] = sent
+                return True
+            if bell:  # on the ring; the daemon's poller may be parked: the doorbell
+                frame = _ring.DOORBELL
+            else:
+                ring.sent += 1
+        data = memoryview(frame)
         sock = conn.sock
         n = 0
         while n < len(data):  # (non-blocking: a frame this small goes whole unless the daemon stopped reading)
@@ -290,9 +304,9 @@ class _Feed:
                 waiter.register(sock.fileno(), select.POLLOUT)
                 waiter.poll(100)
             except OSError:
-                if n == 0:
-                    return False
-                break  # part of it went: the next read fails it (unanswered)
+                if n == 0 and (not bell or (ring is not None and ring.dropped())):
+                    return False  # (nothing sent, or on a ring the daemon no longer reads)
+                break  # part of it went (or it is on the ring): the next read fails it (unanswered)
         self.sent[tag] = sent
         return True
 

@@ -119,36 +119,16 @@ impl Board {
         }
         let notes_at = (slots as usize + 1) * SLOT_WORDS;
         let words = notes_at + notes as usize * NOTE_WORDS;
-        let bad = |why: String| Status::invalid_argument(format!("attach_board: {why}"));
-        let st = rustix::fs::fstat(fd).map_err(|e| bad(format!("fstat: {e}")))?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-            return Err(bad("the descriptor is not a memfd".into()));
-        }
-        let seals = rustix::fs::fcntl_get_seals(fd).map_err(|e| {
-            bad(format!(
-                "the descriptor is not a memfd that takes seals (F_GET_SEALS: {e})"
-            ))
-        })?;
-        if !seals.contains(SealFlags::SHRINK) {
-            return Err(bad(
-                "the memfd is not sealed against shrinking (F_SEAL_SHRINK): the daemon maps only a board that cannot be \
-                 truncated under it"
-                    .into(),
-            ));
-        }
-        if seals.contains(SealFlags::WRITE) || seals.contains(SealFlags::FUTURE_WRITE) {
-            return Err(bad(
-                "the memfd is sealed against writing: the daemon writes the board".into(),
-            ));
-        }
-        let need = words as u64 * 8;
-        let size = u64::try_from(st.st_size).unwrap_or(0);
-        if size < need {
-            return Err(bad(format!(
-                "the memfd is {size} bytes; a board of {slots} slots and {notes} notification slots needs {need} \
-                 (64 × (slots + 1) + 256 × notification_slots)"
-            )));
-        }
+        sealed_memfd(
+            fd,
+            words as u64 * 8,
+            "attach_board",
+            &format!(
+                "a board of {slots} slots and {notes} notification slots needs {} (64 × (slots + 1) + 256 × \
+                 notification_slots)",
+                words as u64 * 8
+            ),
+        )?;
         let words = SharedWords::map(fd.as_fd(), words)
             .map_err(|e| Status::failed_precondition(format!("attach_board: {e}")))?;
         Ok(Board {
@@ -216,6 +196,39 @@ impl Board {
         w.fetch_add(0, 1, Ordering::Release);
         true
     }
+}
+
+/// Checks that `fd` is a memfd sealed against shrinking (and not against writing) of at least
+/// `need` bytes, for `what` (`attach_board`, `attach_request_ring`); `sizes` says what the size
+/// is made of, in the refusal.
+pub(super) fn sealed_memfd(fd: &OwnedFd, need: u64, what: &str, sizes: &str) -> Result<(), Status> {
+    let bad = |why: String| Status::invalid_argument(format!("{what}: {why}"));
+    let st = rustix::fs::fstat(fd).map_err(|e| bad(format!("fstat: {e}")))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Err(bad("the descriptor is not a memfd".into()));
+    }
+    let seals = rustix::fs::fcntl_get_seals(fd).map_err(|e| {
+        bad(format!(
+            "the descriptor is not a memfd that takes seals (F_GET_SEALS: {e})"
+        ))
+    })?;
+    if !seals.contains(SealFlags::SHRINK) {
+        return Err(bad(
+            "the memfd is not sealed against shrinking (F_SEAL_SHRINK): the daemon maps only memory that cannot be \
+             truncated under it"
+                .into(),
+        ));
+    }
+    if seals.contains(SealFlags::WRITE) || seals.contains(SealFlags::FUTURE_WRITE) {
+        return Err(bad(
+            "the memfd is sealed against writing: the daemon writes in it".into(),
+        ));
+    }
+    let size = u64::try_from(st.st_size).unwrap_or(0);
+    if size < need {
+        return Err(bad(format!("the memfd is {size} bytes; {sizes}")));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -10,6 +10,8 @@
 //! a transfer or published a notification (`inline`: the poller's, between nodes).
 //! It reads with `recvmsg`, so a `register_host_fd` frame's file descriptor comes with it
 //! (`fds`); the client's credentials decide whether it may hand over an unsealable file.
+//! Once the client attaches a request ring (`ring`), the session also takes requests from it,
+//! in the client's one order across the ring and the socket ([`FramedRequests::poll_next`]).
 
 pub mod board;
 pub mod fds;
@@ -17,25 +19,32 @@ pub mod frame;
 pub mod inline;
 pub mod listener;
 pub mod outbox;
+pub mod ring;
 
 use std::future::pending;
 use std::net::Shutdown;
 use std::os::fd::AsFd;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
+
+use prost::Message;
+use tokio_stream::Stream;
 
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
-use tokio_stream::StreamExt;
 use tokio_util::codec::FramedRead;
 
 use self::fds::{FdReader, Positioned};
 use self::frame::PREFACE;
 use self::inline::{Inline, OffPoller, OffPollerHold};
 use self::outbox::Outbox;
+use self::ring::{Ring, RingError};
 use super::host_memory::Attached;
 use super::proto::v1 as pb;
+use super::proto::v1::session_request::Op;
 use super::session::{self, Events, Gone, Incoming, Requests};
 use super::state::DaemonState;
 use crate::host_file::Unsealed;
@@ -98,6 +107,9 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
         peer_pid,
         off_poller: off_poller.clone(),
         watch,
+        rings: state.poller.rings().clone(),
+        ring: None,
+        from_ring: None,
     };
     let events = FramedEvents {
         conn,
@@ -121,6 +133,9 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
 /// Runs the session to its end, then closes the connection.
 async fn run(state: Arc<DaemonState>, mut requests: FramedRequests, mut events: FramedEvents) {
     let ended = session::serve(state, None, &mut requests, &mut events).await;
+    // The ring says first that no one reads it any more (`spinning` 0: a client's next request
+    // rings the doorbell, which finds the connection closed).
+    requests.ring = None;
     // Either way nothing more is sent: the client reads EOF after the last event.
     if ended.is_ok() {
         let _ = events.flush().await;
@@ -145,24 +160,156 @@ struct FramedRequests {
     /// Served on the poller's thread: what holds the session off it (`Requests::off_poller`).
     off_poller: Option<Arc<OffPoller>>,
     watch: Option<Arc<crate::poller::SessionWatch>>,
+    /// The poller's list of request rings, and this session's, once attached.
+    rings: Arc<crate::poller::RingWatch>,
+    ring: Option<RingReader>,
+    /// The bytes of the request `next` returned last when it came from the ring.
+    from_ring: Option<usize>,
+}
+
+/// Looks at the ring and the socket in one poll of the request side, at most: only an entry that
+/// appears and vanishes again (a client rewriting it) costs more than two.
+const LOOKS: usize = 64;
+
+/// A session's request ring as its reader holds it.
+struct RingReader {
+    ring: Arc<Ring>,
+    /// In the poller's list while the session reads (dropped before the mapping).
+    _watching: crate::poller::RingWatching,
+    /// Socket frames handed out since the ring was attached (doorbells not counted).
+    socket_read: u64,
+    /// The last entry's copy (kept: no allocation a request).
+    buf: Vec<u8>,
+}
+
+impl FramedRequests {
+    /// The next request in the client's order (ring.rs, "Order"): the ring's next entry when
+    /// every socket frame before it was handed out, else the socket's next frame; doorbells are
+    /// handed on as requests, not counted (the session ignores them; they count against the
+    /// poller's pass budget as any request). At most [`LOOKS`] looks a poll: an entry that comes
+    /// and goes under the daemon (a client rewriting it) cannot hold the thread that polls.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Incoming> {
+        for _ in 0..LOOKS {
+            if let Some(r) = &mut self.ring
+                && r.ring.peek().is_some_and(|before| before <= r.socket_read)
+            {
+                r.ring.unwait();
+                let taken = match r.ring.take(&mut r.buf) {
+                    Ok(Some(t)) => t,
+                    // There a moment ago, gone now: the client rewrote it.
+                    Ok(None) => {
+                        let entry = r.ring.taken() + 1;
+                        return Poll::Ready(Incoming::Broken(RingError::Torn { entry }.status()));
+                    }
+                    Err(e) => return Poll::Ready(Incoming::Broken(e.status())),
+                };
+                return Poll::Ready(match pb::SessionRequest::decode(r.buf.as_slice()) {
+                    Ok(req) => {
+                        self.from_ring = Some(taken.len);
+                        Incoming::Request(Box::new(req))
+                    }
+                    Err(err) => Incoming::Broken(
+                        RingError::NotARequest {
+                            entry: taken.entry,
+                            err,
+                        }
+                        .status(),
+                    ),
+                });
+            }
+            let frame = match Pin::new(&mut self.frames).poll_next(cx) {
+                Poll::Pending => {
+                    let Some(r) = &self.ring else {
+                        return Poll::Pending;
+                    };
+                    // Waits for the ring too, unless its next entry waits for the socket.
+                    if r.ring.peek().is_none() {
+                        r.ring.wait(cx.waker());
+                        if r.ring.peek().is_none() {
+                            return Poll::Pending;
+                        }
+                        r.ring.unwait();
+                        continue;
+                    }
+                    if r.ring.peek().is_some_and(|before| before <= r.socket_read) {
+                        continue;
+                    }
+                    return Poll::Pending;
+                }
+                Poll::Ready(f) => f,
+            };
+            return Poll::Ready(match frame {
+                Some(Ok(req)) => {
+                    if let Some(r) = &mut self.ring
+                        && !matches!(req.op, Some(Op::RingDoorbell(_)))
+                    {
+                        r.socket_read += 1;
+                    }
+                    self.from_ring = None;
+                    Incoming::Request(Box::new(req))
+                }
+                // An entry after socket frames that never came: the client broke the order.
+                None => match self.ring.as_ref().and_then(|r| Some((r, r.ring.peek()?))) {
+                    Some((r, said)) => Incoming::Broken(
+                        RingError::Ahead {
+                            entry: r.ring.taken() + 1,
+                            said,
+                            read: r.socket_read,
+                        }
+                        .status(),
+                    ),
+                    None => Incoming::HalfClosed,
+                },
+                Some(Err(e)) => match e.status() {
+                    Some(status) => Incoming::Broken(status),
+                    None => {
+                        tracing::debug!("local session: the client went away: {e}");
+                        Incoming::Gone
+                    }
+                },
+            });
+        }
+        let entry = self.ring.as_ref().map_or(0, |r| r.ring.taken() + 1);
+        Poll::Ready(Incoming::Broken(
+            RingError::Flicker { entry, looks: LOOKS }.status(),
+        ))
+    }
+
+    /// A request that came on the ring carries no descriptor: refused naming why.
+    fn no_ring_fds(&self) -> Result<(), tonic::Status> {
+        match self.from_ring {
+            Some(_) => Err(tonic::Status::invalid_argument(
+                "this request came on the request ring, which carries no file descriptor: a request with one goes on \
+                 the socket (SCM_RIGHTS)",
+            )),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Requests for FramedRequests {
     async fn next(&mut self) -> Incoming {
-        match self.frames.next().await {
-            Some(Ok(req)) => Incoming::Request(Box::new(req)),
-            None => Incoming::HalfClosed,
-            Some(Err(e)) => match e.status() {
-                Some(status) => Incoming::Broken(status),
-                None => {
-                    tracing::debug!("local session: the client went away: {e}");
-                    Incoming::Gone
-                }
-            },
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    fn attach_ring(&mut self, ring: Ring) -> Result<(), tonic::Status> {
+        if self.ring.is_some() {
+            return Err(tonic::Status::invalid_argument(
+                "attach_request_ring: this session has a request ring already",
+            ));
         }
+        let ring = Arc::new(ring);
+        self.ring = Some(RingReader {
+            _watching: self.rings.watch(ring.clone()),
+            ring,
+            socket_read: 0,
+            buf: Vec::new(),
+        });
+        Ok(())
     }
 
     fn attached(&mut self) -> Result<Attached, tonic::Status> {
+        self.no_ring_fds()?;
         let at = self.frames.decoder().last_frame();
         let fd = self.frames.get_mut().take(at)?;
         Ok(Attached {
@@ -172,6 +319,7 @@ impl Requests for FramedRequests {
     }
 
     fn attached_n(&mut self, n: usize) -> Result<Vec<Attached>, tonic::Status> {
+        self.no_ring_fds()?;
         let at = self.frames.decoder().last_frame();
         let fds = self.frames.get_mut().take_n(at, n)?;
         Ok(fds
@@ -192,6 +340,9 @@ impl Requests for FramedRequests {
     }
 
     fn last_len(&self) -> u64 {
+        if let Some(len) = self.from_ring {
+            return len as u64;
+        }
         let (start, end) = self.frames.decoder().last_frame();
         end - start
     }

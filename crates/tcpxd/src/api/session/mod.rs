@@ -220,6 +220,11 @@ impl<E: Events> Session<'_, E> {
                 Next::Incoming(Incoming::Request(req)) if matches!(req.op, Some(Op::AttachBoard(_))) => {
                     self.attach_board(*req, requests).await
                 }
+                Next::Incoming(Incoming::Request(req))
+                    if matches!(req.op, Some(Op::AttachRequestRing(_))) =>
+                {
+                    self.attach_request_ring(*req, requests).await
+                }
                 Next::Incoming(Incoming::Request(req)) if matches!(req.op, Some(Op::RegisterBatch(_))) => {
                     self.register_frame(*req, requests).await
                 }
@@ -378,6 +383,10 @@ impl<E: Events> Session<'_, E> {
     /// answers a cancel, or refuses it.
     async fn request(&mut self, req: pb::SessionRequest) -> Result<(), Gone> {
         let tag = req.tag;
+        // A doorbell (tag 0) only woke the session: its ring is read by the request side.
+        if matches!(req.op, Some(Op::RingDoorbell(_))) {
+            return Ok(());
+        }
         if tag == 0 {
             return self
                 .refuse(0, Status::invalid_argument("tag: must be nonzero"))
@@ -398,12 +407,14 @@ impl<E: Events> Session<'_, E> {
                 "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd, prepare_blocks, release_prepared, write_prepared, read_prepared, register_client_memory, subscribe, register_batch, release_batch",
             )),
             Some(Op::CancelTag(target)) => return self.cancel(tag, target).await,
+            Some(Op::RingDoorbell(_)) => return Ok(()),
             Some(Op::Subscribe(_)) => return self.subscribe(tag).await,
             Some(Op::RegisterHostFd(_))
             | Some(Op::RegisterClientMemory(_))
             | Some(Op::RegisterBatch(_))
             | Some(Op::ReleaseBatch(_))
-            | Some(Op::AttachBoard(_)) => Err(Status::internal(
+            | Some(Op::AttachBoard(_))
+            | Some(Op::AttachRequestRing(_)) => Err(Status::internal(
                 "a registration reached the transfer path (registrations go in batches)",
             )),
             Some(Op::PrepareBlocks(r)) => return self.prepare(tag, r).await,
@@ -575,6 +586,50 @@ impl<E: Events> Session<'_, E> {
         }
     }
 
+    /// Attaches the client's request ring (src/api/local/ring.rs), whose memfd came with the
+    /// frame: answered `request_ring_attached`, or refused (nothing changes; the client's
+    /// requests go on the socket).
+    async fn attach_request_ring<R: Requests>(
+        &mut self,
+        req: pb::SessionRequest,
+        requests: &mut R,
+    ) -> Result<(), Gone> {
+        let tag = req.tag;
+        let Some(Op::AttachRequestRing(r)) = req.op else {
+            return Ok(());
+        };
+        // The descriptor is taken first, whatever the answer (as attach_board's).
+        let fd = requests.attached().map_err(|s| {
+            Status::invalid_argument(s.message().replace("register_host_fd", "attach_request_ring"))
+        });
+        if tag == 0 {
+            return self
+                .refuse(0, Status::invalid_argument("tag: must be nonzero"))
+                .await;
+        }
+        let attached = match fd {
+            _ if !self.state.request_ring => Err(Status::failed_precondition(
+                "attach_request_ring: this daemon has runtime.request_ring off; send requests on the socket",
+            )),
+            Err(status) => Err(status),
+            Ok(a) => super::local::ring::Ring::attach(&a.fd, r.slots, r.slot_bytes).and_then(|ring| {
+                let sizes = (ring.slots(), ring.slot_bytes());
+                requests.attach_ring(ring).map(|()| sizes)
+            }),
+        };
+        match attached {
+            Ok((slots, slot_bytes)) => {
+                tracing::debug!(slots, slot_bytes, "local session: request ring attached");
+                let attached = pb::RequestRingAttached { slots, slot_bytes };
+                self.send(tag, Event::RequestRingAttached(attached)).await
+            }
+            Err(status) => {
+                tracing::debug!("local session: no request ring: {}", status.message());
+                self.refuse(tag, status).await
+            }
+        }
+    }
+
     /// Subscribes the session to the node's notifications (one subscription a session).
     async fn subscribe(&mut self, tag: u64) -> Result<(), Gone> {
         if let Some((under, _)) = &self.notifications {
@@ -676,6 +731,7 @@ fn stalls_poller(req: &pb::SessionRequest, len: u64) -> bool {
                     | Op::RegisterBatch(_)
                     | Op::ReleaseBatch(_)
                     | Op::AttachBoard(_)
+                    | Op::AttachRequestRing(_)
                     | Op::PrepareBlocks(_)
                     | Op::ReleasePrepared(_)
             )

@@ -60,6 +60,14 @@ pub trait Requests: Send {
         0
     }
 
+    /// Attaches a request ring (`attach_request_ring`: src/api/local/ring.rs): `next` takes
+    /// from it too, in the client's order. A transport without one says so.
+    fn attach_ring(&mut self, _ring: crate::api::local::ring::Ring) -> Result<(), Status> {
+        Err(Status::failed_precondition(
+            "attach_request_ring: only on the framed local session (the gRPC stream cannot carry its memfd)",
+        ))
+    }
+
     /// The client's process, from the connection's peer credentials (`register_client_memory`);
     /// a transport without them says so.
     fn peer_pid(&self) -> Result<i32, Status> {
