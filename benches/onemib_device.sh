@@ -3,7 +3,7 @@
 # WRITE, GPU 0 -> 0 and 0 -> 1 where a second GPU exists, three variants alternating
 # (A B C C B A ...):
 #   A  BEFORE's binaries;
-#   B  AFTER's binaries, as they start by default (spread off);
+#   B  AFTER's binaries with spread off (TCPXD_SPREAD_MIN_CHUNK_BYTES=0; on by default since session 26);
 #   C  AFTER's binaries with TCPXD_SPREAD_MIN_CHUNK_BYTES=$SPREAD (default 131072): a transfer of
 #      fewer than two chunks per lane goes in smaller chunks (1 MiB over two lanes: four of 256
 #      KiB instead of two of 512 KiB, on four of the plugin's data sockets instead of two). The
@@ -67,6 +67,7 @@ for who in "${order[@]}"; do
     dir=$after
     [ "$who" = A ] && dir=$before
     env=()
+    [ "$who" = B ] && env=(TCPXD_SPREAD_MIN_CHUNK_BYTES=0)
     [ "$who" = C ] && env=(TCPXD_SPREAD_MIN_CHUNK_BYTES="$spread")
     # Raw: one process on GPU 0 (it refuses --peer-cuda); READ and WRITE are the same path.
     env "${env[@]}" "$dir/tcpxctl" bench raw --cuda 0 --plugin "$dir/libnccl_net_tcpxemu.so" "${common[@]}" \
@@ -119,7 +120,7 @@ EOF
 if [ "${TRACE:-1}" = 1 ]; then
     peer=${peers[-1]}
     for variant in off on; do
-        env=()
+        env=(TCPXD_SPREAD_MIN_CHUNK_BYTES=0)
         [ "$variant" = on ] && env=(TCPXD_SPREAD_MIN_CHUNK_BYTES="$spread")
         t="$out/trace-raw-spread-$variant"
         mkdir -p "$t"

@@ -24,8 +24,8 @@ pub use file::{
 };
 
 pub use protocol::{
-    DEFAULT_EAGER_LANES, GpuCredits, MAX_CREDIT_BUDGET_BYTES, MAX_EAGER_LANES, MAX_EAGER_MAX_BYTES,
-    ProtocolSettings, TransferProtocol,
+    DEFAULT_EAGER_LANES, DEFAULT_SPREAD_MIN_CHUNK_BYTES, GpuCredits, MAX_CREDIT_BUDGET_BYTES,
+    MAX_EAGER_LANES, MAX_EAGER_MAX_BYTES, ProtocolSettings, TransferProtocol,
 };
 
 /// Async workers when spinning (`runtime.async_workers` 0): one kept awake by

@@ -59,7 +59,8 @@ impl PathArgs {
 
     fn spread_min_chunk(&self) -> Result<u32, String> {
         match self.spread_min_chunk_bytes {
-            None | Some(0) => Ok(0),
+            None => Ok(tcpxd::config::DEFAULT_SPREAD_MIN_CHUNK_BYTES as u32),
+            Some(0) => Ok(0),
             Some(v) => tcpxd::engine::plan::check_chunk_bytes(v)
                 .map_err(|e| format!("--spread-min-chunk-bytes: {e} (or 0: off)")),
         }

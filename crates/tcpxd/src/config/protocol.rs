@@ -110,6 +110,13 @@ pub struct ProtocolSettings {
     pub spread_min_chunk_bytes: u32,
 }
 
+/// `transfer.spread_min_chunk_bytes` unless set: 128 KiB. On two H200s (session 26,
+/// `benches/onemib_device.sh`, A B C C B A) it took 1 MiB one at a time from 471–493 µs p50 to
+/// 414–435 and 256 KiB from 347–358 to 296–320, READ and WRITE, GPU 0 → 0 and 0 → 1, with 16 MiB
+/// unchanged (0.98–1.03): the two 512 KiB chunks of a 1 MiB transfer had used two of the plugin's
+/// data sockets, four of 256 KiB use four, each unpacked while the next lands.
+pub const DEFAULT_SPREAD_MIN_CHUNK_BYTES: u64 = 128 << 10;
+
 pub(super) fn resolve(args: &DaemonArgs, file: &FileTransfer) -> Result<ProtocolSettings, ConfigError> {
     let protocol = match (&args.transfer_protocol, &file.protocol) {
         (Some(v), _) => TransferProtocol::parse("--transfer-protocol", v)?,
@@ -157,7 +164,7 @@ pub(super) fn resolve(args: &DaemonArgs, file: &FileTransfer) -> Result<Protocol
     let (spread_field, spread) = match (args.spread_min_chunk_bytes, file.spread_min_chunk_bytes) {
         (Some(v), _) => ("--spread-min-chunk-bytes", v),
         (None, Some(v)) => ("transfer.spread_min_chunk_bytes", v),
-        (None, None) => ("transfer.spread_min_chunk_bytes", 0),
+        (None, None) => ("transfer.spread_min_chunk_bytes", DEFAULT_SPREAD_MIN_CHUNK_BYTES),
     };
     let spread_min_chunk_bytes = match spread {
         0 => 0,
@@ -225,7 +232,7 @@ mod tests {
                 eager_max_bytes: 65536,
                 gpu_credits: GpuCredits::Auto,
                 credit_budget_bytes: 32 << 20,
-                spread_min_chunk_bytes: 0,
+                spread_min_chunk_bytes: 131072,
             }
         );
         let s = resolve_with(
@@ -281,9 +288,16 @@ mod tests {
     }
 
     #[test]
-    fn spread_min_chunk_is_off_by_default_a_chunk_size_or_zero_and_flags_win() {
-        let s = resolve_with(DaemonArgs::default(), "spread_min_chunk_bytes = 131072\n").unwrap();
-        assert_eq!(s.spread_min_chunk_bytes, 131072);
+    fn spread_min_chunk_is_128k_by_default_a_chunk_size_or_zero_and_flags_win() {
+        let s = resolve(&DaemonArgs::default(), &FileTransfer::default()).unwrap();
+        assert_eq!(
+            s.spread_min_chunk_bytes, 131072,
+            "on by default since session 26's H200 rows"
+        );
+        let s = resolve_with(DaemonArgs::default(), "spread_min_chunk_bytes = 262144\n").unwrap();
+        assert_eq!(s.spread_min_chunk_bytes, 262144);
+        let s = resolve_with(DaemonArgs::default(), "spread_min_chunk_bytes = 0\n").unwrap();
+        assert_eq!(s.spread_min_chunk_bytes, 0, "0: off");
         let args = DaemonArgs {
             spread_min_chunk_bytes: Some(0),
             ..DaemonArgs::default()

@@ -127,8 +127,11 @@ fn reads(log: &Path) -> Vec<String> {
 async fn eager_gpu_chunks_are_unpacked_in_the_pass_that_lands_them_and_end_their_transfer_in_it() {
     let dir = ScratchDir::fresh("tcpxd-lane-passes", "order");
     std::fs::create_dir_all(&*dir).unwrap();
-    let mut a = logged(&dir, "passes-a", &[]).await;
-    let mut b = logged(&dir, "passes-b", &[]).await;
+    // Spread off: the chunk counts below are of 512 KiB chunks (daemon_stub_gpus_spread covers
+    // the spread plan).
+    let no_spread = [("TCPXD_SPREAD_MIN_CHUNK_BYTES", "0")];
+    let mut a = logged(&dir, "passes-a", &no_spread).await;
+    let mut b = logged(&dir, "passes-b", &no_spread).await;
     let src = cuda_buffer(&mut a.client, 3, 16 * MIB).await;
     let back = cuda_buffer(&mut a.client, 0, 16 * MIB).await;
     let dst = cuda_buffer(&mut b.client, 5, 16 * MIB).await;
