@@ -129,6 +129,9 @@ def pass_seconds(addr):
         m = re.match(r'tcpxd_poller_pass(es|_seconds)_total\{progress="(yes|no)"\} (\S+)', line)
         if m:
             out[("n" if m.group(1) == "es" else "s", m.group(2))] = float(m.group(3))
+        m = re.match(r'tcpxd_poller_busy_phase_seconds_total\{phase="(\w+)"\} (\S+)', line)
+        if m:
+            out[("p", m.group(1))] = float(m.group(2))
     return out or None
 
 
@@ -145,7 +148,7 @@ def main():
     seen = {}
     roles = {proc.pid: "tcpxctl"}
     # role -> metrics address; role -> [(t, busy s, idle s)]
-    metrics, passes = {}, defaultdict(list)
+    metrics, passes, phases = {}, defaultdict(list), {}
     last_scrape = 0.0
     while proc.poll() is None:
         for kid in children(proc.pid):
@@ -169,6 +172,7 @@ def main():
                         continue
                 p = metrics[role] and pass_seconds(metrics[role])
                 if p:
+                    phases[role] = {k[1]: v for k, v in p.items() if k[0] == "p"}
                     passes[role].append(
                         (
                             time.monotonic(),
@@ -216,6 +220,14 @@ def main():
                 f" {idle * 1e6 / transfers:>17.1f} {nbusy / transfers:>15.2f}"
                 f" {busy * 1e6 / max(nbusy, 1):>13.1f} {idle * 1e6 / max(nidle, 1):>13.2f} {peak:>10.2f}"
             )
+        if any(phases.values()):
+            names = ["intake", "commands", "actions", "test_lanes", "consume", "flush"]
+            print("\nBusy passes by phase (tcpxd_poller_busy_phase_seconds_total; µs per transfer):")
+            print(f"{'process':<10} " + " ".join(f"{n:>11}" for n in names))
+            for role in sorted(phases):
+                name = role.replace("daemon1", "daemon a").replace("daemon2", "daemon b")
+                vals = " ".join(f"{phases[role].get(n, 0.0) * 1e6 / transfers:>11.1f}" for n in names)
+                print(f"{name:<10} {vals}")
     return proc.returncode
 
 

@@ -36,7 +36,17 @@ pub struct Metrics {
     stale_rx_rules: prometheus::IntCounter,
     passes: IntCounterVec,
     pass_seconds: prometheus::CounterVec,
+    phase_seconds: prometheus::CounterVec,
 }
+
+/// The phases of a poller pass, in the order a pass runs them (`tcpxd_poller_busy_phase_seconds_total`'s
+/// `phase` label; `poller::pass_clock`'s `PassPhase` indexes it): `intake` the look at the sockets,
+/// the framed sessions and the direct control connections' reads; `commands` the API's commands;
+/// `actions` the engine's actions run (setup, prepared slices, the actions after the lanes'
+/// test and the tick); `test_lanes` the plugin's `test` on every lane and the completions;
+/// `consume` the landed chunks' unpack, consume and their actions; `flush` the direct
+/// connections' writes, the API's answers and the drain's check.
+pub const POLLER_PHASES: [&str; 6] = ["intake", "commands", "actions", "test_lanes", "consume", "flush"];
 
 /// The poller's pass series resolved once ([`Metrics::pass_counters`]): each pass adds to them
 /// without a label lookup.
@@ -46,6 +56,8 @@ pub struct PassCounters {
     pub busy: (prometheus::IntCounter, prometheus::Counter),
     /// Passes that found nothing to do, and their time (the wait after them not included).
     pub idle: (prometheus::IntCounter, prometheus::Counter),
+    /// Busy passes' time by phase ([`POLLER_PHASES`]).
+    pub busy_phases: [prometheus::Counter; POLLER_PHASES.len()],
 }
 
 impl PassCounters {
@@ -54,6 +66,13 @@ impl PassCounters {
         let (n, t) = if progressed { &self.busy } else { &self.idle };
         n.inc();
         t.inc_by(took.as_secs_f64());
+    }
+
+    /// A busy pass's time by phase ([`POLLER_PHASES`]'s order).
+    pub fn busy_phases(&self, spent: &[Duration; POLLER_PHASES.len()]) {
+        for (c, d) in self.busy_phases.iter().zip(spent) {
+            c.inc_by(d.as_secs_f64());
+        }
     }
 }
 
@@ -158,6 +177,21 @@ impl Metrics {
                 )
                 .expect("valid metric");
                 r.register(Box::new(c.clone())).expect("registered once");
+                c
+            },
+            phase_seconds: {
+                let c = prometheus::CounterVec::new(
+                    prometheus::Opts::new(
+                        "tcpxd_poller_busy_phase_seconds_total",
+                        "Time in the poller's busy passes (progress=\"yes\") by phase: intake, commands, actions, test_lanes, consume, flush",
+                    ),
+                    &["phase"],
+                )
+                .expect("valid metric");
+                r.register(Box::new(c.clone())).expect("registered once");
+                for p in POLLER_PHASES {
+                    c.with_label_values(&[p]);
+                }
                 c
             },
             reattach_pending: {
@@ -287,6 +321,7 @@ impl Metrics {
         PassCounters {
             busy: pair("yes"),
             idle: pair("no"),
+            busy_phases: POLLER_PHASES.map(|p| self.phase_seconds.with_label_values(&[p])),
         }
     }
 

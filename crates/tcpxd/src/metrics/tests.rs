@@ -184,6 +184,10 @@ fn poller_passes_count_busy_and_idle_apart() {
     passes.pass(true, Duration::from_micros(30));
     passes.pass(true, Duration::from_micros(20));
     passes.pass(false, Duration::from_micros(2));
+    let mut spent = [Duration::ZERO; POLLER_PHASES.len()];
+    spent[3] = Duration::from_micros(40);
+    spent[4] = Duration::from_micros(10);
+    passes.busy_phases(&spent);
     let snap = StatsSnapshot {
         peers: Vec::new(),
         retired: Vec::new(),
@@ -195,6 +199,9 @@ fn poller_passes_count_busy_and_idle_apart() {
         "tcpxd_poller_passes_total{progress=\"no\"} 1",
         "tcpxd_poller_pass_seconds_total{progress=\"yes\"} 0.00005",
         "tcpxd_poller_pass_seconds_total{progress=\"no\"} 0.000002",
+        "tcpxd_poller_busy_phase_seconds_total{phase=\"test_lanes\"} 0.00004",
+        "tcpxd_poller_busy_phase_seconds_total{phase=\"consume\"} 0.00001",
+        "tcpxd_poller_busy_phase_seconds_total{phase=\"intake\"} 0",
     ] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }

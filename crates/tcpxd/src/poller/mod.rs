@@ -67,6 +67,7 @@ mod inline_copies;
 mod interface;
 mod lane_life;
 mod park;
+mod pass_clock;
 mod peers;
 mod posting;
 mod rings;
@@ -76,6 +77,7 @@ use crate::lanes::{GpuStage, RecvQueue, Tag};
 pub use crate::peer_stats::{PeerLink, PeerStats, StatsSnapshot};
 pub use direct::{Decode, DirectConn, MAX_UNSENT};
 pub use park::PollerTx;
+use pass_clock::{PassClock, PassPhase};
 pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
 pub use rings::{RingWatch, RingWatching};
 pub use sessions::{PASS_BUDGET, PassBudget, SessionWatch, Watched, Watching, on_poller_thread};
@@ -369,13 +371,15 @@ impl Poller {
         loop {
             crate::lanes::next_pass();
             let pass_start = Instant::now();
+            let mut clock = PassClock::start(pass_start);
             if !looked && (self.reads_direct() || self.park.serves_sessions()) {
                 self.park.look(Some(Duration::ZERO), &mut self.direct_ready);
             }
             looked = false;
             self.park.serve_sessions();
             let mut progressed = self.read_direct();
-            let slice = Instant::now();
+            clock.lap(PassPhase::Intake);
+            let slice = clock.now();
             loop {
                 let cmd = match self.inbound.pop_front() {
                     Some(cmd) => cmd,
@@ -391,6 +395,7 @@ impl Poller {
                     break;
                 }
             }
+            clock.lap(PassPhase::Commands);
             progressed |= self.drive_setup();
             progressed |= self.run_actions();
             // A large prepared READ's first read request is on its way now: a slice of the rest
@@ -399,23 +404,29 @@ impl Poller {
                 progressed = true;
                 self.run_actions();
             }
+            clock.lap(PassPhase::Actions);
             progressed |= self.test_lanes();
-            self.engine.on_tick(Instant::now());
+            clock.lap(PassPhase::TestLanes);
+            self.engine.on_tick(clock.now());
             progressed |= self.run_actions();
+            clock.lap(PassPhase::Actions);
             // Eager chunks landed by those actions and unpacked at once: consumed in this pass,
             // their transfers' ends sent with it.
             if self.consume_landed() {
                 progressed = true;
                 self.run_actions();
             }
+            clock.lap(PassPhase::Consume);
             progressed |= self.flush_direct();
             self.send_answers();
             if self.check_drain() {
                 return;
             }
-            let pass_end = Instant::now();
+            clock.lap(PassPhase::Flush);
+            let pass_end = clock.now();
             passes.pass(progressed, pass_end - pass_start);
             if progressed {
+                passes.busy_phases(clock.spent());
                 backoff.reset();
                 last_progress = pass_end;
                 if let Some(w) = &self.cfg.warmth {

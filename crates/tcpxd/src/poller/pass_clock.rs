@@ -1,0 +1,90 @@
+//! Where a busy pass's time goes: the pass split at its phases' boundaries
+//! (`tcpxd_poller_busy_phase_seconds_total{phase}`, [`crate::metrics::POLLER_PHASES`]).
+//!
+//! The pass series (`tcpxd_poller_pass_seconds_total`) says how much of the poller's thread its
+//! busy passes take; at 16 transfers in flight on two H200s the receiving poller's were 0.87–0.92
+//! of its busiest half second at ~120 µs a pass (docs/BENCHMARKS.md, session 26), which makes it
+//! the ceiling of those rows. This clock says which part of a pass that is, on the host where it
+//! runs (the device host has no profiler). A lap is one `Instant::now()` (a vDSO read, tens of
+//! ns): seven a pass.
+
+use std::time::{Duration, Instant};
+
+use crate::metrics::POLLER_PHASES;
+
+/// A pass's phases, in [`POLLER_PHASES`]' order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PassPhase {
+    Intake = 0,
+    Commands = 1,
+    Actions = 2,
+    TestLanes = 3,
+    Consume = 4,
+    Flush = 5,
+}
+
+/// One pass's time by phase: each [`lap`](PassClock::lap) gives the time since the previous one
+/// (or the pass's start) to the phase named.
+pub(super) struct PassClock {
+    last: Instant,
+    spent: [Duration; POLLER_PHASES.len()],
+}
+
+impl PassClock {
+    pub(super) fn start(at: Instant) -> PassClock {
+        PassClock {
+            last: at,
+            spent: [Duration::ZERO; POLLER_PHASES.len()],
+        }
+    }
+
+    /// The time since the last lap goes to `phase`.
+    pub(super) fn lap(&mut self, phase: PassPhase) {
+        let now = Instant::now();
+        self.spent[phase as usize] += now - self.last;
+        self.last = now;
+    }
+
+    /// The last lap's instant: the pass's end once its last phase is lapped.
+    pub(super) fn now(&self) -> Instant {
+        self.last
+    }
+
+    pub(super) fn spent(&self) -> &[Duration; POLLER_PHASES.len()] {
+        &self.spent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn laps_add_up_to_the_pass_and_go_to_their_phases() {
+        let start = Instant::now();
+        let mut c = PassClock::start(start);
+        std::thread::sleep(Duration::from_millis(2));
+        c.lap(PassPhase::Intake);
+        c.lap(PassPhase::Commands);
+        std::thread::sleep(Duration::from_millis(3));
+        c.lap(PassPhase::Actions);
+        c.lap(PassPhase::TestLanes);
+        std::thread::sleep(Duration::from_millis(1));
+        c.lap(PassPhase::Actions);
+        c.lap(PassPhase::Consume);
+        c.lap(PassPhase::Flush);
+        let s = c.spent();
+        assert!(s[PassPhase::Intake as usize] >= Duration::from_millis(2));
+        assert!(
+            s[PassPhase::Actions as usize] >= Duration::from_millis(4),
+            "both laps: {s:?}"
+        );
+        assert_eq!(
+            s.iter().sum::<Duration>(),
+            c.now() - start,
+            "nothing lost between laps"
+        );
+        assert_eq!(POLLER_PHASES[PassPhase::TestLanes as usize], "test_lanes");
+        assert_eq!(POLLER_PHASES[PassPhase::Flush as usize], "flush");
+    }
+}
