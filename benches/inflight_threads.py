@@ -132,6 +132,9 @@ def pass_seconds(addr):
         m = re.match(r'tcpxd_poller_busy_phase_seconds_total\{phase="(\w+)"\} (\S+)', line)
         if m:
             out[("p", m.group(1))] = float(m.group(2))
+        m = re.match(r'tcpxd_poller_action_seconds_total\{kind="(\w+)"\} (\S+)', line)
+        if m:
+            out[("a", m.group(1))] = float(m.group(2))
     return out or None
 
 
@@ -148,7 +151,7 @@ def main():
     seen = {}
     roles = {proc.pid: "tcpxctl"}
     # role -> metrics address; role -> [(t, busy s, idle s)]
-    metrics, passes, phases = {}, defaultdict(list), {}
+    metrics, passes, phases, actions = {}, defaultdict(list), {}, {}
     last_scrape = 0.0
     while proc.poll() is None:
         for kid in children(proc.pid):
@@ -173,6 +176,7 @@ def main():
                 p = metrics[role] and pass_seconds(metrics[role])
                 if p:
                     phases[role] = {k[1]: v for k, v in p.items() if k[0] == "p"}
+                    actions[role] = {k[1]: v for k, v in p.items() if k[0] == "a"}
                     passes[role].append(
                         (
                             time.monotonic(),
@@ -228,6 +232,13 @@ def main():
                 name = role.replace("daemon1", "daemon a").replace("daemon2", "daemon b")
                 vals = " ".join(f"{phases[role].get(n, 0.0) * 1e6 / transfers:>11.1f}" for n in names)
                 print(f"{name:<10} {vals}")
+        if any(actions.values()):
+            print("\nBusy passes' engine actions by kind (tcpxd_poller_action_seconds_total; µs per transfer, ≥ 0.1):")
+            for role in sorted(actions):
+                name = role.replace("daemon1", "daemon a").replace("daemon2", "daemon b")
+                rows = sorted(actions[role].items(), key=lambda kv: -kv[1])
+                cells = [f"{k} {v * 1e6 / transfers:.1f}" for k, v in rows if v * 1e6 / transfers >= 0.1]
+                print(f"{name:<10} " + ", ".join(cells))
     return proc.returncode
 
 

@@ -165,3 +165,107 @@ pub enum Action {
     /// released now.
     BufferIdle { buffer: u64 },
 }
+
+/// The names of [`Action`]'s kinds, in [`Action::kind`]'s order (a driver's per-kind clocks:
+/// the daemon's `tcpxd_poller_action_seconds_total{kind}`).
+pub const ACTION_KINDS: [&str; 21] = [
+    "control",
+    "post_send",
+    "post_credit",
+    "land",
+    "post_gather_send",
+    "post_scatter_recv",
+    "land_scatter",
+    "post_recv",
+    "post_drop_recv",
+    "progress",
+    "finished",
+    "notify",
+    "listen_lane",
+    "connect_lane",
+    "close_lane",
+    "close_peer",
+    "pairing",
+    "release_peer",
+    "send_inline",
+    "land_inline",
+    "buffer_idle",
+];
+
+impl Action {
+    /// This action's kind: its index in [`ACTION_KINDS`].
+    pub fn kind(&self) -> usize {
+        match self {
+            Action::Control { .. } => 0,
+            Action::PostSend { .. } => 1,
+            Action::PostCredit { .. } => 2,
+            Action::Land { .. } => 3,
+            Action::PostGatherSend { .. } => 4,
+            Action::PostScatterRecv { .. } => 5,
+            Action::LandScatter { .. } => 6,
+            Action::PostRecv { .. } => 7,
+            Action::PostDropRecv { .. } => 8,
+            Action::Progress { .. } => 9,
+            Action::Finished { .. } => 10,
+            Action::Notify { .. } => 11,
+            Action::ListenLane { .. } => 12,
+            Action::ConnectLane { .. } => 13,
+            Action::CloseLane { .. } => 14,
+            Action::ClosePeer { .. } => 15,
+            Action::Pairing { .. } => 16,
+            Action::ReleasePeer { .. } => 17,
+            Action::SendInline { .. } => 18,
+            Action::LandInline { .. } => 19,
+            Action::BufferIdle { .. } => 20,
+        }
+    }
+}
+
+#[cfg(test)]
+mod kind_tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_names_itself_as_its_variant_does() {
+        let samples = [
+            Action::PostCredit {
+                peer: PeerIdx(0),
+                lane: 1,
+                len: 4096,
+            },
+            Action::PostDropRecv {
+                peer: PeerIdx(0),
+                lane: 1,
+                len: 4096,
+            },
+            Action::ListenLane {
+                peer: PeerIdx(0),
+                lane: 2,
+            },
+            Action::CloseLane {
+                peer: PeerIdx(0),
+                lane: 2,
+                send: true,
+            },
+            Action::ReleasePeer { peer: PeerIdx(3) },
+            Action::BufferIdle { buffer: 7 },
+        ];
+        for a in &samples {
+            let debug = format!("{a:?}");
+            let variant = debug.split([' ', '{', '(']).next().unwrap();
+            let snake: String = variant
+                .chars()
+                .enumerate()
+                .flat_map(|(i, c)| {
+                    let lower = c.to_ascii_lowercase();
+                    if c.is_ascii_uppercase() && i > 0 {
+                        vec!['_', lower]
+                    } else {
+                        vec![lower]
+                    }
+                })
+                .collect();
+            assert_eq!(ACTION_KINDS[a.kind()], snake, "{debug}");
+        }
+    }
+}

@@ -120,7 +120,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-pub use action::Action;
+pub use action::{ACTION_KINDS, Action};
 pub use block_transfers::{BlockSpec, RemoteBlocks};
 pub use config::{
     DEFAULT_CREDIT_BUDGET_BYTES, DEFAULT_EAGER_MAX_BYTES, DEFAULT_GATHER_AHEAD, DEFAULT_HOST_GATHER_AHEAD,

@@ -37,6 +37,7 @@ pub struct Metrics {
     passes: IntCounterVec,
     pass_seconds: prometheus::CounterVec,
     phase_seconds: prometheus::CounterVec,
+    action_seconds: prometheus::CounterVec,
 }
 
 /// The phases of a poller pass, in the order a pass runs them (`tcpxd_poller_busy_phase_seconds_total`'s
@@ -48,6 +49,26 @@ pub struct Metrics {
 /// connections' writes, the API's answers and the drain's check.
 pub const POLLER_PHASES: [&str; 6] = ["intake", "commands", "actions", "test_lanes", "consume", "flush"];
 
+/// The slots of the busy passes' engine actions, wherever in the pass they ran (the `actions`
+/// phase, and the runs inside `commands` and `consume`; `tcpxd_poller_action_seconds_total{kind}`):
+/// the engine's action kinds, then `send_direct` (the direct connections' batched writes), `progress_flush` and
+/// `submit_gathers` (the GPU gathers' launch).
+pub const POLLER_ACTION_SLOTS: usize = crate::engine::ACTION_KINDS.len() + 3;
+
+/// [`POLLER_ACTION_SLOTS`]' names.
+pub const POLLER_ACTION_KINDS: [&str; POLLER_ACTION_SLOTS] = {
+    let mut names = [""; POLLER_ACTION_SLOTS];
+    let mut i = 0;
+    while i < crate::engine::ACTION_KINDS.len() {
+        names[i] = crate::engine::ACTION_KINDS[i];
+        i += 1;
+    }
+    names[i] = "send_direct";
+    names[i + 1] = "progress_flush";
+    names[i + 2] = "submit_gathers";
+    names
+};
+
 /// The poller's pass series resolved once ([`Metrics::pass_counters`]): each pass adds to them
 /// without a label lookup.
 #[derive(Clone)]
@@ -58,6 +79,8 @@ pub struct PassCounters {
     pub idle: (prometheus::IntCounter, prometheus::Counter),
     /// Busy passes' time by phase ([`POLLER_PHASES`]).
     pub busy_phases: [prometheus::Counter; POLLER_PHASES.len()],
+    /// Busy passes' actions by kind ([`POLLER_ACTION_KINDS`]).
+    pub busy_actions: [prometheus::Counter; POLLER_ACTION_SLOTS],
 }
 
 impl PassCounters {
@@ -66,6 +89,16 @@ impl PassCounters {
         let (n, t) = if progressed { &self.busy } else { &self.idle };
         n.inc();
         t.inc_by(took.as_secs_f64());
+    }
+
+    /// A busy pass's actions' time by kind ([`POLLER_ACTION_KINDS`]' order); slots at zero add
+    /// nothing.
+    pub fn busy_actions(&self, spent: &[Duration; POLLER_ACTION_SLOTS]) {
+        for (c, d) in self.busy_actions.iter().zip(spent) {
+            if !d.is_zero() {
+                c.inc_by(d.as_secs_f64());
+            }
+        }
     }
 
     /// A busy pass's time by phase ([`POLLER_PHASES`]'s order).
@@ -192,6 +225,18 @@ impl Metrics {
                 for p in POLLER_PHASES {
                     c.with_label_values(&[p]);
                 }
+                c
+            },
+            action_seconds: {
+                let c = prometheus::CounterVec::new(
+                    prometheus::Opts::new(
+                        "tcpxd_poller_action_seconds_total",
+                        "Time in the busy passes' engine actions (wherever in the pass they ran) by what ran: each engine action kind, send_direct, progress_flush, submit_gathers",
+                    ),
+                    &["kind"],
+                )
+                .expect("valid metric");
+                r.register(Box::new(c.clone())).expect("registered once");
                 c
             },
             reattach_pending: {
@@ -322,6 +367,7 @@ impl Metrics {
             busy: pair("yes"),
             idle: pair("no"),
             busy_phases: POLLER_PHASES.map(|p| self.phase_seconds.with_label_values(&[p])),
+            busy_actions: POLLER_ACTION_KINDS.map(|k| self.action_seconds.with_label_values(&[k])),
         }
     }
 

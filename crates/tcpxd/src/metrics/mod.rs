@@ -25,7 +25,9 @@ mod tests;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
 pub use endpoint::{bind, serve};
-pub use events::{Hist, Metrics, POLLER_PHASES, PassCounters, Summary};
+pub use events::{
+    Hist, Metrics, POLLER_ACTION_KINDS, POLLER_ACTION_SLOTS, POLLER_PHASES, PassCounters, Summary,
+};
 pub use labels::{Op, size_class, status_label};
 pub use meter::Meter;
 pub use snapshot::{NodeGauges, link_name};

@@ -188,6 +188,10 @@ fn poller_passes_count_busy_and_idle_apart() {
     spent[3] = Duration::from_micros(40);
     spent[4] = Duration::from_micros(10);
     passes.busy_phases(&spent);
+    let mut actions = [Duration::ZERO; POLLER_ACTION_SLOTS];
+    actions[3] = Duration::from_micros(7);
+    actions[POLLER_ACTION_SLOTS - 1] = Duration::from_micros(2);
+    passes.busy_actions(&actions);
     let snap = StatsSnapshot {
         peers: Vec::new(),
         retired: Vec::new(),
@@ -202,6 +206,8 @@ fn poller_passes_count_busy_and_idle_apart() {
         "tcpxd_poller_busy_phase_seconds_total{phase=\"test_lanes\"} 0.00004",
         "tcpxd_poller_busy_phase_seconds_total{phase=\"consume\"} 0.00001",
         "tcpxd_poller_busy_phase_seconds_total{phase=\"intake\"} 0",
+        "tcpxd_poller_action_seconds_total{kind=\"land\"} 0.000007",
+        "tcpxd_poller_action_seconds_total{kind=\"submit_gathers\"} 0.000002",
     ] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }

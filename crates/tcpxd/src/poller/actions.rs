@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::blocks::{self, RecvPost, ScatterTo, SendPost, Slots};
+use super::pass_clock;
 use super::posting::{Placed, landing_slots, post_recvs, post_sends, start_buffer_unpack};
 use super::{LANDING, PeerSlot, Phase, Poller, RecvLane, RecvLaneState, SendLane};
 use crate::engine::{Action, Outcome, PeerIdx, PeerMsg, TransferId};
@@ -27,20 +28,26 @@ impl Poller {
     pub(super) fn run_actions(&mut self) -> bool {
         let mut any = false;
         let mut failures = Vec::new();
+        let mut t = Instant::now();
         while let Some(action) = self.engine.poll_action() {
             any = true;
+            let kind = action.kind();
             if let Err(failure) = self.run_action(action) {
                 failures.push(failure);
             }
+            t = self.action_clock.add(kind, t);
         }
         if !self.direct_pending.is_empty() {
             self.send_direct();
+            t = self.action_clock.add(pass_clock::SEND_DIRECT, t);
         }
         self.flush_progress();
+        t = self.action_clock.add(pass_clock::PROGRESS_FLUSH, t);
         // This pass's GPU gathers, one launch per GPU; their sends go out once they are done.
         for stage in self.stages.values_mut() {
             stage.submit_gathers();
         }
+        self.action_clock.add(pass_clock::SUBMIT_GATHERS, t);
         for (p, why) in failures {
             self.engine.on_peer_failed(p, &why);
         }

@@ -77,7 +77,7 @@ use crate::lanes::{GpuStage, RecvQueue, Tag};
 pub use crate::peer_stats::{PeerLink, PeerStats, StatsSnapshot};
 pub use direct::{Decode, DirectConn, MAX_UNSENT};
 pub use park::PollerTx;
-use pass_clock::{PassClock, PassPhase};
+use pass_clock::{ActionClock, PassClock, PassPhase};
 pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
 pub use rings::{RingWatch, RingWatching};
 pub use sessions::{PASS_BUDGET, PassBudget, SessionWatch, Watched, Watching, on_poller_thread};
@@ -134,6 +134,7 @@ impl PollerHandle {
                     direct_pending: Vec::new(),
                     answers: Vec::new(),
                     landed_in_actions: false,
+                    action_clock: ActionClock::new(),
                     park,
                     direct_ready: Vec::new(),
                     inbound: VecDeque::new(),
@@ -315,6 +316,8 @@ struct Poller {
     answers: Vec<Box<dyn FnOnce() + Send>>,
     /// The batch of actions just run landed eager chunks (`drive.rs`, `consume_landed`).
     landed_in_actions: bool,
+    /// The actions phase's time by what ran, published at the end of each busy pass.
+    action_clock: ActionClock,
     /// Where the poller waits: epoll on the channel's eventfd and the direct sockets (`park.rs`).
     park: park::Park,
     /// Direct sockets epoll reported readable, read at the start of the next pass.
@@ -425,8 +428,10 @@ impl Poller {
             clock.lap(PassPhase::Flush);
             let pass_end = clock.now();
             passes.pass(progressed, pass_end - pass_start);
+            let actions = self.action_clock.take();
             if progressed {
                 passes.busy_phases(clock.spent());
+                passes.busy_actions(&actions);
                 backoff.reset();
                 last_progress = pass_end;
                 if let Some(w) = &self.cfg.warmth {

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::metrics::POLLER_PHASES;
+use crate::metrics::{POLLER_ACTION_SLOTS, POLLER_PHASES};
 
 /// A pass's phases, in [`POLLER_PHASES`]' order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +55,39 @@ impl PassClock {
     }
 }
 
+/// The `actions` phase split by what ran: each engine action's kind
+/// ([`crate::engine::ACTION_KINDS`]), then the direct connections' batched writes, the progress
+/// flush and the GPU gathers' launch (`tcpxd_poller_action_seconds_total{kind}`), summed over a
+/// busy pass and published with it.
+pub(super) struct ActionClock {
+    spent: [Duration; POLLER_ACTION_SLOTS],
+}
+
+/// [`ActionClock`]'s slots after the action kinds.
+pub(super) const SEND_DIRECT: usize = crate::engine::ACTION_KINDS.len();
+pub(super) const PROGRESS_FLUSH: usize = SEND_DIRECT + 1;
+pub(super) const SUBMIT_GATHERS: usize = SEND_DIRECT + 2;
+
+impl ActionClock {
+    pub(super) fn new() -> ActionClock {
+        ActionClock {
+            spent: [Duration::ZERO; POLLER_ACTION_SLOTS],
+        }
+    }
+
+    /// `since`'s time to now goes to `slot`; returns now (the next slot's start).
+    pub(super) fn add(&mut self, slot: usize, since: Instant) -> Instant {
+        let now = Instant::now();
+        self.spent[slot] += now - since;
+        now
+    }
+
+    /// The pass's sums, the clock back to zero.
+    pub(super) fn take(&mut self) -> [Duration; POLLER_ACTION_SLOTS] {
+        std::mem::replace(&mut self.spent, [Duration::ZERO; POLLER_ACTION_SLOTS])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,5 +119,22 @@ mod tests {
         );
         assert_eq!(POLLER_PHASES[PassPhase::TestLanes as usize], "test_lanes");
         assert_eq!(POLLER_PHASES[PassPhase::Flush as usize], "flush");
+    }
+
+    #[test]
+    fn the_action_clock_sums_by_slot_and_starts_again_after_take() {
+        let mut c = ActionClock::new();
+        let t = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        let t = c.add(3, t);
+        c.add(SUBMIT_GATHERS, t);
+        let spent = c.take();
+        assert!(spent[3] >= Duration::from_millis(2));
+        assert_eq!(
+            crate::metrics::POLLER_ACTION_KINDS[SUBMIT_GATHERS],
+            "submit_gathers"
+        );
+        assert_eq!(crate::metrics::POLLER_ACTION_KINDS[3], "land");
+        assert_eq!(c.take(), [Duration::ZERO; POLLER_ACTION_SLOTS]);
     }
 }
