@@ -335,11 +335,25 @@ async fn two_long_transfers(a: &mut TestDaemon, b: &mut TestDaemon) -> Framed {
     s.send(1, write_op(write_entry(&src, 0, &dst, 0, 120 * MIB)))
         .await;
     s.send(2, read_op(read_entry(&dst, 0, &src, 0, 120 * MIB))).await;
-    // A cancel of a tag no request has: its refusal comes after both requests were handled.
+    // A cancel of a tag no request has: its refusal comes after both requests were read. Their
+    // starts reach the engine on their own way (a start's checks are not awaited before the next
+    // request is read: CI saw the refusal ahead of the READ's start under load), so wait until
+    // the poller counts both.
     s.send(3, Op::CancelTag(99)).await;
     let (tag, code, _) = refused(s.next().await);
     assert_eq!((tag, code), (3, tonic::Code::NotFound as i32));
-    assert_eq!(active(&mut a.client).await, 2, "both in flight");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let n = active(&mut a.client).await;
+        if n == 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "both in flight: {n} active after 20 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
     s
 }
 
