@@ -225,7 +225,7 @@ def main():
                 f" {busy * 1e6 / max(nbusy, 1):>13.1f} {idle * 1e6 / max(nidle, 1):>13.2f} {peak:>10.2f}"
             )
         if any(phases.values()):
-            names = ["intake", "commands", "actions", "test_lanes", "consume", "flush"]
+            names = ["intake", "commands", "setup", "actions", "test_lanes", "tick", "consume", "flush"]
             print("\nBusy passes by phase (tcpxd_poller_busy_phase_seconds_total; µs per transfer):")
             print(f"{'process':<10} " + " ".join(f"{n:>11}" for n in names))
             for role in sorted(phases):

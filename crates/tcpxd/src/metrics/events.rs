@@ -43,11 +43,21 @@ pub struct Metrics {
 /// The phases of a poller pass, in the order a pass runs them (`tcpxd_poller_busy_phase_seconds_total`'s
 /// `phase` label; `poller::pass_clock`'s `PassPhase` indexes it): `intake` the look at the sockets,
 /// the framed sessions and the direct control connections' reads; `commands` the API's commands;
-/// `actions` the engine's actions run (setup, prepared slices, the actions after the lanes'
-/// test and the tick); `test_lanes` the plugin's `test` on every lane and the completions;
+/// `setup` the lanes' connects and accepts and the completions the last pass left applied to the
+/// engine (`drive_setup`); `actions` the engine's actions run (prepared slices, the actions after
+/// the lanes' test and the tick); `tick` the engine's tick (deadlines, orphans, drain, lanes); `test_lanes` the plugin's `test` on every lane and the completions;
 /// `consume` the landed chunks' unpack, consume and their actions; `flush` the direct
 /// connections' writes, the API's answers and the drain's check.
-pub const POLLER_PHASES: [&str; 6] = ["intake", "commands", "actions", "test_lanes", "consume", "flush"];
+pub const POLLER_PHASES: [&str; 8] = [
+    "intake",
+    "commands",
+    "setup",
+    "actions",
+    "test_lanes",
+    "tick",
+    "consume",
+    "flush",
+];
 
 /// The slots of the busy passes' engine actions, wherever in the pass they ran (the `actions`
 /// phase, and the runs inside `commands` and `consume`; `tcpxd_poller_action_seconds_total{kind}`):
@@ -216,7 +226,7 @@ impl Metrics {
                 let c = prometheus::CounterVec::new(
                     prometheus::Opts::new(
                         "tcpxd_poller_busy_phase_seconds_total",
-                        "Time in the poller's busy passes (progress=\"yes\") by phase: intake, commands, actions, test_lanes, consume, flush",
+                        "Time in the poller's busy passes (progress=\"yes\") by phase: intake, commands, setup, actions, test_lanes, tick, consume, flush",
                     ),
                     &["phase"],
                 )

@@ -185,8 +185,8 @@ fn poller_passes_count_busy_and_idle_apart() {
     passes.pass(true, Duration::from_micros(20));
     passes.pass(false, Duration::from_micros(2));
     let mut spent = [Duration::ZERO; POLLER_PHASES.len()];
-    spent[3] = Duration::from_micros(40);
-    spent[4] = Duration::from_micros(10);
+    spent[4] = Duration::from_micros(40);
+    spent[6] = Duration::from_micros(10);
     passes.busy_phases(&spent);
     let mut actions = [Duration::ZERO; POLLER_ACTION_SLOTS];
     actions[3] = Duration::from_micros(7);

@@ -400,6 +400,7 @@ impl Poller {
             }
             clock.lap(PassPhase::Commands);
             progressed |= self.drive_setup();
+            clock.lap(PassPhase::Setup);
             progressed |= self.run_actions();
             // A large prepared READ's first read request is on its way now: a slice of the rest
             // of its parts (engine::prepared's plan; more each pass, offers taken between).
@@ -411,6 +412,7 @@ impl Poller {
             progressed |= self.test_lanes();
             clock.lap(PassPhase::TestLanes);
             self.engine.on_tick(clock.now());
+            clock.lap(PassPhase::Tick);
             progressed |= self.run_actions();
             clock.lap(PassPhase::Actions);
             // Eager chunks landed by those actions and unpacked at once: consumed in this pass,

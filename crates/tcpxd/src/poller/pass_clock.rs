@@ -6,7 +6,7 @@
 //! of its busiest half second at ~120 µs a pass (docs/BENCHMARKS.md, session 26), which makes it
 //! the ceiling of those rows. This clock says which part of a pass that is, on the host where it
 //! runs (the device host has no profiler). A lap is one `Instant::now()` (a vDSO read, tens of
-//! ns): seven a pass.
+//! ns): nine a pass.
 
 use std::time::{Duration, Instant};
 
@@ -17,10 +17,12 @@ use crate::metrics::{POLLER_ACTION_SLOTS, POLLER_PHASES};
 pub(super) enum PassPhase {
     Intake = 0,
     Commands = 1,
-    Actions = 2,
-    TestLanes = 3,
-    Consume = 4,
-    Flush = 5,
+    Setup = 2,
+    Actions = 3,
+    TestLanes = 4,
+    Tick = 5,
+    Consume = 6,
+    Flush = 7,
 }
 
 /// One pass's time by phase: each [`lap`](PassClock::lap) gives the time since the previous one
