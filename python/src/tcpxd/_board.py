@@ -80,6 +80,19 @@ def refused(why: str) -> None:
         log.info("tcpxd: the daemon's sessions carry no completion board (%s); transfers' ends come as events", why)
 
 
+
+def sealed_memfd(name: str, size: int) -> "tuple[int, mmap.mmap]":
+    """A memfd of `size` bytes sealed against resizing (as the daemon requires of boards and
+    rings) and its mapping; the fd is closed again if anything fails."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        return fd, mmap.mmap(fd, size)
+    except BaseException:
+        os.close(fd)
+        raise
+
 class Board:
     """The client's mapping of a board (`fd`, to send with `attach_board`, closed by `sent()`)."""
 
@@ -87,14 +100,7 @@ class Board:
 
     def __init__(self, slots: int, notes: int = 0):
         size = SLOT_BYTES * (slots + 1) + NOTE_SLOT * notes
-        fd = os.memfd_create("tcpxd-board", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.ftruncate(fd, size)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-            self.mem = mmap.mmap(fd, size)
-        except BaseException:
-            os.close(fd)
-            raise
+        fd, self.mem = sealed_memfd("tcpxd-board", size)
         self.fd: Optional[int] = fd
         self.slots = slots
         self.mask = slots - 1

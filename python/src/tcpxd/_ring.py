@@ -28,14 +28,13 @@ the socket gains nothing from it. TCPXD_RING_SLOTS sets its slots (0: no ring).
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import mmap
 import os
 import struct
 from typing import Any, Optional
 
 from . import _proto
+from ._board import sealed_memfd
 from ._native_gate import native
 
 log = logging.getLogger("tcpxd")
@@ -92,14 +91,7 @@ class Ring:
 
     def __init__(self, slots: int = SLOTS, slot_bytes: int = SLOT_BYTES):
         size = HEADER_BYTES + slots * slot_bytes
-        fd = os.memfd_create("tcpxd-ring", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.ftruncate(fd, size)
-            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-            self.mem = mmap.mmap(fd, size)
-        except BaseException:
-            os.close(fd)
-            raise
+        fd, self.mem = sealed_memfd("tcpxd-ring", size)
         self.fd: Optional[int] = fd
         self.slots = slots
         #: The longest frame a slot takes (its 4-byte length included).
