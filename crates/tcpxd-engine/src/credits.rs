@@ -378,24 +378,77 @@ impl Engine {
         let len = p.credit_bytes;
         let l = p.recv.get_mut(lane as usize)?;
         let t = l.unpacking.pop_front()?;
-        l.recv_credits.repost();
+        l.recv_credits.repost(t.len);
         Some((t.offer, t.len, len))
     }
 
     /// One `Credits` message per peer with credits to return (those a `Done` did not carry),
-    /// unless they may wait for a `Done` that is coming ([`credits_may_wait`]).
+    /// unless they may wait for a `Done` that is coming ([`credits_may_wait`],
+    /// [`Engine::done_needs_none_owed`]; the argument: the module's "Liveness").
     pub(super) fn flush_credits(&mut self) {
-        for (&peer, p) in self.peers.iter_mut() {
-            if credits_may_wait(p) {
+        // The byte budget this node announced to its peers (`GpuCredits`): 0, none.
+        let budget = if self.gpu_credits() { self.own_budget() } else { 0 };
+        let mut now: Vec<PeerIdx> = Vec::new();
+        for (&peer, p) in self.peers.iter() {
+            if p.gone() || !owing(p) || credits_may_wait(p) || self.done_needs_none_owed(peer, p, budget) {
                 continue;
             }
-            if let Some(returned) = take_owed(p) {
+            now.push(peer);
+        }
+        for peer in now {
+            if let Some(returned) = self.peers.get_mut(&peer).and_then(take_owed) {
                 self.actions.push_back(Action::Control {
                     peer,
                     msg: PeerMsg::Credits { returned },
                 });
             }
         }
+    }
+
+    /// Whether a pairing's owed credits may wait for a `Done` because the sender can bring that
+    /// `Done` about without any of them (the module's "Liveness", rule 2):
+    ///
+    /// - on every lane in use that still expects announced chunks, the sender holds (or has on
+    ///   its way back) a credit for each, and their bytes with every byte not yet returned fit
+    ///   the byte budget this node announced (`budget`, 0: none) — so the sender sends them all
+    ///   without a credit back;
+    /// - and one of those chunks (expected or being unpacked) belongs to a transfer that lands
+    ///   here (not cancelled, refused or failed) and has every chunk announced (a streamed one
+    ///   announces more only as credits come back): its last consume sends its `Done`, which
+    ///   carries every credit owed then.
+    fn done_needs_none_owed(&self, peer: PeerIdx, p: &Peer, budget: u64) -> bool {
+        let mut done_coming = false;
+        for &i in p.recv_used.lanes() {
+            let l = &p.recv[i as usize];
+            let c = &l.recv_credits;
+            if !l.targets.is_empty() {
+                // Every posted receive with no data is a credit the sender holds, has spent on a
+                // chunk on its way (one of `targets`), or will get back from a message already
+                // sent; the owed ones it gets back only with the `Done`.
+                if l.targets.len() as u64 + u64::from(c.owed()) > u64::from(c.posted()) {
+                    return false;
+                }
+                if budget > 0 {
+                    // With targets waiting, no data waits for its header (`match_landed`).
+                    let out: u64 = l
+                        .targets
+                        .iter()
+                        .chain(&l.unpacking)
+                        .map(|t| u64::from(t.len))
+                        .sum();
+                    if c.owed_bytes() + out > budget {
+                        return false;
+                    }
+                }
+            }
+            done_coming = done_coming
+                || l.targets.iter().chain(&l.unpacking).any(|t| {
+                    self.in_offers
+                        .get(&(peer, t.offer))
+                        .is_some_and(|o| !o.discard && o.stream.is_none())
+                });
+        }
+        done_coming
     }
 
     /// The credits owed to `peer` per lane, taken (a `Done` carries them); `None` when none is
@@ -468,15 +521,17 @@ fn credits_may_wait(p: &Peer) -> bool {
     expecting
 }
 
+/// Whether a pairing owes its peer any credit (only a lane in use can: `lane_use.rs`).
+fn owing(p: &Peer) -> bool {
+    p.recv_used
+        .lanes()
+        .iter()
+        .any(|&i| p.recv[i as usize].recv_credits.owed() > 0)
+}
+
 /// A pairing's owed credits per lane, taken; `None` when none is owed or it is gone.
 fn take_owed(p: &mut Peer) -> Option<Vec<u32>> {
-    // Only a lane in use can owe a credit (`lane_use.rs`); the wire form is one count per lane.
-    let owing = |p: &Peer| {
-        p.recv_used
-            .lanes()
-            .iter()
-            .any(|&i| p.recv[i as usize].recv_credits.owed() > 0)
-    };
+    // The wire form is one count per lane.
     if p.gone() || !owing(p) {
         return None;
     }

@@ -126,6 +126,9 @@ pub(crate) struct RecvCredits {
     /// Credit receives posted again after their data was consumed, whose credits the peer has
     /// not been sent yet.
     owed: u32,
+    /// The lengths of the chunks those receives held: what the peer's byte budget has out for
+    /// them (`crate::credits`, "Liveness").
+    owed_bytes: u64,
 }
 
 impl RecvCredits {
@@ -151,10 +154,12 @@ impl RecvCredits {
         }
     }
 
-    /// A consumed receive was posted again: its credit is owed to the peer.
-    pub(crate) fn repost(&mut self) {
+    /// A consumed receive (its chunk `len` bytes) was posted again: its credit is owed to the
+    /// peer.
+    pub(crate) fn repost(&mut self, len: u32) {
         self.posted += 1;
         self.owed += 1;
+        self.owed_bytes += u64::from(len);
     }
 
     /// Credits owed to the peer.
@@ -162,8 +167,14 @@ impl RecvCredits {
         self.owed
     }
 
+    /// The bytes of the chunks whose credits are owed.
+    pub(crate) fn owed_bytes(&self) -> u64 {
+        self.owed_bytes
+    }
+
     /// The credits owed, now being returned: none are owed after.
     pub(crate) fn take_owed(&mut self) -> u32 {
+        self.owed_bytes = 0;
         std::mem::take(&mut self.owed)
     }
 }
@@ -296,10 +307,12 @@ mod tests {
         assert!(c.land());
         assert!(c.land());
         assert_eq!((c.posted(), c.owed()), (1, 0), "landed, not consumed");
-        c.repost();
-        assert_eq!((c.posted(), c.owed()), (2, 1));
-        c.repost();
+        c.repost(100);
+        assert_eq!((c.posted(), c.owed(), c.owed_bytes()), (2, 1, 100));
+        c.repost(28);
+        assert_eq!(c.owed_bytes(), 128);
         assert_eq!(c.take_owed(), 2);
+        assert_eq!(c.owed_bytes(), 0, "their bytes with them");
         assert_eq!(
             (c.posted(), c.owed()),
             (3, 0),

@@ -84,7 +84,7 @@ impl Engine {
     }
 
     /// The byte budget this node announces per credit lane.
-    fn own_budget(&self) -> u64 {
+    pub(super) fn own_budget(&self) -> u64 {
         match self.cfg.credit_budget_bytes {
             0 => u64::from(self.cfg.credits) * u64::from(self.cfg.chunk_bytes),
             b => b,

@@ -24,6 +24,7 @@ mod lifecycle;
 mod listed_lanes;
 mod lone_notice;
 mod mixed_routes;
+mod owed_credits;
 mod packed_batch;
 mod pair_life;
 mod prepared;

@@ -1,6 +1,6 @@
-//! Owed credits that wait for the transfer's `Done` (`credits_may_wait`, issue #38's fixed cost
-//! per transfer): only while each lane owes at most one and a lane that owes nothing still
-//! expects a chunk; driven by hand as the receiver of `eager.rs`'s hostile cases.
+//! Owed credits that wait for the transfer's `Done` (`credits.rs`, "Liveness"; issue #38's fixed
+//! cost per transfer): while the sender needs none of them for the chunks announced and a `Done`
+//! is coming; driven by hand as the receiver of `eager.rs`'s hostile cases.
 
 use super::eager::{actions, header, messages, receiver};
 use super::*;
@@ -23,72 +23,161 @@ fn header_into_6(eng: &mut Engine, id: u64, length: u64) -> PeerMsg {
     PeerMsg::Header(o)
 }
 
-#[test]
-fn credits_wait_for_the_done_only_while_a_lane_that_owes_nothing_expects_a_chunk() {
-    let (mut eng, now) = receiver();
-    // Three 4 KiB chunks: lane 0 gets the first and third, lane 1 the second.
-    let h = header_into_6(&mut eng, 1, 3 * 4096);
-    eng.on_message(P, h, now);
-    assert!(messages(&actions(&mut eng)).is_empty());
-    for lane in [0, 1, 0] {
+/// Lands `lanes` in order, then hands every chunk to the driver (`Land` actions drained).
+fn land(eng: &mut Engine, now: Instant, lanes: &[u32]) {
+    for &lane in lanes {
         eng.on_recv_landed(P, lane, now);
     }
-    actions(&mut eng);
-    // Lane 0's first consumed: lane 1 owes nothing and still expects its chunk, so lane 0's one
-    // credit waits.
-    eng.on_recv_consumed(P, 0, Ok(()));
-    assert!(messages(&actions(&mut eng)).is_empty());
-    // Lane 0's second: it owes two, more than one credit per lane waits: both go back now.
-    eng.on_recv_consumed(P, 0, Ok(()));
+    actions(eng);
+}
+
+/// Consumes the oldest chunk of `lane` and returns the messages its batch sent.
+fn consume(eng: &mut Engine, lane: u32) -> Vec<PeerMsg> {
+    eng.on_recv_consumed(P, lane, Ok(()));
+    messages(&actions(eng)).into_iter().cloned().collect()
+}
+
+fn every_credit_posted(eng: &Engine) {
+    let c = eng.peer_counters(P).unwrap();
+    assert!(c.recv.iter().all(|l| l.credits == 16), "{c:?}");
+}
+
+#[test]
+fn a_spread_transfers_credits_ride_with_its_done_however_its_consumes_fall() {
+    let (mut eng, now) = receiver();
+    // Four 4 KiB chunks, two a lane (lane 0: 1st and 3rd, lane 1: 2nd and 4th), as a spread
+    // 1 MiB goes over two credit lanes; every order of consumes, each in a batch of its own.
+    let orders: [[u32; 4]; 4] = [[0, 1, 0, 1], [0, 0, 1, 1], [1, 1, 0, 0], [1, 0, 1, 0]];
+    for (k, order) in orders.iter().enumerate() {
+        let id = k as u64 + 1;
+        let h = header_into_6(&mut eng, id, 4 * 4096);
+        eng.on_message(P, h, now);
+        assert!(messages(&actions(&mut eng)).is_empty());
+        // Each chunk lands just before its consume: the other lane's are still on their way.
+        for (i, &lane) in order.iter().enumerate() {
+            land(&mut eng, now, &[lane]);
+            let msgs = consume(&mut eng, lane);
+            if i < 3 {
+                // Each lane owes up to two while the sender holds 14 more: nothing goes back.
+                assert!(msgs.is_empty(), "{order:?}, consume {i}: {msgs:?}");
+            } else {
+                assert_eq!(
+                    msgs,
+                    vec![PeerMsg::Done {
+                        offer_id: id,
+                        returned: vec![2, 2]
+                    }],
+                    "{order:?}: one message back, every credit in it"
+                );
+            }
+        }
+    }
+    assert!(eng.is_idle() && eng.lanes_idle());
+    every_credit_posted(&eng);
+}
+
+#[test]
+fn owed_credits_go_back_at_once_when_the_sender_needs_them_for_what_it_announced() {
+    let (mut eng, now) = receiver();
+    eng.add_buffer(7, 36 * 4096, key(7)).unwrap();
+    // Transfer 1: three chunks (lanes 0, 1, 0); lane 0's two consumed, lane 1's still coming.
+    let h = header_into_6(&mut eng, 1, 3 * 4096);
+    eng.on_message(P, h, now);
+    land(&mut eng, now, &[0, 0]);
+    assert!(consume(&mut eng, 0).is_empty());
+    assert!(
+        consume(&mut eng, 0).is_empty(),
+        "lane 0 owes two, the sender holds 14 more"
+    );
+    // Transfer 2 announces 16 chunks a lane: every credit of lane 0, two of which are owed. Its
+    // header's batch returns them: without them its sender would wait for a `Done` that waits
+    // for its chunks.
+    let PeerMsg::Header(mut o) = header(2, 7, 0, 32 * 4096) else {
+        unreachable!()
+    };
+    o.ranges = vec![RemoteRange {
+        buffer_id: 7,
+        access_key: key(7),
+        offset: 0,
+        length: 32 * 4096,
+    }]
+    .into();
+    eng.on_message(P, PeerMsg::Header(o), now);
     let acts = actions(&mut eng);
     assert_eq!(
         messages(&acts),
         vec![&PeerMsg::Credits { returned: vec![2, 0] }],
         "{acts:?}"
     );
-    eng.on_recv_consumed(P, 1, Ok(()));
-    let acts = actions(&mut eng);
-    assert_eq!(
-        messages(&acts),
-        vec![&PeerMsg::Done {
-            offer_id: 1,
-            returned: vec![0, 1]
-        }],
-        "{acts:?}"
-    );
-
-    // The same transfer consumed in the other order of lanes: lane 0's first waits while lane 1
-    // expects its chunk; lane 1's consume leaves no lane that owes nothing and expects one, so
-    // both credits go back before the transfer's last chunk.
-    let h = header_into_6(&mut eng, 2, 3 * 4096);
-    eng.on_message(P, h, now);
-    actions(&mut eng);
-    for lane in [0, 1, 0] {
-        eng.on_recv_landed(P, lane, now);
+    // Everything lands and is consumed: each transfer's `Done` (or a `Credits` message) returns
+    // the rest, and every credit comes back exactly once.
+    let mut back = [2u32, 0];
+    land(&mut eng, now, &[1]);
+    let mut msgs = consume(&mut eng, 1);
+    for _ in 0..16 {
+        land(&mut eng, now, &[0, 1]);
+        msgs.extend(consume(&mut eng, 0));
+        msgs.extend(consume(&mut eng, 1));
     }
-    actions(&mut eng);
-    eng.on_recv_consumed(P, 0, Ok(()));
-    assert!(messages(&actions(&mut eng)).is_empty());
-    eng.on_recv_consumed(P, 1, Ok(()));
-    let acts = actions(&mut eng);
-    assert_eq!(
-        messages(&acts),
-        vec![&PeerMsg::Credits { returned: vec![1, 1] }],
-        "{acts:?}"
-    );
-    eng.on_recv_consumed(P, 0, Ok(()));
-    let acts = actions(&mut eng);
-    assert_eq!(
-        messages(&acts),
-        vec![&PeerMsg::Done {
-            offer_id: 2,
-            returned: vec![1, 0]
-        }],
-        "{acts:?}"
-    );
+    let mut dones = Vec::new();
+    for m in &msgs {
+        match m {
+            PeerMsg::Credits { returned } => {
+                back[0] += returned[0];
+                back[1] += returned[1];
+            }
+            PeerMsg::Done { offer_id, returned } => {
+                dones.push(*offer_id);
+                back[0] += returned[0];
+                back[1] += returned[1];
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(dones, vec![1, 2]);
+    assert_eq!(back, [18, 17], "every consume's credit, once");
     assert!(eng.is_idle() && eng.lanes_idle());
-    let c = eng.peer_counters(P).unwrap();
-    assert!(c.recv.iter().all(|l| l.credits == 16), "{c:?}");
+    every_credit_posted(&eng);
+}
+
+#[test]
+fn owed_credits_wait_only_for_a_done_that_is_coming() {
+    // A transfer cancelled by its sender lands nothing and sends no `Done`: what its consumes
+    // owe goes back once no other transfer's `Done` is coming.
+    let (mut eng, now) = receiver();
+    let h = header_into_6(&mut eng, 1, 4 * 4096);
+    eng.on_message(P, h, now);
+    land(&mut eng, now, &[0, 1]);
+    assert!(consume(&mut eng, 0).is_empty());
+    assert!(
+        consume(&mut eng, 1).is_empty(),
+        "each lane owes one, its `Done` is coming"
+    );
+    eng.on_message(
+        P,
+        PeerMsg::CancelOffer {
+            offer_id: 1,
+            code: Code::Cancelled,
+            message: "client cancelled".into(),
+        },
+        now,
+    );
+    let acts = actions(&mut eng);
+    assert_eq!(
+        messages(&acts),
+        vec![
+            &PeerMsg::CancelSeen { offer_id: 1 },
+            &PeerMsg::Credits { returned: vec![1, 1] }
+        ],
+        "its `Done` will not come: {acts:?}"
+    );
+    // Its last chunks still meet their receives, consumed without landing; their credits too.
+    land(&mut eng, now, &[0, 1]);
+    let mut msgs = consume(&mut eng, 0);
+    msgs.extend(consume(&mut eng, 1));
+    assert_eq!(msgs, vec![PeerMsg::Credits { returned: vec![1, 1] }]);
+    assert!(eng.is_idle() && eng.lanes_idle());
+    every_credit_posted(&eng);
 }
 
 #[test]

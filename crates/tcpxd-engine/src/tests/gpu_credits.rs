@@ -7,7 +7,7 @@ use crate::topology::Memory;
 
 /// Auto with 1 rendezvous lane and 1 credit lane per peer (lane 1), 4 KiB chunks, eager up to
 /// 16 KiB, credit receives landing in GPU memory.
-fn gpu_cfg() -> EngineConfig {
+pub(super) fn gpu_cfg() -> EngineConfig {
     EngineConfig {
         protocol: Protocol::Auto,
         eager_lanes: 1,

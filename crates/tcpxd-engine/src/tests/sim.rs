@@ -179,6 +179,8 @@ pub(super) struct Sim {
     /// Receive lanes each node listened for (opened on first use) and closed when idle.
     pub(super) opened: [u64; 2],
     pub(super) closed_lanes: [u64; 2],
+    /// `Credits` messages node i sent (credits returned before a transfer's `Done`).
+    pub(super) credit_msgs: [u64; 2],
 }
 
 pub(super) fn key(n: u8) -> [u8; 16] {
@@ -200,6 +202,9 @@ impl Sim {
                 match a {
                     Action::Control { peer, msg } => {
                         assert_eq!(peer, P);
+                        if matches!(msg, PeerMsg::Credits { .. }) {
+                            self.credit_msgs[i] += 1;
+                        }
                         self.ctrl[1 - i].push_back(msg);
                     }
                     Action::PostSend {

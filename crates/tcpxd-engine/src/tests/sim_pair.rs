@@ -112,6 +112,7 @@ impl Sim {
             hold_data: false,
             opened: [0; 2],
             closed_lanes: [0; 2],
+            credit_msgs: [0; 2],
         };
         // Pairing: each side's ReceiveMode (and credit receives) before any transfer.
         sim.drain();

@@ -56,7 +56,7 @@ fn the_spread_chunk_halves_until_two_chunks_a_lane_or_the_floor() {
 }
 
 /// Auto, 2 rendezvous lanes and 2 GPU credit lanes per peer, 16 KiB chunks spread down to 4 KiB.
-fn spread_cfg(min: u32) -> EngineConfig {
+pub(super) fn spread_cfg(min: u32) -> EngineConfig {
     EngineConfig {
         protocol: Protocol::Auto,
         eager_lanes: 2,
