@@ -16,7 +16,8 @@ receive's `test` done), each naming its comm. A transfer starts at `raw.start` (
 planned it) or `poller.cmd` (the daemon's poller took the client's command) and ends at `raw.end`
 (the raw receiver consumed its last chunk) or at the daemon's `Done` out (a WRITE's receiver) /
 `poller.finished` (the READ's reader). All times are µs after the transfer's first `lane.isend`;
-p50 / p90 over the transfers (after --skip).
+p50 / p90 over the transfers (after --skip). Last, how many `Credits` messages (`poller.out
+kind=credits`) went out before a transfer's end: credits returned mid-transfer, not in its `Done`.
 """
 
 import argparse
@@ -88,6 +89,13 @@ def main():
         ends = [e for e in ends if e + t0 >= t_last][:1]
         if not ends:
             continue
+        # `Credits` messages sent before the end (a daemon's receiver returning credits
+        # mid-transfer instead of in the `Done`: session 27, wcredit).
+        mid_credits = sum(
+            1
+            for t, f in window
+            if f.get("hop") == "poller.out" and f.get("kind") == "credits" and t - t0 < ends[-1]
+        )
         # What followed the last receive's completion, up to the end: the receiver's steps.
         tail = [
             (t - t0, label(f))
@@ -106,6 +114,7 @@ def main():
                 "last received → end": ends[-1] - max(recvd)[0],
                 "first isend → end": ends[-1],
                 "first comm": min(recvd)[1],
+                "mid credits": mid_credits,
                 "tail": tail,
             }
         )
@@ -115,7 +124,7 @@ def main():
     print(f"{len(rows)} transfers, chunks per transfer: {dict(Counter(r['chunks'] for r in rows))}")
     print(f"{'µs after the first lane.isend':36} {'p50':>8} {'p90':>8}")
     for key in rows[0]:
-        if key in ("chunks", "first comm", "tail"):
+        if key in ("chunks", "first comm", "tail", "mid credits"):
             continue
         xs = [r[key] for r in rows]
         print(f"{key:36} {statistics.median(xs):8.1f} {pct(xs, 90):8.1f}")
@@ -127,6 +136,11 @@ def main():
     for k in range(1, len(order)):
         xs = [tail[k][0] - tail[k - 1][0] for tail in same]
         print(f"  {order[k - 1] + '  →  ' + order[k]:52} {statistics.median(xs):8.1f} {pct(xs, 90):8.1f}")
+    mid = [r["mid credits"] for r in rows]
+    print(
+        f"Credits messages before the end: {sum(mid)} in {sum(1 for m in mid if m)} of {len(rows)} transfers"
+        " (a receiver returning credits mid-transfer, not in its Done)"
+    )
     firsts = Counter(r["first comm"] for r in rows)
     print("comm whose receive completed first:", ", ".join(f"{c}: {n}" for c, n in firsts.most_common()))
 

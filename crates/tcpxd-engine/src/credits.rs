@@ -18,8 +18,8 @@
 //!   size). The receiver re-posts a receive as soon as it consumed one and returns the credit
 //!   ([`PeerMsg::Credits`], batched at the end of each action batch; the consume that finishes
 //!   a transfer returns what is owed inside its [`PeerMsg::Done`] instead, so a small transfer
-//!   ends with one message; and while each lane owes at most one and a lane that owes nothing
-//!   still expects a chunk, the credits wait for that `Done`: `credits_may_wait`).
+//!   ends with one message; and while the sender cannot need them, owed credits wait for that
+//!   `Done`: "Liveness" below).
 //! - **Header, then data, no wait.** The sender writes the transfer's header
 //!   ([`PeerMsg::Header`]: ranges, keys, chunk size, first lane) on the ordered control stream
 //!   and posts its sends at once. The receiver maps the k-th completed receive on lane L to the
@@ -32,6 +32,68 @@
 //!   cannot be trusted (chunk larger than the credit receives, bad lane, too many chunks,
 //!   duplicate id, a header to a rendezvous receiver) breaks the lane order for every later
 //!   transfer: the pairing fails.
+//!
+//! # Liveness
+//!
+//! A receiver may hold owed credits back — re-posted receives whose credits it has not sent —
+//! hoping the next `Done` carries them (one message at a transfer's end instead of a `Credits`
+//! message mid-transfer and the `Done`: issue #38, a spread 1 MiB WRITE's ~25 µs round trip).
+//! Holding back must never leave a sender waiting for a credit that only a `Done` brings while
+//! that `Done` waits for the sender. Each batch of actions ends by deciding again
+//! (`flush_credits`): the owed credits go back in a `Credits` message unless one of two rules
+//! says they may wait.
+//!
+//! What the receiver knows, per eager lane L: `posted` (credit receives posted with no data:
+//! the sender holds one credit for each, or has spent it on a chunk on its way, or has it on its
+//! way back in a message already sent), `owed` (and their bytes), `targets` (chunks announced
+//! by headers it has read, not landed yet), `unpacking` (landed, being consumed: local work that
+//! always ends). The sender posts chunks on a lane in header order (the k-th receive is the k-th
+//! chunk announced), so the chunks the receiver knows of come on each lane before any chunk of a
+//! header it has not read; only a credit (and, towards GPU credits, the byte budget) holds a
+//! known chunk back at the sender (a cancelled transfer's chunks wait for `CancelSeen`, which the
+//! receiver sends at once; a streamed transfer's next chunks wait to be *announced* until
+//! credits come back — announced chunks are queued).
+//!
+//! - **Rule 1** (session 25, `credits_may_wait`): every lane owes at most one and some lane that
+//!   owes nothing still expects a chunk. That lane holds back none of the sender's credits or
+//!   bytes, so its chunk comes (the sender has a credit for it, or every credit of the lane is a
+//!   chunk on its way and consumed in turn); its consume is a new batch, which decides again.
+//! - **Rule 2** (session 27, `Engine::done_needs_none_owed`): the sender needs none of the owed
+//!   credits for anything announced, and a `Done` is coming. (a) On every lane with `targets`,
+//!   `targets + owed ≤ posted` — the sender holds, or gets back without the `Done`, a credit for
+//!   each announced chunk not yet landed — and, with a byte budget B, `owed bytes + bytes of
+//!   targets and unpacking ≤ B`, so every send fits the budget with nothing returned (no data
+//!   waits for a header on a lane with targets). (b) A chunk expected or being unpacked belongs
+//!   to a transfer that lands here (not cancelled, refused or failed: those end without `Done`)
+//!   with every chunk announced (not a stream that needs credits back to announce the rest).
+//!   Then every chunk of that transfer comes and is consumed, and its last consume sends its
+//!   `Done` with every credit owed at that moment.
+//!
+//! Why no sender waits for ever. While credits are held, every consume re-posts a receive and
+//! owes one more credit, so a lane can owe at most its `credits` (16): at most `credits × lanes`
+//! consumes happen while nothing goes back. Each rule guarantees, when it holds, that some
+//! consume is still to come without any owed credit (rule 1: the lane owing nothing; rule 2: the
+//! awaited transfer's chunks). So the last batch while they are held cannot end with a rule
+//! holding — contradiction unless they went back: in the awaited `Done`, or in a `Credits`
+//! message once neither rule holds. The cases the rules were checked against (engine tests
+//! `eager_credits::`, `owed_credits::`, `gpu_credits::`):
+//! - *A small transfer announcing chunks that need every credit of a lane* (its header read
+//!   while a lane owes two): rule 2(a) fails in that header's batch, rule 1 too (a lane owes
+//!   two), and the credits go back at once.
+//! - *A large transfer and small ones*: a transfer of more chunks than a lane's credits fails
+//!   2(a) from its header on, so its credits flow as they did before (rule 1 only); a streamed
+//!   one fails 2(b) until its last chunks are announced. Small transfers behind either find
+//!   the quarter of each lane the sender keeps for them (`streams.rs`); rule 2 only ever delays
+//!   a chunk the receiver has not been told of yet, until the next `Done` (its header's batch
+//!   decides again).
+//! - *Several transfers interleaved on a lane*, WRITEs and READs both ways: 2(a) counts every
+//!   announced chunk of every transfer on the lane, and any one `Done` returns every credit
+//!   owed, whichever transfer's consumes owed them.
+//! - *The receive window*: the count is of posted credit receives, never more than the plugin's
+//!   requests per comm; the sender's `send_window` only delays sends that find receives posted.
+//! - *Cancel, refusal, failed unpack*: the transfer no longer lands, so it is no `Done` to wait
+//!   for (2(b)); what its consumes owe goes back in the batch that ended it unless another
+//!   transfer's `Done` is coming. *Peer lost*: its credits die with its lanes on both sides.
 
 use super::*;
 
@@ -383,8 +445,8 @@ impl Engine {
     }
 
     /// One `Credits` message per peer with credits to return (those a `Done` did not carry),
-    /// unless they may wait for a `Done` that is coming ([`credits_may_wait`],
-    /// [`Engine::done_needs_none_owed`]; the argument: the module's "Liveness").
+    /// unless they may wait for a `Done` that is coming (rules 1 and 2 of the module's
+    /// "Liveness": `credits_may_wait`, `done_needs_none_owed`).
     pub(super) fn flush_credits(&mut self) {
         // The byte budget this node announced to its peers (`GpuCredits`): 0, none.
         let budget = if self.gpu_credits() { self.own_budget() } else { 0 };
@@ -491,20 +553,11 @@ impl Engine {
     }
 }
 
-/// Whether a pairing's owed credits may wait for the next batch of actions rather than go back
-/// now in a `Credits` message of their own: each lane owes at most one, and some lane that owes
-/// nothing still expects a chunk (announced, landed before its header, or being unpacked). A
-/// transfer of a few chunks over several lanes then returns all its credits in its `Done`: one
-/// message back, not one more per chunk consumed before the last (issue #38's fixed cost per
-/// transfer).
-///
-/// Why no sender waits for ever: the lane that owes nothing holds back none of the sender's
-/// credits or credit bytes for it, so its expected chunk is sent (the sender has its credit, or
-/// every credit of that lane is a chunk on its way here, consumed in turn); the consume of a
-/// chunk on that lane makes it owe one, and the next batch returns every credit owed — or that
-/// consume ends the transfer, whose `Done` (or refusal) carries them. A lane owing more than one
-/// never waits, so a large transfer's credits flow as before once each of its lanes consumed a
-/// chunk. A pairing that failed returns nothing (its credits die with its lanes).
+/// Rule 1 of the module's "Liveness" (session 25): a pairing's owed credits may wait for the
+/// next batch of actions when each lane owes at most one, and some lane that owes nothing still
+/// expects a chunk (announced, landed before its header, or being unpacked). That lane holds back
+/// none of the sender's credits or credit bytes, so its expected chunk comes, and its consume
+/// decides again. A pairing that failed returns nothing (its credits die with its lanes).
 fn credits_may_wait(p: &Peer) -> bool {
     if p.gone() {
         return false;
