@@ -2,7 +2,7 @@
 # Issue #38 at 1 MiB one at a time (session 26, onemib): daemon ÷ raw on the GPU lanes, READ and
 # WRITE, GPU 0 -> 0 and 0 -> 1 where a second GPU exists, three variants alternating
 # (A B C C B A ...):
-#   A  BEFORE's binaries;
+#   A  BEFORE's binaries (their default: spread on at 131072 since session 26);
 #   B  AFTER's binaries with spread off (TCPXD_SPREAD_MIN_CHUNK_BYTES=0; on by default since session 26);
 #   C  AFTER's binaries with TCPXD_SPREAD_MIN_CHUNK_BYTES=$SPREAD (default 131072): a transfer of
 #      fewer than two chunks per lane goes in smaller chunks (1 MiB over two lanes: four of 256
@@ -10,8 +10,9 @@
 #      raw bench reads the same variable, so C's raw rows plan their chunks the same way.
 # Each run has its own raw rows (`tcpxctl bench raw` on GPU 0, its own binaries). Prints p50 µs
 # per row (median over the rounds) and the ratios: after ÷ before, daemon ÷ raw (raw p50 ÷
-# daemon p50: > 1 means the daemon is faster) for B and C, C against both raws (the raw path as
-# it stands, 512 KiB chunks, and raw spread the same way), C ÷ B. About 4 minutes on the H200 host.
+# daemon p50: > 1 means the daemon is faster) for A, B and C, C against both raws (the raw path as
+# it stands, 512 KiB chunks, and raw spread the same way), C ÷ B, and A ÷ C (before ÷ after, both
+# spread: session 27's credits riding with the `Done`). About 4 minutes on the H200 host.
 #
 #   benches/onemib_device.sh BEFORE_DIR AFTER_DIR [OUT_DIR]
 #
@@ -20,14 +21,16 @@
 # GPUS (default what nvidia-smi lists, at most 2), MPS=1 (the one-GPU rows under a private MPS
 # control daemon, as compare.py --mps). Rows go to OUT_DIR (default /tmp/onemib-device).
 #
-# Then (TRACE=0 skips it, ~1 minute) lane by lane (benches/lanes.py): AFTER's raw path and
-# AFTER's daemons, 1 MiB WRITE and READ on the last path, spread off and on, traced
-# (RUST_LOG=tcpxd::hop=trace): when each chunk was posted, sent and received, how far apart the
-# lanes' receives completed, and the receiver's steps from the last receive to the end — to set
-# the daemon's lanes beside raw's.
+# Then (TRACE=0 skips it, ~2 minutes) lane by lane (benches/lanes.py): AFTER's raw path spread
+# off and on, and the daemons, 1 MiB WRITE and READ on the last path, BEFORE spread on, AFTER
+# spread on and off, traced (RUST_LOG=tcpxd::hop=trace): when each chunk was posted, sent and
+# received, how far apart the lanes' receives completed, the receiver's steps from the last
+# receive to the end ("last received → end"), and the `Credits` messages sent before a
+# transfer's end (session 27: 0 after, with spread on) — to set the daemon's lanes beside raw's.
+# A last table sets "last received → end" and those counts side by side.
 set -euo pipefail
 if [ $# -lt 2 ]; then
-    sed -n 2,27p "$0"
+    sed -n 2,30p "$0"
     exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
@@ -104,7 +107,7 @@ print("p50 µs, medians over the runs. A before, B after, C after with spread; r
 print("(raw: A's and B's raw runs, 512 KiB chunks; rawC: C's, spread the same way). Every ratio X/Y is")
 print("X's p50 ÷ Y's p50, so > 1 means Y is faster: raw/B is daemon ÷ raw as compare.py's GB/s ratio.")
 print(f"{'path':<6} {'op':<5} {'size':>7} {'raw':>7} {'rawC':>7} {'A':>7} {'B':>7} {'C':>7} "
-      f"{'A/B':>6} {'raw/B':>6} {'raw/C':>6} {'rawC/C':>7} {'B/C':>6}")
+      f"{'A/B':>6} {'raw/A':>6} {'raw/B':>6} {'raw/C':>6} {'rawC/C':>7} {'B/C':>6} {'A/C':>6}")
 for (path, op, sz) in sorted({(k[2], k[1], k[3]) for k in daemon}):
     a, b, c = (daemon.get((w, op, path, sz), {}) for w in "ABC")
     r_old = list(raw.get(("A", sz), {}).values()) + list(raw.get(("B", sz), {}).values())
@@ -113,32 +116,51 @@ for (path, op, sz) in sorted({(k[2], k[1], k[3]) for k in daemon}):
         continue
     ma, mb, mc, ro, rc = med(a.values()), med(b.values()), med(c.values()), med(r_old), med(r_c)
     print(f"{path:<6} {op:<5} {size(sz):>7} {ro:>7.0f} {rc:>7.0f} {ma:>7.0f} {mb:>7.0f} {mc:>7.0f} "
-          f"{ma / mb:>6.2f} {ro / mb:>6.2f} {ro / mc:>6.2f} {rc / mc:>7.2f} {mb / mc:>6.2f}")
+          f"{ma / mb:>6.2f} {ro / ma:>6.2f} {ro / mb:>6.2f} {ro / mc:>6.2f} {rc / mc:>7.2f} {mb / mc:>6.2f} "
+          f"{ma / mc:>6.2f}")
 print("every row verified" if ok else "SOME ROWS NOT VERIFIED")
 EOF
 
 if [ "${TRACE:-1}" = 1 ]; then
     peer=${peers[-1]}
-    for variant in off on; do
-        env=(TCPXD_SPREAD_MIN_CHUNK_BYTES=0)
-        [ "$variant" = on ] && env=(TCPXD_SPREAD_MIN_CHUNK_BYTES="$spread")
-        t="$out/trace-raw-spread-$variant"
-        mkdir -p "$t"
-        env "${env[@]}" RUST_LOG=tcpxd::hop=trace "$after/tcpxctl" bench raw --cuda 0 \
-            --plugin "$after/libnccl_net_tcpxemu.so" --sizes 1M --iters 200 --warmup 20 \
-            >"$t/bench.txt" 2>"$t/raw.log" || true
-        echo "== raw path, 1 MiB, GPU 0, spread $variant (AFTER)"
-        python3 "$here/lanes.py" "$t/raw.log" || true
-        for op in write read; do
-            t="$out/trace-daemon-$op-0to$peer-spread-$variant"
+    {
+        for variant in off on; do
+            env=(TCPXD_SPREAD_MIN_CHUNK_BYTES=0)
+            [ "$variant" = on ] && env=(TCPXD_SPREAD_MIN_CHUNK_BYTES="$spread")
+            t="$out/trace-raw-spread-$variant"
             mkdir -p "$t"
-            env "${env[@]}" RUST_LOG=tcpxd::hop=trace "$after/tcpxctl" bench transfer --daemon "$after/tcpxd" \
-                --op "$op" --cuda 0 --peer-cuda "$peer" --sizes 1M --iters 200 --warmup 20 --keep-dir \
-                >"$t/bench.txt" 2>&1 || true
-            kept=$(grep -o '/tmp/tcpxd-bench-[0-9]*' "$t/bench.txt" | head -1)
-            [ -n "$kept" ] && mv "$kept"/*.log "$t/" && rm -rf "$kept"
-            echo "== daemons, 1 MiB $op, GPU 0 -> $peer, spread $variant (AFTER)"
-            python3 "$here/lanes.py" "$t/bench-a.log" "$t/bench-b.log" || true
+            env "${env[@]}" RUST_LOG=tcpxd::hop=trace "$after/tcpxctl" bench raw --cuda 0 \
+                --plugin "$after/libnccl_net_tcpxemu.so" --sizes 1M --iters 200 --warmup 20 \
+                >"$t/bench.txt" 2>"$t/raw.log" || true
+            echo "== raw path, 1 MiB, GPU 0, spread $variant (AFTER)"
+            python3 "$here/lanes.py" "$t/raw.log" || true
         done
-    done 2>&1 | tee "$out/trace.txt"
+        # BEFORE and AFTER with spread on alternate, then AFTER with spread off.
+        for who_variant in before-on after-on after-off; do
+            who=${who_variant%-*} variant=${who_variant#*-}
+            dir=$after
+            [ "$who" = before ] && dir=$before
+            env=(TCPXD_SPREAD_MIN_CHUNK_BYTES=0)
+            [ "$variant" = on ] && env=(TCPXD_SPREAD_MIN_CHUNK_BYTES="$spread")
+            for op in write read; do
+                t="$out/trace-daemon-$who-$op-0to$peer-spread-$variant"
+                mkdir -p "$t"
+                env "${env[@]}" RUST_LOG=tcpxd::hop=trace "$dir/tcpxctl" bench transfer --daemon "$dir/tcpxd" \
+                    --op "$op" --cuda 0 --peer-cuda "$peer" --sizes 1M --iters 200 --warmup 20 --keep-dir \
+                    >"$t/bench.txt" 2>&1 || true
+                kept=$(grep -o '/tmp/tcpxd-bench-[0-9]*' "$t/bench.txt" | head -1)
+                [ -n "$kept" ] && mv "$kept"/*.log "$t/" && rm -rf "$kept"
+                echo "== daemons, 1 MiB $op, GPU 0 -> $peer, spread $variant (${who^^})"
+                python3 "$here/lanes.py" "$t/bench-a.log" "$t/bench-b.log" | tee "$t/lanes.txt" || true
+            done
+        done
+        # Side by side: the receiver's end and the Credits messages sent mid-transfer.
+        echo "== 1 MiB, GPU 0 -> $peer: last received → end (p50 / p90 µs), Credits messages before the end"
+        for t in "$out"/trace-daemon-*; do
+            [ -e "$t/lanes.txt" ] || continue
+            end=$(grep -m1 '^last received → end' "$t/lanes.txt" | awk '{print $(NF-1) " / " $NF}')
+            mid=$(grep -m1 '^Credits messages before the end' "$t/lanes.txt" | sed 's/ (a receiver.*//; s/^Credits messages before the end: //')
+            printf '  %-44s %16s   %s\n' "${t##*/trace-daemon-}" "${end:-?}" "${mid:-?}"
+        done
+    } 2>&1 | tee "$out/trace.txt"
 fi
