@@ -43,11 +43,10 @@
 //! (`flush_credits`): the owed credits go back in a `Credits` message unless one of two rules
 //! says they may wait.
 //!
-//! What the receiver knows, per eager lane L: `posted` (credit receives posted with no data:
-//! the sender holds one credit for each, or has spent it on a chunk on its way, or has it on its
-//! way back in a message already sent), `owed` (and their bytes), `targets` (chunks announced
-//! by headers it has read, not landed yet), `unpacking` (landed, being consumed: local work that
-//! always ends). The sender posts chunks on a lane in header order (the k-th receive is the k-th
+//! What the receiver knows, per eager lane L: the `credits` it granted (`ReceiveMode`), `owed`
+//! (and their bytes), `targets` (chunks announced by headers it has read, not landed yet),
+//! `landed` (data before its header), `unpacking` (landed and matched, being consumed: local work
+//! that always ends). The sender posts chunks on a lane in header order (the k-th receive is the k-th
 //! chunk announced), so the chunks the receiver knows of come on each lane before any chunk of a
 //! header it has not read; only a credit (and, towards GPU credits, the byte budget) holds a
 //! known chunk back at the sender (a cancelled transfer's chunks wait for `CancelSeen`, which the
@@ -60,10 +59,13 @@
 //!   chunk on its way and consumed in turn); its consume is a new batch, which decides again.
 //! - **Rule 2** (session 27, `Engine::done_needs_none_owed`): the sender needs none of the owed
 //!   credits for anything announced, and a `Done` is coming. (a) On every lane with `targets`,
-//!   `targets + owed ≤ posted` — the sender holds, or gets back without the `Done`, a credit for
-//!   each announced chunk not yet landed — and, with a byte budget B, `owed bytes + bytes of
-//!   targets and unpacking ≤ B`, so every send fits the budget with nothing returned (no data
-//!   waits for a header on a lane with targets). (b) A chunk expected or being unpacked belongs
+//!   `targets + unpacking + owed ≤ credits` — of the `credits` the sender was granted on the
+//!   lane, those not back are spent on chunks announced and not landed, being unpacked, owed, or
+//!   on their way back (no data waits for its header on a lane with targets), so it holds or
+//!   gets back without the `Done` a credit for each announced chunk — and, with a byte budget B,
+//!   `owed bytes + bytes of targets and unpacking ≤ B`, so every send fits the budget with
+//!   nothing returned. (Counted against the grant, not the receives posted: a lane opened on
+//!   first use posts its receives only once ready, while the sender already holds its credits.) (b) A chunk expected or being unpacked belongs
 //!   to a transfer that lands here (not cancelled, refused or failed: those end without `Done`)
 //!   with every chunk announced (not a stream that needs credits back to announce the rest).
 //!   Then every chunk of that transfer comes and is consumed, and its last consume sends its
@@ -483,11 +485,15 @@ impl Engine {
         for &i in p.recv_used.lanes() {
             let l = &p.recv[i as usize];
             let c = &l.recv_credits;
-            if !l.targets.is_empty() {
-                // Every posted receive with no data is a credit the sender holds, has spent on a
-                // chunk on its way (one of `targets`), or will get back from a message already
-                // sent; the owed ones it gets back only with the `Done`.
-                if l.targets.len() as u64 + u64::from(c.owed()) > u64::from(c.posted()) {
+            if !l.targets.is_empty() && p.recv_lane_eager(i) {
+                // The sender was granted `credits` on the lane; those not back with it are spent
+                // on chunks on their way (`targets`), landed (none while targets wait:
+                // `match_landed`), being unpacked, owed, or on their way back in a message
+                // already sent. So it can send every chunk announced without the owed ones
+                // when these fit the grant (whether or not the lane's receives are posted yet:
+                // a lane opened on first use posts them once ready).
+                let out = l.targets.len() + l.unpacking.len();
+                if out as u64 + u64::from(c.owed()) > u64::from(self.cfg.credits) {
                     return false;
                 }
                 if budget > 0 {

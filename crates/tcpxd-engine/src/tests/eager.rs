@@ -243,7 +243,7 @@ fn cancel_and_deadlines_free_every_credit_and_slot_on_both_sides() {
 
 // ---- one receiving engine driven by hand, as a hostile peer would -----------------------------
 
-const MODE: PeerMsg = PeerMsg::ReceiveMode {
+pub(super) const MODE: PeerMsg = PeerMsg::ReceiveMode {
     credits: 16,
     chunk_bytes: 4096,
     eager_first_lane: 0,

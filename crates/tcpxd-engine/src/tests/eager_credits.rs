@@ -2,7 +2,7 @@
 //! cost per transfer): while the sender needs none of them for the chunks announced and a `Done`
 //! is coming; driven by hand as the receiver of `eager.rs`'s hostile cases.
 
-use super::eager::{actions, header, messages, receiver};
+use super::eager::{MODE, actions, header, messages, receiver};
 use super::*;
 
 /// A header of `length` bytes into buffer 6 (16 KiB), made here.
@@ -73,6 +73,49 @@ fn a_spread_transfers_credits_ride_with_its_done_however_its_consumes_fall() {
         }
     }
     assert!(eng.is_idle() && eng.lanes_idle());
+    every_credit_posted(&eng);
+}
+
+#[test]
+fn credits_wait_while_a_lane_opened_on_first_use_is_not_ready_yet() {
+    // Lane 1's receives are not posted yet (its comm still opening, as a lane opened on first
+    // use): the sender already holds its 16 credits from the `ReceiveMode`, so lane 0's owed
+    // credits may still wait for the `Done`.
+    let mut eng = Engine::new(EngineConfig {
+        protocol: Protocol::Eager,
+        ..small_chunks()
+    });
+    let p = eng.add_peer("late-lane", 2, 2);
+    let now = Instant::now();
+    eng.on_message(p, MODE, now);
+    eng.on_lane_ready(p, 0, true);
+    eng.on_lane_ready(p, 0, false);
+    actions(&mut eng);
+    let h = header_into_6(&mut eng, 1, 4 * 4096);
+    eng.on_message(P, h, now);
+    actions(&mut eng);
+    for _ in 0..2 {
+        land(&mut eng, now, &[0]);
+        assert!(
+            consume(&mut eng, 0).is_empty(),
+            "lane 1 not ready: nothing goes back"
+        );
+    }
+    eng.on_lane_ready(p, 1, false);
+    let posted = actions(&mut eng)
+        .iter()
+        .filter(|a| matches!(a, Action::PostCredit { lane: 1, .. }))
+        .count();
+    assert_eq!(posted, 16);
+    land(&mut eng, now, &[1, 1]);
+    assert!(consume(&mut eng, 1).is_empty());
+    assert_eq!(
+        consume(&mut eng, 1),
+        vec![PeerMsg::Done {
+            offer_id: 1,
+            returned: vec![2, 2]
+        }]
+    );
     every_credit_posted(&eng);
 }
 

@@ -29,6 +29,16 @@ async fn spread(dir: &ScratchDir, node: &str) -> Daemon {
     start_logged(dir, node, "d2d", 1, true, &env, Stdio::from(log)).await
 }
 
+/// The control messages of `kind` a daemon sent, from its trace (`poller.out`): their lines.
+fn control_out(log: &Path, kind: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(log).expect("the daemon's log");
+    let needle = format!("kind=\"{kind}\"");
+    text.lines()
+        .filter(|l| l.contains("hop=\"poller.out\"") && l.contains(&needle))
+        .map(str::to_string)
+        .collect()
+}
+
 /// The sends of `len` bytes a daemon's lanes posted, from its trace.
 fn sends_of(log: &Path, len: u64) -> usize {
     let text = std::fs::read_to_string(log).expect("the daemon's log");
@@ -91,6 +101,58 @@ async fn transfers_of_few_chunks_go_as_smaller_ones_and_land_whole() {
             32,
             "{}: 16 MiB in 512 KiB chunks",
             log.display()
+        );
+    }
+}
+
+/// Issue #38, session 27 (`credits.rs`, "Liveness"): a spread 1 MiB transfer goes as two chunks
+/// per credit lane, so its receiver owes two credits a lane; they ride with its `Done`, never in a
+/// `Credits` message before it (session 26's rule sent one whenever the consumes fell in separate
+/// passes: 123 of 220 WRITEs on the 2-core VM). Both ways: b receives the WRITEs, a the READs'
+/// data. Counted from the daemons' traces; bytes compared, every credit back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_transfers_return_their_credits_in_their_done() {
+    let dir = ScratchDir::fresh("tcpxd-stub-spread", "done-credits");
+    std::fs::create_dir_all(&*dir).unwrap();
+    let mut a = spread(&dir, "credits-a").await;
+    let mut b = spread(&dir, "credits-b").await;
+    let src = cuda_buffer(&mut a.client, 3, 32 * MIB).await;
+    let back = cuda_buffer(&mut a.client, 0, 32 * MIB).await;
+    let dst = cuda_buffer(&mut b.client, 5, 32 * MIB).await;
+    fill_seed(&mut a.client, src.id, 0, 0, 27).await;
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 4096), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+    let trip = Trip {
+        src: &src,
+        dst: &dst,
+        back: &back,
+    };
+    let rounds = 8;
+    for k in 0..rounds {
+        let at = [k * MIB + 4096, k * MIB + 8192, k * MIB];
+        let what = "1 MiB spread";
+        write_and_read_back(&mut a.client, &mut b.client, trip, at, MIB, Compare::Bytes, what).await;
+    }
+    credits_back(&mut a.client).await;
+    credits_back(&mut b.client).await;
+    let (la, lb) = (dir.join("credits-a.log"), dir.join("credits-b.log"));
+    assert_eq!(sends_of(&la, 256 * KIB), 4 * rounds as usize, "a's WRITEs spread");
+    assert_eq!(
+        sends_of(&lb, 256 * KIB),
+        4 * rounds as usize,
+        "b's READ data spread"
+    );
+    for (log, what) in [(&lb, "the WRITEs' receiver"), (&la, "the READs' receiver")] {
+        assert!(
+            control_out(log, "done").len() >= rounds as usize,
+            "{what}: a `Done` a transfer, traced"
+        );
+        let credits = control_out(log, "credits");
+        assert!(
+            credits.is_empty(),
+            "{what}: no `Credits` message, every credit in a `Done`: {credits:#?}"
         );
     }
 }
