@@ -91,8 +91,9 @@
 //! - *Several transfers interleaved on a lane*, WRITEs and READs both ways: 2(a) counts every
 //!   announced chunk of every transfer on the lane, and any one `Done` returns every credit
 //!   owed, whichever transfer's consumes owed them.
-//! - *The receive window*: the count is of posted credit receives, never more than the plugin's
-//!   requests per comm; the sender's `send_window` only delays sends that find receives posted.
+//! - *The receive window*: the grant is the credit receives kept posted per lane, never more
+//!   than the plugin's requests per comm; the sender's `send_window` only delays sends that find
+//!   receives posted (or a lane still opening, whose receives are posted once it is ready).
 //! - *Cancel, refusal, failed unpack*: the transfer no longer lands, so it is no `Done` to wait
 //!   for (2(b)); what its consumes owe goes back in the batch that ended it unless another
 //!   transfer's `Done` is coming. *Peer lost*: its credits die with its lanes on both sides.
