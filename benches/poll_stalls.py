@@ -74,7 +74,7 @@ with tcpxd.Client(endpoint) as c:
     wakes = looks[0] - sw0
     assert f.result().bytes_done == 4096 and dst.checksum() == src.checksum()
     s.close()
-print(json.dumps({"gaps": gaps, "lat": lat, "wakes": wakes}))
+print(json.dumps({"gaps": gaps, "lat": lat, "wakes": wakes, "file": tcpxd.__file__}))
 """
 
 
@@ -83,6 +83,8 @@ def run(py: str, src: str, endpoint: str, seconds: float) -> dict:
     out = subprocess.run([py, "-c", CHILD, endpoint, str(seconds)], env=env, check=True,
                          stdout=subprocess.PIPE, text=True).stdout
     r = json.loads(out.strip().splitlines()[-1])
+    if not os.path.realpath(r["file"]).startswith(os.path.realpath(src) + os.sep):
+        raise SystemExit(f"the package imported is {r['file']}, not the one under {src}")
     g, lat = r["gaps"], sorted(r["lat"])
 
     def pct(p: float) -> float:
