@@ -347,7 +347,12 @@ def test_a_polling_loop_reads_the_feeds_board_and_no_socket_until_something_is_n
         # (the values above came before any read of their events); the socket read only by the
         # poll after one that took something (at most one read per take: 2 a round a side).
         assert 0 < reads["n"] <= 2 * 2 * 20, reads
-        # Once those events are read, empty polls read nothing again.
+        # Once the last answers are settled (from the board) and those events read by the poll
+        # after, empty polls read nothing again.
+        deadline = time.monotonic() + 30
+        while A._inbox._feed.sent or B._inbox._feed.sent:
+            assert A.get_new_notifs() == {} and B.get_new_notifs() == {}
+            assert time.monotonic() < deadline, "an answer never came"
         A.get_new_notifs()
         B.get_new_notifs()
         before = reads["n"]

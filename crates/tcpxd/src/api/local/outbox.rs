@@ -205,7 +205,7 @@ mod tests {
     use super::*;
     use std::sync::Arc;
     use std::sync::atomic::AtomicUsize;
-    use std::task::{Context, Poll, Wake, Waker};
+    use std::task::{Context, Wake, Waker};
 
     struct Count(AtomicUsize);
     impl Wake for Count {
