@@ -24,19 +24,24 @@ transfer's waiter woken), `api.woken` → `api.out` (the session's task sends th
 
     PYTHONPATH=python/src python3 benches/api_legs.py --tcpxd target/release/tcpxd --iters 300
 
-`--no-trace` runs the same calls without the trace (the totals as a user sees them).
+`--no-trace` runs the same calls without the trace (the totals as a user sees them). `--tail N`
+(session 27) adds each leg's median over the slowest 1% of calls beside its p50, and the N slowest
+calls' timelines (every hop of both daemons, µs from the call) after the median call's: what a
+p99 is made of, structural (one leg, the same each time: a timer, a fallback) or not.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import multiprocessing as mp
 import os
 import sys
+import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hops  # noqa: E402  (the hop trace's log format, parsed once)
@@ -73,10 +78,10 @@ LEGS = [
 def split(windows: List[Tuple[float, ...]], events: List[Tuple[float, Dict[str, str]]], skip: int) -> Dict[str, Any]:
     """Legs of each call: the first event of each hop inside its window (api.out: the last)."""
     times = [t for t, _ in events]
-    import bisect
 
     legs: Dict[str, List[float]] = {name: [] for name, _, _ in LEGS}
     totals = []
+    rows: List[Tuple[float, Dict[str, float], Tuple[float, float]]] = []
     for i, w in enumerate(windows):
         if i < skip:
             continue
@@ -92,23 +97,45 @@ def split(windows: List[Tuple[float, ...]], events: List[Tuple[float, Dict[str, 
             else:
                 seen.setdefault(hop, t)
         totals.append(t1 - t0)
+        mine: Dict[str, float] = {}
         for name, a, b in LEGS:
             if a in seen and b in seen and seen[b] >= seen[a]:
                 if name.startswith("api.in → api.out") and "poller.cmd" in seen:
                     continue
                 legs[name].append(seen[b] - seen[a])
-    return {"total": totals, "legs": legs}
+                mine[name] = seen[b] - seen[a]
+        rows.append((t1 - t0, mine, (t0, t1)))
+    return {"total": totals, "legs": legs, "rows": rows}
 
 
-def report(title: str, s: Dict[str, Any]) -> None:
+def report(title: str, s: Dict[str, Any], tail: int = 0,
+           both: Optional[List[Tuple[float, Dict[str, str]]]] = None) -> None:
+    """The legs' p50 / p90; with `tail`, also each leg's median over the slowest 1% of calls (by
+    their total: what the p99 is made of) beside the median call's, and the `tail` slowest
+    calls' timelines, every hop event of both daemons (`both`: node-tagged) with its µs from the
+    call's start."""
     tot = s["total"]
     if not tot:
         print(f"\n{title}: no calls")
         return
     print(f"\n{title}: {len(tot)} calls, p50 {pct(tot, 50):.0f} µs, p90 {pct(tot, 90):.0f}, p99 {pct(tot, 99):.0f}")
+    rows = sorted(s.get("rows", []), key=lambda r: r[0])
+    slow = rows[-max(1, len(rows) // 100):] if tail and rows else []
     for name, xs in s["legs"].items():
         if xs:
-            print(f"  {name:78} p50 {pct(xs, 50):7.1f}  p90 {pct(xs, 90):7.1f}  (n={len(xs)})")
+            extra = ""
+            if slow:
+                ys = [r[1][name] for r in slow if name in r[1]]
+                if ys:
+                    extra = f"  slowest 1%: {statistics.median(ys):7.1f} (n={len(ys)})"
+            print(f"  {name:78} p50 {pct(xs, 50):7.1f}  p90 {pct(xs, 90):7.1f}  (n={len(xs)}){extra}")
+    if slow and both is not None:
+        times = [t for t, _ in both]
+        picks = [("median", rows[len(rows) // 2])] + [(f"slow #{k + 1}", r) for k, r in enumerate(reversed(rows[-tail:]))]
+        for label, (total, _, (t0, t1)) in picks:
+            lo, hi = bisect.bisect_left(times, t0), bisect.bisect_right(times, t1)
+            line = " ".join(f"{f.get('node', 'a')}:{f.get('hop', '?')}+{t - t0:.0f}" for t, f in both[lo:hi])
+            print(f"    {label} ({total:.0f} µs): {line} done+{t1 - t0:.0f}")
 
 
 NOTIF_LEGS = [
@@ -131,11 +158,11 @@ def split_notif(windows: List[Tuple[float, ...]], stamps: List[Tuple[float, floa
     and both processes' stamps (the initiator's call, send_notif returned, the answer seen; the
     target's ping seen and its send_notif returned), each window's first event of each hop
     (a's api.notify: the last, the pong's)."""
-    import bisect
 
     times = [t for t, _ in events]
     legs: Dict[str, List[float]] = {name: [] for name, _, _ in NOTIF_LEGS}
     totals = []
+    rows: List[Tuple[float, Dict[str, float], Tuple[float, float]]] = []
     for i, w in enumerate(windows):
         if i < skip:
             continue
@@ -151,10 +178,13 @@ def split_notif(windows: List[Tuple[float, ...]], stamps: List[Tuple[float, floa
             else:
                 seen.setdefault(key, t)
         totals.append(t1 - t0)
+        mine: Dict[str, float] = {}
         for name, x, y in NOTIF_LEGS:
             if x in seen and y in seen and seen[y] >= seen[x]:
                 legs[name].append(seen[y] - seen[x])
-    return {"total": totals, "legs": legs}
+                mine[name] = seen[y] - seen[x]
+        rows.append((t1 - t0, mine, (t0, t1)))
+    return {"total": totals, "legs": legs, "rows": rows}
 
 
 def _target(endpoint: str, conn: Any, mib: int) -> None:
@@ -201,6 +231,8 @@ def main() -> int:
     ap.add_argument("--no-trace", action="store_true", help="daemons without the hop trace")
     ap.add_argument("--keep", action="store_true", help="keep the daemons' logs (the directory is printed)")
     ap.add_argument("--only", default="", help="comma-separated subset: read,write,same,nixl,notif")
+    ap.add_argument("--tail", type=int, default=0,
+                    help="also each leg over the slowest 1%% of calls, and the N slowest calls' timelines (both daemons)")
     a = ap.parse_args()
 
     import numpy as np
@@ -309,14 +341,14 @@ def main() -> int:
             p.terminate()
             p.wait()
     ev = [] if a.no_trace else parse(d / "legs-a.log")
+    both = [] if a.no_trace else sorted(
+        [(t, {**f, "node": "a"}) for t, f in ev] + [(t, {**f, "node": "b"}) for t, f in parse(d / "legs-b.log")],
+        key=lambda e: e[0])
     for kind, w in runs.items():
         if kind == "notification round trip":
-            both = [] if a.no_trace else sorted(
-                [(t, {**f, "node": "a"}) for t, f in ev] + [(t, {**f, "node": "b"}) for t, f in parse(d / "legs-b.log")],
-                key=lambda e: e[0])
-            report(kind, split_notif(w, stamps, both, a.warmup))
+            report(kind, split_notif(w, stamps, both, a.warmup), a.tail, both)
             continue
-        report(f"{kind} (4 KiB)", split(w, ev, a.warmup))
+        report(f"{kind} (4 KiB)", split(w, ev, a.warmup), a.tail, both)
     if not a.keep:
         for f in d.iterdir():
             f.unlink()

@@ -8,7 +8,10 @@ sees them, three ways in one invocation —
   end read from the socket, as before), which isolates the board from everything else;
 - R: the same with the board on and the request ring off on the client (`TCPXD_RING_SLOTS=0`:
   every request on the socket, as before session 26), which isolates the ring (session 26, reqring);
-- B: the before tree's package and daemon (e.g. /work/before-s25: `tcpxd` and `python/src`).
+- B: the before tree's package and daemon (e.g. /work/before-s25: `tcpxd` and `python/src`);
+- S: A with the daemons serving the framed sessions on the poller's thread
+  (`TCPXD_POLLER_SESSIONS=on`; `auto` is off where `runtime.spin` is on): a ring's request is read,
+  checked and started there, no runtime worker between (session 27, nixltail).
 
 `--variants` picks the labels beside A (default `OB`; `R`, `RB`, `ORB` ...); each round runs A, the
 variants, then the same backwards (A O B B O A), and the ratios are A's ÷ each variant's. Each run is `benches/api_legs.py --no-trace --only read,write,nixl,notif`
@@ -84,7 +87,8 @@ def main() -> None:
     ap.add_argument("--only", default="read,write,nixl,notif")
     ap.add_argument("--compare", action="store_true", help="also tcpxd.nixl_compare --impl tcpxd's small rows")
     ap.add_argument("--no-off", action="store_true", help="leave out O (the board off on the client): --variants B")
-    ap.add_argument("--variants", default=None, help="the labels beside A: O (board off), R (ring off), B (before); default OB")
+    ap.add_argument("--variants", default=None,
+                    help="the labels beside A: O (board off), R (ring off), B (before), S (sessions on the poller); default OB")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--timeout", type=float, default=900)
     a = ap.parse_args()
@@ -93,14 +97,21 @@ def main() -> None:
         "O": (a.after_py, a.after_bin, {"TCPXD_BOARD_SLOTS": "0"}),
         "R": (a.after_py, a.after_bin, {"TCPXD_BOARD_SLOTS": "256", "TCPXD_RING_SLOTS": "0"}),
         "B": (a.before_py, a.before_bin, {}),
+        # (session 27) the daemons serve the framed sessions on the poller's thread: a request on
+        # the ring is read, checked and started there, no runtime worker between (where
+        # runtime.spin is on, `auto` leaves it off)
+        "S": (a.after_py, a.after_bin, {"TCPXD_BOARD_SLOTS": "256", "TCPXD_POLLER_SESSIONS": "on"}),
     }
     variants = a.variants if a.variants is not None else ("B" if a.no_off else "OB")
-    if any(v not in "ORB" for v in variants) or not variants:
-        ap.error(f"--variants {variants!r}: letters of O, R, B")
+    if any(v not in "ORBS" for v in variants) or not variants:
+        ap.error(f"--variants {variants!r}: letters of O, R, B, S")
     if "B" in variants and not (a.before_bin and a.before_py):
         ap.error("B needs --before-bin and --before-py")
+    for label in "A" + variants:  # (a path without the package would import whatever is installed)
+        if not (Path(labels[label][0]) / "tcpxd" / "__init__.py").is_file():
+            ap.error(f"{label}: no tcpxd package under {labels[label][0]}")
     order = "A" + variants + variants[::-1] + "A"
-    others = [v for v in "ORB" if v in variants]
+    others = [v for v in "ORBS" if v in variants]
     runs: List[List[Tuple[str, Dict[str, Tuple[float, float]]]]] = []
     for r in range(a.rounds):
         this = []

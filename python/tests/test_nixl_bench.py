@@ -91,3 +91,27 @@ def test_the_comparison_says_at_once_when_a_role_process_dies() -> None:
     with pytest.raises(RuntimeError, match="exited"):
         nixl_compare.run_once("tcpxd", "unix:/nonexistent/cmp-a.sock", "unix:/nonexistent/cmp-b.sock", 1, 1, 1 << 20)
     assert _time.monotonic() - t < 120
+
+
+def test_nixl_compare_picks_ucx_tls_for_real_nixl():
+    """Session 27: UCX_TLS as set wins; unset, `tcp,cuda_copy` where a GPU is visible (NIXL's UCX
+    backend refuses `tcp` alone there), else `tcp`; each choice says why. A CUDA_VISIBLE_DEVICES
+    that hides every GPU counts as none."""
+    from tcpxd import nixl_compare
+
+    assert nixl_compare.ucx_tls({"UCX_TLS": "tcp,sm"}, gpu=True) == ("tcp,sm", "UCX_TLS as set")
+    tls, why = nixl_compare.ucx_tls({}, gpu=True)
+    assert tls == "tcp,cuda_copy" and "GPU is visible" in why
+    tls, why = nixl_compare.ucx_tls({"UCX_TLS": ""}, gpu=False)
+    assert tls == "tcp" and "no GPU" in why
+    import os
+
+    old = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    try:
+        assert nixl_compare.ucx_tls({})[0] == "tcp"
+    finally:
+        if old is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = old

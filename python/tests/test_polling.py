@@ -182,6 +182,85 @@ def test_the_reader_thread_leaves_the_connection_to_a_caller_polling(peered, mon
         s.close()
 
 
+@pytest.mark.skipif(getattr(_session._native, "quiet_wait", None) is None, reason="the C pass is not built")
+def test_the_reader_thread_sleeps_through_a_callers_polling_without_waking(peered, monkeypatch):
+    """Session 27: while a caller keeps polling, the session's reader thread stays in the C pass's
+    quiet_wait (no GIL), instead of waking every READER_QUIET_S to look (each wake took the GIL
+    from the polling thread: a forced switch, the tight loop's p99); once the caller stops, it
+    wakes and resolves what nobody polls for."""
+    monkeypatch.setattr(_session, "READER_QUIET_S", 0.05)
+    real = _session._native
+    waits = []
+
+    class Native:  # the C pass, its quiet_wait counted (the reader takes it when it starts)
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def quiet_wait(self, polled, quiet):
+            waits.append(quiet)
+            return real.quiet_wait(polled, quiet)
+
+    monkeypatch.setattr(_session, "_native", Native())
+    a, b = peered
+    with tcpxd.Client(a.endpoint) as ca, tcpxd.Client(b.endpoint) as cb:
+        src = ca.register_host(1 << 16)
+        src.numpy()[:] = np.random.default_rng(5).integers(0, 256, 1 << 16, dtype=np.uint8)
+        dst = cb.register_host(1 << 16)
+        s = ca.session()
+        # A caller polls (its time kept fresh, the socket left alone): the transfer's event wakes
+        # the reader, which finds the caller polling and goes quiet.
+        first = s.write(src, dst.descriptor, 4096)
+        deadline = time.monotonic() + 30
+        while not waits:
+            s._polled[0] = time.monotonic()
+            assert time.monotonic() < deadline, "the reader never went quiet"
+        start = len(waits)
+        end = time.monotonic() + 20 * 0.05  # twenty quiet periods of polling
+        while time.monotonic() < end:
+            s.poll()
+        assert first.done() and first.result().bytes_done == 4096  # (the caller read it)
+        assert len(waits) - start <= 1, f"the reader woke {len(waits) - start} times while the caller polled"
+        # Nobody polls now: the reader wakes and resolves an unpolled transfer itself.
+        seen = threading.Event()
+        f = s.write(src, dst.descriptor, 1 << 16)
+        f.add_done_callback(lambda _f: seen.set())
+        assert seen.wait(30), "no one resolved the unpolled transfer"
+        assert f.result().bytes_done == 1 << 16
+        assert bytes(dst.numpy()) == bytes(src.numpy())
+        s.close()
+
+
+def test_quiet_wait_returns_once_the_time_it_reads_is_quiet_long_enough():
+    """The C pass's quiet_wait (tcpxd._session's reader): returns at once when polled[0] + quiet
+    has passed; while another thread keeps moving polled[0] on it does not return."""
+    from array import array
+
+    qw = getattr(_session._native, "quiet_wait", None)
+    if qw is None:
+        pytest.skip("the C pass is not built")
+    polled = array("d", [0.0])
+    qw(polled, 0.001)  # long past: at once
+    moving = threading.Event()
+    done = threading.Event()
+
+    def mover():
+        moving.set()
+        for _ in range(100):
+            polled[0] = time.monotonic()
+            time.sleep(0.001)
+        done.set()  # (before the last write ages past `quiet`)
+
+    polled[0] = time.monotonic()
+    t = threading.Thread(target=mover)
+    t.start()
+    moving.wait()
+    qw(polled, 0.5)
+    assert done.is_set(), "quiet_wait returned while the time it reads kept moving"
+    t.join()
+    with pytest.raises(ValueError):
+        qw(bytearray(4), 0.1)
+
+
 @pytest.mark.parametrize("spin_s", [0.0, 250e-6, float("inf")])
 def test_a_tight_check_xfer_state_loop_waits_for_the_daemon_or_spins(peered, parked_readers, monkeypatch, spin_s):
     """check_xfer_state in a loop without a pause (NIXL's examples): it spins for TIGHT_SPIN_S

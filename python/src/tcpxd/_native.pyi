@@ -58,3 +58,7 @@ class Lone:
     def withdraw(self, dl: Any, /) -> bool:
         """deregister_memory of `dl` where it is a DRAM list of one region held alone and not sent
         yet: taken back (True); False, nothing changed, where it is not that."""
+
+def quiet_wait(polled: Any, quiet: float, /) -> None:
+    """Sleeps, the GIL released, until time.monotonic() has passed polled[0] + quiet, polled[0]
+    read again after each sleep (other threads move it on); at once when it has passed."""

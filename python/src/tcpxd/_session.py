@@ -17,6 +17,7 @@ tcpxd.client re-exports these names (the same objects: patching one patches what
 from __future__ import annotations
 
 import concurrent.futures
+from array import array
 import functools
 import itertools
 import queue
@@ -153,7 +154,10 @@ RELEASE_WAIT_S = 5.0
 #: read that event itself (the reader would then want the GIL the polling thread holds, and the
 #: two hand it back and forth: on the 2-core VM that doubled a tight check_xfer_state loop's wait).
 #: What no one polls for is read at most this late after the last poll. 0: the reader always waits
-#: on the socket (as before session 21).
+#: on the socket (as before session 21). Where the C pass is built, the reader sleeps through the
+#: caller's polling without the GIL (`_native.quiet_wait`): it takes the GIL only once the caller
+#: has stopped polling, not every READER_QUIET_S (each time forcing the polling thread to hand the
+#: GIL over and wait two thread wake-ups for it back: session 27, the tight loop's p99).
 READER_QUIET_S = 0.002
 
 #: The send buffer asked for a session's local-session socket (the kernel caps it at wmem_max):
@@ -172,9 +176,10 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
 
     #: Why the client ended it ("cancelled", "expired", "client closed"), on the local session.
     _why: Optional[str] = None
-    #: When a caller last polled or waited (time.monotonic()): the reader thread stays quiet
-    #: for READER_QUIET_S after it.
-    _polled_at = 0.0
+    #: When a caller last polled or waited (time.monotonic(), in [0]): the reader thread stays
+    #: quiet for READER_QUIET_S after it. A buffer, not an attribute: the C pass's quiet_wait
+    #: reads it without the GIL. Made in __init__.
+    _polled: "array[float]"
     #: wait_readable's poll objects, one a thread (made on first use).
     _ready_polls: Any = None
     #: The local session's completion board (tcpxd._board), where the daemon gives it one: a poll
@@ -182,6 +187,7 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
     _board: Optional[_board.Board] = None
 
     def __init__(self, client: "Client", timeout: Optional[float]):
+        self._polled = array("d", [0.0])
         self._client = client
         self._pending: Dict[int, concurrent.futures.Future] = {}
         self._lock = threading.Lock()
@@ -539,16 +545,21 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         assert conn is not None
         waiter = select.poll()
         waiter.register(conn.sock.fileno(), select.POLLIN)
+        polled = self._polled
+        quiet_wait = getattr(_native, "quiet_wait", None)  # (None: not built, or built before it)
         while self._read_end is None:
-            quiet = self._polled_at + READER_QUIET_S - time.monotonic()
+            quiet = polled[0] + READER_QUIET_S - time.monotonic()
             if quiet > 0:  # a caller polls: it reads the connection itself
-                time.sleep(quiet)
+                if quiet_wait is not None:
+                    quiet_wait(polled, READER_QUIET_S)  # (until it stops polling; no GIL till then)
+                else:
+                    time.sleep(quiet)
                 continue
             try:
                 waiter.poll()
             except InterruptedError:
                 continue
-            if self._polled_at + READER_QUIET_S > time.monotonic():
+            if polled[0] + READER_QUIET_S > time.monotonic():
                 continue  # a caller polls (began while this waited): it reads what came
             with self._read_lock:
                 if self._read_end is None:
@@ -564,7 +575,7 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         something there (read without looking first). gRPC sessions: nothing (their reader
         resolves)."""
         lock = getattr(self, "_read_lock", None)
-        self._polled_at = time.monotonic()
+        self._polled[0] = time.monotonic()
         board = self._board
         if board is not None and (new := board.news()) and self._from_board(new) and not readable:
             # (the socket's copy of those ends is read by a later poll, and dropped; a caller that
@@ -587,7 +598,7 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         something came (`poll(readable=...)`)."""
         if self._conn is None or self._read_end is not None:
             return False
-        self._polled_at = time.monotonic()
+        self._polled[0] = time.monotonic()
         mine = self._ready_polls
         if mine is None:
             mine = self._ready_polls = threading.local()
@@ -611,7 +622,7 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         while not concurrent.futures.Future.done(fut) and self._read_end is None:
             if board is not None and (new := board.news()) and self._from_board(new):
                 continue
-            self._polled_at = now = time.monotonic()
+            self._polled[0] = now = time.monotonic()
             left = None if deadline is None else deadline - now
             if left is not None and left <= 0:
                 return

@@ -19,8 +19,11 @@ exchanged by pipe. The initiator measures, every byte of the bulk transfers chec
 
 tcpxd runs on two daemons it starts on the built-in emulation (--tcpxd, else target/{release,
 debug}/tcpxd); real NIXL over UCX, with UCX_TLS=tcp unless UCX_TLS is set (NIXL between two
-nodes, without RDMA: the case tcpxd stands in for). Times are medians over --rounds, each round
-running every implementation once, alternating; on a shared machine, compare within one run.
+nodes, without RDMA: the case tcpxd stands in for) — or `tcp,cuda_copy` where UCX_TLS is unset and
+a GPU is visible (CUDA's driver counts one): there NIXL's UCX backend refuses plain `tcp` (its
+memory queries need the CUDA transport), and the bytes still go over TCP. The choice and why are
+printed first. Times are medians over --rounds, each round running every implementation once,
+alternating; on a shared machine, compare within one run.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -45,6 +48,30 @@ REGIONS = 64
 PREP = 16384
 BLOCK = 16 << 10
 SMALL = 4096
+
+
+def _gpu_visible() -> bool:
+    """Whether this process would see a GPU: CUDA_VISIBLE_DEVICES does not hide them all and
+    CUDA's driver (libcuda) counts at least one; without the driver, whether /dev/nvidia0 exists."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return os.path.exists("/dev/nvidia0")
+    n = ctypes.c_int(0)
+    return cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(n)) == 0 and n.value > 0
+
+
+def ucx_tls(env: Optional[Mapping[str, str]] = None, gpu: Optional[bool] = None) -> Tuple[str, str]:
+    """The UCX_TLS real NIXL runs with, and why: the environment's where set; else `tcp,cuda_copy`
+    where a GPU is visible (NIXL's UCX backend refuses `tcp` alone there), else `tcp`."""
+    tls = (os.environ if env is None else env).get("UCX_TLS", "")
+    if tls:
+        return tls, "UCX_TLS as set"
+    if _gpu_visible() if gpu is None else gpu:
+        return "tcp,cuda_copy", "UCX_TLS unset and a GPU is visible: NIXL's UCX backend refuses tcp alone there"
+    return "tcp", "UCX_TLS unset, no GPU visible"
 
 
 def _api(impl: str) -> Tuple[Any, Any, Any]:
@@ -285,7 +312,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             nixl = importlib.import_module("nixl")
             if Path(nixl.__file__ or "").read_text().startswith("# written by"):
                 raise SystemExit("`nixl` on this path is tcpxd's shim: run without it on PYTHONPATH to compare")
-    os.environ.setdefault("UCX_TLS", "tcp")
+    if "nixl" in impls:
+        tls, why = ucx_tls()
+        os.environ["UCX_TLS"] = tls
+        print(f"NIXL over UCX_TLS={tls} ({why})", flush=True)
     procs = []
     ea = eb = ""
     if "tcpxd" in impls:
@@ -307,7 +337,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             pr.terminate()
             pr.wait()
     keys = list(results[impls[0]][0])
-    names = {"tcpxd": "tcpxd.nixl", "nixl": f"NIXL (UCX_TLS={os.environ['UCX_TLS']})"}
+    names = {"tcpxd": "tcpxd.nixl", "nixl": f"NIXL (UCX_TLS={os.environ.get('UCX_TLS', '')})"}
     print(f"{'(median of ' + str(a.rounds) + ' rounds; range in brackets)':44} " + " ".join(f"{names[i]:>28}" for i in impls)
           + ("   tcpxd / NIXL" if len(impls) == 2 else ""))
     for k in keys:

@@ -86,15 +86,23 @@ pub(crate) async fn deliver_finished(tag: u64, s: Started, outbox: Arc<Outbox>, 
         // mark (and end, the transfer no longer open) before the event is in the outbox. The
         // board's copy (local/board.rs) goes under the same lock, after the mark, before the
         // event: a client that reads it first knows what the event will say.
-        let mut tags = delivered.tags.lock().unwrap_or_else(|e| e.into_inner());
-        tags.push(tag);
-        outbox.publish(tag, &event);
-        let ev = pb::SessionEvent {
-            tag,
-            event: Some(Event::Finished(event)),
+        // The session's task is woken (to write what the socket did not take) only after the
+        // lock: woken here it may be polled right here, inline, and take the lock itself (a
+        // deadlock of the thread with itself, seen on the poller's thread: session 27).
+        let wake = {
+            let mut tags = delivered.tags.lock().unwrap_or_else(|e| e.into_inner());
+            tags.push(tag);
+            outbox.publish(tag, &event);
+            let ev = pb::SessionEvent {
+                tag,
+                event: Some(Event::Finished(event)),
+            };
+            // A broken connection: the session's task finds it so and cancels what is open.
+            outbox.push_unwoken(&ev).1
         };
-        // A broken connection: the session's task finds it so and cancels what is open.
-        let _ = outbox.push(&ev);
+        if wake {
+            outbox.wake_writer();
+        }
     }
     delivered.rung.notify_one();
 }

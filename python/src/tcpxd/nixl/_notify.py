@@ -20,8 +20,9 @@ local session (a TCP endpoint, a daemon before session 18), a thread reads the S
 
 Where the feed has a completion board with notification slots (tcpxd._board), a polling loop
 reads the board first (`_Feed.noted`): payloads from their slots, send_notif's answers from the
-board's end slots, and the socket only when the board numbers a notification it does not hold, or
-DRAIN_S after the last read; so a poll that finds nothing makes no system call.
+board's end slots, and the socket only when the board numbers a notification it does not hold, at
+the poll after one that took something from the board (the events of what it took, a few at a
+time), or DRAIN_S after the last read; so a poll that finds nothing new makes no system call.
 
 send_notif's mailbox WRITE goes on that same session (`Inbox.post`, since session 22) and the call
 returns without its answer, as NIXL's genNotif posts: the answer is read by the same reads as the
@@ -100,6 +101,10 @@ FEED_NOTES = 64
 #: With notification slots on the feed's board, how often a polling loop that finds nothing new
 #: there reads the feed's socket anyway (`_Feed.noted`): the events whose payloads the board gave,
 #: a failed send_notif's answer, the session's end (a restarted daemon). Each such read is ~3 µs.
+#: The poll after one that took something from the board reads it too (`_Feed.noted`): a loop of
+#: round trips then reads one or two events at a time, while it waits, instead of the ~30 a
+#: millisecond's drain decoded at once (40–50 µs on whichever poll met it: session 27, the round
+#: trip's p99).
 DRAIN_S = 1e-3
 
 #: How long a send_notif whose previous notification to the same agent is not answered yet looks
@@ -320,18 +325,22 @@ class _Feed:
         board = self.board
         assert board is not None
         out = board.take_notes()
+        took = bool(out)
         sent = self.sent
         if sent:
             for tag in list(sent):
                 got = board.take(tag)
                 if got is not None:
                     _ops.settle_done(sent.pop(tag), *got)
+                    took = True
         if board.behind():  # (raised since take_notes looked: its slot, written before, is read first)
             out += board.take_notes()
             if board.behind():
                 self.drain_at = 0.0
         if time.perf_counter() >= self.drain_at:
             out += self.payloads()
+        elif took:  # (their events follow on the socket: read at the next poll, a few at a time)
+            self.drain_at = 0.0
         return out
 
     def payloads(self) -> List[bytes]:

@@ -90,14 +90,27 @@ impl Outbox {
     /// blocking; the rest is the session task's to write (it is told). `Err` once the
     /// connection failed.
     pub fn push(&self, event: &pb::SessionEvent) -> Result<(), Broken> {
+        let (pushed, wake) = self.push_unwoken(event);
+        if wake {
+            self.wake_writer();
+        }
+        pushed
+    }
+
+    /// [`Outbox::push`] without waking the session's task: `true` in the second place when it
+    /// must be woken ([`Outbox::wake_writer`]: bytes left for it to write, or the connection
+    /// broke). For a caller holding a lock the session's task takes: waking it may poll it right
+    /// here (an inline task, src/api/local/inline.rs), which would then wait for that lock on
+    /// this very thread (`api::delivery::deliver_finished` holds the session's delivered tags).
+    pub fn push_unwoken(&self, event: &pb::SessionEvent) -> (Result<(), Broken>, bool) {
         let mut st = self.lock();
         if st.broken {
-            return Err(Broken);
+            return (Err(Broken), false);
         }
         let was_empty = st.pending.is_empty();
         if let Err(e) = put_event(&mut st.pending, event) {
             tracing::error!("local session: encoding an event: {e}");
-            return Err(Broken);
+            return (Err(Broken), false);
         }
         // Bytes already waiting mean the socket was full: the session's task writes them (and
         // these) once it is writable.
@@ -108,10 +121,12 @@ impl Outbox {
         let broken = st.broken;
         self.backlog.store(left, Ordering::Release);
         drop(st);
-        if left > 0 || broken {
-            self.work.notify_one();
-        }
-        if broken { Err(Broken) } else { Ok(()) }
+        (if broken { Err(Broken) } else { Ok(()) }, left > 0 || broken)
+    }
+
+    /// Wakes the session's task to write what is pending (after [`Outbox::push_unwoken`]).
+    pub fn wake_writer(&self) {
+        self.work.notify_one();
     }
 
     /// Writes what is pending until done or the socket is full (`WouldBlock`); `Err(Broken)`
@@ -182,5 +197,62 @@ impl Outbox {
             }
             notified.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::{Context, Wake, Waker};
+
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Session 27: a push under a lock the session's task takes must not wake that task (woken,
+    /// an inline task is polled on the pushing thread and waits for the lock: the poller's
+    /// thread deadlocked so in `deliver_finished`). `push_unwoken` leaves the task asleep and
+    /// says it must be woken once the socket is full; `wake_writer` wakes it then.
+    #[test]
+    fn a_push_unwoken_wakes_no_one_until_the_caller_wakes_the_writer() {
+        let (ours, _client) = UnixStream::pair().unwrap();
+        let outbox = Outbox::new(ours).unwrap();
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        let mut work = Box::pin(outbox.work());
+        assert!(work.as_mut().poll(&mut cx).is_pending(), "nothing to write yet");
+        let ev = pb::SessionEvent {
+            tag: 7,
+            event: Some(pb::session_event::Event::Refused(pb::EntryStatus {
+                code: 2,
+                message: "x".repeat(4096),
+            })),
+        };
+        // The client reads nothing: the socket fills, then the bytes stay pending.
+        let mut pushes = 0;
+        loop {
+            let (pushed, wake) = outbox.push_unwoken(&ev);
+            assert!(pushed.is_ok());
+            pushes += 1;
+            assert!(pushes < 100_000, "the socket never filled");
+            if wake {
+                break;
+            }
+        }
+        assert!(outbox.backlog() > 0);
+        assert_eq!(
+            count.0.load(Ordering::SeqCst),
+            0,
+            "push_unwoken woke the session's task"
+        );
+        outbox.wake_writer();
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "wake_writer did not wake it");
+        assert!(work.as_mut().poll(&mut cx).is_ready(), "bytes are left to write");
     }
 }

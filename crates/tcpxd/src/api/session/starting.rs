@@ -144,11 +144,15 @@ fn deliver_refused(tag: u64, status: Status, outbox: &Outbox, delivered: &Delive
             message: status.message().to_string(),
         })),
     };
-    {
+    let wake = {
         let mut tags = delivered.tags.lock().unwrap_or_else(|e| e.into_inner());
         tags.push(tag);
-        // A broken connection: the session's task finds it so.
-        let _ = outbox.push(&ev);
+        // A broken connection: the session's task finds it so (woken after the lock, as
+        // `deliver_finished` wakes it: polled inline it takes the lock).
+        outbox.push_unwoken(&ev).1
+    };
+    if wake {
+        outbox.wake_writer();
     }
     delivered.rung.notify_one();
 }
