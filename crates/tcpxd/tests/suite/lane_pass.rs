@@ -276,7 +276,11 @@ fn receives_released_early_are_reported_as_their_copies_end_in_any_order() {
     gates[1].store(1, Ordering::Release);
     assert_eq!(consume(&mut queue, &mut r), 3);
     assert_eq!((queue.landed(), r.outstanding()), (0, 0));
-    assert_eq!(done, [2, 0, 1, 3, 4], "released ones as their copies ended, the others in ring order");
+    assert_eq!(
+        done,
+        [2, 0, 1, 3, 4],
+        "released ones as their copies ended, the others in ring order"
+    );
     while s.outstanding() > 0 {
         assert!(Instant::now() < deadline, "sends stuck");
         lanes::test_sends(&mut s, || {}).unwrap();
