@@ -23,7 +23,7 @@
 #
 # Rounds go forward then backward (A B C ... C B A) until the budget is spent; the summary gives
 # each row's median (and count) per op. Then, unless TRACE=0, one traced WRITE and READ of the
-# rows in TRACE_ROWS (default "ga0 default") with the hop trace on (RUST_LOG=tcpxd::hop=trace,
+# rows in TRACE_ROWS (default "ga0 default"; "base" traces BASE's build) with the hop trace on (RUST_LOG=tcpxd::hop=trace,
 # which costs a few µs an event: read its splits, not its ratio) and benches/chunks.py's table
 # for each: per chunk, the gather's and scatter's wait for a helper, copy and unseen end, and per
 # lane the slots held and the sends and receives in the plugin (docs/BENCHMARKS.md, session 24).
@@ -136,9 +136,13 @@ if [ "${TRACE:-1}" != 0 ]; then
   for name in ${TRACE_ROWS:-ga0 default}; do
     envs=""
     for r in "${all_rows[@]}"; do [ "${r%%|*}" = "$name" ] && envs="${r#*|}"; done
-    [ "$name" = base ] && continue
+    tdir="$bin"
+    if [ "$name" = base ]; then
+      [ -z "$base" ] && continue
+      tdir="$base"
+    fi
     for op in write read; do
-      out="$(env $envs RUST_LOG=info,tcpxd::hop=trace "$bin/tcpxctl" bench transfer --daemon "$bin/tcpxd" \
+      out="$(env $envs RUST_LOG=info,tcpxd::hop=trace "$tdir/tcpxctl" bench transfer --daemon "$tdir/tcpxd" \
         --iters 10 --warmup 2 --op "$op" --blocks 4096 --block-size 16K --no-batch --keep-dir 2>&1)"
       dir="$(echo "$out" | sed -n 's|^tcpxctl: kept \(.*\)$|\1|p' | head -1)"
       echo "== traced $op $name: $(echo "$out" | grep '^scattered/' | cut -d'(' -f1)"

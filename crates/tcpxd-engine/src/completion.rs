@@ -88,6 +88,47 @@ impl Engine {
         self.pump(peer);
     }
 
+    /// A posted receive in pieces on a rendezvous lane — offer `offer`'s chunk at wire offset
+    /// `wire`, as `PostScatterRecv` named it — was scattered and consumed, whatever the lane's
+    /// older receives are doing: the driver gives the plugin its slots back in ring order, but a
+    /// receive that landed in its own landing slot and was scattered out of it by a copy helper
+    /// ends when its copy does (`lanes::RecvQueue::consume_ready`), so one slow copy no longer
+    /// holds the lane's `recv_window + scatter_ahead` places while the copies behind it are done.
+    /// A receive not found this way (an eager lane's, or a plain one) is taken as the oldest, as
+    /// [`Engine::on_recv_consumed`].
+    pub fn on_scatter_consumed(
+        &mut self,
+        peer: PeerIdx,
+        lane: u32,
+        offer: u64,
+        wire: u64,
+        result: Result<(), String>,
+    ) {
+        let at = if self.recv_lane_is_eager(peer, lane) {
+            None
+        } else {
+            self.peers
+                .get(&peer)
+                .and_then(|p| p.recv.get(lane as usize))
+                .and_then(|l| {
+                    l.posted
+                        .iter()
+                        .position(|i| i.pieces && i.offer == offer && i.offset == wire)
+                })
+        };
+        let Some(at) = at else {
+            return self.on_recv_consumed(peer, lane, result);
+        };
+        let Some(item) = self.peers.get_mut(&peer).and_then(|p| {
+            let l = p.recv.get_mut(lane as usize)?;
+            l.posted.remove(at)
+        }) else {
+            return;
+        };
+        self.chunk_consumed(peer, lane, item.offer, item.len, result);
+        self.pump(peer);
+    }
+
     /// A consumed chunk counted against its transfer (finished when it was the last).
     fn chunk_consumed(
         &mut self,

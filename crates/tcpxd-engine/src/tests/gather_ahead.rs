@@ -315,3 +315,53 @@ fn host_and_gpu_sources_gather_ahead_in_mode() {
         s.assert_idle();
     }
 }
+
+#[test]
+fn block_receives_consumed_out_of_order_free_their_places_and_land_byte_exact() {
+    every_mode(block_receives_consumed_out_of_order_in_mode);
+}
+
+/// Scatter receives reported consumed in random order (`Engine::on_scatter_consumed`: the
+/// daemon's copies of a lane's chunks end out of order): each consumed one makes room for the
+/// next receive at once, the engine never has more than `recv_window + scatter_ahead` of a
+/// lane's receives posted, and the bytes land exact with every count back to zero.
+fn block_receives_consumed_out_of_order_in_mode() {
+    for (read, ahead) in [(false, 3), (true, 3), (false, 0), (true, 1)] {
+        let mut s = Sim::new(1, scatter_cfg(ahead), 80 + u64::from(read) + ahead as u64);
+        s.scatter_any_order = true;
+        let src = usize::from(read);
+        let (a, b) = lists(&mut s, src);
+        let (sb, db) = if read { (2, 1) } else { (1, 2) };
+        let (sf, df) = if read { (17, 3) } else { (3, 17) };
+        let want = expected(&s.nodes[src].bufs[&sb], sf, &s.nodes[1 - src].bufs[&db], df);
+        let t = start_blocks(&mut s, read, a, b);
+        let mut steps = 0;
+        let mut out_of_order = 0;
+        while s.step() {
+            steps += 1;
+            assert!(steps < 1_000_000, "no quiescence");
+            let posted = recvs(&s, 1 - src);
+            assert!(
+                posted <= 2 + ahead,
+                "{:?} read {read}: {posted} posted",
+                mode_now()
+            );
+            out_of_order += s.wires[src].iter().filter(|w| w.scattered.len() > 1).count();
+        }
+        let o = s.outcome(0, t);
+        assert_eq!(o.code, Code::Ok, "{:?} read {read}: {}", mode_now(), o.message);
+        assert!(
+            s.nodes[1 - src].bufs[&db] == want,
+            "{:?} read {read}: the destination differs",
+            mode_now()
+        );
+        if mode_now() == Protocol::Rendezvous && ahead > 0 {
+            assert!(
+                out_of_order > 0,
+                "read {read}: no two scatters were ever pending at once"
+            );
+        }
+        assert_eq!(recvs(&s, 1 - src), 0);
+        s.assert_idle();
+    }
+}

@@ -132,6 +132,11 @@ pub(super) struct LaneSim {
     pub(super) arrived: VecDeque<(Post, Vec<u8>)>,
     /// Credit receives landed and waiting to be reported consumed.
     pub(super) consume_pending: usize,
+    /// With [`Sim::scatter_any_order`]: scatter receives unpacked and not yet reported
+    /// consumed, as (offer, wire, result); reported in random order
+    /// (`Engine::on_scatter_consumed`), as the daemon's driver does for copies that end out of
+    /// order.
+    pub(super) scattered: Vec<(u64, u64, Result<(), String>)>,
 }
 
 pub(super) struct Node {
@@ -176,6 +181,9 @@ pub(super) struct Sim {
     pub(super) cfg: EngineConfig,
     /// Deliver control messages only (to stop data at a chosen stage).
     pub(super) hold_data: bool,
+    /// Completed scatter receives on rendezvous lanes are reported consumed in random order
+    /// (`Engine::on_scatter_consumed`), not as they completed.
+    pub(super) scatter_any_order: bool,
     /// Receive lanes each node listened for (opened on first use) and closed when idle.
     pub(super) opened: [u64; 2],
     pub(super) closed_lanes: [u64; 2],
@@ -521,6 +529,9 @@ impl Sim {
                 if w.consume_pending > 0 {
                     events.push((3, i, lane));
                 }
+                if !w.scattered.is_empty() {
+                    events.push((5, i, lane));
+                }
             }
         }
         if events.is_empty() {
@@ -546,11 +557,24 @@ impl Sim {
                     let (r, data) = w.arrived.pop_front().expect("a completed receive met its send");
                     let result = w.recv_results.pop_front().unwrap_or(Ok(()));
                     self.unpack(1 - i, &r, &data);
-                    self.nodes[1 - i].eng.on_recv_consumed(P, lane as u32, result);
+                    match r.scatter {
+                        Some((offer, wire)) if self.scatter_any_order => {
+                            self.wires[i][lane].scattered.push((offer, wire, result));
+                        }
+                        _ => self.nodes[1 - i].eng.on_recv_consumed(P, lane as u32, result),
+                    }
                 }
             }
             4 => {
                 self.nodes[i].eng.plan_pending();
+            }
+            5 => {
+                let n = self.wires[i][lane].scattered.len();
+                let k = self.rand(n);
+                let (offer, wire, result) = self.wires[i][lane].scattered.swap_remove(k);
+                self.nodes[1 - i]
+                    .eng
+                    .on_scatter_consumed(P, lane as u32, offer, wire, result);
             }
             _ => {
                 let w = &mut self.wires[i][lane];
@@ -652,7 +676,7 @@ impl Sim {
                 "a post never met its partner"
             );
             assert!(
-                w.held.is_empty() && w.consume_pending == 0 && w.arrived.is_empty(),
+                w.held.is_empty() && w.consume_pending == 0 && w.arrived.is_empty() && w.scattered.is_empty(),
                 "a landed chunk was never consumed"
             );
         }

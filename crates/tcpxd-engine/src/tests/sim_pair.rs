@@ -110,6 +110,7 @@ impl Sim {
             now: Instant::now(),
             cfg: cfgs[0].clone(),
             hold_data: false,
+            scatter_any_order: false,
             opened: [0; 2],
             closed_lanes: [0; 2],
             credit_msgs: [0; 2],

@@ -101,8 +101,13 @@ impl<P: Copy, L> RecvQueue<P, L> {
     /// how a GPU's batch ended, `None` while it runs), handing each to `done` with its outcome.
     /// Then gives the plugin back the slots of the completed receives behind them, in ring
     /// order, whose wait [releases early](Wait::releases_early) (their copies run on): the
-    /// plugin's oldest completed request is always the first not yet released. Returns how many
-    /// were consumed; on a plugin error the front stays.
+    /// plugin's oldest completed request is always the first not yet released. Last, the
+    /// released receives whose copies are over are handed to `done` too, wherever they are in
+    /// the queue: the plugin has them back already, and only the caller's own bookkeeping (the
+    /// engine's window, the landing slot) waits for them, which needs no order — a copy helper
+    /// that was slow to start one chunk no longer holds the lane's window while the chunks
+    /// behind it are done (issue 38 point 3). Returns how many were consumed; on a plugin error
+    /// the front stays.
     pub fn consume_ready(
         &mut self,
         comm: &mut RecvComm,
@@ -127,6 +132,23 @@ impl<P: Copy, L> RecvQueue<P, L> {
             }
             comm.consume(l.id)?;
             l.released = true;
+        }
+        let mut i = 0;
+        while i < self.landing.len() {
+            let l = &self.landing[i];
+            let ready = if l.released {
+                l.wait.outcome(comm, l.id, &mut outcome)
+            } else {
+                None
+            };
+            match ready {
+                Some(result) => {
+                    let landed = self.landing.remove(i).expect("in the queue");
+                    done(landed, result);
+                    n += 1;
+                }
+                None => i += 1,
+            }
         }
         Ok(n)
     }

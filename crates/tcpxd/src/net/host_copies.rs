@@ -6,13 +6,24 @@
 //!
 //! Two ways in:
 //! - [`HostCopies::queue`]: the chunk's copies (and, for a direct receive, the zeroing of its
-//!   landing slot afterwards) go whole to the least busy helper, and the poller goes on at once
-//!   with a [`CopyTicket`]; the send is posted, or the receive consumed, only once the ticket is
-//!   done (as a GPU gather or scatter waits for its batch). Several chunks of each lane are
-//!   copied at once on as many helpers, overlapping the poller's tests and posts: what a
-//!   fork-and-join copy (below) could not do, the poller waiting for its helpers on every chunk.
-//!   With no helpers, or a chunk under [`MIN_QUEUE_BYTES`], the copy runs at once on the caller
-//!   and no ticket is returned.
+//!   landing slot afterwards) join the helpers' one queue, and the poller goes on at once with a
+//!   [`CopyTicket`]; the send is posted, or the receive consumed, only once the ticket is done
+//!   (as a GPU gather or scatter waits for its batch). Several chunks of each lane are copied at
+//!   once on as many helpers, overlapping the poller's tests and posts: what a fork-and-join
+//!   copy (below) could not do, the poller waiting for its helpers on every chunk. With no
+//!   helpers, or a chunk under [`MIN_QUEUE_BYTES`], the copy runs at once on the caller and no
+//!   ticket is returned.
+//!
+//! **One queue, oldest first** (session 27, issue 38 point 3): every helper takes the oldest
+//! job of one shared queue, so jobs start in the order they were queued — a lane's chunks in
+//! ring order, the order its sends must be posted in — on whichever helper is free first. Until
+//! session 26 each helper had its own channel and a job went to the one with the fewest jobs
+//! under way: a chunk could wait behind another on a helper that was slow to wake (or had lost
+//! its CPU) while other helpers sat idle, and the lane's next send waited for it with its
+//! younger chunks already copied (session 24's trace: gathers waited 0.4–1 ms p50 for a helper
+//! to start them, 2–4 ms p90, for a 43 µs copy). An idle helper spins on the queue as its
+//! [`SpinGauge`] allows, then sleeps on the queue's condition variable; a job wakes one sleeper
+//! only when no idle helper is spinning to take it.
 //! - [`HostCopies::copy_all`]: fork and join: a chunk's copies cut into parts of about equal bytes
 //!   (a piece may be cut), all but the first handed to helpers, the first copied by the caller,
 //!   returning once every part is done (eager landings, tests).
@@ -23,9 +34,9 @@
 //! [`HostCopies::quiesce`] (the poller's close and removal paths), as GPU block kernels are
 //! quiesced there.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -269,12 +280,88 @@ fn cut(copies: &[HostCopy], parts: usize) -> Vec<Vec<HostCopy>> {
     split
 }
 
-/// What a helper is handed.
+/// What a helper is handed. A queued job (or job part) carries the flag its ticket reads,
+/// raised once it is done.
 enum Work {
     Part(Part),
-    Job(CopyJob, Clock),
+    Job(CopyJob, Clock, Arc<AtomicU64>),
     /// A queued job's part, and what it keeps alive.
-    JobPart(SourcesZeroed, Vec<Arc<dyn Region>>, Clock),
+    JobPart(SourcesZeroed, Vec<Arc<dyn Region>>, Clock, Arc<AtomicU64>),
+}
+
+impl Work {
+    /// The flag a queued job's ticket reads (none for a `copy_all` part).
+    fn done_flag(&self) -> Option<Arc<AtomicU64>> {
+        match self {
+            Work::Part(_) => None,
+            Work::Job(_, _, done) | Work::JobPart(_, _, _, done) => Some(done.clone()),
+        }
+    }
+}
+
+/// The helpers' one queue (oldest first), and who waits on it.
+struct Queue {
+    jobs: Mutex<VecDeque<Work>>,
+    ready: Condvar,
+    /// Jobs in `jobs` (read without the lock by spinning helpers).
+    len: AtomicUsize,
+    /// Idle helpers spinning for the next job, and helpers asleep on `ready`.
+    spinning: AtomicUsize,
+    sleeping: AtomicUsize,
+    /// Queued jobs (and job parts) not finished yet: the caller adds, the helpers take away.
+    unfinished: AtomicU64,
+    /// The pool is going: helpers end once the queue is empty.
+    closed: AtomicBool,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, VecDeque<Work>> {
+        // A helper never panics holding the lock (it only pops); a poisoned lock is still
+        // a valid queue.
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds `work` at the back; wakes a sleeping helper unless an idle one is spinning for it.
+    fn push(&self, work: Work) {
+        let queued = {
+            let mut q = self.lock();
+            q.push_back(work);
+            self.len.store(q.len(), Ordering::SeqCst);
+            q.len()
+        };
+        if self.sleeping.load(Ordering::SeqCst) > 0 && queued > self.spinning.load(Ordering::SeqCst) {
+            self.ready.notify_one();
+        }
+    }
+
+    /// The oldest job, if any.
+    fn try_pop(&self) -> Option<Work> {
+        if self.len.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let mut q = self.lock();
+        let w = q.pop_front();
+        self.len.store(q.len(), Ordering::SeqCst);
+        w
+    }
+
+    /// The oldest job, sleeping until there is one; `None` once the pool is closed and empty.
+    fn pop_or_sleep(&self, stats: &HelperStats) -> Option<Work> {
+        let mut q = self.lock();
+        loop {
+            if let Some(w) = q.pop_front() {
+                self.len.store(q.len(), Ordering::SeqCst);
+                return Some(w);
+            }
+            if self.closed.load(Ordering::SeqCst) {
+                return None;
+            }
+            stats.sleeps.fetch_add(1, Ordering::Relaxed);
+            self.sleeping.fetch_add(1, Ordering::SeqCst);
+            q = self.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+            self.sleeping.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
 }
 
 // SAFETY: a `Part` carries raw pointers into memory that `HostCopies::copy_all`'s caller
@@ -285,8 +372,8 @@ enum Work {
 // lie in the job's zeroed range and are read by this part alone).
 unsafe impl Send for Work {}
 
-/// A queued job's ticket: done once each helper it went to finished its `seq`-th job (one
-/// helper, or several for a job cut into parts).
+/// A queued job's ticket: done once each of its parts (one, or several for a job cut across
+/// idle helpers) raised its flag to `seq` (1).
 #[derive(Debug, Clone)]
 pub struct CopyTicket {
     parts: Vec<(Arc<AtomicU64>, u64)>,
@@ -322,21 +409,18 @@ impl CopyTicket {
     }
 }
 
-/// A helper thread's end: where work goes, how many jobs it was given and finished.
+/// A helper thread: what it did, how long it may spin.
 struct Helper {
-    tx: mpsc::Sender<Work>,
-    /// Jobs handed over (only the caller's thread adds to it).
-    queued: AtomicU64,
-    finished: Arc<AtomicU64>,
     stats: Arc<HelperStats>,
     /// How long it may spin when idle (none past the policy's `spinners`).
     spin: HelperSpin,
     thread: Option<JoinHandle<()>>,
 }
 
-/// What a helper did with queued jobs: bytes copied and zeroed, time spent on them.
+/// What a helper did with queued jobs: jobs, bytes copied and zeroed, time spent on them.
 #[derive(Default)]
 struct HelperStats {
+    jobs: AtomicU64,
     bytes: AtomicU64,
     busy_ns: AtomicU64,
     /// Time spent spinning for a next job, and how often it slept instead.
@@ -344,70 +428,62 @@ struct HelperStats {
     sleeps: AtomicU64,
 }
 
-impl Helper {
-    fn in_flight(&self) -> u64 {
-        let queued = self.queued.load(Ordering::Relaxed);
-        queued - self.finished.load(Ordering::Relaxed).min(queued)
-    }
-}
-
-/// A helper's loop: each job run and counted, in order; an idle helper spins for the next as
-/// long as its [`SpinGauge`] allows before it sleeps on its channel.
-fn helper_loop(
-    rx: mpsc::Receiver<Work>,
-    finished: Arc<AtomicU64>,
-    stats: Arc<HelperStats>,
-    spin: HelperSpin,
-    routine: CopyRoutine,
-) {
+/// A helper's loop: the queue's oldest job run and counted, one after another; an idle helper
+/// spins on the queue as long as its [`SpinGauge`] allows before it sleeps.
+fn helper_loop(queue: Arc<Queue>, stats: Arc<HelperStats>, spin: HelperSpin, routine: CopyRoutine) {
     let mut gauge = SpinGauge::new(spin);
     // When the last job ended (None: none yet, or the gap was already counted).
     let mut idle_since: Option<Instant> = None;
     loop {
-        let work = match rx.try_recv() {
-            Ok(w) => w,
-            Err(mpsc::TryRecvError::Disconnected) => return,
-            Err(mpsc::TryRecvError::Empty) => {
+        let work = match queue.try_pop() {
+            Some(w) => w,
+            None => {
                 let budget = gauge.budget();
-                let since = Instant::now();
                 let mut got = None;
-                while since.elapsed() < budget {
-                    for _ in 0..64 {
-                        std::hint::spin_loop();
-                    }
-                    match rx.try_recv() {
-                        Ok(w) => {
+                if !budget.is_zero() {
+                    let since = Instant::now();
+                    queue.spinning.fetch_add(1, Ordering::SeqCst);
+                    while since.elapsed() < budget {
+                        for _ in 0..64 {
+                            std::hint::spin_loop();
+                        }
+                        if let Some(w) = queue.try_pop() {
                             got = Some(w);
                             break;
                         }
-                        Err(mpsc::TryRecvError::Disconnected) => return,
-                        Err(mpsc::TryRecvError::Empty) => {}
-                    }
-                }
-                let spun = since.elapsed();
-                stats.spun_ns.fetch_add(spun.as_nanos() as u64, Ordering::Relaxed);
-                match got {
-                    Some(w) => w,
-                    None => {
-                        stats.sleeps.fetch_add(1, Ordering::Relaxed);
-                        match rx.recv() {
-                            Ok(w) => w,
-                            Err(_) => return,
+                        if queue.closed.load(Ordering::SeqCst) {
+                            break;
                         }
                     }
+                    queue.spinning.fetch_sub(1, Ordering::SeqCst);
+                    stats
+                        .spun_ns
+                        .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                }
+                match got {
+                    Some(w) => w,
+                    None => match queue.pop_or_sleep(&stats) {
+                        Some(w) => w,
+                        None => return,
+                    },
                 }
             }
         };
         if let Some(t) = idle_since.take() {
             gauge.saw(t.elapsed());
         }
+        let done = work.done_flag();
         // SAFETY: `HostCopies::copy_all`'s contract for a part (valid until it returns, which
         // waits for `left`), `HostCopies::queue`'s for a job or a job's part (valid until the
-        // ticket is done, which the count below makes it).
+        // ticket is done, which the flag below makes it).
         if let Some(Ran { bytes, busy }) = unsafe { run_work(work, routine) } {
             stats.busy_ns.fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
             stats.bytes.fetch_add(bytes, Ordering::Relaxed);
-            finished.fetch_add(1, Ordering::Release);
+            stats.jobs.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(done) = done {
+            done.store(1, Ordering::Release);
+            queue.unfinished.fetch_sub(1, Ordering::Release);
         }
         idle_since = Some(Instant::now());
     }
@@ -416,6 +492,7 @@ fn helper_loop(
 /// The poller's host copies and their helper threads (see the module's documentation).
 pub struct HostCopies {
     helpers: Vec<Helper>,
+    queue: Arc<Queue>,
     routine: CopyRoutine,
     split: bool,
 }
@@ -447,7 +524,7 @@ unsafe fn run_work(work: Work, routine: CopyRoutine) -> Option<Ran> {
             part.left.fetch_sub(1, Ordering::Release);
             None
         }
-        Work::JobPart(SourcesZeroed(copies, cold), keep, clock) => {
+        Work::JobPart(SourcesZeroed(copies, cold), keep, clock, _) => {
             clock_start(&clock);
             let since = Instant::now();
             let bytes = 2 * copies.iter().map(|c| c.n as u64).sum::<u64>();
@@ -459,7 +536,7 @@ unsafe fn run_work(work: Work, routine: CopyRoutine) -> Option<Ran> {
             let busy = since.elapsed();
             Some(Ran { bytes, busy })
         }
-        Work::Job(job, clock) => {
+        Work::Job(job, clock, _) => {
             clock_start(&clock);
             let (since, bytes) = (Instant::now(), job.bytes() as u64);
             // SAFETY: the caller's contract.
@@ -490,22 +567,25 @@ impl HostCopies {
 
     /// `threads` helper threads working as `policy` says.
     pub fn with_policy(threads: usize, policy: HelperPolicy) -> HostCopies {
+        let queue = Arc::new(Queue {
+            jobs: Mutex::new(VecDeque::new()),
+            ready: Condvar::new(),
+            len: AtomicUsize::new(0),
+            spinning: AtomicUsize::new(0),
+            sleeping: AtomicUsize::new(0),
+            unfinished: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+        });
         let mut helpers = Vec::new();
         for i in 0..threads.min(MAX_HOST_COPY_THREADS) {
-            let (tx, rx) = mpsc::channel::<Work>();
-            let finished = Arc::new(AtomicU64::new(0));
-            let theirs = finished.clone();
             let stats = Arc::new(HelperStats::default());
-            let their_stats = stats.clone();
+            let (their_queue, their_stats) = (queue.clone(), stats.clone());
             let (spin, routine) = (policy.spin_of(i), policy.routine);
             let spawned = std::thread::Builder::new()
                 .name(format!("tcpxd-copy-{i}"))
-                .spawn(move || helper_loop(rx, theirs, their_stats, spin, routine));
+                .spawn(move || helper_loop(their_queue, their_stats, spin, routine));
             match spawned {
                 Ok(thread) => helpers.push(Helper {
-                    tx,
-                    queued: AtomicU64::new(0),
-                    finished,
                     stats,
                     spin,
                     thread: Some(thread),
@@ -518,9 +598,23 @@ impl HostCopies {
         }
         HostCopies {
             helpers,
+            queue,
             routine: policy.routine,
             split: policy.split,
         }
+    }
+
+    /// Whether queued work reaches a helper: there are helpers and the pool is not closing.
+    fn open(&self) -> bool {
+        !self.helpers.is_empty() && !self.queue.closed.load(Ordering::SeqCst)
+    }
+
+    /// Closes the queue: the helpers end once it is empty, and work queued from now on runs on
+    /// the calling thread (as with no helpers).
+    fn close(&self) {
+        let _q = self.queue.lock();
+        self.queue.closed.store(true, Ordering::SeqCst);
+        self.queue.ready.notify_all();
     }
 
     /// Helper threads besides the caller.
@@ -542,20 +636,19 @@ impl HostCopies {
             copy_part(copies);
             return;
         }
+        if !self.open() {
+            copy_part(copies);
+            return;
+        }
         let mut split = cut(copies, parts);
         let first = std::mem::take(&mut split[0]);
         let left = Arc::new(AtomicUsize::new(0));
-        for (part, helper) in split.into_iter().skip(1).zip(&self.helpers) {
+        for part in split.into_iter().skip(1) {
             left.fetch_add(1, Ordering::Relaxed);
-            let part = Part {
+            self.queue.push(Work::Part(Part {
                 copies: part,
                 left: left.clone(),
-            };
-            if let Err(mpsc::SendError(Work::Part(part))) = helper.tx.send(Work::Part(part)) {
-                // The helper is gone: its part is copied here.
-                copy_part(&part.copies);
-                left.fetch_sub(1, Ordering::Release);
-            }
+            }));
         }
         copy_part(&first);
         while left.load(Ordering::Acquire) != 0 {
@@ -564,8 +657,9 @@ impl HostCopies {
         }
     }
 
-    /// Hands `job` whole to the helper with the fewest jobs under way and returns its ticket;
-    /// with no helper, or a job under [`MIN_QUEUE_BYTES`], runs it here and returns `None` (done).
+    /// Puts `job` on the helpers' queue (behind every job queued before it) and returns its
+    /// ticket; with no helper, or a job under [`MIN_QUEUE_BYTES`], runs it here and returns
+    /// `None` (done).
     ///
     /// # Safety
     /// Every copy's `from` must be readable and its `to` writable for `n` bytes, and `zero`'s
@@ -574,89 +668,69 @@ impl HostCopies {
     /// targets may overlap each other or any source, and nothing else may write the targets (or
     /// the sources) meanwhile.
     pub unsafe fn queue(&self, job: CopyJob) -> Option<CopyTicket> {
-        if self.helpers.is_empty() || job.bytes() < MIN_QUEUE_BYTES {
+        if !self.open() || job.bytes() < MIN_QUEUE_BYTES {
             // SAFETY: the caller's contract, for this call's length.
             unsafe { job.run(self.routine) };
             return None;
         }
         // Helpers with nothing to do take a part each (a transfer's first and last chunks, or
-        // a lull); under load the job goes whole to the least busy one.
+        // a lull); under load the job goes whole to the queue.
         let copied: usize = job.copies.iter().map(|c| c.n).sum();
         let tiles = job.sources_tile_zero();
-        let idle: Vec<&Helper> = self.helpers.iter().filter(|h| h.in_flight() == 0).collect();
+        let idle = self.helpers.len().saturating_sub(self.in_flight() as usize);
         let clock: Clock =
             tracing::enabled!(target: "tcpxd::hop", tracing::Level::TRACE).then(|| Arc::new(JobClock::new()));
-        let parts = idle.len().min(copied / MIN_QUEUED_PART_BYTES);
-        if self.split && parts >= 2 && (job.zero.is_none() || tiles) {
-            let mut ticket = Vec::with_capacity(parts);
-            for (copies, helper) in cut(&job.copies, parts).into_iter().zip(idle) {
-                let work = if tiles {
-                    Work::JobPart(
-                        SourcesZeroed(copies, job.cold_targets),
-                        job.keep.clone(),
-                        clock.clone(),
-                    )
-                } else {
-                    Work::Job(
-                        CopyJob {
-                            copies,
-                            zero: None,
-                            cold_targets: job.cold_targets,
-                            keep: job.keep.clone(),
-                        },
-                        clock.clone(),
-                    )
-                };
-                match helper.tx.send(work) {
-                    Ok(()) => {
-                        let seq = helper.queued.fetch_add(1, Ordering::Relaxed) + 1;
-                        ticket.push((helper.finished.clone(), seq));
+        let parts = idle.min(copied / MIN_QUEUED_PART_BYTES);
+        let works: Vec<Work> = if self.split && parts >= 2 && (job.zero.is_none() || tiles) {
+            cut(&job.copies, parts)
+                .into_iter()
+                .map(|copies| {
+                    let done = Arc::new(AtomicU64::new(0));
+                    if tiles {
+                        Work::JobPart(
+                            SourcesZeroed(copies, job.cold_targets),
+                            job.keep.clone(),
+                            clock.clone(),
+                            done,
+                        )
+                    } else {
+                        Work::Job(
+                            CopyJob {
+                                copies,
+                                zero: None,
+                                cold_targets: job.cold_targets,
+                                keep: job.keep.clone(),
+                            },
+                            clock.clone(),
+                            done,
+                        )
                     }
-                    // The helper is gone: its part is copied here.
-                    // SAFETY: as the whole job's (a part of its copies; its own sources).
-                    Err(mpsc::SendError(w)) => {
-                        let _ = unsafe { run_work(w, self.routine) };
-                    }
-                }
-            }
-            return (!ticket.is_empty()).then_some(CopyTicket { parts: ticket, clock });
-        }
-        let helper = self
-            .helpers
-            .iter()
-            .min_by_key(|h| h.in_flight())
-            .expect("a helper");
-        match helper.tx.send(Work::Job(job, clock.clone())) {
-            Ok(()) => {
-                let seq = helper.queued.fetch_add(1, Ordering::Relaxed) + 1;
-                Some(CopyTicket {
-                    parts: vec![(helper.finished.clone(), seq)],
-                    clock,
                 })
-            }
-            Err(mpsc::SendError(w)) => {
-                // The helper is gone: the job runs here.
-                // SAFETY: as above.
-                let _ = unsafe { run_work(w, self.routine) };
-                None
-            }
+                .collect()
+        } else {
+            vec![Work::Job(job, clock.clone(), Arc::new(AtomicU64::new(0)))]
+        };
+        let mut ticket = Vec::with_capacity(works.len());
+        for w in works {
+            ticket.push((w.done_flag().expect("a queued job's flag"), 1));
+            self.queue.unfinished.fetch_add(1, Ordering::AcqRel);
+            self.queue.push(w);
         }
+        Some(CopyTicket { parts: ticket, clock })
     }
 
     /// Returns once every queued job is done (before a comm, ring or buffer a job may touch is
     /// dropped).
     pub fn quiesce(&self) {
-        for h in &self.helpers {
-            while h.finished.load(Ordering::Acquire) < h.queued.load(Ordering::Relaxed) {
-                std::hint::spin_loop();
-                std::thread::yield_now();
-            }
+        while self.queue.unfinished.load(Ordering::Acquire) > 0 {
+            std::hint::spin_loop();
+            std::thread::yield_now();
         }
     }
 
-    /// Jobs queued and not done yet.
+    /// Jobs (and job parts) queued and not done yet.
     pub fn in_flight(&self) -> u64 {
-        self.helpers.iter().map(Helper::in_flight).sum()
+        self.queue.unfinished.load(Ordering::Acquire)
     }
 }
 
@@ -677,7 +751,7 @@ impl Drop for HostCopies {
                     let gbps = if ns == 0 { 0.0 } else { b as f64 / ns as f64 };
                     format!(
                         "{} jobs, {:.1} MB in {:.1} ms ({gbps:.1} GB/s), spun {:.1} ms (at most {} µs a gap), slept {} times",
-                        h.queued.load(Ordering::Relaxed),
+                        h.stats.jobs.load(Ordering::Relaxed),
                         b as f64 / 1e6,
                         ns as f64 / 1e6,
                         h.stats.spun_ns.load(Ordering::Relaxed) as f64 / 1e6,
@@ -689,7 +763,8 @@ impl Drop for HostCopies {
             tracing::info!(helpers = per.len(), "host copy helpers: {}", per.join("; "));
         }
         let threads: Vec<JoinHandle<()>> = self.helpers.iter_mut().filter_map(|h| h.thread.take()).collect();
-        self.helpers.clear(); // closes every channel: the helpers end
+        self.close(); // the helpers end: the queue is empty
+        self.helpers.clear();
         for t in threads {
             let _ = t.join();
         }

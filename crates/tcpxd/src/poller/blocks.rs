@@ -20,9 +20,10 @@
 //!   fewer than `send_window` of the lane's sends (`lanes::post_sends`): gathers run a window
 //!   ahead of the sends, and the plugin sees no more than it did without them.
 //! - **Receives into host memory** land in the lane's host landing ring (`recv_window +
-//!   scatter_ahead` slots of `MAX_CHUNK_BYTES`, reserved lazily, never populated; slot `n %
-//!   (recv_window + scatter_ahead)`: the engine never has more of the lane's receives posted and
-//!   unconsumed, and a receive is consumed only after its scatter) and are scattered once
+//!   scatter_ahead` slots of `MAX_CHUNK_BYTES`, reserved lazily, never populated; the next free
+//!   slot from the ring's turn on, taken until the receive is consumed: the engine never has
+//!   more of the lane's receives posted and unconsumed, a receive is consumed only after its
+//!   scatter, and scatters that end out of order are consumed out of order) and are scattered once
 //!   complete, from the bounce pages or the slot (`RecvComm::scatter_landed`). A direct receive
 //!   scattered out of its own slot on a copy helper gives its plugin slot back at once
 //!   (`lanes::Wait::Slot`), so the receives posted ahead take the plugin's slots while it is
@@ -166,18 +167,34 @@ impl SendStaging {
     }
 }
 
-/// A receive lane's host landing ring (scattered receives into host memory), and whether it
-/// scattered on a GPU (whose kernels read the lane's bounce buffer).
+/// A receive lane's host landing ring (scattered receives into host memory), which of its slots
+/// are taken, and whether it scattered on a GPU (whose kernels read the lane's bounce buffer).
 #[derive(Default)]
 pub(super) struct RecvScatter {
     landing: Option<MemHandle>,
     seq: u64,
+    /// Slot `k` holds a receive posted and not yet consumed (its copies may still read it).
+    taken: Vec<bool>,
     gpu: bool,
 }
 
 impl RecvScatter {
     pub(super) fn landing(&self) -> Option<&MemHandle> {
         self.landing.as_ref()
+    }
+
+    /// The landing slot at byte `offset` is free again: its receive was consumed (its copies
+    /// over, or it was dropped).
+    pub(super) fn release(&mut self, offset: u64) {
+        let k = (offset / u64::from(MAX_CHUNK_BYTES)) as usize;
+        if let Some(t) = self.taken.get_mut(k) {
+            *t = false;
+        }
+    }
+
+    /// Landing slots taken (posted receives not yet consumed).
+    pub(super) fn taken(&self) -> usize {
+        self.taken.iter().filter(|&&t| t).count()
     }
 
     pub(super) fn on_gpu(&self) -> bool {
@@ -404,8 +421,18 @@ pub(super) fn landing_ring_slot(lane: &mut RecvLane, len: u32, slots: Slots) -> 
         );
         tracing::debug!(bytes, "receive lane landing ring reserved");
     }
-    let slot = sc.seq % slots.landing;
-    sc.seq += 1;
+    // The next free slot from the ring's turn on: receives are consumed as their copies end,
+    // in any order (`lanes::RecvQueue::consume_ready`), and the engine posts no more than the
+    // ring's slots unconsumed, so one is free.
+    let n = slots.landing as usize;
+    sc.taken.resize(n, false);
+    let from = (sc.seq % slots.landing) as usize;
+    let Some(slot) = (0..n).map(|k| (from + k) % n).find(|&k| !sc.taken[k]) else {
+        return Err(format!("every one of the lane's {n} landing slots is taken"));
+    };
+    sc.taken[slot] = true;
+    sc.seq = slot as u64 + 1;
+    let slot = slot as u64;
     Ok(RecvPost {
         buffer: STAGED,
         offset: slot * u64::from(MAX_CHUNK_BYTES),

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::blocks::{self, STAGED};
 use super::posting::{Placed, post_recvs, post_sends, start_buffer_unpack};
-use super::{Completion, LANDING, Landing, PeerSlot, Poller, Posted, RecvLaneState, SendLaneState};
+use super::{Completion, LANDING, Landing, PeerSlot, Poller, Posted, RecvLane, RecvLaneState, SendLaneState};
 use crate::buffers::BufferEntry;
 use crate::engine::PeerIdx;
 use crate::lanes::GpuStage;
@@ -96,6 +96,9 @@ impl Poller {
             match e {
                 Completion::SendDone(p, l) => self.engine.on_send_done(p, l),
                 Completion::RecvConsumed(p, l, r) => self.engine.on_recv_consumed(p, l, r),
+                Completion::ScatterConsumed(p, l, (offer, wire), r) => {
+                    self.engine.on_scatter_consumed(p, l, offer, wire, r)
+                }
                 Completion::Landed(p, l) => self.engine.on_recv_landed(p, l, Instant::now()),
                 Completion::LaneReady(p, l, send) => self.engine.on_lane_ready(p, l, send),
                 Completion::Failed(p, why) => {
@@ -249,6 +252,8 @@ impl Poller {
                             landed,
                             unpacked,
                             on_host,
+                            ring_slot: (buffer == STAGED).then_some(offset),
+                            chunk: to.filter(|t| t.direct.is_none()).map(|t| (t.offer, t.wire)),
                         },
                     )
                 });
@@ -317,11 +322,17 @@ fn consume_unpacked(
             }
             for &li in &p.recv_opened {
                 let l = &mut p.recv[li];
-                let RecvLaneState::Ready(comm) = &mut l.state else {
+                let RecvLane {
+                    state,
+                    queue,
+                    scatter,
+                    ..
+                } = l;
+                let RecvLaneState::Ready(comm) = state else {
                     continue;
                 };
                 let cid = comm.trace_id();
-                let consumed = l.queue.consume_ready(
+                let consumed = queue.consume_ready(
                     comm,
                     |gpu, batch| stages.get(&gpu).and_then(|s| s.outcome(batch)),
                     |front, result| {
@@ -346,12 +357,20 @@ fn consume_unpacked(
                             landed,
                             unpacked,
                             on_host,
+                            ring_slot,
+                            chunk,
                         } = front.meta;
                         let kind = if on_host { "host" } else { "gpu" };
                         meter
                             .metrics
                             .recv_consumed(kind, unpacked.unwrap_or(now) - landed, now - landed);
-                        events.push(Completion::RecvConsumed(peer, li as u32, result));
+                        if let Some(at) = ring_slot {
+                            scatter.release(at);
+                        }
+                        events.push(match chunk {
+                            Some(c) => Completion::ScatterConsumed(peer, li as u32, c, result),
+                            None => Completion::RecvConsumed(peer, li as u32, result),
+                        });
                     },
                 );
                 if let Err(e) = consumed {
@@ -359,6 +378,13 @@ fn consume_unpacked(
                     events.push(Completion::Failed(peer, format!("lane {li} irecvConsumed: {e}")));
                     continue;
                 }
+                // Every taken landing slot belongs to a receive held, posted or landed.
+                debug_assert!(
+                    l.scatter.taken() <= l.deferred.len() + l.queue.posted() + l.queue.landed(),
+                    "lane {li}: {} landing slots taken for {} receives",
+                    l.scatter.taken(),
+                    l.deferred.len() + l.queue.posted() + l.queue.landed()
+                );
                 // Slots given back (consumed, or released while their copies run) take the
                 // receives posted ahead in this pass rather than the next.
                 if !l.deferred.is_empty()

@@ -253,6 +253,13 @@ struct Landing {
     unpacked: Option<Instant>,
     /// Unpacked by host copies (at once, or on a copy helper), not on a GPU.
     on_host: bool,
+    /// Received into the lane's host landing ring at this offset: the slot is free once the
+    /// receive is consumed.
+    ring_slot: Option<u64>,
+    /// A block chunk's receive (offer, wire offset), as `PostScatterRecv` named it: told to the
+    /// engine by name when consumed (`Engine::on_scatter_consumed`), so it may be consumed
+    /// before older receives of the lane whose copies are still running.
+    chunk: Option<(u64, u64)>,
 }
 
 struct PeerSlot {
@@ -342,6 +349,8 @@ impl Drop for Poller {
 enum Completion {
     SendDone(PeerIdx, u32),
     RecvConsumed(PeerIdx, u32, Result<(), String>),
+    /// A block chunk's receive (offer, wire offset) consumed, in whatever order.
+    ScatterConsumed(PeerIdx, u32, (u64, u64), Result<(), String>),
     /// An eager credit receive completed (its destination comes with its header).
     Landed(PeerIdx, u32),
     LaneReady(PeerIdx, u32, bool),

@@ -199,7 +199,88 @@ fn receives_landed_in_place_give_their_plugin_slots_back_before_their_copies_end
         g.store(1, Ordering::Release);
     }
     assert_eq!(consume(&mut queue, &mut r, &mut done), 3);
-    assert_eq!(done, [0, 1, 2, 3, 4], "reported in ring order");
+    assert_eq!(done, [0, 1, 2, 3, 4], "reported as their copies ended");
+    while s.outstanding() > 0 {
+        assert!(Instant::now() < deadline, "sends stuck");
+        lanes::test_sends(&mut s, || {}).unwrap();
+    }
+    assert_eq!((queue.posted(), queue.landed(), r.outstanding()), (0, 0, 0));
+}
+
+/// Receives released early (`Wait::Slot`) are reported consumed as their copies end, in any
+/// order (issue 38 point 3: one slow copy no longer holds the lane's window, and the engine is
+/// told which chunk each is); a receive whose unpack still needs the plugin (`Wait::Host`) keeps
+/// its plugin slot (and the slots behind it) until it is done, and is reported in ring order,
+/// after every older receive.
+#[test]
+fn receives_released_early_are_reported_as_their_copies_end_in_any_order() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tcpxd::net::host_copies::CopyTicket;
+    let (mut s, mut r) = pair();
+    const LEN: u32 = 4096;
+    const N: usize = 5;
+    let (src, _) = region(N * LEN as usize);
+    let (slots, _) = region(N * LEN as usize);
+    let smh = s.register(src.clone()).unwrap();
+    let rmh = r.register(slots.clone()).unwrap();
+    let mut queue: RecvQueue<usize, usize> = RecvQueue::default();
+    let mut tag = Tag::default();
+    let gates: Vec<Arc<AtomicU64>> = (0..N).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    // Receive 3's copies need the plugin's pages (`Wait::Host`); the others' run out of their
+    // own slots.
+    let wait = |k: usize| {
+        let t = CopyTicket::gated(gates[k].clone());
+        if k == 3 { Wait::Host(t) } else { Wait::Slot(t) }
+    };
+    for k in 0..N {
+        let at = k * LEN as usize;
+        assert!(queue.post(&mut r, &rmh, at, LEN, k).unwrap());
+        assert!(lanes::post_send(&mut s, &mut tag, &smh, at, LEN).unwrap());
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while queue.posted() > 0 {
+        assert!(Instant::now() < deadline, "chunks stuck");
+        lanes::test_sends(&mut s, || {}).unwrap();
+        queue.test_heads(&mut r, |_, p| (wait(p.meta), p.meta)).unwrap();
+    }
+    let mut done = Vec::new();
+    let mut consume = |queue: &mut RecvQueue<usize, usize>, r: &mut RecvComm| {
+        queue
+            .consume_ready(
+                r,
+                |_, _| None,
+                |l, result| {
+                    result.unwrap();
+                    done.push(l.meta);
+                },
+            )
+            .unwrap()
+    };
+    // Nothing copied: receives 0-2 give their plugin slots back, 3 (and so 4) keep theirs.
+    assert_eq!(consume(&mut queue, &mut r), 0);
+    assert_eq!((queue.landed(), r.outstanding()), (N, 2));
+    // Receive 2's copies end first, then 0's: each reported as it ends.
+    gates[2].store(1, Ordering::Release);
+    assert_eq!(consume(&mut queue, &mut r), 1);
+    gates[0].store(1, Ordering::Release);
+    assert_eq!(consume(&mut queue, &mut r), 1);
+    assert_eq!((queue.landed(), r.outstanding()), (3, 2));
+    // Receive 4 is done but still holds its plugin slot behind 3: not reported yet.
+    gates[4].store(1, Ordering::Release);
+    assert_eq!(consume(&mut queue, &mut r), 0);
+    // 3's unpack ends, but a receive that was not released goes in ring order: after 1.
+    gates[3].store(1, Ordering::Release);
+    assert_eq!(consume(&mut queue, &mut r), 0);
+    assert_eq!((queue.landed(), r.outstanding()), (3, 2));
+    // 1's copies end: 1, 3 and 4 are reported, and the plugin has every slot back.
+    gates[1].store(1, Ordering::Release);
+    assert_eq!(consume(&mut queue, &mut r), 3);
+    assert_eq!((queue.landed(), r.outstanding()), (0, 0));
+    assert_eq!(
+        done,
+        [2, 0, 1, 3, 4],
+        "released ones as their copies ended, the others in ring order"
+    );
     while s.outstanding() > 0 {
         assert!(Instant::now() < deadline, "sends stuck");
         lanes::test_sends(&mut s, || {}).unwrap();
