@@ -26,6 +26,7 @@ mod lone_notice;
 mod mixed_routes;
 mod packed_batch;
 mod pair_life;
+mod perf_pair;
 mod prepared;
 mod prepared_early;
 mod release;
