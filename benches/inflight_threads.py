@@ -27,6 +27,15 @@ the script also reads each daemon's `tcpxd_poller_pass_seconds_total` (its `/met
 (`idle`), apart from the waits between passes. `busy µs/transfer` is the poller's work per
 transfer; `peak busy` the largest share of any 0.5 s of the run its busy passes took (near 1.0:
 the poller is the ceiling; well below: something else is).
+
+Every figure above counts the whole run, its one-off work too: the pairing, each lane's first
+accept (which in the emulation's CUDA mode builds the comm's bounce memory on the poller's
+thread: the receiver's `setup` phase, ~275 ms a run on the H200 host, session 27) and the
+buffers' registration (`commands`). `peak busy` can be that one-off work. The last table,
+`Steady window`, is the same figures over the middle of the run only (20% to 80% of daemon a's
+finished transfers, between two scrapes 0.1 s apart): read the poller's cost per transfer and
+its busy share there. Give it a run of a few seconds (on the H200 host, 64 KiB at 16 in flight:
+`--iters 100000` or more).
 """
 
 import argparse

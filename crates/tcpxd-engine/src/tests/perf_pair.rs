@@ -205,7 +205,9 @@ impl Run {
                     self.sides[1 - i].timed(2, |e| e.on_send_done(P, lane as u32));
                     match posted {
                         Posted::Credit => self.sides[i].timed(0, |e| e.on_recv_landed(P, lane as u32, now)),
-                        Posted::Recv => self.sides[i].timed(1, |e| e.on_recv_consumed(P, lane as u32, Ok(()))),
+                        Posted::Recv => {
+                            self.sides[i].timed(1, |e| e.on_recv_consumed(P, lane as u32, Ok(())))
+                        }
                     }
                 }
             }
