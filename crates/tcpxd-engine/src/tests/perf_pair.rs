@@ -147,10 +147,7 @@ impl Run {
 
     /// Every action of node `i`, carried out as the poller would, moving no bytes.
     fn drain(&mut self, i: usize) {
-        loop {
-            let Some(a) = self.sides[i].timed(4, Engine::poll_action) else {
-                break;
-            };
+        while let Some(a) = self.sides[i].timed(4, Engine::poll_action) {
             match a {
                 Action::Control { msg, .. } => self.ctrl[1 - i].push_back(msg),
                 Action::PostSend { lane, .. } => self.sides[i].sends[lane as usize].push_back(()),
