@@ -27,6 +27,15 @@ the script also reads each daemon's `tcpxd_poller_pass_seconds_total` (its `/met
 (`idle`), apart from the waits between passes. `busy µs/transfer` is the poller's work per
 transfer; `peak busy` the largest share of any 0.5 s of the run its busy passes took (near 1.0:
 the poller is the ceiling; well below: something else is).
+
+Every figure above counts the whole run, its one-off work too: the pairing, each lane's first
+accept (which in the emulation's CUDA mode builds the comm's bounce memory on the poller's
+thread: the receiver's `setup` phase, ~275 ms a run on the H200 host, session 27) and the
+buffers' registration (`commands`). `peak busy` can be that one-off work. The last table,
+`Steady window`, is the same figures over the middle of the run only (20% to 80% of daemon a's
+finished transfers, between two scrapes 0.1 s apart): read the poller's cost per transfer and
+its busy share there. Give it a run of a few seconds (on the H200 host, 64 KiB at 16 in flight:
+`--iters 100000` or more).
 """
 
 import argparse
@@ -135,6 +144,9 @@ def pass_seconds(addr):
         m = re.match(r'tcpxd_poller_action_seconds_total\{kind="(\w+)"\} (\S+)', line)
         if m:
             out[("a", m.group(1))] = float(m.group(2))
+        m = re.match(r'tcpxd_transfers_total\{op="\w+",status="ok"\} (\S+)', line)
+        if m:
+            out[("t", "ok")] = out.get(("t", "ok"), 0.0) + float(m.group(1))
     return out or None
 
 
@@ -152,6 +164,8 @@ def main():
     roles = {proc.pid: "tcpxctl"}
     # role -> metrics address; role -> [(t, busy s, idle s)]
     metrics, passes, phases, actions = {}, defaultdict(list), {}, {}
+    # role -> [(t, every scraped value)]: the steady window's figures (`steady`)
+    series = defaultdict(list)
     last_scrape = 0.0
     while proc.poll() is None:
         for kid in children(proc.pid):
@@ -175,6 +189,7 @@ def main():
                         continue
                 p = metrics[role] and pass_seconds(metrics[role])
                 if p:
+                    series[role].append((time.monotonic(), p))
                     phases[role] = {k[1]: v for k, v in p.items() if k[0] == "p"}
                     actions[role] = {k[1]: v for k, v in p.items() if k[0] == "a"}
                     passes[role].append(
@@ -239,7 +254,60 @@ def main():
                 rows = sorted(actions[role].items(), key=lambda kv: -kv[1])
                 cells = [f"{k} {v * 1e6 / transfers:.1f}" for k, v in rows if v * 1e6 / transfers >= 0.1]
                 print(f"{name:<10} " + ", ".join(cells))
+    steady(series)
     return proc.returncode
+
+
+def steady(series, lo=0.2, hi=0.8):
+    """The same figures over the run's middle only: from the first scrape at which the issuing
+    daemon (a) had finished `lo` of its transfers to the last at which it had finished at most
+    `hi` of them. Per transfer there means per transfer finished in that window, so the run's
+    one-off work (pairing, lanes' connects and accepts with their bounce memory, the buffers'
+    registration) is left out: what a transfer costs once traffic flows."""
+    a = series.get("daemon1")
+    if not a:
+        return
+    done = [(t, p.get(("t", "ok"), 0.0)) for t, p in a]
+    total = done[-1][1]
+    if total <= 0:
+        return
+    inside = [t for t, n in done if lo * total <= n <= hi * total]
+    if len(inside) < 2:
+        print("\nSteady window: too few scrapes inside the run's middle (a longer run: more --iters)")
+        return
+    t0, t1 = inside[0], inside[-1]
+    n0 = next(n for t, n in done if t == t0)
+    n1 = next(n for t, n in done if t == t1)
+    transfers = n1 - n0
+    if transfers <= 0:
+        return
+    span = t1 - t0
+    print(
+        f"\nSteady window ({transfers:.0f} transfers in {span:.2f} s between {lo:.0%} and {hi:.0%} of daemon a's"
+        f" finished transfers, {transfers / span:.0f} transfers/s; µs per transfer in the window):"
+    )
+    names = ["intake", "commands", "setup", "actions", "test_lanes", "tick", "consume", "flush"]
+    print(f"{'process':<10} {'busy':>7} {'busy share':>10} " + " ".join(f"{n:>11}" for n in names))
+    rows = {}
+    for role in sorted(series):
+        ss = series[role]
+        # each role's scrapes nearest the window's ends
+        s0 = min(ss, key=lambda x: abs(x[0] - t0))
+        s1 = min(ss, key=lambda x: abs(x[0] - t1))
+        if s1[0] <= s0[0]:
+            continue
+        d = {k: s1[1].get(k, 0.0) - s0[1].get(k, 0.0) for k in s1[1]}
+        rows[role] = d
+        busy = d.get(("s", "yes"), 0.0)
+        name = role.replace("daemon1", "daemon a").replace("daemon2", "daemon b")
+        vals = " ".join(f"{d.get(('p', n), 0.0) * 1e6 / transfers:>11.2f}" for n in names)
+        print(f"{name:<10} {busy * 1e6 / transfers:>7.1f} {busy / (s1[0] - s0[0]):>10.2f} {vals}")
+    for role, d in rows.items():
+        name = role.replace("daemon1", "daemon a").replace("daemon2", "daemon b")
+        acts = sorted(((k[1], v) for k, v in d.items() if k[0] == "a"), key=lambda kv: -kv[1])
+        cells = [f"{k} {v * 1e6 / transfers:.2f}" for k, v in acts if v * 1e6 / transfers >= 0.05]
+        if cells:
+            print(f"{name:<10} actions: " + ", ".join(cells))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ mod sync;
 mod topology;
 mod wire;
 
-pub use log::{LogHook, set_log_hook};
+pub use log::{LogGate, LogHook, set_log_gate, set_log_hook};
 
 /// The name this plugin reports in its table (`ncclNet_v7_t::name`).
 pub const PLUGIN_NAME: &std::ffi::CStr = c"tcpxemu_v7";

@@ -12,8 +12,15 @@ use std::sync::RwLock;
 /// (`abi::NCCL_LOG_WARN` = 2, `NCCL_LOG_INFO` = 3, `NCCL_LOG_TRACE` = 5).
 pub type LogHook = fn(level: i32, msg: &str);
 
+/// Whether a line at `level` would be kept by the logger given to `init` (`false`: dropped). The
+/// in-process host that gave that logger installs it ([`set_log_gate`]) so that a line nobody
+/// keeps is never formatted: the emulation logs a trace line per request posted and done, and
+/// formatting each (a `String`, a `CString`) cost the caller's thread on every `test`.
+pub type LogGate = fn(level: i32) -> bool;
+
 static LOGGER: RwLock<abi::ncclDebugLogger_t> = RwLock::new(None);
 static HOOK: RwLock<Option<LogHook>> = RwLock::new(None);
+static GATE: RwLock<Option<LogGate>> = RwLock::new(None);
 
 /// Replace the NCCL logger (`None` = log nothing through C).
 pub(crate) fn set_logger(f: abi::ncclDebugLogger_t) {
@@ -27,9 +34,21 @@ pub fn set_log_hook(hook: Option<LogHook>) {
     *HOOK.write().unwrap_or_else(|e| e.into_inner()) = hook;
 }
 
+/// Install (or remove) the gate: lines it refuses are neither formatted nor passed to the logger
+/// given to `init` (a hook set with [`set_log_hook`] still sees every line). Process-wide.
+pub fn set_log_gate(gate: Option<LogGate>) {
+    *GATE.write().unwrap_or_else(|e| e.into_inner()) = gate;
+}
+
 pub(crate) fn emit(level: c_int, file: &'static CStr, line: u32, args: fmt::Arguments<'_>) {
-    let logger = *LOGGER.read().unwrap_or_else(|e| e.into_inner());
     let hook = *HOOK.read().unwrap_or_else(|e| e.into_inner());
+    let mut logger = *LOGGER.read().unwrap_or_else(|e| e.into_inner());
+    if logger.is_some()
+        && let Some(keeps) = *GATE.read().unwrap_or_else(|e| e.into_inner())
+        && !keeps(level)
+    {
+        logger = None;
+    }
     if logger.is_none() && hook.is_none() {
         return;
     }

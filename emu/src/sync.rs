@@ -104,43 +104,102 @@ pub(crate) fn exit_like_the_plugin(msg: &str) -> ! {
 /// A FIFO of tasks for one socket thread. Preallocated for the 16 requests a comm can hold.
 #[derive(Debug)]
 pub(crate) struct TaskQueue<T> {
-    q: Mutex<VecDeque<T>>,
+    q: Mutex<Tasks<T>>,
     cv: Condvar,
+}
+
+/// The queue and how many of its threads wait on it (at most one: each socket thread has its
+/// own), both under the one lock: a push wakes a thread only when one waits. A `notify_one` is
+/// a futex syscall whether or not anyone waits, and the poller's `test` (`match_headers`) and
+/// `isend` push a task per chunk while the socket threads are mostly busy.
+#[derive(Debug)]
+struct Tasks<T> {
+    q: VecDeque<T>,
+    waiting: usize,
 }
 
 impl<T> TaskQueue<T> {
     pub(crate) fn new() -> TaskQueue<T> {
         TaskQueue {
-            q: Mutex::new(VecDeque::with_capacity(crate::abi::MAX_REQUESTS * 2)),
+            q: Mutex::new(Tasks {
+                q: VecDeque::with_capacity(crate::abi::MAX_REQUESTS * 2),
+                waiting: 0,
+            }),
             cv: Condvar::new(),
         }
     }
 
     pub(crate) fn push(&self, t: T) {
-        lock(&self.q).push_back(t);
-        self.cv.notify_one();
+        let mut g = lock(&self.q);
+        g.q.push_back(t);
+        // Read under the lock: a thread counted here is waiting (or about to, having found the
+        // queue empty under this lock before), and one not counted finds the task when it looks.
+        let wake = g.waiting > 0;
+        drop(g);
+        if wake {
+            self.cv.notify_one();
+        }
     }
 
     /// The next task, or `None` once the comm stops.
     pub(crate) fn pop(&self, health: &Health) -> Option<T> {
-        let mut q = lock(&self.q);
+        let mut g = lock(&self.q);
         loop {
             if health.stop() {
                 return None;
             }
-            if let Some(t) = q.pop_front() {
+            if let Some(t) = g.q.pop_front() {
                 return Some(t);
             }
-            q = self
+            g.waiting += 1;
+            g = self
                 .cv
-                .wait_timeout(q, Duration::from_millis(100))
+                .wait_timeout(g, Duration::from_millis(100))
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
+            g.waiting -= 1;
         }
     }
 
     pub(crate) fn wake(&self) {
         let _q = lock(&self.q);
         self.cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_task_queue_hands_every_task_over_in_order_whether_or_not_its_thread_waits() {
+        let q = Arc::new(TaskQueue::new());
+        let health = Arc::new(Health::default());
+        // Pushed with nobody waiting (no wake-up): found at once.
+        q.push(0u32);
+        assert_eq!(q.pop(&health), Some(0));
+        let (q2, h2) = (q.clone(), health.clone());
+        let popper = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            while got.len() < 20_000 {
+                got.push(q2.pop(&h2).expect("not stopped"));
+            }
+            got
+        });
+        for i in 1..=20_000u32 {
+            q.push(i);
+            if i % 1000 == 0 {
+                // Let the popper drain the queue and wait: the next push must wake it.
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        let got = popper.join().unwrap();
+        assert_eq!(got, (1..=20_000).collect::<Vec<_>>());
+        assert_eq!(
+            lock(&q.q).waiting,
+            0,
+            "nobody counted as waiting once it returned"
+        );
     }
 }

@@ -27,6 +27,7 @@ mod mixed_routes;
 mod owed_credits;
 mod packed_batch;
 mod pair_life;
+mod perf_pair;
 mod prepared;
 mod prepared_early;
 mod release;

@@ -67,6 +67,13 @@ extern "C" fn tcpxd_plugin_log_skip(level: c_int) -> c_int {
     c_int::from(skip)
 }
 
+/// Whether the logger keeps a line at `level` (counted as [`tcpxd_plugin_log_skip`] counts a
+/// line it drops): the built-in emulation's gate (`nccl_net_tcpxemu::set_log_gate`), which then
+/// formats only the lines kept.
+pub(crate) fn keeps(level: i32) -> bool {
+    tcpxd_plugin_log_skip(level) == 0
+}
+
 /// Called by the C shim for every line the plugin logs (and [`tcpxd_plugin_log_skip`] keeps).
 #[unsafe(no_mangle)]
 extern "C" fn tcpxd_plugin_log_sink(
@@ -228,7 +235,23 @@ mod tests {
             .finish();
         tracing::subscriber::with_default(subscriber, || {
             assert_eq!(tcpxd_plugin_log_skip(abi::NCCL_LOG_TRACE), 0);
+            assert!(
+                keeps(abi::NCCL_LOG_TRACE),
+                "the emulation's gate follows the subscriber"
+            );
         });
+    }
+
+    #[test]
+    fn the_emulations_gate_keeps_what_the_shim_keeps_and_counts_what_it_drops() {
+        let before = trace_lines();
+        assert!(
+            !keeps(abi::NCCL_LOG_TRACE),
+            "no subscriber: trace lines are not formatted"
+        );
+        assert!(trace_lines() > before, "a line the gate drops still counts");
+        assert!(keeps(abi::NCCL_LOG_WARN));
+        assert!(keeps(abi::NCCL_LOG_INFO));
     }
 
     #[test]

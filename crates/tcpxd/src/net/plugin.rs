@@ -122,6 +122,9 @@ impl Plugin {
 
     /// The emulation plugin linked into tcpxd (the same code as `libnccl_net_tcpxemu.so`).
     pub fn builtin_emulation() -> NetResult<Arc<Plugin>> {
+        // A line the logger would drop unformatted (`logger.rs`, `tcpxd_plugin_log_skip`: a
+        // trace line while nothing records them) is not formatted by the emulation either.
+        nccl_net_tcpxemu::set_log_gate(Some(super::logger::keeps));
         // One ABI crate serves both sides: the emulation's table is this `ncclNet_v7_t`.
         Self::from_table(nccl_net_tcpxemu::plugin_table(), "tcpxemu")
     }
