@@ -253,6 +253,14 @@ def run_rank(rank, gpu, args, port):
                     timed()
                 barrier()
                 sync()
+                if op == "broadcast":
+                    # One-directional: the receiver's clock would start when it leaves the
+                    # barrier, the root's first send may come hundreds of µs later (its own exit
+                    # and launch), and that lag divided by a few iterations was session 27's
+                    # "erratic broadcast" on both nets. One untimed broadcast first starts the
+                    # receiver's clock after the root's data has begun to arrive.
+                    timed()
+                    sync()
                 if dev.type == "cuda":
                     s = torch.cuda.Event(enable_timing=True)
                     e = torch.cuda.Event(enable_timing=True)
