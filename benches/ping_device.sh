@@ -10,7 +10,9 @@
 # interpreter (python3). About 5 minutes at the defaults (1 minute on the 2-core VM at 1 round
 # of 200, step 4 left out). Prints, in order:
 #   1. benches/board_ab.py, rounds of A S B B S A (S = A with TCPXD_POLLER_SESSIONS=on: a ring's
-#      request read, checked and started on the poller's thread): the 4 KiB tight / sleep(0)
+#      request read, checked and started on the poller's thread; this branch's default since
+#      fd6d081, so A and S are alike unless the script runs under TCPXD_POLLER_SESSIONS=off, as
+#      A was before: the session-28 figures): the 4 KiB tight / sleep(0)
 #      READ, the tight WRITE and the round trip, p50 / p99, A ÷ S and A ÷ B per round;
 #   2. the round trip traced, A, B and S, each beside an untraced run of the same daemon:
 #      api_legs.py's legs, then benches/notif_hops.py's daemon-to-daemon steps (cmd → header
