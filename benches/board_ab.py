@@ -10,7 +10,7 @@ sees them, three ways in one invocation —
   every request on the socket, as before session 26), which isolates the ring (session 26, reqring);
 - B: the before tree's package and daemon (e.g. /work/before-s25: `tcpxd` and `python/src`);
 - S: A with the daemons serving the framed sessions on the poller's thread
-  (`TCPXD_POLLER_SESSIONS=on`; `auto` is off where `runtime.spin` is on): a ring's request is read,
+  (`TCPXD_POLLER_SESSIONS=on`; `auto` is on since session 28, off where `runtime.spin` was on before): a ring's request is read,
   checked and started there, no runtime worker between (session 27, nixltail).
 
 `--variants` picks the labels beside A (default `OB`; `R`, `RB`, `ORB` ...); each round runs A, the

@@ -151,7 +151,7 @@ pub struct DaemonArgs {
     #[arg(long, env = "TCPXD_SPIN", value_name = "auto|on|off")]
     pub spin: Option<String>,
     /// Whether the poller thread reads and starts the framed local sessions' requests itself:
-    /// `auto` (the opposite of `runtime.spin`), `on`, `off` (docs/CONFIG.md, `runtime.poller_sessions`).
+    /// `auto` (on), `on`, `off` (docs/CONFIG.md, `runtime.poller_sessions`).
     /// Default: auto.
     #[arg(long, env = "TCPXD_POLLER_SESSIONS", value_name = "auto|on|off")]
     pub poller_sessions: Option<String>,
@@ -469,12 +469,15 @@ impl Config {
             (None, Some(v)) => Spin::parse("runtime.poller_sessions", v).map_err(ConfigError::Invalid)?,
             (None, None) => Spin::Auto,
         };
-        // `auto` is the opposite of `runtime.spin`. Without spinning the poller parks in
-        // `epoll_wait`; with the sessions in its set a request wakes it directly instead of a
-        // runtime worker that then wakes it (2-core VM: p50 0.79-0.99x). Where it spins, the
-        // H200 hosts measured no gain (docs/BENCHMARKS.md, session 24), so the runtime reads.
+        // `auto` is on, spinning or not. Without spinning the poller parks in `epoll_wait`; with
+        // the sessions in its set a request wakes it directly instead of a runtime worker that
+        // then wakes it (2-core VM: p50 0.79-0.99x). Where it spins (the H200 hosts), a ring's
+        // request is started in the pass that sees it instead of crossing to a runtime worker
+        // and back: the round trip 0.85-0.95x, the 4 KiB tight READ 0.85-0.93x, WRITE
+        // 0.83-1.03x (docs/BENCHMARKS.md, sessions 27 and 28; session 24, before the ring, had
+        // seen no gain).
         let poller_sessions = match poller_sessions {
-            Spin::Auto => !spin,
+            Spin::Auto => true,
             s => s.resolve(0),
         };
         let shared_completions = on_off(

@@ -84,9 +84,9 @@ fn spin_and_async_workers() {
     };
     let c = cfg("[runtime]\nspin = \"on\"\n", flag).unwrap();
     assert!(!c.spin);
-    // runtime.poller_sessions: auto is the opposite of spin; on and off whatever spin says.
+    // runtime.poller_sessions: auto is on whatever spin says (session 28); on and off too.
     let c = cfg("[runtime]\nspin = \"on\"\n", DaemonArgs::default()).unwrap();
-    assert!(!c.poller_sessions);
+    assert!(c.poller_sessions);
     let c = cfg("[runtime]\nspin = \"off\"\n", DaemonArgs::default()).unwrap();
     assert!(c.poller_sessions);
     let c = cfg(

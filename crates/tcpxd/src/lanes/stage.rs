@@ -297,6 +297,11 @@ impl GpuStage {
         Ok(g.next)
     }
 
+    /// Gathers are queued for the next [`GpuStage::submit_gathers`].
+    pub fn gathers_pending(&self) -> bool {
+        self.gathers.batcher.as_ref().is_some_and(|b| b.pending())
+    }
+
     /// Launches the gathers queued during this pass (one batch).
     pub fn submit_gathers(&mut self) {
         let g = &mut self.gathers;

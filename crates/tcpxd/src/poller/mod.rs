@@ -17,7 +17,8 @@
 //! a stall of 2 ms; with nothing in flight it parks in `epoll_wait` on the command channel's
 //! eventfd and its direct sockets (`park.rs`: no CPU; a command or a peer's control message
 //! wakes it at once, one wake-up), after lingering 1 ms since its last progress when
-//! `runtime.spin` is on (traffic flowing: the next transfer finds it awake); while it carries out
+//! `runtime.spin` is on (traffic flowing: the next transfer finds it awake; an idle pass reads
+//! the clock only for its phases); while it carries out
 //! a command it holds the async worker awake, so the messages a long command makes are sent by a
 //! running thread. See `crate::idle`.
 //!
@@ -450,10 +451,13 @@ impl Poller {
                 }
                 continue;
             }
-            let lingering = self.cfg.warmth.is_some() && last_progress.elapsed() < LINGER;
+            let lingering = self.cfg.warmth.is_some() && pass_end - last_progress < LINGER;
             let wait = if self.busy() || lingering {
                 // Bytes in flight, or traffic a moment ago: spin and yield; nap only once
-                // stalled (a command still ends the nap at once).
+                // stalled (a command still ends the nap at once). The linger keeps yielding:
+                // a `sched_yield` with no other thread on the CPU is a few hundred ns, and a
+                // poller that never yields keeps a client or a plugin thread that shares its
+                // CPU off it for a scheduler slice (session 28, ping).
                 match backoff.step() {
                     Step::Nap(d) => park::Wait::Nap(d),
                     Step::Spun | Step::Yielded => continue,
