@@ -24,6 +24,17 @@
 //! to start them, 2–4 ms p90, for a 43 µs copy). An idle helper spins on the queue as its
 //! [`SpinGauge`] allows, then sleeps on the queue's condition variable; a job wakes one sleeper
 //! only when no idle helper is spinning to take it.
+//!
+//! **Due jobs first** (session 28): a job is queued at a [`Place`]. Scatters, and gathers whose
+//! send the plugin would take as soon as they are done (fewer than `send_window` of the lane's
+//! sends before them), are due: taken before every other job, ordered by how many sends of
+//! their lane come before them (every lane's next send first, then every lane's second, …),
+//! then by age. Gathers ahead of their lane's send window (`transfer.host_gather_ahead`) wait
+//! behind them, oldest first, until the window reaches them and the poller
+//! [hurries](HostCopies::hurry) them. Until then a transfer's second lane waited for its first
+//! gather behind the first lane's `send_window + host_gather_ahead` (24) gathers, queued a few
+//! µs earlier (the 2-core VM's trace: its first send 2–3 ms after the first lane's), and a
+//! lane whose window had room waited behind other lanes' gathers ahead.
 //! - [`HostCopies::copy_all`]: fork and join: a chunk's copies cut into parts of about equal bytes
 //!   (a piece may be cut), all but the first handed to helpers, the first copied by the caller,
 //!   returning once every part is done (eager landings, tests).
@@ -299,9 +310,58 @@ impl Work {
     }
 }
 
-/// The helpers' one queue (oldest first), and who waits on it.
+/// Where a queued job goes in the helpers' queue ([`HostCopies::queue_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// Its result is wanted as soon as it is done: a gather whose send the plugin would take at
+    /// once, `n` sends of its lane before it (0: the lane's next), or a scatter (0). Due jobs go
+    /// before every job [`Place::Behind`], by `n` first (every lane's next send before any
+    /// lane's second), then oldest first.
+    Due(u32),
+    /// A gather ahead of its lane's send window: taken only when no due job waits, oldest
+    /// first, until [`HostCopies::hurry`] makes it due.
+    Behind,
+}
+
+/// The queue's jobs: the due ones ordered by (`n`, age), then the ones behind by age.
+#[derive(Default)]
+struct Jobs {
+    due: VecDeque<((u32, u64), Work)>,
+    behind: VecDeque<(u64, Work)>,
+    /// The next job's age stamp.
+    next: u64,
+}
+
+impl Jobs {
+    fn len(&self) -> usize {
+        self.due.len() + self.behind.len()
+    }
+
+    fn pop(&mut self) -> Option<Work> {
+        match self.due.pop_front() {
+            Some((_, w)) => Some(w),
+            None => self.behind.pop_front().map(|(_, w)| w),
+        }
+    }
+
+    fn insert_due(&mut self, key: (u32, u64), work: Work) {
+        let at = self.due.partition_point(|(k, _)| *k <= key);
+        self.due.insert(at, (key, work));
+    }
+
+    fn push(&mut self, work: Work, place: Place) {
+        let age = self.next;
+        self.next += 1;
+        match place {
+            Place::Due(n) => self.insert_due((n, age), work),
+            Place::Behind => self.behind.push_back((age, work)),
+        }
+    }
+}
+
+/// The helpers' one queue (due jobs first, then oldest first), and who waits on it.
 struct Queue {
-    jobs: Mutex<VecDeque<Work>>,
+    jobs: Mutex<Jobs>,
     ready: Condvar,
     /// Jobs in `jobs` (read without the lock by spinning helpers).
     len: AtomicUsize,
@@ -315,17 +375,17 @@ struct Queue {
 }
 
 impl Queue {
-    fn lock(&self) -> MutexGuard<'_, VecDeque<Work>> {
+    fn lock(&self) -> MutexGuard<'_, Jobs> {
         // A helper never panics holding the lock (it only pops); a poisoned lock is still
         // a valid queue.
         self.jobs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds `work` at the back; wakes a sleeping helper unless an idle one is spinning for it.
-    fn push(&self, work: Work) {
+    /// Adds `work` at its `place`; wakes a sleeping helper unless an idle one is spinning for it.
+    fn push(&self, work: Work, place: Place) {
         let queued = {
             let mut q = self.lock();
-            q.push_back(work);
+            q.push(work, place);
             self.len.store(q.len(), Ordering::SeqCst);
             q.len()
         };
@@ -334,22 +394,22 @@ impl Queue {
         }
     }
 
-    /// The oldest job, if any.
+    /// The next job (the first due one, else the oldest behind), if any.
     fn try_pop(&self) -> Option<Work> {
         if self.len.load(Ordering::SeqCst) == 0 {
             return None;
         }
         let mut q = self.lock();
-        let w = q.pop_front();
+        let w = q.pop();
         self.len.store(q.len(), Ordering::SeqCst);
         w
     }
 
-    /// The oldest job, sleeping until there is one; `None` once the pool is closed and empty.
+    /// The next job, sleeping until there is one; `None` once the pool is closed and empty.
     fn pop_or_sleep(&self, stats: &HelperStats) -> Option<Work> {
         let mut q = self.lock();
         loop {
-            if let Some(w) = q.pop_front() {
+            if let Some(w) = q.pop() {
                 self.len.store(q.len(), Ordering::SeqCst);
                 return Some(w);
             }
@@ -568,7 +628,7 @@ impl HostCopies {
     /// `threads` helper threads working as `policy` says.
     pub fn with_policy(threads: usize, policy: HelperPolicy) -> HostCopies {
         let queue = Arc::new(Queue {
-            jobs: Mutex::new(VecDeque::new()),
+            jobs: Mutex::new(Jobs::default()),
             ready: Condvar::new(),
             len: AtomicUsize::new(0),
             spinning: AtomicUsize::new(0),
@@ -645,10 +705,13 @@ impl HostCopies {
         let left = Arc::new(AtomicUsize::new(0));
         for part in split.into_iter().skip(1) {
             left.fetch_add(1, Ordering::Relaxed);
-            self.queue.push(Work::Part(Part {
-                copies: part,
-                left: left.clone(),
-            }));
+            self.queue.push(
+                Work::Part(Part {
+                    copies: part,
+                    left: left.clone(),
+                }),
+                Place::Due(0),
+            );
         }
         copy_part(&first);
         while left.load(Ordering::Acquire) != 0 {
@@ -657,9 +720,9 @@ impl HostCopies {
         }
     }
 
-    /// Puts `job` on the helpers' queue (behind every job queued before it) and returns its
-    /// ticket; with no helper, or a job under [`MIN_QUEUE_BYTES`], runs it here and returns
-    /// `None` (done).
+    /// Puts `job` on the helpers' queue as due now (`Place::Due(0)`: behind every due job queued
+    /// before it) and returns its ticket; with no helper, or a job under [`MIN_QUEUE_BYTES`],
+    /// runs it here and returns `None` (done).
     ///
     /// # Safety
     /// Every copy's `from` must be readable and its `to` writable for `n` bytes, and `zero`'s
@@ -668,6 +731,17 @@ impl HostCopies {
     /// targets may overlap each other or any source, and nothing else may write the targets (or
     /// the sources) meanwhile.
     pub unsafe fn queue(&self, job: CopyJob) -> Option<CopyTicket> {
+        // SAFETY: the caller's contract.
+        unsafe { self.queue_at(job, Place::Due(0)) }
+    }
+
+    /// As [`HostCopies::queue`], at `place` in the queue (session 28: a lane's next sends'
+    /// gathers before the gathers ahead of the send windows, every lane's next before any
+    /// lane's second).
+    ///
+    /// # Safety
+    /// As [`HostCopies::queue`].
+    pub unsafe fn queue_at(&self, job: CopyJob, place: Place) -> Option<CopyTicket> {
         if !self.open() || job.bytes() < MIN_QUEUE_BYTES {
             // SAFETY: the caller's contract, for this call's length.
             unsafe { job.run(self.routine) };
@@ -714,9 +788,37 @@ impl HostCopies {
         for w in works {
             ticket.push((w.done_flag().expect("a queued job's flag"), 1));
             self.queue.unfinished.fetch_add(1, Ordering::AcqRel);
-            self.queue.push(w);
+            self.queue.push(w, place);
         }
         Some(CopyTicket { parts: ticket, clock })
+    }
+
+    /// Makes the parts of `ticket` still waiting behind the due jobs due, `n` sends of their
+    /// lane before them (a gather queued ahead of its lane's window whose send the plugin would
+    /// now take: its lane's window has room). Returns how many parts moved (none: they were due
+    /// already, taken by a helper, or done).
+    pub fn hurry(&self, ticket: &CopyTicket, n: u32) -> usize {
+        let mut q = self.lock_jobs();
+        let mut moved = 0;
+        let mut i = 0;
+        while i < q.behind.len() {
+            let mine = q.behind[i]
+                .1
+                .done_flag()
+                .is_some_and(|f| ticket.parts.iter().any(|(p, _)| Arc::ptr_eq(p, &f)));
+            if mine {
+                let (age, work) = q.behind.remove(i).expect("in the queue");
+                q.insert_due((n, age), work);
+                moved += 1;
+            } else {
+                i += 1;
+            }
+        }
+        moved
+    }
+
+    fn lock_jobs(&self) -> MutexGuard<'_, Jobs> {
+        self.queue.lock()
     }
 
     /// Returns once every queued job is done (before a comm, ring or buffer a job may touch is

@@ -392,3 +392,75 @@ fn work_no_helper_can_take_runs_on_the_calling_thread() {
         }
     }
 }
+
+/// The queue's order (session 28): due jobs first, by how many sends of their lane are before
+/// them and then by age, then the jobs behind, oldest first; `hurry` makes a waiting job due
+/// (once: a job due, taken or done is not moved). Checked on a pool whose one helper never runs,
+/// the test taking the jobs in the queue's order and running them; bytes exact, tickets done.
+#[test]
+fn due_jobs_go_first_by_place_then_age_and_hurry_moves_a_waiting_one() {
+    let mut pool = HostCopies::new(0, HelperSpin::auto(false));
+    pool.helpers.push(Helper {
+        stats: Arc::default(),
+        spin: HelperSpin { max: Duration::ZERO },
+        thread: None,
+    });
+    let chunk = 64 * 1024;
+    let places = [
+        Place::Behind,
+        Place::Behind,
+        Place::Due(1),
+        Place::Due(0),
+        Place::Behind,
+        Place::Due(1),
+    ];
+    let src: Vec<u8> = (0..places.len() * chunk)
+        .map(|i| (i * 31 + i / 4099) as u8)
+        .collect();
+    let mut dst = vec![0u8; src.len()];
+    let mut tickets = Vec::new();
+    for (j, &place) in places.iter().enumerate() {
+        let job = CopyJob {
+            copies: vec![HostCopy {
+                from: src[j * chunk..].as_ptr(),
+                to: dst[j * chunk..].as_mut_ptr(),
+                n: chunk,
+            }],
+            zero: None,
+            cold_targets: false,
+            keep: Vec::new(),
+        };
+        // SAFETY: distinct targets in `dst`, sources in `src`, both alive until every job ran
+        // (below, before the pool is dropped).
+        tickets.push(unsafe { pool.queue_at(job, place) }.expect("64 KiB is queued"));
+    }
+    assert!(tickets.iter().all(|t| t.parts() == 1 && !t.is_done()));
+    assert_eq!(
+        pool.hurry(&tickets[4], 0),
+        1,
+        "job 4 was behind: now due, its lane's next"
+    );
+    assert_eq!(pool.hurry(&tickets[4], 0), 0, "due already");
+    assert_eq!(pool.hurry(&tickets[3], 0), 0, "due from the start");
+    let mut order = Vec::new();
+    while let Some(work) = pool.queue.try_pop() {
+        let flag = work.done_flag().expect("a queued job");
+        let j = tickets
+            .iter()
+            .position(|t| Arc::ptr_eq(&t.parts[0].0, &flag))
+            .expect("one of the test's jobs");
+        order.push(j);
+        // SAFETY: as queued above.
+        unsafe { run_work(work, pool.routine) };
+        flag.store(1, Ordering::Release);
+        pool.queue.unfinished.fetch_sub(1, Ordering::Release);
+        assert!(tickets[j].is_done());
+        if j == 2 {
+            assert_eq!(pool.hurry(&tickets[0], 3), 1, "job 0 goes after job 5 (place 1)");
+        }
+    }
+    assert_eq!(order, [3, 4, 2, 5, 0, 1]);
+    assert_eq!(pool.hurry(&tickets[1], 0), 0, "taken and done");
+    assert!(dst == src, "every byte copied once");
+    assert_eq!(pool.in_flight(), 0);
+}

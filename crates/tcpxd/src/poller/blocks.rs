@@ -52,7 +52,7 @@
 //! to the chunk, or a bad table fail the receive (or, for a send, the pairing: its FIFO order
 //! cannot be kept otherwise) with the reason.
 
-use crate::net::host_copies::{CopyTicket, HostCopies};
+use crate::net::host_copies::{CopyTicket, HostCopies, Place};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -81,6 +81,9 @@ pub(super) struct SendPost {
     pub ring: usize,
     pub gate: Option<(usize, u64)>,
     pub copied: Option<CopyTicket>,
+    /// `copied` was queued behind the due copies ([`Place::Behind`]: the gather ran ahead of
+    /// the lane's send window) and not hurried since ([`super::posting::post_sends`]).
+    pub behind: bool,
 }
 
 impl SendPost {
@@ -92,6 +95,7 @@ impl SendPost {
             ring: 0,
             gate: None,
             copied: None,
+            behind: false,
         }
     }
 }
@@ -213,6 +217,8 @@ pub(super) struct Slots {
     /// A receive lane's host landing slots: `recv_window + scatter_ahead`.
     pub landing: u64,
     pub chunk_bytes: u32,
+    /// `send_window`: the sends the plugin gets per lane.
+    pub send_window: usize,
 }
 
 /// Collects a chunk's pieces into `segs` and checks that they add up to `len`.
@@ -303,6 +309,16 @@ pub(super) fn gather_send(
     }
     let slot = staging.seq % ring_slots;
     staging.seq += 1;
+    // Its place among the helpers' jobs: due when the plugin would take its send as soon as it
+    // is gathered (fewer than `send_window` of the lane's sends before it, in the plugin or
+    // waiting), `n` sends of the lane before it; else behind the due jobs until its lane's
+    // window reaches it (`post_sends` hurries it then).
+    let before = comm.outstanding() + lane.deferred.len();
+    let place = if before < slots.send_window {
+        Place::Due(lane.deferred.len() as u32)
+    } else {
+        Place::Behind
+    };
     tracing::trace!(target: "tcpxd::hop", hop = "poller.gather", len, comm = comm.trace_id());
     let offset = slot * u64::from(r.slot_bytes);
     let mut post = SendPost {
@@ -312,6 +328,7 @@ pub(super) fn gather_send(
         ring,
         gate: None,
         copied: None,
+        behind: false,
     };
     if len == 0 {
         return Ok((post, None));
@@ -346,8 +363,10 @@ pub(super) fn gather_send(
                 offset as usize,
                 r.slot_bytes as usize,
                 copies,
+                place,
             )
             .map_err(|e| e.to_string())?;
+            post.behind = ticket.is_some() && place == Place::Behind;
             post.copied = ticket;
         }
         (None, Some(region), Some(ring_span)) => {
