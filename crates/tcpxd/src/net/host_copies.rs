@@ -25,16 +25,16 @@
 //! [`SpinGauge`] allows, then sleeps on the queue's condition variable; a job wakes one sleeper
 //! only when no idle helper is spinning to take it.
 //!
-//! **Due jobs first** (session 28): a job is queued at a [`Place`]. Scatters, and gathers whose
-//! send the plugin would take as soon as they are done (fewer than `send_window` of the lane's
-//! sends before them), are due: taken before every other job, ordered by how many sends of
-//! their lane come before them (every lane's next send first, then every lane's second, …),
-//! then by age. Gathers ahead of their lane's send window (`transfer.host_gather_ahead`) wait
-//! behind them, oldest first, until the window reaches them and the poller
-//! [hurries](HostCopies::hurry) them. Until then a transfer's second lane waited for its first
-//! gather behind the first lane's `send_window + host_gather_ahead` (24) gathers, queued a few
-//! µs earlier (the 2-core VM's trace: its first send 2–3 ms after the first lane's), and a
-//! lane whose window had room waited behind other lanes' gathers ahead.
+//! **Each lane's next send first** (session 28): a job is queued at a [`Place`] and taken by
+//! place, then oldest first. `Next`: the gather of a lane's next send (nothing of its lane
+//! before it, room in the plugin), and fork-and-join parts; `Due`: scatters, and gathers whose
+//! send the plugin would take at once (fewer than `send_window` of its lane's sends before
+//! it); `Behind`: gathers ahead of their lane's window (`transfer.host_gather_ahead`), moved up
+//! ([`HostCopies::hurry`]) as the window reaches them or they become the lane's next. A lane's
+//! gathers keep its ring order. Until then a transfer's second lane waited for its first gather
+//! behind the first lane's `send_window + host_gather_ahead` (24) gathers, queued a few µs
+//! earlier (the 2-core VM's trace: its first send 2–3 ms after the first lane's), and a lane
+//! whose window had room waited behind other lanes' gathers ahead.
 //! - [`HostCopies::copy_all`]: fork and join: a chunk's copies cut into parts of about equal bytes
 //!   (a piece may be cut), all but the first handed to helpers, the first copied by the caller,
 //!   returning once every part is done (eager landings, tests).
@@ -310,52 +310,49 @@ impl Work {
     }
 }
 
-/// Where a queued job goes in the helpers' queue ([`HostCopies::queue_at`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a queued job goes in the helpers' queue ([`HostCopies::queue_at`]): jobs are taken by
+/// place (`Next`, then `Due`, then `Behind`), then oldest first. A lane's gathers keep its ring
+/// order: only its next send's gather is `Next`, and a gather is `Due` only when every gather of
+/// its lane before it is (`post_sends` hurries the older ones, by age, as the window opens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Place {
-    /// Its result is wanted as soon as it is done: a gather whose send the plugin would take at
-    /// once, `n` sends of its lane before it (0: the lane's next), or a scatter (0). Due jobs go
-    /// before every job [`Place::Behind`], by `n` first (every lane's next send before any
-    /// lane's second), then oldest first.
-    Due(u32),
-    /// A gather ahead of its lane's send window: taken only when no due job waits, oldest
-    /// first, until [`HostCopies::hurry`] makes it due.
+    /// Its lane's next send (nothing of the lane waits before it, the plugin has room), or a
+    /// fork-and-join part its caller waits for: before every other job.
+    Next,
+    /// Wanted as soon as it is done: a scatter, or a gather whose send the plugin would take at
+    /// once (fewer than `send_window` of its lane's sends before it).
+    Due,
+    /// A gather ahead of its lane's send window: taken only when no job `Next` or `Due` waits,
+    /// until [`HostCopies::hurry`] moves it up.
     Behind,
 }
 
-/// The queue's jobs: the due ones ordered by (`n`, age), then the ones behind by age.
+/// The queue's jobs, ordered by (place, age).
 #[derive(Default)]
 struct Jobs {
-    due: VecDeque<((u32, u64), Work)>,
-    behind: VecDeque<(u64, Work)>,
+    queued: VecDeque<((Place, u64), Work)>,
     /// The next job's age stamp.
     next: u64,
 }
 
 impl Jobs {
     fn len(&self) -> usize {
-        self.due.len() + self.behind.len()
+        self.queued.len()
     }
 
     fn pop(&mut self) -> Option<Work> {
-        match self.due.pop_front() {
-            Some((_, w)) => Some(w),
-            None => self.behind.pop_front().map(|(_, w)| w),
-        }
+        self.queued.pop_front().map(|(_, w)| w)
     }
 
-    fn insert_due(&mut self, key: (u32, u64), work: Work) {
-        let at = self.due.partition_point(|(k, _)| *k <= key);
-        self.due.insert(at, (key, work));
+    fn insert(&mut self, key: (Place, u64), work: Work) {
+        let at = self.queued.partition_point(|(k, _)| *k <= key);
+        self.queued.insert(at, (key, work));
     }
 
     fn push(&mut self, work: Work, place: Place) {
         let age = self.next;
         self.next += 1;
-        match place {
-            Place::Due(n) => self.insert_due((n, age), work),
-            Place::Behind => self.behind.push_back((age, work)),
-        }
+        self.insert((place, age), work);
     }
 }
 
@@ -710,7 +707,7 @@ impl HostCopies {
                     copies: part,
                     left: left.clone(),
                 }),
-                Place::Due(0),
+                Place::Next,
             );
         }
         copy_part(&first);
@@ -720,8 +717,8 @@ impl HostCopies {
         }
     }
 
-    /// Puts `job` on the helpers' queue as due now (`Place::Due(0)`: behind every due job queued
-    /// before it) and returns its ticket; with no helper, or a job under [`MIN_QUEUE_BYTES`],
+    /// Puts `job` on the helpers' queue as due now (`Place::Due`: behind every job `Next` and
+    /// every due job queued before it) and returns its ticket; with no helper, or a job under [`MIN_QUEUE_BYTES`],
     /// runs it here and returns `None` (done).
     ///
     /// # Safety
@@ -732,12 +729,11 @@ impl HostCopies {
     /// the sources) meanwhile.
     pub unsafe fn queue(&self, job: CopyJob) -> Option<CopyTicket> {
         // SAFETY: the caller's contract.
-        unsafe { self.queue_at(job, Place::Due(0)) }
+        unsafe { self.queue_at(job, Place::Due) }
     }
 
-    /// As [`HostCopies::queue`], at `place` in the queue (session 28: a lane's next sends'
-    /// gathers before the gathers ahead of the send windows, every lane's next before any
-    /// lane's second).
+    /// As [`HostCopies::queue`], at `place` in the queue (session 28: every lane's next send's
+    /// gather first, then the gathers the send windows would send at once, then those ahead).
     ///
     /// # Safety
     /// As [`HostCopies::queue`].
@@ -793,28 +789,31 @@ impl HostCopies {
         Some(CopyTicket { parts: ticket, clock })
     }
 
-    /// Makes the parts of `ticket` still waiting behind the due jobs due, `n` sends of their
-    /// lane before them (a gather queued ahead of its lane's window whose send the plugin would
-    /// now take: its lane's window has room). Returns how many parts moved (none: they were due
+    /// Moves the parts of `ticket` still queued at a later place than `place` up to it,
+    /// keeping their age (a gather queued ahead of its lane's window that the window reached,
+    /// or its lane's next send now). Returns how many parts moved (none: they were there
     /// already, taken by a helper, or done).
-    pub fn hurry(&self, ticket: &CopyTicket, n: u32) -> usize {
+    pub fn hurry(&self, ticket: &CopyTicket, place: Place) -> usize {
         let mut q = self.lock_jobs();
-        let mut moved = 0;
+        let mut moved = Vec::new();
         let mut i = 0;
-        while i < q.behind.len() {
-            let mine = q.behind[i]
-                .1
-                .done_flag()
-                .is_some_and(|f| ticket.parts.iter().any(|(p, _)| Arc::ptr_eq(p, &f)));
+        while i < q.queued.len() {
+            let ((at, _), ref work) = q.queued[i];
+            let mine = at > place
+                && work
+                    .done_flag()
+                    .is_some_and(|f| ticket.parts.iter().any(|(p, _)| Arc::ptr_eq(p, &f)));
             if mine {
-                let (age, work) = q.behind.remove(i).expect("in the queue");
-                q.insert_due((n, age), work);
-                moved += 1;
+                moved.push(q.queued.remove(i).expect("in the queue"));
             } else {
                 i += 1;
             }
         }
-        moved
+        let n = moved.len();
+        for ((_, age), work) in moved {
+            q.insert((place, age), work);
+        }
+        n
     }
 
     fn lock_jobs(&self) -> MutexGuard<'_, Jobs> {

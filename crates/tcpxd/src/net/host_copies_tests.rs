@@ -393,12 +393,12 @@ fn work_no_helper_can_take_runs_on_the_calling_thread() {
     }
 }
 
-/// The queue's order (session 28): due jobs first, by how many sends of their lane are before
-/// them and then by age, then the jobs behind, oldest first; `hurry` makes a waiting job due
-/// (once: a job due, taken or done is not moved). Checked on a pool whose one helper never runs,
-/// the test taking the jobs in the queue's order and running them; bytes exact, tickets done.
+/// The queue's order (session 28): by place (`Next`, `Due`, `Behind`), then oldest first;
+/// `hurry` moves a job up to an earlier place keeping its age (once: a job already there, taken
+/// or done is not moved). Checked on a pool whose one helper never runs, the test taking the
+/// jobs in the queue's order and running them; bytes exact, tickets done.
 #[test]
-fn due_jobs_go_first_by_place_then_age_and_hurry_moves_a_waiting_one() {
+fn jobs_go_by_place_then_age_and_hurry_moves_a_waiting_one_up() {
     let mut pool = HostCopies::new(0, HelperSpin::auto(false));
     pool.helpers.push(Helper {
         stats: Arc::default(),
@@ -409,10 +409,11 @@ fn due_jobs_go_first_by_place_then_age_and_hurry_moves_a_waiting_one() {
     let places = [
         Place::Behind,
         Place::Behind,
-        Place::Due(1),
-        Place::Due(0),
+        Place::Due,
+        Place::Next,
         Place::Behind,
-        Place::Due(1),
+        Place::Due,
+        Place::Next,
     ];
     let src: Vec<u8> = (0..places.len() * chunk)
         .map(|i| (i * 31 + i / 4099) as u8)
@@ -436,12 +437,16 @@ fn due_jobs_go_first_by_place_then_age_and_hurry_moves_a_waiting_one() {
     }
     assert!(tickets.iter().all(|t| t.parts() == 1 && !t.is_done()));
     assert_eq!(
-        pool.hurry(&tickets[4], 0),
+        pool.hurry(&tickets[4], Place::Next),
         1,
-        "job 4 was behind: now due, its lane's next"
+        "job 4 was behind: now next, by its age"
     );
-    assert_eq!(pool.hurry(&tickets[4], 0), 0, "due already");
-    assert_eq!(pool.hurry(&tickets[3], 0), 0, "due from the start");
+    assert_eq!(
+        pool.hurry(&tickets[4], Place::Due),
+        0,
+        "a later place moves nothing"
+    );
+    assert_eq!(pool.hurry(&tickets[3], Place::Next), 0, "next from the start");
     let mut order = Vec::new();
     while let Some(work) = pool.queue.try_pop() {
         let flag = work.done_flag().expect("a queued job");
@@ -456,11 +461,15 @@ fn due_jobs_go_first_by_place_then_age_and_hurry_moves_a_waiting_one() {
         pool.queue.unfinished.fetch_sub(1, Ordering::Release);
         assert!(tickets[j].is_done());
         if j == 2 {
-            assert_eq!(pool.hurry(&tickets[0], 3), 1, "job 0 goes after job 5 (place 1)");
+            assert_eq!(
+                pool.hurry(&tickets[1], Place::Due),
+                1,
+                "job 1 goes before job 5 (older), and before job 0"
+            );
         }
     }
-    assert_eq!(order, [3, 4, 2, 5, 0, 1]);
-    assert_eq!(pool.hurry(&tickets[1], 0), 0, "taken and done");
+    assert_eq!(order, [3, 4, 6, 2, 1, 5, 0]);
+    assert_eq!(pool.hurry(&tickets[0], Place::Next), 0, "taken and done");
     assert!(dst == src, "every byte copied once");
     assert_eq!(pool.in_flight(), 0);
 }

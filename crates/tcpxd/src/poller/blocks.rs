@@ -81,9 +81,9 @@ pub(super) struct SendPost {
     pub ring: usize,
     pub gate: Option<(usize, u64)>,
     pub copied: Option<CopyTicket>,
-    /// `copied` was queued behind the due copies ([`Place::Behind`]: the gather ran ahead of
-    /// the lane's send window) and not hurried since ([`super::posting::post_sends`]).
-    pub behind: bool,
+    /// Where `copied` waits in the helpers' queue ([`Place`]; `Next` when there is no ticket):
+    /// `post_sends` moves it up as the lane's window reaches it.
+    pub place: Place,
 }
 
 impl SendPost {
@@ -95,7 +95,7 @@ impl SendPost {
             ring: 0,
             gate: None,
             copied: None,
-            behind: false,
+            place: Place::Next,
         }
     }
 }
@@ -309,15 +309,17 @@ pub(super) fn gather_send(
     }
     let slot = staging.seq % ring_slots;
     staging.seq += 1;
-    // Its place among the helpers' jobs: due when the plugin would take its send as soon as it
-    // is gathered (fewer than `send_window` of the lane's sends before it, in the plugin or
-    // waiting), `n` sends of the lane before it; else behind the due jobs until its lane's
-    // window reaches it (`post_sends` hurries it then).
+    // Its place among the helpers' jobs: its lane's next send (nothing of the lane waiting
+    // before it, room in the plugin); due when the plugin would take its send as soon as it is
+    // gathered (fewer than `send_window` of the lane's sends before it, in the plugin or
+    // waiting); else behind, until its lane's window reaches it (`post_sends` moves it up).
     let before = comm.outstanding() + lane.deferred.len();
-    let place = if before < slots.send_window {
-        Place::Due(lane.deferred.len() as u32)
-    } else {
+    let place = if before >= slots.send_window {
         Place::Behind
+    } else if lane.deferred.is_empty() {
+        Place::Next
+    } else {
+        Place::Due
     };
     tracing::trace!(target: "tcpxd::hop", hop = "poller.gather", len, comm = comm.trace_id());
     let offset = slot * u64::from(r.slot_bytes);
@@ -328,7 +330,7 @@ pub(super) fn gather_send(
         ring,
         gate: None,
         copied: None,
-        behind: false,
+        place: Place::Next,
     };
     if len == 0 {
         return Ok((post, None));
@@ -366,7 +368,9 @@ pub(super) fn gather_send(
                 place,
             )
             .map_err(|e| e.to_string())?;
-            post.behind = ticket.is_some() && place == Place::Behind;
+            if ticket.is_some() {
+                post.place = place;
+            }
             post.copied = ticket;
         }
         (None, Some(region), Some(ring_span)) => {

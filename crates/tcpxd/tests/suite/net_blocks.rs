@@ -170,7 +170,7 @@ fn chunks(
                 chunk as usize,
                 &copies,
                 // Every second chunk queued behind: bytes the same either way.
-                if k % 2 == 0 { Place::Due(0) } else { Place::Behind },
+                [Place::Next, Place::Due, Place::Behind][k as usize % 3],
             )
             .unwrap();
             done(t);
