@@ -30,7 +30,21 @@ lost its time elsewhere (the copies' CPU, the plugin's threads).
 A copy on a helper (session 24: its clock rides `poller.gathered` / `poller.consumed`) splits
 into **helper wait** (queued → a helper started it), **copy** (its copying, all parts) and
 **unseen** (done → the poller posted the send, or consumed the receive: the window, or an
-older chunk of the lane still copying). Then **per lane** (each comm; the mean over lanes and
+older chunk of the lane still copying). The gather's **unseen** is split further (session 28, `gather unseen: window / older /
+poller`, p50 and mean over chunks): from its gather done to its send posted, the time the plugin
+held `--send-window` of the comm's sends (**window**: gathering ahead working as meant), the
+time the plugin had room but an older gather of the comm was not done (**older**: sends go in
+ring order, the plugin matches the k-th send to the k-th receive), and the rest (**poller**: not
+seen yet). **send held by ring order per lane** is the share of the data phase a lane had room in
+the plugin and a gather done but held behind an older one: what posting sends in the order
+their gathers finish could add at most. **last send done → last received** (µs, p50 over
+transfers): how long after the sender's last send completed (the plugin holding its bytes) the
+receiver's last receive completed — long, and the transfer is the receiver's (the sender's bytes
+wait in the sockets), whatever order the sender posts in. **starved: …** splits the share of the data phase a
+lane's plugin held fewer than `--starved` sends by what the lane's next send was doing: nothing
+granted (the engine had no chunk for the lane: start and tail), its gather's helper wait, its
+copying (of those two, "a later one done": a later gather of the lane was done, which posting in
+finishing order would have sent), or done and unseen. Then **per lane** (each comm; the mean over lanes and
 the worst lane), over each data phase: the lane's **slots held** (sender: a send granted by the
 engine, `poller.gather` or a plain `lane.isend`, until `poller.sent`, of `send_window +
 gather_ahead`; receiver: `poller.recv_slot` until `poller.consumed`, of `recv_window +
@@ -160,6 +174,137 @@ def copy_times(events, hop):
     return out
 
 
+def gather_blame(events, window):
+    """Per sending comm, each staged send's wait from its gather done to its post, split by what
+    held it at each moment: **window** (the plugin held `window` of the comm's sends), **older**
+    (room in the plugin, but an older gather of the comm not done: sends go in ring order) and
+    **poller** (nothing held it but the poller not looking yet). Returns ({comm: [(done, posted,
+    window_us, older_us, poller_us)]}, {comm: [(t0, t1)] spans where the plugin had room, a
+    gather was done and an older one was not: a send that posting in finishing order would have
+    added}). Times in µs."""
+    plugin = defaultdict(list)  # comm -> [(t, +1/-1)]
+    staged = defaultdict(list)  # comm -> [(done, posted)] in posting order
+    side_of = {}
+    for t, f in events:
+        c = f.get("comm")
+        if c is None:
+            continue
+        h = f["hop"]
+        if h == "lane.isend":
+            plugin[(f["side"], c)].append((t, 1))
+        elif h == "poller.sent":
+            plugin[(f["side"], c)].append((t, -1))
+        elif h == "poller.gathered" and "since_us" in f:
+            staged[(f["side"], c)].append((t - int(f["since_us"]), t))
+            side_of[c] = f["side"]
+    blame, held = {}, {}
+    for key, chunks in staged.items():
+        steps = sorted(plugin.get(key, []))
+        # Every moment where something changes: plugin level steps, gathers done, posts.
+        marks = sorted(set([t for t, _ in steps] + [d for d, _ in chunks] + [p for _, p in chunks]))
+        lvl_at = []
+        lvl, j = 0, 0
+        for m in marks:
+            while j < len(steps) and steps[j][0] <= m:
+                lvl += steps[j][1]
+                j += 1
+            lvl_at.append(lvl)
+        rows, spans = [], []
+        for k, (done, posted) in enumerate(chunks):
+            w = o = q = 0.0
+            i = bisect.bisect_left(marks, done)
+            while i + 1 < len(marks) and marks[i] < posted:
+                t0, t1 = marks[i], min(marks[i + 1], posted)
+                if lvl_at[i] >= window:
+                    w += t1 - t0
+                elif any(d > t0 and p > t0 for d, p in chunks[max(0, k - 64) : k]):
+                    o += t1 - t0
+                    spans.append((t0, t1))
+                else:
+                    q += t1 - t0
+                i += 1
+            rows.append((done, posted, w, o, q))
+        blame[key[1]] = rows
+        # Merge overlapping spans (several chunks held at once count once).
+        spans.sort()
+        merged = []
+        for t0, t1 in spans:
+            if merged and t0 <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], t1))
+            else:
+                merged.append((t0, t1))
+        held[key[1]] = merged
+    return blame, held
+
+
+STARVED_PARTS = ("nothing granted", "helper wait", "copying", "a later one done", "unseen")
+
+
+def starved_blame(events, below):
+    """Per sending comm, the spans its plugin held fewer than `below` sends, each moment blamed
+    on the lane's next send (its oldest staged chunk not posted yet): **nothing granted** (no
+    chunk of the lane waiting: the engine had none, a transfer's start or tail), its gather
+    waiting for a **helper**, **copying**, done but not posted (**unseen**: the poller), and,
+    of the helper wait and copying, the part a later gather of the lane was done already
+    (**a later one done**: what posting in finishing order would have filled). Returns {comm:
+    [(t0, t1, part)]}."""
+    queued = defaultdict(list)
+    gathered = defaultdict(list)
+    plugin = defaultdict(list)
+    for t, f in events:
+        c = f.get("comm")
+        if c is None:
+            continue
+        key, h = (f["side"], c), f["hop"]
+        if h == "poller.gather":
+            queued[key].append(t)
+        elif h == "poller.gathered":
+            w, cp, u = (int(f.get(x, 0)) for x in ("wait_us", "copy_us", "since_us"))
+            gathered[key].append((t, w, cp, u))
+        elif h == "lane.isend":
+            plugin[key].append((t, 1))
+        elif h == "poller.sent":
+            plugin[key].append((t, -1))
+    out = {}
+    for key, qs in queued.items():
+        gs = gathered.get(key, [])
+        chunks = []  # (queued, started, done, posted)
+        for q, (p, w, cp, u) in zip(qs, gs):
+            done = p - u
+            started = q + w if (w or cp or u) else done
+            chunks.append((q, min(started, done), done, p))
+        steps = sorted(plugin.get(key, []))
+        marks = sorted(set([t for t, _ in steps] + [x for ch in chunks for x in ch]))
+        spans = []
+        lvl, j, posted = 0, 0, 0
+        for i, m in enumerate(marks[:-1]):
+            while j < len(steps) and steps[j][0] <= m:
+                lvl += steps[j][1]
+                j += 1
+            while posted < len(chunks) and chunks[posted][3] <= m:
+                posted += 1
+            if lvl >= below:
+                continue
+            t1 = marks[i + 1]
+            nxt = posted
+            if nxt >= len(chunks) or chunks[nxt][0] > m:
+                part = "nothing granted"
+            else:
+                q, st, dn, _ = chunks[nxt]
+                later_done = any(c[2] <= m for c in chunks[nxt + 1 : nxt + 64] if c[0] <= m)
+                if m < dn and later_done:
+                    part = "a later one done"
+                elif m < st:
+                    part = "helper wait"
+                elif m < dn:
+                    part = "copying"
+                else:
+                    part = "unseen"
+            spans.append((m, t1, part))
+        out[key[1]] = spans
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("a_log")
@@ -168,6 +313,7 @@ def main():
     ap.add_argument("--every", type=int, default=2, help="kinds that alternate transfer by transfer")
     ap.add_argument("--names", default="contiguous,blocks", help="names of the kinds, in their order")
     ap.add_argument("--starved", type=int, default=4, help="a lane with fewer in the plugin is starved")
+    ap.add_argument("--send-window", type=int, default=12, help="the senders' transfer.send_window")
     args = ap.parse_args()
 
     a = parse(args.a_log, "a")
@@ -222,6 +368,8 @@ def main():
         if not lane_levels[k]:
             lane_levels[k] = levels(events, "a", ups, downs)
     gathered = copy_times(events, "poller.gathered")
+    blame, held = gather_blame(events, args.send_window)
+    starved = starved_blame(events, args.starved)
     scattered = copy_times(events, "poller.consumed")
 
     names = args.names.split(",")
@@ -244,6 +392,12 @@ def main():
             "after data": hi - d1,
             "chunks": len(spans.get("send in plugin", [])),
         }
+        # The sender's last send done (the plugin took its bytes) → the receiver's last receive
+        # done: how far the receiver trails. Long, and the sender's sends are not what bounds the
+        # transfer (its bytes wait in the sockets for the receiver).
+        sent = [s[1] for s in spans.get("send in plugin", [])]
+        got = [s[1] for s in spans.get("recv in plugin", [])]
+        row["last send done → last received"] = (max(got) - max(sent)) if sent and got else 0.0
         for name in steps:
             v = spans.get(name, [])
             row[f"{name} p50"] = med([t1 - t0 for t0, t1 in v]) if v else 0.0
@@ -254,6 +408,35 @@ def main():
                 xs = [x[1 + j] for x in mine]
                 row[f"{what} {part} p50"] = med(xs) if xs else 0.0
                 row[f"{what} {part} p90"] = p90(xs) if xs else 0.0
+        # A finished gather's wait to be posted, split (see gather_blame), p50 over its chunks;
+        # and per lane the share of the data phase a later gather was done, the plugin had
+        # room and the ring's order held it back.
+        mine = [r for rows in blame.values() for r in rows if d0 <= r[1] <= d1 + 1]
+        for j, part in enumerate(("window", "older", "poller")):
+            xs = [r[2 + j] for r in mine]
+            row[f"gather unseen: {part} p50"] = med(xs) if xs else 0.0
+            row[f"gather unseen: {part} mean"] = statistics.mean(xs) if xs else 0.0
+        shares = []
+        for c, spans_c in held.items():
+            if not any(d0 <= r[1] <= d1 for r in blame.get(c, [])):
+                continue
+            got = sum(max(0.0, min(t1, d1) - max(t0, d0)) for t0, t1 in spans_c)
+            shares.append(got / (d1 - d0) if d1 > d0 else 0.0)
+        row["send held by ring order per lane"] = statistics.mean(shares) if shares else 0.0
+        # A lane's plugin under `--starved` sends: what its next send was doing, share of the
+        # data phase (mean over the lanes that sent staged chunks in it).
+        per_part = defaultdict(list)
+        for c, spans_c in starved.items():
+            if not any(d0 <= r[1] <= d1 for r in blame.get(c, [])):
+                continue
+            got = defaultdict(float)
+            for t0, t1, part in spans_c:
+                got[part] += max(0.0, min(t1, d1) - max(t0, d0))
+            for part in STARVED_PARTS:
+                per_part[part].append(got[part] / (d1 - d0) if d1 > d0 else 0.0)
+        for part in STARVED_PARTS:
+            xs = per_part[part]
+            row[f"starved: {part}"] = statistics.mean(xs) if xs else 0.0
         for name, per_comm in lane_levels.items():
             got = [level_stats(sr, d0, d1, args.starved) for sr in per_comm.values()]
             got = [g for g in got if g and g[0] > 0.05]
@@ -269,12 +452,16 @@ def main():
     order = [n for n in names if n in kinds] + [k for k in kinds if k not in names]
     print(f"{'µs (p50 over transfers)':<34}" + "".join(f"{k:>14}" for k in order))
     print(f"{'transfers':<34}" + "".join(f"{len(kinds[k]):>14}" for k in order))
-    keys = ["transfer", "before data", "data phase", "after data", "chunks"]
+    keys = ["transfer", "before data", "data phase", "after data", "chunks", "last send done → last received"]
     for name in steps:
         keys += [f"{name} p50", f"{name} at once"]
     for what in ("gather", "scatter"):
         for part in ("helper wait", "copy", "unseen"):
             keys += [f"{what} {part} p50", f"{what} {part} p90"]
+    for part in ("window", "older", "poller"):
+        keys += [f"gather unseen: {part} p50", f"gather unseen: {part} mean"]
+    keys.append("send held by ring order per lane")
+    keys += [f"starved: {part}" for part in STARVED_PARTS]
     for name in lane_levels:
         keys += [f"{name} per lane", f"{name} worst lane"]
         if "in plugin" in name:
@@ -284,7 +471,7 @@ def main():
         fmt = "{:>14.0f}"
         if key.endswith(("at once", "lane")):
             fmt = "{:>14.2f}"
-        elif f"< {args.starved}" in key:
+        elif f"< {args.starved}" in key or key.startswith(("send held by ring order", "starved: ")):
             fmt = "{:>13.0f}%"
             vals = [100 * v for v in vals]
         print(f"{key:<34}" + "".join(fmt.format(v) for v in vals))

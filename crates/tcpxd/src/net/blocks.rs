@@ -16,7 +16,7 @@ use crate::engine::blocks::Segment;
 use super::abi::loadMeta;
 use super::cross_memory::{AttachError, ClientCopies, ClientPages};
 use super::error::{NetError, NetResult};
-use super::host_copies::{CopyJob, CopyTicket, HostCopies, HostCopy};
+use super::host_copies::{CopyJob, CopyTicket, HostCopies, HostCopy, Place};
 use super::memory::{MemType, Region};
 
 // kernels/blocks.cu reads the tables as 16-byte `BlockSeg`s.
@@ -215,9 +215,10 @@ pub fn gather_region(
     Ok(bytes)
 }
 
-/// [`gather_region`] queued on a copy helper ([`HostCopies::queue`]): returns the chunk's length
-/// and, unless it was copied at once, the ticket the send must wait for. The regions are held
-/// by the job; the slot must not be reused, nor the send posted, before the ticket is done.
+/// [`gather_region`] queued on a copy helper at `place` ([`HostCopies::queue_at`]): returns the
+/// chunk's length and, unless it was copied at once, the ticket the send must wait for. The
+/// regions are held by the job; the slot must not be reused, nor the send posted, before the
+/// ticket is done.
 pub fn gather_region_queued(
     src: &Arc<dyn Region>,
     segs: &[Segment],
@@ -225,6 +226,7 @@ pub fn gather_region_queued(
     slot: usize,
     slot_len: usize,
     copies: &HostCopies,
+    place: Place,
 ) -> NetResult<(u32, Option<CopyTicket>)> {
     let (bytes, planned) = plan_gather(&**src, segs, &**staging, slot, slot_len)?;
     let job = CopyJob {
@@ -236,7 +238,7 @@ pub fn gather_region_queued(
     };
     // SAFETY: as in `gather_region`; both regions are held by the job until it is done, and the
     // slot stays this send's until the send (posted only after the ticket is done) completes.
-    Ok((bytes, unsafe { copies.queue(job) }))
+    Ok((bytes, unsafe { copies.queue_at(job, place) }))
 }
 
 /// A gather's checks and copies: the chunk's length and one copy per piece.

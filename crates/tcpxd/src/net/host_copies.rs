@@ -24,6 +24,17 @@
 //! to start them, 2–4 ms p90, for a 43 µs copy). An idle helper spins on the queue as its
 //! [`SpinGauge`] allows, then sleeps on the queue's condition variable; a job wakes one sleeper
 //! only when no idle helper is spinning to take it.
+//!
+//! **Each lane's next send first** (session 28): a job is queued at a [`Place`] and taken by
+//! place, then oldest first. `Next`: the gather of a lane's next send (nothing of its lane
+//! before it, room in the plugin), and fork-and-join parts; `Due`: scatters, and gathers whose
+//! send the plugin would take at once (fewer than `send_window` of its lane's sends before
+//! it); `Behind`: gathers ahead of their lane's window (`transfer.host_gather_ahead`), moved up
+//! ([`HostCopies::hurry`]) as the window reaches them or they become the lane's next. A lane's
+//! gathers keep its ring order. Until then a transfer's second lane waited for its first gather
+//! behind the first lane's `send_window + host_gather_ahead` (24) gathers, queued a few µs
+//! earlier (the 2-core VM's trace: its first send 2–3 ms after the first lane's), and a lane
+//! whose window had room waited behind other lanes' gathers ahead.
 //! - [`HostCopies::copy_all`]: fork and join: a chunk's copies cut into parts of about equal bytes
 //!   (a piece may be cut), all but the first handed to helpers, the first copied by the caller,
 //!   returning once every part is done (eager landings, tests).
@@ -299,9 +310,55 @@ impl Work {
     }
 }
 
-/// The helpers' one queue (oldest first), and who waits on it.
+/// Where a queued job goes in the helpers' queue ([`HostCopies::queue_at`]): jobs are taken by
+/// place (`Next`, then `Due`, then `Behind`), then oldest first. A lane's gathers keep its ring
+/// order: only its next send's gather is `Next`, and a gather is `Due` only when every gather of
+/// its lane before it is (`post_sends` hurries the older ones, by age, as the window opens).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Place {
+    /// Its lane's next send (nothing of the lane waits before it, the plugin has room), or a
+    /// fork-and-join part its caller waits for: before every other job.
+    Next,
+    /// Wanted as soon as it is done: a scatter, or a gather whose send the plugin would take at
+    /// once (fewer than `send_window` of its lane's sends before it).
+    Due,
+    /// A gather ahead of its lane's send window: taken only when no job `Next` or `Due` waits,
+    /// until [`HostCopies::hurry`] moves it up.
+    Behind,
+}
+
+/// The queue's jobs, ordered by (place, age).
+#[derive(Default)]
+struct Jobs {
+    queued: VecDeque<((Place, u64), Work)>,
+    /// The next job's age stamp.
+    next: u64,
+}
+
+impl Jobs {
+    fn len(&self) -> usize {
+        self.queued.len()
+    }
+
+    fn pop(&mut self) -> Option<Work> {
+        self.queued.pop_front().map(|(_, w)| w)
+    }
+
+    fn insert(&mut self, key: (Place, u64), work: Work) {
+        let at = self.queued.partition_point(|(k, _)| *k <= key);
+        self.queued.insert(at, (key, work));
+    }
+
+    fn push(&mut self, work: Work, place: Place) {
+        let age = self.next;
+        self.next += 1;
+        self.insert((place, age), work);
+    }
+}
+
+/// The helpers' one queue (due jobs first, then oldest first), and who waits on it.
 struct Queue {
-    jobs: Mutex<VecDeque<Work>>,
+    jobs: Mutex<Jobs>,
     ready: Condvar,
     /// Jobs in `jobs` (read without the lock by spinning helpers).
     len: AtomicUsize,
@@ -315,17 +372,17 @@ struct Queue {
 }
 
 impl Queue {
-    fn lock(&self) -> MutexGuard<'_, VecDeque<Work>> {
+    fn lock(&self) -> MutexGuard<'_, Jobs> {
         // A helper never panics holding the lock (it only pops); a poisoned lock is still
         // a valid queue.
         self.jobs.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds `work` at the back; wakes a sleeping helper unless an idle one is spinning for it.
-    fn push(&self, work: Work) {
+    /// Adds `work` at its `place`; wakes a sleeping helper unless an idle one is spinning for it.
+    fn push(&self, work: Work, place: Place) {
         let queued = {
             let mut q = self.lock();
-            q.push_back(work);
+            q.push(work, place);
             self.len.store(q.len(), Ordering::SeqCst);
             q.len()
         };
@@ -334,22 +391,22 @@ impl Queue {
         }
     }
 
-    /// The oldest job, if any.
+    /// The next job (the first due one, else the oldest behind), if any.
     fn try_pop(&self) -> Option<Work> {
         if self.len.load(Ordering::SeqCst) == 0 {
             return None;
         }
         let mut q = self.lock();
-        let w = q.pop_front();
+        let w = q.pop();
         self.len.store(q.len(), Ordering::SeqCst);
         w
     }
 
-    /// The oldest job, sleeping until there is one; `None` once the pool is closed and empty.
+    /// The next job, sleeping until there is one; `None` once the pool is closed and empty.
     fn pop_or_sleep(&self, stats: &HelperStats) -> Option<Work> {
         let mut q = self.lock();
         loop {
-            if let Some(w) = q.pop_front() {
+            if let Some(w) = q.pop() {
                 self.len.store(q.len(), Ordering::SeqCst);
                 return Some(w);
             }
@@ -568,7 +625,7 @@ impl HostCopies {
     /// `threads` helper threads working as `policy` says.
     pub fn with_policy(threads: usize, policy: HelperPolicy) -> HostCopies {
         let queue = Arc::new(Queue {
-            jobs: Mutex::new(VecDeque::new()),
+            jobs: Mutex::new(Jobs::default()),
             ready: Condvar::new(),
             len: AtomicUsize::new(0),
             spinning: AtomicUsize::new(0),
@@ -645,10 +702,13 @@ impl HostCopies {
         let left = Arc::new(AtomicUsize::new(0));
         for part in split.into_iter().skip(1) {
             left.fetch_add(1, Ordering::Relaxed);
-            self.queue.push(Work::Part(Part {
-                copies: part,
-                left: left.clone(),
-            }));
+            self.queue.push(
+                Work::Part(Part {
+                    copies: part,
+                    left: left.clone(),
+                }),
+                Place::Next,
+            );
         }
         copy_part(&first);
         while left.load(Ordering::Acquire) != 0 {
@@ -657,9 +717,9 @@ impl HostCopies {
         }
     }
 
-    /// Puts `job` on the helpers' queue (behind every job queued before it) and returns its
-    /// ticket; with no helper, or a job under [`MIN_QUEUE_BYTES`], runs it here and returns
-    /// `None` (done).
+    /// Puts `job` on the helpers' queue as due now (`Place::Due`: behind every job `Next` and
+    /// every due job queued before it) and returns its ticket; with no helper, or a job under [`MIN_QUEUE_BYTES`],
+    /// runs it here and returns `None` (done).
     ///
     /// # Safety
     /// Every copy's `from` must be readable and its `to` writable for `n` bytes, and `zero`'s
@@ -668,6 +728,16 @@ impl HostCopies {
     /// targets may overlap each other or any source, and nothing else may write the targets (or
     /// the sources) meanwhile.
     pub unsafe fn queue(&self, job: CopyJob) -> Option<CopyTicket> {
+        // SAFETY: the caller's contract.
+        unsafe { self.queue_at(job, Place::Due) }
+    }
+
+    /// As [`HostCopies::queue`], at `place` in the queue (session 28: every lane's next send's
+    /// gather first, then the gathers the send windows would send at once, then those ahead).
+    ///
+    /// # Safety
+    /// As [`HostCopies::queue`].
+    pub unsafe fn queue_at(&self, job: CopyJob, place: Place) -> Option<CopyTicket> {
         if !self.open() || job.bytes() < MIN_QUEUE_BYTES {
             // SAFETY: the caller's contract, for this call's length.
             unsafe { job.run(self.routine) };
@@ -714,9 +784,40 @@ impl HostCopies {
         for w in works {
             ticket.push((w.done_flag().expect("a queued job's flag"), 1));
             self.queue.unfinished.fetch_add(1, Ordering::AcqRel);
-            self.queue.push(w);
+            self.queue.push(w, place);
         }
         Some(CopyTicket { parts: ticket, clock })
+    }
+
+    /// Moves the parts of `ticket` still queued at a later place than `place` up to it,
+    /// keeping their age (a gather queued ahead of its lane's window that the window reached,
+    /// or its lane's next send now). Returns how many parts moved (none: they were there
+    /// already, taken by a helper, or done).
+    pub fn hurry(&self, ticket: &CopyTicket, place: Place) -> usize {
+        let mut q = self.lock_jobs();
+        let mut moved = Vec::new();
+        let mut i = 0;
+        while i < q.queued.len() {
+            let ((at, _), ref work) = q.queued[i];
+            let mine = at > place
+                && work
+                    .done_flag()
+                    .is_some_and(|f| ticket.parts.iter().any(|(p, _)| Arc::ptr_eq(p, &f)));
+            if mine {
+                moved.push(q.queued.remove(i).expect("in the queue"));
+            } else {
+                i += 1;
+            }
+        }
+        let n = moved.len();
+        for ((_, age), work) in moved {
+            q.insert((place, age), work);
+        }
+        n
+    }
+
+    fn lock_jobs(&self) -> MutexGuard<'_, Jobs> {
+        self.queue.lock()
     }
 
     /// Returns once every queued job is done (before a comm, ring or buffer a job may touch is

@@ -392,3 +392,84 @@ fn work_no_helper_can_take_runs_on_the_calling_thread() {
         }
     }
 }
+
+/// The queue's order (session 28): by place (`Next`, `Due`, `Behind`), then oldest first;
+/// `hurry` moves a job up to an earlier place keeping its age (once: a job already there, taken
+/// or done is not moved). Checked on a pool whose one helper never runs, the test taking the
+/// jobs in the queue's order and running them; bytes exact, tickets done.
+#[test]
+fn jobs_go_by_place_then_age_and_hurry_moves_a_waiting_one_up() {
+    let mut pool = HostCopies::new(0, HelperSpin::auto(false));
+    pool.helpers.push(Helper {
+        stats: Arc::default(),
+        spin: HelperSpin { max: Duration::ZERO },
+        thread: None,
+    });
+    let chunk = 64 * 1024;
+    let places = [
+        Place::Behind,
+        Place::Behind,
+        Place::Due,
+        Place::Next,
+        Place::Behind,
+        Place::Due,
+        Place::Next,
+    ];
+    let src: Vec<u8> = (0..places.len() * chunk)
+        .map(|i| (i * 31 + i / 4099) as u8)
+        .collect();
+    let mut dst = vec![0u8; src.len()];
+    let mut tickets = Vec::new();
+    for (j, &place) in places.iter().enumerate() {
+        let job = CopyJob {
+            copies: vec![HostCopy {
+                from: src[j * chunk..].as_ptr(),
+                to: dst[j * chunk..].as_mut_ptr(),
+                n: chunk,
+            }],
+            zero: None,
+            cold_targets: false,
+            keep: Vec::new(),
+        };
+        // SAFETY: distinct targets in `dst`, sources in `src`, both alive until every job ran
+        // (below, before the pool is dropped).
+        tickets.push(unsafe { pool.queue_at(job, place) }.expect("64 KiB is queued"));
+    }
+    assert!(tickets.iter().all(|t| t.parts() == 1 && !t.is_done()));
+    assert_eq!(
+        pool.hurry(&tickets[4], Place::Next),
+        1,
+        "job 4 was behind: now next, by its age"
+    );
+    assert_eq!(
+        pool.hurry(&tickets[4], Place::Due),
+        0,
+        "a later place moves nothing"
+    );
+    assert_eq!(pool.hurry(&tickets[3], Place::Next), 0, "next from the start");
+    let mut order = Vec::new();
+    while let Some(work) = pool.queue.try_pop() {
+        let flag = work.done_flag().expect("a queued job");
+        let j = tickets
+            .iter()
+            .position(|t| Arc::ptr_eq(&t.parts[0].0, &flag))
+            .expect("one of the test's jobs");
+        order.push(j);
+        // SAFETY: as queued above.
+        unsafe { run_work(work, pool.routine) };
+        flag.store(1, Ordering::Release);
+        pool.queue.unfinished.fetch_sub(1, Ordering::Release);
+        assert!(tickets[j].is_done());
+        if j == 2 {
+            assert_eq!(
+                pool.hurry(&tickets[1], Place::Due),
+                1,
+                "job 1 goes before job 5 (older), and before job 0"
+            );
+        }
+    }
+    assert_eq!(order, [3, 4, 6, 2, 1, 5, 0]);
+    assert_eq!(pool.hurry(&tickets[0], Place::Next), 0, "taken and done");
+    assert!(dst == src, "every byte copied once");
+    assert_eq!(pool.in_flight(), 0);
+}

@@ -263,7 +263,7 @@ impl Poller {
                 self.engine.fail_posted_send(peer, lane, buffer, offset, &why);
             }
             l.deferred.push_back(post);
-            post_sends(l, window, &self.buffers, &mut self.stages)
+            post_sends(l, window, &self.buffers, &mut self.stages, &self.host_copies)
         })
         .map_err(|why| format!("lane {lane} {what}: {why}"))
     }
@@ -655,6 +655,7 @@ impl Poller {
             staging_gpu: (e.send_window + e.gather_ahead).max(1) as u64,
             landing: (e.recv_window + e.scatter_ahead).max(1) as u64,
             chunk_bytes: e.chunk_bytes,
+            send_window: e.send_window,
         }
     }
 }

@@ -52,7 +52,7 @@
 //! to the chunk, or a bad table fail the receive (or, for a send, the pairing: its FIFO order
 //! cannot be kept otherwise) with the reason.
 
-use crate::net::host_copies::{CopyTicket, HostCopies};
+use crate::net::host_copies::{CopyTicket, HostCopies, Place};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -81,6 +81,9 @@ pub(super) struct SendPost {
     pub ring: usize,
     pub gate: Option<(usize, u64)>,
     pub copied: Option<CopyTicket>,
+    /// Where `copied` waits in the helpers' queue ([`Place`]; `Next` when there is no ticket):
+    /// `post_sends` moves it up as the lane's window reaches it.
+    pub place: Place,
 }
 
 impl SendPost {
@@ -92,6 +95,7 @@ impl SendPost {
             ring: 0,
             gate: None,
             copied: None,
+            place: Place::Next,
         }
     }
 }
@@ -213,6 +217,8 @@ pub(super) struct Slots {
     /// A receive lane's host landing slots: `recv_window + scatter_ahead`.
     pub landing: u64,
     pub chunk_bytes: u32,
+    /// `send_window`: the sends the plugin gets per lane.
+    pub send_window: usize,
 }
 
 /// Collects a chunk's pieces into `segs` and checks that they add up to `len`.
@@ -303,6 +309,18 @@ pub(super) fn gather_send(
     }
     let slot = staging.seq % ring_slots;
     staging.seq += 1;
+    // Its place among the helpers' jobs: its lane's next send (nothing of the lane waiting
+    // before it, room in the plugin); due when the plugin would take its send as soon as it is
+    // gathered (fewer than `send_window` of the lane's sends before it, in the plugin or
+    // waiting); else behind, until its lane's window reaches it (`post_sends` moves it up).
+    let before = comm.outstanding() + lane.deferred.len();
+    let place = if before >= slots.send_window {
+        Place::Behind
+    } else if lane.deferred.is_empty() {
+        Place::Next
+    } else {
+        Place::Due
+    };
     tracing::trace!(target: "tcpxd::hop", hop = "poller.gather", len, comm = comm.trace_id());
     let offset = slot * u64::from(r.slot_bytes);
     let mut post = SendPost {
@@ -312,6 +330,7 @@ pub(super) fn gather_send(
         ring,
         gate: None,
         copied: None,
+        place: Place::Next,
     };
     if len == 0 {
         return Ok((post, None));
@@ -346,8 +365,12 @@ pub(super) fn gather_send(
                 offset as usize,
                 r.slot_bytes as usize,
                 copies,
+                place,
             )
             .map_err(|e| e.to_string())?;
+            if ticket.is_some() {
+                post.place = place;
+            }
             post.copied = ticket;
         }
         (None, Some(region), Some(ring_span)) => {

@@ -153,7 +153,7 @@ impl Poller {
                 // After the test: a send done makes room for the next one held back (gathered
                 // ahead), posted in this pass rather than the next.
                 if !l.deferred.is_empty()
-                    && let Err(why) = post_sends(l, window, buffers, stages)
+                    && let Err(why) = post_sends(l, window, buffers, stages, host_copies)
                 {
                     events.push(Completion::Failed(peer, format!("lane {li} send: {why}")));
                 }

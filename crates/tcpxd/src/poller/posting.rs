@@ -10,6 +10,7 @@ use super::{LANDING, Posted, RecvLane, RecvLaneState, SendLane, SendLaneState};
 use crate::buffers::BufferEntry;
 use crate::lanes::{self, Dest, GpuStage, Target, Wait, stage_for};
 use crate::net::MemHandle;
+use crate::net::host_copies::{HostCopies, Place};
 
 /// Buffers are registered in overlapping windows, because `regMr` takes an `int` size: window
 /// `k` starts at `k * WINDOW_STRIDE` and is `WINDOW_STRIDE + MAX_CHUNK_BYTES` long (or up to the
@@ -57,12 +58,16 @@ pub(super) fn handle_for<'a>(
 /// Posts deferred sends in order while the plugin takes them and has fewer than `window`
 /// (`send_window`) of the lane's sends in flight (a staged send once its gather is done). The
 /// engine posts sends in pieces up to `gather_ahead` beyond the window: they wait here, gathered,
-/// for a send to complete, so the plugin sees at most `send_window` sends per comm.
+/// for a send to complete, so the plugin sees at most `send_window` sends per comm. Then the
+/// gathers the window has reached move up in the helpers' queue (`HostCopies::hurry`, session
+/// 28): the head's to `Place::Next`, the others' to `Place::Due` (the plugin would take their
+/// sends at once).
 pub(super) fn post_sends(
     l: &mut SendLane,
     window: usize,
     buffers: &HashMap<u64, Arc<BufferEntry>>,
     stages: &mut HashMap<usize, GpuStage>,
+    copies: &HostCopies,
 ) -> Result<(), String> {
     let SendLaneState::Ready(comm) = &mut l.state else {
         return Ok(());
@@ -75,6 +80,7 @@ pub(super) fn post_sends(
             ring,
             gate,
             ref copied,
+            ..
         }) = l.deferred.front()
     {
         if copied.as_ref().is_some_and(|t| !t.is_done()) {
@@ -114,6 +120,18 @@ pub(super) fn post_sends(
             );
         }
         l.deferred.pop_front();
+    }
+    // The head is the lane's next send; the rest the window reaches are due. In ring order, so
+    // an older gather is never behind a younger one of the lane.
+    let room = window.saturating_sub(comm.outstanding());
+    for (n, post) in l.deferred.iter_mut().take(room).enumerate() {
+        let want = if n == 0 { Place::Next } else { Place::Due };
+        if post.place > want {
+            post.place = want;
+            if let Some(t) = post.copied.as_ref().filter(|t| !t.is_done()) {
+                copies.hurry(t, want);
+            }
+        }
     }
     Ok(())
 }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tcpxd::engine::blocks::{BlockList, IndexArray, Layout, Segment, SidePlan};
+use tcpxd::net::host_copies::Place;
 use tcpxd::net::{HostRegion, Plugin, RecvComm, Region, SendComm, loopback_pair};
 use tcpxd_testkit::Rng;
 
@@ -168,6 +169,8 @@ fn chunks(
                 slot,
                 chunk as usize,
                 &copies,
+                // Every second chunk queued behind: bytes the same either way.
+                [Place::Next, Place::Due, Place::Behind][k as usize % 3],
             )
             .unwrap();
             done(t);
