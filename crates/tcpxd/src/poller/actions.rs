@@ -26,6 +26,9 @@ type Failure = (PeerIdx, String);
 impl Poller {
     /// Executes the engine's actions. Returns whether there were any.
     pub(super) fn run_actions(&mut self) -> bool {
+        // The framed sessions' events these actions push (transfers finished, delivered inline)
+        // are written as it closes, at the end: one write per session, not one per event.
+        let _batch = crate::api::local::outbox::Batch::open();
         let mut any = false;
         let mut failures = Vec::new();
         let mut t = Instant::now();
