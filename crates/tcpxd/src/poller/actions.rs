@@ -28,7 +28,7 @@ impl Poller {
     pub(super) fn run_actions(&mut self) -> bool {
         // The framed sessions' events these actions push (transfers finished, delivered inline)
         // are written as it closes, at the end: one write per session, not one per event.
-        let _batch = crate::api::local::outbox::Batch::open();
+        let batch = crate::api::local::outbox::Batch::open();
         let mut any = false;
         let mut failures = Vec::new();
         let mut t = Instant::now();
@@ -50,7 +50,10 @@ impl Poller {
         for stage in self.stages.values_mut() {
             stage.submit_gathers();
         }
-        self.action_clock.add(pass_clock::SUBMIT_GATHERS, t);
+        t = self.action_clock.add(pass_clock::SUBMIT_GATHERS, t);
+        if batch.close() {
+            self.action_clock.add(pass_clock::FINISHED, t);
+        }
         for (p, why) in failures {
             self.engine.on_peer_failed(p, &why);
         }

@@ -79,10 +79,15 @@ impl Batch {
     }
 }
 
-impl Drop for Batch {
-    fn drop(&mut self) {
-        if !self.outer {
-            return;
+impl Batch {
+    /// Closes the batch now: `true` when it wrote (or tried to write) some outbox's events.
+    pub fn close(mut self) -> bool {
+        self.write()
+    }
+
+    fn write(&mut self) -> bool {
+        if !std::mem::replace(&mut self.outer, false) {
+            return false;
         }
         // Closed before the writes: a wake below may poll a session right here (inline), whose
         // own pushes then go out at once.
@@ -91,6 +96,7 @@ impl Drop for Batch {
             b.0 = false;
             std::mem::take(&mut b.1)
         });
+        let wrote = !list.is_empty();
         for outbox in list.drain(..) {
             outbox.write_batched();
         }
@@ -101,6 +107,13 @@ impl Drop for Batch {
                 b.1 = list;
             }
         });
+        wrote
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        self.write();
     }
 }
 
