@@ -480,7 +480,10 @@ mod tests {
         }
         assert!(outbox.is_broken(), "the batch's write found the client gone");
         let mut work = Box::pin(outbox.work());
-        assert!(work.as_mut().poll(&mut cx).is_ready(), "the session's task finds it so");
+        assert!(
+            work.as_mut().poll(&mut cx).is_ready(),
+            "the session's task finds it so"
+        );
         assert!(outbox.push(&refused(301, 8)).is_err());
     }
 }
