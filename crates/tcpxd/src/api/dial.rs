@@ -62,9 +62,21 @@ impl DaemonState {
     /// fails the call, naming the entry and every address tried.
     pub(crate) async fn reach_peers<'a>(
         &self,
-        descriptors: impl Iterator<Item = (usize, &'a Descriptor)>,
+        descriptors: impl Iterator<Item = (usize, &'a Descriptor)> + Clone,
         deadline: Instant,
     ) -> Result<(), Status> {
+        // The usual case: every node named is this one or paired and up. Nothing to build, dial
+        // or wait for (`reach` would do nothing either); looked at in place, not copied.
+        let up = |d: &Descriptor| {
+            d.node_id == self.node_id
+                || self
+                    .peers
+                    .with_node(&d.node_id, |p| matches!(*p.link.borrow(), PeerLink::Up))
+                    .unwrap_or(false)
+        };
+        if descriptors.clone().all(|(_, d)| up(d)) {
+            return Ok(());
+        }
         let mut nodes: BTreeMap<&str, Named<'_>> = BTreeMap::new();
         for (i, d) in descriptors {
             if d.node_id == self.node_id {
@@ -80,7 +92,9 @@ impl DaemonState {
                 }
             }
         }
-        self.reach(nodes, deadline).await
+        // Boxed: the dialling's state (a TCP probe, a pairing's handshake) is large, and a
+        // transfer's start future holds this one; only this rare path allocates it.
+        Box::pin(self.reach(nodes, deadline)).await
     }
 
     /// As `reach_peers`, for the node a block-list token names (`field`: the token's field).

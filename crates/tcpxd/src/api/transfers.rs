@@ -52,7 +52,14 @@ impl DaemonState {
 
     /// As `peer_of`, the field's name made only for an error.
     fn peer_named(&self, field: impl Fn() -> String, node: &str) -> Result<engine::PeerIdx, Status> {
-        let peer = self.peers.by_node(node).ok_or_else(|| {
+        // (looked at in place: a copy of the peer's record is three strings a request)
+        let found = self.peers.with_node(node, |p| match &*p.link.borrow() {
+            PeerLink::Failed(why) => Err(why.clone()),
+            // Closed when idle (and not paired anew: no address to dial) or closing: the
+            // engine refuses it for a retry (`after_idle_close`).
+            _ => Ok(p.idx),
+        });
+        let idx = found.ok_or_else(|| {
             let field = field();
             let what = if field.ends_with("token") {
                 "token"
@@ -63,15 +70,7 @@ impl DaemonState {
                 "{field}: node {node} is not a connected peer and its {what} carries no peer address (one from an older daemon): connect to the node first with its peer address, `tcpxctl peer connect HOST:PORT` or the ConnectPeer call"
             ))
         })?;
-        if let PeerLink::Failed(why) = &*peer.link.borrow() {
-            return Err(Status::unavailable(format!(
-                "{}: peer {node} failed: {why}",
-                field()
-            )));
-        }
-        // Closed when idle (and not paired anew: no address to dial) or closing: the engine
-        // refuses it for a retry (`after_idle_close`).
-        Ok(peer.idx)
+        idx.map_err(|why| Status::unavailable(format!("{}: peer {node} failed: {why}", field())))
     }
 
     /// The transfer's deadline: the call's gRPC deadline (a little before it: `answer_within`),

@@ -332,6 +332,16 @@ impl Peers {
         v
     }
 
+    /// `f` of the peer for a node id, if connected (in any state), without a copy of it (the
+    /// transfers' checks: no allocation a request). `f` runs under the peers' lock.
+    pub fn with_node<R>(&self, node: &str, f: impl FnOnce(&PeerInfo) -> R) -> Option<R> {
+        self.by_node
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(node)
+            .map(f)
+    }
+
     /// The peer for a node id, if connected (in any state).
     pub fn by_node(&self, node: &str) -> Option<PeerInfo> {
         self.by_node

@@ -36,8 +36,12 @@ impl Poller {
             {
                 return false;
             }
-            return self.run_actions_timed(Instant::now(), Vec::new(), false);
+            let batch = crate::api::local::outbox::Batch::open();
+            return self.run_actions_timed(Instant::now(), Vec::new(), false, batch);
         };
+        // The framed sessions' events these actions push (transfers finished, delivered inline)
+        // are written as it closes, at the end: one write per session, not one per event.
+        let batch = crate::api::local::outbox::Batch::open();
         let (mut any, mut failures) = (false, Vec::new());
         let mut t = Instant::now();
         let mut next = Some(action);
@@ -50,13 +54,19 @@ impl Poller {
             t = self.action_clock.add(kind, t);
             next = self.engine.poll_action();
         }
-        self.run_actions_timed(t, failures, any)
+        self.run_actions_timed(t, failures, any, batch)
     }
 
     /// The end of a batch of actions: the direct connections' writes, the progress flush, the
-    /// GPU gathers' launch, then the pairings that failed; `t` is when the batch's actions
-    /// ended.
-    fn run_actions_timed(&mut self, mut t: Instant, failures: Vec<Failure>, any: bool) -> bool {
+    /// GPU gathers' launch, the sessions' batched events, then the pairings that failed; `t` is
+    /// when the batch's actions ended.
+    fn run_actions_timed(
+        &mut self,
+        mut t: Instant,
+        failures: Vec<Failure>,
+        any: bool,
+        batch: crate::api::local::outbox::Batch,
+    ) -> bool {
         if !self.direct_pending.is_empty() {
             self.send_direct();
             t = self.action_clock.add(pass_clock::SEND_DIRECT, t);
@@ -67,7 +77,10 @@ impl Poller {
         for stage in self.stages.values_mut() {
             stage.submit_gathers();
         }
-        self.action_clock.add(pass_clock::SUBMIT_GATHERS, t);
+        t = self.action_clock.add(pass_clock::SUBMIT_GATHERS, t);
+        if batch.close() {
+            self.action_clock.add(pass_clock::FINISHED, t);
+        }
         for (p, why) in failures {
             self.engine.on_peer_failed(p, &why);
         }

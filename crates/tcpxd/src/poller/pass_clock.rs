@@ -69,6 +69,29 @@ pub(super) struct ActionClock {
 pub(super) const SEND_DIRECT: usize = crate::engine::ACTION_KINDS.len();
 pub(super) const PROGRESS_FLUSH: usize = SEND_DIRECT + 1;
 pub(super) const SUBMIT_GATHERS: usize = SEND_DIRECT + 2;
+/// The `finished` action's slot: the framed sessions' events its transfers' ends pushed are
+/// written when the actions' batch closes (`crate::api::local::outbox::Batch`), counted there.
+pub(super) const FINISHED: usize = kind_slot("finished");
+
+/// The slot of the engine action kind `name` (a build error if there is none).
+const fn kind_slot(name: &str) -> usize {
+    let kinds = crate::engine::ACTION_KINDS;
+    let mut i = 0;
+    while i < kinds.len() {
+        let (k, n) = (kinds[i].as_bytes(), name.as_bytes());
+        if k.len() == n.len() {
+            let mut j = 0;
+            while j < k.len() && k[j] == n[j] {
+                j += 1;
+            }
+            if j == k.len() {
+                return i;
+            }
+        }
+        i += 1;
+    }
+    panic!("no such action kind")
+}
 
 impl ActionClock {
     pub(super) fn new() -> ActionClock {
@@ -137,6 +160,7 @@ mod tests {
             "submit_gathers"
         );
         assert_eq!(crate::metrics::POLLER_ACTION_KINDS[3], "land");
+        assert_eq!(crate::metrics::POLLER_ACTION_KINDS[FINISHED], "finished");
         assert_eq!(c.take(), [Duration::ZERO; POLLER_ACTION_SLOTS]);
     }
 }

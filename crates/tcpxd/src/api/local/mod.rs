@@ -375,6 +375,15 @@ impl FramedEvents {
     /// Writes everything pushed so far, waiting for the socket to take it; `Err` once the
     /// connection failed.
     async fn flush(&mut self) -> Result<(), Gone> {
+        // Bytes left by a batch not written yet (`outbox::Batch`: the session polled while the
+        // poller's batch is open) go at once; only a full socket is waited for.
+        if self.writable.is_none() && self.outbox.backlog() > 0 {
+            match self.outbox.flush() {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return Err(Gone),
+            }
+        }
         while self.outbox.backlog() > 0 || self.outbox.is_broken() {
             if self.writable.is_none() {
                 let watch = self

@@ -98,6 +98,7 @@ pub async fn serve<R: Requests, E: Events>(
         pending: GrpcPending::default(),
         inline: HashMap::new(),
         delivered: Arc::new(Delivered::default()),
+        reaped: Vec::new(),
         owned: Vec::new(),
         prepared: Vec::new(),
         notifications: None,
@@ -123,6 +124,9 @@ struct Session<'e, E> {
     outbox: Option<Arc<Outbox>>,
     inline: HashMap<u64, Arc<Inline>>,
     delivered: Arc<Delivered>,
+    /// `reap`'s list, swapped with `delivered`'s: the two keep their room (no allocation a
+    /// delivery).
+    reaped: Vec<u64>,
     /// Buffers this session registered (`register_host_fd`): released when it ends.
     owned: Vec<u64>,
     /// Prepared lists this session prepared (`prepare_blocks`): released when it ends.
@@ -328,8 +332,12 @@ impl<E: Events> Session<'_, E> {
         if self.outbox.is_none() {
             return;
         }
-        let tags = std::mem::take(&mut *self.delivered.tags.lock().unwrap_or_else(|e| e.into_inner()));
-        for tag in tags {
+        let mut tags = std::mem::take(&mut self.reaped);
+        std::mem::swap(
+            &mut tags,
+            &mut *self.delivered.tags.lock().unwrap_or_else(|e| e.into_inner()),
+        );
+        for tag in tags.drain(..) {
             if let Some(id) = self.open.remove(&tag) {
                 self.finished.record(tag, id);
             }
@@ -339,6 +347,7 @@ impl<E: Events> Session<'_, E> {
             }
             self.inline.remove(&tag);
         }
+        self.reaped = tags;
     }
 
     async fn send(&mut self, tag: u64, event: Event) -> Result<(), Gone> {

@@ -136,7 +136,7 @@ pub(super) async fn run(
 
 /// Pushes a start's refusal into the outbox, the tag marked delivered under the same lock (as
 /// `deliver_finished` does: the client may use the tag again once it has the event).
-fn deliver_refused(tag: u64, status: Status, outbox: &Outbox, delivered: &Delivered) {
+fn deliver_refused(tag: u64, status: Status, outbox: &Arc<Outbox>, delivered: &Delivered) {
     let ev = pb::SessionEvent {
         tag,
         event: Some(Event::Refused(pb::EntryStatus {
