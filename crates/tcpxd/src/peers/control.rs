@@ -6,7 +6,7 @@
 use super::packed_pb;
 use crate::api::proto::peer as pb;
 use crate::engine::blocks::{BlockHeader, IndexArray, IndexEncoding, PairLengths};
-use crate::engine::{self, Code, Offer, PeerMsg, ReadBlocks, RemoteRange};
+use crate::engine::{self, Code, Offer, PeerMsg, ReadBlocks, RemoteRange, ReturnedCredits};
 
 pub(super) fn range_to_pb(r: &RemoteRange) -> pb::RemoteRange {
     pb::RemoteRange {
@@ -161,7 +161,7 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             eager_max_bytes: *eager_max_bytes,
         }),
         PeerMsg::Credits { returned } => Body::Credits(pb::Credits {
-            returned: returned.clone(),
+            returned: returned.wire().to_vec(),
         }),
         PeerMsg::GpuCredits {
             budget_bytes,
@@ -195,7 +195,7 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
         }),
         PeerMsg::Done { offer_id, returned } => Body::Done(pb::Done {
             offer_id: *offer_id,
-            returned: returned.clone(),
+            returned: returned.wire().to_vec(),
         }),
         PeerMsg::Failed {
             offer_id,
@@ -347,7 +347,10 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
             eager_first_lane: m.eager_first_lane,
             eager_max_bytes: m.eager_max_bytes,
         },
-        Body::Credits(c) => PeerMsg::Credits { returned: c.returned },
+        Body::Credits(c) => PeerMsg::Credits {
+            // Checked against the pairing by the engine (`ReturnedCredits::check`).
+            returned: ReturnedCredits::from_wire(c.returned),
+        },
         Body::GpuCredits(g) => PeerMsg::GpuCredits {
             budget_bytes: g.budget_bytes,
             buffer_ids: g.buffer_ids,
@@ -379,7 +382,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
         },
         Body::Done(d) => PeerMsg::Done {
             offer_id: d.offer_id,
-            returned: d.returned,
+            returned: ReturnedCredits::from_wire(d.returned),
         },
         Body::Failed(f) => PeerMsg::Failed {
             offer_id: f.offer_id,
