@@ -358,12 +358,15 @@ mod tests {
         let mut wire = Vec::new();
         let done = PeerMsg::Done {
             offer_id: 4,
-            returned: vec![0, 3],
+            returned: crate::engine::ReturnedCredits::from_wire(vec![1, 3]),
         };
         frame_msg(&done, &mut wire);
-        frame_msg(&PeerMsg::Credits {
-                returned: crate::engine::ReturnedCredits::from_wire(vec![1, 2])
-            }, &mut wire);
+        frame_msg(
+            &PeerMsg::Credits {
+                returned: crate::engine::ReturnedCredits::from_wire(vec![1, 2]),
+            },
+            &mut wire,
+        );
         let mut decode = decoder(PeerIdx(3));
         let mut out = VecDeque::new();
         let (first, rest) = wire.split_at(5);
@@ -381,9 +384,12 @@ mod tests {
             got,
             vec![
                 (PeerIdx(3), done),
-                (PeerIdx(3), PeerMsg::Credits {
-                returned: crate::engine::ReturnedCredits::from_wire(vec![1, 2])
-            })
+                (
+                    PeerIdx(3),
+                    PeerMsg::Credits {
+                        returned: crate::engine::ReturnedCredits::from_wire(vec![1, 2])
+                    }
+                )
             ]
         );
         let marker = pb::PeerMessage {
