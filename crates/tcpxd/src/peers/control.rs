@@ -496,6 +496,26 @@ mod tests {
     }
 
     #[test]
+    fn returned_credits_go_as_lane_count_pairs_and_survive_the_wire() {
+        use pb::peer_message::Body;
+        let returned = ReturnedCredits::from_counts(&[0, 2, 0, 0, 1]);
+        let done = PeerMsg::Done {
+            offer_id: 9,
+            returned: returned.clone(),
+        };
+        match msg_to_pb(&done).body {
+            Some(Body::Done(d)) => assert_eq!(d.returned, vec![1, 2, 4, 1], "only lanes 1 and 4"),
+            other => panic!("{other:?}"),
+        }
+        round_trip(done);
+        round_trip(PeerMsg::Credits { returned });
+        round_trip(PeerMsg::Done {
+            offer_id: 10,
+            returned: ReturnedCredits::default(),
+        });
+    }
+
+    #[test]
     fn the_pairing_life_messages_survive_the_wire() {
         round_trip(PeerMsg::PairingClose);
         for closed in [true, false] {
