@@ -226,31 +226,27 @@ impl Engine {
         self.pump(peer);
     }
 
-    pub(super) fn on_credits(&mut self, peer: PeerIdx, returned: Vec<u32>) {
+    /// Credits the peer returned: only the lanes named are walked (peer protocol 12). A
+    /// malformed list, or a count above what the lane has out, fails the pairing and changes
+    /// nothing.
+    pub(super) fn on_credits(&mut self, peer: PeerIdx, returned: ReturnedCredits) {
         let p = &self.peers[&peer];
         if p.remote.is_none_or(|r| r.credits == 0) {
             return self.violation(peer, "credits from a peer that receives by rendezvous".into());
         }
-        if returned.len() != p.send.len() {
-            return self.violation(
-                peer,
-                format!(
-                    "credits for {} lanes, the pairing has {}",
-                    returned.len(),
-                    p.send.len()
-                ),
-            );
+        if let Err(why) = returned.check(p.send.len()) {
+            return self.violation(peer, why);
         }
         // Every lane checked before any takes its credits back: a refused message changes
         // nothing. Its rendezvous lanes (auto) were granted none.
-        for (lane, (&n, l)) in returned.iter().zip(&p.send).enumerate() {
-            if let Err(e) = l.send_credits.check_return(n) {
+        for (lane, n) in returned.pairs() {
+            if let Err(e) = p.send[lane as usize].send_credits.check_return(n) {
                 return self.violation(peer, format!("lane {lane}: {e}"));
             }
         }
         let p = &mut self.peers[&peer];
-        for (l, n) in p.send.iter_mut().zip(returned) {
-            l.send_credits.take_back(n).expect("checked");
+        for (lane, n) in returned.pairs() {
+            p.send[lane as usize].send_credits.take_back(n).expect("checked");
         }
         self.stream_more(peer);
         self.pump(peer);
@@ -520,9 +516,9 @@ impl Engine {
         done_coming
     }
 
-    /// The credits owed to `peer` per lane, taken (a `Done` carries them); `None` when none is
-    /// owed or the pairing is gone.
-    pub(super) fn take_owed_credits(&mut self, peer: PeerIdx) -> Option<Vec<u32>> {
+    /// The credits owed to `peer`, taken (a `Done` carries them); `None` when none is owed or
+    /// the pairing is gone.
+    pub(super) fn take_owed_credits(&mut self, peer: PeerIdx) -> Option<ReturnedCredits> {
         self.peers.get_mut(&peer).and_then(take_owed)
     }
 
@@ -589,15 +585,18 @@ fn owing(p: &Peer) -> bool {
         .any(|&i| p.recv[i as usize].recv_credits.owed() > 0)
 }
 
-/// A pairing's owed credits per lane, taken; `None` when none is owed or it is gone.
-fn take_owed(p: &mut Peer) -> Option<Vec<u32>> {
-    // The wire form is one count per lane.
-    if p.gone() || !owing(p) {
+/// A pairing's owed credits, taken; `None` when none is owed or it is gone. Only the lanes in
+/// use can owe (`lane_use.rs`): the sparse list is built from them, never from every lane.
+fn take_owed(p: &mut Peer) -> Option<ReturnedCredits> {
+    if p.gone() {
         return None;
     }
-    let mut returned = vec![0u32; p.recv.len()];
+    let mut returned = ReturnedCredits::default();
     for &i in p.recv_used.lanes() {
-        returned[i as usize] = p.recv[i as usize].recv_credits.take_owed();
+        let n = p.recv[i as usize].recv_credits.take_owed();
+        if n > 0 {
+            returned.insert(i, n);
+        }
     }
-    Some(returned)
+    (!returned.is_empty()).then_some(returned)
 }

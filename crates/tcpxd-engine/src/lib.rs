@@ -140,7 +140,7 @@ pub use prepared::{
 };
 pub use ranges::{Ranges, ReadPairs};
 pub use transfer::{EntrySpec, Outcome, PeerIdx, ReadSpec, TransferId, TransferKind, WriteSpec};
-pub use wire::{Malformed, Offer, PeerMsg, ReadBlocks, ReadPair, RemoteRange};
+pub use wire::{Malformed, Offer, PeerMsg, ReadBlocks, ReadPair, RemoteRange, ReturnedCredits};
 
 /// A registered buffer as the engine knows it: its size, key and users.
 #[derive(Debug, Clone)]

@@ -36,6 +36,7 @@ mod routes;
 mod sim;
 mod sim_pair;
 mod sim_unpack;
+mod sparse_credits;
 mod spread;
 mod teardown;
 

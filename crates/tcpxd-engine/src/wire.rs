@@ -14,6 +14,100 @@ pub struct RemoteRange {
     pub length: u64,
 }
 
+/// Credits returned to a sender, sparse (peer protocol 12): `(lane, count)` pairs, kept as the
+/// wire carries them (`lane, count, lane, count, …`) so that neither side converts. A valid
+/// one names lanes in strictly increasing order, each below the pairing's lane count, each
+/// with a nonzero count ([`ReturnedCredits::check`]); a lane not named returns none. Until
+/// protocol 11 the wire carried one count per lane of the pairing — hundreds on a routed
+/// pairing, nearly all zero, each decoded and walked for every `Done` (issue #38).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReturnedCredits(Vec<u32>);
+
+impl ReturnedCredits {
+    /// As the wire carries it, unchecked (the engine checks it against the pairing).
+    pub fn from_wire(flat: Vec<u32>) -> Self {
+        Self(flat)
+    }
+
+    /// The wire form: `lane, count` pairs.
+    pub fn wire(&self) -> &[u32] {
+        &self.0
+    }
+
+    /// The wire form, taken.
+    pub fn into_wire(self) -> Vec<u32> {
+        self.0
+    }
+
+    /// From one count per lane (lanes with 0 left out).
+    pub fn from_counts(counts: &[u32]) -> Self {
+        let mut r = Self::default();
+        for (lane, &n) in counts.iter().enumerate() {
+            if n > 0 {
+                r.0.extend([lane as u32, n]);
+            }
+        }
+        r
+    }
+
+    /// Whether it returns nothing.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The `(lane, count)` pairs, in order (an odd last number is left out: `check` refuses it).
+    pub fn pairs(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.0.chunks_exact(2).map(|p| (p[0], p[1]))
+    }
+
+    /// The credits returned on `lane` (0: none).
+    pub fn on_lane(&self, lane: u32) -> u32 {
+        self.pairs().find(|&(l, _)| l == lane).map_or(0, |(_, n)| n)
+    }
+
+    /// The credits returned on all lanes.
+    pub fn total(&self) -> u64 {
+        self.pairs().map(|(_, n)| u64::from(n)).sum()
+    }
+
+    /// Adds `count` (nonzero) credits on `lane`, not named yet, keeping the lanes in order. The
+    /// pairs are few (the lanes owing credits), so finding the place by a scan costs less than
+    /// a sort.
+    pub(crate) fn insert(&mut self, lane: u32, count: u32) {
+        debug_assert!(count > 0 && self.on_lane(lane) == 0);
+        let at = self.pairs().take_while(|&(l, _)| l < lane).count() * 2;
+        self.0.splice(at..at, [lane, count]);
+    }
+
+    /// Whether it is well formed for a pairing of `lanes` lanes: whole pairs, lanes strictly
+    /// increasing (so none twice) and below `lanes`, counts nonzero. Whether each count fits
+    /// what the lane's sender has out is the lane's own check.
+    pub fn check(&self, lanes: usize) -> Result<(), String> {
+        if self.0.len() % 2 != 0 {
+            return Err(format!(
+                "credits as {} numbers, not (lane, count) pairs",
+                self.0.len()
+            ));
+        }
+        let mut last: Option<u32> = None;
+        for (lane, n) in self.pairs() {
+            if lane as usize >= lanes {
+                return Err(format!("credits for lane {lane}, the pairing has {lanes}"));
+            }
+            if let Some(prev) = last.filter(|&prev| lane <= prev) {
+                return Err(format!(
+                    "credits for lane {lane} after lane {prev}: lanes must increase"
+                ));
+            }
+            if n == 0 {
+                return Err(format!("0 credits for lane {lane}"));
+            }
+            last = Some(lane);
+        }
+        Ok(())
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Offer {
     pub offer_id: u64,
@@ -100,10 +194,10 @@ pub enum PeerMsg {
         offer_id: u64,
         count: u64,
     },
-    /// Credits returned, per lane (`returned[i]` receives re-posted on lane i since the last
-    /// message).
+    /// Credits returned: receives re-posted since the last message, on the lanes it names
+    /// ([`ReturnedCredits`], sparse since peer protocol 12).
     Credits {
-        returned: Vec<u32>,
+        returned: ReturnedCredits,
     },
     /// An eager transfer's header: the same fields as an offer, but the sends are already
     /// posted (within credits); the receiver answers only `Done`, `Reject` or `Failed`.
@@ -122,12 +216,12 @@ pub enum PeerMsg {
         range_index: u32,
     },
     /// The receiver holds every byte of `offer_id` (its chunks consumed). `returned`: the
-    /// credits returned with it, per lane, as [`PeerMsg::Credits`] would carry them (empty:
-    /// none) — the consume that finished the offer re-posted its receive, so a small eager
-    /// transfer's end is one message, not `Done` and `Credits` (peer protocol 9).
+    /// credits returned with it, as [`PeerMsg::Credits`] would carry them (empty: none) — the
+    /// consume that finished the offer re-posted its receive, so a small eager transfer's end is
+    /// one message, not `Done` and `Credits` (peer protocol 9).
     Done {
         offer_id: u64,
-        returned: Vec<u32>,
+        returned: ReturnedCredits,
     },
     Failed {
         offer_id: u64,

@@ -510,7 +510,7 @@ fn receive_modes_and_credits_that_break_the_split_fail_the_pairing() {
     eng.on_message(
         p,
         PeerMsg::Credits {
-            returned: vec![1, 0, 0],
+            returned: ReturnedCredits::from_counts(&[1, 0, 0]),
         },
         Instant::now(),
     );

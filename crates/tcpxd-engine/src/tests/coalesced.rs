@@ -425,7 +425,7 @@ fn a_coalesced_header_over_two_buffers_is_consumed_without_landing() {
     let after: Vec<Action> = std::iter::from_fn(|| eng.poll_action()).collect();
     assert!(
         after.iter().any(
-            |a| matches!(a, Action::Control { msg: PeerMsg::Credits { returned }, .. } if returned == &[1])
+            |a| matches!(a, Action::Control { msg: PeerMsg::Credits { returned }, .. } if *returned == ReturnedCredits::from_counts(&[1]))
         ),
         "{after:?}"
     );

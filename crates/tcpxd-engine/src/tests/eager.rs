@@ -299,7 +299,7 @@ pub(super) fn header(id: u64, key_byte: u8, offset: u64, length: u64) -> PeerMsg
     })
 }
 
-fn closed(acts: &[Action]) -> Option<&str> {
+pub(super) fn closed(acts: &[Action]) -> Option<&str> {
     acts.iter().find_map(|a| match a {
         Action::ClosePeer { reason, .. } => Some(reason.as_str()),
         _ => None,
@@ -353,7 +353,7 @@ fn refused_headers_are_consumed_without_unpacking_and_return_every_credit() {
         assert!(
             acts.iter().any(
                 |a| matches!(a, Action::Control { msg: PeerMsg::Credits { returned }, .. }
-                if returned == &vec![1, 1])
+                if *returned == ReturnedCredits::from_counts(&[1, 1]))
             ),
             "{acts:?}"
         );
@@ -430,10 +430,17 @@ fn data_whose_header_never_comes_fails_the_pairing_at_the_header_deadline() {
 fn credits_and_modes_that_break_the_rules_fail_the_pairing() {
     let cases: Vec<(PeerMsg, &str)> = vec![
         (
-            PeerMsg::Credits { returned: vec![1, 0] },
+            PeerMsg::Credits {
+                returned: ReturnedCredits::from_counts(&[1, 0]),
+            },
             "1 credits returned with 16 held of 16",
         ),
-        (PeerMsg::Credits { returned: vec![0] }, "credits for 1 lanes"),
+        (
+            PeerMsg::Credits {
+                returned: ReturnedCredits::from_wire(vec![5, 1]),
+            },
+            "credits for lane 5, the pairing has 2",
+        ),
         (MODE, "a second ReceiveMode"),
     ];
     for (msg, words) in cases {
@@ -499,7 +506,7 @@ fn messages_about_unknown_transfers_change_nothing() {
     for msg in [
         PeerMsg::Done {
             offer_id: 77,
-            returned: Vec::new(),
+            returned: ReturnedCredits::default(),
         },
         PeerMsg::Accept {
             offer_id: 77,
@@ -608,7 +615,7 @@ fn a_finished_transfers_done_carries_the_credits_its_consumes_returned() {
         messages(&acts),
         vec![&PeerMsg::Done {
             offer_id: 1,
-            returned: vec![1, 1]
+            returned: ReturnedCredits::from_counts(&[1, 1])
         }],
         "one message ends the transfer and returns both credits: {acts:?}"
     );
@@ -633,8 +640,11 @@ fn credits_a_done_carries_are_taken_back_as_a_credits_message_would_be() {
     s.assert_idle();
     // And hostile ones: credits inside a `Done` are checked as a `Credits` message's are.
     for (returned, words) in [
-        (vec![1, 0], "1 credits returned with 16 held of 16"),
-        (vec![0], "credits for 1 lanes"),
+        (
+            ReturnedCredits::from_counts(&[1, 0]),
+            "1 credits returned with 16 held of 16",
+        ),
+        (ReturnedCredits::from_wire(vec![0]), "credits as 1 numbers"),
     ] {
         let (mut eng, now) = receiver();
         eng.on_message(
@@ -714,7 +724,7 @@ fn a_reads_end_comes_before_its_credits_repost_which_comes_before_the_done() {
         messages(&acts),
         vec![&PeerMsg::Done {
             offer_id: 3,
-            returned: vec![1, 0]
+            returned: ReturnedCredits::from_counts(&[1, 0])
         }]
     );
     assert!(eng.is_idle() && eng.lanes_idle());

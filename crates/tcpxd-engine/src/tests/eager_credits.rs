@@ -65,7 +65,7 @@ fn a_spread_transfers_credits_ride_with_its_done_however_its_consumes_fall() {
                     msgs,
                     vec![PeerMsg::Done {
                         offer_id: id,
-                        returned: vec![2, 2]
+                        returned: ReturnedCredits::from_counts(&[2, 2])
                     }],
                     "{order:?}: one message back, every credit in it"
                 );
@@ -113,7 +113,7 @@ fn credits_wait_while_a_lane_opened_on_first_use_is_not_ready_yet() {
         consume(&mut eng, 1),
         vec![PeerMsg::Done {
             offer_id: 1,
-            returned: vec![2, 2]
+            returned: ReturnedCredits::from_counts(&[2, 2])
         }]
     );
     every_credit_posted(&eng);
@@ -149,7 +149,9 @@ fn owed_credits_go_back_at_once_when_the_sender_needs_them_for_what_it_announced
     let acts = actions(&mut eng);
     assert_eq!(
         messages(&acts),
-        vec![&PeerMsg::Credits { returned: vec![2, 0] }],
+        vec![&PeerMsg::Credits {
+            returned: ReturnedCredits::from_counts(&[2, 0])
+        }],
         "{acts:?}"
     );
     // Everything lands and is consumed: each transfer's `Done` (or a `Credits` message) returns
@@ -166,13 +168,13 @@ fn owed_credits_go_back_at_once_when_the_sender_needs_them_for_what_it_announced
     for m in &msgs {
         match m {
             PeerMsg::Credits { returned } => {
-                back[0] += returned[0];
-                back[1] += returned[1];
+                back[0] += returned.on_lane(0);
+                back[1] += returned.on_lane(1);
             }
             PeerMsg::Done { offer_id, returned } => {
                 dones.push(*offer_id);
-                back[0] += returned[0];
-                back[1] += returned[1];
+                back[0] += returned.on_lane(0);
+                back[1] += returned.on_lane(1);
             }
             other => panic!("{other:?}"),
         }
@@ -210,7 +212,9 @@ fn owed_credits_wait_only_for_a_done_that_is_coming() {
         messages(&acts),
         vec![
             &PeerMsg::CancelSeen { offer_id: 1 },
-            &PeerMsg::Credits { returned: vec![1, 1] }
+            &PeerMsg::Credits {
+                returned: ReturnedCredits::from_counts(&[1, 1])
+            }
         ],
         "its `Done` will not come: {acts:?}"
     );
@@ -218,7 +222,12 @@ fn owed_credits_wait_only_for_a_done_that_is_coming() {
     land(&mut eng, now, &[0, 1]);
     let mut msgs = consume(&mut eng, 0);
     msgs.extend(consume(&mut eng, 1));
-    assert_eq!(msgs, vec![PeerMsg::Credits { returned: vec![1, 1] }]);
+    assert_eq!(
+        msgs,
+        vec![PeerMsg::Credits {
+            returned: ReturnedCredits::from_counts(&[1, 1])
+        }]
+    );
     assert!(eng.is_idle() && eng.lanes_idle());
     every_credit_posted(&eng);
 }
@@ -239,7 +248,7 @@ fn a_credit_that_waits_goes_back_when_the_transfer_fails_instead() {
     let returned: u32 = messages(&acts)
         .iter()
         .map(|m| match m {
-            PeerMsg::Credits { returned } | PeerMsg::Done { returned, .. } => returned.iter().sum(),
+            PeerMsg::Credits { returned } | PeerMsg::Done { returned, .. } => returned.total() as u32,
             _ => 0,
         })
         .sum();

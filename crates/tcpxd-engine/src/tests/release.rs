@@ -70,7 +70,7 @@ fn a_node_keeps_its_live_and_its_newest_failed_pairing_only() {
         old,
         PeerMsg::Done {
             offer_id: 1,
-            returned: Vec::new(),
+            returned: ReturnedCredits::default(),
         },
         Instant::now(),
     );
@@ -126,7 +126,7 @@ fn a_failed_pairing_a_transfer_still_names_goes_when_the_transfer_ends() {
         b1,
         PeerMsg::Done {
             offer_id: offers[&b1],
-            returned: Vec::new(),
+            returned: ReturnedCredits::default(),
         },
         now,
     );

@@ -172,6 +172,11 @@ impl GpuStage {
 
     /// Submits the batch being filled (if anything was pushed) and retires finished batches.
     pub fn advance(&mut self) {
+        // Nothing pushed and no batch to retire (a sending daemon's stages, every pass): no
+        // driver call. `rejected` was trimmed when `done_upto` last moved.
+        if !self.pushed && self.in_flight.is_empty() {
+            return;
+        }
         if self.gpu.bind_to_thread().is_err() {
             return;
         }

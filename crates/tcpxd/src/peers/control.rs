@@ -6,7 +6,7 @@
 use super::packed_pb;
 use crate::api::proto::peer as pb;
 use crate::engine::blocks::{BlockHeader, IndexArray, IndexEncoding, PairLengths};
-use crate::engine::{self, Code, Offer, PeerMsg, ReadBlocks, RemoteRange};
+use crate::engine::{self, Code, Offer, PeerMsg, ReadBlocks, RemoteRange, ReturnedCredits};
 
 pub(super) fn range_to_pb(r: &RemoteRange) -> pb::RemoteRange {
     pb::RemoteRange {
@@ -161,7 +161,7 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
             eager_max_bytes: *eager_max_bytes,
         }),
         PeerMsg::Credits { returned } => Body::Credits(pb::Credits {
-            returned: returned.clone(),
+            returned: returned.wire().to_vec(),
         }),
         PeerMsg::GpuCredits {
             budget_bytes,
@@ -195,7 +195,7 @@ pub fn msg_to_pb(m: &PeerMsg) -> pb::PeerMessage {
         }),
         PeerMsg::Done { offer_id, returned } => Body::Done(pb::Done {
             offer_id: *offer_id,
-            returned: returned.clone(),
+            returned: returned.wire().to_vec(),
         }),
         PeerMsg::Failed {
             offer_id,
@@ -347,7 +347,10 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
             eager_first_lane: m.eager_first_lane,
             eager_max_bytes: m.eager_max_bytes,
         },
-        Body::Credits(c) => PeerMsg::Credits { returned: c.returned },
+        Body::Credits(c) => PeerMsg::Credits {
+            // Checked against the pairing by the engine (`ReturnedCredits::check`).
+            returned: ReturnedCredits::from_wire(c.returned),
+        },
         Body::GpuCredits(g) => PeerMsg::GpuCredits {
             budget_bytes: g.budget_bytes,
             buffer_ids: g.buffer_ids,
@@ -379,7 +382,7 @@ pub fn msg_from_pb(m: pb::PeerMessage) -> Result<Option<PeerMsg>, Malformed> {
         },
         Body::Done(d) => PeerMsg::Done {
             offer_id: d.offer_id,
-            returned: d.returned,
+            returned: ReturnedCredits::from_wire(d.returned),
         },
         Body::Failed(f) => PeerMsg::Failed {
             offer_id: f.offer_id,
@@ -490,6 +493,26 @@ mod tests {
             .expect("well formed")
             .expect("a message");
         assert_eq!(back, m);
+    }
+
+    #[test]
+    fn returned_credits_go_as_lane_count_pairs_and_survive_the_wire() {
+        use pb::peer_message::Body;
+        let returned = ReturnedCredits::from_counts(&[0, 2, 0, 0, 1]);
+        let done = PeerMsg::Done {
+            offer_id: 9,
+            returned: returned.clone(),
+        };
+        match msg_to_pb(&done).body {
+            Some(Body::Done(d)) => assert_eq!(d.returned, vec![1, 2, 4, 1], "only lanes 1 and 4"),
+            other => panic!("{other:?}"),
+        }
+        round_trip(done);
+        round_trip(PeerMsg::Credits { returned });
+        round_trip(PeerMsg::Done {
+            offer_id: 10,
+            returned: ReturnedCredits::default(),
+        });
     }
 
     #[test]

@@ -212,7 +212,7 @@ mod tests {
         let (tx, rx) = mpsc::unbounded_channel();
         let done = |id| PeerMsg::Done {
             offer_id: id,
-            returned: Vec::new(),
+            returned: Default::default(),
         };
         for id in 0..10u64 {
             tx.send(ControlOut::Msg(done(id))).unwrap();

@@ -313,7 +313,7 @@ mod tests {
         let msgs: Vec<PeerMsg> = (0..5u64)
             .map(|id| PeerMsg::Done {
                 offer_id: id,
-                returned: vec![id as u32, 1],
+                returned: crate::engine::ReturnedCredits::from_wire(vec![id as u32, 1]),
             })
             .collect();
         let mut wire = Vec::new();
@@ -358,10 +358,15 @@ mod tests {
         let mut wire = Vec::new();
         let done = PeerMsg::Done {
             offer_id: 4,
-            returned: vec![0, 3],
+            returned: crate::engine::ReturnedCredits::from_wire(vec![1, 3]),
         };
         frame_msg(&done, &mut wire);
-        frame_msg(&PeerMsg::Credits { returned: vec![1, 2] }, &mut wire);
+        frame_msg(
+            &PeerMsg::Credits {
+                returned: crate::engine::ReturnedCredits::from_wire(vec![1, 2]),
+            },
+            &mut wire,
+        );
         let mut decode = decoder(PeerIdx(3));
         let mut out = VecDeque::new();
         let (first, rest) = wire.split_at(5);
@@ -379,7 +384,12 @@ mod tests {
             got,
             vec![
                 (PeerIdx(3), done),
-                (PeerIdx(3), PeerMsg::Credits { returned: vec![1, 2] })
+                (
+                    PeerIdx(3),
+                    PeerMsg::Credits {
+                        returned: crate::engine::ReturnedCredits::from_wire(vec![1, 2])
+                    }
+                )
             ]
         );
         let marker = pb::PeerMessage {

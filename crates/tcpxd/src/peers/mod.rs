@@ -88,7 +88,10 @@ use topology_pb::{topology_from_pb, topology_to_pb};
 /// receiving by rendezvous, take the header for a broken pairing.
 /// 11 (session 23, inline): `InlineLimit` and `InlineTransfer` (engine `inline.rs`): small
 /// transfers carried whole on the control connection; a protocol-10 daemon knows neither.
-pub const PROTOCOL_VERSION: u32 = 11;
+/// 12 (session 28, sendlanes): returned credits (`Credits.returned`, `Done.returned`) are sparse
+/// (lane, count) pairs in new fields (engine `wire::ReturnedCredits`), not one count per lane; a
+/// protocol-11 daemon would read none returned and its sender would stall.
+pub const PROTOCOL_VERSION: u32 = 12;
 /// The most lanes one direction of a pairing may have (a handshake with more is refused).
 pub const MAX_LANES: usize = 64;
 /// Largest control message: a block offer's header carries the receiver's indices and the

@@ -702,7 +702,7 @@ mod hostile {
             let cases = [
                 (
                     node("q"),
-                    Body::Credits(ppb::Credits { returned: vec![1] }),
+                    Body::Credits(ppb::Credits { returned: vec![0, 1] }),
                     "receives by rendezvous",
                 ),
                 (node("r"), Body::Header(bad_range), "access_key"),
