@@ -25,7 +25,8 @@ show which network carried the traffic and which algorithm NCCL chose. Exit stat
 mismatch, failed or timed-out configuration.
 
 --same-gpu runs both ranks on GPU 0, each with its own NCCL_HOSTID so that NCCL's duplicate-GPU
-check does not fire and the traffic crosses the network plugin (a one-GPU machine).
+check does not fire and the traffic crosses the network plugin (a one-GPU machine). There a
+broadcast is timed over at least 50 iterations: at a few, both nets read erratic.
 """
 
 import argparse
@@ -35,6 +36,8 @@ import re
 import sys
 import time
 
+# A broadcast's timed iterations at least, with --same-gpu (docs/BENCHMARKS.md, session 28).
+BROADCAST_SAME_GPU_MIN_ITERS = 50
 OPS = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "send_recv"]
 # Elements of float32 per operation (for all_gather/reduce_scatter: in all, over both ranks),
 # from one element to 256 MiB, odd counts included.
@@ -249,6 +252,10 @@ def run_rank(rank, gpu, args, port):
             us = None
             if args.iters > 0:
                 iters = max(2, min(args.iters, int(args.budget_bytes // max(nbytes, 1))))
+                if op == "broadcast" and args.same_gpu and args.iters > 0:
+                    # One-directional on one GPU: at 5-10 iterations both nets read erratic
+                    # (session 28: sockets 70-550 µs an operation); 50 give steady figures.
+                    iters = max(iters, BROADCAST_SAME_GPU_MIN_ITERS)
                 for _ in range(args.warmup):
                     timed()
                 barrier()
