@@ -302,10 +302,10 @@ enum Work {
 
 impl Work {
     /// The flag a queued job's ticket reads (none for a `copy_all` part).
-    fn done_flag(&self) -> Option<Arc<AtomicU64>> {
+    fn done_flag(&self) -> Option<&Arc<AtomicU64>> {
         match self {
             Work::Part(_) => None,
-            Work::Job(_, _, done) | Work::JobPart(_, _, _, done) => Some(done.clone()),
+            Work::Job(_, _, done) | Work::JobPart(_, _, _, done) => Some(done),
         }
     }
 }
@@ -430,19 +430,17 @@ impl Queue {
 unsafe impl Send for Work {}
 
 /// A queued job's ticket: done once each of its parts (one, or several for a job cut across
-/// idle helpers) raised its flag to `seq` (1).
+/// idle helpers) raised its flag (nonzero).
 #[derive(Debug, Clone)]
 pub struct CopyTicket {
-    parts: Vec<(Arc<AtomicU64>, u64)>,
+    parts: Vec<Arc<AtomicU64>>,
     clock: Clock,
 }
 
 impl CopyTicket {
     /// Whether the job's copies (and zeroing) are over: its memory may be reused.
     pub fn is_done(&self) -> bool {
-        self.parts
-            .iter()
-            .all(|(finished, seq)| finished.load(Ordering::Acquire) >= *seq)
+        self.parts.iter().all(|done| done.load(Ordering::Acquire) != 0)
     }
 
     /// How many helpers the job went to.
@@ -460,7 +458,7 @@ impl CopyTicket {
     #[doc(hidden)]
     pub fn gated(gate: Arc<AtomicU64>) -> CopyTicket {
         CopyTicket {
-            parts: vec![(gate, 1)],
+            parts: vec![gate],
             clock: None,
         }
     }
@@ -529,7 +527,7 @@ fn helper_loop(queue: Arc<Queue>, stats: Arc<HelperStats>, spin: HelperSpin, rou
         if let Some(t) = idle_since.take() {
             gauge.saw(t.elapsed());
         }
-        let done = work.done_flag();
+        let done = work.done_flag().cloned();
         // SAFETY: `HostCopies::copy_all`'s contract for a part (valid until it returns, which
         // waits for `left`), `HostCopies::queue`'s for a job or a job's part (valid until the
         // ticket is done, which the flag below makes it).
@@ -782,7 +780,7 @@ impl HostCopies {
         };
         let mut ticket = Vec::with_capacity(works.len());
         for w in works {
-            ticket.push((w.done_flag().expect("a queued job's flag"), 1));
+            ticket.push(w.done_flag().expect("a queued job's flag").clone());
             self.queue.unfinished.fetch_add(1, Ordering::AcqRel);
             self.queue.push(w, place);
         }
@@ -794,7 +792,7 @@ impl HostCopies {
     /// or its lane's next send now). Returns how many parts moved (none: they were there
     /// already, taken by a helper, or done).
     pub fn hurry(&self, ticket: &CopyTicket, place: Place) -> usize {
-        let mut q = self.lock_jobs();
+        let mut q = self.queue.lock();
         let mut moved = Vec::new();
         let mut i = 0;
         while i < q.queued.len() {
@@ -802,7 +800,7 @@ impl HostCopies {
             let mine = at > place
                 && work
                     .done_flag()
-                    .is_some_and(|f| ticket.parts.iter().any(|(p, _)| Arc::ptr_eq(p, &f)));
+                    .is_some_and(|f| ticket.parts.iter().any(|p| Arc::ptr_eq(p, f)));
             if mine {
                 moved.push(q.queued.remove(i).expect("in the queue"));
             } else {
@@ -814,10 +812,6 @@ impl HostCopies {
             q.insert((place, age), work);
         }
         n
-    }
-
-    fn lock_jobs(&self) -> MutexGuard<'_, Jobs> {
-        self.queue.lock()
     }
 
     /// Returns once every queued job is done (before a comm, ring or buffer a job may touch is

@@ -449,10 +449,10 @@ fn jobs_go_by_place_then_age_and_hurry_moves_a_waiting_one_up() {
     assert_eq!(pool.hurry(&tickets[3], Place::Next), 0, "next from the start");
     let mut order = Vec::new();
     while let Some(work) = pool.queue.try_pop() {
-        let flag = work.done_flag().expect("a queued job");
+        let flag = work.done_flag().expect("a queued job").clone();
         let j = tickets
             .iter()
-            .position(|t| Arc::ptr_eq(&t.parts[0].0, &flag))
+            .position(|t| Arc::ptr_eq(&t.parts[0], &flag))
             .expect("one of the test's jobs");
         order.push(j);
         // SAFETY: as queued above.
