@@ -63,14 +63,7 @@ pub(crate) fn notification_event(n: Result<NotificationEvent, RecvError>) -> Opt
 pub(crate) async fn final_event(s: Started) -> pb::TransferEvent {
     match transfers::finished(s.id, s.rx).await {
         Ok(ev) => ev,
-        Err(status) => pb::TransferEvent {
-            transfer_id: s.id.0,
-            state: pb::TransferState::Finished as i32,
-            total_bytes: s.total,
-            status_code: status.code() as i32,
-            status_message: status.message().to_string(),
-            ..Default::default()
-        },
+        Err(status) => lost_event(s.id.0, s.total, &status),
     }
 }
 
@@ -79,32 +72,57 @@ pub(crate) async fn final_event(s: Started) -> pb::TransferEvent {
 /// delivered first: once the client has the event it may use the tag again.
 pub(crate) async fn deliver_finished(tag: u64, s: Started, outbox: Arc<Outbox>, delivered: Arc<Delivered>) {
     let event = final_event(s).await;
-    tracing::trace!(target: "tcpxd::hop", hop = "api.out", id = event.transfer_id);
-    {
-        // The tag is marked and the event pushed under one lock of the tags: the client cannot
-        // see the event (and use the tag again) before the mark, and the session cannot see the
-        // mark (and end, the transfer no longer open) before the event is in the outbox. The
-        // board's copy (local/board.rs) goes under the same lock, after the mark, before the
-        // event: a client that reads it first knows what the event will say.
-        // The session's task is woken (to write what the socket did not take) only after the
-        // lock: woken here it may be polled right here, inline, and take the lock itself (a
-        // deadlock of the thread with itself, seen on the poller's thread: session 27).
-        let wake = {
-            let mut tags = delivered.tags.lock().unwrap_or_else(|e| e.into_inner());
-            tags.push(tag);
-            outbox.publish(tag, &event);
-            let ev = pb::SessionEvent {
-                tag,
-                event: Some(Event::Finished(event)),
-            };
-            // A broken connection: the session's task finds it so and cancels what is open.
-            outbox.push_unwoken(&ev).1
-        };
-        if wake {
-            outbox.wake_writer();
-        }
+    let wake = push_finished(tag, event, &outbox, &delivered);
+    woken(wake, &outbox, &delivered);
+}
+
+/// The event of a transfer that failed with `status` before it finished (the daemon stopped).
+pub(crate) fn lost_event(id: u64, total: u64, status: &Status) -> pb::TransferEvent {
+    pb::TransferEvent {
+        transfer_id: id,
+        state: pb::TransferState::Finished as i32,
+        total_bytes: total,
+        status_code: status.code() as i32,
+        status_message: status.message().to_string(),
+        ..Default::default()
+    }
+}
+
+/// After [`push_finished`] (its locks released): the session's writer woken if the socket did
+/// not take everything, the session rung.
+pub(crate) fn woken(wake: bool, outbox: &Outbox, delivered: &Delivered) {
+    if wake {
+        outbox.wake_writer();
     }
     delivered.rung.notify_one();
+}
+
+/// Marks `tag` delivered and pushes its final event (and the board's copy); `true` when the
+/// session's writer must be woken ([`woken`], once the caller released its own locks).
+pub(crate) fn push_finished(
+    tag: u64,
+    event: pb::TransferEvent,
+    outbox: &Arc<Outbox>,
+    delivered: &Delivered,
+) -> bool {
+    tracing::trace!(target: "tcpxd::hop", hop = "api.out", id = event.transfer_id);
+    // The tag is marked and the event pushed under one lock of the tags: the client cannot
+    // see the event (and use the tag again) before the mark, and the session cannot see the
+    // mark (and end, the transfer no longer open) before the event is in the outbox. The
+    // board's copy (local/board.rs) goes under the same lock, after the mark, before the
+    // event: a client that reads it first knows what the event will say.
+    // The session's task is woken (to write what the socket did not take) only after the
+    // lock: woken here it may be polled right here, inline, and take the lock itself (a
+    // deadlock of the thread with itself, seen on the poller's thread: session 27).
+    let mut tags = delivered.tags.lock().unwrap_or_else(|e| e.into_inner());
+    tags.push(tag);
+    outbox.publish(tag, &event);
+    let ev = pb::SessionEvent {
+        tag,
+        event: Some(Event::Finished(event)),
+    };
+    // A broken connection: the session's task finds it so and cancels what is open.
+    outbox.push_unwoken(&ev).1
 }
 
 /// Pushes the node's notifications into the outbox as they are published (inline: on the

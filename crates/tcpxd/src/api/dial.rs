@@ -66,15 +66,8 @@ impl DaemonState {
         deadline: Instant,
     ) -> Result<(), Status> {
         // The usual case: every node named is this one or paired and up. Nothing to build, dial
-        // or wait for (`reach` would do nothing either); looked at in place, not copied.
-        let up = |d: &Descriptor| {
-            d.node_id == self.node_id
-                || self
-                    .peers
-                    .with_node(&d.node_id, |p| matches!(*p.link.borrow(), PeerLink::Up))
-                    .unwrap_or(false)
-        };
-        if descriptors.clone().all(|(_, d)| up(d)) {
+        // or wait for (`reach` would do nothing either).
+        if self.all_up(descriptors.clone().map(|(_, d)| d)) {
             return Ok(());
         }
         let mut nodes: BTreeMap<&str, Named<'_>> = BTreeMap::new();
@@ -95,6 +88,18 @@ impl DaemonState {
         // Boxed: the dialling's state (a TCP probe, a pairing's handshake) is large, and a
         // transfer's start future holds this one; only this rare path allocates it.
         Box::pin(self.reach(nodes, deadline)).await
+    }
+
+    /// Whether every node the descriptors name is this one or paired and up (`reach_peers` has
+    /// nothing to do then); looked at in place, not copied.
+    pub(crate) fn all_up<'a>(&self, mut descriptors: impl Iterator<Item = &'a Descriptor>) -> bool {
+        descriptors.all(|d| {
+            d.node_id == self.node_id
+                || self
+                    .peers
+                    .with_node(&d.node_id, |p| matches!(*p.link.borrow(), PeerLink::Up))
+                    .unwrap_or(false)
+        })
     }
 
     /// As `reach_peers`, for the node a block-list token names (`field`: the token's field).

@@ -541,6 +541,41 @@ impl DaemonState {
         Ok((Batch::Entries(specs), total))
     }
 
+    /// A framed session's fast start (`session/fast.rs`): a batch (its `entries`, or its packed
+    /// `ranges`) to other nodes whose peers are all paired and up, checked as `batch_specs`
+    /// checks it (the same refusals, naming the same fields, in the same order) and built into
+    /// the engine's batch. `Ok(None)`: not such a batch (within this node, or a node to reach
+    /// first): the caller starts it the usual way, which checks it again.
+    pub(crate) fn fast_specs<'a, E>(
+        &self,
+        entries: &'a [E],
+        ranges: Option<&'a pb::BatchRanges>,
+        alone: bool,
+    ) -> Result<Option<Batch>, Status>
+    where
+        &'a E: Into<EntryFields<'a>>,
+    {
+        let first = first_descriptor(entries, ranges);
+        if self.batch_is_same_node(first.as_ref()) {
+            return Ok(None);
+        }
+        if let Some(ranges) = ranges {
+            only_ranges(entries.is_empty())?;
+            if !self.all_up(first.iter()) {
+                return Ok(None);
+            }
+            let (b, _) = self.packed_batch(ranges, first)?;
+            return Ok(Some(Batch::Packed(b)));
+        }
+        let fields = || entries.iter().map(Into::into);
+        let runs = self.check_without_peers(fields(), alone, first)?;
+        if !self.all_up(runs.iter().map(|r| &r.descriptor)) {
+            return Ok(None);
+        }
+        let (specs, _) = self.entry_specs(fields(), &runs)?;
+        Ok(Some(Batch::Entries(specs)))
+    }
+
     /// Builds the engine's entries of a batch `check_without_peers` passed (the peers are known
     /// now); the engine checks bounds and limits. Returns the total bytes.
     /// `runs`: the batch's descriptors as `check_without_peers` parsed and checked them (each

@@ -520,6 +520,12 @@ impl Poller {
                 s.outcome = Some(outcome);
                 s.finished_at = Some(Instant::now());
             });
+            // Started fast by a framed session: its final event goes to the session's outbox
+            // from here (`fast_starts.rs`), the status read out of the lock first.
+            if let Some(sink) = self.sinks.take(transfer) {
+                let status = tx.borrow().clone();
+                sink.finished(transfer, Some(&status));
+            }
         }
     }
 

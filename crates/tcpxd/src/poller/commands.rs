@@ -489,7 +489,7 @@ impl Poller {
         }
     }
 
-    fn track(&mut self, id: TransferId, op: Op, total: u64) -> watch::Receiver<TransferStatus> {
+    pub(super) fn track(&mut self, id: TransferId, op: Op, total: u64) -> watch::Receiver<TransferStatus> {
         self.meter.started(id, op, total);
         let (tx, rx) = watch::channel(TransferStatus {
             phase: Phase::Offered,

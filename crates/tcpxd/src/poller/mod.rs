@@ -63,6 +63,7 @@ mod closer;
 mod commands;
 mod direct;
 mod drive;
+mod fast_starts;
 mod inline;
 mod inline_copies;
 mod interface;
@@ -77,6 +78,7 @@ mod sessions;
 use crate::lanes::{GpuStage, RecvQueue, Tag};
 pub use crate::peer_stats::{PeerLink, PeerStats, StatsSnapshot};
 pub use direct::{Decode, DirectConn, MAX_UNSENT};
+pub use fast_starts::{FastStart, FastStarted, StartSink, queue as queue_fast_start};
 pub use park::PollerTx;
 use pass_clock::{ActionClock, PassClock, PassPhase};
 pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
@@ -120,6 +122,7 @@ impl PollerHandle {
                     prepared: HashMap::new(),
                     next_prepared: 1,
                     transfers: HashMap::new(),
+                    sinks: Default::default(),
                     progress: HashMap::new(),
                     notifications,
                     drain: None,
@@ -293,6 +296,8 @@ struct Poller {
     prepared: HashMap<u64, Vec<ListenComm>>,
     next_prepared: u64,
     transfers: HashMap<TransferId, watch::Sender<TransferStatus>>,
+    /// The transfers framed sessions started fast (`fast_starts.rs`): told their end directly.
+    sinks: fast_starts::Sinks,
     /// Progress the current batch of actions reported, published at its end (`actions.rs`).
     progress: HashMap<TransferId, (u64, u64, bool)>,
     notifications: broadcast::Sender<NotificationEvent>,
@@ -390,7 +395,9 @@ impl Poller {
             }
             looked = false;
             self.park.serve_sessions();
-            let mut progressed = self.read_direct();
+            // What the sessions just read, started on the engine now (`fast_starts.rs`).
+            let mut progressed = self.take_fast_starts();
+            progressed |= self.read_direct();
             clock.lap(PassPhase::Intake);
             let slice = clock.now();
             loop {
@@ -408,6 +415,7 @@ impl Poller {
                     break;
                 }
             }
+            progressed |= self.take_fast_starts();
             clock.lap(PassPhase::Commands);
             progressed |= self.drive_setup();
             clock.lap(PassPhase::Setup);
@@ -434,6 +442,9 @@ impl Poller {
             clock.lap(PassPhase::Consume);
             progressed |= self.flush_direct();
             self.send_answers();
+            // (a session polled by an answer or an end may have queued starts: none waits for
+            // a park)
+            progressed |= self.take_fast_starts();
             if self.check_drain() {
                 return;
             }

@@ -6,7 +6,10 @@
 //! thread — and taken by the same pass's command loop: no runtime worker woken by tokio's
 //! reactor, no hand-over to the poller through its eventfd. A parked poller is woken by the
 //! kernel at once (one wake-up where there were two: the worker's, then the poller's), a
-//! spinning one finds the socket at its next zero-timeout look.
+//! spinning one finds the socket at its next zero-timeout look. Since session 29 the common
+//! transfer request (a WRITE or READ batch to peers paired and up) skips the channel too: its
+//! engine batch is queued on this thread and started right after the session's poll, in the same
+//! pass (`fast_starts.rs`, `crate::api::session`'s `fast.rs`).
 //!
 //! What a session does that could stall the poller runs on the runtime instead: the session
 //! holds its task off this thread ([`crate::api::local::inline::OffPoller`]) for registrations,
@@ -101,6 +104,8 @@ pub struct SessionWatch {
     /// The poller's passes (each `wake` call), for [`PassBudget`]; bursts sent to the runtime.
     pass: AtomicU64,
     over_budget: AtomicU64,
+    /// Transfers the watched sessions started straight on the engine (`fast_starts.rs`).
+    fast: AtomicU64,
 }
 
 /// One watched socket: the waker of the session's read that last found nothing.
@@ -184,6 +189,7 @@ impl SessionWatch {
             off_poller: AtomicU64::new(0),
             pass: AtomicU64::new(0),
             over_budget: AtomicU64::new(0),
+            fast: AtomicU64::new(0),
         }
     }
 
@@ -209,6 +215,16 @@ impl SessionWatch {
     /// Requests that went to the runtime because their session's burst was over the budget.
     pub fn over_budget(&self) -> u64 {
         self.over_budget.load(Ordering::Relaxed)
+    }
+
+    /// A watched session's transfer started straight on the engine (`fast_starts.rs`).
+    pub fn count_fast(&self) {
+        self.fast.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Transfers the watched sessions started straight on the engine so far.
+    pub fn fast_started(&self) -> u64 {
+        self.fast.load(Ordering::Relaxed)
     }
 
     /// A watched session handles a request on the calling thread: counted as on the poller's

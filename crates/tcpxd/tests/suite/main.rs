@@ -21,6 +21,7 @@ mod daemon_client_pages;
 mod daemon_describe_inline;
 mod daemon_direct_control;
 mod daemon_eager;
+mod daemon_fast_start;
 mod daemon_faults;
 mod daemon_first_use;
 mod daemon_gather_ahead;

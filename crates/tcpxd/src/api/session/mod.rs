@@ -3,7 +3,9 @@
 //!
 //! One task per session reads the requests in order and starts each on the poller without
 //! waiting for its answer; the gRPC session's task itself then waits for each transfer's final
-//! status (`grpc_pending.rs`), the framed session's transfers end inline (`starting.rs`). Half-closing the request side lets the in-flight
+//! status (`grpc_pending.rs`), the framed session's transfers end inline (`starting.rs`), and
+//! on the poller's thread the common ones start on the engine in the same pass, their ends pushed
+//! by the poller's `finish` (`fast.rs`). Half-closing the request side lets the in-flight
 //! transfers finish before the stream ends OK; a client that goes away (the request stream fails
 //! or the event stream is dropped) gets its in-flight transfers cancelled on both sides.
 //!
@@ -47,6 +49,7 @@ use super::transfers::{self, cancel_unheard};
 use crate::engine::{TransferId, TransferKind};
 use crate::poller::NotificationEvent;
 
+mod fast;
 mod grpc_pending;
 mod registrations;
 mod starting;
@@ -102,6 +105,7 @@ pub async fn serve<R: Requests, E: Events>(
         owned: Vec::new(),
         prepared: Vec::new(),
         notifications: None,
+        fast: None,
     };
     session.run(requests).await
 }
@@ -133,6 +137,8 @@ struct Session<'e, E> {
     prepared: Vec<u64>,
     /// The node's notifications, once the session subscribed (`subscribe`), and its tag.
     notifications: Option<(u64, Subscription)>,
+    /// What its fast starts share (`fast.rs`), from its first.
+    fast: Option<Arc<fast::FastLink>>,
 }
 
 /// What the session does next.
@@ -322,6 +328,10 @@ impl<E: Events> Session<'_, E> {
             }
             task.stop();
         }
+        // The fast starts' ends push nothing more either (`fast.rs`).
+        for slot in self.starting.values() {
+            slot.stop();
+        }
         if let Some((_, Subscription::Inline(task))) = self.notifications.take() {
             task.stop();
         }
@@ -411,7 +421,16 @@ impl<E: Events> Session<'_, E> {
                 )
                 .await;
         }
-        let start = match req.op {
+        // The common case, on the poller's thread: to the engine in this pass (`fast.rs`).
+        let op = match req.op {
+            Some(op) if fast::eligible(&op) => match self.try_fast(tag, op) {
+                fast::Fast::Queued => return Ok(()),
+                fast::Fast::Refused(status) => return self.refuse(tag, status).await,
+                fast::Fast::Not(op) => Some(*op),
+            },
+            op => op,
+        };
+        let start = match op {
             None => Err(Status::invalid_argument(
                 "op: set one of write, read, write_batch, read_batch, write_blocks, read_blocks, cancel_tag, register_host_fd, prepare_blocks, release_prepared, write_prepared, read_prepared, register_client_memory, subscribe, register_batch, release_batch",
             )),

@@ -43,6 +43,8 @@ struct State {
     refused: bool,
     /// The session ended (the client went away) before the id came: cancel the transfer then.
     abandoned: bool,
+    /// The session ended: a transfer started fast (`fast.rs`) pushes no event any more.
+    stopped: bool,
 }
 
 /// What [`Starting::wait`] found.
@@ -85,8 +87,26 @@ impl Starting {
         s.id
     }
 
+    /// The session ends: a fast start's delivery pushes nothing after this (as a stopped
+    /// inline delivery, `Inline::stop`).
+    pub(super) fn stop(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).stopped = true;
+    }
+
+    /// Runs `push` (a final event's push into the outbox) unless the session stopped or
+    /// abandoned the transfer, under the slot's lock (`stop` waits for a push in progress).
+    pub(super) fn unless_stopped<T>(&self, push: impl FnOnce() -> T) -> Option<T> {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.stopped || s.abandoned {
+            return None;
+        }
+        let pushed = push();
+        drop(s);
+        Some(pushed)
+    }
+
     /// The poller gave the id; `true` when the session was abandoned meanwhile (cancel it).
-    fn started(&self, id: TransferId) -> bool {
+    pub(super) fn started(&self, id: TransferId) -> bool {
         let abandoned = {
             let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
             s.id = Some(id);
@@ -96,7 +116,7 @@ impl Starting {
         abandoned
     }
 
-    fn refused(&self) {
+    pub(super) fn refused(&self) {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).refused = true;
         self.known.notify_waiters();
     }
@@ -136,7 +156,7 @@ pub(super) async fn run(
 
 /// Pushes a start's refusal into the outbox, the tag marked delivered under the same lock (as
 /// `deliver_finished` does: the client may use the tag again once it has the event).
-fn deliver_refused(tag: u64, status: Status, outbox: &Arc<Outbox>, delivered: &Delivered) {
+pub(super) fn deliver_refused(tag: u64, status: Status, outbox: &Arc<Outbox>, delivered: &Delivered) {
     let ev = pb::SessionEvent {
         tag,
         event: Some(Event::Refused(pb::EntryStatus {

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Session 29, leanstart, for the 16- or 32-CPU H200 host: a framed session's WRITE / READ handed
+# to the engine in the poller's pass (no start future, command, oneshot or watch waiter a
+# transfer), this branch (A) against main (B).
+#   1. issue #38: 64 KiB at 16 in flight, WRITE then READ, GPU 0 -> GPU $PEER, runs alternating
+#      A B B A, each through benches/inflight_threads.py: per run the bench row and daemon a's
+#      steady window (busy µs per transfer, busy share, intake / commands / actions, and the
+#      actions' `finished`); then the raw row (`tcpxctl bench raw`, the plugin alone) for
+#      daemon ÷ raw;
+#   2. issue #39 point 5: 4 KiB calls through the framed session as a user sees them
+#      (benches/board_ab.py --variants B: tcpxd.Client.read / write, tcpxd.nixl READ polled
+#      tight and with sleep(0), its WRITE), p50 / p99 and A ÷ B per round.
+# About 5 minutes at the defaults on two H200s.
+#
+#   benches/leanstart_device.sh A B [OUT_DIR]
+#
+# A / B: folders with a release build's tcpxd, tcpxctl, libnccl_net_tcpxemu.so and python/src
+# (its C pass built in place). Environment: ITERS (100000), PEER (the peer daemon's GPU: 1 where
+# nvidia-smi lists two GPUs, else 0), ROUNDS (2), SMALL_ITERS (2000), PYTHON (python3).
+set -euo pipefail
+if [ $# -lt 2 ]; then
+    sed -n 2,21p "$0"
+    exit 2
+fi
+here=$(cd "$(dirname "$0")" && pwd)
+A=$(cd "$1" && pwd) B=$(cd "$2" && pwd) out=${3:-/tmp/leanstart-device}
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+default_peer=1
+[ "${gpus:-0}" -lt 2 ] && default_peer=0
+iters=${ITERS:-100000} peer=${PEER:-$default_peer} rounds=${ROUNDS:-2} small=${SMALL_ITERS:-2000}
+PY=${PYTHON:-python3}
+rm -rf "$out" && mkdir -p "$out"
+echo "host: $(nproc) CPUs, ${gpus:-0} GPUs; A=$A B=$B"
+
+echo "== 1. 64 KiB, 16 in flight, GPU 0 -> $peer (TCPXD_SPIN=off: the poller's work, not its polling)"
+for op in write read; do
+    n=0
+    for who in A B B A; do
+        n=$((n + 1))
+        d=$A
+        [ "$who" = B ] && d=$B
+        f="$out/$op-run$n-$who.txt"
+        TCPXD_SPIN=off $PY "$here/inflight_threads.py" --tcpxctl "$d/tcpxctl" -- --daemon "$d/tcpxd" --via local \
+            --cuda 0 --peer-cuda "$peer" --sizes 64K --iters "$iters" --concurrency 16 --op "$op" >"$f" 2>&1 || true
+        echo "-- $op, run $n ($who)"
+        grep -E '^daemon-local' "$f" || echo "(no bench row: see $f)"
+        grep -E '^daemon a +tcpxd-poller' "$f" | head -1 || true
+        awk '/^Steady window/{print; f=1; next} f&&/^process /{print} f&&/^daemon a /{print; k++} k==2{exit}' "$f"
+    done
+done
+"$A/tcpxctl" bench raw --cuda 0 --sizes 64K --iters 4000 --concurrency 16 >"$out/raw.txt" 2>&1 || true
+echo "-- raw, 16 in flight"
+grep -E '^raw' "$out/raw.txt" || cat "$out/raw.txt"
+
+echo "== 2. 4 KiB through the framed session, A ÷ B (A B B A x $rounds)"
+$PY "$here/board_ab.py" --after-bin "$A/tcpxd" --after-py "$A/python/src" --before-bin "$B/tcpxd" \
+    --before-py "$B/python/src" --variants B --rounds "$rounds" --iters "$small" --only read,write,nixl \
+    2>&1 | tee "$out/small.txt"

@@ -1,0 +1,147 @@
+//! Transfers a framed session served on the poller's thread starts without the command channel
+//! (session 29, leanstart): the session checks a plain WRITE or READ batch whose peers are paired
+//! and up (`crate::api::session`, `fast.rs`) and queues its engine entries here, on the poller's
+//! own thread ([`queue`]); the poller takes the queue right after the pass's session wakes (and
+//! after its commands and its answers: a session may be polled there too) and starts each on the
+//! engine at once ([`Poller::take_fast_starts`]). No boxed start future, no `Command` on the
+//! channel, no oneshot for the answer: the session's [`StartSink`] is told the id (or the
+//! engine's refusal) in the same pass, and the transfer's final status when the poller finishes
+//! it (`actions.rs`, `finish`), which pushes the final event into the session's outbox from the
+//! poller's completion path: no future waits on the transfer's `watch` (the channel stays: it
+//! is what `WaitTransfer`, `Watch` and `cancel_tag`'s answer for a finished tag read, and with
+//! no waiter its send wakes nothing).
+//!
+//! A start queued when the poller no longer takes the queue (it stopped) is answered as the
+//! command channel's would be: UNAVAILABLE, "the daemon is shutting down" ([`FastStart`]'s drop).
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::watch;
+
+use super::{Batch, Poller, TransferStatus};
+use crate::engine::{Code, EngineError, TransferId};
+use crate::metrics::Op;
+
+/// A fast start as the engine accepted it.
+pub struct FastStarted {
+    pub id: TransferId,
+    pub rx: watch::Receiver<TransferStatus>,
+    pub total: u64,
+}
+
+/// Where a fast start's answer and its transfer's end go (the session's side).
+pub trait StartSink: Send + Sync {
+    /// The engine's answer, in the pass that took the start (on the poller's thread).
+    fn answered(self: Arc<Self>, r: Result<FastStarted, EngineError>);
+    /// The transfer ended (`None`: the poller stopped without finishing it).
+    fn finished(&self, id: TransferId, status: Option<&TransferStatus>);
+}
+
+/// A checked WRITE or READ batch for the engine.
+pub struct FastStart {
+    pub write: bool,
+    pub batch: Batch,
+    pub notification: Vec<u8>,
+    pub deadline: Instant,
+    /// `None` once handed to the engine.
+    pub sink: Option<Arc<dyn StartSink>>,
+}
+
+impl Drop for FastStart {
+    fn drop(&mut self) {
+        if let Some(sink) = self.sink.take() {
+            sink.answered(Err(EngineError::new(
+                Code::Unavailable,
+                "the daemon is shutting down",
+            )));
+        }
+    }
+}
+
+thread_local! {
+    static QUEUED: RefCell<VecDeque<FastStart>> = const { RefCell::new(VecDeque::new()) };
+}
+
+/// Queues `start` for the poller's pass in progress; handed back when the calling thread is not
+/// the poller's (the caller starts it the usual way).
+pub fn queue(start: FastStart) -> Option<FastStart> {
+    if !super::on_poller_thread() {
+        return Some(start);
+    }
+    QUEUED.with(|q| q.borrow_mut().push_back(start));
+    None
+}
+
+/// The sinks of the transfers started fast, by id: told the end when the poller finishes each.
+#[derive(Default)]
+pub(super) struct Sinks(HashMap<TransferId, Arc<dyn StartSink>>);
+
+impl Sinks {
+    pub(super) fn take(&mut self, id: TransferId) -> Option<Arc<dyn StartSink>> {
+        if self.0.is_empty() {
+            return None;
+        }
+        self.0.remove(&id)
+    }
+}
+
+impl Drop for Sinks {
+    fn drop(&mut self) {
+        for (id, sink) in self.0.drain() {
+            sink.finished(id, None);
+        }
+    }
+}
+
+impl Poller {
+    /// Starts the transfers framed sessions queued on this thread; `true` when there were any.
+    pub(super) fn take_fast_starts(&mut self) -> bool {
+        let mut any = false;
+        // (popped one at a time: a sink told its answer may poll its session, which may queue more)
+        while let Some(start) = QUEUED.with(|q| q.borrow_mut().pop_front()) {
+            any = true;
+            self.fast_start(start);
+        }
+        any
+    }
+
+    fn fast_start(&mut self, mut start: FastStart) {
+        let Some(sink) = start.sink.take() else {
+            return;
+        };
+        let now = Instant::now();
+        let batch = std::mem::replace(&mut start.batch, Batch::Entries(Vec::new()));
+        let notification = std::mem::take(&mut start.notification);
+        let deadline = start.deadline;
+        let e = &mut self.engine;
+        let (r, total, op) = match (batch, start.write) {
+            (Batch::Entries(specs), write) => {
+                let total = specs.iter().map(|s| s.remote.length).sum();
+                let r = match write {
+                    true => e.start_write(specs, notification, deadline, now),
+                    false => e.start_read(specs, deadline, now),
+                };
+                (r, total, write)
+            }
+            (Batch::Packed(b), write) => {
+                let total = b.remote.total().unwrap_or(0);
+                let r = match write {
+                    true => e.start_write_packed(b, notification, deadline, now),
+                    false => e.start_read_packed(b, deadline, now),
+                };
+                (r, total, write)
+            }
+        };
+        let op = if op { Op::Write } else { Op::Read };
+        let r = r.map(|id| {
+            tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "fast", id = id.0, us = now.elapsed().as_micros() as u64);
+            let rx = self.track(id, op, total);
+            self.sinks.0.insert(id, sink.clone());
+            FastStarted { id, rx, total }
+        });
+        sink.answered(r);
+    }
+}
