@@ -303,6 +303,8 @@ pub struct Config {
     /// Host memory a registration must leave free (`transfer.host_memory_reserve_bytes`).
     pub host_memory_reserve: u64,
     pub finished_retention: Duration,
+    /// At most this many transfers kept for `Watch`/`WaitTransfer` (`transfer.finished_kept_max`).
+    pub finished_kept_max: usize,
     pub shutdown_grace: Duration,
     pub ready_file: Option<PathBuf>,
     /// Where the Prometheus endpoint listens; `None`: no endpoint.
@@ -679,6 +681,7 @@ impl Config {
                 .host_memory_reserve_bytes
                 .unwrap_or(crate::headroom::DEFAULT_RESERVE),
             finished_retention: Duration::from_secs(file.transfer.finished_retention_s.unwrap_or(300)),
+            finished_kept_max: file.transfer.finished_kept_max.unwrap_or(1_000_000),
             shutdown_grace: Duration::from_secs(
                 args.shutdown_grace_s.or(file.shutdown.grace_s).unwrap_or(30),
             ),

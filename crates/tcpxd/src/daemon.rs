@@ -328,9 +328,11 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             .with_topology(&topology, cfg.lanes_per_device),
         ),
         notifications: notify_tx,
-        transfers: Mutex::new(HashMap::new()),
+        transfers: crate::api::transfer_index::TransferIndex::new(
+            cfg.finished_retention,
+            cfg.finished_kept_max,
+        ),
         default_timeout: cfg.default_timeout,
-        finished_retention: cfg.finished_retention,
         stopping: stop_rx.clone(),
         metrics,
         node,

@@ -20,4 +20,5 @@ pub mod service;
 pub mod session;
 pub mod state;
 pub mod stats;
+pub mod transfer_index;
 pub mod transfers;

@@ -28,9 +28,9 @@ pub struct DaemonState {
     /// Shared with the dials it runs as tasks of their own (`Peers::connect`).
     pub peers: Arc<Peers>,
     pub notifications: broadcast::Sender<NotificationEvent>,
-    pub transfers: Mutex<HashMap<u64, watch::Receiver<TransferStatus>>>,
+    /// The accepted transfers by id, kept their retention after they finished.
+    pub transfers: super::transfer_index::TransferIndex,
     pub default_timeout: Duration,
-    pub finished_retention: Duration,
     /// Becomes true when the daemon stops serving: long-lived streams end.
     pub stopping: watch::Receiver<bool>,
     /// The Prometheus series (also behind GetStats).
@@ -79,29 +79,24 @@ impl DaemonState {
     }
 
     pub(super) fn transfer(&self, id: u64) -> Result<watch::Receiver<TransferStatus>, Status> {
-        self.transfers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| {
-                Status::not_found(format!(
-                    "transfer_id: transfer {id} is unknown (or finished long ago)"
-                ))
-            })
+        self.transfers.get(id).ok_or_else(|| {
+            Status::not_found(format!(
+                "transfer_id: transfer {id} is unknown (or finished long ago)"
+            ))
+        })
     }
 
-    /// Forgets transfers that finished more than `finished_retention` ago.
+    /// Forgets transfers that finished `transfer.finished_retention_s` ago, and the oldest
+    /// finished past `transfer.finished_kept_max` (`api::transfer_index`).
     pub fn prune_finished(&self, now: Instant) {
-        let keep = self.finished_retention;
-        self.transfers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|_, rx| {
-                rx.borrow()
-                    .finished_at
-                    .is_none_or(|t| now.duration_since(t) < keep)
-            });
+        let p = self.transfers.prune(now);
+        if p.over_cap > 0 {
+            tracing::debug!(
+                expired = p.expired,
+                over_cap = p.over_cap,
+                "forgot finished transfers early: more than transfer.finished_kept_max kept"
+            );
+        }
     }
 
     pub(super) fn buffer_pb(&self, b: &BufferEntry) -> pb::Buffer {

@@ -97,10 +97,7 @@ impl DaemonState {
 
     /// Makes an accepted transfer known to Watch, WaitTransfer and Cancel.
     pub(crate) fn started(&self, id: TransferId, rx: watch::Receiver<TransferStatus>, total: u64) -> Started {
-        self.transfers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id.0, rx.clone());
+        self.transfers.insert(id.0, rx.clone());
         Started { id, rx, total }
     }
 

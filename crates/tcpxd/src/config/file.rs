@@ -132,6 +132,7 @@ pub struct FileTransfer {
     /// Host memory a registration must leave free (`crate::headroom`).
     pub host_memory_reserve_bytes: Option<u64>,
     pub finished_retention_s: Option<u64>,
+    pub finished_kept_max: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
