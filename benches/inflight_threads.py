@@ -317,6 +317,13 @@ def syscall_window(roles, counting, span, done, transfers, lo=0.2, hi=0.8):
 
 
 def syscall_report(counting, span):
+    import signal
+
+    # A run that ended inside the window: its counters stop here.
+    for proc, _ in counting.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
     if len(span) < 2 or span[1][1] <= span[0][1]:
         print("\nSystem calls: the steady window was not caught (a longer run: more --iters)")
         return
