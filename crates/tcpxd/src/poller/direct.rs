@@ -32,14 +32,14 @@
 //! The messages a batch of actions emits for a peer (`run_actions`: after the commands and the
 //! peers' messages, after the lane tests, after the landed chunks' consume) are framed into the
 //! link and written with one `send` per link when the batch ends (`send_direct`), after its
-//! posts. With 16 transfers of 64 KiB in flight on the CUDA stand-in that is 0.08–0.14 `send`s
-//! a transfer on a WRITE's sender (7–12 headers a `send`), 0.10–0.21 on its receiver (5–10
-//! `Done`s), 0.32 on a READ's reader and 0.12–0.14 on its holder. Session 29 (ctlcork) tried one `send`
-//! a pass: all at the pass's end, and two points (before the lane tests, at the end). Neither
-//! cut the `send`s of 64 KiB WRITEs 16 in flight, and both lost them rate (the headers or
-//! `Done`s waiting behind a lane test or a consume, ~100 µs of a busy pass on the 2-core VM);
-//! all-at-the-end cut the reading side's `send`s of READs by half and gained there
-//! (docs/BENCHMARKS.md, "Session 29, ctlcork"). Kept as it was.
+//! posts. With 16 transfers of 64 KiB in flight on the CUDA stand-in that is 0.08–0.16 `send`s
+//! a transfer on a WRITE's sender (6–12 headers a `send`), 0.10–0.31 on its receiver (3–10
+//! `Done`s), 0.2–0.5 on a READ's reader and ~0.1 on its holder. Session 29 (ctlcork) tried one
+//! `send` a pass: all at the pass's end, and two points (before the lane tests, at the end).
+//! The `send`s fell by a tenth to a third, and the rate moved with the VM's load more than with
+//! the variant: loaded, all-at-the-end lost a fifth or more of a 64 KiB WRITE's rate (a header
+//! waiting behind the lane tests, a `Done` behind the consume) and gained on READ; lightly
+//! loaded, even and 0.9–1.4× (docs/BENCHMARKS.md, "Session 29, ctlcork"). Kept as it was.
 
 use std::collections::VecDeque;
 use std::io::Read;
