@@ -36,6 +36,14 @@ buffers' registration (`commands`). `peak busy` can be that one-off work. The la
 finished transfers, between two scrapes 0.1 s apart): read the poller's cost per transfer and
 its busy share there. Give it a run of a few seconds (on the H200 host, 64 KiB at 16 in flight:
 `--iters 100000` or more).
+
+`--syscalls` (root, `perf`): over the same steady window, counts each daemon poller's system
+calls with `perf stat` on its thread (tracepoints, a few % of overhead) and prints them per
+transfer: `send direct` is the direct control connection's writes (`sendto` with
+`MSG_DONTWAIT|MSG_NOSIGNAL`, the only ones with those flags: the emulation's lanes send with
+`MSG_NOSIGNAL` alone, the framed sessions' answers are `write`s), `recvfrom` the direct
+sockets' reads (std's `read` on a TCP stream is a `recv`), `epoll_wait` the pass's looks and
+parks, `sched_yield` / `futex` the backoff and wake-ups.
 """
 
 import argparse
@@ -154,6 +162,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tcpxctl", default="tcpxctl")
     ap.add_argument("--raw", action="store_true", help="run `tcpxctl bench raw` (the plugin alone, one process) instead")
+    ap.add_argument("--syscalls", action="store_true", help="count each poller's system calls over the steady window (perf stat)")
     ap.add_argument("bench", nargs=argparse.REMAINDER, help="-- then `tcpxctl bench transfer`'s arguments")
     a = ap.parse_args()
     bench = [x for x in a.bench if x != "--"] if a.bench[:1] == ["--"] else a.bench
@@ -167,6 +176,8 @@ def main():
     # role -> [(t, every scraped value)]: the steady window's figures (`steady`)
     series = defaultdict(list)
     last_scrape = 0.0
+    # --syscalls: role -> (perf stat process, output file); (t0, done0), (t1, done1) of daemon a
+    counting, count_span = {}, []
     while proc.poll() is None:
         for kid in children(proc.pid):
             role = roles.get(kid) or daemon_role(kid)
@@ -190,6 +201,8 @@ def main():
                 p = metrics[role] and pass_seconds(metrics[role])
                 if p:
                     series[role].append((time.monotonic(), p))
+                    if a.syscalls and role == "daemon1":
+                        syscall_window(roles, counting, count_span, p.get(("t", "ok"), 0.0), transfers)
                     phases[role] = {k[1]: v for k, v in p.items() if k[0] == "p"}
                     actions[role] = {k[1]: v for k, v in p.items() if k[0] == "a"}
                     passes[role].append(
@@ -255,7 +268,77 @@ def main():
                 cells = [f"{k} {v * 1e6 / transfers:.1f}" for k, v in rows if v * 1e6 / transfers >= 0.1]
                 print(f"{name:<10} " + ", ".join(cells))
     steady(series)
+    if a.syscalls:
+        syscall_report(counting, count_span)
     return proc.returncode
+
+
+# (label, perf event, tracepoint filter)
+SYSCALLS = [
+    ("send direct", "syscalls:sys_enter_sendto", "flags == 0x4040"),
+    ("sendto all", "syscalls:sys_enter_sendto", None),
+    ("read", "syscalls:sys_enter_read", None),
+    ("recvfrom", "syscalls:sys_enter_recvfrom", None),
+    ("write", "syscalls:sys_enter_write", None),
+    ("epoll_wait", "syscalls:sys_enter_epoll_wait", None),
+    ("sched_yield", "syscalls:sys_enter_sched_yield", None),
+    ("futex", "syscalls:sys_enter_futex", None),
+    ("all", "raw_syscalls:sys_enter", None),
+]
+
+
+def syscall_window(roles, counting, span, done, transfers, lo=0.2, hi=0.8):
+    """Starts `perf stat` on both daemons' poller threads once daemon a finished `lo` of the
+    run's transfers, stops it at `hi`; `span` gets (time, finished) at both ends."""
+    import signal
+
+    if not span and done >= lo * transfers:
+        for pid, role in roles.items():
+            if role == "tcpxctl":
+                continue
+            tids = [tid for tid, (name, _) in threads_of(pid).items() if name == "tcpxd-poller"]
+            if not tids:
+                continue
+            out = f"/tmp/inflight_syscalls_{role}_{os.getpid()}.csv"
+            cmd = ["perf", "stat", "-x,", "-o", out, "-t", str(tids[0])]
+            for _, ev, flt in SYSCALLS:
+                cmd += ["-e", ev] + (["--filter", flt] if flt else [])
+            try:
+                counting[role] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), out)
+            except OSError as e:
+                print(f"--syscalls: perf stat: {e}", file=sys.stderr)
+        span.append((time.monotonic(), done))
+    elif len(span) == 1 and done >= hi * transfers:
+        for proc, _ in counting.values():
+            proc.send_signal(signal.SIGINT)
+        for proc, _ in counting.values():
+            proc.wait()
+        span.append((time.monotonic(), done))
+
+
+def syscall_report(counting, span):
+    import signal
+
+    # A run that ended inside the window: its counters stop here.
+    for proc, _ in counting.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+    if len(span) < 2 or span[1][1] <= span[0][1]:
+        print("\nSystem calls: the steady window was not caught (a longer run: more --iters)")
+        return
+    transfers = span[1][1] - span[0][1]
+    print(f"\nPollers' system calls per transfer (perf stat on the thread, {transfers:.0f} transfers in the steady window):")
+    print(f"{'process':<10} " + " ".join(f"{label:>12}" for label, _, _ in SYSCALLS))
+    for role in sorted(counting):
+        _, out = counting[role]
+        try:
+            rows = [line.split(",") for line in open(out) if line.strip() and not line.startswith("#")]
+        except OSError:
+            continue
+        vals = [float(r[0]) if r[0].replace(".", "").isdigit() else float("nan") for r in rows]
+        name = role.replace("daemon1", "daemon a").replace("daemon2", "daemon b")
+        print(f"{name:<10} " + " ".join(f"{v / transfers:>12.2f}" for v in vals[: len(SYSCALLS)]))
 
 
 def steady(series, lo=0.2, hi=0.8):

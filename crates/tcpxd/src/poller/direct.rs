@@ -1,7 +1,8 @@
 //! A pairing's direct control connection as the poller drives it (docs/ARCHITECTURE.md, "The
-//! direct control connection"): once switched, the poller writes each engine message itself,
-//! framed, with one non-blocking `send` (no async worker, no HTTP/2), and keeps what the socket
-//! could not take yet to send in a later pass; it reads the other way itself too: the socket is
+//! direct control connection"): once switched, the poller frames each engine message itself
+//! into the link's buffer and writes what a batch of actions framed with one non-blocking
+//! `send` (no async worker, no HTTP/2), and keeps what the socket could not take yet to send in
+//! a later pass; it reads the other way itself too: the socket is
 //! in its epoll set (`park.rs`) from the moment the peer's `DirectSwitch` came on the control
 //! stream (so nothing the peer sent later overtakes what it sent before), and each pass reads
 //! what epoll reported readable and decodes the frames (a partial one kept per connection) into
@@ -18,6 +19,27 @@
 //! (the callee acknowledged the token, so it holds its end); the callee switches when the
 //! caller's marker arrives (so a caller that could not set the connection up never switches, and
 //! neither does the callee: both stay on the stream).
+//!
+//! On the connection, one buffer a link holds every framed byte not yet taken by the socket,
+//! appended as the engine emits and sent from its front, whoever sends: a batch of actions'
+//! end ([`super::Poller::send_direct`]), a later pass's retry of what the socket did not take
+//! (`flush_direct`), a `Goodbye` sent at once (`close_peer`), the close's flusher thread (what is
+//! left, once). A batch that finds bytes still unsent from an earlier one sends after them; a
+//! partial write keeps its place (`sent`). So batching changes when bytes leave, never their
+//! order.
+//!
+//! # Batched by batch of actions, not by pass
+//! The messages a batch of actions emits for a peer (`run_actions`: after the commands and the
+//! peers' messages, after the lane tests, after the landed chunks' consume) are framed into the
+//! link and written with one `send` per link when the batch ends (`send_direct`), after its
+//! posts. With 16 transfers of 64 KiB in flight on the CUDA stand-in that is 0.08–0.16 `send`s
+//! a transfer on a WRITE's sender (6–12 headers a `send`), 0.10–0.31 on its receiver (3–10
+//! `Done`s), 0.2–0.5 on a READ's reader and ~0.1 on its holder. Session 29 (ctlcork) tried one
+//! `send` a pass: all at the pass's end, and two points (before the lane tests, at the end).
+//! The `send`s fell by a tenth to a third, and the rate moved with the VM's load more than with
+//! the variant: loaded, all-at-the-end lost a fifth or more of a 64 KiB WRITE's rate (a header
+//! waiting behind the lane tests, a `Done` behind the consume) and gained on READ; lightly
+//! loaded, even and 0.9–1.4× (docs/BENCHMARKS.md, "Session 29, ctlcork"). Kept as it was.
 
 use std::collections::VecDeque;
 use std::io::Read;
@@ -70,6 +92,8 @@ pub(super) struct DirectLink {
     /// [`DirectLink::close`] ran.
     closed: bool,
     pub(super) messages_sent: u64,
+    /// `send` calls made on the connection (tests: how many messages went in one).
+    sends: u64,
 }
 
 impl DirectLink {
@@ -83,6 +107,7 @@ impl DirectLink {
             ended: false,
             closed: false,
             messages_sent: 0,
+            sends: 0,
         }
     }
 
@@ -105,7 +130,7 @@ impl DirectLink {
     }
 
     /// Frames `msg` for the next [`DirectLink::flush`] (the end of the batch of actions that
-    /// sent it: `Poller::send_direct`).
+    /// sent it: `Poller::send_direct`), after every byte framed before it.
     pub(super) fn push(&mut self, msg: &PeerMsg) {
         if self.sent == self.out.len() {
             self.out.clear();
@@ -134,6 +159,7 @@ impl DirectLink {
         // read by the peer's poller (`poller.read`), decoded (`wire.in`).
         tracing::trace!(target: "tcpxd::hop", hop = "poller.flush", pass = crate::lanes::pass(), bytes = self.out.len() - self.sent);
         while self.sent < self.out.len() {
+            self.sends += 1;
             match sock.send_with_flags(&self.out[self.sent..], libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) {
                 Ok(0) => return Err("direct control connection: the socket took nothing".into()),
                 Ok(n) => self.sent += n,
@@ -164,6 +190,11 @@ impl DirectLink {
         if std::mem::replace(&mut self.closed, true) {
             return;
         }
+        tracing::debug!(
+            messages = self.messages_sent,
+            sends = self.sends,
+            "direct control connection closing"
+        );
         let rest = self.out.split_off(self.sent);
         self.out.clear();
         self.sent = 0;
@@ -408,5 +439,160 @@ impl super::Poller {
         }
         self.direct_ready = ready;
         got
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::io::Read;
+    use std::net::{Shutdown, TcpListener, TcpStream};
+    use std::sync::Arc;
+
+    use super::{Command, DirectConn, DirectLink};
+    use crate::engine::{PeerIdx, PeerMsg, ReturnedCredits};
+    use crate::peers::direct::{decoder, frame_msg};
+
+    /// A link over a loopback connection, and the peer's end (blocking), with the socket
+    /// buffers as small as the kernel allows when `small`.
+    fn link(small: bool) -> (DirectLink, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (theirs, _) = listener.accept().unwrap();
+        if small {
+            socket2::SockRef::from(&ours).set_send_buffer_size(4096).unwrap();
+            socket2::SockRef::from(&theirs)
+                .set_recv_buffer_size(4096)
+                .unwrap();
+        }
+        ours.set_nonblocking(true).unwrap();
+        ours.set_nodelay(true).unwrap();
+        let conn = DirectConn {
+            stream: Arc::new(ours),
+            frame: frame_msg,
+            decode: decoder(PeerIdx(1)),
+            caller: true,
+        };
+        (DirectLink::new(conn), theirs)
+    }
+
+    fn done(id: u64) -> PeerMsg {
+        PeerMsg::Done {
+            offer_id: id,
+            returned: ReturnedCredits::from_wire(vec![id as u32 % 7, 1]),
+        }
+    }
+
+    /// A message of about `len` bytes on the wire: an inline transfer's.
+    fn big(id: u64, len: usize) -> PeerMsg {
+        PeerMsg::Inline {
+            offer: crate::engine::Offer {
+                offer_id: id,
+                read_id: 0,
+                chunk_bytes: 65536,
+                first_lane: 0,
+                ranges: vec![crate::engine::RemoteRange {
+                    buffer_id: 2,
+                    access_key: [1; 16],
+                    offset: 0,
+                    length: len as u64,
+                }]
+                .into(),
+                notification: Vec::new(),
+                deadline_ms: 0,
+                blocks: None,
+                coalesced: false,
+                transfer_id: id,
+                announced: None,
+            },
+            payload: (0..len).map(|i| (i as u64 ^ id) as u8).collect(),
+        }
+    }
+
+    /// Reads what the peer's end has until `want` messages came, decoded in order.
+    fn read_msgs(theirs: &mut TcpStream, want: usize, link: &mut DirectLink) -> Vec<PeerMsg> {
+        let mut decode = decoder(PeerIdx(1));
+        let mut cmds = VecDeque::new();
+        let mut buf = vec![0u8; 1 << 16];
+        theirs.set_nonblocking(true).unwrap();
+        while cmds.len() < want {
+            // What the link could not hand over yet goes as the reader makes room.
+            link.flush().unwrap();
+            match theirs.read(&mut buf) {
+                Ok(0) => panic!("the link's end closed"),
+                Ok(n) => decode(&buf[..n], &mut cmds).unwrap(),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        theirs.set_nonblocking(false).unwrap();
+        cmds.into_iter()
+            .map(|c| match c {
+                Command::Message { msg, .. } => msg,
+                _ => panic!("a message"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_of_messages_leaves_in_one_send_in_order() {
+        let (mut link, mut theirs) = link(false);
+        let msgs: Vec<PeerMsg> = (0..16).map(done).collect();
+        for m in &msgs {
+            link.push(m);
+        }
+        assert_eq!(link.sends, 0, "pushed, not sent");
+        link.flush().unwrap();
+        assert_eq!((link.sends, link.unsent(), link.messages_sent), (1, 0, 16));
+        assert_eq!(read_msgs(&mut theirs, 16, &mut link), msgs);
+        // A lone message is one send of its own, and nothing is sent for nothing.
+        link.flush().unwrap();
+        link.push(&done(99));
+        link.flush().unwrap();
+        assert_eq!(link.sends, 2);
+        assert_eq!(read_msgs(&mut theirs, 1, &mut link), vec![done(99)]);
+    }
+
+    #[test]
+    fn a_batch_that_fills_the_socket_keeps_the_rest_and_the_order_across_batches() {
+        let (mut link, mut theirs) = link(true);
+        // Batches of a few large messages and small ones between, far more than the socket's
+        // buffers hold: each flush takes what fits, later batches queue behind the rest.
+        let mut msgs = Vec::new();
+        let mut filled = false;
+        for batch in 0..8u64 {
+            for i in 0..4u64 {
+                let id = batch * 10 + i;
+                let m = if i % 2 == 0 { big(id, 24_000) } else { done(id) };
+                link.push(&m);
+                msgs.push(m);
+            }
+            link.flush().unwrap();
+            filled |= link.unsent() > 0;
+        }
+        assert!(
+            filled,
+            "the socket took every batch at once ({} sends)",
+            link.sends
+        );
+        assert!(link.unsent() > 0);
+        let got = read_msgs(&mut theirs, msgs.len(), &mut link);
+        assert_eq!(got.len(), msgs.len());
+        assert!(
+            got == msgs,
+            "messages out of order across batches and partial writes"
+        );
+        link.flush().unwrap();
+        assert_eq!(link.unsent(), 0);
+    }
+
+    #[test]
+    fn a_broken_socket_fails_the_flush_naming_it() {
+        let (mut link, theirs) = link(false);
+        drop(theirs);
+        link.conn.stream.shutdown(Shutdown::Write).unwrap();
+        link.push(&done(1));
+        let e = link.flush().unwrap_err();
+        assert!(e.starts_with("direct control connection: sending: "), "{e}");
     }
 }
