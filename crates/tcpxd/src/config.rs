@@ -681,7 +681,7 @@ impl Config {
                 .host_memory_reserve_bytes
                 .unwrap_or(crate::headroom::DEFAULT_RESERVE),
             finished_retention: Duration::from_secs(file.transfer.finished_retention_s.unwrap_or(300)),
-            finished_kept_max: file.transfer.finished_kept_max.unwrap_or(1_000_000),
+            finished_kept_max: file.transfer.finished_kept_max.unwrap_or(100_000),
             shutdown_grace: Duration::from_secs(
                 args.shutdown_grace_s.or(file.shutdown.grace_s).unwrap_or(30),
             ),

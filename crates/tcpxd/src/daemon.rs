@@ -470,11 +470,12 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         None => None,
     };
 
-    // Forget finished transfers after their retention.
+    // Forget finished transfers after their retention, and past `transfer.finished_kept_max`: each
+    // tick costs what it forgets (`api::transfer_index`).
     let prune = state.clone();
     let mut prune_stop = stop_rx.clone();
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(10));
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tokio::select! {
                 _ = tick.tick() => prune.prune_finished(Instant::now()),
