@@ -168,12 +168,14 @@ impl PackedRanges {
         if u == 0 {
             return None;
         }
-        let mut slots = vec![0u8; self.len() * 4];
+        // Filled as it goes, not zeroed first: `vec![0; n]` is a `calloc`, which glibc serves
+        // past its per-thread cache (the poller makes one a header; session 29, readside).
+        let mut slots = Vec::with_capacity(self.len() * 4);
         // One pass, no division per range where the length is a power of two (4 KiB, 16 KiB
         // blocks): a shift and a mask.
         let (shift, mask) = (u.trailing_zeros(), u.wrapping_sub(1));
         let pow2 = u.is_power_of_two();
-        for (c, out) in self.offsets.chunks_exact(8).zip(slots.chunks_exact_mut(4)) {
+        for c in self.offsets.chunks_exact(8) {
             let o = u64::from_le_bytes(c.try_into().expect("8 bytes"));
             let slot = if pow2 {
                 if o & mask != 0 {
@@ -187,7 +189,7 @@ impl PackedRanges {
                 }
                 q
             };
-            out.copy_from_slice(&u32::try_from(slot).ok()?.to_le_bytes());
+            slots.extend_from_slice(&u32::try_from(slot).ok()?.to_le_bytes());
         }
         Some(slots)
     }
@@ -217,13 +219,14 @@ impl PackedRanges {
                 "{field}.offset_slots: given without uniform_length (slots are in units of it)"
             ));
         }
-        let mut offsets = vec![0u8; n * 8];
-        for (i, (c, out)) in slots.chunks_exact(4).zip(offsets.chunks_exact_mut(8)).enumerate() {
+        // Filled as it goes (not a zeroing `calloc`: see `offset_slots`).
+        let mut offsets = Vec::with_capacity(n * 8);
+        for (i, c) in slots.chunks_exact(4).enumerate() {
             let slot = u64::from(u32::from_le_bytes(c.try_into().expect("4 bytes")));
             let o = slot.checked_mul(uniform_length).ok_or_else(|| {
                 format!("{field}.offset_slots[{i}]: slot {slot} × uniform_length {uniform_length} exceeds 2^64 - 1")
             })?;
-            out.copy_from_slice(&o.to_le_bytes());
+            offsets.extend_from_slice(&o.to_le_bytes());
         }
         Ok(offsets)
     }
