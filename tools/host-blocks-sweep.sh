@@ -22,7 +22,8 @@
 # h4_s1, h4_s0, h8_s0, h12_s1, h12_s0, h8_s1_prefetch, h8_s1_stream, h8_s1_nosplit.
 # Session 29's prefetch rows by name: pf0 pf4k pf16k pf32k pf64k pf128k
 # (TCPXD_HOST_COPY_PREFETCH_BYTES: how far ahead of a helper's copy its sources are prefetched,
-# across pieces; 0 none; the default is 32 KiB).
+# across pieces; 0 none; the default 4 KiB,
+# the next piece's first 4 KiB as before; over 4 KiB issued a 4 KiB step of the copy at a time).
 #
 # Rounds go forward then backward (A B C ... C B A) until the budget is spent; the summary gives
 # each row's median (and count) per op. Then, unless TRACE=0, one traced WRITE and READ of the

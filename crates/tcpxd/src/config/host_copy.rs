@@ -39,7 +39,8 @@ pub struct HostCopyArgs {
     #[arg(long, env = "TCPXD_HOST_COPY_SPLIT", value_name = "on|off")]
     pub host_copy_split: Option<String>,
     /// Bytes of a chunk's sources (in copy order, across its pieces) prefetched ahead of a
-    /// helper's copy, except with `plain` (0..=1048576; 0: none). Default: 32768.
+    /// helper's copy, except with `plain` (0..=1048576; 0: none; over 4096, issued a 4 KiB step
+    /// of the copy at a time). Default: 4096 (the next piece's first 4 KiB).
     #[arg(long, env = "TCPXD_HOST_COPY_PREFETCH_BYTES", value_name = "BYTES")]
     pub host_copy_prefetch_bytes: Option<u64>,
     /// Block sends from host memory gathered ahead of `send_window` per lane (0..=16): their

@@ -63,14 +63,19 @@ impl CopyRoutine {
 }
 
 /// `transfer.host_copy_prefetch_bytes`' default: how far ahead of the copy the sources are
-/// prefetched (session 29, prefetch; docs/BENCHMARKS.md).
-pub const DEFAULT_PREFETCH_BYTES: usize = 32 * 1024;
+/// prefetched. 4 KiB, whole pieces: the next piece's first 4 KiB before a piece is copied, as
+/// before session 29 — further ahead lost on the 2-core VM (32 KiB: 0.63 / 0.60 against 0.67 /
+/// 0.68, CPU-bound there); the 16-core host's sweep rows `pf*` decide (docs/BENCHMARKS.md,
+/// session 29, prefetch).
+pub const DEFAULT_PREFETCH_BYTES: usize = 4096;
 /// The most `transfer.host_copy_prefetch_bytes` allows (a chunk's worth of 16 KiB pieces is
 /// 512 KiB; further ahead the lines would be pushed out of the helper's L2 before they are read).
 pub const MAX_PREFETCH_BYTES: usize = 1024 * 1024;
-/// With prefetching, a piece is copied in steps of this many bytes, and before each step the
-/// prefetches are brought up to `prefetch_bytes` past its end: a few dozen lines a step, not a
-/// whole piece's 256 at once (which would fill the core's line-fill buffers and stall the copy).
+/// With prefetching further than this, a piece is copied in steps of this many bytes, and before
+/// each step the prefetches are brought up to `prefetch_bytes` past its end: 64 lines a step,
+/// not a whole piece's 256 at once (which would fill the core's line-fill buffers and stall the
+/// copy). Up to it, a piece is copied whole (the prefetches before it: the next piece's first
+/// `prefetch_bytes`).
 pub const PREFETCH_STEP: usize = 4096;
 const LINE: usize = 64;
 
@@ -143,7 +148,8 @@ impl Ahead<'_> {
 /// and the stores are fenced before this returns. Except with `Plain`, the sources are
 /// prefetched `how.prefetch_bytes` ahead of the copy (across pieces: the next pieces' lines are
 /// requested while this one is copied, where the hardware's prefetchers start over at every
-/// piece), issued a step of [`PREFETCH_STEP`] copied bytes at a time.
+/// piece), issued a step of [`PREFETCH_STEP`] copied bytes at a time where the distance is
+/// longer than a step, else before each piece.
 ///
 /// # Safety
 /// Every copy's `from` readable and `to` writable for `n` bytes, targets overlapping no other
@@ -162,25 +168,30 @@ pub unsafe fn copy_list(copies: &[HostCopy], how: CopyHow, zero_sources: bool, c
     } else {
         how.prefetch_bytes
     };
+    // Pieces copied whole, or in steps of `PREFETCH_STEP`.
+    let step_max = if ahead_bytes <= PREFETCH_STEP {
+        usize::MAX
+    } else {
+        PREFETCH_STEP
+    };
+    // The first piece is not prefetched: its copy comes at once.
     let mut ahead = Ahead {
         copies,
-        k: 0,
+        k: 1,
         off: 0,
-        issued: 0,
+        issued: copies.first().map_or(0, |c| c.n),
     };
     // The list's bytes copied before this piece.
     let mut pos = 0;
     for c in copies {
         let mut done = 0;
         while done < c.n {
-            // A whole piece at once without prefetching: `memcpy` of 16 KiB uses the CPU's
-            // fast string copy; with it, steps of 4 KiB (still the fast string copy).
-            let step = if ahead_bytes == 0 {
-                c.n
-            } else {
-                ahead.up_to(pos + done + PREFETCH_STEP.min(c.n - done) + ahead_bytes);
-                PREFETCH_STEP.min(c.n - done)
-            };
+            // A whole piece at once: `memcpy` of 16 KiB uses the CPU's fast string copy; or
+            // steps of 4 KiB (still the fast string copy).
+            let step = step_max.min(c.n - done);
+            if ahead_bytes > 0 {
+                ahead.up_to(pos + done + step + ahead_bytes);
+            }
             let (from, to) = (c.from.wrapping_add(done), c.to.wrapping_add(done));
             if stream {
                 // SAFETY: the caller's contract: `done + step <= n`.
