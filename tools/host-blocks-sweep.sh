@@ -20,10 +20,6 @@
 # ga6 by name. Session 23's rows stay available by name (h = TCPXD_HOST_COPY_THREADS, s =
 # TCPXD_HOST_COPY_SPINNERS, r = TCPXD_HOST_COPY_ROUTINE, split = TCPXD_HOST_COPY_SPLIT): h4_s64,
 # h4_s1, h4_s0, h8_s0, h12_s1, h12_s0, h8_s1_prefetch, h8_s1_stream, h8_s1_nosplit.
-# Session 29's prefetch rows by name: pf0 pf4k pf16k pf32k pf64k pf128k
-# (TCPXD_HOST_COPY_PREFETCH_BYTES: how far ahead of a helper's copy its sources are prefetched,
-# across pieces; 0 none; the default 4 KiB,
-# the next piece's first 4 KiB as before; over 4 KiB issued a 4 KiB step of the copy at a time).
 #
 # Rounds go forward then backward (A B C ... C B A) until the budget is spent; the summary gives
 # each row's median (and count) per op. Then, unless TRACE=0, one traced WRITE and READ of the
@@ -69,12 +65,6 @@ all_rows=(
   "ga16_sa16|TCPXD_HOST_GATHER_AHEAD=16 TCPXD_SCATTER_AHEAD=16"
   "all_nt|TCPXD_HOST_COPY_ROUTINE=stream-all"
   "ga16_sa16_all_nt|TCPXD_HOST_GATHER_AHEAD=16 TCPXD_SCATTER_AHEAD=16 TCPXD_HOST_COPY_ROUTINE=stream-all"
-  "pf0|TCPXD_HOST_COPY_PREFETCH_BYTES=0"
-  "pf4k|TCPXD_HOST_COPY_PREFETCH_BYTES=4096"
-  "pf16k|TCPXD_HOST_COPY_PREFETCH_BYTES=16384"
-  "pf32k|TCPXD_HOST_COPY_PREFETCH_BYTES=32768"
-  "pf64k|TCPXD_HOST_COPY_PREFETCH_BYTES=65536"
-  "pf128k|TCPXD_HOST_COPY_PREFETCH_BYTES=131072"
 )
 rows=()
 for r in "${all_rows[@]}"; do

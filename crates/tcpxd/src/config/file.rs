@@ -124,8 +124,6 @@ pub struct FileTransfer {
     pub host_copy_spinners: Option<AutoOrNumber>,
     pub host_copy_routine: Option<String>,
     pub host_copy_split: Option<String>,
-    /// Bytes of sources prefetched ahead of a host copy (0..=1 MiB).
-    pub host_copy_prefetch_bytes: Option<u64>,
     /// Block sends from host memory gathered ahead of `send_window` per lane (0..=16).
     pub host_gather_ahead: Option<usize>,
     pub recv_window: Option<usize>,

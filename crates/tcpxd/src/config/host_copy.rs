@@ -1,5 +1,4 @@
-//! `transfer.host_copy_spinners`, `transfer.host_copy_routine`, `transfer.host_copy_split`,
-//! `transfer.host_copy_prefetch_bytes`: how
+//! `transfer.host_copy_spinners`, `transfer.host_copy_routine`, `transfer.host_copy_split`: how
 //! the block chunks' host copy helpers work besides their count and spin (`net::host_copies`,
 //! docs/CONFIG.md, docs/BLOCKS.md); and `transfer.host_gather_ahead`, how far ahead of the
 //! plugin's window their gathers run.
@@ -9,7 +8,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::{AutoOrNumber, ConfigError, FileTransfer};
-use crate::net::copy_routines::{CopyHow, CopyRoutine, DEFAULT_PREFETCH_BYTES};
+use crate::net::copy_routines::CopyRoutine;
 use crate::net::host_copies::{AUTO_SPINNERS, HelperPolicy, HelperSpin, MAX_HOST_COPY_THREADS, MAX_SPIN_US};
 
 /// `transfer.host_copy_routine`'s default: `stream` (session 23, the 16-core H200 host, 4096 × 16 KiB, 10
@@ -38,11 +37,6 @@ pub struct HostCopyArgs {
     /// goes whole to one (`off`). Default: on.
     #[arg(long, env = "TCPXD_HOST_COPY_SPLIT", value_name = "on|off")]
     pub host_copy_split: Option<String>,
-    /// Bytes of a chunk's sources (in copy order, across its pieces) prefetched ahead of a
-    /// helper's copy, except with `plain` (0..=1048576; 0: none; over 4096, issued a 4 KiB step
-    /// of the copy at a time). Default: 4096 (the next piece's first 4 KiB).
-    #[arg(long, env = "TCPXD_HOST_COPY_PREFETCH_BYTES", value_name = "BYTES")]
-    pub host_copy_prefetch_bytes: Option<u64>,
     /// Block sends from host memory gathered ahead of `send_window` per lane (0..=16): their
     /// gathers run on the copy helpers while the plugin holds the window's sends; each send
     /// lane's host staging ring has `send_window` + this many slots. Default: 12 (0 without copy
@@ -128,17 +122,10 @@ pub(super) fn resolve(
         (None, Some(v)) => on_off("transfer.host_copy_split", v)?,
         (None, None) => true,
     };
-    let prefetch_bytes = match (args.host_copy_prefetch_bytes, file.host_copy_prefetch_bytes) {
-        (Some(n), _) => CopyHow::check_prefetch("--host-copy-prefetch-bytes", n),
-        (None, Some(n)) => CopyHow::check_prefetch("transfer.host_copy_prefetch_bytes", n),
-        (None, None) => Ok(DEFAULT_PREFETCH_BYTES),
-    }
-    .map_err(ConfigError::Invalid)?;
     Ok(HelperPolicy {
         spin,
         spinners,
         routine,
-        prefetch_bytes,
         split,
     })
 }

@@ -251,30 +251,12 @@ fn host_copy_policy_from_file_and_flags() {
         host_copy_spinners: Some("0".into()),
         host_copy_routine: Some("prefetch".into()),
         host_copy_split: Some("on".into()),
-        host_copy_prefetch_bytes: Some(0),
         host_gather_ahead: None,
     };
     let c = cfg(file, flags).unwrap();
     assert_eq!(
         (c.host_copy.spinners, c.host_copy.routine, c.host_copy.split),
         (0, CopyRoutine::Prefetch, true)
-    );
-    assert_eq!(c.host_copy.prefetch_bytes, 0);
-    // `transfer.host_copy_prefetch_bytes`: the default, the file's, and over 1 MiB refused.
-    assert_eq!(
-        cfg("", none()).unwrap().host_copy.prefetch_bytes,
-        crate::net::copy_routines::DEFAULT_PREFETCH_BYTES
-    );
-    let c = cfg("[transfer]\nhost_copy_prefetch_bytes = 65536\n", none()).unwrap();
-    assert_eq!(c.host_copy.prefetch_bytes, 65536);
-    let c = cfg("[transfer]\nhost_copy_prefetch_bytes = 1048576\n", none()).unwrap();
-    assert_eq!(c.host_copy.prefetch_bytes, 1 << 20);
-    let e = cfg("[transfer]\nhost_copy_prefetch_bytes = 1048577\n", none()).unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("transfer.host_copy_prefetch_bytes: 1048577")
-            && e.to_string().contains("0 to 1048576"),
-        "{e}"
     );
     let e = cfg("[transfer]\nhost_copy_spinners = 65\n", none()).unwrap_err();
     assert!(

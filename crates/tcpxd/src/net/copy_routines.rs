@@ -9,9 +9,7 @@
 //! - [`CopyRoutine::Prefetch`]: the same, each piece whole (glibc's `memcpy` of 16 KiB uses the
 //!   CPU's fast string copy, which writes whole lines without reading them first: copying in
 //!   1 KiB steps with the targets prefetched for writing was 2–3× slower on the build VM), with
-//!   the sources prefetched `transfer.host_copy_prefetch_bytes` ahead of the copy, across pieces
-//!   ([`CopyHow`]; session 29: before, only the next piece's first 4 KiB, while half of a gather's
-//!   cost on the 16-core host was its scattered loads).
+//!   the next piece's first [`AHEAD`] bytes of source prefetched before it.
 //! - [`CopyRoutine::Stream`]: as `Prefetch`, and where the job's targets are cold (a scatter
 //!   into the client's buffer, not a staging slot the plugin reads next) the target is written
 //!   with non-temporal stores (no read for ownership, no cache filled with bytes nobody reads),
@@ -62,147 +60,46 @@ impl CopyRoutine {
     }
 }
 
-/// `transfer.host_copy_prefetch_bytes`' default: how far ahead of the copy the sources are
-/// prefetched. 4 KiB, whole pieces: the next piece's first 4 KiB before a piece is copied, as
-/// before session 29 — further ahead lost on the 2-core VM (32 KiB: 0.63 / 0.60 against 0.67 /
-/// 0.68, CPU-bound there); the 16-core host's sweep rows `pf*` decide (docs/BENCHMARKS.md,
-/// session 29, prefetch).
-pub const DEFAULT_PREFETCH_BYTES: usize = 4096;
-/// The most `transfer.host_copy_prefetch_bytes` allows (a chunk's worth of 16 KiB pieces is
-/// 512 KiB; further ahead the lines would be pushed out of the helper's L2 before they are read).
-pub const MAX_PREFETCH_BYTES: usize = 1024 * 1024;
-/// With prefetching further than this, a piece is copied in steps of this many bytes, and before
-/// each step the prefetches are brought up to `prefetch_bytes` past its end: 64 lines a step,
-/// not a whole piece's 256 at once (which would fill the core's line-fill buffers and stall the
-/// copy). Up to it, a piece is copied whole (the prefetches before it: the next piece's first
-/// `prefetch_bytes`).
-pub const PREFETCH_STEP: usize = 4096;
+/// How much of the next piece's source is prefetched before a piece is copied (the next
+/// piece's first lines, where a stream prefetcher would start over).
+pub const AHEAD: usize = 4096;
 const LINE: usize = 64;
 
-/// How a helper copies: its routine, and how far ahead its sources are prefetched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CopyHow {
-    pub routine: CopyRoutine,
-    /// Bytes of the job's sources (in copy order, across pieces) prefetched ahead of the copy
-    /// (`transfer.host_copy_prefetch_bytes`); 0: none, each piece copied whole. `Plain` never
-    /// prefetches.
-    pub prefetch_bytes: usize,
-}
-
-impl CopyHow {
-    /// `routine`, prefetching [`DEFAULT_PREFETCH_BYTES`] ahead.
-    pub fn new(routine: CopyRoutine) -> CopyHow {
-        CopyHow {
-            routine,
-            prefetch_bytes: DEFAULT_PREFETCH_BYTES,
-        }
-    }
-
-    /// `transfer.host_copy_prefetch_bytes` (its name in `what`) checked: 0 to
-    /// [`MAX_PREFETCH_BYTES`].
-    pub fn check_prefetch(what: &str, n: u64) -> Result<usize, String> {
-        if n > MAX_PREFETCH_BYTES as u64 {
-            return Err(format!(
-                "{what}: {n} is over {MAX_PREFETCH_BYTES} (0 to {MAX_PREFETCH_BYTES} bytes of source \
-                 prefetched ahead of a host copy allowed; 0 prefetches nothing)"
-            ));
-        }
-        Ok(n as usize)
-    }
-}
-
-/// The prefetch cursor: the next source line to prefetch, in copy order across the pieces, and
-/// how many of the list's bytes lie before it.
-struct Ahead<'a> {
-    copies: &'a [HostCopy],
-    k: usize,
-    off: usize,
-    issued: usize,
-}
-
-impl Ahead<'_> {
-    /// Prefetches every source line before the list's byte `until` not prefetched yet (each line
-    /// once: the cursor moves from line boundary to line boundary within a piece).
-    fn up_to(&mut self, until: usize) {
-        while self.issued < until {
-            let Some(c) = self.copies.get(self.k) else {
-                return;
-            };
-            if self.off >= c.n {
-                self.k += 1;
-                self.off = 0;
-                continue;
-            }
-            let at = c.from.wrapping_add(self.off);
-            prefetch_read(at);
-            let step = (LINE - at as usize % LINE).min(c.n - self.off);
-            self.off += step;
-            self.issued += step;
-        }
-    }
-}
-
-/// Copies every piece with `how`; with `zero_sources`, each piece's source is zeroed right
+/// Copies every piece with `routine`; with `zero_sources`, each piece's source is zeroed right
 /// after it is copied (a direct receive's landed bytes); with `cold_targets` (a scatter into a
 /// buffer) `Stream` writes the targets non-temporally, `StreamAll` every target and the zeroes,
-/// and the stores are fenced before this returns. Except with `Plain`, the sources are
-/// prefetched `how.prefetch_bytes` ahead of the copy (across pieces: the next pieces' lines are
-/// requested while this one is copied, where the hardware's prefetchers start over at every
-/// piece), issued a step of [`PREFETCH_STEP`] copied bytes at a time where the distance is
-/// longer than a step, else before each piece.
+/// and the stores are fenced before this returns.
 ///
 /// # Safety
 /// Every copy's `from` readable and `to` writable for `n` bytes, targets overlapping no other
 /// target or source, nothing else writing them meanwhile; with `zero_sources`, every source
 /// writable by the caller alone and read by this copy only.
-pub unsafe fn copy_list(copies: &[HostCopy], how: CopyHow, zero_sources: bool, cold_targets: bool) {
-    let routine = how.routine;
+pub unsafe fn copy_list(copies: &[HostCopy], routine: CopyRoutine, zero_sources: bool, cold_targets: bool) {
     let stream = match routine {
         CopyRoutine::Stream => cold_targets,
         CopyRoutine::StreamAll => true,
         CopyRoutine::Plain | CopyRoutine::Prefetch => false,
     };
     let nt_zero = routine == CopyRoutine::StreamAll && zero_sources;
-    let ahead_bytes = if routine == CopyRoutine::Plain {
-        0
-    } else {
-        how.prefetch_bytes
-    };
-    // Pieces copied whole, or in steps of `PREFETCH_STEP`.
-    let step_max = if ahead_bytes <= PREFETCH_STEP {
-        usize::MAX
-    } else {
-        PREFETCH_STEP
-    };
-    // The first piece is not prefetched: its copy comes at once.
-    let mut ahead = Ahead {
-        copies,
-        k: 1,
-        off: 0,
-        issued: copies.first().map_or(0, |c| c.n),
-    };
-    // The list's bytes copied before this piece.
-    let mut pos = 0;
-    for c in copies {
-        let mut done = 0;
-        while done < c.n {
-            // A whole piece at once: `memcpy` of 16 KiB uses the CPU's fast string copy; or
-            // steps of 4 KiB (still the fast string copy).
-            let step = step_max.min(c.n - done);
-            if ahead_bytes > 0 {
-                ahead.up_to(pos + done + step + ahead_bytes);
+    for (k, c) in copies.iter().enumerate() {
+        if routine != CopyRoutine::Plain
+            && let Some(next) = copies.get(k + 1)
+        {
+            // The next piece's first lines, while this one is copied.
+            let mut off = 0;
+            while off < next.n.min(AHEAD) {
+                prefetch_read(next.from.wrapping_add(off));
+                off += LINE;
             }
-            let (from, to) = (c.from.wrapping_add(done), c.to.wrapping_add(done));
-            if stream {
-                // SAFETY: the caller's contract: `done + step <= n`.
-                unsafe { copy_nt(from, to, step) };
-            } else {
-                // SAFETY: the caller's contract: `done + step <= n`.
-                unsafe { std::ptr::copy_nonoverlapping(from, to, step) };
-            }
-            done += step;
         }
-        pos += c.n;
+        if stream {
+            // SAFETY: the caller's contract.
+            unsafe { copy_nt(c.from, c.to, c.n) };
+        } else {
+            // A whole piece at once: `memcpy` of 16 KiB uses the CPU's fast string copy.
+            // SAFETY: the caller's contract.
+            unsafe { std::ptr::copy_nonoverlapping(c.from, c.to, c.n) };
+        }
         if nt_zero {
             // SAFETY: the caller's contract: the source is the caller's to write.
             unsafe { zero_nt(c.from.cast_mut(), c.n) };
@@ -335,19 +232,12 @@ mod tests {
     #[test]
     fn every_routine_lands_exactly_as_plain_copies() {
         let mut rng = Rng::new(23);
-        let routines = [
+        for routine in [
             CopyRoutine::Plain,
             CopyRoutine::Prefetch,
             CopyRoutine::Stream,
             CopyRoutine::StreamAll,
-        ];
-        // Distances: none, under a line, under a piece, the default, past the list's end.
-        let distances = [0, 1, 100, 4096, 5000, DEFAULT_PREFETCH_BYTES, MAX_PREFETCH_BYTES];
-        for (routine, prefetch_bytes) in routines.into_iter().flat_map(|r| distances.map(move |d| (r, d))) {
-            let how = CopyHow {
-                routine,
-                prefetch_bytes,
-            };
+        ] {
             for (zero, cold) in [(false, false), (false, true), (true, false), (true, true)] {
                 let slot_len = 40 * 1024 + 64;
                 let slots = 24usize;
@@ -376,79 +266,18 @@ mod tests {
                 }
                 // SAFETY: sources in `src`, distinct targets in `dst` (one piece per slot),
                 // both alive across the call; each source is read by one copy only.
-                unsafe { copy_list(&copies, how, zero, cold) };
-                assert!(dst == want, "{how:?} zero {zero} cold {cold}");
+                unsafe { copy_list(&copies, routine, zero, cold) };
+                assert!(dst == want, "{routine:?} zero {zero} cold {cold}");
                 let mut src_want = orig.clone();
                 if zero {
                     for r in zeroed {
                         src_want[r].fill(0);
                     }
                 }
-                assert!(src == src_want, "{how:?} zero {zero}: the sources");
+                assert!(src == src_want, "{routine:?} zero {zero}: the sources");
                 src.fill(0);
             }
         }
-    }
-
-    /// 16 KiB pieces at random places of a larger buffer (a block chunk's gather), whole and cut
-    /// short, with an empty piece among them and an empty list: every distance lands exactly.
-    #[test]
-    fn every_distance_gathers_exactly() {
-        let mut rng = Rng::new(29);
-        let piece = 16 * 1024;
-        let slots = 64usize;
-        let src: Vec<u8> = (0..slots * piece).map(|i| (i * 7 + i / 4093) as u8).collect();
-        for prefetch_bytes in [0, 64, 4096, 16 * 1024, 32 * 1024, 64 * 1024, MAX_PREFETCH_BYTES] {
-            for routine in [CopyRoutine::Prefetch, CopyRoutine::Stream, CopyRoutine::StreamAll] {
-                let how = CopyHow {
-                    routine,
-                    prefetch_bytes,
-                };
-                // SAFETY: an empty list touches nothing.
-                unsafe { copy_list(&[], how, false, false) };
-                let lens: Vec<usize> = (0..12)
-                    .map(|k| match k {
-                        3 => 0,
-                        5 => 1 + rng.below(4095) as usize,
-                        11 => 1 + rng.below(piece as u64) as usize,
-                        _ => piece,
-                    })
-                    .collect();
-                let total: usize = lens.iter().sum();
-                let mut dst = vec![0xEEu8; total + 64];
-                let mut want = dst.clone();
-                let mut copies = Vec::new();
-                let mut at = 0;
-                for (k, &n) in lens.iter().enumerate() {
-                    let s = rng.below(slots as u64) as usize * piece + if k == 5 { 17 } else { 0 };
-                    let n = n.min(src.len() - s);
-                    want[at..at + n].copy_from_slice(&src[s..s + n]);
-                    copies.push(HostCopy {
-                        from: src.as_ptr().wrapping_add(s),
-                        to: dst.as_mut_ptr().wrapping_add(at),
-                        n,
-                    });
-                    at += n;
-                }
-                // SAFETY: sources in `src`, read only; targets back to back in `dst`.
-                unsafe { copy_list(&copies, how, false, routine == CopyRoutine::Stream) };
-                assert!(dst == want, "{how:?}");
-            }
-        }
-    }
-
-    #[test]
-    fn prefetch_distance_is_bounded() {
-        assert_eq!(CopyHow::check_prefetch("x", 0), Ok(0));
-        assert_eq!(
-            CopyHow::check_prefetch("x", MAX_PREFETCH_BYTES as u64),
-            Ok(MAX_PREFETCH_BYTES)
-        );
-        let e = CopyHow::check_prefetch("transfer.host_copy_prefetch_bytes", 1 << 21).unwrap_err();
-        assert!(
-            e.contains("transfer.host_copy_prefetch_bytes: 2097152") && e.contains("0 to 1048576"),
-            "{e}"
-        );
     }
 
     #[test]

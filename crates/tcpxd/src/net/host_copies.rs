@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 
 pub use super::copy_clock::JobTimes;
 use super::copy_clock::{Clock, JobClock, clock_finish, clock_start};
-use super::copy_routines::{CopyHow, CopyRoutine, DEFAULT_PREFETCH_BYTES, copy_list};
+use super::copy_routines::{CopyRoutine, copy_list};
 use super::memory::Region;
 
 /// A chunk's copies of fewer bytes than this run on the calling thread alone: handing parts out
@@ -88,8 +88,6 @@ pub struct HelperPolicy {
     /// Helpers that may spin (the first ones); the rest never do.
     pub spinners: usize,
     pub routine: CopyRoutine,
-    /// Bytes of sources prefetched ahead of a copy (`transfer.host_copy_prefetch_bytes`).
-    pub prefetch_bytes: usize,
     /// Whether a queued chunk of at least 2 × [`MIN_QUEUED_PART_BYTES`] is cut across the
     /// helpers with nothing under way (`transfer.host_copy_split`).
     pub split: bool,
@@ -103,16 +101,7 @@ impl HelperPolicy {
             spin,
             spinners: MAX_HOST_COPY_THREADS,
             routine: CopyRoutine::Plain,
-            prefetch_bytes: DEFAULT_PREFETCH_BYTES,
             split: true,
-        }
-    }
-
-    /// How its helpers copy: the routine and the prefetch distance.
-    pub fn how(&self) -> CopyHow {
-        CopyHow {
-            routine: self.routine,
-            prefetch_bytes: self.prefetch_bytes,
         }
     }
 
@@ -251,22 +240,22 @@ impl CopyJob {
         next == at.cast_const().wrapping_add(n)
     }
 
-    /// Copies as `how` says, then zeroes, on this thread.
+    /// Copies with `routine`, then zeroes, on this thread.
     ///
     /// # Safety
     /// As [`HostCopies::queue`].
-    unsafe fn run(&self, how: CopyHow) {
+    unsafe fn run(&self, routine: CopyRoutine) {
         if self.sources_tile_zero() {
             // SAFETY: every source lies in `zero`'s range (checked just above), writable by
             // this job alone (the caller's contract), and is read by this copy only.
-            unsafe { copy_list(&self.copies, how, true, self.cold_targets) };
+            unsafe { copy_list(&self.copies, routine, true, self.cold_targets) };
             return;
         }
         // SAFETY: the caller's contract (sources readable, targets this job's alone).
-        unsafe { copy_list(&self.copies, how, false, self.cold_targets) };
+        unsafe { copy_list(&self.copies, routine, false, self.cold_targets) };
         if let Some((at, n)) = self.zero {
             // SAFETY: the caller's contract: `n` writable bytes nothing else touches.
-            unsafe { super::copy_routines::zero(at, n, how.routine) };
+            unsafe { super::copy_routines::zero(at, n, routine) };
         }
     }
 }
@@ -496,7 +485,7 @@ struct HelperStats {
 
 /// A helper's loop: the queue's oldest job run and counted, one after another; an idle helper
 /// spins on the queue as long as its [`SpinGauge`] allows before it sleeps.
-fn helper_loop(queue: Arc<Queue>, stats: Arc<HelperStats>, spin: HelperSpin, how: CopyHow) {
+fn helper_loop(queue: Arc<Queue>, stats: Arc<HelperStats>, spin: HelperSpin, routine: CopyRoutine) {
     let mut gauge = SpinGauge::new(spin);
     // When the last job ended (None: none yet, or the gap was already counted).
     let mut idle_since: Option<Instant> = None;
@@ -542,7 +531,7 @@ fn helper_loop(queue: Arc<Queue>, stats: Arc<HelperStats>, spin: HelperSpin, how
         // SAFETY: `HostCopies::copy_all`'s contract for a part (valid until it returns, which
         // waits for `left`), `HostCopies::queue`'s for a job or a job's part (valid until the
         // ticket is done, which the flag below makes it).
-        if let Some(Ran { bytes, busy }) = unsafe { run_work(work, how) } {
+        if let Some(Ran { bytes, busy }) = unsafe { run_work(work, routine) } {
             stats.busy_ns.fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
             stats.bytes.fetch_add(bytes, Ordering::Relaxed);
             stats.jobs.fetch_add(1, Ordering::Relaxed);
@@ -559,7 +548,7 @@ fn helper_loop(queue: Arc<Queue>, stats: Arc<HelperStats>, spin: HelperSpin, how
 pub struct HostCopies {
     helpers: Vec<Helper>,
     queue: Arc<Queue>,
-    how: CopyHow,
+    routine: CopyRoutine,
     split: bool,
 }
 
@@ -583,7 +572,7 @@ struct Ran {
 /// # Safety
 /// As for the helper that would have run it: [`HostCopies::copy_all`]'s contract for a part,
 /// [`HostCopies::queue`]'s for a job or a job's part.
-unsafe fn run_work(work: Work, how: CopyHow) -> Option<Ran> {
+unsafe fn run_work(work: Work, routine: CopyRoutine) -> Option<Ran> {
     match work {
         Work::Part(part) => {
             copy_part(&part.copies);
@@ -596,7 +585,7 @@ unsafe fn run_work(work: Work, how: CopyHow) -> Option<Ran> {
             let bytes = 2 * copies.iter().map(|c| c.n as u64).sum::<u64>();
             // SAFETY: the caller's contract, and the job's sources tiled its zeroed range
             // (checked before it was cut): this part's sources are its own.
-            unsafe { copy_list(&copies, how, true, cold) };
+            unsafe { copy_list(&copies, routine, true, cold) };
             drop((copies, keep));
             clock_finish(&clock);
             let busy = since.elapsed();
@@ -606,7 +595,7 @@ unsafe fn run_work(work: Work, how: CopyHow) -> Option<Ran> {
             clock_start(&clock);
             let (since, bytes) = (Instant::now(), job.bytes() as u64);
             // SAFETY: the caller's contract.
-            unsafe { job.run(how) };
+            unsafe { job.run(routine) };
             drop(job);
             clock_finish(&clock);
             let busy = since.elapsed();
@@ -646,10 +635,10 @@ impl HostCopies {
         for i in 0..threads.min(MAX_HOST_COPY_THREADS) {
             let stats = Arc::new(HelperStats::default());
             let (their_queue, their_stats) = (queue.clone(), stats.clone());
-            let (spin, how) = (policy.spin_of(i), policy.how());
+            let (spin, routine) = (policy.spin_of(i), policy.routine);
             let spawned = std::thread::Builder::new()
                 .name(format!("tcpxd-copy-{i}"))
-                .spawn(move || helper_loop(their_queue, their_stats, spin, how));
+                .spawn(move || helper_loop(their_queue, their_stats, spin, routine));
             match spawned {
                 Ok(thread) => helpers.push(Helper {
                     stats,
@@ -665,7 +654,7 @@ impl HostCopies {
         HostCopies {
             helpers,
             queue,
-            how: policy.how(),
+            routine: policy.routine,
             split: policy.split,
         }
     }
@@ -749,7 +738,7 @@ impl HostCopies {
     pub unsafe fn queue_at(&self, job: CopyJob, place: Place) -> Option<CopyTicket> {
         if !self.open() || job.bytes() < MIN_QUEUE_BYTES {
             // SAFETY: the caller's contract, for this call's length.
-            unsafe { job.run(self.how) };
+            unsafe { job.run(self.routine) };
             return None;
         }
         // Helpers with nothing to do take a part each (a transfer's first and last chunks, or

@@ -456,7 +456,7 @@ fn jobs_go_by_place_then_age_and_hurry_moves_a_waiting_one_up() {
             .expect("one of the test's jobs");
         order.push(j);
         // SAFETY: as queued above.
-        unsafe { run_work(work, pool.how) };
+        unsafe { run_work(work, pool.routine) };
         flag.store(1, Ordering::Release);
         pool.queue.unfinished.fetch_sub(1, Ordering::Release);
         assert!(tickets[j].is_done());
