@@ -122,24 +122,8 @@ impl Poller {
                 deadline,
                 reply,
             } => {
-                let now = Instant::now();
-                let (r, total) = match batch {
-                    Batch::Entries(specs) => {
-                        let total = specs.iter().map(|s| s.remote.length).sum();
-                        (self.engine.start_write(specs, notification, deadline, now), total)
-                    }
-                    Batch::Packed(b) => {
-                        let total = b.remote.total().unwrap_or(0);
-                        (
-                            self.engine.start_write_packed(b, notification, deadline, now),
-                            total,
-                        )
-                    }
-                };
-                if let Ok(id) = &r {
-                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "write", id = id.0, us = now.elapsed().as_micros() as u64);
-                }
-                let r = r.map(|id| (id, self.track(id, Op::Write, total)));
+                let r = self.start_batch(Op::Write, batch, notification, deadline, "write");
+                let r = r.map(|(id, rx, _)| (id, rx));
                 self.answer_started(reply, r);
             }
             Command::Read {
@@ -147,21 +131,8 @@ impl Poller {
                 deadline,
                 reply,
             } => {
-                let now = Instant::now();
-                let (r, total) = match batch {
-                    Batch::Entries(specs) => {
-                        let total = specs.iter().map(|s| s.remote.length).sum();
-                        (self.engine.start_read(specs, deadline, now), total)
-                    }
-                    Batch::Packed(b) => {
-                        let total = b.remote.total().unwrap_or(0);
-                        (self.engine.start_read_packed(b, deadline, now), total)
-                    }
-                };
-                if let Ok(id) = &r {
-                    tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "read", id = id.0, us = now.elapsed().as_micros() as u64);
-                }
-                let r = r.map(|id| (id, self.track(id, Op::Read, total)));
+                let r = self.start_batch(Op::Read, batch, Vec::new(), deadline, "read");
+                let r = r.map(|(id, rx, _)| (id, rx));
                 self.answer_started(reply, r);
             }
             Command::RegisterBlocks {
@@ -467,6 +438,42 @@ impl Poller {
     /// take this one's CPU at once, and the peer should not wait for that. The transfer's
     /// status channel exists already (`track`), so an end published before the API reads the
     /// answer is kept for it.
+    /// Starts a plain WRITE (with its `notification`) or READ batch on the engine and tracks it:
+    /// a command's way and a fast start's (`fast_starts.rs`) alike. `kind` names it in the hop
+    /// trace. Returns the id, its status channel and the batch's bytes.
+    pub(super) fn start_batch(
+        &mut self,
+        op: Op,
+        batch: Batch,
+        notification: Vec<u8>,
+        deadline: Instant,
+        kind: &'static str,
+    ) -> Result<(TransferId, watch::Receiver<TransferStatus>, u64), EngineError> {
+        let now = Instant::now();
+        let e = &mut self.engine;
+        let (r, total) = match (batch, op) {
+            (Batch::Entries(specs), op) => {
+                let total = specs.iter().map(|s| s.remote.length).sum();
+                let r = match op {
+                    Op::Write => e.start_write(specs, notification, deadline, now),
+                    Op::Read => e.start_read(specs, deadline, now),
+                };
+                (r, total)
+            }
+            (Batch::Packed(b), op) => {
+                let total = b.remote.total().unwrap_or(0);
+                let r = match op {
+                    Op::Write => e.start_write_packed(b, notification, deadline, now),
+                    Op::Read => e.start_read_packed(b, deadline, now),
+                };
+                (r, total)
+            }
+        };
+        let id = r?;
+        tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind, id = id.0, us = now.elapsed().as_micros() as u64);
+        Ok((id, self.track(id, op, total), total))
+    }
+
     fn answer_started<T: Send + 'static, E: Send + 'static>(
         &mut self,
         reply: super::Reply<Result<T, E>>,

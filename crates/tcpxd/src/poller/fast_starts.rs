@@ -112,33 +112,11 @@ impl Poller {
         let Some(sink) = start.sink.take() else {
             return;
         };
-        let now = Instant::now();
         let batch = std::mem::replace(&mut start.batch, Batch::Entries(Vec::new()));
         let notification = std::mem::take(&mut start.notification);
-        let deadline = start.deadline;
-        let e = &mut self.engine;
-        let (r, total, op) = match (batch, start.write) {
-            (Batch::Entries(specs), write) => {
-                let total = specs.iter().map(|s| s.remote.length).sum();
-                let r = match write {
-                    true => e.start_write(specs, notification, deadline, now),
-                    false => e.start_read(specs, deadline, now),
-                };
-                (r, total, write)
-            }
-            (Batch::Packed(b), write) => {
-                let total = b.remote.total().unwrap_or(0);
-                let r = match write {
-                    true => e.start_write_packed(b, notification, deadline, now),
-                    false => e.start_read_packed(b, deadline, now),
-                };
-                (r, total, write)
-            }
-        };
-        let op = if op { Op::Write } else { Op::Read };
-        let r = r.map(|id| {
-            tracing::trace!(target: "tcpxd::hop", hop = "poller.cmd", kind = "fast", id = id.0, us = now.elapsed().as_micros() as u64);
-            let rx = self.track(id, op, total);
+        let op = if start.write { Op::Write } else { Op::Read };
+        let r = self.start_batch(op, batch, notification, start.deadline, "fast");
+        let r = r.map(|(id, rx, total)| {
             self.sinks.0.insert(id, sink.clone());
             FastStarted { id, rx, total }
         });
