@@ -34,18 +34,21 @@ def test_the_bench_reads_vllm_pattern_by_prepared_requests(tmp_path: Path, where
 
 
 def test_the_nixl_comparison_runs_its_script_on_tcpxd(tmp_path: Path):
-    """`python -m tcpxd.nixl_compare --impl tcpxd` at CI sizes: every row measured, the bulk
-    transfers' bytes checked by the script itself (it fails when they differ)."""
+    """`python -m tcpxd.nixl_compare --impl tcpxd --one-node` at CI sizes: every row measured on
+    two daemons and with both agents on one, the bulk transfers' bytes checked by the script
+    itself (it fails when they differ)."""
     args = [sys.executable, "-m", "tcpxd.nixl_compare", "--impl", "tcpxd", "--tcpxd", str(tcpxd_bin()), "--mib", "4",
-            "--rounds", "1", "--iters", "1", "--small-iters", "5"]
+            "--rounds", "1", "--iters", "1", "--small-iters", "5", "--one-node"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT / "python/src"), os.environ.get("PYTHONPATH")])))
     run = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stdout + run.stderr
-    rows = {line.split("  ")[0] for line in run.stdout.splitlines()[1:]}
+    assert "tcpxd.nixl, one daemon" in run.stdout.splitlines()[0], run.stdout
+    rows = {line.split("  ")[0]: line for line in run.stdout.splitlines()[1:]}
     for want in ("register µs/region", "prep_xfer_dlist µs/desc", "4 MiB READ GB/s", "4 MiB WRITE GB/s",
                  "256 x 16 KiB random READ GB/s", "4 KiB READ p50 µs (tight)", "4 KiB READ p99 µs (sleep(0))",
                  "4 KiB READ p50 µs (tcpxd.Client.read)", "notification round trip p50 µs"):
         assert want in rows, run.stdout
+        assert "-" not in rows[want][44:].split(), f"{want}: both columns measured\n{run.stdout}"
 
 
 def test_the_registration_benchmark_runs_on_tcpxd():

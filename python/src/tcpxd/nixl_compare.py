@@ -18,7 +18,9 @@ exchanged by pipe. The initiator measures, every byte of the bulk transfers chec
   initiator polls (tight) for the answer (p50 / p99).
 
 tcpxd runs on two daemons it starts on the built-in emulation (--tcpxd, else target/{release,
-debug}/tcpxd); real NIXL over UCX, with UCX_TLS=tcp unless UCX_TLS is set (NIXL between two
+debug}/tcpxd) — the two-node path, daemon to daemon over loopback —, and with --one-node also with
+both agents on one of them ("tcpxd.nixl, one daemon": two agents on one node as NIXL's own run
+here is, carried by the daemon itself, no daemon-to-daemon leg); real NIXL over UCX, with UCX_TLS=tcp unless UCX_TLS is set (NIXL between two
 nodes, without RDMA: the case tcpxd stands in for) — or `tcp,cuda_copy` where UCX_TLS is unset and
 a GPU is visible (CUDA's driver counts one): there NIXL's UCX backend refuses plain `tcp` (its
 memory queries need the CUDA transport), and the bytes still go over TCP. The choice and why are
@@ -76,7 +78,7 @@ def ucx_tls(env: Optional[Mapping[str, str]] = None, gpu: Optional[bool] = None)
 
 def _api(impl: str) -> Tuple[Any, Any, Any]:
     """(nixl_agent, nixl_agent_config, the _utils module) of an implementation."""
-    if impl == "tcpxd":
+    if impl.startswith("tcpxd"):
         from .nixl import _utils, nixl_agent, nixl_agent_config
 
         return nixl_agent, nixl_agent_config, _utils
@@ -219,7 +221,7 @@ def initiator_main(impl: str, endpoint: str, conn: Any, out: Any, iters: int, sm
         agent.release_xfer_handle(h)
     res["4 KiB WRITE p50 µs (tight)"] = _pct(lat, 50)
     res["4 KiB WRITE p99 µs (tight)"] = _pct(lat, 99)
-    if impl == "tcpxd":  # the same READ on tcpxd's own client, no NIXL layer: what the agent adds
+    if impl.startswith("tcpxd"):  # the same READ on tcpxd's own client, no NIXL layer: what the agent adds
         raw = _raw_read_latency(agent, small_iters)
         res["4 KiB READ p50 µs (tcpxd.Client.read)"] = _pct(raw, 50)
         res["4 KiB READ p99 µs (tcpxd.Client.read)"] = _pct(raw, 99)
@@ -296,10 +298,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--small-iters", type=int, default=300, help="4 KiB transfers and round trips a round")
     p.add_argument("--mib", type=int, default=BIG >> 20, help="each side's memory, MiB (the bulk transfers' size)")
     p.add_argument("--tcpxd", default=None, help="the daemon binary (default target/{release,debug}/tcpxd)")
+    p.add_argument("--one-node", action="store_true",
+                   help="also run tcpxd with both agents on one daemon (two agents on one node), alternating")
     a = p.parse_args(argv)
     from .bench import _find, _start
 
     impls = ["tcpxd", "nixl"] if a.impl == "both" else [a.impl]
+    if a.one_node and "tcpxd" in impls:
+        impls.insert(1, "tcpxd-node")
     if "nixl" in impls:
         try:
             importlib.import_module("nixl._api")
@@ -330,16 +336,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         for r in range(a.rounds):
             for impl in impls:
-                results[impl].append(run_once(impl, ea, eb, a.iters, a.small_iters, a.mib << 20))
+                # (one node: both agents on daemon a)
+                e_init = ea if impl == "tcpxd-node" else eb
+                results[impl].append(run_once(impl, ea, e_init, a.iters, a.small_iters, a.mib << 20))
                 print(f"round {r + 1} {impl}: done", file=sys.stderr, flush=True)
     finally:
         for pr in procs:
             pr.terminate()
             pr.wait()
     keys = list(results[impls[0]][0])
-    names = {"tcpxd": "tcpxd.nixl", "nixl": f"NIXL (UCX_TLS={os.environ.get('UCX_TLS', '')})"}
+    names = {"tcpxd": "tcpxd.nixl", "tcpxd-node": "tcpxd.nixl, one daemon",
+             "nixl": f"NIXL (UCX_TLS={os.environ.get('UCX_TLS', '')})"}
+    # the ratio columns: each tcpxd run ÷ NIXL, where NIXL ran
+    tcpxds = [i for i in impls if i != "nixl"]
+    ratios = "nixl" in impls
     print(f"{'(median of ' + str(a.rounds) + ' rounds; range in brackets)':44} " + " ".join(f"{names[i]:>28}" for i in impls)
-          + ("   tcpxd / NIXL" if len(impls) == 2 else ""))
+          + ("".join(f"   {'two daemons' if i == 'tcpxd' else 'one daemon'} / NIXL" for i in tcpxds) if ratios else ""))
     for k in keys:
         cells = []
         meds = []
@@ -351,7 +363,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                 continue
             meds.append(statistics.median(xs))
             cells.append(f"{statistics.median(xs):10.3g} [{min(xs):.3g}-{max(xs):.3g}]")
-        ratio = f"   {meds[0] / meds[1]:.2f}x" if len(impls) == 2 and meds[1] else ""
+        ratio = ""
+        if ratios:
+            n = meds[impls.index("nixl")]
+            ratio = "".join(
+                f"   {meds[impls.index(i)] / n:>20.2f}x" if n and meds[impls.index(i)] else f"   {'-':>21}" for i in tcpxds
+            )
         print(f"{k:44} " + " ".join(f"{c:>28}" for c in cells) + ratio)
     return 0
 
