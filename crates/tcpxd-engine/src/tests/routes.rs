@@ -4,29 +4,11 @@
 
 use super::sim::*;
 use super::*;
-use crate::topology::{GpuInfo, MapSpec, Memory, NicInfo, Topology};
+use crate::topology::{Memory, Topology};
 
 /// `gpus` GPUs spread evenly over `nics` NICs (A3: GPU g on NIC g / 2).
 pub(super) fn node(gpus: u32, nics: i32) -> Topology {
-    Topology::build(
-        (0..gpus)
-            .map(|o| GpuInfo {
-                ordinal: o,
-                pci_bus_id: format!("0000:{:02x}:00.0", o + 4),
-                place: None,
-            })
-            .collect(),
-        (0..nics)
-            .map(|d| NicInfo {
-                device: d,
-                name: format!("eth{}", d + 1),
-                pci_path: None,
-                place: None,
-            })
-            .collect(),
-        &MapSpec::Pci,
-    )
-    .unwrap()
+    Topology::synthetic(gpus, nics).unwrap()
 }
 
 fn cfg(protocol: Protocol) -> EngineConfig {

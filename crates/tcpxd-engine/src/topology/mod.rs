@@ -131,6 +131,31 @@ impl Topology {
         })
     }
 
+    /// A made-up node for tests and benches: `gpus` GPUs (PCI ids `0000:04:00.0` on) spread
+    /// evenly over `nics` NICs (`eth1` on) by [`MapSpec::Pci`] — GPU g on NIC g × nics / gpus,
+    /// A3's two GPUs a NIC for 8 and 4 — with no PCI places. Fails as [`Topology::build`] does
+    /// (no NICs).
+    pub fn synthetic(gpus: u32, nics: i32) -> Result<Topology, TopologyError> {
+        Topology::build(
+            (0..gpus)
+                .map(|o| GpuInfo {
+                    ordinal: o,
+                    pci_bus_id: format!("0000:{:02x}:00.0", o + 4),
+                    place: None,
+                })
+                .collect(),
+            (0..nics)
+                .map(|d| NicInfo {
+                    device: d,
+                    name: format!("eth{}", d + 1),
+                    pci_path: None,
+                    place: None,
+                })
+                .collect(),
+            &MapSpec::Pci,
+        )
+    }
+
     /// The position in [`Topology::gpus`] of the GPU with this ordinal.
     pub fn gpu_position(&self, ordinal: u32) -> Option<usize> {
         self.gpus.iter().position(|g| g.ordinal == ordinal)

@@ -463,3 +463,13 @@ fn nodes_without_gpus_keep_todays_layout() {
         [(0, None), (1, None), (0, None), (1, None), (0, None), (1, None)]
     );
 }
+
+#[test]
+fn a_synthetic_node_spreads_its_gpus_evenly() {
+    let t = Topology::synthetic(8, 4).unwrap();
+    for g in 0..8u32 {
+        assert_eq!(t.nics_of(g), &[g as usize / 2], "GPU {g}");
+    }
+    assert_eq!(t.gpus_served(3), vec![6, 7]);
+    assert!(matches!(Topology::synthetic(2, 0), Err(TopologyError::NoNics)));
+}

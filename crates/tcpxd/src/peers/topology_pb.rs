@@ -78,28 +78,9 @@ pub(super) fn topology_from_pb(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::topology::{GpuInfo, MapSpec, NicInfo};
 
     fn node(gpus: u32, nics: i32) -> Topology {
-        Topology::build(
-            (0..gpus)
-                .map(|o| GpuInfo {
-                    ordinal: o,
-                    pci_bus_id: format!("0000:{:02x}:00.0", o + 4),
-                    place: None,
-                })
-                .collect(),
-            (0..nics)
-                .map(|d| NicInfo {
-                    device: d,
-                    name: format!("eth{}", d + 1),
-                    pci_path: None,
-                    place: None,
-                })
-                .collect(),
-            &MapSpec::Pci,
-        )
-        .unwrap()
+        Topology::synthetic(gpus, nics).unwrap()
     }
 
     #[test]
