@@ -366,6 +366,12 @@ impl Poller {
             for id in &removed {
                 self.buffers.remove(id);
             }
+            // The lane thread's registrations of them go too, before anything it is told next.
+            if let Some(t) = &self.lanes {
+                t.send(super::lane_thread::ToLanes::Forget(
+                    removed.iter().copied().collect(),
+                ));
+            }
             for p in self.peers.values_mut() {
                 for l in &mut p.send {
                     l.handles.retain(|(b, _), _| !removed.contains(b));
