@@ -53,8 +53,16 @@ async fn writes_and_reads_in_flight_move_exactly_on_the_lane_thread() {
             wait_ok(&mut a.client, id).await;
         }
         let want = crc(&mut a.client, src.id, 0, n * chunk).await;
-        assert_eq!(crc(&mut b.client, dst.id, 0, n * chunk).await, want, "round {round}");
-        assert_eq!(crc(&mut a.client, back.id, 0, n * chunk).await, want, "round {round}");
+        assert_eq!(
+            crc(&mut b.client, dst.id, 0, n * chunk).await,
+            want,
+            "round {round}"
+        );
+        assert_eq!(
+            crc(&mut a.client, back.id, 0, n * chunk).await,
+            want,
+            "round {round}"
+        );
         fill_seed(&mut a.client, src.id, 0, 0, 12 + round).await;
     }
     // One large transfer too (4 MiB chunks, the lane's window full).
