@@ -4,8 +4,8 @@
 # (A) against main (B).
 #   1. issue #38: 64 KiB at 8 and 16 in flight, WRITE then READ, GPU 0 -> GPU $PEER, runs
 #      alternating A B B A, each through benches/inflight_threads.py: per run the bench row,
-#      daemon a's and b's poller and lane thread CPU per transfer, and daemon a's steady window
-#      (busy µs per transfer, busy share, phases); then the raw rows (`tcpxctl bench raw`, the
+#      daemon a's and b's poller and lane thread CPU per transfer, and the steady window (busy µs
+#      per transfer, busy share, phases, each thread kind's CPU, actions); then the raw rows (`tcpxctl bench raw`, the
 #      plugin alone) at 8 and 16 for daemon ÷ raw;
 #   2. 4 KiB one at a time: `tcpxctl bench transfer --sizes 4K --concurrency 1` A B B A, and
 #      benches/board_ab.py --variants B (tcpxd.Client.read / write, tcpxd.nixl READ polled tight
@@ -47,7 +47,7 @@ for op in write read; do
             echo "-- $op, $c in flight, run $n ($who)"
             grep -E '^daemon-local' "$f" || echo "(no bench row: see $f)"
             grep -E '^daemon [ab] +tcpxd-(poller|lanes)' "$f" | head -4 || true
-            awk '/^Steady window/{print; f=1; next} f&&/^process /{print} f&&/^daemon a /{print; k++} k==3{exit}' "$f"
+            sed -n '/^Steady window/,$p' "$f"
         done
     done
 done
