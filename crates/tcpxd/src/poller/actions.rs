@@ -587,11 +587,14 @@ impl Poller {
         if let Some(t) = &self.lanes {
             for (li, l) in p.send.iter().enumerate() {
                 if matches!(l.state, super::SendLaneState::Threaded(_)) {
-                    t.send(super::lane_thread::ToLanes::Close {
-                        key: (peer, li as u32),
-                        epoch: l.epoch,
-                        apart: true,
-                    });
+                    t.send(
+                        l.gpu,
+                        super::lane_thread::ToLanes::Close {
+                            key: (peer, li as u32),
+                            epoch: l.epoch,
+                            apart: true,
+                        },
+                    );
                 }
             }
         }

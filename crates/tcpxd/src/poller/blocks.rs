@@ -56,7 +56,7 @@ use crate::net::host_copies::{CopyTicket, HostCopies, Place};
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::lane_thread::{LaneThread, ToLanes};
+use super::lane_thread::{LaneThreads, ToLanes};
 use super::{RecvLane, RecvLaneState, SendLane, SendLaneState};
 use crate::buffers::BufferEntry;
 use crate::engine::MAX_CHUNK_BYTES;
@@ -262,7 +262,7 @@ pub(super) fn gather_send(
     stages: &mut HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
     copies: &HostCopies,
-    (lanes, key): (Option<&LaneThread>, (crate::engine::PeerIdx, u32)),
+    (lanes, key): (Option<&LaneThreads>, (crate::engine::PeerIdx, u32)),
 ) -> Result<(SendPost, Option<String>), String> {
     let (outstanding, trace_id) = match &lane.state {
         SendLaneState::Ready(comm) => (comm.outstanding(), comm.trace_id()),
@@ -303,12 +303,15 @@ pub(super) fn gather_send(
                 // Registered on the lane thread, before the sends from it it is told of.
                 _ => {
                     let lanes = lanes.ok_or("a threaded send lane without the lane thread")?;
-                    lanes.send(ToLanes::Staging {
-                        key,
-                        epoch: lane.epoch,
-                        ring: staging.rings.len(),
-                        region: region.clone(),
-                    });
+                    lanes.send(
+                        lane.gpu,
+                        ToLanes::Staging {
+                            key,
+                            epoch: lane.epoch,
+                            ring: staging.rings.len(),
+                            region: region.clone(),
+                        },
+                    );
                     None
                 }
             };

@@ -366,11 +366,9 @@ impl Poller {
             for id in &removed {
                 self.buffers.remove(id);
             }
-            // The lane thread's registrations of them go too, before anything it is told next.
+            // The lane threads' registrations of them go too, before anything they are told next.
             if let Some(t) = &self.lanes {
-                t.send(super::lane_thread::ToLanes::Forget(
-                    removed.iter().copied().collect(),
-                ));
+                t.forget(&removed.iter().copied().collect::<Vec<_>>());
             }
             for p in self.peers.values_mut() {
                 for l in &mut p.send {

@@ -28,7 +28,7 @@ impl Poller {
         let meter = &self.meter;
         let rules = &self.cfg.rx_rules;
         let topology = &self.cfg.topology;
-        let lanes = &self.lanes;
+        let lanes = &mut self.lanes;
         for (&peer, p) in self.peers.iter_mut() {
             if p.failed {
                 continue;
@@ -44,25 +44,35 @@ impl Poller {
                     }
                     match c.step() {
                         Ok(Some(comm)) => {
-                            l.state = match lanes {
-                                // Every call on the comm from now on is the lane thread's.
+                            let handed = match lanes.as_mut() {
+                                // Every call on the comm from now on is its GPU's lane thread's.
                                 Some(t) => {
                                     l.epoch += 1;
                                     let trace_id = comm.trace_id();
-                                    t.send(ToLanes::Open {
+                                    let open = ToLanes::Open {
                                         key: (peer, li as u32),
                                         epoch: l.epoch,
                                         comm,
                                         gpu: l.gpu,
-                                    });
-                                    SendLaneState::Threaded(Threaded {
-                                        outstanding: 0,
-                                        trace_id,
+                                    };
+                                    t.open(l.gpu, open).map(|()| {
+                                        SendLaneState::Threaded(Threaded {
+                                            outstanding: 0,
+                                            trace_id,
+                                        })
                                     })
                                 }
-                                None => SendLaneState::Ready(comm),
+                                None => Ok(SendLaneState::Ready(comm)),
                             };
-                            events.push(Completion::LaneReady(peer, li as u32, true));
+                            match handed {
+                                Ok(state) => {
+                                    l.state = state;
+                                    events.push(Completion::LaneReady(peer, li as u32, true));
+                                }
+                                Err(why) => {
+                                    events.push(Completion::Failed(peer, format!("lane {li}: {why}")))
+                                }
+                            }
                         }
                         Ok(None) if now > *deadline => {
                             events.push(Completion::Failed(peer, format!("lane {li}: connect timed out")))

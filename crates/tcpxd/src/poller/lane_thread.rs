@@ -1,5 +1,6 @@
-//! The lane thread (`tcpxd-lanes`, `runtime.lane_thread`): the send lanes' comms, driven on a
-//! thread of their own. Once a send lane's connect completes, the poller hands its comm over
+//! The lane threads (`tcpxd-lanes-<gpu>`, `runtime.lane_thread`): the send lanes' comms, driven
+//! on threads of their own, one per GPU the comms were opened under (`tcpxd-lanes` for those
+//! opened under none). Once a send lane's connect completes, the poller hands its comm over
 //! ([`ToLanes::Open`]) and from then on every call on that comm — `regMr`/`deregMr` of the
 //! buffers' windows and staging rings, `isend`, `test`, the close — is made here; the poller
 //! keeps the lane's bookkeeping (the engine's window, the sends held back, the staging rings'
@@ -150,56 +151,99 @@ impl Lane {
     }
 }
 
-/// The poller's handle on the lane thread.
-pub(super) struct LaneThread {
+/// One lane thread's channel and thread.
+struct LaneThread {
     tx: mpsc::Sender<ToLanes>,
-    pub(super) events: Arc<LaneBox>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl LaneThread {
-    /// Starts `tcpxd-lanes`; `spin`: it lingers for [`LINGER`] after its last work (as the
-    /// poller does with `runtime.spin`) before it blocks on its channel.
-    pub(super) fn start(bell: Arc<Bell>, metrics: Arc<Metrics>, spin: bool) -> std::io::Result<LaneThread> {
-        let (tx, rx) = mpsc::channel();
-        let events = Arc::new(LaneBox {
-            events: Mutex::new(Vec::new()),
-            pending: AtomicBool::new(false),
-            bell,
-        });
-        let out = events.clone();
-        let thread = std::thread::Builder::new()
-            .name("tcpxd-lanes".into())
-            .spawn(move || {
-                Driver {
-                    rx,
-                    out,
-                    metrics,
-                    spin,
-                    lanes: HashMap::new(),
-                    events: Vec::new(),
-                }
-                .run()
-            })?;
-        Ok(LaneThread {
-            tx,
-            events,
-            thread: Some(thread),
-        })
+/// The poller's handle on its lane threads: one per GPU the send lanes' comms are opened under
+/// (`tcpxd-lanes-<gpu>`, as NCCL has a proxy thread per GPU), and one for lanes opened under
+/// none (`tcpxd-lanes`), each started with its first lane. They share one [`LaneBox`].
+pub(super) struct LaneThreads {
+    pub(super) events: Arc<LaneBox>,
+    metrics: Arc<Metrics>,
+    spin: bool,
+    threads: HashMap<Option<u32>, LaneThread>,
+}
+
+impl LaneThreads {
+    /// No thread yet; `spin`: each lingers for [`LINGER`] after its last work before it blocks on
+    /// its channel (whatever `spin` says since the linger change: kept for its pace).
+    pub(super) fn new(bell: Arc<Bell>, metrics: Arc<Metrics>, spin: bool) -> LaneThreads {
+        LaneThreads {
+            events: Arc::new(LaneBox {
+                events: Mutex::new(Vec::new()),
+                pending: AtomicBool::new(false),
+                bell,
+            }),
+            metrics,
+            spin,
+            threads: HashMap::new(),
+        }
     }
 
-    /// Sends an order (dropped when the thread has ended: only after `stop`).
-    pub(super) fn send(&self, m: ToLanes) {
-        let _ = self.tx.send(m);
+    /// Hands a connected comm to the thread of its GPU (started now if it is the first).
+    pub(super) fn open(&mut self, gpu: Option<u32>, m: ToLanes) -> Result<(), String> {
+        if !self.threads.contains_key(&gpu) {
+            let (tx, rx) = mpsc::channel();
+            let out = self.events.clone();
+            let (metrics, spin) = (self.metrics.clone(), self.spin);
+            let name = match gpu {
+                Some(g) => format!("tcpxd-lanes-{g}"),
+                None => "tcpxd-lanes".into(),
+            };
+            let thread = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || {
+                    Driver {
+                        rx,
+                        out,
+                        metrics,
+                        spin,
+                        lanes: HashMap::new(),
+                        events: Vec::new(),
+                    }
+                    .run()
+                })
+                .map_err(|e| format!("starting a lane thread: {e}"))?;
+            self.threads.insert(
+                gpu,
+                LaneThread {
+                    tx,
+                    thread: Some(thread),
+                },
+            );
+        }
+        self.send(gpu, m);
+        Ok(())
     }
 
-    /// Ends the thread and takes its lanes back.
+    /// Sends an order to the thread of a lane opened under `gpu` (dropped when there is none or
+    /// it has ended: only after `stop`).
+    pub(super) fn send(&self, gpu: Option<u32>, m: ToLanes) {
+        if let Some(t) = self.threads.get(&gpu) {
+            let _ = t.tx.send(m);
+        }
+    }
+
+    /// Buffers removed: every thread forgets their registrations.
+    pub(super) fn forget(&self, buffers: &[u64]) {
+        for t in self.threads.values() {
+            let _ = t.tx.send(ToLanes::Forget(buffers.to_vec()));
+        }
+    }
+
+    /// Ends every thread and takes their lanes back.
     pub(super) fn stop(&mut self) -> Vec<Lane> {
-        let (tx, rx) = mpsc::channel();
-        self.send(ToLanes::Stop(tx));
-        let lanes = rx.recv().unwrap_or_default();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        let mut lanes = Vec::new();
+        for (_, mut t) in self.threads.drain() {
+            let (tx, rx) = mpsc::channel();
+            let _ = t.tx.send(ToLanes::Stop(tx));
+            lanes.extend(rx.recv().unwrap_or_default());
+            if let Some(j) = t.thread.take() {
+                let _ = j.join();
+            }
         }
         lanes
     }

@@ -109,8 +109,7 @@ impl PollerHandle {
         let mut park = park;
         let lanes = match cfg.lane_thread {
             true => {
-                let t =
-                    lane_thread::LaneThread::start(park.bell(), cfg.metrics.clone(), cfg.warmth.is_some())?;
+                let t = lane_thread::LaneThreads::new(park.bell(), cfg.metrics.clone(), cfg.warmth.is_some());
                 park.watch_lanes(t.events.clone());
                 Some(t)
             }
@@ -366,8 +365,8 @@ struct Poller {
     inbound: VecDeque<Command>,
     /// Scratch for a direct socket's read.
     read_buf: Vec<u8>,
-    /// `runtime.lane_thread`: the thread driving the send lanes' comms.
-    lanes: Option<lane_thread::LaneThread>,
+    /// `runtime.lane_thread`: the threads driving the send lanes' comms (one per GPU).
+    lanes: Option<lane_thread::LaneThreads>,
     /// Scratch for what the lane thread reported.
     lane_events: Vec<lane_thread::LaneEvent>,
 }

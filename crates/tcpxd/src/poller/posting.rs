@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::blocks::{RecvPost, STAGED, SendPost};
-use super::lane_thread::{LaneThread, Mem, ToLanes};
+use super::lane_thread::{LaneThreads, Mem, ToLanes};
 use super::{LANDING, Posted, RecvLane, RecvLaneState, SendLane, SendLaneState};
 use crate::buffers::BufferEntry;
 use crate::lanes::{self, Dest, GpuStage, Target, Wait, stage_for};
@@ -95,7 +95,7 @@ pub(super) fn post_sends(
     buffers: &HashMap<u64, Arc<BufferEntry>>,
     stages: &mut HashMap<usize, GpuStage>,
     copies: &HostCopies,
-    lanes: Option<&LaneThread>,
+    lanes: Option<&LaneThreads>,
 ) -> Result<(), String> {
     let outstanding = match &mut l.state {
         SendLaneState::Ready(comm) => comm.outstanding(),
@@ -153,12 +153,15 @@ pub(super) fn post_sends(
                     Mem::Buffer(entry.clone(), offset)
                 };
                 let lanes = lanes.ok_or("a threaded send lane without the lane thread")?;
-                lanes.send(ToLanes::Post {
-                    key: (peer, li as u32),
-                    epoch: l.epoch,
-                    mem,
-                    len,
-                });
+                lanes.send(
+                    l.gpu,
+                    ToLanes::Post {
+                        key: (peer, li as u32),
+                        epoch: l.epoch,
+                        mem,
+                        len,
+                    },
+                );
                 t.outstanding += 1;
                 outstanding = t.outstanding;
                 t.trace_id

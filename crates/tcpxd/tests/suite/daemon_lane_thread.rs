@@ -1,6 +1,6 @@
-//! `runtime.lane_thread`: the send lanes' comms driven by the `tcpxd-lanes` thread. Many
-//! transfers in flight both ways move exactly, the thread is there (one per daemon), and every
-//! lane drains back to zero. (The whole suite runs with it too: `TCPXD_LANE_THREAD=on`.)
+//! `runtime.lane_thread`: the send lanes' comms driven by a lane thread (`tcpxd-lanes` for lanes
+//! opened under no GPU, as here). Many transfers in flight both ways move exactly, the thread
+//! starts with the first send lane (one per daemon here), and every lane drains back to zero. (The whole suite runs with it too: `TCPXD_LANE_THREAD=on`.)
 
 use crate::common::daemons::{self, *};
 
@@ -27,9 +27,11 @@ async fn lane_thread_pair(name: &str) -> (TestDaemon, TestDaemon) {
 async fn writes_and_reads_in_flight_move_exactly_on_the_lane_thread() {
     tcpxd::logging::init("warn");
     let (mut a, mut b) = lane_thread_pair("lanethread").await;
-    assert_eq!(threads_named("tcpxd-lanes"), 2, "one lane thread per daemon");
+    // Each starts with the first send lane connected under its GPU (none here): none yet.
+    assert_eq!(threads_named("tcpxd-lanes"), 0, "no send lane connected yet");
     let n = 32u64;
-    let chunk = 64 * KIB;
+    // Past `transfer.inline_max_bytes` (64 KiB): every transfer goes on the lanes.
+    let chunk = 256 * KIB;
     let src = host_buffer(&mut a.client, n * chunk, "").await;
     let dst = host_buffer(&mut b.client, n * chunk, "").await;
     let back = host_buffer(&mut a.client, n * chunk, "").await;
@@ -63,6 +65,8 @@ async fn writes_and_reads_in_flight_move_exactly_on_the_lane_thread() {
             want,
             "round {round}"
         );
+        // a's lanes carried the WRITEs, b's the READs: one lane thread in each daemon.
+        assert_eq!(threads_named("tcpxd-lanes"), 2, "one lane thread per daemon");
         fill_seed(&mut a.client, src.id, 0, 0, 12 + round).await;
     }
     // One large transfer too (4 MiB chunks, the lane's window full).
