@@ -4,10 +4,11 @@
 # (A) against main (B).
 #   1. issue #38: 64 KiB at 8 and 16 in flight, WRITE then READ, GPU 0 -> GPU $PEER, runs
 #      alternating A B B A, each through benches/inflight_threads.py: per run the bench row,
-#      daemon a's and b's poller and lane thread CPU per transfer, and the steady window (busy µs
-#      per transfer, busy share, phases, each thread kind's CPU, actions); then the raw rows (`tcpxctl bench raw`, the
-#      plugin alone) at 8 and 16 for daemon ÷ raw;
-#   2. 4 KiB one at a time: `tcpxctl bench transfer --sizes 4K --concurrency 1` A B B A, and
+#      daemon a's and b's poller and lane thread CPU per transfer, and the steady window (busy
+#      µs per transfer, busy share, phases, each thread kind's CPU, actions); then the raw rows
+#      (`tcpxctl bench raw`, the plugin alone) at 8 and 16 for daemon ÷ raw;
+#   2. one at a time: `tcpxctl bench transfer --sizes 4K|256K --concurrency 1` A B B A (4 KiB
+#      goes inline, no lane; 256 KiB crosses to the lane thread and back), and
 #      benches/board_ab.py --variants B (tcpxd.Client.read / write, tcpxd.nixl READ polled tight
 #      and with sleep(0), its WRITE), p50 / p99 and A ÷ B per round.
 # About 5 minutes at the defaults on two H200s.
@@ -19,7 +20,7 @@
 # nvidia-smi lists two GPUs, else 0), ROUNDS (2), SMALL_ITERS (2000), PYTHON (python3).
 set -euo pipefail
 if [ $# -lt 2 ]; then
-    sed -n 2,20p "$0"
+    sed -n 2,21p "$0"
     exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
@@ -57,16 +58,21 @@ for c in 8 16; do
     grep -E '^raw' "$out/raw-c$c.txt" || cat "$out/raw-c$c.txt"
 done
 
-echo "== 2. 4 KiB one at a time"
-n=0
-for who in A B B A; do
-    n=$((n + 1))
-    d=$A
-    [ "$who" = B ] && d=$B
-    "$d/tcpxctl" bench transfer --daemon "$d/tcpxd" --via local --sizes 4K --concurrency 1 --iters 5000 \
-        >"$out/small-c1-run$n-$who.txt" 2>&1 || true
-    echo "-- 4K, 1 in flight, run $n ($who)"
-    grep -E '^daemon-local' "$out/small-c1-run$n-$who.txt" || tail -3 "$out/small-c1-run$n-$who.txt"
+echo "== 2. one at a time: 4 KiB (inline: no lane) and 256 KiB (the lanes, through the lane thread)"
+for sz in 4K 256K; do
+    n=0
+    for who in A B B A; do
+        n=$((n + 1))
+        d=$A
+        [ "$who" = B ] && d=$B
+        for op in write read; do
+            f="$out/one-$sz-$op-run$n-$who.txt"
+            "$d/tcpxctl" bench transfer --daemon "$d/tcpxd" --via local --cuda 0 --peer-cuda "$peer" --sizes "$sz" \
+                --concurrency 1 --op "$op" --iters 5000 >"$f" 2>&1 || true
+            echo "-- $sz $op, 1 in flight, run $n ($who)"
+            grep -E '^daemon-local' "$f" || tail -3 "$f"
+        done
+    done
 done
 $PY "$here/board_ab.py" --after-bin "$A/tcpxd" --after-py "$A/python/src" --before-bin "$B/tcpxd" \
     --before-py "$B/python/src" --variants B --rounds "$rounds" --iters "$small" --only read,write,nixl \
