@@ -20,7 +20,7 @@
 # nvidia-smi lists two GPUs, else 0), ROUNDS (2), SMALL_ITERS (2000), PYTHON (python3).
 set -euo pipefail
 if [ $# -lt 2 ]; then
-    sed -n 2,21p "$0"
+    sed -n 2,20p "$0"
     exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
