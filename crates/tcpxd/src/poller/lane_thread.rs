@@ -31,7 +31,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::park::Bell;
 use super::posting::handle_for_entry;
@@ -168,8 +168,8 @@ pub(super) struct LaneThreads {
 }
 
 impl LaneThreads {
-    /// No thread yet; `spin`: each lingers for [`LINGER`] after its last work before it blocks on
-    /// its channel (whatever `spin` says since the linger change: kept for its pace).
+    /// No thread yet. `spin` (`runtime.spin`) and the host's CPUs decide how each polls
+    /// ([`polling`]).
     pub(super) fn new(bell: Arc<Bell>, metrics: Arc<Metrics>, spin: bool) -> LaneThreads {
         LaneThreads {
             events: Arc::new(LaneBox {
@@ -188,7 +188,8 @@ impl LaneThreads {
         if !self.threads.contains_key(&gpu) {
             let (tx, rx) = mpsc::channel();
             let out = self.events.clone();
-            let (metrics, spin) = (self.metrics.clone(), self.spin);
+            let metrics = self.metrics.clone();
+            let (pace, linger) = polling(self.spin, crate::idle::cpus());
             let name = match gpu {
                 Some(g) => format!("tcpxd-lanes-{g}"),
                 None => "tcpxd-lanes".into(),
@@ -200,7 +201,8 @@ impl LaneThreads {
                         rx,
                         out,
                         metrics,
-                        spin,
+                        pace,
+                        linger,
                         lanes: HashMap::new(),
                         events: Vec::new(),
                     }
@@ -253,7 +255,8 @@ struct Driver {
     rx: mpsc::Receiver<ToLanes>,
     out: Arc<LaneBox>,
     metrics: Arc<Metrics>,
-    spin: bool,
+    pace: Pace,
+    linger: Duration,
     lanes: HashMap<Key, Lane>,
     events: Vec<LaneEvent>,
 }
@@ -261,7 +264,7 @@ struct Driver {
 impl Driver {
     fn run(mut self) {
         tracing::debug!("lane thread started");
-        let mut backoff = Backoff::with(if self.spin { Pace::POLL } else { Pace::POLL_SHARED });
+        let mut backoff = Backoff::with(self.pace);
         let mut last_work = Instant::now();
         loop {
             lanes::next_pass();
@@ -289,10 +292,7 @@ impl Driver {
                 .lanes
                 .values()
                 .any(|l| !l.failed && (l.comm.outstanding() > 0 || !l.pending.is_empty()));
-            // It lingers after its last work, spinning or not: a post to a thread blocked on the
-            // channel costs the poller a futex wake (~2 µs on the build VM, most of what the
-            // post costs); the poller itself never parks while the engine has sends out.
-            let next = if busy || last_work.elapsed() < LINGER {
+            let next = if busy || last_work.elapsed() < self.linger {
                 match backoff.step() {
                     Step::Spun | Step::Yielded => continue,
                     Step::Nap(d) => self
@@ -443,6 +443,30 @@ impl Driver {
     }
 }
 
+/// How a lane thread polls while its sends are out, and how long it goes on after its last work
+/// before it blocks on its channel. With CPUs to spare (`runtime.spin`, or as many CPUs as make
+/// `spin = auto` on) it polls as the poller does — spinning with `spin`, yielding — and lingers
+/// [`LINGER`]: a post to a thread blocked on its channel costs the poller a futex wake (~2 µs of
+/// its `post_send` on the build VM). On fewer CPUs a yielding lane thread takes the CPU the
+/// plugin's threads and the receiver need, and a yield on a CPU others want can give it back a
+/// scheduler slice later (256 KiB one at a time 1.5× slower on the 2-CPU VM, measured): there it
+/// naps [`crate::idle::NAP`] between tests (a post ends the nap) and blocks at once when idle.
+fn polling(spin: bool, cpus: usize) -> (Pace, Duration) {
+    match (spin, cpus >= crate::idle::SPIN_AUTO_CPUS) {
+        (true, _) => (Pace::POLL, LINGER),
+        (false, true) => (Pace::POLL_SHARED, LINGER),
+        (false, false) => (
+            Pace {
+                spins: 0,
+                yield_for: Duration::ZERO,
+                nap_min: crate::idle::NAP,
+                nap_max: crate::idle::NAP,
+            },
+            Duration::ZERO,
+        ),
+    }
+}
+
 /// Posts a lane's held sends in order while the plugin takes them.
 fn post_held(l: &mut Lane) -> Result<(), String> {
     while l.comm.can_post()
@@ -475,4 +499,23 @@ fn close_under(l: Lane) {
         tracing::warn!("closing a send lane's comm: {e}");
     }
     drop(l);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::polling;
+    use crate::idle::{LINGER, NAP, Pace};
+    use std::time::Duration;
+
+    #[test]
+    fn lane_threads_poll_like_the_poller_only_with_cpus_to_spare() {
+        assert_eq!(polling(true, 2), (Pace::POLL, LINGER));
+        assert_eq!(polling(false, 16), (Pace::POLL_SHARED, LINGER));
+        let (few, linger) = polling(false, 2);
+        assert_eq!(
+            (few.spins, few.yield_for, few.nap_min, few.nap_max),
+            (0, Duration::ZERO, NAP, NAP)
+        );
+        assert_eq!(linger, Duration::ZERO);
+    }
 }
