@@ -200,6 +200,10 @@ def main():
                         continue
                 p = metrics[role] and pass_seconds(metrics[role])
                 if p:
+                    # Each thread kind's CPU so far (ns), for the steady window's per-thread rows.
+                    for (r, _), (name, ns) in seen.items():
+                        if r == role:
+                            p[("c", kind(name))] = p.get(("c", kind(name)), 0.0) + ns
                     series[role].append((time.monotonic(), p))
                     if a.syscalls and role == "daemon1":
                         syscall_window(roles, counting, count_span, p.get(("t", "ok"), 0.0), transfers)
@@ -385,6 +389,12 @@ def steady(series, lo=0.2, hi=0.8):
         name = role.replace("daemon1", "daemon a").replace("daemon2", "daemon b")
         vals = " ".join(f"{d.get(('p', n), 0.0) * 1e6 / transfers:>11.2f}" for n in names)
         print(f"{name:<10} {busy * 1e6 / transfers:>7.1f} {busy / (s1[0] - s0[0]):>10.2f} {vals}")
+    print("CPU per thread kind in the window (µs per transfer, ≥ 0.5; /proc schedstat):")
+    for role, d in rows.items():
+        name = role.replace("daemon1", "daemon a").replace("daemon2", "daemon b")
+        cpu = sorted(((k[1], v) for k, v in d.items() if k[0] == "c"), key=lambda kv: -kv[1])
+        cells = [f"{k} {v / 1e3 / transfers:.1f}" for k, v in cpu if v / 1e3 / transfers >= 0.5]
+        print(f"{name:<10} cpu: " + ", ".join(cells))
     for role, d in rows.items():
         name = role.replace("daemon1", "daemon a").replace("daemon2", "daemon b")
         acts = sorted(((k[1], v) for k, v in d.items() if k[0] == "a"), key=lambda kv: -kv[1])

@@ -163,6 +163,11 @@ pub struct DaemonArgs {
     /// `off` (docs/CONFIG.md). Default: on.
     #[arg(long, env = "TCPXD_REQUEST_RING", value_name = "on|off")]
     pub request_ring: Option<String>,
+    /// Whether the send lanes' plugin calls run on a lane thread of their own (`tcpxd-lanes`)
+    /// rather than the poller's (`runtime.lane_thread`): `on` or `off` (docs/CONFIG.md).
+    /// Default: off.
+    #[arg(long, env = "TCPXD_LANE_THREAD", value_name = "on|off")]
+    pub lane_thread: Option<String>,
     /// Helper threads for block chunks' host gathers and scatters (`transfer.host_copy_threads`;
     /// 0: the poller copies alone). Default: none below 4 CPUs, else half of them, at most 8.
     #[arg(long, env = "TCPXD_HOST_COPY_THREADS")]
@@ -318,6 +323,9 @@ pub struct Config {
     pub shared_completions: bool,
     /// Whether framed sessions may attach a request ring (src/api/local/ring.rs).
     pub request_ring: bool,
+    /// Whether the send lanes' comms are driven by a lane thread (`runtime.lane_thread`,
+    /// `poller/lane_thread.rs`).
+    pub lane_thread: bool,
     /// Async worker threads for the runtime (resolved: never 0).
     pub async_workers: usize,
     /// Each GPU's NIC(s) (`topology.map`): checked against the GPUs and devices at start-up.
@@ -488,6 +496,11 @@ impl Config {
             file.runtime.shared_completions,
         )?;
         let request_ring = on_off("--request-ring", &args.request_ring, file.runtime.request_ring)?;
+        let lane_thread = on_off(
+            "--lane-thread",
+            &args.lane_thread,
+            Some(file.runtime.lane_thread.unwrap_or(false)),
+        )?;
         let async_workers = match args.async_workers.or(file.runtime.async_workers) {
             Some(n) if n > 1024 => {
                 return Err(ConfigError::Invalid(format!(
@@ -691,6 +704,7 @@ impl Config {
             poller_sessions,
             shared_completions,
             request_ring,
+            lane_thread,
             async_workers,
             topology,
             state_dir: args.state_dir.clone().or_else(|| file.runtime.state_dir.clone()),

@@ -109,6 +109,23 @@ fn spin_and_async_workers() {
     assert!(cfg("", on).unwrap().poller_sessions);
     let e = cfg("[runtime]\npoller_sessions = \"maybe\"\n", DaemonArgs::default()).unwrap_err();
     assert!(e.to_string().contains("runtime.poller_sessions"), "{e}");
+    // runtime.lane_thread: off by default; the file's bool, the flag's on / off (the flag wins).
+    assert!(!cfg("", DaemonArgs::default()).unwrap().lane_thread);
+    assert!(
+        cfg("[runtime]\nlane_thread = true\n", DaemonArgs::default())
+            .unwrap()
+            .lane_thread
+    );
+    let off = DaemonArgs {
+        lane_thread: Some("off".into()),
+        ..Default::default()
+    };
+    assert!(!cfg("[runtime]\nlane_thread = true\n", off).unwrap().lane_thread);
+    let bad = DaemonArgs {
+        lane_thread: Some("maybe".into()),
+        ..Default::default()
+    };
+    assert!(cfg("", bad).unwrap_err().to_string().contains("--lane-thread"));
     // runtime.shared_completions: on by default; the file's bool, the flag's on / off.
     assert!(cfg("", DaemonArgs::default()).unwrap().shared_completions);
     let c = cfg("[runtime]\nshared_completions = false\n", DaemonArgs::default()).unwrap();

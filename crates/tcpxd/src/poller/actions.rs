@@ -248,6 +248,7 @@ impl Poller {
                 &mut self.stages,
                 self.unpack_impl,
                 &self.host_copies,
+                (self.lanes.as_ref(), (peer, lane)),
             ),
             _ => Ok((SendPost::plain(buffer, offset, len), None)),
         };
@@ -276,7 +277,16 @@ impl Poller {
                 self.engine.fail_posted_send(peer, lane, buffer, offset, &why);
             }
             l.deferred.push_back(post);
-            post_sends(l, window, &self.buffers, &mut self.stages, &self.host_copies)
+            post_sends(
+                peer,
+                lane as usize,
+                l,
+                window,
+                &self.buffers,
+                &mut self.stages,
+                &self.host_copies,
+                self.lanes.as_ref(),
+            )
         })
         .map_err(|why| format!("lane {lane} {what}: {why}"))
     }
@@ -573,6 +583,21 @@ impl Poller {
         self.host_copies.quiesce();
         // The lanes' comms close apart: the plugin's close of a comm with a request under way
         // waits for a hung peer, for ever if it never comes back; the poller must not.
+        // Those the lane thread drives close there the same way (`lane_thread.rs`).
+        if let Some(t) = &self.lanes {
+            for (li, l) in p.send.iter().enumerate() {
+                if matches!(l.state, super::SendLaneState::Threaded(_)) {
+                    t.send(
+                        l.gpu,
+                        super::lane_thread::ToLanes::Close {
+                            key: (peer, li as u32),
+                            epoch: l.epoch,
+                            apart: true,
+                        },
+                    );
+                }
+            }
+        }
         let send = p.send.iter_mut().map(SendLane::take).collect();
         let recv = p.recv.iter_mut().map(RecvLane::take).collect();
         super::peers::close_apart(p.node_id.clone(), send, recv);
@@ -616,6 +641,7 @@ impl Poller {
                 &mut self.stages,
                 self.unpack_impl,
                 &self.host_copies,
+                (self.lanes.as_ref(), (peer, lane)),
             )
         });
         self.queue_send(peer, lane, (buffer, wire), made, "block send")

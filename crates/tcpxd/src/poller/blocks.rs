@@ -56,6 +56,7 @@ use crate::net::host_copies::{CopyTicket, HostCopies, Place};
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::lane_thread::{LaneThreads, ToLanes};
 use super::{RecvLane, RecvLaneState, SendLane, SendLaneState};
 use crate::buffers::BufferEntry;
 use crate::engine::MAX_CHUNK_BYTES;
@@ -146,7 +147,11 @@ enum Kind {
 /// A send lane's staging ring of one memory kind.
 struct StagingRing {
     kind: Kind,
-    mh: MemHandle,
+    /// Its registration on the lane's comm; `None` when the lane thread holds it
+    /// (`runtime.lane_thread`).
+    mh: Option<MemHandle>,
+    /// Its memory (the registration keeps it too).
+    region: Arc<dyn Region>,
     slot_bytes: u32,
     /// GPU: the ring's device view.
     span: Option<DeviceSpan>,
@@ -162,7 +167,7 @@ pub(super) struct SendStaging {
 impl SendStaging {
     /// The registration a staged send is posted from.
     pub(super) fn handle(&self, ring: usize) -> Option<&MemHandle> {
-        self.rings.get(ring).map(|r| &r.mh)
+        self.rings.get(ring).and_then(|r| r.mh.as_ref())
     }
 
     /// Whether a GPU may still be writing this lane's staging rings.
@@ -257,9 +262,12 @@ pub(super) fn gather_send(
     stages: &mut HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
     copies: &HostCopies,
+    (lanes, key): (Option<&LaneThreads>, (crate::engine::PeerIdx, u32)),
 ) -> Result<(SendPost, Option<String>), String> {
-    let SendLaneState::Ready(comm) = &lane.state else {
-        return Err("the lane is not connected".into());
+    let (outstanding, trace_id) = match &lane.state {
+        SendLaneState::Ready(comm) => (comm.outstanding(), comm.trace_id()),
+        SendLaneState::Threaded(t) => (t.outstanding, t.trace_id),
+        _ => return Err("the lane is not connected".into()),
     };
     let kind = entry.gpu().map_or(Kind::Host, |g| Kind::Gpu(g.ordinal()));
     // The engine's limit for this memory's sends in pieces (host or GPU: the buffer's memory as
@@ -287,13 +295,31 @@ pub(super) fn gather_send(
                     (Arc::new(r), Some(span))
                 }
             };
-            let mh = comm
-                .register(region)
-                .map_err(|e| format!("registering the staging ring: {e}"))?;
+            let mh = match &lane.state {
+                SendLaneState::Ready(comm) => Some(
+                    comm.register(region.clone())
+                        .map_err(|e| format!("registering the staging ring: {e}"))?,
+                ),
+                // Registered on the lane thread, before the sends from it it is told of.
+                _ => {
+                    let lanes = lanes.ok_or("a threaded send lane without the lane thread")?;
+                    lanes.send(
+                        lane.gpu,
+                        ToLanes::Staging {
+                            key,
+                            epoch: lane.epoch,
+                            ring: staging.rings.len(),
+                            region: region.clone(),
+                        },
+                    );
+                    None
+                }
+            };
             tracing::debug!(bytes, ?kind, "send lane staging ring ready");
             staging.rings.push(StagingRing {
                 kind,
                 mh,
+                region,
                 slot_bytes,
                 span,
             });
@@ -313,7 +339,7 @@ pub(super) fn gather_send(
     // before it, room in the plugin); due when the plugin would take its send as soon as it is
     // gathered (fewer than `send_window` of the lane's sends before it, in the plugin or
     // waiting); else behind, until its lane's window reaches it (`post_sends` moves it up).
-    let before = comm.outstanding() + lane.deferred.len();
+    let before = outstanding + lane.deferred.len();
     let place = if before >= slots.send_window {
         Place::Behind
     } else if lane.deferred.is_empty() {
@@ -321,7 +347,7 @@ pub(super) fn gather_send(
     } else {
         Place::Due
     };
-    tracing::trace!(target: "tcpxd::hop", hop = "poller.gather", len, comm = comm.trace_id());
+    tracing::trace!(target: "tcpxd::hop", hop = "poller.gather", len, comm = trace_id);
     let offset = slot * u64::from(r.slot_bytes);
     let mut post = SendPost {
         buffer: STAGED,
@@ -342,7 +368,7 @@ pub(super) fn gather_send(
                 pages,
                 entry.size,
                 segs,
-                &**r.mh.region(),
+                &*r.region,
                 offset as usize,
                 r.slot_bytes as usize,
             ) {
@@ -361,7 +387,7 @@ pub(super) fn gather_send(
             let (_, ticket) = crate::net::blocks::gather_region_queued(
                 &entry.mapped_region()?,
                 segs,
-                r.mh.region(),
+                &r.region,
                 offset as usize,
                 r.slot_bytes as usize,
                 copies,

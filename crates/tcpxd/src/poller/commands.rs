@@ -366,6 +366,10 @@ impl Poller {
             for id in &removed {
                 self.buffers.remove(id);
             }
+            // The lane threads' registrations of them go too, before anything they are told next.
+            if let Some(t) = &self.lanes {
+                t.forget(&removed.iter().copied().collect::<Vec<_>>());
+            }
             for p in self.peers.values_mut() {
                 for l in &mut p.send {
                     l.handles.retain(|(b, _), _| !removed.contains(b));

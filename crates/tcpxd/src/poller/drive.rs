@@ -8,8 +8,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::blocks::{self, STAGED};
+use super::lane_thread::{LaneEvent, ToLanes};
 use super::posting::{Placed, post_recvs, post_sends, start_buffer_unpack};
-use super::{Completion, LANDING, Landing, PeerSlot, Poller, Posted, RecvLane, RecvLaneState, SendLaneState};
+use super::{
+    Completion, LANDING, Landing, PeerSlot, Poller, Posted, RecvLane, RecvLaneState, SendLaneState, Threaded,
+};
 use crate::buffers::BufferEntry;
 use crate::engine::PeerIdx;
 use crate::lanes::GpuStage;
@@ -25,6 +28,7 @@ impl Poller {
         let meter = &self.meter;
         let rules = &self.cfg.rx_rules;
         let topology = &self.cfg.topology;
+        let lanes = &mut self.lanes;
         for (&peer, p) in self.peers.iter_mut() {
             if p.failed {
                 continue;
@@ -40,8 +44,35 @@ impl Poller {
                     }
                     match c.step() {
                         Ok(Some(comm)) => {
-                            l.state = SendLaneState::Ready(comm);
-                            events.push(Completion::LaneReady(peer, li as u32, true));
+                            let handed = match lanes.as_mut() {
+                                // Every call on the comm from now on is its GPU's lane thread's.
+                                Some(t) => {
+                                    l.epoch += 1;
+                                    let trace_id = comm.trace_id();
+                                    let open = ToLanes::Open {
+                                        key: (peer, li as u32),
+                                        epoch: l.epoch,
+                                        comm,
+                                        gpu: l.gpu,
+                                    };
+                                    t.open(l.gpu, open).map(|()| {
+                                        SendLaneState::Threaded(Threaded {
+                                            outstanding: 0,
+                                            trace_id,
+                                        })
+                                    })
+                                }
+                                None => Ok(SendLaneState::Ready(comm)),
+                            };
+                            match handed {
+                                Ok(state) => {
+                                    l.state = state;
+                                    events.push(Completion::LaneReady(peer, li as u32, true));
+                                }
+                                Err(why) => {
+                                    events.push(Completion::Failed(peer, format!("lane {li}: {why}")))
+                                }
+                            }
                         }
                         Ok(None) if now > *deadline => {
                             events.push(Completion::Failed(peer, format!("lane {li}: connect timed out")))
@@ -116,6 +147,9 @@ impl Poller {
         // Everything unpacked by now is consumed below.
         self.landed_in_actions = false;
         let copied = !self.inline_copies.is_idle() && self.finish_inline_copies();
+        // Reused every pass: no allocation on the hot path once it has grown.
+        let mut events = std::mem::take(&mut self.completions);
+        let threaded = self.take_lane_events(&mut events);
         let window = self.cfg.engine.send_window;
         let recv_window = self.cfg.engine.recv_window;
         let Poller {
@@ -127,18 +161,29 @@ impl Poller {
             meter,
             engine,
             segs,
+            lanes,
             ..
         } = self;
-        // Reused every pass: no allocation on the hot path once it has grown.
-        let mut events = std::mem::take(&mut self.completions);
+        let lanes = lanes.as_ref();
         for (&peer, p) in peers.iter_mut() {
             if p.failed {
                 continue;
             }
             for &li in &p.send_opened {
                 let l = &mut p.send[li];
-                let SendLaneState::Ready(comm) = &mut l.state else {
-                    continue;
+                let comm = match &mut l.state {
+                    SendLaneState::Ready(comm) => comm,
+                    // Its sends done came from the lane thread (above): those held back follow.
+                    SendLaneState::Threaded(_) => {
+                        if !l.deferred.is_empty()
+                            && let Err(why) =
+                                post_sends(peer, li, l, window, buffers, stages, host_copies, lanes)
+                        {
+                            events.push(Completion::Failed(peer, format!("lane {li} send: {why}")));
+                        }
+                        continue;
+                    }
+                    _ => continue,
                 };
                 let cid = comm.trace_id();
                 let tested = lanes::test_sends(comm, || {
@@ -153,7 +198,7 @@ impl Poller {
                 // After the test: a send done makes room for the next one held back (gathered
                 // ahead), posted in this pass rather than the next.
                 if !l.deferred.is_empty()
-                    && let Err(why) = post_sends(l, window, buffers, stages, host_copies)
+                    && let Err(why) = post_sends(peer, li, l, window, buffers, stages, host_copies, lanes)
                 {
                     events.push(Completion::Failed(peer, format!("lane {li} send: {why}")));
                 }
@@ -268,10 +313,54 @@ impl Poller {
             stage.advance();
         }
         consume_unpacked(peers, buffers, recv_window, stages, meter, &mut events);
-        let progressed = copied || !events.is_empty();
+        let progressed = copied || threaded || !events.is_empty();
         self.apply(&mut events);
         self.completions = events;
         progressed
+    }
+
+    /// Takes what the lane thread reported (`lane_thread.rs`): each send done a
+    /// [`Completion::SendDone`] (its lane's count handed over goes down), a lane's failure its
+    /// pairing's. Those about a comm the lane no longer has are ignored. True when any came.
+    fn take_lane_events(&mut self, events: &mut Vec<Completion>) -> bool {
+        let Some(t) = &self.lanes else {
+            return false;
+        };
+        let mut got = std::mem::take(&mut self.lane_events);
+        t.events.take(&mut got);
+        let any = !got.is_empty();
+        for e in got.drain(..) {
+            let (key, epoch) = match &e {
+                LaneEvent::Sent { key, epoch, .. } | LaneEvent::Failed { key, epoch, .. } => (*key, *epoch),
+            };
+            let (peer, li) = key;
+            let Some(l) = self
+                .peers
+                .get_mut(&peer)
+                .filter(|p| !p.failed)
+                .and_then(|p| p.send.get_mut(li as usize))
+                .filter(|l| l.epoch == epoch)
+            else {
+                continue;
+            };
+            let SendLaneState::Threaded(th) = &mut l.state else {
+                continue;
+            };
+            match e {
+                LaneEvent::Sent { n, .. } => {
+                    th.outstanding = th.outstanding.saturating_sub(n as usize);
+                    for _ in 0..n {
+                        tracing::trace!(target: "tcpxd::hop", hop = "poller.sent", pass = crate::lanes::pass(), lane = li, comm = th.trace_id);
+                        events.push(Completion::SendDone(peer, li));
+                    }
+                }
+                LaneEvent::Failed { why, .. } => {
+                    events.push(Completion::Failed(peer, format!("lane {li} send: {why}")));
+                }
+            }
+        }
+        self.lane_events = got;
+        any
     }
 
     /// After a batch of actions that landed eager chunks (`Action::Land`, `LandScatter`): the
@@ -411,7 +500,7 @@ impl Poller {
                 p.direct.as_ref().is_some_and(|d| d.unsent() > 0)
                     || p.send_opened.iter().map(|&i| &p.send[i]).any(|l| match &l.state {
                         SendLaneState::Connecting(..) => true,
-                        SendLaneState::Ready(_) => !l.deferred.is_empty(),
+                        SendLaneState::Ready(_) | SendLaneState::Threaded(_) => !l.deferred.is_empty(),
                         SendLaneState::Closed => false,
                     })
                     || p.recv_opened.iter().map(|&i| &p.recv[i]).any(|l| match &l.state {

@@ -366,4 +366,7 @@ pub struct PollerConfig {
     pub host_copy: crate::net::host_copies::HelperPolicy,
     /// `runtime.poller_sessions`: framed sessions' requests are read on this thread (`sessions.rs`).
     pub serve_sessions: bool,
+    /// `runtime.lane_thread`: the send lanes' comms are driven by a lane thread
+    /// (`lane_thread.rs`), not this one.
+    pub lane_thread: bool,
 }

@@ -94,6 +94,18 @@ impl Poller {
         }
         if send {
             if let Some(l) = p.send.get_mut(lane as usize) {
+                // A comm the lane thread drives closes there, under the same GPU, after the
+                // sends it was told of (`lane_thread.rs`).
+                if let (super::SendLaneState::Threaded(_), Some(t)) = (&l.state, &self.lanes) {
+                    t.send(
+                        l.gpu,
+                        super::lane_thread::ToLanes::Close {
+                            key: (peer, lane),
+                            epoch: l.epoch,
+                            apart: false,
+                        },
+                    );
+                }
                 l.handles = HashMap::new();
                 l.deferred.clear();
                 l.staging = blocks::SendStaging::default();

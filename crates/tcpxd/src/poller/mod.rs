@@ -68,6 +68,7 @@ mod inline;
 mod inline_copies;
 mod interface;
 mod lane_life;
+mod lane_thread;
 mod park;
 mod pass_clock;
 mod peers;
@@ -105,6 +106,15 @@ impl PollerHandle {
         let unpack_impl = cfg.unpack_impl;
         let host_copies = HostCopies::with_policy(cfg.host_copy_threads, cfg.host_copy);
         let meter = Meter::new(cfg.metrics.clone());
+        let mut park = park;
+        let lanes = match cfg.lane_thread {
+            true => {
+                let t = lane_thread::LaneThreads::new(park.bell(), cfg.metrics.clone(), cfg.warmth.is_some());
+                park.watch_lanes(t.events.clone());
+                Some(t)
+            }
+            false => None,
+        };
         let thread = std::thread::Builder::new()
             .name("tcpxd-poller".into())
             .spawn(move || {
@@ -143,6 +153,8 @@ impl PollerHandle {
                     direct_ready: Vec::new(),
                     inbound: VecDeque::new(),
                     read_buf: vec![0; direct::READ_BUF],
+                    lanes,
+                    lane_events: Vec::new(),
                 }
                 .run()
             })?;
@@ -172,7 +184,17 @@ impl PollerHandle {
 enum SendLaneState {
     Connecting(Connector, Instant),
     Ready(SendComm),
+    /// Connected, its comm driven by the lane thread (`runtime.lane_thread`, `lane_thread.rs`).
+    Threaded(Threaded),
     Closed,
+}
+
+/// A send lane whose comm the lane thread drives: what the poller knows of it.
+struct Threaded {
+    /// Sends handed to the lane thread and not yet reported done (at most `send_window`).
+    outstanding: usize,
+    /// The comm's number in the hop trace.
+    trace_id: usize,
 }
 
 enum RecvLaneState {
@@ -186,6 +208,9 @@ struct SendLane {
     /// The GPU made current at each connect call (one its NIC serves; `None`: no GPU).
     gpu: Option<u32>,
     state: SendLaneState,
+    /// Which comm of the lane the lane thread drives: grows with each one handed over, so what
+    /// it reports of an older one is ignored.
+    epoch: u64,
     /// Registrations by (buffer, window).
     handles: HashMap<(u64, u64), MemHandle>,
     /// Posts the plugin could not take yet, whose gather is still running, or held while the
@@ -340,6 +365,10 @@ struct Poller {
     inbound: VecDeque<Command>,
     /// Scratch for a direct socket's read.
     read_buf: Vec<u8>,
+    /// `runtime.lane_thread`: the threads driving the send lanes' comms (one per GPU).
+    lanes: Option<lane_thread::LaneThreads>,
+    /// Scratch for what the lane thread reported.
+    lane_events: Vec<lane_thread::LaneEvent>,
 }
 
 impl Drop for Poller {

@@ -89,7 +89,7 @@ pub struct Bell {
 impl Bell {
     /// After a command went on the channel: wakes the poller if it waits (see the module's
     /// "Why no wake-up is lost").
-    fn ring_if_waiting(&self) {
+    pub(super) fn ring_if_waiting(&self) {
         fence(Ordering::SeqCst);
         match self.state.load(Ordering::Relaxed) {
             NAPPING => self.unpark(),
@@ -199,6 +199,9 @@ pub(super) struct Park {
     /// The framed sessions' request rings (`rings.rs`): looked at every pass, told when the
     /// poller waits.
     rings: Arc<RingWatch>,
+    /// With `runtime.lane_thread`: where the lane thread leaves what completed
+    /// (`lane_thread.rs`); looked at as the channel is before a wait.
+    lanes: Option<Arc<super::lane_thread::LaneBox>>,
 }
 
 impl Park {
@@ -232,8 +235,19 @@ impl Park {
             sessions_ready: Vec::new(),
             session_wakers: Vec::new(),
             rings,
+            lanes: None,
         };
         Ok((park, sender))
+    }
+
+    /// The bell the lane thread rings (`lane_thread.rs`).
+    pub(super) fn bell(&self) -> Arc<Bell> {
+        self.bell.clone()
+    }
+
+    /// Looks at the lane thread's events before each wait, as at the channel.
+    pub(super) fn watch_lanes(&mut self, lanes: Arc<super::lane_thread::LaneBox>) {
+        self.lanes = Some(lanes);
     }
 
     /// On the poller's thread, before its first pass: whom a sender unparks.
@@ -304,7 +318,7 @@ impl Park {
         self.bell.state.store(state, Ordering::Relaxed);
         fence(Ordering::SeqCst);
         // The request rings say the poller may not look, then it looks once more (rings.rs).
-        if self.rings.parking() {
+        if self.rings.parking() || self.lanes.as_ref().is_some_and(|l| l.pending()) {
             self.rings.unparked();
             self.bell.state.store(AWAKE, Ordering::Relaxed);
             return Woken::Ring;

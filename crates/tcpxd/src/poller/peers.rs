@@ -19,6 +19,7 @@ impl SendLane {
             device,
             gpu,
             state: SendLaneState::Closed,
+            epoch: 0,
             handles: HashMap::new(),
             deferred: VecDeque::new(),
             tag: Tag::default(),
@@ -29,7 +30,12 @@ impl SendLane {
     /// Everything the lane holds (its comm, registrations, queues, staging rings), leaving it
     /// closed.
     pub(super) fn take(&mut self) -> SendLane {
-        std::mem::replace(self, SendLane::closed(self.device, self.gpu))
+        let epoch = self.epoch;
+        let mut taken = std::mem::replace(self, SendLane::closed(self.device, self.gpu));
+        // The next comm handed to the lane thread is a new generation still.
+        self.epoch = epoch;
+        taken.epoch = epoch;
+        taken
     }
 }
 
@@ -193,7 +199,10 @@ impl Poller {
         // No host copy may still read a comm's bounce pages once the comms close.
         self.host_copies.quiesce();
         let by = self.engine.close_by(Instant::now());
+        // The lane thread ends and hands its comms back: closed with the poller's own.
+        let threaded = self.lanes.as_mut().map(|t| t.stop()).unwrap_or_default();
         close_comms(
+            threaded,
             std::mem::take(&mut self.peers),
             std::mem::take(&mut self.prepared),
             std::mem::take(&mut self.buffers),
@@ -213,15 +222,19 @@ impl Poller {
 /// so no plugin thread ever writes into memory given back. Each lane's comm closes with the GPU
 /// it was opened under current ([`drop_under`]).
 fn close_comms(
+    threaded: Vec<super::lane_thread::Lane>,
     peers: std::collections::BTreeMap<PeerIdx, PeerSlot>,
     prepared: HashMap<u64, Vec<ListenComm>>,
     buffers: HashMap<u64, std::sync::Arc<crate::buffers::BufferEntry>>,
     by: Instant,
 ) {
     let (done, closed) = std::sync::mpsc::channel::<()>();
-    let comms = peers.values().map(|p| p.send.len() + p.recv.len()).sum::<usize>();
+    let comms = threaded.len() + peers.values().map(|p| p.send.len() + p.recv.len()).sum::<usize>();
     let close = move || {
         let mut peers = peers;
+        for l in threaded {
+            drop_under(l.gpu(), l);
+        }
         // Each lane's comm under the GPU it was opened under, as `close_apart`.
         for p in peers.values_mut() {
             for l in std::mem::take(&mut p.send) {

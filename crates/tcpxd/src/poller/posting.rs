@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::blocks::{RecvPost, STAGED, SendPost};
+use super::lane_thread::{LaneThreads, Mem, ToLanes};
 use super::{LANDING, Posted, RecvLane, RecvLaneState, SendLane, SendLaneState};
 use crate::buffers::BufferEntry;
 use crate::lanes::{self, Dest, GpuStage, Target, Wait, stage_for};
@@ -28,31 +29,54 @@ pub(super) fn handle_for<'a>(
     register: impl FnOnce(Arc<dyn crate::net::Region>) -> Result<MemHandle, crate::net::NetError>,
 ) -> Result<(&'a MemHandle, u64), String> {
     let window = offset / WINDOW_STRIDE;
-    let start = window * WINDOW_STRIDE;
     let mh = match handles.entry((buffer, window)) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(v) => {
             let entry = buffers
                 .get(&buffer)
                 .ok_or_else(|| format!("buffer {buffer} vanished"))?;
-            // The plugin registers CUDA memory in the context current on this thread.
-            if let Some(gpu) = entry.gpu() {
-                gpu.bind_to_thread().map_err(|e| e.to_string())?;
-            }
-            let len = WINDOW_LEN.min(entry.size - start);
-            let whole = entry.mapped_region()?;
-            let region: Arc<dyn crate::net::Region> = if start == 0 && len == entry.size {
-                whole
-            } else {
-                Arc::new(
-                    crate::net::RegionWindow::new(whole, start as usize, len as usize)
-                        .map_err(|e| e.to_string())?,
-                )
-            };
-            v.insert(register(region).map_err(|e| e.to_string())?)
+            v.insert(register_window(entry, window, register)?)
         }
     };
-    Ok((mh, offset - start))
+    Ok((mh, offset - window * WINDOW_STRIDE))
+}
+
+/// [`handle_for`] with the buffer's entry at hand (the lane thread's: `lane_thread.rs`).
+pub(super) fn handle_for_entry<'a>(
+    handles: &'a mut HashMap<(u64, u64), MemHandle>,
+    entry: &BufferEntry,
+    offset: u64,
+    register: impl FnOnce(Arc<dyn crate::net::Region>) -> Result<MemHandle, crate::net::NetError>,
+) -> Result<(&'a MemHandle, u64), String> {
+    let window = offset / WINDOW_STRIDE;
+    let mh = match handles.entry((entry.id, window)) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(v) => v.insert(register_window(entry, window, register)?),
+    };
+    Ok((mh, offset - window * WINDOW_STRIDE))
+}
+
+/// Registers window `window` of `entry` with `register`, under the buffer's GPU.
+fn register_window(
+    entry: &BufferEntry,
+    window: u64,
+    register: impl FnOnce(Arc<dyn crate::net::Region>) -> Result<MemHandle, crate::net::NetError>,
+) -> Result<MemHandle, String> {
+    let start = window * WINDOW_STRIDE;
+    // The plugin registers CUDA memory in the context current on this thread.
+    if let Some(gpu) = entry.gpu() {
+        gpu.bind_to_thread().map_err(|e| e.to_string())?;
+    }
+    let len = WINDOW_LEN.min(entry.size - start);
+    let whole = entry.mapped_region()?;
+    let region: Arc<dyn crate::net::Region> = if start == 0 && len == entry.size {
+        whole
+    } else {
+        Arc::new(
+            crate::net::RegionWindow::new(whole, start as usize, len as usize).map_err(|e| e.to_string())?,
+        )
+    };
+    register(region).map_err(|e| e.to_string())
 }
 
 /// Posts deferred sends in order while the plugin takes them and has fewer than `window`
@@ -62,17 +86,24 @@ pub(super) fn handle_for<'a>(
 /// gathers the window has reached move up in the helpers' queue (`HostCopies::hurry`, session
 /// 28): the head's to `Place::Next`, the others' to `Place::Due` (the plugin would take their
 /// sends at once).
+#[allow(clippy::too_many_arguments)]
 pub(super) fn post_sends(
+    peer: crate::engine::PeerIdx,
+    li: usize,
     l: &mut SendLane,
     window: usize,
     buffers: &HashMap<u64, Arc<BufferEntry>>,
     stages: &mut HashMap<usize, GpuStage>,
     copies: &HostCopies,
+    lanes: Option<&LaneThreads>,
 ) -> Result<(), String> {
-    let SendLaneState::Ready(comm) = &mut l.state else {
-        return Ok(());
+    let outstanding = match &mut l.state {
+        SendLaneState::Ready(comm) => comm.outstanding(),
+        SendLaneState::Threaded(t) => t.outstanding,
+        _ => return Ok(()),
     };
-    while comm.outstanding() < window
+    let mut outstanding = outstanding;
+    while outstanding < window
         && let Some(&SendPost {
             buffer,
             offset,
@@ -94,18 +125,49 @@ pub(super) fn post_sends(
                 Some(Ok(())) => {}
             }
         }
-        let (mh, at) = if buffer == STAGED {
-            let mh = l
-                .staging
-                .handle(ring)
-                .ok_or("a staged send without its staging ring")?;
-            (mh, offset)
-        } else {
-            handle_for(&mut l.handles, buffers, buffer, offset, |r| comm.register(r))?
+        let trace_id = match &mut l.state {
+            SendLaneState::Ready(comm) => {
+                let (mh, at) = if buffer == STAGED {
+                    let mh = l
+                        .staging
+                        .handle(ring)
+                        .ok_or("a staged send without its staging ring")?;
+                    (mh, offset)
+                } else {
+                    handle_for(&mut l.handles, buffers, buffer, offset, |r| comm.register(r))?
+                };
+                if !lanes::post_send(comm, &mut l.tag, mh, at as usize, len).map_err(|e| e.to_string())? {
+                    break;
+                }
+                outstanding = comm.outstanding();
+                comm.trace_id()
+            }
+            SendLaneState::Threaded(t) => {
+                // Handed to the lane thread, which posts it after the lane's earlier sends.
+                let mem = if buffer == STAGED {
+                    Mem::Staged(ring, offset)
+                } else {
+                    let entry = buffers
+                        .get(&buffer)
+                        .ok_or_else(|| format!("buffer {buffer} vanished"))?;
+                    Mem::Buffer(entry.clone(), offset)
+                };
+                let lanes = lanes.ok_or("a threaded send lane without the lane thread")?;
+                lanes.send(
+                    l.gpu,
+                    ToLanes::Post {
+                        key: (peer, li as u32),
+                        epoch: l.epoch,
+                        mem,
+                        len,
+                    },
+                );
+                t.outstanding += 1;
+                outstanding = t.outstanding;
+                t.trace_id
+            }
+            _ => return Ok(()),
         };
-        if !lanes::post_send(comm, &mut l.tag, mh, at as usize, len).map_err(|e| e.to_string())? {
-            break;
-        }
         if buffer == STAGED {
             // Its gather is over (the k-th on this comm: `poller.gather`'s k-th); with its copy's
             // wait for a helper, copying and end unseen until now, when a helper copied it.
@@ -113,7 +175,7 @@ pub(super) fn post_sends(
             tracing::trace!(
                 target: "tcpxd::hop",
                 hop = "poller.gathered",
-                comm = comm.trace_id(),
+                comm = trace_id,
                 wait_us = t.wait_us,
                 copy_us = t.copy_us,
                 since_us = t.since_us
@@ -123,7 +185,7 @@ pub(super) fn post_sends(
     }
     // The head is the lane's next send; the rest the window reaches are due. In ring order, so
     // an older gather is never behind a younger one of the lane.
-    let room = window.saturating_sub(comm.outstanding());
+    let room = window.saturating_sub(outstanding);
     for (n, post) in l.deferred.iter_mut().take(room).enumerate() {
         let want = if n == 0 { Place::Next } else { Place::Due };
         if post.place > want {

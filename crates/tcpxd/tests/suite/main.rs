@@ -38,6 +38,7 @@ mod daemon_idle_peers;
 mod daemon_inline;
 mod daemon_inline_copies;
 mod daemon_lane_life;
+mod daemon_lane_thread;
 mod daemon_local;
 mod daemon_local_board;
 mod daemon_local_inline;
