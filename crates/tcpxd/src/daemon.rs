@@ -272,6 +272,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             host_copy_threads: cfg.host_copy_threads,
             host_copy: cfg.host_copy,
             serve_sessions: cfg.poller_sessions,
+            session_thread: cfg.session_thread,
         },
         notify_tx.clone(),
     )

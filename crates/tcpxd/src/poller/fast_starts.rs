@@ -36,6 +36,12 @@ pub struct FastStarted {
 pub trait StartSink: Send + Sync {
     /// The engine's answer, in the pass that took the start (on the poller's thread).
     fn answered(self: Arc<Self>, r: Result<FastStarted, EngineError>);
+    /// Keeps the engine's answer for [`StartSink::answer_held`] on the sessions thread
+    /// (`session_thread.rs`); the sink applies it then, or before it pushes the transfer's end
+    /// if that comes first (so the end never overtakes the answer).
+    fn hold(&self, r: Result<FastStarted, EngineError>);
+    /// Applies the answer [`StartSink::hold`] kept, unless the transfer's end applied it.
+    fn answer_held(self: Arc<Self>);
     /// The transfer ended (`None`: the poller stopped without finishing it).
     fn finished(&self, id: TransferId, status: Option<&TransferStatus>);
 }
@@ -65,11 +71,12 @@ thread_local! {
     static QUEUED: RefCell<VecDeque<FastStart>> = const { RefCell::new(VecDeque::new()) };
 }
 
-/// Queues `start` for the poller's pass in progress; handed back when the calling thread is not
-/// the poller's (the caller starts it the usual way).
+/// Queues `start` for the poller's pass in progress (on the poller's thread), or for its next
+/// pass (on the sessions thread, `session_thread.rs`: the poller woken if it waits); handed
+/// back on any other thread (the caller starts it the usual way).
 pub fn queue(start: FastStart) -> Option<FastStart> {
     if !super::on_poller_thread() {
-        return Some(start);
+        return super::session_thread::queue_here(start);
     }
     QUEUED.with(|q| q.borrow_mut().push_back(start));
     None
@@ -100,6 +107,18 @@ impl Poller {
     /// Starts the transfers framed sessions queued on this thread; `true` when there were any.
     pub(super) fn take_fast_starts(&mut self) -> bool {
         let mut any = false;
+        if let Some(hub) = self.park.hub() {
+            // From the sessions thread: its answers go back there, handed at once.
+            let hub = hub.clone();
+            let mut taken = std::mem::take(&mut self.hub_starts);
+            hub.take_starts(&mut taken);
+            for start in taken.drain(..) {
+                any = true;
+                self.fast_start(start);
+            }
+            self.hub_starts = taken;
+            hub.hand(&mut self.hub_answers, &mut self.hub_writes);
+        }
         // (popped one at a time: a sink told its answer may poll its session, which may queue more)
         while let Some(start) = QUEUED.with(|q| q.borrow_mut().pop_front()) {
             any = true;
@@ -120,6 +139,13 @@ impl Poller {
             self.sinks.0.insert(id, sink.clone());
             FastStarted { id, rx, total }
         });
-        sink.answered(r);
+        match self.park.hub() {
+            // The ticket's answer (the transfers table, the session's slot) on the sessions thread.
+            Some(_) => {
+                sink.hold(r);
+                self.hub_answers.push(sink);
+            }
+            None => sink.answered(r),
+        }
     }
 }

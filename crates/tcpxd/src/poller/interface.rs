@@ -366,4 +366,7 @@ pub struct PollerConfig {
     pub host_copy: crate::net::host_copies::HelperPolicy,
     /// `runtime.poller_sessions`: framed sessions' requests are read on this thread (`sessions.rs`).
     pub serve_sessions: bool,
+    /// `runtime.session_thread`: with `serve_sessions`, on a thread of their own instead
+    /// (`session_thread.rs`).
+    pub session_thread: bool,
 }

@@ -73,6 +73,7 @@ mod pass_clock;
 mod peers;
 mod posting;
 mod rings;
+mod session_thread;
 mod sessions;
 
 use crate::lanes::{GpuStage, RecvQueue, Tag};
@@ -83,7 +84,10 @@ pub use park::PollerTx;
 use pass_clock::{ActionClock, PassClock, PassPhase};
 pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
 pub use rings::{RingWatch, RingWatching};
-pub use sessions::{PASS_BUDGET, PassBudget, SessionWatch, Watched, Watching, on_poller_thread};
+pub use sessions::{
+    PASS_BUDGET, PassBudget, SessionWatch, Watched, Watching, keep_off_here, on_poller_thread,
+    serving_sessions_here,
+};
 
 pub use interface::*;
 
@@ -91,6 +95,9 @@ pub use interface::*;
 pub struct PollerHandle {
     tx: PollerTx,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// With `runtime.session_thread`: the sessions thread (`session_thread.rs`), ended by the
+    /// poller's end.
+    sessions: Option<std::thread::JoinHandle<()>>,
 }
 
 impl PollerHandle {
@@ -101,7 +108,12 @@ impl PollerHandle {
         notifications: broadcast::Sender<NotificationEvent>,
     ) -> std::io::Result<PollerHandle> {
         let (tx, rx) = mpsc::channel();
-        let (park, tx) = park::Park::new(tx, cfg.serve_sessions)?;
+        let (park, tx, side) = park::Park::new(tx, cfg.serve_sessions, cfg.session_thread)?;
+        let hub = park.hub().cloned();
+        let sessions = match side {
+            Some(side) => Some(side.spawn(cfg.warmth.is_some())?),
+            None => None,
+        };
         let unpack_impl = cfg.unpack_impl;
         let host_copies = HostCopies::with_policy(cfg.host_copy_threads, cfg.host_copy);
         let meter = Meter::new(cfg.metrics.clone());
@@ -143,12 +155,20 @@ impl PollerHandle {
                     direct_ready: Vec::new(),
                     inbound: VecDeque::new(),
                     read_buf: vec![0; direct::READ_BUF],
+                    hub_starts: VecDeque::new(),
+                    hub_answers: Vec::new(),
+                    hub_writes: Vec::new(),
                 }
-                .run()
+                .run();
+                // (the poller and its transfers' sinks are gone: what was queued is answered)
+                if let Some(hub) = hub {
+                    hub.close();
+                }
             })?;
         Ok(PollerHandle {
             tx,
             thread: Some(thread),
+            sessions,
         })
     }
 
@@ -164,6 +184,9 @@ impl PollerHandle {
     /// Waits for the thread to end (after a drain).
     pub fn join(mut self) {
         if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.sessions.take() {
             let _ = t.join();
         }
     }
@@ -340,6 +363,11 @@ struct Poller {
     inbound: VecDeque<Command>,
     /// Scratch for a direct socket's read.
     read_buf: Vec<u8>,
+    /// With a sessions thread (`session_thread.rs`): the starts taken from it, the answers and
+    /// the batches' outboxes handed back to it (scratch, kept: nothing allocated a pass).
+    hub_starts: VecDeque<FastStart>,
+    hub_answers: Vec<session_thread::Answer>,
+    hub_writes: Vec<Arc<crate::api::local::outbox::Outbox>>,
 }
 
 impl Drop for Poller {

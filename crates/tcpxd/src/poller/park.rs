@@ -66,6 +66,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::Command;
 use super::rings::RingWatch;
+use super::session_thread::{Hub, SessionsSide};
 use super::sessions::{self, SessionWatch};
 use crate::engine::PeerIdx;
 
@@ -80,16 +81,16 @@ const WAKE: Token = Token(usize::MAX);
 const _: () = assert!(usize::BITS >= 64, "tokens pack a pairing and a generation");
 
 /// How the poller is woken: where it waits, the eventfd, its thread.
-pub struct Bell {
+pub(super) struct Bell {
     state: AtomicU8,
     waker: Waker,
     thread: OnceLock<std::thread::Thread>,
 }
 
 impl Bell {
-    /// After a command went on the channel: wakes the poller if it waits (see the module's
-    /// "Why no wake-up is lost").
-    fn ring_if_waiting(&self) {
+    /// After a command went on the channel (or a fast start in the sessions thread's hub):
+    /// wakes the poller if it waits (see the module's "Why no wake-up is lost").
+    pub(super) fn ring_if_waiting(&self) {
         fence(Ordering::SeqCst);
         match self.state.load(Ordering::Relaxed) {
             NAPPING => self.unpark(),
@@ -128,6 +129,8 @@ struct TxInner {
     sessions: Option<Arc<SessionWatch>>,
     /// Where framed sessions put their request rings (`rings.rs`).
     rings: Arc<RingWatch>,
+    /// `runtime.session_thread`: the sessions are served on the sessions thread.
+    threaded: bool,
 }
 
 impl PollerTx {
@@ -149,6 +152,12 @@ impl PollerTx {
     /// Where a framed session puts its request ring, looked at every pass (`rings.rs`).
     pub fn rings(&self) -> &Arc<RingWatch> {
         &self.0.rings
+    }
+
+    /// Whether the framed sessions are served on a thread of their own
+    /// (`runtime.session_thread`, `session_thread.rs`), not the poller's.
+    pub fn session_thread(&self) -> bool {
+        self.0.threaded
     }
 }
 
@@ -191,8 +200,11 @@ pub(super) struct Park {
     bell: Arc<Bell>,
     next_generation: u32,
     /// Framed sessions' sockets in the set (`sessions.rs`), and those epoll reported readable,
-    /// woken at the start of the next pass (`serve_sessions`).
+    /// woken at the start of the next pass (`serve_sessions`). `None` with a sessions thread.
     sessions: Option<Arc<SessionWatch>>,
+    /// With `runtime.session_thread`: what the poller and the sessions thread hand each other
+    /// (`session_thread.rs`); the rings are that thread's to look at then, not the poller's.
+    hub: Option<Arc<Hub>>,
     sessions_ready: Vec<Token>,
     /// Scratch for their wakers while the sessions' map is locked (kept: no allocation a pass).
     session_wakers: Vec<std::task::Waker>,
@@ -203,25 +215,42 @@ pub(super) struct Park {
 
 impl Park {
     /// The epoll set with the channel's eventfd in it, and the channel's first sender.
-    /// `serve_sessions`: framed sessions may put their sockets in the set (`sessions.rs`).
-    pub(super) fn new(tx: mpsc::Sender<Command>, serve_sessions: bool) -> io::Result<(Park, PollerTx)> {
+    /// `serve_sessions`: framed sessions may put their sockets in the set (`sessions.rs`);
+    /// `session_thread` too: in the sessions thread's set instead, whose side comes third.
+    pub(super) fn new(
+        tx: mpsc::Sender<Command>,
+        serve_sessions: bool,
+        session_thread: bool,
+    ) -> io::Result<(Park, PollerTx, Option<SessionsSide>)> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKE)?;
-        let sessions = match serve_sessions {
-            true => Some(Arc::new(SessionWatch::new(poll.registry().try_clone()?))),
-            false => None,
-        };
         let bell = Arc::new(Bell {
             state: AtomicU8::new(AWAKE),
             waker,
             thread: OnceLock::new(),
         });
         let rings = Arc::new(RingWatch::default());
+        let (hub, side) = match serve_sessions && session_thread {
+            true => {
+                let (hub, side) = Hub::new(bell.clone(), rings.clone())?;
+                (Some(hub), Some(side))
+            }
+            false => (None, None),
+        };
+        let sessions = match (&side, serve_sessions) {
+            (Some(_), _) | (None, false) => None,
+            (None, true) => Some(Arc::new(SessionWatch::new(poll.registry().try_clone()?))),
+        };
+        let watched = match &side {
+            Some(side) => Some(side.watch().clone()),
+            None => sessions.clone(),
+        };
         let sender = PollerTx(Arc::new(TxInner {
             tx: Some(tx),
             bell: bell.clone(),
-            sessions: sessions.clone(),
+            sessions: watched,
             rings: rings.clone(),
+            threaded: side.is_some(),
         }));
         let park = Park {
             poll,
@@ -229,17 +258,26 @@ impl Park {
             bell,
             next_generation: 0,
             sessions,
+            hub,
             sessions_ready: Vec::new(),
             session_wakers: Vec::new(),
             rings,
         };
-        Ok((park, sender))
+        Ok((park, sender, side))
     }
 
     /// On the poller's thread, before its first pass: whom a sender unparks.
     pub(super) fn bind_thread(&self) {
         let _ = self.bell.thread.set(std::thread::current());
         sessions::mark_poller_thread();
+        if self.hub.is_none() {
+            sessions::mark_serving();
+        }
+    }
+
+    /// With `runtime.session_thread`: the hub the sessions thread shares.
+    pub(super) fn hub(&self) -> Option<&Arc<Hub>> {
+        self.hub.as_ref()
     }
 
     /// Whether some framed session's socket is in the set: each pass looks at it then.
@@ -254,7 +292,9 @@ impl Park {
         if let Some(s) = &self.sessions {
             s.wake(&mut self.sessions_ready, &mut self.session_wakers);
         }
-        self.rings.wake(&mut self.session_wakers);
+        if self.hub.is_none() {
+            self.rings.wake(&mut self.session_wakers);
+        }
     }
 
     /// Adds a direct control socket to the set (readable, edge-triggered): the token its events
@@ -303,8 +343,14 @@ impl Park {
         };
         self.bell.state.store(state, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        // The request rings say the poller may not look, then it looks once more (rings.rs).
-        if self.rings.parking() {
+        // A fast start the sessions thread queued meanwhile (session_thread.rs): no wait.
+        if let Some(hub) = &self.hub {
+            if hub.has_starts() {
+                self.bell.state.store(AWAKE, Ordering::Relaxed);
+                return Woken::Ring;
+            }
+        } else if self.rings.parking() {
+            // The request rings say the poller may not look, then it looks once more (rings.rs).
             self.rings.unparked();
             self.bell.state.store(AWAKE, Ordering::Relaxed);
             return Woken::Ring;
@@ -321,7 +367,9 @@ impl Park {
             }
         };
         self.bell.state.store(AWAKE, Ordering::Relaxed);
-        self.rings.unparked();
+        if self.hub.is_none() {
+            self.rings.unparked();
+        }
         woken
     }
 }
@@ -356,7 +404,7 @@ mod tests {
     #[test]
     fn no_command_is_missed_by_a_poller_that_parks_or_naps_between_commands() {
         let (tx, rx) = mpsc::channel();
-        let (mut park, sender) = Park::new(tx, false).unwrap();
+        let (mut park, sender, _) = Park::new(tx, false, false).unwrap();
         park.bind_thread();
         const N: u64 = 20_000;
         let from = std::thread::spawn(move || {
@@ -403,7 +451,7 @@ mod tests {
     #[test]
     fn the_last_sender_gone_wakes_a_parked_poller() {
         let (tx, rx) = mpsc::channel();
-        let (mut park, sender) = Park::new(tx, false).unwrap();
+        let (mut park, sender, _) = Park::new(tx, false, false).unwrap();
         park.bind_thread();
         let other = sender.clone();
         let from = std::thread::spawn(move || {
@@ -427,7 +475,7 @@ mod tests {
         use std::io::{Read, Write};
         use std::os::fd::AsRawFd;
         let (tx, rx) = mpsc::channel();
-        let (mut park, _sender) = Park::new(tx, false).unwrap();
+        let (mut park, _sender, _) = Park::new(tx, false, false).unwrap();
         let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
         b.set_nonblocking(true).unwrap();
         let token = park.register(b.as_raw_fd(), PeerIdx(7)).unwrap();

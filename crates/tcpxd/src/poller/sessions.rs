@@ -68,6 +68,7 @@ pub(super) const SESSION: usize = 1 << 63;
 
 thread_local! {
     static ON_POLLER: Cell<bool> = const { Cell::new(false) };
+    static SERVING: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Marks the calling thread as the poller's (`Park::bind_thread`).
@@ -75,9 +76,28 @@ pub(super) fn mark_poller_thread() {
     ON_POLLER.with(|p| p.set(true));
 }
 
+/// Marks the calling thread as the one that serves the framed sessions: the poller's, or the
+/// sessions thread (`runtime.session_thread`, `session_thread.rs`).
+pub(super) fn mark_serving() {
+    SERVING.with(|p| p.set(true));
+}
+
 /// Whether the calling thread is the poller's.
 pub fn on_poller_thread() -> bool {
     ON_POLLER.with(|p| p.get())
+}
+
+/// Whether the calling thread serves the framed sessions (the poller's, or the sessions thread
+/// with `runtime.session_thread`): where a session checks and queues its fast starts, and
+/// counts its requests against the pass budget.
+pub fn serving_sessions_here() -> bool {
+    SERVING.with(|p| p.get())
+}
+
+/// Whether work that could stall a thread must leave the calling one for the runtime: the
+/// poller's, and the sessions thread (`crate::api::local::inline::OffPoller`).
+pub fn keep_off_here() -> bool {
+    on_poller_thread() || serving_sessions_here()
 }
 
 /// Requests one session handles on the poller's thread in one pass; the rest of its burst goes
@@ -197,7 +217,7 @@ impl SessionWatch {
     /// its pass budget: `true` when it is on the poller's thread and over [`PASS_BUDGET`] in this
     /// pass (the session then goes on off the poller's thread).
     pub fn spend(&self, budget: &mut PassBudget) -> bool {
-        if !on_poller_thread() {
+        if !serving_sessions_here() {
             return false;
         }
         let pass = self.pass.load(Ordering::Relaxed);
@@ -230,7 +250,7 @@ impl SessionWatch {
     /// A watched session handles a request on the calling thread: counted as on the poller's
     /// thread or off it (what the tests and the logs read: `handled`).
     pub fn counted(&self) {
-        let which = match on_poller_thread() {
+        let which = match serving_sessions_here() {
             true => &self.on_poller,
             false => &self.off_poller,
         };
@@ -380,6 +400,7 @@ mod tests {
         let polled = task.clone();
         let poller = std::thread::spawn(move || {
             mark_poller_thread();
+            mark_serving();
             let wait = || seen.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
             for heavy in [false, true, false, true, false] {
                 // The worker's poll that reported last has returned (bounded: 30 s).

@@ -113,7 +113,7 @@ impl Drop for OffPollerHold {
 /// whose [`OffPoller`] is held is polled again by the runtime. (Elsewhere a no-op.)
 pub async fn off_poller() {
     std::future::poll_fn(|cx| {
-        if crate::poller::on_poller_thread() {
+        if crate::poller::keep_off_here() {
             cx.waker().wake_by_ref();
             std::task::Poll::Pending
         } else {
@@ -213,7 +213,7 @@ impl Inline {
         loop {
             if let (Some(off), Some(rt)) = (&self.off_poller, &self.runtime)
                 && off.held()
-                && crate::poller::on_poller_thread()
+                && crate::poller::keep_off_here()
             {
                 // Held off the poller's thread: a worker polls it (a wake meanwhile, here or
                 // there, polls it again or finds it being polled: none is lost).

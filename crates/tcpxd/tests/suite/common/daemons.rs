@@ -115,6 +115,8 @@ pub async fn start(node: &str, extra: impl FnOnce(&mut DaemonArgs)) -> TestDaemo
         spin: std::env::var("TCPXD_SPIN").ok(),
         // And with the framed sessions read on the poller's thread: TCPXD_POLLER_SESSIONS=on.
         poller_sessions: std::env::var("TCPXD_POLLER_SESSIONS").ok(),
+        // And with them on a thread of their own: TCPXD_SESSION_THREAD=on.
+        session_thread: std::env::var("TCPXD_SESSION_THREAD").ok(),
         ..Default::default()
     };
     extra(&mut args);
