@@ -82,7 +82,9 @@ impl Poller {
         let wrote = match self.park.hub() {
             Some(hub) => {
                 let any = batch.close_into(&mut self.hub_writes);
-                hub.hand(&mut Vec::new(), &mut self.hub_writes);
+                if hub.hand_writes(&mut self.hub_writes) {
+                    self.hub_unrung = false;
+                }
                 any
             }
             None => batch.close(),

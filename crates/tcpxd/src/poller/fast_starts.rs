@@ -107,9 +107,10 @@ impl Poller {
     /// Starts the transfers framed sessions queued on this thread; `true` when there were any.
     pub(super) fn take_fast_starts(&mut self) -> bool {
         let mut any = false;
-        if let Some(hub) = self.park.hub() {
-            // From the sessions thread: its answers go back there, handed at once.
-            let hub = hub.clone();
+        if let Some(hub) = self.park.hub()
+            && hub.has_starts()
+        {
+            // From the sessions thread: its answers go back there.
             let mut taken = std::mem::take(&mut self.hub_starts);
             hub.take_starts(&mut taken);
             for start in taken.drain(..) {
@@ -117,7 +118,10 @@ impl Poller {
                 self.fast_start(start);
             }
             self.hub_starts = taken;
-            hub.hand(&mut self.hub_answers, &mut self.hub_writes);
+            // (rung by the pass's end: `Poller::ring_sessions`)
+            if let Some(hub) = self.park.hub() {
+                self.hub_unrung |= hub.hand_answers(&mut self.hub_answers);
+            }
         }
         // (popped one at a time: a sink told its answer may poll its session, which may queue more)
         while let Some(start) = QUEUED.with(|q| q.borrow_mut().pop_front()) {

@@ -158,6 +158,7 @@ impl PollerHandle {
                     hub_starts: VecDeque::new(),
                     hub_answers: Vec::new(),
                     hub_writes: Vec::new(),
+                    hub_unrung: false,
                 }
                 .run();
                 // (the poller and its transfers' sinks are gone: what was queued is answered)
@@ -368,6 +369,8 @@ struct Poller {
     hub_starts: VecDeque<FastStart>,
     hub_answers: Vec<session_thread::Answer>,
     hub_writes: Vec<Arc<crate::api::local::outbox::Outbox>>,
+    /// Answers were handed to the sessions thread and it was not rung since.
+    hub_unrung: bool,
 }
 
 impl Drop for Poller {
@@ -473,6 +476,7 @@ impl Poller {
             // (a session polled by an answer or an end may have queued starts: none waits for
             // a park)
             progressed |= self.take_fast_starts();
+            self.ring_sessions();
             if self.check_drain() {
                 return;
             }
@@ -523,6 +527,16 @@ impl Poller {
                 park::Woken::Ring => {}
                 park::Woken::Disconnected => return self.shutdown_now(),
             }
+        }
+    }
+
+    /// With a sessions thread: rings it, if it is parked, for the answers handed this pass
+    /// without a ring (`session_thread.rs`, `Hub::hand_answers`).
+    fn ring_sessions(&mut self) {
+        if std::mem::take(&mut self.hub_unrung)
+            && let Some(hub) = self.park.hub()
+        {
+            hub.ring_if_parked();
         }
     }
 

@@ -99,6 +99,12 @@ impl Bell {
         }
     }
 
+    /// Whether the poller is running passes (not napping or parked): it has work in flight,
+    /// or lingers after it (the sessions thread lingers meanwhile too, `session_thread.rs`).
+    pub(super) fn awake(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == AWAKE
+    }
+
     fn wake(&self) {
         if let Err(e) = self.waker.wake() {
             tracing::warn!("could not wake the poller: {e}");

@@ -294,6 +294,12 @@ impl SessionWatch {
         self.count.load(Ordering::Acquire) > 0
     }
 
+    /// A new pass for the [`PassBudget`]s (the sessions thread's turn begins: what it serves
+    /// before its look, `session_thread.rs`, is not counted with the turn before).
+    pub(super) fn next_pass(&self) {
+        self.pass.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Wakes the sessions whose sockets epoll reported (on the poller's thread: each session's
     /// future is polled right here). `wakers` is the caller's scratch space (empty on return), so
     /// a pass allocates nothing.
