@@ -82,7 +82,7 @@ impl Poller {
         let wrote = match self.park.hub() {
             Some(hub) => {
                 let any = batch.close_into(&mut self.hub_writes);
-                if hub.hand_writes(&mut self.hub_writes) {
+                if hub.hand_writes(&mut self.hub_writes, &mut self.hub_answers) {
                     self.hub_unrung = false;
                 }
                 any

@@ -530,13 +530,13 @@ impl Poller {
         }
     }
 
-    /// With a sessions thread: rings it, if it is parked, for the answers handed this pass
-    /// without a ring (`session_thread.rs`, `Hub::hand_answers`).
+    /// With a sessions thread: the answers handed this pass without a look since, served here
+    /// if it is parked (`session_thread.rs`, `Hub::served_if_parked`).
     fn ring_sessions(&mut self) {
         if std::mem::take(&mut self.hub_unrung)
             && let Some(hub) = self.park.hub()
         {
-            hub.ring_if_parked();
+            hub.served_if_parked(&mut self.hub_answers, &mut self.hub_writes);
         }
     }
 

@@ -175,8 +175,8 @@ impl Hub {
 
     /// The poller hands its fast starts' answers to the sessions thread (`answers`: the
     /// poller's scratch, empty on return) without ringing it: `true` when there were any, and
-    /// the poller then rings it by the end of its pass ([`Hub::ring_if_parked`], unless a hand
-    /// of writes rang meanwhile): one wake-up a pass at most where there were two.
+    /// the poller then looks by the end of its pass ([`Hub::served_if_parked`], unless a hand
+    /// of writes looked meanwhile).
     pub(super) fn hand_answers(&self, answers: &mut Vec<Answer>) -> bool {
         if answers.is_empty() {
             return false;
@@ -188,9 +188,10 @@ impl Hub {
     }
 
     /// The poller hands the outboxes its batch of actions pushed into (`writes`: its scratch,
-    /// empty on return) and rings the sessions thread if it is parked: `true` when there were
-    /// any (what was handed before is served with them).
-    pub(super) fn hand_writes(&self, writes: &mut Vec<Arc<Outbox>>) -> bool {
+    /// empty on return), then looks whether the sessions thread is parked
+    /// ([`Hub::served_if_parked`]): `true` when there were any (what was handed before goes
+    /// with them).
+    pub(super) fn hand_writes(&self, writes: &mut Vec<Arc<Outbox>>, scratch: &mut Vec<Answer>) -> bool {
         if writes.is_empty() {
             return false;
         }
@@ -199,16 +200,22 @@ impl Hub {
             h.writes.append(writes);
             self.any_handed.store(true, Ordering::Relaxed);
         }
-        self.ring_if_parked();
+        self.served_if_parked(scratch, writes);
         true
     }
 
-    /// After a hand-over: wakes the sessions thread if it is parked (the module's "Why no
-    /// request or hand-over is missed").
-    pub(super) fn ring_if_parked(&self) {
+    /// After a hand-over: when the sessions thread is parked, the poller serves what was handed
+    /// itself, on its own thread (the answers applied, the outboxes written, as before the
+    /// sessions thread), instead of waking it: a parked thread has nothing else to do, and its
+    /// wake-up (the eventfd's write, the switch) costs the poller more than the work. When it
+    /// is awake it serves them (the module's "Why no request or hand-over is missed": it reads
+    /// `handed` after its state's write and a fence, and does not park while anything is).
+    /// Either thread takes the hand-overs under the lock: each is served once. (`answers` and
+    /// `writes`: the caller's empty scratch.)
+    pub(super) fn served_if_parked(&self, answers: &mut Vec<Answer>, writes: &mut Vec<Arc<Outbox>>) {
         fence(Ordering::SeqCst);
         if self.state.load(Ordering::Relaxed) == IN_EPOLL {
-            self.ring();
+            serve_handed(self, answers, writes);
         }
     }
 
@@ -420,7 +427,7 @@ mod tests {
             .expect("the sessions thread ends once the poller did");
     }
 
-    /// A hand-over to a parked sessions thread wakes it: the held answers are applied there.
+    /// A hand-over the sessions thread is woken for is served there.
     #[test]
     fn a_hand_over_wakes_the_parked_sessions_thread() {
         struct Held(Mutex<Vec<std::thread::ThreadId>>);
@@ -441,8 +448,9 @@ mod tests {
         for round in 1..=3 {
             // (parked or about to be: nothing else wakes it)
             std::thread::sleep(Duration::from_millis(20));
+            // Handed without a ring: the thread serves it when it next looks (woken here).
             assert!(hub.hand_answers(&mut vec![held.clone() as Arc<dyn StartSink>]));
-            hub.ring_if_parked();
+            hub.ring();
             let end = Instant::now() + Duration::from_secs(30);
             while held.0.lock().unwrap().len() < round {
                 assert!(
