@@ -156,8 +156,8 @@ pub struct DaemonArgs {
     #[arg(long, env = "TCPXD_POLLER_SESSIONS", value_name = "auto|on|off")]
     pub poller_sessions: Option<String>,
     /// Whether the framed local sessions the poller would serve are served on a thread of their
-    /// own (`tcpxd-sessions`): `auto`, `on`, `off` (docs/CONFIG.md, `runtime.session_thread`).
-    /// Default: auto.
+    /// own (`tcpxd-sessions`): `auto` (as `--spin`), `on`, `off` (docs/CONFIG.md,
+    /// `runtime.session_thread`). Default: auto.
     #[arg(long, env = "TCPXD_SESSION_THREAD", value_name = "auto|on|off")]
     pub session_thread: Option<String>,
     /// Whether framed local sessions may attach a completion board (`runtime.shared_completions`):
@@ -495,10 +495,13 @@ impl Config {
             (None, Some(v)) => Spin::parse("runtime.session_thread", v).map_err(ConfigError::Invalid)?,
             (None, None) => Spin::Auto,
         };
-        // `auto`: off (docs/BENCHMARKS.md, "Session 30, sessthread").
+        // `auto` is as `runtime.spin`: where the threads spin (8 CPUs or more) the sessions
+        // thread takes the requests' reads, checks, answers and writes off the poller; where
+        // they park, the hop between the two threads is one more wake-up a request (the 2-core
+        // VM: 4 KiB one at a time 1.3-1.6x the p50; docs/BENCHMARKS.md, "Session 30, sessthread").
         let session_thread = poller_sessions
             && match session_thread {
-                Spin::Auto => false,
+                Spin::Auto => spin,
                 s => s.resolve(0),
             };
         let shared_completions = on_off(

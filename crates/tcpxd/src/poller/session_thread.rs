@@ -297,12 +297,15 @@ impl SessionsSide {
                     let park = !hub.any_handed.load(Ordering::Relaxed)
                         && !hub.stop.load(Ordering::SeqCst)
                         && !self.rings.parking();
-                    if !park {
+                    if park {
+                        None
+                    } else {
+                        // Something came meanwhile: a look, then what it needs (a ring's entry
+                        // wakes its reader below, a hand-over is served at the next turn).
                         self.rings.unparked();
                         hub.state.store(AWAKE, Ordering::Relaxed);
-                        continue;
+                        Some(Duration::ZERO)
                     }
-                    None
                 }
             };
             let polled = self.poll.poll(&mut events, timeout);
