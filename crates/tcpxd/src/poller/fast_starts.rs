@@ -11,6 +11,11 @@
 //! is what `WaitTransfer`, `Watch` and `cancel_tag`'s answer for a finished tag read, and with
 //! no waiter its send wakes nothing).
 //!
+//! With `runtime.session_thread` (session 30) the session runs on the sessions thread: its start
+//! goes into the hub the poller takes at its next pass (`session_thread.rs`), and the answer is
+//! held in the sink for that thread ([`StartSink::hold`]) while the transfer's end still comes
+//! from the poller's `finish` (which applies a held answer first).
+//!
 //! A start queued when the poller no longer takes the queue (it stopped) is answered as the
 //! command channel's would be: UNAVAILABLE, "the daemon is shutting down" ([`FastStart`]'s drop).
 

@@ -36,6 +36,11 @@
 //! only the stream-end grace needed: a timer added outside `next_deadline` must join
 //! `stream_end_due`'s minimum, or it fires only at the next command.
 //!
+//! With `runtime.session_thread` the sessions' sockets and rings are the sessions thread's
+//! (`session_thread.rs`), and a fast start it queues for the poller is a command of its own kind:
+//! put in the hub (`queued` set), then the bell rung if the poller waits, exactly as a command on
+//! the channel; the wait reads `queued` after its fence, as it tries the channel.
+//!
 //! # Why no wake-up is lost
 //! A sender puts the command on the channel, then (a `SeqCst` fence between) reads the state;
 //! the poller writes the state, then (a `SeqCst` fence between) tries the channel once more and

@@ -11,6 +11,11 @@
 //! engine batch is queued on this thread and started right after the session's poll, in the same
 //! pass (`fast_starts.rs`, `crate::api::session`'s `fast.rs`).
 //!
+//! With `runtime.session_thread` (session 30) the set is the sessions thread's instead
+//! (`session_thread.rs`) and everything below holds with that thread in the poller's place: it is
+//! the thread marked as serving the sessions ([`serving_sessions_here`]), it wakes them, and their
+//! fast starts go to the poller through its hub.
+//!
 //! What a session does that could stall the poller runs on the runtime instead: the session
 //! holds its task off this thread ([`crate::api::local::inline::OffPoller`]) for registrations,
 //! prepared lists and requests larger than `crate::api::session::OFF_POLLER_BYTES`, and for the

@@ -18,7 +18,9 @@
 //! A framed session served on the poller's thread (`crate::poller::SessionWatch`) is such a
 //! future too ([`Inline::start_served`]); while it does what could stall the poller (a
 //! registration, a large request) it holds itself off that thread ([`OffPoller::hold`]): a wake
-//! there hands the poll to a runtime worker instead ([`off_poller`] moves it at once).
+//! there hands the poll to a runtime worker instead ([`off_poller`] moves it at once). With
+//! `runtime.session_thread` the sessions thread serves it, and the same hold keeps it off that
+//! thread and the poller's alike (`crate::poller::keep_off_here`).
 //!
 //! # No poll inside a poll
 //! A wake that comes while the calling thread is polling some [`Inline`] (a delivery pushing an

@@ -1,7 +1,10 @@
 //! A framed session's transfer request handed to the engine in the poller's pass (session 29,
 //! leanstart; the poller's side is `crate::poller::fast_starts`).
 //!
-//! When the session is polled on the poller's thread and the request is the common case — a
+//! When the session is polled on the thread that serves the sessions (the poller's, or with
+//! `runtime.session_thread` the sessions thread, `crate::poller`'s `session_thread.rs`: there
+//! the start goes to the poller through its hub, and the engine's answer is held in the ticket
+//! until that thread applies it, or the transfer's end does) and the request is the common case — a
 //! WRITE or READ batch (entries, or packed ranges), no ready event, to other nodes all paired and
 //! up — the session checks it here as the usual start would (`DaemonState::fast_specs`: the
 //! same checks, the same refusals naming the same fields, in the same order), builds its engine
