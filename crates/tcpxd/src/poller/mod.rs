@@ -427,7 +427,7 @@ impl Poller {
             looked = false;
             self.park.serve_sessions();
             // What the sessions just read, started on the engine now (`fast_starts.rs`).
-            let mut progressed = self.take_fast_starts();
+            let mut progressed = self.take_fast_starts(true);
             progressed |= self.read_direct();
             clock.lap(PassPhase::Intake);
             let slice = clock.now();
@@ -446,7 +446,7 @@ impl Poller {
                     break;
                 }
             }
-            progressed |= self.take_fast_starts();
+            progressed |= self.take_fast_starts(false);
             clock.lap(PassPhase::Commands);
             progressed |= self.drive_setup();
             clock.lap(PassPhase::Setup);
@@ -475,7 +475,7 @@ impl Poller {
             self.send_answers();
             // (a session polled by an answer or an end may have queued starts: none waits for
             // a park)
-            progressed |= self.take_fast_starts();
+            progressed |= self.take_fast_starts(false);
             self.ring_sessions();
             if self.check_drain() {
                 return;
