@@ -109,7 +109,9 @@ impl PollerHandle {
     ) -> std::io::Result<PollerHandle> {
         let (tx, rx) = mpsc::channel();
         let (park, tx, side) = park::Park::new(tx, cfg.serve_sessions, cfg.session_thread)?;
-        let hub = park.hub().cloned();
+        // Closed when the poller's thread ends, however it ends (a panic too): the sessions
+        // thread must not outlive it waiting (`PollerHandle::join` joins both).
+        let closes = session_thread::CloseOnDrop(park.hub().cloned());
         let sessions = match side {
             Some(side) => Some(side.spawn(cfg.warmth.is_some())?),
             None => None,
@@ -120,6 +122,8 @@ impl PollerHandle {
         let thread = std::thread::Builder::new()
             .name("tcpxd-poller".into())
             .spawn(move || {
+                // (dropped last: after the poller and its transfers' sinks)
+                let _closes = closes;
                 Poller {
                     engine: {
                         let mut e = Engine::new(cfg.engine.clone());
@@ -161,10 +165,6 @@ impl PollerHandle {
                     hub_unrung: false,
                 }
                 .run();
-                // (the poller and its transfers' sinks are gone: what was queued is answered)
-                if let Some(hub) = hub {
-                    hub.close();
-                }
             })?;
         Ok(PollerHandle {
             tx,

@@ -240,6 +240,18 @@ impl Hub {
     }
 }
 
+/// Closes the hub when dropped ([`Hub::close`]): held by the poller's thread until it ends, so
+/// the queued starts are answered and the sessions thread ends however the poller ends.
+pub(super) struct CloseOnDrop(pub(super) Option<Arc<Hub>>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        if let Some(hub) = self.0.take() {
+            hub.close();
+        }
+    }
+}
+
 /// Queues `start` on the sessions thread's hub; handed back when the calling thread is not the
 /// sessions thread.
 pub(super) fn queue_here(start: FastStart) -> Option<FastStart> {
