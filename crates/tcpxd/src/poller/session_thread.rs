@@ -26,19 +26,24 @@
 //! A session's socket is in this thread's epoll set, edge-triggered, and read as `sessions.rs`
 //! argues ("Why no request is missed"): the same argument with this thread in the poller's
 //! place. This thread spins (zero-timeout looks, yielding between) while it had work within
-//! [`LINGER`] and `runtime.spin` is on; otherwise it parks in `epoll_wait` with no timeout. A
-//! hand-over from the poller is the same pattern as the poller's bell (`park.rs`, "Why no
-//! wake-up is lost"): the poller puts it in the hub and sets `handed`, then (a `SeqCst` fence
-//! between) reads the state and writes this thread's eventfd if it is `IN_EPOLL`; this thread
-//! writes `IN_EPOLL`, then (a `SeqCst` fence between) reads `handed` and parks only if it is
-//! unset. One of the two sees the other's write. The request rings are looked at every turn and
-//! told before the park (`rings.rs`'s `parking`, which looks once more), as the poller did.
+//! [`LINGER`] and `runtime.spin` is on (or the poller runs passes, with spin); otherwise it parks
+//! in `epoll_wait` with no timeout. A hand-over from the poller (answers, outboxes to write) is
+//! never left with a parked thread: the poller puts it in the hub and sets `any_handed`, then (a
+//! `SeqCst` fence between) reads this thread's state, and if it is `IN_EPOLL` serves the
+//! hand-overs itself ([`Hub::served_if_parked`]; for a pass's answers, at the pass's end); this
+//! thread writes `IN_EPOLL`, then (a `SeqCst` fence between) reads `any_handed` and parks only if
+//! it is unset. One of the two sees the other's write, and whichever takes the hand-overs does so
+//! under the hub's lock: each is served once. (The eventfd is rung only for the shutdown.) The
+//! request rings are looked at every turn and told before the park (`rings.rs`'s `parking`, which
+//! looks once more: an entry found then is looked at, its reader woken, before any park), as the
+//! poller did.
 //! The other way, a fast start queued for the poller sets `queued` before the poller's bell is
 //! rung if it waits (`Bell::ring_if_waiting`), and the poller's wait reads `queued` after its
 //! own state's write and fence (`Park::wait`): a queued start never waits for a park's end.
 //!
 //! # Shutdown
-//! When the poller's thread ends (a drain, or the channel's end), it closes the hub
+//! When the poller's thread ends (a drain, the channel's end, or a panic: a guard,
+//! [`CloseOnDrop`], dropped after the poller and its transfers' sinks), it closes the hub
 //! ([`Hub::close`]): the starts still queued are dropped, each answered as the command channel
 //! would answer (UNAVAILABLE, "the daemon is shutting down", `FastStart`'s drop), and a start
 //! queued after that is answered so at once. Then it tells this thread to stop and rings it;
