@@ -155,6 +155,11 @@ pub struct DaemonArgs {
     /// Default: auto.
     #[arg(long, env = "TCPXD_POLLER_SESSIONS", value_name = "auto|on|off")]
     pub poller_sessions: Option<String>,
+    /// Whether the framed local sessions the poller would serve are served on a thread of their
+    /// own (`tcpxd-sessions`): `auto` (as `--spin`), `on`, `off` (docs/CONFIG.md,
+    /// `runtime.session_thread`). Default: auto.
+    #[arg(long, env = "TCPXD_SESSION_THREAD", value_name = "auto|on|off")]
+    pub session_thread: Option<String>,
     /// Whether framed local sessions may attach a completion board (`runtime.shared_completions`):
     /// `on` or `off` (docs/CONFIG.md). Default: on.
     #[arg(long, env = "TCPXD_SHARED_COMPLETIONS", value_name = "on|off")]
@@ -319,6 +324,9 @@ pub struct Config {
     pub spin: bool,
     /// Whether the poller reads the framed sessions' requests (resolved: `auto` is `!spin`).
     pub poller_sessions: bool,
+    /// Whether those sessions are served on a thread of their own instead (resolved; only with
+    /// `poller_sessions`).
+    pub session_thread: bool,
     /// Whether framed sessions may attach a completion board (src/api/local/board.rs).
     pub shared_completions: bool,
     /// Whether framed sessions may attach a request ring (src/api/local/ring.rs).
@@ -490,6 +498,20 @@ impl Config {
             Spin::Auto => true,
             s => s.resolve(0),
         };
+        let session_thread = match (&args.session_thread, &file.runtime.session_thread) {
+            (Some(v), _) => Spin::parse("--session-thread", v).map_err(ConfigError::Invalid)?,
+            (None, Some(v)) => Spin::parse("runtime.session_thread", v).map_err(ConfigError::Invalid)?,
+            (None, None) => Spin::Auto,
+        };
+        // `auto` is as `runtime.spin`: where the threads spin (8 CPUs or more) the sessions
+        // thread takes the requests' reads, checks, answers and writes off the poller; where
+        // they park, the hop between the two threads is one more wake-up a request (the 2-core
+        // VM: 4 KiB one at a time 1.3-1.6x the p50; docs/BENCHMARKS.md, "Session 30, sessthread").
+        let session_thread = poller_sessions
+            && match session_thread {
+                Spin::Auto => spin,
+                s => s.resolve(0),
+            };
         let shared_completions = on_off(
             "--shared-completions",
             &args.shared_completions,
@@ -702,6 +724,7 @@ impl Config {
             metrics_listen: args.metrics_listen.or(file.metrics.listen),
             spin,
             poller_sessions,
+            session_thread,
             shared_completions,
             request_ring,
             lane_thread,

@@ -273,6 +273,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             host_copy: cfg.host_copy,
             serve_sessions: cfg.poller_sessions,
             lane_thread: cfg.lane_thread,
+            session_thread: cfg.session_thread,
         },
         notify_tx.clone(),
     )

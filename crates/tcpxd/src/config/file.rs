@@ -43,6 +43,7 @@ pub struct FileTopology {
 pub struct FileRuntime {
     pub spin: Option<String>,
     pub poller_sessions: Option<String>,
+    pub session_thread: Option<String>,
     pub shared_completions: Option<bool>,
     pub request_ring: Option<bool>,
     pub lane_thread: Option<bool>,

@@ -126,6 +126,35 @@ fn spin_and_async_workers() {
         ..Default::default()
     };
     assert!(cfg("", bad).unwrap_err().to_string().contains("--lane-thread"));
+    // runtime.session_thread: auto is as spin (session 30); only with poller_sessions.
+    let c = cfg("[runtime]\nspin = \"on\"\n", DaemonArgs::default()).unwrap();
+    assert!(c.session_thread);
+    let c = cfg("[runtime]\nspin = \"off\"\n", DaemonArgs::default()).unwrap();
+    assert!(!c.session_thread);
+    let c = cfg(
+        "[runtime]\nspin = \"off\"\nsession_thread = \"on\"\n",
+        DaemonArgs::default(),
+    )
+    .unwrap();
+    assert!(c.session_thread);
+    let c = cfg(
+        "[runtime]\nspin = \"on\"\npoller_sessions = \"off\"\nsession_thread = \"on\"\n",
+        DaemonArgs::default(),
+    )
+    .unwrap();
+    assert!(!c.session_thread, "no sessions thread without poller_sessions");
+    let flag = DaemonArgs {
+        spin: Some("on".into()),
+        session_thread: Some("off".into()),
+        ..Default::default()
+    };
+    assert!(
+        !cfg("[runtime]\nsession_thread = \"on\"\n", flag)
+            .unwrap()
+            .session_thread
+    );
+    let e = cfg("[runtime]\nsession_thread = \"maybe\"\n", DaemonArgs::default()).unwrap_err();
+    assert!(e.to_string().contains("runtime.session_thread"), "{e}");
     // runtime.shared_completions: on by default; the file's bool, the flag's on / off.
     assert!(cfg("", DaemonArgs::default()).unwrap().shared_completions);
     let c = cfg("[runtime]\nshared_completions = false\n", DaemonArgs::default()).unwrap();

@@ -78,7 +78,18 @@ impl Poller {
             stage.submit_gathers();
         }
         t = self.action_clock.add(pass_clock::SUBMIT_GATHERS, t);
-        if batch.close() {
+        // With a sessions thread the writes are its own (session_thread.rs): handed over.
+        let wrote = match self.park.hub() {
+            Some(hub) => {
+                let any = batch.close_into(&mut self.hub_writes);
+                if hub.hand_writes(&mut self.hub_writes, &mut self.hub_answers) {
+                    self.hub_unrung = false;
+                }
+                any
+            }
+            None => batch.close(),
+        };
+        if wrote {
             self.action_clock.add(pass_clock::FINISHED, t);
         }
         for (p, why) in failures {

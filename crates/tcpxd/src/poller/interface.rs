@@ -369,4 +369,7 @@ pub struct PollerConfig {
     /// `runtime.lane_thread`: the send lanes' comms are driven by a lane thread
     /// (`lane_thread.rs`), not this one.
     pub lane_thread: bool,
+    /// `runtime.session_thread`: with `serve_sessions`, on a thread of their own instead
+    /// (`session_thread.rs`).
+    pub session_thread: bool,
 }

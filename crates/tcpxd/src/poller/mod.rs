@@ -74,6 +74,7 @@ mod pass_clock;
 mod peers;
 mod posting;
 mod rings;
+mod session_thread;
 mod sessions;
 
 use crate::lanes::{GpuStage, RecvQueue, Tag};
@@ -84,7 +85,10 @@ pub use park::PollerTx;
 use pass_clock::{ActionClock, PassClock, PassPhase};
 pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
 pub use rings::{RingWatch, RingWatching};
-pub use sessions::{PASS_BUDGET, PassBudget, SessionWatch, Watched, Watching, on_poller_thread};
+pub use sessions::{
+    PASS_BUDGET, PassBudget, SessionWatch, Watched, Watching, keep_off_here, on_poller_thread,
+    serving_sessions_here,
+};
 
 pub use interface::*;
 
@@ -92,6 +96,9 @@ pub use interface::*;
 pub struct PollerHandle {
     tx: PollerTx,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// With `runtime.session_thread`: the sessions thread (`session_thread.rs`), ended by the
+    /// poller's end.
+    sessions: Option<std::thread::JoinHandle<()>>,
 }
 
 impl PollerHandle {
@@ -102,7 +109,14 @@ impl PollerHandle {
         notifications: broadcast::Sender<NotificationEvent>,
     ) -> std::io::Result<PollerHandle> {
         let (tx, rx) = mpsc::channel();
-        let (park, tx) = park::Park::new(tx, cfg.serve_sessions)?;
+        let (park, tx, side) = park::Park::new(tx, cfg.serve_sessions, cfg.session_thread)?;
+        // Closed when the poller's thread ends, however it ends (a panic too): the sessions
+        // thread must not outlive it waiting (`PollerHandle::join` joins both).
+        let closes = session_thread::CloseOnDrop(park.hub().cloned());
+        let sessions = match side {
+            Some(side) => Some(side.spawn(cfg.warmth.is_some())?),
+            None => None,
+        };
         let unpack_impl = cfg.unpack_impl;
         let host_copies = HostCopies::with_policy(cfg.host_copy_threads, cfg.host_copy);
         let meter = Meter::new(cfg.metrics.clone());
@@ -118,6 +132,8 @@ impl PollerHandle {
         let thread = std::thread::Builder::new()
             .name("tcpxd-poller".into())
             .spawn(move || {
+                // (dropped last: after the poller and its transfers' sinks)
+                let _closes = closes;
                 Poller {
                     engine: {
                         let mut e = Engine::new(cfg.engine.clone());
@@ -155,12 +171,17 @@ impl PollerHandle {
                     read_buf: vec![0; direct::READ_BUF],
                     lanes,
                     lane_events: Vec::new(),
+                    hub_starts: VecDeque::new(),
+                    hub_answers: Vec::new(),
+                    hub_writes: Vec::new(),
+                    hub_unrung: false,
                 }
-                .run()
+                .run();
             })?;
         Ok(PollerHandle {
             tx,
             thread: Some(thread),
+            sessions,
         })
     }
 
@@ -176,6 +197,9 @@ impl PollerHandle {
     /// Waits for the thread to end (after a drain).
     pub fn join(mut self) {
         if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.sessions.take() {
             let _ = t.join();
         }
     }
@@ -369,6 +393,13 @@ struct Poller {
     lanes: Option<lane_thread::LaneThreads>,
     /// Scratch for what the lane thread reported.
     lane_events: Vec<lane_thread::LaneEvent>,
+    /// With a sessions thread (`session_thread.rs`): the starts taken from it, the answers and
+    /// the batches' outboxes handed back to it (scratch, kept: nothing allocated a pass).
+    hub_starts: VecDeque<FastStart>,
+    hub_answers: Vec<session_thread::Answer>,
+    hub_writes: Vec<Arc<crate::api::local::outbox::Outbox>>,
+    /// Answers were handed to the sessions thread and it was not rung since.
+    hub_unrung: bool,
 }
 
 impl Drop for Poller {
@@ -425,7 +456,7 @@ impl Poller {
             looked = false;
             self.park.serve_sessions();
             // What the sessions just read, started on the engine now (`fast_starts.rs`).
-            let mut progressed = self.take_fast_starts();
+            let mut progressed = self.take_fast_starts(true);
             progressed |= self.read_direct();
             clock.lap(PassPhase::Intake);
             let slice = clock.now();
@@ -444,7 +475,7 @@ impl Poller {
                     break;
                 }
             }
-            progressed |= self.take_fast_starts();
+            progressed |= self.take_fast_starts(false);
             clock.lap(PassPhase::Commands);
             progressed |= self.drive_setup();
             clock.lap(PassPhase::Setup);
@@ -473,7 +504,8 @@ impl Poller {
             self.send_answers();
             // (a session polled by an answer or an end may have queued starts: none waits for
             // a park)
-            progressed |= self.take_fast_starts();
+            progressed |= self.take_fast_starts(false);
+            self.ring_sessions();
             if self.check_drain() {
                 return;
             }
@@ -524,6 +556,16 @@ impl Poller {
                 park::Woken::Ring => {}
                 park::Woken::Disconnected => return self.shutdown_now(),
             }
+        }
+    }
+
+    /// With a sessions thread: the answers handed this pass without a look since, served here
+    /// if it is parked (`session_thread.rs`, `Hub::served_if_parked`).
+    fn ring_sessions(&mut self) {
+        if std::mem::take(&mut self.hub_unrung)
+            && let Some(hub) = self.park.hub()
+        {
+            hub.served_if_parked(&mut self.hub_answers, &mut self.hub_writes);
         }
     }
 

@@ -36,6 +36,11 @@
 //! only the stream-end grace needed: a timer added outside `next_deadline` must join
 //! `stream_end_due`'s minimum, or it fires only at the next command.
 //!
+//! With `runtime.session_thread` the sessions' sockets and rings are the sessions thread's
+//! (`session_thread.rs`), and a fast start it queues for the poller is a command of its own kind:
+//! put in the hub (`queued` set), then the bell rung if the poller waits, exactly as a command on
+//! the channel; the wait reads `queued` after its fence, as it tries the channel.
+//!
 //! # Why no wake-up is lost
 //! A sender puts the command on the channel, then (a `SeqCst` fence between) reads the state;
 //! the poller writes the state, then (a `SeqCst` fence between) tries the channel once more and
@@ -66,6 +71,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::Command;
 use super::rings::RingWatch;
+use super::session_thread::{Hub, SessionsSide};
 use super::sessions::{self, SessionWatch};
 use crate::engine::PeerIdx;
 
@@ -80,15 +86,16 @@ const WAKE: Token = Token(usize::MAX);
 const _: () = assert!(usize::BITS >= 64, "tokens pack a pairing and a generation");
 
 /// How the poller is woken: where it waits, the eventfd, its thread.
-pub struct Bell {
+pub(super) struct Bell {
     state: AtomicU8,
     waker: Waker,
     thread: OnceLock<std::thread::Thread>,
 }
 
 impl Bell {
-    /// After a command went on the channel: wakes the poller if it waits (see the module's
-    /// "Why no wake-up is lost").
+    /// After a command went on the channel (or a fast start in the sessions thread's hub, or a
+    /// lane thread's report): wakes the poller if it waits (see the module's "Why no wake-up is
+    /// lost").
     pub(super) fn ring_if_waiting(&self) {
         fence(Ordering::SeqCst);
         match self.state.load(Ordering::Relaxed) {
@@ -96,6 +103,12 @@ impl Bell {
             IN_EPOLL => self.wake(),
             _ => {}
         }
+    }
+
+    /// Whether the poller is running passes (not napping or parked): it has work in flight,
+    /// or lingers after it (the sessions thread lingers meanwhile too, `session_thread.rs`).
+    pub(super) fn awake(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == AWAKE
     }
 
     fn wake(&self) {
@@ -128,6 +141,8 @@ struct TxInner {
     sessions: Option<Arc<SessionWatch>>,
     /// Where framed sessions put their request rings (`rings.rs`).
     rings: Arc<RingWatch>,
+    /// `runtime.session_thread`: the sessions are served on the sessions thread.
+    threaded: bool,
 }
 
 impl PollerTx {
@@ -149,6 +164,12 @@ impl PollerTx {
     /// Where a framed session puts its request ring, looked at every pass (`rings.rs`).
     pub fn rings(&self) -> &Arc<RingWatch> {
         &self.0.rings
+    }
+
+    /// Whether the framed sessions are served on a thread of their own
+    /// (`runtime.session_thread`, `session_thread.rs`), not the poller's.
+    pub fn session_thread(&self) -> bool {
+        self.0.threaded
     }
 }
 
@@ -191,8 +212,11 @@ pub(super) struct Park {
     bell: Arc<Bell>,
     next_generation: u32,
     /// Framed sessions' sockets in the set (`sessions.rs`), and those epoll reported readable,
-    /// woken at the start of the next pass (`serve_sessions`).
+    /// woken at the start of the next pass (`serve_sessions`). `None` with a sessions thread.
     sessions: Option<Arc<SessionWatch>>,
+    /// With `runtime.session_thread`: what the poller and the sessions thread hand each other
+    /// (`session_thread.rs`); the rings are that thread's to look at then, not the poller's.
+    hub: Option<Arc<Hub>>,
     sessions_ready: Vec<Token>,
     /// Scratch for their wakers while the sessions' map is locked (kept: no allocation a pass).
     session_wakers: Vec<std::task::Waker>,
@@ -206,25 +230,42 @@ pub(super) struct Park {
 
 impl Park {
     /// The epoll set with the channel's eventfd in it, and the channel's first sender.
-    /// `serve_sessions`: framed sessions may put their sockets in the set (`sessions.rs`).
-    pub(super) fn new(tx: mpsc::Sender<Command>, serve_sessions: bool) -> io::Result<(Park, PollerTx)> {
+    /// `serve_sessions`: framed sessions may put their sockets in the set (`sessions.rs`);
+    /// `session_thread` too: in the sessions thread's set instead, whose side comes third.
+    pub(super) fn new(
+        tx: mpsc::Sender<Command>,
+        serve_sessions: bool,
+        session_thread: bool,
+    ) -> io::Result<(Park, PollerTx, Option<SessionsSide>)> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKE)?;
-        let sessions = match serve_sessions {
-            true => Some(Arc::new(SessionWatch::new(poll.registry().try_clone()?))),
-            false => None,
-        };
         let bell = Arc::new(Bell {
             state: AtomicU8::new(AWAKE),
             waker,
             thread: OnceLock::new(),
         });
         let rings = Arc::new(RingWatch::default());
+        let (hub, side) = match serve_sessions && session_thread {
+            true => {
+                let (hub, side) = Hub::new(bell.clone(), rings.clone())?;
+                (Some(hub), Some(side))
+            }
+            false => (None, None),
+        };
+        let sessions = match (&side, serve_sessions) {
+            (Some(_), _) | (None, false) => None,
+            (None, true) => Some(Arc::new(SessionWatch::new(poll.registry().try_clone()?))),
+        };
+        let watched = match &side {
+            Some(side) => Some(side.watch().clone()),
+            None => sessions.clone(),
+        };
         let sender = PollerTx(Arc::new(TxInner {
             tx: Some(tx),
             bell: bell.clone(),
-            sessions: sessions.clone(),
+            sessions: watched,
             rings: rings.clone(),
+            threaded: side.is_some(),
         }));
         let park = Park {
             poll,
@@ -232,12 +273,13 @@ impl Park {
             bell,
             next_generation: 0,
             sessions,
+            hub,
             sessions_ready: Vec::new(),
             session_wakers: Vec::new(),
             rings,
             lanes: None,
         };
-        Ok((park, sender))
+        Ok((park, sender, side))
     }
 
     /// The bell the lane thread rings (`lane_thread.rs`).
@@ -254,6 +296,14 @@ impl Park {
     pub(super) fn bind_thread(&self) {
         let _ = self.bell.thread.set(std::thread::current());
         sessions::mark_poller_thread();
+        if self.hub.is_none() {
+            sessions::mark_serving();
+        }
+    }
+
+    /// With `runtime.session_thread`: the hub the sessions thread shares.
+    pub(super) fn hub(&self) -> Option<&Arc<Hub>> {
+        self.hub.as_ref()
     }
 
     /// Whether some framed session's socket is in the set: each pass looks at it then.
@@ -268,7 +318,9 @@ impl Park {
         if let Some(s) = &self.sessions {
             s.wake(&mut self.sessions_ready, &mut self.session_wakers);
         }
-        self.rings.wake(&mut self.session_wakers);
+        if self.hub.is_none() {
+            self.rings.wake(&mut self.session_wakers);
+        }
     }
 
     /// Adds a direct control socket to the set (readable, edge-triggered): the token its events
@@ -317,8 +369,19 @@ impl Park {
         };
         self.bell.state.store(state, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        // The request rings say the poller may not look, then it looks once more (rings.rs).
-        if self.rings.parking() || self.lanes.as_ref().is_some_and(|l| l.pending()) {
+        // What the lane threads reported meanwhile (lane_thread.rs): no wait.
+        if self.lanes.as_ref().is_some_and(|l| l.pending()) {
+            self.bell.state.store(AWAKE, Ordering::Relaxed);
+            return Woken::Ring;
+        }
+        // A fast start the sessions thread queued meanwhile (session_thread.rs): no wait.
+        if let Some(hub) = &self.hub {
+            if hub.has_starts() {
+                self.bell.state.store(AWAKE, Ordering::Relaxed);
+                return Woken::Ring;
+            }
+        } else if self.rings.parking() {
+            // The request rings say the poller may not look, then it looks once more (rings.rs).
             self.rings.unparked();
             self.bell.state.store(AWAKE, Ordering::Relaxed);
             return Woken::Ring;
@@ -335,7 +398,9 @@ impl Park {
             }
         };
         self.bell.state.store(AWAKE, Ordering::Relaxed);
-        self.rings.unparked();
+        if self.hub.is_none() {
+            self.rings.unparked();
+        }
         woken
     }
 }
@@ -370,7 +435,7 @@ mod tests {
     #[test]
     fn no_command_is_missed_by_a_poller_that_parks_or_naps_between_commands() {
         let (tx, rx) = mpsc::channel();
-        let (mut park, sender) = Park::new(tx, false).unwrap();
+        let (mut park, sender, _) = Park::new(tx, false, false).unwrap();
         park.bind_thread();
         const N: u64 = 20_000;
         let from = std::thread::spawn(move || {
@@ -417,7 +482,7 @@ mod tests {
     #[test]
     fn the_last_sender_gone_wakes_a_parked_poller() {
         let (tx, rx) = mpsc::channel();
-        let (mut park, sender) = Park::new(tx, false).unwrap();
+        let (mut park, sender, _) = Park::new(tx, false, false).unwrap();
         park.bind_thread();
         let other = sender.clone();
         let from = std::thread::spawn(move || {
@@ -441,7 +506,7 @@ mod tests {
         use std::io::{Read, Write};
         use std::os::fd::AsRawFd;
         let (tx, rx) = mpsc::channel();
-        let (mut park, _sender) = Park::new(tx, false).unwrap();
+        let (mut park, _sender, _) = Park::new(tx, false, false).unwrap();
         let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
         b.set_nonblocking(true).unwrap();
         let token = park.register(b.as_raw_fd(), PeerIdx(7)).unwrap();

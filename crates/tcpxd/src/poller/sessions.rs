@@ -11,6 +11,11 @@
 //! engine batch is queued on this thread and started right after the session's poll, in the same
 //! pass (`fast_starts.rs`, `crate::api::session`'s `fast.rs`).
 //!
+//! With `runtime.session_thread` (session 30) the set is the sessions thread's instead
+//! (`session_thread.rs`) and everything below holds with that thread in the poller's place: it is
+//! the thread marked as serving the sessions ([`serving_sessions_here`]), it wakes them, and their
+//! fast starts go to the poller through its hub.
+//!
 //! What a session does that could stall the poller runs on the runtime instead: the session
 //! holds its task off this thread ([`crate::api::local::inline::OffPoller`]) for registrations,
 //! prepared lists and requests larger than `crate::api::session::OFF_POLLER_BYTES`, and for the
@@ -68,6 +73,7 @@ pub(super) const SESSION: usize = 1 << 63;
 
 thread_local! {
     static ON_POLLER: Cell<bool> = const { Cell::new(false) };
+    static SERVING: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Marks the calling thread as the poller's (`Park::bind_thread`).
@@ -75,9 +81,28 @@ pub(super) fn mark_poller_thread() {
     ON_POLLER.with(|p| p.set(true));
 }
 
+/// Marks the calling thread as the one that serves the framed sessions: the poller's, or the
+/// sessions thread (`runtime.session_thread`, `session_thread.rs`).
+pub(super) fn mark_serving() {
+    SERVING.with(|p| p.set(true));
+}
+
 /// Whether the calling thread is the poller's.
 pub fn on_poller_thread() -> bool {
     ON_POLLER.with(|p| p.get())
+}
+
+/// Whether the calling thread serves the framed sessions (the poller's, or the sessions thread
+/// with `runtime.session_thread`): where a session checks and queues its fast starts, and
+/// counts its requests against the pass budget.
+pub fn serving_sessions_here() -> bool {
+    SERVING.with(|p| p.get())
+}
+
+/// Whether work that could stall a thread must leave the calling one for the runtime: the
+/// poller's, and the sessions thread (`crate::api::local::inline::OffPoller`).
+pub fn keep_off_here() -> bool {
+    on_poller_thread() || serving_sessions_here()
 }
 
 /// Requests one session handles on the poller's thread in one pass; the rest of its burst goes
@@ -197,7 +222,7 @@ impl SessionWatch {
     /// its pass budget: `true` when it is on the poller's thread and over [`PASS_BUDGET`] in this
     /// pass (the session then goes on off the poller's thread).
     pub fn spend(&self, budget: &mut PassBudget) -> bool {
-        if !on_poller_thread() {
+        if !serving_sessions_here() {
             return false;
         }
         let pass = self.pass.load(Ordering::Relaxed);
@@ -230,7 +255,7 @@ impl SessionWatch {
     /// A watched session handles a request on the calling thread: counted as on the poller's
     /// thread or off it (what the tests and the logs read: `handled`).
     pub fn counted(&self) {
-        let which = match on_poller_thread() {
+        let which = match serving_sessions_here() {
             true => &self.on_poller,
             false => &self.off_poller,
         };
@@ -272,6 +297,12 @@ impl SessionWatch {
     /// Whether any socket is watched (the poller then looks at its set every pass).
     pub(super) fn any(&self) -> bool {
         self.count.load(Ordering::Acquire) > 0
+    }
+
+    /// A new pass for the [`PassBudget`]s (the sessions thread's turn begins: what it serves
+    /// before its look, `session_thread.rs`, is not counted with the turn before).
+    pub(super) fn next_pass(&self) {
+        self.pass.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Wakes the sessions whose sockets epoll reported (on the poller's thread: each session's
@@ -380,6 +411,7 @@ mod tests {
         let polled = task.clone();
         let poller = std::thread::spawn(move || {
             mark_poller_thread();
+            mark_serving();
             let wait = || seen.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
             for heavy in [false, true, false, true, false] {
                 // The worker's poll that reported last has returned (bounded: 30 s).

@@ -54,6 +54,7 @@ mod daemon_prepared;
 mod daemon_same_node;
 mod daemon_scatter_ahead;
 mod daemon_session;
+mod daemon_session_thread;
 mod daemon_smoke;
 mod daemon_soak;
 mod daemon_stub_gpus;

@@ -18,7 +18,9 @@
 //! A framed session served on the poller's thread (`crate::poller::SessionWatch`) is such a
 //! future too ([`Inline::start_served`]); while it does what could stall the poller (a
 //! registration, a large request) it holds itself off that thread ([`OffPoller::hold`]): a wake
-//! there hands the poll to a runtime worker instead ([`off_poller`] moves it at once).
+//! there hands the poll to a runtime worker instead ([`off_poller`] moves it at once). With
+//! `runtime.session_thread` the sessions thread serves it, and the same hold keeps it off that
+//! thread and the poller's alike (`crate::poller::keep_off_here`).
 //!
 //! # No poll inside a poll
 //! A wake that comes while the calling thread is polling some [`Inline`] (a delivery pushing an
@@ -113,7 +115,7 @@ impl Drop for OffPollerHold {
 /// whose [`OffPoller`] is held is polled again by the runtime. (Elsewhere a no-op.)
 pub async fn off_poller() {
     std::future::poll_fn(|cx| {
-        if crate::poller::on_poller_thread() {
+        if crate::poller::keep_off_here() {
             cx.waker().wake_by_ref();
             std::task::Poll::Pending
         } else {
@@ -213,7 +215,7 @@ impl Inline {
         loop {
             if let (Some(off), Some(rt)) = (&self.off_poller, &self.runtime)
                 && off.held()
-                && crate::poller::on_poller_thread()
+                && crate::poller::keep_off_here()
             {
                 // Held off the poller's thread: a worker polls it (a wake meanwhile, here or
                 // there, polls it again or finds it being polled: none is lost).

@@ -85,6 +85,24 @@ impl Batch {
         self.write()
     }
 
+    /// Closes the batch without writing: the outboxes pushed into are added to `into`, each
+    /// left for a thread that writes it later ([`Outbox::write_batched`]; the sessions thread,
+    /// `crate::poller`'s `session_thread.rs`). Until then their bytes count in the backlog, and a
+    /// push from another thread writes them with its own, in order (as while a batch is open).
+    /// `true` when some outbox was pushed into. (A batch inside another closes nothing.)
+    pub fn close_into(mut self, into: &mut Vec<Arc<Outbox>>) -> bool {
+        if !std::mem::replace(&mut self.outer, false) {
+            return false;
+        }
+        BATCH.with(|b| {
+            let mut b = b.borrow_mut();
+            b.0 = false;
+            let any = !b.1.is_empty();
+            into.append(&mut b.1);
+            any
+        })
+    }
+
     fn write(&mut self) -> bool {
         if !std::mem::replace(&mut self.outer, false) {
             return false;
@@ -207,9 +225,10 @@ impl Outbox {
         (if broken { Err(Broken) } else { Ok(()) }, left > 0 || broken)
     }
 
-    /// A [`Batch`] closes: writes what is pending as far as the socket takes it; the session's
-    /// task is woken for the rest (or a broken connection), as a push would.
-    fn write_batched(&self) {
+    /// A [`Batch`] closes (on its thread, or on the thread it was handed to: `Batch::close_into`):
+    /// writes what is pending as far as the socket takes it; the session's task is woken for
+    /// the rest (or a broken connection), as a push would.
+    pub fn write_batched(&self) {
         let mut st = self.lock();
         st.batched = false;
         if st.broken {

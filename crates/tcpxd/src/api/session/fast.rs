@@ -1,7 +1,10 @@
 //! A framed session's transfer request handed to the engine in the poller's pass (session 29,
 //! leanstart; the poller's side is `crate::poller::fast_starts`).
 //!
-//! When the session is polled on the poller's thread and the request is the common case — a
+//! When the session is polled on the thread that serves the sessions (the poller's, or with
+//! `runtime.session_thread` the sessions thread, `crate::poller`'s `session_thread.rs`: there
+//! the start goes to the poller through its hub, and the engine's answer is held in the ticket
+//! until that thread applies it, or the transfer's end does) and the request is the common case — a
 //! WRITE or READ batch (entries, or packed ranges), no ready event, to other nodes all paired and
 //! up — the session checks it here as the usual start would (`DaemonState::fast_specs`: the
 //! same checks, the same refusals naming the same fields, in the same order), builds its engine
@@ -110,7 +113,7 @@ impl<E: Events> Session<'_, E> {
         let Some(outbox) = &self.outbox else {
             return Fast::Not(Box::new(op));
         };
-        if !crate::poller::on_poller_thread() {
+        if !crate::poller::serving_sessions_here() {
             return Fast::Not(Box::new(op));
         }
         let Some((specs, timeout_ms, write, notification)) = plan(&self.state, &op) else {
@@ -146,6 +149,7 @@ impl<E: Events> Session<'_, E> {
             link,
             total: AtomicU64::new(0),
             again: Mutex::new(Some((op, deadline))),
+            held: Mutex::new(None),
         });
         let start = FastStart {
             write,
@@ -179,6 +183,8 @@ struct Ticket {
     /// The transfer's bytes, once started (for the event of one the daemon stopped under).
     total: AtomicU64,
     again: Mutex<Option<(Op, Instant)>>,
+    /// The engine's answer, held for the sessions thread (`StartSink::hold`).
+    held: Mutex<Option<Result<FastStarted, EngineError>>>,
 }
 
 impl Ticket {
@@ -220,6 +226,39 @@ impl Ticket {
 
 impl StartSink for Ticket {
     fn answered(self: Arc<Self>, r: Result<FastStarted, EngineError>) {
+        self.apply(r);
+    }
+
+    fn hold(&self, r: Result<FastStarted, EngineError>) {
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+    }
+
+    fn answer_held(self: Arc<Self>) {
+        self.apply_held();
+    }
+
+    fn finished(&self, id: TransferId, s: Option<&TransferStatus>) {
+        // The answer first, if the sessions thread has not applied it yet: the client that
+        // reads the end finds the transfer known (WaitTransfer, cancel_tag's answer).
+        self.apply_held();
+        self.push_end(id, s);
+    }
+}
+
+impl Ticket {
+    /// Applies the held answer, if still held. Under the lock: a transfer's end that comes
+    /// while the sessions thread applies the answer waits for it (the end's event never
+    /// reaches the client, nor its tag a reap, before the id is in the slot).
+    fn apply_held(&self) {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = held.take() {
+            self.apply(r);
+        }
+    }
+
+    /// The engine's answer: the transfer known (its id in the session's slot, in the transfers
+    /// table), or its refusal pushed as the request's event.
+    fn apply(&self, r: Result<FastStarted, EngineError>) {
         let link = &self.link;
         match r {
             Ok(s) => {
@@ -248,7 +287,8 @@ impl StartSink for Ticket {
         }
     }
 
-    fn finished(&self, id: TransferId, s: Option<&TransferStatus>) {
+    /// The transfer's final event pushed into the outbox (unless the session stopped).
+    fn push_end(&self, id: TransferId, s: Option<&TransferStatus>) {
         tracing::trace!(target: "tcpxd::hop", hop = "api.woken", id = id.0);
         let event = match s {
             Some(s) => transfers::event(id.0, s),

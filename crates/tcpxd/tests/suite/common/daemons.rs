@@ -117,6 +117,8 @@ pub async fn start(node: &str, extra: impl FnOnce(&mut DaemonArgs)) -> TestDaemo
         poller_sessions: std::env::var("TCPXD_POLLER_SESSIONS").ok(),
         // And with the send lanes' plugin calls on a lane thread: TCPXD_LANE_THREAD=on.
         lane_thread: std::env::var("TCPXD_LANE_THREAD").ok(),
+        // And with them on a thread of their own: TCPXD_SESSION_THREAD=on.
+        session_thread: std::env::var("TCPXD_SESSION_THREAD").ok(),
         ..Default::default()
     };
     extra(&mut args);
