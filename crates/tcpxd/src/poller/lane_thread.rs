@@ -17,6 +17,11 @@
 //! plus what it holds, so the window the engine sees is the one the plugin sees, shifted by the
 //! queue's latency. A lane's generation grows with each comm the poller hands over: what this
 //! thread reports about an older comm of the lane (closed and reopened since) is ignored.
+//! A buffer is never removed while a send from it is held here (the engine removes only
+//! buffers no transfer uses, and a source is used until its sends are reported done, the
+//! receiver consumed them all, or the pairing failed — its lanes then closed before the
+//! removal's [`ToLanes::Forget`]): this thread never registers a removed buffer
+//! (docs/ARCHITECTURE.md, "The lane threads", `# State`).
 //!
 //! # Shutdown
 //! - A lane closed when idle (`Action::CloseLane`, a pairing closed): [`ToLanes::Close`]; the
@@ -26,6 +31,10 @@
 //!   daemon's closer threads, as the poller's own lanes do (a close may block on a hung peer).
 //! - The poller's shutdown: [`LaneThread::stop`] takes every lane back (the thread ends) and
 //!   the poller closes them with its own, within the drain's grace period.
+//! - A panic: caught; the thread's lanes go to the closer threads and the poller hears
+//!   [`LaneEvent::Ended`] at once: it fails the pairings those lanes served and starts a new
+//!   thread with the GPU's next lane. (Test hook: `TCPXD_TEST_LANE_THREAD_PANIC_AT`, debug
+//!   builds: [`panic_hook_due`].)
 //! - The channel's end (the poller dropped another way): the thread ends, dropping its lanes.
 
 use std::collections::{HashMap, VecDeque};
