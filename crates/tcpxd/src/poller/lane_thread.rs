@@ -299,11 +299,13 @@ impl Driver {
     fn died(&mut self, gpu: Option<u32>, name: &str, message: String) {
         let why = format!("lane thread {name} panicked: {message}");
         tracing::error!(thread = name, lanes = self.lanes.len(), "{why}");
+        // Told first: the poller fails the pairings with this thread's words before their
+        // peers can see the comms close below and fail them with theirs.
+        self.events.clear();
+        self.out.put(&mut vec![LaneEvent::Ended { gpu, why }]);
         for (_, l) in self.lanes.drain() {
             super::closer::Closers::global().run(Box::new(move || close_under(l)));
         }
-        self.events.clear();
-        self.out.put(&mut vec![LaneEvent::Ended { gpu, why }]);
     }
 
     fn run(&mut self) {
