@@ -54,6 +54,30 @@ pub const PLUGIN_NAME: &std::ffi::CStr = c"tcpxemu_v7";
 #[unsafe(no_mangle)]
 pub static ncclNetPlugin_v7: abi::ncclNet_v7_t = ffi::TABLE;
 
+/// The memory registrations of this process not yet deregistered, of `size` bytes (tests: that
+/// no registration of a buffer outlives its removal; a size no other registration has picks it).
+pub fn live_registrations(size: usize) -> usize {
+    LIVE_MRS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&size)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Live registrations by size (`regMr` adds one, `deregMr` takes it back).
+static LIVE_MRS: std::sync::Mutex<std::collections::BTreeMap<usize, usize>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn live_mrs(size: usize, by: isize) {
+    let mut m = LIVE_MRS.lock().unwrap_or_else(|e| e.into_inner());
+    let n = m.entry(size).or_insert(0);
+    *n = n.saturating_add_signed(by);
+    if *n == 0 {
+        m.remove(&size);
+    }
+}
+
 /// The same table for in-process use (the daemon's built-in emulation, tests).
 pub fn plugin_table() -> &'static abi::ncclNet_v7_t {
     &ncclNetPlugin_v7

@@ -40,6 +40,7 @@ pub(super) unsafe extern "C" fn reg_mr(
                 size: size as usize,
                 ctx,
             }));
+            crate::live_mrs(size as usize, 1);
             // SAFETY: non-NULL out-parameter.
             unsafe { *mhandle = m.cast() };
             Ok(())
@@ -93,6 +94,7 @@ pub(super) unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void
             // SAFETY: checked above: a live Box<Mr> made by regMr; freed exactly once here.
             let mut m = unsafe { Box::from_raw(mhandle as *mut Mr) };
             m.magic = 0;
+            crate::live_mrs(m.size, -1);
             Ok(())
         })())
     })

@@ -329,9 +329,14 @@ impl Poller {
         let mut got = std::mem::take(&mut self.lane_events);
         t.events.take(&mut got);
         let any = !got.is_empty();
+        let mut ended = Vec::new();
         for e in got.drain(..) {
-            let (key, epoch) = match &e {
-                LaneEvent::Sent { key, epoch, .. } | LaneEvent::Failed { key, epoch, .. } => (*key, *epoch),
+            let (key, epoch) = match e {
+                LaneEvent::Sent { key, epoch, .. } | LaneEvent::Failed { key, epoch, .. } => (key, epoch),
+                LaneEvent::Ended { gpu, why } => {
+                    ended.push((gpu, why));
+                    continue;
+                }
             };
             let (peer, li) = key;
             let Some(l) = self
@@ -357,10 +362,40 @@ impl Poller {
                 LaneEvent::Failed { why, .. } => {
                     events.push(Completion::Failed(peer, format!("lane {li} send: {why}")));
                 }
+                LaneEvent::Ended { .. } => {}
             }
         }
         self.lane_events = got;
+        for (gpu, why) in ended {
+            self.lane_thread_ended(gpu, &why, events);
+        }
         any
+    }
+
+    /// A lane thread ended other than by `stop` (it panicked: `LaneEvent::Ended`): its lanes
+    /// are gone (the thread's guard handed them to the closer threads), so each pairing with a
+    /// send lane it drove fails as for a lane's plugin error — its transfers end UNAVAILABLE
+    /// naming the thread, its slots and credits come back, and the next transfer pairs again.
+    /// The GPU's next connected send lane starts a new thread.
+    fn lane_thread_ended(&mut self, gpu: Option<u32>, why: &str, events: &mut Vec<Completion>) {
+        if let Some(t) = self.lanes.as_mut() {
+            t.ended(gpu);
+        }
+        let mut failed = 0;
+        for (&peer, p) in self.peers.iter().filter(|(_, p)| !p.failed) {
+            if let Some(li) = p
+                .send
+                .iter()
+                .position(|l| l.gpu == gpu && matches!(l.state, SendLaneState::Threaded(_)))
+            {
+                failed += 1;
+                events.push(Completion::Failed(peer, format!("lane {li} send: {why}")));
+            }
+        }
+        tracing::error!(
+            pairings = failed,
+            "{why}: the pairings whose send lanes it drove fail"
+        );
     }
 
     /// After a batch of actions that landed eager chunks (`Action::Land`, `LandScatter`): the

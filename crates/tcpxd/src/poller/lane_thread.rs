@@ -17,6 +17,11 @@
 //! plus what it holds, so the window the engine sees is the one the plugin sees, shifted by the
 //! queue's latency. A lane's generation grows with each comm the poller hands over: what this
 //! thread reports about an older comm of the lane (closed and reopened since) is ignored.
+//! A buffer is never removed while a send from it is held here (the engine removes only
+//! buffers no transfer uses, and a source is used until its sends are reported done, the
+//! receiver consumed them all, or the pairing failed — its lanes then closed before the
+//! removal's [`ToLanes::Forget`]): this thread never registers a removed buffer
+//! (docs/ARCHITECTURE.md, "The lane threads", `# State`).
 //!
 //! # Shutdown
 //! - A lane closed when idle (`Action::CloseLane`, a pairing closed): [`ToLanes::Close`]; the
@@ -26,6 +31,10 @@
 //!   daemon's closer threads, as the poller's own lanes do (a close may block on a hung peer).
 //! - The poller's shutdown: [`LaneThread::stop`] takes every lane back (the thread ends) and
 //!   the poller closes them with its own, within the drain's grace period.
+//! - A panic: caught; the thread's lanes go to the closer threads and the poller hears
+//!   [`LaneEvent::Ended`] at once: it fails the pairings those lanes served and starts a new
+//!   thread with the GPU's next lane. (Test hook: `TCPXD_TEST_LANE_THREAD_PANIC_AT`, debug
+//!   builds: [`panic_hook_due`].)
 //! - The channel's end (the poller dropped another way): the thread ends, dropping its lanes.
 
 use std::collections::{HashMap, VecDeque};
@@ -92,6 +101,11 @@ pub(super) enum LaneEvent {
     /// The lane's comm failed (a plugin error, a registration refused): nothing more is driven
     /// on it.
     Failed { key: Key, epoch: u64, why: String },
+    /// The thread of the lanes opened under `gpu` ended other than by [`ToLanes::Stop`] (it
+    /// panicked): every lane it drove is gone (closed on the closer threads), `why` names the
+    /// thread and the panic's message. The poller fails their pairings and starts a new thread
+    /// with that GPU's next lane.
+    Ended { gpu: Option<u32>, why: String },
 }
 
 /// Where the lane thread leaves its events for the poller.
@@ -195,9 +209,9 @@ impl LaneThreads {
                 None => "tcpxd-lanes".into(),
             };
             let thread = std::thread::Builder::new()
-                .name(name)
+                .name(name.clone())
                 .spawn(move || {
-                    Driver {
+                    let mut d = Driver {
                         rx,
                         out,
                         metrics,
@@ -205,8 +219,12 @@ impl LaneThreads {
                         linger,
                         lanes: HashMap::new(),
                         events: Vec::new(),
+                        posts: 0,
+                    };
+                    // A panic is caught here, and told to the poller at once (the guard).
+                    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| d.run())) {
+                        d.died(gpu, &name, panic_message(&*panic));
                     }
-                    .run()
                 })
                 .map_err(|e| format!("starting a lane thread: {e}"))?;
             self.threads.insert(
@@ -236,6 +254,17 @@ impl LaneThreads {
         }
     }
 
+    /// The thread of `gpu` ended (it reported [`LaneEvent::Ended`]): forgotten (joined), so
+    /// that the GPU's next lane starts a new one.
+    pub(super) fn ended(&mut self, gpu: Option<u32>) {
+        if let Some(mut t) = self.threads.remove(&gpu)
+            && let Some(j) = t.thread.take()
+        {
+            // It reported its end last thing: the join waits for no work.
+            let _ = j.join();
+        }
+    }
+
     /// Ends every thread and takes their lanes back.
     pub(super) fn stop(&mut self) -> Vec<Lane> {
         let mut lanes = Vec::new();
@@ -259,10 +288,27 @@ struct Driver {
     linger: Duration,
     lanes: HashMap<Key, Lane>,
     events: Vec<LaneEvent>,
+    /// Sends posted so far (the test hook [`panic_hook_due`] counts them).
+    posts: u64,
 }
 
 impl Driver {
-    fn run(mut self) {
+    /// After a panic in [`Driver::run`]: its lanes go to the closer threads (as a failed
+    /// pairing's do: a close may wait for a hung peer), with their registrations, and the poller
+    /// hears of it ([`LaneEvent::Ended`]) and is rung.
+    fn died(&mut self, gpu: Option<u32>, name: &str, message: String) {
+        let why = format!("lane thread {name} panicked: {message}");
+        tracing::error!(thread = name, lanes = self.lanes.len(), "{why}");
+        // Told first: the poller fails the pairings with this thread's words before their
+        // peers can see the comms close below and fail them with theirs.
+        self.events.clear();
+        self.out.put(&mut vec![LaneEvent::Ended { gpu, why }]);
+        for (_, l) in self.lanes.drain() {
+            super::closer::Closers::global().run(Box::new(move || close_under(l)));
+        }
+    }
+
+    fn run(&mut self) {
         tracing::debug!("lane thread started");
         let mut backoff = Backoff::with(self.pace);
         let mut last_work = Instant::now();
@@ -411,24 +457,25 @@ impl Driver {
             if l.failed {
                 continue;
             }
-            let failure = post_held(l)
-                .err()
-                .or_else(|| match lanes::test_sends(&mut l.comm, || {}) {
-                    Ok(0) => None,
-                    Ok(n) => {
-                        progressed = true;
-                        self.events.push(LaneEvent::Sent {
-                            key,
-                            epoch: l.epoch,
-                            n: n as u32,
-                        });
-                        None
-                    }
-                    Err(e) => {
-                        self.metrics.plugin_error(&e);
-                        Some(e.to_string())
-                    }
-                });
+            let failure =
+                post_held(l, &mut self.posts)
+                    .err()
+                    .or_else(|| match lanes::test_sends(&mut l.comm, || {}) {
+                        Ok(0) => None,
+                        Ok(n) => {
+                            progressed = true;
+                            self.events.push(LaneEvent::Sent {
+                                key,
+                                epoch: l.epoch,
+                                n: n as u32,
+                            });
+                            None
+                        }
+                        Err(e) => {
+                            self.metrics.plugin_error(&e);
+                            Some(e.to_string())
+                        }
+                    });
             if let Some(why) = failure {
                 l.failed = true;
                 progressed = true;
@@ -468,7 +515,7 @@ fn polling(spin: bool, cpus: usize) -> (Pace, Duration) {
 }
 
 /// Posts a lane's held sends in order while the plugin takes them.
-fn post_held(l: &mut Lane) -> Result<(), String> {
+fn post_held(l: &mut Lane, posts: &mut u64) -> Result<(), String> {
     while l.comm.can_post()
         && let Some((mem, len)) = l.pending.front()
     {
@@ -489,8 +536,39 @@ fn post_held(l: &mut Lane) -> Result<(), String> {
             break;
         }
         l.pending.pop_front();
+        *posts += 1;
+        if panic_hook_due(*posts) {
+            panic!("TCPXD_TEST_LANE_THREAD_PANIC_AT: post {posts}");
+        }
     }
     Ok(())
+}
+
+/// The test hook (debug builds only: `cfg!(debug_assertions)`): with
+/// `TCPXD_TEST_LANE_THREAD_PANIC_AT=<n>` in the environment, the first lane thread of the process
+/// to post its `n`-th send panics right after that post, once per process (the thread started
+/// in its place does not). Suite `daemon_lane_thread::a_lane_thread_that_panics_...`.
+fn panic_hook_due(posts: u64) -> bool {
+    if !cfg!(debug_assertions) {
+        return false;
+    }
+    static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    static FIRED: AtomicBool = AtomicBool::new(false);
+    let at = AT.get_or_init(|| {
+        std::env::var("TCPXD_TEST_LANE_THREAD_PANIC_AT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    *at == Some(posts) && !FIRED.swap(true, Ordering::AcqRel)
+}
+
+/// A panic's message, when it is a string.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(not a string)".into())
 }
 
 /// Drops a lane (closing its comm) with its GPU current on this thread.
