@@ -7,11 +7,14 @@
 //! as a peer's WRITE would deliver it), the transfer metrics.
 //!
 //! Copies of more than [`INLINE_BYTES`] run on tokio's blocking pool, never on a runtime thread,
-//! in chunks of [`CHUNK_BYTES`] between which cancel and the deadline are checked.
+//! in chunks of [`CHUNK_BYTES`] between which cancel and the deadline are checked, spread over
+//! up to `transfer.host_copy_threads` workers (the pool's thread and scoped ones, each with its
+//! own bounce buffer): a client's pages on both sides take two copies per chunk (read into the
+//! bounce buffer, write out), so one thread alone ran at a quarter of memory speed.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tokio::sync::watch;
@@ -319,8 +322,9 @@ impl DaemonState {
             notifications: self.notifications.clone(),
             started_at,
         };
+        let threads = self.same_node.threads();
         let job = move || {
-            let outcome = run(&copy, &stop, &tx);
+            let outcome = run(&copy, threads, &stop, &tx);
             finish.done(&copy, outcome, &tx);
         };
         if started.total <= INLINE_BYTES {
@@ -414,67 +418,166 @@ impl Finish {
     }
 }
 
-/// Copies every piece in chunks, checking the stop flag (cancel, the drain's end) and the
-/// deadline before each.
-fn run(copy: &Copy, stop: &AtomicU8, tx: &watch::Sender<TransferStatus>) -> Outcome {
-    let mut entries: Vec<Option<(Code, String)>> = vec![None; copy.entries];
-    let mut done = 0u64;
-    let mut bounce = Vec::new();
-    let mut stream = None;
-    for (k, p) in copy.pieces.iter().enumerate() {
-        let mut at = 0u64;
-        while at < p.len {
-            let stop = match stop.load(Ordering::Relaxed) {
-                RUNNING => None,
-                CANCELLED => Some((Code::Cancelled, "cancelled by the client".to_string())),
-                _ => Some((
-                    Code::Unavailable,
-                    "the daemon is shutting down (grace period over)".to_string(),
-                )),
-            };
-            let stop = if stop.is_some() {
-                stop
-            } else if Instant::now() >= copy.deadline {
-                Some((
-                    Code::DeadlineExceeded,
-                    "the transfer's deadline passed".to_string(),
-                ))
-            } else {
-                None
-            };
-            let n = (p.len - at).min(CHUNK_BYTES);
-            let failed = stop.or_else(|| copy_chunk(p, at, n, &mut bounce, &mut stream).err());
-            if let Some((code, message)) = failed {
-                return failed_outcome(entries, code, message, done);
-            }
+/// One chunk of the work: `n` bytes at `at` of piece `piece`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Chunk {
+    piece: usize,
+    at: u64,
+    n: u64,
+}
+
+/// The pieces cut into chunks of at most [`CHUNK_BYTES`], in order.
+fn chunks(lens: impl Iterator<Item = u64>) -> Vec<Chunk> {
+    let mut out = Vec::new();
+    for (piece, len) in lens.enumerate() {
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(CHUNK_BYTES);
+            out.push(Chunk { piece, at, n });
             at += n;
-            done += n;
-            if copy.total > INLINE_BYTES {
-                tx.send_modify(|s| s.bytes_done = done);
-            }
-        }
-        // An entry is done when its last piece is (batches: one piece an entry).
-        if copy.pieces.get(k + 1).is_none_or(|q| q.entry != p.entry) {
-            entries[p.entry] = Some((Code::Ok, String::new()));
         }
     }
-    Outcome {
-        code: Code::Ok,
-        message: String::new(),
-        entries: vec![(Code::Ok, String::new()); copy.entries],
-        landed: copy.total,
+    out
+}
+
+/// How many threads copy a transfer of `total` bytes in `chunks` chunks, given `threads`
+/// (`transfer.host_copy_threads`): one when inline-sized, when there is one chunk, or without
+/// helpers; else at most one a chunk.
+fn workers(threads: usize, chunks: usize, total: u64) -> usize {
+    if total <= INLINE_BYTES {
+        1
+    } else {
+        threads.min(chunks).max(1)
     }
 }
 
-fn failed_outcome(entries: Vec<Option<(Code, String)>>, code: Code, message: String, landed: u64) -> Outcome {
-    Outcome {
-        entries: entries
-            .into_iter()
-            .map(|e| e.unwrap_or_else(|| (code, message.clone())))
-            .collect(),
-        code,
-        message,
-        landed,
+/// What the workers of one copy share: the next chunk to take, the bytes done, the chunks left
+/// per entry, the first failure.
+struct Shared<'a> {
+    copy: &'a Copy,
+    chunks: &'a [Chunk],
+    next: AtomicUsize,
+    done: AtomicU64,
+    left: Vec<AtomicUsize>,
+    failed: Mutex<Option<(Code, String)>>,
+    halt: AtomicBool,
+    stop: &'a AtomicU8,
+    tx: &'a watch::Sender<TransferStatus>,
+}
+
+impl Shared<'_> {
+    /// Why the copy must stop now (cancel, the drain's end, the deadline), if it must.
+    fn stopped(&self) -> Option<(Code, String)> {
+        match self.stop.load(Ordering::Relaxed) {
+            RUNNING => {}
+            CANCELLED => return Some((Code::Cancelled, "cancelled by the client".to_string())),
+            _ => {
+                return Some((
+                    Code::Unavailable,
+                    "the daemon is shutting down (grace period over)".to_string(),
+                ));
+            }
+        }
+        (Instant::now() >= self.copy.deadline).then(|| {
+            (
+                Code::DeadlineExceeded,
+                "the transfer's deadline passed".to_string(),
+            )
+        })
+    }
+
+    /// Records a failure (the first one wins) and stops every worker before its next chunk.
+    fn fail(&self, why: (Code, String)) {
+        let mut f = self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        if f.is_none() {
+            *f = Some(why);
+        }
+        self.halt.store(true, Ordering::Release);
+    }
+
+    /// One worker: takes chunks in order until none is left or the copy stops, with its own
+    /// bounce buffer and GPU stream.
+    fn work(&self) {
+        let mut bounce = Vec::new();
+        let mut stream = None;
+        loop {
+            if self.halt.load(Ordering::Acquire) {
+                return;
+            }
+            // (a stop after the last chunk was taken stops nothing: as with one thread)
+            let Some(c) = self.chunks.get(self.next.fetch_add(1, Ordering::Relaxed)) else {
+                return;
+            };
+            if let Some(why) = self.stopped() {
+                return self.fail(why);
+            }
+            let p = &self.copy.pieces[c.piece];
+            if let Err(why) = copy_chunk(p, c.at, c.n, &mut bounce, &mut stream) {
+                return self.fail(why);
+            }
+            self.left[p.entry].fetch_sub(1, Ordering::AcqRel);
+            let done = self.done.fetch_add(c.n, Ordering::AcqRel) + c.n;
+            if self.copy.total > INLINE_BYTES {
+                // Workers finish out of order: the figure only grows.
+                self.tx.send_modify(|s| s.bytes_done = s.bytes_done.max(done));
+            }
+        }
+    }
+}
+
+/// Copies every piece in chunks of [`CHUNK_BYTES`] on `threads` workers at most (this thread
+/// and scoped ones), each checking the stop flag (cancel, the drain's end) and the deadline
+/// before each chunk. The first failure stops them all; an entry whose every chunk landed is
+/// OK, the others carry the failure.
+fn run(copy: &Copy, threads: usize, stop: &AtomicU8, tx: &watch::Sender<TransferStatus>) -> Outcome {
+    let chunks = chunks(copy.pieces.iter().map(|p| p.len));
+    let mut left: Vec<AtomicUsize> = (0..copy.entries).map(|_| AtomicUsize::new(0)).collect();
+    for c in &chunks {
+        *left[copy.pieces[c.piece].entry].get_mut() += 1;
+    }
+    let shared = Shared {
+        copy,
+        chunks: &chunks,
+        next: AtomicUsize::new(0),
+        done: AtomicU64::new(0),
+        left,
+        failed: Mutex::new(None),
+        halt: AtomicBool::new(false),
+        stop,
+        tx,
+    };
+    let n = workers(threads, chunks.len(), copy.total);
+    if n == 1 {
+        shared.work();
+    } else {
+        std::thread::scope(|s| {
+            for _ in 1..n {
+                s.spawn(|| shared.work());
+            }
+            shared.work();
+        });
+    }
+    let landed = shared.done.load(Ordering::Acquire);
+    match shared.failed.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        None => Outcome {
+            code: Code::Ok,
+            message: String::new(),
+            entries: vec![(Code::Ok, String::new()); copy.entries],
+            landed: copy.total,
+        },
+        Some((code, message)) => Outcome {
+            entries: shared
+                .left
+                .iter()
+                .map(|l| match l.load(Ordering::Acquire) {
+                    0 => (Code::Ok, String::new()),
+                    _ => (code, message.clone()),
+                })
+                .collect(),
+            code,
+            message,
+            landed,
+        },
     }
 }
 
@@ -551,5 +654,37 @@ fn copy_chunk(
         (BufferMemory::Client, _) | (_, BufferMemory::Client) => {
             Err((Code::Internal, "a client's memory without its pages".to_string()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cut_into_chunks_in_order() {
+        let c = chunks([CHUNK_BYTES * 2 + 5, 0, 16 << 10].into_iter());
+        let want = [
+            (0, 0, CHUNK_BYTES),
+            (0, CHUNK_BYTES, CHUNK_BYTES),
+            (0, 2 * CHUNK_BYTES, 5),
+            (2, 0, 16 << 10),
+        ];
+        let got: Vec<_> = c.iter().map(|c| (c.piece, c.at, c.n)).collect();
+        assert_eq!(got, want);
+        let many = chunks(std::iter::repeat_n(16 << 10, 4096));
+        assert_eq!(many.len(), 4096);
+        assert!(many.iter().enumerate().all(|(i, c)| c.piece == i && c.at == 0));
+    }
+
+    #[test]
+    fn workers_bounded_by_threads_and_chunks_and_one_when_inline() {
+        assert_eq!(workers(8, 16, 64 << 20), 8);
+        assert_eq!(workers(8, 3, 12 << 20), 3);
+        assert_eq!(workers(0, 16, 64 << 20), 1);
+        assert_eq!(workers(1, 16, 64 << 20), 1);
+        // Inline-sized copies run on the calling task, alone.
+        assert_eq!(workers(8, 16, INLINE_BYTES), 1);
+        assert_eq!(workers(8, 4096, 4096 * (16 << 10)), 8);
     }
 }
