@@ -440,14 +440,42 @@ fn chunks(lens: impl Iterator<Item = u64>) -> Vec<Chunk> {
     out
 }
 
+/// The chunks cut into the runs a worker takes at once: consecutive chunks between the same two
+/// buffers, together at most [`CHUNK_BYTES`] and [`GROUP_CHUNKS`] (a 4 MiB chunk alone; 256
+/// pieces of 16 KiB one run): cancel and the deadline are checked, and progress told, once a run.
+fn groups(chunks: &[Chunk], ends: impl Fn(usize) -> (u64, u64)) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, c) in chunks.iter().enumerate() {
+        if i > start
+            && (bytes + c.n > CHUNK_BYTES
+                || i - start == GROUP_CHUNKS
+                || ends(c.piece) != ends(chunks[start].piece))
+        {
+            out.push(start..i);
+            start = i;
+            bytes = 0;
+        }
+        bytes += c.n;
+    }
+    if start < chunks.len() {
+        out.push(start..chunks.len());
+    }
+    out
+}
+
+/// The most chunks in one run (the most iovecs one `process_vm_*` call takes).
+const GROUP_CHUNKS: usize = 1024;
+
 /// How many threads copy a transfer of `total` bytes in `chunks` chunks, given `threads`
-/// (`transfer.host_copy_threads`): one when inline-sized, when there is one chunk, or without
-/// helpers; else at most one a chunk.
-fn workers(threads: usize, chunks: usize, total: u64) -> usize {
+/// (`transfer.host_copy_threads`) for `runs` runs of chunks: one when inline-sized, when there is
+/// one run, or without helpers; else at most one a run.
+fn workers(threads: usize, runs: usize, total: u64) -> usize {
     if total <= INLINE_BYTES {
         1
     } else {
-        threads.min(chunks).max(1)
+        threads.min(runs).max(1)
     }
 }
 
@@ -456,6 +484,7 @@ fn workers(threads: usize, chunks: usize, total: u64) -> usize {
 struct Shared<'a> {
     copy: &'a Copy,
     chunks: &'a [Chunk],
+    groups: &'a [std::ops::Range<usize>],
     next: AtomicUsize,
     done: AtomicU64,
     left: Vec<AtomicUsize>,
@@ -505,18 +534,22 @@ impl Shared<'_> {
                 return;
             }
             // (a stop after the last chunk was taken stops nothing: as with one thread)
-            let Some(c) = self.chunks.get(self.next.fetch_add(1, Ordering::Relaxed)) else {
+            let Some(g) = self.groups.get(self.next.fetch_add(1, Ordering::Relaxed)) else {
                 return;
             };
             if let Some(why) = self.stopped() {
                 return self.fail(why);
             }
-            let p = &self.copy.pieces[c.piece];
-            if let Err(why) = copy_chunk(p, c.at, c.n, &mut bounce, &mut stream) {
+            let run = &self.chunks[g.clone()];
+            if let Err(why) = copy_run(&self.copy.pieces, run, &mut bounce, &mut stream) {
                 return self.fail(why);
             }
-            self.left[p.entry].fetch_sub(1, Ordering::AcqRel);
-            let done = self.done.fetch_add(c.n, Ordering::AcqRel) + c.n;
+            let mut n = 0;
+            for c in run {
+                self.left[self.copy.pieces[c.piece].entry].fetch_sub(1, Ordering::AcqRel);
+                n += c.n;
+            }
+            let done = self.done.fetch_add(n, Ordering::AcqRel) + n;
             if self.copy.total > INLINE_BYTES {
                 // Workers finish out of order: the figure only grows.
                 self.tx.send_modify(|s| s.bytes_done = s.bytes_done.max(done));
@@ -535,9 +568,12 @@ fn run(copy: &Copy, threads: usize, stop: &AtomicU8, tx: &watch::Sender<Transfer
     for c in &chunks {
         *left[copy.pieces[c.piece].entry].get_mut() += 1;
     }
+    let ends = |k: usize| (copy.pieces[k].src.id, copy.pieces[k].dst.id);
+    let groups = groups(&chunks, ends);
     let shared = Shared {
         copy,
         chunks: &chunks,
+        groups: &groups,
         next: AtomicUsize::new(0),
         done: AtomicU64::new(0),
         left,
@@ -546,7 +582,7 @@ fn run(copy: &Copy, threads: usize, stop: &AtomicU8, tx: &watch::Sender<Transfer
         stop,
         tx,
     };
-    let n = workers(threads, chunks.len(), copy.total);
+    let n = workers(threads, groups.len(), copy.total);
     if n == 1 {
         shared.work();
     } else {
@@ -579,6 +615,34 @@ fn run(copy: &Copy, threads: usize, stop: &AtomicU8, tx: &watch::Sender<Transfer
             landed,
         },
     }
+}
+
+/// Copies a run of chunks (between the same two buffers): client pages on both sides in a few
+/// calls through the bounce buffer, anything else chunk by chunk.
+fn copy_run(
+    pieces: &[Piece],
+    run: &[Chunk],
+    bounce: &mut Vec<u8>,
+    stream: &mut Option<crate::gpu::Stream>,
+) -> Result<(), (Code, String)> {
+    let first = &pieces[run[0].piece];
+    if let (true, Some(from), Some(to)) = (run.len() > 1, first.src.attached, first.dst.attached) {
+        let list: Vec<(u64, u64, usize)> = run
+            .iter()
+            .map(|c| {
+                let p = &pieces[c.piece];
+                (p.src_off + c.at, p.dst_off + c.at, c.n as usize)
+            })
+            .collect();
+        return crate::net::cross_memory::copy_between_clients(from, to, &list, bounce).map_err(|e| {
+            let e = crate::buffers::attach_error(e);
+            (e.code, e.message)
+        });
+    }
+    for c in run {
+        copy_chunk(&pieces[c.piece], c.at, c.n, bounce, stream)?;
+    }
+    Ok(())
 }
 
 /// Copies `n` bytes at `at` of piece `p`.
@@ -675,6 +739,24 @@ mod tests {
         let many = chunks(std::iter::repeat_n(16 << 10, 4096));
         assert_eq!(many.len(), 4096);
         assert!(many.iter().enumerate().all(|(i, c)| c.piece == i && c.at == 0));
+    }
+
+    #[test]
+    fn small_chunks_run_together_up_to_a_chunk_and_between_the_same_buffers() {
+        // 4096 pieces of 16 KiB between one pair of buffers: runs of 256 (4 MiB each).
+        let c = chunks(std::iter::repeat_n(16 << 10, 4096));
+        let g = groups(&c, |_| (1, 2));
+        assert_eq!(g.len(), 16);
+        assert!(g.iter().enumerate().all(|(i, r)| *r == (i * 256..(i + 1) * 256)));
+        // Big chunks alone; a change of buffers starts a run.
+        let c = chunks([2 * CHUNK_BYTES, 4096, 4096, 4096, 100].into_iter());
+        let g = groups(&c, |k| if k < 3 { (1, 2) } else { (3, 2) });
+        assert_eq!(g, vec![0..1, 1..2, 2..4, 4..6]);
+        // At most 1024 chunks a run, however small.
+        let c = chunks(std::iter::repeat_n(8, 2050));
+        let g = groups(&c, |_| (1, 2));
+        assert_eq!(g, vec![0..1024, 1024..2048, 2048..2050]);
+        assert!(groups(&[], |_| (1, 2)).is_empty());
     }
 
     #[test]
