@@ -338,7 +338,9 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         stopping: stop_rx.clone(),
         metrics,
         node,
-        same_node: Default::default(),
+        same_node: Arc::new(crate::api::same_node_registry::SameNode::with_threads(
+            cfg.host_copy_threads,
+        )),
         journal,
         remote_prepared: Mutex::new(HashMap::new()),
         shared_completions: cfg.shared_completions,

@@ -47,6 +47,8 @@ pub struct SameNode {
     /// Told whenever a copy ends (ReleaseBuffer waits for those using its buffer).
     ended: tokio::sync::Notify,
     prepared: Mutex<std::collections::HashSet<u64>>,
+    /// How many threads copy one transfer at most (`transfer.host_copy_threads`; 0 as 1).
+    threads: usize,
 }
 
 #[derive(Default)]
@@ -62,6 +64,19 @@ struct Open {
 }
 
 impl SameNode {
+    /// A book whose copies each run on up to `threads` threads (`transfer.host_copy_threads`).
+    pub fn with_threads(threads: usize) -> Self {
+        Self {
+            threads,
+            ..Self::default()
+        }
+    }
+
+    /// How many threads copy one transfer at most (at least 1).
+    pub(super) fn threads(&self) -> usize {
+        self.threads.max(1)
+    }
+
     /// Whether prepared list `id` names other clients' lists of this node.
     pub fn is_prepared(&self, id: u64) -> bool {
         let set = self.prepared.lock().unwrap_or_else(|e| e.into_inner());

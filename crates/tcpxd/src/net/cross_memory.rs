@@ -254,6 +254,38 @@ impl ClientCopies {
     }
 }
 
+/// Copies pieces `(from's offset, to's offset, len)` from one client's pages to another's through
+/// `bounce`: every piece read in a few `process_vm_readv` calls (up to 1024 pieces a call), then
+/// written out in a few `process_vm_writev` — many small pieces (a batch of 16 KiB blocks) are a
+/// handful of calls instead of two each.
+pub fn copy_between_clients(
+    from: ClientPages,
+    to: ClientPages,
+    pieces: &[(u64, u64, usize)],
+    bounce: &mut Vec<u8>,
+) -> Result<(), AttachError> {
+    let total: usize = pieces.iter().map(|p| p.2).sum();
+    bounce.resize(total, 0);
+    let base = bounce.as_mut_ptr();
+    let mut read = ClientCopies::from_client(from);
+    let mut at = 0;
+    for &(s, _, n) in pieces {
+        // SAFETY: `base + at .. + n` is inside `bounce` (its `total` bytes), which nothing else
+        // touches until the flush below returns.
+        unsafe { read.push(base.add(at), s, n) }?;
+        at += n;
+    }
+    read.flush()?;
+    let mut write = ClientCopies::into_client(to);
+    at = 0;
+    for &(_, d, n) in pieces {
+        // SAFETY: as above, read by the kernel until the flush below returns.
+        unsafe { write.push(base.add(at), d, n) }?;
+        at += n;
+    }
+    write.flush()
+}
+
 impl ClientPages {
     /// Copies `dst.len()` bytes at `offset` of the client's memory into `dst`.
     pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), AttachError> {

@@ -52,6 +52,7 @@ mod daemon_peer_loss;
 mod daemon_poller_sessions;
 mod daemon_prepared;
 mod daemon_same_node;
+mod daemon_same_node_split;
 mod daemon_scatter_ahead;
 mod daemon_session;
 mod daemon_session_thread;
