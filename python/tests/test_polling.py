@@ -355,7 +355,15 @@ def test_send_notif_does_not_wait_for_a_thread_waiting_in_get_new_notifs(peered,
     with nixl_agent("tl-1", nixl_agent_config(endpoint=a.endpoint)) as one, \
             nixl_agent("tl-2", nixl_agent_config(endpoint=b.endpoint)) as two:
         one.add_remote_agent(two.get_agent_metadata())
-        poller = threading.Thread(target=lambda: [one.get_new_notifs() for _ in range(3)])
+        def poll() -> None:
+            # Polls back to back until a take counts as a tight loop's and waits (two empty takes
+            # within _notify.TIGHT_S: on a loaded machine three calls in a row may never be),
+            # held in that wait until released; then stops.
+            deadline = time.monotonic() + 30
+            while not entered.is_set() and time.monotonic() < deadline:
+                one.get_new_notifs()
+
+        poller = threading.Thread(target=poll)
         poller.start()
         assert entered.wait(30), "the polling loop never waited"
         sender = threading.Thread(target=one.send_notif, args=("tl-2", b"while it waits"))
