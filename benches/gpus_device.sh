@@ -40,7 +40,7 @@ for lt in $SETTINGS; do
   PA=$(( 30000 + RANDOM % 20000 )); PB=$((PA+1))
   start a $PA "$lt"; start b $PB "$lt"
   "$BIN/tcpxctl" --endpoint "unix:$D/a.sock" health --wait 30 >/dev/null && "$BIN/tcpxctl" --endpoint "unix:$D/b.sock" health --wait 30 >/dev/null \
-    || { echo "daemons did not start"; tail -20 "$OUT"/*.log; exit 1; }
+    || { echo "daemons did not start"; for f in "$OUT"/*.log; do echo "== $f"; tail -n 20 "$f"; done; exit 1; }
   for row in "write 64K 16 $ITERS" "read 64K 16 $ITERS" "write 16M 2 $BIG_ITERS"; do
     set -- $row
     one=$(bench 0 "$1" "$2" "$3" "$4")
