@@ -53,25 +53,21 @@ impl Engine {
             let Some((offer_id, len, credit_len)) = self.eager_consumed(peer, lane) else {
                 return;
             };
-            let mark = self.actions.len();
             self.chunk_consumed(peer, lane, offer_id, len, result);
-            // The credit receive is posted again before any message that returns its credit
-            // (the first control message the consume made), and after what only this node
-            // sees: a READ's `Finished` reaches its client without waiting for the `irecv`.
+            // The credit receive is posted again after what the consume made: a READ's
+            // `Finished` reaches its client, and the transfer's `Done` its sender, without
+            // waiting for the `irecv` (issue #38: the legs after the last receive). The `Done`
+            // may return this very credit before its receive is posted: the credit is the
+            // chunk's bounce memory, which the plugin has back (the driver reports a consume
+            // after the plugin's `irecvConsumed`), and a send the sender posts on it matches
+            // the receive posted here later in this batch, as any send that reaches a plugin
+            // before its receive (NCCL's net API leaves the order of `isend` and `irecv` free).
             if self.peers.get(&peer).is_some_and(|p| !p.gone()) {
-                let at = self
-                    .actions
-                    .range(mark..)
-                    .position(|a| matches!(a, Action::Control { .. }))
-                    .map_or(self.actions.len(), |i| mark + i);
-                self.actions.insert(
-                    at,
-                    Action::PostCredit {
-                        peer,
-                        lane,
-                        len: credit_len,
-                    },
-                );
+                self.actions.push_back(Action::PostCredit {
+                    peer,
+                    lane,
+                    len: credit_len,
+                });
             }
         } else {
             let Some((offer_id, len)) = self
@@ -217,6 +213,7 @@ impl Engine {
             peer,
             msg: PeerMsg::Done { offer_id, returned },
         });
+        let ours = o.read.is_some();
         if !o.notification.is_empty() {
             self.actions.push_back(Action::Notify {
                 peer,
@@ -224,6 +221,16 @@ impl Engine {
                 payload: o.notification,
                 buffers: o.dests.iter().map(|d| d.0).collect(),
             });
+        }
+        // A WRITE's sender answers its client on this `Done`: on the wire before the credit
+        // receives this batch posts again and the rest of the batch (once a peer and batch, so
+        // many transfers ending in one pass still share the batch's one write), after the
+        // notification (handed to this node's sessions, whose client may be waiting for it as
+        // much). Our own READ's `Done` only lets its server release the sources: it goes with
+        // the batch.
+        if !ours && !self.sent_now.contains(&peer) {
+            self.sent_now.push(peer);
+            self.actions.push_back(Action::SendNow { peer });
         }
     }
 
