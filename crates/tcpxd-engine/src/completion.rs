@@ -199,6 +199,9 @@ impl Engine {
             }
             return;
         }
+        // What the transfer's end makes goes ahead of the credit receives this batch posts
+        // again (below).
+        let mark = self.actions.len();
         // Our READ this offer served ends first: its `Finished` reaches the client before the
         // driver frames the `Done` and re-posts the credit receive.
         if let Some(rid) = o.read
@@ -232,6 +235,33 @@ impl Engine {
             self.sent_now.push(peer);
             self.actions.push_back(Action::SendNow { peer });
         }
+        self.ahead_of_reposts(peer, mark);
+    }
+
+    /// Moves the actions from `mark` on (a transfer's end: its `Finished` or `Done`, with what
+    /// follows them) ahead of the credit receives of `peer` this batch still has to post again
+    /// — chunks consumed in the same pass as the last one, before it — so the client or the
+    /// sender hears before the `irecv`s (issue #38). Control messages to `peer` keep their
+    /// order: where one waits between the first such receive and `mark`, nothing moves.
+    fn ahead_of_reposts(&mut self, peer: PeerIdx, mark: usize) {
+        let Some(at) = self
+            .actions
+            .range(..mark)
+            .position(|a| matches!(a, Action::PostCredit { peer: p, .. } if *p == peer))
+        else {
+            return;
+        };
+        if self
+            .actions
+            .range(at..mark)
+            .any(|a| matches!(a, Action::Control { peer: p, .. } if *p == peer))
+        {
+            return;
+        }
+        let end = self.actions.split_off(mark);
+        let reposts = self.actions.split_off(at);
+        self.actions.extend(end);
+        self.actions.extend(reposts);
     }
 
     /// The lane (or control stream) of a peer failed: every transfer touching it fails.

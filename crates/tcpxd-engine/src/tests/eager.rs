@@ -669,8 +669,8 @@ fn credits_a_done_carries_are_taken_back_as_a_credits_message_would_be() {
 fn transfers_ending_in_one_batch_ask_for_one_write_at_once_after_the_first_done() {
     // Two WRITEs of one chunk each (lanes 0 and 1), landed, then consumed in one batch: both
     // `Done`s, one `SendNow` right after the first (what came before it goes at once, the rest
-    // with the batch), each credit's receive posted again after its `Done`. The next batch may
-    // ask again.
+    // with the batch), the credits' receives posted again after both. A transfer of two chunks
+    // consumed in one pass: its `Done` ahead of both receives. The next batch may ask again.
     let (mut eng, now) = receiver();
     eng.on_message(P, header(1, 5, 0, 4096), now);
     let mut second = header(2, 5, 4096, 4096);
@@ -702,8 +702,31 @@ fn transfers_ending_in_one_batch_ask_for_one_write_at_once_after_the_first_done(
             _ => "other",
         })
         .collect();
-    assert_eq!(kinds, ["done", "now", "repost", "done", "repost"], "{acts:?}");
+    // The second `Done` goes ahead of the first chunk's receive too (written with the batch).
+    assert_eq!(kinds, ["done", "now", "done", "repost", "repost"], "{acts:?}");
     assert!(eng.is_idle() && eng.lanes_idle());
+    // One transfer of two chunks consumed in one pass: its `Done` ahead of both re-posts.
+    eng.on_message(P, header(4, 5, 0, 8192), now);
+    for lane in 0..2 {
+        eng.on_recv_landed(P, lane, now);
+    }
+    actions(&mut eng);
+    eng.on_recv_consumed(P, 0, Ok(()));
+    eng.on_recv_consumed(P, 1, Ok(()));
+    let acts = actions(&mut eng);
+    let kinds: Vec<&str> = acts
+        .iter()
+        .map(|a| match a {
+            Action::Control {
+                msg: PeerMsg::Done { .. },
+                ..
+            } => "done",
+            Action::SendNow { .. } => "now",
+            Action::PostCredit { .. } => "repost",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["done", "now", "repost", "repost"], "{acts:?}");
     // A later batch asks again.
     eng.on_message(P, header(3, 5, 0, 4096), now);
     eng.on_recv_landed(P, 0, now);
