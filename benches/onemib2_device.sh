@@ -13,7 +13,8 @@
 #    256K,1M,16M), ROUNDS (3) rounds alternating A B / B A; prints p50 µs (median over the rounds)
 #    and before ÷ after (> 1: after faster), per round too.
 # 2. Traced (TRACE=0 skips it): 1 MiB WRITE and READ through the local session, BEFORE and AFTER,
-#    `benches/hops.py`: the receiver's consume → `Done` → the sender's end, leg by leg.
+#    `benches/hops.py`: the receiver's consume → `Done` → the sender's end, leg by leg;
+#    `benches/done_leg.py`: the WRITE receiver's last consume → `Done` on the wire.
 # 3. compare.py on AFTER (COMPARE=0 skips it): `--sizes 64K,1M,16M --iters 30`, WRITE then READ;
 #    its table has daemon/nccl-socket (gRPC) and local/nccl-socket (#38: the daemon ≥ NCCL over
 #    its own sockets at every size).
@@ -98,6 +99,7 @@ if [ "${TRACE:-1}" = 1 ]; then
                 echo "== 1 MiB $op through the local session, GPU 0 -> $peer (${who^^}), traced"
                 python3 "$here/hops.py" "$t/bench-a.log" "$t/bench-b.log" | tail -n 40 || true
                 python3 "$here/lanes.py" "$t/bench-a.log" "$t/bench-b.log" || true
+                if [ "$op" = write ]; then python3 "$here/done_leg.py" "$t/bench-b.log" || true; fi
             done
         done
     } 2>&1 | tee "$out/trace.txt"
