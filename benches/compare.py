@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
-"""One run, four harnesses, the same message sizes, on a host with two GPUs:
+"""One run, five harnesses, the same message sizes, on a host with two GPUs:
 
   nccl-socket  NCCL send/recv between the GPUs over NCCL's own TCP sockets (loopback)
   nccl-plugin  NCCL send/recv with the emulation plugin as NCCL's net plugin (bytes checked)
   raw          the raw plugin bench: the daemon's chunking, windows and unpack, no daemon, no gRPC
   daemon       two tcpxd daemons (one per GPU) on the emulation plugin, `tcpxctl bench transfer`
+               (its gRPC `Session` stream, tcpxctl's and any gRPC client's crossing)
+  daemon-local the same daemons through a framed local session on the API's unix socket
+               (`bench transfer --via local`): the crossing the Python package's client uses
 
 P2P, SHM and NVLink are off everywhere, every harness uses 4 data sockets per connection, and the
 emulation plugin is in its CUDA mode (GPU bounce pages + unpack) wherever GPU buffers are used.
-Prints one table with the ratios daemon/raw and daemon/nccl-plugin and writes every row as JSON
-lines to --out. Reports only: nothing here asserts a speed.
+Prints one table with the ratios daemon/raw, daemon/nccl-plugin and daemon/nccl-socket (and the
+same for daemon-local) and writes every row as JSON lines to --out. Reports only: nothing here
+asserts a speed.
 
   python3 benches/compare.py --bin target/release --sizes 4K,64K,1M,4M,16M,64M,256M
   python3 benches/compare.py --concurrency 8 --sizes 64K,1M,4M   # 8 transfers in flight
@@ -54,7 +58,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-HARNESSES = ["nccl-socket", "nccl-plugin", "raw", "daemon"]
+HARNESSES = ["nccl-socket", "nccl-plugin", "raw", "daemon", "daemon-local"]
 
 
 def fmt_size(n: int) -> str:
@@ -312,6 +316,13 @@ def main():
                      "--out", rout] + common,
                     env, args.logs, args.timeout, machine,
                 )
+            if "daemon-local" in only:
+                results["daemon-local" + tag] = run(
+                    "daemon-local" + tag,
+                    [tcpxctl, "bench", "transfer", "--daemon", tcpxd, "--via", "local", "--op", args.op, "--cuda", "0",
+                     "--peer-cuda", peer_cuda, "--out", rout] + common,
+                    env, args.logs, args.timeout, machine,
+                )
             if args.blocks:
                 results["daemon-blocks" + tag] = run(
                     "daemon-blocks" + tag,
@@ -344,7 +355,8 @@ def main():
     head = f"{'block':>6}"
     for h in HARNESSES:
         head += f" {h + ' GB/s':>17} {'p50':>8} {'p99':>8}"
-    head += f" {'daemon/raw':>11} {'daemon/nccl-plugin':>19}"
+    head += f" {'daemon/raw':>11} {'daemon/nccl-plugin':>19} {'daemon/nccl-socket':>19}"
+    head += f" {'local/raw':>10} {'local/nccl-socket':>18}"
     print(head)
     summary = []
     for s in sizes:
@@ -357,13 +369,18 @@ def main():
                 else f" {'-':>17} {'-':>8} {'-':>8}"
             )
         d, raw, nccl = rows["daemon"].get(s), rows["raw"].get(s), rows["nccl-plugin"].get(s)
-        r1 = d["gb_per_s"] / raw["gb_per_s"] if d and raw and raw["gb_per_s"] else None
-        r2 = d["gb_per_s"] / nccl["gb_per_s"] if d and nccl and nccl["gb_per_s"] else None
-        line += f" {r1:>11.2f}" if r1 is not None else f" {'-':>11}"
-        line += f" {r2:>19.2f}" if r2 is not None else f" {'-':>19}"
+        sock, local = rows["nccl-socket"].get(s), rows["daemon-local"].get(s)
+
+        def ratio(a, b):
+            return a["gb_per_s"] / b["gb_per_s"] if a and b and b["gb_per_s"] else None
+
+        r1, r2, r3, r4, r5 = ratio(d, raw), ratio(d, nccl), ratio(d, sock), ratio(local, raw), ratio(local, sock)
+        for r, w in ((r1, 11), (r2, 19), (r3, 19), (r4, 10), (r5, 18)):
+            line += f" {r:>{w}.2f}" if r is not None else f" {'-':>{w}}"
         print(line)
         summary.append(
-            {"block_bytes": s, "concurrency": args.concurrency, "daemon_over_raw": r1, "daemon_over_nccl_plugin": r2}
+            {"block_bytes": s, "concurrency": args.concurrency, "daemon_over_raw": r1, "daemon_over_nccl_plugin": r2,
+             "daemon_over_nccl_socket": r3, "daemon_local_over_raw": r4, "daemon_local_over_nccl_socket": r5}
         )
     b = load_blocks(out)
     if b:

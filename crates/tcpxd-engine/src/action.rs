@@ -11,6 +11,12 @@ use crate::{Outcome, PairLife, PeerIdx, TransferId};
 pub enum Action {
     /// Send a control message to a peer.
     Control { peer: PeerIdx, msg: PeerMsg },
+    /// Put the control messages framed so far for `peer` on the wire now, not at the end of
+    /// the batch of actions: the one before it is what a client waits for (a received WRITE's
+    /// `Done`, whose sender answers its client on it), and the actions after it (the consumed
+    /// chunks' credit receives posted again, notifications) are not. A driver that writes each
+    /// control message at once may ignore it.
+    SendNow { peer: PeerIdx },
     /// Post one send on a lane (the window has room).
     PostSend {
         peer: PeerIdx,
@@ -168,7 +174,7 @@ pub enum Action {
 
 /// The names of [`Action`]'s kinds, in [`Action::kind`]'s order (a driver's per-kind clocks:
 /// the daemon's `tcpxd_poller_action_seconds_total{kind}`).
-pub const ACTION_KINDS: [&str; 21] = [
+pub const ACTION_KINDS: [&str; 22] = [
     "control",
     "post_send",
     "post_credit",
@@ -190,6 +196,7 @@ pub const ACTION_KINDS: [&str; 21] = [
     "send_inline",
     "land_inline",
     "buffer_idle",
+    "send_now",
 ];
 
 impl Action {
@@ -217,6 +224,7 @@ impl Action {
             Action::SendInline { .. } => 18,
             Action::LandInline { .. } => 19,
             Action::BufferIdle { .. } => 20,
+            Action::SendNow { .. } => 21,
         }
     }
 }
@@ -249,6 +257,7 @@ mod kind_tests {
             },
             Action::ReleasePeer { peer: PeerIdx(3) },
             Action::BufferIdle { buffer: 7 },
+            Action::SendNow { peer: PeerIdx(3) },
         ];
         for a in &samples {
             let debug = format!("{a:?}");

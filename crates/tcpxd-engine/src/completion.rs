@@ -53,25 +53,21 @@ impl Engine {
             let Some((offer_id, len, credit_len)) = self.eager_consumed(peer, lane) else {
                 return;
             };
-            let mark = self.actions.len();
             self.chunk_consumed(peer, lane, offer_id, len, result);
-            // The credit receive is posted again before any message that returns its credit
-            // (the first control message the consume made), and after what only this node
-            // sees: a READ's `Finished` reaches its client without waiting for the `irecv`.
+            // The credit receive is posted again after what the consume made: a READ's
+            // `Finished` reaches its client, and the transfer's `Done` its sender, without
+            // waiting for the `irecv` (issue #38: the legs after the last receive). The `Done`
+            // may return this very credit before its receive is posted: the credit is the
+            // chunk's bounce memory, which the plugin has back (the driver reports a consume
+            // after the plugin's `irecvConsumed`), and a send the sender posts on it matches
+            // the receive posted here later in this batch, as any send that reaches a plugin
+            // before its receive (NCCL's net API leaves the order of `isend` and `irecv` free).
             if self.peers.get(&peer).is_some_and(|p| !p.gone()) {
-                let at = self
-                    .actions
-                    .range(mark..)
-                    .position(|a| matches!(a, Action::Control { .. }))
-                    .map_or(self.actions.len(), |i| mark + i);
-                self.actions.insert(
-                    at,
-                    Action::PostCredit {
-                        peer,
-                        lane,
-                        len: credit_len,
-                    },
-                );
+                self.actions.push_back(Action::PostCredit {
+                    peer,
+                    lane,
+                    len: credit_len,
+                });
             }
         } else {
             let Some((offer_id, len)) = self
@@ -203,6 +199,9 @@ impl Engine {
             }
             return;
         }
+        // What the transfer's end makes goes ahead of the credit receives this batch posts
+        // again (below).
+        let mark = self.actions.len();
         // Our READ this offer served ends first: its `Finished` reaches the client before the
         // driver frames the `Done` and re-posts the credit receive.
         if let Some(rid) = o.read
@@ -217,6 +216,7 @@ impl Engine {
             peer,
             msg: PeerMsg::Done { offer_id, returned },
         });
+        let ours = o.read.is_some();
         if !o.notification.is_empty() {
             self.actions.push_back(Action::Notify {
                 peer,
@@ -225,6 +225,43 @@ impl Engine {
                 buffers: o.dests.iter().map(|d| d.0).collect(),
             });
         }
+        // A WRITE's sender answers its client on this `Done`: on the wire before the credit
+        // receives this batch posts again and the rest of the batch (once a peer and batch, so
+        // many transfers ending in one pass still share the batch's one write), after the
+        // notification (handed to this node's sessions, whose client may be waiting for it as
+        // much). Our own READ's `Done` only lets its server release the sources: it goes with
+        // the batch.
+        if !ours && !self.sent_now.contains(&peer) {
+            self.sent_now.push(peer);
+            self.actions.push_back(Action::SendNow { peer });
+        }
+        self.ahead_of_reposts(peer, mark);
+    }
+
+    /// Moves the actions from `mark` on (a transfer's end: its `Finished` or `Done`, with what
+    /// follows them) ahead of the credit receives of `peer` this batch still has to post again
+    /// — chunks consumed in the same pass as the last one, before it — so the client or the
+    /// sender hears before the `irecv`s (issue #38). Control messages to `peer` keep their
+    /// order: where one waits between the first such receive and `mark`, nothing moves.
+    fn ahead_of_reposts(&mut self, peer: PeerIdx, mark: usize) {
+        let Some(at) = self
+            .actions
+            .range(..mark)
+            .position(|a| matches!(a, Action::PostCredit { peer: p, .. } if *p == peer))
+        else {
+            return;
+        };
+        if self
+            .actions
+            .range(at..mark)
+            .any(|a| matches!(a, Action::Control { peer: p, .. } if *p == peer))
+        {
+            return;
+        }
+        let end = self.actions.split_off(mark);
+        let reposts = self.actions.split_off(at);
+        self.actions.extend(end);
+        self.actions.extend(reposts);
     }
 
     /// The lane (or control stream) of a peer failed: every transfer touching it fails.

@@ -445,6 +445,9 @@ pub struct Engine {
     /// The prepared lists kept here (`prepared/`).
     prepared: prepared::PreparedRegistry,
     actions: VecDeque<Action>,
+    /// The peers this batch of actions already asked to be written to at once
+    /// ([`Action::SendNow`], once a peer and batch: `completion.rs`); emptied as the batch ends.
+    sent_now: Vec<PeerIdx>,
     /// Inline payloads a driver copies to or from GPU memory asynchronously, with the buffers
     /// each keeps in use until it reports the copy's end (`inline.rs`).
     inline_copies: HashMap<inline::InlineCopy, Vec<u64>>,
@@ -484,6 +487,7 @@ impl Engine {
             lists: blocks::BlockRegistry::default(),
             prepared: prepared::PreparedRegistry::default(),
             actions: VecDeque::new(),
+            sent_now: Vec::new(),
             next_lane_scan: None,
             inline_copies: HashMap::new(),
         }
@@ -504,6 +508,7 @@ impl Engine {
             // Credits go back once per batch of actions, after the receives were re-posted.
             self.flush_credits();
             self.release_dead();
+            self.sent_now.clear();
         }
         self.actions.pop_front()
     }

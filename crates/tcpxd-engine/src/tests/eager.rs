@@ -597,11 +597,12 @@ fn a_finished_transfers_done_carries_the_credits_its_consumes_returned() {
     );
     eng.on_recv_consumed(P, 1, Ok(()));
     let acts = actions(&mut eng);
-    // Its receive posted again before the message that returns its credit.
-    let repost = acts
-        .iter()
-        .position(|a| matches!(a, Action::PostCredit { lane: 1, .. }));
-    let done = acts.iter().position(|a| {
+    // The `Done` that returns its credit first, written at once (`SendNow`: its sender's client
+    // waits for it), then its receive posted again (issue #38: the credit is the consumed
+    // chunk's bounce memory; the sender's next send may reach the plugin before the receive).
+    let at = |f: &dyn Fn(&Action) -> bool| acts.iter().position(f);
+    let repost = at(&|a| matches!(a, Action::PostCredit { lane: 1, .. }));
+    let done = at(&|a| {
         matches!(
             a,
             Action::Control {
@@ -610,7 +611,8 @@ fn a_finished_transfers_done_carries_the_credits_its_consumes_returned() {
             }
         )
     });
-    assert!(repost.is_some() && repost < done, "{acts:?}");
+    let now_ = at(&|a| matches!(a, Action::SendNow { peer } if *peer == P));
+    assert!(done.is_some() && done < now_ && now_ < repost, "{acts:?}");
     assert_eq!(
         messages(&acts),
         vec![&PeerMsg::Done {
@@ -664,9 +666,86 @@ fn credits_a_done_carries_are_taken_back_as_a_credits_message_would_be() {
 }
 
 #[test]
-fn a_reads_end_comes_before_its_credits_repost_which_comes_before_the_done() {
+fn transfers_ending_in_one_batch_ask_for_one_write_at_once_after_the_first_done() {
+    // Two WRITEs of one chunk each (lanes 0 and 1), landed, then consumed in one batch: both
+    // `Done`s, one `SendNow` right after the first (what came before it goes at once, the rest
+    // with the batch), the credits' receives posted again after both. A transfer of two chunks
+    // consumed in one pass: its `Done` ahead of both receives. The next batch may ask again.
+    let (mut eng, now) = receiver();
+    eng.on_message(P, header(1, 5, 0, 4096), now);
+    let mut second = header(2, 5, 4096, 4096);
+    if let PeerMsg::Header(o) = &mut second {
+        o.first_lane = 1;
+    }
+    eng.on_message(P, second, now);
+    for lane in 0..2 {
+        eng.on_recv_landed(P, lane, now);
+    }
+    let acts = actions(&mut eng);
+    assert_eq!(
+        acts.iter().filter(|a| matches!(a, Action::Land { .. })).count(),
+        2,
+        "{acts:?}"
+    );
+    eng.on_recv_consumed(P, 0, Ok(()));
+    eng.on_recv_consumed(P, 1, Ok(()));
+    let acts = actions(&mut eng);
+    let kinds: Vec<&str> = acts
+        .iter()
+        .map(|a| match a {
+            Action::Control {
+                msg: PeerMsg::Done { .. },
+                ..
+            } => "done",
+            Action::SendNow { .. } => "now",
+            Action::PostCredit { .. } => "repost",
+            _ => "other",
+        })
+        .collect();
+    // The second `Done` goes ahead of the first chunk's receive too (written with the batch).
+    assert_eq!(kinds, ["done", "now", "done", "repost", "repost"], "{acts:?}");
+    assert!(eng.is_idle() && eng.lanes_idle());
+    // One transfer of two chunks consumed in one pass: its `Done` ahead of both re-posts.
+    eng.on_message(P, header(4, 5, 0, 8192), now);
+    for lane in 0..2 {
+        eng.on_recv_landed(P, lane, now);
+    }
+    actions(&mut eng);
+    eng.on_recv_consumed(P, 0, Ok(()));
+    eng.on_recv_consumed(P, 1, Ok(()));
+    let acts = actions(&mut eng);
+    let kinds: Vec<&str> = acts
+        .iter()
+        .map(|a| match a {
+            Action::Control {
+                msg: PeerMsg::Done { .. },
+                ..
+            } => "done",
+            Action::SendNow { .. } => "now",
+            Action::PostCredit { .. } => "repost",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["done", "now", "repost", "repost"], "{acts:?}");
+    // A later batch asks again.
+    eng.on_message(P, header(3, 5, 0, 4096), now);
+    eng.on_recv_landed(P, 0, now);
+    actions(&mut eng);
+    eng.on_recv_consumed(P, 0, Ok(()));
+    let acts = actions(&mut eng);
+    assert_eq!(
+        acts.iter()
+            .filter(|a| matches!(a, Action::SendNow { peer } if *peer == P))
+            .count(),
+        1,
+        "{acts:?}"
+    );
+}
+
+#[test]
+fn a_reads_end_comes_before_its_done_which_comes_before_its_credits_repost() {
     // The reader's side: its READ's one chunk lands and is consumed. The client hears first
-    // (`Finished`), then the credit receive is posted again, then the `Done` that returns it.
+    // (`Finished`), then the `Done` that returns the credit, then its receive is posted again.
     let (mut eng, now) = receiver();
     let spec = ReadSpec {
         peer: P,
@@ -719,7 +798,13 @@ fn a_reads_end_comes_before_its_credits_repost_which_comes_before_the_done() {
             }
         )
     });
-    assert!(finished < repost && repost < done, "{acts:?}");
+    // The client's answer, then the `Done` (with the credit), then the credit's receive again:
+    // our own READ's `Done` is not written at once (no `SendNow`).
+    assert!(finished < done && done < repost, "{acts:?}");
+    assert!(
+        !acts.iter().any(|a| matches!(a, Action::SendNow { .. })),
+        "{acts:?}"
+    );
     assert_eq!(
         messages(&acts),
         vec![&PeerMsg::Done {

@@ -435,7 +435,12 @@ fn the_receiver_lands_then_answers_done_then_notifies() {
         matches!(&a[1], Action::Notify { transfer_id: 77, payload, buffers, .. } if payload == b"hi" && buffers.iter().all(|&b| b == 2)),
         "{a:?}"
     );
-    assert_eq!(a.len(), 2, "{a:?}");
+    // The `Done` on the wire at once, after the notification is handed over.
+    assert!(
+        matches!(&a[2], Action::SendNow { peer } if *peer == PEER),
+        "{a:?}"
+    );
+    assert_eq!(a.len(), 3, "{a:?}");
     assert_eq!(e.buffer_users(2), Some(0));
     assert!(e.is_idle());
     let c = e.peer_counters(PEER).unwrap();

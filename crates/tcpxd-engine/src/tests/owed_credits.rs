@@ -42,6 +42,64 @@ fn a_spread_transfer_one_at_a_time_returns_its_credits_in_its_done_only() {
     }
 }
 
+#[test]
+fn a_done_ahead_of_its_credits_receive_lets_the_sender_reuse_only_consumed_credits() {
+    // The `Done` goes before the batch's credit receives are posted again (`SendNow`), so with
+    // the driver's re-posts late (`Sim::late_reposts`: held, posted at random later steps) the
+    // sender's next sends reach the plugin before their receives. The sim checks on every step
+    // that a lane's unmatched sends never outnumber the receives asked for and not yet posted:
+    // a credit the sender holds is always a consumed chunk's (its bounce memory the plugin's
+    // again), never one still landing. One at a time, spread and by byte budget, WRITEs and
+    // READs into GPU memory: byte-exact, every credit back, no `Credits` message.
+    // Few credits a lane (two; the budget's 48 KiB is three 16 KiB chunks), so the sender's
+    // next transfers need the credits the last `Done` returned.
+    let few = |cfg: EngineConfig| EngineConfig { credits: 2, ..cfg };
+    for (name, cfg) in [("spread", few(spread_cfg(4096))), ("budget", few(gpu_cfg()))] {
+        for seed in 90..96 {
+            let mut s = Sim::new(2, cfg.clone(), seed);
+            s.late_reposts = true;
+            buffers(&mut s);
+            let before = s.credit_msgs;
+            // Each transfer starts as soon as the one before finished (a client one at a time),
+            // whatever the receiver's driver has still to post.
+            let until_finished = |s: &mut Sim, node: usize, t: TransferId| {
+                while !s.nodes[node].finished.contains_key(&t) {
+                    assert!(s.step(), "{name} seed {seed}: quiet before {t} finished");
+                }
+            };
+            for k in 0..16u64 {
+                let at = k * 32 * KIB;
+                let t = s.write(0, 1, at, 2, at, 32 * KIB);
+                until_finished(&mut s, 0, t);
+                assert_eq!(s.outcome(0, t).code, Code::Ok, "{name} seed {seed}");
+                assert!(s.same((0, 1, at), (1, 2, at), 32 * KIB), "{name} seed {seed}");
+            }
+            let writes = s.early_sends;
+            assert!(
+                writes > 0,
+                "{name} seed {seed}: no WRITE's send came before its receive"
+            );
+            // READs into GPU memory: node 0 receives, posts its credit receives late and owes.
+            for k in 0..16u64 {
+                let at = k * 32 * KIB;
+                let r = s.read(0, 5, at, 4, at, 32 * KIB);
+                until_finished(&mut s, 0, r);
+                assert_eq!(s.outcome(0, r).code, Code::Ok, "{name} seed {seed}");
+                assert!(s.same((1, 5, at), (0, 4, at), 32 * KIB), "{name} seed {seed}");
+            }
+            s.run();
+            assert!(
+                s.early_sends > writes,
+                "{name} seed {seed}: no READ's send came before its receive"
+            );
+            if name == "spread" {
+                assert_eq!(s.credit_msgs, before, "seed {seed}: every credit in a `Done`");
+            }
+            s.assert_idle();
+        }
+    }
+}
+
 /// Buffers of both nodes: 0's host 1 and GPU 4, 1's GPU 2 and host 5, 4 MiB each.
 fn buffers(s: &mut Sim) {
     s.gpu_buffer(1, 2, 4 << 20, 0, 0);
@@ -92,8 +150,10 @@ fn start_mix(s: &mut Sim) -> Started {
 #[test]
 fn small_transfers_behind_a_large_one_and_many_both_ways_all_land() {
     for (name, cfg) in [("spread", spread_cfg(4096)), ("budget", gpu_cfg())] {
-        for seed in 70..76 {
+        for seed in 70..78 {
             let mut s = Sim::new(2, cfg.clone(), seed);
+            // Half the seeds with the credit receives posted late (the `Done` ahead of them).
+            s.late_reposts = seed % 2 == 1;
             buffers(&mut s);
             let started = start_mix(&mut s);
             s.run();
@@ -109,8 +169,9 @@ fn small_transfers_behind_a_large_one_and_many_both_ways_all_land() {
 #[test]
 fn cancels_and_a_lost_peer_amid_the_mix_return_every_credit() {
     for (name, cfg) in [("spread", spread_cfg(4096)), ("budget", gpu_cfg())] {
-        for seed in 80..86 {
+        for seed in 80..88 {
             let mut s = Sim::new(2, cfg.clone(), seed);
+            s.late_reposts = seed % 2 == 1;
             buffers(&mut s);
             let started = start_mix(&mut s);
             // Every third cancelled where it stands, by the node that started it.

@@ -180,7 +180,10 @@ impl Run {
                     assert_eq!(i, 0, "only the writer finishes transfers");
                     self.finished += 1;
                 }
-                Action::Progress { .. } | Action::Notify { .. } | Action::BufferIdle { .. } => {}
+                Action::Progress { .. }
+                | Action::Notify { .. }
+                | Action::BufferIdle { .. }
+                | Action::SendNow { .. } => {}
                 other => panic!("an action this driver does not carry out: {other:?}"),
             }
         }

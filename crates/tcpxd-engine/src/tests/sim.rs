@@ -118,6 +118,9 @@ pub(super) struct LaneSim {
     /// Sends the plugin took and not yet matched.
     pub(super) sends: VecDeque<Post>,
     pub(super) recvs: VecDeque<Post>,
+    /// With [`Sim::late_reposts`]: credit receives the engine asked for that the driver has
+    /// not handed the plugin yet, in order (posted one at a time by `step`).
+    pub(super) reposts: VecDeque<Post>,
     pub(super) send_done_pending: usize,
     pub(super) recv_done_pending: usize,
     /// Results to report for the receiver's next completions (an unpack failure, say).
@@ -189,6 +192,13 @@ pub(super) struct Sim {
     pub(super) closed_lanes: [u64; 2],
     /// `Credits` messages node i sent (credits returned before a transfer's `Done`).
     pub(super) credit_msgs: [u64; 2],
+    /// Credit receives reach the plugin late: held by the driver and posted one at a time at
+    /// random steps, so a `Done` or `Credits` message returning a credit may reach the sender,
+    /// and its next send the plugin, before the credit's receive is posted (issue #38: the
+    /// `Done` goes before the batch's re-posts; NCCL's net API leaves that order free).
+    pub(super) late_reposts: bool,
+    /// Times a drain left a credit lane's send waiting for its receive (late re-posts only).
+    pub(super) early_sends: u64,
 }
 
 pub(super) fn key(n: u8) -> [u8; 16] {
@@ -237,13 +247,21 @@ impl Sim {
                     }),
                     Action::PostDropRecv { lane, len, .. } => {
                         self.nodes[i].drop_posts += 1;
-                        self.wires[1 - i][lane as usize]
-                            .recvs
-                            .push_back(Post::plain(DROPPED, 0, len))
+                        // Behind the credit receives held back, in the order asked.
+                        let w = &mut self.wires[1 - i][lane as usize];
+                        let q = if w.reposts.is_empty() {
+                            &mut w.recvs
+                        } else {
+                            &mut w.reposts
+                        };
+                        q.push_back(Post::plain(DROPPED, 0, len))
                     }
-                    Action::PostCredit { lane, len, .. } => self.wires[1 - i][lane as usize]
-                        .recvs
-                        .push_back(Post::plain(LANDING, 0, len)),
+                    Action::PostCredit { lane, len, .. } => {
+                        let late = self.late_reposts;
+                        let w = &mut self.wires[1 - i][lane as usize];
+                        let q = if late { &mut w.reposts } else { &mut w.recvs };
+                        q.push_back(Post::plain(LANDING, 0, len))
+                    }
                     Action::PostGatherSend {
                         lane,
                         buffer,
@@ -388,7 +406,9 @@ impl Sim {
                                 "lane {lane} closed with receives"
                             );
                             assert!(w.sends.is_empty(), "lane {lane} closed with data in flight");
+                            assert!(w.reposts.iter().all(|r| r.buffer == LANDING));
                             w.recvs.clear();
+                            w.reposts.clear();
                             self.closed_lanes[i] += 1;
                         }
                     }
@@ -406,12 +426,15 @@ impl Sim {
                                     "closed with receives"
                                 );
                                 w.recvs.clear();
+                                w.reposts.clear();
                             }
                         }
                         self.nodes[i].pairing.push(life);
                     }
                     Action::ReleasePeer { peer } => panic!("{peer:?} released: a pair's only pairing"),
                     Action::BufferIdle { buffer } => self.nodes[i].idle.push(buffer),
+                    // Messages reach the peer in order whenever they are sent: nothing to do.
+                    Action::SendNow { .. } => {}
                     // Inline transfers (`inline.rs`): their helpers are in `tests/inline.rs`.
                     Action::SendInline {
                         offer,
@@ -495,12 +518,18 @@ impl Sim {
                     }
                 }
                 // Eager lanes: every send the sender posted finds a receive posted for it
-                // (credits).
+                // (credits) — or, with late re-posts, one the receiver's driver is yet to post:
+                // a credit comes back only once its chunk was consumed, so the sender is never
+                // ahead of the receives asked for.
                 let eager = self.nodes[1 - from].eng.recv_lane_is_eager(P, lane as u32);
+                let w = &self.wires[from][lane];
                 assert!(
-                    !eager || self.wires[from][lane].sends.is_empty(),
+                    !eager || w.sends.len() <= w.reposts.len(),
                     "a send was posted with no credit receive to meet it"
                 );
+                if eager && !w.sends.is_empty() {
+                    self.early_sends += 1;
+                }
             }
         }
     }
@@ -531,6 +560,9 @@ impl Sim {
                 }
                 if !w.scattered.is_empty() {
                     events.push((5, i, lane));
+                }
+                if !w.reposts.is_empty() {
+                    events.push((6, i, lane));
                 }
             }
         }
@@ -567,6 +599,11 @@ impl Sim {
             }
             4 => {
                 self.nodes[i].eng.plan_pending();
+            }
+            6 => {
+                let w = &mut self.wires[i][lane];
+                let post = w.reposts.pop_front().expect("a held receive");
+                w.recvs.push_back(post);
             }
             5 => {
                 let n = self.wires[i][lane].scattered.len();
@@ -672,7 +709,10 @@ impl Sim {
         }
         for w in self.wires.iter().flatten() {
             assert!(
-                w.deferred.is_empty() && w.sends.is_empty() && w.recvs.iter().all(|r| r.buffer == LANDING),
+                w.deferred.is_empty()
+                    && w.sends.is_empty()
+                    && w.reposts.is_empty()
+                    && w.recvs.iter().all(|r| r.buffer == LANDING),
                 "a post never met its partner"
             );
             assert!(

@@ -114,6 +114,8 @@ impl Sim {
             opened: [0; 2],
             closed_lanes: [0; 2],
             credit_msgs: [0; 2],
+            late_reposts: false,
+            early_sends: 0,
         };
         // Pairing: each side's ReceiveMode (and credit receives) before any transfer.
         sim.drain();

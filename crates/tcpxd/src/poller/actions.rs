@@ -57,9 +57,9 @@ impl Poller {
         self.run_actions_timed(t, failures, any, batch)
     }
 
-    /// The end of a batch of actions: the direct connections' writes, the progress flush, the
-    /// GPU gathers' launch, the sessions' batched events, then the pairings that failed; `t` is
-    /// when the batch's actions ended.
+    /// The end of a batch of actions: the progress flush, the GPU gathers' launch, the
+    /// sessions' batched events, the direct connections' writes, then the pairings that failed;
+    /// `t` is when the batch's actions ended.
     fn run_actions_timed(
         &mut self,
         mut t: Instant,
@@ -67,10 +67,6 @@ impl Poller {
         any: bool,
         batch: crate::api::local::outbox::Batch,
     ) -> bool {
-        if !self.direct_pending.is_empty() {
-            self.send_direct();
-            t = self.action_clock.add(pass_clock::SEND_DIRECT, t);
-        }
         self.flush_progress();
         t = self.action_clock.add(pass_clock::PROGRESS_FLUSH, t);
         // This pass's GPU gathers, one launch per GPU; their sends go out once they are done.
@@ -78,6 +74,9 @@ impl Poller {
             stage.submit_gathers();
         }
         t = self.action_clock.add(pass_clock::SUBMIT_GATHERS, t);
+        // The framed sessions' events before the direct connections' writes: a READ's answer
+        // goes before its `Done` to the server, which only releases the sources on it (a
+        // received WRITE's `Done`, which a client waits for, went at once: `Action::SendNow`).
         // With a sessions thread the writes are its own (session_thread.rs): handed over.
         let wrote = match self.park.hub() {
             Some(hub) => {
@@ -90,7 +89,11 @@ impl Poller {
             None => batch.close(),
         };
         if wrote {
-            self.action_clock.add(pass_clock::FINISHED, t);
+            t = self.action_clock.add(pass_clock::FINISHED, t);
+        }
+        if !self.direct_pending.is_empty() {
+            self.send_direct();
+            self.action_clock.add(pass_clock::SEND_DIRECT, t);
         }
         for (p, why) in failures {
             self.engine.on_peer_failed(p, &why);
@@ -205,6 +208,7 @@ impl Poller {
                 gpu,
             } => self.land_inline(peer, offer, dests, payload, gpu),
             Action::BufferIdle { buffer } => self.buffer_idle(buffer),
+            Action::SendNow { peer } => self.send_now(peer),
             Action::Pairing { peer, life } => self.pairing_life(peer, life),
             Action::ReleasePeer { peer } => self.release_peer(peer),
         }
@@ -229,6 +233,20 @@ impl Poller {
             None => {
                 let _ = p.control.send(super::ControlOut::Msg(msg));
             }
+        }
+    }
+
+    /// The control messages framed for `peer` go on the wire now (`Action::SendNow`: a received
+    /// WRITE's `Done`, before the batch's credit receives posted again and the rest of its
+    /// actions); what the socket cannot take yet waits for the pass's `flush_direct`, as at the
+    /// batch's end. On the control stream every message is queued at once already.
+    fn send_now(&mut self, peer: PeerIdx) {
+        if let Some(d) = self.peers.get_mut(&peer).and_then(|p| p.direct.as_mut())
+            && d.switched
+            && d.unsent() > 0
+            && let Err(why) = d.flush()
+        {
+            self.direct_broken.push((peer, why));
         }
     }
 

@@ -156,3 +156,68 @@ async fn spread_transfers_return_their_credits_in_their_done() {
         );
     }
 }
+
+/// Issue #38, session 31 (engine `Action::SendNow`): the receiver of a WRITE puts its `Done` on
+/// the wire before it posts the consumed chunks' credit receives again, so the sender's client
+/// hears without waiting for the `irecv`s; the `Done` returns those credits all the same (their
+/// bounce memory is the plugin's again once consumed, and a send the sender posts on one meets
+/// the receive posted just after). Read from b's trace (the WRITEs' receiver): after each
+/// `poller.out done`, its `poller.flush` comes before any `lane.irecv`. Spread 1 MiB WRITEs and
+/// READs back, bytes compared, every credit back, no `Credits` message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writes_done_goes_on_the_wire_before_its_credit_receives_are_posted_again() {
+    let dir = ScratchDir::fresh("tcpxd-stub-spread", "done-first");
+    std::fs::create_dir_all(&*dir).unwrap();
+    let mut a = spread(&dir, "first-a").await;
+    let mut b = spread(&dir, "first-b").await;
+    let src = cuda_buffer(&mut a.client, 3, 32 * MIB).await;
+    let back = cuda_buffer(&mut a.client, 0, 32 * MIB).await;
+    let dst = cuda_buffer(&mut b.client, 5, 32 * MIB).await;
+    fill_seed(&mut a.client, src.id, 0, 0, 31).await;
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 4096), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+    let trip = Trip {
+        src: &src,
+        dst: &dst,
+        back: &back,
+    };
+    let rounds = 8;
+    for k in 0..rounds {
+        let at = [k * MIB + 4096, k * MIB + 12288, k * MIB];
+        let what = "1 MiB spread, the Done first";
+        write_and_read_back(&mut a.client, &mut b.client, trip, at, MIB, Compare::Bytes, what).await;
+    }
+    credits_back(&mut a.client).await;
+    credits_back(&mut b.client).await;
+    let lb = dir.join("first-b.log");
+    let text = std::fs::read_to_string(&lb).expect("b's log");
+    // A `Done` is behind a re-post when a `lane.irecv` comes between the last consume and it
+    // (the chunks consumed in its pass), or between it and its `poller.flush`.
+    let (mut first, mut behind) = (0, Vec::new());
+    let (mut done, mut reposted): (Option<&str>, Option<&str>) = (None, None);
+    for line in text.lines() {
+        if line.contains("hop=\"poller.consumed\"") {
+            reposted = None;
+        } else if line.contains("hop=\"poller.out\"") && line.contains("kind=\"done\"") {
+            if let Some(r) = reposted {
+                behind.push((r.to_string(), line.to_string()));
+            }
+            done = done.or(Some(line));
+        } else if line.contains("hop=\"poller.flush\"") && done.take().is_some() {
+            first += 1;
+        } else if line.contains("hop=\"lane.irecv\"") {
+            reposted = Some(line);
+            if let Some(d) = done.take() {
+                behind.push((d.to_string(), line.to_string()));
+            }
+        }
+    }
+    assert!(behind.is_empty(), "a `Done` behind a credit receive: {behind:#?}");
+    assert!(
+        first >= rounds,
+        "b's `Done`s, each written before the re-posts: {first}"
+    );
+    assert!(control_out(&lb, "credits").is_empty(), "every credit in a `Done`");
+}
