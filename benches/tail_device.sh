@@ -12,7 +12,8 @@
 # (B's daemon has no recorder: its runs are the client's view only). OUT: where each run's
 # output goes (also printed). ITERS: iterations a row (5000). About 4 minutes. Runs, in order:
 #   1. A recorded, two daemons, then one daemon (both agents on it), the sessions thread on and
-#      spin on (the host's default: TCPXD_SESSION_THREAD=on TCPXD_SPIN=on);
+#      spin on (the host's default: TCPXD_SESSION_THREAD=on TCPXD_SPIN=on); then A's daemon
+#      with B's package (main's client: the GC's share before this branch);
 #   2. the same with the sessions thread off (TCPXD_SESSION_THREAD=off);
 #   3. not recorded (the tail as a user sees it), two daemons then one: A, B, A with the GC off
 #      in both agents, A with gc.freeze() after set-up; then A and B once more (the order's
@@ -32,10 +33,10 @@ for d in "$A" "$B"; do
     [ -f "$d/python/src/tcpxd/__init__.py" ] || { echo "no python/src/tcpxd in $d" >&2; exit 2; }
 done
 
-run() { # label dir [tail.py args...] (environment from the caller)
-    label=$1; dir=$2; shift 2
+run() { # label daemon-dir package-dir [tail.py args...] (environment from the caller)
+    label=$1; dir=$2; pydir=$3; shift 3
     echo "==== $label"
-    PYTHONPATH="$dir/python/src" timeout 120 $PY "$HERE/tail.py" --tcpxd "$dir/tcpxd" --iters "$ITERS" "$@" \
+    PYTHONPATH="$pydir/python/src" timeout 120 $PY "$HERE/tail.py" --tcpxd "$dir/tcpxd" --iters "$ITERS" "$@" \
         > "$OUT/$label.txt" 2>&1
     echo "(rc $?)" >> "$OUT/$label.txt"
     cat "$OUT/$label.txt"
@@ -47,10 +48,12 @@ echo "governor: $(cat /sys/devices/system/cpu/cpu0/cpufreq/scaling_governor 2>/d
 
 export TCPXD_SPIN=on
 export TCPXD_SESSION_THREAD=on
-run 1a-A-rec-two "$A" --record --show 4
-run 1b-A-rec-one "$A" --record --show 4 --one-node
-TCPXD_SESSION_THREAD=off run 2a-A-rec-two-nothread "$A" --record --show 3
-TCPXD_SESSION_THREAD=off run 2b-A-rec-one-nothread "$A" --record --show 3 --one-node
+run 1a-A-rec-two "$A" "$A" --record --show 4
+run 1b-A-rec-one "$A" "$A" --record --show 4 --one-node
+run 1c-Bpy-rec-two "$A" "$B" --record --show 3
+run 1d-Bpy-rec-one "$A" "$B" --record --show 3 --one-node
+TCPXD_SESSION_THREAD=off run 2a-A-rec-two-nothread "$A" "$A" --record --show 3
+TCPXD_SESSION_THREAD=off run 2b-A-rec-one-nothread "$A" "$A" --record --show 3 --one-node
 
 echo "==== 3. not recorded: p50 / p99 / p99.9 of each row (µs)"
 summary() { # label file
