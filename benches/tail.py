@@ -233,8 +233,13 @@ def timeline(rec: Tuple, target: Any, events: List[Tuple[float, Dict[str, str]]]
         pts += [("t:seen", target[0] / 1e3, ""), ("t:sent", target[1] / 1e3, "")]
     lo, hi = bisect.bisect_left(times, t0), bisect.bisect_right(times, done)
     seen: Dict[str, int] = {}
+    # Nothing this iteration asked for happens before daemon a took its request (`api.in`):
+    # events before it are the previous iteration's last (a `Done` read late), named apart.
+    first = next((t for t, f in events[lo:hi] if f["node"] == "a" and f.get("hop") == "api.in"), None)
     for t, f in events[lo:hi]:
         key = f"{f['node']}:{f.get('hop', '?')}"
+        if first is not None and t < first:
+            key = "prev " + key
         k = seen.get(key, 0) + 1
         seen[key] = k
         where = f.get("thread", "")
@@ -316,7 +321,7 @@ def analyse(name: str, recs: List[Tuple], targets: List[Tuple] | None, events: L
         if excess:
             s = max(excess, key=lambda x: excess[x])
             grew[s] = grew.get(s, 0) + 1
-    common = [s for s, v in steps.items() if len(v) >= n // 2]
+    common = [s for s, v in steps.items() if len(v) >= n // 2 and "prev " not in s]
     print("  steps seen in ≥ half the iterations (p50 over all; median over the slowest; slow iterations where it grew most):")
     ordered = sorted(common, key=lambda s: statistics.median(at[s]))
     for s in ordered:
@@ -371,6 +376,9 @@ def main() -> int:
     ap.add_argument("--slow", type=float, default=1.0, help="the slowest this many percent")
     ap.add_argument("--show", type=int, default=3, help="timelines of this many of the slowest")
     ap.add_argument("--json", default=None, help="also write the raw records here")
+    ap.add_argument("--pin", action="store_true",
+                    help="the daemons on the first half of the CPUs, the two agents on the other half "
+                         "(whether the tail is where the threads meet on a CPU)")
     a = ap.parse_args()
     import tcpxd
     from tcpxd.bench import _start
@@ -378,12 +386,17 @@ def main() -> int:
     d = Path(tempfile.mkdtemp(prefix="tcpxd-tail-"))
     names = ["tail-a"] if a.one_node else ["tail-a", "tail-b"]
     procs = []
+    cpus = sorted(os.sched_getaffinity(0))
+    if a.pin:  # (threads inherit their creator's CPUs: the daemons now, the agents below)
+        os.sched_setaffinity(0, cpus[: len(cpus) // 2])
     try:
         for nm in names:
             if a.record:
                 os.environ["TCPXD_HOP_RECORD"] = str(d / f"{nm}.hops")
             procs.append(_start(a.tcpxd, d, nm)[0])
         os.environ.pop("TCPXD_HOP_RECORD", None)
+        if a.pin:
+            os.sched_setaffinity(0, cpus[len(cpus) // 2:])
         ea = f"unix:{d}/tail-a.sock"
         eb = ea if a.one_node else f"unix:{d}/tail-b.sock"
         rows = [r for r in a.rows.split(",") if r]
@@ -407,7 +420,8 @@ def main() -> int:
         for p in procs:
             p.wait()
     print(f"tcpxd {tcpxd.__file__}, daemon {a.tcpxd}, {'one daemon' if a.one_node else 'two daemons'}, "
-          f"gc {a.gc}, {'hops recorded' if a.record else 'no hop record'}, {os.cpu_count()} CPUs, "
+          f"gc {a.gc}, {'hops recorded' if a.record else 'no hop record'}, {os.cpu_count()} CPUs"
+          f"{' (daemons and agents on halves)' if a.pin else ''}, "
           f"TCPXD_SESSION_THREAD={os.environ.get('TCPXD_SESSION_THREAD', '(auto)')} "
           f"TCPXD_SPIN={os.environ.get('TCPXD_SPIN', '(auto)')}")
     for nm, ts in zip(names, threads):

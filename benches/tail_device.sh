@@ -16,8 +16,8 @@
 #      with B's package (main's client: the GC's share before this branch);
 #   2. the same with the sessions thread off (TCPXD_SESSION_THREAD=off);
 #   3. not recorded (the tail as a user sees it), two daemons then one: A, B, A with the GC off
-#      in both agents, A with gc.freeze() after set-up; then A and B once more (the order's
-#      effect);
+#      in both agents, A with gc.freeze() after set-up, A with the daemons on half the CPUs and
+#      the agents on the other half (--pin); then A and B once more (the order's effect);
 #   4. the host: CPUs, threads a core, the governor, the kernel's tick.
 set -u
 A=$1
@@ -63,9 +63,10 @@ summary() { # label file
 }
 for node in two one; do
     flag=""; [ $node = one ] && flag="--one-node"
-    for v in A B Agcoff Afreeze A2 B2; do
+    for v in A B Agcoff Afreeze Apin A2 B2; do
         case $v in
             A|A2) dir=$A; extra="" ;;
+            Apin) dir=$A; extra="--pin" ;;
             B|B2) dir=$B; extra="" ;;
             Agcoff) dir=$A; extra="--gc off" ;;
             Afreeze) dir=$A; extra="--gc freeze" ;;
