@@ -17,7 +17,8 @@
 #   2. the same with the sessions thread off (TCPXD_SESSION_THREAD=off);
 #   3. not recorded (the tail as a user sees it), two daemons then one: A, B, A with the GC off
 #      in both agents, A with gc.freeze() after set-up, A with the daemons on half the CPUs and
-#      the agents on the other half (--pin); then A and B once more (the order's effect);
+#      the agents on the other half (--pin), A's daemon with B's package (Adaemon: the daemon's
+#      share of A ÷ B); then A and B once more (the order's effect);
 #   4. the host: CPUs, threads a core, the governor, the kernel's tick.
 set -u
 A=$1
@@ -63,16 +64,19 @@ summary() { # label file
 }
 for node in two one; do
     flag=""; [ $node = one ] && flag="--one-node"
-    for v in A B Agcoff Afreeze Apin A2 B2; do
+    for v in A B Adaemon Agcoff Afreeze Apin A2 B2; do
+        py=""
         case $v in
             A|A2) dir=$A; extra="" ;;
             Apin) dir=$A; extra="--pin" ;;
             B|B2) dir=$B; extra="" ;;
+            Adaemon) dir=$A; py=$B; extra="" ;;
             Agcoff) dir=$A; extra="--gc off" ;;
             Afreeze) dir=$A; extra="--gc freeze" ;;
         esac
+        [ -n "$py" ] || py=$dir
         # shellcheck disable=SC2086
-        PYTHONPATH="$dir/python/src" timeout 120 $PY "$HERE/tail.py" --tcpxd "$dir/tcpxd" --iters "$ITERS" \
+        PYTHONPATH="$py/python/src" timeout 120 $PY "$HERE/tail.py" --tcpxd "$dir/tcpxd" --iters "$ITERS" \
             --show 2 $flag $extra > "$OUT/3-$node-$v.txt" 2>&1
         summary "$node $v" "$OUT/3-$node-$v.txt"
     done
