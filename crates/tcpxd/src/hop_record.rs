@@ -22,7 +22,20 @@ use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::Context;
 
 /// How often the writer thread empties the buffer into the file.
-pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
+pub const FLUSH_EVERY: Duration = Duration::from_millis(50);
+
+/// Each of the two buffers' room (swapped at each flush), its pages touched once at the start:
+/// a tight loop of small transfers makes ~1 M events a second (~100 MB/s), so a flush's worth
+/// fits without the buffer growing — a reallocation, or a page's first touch, on the thread
+/// that made the event would be a tail of the recorder's own.
+const ROOM: usize = 32 << 20;
+
+fn buffer() -> String {
+    let mut b = String::with_capacity(ROOM);
+    b.extend(std::iter::repeat_n(' ', ROOM));
+    b.clear();
+    b
+}
 
 /// The environment variable naming the file.
 pub const ENV: &str = "TCPXD_HOP_RECORD";
@@ -81,7 +94,7 @@ where
         }
     };
     let shared = Arc::new(Shared {
-        buf: Mutex::new(String::with_capacity(1 << 22)),
+        buf: Mutex::new(buffer()),
         file: Mutex::new(file),
     });
     if SHARED.set(shared.clone()).is_err() {
@@ -91,7 +104,7 @@ where
     let spawned = std::thread::Builder::new()
         .name("tcpxd-hoprec".into())
         .spawn(move || {
-            let mut spare = String::with_capacity(1 << 22);
+            let mut spare = buffer();
             loop {
                 std::thread::sleep(FLUSH_EVERY);
                 writer.flush(&mut spare);
