@@ -307,19 +307,21 @@ impl SessionWatch {
 
     /// Wakes the sessions whose sockets epoll reported (on the poller's thread: each session's
     /// future is polled right here). `wakers` is the caller's scratch space (empty on return), so
-    /// a pass allocates nothing.
-    pub(super) fn wake(&self, ready: &mut Vec<Token>, wakers: &mut Vec<Waker>) {
+    /// a pass allocates nothing. True when it woke one (work done: `RingWatch::wake`).
+    pub(super) fn wake(&self, ready: &mut Vec<Token>, wakers: &mut Vec<Waker>) -> bool {
         self.pass.fetch_add(1, Ordering::Relaxed);
         if ready.is_empty() {
-            return;
+            return false;
         }
         {
             let map = self.lock();
             wakers.extend(ready.drain(..).filter_map(|t| map.get(&t.0)?.waker()));
         }
+        let woke = !wakers.is_empty();
         for w in wakers.drain(..) {
             w.wake();
         }
+        woke
     }
 }
 
