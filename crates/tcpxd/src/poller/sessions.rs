@@ -371,8 +371,15 @@ mod tests {
                 ready.extend(events.iter().map(|e| e.token()));
             }
             assert!(ready.iter().all(|t| t.0 & SESSION != 0));
-            watch.wake(&mut ready, &mut Vec::new());
+            assert!(
+                watch.wake(&mut ready, &mut Vec::new()),
+                "a session woken: work done"
+            );
             assert_eq!(count.0.load(Ordering::SeqCst), round);
+            assert!(
+                !watch.wake(&mut ready, &mut Vec::new()),
+                "nothing reported: no work"
+            );
             match watching.watched().poll(&mut cx, read) {
                 Some(Ok(1)) => {}
                 other => panic!("round {round}: {other:?}"),
