@@ -3,7 +3,7 @@
 # rows go (the 4 KiB READ / WRITE polled tight, the notification round trip), iteration by
 # iteration, with benches/tail.py: each iteration's client facts (the GC inside it, the polling
 # thread switched out, its longest gap between polls) and, recorded in the daemons' memory
-# (TCPXD_HOP_RECORD, ~0.2 µs an event), both daemons' hop events placed in it: which leg grew in
+# (TCPXD_HOP_RECORD, no write on the daemon's path), both daemons' hop events placed in it: which leg grew in
 # each slow iteration, and the slowest ones' timelines.
 #
 #   benches/tail_device.sh A B OUT [ITERS]
