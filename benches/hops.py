@@ -29,6 +29,8 @@ import sys
 from collections import Counter, defaultdict
 
 LINE = re.compile(r"^(\S+)\s+TRACE\s+.*?tcpxd::hop:\s*(.*)$")
+# The recorder's form (TCPXD_HOP_RECORD, src/hop_record.rs): `<unix ns> HOP <thread> fields`.
+REC = re.compile(r"^(\d+) HOP (\S+) (.*)$")
 FIELD = re.compile(r'(\w+)=("([^"]*)"|\S+)')
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -38,6 +40,12 @@ def parse(path):
     out = []
     with open(path, errors="replace") as f:
         for raw in f:
+            r = REC.match(raw)
+            if r:
+                fields = {k: (q if q is not None and v.startswith('"') else v) for k, v, q in FIELD.findall(r.group(3))}
+                fields["thread"] = r.group(2)
+                out.append((int(r.group(1)) / 1e3, fields))
+                continue
             m = LINE.match(ANSI.sub("", raw.rstrip("\n")))
             if not m:
                 continue

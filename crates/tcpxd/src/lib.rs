@@ -19,6 +19,7 @@ pub mod fd_keeper;
 pub mod fd_store;
 pub mod gpu;
 pub mod headroom;
+pub mod hop_record;
 pub mod host_fd;
 pub mod host_file;
 pub mod idle;

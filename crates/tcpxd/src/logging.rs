@@ -4,7 +4,9 @@
 
 use std::io::IsTerminal as _;
 
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
 
 /// Whether log lines get ANSI colours: stderr is a terminal and `NO_COLOR` is unset or empty.
 pub fn colours(stderr_is_terminal: bool, no_color: Option<&str>) -> bool {
@@ -22,11 +24,18 @@ pub fn init(default: &str) {
         }
     }
     let no_color = std::env::var("NO_COLOR").ok();
-    let _ = tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(colours(std::io::stderr().is_terminal(), no_color.as_deref()))
-        .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_filter(filter);
+    // `TCPXD_HOP_RECORD`: the hop trace kept in memory, beside the log (crate::hop_record).
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(crate::hop_record::layer())
         .try_init();
+    if let Some(why) = crate::hop_record::take_problem() {
+        tracing::warn!("{why}");
+    }
 }
 
 #[cfg(test)]

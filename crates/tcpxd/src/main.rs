@@ -118,6 +118,7 @@ fn main() -> ExitCode {
         );
         let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
         d.shutdown().await;
+        tcpxd::hop_record::flush();
         ExitCode::SUCCESS
     })
 }

@@ -454,9 +454,9 @@ impl Poller {
                 self.park.look(Some(Duration::ZERO), &mut self.direct_ready);
             }
             looked = false;
-            self.park.serve_sessions();
+            let mut progressed = self.park.serve_sessions();
             // What the sessions just read, started on the engine now (`fast_starts.rs`).
-            let mut progressed = self.take_fast_starts(true);
+            progressed |= self.take_fast_starts(true);
             progressed |= self.read_direct();
             clock.lap(PassPhase::Intake);
             let slice = clock.now();

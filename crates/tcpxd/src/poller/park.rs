@@ -313,14 +313,18 @@ impl Park {
 
     /// Wakes the sessions whose sockets were reported readable since the last call, and those
     /// whose request ring holds what they wait for (`rings.rs`): each served on the poller's
-    /// thread is polled here, and the commands it makes are taken by this pass.
-    pub(super) fn serve_sessions(&mut self) {
+    /// thread is polled here, and the commands it makes are taken by this pass. True when one
+    /// was woken: the pass made progress (a request served here that the engine never sees — a
+    /// same-node copy, a notification on one node — still keeps the poller lingering).
+    pub(super) fn serve_sessions(&mut self) -> bool {
+        let mut woke = false;
         if let Some(s) = &self.sessions {
-            s.wake(&mut self.sessions_ready, &mut self.session_wakers);
+            woke |= s.wake(&mut self.sessions_ready, &mut self.session_wakers);
         }
         if self.hub.is_none() {
-            self.rings.wake(&mut self.session_wakers);
+            woke |= self.rings.wake(&mut self.session_wakers);
         }
+        woke
     }
 
     /// Adds a direct control socket to the set (readable, edge-triggered): the token its events

@@ -72,18 +72,24 @@ impl RingWatch {
     }
 
     /// Each pass: wakes the readers whose ring holds the entry they wait for (`wakers`: the
-    /// caller's scratch, empty on return).
-    pub(super) fn wake(&self, wakers: &mut Vec<Waker>) {
+    /// caller's scratch, empty on return). True when it woke one: a request taken off a ring is
+    /// work, as a socket's is — the thread that serves the sessions lingers after it (a request
+    /// on a ring rings no doorbell while its reader spins, so one that does not count it parks
+    /// 1 ms into a tight loop and the next request pays the doorbell's wake-up: session 31,
+    /// tail).
+    pub(super) fn wake(&self, wakers: &mut Vec<Waker>) -> bool {
         if self.is_empty() {
-            return;
+            return false;
         }
         {
             let inner = self.lock();
             wakers.extend(inner.rings.iter().filter_map(|r| r.wake_if_wanted()));
         }
+        let woke = !wakers.is_empty();
         for w in wakers.drain(..) {
             w.wake();
         }
+        woke
     }
 
     /// The poller is about to wait: every ring says it does not spin, then (a `SeqCst` fence
@@ -169,9 +175,9 @@ mod tests {
         assert!(watch.parking(), "an entry the reader waits for: no park");
         watch.unparked();
         let mut wakers = Vec::new();
-        watch.wake(&mut wakers);
+        assert!(watch.wake(&mut wakers), "a reader woken: work done");
         assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken by the pass");
-        watch.wake(&mut wakers);
+        assert!(!watch.wake(&mut wakers), "nothing woken: no work");
         assert_eq!(count.0.load(Ordering::SeqCst), 1, "once per wait");
         assert!(!watch.parking(), "not waiting any more: it parks");
         drop(watching);

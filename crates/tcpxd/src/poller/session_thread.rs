@@ -342,7 +342,10 @@ impl SessionsSide {
             ready.extend(events.iter().map(|e| e.token()).filter(|&t| t != WAKE));
             worked |= !ready.is_empty();
             self.watch.wake(&mut ready, &mut wakers);
-            self.rings.wake(&mut wakers);
+            // A request taken off a ring is work too: the linger runs from it (before session
+            // 31 it did not count, and a tight loop on one node, whose poller runs no passes,
+            // saw this thread park every 1 ms and a request pay the doorbell's wake-up).
+            worked |= self.rings.wake(&mut wakers);
             if worked {
                 last_work = Instant::now();
             } else if lingering {

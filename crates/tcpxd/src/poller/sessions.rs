@@ -307,19 +307,21 @@ impl SessionWatch {
 
     /// Wakes the sessions whose sockets epoll reported (on the poller's thread: each session's
     /// future is polled right here). `wakers` is the caller's scratch space (empty on return), so
-    /// a pass allocates nothing.
-    pub(super) fn wake(&self, ready: &mut Vec<Token>, wakers: &mut Vec<Waker>) {
+    /// a pass allocates nothing. True when it woke one (work done: `RingWatch::wake`).
+    pub(super) fn wake(&self, ready: &mut Vec<Token>, wakers: &mut Vec<Waker>) -> bool {
         self.pass.fetch_add(1, Ordering::Relaxed);
         if ready.is_empty() {
-            return;
+            return false;
         }
         {
             let map = self.lock();
             wakers.extend(ready.drain(..).filter_map(|t| map.get(&t.0)?.waker()));
         }
+        let woke = !wakers.is_empty();
         for w in wakers.drain(..) {
             w.wake();
         }
+        woke
     }
 }
 
@@ -369,8 +371,15 @@ mod tests {
                 ready.extend(events.iter().map(|e| e.token()));
             }
             assert!(ready.iter().all(|t| t.0 & SESSION != 0));
-            watch.wake(&mut ready, &mut Vec::new());
+            assert!(
+                watch.wake(&mut ready, &mut Vec::new()),
+                "a session woken: work done"
+            );
             assert_eq!(count.0.load(Ordering::SeqCst), round);
+            assert!(
+                !watch.wake(&mut ready, &mut Vec::new()),
+                "nothing reported: no work"
+            );
             match watching.watched().poll(&mut cx, read) {
                 Some(Ok(1)) => {}
                 other => panic!("round {round}: {other:?}"),
