@@ -67,6 +67,11 @@ impl Poller {
         any: bool,
         batch: crate::api::local::outbox::Batch,
     ) -> bool {
+        // The batch's orders to the lane threads, one message each (`LaneThreads::flush`).
+        if let Some(l) = &self.lanes {
+            l.flush();
+            t = self.action_clock.add(pass_clock::LANE_ORDERS, t);
+        }
         if !self.direct_pending.is_empty() {
             self.send_direct();
             t = self.action_clock.add(pass_clock::SEND_DIRECT, t);

@@ -347,6 +347,9 @@ impl Poller {
         self.apply(&mut events);
         self.completions = events;
         self.sweep_lands();
+        if let Some(t) = &self.lanes {
+            t.flush();
+        }
         progressed
     }
 
