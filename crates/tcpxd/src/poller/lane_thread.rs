@@ -118,7 +118,7 @@ pub(super) enum ToLanes {
 /// A lane handed back (`stop`).
 pub(super) enum Handed {
     Send(Lane),
-    Recv(RLane),
+    Recv(Box<RLane>),
 }
 
 impl Handed {
@@ -599,7 +599,7 @@ impl Driver {
                     self.stages.values_mut().for_each(GpuStage::quiesce_blocks);
                 }
                 let mut handed: Vec<Handed> = self.lanes.drain().map(|(_, l)| Handed::Send(l)).collect();
-                handed.extend(self.recv.drain().map(|(_, l)| Handed::Recv(l)));
+                handed.extend(self.recv.drain().map(|(_, l)| Handed::Recv(Box::new(l))));
                 let _ = reply.send(handed);
                 tracing::debug!("lane thread stopped");
                 return true;

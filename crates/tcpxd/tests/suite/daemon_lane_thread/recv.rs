@@ -165,8 +165,8 @@ async fn receives_on_the_lane_thread_move_16_in_flight_exactly_plain_and_scatter
         .expect("final");
     assert_eq!(fin.status_code, 0, "{}", fin.status_message);
     let r = bytes(&mut b.client, back.id, 0, MIB).await;
-    for k in 0..N as usize {
-        let so = (u64::from(li[k]) * (BS + 512)) as usize;
+    for (k, &l) in li.iter().enumerate() {
+        let so = (u64::from(l) * (BS + 512)) as usize;
         let bo = k * BS as usize;
         assert_eq!(
             &s[so..so + BS as usize],
