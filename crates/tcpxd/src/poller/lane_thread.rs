@@ -7,6 +7,8 @@
 //! memory and gathers) and tells this thread what to post, in order, through one channel.
 //! What completed comes back through [`LaneBox`]: a count of sends done per lane (or a lane's
 //! failure), taken by the poller's next pass, which rings the poller's bell when it waits.
+//! Receive lanes (session 31) are driven here too once accepted: `recv.rs`. The orders the
+//! poller gives in a pass reach each thread as one message ([`LaneThreads::flush`]).
 //!
 //! # State
 //! This thread owns, per lane (peer, lane, generation): the `SendComm`, its tag, its
