@@ -3,7 +3,8 @@
 # (issue #38: 8-16 in flight at raw's rate). Four variants of the same binaries, alternating:
 #   off   runtime.session_thread = off, runtime.lane_thread = off (one poller does it all)
 #   sess  the framed sessions on their own thread (tcpxd-sessions)
-#   lane  the lanes' plugin calls on lane threads (tcpxd-lanes-<gpu>)
+#   lane  the lanes' plugin calls on lane threads (tcpxd-lanes-<gpu>): the send lanes' (session
+#         30) and, from session 31 (lanerecv), the receive lanes' with their unpacks and consumes
 #   both  both
 # 1. 64 KiB, 16 and 8 in flight, WRITE then READ, GPU 0 -> GPU $PEER through the framed local
 #    session (`tcpxctl bench transfer --via local`), the variants in the order off sess lane both,
@@ -11,13 +12,18 @@
 #    GB/s per variant (median of the runs), ÷ off and ÷ raw.
 # 2. 4 KiB one at a time as a user sees it: benches/board_ab.py with A = both, B = off (the same
 #    build), p50 / p99 and A ÷ B per round.
+# 3. (THREADS_CPU=1) where each daemon's CPU goes, thread by thread: benches/inflight_threads.py
+#    at 16 in flight, READ and WRITE, variants sess and both alternating (sess both both sess),
+#    CPU_ITERS transfers a run; prints each run's GB/s, its steady window's busy and per-thread
+#    CPU (µs a transfer) and the actions.
 # Everything it writes goes to OUT_DIR; about 4 minutes at the defaults on two H200s.
 #
 #   benches/threads_device.sh BUILD [OUT_DIR]
 #
 # BUILD: a folder with a release build's tcpxd, tcpxctl and python/src (its C pass built in
 # place). Environment: ITERS (30000), ROUNDS (2), PEER (1 where nvidia-smi lists two GPUs, else 0),
-# SMALL_ITERS (1000; 0 skips part 2), SPIN (left to the host when unset), PYTHON (python3).
+# SMALL_ITERS (1000; 0 skips part 2), THREADS_CPU (0), CPU_ITERS (100000), SPIN (left to the host
+# when unset), PYTHON (python3).
 set -euo pipefail
 if [ $# -lt 1 ]; then
     sed -n 2,20p "$0"
@@ -87,4 +93,20 @@ if [ "$small" -gt 0 ]; then
     "$PY" "$here/board_ab.py" --after-bin "$out/v-both/tcpxd" --after-py "$D/python/src" \
         --before-bin "$out/v-off/tcpxd" --before-py "$D/python/src" --variants B --rounds 2 \
         --iters "$small" --only read,write,nixl,notif 2>&1 | tail -14
+fi
+
+if [ "${THREADS_CPU:-0}" -gt 0 ]; then
+    echo "== 3. per-thread CPU, 64 KiB at 16 in flight (inflight_threads.py), GPU 0 -> $peer"
+    for op in read write; do
+        n=0
+        for v in sess both both sess; do
+            n=$((n + 1))
+            f=$out/cpu-$op-$n-$v.txt
+            "$PY" "$here/inflight_threads.py" --tcpxctl "$D/tcpxctl" -- --daemon "$out/v-$v/tcpxd" \
+                --via local --cuda 0 --peer-cuda "$peer" --sizes 64K --concurrency 16 --op "$op" \
+                --iters "${CPU_ITERS:-100000}" --warmup 200 >"$f" 2>&1 || true
+            echo "-- $op $v: $(sed -n 2p "$f" | awk '{print $8}') GB/s"
+            sed -n '/^Steady window/,$p' "$f" | sed -n '2,4p;/cpu:/p;/actions:/p'
+        done
+    done
 fi

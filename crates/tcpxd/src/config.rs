@@ -35,6 +35,14 @@ pub use protocol::{
 /// with two, 25–120 µs, and the pull's first byte came ~0.5 ms sooner.
 pub const SPIN_ASYNC_WORKERS: usize = 2;
 
+/// A setting that is a bool or a word, in the file (`lane_thread = true` or `= "auto"`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum BoolOrWord {
+    Bool(bool),
+    Word(String),
+}
+
 /// A setting that is `"auto"` or a number, in the file (`host_copy_spin_us = "auto"` or `= 50`);
 /// a flag or variable gives it as a word.
 #[derive(Debug, Clone, Deserialize)]
@@ -168,10 +176,10 @@ pub struct DaemonArgs {
     /// `off` (docs/CONFIG.md). Default: on.
     #[arg(long, env = "TCPXD_REQUEST_RING", value_name = "on|off")]
     pub request_ring: Option<String>,
-    /// Whether the send lanes' plugin calls run on a lane thread of their own (`tcpxd-lanes`)
-    /// rather than the poller's (`runtime.lane_thread`): `on` or `off` (docs/CONFIG.md).
-    /// Default: off.
-    #[arg(long, env = "TCPXD_LANE_THREAD", value_name = "on|off")]
+    /// Whether the lanes' plugin calls (send and receive) run on lane threads of their own
+    /// (`tcpxd-lanes-<gpu>`) rather than the poller's (`runtime.lane_thread`): `on`, `off` or
+    /// `auto` (as `runtime.spin`; docs/CONFIG.md). Default: off.
+    #[arg(long, env = "TCPXD_LANE_THREAD", value_name = "auto|on|off")]
     pub lane_thread: Option<String>,
     /// Helper threads for block chunks' host gathers and scatters (`transfer.host_copy_threads`;
     /// 0: the poller copies alone). Default: none below 4 CPUs, else half of them, at most 8.
@@ -331,8 +339,8 @@ pub struct Config {
     pub shared_completions: bool,
     /// Whether framed sessions may attach a request ring (src/api/local/ring.rs).
     pub request_ring: bool,
-    /// Whether the send lanes' comms are driven by a lane thread (`runtime.lane_thread`,
-    /// `poller/lane_thread.rs`).
+    /// Whether the lanes' comms (send and receive) are driven by lane threads
+    /// (`runtime.lane_thread`, `poller/lane_thread.rs`).
     pub lane_thread: bool,
     /// Async worker threads for the runtime (resolved: never 0).
     pub async_workers: usize,
@@ -518,11 +526,23 @@ impl Config {
             file.runtime.shared_completions,
         )?;
         let request_ring = on_off("--request-ring", &args.request_ring, file.runtime.request_ring)?;
-        let lane_thread = on_off(
-            "--lane-thread",
-            &args.lane_thread,
-            Some(file.runtime.lane_thread.unwrap_or(false)),
-        )?;
+        let lane_thread = match (&args.lane_thread, &file.runtime.lane_thread) {
+            (Some(v), _) => Spin::parse("--lane-thread", v).map_err(ConfigError::Invalid)?,
+            (None, Some(BoolOrWord::Bool(true))) => Spin::On,
+            (None, Some(BoolOrWord::Bool(false))) => Spin::Off,
+            (None, Some(BoolOrWord::Word(v))) => {
+                Spin::parse("runtime.lane_thread", v).map_err(ConfigError::Invalid)?
+            }
+            // Off by default: the lead turns it to `auto` after the device measurements.
+            (None, None) => Spin::Off,
+        };
+        // `auto` is as `runtime.spin` (and `runtime.session_thread`'s auto): lane threads where
+        // the threads spin (8 CPUs or more); on the 2-core VM they cost throughput and
+        // one-at-a-time latency (docs/BENCHMARKS.md, sessions 30 and 31).
+        let lane_thread = match lane_thread {
+            Spin::Auto => spin,
+            s => s.resolve(0),
+        };
         let async_workers = match args.async_workers.or(file.runtime.async_workers) {
             Some(n) if n > 1024 => {
                 return Err(ConfigError::Invalid(format!(

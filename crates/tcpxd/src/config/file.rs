@@ -46,7 +46,7 @@ pub struct FileRuntime {
     pub session_thread: Option<String>,
     pub shared_completions: Option<bool>,
     pub request_ring: Option<bool>,
-    pub lane_thread: Option<bool>,
+    pub lane_thread: Option<super::BoolOrWord>,
     pub async_workers: Option<usize>,
     pub state_dir: Option<PathBuf>,
     pub reattach_grace_s: Option<u64>,

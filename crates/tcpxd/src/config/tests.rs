@@ -126,6 +126,34 @@ fn spin_and_async_workers() {
         ..Default::default()
     };
     assert!(cfg("", bad).unwrap_err().to_string().contains("--lane-thread"));
+    // auto (session 31): as runtime.spin, from the file or the flag; a bad word names the key.
+    let auto_spin = |spin: &str| format!("[runtime]\nspin = \"{spin}\"\nlane_thread = \"auto\"\n");
+    assert!(cfg(&auto_spin("on"), DaemonArgs::default()).unwrap().lane_thread);
+    assert!(!cfg(&auto_spin("off"), DaemonArgs::default()).unwrap().lane_thread);
+    let auto = || DaemonArgs {
+        lane_thread: Some("auto".into()),
+        ..Default::default()
+    };
+    assert!(cfg("[runtime]\nspin = \"on\"\n", auto()).unwrap().lane_thread);
+    assert!(!cfg("[runtime]\nspin = \"off\"\n", auto()).unwrap().lane_thread);
+    assert!(
+        cfg("[runtime]\nlane_thread = \"on\"\n", DaemonArgs::default())
+            .unwrap()
+            .lane_thread
+    );
+    assert!(
+        !cfg("[runtime]\nlane_thread = false\n", DaemonArgs::default())
+            .unwrap()
+            .lane_thread
+    );
+    // Still off by default where the threads spin: the lead turns it on after measuring.
+    assert!(
+        !cfg("[runtime]\nspin = \"on\"\n", DaemonArgs::default())
+            .unwrap()
+            .lane_thread
+    );
+    let e = cfg("[runtime]\nlane_thread = \"maybe\"\n", DaemonArgs::default()).unwrap_err();
+    assert!(e.to_string().contains("runtime.lane_thread"), "{e}");
     // runtime.session_thread: auto is as spin (session 30); only with poller_sessions.
     let c = cfg("[runtime]\nspin = \"on\"\n", DaemonArgs::default()).unwrap();
     assert!(c.session_thread);

@@ -61,9 +61,10 @@ pub const POLLER_PHASES: [&str; 8] = [
 
 /// The slots of the busy passes' engine actions, wherever in the pass they ran (the `actions`
 /// phase, and the runs inside `commands` and `consume`; `tcpxd_poller_action_seconds_total{kind}`):
-/// the engine's action kinds, then `send_direct` (the direct connections' batched writes), `progress_flush` and
-/// `submit_gathers` (the GPU gathers' launch).
-pub const POLLER_ACTION_SLOTS: usize = crate::engine::ACTION_KINDS.len() + 3;
+/// the engine's action kinds, then `send_direct` (the direct connections' batched writes), `progress_flush`,
+/// `lane_orders` (the batch's orders sent to the lane threads) and `submit_gathers` (the GPU
+/// gathers' launch).
+pub const POLLER_ACTION_SLOTS: usize = crate::engine::ACTION_KINDS.len() + 4;
 
 /// [`POLLER_ACTION_SLOTS`]' names.
 pub const POLLER_ACTION_KINDS: [&str; POLLER_ACTION_SLOTS] = {
@@ -75,7 +76,8 @@ pub const POLLER_ACTION_KINDS: [&str; POLLER_ACTION_SLOTS] = {
     }
     names[i] = "send_direct";
     names[i + 1] = "progress_flush";
-    names[i + 2] = "submit_gathers";
+    names[i + 2] = "lane_orders";
+    names[i + 3] = "submit_gathers";
     names
 };
 
@@ -241,7 +243,7 @@ impl Metrics {
                 let c = prometheus::CounterVec::new(
                     prometheus::Opts::new(
                         "tcpxd_poller_action_seconds_total",
-                        "Time in the busy passes' engine actions (wherever in the pass they ran) by what ran: each engine action kind, send_direct, progress_flush, submit_gathers",
+                        "Time in the busy passes' engine actions (wherever in the pass they ran) by what ran: each engine action kind, send_direct, progress_flush, lane_orders, submit_gathers",
                     ),
                     &["kind"],
                 )

@@ -57,9 +57,9 @@ impl Poller {
         self.run_actions_timed(t, failures, any, batch)
     }
 
-    /// The end of a batch of actions: the progress flush, the GPU gathers' launch, the
-    /// sessions' batched events, the direct connections' writes, then the pairings that failed;
-    /// `t` is when the batch's actions ended.
+    /// The end of a batch of actions: the lane threads' orders, the progress flush, the GPU
+    /// gathers' launch, the sessions' batched events, the direct connections' writes, then the
+    /// pairings that failed; `t` is when the batch's actions ended.
     fn run_actions_timed(
         &mut self,
         mut t: Instant,
@@ -67,6 +67,11 @@ impl Poller {
         any: bool,
         batch: crate::api::local::outbox::Batch,
     ) -> bool {
+        // The batch's orders to the lane threads, one message each (`LaneThreads::flush`).
+        if let Some(l) = &self.lanes {
+            l.flush();
+            t = self.action_clock.add(pass_clock::LANE_ORDERS, t);
+        }
         self.flush_progress();
         t = self.action_clock.add(pass_clock::PROGRESS_FLUSH, t);
         // This pass's GPU gathers, one launch per GPU; their sends go out once they are done.
@@ -329,6 +334,9 @@ impl Poller {
         len: u32,
         offer: u64,
     ) -> Result<(), String> {
+        if let Some(r) = self.thread_post_recv(peer, lane, buffer, offset, len, offer) {
+            return r;
+        }
         let slots = self.slots();
         let recv_window = self.cfg.engine.recv_window;
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
@@ -366,6 +374,9 @@ impl Poller {
     /// into the destination (a plugin receiving in place would write it there), dropped once it
     /// completed (`test_lanes`).
     fn post_drop_recv(&mut self, peer: PeerIdx, lane: u32, len: u32) -> Result<(), String> {
+        if let Some(r) = self.thread_post_drop_recv(peer, lane, len) {
+            return r;
+        }
         let slots = self.slots();
         let recv_window = self.cfg.engine.recv_window;
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
@@ -388,6 +399,9 @@ impl Poller {
         let into_host =
             self.engine.recv_lane_memory(peer, lane) == Some(crate::engine::topology::Memory::Host);
         let gpu_landing = self.cfg.engine.gpu_credits && !into_host;
+        if let Some(r) = self.thread_post_credit(peer, lane, len, gpu_landing) {
+            return r.map_err(|why| format!("lane {lane} credit receive: {why}"));
+        }
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {
             return Ok(());
         };
@@ -422,6 +436,9 @@ impl Poller {
         offset: u64,
         len: u32,
     ) -> Result<(), String> {
+        if let Some(r) = self.thread_land(peer, lane, buffer, offset, len) {
+            return r;
+        }
         landed_chunk(
             &mut self.peers,
             peer,
@@ -452,6 +469,9 @@ impl Poller {
         wire: u64,
         len: u32,
     ) -> Result<(), String> {
+        if let Some(r) = self.thread_land_scatter(peer, lane, buffer, offer, wire, len) {
+            return r;
+        }
         let Poller {
             peers,
             engine,
@@ -486,7 +506,7 @@ impl Poller {
                     to,
                     len,
                     segs,
-                    buffers,
+                    buffers.get(&buffer),
                     stages,
                     *unpack_impl,
                     host_copies,
@@ -626,6 +646,20 @@ impl Poller {
                     );
                 }
             }
+            // Receive lanes after send lanes, as `close_apart` closes them; the lane thread
+            // lets its kernels and the host copies touching them finish first.
+            for (li, l) in p.recv.iter().enumerate() {
+                if matches!(l.state, RecvLaneState::Threaded { .. }) {
+                    t.send(
+                        l.gpu,
+                        super::lane_thread::ToLanes::CloseRecv {
+                            key: (peer, li as u32),
+                            epoch: l.epoch,
+                            apart: true,
+                        },
+                    );
+                }
+            }
         }
         let send = p.send.iter_mut().map(SendLane::take).collect();
         let recv = p.recv.iter_mut().map(RecvLane::take).collect();
@@ -685,6 +719,9 @@ impl Poller {
         wire: u64,
         len: u32,
     ) -> Result<(), String> {
+        if let Some(r) = self.thread_post_scatter_recv(peer, lane, buffer, offer, wire, len) {
+            return r;
+        }
         let slots = self.slots();
         let recv_window = self.cfg.engine.recv_window;
         let Some(l) = lane_of(&mut self.peers, peer, lane, |p| &mut p.recv) else {

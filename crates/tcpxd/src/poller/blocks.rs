@@ -454,15 +454,33 @@ pub(super) fn scatter_recv(
 /// first use), with nothing to scatter and no offer: what `PostDropRecv` posts, and what
 /// [`scatter_recv`] completes for host memory.
 pub(super) fn landing_ring_slot(lane: &mut RecvLane, len: u32, slots: Slots) -> Result<RecvPost, String> {
-    if len > MAX_CHUNK_BYTES {
-        return Err(format!("a {len}-byte chunk is over {MAX_CHUNK_BYTES} bytes"));
-    }
     let RecvLaneState::Ready(comm) = &lane.state else {
         return Err("the lane is not connected".into());
     };
-    let sc = &mut lane.scatter;
+    let offset = ring_slot(comm, &mut lane.scatter, len, slots.landing)?;
+    Ok(RecvPost {
+        buffer: STAGED,
+        offset,
+        len,
+        scatter: None,
+        offer: None,
+    })
+}
+
+/// The byte offset of the next free slot of a receive lane's host landing ring (`landing` slots,
+/// reserved and registered on `comm` on first use), taken for a receive of `len` bytes: the
+/// poller's lanes and the lane threads' (`lane_thread/recv.rs`) share it.
+pub(super) fn ring_slot(
+    comm: &RecvComm,
+    sc: &mut RecvScatter,
+    len: u32,
+    landing: u64,
+) -> Result<u64, String> {
+    if len > MAX_CHUNK_BYTES {
+        return Err(format!("a {len}-byte chunk is over {MAX_CHUNK_BYTES} bytes"));
+    }
     if sc.landing.is_none() {
-        let bytes = slots.landing as usize * MAX_CHUNK_BYTES as usize;
+        let bytes = landing as usize * MAX_CHUNK_BYTES as usize;
         let region = HostRegion::new(bytes).map_err(|e| format!("landing ring: {e}"))?;
         sc.landing = Some(
             comm.register(Arc::new(region))
@@ -473,22 +491,15 @@ pub(super) fn landing_ring_slot(lane: &mut RecvLane, len: u32, slots: Slots) -> 
     // The next free slot from the ring's turn on: receives are consumed as their copies end,
     // in any order (`lanes::RecvQueue::consume_ready`), and the engine posts no more than the
     // ring's slots unconsumed, so one is free.
-    let n = slots.landing as usize;
+    let n = landing as usize;
     sc.taken.resize(n, false);
-    let from = (sc.seq % slots.landing) as usize;
+    let from = (sc.seq % landing) as usize;
     let Some(slot) = (0..n).map(|k| (from + k) % n).find(|&k| !sc.taken[k]) else {
         return Err(format!("every one of the lane's {n} landing slots is taken"));
     };
     sc.taken[slot] = true;
     sc.seq = slot as u64 + 1;
-    let slot = slot as u64;
-    Ok(RecvPost {
-        buffer: STAGED,
-        offset: slot * u64::from(MAX_CHUNK_BYTES),
-        len,
-        scatter: None,
-        offer: None,
-    })
+    Ok(slot as u64 * u64::from(MAX_CHUNK_BYTES))
 }
 
 /// A completed block-chunk receive (`segs`: its pieces): scattered on the host now, or pushed
@@ -500,13 +511,13 @@ pub(super) fn start_scatter(
     to: ScatterTo,
     len: u32,
     segs: &[Segment],
-    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    entry: Option<&Arc<BufferEntry>>,
     stages: &mut HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
     copies: &HostCopies,
     scatter: &mut RecvScatter,
 ) -> Wait {
-    let Some(entry) = buffers.get(&to.buffer) else {
+    let Some(entry) = entry else {
         let _ = comm.zero_posted(id, len as usize);
         return Wait::Ready(Err(format!("buffer {} vanished", to.buffer)));
     };

@@ -95,14 +95,44 @@ impl Poller {
                     let data_at = crate::rx_rules::data_listen_addr(&listen.handle().0);
                     match listen.accept_step() {
                         Ok(Some(comm)) => {
-                            l.state = RecvLaneState::Ready(comm);
                             // Google's plugin installed a flow-steering rule per data socket it
                             // accepted: recorded until the comm's close removes them
                             // (src/rx_rules.rs).
-                            if let (Some(book), Some(at)) = (rules, data_at) {
-                                l.rules = Some(book.record(super::peers::lane_flows(topology, l.gpu, at)));
+                            let recorded = match (rules, data_at) {
+                                (Some(book), Some(at)) => {
+                                    Some(book.record(super::peers::lane_flows(topology, l.gpu, at)))
+                                }
+                                _ => None,
+                            };
+                            let handed = match lanes.as_mut() {
+                                // Every call on the comm from now on is its GPU's lane thread's
+                                // (`lane_thread/recv.rs`), with the rules' record.
+                                Some(t) => {
+                                    l.epoch += 1;
+                                    let trace_id = comm.trace_id();
+                                    let open = ToLanes::OpenRecv {
+                                        key: (peer, li as u32),
+                                        epoch: l.epoch,
+                                        comm,
+                                        gpu: l.gpu,
+                                        rules: recorded,
+                                    };
+                                    t.open(l.gpu, open).map(|()| RecvLaneState::Threaded { trace_id })
+                                }
+                                None => {
+                                    l.rules = recorded;
+                                    Ok(RecvLaneState::Ready(comm))
+                                }
+                            };
+                            match handed {
+                                Ok(state) => {
+                                    l.state = state;
+                                    events.push(Completion::LaneReady(peer, li as u32, false));
+                                }
+                                Err(why) => {
+                                    events.push(Completion::Failed(peer, format!("lane {li}: {why}")))
+                                }
                             }
-                            events.push(Completion::LaneReady(peer, li as u32, false));
                         }
                         Ok(None) if now > *deadline => {
                             events.push(Completion::Failed(peer, format!("lane {li}: accept timed out")))
@@ -266,7 +296,7 @@ impl Poller {
                                 to,
                                 posted.len,
                                 segs,
-                                buffers,
+                                buffers.get(&to.buffer),
                                 stages,
                                 *unpack_impl,
                                 host_copies,
@@ -316,12 +346,18 @@ impl Poller {
         let progressed = copied || threaded || !events.is_empty();
         self.apply(&mut events);
         self.completions = events;
+        self.sweep_lands();
+        if let Some(t) = &self.lanes {
+            t.flush();
+        }
         progressed
     }
 
-    /// Takes what the lane thread reported (`lane_thread.rs`): each send done a
-    /// [`Completion::SendDone`] (its lane's count handed over goes down), a lane's failure its
-    /// pairing's. Those about a comm the lane no longer has are ignored. True when any came.
+    /// Takes what the lane threads reported (`lane_thread.rs`): each send done a
+    /// [`Completion::SendDone`] (its lane's count handed over goes down), each credit receive
+    /// completed a [`Completion::Landed`], each receive consumed a [`Completion::RecvConsumed`]
+    /// (or `ScatterConsumed`), a lane's failure its pairing's. Those about a comm the lane no
+    /// longer has are ignored. True when any came.
     fn take_lane_events(&mut self, events: &mut Vec<Completion>) -> bool {
         let Some(t) = &self.lanes else {
             return false;
@@ -331,38 +367,70 @@ impl Poller {
         let any = !got.is_empty();
         let mut ended = Vec::new();
         for e in got.drain(..) {
-            let (key, epoch) = match e {
-                LaneEvent::Sent { key, epoch, .. } | LaneEvent::Failed { key, epoch, .. } => (key, epoch),
-                LaneEvent::Ended { gpu, why } => {
-                    ended.push((gpu, why));
-                    continue;
-                }
-            };
-            let (peer, li) = key;
-            let Some(l) = self
-                .peers
-                .get_mut(&peer)
-                .filter(|p| !p.failed)
-                .and_then(|p| p.send.get_mut(li as usize))
-                .filter(|l| l.epoch == epoch)
-            else {
-                continue;
-            };
-            let SendLaneState::Threaded(th) = &mut l.state else {
-                continue;
-            };
             match e {
-                LaneEvent::Sent { n, .. } => {
-                    th.outstanding = th.outstanding.saturating_sub(n as usize);
-                    for _ in 0..n {
-                        tracing::trace!(target: "tcpxd::hop", hop = "poller.sent", pass = crate::lanes::pass(), lane = li, comm = th.trace_id);
-                        events.push(Completion::SendDone(peer, li));
+                LaneEvent::Ended { gpu, why } => ended.push((gpu, why)),
+                LaneEvent::Sent { key, epoch, .. } | LaneEvent::Failed { key, epoch, .. } => {
+                    let (peer, li) = key;
+                    let Some(l) = self
+                        .peers
+                        .get_mut(&peer)
+                        .filter(|p| !p.failed)
+                        .and_then(|p| p.send.get_mut(li as usize))
+                        .filter(|l| l.epoch == epoch)
+                    else {
+                        continue;
+                    };
+                    let SendLaneState::Threaded(th) = &mut l.state else {
+                        continue;
+                    };
+                    match e {
+                        LaneEvent::Sent { n, .. } => {
+                            th.outstanding = th.outstanding.saturating_sub(n as usize);
+                            for _ in 0..n {
+                                tracing::trace!(target: "tcpxd::hop", hop = "poller.sent", pass = crate::lanes::pass(), lane = li, comm = th.trace_id);
+                                events.push(Completion::SendDone(peer, li));
+                            }
+                        }
+                        LaneEvent::Failed { why, .. } => {
+                            events.push(Completion::Failed(peer, format!("lane {li} send: {why}")));
+                        }
+                        _ => {}
                     }
                 }
-                LaneEvent::Failed { why, .. } => {
-                    events.push(Completion::Failed(peer, format!("lane {li} send: {why}")));
+                LaneEvent::Landed { key, epoch }
+                | LaneEvent::Consumed { key, epoch, .. }
+                | LaneEvent::RecvFailed { key, epoch, .. } => {
+                    let (peer, li) = key;
+                    let Some(l) = self
+                        .peers
+                        .get(&peer)
+                        .filter(|p| !p.failed)
+                        .and_then(|p| p.recv.get(li as usize))
+                        .filter(|l| l.epoch == epoch)
+                    else {
+                        continue;
+                    };
+                    let RecvLaneState::Threaded { trace_id } = l.state else {
+                        continue;
+                    };
+                    match e {
+                        LaneEvent::Landed { .. } => {
+                            tracing::trace!(target: "tcpxd::hop", hop = "poller.landed", pass = crate::lanes::pass(), lane = li, comm = trace_id);
+                            events.push(Completion::Landed(peer, li));
+                        }
+                        LaneEvent::Consumed { chunk, result, .. } => {
+                            tracing::trace!(target: "tcpxd::hop", hop = "poller.consumed", pass = crate::lanes::pass(), lane = li, comm = trace_id);
+                            events.push(match chunk {
+                                Some(c) => Completion::ScatterConsumed(peer, li, c, result),
+                                None => Completion::RecvConsumed(peer, li, result),
+                            });
+                        }
+                        LaneEvent::RecvFailed { why, .. } => {
+                            events.push(Completion::Failed(peer, format!("lane {li} receive: {why}")));
+                        }
+                        _ => {}
+                    }
                 }
-                LaneEvent::Ended { .. } => {}
             }
         }
         self.lane_events = got;
@@ -370,6 +438,25 @@ impl Poller {
             self.lane_thread_ended(gpu, &why, events);
         }
         any
+    }
+
+    /// After a pass's completions: the offers handed to lane threads whose receives no longer
+    /// land (the engine discarded or ended them) are told so through their flag and forgotten;
+    /// and the lane threads hear whether the engine expects bytes (a thread with only idle
+    /// credit receives blocks; it is woken when transfers start again).
+    fn sweep_lands(&mut self) {
+        let Some(t) = &self.lanes else {
+            return;
+        };
+        let engine = &self.engine;
+        self.lands.retain(|&(peer, offer), flag| {
+            let lands = engine.recv_lands(peer, offer);
+            if !lands {
+                flag.store(false, std::sync::atomic::Ordering::Release);
+            }
+            lands
+        });
+        t.expect(!engine.lanes_idle());
     }
 
     /// A lane thread ended other than by `stop` (it panicked: `LaneEvent::Ended`): its lanes
@@ -390,12 +477,16 @@ impl Poller {
             {
                 failed += 1;
                 events.push(Completion::Failed(peer, format!("lane {li} send: {why}")));
+            } else if let Some(li) = p
+                .recv
+                .iter()
+                .position(|l| l.gpu == gpu && matches!(l.state, RecvLaneState::Threaded { .. }))
+            {
+                failed += 1;
+                events.push(Completion::Failed(peer, format!("lane {li} receive: {why}")));
             }
         }
-        tracing::error!(
-            pairings = failed,
-            "{why}: the pairings whose send lanes it drove fail"
-        );
+        tracing::error!(pairings = failed, "{why}: the pairings whose lanes it drove fail");
     }
 
     /// After a batch of actions that landed eager chunks (`Action::Land`, `LandScatter`): the
@@ -541,7 +632,8 @@ impl Poller {
                     || p.recv_opened.iter().map(|&i| &p.recv[i]).any(|l| match &l.state {
                         RecvLaneState::Accepting(..) => true,
                         RecvLaneState::Ready(_) => !l.deferred.is_empty() || l.queue.landed() > 0,
-                        RecvLaneState::Closed => false,
+                        // Its receives are the engine's in flight until reported consumed.
+                        RecvLaneState::Threaded { .. } | RecvLaneState::Closed => false,
                     })
             })
     }

@@ -113,6 +113,17 @@ impl Poller {
                 l.state = SendLaneState::Closed;
             }
         } else if let Some(l) = p.recv.get_mut(lane as usize) {
+            // A comm the lane thread drives closes there, after the receives it was told of.
+            if let (RecvLaneState::Threaded { .. }, Some(t)) = (&l.state, &self.lanes) {
+                t.send(
+                    l.gpu,
+                    super::lane_thread::ToLanes::CloseRecv {
+                        key: (peer, lane),
+                        epoch: l.epoch,
+                        apart: false,
+                    },
+                );
+            }
             l.scatter = blocks::RecvScatter::default();
             l.handles = HashMap::new();
             l.landing_slots = None;

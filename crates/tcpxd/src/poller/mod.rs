@@ -76,6 +76,7 @@ mod posting;
 mod rings;
 mod session_thread;
 mod sessions;
+mod threaded_recv;
 
 use crate::lanes::{GpuStage, RecvQueue, Tag};
 pub use crate::peer_stats::{PeerLink, PeerStats, StatsSnapshot};
@@ -118,12 +119,24 @@ impl PollerHandle {
             None => None,
         };
         let unpack_impl = cfg.unpack_impl;
-        let host_copies = HostCopies::with_policy(cfg.host_copy_threads, cfg.host_copy);
+        let host_copies = Arc::new(HostCopies::with_policy(cfg.host_copy_threads, cfg.host_copy));
         let meter = Meter::new(cfg.metrics.clone());
         let mut park = park;
         let lanes = match cfg.lane_thread {
             true => {
-                let t = lane_thread::LaneThreads::new(park.bell(), cfg.metrics.clone(), cfg.warmth.is_some());
+                let e = &cfg.engine;
+                let setup = lane_thread::RecvSetup {
+                    recv_window: e.recv_window,
+                    landing: (e.recv_window + e.scatter_ahead).max(1) as u64,
+                    unpack_impl,
+                    copies: host_copies.clone(),
+                };
+                let t = lane_thread::LaneThreads::new(
+                    park.bell(),
+                    cfg.metrics.clone(),
+                    cfg.warmth.is_some(),
+                    setup,
+                );
                 park.watch_lanes(t.events.clone());
                 Some(t)
             }
@@ -171,6 +184,7 @@ impl PollerHandle {
                     read_buf: vec![0; direct::READ_BUF],
                     lanes,
                     lane_events: Vec::new(),
+                    lands: HashMap::new(),
                     hub_starts: VecDeque::new(),
                     hub_answers: Vec::new(),
                     hub_writes: Vec::new(),
@@ -224,6 +238,12 @@ struct Threaded {
 enum RecvLaneState {
     Accepting(ListenComm, Instant),
     Ready(RecvComm),
+    /// Accepted, its comm driven by the lane thread of its GPU (`runtime.lane_thread`,
+    /// `lane_thread/recv.rs`): the poller hands it the receives and hears their ends.
+    Threaded {
+        /// The comm's number in the hop trace.
+        trace_id: usize,
+    },
     Closed,
 }
 
@@ -252,6 +272,8 @@ struct RecvLane {
     /// rules are this GPU's (one its NIC serves; `None`: no GPU).
     gpu: Option<u32>,
     state: RecvLaneState,
+    /// Which comm of the lane the lane thread drives (as `SendLane::epoch`).
+    epoch: u64,
     /// Registrations by (buffer, window).
     handles: HashMap<(u64, u64), MemHandle>,
     /// Posted receives, then completed ones being unpacked, in ring order; consumed from the
@@ -359,7 +381,7 @@ struct Poller {
     stages: HashMap<usize, GpuStage>,
     unpack_impl: UnpackImpl,
     /// Block chunks' host copies on helper threads (`net::host_copies`): queued whole per chunk.
-    host_copies: HostCopies,
+    host_copies: Arc<HostCopies>,
     inline_copies: inline_copies::InlineCopies,
     /// Scratch for the completions gathered during a pass.
     completions: Vec<Completion>,
@@ -393,6 +415,10 @@ struct Poller {
     lanes: Option<lane_thread::LaneThreads>,
     /// Scratch for what the lane thread reported.
     lane_events: Vec<lane_thread::LaneEvent>,
+    /// The offers whose receives went to a lane thread: whether they still land
+    /// (`Engine::recv_lands`), cleared once the engine discards or ends them (`drive.rs`,
+    /// `sweep_lands`).
+    lands: HashMap<(PeerIdx, u64), lane_thread::Lands>,
     /// With a sessions thread (`session_thread.rs`): the starts taken from it, the answers and
     /// the batches' outboxes handed back to it (scratch, kept: nothing allocated a pass).
     hub_starts: VecDeque<FastStart>,

@@ -68,7 +68,8 @@ pub(super) struct ActionClock {
 /// [`ActionClock`]'s slots after the action kinds.
 pub(super) const SEND_DIRECT: usize = crate::engine::ACTION_KINDS.len();
 pub(super) const PROGRESS_FLUSH: usize = SEND_DIRECT + 1;
-pub(super) const SUBMIT_GATHERS: usize = SEND_DIRECT + 2;
+pub(super) const LANE_ORDERS: usize = SEND_DIRECT + 2;
+pub(super) const SUBMIT_GATHERS: usize = SEND_DIRECT + 3;
 /// The `finished` action's slot: the framed sessions' events its transfers' ends pushed are
 /// written when the actions' batch closes (`crate::api::local::outbox::Batch`), counted there.
 pub(super) const FINISHED: usize = kind_slot("finished");

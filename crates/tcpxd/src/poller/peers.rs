@@ -46,6 +46,7 @@ impl RecvLane {
             device,
             gpu,
             state: RecvLaneState::Closed,
+            epoch: 0,
             handles: HashMap::new(),
             queue: RecvQueue::default(),
             deferred: VecDeque::new(),
@@ -60,7 +61,12 @@ impl RecvLane {
     /// Everything the lane holds (its comm, registrations, posted receives, landing and scatter
     /// rings, flow-steering rules' record), leaving it closed.
     pub(super) fn take(&mut self) -> RecvLane {
-        std::mem::replace(self, RecvLane::closed(self.device, self.gpu))
+        let epoch = self.epoch;
+        let mut taken = std::mem::replace(self, RecvLane::closed(self.device, self.gpu));
+        // The next comm handed to the lane thread is a new generation still.
+        self.epoch = epoch;
+        taken.epoch = epoch;
+        taken
     }
 }
 
@@ -222,7 +228,7 @@ impl Poller {
 /// so no plugin thread ever writes into memory given back. Each lane's comm closes with the GPU
 /// it was opened under current ([`drop_under`]).
 fn close_comms(
-    threaded: Vec<super::lane_thread::Lane>,
+    threaded: Vec<super::lane_thread::Handed>,
     peers: std::collections::BTreeMap<PeerIdx, PeerSlot>,
     prepared: HashMap<u64, Vec<ListenComm>>,
     buffers: HashMap<u64, std::sync::Arc<crate::buffers::BufferEntry>>,
@@ -232,7 +238,12 @@ fn close_comms(
     let comms = threaded.len() + peers.values().map(|p| p.send.len() + p.recv.len()).sum::<usize>();
     let close = move || {
         let mut peers = peers;
-        for l in threaded {
+        // Send lanes first (their sockets' end ends the peer's receives), receive lanes with
+        // the poller's own below.
+        let (send_threaded, recv_threaded): (Vec<_>, Vec<_>) = threaded
+            .into_iter()
+            .partition(|l| matches!(l, super::lane_thread::Handed::Send(_)));
+        for l in send_threaded {
             drop_under(l.gpu(), l);
         }
         // Each lane's comm under the GPU it was opened under, as `close_apart`.
@@ -241,6 +252,9 @@ fn close_comms(
                 let gpu = l.gpu.filter(|_| !matches!(l.state, SendLaneState::Closed));
                 drop_under(gpu, l);
             }
+        }
+        for l in recv_threaded {
+            drop_under(l.gpu(), l);
         }
         for p in peers.values_mut() {
             for l in std::mem::take(&mut p.recv) {

@@ -274,6 +274,21 @@ pub(super) fn landing_slots(
     let RecvLaneState::Ready(comm) = &l.state else {
         return Err("the lane is not connected".into());
     };
+    let (mh, on_gpu) = make_landing(comm, gpu, credits, len, gpu_credits)?;
+    l.landing_slots = Some(mh);
+    l.landing_on_gpu = on_gpu;
+    Ok(())
+}
+
+/// [`landing_slots`]' registration on `comm` (the lane's GPU `gpu`): the registration and
+/// whether it is GPU memory. The lane threads' receive lanes make theirs with it too.
+pub(super) fn make_landing(
+    comm: &crate::net::RecvComm,
+    gpu: Option<u32>,
+    credits: u64,
+    len: u32,
+    gpu_credits: bool,
+) -> Result<(MemHandle, bool), String> {
     if gpu_credits && let Some(g) = gpu {
         let landing = crate::gpu::shared(g as usize)
             .and_then(|gpu| {
@@ -284,11 +299,7 @@ pub(super) fn landing_slots(
             .map_err(|e| e.to_string())
             .and_then(|region| comm.register(Arc::new(region)).map_err(|e| e.to_string()));
         match landing {
-            Ok(mh) => {
-                l.landing_slots = Some(mh);
-                l.landing_on_gpu = true;
-                return Ok(());
-            }
+            Ok(mh) => return Ok((mh, true)),
             Err(why) => tracing::warn!(
                 gpu = g,
                 "credit receives land in host slots on this lane: a GPU landing registration failed: {why}"
@@ -298,8 +309,7 @@ pub(super) fn landing_slots(
     let bytes = credits * u64::from(len);
     let region = crate::net::HostRegion::populated(bytes as usize).map_err(|e| e.to_string())?;
     let mh = comm.register(Arc::new(region)).map_err(|e| e.to_string())?;
-    l.landing_slots = Some(mh);
-    Ok(())
+    Ok((mh, false))
 }
 
 /// Where a completed receive's bytes go, by buffer id.
@@ -324,6 +334,19 @@ pub(super) fn start_buffer_unpack(
     let Some(entry) = buffers.get(&to.buffer) else {
         return Wait::Ready(Err(format!("buffer {} vanished", to.buffer)));
     };
+    start_entry_unpack(comm, id, to, entry, stages, unpack_impl)
+}
+
+/// [`start_buffer_unpack`] with the buffer's entry at hand (the lane threads': the entry travels
+/// with the receive's post).
+pub(super) fn start_entry_unpack(
+    comm: &crate::net::RecvComm,
+    id: crate::net::RequestId,
+    to: Placed,
+    entry: &BufferEntry,
+    stages: &mut HashMap<usize, GpuStage>,
+    unpack_impl: crate::unpack::UnpackImpl,
+) -> Wait {
     if entry.attached.is_some() {
         // A buffer registered by address: an eager chunk, scattered from the landing slot into
         // the client's pages (its plain receives go through the landing ring: `PostRecv`).

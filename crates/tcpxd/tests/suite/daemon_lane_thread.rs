@@ -2,6 +2,8 @@
 //! opened under no GPU, as here). Many transfers in flight both ways move exactly, the threads
 //! start with the first send lane (none before it), and every lane drains back to zero. (The whole suite runs with it too: `TCPXD_LANE_THREAD=on`.)
 
+mod recv;
+
 use crate::common::daemons::{self, *};
 use tcpxd::api::proto::v1 as pb;
 
@@ -11,7 +13,7 @@ const MIB: u64 = 1 << 20;
 /// The names of this process's threads that start with `name` (`tcpxd-lanes` for lanes opened
 /// under no GPU; `tcpxd-lanes-<gpu>` where the node has GPUs: under Google's plugin with the
 /// CUDA stand-in, tools/realplugin/run.sh, host lanes open under their NIC's GPU).
-fn threads_named(name: &str) -> Vec<String> {
+pub(crate) fn threads_named(name: &str) -> Vec<String> {
     std::fs::read_dir("/proc/self/task")
         .expect("/proc/self/task")
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
@@ -108,7 +110,7 @@ async fn writes_and_reads_in_flight_move_exactly_on_the_lane_thread() {
 
 /// Sets a variable before any daemon (and so the emulation, and the lane threads' test hook)
 /// reads it.
-fn set_env(k: &str, v: &str) {
+pub(crate) fn set_env(k: &str, v: &str) {
     // SAFETY: each test runs in its own process (nextest); this runs before any daemon starts.
     unsafe { std::env::set_var(k, v) };
 }

@@ -26,6 +26,13 @@ pub(crate) struct Daemon {
     pub(crate) client: Client,
 }
 
+impl Daemon {
+    /// The daemon's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -28,7 +28,17 @@ const MIB: u64 = 1 << 20;
 
 async fn logged(dir: &ScratchDir, node: &str, env: &[(&str, &str)]) -> Daemon {
     let log = File::create(dir.join(format!("{node}.log"))).expect("a log file");
-    let env = [&[("RUST_LOG", "warn,tcpxd::hop=trace")], env].concat();
+    // The poller's passes: with `runtime.lane_thread` on (the suite run with
+    // `TCPXD_LANE_THREAD=on`) a receive's landing, unpack and consume happen in the lane
+    // thread's passes instead, which these hops do not follow; the order is the poller's.
+    let env = [
+        &[
+            ("RUST_LOG", "warn,tcpxd::hop=trace"),
+            ("TCPXD_LANE_THREAD", "off"),
+        ],
+        env,
+    ]
+    .concat();
     start_logged(dir, node, "d2d", 1, true, &env, Stdio::from(log)).await
 }
 
