@@ -331,14 +331,7 @@ class _Feed:
         board = self.board
         assert board is not None
         out = board.take_notes()
-        took = bool(out)
-        sent = self.sent
-        if sent:
-            for tag in list(sent):
-                got = board.take(tag)
-                if got is not None:
-                    _ops.settle_done(sent.pop(tag), *got)
-                    took = True
+        took = self._settle_sent(board) or bool(out)
         if board.behind():  # (raised since take_notes looked: its slot, written before, is read first)
             out += board.take_notes()
             if board.behind():
@@ -349,13 +342,29 @@ class _Feed:
             self.drain_at = 0.0
         return out
 
+    def _settle_sent(self, board: _board.Board) -> bool:
+        """Settles the WRITEs whose OK end the board holds (their events, which follow, are then
+        skipped undecoded: `_wanted`); whether it settled any."""
+        sent = self.sent
+        took = False
+        if sent:
+            for tag in list(sent):
+                got = board.take(tag)
+                if got is not None:
+                    _ops.settle_done(sent.pop(tag), *got)
+                    took = True
+        return took
+
     def payloads(self) -> List[bytes]:
         """The notifications' payloads that have arrived, in order — from the board's notification
         slots first (tcpxd._board), then the events (those whose payload the board gave dropped),
         then the slots again — and the answers to its WRITEs, settled; raises _local.Gone once the
         session ended."""
         board = self.board
-        out = board.take_notes() if board is not None else []
+        out: List[bytes] = []
+        if board is not None:
+            out = board.take_notes()
+            self._settle_sent(board)  # (before the socket: those ends' events are then not decoded)
         self.drain_at = time.perf_counter() + DRAIN_S
         for ev in self.conn.ready(False, self._wanted):
             kind = ev.WhichOneof("event")
