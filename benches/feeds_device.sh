@@ -25,5 +25,5 @@ for l in A B; do
     echo "==== tail.py --one-node, $l"
     TCPXD_BOARD_SLOTS=256 PYTHONPATH="$dir/python/src" timeout 100 $PY "$HERE/tail.py" --tcpxd "$dir/tcpxd" \
         --iters "$ITERS" --one-node --show 0 > "$OUT/tail-one-$l.txt" 2>&1
-    grep -E "p50|one daemon" "$OUT/tail-one-$l.txt" | head -8
+    grep -E "^== |one daemon" "$OUT/tail-one-$l.txt"
 done
