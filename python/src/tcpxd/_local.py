@@ -181,6 +181,17 @@ def peek(buf: Any, start: int, end: int) -> Tuple[int, int]:
     """A SessionEvent's tag and the number of its event's field, read from its first bytes
     (`buf[start:end]`, the frame's body) without decoding it: the daemon writes `tag` (field 1)
     first, then the event (prost writes fields in order). (0, 0) where the bytes say otherwise."""
+    if end - start >= 4 and buf[start] == 0x08:  # the usual frame: a tag under 2**14, a one-byte key
+        b1 = buf[start + 1]
+        if b1 < 0x80:
+            k = buf[start + 2]
+            if k < 0x80:
+                return b1, k >> 3
+        else:
+            b2 = buf[start + 2]
+            k = buf[start + 3]
+            if b2 < 0x80 and k < 0x80:
+                return (b1 & 0x7F) | (b2 << 7), k >> 3
     i, tag = start, 0
     if i < end and buf[i] == 0x08:  # tag = 1, varint (absent when 0)
         i += 1

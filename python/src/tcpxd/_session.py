@@ -658,7 +658,8 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         order; sets `_read_end` at the connection's end or a refusal. Called under `_read_lock`.
         `readable`: a poll just found the connection readable (`Connection.ready`)."""
         try:
-            events = self._conn.ready(readable, self._wanted)  # type: ignore[union-attr]
+            # (with a board, the ends it gave are skipped undecoded; without, every event is wanted)
+            events = self._conn.ready(readable, None if self._board is None else self._wanted)  # type: ignore[union-attr]
         except _local.Gone:
             self._read_end = (None,)
             return

@@ -366,7 +366,7 @@ class _Feed:
             out = board.take_notes()
             self._settle_sent(board)  # (before the socket: those ends' events are then not decoded)
         self.drain_at = time.perf_counter() + DRAIN_S
-        for ev in self.conn.ready(False, self._wanted):
+        for ev in self.conn.ready(False, None if board is None else self._wanted):
             kind = ev.WhichOneof("event")
             if kind == "notification":  # (one whose payload the board gave was not decoded)
                 out.append(ev.notification.payload)
@@ -388,7 +388,7 @@ class _Feed:
         without decoding; a refusal (a fell-behind report, the session's end) is decoded."""
         if field == _local.NOTIFICATION:
             board = self.board
-            return board is None or board.note_event()
+            return board is None or board.note_event()  # (False: its payload was taken from its slot)
         return tag == 0 or tag in self.sent or field == _REFUSED
 
     def end(self, why: str) -> None:
