@@ -325,9 +325,9 @@ def test_a_polling_loop_reads_the_feeds_board_and_no_socket_until_something_is_n
         reads = {"n": 0}
         ready = _local.Connection.ready
 
-        def counting(self, readable=False):
+        def counting(self, readable=False, keep=None):
             reads["n"] += 1
-            return ready(self, readable)
+            return ready(self, readable, keep)
 
         monkeypatch.setattr(_local.Connection, "ready", counting)
         for _ in range(1000):

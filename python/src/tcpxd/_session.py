@@ -507,6 +507,12 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         finished (nothing changes)."""
         return self._submit(cancel_tag=fut.tag)  # type: ignore[attr-defined]
 
+    def _wanted(self, tag: int, _field: int) -> bool:
+        """`ready`'s `keep`: an event whose tag is no longer pending (an end the board gave, a
+        request that failed to send) would be dropped by `_dispatch`: it is skipped undecoded.
+        Tag 0 (a refused frame: the session's end) always decoded."""
+        return tag == 0 or tag in self._pending
+
     def _dispatch(self, ev: Any) -> None:
         board = self._board
         with self._lock:
@@ -652,7 +658,8 @@ class Session(SessionRequests["concurrent.futures.Future[TransferResult]"]):
         order; sets `_read_end` at the connection's end or a refusal. Called under `_read_lock`.
         `readable`: a poll just found the connection readable (`Connection.ready`)."""
         try:
-            events = self._conn.ready(readable)  # type: ignore[union-attr]
+            # (with a board, the ends it gave are skipped undecoded; without, every event is wanted)
+            events = self._conn.ready(readable, None if self._board is None else self._wanted)  # type: ignore[union-attr]
         except _local.Gone:
             self._read_end = (None,)
             return

@@ -35,14 +35,15 @@ class LocalSubscription(Subscription):
         self._poll.register(conn.sock.fileno(), select.POLLIN)
 
     @staticmethod
-    def open(sessions: "_local.LocalSessions", endpoint: str) -> Optional["LocalSubscription"]:
+    def open(sessions: "_local.LocalSessions", endpoint: str, addressed_to: str = "") -> Optional["LocalSubscription"]:
         """A subscription in place, or None when the daemon does not deliver notifications on
         the local session (no local session, or too old: the Subscribe RPC serves)."""
         conn = sessions.connect()
         if conn is None:
             return None
         try:
-            ev = conn.exchange("subscribe", _proto.message("SubscribeRequest")(), _local.HANDSHAKE_TIMEOUT)
+            req = _proto.message("SubscribeRequest")(addressed_to=addressed_to)
+            ev = conn.exchange("subscribe", req, _local.HANDSHAKE_TIMEOUT)
         except (_local.Gone, OSError):
             conn.close()
             return None  # (the gRPC call says why, if anything is wrong)

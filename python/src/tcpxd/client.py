@@ -499,17 +499,19 @@ class Client:
         else the `Session` RPC."""
         return Session(self, timeout)
 
-    def subscribe(self) -> Subscription:
+    def subscribe(self, addressed_to: str = "") -> Subscription:
         """Notifications other nodes attach to transfers into this node's buffers. Returns once the
         subscription is in place: notifications of transfers finishing after that are delivered.
         On the local session (a unix endpoint) a session of its own, read on the caller's thread
-        (tcpxd._subscription); else the Subscribe RPC."""
+        (tcpxd._subscription); else the Subscribe RPC. `addressed_to`: only the notifications
+        framed to that name (tcpxd.nixl's agents; docs/API.md, "Notifications"), where the daemon
+        filters (since session 31; an older one sends all)."""
         if self._local is not None:
-            sub = LocalSubscription.open(self._local, self.endpoint)
+            sub = LocalSubscription.open(self._local, self.endpoint, addressed_to)
             if sub is not None:
                 self._subscriptions.add(sub)
                 return sub
-        call = self._stream("Subscribe", _proto.message("SubscribeRequest")())
+        call = self._stream("Subscribe", _proto.message("SubscribeRequest")(addressed_to=addressed_to))
         try:
             call.initial_metadata()  # the daemon answers headers once it has subscribed
         except grpc.RpcError as e:

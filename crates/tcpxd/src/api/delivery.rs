@@ -19,8 +19,52 @@ use crate::poller::NotificationEvent;
 /// A session's subscription to the node's notifications: read by its task, or (with an outbox)
 /// delivered by the thread that publishes each.
 pub(crate) enum Subscription {
-    Task(broadcast::Receiver<NotificationEvent>),
+    Task(broadcast::Receiver<NotificationEvent>, Addressed),
     Inline(Arc<Inline>),
+}
+
+/// Which of the node's notifications a subscriber gets: all (`None`), or those addressed to one
+/// name (`SubscribeRequest.addressed_to`: an agent's feed on a daemon several agents share).
+pub(crate) type Addressed = Option<Arc<[u8]>>;
+
+/// The subscriber's filter from its request: `None` (all) when `addressed_to` is empty.
+pub(crate) fn addressed(req: &pb::SubscribeRequest) -> Addressed {
+    (!req.addressed_to.is_empty()).then(|| Arc::from(req.addressed_to.as_bytes()))
+}
+
+/// tcpxd.nixl's framing of a notification (python/src/tcpxd/nixl/_notify.py, `frame`).
+const NIXL_MAGIC: &[u8] = b"\0NIXL1";
+
+/// Whether `payload` goes to a subscriber with filter `to`: every payload without one; with
+/// one, only a frame `"\0NIXL1", u16 len(from), u16 len(to) (big-endian), from, to, message`
+/// whose `to` is that name (anything else, another agent's or another user's, is not its).
+pub(crate) fn is_for(to: &Addressed, payload: &[u8]) -> bool {
+    let Some(to) = to else {
+        return true;
+    };
+    let Some(rest) = payload.strip_prefix(NIXL_MAGIC) else {
+        return false;
+    };
+    let (Some(lf), Some(lt)) = (rest.get(0..2), rest.get(2..4)) else {
+        return false;
+    };
+    let lf = u16::from_be_bytes([lf[0], lf[1]]) as usize;
+    let lt = u16::from_be_bytes([lt[0], lt[1]]) as usize;
+    rest.get(4 + lf..4 + lf + lt) == Some(&to[..])
+}
+
+/// The next notification for the filter `to` (those addressed elsewhere skipped, in the daemon:
+/// the subscriber's client never reads them).
+pub(crate) async fn next_for(
+    rx: &mut broadcast::Receiver<NotificationEvent>,
+    to: &Addressed,
+) -> Result<NotificationEvent, RecvError> {
+    loop {
+        match rx.recv().await {
+            Ok(n) if !is_for(to, &n.payload) => continue,
+            other => return other,
+        }
+    }
 }
 
 /// The tags of transfers whose final event an inline delivery pushed: no longer open once the
@@ -131,13 +175,14 @@ pub(crate) fn push_finished(
 pub(crate) async fn deliver_notifications(
     tag: u64,
     mut rx: broadcast::Receiver<NotificationEvent>,
+    to: Addressed,
     outbox: Arc<Outbox>,
 ) {
     loop {
         if outbox.backlog() >= BACKLOG {
             outbox.room().await;
         }
-        let Some(event) = notification_event(rx.recv().await) else {
+        let Some(event) = notification_event(next_for(&mut rx, &to).await) else {
             return;
         };
         // Its payload on the session's board too, numbered in the events' order (local/board.rs).
@@ -153,5 +198,41 @@ pub(crate) async fn deliver_notifications(
         {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(from: &str, to: &str, msg: &[u8]) -> Vec<u8> {
+        let mut f = NIXL_MAGIC.to_vec();
+        f.extend_from_slice(&(from.len() as u16).to_be_bytes());
+        f.extend_from_slice(&(to.len() as u16).to_be_bytes());
+        f.extend_from_slice(from.as_bytes());
+        f.extend_from_slice(to.as_bytes());
+        f.extend_from_slice(msg);
+        f
+    }
+
+    #[test]
+    fn a_filter_keeps_only_frames_addressed_to_its_name() {
+        let b: Addressed = Some(Arc::from(&b"b"[..]));
+        assert!(is_for(&b, &frame("a", "b", b"hi")));
+        assert!(!is_for(&b, &frame("b", "a", b"hi")), "from b, to a");
+        assert!(!is_for(&b, &frame("a", "bb", b"")), "a longer name");
+        assert!(!is_for(&b, &frame("a", "", b"b")), "the message is not the name");
+        assert!(!is_for(&b, b"plain payload"), "not a frame");
+        let mut cut = frame("a", "b", b"");
+        cut.pop();
+        assert!(!is_for(&b, &cut), "cut short");
+        assert!(!is_for(&b, NIXL_MAGIC), "no lengths");
+    }
+
+    #[test]
+    fn no_filter_keeps_everything() {
+        assert!(is_for(&None, b"plain payload"));
+        assert!(is_for(&None, &frame("a", "b", b"x")));
+        assert!(addressed(&pb::SubscribeRequest::default()).is_none());
     }
 }

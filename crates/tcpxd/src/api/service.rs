@@ -419,15 +419,16 @@ impl pb::tcpxd_server::Tcpxd for ClientService {
 
     async fn subscribe(
         &self,
-        _: Request<pb::SubscribeRequest>,
+        req: Request<pb::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let to = super::delivery::addressed(req.get_ref());
         let mut rx = self.state.notifications.subscribe();
         let mut stopping = self.state.stopping.clone();
         let (tx, out) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
             loop {
                 let next = tokio::select! {
-                    n = rx.recv() => n,
+                    n = super::delivery::next_for(&mut rx, &to) => n,
                     _ = async { stopping.wait_for(|s| *s).await.map(|_| ()) } => {
                         let _ = tx.send(Err(Status::unavailable("the daemon is shutting down"))).await;
                         return;

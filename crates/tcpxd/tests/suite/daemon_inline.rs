@@ -120,7 +120,7 @@ async fn a_batch_of_ranges_goes_inline_and_its_notification_comes_after_its_byte
     fill_seed(&mut a.client, src.id, 0, 0, 41).await;
     let mut sub = b
         .client
-        .subscribe(pb::SubscribeRequest {})
+        .subscribe(pb::SubscribeRequest::default())
         .await
         .unwrap()
         .into_inner();

@@ -388,7 +388,7 @@ async fn a_subscribed_sessions_notifications_go_on_its_board_in_order_and_as_eve
         Some(Event::BoardAttached(b)) => assert_eq!((b.slots, b.notification_slots), (SLOTS, 4)),
         other => panic!("{other:?}"),
     }
-    s.send(2, Op::Subscribe(pb::SubscribeRequest {})).await;
+    s.send(2, Op::Subscribe(pb::SubscribeRequest::default())).await;
     assert!(matches!(s.next().await.event, Some(Event::Subscribed(_))));
     let note = |k: u64| -> Option<Vec<u8>> {
         let at = 65 * 8 + ((k - 1) % 4) as usize * 32;

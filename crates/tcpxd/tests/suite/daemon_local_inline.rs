@@ -155,7 +155,7 @@ async fn a_subscriber_that_reads_nothing_is_told_how_many_it_missed() {
     let src = host_buffer(&mut a.client, MIB, "").await;
     let dst = host_buffer(&mut a.client, MIB, "").await;
     let mut sub = Framed::open(&a.daemon.api_socket).await;
-    sub.send(5, Op::Subscribe(pb::SubscribeRequest {})).await;
+    sub.send(5, Op::Subscribe(pb::SubscribeRequest::default())).await;
     assert!(matches!(sub.next().await.event, Some(Event::Subscribed(_))));
     // Same-node WRITEs with 1 KiB notifications, more than the outbox keeps and the node's
     // notification queue (4,096) holds together, while the subscriber reads nothing.

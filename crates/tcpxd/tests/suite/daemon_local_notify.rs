@@ -20,7 +20,7 @@ fn notification(ev: pb::SessionEvent) -> (u64, pb::Notification) {
 }
 
 async fn subscribe(s: &mut Framed, tag: u64) {
-    s.send(tag, Op::Subscribe(pb::SubscribeRequest {})).await;
+    s.send(tag, Op::Subscribe(pb::SubscribeRequest::default())).await;
     let ev = s.next().await;
     assert!(
         matches!(ev.event, Some(Event::Subscribed(_))) && ev.tag == tag,
@@ -40,7 +40,7 @@ async fn a_subscribed_session_gets_each_notification_after_its_data() {
     subscribe(&mut one, 7).await;
     subscribe(&mut two, 1).await;
     // One subscription a session, refused by name; the tag is taken while subscribed.
-    one.send(8, Op::Subscribe(pb::SubscribeRequest {})).await;
+    one.send(8, Op::Subscribe(pb::SubscribeRequest::default())).await;
     assert_eq!(
         refused(one.next().await),
         (

@@ -93,7 +93,7 @@ async fn a_notification_alone_is_delivered_with_no_lane_traffic_and_a_wrong_key_
     let dst_crc = crc(&mut b.client, dst.id, 0, 0).await;
     let mut sub = b
         .client
-        .subscribe(pb::SubscribeRequest {})
+        .subscribe(pb::SubscribeRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -260,7 +260,7 @@ async fn a_notification_alone_within_one_daemon_is_delivered() {
     let src = host_buffer(&mut d.client, 4 * KIB, "a").await;
     let dst = host_buffer(&mut other, 4 * KIB, "b").await;
     let mut sub = other
-        .subscribe(pb::SubscribeRequest {})
+        .subscribe(pb::SubscribeRequest::default())
         .await
         .unwrap()
         .into_inner();

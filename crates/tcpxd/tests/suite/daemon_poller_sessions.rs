@@ -350,7 +350,7 @@ async fn a_client_shutting_down_while_its_events_are_pushed_leaves_the_daemon_se
     let each = MIB / n;
     for round in 0..12u64 {
         let mut s = Framed::open(&a.daemon.api_socket).await;
-        s.send(1, Op::Subscribe(pb::SubscribeRequest {})).await;
+        s.send(1, Op::Subscribe(pb::SubscribeRequest::default())).await;
         assert!(matches!(s.next().await.event, Some(Event::Subscribed(_))));
         let mut notes = b.client.clone();
         let e = write_entry(&noted_src, 0, &noted, 0, 4 * KIB);

@@ -229,7 +229,7 @@ async fn prepared_writes_and_reads_land_exactly_and_notify_once_after_the_data()
         connect(&mut a, &b).await;
         let mut sub = b
             .client
-            .subscribe(pb::SubscribeRequest {})
+            .subscribe(pb::SubscribeRequest::default())
             .await
             .unwrap()
             .into_inner();

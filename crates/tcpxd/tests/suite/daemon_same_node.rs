@@ -35,7 +35,11 @@ async fn two_clients_write_and_read_byte_exact_with_notifications() {
     let src = host_buffer(a, 24 * MIB, "a").await;
     let dst = host_buffer(&mut b, 24 * MIB, "b").await;
     fill_seed(a, src.id, 0, 0, 7).await;
-    let mut sub = b.subscribe(pb::SubscribeRequest {}).await.unwrap().into_inner();
+    let mut sub = b
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
 
     // A WRITE of the whole buffer, with a notification for B's subscribers.
     let id = write(a, write_entry(&src, 0, &dst, 0, 24 * MIB), b"landed")
@@ -109,7 +113,11 @@ async fn block_lists_of_two_clients_move_block_for_block() {
     fill_seed(a, src.id, 0, 0, 21).await;
     let la = list(a, src.id, strided(0, 16384, 16384, 256)).await;
     let lb = list(&mut b, dst.id, strided(0, 16384, 16384, 256)).await;
-    let mut sub = b.subscribe(pb::SubscribeRequest {}).await.unwrap().into_inner();
+    let mut sub = b
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     let (li, ri): (Vec<u32>, Vec<u32>) = (0..64).map(|k| (k * 3, 255 - k)).unzip();
     let w = a
         .write_blocks(pb::WriteBlocksRequest {
@@ -403,7 +411,11 @@ async fn prepared_lists_over_another_clients_lists_copy_and_notify() {
         .await
         .unwrap()
         .into_inner();
-    let mut sub = b.subscribe(pb::SubscribeRequest {}).await.unwrap().into_inner();
+    let mut sub = b
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     let (li, ri) = ([0u32, 1, 2, 40], [63u32, 10, 11, 0]);
     let w = a
         .write_prepared(pb::WritePreparedRequest {

@@ -242,7 +242,7 @@ async fn notifications_arrive_after_their_data_in_order() {
     wait_ok(&mut a.client, id).await;
     let mut sub = b
         .client
-        .subscribe(pb::SubscribeRequest {})
+        .subscribe(pb::SubscribeRequest::default())
         .await
         .unwrap()
         .into_inner();

@@ -9,6 +9,7 @@
 
 mod common;
 
+mod daemon_addressed_feeds;
 mod daemon_auth;
 mod daemon_auto;
 mod daemon_bad_input;

@@ -117,7 +117,11 @@ async fn a_mixed_batch_moves_each_memory_pairs_bytes_only_on_its_lanes() {
         (0, MIB + 512 * KIB, 1, 2 * MIB, 256 * KIB),
         (2, 3 * MIB, 1, 3 * MIB, 16 * KIB - 1),
     ];
-    let mut sub = bc.subscribe(pb::SubscribeRequest {}).await.unwrap().into_inner();
+    let mut sub = bc
+        .subscribe(pb::SubscribeRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
     let (a0, b0) = (lane_bytes(&mut ac).await, lane_bytes(&mut bc).await);
     let r = ac
         .write_batch(pb::WriteBatchRequest {

@@ -83,6 +83,9 @@ def _tight_spin_s() -> float:
 
 _INF = float("inf")
 
+#: SessionEvent's `refused` field (decoded whatever its tag: `_Feed._wanted`).
+_REFUSED = 3
+
 #: How long a tight get_new_notifs / check_remote_xfer_done loop spins before its polls wait
 #: (TIGHT_WAIT_MS each) for the daemon: as check_xfer_state's (session 22).
 TIGHT_SPIN_S = _tight_spin_s()
@@ -241,8 +244,10 @@ class _Feed:
         self.noting = board is not None and board.notes > 0
 
     @staticmethod
-    def open(path: str) -> Optional["_Feed"]:
-        """Subscribed, or None when the daemon does not deliver notifications on a local session
+    def open(path: str, name: str) -> Optional["_Feed"]:
+        """Subscribed to the notifications addressed to agent `name` (the daemon sends no other
+        agent's: SubscribeRequest.addressed_to, since session 31; an older daemon sends all, which
+        `Inbox._keep` sorts), or None when the daemon does not deliver notifications on a local session
         (too old: the gRPC stream serves instead)."""
         try:
             conn = _local.handshake(path)
@@ -255,7 +260,8 @@ class _Feed:
             board = _board.attach(conn, _local.HANDSHAKE_TIMEOUT, FEED_NOTES)
             if board is not None:  # send_notif's WRITEs on a request ring where the board is (tcpxd._ring)
                 conn.ring = _ring.attach(conn, _local.HANDSHAKE_TIMEOUT)
-            ev = conn.exchange("subscribe", _proto.message("SubscribeRequest")(), _local.HANDSHAKE_TIMEOUT)
+            req = _proto.message("SubscribeRequest")(addressed_to=name)
+            ev = conn.exchange("subscribe", req, _local.HANDSHAKE_TIMEOUT)
         except (_local.Gone, OSError) as e:
             conn.close()
             if board is not None:
@@ -325,14 +331,7 @@ class _Feed:
         board = self.board
         assert board is not None
         out = board.take_notes()
-        took = bool(out)
-        sent = self.sent
-        if sent:
-            for tag in list(sent):
-                got = board.take(tag)
-                if got is not None:
-                    _ops.settle_done(sent.pop(tag), *got)
-                    took = True
+        took = self._settle_sent(board) or bool(out)
         if board.behind():  # (raised since take_notes looked: its slot, written before, is read first)
             out += board.take_notes()
             if board.behind():
@@ -343,19 +342,34 @@ class _Feed:
             self.drain_at = 0.0
         return out
 
+    def _settle_sent(self, board: _board.Board) -> bool:
+        """Settles the WRITEs whose OK end the board holds (their events, which follow, are then
+        skipped undecoded: `_wanted`); whether it settled any."""
+        sent = self.sent
+        took = False
+        if sent:
+            for tag in list(sent):
+                got = board.take(tag)
+                if got is not None:
+                    _ops.settle_done(sent.pop(tag), *got)
+                    took = True
+        return took
+
     def payloads(self) -> List[bytes]:
         """The notifications' payloads that have arrived, in order — from the board's notification
         slots first (tcpxd._board), then the events (those whose payload the board gave dropped),
         then the slots again — and the answers to its WRITEs, settled; raises _local.Gone once the
         session ended."""
         board = self.board
-        out = board.take_notes() if board is not None else []
+        out: List[bytes] = []
+        if board is not None:
+            out = board.take_notes()
+            self._settle_sent(board)  # (before the socket: those ends' events are then not decoded)
         self.drain_at = time.perf_counter() + DRAIN_S
-        for ev in self.conn.ready():
+        for ev in self.conn.ready(False, None if board is None else self._wanted):
             kind = ev.WhichOneof("event")
-            if kind == "notification":
-                if board is None or board.note_event():
-                    out.append(ev.notification.payload)
+            if kind == "notification":  # (one whose payload the board gave was not decoded)
+                out.append(ev.notification.payload)
                 continue
             sent = self.sent.pop(ev.tag, None)
             if sent is not None:
@@ -367,6 +381,15 @@ class _Feed:
         if board is not None:
             out += board.take_notes()
         return out
+
+    def _wanted(self, tag: int, field: int) -> bool:
+        """`ready`'s `keep` (tcpxd._local.peek): a notification whose payload the board gave
+        already, and the end of a WRITE settled from the board (no longer in `sent`), are skipped
+        without decoding; a refusal (a fell-behind report, the session's end) is decoded."""
+        if field == _local.NOTIFICATION:
+            board = self.board
+            return board is None or board.note_event()  # (False: its payload was taken from its slot)
+        return tag == 0 or tag in self.sent or field == _REFUSED
 
     def end(self, why: str) -> None:
         """The session ended: its WRITEs not answered fail (they may or may not have arrived)."""
@@ -391,7 +414,7 @@ class Inbox:
         self._new: Dict[str, List[bytes]] = {}
         self._closed = False
         path = _local.socket_path(client.endpoint)
-        self._feed = _Feed.open(path) if path else None
+        self._feed = _Feed.open(path, name) if path else None
         #: Where the local feed is subscribed again should it end (None: the gRPC stream serves).
         self._path = path if self._feed is not None else None
         #: When the local feed ended (the daemon restarted, drained): when to subscribe again.
@@ -403,7 +426,7 @@ class Inbox:
         self._spin_from = 0.0
         self._sub: Optional[Subscription] = None
         if self._feed is None:
-            self._sub = client.subscribe()
+            self._sub = client.subscribe(name)
             threading.Thread(target=self._run, name=f"tcpxd-nixl-notifs-{name}", daemon=True).start()
 
     def _run(self) -> None:
@@ -427,7 +450,7 @@ class Inbox:
             time.sleep(RESUBSCRIBE_S)
             while not self._closed:
                 try:
-                    self._sub = self._client.subscribe()
+                    self._sub = self._client.subscribe(self._name)
                     break
                 except TcpxdError:
                     time.sleep(RESUBSCRIBE_S)
@@ -451,7 +474,7 @@ class Inbox:
                 return
             try:
                 self._client._reattach.sync()  # (the daemon restarted: the mailbox registered again first)
-                self._feed = _Feed.open(self._path)
+                self._feed = _Feed.open(self._path, self._name)
             except TcpxdError as e:
                 self._retry_at = time.monotonic() + RESUBSCRIBE_S
                 if not self._quiet:

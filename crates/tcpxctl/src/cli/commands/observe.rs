@@ -30,7 +30,7 @@ pub(super) async fn subscribe(
 ) -> Result<(), CliError> {
     let mut stream = Some(
         client
-            .subscribe(SubscribeRequest {})
+            .subscribe(SubscribeRequest::default())
             .await
             .map_err(rpc("subscribe"))?
             .into_inner(),
@@ -53,7 +53,7 @@ pub(super) async fn subscribe(
                 _ = tokio::time::sleep(RETRY) => {}
                 _ = tokio::signal::ctrl_c() => return Ok(()),
             }
-            match client.subscribe(SubscribeRequest {}).await {
+            match client.subscribe(SubscribeRequest::default()).await {
                 Ok(s) => {
                     stream = Some(s.into_inner());
                     eprintln!("tcpxctl: subscribed again");

@@ -35,7 +35,9 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::delivery::{Delivered, Subscription, deliver_notifications, notification_event};
+use super::delivery::{
+    Delivered, Subscription, addressed, deliver_notifications, next_for, notification_event,
+};
 use super::finished_tags::{FinishedTags, already_finished};
 use super::local::inline::{Inline, off_poller};
 use super::local::outbox::{BACKLOG, Outbox};
@@ -156,7 +158,7 @@ async fn next_notification(
     sub: &mut Option<(u64, Subscription)>,
 ) -> (u64, Result<NotificationEvent, RecvError>) {
     match sub {
-        Some((tag, Subscription::Task(rx))) => (*tag, rx.recv().await),
+        Some((tag, Subscription::Task(rx, to))) => (*tag, next_for(rx, to).await),
         _ => pending().await,
     }
 }
@@ -436,7 +438,7 @@ impl<E: Events> Session<'_, E> {
             )),
             Some(Op::CancelTag(target)) => return self.cancel(tag, target).await,
             Some(Op::RingDoorbell(_)) => return Ok(()),
-            Some(Op::Subscribe(_)) => return self.subscribe(tag).await,
+            Some(Op::Subscribe(r)) => return self.subscribe(tag, &r).await,
             Some(Op::RegisterHostFd(_))
             | Some(Op::RegisterClientMemory(_))
             | Some(Op::RegisterBatch(_))
@@ -659,7 +661,8 @@ impl<E: Events> Session<'_, E> {
     }
 
     /// Subscribes the session to the node's notifications (one subscription a session).
-    async fn subscribe(&mut self, tag: u64) -> Result<(), Gone> {
+    /// With `addressed_to`, only the notifications addressed to that name (`delivery::is_for`).
+    async fn subscribe(&mut self, tag: u64, req: &pb::SubscribeRequest) -> Result<(), Gone> {
         if let Some((under, _)) = &self.notifications {
             let status = Status::invalid_argument(format!(
                 "subscribe: this session is subscribed already (tag {under}); one subscription a session"
@@ -667,14 +670,15 @@ impl<E: Events> Session<'_, E> {
             return self.refuse(tag, status).await;
         }
         let rx = self.state.notifications.subscribe();
+        let to = addressed(req);
         // Answered first: the notifications follow it on the connection.
         self.send(tag, Event::Subscribed(pb::SessionSubscribed {}))
             .await?;
         let sub = match &self.outbox {
             Some(outbox) => {
-                Subscription::Inline(Inline::start(deliver_notifications(tag, rx, outbox.clone())))
+                Subscription::Inline(Inline::start(deliver_notifications(tag, rx, to, outbox.clone())))
             }
-            None => Subscription::Task(rx),
+            None => Subscription::Task(rx, to),
         };
         self.notifications = Some((tag, sub));
         Ok(())
