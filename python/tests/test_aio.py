@@ -235,3 +235,29 @@ def test_async_falls_back_when_the_daemon_predates_it(peered, tmp_root):
         run(main())
     finally:
         old.close()
+
+
+def test_async_subscribe_addressed_to_a_name_gets_only_its_own_notifications(peered):
+    """`AsyncClient.subscribe(addressed_to=...)`: the daemon's Subscribe RPC keeps only the
+    notifications framed to that name (tcpxd.nixl's framing); an unaddressed one gets them all."""
+    from tcpxd.nixl._notify import frame
+
+    a, b = peered
+
+    async def main():
+        async with tcpxd.AsyncClient(a.endpoint) as ca, tcpxd.AsyncClient(b.endpoint) as cb:
+            mine = await cb.subscribe(addressed_to="agent-b")
+            every = await cb.subscribe()
+            async with await ca.register_host(4096) as src, await cb.register_host(4096) as dst:
+                for to, msg in [("agent-c", b"not yours"), ("agent-b", b"yours"), ("agent-c", b"again")]:
+                    await ca.write(src, dst, notification=frame("agent-a", to, msg))
+                got = await mine.next(timeout=10)
+                assert got.payload == frame("agent-a", "agent-b", b"yours")
+                with pytest.raises(tcpxd.DeadlineExceeded):
+                    await mine.next(timeout=0.5)  # nothing else was addressed to agent-b
+                all3 = [(await every.next(timeout=10)).payload for _ in range(3)]
+                assert all3 == [frame("agent-a", t, m) for t, m in [("agent-c", b"not yours"), ("agent-b", b"yours"), ("agent-c", b"again")]]
+            mine.close()
+            every.close()
+
+    run(main())

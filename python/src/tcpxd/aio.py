@@ -337,8 +337,11 @@ class AsyncClient:
         """Call inside a running event loop."""
         return AsyncSession(self, timeout)
 
-    async def subscribe(self) -> AsyncSubscription:
-        call = self._stub("Subscribe", "unary_stream")(_proto.message("SubscribeRequest")(), metadata=self._metadata)
+    async def subscribe(self, addressed_to: str = "") -> AsyncSubscription:
+        """As `Client.subscribe`: `addressed_to` keeps only the notifications framed to that name
+        (tcpxd.nixl's agents), where the daemon filters (since session 31; an older one sends all)."""
+        req = _proto.message("SubscribeRequest")(addressed_to=addressed_to)
+        call = self._stub("Subscribe", "unary_stream")(req, metadata=self._metadata)
         try:
             await call.initial_metadata()
         except grpc.RpcError as e:
