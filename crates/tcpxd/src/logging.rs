@@ -24,15 +24,31 @@ pub fn init(default: &str) {
         }
     }
     let no_color = std::env::var("NO_COLOR").ok();
+    let ansi = colours(std::io::stderr().is_terminal(), no_color.as_deref());
+    // `TCPXD_HOP_RECORD`: the hop trace kept in memory, beside the log (crate::hop_record).
+    let Some(record) = crate::hop_record::layer() else {
+        // Without the recorder, one global filter. Per-layer filters lose the event that follows
+        // a `tracing::enabled!` check they answer "no" on the same thread (tokio-rs/tracing#2519,
+        // open): net::logger asks before each plugin TRACE line, so the lanes' `lane.*` hops after
+        // a plugin call went missing from the log.
+        let _ = tracing_subscriber::fmt()
+            .with_ansi(ansi)
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+        if let Some(why) = crate::hop_record::take_problem() {
+            tracing::warn!("{why}");
+        }
+        return;
+    };
+    // With the recorder the log and the record filter apart (the record wants every hop whatever
+    // RUST_LOG says), so the upstream bug above applies: a hop right after a plugin TRACE check on
+    // the same thread can be missing from both (docs/OPERATIONS.md, `TCPXD_HOP_RECORD`).
     let fmt = tracing_subscriber::fmt::layer()
-        .with_ansi(colours(std::io::stderr().is_terminal(), no_color.as_deref()))
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
         .with_filter(filter);
-    // `TCPXD_HOP_RECORD`: the hop trace kept in memory, beside the log (crate::hop_record).
-    let _ = tracing_subscriber::registry()
-        .with(fmt)
-        .with(crate::hop_record::layer())
-        .try_init();
+    let _ = tracing_subscriber::registry().with(fmt).with(record).try_init();
     if let Some(why) = crate::hop_record::take_problem() {
         tracing::warn!("{why}");
     }
