@@ -16,7 +16,9 @@
 #   - the daemons (`tcpxctl bench transfer`), gRPC and framed local session, WRITE and READ:
 #     B, A (defaults), A4 (TCPXD_SPREAD_CHUNKS_PER_LANE=4), A8 (=8 with
 #     TCPXD_SPREAD_MIN_CHUNK_BYTES=65536).
-# SIZES (256K,1M,16M; 16 MiB is the control: never spread), ITERS (200), WARMUP (20).
+# SIZES (256K,1M,16M; 16 MiB is the control: never spread), ITERS (200), WARMUP (20); and B, A4
+# at 1 MiB with 8 in flight through the local session (INFLIGHT=0 skips it: the row where more
+# chunks a transfer cost the pollers more work).
 # Then (TRACE=0 skips it) 1 MiB through the local session traced, A and A4, WRITE and READ:
 # `lanes.py` (first isend -> last receive: the data phase) and `hops.py`.
 # Prints p50 µs (median over the rounds) and the ratios: X/Y = Y's p50 ÷ X's (> 1: X faster).
@@ -79,6 +81,15 @@ daemon() { # round variant
         done
     done
 }
+inflight() { # round variant: 1 MiB, 8 in flight, local session (more chunks, more poller work)
+    local v=$2
+    for op in write read; do
+        env ${venv[$v]} "${dir[$v]}/tcpxctl" bench transfer --daemon "${dir[$v]}/tcpxd" --via local \
+            --op "$op" --cuda 0 --peer-cuda "$peer" --sizes 1M --concurrency 8 --iters "$iters" \
+            --warmup "$warmup" --json --out "$out/r$1-$v-local8-$op.jsonl" >/dev/null \
+            2>"$out/r$1-$v-local8-$op.err" || echo "r$1 $v local8 $op failed" >&2
+    done
+}
 start=$SECONDS
 for ((r = 1; r <= rounds; r++)); do
     if ((r % 2)); then order=(nccl rawB raw4 raw8 B A A4 A8); else order=(A8 A4 A B raw8 raw4 rawB nccl); fi
@@ -88,6 +99,7 @@ for ((r = 1; r <= rounds; r++)); do
         raw*) raw "$r" "$who" ;;
         *) daemon "$r" "$who" ;;
         esac
+        case $who in B | A4) [ "${INFLIGHT:-1}" = 1 ] && inflight "$r" "$who" ;; esac
     done
     echo "round $r done, $((SECONDS - start)) s" >&2
 done
@@ -126,18 +138,31 @@ def ratio(x, y):  # y's p50 over x's: > 1 when x is faster
 cols = ["nccl", "rawB", "raw4", "raw8", "B", "A", "A4", "A8"]
 print("p50 µs, median over the rounds (NCCL: send/recv to a 1-byte ack; raw: both sides in one process, "
       "its READ and WRITE rows alike for gRPC and local)")
-print(f"{'via':<6}{'op':<6}{'size':>5} " + "".join(f"{c:>7}" for c in cols)
+print(f"{'via':<7}{'op':<6}{'size':>5} " + "".join(f"{c:>7}" for c in cols)
       + "  A/B  A4/B  A8/B  A4/nccl A8/nccl B/nccl  A4/raw4 B/rawB  A4/B per round")
 for (via, op, sz) in sorted({(k[1], k[2], k[3]) for k in p50 if k[0] not in ("nccl",) and not k[0].startswith("raw")}):
     v = {c: m(c, via, op, sz) for c in cols}
     per = ""
     b, a4 = p50.get(("B", via, op, sz), {}), p50.get(("A4", via, op, sz), {})
     per = " ".join(f"{b[r] / a4[r]:.2f}" for r in sorted(b) if r in a4)
-    print(f"{via:<6}{op:<6}{size(sz):>5} " + "".join(f"{v[c]:>7.0f}" if v[c] else f"{'-':>7}" for c in cols)
+    print(f"{via:<7}{op:<6}{size(sz):>5} " + "".join(f"{v[c]:>7.0f}" if v[c] else f"{'-':>7}" for c in cols)
           + f" {ratio(v['A'], v['B']):>4} {ratio(v['A4'], v['B']):>5} {ratio(v['A8'], v['B']):>5}"
           + f" {ratio(v['A4'], v['nccl']):>7} {ratio(v['A8'], v['nccl']):>7} {ratio(v['B'], v['nccl']):>6}"
           + f" {ratio(v['A4'], v['raw4']):>8} {ratio(v['B'], v['rawB']):>6}  {per}")
 print("X/Y = Y's p50 ÷ X's: > 1 means X is faster (X/nccl ≥ 1: the daemon at or above NCCL's sockets)")
+gbps = defaultdict(dict)
+for f in sorted(glob.glob(os.path.join(out, "r*-local8-*.jsonl"))):
+    m = re.match(r"r(\d+)-(\w+)-local8-(\w+)\.jsonl$", os.path.basename(f))
+    for line in open(f):
+        r = json.loads(line)
+        if "gb_per_s" in r:
+            gbps[(m.group(2), m.group(3))][int(m.group(1))] = r["gb_per_s"]
+for op in ("write", "read"):
+    b, a4 = gbps.get(("B", op), {}), gbps.get(("A4", op), {})
+    if b and a4:
+        per = " ".join(f"{a4[r] / b[r]:.2f}" for r in sorted(b) if r in a4)
+        print(f"1 MiB, 8 in flight, local, {op}: GB/s B {med(b.values()):.2f}, A4 {med(a4.values()):.2f}, "
+              f"A4 ÷ B {med(a4.values()) / med(b.values()):.2f} (per round {per})")
 print("every row verified" if ok else "SOME ROWS NOT VERIFIED")
 EOF
 
