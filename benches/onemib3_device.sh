@@ -8,7 +8,8 @@
 #   benches/onemib3_device.sh A_DIR B_DIR [OUT_DIR]
 #
 # A_DIR: this branch's staged release binaries (tcpxd, tcpxctl, libnccl_net_tcpxemu.so), B_DIR:
-# main's. GPU 0 -> 1 (0 -> 0 on a one-GPU host). Rounds (ROUNDS, 3) alternate the order of:
+# main's. GPU 0 -> 1 (0 -> 0 on a one-GPU host, NCCL under compare.py's --mps there).
+# Rounds (ROUNDS, 3) alternate the order of:
 #   - NCCL over its own sockets (compare.py --only nccl-socket, send/recv timed to a 1-byte ack);
 #   - raw (`tcpxctl bench raw`, both sides in one process): B's defaults (four chunks of 256 KiB
 #     at 1 MiB), and A's with 4 and 8 chunks a lane (8 × 128 KiB; 16 × 64 KiB with the floor at
@@ -24,7 +25,7 @@
 # Prints p50 µs (median over the rounds) and the ratios: X/Y = Y's p50 ÷ X's (> 1: X faster).
 set -euo pipefail
 if [ $# -lt 2 ]; then
-    sed -n 2,22p "$0"
+    sed -n 2,25p "$0"
     exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
@@ -41,7 +42,9 @@ peer=0
 [ "$gpus" -ge 2 ] && peer=1
 same=()
 [ "$peer" = 0 ] && same=(--same-gpu)
-[ "${MPS:-0}" = 1 ] && same+=(--mps)
+# One GPU: NCCL's two ranks share it, and without MPS they time-slice it (the first run here:
+# 2.5 ms p50 at 1 MiB), so compare.py's MPS on by default there (MPS=0: off).
+[ "$peer" = 0 ] && [ "${MPS:-1}" = 1 ] && same+=(--mps)
 rm -rf "$out" && mkdir -p "$out"
 export NCCL_NSOCKS_PERTHREAD=4 NCCL_SOCKET_NTHREADS=1 NCCL_DYNAMIC_CHUNK_SIZE=524288 TCPXEMU_BOUNCE=cuda
 export NCCL_NVLS_ENABLE=0

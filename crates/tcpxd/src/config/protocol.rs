@@ -120,8 +120,9 @@ pub struct ProtocolSettings {
 pub const DEFAULT_SPREAD_MIN_CHUNK_BYTES: u64 = 128 << 10;
 
 /// `transfer.spread_chunks_per_lane` unless set: two, session 26's plan (1 MiB as four 256 KiB
-/// chunks on two lanes). Four (eight of 128 KiB, every data socket of both lanes' comms) is
-/// the candidate `benches/onemib3_device.sh` measures on the H200 (session 32, onemib3).
+/// chunks on two lanes). Four (eight of 128 KiB, every data socket of both lanes' comms) was
+/// 0.93–1.03× at 1 MiB one at a time and 0.79–0.82× with 8 in flight on one H200 (session 32,
+/// onemib3, `benches/onemib3_device.sh`).
 pub const DEFAULT_SPREAD_CHUNKS_PER_LANE: u32 = crate::engine::plan::SPREAD_CHUNKS_PER_LANE;
 
 pub(super) fn resolve(args: &DaemonArgs, file: &FileTransfer) -> Result<ProtocolSettings, ConfigError> {
