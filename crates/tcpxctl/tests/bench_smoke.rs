@@ -239,6 +239,7 @@ fn raw_options(memory: Memory) -> RawOptions {
         chunk_bytes: 64 << 10,
         lanes_per_device: 3,
         spread_min_chunk: 0,
+        spread_chunks_per_lane: 2,
         devices: None,
         send_window: 12,
         recv_window: 16,
@@ -272,6 +273,23 @@ fn raw_bench_spreads_transfers_of_few_chunks_as_the_engine_does() {
     let rows = run_raw(&opts, &indicatif::ProgressBar::hidden()).expect("raw bench runs");
     assert_eq!(rows.len(), 3);
     assert!(rows.iter().all(|r| r.verified), "every byte compared");
+    // Four chunks a lane (`transfer.spread_chunks_per_lane`): 3 × (64 KiB + 5) is 6 chunks, two
+    // a lane, left alone at two; at four, 15 of at most 16 KiB.
+    opts.spread_chunks_per_lane = 4;
+    opts.workload.sizes = vec![(64 << 10) + 5];
+    let rows = run_raw(&opts, &indicatif::ProgressBar::hidden()).expect("raw bench runs");
+    assert!(rows.len() == 1 && rows[0].verified, "every byte compared");
+    for bad in [0, 17] {
+        opts.spread_chunks_per_lane = bad;
+        let e = run_raw(&opts, &indicatif::ProgressBar::hidden())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--spread-chunks-per-lane") && e.contains("1..=16"),
+            "{e}"
+        );
+    }
+    opts.spread_chunks_per_lane = 2;
     opts.spread_min_chunk = 100;
     let e = run_raw(&opts, &indicatif::ProgressBar::hidden())
         .unwrap_err()

@@ -27,6 +27,10 @@ pub struct EngineConfig {
     /// chunk, halved down to no less than this ([`crate::plan::spread_chunk_bytes`]); 0: off.
     /// The chunk size travels in each header and offer, so the receiver needs nothing.
     pub spread_min_chunk: u32,
+    /// Chunks per lane a spread plan aims at ([`crate::plan::spread_chunk_bytes`]; 1..=16,
+    /// [`crate::plan::SPREAD_CHUNKS_PER_LANE`] by default): 1 MiB over two lanes is four chunks
+    /// of 256 KiB at 2, eight of 128 KiB at 4 (with `spread_min_chunk` ≤ 128 KiB).
+    pub spread_chunks_per_lane: u32,
     /// Sends posted per lane at most (the sends the driver hands the plugin).
     pub send_window: usize,
     /// Sends in pieces (`PostGatherSend`) posted per lane beyond `send_window`: gathered ahead,
@@ -106,6 +110,7 @@ impl Default for EngineConfig {
         EngineConfig {
             chunk_bytes: DEFAULT_CHUNK_BYTES,
             spread_min_chunk: 0,
+            spread_chunks_per_lane: crate::plan::SPREAD_CHUNKS_PER_LANE,
             send_window: 12,
             gather_ahead: DEFAULT_GATHER_AHEAD,
             host_gather_ahead: DEFAULT_GATHER_AHEAD,

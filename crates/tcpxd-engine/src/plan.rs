@@ -24,23 +24,32 @@ pub fn check_chunk_bytes(bytes: u64) -> Result<u32, String> {
     }
 }
 
-/// Chunks per lane a spread transfer aims at ([`spread_chunk_bytes`]).
-pub const SPREAD_CHUNKS_PER_LANE: u64 = 2;
+/// Chunks per lane a spread transfer aims at by default ([`spread_chunk_bytes`]'s `per_lane`;
+/// `transfer.spread_chunks_per_lane`).
+pub const SPREAD_CHUNKS_PER_LANE: u32 = 2;
+/// The most chunks per lane a spread plan may aim at (`transfer.spread_chunks_per_lane`).
+pub const MAX_SPREAD_CHUNKS_PER_LANE: u32 = 16;
 
 /// The chunk size a transfer of `range_lengths` over `lanes` lanes takes when spread: `chunk_bytes`
-/// halved (kept a multiple of 4 KiB) while the plan would have fewer than
-/// [`SPREAD_CHUNKS_PER_LANE`] chunks per lane and the half stays at least `min_chunk`. A 1 MiB
+/// halved (kept a multiple of 4 KiB) while the plan would have fewer than `per_lane` chunks per
+/// lane ([`SPREAD_CHUNKS_PER_LANE`] by default, at least 1) and the half stays at least `min_chunk`. A 1 MiB
 /// transfer over two lanes at 512 KiB is one request per lane, each on one of the plugin's data
 /// sockets (its `NCCL_DYNAMIC_CHUNK_SIZE` is 512 KiB): spread at 256 KiB it is two per lane, on
 /// four sockets, and each chunk's unpack starts while the next lands. `min_chunk` 0: off (the
 /// chunk size as given); a transfer already cut into enough chunks, or too small to halve, keeps
 /// `chunk_bytes`.
-pub fn spread_chunk_bytes(range_lengths: &[u64], chunk_bytes: u32, lanes: u32, min_chunk: u32) -> u32 {
+pub fn spread_chunk_bytes(
+    range_lengths: &[u64],
+    chunk_bytes: u32,
+    lanes: u32,
+    min_chunk: u32,
+    per_lane: u32,
+) -> u32 {
     let mut c = chunk_bytes;
     if min_chunk == 0 || range_lengths.iter().all(|&l| l == 0) {
         return c;
     }
-    let want = SPREAD_CHUNKS_PER_LANE * u64::from(lanes.max(1));
+    let want = u64::from(per_lane.max(1)) * u64::from(lanes.max(1));
     while ChunkPlan::count(range_lengths, c) < want {
         let half = (c / 2) & !(MIN_CHUNK_BYTES - 1);
         if half < min_chunk.max(MIN_CHUNK_BYTES) {

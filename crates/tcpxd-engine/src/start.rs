@@ -331,7 +331,13 @@ impl Engine {
         // A plain transfer of few chunks is spread over more, smaller ones (`spread_min_chunk`);
         // block and coalesced transfers keep their pieces' plan.
         let chunk_bytes = if msg.blocks.is_none() && o.plan.is_none() {
-            crate::plan::spread_chunk_bytes(&o.lengths, chunk_bytes, count, self.cfg.spread_min_chunk)
+            crate::plan::spread_chunk_bytes(
+                &o.lengths,
+                chunk_bytes,
+                count,
+                self.cfg.spread_min_chunk,
+                self.cfg.spread_chunks_per_lane,
+            )
         } else {
             chunk_bytes
         };

@@ -24,8 +24,8 @@ pub use file::{
 };
 
 pub use protocol::{
-    DEFAULT_EAGER_LANES, DEFAULT_SPREAD_MIN_CHUNK_BYTES, GpuCredits, MAX_CREDIT_BUDGET_BYTES,
-    MAX_EAGER_LANES, MAX_EAGER_MAX_BYTES, ProtocolSettings, TransferProtocol,
+    DEFAULT_EAGER_LANES, DEFAULT_SPREAD_CHUNKS_PER_LANE, DEFAULT_SPREAD_MIN_CHUNK_BYTES, GpuCredits,
+    MAX_CREDIT_BUDGET_BYTES, MAX_EAGER_LANES, MAX_EAGER_MAX_BYTES, ProtocolSettings, TransferProtocol,
 };
 
 /// Async workers when spinning (`runtime.async_workers` 0): one kept awake by
@@ -151,6 +151,10 @@ pub struct DaemonArgs {
     /// down to no less than this (0: off, else 4096..=4194304). Default: 0.
     #[arg(long, env = "TCPXD_SPREAD_MIN_CHUNK_BYTES")]
     pub spread_min_chunk_bytes: Option<u64>,
+    /// Chunks per lane a spread transfer aims at (1..=16): 1 MiB over two lanes is four chunks
+    /// of 256 KiB at 2, eight of 128 KiB at 4. Default: 2.
+    #[arg(long, env = "TCPXD_SPREAD_CHUNKS_PER_LANE")]
+    pub spread_chunks_per_lane: Option<u32>,
     #[command(flatten)]
     pub inline: inline::InlineArgs,
     /// Whether the poller and one async worker keep polling between transfers while traffic
@@ -294,6 +298,8 @@ pub struct Config {
     pub credit_budget_bytes: u64,
     /// `transfer.spread_min_chunk_bytes` (0: off).
     pub spread_min_chunk_bytes: u32,
+    /// `transfer.spread_chunks_per_lane`.
+    pub spread_chunks_per_lane: u32,
     /// `transfer.inline_*`.
     pub inline: inline::InlineSettings,
     pub unpack_impl: crate::unpack::UnpackImpl,
@@ -719,6 +725,7 @@ impl Config {
             gpu_credits: protocol.gpu_credits,
             credit_budget_bytes: protocol.credit_budget_bytes,
             spread_min_chunk_bytes: protocol.spread_min_chunk_bytes,
+            spread_chunks_per_lane: protocol.spread_chunks_per_lane,
             inline,
             unpack_impl,
             send_window,

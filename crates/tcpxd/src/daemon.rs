@@ -130,6 +130,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         eager_max_bytes: cfg.eager_max_bytes,
         credit_budget_bytes: cfg.credit_budget_bytes,
         spread_min_chunk: cfg.spread_min_chunk_bytes,
+        spread_chunks_per_lane: cfg.spread_chunks_per_lane,
         inline_max_bytes: cfg.inline.max_bytes,
         inline_window_bytes: cfg.inline.window_bytes,
         inline_gpu: cfg.inline.gpu,
@@ -224,6 +225,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
             gpu_credits: cfg.gpu_credits,
             credit_budget_bytes: cfg.credit_budget_bytes,
             spread_min_chunk_bytes: cfg.spread_min_chunk_bytes,
+            spread_chunks_per_lane: cfg.spread_chunks_per_lane,
         },
     );
     node.inline = cfg.inline;
@@ -497,6 +499,7 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
         metrics = ?metrics_addr,
         chunk_bytes = cfg.chunk_bytes,
         spread_min_chunk_bytes = cfg.spread_min_chunk_bytes,
+        spread_chunks_per_lane = cfg.spread_chunks_per_lane,
         spin = cfg.spin,
         async_workers = cfg.async_workers,
         poller_sessions = cfg.poller_sessions,

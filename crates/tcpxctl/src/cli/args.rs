@@ -577,6 +577,10 @@ pub struct PathArgs {
     /// (0: off, else 4096..=4194304), as tcpxd's `transfer.spread_min_chunk_bytes` [default: 131072, as tcpxd].
     #[arg(long, value_name = "SIZE", value_parser = parse_size, env = "TCPXD_SPREAD_MIN_CHUNK_BYTES")]
     pub spread_min_chunk_bytes: Option<u64>,
+    /// Chunks per lane a spread transfer aims at (1..=16), as tcpxd's
+    /// `transfer.spread_chunks_per_lane` [default: 2, as tcpxd].
+    #[arg(long, value_name = "N", env = "TCPXD_SPREAD_CHUNKS_PER_LANE")]
+    pub spread_chunks_per_lane: Option<u32>,
 }
 
 /// `bench transfer --via`: how the transfers reach the daemon.

@@ -266,6 +266,9 @@ fn raw_options(
         chunk_bytes: path.chunk_bytes().map_err(CliError::Usage)?,
         lanes_per_device: path.lanes_per_device.unwrap_or(2),
         spread_min_chunk: path.spread_min_chunk().map_err(CliError::Usage)?,
+        spread_chunks_per_lane: path
+            .spread_chunks_per_lane
+            .unwrap_or(tcpxd::config::DEFAULT_SPREAD_CHUNKS_PER_LANE),
         devices: (!devices.is_empty()).then_some(devices),
         send_window,
         recv_window,
@@ -378,12 +381,22 @@ async fn local_daemons_bench(
         ready_timeout: args.ready_timeout,
         progress: false,
         handle_signals: true,
-        extra_daemon_args: vec![
+        extra_daemon_args: [
             "--lanes-per-device".into(),
             lanes_per_device.to_string(),
             "--spread-min-chunk-bytes".into(),
             args.path.spread_min_chunk().map_err(CliError::Usage)?.to_string(),
-        ],
+        ]
+        .into_iter()
+        // Only when set: the daemon's default is the same, and a daemon older than the setting
+        // still starts.
+        .chain(
+            args.path
+                .spread_chunks_per_lane
+                .into_iter()
+                .flat_map(|n| ["--spread-chunks-per-lane".to_string(), n.to_string()]),
+        )
+        .collect(),
         // One daemon per GPU: each keeps its emulated bounce buffers on its own GPU.
         emulation_cuda_devices: match job.memories() {
             (Memory::Cuda(a), Some(Memory::Cuda(b))) => vec![a, b],

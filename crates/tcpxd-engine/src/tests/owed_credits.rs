@@ -147,9 +147,22 @@ fn start_mix(s: &mut Sim) -> Started {
     out
 }
 
+/// Spread at four chunks a lane (`transfer.spread_chunks_per_lane`): a lane owes up to four
+/// credits a transfer, so mid-transfer `Credits` messages keep the sender going.
+fn spread4() -> EngineConfig {
+    EngineConfig {
+        spread_chunks_per_lane: 4,
+        ..spread_cfg(4096)
+    }
+}
+
 #[test]
 fn small_transfers_behind_a_large_one_and_many_both_ways_all_land() {
-    for (name, cfg) in [("spread", spread_cfg(4096)), ("budget", gpu_cfg())] {
+    for (name, cfg) in [
+        ("spread", spread_cfg(4096)),
+        ("spread4", spread4()),
+        ("budget", gpu_cfg()),
+    ] {
         for seed in 70..78 {
             let mut s = Sim::new(2, cfg.clone(), seed);
             // Half the seeds with the credit receives posted late (the `Done` ahead of them).
@@ -168,7 +181,11 @@ fn small_transfers_behind_a_large_one_and_many_both_ways_all_land() {
 
 #[test]
 fn cancels_and_a_lost_peer_amid_the_mix_return_every_credit() {
-    for (name, cfg) in [("spread", spread_cfg(4096)), ("budget", gpu_cfg())] {
+    for (name, cfg) in [
+        ("spread", spread_cfg(4096)),
+        ("spread4", spread4()),
+        ("budget", gpu_cfg()),
+    ] {
         for seed in 80..88 {
             let mut s = Sim::new(2, cfg.clone(), seed);
             s.late_reposts = seed % 2 == 1;

@@ -12,47 +12,84 @@ fn the_spread_chunk_halves_until_two_chunks_a_lane_or_the_floor() {
     let c = 512 * KIB;
     let floor = 128 * KIB;
     assert_eq!(
-        spread_chunk_bytes(&[1 << 20], c, 2, floor),
+        spread_chunk_bytes(&[1 << 20], c, 2, floor, 2),
         256 * KIB,
         "1 MiB, 2 lanes: 4 chunks"
     );
     assert_eq!(
-        spread_chunk_bytes(&[1 << 20], c, 4, floor),
+        spread_chunk_bytes(&[1 << 20], c, 4, floor, 2),
         128 * KIB,
         "4 lanes: 8 chunks"
     );
-    assert_eq!(spread_chunk_bytes(&[512 << 10], c, 2, floor), 128 * KIB);
+    assert_eq!(spread_chunk_bytes(&[512 << 10], c, 2, floor, 2), 128 * KIB);
     assert_eq!(
-        spread_chunk_bytes(&[200_000], c, 2, floor),
+        spread_chunk_bytes(&[200_000], c, 2, floor, 2),
         128 * KIB,
         "as far as the floor goes"
     );
     assert_eq!(
-        spread_chunk_bytes(&[64 << 10], c, 2, floor),
+        spread_chunk_bytes(&[64 << 10], c, 2, floor, 2),
         c,
         "too small to halve: as given"
     );
     assert_eq!(
-        spread_chunk_bytes(&[16 << 20], c, 2, floor),
+        spread_chunk_bytes(&[16 << 20], c, 2, floor, 2),
         c,
         "enough chunks already"
     );
     assert_eq!(
-        spread_chunk_bytes(&[2 << 20], c, 2, floor),
+        spread_chunk_bytes(&[2 << 20], c, 2, floor, 2),
         c,
         "two a lane already"
     );
-    assert_eq!(spread_chunk_bytes(&[1 << 20], c, 2, 0), c, "off");
+    assert_eq!(spread_chunk_bytes(&[1 << 20], c, 2, 0, 2), c, "off");
     assert_eq!(
-        spread_chunk_bytes(&[256 << 10, 256 << 10], c, 2, floor),
+        spread_chunk_bytes(&[256 << 10, 256 << 10], c, 2, floor, 2),
         128 * KIB,
         "ranges count together"
     );
-    assert_eq!(spread_chunk_bytes(&[0], c, 2, 4096), c, "nothing to move");
+    assert_eq!(spread_chunk_bytes(&[0], c, 2, 4096, 2), c, "nothing to move");
     // A chunk size that is no multiple of 4 KiB halves to one.
-    assert_eq!(spread_chunk_bytes(&[100_000], 100_000, 2, 4096), 24 * KIB);
+    assert_eq!(spread_chunk_bytes(&[100_000], 100_000, 2, 4096, 2), 24 * KIB);
     // Never below the smallest chunk, whatever the floor says.
-    assert_eq!(spread_chunk_bytes(&[8192], 8192, 16, 1), 4096);
+    assert_eq!(spread_chunk_bytes(&[8192], 8192, 16, 1, 2), 4096);
+}
+
+#[test]
+fn more_chunks_a_lane_halve_further_down_to_the_floor() {
+    let c = 512 * KIB;
+    let floor = 128 * KIB;
+    assert_eq!(
+        spread_chunk_bytes(&[1 << 20], c, 2, floor, 4),
+        128 * KIB,
+        "1 MiB, 2 lanes, 4 a lane: 8 chunks"
+    );
+    assert_eq!(
+        spread_chunk_bytes(&[1 << 20], c, 2, 64 * KIB, 8),
+        64 * KIB,
+        "8 a lane: 16 chunks"
+    );
+    assert_eq!(
+        spread_chunk_bytes(&[1 << 20], c, 2, floor, 8),
+        128 * KIB,
+        "the floor still holds"
+    );
+    assert_eq!(
+        spread_chunk_bytes(&[2 << 20], c, 2, floor, 4),
+        256 * KIB,
+        "2 MiB: two a lane at 512 KiB, four at 256 KiB"
+    );
+    assert_eq!(
+        spread_chunk_bytes(&[4 << 20], c, 2, floor, 4),
+        c,
+        "four a lane already"
+    );
+    assert_eq!(
+        spread_chunk_bytes(&[1 << 20], c, 2, floor, 1),
+        c,
+        "one a lane: two chunks of 512 KiB are enough"
+    );
+    assert_eq!(spread_chunk_bytes(&[1 << 20], c, 2, floor, 0), c, "0 counts as 1");
 }
 
 /// Auto, 2 rendezvous lanes and 2 GPU credit lanes per peer, 16 KiB chunks spread down to 4 KiB.
@@ -81,8 +118,18 @@ fn announced_chunk(s: &Sim) -> u32 {
 
 #[test]
 fn a_transfer_of_few_chunks_goes_in_smaller_ones_and_lands_whole() {
-    for (min, gpu_chunk, host_chunk) in [(0, 16 * KIB, 16 * KIB), (4096, 8 * KIB, 8 * KIB)] {
-        let mut s = Sim::new(2, spread_cfg(min), 71);
+    // (floor, chunks a lane, the GPU WRITE's chunk, the host WRITE's); four a lane: 32 KiB as
+    // eight chunks of 4 KiB, 48 KiB as twelve.
+    for (min, per_lane, gpu_chunk, host_chunk) in [
+        (0, 2, 16 * KIB, 16 * KIB),
+        (4096, 2, 8 * KIB, 8 * KIB),
+        (4096, 4, 4 * KIB, 4 * KIB),
+    ] {
+        let cfg = EngineConfig {
+            spread_chunks_per_lane: per_lane,
+            ..spread_cfg(min)
+        };
+        let mut s = Sim::new(2, cfg, 71);
         s.gpu_buffer(1, 2, 1 << 20, 0, 0);
         s.buffer(1, 3, 1 << 20, 0);
         s.buffer(0, 1, 1 << 20, 5);

@@ -104,6 +104,7 @@ pub struct FileTransfer {
     pub gpu_credits: Option<String>,
     pub credit_budget_bytes: Option<u64>,
     pub spread_min_chunk_bytes: Option<u64>,
+    pub spread_chunks_per_lane: Option<u32>,
     pub inline_max_bytes: Option<u64>,
     pub inline_window_bytes: Option<u64>,
     pub inline_gpu: Option<String>,

@@ -108,6 +108,8 @@ pub struct ProtocolSettings {
     /// Plain transfers of fewer than two chunks per lane take chunks halved down to no less
     /// than this (`transfer.spread_min_chunk_bytes`); 0: off.
     pub spread_min_chunk_bytes: u32,
+    /// Chunks per lane a spread plan aims at (`transfer.spread_chunks_per_lane`).
+    pub spread_chunks_per_lane: u32,
 }
 
 /// `transfer.spread_min_chunk_bytes` unless set: 128 KiB. On two H200s (session 26,
@@ -116,6 +118,12 @@ pub struct ProtocolSettings {
 /// unchanged (0.98–1.03): the two 512 KiB chunks of a 1 MiB transfer had used two of the plugin's
 /// data sockets, four of 256 KiB use four, each unpacked while the next lands.
 pub const DEFAULT_SPREAD_MIN_CHUNK_BYTES: u64 = 128 << 10;
+
+/// `transfer.spread_chunks_per_lane` unless set: two, session 26's plan (1 MiB as four 256 KiB
+/// chunks on two lanes). Four (eight of 128 KiB, every data socket of both lanes' comms) was
+/// 0.93–1.03× at 1 MiB one at a time and 0.79–0.82× with 8 in flight on one H200 (session 32,
+/// onemib3, `benches/onemib3_device.sh`).
+pub const DEFAULT_SPREAD_CHUNKS_PER_LANE: u32 = crate::engine::plan::SPREAD_CHUNKS_PER_LANE;
 
 pub(super) fn resolve(args: &DaemonArgs, file: &FileTransfer) -> Result<ProtocolSettings, ConfigError> {
     let protocol = match (&args.transfer_protocol, &file.protocol) {
@@ -171,6 +179,18 @@ pub(super) fn resolve(args: &DaemonArgs, file: &FileTransfer) -> Result<Protocol
         v => crate::engine::plan::check_chunk_bytes(v)
             .map_err(|e| ConfigError::Invalid(format!("{spread_field}: {e} (or 0: off)")))?,
     };
+    let (per_lane_field, spread_chunks_per_lane) =
+        match (args.spread_chunks_per_lane, file.spread_chunks_per_lane) {
+            (Some(v), _) => ("--spread-chunks-per-lane", v),
+            (None, Some(v)) => ("transfer.spread_chunks_per_lane", v),
+            (None, None) => ("transfer.spread_chunks_per_lane", DEFAULT_SPREAD_CHUNKS_PER_LANE),
+        };
+    let max = crate::engine::plan::MAX_SPREAD_CHUNKS_PER_LANE;
+    if !(1..=max).contains(&spread_chunks_per_lane) {
+        return Err(ConfigError::Invalid(format!(
+            "{per_lane_field}: {spread_chunks_per_lane} is outside 1..={max} (chunks per lane a spread transfer aims at)"
+        )));
+    }
     Ok(ProtocolSettings {
         protocol,
         eager_lanes,
@@ -178,6 +198,7 @@ pub(super) fn resolve(args: &DaemonArgs, file: &FileTransfer) -> Result<Protocol
         gpu_credits,
         credit_budget_bytes,
         spread_min_chunk_bytes,
+        spread_chunks_per_lane,
     })
 }
 
@@ -233,6 +254,7 @@ mod tests {
                 gpu_credits: GpuCredits::Auto,
                 credit_budget_bytes: 32 << 20,
                 spread_min_chunk_bytes: 131072,
+                spread_chunks_per_lane: 2,
             }
         );
         let s = resolve_with(
@@ -319,5 +341,37 @@ mod tests {
         };
         let e = resolve(&args, &FileTransfer::default()).unwrap_err().to_string();
         assert!(e.contains("--spread-min-chunk-bytes"), "{e}");
+    }
+
+    #[test]
+    fn spread_chunks_per_lane_is_two_by_default_one_to_sixteen_and_flags_win() {
+        let s = resolve(&DaemonArgs::default(), &FileTransfer::default()).unwrap();
+        assert_eq!(s.spread_chunks_per_lane, 2);
+        let s = resolve_with(DaemonArgs::default(), "spread_chunks_per_lane = 4\n").unwrap();
+        assert_eq!(s.spread_chunks_per_lane, 4);
+        let args = DaemonArgs {
+            spread_chunks_per_lane: Some(8),
+            ..DaemonArgs::default()
+        };
+        let s = resolve_with(args, "spread_chunks_per_lane = 4\n").unwrap();
+        assert_eq!(s.spread_chunks_per_lane, 8, "the flag wins");
+        for bad in [0, 17] {
+            let e = resolve_with(
+                DaemonArgs::default(),
+                &format!("spread_chunks_per_lane = {bad}\n"),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains("transfer.spread_chunks_per_lane") && e.contains("1..=16"),
+                "{e}"
+            );
+        }
+        let args = DaemonArgs {
+            spread_chunks_per_lane: Some(0),
+            ..DaemonArgs::default()
+        };
+        let e = resolve(&args, &FileTransfer::default()).unwrap_err().to_string();
+        assert!(e.contains("--spread-chunks-per-lane"), "{e}");
     }
 }

@@ -21,10 +21,16 @@ const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 
 async fn spread(dir: &ScratchDir, node: &str) -> Daemon {
+    spread_per_lane(dir, node, "2").await
+}
+
+/// As [`spread`], aiming at `per_lane` chunks a lane (`TCPXD_SPREAD_CHUNKS_PER_LANE`).
+async fn spread_per_lane(dir: &ScratchDir, node: &str, per_lane: &str) -> Daemon {
     let log = File::create(dir.join(format!("{node}.log"))).expect("a log file");
     let env = [
         ("RUST_LOG", "warn,tcpxd::hop=trace"),
         ("TCPXD_SPREAD_MIN_CHUNK_BYTES", "131072"),
+        ("TCPXD_SPREAD_CHUNKS_PER_LANE", per_lane),
     ];
     start_logged(dir, node, "d2d", 1, true, &env, Stdio::from(log)).await
 }
@@ -98,6 +104,66 @@ async fn transfers_of_few_chunks_go_as_smaller_ones_and_land_whole() {
         assert_eq!(sends_of(log, 64 * KIB), 1, "{}: 64 KiB whole", log.display());
         assert_eq!(
             sends_of(log, 512 * KIB),
+            32,
+            "{}: 16 MiB in 512 KiB chunks",
+            log.display()
+        );
+    }
+}
+
+/// Session 32, onemib3 (`transfer.spread_chunks_per_lane`): at four chunks a lane a 1 MiB WRITE
+/// or READ by GPU credits goes as eight chunks of 128 KiB (four a credit lane, one on each of a
+/// comm's data sockets) and 2 MiB as eight of 256 KiB, while 16 MiB keeps 512 KiB; a lane then
+/// owes up to four credits in one transfer. Read from each daemon's trace; bytes compared,
+/// every credit back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_chunks_a_lane_cut_one_mib_into_eight_and_land_whole() {
+    let dir = ScratchDir::fresh("tcpxd-stub-spread", "per-lane");
+    std::fs::create_dir_all(&*dir).unwrap();
+    let mut a = spread_per_lane(&dir, "four-a", "4").await;
+    let mut b = spread_per_lane(&dir, "four-b", "4").await;
+    let src = cuda_buffer(&mut a.client, 3, 32 * MIB).await;
+    let back = cuda_buffer(&mut a.client, 0, 32 * MIB).await;
+    let dst = cuda_buffer(&mut b.client, 5, 32 * MIB).await;
+    fill_seed(&mut a.client, src.id, 0, 0, 32).await;
+    let id = write(&mut a.client, write_entry(&src, 0, &dst, 0, 4096), b"")
+        .await
+        .unwrap();
+    wait_ok(&mut a.client, id).await;
+    let trip = Trip {
+        src: &src,
+        dst: &dst,
+        back: &back,
+    };
+    let rounds = 4u64;
+    for k in 0..rounds {
+        let at = [k * MIB + 4096, k * MIB + 8192, k * MIB];
+        let what = "1 MiB at four chunks a lane";
+        write_and_read_back(&mut a.client, &mut b.client, trip, at, MIB, Compare::Bytes, what).await;
+    }
+    for len in [2 * MIB, 16 * MIB] {
+        let at = [5, 8 * MIB + 1, 13];
+        let what = "GPU 3 -> GPU 5 -> GPU 0, four a lane";
+        write_and_read_back(&mut a.client, &mut b.client, trip, at, len, Compare::Bytes, what).await;
+    }
+    credits_back(&mut a.client).await;
+    credits_back(&mut b.client).await;
+    // a sent the WRITEs, b the READs' data: the same chunks each way.
+    for log in [dir.join("four-a.log"), dir.join("four-b.log")] {
+        assert_eq!(
+            sends_of(&log, 128 * KIB),
+            8 * rounds as usize,
+            "{}: each 1 MiB in eight 128 KiB chunks",
+            log.display()
+        );
+        assert_eq!(
+            sends_of(&log, 256 * KIB),
+            8,
+            "{}: 2 MiB in eight 256 KiB chunks",
+            log.display()
+        );
+        assert_eq!(
+            sends_of(&log, 512 * KIB),
             32,
             "{}: 16 MiB in 512 KiB chunks",
             log.display()

@@ -57,6 +57,8 @@ pub struct RawOptions {
     /// The daemon's `transfer.spread_min_chunk_bytes` (0: off): transfers of fewer than two
     /// chunks per lane take smaller chunks, as the engine plans them.
     pub spread_min_chunk: u32,
+    /// The daemon's `transfer.spread_chunks_per_lane`: the chunks per lane a spread plan aims at.
+    pub spread_chunks_per_lane: u32,
     /// Plugin devices to use; `None`: all of them.
     pub devices: Option<Vec<i32>>,
     pub send_window: usize,
@@ -206,6 +208,7 @@ struct Shared {
     lanes: u32,
     chunk_bytes: u32,
     spread_min_chunk: u32,
+    spread_chunks_per_lane: u32,
     stall: Duration,
 }
 
@@ -239,6 +242,13 @@ pub fn run_raw(opts: &RawOptions, progress: &indicatif::ProgressBar) -> Result<V
     if opts.spread_min_chunk != 0 {
         tcpxd::engine::plan::check_chunk_bytes(u64::from(opts.spread_min_chunk))
             .map_err(|e| RawError::BadOption(format!("--spread-min-chunk-bytes: {e} (or 0: off)")))?;
+    }
+    let max = tcpxd::engine::plan::MAX_SPREAD_CHUNKS_PER_LANE;
+    if !(1..=max).contains(&opts.spread_chunks_per_lane) {
+        return Err(RawError::BadOption(format!(
+            "--spread-chunks-per-lane: {} is outside 1..={max}",
+            opts.spread_chunks_per_lane
+        )));
     }
     if !(1..=16).contains(&opts.lanes_per_device) {
         return Err(RawError::BadOption(format!(
@@ -325,6 +335,7 @@ pub fn run_raw(opts: &RawOptions, progress: &indicatif::ProgressBar) -> Result<V
         lanes,
         chunk_bytes: opts.chunk_bytes,
         spread_min_chunk: opts.spread_min_chunk,
+        spread_chunks_per_lane: opts.spread_chunks_per_lane,
         stall: opts.stall_timeout,
     });
     let (send_jobs, send_rx) = mpsc::channel::<Job>();
@@ -537,6 +548,7 @@ fn plan_into(
         shared.chunk_bytes,
         shared.lanes,
         shared.spread_min_chunk,
+        shared.spread_chunks_per_lane,
     );
     for c in ChunkPlan::new(&job.ranges, chunk_bytes, *next_lane, 0..shared.lanes) {
         push(
