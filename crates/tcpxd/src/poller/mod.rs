@@ -5,7 +5,7 @@
 //!
 //! Each pass it: looks (a zero-timeout `epoll_wait`, when it has any) which direct control
 //! sockets have bytes and reads them itself (`direct.rs`), takes the peers' messages and the commands
-//! (for at most [`COMMAND_SLICE`]: the rest wait for the next pass),
+//! (for at most `COMMAND_SLICE`: the rest wait for the next pass),
 //! drives connect/accept of lanes being set up, executes the
 //! engine's actions (posting sends and receives as the windows allow) — then has the engine plan
 //! a slice of what a large prepared READ left after its early first part went out

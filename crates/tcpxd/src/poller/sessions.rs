@@ -106,7 +106,7 @@ pub fn keep_off_here() -> bool {
 }
 
 /// Requests one session handles on the poller's thread in one pass; the rest of its burst goes
-/// to the runtime (about 3–5 µs each: within the poller's [`super::COMMAND_SLICE`]-sized slices).
+/// to the runtime (about 3–5 µs each: within the poller's `COMMAND_SLICE`-sized slices).
 pub const PASS_BUDGET: u32 = 16;
 
 /// A session's count of the requests it handled on the poller's thread in its current pass.
