@@ -191,6 +191,22 @@ impl Watching {
     pub fn watched(&self) -> &Watched {
         &self.watched
     }
+
+    /// Hands the socket's next read to the thread that serves the sessions, from a thread that
+    /// does not (the runtime worker a session starts on): `waker` is stored as a read that found
+    /// nothing stores it, then the socket's registration is renewed (`EPOLL_CTL_MOD`), which
+    /// reports it readable again at that thread's next look if bytes are there already; bytes
+    /// that come later raise their own edge. Either way that thread wakes `waker` and polls the
+    /// session itself (the module's "Why no request is missed": the waker stored before the
+    /// edge it answers).
+    pub fn hand_over(&self, waker: &Waker) -> io::Result<()> {
+        self.watched.store(waker);
+        self.watch.registry.reregister(
+            &mut mio::unix::SourceFd(&self.fd),
+            Token(self.token),
+            Interest::READABLE,
+        )
+    }
 }
 
 impl Drop for Watching {

@@ -115,6 +115,16 @@ impl FdReader {
         })
     }
 
+    /// Hands the next read to the thread that serves the sessions
+    /// (`crate::poller::Watching::hand_over`): `Ok(false)` when the runtime reads this socket
+    /// (there is no such thread).
+    pub fn hand_over(&self, waker: &std::task::Waker) -> io::Result<bool> {
+        match &self.io {
+            Source::Poller(watching, _) => watching.hand_over(waker).map(|()| true),
+            Source::Runtime(_) => Ok(false),
+        }
+    }
+
     /// The one descriptor that came with the frame at stream offsets `[start, end)`. Batches
     /// that came wholly before it are closed.
     pub fn take(&mut self, at: (u64, u64)) -> Result<OwnedFd, Status> {

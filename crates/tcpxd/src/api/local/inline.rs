@@ -96,7 +96,8 @@ impl OffPoller {
         OffPollerHold(self.clone())
     }
 
-    fn held(&self) -> bool {
+    /// Whether a hold lives now.
+    pub fn held(&self) -> bool {
         self.0.load(Ordering::Acquire) > 0
     }
 }

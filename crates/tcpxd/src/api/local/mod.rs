@@ -110,6 +110,7 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
         unsealed,
         peer_pid,
         off_poller: off_poller.clone(),
+        unread: watch.is_some(),
         watch,
         rings: state.poller.rings().clone(),
         ring: None,
@@ -175,6 +176,10 @@ struct FramedRequests {
     /// A socket frame (or the socket's end: `None`) read while ring entries the client wrote
     /// before sending it were still untaken: handed out once they are ([`FramedRequests::poll_next`]).
     held: Option<Option<Result<pb::SessionRequest, FrameError>>>,
+    /// Served by a thread of its own (`watch`) and no request read there yet: a poll elsewhere
+    /// (the runtime worker the session starts on) hands the read to that thread
+    /// ([`FramedRequests::read_here`]).
+    unread: bool,
     /// Tests: runs right before each read of the socket (an interleaving injected there).
     #[cfg(test)]
     before_read: Option<Box<dyn FnMut() + Send>>,
@@ -210,6 +215,9 @@ impl FramedRequests {
     /// write the entry and send the frame between the two (session 31, CI: a `cancel_tag` on
     /// the socket handled before its WRITE on the ring, "no unfinished request … has tag 7").
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Incoming> {
+        if self.unread && !self.read_here(cx) {
+            return Poll::Pending;
+        }
         for _ in 0..LOOKS {
             if let Some(r) = &mut self.ring
                 && r.ring.peek().is_some_and(|before| before <= r.socket_read)
@@ -280,6 +288,34 @@ impl FramedRequests {
         Poll::Ready(Incoming::Broken(
             RingError::Flicker { entry, looks: LOOKS }.status(),
         ))
+    }
+
+    /// Whether a session served by a thread of its own (the sessions thread, or the poller's)
+    /// reads its first request here: on that thread, or held off it (`OffPoller`). Else the
+    /// read is handed to that thread (`FdReader::hand_over`: the session's waker stored, the
+    /// socket's readiness reported again) and the caller waits: the session starts on a runtime
+    /// worker (`serve`), and a client that sends its first requests right after the preface
+    /// (or with it) had them read, checked and started there, none fast (session 31: the
+    /// sessions-thread burst test, once in CI and once on Google's plugin). Only the first
+    /// read: later ones are where the session is polled (a registration's hold, the rest of a
+    /// burst over the pass budget, a wake by its writer on a worker: ARCHITECTURE, "the
+    /// framed session").
+    fn read_here(&mut self, cx: &mut Context<'_>) -> bool {
+        let held_off = self.off_poller.as_ref().is_some_and(|o| o.held());
+        if crate::poller::serving_sessions_here() || held_off {
+            self.unread = false;
+            return true;
+        }
+        match self.frames.get_ref().hand_over(cx.waker()) {
+            Ok(handed) => !handed,
+            Err(e) => {
+                tracing::debug!(
+                    "local session: cannot hand its first read to the serving thread ({e}); reading here"
+                );
+                self.unread = false;
+                true
+            }
+        }
     }
 
     /// A socket frame (or its end) handed out: counted in the ring's order.

@@ -86,6 +86,7 @@ fn session() -> (FramedRequests, Arc<Mutex<Client>>) {
         ring: None,
         from_ring: None,
         held: None,
+        unread: false,
         before_read: None,
     };
     requests.attach_ring(ring).unwrap();
