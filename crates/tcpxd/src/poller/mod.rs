@@ -87,7 +87,7 @@ use pass_clock::{ActionClock, PassClock, PassPhase};
 pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
 pub use rings::{RingWatch, RingWatching};
 pub use sessions::{
-    PASS_BUDGET, PassBudget, SessionWatch, Watched, Watching, keep_off_here, on_poller_thread,
+    PASS_BUDGET, PassBudget, Rearm, SessionWatch, Watched, Watching, keep_off_here, on_poller_thread,
     serving_sessions_here,
 };
 

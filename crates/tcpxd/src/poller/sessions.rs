@@ -194,13 +194,36 @@ impl Watching {
 
     /// Hands the socket's next read to the thread that serves the sessions, from a thread that
     /// does not (the runtime worker a session starts on): `waker` is stored as a read that found
-    /// nothing stores it, then the socket's registration is renewed (`EPOLL_CTL_MOD`), which
-    /// reports it readable again at that thread's next look if bytes are there already; bytes
-    /// that come later raise their own edge. Either way that thread wakes `waker` and polls the
-    /// session itself (the module's "Why no request is missed": the waker stored before the
-    /// edge it answers).
-    pub fn hand_over(&self, waker: &Waker) -> io::Result<()> {
+    /// nothing stores it; the [`Rearm`] returned renews the socket's registration
+    /// (`EPOLL_CTL_MOD`), which reports it readable again at that thread's next look if bytes
+    /// are there already (bytes that come later raise their own edge). Either way that thread
+    /// then wakes `waker` and polls the session itself (the module's "Why no request is
+    /// missed": the waker stored before the edge it answers). The caller runs the `Rearm` once
+    /// its poll of the session has ended (`crate::api::local::inline::after_this_poll`): run
+    /// inside it, the serving thread's wake found the session still being polled here, which
+    /// then polled it again here and handed over again (a debug build counted 38 hand-overs a
+    /// session on the 2-core VM).
+    pub fn hand_over(&self, waker: &Waker) -> Rearm {
         self.watched.store(waker);
+        Rearm {
+            watch: self.watch.clone(),
+            fd: self.fd,
+            token: self.token,
+        }
+    }
+}
+
+/// A watched socket's registration to renew ([`Watching::hand_over`]). Run only while the socket
+/// is still open and watched (its session's future alive).
+pub struct Rearm {
+    watch: Arc<SessionWatch>,
+    fd: RawFd,
+    token: usize,
+}
+
+impl Rearm {
+    /// Renews the registration: epoll reports the socket again if it is readable now.
+    pub fn run(self) -> io::Result<()> {
         self.watch.registry.reregister(
             &mut mio::unix::SourceFd(&self.fd),
             Token(self.token),

@@ -169,7 +169,8 @@ async fn a_burst_is_served_on_the_sessions_thread_with_its_bytes_events_and_ids(
 /// sessions all the same, every request handled there and started fast — the sessions thread,
 /// and the poller's with that option off. (Before session 32 the first poll read it on the
 /// worker, none fast: the burst test above, whose client writes right after the preface's
-/// answer, met that twice in session 31.)
+/// answer, met that twice in session 31.) One request written so is read on the worker, as
+/// before: handing it over would wake a parked thread for one request (BENCHMARKS, session 32).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_sent_with_the_preface_is_read_on_the_serving_thread_and_started_fast() {
     for (session_thread, name) in [("on", "st-first"), ("off", "st-first-poller")] {
@@ -204,6 +205,18 @@ async fn a_burst_sent_with_the_preface_is_read_on_the_serving_thread_and_started
             (n, 0, n),
             "session_thread {session_thread}: (handled on the serving thread, off it, started fast)"
         );
+        let one = [(100, write_op(write_entry(&src, 0, &dst, 0, 64 * KIB)))];
+        let mut single = Framed::open_with(&a.daemon.api_socket, &frames(&one)).await;
+        let ev = single.next().await;
+        assert_eq!((ev.tag, finished(&ev).status_code), (100, 0));
+        let ((on1, off1, _), fast1) = counts(&a);
+        assert_eq!(
+            (on1 - on, off1 - off, fast1 - fast),
+            (0, 1, 0),
+            "session_thread {session_thread}: one request with the preface"
+        );
+        half_close(&mut single).await;
+        single.assert_eof().await;
         half_close(&mut s).await;
         s.assert_eof().await;
         until_unwatched(&a).await;

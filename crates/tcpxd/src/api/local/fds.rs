@@ -115,13 +115,33 @@ impl FdReader {
         })
     }
 
+    /// How many request frames wait in the socket: the bytes queued (`FIONREAD`), and past the
+    /// first frame, whose length is peeked (`MSG_PEEK`: nothing is taken, a descriptor sent with
+    /// it stays for the read). [`Queued::One`] where the runtime reads the socket, or a look
+    /// fails (the caller reads).
+    pub fn queued(&self) -> Queued {
+        let Source::Poller(_, io) = &self.io else {
+            return Queued::One;
+        };
+        let queued = match rustix::io::ioctl_fionread(io) {
+            Ok(0) => return Queued::Nothing,
+            Ok(n) => n,
+            Err(_) => return Queued::One,
+        };
+        let mut head = [0u8; 4];
+        match rustix::net::recv(io, &mut head[..], RecvFlags::PEEK | RecvFlags::DONTWAIT) {
+            Ok((4, _)) if queued > 4 + u64::from(u32::from_be_bytes(head)) => Queued::More,
+            _ => Queued::One,
+        }
+    }
+
     /// Hands the next read to the thread that serves the sessions
-    /// (`crate::poller::Watching::hand_over`): `Ok(false)` when the runtime reads this socket
-    /// (there is no such thread).
-    pub fn hand_over(&self, waker: &std::task::Waker) -> io::Result<bool> {
+    /// (`crate::poller::Watching::hand_over`): the registration to renew once the caller's poll
+    /// ended, or `None` when the runtime reads this socket (there is no such thread).
+    pub fn hand_over(&self, waker: &std::task::Waker) -> Option<crate::poller::Rearm> {
         match &self.io {
-            Source::Poller(watching, _) => watching.hand_over(waker).map(|()| true),
-            Source::Runtime(_) => Ok(false),
+            Source::Poller(watching, _) => Some(watching.hand_over(waker)),
+            Source::Runtime(_) => None,
         }
     }
 
@@ -245,6 +265,17 @@ impl AsyncRead for FdReader {
         buf.advance(n);
         Poll::Ready(Ok(()))
     }
+}
+
+/// What waits in a session's socket ([`FdReader::queued`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queued {
+    /// No byte.
+    Nothing,
+    /// One frame, or part of one.
+    One,
+    /// More than one frame.
+    More,
 }
 
 /// [`RequestDecoder`], counting the bytes of the frames it decodes: where the last one started.

@@ -41,7 +41,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tokio_util::codec::FramedRead;
 
-use self::fds::{FdReader, Positioned};
+use self::fds::{FdReader, Positioned, Queued};
 use self::frame::{FrameError, PREFACE};
 use self::inline::{Inline, OffPoller, OffPollerHold};
 use self::outbox::Outbox;
@@ -291,31 +291,44 @@ impl FramedRequests {
     }
 
     /// Whether a session served by a thread of its own (the sessions thread, or the poller's)
-    /// reads its first request here: on that thread, or held off it (`OffPoller`). Else the
-    /// read is handed to that thread (`FdReader::hand_over`: the session's waker stored, the
-    /// socket's readiness reported again) and the caller waits: the session starts on a runtime
-    /// worker (`serve`), and a client that sends its first requests right after the preface
-    /// (or with it) had them read, checked and started there, none fast (session 31: the
-    /// sessions-thread burst test, once in CI and once on Google's plugin). Only the first
-    /// read: later ones are where the session is polled (a registration's hold, the rest of a
-    /// burst over the pass budget, a wake by its writer on a worker: ARCHITECTURE, "the
-    /// framed session").
+    /// reads its first requests here: on that thread, or held off it (`OffPoller`). On the
+    /// runtime worker the session starts on (`serve`) it depends on what waits in the socket
+    /// (`FdReader::queued`):
+    /// - more than one frame (a burst sent with or right after the preface): handed to that
+    ///   thread (`FdReader::hand_over`: the session's waker stored, the socket's readiness
+    ///   reported again once this poll ended), the caller waits. Read on the worker, its
+    ///   requests were all checked and started there, none fast (session 31: the
+    ///   sessions-thread burst test, once in CI and once on Google's plugin).
+    /// - nothing yet: handed over the same way; the first request's arrival is that thread's
+    ///   to report, as every later one's (and a burst arriving after this look is its to read).
+    /// - one frame: read here. Handed over, it would wake the serving thread, parked, for one
+    ///   request, which one fast start does not pay back (16-CPU host, spin off: a first
+    ///   `cancel_tag` 1.27–1.72x, a first WRITE 1.09–1.23x slower; BENCHMARKS, session 32).
+    ///
+    /// Only the first read decides so: later ones are where the session is polled (a
+    /// registration's hold, the rest of a burst over the pass budget, a wake by its writer on a
+    /// worker: ARCHITECTURE, "the framed session").
     fn read_here(&mut self, cx: &mut Context<'_>) -> bool {
         let held_off = self.off_poller.as_ref().is_some_and(|o| o.held());
-        if crate::poller::serving_sessions_here() || held_off {
+        if crate::poller::serving_sessions_here() || held_off || self.frames.get_ref().queued() == Queued::One
+        {
             self.unread = false;
             return true;
         }
-        match self.frames.get_ref().hand_over(cx.waker()) {
-            Ok(handed) => !handed,
-            Err(e) => {
-                tracing::debug!(
-                    "local session: cannot hand its first read to the serving thread ({e}); reading here"
-                );
-                self.unread = false;
-                true
+        let Some(rearm) = self.frames.get_ref().hand_over(cx.waker()) else {
+            self.unread = false;
+            return true;
+        };
+        // Once this poll ended (the future alive: its socket open), not inside it.
+        let waker = cx.waker().clone();
+        inline::after_this_poll(move || {
+            if let Err(e) = rearm.run() {
+                // (not expected: the socket is registered and open) Polled again, it tries again.
+                tracing::warn!("local session: handing its first read to the serving thread: {e}");
+                waker.wake();
             }
-        }
+        });
+        false
     }
 
     /// A socket frame (or its end) handed out: counted in the ring's order.
