@@ -7,9 +7,9 @@ For each binary the script starts two daemons over the built-in emulation (a's f
 served on the sessions thread, `--session-thread on`, or on its poller's, `off`; `--spin off` by
 default: the serving thread parks between requests, the hand-over's worst case), registers a 1 MiB
 buffer on each, pairs them (one WRITE), then `-n` times per binary, alternating binaries: opens
-a connection to a, writes the preface and one request together (a 4 KiB WRITE to b, or a
-`cancel_tag` of a tag never used: refused NOT_FOUND, no transfer), reads the preface's answer
-and the request's event, and closes. It prints per binary and mode the median and p90 of the
+a connection to a, writes the preface and its first requests together (a `cancel_tag` of a tag
+never used: refused NOT_FOUND, no transfer; one 4 KiB WRITE to b; a burst of `--burst` 4 KiB
+WRITEs), reads the preface's answer and the requests' events, and closes. It prints per binary and mode the median and p90 of the
 time from `connect` to the event, a's CPU time per session (its threads' time on a CPU from
 /proc/PID/task/*/schedstat, read around each session), and the ratios of B to A.
 
@@ -73,18 +73,19 @@ def recv_exact(s: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def one(path: str, frame: bytes, want: str) -> float:
+def one(path: str, frame: bytes, want: str, events: int) -> float:
     t0 = time.perf_counter()
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(path)
     s.sendall(PREFACE + frame)
     assert recv_exact(s, 8) == PREFACE
-    (n,) = struct.unpack(">I", recv_exact(s, 4))
-    ev = message("SessionEvent").FromString(recv_exact(s, n))
+    for _ in range(events):
+        (n,) = struct.unpack(">I", recv_exact(s, 4))
+        ev = message("SessionEvent").FromString(recv_exact(s, n))
+        assert ev.WhichOneof("event") == want, ev
+        if want == "finished":
+            assert ev.finished.status_code == 0, ev
     dt = time.perf_counter() - t0
-    assert ev.WhichOneof("event") == want, ev
-    if want == "finished":
-        assert ev.finished.status_code == 0, ev
     s.close()
     return dt
 
@@ -93,6 +94,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", action="append", required=True, help="NAME=PATH (the first is the baseline A)")
     ap.add_argument("-n", type=int, default=300)
+    ap.add_argument("--burst", type=int, default=16, help="WRITEs of the burst row, all sent with the preface")
     ap.add_argument("--modes", default="on,off", help="--session-thread values to run")
     ap.add_argument("--spin", default="off", help="a's and b's --spin (off: the serving thread parks between requests)")
     a = ap.parse_args()
@@ -114,28 +116,32 @@ def main() -> None:
                 src, dst = ca.register_host(1 << 20), cb.register_host(1 << 20)
                 with ca.session() as s:
                     s.write(src, dst.descriptor, 4096).result(timeout=30)  # paired
-                w = req(tag=1, write=write_req(entry=entry(local_buffer_id=src.id, remote_descriptor=dst.descriptor,
-                                                           length=4096), timeout_ms=10000)).SerializeToString()
+                def write(tag: int) -> bytes:
+                    w = req(tag=tag, write=write_req(entry=entry(local_buffer_id=src.id, remote_descriptor=dst.descriptor,
+                                                                 local_offset=(tag - 1) * 4096, remote_offset=(tag - 1) * 4096,
+                                                                 length=4096), timeout_ms=10000)).SerializeToString()
+                    return struct.pack(">I", len(w)) + w
                 c = req(tag=1, cancel_tag=99).SerializeToString()
-                frames[name] = {"finished": struct.pack(">I", len(w)) + w, "refused": struct.pack(">I", len(c)) + c}
-            for want in ("refused", "finished"):
+                frames[name] = {"cancel": struct.pack(">I", len(c)) + c, "write": write(1),
+                                "burst": b"".join(write(t) for t in range(1, a.burst + 1))}
+            for kind, want, events in (("cancel", "refused", 1), ("write", "finished", 1), ("burst", "finished", a.burst)):
                 times: Dict[str, List[float]] = {n: [] for n, _ in bins}
                 cpu: Dict[str, float] = {n: 0.0 for n, _ in bins}
                 for _ in range(20):  # warm-up
                     for name, _ in bins:
-                        one(daemons[name][1], frames[name][want], want)
+                        one(daemons[name][1], frames[name][kind], want, events)
                 for _ in range(a.n):
                     for name, _ in bins:
                         pid = daemons[name][0].pid
                         c0 = cpu_seconds(pid)
-                        times[name].append(one(daemons[name][1], frames[name][want], want))
+                        times[name].append(one(daemons[name][1], frames[name][kind], want, events))
                         cpu[name] += cpu_seconds(pid) - c0
                 base = bins[0][0]
                 for name, _ in bins:
                     t = sorted(times[name])
                     med, p90 = statistics.median(t), t[int(0.9 * (len(t) - 1))]
                     per = cpu[name] / a.n
-                    line = (f"spin={a.spin:3} session_thread={mode:3} first={'write' if want == 'finished' else 'cancel':6} {name}: "
+                    line = (f"spin={a.spin:3} session_thread={mode:3} first={kind:6} {name}: "
                             f"median {med * 1e6:7.1f} us  p90 {p90 * 1e6:7.1f} us  daemon CPU {per * 1e6:6.1f} us/session")
                     if name != base:
                         b = sorted(times[base])
