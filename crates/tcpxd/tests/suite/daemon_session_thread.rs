@@ -134,8 +134,8 @@ async fn a_burst_is_served_on_the_sessions_thread_with_its_bytes_events_and_ids(
     // Every request handled on the sessions thread, once, and started fast. (In session 31 a
     // burst was handled on a runtime worker twice, none fast: the session's first poll runs on
     // the worker that accepted the connection, and a burst sent right after the preface's answer
-    // could be there by then. Since session 32 that first read goes to the serving thread:
-    // `a_burst_sent_with_the_preface_…` below makes it certain.)
+    // could be there by then. Since session 32 a first read that finds a burst, or nothing,
+    // goes to the serving thread: `a_burst_sent_with_the_preface_…` below makes it certain.)
     let ((on, off, watched), fast) = counts(&a);
     assert_eq!((on - on0, off - off0, watched), (2 * n, 0, 1));
     assert_eq!(fast - fast0, 2 * n);
