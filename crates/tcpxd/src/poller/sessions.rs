@@ -243,7 +243,7 @@ impl Drop for Watching {
 }
 
 impl SessionWatch {
-    pub(super) fn new(registry: Registry) -> SessionWatch {
+    pub(crate) fn new(registry: Registry) -> SessionWatch {
         SessionWatch {
             registry,
             next: AtomicU64::new(0),

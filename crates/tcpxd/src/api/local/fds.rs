@@ -390,6 +390,38 @@ mod tests {
         masks
     }
 
+    /// What waits in a watched socket, told without taking anything: nothing, part of a frame,
+    /// one frame, more; a descriptor sent with the first frame stays for the read.
+    #[tokio::test]
+    async fn queued_tells_nothing_one_or_more_frames_and_takes_nothing() {
+        let poll = mio::Poll::new().unwrap();
+        let watch = std::sync::Arc::new(crate::poller::SessionWatch::new(
+            poll.registry().try_clone().unwrap(),
+        ));
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let reader = FdReader::on_poller(ours, &watch).unwrap();
+        assert_eq!(reader.queued(), Queued::Nothing);
+        let file = OwnedFd::from(tempfile_like());
+        let first = register(10);
+        send_with(&theirs, &first[..2], &[]);
+        assert_eq!(reader.queued(), Queued::One, "part of the length");
+        send_with(&theirs, &first[2..], &[&file]);
+        assert_eq!(reader.queued(), Queued::One, "one frame");
+        send_with(&theirs, &frame(2, Op::CancelTag(9))[..3], &[]);
+        assert_eq!(reader.queued(), Queued::More, "one frame and part of the next");
+        assert_eq!(reader.queued(), Queued::More, "looked at twice: nothing taken");
+        // Where the runtime reads (no serving thread): the caller reads.
+        let (plain, _other) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert_eq!(FdReader::new(plain).unwrap().queued(), Queued::One);
+        // The frames and the descriptor read whole after the looks.
+        drop(theirs);
+        let mut framed = FramedRead::new(reader, Positioned::default());
+        let req = framed.next().await.unwrap().unwrap();
+        assert_eq!(req.tag, 10);
+        let at = framed.decoder().last_frame();
+        assert_eq!(framed.get_mut().take(at).map(|fd| ino(&fd)).unwrap(), ino(&file));
+    }
+
     #[tokio::test]
     async fn the_connection_is_registered_for_reading_only() {
         use std::os::fd::AsRawFd;
