@@ -58,7 +58,7 @@ pub struct EngineConfig {
     pub protocol: Protocol,
     /// Credit receives per eager lane (1..=recv_window).
     pub credits: u32,
-    /// Devices this node's lanes use (the lane layout: [`LaneLayout`]).
+    /// Devices this node's lanes use (the lane layout: [`crate::LaneLayout`]).
     pub devices: u32,
     /// Lanes per device towards each peer, besides the eager ones.
     pub lanes_per_device: u32,

@@ -15,7 +15,7 @@
 const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// SplitMix64: the output that follows state `state` (Steele, Lea and Flood's mixer, as in
-/// `java.util.SplittableRandom`). A generator keeps a state, adds [`GOLDEN`] per call and mixes;
+/// `java.util.SplittableRandom`). A generator keeps a state, adds `GOLDEN` per call and mixes;
 /// this is that step as a pure function, so `splitmix64(s)` for distinct `s` are independent
 /// words.
 #[inline]

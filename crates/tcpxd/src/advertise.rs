@@ -10,7 +10,7 @@ pub const MAX_PEER_ADDRESSES: usize = 8;
 pub const MAX_PEER_ADDRESS_BYTES: usize = 259;
 
 /// Checks one dialable peer address: `host:port` with a DNS name, an IPv4 address or a bracketed
-/// IPv6 address, a nonzero port, and no wildcard (0.0.0.0, [::]), which no other node can dial.
+/// IPv6 address, a nonzero port, and no wildcard (`0.0.0.0`, `[::]`), which no other node can dial.
 /// The error says what is wrong (the caller adds the field's name).
 pub fn check_peer_address(a: &str) -> Result<(), String> {
     let shown = || {

@@ -6,7 +6,7 @@
 //! data goes through that GPU's NIC. This module decides the map — from PCI distance, RxDM's
 //! `a3vm` preset or an explicit list ([`MapSpec`]) — and answers the data path's questions
 //! (which NICs a GPU has, which GPU to make current for a NIC, which lanes a pair of memories
-//! takes: [`route`]). Pure: the daemon reads sysfs and CUDA and hands the facts in.
+//! takes: [`routes`]). Pure: the daemon reads sysfs and CUDA and hands the facts in.
 
 mod catalogue;
 mod route;

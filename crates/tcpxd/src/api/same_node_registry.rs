@@ -134,7 +134,7 @@ impl SameNode {
 
     /// The daemon's drain: from now on no copy starts; those running get until `deadline`, then
     /// are stopped (UNAVAILABLE, "grace period over"); returns once none is left (or, should a
-    /// stopped copy not notice within [`STOP_WAIT`], then), with what it did.
+    /// stopped copy not notice within `STOP_WAIT`, then), with what it did.
     pub async fn drain(&self, deadline: Instant) -> CopiesDrained {
         let running = {
             let mut book = self.lock();

@@ -303,7 +303,7 @@ pub(crate) fn answer_within(t: Duration) -> Duration {
     t.saturating_sub(margin.min(Duration::from_millis(50)))
 }
 
-/// Parses the `grpc-timeout` header ("<digits><H|M|S|m|u|n>").
+/// Parses the `grpc-timeout` header (`<digits><H|M|S|m|u|n>`).
 pub fn grpc_timeout<T>(req: &Request<T>) -> Option<Duration> {
     let v = req.metadata().get("grpc-timeout")?.to_str().ok()?;
     let (num, unit) = v.split_at(v.len().checked_sub(1)?);

@@ -159,12 +159,12 @@ impl BufferRegistry {
         self.get_as("buffer_id", id)
     }
 
-    /// Like [`Buffers::get`], naming the request's field in the error (`entries[0].local_buffer_id`).
+    /// Like [`BufferRegistry::get`], naming the request's field in the error (`entries[0].local_buffer_id`).
     pub fn get_as(&self, field: &str, id: u64) -> Result<Arc<BufferEntry>, EngineError> {
         self.get_named(id, || field.to_string())
     }
 
-    /// Like [`Buffers::get_as`], the field's name made only for the error (a batch's
+    /// Like [`BufferRegistry::get_as`], the field's name made only for the error (a batch's
     /// `entries[i].local_buffer_id`, formatted only when buffer `id` does not exist).
     pub fn get_named(
         &self,

@@ -350,7 +350,7 @@ impl ClientPages {
 }
 
 /// [`ClientPages::probe`] of many ranges (`(pages, len)` each), in one `process_vm_readv` for up
-/// to [`MAX_IOV`] / 2 of one process and one opening of its mappings rather than calls for
+/// to `MAX_IOV` / 2 of one process and one opening of its mappings rather than calls for
 /// each: per range, in order, the same answer. A range the kernel stops at (the calls
 /// go a byte an iovec, in order, and say how many they copied) is probed alone, for its own
 /// error, and the rest go on together after it.

@@ -448,7 +448,7 @@ impl CopyTicket {
         self.parts.len()
     }
 
-    /// When the job waited and ran, while the hop trace is on ([`JobClock`]).
+    /// When the job waited and ran, while the hop trace is on (`copy_clock::JobClock`).
     pub fn times(&self) -> Option<JobTimes> {
         self.clock.as_ref().and_then(|c| c.times())
     }

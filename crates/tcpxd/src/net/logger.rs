@@ -1,5 +1,5 @@
 //! The plugin's logger: a C shim (`logger.c`) formats each variadic call and hands the line to
-//! [`tcpxd_plugin_log_sink`], which forwards it to `tracing` (target `tcpxd::plugin`) and keeps the
+//! `tcpxd_plugin_log_sink`, which forwards it to `tracing` (target `tcpxd::plugin`) and keeps the
 //! most recent lines so an error can carry the plugin's own words. Repeated lines are rate limited
 //! per call site and counted ([`super::log_limit`]).
 

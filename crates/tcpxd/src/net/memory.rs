@@ -90,7 +90,7 @@ impl HostRegion {
         Self::map(len)
     }
 
-    /// As [`HostRegion::new`], with every page faulted in now ([`populate`]): what the daemon
+    /// As [`HostRegion::new`], with every page faulted in now (`populate`): what the daemon
     /// registers, so that no transfer pays a page fault per 4 KiB on first touch.
     pub fn populated(len: usize) -> NetResult<HostRegion> {
         let region = Self::map(len)?;

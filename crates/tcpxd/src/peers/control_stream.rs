@@ -116,7 +116,7 @@ impl Stream for Outbound {
     }
 }
 
-/// [`Outbound`] as a server response body (whose items are results; it never yields an error).
+/// `Outbound` as a server response body (whose items are results; it never yields an error).
 pub struct OutboundResponse(pub(super) Outbound);
 
 impl Stream for OutboundResponse {

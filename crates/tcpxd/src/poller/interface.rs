@@ -353,7 +353,7 @@ pub struct PollerConfig {
     pub connect_timeout: Duration,
     /// Where transfer, unpack and plugin-error events are counted.
     pub metrics: Arc<crate::metrics::Metrics>,
-    /// `runtime.spin`: keep polling for [`LINGER`] after the last progress before parking, and
+    /// `runtime.spin`: keep polling for [`crate::idle::LINGER`] after the last progress before parking, and
     /// tell this of every pass that made progress (it keeps an async worker awake meanwhile).
     pub warmth: Option<Arc<crate::idle::Warmth>>,
     /// With a state directory: where the receive comms' flow-steering rules are recorded.

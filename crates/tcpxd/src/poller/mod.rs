@@ -5,7 +5,7 @@
 //!
 //! Each pass it: looks (a zero-timeout `epoll_wait`, when it has any) which direct control
 //! sockets have bytes and reads them itself (`direct.rs`), takes the peers' messages and the commands
-//! (for at most [`COMMAND_SLICE`]: the rest wait for the next pass),
+//! (for at most `COMMAND_SLICE`: the rest wait for the next pass),
 //! drives connect/accept of lanes being set up, executes the
 //! engine's actions (posting sends and receives as the windows allow) — then has the engine plan
 //! a slice of what a large prepared READ left after its early first part went out
@@ -87,7 +87,7 @@ use pass_clock::{ActionClock, PassClock, PassPhase};
 pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
 pub use rings::{RingWatch, RingWatching};
 pub use sessions::{
-    PASS_BUDGET, PassBudget, SessionWatch, Watched, Watching, keep_off_here, on_poller_thread,
+    PASS_BUDGET, PassBudget, Rearm, SessionWatch, Watched, Watching, keep_off_here, on_poller_thread,
     serving_sessions_here,
 };
 

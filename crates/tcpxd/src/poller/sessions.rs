@@ -106,7 +106,7 @@ pub fn keep_off_here() -> bool {
 }
 
 /// Requests one session handles on the poller's thread in one pass; the rest of its burst goes
-/// to the runtime (about 3–5 µs each: within the poller's [`super::COMMAND_SLICE`]-sized slices).
+/// to the runtime (about 3–5 µs each: within the poller's `COMMAND_SLICE`-sized slices).
 pub const PASS_BUDGET: u32 = 16;
 
 /// A session's count of the requests it handled on the poller's thread in its current pass.
@@ -191,6 +191,45 @@ impl Watching {
     pub fn watched(&self) -> &Watched {
         &self.watched
     }
+
+    /// Hands the socket's next read to the thread that serves the sessions, from a thread that
+    /// does not (the runtime worker a session starts on): `waker` is stored as a read that found
+    /// nothing stores it; the [`Rearm`] returned renews the socket's registration
+    /// (`EPOLL_CTL_MOD`), which reports it readable again at that thread's next look if bytes
+    /// are there already (bytes that come later raise their own edge). Either way that thread
+    /// then wakes `waker` and polls the session itself (the module's "Why no request is
+    /// missed": the waker stored before the edge it answers). The caller runs the `Rearm` once
+    /// its poll of the session has ended (`crate::api::local::inline::after_this_poll`): run
+    /// inside it, the serving thread's wake found the session still being polled here, which
+    /// then polled it again here and handed over again (a debug build counted 38 hand-overs a
+    /// session on the 2-core VM).
+    pub fn hand_over(&self, waker: &Waker) -> Rearm {
+        self.watched.store(waker);
+        Rearm {
+            watch: self.watch.clone(),
+            fd: self.fd,
+            token: self.token,
+        }
+    }
+}
+
+/// A watched socket's registration to renew ([`Watching::hand_over`]). Run only while the socket
+/// is still open and watched (its session's future alive).
+pub struct Rearm {
+    watch: Arc<SessionWatch>,
+    fd: RawFd,
+    token: usize,
+}
+
+impl Rearm {
+    /// Renews the registration: epoll reports the socket again if it is readable now.
+    pub fn run(self) -> io::Result<()> {
+        self.watch.registry.reregister(
+            &mut mio::unix::SourceFd(&self.fd),
+            Token(self.token),
+            Interest::READABLE,
+        )
+    }
 }
 
 impl Drop for Watching {
@@ -204,7 +243,7 @@ impl Drop for Watching {
 }
 
 impl SessionWatch {
-    pub(super) fn new(registry: Registry) -> SessionWatch {
+    pub(crate) fn new(registry: Registry) -> SessionWatch {
         SessionWatch {
             registry,
             next: AtomicU64::new(0),

@@ -115,6 +115,36 @@ impl FdReader {
         })
     }
 
+    /// How many request frames wait in the socket: the bytes queued (`FIONREAD`), and past the
+    /// first frame, whose length is peeked (`MSG_PEEK`: nothing is taken, a descriptor sent with
+    /// it stays for the read). [`Queued::One`] where the runtime reads the socket, or a look
+    /// fails (the caller reads).
+    pub fn queued(&self) -> Queued {
+        let Source::Poller(_, io) = &self.io else {
+            return Queued::One;
+        };
+        let queued = match rustix::io::ioctl_fionread(io) {
+            Ok(0) => return Queued::Nothing,
+            Ok(n) => n,
+            Err(_) => return Queued::One,
+        };
+        let mut head = [0u8; 4];
+        match rustix::net::recv(io, &mut head[..], RecvFlags::PEEK | RecvFlags::DONTWAIT) {
+            Ok((4, _)) if queued > 4 + u64::from(u32::from_be_bytes(head)) => Queued::More,
+            _ => Queued::One,
+        }
+    }
+
+    /// Hands the next read to the thread that serves the sessions
+    /// (`crate::poller::Watching::hand_over`): the registration to renew once the caller's poll
+    /// ended, or `None` when the runtime reads this socket (there is no such thread).
+    pub fn hand_over(&self, waker: &std::task::Waker) -> Option<crate::poller::Rearm> {
+        match &self.io {
+            Source::Poller(watching, _) => Some(watching.hand_over(waker)),
+            Source::Runtime(_) => None,
+        }
+    }
+
     /// The one descriptor that came with the frame at stream offsets `[start, end)`. Batches
     /// that came wholly before it are closed.
     pub fn take(&mut self, at: (u64, u64)) -> Result<OwnedFd, Status> {
@@ -237,6 +267,17 @@ impl AsyncRead for FdReader {
     }
 }
 
+/// What waits in a session's socket ([`FdReader::queued`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queued {
+    /// No byte.
+    Nothing,
+    /// One frame, or part of one.
+    One,
+    /// More than one frame.
+    More,
+}
+
 /// [`RequestDecoder`], counting the bytes of the frames it decodes: where the last one started.
 #[derive(Debug, Default)]
 pub struct Positioned {
@@ -347,6 +388,38 @@ mod tests {
             }
         }
         masks
+    }
+
+    /// What waits in a watched socket, told without taking anything: nothing, part of a frame,
+    /// one frame, more; a descriptor sent with the first frame stays for the read.
+    #[tokio::test]
+    async fn queued_tells_nothing_one_or_more_frames_and_takes_nothing() {
+        let poll = mio::Poll::new().unwrap();
+        let watch = std::sync::Arc::new(crate::poller::SessionWatch::new(
+            poll.registry().try_clone().unwrap(),
+        ));
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let reader = FdReader::on_poller(ours, &watch).unwrap();
+        assert_eq!(reader.queued(), Queued::Nothing);
+        let file = OwnedFd::from(tempfile_like());
+        let first = register(10);
+        send_with(&theirs, &first[..2], &[]);
+        assert_eq!(reader.queued(), Queued::One, "part of the length");
+        send_with(&theirs, &first[2..], &[&file]);
+        assert_eq!(reader.queued(), Queued::One, "one frame");
+        send_with(&theirs, &frame(2, Op::CancelTag(9))[..3], &[]);
+        assert_eq!(reader.queued(), Queued::More, "one frame and part of the next");
+        assert_eq!(reader.queued(), Queued::More, "looked at twice: nothing taken");
+        // Where the runtime reads (no serving thread): the caller reads.
+        let (plain, _other) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert_eq!(FdReader::new(plain).unwrap().queued(), Queued::One);
+        // The frames and the descriptor read whole after the looks.
+        drop(theirs);
+        let mut framed = FramedRead::new(reader, Positioned::default());
+        let req = framed.next().await.unwrap().unwrap();
+        assert_eq!(req.tag, 10);
+        let at = framed.decoder().last_frame();
+        assert_eq!(framed.get_mut().take(at).map(|fd| ino(&fd)).unwrap(), ino(&file));
     }
 
     #[tokio::test]

@@ -11,7 +11,7 @@
 //! It reads with `recvmsg`, so a `register_host_fd` frame's file descriptor comes with it
 //! (`fds`); the client's credentials decide whether it may hand over an unsealable file.
 //! Once the client attaches a request ring (`ring`), the session also takes requests from it,
-//! in the client's one order across the ring and the socket ([`FramedRequests::poll_next`]).
+//! in the client's one order across the ring and the socket (`FramedRequests::poll_next`).
 
 pub mod board;
 pub mod fds;
@@ -20,6 +20,10 @@ pub mod inline;
 pub mod listener;
 pub mod outbox;
 pub mod ring;
+
+#[cfg(test)]
+#[path = "requests_tests.rs"]
+mod requests_tests;
 
 use std::future::pending;
 use std::net::Shutdown;
@@ -37,8 +41,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::UnixStream;
 use tokio_util::codec::FramedRead;
 
-use self::fds::{FdReader, Positioned};
-use self::frame::PREFACE;
+use self::fds::{FdReader, Positioned, Queued};
+use self::frame::{FrameError, PREFACE};
 use self::inline::{Inline, OffPoller, OffPollerHold};
 use self::outbox::Outbox;
 use self::ring::{Ring, RingError};
@@ -106,10 +110,14 @@ pub async fn serve(state: Arc<DaemonState>, mut stream: UnixStream) {
         unsealed,
         peer_pid,
         off_poller: off_poller.clone(),
+        unread: watch.is_some(),
         watch,
         rings: state.poller.rings().clone(),
         ring: None,
         from_ring: None,
+        held: None,
+        #[cfg(test)]
+        before_read: None,
     };
     let events = FramedEvents {
         conn,
@@ -165,6 +173,16 @@ struct FramedRequests {
     ring: Option<RingReader>,
     /// The bytes of the request `next` returned last when it came from the ring.
     from_ring: Option<usize>,
+    /// A socket frame (or the socket's end: `None`) read while ring entries the client wrote
+    /// before sending it were still untaken: handed out once they are ([`FramedRequests::poll_next`]).
+    held: Option<Option<Result<pb::SessionRequest, FrameError>>>,
+    /// Served by a thread of its own (`watch`) and no request read there yet: a poll elsewhere
+    /// (the runtime worker the session starts on) hands the read to that thread
+    /// ([`FramedRequests::read_here`]).
+    unread: bool,
+    /// Tests: runs right before each read of the socket (an interleaving injected there).
+    #[cfg(test)]
+    before_read: Option<Box<dyn FnMut() + Send>>,
 }
 
 /// Looks at the ring and the socket in one poll of the request side, at most: only an entry that
@@ -188,7 +206,18 @@ impl FramedRequests {
     /// handed on as requests, not counted (the session ignores them; they count against the
     /// poller's pass budget as any request). At most [`LOOKS`] looks a poll: an entry that comes
     /// and goes under the daemon (a client rewriting it) cannot hold the thread that polls.
+    ///
+    /// The ring is looked at again *after* a frame is read, before the frame is handed out: an
+    /// entry the client wrote before sending the frame is visible by then (the client's store
+    /// of the entry's `k` precedes its `sendmsg`, and the `recvmsg` that brought the frame
+    /// follows it), and one whose `socket_before` says it came before the frame goes first,
+    /// the frame held meanwhile. A look only before the read is not enough: the client may
+    /// write the entry and send the frame between the two (session 31, CI: a `cancel_tag` on
+    /// the socket handled before its WRITE on the ring, "no unfinished request … has tag 7").
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Incoming> {
+        if self.unread && !self.read_here(cx) {
+            return Poll::Pending;
+        }
         for _ in 0..LOOKS {
             if let Some(r) = &mut self.ring
                 && r.ring.peek().is_some_and(|before| before <= r.socket_read)
@@ -217,6 +246,14 @@ impl FramedRequests {
                     ),
                 });
             }
+            // Every entry written before the held frame was sent is taken: its turn.
+            if let Some(frame) = self.held.take() {
+                return Poll::Ready(self.hand_out(frame));
+            }
+            #[cfg(test)]
+            if let Some(hook) = &mut self.before_read {
+                hook();
+            }
             let frame = match Pin::new(&mut self.frames).poll_next(cx) {
                 Poll::Pending => {
                     let Some(r) = &self.ring else {
@@ -238,41 +275,94 @@ impl FramedRequests {
                 }
                 Poll::Ready(f) => f,
             };
-            return Poll::Ready(match frame {
-                Some(Ok(req)) => {
-                    if let Some(r) = &mut self.ring
-                        && !matches!(req.op, Some(Op::RingDoorbell(_)))
-                    {
-                        r.socket_read += 1;
-                    }
-                    self.from_ring = None;
-                    Incoming::Request(Box::new(req))
-                }
-                // An entry after socket frames that never came: the client broke the order.
-                None => match self.ring.as_ref().and_then(|r| Some((r, r.ring.peek()?))) {
-                    Some((r, said)) => Incoming::Broken(
-                        RingError::Ahead {
-                            entry: r.ring.taken() + 1,
-                            said,
-                            read: r.socket_read,
-                        }
-                        .status(),
-                    ),
-                    None => Incoming::HalfClosed,
-                },
-                Some(Err(e)) => match e.status() {
-                    Some(status) => Incoming::Broken(status),
-                    None => {
-                        tracing::debug!("local session: the client went away: {e}");
-                        Incoming::Gone
-                    }
-                },
-            });
+            // Read: an entry written before the frame was sent is visible now (see above).
+            if let Some(r) = &self.ring
+                && r.ring.peek().is_some_and(|before| before <= r.socket_read)
+            {
+                self.held = Some(frame);
+                continue;
+            }
+            return Poll::Ready(self.hand_out(frame));
         }
         let entry = self.ring.as_ref().map_or(0, |r| r.ring.taken() + 1);
         Poll::Ready(Incoming::Broken(
             RingError::Flicker { entry, looks: LOOKS }.status(),
         ))
+    }
+
+    /// Whether a session served by a thread of its own (the sessions thread, or the poller's)
+    /// reads its first requests here: on that thread, or held off it (`OffPoller`). On the
+    /// runtime worker the session starts on (`serve`) it depends on what waits in the socket
+    /// (`FdReader::queued`):
+    /// - more than one frame (a burst sent with or right after the preface): handed to that
+    ///   thread (`FdReader::hand_over`: the session's waker stored, the socket's readiness
+    ///   reported again once this poll ended), the caller waits. Read on the worker, its
+    ///   requests were all checked and started there, none fast (session 31: the
+    ///   sessions-thread burst test, once in CI and once on Google's plugin).
+    /// - nothing yet: handed over the same way; the first request's arrival is that thread's
+    ///   to report, as every later one's (and a burst arriving after this look is its to read).
+    /// - one frame: read here. Handed over, it would wake the serving thread, parked, for one
+    ///   request, which one fast start does not pay back (16-CPU host, spin off: a first
+    ///   `cancel_tag` 1.27–1.72x, a first WRITE 1.09–1.23x slower; BENCHMARKS, session 32).
+    ///
+    /// Only the first read decides so: later ones are where the session is polled (a
+    /// registration's hold, the rest of a burst over the pass budget, a wake by its writer on a
+    /// worker: ARCHITECTURE, "the framed session").
+    fn read_here(&mut self, cx: &mut Context<'_>) -> bool {
+        let held_off = self.off_poller.as_ref().is_some_and(|o| o.held());
+        if crate::poller::serving_sessions_here() || held_off || self.frames.get_ref().queued() == Queued::One
+        {
+            self.unread = false;
+            return true;
+        }
+        let Some(rearm) = self.frames.get_ref().hand_over(cx.waker()) else {
+            self.unread = false;
+            return true;
+        };
+        // Once this poll ended (the future alive: its socket open), not inside it.
+        let waker = cx.waker().clone();
+        inline::after_this_poll(move || {
+            if let Err(e) = rearm.run() {
+                // (not expected: the socket is registered and open) Polled again, it tries again.
+                tracing::warn!("local session: handing its first read to the serving thread: {e}");
+                waker.wake();
+            }
+        });
+        false
+    }
+
+    /// A socket frame (or its end) handed out: counted in the ring's order.
+    fn hand_out(&mut self, frame: Option<Result<pb::SessionRequest, FrameError>>) -> Incoming {
+        match frame {
+            Some(Ok(req)) => {
+                if let Some(r) = &mut self.ring
+                    && !matches!(req.op, Some(Op::RingDoorbell(_)))
+                {
+                    r.socket_read += 1;
+                }
+                self.from_ring = None;
+                Incoming::Request(Box::new(req))
+            }
+            // An entry after socket frames that never came: the client broke the order.
+            None => match self.ring.as_ref().and_then(|r| Some((r, r.ring.peek()?))) {
+                Some((r, said)) => Incoming::Broken(
+                    RingError::Ahead {
+                        entry: r.ring.taken() + 1,
+                        said,
+                        read: r.socket_read,
+                    }
+                    .status(),
+                ),
+                None => Incoming::HalfClosed,
+            },
+            Some(Err(e)) => match e.status() {
+                Some(status) => Incoming::Broken(status),
+                None => {
+                    tracing::debug!("local session: the client went away: {e}");
+                    Incoming::Gone
+                }
+            },
+        }
     }
 
     /// A request that came on the ring carries no descriptor: refused naming why.

@@ -37,11 +37,14 @@
 //!
 //! One order across the ring and the socket, the client's: an entry with `socket_before = s`
 //! comes after the session's `s`th socket frame and before its `s + 1`th. The daemon takes the
-//! next entry only once it has handled `s` socket frames, and looks at the ring before each
-//! socket frame. A socket frame sent after an entry was written finds the entry visible (the
-//! client wrote it before its `sendmsg`), so the entries before it are taken first; and a frame
-//! sent before an entry is in the socket's queue by the time the entry is visible, so the
-//! session reads it first. Requests that carry descriptors (registrations by file, boards) can
+//! next entry only once it has handled `s` socket frames, and looks at the ring again after it
+//! has read a socket frame, before handing the frame out (held meanwhile). A socket frame sent
+//! after an entry was written finds the entry visible once the frame is read (the client wrote
+//! it before its `sendmsg`, the daemon looks after its `recvmsg`), so the entries before it
+//! are taken first; and a frame sent before an entry is in the socket's queue by the time the
+//! entry is visible, so the session reads it first. (A look only before the read left a
+//! window: entry and frame both written between the look and the read, the frame went first:
+//! session 31's CI, `FramedRequests::poll_next`.) Requests that carry descriptors (registrations by file, boards) can
 //! only go on the socket, in this same order; one that comes on the ring is refused.
 //!
 //! # No request sits unseen

@@ -748,7 +748,7 @@ impl<E: Events> Session<'_, E> {
 
 /// Requests larger than this are handled off the poller's thread when the session is served
 /// there (`crate::poller::SessionWatch`): decoding and checking one costs roughly a µs per KiB,
-/// and the poller's pass gives its commands [`crate::poller::COMMAND_SLICE`] (50 µs) at a time.
+/// and the poller's pass gives its commands `crate::poller::COMMAND_SLICE` (50 µs) at a time.
 pub const OFF_POLLER_BYTES: u64 = 16 << 10;
 
 /// Whether handling `req` (of `len` bytes) could stall the poller's thread: registrations and

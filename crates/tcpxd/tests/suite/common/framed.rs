@@ -25,8 +25,16 @@ pub struct Framed {
 
 impl Framed {
     pub async fn open(path: &Path) -> Framed {
+        Framed::open_with(path, &[]).await
+    }
+
+    /// Opens a session whose first bytes (`first`: frames) go with the preface, in one write,
+    /// before the daemon answered it.
+    pub async fn open_with(path: &Path, first: &[u8]) -> Framed {
         let mut io = UnixStream::connect(path).await.expect("connect");
-        io.write_all(PREFACE).await.unwrap();
+        let mut hello = PREFACE.to_vec();
+        hello.extend_from_slice(first);
+        io.write_all(&hello).await.unwrap();
         let mut answer = [0u8; 8];
         tokio::time::timeout(Duration::from_secs(30), io.read_exact(&mut answer))
             .await
