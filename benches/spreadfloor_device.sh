@@ -8,13 +8,16 @@
 # GPU): framed local session and gRPC, WRITE and READ, one at a time and 8 in flight, and the raw
 # path planned alike each way. About 3 minutes.
 #
-#   benches/spreadfloor_device.sh BIN_DIR [OUT_DIR]
+#   benches/spreadfloor_device.sh BIN_DIR [OUT_DIR [NEW_DIR]]
 #
-# BIN_DIR holds tcpxd, tcpxctl and libnccl_net_tcpxemu.so. Environment: ROUNDS (3), ITERS (300),
+# BIN_DIR (and NEW_DIR) hold tcpxd, tcpxctl and libnccl_net_tcpxemu.so. With NEW_DIR (a build that
+# spreads a transfer only while it is alone on the lanes, session 32) two more variants run: I
+# (NEW_DIR, the default floor) and J (NEW_DIR, the 64 KiB floor), printed against D. Environment: ROUNDS (3), ITERS (300),
 # SIZES (128K,256K,512K). Prints p50 µs (one at a time) and GB/s (8 in flight), medians over the
-# rounds, and D ÷ F (> 1: F faster).
+# rounds, and D ÷ each other variant (> 1: that variant faster).
 set -euo pipefail
-bin=$(cd "$1" && pwd) out=${2:-/tmp/spreadfloor}
+bin=$(cd "$1" && pwd) out=${2:-/tmp/spreadfloor} new=${3:-}
+[ -n "$new" ] && new=$(cd "$new" && pwd)
 rounds=${ROUNDS:-3} iters=${ITERS:-300} sizes=${SIZES:-128K,256K,512K}
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 peer=0; [ "${gpus:-0}" -ge 2 ] && peer=1
@@ -23,8 +26,9 @@ export TCPXEMU_BOUNCE=cuda NCCL_NSOCKS_PERTHREAD=4 NCCL_SOCKET_NTHREADS=1 NCCL_D
 unset TCPXD_SPREAD_CHUNKS_PER_LANE TCPXD_SPREAD_MIN_CHUNK_BYTES
 echo "GPU 0 -> $peer, $(nproc) CPUs, $rounds rounds, $iters transfers a row, sizes $sizes"
 run() { # round variant
-    local env=()
-    [ "$2" = F ] && env=(TCPXD_SPREAD_MIN_CHUNK_BYTES=65536)
+    local env=() bin=$bin
+    case $2 in F | J) env=(TCPXD_SPREAD_MIN_CHUNK_BYTES=65536) ;; esac
+    case $2 in I | J) bin=$new ;; esac
     for op in write read; do
         env "${env[@]}" "$bin/tcpxctl" bench raw --op "$op" --cuda 0 --plugin "$bin/libnccl_net_tcpxemu.so" \
             --sizes "$sizes" --iters "$iters" --warmup 20 --json --out "$out/r$1-$2-raw-c1-$op.jsonl" \
@@ -41,7 +45,10 @@ run() { # round variant
     done
 }
 for ((r = 1; r <= rounds; r++)); do
-    if ((r % 2)); then run "$r" D; run "$r" F; else run "$r" F; run "$r" D; fi
+    variants=(D F)
+    [ -n "$new" ] && variants+=(I J)
+    if ((r % 2 == 0)); then variants=($(printf '%s\n' "${variants[@]}" | tac)); fi
+    for v in "${variants[@]}"; do run "$r" "$v"; done
     echo "round $r done" >&2
 done
 python3 - "$out" <<'PY' | tee "$out/summary.txt"
@@ -63,15 +70,19 @@ for f in sorted(glob.glob(os.path.join(out, "r*.jsonl"))):
         key = (via, c, op, x["block_size"], v)
         val[key].append(x["p50_lat_us"] if c == "1" else x["gb_per_s"])
 rows = sorted({k[:4] for k in val}, key=lambda k: (k[0], k[1], k[2], k[3]))
-print(f"{'path':6} {'in flight':>9} {'op':5} {'size':>6} {'D':>9} {'F':>9} {'D÷F':>6}  per round")
-for via, c, op, sz in rows:
-    d, f = val.get((via, c, op, sz, "D"), []), val.get((via, c, op, sz, "F"), [])
-    if not d or not f:
+for x in ("F", "I", "J"):
+    if not any(k[4] == x for k in val):
         continue
-    md, mf = statistics.median(d), statistics.median(f)
-    unit = "µs p50" if c == "1" else "GB/s"
-    r = (md / mf) if c == "1" else (mf / md)  # > 1: F better
-    per = " ".join(f"{(a / b) if c == '1' else (b / a):.2f}" for a, b in zip(d, f))
-    print(f"{via:6} {c:>9} {op:5} {sz >> 10:>5}K {md:9.1f} {mf:9.1f} {r:6.2f}  {per}  ({unit})")
+    print(f"== {x} against D (D÷{x} > 1: {x} better)")
+    print(f"{'path':6} {'in flight':>9} {'op':5} {'size':>6} {'D':>9} {x:>9} {'D÷' + x:>6}  per round")
+    for via, c, op, sz in rows:
+        d, f = val.get((via, c, op, sz, "D"), []), val.get((via, c, op, sz, x), [])
+        if not d or not f:
+            continue
+        md, mf = statistics.median(d), statistics.median(f)
+        unit = "µs p50" if c == "1" else "GB/s"
+        r = (md / mf) if c == "1" else (mf / md)
+        per = " ".join(f"{(a / b) if c == '1' else (b / a):.2f}" for a, b in zip(d, f))
+        print(f"{via:6} {c:>9} {op:5} {sz >> 10:>5}K {md:9.1f} {mf:9.1f} {r:6.2f}  {per}  ({unit})")
 print("every row verified" if ok else "SOME ROW NOT VERIFIED")
 PY
