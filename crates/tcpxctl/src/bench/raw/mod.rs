@@ -545,7 +545,11 @@ fn plan_into(
     let base = job.slot_base(k);
     // The daemon spreads a transfer only while it is alone on the lanes: one at a time here
     // (with several in flight the others are almost always out).
-    let spread_min_chunk = if job.depth <= 1 { shared.spread_min_chunk } else { 0 };
+    let spread_min_chunk = if job.depth <= 1 {
+        shared.spread_min_chunk
+    } else {
+        0
+    };
     let chunk_bytes = tcpxd::engine::plan::spread_chunk_bytes(
         &job.ranges,
         shared.chunk_bytes,
