@@ -328,9 +328,14 @@ impl Engine {
             (rendezvous_lanes, &mut p.next_lane)
         };
         let count = lanes.end - lanes.start;
-        // A plain transfer of few chunks is spread over more, smaller ones (`spread_min_chunk`);
-        // block and coalesced transfers keep their pieces' plan.
-        let chunk_bytes = if msg.blocks.is_none() && o.plan.is_none() {
+        // A plain transfer of few chunks is spread over more, smaller ones (`spread_min_chunk`)
+        // while it is alone on the pairing's lanes: spreading fills sockets a lone transfer would
+        // leave idle, but beside other transfers the sockets are busy anyway and more, smaller
+        // requests only cost both pollers work (128–256 KiB at 8 in flight 0.83–0.94× the rate
+        // spread further, docs/BENCHMARKS.md, session 32). Block and coalesced transfers keep
+        // their pieces' plan.
+        let others_on_lanes = p.offers_open.saturating_sub(p.inline_open + 1);
+        let chunk_bytes = if msg.blocks.is_none() && o.plan.is_none() && others_on_lanes == 0 {
             crate::plan::spread_chunk_bytes(
                 &o.lengths,
                 chunk_bytes,

@@ -574,7 +574,7 @@ pub struct PathArgs {
     #[arg(long, value_name = "N")]
     pub lanes_per_device: Option<u32>,
     /// Transfers of fewer than two chunks per lane take chunks halved down to no less than this
-    /// (0: off, else 4096..=4194304), as tcpxd's `transfer.spread_min_chunk_bytes` [default: 131072, as tcpxd].
+    /// (0: off, else 4096..=4194304), as tcpxd's `transfer.spread_min_chunk_bytes` [default: 65536, as tcpxd].
     #[arg(long, value_name = "SIZE", value_parser = parse_size, env = "TCPXD_SPREAD_MIN_CHUNK_BYTES")]
     pub spread_min_chunk_bytes: Option<u64>,
     /// Chunks per lane a spread transfer aims at (1..=16), as tcpxd's

@@ -168,3 +168,49 @@ fn a_transfer_of_few_chunks_goes_in_smaller_ones_and_lands_whole() {
         s.assert_idle();
     }
 }
+
+/// The chunk sizes of the headers and offers queued towards node 1, in order.
+fn announced_chunks(s: &Sim) -> Vec<u32> {
+    s.ctrl[1]
+        .iter()
+        .filter_map(|m| match m {
+            PeerMsg::Header(h) | PeerMsg::Offer(h) => Some(h.chunk_bytes),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn only_a_transfer_alone_on_the_lanes_is_spread() {
+    let mut s = Sim::new(2, spread_cfg(4096), 73);
+    s.gpu_buffer(1, 2, 1 << 20, 0, 0);
+    s.buffer(0, 1, 1 << 20, 5);
+    s.run();
+    // Two WRITEs of 32 KiB started together: the first is alone when it is planned (4 chunks of
+    // 8 KiB over the 2 credit lanes), the second finds it on the lanes and keeps 16 KiB chunks.
+    let a = s.write(0, 1, 0, 2, 0, 32 * 1024);
+    let b = s.write(0, 1, 32 * 1024, 2, 32 * 1024, 32 * 1024);
+    s.drain();
+    assert_eq!(announced_chunks(&s), [8 * KIB, 16 * KIB]);
+    s.run();
+    for t in [a, b] {
+        assert_eq!(s.outcome(0, t).code, Code::Ok);
+    }
+    assert!(s.same((0, 1, 0), (1, 2, 0), 64 * 1024), "byte-exact");
+    // Alone again once both ended: spread.
+    let c = s.write(0, 1, 0, 2, 128 * 1024, 32 * 1024);
+    s.drain();
+    assert_eq!(announced_chunks(&s), [8 * KIB]);
+    s.run();
+    assert_eq!(s.outcome(0, c).code, Code::Ok);
+    assert!(s.same((0, 1, 0), (1, 2, 128 * 1024), 32 * 1024));
+    // A READ served beside a WRITE of the holder's own: the holder plans the READ's sends with
+    // the WRITE on the lanes, so they keep the chunk size.
+    let w = s.write(0, 1, 0, 2, 256 * 1024, 32 * 1024);
+    let r = s.read(1, 1, 0, 2, 512 * 1024, 20 * 1024);
+    s.run();
+    assert_eq!(s.outcome(0, w).code, Code::Ok);
+    assert_eq!(s.outcome(1, r).code, Code::Ok);
+    assert!(s.same((0, 1, 0), (1, 2, 512 * 1024), 20 * 1024));
+    s.assert_idle();
+}

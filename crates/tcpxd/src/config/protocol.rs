@@ -112,12 +112,17 @@ pub struct ProtocolSettings {
     pub spread_chunks_per_lane: u32,
 }
 
-/// `transfer.spread_min_chunk_bytes` unless set: 128 KiB. On two H200s (session 26,
-/// `benches/onemib_device.sh`, A B C C B A) it took 1 MiB one at a time from 471–493 µs p50 to
-/// 414–435 and 256 KiB from 347–358 to 296–320, READ and WRITE, GPU 0 → 0 and 0 → 1, with 16 MiB
-/// unchanged (0.98–1.03): the two 512 KiB chunks of a 1 MiB transfer had used two of the plugin's
-/// data sockets, four of 256 KiB use four, each unpacked while the next lands.
-pub const DEFAULT_SPREAD_MIN_CHUNK_BYTES: u64 = 128 << 10;
+/// `transfer.spread_min_chunk_bytes` unless set: 64 KiB. On two H200s (session 26,
+/// `benches/onemib_device.sh`, A B C C B A) spreading at 128 KiB took 1 MiB one at a time from
+/// 471–493 µs p50 to 414–435 and 256 KiB from 347–358 to 296–320, READ and WRITE, GPU 0 → 0 and
+/// 0 → 1, with 16 MiB unchanged (0.98–1.03): the two 512 KiB chunks of a 1 MiB transfer had used
+/// two of the plugin's data sockets, four of 256 KiB use four, each unpacked while the next lands.
+/// Since session 32 a transfer is spread only while it is alone on the pairing's lanes, and the
+/// floor is 64 KiB (128 KiB as two chunks, 256 KiB as four): on two H200s
+/// (`benches/spreadfloor_device.sh`, three rounds) 128–256 KiB one at a time 1.06–1.40× faster
+/// p50, and 128 KiB–1 MiB at 8 in flight 1.07–1.15× the rate, against spreading every transfer
+/// at 128 KiB.
+pub const DEFAULT_SPREAD_MIN_CHUNK_BYTES: u64 = 64 << 10;
 
 /// `transfer.spread_chunks_per_lane` unless set: two, session 26's plan (1 MiB as four 256 KiB
 /// chunks on two lanes). Four (eight of 128 KiB, every data socket of both lanes' comms) was
@@ -253,7 +258,7 @@ mod tests {
                 eager_max_bytes: 65536,
                 gpu_credits: GpuCredits::Auto,
                 credit_budget_bytes: 32 << 20,
-                spread_min_chunk_bytes: 131072,
+                spread_min_chunk_bytes: 65536,
                 spread_chunks_per_lane: 2,
             }
         );
@@ -310,11 +315,11 @@ mod tests {
     }
 
     #[test]
-    fn spread_min_chunk_is_128k_by_default_a_chunk_size_or_zero_and_flags_win() {
+    fn spread_min_chunk_is_64k_by_default_a_chunk_size_or_zero_and_flags_win() {
         let s = resolve(&DaemonArgs::default(), &FileTransfer::default()).unwrap();
         assert_eq!(
-            s.spread_min_chunk_bytes, 131072,
-            "on by default since session 26's H200 rows"
+            s.spread_min_chunk_bytes, 65536,
+            "on by default since session 26's H200 rows, 64 KiB since session 32's"
         );
         let s = resolve_with(DaemonArgs::default(), "spread_min_chunk_bytes = 262144\n").unwrap();
         assert_eq!(s.spread_min_chunk_bytes, 262144);

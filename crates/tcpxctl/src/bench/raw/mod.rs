@@ -543,11 +543,18 @@ fn plan_into(
 ) -> u64 {
     let mut count = 0u64;
     let base = job.slot_base(k);
+    // The daemon spreads a transfer only while it is alone on the lanes: one at a time here
+    // (with several in flight the others are almost always out).
+    let spread_min_chunk = if job.depth <= 1 {
+        shared.spread_min_chunk
+    } else {
+        0
+    };
     let chunk_bytes = tcpxd::engine::plan::spread_chunk_bytes(
         &job.ranges,
         shared.chunk_bytes,
         shared.lanes,
-        shared.spread_min_chunk,
+        spread_min_chunk,
         shared.spread_chunks_per_lane,
     );
     for c in ChunkPlan::new(&job.ranges, chunk_bytes, *next_lane, 0..shared.lanes) {
