@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use prometheus::core::{Collector, Metric as _};
-use prometheus::{Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Registry, TextEncoder,
+};
 
 use super::labels::{
     ALL_CODES, CHUNK_BUCKETS, LATENCY_BUCKETS, Op, PLUGIN_ERROR_CODES, size_class, status_label,
@@ -28,6 +30,10 @@ pub struct Metrics {
     /// `unpack`'s two series, resolved at their first receive (no label lookup per receive; a
     /// kind never seen is never exported).
     unpack_kinds: [std::sync::OnceLock<Histogram>; 2],
+    /// `transfers`, `bytes` and `latency`'s series of a successful WRITE and READ, looked up
+    /// once (`transfer_finished`, per transfer on the poller: three label lookups, each a hash
+    /// of its strings and a lock, before session 32).
+    ok_series: [std::sync::OnceLock<OkSeries>; 2],
     recv_to_consume: Histogram,
     plugin_errors: IntCounterVec,
     reattached: IntCounterVec,
@@ -157,6 +163,7 @@ impl Metrics {
                 LATENCY_BUCKETS,
             ),
             unpack_kinds: Default::default(),
+            ok_series: Default::default(),
             unpack: histogram_vec(
                 &r,
                 "tcpxd_unpack_seconds",
@@ -316,6 +323,21 @@ impl Metrics {
 
     /// A transfer this node started finished.
     pub fn transfer_finished(&self, op: Op, code: Code, bytes: u64, total: u64, took: Duration) {
+        if code == Code::Ok {
+            let ok = self.ok_series[op as usize].get_or_init(|| OkSeries {
+                transfers: self.transfers.with_label_values(&[op.as_str(), "ok"]),
+                bytes: self.bytes.with_label_values(&[op.as_str(), "ok"]),
+                latency: Default::default(),
+            });
+            ok.transfers.inc();
+            ok.bytes.inc_by(bytes);
+            let class = size_class(total);
+            let i = SIZE_CLASSES.iter().position(|&c| c == class).unwrap_or(0);
+            ok.latency[i]
+                .get_or_init(|| self.latency.with_label_values(&[op.as_str(), class]))
+                .observe(took.as_secs_f64());
+            return;
+        }
         let status = status_label(code);
         self.transfers.with_label_values(&[op.as_str(), status]).inc();
         self.bytes.with_label_values(&[op.as_str(), status]).inc_by(bytes);
@@ -471,3 +493,15 @@ impl Summary {
             })
     }
 }
+
+/// A successful transfer's series of one op ([`Metrics::transfer_finished`]).
+#[derive(Debug)]
+struct OkSeries {
+    transfers: IntCounter,
+    bytes: IntCounter,
+    /// By [`SIZE_CLASSES`]' order.
+    latency: [std::sync::OnceLock<Histogram>; 5],
+}
+
+/// Every `size_class` label, in [`size_class`]'s order.
+const SIZE_CLASSES: [&str; 5] = ["lt_64k", "64k_1m", "1m_16m", "16m_256m", "ge_256m"];

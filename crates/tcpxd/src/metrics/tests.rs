@@ -212,3 +212,35 @@ fn poller_passes_count_busy_and_idle_apart() {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
 }
+
+#[test]
+fn successful_transfers_count_in_their_series_at_every_size_class() {
+    // Session 32: the successful ones' series are looked up once and kept; each size class and
+    // op still lands in its own, a failure in its status's.
+    let m = Metrics::new();
+    let sizes = [1u64, 64 << 10, 1 << 20, 16 << 20, 256 << 20];
+    for (i, &size) in sizes.iter().enumerate() {
+        for _ in 0..=i {
+            m.transfer_finished(Op::Read, Code::Ok, size, size, Duration::from_micros(5));
+        }
+        m.transfer_finished(Op::Write, Code::Ok, size, size, Duration::from_micros(5));
+    }
+    m.transfer_finished(Op::Read, Code::Unavailable, 3, 64 << 10, Duration::from_micros(5));
+    let s = m.summary();
+    let read_bytes: u64 = sizes.iter().enumerate().map(|(i, &b)| b * (i as u64 + 1)).sum();
+    assert_eq!(s.transfers[&("read".into(), "ok".into())], (15, read_bytes));
+    assert_eq!(
+        s.transfers[&("write".into(), "ok".into())],
+        (5, sizes.iter().sum::<u64>())
+    );
+    assert_eq!(s.transfers[&("read".into(), "unavailable".into())], (1, 3));
+    for (i, &size) in sizes.iter().enumerate() {
+        let class = size_class(size);
+        assert_eq!(
+            s.latency[&("read".into(), class.into())].count,
+            i as u64 + 1,
+            "{class}"
+        );
+        assert_eq!(s.latency[&("write".into(), class.into())].count, 1, "{class}");
+    }
+}
