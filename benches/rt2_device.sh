@@ -81,6 +81,13 @@ for node in two one; do
     # shellcheck disable=SC2086
     TCPXD_WARM_WORKER=off run "3-$node-W'" "$A" --show 1 $flag
 done
+echo "== 3b. the gRPC path (tcpxctl bench transfer: the Session RPC, tonic on the runtime) one at a time, A (warm on: 'daemon') against W ('before'), alternating, beside raw"
+AABS=$(cd "$A" && pwd)
+mkdir -p "$OUT/warmoff"
+printf '#!/bin/sh\nTCPXD_WARM_WORKER=off exec %s/tcpxd "$@"\n' "$AABS" > "$OUT/warmoff/tcpxd"
+chmod +x "$OUT/warmoff/tcpxd"
+(cd "$OUT" && timeout 200 $PY "$HERE/small_latency.py" --bin "$AABS" --bin-before "$OUT/warmoff" --sizes 4K,64K \
+    --ops write,read --iters 500 --rounds 2 --out "$OUT/small_latency.jsonl" 2>&1 | tail -8)
 echo "== 4. the sessions thread off; pinned"
 TCPXD_SESSION_THREAD=off run "4-nothread-A" "$A" --rows notif --show 1
 TCPXD_SESSION_THREAD=off TCPXD_WARM_WORKER=off run "4-nothread-W" "$A" --rows notif --show 1
