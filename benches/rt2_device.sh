@@ -42,7 +42,8 @@ echo "== 1. the client's Python alone (no daemon)"
 for l in A B; do
     eval dir=\$$l
     echo "-- $l"
-    TCPXD_NIXL_TIGHT_SPIN_US=inf PYTHONPATH="$dir/python/src" timeout 60 $PY "$HERE/notif_send.py" --rounds 5 2>&1 | tail -3
+    TCPXD_NIXL_TIGHT_SPIN_US=inf PYTHONPATH="$dir/python/src" timeout 60 $PY "$HERE/notif_send.py" --rounds 5 2>&1 \
+        | tail -3 | tee "$OUT/1-notif_send-$l.txt"
 done
 
 summary() { # label file: each row's p50 / p99 / p99.9; for the round trip also the p50s of
@@ -87,7 +88,7 @@ mkdir -p "$OUT/warmoff"
 printf '#!/bin/sh\nTCPXD_WARM_WORKER=off exec %s/tcpxd "$@"\n' "$AABS" > "$OUT/warmoff/tcpxd"
 chmod +x "$OUT/warmoff/tcpxd"
 (cd "$OUT" && timeout 200 $PY "$HERE/small_latency.py" --bin "$AABS" --bin-before "$OUT/warmoff" --sizes 4K,64K \
-    --ops write,read --iters 500 --rounds 2 --out "$OUT/small_latency.jsonl" 2>&1 | tail -8)
+    --ops write,read --iters 500 --rounds 2 --out "$OUT/small_latency.jsonl" 2>&1 | tail -8 | tee "$OUT/3b-small_latency.txt")
 echo "== 4. the sessions thread off; pinned"
 TCPXD_SESSION_THREAD=off run "4-nothread-A" "$A" --rows notif --show 1
 TCPXD_SESSION_THREAD=off TCPXD_WARM_WORKER=off run "4-nothread-W" "$A" --rows notif --show 1
