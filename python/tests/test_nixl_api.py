@@ -58,7 +58,16 @@ def test_send_notif_reaches_the_agent_keyed_by_the_sender(pair):
     A, B = pair
     B.send_notif("api-A", b"req-1:1")
     B.send_notif(b"api-A", "req-2:1")  # names and messages as bytes or str, as NIXL takes them
-    assert wait_notifs(A, 2) == {"api-B": [b"req-1:1", b"req-2:1"]}
+    B.send_notif("api-A", bytearray(b"req-3:1"))
+    B.send_notif(b"api-A", memoryview(b"req-4:1"))
+    # The checks the common call skips (a loaded agent's str name, a bytes message) still apply.
+    with pytest.raises(nixlNotFoundError, match="no remote agent 'api-C'"):
+        B.send_notif("api-C", b"x")
+    with pytest.raises(nixlInvalidParamError, match="notif_msg"):
+        B.send_notif("api-A", 5)
+    with pytest.raises(nixlInvalidParamError, match="remote_agent_name"):
+        B.send_notif(7, b"x")
+    assert wait_notifs(A, 4) == {"api-B": [b"req-1:1", b"req-2:1", b"req-3:1", b"req-4:1"]}
     assert A.get_new_notifs() == {}
     B.send_notif("api-A", b"tag-77 done")
     deadline = time.monotonic() + 10

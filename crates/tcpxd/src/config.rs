@@ -172,6 +172,10 @@ pub struct DaemonArgs {
     /// `runtime.session_thread`). Default: auto.
     #[arg(long, env = "TCPXD_SESSION_THREAD", value_name = "auto|on|off")]
     pub session_thread: Option<String>,
+    /// With `--spin` on, whether one async worker is kept awake polling while traffic flows too
+    /// (`runtime.warm_worker`): `auto` (on), `on`, `off` (docs/CONFIG.md). Default: auto.
+    #[arg(long, env = "TCPXD_WARM_WORKER", value_name = "auto|on|off")]
+    pub warm_worker: Option<String>,
     /// Whether framed local sessions may attach a completion board (`runtime.shared_completions`):
     /// `on` or `off` (docs/CONFIG.md). Default: on.
     #[arg(long, env = "TCPXD_SHARED_COMPLETIONS", value_name = "on|off")]
@@ -341,6 +345,9 @@ pub struct Config {
     /// Whether those sessions are served on a thread of their own instead (resolved; only with
     /// `poller_sessions`).
     pub session_thread: bool,
+    /// Whether an async worker is kept awake while traffic flows (`crate::idle::Warmth`'s task;
+    /// resolved: only with `spin`).
+    pub warm_worker: bool,
     /// Whether framed sessions may attach a completion board (src/api/local/board.rs).
     pub shared_completions: bool,
     /// Whether framed sessions may attach a request ring (src/api/local/ring.rs).
@@ -524,6 +531,22 @@ impl Config {
         let session_thread = poller_sessions
             && match session_thread {
                 Spin::Auto => spin,
+                s => s.resolve(0),
+            };
+        let warm_worker = match (&args.warm_worker, &file.runtime.warm_worker) {
+            (Some(v), _) => Spin::parse("--warm-worker", v).map_err(ConfigError::Invalid)?,
+            (None, Some(v)) => Spin::parse("runtime.warm_worker", v).map_err(ConfigError::Invalid)?,
+            (None, None) => Spin::Auto,
+        };
+        // Only with `runtime.spin` (`auto`: on then). The warm worker was for messages the runtime carried
+        // (the control stream, a session's task); with the framed sessions on the poller or its
+        // sessions thread and the direct control connections read by the poller, a small
+        // transfer's path crosses no runtime worker, and the task's `yield_now` loop keeps a
+        // second worker switching in and out (~100,000 times a run: BENCHMARKS, session 31,
+        // tail) — `off` is measured against it in "Session 32, rt2".
+        let warm_worker = spin
+            && match warm_worker {
+                Spin::Auto => true,
                 s => s.resolve(0),
             };
         let shared_completions = on_off(
@@ -752,6 +775,7 @@ impl Config {
             spin,
             poller_sessions,
             session_thread,
+            warm_worker,
             shared_completions,
             request_ring,
             lane_thread,

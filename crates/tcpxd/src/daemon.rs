@@ -255,9 +255,10 @@ pub async fn start(cfg: &Config, plugin: Arc<Plugin>) -> Result<RunningDaemon, D
     };
     let (notify_tx, _) = broadcast::channel(4096);
     let (stop_tx, stop_rx) = watch::channel(false);
-    // runtime.spin: an async worker kept awake while traffic flows (the poller lingers too).
+    // runtime.spin: the poller (and the threads it starts) linger while traffic flows, and
+    // (runtime.warm_worker, on with spin unless turned off) an async worker is kept awake too.
     let warmth = cfg.spin.then(crate::idle::Warmth::new);
-    if let Some(w) = &warmth {
+    if let Some(w) = warmth.as_ref().filter(|_| cfg.warm_worker) {
         tokio::spawn(w.clone().keep_warm(stop_rx.clone()));
     }
     let poller = PollerHandle::start(

@@ -44,6 +44,7 @@ pub struct FileRuntime {
     pub spin: Option<String>,
     pub poller_sessions: Option<String>,
     pub session_thread: Option<String>,
+    pub warm_worker: Option<String>,
     pub shared_completions: Option<bool>,
     pub request_ring: Option<bool>,
     pub lane_thread: Option<super::BoolOrWord>,

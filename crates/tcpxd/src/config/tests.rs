@@ -183,6 +183,41 @@ fn spin_and_async_workers() {
     );
     let e = cfg("[runtime]\nsession_thread = \"maybe\"\n", DaemonArgs::default()).unwrap_err();
     assert!(e.to_string().contains("runtime.session_thread"), "{e}");
+    // runtime.warm_worker: only with spin, on there unless off (session 32, rt2); the flag
+    // over the file.
+    assert!(
+        cfg("[runtime]\nspin = \"on\"\n", DaemonArgs::default())
+            .unwrap()
+            .warm_worker
+    );
+    assert!(
+        !cfg("[runtime]\nspin = \"off\"\n", DaemonArgs::default())
+            .unwrap()
+            .warm_worker
+    );
+    let c = cfg(
+        "[runtime]\nspin = \"on\"\nwarm_worker = \"off\"\n",
+        DaemonArgs::default(),
+    )
+    .unwrap();
+    assert!(c.spin && !c.warm_worker);
+    let flag = DaemonArgs {
+        warm_worker: Some("on".into()),
+        ..Default::default()
+    };
+    assert!(
+        cfg("[runtime]\nspin = \"on\"\nwarm_worker = \"off\"\n", flag.clone())
+            .unwrap()
+            .warm_worker
+    );
+    assert!(
+        !cfg("[runtime]\nspin = \"off\"\nwarm_worker = \"on\"\n", flag)
+            .unwrap()
+            .warm_worker,
+        "no warm worker without spin"
+    );
+    let e = cfg("[runtime]\nwarm_worker = \"maybe\"\n", DaemonArgs::default()).unwrap_err();
+    assert!(e.to_string().contains("runtime.warm_worker"), "{e}");
     // runtime.shared_completions: on by default; the file's bool, the flag's on / off.
     assert!(cfg("", DaemonArgs::default()).unwrap().shared_completions);
     let c = cfg("[runtime]\nshared_completions = false\n", DaemonArgs::default()).unwrap();

@@ -41,13 +41,16 @@ async fn writes_from_one_byte_to_256_mib_land_byte_exact() {
 }
 
 /// `runtime.spin` on (the poller lingers, an async worker is kept awake) whatever the machine:
-/// writes and reads of every shape land byte-exact and every lane drains, under both protocols.
+/// writes and reads of every shape land byte-exact and every lane drains, under both protocols;
+/// and with `runtime.warm_worker` off (session 32: no worker kept awake, the poller still
+/// lingers).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spinning_daemons_move_bytes_exactly_under_both_protocols() {
     tcpxd::logging::init("warn");
-    for protocol in ["rendezvous", "eager"] {
+    for (protocol, warm) in [("rendezvous", "auto"), ("eager", "auto"), ("eager", "off")] {
         let spin = |args: &mut tcpxd::config::DaemonArgs| {
             args.spin = Some("on".into());
+            args.warm_worker = Some(warm.into());
             args.transfer_protocol = Some(protocol.into());
         };
         let mut a = daemons::start("spin-a", spin).await;
@@ -65,7 +68,7 @@ async fn spinning_daemons_move_bytes_exactly_under_both_protocols() {
             assert_eq!(
                 crc(&mut a.client, x.id, off, len).await,
                 crc(&mut b.client, y.id, off + 1, len).await,
-                "{protocol}: {len} bytes written differ"
+                "{protocol} (warm worker {warm}): {len} bytes written differ"
             );
             let id = read(&mut a.client, read_entry(&y, off + 1, &x, 8 * MIB, len))
                 .await
@@ -74,7 +77,7 @@ async fn spinning_daemons_move_bytes_exactly_under_both_protocols() {
             assert_eq!(
                 crc(&mut a.client, x.id, 8 * MIB, len).await,
                 crc(&mut a.client, x.id, off, len).await,
-                "{protocol}: {len} bytes read back differ"
+                "{protocol} (warm worker {warm}): {len} bytes read back differ"
             );
         }
         assert_lanes_drain(&mut a.client).await;

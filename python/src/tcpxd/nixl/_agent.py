@@ -40,7 +40,7 @@ from ._handles import (
     nixl_xfer_handle,
 )
 from ._memory import LocalMemory
-from ._notify import MAILBOX_BYTES, Inbox, _tight_spin_s, close_notifs_s, frame, notif_future
+from ._notify import MAILBOX_BYTES, Inbox, Sent, _tight_spin_s, close_notifs_s, frame, notif_future
 from ._remotes import AgentName, _name, _Remote
 from ._transfers import _bytes
 from ._xfer import NOTIFICATION_ALONE, Xfer, mailbox_entry, mailbox_timeout, nixlXferTelemetry
@@ -404,13 +404,19 @@ class nixl_agent:  # noqa: N801
         daemon does not list the `notification_alone` feature). Notifications to one agent arrive in the order sent: while
         the previous one to it is still on its way, this one waits for it first. One that failed
         is logged, and raised by the next send_notif to the same agent (which then sends nothing)."""
-        remote = self._peer(remote_agent_name, "remote_agent_name")
-        msg = _bytes(notif_msg, "notif_msg")
+        # The common call (a str name of a loaded remote agent, a bytes message) without the
+        # checks' calls: a loaded agent's name was checked when it was added, and a dict's `get`
+        # needs no lock (session 32, rt2: ~0.9 of send_notif's ~2.1 µs of Python went there).
+        remote = self._remotes.get(remote_agent_name) if type(remote_agent_name) is str else None
+        if remote is None:
+            remote = self._peer(remote_agent_name, "remote_agent_name")
+        msg = notif_msg if type(notif_msg) is bytes else _bytes(notif_msg, "notif_msg")
         with remote.notif_lock:
             prev = remote.notif_sent
             if prev is not None:
                 remote.notif_sent = None
-                err = prev.exception()  # at once when it is done (else waits: the order kept)
+                # (an answered _notify.Sent read in place; else waits: the order kept)
+                err = prev._error if type(prev) is Sent and prev._done else prev.exception()
                 if err is not None:
                     if isinstance(err, TcpxdError):
                         raise from_tcpxd(err, f"send_notif to {remote.md.name}: the previous notification to it failed "
