@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 32, sendtest (issue #38): the lanes test each send right after posting it (the plugin
+# Session 32, sendtest (issue #38): the poller's lanes test each send right after posting it (the plugin
 # moves a send's bytes only inside `test`: Google's tcpxTest -> tcpxCommProgress; isend only
 # queues), so a transfer's first chunk starts while the others are posted. A (this branch)
 # against B (main), alternating, in one call. About 2–3 minutes on the H200 host.
@@ -11,8 +11,8 @@
 # `tcpxctl bench transfer --via local`, WRITE and READ:
 #   - one at a time: 256K,1M (ITERS, 300 transfers a size);
 #   - 8 in flight: 64K,1M (ITERS8, 2000 transfers a size);
-# each for the poller's lane pass (B, A) and with the lane threads on (BT, AT: TCPXD_LANE_THREAD=on,
-# `post_held`; LT=0 skips them). Prints p50 µs (one at a time) and GB/s (8 in flight), medians of
+# each for the poller's lane pass (B, A) and with the lane threads on (BT, AT: TCPXD_LANE_THREAD=on;
+# since the H200 call their `post_held` is main's again, so these rows are a control; LT=0 skips them). Prints p50 µs (one at a time) and GB/s (8 in flight), medians of
 # the rounds, A/B = B's p50 ÷ A's (> 1: A faster), and the per-round ratios.
 # Then (TRACE=0 skips it) 1 MiB one at a time traced, B and A, WRITE: `lanes.py` (the data phase:
 # first isend -> last receive).
