@@ -216,6 +216,10 @@ impl Poller {
                     _ => continue,
                 };
                 let cid = comm.trace_id();
+                for _ in 0..std::mem::take(&mut l.sent_early) {
+                    tracing::trace!(target: "tcpxd::hop", hop = "poller.sent", pass = crate::lanes::pass(), lane = li, comm = cid);
+                    events.push(Completion::SendDone(peer, li as u32));
+                }
                 let tested = lanes::test_sends(comm, || {
                     tracing::trace!(target: "tcpxd::hop", hop = "poller.sent", pass = crate::lanes::pass(), lane = li, comm = cid);
                     events.push(Completion::SendDone(peer, li as u32))

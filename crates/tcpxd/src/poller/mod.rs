@@ -260,6 +260,9 @@ struct SendLane {
     /// Posts the plugin could not take yet, whose gather is still running, or held while the
     /// plugin has `send_window` of the lane's sends (gathered ahead), in order.
     deferred: VecDeque<blocks::SendPost>,
+    /// Sends the test after a post (`posting::post_sends`) found done, not yet reported to the
+    /// engine: the next test pass reports them before what it finds itself.
+    sent_early: u32,
     tag: Tag,
     /// Block chunks: the staging rings gathers write into (one per memory kind, made on first
     /// use) and the gathers so far (slot `n % (send_window + gather_ahead)`).

@@ -22,6 +22,7 @@ impl SendLane {
             epoch: 0,
             handles: HashMap::new(),
             deferred: VecDeque::new(),
+            sent_early: 0,
             tag: Tag::default(),
             staging: blocks::SendStaging::default(),
         }

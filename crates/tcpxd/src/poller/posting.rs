@@ -139,6 +139,9 @@ pub(super) fn post_sends(
                 if !lanes::post_send(comm, &mut l.tag, mh, at as usize, len).map_err(|e| e.to_string())? {
                     break;
                 }
+                // Dispatched by the plugin only once tested (`lanes::post_send`): tested now, so
+                // it moves while the rest are posted; what this finds done, the pass reports.
+                l.sent_early += lanes::test_sends(comm, || {}).map_err(|e| e.to_string())? as u32;
                 outstanding = comm.outstanding();
                 comm.trace_id()
             }
