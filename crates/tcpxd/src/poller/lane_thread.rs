@@ -621,10 +621,11 @@ impl Driver {
             if l.failed {
                 continue;
             }
+            // Sends the tests after each post found done count with the pass's test.
+            let mut early = 0;
             let failure =
-                post_held(l, &mut self.posts)
-                    .err()
-                    .or_else(|| match lanes::test_sends(&mut l.comm, || {}) {
+                post_held(l, &mut self.posts, &mut early).err().or_else(|| {
+                    match lanes::test_sends(&mut l.comm, || {}).map(|n| n + early) {
                         Ok(0) => None,
                         Ok(n) => {
                             progressed = true;
@@ -639,7 +640,8 @@ impl Driver {
                             self.metrics.plugin_error(&e);
                             Some(e.to_string())
                         }
-                    });
+                    }
+                });
             if let Some(why) = failure {
                 l.failed = true;
                 progressed = true;
@@ -678,8 +680,10 @@ fn polling(spin: bool, cpus: usize) -> (Pace, Duration) {
     }
 }
 
-/// Posts a lane's held sends in order while the plugin takes them.
-fn post_held(l: &mut Lane, posts: &mut u64) -> Result<(), String> {
+/// Posts a lane's held sends in order while the plugin takes them, testing the comm after each
+/// post ([`lanes::post_send`]'s note: a send moves only once tested); `done` counts the sends
+/// those tests found done. Their failure fails the lane, as a post's does.
+fn post_held(l: &mut Lane, posts: &mut u64, done: &mut usize) -> Result<(), String> {
     while l.comm.can_post()
         && let Some((mem, len)) = l.pending.front()
     {
@@ -704,6 +708,7 @@ fn post_held(l: &mut Lane, posts: &mut u64) -> Result<(), String> {
         if panic_hook_due(*posts) {
             panic!("TCPXD_TEST_LANE_THREAD_PANIC_AT: post {posts}");
         }
+        *done += lanes::test_sends(&mut l.comm, || {}).map_err(|e| e.to_string())?;
     }
     Ok(())
 }
