@@ -30,8 +30,18 @@
 //! one holds its locks: a delivery marks its tag and pushes its event under the session's lock
 //! of delivered tags, and the session woken by that push takes the same lock to reap (CI, session
 //! 24: the poller's thread deadlocked there when the client's connection broke). Queued, the
-//! woken future still runs on the same thread, right after: no hop is added. (Only the first
-//! such wake in a poll is queued: `PollingHere::enter` says why, and what relies on it.)
+//! woken future still runs on the same thread, right after: no hop is added.
+//!
+//! A start is not a wake: [`Inline::start`] (and `start_in`, `start_served`) polls its new future
+//! once right there, also inside another's poll, as a plain call would run it: its caller knows
+//! what it holds (a framed session starting a transfer holds none of the session's locks). Wakes
+//! during that first poll are queued as any other (the session woken by the transfer's event
+//! pushed runs again after its own poll), and the queue stays with the outermost poll. A framed
+//! session relies on it: each transfer's checks (a same-node copy: all of it, its event pushed)
+//! run as its request is read, so the outbox's backlog grows while the session reads and stops
+//! its reading (`daemon_local_inline::a_client_that_reads_no_events…`); deferred to the session's
+//! poll's end, a session would read every request the client sent before any of them started,
+//! each one's start queued meanwhile.
 //!
 //! # After the poll
 //! What a poll must do once it has ended — with its future idle, so that a wake it causes polls
@@ -119,18 +129,11 @@ struct PollingHere;
 
 impl PollingHere {
     /// `None` when the thread is polling already (the caller queues its future instead).
-    ///
-    /// Note (session 32): `then_some(PollingHere)` makes its argument either way and drops it
-    /// when it returns `None`, which marks the thread as not polling: only the first wake inside
-    /// a poll is queued, and later ones are polled right there, inside it. The daemon relies on
-    /// that today: a framed session served inline starts each transfer with `Inline::start_in`,
-    /// whose first poll (the same-node copy done, its event pushed) then runs inside the
-    /// session's poll, so the outbox's backlog grows as the session reads and its backpressure
-    /// holds; queued, every start waited for the session's poll to end, which read all 40,000
-    /// requests of `daemon_local_inline::a_client_that_reads_no_events…` first. Not changed
-    /// here (branch `ringflake-enter-fix` has the fix and its test, and that failure).
+    /// (Not `then_some(PollingHere)`: its argument is made either way, and its drop when not
+    /// returned marked the thread as not polling, so that only the first wake inside a poll was
+    /// queued and later ones were polled inside it; session 32.)
     fn enter() -> Option<PollingHere> {
-        POLLING_HERE.with(|p| (!p.replace(true)).then_some(PollingHere))
+        POLLING_HERE.with(|p| if p.replace(true) { None } else { Some(PollingHere) })
     }
 }
 
@@ -229,7 +232,7 @@ impl Inline {
             runtime,
             off_poller,
         });
-        task.clone().run();
+        task.clone().run_first();
         task
     }
 
@@ -251,12 +254,31 @@ impl Inline {
         self.future.lock().unwrap_or_else(|e| e.into_inner()).is_none()
     }
 
+    /// A wake's poll: now, or queued when this thread is polling some `Inline` already.
     fn run(self: Arc<Self>) {
         let Some(_polling) = PollingHere::enter() else {
             WOKEN_HERE.with(|q| q.borrow_mut().push_back(self));
             return;
         };
         self.run_here();
+        Inline::run_woken_here();
+    }
+
+    /// A start's first poll: now, also inside another's poll (the module's "No poll inside a
+    /// poll"); inside one, what it wakes stays queued for the outermost poll.
+    fn run_first(self: Arc<Self>) {
+        match PollingHere::enter() {
+            Some(_polling) => {
+                self.run_here();
+                Inline::run_woken_here();
+            }
+            None => self.run_here(),
+        }
+    }
+
+    /// Polls what was woken on this thread during the poll that just ended, in order (and what
+    /// those polls wake in turn).
+    fn run_woken_here() {
         while let Some(next) = WOKEN_HERE.with(|q| q.borrow_mut().pop_front()) {
             next.run_here();
         }
@@ -488,6 +510,97 @@ mod tests {
         assert_eq!(log.lock().unwrap().last().map(String::as_str), Some("now"));
         tx.send(1).unwrap();
         assert!(task.finished());
+    }
+
+    /// Two futures woken inside a third's poll both run after it, in order, never inside it
+    /// (with `then_some` the first wake's queueing marked the thread as not polling, and the
+    /// second was polled inside the outer poll).
+    #[test]
+    fn every_wake_inside_a_poll_waits_for_its_end() {
+        let outer_running = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(Mutex::new(Vec::<(u32, usize)>::new()));
+        let mut inner = Vec::new();
+        let mut senders = Vec::new();
+        for id in 1..=2u32 {
+            let (tx, mut rx) = watch::channel(0u32);
+            let (o, s) = (outer_running.clone(), seen.clone());
+            inner.push(Inline::start(async move {
+                rx.changed().await.unwrap();
+                s.lock().unwrap().push((id, o.load(Ordering::SeqCst)));
+            }));
+            senders.push(tx);
+        }
+        let (go, mut gone) = watch::channel(0u32);
+        let o = outer_running.clone();
+        let outer = Inline::start(async move {
+            gone.changed().await.unwrap();
+            o.store(1, Ordering::SeqCst);
+            for tx in &senders {
+                tx.send(1).unwrap();
+            }
+            o.store(0, Ordering::SeqCst);
+        });
+        go.send(1).unwrap();
+        assert!(outer.finished());
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![(1, 0), (2, 0)],
+            "polled after the outer poll, in order"
+        );
+        assert!(inner.iter().all(|t| t.finished()));
+    }
+
+    /// A start inside another's poll polls its future there, at once (a framed session's
+    /// transfer start: its checks and a same-node copy's event as the request is read); what
+    /// that first poll wakes runs after the outer poll, and a later wake of the started future
+    /// inside the outer poll waits for its end too.
+    #[test]
+    fn a_start_inside_a_poll_polls_now_and_what_it_wakes_waits() {
+        let outer_running = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::new(Mutex::new(Vec::<(&'static str, usize)>::new()));
+        let (woken_tx, mut woken_rx) = watch::channel(0u32);
+        let (o, s) = (outer_running.clone(), seen.clone());
+        let woken = Inline::start(async move {
+            woken_rx.changed().await.unwrap();
+            s.lock()
+                .unwrap()
+                .push(("woken by the first poll", o.load(Ordering::SeqCst)));
+        });
+        let (go, mut gone) = watch::channel(0u32);
+        let (o, s) = (outer_running.clone(), seen.clone());
+        let outer = Inline::start(async move {
+            gone.changed().await.unwrap();
+            o.store(1, Ordering::SeqCst);
+            let (again_tx, mut again_rx) = watch::channel(0u32);
+            let (o2, s2) = (o.clone(), s.clone());
+            let started = Inline::start(async move {
+                s2.lock().unwrap().push(("first poll", o2.load(Ordering::SeqCst)));
+                woken_tx.send(1).unwrap();
+                again_rx.changed().await.unwrap();
+                s2.lock()
+                    .unwrap()
+                    .push(("second poll", o2.load(Ordering::SeqCst)));
+            });
+            s.lock().unwrap().push(("started", o.load(Ordering::SeqCst)));
+            again_tx.send(1).unwrap();
+            assert!(!started.finished(), "its wake waits for this poll's end");
+            o.store(0, Ordering::SeqCst);
+            // (the started future's wakers hold it)
+            drop(started);
+            drop(again_tx);
+        });
+        go.send(1).unwrap();
+        assert!(outer.finished());
+        assert!(woken.finished());
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec![
+                ("first poll", 1),
+                ("started", 1),
+                ("woken by the first poll", 0),
+                ("second poll", 0)
+            ]
+        );
     }
 
     #[test]
