@@ -100,7 +100,10 @@ fn as_board(t: &pb::TransferEvent) -> [u64; 5] {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ok_ends_are_on_the_board_as_their_events_say_and_nothing_else_is() {
-    hold::gate_on();
+    // A budget below the 6 MiB WRITE the test cancels: held, it cannot end before its cancel is
+    // read (with the default 16 MiB budget it was not held at all, and on a loaded CI machine it
+    // finished first once: session 32).
+    hold::gate_on_with_budget(MIB);
     tcpxd::logging::init("warn");
     let (mut a, mut b) = pair("board-ends").await;
     let src = host_buffer(&mut a.client, 8 * MIB, "").await;
