@@ -200,6 +200,14 @@ struct RingReader {
     buf: Vec<u8>,
 }
 
+impl RingReader {
+    /// Whether the ring's next entry was written before the socket's next unread frame (its
+    /// `socket_before` at most the frames handed out): its turn first.
+    fn entry_due(&self) -> bool {
+        self.ring.peek().is_some_and(|before| before <= self.socket_read)
+    }
+}
+
 impl FramedRequests {
     /// The next request in the client's order (ring.rs, "Order"): the ring's next entry when
     /// every socket frame before it was handed out, else the socket's next frame; doorbells are
@@ -220,7 +228,7 @@ impl FramedRequests {
         }
         for _ in 0..LOOKS {
             if let Some(r) = &mut self.ring
-                && r.ring.peek().is_some_and(|before| before <= r.socket_read)
+                && r.entry_due()
             {
                 r.ring.unwait();
                 let taken = match r.ring.take(&mut r.buf) {
@@ -268,7 +276,7 @@ impl FramedRequests {
                         r.ring.unwait();
                         continue;
                     }
-                    if r.ring.peek().is_some_and(|before| before <= r.socket_read) {
+                    if r.entry_due() {
                         continue;
                     }
                     return Poll::Pending;
@@ -276,9 +284,7 @@ impl FramedRequests {
                 Poll::Ready(f) => f,
             };
             // Read: an entry written before the frame was sent is visible now (see above).
-            if let Some(r) = &self.ring
-                && r.ring.peek().is_some_and(|before| before <= r.socket_read)
-            {
+            if self.ring.as_ref().is_some_and(RingReader::entry_due) {
                 self.held = Some(frame);
                 continue;
             }
