@@ -12,7 +12,8 @@ use prometheus::{
 };
 
 use super::labels::{
-    ALL_CODES, CHUNK_BUCKETS, LATENCY_BUCKETS, Op, PLUGIN_ERROR_CODES, size_class, status_label,
+    ALL_CODES, CHUNK_BUCKETS, LATENCY_BUCKETS, Op, PLUGIN_ERROR_CODES, SIZE_CLASSES, size_class,
+    size_class_index, status_label,
 };
 use super::snapshot::{NodeGauges, snapshot_registry};
 use super::{counter_vec, histogram_vec};
@@ -331,10 +332,9 @@ impl Metrics {
             });
             ok.transfers.inc();
             ok.bytes.inc_by(bytes);
-            let class = size_class(total);
-            let i = SIZE_CLASSES.iter().position(|&c| c == class).unwrap_or(0);
+            let i = size_class_index(total);
             ok.latency[i]
-                .get_or_init(|| self.latency.with_label_values(&[op.as_str(), class]))
+                .get_or_init(|| self.latency.with_label_values(&[op.as_str(), SIZE_CLASSES[i]]))
                 .observe(took.as_secs_f64());
             return;
         }
@@ -502,6 +502,3 @@ struct OkSeries {
     /// By [`SIZE_CLASSES`]' order.
     latency: [std::sync::OnceLock<Histogram>; 5],
 }
-
-/// Every `size_class` label, in [`size_class`]'s order.
-const SIZE_CLASSES: [&str; 5] = ["lt_64k", "64k_1m", "1m_16m", "16m_256m", "ge_256m"];

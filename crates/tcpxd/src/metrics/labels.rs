@@ -21,12 +21,20 @@ impl Op {
 
 /// The `size_class` label of a transfer of `bytes`.
 pub fn size_class(bytes: u64) -> &'static str {
+    SIZE_CLASSES[size_class_index(bytes)]
+}
+
+/// Every `size_class` label, smallest first.
+pub const SIZE_CLASSES: [&str; 5] = ["lt_64k", "64k_1m", "1m_16m", "16m_256m", "ge_256m"];
+
+/// Where [`size_class`]'s label of `bytes` stands in [`SIZE_CLASSES`].
+pub fn size_class_index(bytes: u64) -> usize {
     match bytes {
-        b if b < 64 << 10 => "lt_64k",
-        b if b < 1 << 20 => "64k_1m",
-        b if b < 16 << 20 => "1m_16m",
-        b if b < 256 << 20 => "16m_256m",
-        _ => "ge_256m",
+        b if b < 64 << 10 => 0,
+        b if b < 1 << 20 => 1,
+        b if b < 16 << 20 => 2,
+        b if b < 256 << 20 => 3,
+        _ => 4,
     }
 }
 
