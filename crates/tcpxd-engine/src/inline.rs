@@ -124,7 +124,7 @@ impl Engine {
         // A GPU transfer goes inline only while the pairing's other offers all went inline too:
         // beside transfers on the lanes it would take the control connection and the pollers'
         // time from them (8 x 64 KiB in flight lost 5-20% so; docs/BENCHMARKS.md, session 24).
-        let on_lanes = p.offers_open.saturating_sub(p.inline_open + 1);
+        let on_lanes = p.others_on_lanes();
         if gpu
             && (!self.cfg.inline_gpu
                 || p.inline_gpu_outstanding >= self.cfg.inline_gpu_in_flight

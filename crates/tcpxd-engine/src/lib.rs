@@ -289,6 +289,12 @@ struct Peer {
 }
 
 impl Peer {
+    /// This node's other open offers to the peer not carried inline (the one being planned,
+    /// counted in `offers_open`, left out): whether a transfer has the lanes to itself.
+    fn others_on_lanes(&self) -> u64 {
+        self.offers_open.saturating_sub(self.inline_open + 1)
+    }
+
     /// This node's receive lanes that carry rendezvous transfers, and those that keep credits.
     fn recv_split(&self) -> (Range<u32>, Range<u32>) {
         let n = self.recv_layout;

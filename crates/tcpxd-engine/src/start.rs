@@ -309,6 +309,7 @@ impl Engine {
         let remote = p.remote.expect("the peer's receive mode is known");
         let (rendezvous_lanes, eager_lanes) = p.send_split();
         let total = o.lengths.iter().fold(0u64, |a, &l| a.saturating_add(l));
+        let others_on_lanes = p.others_on_lanes();
         // Into the receiver's GPU memory by its GPU credits: eager at any size, streamed when
         // larger than what it wants eager otherwise (`streams.rs`).
         let any_size = !eager_lanes.is_empty()
@@ -334,7 +335,6 @@ impl Engine {
         // requests only cost both pollers work (128–256 KiB at 8 in flight 0.83–0.94× the rate
         // spread further, docs/BENCHMARKS.md, session 32). Block and coalesced transfers keep
         // their pieces' plan.
-        let others_on_lanes = p.offers_open.saturating_sub(p.inline_open + 1);
         let chunk_bytes = if msg.blocks.is_none() && o.plan.is_none() && others_on_lanes == 0 {
             crate::plan::spread_chunk_bytes(
                 &o.lengths,
