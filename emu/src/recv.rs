@@ -360,9 +360,9 @@ impl RecvComm {
         Ok(q)
     }
 
-    /// One progress call (`tcpxCommProgress`, src/net_tcpx.cc 1099–1306): activate the oldest
+    /// One progress call (`tcpxCommProgress`, src/net_tcpx.cc 1099–1307): activate the oldest
     /// posted receive (1158–1180), then match the oldest active one to its header, if it has
-    /// come, and queue its chunk tasks (1227–1303). Eager: every posted receive, every header.
+    /// come, and queue its chunk tasks (1227–1304). Eager: every posted receive, every header.
     fn match_headers(&self, st: &mut RecvState) -> Result<(), ncclResult_t> {
         let sh = &*self.shared;
         if st.activated < st.tail {
