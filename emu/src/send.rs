@@ -256,9 +256,9 @@ impl SendComm {
         Ok(slot)
     }
 
-    /// One progress call (`tcpxCommProgress`, src/net_tcpx.cc 1099–1246): activate the oldest
+    /// One progress call (`tcpxCommProgress`, src/net_tcpx.cc 1099–1307): activate the oldest
     /// posted request whose delay has elapsed (1158–1180), then hand the oldest active one's
-    /// chunks to the sockets, one per socket with room (1215–1226). Eager: every posted
+    /// chunks to the sockets, one per socket with room (1182–1226). Eager: every posted
     /// request, every chunk.
     fn progress(&self, st: &mut SendState) {
         let sh = &*self.shared;
@@ -266,7 +266,8 @@ impl SendComm {
         while st.activated < st.posted {
             let r = st.reqs[(st.activated % MAX_REQUESTS as u64) as usize];
             if (r.size > 0 && self.chunk == 0) || now < r.posted_at + sh.dev.delay {
-                // A zero chunk size (the real plugin's default): nothing ever goes out.
+                // A zero chunk size (the real plugin's default): nothing ever goes out; a
+                // device delay (`DELAY_US`) holds the request and every later one.
                 break;
             }
             st.activated += 1;
