@@ -50,6 +50,23 @@ pub(crate) enum CloseMode {
     Plugin,
 }
 
+/// How much a `test` call moves (`TCPXEMU_PROGRESS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Progress {
+    /// As Google's plugin (`tcpxTest` → `tcpxCommProgress`, src/net_tcpx.cc 1099–1311): each
+    /// call on a comm activates at most one posted request and moves only the oldest active one
+    /// (a send: at most one chunk per data socket with room, at most [`MAX_TASKS`] chunks queued
+    /// on a socket; a receive: its header matched). The default.
+    Faithful,
+    /// The emulation before session 33: a call dispatches every posted send whole and matches
+    /// every arrived header to a posted receive. For A/B measurements only.
+    Eager,
+}
+
+/// Chunks a data socket's thread may hold queued or in flight (the real plugin's `MAX_TASKS`,
+/// src/work_queue.h).
+pub(crate) const MAX_TASKS: u32 = 6;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fragments {
     Page,
@@ -129,6 +146,8 @@ pub(crate) struct Config {
     pub(crate) failstop: FailStop,
     /// `TCPXEMU_CLOSE`: close promptly (default) or wait for requests under way as the plugin.
     pub(crate) close: CloseMode,
+    /// `TCPXEMU_PROGRESS`: what one `test` call moves (faithful by default).
+    pub(crate) progress: Progress,
     /// CUDA mode: the GPUs present and which each NIC serves (`None` in host mode: no GPU, no
     /// binding).
     pub(crate) binding: Option<Binding>,
@@ -141,7 +160,7 @@ impl Config {
         let mut s = format!(
             "tcpxemu: {} device(s), {}x{} data sockets per comm, NCCL_DYNAMIC_CHUNK_SIZE={}, \
              bounce={} ({}), host receive={}, bounce pages={}{}, seed={:#x}, flow-steering wait={}us, \
-             connection retry={}, failstop={}, close={}, hold={}",
+             connection retry={}, failstop={}, close={}, progress={}, hold={}",
             self.devices.len(),
             self.nsocks,
             self.nthreads,
@@ -172,6 +191,10 @@ impl Config {
             match self.close {
                 CloseMode::Prompt => "prompt",
                 CloseMode::Plugin => "plugin",
+            },
+            match self.progress {
+                Progress::Faithful => "faithful",
+                Progress::Eager => "eager",
             },
             match &self.hold {
                 Some(h) => format!("{} bytes while {} exists", h.after, h.file.display()),
@@ -540,6 +563,16 @@ fn from_env(w: &mut Vec<String>) -> Config {
             CloseMode::Prompt
         }
     };
+    let progress = match var("TCPXEMU_PROGRESS").as_deref() {
+        None | Some("faithful") => Progress::Faithful,
+        Some("eager") => Progress::Eager,
+        Some(other) => {
+            w.push(format!(
+                "tcpxemu: TCPXEMU_PROGRESS={other:?} is neither faithful nor eager; using faithful"
+            ));
+            Progress::Faithful
+        }
+    };
     let hold = var("TCPXEMU_HOLD_FILE").map(|f| {
         let after = parse(
             "TCPXEMU_HOLD_AFTER_BYTES",
@@ -568,6 +601,7 @@ fn from_env(w: &mut Vec<String>) -> Config {
         conn_retry,
         failstop,
         close,
+        progress,
         binding,
     }
 }

@@ -1,5 +1,7 @@
-//! The receive comm: a ctrl reader queues the sender's headers, `test` matches them FIFO to
-//! posted receives and hands chunk tasks to one thread per data socket, which land the bytes in
+//! The receive comm: a ctrl reader queues the sender's headers; `test`, as Google's plugin's,
+//! activates at most one posted receive per call and matches the oldest active one to its
+//! header (`TCPXEMU_PROGRESS=eager`: every arrived header to every posted receive), handing
+//! chunk tasks to one thread per data socket, which land the bytes in
 //! shuffled bounce pages (with a fragment list in the unpack ring) or, for direct receives,
 //! straight in the destination.
 //!
@@ -11,7 +13,7 @@
 //! threads that land the bytes are in `readers`.
 
 use crate::abi::{self, MAX_REQUESTS, NET_UNPACK_MAX_SLICE_PAGES, ncclResult_t};
-use crate::config::{CloseMode, Config, Device, Fragments, HostRecv};
+use crate::config::{CloseMode, Config, Device, Fragments, HostRecv, Progress};
 use crate::cuda::Ctx;
 use crate::listen::Group;
 use crate::memory::{BouncePool, HandleMemory, RecvStaging, RingMemory};
@@ -133,8 +135,12 @@ struct RecvReq {
     landing: Landing,
 }
 
+/// Request counters, each ≥ the next: `tail` (irecv), `activated` (a test took it from
+/// posted), `matched` (its header read, its chunk tasks queued), `done` (tested done), `head`
+/// (consumed).
 struct RecvState {
     tail: u64,
+    activated: u64,
     matched: u64,
     done: u64,
     head: u64,
@@ -148,6 +154,8 @@ pub(crate) struct RecvComm {
     has_devcomm: bool,
     state: Mutex<RecvState>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// `TCPXEMU_PROGRESS=eager`: a test matches every arrived header.
+    eager: bool,
 }
 
 impl RecvComm {
@@ -215,6 +223,7 @@ impl RecvComm {
             has_devcomm,
             state: Mutex::new(RecvState {
                 tail: 0,
+                activated: 0,
                 matched: 0,
                 done: 0,
                 head: 0,
@@ -228,6 +237,7 @@ impl RecvComm {
                 }; MAX_REQUESTS],
             }),
             threads: Mutex::new(Vec::with_capacity(n + 1)),
+            eager: cfg.progress == Progress::Eager,
         };
         let spawned = (|| -> io::Result<()> {
             let mut threads = lock(&comm.threads);
@@ -350,11 +360,16 @@ impl RecvComm {
         Ok(q)
     }
 
-    /// Match queued headers to posted receives, FIFO, and queue their chunk tasks.
+    /// One progress call (`tcpxCommProgress`, src/net_tcpx.cc 1099–1307): activate the oldest
+    /// posted receive (1158–1180), then match the oldest active one to its header, if it has
+    /// come, and queue its chunk tasks (1227–1304). Eager: every posted receive, every header.
     fn match_headers(&self, st: &mut RecvState) -> Result<(), ncclResult_t> {
         let sh = &*self.shared;
+        if st.activated < st.tail {
+            st.activated = if self.eager { st.tail } else { st.activated + 1 };
+        }
         let mut headers = lock(&sh.headers);
-        while st.matched < st.tail {
+        while st.matched < st.activated {
             let Some(h) = headers.pop_front() else { break };
             if h.seq != st.matched {
                 sh.health.fail(
@@ -393,6 +408,9 @@ impl RecvComm {
             }
             st.chunk_counter += n;
             st.matched += 1;
+            if !self.eager {
+                break;
+            }
         }
         Ok(())
     }
@@ -401,6 +419,12 @@ impl RecvComm {
     pub(crate) fn test(&self, q: usize) -> Result<bool, ncclResult_t> {
         let sh = &*self.shared;
         let mut st = lock(&self.state);
+        // Read EOF before draining: the reader queues every header before it flags EOF.
+        let eof = sh.ctrl_eof.load(Ordering::Acquire);
+        // The comm progresses first, as `tcpxTest` does, even when `q` is not the oldest.
+        if !sh.health.stop() {
+            self.match_headers(&mut st)?;
+        }
         if !(st.done < st.tail
             && q == (st.done % MAX_REQUESTS as u64) as usize
             && st.reqs[q].status == Status::Posted)
@@ -415,11 +439,6 @@ impl RecvComm {
                 sh.label
             );
             return Err(abi::NCCL_INTERNAL_ERROR);
-        }
-        // Read EOF before draining: the reader queues every header before it flags EOF.
-        let eof = sh.ctrl_eof.load(Ordering::Acquire);
-        if !sh.health.stop() {
-            self.match_headers(&mut st)?;
         }
         let matched = st.matched > st.done;
         let r = st.reqs[q];

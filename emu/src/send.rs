@@ -1,10 +1,13 @@
-//! The send comm: requests are recorded by `isend` and dispatched only inside `test`; one
-//! helper thread per data socket writes its share of the chunks; a ctrl watcher notices the
+//! The send comm: requests are recorded by `isend` and move only inside `test`, as in Google's
+//! plugin (`tcpxIsend_v5` queues, `tcpxTest` runs `tcpxCommProgress`): each call activates at
+//! most one posted request and hands the oldest active one's chunks to the data sockets, at most
+//! one chunk per socket with room (`TCPXEMU_PROGRESS=eager`: every request, whole, at once). One
+//! helper thread per data socket writes the chunks handed to it; a ctrl watcher notices the
 //! peer going away. In CUDA mode each writer owns pinned staging and a stream, through which
 //! it reads sends from CUDA memory (device → pinned → socket).
 
 use crate::abi::{self, MAX_REQUESTS, ncclResult_t};
-use crate::config::{CloseMode, Device};
+use crate::config::{CloseMode, Device, MAX_TASKS, Progress};
 use crate::connect::Connected;
 use crate::cuda::Ctx;
 use crate::memory::{SendStaging, StageError};
@@ -14,7 +17,7 @@ use crate::wire::{self, Header};
 use std::io;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -27,13 +30,15 @@ struct SrcPtr(*const u8);
 // done; closeSend joins every socket thread before returning.
 unsafe impl Send for SrcPtr {}
 
+/// One chunk of a request, handed to the socket that carries it.
 #[derive(Debug)]
 struct SendTask {
     slot: usize,
     data: SrcPtr,
     size: u32,
     chunk: u32,
-    start: u64,
+    /// The chunk's index within the request.
+    k: u64,
     /// The source is CUDA memory (staged through pinned memory).
     cuda: bool,
 }
@@ -43,6 +48,8 @@ struct SendShared {
     ctrl: TcpStream,
     data: Vec<TcpStream>,
     queues: Vec<TaskQueue<SendTask>>,
+    /// Chunks handed to each socket and not yet written (at most `MAX_TASKS` when faithful).
+    pending: Vec<AtomicU32>,
     written: [AtomicU64; MAX_REQUESTS],
     sent: AtomicU64,
     peer_gone: AtomicBool,
@@ -94,10 +101,17 @@ struct SendReq {
     posted_at: Instant,
 }
 
+/// Request counters, each ≤ the one before: `posted` (isend), `activated` (a test took it
+/// from posted), `dispatched` (every chunk handed to a socket), `freed` (tested done). The
+/// request `dispatched` is the oldest active one: `handed` of its chunks are handed, its header
+/// is sent once `started`.
 struct SendState {
     posted: u64,
+    activated: u64,
     dispatched: u64,
     freed: u64,
+    handed: u64,
+    started: bool,
     chunk_counter: u64,
     reqs: [SendReq; MAX_REQUESTS],
 }
@@ -109,6 +123,8 @@ pub(crate) struct SendComm {
     chunk: u32,
     /// CUDA mode: sends from CUDA memory are possible.
     cuda: bool,
+    /// `TCPXEMU_PROGRESS=eager`: a test moves everything posted.
+    eager: bool,
 }
 
 impl SendComm {
@@ -131,6 +147,7 @@ impl SendComm {
             ctrl,
             data,
             queues: (0..n).map(|_| TaskQueue::new()).collect(),
+            pending: (0..n).map(|_| AtomicU32::new(0)).collect(),
             written: std::array::from_fn(|_| AtomicU64::new(0)),
             sent: AtomicU64::new(0),
             peer_gone: AtomicBool::new(false),
@@ -141,8 +158,11 @@ impl SendComm {
             shared: shared.clone(),
             state: Mutex::new(SendState {
                 posted: 0,
+                activated: 0,
                 dispatched: 0,
                 freed: 0,
+                handed: 0,
+                started: false,
                 chunk_counter: 0,
                 reqs: [SendReq {
                     data: std::ptr::null(),
@@ -154,6 +174,7 @@ impl SendComm {
             threads: Mutex::new(Vec::with_capacity(n + 1)),
             chunk,
             cuda: cuda.is_some(),
+            eager: crate::config::get().is_some_and(|c| c.progress == Progress::Eager),
         };
         let spawned = (|| -> io::Result<()> {
             let mut threads = lock(&comm.threads);
@@ -235,24 +256,42 @@ impl SendComm {
         Ok(slot)
     }
 
-    /// Send every recorded request whose delay has elapsed, in order.
-    fn dispatch(&self, st: &mut SendState) {
+    /// One progress call (`tcpxCommProgress`, src/net_tcpx.cc 1099–1307): activate the oldest
+    /// posted request whose delay has elapsed (1158–1180), then hand the oldest active one's
+    /// chunks to the sockets, one per socket with room (1182–1226). Eager: every posted
+    /// request, every chunk.
+    fn progress(&self, st: &mut SendState) {
         let sh = &*self.shared;
         let now = Instant::now();
-        while st.dispatched < st.posted && !sh.health.stop() {
-            let slot = (st.dispatched % MAX_REQUESTS as u64) as usize;
-            let r = st.reqs[slot];
-            if r.size > 0 && self.chunk == 0 {
-                // The real plugin's default chunk size: nothing ever goes out.
+        while st.activated < st.posted {
+            let r = st.reqs[(st.activated % MAX_REQUESTS as u64) as usize];
+            if (r.size > 0 && self.chunk == 0) || now < r.posted_at + sh.dev.delay {
+                // A zero chunk size (the real plugin's default): nothing ever goes out; a
+                // device delay (`DELAY_US`) holds the request and every later one.
                 break;
             }
-            if now < r.posted_at + sh.dev.delay {
+            st.activated += 1;
+            if !self.eager {
                 break;
             }
-            if sh.peer_gone.load(Ordering::Acquire) {
-                sh.peer_closed();
-                return;
+        }
+        while st.dispatched < st.activated && !sh.health.stop() {
+            if !self.hand(st) || !self.eager {
+                break;
             }
+        }
+    }
+
+    /// Hands chunks of the oldest active request (its header first); true when all are.
+    fn hand(&self, st: &mut SendState) -> bool {
+        let sh = &*self.shared;
+        let slot = (st.dispatched % MAX_REQUESTS as u64) as usize;
+        let r = st.reqs[slot];
+        if sh.peer_gone.load(Ordering::Acquire) {
+            sh.peer_closed();
+            return false;
+        }
+        if !st.started {
             let h = Header {
                 chunk: self.chunk,
                 seq: st.dispatched,
@@ -261,31 +300,48 @@ impl SendComm {
             .encode();
             if let Err(e) = sockio::send_all(sh.ctrl.as_raw_fd(), h.as_ptr(), h.len()) {
                 sh.socket_error("control header", &e);
-                return;
+                return false;
             }
-            let n = wire::nchunks(r.size, self.chunk);
-            let nsocks = sh.queues.len();
-            for (me, q) in sh.queues.iter().enumerate() {
-                if wire::first_chunk_for(st.chunk_counter, me, nsocks) < n {
-                    q.push(SendTask {
-                        slot,
-                        data: SrcPtr(r.data),
-                        size: r.size,
-                        chunk: self.chunk,
-                        start: st.chunk_counter,
-                        cuda: r.cuda,
-                    });
-                }
-            }
-            st.chunk_counter += n;
-            st.dispatched += 1;
+            st.started = true;
         }
+        let n = wire::nchunks(r.size, self.chunk);
+        let nsocks = sh.queues.len() as u64;
+        let mut this_call = 0;
+        while st.handed < n {
+            let me = ((st.chunk_counter + st.handed) % nsocks) as usize;
+            if !self.eager && (this_call == nsocks || sh.pending[me].load(Ordering::Acquire) >= MAX_TASKS) {
+                break;
+            }
+            sh.pending[me].fetch_add(1, Ordering::AcqRel);
+            sh.queues[me].push(SendTask {
+                slot,
+                data: SrcPtr(r.data),
+                size: r.size,
+                chunk: self.chunk,
+                k: st.handed,
+                cuda: r.cuda,
+            });
+            st.handed += 1;
+            this_call += 1;
+        }
+        if st.handed < n {
+            return false;
+        }
+        st.chunk_counter += n;
+        st.dispatched += 1;
+        st.handed = 0;
+        st.started = false;
+        true
     }
 
-    /// Test `slot`: `Ok(true)` when done (the slot is freed).
+    /// Test `slot`: `Ok(true)` when done (the slot is freed). The comm progresses first, as
+    /// `tcpxTest` does, even when `slot` is not the oldest request.
     pub(crate) fn test(&self, slot: usize) -> Result<bool, ncclResult_t> {
         let sh = &*self.shared;
         let mut st = lock(&self.state);
+        if !sh.health.stop() {
+            self.progress(&mut st);
+        }
         if !(st.freed < st.posted && slot == (st.freed % MAX_REQUESTS as u64) as usize) {
             warn!(
                 "tcpxemu: test called with invalid request (send slot {slot}; the oldest in-flight is {}; {})",
@@ -298,7 +354,6 @@ impl SendComm {
             );
             return Err(abi::NCCL_INTERNAL_ERROR);
         }
-        self.dispatch(&mut st);
         let r = st.reqs[slot];
         if st.dispatched > st.freed && sh.written[slot].load(Ordering::Acquire) >= u64::from(r.size) {
             trace!(
@@ -315,8 +370,9 @@ impl SendComm {
         Ok(false)
     }
 
-    /// `TCPXEMU_CLOSE=plugin`: waits, as the real plugin's close does, while a posted send has
-    /// bytes left to write and the peer has not closed its end.
+    /// `TCPXEMU_CLOSE=plugin`: waits, as the real plugin's close does, while chunks handed to the
+    /// sockets have bytes left to write and the peer has not closed its end (a send never
+    /// tested was never handed: its bytes never go).
     fn wait_like_plugin(&self) {
         if crate::config::get().is_none_or(|c| c.close != CloseMode::Plugin) {
             return;
@@ -326,10 +382,16 @@ impl SendComm {
         loop {
             let waiting = {
                 let st = lock(&self.state);
-                (st.freed..st.posted)
+                (st.freed..=st.dispatched.min(st.posted.saturating_sub(1)))
                     .filter(|&n| {
                         let q = (n % MAX_REQUESTS as u64) as usize;
-                        sh.written[q].load(Ordering::Acquire) < u64::from(st.reqs[q].size)
+                        let size = u64::from(st.reqs[q].size);
+                        let handed = if n < st.dispatched {
+                            size
+                        } else {
+                            (st.handed * u64::from(self.chunk)).min(size)
+                        };
+                        n < st.posted && sh.written[q].load(Ordering::Acquire) < handed
                     })
                     .count()
             };
@@ -404,94 +466,90 @@ fn data_thread(sh: &SendShared, me: usize, staging: Option<SendStaging>) {
         }
     };
     let fd = sh.data[me].as_raw_fd();
-    let nsocks = sh.queues.len() as u64;
     let hold = crate::config::get().and_then(|c| c.hold.as_ref());
     while let Some(t) = sh.queues[me].pop(&sh.health) {
-        let total = wire::nchunks(t.size, t.chunk);
-        let mut k = wire::first_chunk_for(t.start, me, nsocks as usize);
-        while k < total {
-            if sh.health.stop() {
-                return;
-            }
-            if sh.peer_gone.load(Ordering::Acquire) {
-                sh.peer_closed();
-                return;
-            }
-            let off = k * u64::from(t.chunk);
-            let len = (u64::from(t.size) - off).min(u64::from(t.chunk));
-            if let Some(gate) = hold {
-                while !gate.try_admit(len) {
-                    if !sh.health.sleep_until(Instant::now() + crate::hold::POLL) {
-                        return;
-                    }
-                }
-            }
-            if let Some(end) = sh.dev.pacer.reserve(len) {
-                if !sh.health.sleep_until(end) {
+        let k = t.k;
+        if sh.health.stop() {
+            return;
+        }
+        if sh.peer_gone.load(Ordering::Acquire) {
+            sh.peer_closed();
+            return;
+        }
+        let off = k * u64::from(t.chunk);
+        let len = (u64::from(t.size) - off).min(u64::from(t.chunk));
+        if let Some(gate) = hold {
+            while !gate.try_admit(len) {
+                if !sh.health.sleep_until(Instant::now() + crate::hold::POLL) {
                     return;
                 }
             }
-            let mut n = len;
-            let mut trip = None;
-            if let Some(limit) = sh.dev.fail_after {
-                let prev = sh.sent.fetch_add(len, Ordering::AcqRel);
-                if prev + len >= limit {
-                    n = limit.saturating_sub(prev).min(len);
-                    trip = Some(limit);
-                }
+        }
+        if let Some(end) = sh.dev.pacer.reserve(len) {
+            if !sh.health.sleep_until(end) {
+                return;
             }
-            if n > 0 && t.cuda {
-                let Some(stage) = &staging else {
-                    sh.health.fail(
-                        abi::NCCL_INTERNAL_ERROR,
+        }
+        let mut n = len;
+        let mut trip = None;
+        if let Some(limit) = sh.dev.fail_after {
+            let prev = sh.sent.fetch_add(len, Ordering::AcqRel);
+            if prev + len >= limit {
+                n = limit.saturating_sub(prev).min(len);
+                trip = Some(limit);
+            }
+        }
+        if n > 0 && t.cuda {
+            let Some(stage) = &staging else {
+                sh.health.fail(
+                    abi::NCCL_INTERNAL_ERROR,
+                    format!(
+                        "tcpxemu: internal error: a CUDA send without staging ({})",
+                        sh.label
+                    ),
+                );
+                return;
+            };
+            // off + n ≤ size, inside the caller's registered device range (checked by isend).
+            let src = t.data.0 as u64 + off;
+            let sent = stage.send_device(src, n as usize, |p, len| sockio::send_all(fd, p, len));
+            match sent {
+                Ok(()) => {}
+                Err(StageError::Io(e)) => {
+                    sh.socket_error("data write", &e);
+                    return;
+                }
+                Err(StageError::Cuda(e)) => {
+                    sh.health.fatal(
+                        abi::NCCL_UNHANDLED_CUDA_ERROR,
                         format!(
-                            "tcpxemu: internal error: a CUDA send without staging ({})",
+                            "tcpxemu: copying a send from CUDA memory to pinned staging failed: {e} ({})",
                             sh.label
                         ),
                     );
                     return;
-                };
-                // off + n ≤ size, inside the caller's registered device range (checked by isend).
-                let src = t.data.0 as u64 + off;
-                let sent = stage.send_device(src, n as usize, |p, len| sockio::send_all(fd, p, len));
-                match sent {
-                    Ok(()) => {}
-                    Err(StageError::Io(e)) => {
-                        sh.socket_error("data write", &e);
-                        return;
-                    }
-                    Err(StageError::Cuda(e)) => {
-                        sh.health.fatal(
-                            abi::NCCL_UNHANDLED_CUDA_ERROR,
-                            format!(
-                                "tcpxemu: copying a send from CUDA memory to pinned staging failed: {e} ({})",
-                                sh.label
-                            ),
-                        );
-                        return;
-                    }
-                }
-            } else if n > 0 {
-                // SAFETY: off + n ≤ size, inside the caller's registered buffer (checked by isend).
-                let p = unsafe { t.data.0.add(off as usize) };
-                if let Err(e) = sockio::send_all(fd, p, n as usize) {
-                    sh.socket_error("data write", &e);
-                    return;
                 }
             }
-            if let Some(limit) = trip {
-                sh.health.fail(
-                    abi::NCCL_SYSTEM_ERROR,
-                    format!(
-                        "tcpxemu: injected connection failure after {limit} bytes ({})",
-                        sh.label
-                    ),
-                );
-                sh.shutdown_all();
+        } else if n > 0 {
+            // SAFETY: off + n ≤ size, inside the caller's registered buffer (checked by isend).
+            let p = unsafe { t.data.0.add(off as usize) };
+            if let Err(e) = sockio::send_all(fd, p, n as usize) {
+                sh.socket_error("data write", &e);
                 return;
             }
-            sh.written[t.slot].fetch_add(len, Ordering::Release);
-            k += nsocks;
         }
+        if let Some(limit) = trip {
+            sh.health.fail(
+                abi::NCCL_SYSTEM_ERROR,
+                format!(
+                    "tcpxemu: injected connection failure after {limit} bytes ({})",
+                    sh.label
+                ),
+            );
+            sh.shutdown_all();
+            return;
+        }
+        sh.written[t.slot].fetch_add(len, Ordering::Release);
+        sh.pending[me].fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -40,6 +40,6 @@ fn emulation_conforms_when_loaded_by_path() {
         .collect();
     assert!(report.passed(), "conformance failures:\n{}", failed.join("\n"));
     // Every per-device case ran on both devices, plus the two global cases.
-    assert_eq!(report.cases.len(), 2 + 2 * 12);
+    assert_eq!(report.cases.len(), 2 + 2 * 14);
     assert!(report.cases.iter().any(|c| c.name == "nccl_pat" && c.passed));
 }

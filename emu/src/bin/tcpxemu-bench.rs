@@ -4,8 +4,8 @@
 //! (the plugin reads its environment once per process), which sets `NCCL_NSOCKS_PERTHREAD`,
 //! `NCCL_SOCKET_NTHREADS`, `NCCL_DYNAMIC_CHUNK_SIZE` and `TCPXEMU_HOST_RECV` before `init`,
 //! connects one comm pair through `plugin_table()`, registers host buffers and streams
-//! `--bytes` with `--window` (default 16) requests in flight: one thread posts sends and tests
-//! the oldest, another posts receives, tests the oldest and calls `irecvConsumed` after each
+//! `--bytes` with `--window` (default 16) requests in flight: one thread posts sends, testing
+//! the oldest after each post and then until it is done, another posts receives, tests the oldest and calls `irecvConsumed` after each
 //! bounce receive. Modes:
 //! - `bounce`: fragments land in shuffled host bounce pages; the bench checks each fragment list
 //!   covers the message (sum of lengths) but does not copy; the final window is gathered and
@@ -489,6 +489,20 @@ fn run_case(args: &[String]) -> Result<Outcome, String> {
                 })?;
                 reqs.push_back(req);
                 posted += 1;
+                // A posted send moves only in a test (one more request per call, as in Google's
+                // plugin): test the oldest after each post, as tcpxd and NCCL's proxy do.
+                let (mut d, mut sizes) = (0, -1);
+                // SAFETY: the oldest in-flight request of this comm.
+                check("test(send)", unsafe {
+                    (t().test.unwrap())(reqs[0], &mut d, &mut sizes)
+                })?;
+                if d == 1 {
+                    reqs.pop_front();
+                    done += 1;
+                }
+            }
+            if reqs.is_empty() {
+                continue;
             }
             let (mut d, mut sizes) = (0, -1);
             // SAFETY: the oldest in-flight request of this comm.

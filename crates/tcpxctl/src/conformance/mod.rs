@@ -10,6 +10,8 @@
 //! - `comms`: the plugin's properties, connect/accept, registration and closing cases.
 //! - `data`: the cases that move data: sizes, FIFO matching, the ring wrap-around.
 //! - `rules`: the plugin enforcing its own rules: the request limit, test and consume order.
+//! - `progress`: `send_progress` and `recv_progress`, where a request moves (only in `test`, one
+//!   more per call).
 //! - `nccl`: the cases about the plugin under NCCL.
 //! - `binding`: `misbound_gpu`, a receive comm under a GPU its NIC does not serve (RxDM's binding).
 //! - `credits`: `credit_landing`, a CUDA receive naming a one-page registration and a 4 MiB posted
@@ -28,6 +30,7 @@ mod credits;
 mod data;
 mod harness;
 mod nccl;
+mod progress;
 mod rules;
 
 pub use harness::pattern;
@@ -149,6 +152,8 @@ const DEVICE_CASES: &[(&str, CaseFn)] = &[
     ("fifo_tags_ignored", data::case_fifo_tags_ignored),
     ("request_limit", rules::case_request_limit),
     ("test_order", rules::case_test_order),
+    ("send_progress", progress::case_send_progress),
+    ("recv_progress", progress::case_recv_progress),
     ("consume_order", rules::case_consume_order),
     ("ring_wraparound", data::case_ring_wraparound),
     ("nccl_ring", nccl::case_ring_traffic),

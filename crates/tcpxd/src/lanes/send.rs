@@ -6,13 +6,14 @@ use crate::net::{MemHandle, NetResult, SendComm};
 /// Posts one send of `len` bytes at `at` in `mh` with the lane's next tag; `false` when the
 /// plugin has no slot free (nothing changed).
 ///
-/// A posted send does not move yet: the plugin's `isend` only records the request, and its
-/// `test` dispatches it to the data sockets (Google's TCPX plugin: `tcpxIsend_v5` queues it
-/// with `tcpxGetRequest`, `tcpxTest` runs `tcpxCommProgress`, which hands the next request's
-/// chunks to the socket threads; the emulation alike, `emu/src/send.rs`). The poller's send
-/// lanes therefore [`test_sends`] right after each post, so a transfer's first chunk is on its
-/// way while the others are posted (session 32, sendtest); the lane threads and `tcpxctl bench
-/// raw` post what they hold, then test.
+/// A posted send does not move yet: the plugin's `isend` only records the request, and each
+/// `test` call on the comm activates at most one more posted request and hands the oldest
+/// active one's chunks to the data sockets (Google's TCPX plugin: `tcpxIsend_v5` queues it
+/// with `tcpxGetRequest`, `tcpxTest` runs `tcpxCommProgress`; the emulation alike since session
+/// 33, `emu/src/send.rs`). The poller's send lanes, the lane threads and `tcpxctl bench raw`
+/// therefore [`test_sends`] right after each post, so a transfer's first chunk is on its way
+/// while the others are posted (session 32, sendtest), and a window of posts is not left
+/// waiting for one test per send.
 pub fn post_send(comm: &mut SendComm, tag: &mut Tag, mh: &MemHandle, at: usize, len: u32) -> NetResult<bool> {
     let posted = comm.isend(mh, at, len as usize, tag.advance())?.is_some();
     if posted {

@@ -1,6 +1,6 @@
 //! The raw bench's sending thread: starts transfers (up to the job's depth in flight), posts
-//! their chunks within the send window and tests the head of each comm (the daemon's lane pass,
-//! `tcpxd::lanes`).
+//! their chunks within the send window, testing the head of the comm after each post and then
+//! once more per pass (the daemon's lane pass, `tcpxd::lanes`: a send moves only in a test).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -63,6 +63,9 @@ impl SendSide {
                     }
                     q.pop_front();
                     progressed = true;
+                    // A posted send moves only in a test, one more per call (Google's plugin,
+                    // `lanes::post_send`): tested after each post, as the daemon's lanes do.
+                    test_sends(comm, || {}).map_err(|e| format!("lane {li} send: {e}"))?;
                 }
                 if test_sends(comm, || {}).map_err(|e| format!("lane {li} send: {e}"))? > 0 {
                     progressed = true;
