@@ -125,7 +125,8 @@ impl Poller {
     /// leave in one `send` (taken at each of the pass's three looks, they were spread over more
     /// passes' sends: two H200s, 16 in flight, `send_direct` +1–1.5 µs a transfer, and 2.2 µs of
     /// starts in the pass's last phase; session 30) — except where a notification alone is
-    /// queued ([`Hub::has_notices`]): then at any look. A notification alone taken here has its
+    /// queued ([`Hub::has_notices`]): then at any look, the first before the pass's
+    /// `epoll_wait` (`Poller::run`). A notification alone taken here has its
     /// header framed and sent at once (the pass's actions run now), not after the pass's
     /// reads, commands and setup (session 33, rt3: the round trip's hop from the sessions
     /// thread to the wire).
