@@ -23,7 +23,11 @@ impl Engine {
     /// Whether an offer or header is a notification alone: one range of zero bytes, a
     /// notification, not a block transfer, not serving a READ.
     pub(super) fn is_lone_notice(offer: &Offer) -> bool {
-        offer.is_lone_notice()
+        offer.blocks.is_none()
+            && offer.read_id == 0
+            && !offer.notification.is_empty()
+            && offer.ranges.len() == 1
+            && offer.ranges.first().is_some_and(|r| r.length == 0)
     }
 
     /// Sends a recorded notice's header (`msg`, taken from its offer) on control: no chunks, so

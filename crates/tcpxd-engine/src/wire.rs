@@ -135,16 +135,6 @@ pub struct Offer {
 }
 
 impl Offer {
-    /// A notification alone (`notice.rs`): one range of zero bytes, a notification, not a block
-    /// transfer, not serving a READ.
-    pub fn is_lone_notice(&self) -> bool {
-        self.blocks.is_none()
-            && self.read_id == 0
-            && !self.notification.is_empty()
-            && self.ranges.len() == 1
-            && self.ranges.first().is_some_and(|r| r.length == 0)
-    }
-
     /// What the receiver's notification names: the sender's transfer id, or the offer id from a
     /// sender that did not say.
     pub fn notify_id(&self) -> u64 {

@@ -230,21 +230,10 @@ impl Poller {
             // The direct control connection (`direct.rs`): framed now, on the wire from this
             // thread at the end of the batch of actions (`send_direct`).
             Some(d) => {
-                let first = d.unsent() == 0;
-                d.push(&msg);
-                // A notification alone's header with nothing framed before it: on the wire now,
-                // not at the batch's end (session 33, rt3: nothing else waits on it, and a
-                // message framed for the peer earlier in the batch keeps its place after the
-                // sessions' events, as the batch's end sends it).
-                if first && matches!(&msg, PeerMsg::Header(o) if o.is_lone_notice()) {
-                    if let Err(why) = d.flush() {
-                        self.direct_broken.push((peer, why));
-                    } else if d.unsent() > 0 {
-                        self.direct_pending.push(peer);
-                    }
-                } else if first {
+                if d.unsent() == 0 {
                     self.direct_pending.push(peer);
                 }
+                d.push(&msg);
             }
             None => {
                 let _ = p.control.send(super::ControlOut::Msg(msg));

@@ -61,16 +61,6 @@ pub struct FastStart {
     pub sink: Option<Arc<dyn StartSink>>,
 }
 
-impl FastStart {
-    /// A notification alone (`tcpxd_engine`'s `notice.rs`: a WRITE of one zero-byte entry that
-    /// carries a notification): control messages only, its header sent as it starts.
-    pub fn is_lone_notice(&self) -> bool {
-        self.write
-            && !self.notification.is_empty()
-            && matches!(&self.batch, Batch::Entries(specs) if specs.len() == 1 && specs[0].remote.length == 0)
-    }
-}
-
 impl Drop for FastStart {
     fn drop(&mut self) {
         if let Some(sink) = self.sink.take() {
@@ -124,19 +114,11 @@ impl Poller {
     /// start, so that a pass's starts are started together and their first control messages
     /// leave in one `send` (taken at each of the pass's three looks, they were spread over more
     /// passes' sends: two H200s, 16 in flight, `send_direct` +1–1.5 µs a transfer, and 2.2 µs of
-    /// starts in the pass's last phase; session 30) — except where a notification alone is
-    /// queued ([`Hub::has_notices`]): then at any look, the first before the pass's
-    /// `epoll_wait` (`Poller::run`). A notification alone taken here has its
-    /// header framed and sent at once (the pass's actions run now), not after the pass's
-    /// reads, commands and setup (session 33, rt3: the round trip's hop from the sessions
-    /// thread to the wire).
-    ///
-    /// [`Hub::has_notices`]: super::session_thread::Hub::has_notices
+    /// starts in the pass's last phase; session 30).
     pub(super) fn take_fast_starts(&mut self, from_hub: bool) -> bool {
         let mut any = false;
-        let mut notices = false;
         if let Some(hub) = self.park.hub()
-            && (from_hub || hub.has_notices())
+            && from_hub
             && hub.has_starts()
         {
             // From the sessions thread: its answers go back there.
@@ -144,7 +126,6 @@ impl Poller {
             hub.take_starts(&mut taken);
             for start in taken.drain(..) {
                 any = true;
-                notices |= start.is_lone_notice();
                 self.fast_start(start);
             }
             self.hub_starts = taken;
@@ -156,13 +137,7 @@ impl Poller {
         // (popped one at a time: a sink told its answer may poll its session, which may queue more)
         while let Some(start) = QUEUED.with(|q| q.borrow_mut().pop_front()) {
             any = true;
-            notices |= start.is_lone_notice();
             self.fast_start(start);
-        }
-        if notices {
-            // The notices' headers (and the other starts' first messages, taken with them) on
-            // the wire now: one batch of actions, one `send` a pairing.
-            self.run_actions();
         }
         any
     }
@@ -186,53 +161,6 @@ impl Poller {
                 self.hub_answers.push(sink);
             }
             None => sink.answered(r),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::engine::{EntrySpec, PeerIdx, RemoteRange};
-
-    fn start(write: bool, lengths: &[u64], notification: &[u8]) -> FastStart {
-        let specs = lengths
-            .iter()
-            .map(|&length| EntrySpec {
-                local_buffer: 1,
-                local_offset: 0,
-                peer: PeerIdx(0),
-                remote: RemoteRange {
-                    buffer_id: 2,
-                    access_key: [0; 16],
-                    offset: 0,
-                    length,
-                },
-            })
-            .collect();
-        FastStart {
-            write,
-            batch: Batch::Entries(specs),
-            notification: notification.to_vec(),
-            deadline: Instant::now(),
-            sink: None,
-        }
-    }
-
-    #[test]
-    fn a_lone_notice_is_one_zero_byte_write_entry_with_a_notification() {
-        assert!(start(true, &[0], b"n").is_lone_notice());
-        for (write, lengths, note) in [
-            (true, &[0u64][..], &b""[..]),
-            (false, &[0], b"n"),
-            (true, &[1], b"n"),
-            (true, &[0, 0], b"n"),
-            (true, &[], b"n"),
-        ] {
-            assert!(
-                !start(write, lengths, note).is_lone_notice(),
-                "{write} {lengths:?} {note:?}"
-            );
         }
     }
 }

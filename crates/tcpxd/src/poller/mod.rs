@@ -479,14 +479,11 @@ impl Poller {
             crate::lanes::next_pass();
             let pass_start = Instant::now();
             let mut clock = PassClock::start(pass_start);
-            // A notification alone the sessions thread queued: started (its header sent) before
-            // the pass's look, a system call (`take_fast_starts`; session 33, rt3).
-            let early = self.take_fast_starts(false);
             if !looked && (self.reads_direct() || self.park.serves_sessions()) {
                 self.park.look(Some(Duration::ZERO), &mut self.direct_ready);
             }
             looked = false;
-            let mut progressed = self.park.serve_sessions() | early;
+            let mut progressed = self.park.serve_sessions();
             // What the sessions just read, started on the engine now (`fast_starts.rs`).
             progressed |= self.take_fast_starts(true);
             progressed |= self.read_direct();

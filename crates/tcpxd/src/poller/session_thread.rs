@@ -103,9 +103,6 @@ pub(super) struct Hub {
     starts: Mutex<Starts>,
     /// Starts are queued (a hint read without the lock; the lock's queue is the truth).
     queued: AtomicBool,
-    /// A notification alone is among them ([`FastStart::is_lone_notice`]): the poller takes the
-    /// queue at any of its pass's looks, not only at the pass's start (session 33, rt3).
-    notices: AtomicBool,
     /// The poller's bell: rung after a start is queued, when the poller waits.
     bell: Arc<Bell>,
     handed: Mutex<Handed>,
@@ -149,7 +146,6 @@ impl Hub {
         let hub = Arc::new(Hub {
             starts: Mutex::new(Starts::default()),
             queued: AtomicBool::new(false),
-            notices: AtomicBool::new(false),
             bell,
             handed: Mutex::new(Handed::default()),
             any_handed: AtomicBool::new(false),
@@ -175,9 +171,6 @@ impl Hub {
             drop(start);
             return;
         }
-        if start.is_lone_notice() {
-            self.notices.store(true, Ordering::Relaxed);
-        }
         s.queue.push_back(start);
         self.queued.store(true, Ordering::Relaxed);
         drop(s);
@@ -189,11 +182,6 @@ impl Hub {
         self.queued.load(Ordering::Relaxed)
     }
 
-    /// Whether a notification alone is among the queued starts (a hint, as [`Hub::has_starts`]).
-    pub(super) fn has_notices(&self) -> bool {
-        self.notices.load(Ordering::Relaxed)
-    }
-
     /// The poller takes the queued starts into `into` (its scratch, empty on entry).
     pub(super) fn take_starts(&self, into: &mut VecDeque<FastStart>) {
         if !self.queued.load(Ordering::Acquire) {
@@ -202,7 +190,6 @@ impl Hub {
         let mut s = self.starts.lock().unwrap_or_else(|e| e.into_inner());
         std::mem::swap(&mut s.queue, into);
         self.queued.store(false, Ordering::Relaxed);
-        self.notices.store(false, Ordering::Relaxed);
     }
 
     /// The poller hands its fast starts' answers to the sessions thread (`answers`: the
