@@ -75,20 +75,6 @@ const IN_EPOLL: u8 = 1;
 /// The hub's eventfd in the sessions thread's set.
 const WAKE: Token = Token(usize::MAX);
 
-/// While it spins with request rings attached, how long this thread looks only at the rings
-/// (and the hub) between two looks at its sockets, instead of yielding at once: an entry
-/// written meanwhile is taken without the yield's and the next `epoll_wait`'s system calls
-/// first (session 33, rt3: the notification round trip's hop from a client's ring to this
-/// thread). A socket's request waits at most this much longer for its look. Only with
-/// [`RING_SPIN_CPUS`] CPUs or more: where the spinning threads outnumber the CPUs, the yield is
-/// what lets a client or the poller on this CPU run (the 2-core VM with spin forced on: the
-/// round trip's p50 2.5–4.6 ms with it against 1.1–1.9 without, debug builds).
-const RING_SPIN: Duration = Duration::from_micros(5);
-
-/// The CPUs from which the sessions thread spins on its rings ([`RING_SPIN`]): the 16-CPU host
-/// runs two daemons' pollers and sessions threads and two spinning clients with CPUs to spare.
-const RING_SPIN_CPUS: usize = 16;
-
 /// A fast start's ticket whose answer it holds, applied on the sessions thread
 /// (`StartSink::hold`).
 pub(super) type Answer = Arc<dyn StartSink>;
@@ -306,7 +292,6 @@ impl SessionsSide {
         let mut wakers: Vec<Waker> = Vec::new();
         let (mut answers, mut writes): (Vec<Answer>, Vec<Arc<Outbox>>) = (Vec::new(), Vec::new());
         let mut last_work = Instant::now();
-        let ring_spin = spin && crate::idle::cpus() >= RING_SPIN_CPUS;
         loop {
             self.watch.next_pass();
             let mut worked = serve_handed(&hub, &mut answers, &mut writes);
@@ -363,36 +348,12 @@ impl SessionsSide {
             worked |= self.rings.wake(&mut wakers);
             if worked {
                 last_work = Instant::now();
-            } else if lingering && ring_spin && !self.rings.is_empty() {
-                if self.spin_on_rings(&hub, &mut wakers) {
-                    last_work = Instant::now();
-                }
             } else if lingering {
                 std::thread::yield_now();
             }
         }
         HUB_HERE.with(|h| *h.borrow_mut() = None);
         tracing::debug!("sessions thread ended");
-    }
-
-    /// Looks at the request rings for up to [`RING_SPIN`] without a system call, until one
-    /// holds an entry (its reader woken: `true`) or the poller hands something over or stops;
-    /// yields once the time is up with nothing found.
-    fn spin_on_rings(&self, hub: &Hub, wakers: &mut Vec<Waker>) -> bool {
-        let until = Instant::now() + RING_SPIN;
-        loop {
-            if self.rings.wake(wakers) {
-                return true;
-            }
-            if hub.any_handed.load(Ordering::Relaxed) || hub.stop.load(Ordering::Relaxed) {
-                return false;
-            }
-            if Instant::now() >= until {
-                std::thread::yield_now();
-                return false;
-            }
-            std::hint::spin_loop();
-        }
     }
 }
 
