@@ -165,8 +165,8 @@ async fn a_burst_is_served_on_the_sessions_thread_with_its_bytes_events_and_ids(
 }
 
 /// Notifications alone mixed with WRITEs in one burst, on the sessions thread and on the poller
-/// (session 33, rt3: a queued notice is taken at any of the poller's looks and its header sent
-/// at once, the WRITEs taken with it started in the same batch): every tag answered once, OK;
+/// (session 33, rt3: the fast starts' way for notices, which any change to the notice's hops
+/// must keep): every tag answered once, OK;
 /// the notices delivered to b's subscriber in the order sent, each naming its transfer; the
 /// WRITEs' bytes landed; every request started fast; the lanes drained after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
