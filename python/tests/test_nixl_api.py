@@ -512,7 +512,7 @@ def test_send_notif_posts_keeps_the_order_and_close_delivers_the_last(daemons, p
     try:
         B.add_remote_agent(A.get_agent_metadata())
         if path == "session":
-            B._inbox.post = lambda body, to: None  # as without a local feed (a TCP endpoint)
+            B._inbox.post_notif = lambda head, msg, to: None  # as without a local feed (a TCP endpoint)
         sent = [b"n-%d" % i for i in range(200)]
         for m in sent:
             B.send_notif("ord-A", m)

@@ -176,6 +176,7 @@ def test_single_fields_are_none_for_unequal_lengths():
 def test_send_notif_sends_the_mailbox_write_from_its_kept_head(daemons, monkeypatch, timeout_s):
     """send_notif's WriteRequest is made from pieces kept per remote agent (`_Remote.notif_head`):
     the same bytes as mailbox_write of the framed message, for short and long messages alike."""
+    from tcpxd._session import _varint
     from tcpxd.nixl import nixl_agent, nixl_agent_config
     from tcpxd.nixl._notify import frame
     from tcpxd.nixl._xfer import mailbox_write
@@ -186,8 +187,13 @@ def test_send_notif_sends_the_mailbox_write_from_its_kept_head(daemons, monkeypa
     try:
         A.add_remote_agent(B.get_agent_metadata())
         bodies = []
-        post = A._inbox.post
-        monkeypatch.setattr(A._inbox, "post", lambda body, to: (bodies.append(body), post(body, to))[1])
+        post = A._inbox.post_notif  # (its pieces: the C pass writes them into the ring's slot as one)
+
+        def post_notif(head, msg, to):
+            bodies.append(head[0] + _varint(len(head[1]) + len(msg)) + head[1] + msg + head[2])
+            return post(head, msg, to)
+
+        monkeypatch.setattr(A._inbox, "post_notif", post_notif)
         msgs = [b"", b"x", b"m" * 200, b"n" * 70000]
         for m in msgs:
             A.send_notif("nh-B", m)

@@ -150,7 +150,8 @@ def test_nixl_transfers_and_send_notif_use_the_ring(spinning):
         feed = A._inbox._feed
         assert feed is not None and feed.conn.ring is not None
         sent_before = feed.conn.ring.written
-        msgs = [f"m{i}".encode() for i in range(20)]
+        # (one too long for a slot: on the socket, between entries on the ring, the order kept)
+        msgs = [f"m{i}".encode() * (300 if i == 7 else 1) for i in range(20)]
         got: list = []
         for m in msgs:
             A.send_notif("xf-B", m)
@@ -163,6 +164,39 @@ def test_nixl_transfers_and_send_notif_use_the_ring(spinning):
     finally:
         A.close()
         B.close()
+
+
+def test_send_notifs_entry_written_in_c_is_the_frame_python_would_put():
+    """`Ring.put_notif` (send_notif's request written into the slot by `_native.notif_put`) leaves
+    the ring exactly as `Ring.put` of the frame built in Python does — the same bytes, entries
+    and doorbells, the same answer (None where it does not fit, the ring is full or `spinning`
+    is 0; False where it is set) — over names, messages and tags of every varint length."""
+    from tcpxd import _local
+    from tcpxd._session import _varint
+
+    if getattr(_ring, "_notif_put", None) is None:
+        pytest.skip("a C pass without notif_put")
+    rng = np.random.default_rng(33)
+    answers = set()
+    for _ in range(1500):
+        a, b = _ring.Ring(16), _ring.Ring(16)
+        spinning = int(rng.integers(0, 4) > 0)
+        for r in (a, b):
+            struct.pack_into("<Q", r.mem, 8, spinning)
+        h0, name, tail, msg = (rng.bytes(int(rng.integers(0, n))) for n in (80, 200, 12, 300))
+        tag = int(rng.choice([1, 127, 128, 300, 1 << 20, 1 << 40]))
+        a.sent = b.sent = int(rng.integers(0, 1000))
+        n = int(rng.integers(0, 20))
+        a.written = b.written = n
+        a.taken = b.taken = max(0, n - int(rng.integers(0, 18)))
+        body = h0 + _varint(len(name) + len(msg)) + name + msg + tail
+        head = b"\x08" + _varint(tag) + b"\x12" + _varint(len(body))
+        want = a.put(_local.HEADER.pack(len(head) + len(body)) + head + body)
+        assert b.put_notif(tag, h0, msg, name, tail) == want
+        assert bytes(a.mem) == bytes(b.mem)
+        assert (a.written, a.doorbells) == (b.written, b.doorbells)
+        answers.add(want)
+    assert answers == {None, False}  # (True: `spinning` cleared between the two reads, another thread's doing)
 
 
 def test_without_a_ring_requests_go_on_the_socket_and_it_is_said_once(tmp_root, caplog, monkeypatch):

@@ -713,6 +713,72 @@ static PyObject *ring_put(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromUnsignedLongLong(spinning);
 }
 
+PyDoc_STRVAR(notif_put_doc,
+"notif_put(mem, at, limit, k, before, tag, head, msg, name, tail) -> int\n\n"
+"tcpxd.nixl's send_notif in one call (session 33, rt3): writes the local-session request\n"
+"`SessionRequest{tag: tag, write: WriteRequest}` whose WriteRequest is `head` (the mailbox\n"
+"entry and the notification's field key), the notification's length (a varint of\n"
+"len(name) + len(msg)), `name` (its frame's agent names), `msg` and `tail` (the timeout) -\n"
+"the bytes tcpxd._ring's `put` would take from Python's concatenations - straight into the\n"
+"request ring's slot at `at` as entry `k` (`before` socket frames first), as `ring_put` does,\n"
+"and returns the ring's `spinning` word after the fence. Returns -1, writing nothing, when the\n"
+"request is longer than `limit` bytes (the slot's room: the caller sends it another way).");
+
+static PyObject *notif_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 10 || !PyBytes_Check(args[6]) || !PyBytes_Check(args[7]) || !PyBytes_Check(args[8]) ||
+        !PyBytes_Check(args[9])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "notif_put(mem, at: int, limit: int, k: int, before: int, tag: int, head: bytes, "
+                        "msg: bytes, name: bytes, tail: bytes)");
+        return NULL;
+    }
+    Py_ssize_t at = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t limit = PyLong_AsSsize_t(args[2]);
+    unsigned long long k = PyLong_AsUnsignedLongLong(args[3]);
+    unsigned long long before = PyLong_AsUnsignedLongLong(args[4]);
+    unsigned long long tag = PyLong_AsUnsignedLongLong(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    size_t hl = (size_t)PyBytes_GET_SIZE(args[6]), ml = (size_t)PyBytes_GET_SIZE(args[7]);
+    size_t nl = (size_t)PyBytes_GET_SIZE(args[8]), tl = (size_t)PyBytes_GET_SIZE(args[9]);
+    size_t note = nl + ml;
+    size_t body = hl + varint_len(note) + nl + ml + tl;
+    size_t n = 1 + varint_len((size_t)tag) + 1 + varint_len(body) + body;
+    if (limit < 0 || n > (size_t)limit)
+        return PyLong_FromLong(-1);
+    Py_buffer v;
+    if (PyObject_GetBuffer(args[0], &v, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (at < 64 || (at & 7) != 0 || (size_t)at + 32 + n > (size_t)v.len) {
+        PyBuffer_Release(&v);
+        PyErr_SetString(PyExc_ValueError, "notif_put: the slot is outside the ring");
+        return NULL;
+    }
+    char *slot = (char *)v.buf + at;
+    char *p = slot + 32;
+    *p++ = 0x08; /* SessionRequest.tag = 1 */
+    p = put_varint(p, (size_t)tag);
+    *p++ = 0x12; /* SessionRequest.write = 2 */
+    p = put_varint(p, body);
+    memcpy(p, PyBytes_AS_STRING(args[6]), hl);
+    p += hl;
+    p = put_varint(p, note);
+    memcpy(p, PyBytes_AS_STRING(args[8]), nl);
+    p += nl;
+    memcpy(p, PyBytes_AS_STRING(args[7]), ml);
+    p += ml;
+    memcpy(p, PyBytes_AS_STRING(args[9]), tl);
+    uint64_t len = (uint64_t)n, b = (uint64_t)before;
+    memcpy(slot + 8, &len, 8);
+    memcpy(slot + 16, &b, 8);
+    __atomic_store_n((uint64_t *)slot, (uint64_t)k, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    uint64_t spinning = __atomic_load_n((uint64_t *)((char *)v.buf + 8), __ATOMIC_RELAXED);
+    PyBuffer_Release(&v);
+    return PyLong_FromUnsignedLongLong(spinning);
+}
+
 
 PyDoc_STRVAR(quiet_wait_doc,
 "quiet_wait(polled, quiet) -> None\n\n"
@@ -769,6 +835,7 @@ static PyMethodDef methods[] = {
     {"outer_fields", outer_fields, METH_VARARGS, outer_fields_doc},
     {"frame", (PyCFunction)(void (*)(void))frame, METH_FASTCALL, frame_doc},
     {"ring_put", (PyCFunction)(void (*)(void))ring_put, METH_FASTCALL, ring_put_doc},
+    {"notif_put", (PyCFunction)(void (*)(void))notif_put, METH_FASTCALL, notif_put_doc},
     {"quiet_wait", (PyCFunction)(void (*)(void))quiet_wait, METH_FASTCALL, quiet_wait_doc},
     {NULL, NULL, 0, NULL},
 };

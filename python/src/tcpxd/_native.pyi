@@ -19,6 +19,13 @@ def ring_put(mem: Any, at: int, k: int, before: int, frame: bytes, /) -> int:
     as entry `k`, `before` socket frames before it; the ring's `spinning` word read after a
     sequentially consistent fence (0: ring the doorbell; tcpxd._ring)."""
 
+def notif_put(
+    mem: Any, at: int, limit: int, k: int, before: int, tag: int, head: bytes, msg: bytes, name: bytes, tail: bytes, /
+) -> int:
+    """send_notif's request (tag `tag`, a WriteRequest of `head`, the notification's length,
+    `name`, `msg`, `tail`) written straight into the ring's slot at byte `at` as `ring_put` does;
+    the `spinning` word after the fence, or -1 (nothing written) when it is over `limit` bytes."""
+
 def desc_rows(descs: list, width: int, /) -> Optional[bytearray]:
     """The rows (address, length, device id) of a list of `width`-tuples whose first three fields
     are ints in [0, 2**64), packed as native u64s; None if any element is not such a tuple."""

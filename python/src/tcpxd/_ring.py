@@ -54,6 +54,7 @@ _U64 = struct.Struct("<Q")
 DOORBELL = struct.pack(">I", 3) + bytes([0xC8, 0x34, 0x01])
 
 _put = native.ring_put if native is not None else None
+_notif_put = getattr(native, "notif_put", None)  # (None: an older build of the C pass)
 _told = False
 
 
@@ -132,6 +133,35 @@ class Ring:
         try:
             spinning = _put(mem, HEADER_BYTES + ((k - 1) % slots) * (self.cap + SLOT_HEAD - 4), k, self.sent, frame)
         except ValueError:  # closed
+            return None
+        self.written = k
+        if spinning:
+            return False
+        self.doorbells += 1
+        return True
+
+    def put_notif(self, tag: int, head: bytes, msg: bytes, name: bytes, tail: bytes) -> Optional[bool]:
+        """`put` of tcpxd.nixl's send_notif request (tag `tag`; its WriteRequest `head`, the
+        notification's length, `name`, `msg`, `tail`: `_native.notif_put`) with no frame made in
+        Python: the same answers as `put` (None: send it on the socket, built the usual way)."""
+        mem = self.mem
+        k = self.written + 1
+        slots = self.slots
+        try:
+            if not _U64.unpack_from(mem, 8)[0]:
+                return None
+            if k - self.taken > slots:
+                self.taken = _U64.unpack_from(mem, 0)[0]
+                if k - self.taken > slots:
+                    return None
+            if _notif_put is None:
+                return None
+            cap = self.cap - 4
+            spinning = _notif_put(mem, HEADER_BYTES + ((k - 1) % slots) * (cap + SLOT_HEAD), cap, k, self.sent, tag,
+                                  head, msg, name, tail)
+        except ValueError:  # closed
+            return None
+        if spinning < 0:
             return None
         self.written = k
         if spinning:

@@ -164,6 +164,89 @@ async fn a_burst_is_served_on_the_sessions_thread_with_its_bytes_events_and_ids(
     assert_lanes_drain(&mut b.client).await;
 }
 
+/// Notifications alone mixed with WRITEs in one burst, on the sessions thread and on the poller
+/// (session 33, rt3: the fast starts' way for notices, which any change to the notice's hops
+/// must keep): every tag answered once, OK;
+/// the notices delivered to b's subscriber in the order sent, each naming its transfer; the
+/// WRITEs' bytes landed; every request started fast; the lanes drained after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notices_mixed_with_writes_in_a_burst_arrive_in_order_with_the_bytes() {
+    for (session_thread, name) in [("on", "st-notes"), ("off", "st-notes-poller")] {
+        let (mut a, mut b) = pair_with(name, session_thread).await;
+        let src = host_buffer(&mut a.client, MIB, "").await;
+        let dst = host_buffer(&mut b.client, MIB, "").await;
+        fill_seed(&mut a.client, src.id, 0, MIB, 33).await;
+        let mut sub = b
+            .client
+            .subscribe(pb::SubscribeRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        let mut s = Framed::open(&a.daemon.api_socket).await;
+        let (_, fast0) = counts(&a);
+        let n = 16u64;
+        let mut reqs = Vec::new();
+        for i in 0..n {
+            let at = i * 64 * KIB;
+            reqs.push((2 * i + 1, write_op(write_entry(&src, at, &dst, at, 64 * KIB))));
+            reqs.push((
+                2 * i + 2,
+                Op::Write(pb::WriteRequest {
+                    entry: Some(write_entry(&src, 0, &dst, at, 0)),
+                    notification: format!("note {i}").into_bytes(),
+                    timeout_ms: 60_000,
+                    ..Default::default()
+                }),
+            ));
+        }
+        // (in bursts of PASS_BUDGET requests: a longer one's rest goes to the runtime)
+        let mut ids = std::collections::HashMap::new();
+        for burst in reqs.chunks(tcpxd::poller::PASS_BUDGET as usize) {
+            s.send_raw(&frames(burst)).await;
+            for _ in 0..burst.len() {
+                let ev = s.next().await;
+                let t = finished(&ev);
+                assert_eq!(t.status_code, 0, "{name}: tag {}: {}", ev.tag, t.status_message);
+                let want = if ev.tag % 2 == 1 { 64 * KIB } else { 0 };
+                assert_eq!(t.bytes_done, want, "{name}: tag {}", ev.tag);
+                assert!(
+                    ids.insert(ev.tag, t.transfer_id).is_none(),
+                    "tag {} answered twice",
+                    ev.tag
+                );
+            }
+        }
+        assert_eq!(ids.len(), reqs.len());
+        for i in 0..n {
+            let note = sub.message().await.unwrap().expect("a notification");
+            assert_eq!(
+                String::from_utf8_lossy(&note.payload),
+                format!("note {i}"),
+                "{name}"
+            );
+            assert_eq!(
+                note.transfer_id,
+                ids[&(2 * i + 2)],
+                "{name}: notice {i}'s transfer"
+            );
+            assert_eq!(note.buffer_ids, vec![dst.id]);
+        }
+        assert_eq!(
+            crc(&mut a.client, src.id, 0, n * 64 * KIB).await,
+            crc(&mut b.client, dst.id, 0, n * 64 * KIB).await,
+            "{name}: the WRITEs' bytes"
+        );
+        assert_eq!(counts(&a).1 - fast0, 2 * n, "{name}: every request started fast");
+        let p = crate::common::peer_stats::only_peer(&mut a.client).await;
+        assert_eq!(p.sent_notices, n, "{name}");
+        half_close(&mut s).await;
+        s.assert_eof().await;
+        until_unwatched(&a).await;
+        assert_lanes_drain(&mut a.client).await;
+        assert_lanes_drain(&mut b.client).await;
+    }
+}
+
 /// A burst the client writes with the preface, so there before the session's first poll (which
 /// runs on the runtime worker that accepted the connection): read on the thread that serves the
 /// sessions all the same, every request handled there and started fast — the sessions thread,

@@ -429,9 +429,9 @@ class nixl_agent:  # noqa: N801
                 if entry is None:
                     entry = remote.mailbox_entry = mailbox_entry(self._mailbox.id, remote.md.mailbox, self._notif_alone)
                 head = remote.notif_head = (entry + b"\x12", frame(self.name, remote.md.name, b""), mailbox_timeout(self._timeout_ms))
-            body = head[0] + _varint(len(head[1]) + len(msg)) + head[1] + msg + head[2]
-            sent: Any = self._inbox.post(body, remote.md.name)  # on the notification feed's session
+            sent: Any = self._inbox.post_notif(head, msg, remote.md.name)  # on the notification feed's session
             if sent is None:  # no local feed (a TCP endpoint, an older daemon): on the agent's session
+                body = head[0] + _varint(len(head[1]) + len(msg)) + head[1] + msg + head[2]
                 session = self._session_now()
                 sent = notif_future(session, remote.md.name)
                 try:

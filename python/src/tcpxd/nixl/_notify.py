@@ -304,6 +304,13 @@ class _Feed:
                 frame = _ring.DOORBELL
             else:
                 ring.sent += 1
+        return self._write(tag, frame, bell, sent)
+
+    def _write(self, tag: int, frame: bytes, bell: Optional[bool], sent: Sent) -> bool:
+        """`send`'s socket part: `frame` (the request, or the doorbell where `bell`) written whole,
+        `sent` kept under `tag`."""
+        conn = self.conn
+        ring = conn.ring
         data = memoryview(frame)
         sock = conn.sock
         n = 0
@@ -320,6 +327,24 @@ class _Feed:
                 break  # part of it went (or it is on the ring): the next read fails it (unanswered)
         self.sent[tag] = sent
         return True
+
+    def send_notif(self, head: Tuple[bytes, bytes, bytes], msg: bytes, sent: Sent) -> bool:
+        """`send` of send_notif's WriteRequest, `head[0]` + the notification's length + `head[1]`
+        + `msg` + `head[2]` (tcpxd.nixl's `send_notif`): written straight into the request ring's
+        slot by the C pass where it fits (`_ring.Ring.put_notif`: no frame made in Python), else
+        built and sent as `send` does."""
+        conn = self.conn
+        ring = conn.ring
+        if ring is not None:
+            tag = conn._tag + 1
+            bell = ring.put_notif(tag, head[0], msg, head[1], head[2])
+            if bell is not None:  # on the ring
+                conn._tag = tag
+                if bell is False:  # the daemon's poller spinning
+                    self.sent[tag] = sent
+                    return True
+                return self._write(tag, _ring.DOORBELL, bell, sent)  # it may be parked: the doorbell
+        return self.send(head[0] + _varint(len(head[1]) + len(msg)) + head[1] + msg + head[2], sent)
 
     def noted(self) -> List[bytes]:
         """`payloads()` for a polling loop, from the board where it can: the notifications in its
@@ -543,6 +568,21 @@ class Inbox:
                     return None
             sent = Sent(self, to)
             if self._feed.send(body, sent):
+                return sent
+            self._drop_feed("its connection ended")  # (the daemon went away): sent the other way
+            return None
+
+    def post_notif(self, head: Tuple[bytes, bytes, bytes], msg: bytes, to: str) -> Optional[Sent]:
+        """`post` of send_notif's WriteRequest in its parts (`_Feed.send_notif`)."""
+        with self._lock:
+            if self._path is None or self._closed:
+                return None
+            if self._feed is None:
+                self._read_feed()  # subscribes again (at most every RESUBSCRIBE_S)
+                if self._feed is None:
+                    return None
+            sent = Sent(self, to)
+            if self._feed.send_notif(head, msg, sent):
                 return sent
             self._drop_feed("its connection ended")  # (the daemon went away): sent the other way
             return None
