@@ -557,7 +557,7 @@ impl Poller {
                 backoff.reset();
                 last_progress = pass_end;
                 if let Some(w) = &self.cfg.warmth {
-                    w.touch();
+                    w.touch_at(pass_end);
                 }
                 continue;
             }
