@@ -553,6 +553,9 @@ impl Poller {
             } else if clock.timed() {
                 self.action_clock.take();
             }
+            // Actions run between passes (a command taken at a wake-up) are not timed: only a
+            // timed pass's own count, each standing for `TIMED_ONE_IN`.
+            self.action_clock.set_on(false);
             if progressed {
                 backoff.reset();
                 last_progress = pass_end;
