@@ -163,6 +163,11 @@ def main():
     ap.add_argument("--tcpxctl", default="tcpxctl")
     ap.add_argument("--raw", action="store_true", help="run `tcpxctl bench raw` (the plugin alone, one process) instead")
     ap.add_argument("--syscalls", action="store_true", help="count each poller's system calls over the steady window (perf stat)")
+    ap.add_argument("--perf-record", metavar="DIR", help="perf record each busy daemon thread over the steady window into DIR, then report")
+    ap.add_argument("--perf-freq", type=int, default=2000, help="--perf-record's sampling frequency (Hz)")
+    ap.add_argument("--perf-secs", type=float, default=2.5, help="--perf-record's longest window (s)")
+    ap.add_argument("--perf-callgraph", default="dwarf,8192", help="--perf-record's --call-graph (fp, dwarf[,size], lbr)")
+    ap.add_argument("--perf-top", type=int, default=30, help="--perf-record's symbols a thread in the report")
     ap.add_argument("bench", nargs=argparse.REMAINDER, help="-- then `tcpxctl bench transfer`'s arguments")
     a = ap.parse_args()
     bench = [x for x in a.bench if x != "--"] if a.bench[:1] == ["--"] else a.bench
@@ -178,6 +183,9 @@ def main():
     last_scrape = 0.0
     # --syscalls: role -> (perf stat process, output file); (t0, done0), (t1, done1) of daemon a
     counting, count_span = {}, []
+    # --perf-record: [(role, tid, name, perf process, file, cpu ns at start)], (t, done) at both ends
+    recording, rec_span = [], []
+    t_start = time.monotonic()
     while proc.poll() is None:
         for kid in children(proc.pid):
             role = roles.get(kid) or daemon_role(kid)
@@ -207,6 +215,8 @@ def main():
                     series[role].append((time.monotonic(), p))
                     if a.syscalls and role == "daemon1":
                         syscall_window(roles, counting, count_span, p.get(("t", "ok"), 0.0), transfers)
+                    if a.perf_record and role == "daemon1":
+                        record_window(a, roles, seen, recording, rec_span, p.get(("t", "ok"), 0.0), transfers, t_start)
                     phases[role] = {k[1]: v for k, v in p.items() if k[0] == "p"}
                     actions[role] = {k[1]: v for k, v in p.items() if k[0] == "a"}
                     passes[role].append(
@@ -274,7 +284,147 @@ def main():
     steady(series)
     if a.syscalls:
         syscall_report(counting, count_span)
+    if a.perf_record:
+        record_report(a, recording, rec_span, seen)
     return proc.returncode
+
+
+def busy_threads(roles, seen, since):
+    """[(role, tid, name, ns)] of the daemons' threads worth recording: the named busy ones and any
+    other that used a fifth of a CPU or more since `since` (monotonic s)."""
+    out = []
+    span = max(time.monotonic() - since, 1e-3)
+    for pid, role in roles.items():
+        if role == "tcpxctl":
+            continue
+        for tid, (name, ns) in threads_of(pid).items():
+            named = name.startswith(("tcpxd-poller", "tcpxd-sessions", "tcpxd-lanes"))
+            if named or ns / 1e9 / span >= 0.2:
+                out.append((role, tid, name, ns))
+    return out
+
+
+def record_window(a, roles, seen, recording, span, done, transfers, since, lo=0.2, hi=0.8):
+    """Starts `perf record` on each busy daemon thread once daemon a finished `lo` of the run's
+    transfers; stops them at `hi` or after --perf-secs; `span` gets (time, finished) at both ends."""
+
+    if not span and done >= lo * transfers:
+        os.makedirs(a.perf_record, exist_ok=True)
+        # Each daemon's mappings: a stripped build's call chains show run-time addresses.
+        for pid, role in roles.items():
+            try:
+                with open(f"/proc/{pid}/maps") as src, open(os.path.join(a.perf_record, f"{role}.maps"), "w") as dst:
+                    dst.write(src.read())
+            except OSError:
+                pass
+        for role, tid, name, ns in busy_threads(roles, seen, since):
+            out = os.path.join(a.perf_record, f"{role}-{name}-{tid}.data")
+            cmd = ["perf", "record", "-q", "-F", str(a.perf_freq), "--call-graph", a.perf_callgraph, "-t", str(tid), "-o", out]
+            try:
+                p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            except OSError as e:
+                print(f"--perf-record: perf record: {e}", file=sys.stderr)
+                return
+            recording.append((role, tid, name, p, out, ns))
+        span.append((time.monotonic(), done))
+    elif len(span) == 1 and (done >= hi * transfers or time.monotonic() - span[0][0] >= a.perf_secs):
+        stop_recording(recording, span, done)
+
+
+def stop_recording(recording, span, done):
+    import signal
+
+    cpu = {}
+    for role, tid, name, p, out, ns in recording:
+        try:
+            with open(f"/proc/{tid}/schedstat") as f:
+                cpu[tid] = int(f.read().split()[0])
+        except OSError:
+            pass
+        p.send_signal(signal.SIGINT)
+    for *_, p, _, _ in recording:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    span.append((time.monotonic(), done, cpu))
+
+
+def record_report(a, recording, span, seen):
+    if len(span) == 1:
+        # the run ended inside the window
+        done = span[0][1]
+        stop_recording(recording, span, done)
+    if not recording or len(span) < 2 or span[1][1] <= span[0][1]:
+        print("\nperf record: the steady window was not caught (a longer run: more --iters)")
+        for *_, p, _, _ in recording:
+            err = p.stderr.read() if p.stderr else ""
+            if err.strip():
+                print(f"perf record said: {err.strip()[:500]}")
+        return
+    transfers = span[1][1] - span[0][1]
+    secs = span[1][0] - span[0][0]
+    cpu_end = span[1][2]
+    print(
+        f"\nperf record -F {a.perf_freq} --call-graph {a.perf_callgraph}, {transfers:.0f} transfers of daemon a"
+        f" in {secs:.2f} s ({transfers / secs:.0f}/s, slowed by the sampling); per thread: CPU µs a transfer in"
+        " that window, then `perf report --no-children` (self) with each share as µs a transfer:"
+    )
+    for role, tid, name, p, out, ns0 in sorted(recording, key=lambda r: (r[0], r[2])):
+        who = role.replace("daemon1", "daemon a").replace("daemon2", "daemon b")
+        cpu_us = (cpu_end.get(tid, ns0) - ns0) / 1e3 / transfers
+        print(f"\n### {who} {name} (tid {tid}): {cpu_us:.2f} µs CPU a transfer, {cpu_us * transfers / secs / 1e6:.2f} of a CPU")
+        if not os.path.exists(out):
+            err = p.stderr.read() if p.stderr else ""
+            print(f"(no perf data: {err.strip()[:300]})")
+            continue
+        base = ["perf", "report", "-i", out, "--stdio", "--no-header", "--no-inline"]
+        self_rep = run_report(base + ["--no-children", "-g", "none", "--sort", "dso,sym", "--percent-limit", "0"])
+        # Kept beside the data (which is deleted): every sampled symbol, or with a stripped binary
+        # every sampled address (file offsets: resolve them against the unstripped build with the
+        # same build id, `perf buildid-list`), self and inclusive, to read or resolve later.
+        keep = out[: -len(".data")]
+        with open(keep + ".self.txt", "w") as f:
+            f.write(self_rep)
+        with open(keep + ".children.txt", "w") as f:
+            f.write(run_report(base + ["--children", "-g", "none", "--sort", "dso,sym", "--percent-limit", "0.05"]))
+        with open(keep + ".buildids.txt", "w") as f:
+            f.write(run_report(["perf", "buildid-list", "-i", out]))
+        n = 0
+        for line in self_rep.splitlines():
+            m = re.match(r"\s*([\d.]+)%\s+(.*)", line)
+            if not m:
+                continue
+            n += 1
+            if n > a.perf_top:
+                break
+            pct = float(m.group(1))
+            print(f"  {pct:6.2f}% {pct / 100 * cpu_us:6.2f} µs  {m.group(2).strip()[:150]}")
+        incl = run_report(base + ["--children", "-g", "none", "--sort", "sym", "--percent-limit", "2"])
+        rows = [l for l in incl.splitlines() if re.match(r"\s*[\d.]+%", l)]
+        if rows:
+            print("  inclusive (children, self, symbol; ≥ 2%):")
+            for l in rows[: a.perf_top + 10]:
+                print("   " + " ".join(l.split())[:170])
+        if name.startswith("tcpxd-poller") or name.startswith("tcpxd-sessions"):
+            callers = run_report(
+                base + ["--no-children", "-g", "folded,0.5,callee", "--sort", "sym", "--percent-limit", "2"]
+            )
+            lines = [l.rstrip() for l in callers.splitlines() if l.strip() and not l.startswith("#")]
+            print("  top self symbols' callers (≥ 2% symbols; chains ≥ 0.5%, innermost caller first):")
+            for l in lines[:120]:
+                print("   " + l[:240])
+        try:
+            os.remove(out)
+        except OSError:
+            pass
+
+
+def run_report(cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=240).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"(perf report failed: {e})"
 
 
 # (label, perf event, tracepoint filter)

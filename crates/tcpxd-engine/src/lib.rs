@@ -83,6 +83,7 @@ mod counters;
 pub mod credits;
 mod drain;
 pub mod error;
+pub mod idhash;
 mod inbound;
 mod inline;
 mod lane;
@@ -424,7 +425,7 @@ struct Transfer {
 #[derive(Debug)]
 pub struct Engine {
     cfg: EngineConfig,
-    buffers: HashMap<u64, BufferMeta>,
+    buffers: idhash::IdMap<u64, BufferMeta>,
     /// Every pairing not released yet (`release.rs`): the live ones and, per node, the newest
     /// failed one, plus failed ones transfers still name.
     peers: PeerMap,
@@ -436,10 +437,10 @@ pub struct Engine {
     /// Per node: the counters of its released pairings, added up (the metrics count over every
     /// pairing a node had).
     retired: BTreeMap<String, PeerCounters>,
-    out_offers: HashMap<u64, OutOffer>,
+    out_offers: idhash::IdMap<u64, OutOffer>,
     in_offers: HashMap<(PeerIdx, u64), InOffer>,
-    reads: HashMap<u64, ReadPart>,
-    transfers: HashMap<TransferId, Transfer>,
+    reads: idhash::IdMap<u64, ReadPart>,
+    transfers: idhash::IdMap<TransferId, Transfer>,
     deadlines: BTreeSet<(Instant, TransferId)>,
     next_transfer: u64,
     next_offer: u64,
@@ -475,16 +476,16 @@ impl Engine {
     pub fn new(cfg: EngineConfig) -> Engine {
         Engine {
             cfg,
-            buffers: HashMap::new(),
+            buffers: Default::default(),
             peers: PeerMap::default(),
             next_peer: 0,
             topology: None,
             dying: Vec::new(),
             retired: BTreeMap::new(),
-            out_offers: HashMap::new(),
+            out_offers: Default::default(),
             in_offers: HashMap::new(),
-            reads: HashMap::new(),
-            transfers: HashMap::new(),
+            reads: Default::default(),
+            transfers: Default::default(),
             deadlines: BTreeSet::new(),
             next_transfer: 1,
             next_offer: 1,

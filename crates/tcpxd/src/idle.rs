@@ -225,8 +225,15 @@ impl Warmth {
 
     /// Traffic now: keeps (or gets) the worker awake for [`LINGER`].
     pub fn touch(&self) {
-        self.last_ns
-            .store(self.epoch.elapsed().as_nanos() as u64, Ordering::SeqCst);
+        self.touch_at(Instant::now());
+    }
+
+    /// [`Warmth::touch`] with the caller's clock read (the poller's pass end).
+    pub fn touch_at(&self, now: Instant) {
+        self.last_ns.store(
+            now.saturating_duration_since(self.epoch).as_nanos() as u64,
+            Ordering::SeqCst,
+        );
         if self.asleep.load(Ordering::SeqCst) && self.asleep.swap(false, Ordering::SeqCst) {
             self.wake.notify_one();
         }

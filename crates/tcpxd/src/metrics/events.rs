@@ -236,7 +236,7 @@ impl Metrics {
                 let c = prometheus::CounterVec::new(
                     prometheus::Opts::new(
                         "tcpxd_poller_busy_phase_seconds_total",
-                        "Time in the poller's busy passes (progress=\"yes\") by phase: intake, commands, setup, actions, test_lanes, tick, consume, flush",
+                        "Time in the poller's busy passes (progress=\"yes\") by phase: intake, commands, setup, actions, test_lanes, tick, consume, flush (an estimate: one pass in 8, picked at random, is timed and counts 8 times)",
                     ),
                     &["phase"],
                 )
@@ -251,7 +251,7 @@ impl Metrics {
                 let c = prometheus::CounterVec::new(
                     prometheus::Opts::new(
                         "tcpxd_poller_action_seconds_total",
-                        "Time in the busy passes' engine actions (wherever in the pass they ran) by what ran: each engine action kind, send_direct, progress_flush, lane_orders, submit_gathers",
+                        "Time in the busy passes' engine actions (wherever in the pass they ran) by what ran: each engine action kind, send_direct, progress_flush, lane_orders, submit_gathers (an estimate: one pass in 8, picked at random, is timed and counts 8 times)",
                     ),
                     &["kind"],
                 )

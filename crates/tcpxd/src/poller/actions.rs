@@ -37,13 +37,14 @@ impl Poller {
                 return false;
             }
             let batch = crate::api::local::outbox::Batch::open();
-            return self.run_actions_timed(Instant::now(), Vec::new(), false, batch);
+            let t = self.action_clock.mark();
+            return self.run_actions_timed(t, Vec::new(), false, batch);
         };
         // The framed sessions' events these actions push (transfers finished, delivered inline)
         // are written as it closes, at the end: one write per session, not one per event.
         let batch = crate::api::local::outbox::Batch::open();
         let (mut any, mut failures) = (false, Vec::new());
-        let mut t = Instant::now();
+        let mut t = self.action_clock.mark();
         let mut next = Some(action);
         while let Some(action) = next {
             any = true;
@@ -571,13 +572,14 @@ impl Poller {
         tracing::trace!(target: "tcpxd::hop", hop = "poller.finished", pass = crate::lanes::pass(), id = transfer.0);
         self.progress.remove(&transfer);
         if let Some(tx) = self.transfers.remove(&transfer) {
-            self.meter.finished(transfer, &outcome, outcome.landed);
+            let now = Instant::now();
+            self.meter.finished_at(transfer, &outcome, outcome.landed, now);
             tx.send_modify(|s| {
                 // What landed, not what left: a refused WRITE's chunks may all have been sent.
                 s.bytes_done = outcome.landed;
                 s.phase = Phase::Finished;
                 s.outcome = Some(outcome);
-                s.finished_at = Some(Instant::now());
+                s.finished_at = Some(now);
             });
             // Started fast by a framed session: its final event goes to the session's outbox
             // from here (`fast_starts.rs`), the status read out of the lock first.

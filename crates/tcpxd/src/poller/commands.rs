@@ -501,13 +501,15 @@ impl Poller {
     }
 
     pub(super) fn track(&mut self, id: TransferId, op: Op, total: u64) -> watch::Receiver<TransferStatus> {
-        self.meter.started(id, op, total);
+        // One clock read for the metric's start and the status's.
+        let now = Instant::now();
+        self.meter.started_at(id, op, total, now);
         let (tx, rx) = watch::channel(TransferStatus {
             phase: Phase::Offered,
             bytes_done: 0,
             total: 0,
             outcome: None,
-            started: Instant::now(),
+            started: now,
             finished_at: None,
         });
         self.transfers.insert(id, tx);

@@ -528,7 +528,7 @@ impl Poller {
 /// beyond `recv_window` (`transfer.scatter_ahead`) into the slots that came back.
 fn consume_unpacked(
     peers: &mut BTreeMap<PeerIdx, PeerSlot>,
-    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    buffers: &crate::engine::idhash::IdMap<u64, Arc<BufferEntry>>,
     recv_window: usize,
     stages: &HashMap<usize, GpuStage>,
     meter: &Meter,

@@ -20,7 +20,7 @@
 //! command channel's would be: UNAVAILABLE, "the daemon is shutting down" ([`FastStart`]'s drop).
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -89,7 +89,7 @@ pub fn queue(start: FastStart) -> Option<FastStart> {
 
 /// The sinks of the transfers started fast, by id: told the end when the poller finishes each.
 #[derive(Default)]
-pub(super) struct Sinks(HashMap<TransferId, Arc<dyn StartSink>>);
+pub(super) struct Sinks(crate::engine::idhash::IdMap<TransferId, Arc<dyn StartSink>>);
 
 impl Sinks {
     pub(super) fn take(&mut self, id: TransferId) -> Option<Arc<dyn StartSink>> {

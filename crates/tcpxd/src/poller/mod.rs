@@ -78,12 +78,13 @@ mod session_thread;
 mod sessions;
 mod threaded_recv;
 
+use crate::engine::idhash::IdMap;
 use crate::lanes::{GpuStage, RecvQueue, Tag};
 pub use crate::peer_stats::{PeerLink, PeerStats, StatsSnapshot};
 pub use direct::{Decode, DirectConn, MAX_UNSENT};
 pub use fast_starts::{FastStart, FastStarted, StartSink, queue as queue_fast_start};
 pub use park::PollerTx;
-use pass_clock::{ActionClock, PassClock, PassPhase};
+use pass_clock::{ActionClock, PassClock, PassPhase, Sampler, TIMED_ONE_IN};
 pub use posting::{WINDOW_LEN, WINDOW_STRIDE};
 pub use rings::{RingWatch, RingWatching};
 pub use sessions::{
@@ -156,13 +157,13 @@ impl PollerHandle {
                     plugin,
                     cfg,
                     rx,
-                    buffers: HashMap::new(),
+                    buffers: IdMap::default(),
                     peers: BTreeMap::new(),
                     prepared: HashMap::new(),
                     next_prepared: 1,
-                    transfers: HashMap::new(),
+                    transfers: IdMap::default(),
                     sinks: Default::default(),
-                    progress: HashMap::new(),
+                    progress: IdMap::default(),
                     notifications,
                     drain: None,
                     idle_waiters: HashMap::new(),
@@ -364,16 +365,16 @@ struct Poller {
     cfg: PollerConfig,
     engine: Engine,
     rx: mpsc::Receiver<Command>,
-    buffers: HashMap<u64, Arc<BufferEntry>>,
+    buffers: IdMap<u64, Arc<BufferEntry>>,
     /// Every pairing the engine keeps (it says when one is released: `Action::ReleasePeer`).
     peers: BTreeMap<PeerIdx, PeerSlot>,
     prepared: HashMap<u64, Vec<ListenComm>>,
     next_prepared: u64,
-    transfers: HashMap<TransferId, watch::Sender<TransferStatus>>,
+    transfers: IdMap<TransferId, watch::Sender<TransferStatus>>,
     /// The transfers framed sessions started fast (`fast_starts.rs`): told their end directly.
     sinks: fast_starts::Sinks,
     /// Progress the current batch of actions reported, published at its end (`actions.rs`).
-    progress: HashMap<TransferId, (u64, u64, bool)>,
+    progress: IdMap<TransferId, (u64, u64, bool)>,
     notifications: broadcast::Sender<NotificationEvent>,
     /// Who waits for the drain's end (the engine decides it).
     drain: Option<Reply<DrainReport>>,
@@ -475,10 +476,13 @@ impl Poller {
         // Each pass's time, busy or idle (`tcpxd_poller_pass_seconds_total`): how much of the
         // thread the work takes, apart from its polling and waits.
         let passes = self.meter.metrics.pass_counters();
+        // One pass in `TIMED_ONE_IN` is timed by phase and action (`pass_clock.rs`).
+        let mut sampler = Sampler::new();
         loop {
             crate::lanes::next_pass();
             let pass_start = Instant::now();
-            let mut clock = PassClock::start(pass_start);
+            let mut clock = PassClock::start(pass_start, sampler.next());
+            self.action_clock.set_on(clock.timed());
             if !looked && (self.reads_direct() || self.park.serves_sessions()) {
                 self.park.look(Some(Duration::ZERO), &mut self.direct_ready);
             }
@@ -541,14 +545,22 @@ impl Poller {
             clock.lap(PassPhase::Flush);
             let pass_end = clock.now();
             passes.pass(progressed, pass_end - pass_start);
-            let actions = self.action_clock.take();
+            if progressed && clock.timed() {
+                // A timed pass stands for `TIMED_ONE_IN` (`pass_clock.rs`).
+                let actions = self.action_clock.take();
+                passes.busy_phases(&clock.spent().map(|d| d * TIMED_ONE_IN));
+                passes.busy_actions(&actions.map(|d| d * TIMED_ONE_IN));
+            } else if clock.timed() {
+                self.action_clock.take();
+            }
+            // Actions run between passes (a command taken at a wake-up) are not timed: only a
+            // timed pass's own count, each standing for `TIMED_ONE_IN`.
+            self.action_clock.set_on(false);
             if progressed {
-                passes.busy_phases(clock.spent());
-                passes.busy_actions(&actions);
                 backoff.reset();
                 last_progress = pass_end;
                 if let Some(w) = &self.cfg.warmth {
-                    w.touch();
+                    w.touch_at(pass_end);
                 }
                 continue;
             }

@@ -232,7 +232,7 @@ fn close_comms(
     threaded: Vec<super::lane_thread::Handed>,
     peers: std::collections::BTreeMap<PeerIdx, PeerSlot>,
     prepared: HashMap<u64, Vec<ListenComm>>,
-    buffers: HashMap<u64, std::sync::Arc<crate::buffers::BufferEntry>>,
+    buffers: crate::engine::idhash::IdMap<u64, std::sync::Arc<crate::buffers::BufferEntry>>,
     by: Instant,
 ) {
     let (done, closed) = std::sync::mpsc::channel::<()>();

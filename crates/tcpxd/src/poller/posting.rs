@@ -23,7 +23,7 @@ pub const WINDOW_LEN: u64 = WINDOW_STRIDE + crate::engine::MAX_CHUNK_BYTES as u6
 /// use) and the offset inside it.
 pub(super) fn handle_for<'a>(
     handles: &'a mut HashMap<(u64, u64), MemHandle>,
-    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    buffers: &crate::engine::idhash::IdMap<u64, Arc<BufferEntry>>,
     buffer: u64,
     offset: u64,
     register: impl FnOnce(Arc<dyn crate::net::Region>) -> Result<MemHandle, crate::net::NetError>,
@@ -92,7 +92,7 @@ pub(super) fn post_sends(
     li: usize,
     l: &mut SendLane,
     window: usize,
-    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    buffers: &crate::engine::idhash::IdMap<u64, Arc<BufferEntry>>,
     stages: &mut HashMap<usize, GpuStage>,
     copies: &HostCopies,
     lanes: Option<&LaneThreads>,
@@ -209,7 +209,7 @@ pub(super) fn post_sends(
 pub(super) fn post_recvs(
     l: &mut RecvLane,
     window: usize,
-    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    buffers: &crate::engine::idhash::IdMap<u64, Arc<BufferEntry>>,
 ) -> Result<(), String> {
     let RecvLaneState::Ready(comm) = &mut l.state else {
         return Ok(());
@@ -330,7 +330,7 @@ pub(super) fn start_buffer_unpack(
     comm: &crate::net::RecvComm,
     id: crate::net::RequestId,
     to: Placed,
-    buffers: &HashMap<u64, Arc<BufferEntry>>,
+    buffers: &crate::engine::idhash::IdMap<u64, Arc<BufferEntry>>,
     stages: &mut HashMap<usize, GpuStage>,
     unpack_impl: crate::unpack::UnpackImpl,
 ) -> Wait {
