@@ -11,12 +11,14 @@
 #   - traced (RUST_LOG=tcpxd::hop=trace): raw WRITE and READ (`tcpxctl bench raw`), the daemons'
 #     framed local session WRITE and READ (`tcpxctl bench transfer --via local`);
 #   - untraced: the same four, the daemons' gRPC WRITE and READ, and B's raw and daemons if given.
+#   - A4 (SPREAD4=0 skips it): this branch with TCPXD_SPREAD_CHUNKS_PER_LANE=4, raw and the local
+#     session, traced and untraced (1 MiB as eight 128 KiB sends, raw planned alike).
 # Prints, per round and pooled, `benches/legs.py`: every leg's p50 for raw and the daemon and the
 # difference (start → first isend, the data phase, the unpack, the end), then the daemon's legs
 # mark by mark; last, the untraced p50s and daemon ÷ raw (raw's p50 ÷ the daemon's).
 set -euo pipefail
 if [ $# -lt 2 ]; then
-    sed -n 2,17p "$0"
+    sed -n 2,19p "$0"
     exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
@@ -37,14 +39,16 @@ export NCCL_NSOCKS_PERTHREAD=4 NCCL_SOCKET_NTHREADS=1 NCCL_DYNAMIC_CHUNK_SIZE=52
 unset RUST_LOG TCPXD_SPREAD_CHUNKS_PER_LANE TCPXD_SPREAD_MIN_CHUNK_BYTES TCPXD_HOP_RECORD
 echo "GPU 0 -> $peer, $(nproc) CPUs, $rounds rounds of $iters transfers of $size" | tee "$out/setup.txt"
 
+# A4: this branch with four chunks a lane (1 MiB as eight sends of 128 KiB, raw planned alike).
+venv() { [ "$1" = A4 ] && echo TCPXD_SPREAD_CHUNKS_PER_LANE=4 || true; }
 raw() { # round dir name traced op
     local r=$1 d=$2 n=$3 tr=$4 op=$5 f="$out/r$1-$3-raw-$5"
     if [ "$tr" = 1 ]; then
-        RUST_LOG=tcpxd::hop=trace "$d/tcpxctl" bench raw --op "$op" --cuda 0 --plugin "$d/libnccl_net_tcpxemu.so" \
+        env $(venv "$n") RUST_LOG=tcpxd::hop=trace "$d/tcpxctl" bench raw --op "$op" --cuda 0 --plugin "$d/libnccl_net_tcpxemu.so" \
             --sizes "$size" --iters "$iters" --warmup "$warmup" --json --out "$f-traced.jsonl" \
             >/dev/null 2>"$f.log" || echo "r$r $n raw $op traced failed (see $f.log)" >&2
     else
-        "$d/tcpxctl" bench raw --op "$op" --cuda 0 --plugin "$d/libnccl_net_tcpxemu.so" --sizes "$size" \
+        env $(venv "$n") "$d/tcpxctl" bench raw --op "$op" --cuda 0 --plugin "$d/libnccl_net_tcpxemu.so" --sizes "$size" \
             --iters "$iters" --warmup "$warmup" --json --out "$f.jsonl" >/dev/null 2>"$f.err" ||
             echo "r$r $n raw $op failed (see $f.err)" >&2
     fi
@@ -52,7 +56,7 @@ raw() { # round dir name traced op
 daemon() { # round dir name traced via op
     local r=$1 d=$2 n=$3 tr=$4 via=$5 op=$6 f="$out/r$1-$3-$5-$6"
     if [ "$tr" = 1 ]; then
-        RUST_LOG=tcpxd::hop=trace "$d/tcpxctl" bench transfer --daemon "$d/tcpxd" --via "$via" --op "$op" \
+        env $(venv "$n") RUST_LOG=tcpxd::hop=trace "$d/tcpxctl" bench transfer --daemon "$d/tcpxd" --via "$via" --op "$op" \
             --cuda 0 --peer-cuda "$peer" --sizes "$size" --iters "$iters" --warmup "$warmup" --keep-dir \
             --json --out "$f-traced.jsonl" >/dev/null 2>"$f.log" || echo "r$r $n $via $op traced failed (see $f.log)" >&2
         kept=$(grep -o '/tmp/tcpxd-bench-[0-9]*' "$f.log" | head -1 || true)
@@ -60,7 +64,7 @@ daemon() { # round dir name traced via op
             mv "$kept/bench-a.log" "$f.a.log" && mv "$kept/bench-b.log" "$f.b.log" && rm -rf "$kept"
         fi
     else
-        "$d/tcpxctl" bench transfer --daemon "$d/tcpxd" --via "$via" --op "$op" --cuda 0 --peer-cuda "$peer" \
+        env $(venv "$n") "$d/tcpxctl" bench transfer --daemon "$d/tcpxd" --via "$via" --op "$op" --cuda 0 --peer-cuda "$peer" \
             --sizes "$size" --iters "$iters" --warmup "$warmup" --json --out "$f.jsonl" >/dev/null 2>"$f.err" ||
             echo "r$r $n $via $op failed (see $f.err)" >&2
     fi
@@ -70,6 +74,10 @@ for ((r = 1; r <= rounds; r++)); do
     steps=("raw $a A 1 write" "daemon $a A 1 local write" "raw $a A 1 read" "daemon $a A 1 local read"
         "raw $a A 0 write" "raw $a A 0 read" "daemon $a A 0 local write" "daemon $a A 0 local read"
         "daemon $a A 0 grpc write" "daemon $a A 0 grpc read")
+    if [ "${SPREAD4:-1}" = 1 ]; then
+        steps+=("raw $a A4 1 write" "daemon $a A4 1 local write" "raw $a A4 1 read" "daemon $a A4 1 local read"
+            "raw $a A4 0 write" "daemon $a A4 0 local write" "raw $a A4 0 read" "daemon $a A4 0 local read")
+    fi
     if [ -n "$b" ]; then
         steps+=("raw $b B 0 write" "raw $b B 0 read" "daemon $b B 0 local write" "daemon $b B 0 local read"
             "daemon $b B 0 grpc write" "daemon $b B 0 grpc read")
@@ -85,20 +93,23 @@ for ((r = 1; r <= rounds; r++)); do
 done
 
 {
-    for op in write read; do
-        for ((r = 1; r <= rounds; r++)); do
-            p="$out/r$r-A"
-            echo "== round $r, 1 MiB $op one at a time, GPU 0 -> $peer, traced: raw against the daemons' local session"
-            python3 "$here/legs.py" --skip "$warmup" --raw "$p-raw-$op.log" --daemon "local-$op" "$p-local-$op.log" \
-                "$p-local-$op.a.log" "$p-local-$op.b.log" || true
+    for v in A A4; do
+        [ -e "$out/r1-$v-raw-write.log" ] || continue
+        for op in write read; do
+            for ((r = 1; r <= rounds; r++)); do
+                p="$out/r$r-$v"
+                echo "== round $r, $v, 1 MiB $op one at a time, GPU 0 -> $peer, traced: raw against the daemons' local session"
+                python3 "$here/legs.py" --skip "$warmup" --raw "$p-raw-$op.log" --daemon "local-$op" "$p-local-$op.log" \
+                    "$p-local-$op.a.log" "$p-local-$op.b.log" || true
+            done
+            echo "== $v, all rounds pooled, $op"
+            pool=()
+            for ((r = 1; r <= rounds; r++)); do
+                p="$out/r$r-$v"
+                pool+=(--raw "$p-raw-$op.log" --daemon "local-$op" "$p-local-$op.log" "$p-local-$op.a.log" "$p-local-$op.b.log")
+            done
+            python3 "$here/legs.py" --skip "$warmup" "${pool[@]}" || true
         done
-        echo "== all rounds pooled, $op"
-        pool=()
-        for ((r = 1; r <= rounds; r++)); do
-            p="$out/r$r-A"
-            pool+=(--raw "$p-raw-$op.log" --daemon "local-$op" "$p-local-$op.log" "$p-local-$op.a.log" "$p-local-$op.b.log")
-        done
-        python3 "$here/legs.py" --skip "$warmup" "${pool[@]}" || true
     done
 } 2>&1 | tee "$out/legs.txt"
 
@@ -122,7 +133,7 @@ for f in sorted(glob.glob(os.path.join(out, "r*.jsonl"))):
 med = statistics.median
 print("p50 µs per round (median); daemon ÷ raw = raw's p50 ÷ the daemon's, same build, same round")
 for traced in (False, True):
-    for who in ("A", "B"):
+    for who in ("A", "A4", "B"):
         for op in ("write", "read"):
             raw = p50.get((who, "raw", op, traced))
             if not raw:
