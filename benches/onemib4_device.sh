@@ -12,13 +12,15 @@
 #     framed local session WRITE and READ (`tcpxctl bench transfer --via local`);
 #   - untraced: the same four, the daemons' gRPC WRITE and READ, and B's raw and daemons if given.
 #   - A4 (SPREAD4=0 skips it): this branch with TCPXD_SPREAD_CHUNKS_PER_LANE=4, raw and the local
-#     session, traced and untraced (1 MiB as eight 128 KiB sends, raw planned alike).
+#     session, traced and untraced (1 MiB as eight 128 KiB sends, raw planned alike);
+#   - AL (LEAN=0 skips it): this branch's local session with TCPXD_WARM_WORKER=off and
+#     TCPXD_SESSION_THREAD=off (two spinning threads fewer beside the emulation's socket threads).
 # Prints, per round and pooled, `benches/legs.py`: every leg's p50 for raw and the daemon and the
 # difference (start → first isend, the data phase, the unpack, the end), then the daemon's legs
 # mark by mark; last, the untraced p50s and daemon ÷ raw (raw's p50 ÷ the daemon's).
 set -euo pipefail
 if [ $# -lt 2 ]; then
-    sed -n 2,19p "$0"
+    sed -n 2,21p "$0"
     exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
@@ -40,7 +42,14 @@ unset RUST_LOG TCPXD_SPREAD_CHUNKS_PER_LANE TCPXD_SPREAD_MIN_CHUNK_BYTES TCPXD_H
 echo "GPU 0 -> $peer, $(nproc) CPUs, $rounds rounds of $iters transfers of $size" | tee "$out/setup.txt"
 
 # A4: this branch with four chunks a lane (1 MiB as eight sends of 128 KiB, raw planned alike).
-venv() { [ "$1" = A4 ] && echo TCPXD_SPREAD_CHUNKS_PER_LANE=4 || true; }
+# AL: this branch with fewer threads spinning beside the emulation's socket threads (no warm
+# async worker, the framed sessions served on the poller's thread).
+venv() {
+    case $1 in
+    A4) echo TCPXD_SPREAD_CHUNKS_PER_LANE=4 ;;
+    AL) echo TCPXD_WARM_WORKER=off TCPXD_SESSION_THREAD=off ;;
+    esac
+}
 raw() { # round dir name traced op
     local r=$1 d=$2 n=$3 tr=$4 op=$5 f="$out/r$1-$3-raw-$5"
     if [ "$tr" = 1 ]; then
@@ -78,6 +87,10 @@ for ((r = 1; r <= rounds; r++)); do
         steps+=("raw $a A4 1 write" "daemon $a A4 1 local write" "raw $a A4 1 read" "daemon $a A4 1 local read"
             "raw $a A4 0 write" "daemon $a A4 0 local write" "raw $a A4 0 read" "daemon $a A4 0 local read")
     fi
+    if [ "${LEAN:-1}" = 1 ]; then
+        steps+=("daemon $a AL 1 local write" "daemon $a AL 1 local read" "daemon $a AL 0 local write"
+            "daemon $a AL 0 local read")
+    fi
     if [ -n "$b" ]; then
         steps+=("raw $b B 0 write" "raw $b B 0 read" "daemon $b B 0 local write" "daemon $b B 0 local read"
             "daemon $b B 0 grpc write" "daemon $b B 0 grpc read")
@@ -93,20 +106,23 @@ for ((r = 1; r <= rounds; r++)); do
 done
 
 {
-    for v in A A4; do
-        [ -e "$out/r1-$v-raw-write.log" ] || continue
+    for v in A A4 AL; do
+        [ -e "$out/r1-$v-local-write.log" ] || continue
+        rv=$v
+        [ "$v" = AL ] && rv=A
         for op in write read; do
             for ((r = 1; r <= rounds; r++)); do
                 p="$out/r$r-$v"
                 echo "== round $r, $v, 1 MiB $op one at a time, GPU 0 -> $peer, traced: raw against the daemons' local session"
-                python3 "$here/legs.py" --skip "$warmup" --raw "$p-raw-$op.log" --daemon "local-$op" "$p-local-$op.log" \
-                    "$p-local-$op.a.log" "$p-local-$op.b.log" || true
+                python3 "$here/legs.py" --skip "$warmup" --raw "$out/r$r-$rv-raw-$op.log" --daemon "local-$op" \
+                    "$p-local-$op.log" "$p-local-$op.a.log" "$p-local-$op.b.log" || true
             done
             echo "== $v, all rounds pooled, $op"
             pool=()
             for ((r = 1; r <= rounds; r++)); do
                 p="$out/r$r-$v"
-                pool+=(--raw "$p-raw-$op.log" --daemon "local-$op" "$p-local-$op.log" "$p-local-$op.a.log" "$p-local-$op.b.log")
+                pool+=(--raw "$out/r$r-$rv-raw-$op.log" --daemon "local-$op" "$p-local-$op.log" "$p-local-$op.a.log"
+                    "$p-local-$op.b.log")
             done
             python3 "$here/legs.py" --skip "$warmup" "${pool[@]}" || true
         done
@@ -133,9 +149,9 @@ for f in sorted(glob.glob(os.path.join(out, "r*.jsonl"))):
 med = statistics.median
 print("p50 µs per round (median); daemon ÷ raw = raw's p50 ÷ the daemon's, same build, same round")
 for traced in (False, True):
-    for who in ("A", "A4", "B"):
+    for who in ("A", "A4", "AL", "B"):
         for op in ("write", "read"):
-            raw = p50.get((who, "raw", op, traced))
+            raw = p50.get(("A" if who == "AL" else who, "raw", op, traced))
             if not raw:
                 continue
             for via in ("local", "grpc"):
