@@ -10,7 +10,8 @@
 # ROUNDS (3) rounds alternate the order of, 1 MiB, ITERS (200) transfers after WARMUP (20):
 #   - traced (RUST_LOG=tcpxd::hop=trace): raw WRITE and READ (`tcpxctl bench raw`), the daemons'
 #     framed local session WRITE and READ (`tcpxctl bench transfer --via local`);
-#   - untraced: the same four, the daemons' gRPC WRITE and READ, and B's raw and daemons if given.
+#   - untraced: the same four (and, with GRPC=1, the daemons' gRPC WRITE and READ), and B's raw and
+#     daemons if given.
 #   - A4 (SPREAD4=0 skips it): this branch with TCPXD_SPREAD_CHUNKS_PER_LANE=4, raw and the local
 #     session, traced and untraced (1 MiB as eight 128 KiB sends, raw planned alike);
 #   - AL (LEAN=0 skips it): this branch's local session with TCPXD_WARM_WORKER=off and
@@ -20,7 +21,7 @@
 # mark by mark; last, the untraced p50s and daemon ÷ raw (raw's p50 ÷ the daemon's).
 set -euo pipefail
 if [ $# -lt 2 ]; then
-    sed -n 2,21p "$0"
+    sed -n 2,22p "$0"
     exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
@@ -81,8 +82,8 @@ daemon() { # round dir name traced via op
 start=$SECONDS
 for ((r = 1; r <= rounds; r++)); do
     steps=("raw $a A 1 write" "daemon $a A 1 local write" "raw $a A 1 read" "daemon $a A 1 local read"
-        "raw $a A 0 write" "raw $a A 0 read" "daemon $a A 0 local write" "daemon $a A 0 local read"
-        "daemon $a A 0 grpc write" "daemon $a A 0 grpc read")
+        "raw $a A 0 write" "raw $a A 0 read" "daemon $a A 0 local write" "daemon $a A 0 local read")
+    [ "${GRPC:-0}" = 1 ] && steps+=("daemon $a A 0 grpc write" "daemon $a A 0 grpc read")
     if [ "${SPREAD4:-1}" = 1 ]; then
         steps+=("raw $a A4 1 write" "daemon $a A4 1 local write" "raw $a A4 1 read" "daemon $a A4 1 local read"
             "raw $a A4 0 write" "daemon $a A4 0 local write" "raw $a A4 0 read" "daemon $a A4 0 local read")
@@ -92,8 +93,8 @@ for ((r = 1; r <= rounds; r++)); do
             "daemon $a AL 0 local read")
     fi
     if [ -n "$b" ]; then
-        steps+=("raw $b B 0 write" "raw $b B 0 read" "daemon $b B 0 local write" "daemon $b B 0 local read"
-            "daemon $b B 0 grpc write" "daemon $b B 0 grpc read")
+        steps+=("raw $b B 0 write" "raw $b B 0 read" "daemon $b B 0 local write" "daemon $b B 0 local read")
+        [ "${GRPC:-0}" = 1 ] && steps+=("daemon $b B 0 grpc write" "daemon $b B 0 grpc read")
     fi
     n=${#steps[@]}
     for ((i = 0; i < n; i++)); do
