@@ -125,6 +125,7 @@ def marks(window, daemon):
         if done is not None:
             m["done out"] = done
             m["done in"] = first(window, "poller.in", "done", after=done)
+    if daemon:
         m["poller.finished"] = first(window, "poller.finished", after=t_last_recvd)
         m["api.out"] = first(window, "api.out", after=t_last_recvd)
     m["end"] = window[-1][0]

@@ -287,3 +287,59 @@ async fn a_writes_done_goes_on_the_wire_before_its_credit_receives_are_posted_ag
     );
     assert!(control_out(&lb, "credits").is_empty(), "every credit in a `Done`");
 }
+
+/// A landed chunk's unpack is launched before the rest of its batch of actions (issue #38,
+/// session 33, onemib4): after a run of `poller.land`s the GPU stage submits their batch
+/// (`stage.submit`) before the credit receives the same batch posts again (`lane.irecv`), so the
+/// GPU unpacks while the poller re-posts. Read from both traces (b receives the WRITEs, a the
+/// READs back): no `lane.irecv` between a `poller.land` and the next `stage.submit`. Spread 1 MiB
+/// WRITEs and READs back, bytes compared, every credit back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_landed_chunks_unpack_is_launched_before_the_credit_receives_are_posted_again() {
+    let dir = ScratchDir::fresh("tcpxd-stub-spread", "launch-first");
+    std::fs::create_dir_all(&*dir).unwrap();
+    let mut a = spread(&dir, "launch-a").await;
+    let mut b = spread(&dir, "launch-b").await;
+    let src = cuda_buffer(&mut a.client, 3, 32 * MIB).await;
+    let back = cuda_buffer(&mut a.client, 0, 32 * MIB).await;
+    let dst = cuda_buffer(&mut b.client, 5, 32 * MIB).await;
+    fill_seed(&mut a.client, src.id, 0, 0, 37).await;
+    let trip = Trip {
+        src: &src,
+        dst: &dst,
+        back: &back,
+    };
+    let rounds = 8;
+    for k in 0..rounds {
+        let at = [k * MIB + 8192, k * MIB + 4096, k * MIB];
+        let what = "1 MiB spread, the unpack launched first";
+        write_and_read_back(&mut a.client, &mut b.client, trip, at, MIB, Compare::Bytes, what).await;
+    }
+    credits_back(&mut a.client).await;
+    credits_back(&mut b.client).await;
+    for node in ["launch-a", "launch-b"] {
+        let text = std::fs::read_to_string(dir.join(format!("{node}.log"))).expect("the log");
+        let (mut landed, mut submits, mut behind) = (None::<&str>, 0, Vec::new());
+        for line in text.lines() {
+            if line.contains("hop=\"poller.land\"") {
+                landed = landed.or(Some(line));
+            } else if line.contains("hop=\"stage.submit\"") {
+                if landed.take().is_some() {
+                    submits += 1;
+                }
+            } else if line.contains("hop=\"lane.irecv\"")
+                && let Some(l) = landed
+            {
+                behind.push((l.to_string(), line.to_string()));
+            }
+        }
+        assert!(
+            behind.is_empty(),
+            "{node}: an unpack launched behind a credit receive: {behind:#?}"
+        );
+        assert!(
+            submits >= rounds,
+            "{node}: its landings' unpacks, each launched before the re-posts: {submits}"
+        );
+    }
+}
