@@ -12,10 +12,12 @@
 # transfer`, gRPC and local, WRITE and READ); SIZES (256K,1M,4M), ITERS (200) after WARMUP (20).
 # Prints p50 µs (median over the rounds) and the ratios, each "X/Y" = Y's p50 ÷ X's (> 1: X
 # faster): A/B, daemon ÷ raw (A/rawA, B/rawB: #38's target ≥ 0.95), daemon ÷ NCCL's sockets
-# (A/nccl, B/nccl: ≥ 1), and A/B per round.
+# (A/nccl, B/nccl: ≥ 1), and A/B per round. Then (TRACE=0 skips it) 1 MiB through the local
+# session traced, A's tcpxctl driving A's daemons and B's (TROUNDS, 2, alternating), and
+# `benches/legs.py` leg by leg: raw, B, A.
 set -euo pipefail
 if [ $# -lt 2 ]; then
-    sed -n 2,16p "$0"
+    sed -n 2,19p "$0"
     exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
@@ -123,4 +125,44 @@ print("X/Y = Y's p50 ÷ X's: > 1 means X is faster; A/rawA is #38's daemon ÷ ra
       "A/nccl the daemon against NCCL's sockets (target ≥ 1)")
 print("every row verified" if ok else "SOME ROWS NOT VERIFIED")
 EOF
+# Traced (TRACE=0 skips it): 1 MiB through the local session, A's tcpxctl driving A's daemons and
+# B's, alternating, TROUNDS (2) rounds of ITERS; `legs.py` sets raw (A's, traced) beside both.
+if [ "${TRACE:-1}" = 1 ]; then
+    trounds=${TROUNDS:-2}
+    for ((r = 1; r <= trounds; r++)); do
+        if ((r % 2)); then order=(raw A B); else order=(B A raw); fi
+        for who in "${order[@]}"; do
+            for op in write read; do
+                f="$out/t$r-$who-$op"
+                if [ "$who" = raw ]; then
+                    RUST_LOG=tcpxd::hop=trace "$a/tcpxctl" bench raw --op "$op" --cuda 0 --plugin "$a/libnccl_net_tcpxemu.so" \
+                        --sizes 1M --iters "$iters" --warmup "$warmup" >/dev/null 2>"$f.log" || echo "t$r raw $op failed" >&2
+                    continue
+                fi
+                RUST_LOG=tcpxd::hop=trace "$a/tcpxctl" bench transfer --daemon "${dir[$who]}/tcpxd" --via local --op "$op" \
+                    --cuda 0 --peer-cuda "$peer" --sizes 1M --iters "$iters" --warmup "$warmup" --keep-dir \
+                    >/dev/null 2>"$f.log" || echo "t$r $who $op traced failed (see $f.log)" >&2
+                kept=$(grep -o '/tmp/tcpxd-bench-[0-9]*' "$f.log" | head -1 || true)
+                if [ -n "$kept" ]; then
+                    mv "$kept/bench-a.log" "$f.a.log" && mv "$kept/bench-b.log" "$f.b.log" && rm -rf "$kept"
+                fi
+            done
+        done
+    done
+    {
+        for op in write read; do
+            echo "== 1 MiB $op one at a time, local session, traced, $trounds rounds pooled: raw, B's daemons, A's daemons"
+            args=()
+            for ((r = 1; r <= trounds; r++)); do args+=(--raw "$out/t$r-raw-$op.log"); done
+            for who in B A; do
+                for ((r = 1; r <= trounds; r++)); do
+                    f="$out/t$r-$who-$op"
+                    args+=(--daemon "$who" "$f.log" "$f.a.log" "$f.b.log")
+                done
+            done
+            python3 "$here/legs.py" --skip "$warmup" "${args[@]}" || true
+        done
+    } 2>&1 | tee "$out/legs.txt"
+    gzip -f "$out"/t*.log 2>/dev/null || true
+fi
 echo "all done in $((SECONDS - start)) s" >&2
