@@ -50,6 +50,7 @@ impl Poller {
         let (mut any, mut failures) = (false, Vec::new());
         let mut t = Instant::now();
         let mut next = Some(action);
+        let mut launched = false;
         while let Some(action) = next {
             any = true;
             let kind = action.kind();
@@ -63,8 +64,11 @@ impl Poller {
             // rest of the batch (the credit receives posted again, the batch's tail), so the GPU
             // works while the poller does those (issue #38, session 33, onemib4: on the H200 a
             // transfer's last unpack was launched 7–10 µs after its `Land`, behind an `irecv`).
-            // `consume_landed` still retires and consumes them after the batch.
-            if landed && !next.as_ref().is_some_and(lands) {
+            // `consume_landed` still retires and consumes them after the batch, and launches
+            // what a later run of landings in the same batch pushed: one launch more a batch at
+            // most (the landings a lane test makes come as one run, before its consumes' actions).
+            if landed && !launched && !next.as_ref().is_some_and(lands) {
+                launched = true;
                 for stage in self.stages.values_mut() {
                     stage.advance();
                 }
