@@ -13,11 +13,12 @@
 # Prints p50 µs (median over the rounds) and the ratios, each "X/Y" = Y's p50 ÷ X's (> 1: X
 # faster): A/B, daemon ÷ raw (A/rawA, B/rawB: #38's target ≥ 0.95), daemon ÷ NCCL's sockets
 # (A/nccl, B/nccl: ≥ 1), and A/B per round. Then (TRACE=0 skips it) 1 MiB through the local
-# session traced, A's tcpxctl driving A's daemons and B's (TROUNDS, 2, alternating), and
-# `benches/legs.py` leg by leg: raw, B, A.
+# session traced, A's tcpxctl driving A's daemons and B's (TROUNDS, 1, alternating), and
+# `benches/legs.py` leg by leg: raw, B, A. Before it (INFLIGHT=0 skips it) 64 KiB and 1 MiB with
+# 8 in flight through the local session, A against B, two runs each.
 set -euo pipefail
 if [ $# -lt 2 ]; then
-    sed -n 2,19p "$0"
+    sed -n 2,21p "$0"
     exit 2
 fi
 here=$(cd "$(dirname "$0")" && pwd)
@@ -125,10 +126,43 @@ print("X/Y = Y's p50 ÷ X's: > 1 means X is faster; A/rawA is #38's daemon ÷ ra
       "A/nccl the daemon against NCCL's sockets (target ≥ 1)")
 print("every row verified" if ok else "SOME ROWS NOT VERIFIED")
 EOF
+# 8 in flight (INFLIGHT=0 skips it): 64 KiB and 1 MiB through the local session, A and B, one
+# round each way (B A, then A B), ITERS8 (1000) transfers: GB/s, A ÷ B.
+if [ "${INFLIGHT:-1}" = 1 ]; then
+    for order in "B A" "A B"; do
+        for who in $order; do
+            for op in write read; do
+                "${dir[$who]}/tcpxctl" bench transfer --daemon "${dir[$who]}/tcpxd" --via local --op "$op" --cuda 0 \
+                    --peer-cuda "$peer" --sizes 64K,1M --concurrency 8 --iters "${ITERS8:-1000}" --warmup 100 --json \
+                    --out "$out/i-$who-$op-${order// /}.jsonl" >/dev/null 2>"$out/i-$who-$op.err" ||
+                    echo "8 in flight $who $op failed" >&2
+            done
+        done
+    done
+    python3 - "$out" <<'EOF2' | tee -a "$out/summary.txt"
+import glob, json, os, re, statistics, sys
+from collections import defaultdict
+out = sys.argv[1]
+g = defaultdict(list)
+for f in glob.glob(os.path.join(out, "i-*.jsonl")):
+    who, op = re.match(r"i-(\w+)-(\w+)-", os.path.basename(f)).groups()
+    for line in open(f):
+        r = json.loads(line)
+        if "gb_per_s" in r and "block_size" in r:
+            g[(who, op, r["block_size"])].append(r["gb_per_s"])
+for op in ("write", "read"):
+    for sz in sorted({k[2] for k in g}):
+        a, b = g.get(("A", op, sz)), g.get(("B", op, sz))
+        if a and b:
+            print(f"8 in flight, local, {op} {sz >> 10} KiB: GB/s B {statistics.median(b):.2f} A {statistics.median(a):.2f}"
+                  f"  A ÷ B {statistics.median(a) / statistics.median(b):.2f} (runs B {' '.join(f'{x:.2f}' for x in b)},"
+                  f" A {' '.join(f'{x:.2f}' for x in a)})")
+EOF2
+fi
 # Traced (TRACE=0 skips it): 1 MiB through the local session, A's tcpxctl driving A's daemons and
-# B's, alternating, TROUNDS (2) rounds of ITERS; `legs.py` sets raw (A's, traced) beside both.
+# B's, alternating, TROUNDS (1) rounds of ITERS; `legs.py` sets raw (A's, traced) beside both.
 if [ "${TRACE:-1}" = 1 ]; then
-    trounds=${TROUNDS:-2}
+    trounds=${TROUNDS:-1}
     for ((r = 1; r <= trounds; r++)); do
         if ((r % 2)); then order=(raw A B); else order=(B A raw); fi
         for who in "${order[@]}"; do
