@@ -293,7 +293,9 @@ async fn a_writes_done_goes_on_the_wire_before_its_credit_receives_are_posted_ag
 /// (`stage.submit`) before the credit receives the same batch posts again (`lane.irecv`), so the
 /// GPU unpacks while the poller re-posts. Read from both traces (b receives the WRITEs, a the
 /// READs back): no `lane.irecv` between a `poller.land` and the next `stage.submit`. Spread 1 MiB
-/// WRITEs and READs back, bytes compared, every credit back.
+/// WRITEs and READs back, bytes compared, every credit back. (On the stand-in an unpack is done
+/// at its launch, so an earlier batch's consume never shares a batch of actions with a landing,
+/// as on a GPU: the order holds here before the change too; the H200's trace showed it broken.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_landed_chunks_unpack_is_launched_before_the_credit_receives_are_posted_again() {
     let dir = ScratchDir::fresh("tcpxd-stub-spread", "launch-first");
