@@ -351,6 +351,9 @@ async fn run_session(
                 tag: u64::from(next) + 1,
                 op: Some(op),
             };
+            // The client's own legs beside the daemons' hops (`benches/legs.py`): its request
+            // handed to the transport, its answer read.
+            tracing::trace!(target: "tcpxd::hop", hop = "bench.send", tag = request.tag);
             session.send(request, &what(next)).await?;
             next += 1;
         }
@@ -360,6 +363,7 @@ async fn run_session(
             status: Status::unavailable("the daemon ended the session early"),
         })?;
         let end = Instant::now();
+        tracing::trace!(target: "tcpxd::hop", hop = "bench.answer", tag = ev.tag);
         let k = ev.tag.wrapping_sub(1) as u32;
         let t0 = started
             .get_mut(k as usize)

@@ -12,7 +12,9 @@ use std::path::Path;
 use std::process::Stdio;
 
 use crate::common::daemons::{fill_seed, wait_ok, write, write_entry};
-use crate::common::gpus::{Compare, Trip, cuda_buffer, host_to_and_from_gpus, write_and_read_back};
+use crate::common::gpus::{
+    Compare, Trip, cuda_buffer, eight_writes_then_reads, host_to_and_from_gpus, write_and_read_back,
+};
 use crate::daemon_stub_gpus::{Daemon, start_logged};
 use crate::daemon_stub_gpus_credits::credits_back;
 use tcpxd_testkit::ScratchDir;
@@ -286,4 +288,100 @@ async fn a_writes_done_goes_on_the_wire_before_its_credit_receives_are_posted_ag
         "b's `Done`s, each written before the re-posts: {first}"
     );
     assert!(control_out(&lb, "credits").is_empty(), "every credit in a `Done`");
+}
+
+/// A landed chunk's unpack is launched before the rest of its batch of actions (issue #38,
+/// session 33, onemib4): after a run of `poller.land`s the GPU stage submits their batch
+/// (`stage.submit`) before the credit receives the same batch posts again (`lane.irecv`), so the
+/// GPU unpacks while the poller re-posts. Read from both traces (b receives the WRITEs, a the
+/// READs back): no `lane.irecv` between a `poller.land` and the next `stage.submit`. Spread 1 MiB
+/// WRITEs and READs back, bytes compared, every credit back. (On the stand-in an unpack is done
+/// at its launch, so an earlier batch's consume never shares a batch of actions with a landing,
+/// as on a GPU: the order holds here before the change too; the next test holds the GPU's work
+/// in flight, where it did not.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_landed_chunks_unpack_is_launched_before_the_credit_receives_are_posted_again() {
+    let dir = ScratchDir::fresh("tcpxd-stub-spread", "launch-first");
+    std::fs::create_dir_all(&*dir).unwrap();
+    let mut a = spread(&dir, "launch-a").await;
+    let mut b = spread(&dir, "launch-b").await;
+    let src = cuda_buffer(&mut a.client, 3, 32 * MIB).await;
+    let back = cuda_buffer(&mut a.client, 0, 32 * MIB).await;
+    let dst = cuda_buffer(&mut b.client, 5, 32 * MIB).await;
+    fill_seed(&mut a.client, src.id, 0, 0, 37).await;
+    let trip = Trip {
+        src: &src,
+        dst: &dst,
+        back: &back,
+    };
+    let rounds = 8;
+    for k in 0..rounds {
+        let at = [k * MIB + 8192, k * MIB + 4096, k * MIB];
+        let what = "1 MiB spread, the unpack launched first";
+        write_and_read_back(&mut a.client, &mut b.client, trip, at, MIB, Compare::Bytes, what).await;
+    }
+    credits_back(&mut a.client).await;
+    credits_back(&mut b.client).await;
+    for node in ["launch-a", "launch-b"] {
+        launched_before_reposts(&dir.join(format!("{node}.log")), rounds as usize);
+    }
+}
+
+/// From a daemon's trace: no `lane.irecv` between a `poller.land` and the next `stage.submit`,
+/// and at least `at_least` runs of landings launched.
+fn launched_before_reposts(log: &Path, at_least: usize) {
+    let text = std::fs::read_to_string(log).expect("the log");
+    let (mut landed, mut submits, mut behind) = (None::<&str>, 0, Vec::new());
+    for line in text.lines() {
+        if line.contains("hop=\"poller.land\"") {
+            landed = landed.or(Some(line));
+        } else if line.contains("hop=\"stage.submit\"") {
+            if landed.take().is_some() {
+                submits += 1;
+            }
+        } else if line.contains("hop=\"lane.irecv\"")
+            && let Some(l) = landed
+        {
+            behind.push((l.to_string(), line.to_string()));
+        }
+    }
+    let at = log.display();
+    assert!(
+        behind.is_empty(),
+        "{at}: an unpack launched behind a credit receive: {behind:#?}"
+    );
+    assert!(
+        submits >= at_least,
+        "{at}: its landings' unpacks, each launched before the re-posts: {submits}"
+    );
+}
+
+/// As above with the GPU's work held "in flight" 1 ms (`TCPXD_CUDASTUB_EVENT_DELAY_MS`) and
+/// eight 1 MiB WRITEs then READs in flight at once: earlier batches' consumes can share a batch
+/// of actions with later landings, as on a GPU, and the landings' launch still comes first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_landed_chunks_unpack_is_launched_before_the_reposts_while_others_unpack() {
+    let dir = ScratchDir::fresh("tcpxd-stub-spread", "launch-loaded");
+    std::fs::create_dir_all(&*dir).unwrap();
+    let env = [
+        ("RUST_LOG", "warn,tcpxd::hop=trace"),
+        ("TCPXD_CUDASTUB_EVENT_DELAY_MS", "1"),
+    ];
+    let log = |node: &str| Stdio::from(File::create(dir.join(format!("{node}.log"))).expect("a log"));
+    let mut a = start_logged(&dir, "loaded-a", "d2d", 1, true, &env, log("loaded-a")).await;
+    let mut b = start_logged(&dir, "loaded-b", "d2d", 1, true, &env, log("loaded-b")).await;
+    let src = cuda_buffer(&mut a.client, 3, 32 * MIB).await;
+    let back = cuda_buffer(&mut a.client, 0, 32 * MIB).await;
+    let dst = cuda_buffer(&mut b.client, 5, 32 * MIB).await;
+    fill_seed(&mut a.client, src.id, 0, 0, 41).await;
+    for k in 0..3 {
+        let what = "eight 1 MiB in flight, unpacks held 1 ms";
+        let bufs = (&src, &back, &dst);
+        eight_writes_then_reads(&mut a.client, &mut b.client, bufs, MIB, k * 4096, 8192, what).await;
+    }
+    credits_back(&mut a.client).await;
+    credits_back(&mut b.client).await;
+    for node in ["loaded-a", "loaded-b"] {
+        launched_before_reposts(&dir.join(format!("{node}.log")), 3);
+    }
 }
