@@ -573,7 +573,8 @@ class Inbox:
             return None
 
     def post_notif(self, head: Tuple[bytes, bytes, bytes], msg: bytes, to: str) -> Optional[Sent]:
-        """`post` of send_notif's WriteRequest in its parts (`_Feed.send_notif`)."""
+        """`post` of send_notif's WriteRequest in its parts (`_Feed.send_notif`); written out
+        as `post` is, not through a shared helper: it is on `send_notif`'s path (a call's cost)."""
         with self._lock:
             if self._path is None or self._closed:
                 return None
