@@ -34,6 +34,7 @@ pub mod poller;
 pub mod rewound;
 pub mod rx_rules;
 pub mod sniffing;
+pub mod status_watch;
 pub mod topology;
 pub mod unpack;
 

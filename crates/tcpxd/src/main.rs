@@ -7,6 +7,12 @@ use tcpxd::config::{Config, DaemonArgs, PluginChoice};
 use tcpxd::daemon;
 use tcpxd::net::{NetError, Plugin};
 
+/// mimalloc, not glibc's malloc: the poller allocates what other threads free (a transfer's
+/// status, its session events), which takes glibc's slow path (docs/BENCHMARKS.md, "Session 33,
+/// alloc").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "tcpxd",

@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use tokio::sync::watch;
 use tonic::Status;
 
 use super::same_node_registry::{CANCELLED, RUNNING, SameNode};
@@ -28,6 +27,7 @@ use crate::buffers::{BufferEntry, BufferMemory, Descriptor};
 use crate::engine::{self, Code, Outcome, SameNodePlan, TransferId};
 use crate::metrics::Op;
 use crate::poller::{Command, NotificationEvent, Phase, PreparedTransfer, TransferStatus};
+use crate::status_watch;
 
 /// Copies up to this size run on the calling task (a few microseconds of memcpy).
 pub const INLINE_BYTES: u64 = 256 << 10;
@@ -305,7 +305,7 @@ impl DaemonState {
         buffers.dedup();
         let (id, stop) = self.same_node.open(buffers)?;
         let started_at = Instant::now();
-        let (tx, rx) = watch::channel(TransferStatus {
+        let (tx, rx) = status_watch::channel(TransferStatus {
             phase: Phase::Running,
             bytes_done: 0,
             total: copy.total,
@@ -376,7 +376,7 @@ struct Finish {
 }
 
 impl Finish {
-    fn done(self, copy: &Copy, outcome: Outcome, tx: &watch::Sender<TransferStatus>) {
+    fn done(self, copy: &Copy, outcome: Outcome, tx: &status_watch::Sender<TransferStatus>) {
         self.metrics.transfer_finished(
             copy.op,
             outcome.code,
@@ -491,7 +491,7 @@ struct Shared<'a> {
     failed: Mutex<Option<(Code, String)>>,
     halt: AtomicBool,
     stop: &'a AtomicU8,
-    tx: &'a watch::Sender<TransferStatus>,
+    tx: &'a status_watch::Sender<TransferStatus>,
 }
 
 impl Shared<'_> {
@@ -562,7 +562,7 @@ impl Shared<'_> {
 /// and scoped ones), each checking the stop flag (cancel, the drain's end) and the deadline
 /// before each chunk. The first failure stops them all; an entry whose every chunk landed is
 /// OK, the others carry the failure.
-fn run(copy: &Copy, threads: usize, stop: &AtomicU8, tx: &watch::Sender<TransferStatus>) -> Outcome {
+fn run(copy: &Copy, threads: usize, stop: &AtomicU8, tx: &status_watch::Sender<TransferStatus>) -> Outcome {
     let chunks = chunks(copy.pieces.iter().map(|p| p.len));
     let mut left: Vec<AtomicUsize> = (0..copy.entries).map(|_| AtomicUsize::new(0)).collect();
     for c in &chunks {

@@ -14,6 +14,7 @@ use crate::buffers::{BufferEntry, BufferKind, BufferRegistry};
 use crate::engine::EngineError;
 use crate::peers::Peers;
 use crate::poller::{Command, NotificationEvent, TransferStatus};
+use crate::status_watch;
 
 /// Maps an engine error to a gRPC status (the codes are the same numbers).
 pub fn status(e: EngineError) -> Status {
@@ -78,7 +79,7 @@ impl DaemonState {
         }
     }
 
-    pub(super) fn transfer(&self, id: u64) -> Result<watch::Receiver<TransferStatus>, Status> {
+    pub(super) fn transfer(&self, id: u64) -> Result<status_watch::Receiver<TransferStatus>, Status> {
         self.transfers.get(id).ok_or_else(|| {
             Status::not_found(format!(
                 "transfer_id: transfer {id} is unknown (or finished long ago)"

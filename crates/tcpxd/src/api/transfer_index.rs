@@ -26,9 +26,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
-
 use crate::poller::TransferStatus;
+use crate::status_watch;
 
 /// Entries a prune looks at per lock taken: the longest an insert waits for it (~tens of µs).
 pub const PRUNE_SLICE: usize = 1024;
@@ -42,7 +41,7 @@ pub struct TransferIndex {
 
 #[derive(Default)]
 struct Inner {
-    by_id: HashMap<u64, watch::Receiver<TransferStatus>>,
+    by_id: HashMap<u64, status_watch::Receiver<TransferStatus>>,
     /// `(not before, id)`, near-monotonic in `not before`.
     queue: VecDeque<(Instant, u64)>,
 }
@@ -70,7 +69,7 @@ impl TransferIndex {
     }
 
     /// Makes a transfer known by its id.
-    pub fn insert(&self, id: u64, rx: watch::Receiver<TransferStatus>) {
+    pub fn insert(&self, id: u64, rx: status_watch::Receiver<TransferStatus>) {
         let now = Instant::now();
         let mut inner = self.lock();
         if inner.by_id.insert(id, rx).is_none() {
@@ -79,7 +78,7 @@ impl TransferIndex {
     }
 
     /// The transfer's status channel, while it is known.
-    pub fn get(&self, id: u64) -> Option<watch::Receiver<TransferStatus>> {
+    pub fn get(&self, id: u64) -> Option<status_watch::Receiver<TransferStatus>> {
         self.lock().by_id.get(&id).cloned()
     }
 
@@ -170,8 +169,11 @@ mod tests {
 
     fn channel(
         finished_at: Option<Instant>,
-    ) -> (watch::Sender<TransferStatus>, watch::Receiver<TransferStatus>) {
-        watch::channel(status(finished_at))
+    ) -> (
+        status_watch::Sender<TransferStatus>,
+        status_watch::Receiver<TransferStatus>,
+    ) {
+        status_watch::channel(status(finished_at))
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 
 use super::proto::v1 as pb;
@@ -12,6 +12,7 @@ use crate::buffers::Descriptor;
 use crate::engine::{self, EntrySpec, Outcome, RemoteRange, TransferId};
 use crate::metrics::Op;
 use crate::poller::{Batch, Command, PeerLink, Phase, TransferStatus};
+use crate::status_watch;
 
 impl DaemonState {
     /// A remote descriptor parsed, refused when it names this node.
@@ -96,7 +97,12 @@ impl DaemonState {
     }
 
     /// Makes an accepted transfer known to Watch, WaitTransfer and Cancel.
-    pub(crate) fn started(&self, id: TransferId, rx: watch::Receiver<TransferStatus>, total: u64) -> Started {
+    pub(crate) fn started(
+        &self,
+        id: TransferId,
+        rx: status_watch::Receiver<TransferStatus>,
+        total: u64,
+    ) -> Started {
         self.transfers.insert(id.0, rx.clone());
         Started { id, rx, total }
     }
@@ -235,14 +241,14 @@ impl DaemonState {
 /// A transfer the poller accepted.
 pub(crate) struct Started {
     pub id: TransferId,
-    pub rx: watch::Receiver<TransferStatus>,
+    pub rx: status_watch::Receiver<TransferStatus>,
     pub total: u64,
 }
 
 /// Waits for a transfer's final event.
 pub(crate) async fn finished(
     id: TransferId,
-    mut rx: watch::Receiver<TransferStatus>,
+    mut rx: status_watch::Receiver<TransferStatus>,
 ) -> Result<pb::TransferEvent, Status> {
     let s = rx
         .wait_for(|s| s.phase == Phase::Finished)

@@ -6,12 +6,11 @@
 
 use std::time::Instant;
 
-use tokio::sync::watch;
-
 use super::{Batch, Command, ListFacts, PeerStats, Phase, Poller, Refused, StatsSnapshot, TransferStatus};
 use crate::engine::blocks::BlockList;
 use crate::engine::{BlockSpec, Code, Engine, EngineError, TransferId, TransferKind};
 use crate::metrics::Op;
+use crate::status_watch;
 
 /// `Engine::start_write_prepared` or `Engine::start_read_prepared`.
 type PreparedStart =
@@ -452,7 +451,7 @@ impl Poller {
         notification: Vec<u8>,
         deadline: Instant,
         kind: &'static str,
-    ) -> Result<(TransferId, watch::Receiver<TransferStatus>, u64), EngineError> {
+    ) -> Result<(TransferId, status_watch::Receiver<TransferStatus>, u64), EngineError> {
         let now = Instant::now();
         let e = &mut self.engine;
         let (r, total) = match (batch, op) {
@@ -500,11 +499,16 @@ impl Poller {
         }
     }
 
-    pub(super) fn track(&mut self, id: TransferId, op: Op, total: u64) -> watch::Receiver<TransferStatus> {
+    pub(super) fn track(
+        &mut self,
+        id: TransferId,
+        op: Op,
+        total: u64,
+    ) -> status_watch::Receiver<TransferStatus> {
         // One clock read for the metric's start and the status's.
         let now = Instant::now();
         self.meter.started_at(id, op, total, now);
-        let (tx, rx) = watch::channel(TransferStatus {
+        let (tx, rx) = status_watch::channel(TransferStatus {
             phase: Phase::Offered,
             bytes_done: 0,
             total: 0,

@@ -24,16 +24,15 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::watch;
-
 use super::{Batch, Poller, TransferStatus};
 use crate::engine::{Code, EngineError, TransferId};
 use crate::metrics::Op;
+use crate::status_watch;
 
 /// A fast start as the engine accepted it.
 pub struct FastStarted {
     pub id: TransferId,
-    pub rx: watch::Receiver<TransferStatus>,
+    pub rx: status_watch::Receiver<TransferStatus>,
     pub total: u64,
 }
 

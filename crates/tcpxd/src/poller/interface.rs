@@ -14,6 +14,7 @@ use crate::engine::{
     BlockSpec, EngineConfig, EngineError, EntrySpec, Outcome, PackedBatch, PeerIdx, PeerMsg, PreparedEntry,
     PreparedInfo, RemoteList, TransferId, TransferKind,
 };
+use crate::status_watch;
 use crate::unpack::UnpackImpl;
 
 use super::{DirectConn, PeerLink, StatsSnapshot};
@@ -163,12 +164,12 @@ pub enum Command {
         batch: Batch,
         notification: Vec<u8>,
         deadline: Instant,
-        reply: Reply<Result<(TransferId, watch::Receiver<TransferStatus>), EngineError>>,
+        reply: Reply<Result<(TransferId, status_watch::Receiver<TransferStatus>), EngineError>>,
     },
     Read {
         batch: Batch,
         deadline: Instant,
-        reply: Reply<Result<(TransferId, watch::Receiver<TransferStatus>), EngineError>>,
+        reply: Reply<Result<(TransferId, status_watch::Receiver<TransferStatus>), EngineError>>,
     },
     /// Registers a block list inside a buffer.
     RegisterBlocks {
@@ -307,7 +308,7 @@ pub struct PreparedTransfer {
 }
 
 /// A block transfer the poller started: its id, its status channel and the bytes it moves.
-pub type BlocksStarted = (TransferId, watch::Receiver<TransferStatus>, u64);
+pub type BlocksStarted = (TransferId, status_watch::Receiver<TransferStatus>, u64);
 
 /// One buffer of [`Command::AddBuffers`]: refused, or added with each of its lists registered
 /// or refused.

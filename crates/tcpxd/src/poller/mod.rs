@@ -81,6 +81,7 @@ mod threaded_recv;
 use crate::engine::idhash::IdMap;
 use crate::lanes::{GpuStage, RecvQueue, Tag};
 pub use crate::peer_stats::{PeerLink, PeerStats, StatsSnapshot};
+use crate::status_watch;
 pub use direct::{Decode, DirectConn, MAX_UNSENT};
 pub use fast_starts::{FastStart, FastStarted, StartSink, queue as queue_fast_start};
 pub use park::PollerTx;
@@ -370,7 +371,7 @@ struct Poller {
     peers: BTreeMap<PeerIdx, PeerSlot>,
     prepared: HashMap<u64, Vec<ListenComm>>,
     next_prepared: u64,
-    transfers: IdMap<TransferId, watch::Sender<TransferStatus>>,
+    transfers: IdMap<TransferId, status_watch::Sender<TransferStatus>>,
     /// The transfers framed sessions started fast (`fast_starts.rs`): told their end directly.
     sinks: fast_starts::Sinks,
     /// Progress the current batch of actions reported, published at its end (`actions.rs`).
