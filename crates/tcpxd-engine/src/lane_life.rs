@@ -21,7 +21,9 @@
 //! then on — and A sends `LaneClose { L }`. B closes its side only if its receive lane is quiet
 //! too: nothing queued or posted (a rendezvous accept whose receives B already queued for `L`
 //! keeps it), no header's chunk announced or landed, no credit owed. B answers
-//! `LaneCloseAnswer { L, closed }`; closed, both drivers close the comm (`Action::CloseLane`,
+//! `LaneCloseAnswer { L, closed }` (kept while B's accept of `L` has not completed: on Google's
+//! plugin A's connect completes without waiting for it, so A's lane can go idle first); closed,
+//! both drivers close the comm (`Action::CloseLane`,
 //! B's idle credit receives go with it and are posted again at the next open); kept, A's lane is
 //! `Open` again. A chunk queued at A while `L` is `Closing` waits for the answer, then goes on the
 //! open lane (kept) or opens it again (closed).
@@ -47,7 +49,7 @@
 //!   `lane_open_timeout` (else the pairing fails, naming the lane), and the driver bounds each
 //!   connect and accept by its connect timeout.
 //! - **Protocol errors**: a `LaneOpen` for a lane that is not closed, a handle nobody asked for, a
-//!   `LaneClose` for a lane that is not open or an answer to no question fails the pairing
+//!   `LaneClose` for a lane that is closed or closing, or an answer to no question fails the pairing
 //!   ("protocol violation"): the two sides no longer agree on which comms exist.
 
 use super::*;
@@ -216,6 +218,16 @@ impl Engine {
                 format!("LaneClose for receive lane {lane}, which it does not have"),
             );
         };
+        if matches!(l.life, Life::Opening { .. }) {
+            // Our accept has not completed yet, though the peer's connect has (Google's plugin
+            // completes a connect without waiting for the accept) and its lane went idle since:
+            // not quiet here, so kept, as for a receive still queued.
+            self.actions.push_back(Action::Control {
+                peer,
+                msg: PeerMsg::LaneCloseAnswer { lane, closed: false },
+            });
+            return;
+        }
         if !matches!(l.life, Life::Open { .. }) {
             let state = l.life.name();
             return self.violation(

@@ -162,6 +162,35 @@ fn the_receiver_keeps_a_lane_it_still_has_receives_on() {
     s.assert_idle();
 }
 
+/// On Google's plugin a connect completes without waiting for the accept, so the sender's lane
+/// can open, go idle and ask to close while the receiver still accepts (seen once on the real
+/// plugin under load: `daemon_pairing_life::transfers_racing_the_pairing_close_all_land`). The
+/// receiver keeps the lane; nothing fails, and the lane closes at a later question.
+#[test]
+fn a_close_asked_while_the_receiver_still_accepts_is_answered_kept() {
+    let mut s = lazy(Protocol::Rendezvous);
+    s.nodes[1].eng.on_message(P, PeerMsg::LaneOpen { lane: 0 }, s.now);
+    s.nodes[1]
+        .eng
+        .on_message(P, PeerMsg::LaneClose { lane: 0 }, s.now);
+    assert_eq!(s.nodes[1].eng.peer_counters(P).unwrap().failed, None);
+    s.drain();
+    let answers: Vec<&PeerMsg> = s.ctrl[0]
+        .iter()
+        .filter(|m| matches!(m, PeerMsg::LaneCloseAnswer { .. }))
+        .collect();
+    assert!(
+        matches!(
+            answers.as_slice(),
+            [PeerMsg::LaneCloseAnswer {
+                lane: 0,
+                closed: false
+            }]
+        ),
+        "{answers:?}"
+    );
+}
+
 #[test]
 fn lane_messages_out_of_turn_fail_the_pairing() {
     let mut s = lazy(Protocol::Rendezvous);
